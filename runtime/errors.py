@@ -1,0 +1,215 @@
+"""Corral's exception types.
+
+What lives here: every exception Corral raises to its users, each with the fields a
+program needs and a message that says what to do next. All of them pickle (their
+``__reduce__`` rebuilds them from their fields), so they cross process boundaries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+__all__ = [
+    "ActorCrashed",
+    "ActorStopped",
+    "AskTimeout",
+    "CancelledError",
+    "CorralError",
+    "CycleError",
+    "DependencyFailed",
+    "GraphError",
+    "MailboxFull",
+    "MissingKeysError",
+    "ProtocolError",
+    "UnknownPolicyError",
+    "WorkerLost",
+]
+
+
+class CorralError(Exception):
+    """Base of every Corral error."""
+
+    def __init__(self, message: str, **fields: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.fields = fields
+        for name, value in fields.items():
+            setattr(self, name, value)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), self.message, self.fields))
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def _rebuild(cls: type[CorralError], message: str, fields: dict[str, Any]) -> CorralError:
+    err = cls.__new__(cls)
+    CorralError.__init__(err, message, **fields)
+    return err
+
+
+def _names(keys: Iterable[object], limit: int = 8) -> str:
+    keys = [str(k) for k in keys]
+    shown = ", ".join(repr(k) for k in keys[:limit])
+    return shown + (f" and {len(keys) - limit} more" if len(keys) > limit else "")
+
+
+# ----------------------------------------------------------------------------- actors
+
+
+class ActorStopped(CorralError):
+    """A message was sent to an actor that has stopped (or is stopping)."""
+
+    def __init__(self, actor: str, message_type: str = "") -> None:
+        what = f" ({message_type})" if message_type else ""
+        super().__init__(
+            f"actor {actor!r} has stopped; the message{what} was not delivered. "
+            "Look up a live reference (the actor may have been restarted under a new one) "
+            "or check its logs for why it stopped.",
+            actor=actor,
+            message_type=message_type,
+        )
+
+
+class AskTimeout(CorralError, TimeoutError):
+    """``ActorRef.ask`` got no reply in time. The message may still be processed."""
+
+    def __init__(self, actor: str, message_type: str, timeout: float) -> None:
+        super().__init__(
+            f"actor {actor!r} did not answer {message_type} within {timeout:g} s. "
+            "It may be overloaded or blocked; the request may still be processed later. "
+            "Raise the timeout or inspect the actor with story().",
+            actor=actor,
+            message_type=message_type,
+            timeout=timeout,
+        )
+
+
+class MailboxFull(CorralError):
+    """``tell_nowait`` found the actor's bounded mailbox full (use ``await tell``)."""
+
+    def __init__(self, actor: str, capacity: int) -> None:
+        super().__init__(
+            f"mailbox of actor {actor!r} is full ({capacity} messages). Use `await ref.tell()` "
+            "to wait for room, or give the actor a larger mailbox.",
+            actor=actor,
+            capacity=capacity,
+        )
+
+
+class ActorCrashed(CorralError):
+    """An actor failed more often than its restart budget allows."""
+
+    def __init__(self, actor: str, restarts: int, cause: str) -> None:
+        super().__init__(
+            f"actor {actor!r} crashed after {restarts} restart(s); last error: {cause}. "
+            "The actor system was shut down; fix the handler or raise its restart budget.",
+            actor=actor,
+            restarts=restarts,
+            cause=cause,
+        )
+
+
+# ----------------------------------------------------------------------------- wire
+
+
+class ProtocolError(CorralError):
+    """A frame or message could not be encoded or decoded."""
+
+    def __init__(self, message: str, field: str = "", type_name: str = "") -> None:
+        super().__init__(message, field=field, type_name=type_name)
+
+
+# ----------------------------------------------------------------------------- graphs
+
+
+class GraphError(CorralError, ValueError):
+    """A submitted graph is not valid; nothing of it was run."""
+
+
+class CycleError(GraphError):
+    def __init__(self, cycle: list[str]) -> None:
+        super().__init__(
+            f"the graph has a cycle: {' -> '.join(repr(k) for k in cycle)}. "
+            "A task cannot depend on its own output; break the cycle.",
+            cycle=cycle,
+        )
+
+
+class MissingKeysError(GraphError, KeyError):
+    """A task depends on keys the graph does not define, or a requested key is unknown."""
+
+    def __init__(self, missing: dict[str, list[str]] | list[str], *, requested: bool = False) -> None:
+        if requested:
+            keys = sorted(map(str, missing))
+            text = (
+                f"requested key(s) {_names(keys)} are not in the graph. "
+                "Ask only for keys the graph defines."
+            )
+            super().__init__(text, missing=keys, requested=True)
+        else:
+            assert isinstance(missing, dict)
+            parts = [f"{dep!r} (needed by {_names(users, 3)})" for dep, users in missing.items()]
+            text = (
+                f"the graph refers to key(s) it does not define: {'; '.join(parts[:8])}. "
+                "Add them to the graph or pass them as data."
+            )
+            super().__init__(text, missing=missing, requested=False)
+
+    def __str__(self) -> str:  # KeyError would otherwise quote the message
+        return self.message
+
+
+class UnknownPolicyError(CorralError, KeyError):
+    def __init__(self, kind: str, name: str, available: Iterable[str]) -> None:
+        avail = sorted(available)
+        super().__init__(
+            f"no {kind} policy named {name!r}; available: {', '.join(avail) or 'none'}. "
+            "Register it with policies.register() or pick one of these.",
+            kind=kind,
+            name=name,
+            available=avail,
+        )
+
+    def __str__(self) -> str:
+        return self.message
+
+
+# ----------------------------------------------------------------------------- tasks
+
+
+class DependencyFailed(CorralError):
+    """A task was not run because a task it depends on failed."""
+
+    def __init__(self, key: str, dependency: str, reason: str) -> None:
+        super().__init__(
+            f"task {key!r} was not run: dependency {dependency!r} failed ({reason}). "
+            "Fix the failing task; its own error is on its future.",
+            key=key,
+            dependency=dependency,
+            reason=reason,
+        )
+
+
+class CancelledError(CorralError):
+    """The task (or its run) was cancelled before it produced a result."""
+
+    def __init__(self, key: str, reason: str = "cancelled by request") -> None:
+        super().__init__(f"task {key!r} was cancelled: {reason}", key=key, reason=reason)
+
+
+class WorkerLost(CorralError):
+    """A task could not finish because the workers running it were lost too often."""
+
+    def __init__(self, key: str, worker: str, cause: str, tries: int) -> None:
+        super().__init__(
+            f"task {key!r} was lost with worker {worker!r} ({cause}) and will not be retried "
+            f"after {tries} tries. Check the workers' logs and resources, or raise the "
+            "retry policy's limit for infrastructure losses.",
+            key=key,
+            worker=worker,
+            cause=cause,
+            tries=tries,
+        )

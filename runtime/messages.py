@@ -1,0 +1,158 @@
+"""Typed messages exchanged between actors, clients and processes.
+
+What lives here: the ``Message`` base, the registry of message types by wire name, and
+the catalogue of messages that cross an actor or process boundary. Nothing else.
+
+Rules:
+
+1. A message is a frozen, slotted dataclass registered with :func:`message`. Its fields
+   use only wire types: ``None``, ``bool``, ``int``, ``float``, ``str``, ``bytes``,
+   ``tuple[X, ...]``, ``list[X]``, ``dict[str, X]``, ``X | None``, ``Literal[...]`` and
+   other registered messages. ``bytes`` fields carry pickled payloads (functions,
+   results); the codec ships them as raw binary frames, never base64.
+2. Every message travels inside an envelope that carries its causal id (see
+   :mod:`runtime.kernel`), so messages themselves do not repeat it.
+3. Messages that only ever travel inside one process (for example ones carrying live
+   Python objects) are marked ``local=True``; the codec refuses them with a clear error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any, ClassVar, Literal, TypeVar
+
+__all__ = [
+    "MESSAGE_TYPES",
+    "Message",
+    "message",
+]
+
+
+class Message:
+    """Base class of every message type.
+
+    Subclasses are declared with :func:`message`, which makes them frozen, slotted
+    dataclasses and registers them under their wire name (the class name unless given).
+    """
+
+    __slots__ = ()
+    wire_name: ClassVar[str] = ""
+    local: ClassVar[bool] = False
+
+    def to_fields(self) -> dict[str, Any]:
+        """The message's fields as a shallow dict (nested messages stay objects)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}  # type: ignore[arg-type]
+
+
+#: Every registered message type by wire name. Filled at import time by ``@message``.
+MESSAGE_TYPES: dict[str, type[Message]] = {}
+
+M = TypeVar("M", bound=type[Message])
+
+
+def message(name: str | None = None, *, local: bool = False) -> Callable[[M], M]:
+    """Class decorator: make ``cls`` a frozen slotted dataclass and register it.
+
+    ``local=True`` marks a message that may carry live objects and never crosses a
+    process boundary.
+    """
+
+    def wrap(cls: M) -> M:
+        dc = dataclasses.dataclass(frozen=True, slots=True)(cls)
+        wire = name or cls.__name__
+        if wire in MESSAGE_TYPES and MESSAGE_TYPES[wire].__qualname__ != dc.__qualname__:
+            raise TypeError(f"message wire name {wire!r} is already registered")
+        dc.wire_name = wire
+        dc.local = local
+        MESSAGE_TYPES[wire] = dc
+        return dc
+
+    return wrap
+
+
+# --------------------------------------------------------------------------------------
+# The catalogue. Inputs are named ...Request / ...Event, outputs ...Reply / ...Msg.
+# --------------------------------------------------------------------------------------
+
+Outcome = Literal["ok", "error", "worker-lost", "cancelled", "timeout"]
+LostCause = Literal["preempted", "oom", "crash", "drained", "walltime", "unknown"]
+
+
+@message()
+class Ping(Message):
+    """Liveness probe; answered with :class:`Pong` carrying the same token."""
+
+    token: int = 0
+
+
+@message()
+class Pong(Message):
+    token: int = 0
+
+
+@message()
+class ErrorReply(Message):
+    """A request could not be served. ``kind`` names the exception type."""
+
+    kind: str
+    text: str
+    pickled: bytes | None = None
+
+
+@message()
+class Stop(Message):
+    """Ask an actor or process to stop gracefully."""
+
+    reason: str = ""
+
+
+@message()
+class SetPolicyRequest(Message):
+    """Swap the policy of ``kind`` (priority, placement, retry, ...) at runtime."""
+
+    kind: str
+    name: str
+    params: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@message()
+class PolicyInfo(Message):
+    kind: str
+    name: str
+    available: tuple[str, ...] = ()
+
+
+@message()
+class WorkerInfo(Message):
+    """What a worker offers; sent when it registers and in status replies."""
+
+    worker_id: str
+    cores: int
+    memory: int
+    disk: int = 0
+    pool: str = "default"
+    address: str = ""
+
+
+@message()
+class TaskRecord(Message):
+    """One task as seen by the scheduler, for status queries and the console."""
+
+    key: str
+    state: str
+    category: str
+    worker: str | None = None
+    tries: int = 0
+
+
+@message()
+class TryRecord(Message):
+    """One attempt at running a task."""
+
+    key: str
+    worker: str
+    start: float
+    stop: float
+    outcome: Outcome
+    cause: str | None = None
