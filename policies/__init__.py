@@ -1,0 +1,43 @@
+"""Swappable decision logic: priority, placement and retry policies.
+
+Policies are registered by kind and name in :data:`policies.REGISTRY` and created with
+``REGISTRY.create(kind, name, params)``; actors swap them at runtime on a
+``SetPolicyRequest`` message. Register your own with ``@policies.register(kind, name)``.
+"""
+
+from policies import placement, priority, retry
+from policies.base import (
+    KINDS,
+    REGISTRY,
+    CategoryStats,
+    PlacementPolicy,
+    PolicyParamsError,
+    PolicyRegistry,
+    PriorityPolicy,
+    RetryDecision,
+    RetryPolicy,
+    TaskView,
+    WorkerView,
+    register,
+)
+
+DEFAULTS = {"priority": "graph", "placement": "locality", "retry": "default"}
+
+__all__ = [
+    "DEFAULTS",
+    "KINDS",
+    "REGISTRY",
+    "CategoryStats",
+    "PlacementPolicy",
+    "PolicyParamsError",
+    "PolicyRegistry",
+    "PriorityPolicy",
+    "RetryDecision",
+    "RetryPolicy",
+    "TaskView",
+    "WorkerView",
+    "placement",
+    "priority",
+    "register",
+    "retry",
+]

@@ -156,3 +156,166 @@ class TryRecord(Message):
     stop: float
     outcome: Outcome
     cause: str | None = None
+
+
+# --------------------------------------------------------------------------------------
+# Cluster protocol between the actors of one cluster. These carry live objects (task
+# nodes, results, exceptions, actor references) and are process-local for now; the
+# websocket transport maps them onto wire messages with pickled payloads.
+# --------------------------------------------------------------------------------------
+
+
+@message(local=True)
+class SubmitGraphRequest(Message):
+    """Client -> manager: run ``graph`` and hand back ``keys``. Reply: the run id."""
+
+    graph: Any
+    keys: tuple[Any, ...]
+    client: str
+    priority: float = 0
+    retries: int = 0
+    resources: dict[str, float] | None = None
+    pool: str | None = None
+
+
+@message(local=True)
+class SubmitSpecs(Message):
+    """Manager -> scheduler: validated task specs and the keys clients want."""
+
+    run: str
+    specs: Any
+    wanted: tuple[Any, ...]
+
+
+@message(local=True)
+class RegisterWorker(Message):
+    """Worker -> scheduler (through the manager): a worker is ready for tasks."""
+
+    info: WorkerInfo
+    ref: Any
+
+
+@message()
+class WorkerGone(Message):
+    """A worker is lost (or left); ``cause`` is one of the worker-lost causes."""
+
+    worker_id: str
+    cause: str = "unknown"
+
+
+@message(local=True)
+class RunTasks(Message):
+    """Scheduler -> worker: run these ``ToRun`` tasks."""
+
+    tasks: tuple[Any, ...]
+
+
+@message(local=True)
+class TasksDone(Message):
+    """Worker -> scheduler: how tries ended (``TaskResult`` objects)."""
+
+    worker_id: str
+    results: tuple[Any, ...]
+
+
+@message(local=True)
+class CancelTasks(Message):
+    """Scheduler -> worker: drop these tasks (queued ones never run, running ones'
+    results are discarded)."""
+
+    keys: tuple[Any, ...]
+
+
+@message(local=True)
+class DropKeys(Message):
+    """Registry or scheduler -> worker: delete these outputs from the store."""
+
+    keys: tuple[Any, ...]
+
+
+@message(local=True)
+class GetData(Message):
+    """-> worker: reply with ``DataReply`` for the keys it holds."""
+
+    keys: tuple[Any, ...]
+
+
+@message(local=True)
+class DataReply(Message):
+    data: dict[Any, Any]
+    missing: tuple[Any, ...] = ()
+
+
+@message(local=True)
+class FileFactsMsg(Message):
+    """Scheduler -> registry: facts about outputs (``FileFact`` objects)."""
+
+    facts: tuple[Any, ...]
+
+
+@message(local=True)
+class FilesReleasedMsg(Message):
+    """Registry -> scheduler: these outputs were dropped from every worker."""
+
+    keys: tuple[Any, ...]
+
+
+@message(local=True)
+class KeyUpdates(Message):
+    """Scheduler -> manager -> client: wanted keys finished, failed or were cancelled
+    (``KeyDone``/``KeyErred``/``KeyCancelled`` objects)."""
+
+    updates: tuple[Any, ...]
+
+
+@message(local=True)
+class ReleaseKeysRequest(Message):
+    """Client -> manager -> scheduler: the client no longer wants these keys."""
+
+    keys: tuple[Any, ...]
+    client: str = ""
+
+
+@message(local=True)
+class CancelRequest(Message):
+    """Client or console -> manager -> scheduler: cancel these keys."""
+
+    keys: tuple[Any, ...]
+    reason: str = "cancelled by request"
+
+
+@message(local=True)
+class GatherRequest(Message):
+    """Client -> manager: the values of these finished keys."""
+
+    keys: tuple[Any, ...]
+
+
+@message()
+class StatusRequest(Message):
+    """-> manager: reply with ``StatusReply``."""
+
+
+@message()
+class StatusReply(Message):
+    workers: tuple[WorkerInfo, ...]
+    tasks_by_state: dict[str, int]
+    queued: int
+    runs: int
+    categories: dict[str, dict[str, float]]
+    policies: dict[str, str]
+
+
+@message(local=True)
+class StoryRequest(Message):
+    """-> scheduler: transitions of these keys."""
+
+    keys: tuple[Any, ...]
+
+
+@message()
+class ScaleRequest(Message):
+    """-> autoscaler: keep ``n`` workers in ``pool``."""
+
+    n: int
+    pool: str = "default"

@@ -1,0 +1,216 @@
+"""The manager actor: the cluster's front door for clients and the console.
+
+What lives here: :class:`Manager`. It validates submitted graphs (off the event loop
+for large ones), owns runs and the keys clients want, forwards key updates to the
+clients that want them, gathers results from the workers holding them, and routes
+commands (cancel, release, policy changes, status) to the actor that owns them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+
+from actors.scheduler_state import KeyCancelled, KeyDone, KeyErred
+from runtime.errors import ActorStopped, AskTimeout
+from runtime.graph import Key, build_specs
+from runtime.kernel import Actor, ActorRef, handles
+from runtime.messages import (
+    CancelRequest,
+    DataReply,
+    GatherRequest,
+    GetData,
+    KeyUpdates,
+    ReleaseKeysRequest,
+    ScaleRequest,
+    SetPolicyRequest,
+    StatusRequest,
+    StoryRequest,
+    SubmitGraphRequest,
+    SubmitSpecs,
+)
+
+__all__ = ["GatherResult", "Manager"]
+
+#: Graphs with at least this many tasks are validated and ordered in a thread, so a
+#: big submission never stalls the event loop.
+THREAD_THRESHOLD = 2_000
+
+
+@dataclasses.dataclass(slots=True)
+class _KeyState:
+    clients: set[str]  #: clients that want it (each counts once at the scheduler)
+    update: Any = None  #: the latest KeyDone / KeyErred / KeyCancelled
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class GatherResult:
+    """Values of the keys that could be gathered; ``missing`` were not where expected
+    (their worker was lost meanwhile; the scheduler recomputes them)."""
+
+    data: dict[Key, Any]
+    missing: tuple[Key, ...]
+
+
+class Manager(Actor):
+    """Front door: submissions, results, cancellation, policies and status."""
+
+    def __init__(
+        self,
+        scheduler: Callable[[], ActorRef[Any]],
+        registry: Callable[[], ActorRef[Any]],
+        autoscaler: Callable[[], ActorRef[Any] | None],
+        resolve: Callable[[str], ActorRef[Any] | None],
+        *,
+        gather_timeout: float = 60.0,
+    ) -> None:
+        self._scheduler = scheduler
+        self._registry = registry
+        self._autoscaler = autoscaler
+        self._resolve = resolve
+        self.gather_timeout = gather_timeout
+        self.keys: dict[Key, _KeyState] = {}  #: keys some client wants
+        self.runs = 0
+        self._run_ids = itertools.count(1)
+
+    # -- submissions -----------------------------------------------------------------
+
+    @handles(SubmitGraphRequest)
+    async def submit(self, msg: SubmitGraphRequest) -> str:
+        known = self.keys.__contains__
+
+        def build() -> Any:
+            return build_specs(
+                msg.graph,
+                msg.keys,
+                known=known,
+                priority=msg.priority,
+                retries=msg.retries,
+                resources=msg.resources,
+                pool=msg.pool,
+            )
+
+        if len(msg.graph) >= THREAD_THRESHOLD:
+            specs = await anyio.to_thread.run_sync(build)
+        else:
+            specs = build()
+        run = f"run-{next(self._run_ids)}"
+        self.runs += 1
+        wanted = []
+        for key in dict.fromkeys(msg.keys):
+            ks = self.keys.get(key)
+            if ks is None:
+                ks = self.keys[key] = _KeyState(set())
+            if msg.client not in ks.clients:
+                ks.clients.add(msg.client)
+                wanted.append(key)
+            elif ks.update is not None:  # already known: tell the client again
+                self._send(msg.client, [ks.update])
+        self._scheduler().post(SubmitSpecs(run, specs, tuple(wanted)))
+        return run
+
+    @handles(KeyUpdates)
+    def key_updates(self, msg: KeyUpdates) -> None:
+        per_client: dict[str, list[Any]] = {}
+        for upd in msg.updates:
+            ks = self.keys.get(upd.key)
+            if ks is None:
+                continue
+            ks.update = upd
+            for client in ks.clients:
+                per_client.setdefault(client, []).append(upd)
+        for client, updates in per_client.items():
+            self._send(client, updates)
+
+    def _send(self, client: str, updates: list[Any]) -> None:
+        ref = self._resolve(client)
+        if ref is not None and not ref.stopped:
+            ref.post(KeyUpdates(tuple(updates)))
+
+    @handles(ReleaseKeysRequest)
+    def release(self, msg: ReleaseKeysRequest) -> None:
+        released = []
+        for key in msg.keys:
+            ks = self.keys.get(key)
+            if ks is None or msg.client not in ks.clients:
+                continue
+            ks.clients.discard(msg.client)
+            if not ks.clients:
+                del self.keys[key]
+            released.append(key)
+        if released:
+            self._scheduler().post(ReleaseKeysRequest(tuple(released), msg.client))
+
+    @handles(CancelRequest)
+    def cancel(self, msg: CancelRequest) -> None:
+        self._scheduler().post(msg)
+
+    # -- results ---------------------------------------------------------------------
+
+    @handles(GatherRequest)
+    async def gather(self, msg: GatherRequest) -> GatherResult:
+        by_worker: dict[str, list[Key]] = {}
+        missing: list[Key] = []
+        for key in msg.keys:
+            ks = self.keys.get(key)
+            upd = ks.update if ks is not None else None
+            if not isinstance(upd, KeyDone):
+                missing.append(key)
+                continue
+            by_worker.setdefault(upd.worker, []).append(key)
+        data: dict[Key, Any] = {}
+        for wid, keys in by_worker.items():
+            ref = self._resolve(wid)
+            reply: DataReply | None = None
+            if ref is not None:
+                try:
+                    reply = await ref.ask(GetData(tuple(keys)), timeout=self.gather_timeout)
+                except (ActorStopped, AskTimeout) as exc:
+                    self.log.warning("gather failed", worker=wid, error=str(exc))
+            if reply is None:
+                missing.extend(keys)
+                continue
+            data.update(reply.data)
+            missing.extend(reply.missing)
+        for key in missing:
+            ks = self.keys.get(key)
+            if ks is not None and isinstance(ks.update, KeyDone):
+                ks.update = None  # wait for the scheduler's next word on it
+        return GatherResult(data, tuple(missing))
+
+    # -- routing to the owners -------------------------------------------------------
+
+    @handles(SetPolicyRequest)
+    async def set_policy(self, msg: SetPolicyRequest) -> Any:
+        return await self._scheduler().ask(msg)
+
+    @handles(StoryRequest)
+    async def story(self, msg: StoryRequest) -> Any:
+        return await self._scheduler().ask(msg)
+
+    @handles(ScaleRequest)
+    async def scale(self, msg: ScaleRequest) -> Any:
+        autoscaler = self._autoscaler()
+        if autoscaler is None:
+            raise RuntimeError("this cluster has no autoscaler; workers are managed outside")
+        return await autoscaler.ask(msg)
+
+    @handles(StatusRequest)
+    async def status(self, msg: StatusRequest) -> dict[str, Any]:
+        sched = await self._scheduler().ask(msg)
+        files = await self._registry().ask(msg)
+        pending = sum(1 for ks in self.keys.values() if ks.update is None)
+        return {
+            **sched,
+            "files": files,
+            "runs": self.runs,
+            "wanted_keys": len(self.keys),
+            "wanted_pending": pending,
+        }
+
+
+__all__ += ["KeyCancelled", "KeyErred"]

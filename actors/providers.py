@@ -1,0 +1,150 @@
+"""Providers: where workers come from. A provider hands out *blocks* of workers.
+
+What lives here: :class:`BlockState` (the states a block moves through, after Parsl's
+job states), :class:`Block`, the :class:`Provider` interface the autoscaler drives, and
+:class:`InProcessProvider`, which starts worker actors inside the running actor system.
+Later providers (local processes, Slurm) implement the same interface.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import enum
+import itertools
+from typing import Any
+
+from actors.worker import Worker
+from runtime.kernel import ActorRef, ActorSystem
+
+__all__ = ["Block", "BlockSpec", "BlockState", "InProcessProvider", "Provider"]
+
+
+class BlockState(enum.Enum):
+    """Where a block stands. Terminal states: all but PENDING, RUNNING and HELD."""
+
+    PENDING = "pending"
+    """Requested from the provider; no worker of it has started yet."""
+    RUNNING = "running"
+    """Its workers started (they may still be registering with the scheduler)."""
+    HELD = "held"
+    """The provider holds it back (e.g. a batch system's hold); it may run later."""
+    COMPLETED = "completed"
+    """Its workers exited on their own, cleanly."""
+    FAILED = "failed"
+    """It could not start, or its workers crashed."""
+    CANCELLED = "cancelled"
+    """Cancelled by the provider or an operator (includes preemption by CANCEL)."""
+    TIMEOUT = "timeout"
+    """It reached its walltime."""
+    MISSING = "missing"
+    """The provider no longer knows it and nothing says how it ended."""
+    SCALED_IN = "scaled-in"
+    """Stopped on purpose by the autoscaler."""
+
+    @property
+    def terminal(self) -> bool:
+        return self not in (BlockState.PENDING, BlockState.RUNNING, BlockState.HELD)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BlockSpec:
+    """What each worker of a block offers."""
+
+    workers: int = 1
+    threads: int = 1
+    memory: int = 0
+    disk: int = 0
+    pool: str = "default"
+
+
+@dataclasses.dataclass(slots=True)
+class Block:
+    block_id: str
+    spec: BlockSpec
+    state: BlockState
+    workers: list[str]
+    detail: str = ""
+
+
+class Provider(abc.ABC):
+    """Starts and stops blocks of workers; reports their states."""
+
+    @abc.abstractmethod
+    async def start_block(self, spec: BlockSpec) -> Block:
+        """Request a block; return it (PENDING or RUNNING)."""
+
+    @abc.abstractmethod
+    async def stop_block(self, block: Block) -> None:
+        """Stop a block's workers; its state becomes SCALED_IN."""
+
+    @abc.abstractmethod
+    def poll(self, block: Block) -> BlockState:
+        """The block's current state."""
+
+    @abc.abstractmethod
+    async def wait_ended(self, block: Block) -> BlockState:
+        """Return once the block is in a terminal state, with that state."""
+
+
+class InProcessProvider(Provider):
+    """Worker actors inside the same actor system (the embedded, no-setup case)."""
+
+    def __init__(
+        self,
+        system: ActorSystem,
+        scheduler: ActorRef[Any],
+        *,
+        prefix: str = "worker",
+        worker_options: dict[str, Any] | None = None,
+    ) -> None:
+        self.system = system
+        self.scheduler = scheduler
+        self.prefix = prefix
+        self.worker_options = dict(worker_options or {})
+        self._ids = itertools.count(1)
+        self._refs: dict[str, ActorRef[Any]] = {}
+
+    def resolve(self, worker_id: str) -> ActorRef[Any] | None:
+        ref = self._refs.get(worker_id)
+        return None if ref is None or ref.stopped else ref
+
+    async def start_block(self, spec: BlockSpec) -> Block:
+        n = next(self._ids)
+        block = Block(f"block-{n}", spec, BlockState.PENDING, [])
+        for i in range(spec.workers):
+            wid = f"{self.prefix}-{n}" if spec.workers == 1 else f"{self.prefix}-{n}.{i}"
+            worker = Worker(
+                wid,
+                self.scheduler,
+                self.resolve,
+                nthreads=spec.threads,
+                memory=spec.memory,
+                disk=spec.disk,
+                pool=spec.pool,
+                **self.worker_options,
+            )
+            self._refs[wid] = await self.system.spawn(worker, wid, escalate=False)
+            block.workers.append(wid)
+        block.state = BlockState.RUNNING
+        return block
+
+    async def stop_block(self, block: Block) -> None:
+        refs = [self._refs[w] for w in block.workers if w in self._refs]
+        await self.system.shutdown(refs)
+        block.state = BlockState.SCALED_IN
+
+    def poll(self, block: Block) -> BlockState:
+        if block.state.terminal:
+            return block.state
+        if all(self._refs[w].stopped for w in block.workers):
+            return BlockState.FAILED
+        return block.state
+
+    async def wait_ended(self, block: Block) -> BlockState:
+        for w in block.workers:
+            await self._refs[w].wait_stopped()
+        return self.poll(block)
+
+    def ref(self, worker_id: str) -> ActorRef[Any] | None:
+        return self._refs.get(worker_id)

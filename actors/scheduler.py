@@ -1,0 +1,196 @@
+"""The scheduler actor: a thin shell around :class:`SchedulerState`.
+
+What lives here: :class:`Scheduler`, which turns messages into core events (adding
+``now`` from its clock and the causal id as ``stimulus_id``), calls
+``SchedulerState.handle`` and carries out the commands it returns. No decisions are made
+here; they are all in ``actors/scheduler_state.py`` and the policies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from actors.scheduler_state import (
+    CancelOnWorker,
+    CancelRequested,
+    Command,
+    DropData,
+    Event,
+    Execute,
+    FileFacts,
+    FilesReleased,
+    GraphSubmitted,
+    KeyCancelled,
+    KeyDone,
+    KeyErred,
+    KeysReleased,
+    PolicyChanged,
+    SchedulerConfig,
+    SchedulerState,
+    TasksFinished,
+    WorkerJoined,
+    WorkerLeft,
+)
+from policies import REGISTRY, PolicyRegistry
+from runtime.kernel import Actor, ActorRef, current_causal_id, handles
+from runtime.messages import (
+    CancelRequest,
+    CancelTasks,
+    DropKeys,
+    FileFactsMsg,
+    FilesReleasedMsg,
+    KeyUpdates,
+    PolicyInfo,
+    RegisterWorker,
+    ReleaseKeysRequest,
+    RunTasks,
+    SetPolicyRequest,
+    StatusRequest,
+    StoryRequest,
+    SubmitSpecs,
+    TaskRecord,
+    TasksDone,
+    WorkerGone,
+    WorkerInfo,
+)
+
+__all__ = ["Scheduler"]
+
+
+class Scheduler(Actor):
+    """Owns :class:`SchedulerState`; the manager, workers and registry talk to it."""
+
+    def __init__(
+        self,
+        manager: Callable[[], ActorRef[Any]],
+        registry: Callable[[], ActorRef[Any]],
+        *,
+        config: SchedulerConfig | None = None,
+        policies: PolicyRegistry = REGISTRY,
+        initial: dict[str, tuple[str, dict[str, Any]]] | None = None,
+    ) -> None:
+        self.policy_registry = policies
+        made = {
+            kind: policies.create(kind, name, params) for kind, (name, params) in (initial or {}).items()
+        }
+        self.state = SchedulerState(config, **made)
+        self._manager = manager
+        self._registry = registry
+        self.workers: dict[str, ActorRef[Any]] = {}  #: worker id -> its reference
+        self.infos: dict[str, WorkerInfo] = {}
+
+    # -- feeding the core ------------------------------------------------------------
+
+    def _handle(self, *events: Event) -> None:
+        self._execute(self.state.handle(*events))
+
+    def _execute(self, commands: list[Command]) -> None:
+        updates: list[Any] = []
+        for cmd in commands:
+            if type(cmd) is Execute:
+                ref = self.workers.get(cmd.worker)
+                if ref is not None:
+                    ref.post(RunTasks(cmd.tasks))
+            elif type(cmd) is FileFacts:
+                self._registry().post(FileFactsMsg(cmd.facts))
+            elif type(cmd) in (KeyDone, KeyErred, KeyCancelled):
+                updates.append(cmd)
+            elif type(cmd) is CancelOnWorker:
+                ref = self.workers.get(cmd.worker)
+                if ref is not None:
+                    ref.post(CancelTasks(cmd.keys))
+            elif type(cmd) is DropData:
+                ref = self.workers.get(cmd.worker)
+                if ref is not None:
+                    ref.post(DropKeys(cmd.keys))
+            else:  # pragma: no cover - a new command without a shell is a bug
+                raise TypeError(f"scheduler has no shell for {type(cmd).__name__}")
+        if updates:
+            self._manager().post(KeyUpdates(tuple(updates)))
+
+    def _ev(self) -> tuple[str, float]:
+        return current_causal_id(), self.clock.now()
+
+    # -- handlers --------------------------------------------------------------------
+
+    @handles(SubmitSpecs)
+    def submit(self, msg: SubmitSpecs) -> None:
+        self._handle(GraphSubmitted(*self._ev(), msg.specs, msg.wanted))
+
+    @handles(RegisterWorker)
+    def register(self, msg: RegisterWorker) -> None:
+        info: WorkerInfo = msg.info
+        self.workers[info.worker_id] = msg.ref
+        self.infos[info.worker_id] = info
+        self.log.info("worker joined", worker=info.worker_id, cores=info.cores, pool=info.pool)
+        self._handle(WorkerJoined(*self._ev(), info.worker_id, info.cores, info.memory, info.pool))
+
+    @handles(WorkerGone)
+    def worker_gone(self, msg: WorkerGone) -> None:
+        if self.workers.pop(msg.worker_id, None) is None:
+            return
+        self.infos.pop(msg.worker_id, None)
+        self.log.warning("worker lost", worker=msg.worker_id, cause=msg.cause)
+        self._handle(WorkerLeft(*self._ev(), msg.worker_id, msg.cause))
+
+    @handles(TasksDone)
+    def tasks_done(self, msg: TasksDone) -> None:
+        self._handle(TasksFinished(*self._ev(), msg.worker_id, msg.results))
+
+    @handles(CancelRequest)
+    def cancel(self, msg: CancelRequest) -> None:
+        self._handle(CancelRequested(*self._ev(), msg.keys, msg.reason))
+
+    @handles(ReleaseKeysRequest)
+    def release(self, msg: ReleaseKeysRequest) -> None:
+        self._handle(KeysReleased(*self._ev(), msg.keys))
+
+    @handles(FilesReleasedMsg)
+    def files_released(self, msg: FilesReleasedMsg) -> None:
+        self._handle(FilesReleased(*self._ev(), msg.keys))
+
+    @handles(SetPolicyRequest)
+    def set_policy(self, msg: SetPolicyRequest) -> PolicyInfo:
+        policy = self.policy_registry.create(msg.kind, msg.name, msg.params)
+        self._handle(PolicyChanged(*self._ev(), msg.kind, policy))
+        self.log.info("policy changed", kind=msg.kind, name=msg.name, params=msg.params)
+        return PolicyInfo(msg.kind, msg.name, tuple(self.policy_registry.names(msg.kind)))
+
+    @handles(StatusRequest)
+    def status(self, msg: StatusRequest) -> dict[str, Any]:
+        st = self.state
+        by_state: dict[str, int] = {}
+        for ts in st.tasks.values():
+            by_state[ts.state] = by_state.get(ts.state, 0) + 1
+        return {
+            "workers": tuple(self.infos.values()),
+            "processing": {w: len(ws.processing) for w, ws in st.workers.items()},
+            "tasks_by_state": by_state,
+            "queued": st.n_queued,
+            "categories": {c: dict(_stats(s)) for c, s in st.stats.items()},
+            "policies": {k: getattr(p, "name", type(p).__name__) for k, p in st.policies.items()},
+            "policy_errors": st.policy_errors,
+        }
+
+    @handles(StoryRequest)
+    def story(self, msg: StoryRequest) -> list[tuple[Any, ...]]:
+        return self.state.story(*msg.keys)
+
+    def task_records(self) -> list[TaskRecord]:
+        return [
+            TaskRecord(str(ts.key), ts.state, ts.category, ts.worker, len(ts.tries))
+            for ts in self.state.tasks.values()
+        ]
+
+
+def _stats(s: Any) -> dict[str, float]:
+    return {
+        "count": s.count,
+        "errors": s.errors,
+        "lost": s.lost,
+        "mean_duration": s.mean_duration,
+        "max_duration": s.max_duration,
+        "total_nbytes": s.total_nbytes,
+        "peak_rss": s.peak_rss,
+    }

@@ -1,0 +1,1111 @@
+"""The scheduler's pure core: task states, ready queues, placement, tries, statistics.
+
+What lives here: :class:`SchedulerState` and the events it takes and the commands it
+returns. ``SchedulerState.handle(*events) -> list[Command]`` is the only way to change
+it. No anyio, no sockets, no clock, no threads: events carry ``now`` and a
+``stimulus_id``; the actor (``actors/scheduler.py``) carries out the commands.
+
+Task states and the transitions allowed between them are data (``TRANSITIONS``); any
+other move raises :class:`InvalidTransition` with the task's story.
+
+    waiting ──► queued ──► processing ──► memory ──► released ──► (forgotten)
+       │          │            │  ▲           │          │
+       │          │            │  └─ retry ───┘(lost)    └── (recompute) ──► waiting
+       └──────────┴────────────┴──► erred | cancelled ──► (forgotten)
+
+- ``waiting``: some dependency is not in memory yet (``waiting_on`` counts them).
+- ``queued``: every dependency is in memory; in a ready queue, not yet on a worker.
+- ``processing``: sent to ``worker``; at most ``slots`` such tasks per worker.
+- ``memory``: finished; its output lives on the workers in ``who_has``.
+- ``released``: finished, but the file registry dropped its output (nobody needed it);
+  kept while a dependent may need it recomputed (lineage).
+- ``erred`` / ``cancelled``: terminal until forgotten or resubmitted.
+
+A task is *active* while waiting, queued or processing: it still needs its inputs, so it
+counts in each dependency's ``consumers``. A task is forgotten (deleted) once it is
+released, erred or cancelled, no client wants it and it has no dependents left.
+
+The file registry learns about outputs through :class:`FileFacts` commands (absolute
+facts per key: replicas, size, consumers, wanted) and answers with
+:class:`FilesReleased` events once it dropped an output nobody needs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import itertools
+from collections import deque
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any, Literal
+
+from policies import DEFAULTS, REGISTRY, CategoryStats, PlacementPolicy, PriorityPolicy, RetryPolicy
+from runtime.errors import CancelledError, CorralError, DependencyFailed, WorkerLost
+from runtime.graph import GraphNode, Key, TaskSpec
+from runtime.messages import TryRecord
+
+__all__ = [
+    "TRANSITIONS",
+    "CancelOnWorker",
+    "CancelRequested",
+    "Command",
+    "DropData",
+    "Event",
+    "Execute",
+    "FileFact",
+    "FileFacts",
+    "FilesReleased",
+    "GraphSubmitted",
+    "InvalidTransition",
+    "KeyCancelled",
+    "KeyDone",
+    "KeyErred",
+    "KeysReleased",
+    "PolicyChanged",
+    "SchedulerConfig",
+    "SchedulerState",
+    "TaskResult",
+    "TaskState",
+    "TasksFinished",
+    "ToRun",
+    "WorkerJoined",
+    "WorkerLeft",
+    "WorkerState",
+]
+
+State = Literal["waiting", "queued", "processing", "memory", "released", "erred", "cancelled"]
+ACTIVE: frozenset[str] = frozenset({"waiting", "queued", "processing"})
+
+#: Allowed (start, finish) pairs. Anything else is a bug and raises InvalidTransition.
+TRANSITIONS: frozenset[tuple[str, str]] = frozenset(
+    {
+        ("new", "waiting"),
+        ("new", "queued"),
+        ("waiting", "queued"),
+        ("waiting", "erred"),
+        ("waiting", "cancelled"),
+        ("queued", "processing"),
+        ("queued", "waiting"),
+        ("queued", "erred"),
+        ("queued", "cancelled"),
+        ("processing", "memory"),
+        ("processing", "queued"),
+        ("processing", "waiting"),
+        ("processing", "erred"),
+        ("processing", "cancelled"),
+        ("memory", "released"),
+        ("memory", "waiting"),
+        ("memory", "queued"),
+        ("released", "waiting"),
+        ("released", "queued"),
+        ("erred", "waiting"),
+        ("erred", "queued"),
+        ("cancelled", "waiting"),
+        ("cancelled", "queued"),
+    }
+)
+
+
+class InvalidTransition(CorralError, RuntimeError):
+    """A bug: the core tried a transition that ``TRANSITIONS`` does not allow."""
+
+    def __init__(self, key: Key, start: str, finish: str, story: list[tuple[Any, ...]]) -> None:
+        super().__init__(
+            f"invalid transition of task {key!r}: {start} -> {finish}. This is a bug in "
+            f"Corral; please report it with this story: {story[-10:]}",
+            key=key,
+            start=start,
+            finish=finish,
+            story=story,
+        )
+
+
+# ----------------------------------------------------------------------------- events
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Event:
+    stimulus_id: str
+    now: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class GraphSubmitted(Event):
+    """New tasks (``specs``) and the keys a client wants from them (or earlier ones)."""
+
+    specs: Mapping[Key, TaskSpec]
+    wanted: tuple[Key, ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WorkerJoined(Event):
+    worker: str
+    cores: int
+    memory: int
+    pool: str = "default"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WorkerLeft(Event):
+    worker: str
+    cause: str = "unknown"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TaskResult:
+    """How one try ended on a worker.
+
+    ``rss_before``/``rss`` are the worker's RSS right before and right after the task.
+    ``outcome`` is ``ok``, ``error``, ``timeout``, ``cancelled`` or ``missing`` (an input
+    could not be fetched: ``missing`` lists ``(key, worker)`` pairs that did not have it;
+    the task did not start). ``fetched`` are inputs the worker copied from peers and
+    still holds.
+    """
+
+    key: Key
+    outcome: Literal["ok", "error", "timeout", "cancelled", "missing"]
+    start: float = 0.0
+    stop: float = 0.0
+    nbytes: int = 0
+    rss: int = 0
+    error: BaseException | None = None
+    missing: tuple[tuple[Key, str], ...] = ()
+    fetched: tuple[Key, ...] = ()
+    rss_before: int = 0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TasksFinished(Event):
+    worker: str
+    results: tuple[TaskResult, ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CancelRequested(Event):
+    keys: tuple[Key, ...]
+    reason: str = "cancelled by request"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class KeysReleased(Event):
+    """A client no longer wants these keys (one release per earlier want)."""
+
+    keys: tuple[Key, ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FilesReleased(Event):
+    """The file registry dropped these outputs from every worker."""
+
+    keys: tuple[Key, ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PolicyChanged(Event):
+    kind: str
+    policy: Any
+
+
+# ----------------------------------------------------------------------------- commands
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Command:
+    stimulus_id: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ToRun:
+    """One task for a worker: its node and, per dependency, the workers holding it."""
+
+    key: Key
+    node: GraphNode
+    category: str
+    deps: tuple[tuple[Key, tuple[str, ...]], ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Execute(Command):
+    worker: str
+    tasks: tuple[ToRun, ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CancelOnWorker(Command):
+    worker: str
+    keys: tuple[Key, ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DropData(Command):
+    """Outputs a worker holds that nothing tracks (a stale or cancelled result)."""
+
+    worker: str
+    keys: tuple[Key, ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class KeyDone(Command):
+    key: Key
+    worker: str
+    nbytes: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class KeyErred(Command):
+    """A wanted key failed. ``error`` is what its future raises; ``root`` the task whose
+    own try failed and ``root_error`` that try's exception."""
+
+    key: Key
+    error: BaseException
+    root: Key
+    root_error: BaseException
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class KeyCancelled(Command):
+    key: Key
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FileFact:
+    """Everything the registry needs about one output, as of now."""
+
+    key: Key
+    state: Literal["pending", "created", "released", "forgotten"]
+    nbytes: int
+    replicas: tuple[str, ...]
+    consumers: int
+    wanted: bool
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FileFacts(Command):
+    facts: tuple[FileFact, ...]
+
+
+# ----------------------------------------------------------------------------- state
+
+
+@dataclasses.dataclass(slots=True)
+class SchedulerConfig:
+    """How much work the scheduler hands each worker ahead of time.
+
+    A worker always gets up to ``saturation`` tasks per core. Beyond that it gets more
+    while the estimated run time of what it holds stays under ``backlog`` seconds per
+    core, up to ``max_per_core`` tasks per core: short tasks travel in large batches,
+    long ones are held back where they can still be placed well. Estimates are each
+    category's mean duration so far (``unknown_duration`` before any has finished).
+    """
+
+    saturation: float = 2.0
+    backlog: float = 0.05
+    max_per_core: int = 500
+    unknown_duration: float = 0.5
+    story_length: int = 100_000
+
+
+class WorkerState:
+    """One worker as the scheduler sees it."""
+
+    __slots__ = (
+        "cores",
+        "has_what",
+        "id",
+        "limit",
+        "memory",
+        "occupancy",
+        "pool",
+        "processing",
+        "slots",
+    )
+
+    def __init__(self, wid: str, cores: int, memory: int, pool: str, saturation: float) -> None:
+        self.id = wid
+        self.cores = cores  #: cores it offers
+        self.memory = memory  #: bytes of memory it offers
+        self.pool = pool  #: the pool it belongs to
+        self.slots = max(1, round(cores * saturation))  #: tasks it always may hold
+        self.limit = self.slots  #: tasks it may hold when they are short
+        self.occupancy = 0.0  #: estimated seconds of work it holds
+        self.processing: set[TaskState] = set()  #: tasks sent to it, not finished
+        self.has_what: set[TaskState] = set()  #: tasks whose output it holds
+
+    @property
+    def n_processing(self) -> int:
+        return len(self.processing)
+
+    def __repr__(self) -> str:
+        return f"<WorkerState {self.id} {len(self.processing)}/{self.slots}>"
+
+
+class TaskState:
+    """One task as the scheduler sees it."""
+
+    __slots__ = (
+        "behind",
+        "consumers",
+        "dependents",
+        "deps",
+        "error",
+        "est",
+        "generation",
+        "key",
+        "lost_tries",
+        "nbytes",
+        "prio",
+        "retries_left",
+        "root",
+        "spec",
+        "state",
+        "tries",
+        "waiting_on",
+        "wanted",
+        "who_has",
+        "worker",
+    )
+
+    def __init__(self, spec: TaskSpec, generation: int) -> None:
+        self.key = spec.key
+        self.spec = spec
+        self.state: str = "new"
+        self.deps: list[TaskState] = []  #: tasks whose outputs this one reads
+        self.dependents: set[TaskState] = set()  #: tasks that read this one's output
+        self.waiting_on = 0  #: dependencies not in memory (while waiting)
+        self.consumers = 0  #: active dependents (they still need this output)
+        self.wanted = 0  #: client holds on this key
+        self.who_has: set[str] = set()  #: workers holding the output
+        self.nbytes = 0  #: output size
+        self.worker: str | None = None  #: worker running it (while processing)
+        self.generation = generation  #: submission it first came in with
+        self.prio: tuple[float, ...] = ()  #: queue priority from the priority policy
+        self.est = 0.0  #: estimated duration when it was assigned
+        self.behind = False  #: retried: queue behind fresh work
+        self.retries_left = spec.retries  #: user retry budget left
+        self.lost_tries = 0  #: tries lost with their worker
+        self.tries: list[TryRecord] = []  #: every attempt
+        self.error: BaseException | None = None  #: what its future raises (erred/cancelled)
+        self.root: tuple[Key, BaseException] | None = None  #: (failed task, its exception)
+
+    def __repr__(self) -> str:
+        return f"<TaskState {self.key!r} {self.state}>"
+
+    # -- TaskView -----------------------------------------------------------------------
+    @property
+    def category(self) -> str:
+        return self.spec.category
+
+    @property
+    def order(self) -> int:
+        return self.spec.order
+
+    @property
+    def user_priority(self) -> float:
+        return self.spec.priority
+
+    @property
+    def dep_locations(self) -> Iterator[tuple[frozenset[str], int]]:
+        for d in self.deps:
+            yield frozenset(d.who_has), d.nbytes
+
+
+class SchedulerState:
+    """The scheduler's state. Change it only through :meth:`handle`."""
+
+    def __init__(
+        self,
+        config: SchedulerConfig | None = None,
+        *,
+        priority: PriorityPolicy | None = None,
+        placement: PlacementPolicy | None = None,
+        retry: RetryPolicy | None = None,
+    ) -> None:
+        self.config = config or SchedulerConfig()
+        self.tasks: dict[Key, TaskState] = {}  #: every task not yet forgotten
+        self.workers: dict[str, WorkerState] = {}  #: workers by id
+        self.free: dict[str, WorkerState] = {}  #: workers with a free slot
+        self.queues: dict[str | None, list[tuple[Any, ...]]] = {}  #: ready heaps by pool
+        self.stats: dict[str, CategoryStats] = {}  #: per-category statistics
+        self.policies: dict[str, Any] = {
+            "priority": priority or REGISTRY.create("priority", DEFAULTS["priority"]),
+            "placement": placement or REGISTRY.create("placement", DEFAULTS["placement"]),
+            "retry": retry or REGISTRY.create("retry", DEFAULTS["retry"]),
+        }
+        self.policy_errors = 0  #: policy calls that raised or answered out of bounds
+        self.generation = 0  #: submissions so far
+        self.story_log: deque[tuple[Any, ...]] = deque(maxlen=self.config.story_length)
+        self._seq = itertools.count()
+        # Per-handle scratch, flushed into commands at the end of handle().
+        self._out: list[Command] = []
+        self._execute: dict[str, list[ToRun]] = {}
+        self._files: dict[Key, TaskState] = {}
+        self._forgotten: list[Key] = []
+        self._to_fail: list[tuple[TaskState, TaskState]] = []
+        self._to_cancel: list[tuple[TaskState, str]] = []
+        self._stimulus = ""
+        self._now = 0.0
+
+    # ----------------------------------------------------------------- the one mutator
+
+    def handle(self, *events: Event) -> list[Command]:
+        """Apply ``events`` in order; return the commands to carry out."""
+        for ev in events:
+            self._stimulus = ev.stimulus_id
+            self._now = ev.now
+            method = _DISPATCH.get(type(ev))
+            if method is None:
+                raise TypeError(f"SchedulerState cannot handle {type(ev).__name__}")
+            method(self, ev)
+            self._drain()
+            self._fill()
+            self._flush()
+        out, self._out = self._out, []
+        return out
+
+    # ----------------------------------------------------------------- queries
+
+    def story(self, *keys: Key) -> list[tuple[Any, ...]]:
+        """Transitions of ``keys``: ``(key, start, finish, stimulus_id, now)``."""
+        wanted = set(keys)
+        return [entry for entry in self.story_log if entry[0] in wanted]
+
+    def count(self, state: str) -> int:
+        return sum(1 for ts in self.tasks.values() if ts.state == state)
+
+    @property
+    def n_queued(self) -> int:
+        return sum(len(q) for q in self.queues.values())
+
+    # ----------------------------------------------------------------- event handlers
+
+    def _graph_submitted(self, ev: GraphSubmitted) -> None:
+        self.generation += 1
+        gen = self.generation
+        new: list[TaskState] = []
+        for key, spec in ev.specs.items():
+            ts = self.tasks.get(key)
+            if ts is None:
+                ts = TaskState(spec, gen)
+                self.tasks[key] = ts
+                new.append(ts)
+            elif ts.state in ("erred", "cancelled"):
+                # Resubmitting a failed key runs it again with the new spec.
+                ts.spec = spec
+                ts.generation = gen
+                ts.retries_left = spec.retries
+                ts.error = ts.root = None
+                for d in ts.deps:
+                    d.dependents.discard(ts)
+                ts.deps = []
+                new.append(ts)
+        for ts in new:
+            for dk in ts.spec.deps:
+                dep = self.tasks.get(dk)
+                if dep is None:
+                    raise KeyError(f"dependency {dk!r} of {ts.key!r} is not known to the scheduler")
+                ts.deps.append(dep)
+                dep.dependents.add(ts)
+        # Place new tasks in dependency order so each sees its inputs' final state.
+        for ts in _topological(new):
+            self._activate(ts)
+        for key in ev.wanted:
+            ts = self.tasks[key]
+            ts.wanted += 1
+            self._files[key] = ts
+            if ts.state == "memory":
+                self._out.append(KeyDone(self._stimulus, key, next(iter(ts.who_has)), ts.nbytes))
+            elif ts.state == "erred":
+                assert ts.error is not None and ts.root is not None
+                self._out.append(KeyErred(self._stimulus, key, ts.error, *ts.root))
+            elif ts.state == "released":
+                self._recompute(ts)
+
+    def _worker_joined(self, ev: WorkerJoined) -> None:
+        ws = self.workers.get(ev.worker)
+        if ws is None:
+            ws = WorkerState(ev.worker, ev.cores, ev.memory, ev.pool, self.config.saturation)
+            self.workers[ev.worker] = ws
+        else:  # a known worker re-registering (e.g. after a reconnect) keeps its work
+            ws.cores, ws.memory, ws.pool = ev.cores, ev.memory, ev.pool
+            ws.slots = max(1, round(ev.cores * self.config.saturation))
+        ws.limit = max(ws.slots, ev.cores * self.config.max_per_core)
+        self._update_free(ws)
+        self._log(ev.worker, "-", "joined")
+
+    def _worker_left(self, ev: WorkerLeft) -> None:
+        ws = self.workers.pop(ev.worker, None)
+        if ws is None:
+            return
+        self.free.pop(ev.worker, None)
+        self._log(ev.worker, "joined", f"left:{ev.cause}")
+        for ts in sorted(ws.processing, key=_prio_key):
+            ts.tries.append(
+                TryRecord(str(ts.key), ws.id, self._now, self._now, "worker-lost", ev.cause)
+            )
+            ts.lost_tries += 1
+            self._stat(ts).lost += 1
+            ts.worker = None
+            self._after_failure(ts, "worker-lost", ev.cause, None, ws.id)
+        ws.processing.clear()
+        for ts in list(ws.has_what):
+            ts.who_has.discard(ws.id)
+            self._files[ts.key] = ts
+            if not ts.who_has and ts.state == "memory":
+                self._output_lost(ts)
+        ws.has_what.clear()
+
+    def _tasks_finished(self, ev: TasksFinished) -> None:
+        ws = self.workers.get(ev.worker)
+        for res in ev.results:
+            ts = self.tasks.get(res.key)
+            if ts is None or ts.state != "processing" or ts.worker != ev.worker or ws is None:
+                # Stale: cancelled, retried elsewhere, or from a worker we dropped.
+                self._log(res.key, "stale", f"result:{res.outcome}")
+                if res.outcome == "ok" and ws is not None:
+                    self._out.append(DropData(self._stimulus, ev.worker, (res.key,)))
+                continue
+            self._release_slot(ts, ws)
+            for dk in res.fetched:
+                dep = self.tasks.get(dk)
+                if dep is not None and dep.state == "memory":
+                    self._add_replica(dep, ws)
+            if res.outcome == "ok":
+                self._finished_ok(ts, ws, res)
+            elif res.outcome == "missing":
+                self._inputs_missing(ts, res)
+            elif res.outcome == "cancelled":
+                self._set(ts, "cancelled")
+                ts.error = CancelledError(str(ts.key), "cancelled on the worker")
+                self._terminal(ts)
+            else:
+                stat = self._stat(ts)
+                stat.errors += 1
+                ts.tries.append(
+                    TryRecord(str(ts.key), ws.id, res.start, res.stop, res.outcome, None)
+                )
+                self._after_failure(ts, res.outcome, None, res.error, ws.id)
+
+    def _cancel_requested(self, ev: CancelRequested) -> None:
+        for key in ev.keys:
+            ts = self.tasks.get(key)
+            if ts is None or ts.state not in ACTIVE:
+                continue
+            self._cancel(ts, ev.reason)
+
+    def _keys_released(self, ev: KeysReleased) -> None:
+        for key in ev.keys:
+            ts = self.tasks.get(key)
+            if ts is None or ts.wanted == 0:
+                continue
+            ts.wanted -= 1
+            self._files[key] = ts
+            if ts.wanted == 0:
+                if ts.state in ACTIVE and ts.consumers == 0:
+                    self._cancel(ts, "no longer wanted")
+                self._maybe_forget(ts)
+
+    def _files_released(self, ev: FilesReleased) -> None:
+        for key in ev.keys:
+            ts = self.tasks.get(key)
+            if ts is None or ts.state != "memory":
+                continue
+            for wid in ts.who_has:
+                ws = self.workers.get(wid)
+                if ws is not None:
+                    ws.has_what.discard(ts)
+            ts.who_has.clear()
+            self._set(ts, "released")
+            if ts.consumers or ts.wanted:
+                # Needed again since the registry decided (a new submission): recompute.
+                self._recompute(ts)
+            else:
+                self._maybe_forget(ts)
+
+    def _policy_changed(self, ev: PolicyChanged) -> None:
+        if ev.kind not in self.policies:
+            raise KeyError(f"unknown policy kind {ev.kind!r}")
+        self.policies[ev.kind] = ev.policy
+        self._log("-", "policy", f"{ev.kind}:{getattr(ev.policy, 'name', ev.policy)}")
+        if ev.kind == "priority":
+            self._requeue_all()
+
+    # ----------------------------------------------------------------- transitions
+
+    def _set(self, ts: TaskState, finish: str) -> None:
+        start = ts.state
+        if (start, finish) not in TRANSITIONS:
+            raise InvalidTransition(ts.key, start, finish, self.story(ts.key))
+        was_active = start in ACTIVE
+        now_active = finish in ACTIVE
+        if was_active != now_active:
+            delta = 1 if now_active else -1
+            for d in ts.deps:
+                d.consumers += delta
+                self._files[d.key] = d
+        ts.state = finish
+        self.story_log.append((ts.key, start, finish, self._stimulus, self._now))
+        if was_active and not now_active:
+            for d in ts.deps:
+                if d.consumers == 0 and d.wanted == 0 and d.state in ACTIVE:
+                    self._to_cancel.append((d, f"only needed by {ts.key!r}, which is {finish}"))
+
+    def _drain(self) -> None:
+        """Work through failures and cancellations that spread along the graph.
+
+        Kept as worklists, not recursion, so a chain of any length is safe.
+        """
+        while self._to_fail or self._to_cancel:
+            while self._to_fail:
+                ts, failed = self._to_fail.pop()
+                if ts.state in ACTIVE:
+                    if ts.state == "processing":
+                        self._unassign(ts, cancel=True)
+                    self._fail_dependent(ts, failed)
+            while self._to_cancel:
+                ts, reason = self._to_cancel.pop()
+                if ts.state in ACTIVE and ts.consumers == 0 and ts.wanted == 0:
+                    self._cancel(ts, reason)
+
+    def _activate(self, ts: TaskState) -> None:
+        """Put a new (or resubmitted) task in waiting or queued by its inputs' states."""
+        missing = 0
+        for d in ts.deps:
+            if d.state != "memory":
+                missing += 1
+        ts.waiting_on = missing
+        failed = next((d for d in ts.deps if d.state in ("erred", "cancelled")), None)
+        self._set(ts, "waiting" if missing else "queued")
+        if failed is not None:
+            self._fail_dependent(ts, failed)
+            return
+        for d in ts.deps:
+            if d.state == "released":
+                self._recompute(d)
+        if not missing:
+            self._enqueue(ts)
+
+    def _enqueue(self, ts: TaskState) -> None:
+        ts.prio = self._priority(ts)
+        heapq.heappush(
+            self.queues.setdefault(ts.spec.pool, []), (ts.behind, ts.prio, next(self._seq), ts)
+        )
+
+    def _finished_ok(self, ts: TaskState, ws: WorkerState, res: TaskResult) -> None:
+        ts.tries.append(TryRecord(str(ts.key), ws.id, res.start, res.stop, "ok", None))
+        ts.nbytes = res.nbytes
+        stat = self._stat(ts)
+        duration = max(res.stop - res.start, 0.0)
+        stat.count += 1
+        stat.total_duration += duration
+        stat.max_duration = max(stat.max_duration, duration)
+        stat.total_nbytes += res.nbytes
+        stat.peak_rss = max(stat.peak_rss, res.rss)
+        self._set(ts, "memory")
+        self._add_replica(ts, ws)
+        for dep in ts.dependents:
+            if dep.state == "waiting":
+                dep.waiting_on -= 1
+                if dep.waiting_on == 0:
+                    self._set(dep, "queued")
+                    self._enqueue(dep)
+        if ts.wanted:
+            self._out.append(KeyDone(self._stimulus, ts.key, ws.id, ts.nbytes))
+
+    def _inputs_missing(self, ts: TaskState, res: TaskResult) -> None:
+        for dk, wid in res.missing:
+            dep = self.tasks.get(dk)
+            if dep is None:
+                continue
+            if wid in dep.who_has:
+                dep.who_has.discard(wid)
+                w = self.workers.get(wid)
+                if w is not None:
+                    w.has_what.discard(dep)
+                self._files[dk] = dep
+            if dep.state == "memory" and not dep.who_has:
+                self._output_lost(dep)
+        self._back_to_ready(ts)
+
+    def _back_to_ready(self, ts: TaskState) -> None:
+        """A processing task returns to waiting or queued, by its inputs' states."""
+        missing = sum(1 for d in ts.deps if d.state != "memory")
+        ts.waiting_on = missing
+        if missing:
+            self._set(ts, "waiting")
+            for d in list(ts.deps):
+                if d.state == "released":
+                    self._recompute(d)
+        else:
+            self._set(ts, "queued")
+            self._enqueue(ts)
+
+    def _after_failure(
+        self, ts: TaskState, outcome: str, cause: str | None, error: BaseException | None, wid: str
+    ) -> None:
+        decision = self._retry_decision(ts, outcome, cause)
+        if decision.retry:
+            if decision.charge:
+                ts.retries_left -= 1
+            ts.behind = ts.behind or decision.behind
+            self._log(ts.key, "retry", decision.reason)
+            self._back_to_ready(ts)
+            return
+        if outcome == "worker-lost":
+            err: BaseException = WorkerLost(str(ts.key), wid, cause or "unknown", len(ts.tries))
+        else:
+            err = error or RuntimeError(f"task {ts.key!r} failed ({outcome})")
+        ts.error = err
+        ts.root = (ts.key, err)
+        self._set(ts, "erred")
+        self._terminal(ts)
+
+    def _fail_dependent(self, ts: TaskState, failed: TaskState) -> None:
+        assert failed.root is not None
+        root_key, root_err = failed.root
+        ts.root = (root_key, root_err)
+        reason = f"{type(root_err).__name__}: {root_err}"
+        if failed.state == "cancelled":
+            ts.error = CancelledError(str(ts.key), f"dependency {failed.key!r} was cancelled")
+            self._set(ts, "cancelled")
+        else:
+            err = DependencyFailed(str(ts.key), str(root_key), reason)
+            err.__cause__ = root_err
+            ts.error = err
+            self._set(ts, "erred")
+        self._terminal(ts)
+
+    def _terminal(self, ts: TaskState) -> None:
+        """``ts`` just erred or was cancelled: tell the client, fail what depends on it."""
+        if ts.root is None:
+            assert ts.error is not None
+            ts.root = (ts.key, ts.error)
+        self._notify_failed(ts)
+        self._to_fail.extend((d, ts) for d in ts.dependents if d.state in ACTIVE)
+        self._maybe_forget(ts)
+
+    def _notify_failed(self, ts: TaskState) -> None:
+        if not ts.wanted:
+            return
+        assert ts.error is not None and ts.root is not None
+        if ts.state == "cancelled":
+            self._out.append(KeyCancelled(self._stimulus, ts.key, str(ts.error)))
+        else:
+            self._out.append(KeyErred(self._stimulus, ts.key, ts.error, *ts.root))
+
+    def _cancel(self, ts: TaskState, reason: str) -> None:
+        if ts.state == "processing":
+            self._unassign(ts, cancel=True)
+        ts.error = CancelledError(str(ts.key), reason)
+        ts.root = (ts.key, ts.error)
+        self._set(ts, "cancelled")
+        self._terminal(ts)
+
+    def _unassign(self, ts: TaskState, *, cancel: bool) -> None:
+        wid = ts.worker
+        ts.worker = None
+        ws = self.workers.get(wid) if wid is not None else None
+        if ws is not None:
+            self._release_slot(ts, ws)
+            if cancel:
+                self._out.append(CancelOnWorker(self._stimulus, ws.id, (ts.key,)))
+
+    def _output_lost(self, ts: TaskState) -> None:
+        """The last replica of ``ts``'s output is gone."""
+        self._log(ts.key, "memory", "lost")
+        if ts.consumers or ts.wanted:
+            self._recompute(ts)
+        else:
+            self._set(ts, "released")
+            self._maybe_forget(ts)
+
+    def _recompute(self, root: TaskState) -> None:
+        """Run ``root`` again from its spec (lineage), and every released input it needs.
+
+        Its dependents that counted on its output go back to waiting.
+        """
+        stack = [root]
+        while stack:
+            ts = stack.pop()
+            if ts.state not in ("memory", "released"):
+                continue
+            missing = [d for d in ts.deps if d.state != "memory"]
+            ts.waiting_on = len(missing)
+            if missing:
+                self._set(ts, "waiting")
+                stack.extend(d for d in missing if d.state == "released")
+            else:
+                self._set(ts, "queued")
+                self._enqueue(ts)
+            for dep in ts.dependents:
+                if dep.state in ("waiting", "queued"):
+                    self._recount(dep)
+
+    def _recount(self, ts: TaskState) -> None:
+        """Recount a waiting or queued task's missing inputs after one was lost."""
+        ts.waiting_on = sum(1 for d in ts.deps if d.state != "memory")
+        if ts.waiting_on and ts.state == "queued":
+            self._set(ts, "waiting")
+
+    def _maybe_forget(self, ts: TaskState) -> None:
+        stack = [ts]
+        while stack:
+            t = stack.pop()
+            if (
+                t.state not in ("released", "erred", "cancelled")
+                or t.wanted
+                or t.dependents
+                or self.tasks.get(t.key) is not t
+            ):
+                continue
+            del self.tasks[t.key]
+            self._forgotten.append(t.key)
+            self._files[t.key] = t
+            self.story_log.append((t.key, t.state, "forgotten", self._stimulus, self._now))
+            for d in t.deps:
+                d.dependents.discard(t)
+                stack.append(d)
+            for wid in t.who_has:
+                w = self.workers.get(wid)
+                if w is not None:
+                    w.has_what.discard(t)
+
+    def _add_replica(self, ts: TaskState, ws: WorkerState) -> None:
+        ts.who_has.add(ws.id)
+        ws.has_what.add(ts)
+        self._files[ts.key] = ts
+
+    # ----------------------------------------------------------------- scheduling
+
+    def _fill(self) -> None:
+        """Give ready tasks to workers with free slots, best priority first."""
+        if not self.free:
+            return
+        parked: list[tuple[str | None, tuple[Any, ...]]] = []
+        while self.free:
+            best: tuple[Any, ...] | None = None
+            best_pool: str | None = None
+            for pool, heap in self.queues.items():
+                while heap and heap[0][3].state != "queued":
+                    heapq.heappop(heap)  # stale entry (cancelled, failed, re-queued)
+                if not heap or (best is not None and heap[0] >= best):
+                    continue
+                if pool is not None and not any(w.pool == pool for w in self.free.values()):
+                    continue
+                best, best_pool = heap[0], pool
+            if best is None:
+                break
+            heapq.heappop(self.queues[best_pool])
+            ts: TaskState = best[3]
+            candidates = self._candidates(ts)
+            if not candidates:
+                parked.append((best_pool, best))  # resources: wait for a bigger worker
+                continue
+            ws = self._place(ts, candidates)
+            self._assign(ts, ws)
+        for pool, entry in parked:
+            heapq.heappush(self.queues[pool], entry)
+
+    def _candidates(self, ts: TaskState) -> list[WorkerState]:
+        pool = ts.spec.pool
+        res = ts.spec.resources
+        mem = res.get("memory", 0)
+        cores = res.get("cores", 0)
+        return [
+            w
+            for w in self.free.values()
+            if (pool is None or w.pool == pool) and w.memory >= mem and w.cores >= cores
+        ]
+
+    def _place(self, ts: TaskState, candidates: list[WorkerState]) -> WorkerState:
+        try:
+            chosen = self.policies["placement"].choose(ts, candidates, self.stats)
+        except Exception as exc:
+            self.policy_errors += 1
+            self._log(ts.key, "policy-error", f"placement raised {exc!r}")
+            return candidates[0]
+        wid = getattr(chosen, "id", chosen)
+        ws = self.free.get(wid) if isinstance(wid, str) else None
+        if ws is None or ws not in candidates:
+            self.policy_errors += 1
+            self._log(ts.key, "policy-error", f"placement chose {wid!r}, not a candidate")
+            return candidates[0]
+        return ws
+
+    def _assign(self, ts: TaskState, ws: WorkerState) -> None:
+        self._set(ts, "processing")
+        ts.worker = ws.id
+        st = self.stats.get(ts.spec.category)
+        ts.est = st.mean_duration if st is not None and st.count else self.config.unknown_duration
+        ws.occupancy += ts.est
+        ws.processing.add(ts)
+        self._update_free(ws)
+        deps = tuple((d.key, tuple(d.who_has)) for d in ts.deps)
+        batch = self._execute.get(ws.id)
+        if batch is None:
+            batch = self._execute[ws.id] = []
+        batch.append(ToRun(ts.key, ts.spec.node, ts.spec.category, deps))
+
+    def _release_slot(self, ts: TaskState, ws: WorkerState) -> None:
+        ws.processing.discard(ts)
+        ws.occupancy = max(0.0, ws.occupancy - ts.est) if ws.processing else 0.0
+        ts.worker = None
+        self._update_free(ws)
+
+    def _is_free(self, ws: WorkerState) -> bool:
+        n = len(ws.processing)
+        if n < ws.slots:
+            return True
+        return n < ws.limit and ws.occupancy < ws.cores * self.config.backlog
+
+    def _update_free(self, ws: WorkerState) -> None:
+        if ws.id in self.workers and self._is_free(ws):
+            self.free[ws.id] = ws
+        else:
+            self.free.pop(ws.id, None)
+
+    def _priority(self, ts: TaskState) -> tuple[float, ...]:
+        try:
+            return tuple(self.policies["priority"].priority(ts, self.stats))
+        except Exception as exc:
+            self.policy_errors += 1
+            self._log(ts.key, "policy-error", f"priority raised {exc!r}")
+            return (-ts.spec.priority, ts.generation, ts.spec.order)
+
+    def _retry_decision(self, ts: TaskState, outcome: str, cause: str | None) -> Any:
+        try:
+            return self.policies["retry"].decide(ts, outcome, cause)
+        except Exception as exc:
+            self.policy_errors += 1
+            self._log(ts.key, "policy-error", f"retry raised {exc!r}")
+            return REGISTRY.create("retry", "default").decide(ts, outcome, cause)
+
+    def _requeue_all(self) -> None:
+        entries = [e[3] for heap in self.queues.values() for e in heap if e[3].state == "queued"]
+        self.queues = {}
+        seen: set[Key] = set()
+        for ts in entries:
+            if ts.key not in seen:
+                seen.add(ts.key)
+                self._enqueue(ts)
+
+    # ----------------------------------------------------------------- output
+
+    def _flush(self) -> None:
+        if self._execute:
+            for wid, batch in self._execute.items():
+                self._out.append(Execute(self._stimulus, wid, tuple(batch)))
+            self._execute = {}
+        if self._files:
+            facts = []
+            forgotten = set(self._forgotten)
+            for key, ts in self._files.items():
+                state: Literal["pending", "created", "released", "forgotten"]
+                if key in forgotten:
+                    state = "forgotten"
+                elif ts.state in ("memory", "released"):
+                    state = "created" if ts.state == "memory" else "released"
+                else:
+                    state = "pending"
+                facts.append(
+                    FileFact(key, state, ts.nbytes, tuple(ts.who_has), ts.consumers, ts.wanted > 0)
+                )
+            self._out.append(FileFacts(self._stimulus, tuple(facts)))
+            self._files = {}
+            self._forgotten = []
+
+    def _stat(self, ts: TaskState) -> CategoryStats:
+        st = self.stats.get(ts.spec.category)
+        if st is None:
+            st = self.stats[ts.spec.category] = CategoryStats()
+        return st
+
+    def _log(self, key: Any, start: str, finish: str) -> None:
+        self.story_log.append((key, start, finish, self._stimulus, self._now))
+
+    # ----------------------------------------------------------------- invariants
+
+    def validate(self) -> None:
+        """Check every invariant; raise AssertionError naming the first broken one."""
+        for key, ts in self.tasks.items():
+            assert ts.key == key
+            assert ts.state in ACTIVE | {"memory", "released", "erred", "cancelled"}, ts
+            for d in ts.deps:
+                assert ts in d.dependents, (ts, d)
+                assert self.tasks.get(d.key) is d, (ts, "dep forgotten", d)
+            for dep in ts.dependents:
+                assert ts in dep.deps, (ts, dep)
+            active = sum(1 for dep in ts.dependents if dep.state in ACTIVE)
+            assert ts.consumers == active, (ts, ts.consumers, active)
+            not_ready = sum(1 for d in ts.deps if d.state != "memory")
+            if ts.state == "waiting":
+                assert ts.waiting_on == not_ready > 0, (ts, ts.waiting_on, not_ready)
+            if ts.state in ("queued", "processing"):
+                assert not_ready == 0 or ts.state == "processing", (ts, not_ready)
+            if ts.state == "processing":
+                assert ts.worker in self.workers, ts
+                assert ts in self.workers[ts.worker].processing, ts
+            else:
+                assert ts.worker is None, ts
+            if ts.state == "memory":
+                assert ts.who_has, ts
+            if ts.state != "memory":
+                assert not ts.who_has, (ts, ts.who_has)
+            for wid in ts.who_has:
+                assert ts in self.workers[wid].has_what, (ts, wid)
+            if ts.state in ("erred", "cancelled"):
+                assert ts.error is not None, ts
+        queued = {e[3] for heap in self.queues.values() for e in heap if e[3].state == "queued"}
+        for ts in self.tasks.values():
+            if ts.state == "queued":
+                assert ts in queued, (ts, "queued but in no ready queue")
+        for wid, ws in self.workers.items():
+            assert len(ws.processing) <= ws.limit, ws
+            for ts in ws.processing:
+                assert ts.state == "processing" and ts.worker == wid, ts
+            for ts in ws.has_what:
+                assert wid in ts.who_has, (ws, ts)
+            assert (wid in self.free) == self._is_free(ws), ws
+        # No ready task may wait while a worker that could run it has a free slot.
+        for ts in queued:
+            assert not self._candidates(ts), (ts, "queued while a candidate worker is free")
+
+
+def _topological(tasks: Iterable[TaskState]) -> list[TaskState]:
+    tasks = list(tasks)
+    members = set(tasks)
+    out: list[TaskState] = []
+    done: set[TaskState] = set()
+    for root in tasks:
+        if root in done:
+            continue
+        stack: list[tuple[TaskState, bool]] = [(root, False)]
+        while stack:
+            ts, expanded = stack.pop()
+            if ts in done:
+                continue
+            if expanded:
+                done.add(ts)
+                out.append(ts)
+                continue
+            stack.append((ts, True))
+            for d in ts.deps:
+                if d in members and d not in done:
+                    stack.append((d, False))
+    return out
+
+
+def _prio_key(ts: TaskState) -> tuple[Any, ...]:
+    return (ts.behind, ts.prio)
+
+
+_DISPATCH: dict[type, Any] = {
+    GraphSubmitted: SchedulerState._graph_submitted,
+    WorkerJoined: SchedulerState._worker_joined,
+    WorkerLeft: SchedulerState._worker_left,
+    TasksFinished: SchedulerState._tasks_finished,
+    CancelRequested: SchedulerState._cancel_requested,
+    KeysReleased: SchedulerState._keys_released,
+    FilesReleased: SchedulerState._files_released,
+    PolicyChanged: SchedulerState._policy_changed,
+}

@@ -1,0 +1,194 @@
+"""Policy interfaces, the read-only views policies get, and the registry of policies.
+
+What lives here: one ``Protocol`` per policy kind (priority, placement, retry), the
+views they read, :class:`RetryDecision`, and :class:`PolicyRegistry` (policies by kind
+and name, so they can be swapped at runtime by a message naming them). Concrete
+policies live in the sibling modules.
+
+Rule: a policy proposes, the core decides. A policy gets read-only views and returns a
+value; it never changes scheduler state. The core validates what comes back (a
+placement outside the candidates, or a policy that raises, falls back to the default
+and is counted as a policy error).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+from runtime.errors import CorralError, UnknownPolicyError
+
+__all__ = [
+    "KINDS",
+    "REGISTRY",
+    "CategoryStats",
+    "PlacementPolicy",
+    "PolicyParamsError",
+    "PolicyRegistry",
+    "PriorityPolicy",
+    "RetryDecision",
+    "RetryPolicy",
+    "TaskView",
+    "WorkerView",
+    "register",
+]
+
+KINDS = ("priority", "placement", "retry")
+
+
+@dataclasses.dataclass(slots=True)
+class CategoryStats:
+    """What the scheduler learned about one task category (key prefix) so far."""
+
+    count: int = 0  #: tasks finished ok
+    errors: int = 0  #: tries that raised
+    lost: int = 0  #: tries lost with their worker
+    total_duration: float = 0.0  #: seconds, over ok tries
+    max_duration: float = 0.0
+    total_nbytes: int = 0  #: output bytes, over ok tries
+    peak_rss: int = 0  #: highest worker RSS seen right after a task of this category
+
+    @property
+    def mean_duration(self) -> float:
+        return self.total_duration / self.count if self.count else 0.0
+
+    @property
+    def mean_nbytes(self) -> float:
+        return self.total_nbytes / self.count if self.count else 0.0
+
+
+class TaskView(Protocol):
+    """Read-only view of a task for policies."""
+
+    @property
+    def key(self) -> Any: ...
+    @property
+    def category(self) -> str: ...
+    @property
+    def order(self) -> int: ...
+    @property
+    def user_priority(self) -> float: ...
+    @property
+    def generation(self) -> int: ...
+    @property
+    def retries_left(self) -> int: ...
+    @property
+    def lost_tries(self) -> int: ...
+    @property
+    def dep_locations(self) -> Iterable[tuple[frozenset[str], int]]:
+        """(workers holding it, bytes) for each dependency."""
+        ...
+
+
+class WorkerView(Protocol):
+    """Read-only view of a worker for policies."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def cores(self) -> int: ...
+    @property
+    def memory(self) -> int: ...
+    @property
+    def pool(self) -> str: ...
+    @property
+    def n_processing(self) -> int: ...
+    @property
+    def slots(self) -> int: ...
+
+
+@runtime_checkable
+class PriorityPolicy(Protocol):
+    """Orders ready tasks: the smallest tuple runs first."""
+
+    def priority(self, task: TaskView, stats: Mapping[str, CategoryStats]) -> tuple[float, ...]: ...
+
+
+@runtime_checkable
+class PlacementPolicy(Protocol):
+    """Picks one of ``candidates`` (never empty; all have a free slot) for ``task``."""
+
+    def choose(
+        self,
+        task: TaskView,
+        candidates: Sequence[WorkerView],
+        stats: Mapping[str, CategoryStats],
+    ) -> WorkerView: ...
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RetryDecision:
+    """What to do with a task whose try did not end ``ok``.
+
+    ``retry``: run it again; ``charge``: the retry spends the user's retry budget;
+    ``behind``: the retry goes behind work that has not been tried yet.
+    """
+
+    retry: bool
+    charge: bool = False
+    behind: bool = True
+    reason: str = ""
+
+
+@runtime_checkable
+class RetryPolicy(Protocol):
+    """Decides per outcome (``error``, ``worker-lost``, ``timeout``) whether to retry."""
+
+    def decide(self, task: TaskView, outcome: str, cause: str | None) -> RetryDecision: ...
+
+
+class PolicyParamsError(CorralError, TypeError):
+    def __init__(self, kind: str, name: str, error: str) -> None:
+        super().__init__(
+            f"bad parameters for {kind} policy {name!r}: {error}. "
+            "See docs/policies.md for the parameters each policy takes.",
+            kind=kind,
+            name=name,
+            error=error,
+        )
+
+
+Factory = Callable[..., Any]
+
+
+class PolicyRegistry:
+    """Policies by kind and name. ``create`` builds one from its name and parameters."""
+
+    def __init__(self) -> None:
+        self._factories: dict[str, dict[str, Factory]] = {k: {} for k in KINDS}
+
+    def register(self, kind: str, name: str) -> Callable[[Factory], Factory]:
+        """Decorator: register ``factory(**params)`` as the ``kind`` policy ``name``."""
+        if kind not in self._factories:
+            raise UnknownPolicyError("kind of", kind, KINDS)
+
+        def add(factory: Factory) -> Factory:
+            self._factories[kind][name] = factory
+            return factory
+
+        return add
+
+    def names(self, kind: str) -> list[str]:
+        if kind not in self._factories:
+            raise UnknownPolicyError("kind of", kind, KINDS)
+        return sorted(self._factories[kind])
+
+    def create(self, kind: str, name: str, params: Mapping[str, Any] | None = None) -> Any:
+        """A new policy instance; typed errors for an unknown kind, name or parameters."""
+        if kind not in self._factories:
+            raise UnknownPolicyError("kind of", kind, KINDS)
+        factory = self._factories[kind].get(name)
+        if factory is None:
+            raise UnknownPolicyError(kind, name, self._factories[kind])
+        try:
+            policy = factory(**dict(params or {}))
+        except (TypeError, ValueError) as exc:
+            raise PolicyParamsError(kind, name, str(exc)) from exc
+        policy.name = name
+        return policy
+
+
+#: The registry Corral's actors use unless given another.
+REGISTRY = PolicyRegistry()
+register = REGISTRY.register

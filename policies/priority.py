@@ -1,0 +1,33 @@
+"""Priority policies: which ready task runs first (smallest tuple first)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from policies.base import REGISTRY, CategoryStats, TaskView
+
+__all__ = ["GraphPriority", "LongFirstPriority"]
+
+
+@REGISTRY.register("priority", "graph")
+class GraphPriority:
+    """Default. User priority first, then submissions in order (FIFO), then graph order
+    (``dask.order``: finish branches before starting new ones)."""
+
+    name = "graph"
+
+    def priority(self, task: TaskView, stats: Mapping[str, CategoryStats]) -> tuple[float, ...]:
+        return (-task.user_priority, task.generation, task.order)
+
+
+@REGISTRY.register("priority", "long-first")
+class LongFirstPriority:
+    """User priority, then categories with the longest mean duration seen so far, then
+    graph order. Long tasks start early so they do not dominate the tail of a run."""
+
+    name = "long-first"
+
+    def priority(self, task: TaskView, stats: Mapping[str, CategoryStats]) -> tuple[float, ...]:
+        st = stats.get(task.category)
+        mean = st.mean_duration if st is not None else 0.0
+        return (-task.user_priority, -mean, task.generation, task.order)

@@ -1,0 +1,555 @@
+"""The user API: :class:`Cluster`, :class:`Future` and the dask scheduler :func:`get`.
+
+What lives here: the embedded cluster (it starts the manager, scheduler, file registry,
+autoscaler and workers as actors in the caller's event loop, without taking it over),
+the client actor that receives key updates, futures, and ``get`` for
+``dask.compute(x, scheduler=get)``.
+
+Errors: a task that raises makes its future raise the original exception (with its
+traceback); a future whose dependency failed raises :class:`DependencyFailed` whose
+``__cause__`` is the original exception. ``compute`` and ``get`` raise the original
+exception of the first failed task, as dask's own schedulers do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import os
+import weakref
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import anyio
+from dask.base import tokenize
+from dask.utils import funcname
+
+from actors.autoscaler import Autoscaler, PoolTarget
+from actors.manager import GatherResult, Manager
+from actors.providers import BlockSpec, InProcessProvider
+from actors.registry import FileRegistry
+from actors.scheduler import Scheduler
+from actors.scheduler_state import KeyCancelled, KeyDone, KeyErred, SchedulerConfig
+from runtime.errors import CorralError, DependencyFailed
+from runtime.graph import Key, make_task
+from runtime.kernel import Actor, ActorRef, ActorSystem, handles
+from runtime.messages import (
+    CancelRequest,
+    GatherRequest,
+    KeyUpdates,
+    Message,
+    ReleaseKeysRequest,
+    ScaleRequest,
+    SetPolicyRequest,
+    StatusRequest,
+    StoryRequest,
+    SubmitGraphRequest,
+    message,
+)
+
+__all__ = ["Cluster", "Future", "get", "parse_bytes"]
+
+_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb": 1e9,
+          "t": 1e12, "tb": 1e12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}  # fmt: skip
+
+
+def parse_bytes(value: int | float | str | None) -> int:
+    """``4GiB``, ``500 MB``, ``1e9`` or an int -> bytes. ``None`` -> 0 (use the machine's)."""
+    if value is None:
+        return 0
+    if isinstance(value, int | float):
+        return int(value)
+    text = value.strip().lower().replace(" ", "")
+    num = text.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = text[len(num) :]
+    if unit not in _UNITS or not num:
+        raise ValueError(f"cannot read {value!r} as a size; write e.g. '4GiB' or '500MB'")
+    return int(float(num) * _UNITS[unit])
+
+
+# ----------------------------------------------------------------------------- futures
+
+
+class _KeyWatch:
+    """Client-side state of one key: how many Future objects hold it, and its fate."""
+
+    __slots__ = ("done", "holders", "update")
+
+    def __init__(self) -> None:
+        self.holders = 0
+        self.update: Any = None
+        self.done = anyio.Event()
+
+
+@message(local=True)
+class _Flush(Message):
+    """Client-internal: send the tasks queued by ``submit``."""
+
+
+class ClientActor(Actor):
+    """Receives key updates from the manager; batches ``submit`` calls into graphs."""
+
+    def __init__(self, manager: ActorRef[Any]) -> None:
+        self.manager = manager
+        self.watches: dict[Key, _KeyWatch] = {}
+        self.pending: dict[Key, Any] = {}  #: tasks from submit() not sent yet
+        self.pending_opts: dict[str, Any] = {}
+        self.flush_queued = False
+
+    @handles(KeyUpdates)
+    def updates(self, msg: KeyUpdates) -> None:
+        for upd in msg.updates:
+            w = self.watches.get(upd.key)
+            if w is None:
+                continue
+            w.update = upd
+            w.done.set()
+
+    @handles(_Flush)
+    async def flush(self, msg: _Flush) -> None:
+        self.flush_queued = False
+        graph, self.pending = self.pending, {}
+        if not graph:
+            return
+        try:
+            await self.manager.ask(SubmitGraphRequest(graph, tuple(graph), self.name))
+        except CorralError as exc:
+            for key in graph:
+                self.fail_local(key, exc)
+
+    def fail_local(self, key: Key, error: BaseException) -> None:
+        w = self.watches.get(key)
+        if w is not None:
+            w.update = KeyErred("", key, error, key, error)
+            w.done.set()
+
+    def watch(self, key: Key) -> _KeyWatch:
+        w = self.watches.get(key)
+        if w is None:
+            w = self.watches[key] = _KeyWatch()
+        return w
+
+    def unhold(self, key: Key) -> None:
+        w = self.watches.get(key)
+        if w is None:
+            return
+        w.holders -= 1
+        if w.holders <= 0:
+            del self.watches[key]
+            self.pending.pop(key, None)
+            if not self.ref.stopped and not self.manager.stopped:
+                self.manager.post(ReleaseKeysRequest((key,), self.name))
+
+
+def _release_soon(loop: asyncio.AbstractEventLoop, client: ClientActor, key: Key) -> None:
+    """Finalizer of a Future: release its key on the loop thread (GC may run anywhere)."""
+    try:
+        loop.call_soon_threadsafe(client.unhold, key)
+    except RuntimeError:  # the loop is closed: the cluster is gone anyway
+        pass
+
+
+class Future:
+    """A handle on a task's result. ``await fut`` gives the value (or raises)."""
+
+    __slots__ = ("__weakref__", "_client", "_cluster", "_finalizer", "_watch", "key")
+
+    def __init__(self, key: Key, cluster: Cluster) -> None:
+        self.key = key
+        self._cluster = cluster
+        client = cluster._client_actor
+        self._client = client
+        self._watch = client.watch(key)
+        self._watch.holders += 1
+        self._finalizer = weakref.finalize(
+            self, _release_soon, asyncio.get_running_loop(), client, key
+        )
+
+    def __repr__(self) -> str:
+        return f"<Future {self.key!r} {self.status}>"
+
+    @property
+    def status(self) -> str:
+        upd = self._watch.update
+        if upd is None:
+            return "pending"
+        return {KeyDone: "finished", KeyErred: "error", KeyCancelled: "cancelled"}[type(upd)]
+
+    def done(self) -> bool:
+        return self._watch.done.is_set()
+
+    async def wait(self) -> None:
+        """Wait until the task finished, failed or was cancelled (raises nothing)."""
+        await self._watch.done.wait()
+
+    async def result(self) -> Any:
+        (value,) = await self._cluster.gather([self])
+        return value
+
+    async def exception(self) -> BaseException | None:
+        await self.wait()
+        upd = self._watch.update
+        return _error_of(upd) if not isinstance(upd, KeyDone) else None
+
+    def __await__(self) -> Any:
+        return self.result().__await__()
+
+    def cancel(self) -> None:
+        """Ask the cluster to cancel this task (and whatever depends on it)."""
+        self._cluster._manager.post(CancelRequest((self.key,), "cancelled by the client"))
+
+    def release(self) -> None:
+        """Let go of the result now instead of when this object is garbage collected."""
+        self._finalizer()
+
+
+def _error_of(upd: Any) -> BaseException:
+    if isinstance(upd, KeyErred):
+        return upd.error
+    if isinstance(upd, KeyCancelled):
+        from runtime.errors import CancelledError
+
+        return CancelledError(str(upd.key), upd.reason)
+    raise AssertionError(upd)
+
+
+# ----------------------------------------------------------------------------- cluster
+
+
+class Cluster:
+    """A Corral cluster embedded in the running event loop.
+
+    ``async with Cluster(workers=2) as cluster:`` starts a manager, scheduler, file
+    registry, autoscaler and ``workers`` in-process workers (``threads_per_worker``
+    threads each) as actors in the caller's event loop. Leaving the block stops them.
+
+    ``policies`` picks the initial policies, e.g. ``{"placement": "round-robin"}`` or
+    ``{"retry": ("default", {"max_lost": 2})}``; swap them later with
+    :meth:`set_policy`.
+    """
+
+    def __init__(
+        self,
+        address: str | None = None,
+        *,
+        workers: int | None = None,
+        threads_per_worker: int = 1,
+        memory_per_worker: int | str | None = None,
+        pool: str = "default",
+        policies: Mapping[str, str | tuple[str, dict[str, Any]]] | None = None,
+        saturation: float = 2.0,
+    ) -> None:
+        if address is not None:
+            raise CorralError(
+                f"Cluster({address!r}): connecting to a remote manager needs the websocket "
+                "transport, which this version does not have yet. Use Cluster() for an "
+                "in-process cluster."
+            )
+        n = (os.cpu_count() or 1) if workers is None else workers
+        if n < 0:
+            raise ValueError(f"workers must be >= 0, got {n}")
+        if threads_per_worker < 1:
+            raise ValueError(f"threads_per_worker must be >= 1, got {threads_per_worker}")
+        self.n_workers = n
+        self.threads_per_worker = threads_per_worker
+        self.memory_per_worker = parse_bytes(memory_per_worker)
+        self.pool = pool
+        self.saturation = saturation
+        self.initial_policies = {
+            kind: (spec, {}) if isinstance(spec, str) else (spec[0], dict(spec[1]))
+            for kind, spec in (policies or {}).items()
+        }
+        self._system: ActorSystem | None = None
+        self._client_actor: ClientActor
+        self._manager: ActorRef[Any]
+        self._scheduler_actor: Scheduler
+        self._provider: InProcessProvider
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    async def __aenter__(self) -> Cluster:
+        system = ActorSystem()
+        await system.__aenter__()
+        self._system = system
+        try:
+            await self._start(system)
+        except BaseException as exc:
+            await system.__aexit__(type(exc), exc, exc.__traceback__)
+            self._system = None
+            raise
+        return self
+
+    async def _start(self, system: ActorSystem) -> None:
+        refs: dict[str, ActorRef[Any]] = {}
+
+        def resolve(name: str) -> ActorRef[Any] | None:
+            ref = system.actors.get(name)
+            return ref
+
+        registry = FileRegistry(lambda: refs["scheduler"], resolve)
+        refs["registry"] = await system.spawn(registry, "registry")
+        scheduler = Scheduler(
+            lambda: refs["manager"],
+            lambda: refs["registry"],
+            config=SchedulerConfig(saturation=self.saturation),
+            initial=self.initial_policies,
+        )
+        self._scheduler_actor = scheduler
+        refs["scheduler"] = await system.spawn(scheduler, "scheduler")
+        manager = Manager(
+            lambda: refs["scheduler"], lambda: refs["registry"], lambda: refs.get("autoscaler"),
+            resolve,
+        )  # fmt: skip
+        self._manager = refs["manager"] = await system.spawn(manager, "manager")
+        self._provider = InProcessProvider(system, refs["scheduler"])
+        spec = BlockSpec(1, self.threads_per_worker, self.memory_per_worker, 0, self.pool)
+        autoscaler = Autoscaler(
+            self._provider, refs["scheduler"], {self.pool: PoolTarget(self.n_workers, spec)}
+        )
+        refs["autoscaler"] = await system.spawn(autoscaler, "autoscaler")
+        self._client_actor = ClientActor(refs["manager"])
+        await system.spawn(self._client_actor, "client")
+        self._refs = refs
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        system, self._system = self._system, None
+        if system is None:
+            return
+        if exc_info[0] is None:
+            # Stop in dependency order: no new work, then the workers (through the
+            # autoscaler, so it does not replace them), then the control actors.
+            order = ["client", "autoscaler", "manager", "scheduler", "registry"]
+            await system.shutdown([system.actors[n] for n in order if n in system.actors])
+        await system.__aexit__(*exc_info)
+
+    async def close(self) -> None:
+        await self.__aexit__(None, None, None)
+
+    def _require(self) -> None:
+        if self._system is None:
+            raise CorralError("the cluster is not running; use `async with Cluster() as c:`")
+
+    # -- submitting ------------------------------------------------------------------
+
+    def submit(
+        self,
+        func: Callable[..., Any],
+        *args: Any,
+        key: Key | None = None,
+        pure: bool = True,
+        **kwargs: Any,
+    ) -> Future:
+        """Run ``func(*args, **kwargs)`` on the cluster; futures in the arguments (also
+        inside lists, tuples and dicts) become dependencies. Returns a :class:`Future`.
+
+        Calls are batched: every ``submit`` made before the event loop next runs goes to
+        the manager as one graph.
+        """
+        self._require()
+        if not callable(func):
+            raise TypeError(f"submit needs a callable, got {type(func).__name__}")
+        if key is None:
+            token = tokenize(func, args, kwargs) if pure else os.urandom(16).hex()
+            key = f"{funcname(func)}-{token}"
+        client = self._client_actor
+        fut = Future(key, self)
+        if key not in client.pending and fut._watch.update is None:
+            client.pending[key] = make_task(key, func, args, kwargs, self._key_of_future)
+            if not client.flush_queued:
+                client.flush_queued = True
+                client.ref.post(_Flush())
+        return fut
+
+    def map(
+        self, func: Callable[..., Any], *iterables: Iterable[Any], pure: bool = True, **kwargs: Any
+    ) -> list[Future]:
+        """``submit(func, *items, **kwargs)`` for each tuple of items of ``iterables``."""
+        return [self.submit(func, *items, pure=pure, **kwargs) for items in zip(*iterables)]
+
+    def _key_of_future(self, obj: Any) -> Key | None:
+        if isinstance(obj, Future):
+            if obj._cluster is not self:
+                raise CorralError(f"future {obj.key!r} belongs to another cluster")
+            return obj.key
+        return None
+
+    async def submit_graph(
+        self,
+        graph: Mapping[Key, Any],
+        keys: Sequence[Key],
+        *,
+        priority: float = 0,
+        retries: int = 0,
+        resources: Mapping[str, float] | None = None,
+        pool: str | None = None,
+    ) -> list[Future]:
+        """Submit a dask graph; return futures for ``keys`` (a flat list of keys).
+
+        Raises :class:`~runtime.errors.GraphError` (missing keys, cycles) before
+        anything runs.
+        """
+        self._require()
+        futures = [Future(k, self) for k in keys]
+        await self._manager.ask(
+            SubmitGraphRequest(
+                graph,
+                tuple(keys),
+                self._client_actor.name,
+                priority=priority,
+                retries=retries,
+                resources=dict(resources) if resources else None,
+                pool=pool,
+            ),
+            timeout=None,
+        )
+        return futures
+
+    async def compute(self, graph: Mapping[Key, Any], keys: Any, **options: Any) -> Any:
+        """Compute ``keys`` (a key or nested lists of keys) of a dask graph.
+
+        Nested lists come back as nested tuples, like dask's ``get``. Raises the original
+        exception of the first task that failed.
+        """
+        from runtime.graph import flatten_keys
+
+        flat = flatten_keys(keys)
+        futures = await self.submit_graph(graph, flat, **options)
+        try:
+            values = await self.gather(futures, root_errors=True)
+        finally:
+            for f in futures:
+                f.release()
+        by_key = dict(zip(flat, values, strict=True))
+        return _pack(keys, by_key)
+
+    async def gather(self, futures: Sequence[Future], *, root_errors: bool = False) -> list[Any]:
+        """Wait for ``futures`` and return their values in order.
+
+        Raises the error of the first failed future. With ``root_errors=True`` a future
+        that failed because a dependency failed raises that dependency's original
+        exception instead of :class:`DependencyFailed`.
+        """
+        self._require()
+        futures = list(futures)
+        remaining = {f.key: f for f in futures}
+        values: dict[Key, Any] = {}
+        for _attempt in range(10):
+            for f in remaining.values():
+                await f.wait()
+                upd = f._watch.update
+                if not isinstance(upd, KeyDone):
+                    err = _error_of(upd)
+                    if root_errors and isinstance(err, DependencyFailed) and err.__cause__:
+                        err = err.__cause__
+                        if isinstance(upd, KeyErred):
+                            _note(err, f"(raised by task {upd.root!r})")
+                    raise err
+            result: GatherResult = await self._manager.ask(
+                GatherRequest(tuple(remaining)), timeout=None
+            )
+            values.update(result.data)
+            if not result.missing:
+                break
+            for key in result.missing:  # lost meanwhile: wait for the recomputation
+                w = self._client_actor.watches.get(key)
+                if w is not None and isinstance(w.update, KeyDone):
+                    w.update = None
+                    w.done = anyio.Event()
+            remaining = {k: remaining[k] for k in result.missing}
+        else:
+            raise CorralError(
+                f"could not gather {list(remaining)[:5]}: their data kept disappearing "
+                "(workers lost while gathering). Check the workers' health."
+            )
+        return [values[f.key] for f in futures]
+
+    # -- control ---------------------------------------------------------------------
+
+    async def cancel(self, futures: Sequence[Future] | Future) -> None:
+        """Cancel tasks; their futures raise :class:`~runtime.errors.CancelledError`."""
+        items = [futures] if isinstance(futures, Future) else list(futures)
+        await self._manager.tell(CancelRequest(tuple(f.key for f in items)))
+
+    async def set_policy(self, kind: str, name: str, **params: Any) -> Any:
+        """Swap the ``kind`` policy (priority, placement, retry) for ``name`` at runtime."""
+        self._require()
+        return await self._manager.ask(SetPolicyRequest(kind, name, params))
+
+    async def scale(self, n: int, pool: str | None = None) -> Any:
+        self._require()
+        return await self._manager.ask(ScaleRequest(n, pool or self.pool))
+
+    async def status(self) -> dict[str, Any]:
+        self._require()
+        return dict(await self._manager.ask(StatusRequest()))
+
+    async def story(self, *keys: Key) -> list[tuple[Any, ...]]:
+        """Every recorded transition of ``keys``: (key, start, finish, causal id, time)."""
+        self._require()
+        return list(await self._manager.ask(StoryRequest(keys)))
+
+    async def wait_for_workers(self, n: int, timeout: float = 30.0) -> None:
+        """Wait until ``n`` workers have registered with the scheduler."""
+        self._require()
+        with anyio.fail_after(timeout):
+            while len(self._scheduler_actor.state.workers) < n:
+                await anyio.sleep(0.005)
+
+    @property
+    def scheduler_state(self) -> Any:
+        """The scheduler's core state, read-only (for statistics and tests)."""
+        return self._scheduler_actor.state
+
+
+def _note(err: BaseException, text: str) -> None:
+    notes = getattr(err, "__notes__", [])
+    if text not in notes:
+        err.add_note(text)
+
+
+def _pack(keys: Any, values: Mapping[Key, Any]) -> Any:
+    if isinstance(keys, list):
+        return tuple(_pack(k, values) for k in keys)
+    return values[keys]
+
+
+# ----------------------------------------------------------------------------- dask get
+
+
+def get(
+    dsk: Mapping[Key, Any],
+    keys: Any,
+    *,
+    workers: int = 1,
+    threads_per_worker: int | None = None,
+    num_workers: int | None = None,
+    address: str | None = None,
+    **options: Any,
+) -> Any:
+    """A synchronous dask scheduler: ``dask.compute(x, scheduler=get)``.
+
+    Starts an in-process Corral cluster (by default one worker with a thread per core;
+    ``num_workers`` sets the threads, as for dask's threaded scheduler), computes
+    ``keys`` and stops it. Safe to call from inside a running event loop: it then runs
+    in a helper thread with its own loop. ``options`` go to :meth:`Cluster.submit_graph`
+    (``priority``, ``retries``, ``resources``, ``pool``).
+    """
+    allowed = {"priority", "retries", "resources", "pool"}
+    unknown = set(options) - allowed
+    if unknown:
+        raise TypeError(
+            f"runtime.get got unknown option(s) {sorted(unknown)}; it takes workers, "
+            f"threads_per_worker, num_workers, address and {sorted(allowed)}"
+        )
+    threads = threads_per_worker or num_workers or os.cpu_count() or 1
+
+    async def main() -> Any:
+        async with Cluster(address, workers=workers, threads_per_worker=threads) as cluster:
+            return await cluster.compute(dsk, keys, **options)
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return anyio.run(main, backend="asyncio")
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="corral-get") as pool:
+        return pool.submit(anyio.run, main).result()

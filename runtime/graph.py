@@ -1,0 +1,244 @@
+"""Task graphs: from what users write to the :class:`TaskSpec` the scheduler runs.
+
+What lives here: normalizing dask graphs (legacy tuples, ``dask._task_spec`` nodes,
+``HighLevelGraph`` with layer annotations) and Corral's own ``submit``/``map`` tasks into
+:class:`TaskSpec` objects; validation (missing keys, cycles, requested keys) with errors
+that name the keys; graph-structure ordering (``dask.order``); categories from key
+prefixes (``dask.utils.key_split``). No I/O, no event loop.
+
+Execution format: every task carries a ``dask._task_spec.GraphNode``; a worker runs it as
+``node(inputs)`` with ``inputs`` mapping dependency keys to their values. One format
+serves dask graphs and Corral's own API alike.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Hashable, Iterable, Mapping
+from typing import Any
+
+from dask._task_spec import (
+    Alias,
+    DataNode,
+    GraphNode,
+    Task,
+    TaskRef,
+    convert_legacy_graph,
+    parse_input,
+)
+from dask.core import flatten
+from dask.order import order as dask_order
+from dask.utils import key_split
+
+from runtime.errors import CycleError, GraphError, MissingKeysError
+
+__all__ = [
+    "Key",
+    "TaskSpec",
+    "build_specs",
+    "category_of",
+    "flatten_keys",
+    "make_task",
+    "normalize_graph",
+]
+
+#: A task key: a string or a tuple of a string and indices, as in dask.
+Key = Hashable
+
+#: Annotations a dask ``HighLevelGraph`` layer may carry that Corral honours.
+ANNOTATIONS = ("priority", "retries", "resources", "pool")
+
+
+@dataclasses.dataclass(slots=True)
+class TaskSpec:
+    """Everything the scheduler needs to know to run one task.
+
+    ``order`` is the position from graph-structure ordering (lower runs first);
+    ``priority`` is the user's priority (higher runs first); ``retries`` is the user's
+    retry budget for errors raised by the task itself.
+    """
+
+    key: Key
+    node: GraphNode
+    deps: tuple[Key, ...]
+    category: str
+    order: int = 0
+    priority: float = 0
+    retries: int = 0
+    resources: dict[str, float] = dataclasses.field(default_factory=dict)
+    pool: str | None = None
+
+
+def category_of(key: Key) -> str:
+    """The task category: the key's prefix by dask's ``key_split`` convention."""
+    return str(key_split(key))
+
+
+def flatten_keys(keys: Any) -> list[Key]:
+    """All keys in a possibly nested list of keys, in order, without duplicates."""
+    if isinstance(keys, list):
+        out: dict[Key, None] = {}
+        for k in flatten(keys):
+            out[k] = None
+        return list(out)
+    return [keys]
+
+
+def _layer_annotations(graph: Any) -> dict[Key, dict[str, Any]]:
+    """Per-key annotations from a HighLevelGraph's layers (empty for a plain dict)."""
+    layers = getattr(graph, "layers", None)
+    if not isinstance(layers, Mapping):
+        return {}
+    out: dict[Key, dict[str, Any]] = {}
+    for layer in layers.values():
+        ann = getattr(layer, "annotations", None) or {}
+        picked = {k: v for k, v in ann.items() if k in ANNOTATIONS}
+        if not picked:
+            continue
+        for key in layer:
+            values = {}
+            for name, value in picked.items():
+                values[name] = value(key) if callable(value) else value
+            out[key] = values
+    return out
+
+
+def normalize_graph(graph: Mapping[Key, Any]) -> dict[Key, GraphNode]:
+    """Convert any dask graph form into ``{key: GraphNode}``."""
+    if hasattr(graph, "__dask_graph__") and not isinstance(graph, Mapping):
+        raise GraphError(
+            "got a dask collection, not a graph: call dask.compute(x, scheduler=get) "
+            "or pass x.__dask_graph__()"
+        )
+    plain = dict(graph)
+    if all(isinstance(v, GraphNode) for v in plain.values()):
+        return plain
+    return dict(convert_legacy_graph(plain))
+
+
+def _check_acyclic(nodes: Mapping[Key, GraphNode]) -> None:
+    """Raise :class:`CycleError` naming one cycle, if the graph has any."""
+    indeg = {k: 0 for k in nodes}
+    dependents: dict[Key, list[Key]] = {k: [] for k in nodes}
+    for k, node in nodes.items():
+        for d in node.dependencies:
+            if d in indeg:
+                indeg[k] += 1
+                dependents[d].append(k)
+    ready = [k for k, n in indeg.items() if n == 0]
+    seen = 0
+    while ready:
+        k = ready.pop()
+        seen += 1
+        for dep in dependents[k]:
+            indeg[dep] -= 1
+            if indeg[dep] == 0:
+                ready.append(dep)
+    if seen == len(nodes):
+        return
+    # Walk dependencies inside what is left until a key repeats: that is a cycle.
+    left = {k for k, n in indeg.items() if n > 0}
+    start = next(iter(left))
+    path: list[Key] = [start]
+    index = {start: 0}
+    while True:
+        nxt = next(d for d in nodes[path[-1]].dependencies if d in left)
+        if nxt in index:
+            cycle = path[index[nxt] :] + [nxt]
+            raise CycleError([str(k) for k in reversed(cycle)])
+        index[nxt] = len(path)
+        path.append(nxt)
+
+
+def _cull(nodes: Mapping[Key, GraphNode], wanted: Iterable[Key]) -> dict[Key, GraphNode]:
+    """Only the tasks needed to produce ``wanted``."""
+    out: dict[Key, GraphNode] = {}
+    stack = list(wanted)
+    while stack:
+        k = stack.pop()
+        if k in out:
+            continue
+        node = nodes[k]
+        out[k] = node
+        stack.extend(d for d in node.dependencies if d in nodes and d not in out)
+    return out
+
+
+def build_specs(
+    graph: Mapping[Key, Any],
+    wanted: Iterable[Key],
+    *,
+    known: Callable[[Key], bool] = lambda key: False,
+    priority: float = 0,
+    retries: int = 0,
+    resources: Mapping[str, float] | None = None,
+    pool: str | None = None,
+) -> dict[Key, TaskSpec]:
+    """Validate a graph and build the specs of the tasks needed for ``wanted``.
+
+    ``known(key)`` says whether a key the graph refers to already exists on the cluster
+    (a result of an earlier submission); such keys are dependencies, not missing keys.
+    Raises :class:`MissingKeysError` (a ``KeyError``) for unknown requested keys or
+    dependencies, :class:`CycleError` for cycles. Nothing is run when it raises.
+    """
+    nodes = normalize_graph(graph)
+    wanted = list(wanted)
+    unknown = [k for k in wanted if k not in nodes and not known(k)]
+    if unknown:
+        raise MissingKeysError(unknown, requested=True)
+    missing: dict[Key, list[Key]] = {}
+    for k, node in nodes.items():
+        for d in node.dependencies:
+            if d not in nodes and not known(d):
+                missing.setdefault(d, []).append(k)
+    if missing:
+        raise MissingKeysError({str(d): [str(u) for u in users] for d, users in missing.items()})
+    nodes = _cull(nodes, [k for k in wanted if k in nodes]) if wanted else nodes
+    _check_acyclic(nodes)
+    positions = dask_order(nodes) if len(nodes) > 1 else dict.fromkeys(nodes, 0)
+    annotations = _layer_annotations(graph)
+    base_resources = dict(resources or {})
+    specs: dict[Key, TaskSpec] = {}
+    for k, node in nodes.items():
+        ann = annotations.get(k)
+        specs[k] = TaskSpec(
+            key=k,
+            node=node,
+            deps=tuple(node.dependencies),
+            category=category_of(k),
+            order=positions[k],
+            priority=ann.get("priority", priority) if ann else priority,
+            retries=int(ann.get("retries", retries)) if ann else retries,
+            resources=dict(ann.get("resources", base_resources)) if ann else base_resources,
+            pool=ann.get("pool", pool) if ann else pool,
+        )
+    return specs
+
+
+def _to_refs(obj: Any, is_future: Callable[[Any], Key | None]) -> Any:
+    """Replace futures inside (nested) arguments with ``TaskRef``s to their keys."""
+    key = is_future(obj)
+    if key is not None:
+        return TaskRef(key)
+    if type(obj) in (list, tuple, set):
+        return type(obj)(_to_refs(o, is_future) for o in obj)
+    if type(obj) is dict:
+        return {k: _to_refs(v, is_future) for k, v in obj.items()}
+    return obj
+
+
+def make_task(
+    key: Key,
+    func: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: Mapping[str, Any],
+    is_future: Callable[[Any], Key | None],
+) -> GraphNode:
+    """A ``Task`` node for ``func(*args, **kwargs)`` where futures become dependencies."""
+    a = tuple(parse_input(_to_refs(x, is_future)) for x in args)
+    kw = {k: parse_input(_to_refs(v, is_future)) for k, v in kwargs.items()}
+    return Task(key, func, *a, **kw)
+
+
+# Re-exported for modules that build nodes directly.
+__all__ += ["Alias", "DataNode", "GraphNode", "Task", "TaskRef"]

@@ -1,0 +1,688 @@
+"""The actor kernel: actors, references, mailboxes, supervision, causal ids.
+
+What lives here: :class:`Actor` (typed handlers per message type, lifecycle hooks),
+:class:`ActorRef` (``tell``/``ask``), :class:`Mailbox` (bounded, with backpressure),
+:class:`ActorSystem` (one anyio task-group tree; spawn, stop, supervision) and the causal
+id carried by every envelope. No scheduling logic, no sockets.
+
+Failure rules (docs/kernel.md repeats them for users):
+
+1. **ask + handler raises**: the exception is raised from ``ask`` in the caller, with
+   its original type. The actor is not restarted (the failure was reported to the one
+   who asked) and goes on with its next message.
+2. **tell + handler raises** (or a helper task from ``start_soon`` raises): the failure
+   is logged and :meth:`Actor.on_failure` is
+   called; the supervisor then restarts the actor (``on_restart``, by default
+   ``on_stop`` then ``on_start`` on the same instance) and the actor continues with the
+   messages queued behind the failed one; only the failed message is lost. More than
+   ``max_restarts`` failures within ``restart_window`` seconds stop the actor and, with
+   ``escalate=True`` (the default), shut the actor system down with
+   :class:`~runtime.errors.ActorCrashed`.
+3. **A message to a stopped actor**: ``tell``/``ask`` raise
+   :class:`~runtime.errors.ActorStopped` at once. Asks that were still queued when the
+   actor stopped are answered with ``ActorStopped``; queued tells are dropped and
+   counted in ``ActorRef.dropped``.
+4. **No reply in time**: ``ask(..., timeout=T)`` raises
+   :class:`~runtime.errors.AskTimeout`; the message may still be processed later.
+5. **A message with no handler**: ``ask`` raises ``TypeError`` naming the actor and the
+   message type; a ``tell`` is logged at error level and dropped.
+6. **Mailbox full**: ``await tell`` waits for room (backpressure); ``tell_nowait``
+   raises :class:`~runtime.errors.MailboxFull`. The kernel's own messages (timers,
+   stop) and ``post`` (actors whose mutual traffic is bounded by design) bypass it.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import inspect
+import itertools
+import math
+from collections import deque
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from typing import Any, ClassVar, Generic, TypeVar
+
+import anyio
+import anyio.abc
+from anyio.lowlevel import checkpoint
+
+from runtime.errors import ActorCrashed, ActorStopped, AskTimeout, MailboxFull
+from runtime.log import get_logger
+from runtime.messages import Message, message
+
+__all__ = [
+    "Actor",
+    "ActorRef",
+    "ActorSystem",
+    "Clock",
+    "Mailbox",
+    "Timer",
+    "current_causal_id",
+    "handles",
+    "new_causal_id",
+]
+
+M = TypeVar("M", bound=Message)
+R = TypeVar("R")
+A = TypeVar("A", bound="Actor")
+
+# ----------------------------------------------------------------------------- causal ids
+
+_causal: contextvars.ContextVar[str] = contextvars.ContextVar("corral_causal_id", default="")
+_ids = itertools.count(1)
+_id_prefix = f"{__import__('os').getpid():x}"
+
+
+def new_causal_id(prefix: str = "c") -> str:
+    """A fresh causal id, unique within this process (``prefix-pid-n``)."""
+    return f"{prefix}-{_id_prefix}-{next(_ids)}"
+
+
+def current_causal_id() -> str:
+    """The causal id of the message being handled in this context, or ``""``."""
+    return _causal.get()
+
+
+# ----------------------------------------------------------------------------- clock
+
+
+class Clock:
+    """Time for actors: ``now()`` and ``sleep()``. Tests inject their own."""
+
+    def now(self) -> float:
+        return anyio.current_time()
+
+    async def sleep(self, seconds: float) -> None:
+        await anyio.sleep(seconds)
+
+
+# ----------------------------------------------------------------------------- envelopes
+
+
+class _Reply:
+    """Where the answer to one ``ask`` lands."""
+
+    __slots__ = ("done", "error", "value")
+
+    def __init__(self) -> None:
+        self.done = anyio.Event()
+        self.value: Any = None
+        self.error: BaseException | None = None
+
+    def set(self, value: Any) -> None:
+        self.value = value
+        self.done.set()
+
+    def fail(self, error: BaseException) -> None:
+        self.error = error
+        self.done.set()
+
+
+class Envelope:
+    """A message in a mailbox with its causal id and, for an ask, its reply slot."""
+
+    __slots__ = ("causal_id", "msg", "reply")
+
+    def __init__(self, msg: Any, causal_id: str, reply: _Reply | None = None) -> None:
+        self.msg = msg
+        self.causal_id = causal_id
+        self.reply = reply
+
+
+class _StopSignal:
+    """Kernel-internal: the actor stops after the messages queued before this one."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+# ----------------------------------------------------------------------------- mailbox
+
+
+class Mailbox:
+    """A bounded FIFO of envelopes for one actor.
+
+    ``put`` waits while the mailbox holds ``capacity`` envelopes; ``put_nowait`` raises
+    :class:`MailboxFull` instead (or, with ``force=True``, ignores the bound: kernel use
+    only). Neither yields to the event loop when there is room.
+    """
+
+    __slots__ = ("_getter", "_putters", "_q", "capacity", "closed", "name")
+
+    def __init__(self, name: str, capacity: int) -> None:
+        if capacity < 1:
+            raise ValueError(f"mailbox capacity must be at least 1, got {capacity}")
+        self.name = name
+        self.capacity = capacity
+        self.closed = False
+        self._q: deque[Envelope] = deque()
+        self._getter: anyio.Event | None = None
+        self._putters: deque[anyio.Event] = deque()
+
+    def __len__(self) -> int:
+        return len(self._q)
+
+    def put_nowait(self, env: Envelope, *, force: bool = False) -> None:
+        if self.closed:
+            raise ActorStopped(self.name, type(env.msg).__name__)
+        if not force and len(self._q) >= self.capacity:
+            raise MailboxFull(self.name, self.capacity)
+        self._q.append(env)
+        getter = self._getter
+        if getter is not None:
+            self._getter = None
+            getter.set()
+
+    async def put(self, env: Envelope) -> None:
+        while len(self._q) >= self.capacity and not self.closed:
+            room = anyio.Event()
+            self._putters.append(room)
+            try:
+                await room.wait()
+            except BaseException:
+                # Pass our turn on, so a cancelled putter never strands the others.
+                if room in self._putters:
+                    self._putters.remove(room)
+                elif room.is_set():
+                    self._wake_putter()
+                raise
+        self.put_nowait(env)
+
+    def get_nowait(self) -> Envelope | None:
+        if not self._q:
+            return None
+        env = self._q.popleft()
+        if self._putters:
+            self._wake_putter()
+        return env
+
+    def _wake_putter(self) -> None:
+        while self._putters:
+            room = self._putters.popleft()
+            if not room.is_set():
+                room.set()
+                return
+
+    async def wait(self) -> None:
+        """Return once the mailbox holds at least one envelope."""
+        while not self._q:
+            ev = anyio.Event()
+            self._getter = ev
+            await ev.wait()
+
+    def close(self) -> list[Envelope]:
+        """Refuse new envelopes; return the ones still queued; release waiting putters."""
+        self.closed = True
+        left = list(self._q)
+        self._q.clear()
+        for room in self._putters:
+            room.set()
+        self._putters.clear()
+        return left
+
+
+# ----------------------------------------------------------------------------- handlers
+
+
+@message("corral.HelperFailed", local=True)
+class _HelperFailed(Message):
+    """Kernel-internal: a task started with ``start_soon`` raised ``error``."""
+
+    error: Any
+
+
+def _cancelled() -> type[BaseException]:
+    return anyio.get_cancelled_exc_class()
+
+
+_HANDLER_ATTR = "__corral_handles__"
+
+
+def handles(*types: type[Message]) -> Callable[[Callable[..., R]], Callable[..., R]]:
+    """Method decorator: this method handles messages of ``types`` (and subclasses).
+
+    The method takes the message and returns the reply to an ``ask`` (ignored for a
+    ``tell``). It may be a plain function (fastest) or ``async def``.
+    """
+    if not types:
+        raise TypeError("@handles needs at least one message type")
+
+    def mark(fn: Callable[..., R]) -> Callable[..., R]:
+        setattr(fn, _HANDLER_ATTR, types)
+        return fn
+
+    return mark
+
+
+class Actor:
+    """Base class of every actor.
+
+    Subclass it, decorate methods with :func:`handles`, and spawn an instance with
+    :meth:`ActorSystem.spawn`. Inside a handler, ``self.ref`` is the actor's own
+    reference, ``self.log`` a structlog logger bound to its name and the current causal
+    id, ``self.clock`` its clock, ``self.start_soon`` starts a helper task that lives as
+    long as the actor, and ``self.send_later`` is a timer.
+
+    Lifecycle: ``on_start`` runs before the first message (``spawn`` returns after it);
+    ``on_stop`` runs after the last one; ``on_failure`` is called when a told handler
+    raises; ``on_restart`` runs when the supervisor restarts the actor.
+    """
+
+    #: message type -> handler method name; built per class from @handles.
+    _handlers: ClassVar[dict[type, str]] = {}
+    #: handler name -> whether it is a coroutine function.
+    _is_async: ClassVar[dict[str, bool]] = {}
+
+    name: str
+    ref: ActorRef[Any]
+    clock: Clock
+    _tg: anyio.abc.TaskGroup | None = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        table: dict[type, str] = {}
+        for klass in reversed(cls.__mro__):
+            for attr, value in vars(klass).items():
+                types = getattr(value, _HANDLER_ATTR, None)
+                if types is None:
+                    continue
+                for t in types:
+                    table[t] = attr
+        cls._handlers = table
+        # From the method the class actually has: a subclass may override a handler
+        # (without re-decorating it) and switch between sync and async.
+        cls._is_async = {
+            attr: inspect.iscoroutinefunction(getattr(cls, attr)) for attr in set(table.values())
+        }
+
+    # -- hooks ---------------------------------------------------------------------------
+
+    async def on_start(self) -> None:
+        """Called once before the first message; ``spawn`` waits for it."""
+
+    async def on_stop(self) -> None:
+        """Called once after the last message (also when the actor crashed for good)."""
+
+    async def on_failure(self, error: BaseException, msg: Message) -> None:
+        """Called when the handler for a told ``msg`` raised ``error``."""
+
+    async def on_restart(self) -> None:
+        """Restart after a failure. Default: ``on_stop`` then ``on_start``."""
+        await self.on_stop()
+        await self.on_start()
+
+    # -- helpers for subclasses ----------------------------------------------------------
+
+    @property
+    def log(self) -> Any:
+        return self._log.bind(causal_id=_causal.get())
+
+    def start_soon(self, fn: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> None:
+        """Run ``fn(*args)`` in the actor's own task group (cancelled when it stops)."""
+        if self._tg is None:
+            raise RuntimeError(f"actor {self.name!r} is not running")
+        self._tg.start_soon(self._guard, fn, args)
+
+    async def _guard(self, fn: Callable[..., Coroutine[Any, Any, Any]], args: tuple[Any, ...]) -> None:
+        # A helper task that raises counts as a failed told handler (rule 2), so one
+        # broken helper cannot take the whole actor system down.
+        try:
+            await fn(*args)
+        except Exception as exc:  # noqa: BLE001
+            if not self.ref.mailbox.closed:
+                self.ref.mailbox.put_nowait(Envelope(_HelperFailed(exc), _causal.get()), force=True)
+
+    @handles(_HelperFailed)
+    def _helper_failed(self, msg: _HelperFailed) -> None:
+        raise msg.error
+
+    def send_later(self, delay: float, msg: Message) -> Timer:
+        """Tell ``msg`` to this actor after ``delay`` seconds of its clock."""
+        timer = Timer()
+        causal_id = _causal.get() or new_causal_id("t")
+
+        async def fire() -> None:
+            with timer._scope:
+                await self.clock.sleep(delay)
+                if not self.ref.mailbox.closed:
+                    self.ref.mailbox.put_nowait(Envelope(msg, causal_id), force=True)
+
+        self.start_soon(fire)
+        return timer
+
+    def stop(self, reason: str = "") -> None:
+        """Stop after the messages already queued."""
+        self.ref.mailbox.put_nowait(Envelope(_StopSignal(reason), _causal.get()), force=True)
+
+    def handler_for(self, msg_type: type) -> str | None:
+        table = type(self)._handlers
+        name = table.get(msg_type)
+        if name is None:
+            for base in msg_type.__mro__[1:]:
+                if base in table:
+                    name = table[base]
+                    table[msg_type] = name  # cache the subclass lookup
+                    break
+        return name
+
+    _log: Any = None
+
+
+class Timer:
+    """Handle of a :meth:`Actor.send_later` timer."""
+
+    __slots__ = ("_scope",)
+
+    def __init__(self) -> None:
+        self._scope = anyio.CancelScope()
+
+    def cancel(self) -> None:
+        self._scope.cancel()
+
+
+# ----------------------------------------------------------------------------- references
+
+
+class ActorRef(Generic[A]):
+    """The address of a running actor: the only way to talk to it."""
+
+    __slots__ = ("_stopped", "dropped", "mailbox", "name")
+
+    def __init__(self, name: str, mailbox: Mailbox) -> None:
+        self.name = name
+        self.mailbox = mailbox
+        self.dropped = 0
+        self._stopped = anyio.Event()
+
+    def __repr__(self) -> str:
+        state = "stopped" if self.mailbox.closed else "running"
+        return f"<ActorRef {self.name} {state}>"
+
+    @property
+    def stopped(self) -> bool:
+        return self.mailbox.closed
+
+    async def wait_stopped(self) -> None:
+        await self._stopped.wait()
+
+    def tell_nowait(self, msg: Message, *, causal_id: str | None = None) -> None:
+        """Queue ``msg`` without waiting; :class:`MailboxFull` if there is no room."""
+        self.mailbox.put_nowait(Envelope(msg, causal_id or _causal.get() or new_causal_id()))
+
+    def post(self, msg: Message, *, causal_id: str | None = None) -> None:
+        """Queue ``msg`` without waiting and without checking the bound.
+
+        For actors whose traffic to each other is bounded by design (a worker has at most
+        its slots of tasks in flight, so its results are bounded too) and which would
+        deadlock if each waited for room in the other's mailbox. Never for client input.
+        """
+        self.mailbox.put_nowait(
+            Envelope(msg, causal_id or _causal.get() or new_causal_id()), force=True
+        )
+
+    async def tell(self, msg: Message, *, causal_id: str | None = None) -> None:
+        """Queue ``msg``, waiting for room in the mailbox (backpressure)."""
+        await self.mailbox.put(Envelope(msg, causal_id or _causal.get() or new_causal_id()))
+
+    async def ask(
+        self,
+        msg: Message,
+        *,
+        timeout: float | None = 30.0,  # noqa: ASYNC109 - rule 4 is part of the API
+        causal_id: str | None = None,
+    ) -> Any:
+        """Send ``msg`` and wait for the handler's return value (or its exception)."""
+        reply = _Reply()
+        env = Envelope(msg, causal_id or _causal.get() or new_causal_id(), reply)
+        limit = math.inf if timeout is None else timeout
+        with anyio.move_on_after(limit) as scope:
+            await self.mailbox.put(env)
+            await reply.done.wait()
+        if scope.cancelled_caught and not reply.done.is_set():
+            raise AskTimeout(self.name, type(msg).__name__, limit)
+        if reply.error is not None:
+            raise reply.error
+        return reply.value
+
+    def stop(self, reason: str = "") -> None:
+        """Ask the actor to stop after the messages already queued (idempotent)."""
+        if not self.mailbox.closed:
+            self.mailbox.put_nowait(Envelope(_StopSignal(reason), _causal.get()), force=True)
+
+
+# ----------------------------------------------------------------------------- runner
+
+_BATCH = 256  # messages handled before the actor yields to the event loop
+
+
+class _Supervisor:
+    """Per-actor restart budget: at most ``max_restarts`` within ``window`` seconds."""
+
+    __slots__ = ("failures", "max_restarts", "restarts", "window")
+
+    def __init__(self, max_restarts: int, window: float) -> None:
+        self.max_restarts = max_restarts
+        self.window = window
+        self.failures: deque[float] = deque()
+        self.restarts = 0
+
+    def allow(self, now: float) -> bool:
+        self.failures.append(now)
+        while self.failures and self.failures[0] < now - self.window:
+            self.failures.popleft()
+        return len(self.failures) <= self.max_restarts
+
+
+async def _run_actor(
+    actor: Actor,
+    supervisor: _Supervisor,
+    escalate: Callable[[ActorCrashed], None],
+    *,
+    task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    ref = actor.ref
+    mailbox = ref.mailbox
+    handlers = type(actor)._handlers
+    is_async = type(actor)._is_async
+    stop_reason = ""
+    crashed: ActorCrashed | None = None
+    try:
+        async with anyio.create_task_group() as tg:
+            actor._tg = tg
+            await actor.on_start()
+            task_status.started()
+            running = True
+            while running:
+                await mailbox.wait()
+                handled = 0
+                while handled < _BATCH:
+                    env = mailbox.get_nowait()
+                    if env is None:
+                        break
+                    handled += 1
+                    msg = env.msg
+                    if type(msg) is _StopSignal:
+                        stop_reason = msg.reason
+                        running = False
+                        break
+                    token = _causal.set(env.causal_id)
+                    try:
+                        name = handlers.get(type(msg)) or actor.handler_for(type(msg))
+                        if name is None:
+                            _unhandled(actor, env)
+                            continue
+                        result = getattr(actor, name)(msg)
+                        if is_async[name]:
+                            result = await result
+                        if env.reply is not None:
+                            env.reply.set(result)
+                    except Exception as exc:
+                        if env.reply is not None:
+                            env.reply.fail(exc)
+                            continue
+                        actor.log.error(
+                            "handler failed", message=type(msg).__name__, error=repr(exc)
+                        )
+                        await actor.on_failure(exc, msg)
+                        if supervisor.allow(actor.clock.now()):
+                            supervisor.restarts += 1
+                            actor.log.warning("restarting actor", restarts=supervisor.restarts)
+                            await actor.on_restart()
+                        else:
+                            crashed = ActorCrashed(actor.name, supervisor.restarts, repr(exc))
+                            running = False
+                            break
+                    finally:
+                        _causal.reset(token)
+                if running and handled >= _BATCH:
+                    await checkpoint()
+            tg.cancel_scope.cancel()
+    finally:
+        left = mailbox.close()
+        for env in left:
+            if env.reply is not None:
+                env.reply.fail(ActorStopped(actor.name, type(env.msg).__name__))  # rule 3
+            elif not isinstance(env.msg, _StopSignal):
+                ref.dropped += 1
+        try:
+            with anyio.CancelScope(shield=True):
+                await actor.on_stop()
+        finally:
+            actor._tg = None
+            ref._stopped.set()
+            actor._log.debug("actor stopped", reason=stop_reason, crashed=crashed is not None)
+    if crashed is not None:
+        escalate(crashed)
+
+
+def _unhandled(actor: Actor, env: Envelope) -> None:
+    text = f"actor {actor.name!r} has no handler for {type(env.msg).__name__}"
+    if env.reply is not None:
+        env.reply.fail(TypeError(text))
+    else:
+        actor.log.error("no handler; message dropped", message=type(env.msg).__name__)
+
+
+class ActorSystem:
+    """One anyio task-group tree holding a set of actors.
+
+    Use as ``async with ActorSystem() as system:``; leaving the block stops every actor
+    (newest first, each finishing the messages already queued) and then cancels what is
+    left. An actor that exhausts its restart budget with ``escalate=True`` makes the
+    ``async with`` block raise :class:`ActorCrashed`.
+    """
+
+    def __init__(self, *, clock: Clock | None = None, default_capacity: int = 10_000) -> None:
+        self.clock = clock or Clock()
+        self.default_capacity = default_capacity
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._refs: dict[str, ActorRef[Any]] = {}
+        self._crash: ActorCrashed | None = None
+        self._names = itertools.count(1)
+
+    async def __aenter__(self) -> ActorSystem:
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> bool | None:
+        tg = self._tg
+        assert tg is not None
+        shutdown_error: BaseException | None = None
+        if exc_info[0] is None and self._crash is None:
+            try:
+                await self.shutdown()
+            except BaseException as exc:  # e.g. cancelled by a crash escalated meanwhile
+                shutdown_error = exc
+                exc_info = (type(exc), exc, exc.__traceback__)
+        # Cancel what is left (actors spawned during the shutdown; everything on error).
+        tg.cancel_scope.cancel()
+        try:
+            result = await tg.__aexit__(*exc_info)
+        except BaseExceptionGroup as group:
+            # The body's own exception comes back wrapped by the task group; give the
+            # caller the exception it raised, not a group of one.
+            body = exc_info[1]
+            rest = group.subgroup(lambda e: e is not body and not isinstance(e, _cancelled()))
+            if body is not None and rest is None and self._crash is None:
+                return False
+            raise
+        finally:
+            self._tg = None
+        if self._crash is not None:
+            raise self._crash
+        if shutdown_error is not None and not result:
+            raise shutdown_error
+        return result
+
+    @property
+    def actors(self) -> dict[str, ActorRef[Any]]:
+        """Running actors by name."""
+        return {n: r for n, r in self._refs.items() if not r.stopped}
+
+    async def spawn(
+        self,
+        actor: A,
+        name: str | None = None,
+        *,
+        capacity: int | None = None,
+        max_restarts: int = 3,
+        restart_window: float = 60.0,
+        escalate: bool = True,
+    ) -> ActorRef[A]:
+        """Start ``actor``; returns its reference once ``on_start`` has finished."""
+        if self._tg is None:
+            raise RuntimeError("ActorSystem is not running; use `async with ActorSystem()`")
+        name = name or f"{type(actor).__name__.lower()}-{next(self._names)}"
+        if name in self._refs and not self._refs[name].stopped:
+            raise ValueError(f"an actor named {name!r} is already running")
+        size = self.default_capacity if capacity is None else capacity  # 0 is refused
+        ref: ActorRef[A] = ActorRef(name, Mailbox(name, size))
+        actor.name = name
+        actor.ref = ref
+        actor.clock = getattr(actor, "clock", None) or self.clock
+        actor._log = get_logger("corral", actor=name)
+        self._refs.pop(name, None)  # a reused name counts as the newest (shutdown order)
+        self._refs[name] = ref
+        sup = _Supervisor(max_restarts, restart_window)
+        await self._tg.start(_run_actor, actor, sup, self._escalate if escalate else _ignore)
+        return ref
+
+    def _escalate(self, crash: ActorCrashed) -> None:
+        if self._crash is None:
+            self._crash = crash
+        if self._tg is not None:
+            self._tg.cancel_scope.cancel()
+
+    async def shutdown(
+        self,
+        refs: Iterable[ActorRef[Any]] | None = None,
+        *,
+        timeout: float = 10.0,  # noqa: ASYNC109 - per actor, then it is cancelled
+    ) -> None:
+        """Stop ``refs`` (default: every actor, newest first) and wait until they stop.
+
+        An actor that has not stopped within ``timeout`` seconds is cancelled.
+        """
+        targets = list(refs) if refs is not None else list(reversed(self._refs.values()))
+        for ref in targets:
+            ref.stop("shutdown")
+            with anyio.move_on_after(timeout) as scope:
+                await ref.wait_stopped()
+            if scope.cancelled_caught and self._tg is not None:
+                get_logger("corral").error("actor did not stop in time", actor=ref.name)
+                self._tg.cancel_scope.cancel()
+                return
+
+
+def _ignore(crash: ActorCrashed) -> None:
+    get_logger("corral").error("actor crashed (not escalated)", error=str(crash))
+
+
+async def run_in_actor_system(
+    body: Callable[[ActorSystem], Awaitable[R]], *, clock: Clock | None = None
+) -> R:
+    """Convenience: run ``body(system)`` inside a fresh :class:`ActorSystem`."""
+    async with ActorSystem(clock=clock) as system:
+        return await body(system)
