@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Sized
 from typing import Any
 
 import anyio
@@ -36,8 +36,9 @@ from runtime.messages import (
 
 __all__ = ["GatherResult", "Manager"]
 
-#: Graphs with at least this many tasks are validated and ordered in a thread, so a
-#: big submission never stalls the event loop.
+#: Graphs with at least this many tasks (and dask expressions, whose size is unknown
+#: until they are materialized) are validated and ordered in a thread, so a big
+#: submission never stalls the event loop.
 THREAD_THRESHOLD = 2_000
 
 
@@ -94,12 +95,17 @@ class Manager(Actor):
                 pool=msg.pool,
             )
 
-        if len(msg.graph) >= THREAD_THRESHOLD:
+        size = len(msg.graph) if isinstance(msg.graph, Sized) else THREAD_THRESHOLD
+        if size >= THREAD_THRESHOLD:  # a dask expression is materialized in the thread
             specs = await anyio.to_thread.run_sync(build)
         else:
             specs = build()
         run = f"run-{next(self._run_ids)}"
         self.runs += 1
+        for key in specs:  # failed or cancelled keys submitted again are run again:
+            ks = self.keys.get(key)  # their last word is stale
+            if ks is not None and ks.update is not None and not isinstance(ks.update, KeyDone):
+                ks.update = None
         wanted = []
         for key in dict.fromkeys(msg.keys):
             ks = self.keys.get(key)
@@ -108,7 +114,7 @@ class Manager(Actor):
             if msg.client not in ks.clients:
                 ks.clients.add(msg.client)
                 wanted.append(key)
-            elif ks.update is not None:  # already known: tell the client again
+            elif ks.update is not None:  # known and not run again: tell the client again
                 self._send(msg.client, [ks.update])
         self._scheduler().post(SubmitSpecs(run, specs, tuple(wanted)))
         return run

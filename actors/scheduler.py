@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import anyio
+
 from actors.scheduler_state import (
     CancelOnWorker,
     CancelRequested,
@@ -72,13 +74,22 @@ class Scheduler(Actor):
     ) -> None:
         self.policy_registry = policies
         made = {
-            kind: policies.create(kind, name, params) for kind, (name, params) in (initial or {}).items()
+            kind: policies.create(kind, name, params)
+            for kind, (name, params) in (initial or {}).items()
         }
         self.state = SchedulerState(config, **made)
         self._manager = manager
         self._registry = registry
         self.workers: dict[str, ActorRef[Any]] = {}  #: worker id -> its reference
         self.infos: dict[str, WorkerInfo] = {}
+        self._worker_waiters: list[tuple[int, anyio.Event]] = []
+
+    async def wait_for_workers(self, n: int) -> None:
+        """Return once at least ``n`` workers are registered."""
+        if len(self.workers) < n:
+            event = anyio.Event()
+            self._worker_waiters.append((n, event))
+            await event.wait()
 
     # -- feeding the core ------------------------------------------------------------
 
@@ -124,6 +135,13 @@ class Scheduler(Actor):
         self.workers[info.worker_id] = msg.ref
         self.infos[info.worker_id] = info
         self.log.info("worker joined", worker=info.worker_id, cores=info.cores, pool=info.pool)
+        waiting = []
+        for n, event in self._worker_waiters:
+            if len(self.workers) >= n:
+                event.set()
+            else:
+                waiting.append((n, event))
+        self._worker_waiters = waiting
         self._handle(WorkerJoined(*self._ev(), info.worker_id, info.cores, info.memory, info.pool))
 
     @handles(WorkerGone)

@@ -39,8 +39,22 @@ from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Literal
 
-from policies import DEFAULTS, REGISTRY, CategoryStats, PlacementPolicy, PriorityPolicy, RetryPolicy
-from runtime.errors import CancelledError, CorralError, DependencyFailed, WorkerLost
+from policies import (
+    DEFAULTS,
+    REGISTRY,
+    CategoryStats,
+    PlacementPolicy,
+    PriorityPolicy,
+    RetryDecision,
+    RetryPolicy,
+)
+from runtime.errors import (
+    CancelledError,
+    CorralError,
+    DependencyFailed,
+    MissingKeysError,
+    WorkerLost,
+)
 from runtime.graph import GraphNode, Key, TaskSpec
 from runtime.messages import TryRecord
 
@@ -494,30 +508,46 @@ class SchedulerState:
                 ts.spec = spec
                 ts.generation = gen
                 ts.retries_left = spec.retries
+                ts.lost_tries = 0
+                ts.behind = False
                 ts.error = ts.root = None
                 for d in ts.deps:
                     d.dependents.discard(ts)
                 ts.deps = []
                 new.append(ts)
+        broken: dict[TaskState, list[Key]] = {}
         for ts in new:
             for dk in ts.spec.deps:
                 dep = self.tasks.get(dk)
-                if dep is None:
-                    raise KeyError(f"dependency {dk!r} of {ts.key!r} is not known to the scheduler")
+                if dep is None:  # forgotten meanwhile (the manager validated the graph)
+                    broken.setdefault(ts, []).append(dk)
+                    continue
                 ts.deps.append(dep)
                 dep.dependents.add(ts)
+        # Count the wants first, so nothing a client asks for is forgotten while the new
+        # tasks settle (a task on an erred input fails at once).
+        wanted = [self.tasks[key] for key in ev.wanted]
+        for ts in wanted:
+            ts.wanted += 1
+            self._files[ts.key] = ts
+        fresh = set(new)
         # Place new tasks in dependency order so each sees its inputs' final state.
         for ts in _topological(new):
+            if ts in broken:
+                self._set(ts, "waiting")
+                err = MissingKeysError([str(k) for k in broken[ts]], requested=True)
+                ts.error, ts.root = err, (ts.key, err)
+                self._set(ts, "erred")
+                self._terminal(ts)
+                continue
             self._activate(ts)
-        for key in ev.wanted:
-            ts = self.tasks[key]
-            ts.wanted += 1
-            self._files[key] = ts
+        for ts in wanted:
+            if ts in fresh:
+                continue  # told through the normal path when it settles
             if ts.state == "memory":
-                self._out.append(KeyDone(self._stimulus, key, next(iter(ts.who_has)), ts.nbytes))
-            elif ts.state == "erred":
-                assert ts.error is not None and ts.root is not None
-                self._out.append(KeyErred(self._stimulus, key, ts.error, *ts.root))
+                self._out.append(KeyDone(self._stimulus, ts.key, next(iter(ts.who_has)), ts.nbytes))
+            elif ts.state in ("erred", "cancelled"):
+                self._notify_failed(ts)
             elif ts.state == "released":
                 self._recompute(ts)
 
@@ -789,7 +819,8 @@ class SchedulerState:
             return
         assert ts.error is not None and ts.root is not None
         if ts.state == "cancelled":
-            self._out.append(KeyCancelled(self._stimulus, ts.key, str(ts.error)))
+            reason = getattr(ts.error, "reason", None) or str(ts.error)
+            self._out.append(KeyCancelled(self._stimulus, ts.key, reason))
         else:
             self._out.append(KeyErred(self._stimulus, ts.key, ts.error, *ts.root))
 
@@ -966,19 +997,28 @@ class SchedulerState:
 
     def _priority(self, ts: TaskState) -> tuple[float, ...]:
         try:
-            return tuple(self.policies["priority"].priority(ts, self.stats))
+            prio = tuple(self.policies["priority"].priority(ts, self.stats))
+            if all(type(x) in _NUMBER for x in prio):
+                return prio
+            problem = f"priority returned {prio!r}, not a tuple of numbers"
         except Exception as exc:
-            self.policy_errors += 1
-            self._log(ts.key, "policy-error", f"priority raised {exc!r}")
-            return (-ts.spec.priority, ts.generation, ts.spec.order)
+            problem = f"priority raised {exc!r}"
+        self.policy_errors += 1
+        self._log(ts.key, "policy-error", problem)
+        return (-ts.spec.priority, ts.generation, ts.spec.order)
 
-    def _retry_decision(self, ts: TaskState, outcome: str, cause: str | None) -> Any:
+    def _retry_decision(self, ts: TaskState, outcome: str, cause: str | None) -> RetryDecision:
         try:
-            return self.policies["retry"].decide(ts, outcome, cause)
+            decision = self.policies["retry"].decide(ts, outcome, cause)
+            if isinstance(decision, RetryDecision):
+                return decision
+            problem = f"retry returned {decision!r}, not a RetryDecision"
         except Exception as exc:
-            self.policy_errors += 1
-            self._log(ts.key, "policy-error", f"retry raised {exc!r}")
-            return REGISTRY.create("retry", "default").decide(ts, outcome, cause)
+            problem = f"retry raised {exc!r}"
+        self.policy_errors += 1
+        self._log(ts.key, "policy-error", problem)
+        fallback: RetryDecision = REGISTRY.create("retry", "default").decide(ts, outcome, cause)
+        return fallback
 
     def _requeue_all(self) -> None:
         entries = [e[3] for heap in self.queues.values() for e in heap if e[3].state == "queued"]
@@ -1098,6 +1138,8 @@ def _topological(tasks: Iterable[TaskState]) -> list[TaskState]:
 def _prio_key(ts: TaskState) -> tuple[Any, ...]:
     return (ts.behind, ts.prio)
 
+
+_NUMBER = (int, float, bool)
 
 _DISPATCH: dict[type, Any] = {
     GraphSubmitted: SchedulerState._graph_submitted,

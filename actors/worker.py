@@ -17,6 +17,7 @@ other task that finished meanwhile.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import queue
 import sys
@@ -52,9 +53,15 @@ _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _PROC = psutil.Process()
 
 
+_STATM: int | None = None
+
+
 def _rss_statm() -> int:
-    with open("/proc/self/statm", "rb") as f:
-        return int(f.read().split()[1]) * _PAGE
+    global _STATM
+    if _STATM is None:
+        _STATM = os.open("/proc/self/statm", os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    # pread at offset 0: no shared file position, so threads can call it at once.
+    return int(os.pread(_STATM, 128, 0).split()[1]) * _PAGE
 
 
 def _rss_psutil() -> int:
@@ -62,7 +69,8 @@ def _rss_psutil() -> int:
 
 
 #: Resident set size of this process in bytes. On Linux it reads /proc/self/statm
-#: (about 3 µs, cheap enough to call around every task); elsewhere psutil.
+#: through a kept-open descriptor (about 1.5 µs, against about 11 µs for psutil's
+#: ``memory_info``: cheap enough to call around every task); elsewhere psutil.
 rss: Callable[[], int] = _rss_statm if sys.platform.startswith("linux") else _rss_psutil
 
 
@@ -99,7 +107,15 @@ class Executor:
     finished since the previous call.
     """
 
-    def __init__(self, n: int, name: str, deliver: Callable[[list[TaskResult]], None]) -> None:
+    def __init__(
+        self,
+        n: int,
+        name: str,
+        deliver: Callable[[list[tuple[TaskResult, Any]]], None],
+        *,
+        batch_delay: float = 0.002,
+    ) -> None:
+        self.batch_delay = batch_delay
         self._jobs: queue.SimpleQueue[tuple[ToRun, dict[Key, Any]] | None] = queue.SimpleQueue()
         self._deliver = deliver
         self._lock = threading.Lock()
@@ -120,46 +136,59 @@ class Executor:
             self._jobs.put(None)
 
     def _run(self) -> None:
+        jobs = self._jobs
         while True:
-            job = self._jobs.get()
+            job = jobs.get()
+            done: list[tuple[TaskResult, Any]] = []
+            first = time.perf_counter()
+            # Run queued jobs back to back and hand results over together, but never
+            # hold a finished result longer than ``batch_delay``: short tasks travel in
+            # batches, a long task's result goes back as soon as it is ready.
+            while job is not None:
+                done.append(self._execute(*job))
+                if time.perf_counter() - first > self.batch_delay:
+                    break
+                try:
+                    job = jobs.get_nowait()
+                except queue.Empty:
+                    break
+            if done:
+                self._push(done)
             if job is None:
                 return
-            task, inputs = job
-            if task.key in self.cancelled:
-                self._push(TaskResult(task.key, "cancelled"), None)
-                continue
-            before = rss()
-            start = time.time()
-            try:
-                value = task.node(inputs)
-            except BaseException as exc:  # noqa: BLE001 - the task's failure is data
-                stop = time.time()
-                self._push(TaskResult(task.key, "error", start, stop, 0, rss(), exc), None)
-                continue
-            stop = time.time()
-            after = rss()
-            try:
-                nbytes = int(sizeof(value))
-            except Exception:  # noqa: BLE001 - an odd object must not lose its result
-                nbytes = 0
-            self._push(
-                TaskResult(task.key, "ok", start, stop, nbytes, after, rss_before=before), value
-            )
 
-    def _push(self, result: TaskResult, value: Any) -> None:
+    def _execute(self, task: ToRun, inputs: dict[Key, Any]) -> tuple[TaskResult, Any]:
+        if task.key in self.cancelled:
+            return TaskResult(task.key, "cancelled"), None
+        before = rss()
+        start = time.time()
+        try:
+            value = task.node(inputs)
+        except BaseException as exc:
+            stop = time.time()
+            return TaskResult(
+                task.key, "error", start, stop, 0, rss(), exc, rss_before=before
+            ), None
+        stop = time.time()
+        after = rss()
+        try:
+            nbytes = int(sizeof(value))
+        except Exception:
+            nbytes = 0
+        return TaskResult(task.key, "ok", start, stop, nbytes, after, rss_before=before), value
+
+    def _push(self, results: list[tuple[TaskResult, Any]]) -> None:
         with self._lock:
-            self._done.append((result, value))
-            first = len(self._done) == 1
+            first = not self._done
+            self._done.extend(results)
         if first:
-            try:
+            with contextlib.suppress(RuntimeError):  # loop closed: the worker is gone
                 self._loop.call_soon_threadsafe(self._flush)
-            except RuntimeError:  # loop closed: the worker is gone
-                pass
 
     def _flush(self) -> None:
         with self._lock:
             done, self._done = self._done, []
-        self._deliver(done)  # type: ignore[arg-type]
+        self._deliver(done)
 
 
 class Worker(Actor):

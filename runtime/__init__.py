@@ -9,6 +9,8 @@
     dask.compute(x, scheduler=get)
 """
 
+from typing import Any
+
 from runtime.errors import (
     ActorCrashed,
     ActorStopped,
@@ -25,8 +27,6 @@ from runtime.errors import (
 )
 from runtime.kernel import Actor, ActorRef, ActorSystem, Clock, handles
 from runtime.messages import Message, message
-
-from typing import Any
 
 _LAZY = {"Cluster", "Future", "get"}
 

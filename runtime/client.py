@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import os
+import threading
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -50,7 +51,7 @@ from runtime.messages import (
 __all__ = ["Cluster", "Future", "get", "parse_bytes"]
 
 _UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb": 1e9,
-          "t": 1e12, "tb": 1e12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}  # fmt: skip
+          "t": 1e12, "tb": 1e12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}  # fmt: skip  # noqa: E501
 
 
 def parse_bytes(value: int | float | str | None) -> int:
@@ -73,17 +74,40 @@ def parse_bytes(value: int | float | str | None) -> int:
 class _KeyWatch:
     """Client-side state of one key: how many Future objects hold it, and its fate."""
 
-    __slots__ = ("done", "holders", "update")
+    __slots__ = ("holders", "update")
 
     def __init__(self) -> None:
-        self.holders = 0
-        self.update: Any = None
-        self.done = anyio.Event()
+        self.holders = 0  #: Future objects (and computes) holding the key
+        self.update: Any = None  #: KeyDone / KeyErred / KeyCancelled, None while pending
+
+
+class _Waiter:
+    """One ``wait_all`` call: how many keys it still waits for, the first that failed."""
+
+    __slots__ = ("event", "failed", "pending")
+
+    def __init__(self) -> None:
+        self.pending = 0
+        self.failed: Key | None = None
+        self.event = anyio.Event()
+
+    def settle(self, key: Key, ok: bool) -> None:
+        if not ok and self.failed is None:
+            self.failed = key
+            self.event.set()
+        self.pending -= 1
+        if self.pending == 0:
+            self.event.set()
 
 
 @message(local=True)
 class _Flush(Message):
     """Client-internal: send the tasks queued by ``submit``."""
+
+
+@message(local=True)
+class _FlushReleases(Message):
+    """Client-internal: tell the manager about the keys let go since the last flush."""
 
 
 class ClientActor(Actor):
@@ -95,15 +119,41 @@ class ClientActor(Actor):
         self.pending: dict[Key, Any] = {}  #: tasks from submit() not sent yet
         self.pending_opts: dict[str, Any] = {}
         self.flush_queued = False
+        self.to_release: dict[Key, None] = {}  #: keys no Future holds any more, not yet sent
+        self.waiters: dict[Key, list[_Waiter]] = {}  #: gathers waiting on each key
+        self.loop_thread = threading.get_ident()  #: the event loop's thread
 
     @handles(KeyUpdates)
     def updates(self, msg: KeyUpdates) -> None:
         for upd in msg.updates:
-            w = self.watches.get(upd.key)
-            if w is None:
+            self._settle(upd)
+
+    def _settle(self, upd: Any) -> None:
+        w = self.watches.get(upd.key)
+        if w is None:
+            return
+        w.update = upd
+        for waiter in self.waiters.pop(upd.key, ()):
+            waiter.settle(upd.key, isinstance(upd, KeyDone))
+
+    async def wait_all(self, keys: Sequence[Key]) -> Key | None:
+        """Wait until every key is done or one failed; return the failed key, if any.
+
+        O(1) per update however many keys are waited for, and no event-loop round trip
+        for keys that are already done.
+        """
+        waiter = _Waiter()
+        for key in keys:
+            w = self.watches[key]
+            if w.update is not None:
+                if not isinstance(w.update, KeyDone):
+                    return key
                 continue
-            w.update = upd
-            w.done.set()
+            waiter.pending += 1
+            self.waiters.setdefault(key, []).append(waiter)
+        if waiter.pending:
+            await waiter.event.wait()
+        return waiter.failed
 
     @handles(_Flush)
     async def flush(self, msg: _Flush) -> None:
@@ -118,15 +168,17 @@ class ClientActor(Actor):
                 self.fail_local(key, exc)
 
     def fail_local(self, key: Key, error: BaseException) -> None:
-        w = self.watches.get(key)
-        if w is not None:
-            w.update = KeyErred("", key, error, key, error)
-            w.done.set()
+        self._settle(KeyErred("", key, error, key, error))
 
     def watch(self, key: Key) -> _KeyWatch:
         w = self.watches.get(key)
         if w is None:
             w = self.watches[key] = _KeyWatch()
+            # Held again before its release went out: cancel the release, or it could
+            # reach the manager after the new submission (which does not pass through
+            # this actor) and drop the key that submission wants. The manager still
+            # counts this client for the key and re-sends its state on resubmission.
+            self.to_release.pop(key, None)
         return w
 
     def unhold(self, key: Key) -> None:
@@ -137,14 +189,25 @@ class ClientActor(Actor):
         if w.holders <= 0:
             del self.watches[key]
             self.pending.pop(key, None)
-            if not self.ref.stopped and not self.manager.stopped:
-                self.manager.post(ReleaseKeysRequest((key,), self.name))
+            # Batched: every release made before the actor next runs goes as one message.
+            self.to_release[key] = None
+            if len(self.to_release) == 1 and not self.ref.stopped:
+                self.ref.post(_FlushReleases())
+
+    @handles(_FlushReleases)
+    def flush_releases(self, msg: _FlushReleases) -> None:
+        keys, self.to_release = self.to_release, {}
+        if keys and not self.manager.stopped:
+            self.manager.post(ReleaseKeysRequest(tuple(keys), self.name))
 
 
 def _release_soon(loop: asyncio.AbstractEventLoop, client: ClientActor, key: Key) -> None:
     """Finalizer of a Future: release its key on the loop thread (GC may run anywhere)."""
     try:
-        loop.call_soon_threadsafe(client.unhold, key)
+        if threading.get_ident() == client.loop_thread:
+            loop.call_soon(client.unhold, key)  # no self-pipe wake-up needed
+        else:
+            loop.call_soon_threadsafe(client.unhold, key)
     except RuntimeError:  # the loop is closed: the cluster is gone anyway
         pass
 
@@ -176,11 +239,11 @@ class Future:
         return {KeyDone: "finished", KeyErred: "error", KeyCancelled: "cancelled"}[type(upd)]
 
     def done(self) -> bool:
-        return self._watch.done.is_set()
+        return self._watch.update is not None
 
     async def wait(self) -> None:
         """Wait until the task finished, failed or was cancelled (raises nothing)."""
-        await self._watch.done.wait()
+        await self._client.wait_all([self.key])
 
     async def result(self) -> Any:
         (value,) = await self._cluster.gather([self])
@@ -268,16 +331,25 @@ class Cluster:
     # -- lifecycle -------------------------------------------------------------------
 
     async def __aenter__(self) -> Cluster:
+        await self.start()
+        return self
+
+    async def start(self) -> None:
+        """Start the cluster's actors (``async with Cluster()`` calls this).
+
+        The actors live in a task of their own, so ``start`` and :meth:`close` may be
+        called from different tasks (aiohttp cleanup contexts, test fixtures).
+        """
+        if self._system is not None:
+            raise CorralError("this cluster is already running")
         system = ActorSystem()
-        await system.__aenter__()
+        await system.start()
         self._system = system
         try:
             await self._start(system)
-        except BaseException as exc:
-            await system.__aexit__(type(exc), exc, exc.__traceback__)
-            self._system = None
+        except BaseException:
+            await self.close()
             raise
-        return self
 
     async def _start(self, system: ActorSystem) -> None:
         refs: dict[str, ActorRef[Any]] = {}
@@ -312,18 +384,21 @@ class Cluster:
         self._refs = refs
 
     async def __aexit__(self, *exc_info: Any) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Stop every actor of the cluster, gracefully: no new work, then the workers
+        (through the autoscaler, so it does not replace them), then the control actors.
+
+        Raises :class:`~runtime.errors.ActorCrashed` if one of them crashed for good.
+        """
         system, self._system = self._system, None
         if system is None:
             return
-        if exc_info[0] is None:
-            # Stop in dependency order: no new work, then the workers (through the
-            # autoscaler, so it does not replace them), then the control actors.
-            order = ["client", "autoscaler", "manager", "scheduler", "registry"]
+        order = ["client", "autoscaler", "manager", "scheduler", "registry"]
+        if system.running:
             await system.shutdown([system.actors[n] for n in order if n in system.actors])
-        await system.__aexit__(*exc_info)
-
-    async def close(self) -> None:
-        await self.__aexit__(None, None, None)
+        await system.stop()
 
     def _require(self) -> None:
         if self._system is None:
@@ -364,7 +439,10 @@ class Cluster:
         self, func: Callable[..., Any], *iterables: Iterable[Any], pure: bool = True, **kwargs: Any
     ) -> list[Future]:
         """``submit(func, *items, **kwargs)`` for each tuple of items of ``iterables``."""
-        return [self.submit(func, *items, pure=pure, **kwargs) for items in zip(*iterables)]
+        return [
+            self.submit(func, *items, pure=pure, **kwargs)
+            for items in zip(*iterables, strict=False)
+        ]
 
     def _key_of_future(self, obj: Any) -> Key | None:
         if isinstance(obj, Future):
@@ -390,6 +468,18 @@ class Cluster:
         """
         self._require()
         futures = [Future(k, self) for k in keys]
+        await self._submit(graph, keys, priority, retries, resources, pool)
+        return futures
+
+    async def _submit(
+        self,
+        graph: Mapping[Key, Any],
+        keys: Sequence[Key],
+        priority: float = 0,
+        retries: int = 0,
+        resources: Mapping[str, float] | None = None,
+        pool: str | None = None,
+    ) -> None:
         await self._manager.ask(
             SubmitGraphRequest(
                 graph,
@@ -402,48 +492,52 @@ class Cluster:
             ),
             timeout=None,
         )
-        return futures
 
     async def compute(self, graph: Mapping[Key, Any], keys: Any, **options: Any) -> Any:
         """Compute ``keys`` (a key or nested lists of keys) of a dask graph.
 
         Nested lists come back as nested tuples, like dask's ``get``. Raises the original
-        exception of the first task that failed.
+        exception of the first task that failed. Results are released once returned.
         """
         from runtime.graph import flatten_keys
 
+        self._require()
         flat = flatten_keys(keys)
-        futures = await self.submit_graph(graph, flat, **options)
+        client = self._client_actor
+        for k in flat:  # hold the keys without a Future object each (cheaper for big graphs)
+            client.watch(k).holders += 1
         try:
-            values = await self.gather(futures, root_errors=True)
+            await self._submit(graph, flat, **options)
+            values = await self._gather_keys(flat, root_errors=True)
         finally:
-            for f in futures:
-                f.release()
-        by_key = dict(zip(flat, values, strict=True))
-        return _pack(keys, by_key)
+            for k in flat:
+                client.unhold(k)
+        return _pack(keys, dict(zip(flat, values, strict=True)))
 
     async def gather(self, futures: Sequence[Future], *, root_errors: bool = False) -> list[Any]:
         """Wait for ``futures`` and return their values in order.
 
-        Raises the error of the first failed future. With ``root_errors=True`` a future
-        that failed because a dependency failed raises that dependency's original
-        exception instead of :class:`DependencyFailed`.
+        Raises the error of the first future that fails (as soon as it fails). With
+        ``root_errors=True`` a future that failed because a dependency failed raises that
+        dependency's original exception instead of :class:`DependencyFailed`.
         """
         self._require()
-        futures = list(futures)
-        remaining = {f.key: f for f in futures}
+        return await self._gather_keys([f.key for f in futures], root_errors=root_errors)
+
+    async def _gather_keys(self, keys: Sequence[Key], *, root_errors: bool) -> list[Any]:
+        client = self._client_actor
+        remaining = list(dict.fromkeys(keys))
         values: dict[Key, Any] = {}
         for _attempt in range(10):
-            for f in remaining.values():
-                await f.wait()
-                upd = f._watch.update
-                if not isinstance(upd, KeyDone):
-                    err = _error_of(upd)
-                    if root_errors and isinstance(err, DependencyFailed) and err.__cause__:
-                        err = err.__cause__
-                        if isinstance(upd, KeyErred):
-                            _note(err, f"(raised by task {upd.root!r})")
-                    raise err
+            failed = await client.wait_all(remaining)
+            if failed is not None:
+                upd = client.watches[failed].update
+                err = _error_of(upd)
+                if root_errors and isinstance(err, DependencyFailed) and err.__cause__:
+                    err = err.__cause__
+                    if isinstance(upd, KeyErred):
+                        _note(err, f"(raised by task {upd.root!r})")
+                raise err
             result: GatherResult = await self._manager.ask(
                 GatherRequest(tuple(remaining)), timeout=None
             )
@@ -451,17 +545,16 @@ class Cluster:
             if not result.missing:
                 break
             for key in result.missing:  # lost meanwhile: wait for the recomputation
-                w = self._client_actor.watches.get(key)
+                w = client.watches.get(key)
                 if w is not None and isinstance(w.update, KeyDone):
                     w.update = None
-                    w.done = anyio.Event()
-            remaining = {k: remaining[k] for k in result.missing}
+            remaining = list(result.missing)
         else:
             raise CorralError(
-                f"could not gather {list(remaining)[:5]}: their data kept disappearing "
+                f"could not gather {remaining[:5]}: their data kept disappearing "
                 "(workers lost while gathering). Check the workers' health."
             )
-        return [values[f.key] for f in futures]
+        return [values[k] for k in keys]
 
     # -- control ---------------------------------------------------------------------
 
@@ -488,12 +581,11 @@ class Cluster:
         self._require()
         return list(await self._manager.ask(StoryRequest(keys)))
 
-    async def wait_for_workers(self, n: int, timeout: float = 30.0) -> None:
+    async def wait_for_workers(self, n: int, timeout: float = 30.0) -> None:  # noqa: ASYNC109
         """Wait until ``n`` workers have registered with the scheduler."""
         self._require()
         with anyio.fail_after(timeout):
-            while len(self._scheduler_actor.state.workers) < n:
-                await anyio.sleep(0.005)
+            await self._scheduler_actor.wait_for_workers(n)
 
     @property
     def scheduler_state(self) -> Any:

@@ -7,7 +7,7 @@ program needs and a message that says what to do next. All of them pickle (their
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 __all__ = [
@@ -141,7 +141,9 @@ class CycleError(GraphError):
 class MissingKeysError(GraphError, KeyError):
     """A task depends on keys the graph does not define, or a requested key is unknown."""
 
-    def __init__(self, missing: dict[str, list[str]] | list[str], *, requested: bool = False) -> None:
+    def __init__(
+        self, missing: dict[str, list[str]] | Sequence[object], *, requested: bool = False
+    ) -> None:
         if requested:
             keys = sorted(map(str, missing))
             text = (

@@ -1,7 +1,8 @@
 """Task graphs: from what users write to the :class:`TaskSpec` the scheduler runs.
 
 What lives here: normalizing dask graphs (legacy tuples, ``dask._task_spec`` nodes,
-``HighLevelGraph`` with layer annotations) and Corral's own ``submit``/``map`` tasks into
+``HighLevelGraph`` with layer annotations, and the expressions ``dask.compute`` hands a
+scheduler, with their ``__dask_annotations__``) and Corral's own ``submit``/``map`` tasks into
 :class:`TaskSpec` objects; validation (missing keys, cycles, requested keys) with errors
 that name the keys; graph-structure ordering (``dask.order``); categories from key
 prefixes (``dask.utils.key_split``). No I/O, no event loop.
@@ -14,9 +15,12 @@ serves dask graphs and Corral's own API alike.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any
 
+import dask._expr
+from dask._expr import Expr
 from dask._task_spec import (
     Alias,
     DataNode,
@@ -48,6 +52,9 @@ Key = Hashable
 #: Annotations a dask ``HighLevelGraph`` layer may carry that Corral honours.
 ANNOTATIONS = ("priority", "retries", "resources", "pool")
 
+#: What dask's annotation lookups return for a key that is not annotated.
+_Tombstone: Any = getattr(dask._expr, "_AnnotationsTombstone", ())
+
 
 @dataclasses.dataclass(slots=True)
 class TaskSpec:
@@ -69,8 +76,15 @@ class TaskSpec:
     pool: str | None = None
 
 
+@functools.lru_cache(maxsize=65_536)
+def _split(name: str) -> str:
+    return str(key_split(name))
+
+
 def category_of(key: Key) -> str:
     """The task category: the key's prefix by dask's ``key_split`` convention."""
+    if type(key) is tuple and key and type(key[0]) is str:
+        return _split(key[0])  # ('x-<token>', 3): every chunk of a layer shares its name
     return str(key_split(key))
 
 
@@ -98,13 +112,61 @@ def _layer_annotations(graph: Any) -> dict[Key, dict[str, Any]]:
         for key in layer:
             values = {}
             for name, value in picked.items():
-                values[name] = value(key) if callable(value) else value
-            out[key] = values
+                v = value(key) if callable(value) else value
+                if not isinstance(v, _Tombstone):  # dask's "not annotated" marker
+                    values[name] = v
+            if values:
+                out[key] = values
     return out
+
+
+def _expr_annotations(expr: Expr) -> dict[Key, dict[str, Any]]:
+    """Per-key annotations of a dask expression (what ``dask.compute`` passes a
+    scheduler): ``__dask_annotations__`` maps annotation -> {key: value}."""
+    out: dict[Key, dict[str, Any]] = {}
+    for name, per_key in (expr.__dask_annotations__() or {}).items():
+        if name not in ANNOTATIONS:
+            continue
+        for key, value in per_key.items():
+            v = value(key) if callable(value) else value
+            if not isinstance(v, _Tombstone):
+                out.setdefault(key, {})[name] = v
+    return out
+
+
+def _checked(key: Key, ann: Mapping[str, Any] | None, defaults: dict[str, Any]) -> dict[str, Any]:
+    """The annotations of one task over the submission's defaults, checked, so a bad
+    value is a :class:`GraphError` naming the task rather than a scheduler failure."""
+    out = dict(defaults)
+    out.update(ann or {})
+    try:
+        out["priority"] = float(out["priority"])
+        out["retries"] = int(out["retries"])
+        out["resources"] = {str(r): float(v) for r, v in dict(out["resources"] or {}).items()}
+    except (TypeError, ValueError) as exc:
+        raise GraphError(
+            f"task {key!r} has an invalid annotation ({exc}): priority must be a number, "
+            "retries an integer and resources a mapping of names to numbers",
+            key=key,
+        ) from None
+    if out["retries"] < 0:
+        raise GraphError(f"task {key!r} has retries={out['retries']}; it must be >= 0", key=key)
+    if out["pool"] is not None and not isinstance(out["pool"], str):
+        raise GraphError(f"task {key!r} has pool={out['pool']!r}; it must be a string", key=key)
+    return out
+
+
+def _materialize(graph: Any) -> tuple[Mapping[Key, Any], dict[Key, dict[str, Any]]]:
+    """The graph as a mapping, and its per-key annotations."""
+    if isinstance(graph, Expr):
+        return graph.__dask_graph__(), _expr_annotations(graph)
+    return graph, _layer_annotations(graph)
 
 
 def normalize_graph(graph: Mapping[Key, Any]) -> dict[Key, GraphNode]:
     """Convert any dask graph form into ``{key: GraphNode}``."""
+    if isinstance(graph, Expr):
+        graph = graph.__dask_graph__()
     if hasattr(graph, "__dask_graph__") and not isinstance(graph, Mapping):
         raise GraphError(
             "got a dask collection, not a graph: call dask.compute(x, scheduler=get) "
@@ -144,7 +206,7 @@ def _check_acyclic(nodes: Mapping[Key, GraphNode]) -> None:
     while True:
         nxt = next(d for d in nodes[path[-1]].dependencies if d in left)
         if nxt in index:
-            cycle = path[index[nxt] :] + [nxt]
+            cycle = [*path[index[nxt] :], nxt]
             raise CycleError([str(k) for k in reversed(cycle)])
         index[nxt] = len(path)
         path.append(nxt)
@@ -179,8 +241,11 @@ def build_specs(
     ``known(key)`` says whether a key the graph refers to already exists on the cluster
     (a result of an earlier submission); such keys are dependencies, not missing keys.
     Raises :class:`MissingKeysError` (a ``KeyError``) for unknown requested keys or
-    dependencies, :class:`CycleError` for cycles. Nothing is run when it raises.
+    dependencies, :class:`CycleError` for cycles, :class:`GraphError` for invalid
+    priorities, retries, resources or pools (options or annotations). Nothing is run
+    when it raises.
     """
+    graph, annotations = _materialize(graph)
     nodes = normalize_graph(graph)
     wanted = list(wanted)
     unknown = [k for k in wanted if k not in nodes and not known(k)]
@@ -196,21 +261,22 @@ def build_specs(
     nodes = _cull(nodes, [k for k in wanted if k in nodes]) if wanted else nodes
     _check_acyclic(nodes)
     positions = dask_order(nodes) if len(nodes) > 1 else dict.fromkeys(nodes, 0)
-    annotations = _layer_annotations(graph)
-    base_resources = dict(resources or {})
+    defaults = {"priority": priority, "retries": retries, "resources": resources, "pool": pool}
+    plain = _checked("(submission)", None, defaults)
     specs: dict[Key, TaskSpec] = {}
     for k, node in nodes.items():
         ann = annotations.get(k)
+        opts = _checked(k, ann, defaults) if ann else plain
         specs[k] = TaskSpec(
             key=k,
             node=node,
             deps=tuple(node.dependencies),
             category=category_of(k),
             order=positions[k],
-            priority=ann.get("priority", priority) if ann else priority,
-            retries=int(ann.get("retries", retries)) if ann else retries,
-            resources=dict(ann.get("resources", base_resources)) if ann else base_resources,
-            pool=ann.get("pool", pool) if ann else pool,
+            priority=opts["priority"],
+            retries=opts["retries"],
+            resources=dict(opts["resources"]),
+            pool=opts["pool"],
         )
     return specs
 

@@ -33,6 +33,7 @@ Failure rules (docs/kernel.md repeats them for users):
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import inspect
 import itertools
@@ -236,6 +237,16 @@ def _cancelled() -> type[BaseException]:
     return anyio.get_cancelled_exc_class()
 
 
+def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    out: list[BaseException] = []
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            out.extend(_leaves(exc))
+        else:
+            out.append(exc)
+    return out
+
+
 _HANDLER_ATTR = "__corral_handles__"
 
 
@@ -324,12 +335,14 @@ class Actor:
             raise RuntimeError(f"actor {self.name!r} is not running")
         self._tg.start_soon(self._guard, fn, args)
 
-    async def _guard(self, fn: Callable[..., Coroutine[Any, Any, Any]], args: tuple[Any, ...]) -> None:
+    async def _guard(
+        self, fn: Callable[..., Coroutine[Any, Any, Any]], args: tuple[Any, ...]
+    ) -> None:
         # A helper task that raises counts as a failed told handler (rule 2), so one
         # broken helper cannot take the whole actor system down.
         try:
             await fn(*args)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             if not self.ref.mailbox.closed:
                 self.ref.mailbox.put_nowait(Envelope(_HelperFailed(exc), _causal.get()), force=True)
 
@@ -580,11 +593,61 @@ class ActorSystem:
         self._refs: dict[str, ActorRef[Any]] = {}
         self._crash: ActorCrashed | None = None
         self._names = itertools.count(1)
+        self._host: asyncio.Task[None] | None = None
+        self._stop_hosted: asyncio.Event | None = None
 
     async def __aenter__(self) -> ActorSystem:
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
         return self
+
+    # -- hosted mode -------------------------------------------------------------------
+    #
+    # ``async with ActorSystem()`` must be entered and left by the same task (anyio's
+    # rule for task groups). Frameworks that set up in one task and tear down in another
+    # (aiohttp's cleanup contexts, pytest fixtures, ...) use ``start``/``stop`` instead:
+    # the system then lives in a task of its own, the root of its tree. That task is the
+    # only one Corral starts outside a task group, and ``stop`` always joins it.
+
+    async def start(self) -> None:
+        """Run the system in a dedicated task; return once it accepts ``spawn``."""
+        if self._host is not None:
+            raise RuntimeError("this ActorSystem is already running")
+        ready = asyncio.Event()
+        self._stop_hosted = asyncio.Event()
+
+        async def host() -> None:
+            async with self:
+                ready.set()
+                await self._stop_hosted.wait()
+
+        self._host = asyncio.get_running_loop().create_task(host(), name="corral-actors")
+        ready_task = asyncio.ensure_future(ready.wait())
+        done, _ = await asyncio.wait({self._host, ready_task}, return_when=asyncio.FIRST_COMPLETED)
+        if self._host in done:  # it ended before it was ready: raise why
+            ready_task.cancel()
+            host_task, self._host = self._host, None
+            host_task.result()
+            raise RuntimeError("the actor system stopped while starting")
+
+    async def stop(self) -> None:
+        """Stop a system started with :meth:`start` (graceful, as leaving ``async with``).
+
+        Raises :class:`ActorCrashed` if an actor crashed for good meanwhile.
+        """
+        host, self._host = self._host, None
+        if host is None:
+            return
+        assert self._stop_hosted is not None
+        self._stop_hosted.set()
+        await asyncio.shield(host)  # finish the shutdown even if our caller is cancelled
+
+    @property
+    def running(self) -> bool:
+        """Whether the system accepts work (hosted or entered with ``async with``)."""
+        if self._host is not None:
+            return not self._host.done()
+        return self._tg is not None
 
     async def __aexit__(self, *exc_info: Any) -> bool | None:
         tg = self._tg
@@ -604,8 +667,9 @@ class ActorSystem:
             # The body's own exception comes back wrapped by the task group; give the
             # caller the exception it raised, not a group of one.
             body = exc_info[1]
-            rest = group.subgroup(lambda e: e is not body and not isinstance(e, _cancelled()))
-            if body is not None and rest is None and self._crash is None:
+            cancelled = _cancelled()
+            others = [e for e in _leaves(group) if e is not body and not isinstance(e, cancelled)]
+            if body is not None and not others and self._crash is None:
                 return False
             raise
         finally:

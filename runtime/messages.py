@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any, ClassVar, Literal, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar, cast, dataclass_transform
 
 __all__ = [
     "MESSAGE_TYPES",
@@ -51,6 +51,7 @@ MESSAGE_TYPES: dict[str, type[Message]] = {}
 M = TypeVar("M", bound=type[Message])
 
 
+@dataclass_transform(frozen_default=True)
 def message(name: str | None = None, *, local: bool = False) -> Callable[[M], M]:
     """Class decorator: make ``cls`` a frozen slotted dataclass and register it.
 
@@ -59,7 +60,7 @@ def message(name: str | None = None, *, local: bool = False) -> Callable[[M], M]
     """
 
     def wrap(cls: M) -> M:
-        dc = dataclasses.dataclass(frozen=True, slots=True)(cls)
+        dc = cast(M, dataclasses.dataclass(frozen=True, slots=True)(cls))
         wire = name or cls.__name__
         if wire in MESSAGE_TYPES and MESSAGE_TYPES[wire].__qualname__ != dc.__qualname__:
             raise TypeError(f"message wire name {wire!r} is already registered")

@@ -1,0 +1,138 @@
+"""Task throughput: Corral beside dask's schedulers, in one process, as ratios.
+
+Three workloads of no-op tasks:
+
+- ``independent``: N tasks with no dependencies, all results requested;
+- ``tree``: a tree reduction of N leaves with fan-in 8, the root requested;
+- ``chain``: a linear chain of 2,000 tasks, the last requested (latency bound).
+
+Schedulers, all in this process, each given the same number of threads (one per core
+unless ``--threads``):
+
+- ``corral-get``: ``runtime.get`` as ``dask.compute(..., scheduler=get)`` uses it; it
+  starts an in-process cluster for every call, and that start is timed too;
+- ``corral-cluster``: ``Cluster.compute`` on a cluster started once, outside the timing;
+- ``dask-threaded`` and ``dask-sync``: dask's own local schedulers.
+
+This machine is shared and noisy, so every scheduler runs each workload ``--repeat``
+times, interleaved, and the best run counts; ratios are printed against both dask
+schedulers. Absolute rates drift from run to run; the ratios are what to compare.
+
+    python benchmarks/throughput.py                 # default sizes
+    python benchmarks/throughput.py -n 50000 --repeat 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import dask
+import dask.local
+import dask.threaded
+
+from runtime import Cluster, get
+
+
+def noop(*args: Any) -> None:
+    return None
+
+
+def independent(n: int) -> tuple[dict[Any, Any], Any]:
+    dsk = {("noop", i): (noop, i) for i in range(n)}
+    return dsk, list(dsk)
+
+
+def tree(n: int, fan_in: int = 8) -> tuple[dict[Any, Any], Any]:
+    dsk: dict[Any, Any] = {("leaf", i): (noop, i) for i in range(n)}
+    prev = [("leaf", i) for i in range(n)]
+    level = 0
+    while len(prev) > 1:
+        level += 1
+        nxt = []
+        for j in range(0, len(prev), fan_in):
+            key = (f"sum-{level}", j // fan_in)
+            dsk[key] = (noop, *prev[j : j + fan_in])
+            nxt.append(key)
+        prev = nxt
+    return dsk, prev[0]
+
+
+def chain(n: int = 2000) -> tuple[dict[Any, Any], Any]:
+    dsk: dict[Any, Any] = {"link-0": (noop, 0)}
+    for i in range(1, n):
+        dsk[f"link-{i}"] = (noop, f"link-{i - 1}")
+    return dsk, f"link-{n - 1}"
+
+
+def time_call(fn: Callable[[], Any]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("-n", type=int, default=20_000, help="tasks (independent, tree leaves)")
+    parser.add_argument("--chain", type=int, default=2_000, help="length of the chain")
+    parser.add_argument("--repeat", type=int, default=3, help="runs per scheduler; best counts")
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    args = parser.parse_args(argv)
+    threads = args.threads
+    workloads = {
+        "independent": independent(args.n),
+        "tree": tree(args.n),
+        "chain": chain(args.chain),
+    }
+    print(
+        f"python {sys.version.split()[0]}, dask {dask.__version__}, {os.cpu_count()} cores, "
+        f"{threads} threads per scheduler, best of {args.repeat}"
+    )
+
+    async def run_cluster() -> dict[str, float]:
+        best: dict[str, float] = {}
+        async with Cluster(workers=1, threads_per_worker=threads) as cluster:
+            await cluster.wait_for_workers(1)
+            for name, (dsk, keys) in workloads.items():
+                for _ in range(args.repeat):
+                    start = time.perf_counter()
+                    await cluster.compute(dsk, keys)
+                    elapsed = time.perf_counter() - start
+                    best[name] = min(best.get(name, float("inf")), elapsed)
+        return best
+
+    schedulers: dict[str, Callable[[dict[Any, Any], Any], Any]] = {
+        "corral-get": lambda d, k: get(d, k, threads_per_worker=threads),
+        "dask-threaded": lambda d, k: dask.threaded.get(d, k, num_workers=threads),
+        "dask-sync": dask.local.get_sync,
+    }
+    best: dict[tuple[str, str], float] = {}
+    for name, (dsk, keys) in workloads.items():
+        for _ in range(args.repeat):  # interleaved, so drift hits every scheduler alike
+            for sched, fn in schedulers.items():
+                elapsed = time_call(lambda fn=fn: fn(dsk, keys))  # type: ignore[misc]
+                best[(sched, name)] = min(best.get((sched, name), float("inf")), elapsed)
+    for name, elapsed in anyio.run(run_cluster).items():
+        best[("corral-cluster", name)] = elapsed
+
+    order = ["corral-get", "corral-cluster", "dask-threaded", "dask-sync"]
+    header = f"{'workload':<12} {'tasks':>7} " + " ".join(f"{s:>15}" for s in order)
+    print(header + f" {'get/threaded':>13} {'get/sync':>9}")
+    for name, (dsk, _keys) in workloads.items():
+        rates = {s: len(dsk) / best[(s, name)] for s in order}
+        cells = " ".join(f"{rates[s]:>13,.0f}/s" for s in order)
+        print(
+            f"{name:<12} {len(dsk):>7} {cells} "
+            f"{rates['corral-get'] / rates['dask-threaded']:>12.2f}x "
+            f"{rates['corral-get'] / rates['dask-sync']:>8.2f}x"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

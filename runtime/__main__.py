@@ -1,0 +1,216 @@
+"""Corral's command line: ``python -m runtime [--log-level LEVEL] [COMMAND] [OPTIONS]``.
+
+What lives here: the argument parser and :func:`main` (also the ``corral`` console
+script). Commands:
+
+- ``demo`` (the default when no command is given): run the physics-skim demo workflow
+  in-process (see :mod:`runtime.demo`) and print a summary.
+- ``version``: print the versions of Corral, Python and dask.
+
+Exit codes: 0 on success; 1 when the run failed or an option is out of range (one line
+on stderr says why); 2 for command-line usage errors (argparse's convention); 130 when
+interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import traceback
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["build_parser", "main"]
+
+COMMANDS = ("demo", "version")
+LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+class _StderrProxy:
+    """Writes to whatever ``sys.stderr`` is at the time, so log lines go through rich's
+    redirection while a progress display is live instead of tearing it."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
+def _level(text: str) -> str:
+    level = text.upper()
+    if level not in LEVELS:
+        raise argparse.ArgumentTypeError(f"choose from {', '.join(LEVELS).lower()}")
+    return level
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of ``python -m runtime``."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--log-level",
+        type=_level,
+        default=argparse.SUPPRESS,
+        metavar="LEVEL",
+        help="log Corral's records at LEVEL and above to stderr "
+        "(debug, info, warning, error, critical; default: warning)",
+    )
+
+    parser = argparse.ArgumentParser(
+        prog="python -m runtime",
+        usage="%(prog)s [-h] [--log-level LEVEL] [COMMAND] [OPTIONS]",
+        description="Corral: run task graphs on workers that come and go. "
+        "With no command, runs `demo`.",
+        epilog="Run `python -m runtime demo --help` for the demo's options.",
+        parents=[common],
+    )
+    parser.set_defaults(log_level="WARNING")
+    sub = parser.add_subparsers(dest="command", title="commands", metavar="COMMAND")
+
+    cpus = os.cpu_count() or 1
+    demo = sub.add_parser(
+        "demo",
+        prog="python -m runtime demo",
+        parents=[common],
+        help="run a demo workflow (a physics skim on synthetic events) in-process",
+        description="Run a physics skim on synthetic collision events on an in-process "
+        "Corral cluster: per dataset, load -> transform (invariant mass, cut) per chunk, "
+        "a tree of histogram tasks, then one merge of all datasets. Shows live progress "
+        "and a summary per task category.",
+    )
+    size = demo.add_argument_group("workflow size")
+    size.add_argument(
+        "--datasets",
+        type=int,
+        default=4,
+        metavar="N",
+        help="homogeneous subgraphs, one per dataset (default: 4)",
+    )
+    size.add_argument(
+        "--chunks", type=int, default=48, metavar="N", help="chunks per dataset (default: 48)"
+    )
+    size.add_argument(
+        "--events", type=int, default=10_000, metavar="N", help="events per chunk (default: 10000)"
+    )
+    size.add_argument(
+        "--fan-in",
+        type=int,
+        default=8,
+        metavar="N",
+        help="inputs per histogram task of the reduction tree (default: 8)",
+    )
+    size.add_argument(
+        "--seed", type=int, default=0, help="random seed of the synthetic events (default: 0)"
+    )
+    run = demo.add_argument_group("cluster")
+    run.add_argument(
+        "--workers",
+        type=int,
+        default=cpus,
+        metavar="N",
+        help=f"in-process workers (default: number of cores, {cpus})",
+    )
+    run.add_argument(
+        "--threads", type=int, default=1, metavar="N", help="threads per worker (default: 1)"
+    )
+    out = demo.add_argument_group("output")
+    out.add_argument(
+        "--no-progress", action="store_true", help="do not show the live progress display"
+    )
+    out.add_argument(
+        "--check",
+        action="store_true",
+        help="also compute the graph with dask's synchronous scheduler and "
+        "fail unless the results are identical",
+    )
+
+    sub.add_parser(
+        "version",
+        prog="python -m runtime version",
+        parents=[common],
+        help="print the versions of Corral, Python and dask",
+    )
+    return parser
+
+
+def _with_default_command(argv: list[str]) -> list[str]:
+    """``demo`` is the default command: insert it unless a command (or a request for the
+    top-level help) is already there."""
+    if any(a in COMMANDS for a in argv) or any(a in ("-h", "--help") for a in argv):
+        return argv
+    return ["demo", *argv]
+
+
+def _one_line(exc: BaseException) -> str:
+    """``Type: message (notes)`` on one line, from the innermost single exception."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    text = " ".join(str(exc).split()) or "(no message)"
+    notes = " ".join(" ".join(n.split()) for n in getattr(exc, "__notes__", ()))
+    return f"{type(exc).__name__}: {text}" + (f" {notes}" if notes else "")
+
+
+def _cmd_version(args: argparse.Namespace) -> int:
+    import platform
+
+    import dask
+
+    from runtime import __version__
+
+    print(f"corral {__version__} (Python {platform.python_version()}, dask {dask.__version__})")
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    import anyio
+    from rich.console import Console
+
+    from runtime.demo import DemoConfig, check_against_dask, render_summary, run_demo
+
+    try:
+        cfg = DemoConfig(args.datasets, args.chunks, args.events, args.fan_in, args.seed)
+        if args.workers < 1 or args.threads < 1:
+            raise ValueError("--workers and --threads must be at least 1")
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    out = Console()
+    progress = None if args.no_progress else Console(stderr=True)
+
+    async def go() -> Any:
+        return await run_demo(
+            cfg, workers=args.workers, threads=args.threads, progress_console=progress
+        )
+
+    run = anyio.run(go, backend="asyncio")
+    render_summary(run, out)
+    if args.check:
+        check_against_dask(run.graph, run.final, run.result)
+        out.print("check: result identical to dask.compute(..., scheduler='sync')")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; return the exit code."""
+    parser = build_parser()
+    args = parser.parse_args(_with_default_command(list(sys.argv[1:] if argv is None else argv)))
+    from runtime.log import configure
+
+    configure(args.log_level, stream=_StderrProxy())
+    commands = {"demo": _cmd_demo, "version": _cmd_version}
+    try:
+        return commands[args.command or "demo"](args)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        if logging.getLogger("corral").isEnabledFor(logging.DEBUG):
+            traceback.print_exception(exc)
+        print(f"error: {_one_line(exc)}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

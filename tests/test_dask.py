@@ -1,0 +1,253 @@
+"""Real dask through Corral's dask scheduler: ``dask.compute(x, scheduler=runtime.get)``.
+
+What lives here: dask's own conformance mixin for ``get`` functions, real dask
+collections (array, bag, delayed) checked against dask's synchronous scheduler,
+annotations (priority, retries), errors, and ``get`` called from a running event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import operator
+import threading
+from typing import Any
+
+import dask
+import dask.array as da
+import dask.bag as db
+import numpy as np
+import pytest
+from dask._task_spec import Task, TaskRef
+from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
+from dask.utils_test import GetFunctionTestMixin
+
+import runtime
+from runtime.errors import CycleError, GraphError, MissingKeysError
+
+
+class TestGet(GetFunctionTestMixin):
+    get = staticmethod(runtime.get)
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+class Boom(Exception):
+    """A user exception type only this module knows."""
+
+
+class Counter:
+    """A thread-safe call counter (tasks run in worker threads)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.n = 0
+
+    def bump(self) -> int:
+        with self._lock:
+            self.n += 1
+            return self.n
+
+
+def both(x: Any) -> tuple[Any, Any]:
+    """``x`` computed by dask's synchronous scheduler and by Corral."""
+    (expected,) = dask.compute(x, scheduler="sync")
+    (got,) = dask.compute(x, scheduler=runtime.get)
+    return expected, got
+
+
+# ----------------------------------------------------------------------------- collections
+
+
+def test_array_reductions_over_100_chunks() -> None:
+    x = da.random.RandomState(0).random((2000, 2000), chunks=(200, 200))
+    assert x.npartitions >= 100
+    y = x + x.T
+    expected, got = both(y.mean())
+    np.testing.assert_allclose(got, expected)
+    expected, got = both(y.sum(axis=0))
+    assert got.shape == (2000,)
+    np.testing.assert_allclose(got, expected)
+    # Several collections in one compute share the graph.
+    m, s = dask.compute(y.mean(), x.std(), scheduler=runtime.get)
+    em, es = dask.compute(y.mean(), x.std(), scheduler="sync")
+    np.testing.assert_allclose([m, s], [em, es])
+
+
+def test_bag_map_filter_fold() -> None:
+    b = db.from_sequence(range(1000), npartitions=20)
+    c = b.map(lambda i: i * 3).filter(lambda i: i % 2 == 0)
+    expected, got = both(c.fold(operator.add))
+    assert got == expected == sum(i * 3 for i in range(1000) if (i * 3) % 2 == 0)
+    expected, got = both(c.map(lambda i: i % 7).frequencies())
+    assert sorted(got) == sorted(expected)
+    expected, got = both(c)
+    assert list(got) == list(expected)
+
+
+def test_delayed_diamond_and_fan_in() -> None:
+    @dask.delayed
+    def inc(i: int) -> int:
+        return i + 1
+
+    @dask.delayed
+    def add(a: int, b: int) -> int:
+        return a + b
+
+    @dask.delayed
+    def total(items: list[int]) -> int:
+        return sum(items)
+
+    top = inc(1)
+    diamond = add(inc(top), add(top, 10))  # top feeds two branches that join again
+    fan_in = total([inc(i) for i in range(50)])
+    out = add(diamond, fan_in)
+    expected, got = both(out)
+    assert got == expected == (3 + 12) + sum(range(1, 51))
+    assert dask.compute(diamond, fan_in, scheduler=runtime.get) == (15, 1275)
+
+
+def test_task_error_reaches_caller_with_its_type() -> None:
+    @dask.delayed
+    def div(a: int, b: int) -> float:
+        return a / b
+
+    @dask.delayed
+    def inc(i: float) -> float:
+        return i + 1
+
+    with pytest.raises(ZeroDivisionError):
+        dask.compute(inc(div(1, 0)), scheduler=runtime.get)
+
+    @dask.delayed
+    def boom(i: int) -> int:
+        raise Boom(f"bad {i}")
+
+    with pytest.raises(Boom, match="bad 3") as info:
+        dask.compute(inc(boom(3)), scheduler=runtime.get)
+    assert "boom" in "".join(_frames(info.value))
+
+
+def _frames(err: BaseException) -> list[str]:
+    import traceback
+
+    return traceback.format_tb(err.__traceback__)
+
+
+# ----------------------------------------------------------------------------- annotations
+
+
+def test_retries_annotation_is_honoured() -> None:
+    def make(counter: Counter) -> Any:
+        @dask.delayed(pure=False)
+        def flaky() -> str:
+            if counter.bump() <= 2:
+                raise Boom("not yet")
+            return "ok"
+
+        return flaky
+
+    counter = Counter()
+    with dask.annotate(retries=2):
+        x = make(counter)()
+    (got,) = dask.compute(x, scheduler=runtime.get)
+    assert got == "ok"
+    assert counter.n == 3
+
+    counter = Counter()
+    x = make(counter)()
+    with pytest.raises(Boom):
+        dask.compute(x, scheduler=runtime.get)
+    assert counter.n == 1
+
+
+def test_retries_option_applies_to_every_task() -> None:
+    counter = Counter()
+
+    def flaky() -> int:
+        if counter.bump() <= 1:
+            raise Boom("first call fails")
+        return 7
+
+    assert runtime.get({"x": (flaky,)}, "x", retries=1) == 7
+    assert counter.n == 2
+
+
+def test_priority_annotation_orders_ready_tasks() -> None:
+    order: list[str] = []
+    lock = threading.Lock()
+
+    def record(name: str) -> str:
+        with lock:
+            order.append(name)
+        return name
+
+    lows = [dask.delayed(record, pure=False)(f"low-{i}") for i in range(5)]
+    with dask.annotate(priority=10):
+        highs = [dask.delayed(record, pure=False)(f"high-{i}") for i in range(5)]
+    # lows come first in graph order; the annotation must still put highs first.
+    got = dask.compute(*lows, *highs, scheduler=runtime.get, num_workers=1)
+    assert sorted(got) == sorted([f"low-{i}" for i in range(5)] + [f"high-{i}" for i in range(5)])
+    assert all(name.startswith("high") for name in order[:5]), order
+
+
+# ----------------------------------------------------------------------------- calling get
+
+
+def test_get_from_inside_a_running_event_loop() -> None:
+    x = da.ones((100, 100), chunks=(10, 10)).sum()
+
+    async def main() -> Any:
+        (value,) = dask.compute(x, scheduler=runtime.get)
+        return value
+
+    assert asyncio.run(main()) == 10_000
+
+
+def test_get_rejects_unknown_options() -> None:
+    with pytest.raises(TypeError, match="bogus"):
+        runtime.get({"x": 1}, "x", bogus=True)
+
+
+def test_missing_key_is_a_key_error() -> None:
+    with pytest.raises(KeyError):
+        runtime.get({"x": 1}, "y")
+    # A dependency the graph does not define (an explicit reference), named in the error.
+    dsk = {"x": 1, "y": Task("y", operator.add, TaskRef("x"), TaskRef("nowhere"))}
+    with pytest.raises(MissingKeysError, match="nowhere") as info:
+        runtime.get(dsk, "y")
+    assert isinstance(info.value, KeyError)
+
+
+def test_cycle_is_rejected_naming_the_keys() -> None:
+    counter = Counter()
+
+    def f(*args: Any) -> int:
+        counter.bump()
+        return 1
+
+    dsk = {"a": (f, "b"), "b": (f, "c"), "c": (f, "a"), "d": (f,)}
+    with pytest.raises(CycleError) as info:
+        runtime.get(dsk, ["a", "d"])
+    err = info.value
+    assert isinstance(err, ValueError) and isinstance(err, GraphError)
+    for k in ("a", "b", "c"):
+        assert repr(k) in str(err)
+    assert counter.n == 0
+
+
+def test_invalid_annotations_are_rejected_before_anything_runs() -> None:
+    counter = Counter()
+
+    def f() -> int:
+        counter.bump()
+        return 1
+
+    layers = {"a": MaterializedLayer({"x": (f,)}, annotations={"priority": "urgent"})}
+    with pytest.raises(GraphError, match=r"'x'.*priority"):
+        runtime.get(HighLevelGraph(layers, {"a": set()}), "x")
+    with pytest.raises(GraphError, match="retries"):
+        runtime.get({"x": (f,)}, "x", retries=-1)
+    with pytest.raises(ValueError):
+        runtime.get({"x": (f,)}, "x", priority="soon")
+    assert counter.n == 0
