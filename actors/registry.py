@@ -65,6 +65,10 @@ class FileTable:
         released: list[Key] = []
         for fact in facts:
             old = self.files.get(fact.key)
+            if old is not None and old.state == "released" and fact.state == "created":
+                # Sent before the scheduler heard of the release: stale. (A file made
+                # again passes through "pending" first.)
+                continue
             if old is not None:
                 self._account(old, -1)
             if fact.state == "forgotten":

@@ -374,6 +374,7 @@ class TaskState:
         "spec",
         "state",
         "tries",
+        "unneeded",
         "waiting_on",
         "wanted",
         "who_has",
@@ -395,6 +396,7 @@ class TaskState:
         self.generation = generation  #: submission it first came in with
         self.prio: tuple[float, ...] = ()  #: queue priority from the priority policy
         self.est = 0.0  #: estimated duration when it was assigned
+        self.unneeded = False  #: cancelled only because nothing needed it
         self.behind = False  #: retried: queue behind fresh work
         self.retries_left = spec.retries  #: user retry budget left
         self.lost_tries = 0  #: tries lost with their worker
@@ -510,6 +512,7 @@ class SchedulerState:
                 ts.retries_left = spec.retries
                 ts.lost_tries = 0
                 ts.behind = False
+                ts.unneeded = False
                 ts.error = ts.root = None
                 for d in ts.deps:
                     d.dependents.discard(ts)
@@ -589,17 +592,25 @@ class SchedulerState:
         ws = self.workers.get(ev.worker)
         for res in ev.results:
             ts = self.tasks.get(res.key)
+            untracked: list[Key] = []
+            if ws is not None:
+                # Inputs the worker copied from peers: replicas if still wanted, else junk.
+                for dk in res.fetched:
+                    dep = self.tasks.get(dk)
+                    if dep is not None and dep.state == "memory":
+                        self._add_replica(dep, ws)
+                    else:
+                        untracked.append(dk)
             if ts is None or ts.state != "processing" or ts.worker != ev.worker or ws is None:
                 # Stale: cancelled, retried elsewhere, or from a worker we dropped.
                 self._log(res.key, "stale", f"result:{res.outcome}")
-                if res.outcome == "ok" and ws is not None:
-                    self._out.append(DropData(self._stimulus, ev.worker, (res.key,)))
+                if res.outcome == "ok":
+                    untracked.append(res.key)
+            if untracked and ws is not None:
+                self._out.append(DropData(self._stimulus, ev.worker, tuple(untracked)))
+            if ts is None or ts.state != "processing" or ts.worker != ev.worker or ws is None:
                 continue
             self._release_slot(ts, ws)
-            for dk in res.fetched:
-                dep = self.tasks.get(dk)
-                if dep is not None and dep.state == "memory":
-                    self._add_replica(dep, ws)
             if res.outcome == "ok":
                 self._finished_ok(ts, ws, res)
             elif res.outcome == "missing":
@@ -632,7 +643,7 @@ class SchedulerState:
             self._files[key] = ts
             if ts.wanted == 0:
                 if ts.state in ACTIVE and ts.consumers == 0:
-                    self._cancel(ts, "no longer wanted")
+                    self._cancel(ts, "no longer wanted", unneeded=True)
                 self._maybe_forget(ts)
 
     def _files_released(self, ev: FilesReleased) -> None:
@@ -695,25 +706,34 @@ class SchedulerState:
             while self._to_cancel:
                 ts, reason = self._to_cancel.pop()
                 if ts.state in ACTIVE and ts.consumers == 0 and ts.wanted == 0:
-                    self._cancel(ts, reason)
+                    self._cancel(ts, reason, unneeded=True)
 
     def _activate(self, ts: TaskState) -> None:
         """Put a new (or resubmitted) task in waiting or queued by its inputs' states."""
-        missing = 0
-        for d in ts.deps:
-            if d.state != "memory":
-                missing += 1
-        ts.waiting_on = missing
-        failed = next((d for d in ts.deps if d.state in ("erred", "cancelled")), None)
-        self._set(ts, "waiting" if missing else "queued")
-        if failed is not None:
-            self._fail_dependent(ts, failed)
-            return
-        for d in ts.deps:
-            if d.state == "released":
-                self._recompute(d)
+        for d in self._wait_or_queue(ts):
+            self._recompute(d)
+
+    def _wait_or_queue(self, ts: TaskState) -> list[TaskState]:
+        """Move ``ts`` to queued (all inputs in memory) or waiting.
+
+        Inputs that failed (erred, or cancelled by a user) fail ``ts`` through the
+        worklist; the ones that must be produced again (released, or cancelled only
+        because nothing needed them then) are returned for the caller to recompute.
+        """
+        missing = [d for d in ts.deps if d.state != "memory"]
+        ts.waiting_on = len(missing)
         if not missing:
+            self._set(ts, "queued")
             self._enqueue(ts)
+            return []
+        self._set(ts, "waiting")
+        revive = []
+        for d in missing:
+            if d.state == "erred" or (d.state == "cancelled" and not d.unneeded):
+                self._to_fail.append((ts, d))
+            elif d.state in ("released", "cancelled"):
+                revive.append(d)
+        return revive
 
     def _enqueue(self, ts: TaskState) -> None:
         ts.prio = self._priority(ts)
@@ -759,16 +779,8 @@ class SchedulerState:
 
     def _back_to_ready(self, ts: TaskState) -> None:
         """A processing task returns to waiting or queued, by its inputs' states."""
-        missing = sum(1 for d in ts.deps if d.state != "memory")
-        ts.waiting_on = missing
-        if missing:
-            self._set(ts, "waiting")
-            for d in list(ts.deps):
-                if d.state == "released":
-                    self._recompute(d)
-        else:
-            self._set(ts, "queued")
-            self._enqueue(ts)
+        for d in self._wait_or_queue(ts):
+            self._recompute(d)
 
     def _after_failure(
         self, ts: TaskState, outcome: str, cause: str | None, error: BaseException | None, wid: str
@@ -824,9 +836,12 @@ class SchedulerState:
         else:
             self._out.append(KeyErred(self._stimulus, ts.key, ts.error, *ts.root))
 
-    def _cancel(self, ts: TaskState, reason: str) -> None:
+    def _cancel(self, ts: TaskState, reason: str, *, unneeded: bool = False) -> None:
+        """Cancel ``ts``. ``unneeded``: not asked by a user, only nothing needs it now; it
+        is then run again if something comes to need it."""
         if ts.state == "processing":
             self._unassign(ts, cancel=True)
+        ts.unneeded = unneeded
         ts.error = CancelledError(str(ts.key), reason)
         ts.root = (ts.key, ts.error)
         self._set(ts, "cancelled")
@@ -851,23 +866,18 @@ class SchedulerState:
             self._maybe_forget(ts)
 
     def _recompute(self, root: TaskState) -> None:
-        """Run ``root`` again from its spec (lineage), and every released input it needs.
-
-        Its dependents that counted on its output go back to waiting.
-        """
+        """Run ``root`` again from its spec (lineage), and every input it needs that is
+        gone (released, or cancelled as unneeded). Its dependents that counted on its
+        output go back to waiting. A worklist, not recursion: chains of any length."""
         stack = [root]
         while stack:
             ts = stack.pop()
-            if ts.state not in ("memory", "released"):
+            if ts.state == "cancelled" and ts.unneeded:
+                ts.error = ts.root = None
+                ts.unneeded = False
+            elif ts.state not in ("memory", "released"):
                 continue
-            missing = [d for d in ts.deps if d.state != "memory"]
-            ts.waiting_on = len(missing)
-            if missing:
-                self._set(ts, "waiting")
-                stack.extend(d for d in missing if d.state == "released")
-            else:
-                self._set(ts, "queued")
-                self._enqueue(ts)
+            stack.extend(self._wait_or_queue(ts))
             for dep in ts.dependents:
                 if dep.state in ("waiting", "queued"):
                     self._recount(dep)

@@ -25,6 +25,7 @@ schedulers. Absolute rates drift from run to run; the ratios are what to compare
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 import time
@@ -115,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, (dsk, keys) in workloads.items():
         for _ in range(args.repeat):  # interleaved, so drift hits every scheduler alike
             for sched, fn in schedulers.items():
-                elapsed = time_call(lambda fn=fn: fn(dsk, keys))  # type: ignore[misc]
+                elapsed = time_call(functools.partial(fn, dsk, keys))
                 best[(sched, name)] = min(best.get((sched, name), float("inf")), elapsed)
     for name, elapsed in anyio.run(run_cluster).items():
         best[("corral-cluster", name)] = elapsed

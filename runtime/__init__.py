@@ -1,12 +1,12 @@
 """Corral's runtime: the actor kernel, typed messages, task graphs and the user API.
 
-    from runtime import Cluster, get
+from runtime import Cluster, get
 
-    async with Cluster(workers=2) as cluster:
-        futures = cluster.map(inc, range(10))
-        print(await cluster.gather(futures))
+async with Cluster(workers=2) as cluster:
+    futures = cluster.map(inc, range(10))
+    print(await cluster.gather(futures))
 
-    dask.compute(x, scheduler=get)
+dask.compute(x, scheduler=get)
 """
 
 from typing import Any
@@ -39,6 +39,7 @@ def __getattr__(name: str) -> Any:
 
         return getattr(client, name)
     raise AttributeError(f"module 'runtime' has no attribute {name!r}")
+
 
 __version__ = "0.1.0"
 

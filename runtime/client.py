@@ -117,11 +117,20 @@ class ClientActor(Actor):
         self.manager = manager
         self.watches: dict[Key, _KeyWatch] = {}
         self.pending: dict[Key, Any] = {}  #: tasks from submit() not sent yet
-        self.pending_opts: dict[str, Any] = {}
         self.flush_queued = False
         self.to_release: dict[Key, None] = {}  #: keys no Future holds any more, not yet sent
         self.waiters: dict[Key, list[_Waiter]] = {}  #: gathers waiting on each key
         self.loop_thread = threading.get_ident()  #: the event loop's thread
+
+    async def on_stop(self) -> None:
+        # Nothing may wait for ever on a cluster that is gone: fail every pending key.
+        err = CorralError(
+            "the cluster stopped before this task finished (closed, or one of its actors "
+            "crashed: Cluster.close() raises ActorCrashed with the cause)"
+        )
+        for key, w in list(self.watches.items()):
+            if w.update is None:
+                self._settle(KeyErred("", key, err, key, err))
 
     @handles(KeyUpdates)
     def updates(self, msg: KeyUpdates) -> None:
@@ -367,7 +376,9 @@ class Cluster:
             initial=self.initial_policies,
         )
         self._scheduler_actor = scheduler
-        refs["scheduler"] = await system.spawn(scheduler, "scheduler")
+        # No restarts for the scheduler: a failure there is a bug that may have left its
+        # state half-applied, so the cluster stops with ActorCrashed rather than limp on.
+        refs["scheduler"] = await system.spawn(scheduler, "scheduler", max_restarts=0)
         manager = Manager(
             lambda: refs["scheduler"], lambda: refs["registry"], lambda: refs.get("autoscaler"),
             resolve,

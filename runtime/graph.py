@@ -163,8 +163,31 @@ def _materialize(graph: Any) -> tuple[Mapping[Key, Any], dict[Key, dict[str, Any
     return graph, _layer_annotations(graph)
 
 
-def normalize_graph(graph: Mapping[Key, Any]) -> dict[Key, GraphNode]:
-    """Convert any dask graph form into ``{key: GraphNode}``."""
+class _KnownKeys:
+    """``key in this``: a key of the graph, or one already on the cluster."""
+
+    __slots__ = ("graph", "known")
+
+    def __init__(self, graph: Mapping[Key, Any], known: Callable[[Key], bool]) -> None:
+        self.graph = graph
+        self.known = known
+
+    def __contains__(self, key: object) -> bool:
+        try:
+            return key in self.graph or self.known(key)
+        except TypeError:  # unhashable: a literal, not a key
+            return False
+
+
+def normalize_graph(
+    graph: Mapping[Key, Any], known: Callable[[Key], bool] | None = None
+) -> dict[Key, GraphNode]:
+    """Convert any dask graph form into ``{key: GraphNode}``.
+
+    In legacy (tuple) graphs a string or tuple that names a key is a reference, anything
+    else a literal; ``known(key)`` adds keys that live on the cluster already, so a new
+    graph can refer to the results of earlier ones.
+    """
     if isinstance(graph, Expr):
         graph = graph.__dask_graph__()
     if hasattr(graph, "__dask_graph__") and not isinstance(graph, Mapping):
@@ -175,7 +198,9 @@ def normalize_graph(graph: Mapping[Key, Any]) -> dict[Key, GraphNode]:
     plain = dict(graph)
     if all(isinstance(v, GraphNode) for v in plain.values()):
         return plain
-    return dict(convert_legacy_graph(plain))
+    if known is None:
+        return dict(convert_legacy_graph(plain))
+    return dict(convert_legacy_graph(plain, all_keys=_KnownKeys(plain, known)))
 
 
 def _check_acyclic(nodes: Mapping[Key, GraphNode]) -> None:
@@ -246,7 +271,7 @@ def build_specs(
     when it raises.
     """
     graph, annotations = _materialize(graph)
-    nodes = normalize_graph(graph)
+    nodes = normalize_graph(graph, known)
     wanted = list(wanted)
     unknown = [k for k in wanted if k not in nodes and not known(k)]
     if unknown:

@@ -20,9 +20,14 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, rule, run_state_machine_as_test
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 from actors.registry import FilesDropped, FileTable
 from actors.scheduler_state import (
@@ -53,7 +58,13 @@ from actors.scheduler_state import (
 )
 from policies import REGISTRY, PolicyParamsError, RetryDecision
 from policies.priority import GraphPriority
-from runtime.errors import CancelledError, DependencyFailed, UnknownPolicyError, WorkerLost
+from runtime.errors import (
+    CancelledError,
+    DependencyFailed,
+    MissingKeysError,
+    UnknownPolicyError,
+    WorkerLost,
+)
 from runtime.graph import Key, Task, TaskRef, build_specs
 
 GB = 2**30
@@ -1176,6 +1187,19 @@ def test_wanting_a_key_whose_input_was_cancelled_reports_it_cancelled(
     assert [k.key for k in of(cmds, KeyCancelled)] == ["b"]
 
 
+def test_a_new_task_whose_input_was_forgotten_meanwhile_errs(make_state: Factory) -> None:
+    # The manager validated the graph while "a" still existed; the scheduler forgot it
+    # before the submission arrived.
+    s = make_state()
+    join(s, "w1")
+    specs = build_specs(graph({"b": ["a"]}), ["b"], known=lambda k: True)
+    cmds = run(s, event(GraphSubmitted, specs=specs, wanted=("b",)))
+    (ke,) = of(cmds, KeyErred)
+    assert ke.key == "b" and ke.root == "b"
+    assert isinstance(ke.error, MissingKeysError) and "'a'" in str(ke.error)
+    assert of(cmds, Execute) == [] and s.tasks["b"].state == "erred"
+
+
 def test_a_resubmitted_key_gets_a_fresh_budget_for_worker_losses(make_state: Factory) -> None:
     s = make_state(retry=REGISTRY.create("retry", "default", {"max_lost": 1}))
     submit(s, {"a": []}, ["a"])
@@ -1391,6 +1415,39 @@ def test_a_priority_policy_that_raises_falls_back_to_graph_order(make_state: Fac
     assert ts.prio == GraphPriority().priority(ts, s.stats)
 
 
+class Garbage:
+    """Policies answering with values of the wrong type."""
+
+    name = "garbage"
+
+    def priority(self, task: Any, stats: Any) -> tuple[Any, ...]:
+        return ("high", task.order)
+
+    def decide(self, task: Any, outcome: str, cause: str | None) -> Any:
+        return True
+
+
+def test_a_priority_policy_answering_non_numbers_falls_back(make_state: Factory) -> None:
+    s = make_state(saturation=1.0, priority=Garbage())
+    keys = ["x-0", "x-1"]
+    submit(s, dict.fromkeys(keys, ()), keys)
+    assert s.policy_errors == 2
+    assert any("not a tuple of numbers" in e[2] for e in s.story("x-0"))
+    assert [s.tasks[k].prio for k in keys] == [
+        GraphPriority().priority(s.tasks[k], s.stats) for k in keys
+    ]
+
+
+def test_a_retry_policy_answering_garbage_falls_back(make_state: Factory) -> None:
+    s = make_state(retry=Garbage())
+    join(s, "w1")
+    submit(s, {"a": []}, ["a"])
+    boom = ValueError()
+    (ke,) = of(finish(s, "w1", "a", "error", error=boom), KeyErred)  # default: no budget
+    assert ke.error is boom and s.policy_errors == 1
+    assert any("not a RetryDecision" in e[2] for e in s.story("a"))
+
+
 def test_a_retry_policy_that_raises_falls_back_to_the_default(make_state: Factory) -> None:
     s = make_state(retry=Raising())
     join(s, "w1")
@@ -1520,6 +1577,9 @@ class RandomWorkload(RuleBasedStateMachine):
         self.state.validate()
         return cmds
 
+    def with_state(self, *names: str) -> list[Key]:
+        return [k for k, ts in self.state.tasks.items() if ts.state in names]
+
     def pick(self, rnd: random.Random, items: Iterable[Any]) -> Any:
         pool = sorted(items, key=str)
         return rnd.choice(pool) if pool else None
@@ -1552,6 +1612,7 @@ class RandomWorkload(RuleBasedStateMachine):
         self.handle(event(GraphSubmitted, specs=specs, wanted=tuple(wanted)))
         self.wants.update(wanted)
 
+    @precondition(lambda m: m.with_state("erred", "cancelled"))
     @rule(seed=st.integers(0, 2**32 - 1))
     def resubmit_failed(self, seed: int) -> None:
         rnd = random.Random(seed)
@@ -1571,12 +1632,21 @@ class RandomWorkload(RuleBasedStateMachine):
         self.n_workers += 1
         self.handle(event(WorkerJoined, worker=wid, cores=cores, memory=GB))
 
+    @precondition(lambda m: m.state.workers)
     @rule(seed=st.integers(0, 2**32 - 1), cause=st.sampled_from(["preempted", "oom", "crash"]))
     def leave(self, seed: int, cause: str) -> None:
         wid = self.pick(random.Random(seed), self.state.workers)
         if wid is not None:
             self.handle(event(WorkerLeft, worker=wid, cause=cause))
 
+    @precondition(lambda m: m.state.workers)
+    @rule(seed=st.integers(0, 2**32 - 1), cores=st.integers(1, 3))
+    def churn(self, seed: int, cores: int) -> None:
+        """One worker is preempted and a fresh one takes its place."""
+        self.leave(seed, "preempted")
+        self.join(cores)
+
+    @precondition(lambda m: m.with_state("processing"))
     @rule(
         seed=st.integers(0, 2**32 - 1),
         outcome=st.sampled_from(["ok", "ok", "ok", "ok", "error", "timeout", "missing"]),
@@ -1611,6 +1681,7 @@ class RandomWorkload(RuleBasedStateMachine):
         )
         self.handle(event(TasksFinished, worker=wid, results=(res,)))
 
+    @precondition(lambda m: m.state.workers and m.with_state("erred", "cancelled"))
     @rule(seed=st.integers(0, 2**32 - 1))
     def stale_result(self, seed: int) -> None:
         rnd = random.Random(seed)
@@ -1625,12 +1696,15 @@ class RandomWorkload(RuleBasedStateMachine):
         assert [(c.worker, c.keys) for c in cmds if isinstance(c, DropData)] == [(wid, (key,))]
         assert states(self.state) == before
 
+    @precondition(lambda m: m.with_state(*ACTIVE))
     @rule(seed=st.integers(0, 2**32 - 1))
     def cancel(self, seed: int) -> None:
-        key = self.pick(random.Random(seed), self.state.tasks)
+        active = [k for k, ts in self.state.tasks.items() if ts.state in ACTIVE]
+        key = self.pick(random.Random(seed), active)
         if key is not None:
             self.handle(event(CancelRequested, keys=(key,), reason="random"))
 
+    @precondition(lambda m: any(m.wants.values()))
     @rule(seed=st.integers(0, 2**32 - 1))
     def release(self, seed: int) -> None:
         key = self.pick(random.Random(seed), [k for k, n in self.wants.items() if n])
@@ -1638,6 +1712,7 @@ class RandomWorkload(RuleBasedStateMachine):
             self.wants[key] -= 1
             self.handle(event(KeysReleased, keys=(key,)))
 
+    @precondition(lambda m: m.dropped)
     @rule(n=st.integers(1, 5))
     def deliver_releases(self, n: int) -> None:
         keys, self.dropped = self.dropped[:n], self.dropped[n:]
@@ -1674,8 +1749,12 @@ class RandomWorkload(RuleBasedStateMachine):
                 progressed = True
             if not progressed:
                 break
-        stuck = {k: ts.state for k, ts in self.state.tasks.items() if ts.state in ACTIVE}
-        assert not stuck, (stuck, self.state.story(*stuck))
+        stuck = {
+            (k, ts.state): [(d.key, d.state) for d in ts.deps if d.state != "memory"]
+            for k, ts in self.state.tasks.items()
+            if ts.state in ACTIVE
+        }
+        assert not stuck, ("stuck tasks and their missing inputs", stuck)
         for key, n in self.wants.items():
             if not n:
                 continue
@@ -1689,11 +1768,14 @@ def test_random_workloads_keep_the_invariants_and_finish() -> None:
     run_state_machine_as_test(
         RandomWorkload,
         settings=settings(
-            max_examples=60,
-            stateful_step_count=40,
+            max_examples=300,
+            stateful_step_count=50,
             deadline=None,
-            derandomize=True,
+            derandomize=True,  # the same examples on every run
             database=None,
+            # Shrinking these graphs takes close to a minute; a failure prints its full
+            # step list and the story of the stuck or wrong tasks instead.
+            phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.target),
             suppress_health_check=list(HealthCheck),
         ),
     )
