@@ -1,12 +1,14 @@
 """Corral's runtime: the actor kernel, typed messages, task graphs and the user API.
 
-from runtime import Cluster, get
+Example::
 
-async with Cluster(workers=2) as cluster:
-    futures = cluster.map(inc, range(10))
-    print(await cluster.gather(futures))
+    from runtime import Cluster, get
 
-dask.compute(x, scheduler=get)
+    async with Cluster(workers=2) as cluster:
+        futures = cluster.map(inc, range(10))
+        print(await cluster.gather(futures))
+
+    dask.compute(x, scheduler=get)
 """
 
 from typing import Any

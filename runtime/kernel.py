@@ -614,12 +614,12 @@ class ActorSystem:
         if self._host is not None:
             raise RuntimeError("this ActorSystem is already running")
         ready = asyncio.Event()
-        self._stop_hosted = asyncio.Event()
+        stop = self._stop_hosted = asyncio.Event()
 
         async def host() -> None:
             async with self:
                 ready.set()
-                await self._stop_hosted.wait()
+                await stop.wait()
 
         self._host = asyncio.get_running_loop().create_task(host(), name="corral-actors")
         ready_task = asyncio.ensure_future(ready.wait())
