@@ -165,7 +165,7 @@ class WorkerLeft(Event):
     cause: str = "unknown"
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(slots=True)  # per task: not frozen (3x cheaper); never mutated
 class TaskResult:
     """How one try ended on a worker.
 
@@ -228,7 +228,7 @@ class Command:
     stimulus_id: str
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(slots=True)  # per task: not frozen (3x cheaper); never mutated
 class ToRun:
     """One task for a worker: its node and, per dependency, the workers holding it."""
 
@@ -282,7 +282,7 @@ class KeyCancelled(Command):
     reason: str
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(slots=True)  # per task: not frozen (3x cheaper); never mutated
 class FileFact:
     """Everything the registry needs about one output, as of now."""
 
@@ -369,6 +369,7 @@ class TaskState:
         "lost_tries",
         "nbytes",
         "prio",
+        "registered",
         "retries_left",
         "root",
         "spec",
@@ -397,6 +398,7 @@ class TaskState:
         self.prio: tuple[float, ...] = ()  #: queue priority from the priority policy
         self.est = 0.0  #: estimated duration when it was assigned
         self.unneeded = False  #: cancelled only because nothing needed it
+        self.registered = False  #: the file registry knows its output
         self.behind = False  #: retried: queue behind fresh work
         self.retries_left = spec.retries  #: user retry budget left
         self.lost_tries = 0  #: tries lost with their worker
@@ -1057,6 +1059,12 @@ class SchedulerState:
                     state = "created" if ts.state == "memory" else "released"
                 else:
                     state = "pending"
+                if not ts.registered:
+                    # The registry learns of a file when it is first created; before that
+                    # (and if it never is) there is nothing for it to track.
+                    if state != "created":
+                        continue
+                    ts.registered = True
                 facts.append(
                     FileFact(key, state, ts.nbytes, tuple(ts.who_has), ts.consumers, ts.wanted > 0)
                 )

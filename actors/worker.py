@@ -141,11 +141,14 @@ class Executor:
             job = jobs.get()
             done: list[tuple[TaskResult, Any]] = []
             first = time.perf_counter()
+            rss_now = rss()
             # Run queued jobs back to back and hand results over together, but never
             # hold a finished result longer than ``batch_delay``: short tasks travel in
-            # batches, a long task's result goes back as soon as it is ready.
+            # batches, a long task's result goes back as soon as it is ready. Back to
+            # back, the RSS read after one task is the reading before the next.
             while job is not None:
-                done.append(self._execute(*job))
+                result, value, rss_now = self._execute(job[0], job[1], rss_now)
+                done.append((result, value))
                 if time.perf_counter() - first > self.batch_delay:
                     break
                 try:
@@ -157,25 +160,34 @@ class Executor:
             if job is None:
                 return
 
-    def _execute(self, task: ToRun, inputs: dict[Key, Any]) -> tuple[TaskResult, Any]:
+    def _execute(
+        self, task: ToRun, inputs: dict[Key, Any], before: int
+    ) -> tuple[TaskResult, Any, int]:
+        """Run one task; measure its duration, output size and RSS right after it."""
         if task.key in self.cancelled:
-            return TaskResult(task.key, "cancelled"), None
-        before = rss()
+            return TaskResult(task.key, "cancelled"), None, before
         start = time.time()
         try:
             value = task.node(inputs)
         except BaseException as exc:
             stop = time.time()
-            return TaskResult(
-                task.key, "error", start, stop, 0, rss(), exc, rss_before=before
-            ), None
+            after = rss()
+            return (
+                TaskResult(task.key, "error", start, stop, 0, after, exc, rss_before=before),
+                None,
+                after,
+            )
         stop = time.time()
         after = rss()
         try:
             nbytes = int(sizeof(value))
         except Exception:
             nbytes = 0
-        return TaskResult(task.key, "ok", start, stop, nbytes, after, rss_before=before), value
+        return (
+            TaskResult(task.key, "ok", start, stop, nbytes, after, rss_before=before),
+            value,
+            after,
+        )
 
     def _push(self, results: list[tuple[TaskResult, Any]]) -> None:
         with self._lock:
@@ -250,6 +262,9 @@ class Worker(Actor):
             self._start(task)
 
     def _start(self, task: ToRun) -> None:
+        if not task.deps:
+            self._submit(task, {})
+            return
         data = self.data
         if all(dk in data for dk, _ in task.deps):
             self._submit(task, {dk: data[dk] for dk, _ in task.deps})

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import os
 import sys
 import time
@@ -44,31 +45,31 @@ def noop(*args: Any) -> None:
     return None
 
 
-def independent(n: int) -> tuple[dict[Any, Any], Any]:
-    dsk = {("noop", i): (noop, i) for i in range(n)}
+def independent(n: int, run: int = 0) -> tuple[dict[Any, Any], Any]:
+    dsk = {(f"noop-{run}", i): (noop, i) for i in range(n)}
     return dsk, list(dsk)
 
 
-def tree(n: int, fan_in: int = 8) -> tuple[dict[Any, Any], Any]:
-    dsk: dict[Any, Any] = {("leaf", i): (noop, i) for i in range(n)}
-    prev = [("leaf", i) for i in range(n)]
+def tree(n: int, run: int = 0, fan_in: int = 8) -> tuple[dict[Any, Any], Any]:
+    dsk: dict[Any, Any] = {(f"leaf-{run}", i): (noop, i) for i in range(n)}
+    prev = [(f"leaf-{run}", i) for i in range(n)]
     level = 0
     while len(prev) > 1:
         level += 1
         nxt = []
         for j in range(0, len(prev), fan_in):
-            key = (f"sum-{level}", j // fan_in)
+            key = (f"sum-{run}-{level}", j // fan_in)
             dsk[key] = (noop, *prev[j : j + fan_in])
             nxt.append(key)
         prev = nxt
     return dsk, prev[0]
 
 
-def chain(n: int = 2000) -> tuple[dict[Any, Any], Any]:
-    dsk: dict[Any, Any] = {"link-0": (noop, 0)}
+def chain(n: int = 2000, run: int = 0) -> tuple[dict[Any, Any], Any]:
+    dsk: dict[Any, Any] = {f"link-{run}-0": (noop, 0)}
     for i in range(1, n):
-        dsk[f"link-{i}"] = (noop, f"link-{i - 1}")
-    return dsk, f"link-{n - 1}"
+        dsk[f"link-{run}-{i}"] = (noop, f"link-{run}-{i - 1}")
+    return dsk, f"link-{run}-{n - 1}"
 
 
 def time_call(fn: Callable[[], Any]) -> float:
@@ -85,11 +86,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     args = parser.parse_args(argv)
     threads = args.threads
-    workloads = {
-        "independent": independent(args.n),
-        "tree": tree(args.n),
-        "chain": chain(args.chain),
+    builders: dict[str, Callable[[int], tuple[dict[Any, Any], Any]]] = {
+        "independent": lambda run: independent(args.n, run),
+        "tree": lambda run: tree(args.n, run),
+        "chain": lambda run: chain(args.chain, run),
     }
+    # Every run gets graphs with keys of its own, built before the clock starts: a
+    # scheduler that keeps results (a persistent cluster) must compute them again.
+    runs = itertools.count()
+    workloads = {name: build(0) for name, build in builders.items()}
     print(
         f"python {sys.version.split()[0]}, dask {dask.__version__}, {os.cpu_count()} cores, "
         f"{threads} threads per scheduler, best of {args.repeat}"
@@ -99,8 +104,9 @@ def main(argv: list[str] | None = None) -> int:
         best: dict[str, float] = {}
         async with Cluster(workers=1, threads_per_worker=threads) as cluster:
             await cluster.wait_for_workers(1)
-            for name, (dsk, keys) in workloads.items():
+            for name, build in builders.items():
                 for _ in range(args.repeat):
+                    dsk, keys = build(next(runs))
                     start = time.perf_counter()
                     await cluster.compute(dsk, keys)
                     elapsed = time.perf_counter() - start
@@ -113,9 +119,10 @@ def main(argv: list[str] | None = None) -> int:
         "dask-sync": dask.local.get_sync,
     }
     best: dict[tuple[str, str], float] = {}
-    for name, (dsk, keys) in workloads.items():
+    for name, build in builders.items():
         for _ in range(args.repeat):  # interleaved, so drift hits every scheduler alike
             for sched, fn in schedulers.items():
+                dsk, keys = build(next(runs))
                 elapsed = time_call(functools.partial(fn, dsk, keys))
                 best[(sched, name)] = min(best.get((sched, name), float("inf")), elapsed)
     for name, elapsed in anyio.run(run_cluster).items():

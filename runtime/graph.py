@@ -237,6 +237,17 @@ def _check_acyclic(nodes: Mapping[Key, GraphNode]) -> None:
         path.append(nxt)
 
 
+def _order(nodes: Mapping[Key, GraphNode]) -> dict[Key, int]:
+    """Graph-structure ordering (``dask.order``): lower runs first.
+
+    A graph without edges has no structure to order by: its tasks keep the order they
+    were given in, and the (costly) ordering pass is skipped.
+    """
+    if len(nodes) > 1 and any(node.dependencies for node in nodes.values()):
+        return dict(dask_order(nodes))
+    return {k: i for i, k in enumerate(nodes)}
+
+
 def _cull(nodes: Mapping[Key, GraphNode], wanted: Iterable[Key]) -> dict[Key, GraphNode]:
     """Only the tasks needed to produce ``wanted``."""
     out: dict[Key, GraphNode] = {}
@@ -285,7 +296,7 @@ def build_specs(
         raise MissingKeysError({str(d): [str(u) for u in users] for d, users in missing.items()})
     nodes = _cull(nodes, [k for k in wanted if k in nodes]) if wanted else nodes
     _check_acyclic(nodes)
-    positions = dask_order(nodes) if len(nodes) > 1 else dict.fromkeys(nodes, 0)
+    positions = _order(nodes)
     defaults = {"priority": priority, "retries": retries, "resources": resources, "pool": pool}
     plain = _checked("(submission)", None, defaults)
     specs: dict[Key, TaskSpec] = {}
