@@ -503,6 +503,7 @@ class SchedulerState:
         self.generation += 1
         gen = self.generation
         new: list[TaskState] = []
+        resubmitted = False
         for key, spec in ev.specs.items():
             ts = self.tasks.get(key)
             if ts is None:
@@ -511,6 +512,7 @@ class SchedulerState:
                 new.append(ts)
             elif ts.state in ("erred", "cancelled"):
                 # Resubmitting a failed key runs it again with the new spec.
+                resubmitted = True
                 ts.spec = spec
                 ts.generation = gen
                 ts.retries_left = spec.retries
@@ -538,8 +540,11 @@ class SchedulerState:
             ts.wanted += 1
             self._files[ts.key] = ts
         fresh = set(new)
-        # Place new tasks in dependency order so each sees its inputs' final state.
-        for ts in _topological(new):
+        # Brand-new tasks may be placed in any order: a new input is not in memory yet,
+        # so it counts as missing whichever comes first. Resubmitted ones (erred or
+        # cancelled before) must follow dependency order, or a dependent would see its
+        # input's old failure.
+        for ts in _topological(new) if resubmitted else new:
             if ts in broken:
                 self._set(ts, "waiting")
                 err = MissingKeysError([str(k) for k in broken[ts]], requested=True)

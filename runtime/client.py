@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import gc
 import os
 import threading
 import weakref
@@ -66,6 +67,55 @@ def parse_bytes(value: int | float | str | None) -> int:
     if unit not in _UNITS or not num:
         raise ValueError(f"cannot read {value!r} as a size; write e.g. '4GiB' or '500MB'")
     return int(float(num) * _UNITS[unit])
+
+
+# ----------------------------------------------------------------------------- gc
+
+#: Default first-generation threshold of the garbage collector while a cluster runs.
+GC_THRESHOLD = 50_000
+
+
+class GcTuning:
+    """Raise the garbage collector's first-generation threshold while clusters run.
+
+    A scheduler makes several small container objects per task (task states, graph
+    nodes, records). With Python's default threshold of 700, collections then run so
+    often that they take about half of the scheduler's time on graphs of 20,000 tasks
+    (measured: 35 µs against 18 µs per task in the scheduler core). The threshold is
+    process-wide: it is raised when the first cluster starts, only if it is lower, and
+    restored when the last one stops. Reference counting still frees everything that
+    is not in a cycle at once; only cycles live a little longer.
+    """
+
+    _depth = 0
+    _saved: tuple[int, int, int] | None = None
+    _lock = threading.Lock()
+
+    def __init__(self, threshold: int | None) -> None:
+        self.threshold = threshold
+        self.active = False
+
+    def enter(self) -> None:
+        if self.threshold is None or self.active:
+            return
+        with GcTuning._lock:
+            if GcTuning._depth == 0:
+                current = gc.get_threshold()
+                if current[0] < self.threshold:
+                    GcTuning._saved = current
+                    gc.set_threshold(self.threshold, *current[1:])
+            GcTuning._depth += 1
+        self.active = True
+
+    def exit(self) -> None:
+        if not self.active:
+            return
+        self.active = False
+        with GcTuning._lock:
+            GcTuning._depth -= 1
+            if GcTuning._depth == 0 and GcTuning._saved is not None:
+                gc.set_threshold(*GcTuning._saved)
+                GcTuning._saved = None
 
 
 # ----------------------------------------------------------------------------- futures
@@ -298,6 +348,10 @@ class Cluster:
     ``policies`` picks the initial policies, e.g. ``{"placement": "round-robin"}`` or
     ``{"retry": ("default", {"max_lost": 2})}``; swap them later with
     :meth:`set_policy`.
+
+    ``gc_threshold``: while the cluster runs, Python's cyclic garbage collector runs
+    after this many new container objects instead of its default 700 (see
+    :class:`GcTuning`); ``None`` leaves the collector alone.
     """
 
     def __init__(
@@ -310,6 +364,7 @@ class Cluster:
         pool: str = "default",
         policies: Mapping[str, str | tuple[str, dict[str, Any]]] | None = None,
         saturation: float = 2.0,
+        gc_threshold: int | None = GC_THRESHOLD,
     ) -> None:
         if address is not None:
             raise CorralError(
@@ -327,6 +382,7 @@ class Cluster:
         self.memory_per_worker = parse_bytes(memory_per_worker)
         self.pool = pool
         self.saturation = saturation
+        self._gc = GcTuning(gc_threshold)
         self.initial_policies = {
             kind: (spec, {}) if isinstance(spec, str) else (spec[0], dict(spec[1]))
             for kind, spec in (policies or {}).items()
@@ -352,7 +408,12 @@ class Cluster:
         if self._system is not None:
             raise CorralError("this cluster is already running")
         system = ActorSystem()
-        await system.start()
+        self._gc.enter()
+        try:
+            await system.start()
+        except BaseException:
+            self._gc.exit()
+            raise
         self._system = system
         try:
             await self._start(system)
@@ -409,7 +470,10 @@ class Cluster:
         order = ["client", "autoscaler", "manager", "scheduler", "registry"]
         if system.running:
             await system.shutdown([system.actors[n] for n in order if n in system.actors])
-        await system.stop()
+        try:
+            await system.stop()
+        finally:
+            self._gc.exit()
 
     def _require(self) -> None:
         if self._system is None:
