@@ -39,6 +39,7 @@ import dask.local
 import dask.threaded
 
 from runtime import Cluster, get
+from runtime.client import GC_THRESHOLD
 
 
 def noop(*args: Any) -> None:
@@ -84,8 +85,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chain", type=int, default=2_000, help="length of the chain")
     parser.add_argument("--repeat", type=int, default=3, help="runs per scheduler; best counts")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument(
+        "--no-gc-tuning",
+        action="store_true",
+        help="run Corral with Python's default garbage-collector threshold",
+    )
     args = parser.parse_args(argv)
     threads = args.threads
+    gc_threshold = None if args.no_gc_tuning else GC_THRESHOLD
     builders: dict[str, Callable[[int], tuple[dict[Any, Any], Any]]] = {
         "independent": lambda run: independent(args.n, run),
         "tree": lambda run: tree(args.n, run),
@@ -97,12 +104,15 @@ def main(argv: list[str] | None = None) -> int:
     workloads = {name: build(0) for name, build in builders.items()}
     print(
         f"python {sys.version.split()[0]}, dask {dask.__version__}, {os.cpu_count()} cores, "
-        f"{threads} threads per scheduler, best of {args.repeat}"
+        f"{threads} threads per scheduler, best of {args.repeat}, Corral's gc threshold: "
+        f"{gc_threshold or 'Python default'}"
     )
 
     async def run_cluster() -> dict[str, float]:
         best: dict[str, float] = {}
-        async with Cluster(workers=1, threads_per_worker=threads) as cluster:
+        async with Cluster(
+            workers=1, threads_per_worker=threads, gc_threshold=gc_threshold
+        ) as cluster:
             await cluster.wait_for_workers(1)
             for name, build in builders.items():
                 for _ in range(args.repeat):
@@ -114,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         return best
 
     schedulers: dict[str, Callable[[dict[Any, Any], Any], Any]] = {
-        "corral-get": lambda d, k: get(d, k, threads_per_worker=threads),
+        "corral-get": lambda d, k: get(d, k, threads_per_worker=threads, gc_threshold=gc_threshold),
         "dask-threaded": lambda d, k: dask.threaded.get(d, k, num_workers=threads),
         "dask-sync": dask.local.get_sync,
     }

@@ -691,6 +691,7 @@ def get(
     threads_per_worker: int | None = None,
     num_workers: int | None = None,
     address: str | None = None,
+    gc_threshold: int | None = GC_THRESHOLD,
     **options: Any,
 ) -> Any:
     """A synchronous dask scheduler: ``dask.compute(x, scheduler=get)``.
@@ -698,20 +699,23 @@ def get(
     Starts an in-process Corral cluster (by default one worker with a thread per core;
     ``num_workers`` sets the threads, as for dask's threaded scheduler), computes
     ``keys`` and stops it. Safe to call from inside a running event loop: it then runs
-    in a helper thread with its own loop. ``options`` go to :meth:`Cluster.submit_graph`
-    (``priority``, ``retries``, ``resources``, ``pool``).
+    in a helper thread with its own loop. ``gc_threshold`` is as for :class:`Cluster`.
+    ``options`` go to :meth:`Cluster.submit_graph` (``priority``, ``retries``,
+    ``resources``, ``pool``).
     """
     allowed = {"priority", "retries", "resources", "pool"}
     unknown = set(options) - allowed
     if unknown:
         raise TypeError(
             f"runtime.get got unknown option(s) {sorted(unknown)}; it takes workers, "
-            f"threads_per_worker, num_workers, address and {sorted(allowed)}"
+            f"threads_per_worker, num_workers, address, gc_threshold and {sorted(allowed)}"
         )
     threads = threads_per_worker or num_workers or os.cpu_count() or 1
 
     async def main() -> Any:
-        async with Cluster(address, workers=workers, threads_per_worker=threads) as cluster:
+        async with Cluster(
+            address, workers=workers, threads_per_worker=threads, gc_threshold=gc_threshold
+        ) as cluster:
             return await cluster.compute(dsk, keys, **options)
 
     try:
