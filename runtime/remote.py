@@ -1,0 +1,366 @@
+"""Actor references across a connection: the same ``tell``/``ask`` to another process.
+
+What lives here: :class:`Peer` (one per connection: sends this side's messages, delivers
+the other side's to a local actor, matches replies to asks), :class:`RemoteRef` (an
+``ActorRef`` look-alike whose messages travel over the connection), and the rule for
+process-local messages on the wire (:class:`PickledMsg`, :func:`to_wire`,
+:func:`from_wire`). It works over any :class:`transport.Connection`: ``inproc://``
+(with or without the codec) and ``ws://`` alike.
+
+Rules:
+
+1. Wire-capable messages travel as themselves (the codec checks every field).
+   Process-local ones (``local=True``: they carry task nodes, results, exceptions) are
+   pickled with cloudpickle into a :class:`PickledMsg`; a peer accepts those only when
+   built with ``allow_pickle=True`` (that is, only from an authenticated connection),
+   and answers anything else with an ``ErrorReply`` without unpickling.
+2. An ask is a frame with a ``request_id``; its answer is a frame whose ``reply_to`` is
+   that id: the handler's return value, or an ``ErrorReply`` carrying the exception
+   (pickled when the connection allows it, so the asker re-raises the original type;
+   otherwise :class:`RemoteError` with the type's name and text).
+3. Backpressure is end to end: incoming tells are handed to the local actor with
+   ``await tell``, so a full mailbox stops this side reading, which (through the
+   transport's bounded buffers) stops the sender.
+4. When the connection closes, pending asks fail with ``ActorStopped``; the reference
+   reports ``stopped``; ``on_close`` (if given) is called once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import pickle
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import anyio.abc
+import cloudpickle
+
+from runtime.codec import Frame
+from runtime.errors import ActorStopped, AskTimeout, CorralError, ProtocolError
+from runtime.kernel import ActorRef, current_causal_id, new_causal_id
+from runtime.log import get_logger
+from runtime.messages import ErrorReply, Message, message
+
+__all__ = ["Peer", "PickledMsg", "RemoteError", "RemoteRef", "from_wire", "to_wire"]
+
+_log = get_logger("corral.remote")
+
+
+@message("corral.Pickled")
+class PickledMsg(Message):
+    """A process-local message crossing a process boundary (cloudpickle, protocol 5)."""
+
+    type_name: str
+    payload: bytes
+
+
+class RemoteError(CorralError):
+    """The remote handler raised an exception that could not be shipped as itself."""
+
+    def __init__(self, kind: str, text: str) -> None:
+        super().__init__(f"remote {kind}: {text}", kind=kind, text=text)
+
+
+def to_wire(msg: Any) -> Message:
+    """``msg`` itself if the codec can carry it, else a :class:`PickledMsg` of it."""
+    if isinstance(msg, Message) and not type(msg).local:
+        return msg
+    name = getattr(type(msg), "wire_name", "") or type(msg).__name__
+    return PickledMsg(name, cloudpickle.dumps(msg, protocol=5))
+
+
+def from_wire(msg: Message, *, allow_pickle: bool) -> Any:
+    """Undo :func:`to_wire`; refuse pickles unless ``allow_pickle``."""
+    if not isinstance(msg, PickledMsg):
+        return msg
+    if not allow_pickle:
+        raise ProtocolError(
+            f"refusing a pickled {msg.type_name}: pickled payloads are accepted only from "
+            "authenticated peers. Connect with the cluster token.",
+            type_name=msg.type_name,
+        )
+    try:
+        obj = pickle.loads(msg.payload)
+    except Exception as exc:
+        raise ProtocolError(
+            f"could not unpickle a {msg.type_name}: {exc!r}. Do both sides run the same "
+            "versions of Corral and of the libraries your tasks use?",
+            type_name=msg.type_name,
+        ) from exc
+    if getattr(type(obj), "wire_name", type(obj).__name__) != msg.type_name:
+        raise ProtocolError(
+            f"pickled payload claims to be {msg.type_name} but is {type(obj).__name__}",
+            type_name=msg.type_name,
+        )
+    return obj
+
+
+def _error_reply(exc: BaseException, allow_pickle: bool) -> ErrorReply:
+    pickled = None
+    if allow_pickle:
+        try:
+            pickled = cloudpickle.dumps(exc, protocol=5)
+        except Exception:
+            pickled = None
+    return ErrorReply(type(exc).__name__, str(exc), pickled)
+
+
+def _error_from(reply: ErrorReply, allow_pickle: bool) -> BaseException:
+    if reply.pickled is not None and allow_pickle:
+        try:
+            err = pickle.loads(reply.pickled)
+            if isinstance(err, BaseException):
+                return err
+        except Exception:
+            pass
+    return RemoteError(reply.kind, reply.text)
+
+
+class _Pending:
+    __slots__ = ("done", "error", "value")
+
+    def __init__(self) -> None:
+        self.done = anyio.Event()
+        self.value: Any = None
+        self.error: BaseException | None = None
+
+
+class Peer:
+    """One end of a connection between two actor systems.
+
+    ``target`` receives the other side's tells and asks (``None``: this side only
+    sends). Run it with ``await tg.start(peer.run)``; ``peer.ref`` is the reference to
+    whatever serves the other side.
+    """
+
+    def __init__(
+        self,
+        conn: Any,
+        target: ActorRef[Any] | None,
+        *,
+        name: str,
+        allow_pickle: bool,
+        on_close: Callable[[Peer], None] | None = None,
+    ) -> None:
+        self.conn = conn
+        self.target = target
+        self.name = name
+        self.allow_pickle = allow_pickle
+        self.on_close = on_close
+        self.ref = RemoteRef(self)
+        self.closed = False
+        self.bad_frames = 0
+        self._ids = itertools.count(1)
+        self._pending: dict[int, _Pending] = {}
+        self._out: deque[Frame] = deque()
+        self._wake = anyio.Event()
+        self._tg: anyio.abc.TaskGroup | None = None
+
+    async def run(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Serve the connection until it closes (then fail pending asks)."""
+        try:
+            async with anyio.create_task_group() as tg:
+                self._tg = tg
+                tg.start_soon(self._send_loop)
+                task_status.started()
+                await self._receive_loop()
+                tg.cancel_scope.cancel()
+        finally:
+            self._closed()
+            with anyio.CancelScope(shield=True):
+                await self.conn.aclose()
+
+    async def aclose(self) -> None:
+        await self.conn.aclose()
+
+    # -- outgoing ------------------------------------------------------------------------
+
+    def post(self, msg: Any, causal_id: str) -> None:
+        """Queue a tell without waiting (bounded by design on the caller's side)."""
+        if self.closed:
+            raise ActorStopped(self.name, type(msg).__name__)
+        self._out.append(Frame(to_wire(msg), causal_id))
+        self._wake.set()
+
+    async def tell(self, msg: Any, causal_id: str) -> None:
+        if self.closed:
+            raise ActorStopped(self.name, type(msg).__name__)
+        await self._flush()
+        await self._send(Frame(to_wire(msg), causal_id))
+
+    async def ask(self, msg: Any, causal_id: str, timeout: float | None) -> Any:  # noqa: ASYNC109
+        if self.closed:
+            raise ActorStopped(self.name, type(msg).__name__)
+        rid = next(self._ids)
+        pending = self._pending[rid] = _Pending()
+        try:
+            with anyio.move_on_after(timeout if timeout is not None else float("inf")) as scope:
+                await self._flush()
+                await self._send(Frame(to_wire(msg), causal_id, request_id=rid))
+                await pending.done.wait()
+            if scope.cancelled_caught and not pending.done.is_set():
+                raise AskTimeout(self.name, type(msg).__name__, timeout or 0.0)
+        finally:
+            self._pending.pop(rid, None)
+        if pending.error is not None:
+            raise pending.error
+        return pending.value
+
+    async def _send(self, frame: Frame) -> None:
+        try:
+            await self.conn.send(frame)
+        except CorralError as exc:
+            if self.conn.closed:
+                raise ActorStopped(self.name, type(frame.msg).__name__) from exc
+            raise
+
+    async def _flush(self) -> None:
+        if self._out:
+            frames = list(self._out)
+            self._out.clear()
+            await self.conn.send_many(frames)
+
+    async def _send_loop(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake = anyio.Event()
+            try:
+                await self._flush()
+            except CorralError:
+                return  # closed: the receive loop ends the peer
+
+    # -- incoming ------------------------------------------------------------------------
+
+    async def _receive_loop(self) -> None:
+        from transport import ConnectionClosed
+
+        while True:
+            try:
+                frame = await self.conn.receive()
+            except ConnectionClosed:
+                return
+            if frame.reply_to:
+                self._resolve(frame)
+                continue
+            try:
+                msg = from_wire(frame.msg, allow_pickle=self.allow_pickle)
+            except ProtocolError as exc:
+                self.bad_frames += 1
+                _log.warning("refused a frame", peer=self.name, error=str(exc))
+                if frame.request_id:
+                    await self._reply(frame.request_id, _error_reply(exc, False), frame.causal_id)
+                continue
+            if self.target is None:
+                if frame.request_id:
+                    err = CorralError(f"{self.name}: nothing serves requests on this side")
+                    await self._reply(frame.request_id, _error_reply(err, False), frame.causal_id)
+                continue
+            if frame.request_id:
+                assert self._tg is not None
+                self._tg.start_soon(self._serve_ask, msg, frame.request_id, frame.causal_id)
+            else:
+                try:
+                    await self.target.tell(msg, causal_id=frame.causal_id or None)
+                except ActorStopped:
+                    _log.warning("dropped a message for a stopped actor", peer=self.name)
+
+    async def _serve_ask(self, msg: Any, rid: int, causal_id: str) -> None:
+        assert self.target is not None
+        try:
+            value = await self.target.ask(msg, timeout=None, causal_id=causal_id or None)
+            reply = to_wire(value) if value is not None else None
+        except Exception as exc:
+            reply = _error_reply(exc, self.allow_pickle)
+        await self._reply(rid, reply, causal_id)
+
+    async def _reply(self, rid: int, reply: Message | None, causal_id: str) -> None:
+        msg = reply if reply is not None else _NONE
+        with contextlib.suppress(CorralError):  # closed meanwhile: the asker's ask fails
+            await self.conn.send(Frame(msg, causal_id, reply_to=rid))
+
+    def _resolve(self, frame: Frame) -> None:
+        pending = self._pending.get(frame.reply_to)
+        if pending is None:
+            return  # timed out meanwhile
+        msg = frame.msg
+        if isinstance(msg, ErrorReply):
+            pending.error = _error_from(msg, self.allow_pickle)
+        elif msg is _NONE or isinstance(msg, _NoneReply):
+            pending.value = None
+        else:
+            try:
+                pending.value = from_wire(msg, allow_pickle=self.allow_pickle)
+            except ProtocolError as exc:
+                pending.error = exc
+        pending.done.set()
+
+    def _closed(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        for pending in self._pending.values():
+            pending.error = ActorStopped(self.name, "reply")
+            pending.done.set()
+        if self.on_close is not None:
+            self.on_close(self)
+
+
+@message("corral.NoneReply")
+class _NoneReply(Message):
+    """The answer to an ask whose handler returned ``None``."""
+
+
+_NONE = _NoneReply()
+
+
+class RemoteRef:
+    """An actor reference whose messages travel over a :class:`Peer`'s connection.
+
+    Offers what :class:`runtime.kernel.ActorRef` offers (``tell``, ``tell_nowait``,
+    ``post``, ``ask``, ``stop``, ``stopped``, ``name``), so actors cannot tell whether
+    the actor they talk to is local.
+    """
+
+    def __init__(self, peer: Peer) -> None:
+        self.peer = peer
+        self.dropped = 0
+
+    @property
+    def name(self) -> str:
+        return self.peer.name
+
+    @property
+    def stopped(self) -> bool:
+        return self.peer.closed
+
+    def __repr__(self) -> str:
+        return f"<RemoteRef {self.name} {'closed' if self.stopped else 'open'}>"
+
+    def post(self, msg: Message, *, causal_id: str | None = None) -> None:
+        self.peer.post(msg, causal_id or current_causal_id() or new_causal_id())
+
+    def tell_nowait(self, msg: Message, *, causal_id: str | None = None) -> None:
+        self.post(msg, causal_id=causal_id)
+
+    async def tell(self, msg: Message, *, causal_id: str | None = None) -> None:
+        await self.peer.tell(msg, causal_id or current_causal_id() or new_causal_id())
+
+    async def ask(
+        self,
+        msg: Message,
+        *,
+        timeout: float | None = 30.0,  # noqa: ASYNC109 - the same API as ActorRef.ask
+        causal_id: str | None = None,
+    ) -> Any:
+        cid = causal_id or current_causal_id() or new_causal_id()
+        return await self.peer.ask(msg, cid, timeout)
+
+    def stop(self, reason: str = "") -> None:
+        """Close the connection (the remote side sees it end)."""
+        if self.peer._tg is not None:
+            self.peer._tg.start_soon(self.peer.aclose)
