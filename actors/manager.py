@@ -18,9 +18,10 @@ import anyio
 from actors.scheduler_state import KeyCancelled, KeyDone, KeyErred
 from runtime.errors import ActorStopped, AskTimeout
 from runtime.graph import Key, build_specs
-from runtime.kernel import Actor, ActorRef, handles
+from runtime.kernel import Actor, ActorRef, Later, handles
 from runtime.messages import (
     CancelRequest,
+    ClientGone,
     DataReply,
     GatherRequest,
     GetData,
@@ -32,6 +33,7 @@ from runtime.messages import (
     StoryRequest,
     SubmitGraphRequest,
     SubmitSpecs,
+    WaitForWorkersRequest,
 )
 
 __all__ = ["GatherResult", "Manager"]
@@ -55,6 +57,7 @@ class GatherResult:
 
     data: dict[Key, Any]
     missing: tuple[Key, ...]
+    raw: bool = False  #: values are the workers' pickles (the manager did not open them)
 
 
 class Manager(Actor):
@@ -151,6 +154,13 @@ class Manager(Actor):
         if released:
             self._scheduler().post(ReleaseKeysRequest(tuple(released), msg.client))
 
+    @handles(ClientGone)
+    def client_gone(self, msg: ClientGone) -> None:
+        """A client left without releasing its keys: release them for it."""
+        held = tuple(k for k, ks in self.keys.items() if msg.name in ks.clients)
+        if held:
+            self.release(ReleaseKeysRequest(held, msg.name))
+
     @handles(CancelRequest)
     def cancel(self, msg: CancelRequest) -> None:
         self._scheduler().post(msg)
@@ -158,7 +168,11 @@ class Manager(Actor):
     # -- results ---------------------------------------------------------------------
 
     @handles(GatherRequest)
-    async def gather(self, msg: GatherRequest) -> GatherResult:
+    def gather(self, msg: GatherRequest) -> Later:
+        # Answered later: fetching from workers must not hold up the manager's mailbox.
+        return Later(self._gather(msg))
+
+    async def _gather(self, msg: GatherRequest) -> GatherResult:
         by_worker: dict[str, list[Key]] = {}
         missing: list[Key] = []
         for key in msg.keys:
@@ -174,7 +188,9 @@ class Manager(Actor):
             reply: DataReply | None = None
             if ref is not None:
                 try:
-                    reply = await ref.ask(GetData(tuple(keys)), timeout=self.gather_timeout)
+                    reply = await ref.ask(
+                        GetData(tuple(keys), raw=msg.raw), timeout=self.gather_timeout
+                    )
                 except (ActorStopped, AskTimeout) as exc:
                     self.log.warning("gather failed", worker=wid, error=str(exc))
             if reply is None:
@@ -186,7 +202,7 @@ class Manager(Actor):
             ks = self.keys.get(key)
             if ks is not None and isinstance(ks.update, KeyDone):
                 ks.update = None  # wait for the scheduler's next word on it
-        return GatherResult(data, tuple(missing))
+        return GatherResult(data, tuple(missing), msg.raw)
 
     # -- routing to the owners -------------------------------------------------------
 
@@ -197,6 +213,10 @@ class Manager(Actor):
     @handles(StoryRequest)
     async def story(self, msg: StoryRequest) -> Any:
         return await self._scheduler().ask(msg)
+
+    @handles(WaitForWorkersRequest)
+    def wait_for_workers(self, msg: WaitForWorkersRequest) -> Later:
+        return Later(self._scheduler().ask(msg, timeout=None))
 
     @handles(ScaleRequest)
     async def scale(self, msg: ScaleRequest) -> Any:

@@ -35,7 +35,7 @@ from actors.scheduler_state import (
     WorkerLeft,
 )
 from policies import REGISTRY, PolicyRegistry
-from runtime.kernel import Actor, ActorRef, current_causal_id, handles
+from runtime.kernel import Actor, ActorRef, Later, current_causal_id, handles
 from runtime.messages import (
     CancelRequest,
     CancelTasks,
@@ -53,6 +53,7 @@ from runtime.messages import (
     SubmitSpecs,
     TaskRecord,
     TasksDone,
+    WaitForWorkersRequest,
     WorkerGone,
     WorkerInfo,
 )
@@ -190,6 +191,14 @@ class Scheduler(Actor):
             "policies": {k: getattr(p, "name", type(p).__name__) for k, p in st.policies.items()},
             "policy_errors": st.policy_errors,
         }
+
+    @handles(WaitForWorkersRequest)
+    def workers_ready(self, msg: WaitForWorkersRequest) -> Later:
+        async def ready() -> int:
+            await self.wait_for_workers(msg.n)
+            return len(self.workers)
+
+        return Later(ready())
 
     @handles(StoryRequest)
     def story(self, msg: StoryRequest) -> list[tuple[Any, ...]]:

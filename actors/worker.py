@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import os
+import pickle
 import queue
 import sys
 import threading
@@ -30,9 +32,9 @@ import psutil
 from dask.sizeof import sizeof
 
 from actors.scheduler_state import TaskResult, ToRun
-from runtime.errors import ActorStopped, AskTimeout
+from runtime.errors import ActorStopped, AskTimeout, CorralError
 from runtime.graph import Key
-from runtime.kernel import Actor, ActorRef, Envelope, handles, new_causal_id
+from runtime.kernel import Actor, Envelope, Ref, handles, new_causal_id
 from runtime.messages import (
     CancelTasks,
     DataReply,
@@ -214,14 +216,15 @@ class Worker(Actor):
     def __init__(
         self,
         worker_id: str,
-        scheduler: ActorRef[Any],
-        resolve: Callable[[str], ActorRef[Any] | None],
+        scheduler: Ref,
+        resolve: Callable[[str], Any],
         *,
         nthreads: int = 1,
         memory: int = 0,
         disk: int = 0,
         pool: str = "default",
         fetch_timeout: float = 30.0,
+        register: bool = True,
     ) -> None:
         if nthreads < 1:
             raise ValueError(f"a worker needs at least one thread, got {nthreads}")
@@ -233,6 +236,7 @@ class Worker(Actor):
         self.disk = disk
         self.pool = pool
         self.fetch_timeout = fetch_timeout
+        self.register = register  #: tell the scheduler at start (False: a gateway does)
         self.data: dict[Key, Any] = {}  #: outputs held here
         self.nbytes: dict[Key, int] = {}  #: their sizes
         self.running: dict[Key, ToRun] = {}  #: tasks handed to the executor
@@ -247,7 +251,8 @@ class Worker(Actor):
 
     async def on_start(self) -> None:
         self.executor = Executor(self.nthreads, self.worker_id, self._deliver)
-        await self.scheduler.tell(RegisterWorker(self.info, self.ref))
+        if self.register:
+            await self.scheduler.tell(RegisterWorker(self.info, self.ref))
 
     async def on_stop(self) -> None:
         if self.executor is not None:
@@ -291,6 +296,12 @@ class Worker(Actor):
         got: dict[Key, Any] = {}
         for wid, keys in want.items():
             peer = self.resolve(wid)
+            if inspect.isawaitable(peer):  # remote peers may need a connection first
+                try:
+                    peer = await peer
+                except CorralError as exc:
+                    self.log.warning("cannot reach peer", peer=wid, error=str(exc))
+                    peer = None
             reply: DataReply | None = None
             if peer is not None:
                 try:
@@ -379,7 +390,9 @@ class Worker(Actor):
                 data[key] = self.data[key]
             else:
                 missing.append(key)
-        return DataReply(data, tuple(missing))
+        if msg.raw:
+            data = {k: pickle.dumps(v, protocol=5) for k, v in data.items()}
+        return DataReply(data, tuple(missing), msg.raw)
 
     @handles(StatusRequest)
     def status(self, msg: StatusRequest) -> WorkerStatus:

@@ -17,6 +17,7 @@ import asyncio
 import concurrent.futures
 import gc
 import os
+import pickle
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -26,12 +27,11 @@ import anyio
 from dask.base import tokenize
 from dask.utils import funcname
 
-from actors.autoscaler import Autoscaler, PoolTarget
-from actors.manager import GatherResult, Manager
+from actors.autoscaler import PoolTarget
+from actors.manager import GatherResult
 from actors.providers import BlockSpec, InProcessProvider
-from actors.registry import FileRegistry
 from actors.scheduler import Scheduler
-from actors.scheduler_state import KeyCancelled, KeyDone, KeyErred, SchedulerConfig
+from actors.scheduler_state import KeyCancelled, KeyDone, KeyErred
 from runtime.errors import CorralError, DependencyFailed
 from runtime.graph import Key, make_task
 from runtime.kernel import Actor, ActorRef, ActorSystem, handles
@@ -46,6 +46,7 @@ from runtime.messages import (
     StatusRequest,
     StoryRequest,
     SubmitGraphRequest,
+    WaitForWorkersRequest,
     message,
 )
 
@@ -352,6 +353,10 @@ class Cluster:
     ``gc_threshold``: while the cluster runs, Python's cyclic garbage collector runs
     after this many new container objects instead of its default 700 (see
     :class:`GcTuning`); ``None`` leaves the collector alone.
+
+    ``Cluster("ws://host:port")`` connects to a running manager instead (``python -m
+    runtime manager``); the token comes from ``token=``, ``CORRAL_TOKEN`` or the token
+    file the manager wrote on this machine. The worker options do not apply then.
     """
 
     def __init__(
@@ -365,13 +370,14 @@ class Cluster:
         policies: Mapping[str, str | tuple[str, dict[str, Any]]] | None = None,
         saturation: float = 2.0,
         gc_threshold: int | None = GC_THRESHOLD,
+        token: str | None = None,
     ) -> None:
         if address is not None:
-            raise CorralError(
-                f"Cluster({address!r}): connecting to a remote manager needs the websocket "
-                "transport, which this version does not have yet. Use Cluster() for an "
-                "in-process cluster."
-            )
+            from transport.base import split_address
+
+            split_address(address)  # InvalidAddress now, not at start
+        self.address = address
+        self.token = token
         n = (os.cpu_count() or 1) if workers is None else workers
         if n < 0:
             raise ValueError(f"workers must be >= 0, got {n}")
@@ -416,44 +422,57 @@ class Cluster:
             raise
         self._system = system
         try:
-            await self._start(system)
+            if self.address is None:
+                await self._start(system)
+            else:
+                await self._connect(system, self.address)
         except BaseException:
             await self.close()
             raise
 
+    async def _connect(self, system: ActorSystem, address: str) -> None:
+        """Join a manager in another process as a client."""
+        from runtime.codec import Frame
+        from runtime.node import Hello, find_token
+        from runtime.remote import Peer
+        from transport import connect
+
+        options: dict[str, Any] = {}
+        token = find_token(address, self.token)
+        if token and address.startswith(("ws://", "wss://")):
+            options["token"] = token
+        conn = await connect(address, **options)
+        peer = Peer(conn, None, name="manager", allow_pickle=True)
+        name = f"client-{os.urandom(6).hex()}"
+        self._client_actor = ClientActor(peer.ref)  # type: ignore[arg-type]
+        peer.target = await system.spawn(self._client_actor, name)
+        await conn.send(Frame(Hello("client", name)))
+        await system.start_service(peer.run)
+        self._manager = peer.ref  # type: ignore[assignment]
+        self._peer = peer
+
     async def _start(self, system: ActorSystem) -> None:
-        refs: dict[str, ActorRef[Any]] = {}
+        """Start the control plane and in-process workers in ``system``."""
+        from runtime.node import start_control_plane
 
-        def resolve(name: str) -> ActorRef[Any] | None:
-            ref = system.actors.get(name)
-            return ref
-
-        registry = FileRegistry(lambda: refs["scheduler"], resolve)
-        refs["registry"] = await system.spawn(registry, "registry")
-        scheduler = Scheduler(
-            lambda: refs["manager"],
-            lambda: refs["registry"],
-            config=SchedulerConfig(saturation=self.saturation),
-            initial=self.initial_policies,
-        )
-        self._scheduler_actor = scheduler
-        # No restarts for the scheduler: a failure there is a bug that may have left its
-        # state half-applied, so the cluster stops with ActorCrashed rather than limp on.
-        refs["scheduler"] = await system.spawn(scheduler, "scheduler", max_restarts=0)
-        manager = Manager(
-            lambda: refs["scheduler"], lambda: refs["registry"], lambda: refs.get("autoscaler"),
-            resolve,
-        )  # fmt: skip
-        self._manager = refs["manager"] = await system.spawn(manager, "manager")
-        self._provider = InProcessProvider(system, refs["scheduler"])
         spec = BlockSpec(1, self.threads_per_worker, self.memory_per_worker, 0, self.pool)
-        autoscaler = Autoscaler(
-            self._provider, refs["scheduler"], {self.pool: PoolTarget(self.n_workers, spec)}
+
+        def provider(plane: Any) -> InProcessProvider:
+            self._provider = InProcessProvider(system, plane.refs["scheduler"])
+            return self._provider
+
+        plane = await start_control_plane(
+            system,
+            saturation=self.saturation,
+            policies=self.initial_policies,
+            provider=provider,
+            targets={self.pool: PoolTarget(self.n_workers, spec)},
         )
-        refs["autoscaler"] = await system.spawn(autoscaler, "autoscaler")
-        self._client_actor = ClientActor(refs["manager"])
-        await system.spawn(self._client_actor, "client")
-        self._refs = refs
+        self._scheduler_actor = plane.scheduler
+        self._manager = plane.manager
+        self._client_actor = ClientActor(plane.manager)
+        await system.spawn(self._client_actor, f"client-{os.urandom(6).hex()}")
+        self._refs = plane.refs
 
     async def __aexit__(self, *exc_info: Any) -> None:
         await self.close()
@@ -467,7 +486,8 @@ class Cluster:
         system, self._system = self._system, None
         if system is None:
             return
-        order = ["client", "autoscaler", "manager", "scheduler", "registry"]
+        client = getattr(self, "_client_actor", None)
+        order = [client.name if client else "", "autoscaler", "manager", "scheduler", "registry"]
         if system.running:
             await system.shutdown([system.actors[n] for n in order if n in system.actors])
         try:
@@ -614,9 +634,12 @@ class Cluster:
                         _note(err, f"(raised by task {upd.root!r})")
                 raise err
             result: GatherResult = await self._manager.ask(
-                GatherRequest(tuple(remaining)), timeout=None
+                GatherRequest(tuple(remaining), raw=self.address is not None), timeout=None
             )
-            values.update(result.data)
+            if result.raw:  # pickled once by the worker, opened only here
+                values.update({k: pickle.loads(v) for k, v in result.data.items()})
+            else:
+                values.update(result.data)
             if not result.missing:
                 break
             for key in result.missing:  # lost meanwhile: wait for the recomputation
@@ -660,11 +683,14 @@ class Cluster:
         """Wait until ``n`` workers have registered with the scheduler."""
         self._require()
         with anyio.fail_after(timeout):
-            await self._scheduler_actor.wait_for_workers(n)
+            await self._manager.ask(WaitForWorkersRequest(n), timeout=None)
 
     @property
     def scheduler_state(self) -> Any:
-        """The scheduler's core state, read-only (for statistics and tests)."""
+        """The scheduler's core state, read-only (for statistics and tests). Only for
+        an embedded cluster: a remote one answers ``status()`` instead."""
+        if self.address is not None:
+            raise CorralError("scheduler_state is only there for an embedded cluster")
         return self._scheduler_actor.state
 
 

@@ -40,7 +40,7 @@ import itertools
 import math
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 import anyio
 import anyio.abc
@@ -55,7 +55,9 @@ __all__ = [
     "ActorRef",
     "ActorSystem",
     "Clock",
+    "Later",
     "Mailbox",
+    "Ref",
     "Timer",
     "current_causal_id",
     "handles",
@@ -397,6 +399,26 @@ class Timer:
 # ----------------------------------------------------------------------------- references
 
 
+class Ref(Protocol):
+    """What every actor reference offers, local (:class:`ActorRef`) or remote
+    (:class:`runtime.remote.RemoteRef`): actors take this, so they cannot tell which."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def stopped(self) -> bool: ...
+    def post(self, msg: Message, *, causal_id: str | None = None) -> None: ...
+    def tell_nowait(self, msg: Message, *, causal_id: str | None = None) -> None: ...
+    async def tell(self, msg: Message, *, causal_id: str | None = None) -> None: ...
+    async def ask(
+        self,
+        msg: Message,
+        *,
+        timeout: float | None = 30.0,  # noqa: ASYNC109
+        causal_id: str | None = None,
+    ) -> Any: ...
+
+
 class ActorRef(Generic[A]):
     """The address of a running actor: the only way to talk to it."""
 
@@ -528,7 +550,9 @@ async def _run_actor(
                         result = getattr(actor, name)(msg)
                         if is_async[name]:
                             result = await result
-                        if env.reply is not None:
+                        if type(result) is Later:
+                            actor.start_soon(_answer_later, actor, result, env.reply)
+                        elif env.reply is not None:
                             env.reply.set(result)
                     except Exception as exc:
                         if env.reply is not None:
@@ -567,6 +591,33 @@ async def _run_actor(
             actor._log.debug("actor stopped", reason=stop_reason, crashed=crashed is not None)
     if crashed is not None:
         escalate(crashed)
+
+
+class Later:
+    """Returned by a handler: the answer comes from ``coro``, awaited in the actor's
+    task group while the actor goes on with its next messages.
+
+    For requests whose answer waits on something else (other actors, the network):
+    the mailbox is not blocked meanwhile. If ``coro`` raises, an ask gets the exception
+    and, for a tell, the failure counts as a failed told handler (rule 2).
+    """
+
+    __slots__ = ("coro",)
+
+    def __init__(self, coro: Coroutine[Any, Any, Any]) -> None:
+        self.coro = coro
+
+
+async def _answer_later(actor: Actor, later: Later, reply: _Reply | None) -> None:
+    try:
+        value = await later.coro
+    except Exception as exc:
+        if reply is None:
+            raise  # a helper failure: rule 2 through the actor's guard
+        reply.fail(exc)
+        return
+    if reply is not None:
+        reply.set(value)
 
 
 def _unhandled(actor: Actor, env: Envelope) -> None:
@@ -679,6 +730,15 @@ class ActorSystem:
         if shutdown_error is not None and not result:
             raise shutdown_error
         return result
+
+    async def start_service(self, fn: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> Any:
+        """Run ``fn(*args, task_status=...)`` in the system's task group (``tg.start``):
+        for services that belong to the system but are not actors (a listener serving
+        connections, a connection to another process). Cancelled when the system stops.
+        """
+        if self._tg is None:
+            raise RuntimeError("ActorSystem is not running; use `async with ActorSystem()`")
+        return await self._tg.start(fn, *args)
 
     @property
     def actors(self) -> dict[str, ActorRef[Any]]:

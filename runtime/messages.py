@@ -236,15 +236,19 @@ class DropKeys(Message):
 
 @message(local=True)
 class GetData(Message):
-    """-> worker: reply with ``DataReply`` for the keys it holds."""
+    """-> worker: reply with ``DataReply`` for the keys it holds. ``raw``: values as
+    pickles (protocol 5), made once by the worker, for a requester in another process
+    that only forwards them (the manager never decodes results)."""
 
     keys: tuple[Any, ...]
+    raw: bool = False
 
 
 @message(local=True)
 class DataReply(Message):
     data: dict[Any, Any]
     missing: tuple[Any, ...] = ()
+    raw: bool = False
 
 
 @message(local=True)
@@ -287,9 +291,11 @@ class CancelRequest(Message):
 
 @message(local=True)
 class GatherRequest(Message):
-    """Client -> manager: the values of these finished keys."""
+    """Client -> manager: the values of these finished keys (``raw``: as the workers'
+    pickles, for a client in another process)."""
 
     keys: tuple[Any, ...]
+    raw: bool = False
 
 
 @message()
@@ -320,3 +326,17 @@ class ScaleRequest(Message):
 
     n: int
     pool: str = "default"
+
+
+@message()
+class WaitForWorkersRequest(Message):
+    """-> manager -> scheduler: answer once at least ``n`` workers are registered."""
+
+    n: int
+
+
+@message()
+class ClientGone(Message):
+    """Gateway -> manager: a client's connection ended; release what it held."""
+
+    name: str

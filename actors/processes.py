@@ -1,0 +1,844 @@
+"""Local worker processes that never outlive the process that started them.
+
+What lives here:
+
+- :func:`spawn_child` starts one child process (an :class:`anyio.abc.Process`, here a
+  :class:`ChildProcess`) tied to its parent twice over: ``PR_SET_PDEATHSIG`` on Linux,
+  and a *lifeline* pipe whose write end only the parent holds.
+- :func:`watch_lifeline` is what the child program runs (in a task of its own) to exit
+  as soon as the lifeline reaches end-of-file, i.e. as soon as the parent is gone.
+- :class:`LocalProcessProvider` implements :class:`~actors.providers.Provider` with
+  blocks of local processes built from an ``argv_for(block_id, index)`` factory.
+
+Nothing here knows what the children run: a Corral worker (``python -m runtime worker
+ws://...``), or the tiny test programs in ``tests/helpers_child.py``.
+
+How orphans are prevented (the parent may die in any way, SIGKILL included):
+
+1. **PDEATHSIG.** Between ``fork`` and ``exec`` the child asks the kernel
+   (``prctl(PR_SET_PDEATHSIG, sig)``) for ``sig`` when its parent goes away, then checks
+   ``getppid()`` against the pid of the parent that spawned it: if the parent died
+   before the ``prctl`` took effect the child exits at once. Linux only. The kernel
+   sends the signal when the parent *thread* that forked the child exits, not the parent
+   process: children are spawned from the event-loop thread (``spawn_child`` is a
+   coroutine, so they are), so do not run the event loop in a thread that ends before
+   the process does (e.g. a short-lived ``from_thread`` portal) while children live.
+   The setting is cleared when the child execs a set-user-id program.
+2. **Lifeline.** A pipe per child; the child gets the read end (its number in the
+   environment variable ``CORRAL_LIFELINE_FD``), the parent keeps the only write end
+   (close-on-exec, so no other child inherits it). When the parent dies the kernel
+   closes that write end and the child's :func:`watch_lifeline` sees end-of-file, runs
+   an optional graceful hook, and ``os._exit``\\ s. This also covers what PDEATHSIG does
+   not: non-Linux systems, a signal the child ignores, a spawning thread that is not the
+   event-loop thread. It only works in children that run :func:`watch_lifeline`, and a
+   process forked from the parent *without* exec (``multiprocessing`` with the "fork"
+   start method) would hold a copy of the write end and delay the end-of-file.
+
+Children also get a session (and process group) of their own, so a terminal's Ctrl-C
+reaches only the parent, which then stops them in order; escalation to SIGKILL and the
+clean-up after a child exits reach the child's whole process group.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import dataclasses
+import functools
+import inspect
+import logging
+import os
+import signal
+import stat
+import subprocess
+import sys
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any, Self
+
+import anyio
+import anyio.abc
+
+from actors.providers import Block, BlockSpec, BlockState, Provider
+from runtime.log import get_logger
+
+__all__ = [
+    "LIFELINE_ENV",
+    "LIFELINE_EXIT_CODE",
+    "ChildProcess",
+    "LocalProcessProvider",
+    "describe_exit",
+    "spawn_child",
+    "watch_lifeline",
+]
+
+LIFELINE_ENV = "CORRAL_LIFELINE_FD"
+"""Environment variable holding the number of the child's lifeline read end."""
+
+LIFELINE_EXIT_CODE = 75
+"""Exit code of a child whose lifeline broke (``EX_TEMPFAIL``: the parent is gone)."""
+
+_ORPHANED_AT_BIRTH_EXIT_CODE = 74
+"""Exit code of a child whose parent died before PDEATHSIG was set (never seen by it)."""
+
+_PR_SET_PDEATHSIG = 1
+_READ_CHUNK = 65536
+_MAX_LINE = 65536  # bytes; a longer "line" is forwarded in pieces
+
+_log = get_logger("corral", component="processes")
+
+# ----------------------------------------------------------------------------- spawning
+
+
+@functools.cache
+def _prctl() -> Callable[..., int] | None:
+    """libc's ``prctl``, resolved in the parent (never between fork and exec)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def _deathsig_setup(sig: int, parent_pid: int) -> Callable[[], None] | None:
+    """A ``preexec_fn`` asking for ``sig`` when the parent dies, or None off Linux.
+
+    It runs in the child between fork and exec, so it does the bare minimum: no imports,
+    no locks, no logging.
+    """
+    prctl = _prctl()
+    if prctl is None:
+        return None
+
+    def setup() -> None:
+        prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
+        if os.getppid() != parent_pid:  # the parent died before prctl: nobody will tell us
+            os._exit(_ORPHANED_AT_BIRTH_EXIT_CODE)
+
+    return setup
+
+
+class _Protocol(asyncio.subprocess.SubprocessStreamProtocol):
+    """asyncio's stream protocol plus an event set when the process exits.
+
+    asyncio's own ``Process.wait`` also waits for the pipes to close, which never happens
+    while a grandchild holds them; ``exited`` does not.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(limit=_READ_CHUNK, loop=loop)
+        self.exited = asyncio.Event()
+
+    def process_exited(self) -> None:
+        super().process_exited()
+        self.exited.set()
+
+
+class _ReceiveStream(anyio.abc.ByteReceiveStream):
+    """An asyncio ``StreamReader`` seen as an anyio byte stream (one pipe of a child)."""
+
+    def __init__(
+        self, reader: asyncio.StreamReader, transport: asyncio.SubprocessTransport, fd: int
+    ) -> None:
+        self._reader = reader
+        self._transport = transport
+        self._fd = fd
+
+    async def receive(self, max_bytes: int = _READ_CHUNK) -> bytes:
+        try:
+            data = await self._reader.read(max_bytes)
+        except OSError as exc:
+            raise anyio.BrokenResourceError from exc
+        if not data:
+            raise anyio.EndOfStream
+        return data
+
+    async def aclose(self) -> None:
+        pipe = self._transport.get_pipe_transport(self._fd)
+        if pipe is not None:
+            pipe.close()  # the reader then sees end-of-file
+        await anyio.lowlevel.checkpoint()
+
+
+class _SendStream(anyio.abc.ByteSendStream):
+    """An asyncio ``StreamWriter`` seen as an anyio byte stream."""
+
+    def __init__(self, writer: asyncio.StreamWriter) -> None:
+        self._writer = writer
+
+    async def send(self, item: bytes) -> None:
+        try:
+            self._writer.write(item)
+            await self._writer.drain()
+        except (ConnectionError, RuntimeError) as exc:
+            raise anyio.BrokenResourceError from exc
+
+    async def aclose(self) -> None:
+        self._writer.close()
+        await anyio.lowlevel.checkpoint()
+
+
+class ChildProcess(anyio.abc.Process):
+    """A child started by :func:`spawn_child`.
+
+    Like anyio's process, plus: :meth:`stop` (SIGTERM, grace period, SIGKILL),
+    :meth:`close_lifeline`, and :meth:`aclose` that kills a child still running rather
+    than waiting for it. Signals go to the child by pid (never after it has been
+    reaped); :meth:`kill` and the clean-up in :meth:`aclose` reach its whole process
+    group when it has one of its own (``new_session=True``).
+    """
+
+    def __init__(
+        self,
+        transport: asyncio.SubprocessTransport,
+        protocol: _Protocol,
+        *,
+        lifeline_fd: int | None,
+        own_group: bool,
+    ) -> None:
+        self._transport = transport
+        self._protocol = protocol
+        self._lifeline = lifeline_fd  #: the parent's write end; None once closed
+        self._own_group = own_group  #: the child leads a process group of its own
+        self._pid = transport.get_pid()
+        self._stdin = _SendStream(protocol.stdin) if protocol.stdin is not None else None
+        self._stdout = (
+            None if protocol.stdout is None else _ReceiveStream(protocol.stdout, transport, 1)
+        )
+        self._stderr = (
+            None if protocol.stderr is None else _ReceiveStream(protocol.stderr, transport, 2)
+        )
+        self.killed_after: float | None = None  #: grace (s) after which stop() used SIGKILL
+
+    def __repr__(self) -> str:
+        rc = self.returncode
+        return f"<ChildProcess pid={self._pid} {'running' if rc is None else describe_exit(rc)}>"
+
+    @property
+    def pid(self) -> int:
+        return self._pid
+
+    @property
+    def returncode(self) -> int | None:
+        """The exit status once reaped: ``-N`` if killed by signal ``N``; else None."""
+        return self._transport.get_returncode()
+
+    @property
+    def stdin(self) -> anyio.abc.ByteSendStream | None:
+        return self._stdin
+
+    @property
+    def stdout(self) -> anyio.abc.ByteReceiveStream | None:
+        return self._stdout
+
+    @property
+    def stderr(self) -> anyio.abc.ByteReceiveStream | None:
+        return self._stderr
+
+    async def wait(self) -> int:
+        """Wait until the child has exited (not for its pipes to close); its status."""
+        await self._protocol.exited.wait()
+        rc = self.returncode
+        assert rc is not None
+        return rc
+
+    def send_signal(self, signal: int) -> None:
+        """Send ``signal`` to the child (nothing once it has exited)."""
+        if self.returncode is not None:
+            return
+        # os.kill, not Popen.send_signal: the latter polls with waitpid and may reap the
+        # child under asyncio's child watcher, which would then report exit code 255.
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self._pid, signal)
+
+    def terminate(self) -> None:
+        """SIGTERM to the child only: it may shut its own children down gracefully."""
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        """SIGKILL to the child and, when it leads one, its whole process group."""
+        if self.returncode is not None:
+            return
+        if self._own_group:
+            try:
+                os.killpg(self._pid, signal.SIGKILL)
+                return
+            except (ProcessLookupError, PermissionError):
+                pass
+        self.send_signal(signal.SIGKILL)
+
+    async def stop(self, grace: float) -> int:
+        """SIGTERM, up to ``grace`` seconds, then SIGKILL; wait for the exit; its status."""
+        if self.returncode is None:
+            self.terminate()
+            with anyio.move_on_after(grace):
+                return await self.wait()
+            self.killed_after = grace
+            self.kill()
+        return await self.wait()
+
+    def close_lifeline(self) -> None:
+        """Close the parent's end of the lifeline: a watching child then exits."""
+        fd, self._lifeline = self._lifeline, None
+        if fd is not None:
+            os.close(fd)
+
+    def kill_leftovers(self) -> bool:
+        """SIGKILL what the exited child left in its process group; whether any was left.
+
+        Safe after the child was reaped: a process-group id is not reused while the
+        group has members.
+        """
+        if not self._own_group or self.returncode is None:
+            return False
+        try:
+            os.killpg(self._pid, 0)
+        except (ProcessLookupError, PermissionError):
+            return False
+        try:
+            os.killpg(self._pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            return False
+        return True
+
+    def release(self) -> None:
+        """Close pipes and lifeline without waiting (SIGKILL first if it still runs)."""
+        if self.returncode is None:
+            self.kill()
+        else:
+            self.kill_leftovers()
+        self._transport.close()
+        self.close_lifeline()
+
+    async def aclose(self) -> None:
+        """Kill the child if it still runs, wait for it, release pipes and lifeline."""
+        with anyio.CancelScope(shield=True):
+            try:
+                if self.returncode is None:
+                    self.kill()
+                    await self.wait()
+            finally:
+                self.release()
+
+
+async def spawn_child(
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    cwd: str | os.PathLike[str] | None = None,
+    stdin: int | IO[Any] | None = subprocess.DEVNULL,
+    stdout: int | IO[Any] | None = subprocess.PIPE,
+    stderr: int | IO[Any] | None = subprocess.PIPE,
+    pdeathsig: int | None = signal.SIGTERM,
+    lifeline: bool = True,
+    new_session: bool = True,
+) -> ChildProcess:
+    """Start ``argv`` as a child that does not outlive this process.
+
+    ``env`` is the child's whole environment (None: this process's); ``stdin``,
+    ``stdout`` and ``stderr`` are as for :class:`subprocess.Popen` (default: no input,
+    both outputs piped to :attr:`ChildProcess.stdout`/``stderr``, which the caller must
+    then read or close). ``pdeathsig`` is the signal the child gets when the spawning
+    thread dies (Linux; None: none). SIGTERM lets the child clean up (a child that
+    ignores it relies on its lifeline); SIGKILL is certain. With ``lifeline`` the child's
+    environment gets ``CORRAL_LIFELINE_FD``, which :func:`watch_lifeline` uses. With
+    ``new_session`` the child runs in a session and process group of its own.
+
+    Must run in the event loop's thread (a coroutine always does); see the module
+    header for why that thread should live as long as the children. Raises
+    :class:`OSError` (e.g. ``FileNotFoundError``) if the program cannot be started.
+    The caller owns the result: ``aclose`` it (or use it as an async context manager).
+    """
+    if not argv:
+        raise ValueError("spawn_child needs a non-empty argv")
+    child_env = dict(os.environ if env is None else env)
+    read_fd: int | None = None
+    write_fd: int | None = None
+    if lifeline:
+        read_fd, write_fd = os.pipe()  # both close-on-exec; pass_fds opens read_fd only
+        child_env[LIFELINE_ENV] = str(read_fd)
+    else:
+        child_env.pop(LIFELINE_ENV, None)
+    preexec = None if pdeathsig is None else _deathsig_setup(pdeathsig, os.getpid())
+    loop = asyncio.get_running_loop()
+    try:
+        transport, protocol = await loop.subprocess_exec(
+            lambda: _Protocol(loop),
+            *argv,
+            stdin=stdin,
+            stdout=stdout,
+            stderr=stderr,
+            env=child_env,
+            cwd=cwd,
+            pass_fds=() if read_fd is None else (read_fd,),
+            start_new_session=new_session,
+            preexec_fn=preexec,
+        )
+    except BaseException:
+        if write_fd is not None:
+            os.close(write_fd)
+        raise
+    finally:
+        if read_fd is not None:
+            os.close(read_fd)
+    return ChildProcess(transport, protocol, lifeline_fd=write_fd, own_group=new_session)
+
+
+def describe_exit(returncode: int) -> str:
+    """``"exit code 3"`` or ``"killed by SIGKILL (signal 9)"``."""
+    if returncode >= 0:
+        return f"exit code {returncode}"
+    number = -returncode
+    try:
+        name = signal.Signals(number).name
+    except ValueError:
+        name = "an unknown signal"
+    return f"killed by {name} (signal {number})"
+
+
+# ----------------------------------------------------------------------------- the child side
+
+_lifeline_fd: int | None = None  # taken from the environment by the first watch_lifeline
+
+
+def _take_lifeline() -> int | None:
+    """The lifeline's read end, taken out of the environment (so grandchildren do not
+    inherit a number that means nothing to them); None if this process has none."""
+    global _lifeline_fd
+    if _lifeline_fd is None:
+        raw = os.environ.pop(LIFELINE_ENV, None)
+        if raw is None:
+            return None
+        try:
+            fd = int(raw)
+            if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+                raise ValueError(f"fd {fd} is not a pipe")
+        except (ValueError, OSError) as exc:
+            _log.warning("ignoring a broken lifeline", value=raw, error=str(exc))
+            return None
+        os.set_inheritable(fd, False)
+        _lifeline_fd = fd
+    return _lifeline_fd
+
+
+async def watch_lifeline(
+    on_lost: Callable[[], Awaitable[object] | object] | None = None,
+    *,
+    grace: float = 2.0,
+    exit_code: int = LIFELINE_EXIT_CODE,
+) -> None:
+    """In a child started by :func:`spawn_child`: exit when the parent is gone.
+
+    Waits until the lifeline pipe reaches end-of-file (the parent died, or closed it on
+    purpose), then calls ``on_lost()`` (sync or async; at most ``grace`` seconds; its
+    errors are logged), flushes stdout and stderr, and ends the process with
+    ``os._exit(exit_code)``: no ``finally`` blocks, no atexit handlers. Run it as a task
+    next to the program's work (``tg.start_soon(watch_lifeline)``) and cancel it when the
+    program ends on its own. Returns at once if this process has no lifeline (it was not
+    started by :func:`spawn_child`, or with ``lifeline=False``). One watcher at a time.
+    """
+    fd = _take_lifeline()
+    if fd is None:
+        return
+    while True:
+        await anyio.wait_readable(fd)
+        try:
+            if not os.read(fd, 512):
+                break  # end-of-file: the write end is closed everywhere
+        except BlockingIOError:
+            continue
+    _log.warning("lifeline lost: the parent process is gone; exiting", pid=os.getpid())
+    if on_lost is not None:
+        with anyio.move_on_after(grace):
+            try:
+                result = on_lost()
+                if inspect.isawaitable(result):
+                    await result
+            except Exception as exc:
+                _log.error("lifeline hook failed", error=repr(exc))
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            stream.flush()
+    os._exit(exit_code)
+
+
+# ----------------------------------------------------------------------------- provider
+
+
+def _open_output_files(log_dir: Path, wid: str) -> tuple[IO[bytes], IO[bytes]]:
+    """``<log_dir>/<wid>.stdout`` and ``.stderr``, opened for appending (small, local)."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    out = open(log_dir / f"{wid}.stdout", "ab")  # noqa: SIM115 - closed by the caller
+    try:
+        return out, open(log_dir / f"{wid}.stderr", "ab")
+    except BaseException:
+        out.close()
+        raise
+
+
+@dataclasses.dataclass(slots=True, eq=False)
+class _Child:
+    worker_id: str
+    process: ChildProcess
+    scope: anyio.CancelScope = dataclasses.field(
+        default_factory=lambda: anyio.CancelScope(shield=True)
+    )
+    outcome: str = ""  #: describe_exit(...) once it has exited
+
+
+@dataclasses.dataclass(slots=True, eq=False)
+class _Record:
+    block: Block
+    children: list[_Child] = dataclasses.field(default_factory=list)
+    ended: anyio.Event = dataclasses.field(default_factory=anyio.Event)
+    stopping: bool = False  #: stop_block (or the provider's exit) asked it to end
+    failure: str = ""  #: the first failure seen while not stopping
+    live: int = 0  #: children not yet reaped and finished with
+
+
+class LocalProcessProvider(Provider):
+    """Blocks of local processes: each worker of a block is one :func:`spawn_child` child.
+
+    ``argv_for(block_id, index)`` builds the command line of worker ``index`` of a block;
+    the block (with its spec) is already in :attr:`blocks` when it is called. Each child
+    also finds ``CORRAL_WORKER_ID`` and ``CORRAL_BLOCK_ID`` in its environment (this
+    process's environment plus ``env``; ``PYTHONUNBUFFERED=1`` unless ``env`` says
+    otherwise, so Python children's lines arrive as they are printed).
+
+    Use it as ``async with LocalProcessProvider(...) as provider:`` or run it in a task
+    group with ``await tg.start(provider.run)``. Every child is supervised by a task of
+    that scope; leaving it (normally, on error or on cancellation) stops every child:
+    SIGTERM, ``grace`` seconds, then SIGKILL to its process group, then up to
+    ``kill_timeout`` seconds for the kernel to reap it.
+
+    Block states: RUNNING while any of its processes runs; COMPLETED when all exited
+    with 0; FAILED when one could not start, exited non-zero or was killed by a signal
+    while the block was not being stopped (the rest of the block is then stopped, so a
+    half-dead block is never counted as live); SCALED_IN when stopped on purpose.
+    ``block.detail`` says who exited how. Output of each child goes, line by line, to
+    the ``corral`` logger (stdout at INFO, stderr at WARNING, with ``child=<worker id>``)
+    or, with ``log_dir``, to ``<log_dir>/<worker id>.stdout`` and ``.stderr``.
+    """
+
+    def __init__(
+        self,
+        argv_for: Callable[[str, int], Sequence[str]],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | os.PathLike[str] | None = None,
+        prefix: str = "worker",
+        grace: float = 5.0,
+        kill_timeout: float = 5.0,
+        drain: float = 1.0,
+        pdeathsig: int | None = signal.SIGTERM,
+        log_dir: str | os.PathLike[str] | None = None,
+    ) -> None:
+        self.argv_for = argv_for
+        self.env = dict(env or {})
+        self.cwd = cwd
+        self.prefix = prefix
+        self.grace = grace  #: seconds between SIGTERM and SIGKILL
+        self.kill_timeout = kill_timeout  #: seconds to wait for a SIGKILLed child
+        self.drain = drain  #: seconds to read a child's output after it exited
+        self.pdeathsig = pdeathsig  #: signal when this process dies (None: lifeline only)
+        self.log_dir = None if log_dir is None else Path(log_dir)
+        self.blocks: dict[str, Block] = {}  #: every block started, by id
+        self.blocks_started = 0  #: how many start_block calls returned a block
+        self._records: dict[str, _Record] = {}
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._closing = False
+        self._started_changed = anyio.Event()
+        self._log = get_logger("corral", component="local-processes")
+
+    # -- lifetime ------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Self:
+        if self._tg is not None:
+            raise RuntimeError("this LocalProcessProvider is already running")
+        tg = anyio.create_task_group()
+        await tg.__aenter__()
+        self._tg = tg
+        self._closing = False
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        tg = self._tg
+        assert tg is not None
+        self._closing = True
+        try:
+            with anyio.CancelScope(shield=True):
+                async with anyio.create_task_group() as stoppers:
+                    for rec in self._records.values():
+                        if not rec.ended.is_set():
+                            rec.stopping = True
+                            stoppers.start_soon(self._terminate, rec)
+                for rec in self._records.values():  # what could not be reaped: let go
+                    for child in rec.children:
+                        child.scope.cancel()
+            tg.cancel_scope.cancel()
+            # Every task of the group has ended or been cancelled; the body's exception,
+            # if any, propagates unchanged (not wrapped in an exception group).
+            await tg.__aexit__(None, None, None)
+        finally:
+            self._tg = None
+
+    async def run(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Provide until cancelled (``await tg.start(provider.run)``), then stop every child."""
+        async with self:
+            task_status.started()
+            await anyio.sleep_forever()
+
+    # -- Provider ------------------------------------------------------------------------
+
+    async def start_block(self, spec: BlockSpec) -> Block:
+        """Start ``spec.workers`` processes; return the block, RUNNING.
+
+        If a process cannot be started (e.g. the program does not exist), the processes
+        already started for the block are stopped and the block is returned FAILED with
+        the reason in ``detail``: a failure to start is a block state, not an exception.
+        Exceptions from ``argv_for`` propagate.
+        """
+        tg = self._tg
+        if tg is None or self._closing:
+            raise RuntimeError("LocalProcessProvider is not running; use `async with` or run()")
+        if spec.workers < 1:
+            raise ValueError(f"a block needs at least one worker, got {spec.workers}")
+        n = len(self._records) + 1
+        block = Block(f"block-{n}", spec, BlockState.PENDING, [])
+        rec = _Record(block)
+        self.blocks[block.block_id] = block
+        self._records[block.block_id] = rec
+        try:
+            for i in range(spec.workers):
+                wid = f"{self.prefix}-{n}" if spec.workers == 1 else f"{self.prefix}-{n}.{i}"
+                argv = list(self.argv_for(block.block_id, i))
+                try:
+                    process = await self._spawn(wid, block.block_id, argv)
+                except OSError as exc:
+                    rec.failure = f"{wid} could not start {argv!r}: {exc}"
+                    self._log.error("worker process could not start", worker=wid, error=str(exc))
+                    break
+                child = _Child(wid, process)
+                rec.children.append(child)
+                rec.live += 1
+                block.workers.append(wid)
+                tg.start_soon(self._supervise, rec, child)
+        except BaseException:  # cancelled (or argv_for raised) half-way: undo
+            with anyio.CancelScope(shield=True):
+                rec.failure = rec.failure or "start_block was interrupted"
+                await self._terminate(rec)
+                self._finish_if_done(rec)
+            raise
+        if rec.failure:
+            await self._terminate(rec)
+            self._finish_if_done(rec)
+        else:
+            block.state = BlockState.RUNNING
+            self._log.info(
+                "block started",
+                block=block.block_id,
+                pids={c.worker_id: c.process.pid for c in rec.children},
+            )
+        self.blocks_started += 1
+        changed, self._started_changed = self._started_changed, anyio.Event()
+        changed.set()
+        return block
+
+    async def stop_block(self, block: Block) -> None:
+        """Stop the block's processes (SIGTERM, ``grace``, SIGKILL); SCALED_IN.
+
+        Returns once they have exited (or ``kill_timeout`` after the SIGKILL; that is
+        logged as an error). A block that had already ended keeps the state it ended in.
+        """
+        rec = self._record(block)
+        if rec.ended.is_set():
+            return
+        rec.stopping = True
+        await self._terminate(rec)
+        if not rec.ended.is_set():
+            block.state = BlockState.SCALED_IN
+            block.detail = "stopped, but some processes were not reaped after SIGKILL"
+
+    def poll(self, block: Block) -> BlockState:
+        """The block's current state (the provider updates ``block`` as it changes)."""
+        self._record(block)
+        return block.state
+
+    async def wait_ended(self, block: Block) -> BlockState:
+        """Return the block's terminal state once it has one."""
+        rec = self._record(block)
+        await rec.ended.wait()
+        return block.state
+
+    # -- extras --------------------------------------------------------------------------
+
+    def pids(self, block: Block) -> dict[str, int]:
+        """Worker id -> process id for each process of ``block`` (also the exited)."""
+        return {c.worker_id: c.process.pid for c in self._record(block).children}
+
+    async def wait_blocks_started(self, count: int) -> None:
+        """Return once :attr:`blocks_started` has reached ``count``."""
+        while self.blocks_started < count:
+            await self._started_changed.wait()
+
+    # -- internals -----------------------------------------------------------------------
+
+    def _record(self, block: Block) -> _Record:
+        rec = self._records.get(block.block_id)
+        if rec is None or rec.block is not block:
+            raise ValueError(f"block {block.block_id!r} does not come from this provider")
+        return rec
+
+    async def _spawn(self, wid: str, block_id: str, argv: list[str]) -> ChildProcess:
+        env = dict(os.environ)
+        env["PYTHONUNBUFFERED"] = "1"
+        env.update(self.env)
+        env["CORRAL_WORKER_ID"] = wid
+        env["CORRAL_BLOCK_ID"] = block_id
+        if self.log_dir is None:
+            return await spawn_child(argv, env=env, cwd=self.cwd, pdeathsig=self.pdeathsig)
+        out, err = _open_output_files(self.log_dir, wid)
+        with out, err:  # the child has its own copies; ours close once it is started
+            return await spawn_child(
+                argv, env=env, cwd=self.cwd, stdout=out, stderr=err, pdeathsig=self.pdeathsig
+            )
+
+    async def _supervise(self, rec: _Record, child: _Child) -> None:
+        """Forward the child's output until it exits, then record how it ended.
+
+        Runs in a shielded scope: cancelling whoever entered the provider must not stop
+        the supervision before ``__aexit__`` has stopped the child; ``__aexit__`` cancels
+        ``child.scope`` itself once that is done.
+        """
+        process = child.process
+        try:
+            with child.scope:
+                async with anyio.create_task_group() as forwarders:
+                    for name, stream, level in (
+                        ("stdout", process.stdout, logging.INFO),
+                        ("stderr", process.stderr, logging.WARNING),
+                    ):
+                        if stream is not None:
+                            forwarders.start_soon(
+                                self._forward, child.worker_id, name, stream, level
+                            )
+                    await process.wait()
+                    # Whatever the child left behind may hold the pipes open: stop it, and
+                    # read what is already buffered for at most `drain` seconds.
+                    if process.kill_leftovers():
+                        self._log.warning(
+                            "killed processes the worker left in its process group",
+                            child=child.worker_id,
+                        )
+                    forwarders.cancel_scope.deadline = anyio.current_time() + self.drain
+        finally:
+            process.release()  # exited by now, unless supervision was abandoned
+            self._child_ended(rec, child)
+
+    async def _forward(
+        self, wid: str, name: str, stream: anyio.abc.ByteReceiveStream, level: int
+    ) -> None:
+        """Log ``stream`` line by line (a last unterminated line included)."""
+        pending = b""
+        try:
+            while True:
+                try:
+                    chunk = await stream.receive()
+                except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
+                    break
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    self._emit(wid, name, level, line)
+                while len(pending) > _MAX_LINE:
+                    self._emit(wid, name, level, pending[:_MAX_LINE])
+                    pending = pending[_MAX_LINE:]
+        finally:
+            if pending:
+                self._emit(wid, name, level, pending)
+
+    def _emit(self, wid: str, name: str, level: int, line: bytes) -> None:
+        text = line.decode("utf-8", errors="replace").rstrip("\r")
+        self._log.log(level, text, child=wid, stream=name)
+
+    def _child_ended(self, rec: _Record, child: _Child) -> None:
+        process = child.process
+        rc = process.returncode
+        if rc is None:
+            child.outcome = "not reaped (supervision abandoned)"
+        else:
+            child.outcome = describe_exit(rc)
+            if process.killed_after is not None and rc == -signal.SIGKILL:
+                child.outcome += f" after ignoring SIGTERM for {process.killed_after:g} s"
+        rec.live -= 1
+        failed = rc != 0
+        if failed and not rec.stopping and not rec.failure:
+            rec.failure = f"{child.worker_id} failed: {child.outcome}"
+            self._log.warning(
+                "worker process failed",
+                block=rec.block.block_id,
+                child=child.worker_id,
+                outcome=child.outcome,
+            )
+            if rec.live and self._tg is not None:
+                self._tg.start_soon(self._terminate, rec)  # the rest of the block goes too
+        self._finish_if_done(rec)
+
+    def _finish_if_done(self, rec: _Record) -> None:
+        if rec.live or rec.ended.is_set():
+            return
+        block = rec.block
+        outcomes = ", ".join(f"{c.worker_id} {c.outcome}" for c in rec.children)
+        if rec.failure:
+            block.state = BlockState.FAILED
+            others = [c for c in rec.children if not rec.failure.startswith(f"{c.worker_id} ")]
+            rest = ", ".join(f"{c.worker_id} {c.outcome}" for c in others)
+            block.detail = rec.failure + (
+                f"; stopped the rest of the block: {rest}" if rest else ""
+            )
+        elif rec.stopping:
+            block.state = BlockState.SCALED_IN
+            block.detail = f"stopped: {outcomes}"
+        else:
+            block.state = BlockState.COMPLETED
+            block.detail = f"completed: {outcomes}"
+        self._log.info(
+            "block ended", block=block.block_id, state=block.state.value, detail=block.detail
+        )
+        rec.ended.set()
+
+    async def _terminate(self, rec: _Record) -> None:
+        """Stop every running process of ``rec`` at once; wait (bounded) for the block."""
+        self._finish_if_done(rec)
+        if rec.ended.is_set():
+            return
+        running = [c.process for c in rec.children if c.process.returncode is None]
+        if running:
+            async with anyio.create_task_group() as tg:
+                for process in running:
+                    tg.start_soon(self._stop_process, process)
+        with anyio.move_on_after(self.drain + 1.0):
+            await rec.ended.wait()  # the supervisors finish reading output and record it
+        if not rec.ended.is_set():
+            self._log.error(
+                "block processes did not end after SIGKILL",
+                block=rec.block.block_id,
+                pids=[p.pid for p in running if p.returncode is None],
+            )
+
+    async def _stop_process(self, process: ChildProcess) -> None:
+        with anyio.move_on_after(self.grace + self.kill_timeout):
+            await process.stop(self.grace)

@@ -1,0 +1,469 @@
+"""Cluster nodes: the control plane, the gateway that joins processes to it, and the
+manager and worker process entry points.
+
+What lives here:
+
+- :func:`start_control_plane`: spawns the file registry, scheduler, manager and
+  (optionally) autoscaler into an actor system. The embedded ``Cluster`` and the manager
+  process both use it, so there is one way to assemble a cluster.
+- :class:`Gateway`: serves a listener. Every connection starts with a :class:`Hello`
+  saying what connects (worker, client, console); the gateway then joins it to the
+  control plane with a :class:`runtime.remote.Peer`: a worker is registered with the
+  scheduler (its messages go to the scheduler), a client or console talks to the
+  manager. A worker whose connection drops gets ``reconnect_timeout`` seconds to come
+  back with the same id and keep its work; after that it is lost.
+- Tokens: :class:`Tokens` (an admin token for workers, clients and the admin console; a
+  read-only one for consoles that only look), written to a user-only file.
+- :func:`run_manager` and :func:`run_worker`: what ``python -m runtime manager`` and
+  ``python -m runtime worker`` run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import secrets
+import signal
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import anyio
+import anyio.abc
+
+from actors.autoscaler import Autoscaler, PoolTarget
+from actors.manager import Manager
+from actors.providers import Provider
+from actors.registry import FileRegistry
+from actors.scheduler import Scheduler
+from actors.scheduler_state import SchedulerConfig
+from actors.worker import Worker
+from runtime.errors import CorralError
+from runtime.kernel import ActorRef, ActorSystem
+from runtime.log import get_logger
+from runtime.messages import (
+    ClientGone,
+    Message,
+    RegisterWorker,
+    ScaleRequest,
+    SetPolicyRequest,
+    StatusRequest,
+    StoryRequest,
+    WorkerGone,
+    WorkerInfo,
+    message,
+)
+from runtime.remote import Peer, RemoteRef
+
+__all__ = [
+    "ControlPlane",
+    "Gateway",
+    "Hello",
+    "PermissionDenied",
+    "Tokens",
+    "run_manager",
+    "run_worker",
+    "start_control_plane",
+    "token_path",
+]
+
+_log = get_logger("corral.node")
+
+
+# ----------------------------------------------------------------------------- control plane
+
+
+@dataclasses.dataclass
+class ControlPlane:
+    """The control actors of one cluster and how to find any actor by name."""
+
+    system: ActorSystem
+    refs: dict[str, ActorRef[Any]]
+    scheduler: Scheduler
+    resolvers: list[Callable[[str], Any]]
+
+    def resolve(self, name: str) -> Any:
+        """A reference to the actor or remote peer called ``name``, or ``None``."""
+        ref = self.system.actors.get(name)
+        if ref is not None:
+            return ref
+        for resolver in self.resolvers:
+            found = resolver(name)
+            if found is not None:
+                return found
+        return None
+
+    @property
+    def manager(self) -> ActorRef[Any]:
+        return self.refs["manager"]
+
+
+async def start_control_plane(
+    system: ActorSystem,
+    *,
+    saturation: float = 2.0,
+    policies: dict[str, tuple[str, dict[str, Any]]] | None = None,
+    provider: Callable[[ControlPlane], Provider] | None = None,
+    targets: dict[str, PoolTarget] | None = None,
+) -> ControlPlane:
+    """Spawn registry, scheduler, manager and, with a ``provider``, the autoscaler."""
+    refs: dict[str, ActorRef[Any]] = {}
+    plane = ControlPlane(system, refs, None, [])  # type: ignore[arg-type]
+    registry = FileRegistry(lambda: refs["scheduler"], plane.resolve)
+    refs["registry"] = await system.spawn(registry, "registry")
+    scheduler = Scheduler(
+        lambda: refs["manager"],
+        lambda: refs["registry"],
+        config=SchedulerConfig(saturation=saturation),
+        initial=policies,
+    )
+    plane.scheduler = scheduler
+    # No restarts for the scheduler: a failure there is a bug that may have left its
+    # state half-applied, so the cluster stops with ActorCrashed rather than limp on.
+    refs["scheduler"] = await system.spawn(scheduler, "scheduler", max_restarts=0)
+    manager = Manager(
+        lambda: refs["scheduler"], lambda: refs["registry"], lambda: refs.get("autoscaler"),
+        plane.resolve,
+    )  # fmt: skip
+    refs["manager"] = await system.spawn(manager, "manager")
+    if provider is not None:
+        autoscaler = Autoscaler(provider(plane), refs["scheduler"], dict(targets or {}))
+        refs["autoscaler"] = await system.spawn(autoscaler, "autoscaler")
+    return plane
+
+
+# ----------------------------------------------------------------------------- tokens
+
+
+@dataclasses.dataclass(frozen=True)
+class Tokens:
+    """The cluster's secrets: ``admin`` for workers, clients and the admin console;
+    ``read`` for consoles that only look."""
+
+    admin: str
+    read: str
+
+    @classmethod
+    def generate(cls) -> Tokens:
+        return cls(secrets.token_urlsafe(32), secrets.token_urlsafe(32))
+
+    def roles(self) -> dict[str, str]:
+        return {self.admin: "admin", self.read: "read"}
+
+    def write(self, path: Path) -> None:
+        """Write to ``path`` readable by this user only (0600), atomically."""
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        tmp = path.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump({"admin": self.admin, "read": self.read}, f)
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, path)
+
+    @classmethod
+    def read_file(cls, path: Path) -> Tokens:
+        try:
+            data = json.loads(path.read_text())
+            return cls(str(data["admin"]), str(data["read"]))
+        except FileNotFoundError:
+            raise CorralError(
+                f"no token file at {path}: start the manager on this machine first, or pass "
+                "--token (or set CORRAL_TOKEN) with the token the manager printed"
+            ) from None
+        except (ValueError, KeyError, TypeError) as exc:
+            raise CorralError(f"token file {path} is not valid: {exc}") from exc
+
+
+def token_path(address: str) -> Path:
+    """Where the manager listening on ``address`` keeps its tokens (one file per port)."""
+    parts = urlsplit(address)
+    host = parts.hostname or "local"
+    port = parts.port or 0
+    base = Path(os.environ.get("CORRAL_HOME", Path.home() / ".corral"))
+    return base / "tokens" / f"{host}_{port}.json"
+
+
+def find_token(address: str, token: str | None, role: str = "admin") -> str | None:
+    """The token to present: given, else ``CORRAL_TOKEN``, else the local token file."""
+    if token:
+        return token
+    if os.environ.get("CORRAL_TOKEN"):
+        return os.environ["CORRAL_TOKEN"]
+    if not address.startswith(("ws://", "wss://")):
+        return None
+    tokens = Tokens.read_file(token_path(address))
+    return tokens.admin if role == "admin" else tokens.read
+
+
+# ----------------------------------------------------------------------------- gateway
+
+
+@message("corral.Hello")
+class Hello(Message):
+    """First frame on every connection to a manager: who connects."""
+
+    kind: str  #: "worker", "client" or "console"
+    name: str  #: worker id (its own listen address), or a unique client name
+    info: WorkerInfo | None = None
+
+
+class PermissionDenied(CorralError):
+    def __init__(self, what: str) -> None:
+        super().__init__(
+            f"{what} needs the admin token; this connection has the read-only one",
+            what=what,
+        )
+
+
+#: What a read-only console may ask.
+READ_ONLY = (StatusRequest, StoryRequest)
+#: Mutating commands (admin only); listed for the error message.
+MUTATING = (ScaleRequest, SetPolicyRequest)
+
+
+class _Guard:
+    """The manager as seen from a read-only connection: lookups only."""
+
+    def __init__(self, target: ActorRef[Any]) -> None:
+        self.target = target
+
+    def _check(self, msg: Any) -> None:
+        if not isinstance(msg, READ_ONLY) and not type(msg).__name__.endswith("Query"):
+            raise PermissionDenied(type(msg).__name__)
+
+    async def tell(self, msg: Any, *, causal_id: str | None = None) -> None:
+        self._check(msg)
+        await self.target.tell(msg, causal_id=causal_id)
+
+    async def ask(
+        self,
+        msg: Any,
+        *,
+        timeout: float | None = 30.0,  # noqa: ASYNC109 - ActorRef's API
+        causal_id: str | None = None,
+    ) -> Any:
+        self._check(msg)
+        return await self.target.ask(msg, timeout=timeout, causal_id=causal_id)
+
+
+class Gateway:
+    """Joins connections from other processes to a control plane."""
+
+    def __init__(self, plane: ControlPlane, *, reconnect_timeout: float = 10.0) -> None:
+        self.plane = plane
+        self.reconnect_timeout = reconnect_timeout
+        self.peers: dict[str, Peer] = {}  #: live peers by name
+        self._generation: dict[str, int] = {}  #: connections seen per name
+        self._returned: dict[str, anyio.Event] = {}  #: set when a dropped worker is back
+        plane.resolvers.append(self.resolve)
+
+    def resolve(self, name: str) -> RemoteRef | None:
+        peer = self.peers.get(name)
+        return peer.ref if peer is not None and not peer.closed else None
+
+    async def handle(self, conn: Any) -> None:
+        """Serve one connection (a listener's ``serve`` handler)."""
+        from transport import ConnectionClosed
+
+        try:
+            with anyio.fail_after(self.reconnect_timeout):
+                first = await conn.receive()
+        except (TimeoutError, ConnectionClosed):
+            await conn.aclose()
+            return
+        hello = first.msg
+        if not isinstance(hello, Hello) or hello.kind not in ("worker", "client", "console"):
+            _log.warning("connection without a Hello; closing", peer=conn.peer_address)
+            await conn.aclose()
+            return
+        role = getattr(conn, "role", None) or "admin"  # no authentication configured
+        admin = role == "admin"
+        if hello.kind in ("worker", "client") and not admin:
+            _log.warning("refused a read-only connection", kind=hello.kind, peer=conn.peer_address)
+            await conn.aclose()
+            return
+        target: Any
+        if hello.kind == "worker":
+            target = self.plane.refs["scheduler"]
+        elif admin:
+            target = self.plane.manager
+        else:
+            target = _Guard(self.plane.manager)
+        generation = self._generation.get(hello.name, 0) + 1
+        self._generation[hello.name] = generation
+        back = self._returned.pop(hello.name, None)
+        if back is not None:
+            back.set()
+        peer = Peer(conn, target, name=hello.name, allow_pickle=admin)
+        old = self.peers.get(hello.name)
+        self.peers[hello.name] = peer
+        if old is not None and not old.closed:
+            await old.aclose()
+        if hello.kind == "worker":
+            assert hello.info is not None
+            _log.info("worker connected", worker=hello.name, generation=generation)
+            await self.plane.refs["scheduler"].tell(RegisterWorker(hello.info, peer.ref))
+        try:
+            await peer.run()
+        finally:
+            if self.peers.get(hello.name) is peer:
+                if hello.kind == "worker":
+                    await self._worker_dropped(hello.name, generation)
+                else:
+                    self.peers.pop(hello.name, None)
+                    if hello.kind == "client":
+                        await self.plane.manager.tell(ClientGone(hello.name))
+
+    async def _worker_dropped(self, name: str, generation: int) -> None:
+        """Give a worker ``reconnect_timeout`` seconds to come back, then report it."""
+        back = self._returned[name] = anyio.Event()
+        with anyio.move_on_after(self.reconnect_timeout):
+            await back.wait()
+        if self._generation.get(name) == generation:
+            self._returned.pop(name, None)
+            self.peers.pop(name, None)
+            _log.warning("worker connection lost", worker=name)
+            await self.plane.refs["scheduler"].tell(WorkerGone(name, "unknown"))
+
+
+# ----------------------------------------------------------------------------- processes
+
+
+async def _until_signalled(
+    on_signal: Callable[[], Awaitable[None]],
+    *,
+    task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        task_status.started()
+        async for signum in signals:
+            _log.warning("stopping on signal", signal=signal.Signals(signum).name)
+            await on_signal()
+            return
+
+
+async def run_manager(
+    listen: str,
+    *,
+    tokens: Tokens | None = None,
+    token_file: Path | None = None,
+    policies: dict[str, tuple[str, dict[str, Any]]] | None = None,
+    ready: Callable[[str, Tokens], None] | None = None,
+    reconnect_timeout: float = 10.0,
+    listen_options: dict[str, Any] | None = None,
+) -> None:
+    """Run a manager process until SIGINT or SIGTERM: control plane + gateway on
+    ``listen`` (``host:port``, ``ws://host:port`` or any transport address)."""
+    from transport import listen as listen_on
+
+    address = listen if "://" in listen else f"ws://{listen}"
+    tokens = tokens or Tokens.generate()
+    stop = anyio.Event()
+    async with ActorSystem() as system:
+        plane = await start_control_plane(system, policies=policies)
+        gateway = Gateway(plane, reconnect_timeout=reconnect_timeout)
+        options: dict[str, Any] = dict(listen_options or {})
+        if address.startswith(("ws://", "wss://")):
+            options["tokens"] = tokens.roles()
+        listener = await listen_on(address, **options)
+        path = token_file or token_path(listener.address)
+        if address.startswith(("ws://", "wss://")):
+            tokens.write(path)
+        await system.start_service(listener.serve, gateway.handle)
+
+        async def on_signal() -> None:
+            stop.set()
+
+        await system.start_service(_until_signalled, on_signal)
+        _log.warning(
+            "manager listening",
+            address=listener.address,
+            token_file=str(path) if "tokens" in options else "-",
+        )
+        if ready is not None:
+            ready(listener.address, tokens)
+        await stop.wait()
+        await listener.aclose()
+        for peer in list(gateway.peers.values()):
+            await peer.aclose()
+
+
+async def run_worker(
+    address: str,
+    *,
+    cores: int = 1,
+    memory: int = 0,
+    disk: int = 0,
+    pool: str = "default",
+    host: str = "127.0.0.1",
+    token: str | None = None,
+    ready: Callable[[str], None] | None = None,
+    listen_options: dict[str, Any] | None = None,
+) -> None:
+    """Run a worker process until SIGINT/SIGTERM or until the manager goes away.
+
+    The worker listens on ``host`` (a free port) for its peers, and that address is its
+    id; it connects to the manager at ``address`` and says ``Hello``.
+    """
+    from runtime.codec import Frame
+    from transport import connect, listen
+
+    token = find_token(address, token)
+    scheme = urlsplit(address).scheme
+    stop = anyio.Event()
+    async with ActorSystem() as system:
+        peers: dict[str, Peer] = {}
+        worker_ref: dict[str, ActorRef[Any]] = {}
+        listen_options = dict(listen_options or {})
+        connect_options: dict[str, Any] = {}
+        if token and scheme in ("ws", "wss"):
+            tokens_map = {token: "admin"}
+            listen_options["tokens"] = tokens_map
+            connect_options["token"] = token
+        own_address = f"{scheme}://{host}:0" if scheme in ("ws", "wss") else "inproc://"
+        own = await listen(own_address, **listen_options)
+        worker_id = own.address
+
+        async def serve_peer(conn: Any) -> None:
+            role = getattr(conn, "role", None) or "admin"
+            peer = Peer(conn, worker_ref["worker"], name="peer", allow_pickle=role == "admin")
+            await peer.run()
+
+        async def resolve(wid: str) -> Any:
+            peer = peers.get(wid)
+            if peer is not None and not peer.closed:
+                return peer.ref
+            conn = await connect(wid, **connect_options)
+            peer = Peer(conn, None, name=wid, allow_pickle=True)
+            peers[wid] = peer
+            await system.start_service(peer.run)
+            return peer.ref
+
+        conn = await connect(address, **connect_options)
+        manager = Peer(conn, None, name="manager", allow_pickle=True, on_close=lambda p: stop.set())
+        worker = Worker(
+            worker_id, manager.ref, resolve, nthreads=cores, memory=memory, disk=disk, pool=pool,
+            register=False,
+        )  # fmt: skip
+        worker_ref["worker"] = await system.spawn(worker, "worker")
+        manager.target = worker_ref["worker"]
+        await conn.send(Frame(Hello("worker", worker_id, worker.info)))
+        await system.start_service(manager.run)
+        await system.start_service(own.serve, serve_peer)
+
+        async def on_signal() -> None:
+            stop.set()
+
+        await system.start_service(_until_signalled, on_signal)
+        if ready is not None:
+            ready(worker_id)
+        await stop.wait()
+        # Graceful: tell the scheduler we leave (it hands our running tasks to others,
+        # free of charge), stop serving peers, close.
+        if not manager.closed:
+            with anyio.move_on_after(5):
+                await manager.ref.tell(WorkerGone(worker_id, "drained"))
+        await own.aclose()
+        await manager.aclose()

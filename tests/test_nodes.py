@@ -1,0 +1,135 @@
+"""Manager, workers and a client as separate actor systems joined by connections.
+
+Everything runs in this process over ``inproc://`` with the codec on, so every message
+is encoded and decoded as over a websocket; the process-level tests (real processes,
+ws://) build on the same code.
+"""
+
+from __future__ import annotations
+
+import operator
+import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import pytest
+
+from runtime import Cluster
+from runtime.node import Tokens, run_manager, run_worker
+
+LIMIT = 20
+
+
+@asynccontextmanager
+async def nodes(n_workers: int = 2) -> AsyncIterator[tuple[str, list[anyio.CancelScope]]]:
+    """A manager and ``n_workers`` workers; yields the manager's address and one cancel
+    scope per worker (cancelling one is a worker that vanishes)."""
+    address = anyio.Event()
+    where: dict[str, str] = {}
+
+    def manager_ready(addr: str, tokens: Tokens) -> None:
+        where["manager"] = addr
+        address.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(
+            lambda: run_manager(
+                "inproc://", ready=manager_ready, listen_options={"codec": True},
+                reconnect_timeout=0.5,
+            )
+        )  # fmt: skip
+        await address.wait()
+        scopes: list[anyio.CancelScope] = []
+        for _ in range(n_workers):
+            scope = anyio.CancelScope()
+            scopes.append(scope)
+
+            async def worker(scope: anyio.CancelScope = scope) -> None:
+                with scope:
+                    await run_worker(where["manager"], listen_options={"codec": True})
+
+            tg.start_soon(worker)
+        yield where["manager"], scopes
+        tg.cancel_scope.cancel()
+
+
+def add(x: int, y: int) -> int:
+    return x + y
+
+
+def where_am_i(x: int) -> tuple[int, str]:
+    return x, threading.current_thread().name
+
+
+@pytest.mark.anyio
+async def test_a_client_runs_a_graph_on_remote_workers() -> None:
+    with anyio.fail_after(LIMIT):
+        async with nodes(2) as (address, _), Cluster(address) as cluster:
+            await cluster.wait_for_workers(2)
+            futures = cluster.map(where_am_i, range(40))
+            results = await cluster.gather(futures)
+            assert [r[0] for r in results] == list(range(40))
+            assert len({r[1].rsplit("-", 1)[0] for r in results}) == 2  # both workers ran
+            # A task needing inputs from both workers: worker-to-worker transfer.
+            total = cluster.submit(lambda xs: sum(x for x, _ in xs), futures)
+            assert await total == sum(range(40))
+            dsk = {"a": 1, "b": (operator.add, "a", 10), "c": (add, "b", "a")}
+            assert await cluster.compute(dsk, "c") == 12
+
+
+@pytest.mark.anyio
+async def test_a_task_error_reaches_the_remote_client_with_its_type() -> None:
+    with anyio.fail_after(LIMIT):
+        async with nodes(1) as (address, _), Cluster(address) as cluster:
+            fut = cluster.submit(operator.truediv, 1, 0)
+            with pytest.raises(ZeroDivisionError):
+                await fut
+            status = await cluster.status()
+            assert status["categories"]["truediv"]["errors"] == 1
+
+
+@pytest.mark.anyio
+async def test_a_vanished_worker_is_replaced_by_the_others() -> None:
+    with anyio.fail_after(LIMIT):
+        async with nodes(2) as (address, scopes), Cluster(address) as cluster:
+            await cluster.wait_for_workers(2)
+            first = await cluster.gather(cluster.map(where_am_i, range(20)))
+            assert len(first) == 20
+            scopes[0].cancel()  # worker 0 disappears without a word
+            futures = [cluster.submit(add, i, 1000) for i in range(30)]
+            assert await cluster.gather(futures) == [i + 1000 for i in range(30)]
+
+
+UNPICKLED: list[int] = []
+
+
+class Tracked:
+    """Counts how often it is rebuilt from a pickle."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __reduce__(self) -> Any:
+        return (_rebuild_tracked, (self.n,))
+
+
+def _rebuild_tracked(n: int) -> Tracked:
+    UNPICKLED.append(n)
+    return Tracked(n)
+
+
+def make_tracked(n: int) -> Tracked:
+    return Tracked(n)
+
+
+@pytest.mark.anyio
+async def test_results_are_pickled_once_and_opened_only_by_the_client() -> None:
+    with anyio.fail_after(LIMIT):
+        async with nodes(1) as (address, _), Cluster(address) as cluster:
+            UNPICKLED.clear()
+            value = await cluster.submit(make_tracked, 5)
+            assert isinstance(value, Tracked) and value.n == 5
+            # One rebuild: the client's. The manager forwarded the worker's pickle as bytes.
+            assert UNPICKLED == [5]

@@ -1,0 +1,336 @@
+"""Tests for local worker processes (actors/processes.py), with real processes.
+
+The children are the small programs in ``tests/helpers_child.py``. Every test is bounded
+with ``anyio.fail_after``; nothing sleeps and then asserts: the tests wait on process
+exits, on pipes, or poll a condition (a child's log line, a pid being gone) in short
+steps inside such a bound.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import anyio
+import psutil
+import pytest
+from anyio.streams.buffered import BufferedByteReceiveStream
+
+from actors.autoscaler import Autoscaler, PoolTarget
+from actors.processes import (
+    LIFELINE_ENV,
+    LIFELINE_EXIT_CODE,
+    LocalProcessProvider,
+    describe_exit,
+    spawn_child,
+)
+from actors.providers import Block, BlockSpec, BlockState
+from runtime.kernel import Actor, ActorSystem, handles
+from runtime.messages import WorkerGone
+
+pytestmark = pytest.mark.anyio
+
+LIMIT = 15.0  # seconds; the bound on every test (a child takes ~0.5 s to import anyio)
+CHILD = [sys.executable, str(Path(__file__).with_name("helpers_child.py"))]
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+class Lines(logging.Handler):
+    """Collects the messages of the ``corral`` logger."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+    def has(self, *parts: str) -> bool:
+        return any(all(p in line for p in parts) for line in self.lines)
+
+
+@pytest.fixture
+def corral_log() -> Iterator[Lines]:
+    logger = logging.getLogger("corral")
+    handler = Lines()
+    old_level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield handler
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old_level)
+
+
+async def until(condition: Callable[[], bool], *, step: float = 0.01) -> None:
+    """Poll ``condition`` until true (the caller bounds the wait with ``fail_after``)."""
+    while not condition():
+        await anyio.sleep(step)
+
+
+def gone(pid: int) -> bool:
+    """Whether ``pid`` no longer runs (a zombie waiting for init to reap it counts)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def sleeper(*flags: str) -> Callable[[str, int], list[str]]:
+    return lambda block_id, index: [*CHILD, "sleep", *flags]
+
+
+async def wait_ready(log: Lines, provider: LocalProcessProvider, block: Block) -> dict[str, int]:
+    pids = provider.pids(block)
+    await until(lambda: all(log.has(f"ready {pid} {wid}") for wid, pid in pids.items()))
+    return pids
+
+
+# ----------------------------------------------------------------------------- spawn_child
+
+
+async def test_closing_the_lifeline_ends_a_watching_child() -> None:
+    with anyio.fail_after(LIMIT):
+        child = await spawn_child([*CHILD, "sleep"], pdeathsig=None)
+        async with child:
+            assert child.stdout is not None
+            lines = BufferedByteReceiveStream(child.stdout)
+            ready = await lines.receive_until(b"\n", 1000)
+            assert ready.startswith(f"ready {child.pid} ".encode())
+            child.close_lifeline()
+            assert await child.wait() == LIFELINE_EXIT_CODE
+    assert gone(child.pid)
+
+
+async def test_a_child_without_lifeline_has_no_lifeline_variable() -> None:
+    code = f"import os; print(os.environ.get({LIFELINE_ENV!r}, 'none'))"
+    with anyio.fail_after(LIMIT):
+        async with await spawn_child(
+            [sys.executable, "-c", code], env={**os.environ, LIFELINE_ENV: "7"}, lifeline=False
+        ) as child:
+            assert child.stdout is not None
+            line = await BufferedByteReceiveStream(child.stdout).receive_until(b"\n", 100)
+            assert line == b"none"
+            assert await child.wait() == 0
+
+
+def test_describe_exit() -> None:
+    assert describe_exit(3) == "exit code 3"
+    assert describe_exit(-9) == "killed by SIGKILL (signal 9)"
+
+
+# ----------------------------------------------------------------------------- blocks
+
+
+async def test_block_runs_forwards_output_and_scales_in(corral_log: Lines) -> None:
+    with anyio.fail_after(LIMIT):
+        async with LocalProcessProvider(sleeper(), grace=5.0) as provider:
+            block = await provider.start_block(BlockSpec(workers=2))
+            assert block.state is BlockState.RUNNING
+            assert provider.poll(block) is BlockState.RUNNING
+            assert block.workers == ["worker-1.0", "worker-1.1"]
+            pids = await wait_ready(corral_log, provider, block)
+            assert all(psutil.pid_exists(pid) for pid in pids.values())
+            for wid, pid in pids.items():  # the child's id is on its forwarded lines
+                assert corral_log.has(f"ready {pid} {wid}", f"child='{wid}'", "stream='stdout'")
+
+            await provider.stop_block(block)
+            assert block.state is BlockState.SCALED_IN
+            assert provider.poll(block) is BlockState.SCALED_IN
+            assert await provider.wait_ended(block) is BlockState.SCALED_IN
+            assert "worker-1.0 killed by SIGTERM" in block.detail
+            # Reaped by us: the pids do not even exist as zombies.
+            assert not any(psutil.pid_exists(pid) for pid in pids.values())
+
+
+async def test_exit_code_3_fails_the_block(corral_log: Lines) -> None:
+    with anyio.fail_after(LIMIT):
+        async with LocalProcessProvider(lambda b, i: [*CHILD, "exit", "3"]) as provider:
+            block = await provider.start_block(BlockSpec())
+            assert await provider.wait_ended(block) is BlockState.FAILED
+            assert "exit code 3" in block.detail
+            assert block.detail.startswith("worker-1 failed")
+            assert corral_log.has("exiting 3", "child='worker-1'")
+
+
+async def test_exit_code_0_completes_the_block() -> None:
+    with anyio.fail_after(LIMIT):
+        async with LocalProcessProvider(lambda b, i: [*CHILD, "exit", "0"]) as provider:
+            block = await provider.start_block(BlockSpec(workers=2))
+            assert await provider.wait_ended(block) is BlockState.COMPLETED
+            assert block.detail == "completed: worker-1.0 exit code 0, worker-1.1 exit code 0"
+
+
+async def test_sigkill_from_outside_fails_the_block_and_stops_the_rest(
+    corral_log: Lines,
+) -> None:
+    with anyio.fail_after(LIMIT):
+        async with LocalProcessProvider(sleeper(), grace=5.0) as provider:
+            block = await provider.start_block(BlockSpec(workers=2))
+            pids = await wait_ready(corral_log, provider, block)
+            os.kill(pids["worker-1.0"], signal.SIGKILL)
+            assert await provider.wait_ended(block) is BlockState.FAILED
+            assert block.detail.startswith("worker-1.0 failed: killed by SIGKILL (signal 9)")
+            assert "stopped the rest of the block: worker-1.1 killed by SIGTERM" in block.detail
+            assert not any(psutil.pid_exists(pid) for pid in pids.values())
+
+
+async def test_a_program_that_cannot_start_fails_the_block() -> None:
+    with anyio.fail_after(LIMIT):
+        async with LocalProcessProvider(lambda b, i: ["/nonexistent/corral-worker"]) as provider:
+            block = await provider.start_block(BlockSpec(workers=2))
+            assert block.state is BlockState.FAILED
+            assert await provider.wait_ended(block) is BlockState.FAILED
+            assert "could not start" in block.detail and "/nonexistent" in block.detail
+            assert block.workers == []
+
+
+async def test_output_to_files(tmp_path: Path) -> None:
+    with anyio.fail_after(LIMIT):
+        async with LocalProcessProvider(
+            lambda b, i: [*CHILD, "exit", "0"], log_dir=tmp_path / "logs"
+        ) as provider:
+            block = await provider.start_block(BlockSpec())
+            assert await provider.wait_ended(block) is BlockState.COMPLETED
+    assert (tmp_path / "logs" / "worker-1.stdout").read_text() == "exiting 0\n"
+    assert (tmp_path / "logs" / "worker-1.stderr").read_text() == ""
+
+
+# ----------------------------------------------------------------------------- leaving
+
+
+async def test_leaving_kills_a_child_that_ignores_sigterm(corral_log: Lines) -> None:
+    grace = 0.3
+
+    def argv_for(block_id: str, index: int) -> list[str]:
+        return [*CHILD, "sleep", *(["--ignore-term"] if index == 0 else [])]
+
+    with anyio.fail_after(LIMIT):
+        async with LocalProcessProvider(argv_for, grace=grace) as provider:
+            block = await provider.start_block(BlockSpec(workers=2))
+            pids = await wait_ready(corral_log, provider, block)  # SIG_IGN is set by now
+            left = time.monotonic()
+        took = time.monotonic() - left
+    assert took >= grace  # the SIGTERM was ignored: SIGKILL came after the grace period
+    assert not any(psutil.pid_exists(pid) for pid in pids.values())
+    assert block.state is BlockState.SCALED_IN
+    assert "worker-1.0 killed by SIGKILL (signal 9) after ignoring SIGTERM for 0.3 s" in (
+        block.detail
+    )
+    assert "worker-1.1 killed by SIGTERM" in block.detail
+
+
+async def test_an_error_in_the_body_stops_children_and_propagates_unwrapped(
+    corral_log: Lines,
+) -> None:
+    with anyio.fail_after(LIMIT), pytest.raises(KeyError, match="boom"):
+        async with LocalProcessProvider(sleeper()) as provider:
+            block = await provider.start_block(BlockSpec())
+            pids = await wait_ready(corral_log, provider, block)
+            raise KeyError("boom")
+    assert not any(psutil.pid_exists(pid) for pid in pids.values())
+    assert block.state is BlockState.SCALED_IN
+
+
+async def test_cancelling_run_stops_children(corral_log: Lines) -> None:
+    provider = LocalProcessProvider(sleeper())
+    with anyio.fail_after(LIMIT):
+        async with anyio.create_task_group() as tg:
+            await tg.start(provider.run)
+            block = await provider.start_block(BlockSpec(workers=2))
+            pids = await wait_ready(corral_log, provider, block)
+            tg.cancel_scope.cancel()
+    assert not any(psutil.pid_exists(pid) for pid in pids.values())
+    assert block.state is BlockState.SCALED_IN
+    with pytest.raises(RuntimeError, match="not running"):
+        await provider.start_block(BlockSpec())
+
+
+# ----------------------------------------------------------------------------- autoscaler
+
+
+class FakeScheduler(Actor):
+    def __init__(self) -> None:
+        self.gone: list[WorkerGone] = []
+
+    @handles(WorkerGone)
+    def worker_gone(self, msg: WorkerGone) -> None:
+        self.gone.append(msg)
+
+
+async def test_autoscaler_replaces_a_killed_worker(corral_log: Lines) -> None:
+    scheduler = FakeScheduler()
+    with anyio.fail_after(LIMIT):
+        async with LocalProcessProvider(sleeper(), grace=5.0) as provider:
+            async with ActorSystem() as system:
+                sched_ref = await system.spawn(scheduler, "scheduler")
+                autoscaler = Autoscaler(
+                    provider, sched_ref, {"default": PoolTarget(2, BlockSpec())}
+                )
+                await system.spawn(autoscaler, "autoscaler")
+                await provider.wait_blocks_started(2)
+                first = sorted(autoscaler.blocks.values(), key=lambda b: b.block_id)
+                pids = {wid: pid for b in first for wid, pid in provider.pids(b).items()}
+                for b in first:
+                    await wait_ready(corral_log, provider, b)
+
+                victim = first[0]
+                os.kill(provider.pids(victim)["worker-1"], signal.SIGKILL)
+                await provider.wait_blocks_started(3)
+
+                assert victim.state is BlockState.FAILED
+                assert "SIGKILL" in victim.detail
+                live = sorted(autoscaler.blocks.values(), key=lambda b: b.block_id)
+                assert [b.block_id for b in live] == ["block-2", "block-3"]
+                assert all(provider.poll(b) is BlockState.RUNNING for b in live)
+                await wait_ready(corral_log, provider, live[1])
+                pids.update(provider.pids(live[1]))
+                await until(
+                    lambda: (
+                        [(g.worker_id, g.cause) for g in scheduler.gone] == [("worker-1", "crash")]
+                    )
+                )
+            # The actor system stopped the autoscaler, which scaled its blocks in.
+            assert all(b.state is BlockState.SCALED_IN for b in live)
+    assert not any(psutil.pid_exists(pid) for pid in pids.values())
+
+
+# ----------------------------------------------------------------------------- no orphans
+
+
+@pytest.mark.parametrize("kind", ["pdeathsig", "lifeline"])
+async def test_no_orphans_when_the_parent_is_sigkilled(kind: str) -> None:
+    """An intermediate parent starts two grandchildren; ``kill -9`` it; both go.
+
+    ``pdeathsig``: the grandchildren do not watch their lifeline, only PDEATHSIG can end
+    them. ``lifeline``: PDEATHSIG is off, only the lifeline can end them.
+    """
+    with anyio.fail_after(LIMIT):
+        async with await spawn_child([*CHILD, "parent", kind], stderr=None) as parent:
+            assert parent.stdout is not None
+            out = BufferedByteReceiveStream(parent.stdout)
+            line = b""
+            while not line.startswith(b"pids "):
+                line = await out.receive_until(b"\n", 100_000)
+            pids = [int(p) for p in line.split()[1:]]
+            assert len(pids) == 2
+            ready: set[int] = set()
+            while ready != set(pids):
+                line = await out.receive_until(b"\n", 100_000)
+                ready |= {pid for pid in pids if f"ready {pid} ".encode() in line}
+            assert not any(gone(pid) for pid in pids)
+
+            killed = time.monotonic()
+            os.kill(parent.pid, signal.SIGKILL)
+            assert await parent.wait() == -signal.SIGKILL
+            await until(lambda: all(gone(pid) for pid in pids), step=0.001)
+            took = time.monotonic() - killed
+    print(f"{kind}: grandchildren gone {took * 1000:.1f} ms after the SIGKILL")
