@@ -5,6 +5,9 @@ script). Commands:
 
 - ``demo`` (the default when no command is given): run the physics-skim demo workflow
   in-process (see :mod:`runtime.demo`) and print a summary.
+- ``manager``: run a manager process (scheduler, file registry, gateway) listening for
+  workers, clients and consoles over websockets.
+- ``worker``: run a worker process that joins a manager.
 - ``version``: print the versions of Corral, Python and dask.
 
 Exit codes: 0 on success; 1 when the run failed or an option is out of range (one line
@@ -24,7 +27,7 @@ from typing import Any
 
 __all__ = ["build_parser", "main"]
 
-COMMANDS = ("demo", "version")
+COMMANDS = ("demo", "manager", "worker", "version")
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
@@ -126,6 +129,52 @@ def build_parser() -> argparse.ArgumentParser:
         "fail unless the results are identical",
     )
 
+    mgr = sub.add_parser(
+        "manager",
+        prog="python -m runtime manager",
+        parents=[common],
+        help="run a manager process that workers, clients and consoles join",
+        description="Run the control plane (scheduler, file registry, manager) and a "
+        "websocket gateway. Workers join with `python -m runtime worker ws://HOST:PORT`, "
+        "clients with Cluster('ws://HOST:PORT'). Stops gracefully on SIGINT/SIGTERM.",
+    )
+    mgr.add_argument(
+        "--listen",
+        default="127.0.0.1:8786",
+        metavar="HOST:PORT",
+        help="address to listen on (default: 127.0.0.1:8786; port 0 picks a free one)",
+    )
+    mgr.add_argument(
+        "--token-file",
+        metavar="PATH",
+        help="where to write the cluster tokens (mode 0600; default: "
+        "~/.corral/tokens/HOST_PORT.json, where local workers and consoles look)",
+    )
+    wrk = sub.add_parser(
+        "worker",
+        prog="python -m runtime worker",
+        parents=[common],
+        help="run a worker process that joins a manager",
+        description="Join the manager at ADDRESS and run its tasks. The worker listens on "
+        "a free port of --host for its peers (they fetch inputs from each other directly). "
+        "Stops gracefully on SIGINT/SIGTERM: its running tasks go back to the scheduler.",
+    )
+    wrk.add_argument("address", metavar="ADDRESS", help="the manager, e.g. ws://127.0.0.1:8786")
+    wrk.add_argument("--cores", type=int, default=1, metavar="N", help="task threads (default: 1)")
+    wrk.add_argument(
+        "--memory", default="0", metavar="SIZE", help="memory it offers, e.g. 4GiB (default: all)"
+    )
+    wrk.add_argument("--disk", default="0", metavar="SIZE", help="disk it offers, e.g. 20GiB")
+    wrk.add_argument(
+        "--pool", default="default", metavar="NAME", help="its pool (default: default)"
+    )
+    wrk.add_argument(
+        "--host", default="127.0.0.1", help="address its peers reach it on (default: 127.0.0.1)"
+    )
+    wrk.add_argument(
+        "--token", default=None, help="the cluster token (default: CORRAL_TOKEN or the token file)"
+    )
+
     sub.add_parser(
         "version",
         prog="python -m runtime version",
@@ -192,6 +241,51 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_manager(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    import anyio
+
+    from runtime.node import Tokens, run_manager
+
+    def ready(address: str, tokens: Tokens) -> None:
+        print(f"manager listening on {address}", flush=True)
+
+    token_file = Path(args.token_file) if args.token_file else None
+    anyio.run(
+        lambda: run_manager(args.listen, token_file=token_file, ready=ready), backend="asyncio"
+    )
+    return 0
+
+
+def _cmd_worker(args: argparse.Namespace) -> int:
+    import anyio
+
+    from runtime.client import parse_bytes
+    from runtime.node import run_worker
+
+    if args.cores < 1:
+        raise ValueError("--cores must be at least 1")
+
+    def ready(worker_id: str) -> None:
+        print(f"worker {worker_id} joined {args.address}", flush=True)
+
+    anyio.run(
+        lambda: run_worker(
+            args.address,
+            cores=args.cores,
+            memory=parse_bytes(args.memory),
+            disk=parse_bytes(args.disk),
+            pool=args.pool,
+            host=args.host,
+            token=args.token,
+            ready=ready,
+        ),
+        backend="asyncio",
+    )
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit code."""
     parser = build_parser()
@@ -199,7 +293,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     from runtime.log import configure
 
     configure(args.log_level, stream=_StderrProxy())
-    commands = {"demo": _cmd_demo, "version": _cmd_version}
+    commands = {
+        "demo": _cmd_demo,
+        "manager": _cmd_manager,
+        "worker": _cmd_worker,
+        "version": _cmd_version,
+    }
     try:
         return commands[args.command or "demo"](args)
     except KeyboardInterrupt:

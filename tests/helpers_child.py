@@ -2,9 +2,10 @@
 
 Modes:
 
-- ``sleep [--no-lifeline] [--ignore-term]``: print ``ready <pid> <worker id>``, then wait
-  for ever; by default it runs :func:`actors.processes.watch_lifeline` meanwhile.
-  ``--ignore-term`` sets SIGTERM to SIG_IGN *before* printing ``ready``.
+- ``sleep [--no-lifeline] [--ignore-term] [--hook]``: print ``ready <pid> <worker id>``,
+  then wait for ever; by default it runs :func:`actors.processes.watch_lifeline`
+  meanwhile (``--hook``: with a hook printing ``hook ran``). ``--ignore-term`` sets
+  SIGTERM to SIG_IGN *before* printing ``ready``.
 - ``exit N``: print ``exiting N`` and exit with status ``N``.
 - ``parent pdeathsig|lifeline``: the intermediate parent of the no-orphans tests. It runs
   a :class:`~actors.processes.LocalProcessProvider` with one block of two ``sleep``
@@ -32,10 +33,10 @@ def say(text: str) -> None:
     print(text, flush=True)
 
 
-async def wait_forever(lifeline: bool) -> None:
+async def wait_forever(lifeline: bool, hook: bool) -> None:
     async with anyio.create_task_group() as tg:
         if lifeline:
-            tg.start_soon(watch_lifeline)
+            tg.start_soon(watch_lifeline, (lambda: say("hook ran")) if hook else None)
         await anyio.sleep_forever()
 
 
@@ -43,7 +44,7 @@ def sleep(args: list[str]) -> None:
     if "--ignore-term" in args:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     say(f"ready {os.getpid()} {os.environ.get('CORRAL_WORKER_ID', '-')}")
-    anyio.run(wait_forever, "--no-lifeline" not in args)
+    anyio.run(wait_forever, "--no-lifeline" not in args, "--hook" in args)
 
 
 async def parent(kind: str) -> None:

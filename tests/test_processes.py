@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -25,7 +26,9 @@ from actors.autoscaler import Autoscaler, PoolTarget
 from actors.processes import (
     LIFELINE_ENV,
     LIFELINE_EXIT_CODE,
+    _ORPHANED_AT_BIRTH_EXIT_CODE,
     LocalProcessProvider,
+    _deathsig_setup,
     describe_exit,
     spawn_child,
 )
@@ -72,7 +75,7 @@ def corral_log() -> Iterator[Lines]:
 
 async def until(condition: Callable[[], bool], *, step: float = 0.01) -> None:
     """Poll ``condition`` until true (the caller bounds the wait with ``fail_after``)."""
-    while not condition():
+    while not condition():  # noqa: ASYNC110 - nothing signals a pid's end or a log line
         await anyio.sleep(step)
 
 
@@ -99,13 +102,14 @@ async def wait_ready(log: Lines, provider: LocalProcessProvider, block: Block) -
 
 async def test_closing_the_lifeline_ends_a_watching_child() -> None:
     with anyio.fail_after(LIMIT):
-        child = await spawn_child([*CHILD, "sleep"], pdeathsig=None)
+        child = await spawn_child([*CHILD, "sleep", "--hook"], pdeathsig=None)
         async with child:
             assert child.stdout is not None
             lines = BufferedByteReceiveStream(child.stdout)
             ready = await lines.receive_until(b"\n", 1000)
             assert ready.startswith(f"ready {child.pid} ".encode())
             child.close_lifeline()
+            assert await lines.receive_until(b"\n", 1000) == b"hook ran"
             assert await child.wait() == LIFELINE_EXIT_CODE
     assert gone(child.pid)
 
@@ -120,6 +124,23 @@ async def test_a_child_without_lifeline_has_no_lifeline_variable() -> None:
             line = await BufferedByteReceiveStream(child.stdout).receive_until(b"\n", 100)
             assert line == b"none"
             assert await child.wait() == 0
+
+
+def test_a_child_whose_parent_died_before_prctl_exits_at_once() -> None:
+    # The check after prctl compares getppid() with the pid that spawned the child; a
+    # pid that cannot be the parent's stands for "the parent died and we were adopted".
+    setup = _deathsig_setup(signal.SIGTERM, parent_pid=-1)
+    if setup is None:
+        pytest.skip("PR_SET_PDEATHSIG is Linux only")
+    done = subprocess.run(
+        [sys.executable, "-c", "print('ran')"],
+        preexec_fn=setup,
+        stdout=subprocess.PIPE,
+        timeout=LIMIT,
+        check=False,
+    )
+    assert done.stdout == b""  # it never reached exec
+    assert done.returncode == _ORPHANED_AT_BIRTH_EXIT_CODE
 
 
 def test_describe_exit() -> None:
