@@ -497,8 +497,10 @@ class _Record:
     block: Block
     children: list[_Child] = dataclasses.field(default_factory=list)
     ended: anyio.Event = dataclasses.field(default_factory=anyio.Event)
+    starting: bool = True  #: start_block is still spawning its processes
     stopping: bool = False  #: stop_block (or the provider's exit) asked it to end
     failure: str = ""  #: the first failure seen while not stopping
+    failed_worker: str = ""  #: whose failure that was
     live: int = 0  #: children not yet reaped and finished with
 
 
@@ -629,6 +631,7 @@ class LocalProcessProvider(Provider):
                     process = await self._spawn(wid, block.block_id, argv)
                 except OSError as exc:
                     rec.failure = f"{wid} could not start {argv!r}: {exc}"
+                    rec.failed_worker = wid
                     self._log.error("worker process could not start", worker=wid, error=str(exc))
                     break
                 child = _Child(wid, process)
@@ -637,14 +640,14 @@ class LocalProcessProvider(Provider):
                 block.workers.append(wid)
                 tg.start_soon(self._supervise, rec, child)
         except BaseException:  # cancelled (or argv_for raised) half-way: undo
+            rec.starting = False
             with anyio.CancelScope(shield=True):
                 rec.failure = rec.failure or "start_block was interrupted"
                 await self._terminate(rec)
-                self._finish_if_done(rec)
             raise
-        if rec.failure:
+        rec.starting = False
+        if rec.failure:  # one could not start, or one failed already: stop the others
             await self._terminate(rec)
-            self._finish_if_done(rec)
         else:
             block.state = BlockState.RUNNING
             self._log.info(
@@ -652,6 +655,7 @@ class LocalProcessProvider(Provider):
                 block=block.block_id,
                 pids={c.worker_id: c.process.pid for c in rec.children},
             )
+            self._finish_if_done(rec)  # they may all have exited (with 0) already
         self.blocks_started += 1
         changed, self._started_changed = self._started_changed, anyio.Event()
         changed.set()
@@ -787,6 +791,7 @@ class LocalProcessProvider(Provider):
         failed = rc != 0
         if failed and not rec.stopping and not rec.failure:
             rec.failure = f"{child.worker_id} failed: {child.outcome}"
+            rec.failed_worker = child.worker_id
             self._log.warning(
                 "worker process failed",
                 block=rec.block.block_id,
@@ -798,13 +803,14 @@ class LocalProcessProvider(Provider):
         self._finish_if_done(rec)
 
     def _finish_if_done(self, rec: _Record) -> None:
-        if rec.live or rec.ended.is_set():
+        """Give the block its terminal state once none of its processes is left."""
+        if rec.live or rec.starting or rec.ended.is_set():
             return
         block = rec.block
         outcomes = ", ".join(f"{c.worker_id} {c.outcome}" for c in rec.children)
         if rec.failure:
             block.state = BlockState.FAILED
-            others = [c for c in rec.children if not rec.failure.startswith(f"{c.worker_id} ")]
+            others = [c for c in rec.children if c.worker_id != rec.failed_worker]
             rest = ", ".join(f"{c.worker_id} {c.outcome}" for c in others)
             block.detail = rec.failure + (
                 f"; stopped the rest of the block: {rest}" if rest else ""

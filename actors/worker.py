@@ -44,6 +44,7 @@ from runtime.messages import (
     RegisterWorker,
     RunTasks,
     StatusRequest,
+    Stop,
     TasksDone,
     WorkerInfo,
     message,
@@ -225,6 +226,7 @@ class Worker(Actor):
         pool: str = "default",
         fetch_timeout: float = 30.0,
         register: bool = True,
+        on_retire: Callable[[], None] | None = None,
     ) -> None:
         if nthreads < 1:
             raise ValueError(f"a worker needs at least one thread, got {nthreads}")
@@ -237,6 +239,7 @@ class Worker(Actor):
         self.pool = pool
         self.fetch_timeout = fetch_timeout
         self.register = register  #: tell the scheduler at start (False: a gateway does)
+        self.on_retire = on_retire  #: what a Stop from the scheduler does (default: stop)
         self.data: dict[Key, Any] = {}  #: outputs held here
         self.nbytes: dict[Key, int] = {}  #: their sizes
         self.running: dict[Key, ToRun] = {}  #: tasks handed to the executor
@@ -393,6 +396,15 @@ class Worker(Actor):
         if msg.raw:
             data = {k: pickle.dumps(v, protocol=5) for k, v in data.items()}
         return DataReply(data, tuple(missing), msg.raw)
+
+    @handles(Stop)
+    def retire(self, msg: Stop) -> None:
+        """The scheduler retires this worker (drained): end it."""
+        self.log.info("retired", reason=msg.reason)
+        if self.on_retire is not None:
+            self.on_retire()
+        else:
+            self.stop(msg.reason)
 
     @handles(StatusRequest)
     def status(self, msg: StatusRequest) -> WorkerStatus:

@@ -71,6 +71,11 @@ __all__ = [
 
 _log = get_logger("corral.node")
 
+#: Seconds between heartbeats on an idle connection, and of silence before a peer is
+#: declared dead (a worker then becomes lost, unless it reconnects in time).
+HEARTBEAT = 2.0
+DEAD_AFTER = 10.0
+
 
 # ----------------------------------------------------------------------------- control plane
 
@@ -251,9 +256,18 @@ class _Guard:
 class Gateway:
     """Joins connections from other processes to a control plane."""
 
-    def __init__(self, plane: ControlPlane, *, reconnect_timeout: float = 10.0) -> None:
+    def __init__(
+        self,
+        plane: ControlPlane,
+        *,
+        reconnect_timeout: float = 10.0,
+        heartbeat: float = HEARTBEAT,
+        dead_after: float = DEAD_AFTER,
+    ) -> None:
         self.plane = plane
         self.reconnect_timeout = reconnect_timeout
+        self.heartbeat = heartbeat
+        self.dead_after = dead_after
         self.peers: dict[str, Peer] = {}  #: live peers by name
         self._generation: dict[str, int] = {}  #: connections seen per name
         self._returned: dict[str, anyio.Event] = {}  #: set when a dropped worker is back
@@ -296,7 +310,10 @@ class Gateway:
         back = self._returned.pop(hello.name, None)
         if back is not None:
             back.set()
-        peer = Peer(conn, target, name=hello.name, allow_pickle=admin)
+        peer = Peer(
+            conn, target, name=hello.name, allow_pickle=admin,
+            heartbeat=self.heartbeat, timeout=self.dead_after,
+        )  # fmt: skip
         old = self.peers.get(hello.name)
         self.peers[hello.name] = peer
         if old is not None and not old.closed:
@@ -310,13 +327,16 @@ class Gateway:
         finally:
             if self.peers.get(hello.name) is peer:
                 if hello.kind == "worker":
-                    await self._worker_dropped(hello.name, generation)
+                    # Silence means we cannot tell why; a dropped connection without a
+                    # goodbye (a graceful worker says WorkerGone first) is a crash.
+                    cause = "unknown" if peer.closed_reason else "crash"
+                    await self._worker_dropped(hello.name, generation, cause)
                 else:
                     self.peers.pop(hello.name, None)
                     if hello.kind == "client":
                         await self.plane.manager.tell(ClientGone(hello.name))
 
-    async def _worker_dropped(self, name: str, generation: int) -> None:
+    async def _worker_dropped(self, name: str, generation: int, cause: str) -> None:
         """Give a worker ``reconnect_timeout`` seconds to come back, then report it."""
         back = self._returned[name] = anyio.Event()
         with anyio.move_on_after(self.reconnect_timeout):
@@ -325,7 +345,7 @@ class Gateway:
             self._returned.pop(name, None)
             self.peers.pop(name, None)
             _log.warning("worker connection lost", worker=name)
-            await self.plane.refs["scheduler"].tell(WorkerGone(name, "unknown"))
+            await self.plane.refs["scheduler"].tell(WorkerGone(name, cause))
 
 
 # ----------------------------------------------------------------------------- processes
@@ -442,10 +462,13 @@ async def run_worker(
             return peer.ref
 
         conn = await connect(address, **connect_options)
-        manager = Peer(conn, None, name="manager", allow_pickle=True, on_close=lambda p: stop.set())
+        manager = Peer(
+            conn, None, name="manager", allow_pickle=True, on_close=lambda p: stop.set(),
+            heartbeat=HEARTBEAT, timeout=DEAD_AFTER,
+        )  # fmt: skip
         worker = Worker(
             worker_id, manager.ref, resolve, nthreads=cores, memory=memory, disk=disk, pool=pool,
-            register=False,
+            register=False, on_retire=stop.set,
         )  # fmt: skip
         worker_ref["worker"] = await system.spawn(worker, "worker")
         manager.target = worker_ref["worker"]

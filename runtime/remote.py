@@ -23,6 +23,10 @@ Rules:
    transport's bounded buffers) stops the sender.
 4. When the connection closes, pending asks fail with ``ActorStopped``; the reference
    reports ``stopped``; ``on_close`` (if given) is called once.
+5. Liveness: with ``heartbeat=T``, a side that has sent nothing for ``T`` seconds sends
+   a ``Ping``; a side that has received nothing for ``timeout`` seconds (default 3 T)
+   closes the connection as dead (``closed_reason`` says so), which rule 4 turns into
+   failures on both sides.
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ from runtime.codec import Frame
 from runtime.errors import ActorStopped, AskTimeout, CorralError, ProtocolError
 from runtime.kernel import ActorRef, current_causal_id, new_causal_id
 from runtime.log import get_logger
-from runtime.messages import ErrorReply, Message, message
+from runtime.messages import ErrorReply, Message, Ping, message
 
 __all__ = ["Peer", "PickledMsg", "RemoteError", "RemoteRef", "from_wire", "to_wire"]
 
@@ -144,8 +148,14 @@ class Peer:
         name: str,
         allow_pickle: bool,
         on_close: Callable[[Peer], None] | None = None,
+        heartbeat: float | None = None,
+        timeout: float | None = None,
     ) -> None:
         self.conn = conn
+        self.heartbeat = heartbeat
+        self.timeout = timeout if timeout is not None else (3 * heartbeat if heartbeat else None)
+        self.closed_reason = ""
+        self._last_in = self._last_out = anyio.current_time()
         self.target = target
         self.name = name
         self.allow_pickle = allow_pickle
@@ -167,6 +177,8 @@ class Peer:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
                 tg.start_soon(self._send_loop)
+                if self.heartbeat:
+                    tg.start_soon(self._heartbeat_loop)
                 task_status.started()
                 await self._receive_loop()
                 tg.cancel_scope.cancel()
@@ -211,7 +223,21 @@ class Peer:
             raise pending.error
         return pending.value
 
+    async def _heartbeat_loop(self) -> None:
+        assert self.heartbeat is not None and self.timeout is not None
+        while True:
+            await anyio.sleep(self.heartbeat / 2)
+            now = anyio.current_time()
+            if now - self._last_in > self.timeout:
+                self.closed_reason = f"no message for {now - self._last_in:.1f} s (dead peer)"
+                _log.warning("peer silent; closing", peer=self.name, reason=self.closed_reason)
+                await self.conn.aclose()
+                return
+            if now - self._last_out >= self.heartbeat:
+                self.post(Ping(), "")
+
     async def _send(self, frame: Frame) -> None:
+        self._last_out = anyio.current_time()
         try:
             await self.conn.send(frame)
         except CorralError as exc:
@@ -223,6 +249,7 @@ class Peer:
         if self._out:
             frames = list(self._out)
             self._out.clear()
+            self._last_out = anyio.current_time()
             await self.conn.send_many(frames)
 
     async def _send_loop(self) -> None:
@@ -244,6 +271,9 @@ class Peer:
                 frame = await self.conn.receive()
             except ConnectionClosed:
                 return
+            self._last_in = anyio.current_time()
+            if type(frame.msg) is Ping and not frame.request_id:
+                continue  # a heartbeat: its arrival is all it says
             if frame.reply_to:
                 self._resolve(frame)
                 continue

@@ -218,3 +218,32 @@ async def test_ask_timeout_over_the_connection() -> None:
                 await client.ref.ask(Hold(), timeout=0.05)
             server.gate.set()
             assert await client.ref.ask(Ping(1)) == Pong(2)
+
+
+@pytest.mark.anyio
+async def test_a_silent_peer_is_declared_dead_and_closed() -> None:
+    with anyio.fail_after(LIMIT):
+        listener = await listen("inproc://", codec=True)
+        closed = anyio.Event()
+        reasons: list[str] = []
+        async with anyio.create_task_group() as tg:
+
+            async def handler(conn: Any) -> None:
+                peer = Peer(
+                    conn, None, name="silent", allow_pickle=False, heartbeat=0.05, timeout=0.2,
+                    on_close=lambda p: (reasons.append(p.closed_reason), closed.set()),
+                )  # fmt: skip
+                await peer.run()
+
+            await tg.start(listener.serve, handler)
+            conn = await connect(listener.address)  # connects, then never says a word
+            pings = 0
+            with anyio.move_on_after(5):
+                async for frame in conn:  # the server's heartbeats arrive meanwhile
+                    assert isinstance(frame.msg, Ping)
+                    pings += 1
+            await closed.wait()
+            assert pings >= 1
+            assert "dead peer" in reasons[0]
+            await listener.aclose()
+            tg.cancel_scope.cancel()
