@@ -20,19 +20,24 @@ from runtime.errors import ActorStopped, AskTimeout
 from runtime.graph import Key, build_specs
 from runtime.kernel import Actor, ActorRef, Later, handles
 from runtime.messages import (
+    CancelKeysRequest,
     CancelRequest,
     ClientGone,
     DataReply,
+    DrainRequest,
     GatherRequest,
     GetData,
     KeyUpdates,
+    PolicyQuery,
     ReleaseKeysRequest,
     ScaleRequest,
     SetPolicyRequest,
     StatusRequest,
+    StoryQuery,
     StoryRequest,
     SubmitGraphRequest,
     SubmitSpecs,
+    TasksQuery,
     WaitForWorkersRequest,
 )
 
@@ -42,6 +47,9 @@ __all__ = ["GatherResult", "Manager"]
 #: until they are materialized) are validated and ordered in a thread, so a big
 #: submission never stalls the event loop.
 THREAD_THRESHOLD = 2_000
+
+#: How many of the latest runs the manager remembers the keys of (for ``cancel RUN``).
+MAX_RUNS = 1_000
 
 
 @dataclasses.dataclass(slots=True)
@@ -71,6 +79,7 @@ class Manager(Actor):
         resolve: Callable[[str], ActorRef[Any] | None],
         *,
         gather_timeout: float = 60.0,
+        max_runs: int = MAX_RUNS,
     ) -> None:
         self._scheduler = scheduler
         self._registry = registry
@@ -80,6 +89,9 @@ class Manager(Actor):
         self.keys: dict[Key, _KeyState] = {}  #: keys some client wants
         self.runs = 0
         self._run_ids = itertools.count(1)
+        self.max_runs = max_runs
+        #: run id -> every key of it (its tasks and the keys it wanted), latest runs only
+        self.run_keys: dict[str, tuple[Key, ...]] = {}
 
     # -- submissions -----------------------------------------------------------------
 
@@ -105,6 +117,9 @@ class Manager(Actor):
             specs = build()
         run = f"run-{next(self._run_ids)}"
         self.runs += 1
+        self.run_keys[run] = tuple(dict.fromkeys([*specs, *msg.keys]))
+        while len(self.run_keys) > self.max_runs:
+            del self.run_keys[next(iter(self.run_keys))]
         for key in specs:  # failed or cancelled keys submitted again are run again:
             ks = self.keys.get(key)  # their last word is stale
             if ks is not None and ks.update is not None and not isinstance(ks.update, KeyDone):
@@ -165,6 +180,43 @@ class Manager(Actor):
     def cancel(self, msg: CancelRequest) -> None:
         self._scheduler().post(msg)
 
+    @handles(CancelKeysRequest)
+    def cancel_keys(self, msg: CancelKeysRequest) -> dict[str, Any]:
+        """Cancel keys given as text (``str(key)``) and/or every key of a run."""
+        keys: dict[Key, None] = {}
+        if msg.run:
+            run_keys = self.run_keys.get(msg.run)
+            if run_keys is None:
+                known = list(self.run_keys)[-5:]
+                raise ValueError(
+                    f"no run {msg.run!r} known to the manager (latest: "
+                    f"{', '.join(known) or 'none'})"
+                )
+            keys.update(dict.fromkeys(run_keys))
+        if msg.keys:
+            by_text: dict[str, Key] = {}
+            for run_keys in self.run_keys.values():
+                for key in run_keys:
+                    by_text[str(key)] = key
+            for key in self.keys:
+                by_text[str(key)] = key
+            unknown = [text for text in msg.keys if text not in by_text]
+            if unknown:
+                raise ValueError(
+                    f"unknown key{'s' if len(unknown) > 1 else ''} "
+                    f"{', '.join(repr(t) for t in unknown[:5])}: give keys as `tasks` shows "
+                    "them, or a run id"
+                )
+            keys.update(dict.fromkeys(by_text[text] for text in msg.keys))
+        if not keys:
+            raise ValueError("nothing to cancel: give keys or a run id")
+        reason = (
+            f"cancelled from the console ({msg.run})" if msg.run else "cancelled from the console"
+        )
+        self._scheduler().post(CancelRequest(tuple(keys), reason))
+        texts = [str(k) for k in keys]
+        return {"run": msg.run, "count": len(texts), "keys": texts[:20]}
+
     # -- results ---------------------------------------------------------------------
 
     @handles(GatherRequest)
@@ -210,8 +262,8 @@ class Manager(Actor):
     async def set_policy(self, msg: SetPolicyRequest) -> Any:
         return await self._scheduler().ask(msg)
 
-    @handles(StoryRequest)
-    async def story(self, msg: StoryRequest) -> Any:
+    @handles(StoryRequest, StoryQuery, TasksQuery, PolicyQuery, DrainRequest)
+    async def to_scheduler(self, msg: Any) -> Any:
         return await self._scheduler().ask(msg)
 
     @handles(WaitForWorkersRequest)
@@ -230,13 +282,21 @@ class Manager(Actor):
         sched = await self._scheduler().ask(msg)
         files = await self._registry().ask(msg)
         pending = sum(1 for ks in self.keys.values() if ks.update is None)
-        return {
+        out = {
             **sched,
             "files": files,
             "runs": self.runs,
+            "recent_runs": {r: len(k) for r, k in list(self.run_keys.items())[-10:]},
             "wanted_keys": len(self.keys),
             "wanted_pending": pending,
         }
+        autoscaler = self._autoscaler()
+        if autoscaler is not None:
+            try:  # it may be busy starting workers: do not hold the status up for it
+                out["autoscaler"] = await autoscaler.ask(msg, timeout=2.0)
+            except (ActorStopped, AskTimeout):
+                out["autoscaler"] = None
+        return out
 
 
 __all__ += ["KeyCancelled", "KeyErred"]

@@ -28,15 +28,19 @@ How orphans are prevented (the parent may die in any way, SIGKILL included):
    environment variable ``CORRAL_LIFELINE_FD``), the parent keeps the only write end
    (close-on-exec, so no other child inherits it). When the parent dies the kernel
    closes that write end and the child's :func:`watch_lifeline` sees end-of-file, runs
-   an optional graceful hook, and ``os._exit``\\ s. This also covers what PDEATHSIG does
-   not: non-Linux systems, a signal the child ignores, a spawning thread that is not the
-   event-loop thread. It only works in children that run :func:`watch_lifeline`, and a
-   process forked from the parent *without* exec (``multiprocessing`` with the "fork"
-   start method) would hold a copy of the write end and delay the end-of-file.
+   an optional graceful hook, and ends the process with ``os._exit``. This also covers
+   what PDEATHSIG does not: non-Linux systems, a PDEATHSIG the child ignores, a spawning
+   thread that ended while the process lives on. It only works in children that run
+   :func:`watch_lifeline`, and a process forked from the parent *without* exec
+   (``multiprocessing`` with the "fork" start method) would hold a copy of the write end
+   and delay the end-of-file.
 
 Children also get a session (and process group) of their own, so a terminal's Ctrl-C
 reaches only the parent, which then stops them in order; escalation to SIGKILL and the
 clean-up after a child exits reach the child's whole process group.
+
+Processes are driven through asyncio (``loop.subprocess_exec``, which takes the
+``preexec_fn`` anyio's ``open_process`` does not), as is all of Corral.
 """
 
 from __future__ import annotations
@@ -517,7 +521,10 @@ class LocalProcessProvider(Provider):
     group with ``await tg.start(provider.run)``. Every child is supervised by a task of
     that scope; leaving it (normally, on error or on cancellation) stops every child:
     SIGTERM, ``grace`` seconds, then SIGKILL to its process group, then up to
-    ``kill_timeout`` seconds for the kernel to reap it.
+    ``kill_timeout`` seconds for the kernel to reap it. Enter it *outside* the actor
+    system whose :class:`~actors.autoscaler.Autoscaler` drives it (or stop the
+    autoscaler first): the autoscaler then scales its blocks in while the provider still
+    runs, and ``start_block`` on a provider that is closing raises ``RuntimeError``.
 
     Block states: RUNNING while any of its processes runs; COMPLETED when all exited
     with 0; FAILED when one could not start, exited non-zero or was killed by a signal

@@ -28,9 +28,11 @@ from actors.scheduler_state import (
     KeyErred,
     KeysReleased,
     PolicyChanged,
+    RetireWorker,
     SchedulerConfig,
     SchedulerState,
     TasksFinished,
+    WorkerDraining,
     WorkerJoined,
     WorkerLeft,
 )
@@ -39,20 +41,25 @@ from runtime.kernel import Actor, ActorRef, Later, current_causal_id, handles
 from runtime.messages import (
     CancelRequest,
     CancelTasks,
+    DrainRequest,
     DropKeys,
     FileFactsMsg,
     FilesReleasedMsg,
     KeyUpdates,
     PolicyInfo,
+    PolicyQuery,
     RegisterWorker,
     ReleaseKeysRequest,
     RunTasks,
     SetPolicyRequest,
     StatusRequest,
+    Stop,
+    StoryQuery,
     StoryRequest,
     SubmitSpecs,
     TaskRecord,
     TasksDone,
+    TasksQuery,
     WaitForWorkersRequest,
     WorkerGone,
     WorkerInfo,
@@ -83,6 +90,7 @@ class Scheduler(Actor):
         self._registry = registry
         self.workers: dict[str, ActorRef[Any]] = {}  #: worker id -> its reference
         self.infos: dict[str, WorkerInfo] = {}
+        self.rss: dict[str, int] = {}  #: worker id -> its RSS after its latest task
         self._worker_waiters: list[tuple[int, anyio.Event]] = []
 
     async def wait_for_workers(self, n: int) -> None:
@@ -116,6 +124,11 @@ class Scheduler(Actor):
                 ref = self.workers.get(cmd.worker)
                 if ref is not None:
                     ref.post(DropKeys(cmd.keys))
+            elif type(cmd) is RetireWorker:
+                ref = self.workers.get(cmd.worker)
+                if ref is not None and not ref.stopped:
+                    self.log.info("retiring drained worker", worker=cmd.worker)
+                    ref.post(Stop("drained"))
             else:  # pragma: no cover - a new command without a shell is a bug
                 raise TypeError(f"scheduler has no shell for {type(cmd).__name__}")
         if updates:
@@ -150,11 +163,16 @@ class Scheduler(Actor):
         if self.workers.pop(msg.worker_id, None) is None:
             return
         self.infos.pop(msg.worker_id, None)
+        self.rss.pop(msg.worker_id, None)
         self.log.warning("worker lost", worker=msg.worker_id, cause=msg.cause)
         self._handle(WorkerLeft(*self._ev(), msg.worker_id, msg.cause))
 
     @handles(TasksDone)
     def tasks_done(self, msg: TasksDone) -> None:
+        if msg.results and msg.worker_id in self.workers:
+            rss = msg.results[-1].rss
+            if rss:
+                self.rss[msg.worker_id] = rss
         self._handle(TasksFinished(*self._ev(), msg.worker_id, msg.results))
 
     @handles(CancelRequest)
@@ -182,11 +200,20 @@ class Scheduler(Actor):
         by_state: dict[str, int] = {}
         for ts in st.tasks.values():
             by_state[ts.state] = by_state.get(ts.state, 0) + 1
+        queues: dict[str, int] = {}  #: ready tasks per pool ("*": any pool)
+        for ts in st.tasks.values():
+            if ts.state == "queued":
+                pool = ts.spec.pool or "*"
+                queues[pool] = queues.get(pool, 0) + 1
         return {
             "workers": tuple(self.infos.values()),
             "processing": {w: len(ws.processing) for w, ws in st.workers.items()},
+            "draining": sorted(w for w, ws in st.workers.items() if ws.draining),
+            "retired": sorted(w for w, ws in st.workers.items() if ws.retired),
+            "rss": dict(self.rss),
             "tasks_by_state": by_state,
             "queued": st.n_queued,
+            "queues": queues,
             "categories": {c: dict(_stats(s)) for c, s in st.stats.items()},
             "policies": {k: getattr(p, "name", type(p).__name__) for k, p in st.policies.items()},
             "policy_errors": st.policy_errors,
@@ -204,11 +231,72 @@ class Scheduler(Actor):
     def story(self, msg: StoryRequest) -> list[tuple[Any, ...]]:
         return self.state.story(*msg.keys)
 
-    def task_records(self) -> list[TaskRecord]:
+    # -- console queries and commands ------------------------------------------------
+
+    @handles(StoryQuery)
+    def story_query(self, msg: StoryQuery) -> list[list[str]]:
+        """Transitions of the keys whose text (``str(key)``) is in ``msg.keys``, as text:
+        ``[key, start, finish, stimulus id, time]``. Worker ids match too (their joins,
+        drains and departures are logged under the worker id)."""
+        wanted = set(msg.keys)
         return [
-            TaskRecord(str(ts.key), ts.state, ts.category, ts.worker, len(ts.tries))
-            for ts in self.state.tasks.values()
+            [str(k), str(start), str(finish), str(stim), f"{now:.6f}"]
+            for k, start, finish, stim, now in self.state.story_log
+            if str(k) in wanted
         ]
+
+    @handles(TasksQuery)
+    def tasks_query(self, msg: TasksQuery) -> tuple[TaskRecord, ...]:
+        """Up to ``limit`` tasks (0: all) in ``state`` and ``category`` (``None``: any)."""
+        if msg.limit < 0:
+            raise ValueError(f"limit must be >= 0 (0: no limit), got {msg.limit}")
+        if msg.state is not None and msg.state not in _STATES:
+            raise ValueError(f"unknown task state {msg.state!r}; choose from {', '.join(_STATES)}")
+        return tuple(self.task_records(msg.state, msg.category, msg.limit))
+
+    def task_records(
+        self, state: str | None = None, category: str | None = None, limit: int = 0
+    ) -> list[TaskRecord]:
+        out: list[TaskRecord] = []
+        for ts in self.state.tasks.values():
+            if (state is not None and ts.state != state) or (
+                category is not None and ts.category != category
+            ):
+                continue
+            worker = ts.worker
+            if worker is None and ts.who_has:
+                worker = min(ts.who_has)  # where its output is
+            out.append(TaskRecord(str(ts.key), ts.state, ts.category, worker, len(ts.tries)))
+            if limit and len(out) >= limit:
+                break
+        return out
+
+    @handles(PolicyQuery)
+    def policy_query(self, msg: PolicyQuery) -> tuple[PolicyInfo, ...]:
+        """Per kind: the policy in use and the names one may switch to."""
+        return tuple(
+            PolicyInfo(
+                kind,
+                getattr(policy, "name", type(policy).__name__),
+                tuple(self.policy_registry.names(kind)),
+            )
+            for kind, policy in self.state.policies.items()
+        )
+
+    @handles(DrainRequest)
+    def drain(self, msg: DrainRequest) -> dict[str, Any]:
+        """Stop giving ``msg.worker`` tasks; it is told to stop once its tasks finish."""
+        ws = self.state.workers.get(msg.worker)
+        if ws is None:
+            known = ", ".join(sorted(self.state.workers)) or "none"
+            raise ValueError(f"no worker {msg.worker!r} (known workers: {known})")
+        self._handle(WorkerDraining(*self._ev(), msg.worker))
+        self.log.info("draining worker", worker=msg.worker, running=len(ws.processing))
+        return {"worker": msg.worker, "running": len(ws.processing), "retired": ws.retired}
+
+
+#: Task states a TasksQuery may filter on.
+_STATES = ("waiting", "queued", "processing", "memory", "released", "erred", "cancelled")
 
 
 def _stats(s: Any) -> dict[str, float]:

@@ -28,6 +28,10 @@ released, erred or cancelled, no client wants it and it has no dependents left.
 The file registry learns about outputs through :class:`FileFacts` commands (absolute
 facts per key: replicas, size, consumers, wanted) and answers with
 :class:`FilesReleased` events once it dropped an output nobody needs.
+
+Draining: after :class:`WorkerDraining` a worker gets no new tasks (it is never in
+``free``); once the tasks it runs have finished, one :class:`RetireWorker` command says
+to stop it. It stays known, serving its outputs, until :class:`WorkerLeft`.
 """
 
 from __future__ import annotations
@@ -76,12 +80,14 @@ __all__ = [
     "KeyErred",
     "KeysReleased",
     "PolicyChanged",
+    "RetireWorker",
     "SchedulerConfig",
     "SchedulerState",
     "TaskResult",
     "TaskState",
     "TasksFinished",
     "ToRun",
+    "WorkerDraining",
     "WorkerJoined",
     "WorkerLeft",
     "WorkerState",
@@ -220,6 +226,14 @@ class PolicyChanged(Event):
     policy: Any
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class WorkerDraining(Event):
+    """Give ``worker`` no new tasks; retire it (:class:`RetireWorker`) once the tasks it
+    runs have finished. Its outputs stay available to peers until it leaves."""
+
+    worker: str
+
+
 # ----------------------------------------------------------------------------- commands
 
 
@@ -256,6 +270,14 @@ class DropData(Command):
 
     worker: str
     keys: tuple[Key, ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RetireWorker(Command):
+    """A draining worker has finished its tasks: tell it to stop. It stays known (and
+    draining) until it leaves (:class:`WorkerLeft`)."""
+
+    worker: str
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -327,6 +349,7 @@ class WorkerState:
 
     __slots__ = (
         "cores",
+        "draining",
         "has_what",
         "id",
         "limit",
@@ -334,6 +357,7 @@ class WorkerState:
         "occupancy",
         "pool",
         "processing",
+        "retired",
         "slots",
     )
 
@@ -347,6 +371,8 @@ class WorkerState:
         self.occupancy = 0.0  #: estimated seconds of work it holds
         self.processing: set[TaskState] = set()  #: tasks sent to it, not finished
         self.has_what: set[TaskState] = set()  #: tasks whose output it holds
+        self.draining = False  #: gets no new tasks; retired once it runs none
+        self.retired = False  #: told to stop (RetireWorker) after draining
 
     @property
     def n_processing(self) -> int:
@@ -445,6 +471,7 @@ class SchedulerState:
         self.tasks: dict[Key, TaskState] = {}  #: every task not yet forgotten
         self.workers: dict[str, WorkerState] = {}  #: workers by id
         self.free: dict[str, WorkerState] = {}  #: workers with a free slot
+        self.draining: set[str] = set()  #: draining workers not yet retired
         self.queues: dict[str | None, list[tuple[Any, ...]]] = {}  #: ready heaps by pool
         self.stats: dict[str, CategoryStats] = {}  #: per-category statistics
         self.policies: dict[str, Any] = {
@@ -479,6 +506,8 @@ class SchedulerState:
             method(self, ev)
             self._drain()
             self._fill()
+            if self.draining:
+                self._retire_idle()
             self._flush()
         out, self._out = self._out, []
         return out
@@ -571,6 +600,9 @@ class SchedulerState:
         else:  # a known worker re-registering (e.g. after a reconnect) keeps its work
             ws.cores, ws.memory, ws.pool = ev.cores, ev.memory, ev.pool
             ws.slots = max(1, round(ev.cores * self.config.saturation))
+            if ws.retired:  # its Stop may have been lost with the old connection
+                ws.retired = False
+                self.draining.add(ws.id)
         ws.limit = max(ws.slots, ev.cores * self.config.max_per_core)
         self._update_free(ws)
         self._log(ev.worker, "-", "joined")
@@ -580,6 +612,7 @@ class SchedulerState:
         if ws is None:
             return
         self.free.pop(ev.worker, None)
+        self.draining.discard(ev.worker)
         self._log(ev.worker, "joined", f"left:{ev.cause}")
         for ts in sorted(ws.processing, key=_prio_key):
             ts.tries.append(
@@ -671,6 +704,25 @@ class SchedulerState:
                 self._recompute(ts)
             else:
                 self._maybe_forget(ts)
+
+    def _worker_draining(self, ev: WorkerDraining) -> None:
+        ws = self.workers.get(ev.worker)
+        if ws is None or ws.draining:
+            return  # unknown (gone meanwhile) or draining already
+        ws.draining = True
+        self.draining.add(ws.id)
+        self.free.pop(ws.id, None)
+        self._log(ws.id, "joined", "draining")
+
+    def _retire_idle(self) -> None:
+        """Retire the draining workers that run nothing any more."""
+        for wid in sorted(self.draining):
+            ws = self.workers[wid]
+            if not ws.processing:
+                self.draining.discard(wid)
+                ws.retired = True
+                self._log(wid, "draining", "retired")
+                self._out.append(RetireWorker(self._stimulus, wid))
 
     def _policy_changed(self, ev: PolicyChanged) -> None:
         if ev.kind not in self.policies:
@@ -1009,7 +1061,7 @@ class SchedulerState:
         return n < ws.limit and ws.occupancy < ws.cores * self.config.backlog
 
     def _update_free(self, ws: WorkerState) -> None:
-        if ws.id in self.workers and self._is_free(ws):
+        if ws.id in self.workers and not ws.draining and self._is_free(ws):
             self.free[ws.id] = ws
         else:
             self.free.pop(ws.id, None)
@@ -1133,7 +1185,15 @@ class SchedulerState:
                 assert ts.state == "processing" and ts.worker == wid, ts
             for ts in ws.has_what:
                 assert wid in ts.who_has, (ws, ts)
-            assert (wid in self.free) == self._is_free(ws), ws
+            # A draining worker is never free, whatever its load.
+            assert (wid in self.free) == (not ws.draining and self._is_free(ws)), ws
+            # Draining: retired exactly once it runs nothing; retired: told to stop.
+            assert (wid in self.draining) == (ws.draining and not ws.retired), ws
+            if ws.draining:
+                assert ws.retired == (not ws.processing), (ws, "draining but not retired")
+            else:
+                assert not ws.retired, ws
+        assert self.draining <= self.workers.keys(), self.draining
         # No ready task may wait while a worker that could run it has a free slot.
         for ts in queued:
             assert not self._candidates(ts), (ts, "queued while a candidate worker is free")
@@ -1176,4 +1236,5 @@ _DISPATCH: dict[type, Any] = {
     KeysReleased: SchedulerState._keys_released,
     FilesReleased: SchedulerState._files_released,
     PolicyChanged: SchedulerState._policy_changed,
+    WorkerDraining: SchedulerState._worker_draining,
 }

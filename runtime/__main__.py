@@ -8,6 +8,8 @@ script). Commands:
 - ``manager``: run a manager process (scheduler, file registry, gateway) listening for
   workers, clients and consoles over websockets.
 - ``worker``: run a worker process that joins a manager.
+- ``console``: the control console of a running manager: an interactive shell, or one
+  command (``python -m runtime console ADDRESS status --json``); see docs/console.md.
 - ``version``: print the versions of Corral, Python and dask.
 
 Exit codes: 0 on success; 1 when the run failed or an option is out of range (one line
@@ -27,7 +29,7 @@ from typing import Any
 
 __all__ = ["build_parser", "main"]
 
-COMMANDS = ("demo", "manager", "worker", "version")
+COMMANDS = ("demo", "manager", "worker", "console", "version")
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
@@ -175,6 +177,34 @@ def build_parser() -> argparse.ArgumentParser:
         "--token", default=None, help="the cluster token (default: CORRAL_TOKEN or the token file)"
     )
 
+    con = sub.add_parser(
+        "console",
+        prog="python -m runtime console",
+        parents=[common],
+        usage="%(prog)s [-h] [--token TOKEN] [--read-only] [--json] ADDRESS [COMMAND ...]",
+        help="the control console of a running manager (a shell, or one command)",
+        description="Look at and steer the cluster whose manager listens at ADDRESS. "
+        "Without COMMAND: an interactive shell (history, tab completion; `help` lists the "
+        "commands). With one (e.g. `status`, `tasks --state erred`, `drain WORKER`): run "
+        "it once and exit (1 on error). Commands: status, tasks, story, policy list, "
+        "policy set, drain, scale, cancel, help.",
+    )
+    con.add_argument("address", metavar="ADDRESS", help="the manager, e.g. ws://127.0.0.1:8786")
+    con.add_argument(
+        "--token",
+        default=None,
+        help="the token (default: CORRAL_TOKEN or the manager's token file on this machine)",
+    )
+    con.add_argument(
+        "--read-only",
+        action="store_true",
+        help="use the read-only token from the token file (look, do not change)",
+    )
+    con.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    con.add_argument(
+        "words", nargs=argparse.REMAINDER, metavar="COMMAND", help="a command to run once"
+    )
+
     sub.add_parser(
         "version",
         prog="python -m runtime version",
@@ -286,6 +316,14 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_console(args: argparse.Namespace) -> int:
+    from runtime.console import main as console_main
+
+    return console_main(
+        args.address, args.words, token=args.token, read_only=args.read_only, as_json=args.json
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit code."""
     parser = build_parser()
@@ -297,6 +335,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "demo": _cmd_demo,
         "manager": _cmd_manager,
         "worker": _cmd_worker,
+        "console": _cmd_console,
         "version": _cmd_version,
     }
     try:

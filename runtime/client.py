@@ -354,6 +354,10 @@ class Cluster:
     after this many new container objects instead of its default 700 (see
     :class:`GcTuning`); ``None`` leaves the collector alone.
 
+    ``Cluster(processes=N)`` runs the workers as ``N`` processes on this machine instead,
+    joined to this process over loopback websockets (``threads_per_worker`` threads each);
+    a crashed one is replaced, and none outlives this process.
+
     ``Cluster("ws://host:port")`` connects to a running manager instead (``python -m
     runtime manager``); the token comes from ``token=``, ``CORRAL_TOKEN`` or the token
     file the manager wrote on this machine. The worker options do not apply then.
@@ -371,6 +375,7 @@ class Cluster:
         saturation: float = 2.0,
         gc_threshold: int | None = GC_THRESHOLD,
         token: str | None = None,
+        processes: int | None = None,
     ) -> None:
         if address is not None:
             from transport.base import split_address
@@ -378,6 +383,9 @@ class Cluster:
             split_address(address)  # InvalidAddress now, not at start
         self.address = address
         self.token = token
+        if processes is not None and processes < 0:
+            raise ValueError(f"processes must be >= 0, got {processes}")
+        self.processes = processes  #: worker processes on this machine, over websockets
         n = (os.cpu_count() or 1) if workers is None else workers
         if n < 0:
             raise ValueError(f"workers must be >= 0, got {n}")
@@ -433,7 +441,7 @@ class Cluster:
     async def _connect(self, system: ActorSystem, address: str) -> None:
         """Join a manager in another process as a client."""
         from runtime.codec import Frame
-        from runtime.node import Hello, find_token
+        from runtime.node import DEAD_AFTER, HEARTBEAT, Hello, find_token
         from runtime.remote import Peer
         from transport import connect
 
@@ -442,7 +450,9 @@ class Cluster:
         if token and address.startswith(("ws://", "wss://")):
             options["token"] = token
         conn = await connect(address, **options)
-        peer = Peer(conn, None, name="manager", allow_pickle=True)
+        peer = Peer(
+            conn, None, name="manager", allow_pickle=True, heartbeat=HEARTBEAT, timeout=DEAD_AFTER
+        )
         name = f"client-{os.urandom(6).hex()}"
         self._client_actor = ClientActor(peer.ref)  # type: ignore[arg-type]
         peer.target = await system.spawn(self._client_actor, name)
@@ -453,8 +463,21 @@ class Cluster:
 
     async def _start(self, system: ActorSystem) -> None:
         """Start the control plane and in-process workers in ``system``."""
-        from runtime.node import start_control_plane
+        from runtime.node import start_control_plane, start_local_processes
 
+        if self.processes is not None:
+            plane = await start_control_plane(
+                system, saturation=self.saturation, policies=self.initial_policies
+            )
+            self.gateway_address = await start_local_processes(
+                plane,
+                n=self.processes,
+                threads=self.threads_per_worker,
+                memory=self.memory_per_worker,
+                pool=self.pool,
+            )
+            await self._finish_start(system, plane)
+            return
         spec = BlockSpec(1, self.threads_per_worker, self.memory_per_worker, 0, self.pool)
 
         def provider(plane: Any) -> InProcessProvider:
@@ -468,6 +491,9 @@ class Cluster:
             provider=provider,
             targets={self.pool: PoolTarget(self.n_workers, spec)},
         )
+        await self._finish_start(system, plane)
+
+    async def _finish_start(self, system: ActorSystem, plane: Any) -> None:
         self._scheduler_actor = plane.scheduler
         self._manager = plane.manager
         self._client_actor = ClientActor(plane.manager)

@@ -340,3 +340,51 @@ class ClientGone(Message):
     """Gateway -> manager: a client's connection ended; release what it held."""
 
     name: str
+
+
+# --------------------------------------------------------------------------------------
+# Console queries and commands. Wire messages (plain fields): a read-only console may
+# send the ...Query ones; the others need the admin token.
+# --------------------------------------------------------------------------------------
+
+
+@message()
+class TasksQuery(Message):
+    """-> manager -> scheduler: up to ``limit`` tasks (0: all) in ``state`` and
+    ``category`` (``None``: any). Reply: a tuple of :class:`TaskRecord`."""
+
+    state: str | None = None
+    category: str | None = None
+    limit: int = 100
+
+
+@message()
+class StoryQuery(Message):
+    """-> manager -> scheduler: transitions of the keys whose text (``str(key)``) is one
+    of ``keys``. Reply: ``[key, start, finish, stimulus id, time]`` lists of strings."""
+
+    keys: tuple[str, ...]
+
+
+@message()
+class PolicyQuery(Message):
+    """-> manager -> scheduler: per kind the policy in use and the available ones.
+    Reply: a tuple of :class:`PolicyInfo`."""
+
+
+@message()
+class DrainRequest(Message):
+    """-> manager -> scheduler: give ``worker`` no new tasks; stop it (``Stop``) once
+    its running tasks have finished. Admin only."""
+
+    worker: str
+
+
+@message()
+class CancelKeysRequest(Message):
+    """Console -> manager: cancel the keys whose text is in ``keys`` and, with ``run``,
+    every key of that run. The manager maps the texts to keys and sends a
+    ``CancelRequest``. Admin only."""
+
+    keys: tuple[str, ...] = ()
+    run: str = ""

@@ -134,9 +134,56 @@ async def start_control_plane(
     )  # fmt: skip
     refs["manager"] = await system.spawn(manager, "manager")
     if provider is not None:
-        autoscaler = Autoscaler(provider(plane), refs["scheduler"], dict(targets or {}))
-        refs["autoscaler"] = await system.spawn(autoscaler, "autoscaler")
+        await start_autoscaler(plane, provider(plane), targets or {})
     return plane
+
+
+async def start_autoscaler(
+    plane: ControlPlane, provider: Provider, targets: dict[str, PoolTarget]
+) -> ActorRef[Any]:
+    """Spawn the autoscaler; it starts the target number of workers at once."""
+    autoscaler = Autoscaler(provider, plane.refs["scheduler"], dict(targets))
+    plane.refs["autoscaler"] = await plane.system.spawn(autoscaler, "autoscaler")
+    return plane.refs["autoscaler"]
+
+
+async def start_local_processes(
+    plane: ControlPlane,
+    *,
+    n: int,
+    threads: int = 1,
+    memory: int = 0,
+    pool: str = "default",
+    listen: str = "ws://127.0.0.1:0",
+    tokens: Tokens | None = None,
+) -> str:
+    """Serve a gateway on ``listen`` and keep ``n`` worker processes on this machine
+    joined to ``plane`` (replaced when they crash; stopped with the plane's system, and
+    never outliving this process however it ends). Returns the gateway's address."""
+    import sys
+
+    from actors.processes import LocalProcessProvider
+    from actors.providers import BlockSpec
+    from transport import listen as listen_on
+
+    tokens = tokens or Tokens.generate()
+    gateway = Gateway(plane)
+    options: dict[str, Any] = {}
+    if listen.startswith(("ws://", "wss://")):
+        options["tokens"] = tokens.roles()
+    listener = await listen_on(listen, **options)
+    await plane.system.start_service(listener.serve, gateway.handle)
+    address = listener.address
+
+    def argv_for(block_id: str, index: int) -> list[str]:
+        argv = [sys.executable, "-m", "runtime", "worker", address, "--cores", str(threads)]
+        return [*argv, "--memory", str(memory), "--pool", pool]
+
+    provider = LocalProcessProvider(argv_for, env={"CORRAL_TOKEN": tokens.admin})
+    await plane.system.start_service(provider.run)
+    spec = BlockSpec(1, threads, memory, 0, pool)
+    await start_autoscaler(plane, provider, {pool: PoolTarget(n, spec)})
+    return address
 
 
 # ----------------------------------------------------------------------------- tokens
@@ -364,6 +411,14 @@ async def _until_signalled(
             return
 
 
+async def _lifeline(*, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+    """In a worker started by a local process provider: exit when the parent is gone."""
+    from actors.processes import watch_lifeline
+
+    task_status.started()
+    await watch_lifeline()
+
+
 async def run_manager(
     listen: str,
     *,
@@ -480,6 +535,7 @@ async def run_worker(
             stop.set()
 
         await system.start_service(_until_signalled, on_signal)
+        await system.start_service(_lifeline)
         if ready is not None:
             ready(worker_id)
         await stop.wait()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -187,6 +188,24 @@ async def test_exit_code_0_completes_the_block() -> None:
             block = await provider.start_block(BlockSpec(workers=2))
             assert await provider.wait_ended(block) is BlockState.COMPLETED
             assert block.detail == "completed: worker-1.0 exit code 0, worker-1.1 exit code 0"
+
+
+async def test_processes_that_end_while_the_block_starts() -> None:
+    """``true`` may exit before its siblings are even spawned: the block still waits."""
+    true, false = shutil.which("true"), shutil.which("false")
+    assert true is not None and false is not None
+    with anyio.fail_after(LIMIT):
+        async with LocalProcessProvider(lambda b, i: [true]) as provider:
+            block = await provider.start_block(BlockSpec(workers=5))
+            assert await provider.wait_ended(block) is BlockState.COMPLETED
+            assert block.detail.count("exit code 0") == 5
+        async with LocalProcessProvider(
+            lambda b, i: [false] if i == 0 else [*CHILD, "sleep"]
+        ) as provider:
+            block = await provider.start_block(BlockSpec(workers=3))
+            assert await provider.wait_ended(block) is BlockState.FAILED
+            assert block.detail.startswith("worker-1.0 failed: exit code 1")
+            assert not any(psutil.pid_exists(pid) for pid in provider.pids(block).values())
 
 
 async def test_sigkill_from_outside_fails_the_block_and_stops_the_rest(

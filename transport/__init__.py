@@ -1,7 +1,8 @@
 """Corral's transports: ordered, bounded streams of frames between processes and tasks.
 
 What lives here: the public API, re-exported from :mod:`transport.base`, and the
-registration of the built-in backends (``inproc://`` from :mod:`transport.inproc`).
+registration of the built-in backends (``inproc://`` from :mod:`transport.inproc`,
+``ws://`` and ``wss://`` from :mod:`transport.ws`).
 
     async with await transport.listen("inproc://scheduler") as listener:
         conn = await transport.connect(listener.address, timeout=5)
@@ -26,6 +27,7 @@ from transport.base import (
     registered_schemes,
 )
 from transport.inproc import InProcBackend, InProcHub
+from transport.ws import WebSocketBackend
 
 __all__ = [
     "DEFAULT_CONNECT_TIMEOUT",
@@ -48,3 +50,5 @@ __all__ = [
 ]
 
 register_backend("inproc", InProcBackend())
+register_backend("ws", WebSocketBackend())
+register_backend("wss", WebSocketBackend())

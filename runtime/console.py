@@ -1,0 +1,960 @@
+"""The control console: ``python -m runtime console ADDRESS [COMMAND ...]``.
+
+What lives here:
+
+- :class:`ConsoleClient`: a connection to a manager as a console (``Hello("console",
+  ...)``) and one async method per command, each returning data (``status()``,
+  ``tasks()``, ``story()``, ``policies()``, ``set_policy()``, ``drain()``, ``scale()``,
+  ``cancel()``); :meth:`ConsoleClient.execute` parses a command line and returns a
+  :class:`Result` (data plus how to show it), :meth:`ConsoleClient.run_command` the
+  text (tables, or JSON with ``--json``).
+- Rendering: ``render_*`` functions turn data into rich tables; :func:`jsonable` into
+  plain JSON values.
+- :class:`ConsoleShell`: the interactive shell (``cmd.Cmd``: readline history, tab
+  completion of commands and their words). Its ``onecmd`` runs one line; it calls the
+  client through ``call`` (a blocking portal's ``call`` in the command line tool,
+  ``anyio.from_thread.run`` in tests), so the shell itself never touches the event loop.
+- :func:`main`: what ``python -m runtime console`` runs (one-shot when a command follows
+  the address, else the shell).
+
+Roles: with the read-only token the manager answers only ``status``, ``tasks``,
+``story`` and ``policy list``; the other commands fail with
+:class:`runtime.node.PermissionDenied` and change nothing. The manager's answers may
+be pickles (its status is a dict): the console accepts them, as it trusts the manager it
+connected to; it sends only wire messages, so a read-only connection can carry them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cmd
+import contextlib
+import dataclasses
+import io
+import json
+import os
+import re
+import shlex
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+import anyio
+import orjson
+from rich.console import Console, Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from runtime.errors import ActorStopped, CorralError
+from runtime.messages import (
+    CancelKeysRequest,
+    DrainRequest,
+    Message,
+    PolicyInfo,
+    PolicyQuery,
+    ScaleRequest,
+    SetPolicyRequest,
+    StatusRequest,
+    StoryQuery,
+    TaskRecord,
+    TasksQuery,
+)
+
+__all__ = [
+    "COMMANDS",
+    "ConsoleClient",
+    "ConsoleError",
+    "ConsoleShell",
+    "Result",
+    "history_path",
+    "jsonable",
+    "main",
+    "render_status",
+]
+
+#: Task states, for ``tasks --state`` and its completion.
+STATES = ("waiting", "queued", "processing", "memory", "released", "erred", "cancelled")
+
+#: Every command: (usage, what it does, admin only).
+COMMANDS: dict[str, tuple[str, str, bool]] = {
+    "status": (
+        "status",
+        "workers (cores, memory, pool, running tasks, RSS), pools and their queues, tasks "
+        "by state, per-category statistics, stored outputs and policies",
+        False,
+    ),
+    "tasks": (
+        "tasks [--state STATE] [--category CATEGORY] [--limit N]",
+        "list tasks (default: the first 100; --limit 0 lists all)",
+        False,
+    ),
+    "story": ("story KEY", "every recorded transition of a task (or of a worker id)", False),
+    "policy": (
+        "policy list | policy set KIND NAME [key=value ...]",
+        "show the policies in use and the available ones; or swap one (values are read "
+        "as JSON when they parse, else as text; `set` needs the admin token)",
+        False,
+    ),
+    "drain": (
+        "drain WORKER",
+        "give a worker no new tasks; it is stopped once its running tasks finish (admin)",
+        True,
+    ),
+    "scale": (
+        "scale POOL N",
+        "keep N workers in a pool (clusters with an autoscaler; admin)",
+        True,
+    ),
+    "cancel": (
+        "cancel KEY | cancel RUN | cancel --key KEY | cancel --run RUN",
+        "cancel a task (and what depends on it) or every task of a run (admin)",
+        True,
+    ),
+    "help": ("help [COMMAND]", "show the commands, or one command's usage", False),
+    "quit": ("quit | exit | Ctrl-D", "leave the shell", False),
+}
+_ALIASES = {"exit": "quit", "?": "help"}
+_RUN = re.compile(r"run-\d+")
+_JSON_FLAG = re.compile(r"(?:^|\s+)--json(?=\s|$)")
+
+
+class ConsoleError(CorralError):
+    """A console command was given wrong arguments."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+
+
+# ----------------------------------------------------------------------------- results
+
+
+@dataclasses.dataclass
+class Result:
+    """What a command produced: ``data`` (plain JSON values) and ``view`` (a rich
+    renderable of the same). ``command`` names the command; ``quit`` asks the shell to
+    end; ``as_json``: the line asked for JSON."""
+
+    command: str
+    data: Any
+    view: RenderableType
+    as_json: bool = False
+    quit: bool = False
+
+    def json(self) -> str:
+        return orjson.dumps(self.data, option=orjson.OPT_INDENT_2).decode() + "\n"
+
+    def text(self, width: int = 120) -> str:
+        """The result as it prints: JSON when asked for, else the tables as plain text."""
+        if self.as_json:
+            return self.json()
+        buf = io.StringIO()
+        Console(file=buf, width=width, color_system=None, force_terminal=False).print(self.view)
+        return buf.getvalue()
+
+
+def jsonable(obj: Any) -> Any:
+    """``obj`` as plain JSON values: messages and dataclasses become dicts of their
+    fields, mappings dicts with text keys, sequences and sets lists."""
+    if obj is None or isinstance(obj, bool | int | float | str):
+        return obj
+    if isinstance(obj, Message):
+        return {k: jsonable(v) for k, v in obj.to_fields().items()}
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, Mapping):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, set | frozenset):
+        return sorted((jsonable(v) for v in obj), key=str)
+    if isinstance(obj, list | tuple):
+        return [jsonable(v) for v in obj]
+    if isinstance(obj, bytes):
+        return f"<{len(obj)} bytes>"
+    return str(obj)
+
+
+# ----------------------------------------------------------------------------- client
+
+
+class ConsoleClient:
+    """A console's connection to the manager at ``address``.
+
+    Use as ``async with ConsoleClient(address) as console:``. The token is ``token``,
+    else ``CORRAL_TOKEN``, else the manager's token file on this machine (its read-only
+    token with ``read_only=True``). Every command is an async method returning data;
+    errors raise (:class:`runtime.node.PermissionDenied` when a command needs the admin
+    token and this connection has the read-only one).
+    """
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        token: str | None = None,
+        read_only: bool = False,
+        timeout: float = 30.0,
+        connect_timeout: float = 10.0,
+    ) -> None:
+        self.address = address
+        self.token = token
+        self.read_only = read_only
+        self.timeout = timeout
+        self.connect_timeout = connect_timeout
+        self.name = f"console-{os.urandom(6).hex()}"
+        self._peer: Any = None
+        self._stack: contextlib.AsyncExitStack | None = None
+
+    @property
+    def closed(self) -> bool:
+        """The connection to the manager has ended."""
+        return self._peer is None or bool(self._peer.closed)
+
+    async def __aenter__(self) -> ConsoleClient:
+        from runtime.codec import Frame
+        from runtime.node import DEAD_AFTER, HEARTBEAT, Hello, find_token
+        from runtime.remote import Peer
+        from transport import connect
+
+        options: dict[str, Any] = {}
+        token = find_token(self.address, self.token, role="read" if self.read_only else "admin")
+        if token and self.address.startswith(("ws://", "wss://")):
+            options["token"] = token
+        stack = contextlib.AsyncExitStack()
+        await stack.__aenter__()
+        try:
+            conn = await connect(self.address, timeout=self.connect_timeout, **options)
+            stack.push_async_callback(conn.aclose)
+            peer = Peer(
+                conn, None, name="manager", allow_pickle=True, heartbeat=HEARTBEAT,
+                timeout=DEAD_AFTER,
+            )  # fmt: skip
+            await conn.send(Frame(Hello("console", self.name)))
+            tg = await stack.enter_async_context(anyio.create_task_group())
+            await tg.start(peer.run)
+            stack.push_async_callback(peer.aclose)  # runs first: ends peer.run, then tg
+        except BaseException:
+            await stack.aclose()
+            raise
+        self._peer = peer
+        self._stack = stack
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        stack, self._stack = self._stack, None
+        if stack is not None:
+            await stack.__aexit__(*exc_info)
+
+    async def ask(self, msg: Message) -> Any:
+        """Ask the manager; map a refusal of the read-only role to ``PermissionDenied``."""
+        from runtime.node import PermissionDenied
+        from runtime.remote import RemoteError
+
+        if self._peer is None:
+            raise CorralError("the console is not connected; use `async with ConsoleClient(...)`")
+        try:
+            return await self._peer.ref.ask(msg, timeout=self.timeout)
+        except RemoteError as exc:
+            if getattr(exc, "kind", "") == "PermissionDenied":
+                raise PermissionDenied(type(msg).__name__) from None
+            raise
+        except ActorStopped:
+            raise CorralError(f"the connection to the manager at {self.address} closed") from None
+
+    # -- commands as data ----------------------------------------------------------------
+
+    async def status(self) -> dict[str, Any]:
+        """The manager's status: scheduler, file registry and (if any) autoscaler."""
+        return dict(await self.ask(StatusRequest()))
+
+    async def tasks(
+        self, state: str | None = None, category: str | None = None, limit: int = 100
+    ) -> list[TaskRecord]:
+        """Up to ``limit`` tasks (0: all) in ``state`` and ``category`` (None: any)."""
+        return list(await self.ask(TasksQuery(state, category, limit)))
+
+    async def story(self, *keys: str) -> list[list[str]]:
+        """Transitions of the keys (as text, as :meth:`tasks` shows them):
+        ``[key, start, finish, stimulus id, time]``."""
+        return [list(entry) for entry in await self.ask(StoryQuery(tuple(keys)))]
+
+    async def policies(self) -> list[PolicyInfo]:
+        """Per kind: the policy in use and the available ones."""
+        return list(await self.ask(PolicyQuery()))
+
+    async def set_policy(
+        self, kind: str, name: str, params: Mapping[str, Any] | None = None
+    ) -> PolicyInfo:
+        """Swap the ``kind`` policy for ``name`` (admin)."""
+        info: PolicyInfo = await self.ask(SetPolicyRequest(kind, name, dict(params or {})))
+        return info
+
+    async def drain(self, worker: str) -> dict[str, Any]:
+        """Give ``worker`` no new tasks; it is stopped once its tasks finish (admin)."""
+        return dict(await self.ask(DrainRequest(worker)))
+
+    async def scale(self, pool: str, n: int) -> dict[str, int]:
+        """Keep ``n`` workers in ``pool`` (admin; needs an autoscaler). Answer: workers
+        live per pool."""
+        return dict(await self.ask(ScaleRequest(n, pool)))
+
+    async def cancel(self, keys: Sequence[str] = (), run: str = "") -> dict[str, Any]:
+        """Cancel keys (as text) and/or every key of ``run`` (admin)."""
+        return dict(await self.ask(CancelKeysRequest(tuple(keys), run)))
+
+    # -- command lines -------------------------------------------------------------------
+
+    async def run_command(self, line: str) -> str:
+        """Run one command line; return what it prints (tables, or JSON with --json)."""
+        return (await self.execute(line)).text()
+
+    async def execute(self, line: str) -> Result:
+        """Run one command line (``--json`` anywhere asks for JSON); return its result."""
+        line, as_json = _split_json(line)
+        match = re.match(r"(\S+)\s*(.*)$", line, re.S)
+        if match is None:
+            raise ConsoleError("no command; type `help` for the list")
+        word, rest = match.group(1), match.group(2).strip()
+        name = _ALIASES.get(word, word)
+        handler = getattr(self, f"_cmd_{name}", None)
+        if name not in COMMANDS or handler is None:
+            close = [c for c in COMMANDS if c.startswith(word[:2])] if len(word) >= 2 else []
+            hint = f" (did you mean {' or '.join(close)}?)" if close else ""
+            raise ConsoleError(f"unknown command {word!r}{hint}; type `help` for the list")
+        result: Result = await handler(rest)
+        result.as_json = as_json
+        return result
+
+    async def _cmd_status(self, rest: str) -> Result:
+        _no_args("status", rest)
+        data = jsonable(await self.status())
+        return Result("status", data, render_status(data))
+
+    async def _cmd_tasks(self, rest: str) -> Result:
+        parser = _Parser("tasks")
+        parser.add_argument("--state", choices=STATES)
+        parser.add_argument("--category")
+        parser.add_argument("--limit", type=int, default=100)
+        args = parser.parse_args(_words(rest))
+        if args.limit < 0:
+            raise ConsoleError("--limit must be >= 0 (0: all)")
+        records = await self.tasks(args.state, args.category, args.limit)
+        data = [jsonable(r) for r in records]
+        return Result("tasks", data, render_tasks(data, args.limit))
+
+    async def _cmd_story(self, rest: str) -> Result:
+        key = _key_text(rest)
+        if not key:
+            _usage("story")
+        entries = await self.story(key)
+        return Result("story", {"key": key, "transitions": entries}, render_story(key, entries))
+
+    async def _cmd_policy(self, rest: str) -> Result:
+        words = _words(rest)
+        if not words or words == ["list"]:
+            infos = [jsonable(i) for i in await self.policies()]
+            return Result("policy", infos, render_policies(infos))
+        if words[0] != "set" or len(words) < 3:
+            _usage("policy")
+        kind, name = words[1], words[2]
+        params = _params(words[3:])
+        info = jsonable(await self.set_policy(kind, name, params))
+        info["params"] = params
+        view = Text(f"{kind} policy is now {name}" + (f" {params}" if params else ""))
+        return Result("policy", info, view)
+
+    async def _cmd_drain(self, rest: str) -> Result:
+        words = _words(rest)
+        if len(words) != 1:
+            _usage("drain")
+        data = jsonable(await self.drain(words[0]))
+        if data.get("retired"):
+            text = f"worker {words[0]} runs nothing: told to stop"
+        else:
+            text = (
+                f"draining worker {words[0]}: no new tasks; it is stopped once its "
+                f"{data.get('running', 0)} running task(s) finish"
+            )
+        return Result("drain", data, Text(text))
+
+    async def _cmd_scale(self, rest: str) -> Result:
+        words = _words(rest)
+        if len(words) == 1:
+            words = ["default", *words]
+        if len(words) != 2:
+            _usage("scale")
+        pool, n_text = words
+        try:
+            n = int(n_text)
+        except ValueError:
+            raise ConsoleError(f"scale: N must be a whole number, not {n_text!r}") from None
+        if n < 0:
+            raise ConsoleError(f"scale: N must be >= 0, not {n}")
+        live = jsonable(await self.scale(pool, n))
+        data = {"pool": pool, "target": n, "live": live}
+        shown = ", ".join(f"{p}: {c}" for p, c in live.items())
+        return Result("scale", data, Text(f"pool {pool}: target {n} workers (live now: {shown})"))
+
+    async def _cmd_cancel(self, rest: str) -> Result:
+        run = ""
+        key = ""
+        if rest.startswith("--run"):
+            run = _key_text(rest[len("--run") :])
+        elif rest.startswith("--key"):
+            key = _key_text(rest[len("--key") :])
+        else:
+            text = _key_text(rest)
+            if _RUN.fullmatch(text):
+                run = text
+            else:
+                key = text
+        if not run and not key:
+            _usage("cancel")
+        data = jsonable(await self.cancel((key,) if key else (), run))
+        what = f"run {run}" if run else f"key {key}"
+        return Result("cancel", data, Text(f"cancel requested for {what}: {data['count']} key(s)"))
+
+    async def _cmd_help(self, rest: str) -> Result:
+        word = rest.strip()
+        if word:
+            name = _ALIASES.get(word, word)
+            if name not in COMMANDS:
+                raise ConsoleError(f"unknown command {word!r}; type `help` for the list")
+            usage, what, admin = COMMANDS[name]
+            data = {name: {"usage": usage, "help": what, "admin": admin}}
+            return Result("help", data, Text(f"{usage}\n    {what}"))
+        data = {n: {"usage": u, "help": w, "admin": a} for n, (u, w, a) in COMMANDS.items()}
+        return Result("help", data, render_help())
+
+    async def _cmd_quit(self, rest: str) -> Result:
+        return Result("quit", None, Text(""), quit=True)
+
+
+# ----------------------------------------------------------------------------- parsing
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse for a console command: errors raise instead of exiting."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(prog=name, add_help=False, usage=COMMANDS[name][0])
+
+    def error(self, message: str) -> NoReturn:
+        raise ConsoleError(f"{self.prog}: {message}; usage: {self.usage}")
+
+
+def _split_json(line: str) -> tuple[str, bool]:
+    stripped, n = _JSON_FLAG.subn("", line)
+    return stripped.strip(), n > 0
+
+
+def _words(rest: str) -> list[str]:
+    try:
+        return shlex.split(rest)
+    except ValueError as exc:
+        raise ConsoleError(f"cannot read the arguments: {exc}") from None
+
+
+def _key_text(rest: str) -> str:
+    """A key as text: the rest of the line as typed (keys such as ``('x', 0)`` hold
+    spaces and quotes), or its unquoted form when the whole of it is one quoted word."""
+    rest = rest.strip()
+    if rest[:1] in ("'", '"'):
+        with contextlib.suppress(ValueError):
+            words = shlex.split(rest)
+            if len(words) == 1:
+                return words[0]
+    return rest
+
+
+def _params(items: Iterable[str]) -> dict[str, Any]:
+    params: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConsoleError(f"policy parameters are key=value, not {item!r}")
+        try:
+            params[key] = json.loads(value)
+        except ValueError:
+            params[key] = value
+    return params
+
+
+def _no_args(name: str, rest: str) -> None:
+    if rest.strip():
+        raise ConsoleError(f"{name} takes no arguments; usage: {COMMANDS[name][0]}")
+
+
+def _usage(name: str) -> NoReturn:
+    raise ConsoleError(f"usage: {COMMANDS[name][0]}")
+
+
+# ----------------------------------------------------------------------------- rendering
+
+
+def _bytes(n: Any, zero: str = "-") -> str:
+    if not isinstance(n, int | float) or n <= 0:
+        return zero
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TiB"  # pragma: no cover - the loop returns
+
+
+def _seconds(s: Any) -> str:
+    if not isinstance(s, int | float) or s <= 0:
+        return "-"
+    if s < 1:
+        return f"{s * 1000:.1f} ms"
+    return f"{s:.2f} s"
+
+
+def render_status(st: Mapping[str, Any]) -> RenderableType:
+    """Tables of a status dict (as ``jsonable`` made it)."""
+    workers: list[dict[str, Any]] = list(st.get("workers") or [])
+    processing: dict[str, int] = dict(st.get("processing") or {})
+    draining = set(st.get("draining") or ())
+    retired = set(st.get("retired") or ())
+    rss: dict[str, int] = dict(st.get("rss") or {})
+    files: dict[str, Any] = dict(st.get("files") or {})
+    stored: dict[str, int] = dict(files.get("stored_bytes") or {})
+    queues: dict[str, int] = dict(st.get("queues") or {})
+    autoscaler = st.get("autoscaler") or {}
+    targets: dict[str, int] = dict(autoscaler.get("targets") or {})
+    by_state: dict[str, int] = dict(st.get("tasks_by_state") or {})
+
+    parts: list[RenderableType] = []
+    cores = sum(int(w.get("cores", 0)) for w in workers)
+    running = sum(processing.values())
+    parts.append(
+        Text(
+            f"{len(workers)} worker(s), {cores} core(s); {running} task(s) running, "
+            f"{sum(queues.values())} ready; {st.get('runs', 0)} run(s), "
+            f"{st.get('wanted_keys', 0)} wanted key(s) ({st.get('wanted_pending', 0)} pending)"
+        )
+    )
+
+    wt = Table(title="workers", title_justify="left")
+    for col in ("worker", "pool", "cores", "memory", "running", "stored", "RSS", "state"):
+        wt.add_column(col, justify="right" if col in ("cores", "running") else "left")
+    for w in sorted(workers, key=lambda w: (str(w.get("pool")), str(w.get("worker_id")))):
+        wid = str(w.get("worker_id"))
+        state = "retired" if wid in retired else "draining" if wid in draining else "active"
+        wt.add_row(
+            wid,
+            str(w.get("pool", "")),
+            str(w.get("cores", "")),
+            _bytes(w.get("memory"), zero="all"),
+            str(processing.get(wid, 0)),
+            _bytes(stored.get(wid)),
+            _bytes(rss.get(wid)),
+            state,
+        )
+    parts.append(wt)
+
+    pools: dict[str, dict[str, int]] = {}
+    for w in workers:
+        p = pools.setdefault(str(w.get("pool")), {"workers": 0, "cores": 0, "running": 0})
+        p["workers"] += 1
+        p["cores"] += int(w.get("cores", 0))
+        p["running"] += processing.get(str(w.get("worker_id")), 0)
+    pt = Table(title="pools", title_justify="left")
+    for col in ("pool", "workers", "cores", "running", "ready", "target"):
+        pt.add_column(col, justify="left" if col == "pool" else "right")
+    for pool in sorted(set(pools) | set(queues) | set(targets)):
+        p = pools.get(pool, {"workers": 0, "cores": 0, "running": 0})
+        target = targets.get(pool)
+        pt.add_row(
+            "(any pool)" if pool == "*" else pool,
+            str(p["workers"]),
+            str(p["cores"]),
+            str(p["running"]),
+            str(queues.get(pool, 0)),
+            "-" if target is None else str(target),
+        )
+    parts.append(pt)
+
+    tt = Table(title="tasks", title_justify="left")
+    order = [s for s in STATES if s in by_state] + sorted(set(by_state) - set(STATES))
+    for s in order or ["(none)"]:
+        tt.add_column(s, justify="right")
+    tt.add_row(*[str(by_state[s]) for s in order] if order else ["0"])
+    parts.append(tt)
+
+    cats: dict[str, dict[str, Any]] = dict(st.get("categories") or {})
+    if cats:
+        ct = Table(title="categories", title_justify="left")
+        for col in ("category", "done", "errors", "lost", "mean", "max", "output", "peak RSS"):
+            ct.add_column(col, justify="left" if col == "category" else "right")
+        for name in sorted(cats):
+            c = cats[name]
+            ct.add_row(
+                name,
+                str(int(c.get("count", 0))),
+                str(int(c.get("errors", 0))),
+                str(int(c.get("lost", 0))),
+                _seconds(c.get("mean_duration")),
+                _seconds(c.get("max_duration")),
+                _bytes(c.get("total_nbytes")),
+                _bytes(c.get("peak_rss")),
+            )
+        parts.append(ct)
+
+    runs: dict[str, int] = dict(st.get("recent_runs") or {})
+    if runs:
+        rt = Table(title="latest runs", title_justify="left")
+        rt.add_column("run")
+        rt.add_column("keys", justify="right")
+        for run, n in runs.items():
+            rt.add_row(run, str(n))
+        parts.append(rt)
+
+    mt = Table(title="memory", title_justify="left")
+    for col in ("outputs", "stored", "released", "released bytes", "workers' RSS"):
+        mt.add_column(col, justify="right")
+    mt.add_row(
+        str(files.get("files", 0)),
+        _bytes(sum(stored.values()), zero="0"),
+        str(files.get("released", 0)),
+        _bytes(files.get("released_bytes"), zero="0"),
+        _bytes(sum(rss.values())) if rss else "unknown",
+    )
+    parts.append(mt)
+
+    pol = Table(title="policies", title_justify="left")
+    pol.add_column("kind")
+    pol.add_column("policy")
+    for kind, name in sorted(dict(st.get("policies") or {}).items()):
+        pol.add_row(kind, str(name))
+    parts.append(pol)
+    if st.get("policy_errors"):
+        parts.append(Text(f"policy errors: {st['policy_errors']} (see the tasks' stories)"))
+    return Group(*parts)
+
+
+def render_tasks(records: Sequence[Mapping[str, Any]], limit: int = 0) -> RenderableType:
+    if not records:
+        return Text("no tasks match")
+    t = Table()
+    for col in ("key", "state", "category", "worker", "tries"):
+        t.add_column(col, justify="right" if col == "tries" else "left", overflow="fold")
+    for r in records:
+        t.add_row(
+            str(r["key"]), str(r["state"]), str(r["category"]), str(r["worker"] or "-"),
+            str(r["tries"]),
+        )  # fmt: skip
+    if limit and len(records) >= limit:
+        return Group(t, Text(f"(first {limit}; --limit N shows more, --limit 0 all)"))
+    return t
+
+
+def render_story(key: str, entries: Sequence[Sequence[str]]) -> RenderableType:
+    if not entries:
+        return Text(f"no transitions recorded for {key!r} (is it the key as `tasks` shows it?)")
+    t = Table(title=f"story of {key}", title_justify="left")
+    for col in ("time", "from", "to", "stimulus"):
+        t.add_column(col, justify="right" if col == "time" else "left", overflow="fold")
+    start = _float(entries[0][4])
+    for _, frm, to, stim, now in entries:
+        t.add_row(f"+{_float(now) - start:.3f} s", frm, to, stim)
+    return t
+
+
+def _float(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        return 0.0
+
+
+def render_policies(infos: Sequence[Mapping[str, Any]]) -> RenderableType:
+    t = Table()
+    for col in ("kind", "in use", "available"):
+        t.add_column(col)
+    for i in infos:
+        t.add_row(str(i["kind"]), str(i["name"]), ", ".join(i.get("available") or ()))
+    return t
+
+
+def render_help() -> RenderableType:
+    t = Table(show_header=False, box=None, padding=(0, 2, 0, 0))
+    t.add_column("usage", no_wrap=True)
+    t.add_column("what")
+    for usage, what, _ in COMMANDS.values():
+        t.add_row(usage, what)
+    return Group(
+        t,
+        Text(
+            "\nAdd --json to any command for JSON. The read-only token allows status, "
+            "tasks, story and policy list."
+        ),
+    )
+
+
+# ----------------------------------------------------------------------------- the shell
+
+
+def history_path() -> Path:
+    """``~/.corral/console_history`` (``$CORRAL_HOME/console_history`` if set)."""
+    return Path(os.environ.get("CORRAL_HOME", Path.home() / ".corral")) / "console_history"
+
+
+def _one_line(exc: BaseException) -> str:
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    text = " ".join(str(exc).split()) or "(no message)"
+    return f"{type(exc).__name__}: {text}"
+
+
+class ConsoleShell(cmd.Cmd):
+    """The interactive console. ``onecmd(line)`` runs one line and returns ``True`` when
+    the shell should end; errors print one line and the shell goes on.
+
+    ``call(async_fn, *args)`` runs ``async_fn`` on the client's event loop and returns
+    its result (``BlockingPortal.call``, or ``anyio.from_thread.run`` in a worker thread).
+    """
+
+    prompt = "corral> "
+
+    def __init__(
+        self,
+        client: ConsoleClient,
+        call: Callable[..., Any],
+        *,
+        console: Console | None = None,
+        stdin: Any = None,
+        stdout: Any = None,
+    ) -> None:
+        super().__init__(stdin=stdin, stdout=stdout)
+        if stdin is not None:
+            self.use_rawinput = False
+        self.client = client
+        self.call = call
+        self.out = console or Console()
+        self.intro = (
+            f"Corral console on {client.address}"
+            f"{' (read-only)' if client.read_only else ''}. Type `help` for the commands."
+        )
+        #: Words for completion, learned from the answers: workers, pools, keys, ...
+        self.known: dict[str, list[str]] = {"kinds": ["placement", "priority", "retry"]}
+
+    # -- running lines -------------------------------------------------------------------
+
+    def onecmd(self, line: str) -> bool:
+        line = line.strip()
+        if not line:
+            return False
+        if line == "EOF":  # Ctrl-D
+            self.out.print()
+            return True
+        try:
+            result: Result = self.call(self.client.execute, line)
+        except Exception as exc:
+            self.out.print(f"error: {_one_line(exc)}", markup=False, highlight=False)
+            return False
+        if result.quit:
+            return True
+        self.learn(result)
+        if result.as_json:
+            self.out.print(result.json(), end="", markup=False, highlight=False, soft_wrap=True)
+        else:
+            self.out.print(result.view)
+        return False
+
+    def postcmd(self, stop: bool, line: str) -> bool:
+        if not stop and self.client.closed:
+            self.out.print("the connection to the manager closed; leaving")
+            return True
+        return stop
+
+    def refresh(self) -> None:
+        """Learn workers, pools, categories and policy names for completion (quietly)."""
+        for line in ("status", "policy list"):
+            with contextlib.suppress(Exception):
+                self.learn(self.call(self.client.execute, line))
+
+    def learn(self, result: Result) -> None:
+        data = result.data
+        if result.command == "status" and isinstance(data, dict):
+            workers = data.get("workers") or []
+            self.known["workers"] = sorted(str(w.get("worker_id")) for w in workers)
+            pools = {str(w.get("pool")) for w in workers}
+            pools |= set((data.get("autoscaler") or {}).get("targets") or {})
+            self.known["pools"] = sorted(pools)
+            self.known["categories"] = sorted(data.get("categories") or {})
+        elif result.command == "tasks" and isinstance(data, list):
+            self.known["keys"] = [str(r["key"]) for r in data]
+            cats = set(self.known.get("categories", [])) | {str(r["category"]) for r in data}
+            self.known["categories"] = sorted(cats)
+        elif result.command == "policy" and isinstance(data, list):
+            self.known["kinds"] = sorted(str(i["kind"]) for i in data)
+            for i in data:
+                self.known[f"policy:{i['kind']}"] = list(i.get("available") or ())
+
+    # -- completion ----------------------------------------------------------------------
+
+    def completenames(self, text: str, *ignored: Any) -> list[str]:
+        return [c for c in [*COMMANDS, "exit"] if c.startswith(text)]
+
+    def completedefault(self, text: str, line: str, begidx: int, endidx: int) -> list[str]:
+        return [w for w in self.words_for(line[:begidx]) if w.startswith(text)]
+
+    def words_for(self, before: str) -> list[str]:
+        """The words that may follow ``before`` (the line up to the word being typed)."""
+        words = before.split()
+        if not words:
+            return [*COMMANDS, "exit"]
+        name, args = _ALIASES.get(words[0], words[0]), words[1:]
+        if name == "help":
+            return list(COMMANDS) if not args else []
+        if name == "tasks":
+            if args and args[-1] == "--state":
+                return list(STATES)
+            if args and args[-1] == "--category":
+                return self.known.get("categories", [])
+            if args and args[-1] == "--limit":
+                return []
+            return ["--state", "--category", "--limit", "--json"]
+        if name == "policy":
+            if not args:
+                return ["list", "set"]
+            if args[0] == "set" and len(args) == 1:
+                return self.known.get("kinds", [])
+            if args[0] == "set" and len(args) == 2:
+                return self.known.get(f"policy:{args[1]}", [])
+            return []
+        if name == "drain":
+            return self.known.get("workers", []) if not args else []
+        if name == "scale":
+            return self.known.get("pools", []) if not args else []
+        if name == "story":
+            return self.known.get("keys", []) + self.known.get("workers", []) if not args else []
+        if name == "cancel":
+            return ["--key", "--run", *self.known.get("keys", [])] if not args else []
+        return []
+
+    # -- the loop ------------------------------------------------------------------------
+
+    def preloop(self) -> None:
+        try:
+            import readline
+        except ImportError:  # pragma: no cover - no readline on this platform
+            return
+        readline.set_completer_delims(" \t\n")
+
+    def loop(self, history: Path | None = None) -> None:
+        """Run until quit/exit/Ctrl-D; keep the readline history in ``history``."""
+        readline: Any = None
+        if history is not None:
+            with contextlib.suppress(ImportError):  # no readline on this platform
+                import readline as _readline
+
+                readline = _readline
+            if readline is not None:
+                readline.set_history_length(1000)
+                with contextlib.suppress(OSError):
+                    readline.read_history_file(history)
+        self.refresh()
+        intro: str | None = self.intro
+        try:
+            while True:
+                try:
+                    self.cmdloop(intro)
+                    return
+                except KeyboardInterrupt:
+                    self.out.print("^C")
+                    intro = ""
+        finally:
+            if readline is not None and history is not None:
+                with contextlib.suppress(OSError):
+                    history.parent.mkdir(parents=True, exist_ok=True)
+                    readline.write_history_file(history)
+
+    def emptyline(self) -> bool:
+        return False
+
+
+# ----------------------------------------------------------------------------- entry point
+
+
+def split_cli_options(words: Sequence[str]) -> tuple[list[str], dict[str, Any]]:
+    """Pull the console's own options (``--token T``, ``--token=T``, ``--read-only``,
+    ``--json``) out of the words after the address."""
+    out: list[str] = []
+    found: dict[str, Any] = {}
+    it = iter(words)
+    for w in it:
+        if w == "--token":
+            value = next(it, None)
+            if value is None:
+                raise ConsoleError("--token needs a value")
+            found["token"] = value
+        elif w.startswith("--token="):
+            found["token"] = w.partition("=")[2]
+        elif w == "--read-only":
+            found["read_only"] = True
+        elif w == "--json":
+            found["as_json"] = True
+        elif w in ("-h", "--help"):
+            out.append("help")
+        else:
+            out.append(w)
+    return out, found
+
+
+def main(
+    address: str,
+    words: Sequence[str] = (),
+    *,
+    token: str | None = None,
+    read_only: bool = False,
+    as_json: bool = False,
+) -> int:
+    """``python -m runtime console``: run ``words`` once (exit 0, or 1 after one line on
+    stderr), or the interactive shell when there are none."""
+    try:
+        cmd_words, found = split_cli_options(words)
+    except ConsoleError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    token = found.get("token", token)
+    read_only = found.get("read_only", read_only)
+    as_json = found.get("as_json", as_json)
+    client = ConsoleClient(address, token=token, read_only=read_only)
+    if not cmd_words:
+        return _interactive(client)
+    line = shlex.join(cmd_words) + (" --json" if as_json else "")
+
+    async def once() -> Result:
+        async with client:
+            return await client.execute(line)
+
+    try:
+        result = anyio.run(once, backend="asyncio")
+    except Exception as exc:
+        print(f"error: {_one_line(exc)}", file=sys.stderr)
+        return 1
+    if result.as_json:
+        sys.stdout.write(result.json())
+    else:
+        Console().print(result.view)
+    return 0
+
+
+def _interactive(client: ConsoleClient) -> int:
+    from anyio.from_thread import start_blocking_portal
+
+    with start_blocking_portal(backend="asyncio") as portal:
+        connection = portal.wrap_async_context_manager(client)
+        try:
+            connection.__enter__()
+        except Exception as exc:
+            print(f"error: {_one_line(exc)}", file=sys.stderr)
+            return 1
+        try:
+            ConsoleShell(client, portal.call).loop(history_path())
+        finally:
+            with contextlib.suppress(Exception):
+                connection.__exit__(None, None, None)
+    return 0

@@ -1,0 +1,179 @@
+"""Real processes over real websockets on loopback: a manager process, worker processes,
+a client in this process; a worker killed with SIGKILL mid-run; local process clusters
+that leave no orphans."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import psutil
+import pytest
+
+from runtime import Cluster
+
+LIMIT = 60
+PY = sys.executable
+
+
+def _start(args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [PY, "-m", "runtime", *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def _first_line_with(proc: subprocess.Popen[str], needle: str, limit: float = 30) -> str:
+    """Read the process's output until a line contains ``needle`` (bounded)."""
+    assert proc.stdout is not None
+    deadline = time.monotonic() + limit
+    seen = []
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            raise AssertionError(f"process ended before printing {needle!r}: {seen}")
+        seen.append(line)
+        if needle in line:
+            return line
+    raise AssertionError(f"no {needle!r} within {limit} s: {seen}")
+
+
+def _stop(procs: list[subprocess.Popen[str]]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(5)
+        if p.stdout is not None:
+            p.stdout.close()
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, str]:
+    e = dict(os.environ)
+    e["CORRAL_HOME"] = str(tmp_path / "home")  # token files of this test only
+    e["PYTHONUNBUFFERED"] = "1"
+    e["PYTHONPATH"] = os.pathsep.join(
+        [str(Path(__file__).resolve().parents[1]), e.get("PYTHONPATH", "")]
+    )
+    return e
+
+
+@pytest.fixture
+def manager_and_workers(
+    env: dict[str, str], request: Any
+) -> Iterator[tuple[str, list[subprocess.Popen[str]]]]:
+    n = getattr(request, "param", 2)
+    manager = _start(["manager", "--listen", "127.0.0.1:0"], env)
+    procs = [manager]
+    try:
+        line = _first_line_with(manager, "manager listening on")
+        address = line.split("manager listening on", 1)[1].strip()
+        workers = [_start(["worker", address, "--cores", "1"], env) for _ in range(n)]
+        procs += workers
+        for w in workers:
+            _first_line_with(w, "joined")
+        yield address, workers
+    finally:
+        _stop(procs)
+
+
+def gated(i: int, gate: str, mark: str) -> int:
+    """Announce this task started (a file), then wait (bounded) for the gate file."""
+    Path(mark).touch()
+    deadline = time.monotonic() + 30
+    while not Path(gate).exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return i * i
+
+
+@pytest.mark.anyio
+async def test_a_graph_across_worker_processes_survives_a_kill_9(
+    manager_and_workers: tuple[str, list[subprocess.Popen[str]]],
+    env: dict[str, str],
+    tmp_path: Path,
+) -> None:
+    address, workers = manager_and_workers
+    os.environ["CORRAL_HOME"] = env["CORRAL_HOME"]  # this process finds the token file too
+    with anyio.fail_after(LIMIT):
+        async with Cluster(address) as cluster:
+            await cluster.wait_for_workers(2)
+            # A dask graph whose reduction needs inputs from both workers.
+            squares = [
+                cluster.submit(gated, i, str(tmp_path / "go"), str(tmp_path / f"started-{i}"))
+                for i in range(16)
+            ]
+            total = cluster.submit(sum, squares)
+            # Mid-run: once tasks have started, kill one worker without warning.
+            # (Another process's progress shows only in the filesystem: a bounded poll.)
+            with anyio.fail_after(30):
+                while not any((tmp_path / f"started-{i}").exists() for i in range(16)):
+                    await anyio.sleep(0.01)  # noqa: ASYNC110
+            workers[0].send_signal(signal.SIGKILL)
+            workers[0].wait(10)
+            (tmp_path / "go").touch()
+            assert await total == sum(i * i for i in range(16))
+            status = await cluster.status()
+            assert len(status["workers"]) == 1  # the killed one is gone
+            lost = sum(c["lost"] for c in status["categories"].values())
+            assert lost >= 1  # its running tasks got a worker-lost try and ran elsewhere
+
+
+def test_a_local_process_cluster_leaves_no_orphans_when_its_parent_is_killed(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    script = tmp_path / "parent.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import anyio, os, psutil
+            from runtime import Cluster
+
+            async def main():
+                async with Cluster(processes=2) as cluster:
+                    await cluster.wait_for_workers(2, timeout=60)
+                    print(await cluster.submit(sum, [1, 2, 3]), flush=True)
+                    kids = psutil.Process().children(recursive=True)
+                    print("children", *[k.pid for k in kids], flush=True)
+                    await anyio.sleep_forever()
+
+            anyio.run(main)
+            """
+        )
+    )
+    parent = subprocess.Popen(
+        [PY, str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        assert _first_line_with(parent, "6", limit=60).strip() == "6"
+        pids = [int(p) for p in _first_line_with(parent, "children").split()[1:]]
+        assert len(pids) >= 2
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(10)
+        deadline = time.monotonic() + 20
+        alive = pids
+        while alive and time.monotonic() < deadline:
+            alive = [
+                p
+                for p in pids
+                if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+            ]
+            time.sleep(0.05)
+        assert alive == [], f"orphans left: {alive}"
+    finally:
+        _stop([parent])

@@ -1,0 +1,1210 @@
+"""The ``ws://`` and ``wss://`` transports: frames over aiohttp websockets.
+
+What lives here: :class:`WebSocketBackend` (registered for ``ws`` and ``wss`` by
+:mod:`transport`), its :class:`WebSocketListener` and :class:`WebSocketConnection`, and
+:class:`AuthenticationFailed`. It implements the contract of :mod:`transport.base`
+(bounded, ordered, reliable frame streams) and passes the same conformance suite as
+``inproc://``. See ``docs/transport.md`` for the options and the rules.
+
+Wire format. Every websocket message is binary; its first byte says what it is:
+
+* ``0xC7`` (:data:`runtime.codec.MAGIC`): **data**, exactly the bytes of
+  :func:`runtime.codec.encode` (one frame) or :func:`runtime.codec.encode_batch` (many).
+  Every frame in it cost the sender one credit.
+* ``0x01`` **credit**: ``>BI`` -- the receiver consumed that many more frames.
+* ``0x02`` **chunk**: ``>BQ`` (the total length of the message being reassembled) and
+  a slice of it. A data message longer than the sender's ``chunk_size`` travels as
+  chunks; the receiver appends them until the total is reached and then handles the
+  whole as one data message. Data messages never interleave with the chunks of another
+  (that keeps frames in order), but credits and error replies do.
+* ``0x03`` **error**: ``0x03`` + codec bytes of ``ErrorReply`` frames that report bad
+  input. They are delivered to ``receive()`` like other frames but cost no credit.
+
+Design. Each connection runs a *pump* (in aiohttp's request-handler task on the
+listening side, in a task of its own on the connecting side) made of a reader and a
+writer. The application never touches the socket:
+
+* ``send``/``send_many`` encode at once (a bad frame fails at the sender with
+  ``ProtocolError``), spend credits -- waiting without spinning while there are none --
+  and queue the bytes; they return before the peer has the frame. The writer sends
+  queued data as soon as it runs, except that within ``batch_window`` seconds of the
+  previous data message it waits for the window to end and then sends everything
+  queued as one ``encode_batch`` message (capped at ``chunk_size`` bytes).
+* Flow control is end to end, in frames: a sender starts with ``max_buffer`` credits
+  and spends one per frame; the receiver's ``receive()`` returns one per frame consumed,
+  coalesced into credit messages that overtake queued data and chunks. So the peer
+  never holds more than ``max_buffer`` of our frames unread, whatever the OS buffers.
+* The reader decodes every message as it arrives. Anything malformed (text messages,
+  unknown message types, anything ``decode_batch`` rejects, inconsistent chunks or
+  credits) is counted in ``bad_frames``, answered with an ``ErrorReply`` error message
+  and dropped; the connection stays open until ``max_bad_frames``, when it is closed
+  with websocket code 1008 (policy violation). A message over ``max_message_bytes``
+  closes it with code 1009 (message too big).
+* Closing flushes what was queued, sends a close frame and waits (up to
+  ``close_timeout``) for the peer's, so no frame whose ``send`` returned is lost to a
+  TCP reset. The peer's reader sees the close after every frame sent before it.
+
+Authentication happens in the HTTP upgrade request, before any frame is read: the
+client sends ``Authorization: Bearer <token>``; a listener made with ``tokens`` answers
+401 (no token) or 403 (a token it does not know) and the client raises
+:class:`AuthenticationFailed`. Tokens are compared by ``hmac.compare_digest`` of their
+SHA-256 digests, against every configured token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import hashlib
+import hmac
+import ipaddress
+import math
+import re
+import ssl
+import struct
+from collections import deque
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+import aiohttp
+import anyio
+import anyio.lowlevel
+from aiohttp import WSMsgType, web
+
+from runtime.codec import MAGIC, MAX_FRAME_BYTES, Frame, decode_batch, encode, encode_batch
+from runtime.errors import ProtocolError
+from runtime.log import get_logger
+from runtime.messages import ErrorReply
+from transport.base import (
+    DEFAULT_MAX_BUFFER,
+    AddressInUse,
+    Backend,
+    ConnectFailed,
+    Connection,
+    ConnectionClosed,
+    InvalidAddress,
+    Listener,
+    TransportError,
+)
+
+__all__ = [
+    "DEFAULT_BACKLOG",
+    "DEFAULT_BATCH_WINDOW",
+    "DEFAULT_CHUNK_SIZE",
+    "DEFAULT_CLOSE_TIMEOUT",
+    "DEFAULT_HEARTBEAT",
+    "DEFAULT_MAX_BAD_FRAMES",
+    "DEFAULT_MAX_MESSAGE_BYTES",
+    "SUBPROTOCOL",
+    "AuthenticationFailed",
+    "WebSocketBackend",
+    "WebSocketConnection",
+    "WebSocketListener",
+]
+
+SCHEMES: Final = ("ws", "wss")
+
+#: Seconds the writer holds data after a data message so that more sends join the next.
+DEFAULT_BATCH_WINDOW = 0.0005
+#: Data messages longer than this many bytes travel in chunks of at most this size.
+DEFAULT_CHUNK_SIZE = 1 << 20
+#: Largest data message (whole or reassembled) a receiver accepts.
+DEFAULT_MAX_MESSAGE_BYTES = MAX_FRAME_BYTES
+#: Malformed messages a receiver answers before it closes the connection (code 1008).
+DEFAULT_MAX_BAD_FRAMES = 10
+#: Seconds of silence after which a websocket ping is sent (no pong in half that: lost).
+DEFAULT_HEARTBEAT = 30.0
+#: Seconds a close may take to flush and to hear the peer's close frame.
+DEFAULT_CLOSE_TIMEOUT = 5.0
+#: Connections that completed the handshake but were not accepted yet.
+DEFAULT_BACKLOG = 1024
+
+#: Websocket subprotocol both ends must agree on.
+SUBPROTOCOL = "corral.v1"
+
+_T_DATA: Final = MAGIC
+_T_CREDIT: Final = 0x01
+_T_CHUNK: Final = 0x02
+_T_ERROR: Final = 0x03
+_T_CREDIT_DATA: Final = 0x04
+_CREDIT = struct.Struct(">BI")
+_CHUNK = struct.Struct(">BQ")
+_ERROR_PREFIX: Final = bytes([_T_ERROR])
+_MAX_CREDIT_GRANT = 2**32 - 1
+_MIN_CHUNK_SIZE = 1024
+
+#: Websocket close codes used here.
+CLOSE_NORMAL: Final = 1000
+CLOSE_GOING_AWAY: Final = 1001
+CLOSE_POLICY_VIOLATION: Final = 1008
+CLOSE_MESSAGE_TOO_BIG: Final = 1009
+
+#: Every this many sends or receives on a connection, one yields to the event loop.
+_CHECKPOINT_EVERY = 64
+
+_TOKEN = re.compile(r"[\x21-\x7e]+")  # visible ASCII: safe in an HTTP header
+
+_log = get_logger("corral.transport.ws")
+_checkpoint = anyio.lowlevel.checkpoint
+_now = anyio.current_time
+
+
+# ----------------------------------------------------------------------------- errors
+
+
+class AuthenticationFailed(ConnectFailed):
+    """The listener refused the handshake: no token, or a token it does not know.
+
+    ``status`` is the HTTP status of the refusal (401: no or malformed credentials,
+    403: the token matches none of the listener's tokens).
+    """
+
+    status: int
+
+    def __init__(self, address: str, reason: str, status: int = 401) -> None:
+        TransportError.__init__(
+            self,
+            f"could not connect to {address}: {reason}. Pass connect(..., token=...) with "
+            "one of the tokens the listener was started with (listen(..., tokens={token: "
+            "role})); a manager prints its tokens or writes them to its token file.",
+            address=address,
+            reason=reason,
+            status=status,
+        )
+
+
+# ----------------------------------------------------------------------------- options
+
+
+class _Options:
+    """Validated options shared by listen and connect."""
+
+    __slots__ = (
+        "batch_window",
+        "chunk_size",
+        "close_timeout",
+        "heartbeat",
+        "max_bad_frames",
+        "max_buffer",
+        "max_message_bytes",
+        "ssl_context",
+    )
+
+    def __init__(
+        self, scheme: str, what: str, options: dict[str, Any], extra: Sequence[str]
+    ) -> None:
+        known = (
+            "max_buffer",
+            "batch_window",
+            "chunk_size",
+            "max_message_bytes",
+            "max_bad_frames",
+            "heartbeat",
+            "close_timeout",
+            "ssl_context",
+            *extra,
+        )
+        unknown = sorted(set(options) - set(known))
+        if unknown:
+            raise TypeError(
+                f"unknown {scheme} {what} option(s) {', '.join(unknown)}; known: "
+                f"{', '.join(known)}"
+            )
+        self.max_buffer = _int_option("max_buffer", options, DEFAULT_MAX_BUFFER, 1)
+        self.batch_window = _seconds_option("batch_window", options, DEFAULT_BATCH_WINDOW)
+        self.chunk_size = _int_option("chunk_size", options, DEFAULT_CHUNK_SIZE, _MIN_CHUNK_SIZE)
+        self.max_message_bytes = _int_option(
+            "max_message_bytes", options, DEFAULT_MAX_MESSAGE_BYTES, 1
+        )
+        self.max_bad_frames = _int_option("max_bad_frames", options, DEFAULT_MAX_BAD_FRAMES, 1)
+        self.heartbeat: float | None = None
+        if options.get("heartbeat", DEFAULT_HEARTBEAT) is not None:
+            self.heartbeat = _seconds_option("heartbeat", options, DEFAULT_HEARTBEAT, positive=True)
+        self.close_timeout = _seconds_option(
+            "close_timeout", options, DEFAULT_CLOSE_TIMEOUT, positive=True
+        )
+        ctx = options.get("ssl_context")
+        if ctx is not None and not isinstance(ctx, ssl.SSLContext):
+            raise ValueError(f"ws option ssl_context must be an ssl.SSLContext, got {ctx!r}")
+        if scheme == "ws" and ctx is not None:
+            raise ValueError(
+                "ssl_context was given for a ws:// address; use wss:// for TLS, or drop it"
+            )
+        if scheme == "wss" and ctx is None and what == "listen":
+            raise ValueError(
+                "listening on wss:// needs ssl_context=<ssl.SSLContext with the server's "
+                "certificate chain loaded> (see ssl.create_default_context(Purpose.CLIENT_AUTH))"
+            )
+        self.ssl_context: ssl.SSLContext | None = ctx
+
+
+def _int_option(name: str, options: dict[str, Any], default: int, minimum: int) -> int:
+    value = options.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"ws option {name} must be an int >= {minimum}, got {value!r}")
+    return value
+
+
+def _seconds_option(
+    name: str, options: dict[str, Any], default: float, *, positive: bool = False
+) -> float:
+    value = options.get(name, default)
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value < 0
+        or (positive and value == 0)
+    ):
+        bound = "> 0" if positive else ">= 0"
+        raise ValueError(f"ws option {name} must be a number of seconds {bound}, got {value!r}")
+    return float(value)
+
+
+def _check_token(token: object, what: str) -> str:
+    if not isinstance(token, str) or not _TOKEN.fullmatch(token):
+        raise ValueError(
+            f"{what} must be a non-empty str of visible ASCII characters (no spaces), "
+            f"got {type(token).__name__}"
+        )
+    return token
+
+
+def _token_digest(token: str) -> bytes:
+    return hashlib.sha256(token.encode()).digest()
+
+
+# ----------------------------------------------------------------------------- addresses
+
+
+def _parse(uri: str, *, listening: bool) -> tuple[str, str, int, str]:
+    """``ws://host:port/path`` -> (scheme, host, port, path); :class:`InvalidAddress` if bad."""
+    if not isinstance(uri, str):
+        raise InvalidAddress(repr(uri), "the address must be a str", list(SCHEMES))
+    scheme, sep, rest = uri.partition("://")
+    scheme = scheme.lower()
+    if not sep or scheme not in SCHEMES:
+        raise InvalidAddress(uri, "the websocket backend serves ws:// and wss:// only", SCHEMES)
+    hostport, slash, path = rest.partition("/")
+    path = slash + path
+    if any(c in rest for c in "?#@ \t\r\n\\"):
+        raise InvalidAddress(
+            uri, "a ws address is scheme://host:port[/path] without user, query or fragment"
+        )
+    if hostport.startswith("["):
+        host, bracket, port_text = hostport[1:].partition("]")
+        if not bracket or not port_text.startswith(":"):
+            raise InvalidAddress(uri, "an IPv6 address needs the form [addr]:port")
+        port_text = port_text[1:]
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise InvalidAddress(uri, f"{host!r} is not an IPv6 address") from None
+    else:
+        host, colon, port_text = hostport.rpartition(":")
+        if not colon or ":" in host:
+            raise InvalidAddress(uri, "a ws address needs an explicit :port (0 picks a free one)")
+    if not host:
+        raise InvalidAddress(uri, "a ws address needs a host, such as 127.0.0.1")
+    if not port_text.isdigit() or int(port_text) > 65535:
+        raise InvalidAddress(uri, f"port {port_text!r} is not a number in 0..65535")
+    port = int(port_text)
+    if port == 0 and not listening:
+        raise InvalidAddress(uri, "connect needs the real port (only listen picks one with :0)")
+    return scheme, host, port, path
+
+
+def _format(scheme: str, host: str, port: int, path: str) -> str:
+    if ":" in host:
+        host = f"[{host}]"
+    return f"{scheme}://{host}:{port}{path}"
+
+
+def _sockaddr(scheme: str, info: object) -> str:
+    if isinstance(info, tuple) and len(info) >= 2:
+        return _format(scheme, str(info[0]), int(info[1]), "")
+    return f"{scheme}://unknown"
+
+
+# ----------------------------------------------------------------------------- connection
+
+
+class _Free:
+    """A received frame that cost the peer no credit (an error reply)."""
+
+    __slots__ = ("frame",)
+
+    def __init__(self, frame: Frame) -> None:
+        self.frame = frame
+
+
+class _Out:
+    """A queued send: its encoded bytes and its frames (for merging into one batch)."""
+
+    __slots__ = ("data", "frames")
+
+    def __init__(self, data: bytes, frames: Sequence[Frame]) -> None:
+        self.data = data
+        self.frames = frames
+
+
+class WebSocketConnection(Connection):
+    """One end of a websocket connection; see :class:`transport.base.Connection`.
+
+    Besides the interface it exposes ``role`` (the role of the token the peer presented,
+    on the listening side of an authenticated listener; else None), its options, and
+    counters: ``messages_sent``/``messages_received`` (websocket messages of every
+    kind), ``frames_sent``/``frames_received``, ``bytes_sent``/``bytes_received``,
+    ``chunks_sent``/``chunks_received``, ``credits_sent`` (credit messages) and
+    ``bad_frames`` (malformed messages received).
+    """
+
+    # Counters are plain attributes (documented above) so tests and metrics can read them.
+    messages_sent: int
+    messages_received: int
+    frames_sent: int
+    frames_received: int
+    bytes_sent: int
+    bytes_received: int
+    chunks_sent: int
+    chunks_received: int
+    credits_sent: int
+    bad_frames: int
+
+    def __init__(
+        self,
+        ws: Any,
+        *,
+        local_address: str,
+        peer_address: str,
+        options: _Options,
+        role: str | None = None,
+        session: aiohttp.ClientSession | None = None,
+    ) -> None:
+        self.local_address = local_address
+        self.peer_address = peer_address
+        self.role = role
+        self.max_buffer = options.max_buffer
+        self.batch_window = options.batch_window
+        self.chunk_size = options.chunk_size
+        self.max_message_bytes = options.max_message_bytes
+        self.max_bad_frames = options.max_bad_frames
+        self.close_timeout = options.close_timeout
+        self._ws = ws  # aiohttp WebSocketResponse or ClientWebSocketResponse
+        self._session = session
+        # sending
+        self._credit = options.max_buffer  # frames we may still send before the peer reads
+        self._pending: deque[_Out] = deque()  # queued data, credits already spent
+        self._room: anyio.Event | None = None  # a sender waits for credit
+        self._queued = 0  # frames ever queued (the writer watches it grow while gathering)
+        # receiving
+        self._inbox: deque[Frame | _Free] = deque()
+        self._readable: anyio.Event | None = None  # a receiver waits for a frame
+        self._grant = 0  # frames consumed and not yet credited back
+        self._asm: bytearray | None = None  # chunked message being reassembled
+        self._asm_total = 0
+        # writer
+        self._wake: anyio.Event | None = None  # the writer waits for work
+        self._control: deque[bytes] = deque()  # error replies; they overtake data
+        self._big: memoryview | None = None  # data message being sent in chunks
+        self._big_head = b""
+        self._big_offset = 0
+        # state
+        self._send_reason: str | None = None  # why sending is over (None: open)
+        self._recv_reason: str | None = None  # why no more frames will arrive
+        self._close_request: tuple[int, str] | None = None  # close frame we will send
+        self._closed_here = False
+        self._dead = False  # the socket is finished: nothing more is read or written
+        self._write_scope: anyio.CancelScope | None = None
+        self._done = anyio.Event()
+        self._ops = 0
+        self._task: asyncio.Task[None] | None = None  # the pump, on the connecting side
+        self.messages_sent = self.messages_received = 0
+        self.frames_sent = self.frames_received = 0
+        self.bytes_sent = self.bytes_received = 0
+        self.chunks_sent = self.chunks_received = 0
+        self.credits_sent = 0
+        self.bad_frames = 0
+
+    @property
+    def closed(self) -> bool:
+        return self._send_reason is not None
+
+    @property
+    def unread(self) -> int:
+        """Frames received and not yet taken by :meth:`receive` (at most the peer's
+        ``max_buffer``, plus error replies)."""
+        return len(self._inbox)
+
+    @property
+    def close_reason(self) -> str | None:
+        """Why the connection ended (None while it is open)."""
+        return self._recv_reason
+
+    # -- sending ------------------------------------------------------------------
+
+    async def send(self, frame: Frame) -> None:
+        if self._ops >= _CHECKPOINT_EVERY:
+            self._ops = 0
+            await _checkpoint()
+        self._ops += 1
+        if self._send_reason is not None:
+            raise self._send_error()
+        data = encode(frame, max_bytes=self.max_message_bytes)
+        if self._credit < 1:
+            await self._wait_for_room(1)
+        self._credit -= 1
+        self._queued += 1
+        self._pending.append(_Out(data, (frame,)))
+        ev = self._wake
+        if ev is not None:
+            self._wake = None
+            ev.set()
+
+    async def send_many(self, frames: Sequence[Frame]) -> None:
+        if self._ops >= _CHECKPOINT_EVERY:
+            self._ops = 0
+            await _checkpoint()
+        self._ops += 1
+        if self._send_reason is not None:
+            raise self._send_error()
+        n = len(frames)
+        if n == 0:
+            return
+        frames = tuple(frames)
+        data = encode_batch(frames, max_bytes=self.max_message_bytes)
+        if not (self._credit >= n or self._credit >= self.max_buffer):
+            await self._wait_for_room(n)
+        self._credit -= n
+        self._queued += n
+        self._pending.append(_Out(data, frames))
+        self._wake_writer()
+
+    async def _wait_for_room(self, n: int) -> None:
+        # A batch larger than max_buffer waits for an empty peer buffer, then goes whole.
+        while not (self._credit >= n or self._credit >= self.max_buffer):
+            if self._send_reason is not None:
+                raise self._send_error()
+            ev = self._room
+            if ev is None:
+                ev = self._room = anyio.Event()
+            await ev.wait()
+        if self._send_reason is not None:
+            raise self._send_error()
+
+    def _send_error(self) -> ConnectionClosed:
+        return ConnectionClosed(self.local_address, self._send_reason or "closed")
+
+    # -- receiving ----------------------------------------------------------------
+
+    async def receive(self) -> Frame:
+        if self._ops >= _CHECKPOINT_EVERY:
+            self._ops = 0
+            await _checkpoint()
+        self._ops += 1
+        inbox = self._inbox
+        while not inbox:
+            if self._recv_reason is not None:
+                raise ConnectionClosed(self.local_address, self._recv_reason)
+            ev = self._readable
+            if ev is None:
+                ev = self._readable = anyio.Event()
+            await ev.wait()
+        item = inbox.popleft()
+        if type(item) is _Free:
+            return item.frame
+        self._grant += 1
+        if self._wake is not None:
+            self._wake_writer()
+        return item  # type: ignore[return-value]
+
+    # -- closing ------------------------------------------------------------------
+
+    async def aclose(self) -> None:
+        if not self._closed_here:
+            self._closed_here = True
+            self._inbox.clear()  # never read now; the peer learns of the close instead
+            self._grant = 0
+            if self._recv_reason is None:
+                self._recv_reason = "closed by this side"
+            self._request_close(CLOSE_NORMAL, "closed by the peer", "closed by this side")
+        await self._done.wait()
+
+    def _request_close(self, code: int, message: str, reason: str) -> None:
+        """Stop sending; the pump flushes what was queued and closes with ``code``."""
+        if self._send_reason is None:
+            self._send_reason = reason
+        if self._close_request is None and not self._dead:
+            self._close_request = (code, message)
+            if self._write_scope is not None:
+                self._write_scope.deadline = _now() + self.close_timeout
+        self._wake_all()
+
+    def _end(self, reason: str) -> None:
+        """The socket is finished: fail senders, let receivers drain and then fail."""
+        self._dead = True
+        if self._send_reason is None:
+            self._send_reason = reason
+        if self._recv_reason is None:
+            self._recv_reason = reason
+        self._pending.clear()
+        self._control.clear()
+        self._big = None
+        self._wake_all()
+
+    def _wake_all(self) -> None:
+        for ev in (self._room, self._readable, self._wake):
+            if ev is not None:
+                ev.set()
+        self._room = self._readable = self._wake = None
+
+    def _wake_writer(self) -> None:
+        ev = self._wake
+        if ev is not None:
+            self._wake = None
+            ev.set()
+
+    # -- the pump -------------------------------------------------------------------
+
+    def _start(self) -> None:
+        """Run the pump in a task of its own (connecting side)."""
+        self._task = asyncio.get_running_loop().create_task(
+            self._pump(), name=f"corral ws pump {self.local_address} -> {self.peer_address}"
+        )
+
+    async def _pump(self) -> None:
+        """Read and write until the connection ends; then close the socket."""
+        ws = self._ws
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._read_loop)
+                with anyio.CancelScope() as scope:
+                    self._write_scope = scope
+                    if self._close_request is not None:
+                        scope.deadline = _now() + self.close_timeout
+                    await self._write_loop()
+                self._write_scope = None
+                tg.cancel_scope.cancel()  # the reader: we only close now
+            request = self._close_request
+            if request is not None and not self._dead and not ws.closed:
+                with anyio.move_on_after(self.close_timeout):
+                    await ws.close(code=request[0], message=request[1].encode()[:120])
+        except Exception as exc:  # a bug, or aiohttp raising something unexpected
+            _log.warning(
+                "websocket connection failed", local=self.local_address, error=repr(exc)
+            )
+            self._end(f"the connection failed ({type(exc).__name__}: {exc})")
+        finally:
+            with anyio.CancelScope(shield=True):
+                if not ws.closed:
+                    with anyio.move_on_after(self.close_timeout):
+                        await ws.close(code=CLOSE_GOING_AWAY, message=b"")
+                if self._session is not None:
+                    await self._session.close()
+            self._end(self._send_reason or "closed")
+            self._done.set()
+
+    async def _write_loop(self) -> None:
+        ws = self._ws
+        try:
+            while not self._dead:
+                if self._control:
+                    await self._send_bytes(ws, self._control.popleft())
+                elif self._big is not None:
+                    if self._grant and self._send_reason is None:
+                        await self._send_credit(ws)  # between chunks: the peer may wait
+                    else:
+                        await self._send_chunk(ws)
+                elif self._pending:
+                    if self.batch_window and self._close_request is None:
+                        await self._gather()
+                    batch = self._take_batch()
+                    if len(batch) == 1 and len(batch[0]) > self.chunk_size:
+                        # Sent a chunk at a time; later data waits until the last chunk
+                        # is out, credits and error replies go in between.
+                        if self._grant and self._send_reason is None:
+                            await self._send_credit(ws)
+                        self._big = memoryview(batch[0])
+                        self._big_head = _CHUNK.pack(_T_CHUNK, len(batch[0]))
+                        self._big_offset = 0
+                        await self._send_chunk(ws)
+                    else:
+                        for data in batch:
+                            if self._grant and self._send_reason is None:
+                                n = self._take_grant()
+                                data = b"".join((_CREDIT.pack(_T_CREDIT_DATA, n), data))
+                            await self._send_bytes(ws, data)
+                elif self._grant and self._send_reason is None:
+                    await self._send_credit(ws)
+                elif self._close_request is not None:
+                    return  # everything queued went out
+                else:
+                    ev = self._wake = anyio.Event()
+                    await ev.wait()
+        except Exception as exc:  # the socket broke under us
+            if not self._dead:
+                self._end(f"the connection to {self.peer_address} was lost ({exc})")
+
+    async def _gather(self) -> None:
+        """Let sends join the next message while they keep coming, up to ``batch_window``.
+
+        The writer yields to the event loop (no timer: the loop's timers are only as fine
+        as a millisecond) and goes on gathering while every pass queued more frames.
+        """
+        deadline = _now() + self.batch_window
+        seen = self._queued
+        while True:
+            await _checkpoint()
+            if self._queued == seen or self._close_request is not None or self._dead:
+                return
+            if self._credit <= 0 or _now() >= deadline:
+                return
+            seen = self._queued
+
+    def _take_grant(self) -> int:
+        n = min(self._grant, _MAX_CREDIT_GRANT)
+        self._grant -= n
+        return n
+
+    async def _send_credit(self, ws: Any) -> None:
+        await self._send_bytes(ws, _CREDIT.pack(_T_CREDIT, self._take_grant()))
+        self.credits_sent += 1
+
+    def _take_batch(self) -> list[bytes]:
+        """The next data message(s) to send: queued sends merged up to ``chunk_size``."""
+        pending = self._pending
+        first = pending.popleft()
+        self.frames_sent += len(first.frames)
+        if not pending or len(first.data) >= self.chunk_size:
+            return [first.data]
+        items = [first]
+        size = len(first.data)
+        limit = self.chunk_size
+        while pending and size + len(pending[0].data) <= limit:
+            item = pending.popleft()
+            items.append(item)
+            size += len(item.data)
+            self.frames_sent += len(item.frames)
+        if len(items) == 1:
+            return [first.data]
+        try:
+            return [encode_batch([f for item in items for f in item.frames])]
+        except ProtocolError:
+            # Only possible if a message was mutated after send(): ship what was checked.
+            return [item.data for item in items]
+
+    async def _send_chunk(self, ws: Any) -> None:
+        big = self._big
+        assert big is not None
+        start = self._big_offset
+        end = min(start + self.chunk_size, len(big))
+        self._big_offset = end
+        if end >= len(big):
+            self._big = None
+        await self._send_bytes(ws, b"".join((self._big_head, big[start:end])))
+        self.chunks_sent += 1
+        await _checkpoint()  # let the application and the reader run between chunks
+
+    async def _send_bytes(self, ws: Any, data: bytes) -> None:
+        await ws.send_bytes(data)
+        self.messages_sent += 1
+        self.bytes_sent += len(data)
+
+    # -- reading ------------------------------------------------------------------------
+
+    async def _read_loop(self) -> None:
+        ws = self._ws
+        while True:
+            msg = await ws.receive()
+            kind = msg.type
+            if kind is WSMsgType.BINARY:
+                data = msg.data
+                self.messages_received += 1
+                self.bytes_received += len(data)
+                if not self._on_message(data):
+                    return
+            elif kind is WSMsgType.TEXT:
+                self.messages_received += 1
+                if not self._bad("a text message; Corral sends binary messages only"):
+                    return
+            elif kind is WSMsgType.CLOSE:
+                self._end(self._peer_closed_reason(msg.data, msg.extra))
+                return
+            elif kind is WSMsgType.ERROR:
+                self._end(self._error_reason(msg.data))
+                return
+            elif kind is WSMsgType.CLOSED or kind is WSMsgType.CLOSING:
+                self._end(f"the connection to {self.peer_address} was lost (no close frame)")
+                return
+            # PING and PONG are answered by aiohttp (autoping)
+
+    def _peer_closed_reason(self, code: object, text: object) -> str:
+        reason = f"closed by the peer {self.peer_address}"
+        if code != CLOSE_NORMAL:
+            reason += f" (websocket close code {code}"
+            reason += f": {text})" if text else ")"
+        return reason
+
+    def _error_reason(self, exc: object) -> str:
+        code = getattr(exc, "code", None)
+        if code == CLOSE_MESSAGE_TOO_BIG:
+            return (
+                f"closed by this side: the peer {self.peer_address} sent a message over "
+                f"max_message_bytes={self.max_message_bytes} (websocket close code 1009, "
+                "message too big)"
+            )
+        if isinstance(exc, TimeoutError):  # aiohttp's heartbeat: no pong in time
+            return (
+                f"the peer {self.peer_address} did not answer the heartbeat ping in time "
+                f"({exc}); it is gone or its event loop is blocked"
+            )
+        return f"the connection to {self.peer_address} was lost ({exc})"
+
+    def _on_message(self, data: bytes) -> bool:
+        """Handle one binary message; False once the connection must close."""
+        if not data:
+            return self._bad("an empty message")
+        kind = data[0]
+        if kind == _T_DATA:
+            if self._asm is not None:
+                self._asm = None
+                return self._bad("a data message arrived in the middle of a chunked one")
+            return self._deliver(data, credited=True)
+        if kind == _T_CREDIT:
+            if len(data) != _CREDIT.size:
+                return self._bad(f"a credit message of {len(data)} bytes (expected {_CREDIT.size})")
+            problem = self._apply_credit(data)
+            return True if problem is None else self._bad(problem)
+        if kind == _T_CREDIT_DATA:
+            if len(data) <= _CREDIT.size or data[_CREDIT.size] != _T_DATA:
+                return self._bad("a credit-and-data message without data after the credit")
+            problem = self._apply_credit(data)
+            if problem is not None:
+                return self._bad(problem)
+            if self._asm is not None:
+                self._asm = None
+                return self._bad("a data message arrived in the middle of a chunked one")
+            return self._deliver(memoryview(data)[_CREDIT.size :], credited=True)
+        if kind == _T_CHUNK:
+            return self._on_chunk(data)
+        if kind == _T_ERROR:
+            return self._deliver(memoryview(data)[1:], credited=False)
+        return self._bad(
+            f"unknown transport message type 0x{kind:02x} (expected data 0x{_T_DATA:02x}, "
+            f"credit 0x{_T_CREDIT:02x}, chunk 0x{_T_CHUNK:02x} or error 0x{_T_ERROR:02x})"
+        )
+
+    def _deliver(self, data: bytes | bytearray | memoryview, *, credited: bool) -> bool:
+        try:
+            frames = decode_batch(data, max_bytes=self.max_message_bytes)
+        except ProtocolError as exc:
+            return self._bad(exc.message, reply=credited)
+        except Exception as exc:  # decode_batch promises ProtocolError; be safe anyway
+            return self._bad(f"undecodable message ({type(exc).__name__}: {exc})", reply=credited)
+        if self._closed_here:
+            return True  # closed by the application: nobody will read them
+        self.frames_received += len(frames)
+        if credited:
+            self._inbox.extend(frames)
+        else:
+            self._inbox.extend(_Free(f) for f in frames)
+        ev = self._readable
+        if ev is not None:
+            self._readable = None
+            ev.set()
+        return True
+
+    def _apply_credit(self, data: bytes) -> str | None:
+        """Take the credit grant at the start of ``data``; the problem if it is invalid."""
+        _, n = _CREDIT.unpack_from(data)
+        room = self.max_buffer - self._credit
+        if not 0 < n <= room:
+            return f"a credit grant of {n} frames, but only {room} of our frames were unread"
+        self._credit += n
+        ev = self._room
+        if ev is not None:
+            self._room = None
+            ev.set()
+        return None
+
+    def _on_chunk(self, data: bytes) -> bool:
+        if len(data) <= _CHUNK.size:
+            self._asm = None
+            return self._bad("a chunk message without data")
+        _, total = _CHUNK.unpack_from(data)
+        asm = self._asm
+        if asm is None:
+            if total > self.max_message_bytes:
+                self._too_big(total)
+                return False
+            asm = self._asm = bytearray()
+            self._asm_total = total
+        elif total != self._asm_total:
+            self._asm = None
+            return self._bad(
+                f"a chunk of a {total}-byte message while a {self._asm_total}-byte one was "
+                "being reassembled"
+            )
+        asm += memoryview(data)[_CHUNK.size :]
+        self.chunks_received += 1
+        if len(asm) < total:
+            return True
+        self._asm = None
+        if len(asm) > total:
+            return self._bad(f"chunks longer than the announced total of {total} bytes")
+        if asm[0] != _T_DATA:
+            return self._bad("a chunked message that is not a data message")
+        return self._deliver(asm, credited=True)
+
+    def _too_big(self, size: int) -> None:
+        self.bad_frames += 1
+        reason = (
+            f"closed by this side: the peer {self.peer_address} announced a {size}-byte message, "
+            f"over max_message_bytes={self.max_message_bytes} (websocket close code 1009)"
+        )
+        self._recv_reason = self._recv_reason or reason
+        self._request_close(CLOSE_MESSAGE_TOO_BIG, "message too big", reason)
+
+    def _bad(self, problem: str, *, reply: bool = True) -> bool:
+        """Count a malformed message, answer it, and close after ``max_bad_frames``."""
+        self.bad_frames += 1
+        n = self.bad_frames
+        limit = self.max_bad_frames
+        _log.warning(
+            "dropped a malformed websocket message",
+            local=self.local_address,
+            peer=self.peer_address,
+            count=n,
+            problem=problem[:200],
+        )
+        if reply and self._send_reason is None:
+            text = (
+                f"malformed message dropped ({n} of at most {limit} before the connection "
+                f"is closed): {problem}"
+            )
+            try:
+                self._control.append(_ERROR_PREFIX + encode(Frame(ErrorReply("ProtocolError", text))))
+            except ProtocolError:  # pragma: no cover - the text is always encodable
+                pass
+            else:
+                self._wake_writer()
+        if n < limit:
+            return True
+        reason = (
+            f"closed by this side: the peer {self.peer_address} sent {n} malformed messages "
+            "(websocket close code 1008, policy violation)"
+        )
+        self._recv_reason = self._recv_reason or reason
+        self._request_close(
+            CLOSE_POLICY_VIOLATION, f"policy violation: {n} malformed messages", reason
+        )
+        return False
+
+
+# ----------------------------------------------------------------------------- listener
+
+
+class WebSocketListener(Listener):
+    """Listens on ``ws://host:port[/path]`` (or ``wss://``) with an aiohttp web server.
+
+    Counters: ``connections`` (handshakes completed) and ``refused`` (handshakes
+    refused: authentication, backlog full, closing, not a websocket request).
+    """
+
+    def __init__(
+        self,
+        scheme: str,
+        host: str,
+        port: int,
+        path: str,
+        *,
+        options: _Options,
+        tokens: Mapping[str, str] | None,
+        backlog: int,
+    ) -> None:
+        self.scheme = scheme
+        self.host = host
+        self.path = path
+        self.address = _format(scheme, host, port, path)
+        self.options = options
+        self.max_buffer = options.max_buffer
+        self.backlog = backlog
+        self.auth_required = tokens is not None
+        self._tokens = [(_token_digest(t), role) for t, role in (tokens or {}).items()]
+        self._runner: web.AppRunner | None = None
+        self._site: web.TCPSite | None = None
+        self._pending: deque[WebSocketConnection] = deque()
+        self._live: set[WebSocketConnection] = set()
+        self._arrived: anyio.Event | None = None
+        self._closed = False
+        self.connections = 0
+        self.refused = 0
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    async def _start(self, port: int) -> None:
+        app = web.Application()
+        app.router.add_get(self.path or "/", self._handle)
+        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await runner.setup()
+        bind = "127.0.0.1" if self.host == "localhost" else self.host
+        site = web.TCPSite(runner, bind, port, ssl_context=self.options.ssl_context, backlog=512)
+        try:
+            await site.start()
+        except OSError as exc:
+            await runner.cleanup()
+            if exc.errno == errno.EADDRINUSE:
+                raise AddressInUse(self.address) from None
+            raise InvalidAddress(
+                self.address, f"cannot listen there ({exc.strerror or exc})", list(SCHEMES)
+            ) from None
+        except BaseException:
+            await runner.cleanup()
+            raise
+        self._runner, self._site = runner, site
+        if port == 0:
+            bound = runner.addresses[0]
+            self.address = _format(self.scheme, self.host, int(bound[1]), self.path)
+
+    async def accept(self) -> Connection:
+        while not self._pending:
+            if self._closed:
+                raise ConnectionClosed(self.address, "the listener was closed")
+            ev = self._arrived
+            if ev is None:
+                ev = self._arrived = anyio.Event()
+            await ev.wait()
+        return self._pending.popleft()
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        ev = self._arrived
+        if ev is not None:
+            self._arrived = None
+            ev.set()
+        while self._pending:
+            conn = self._pending.popleft()
+            conn._request_close(
+                CLOSE_GOING_AWAY,
+                "the listener was closed before accepting this connection",
+                "closed by this side: the listener was closed before accepting it",
+            )
+        site, runner = self._site, self._runner
+        self._site = None
+        if site is not None:
+            await site.stop()  # frees the port; established connections go on
+        if runner is not None and not self._live:
+            self._runner = None
+            await runner.cleanup()
+
+    def _refuse(self, status: int, text: str, challenge: str = "") -> web.Response:
+        self.refused += 1
+        headers = {"WWW-Authenticate": challenge} if challenge else None
+        response = web.Response(status=status, text=text + "\n", headers=headers)
+        response.force_close()
+        return response
+
+    def _authenticate(self, request: web.Request) -> tuple[str | None, web.Response | None]:
+        """(role, None) if the request may connect, else (None, refusal)."""
+        if not self.auth_required:
+            return None, None
+        header = request.headers.get("Authorization", "")
+        scheme, _, token = header.partition(" ")
+        token = token.strip()
+        if not header:
+            return None, self._refuse(
+                401,
+                "this Corral listener requires a token: send 'Authorization: Bearer <token>'",
+                'Bearer realm="corral"',
+            )
+        if scheme.lower() != "bearer" or not token:
+            return None, self._refuse(
+                401,
+                "malformed Authorization header: expected 'Bearer <token>'",
+                'Bearer realm="corral", error="invalid_request"',
+            )
+        digest = _token_digest(token)
+        role: str | None = None
+        for known, known_role in self._tokens:  # no early exit: same time for every token
+            if hmac.compare_digest(known, digest):
+                role = known_role
+        if role is None:
+            return None, self._refuse(
+                403,
+                "the token is not valid for this Corral listener",
+                'Bearer realm="corral", error="invalid_token"',
+            )
+        return role, None
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        if self._closed:
+            return self._refuse(503, "this Corral listener is closing")
+        role, refusal = self._authenticate(request)
+        if refusal is not None:
+            _log.warning(
+                "refused a websocket handshake",
+                address=self.address,
+                peer=request.remote,
+                status=refusal.status,
+            )
+            return refusal
+        if len(self._pending) >= self.backlog:
+            return self._refuse(503, "this Corral listener's backlog is full (nobody accepts)")
+        options = self.options
+        ws = web.WebSocketResponse(
+            timeout=options.close_timeout,
+            autoclose=True,
+            autoping=True,
+            heartbeat=options.heartbeat,
+            protocols=(SUBPROTOCOL,),
+            compress=False,
+            max_msg_size=options.max_message_bytes + _CHUNK.size,
+        )
+        if not ws.can_prepare(request).ok:
+            return self._refuse(400, "this is a Corral websocket endpoint: connect with ws://")
+        await ws.prepare(request)
+        transport = request.transport
+        peer = transport.get_extra_info("peername") if transport is not None else None
+        conn = WebSocketConnection(
+            ws,
+            local_address=self.address,
+            peer_address=_sockaddr(self.scheme, peer),
+            options=options,
+            role=role,
+        )
+        self.connections += 1
+        self._live.add(conn)
+        self._pending.append(conn)
+        ev = self._arrived
+        if ev is not None:
+            self._arrived = None
+            ev.set()
+        try:
+            await conn._pump()
+        finally:
+            self._live.discard(conn)
+        return ws
+
+
+# ----------------------------------------------------------------------------- backend
+
+
+class WebSocketBackend(Backend):
+    """The ``ws://host:port[/path]`` and ``wss://`` backend (aiohttp websockets).
+
+    ``listen`` options: ``max_buffer``, ``batch_window``, ``chunk_size``,
+    ``max_message_bytes``, ``max_bad_frames``, ``heartbeat``, ``close_timeout``,
+    ``ssl_context`` (required for wss://), ``tokens`` (token -> role; None: no
+    authentication) and ``backlog``. ``connect`` takes the same minus ``tokens`` and
+    ``backlog``, plus ``token``. See ``docs/transport.md``.
+    """
+
+    async def listen(self, uri: str, **options: Any) -> WebSocketListener:
+        scheme, host, port, path = _parse(uri, listening=True)
+        tokens = options.pop("tokens", None)
+        backlog = options.pop("backlog", DEFAULT_BACKLOG)
+        opts = _Options(scheme, "listen", options, ("tokens", "backlog"))
+        if isinstance(backlog, bool) or not isinstance(backlog, int) or backlog < 1:
+            raise ValueError(f"ws option backlog must be an int >= 1, got {backlog!r}")
+        if tokens is not None:
+            if not isinstance(tokens, Mapping):
+                raise ValueError(
+                    "ws option tokens must be a mapping of token -> role (or None for no "
+                    f"authentication), got {type(tokens).__name__}"
+                )
+            for token, role in tokens.items():
+                _check_token(token, "every token in tokens")
+                if not isinstance(role, str):
+                    raise ValueError(f"the role of a token must be a str, got {role!r}")
+            tokens = dict(tokens)
+        listener = WebSocketListener(
+            scheme, host, port, path, options=opts, tokens=tokens, backlog=backlog
+        )
+        await listener._start(port)
+        return listener
+
+    async def connect(
+        self,
+        uri: str,
+        *,
+        timeout: float,  # noqa: ASYNC109 (the interface takes it)
+        **options: Any,
+    ) -> WebSocketConnection:
+        scheme, host, port, path = _parse(uri, listening=False)
+        token = options.pop("token", None)
+        opts = _Options(scheme, "connect", options, ("token",))
+        headers: dict[str, str] = {}
+        if token is not None:
+            headers["Authorization"] = f"Bearer {_check_token(token, 'token')}"
+        url = _format(scheme, host, port, path or "/")
+        session = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=None, connect=timeout), trust_env=False
+        )
+        ws: Any = None
+        try:
+            with anyio.move_on_after(timeout):
+                ws = await session.ws_connect(
+                    url,
+                    protocols=(SUBPROTOCOL,),
+                    timeout=aiohttp.ClientWSTimeout(ws_receive=None, ws_close=opts.close_timeout),
+                    autoclose=True,
+                    autoping=True,
+                    heartbeat=opts.heartbeat,
+                    headers=headers,
+                    ssl=(opts.ssl_context or True) if scheme == "wss" else False,
+                    compress=0,
+                    max_msg_size=opts.max_message_bytes + _CHUNK.size,
+                )
+            if ws is None:
+                raise ConnectFailed(uri, f"no websocket connection within {timeout:g} s")
+            if ws.protocol != SUBPROTOCOL:
+                await ws.close()
+                raise ConnectFailed(
+                    uri,
+                    f"the server there is not a Corral listener (it did not accept the "
+                    f"{SUBPROTOCOL!r} websocket subprotocol)",
+                )
+        except BaseException as exc:
+            with anyio.CancelScope(shield=True):
+                await session.close()
+            if isinstance(exc, aiohttp.ClientError | OSError):
+                raise _connect_error(uri, exc, token is not None) from None
+            raise
+        conn = WebSocketConnection(
+            ws,
+            local_address=_sockaddr(scheme, ws.get_extra_info("sockname")),
+            peer_address=uri,
+            options=opts,
+            session=session,
+        )
+        conn._start()
+        return conn
+
+
+def _connect_error(uri: str, exc: BaseException, had_token: bool) -> ConnectFailed:
+    if isinstance(exc, aiohttp.WSServerHandshakeError):
+        status = exc.status
+        if status == 401:
+            if had_token:
+                why = "the listener refused the handshake (401): the Authorization header was not accepted"
+            else:
+                why = "the listener requires a token and none was given (HTTP 401)"
+            return AuthenticationFailed(uri, why, 401)
+        if status == 403:
+            return AuthenticationFailed(
+                uri, "the listener refused the token: it matches none of its tokens (HTTP 403)", 403
+            )
+        if status == 404:
+            return ConnectFailed(uri, "nothing listens on that path (HTTP 404)")
+        if status == 503:
+            return ConnectFailed(uri, "the listener is closing or its backlog is full (HTTP 503)")
+        return ConnectFailed(uri, f"the websocket handshake failed (HTTP {status}: {exc.message})")
+    if isinstance(exc, aiohttp.ClientConnectorCertificateError | aiohttp.ClientSSLError):
+        return ConnectFailed(uri, f"the TLS handshake failed ({exc})")
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return ConnectFailed(uri, f"nothing accepted the connection ({exc.strerror or exc})")
+    return ConnectFailed(uri, f"{type(exc).__name__}: {exc}")
