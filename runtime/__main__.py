@@ -113,9 +113,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--workers",
         type=int,
-        default=cpus,
+        default=None,
         metavar="N",
-        help=f"in-process workers (default: number of cores, {cpus})",
+        help="run N worker processes on this machine, joined over loopback websockets "
+        f"(default: no processes; {cpus} in-process workers, one per core)",
     )
     run.add_argument(
         "--threads", type=int, default=1, metavar="N", help="threads per worker (default: 1)"
@@ -250,7 +251,9 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
     try:
         cfg = DemoConfig(args.datasets, args.chunks, args.events, args.fan_in, args.seed)
-        if args.workers < 1 or args.threads < 1:
+        processes = args.workers is not None
+        workers = args.workers if processes else (os.cpu_count() or 1)
+        if workers < 1 or args.threads < 1:
             raise ValueError("--workers and --threads must be at least 1")
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -260,7 +263,11 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
     async def go() -> Any:
         return await run_demo(
-            cfg, workers=args.workers, threads=args.threads, progress_console=progress
+            cfg,
+            workers=workers,
+            threads=args.threads,
+            progress_console=progress,
+            processes=processes,
         )
 
     run = anyio.run(go, backend="asyncio")

@@ -256,6 +256,7 @@ class DemoRun:
     threads: int
     startup: float  #: seconds to start the cluster
     wall: float  #: seconds from submitting the graph to having the result
+    processes: bool = False  #: workers were separate processes
 
 
 def _progress_bars(console: Console) -> Progress:
@@ -309,6 +310,7 @@ async def run_demo(
     threads: int = 1,
     progress_console: Console | None = None,
     poll_every: float = 0.1,
+    processes: bool = False,
 ) -> DemoRun:
     """Build the graph and run it on an in-process cluster; return what happened.
 
@@ -324,7 +326,8 @@ async def run_demo(
     graph, final = build_graph(cfg)
     totals = category_totals(graph)
     t_start = time.perf_counter()
-    async with Cluster(workers=workers, threads_per_worker=threads) as cluster:
+    options: dict[str, Any] = {"processes": workers} if processes else {"workers": workers}
+    async with Cluster(threads_per_worker=threads, **options) as cluster:
         await cluster.wait_for_workers(workers)
         t0 = time.perf_counter()
         startup = t0 - t_start
@@ -351,7 +354,9 @@ async def run_demo(
             future.release()
             if progress is not None:
                 _update_bars(progress, bars, totals, status, wall)
-    return DemoRun(cfg, graph, final, result, status, totals, workers, threads, startup, wall)
+    return DemoRun(
+        cfg, graph, final, result, status, totals, workers, threads, startup, wall, processes
+    )
 
 
 # ----------------------------------------------------------------------------- summary
@@ -438,7 +443,8 @@ def render_summary(run: DemoRun, console: Console) -> None:
     )
     grid.add_row(
         "cluster",
-        f"{run.workers} worker(s) x {run.threads} thread(s), started in "
+        f"{run.workers} worker {'process(es)' if run.processes else '(in-process)'}"
+        f" x {run.threads} thread(s), started in "
         f"{run.startup * 1000:.0f} ms",
     )
     grid.add_row(

@@ -1,0 +1,779 @@
+"""The control console (runtime/console.py) against real managers and workers.
+
+Everything runs in this process: a manager (``run_manager``) and workers
+(``run_worker``) over ``inproc://`` with the codec on, as in tests/test_nodes.py, so
+every console message is encoded and decoded as over a websocket. A second set-up
+(``hosted``) serves a gateway in front of a control plane with an autoscaler, and can
+make its connections read-only. The tests at the end need the websocket transport with
+tokens (``ws://``): the read-only token and the one-shot command line.
+
+Tasks that must stay running wait on a gate (a ``threading.Event``) that the test
+opens; nothing sleeps and then asserts.
+"""
+
+from __future__ import annotations
+
+import json
+import operator
+import threading
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from actors.autoscaler import PoolTarget
+from actors.providers import BlockSpec, InProcessProvider
+from runtime import Cluster
+from runtime.console import (
+    COMMANDS,
+    ConsoleClient,
+    ConsoleError,
+    ConsoleShell,
+    split_cli_options,
+)
+from runtime.errors import CancelledError, CorralError
+from runtime.kernel import ActorSystem
+from runtime.messages import PolicyInfo, TaskRecord
+from runtime.node import (
+    Gateway,
+    PermissionDenied,
+    Tokens,
+    run_manager,
+    run_worker,
+    start_control_plane,
+)
+
+LIMIT = 20
+
+# ----------------------------------------------------------------------------- set-ups
+
+
+class Node:
+    """A worker started by :func:`nodes`: its id, a scope that kills it, and an event
+    set when ``run_worker`` returned (it stopped)."""
+
+    def __init__(self, worker_id: str, scope: anyio.CancelScope, ended: anyio.Event) -> None:
+        self.id = worker_id
+        self.scope = scope
+        self.ended = ended
+
+
+@asynccontextmanager
+async def nodes(
+    n_workers: int = 2,
+    *,
+    listen: str = "inproc://",
+    tokens: Tokens | None = None,
+    token_file: Path | None = None,
+) -> AsyncIterator[tuple[str, list[Node]]]:
+    """A manager and ``n_workers`` workers (as in tests/test_nodes.py)."""
+    found = anyio.Event()
+    where: dict[str, str] = {}
+    options = {"codec": True} if listen.startswith("inproc") else {}
+    token = tokens.admin if tokens is not None else None
+
+    def manager_ready(addr: str, tokens: Tokens) -> None:
+        where["manager"] = addr
+        found.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(
+            lambda: run_manager(
+                listen, ready=manager_ready, listen_options=options, reconnect_timeout=0.5,
+                tokens=tokens, token_file=token_file,
+            )
+        )  # fmt: skip
+        await found.wait()
+        workers: list[Node] = []
+        for _ in range(n_workers):
+            scope = anyio.CancelScope()
+            ended = anyio.Event()
+            ready = anyio.Event()
+            ids: list[str] = []
+
+            async def worker(
+                scope: anyio.CancelScope = scope,
+                ended: anyio.Event = ended,
+                ready: anyio.Event = ready,
+                ids: list[str] = ids,
+            ) -> None:
+                def on_ready(wid: str) -> None:
+                    ids.append(wid)
+                    ready.set()
+
+                try:
+                    with scope:
+                        await run_worker(
+                            where["manager"], listen_options=options, ready=on_ready, token=token
+                        )
+                finally:
+                    ended.set()
+
+            tg.start_soon(worker)
+            await ready.wait()
+            workers.append(Node(ids[0], scope, ended))
+        yield where["manager"], workers
+        tg.cancel_scope.cancel()
+
+
+class _AsRole:
+    """A connection that claims ``role`` (what a token-checking transport sets)."""
+
+    def __init__(self, conn: Any, role: str) -> None:
+        self._conn = conn
+        self.role = role
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._conn, name)
+
+
+@asynccontextmanager
+async def hosted(n_workers: int = 1, *, role: str = "admin") -> AsyncIterator[tuple[str, Any]]:
+    """A control plane with an autoscaler (in-process workers) behind a gateway on
+    ``inproc://`` with the codec; every connection gets ``role``."""
+    from transport import listen
+
+    async with ActorSystem() as system:
+
+        def provider(plane: Any) -> InProcessProvider:
+            return InProcessProvider(system, plane.refs["scheduler"])
+
+        plane = await start_control_plane(
+            system,
+            provider=provider,
+            targets={"default": PoolTarget(n_workers, BlockSpec(1, 1, 0, 0, "default"))},
+        )
+        gateway = Gateway(plane, reconnect_timeout=0.5)
+        listener = await listen("inproc://", codec=True)
+
+        async def handle(conn: Any) -> None:
+            await gateway.handle(conn if role == "admin" else _AsRole(conn, role))
+
+        await system.start_service(listener.serve, handle)
+        try:
+            yield listener.address, plane
+        finally:
+            await listener.aclose()
+            for peer in list(gateway.peers.values()):
+                await peer.aclose()
+
+
+GATES: dict[str, threading.Event] = {}
+
+
+def gated(name: str, x: int) -> int:
+    """Runs until the test opens gate ``name``."""
+    if not GATES[name].wait(LIMIT):
+        raise TimeoutError(f"gate {name} never opened")
+    return x
+
+
+@pytest.fixture
+def gate() -> Any:
+    made: list[str] = []
+
+    def make(name: str) -> threading.Event:
+        GATES[name] = threading.Event()
+        made.append(name)
+        return GATES[name]
+
+    yield make
+    for name in made:  # never leave a worker thread blocked
+        GATES.pop(name).set()
+
+
+def add(x: int, y: int) -> int:
+    return x + y
+
+
+def fail(x: int) -> int:
+    raise ValueError(f"bad input {x}")
+
+
+async def until(check: Callable[[], Any], what: str) -> Any:
+    """Poll an async ``check`` until it returns something true (bounded by the test's
+    fail_after)."""
+    while True:
+        value = await check()
+        if value:
+            return value
+        await anyio.sleep(0.02)
+
+
+# ----------------------------------------------------------------------------- status
+
+
+@pytest.mark.anyio
+async def test_status_shows_workers_pools_tasks_categories_memory_and_policies() -> None:
+    with anyio.fail_after(LIMIT):
+        async with (
+            nodes(2) as (address, workers),
+            Cluster(address) as cluster,
+            ConsoleClient(address) as console,
+        ):
+            await cluster.wait_for_workers(2)
+            futures = cluster.map(add, range(10), range(10))
+            assert await cluster.gather(futures) == [2 * i for i in range(10)]
+            with pytest.raises(ValueError):
+                await cluster.submit(fail, 1)
+
+            st = await console.status()
+            assert sorted(w.worker_id for w in st["workers"]) == sorted(w.id for w in workers)
+            assert st["tasks_by_state"]["memory"] == 10
+            assert st["tasks_by_state"]["erred"] == 1
+            assert st["categories"]["add"]["count"] == 10
+            assert st["categories"]["fail"]["errors"] == 1
+            assert st["policies"] == {
+                "priority": "graph", "placement": "locality", "retry": "default",
+            }  # fmt: skip
+            assert set(st["processing"]) == {w.id for w in workers}
+            assert st["rss"] and all(v > 0 for v in st["rss"].values())  # measured per task
+            assert st["draining"] == [] and st["queues"] == {}
+            assert st["files"]["files"] == 10 and st["runs"] == 2
+            assert "autoscaler" not in st  # a manager process has none
+
+            text = await console.run_command("status")
+            for word in ("workers", "pools", "tasks", "categories", "memory", "policies"):
+                assert word in text
+            for w in workers:
+                assert w.id in text
+            assert "locality" in text and "add" in text and "MiB" in text  # RSS shown
+
+            data = json.loads(await console.run_command("status --json"))
+            assert {w["worker_id"] for w in data["workers"]} == {w.id for w in workers}
+            assert data["tasks_by_state"]["memory"] == 10
+            assert data["categories"]["add"]["count"] == 10
+
+
+@pytest.mark.anyio
+async def test_status_of_a_cluster_with_an_autoscaler_shows_its_targets() -> None:
+    with anyio.fail_after(LIMIT):
+        async with hosted(2) as (address, _), ConsoleClient(address) as console:
+            st = await until(
+                lambda: _when(console.status(), lambda s: len(s["workers"]) == 2), "2 workers"
+            )
+            assert st["autoscaler"]["targets"] == {"default": 2}
+            text = await console.run_command("status")
+            assert "target" in text
+
+
+async def _when(coro: Any, ok: Callable[[Any], bool]) -> Any:
+    value = await coro
+    return value if ok(value) else None
+
+
+# ----------------------------------------------------------------------------- tasks, story
+
+
+@pytest.mark.anyio
+async def test_tasks_lists_filters_and_limits_and_story_shows_transitions(gate: Any) -> None:
+    with anyio.fail_after(LIMIT):
+        async with (
+            nodes(1) as (address, (worker,)),
+            Cluster(address) as cluster,
+            ConsoleClient(address) as console,
+        ):
+            opened = gate("tasks")
+            done = cluster.map(add, range(5), range(5))
+            await cluster.gather(done)
+            # Tuple keys (as dask makes them) and a task held running by the gate.
+            graph = {("x", 0): 1, ("x", 1): (operator.add, ("x", 0), 1)}
+            (x1,) = await cluster.submit_graph(graph, [("x", 1)])
+            await x1
+            blocked = cluster.submit(gated, "tasks", 7)
+
+            running = await until(lambda: console.tasks(state="processing"), "running")
+            assert running == [TaskRecord(blocked.key, "processing", "gated", worker.id, 0)]
+            memory = await console.tasks(state="memory")
+            assert {r.key for r in memory} >= {f.key for f in done} | {"('x', 1)"}
+            assert all(r.worker == worker.id and r.tries == 1 for r in memory)
+            adds = await console.tasks(category="add")
+            assert sorted(r.key for r in adds) == sorted(f.key for f in done)
+            assert len(await console.tasks(limit=2)) == 2
+            assert len(await console.tasks(limit=0)) == len(await console.tasks(limit=1000))
+            assert await console.tasks(state="erred") == []
+
+            text = await console.run_command("tasks --state memory --category add --limit 3")
+            assert text.count("memory") == 3 and "first 3" in text
+            data = json.loads(await console.run_command("tasks --state processing --json"))
+            assert data == [
+                {"key": blocked.key, "state": "processing", "category": "gated",
+                 "worker": worker.id, "tries": 0}
+            ]  # fmt: skip
+            with pytest.raises(ConsoleError, match="invalid choice"):
+                await console.execute("tasks --state nonsense")
+            with pytest.raises(ConsoleError, match="--limit must be >= 0"):
+                await console.execute("tasks --limit -1")
+
+            # story: by the key's text as `tasks` shows it, tuple keys typed as they are.
+            story = await console.story("('x', 1)")
+            moves = [(frm, to) for _, frm, to, _, _ in story]
+            assert ("queued", "processing") in moves and ("processing", "memory") in moves
+            assert all(entry[0] == "('x', 1)" for entry in story)
+            text = await console.run_command("story ('x', 1)")
+            assert "story of ('x', 1)" in text and "processing" in text
+            quoted = json.loads(await console.run_command("story \"('x', 1)\" --json"))
+            assert quoted["key"] == "('x', 1)" and quoted["transitions"] == story
+            # A worker id has a story too: when it joined.
+            assert [e[2] for e in await console.story(worker.id)][:1] == ["joined"]
+            assert await console.story("no-such-key") == []
+            assert "no transitions recorded" in await console.run_command("story no-such-key")
+            with pytest.raises(ConsoleError, match="usage: story KEY"):
+                await console.execute("story")
+
+            opened.set()
+            assert await blocked == 7
+
+
+# ----------------------------------------------------------------------------- policies
+
+
+@pytest.mark.anyio
+async def test_policy_list_and_set() -> None:
+    with anyio.fail_after(LIMIT):
+        async with nodes(1) as (address, _), ConsoleClient(address) as console:
+            infos = {i.kind: i for i in await console.policies()}
+            assert infos["placement"] == PolicyInfo(
+                "placement", "locality", ("least-loaded", "locality", "round-robin")
+            )
+            assert infos["priority"].name == "graph" and "long-first" in infos["priority"].available
+            assert infos["retry"].name == "default" and "never" in infos["retry"].available
+            assert "round-robin" in await console.run_command("policy list")
+
+            info = await console.set_policy("placement", "round-robin")
+            assert info.kind == "placement" and info.name == "round-robin"
+            assert (await console.status())["policies"]["placement"] == "round-robin"
+
+            data = json.loads(
+                await console.run_command("policy set retry default max_lost=2 charge_lost=true --json")
+            )
+            assert data["name"] == "default" and data["params"] == {
+                "max_lost": 2, "charge_lost": True,
+            }  # fmt: skip
+            text = await console.run_command("policy set placement least-loaded")
+            assert "placement policy is now least-loaded" in text
+            assert {i.kind: i.name for i in await console.policies()} == {
+                "priority": "graph", "placement": "least-loaded", "retry": "default",
+            }  # fmt: skip
+
+            with pytest.raises(CorralError, match="no-such"):
+                await console.execute("policy set placement no-such")
+            with pytest.raises(CorralError, match="bogus"):
+                await console.execute("policy set retry default bogus=1")
+            with pytest.raises(ConsoleError, match="key=value"):
+                await console.execute("policy set retry default max_lost")
+            with pytest.raises(ConsoleError, match="usage: policy"):
+                await console.execute("policy frobnicate")
+            assert (await console.status())["policies"]["placement"] == "least-loaded"
+
+
+# ----------------------------------------------------------------------------- drain
+
+
+@pytest.mark.anyio
+async def test_drain_gives_a_worker_no_new_tasks_and_stops_it_once_idle(gate: Any) -> None:
+    with anyio.fail_after(LIMIT):
+        async with (
+            nodes(2) as (address, workers),
+            Cluster(address) as cluster,
+            ConsoleClient(address) as console,
+        ):
+            await cluster.wait_for_workers(2)
+            opened = gate("drain")
+            blocked = cluster.submit(gated, "drain", 1)
+            (running,) = await until(lambda: console.tasks(state="processing"), "running")
+            busy = next(w for w in workers if w.id == running.worker)
+            other = next(w for w in workers if w is not busy)
+
+            answer = await console.drain(busy.id)
+            assert answer == {"worker": busy.id, "running": 1, "retired": False}
+            st = await console.status()
+            assert st["draining"] == [busy.id] and st["retired"] == []
+            assert "draining" in await console.run_command("status")
+
+            # New work goes to the other worker only, while the drained one still runs.
+            futures = cluster.map(add, range(20), range(20))
+            assert await cluster.gather(futures) == [2 * i for i in range(20)]
+            adds = await console.tasks(category="add", limit=0)
+            assert len(adds) == 20 and {r.worker for r in adds} == {other.id}
+            assert not busy.ended.is_set()
+            story = await console.story(busy.id)
+            assert [e[2] for e in story] == ["joined", "draining"]
+
+            # Its task finishes: it is told to stop (Stop), ends, and leaves the cluster.
+            opened.set()
+            assert await blocked == 1
+            await busy.ended.wait()
+            st = await until(
+                lambda: _when(console.status(), lambda s: len(s["workers"]) == 1), "gone"
+            )
+            assert [w.worker_id for w in st["workers"]] == [other.id]
+            story = await console.story(busy.id)
+            assert [e[2] for e in story] == ["joined", "draining", "retired", "left:drained"]
+            assert not other.ended.is_set()
+            # The cluster goes on with the other worker.
+            assert await cluster.submit(add, 1, 2) == 3
+
+
+@pytest.mark.anyio
+async def test_draining_an_idle_worker_stops_it_and_unknown_workers_are_errors() -> None:
+    with anyio.fail_after(LIMIT):
+        async with nodes(2) as (address, workers), ConsoleClient(address) as console:
+            text = await console.run_command(f"drain {workers[0].id}")
+            assert "runs nothing: told to stop" in text
+            await workers[0].ended.wait()
+            assert not workers[1].ended.is_set()
+            with pytest.raises(ValueError, match="no worker 'nobody'"):
+                await console.execute("drain nobody")
+            with pytest.raises(ConsoleError, match="usage: drain WORKER"):
+                await console.execute("drain")
+
+
+# ----------------------------------------------------------------------------- scale
+
+
+@pytest.mark.anyio
+async def test_scale_without_an_autoscaler_is_a_clear_error() -> None:
+    with anyio.fail_after(LIMIT):
+        async with nodes(1) as (address, _), ConsoleClient(address) as console:
+            with pytest.raises(RuntimeError, match="no autoscaler"):
+                await console.scale("default", 3)
+            with pytest.raises(ConsoleError, match="whole number"):
+                await console.execute("scale default many")
+
+
+@pytest.mark.anyio
+async def test_scale_changes_the_autoscaler_s_target() -> None:
+    with anyio.fail_after(LIMIT):
+        async with hosted(1) as (address, _), ConsoleClient(address) as console:
+            assert await console.scale("default", 3) == {"default": 3}
+            data = json.loads(await console.run_command("scale default 2 --json"))
+            assert data == {"pool": "default", "target": 2, "live": {"default": 2}}
+            st = await until(
+                lambda: _when(console.status(), lambda s: len(s["workers"]) == 2), "2 workers"
+            )
+            assert st["autoscaler"]["targets"] == {"default": 2}
+
+
+# ----------------------------------------------------------------------------- cancel
+
+
+@pytest.mark.anyio
+async def test_cancel_a_key_or_a_whole_run(gate: Any) -> None:
+    with anyio.fail_after(LIMIT):
+        async with (
+            nodes(1) as (address, _),
+            Cluster(address) as cluster,
+            ConsoleClient(address) as console,
+        ):
+            opened = gate("cancel")
+            blocked = cluster.submit(gated, "cancel", 1)
+            after = cluster.submit(add, blocked, 1)
+            await until(lambda: console.tasks(state="processing"), "running")
+            text = await console.run_command(f"cancel {blocked.key}")
+            assert "cancel requested for key" in text and "1 key(s)" in text
+            with pytest.raises(CancelledError):
+                await blocked
+            with pytest.raises(CancelledError):
+                await after  # what depends on it goes too
+            opened.set()
+
+            # A run: every key of it, by the run id `status` lists.
+            opened2 = gate("cancel-run")
+            graph = {"r-a": (gated, "cancel-run", 1), "r-b": (add, "r-a", 1), "r-c": (add, "r-b", 1)}
+            futures = await cluster.submit_graph(graph, ["r-b", "r-c"])
+            st = await console.status()
+            run = list(st["recent_runs"])[-1]
+            assert st["recent_runs"][run] == 3
+            data = json.loads(await console.run_command(f"cancel {run} --json"))
+            assert data["run"] == run and data["count"] == 3
+            assert sorted(data["keys"]) == ["r-a", "r-b", "r-c"]
+            for f in futures:
+                with pytest.raises(CancelledError):
+                    await f
+            opened2.set()
+            states = {r.key: r.state for r in await console.tasks(limit=0)}
+            assert all(states.get(k, "cancelled") == "cancelled" for k in ("r-a", "r-b", "r-c"))
+
+            with pytest.raises(ValueError, match="unknown key 'nope'"):
+                await console.execute("cancel nope")
+            with pytest.raises(ValueError, match="no run 'run-99'"):
+                await console.execute("cancel run-99")
+            with pytest.raises(ValueError, match="unknown key 'run-99'"):
+                await console.execute("cancel --key run-99")
+            with pytest.raises(ConsoleError, match="usage: cancel"):
+                await console.execute("cancel")
+            # Cluster still healthy.
+            assert await cluster.submit(add, 2, 2) == 4
+
+
+# ----------------------------------------------------------------------------- roles
+
+
+READ_ONLY_COMMANDS = ("status", "tasks", "story x", "policy list", "policy", "help")
+MUTATING_COMMANDS = (
+    "policy set placement round-robin",
+    "drain {worker}",
+    "scale default 5",
+    "cancel {key}",
+)
+
+
+async def _check_read_only(console: ConsoleClient, worker: str, key: str) -> None:
+    """Read commands work; mutating ones fail with PermissionDenied and change nothing."""
+    for line in READ_ONLY_COMMANDS:
+        await console.execute(line)
+        json.loads(await console.run_command(f"{line} --json"))
+    before = await console.status()
+    for line in MUTATING_COMMANDS:
+        with pytest.raises(PermissionDenied, match="needs the admin token"):
+            await console.execute(line.format(worker=worker, key=key))
+    with pytest.raises(PermissionDenied, match="SetPolicyRequest needs the admin token"):
+        await console.set_policy("placement", "round-robin")
+    after = await console.status()
+    assert after["policies"] == before["policies"]
+    assert after["draining"] == [] and after["workers"] == before["workers"]
+    assert after.get("autoscaler") == before.get("autoscaler")
+    assert {r.key: r.state for r in await console.tasks(limit=0)}[key] == "processing"
+    assert not console.closed  # a refusal does not end the connection
+
+
+@pytest.mark.anyio
+async def test_a_read_only_console_can_look_but_not_change(gate: Any) -> None:
+    """The gateway's read-only guard, with the role set on the connection (as a
+    token-checking transport does), over inproc with the codec."""
+    with anyio.fail_after(LIMIT):
+        async with hosted(1, role="read") as (address, plane):
+            # Clients need the admin role: submit through the control plane directly.
+            opened = gate("read-only")
+            from runtime.graph import Task
+            from runtime.messages import SubmitGraphRequest
+
+            graph = {"ro": Task("ro", gated, "read-only", 1)}
+            await plane.manager.ask(SubmitGraphRequest(graph, ("ro",), "test-client"))
+            async with ConsoleClient(address, read_only=True) as console:
+                st = await until(
+                    lambda: _when(console.status(), lambda s: s["tasks_by_state"].get("processing")),
+                    "running",
+                )
+                worker = st["workers"][0].worker_id
+                await _check_read_only(console, worker, "ro")
+            opened.set()
+
+
+# ----------------------------------------------------------------------------- the shell
+
+
+@pytest.mark.anyio
+async def test_the_shell_runs_lines_prints_errors_and_completes_words() -> None:
+    import io
+
+    from rich.console import Console
+
+    with anyio.fail_after(LIMIT):
+        async with (
+            nodes(2) as (address, workers),
+            Cluster(address) as cluster,
+            ConsoleClient(address) as console,
+        ):
+            await cluster.wait_for_workers(2)
+            futures = cluster.map(add, range(3), range(3))
+            await cluster.gather(futures)
+            buf = io.StringIO()
+            shell = ConsoleShell(
+                console, anyio.from_thread.run, console=Console(file=buf, width=120)
+            )
+
+            async def line(text: str) -> tuple[bool, str]:
+                buf.seek(0)
+                buf.truncate()
+                stop = await anyio.to_thread.run_sync(shell.onecmd, text)
+                stop = shell.postcmd(stop, text)
+                return stop, buf.getvalue()
+
+            await anyio.to_thread.run_sync(shell.refresh)
+            stop, out = await line("status")
+            assert not stop and all(w.id in out for w in workers) and "policies" in out
+            stop, out = await line("tasks --state memory")
+            assert not stop and all(f.key in out for f in futures)
+            stop, out = await line("tasks --json")
+            assert {r["key"] for r in json.loads(out)} == {f.key for f in futures}
+            stop, out = await line(f"story {futures[0].key}")
+            assert "processing" in out and "memory" in out
+            stop, out = await line("policy list")
+            assert "round-robin" in out
+
+            # Errors: one line, and the shell goes on.
+            stop, out = await line("frobnicate")
+            assert not stop and out.startswith("error: ConsoleError: unknown command 'frobnicate'")
+            assert out.count("\n") == 1
+            stop, out = await line("drain nobody")
+            assert not stop and out.startswith("error: ") and "no worker 'nobody'" in out
+            assert out.count("\n") == 1 and "Traceback" not in out
+            stop, out = await line("stauts")
+            assert "did you mean status or story?" in out
+            stop, out = await line("")
+            assert not stop and out == ""
+
+            stop, out = await line("help")
+            assert all(COMMANDS[c][0] in out for c in COMMANDS)
+            stop, out = await line("help drain")
+            assert out.startswith("drain WORKER")
+
+            # Completion: commands, then each command's words.
+            assert shell.completenames("st") == ["status", "story"]
+            assert shell.completenames("ex") == ["exit"]
+            assert shell.completedefault("", "policy ", 7, 7) == ["list", "set"]
+            assert shell.completedefault("", "policy set ", 11, 11) == [
+                "placement", "priority", "retry",
+            ]  # fmt: skip
+            assert shell.completedefault("r", "policy set placement r", 21, 22) == [
+                "round-robin"
+            ]
+            assert sorted(shell.completedefault("", "drain ", 6, 6)) == sorted(
+                w.id for w in workers
+            )
+            assert shell.completedefault("", "scale ", 6, 6) == ["default"]
+            assert shell.completedefault("--s", "tasks --s", 6, 9) == ["--state"]
+            assert shell.completedefault("me", "tasks --state me", 14, 16) == ["memory"]
+            assert shell.completedefault("", "tasks --category ", 17, 17) == ["add"]
+            keys = shell.completedefault("", "story ", 6, 6)
+            assert {f.key for f in futures} <= set(keys)
+            assert shell.completedefault("", "cancel ", 7, 7)[:2] == ["--key", "--run"]
+
+            assert (await line("quit"))[0] is True
+            assert (await line("exit"))[0] is True
+            stop, out = await line("EOF")  # Ctrl-D
+            assert stop is True
+
+
+@pytest.mark.anyio
+async def test_the_shell_leaves_when_the_manager_goes_away() -> None:
+    import io
+
+    from rich.console import Console
+
+    with anyio.fail_after(LIMIT):
+        async with nodes(1) as (address, _):
+            console = ConsoleClient(address)
+            await console.__aenter__()
+        # The manager is gone: the next command fails in one line, then the shell ends.
+        try:
+            await until(lambda: _true(console.closed), "closed")
+            buf = io.StringIO()
+            shell = ConsoleShell(
+                console, anyio.from_thread.run, console=Console(file=buf, width=120)
+            )
+            stop = await anyio.to_thread.run_sync(shell.onecmd, "status")
+            assert stop is False and buf.getvalue().startswith("error: ")
+            assert shell.postcmd(stop, "status") is True
+            assert "connection to the manager closed" in buf.getvalue()
+        finally:
+            await console.__aexit__(None, None, None)
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+# ----------------------------------------------------------------------------- the CLI
+
+
+def test_the_command_line_parses_options_before_and_after_the_address() -> None:
+    from runtime.__main__ import build_parser
+
+    parser = build_parser()
+    args = parser.parse_args(["console", "--token", "T", "ws://h:1", "tasks", "--state", "memory"])
+    assert args.command == "console" and args.address == "ws://h:1" and args.token == "T"
+    assert args.words == ["tasks", "--state", "memory"]
+    args = parser.parse_args(["console", "ws://h:1", "status", "--json", "--read-only"])
+    words, found = split_cli_options(args.words)
+    assert words == ["status"] and found == {"as_json": True, "read_only": True}
+    words, found = split_cli_options(["--token=abc", "drain", "w", "--token", "xyz"])
+    assert words == ["drain", "w"] and found == {"token": "xyz"}
+    assert parser.parse_args(["console", "ws://h:1"]).words == []
+
+
+@pytest.mark.anyio
+async def test_one_shot_errors_print_one_line_and_exit_1(capsys: Any) -> None:
+    from runtime.__main__ import main
+
+    with anyio.fail_after(LIMIT):
+        code = await anyio.to_thread.run_sync(
+            main, ["console", "inproc://nobody-listens-here", "status"]
+        )
+    assert code == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and "nobody-listens-here" in err
+
+
+# ----------------------------------------------------------------------------- websockets
+# These need the websocket transport (transport/ws.py) with tokens. Until it exists they
+# fail with InvalidAddress ("no transport backend for scheme 'ws'").
+
+
+@pytest.mark.anyio
+async def test_ws_read_only_token_can_look_but_not_change(
+    gate: Any, tmp_path: Path, monkeypatch: Any
+) -> None:
+    monkeypatch.setenv("CORRAL_HOME", str(tmp_path))
+    monkeypatch.delenv("CORRAL_TOKEN", raising=False)
+    tokens = Tokens("admin-" + "a" * 20, "read-" + "r" * 20)
+    with anyio.fail_after(LIMIT):
+        async with (
+            nodes(1, listen="ws://127.0.0.1:0", tokens=tokens) as (address, (worker,)),
+            Cluster(address, token=tokens.admin) as cluster,
+        ):
+            opened = gate("ws-read-only")
+            blocked = cluster.submit(gated, "ws-read-only", 5)
+            # --read-only: the read token from the token file the manager wrote.
+            async with ConsoleClient(address, read_only=True) as console:
+                await until(lambda: console.tasks(state="processing"), "running")
+                await _check_read_only(console, worker.id, blocked.key)
+            # The same with the token given explicitly.
+            async with ConsoleClient(address, token=tokens.read) as console:
+                with pytest.raises(PermissionDenied):
+                    await console.drain(worker.id)
+            # The admin token (the default from the token file) may change things.
+            async with ConsoleClient(address) as console:
+                info = await console.set_policy("placement", "round-robin")
+                assert info.name == "round-robin"
+            opened.set()
+            assert await blocked == 5
+
+
+@pytest.mark.anyio
+async def test_ws_one_shot_command_line_prints_tables_or_json(
+    tmp_path: Path, monkeypatch: Any, capsys: Any
+) -> None:
+    from runtime.__main__ import main
+
+    monkeypatch.setenv("CORRAL_HOME", str(tmp_path))
+    monkeypatch.delenv("CORRAL_TOKEN", raising=False)
+    tokens = Tokens("admin-" + "b" * 20, "read-" + "s" * 20)
+    with anyio.fail_after(LIMIT):
+        async with nodes(1, listen="ws://127.0.0.1:0", tokens=tokens) as (address, (worker,)):
+            code = await anyio.to_thread.run_sync(main, ["console", address, "status", "--json"])
+            out = capsys.readouterr().out
+            assert code == 0
+            assert [w["worker_id"] for w in json.loads(out)["workers"]] == [worker.id]
+
+            code = await anyio.to_thread.run_sync(
+                main, ["console", address, "--read-only", "drain", worker.id]
+            )
+            err = capsys.readouterr().err
+            assert code == 1 and err.count("\n") == 1
+            assert "PermissionDenied" in err and "needs the admin token" in err
+
+            code = await anyio.to_thread.run_sync(
+                main, ["console", "--read-only", address, "policy", "list"]
+            )
+            assert code == 0 and "round-robin" in capsys.readouterr().out
+
+            code = await anyio.to_thread.run_sync(
+                main, ["console", address, "--token", "wrong", "status"]
+            )
+            assert code == 1 and capsys.readouterr().err.startswith("error: ")

@@ -1,0 +1,844 @@
+"""Tests of the ``ws://`` and ``wss://`` transports (:mod:`transport.ws`).
+
+What lives here: the conformance suite run over websockets four ways (plain; with
+authentication; over TLS with a self-signed certificate made here; with batching off
+and small chunks), and websocket-specific tests: authentication in the handshake,
+roles, batching, chunking with credits overtaking a large message, flow control
+against the peer's buffer, bad input from raw aiohttp peers (error replies, counters,
+the 1008 close), oversized messages, heartbeats, TLS failures, options and addresses.
+Every test is bounded by ``anyio.fail_after``; waits are on events, never on sleeps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import functools
+import ipaddress
+import os
+import pickle
+import ssl
+import struct
+import tempfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import anyio
+import anyio.lowlevel
+import orjson
+import pytest
+from aiohttp import WSMsgType, web
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+import transport
+from runtime.codec import KIND_FRAME, MAGIC, VERSION, Frame, decode_batch, encode
+from runtime.errors import CorralError, ProtocolError
+from runtime.messages import ErrorReply, Ping
+from tests.transport_conformance import TransportConformance, ping, token
+from transport import (
+    ConnectFailed,
+    Connection,
+    ConnectionClosed,
+    InvalidAddress,
+    Listener,
+    TransportError,
+)
+from transport.ws import (
+    SUBPROTOCOL,
+    AuthenticationFailed,
+    WebSocketConnection,
+    WebSocketListener,
+)
+
+pytestmark = pytest.mark.anyio
+
+TIMEOUT = 20.0
+#: How long something that must stay pending is given to (wrongly) happen, seconds.
+PENDING_WINDOW = 0.2
+TOKENS = {"secret-a": "admin", "secret-r": "read"}
+
+
+# ----------------------------------------------------------------------------- TLS
+
+
+@functools.cache
+def tls_contexts() -> tuple[ssl.SSLContext, ssl.SSLContext, bytes]:
+    """(server context, client context trusting it, certificate PEM), self-signed."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "corral test")])
+    now = datetime.datetime.now(datetime.UTC)
+    public = key.public_key()
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(public)
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName(
+                [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]
+            ),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(public), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(public), critical=False
+        )
+        .sign(key, hashes.SHA256())
+    )
+    cert_pem = cert.public_bytes(serialization.Encoding.PEM)
+    key_pem = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    with tempfile.TemporaryDirectory() as tmp:
+        cert_file, key_file = Path(tmp, "cert.pem"), Path(tmp, "key.pem")
+        cert_file.write_bytes(cert_pem)
+        key_file.write_bytes(key_pem)
+        server.load_cert_chain(cert_file, key_file)
+    client = ssl.create_default_context(cadata=cert_pem.decode())
+    return server, client, cert_pem
+
+
+# ----------------------------------------------------------------------------- conformance
+
+
+class TestWebSocketTransport(TransportConformance):
+    """Plain ``ws://`` with the default options."""
+
+    def fresh_address(self) -> str:
+        return "ws://127.0.0.1:0/corral"
+
+    async def test_counters_and_peer_addresses(self) -> None:
+        with anyio.fail_after(TIMEOUT):
+            async with self.pair() as (client, server, listener):
+                assert isinstance(client, WebSocketConnection)
+                assert isinstance(server, WebSocketConnection)
+                assert isinstance(listener, WebSocketListener)
+                assert server.peer_address == client.local_address
+                assert client.local_address.startswith("ws://127.0.0.1:")
+                assert server.role is None and client.role is None
+                await client.send(ping(1))
+                assert token(await server.receive()) == 1
+                assert (client.frames_sent, server.frames_received) == (1, 1)
+                assert client.messages_sent == server.messages_received >= 1
+                assert listener.connections == 1 and listener.refused == 0
+
+
+class TestWebSocketAuthTransport(TransportConformance):
+    """``ws://`` with a listener that requires a token, and a client that has one."""
+
+    def fresh_address(self) -> str:
+        return "ws://127.0.0.1:0/corral"
+
+    def listen_options(self) -> dict[str, Any]:
+        return {"tokens": TOKENS}
+
+    def connect_options(self) -> dict[str, Any]:
+        return {"token": "secret-r"}
+
+    async def test_role_is_exposed(self) -> None:
+        with anyio.fail_after(TIMEOUT):
+            async with self.pair() as (client, server, _):
+                assert isinstance(server, WebSocketConnection)
+                assert server.role == "read"
+                assert getattr(client, "role", "missing") is None
+
+
+class TestWebSocketTLSTransport(TransportConformance):
+    """``wss://`` with a self-signed certificate the client trusts."""
+
+    def fresh_address(self) -> str:
+        return "wss://127.0.0.1:0/corral"
+
+    def listen_options(self) -> dict[str, Any]:
+        return {"ssl_context": tls_contexts()[0], "tokens": TOKENS}
+
+    def connect_options(self) -> dict[str, Any]:
+        return {"ssl_context": tls_contexts()[1], "token": "secret-a"}
+
+
+class TestWebSocketUnbatchedSmallChunks(TransportConformance):
+    """No batching window and 64 KiB chunks: the 8 MiB test goes in 128+ chunks."""
+
+    def fresh_address(self) -> str:
+        return "ws://127.0.0.1:0"
+
+    def listen_options(self) -> dict[str, Any]:
+        return {"batch_window": 0, "chunk_size": 64 << 10}
+
+    def connect_options(self) -> dict[str, Any]:
+        return {"batch_window": 0, "chunk_size": 64 << 10}
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+@contextlib.asynccontextmanager
+async def ws_pair(
+    listen_options: dict[str, Any] | None = None,
+    connect_options: dict[str, Any] | None = None,
+    address: str = "ws://127.0.0.1:0/corral",
+) -> AsyncIterator[tuple[WebSocketConnection, WebSocketConnection, WebSocketListener]]:
+    """(client end, server end, listener) over ws on loopback; all closed on exit."""
+    async with await transport.listen(address, **(listen_options or {})) as listener:
+        assert isinstance(listener, WebSocketListener)
+        client = await transport.connect(listener.address, **(connect_options or {}))
+        async with client, await listener.accept() as server:
+            assert isinstance(client, WebSocketConnection)
+            assert isinstance(server, WebSocketConnection)
+            yield client, server, listener
+
+
+@contextlib.asynccontextmanager
+async def raw_client(
+    address: str, headers: dict[str, str] | None = None
+) -> AsyncIterator[aiohttp.ClientWebSocketResponse]:
+    """A bare aiohttp websocket to ``address``: it sends whatever a test tells it to."""
+    async with (
+        aiohttp.ClientSession() as session,
+        session.ws_connect(address, protocols=(SUBPROTOCOL,), headers=headers) as ws,
+    ):
+        yield ws
+
+
+def codec_bytes(header: dict[str, Any], tail: bytes = b"") -> bytes:
+    """A single-frame codec message with an arbitrary (possibly invalid) header."""
+    head = orjson.dumps(header)
+    return struct.pack(">BBBBI", MAGIC, VERSION, KIND_FRAME, 0, len(head)) + head + tail
+
+
+async def next_message(ws: aiohttp.ClientWebSocketResponse) -> tuple[int, bytes]:
+    """The next message that is not a bare credit grant: (type byte, payload after it)."""
+    while True:
+        msg = await ws.receive()
+        if msg.type is not WSMsgType.BINARY:
+            return -1, b""
+        data: bytes = msg.data
+        if data[0] == 0x01:  # credit
+            continue
+        if data[0] == 0x04:  # credit + data
+            return MAGIC, data[5:]
+        if data[0] == MAGIC:
+            return MAGIC, data
+        return data[0], data[1:]
+
+
+async def error_reply(ws: aiohttp.ClientWebSocketResponse) -> ErrorReply:
+    """The next message, which must be an error message holding one ErrorReply."""
+    kind, payload = await next_message(ws)
+    assert kind == 0x03, f"expected an error message, got type {kind}"
+    [frame] = decode_batch(payload)
+    assert isinstance(frame.msg, ErrorReply)
+    assert frame.msg.kind == "ProtocolError"
+    return frame.msg
+
+
+async def data_frames(ws: aiohttp.ClientWebSocketResponse) -> list[Frame]:
+    kind, payload = await next_message(ws)
+    assert kind == MAGIC, f"expected a data message, got type {kind}"
+    return decode_batch(payload)
+
+
+async def assert_pending(ev: anyio.Event, what: str) -> None:
+    with anyio.move_on_after(PENDING_WINDOW):
+        await ev.wait()
+    assert not ev.is_set(), what
+
+
+# ----------------------------------------------------------------------------- auth
+
+
+async def test_connect_without_token_is_refused_before_any_frame() -> None:
+    with anyio.fail_after(TIMEOUT):
+        async with await transport.listen("ws://127.0.0.1:0/c", tokens=TOKENS) as listener:
+            assert isinstance(listener, WebSocketListener)
+            with pytest.raises(AuthenticationFailed) as info:
+                await transport.connect(listener.address)
+            err = info.value
+            assert isinstance(err, ConnectFailed) and isinstance(err, TransportError)
+            assert err.status == 401
+            assert err.address == listener.address
+            assert "none was given" in err.reason
+            assert "token=" in str(err)  # says what to do
+            assert listener.refused == 1 and listener.connections == 0
+            accepted = anyio.Event()
+
+            async def accept() -> None:
+                await listener.accept()
+                accepted.set()
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(accept)
+                await assert_pending(accepted, "a refused handshake produced a connection")
+                tg.cancel_scope.cancel()
+
+
+async def test_connect_with_wrong_token_is_refused() -> None:
+    with anyio.fail_after(TIMEOUT):
+        async with await transport.listen("ws://127.0.0.1:0", tokens=TOKENS) as listener:
+            assert isinstance(listener, WebSocketListener)
+            with pytest.raises(AuthenticationFailed) as info:
+                await transport.connect(listener.address, token="secret-x")
+            assert info.value.status == 403
+            assert "matches none" in info.value.reason
+            assert listener.refused == 1 and listener.connections == 0
+            # the right token still works on the same listener
+            async with (
+                await transport.connect(listener.address, token="secret-a") as client,
+                await listener.accept() as server,
+            ):
+                assert getattr(server, "role", None) == "admin"
+                await client.send(ping(1))
+                assert token(await server.receive()) == 1
+
+
+async def test_raw_handshakes_get_401_or_403_and_no_frame_is_read() -> None:
+    with anyio.fail_after(TIMEOUT):
+        async with (
+            await transport.listen("ws://127.0.0.1:0/c", tokens=TOKENS) as listener,
+            aiohttp.ClientSession() as session,
+        ):
+            assert isinstance(listener, WebSocketListener)
+            cases = [
+                ({}, 401, 'realm="corral"'),
+                ({"Authorization": "Basic c2VjcmV0LWE="}, 401, "invalid_request"),
+                ({"Authorization": "Bearer"}, 401, "invalid_request"),
+                ({"Authorization": "Bearer secret-b"}, 403, "invalid_token"),
+                ({"Authorization": "Bearer secret-a2"}, 403, "invalid_token"),
+            ]
+            for headers, status, challenge in cases:
+                with pytest.raises(aiohttp.WSServerHandshakeError) as info:
+                    await session.ws_connect(listener.address, headers=headers)
+                assert info.value.status == status, headers
+                assert info.value.headers is not None
+                assert challenge in info.value.headers["WWW-Authenticate"]
+            assert listener.refused == len(cases) and listener.connections == 0
+            async with raw_client(
+                listener.address, {"Authorization": "Bearer secret-r"}
+            ) as ws, await listener.accept() as server:
+                assert getattr(server, "role", None) == "read"
+                await ws.send_bytes(encode(ping(3)))
+                assert token(await server.receive()) == 3
+
+
+async def test_role_per_token_and_none_without_auth() -> None:
+    with anyio.fail_after(TIMEOUT):
+        async with await transport.listen("ws://127.0.0.1:0", tokens=TOKENS) as listener:
+            for tok, role in TOKENS.items():
+                async with (
+                    await transport.connect(listener.address, token=tok),
+                    await listener.accept() as server,
+                ):
+                    assert isinstance(server, WebSocketConnection)
+                    assert server.role == role
+        # a listener without tokens accepts anyone (a token sent anyway is ignored)
+        async with ws_pair(connect_options={"token": "whatever"}) as (_, server, listener):
+            assert not listener.auth_required
+            assert server.role is None
+
+
+def test_authentication_failed_pickles() -> None:
+    err = AuthenticationFailed("ws://h:1", "the listener requires a token", 401)
+    again = pickle.loads(pickle.dumps(err))
+    assert type(again) is AuthenticationFailed
+    assert isinstance(again, CorralError)
+    assert (again.address, again.reason, again.status) == ("ws://h:1", err.reason, 401)
+    assert str(again) == str(err)
+
+
+# ----------------------------------------------------------------------------- batching
+
+
+async def test_many_small_sends_go_out_in_few_messages() -> None:
+    with anyio.fail_after(TIMEOUT):
+        async with ws_pair() as (client, server, _):
+            n = 1000
+            for i in range(n):
+                await client.send(ping(i))
+            assert [token(await server.receive()) for _ in range(n)] == list(range(n))
+            assert client.frames_sent == n
+            assert client.messages_sent <= n // 10, client.messages_sent
+
+
+@pytest.mark.parametrize("batch_window", [0.0, 5.0])
+async def test_batch_window_gathers_sends_spread_over_loop_passes(batch_window: float) -> None:
+    """Each send is followed by a yield to the event loop: without a window every send
+    gets its own message; with one the writer goes on gathering while sends keep coming
+    (it does not sleep for the window: the last message leaves once the sends stop)."""
+    n = 50
+    opts = {"batch_window": batch_window}
+    with anyio.fail_after(TIMEOUT):
+        async with ws_pair(connect_options=opts) as (client, server, _):
+            for i in range(n):
+                await client.send(ping(i))
+                await anyio.lowlevel.checkpoint()
+            assert [token(await server.receive()) for _ in range(n)] == list(range(n))
+            if batch_window:
+                assert client.messages_sent <= 3, client.messages_sent
+            else:
+                assert client.messages_sent >= n // 2, client.messages_sent
+
+
+async def test_send_many_is_one_message() -> None:
+    with anyio.fail_after(TIMEOUT):
+        async with ws_pair() as (client, server, _):
+            await client.send_many([ping(i) for i in range(100)])
+            assert [token(await server.receive()) for _ in range(100)] == list(range(100))
+            assert client.messages_sent == 1
+
+
+async def test_send_returns_once_queued_not_when_delivered() -> None:
+    """A send with credit returns without waiting for the peer (nor for the writer)."""
+    with anyio.fail_after(TIMEOUT):
+        async with ws_pair() as (client, server, _):
+            for i in range(10):
+                await client.send(ping(i))
+            assert client.messages_sent == 0  # the writer has not even run yet
+            assert [token(await server.receive()) for _ in range(10)] == list(range(10))
+
+
+# ----------------------------------------------------------------------------- chunking
+
+
+async def test_large_frame_travels_in_chunks_and_keeps_order() -> None:
+    payload = os.urandom(8 << 20)
+    chunk = 256 << 10
+    opts = {"chunk_size": chunk}
+    with anyio.fail_after(TIMEOUT):
+        async with ws_pair(opts, opts) as (client, server, _):
+            big = Frame(ErrorReply("Blob", "8 MiB", pickled=payload))
+            size = len(encode(big))
+            await client.send(ping(1))
+            await client.send(big)
+            await client.send(ping(2))  # sent after: arrives after, as the contract says
+            assert token(await server.receive()) == 1
+            got = await server.receive()
+            assert isinstance(got.msg, ErrorReply) and got.msg.pickled == payload
+            assert token(await server.receive()) == 2
+            expected_chunks = -(-size // chunk)
+            assert client.chunks_sent == server.chunks_received == expected_chunks
+
+
+async def test_credits_overtake_a_large_message() -> None:
+    """Traffic the other way is not starved while an 8 MiB frame is on the wire.
+
+    The server may have one frame unread at the client. It sends one, and its next send
+    waits for the client to read it. The client, meanwhile, is sending 8 MiB to the
+    server. The credit the client grants must travel between the chunks of that frame,
+    so the server's blocked send finishes while most of the 8 MiB is still to come (if
+    the credit queued behind the big frame, ``bytes_received`` would be past it).
+    """
+    payload = os.urandom(8 << 20)
+    big = Frame(ErrorReply("Blob", "8 MiB", pickled=payload))
+    size = len(encode(big))
+    with anyio.fail_after(TIMEOUT):
+        async with ws_pair(
+            {"max_buffer": 1}, {"chunk_size": 64 << 10, "batch_window": 0}
+        ) as (client, server, _):
+            await server.send(ping(1))  # the server's only credit
+            await client.send(big)  # queued; the writer sends it a chunk at a time
+            unblocked_at: list[int] = []
+
+            async def send_second() -> None:
+                await server.send(ping(2))  # waits for the client's credit
+                unblocked_at.append(server.bytes_received)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(send_second)
+                assert token(await client.receive()) == 1  # grants the credit
+                assert token(await client.receive()) == 2  # so this one could come
+            assert unblocked_at and unblocked_at[0] < size // 2, (unblocked_at, size)
+            got = await server.receive()
+            assert isinstance(got.msg, ErrorReply) and got.msg.pickled == payload
+            assert client.chunks_sent == 128 + 1  # 8 MiB + header in 64 KiB chunks
+
+
+# ----------------------------------------------------------------------------- flow control
+
+
+async def test_unread_frames_never_exceed_max_buffer() -> None:
+    """The receiver holds at most the sender's max_buffer frames, whatever the OS buffers."""
+    n, limit = 2000, 8
+    with anyio.fail_after(TIMEOUT):
+        async with ws_pair(connect_options={"max_buffer": limit}) as (client, server, _):
+            most = 0
+
+            async def produce() -> None:
+                for i in range(n):
+                    await client.send(ping(i))
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(produce)
+                for i in range(n):
+                    most = max(most, server.unread)
+                    assert token(await server.receive()) == i
+                    if i % 100 == 0:  # let the sender fill the buffer up
+                        await anyio.wait_all_tasks_blocked()
+            assert 1 < most <= limit, most
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+BAD_MESSAGES = [
+    ("garbage bytes", b"\x00\x11\x22 this is not corral", "unknown transport message type 0x00"),
+    ("garbage after the magic byte", b"\xc7\x01garbage!", "frame kind"),
+    ("truncated frame", encode(ping(1))[:-3], "truncated"),
+    ("unknown message type", codec_bytes({"t": "NoSuchMessage", "f": {}}), "NoSuchMessage"),
+    ("wrong field type", codec_bytes({"t": "Ping", "f": {"token": "seven"}}), "Ping.token"),
+    ("empty binary message", b"", "empty message"),
+    ("credit grant out of thin air", struct.pack(">BI", 1, 5), "credit grant of 5"),
+    ("chunk without data", struct.pack(">BQ", 2, 100), "chunk message without data"),
+]
+
+
+@pytest.mark.parametrize(("what", "data", "expected"), BAD_MESSAGES, ids=[c[0] for c in BAD_MESSAGES])
+async def test_bad_message_gets_error_reply_and_connection_stays(
+    what: str, data: bytes, expected: str
+) -> None:
+    with anyio.fail_after(TIMEOUT):
+        async with await transport.listen("ws://127.0.0.1:0/c") as listener:
+            async with raw_client(listener.address) as ws, await listener.accept() as server:
+                assert isinstance(server, WebSocketConnection)
+                await ws.send_bytes(data)
+                reply = await error_reply(ws)
+                assert expected in reply.text, reply.text
+                assert "1 of at most 10" in reply.text
+                assert server.bad_frames == 1
+                assert not server.closed
+                # the connection still works both ways
+                await ws.send_bytes(encode(ping(7)))
+                assert token(await server.receive()) == 7
+                await server.send(ping(8))
+                assert [token(f) for f in await data_frames(ws)] == [8]
+                assert server.bad_frames == 1
+
+
+async def test_text_message_gets_error_reply() -> None:
+    with anyio.fail_after(TIMEOUT):
+        async with await transport.listen("ws://127.0.0.1:0/c") as listener:
+            async with raw_client(listener.address) as ws, await listener.accept() as server:
+                assert isinstance(server, WebSocketConnection)
+                await ws.send_str('{"t": "Ping", "f": {"token": 1}}')
+                reply = await error_reply(ws)
+                assert "text message" in reply.text
+                assert server.bad_frames == 1
+                await ws.send_bytes(encode(ping(2)))
+                assert token(await server.receive()) == 2
+
+
+async def test_too_many_bad_messages_close_with_1008_and_listener_goes_on() -> None:
+    bad = [b"\x00junk", encode(ping(1))[:5], codec_bytes({"t": "Ping", "f": {"token": []}})]
+    with anyio.fail_after(TIMEOUT):
+        async with await transport.listen("ws://127.0.0.1:0/c", max_bad_frames=3) as listener:
+            async with raw_client(listener.address) as ws, await listener.accept() as server:
+                assert isinstance(server, WebSocketConnection)
+                await ws.send_bytes(encode(ping(1)))  # a good frame first
+                for i, data in enumerate(bad, 1):
+                    await ws.send_bytes(data)
+                    reply = await error_reply(ws)
+                    assert f"{i} of at most 3" in reply.text
+                msg = await ws.receive()
+                assert msg.type is WSMsgType.CLOSE
+                assert msg.data == 1008
+                assert "policy violation" in msg.extra
+                assert server.bad_frames == 3
+                assert server.closed
+                assert token(await server.receive()) == 1  # what came before is kept
+                with pytest.raises(ConnectionClosed) as info:
+                    await server.receive()
+                assert "3 malformed messages" in info.value.reason
+                assert "1008" in info.value.reason
+                with pytest.raises(ConnectionClosed):
+                    await server.send(ping(2))
+            # the listener serves other connections as before
+            async with (
+                await transport.connect(listener.address) as client,
+                await listener.accept() as other,
+            ):
+                await client.send(ping(5))
+                assert token(await other.receive()) == 5
+
+
+async def test_oversized_message_is_refused_with_1009() -> None:
+    limit = 4096
+    with anyio.fail_after(TIMEOUT):
+        async with await transport.listen(
+            "ws://127.0.0.1:0/c", max_message_bytes=limit
+        ) as listener:
+            # a whole message over the limit: aiohttp refuses it
+            async with raw_client(listener.address) as ws, await listener.accept() as server:
+                await ws.send_bytes(encode(Frame(ErrorReply("Blob", "x", b"x" * 2 * limit))))
+                msg = await ws.receive()
+                assert (msg.type, msg.data) == (WSMsgType.CLOSE, 1009)
+                with pytest.raises(ConnectionClosed) as info:
+                    await server.receive()
+                assert "max_message_bytes=4096" in info.value.reason
+            # chunks announcing more than the limit
+            async with raw_client(listener.address) as ws, await listener.accept() as server:
+                await ws.send_bytes(struct.pack(">BQ", 2, 10 * limit) + b"\xc7" * 100)
+                msg = await ws.receive()
+                assert (msg.type, msg.data) == (WSMsgType.CLOSE, 1009)
+                with pytest.raises(ConnectionClosed) as info:
+                    await server.receive()
+                assert "announced" in info.value.reason
+            # a Corral client learns why the peer closed
+            async with (
+                await transport.connect(listener.address) as client,
+                await listener.accept(),
+            ):
+                await client.send(Frame(ErrorReply("Blob", "x", b"x" * 2 * limit)))
+                with pytest.raises(ConnectionClosed) as info:
+                    await client.receive()
+                assert "1009" in info.value.reason
+
+
+async def test_sender_refuses_a_frame_over_its_own_max_message_bytes() -> None:
+    with anyio.fail_after(TIMEOUT):
+        async with ws_pair(connect_options={"max_message_bytes": 4096}) as (client, server, _):
+            with pytest.raises(ProtocolError, match="over the limit"):
+                await client.send(Frame(ErrorReply("Blob", "x", b"x" * 8192)))
+            with pytest.raises(ProtocolError):
+                await client.send(Frame(object()))  # type: ignore[arg-type]
+            await client.send(ping(1))  # still open, nothing was queued
+            assert token(await server.receive()) == 1
+
+
+async def test_client_end_rejects_bad_input_too() -> None:
+    """A raw server sends garbage to a Corral client: the client answers and carries on;
+    an error message reaches the client's receive() and costs no credit."""
+    from_client: list[tuple[int, bytes]] = []
+    done = anyio.Event()
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        ws = web.WebSocketResponse(protocols=(SUBPROTOCOL,))
+        await ws.prepare(request)
+        await ws.send_bytes(b"\x42 nonsense")
+        async for msg in ws:
+            if msg.type is WSMsgType.BINARY:
+                from_client.append((msg.data[0], msg.data[1:]))
+                if msg.data[0] == 0x03:  # the client's error reply: now send good frames
+                    await ws.send_bytes(encode(ping(5)))
+                    await ws.send_bytes(b"\x03" + encode(Frame(ErrorReply("Oops", "from server"))))
+                elif msg.data[0] in (0x01, 0x04):  # a credit for the one frame
+                    done.set()
+        return ws
+
+    app = web.Application()
+    app.router.add_get("/", handler)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        port = runner.addresses[0][1]
+        with anyio.fail_after(TIMEOUT):
+            async with await transport.connect(f"ws://127.0.0.1:{port}") as client:
+                assert isinstance(client, WebSocketConnection)
+                assert token(await client.receive()) == 5
+                oops = await client.receive()
+                assert isinstance(oops.msg, ErrorReply) and oops.msg.kind == "Oops"
+                assert client.bad_frames == 1
+                await done.wait()
+        kinds = [k for k, _ in from_client]
+        assert kinds[0] == 0x03
+        [reply] = decode_batch(from_client[0][1])
+        assert isinstance(reply.msg, ErrorReply) and "0x42" in reply.msg.text
+        credits = [struct.unpack(">I", d[:4])[0] for k, d in from_client if k in (0x01, 0x04)]
+        assert credits == [1]  # for ping(5) only, not for the error message
+    finally:
+        await runner.cleanup()
+
+
+# ----------------------------------------------------------------------------- closing
+
+
+async def test_listener_close_closes_unaccepted_connections() -> None:
+    with anyio.fail_after(TIMEOUT):
+        listener = await transport.listen("ws://127.0.0.1:0")
+        async with await transport.connect(listener.address) as client:
+            await listener.aclose()
+            with pytest.raises(ConnectionClosed) as info:
+                await client.receive()
+            assert "1001" in info.value.reason
+            with pytest.raises(ConnectionClosed):
+                await client.send(ping(1))
+
+
+async def test_peer_close_reason_and_close_reason_property() -> None:
+    with anyio.fail_after(TIMEOUT):
+        async with ws_pair() as (client, server, _):
+            assert client.close_reason is None
+            await server.aclose()
+            with pytest.raises(ConnectionClosed) as info:
+                await client.receive()
+            assert "closed by the peer" in info.value.reason
+            assert client.close_reason == info.value.reason
+            assert server.close_reason == "closed by this side"
+
+
+async def test_heartbeat_detects_a_silent_peer() -> None:
+    """A peer that never answers pings is dropped after heartbeat * 1.5 seconds."""
+    with anyio.fail_after(TIMEOUT):
+        async with await transport.listen("ws://127.0.0.1:0", heartbeat=0.1) as listener:
+            async with (
+                aiohttp.ClientSession() as session,
+                session.ws_connect(listener.address, protocols=(SUBPROTOCOL,), autoping=False),
+                await listener.accept() as server,
+            ):
+                with pytest.raises(ConnectionClosed) as info:
+                    await server.receive()  # nobody reads the pings on the raw side
+                assert "heartbeat" in info.value.reason
+
+
+async def test_heartbeat_keeps_a_quiet_connection() -> None:
+    opts = {"heartbeat": 0.05}
+    with anyio.fail_after(TIMEOUT):
+        async with ws_pair(opts, opts) as (client, server, _):
+            quiet = anyio.Event()
+            await assert_pending(quiet, "")  # several heartbeats pass without traffic
+            await client.send(ping(1))
+            assert token(await server.receive()) == 1
+            assert not client.closed and not server.closed
+
+
+# ----------------------------------------------------------------------------- TLS
+
+
+async def test_wss_needs_a_trusted_certificate() -> None:
+    server_ctx, client_ctx, _ = tls_contexts()
+    with anyio.fail_after(TIMEOUT):
+        async with await transport.listen("wss://127.0.0.1:0", ssl_context=server_ctx) as listener:
+            assert listener.address.startswith("wss://127.0.0.1:")
+            with pytest.raises(ConnectFailed) as info:
+                await transport.connect(listener.address)  # system CAs only
+            assert "TLS" in info.value.reason
+            plain = listener.address.replace("wss://", "ws://")
+            with pytest.raises(ConnectFailed):
+                await transport.connect(plain)  # no TLS against a TLS port
+            async with (
+                await transport.connect(listener.address, ssl_context=client_ctx) as client,
+                await listener.accept() as server,
+            ):
+                await client.send(ping(1))
+                assert token(await server.receive()) == 1
+
+
+# ----------------------------------------------------------------------------- options
+
+
+async def test_options_are_validated() -> None:
+    with anyio.fail_after(TIMEOUT):
+        with pytest.raises(TypeError, match="unknown ws listen option"):
+            await transport.listen("ws://127.0.0.1:0", max_bufer=3)
+        with pytest.raises(ValueError, match="max_buffer"):
+            await transport.listen("ws://127.0.0.1:0", max_buffer=0)
+        with pytest.raises(ValueError, match="batch_window"):
+            await transport.listen("ws://127.0.0.1:0", batch_window=-1)
+        with pytest.raises(ValueError, match="chunk_size"):
+            await transport.listen("ws://127.0.0.1:0", chunk_size=10)
+        with pytest.raises(ValueError, match="tokens"):
+            await transport.listen("ws://127.0.0.1:0", tokens=["secret"])
+        with pytest.raises(ValueError, match="visible ASCII"):
+            await transport.listen("ws://127.0.0.1:0", tokens={"has space": "admin"})
+        with pytest.raises(ValueError, match="wss://"):
+            await transport.listen("ws://127.0.0.1:0", ssl_context=tls_contexts()[0])
+        with pytest.raises(ValueError, match="ssl_context"):
+            await transport.listen("wss://127.0.0.1:0")
+        with pytest.raises(ValueError, match="heartbeat"):
+            await transport.listen("ws://127.0.0.1:0", heartbeat=0)
+        async with await transport.listen("ws://127.0.0.1:0", heartbeat=None) as listener:
+            with pytest.raises(TypeError, match="unknown ws connect option"):
+                await transport.connect(listener.address, tokens=TOKENS)
+            with pytest.raises(ValueError, match="token"):
+                await transport.connect(listener.address, token="")
+
+
+@pytest.mark.parametrize(
+    "address",
+    [
+        "ws://127.0.0.1",
+        "ws://:80",
+        "ws://127.0.0.1:99999",
+        "ws://127.0.0.1:x",
+        "ws://127.0.0.1:80/a?b=c",
+        "ws://127.0.0.1:80/a#b",
+        "ws://user@127.0.0.1:80",
+        "ws://[::1/x",
+        "ws://[nothost]:80",
+    ],
+)
+async def test_malformed_addresses(address: str) -> None:
+    with pytest.raises(InvalidAddress):
+        await transport.listen(address)
+    with pytest.raises(InvalidAddress):
+        await transport.connect(address)
+
+
+async def test_connect_needs_a_real_port() -> None:
+    with pytest.raises(InvalidAddress, match="real port"):
+        await transport.connect("ws://127.0.0.1:0")
+
+
+async def test_wrong_path_and_non_corral_servers_fail_to_connect() -> None:
+    async def plain_ws(request: web.Request) -> web.StreamResponse:
+        ws = web.WebSocketResponse()  # speaks no Corral subprotocol
+        await ws.prepare(request)
+        async for _ in ws:
+            pass
+        return ws
+
+    with anyio.fail_after(TIMEOUT):
+        async with await transport.listen("ws://127.0.0.1:0/corral") as listener:
+            with pytest.raises(ConnectFailed, match="404"):
+                await transport.connect(listener.address.replace("/corral", "/other"))
+        app = web.Application()
+        app.router.add_get("/", plain_ws)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        try:
+            port = runner.addresses[0][1]
+            with pytest.raises(ConnectFailed, match="not a Corral listener"):
+                await transport.connect(f"ws://127.0.0.1:{port}/")
+        finally:
+            await runner.cleanup()
+
+
+async def test_localhost_and_ipv6_addresses() -> None:
+    with anyio.fail_after(TIMEOUT):
+        async with ws_pair(address="ws://localhost:0/x") as (client, server, listener):
+            assert listener.address.startswith("ws://localhost:")
+            await client.send(ping(1))
+            assert token(await server.receive()) == 1
+        try:
+            ipv6 = await transport.listen("ws://[::1]:0")
+        except (InvalidAddress, OSError):
+            pytest.skip("no IPv6 loopback here")
+        async with ipv6, await transport.connect(ipv6.address) as client:
+            assert ipv6.address.startswith("ws://[::1]:")
+            async with await ipv6.accept() as server:
+                await client.send(ping(2))
+                assert token(await server.receive()) == 2
+
+
+async def test_generic_interface_types() -> None:
+    """What transport.listen/connect return for ws:// is the generic interface."""
+    with anyio.fail_after(TIMEOUT):
+        async with ws_pair() as (client, server, listener):
+            assert isinstance(listener, Listener)
+            assert isinstance(client, Connection) and isinstance(server, Connection)
+            assert "ws" in transport.registered_schemes()
+            assert "wss" in transport.registered_schemes()
