@@ -20,13 +20,31 @@ schedulers. Absolute rates drift from run to run; the ratios are what to compare
 
     python benchmarks/throughput.py                 # default sizes
     python benchmarks/throughput.py -n 50000 --repeat 5
+
+``--mode distributed`` compares Corral with dask.distributed, each with its scheduler in
+this process and two single-threaded worker processes on this machine: ``Cluster(
+processes=2, threads_per_worker=1)`` against ``LocalCluster(n_workers=2,
+threads_per_worker=1, processes=True)`` with a ``Client``. Workloads: ``independent``
+(default 5,000 tasks, every result gathered back to the client on both sides) and
+``chain`` (the last key only). Both clusters start once, outside the timing (their
+start-up times are printed apart), and run one small warm-up graph; each timed run is
+``cluster.compute(dsk, keys)`` against ``client.get(dsk, keys)`` on fresh keys, called
+from this thread (each side's event loop runs in a thread of its own), best of
+``--repeat`` interleaved runs. The garbage collector's threshold is process-wide: it is
+Corral's (``--no-gc-tuning``: Python's default) during Corral's runs and Python's
+default, as dask.distributed ships, during dask's.
+
+    python benchmarks/throughput.py --mode distributed --repeat 3
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
+import gc
 import itertools
+import logging
 import os
 import sys
 import time
@@ -81,7 +99,20 @@ def time_call(fn: Callable[[], Any]) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("-n", type=int, default=20_000, help="tasks (independent, tree leaves)")
+    parser.add_argument(
+        "--mode",
+        choices=("in-process", "distributed"),
+        default="in-process",
+        help="in-process: Corral beside dask's local schedulers (the default); "
+        "distributed: Corral's worker processes against dask.distributed's",
+    )
+    parser.add_argument(
+        "-n",
+        type=int,
+        default=None,
+        help="tasks (independent, tree leaves); default 20,000 (in-process), 5,000 "
+        "(distributed)",
+    )
     parser.add_argument("--chain", type=int, default=2_000, help="length of the chain")
     parser.add_argument("--repeat", type=int, default=3, help="runs per scheduler; best counts")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
@@ -91,8 +122,13 @@ def main(argv: list[str] | None = None) -> int:
         help="run Corral with Python's default garbage-collector threshold",
     )
     args = parser.parse_args(argv)
-    threads = args.threads
     gc_threshold = None if args.no_gc_tuning else GC_THRESHOLD
+    if args.mode == "distributed":
+        return run_distributed(5_000 if args.n is None else args.n, args.chain, args.repeat,
+                               gc_threshold)  # fmt: skip
+    if args.n is None:
+        args.n = 20_000
+    threads = args.threads
     builders: dict[str, Callable[[int], tuple[dict[Any, Any], Any]]] = {
         "independent": lambda run: independent(args.n, run),
         "tree": lambda run: tree(args.n, run),

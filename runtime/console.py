@@ -107,8 +107,9 @@ COMMANDS: dict[str, tuple[str, str, bool]] = {
         True,
     ),
     "cancel": (
-        "cancel KEY | cancel RUN | cancel --key KEY | cancel --run RUN",
-        "cancel a task (and what depends on it) or every task of a run (admin)",
+        "cancel KEY|RUN",
+        "cancel a task (and what depends on it), or every task of a run (run-N, as status "
+        "lists them); `cancel --key KEY` or `cancel --run RUN` when it is unclear (admin)",
         True,
     ),
     "help": ("help [COMMAND]", "show the commands, or one command's usage", False),
@@ -491,6 +492,11 @@ def _usage(name: str) -> NoReturn:
 # ----------------------------------------------------------------------------- rendering
 
 
+def _row(table: Table, *cells: str) -> None:
+    """Add a row of plain text (never rich markup: keys may hold brackets)."""
+    table.add_row(*(Text(c) for c in cells))
+
+
 def _bytes(n: Any, zero: str = "-") -> str:
     if not isinstance(n, int | float) or n <= 0:
         return zero
@@ -541,7 +547,8 @@ def render_status(st: Mapping[str, Any]) -> RenderableType:
     for w in sorted(workers, key=lambda w: (str(w.get("pool")), str(w.get("worker_id")))):
         wid = str(w.get("worker_id"))
         state = "retired" if wid in retired else "draining" if wid in draining else "active"
-        wt.add_row(
+        _row(
+            wt,
             wid,
             str(w.get("pool", "")),
             str(w.get("cores", "")),
@@ -565,7 +572,8 @@ def render_status(st: Mapping[str, Any]) -> RenderableType:
     for pool in sorted(set(pools) | set(queues) | set(targets)):
         p = pools.get(pool, {"workers": 0, "cores": 0, "running": 0})
         target = targets.get(pool)
-        pt.add_row(
+        _row(
+            pt,
             "(any pool)" if pool == "*" else pool,
             str(p["workers"]),
             str(p["cores"]),
@@ -579,7 +587,7 @@ def render_status(st: Mapping[str, Any]) -> RenderableType:
     order = [s for s in STATES if s in by_state] + sorted(set(by_state) - set(STATES))
     for s in order or ["(none)"]:
         tt.add_column(s, justify="right")
-    tt.add_row(*[str(by_state[s]) for s in order] if order else ["0"])
+    _row(tt, *[str(by_state[s]) for s in order] if order else ["0"])
     parts.append(tt)
 
     cats: dict[str, dict[str, Any]] = dict(st.get("categories") or {})
@@ -589,7 +597,8 @@ def render_status(st: Mapping[str, Any]) -> RenderableType:
             ct.add_column(col, justify="left" if col == "category" else "right")
         for name in sorted(cats):
             c = cats[name]
-            ct.add_row(
+            _row(
+                ct,
                 name,
                 str(int(c.get("count", 0))),
                 str(int(c.get("errors", 0))),
@@ -607,13 +616,14 @@ def render_status(st: Mapping[str, Any]) -> RenderableType:
         rt.add_column("run")
         rt.add_column("keys", justify="right")
         for run, n in runs.items():
-            rt.add_row(run, str(n))
+            _row(rt, run, str(n))
         parts.append(rt)
 
     mt = Table(title="memory", title_justify="left")
     for col in ("outputs", "stored", "released", "released bytes", "workers' RSS"):
         mt.add_column(col, justify="right")
-    mt.add_row(
+    _row(
+        mt,
         str(files.get("files", 0)),
         _bytes(sum(stored.values()), zero="0"),
         str(files.get("released", 0)),
@@ -626,7 +636,7 @@ def render_status(st: Mapping[str, Any]) -> RenderableType:
     pol.add_column("kind")
     pol.add_column("policy")
     for kind, name in sorted(dict(st.get("policies") or {}).items()):
-        pol.add_row(kind, str(name))
+        _row(pol, kind, str(name))
     parts.append(pol)
     if st.get("policy_errors"):
         parts.append(Text(f"policy errors: {st['policy_errors']} (see the tasks' stories)"))
@@ -640,10 +650,8 @@ def render_tasks(records: Sequence[Mapping[str, Any]], limit: int = 0) -> Render
     for col in ("key", "state", "category", "worker", "tries"):
         t.add_column(col, justify="right" if col == "tries" else "left", overflow="fold")
     for r in records:
-        t.add_row(
-            str(r["key"]), str(r["state"]), str(r["category"]), str(r["worker"] or "-"),
-            str(r["tries"]),
-        )  # fmt: skip
+        cells = (r["key"], r["state"], r["category"], r["worker"] or "-", r["tries"])
+        _row(t, *(str(c) for c in cells))
     if limit and len(records) >= limit:
         return Group(t, Text(f"(first {limit}; --limit N shows more, --limit 0 all)"))
     return t
@@ -652,12 +660,12 @@ def render_tasks(records: Sequence[Mapping[str, Any]], limit: int = 0) -> Render
 def render_story(key: str, entries: Sequence[Sequence[str]]) -> RenderableType:
     if not entries:
         return Text(f"no transitions recorded for {key!r} (is it the key as `tasks` shows it?)")
-    t = Table(title=f"story of {key}", title_justify="left")
+    t = Table(title=Text(f"story of {key}"), title_justify="left")
     for col in ("time", "from", "to", "stimulus"):
         t.add_column(col, justify="right" if col == "time" else "left", overflow="fold")
     start = _float(entries[0][4])
     for _, frm, to, stim, now in entries:
-        t.add_row(f"+{_float(now) - start:.3f} s", frm, to, stim)
+        _row(t, f"+{_float(now) - start:.3f} s", frm, to, stim)
     return t
 
 
@@ -673,7 +681,7 @@ def render_policies(infos: Sequence[Mapping[str, Any]]) -> RenderableType:
     for col in ("kind", "in use", "available"):
         t.add_column(col)
     for i in infos:
-        t.add_row(str(i["kind"]), str(i["name"]), ", ".join(i.get("available") or ()))
+        _row(t, str(i["kind"]), str(i["name"]), ", ".join(i.get("available") or ()))
     return t
 
 
@@ -682,7 +690,7 @@ def render_help() -> RenderableType:
     t.add_column("usage", no_wrap=True)
     t.add_column("what")
     for usage, what, _ in COMMANDS.values():
-        t.add_row(usage, what)
+        _row(t, usage, what)
     return Group(
         t,
         Text(

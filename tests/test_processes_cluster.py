@@ -177,3 +177,80 @@ def test_a_local_process_cluster_leaves_no_orphans_when_its_parent_is_killed(
         assert alive == [], f"orphans left: {alive}"
     finally:
         _stop([parent])
+
+
+def _token_file(env: dict[str, str], address: str) -> dict[str, str]:
+    import json
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(address)
+    path = Path(env["CORRAL_HOME"]) / "tokens" / f"{parts.hostname}_{parts.port}.json"
+    assert oct(path.stat().st_mode & 0o777) == "0o600"  # readable by this user only
+    data: dict[str, str] = json.loads(path.read_text())
+    return data
+
+
+@pytest.mark.parametrize("manager_and_workers", [1], indirect=True)
+def test_sigterm_stops_workers_and_the_manager_gracefully(
+    manager_and_workers: tuple[str, list[subprocess.Popen[str]]], env: dict[str, str]
+) -> None:
+    address, workers = manager_and_workers
+    workers[0].send_signal(signal.SIGTERM)
+    assert workers[0].wait(20) == 0
+    assert _token_file(env, address)["admin"]
+
+
+@pytest.mark.parametrize("manager_and_workers", [0], indirect=True)
+def test_a_worker_with_a_wrong_token_is_refused_with_a_clear_reason(
+    manager_and_workers: tuple[str, list[subprocess.Popen[str]]], env: dict[str, str]
+) -> None:
+    address, _ = manager_and_workers
+    worker = _start(["worker", address, "--token", "not-the-token"], env)
+    try:
+        assert worker.wait(30) == 1
+        assert worker.stdout is not None
+        out = worker.stdout.read()
+        assert "error:" in out and "token" in out.lower(), out
+    finally:
+        _stop([worker])
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("manager_and_workers", [1], indirect=True)
+async def test_the_manager_survives_garbage_and_keeps_serving(
+    manager_and_workers: tuple[str, list[subprocess.Popen[str]]], env: dict[str, str]
+) -> None:
+    import aiohttp
+
+    from runtime.codec import Frame, encode
+    from runtime.messages import Ping
+
+    address, _ = manager_and_workers
+    tokens = _token_file(env, address)
+    good = encode(Frame(Ping(1)))
+    with anyio.fail_after(LIMIT):
+        async with aiohttp.ClientSession() as session:
+            # Without a token: refused before anything is read.
+            with pytest.raises(aiohttp.WSServerHandshakeError) as info:
+                await session.ws_connect(address)
+            assert info.value.status == 401
+            headers = {"Authorization": f"Bearer {tokens['admin']}"}
+            async with session.ws_connect(address, headers=headers) as ws:
+                for junk in (b"\x00garbage", good[:-3], b"{}", good[: len(good) // 2]):
+                    await ws.send_bytes(junk)
+                await ws.send_str("not binary at all")
+        # The manager still serves a well-behaved client.
+        os.environ["CORRAL_HOME"] = env["CORRAL_HOME"]
+        async with Cluster(address) as cluster:
+            await cluster.wait_for_workers(1)
+            assert await cluster.submit(sum, [1, 2, 3]) == 6
+
+
+def test_sigterm_stops_the_manager_with_exit_code_0(env: dict[str, str]) -> None:
+    manager = _start(["manager", "--listen", "127.0.0.1:0"], env)
+    try:
+        _first_line_with(manager, "manager listening on")
+        manager.send_signal(signal.SIGTERM)
+        assert manager.wait(20) == 0
+    finally:
+        _stop([manager])
