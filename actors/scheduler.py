@@ -37,6 +37,7 @@ from actors.scheduler_state import (
     WorkerLeft,
 )
 from policies import REGISTRY, PolicyRegistry
+from runtime.errors import ActorStopped
 from runtime.kernel import Actor, ActorRef, Later, current_causal_id, handles
 from runtime.messages import (
     CancelRequest,
@@ -109,30 +110,34 @@ class Scheduler(Actor):
         updates: list[Any] = []
         for cmd in commands:
             if type(cmd) is Execute:
-                ref = self.workers.get(cmd.worker)
-                if ref is not None:
-                    ref.post(RunTasks(cmd.tasks))
+                self._to_worker(cmd.worker, RunTasks(cmd.tasks))
             elif type(cmd) is FileFacts:
                 self._registry().post(FileFactsMsg(cmd.facts))
             elif type(cmd) in (KeyDone, KeyErred, KeyCancelled):
                 updates.append(cmd)
             elif type(cmd) is CancelOnWorker:
-                ref = self.workers.get(cmd.worker)
-                if ref is not None:
-                    ref.post(CancelTasks(cmd.keys))
+                self._to_worker(cmd.worker, CancelTasks(cmd.keys))
             elif type(cmd) is DropData:
-                ref = self.workers.get(cmd.worker)
-                if ref is not None:
-                    ref.post(DropKeys(cmd.keys))
+                self._to_worker(cmd.worker, DropKeys(cmd.keys))
             elif type(cmd) is RetireWorker:
-                ref = self.workers.get(cmd.worker)
-                if ref is not None and not ref.stopped:
-                    self.log.info("retiring drained worker", worker=cmd.worker)
-                    ref.post(Stop("drained"))
+                self.log.info("retiring drained worker", worker=cmd.worker)
+                self._to_worker(cmd.worker, Stop("drained"))
             else:  # pragma: no cover - a new command without a shell is a bug
                 raise TypeError(f"scheduler has no shell for {type(cmd).__name__}")
         if updates:
             self._manager().post(KeyUpdates(tuple(updates)))
+
+    def _to_worker(self, worker: str, msg: Any) -> None:
+        """Send to a worker. One that is gone already becomes a lost worker (by a message
+        to ourselves, so the core hears of it as an event of its own); the message is
+        dropped."""
+        ref = self.workers.get(worker)
+        if ref is None:
+            return
+        try:
+            ref.post(msg)
+        except ActorStopped:
+            self.ref.post(WorkerGone(worker, "crash"))
 
     def _ev(self) -> tuple[str, float]:
         return current_causal_id(), self.clock.now()

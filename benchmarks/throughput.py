@@ -97,6 +97,136 @@ def time_call(fn: Callable[[], Any]) -> float:
     return time.perf_counter() - start
 
 
+# ----------------------------------------------------------------------------- distributed
+
+#: Workers and threads per worker on each side in ``--mode distributed``.
+DIST_WORKERS = 2
+DIST_THREADS = 1
+#: What Corral should reach in ``--mode distributed``: this many times dask.distributed.
+DIST_TARGET = 3.0
+
+
+def run_distributed(n: int, chain_length: int, repeat: int, gc_threshold: int | None) -> int:
+    """Corral's ``Cluster(processes=2)`` against dask.distributed's ``LocalCluster``."""
+    import distributed
+    from anyio.from_thread import start_blocking_portal
+    from distributed import Client, LocalCluster
+
+    # dask.distributed logs at INFO/WARNING about every worker start, stop and slow
+    # event-loop tick, and Corral warns as its worker processes stop at the close; only
+    # errors should reach the terminal.
+    for name in ("distributed", "tornado", "asyncio", "corral"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+    builders: dict[str, Callable[[int], tuple[dict[Any, Any], Any]]] = {
+        "independent": lambda run: independent(n, run),
+        "chain": lambda run: chain(chain_length, run),
+    }
+    sizes = {name: len(build(0)[0]) for name, build in builders.items()}
+    runs = itertools.count(1)
+    default_gc = gc.get_threshold()  # before Corral raises it; dask runs with this
+    print(
+        f"python {sys.version.split()[0]}, dask {dask.__version__}, distributed "
+        f"{distributed.__version__}, {os.cpu_count()} cores; each side: scheduler in this "
+        f"process, {DIST_WORKERS} worker processes x {DIST_THREADS} thread; best of {repeat}; "
+        f"gc threshold: Corral {gc_threshold or default_gc[0]}, dask {default_gc[0]}",
+        flush=True,
+    )
+
+    with contextlib.ExitStack() as stack:
+        # Corral's event loop runs in a thread of its own (as a sync dask Client's does),
+        # so both sides are driven alike from this thread. The portal outlives the
+        # cluster: Corral's worker processes are tied to the thread that spawned them.
+        portal = stack.enter_context(start_blocking_portal("asyncio"))
+
+        start = time.perf_counter()
+        corral = stack.enter_context(
+            portal.wrap_async_context_manager(
+                Cluster(
+                    processes=DIST_WORKERS,
+                    threads_per_worker=DIST_THREADS,
+                    gc_threshold=gc_threshold,
+                )
+            )
+        )
+        portal.call(corral.wait_for_workers, DIST_WORKERS, 120.0)
+        corral_start = time.perf_counter() - start
+        corral_gc = gc.get_threshold()
+
+        def corral_compute(dsk: dict[Any, Any], keys: Any) -> Any:
+            return portal.call(corral.compute, dsk, keys)
+
+        gc.set_threshold(*default_gc)
+        try:
+            start = time.perf_counter()
+            local = stack.enter_context(
+                LocalCluster(
+                    n_workers=DIST_WORKERS,
+                    threads_per_worker=DIST_THREADS,
+                    processes=True,
+                    dashboard_address=None,
+                    silence_logs=logging.ERROR,
+                )
+            )
+            client = stack.enter_context(Client(local))
+            client.wait_for_workers(DIST_WORKERS, timeout=120)
+            dask_start = time.perf_counter() - start
+        finally:
+            gc.set_threshold(*corral_gc)
+
+        def dask_compute(dsk: dict[Any, Any], keys: Any) -> Any:
+            gc.set_threshold(*default_gc)
+            try:
+                return client.get(dsk, keys)
+            finally:
+                gc.set_threshold(*corral_gc)
+
+        sides = {"corral": corral_compute, "dask.distributed": dask_compute}
+        print(
+            f"start-up (outside the timing): corral {corral_start:.2f} s, "
+            f"dask.distributed {dask_start:.2f} s",
+            flush=True,
+        )
+
+        # Warm-up: one small graph each (connections, function pickles, first imports).
+        for compute in sides.values():
+            warm, warm_keys = independent(100, next(runs))
+            check(compute(warm, warm_keys), warm_keys)
+
+        rates: dict[tuple[str, str], list[float]] = {}
+        for name, build in builders.items():
+            for _ in range(repeat):  # interleaved, so drift hits both sides alike
+                for side, compute in sides.items():
+                    dsk, keys = build(next(runs))
+                    start = time.perf_counter()
+                    result = compute(dsk, keys)
+                    elapsed = time.perf_counter() - start
+                    check(result, keys)
+                    rates.setdefault((side, name), []).append(len(dsk) / elapsed)
+
+    print(
+        f"{'workload':<12} {'tasks':>6} {'corral':>13} {'dask.distributed':>17} "
+        f"{'corral/dask':>12}  target {DIST_TARGET:g}x"
+    )
+    for name, size in sizes.items():
+        ours, theirs = max(rates[("corral", name)]), max(rates[("dask.distributed", name)])
+        ratio = ours / theirs
+        verdict = "met" if ratio >= DIST_TARGET else "MISSED"
+        print(
+            f"{name:<12} {size:>6} {ours:>11,.0f}/s {theirs:>15,.0f}/s {ratio:>11.2f}x  {verdict}"
+        )
+    print("every run, tasks/s (in the order run):")
+    for (side, name), values in rates.items():
+        print(f"  {name:<12} {side:<17} " + " ".join(f"{v:>8,.0f}" for v in values))
+    return 0
+
+
+def check(result: Any, keys: Any) -> None:
+    """Both sides must hand back what was asked: a value per key, or the one value."""
+    if isinstance(keys, list) and len(result) != len(keys):
+        raise AssertionError(f"asked for {len(keys)} results, got {len(result)}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -110,8 +240,7 @@ def main(argv: list[str] | None = None) -> int:
         "-n",
         type=int,
         default=None,
-        help="tasks (independent, tree leaves); default 20,000 (in-process), 5,000 "
-        "(distributed)",
+        help="tasks (independent, tree leaves); default 20,000 (in-process), 5,000 (distributed)",
     )
     parser.add_argument("--chain", type=int, default=2_000, help="length of the chain")
     parser.add_argument("--repeat", type=int, default=3, help="runs per scheduler; best counts")
@@ -124,8 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     gc_threshold = None if args.no_gc_tuning else GC_THRESHOLD
     if args.mode == "distributed":
-        return run_distributed(5_000 if args.n is None else args.n, args.chain, args.repeat,
-                               gc_threshold)  # fmt: skip
+        n = 5_000 if args.n is None else args.n
+        return run_distributed(n, args.chain, args.repeat, gc_threshold)
     if args.n is None:
         args.n = 20_000
     threads = args.threads

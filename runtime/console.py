@@ -43,6 +43,7 @@ from typing import Any, NoReturn
 import anyio
 import orjson
 from rich.console import Console, Group, RenderableType
+from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
@@ -422,7 +423,8 @@ class ConsoleClient:
                 raise ConsoleError(f"unknown command {word!r}; type `help` for the list")
             usage, what, admin = COMMANDS[name]
             data = {name: {"usage": usage, "help": what, "admin": admin}}
-            return Result("help", data, Text(f"{usage}\n    {what}"))
+            view = Group(Text(usage, style="bold"), Padding(Text(what), (0, 0, 0, 4)))
+            return Result("help", data, view)
         data = {n: {"usage": u, "help": w, "admin": a} for n, (u, w, a) in COMMANDS.items()}
         return Result("help", data, render_help())
 
@@ -511,6 +513,8 @@ def _bytes(n: Any, zero: str = "-") -> str:
 def _seconds(s: Any) -> str:
     if not isinstance(s, int | float) or s <= 0:
         return "-"
+    if s < 1e-3:
+        return f"{s * 1e6:.0f} µs"
     if s < 1:
         return f"{s * 1000:.1f} ms"
     return f"{s:.2f} s"
@@ -543,7 +547,9 @@ def render_status(st: Mapping[str, Any]) -> RenderableType:
 
     wt = Table(title="workers", title_justify="left")
     for col in ("worker", "pool", "cores", "memory", "running", "stored", "RSS", "state"):
-        wt.add_column(col, justify="right" if col in ("cores", "running") else "left")
+        wt.add_column(
+            col, justify="right" if col in ("cores", "running") else "left", no_wrap=col == "worker"
+        )
     for w in sorted(workers, key=lambda w: (str(w.get("pool")), str(w.get("worker_id")))):
         wid = str(w.get("worker_id"))
         state = "retired" if wid in retired else "draining" if wid in draining else "active"
@@ -583,12 +589,15 @@ def render_status(st: Mapping[str, Any]) -> RenderableType:
         )
     parts.append(pt)
 
-    tt = Table(title="tasks", title_justify="left")
     order = [s for s in STATES if s in by_state] + sorted(set(by_state) - set(STATES))
-    for s in order or ["(none)"]:
-        tt.add_column(s, justify="right")
-    _row(tt, *[str(by_state[s]) for s in order] if order else ["0"])
-    parts.append(tt)
+    if order:
+        tt = Table(title="tasks", title_justify="left")
+        for s in order:
+            tt.add_column(s, justify="right")
+        _row(tt, *[str(by_state[s]) for s in order])
+        parts.append(tt)
+    else:
+        parts.append(Text("tasks: none known to the scheduler"))
 
     cats: dict[str, dict[str, Any]] = dict(st.get("categories") or {})
     if cats:
@@ -649,6 +658,7 @@ def render_tasks(records: Sequence[Mapping[str, Any]], limit: int = 0) -> Render
     t = Table()
     for col in ("key", "state", "category", "worker", "tries"):
         t.add_column(col, justify="right" if col == "tries" else "left", overflow="fold")
+    t.columns[3].no_wrap = True
     for r in records:
         cells = (r["key"], r["state"], r["category"], r["worker"] or "-", r["tries"])
         _row(t, *(str(c) for c in cells))
@@ -686,18 +696,17 @@ def render_policies(infos: Sequence[Mapping[str, Any]]) -> RenderableType:
 
 
 def render_help() -> RenderableType:
-    t = Table(show_header=False, box=None, padding=(0, 2, 0, 0))
-    t.add_column("usage", no_wrap=True)
-    t.add_column("what")
+    parts: list[RenderableType] = []
     for usage, what, _ in COMMANDS.values():
-        _row(t, usage, what)
-    return Group(
-        t,
+        parts.append(Text(usage, style="bold"))
+        parts.append(Padding(Text(what), (0, 0, 0, 4)))
+    parts.append(
         Text(
-            "\nAdd --json to any command for JSON. The read-only token allows status, "
-            "tasks, story and policy list."
-        ),
+            "\nAdd --json to any command for JSON. The read-only token allows status, tasks, "
+            "story and policy list."
+        )
     )
+    return Group(*parts)
 
 
 # ----------------------------------------------------------------------------- the shell
@@ -759,7 +768,9 @@ class ConsoleShell(cmd.Cmd):
         try:
             result: Result = self.call(self.client.execute, line)
         except Exception as exc:
-            self.out.print(f"error: {_one_line(exc)}", markup=False, highlight=False)
+            self.out.print(
+                f"error: {_one_line(exc)}", markup=False, highlight=False, soft_wrap=True
+            )
             return False
         if result.quit:
             return True

@@ -20,6 +20,7 @@ What lives here:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -40,7 +41,7 @@ from actors.registry import FileRegistry
 from actors.scheduler import Scheduler
 from actors.scheduler_state import SchedulerConfig
 from actors.worker import Worker
-from runtime.errors import CorralError
+from runtime.errors import ActorStopped, CorralError
 from runtime.kernel import ActorRef, ActorSystem
 from runtime.log import get_logger
 from runtime.messages import (
@@ -318,6 +319,7 @@ class Gateway:
         self.peers: dict[str, Peer] = {}  #: live peers by name
         self._generation: dict[str, int] = {}  #: connections seen per name
         self._returned: dict[str, anyio.Event] = {}  #: set when a dropped worker is back
+        self.links: dict[str, Link] = {}  #: the scheduler's reference to each worker
         plane.resolvers.append(self.resolve)
 
     def resolve(self, name: str) -> RemoteRef | None:
@@ -368,7 +370,12 @@ class Gateway:
         if hello.kind == "worker":
             assert hello.info is not None
             _log.info("worker connected", worker=hello.name, generation=generation)
-            await self.plane.refs["scheduler"].tell(RegisterWorker(hello.info, peer.ref))
+            link = self.links.get(hello.name)
+            if link is None or link.stopped:
+                link = self.links[hello.name] = Link(hello.name)
+            link.attach(peer)
+            # A worker that rejoins registers again: the scheduler keeps its work.
+            await self.plane.refs["scheduler"].tell(RegisterWorker(hello.info, link))
         try:
             await peer.run()
         finally:
@@ -377,11 +384,13 @@ class Gateway:
                     # Silence means we cannot tell why; a dropped connection without a
                     # goodbye (a graceful worker says WorkerGone first) is a crash.
                     cause = "unknown" if peer.closed_reason else "crash"
+                    self.links[hello.name].detach()
                     await self._worker_dropped(hello.name, generation, cause)
                 else:
                     self.peers.pop(hello.name, None)
                     if hello.kind == "client":
-                        await self.plane.manager.tell(ClientGone(hello.name))
+                        with contextlib.suppress(ActorStopped):  # the manager is stopping
+                            await self.plane.manager.tell(ClientGone(hello.name))
 
     async def _worker_dropped(self, name: str, generation: int, cause: str) -> None:
         """Give a worker ``reconnect_timeout`` seconds to come back, then report it."""
@@ -391,11 +400,92 @@ class Gateway:
         if self._generation.get(name) == generation:
             self._returned.pop(name, None)
             self.peers.pop(name, None)
+            link = self.links.pop(name, None)
+            if link is not None:
+                link.close()
             _log.warning("worker connection lost", worker=name)
-            await self.plane.refs["scheduler"].tell(WorkerGone(name, cause))
+            with contextlib.suppress(ActorStopped):  # the scheduler is stopping
+                await self.plane.refs["scheduler"].tell(WorkerGone(name, cause))
 
 
 # ----------------------------------------------------------------------------- processes
+
+
+class Link:
+    """A reference to the other side of a connection that survives reconnections: a
+    worker's reference to the manager, and the scheduler's reference to each remote
+    worker.
+
+    While connected, messages go straight to the current connection. While not, posts
+    wait in order (both directions are bounded by the worker's task slots) and are sent
+    first when the connection is back; ``tell`` and ``ask`` wait for it. Once
+    :meth:`close` is called (the other side is given up), it behaves like a stopped
+    actor: everything raises ``ActorStopped``.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.peer: Peer | None = None
+        self.backlog: list[tuple[Message, str]] = []
+        self._connected = anyio.Event()
+        self._closed = False
+
+    @property
+    def stopped(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        self._closed = True
+        self.backlog.clear()
+        self._connected.set()  # wake waiters: they see the link closed
+
+    def attach(self, peer: Peer) -> None:
+        self.peer = peer
+        backlog, self.backlog = self.backlog, []
+        for msg, causal_id in backlog:
+            peer.ref.post(msg, causal_id=causal_id or None)
+        self._connected.set()
+
+    def detach(self) -> None:
+        self.peer = None
+        self._connected = anyio.Event()
+
+    def _check(self, msg: Any) -> None:
+        if self._closed:
+            raise ActorStopped(self.name, type(msg).__name__)
+
+    def post(self, msg: Message, *, causal_id: str | None = None) -> None:
+        self._check(msg)
+        peer = self.peer
+        if peer is not None and not peer.closed:
+            try:
+                peer.ref.post(msg, causal_id=causal_id)
+                return
+            except CorralError:
+                pass
+        self.backlog.append((msg, causal_id or ""))
+
+    def tell_nowait(self, msg: Message, *, causal_id: str | None = None) -> None:
+        self.post(msg, causal_id=causal_id)
+
+    async def tell(self, msg: Message, *, causal_id: str | None = None) -> None:
+        await self._connected.wait()
+        self._check(msg)
+        assert self.peer is not None
+        await self.peer.ref.tell(msg, causal_id=causal_id)
+
+    async def ask(
+        self,
+        msg: Message,
+        *,
+        timeout: float | None = 30.0,  # noqa: ASYNC109 - ActorRef's API
+        causal_id: str | None = None,
+    ) -> Any:
+        with anyio.fail_after(timeout if timeout is not None else float("inf")):
+            await self._connected.wait()
+        self._check(msg)
+        assert self.peer is not None
+        return await self.peer.ref.ask(msg, timeout=timeout, causal_id=causal_id)
 
 
 async def _until_signalled(
@@ -428,6 +518,7 @@ async def run_manager(
     ready: Callable[[str, Tokens], None] | None = None,
     reconnect_timeout: float = 10.0,
     listen_options: dict[str, Any] | None = None,
+    on_gateway: Callable[[Gateway], None] | None = None,
 ) -> None:
     """Run a manager process until SIGINT or SIGTERM: control plane + gateway on
     ``listen`` (``host:port``, ``ws://host:port`` or any transport address)."""
@@ -439,6 +530,8 @@ async def run_manager(
     async with ActorSystem() as system:
         plane = await start_control_plane(system, policies=policies)
         gateway = Gateway(plane, reconnect_timeout=reconnect_timeout)
+        if on_gateway is not None:
+            on_gateway(gateway)
         options: dict[str, Any] = dict(listen_options or {})
         if address.startswith(("ws://", "wss://")):
             options["tokens"] = tokens.roles()
@@ -476,11 +569,15 @@ async def run_worker(
     token: str | None = None,
     ready: Callable[[str], None] | None = None,
     listen_options: dict[str, Any] | None = None,
+    reconnect: float = 10.0,
 ) -> None:
-    """Run a worker process until SIGINT/SIGTERM or until the manager goes away.
+    """Run a worker process until SIGINT/SIGTERM, until the scheduler retires it, or
+    until the manager stays unreachable for ``reconnect`` seconds.
 
     The worker listens on ``host`` (a free port) for its peers, and that address is its
-    id; it connects to the manager at ``address`` and says ``Hello``.
+    id; it connects to the manager at ``address`` and says ``Hello``. If the connection
+    drops it rejoins under the same id; what it sends meanwhile waits (see
+    :class:`ManagerLink`).
     """
     from runtime.codec import Frame
     from transport import connect, listen
@@ -516,19 +613,54 @@ async def run_worker(
             await system.start_service(peer.run)
             return peer.ref
 
-        conn = await connect(address, **connect_options)
-        manager = Peer(
-            conn, None, name="manager", allow_pickle=True, on_close=lambda p: stop.set(),
-            heartbeat=HEARTBEAT, timeout=DEAD_AFTER,
-        )  # fmt: skip
+        link = Link("manager")
         worker = Worker(
-            worker_id, manager.ref, resolve, nthreads=cores, memory=memory, disk=disk, pool=pool,
+            worker_id, link, resolve, nthreads=cores, memory=memory, disk=disk, pool=pool,
             register=False, on_retire=stop.set,
         )  # fmt: skip
         worker_ref["worker"] = await system.spawn(worker, "worker")
-        manager.target = worker_ref["worker"]
-        await conn.send(Frame(Hello("worker", worker_id, worker.info)))
-        await system.start_service(manager.run)
+
+        async def join() -> Peer:
+            conn = await connect(address, **connect_options)
+            peer = Peer(
+                conn, worker_ref["worker"], name="manager", allow_pickle=True,
+                heartbeat=HEARTBEAT, timeout=DEAD_AFTER,
+            )  # fmt: skip
+            await conn.send(Frame(Hello("worker", worker_id, worker.info)))
+            return peer
+
+        first = await join()
+
+        async def stay_joined(
+            *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+        ) -> None:
+            """Serve the manager connection; when it drops, rejoin with the same id
+            within ``reconnect`` seconds (the manager keeps our work meanwhile), else stop.
+            """
+            peer = first
+            task_status.started()
+            while True:
+                link.attach(peer)
+                await peer.run()
+                link.detach()
+                if stop.is_set():
+                    return
+                _log.warning("lost the manager; reconnecting", worker=worker_id)
+                peer = None  # type: ignore[assignment]
+                with anyio.move_on_after(reconnect):
+                    delay = 0.05
+                    while peer is None:
+                        try:
+                            peer = await join()
+                        except CorralError:
+                            await anyio.sleep(delay)
+                            delay = min(delay * 2, 1.0)
+                if peer is None:
+                    _log.error("manager unreachable; stopping", worker=worker_id)
+                    stop.set()
+                    return
+
+        await system.start_service(stay_joined)
         await system.start_service(own.serve, serve_peer)
 
         async def on_signal() -> None:
@@ -541,8 +673,8 @@ async def run_worker(
         await stop.wait()
         # Graceful: tell the scheduler we leave (it hands our running tasks to others,
         # free of charge), stop serving peers, close.
-        if not manager.closed:
-            with anyio.move_on_after(5):
-                await manager.ref.tell(WorkerGone(worker_id, "drained"))
+        with anyio.move_on_after(5):
+            if link.peer is not None and not link.peer.closed:
+                await link.tell(WorkerGone(worker_id, "drained"))
+                await link.peer.aclose()
         await own.aclose()
-        await manager.aclose()

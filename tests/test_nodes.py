@@ -17,9 +17,12 @@ import anyio
 import pytest
 
 from runtime import Cluster
-from runtime.node import Tokens, run_manager, run_worker
+from runtime.node import Gateway, Tokens, run_manager, run_worker
 
 LIMIT = 20
+
+
+GATEWAYS: list[Gateway] = []
 
 
 @asynccontextmanager
@@ -37,7 +40,7 @@ async def nodes(n_workers: int = 2) -> AsyncIterator[tuple[str, list[anyio.Cance
         tg.start_soon(
             lambda: run_manager(
                 "inproc://", ready=manager_ready, listen_options={"codec": True},
-                reconnect_timeout=0.5,
+                reconnect_timeout=0.5, on_gateway=GATEWAYS.append,
             )
         )  # fmt: skip
         await address.wait()
@@ -133,3 +136,24 @@ async def test_results_are_pickled_once_and_opened_only_by_the_client() -> None:
             assert isinstance(value, Tracked) and value.n == 5
             # One rebuild: the client's. The manager forwarded the worker's pickle as bytes.
             assert UNPICKLED == [5]
+
+
+@pytest.mark.anyio
+async def test_a_worker_whose_connection_drops_rejoins_and_keeps_its_work() -> None:
+    with anyio.fail_after(LIMIT):
+        async with nodes(1) as (address, _), Cluster(address) as cluster:
+            await cluster.wait_for_workers(1)
+            gateway = GATEWAYS[-1]
+            kept = cluster.submit(add, 20, 22)  # its result stays on the worker
+            assert await kept == 42
+            (name,) = [n for n in gateway.peers if n.startswith("inproc://")]
+            old = gateway.peers[name]
+            await old.aclose()  # the connection drops; the worker process lives on
+            # It rejoins under the same id within the grace period: no task is lost,
+            # the result it holds is still there, and new work runs on it.
+            assert await cluster.submit(add, 1, 2) == 3
+            assert await kept == 42
+            assert gateway.peers[name] is not old
+            status = await cluster.status()
+            assert [w.worker_id for w in status["workers"]] == [name]
+            assert sum(c["lost"] for c in status["categories"].values()) == 0

@@ -212,6 +212,22 @@ async def raw_client(
         yield ws
 
 
+@contextlib.asynccontextmanager
+async def raw_pair(
+    listener: Listener, headers: dict[str, str] | None = None
+) -> AsyncIterator[tuple[aiohttp.ClientWebSocketResponse, WebSocketConnection]]:
+    """(raw client websocket, accepted server end). The raw side closes first on exit:
+    it does not read, so the server's close handshake would otherwise wait for it."""
+    async with raw_client(listener.address, headers) as ws:
+        server = await listener.accept()
+        assert isinstance(server, WebSocketConnection)
+        try:
+            yield ws, server
+        finally:
+            await ws.close()
+            await server.aclose()
+
+
 def codec_bytes(header: dict[str, Any], tail: bytes = b"") -> bytes:
     """A single-frame codec message with an arbitrary (possibly invalid) header."""
     head = orjson.dumps(header)
@@ -324,9 +340,7 @@ async def test_raw_handshakes_get_401_or_403_and_no_frame_is_read() -> None:
                 assert info.value.headers is not None
                 assert challenge in info.value.headers["WWW-Authenticate"]
             assert listener.refused == len(cases) and listener.connections == 0
-            async with raw_client(
-                listener.address, {"Authorization": "Bearer secret-r"}
-            ) as ws, await listener.accept() as server:
+            async with raw_pair(listener, {"Authorization": "Bearer secret-r"}) as (ws, server):
                 assert getattr(server, "role", None) == "read"
                 await ws.send_bytes(encode(ping(3)))
                 assert token(await server.receive()) == 3
@@ -509,7 +523,7 @@ async def test_bad_message_gets_error_reply_and_connection_stays(
 ) -> None:
     with anyio.fail_after(TIMEOUT):
         async with await transport.listen("ws://127.0.0.1:0/c") as listener:
-            async with raw_client(listener.address) as ws, await listener.accept() as server:
+            async with raw_pair(listener) as (ws, server):
                 assert isinstance(server, WebSocketConnection)
                 await ws.send_bytes(data)
                 reply = await error_reply(ws)
@@ -528,7 +542,7 @@ async def test_bad_message_gets_error_reply_and_connection_stays(
 async def test_text_message_gets_error_reply() -> None:
     with anyio.fail_after(TIMEOUT):
         async with await transport.listen("ws://127.0.0.1:0/c") as listener:
-            async with raw_client(listener.address) as ws, await listener.accept() as server:
+            async with raw_pair(listener) as (ws, server):
                 assert isinstance(server, WebSocketConnection)
                 await ws.send_str('{"t": "Ping", "f": {"token": 1}}')
                 reply = await error_reply(ws)
@@ -542,7 +556,7 @@ async def test_too_many_bad_messages_close_with_1008_and_listener_goes_on() -> N
     bad = [b"\x00junk", encode(ping(1))[:5], codec_bytes({"t": "Ping", "f": {"token": []}})]
     with anyio.fail_after(TIMEOUT):
         async with await transport.listen("ws://127.0.0.1:0/c", max_bad_frames=3) as listener:
-            async with raw_client(listener.address) as ws, await listener.accept() as server:
+            async with raw_pair(listener) as (ws, server):
                 assert isinstance(server, WebSocketConnection)
                 await ws.send_bytes(encode(ping(1)))  # a good frame first
                 for i, data in enumerate(bad, 1):
@@ -578,7 +592,7 @@ async def test_oversized_message_is_refused_with_1009() -> None:
             "ws://127.0.0.1:0/c", max_message_bytes=limit
         ) as listener:
             # a whole message over the limit: aiohttp refuses it
-            async with raw_client(listener.address) as ws, await listener.accept() as server:
+            async with raw_pair(listener) as (ws, server):
                 await ws.send_bytes(encode(Frame(ErrorReply("Blob", "x", b"x" * 2 * limit))))
                 msg = await ws.receive()
                 assert (msg.type, msg.data) == (WSMsgType.CLOSE, 1009)
@@ -586,7 +600,7 @@ async def test_oversized_message_is_refused_with_1009() -> None:
                     await server.receive()
                 assert "max_message_bytes=4096" in info.value.reason
             # chunks announcing more than the limit
-            async with raw_client(listener.address) as ws, await listener.accept() as server:
+            async with raw_pair(listener) as (ws, server):
                 await ws.send_bytes(struct.pack(">BQ", 2, 10 * limit) + b"\xc7" * 100)
                 msg = await ws.receive()
                 assert (msg.type, msg.data) == (WSMsgType.CLOSE, 1009)
