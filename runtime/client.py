@@ -743,6 +743,7 @@ def get(
     threads_per_worker: int | None = None,
     num_workers: int | None = None,
     address: str | None = None,
+    token: str | None = None,
     gc_threshold: int | None = GC_THRESHOLD,
     **options: Any,
 ) -> Any:
@@ -760,13 +761,18 @@ def get(
     if unknown:
         raise TypeError(
             f"runtime.get got unknown option(s) {sorted(unknown)}; it takes workers, "
-            f"threads_per_worker, num_workers, address, gc_threshold and {sorted(allowed)}"
+            f"threads_per_worker, num_workers, address, token, gc_threshold and "
+            f"{sorted(allowed)}"
         )
     threads = threads_per_worker or num_workers or os.cpu_count() or 1
 
     async def main() -> Any:
         async with Cluster(
-            address, workers=workers, threads_per_worker=threads, gc_threshold=gc_threshold
+            address,
+            workers=workers,
+            threads_per_worker=threads,
+            gc_threshold=gc_threshold,
+            token=token,
         ) as cluster:
             return await cluster.compute(dsk, keys, **options)
 

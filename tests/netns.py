@@ -24,6 +24,7 @@ bridge go with them); it is safe to call after a partial :meth:`Network.create`.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import os
 import secrets
@@ -34,7 +35,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["Host", "Network", "NetnsUnavailable"]
+__all__ = ["Host", "NetnsUnavailable", "Network"]
 
 IP = "ip"
 COMMAND_TIMEOUT = 15.0  #: seconds for each ``ip`` command
@@ -166,9 +167,8 @@ class Network:
         self._step("-n", self.switch, "link", "set", "br0", "up")
 
         # The uplink: the root namespace's door into the bridge.
-        self._step(
-            "link", "add", self.uplink, "type", "veth", "peer", "name", "p-root", "netns", self.switch
-        )
+        peer = ["peer", "name", "p-root", "netns", self.switch]
+        self._step("link", "add", self.uplink, "type", "veth", *peer)
         self._uplink_made = True
         self._step("-n", self.switch, "link", "set", "p-root", "master", "br0", "up")
         self._step("addr", "add", f"{self.gateway}/{bits}", "dev", self.uplink)
@@ -206,10 +206,8 @@ class Network:
         problems: list[str] = []
         for ns in self._namespaces:
             for pid in self._pids_in(ns):
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)  # a process the test started in there
-                except ProcessLookupError:
-                    pass
         deadline = time.monotonic() + 10
         for ns in self._namespaces:
             while self._pids_in(ns) and time.monotonic() < deadline:
@@ -236,4 +234,3 @@ class Network:
         if _run([IP, "link", "show", self.uplink]).returncode == 0:
             left.append(self.uplink)
         return left
-

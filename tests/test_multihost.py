@@ -31,7 +31,7 @@ import psutil
 import pytest
 
 from runtime import Cluster
-from tests.netns import Network, NetnsUnavailable
+from tests.netns import NetnsUnavailable, Network
 
 PY = sys.executable
 START_LIMIT = 20  #: seconds for the manager, then the workers, to come up
@@ -202,9 +202,7 @@ def deployment(
         host = network.hosts["manager"]
         manager = Proc(
             "manager",
-            host.command(
-                [PY, "-m", "runtime", "manager", "--listen", f"{host.address}:0"]
-            ),
+            host.command([PY, "-m", "runtime", "manager", "--listen", f"{host.address}:0"]),
             _env(tmp_path / "home-manager"),
         )
         procs.append(manager)
@@ -249,9 +247,7 @@ async def test_a_graph_runs_across_workers_on_different_hosts(
         async with Cluster(d.address, token=d.token) as cluster:
             await cluster.wait_for_workers(2, timeout=RUN_LIMIT)
             status = await cluster.status()
-            assert sorted(w.worker_id for w in status["workers"]) == sorted(
-                d.worker_ids.values()
-            )
+            assert sorted(w.worker_id for w in status["workers"]) == sorted(d.worker_ids.values())
             # Leaves pinned to each worker's pool; the reduction may run on either, so
             # it needs the other worker's leaves.
             with dask.annotate(pool="b"):

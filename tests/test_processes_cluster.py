@@ -114,11 +114,12 @@ async def test_a_graph_across_worker_processes_survives_a_kill_9(
         async with Cluster(address) as cluster:
             await cluster.wait_for_workers(2)
             # A dask graph whose reduction needs inputs from both workers.
-            squares = [
-                cluster.submit(gated, i, str(tmp_path / "go"), str(tmp_path / f"started-{i}"))
+            dsk: dict[Any, Any] = {
+                ("square", i): (gated, i, str(tmp_path / "go"), str(tmp_path / f"started-{i}"))
                 for i in range(16)
-            ]
-            total = cluster.submit(sum, squares)
+            }
+            dsk["total"] = (sum, [("square", i) for i in range(16)])
+            (total,) = await cluster.submit_graph(dsk, ["total"])
             # Mid-run: once tasks have started, kill one worker without warning.
             # (Another process's progress shows only in the filesystem: a bounded poll.)
             with anyio.fail_after(30):
@@ -254,3 +255,21 @@ def test_sigterm_stops_the_manager_with_exit_code_0(env: dict[str, str]) -> None
         assert manager.wait(20) == 0
     finally:
         _stop([manager])
+
+
+@pytest.mark.parametrize("manager_and_workers", [2], indirect=True)
+def test_dask_collections_through_get_with_an_address(
+    manager_and_workers: tuple[str, list[subprocess.Popen[str]]], env: dict[str, str]
+) -> None:
+    import dask
+    import dask.array as da
+    import numpy as np
+
+    import runtime
+
+    address, _ = manager_and_workers
+    token = _token_file(env, address)["admin"]
+    x = da.random.RandomState(0).random((600, 600), chunks=(100, 100))
+    expected = (x + x.T).mean().compute(scheduler="sync")
+    (got,) = dask.compute((x + x.T).mean(), scheduler=runtime.get, address=address, token=token)
+    np.testing.assert_allclose(got, expected)

@@ -38,7 +38,7 @@ from cryptography.x509.oid import NameOID
 import transport
 from runtime.codec import KIND_FRAME, MAGIC, VERSION, Frame, decode_batch, encode
 from runtime.errors import CorralError, ProtocolError
-from runtime.messages import ErrorReply, Ping
+from runtime.messages import ErrorReply
 from tests.transport_conformance import TransportConformance, ping, token
 from transport import (
     ConnectFailed,
@@ -89,9 +89,7 @@ def tls_contexts() -> tuple[ssl.SSLContext, ssl.SSLContext, bytes]:
         )
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(public), critical=False)
-        .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_public_key(public), critical=False
-        )
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(public), critical=False)
         .sign(key, hashes.SHA256())
     )
     cert_pem = cert.public_bytes(serialization.Encoding.PEM)
@@ -457,9 +455,11 @@ async def test_credits_overtake_a_large_message() -> None:
     big = Frame(ErrorReply("Blob", "8 MiB", pickled=payload))
     size = len(encode(big))
     with anyio.fail_after(TIMEOUT):
-        async with ws_pair(
-            {"max_buffer": 1}, {"chunk_size": 64 << 10, "batch_window": 0}
-        ) as (client, server, _):
+        async with ws_pair({"max_buffer": 1}, {"chunk_size": 64 << 10, "batch_window": 0}) as (
+            client,
+            server,
+            _,
+        ):
             await server.send(ping(1))  # the server's only credit
             await client.send(big)  # queued; the writer sends it a chunk at a time
             unblocked_at: list[int] = []
@@ -517,39 +517,45 @@ BAD_MESSAGES = [
 ]
 
 
-@pytest.mark.parametrize(("what", "data", "expected"), BAD_MESSAGES, ids=[c[0] for c in BAD_MESSAGES])
+@pytest.mark.parametrize(
+    ("what", "data", "expected"), BAD_MESSAGES, ids=[c[0] for c in BAD_MESSAGES]
+)
 async def test_bad_message_gets_error_reply_and_connection_stays(
     what: str, data: bytes, expected: str
 ) -> None:
     with anyio.fail_after(TIMEOUT):
-        async with await transport.listen("ws://127.0.0.1:0/c") as listener:
-            async with raw_pair(listener) as (ws, server):
-                assert isinstance(server, WebSocketConnection)
-                await ws.send_bytes(data)
-                reply = await error_reply(ws)
-                assert expected in reply.text, reply.text
-                assert "1 of at most 10" in reply.text
-                assert server.bad_frames == 1
-                assert not server.closed
-                # the connection still works both ways
-                await ws.send_bytes(encode(ping(7)))
-                assert token(await server.receive()) == 7
-                await server.send(ping(8))
-                assert [token(f) for f in await data_frames(ws)] == [8]
-                assert server.bad_frames == 1
+        async with (
+            await transport.listen("ws://127.0.0.1:0/c") as listener,
+            raw_pair(listener) as (ws, server),
+        ):
+            assert isinstance(server, WebSocketConnection)
+            await ws.send_bytes(data)
+            reply = await error_reply(ws)
+            assert expected in reply.text, reply.text
+            assert "1 of at most 10" in reply.text
+            assert server.bad_frames == 1
+            assert not server.closed
+            # the connection still works both ways
+            await ws.send_bytes(encode(ping(7)))
+            assert token(await server.receive()) == 7
+            await server.send(ping(8))
+            assert [token(f) for f in await data_frames(ws)] == [8]
+            assert server.bad_frames == 1
 
 
 async def test_text_message_gets_error_reply() -> None:
     with anyio.fail_after(TIMEOUT):
-        async with await transport.listen("ws://127.0.0.1:0/c") as listener:
-            async with raw_pair(listener) as (ws, server):
-                assert isinstance(server, WebSocketConnection)
-                await ws.send_str('{"t": "Ping", "f": {"token": 1}}')
-                reply = await error_reply(ws)
-                assert "text message" in reply.text
-                assert server.bad_frames == 1
-                await ws.send_bytes(encode(ping(2)))
-                assert token(await server.receive()) == 2
+        async with (
+            await transport.listen("ws://127.0.0.1:0/c") as listener,
+            raw_pair(listener) as (ws, server),
+        ):
+            assert isinstance(server, WebSocketConnection)
+            await ws.send_str('{"t": "Ping", "f": {"token": 1}}')
+            reply = await error_reply(ws)
+            assert "text message" in reply.text
+            assert server.bad_frames == 1
+            await ws.send_bytes(encode(ping(2)))
+            assert token(await server.receive()) == 2
 
 
 async def test_too_many_bad_messages_close_with_1008_and_listener_goes_on() -> None:
@@ -705,15 +711,15 @@ async def test_peer_close_reason_and_close_reason_property() -> None:
 async def test_heartbeat_detects_a_silent_peer() -> None:
     """A peer that never answers pings is dropped after heartbeat * 1.5 seconds."""
     with anyio.fail_after(TIMEOUT):
-        async with await transport.listen("ws://127.0.0.1:0", heartbeat=0.1) as listener:
-            async with (
-                aiohttp.ClientSession() as session,
-                session.ws_connect(listener.address, protocols=(SUBPROTOCOL,), autoping=False),
-                await listener.accept() as server,
-            ):
-                with pytest.raises(ConnectionClosed) as info:
-                    await server.receive()  # nobody reads the pings on the raw side
-                assert "heartbeat" in info.value.reason
+        async with (
+            await transport.listen("ws://127.0.0.1:0", heartbeat=0.1) as listener,
+            aiohttp.ClientSession() as session,
+            session.ws_connect(listener.address, protocols=(SUBPROTOCOL,), autoping=False),
+            await listener.accept() as server,
+        ):
+            with pytest.raises(ConnectionClosed) as info:
+                await server.receive()  # nobody reads the pings on the raw side
+            assert "heartbeat" in info.value.reason
 
 
 async def test_heartbeat_keeps_a_quiet_connection() -> None:

@@ -19,6 +19,8 @@ Wire format. Every websocket message is binary; its first byte says what it is:
   (that keeps frames in order), but credits and error replies do.
 * ``0x03`` **error**: ``0x03`` + codec bytes of ``ErrorReply`` frames that report bad
   input. They are delivered to ``receive()`` like other frames but cost no credit.
+* ``0x04`` **credit + data**: a credit message (``>BI``, type byte 0x04) followed by a
+  data message: credits ride on outgoing data when there is some.
 
 Design. Each connection runs a *pump* (in aiohttp's request-handler task on the
 listening side, in a task of its own on the connecting side) made of a reader and a
@@ -207,8 +209,7 @@ class _Options:
         unknown = sorted(set(options) - set(known))
         if unknown:
             raise TypeError(
-                f"unknown {scheme} {what} option(s) {', '.join(unknown)}; known: "
-                f"{', '.join(known)}"
+                f"unknown {scheme} {what} option(s) {', '.join(unknown)}; known: {', '.join(known)}"
             )
         self.max_buffer = _int_option("max_buffer", options, DEFAULT_MAX_BUFFER, 1)
         self.batch_window = _seconds_option("batch_window", options, DEFAULT_BATCH_WINDOW)
@@ -590,9 +591,7 @@ class WebSocketConnection(Connection):
                 with anyio.move_on_after(self.close_timeout):
                     await ws.close(code=request[0], message=request[1].encode()[:120])
         except Exception as exc:  # a bug, or aiohttp raising something unexpected
-            _log.warning(
-                "websocket connection failed", local=self.local_address, error=repr(exc)
-            )
+            _log.warning("websocket connection failed", local=self.local_address, error=repr(exc))
             self._end(f"the connection failed ({type(exc).__name__}: {exc})")
         finally:
             with anyio.CancelScope(shield=True):
@@ -791,7 +790,8 @@ class WebSocketConnection(Connection):
             return self._deliver(memoryview(data)[1:], credited=False)
         return self._bad(
             f"unknown transport message type 0x{kind:02x} (expected data 0x{_T_DATA:02x}, "
-            f"credit 0x{_T_CREDIT:02x}, chunk 0x{_T_CHUNK:02x} or error 0x{_T_ERROR:02x})"
+            f"credit 0x{_T_CREDIT:02x}, chunk 0x{_T_CHUNK:02x}, error 0x{_T_ERROR:02x} or "
+            f"credit + data 0x{_T_CREDIT_DATA:02x})"
         )
 
     def _deliver(self, data: bytes | bytearray | memoryview, *, credited: bool) -> bool:
@@ -882,12 +882,9 @@ class WebSocketConnection(Connection):
                 f"malformed message dropped ({n} of at most {limit} before the connection "
                 f"is closed): {problem}"
             )
-            try:
-                self._control.append(_ERROR_PREFIX + encode(Frame(ErrorReply("ProtocolError", text))))
-            except ProtocolError:  # pragma: no cover - the text is always encodable
-                pass
-            else:
-                self._wake_writer()
+            answer = encode(Frame(ErrorReply("ProtocolError", text)))
+            self._control.append(_ERROR_PREFIX + answer)
+            self._wake_writer()
         if n < limit:
             return True
         reason = (
@@ -1190,7 +1187,7 @@ def _connect_error(uri: str, exc: BaseException, had_token: bool) -> ConnectFail
         status = exc.status
         if status == 401:
             if had_token:
-                why = "the listener refused the handshake (401): the Authorization header was not accepted"
+                why = "the listener did not accept the Authorization header (HTTP 401)"
             else:
                 why = "the listener requires a token and none was given (HTTP 401)"
             return AuthenticationFailed(uri, why, 401)
