@@ -48,8 +48,11 @@ __all__ = ["GatherResult", "Manager"]
 #: submission never stalls the event loop.
 THREAD_THRESHOLD = 2_000
 
-#: How many of the latest runs the manager remembers the keys of (for ``cancel RUN``).
+#: The manager remembers the keys of its latest runs (for the console's ``cancel RUN``
+#: and ``cancel KEY``): at most this many runs, holding at most ``MAX_RUN_KEYS`` keys in
+#: all (the oldest runs are forgotten first; the latest one is always kept).
 MAX_RUNS = 1_000
+MAX_RUN_KEYS = 1_000_000
 
 
 @dataclasses.dataclass(slots=True)
@@ -80,6 +83,7 @@ class Manager(Actor):
         *,
         gather_timeout: float = 60.0,
         max_runs: int = MAX_RUNS,
+        max_run_keys: int = MAX_RUN_KEYS,
     ) -> None:
         self._scheduler = scheduler
         self._registry = registry
@@ -90,8 +94,10 @@ class Manager(Actor):
         self.runs = 0
         self._run_ids = itertools.count(1)
         self.max_runs = max_runs
+        self.max_run_keys = max_run_keys
         #: run id -> every key of it (its tasks and the keys it wanted), latest runs only
         self.run_keys: dict[str, tuple[Key, ...]] = {}
+        self._n_run_keys = 0  #: keys held in run_keys
 
     # -- submissions -----------------------------------------------------------------
 
@@ -117,9 +123,7 @@ class Manager(Actor):
             specs = build()
         run = f"run-{next(self._run_ids)}"
         self.runs += 1
-        self.run_keys[run] = tuple(dict.fromkeys([*specs, *msg.keys]))
-        while len(self.run_keys) > self.max_runs:
-            del self.run_keys[next(iter(self.run_keys))]
+        self._remember_run(run, tuple(dict.fromkeys([*specs, *msg.keys])))
         for key in specs:  # failed or cancelled keys submitted again are run again:
             ks = self.keys.get(key)  # their last word is stale
             if ks is not None and ks.update is not None and not isinstance(ks.update, KeyDone):
@@ -136,6 +140,15 @@ class Manager(Actor):
                 self._send(msg.client, [ks.update])
         self._scheduler().post(SubmitSpecs(run, specs, tuple(wanted)))
         return run
+
+    def _remember_run(self, run: str, keys: tuple[Key, ...]) -> None:
+        self.run_keys[run] = keys
+        self._n_run_keys += len(keys)
+        while len(self.run_keys) > 1 and (
+            len(self.run_keys) > self.max_runs or self._n_run_keys > self.max_run_keys
+        ):
+            oldest = next(iter(self.run_keys))
+            self._n_run_keys -= len(self.run_keys.pop(oldest))
 
     @handles(KeyUpdates)
     def key_updates(self, msg: KeyUpdates) -> None:

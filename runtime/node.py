@@ -536,26 +536,30 @@ async def run_manager(
         if address.startswith(("ws://", "wss://")):
             options["tokens"] = tokens.roles()
         listener = await listen_on(address, **options)
-        path = token_file or token_path(listener.address)
-        if address.startswith(("ws://", "wss://")):
-            tokens.write(path)
-        await system.start_service(listener.serve, gateway.handle)
+        try:
+            path = token_file or token_path(listener.address)
+            if address.startswith(("ws://", "wss://")):
+                tokens.write(path)
+            await system.start_service(listener.serve, gateway.handle)
 
-        async def on_signal() -> None:
-            stop.set()
+            async def on_signal() -> None:
+                stop.set()
 
-        await system.start_service(_until_signalled, on_signal)
-        _log.warning(
-            "manager listening",
-            address=listener.address,
-            token_file=str(path) if "tokens" in options else "-",
-        )
-        if ready is not None:
-            ready(listener.address, tokens)
-        await stop.wait()
-        await listener.aclose()
-        for peer in list(gateway.peers.values()):
-            await peer.aclose()
+            await system.start_service(_until_signalled, on_signal)
+            _log.warning(
+                "manager listening",
+                address=listener.address,
+                token_file=str(path) if "tokens" in options else "-",
+            )
+            if ready is not None:
+                ready(listener.address, tokens)
+            await stop.wait()
+            await listener.aclose()
+            for peer in list(gateway.peers.values()):
+                await peer.aclose()
+        finally:
+            with anyio.CancelScope(shield=True):  # never leave the socket open
+                await listener.aclose()
 
 
 async def run_worker(
@@ -596,85 +600,88 @@ async def run_worker(
             connect_options["token"] = token
         own_address = f"{scheme}://{host}:0" if scheme in ("ws", "wss") else "inproc://"
         own = await listen(own_address, **listen_options)
-        worker_id = own.address
+        try:
+            worker_id = own.address
 
-        async def serve_peer(conn: Any) -> None:
-            role = getattr(conn, "role", None) or "admin"
-            peer = Peer(conn, worker_ref["worker"], name="peer", allow_pickle=role == "admin")
-            await peer.run()
-
-        async def resolve(wid: str) -> Any:
-            peer = peers.get(wid)
-            if peer is not None and not peer.closed:
-                return peer.ref
-            conn = await connect(wid, **connect_options)
-            peer = Peer(conn, None, name=wid, allow_pickle=True)
-            peers[wid] = peer
-            await system.start_service(peer.run)
-            return peer.ref
-
-        link = Link("manager")
-        worker = Worker(
-            worker_id, link, resolve, nthreads=cores, memory=memory, disk=disk, pool=pool,
-            register=False, on_retire=stop.set,
-        )  # fmt: skip
-        worker_ref["worker"] = await system.spawn(worker, "worker")
-
-        async def join() -> Peer:
-            conn = await connect(address, **connect_options)
-            peer = Peer(
-                conn, worker_ref["worker"], name="manager", allow_pickle=True,
-                heartbeat=HEARTBEAT, timeout=DEAD_AFTER,
-            )  # fmt: skip
-            await conn.send(Frame(Hello("worker", worker_id, worker.info)))
-            return peer
-
-        first = await join()
-
-        async def stay_joined(
-            *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
-        ) -> None:
-            """Serve the manager connection; when it drops, rejoin with the same id
-            within ``reconnect`` seconds (the manager keeps our work meanwhile), else stop.
-            """
-            peer = first
-            task_status.started()
-            while True:
-                link.attach(peer)
+            async def serve_peer(conn: Any) -> None:
+                role = getattr(conn, "role", None) or "admin"
+                peer = Peer(conn, worker_ref["worker"], name="peer", allow_pickle=role == "admin")
                 await peer.run()
-                link.detach()
-                if stop.is_set():
-                    return
-                _log.warning("lost the manager; reconnecting", worker=worker_id)
-                peer = None  # type: ignore[assignment]
-                with anyio.move_on_after(reconnect):
-                    delay = 0.05
-                    while peer is None:
-                        try:
-                            peer = await join()
-                        except CorralError:
-                            await anyio.sleep(delay)
-                            delay = min(delay * 2, 1.0)
-                if peer is None:
-                    _log.error("manager unreachable; stopping", worker=worker_id)
-                    stop.set()
-                    return
 
-        await system.start_service(stay_joined)
-        await system.start_service(own.serve, serve_peer)
+            async def resolve(wid: str) -> Any:
+                peer = peers.get(wid)
+                if peer is not None and not peer.closed:
+                    return peer.ref
+                conn = await connect(wid, **connect_options)
+                peer = Peer(conn, None, name=wid, allow_pickle=True)
+                peers[wid] = peer
+                await system.start_service(peer.run)
+                return peer.ref
 
-        async def on_signal() -> None:
-            stop.set()
+            link = Link("manager")
+            worker = Worker(
+                worker_id, link, resolve, nthreads=cores, memory=memory, disk=disk, pool=pool,
+                register=False, on_retire=stop.set,
+            )  # fmt: skip
+            worker_ref["worker"] = await system.spawn(worker, "worker")
 
-        await system.start_service(_until_signalled, on_signal)
-        await system.start_service(_lifeline)
-        if ready is not None:
-            ready(worker_id)
-        await stop.wait()
-        # Graceful: tell the scheduler we leave (it hands our running tasks to others,
-        # free of charge), stop serving peers, close.
-        with anyio.move_on_after(5):
-            if link.peer is not None and not link.peer.closed:
-                await link.tell(WorkerGone(worker_id, "drained"))
-                await link.peer.aclose()
-        await own.aclose()
+            async def join() -> Peer:
+                conn = await connect(address, **connect_options)
+                peer = Peer(
+                    conn, worker_ref["worker"], name="manager", allow_pickle=True,
+                    heartbeat=HEARTBEAT, timeout=DEAD_AFTER,
+                )  # fmt: skip
+                await conn.send(Frame(Hello("worker", worker_id, worker.info)))
+                return peer
+
+            first = await join()
+
+            async def stay_joined(
+                *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+            ) -> None:
+                """Serve the manager connection; when it drops, rejoin with the same id
+                within ``reconnect`` seconds (the manager keeps our work meanwhile), else stop.
+                """
+                peer = first
+                task_status.started()
+                while True:
+                    link.attach(peer)
+                    await peer.run()
+                    link.detach()
+                    if stop.is_set():
+                        return
+                    _log.warning("lost the manager; reconnecting", worker=worker_id)
+                    peer = None  # type: ignore[assignment]
+                    with anyio.move_on_after(reconnect):
+                        delay = 0.05
+                        while peer is None:
+                            try:
+                                peer = await join()
+                            except CorralError:
+                                await anyio.sleep(delay)
+                                delay = min(delay * 2, 1.0)
+                    if peer is None:
+                        _log.error("manager unreachable; stopping", worker=worker_id)
+                        stop.set()
+                        return
+
+            await system.start_service(stay_joined)
+            await system.start_service(own.serve, serve_peer)
+
+            async def on_signal() -> None:
+                stop.set()
+
+            await system.start_service(_until_signalled, on_signal)
+            await system.start_service(_lifeline)
+            if ready is not None:
+                ready(worker_id)
+            await stop.wait()
+            # Graceful: tell the scheduler we leave (it hands our running tasks to others,
+            # free of charge), stop serving peers, close.
+            with anyio.move_on_after(5):
+                if link.peer is not None and not link.peer.closed:
+                    await link.tell(WorkerGone(worker_id, "drained"))
+                    await link.peer.aclose()
+        finally:
+            with anyio.CancelScope(shield=True):  # never leave the socket open
+                await own.aclose()

@@ -13,6 +13,7 @@ opens; nothing sleeps and then asserts.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import operator
 import threading
@@ -22,10 +23,12 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.abc
 import pytest
 
 from actors.autoscaler import PoolTarget
 from actors.providers import BlockSpec, InProcessProvider
+from policies import REGISTRY
 from runtime import Cluster
 from runtime.console import (
     COMMANDS,
@@ -36,7 +39,7 @@ from runtime.console import (
 )
 from runtime.errors import CancelledError, CorralError
 from runtime.kernel import ActorSystem
-from runtime.messages import PolicyInfo, TaskRecord
+from runtime.messages import DrainRequest, PolicyInfo, TaskRecord
 from runtime.node import (
     Gateway,
     PermissionDenied,
@@ -44,6 +47,7 @@ from runtime.node import (
     run_manager,
     run_worker,
     start_control_plane,
+    token_path,
 )
 
 LIMIT = 20
@@ -61,19 +65,45 @@ class Node:
         self.ended = ended
 
 
+async def start_workers(
+    tg: anyio.abc.TaskGroup, address: str, n: int, *, token: str | None = None
+) -> list[Node]:
+    """``n`` workers (``run_worker``) joined to the manager at ``address``."""
+    options = {"codec": True} if address.startswith("inproc") else {}
+    workers: list[Node] = []
+    for _ in range(n):
+        scope = anyio.CancelScope()
+        ended = anyio.Event()
+        ready = anyio.Event()
+        ids: list[str] = []
+
+        async def worker(
+            scope: anyio.CancelScope = scope,
+            ended: anyio.Event = ended,
+            ready: anyio.Event = ready,
+            ids: list[str] = ids,
+        ) -> None:
+            def on_ready(wid: str) -> None:
+                ids.append(wid)
+                ready.set()
+
+            try:
+                with scope:
+                    await run_worker(address, listen_options=options, ready=on_ready, token=token)
+            finally:
+                ended.set()
+
+        tg.start_soon(worker)
+        await ready.wait()
+        workers.append(Node(ids[0], scope, ended))
+    return workers
+
+
 @asynccontextmanager
-async def nodes(
-    n_workers: int = 2,
-    *,
-    listen: str = "inproc://",
-    tokens: Tokens | None = None,
-    token_file: Path | None = None,
-) -> AsyncIterator[tuple[str, list[Node]]]:
-    """A manager and ``n_workers`` workers (as in tests/test_nodes.py)."""
+async def nodes(n_workers: int = 2) -> AsyncIterator[tuple[str, list[Node]]]:
+    """A manager and ``n_workers`` workers over inproc (as in tests/test_nodes.py)."""
     found = anyio.Event()
     where: dict[str, str] = {}
-    options = {"codec": True} if listen.startswith("inproc") else {}
-    token = tokens.admin if tokens is not None else None
 
     def manager_ready(addr: str, tokens: Tokens) -> None:
         where["manager"] = addr
@@ -82,41 +112,45 @@ async def nodes(
     async with anyio.create_task_group() as tg:
         tg.start_soon(
             lambda: run_manager(
-                listen, ready=manager_ready, listen_options=options, reconnect_timeout=0.5,
-                tokens=tokens, token_file=token_file,
+                "inproc://", ready=manager_ready, listen_options={"codec": True},
+                reconnect_timeout=0.5,
             )
         )  # fmt: skip
         await found.wait()
-        workers: list[Node] = []
-        for _ in range(n_workers):
-            scope = anyio.CancelScope()
-            ended = anyio.Event()
-            ready = anyio.Event()
-            ids: list[str] = []
-
-            async def worker(
-                scope: anyio.CancelScope = scope,
-                ended: anyio.Event = ended,
-                ready: anyio.Event = ready,
-                ids: list[str] = ids,
-            ) -> None:
-                def on_ready(wid: str) -> None:
-                    ids.append(wid)
-                    ready.set()
-
-                try:
-                    with scope:
-                        await run_worker(
-                            where["manager"], listen_options=options, ready=on_ready, token=token
-                        )
-                finally:
-                    ended.set()
-
-            tg.start_soon(worker)
-            await ready.wait()
-            workers.append(Node(ids[0], scope, ended))
+        workers = await start_workers(tg, where["manager"], n_workers)
         yield where["manager"], workers
         tg.cancel_scope.cancel()
+
+
+@asynccontextmanager
+async def ws_nodes(n_workers: int, tokens: Tokens) -> AsyncIterator[tuple[str, list[Node]]]:
+    """A manager on ``ws://127.0.0.1:0`` with ``tokens`` (written to the token file
+    under ``CORRAL_HOME``, as ``run_manager`` does) and ``n_workers`` workers.
+
+    It ends gracefully, so every socket is closed (cancelling ``run_manager`` or
+    ``run_worker`` leaves their listening sockets open): the workers are drained (they
+    stop at once when idle), then the listener and the connections are closed."""
+    from transport import listen
+
+    async with ActorSystem() as system:
+        plane = await start_control_plane(system)
+        gateway = Gateway(plane, reconnect_timeout=0.5)
+        listener = await listen("ws://127.0.0.1:0", tokens=tokens.roles())
+        tokens.write(token_path(listener.address))
+        await system.start_service(listener.serve, gateway.handle)
+        async with anyio.create_task_group() as tg:
+            workers = await start_workers(tg, listener.address, n_workers, token=tokens.admin)
+            try:
+                yield listener.address, workers
+            finally:
+                for w in workers:
+                    if not w.ended.is_set():
+                        with contextlib.suppress(ValueError):  # gone already
+                            await plane.refs["scheduler"].ask(DrainRequest(w.id))
+                    await w.ended.wait()
+                await listener.aclose()
+                for peer in list(gateway.peers.values()):
+                    await peer.aclose()
 
 
 class _AsRole:
@@ -337,8 +371,9 @@ async def test_policy_list_and_set() -> None:
         async with nodes(1) as (address, _), ConsoleClient(address) as console:
             infos = {i.kind: i for i in await console.policies()}
             assert infos["placement"] == PolicyInfo(
-                "placement", "locality", ("least-loaded", "locality", "round-robin")
+                "placement", "locality", tuple(REGISTRY.names("placement"))
             )
+            assert {"least-loaded", "locality", "round-robin"} <= set(infos["placement"].available)
             assert infos["priority"].name == "graph" and "long-first" in infos["priority"].available
             assert infos["retry"].name == "default" and "never" in infos["retry"].available
             assert "round-robin" in await console.run_command("policy list")
@@ -514,6 +549,22 @@ async def test_cancel_a_key_or_a_whole_run(gate: Any) -> None:
                 await console.execute("cancel")
             # Cluster still healthy.
             assert await cluster.submit(add, 2, 2) == 4
+
+
+def test_the_manager_remembers_the_latest_runs_within_bounds() -> None:
+    from actors.manager import Manager
+
+    def nothing() -> Any:
+        return None
+
+    m = Manager(nothing, nothing, nothing, lambda name: None, max_runs=3, max_run_keys=10)
+    for i in range(5):
+        m._remember_run(f"run-{i}", ("a", "b"))
+    assert list(m.run_keys) == ["run-2", "run-3", "run-4"]
+    m._remember_run("run-5", tuple(range(9)))  # 15 keys in all: the oldest runs go
+    assert list(m.run_keys) == ["run-5"] and m._n_run_keys == 9
+    m._remember_run("run-6", tuple(range(20)))  # over the bound alone: still kept
+    assert list(m.run_keys) == ["run-6"] and m._n_run_keys == 20
 
 
 # ----------------------------------------------------------------------------- roles
@@ -732,8 +783,7 @@ async def test_one_shot_errors_print_one_line_and_exit_1(capsys: Any) -> None:
 
 
 # ----------------------------------------------------------------------------- websockets
-# These need the websocket transport (transport/ws.py) with tokens. Until it exists they
-# fail with InvalidAddress ("no transport backend for scheme 'ws'").
+# Over the websocket transport (transport/ws.py) with real tokens and the token file.
 
 
 @pytest.mark.anyio
@@ -745,7 +795,7 @@ async def test_ws_read_only_token_can_look_but_not_change(
     tokens = Tokens("admin-" + "a" * 20, "read-" + "r" * 20)
     with anyio.fail_after(LIMIT):
         async with (
-            nodes(1, listen="ws://127.0.0.1:0", tokens=tokens) as (address, (worker,)),
+            ws_nodes(1, tokens) as (address, (worker,)),
             Cluster(address, token=tokens.admin) as cluster,
         ):
             opened = gate("ws-read-only")
@@ -776,7 +826,7 @@ async def test_ws_one_shot_command_line_prints_tables_or_json(
     monkeypatch.delenv("CORRAL_TOKEN", raising=False)
     tokens = Tokens("admin-" + "b" * 20, "read-" + "s" * 20)
     with anyio.fail_after(LIMIT):
-        async with nodes(1, listen="ws://127.0.0.1:0", tokens=tokens) as (address, (worker,)):
+        async with ws_nodes(1, tokens) as (address, (worker,)):
             code = await anyio.to_thread.run_sync(main, ["console", address, "status", "--json"])
             out = capsys.readouterr().out
             assert code == 0

@@ -217,9 +217,11 @@ def deployment(
         workers = {}
         for role in ("b", "c"):
             w = network.hosts[role]
+            # "--token=TOKEN": a token may begin with "-", and argparse would take
+            # "--token -..." for an option without its value.
             argv = [
                 PY, "-m", "runtime", "worker", address, "--host", w.address, "--cores", "1",
-                "--pool", role, "--token", token,
+                "--pool", role, f"--token={token}",
             ]  # fmt: skip
             workers[role] = Proc(f"worker {role}", w.command(argv), _env(tmp_path / f"home-{role}"))
             procs.append(workers[role])

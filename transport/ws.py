@@ -357,7 +357,10 @@ class WebSocketConnection(Connection):
     counters: ``messages_sent``/``messages_received`` (websocket messages of every
     kind), ``frames_sent``/``frames_received``, ``bytes_sent``/``bytes_received``,
     ``chunks_sent``/``chunks_received``, ``credits_sent`` (credit messages) and
-    ``bad_frames`` (malformed messages received).
+    ``bad_frames`` (malformed messages received); and ``last_received``/``last_sent``,
+    the ``anyio.current_time()`` of the last websocket message of any kind received or
+    sent. Chunks count, so while a large frame is on the wire ``last_received`` keeps
+    moving although no whole frame arrives: liveness checks should look at it.
     """
 
     # Counters are plain attributes (documented above) so tests and metrics can read them.
@@ -371,6 +374,8 @@ class WebSocketConnection(Connection):
     chunks_received: int
     credits_sent: int
     bad_frames: int
+    last_received: float
+    last_sent: float
 
     def __init__(
         self,
@@ -426,6 +431,7 @@ class WebSocketConnection(Connection):
         self.chunks_sent = self.chunks_received = 0
         self.credits_sent = 0
         self.bad_frames = 0
+        self.last_received = self.last_sent = _now()
 
     @property
     def closed(self) -> bool:
@@ -544,6 +550,8 @@ class WebSocketConnection(Connection):
     def _end(self, reason: str) -> None:
         """The socket is finished: fail senders, let receivers drain and then fail."""
         self._dead = True
+        if self._write_scope is not None:
+            self._write_scope.cancel()  # nothing more can be written
         if self._send_reason is None:
             self._send_reason = reason
         if self._recv_reason is None:
@@ -576,20 +584,29 @@ class WebSocketConnection(Connection):
     async def _pump(self) -> None:
         """Read and write until the connection ends; then close the socket."""
         ws = self._ws
+        reading = anyio.CancelScope()
+        reader_done = anyio.Event()
+
+        async def read() -> None:
+            try:
+                with reading:
+                    await self._read_loop()
+            finally:
+                reader_done.set()
+
         try:
             async with anyio.create_task_group() as tg:
-                tg.start_soon(self._read_loop)
+                tg.start_soon(read)
                 with anyio.CancelScope() as scope:
                     self._write_scope = scope
                     if self._close_request is not None:
                         scope.deadline = _now() + self.close_timeout
                     await self._write_loop()
                 self._write_scope = None
-                tg.cancel_scope.cancel()  # the reader: we only close now
-            request = self._close_request
-            if request is not None and not self._dead and not ws.closed:
-                with anyio.move_on_after(self.close_timeout):
-                    await ws.close(code=request[0], message=request[1].encode()[:120])
+                request = self._close_request
+                if request is not None and not self._dead and not ws.closed:
+                    await self._close_handshake(request, reading, reader_done)
+                reading.cancel()
         except Exception as exc:  # a bug, or aiohttp raising something unexpected
             _log.warning("websocket connection failed", local=self.local_address, error=repr(exc))
             self._end(f"the connection failed ({type(exc).__name__}: {exc})")
@@ -602,6 +619,25 @@ class WebSocketConnection(Connection):
                     await self._session.close()
             self._end(self._send_reason or "closed")
             self._done.set()
+
+    async def _close_handshake(
+        self, request: tuple[int, str], reading: anyio.CancelScope, reader_done: anyio.Event
+    ) -> None:
+        """Send our close frame and wait (up to ``close_timeout``) for the peer's.
+
+        Only then is the TCP connection closed, so it is not reset while the peer still
+        reads what we sent. aiohttp's two ends need different handling: the listening
+        side's ``close()`` waits for the peer's close frame only if no ``receive()`` is
+        pending, so the reader is stopped first; the connecting side's ``close()`` stops
+        a pending ``receive()`` itself (the reader sees CLOSING and returns), and would
+        skip the wait if that ``receive()`` had been cancelled instead.
+        """
+        ws = self._ws
+        with anyio.move_on_after(self.close_timeout):
+            if isinstance(ws, web.WebSocketResponse):
+                reading.cancel()
+                await reader_done.wait()
+            await ws.close(code=request[0], message=request[1].encode()[:120])
 
     async def _write_loop(self) -> None:
         ws = self._ws
@@ -706,6 +742,7 @@ class WebSocketConnection(Connection):
 
     async def _send_bytes(self, ws: Any, data: bytes) -> None:
         await ws.send_bytes(data)
+        self.last_sent = _now()
         self.messages_sent += 1
         self.bytes_sent += len(data)
 
@@ -718,11 +755,13 @@ class WebSocketConnection(Connection):
             kind = msg.type
             if kind is WSMsgType.BINARY:
                 data = msg.data
+                self.last_received = _now()
                 self.messages_received += 1
                 self.bytes_received += len(data)
                 if not self._on_message(data):
                     return
             elif kind is WSMsgType.TEXT:
+                self.last_received = _now()
                 self.messages_received += 1
                 if not self._bad("a text message; Corral sends binary messages only"):
                     return
@@ -733,7 +772,8 @@ class WebSocketConnection(Connection):
                 self._end(self._error_reason(msg.data))
                 return
             elif kind is WSMsgType.CLOSED or kind is WSMsgType.CLOSING:
-                self._end(f"the connection to {self.peer_address} was lost (no close frame)")
+                if self._close_request is None:  # else: our own close() stopped the reader
+                    self._end(f"the connection to {self.peer_address} was lost (no close frame)")
                 return
             # PING and PONG are answered by aiohttp (autoping)
 
