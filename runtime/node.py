@@ -200,7 +200,8 @@ class Tokens:
 
     @classmethod
     def generate(cls) -> Tokens:
-        return cls(secrets.token_urlsafe(32), secrets.token_urlsafe(32))
+        # Hex: no character a shell or argparse could take for something else ("-x").
+        return cls(secrets.token_hex(32), secrets.token_hex(32))
 
     def roles(self) -> dict[str, str]:
         return {self.admin: "admin", self.read: "read"}

@@ -432,6 +432,7 @@ async def test_large_frame_travels_in_chunks_and_keeps_order() -> None:
         async with ws_pair(opts, opts) as (client, server, _):
             big = Frame(ErrorReply("Blob", "8 MiB", pickled=payload))
             size = len(encode(big))
+            before = server.last_received
             await client.send(ping(1))
             await client.send(big)
             await client.send(ping(2))  # sent after: arrives after, as the contract says
@@ -441,6 +442,7 @@ async def test_large_frame_travels_in_chunks_and_keeps_order() -> None:
             assert token(await server.receive()) == 2
             expected_chunks = -(-size // chunk)
             assert client.chunks_sent == server.chunks_received == expected_chunks
+            assert server.last_received > before  # every message, chunks too, moves it
 
 
 async def test_credits_overtake_a_large_message() -> None:

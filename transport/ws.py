@@ -281,7 +281,7 @@ def _token_digest(token: str) -> bytes:
 def _parse(uri: str, *, listening: bool) -> tuple[str, str, int, str]:
     """``ws://host:port/path`` -> (scheme, host, port, path); :class:`InvalidAddress` if bad."""
     if not isinstance(uri, str):
-        raise InvalidAddress(repr(uri), "the address must be a str", list(SCHEMES))
+        raise InvalidAddress(repr(uri), "the address must be a str", SCHEMES)
     scheme, sep, rest = uri.partition("://")
     scheme = scheme.lower()
     if not sep or scheme not in SCHEMES:
@@ -290,28 +290,34 @@ def _parse(uri: str, *, listening: bool) -> tuple[str, str, int, str]:
     path = slash + path
     if any(c in rest for c in "?#@ \t\r\n\\"):
         raise InvalidAddress(
-            uri, "a ws address is scheme://host:port[/path] without user, query or fragment"
+            uri,
+            "a ws address is scheme://host:port[/path] without user, query or fragment",
+            SCHEMES,
         )
     if hostport.startswith("["):
         host, bracket, port_text = hostport[1:].partition("]")
         if not bracket or not port_text.startswith(":"):
-            raise InvalidAddress(uri, "an IPv6 address needs the form [addr]:port")
+            raise InvalidAddress(uri, "an IPv6 address needs the form [addr]:port", SCHEMES)
         port_text = port_text[1:]
         try:
             ipaddress.IPv6Address(host)
         except ValueError:
-            raise InvalidAddress(uri, f"{host!r} is not an IPv6 address") from None
+            raise InvalidAddress(uri, f"{host!r} is not an IPv6 address", SCHEMES) from None
     else:
         host, colon, port_text = hostport.rpartition(":")
         if not colon or ":" in host:
-            raise InvalidAddress(uri, "a ws address needs an explicit :port (0 picks a free one)")
+            raise InvalidAddress(
+                uri, "a ws address needs an explicit :port (0 picks a free one)", SCHEMES
+            )
     if not host:
-        raise InvalidAddress(uri, "a ws address needs a host, such as 127.0.0.1")
-    if not port_text.isdigit() or int(port_text) > 65535:
-        raise InvalidAddress(uri, f"port {port_text!r} is not a number in 0..65535")
+        raise InvalidAddress(uri, "a ws address needs a host, such as 127.0.0.1", SCHEMES)
+    if not (port_text.isascii() and port_text.isdigit()) or int(port_text) > 65535:
+        raise InvalidAddress(uri, f"port {port_text!r} is not a number in 0..65535", SCHEMES)
     port = int(port_text)
     if port == 0 and not listening:
-        raise InvalidAddress(uri, "connect needs the real port (only listen picks one with :0)")
+        raise InvalidAddress(
+            uri, "connect needs the real port (only listen picks one with :0)", SCHEMES
+        )
     return scheme, host, port, path
 
 
@@ -995,7 +1001,7 @@ class WebSocketListener(Listener):
             if exc.errno == errno.EADDRINUSE:
                 raise AddressInUse(self.address) from None
             raise InvalidAddress(
-                self.address, f"cannot listen there ({exc.strerror or exc})", list(SCHEMES)
+                self.address, f"cannot listen there ({exc.strerror or exc})", SCHEMES
             ) from None
         except BaseException:
             await runner.cleanup()
@@ -1115,11 +1121,18 @@ class WebSocketListener(Listener):
         )
         self.connections += 1
         self._live.add(conn)
-        self._pending.append(conn)
-        ev = self._arrived
-        if ev is not None:
-            self._arrived = None
-            ev.set()
+        if self._closed:  # closed while the handshake was under way
+            conn._request_close(
+                CLOSE_GOING_AWAY,
+                "the listener was closed before accepting this connection",
+                "closed by this side: the listener was closed before accepting it",
+            )
+        else:
+            self._pending.append(conn)
+            ev = self._arrived
+            if ev is not None:
+                self._arrived = None
+                ev.set()
         try:
             await conn._pump()
         finally:
