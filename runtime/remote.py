@@ -228,6 +228,11 @@ class Peer:
         while True:
             await anyio.sleep(self.heartbeat / 2)
             now = anyio.current_time()
+            # A transport that sees parts of a frame (ws chunks) says when it last heard
+            # anything, so a large frame on the wire does not look like silence.
+            heard = getattr(self.conn, "last_received", None)
+            if isinstance(heard, float) and heard > self._last_in:
+                self._last_in = heard
             if now - self._last_in > self.timeout:
                 self.closed_reason = f"no message for {now - self._last_in:.1f} s (dead peer)"
                 _log.warning("peer silent; closing", peer=self.name, reason=self.closed_reason)

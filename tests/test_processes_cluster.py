@@ -123,8 +123,8 @@ async def test_a_graph_across_worker_processes_survives_a_kill_9(
             # Mid-run: once tasks have started, kill one worker without warning.
             # (Another process's progress shows only in the filesystem: a bounded poll.)
             with anyio.fail_after(30):
-                while not any((tmp_path / f"started-{i}").exists() for i in range(16)):
-                    await anyio.sleep(0.01)  # noqa: ASYNC110
+                while not any((tmp_path / f"started-{i}").exists() for i in range(16)):  # noqa: ASYNC110
+                    await anyio.sleep(0.01)
             workers[0].send_signal(signal.SIGKILL)
             workers[0].wait(10)
             (tmp_path / "go").touch()

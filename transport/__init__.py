@@ -27,12 +27,13 @@ from transport.base import (
     registered_schemes,
 )
 from transport.inproc import InProcBackend, InProcHub
-from transport.ws import WebSocketBackend
+from transport.ws import AuthenticationFailed, WebSocketBackend
 
 __all__ = [
     "DEFAULT_CONNECT_TIMEOUT",
     "DEFAULT_MAX_BUFFER",
     "AddressInUse",
+    "AuthenticationFailed",
     "Backend",
     "ConnectFailed",
     "Connection",
@@ -43,6 +44,7 @@ __all__ = [
     "InvalidAddress",
     "Listener",
     "TransportError",
+    "WebSocketBackend",
     "connect",
     "listen",
     "register_backend",
