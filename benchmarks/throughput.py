@@ -1,4 +1,4 @@
-"""Task throughput: Corral beside dask's schedulers, in one process, as ratios.
+"""Task throughput: Corral beside dask's schedulers, in the same run, as ratios.
 
 Three workloads of no-op tasks:
 
@@ -26,13 +26,15 @@ this process and two single-threaded worker processes on this machine: ``Cluster
 processes=2, threads_per_worker=1)`` against ``LocalCluster(n_workers=2,
 threads_per_worker=1, processes=True)`` with a ``Client``. Workloads: ``independent``
 (default 5,000 tasks, every result gathered back to the client on both sides) and
-``chain`` (the last key only). Both clusters start once, outside the timing (their
-start-up times are printed apart), and run one small warm-up graph; each timed run is
-``cluster.compute(dsk, keys)`` against ``client.get(dsk, keys)`` on fresh keys, called
-from this thread (each side's event loop runs in a thread of its own), best of
-``--repeat`` interleaved runs. The garbage collector's threshold is process-wide: it is
-Corral's (``--no-gc-tuning``: Python's default) during Corral's runs and Python's
-default, as dask.distributed ships, during dask's.
+``chain`` (the last key only); ``--threads`` does not apply. Both clusters start once,
+outside the timing (their start-up times are printed apart), and run one small warm-up
+graph; each timed run is ``cluster.compute(dsk, keys)`` against ``client.get(dsk,
+keys)`` on fresh keys, called from this thread (each side's event loop runs in a thread
+of its own), best of ``--repeat`` interleaved runs. Also printed: wall and CPU time per
+task over all timed runs, in this process and in the side's worker processes. The
+garbage collector's threshold is process-wide: it is Corral's (``--no-gc-tuning``:
+Python's default) during Corral's runs and Python's default, as dask.distributed ships,
+during dask's.
 
     python benchmarks/throughput.py --mode distributed --repeat 3
 """
@@ -48,7 +50,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import anyio
@@ -109,6 +111,7 @@ DIST_TARGET = 3.0
 def run_distributed(n: int, chain_length: int, repeat: int, gc_threshold: int | None) -> int:
     """Corral's ``Cluster(processes=2)`` against dask.distributed's ``LocalCluster``."""
     import distributed
+    import psutil
     from anyio.from_thread import start_blocking_portal
     from distributed import Client, LocalCluster
 
@@ -124,6 +127,7 @@ def run_distributed(n: int, chain_length: int, repeat: int, gc_threshold: int | 
     }
     sizes = {name: len(build(0)[0]) for name, build in builders.items()}
     runs = itertools.count(1)
+    me = psutil.Process()
     default_gc = gc.get_threshold()  # before Corral raises it; dask runs with this
     print(
         f"python {sys.version.split()[0]}, dask {dask.__version__}, distributed "
@@ -152,6 +156,7 @@ def run_distributed(n: int, chain_length: int, repeat: int, gc_threshold: int | 
         portal.call(corral.wait_for_workers, DIST_WORKERS, 120.0)
         corral_start = time.perf_counter() - start
         corral_gc = gc.get_threshold()
+        corral_procs = me.children(recursive=True)
 
         def corral_compute(dsk: dict[Any, Any], keys: Any) -> Any:
             return portal.call(corral.compute, dsk, keys)
@@ -165,7 +170,10 @@ def run_distributed(n: int, chain_length: int, repeat: int, gc_threshold: int | 
                     threads_per_worker=DIST_THREADS,
                     processes=True,
                     dashboard_address=None,
-                    silence_logs=logging.ERROR,
+                    # CRITICAL, not ERROR: at the close a worker's heartbeat may race the
+                    # scheduler's shutdown and log a harmless ERROR with a traceback. A
+                    # task that fails still raises in client.get.
+                    silence_logs=logging.CRITICAL,
                 )
             )
             client = stack.enter_context(Client(local))
@@ -173,6 +181,8 @@ def run_distributed(n: int, chain_length: int, repeat: int, gc_threshold: int | 
             dask_start = time.perf_counter() - start
         finally:
             gc.set_threshold(*corral_gc)
+        corral_pids = {p.pid for p in corral_procs}
+        dask_procs = [p for p in me.children(recursive=True) if p.pid not in corral_pids]
 
         def dask_compute(dsk: dict[Any, Any], keys: Any) -> Any:
             gc.set_threshold(*default_gc)
@@ -182,6 +192,7 @@ def run_distributed(n: int, chain_length: int, repeat: int, gc_threshold: int | 
                 gc.set_threshold(*corral_gc)
 
         sides = {"corral": corral_compute, "dask.distributed": dask_compute}
+        workers_of = {"corral": corral_procs, "dask.distributed": dask_procs}
         print(
             f"start-up (outside the timing): corral {corral_start:.2f} s, "
             f"dask.distributed {dask_start:.2f} s",
@@ -194,15 +205,25 @@ def run_distributed(n: int, chain_length: int, repeat: int, gc_threshold: int | 
             check(compute(warm, warm_keys), warm_keys)
 
         rates: dict[tuple[str, str], list[float]] = {}
+        # CPU seconds used during the timed runs: by this process (the scheduler, the
+        # client and their event-loop threads; the other side's loop idles meanwhile)
+        # and by the side's worker processes (dask's include its nannies).
+        cpu: dict[tuple[str, str], list[float]] = {}
         for name, build in builders.items():
             for _ in range(repeat):  # interleaved, so drift hits both sides alike
                 for side, compute in sides.items():
                     dsk, keys = build(next(runs))
+                    here, there = cpu_seconds([me]), cpu_seconds(workers_of[side])
                     start = time.perf_counter()
                     result = compute(dsk, keys)
                     elapsed = time.perf_counter() - start
+                    here, there = cpu_seconds([me]) - here, cpu_seconds(workers_of[side]) - there
                     check(result, keys)
                     rates.setdefault((side, name), []).append(len(dsk) / elapsed)
+                    used = cpu.setdefault((side, name), [0.0, 0.0, 0.0])
+                    used[0] += elapsed
+                    used[1] += here
+                    used[2] += there
 
     print(
         f"{'workload':<12} {'tasks':>6} {'corral':>13} {'dask.distributed':>17} "
@@ -218,7 +239,24 @@ def run_distributed(n: int, chain_length: int, repeat: int, gc_threshold: int | 
     print("every run, tasks/s (in the order run):")
     for (side, name), values in rates.items():
         print(f"  {name:<12} {side:<17} " + " ".join(f"{v:>8,.0f}" for v in values))
+    print("per task over all timed runs, µs: wall, CPU in this process, CPU in worker processes")
+    for (side, name), (wall, here, there) in cpu.items():
+        tasks = sizes[name] * repeat
+        print(
+            f"  {name:<12} {side:<17} {wall / tasks * 1e6:>8,.0f} {here / tasks * 1e6:>8,.0f} "
+            f"{there / tasks * 1e6:>8,.0f}"
+        )
     return 0
+
+
+def cpu_seconds(procs: Sequence[Any]) -> float:
+    """User plus system CPU seconds of ``procs`` (``psutil.Process``) so far."""
+    total = 0.0
+    for proc in procs:
+        with contextlib.suppress(Exception):  # psutil.Error: gone meanwhile
+            times = proc.cpu_times()
+            total += times.user + times.system
+    return total
 
 
 def check(result: Any, keys: Any) -> None:
@@ -244,7 +282,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--chain", type=int, default=2_000, help="length of the chain")
     parser.add_argument("--repeat", type=int, default=3, help="runs per scheduler; best counts")
-    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="threads per scheduler (in-process mode only)",
+    )
     parser.add_argument(
         "--no-gc-tuning",
         action="store_true",
