@@ -169,7 +169,10 @@ class Scheduler(Actor):
             return
         self.infos.pop(msg.worker_id, None)
         self.rss.pop(msg.worker_id, None)
-        self.log.warning("worker lost", worker=msg.worker_id, cause=msg.cause)
+        # A drained worker left as asked; anything else is a loss worth a warning.
+        log = self.log.info if msg.cause == "drained" else self.log.warning
+        log("worker left" if msg.cause == "drained" else "worker lost",
+            worker=msg.worker_id, cause=msg.cause)  # fmt: skip
         self._handle(WorkerLeft(*self._ev(), msg.worker_id, msg.cause))
 
     @handles(TasksDone)

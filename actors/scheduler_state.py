@@ -59,7 +59,7 @@ from runtime.errors import (
     MissingKeysError,
     WorkerLost,
 )
-from runtime.graph import GraphNode, Key, TaskSpec
+from runtime.graph import GraphNode, Key, PickledNode, TaskSpec
 from runtime.messages import TryRecord
 
 __all__ = [
@@ -247,9 +247,14 @@ class ToRun:
     """One task for a worker: its node and, per dependency, the workers holding it."""
 
     key: Key
-    node: GraphNode
+    node: GraphNode | PickledNode
     category: str
     deps: tuple[tuple[Key, tuple[str, ...]], ...]
+
+    def with_pickled_node(self) -> ToRun:
+        if isinstance(self.node, PickledNode):
+            return self
+        return ToRun(self.key, PickledNode.of(self.key, self.node), self.category, self.deps)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

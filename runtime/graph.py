@@ -342,5 +342,37 @@ def make_task(
     return Task(key, func, *a, **kw)
 
 
+class PickledNode:
+    """A task node shipped to another process as its own pickle, opened only where it
+    runs: a node that cannot be loaded there (a module the worker lacks, a class it
+    does not know) fails that task with the loading error, instead of the whole batch
+    of tasks it travelled with."""
+
+    __slots__ = ("key", "payload")
+
+    def __init__(self, key: Key, payload: bytes) -> None:
+        self.key = key
+        self.payload = payload
+
+    @classmethod
+    def of(cls, key: Key, node: GraphNode) -> PickledNode:
+        import cloudpickle
+
+        return cls(key, cloudpickle.dumps(node, protocol=5))
+
+    def __call__(self, inputs: Mapping[Key, Any]) -> Any:
+        import pickle
+
+        try:
+            node = pickle.loads(self.payload)
+        except Exception as exc:
+            exc.add_note(
+                f"(while loading task {self.key!r} on a worker: its function or arguments "
+                "cannot be loaded there; is their module installed on the workers?)"
+            )
+            raise
+        return node(inputs)
+
+
 # Re-exported for modules that build nodes directly.
-__all__ += ["Alias", "DataNode", "GraphNode", "Task", "TaskRef"]
+__all__ += ["Alias", "DataNode", "GraphNode", "PickledNode", "Task", "TaskRef"]

@@ -210,6 +210,11 @@ class RunTasks(Message):
 
     tasks: tuple[Any, ...]
 
+    def for_wire(self) -> RunTasks:
+        """The form that crosses a process boundary: each task's node pickled on its
+        own, so one task that cannot be loaded on the worker fails alone."""
+        return RunTasks(tuple(t.with_pickled_node() for t in self.tasks))
+
 
 @message(local=True)
 class TasksDone(Message):

@@ -497,7 +497,7 @@ async def _until_signalled(
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         task_status.started()
         async for signum in signals:
-            _log.warning("stopping on signal", signal=signal.Signals(signum).name)
+            _log.info("stopping on signal", signal=signal.Signals(signum).name)
             await on_signal()
             return
 

@@ -72,6 +72,9 @@ def to_wire(msg: Any) -> Message:
     """``msg`` itself if the codec can carry it, else a :class:`PickledMsg` of it."""
     if isinstance(msg, Message) and not type(msg).local:
         return msg
+    prepare = getattr(msg, "for_wire", None)
+    if prepare is not None:  # e.g. RunTasks: each task pickled on its own
+        msg = prepare()
     name = getattr(type(msg), "wire_name", "") or type(msg).__name__
     return PickledMsg(name, cloudpickle.dumps(msg, protocol=5))
 

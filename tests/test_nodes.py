@@ -157,3 +157,32 @@ async def test_a_worker_whose_connection_drops_rejoins_and_keeps_its_work() -> N
             status = await cluster.status()
             assert [w.worker_id for w in status["workers"]] == [name]
             assert sum(c["lost"] for c in status["categories"].values()) == 0
+
+
+def _load_only_on_the_main_thread() -> Any:
+    """Loads where the manager unpickles (the event loop's thread), fails in a worker's
+    executor thread: a module the workers lack."""
+    if threading.current_thread() is not threading.main_thread():
+        raise ModuleNotFoundError("No module named 'only_on_the_client'")
+    return LoadsOnlyHere()
+
+
+class LoadsOnlyHere:
+    def __reduce__(self) -> Any:
+        return (_load_only_on_the_main_thread, ())
+
+
+def identity(x: Any) -> Any:
+    return x
+
+
+@pytest.mark.anyio
+async def test_a_task_the_worker_cannot_load_fails_alone_with_the_reason() -> None:
+    with anyio.fail_after(LIMIT):
+        async with nodes(1) as (address, _), Cluster(address) as cluster:
+            bad = cluster.submit(identity, LoadsOnlyHere())
+            good = [cluster.submit(add, i, 1) for i in range(5)]  # in the same batch
+            with pytest.raises(ModuleNotFoundError, match="only_on_the_client") as info:
+                await bad
+            assert any("installed on the workers" in n for n in info.value.__notes__)
+            assert await cluster.gather(good) == [1, 2, 3, 4, 5]
