@@ -315,5 +315,7 @@ def _stats(s: Any) -> dict[str, float]:
         "mean_duration": s.mean_duration,
         "max_duration": s.max_duration,
         "total_nbytes": s.total_nbytes,
+        "consumed_nbytes": s.consumed_nbytes,
         "peak_rss": s.peak_rss,
+        "max_rss_growth": s.max_rss_growth,
     }

@@ -816,7 +816,10 @@ class SchedulerState:
         stat.total_duration += duration
         stat.max_duration = max(stat.max_duration, duration)
         stat.total_nbytes += res.nbytes
+        stat.consumed_nbytes += sum(d.nbytes for d in ts.deps)
         stat.peak_rss = max(stat.peak_rss, res.rss)
+        if res.rss_before:
+            stat.max_rss_growth = max(stat.max_rss_growth, res.rss - res.rss_before)
         self._set(ts, "memory")
         self._add_replica(ts, ws)
         for dep in ts.dependents:

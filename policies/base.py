@@ -46,8 +46,10 @@ class CategoryStats:
     lost: int = 0  #: tries lost with their worker
     total_duration: float = 0.0  #: seconds, over ok tries
     max_duration: float = 0.0
-    total_nbytes: int = 0  #: output bytes, over ok tries
+    total_nbytes: int = 0  #: output bytes (produced), over ok tries
+    consumed_nbytes: int = 0  #: input bytes (consumed), over ok tries
     peak_rss: int = 0  #: highest worker RSS seen right after a task of this category
+    max_rss_growth: int = 0  #: largest RSS growth across one task (after - before)
 
     @property
     def mean_duration(self) -> float:
@@ -56,6 +58,14 @@ class CategoryStats:
     @property
     def mean_nbytes(self) -> float:
         return self.total_nbytes / self.count if self.count else 0.0
+
+    @property
+    def production_ratio(self) -> float:
+        """Bytes produced per byte consumed (``inf`` for roots that consume nothing):
+        far above 1 marks a memory *producer*, such as a loader."""
+        if self.consumed_nbytes:
+            return self.total_nbytes / self.consumed_nbytes
+        return float("inf") if self.total_nbytes else 0.0
 
 
 class TaskView(Protocol):

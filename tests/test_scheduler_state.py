@@ -1776,3 +1776,28 @@ def test_random_workloads_keep_the_invariants_and_finish() -> None:
             suppress_health_check=list(HealthCheck),
         ),
     )
+
+
+def test_categories_learn_bytes_consumed_and_rss_growth(make_state: Factory) -> None:
+    s = make_state()
+    join(s, "w1")
+    submit(s, {"load-1": [], "load-2": [], "sum-3": ["load-1", "load-2"]}, ["sum-3"])
+    s.handle(
+        TasksFinished(
+            "f1", 1.0, "w1",
+            (
+                TaskResult("load-1", "ok", 0.0, 0.1, 1000, rss=5000, rss_before=4000),
+                TaskResult("load-2", "ok", 0.1, 0.2, 3000, rss=8000, rss_before=5000),
+            ),
+        )
+    )  # fmt: skip
+    s.handle(
+        TasksFinished(
+            "f2", 2.0, "w1", (TaskResult("sum-3", "ok", 0.2, 0.3, 8, rss=7000, rss_before=8000),)
+        )
+    )
+    load, total = s.stats["load"], s.stats["sum"]
+    assert (load.total_nbytes, load.consumed_nbytes, load.max_rss_growth) == (4000, 0, 3000)
+    assert (total.total_nbytes, total.consumed_nbytes, total.max_rss_growth) == (8, 4000, 0)
+    assert load.production_ratio == float("inf")  # a root that makes data: a producer
+    assert total.production_ratio == 8 / 4000  # a reduction: a consumer
