@@ -15,7 +15,7 @@ from typing import Any
 
 import anyio
 
-from actors.scheduler_state import KeyCancelled, KeyDone, KeyErred
+from actors.scheduler_state import KeyDone
 from runtime.errors import ActorStopped, AskTimeout
 from runtime.graph import Key, build_specs
 from runtime.kernel import Actor, ActorRef, Later, handles
@@ -310,6 +310,3 @@ class Manager(Actor):
             except (ActorStopped, AskTimeout):
                 out["autoscaler"] = None
         return out
-
-
-__all__ += ["KeyCancelled", "KeyErred"]

@@ -39,7 +39,7 @@ import inspect
 import itertools
 import math
 from collections import deque
-from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 import anyio
@@ -802,11 +802,3 @@ class ActorSystem:
 
 def _ignore(crash: ActorCrashed) -> None:
     get_logger("corral").error("actor crashed (not escalated)", error=str(crash))
-
-
-async def run_in_actor_system(
-    body: Callable[[ActorSystem], Awaitable[R]], *, clock: Clock | None = None
-) -> R:
-    """Convenience: run ``body(system)`` inside a fresh :class:`ActorSystem`."""
-    async with ActorSystem(clock=clock) as system:
-        return await body(system)

@@ -366,7 +366,6 @@ class RemoteRef:
 
     def __init__(self, peer: Peer) -> None:
         self.peer = peer
-        self.dropped = 0
 
     @property
     def name(self) -> str:
