@@ -28,7 +28,7 @@ import secrets
 import signal
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import anyio
@@ -48,8 +48,6 @@ from runtime.messages import (
     ClientGone,
     Message,
     RegisterWorker,
-    ScaleRequest,
-    SetPolicyRequest,
     StatusRequest,
     StoryRequest,
     WorkerGone,
@@ -69,6 +67,9 @@ __all__ = [
     "start_control_plane",
     "token_path",
 ]
+
+if TYPE_CHECKING:
+    from transport.base import Listener
 
 _log = get_logger("corral.node")
 
@@ -148,6 +149,36 @@ async def start_autoscaler(
     return plane.refs["autoscaler"]
 
 
+async def serve_gateway(
+    plane: ControlPlane,
+    address: str,
+    tokens: Tokens,
+    *,
+    listen_options: dict[str, Any] | None = None,
+    reconnect_timeout: float = 10.0,
+) -> tuple[Gateway, Listener]:
+    """Listen on ``address`` (websockets require ``tokens``) and serve a gateway to
+    ``plane`` as a service of its actor system; the listener closes with the system.
+    Returns the gateway and the listener (whose ``address`` has the real port)."""
+    from transport import listen as listen_on
+
+    gateway = Gateway(plane, reconnect_timeout=reconnect_timeout)
+    options = dict(listen_options or {})
+    if address.startswith(("ws://", "wss://")):
+        options["tokens"] = tokens.roles()
+    listener = await listen_on(address, **options)
+
+    async def serve(*, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        try:
+            await listener.serve(gateway.handle, task_status=task_status)
+        finally:
+            with anyio.CancelScope(shield=True):  # never leave the socket open
+                await listener.aclose()
+
+    await plane.system.start_service(serve)
+    return gateway, listener
+
+
 async def start_local_processes(
     plane: ControlPlane,
     *,
@@ -165,15 +196,9 @@ async def start_local_processes(
 
     from actors.processes import LocalProcessProvider
     from actors.providers import BlockSpec
-    from transport import listen as listen_on
 
     tokens = tokens or Tokens.generate()
-    gateway = Gateway(plane)
-    options: dict[str, Any] = {}
-    if listen.startswith(("ws://", "wss://")):
-        options["tokens"] = tokens.roles()
-    listener = await listen_on(listen, **options)
-    await plane.system.start_service(listener.serve, gateway.handle)
+    _, listener = await serve_gateway(plane, listen, tokens)
     address = listener.address
 
     def argv_for(block_id: str, index: int) -> list[str]:
@@ -273,8 +298,6 @@ class PermissionDenied(CorralError):
 
 #: What a read-only console may ask.
 READ_ONLY = (StatusRequest, StoryRequest)
-#: Mutating commands (admin only); listed for the error message.
-MUTATING = (ScaleRequest, SetPolicyRequest)
 
 
 class _Guard:
@@ -523,44 +546,40 @@ async def run_manager(
 ) -> None:
     """Run a manager process until SIGINT or SIGTERM: control plane + gateway on
     ``listen`` (``host:port``, ``ws://host:port`` or any transport address)."""
-    from transport import listen as listen_on
-
     address = listen if "://" in listen else f"ws://{listen}"
     tokens = tokens or Tokens.generate()
+    websockets = address.startswith(("ws://", "wss://"))
     stop = anyio.Event()
     async with ActorSystem() as system:
         plane = await start_control_plane(system, policies=policies)
-        gateway = Gateway(plane, reconnect_timeout=reconnect_timeout)
+        gateway, listener = await serve_gateway(
+            plane,
+            address,
+            tokens,
+            listen_options=listen_options,
+            reconnect_timeout=reconnect_timeout,
+        )
         if on_gateway is not None:
             on_gateway(gateway)
-        options: dict[str, Any] = dict(listen_options or {})
-        if address.startswith(("ws://", "wss://")):
-            options["tokens"] = tokens.roles()
-        listener = await listen_on(address, **options)
-        try:
-            path = token_file or token_path(listener.address)
-            if address.startswith(("ws://", "wss://")):
-                tokens.write(path)
-            await system.start_service(listener.serve, gateway.handle)
+        path = token_file or token_path(listener.address)
+        if websockets:
+            tokens.write(path)
 
-            async def on_signal() -> None:
-                stop.set()
+        async def on_signal() -> None:
+            stop.set()
 
-            await system.start_service(_until_signalled, on_signal)
-            _log.warning(
-                "manager listening",
-                address=listener.address,
-                token_file=str(path) if "tokens" in options else "-",
-            )
-            if ready is not None:
-                ready(listener.address, tokens)
-            await stop.wait()
-            await listener.aclose()
-            for peer in list(gateway.peers.values()):
-                await peer.aclose()
-        finally:
-            with anyio.CancelScope(shield=True):  # never leave the socket open
-                await listener.aclose()
+        await system.start_service(_until_signalled, on_signal)
+        _log.warning(
+            "manager listening",
+            address=listener.address,
+            token_file=str(path) if websockets else "-",
+        )
+        if ready is not None:
+            ready(listener.address, tokens)
+        await stop.wait()
+        await listener.aclose()
+        for peer in list(gateway.peers.values()):
+            await peer.aclose()
 
 
 async def run_worker(
@@ -582,7 +601,7 @@ async def run_worker(
     The worker listens on ``host`` (a free port) for its peers, and that address is its
     id; it connects to the manager at ``address`` and says ``Hello``. If the connection
     drops it rejoins under the same id; what it sends meanwhile waits (see
-    :class:`ManagerLink`).
+    :class:`Link`).
     """
     from runtime.codec import Frame
     from transport import connect, listen
