@@ -176,14 +176,15 @@ class TaskResult:
     """How one try ended on a worker.
 
     ``rss_before``/``rss`` are the worker's RSS right before and right after the task.
-    ``outcome`` is ``ok``, ``error``, ``timeout``, ``cancelled`` or ``missing`` (an input
+    ``outcome`` is ``ok``, ``error``, ``timeout``, ``cancelled``, ``oom`` (killed past
+    the worker's terminate fence) or ``missing`` (an input
     could not be fetched: ``missing`` lists ``(key, worker)`` pairs that did not have it;
     the task did not start). ``fetched`` are inputs the worker copied from peers and
     still holds.
     """
 
     key: Key
-    outcome: Literal["ok", "error", "timeout", "cancelled", "missing"]
+    outcome: Literal["ok", "error", "timeout", "cancelled", "missing", "oom"]
     start: float = 0.0
     stop: float = 0.0
     nbytes: int = 0
