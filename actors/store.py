@@ -1,0 +1,513 @@
+"""A worker's spillable store: task outputs in memory, least recently used ones on disk.
+
+What lives here: :class:`SpillStore`, a mutable mapping from task key to output that the
+worker can ask to move bytes to disk (``spill(nbytes)``) and that reads spilled values
+back transparently. Deciding *when* to spill is the memory governor's job
+(``actors/memory.py``); this module only moves bytes and keeps the books.
+
+The rules:
+
+- Never lose a value. A value is written to a temporary file, renamed into place with
+  ``os.replace``, and only then is the in-memory reference dropped. A write that fails
+  (``OSError``, e.g. ``ENOSPC``) or would pass ``disk_limit`` removes its partial file,
+  leaves the value in memory, sets :attr:`SpillStore.disk_full` and stops the spill.
+  A spilled value whose file cannot be read back raises and stays on disk.
+- Least recently used first. Storing or reading a value makes it the most recently
+  used; ``get_raw`` (serving a peer) and ``nbytes`` do not change recency.
+- Values that cannot be pickled (pickle protocol 5, then cloudpickle) stay in memory;
+  each is logged once and skipped by later spills until it is overwritten or deleted.
+- Sizes are the *recorded* sizes (``nbytes=`` as given, else ``sizeof``, else 0):
+  ``memory_bytes``, ``spilled_total``, ``unspilled_total`` and the amount ``spill``
+  moves count them. ``disk_bytes`` and ``disk_limit`` count real file bytes.
+- Zero-copy where cheap: out-of-band pickle buffers (numpy arrays, ...) are written
+  straight from the object's memory, and read back with ``readinto`` into writable
+  ``bytearray`` objects that the unpickled value uses without a further copy.
+- Not thread-safe: the worker uses a store from its event-loop thread only.
+
+Spill file format (little-endian)::
+
+    header   magic b"CRSP" | version u16 | reserved u16 | n_buffers u32 | pickle_len u64
+    pickle   pickle_len bytes: the protocol-5 pickle stream (buffers out of band)
+    table    n_buffers x u64: the length of each out-of-band buffer
+    buffers  each buffer's bytes, in the order the pickle stream refers to them
+
+The pickle stream is written straight into the file (no in-memory copy of it), so the
+buffer lengths, known only after pickling, follow it rather than sit in the header.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import shutil
+import struct
+import tempfile
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, MutableMapping
+from types import TracebackType
+from typing import Any, BinaryIO, Self
+
+import cloudpickle
+from dask.sizeof import sizeof as _dask_sizeof
+
+from runtime.graph import Key
+from runtime.log import get_logger
+
+__all__ = ["SpillStore"]
+
+_log = get_logger("corral.store", component="store")
+
+_MAGIC = b"CRSP"
+_VERSION = 1
+_HEADER = struct.Struct("<4sHHIQ")  # magic, version, reserved, n_buffers, pickle_len
+_LENGTH = struct.Struct("<Q")
+
+
+class _NoRoom(Exception):
+    """Internal: the file being written would pass the store's ``disk_limit``."""
+
+
+class _WriteFailed(Exception):
+    """Internal: writing a spill file failed with ``error`` (an ``OSError``)."""
+
+    def __init__(self, error: OSError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class _Unpicklable(Exception):
+    """Internal: neither pickle nor cloudpickle could serialize the value."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(repr(error))
+        self.error = error
+
+
+class _Sink:
+    """A write-only file wrapper that counts bytes and refuses to pass ``budget``.
+
+    Errors from the file become :class:`_WriteFailed`, so that an ``OSError`` raised
+    while pickling is told apart from one raised by the disk.
+    """
+
+    __slots__ = ("budget", "file", "written")
+
+    def __init__(self, file: BinaryIO, budget: int | None) -> None:
+        self.file = file
+        self.budget = budget
+        self.written = 0
+
+    def write(self, data: Any) -> int:
+        n = memoryview(data).nbytes
+        if self.budget is not None and self.written + n > self.budget:
+            raise _NoRoom
+        try:
+            self.file.write(data)
+        except OSError as exc:
+            raise _WriteFailed(exc) from exc
+        self.written += n
+        return n
+
+
+def _dump_into(file: BinaryIO, value: Any, budget: int | None) -> int:
+    """Write ``value`` to ``file`` in the spill format; return the bytes written.
+
+    Raises :class:`_Unpicklable`, :class:`_NoRoom` or :class:`_WriteFailed`; the file
+    then holds garbage and the caller removes it.
+    """
+    sink = _Sink(file, budget)
+    raws: list[memoryview] = []
+
+    def keep(buf: pickle.PickleBuffer) -> None:
+        raws.append(buf.raw())  # BufferError if not contiguous: treated as unpicklable
+
+    first_error: Exception | None = None
+    for pickler in (pickle.Pickler, cloudpickle.Pickler):
+        file.seek(0)
+        file.truncate()
+        sink.written = 0
+        raws.clear()
+        sink.write(bytes(_HEADER.size))
+        try:
+            pickler(sink, protocol=5, buffer_callback=keep).dump(value)
+        except (_NoRoom, _WriteFailed):
+            raise
+        except Exception as exc:
+            if first_error is None:
+                first_error = exc
+            continue
+        break
+    else:
+        assert first_error is not None
+        raise _Unpicklable(first_error)
+    pickle_len = sink.written - _HEADER.size
+    sink.write(b"".join(_LENGTH.pack(m.nbytes) for m in raws))
+    for m in raws:
+        sink.write(m)
+        m.release()
+    try:
+        file.seek(0)
+        file.write(_HEADER.pack(_MAGIC, _VERSION, 0, len(raws), pickle_len))
+    except OSError as exc:
+        raise _WriteFailed(exc) from exc
+    return sink.written
+
+
+def _read_header(file: BinaryIO) -> tuple[int, int]:
+    """Check a spill file's header; return ``(n_buffers, pickle_len)``."""
+    head = file.read(_HEADER.size)
+    if len(head) != _HEADER.size:
+        raise EOFError(f"spill file {file.name!r} is truncated")
+    magic, version, _, n_buffers, pickle_len = _HEADER.unpack(head)
+    if magic != _MAGIC or version != _VERSION:
+        raise ValueError(f"{file.name!r} is not a version-{_VERSION} Corral spill file")
+    return n_buffers, pickle_len
+
+
+def _load_from(path: str) -> Any:
+    """Read a value back from a spill file, its buffers into writable bytearrays."""
+    with open(path, "rb") as file:
+        n_buffers, pickle_len = _read_header(file)
+        buffers: list[bytearray] = []
+        if n_buffers:
+            file.seek(_HEADER.size + pickle_len)
+            table = file.read(_LENGTH.size * n_buffers)
+            if len(table) != _LENGTH.size * n_buffers:
+                raise EOFError(f"spill file {path!r} is truncated")
+            for (length,) in _LENGTH.iter_unpack(table):
+                buf = bytearray(length)
+                view = memoryview(buf)
+                got = 0
+                while got < length:
+                    n = file.readinto(view[got:])
+                    if not n:
+                        raise EOFError(f"spill file {path!r} is truncated")
+                    got += n
+                view.release()
+                buffers.append(buf)
+            file.seek(_HEADER.size)
+        # Unpickle straight from the file (frame by frame): no copy of the whole stream.
+        return pickle.Unpickler(file, buffers=buffers).load()
+
+
+def _dumps_inband(value: Any) -> bytes:
+    """A protocol-5 pickle of ``value`` with every buffer in band (pickle, then cloudpickle)."""
+    try:
+        return pickle.dumps(value, protocol=5)
+    except Exception:
+        data: bytes = cloudpickle.dumps(value, protocol=5)
+        return data
+
+
+def _remove_tree(path: str) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+
+
+class _OnDisk:
+    """Where a spilled value lives and how many bytes its file takes."""
+
+    __slots__ = ("file_bytes", "path")
+
+    def __init__(self, path: str, file_bytes: int) -> None:
+        self.path = path
+        self.file_bytes = file_bytes
+
+
+class SpillStore(MutableMapping[Key, Any]):
+    """Task outputs by key, in memory or spilled to disk, least recently used first.
+
+    ``store[key] = value`` / :meth:`put` keep ``value`` in memory as the most recently
+    used. ``store[key]`` returns it, reading a spilled value back into memory (and
+    deleting its file) first. :meth:`spill` moves least recently used values to disk.
+    ``in``, ``len``, iteration and ``del`` cover memory and disk alike; ``values()``
+    and ``items()`` read every spilled value back, as ``store[key]`` does.
+
+    ``directory``: where spill files go. ``None``: a fresh
+    ``tempfile.mkdtemp(prefix="corral-spill-")``; otherwise a unique subdirectory made
+    inside ``directory`` (several workers may share it). Either is created on the first
+    spill and removed by :meth:`close` (or when the store is garbage-collected).
+    ``disk_limit``: most bytes of spill files at any time; 0 means no limit.
+    ``sizeof``: the size recorded for a value stored without ``nbytes``.
+
+    Not thread-safe: use a store from one thread (the worker's event loop) only.
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str] | None = None,
+        *,
+        disk_limit: int = 0,
+        sizeof: Callable[[Any], int] = _dask_sizeof,
+    ) -> None:
+        if disk_limit < 0:
+            raise ValueError(f"disk_limit must be >= 0, not {disk_limit}")
+        self.parent: str | None = None if directory is None else os.fspath(directory)
+        self.disk_limit = disk_limit
+        self.sizeof = sizeof
+        self._memory: OrderedDict[Key, Any] = OrderedDict()  #: least recently used first
+        self._disk: dict[Key, _OnDisk] = {}
+        self._sizes: dict[Key, int] = {}  #: recorded size of every key, memory or disk
+        self._unpicklable: set[Key] = set()  #: in-memory keys that failed to pickle
+        self._dir: str | None = None
+        self._finalizer: weakref.finalize[[str], SpillStore] | None = None
+        self._seq = 0
+        self._memory_bytes = 0
+        self._disk_bytes = 0
+        self.spilled_total = 0  #: recorded bytes ever written to disk
+        self.unspilled_total = 0  #: recorded bytes ever read back into memory
+        self.spill_count = 0  #: values ever written to disk
+        self.disk_full = False  #: the last write was refused for room, none freed since
+
+    # -- the mapping ---------------------------------------------------------------
+
+    def put(self, key: Key, value: Any, nbytes: int | None = None) -> None:
+        """Store ``value`` in memory as the most recently used; replace any old copy.
+
+        ``nbytes`` is the size to record, trusted as given; if None it is
+        ``sizeof(value)``, or 0 when ``sizeof`` raises.
+        """
+        if nbytes is None:
+            try:
+                nbytes = max(0, int(self.sizeof(value)))
+            except Exception:
+                nbytes = 0
+        elif nbytes < 0:
+            raise ValueError(f"nbytes must be >= 0, not {nbytes}")
+        if key in self._sizes:
+            self._discard(key)
+        self._memory[key] = value
+        self._sizes[key] = nbytes
+        self._memory_bytes += nbytes
+
+    def __setitem__(self, key: Key, value: Any) -> None:
+        self.put(key, value)
+
+    def __getitem__(self, key: Key) -> Any:
+        memory = self._memory
+        if key in memory:
+            memory.move_to_end(key)
+            return memory[key]
+        where = self._disk[key]  # KeyError if missing altogether
+        value = _load_from(where.path)  # raises (and keeps the file) if unreadable
+        self._remove_file(key)
+        size = self._sizes[key]
+        memory[key] = value
+        self._memory_bytes += size
+        self.unspilled_total += size
+        return value
+
+    def __delitem__(self, key: Key) -> None:
+        if key not in self._sizes:
+            raise KeyError(key)
+        self._discard(key)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._sizes
+
+    def __len__(self) -> int:
+        return len(self._sizes)
+
+    def __iter__(self) -> Iterator[Key]:
+        return iter(self._sizes)
+
+    def __repr__(self) -> str:
+        return (
+            f"<SpillStore {len(self._memory)} in memory ({self._memory_bytes} B), "
+            f"{len(self._disk)} on disk ({self._disk_bytes} B)>"
+        )
+
+    def nbytes(self, key: Key) -> int:
+        """The recorded size of ``key`` (in memory or on disk); KeyError if absent."""
+        return self._sizes[key]
+
+    def get_raw(self, key: Key) -> bytes:
+        """A protocol-5 pickle of ``key``'s value, buffers in band, to send to a peer.
+
+        Neither recency nor placement changes. A value in memory is pickled (pickle,
+        then cloudpickle; raises if both fail). For a spilled value without out-of-band
+        buffers the pickle stream in its file is that pickle already and is returned as
+        read, without unpickling. A spilled value with buffers (numpy, ...) is loaded
+        from its file into a temporary object and pickled again in band; it stays on
+        disk and the store's counters do not change.
+        """
+        if key in self._memory:
+            return _dumps_inband(self._memory[key])
+        where = self._disk[key]  # KeyError if missing altogether
+        with open(where.path, "rb") as file:
+            n_buffers, pickle_len = _read_header(file)
+            if not n_buffers:
+                data = file.read(pickle_len)
+                if len(data) != pickle_len:
+                    raise EOFError(f"spill file {where.path!r} is truncated")
+                return data
+        return _dumps_inband(_load_from(where.path))
+
+    def keys_in_memory(self) -> Iterator[Key]:
+        """Keys held in memory, least recently used first."""
+        return iter(self._memory)
+
+    def keys_on_disk(self) -> Iterator[Key]:
+        """Keys spilled to disk, in the order they were spilled."""
+        return iter(self._disk)
+
+    # -- counters ------------------------------------------------------------------
+
+    @property
+    def memory_bytes(self) -> int:
+        """Sum of the recorded sizes of the values held in memory."""
+        return self._memory_bytes
+
+    @property
+    def disk_bytes(self) -> int:
+        """Bytes of the spill files on disk now."""
+        return self._disk_bytes
+
+    @property
+    def n_spilled(self) -> int:
+        """Number of keys on disk now."""
+        return len(self._disk)
+
+    @property
+    def unpicklable(self) -> int:
+        """Number of keys in memory that could not be pickled (spill skips them)."""
+        return len(self._unpicklable)
+
+    @property
+    def directory(self) -> str | None:
+        """The spill directory, once the first spill has made it."""
+        return self._dir
+
+    # -- spilling ------------------------------------------------------------------
+
+    def spill(self, nbytes: int) -> int:
+        """Move least recently used values to disk until ``nbytes`` have moved.
+
+        Returns the recorded bytes moved, which is less than ``nbytes`` if nothing more
+        can move: every value left in memory is unpicklable, or a write was refused for
+        room (``disk_limit`` or an ``OSError``; :attr:`disk_full` is then True).
+        """
+        moved = 0
+        if nbytes <= 0:
+            return moved
+        for key in list(self._memory):
+            if key in self._unpicklable:
+                continue
+            outcome = self._spill_one(key)
+            if outcome is None:
+                break
+            moved += outcome
+            if moved >= nbytes:
+                break
+        return moved
+
+    def _spill_one(self, key: Key) -> int | None:
+        """Write one value to disk. Returns its recorded size, 0 if it stays in memory
+        because it is unpicklable, or None if there is no room (stop spilling)."""
+        value = self._memory[key]
+        budget = None if not self.disk_limit else self.disk_limit - self._disk_bytes
+        tmp: str | None = None
+        try:
+            directory = self._ensure_directory()
+            self._seq += 1
+            final = os.path.join(directory, f"{self._seq:08d}.spill")
+            tmp = final[: -len(".spill")] + ".tmp"
+            with open(tmp, "w+b") as file:
+                file_bytes = _dump_into(file, value, budget)
+            os.replace(tmp, final)
+            tmp = None
+        except _Unpicklable as exc:
+            self._unpicklable.add(key)
+            _log.warning(
+                "value cannot be pickled; it stays in memory",
+                key=key,
+                type=type(value).__name__,
+                error=repr(exc.error),
+            )
+            return 0
+        except _NoRoom:
+            self._refused(key, f"disk_limit {self.disk_limit} B reached")
+            return None
+        except (_WriteFailed, OSError) as exc:
+            error = exc.error if isinstance(exc, _WriteFailed) else exc
+            self._refused(key, repr(error))
+            return None
+        finally:
+            if tmp is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+        # The file is complete and in place: only now drop the in-memory reference.
+        del self._memory[key]
+        size = self._sizes[key]
+        self._memory_bytes -= size
+        self._disk[key] = _OnDisk(final, file_bytes)
+        self._disk_bytes += file_bytes
+        self.spilled_total += size
+        self.spill_count += 1
+        self.disk_full = False
+        return size
+
+    def _refused(self, key: Key, reason: str) -> None:
+        if not self.disk_full:
+            _log.warning("spilling stopped: no room on disk", key=key, reason=reason)
+        self.disk_full = True
+
+    def _ensure_directory(self) -> str:
+        if self._dir is None:
+            if self.parent is None:
+                path = tempfile.mkdtemp(prefix="corral-spill-")
+            else:
+                os.makedirs(self.parent, exist_ok=True)
+                path = tempfile.mkdtemp(prefix="corral-spill-", dir=self.parent)
+            self._dir = path
+            self._finalizer = weakref.finalize(self, _remove_tree, path)
+        return self._dir
+
+    # -- removal -------------------------------------------------------------------
+
+    def _discard(self, key: Key) -> None:
+        """Forget ``key`` (present) wherever it is; delete its file if spilled."""
+        size = self._sizes.pop(key)
+        if key in self._memory:
+            del self._memory[key]
+            self._memory_bytes -= size
+            self._unpicklable.discard(key)
+        else:
+            self._remove_file(key)
+
+    def _remove_file(self, key: Key) -> None:
+        where = self._disk.pop(key)
+        self._disk_bytes -= where.file_bytes
+        self.disk_full = False
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(where.path)
+
+    def close(self) -> None:
+        """Forget every value and delete every spill file and the spill directory.
+
+        Idempotent. The counters of totals are kept; the store may be used again (a
+        new directory is made on the next spill).
+        """
+        self._memory.clear()
+        self._disk.clear()
+        self._sizes.clear()
+        self._unpicklable.clear()
+        self._memory_bytes = 0
+        self._disk_bytes = 0
+        self.disk_full = False
+        if self._finalizer is not None:
+            self._finalizer()  # rmtree, once
+            self._finalizer = None
+        self._dir = None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
