@@ -1,33 +1,75 @@
 """Executors: where a worker's tasks run, and the RSS probe read around every task.
 
-What lives here: :class:`Executor` (a thread pool, the default execution mode) and
-:func:`rss`. Each executor measures, per task, duration, output size
-(``dask.sizeof``) and RSS right before and right after it, and hands finished tasks back
-to the event loop in batches through ``deliver``.
+What lives here:
+
+- :class:`BaseExecutor`: what every execution mode offers the worker (``submit``,
+  ``shutdown``, ``kill``, ``cancelled``, ``total_rss``) and the one copy of the result
+  hand-over: finished tasks go back to the event loop in batches through ``deliver``.
+- :class:`Executor` (mode ``"thread"``, the default): ``n`` threads of the worker
+  process run the tasks.
+- :class:`ProcessExecutor` (mode ``"process"``): ``n`` long-lived *task processes*,
+  one per slot, run the tasks; one of them can be killed (:meth:`ProcessExecutor.kill`)
+  without killing the worker.
+- :class:`TaskProcessDied`: the error of a task whose task process died under it.
+- :func:`rss`: this process's resident set size, cheap enough to read around each task.
+
+Each executor measures, per task, duration, output size (``dask.sizeof``) and RSS right
+before and right after it.
+
+Which mode to pick: threads are the default because tasks share the worker's memory, so
+inputs and outputs are never copied, and numpy, pandas and most compiled code release
+the GIL while they work. Processes cost a pickle copy of every task's inputs and output
+(and a process start after every kill), but a task that runs away with memory can be
+killed at the worker's memory *terminate* fence and its try recorded as ``oom`` while
+the worker and the other tasks' results live on. In process mode the RSS a task reports
+is its task process's; :meth:`BaseExecutor.total_rss` is the worker's plus its task
+processes'.
+
+How task processes work: each is started with the ``spawn`` start method (never
+``fork``: the worker is multi-threaded) by the thread that feeds it, and dies with its
+parent (``PR_SET_PDEATHSIG`` on Linux, plus a lifeline pipe whose end-of-file ends it
+anywhere). A job travels as the key, the node pickled by ``cloudpickle`` (a
+:class:`~runtime.graph.PickledNode` is sent as the bytes it already holds) and the
+inputs pickled with protocol 5, their out-of-band buffers (numpy arrays, ...) written
+straight from their memory and read straight into the receiving buffer; results come
+back the same way. Because task processes are spawned, a *script* that runs a cluster
+in process mode must guard its entry point with ``if __name__ == "__main__":`` (spawn
+imports the main module in each task process), as with any ``multiprocessing`` program.
 """
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import contextlib
+import ctypes
+import multiprocessing
+import multiprocessing.connection
 import os
+import pickle
 import queue
+import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
-from typing import Any
+import traceback
+from collections.abc import Callable, Iterable
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from typing import Any, ClassVar, Literal, cast
 
 import psutil
 from dask.sizeof import sizeof
 
 from actors.scheduler_state import TaskResult, ToRun
-from runtime.graph import Key
+from runtime.errors import CorralError
+from runtime.graph import Key, PickledNode
 
-__all__ = ["Executor", "rss"]
+__all__ = ["BaseExecutor", "Executor", "ProcessExecutor", "TaskProcessDied", "rss"]
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _PROC = psutil.Process()
+_LINUX = sys.platform.startswith("linux")
 
 
 _STATM: int | None = None
@@ -48,31 +90,113 @@ def _rss_psutil() -> int:
 #: Resident set size of this process in bytes. On Linux it reads /proc/self/statm
 #: through a kept-open descriptor (about 1.5 µs, against about 11 µs for psutil's
 #: ``memory_info``: cheap enough to call around every task); elsewhere psutil.
-rss: Callable[[], int] = _rss_statm if sys.platform.startswith("linux") else _rss_psutil
+rss: Callable[[], int] = _rss_statm if _LINUX else _rss_psutil
 
 
-class Executor:
+def _rss_of(pid: int) -> int:
+    """Resident set size of process ``pid`` in bytes; 0 if it is gone (or unreadable)."""
+    try:
+        if _LINUX:
+            with open(f"/proc/{pid}/statm", "rb") as f:
+                return int(f.read().split()[1]) * _PAGE
+        return int(psutil.Process(pid).memory_info().rss)
+    except (OSError, ValueError, IndexError, psutil.Error):
+        return 0
+
+
+Results = list[tuple[TaskResult, Any]]
+_Outcome = Literal["ok", "error", "timeout", "cancelled", "missing", "oom"]
+_KILL_OUTCOMES: frozenset[str] = frozenset({"oom", "timeout", "cancelled", "error"})
+
+
+class BaseExecutor(abc.ABC):
+    """What the worker needs from an execution mode, and the result hand-over.
+
+    ``deliver(results)`` is called on the event loop thread (the loop running when the
+    executor was created) with every ``(TaskResult, value)`` pair that finished since
+    the previous call; ``value`` is the task's output for outcome ``ok``, else None.
+    Keys added to :attr:`cancelled` before their task starts are reported ``cancelled``
+    without running. ``batch_delay`` bounds how long a mode may hold a finished result
+    back to send it together with the next ones.
+    """
+
+    #: Whether :meth:`kill` can stop a running task.
+    killable: ClassVar[bool] = False
+    #: The execution mode's name, as in configuration: ``"thread"`` or ``"process"``.
+    mode: ClassVar[str] = ""
+
+    def __init__(
+        self,
+        deliver: Callable[[Results], None],
+        *,
+        batch_delay: float = 0.002,
+    ) -> None:
+        self.batch_delay = batch_delay
+        self._deliver = deliver
+        self._lock = threading.Lock()
+        self._done: Results = []
+        self._loop = asyncio.get_running_loop()
+        self.cancelled: set[Key] = set()
+
+    @abc.abstractmethod
+    def submit(self, task: ToRun, inputs: dict[Key, Any]) -> None:
+        """Queue ``task`` to run with ``inputs`` (dependency key -> value)."""
+
+    @abc.abstractmethod
+    def shutdown(self, wait: bool = False) -> None:
+        """Stop after the work at hand; idempotent. ``wait``: until the threads end."""
+
+    def kill(self, key: Key, outcome: str = "oom") -> bool:
+        """Kill running task ``key``; whether it was. Threads cannot be: always False."""
+        return False
+
+    def children_rss(self) -> int:
+        """RSS of the processes this executor runs tasks in, besides this one (bytes)."""
+        return 0
+
+    def total_rss(self) -> int:
+        """RSS of this process plus the executor's task processes, in bytes."""
+        return rss() + self.children_rss()
+
+    def _push(self, results: Results) -> None:
+        """Hand results over from any thread; the event loop delivers them in a batch."""
+        with self._lock:
+            first = not self._done
+            self._done.extend(results)
+        if first:
+            with contextlib.suppress(RuntimeError):  # loop closed: the worker is gone
+                self._loop.call_soon_threadsafe(self._flush)
+
+    def _flush(self) -> None:
+        with self._lock:
+            done, self._done = self._done, []
+        self._deliver(done)
+
+
+# ----------------------------------------------------------------------------- threads
+
+
+class Executor(BaseExecutor):
     """``n`` threads running tasks; results come back through ``deliver`` in batches.
 
     ``deliver(results)`` is called on the event loop thread with every result that
-    finished since the previous call.
+    finished since the previous call. Running tasks cannot be killed.
     """
+
+    killable = False
+    mode = "thread"
 
     def __init__(
         self,
         n: int,
         name: str,
-        deliver: Callable[[list[tuple[TaskResult, Any]]], None],
+        deliver: Callable[[Results], None],
         *,
         batch_delay: float = 0.002,
     ) -> None:
-        self.batch_delay = batch_delay
+        super().__init__(deliver, batch_delay=batch_delay)
         self._jobs: queue.SimpleQueue[tuple[ToRun, dict[Key, Any]] | None] = queue.SimpleQueue()
-        self._deliver = deliver
-        self._lock = threading.Lock()
-        self._done: list[tuple[TaskResult, Any]] = []
-        self._loop = asyncio.get_running_loop()
-        self.cancelled: set[Key] = set()
+        self._closed = False
         self._threads = [
             threading.Thread(target=self._run, name=f"{name}-{i}", daemon=True) for i in range(n)
         ]
@@ -82,15 +206,32 @@ class Executor:
     def submit(self, task: ToRun, inputs: dict[Key, Any]) -> None:
         self._jobs.put((task, inputs))
 
-    def shutdown(self) -> None:
-        for _ in self._threads:
-            self._jobs.put(None)
+    def shutdown(self, wait: bool = False) -> None:
+        """Let the threads end once the queued tasks have run; idempotent.
+
+        ``wait``: return only when they have (a running task cannot be interrupted).
+        """
+        if not self._closed:
+            self._closed = True
+            for _ in self._threads:
+                self._jobs.put(None)
+        if wait:
+            for t in self._threads:
+                if t is not threading.current_thread():
+                    t.join()
+
+    def kill(self, key: Key, outcome: str = "oom") -> bool:
+        """Threads cannot be killed: always False (the task runs to its end)."""
+        return False
+
+    def total_rss(self) -> int:
+        return rss()
 
     def _run(self) -> None:
         jobs = self._jobs
         while True:
             job = jobs.get()
-            done: list[tuple[TaskResult, Any]] = []
+            done: Results = []
             first = time.perf_counter()
             rss_now = rss()
             # Run queued jobs back to back and hand results over together, but never
@@ -140,15 +281,571 @@ class Executor:
             after,
         )
 
-    def _push(self, results: list[tuple[TaskResult, Any]]) -> None:
-        with self._lock:
-            first = not self._done
-            self._done.extend(results)
-        if first:
-            with contextlib.suppress(RuntimeError):  # loop closed: the worker is gone
-                self._loop.call_soon_threadsafe(self._flush)
 
-    def _flush(self) -> None:
-        with self._lock:
-            done, self._done = self._done, []
-        self._deliver(done)
+# ----------------------------------------------------------------------------- processes
+
+
+class TaskProcessDied(CorralError):
+    """The task process running a task ended before the task did (process mode)."""
+
+    def __init__(self, key: Key, pid: int, exitcode: int | None) -> None:
+        from actors.processes import describe_exit
+
+        how = "unknown exit" if exitcode is None else describe_exit(exitcode)
+        hint = (
+            " (a SIGKILL from outside Corral is most often the kernel's out-of-memory killer)"
+            if exitcode == -signal.SIGKILL
+            else ""
+        )
+        super().__init__(
+            f"task {key!r} did not finish: its task process (pid {pid}) died, {how}{hint}. "
+            "The task or a library it calls ended the process (a crash in compiled code, "
+            "os._exit, running out of memory); check the task's memory use and native "
+            "code. The worker is fine and runs its next task in a new process.",
+            key=key,
+            pid=pid,
+            exitcode=exitcode,
+        )
+
+
+class _RemoteTraceback(Exception):
+    """The traceback of a task's exception in its task process, as text (the
+    ``__cause__`` of the exception the worker reports, as concurrent.futures does)."""
+
+    def __init__(self, tb: str) -> None:
+        super().__init__(tb)
+        self.tb = tb
+
+    def __str__(self) -> str:
+        return "\n" + self.tb
+
+
+_CTX = multiprocessing.get_context("spawn")
+_START_LOCK = threading.Lock()  # one task process started at a time
+_PR_SET_PDEATHSIG = 1
+_LIFELINE_EXIT_CODE = 75  # as actors.processes: the parent is gone
+_ORPHANED_EXIT_CODE = 74  # the parent died before PDEATHSIG was set
+_STOP = pickle.dumps(None, protocol=5)
+
+
+def _write_all(fd: int, data: memoryview) -> None:
+    """Write all of ``data`` to the (blocking) descriptor ``fd``, without copying it."""
+    pos, n = 0, data.nbytes
+    while pos < n:
+        pos += os.write(fd, data[pos:])
+
+
+def _read_exactly(fd: int, n: int) -> bytearray:
+    """Read ``n`` bytes from ``fd`` straight into a new (writable) buffer."""
+    buf = bytearray(n)
+    with memoryview(buf) as view:
+        pos = 0
+        while pos < n:
+            got = os.readv(fd, [view[pos:]])
+            if got == 0:
+                raise EOFError("the other end of the task pipe closed")
+            pos += got
+    return buf
+
+
+def _dumps(obj: Any) -> list[memoryview]:
+    """``obj`` pickled with protocol 5: the pickle, then its out-of-band buffers.
+
+    Falls back to cloudpickle (functions, lambdas, classes defined in ``__main__``);
+    raises what cloudpickle raises if neither can pickle it.
+    """
+    buffers: list[memoryview] = []
+
+    def out_of_band(buf: pickle.PickleBuffer) -> bool:
+        try:
+            buffers.append(buf.raw())
+        except BufferError:  # not contiguous: pickled in-band
+            return True
+        return False
+
+    try:
+        data = pickle.dumps(obj, protocol=5, buffer_callback=out_of_band)
+    except Exception:
+        import cloudpickle
+
+        buffers.clear()
+        data = cloudpickle.dumps(obj, protocol=5, buffer_callback=out_of_band)
+    return [memoryview(data), *buffers]
+
+
+def _send(conn: Connection, header: Any, parts: Iterable[memoryview]) -> None:
+    """One message: a pickled header naming the sizes of ``parts``, then the parts raw."""
+    parts = list(parts)
+    conn.send_bytes(pickle.dumps((header, [p.nbytes for p in parts]), protocol=5))
+    fd = conn.fileno()
+    for part in parts:
+        _write_all(fd, part)
+
+
+def _receive(conn: Connection) -> tuple[Any, list[bytearray]] | None:
+    """The other end's :func:`_send`: ``(header, parts)``; None for the stop message."""
+    msg = pickle.loads(conn.recv_bytes())
+    if msg is None:
+        return None
+    header, sizes = msg
+    fd = conn.fileno()
+    return header, [_read_exactly(fd, n) for n in sizes]
+
+
+# -- the task process side
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Ask Linux for SIGKILL when the thread that started us ends; exit if it has."""
+    if _LINUX:
+        try:
+            prctl = ctypes.CDLL(None, use_errno=True).prctl
+            prctl.argtypes = [ctypes.c_int] + [ctypes.c_ulong] * 4
+            prctl.restype = ctypes.c_int
+            prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent_pid:  # the parent died before prctl: nobody will tell us
+        os._exit(_ORPHANED_EXIT_CODE)
+
+
+def _watch_lifeline(lifeline: Connection) -> None:
+    """End the task process as soon as the parent's end of the lifeline closes."""
+    with contextlib.suppress(EOFError, OSError):
+        lifeline.recv_bytes()
+    os._exit(_LIFELINE_EXIT_CODE)
+
+
+def _pack_error(exc: BaseException) -> tuple[list[memoryview], str]:
+    """A task's exception pickled for the worker (checked to load again), and its
+    traceback text; an exception that does not survive pickling becomes a
+    RuntimeError that carries its repr and traceback."""
+    tb = "".join(traceback.format_exception(exc))
+    try:
+        parts = _dumps(exc)
+        pickle.loads(parts[0], buffers=parts[1:])
+        return parts, tb
+    except Exception:
+        pass
+    substitute = RuntimeError(
+        f"the task raised {exc!r}, which cannot be pickled to send it back from its task "
+        f"process; its traceback there:\n{tb}"
+    )
+    return [memoryview(pickle.dumps(substitute, protocol=5))], tb
+
+
+def _run_job(key: Key, parts: list[bytearray]) -> tuple[tuple[Any, ...], list[memoryview]]:
+    """Run one job in the task process; the reply's header and parts."""
+    node_bytes, inputs_bytes, *buffers = parts
+    parts.clear()  # the inputs' pickle goes once they are loaded
+    try:
+        inputs = pickle.loads(inputs_bytes, buffers=buffers)
+    except BaseException as exc:
+        now, after = time.time(), rss()
+        error, tb = _pack_error(exc)
+        return ("error", now, now, after, after, tb), error
+    del inputs_bytes, buffers
+    # As in a thread: the RSS before the task counts its inputs, its time loading it.
+    before = rss()
+    start = time.time()
+    try:
+        try:
+            node = pickle.loads(node_bytes)
+        except Exception as exc:
+            exc.add_note(
+                f"(while loading task {key!r} in a task process: its function or arguments "
+                "cannot be loaded there; is their module installed on the workers?)"
+            )
+            raise
+        value = node(inputs)
+    except BaseException as exc:
+        stop = time.time()
+        error, tb = _pack_error(exc)
+        return ("error", start, stop, before, rss(), tb), error
+    stop = time.time()
+    after = rss()
+    del inputs, node
+    try:
+        out = _dumps(value)
+    except Exception as exc:
+        exc.add_note(
+            f"(while pickling the result of task {key!r} ({type(value).__name__}) to send it "
+            "back from its task process: return a picklable value, or run in thread mode)"
+        )
+        error, tb = _pack_error(exc)
+        return ("error", start, stop, before, after, tb), error
+    return ("ok", start, stop, before, after, ""), out
+
+
+def _task_process_main(conn: Connection, lifeline: Connection, parent_pid: int) -> None:
+    """What a task process runs: jobs from ``conn``, one at a time, until told to stop
+    or until the parent is gone."""
+    _die_with_parent(parent_pid)
+    # Ctrl-C in a terminal reaches the whole process group: the worker stops its task
+    # processes itself, so a keystroke does not fail the task running here.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    os.set_inheritable(conn.fileno(), False)
+    os.set_inheritable(lifeline.fileno(), False)
+    threading.Thread(target=_watch_lifeline, args=(lifeline,), daemon=True).start()
+    while True:
+        try:
+            job = _receive(conn)
+        except (EOFError, OSError):
+            return  # the parent closed its end: it is gone or has given up on us
+        if job is None:
+            return
+        key, parts = job
+        header, reply = _run_job(key, parts)
+        del job, parts
+        for stream in (sys.stdout, sys.stderr):  # what the task printed, before the result
+            with contextlib.suppress(Exception):
+                stream.flush()
+        try:
+            _send(conn, header, reply)
+        except OSError:
+            return
+        del reply
+
+
+# -- the worker side
+
+
+class _Slot:
+    """One task process and the thread that feeds it. Fields that other threads read
+    (``pid``, ``key``, ``killed``) change only under the executor's state lock."""
+
+    __slots__ = (
+        "conn",
+        "idle_rss",
+        "index",
+        "key",
+        "kill_rss",
+        "killed",
+        "lifeline",
+        "pid",
+        "pidfd",
+        "process",
+        "start_error",
+    )
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.process: BaseProcess | None = None
+        self.conn: Connection | None = None
+        self.lifeline: Connection | None = None  #: our end; closing it ends the child
+        self.pid = 0
+        self.pidfd: int | None = None  #: signals reach this process, never a pid reuser
+        self.key: Key | None = None  #: the task running in it
+        self.killed: str | None = None  #: the outcome :meth:`ProcessExecutor.kill` gave it
+        self.kill_rss = 0  #: the child's RSS when it was killed
+        self.idle_rss = 0  #: the child's RSS after its last task
+        self.start_error: BaseException | None = None
+
+
+class ProcessExecutor(BaseExecutor):
+    """``n`` task processes, each fed by a thread of its own; a running task can be
+    killed (:meth:`kill`) without harming the worker or the other tasks.
+
+    Same interface as :class:`Executor`. A task's ``rss_before``/``rss`` are its task
+    process's RSS right before and right after it. A task process that dies under its
+    task (a segfault, ``os._exit``, the kernel's OOM killer) fails that try with
+    :class:`TaskProcessDied`; either way the slot gets a fresh process and goes on with
+    the next task. Results go back as soon as each task ends (results that end while
+    the event loop has not yet taken the previous ones travel with them), since every
+    task costs a round trip to its process anyway.
+    """
+
+    killable = True
+    mode = "process"
+
+    def __init__(
+        self,
+        n: int,
+        name: str,
+        deliver: Callable[[Results], None],
+        *,
+        batch_delay: float = 0.002,
+    ) -> None:
+        super().__init__(deliver, batch_delay=batch_delay)
+        self.name = name
+        self._jobs: queue.SimpleQueue[tuple[ToRun, dict[Key, Any]] | None] = queue.SimpleQueue()
+        self._state = threading.Lock()  #: guards the slots' pid, key and killed
+        self._closing = False
+        self._slots = [_Slot(i) for i in range(n)]
+        self._threads = [
+            threading.Thread(target=self._serve, args=(s,), name=f"{name}-{i}", daemon=True)
+            for i, s in enumerate(self._slots)
+        ]
+        for t in self._threads:
+            t.start()
+
+    # -- the interface
+
+    def submit(self, task: ToRun, inputs: dict[Key, Any]) -> None:
+        self._jobs.put((task, inputs))
+
+    def shutdown(self, wait: bool = False) -> None:
+        """Stop: running tasks are killed (reported ``cancelled``), queued ones are
+        reported ``cancelled`` without running, task processes are told to stop, and
+        SIGKILLed if they have not within a second. Idempotent; never blocks for long.
+
+        ``wait``: return only once the threads and task processes have ended.
+        """
+        with self._state:
+            first = not self._closing
+            self._closing = True
+            if first:
+                for slot in self._slots:
+                    if slot.key is not None and slot.killed is None:
+                        slot.killed = "cancelled"
+                        self._signal(slot, signal.SIGKILL)
+        if first:
+            for _ in self._threads:
+                self._jobs.put(None)
+        if wait:
+            deadline = time.monotonic() + 10.0
+            for t in self._threads:
+                if t is not threading.current_thread():
+                    t.join(max(0.0, deadline - time.monotonic()))
+
+    def kill(self, key: Key, outcome: str = "oom") -> bool:
+        """SIGKILL the task process running ``key``; whether one was.
+
+        Its try is then reported with ``outcome`` (``"oom"``, ``"timeout"``,
+        ``"cancelled"`` or ``"error"``), no error and the process's RSS when it was
+        killed, even if the task finished at that very moment; the slot gets a fresh
+        task process. A queued task, one that is not running here, or one already killed
+        is left alone: False.
+        """
+        if outcome not in _KILL_OUTCOMES:
+            raise ValueError(f"kill outcome must be one of {sorted(_KILL_OUTCOMES)}")
+        with self._state:
+            for slot in self._slots:
+                if slot.key is not None and slot.killed is None and slot.key == key:
+                    slot.kill_rss = _rss_of(slot.pid)
+                    slot.killed = outcome
+                    self._signal(slot, signal.SIGKILL)
+                    return True
+        return False
+
+    def running(self) -> dict[Key, int]:
+        """Keys running now (not killed) -> pid of the task process running each."""
+        with self._state:
+            return {s.key: s.pid for s in self._slots if s.key is not None and s.killed is None}
+
+    def pids(self) -> list[int]:
+        """The pids of the live task processes, busy or idle."""
+        with self._state:
+            return [s.pid for s in self._slots if s.pid]
+
+    def children_rss(self) -> int:
+        """Sum of the RSS of the live task processes, in bytes."""
+        return sum(_rss_of(pid) for pid in self.pids())
+
+    # -- the slot threads
+
+    def _serve(self, slot: _Slot) -> None:
+        jobs = self._jobs
+        try:
+            self._start_child(slot)
+            while True:
+                job = jobs.get()
+                if job is None:
+                    return
+                try:
+                    done = self._execute(slot, job[0], job[1])
+                except Exception as exc:  # a bug here must not leave the task unreported
+                    now = time.time()
+                    done = (TaskResult(job[0].key, "error", now, now, 0, 0, exc), None)
+                self._push([done])
+        finally:
+            self._stop_child(slot)
+
+    def _execute(self, slot: _Slot, task: ToRun, inputs: dict[Key, Any]) -> tuple[TaskResult, Any]:
+        """Run one task in the slot's task process; its result and value."""
+        key = task.key
+        if key in self.cancelled or self._closing:
+            return TaskResult(key, "cancelled"), None
+        try:
+            node = task.node
+            payload = node.payload if isinstance(node, PickledNode) else _cloudpickle(node)
+            parts = [memoryview(payload), *_dumps(inputs)]
+        except Exception as exc:
+            exc.add_note(
+                f"(while pickling task {key!r} and its inputs to run it in a task process: "
+                "make them picklable, or run in thread mode)"
+            )
+            now = time.time()
+            return TaskResult(key, "error", now, now, 0, slot.idle_rss, exc), None
+        if slot.process is None or not slot.process.is_alive():
+            self._restart_child(slot)  # it died while idle, or could not start
+        conn, process = slot.conn, slot.process
+        if conn is None or process is None:
+            now = time.time()
+            error = slot.start_error or RuntimeError("no task process could be started")
+            return TaskResult(key, "error", now, now, 0, 0, error), None
+        start = time.time()
+        with self._state:
+            if self._closing:  # shutdown() came while the job was being pickled
+                return TaskResult(key, "cancelled"), None
+            slot.key, slot.killed = key, None
+        reply: tuple[Any, list[bytearray]] | None = None
+        failure: Exception | None = None
+        try:
+            _send(conn, key, parts)
+            del parts
+            if conn not in multiprocessing.connection.wait([conn, process.sentinel]):
+                raise EOFError("the task process ended without a reply")
+            reply = _receive(conn)
+        except Exception as exc:
+            failure = exc
+        with self._state:
+            killed, slot.key = slot.killed, None
+        if killed is not None:
+            now = time.time()
+            outcome = cast(_Outcome, killed)
+            before, at_kill = slot.idle_rss, slot.kill_rss or slot.idle_rss
+            self._restart_child(slot)
+            return TaskResult(key, outcome, start, now, 0, at_kill, rss_before=before), None
+        if reply is None:
+            failure = failure or EOFError("the task process sent no reply")
+            return self._lost(slot, key, start, failure), None
+        return self._result(slot, key, reply[0], reply[1])
+
+    def _result(
+        self, slot: _Slot, key: Key, header: tuple[Any, ...], parts: list[bytearray]
+    ) -> tuple[TaskResult, Any]:
+        """The TaskResult and value of a task process's reply."""
+        outcome, start, stop, before, after, tb = header
+        slot.idle_rss = after
+        if outcome == "ok":
+            try:
+                value = pickle.loads(parts[0], buffers=parts[1:])
+            except Exception as exc:
+                exc.add_note(f"(while loading the result of task {key!r} from its task process)")
+                return TaskResult(key, "error", start, stop, 0, after, exc, rss_before=before), None
+            try:
+                nbytes = int(sizeof(value))
+            except Exception:
+                nbytes = 0
+            return TaskResult(key, "ok", start, stop, nbytes, after, rss_before=before), value
+        try:
+            error = pickle.loads(parts[0])
+            if not isinstance(error, BaseException):
+                raise TypeError(f"not an exception: {type(error).__name__}")
+        except Exception as exc:
+            error = RuntimeError(
+                f"the error of task {key!r} cannot be loaded from its task process ({exc!r}); "
+                f"its traceback there:\n{tb}"
+            )
+        if tb and error.__cause__ is None:
+            error.__cause__ = _RemoteTraceback(tb)
+        return TaskResult(key, "error", start, stop, 0, after, error, rss_before=before), None
+
+    def _lost(self, slot: _Slot, key: Key, start: float, failure: Exception) -> TaskResult:
+        """The task process stopped answering mid-task (not killed by us): it died, or
+        (a bug) the exchange broke. Either way it is replaced."""
+        process, pid = slot.process, slot.pid
+        assert process is not None
+        process.join(1.0)
+        # Alive but the exchange failed: a broken exchange, not a death.
+        alive = process.is_alive()
+        error = failure if alive else TaskProcessDied(key, pid, process.exitcode)
+        now, last = time.time(), slot.idle_rss
+        self._restart_child(slot)
+        return TaskResult(key, "error", start, now, 0, last, error, rss_before=last)
+
+    # -- task processes
+
+    def _start_child(self, slot: _Slot) -> None:
+        """Start the slot's task process (from the slot's thread: PDEATHSIG is tied to
+        the thread that starts a child). A failure is kept for the next task to report."""
+        if self._closing:
+            return
+        try:
+            process, ours, life_w = self._spawn(slot.index)
+        except Exception as exc:
+            slot.start_error = exc
+            return
+        pid = process.pid
+        assert pid is not None
+        pidfd: int | None = None
+        if hasattr(os, "pidfd_open"):
+            with contextlib.suppress(OSError):
+                pidfd = os.pidfd_open(pid)
+        with self._state:
+            slot.process, slot.conn, slot.lifeline = process, ours, life_w
+            slot.pid, slot.pidfd = pid, pidfd
+            slot.start_error = None
+            slot.idle_rss = 0
+            slot.kill_rss = 0
+
+    def _spawn(self, index: int) -> tuple[BaseProcess, Connection, Connection]:
+        """A started task process, our end of its pipe and our end of its lifeline."""
+        ours, theirs = _CTX.Pipe(duplex=True)
+        try:
+            life_r, life_w = _CTX.Pipe(duplex=False)
+        except BaseException:
+            ours.close()
+            theirs.close()
+            raise
+        process = _CTX.Process(
+            target=_task_process_main,
+            args=(theirs, life_r, os.getpid()),
+            name=f"{self.name}-task-{index}",
+            daemon=True,
+        )
+        try:
+            with _START_LOCK:
+                process.start()
+        except BaseException:
+            ours.close()
+            life_w.close()
+            raise
+        finally:
+            theirs.close()  # the child has its own copies now
+            life_r.close()
+        return process, ours, life_w
+
+    def _restart_child(self, slot: _Slot) -> None:
+        self._stop_child(slot, graceful=False)
+        self._start_child(slot)
+
+    def _stop_child(self, slot: _Slot, graceful: bool = True) -> None:
+        """Stop the slot's task process (if any) and release everything it held."""
+        process = slot.process
+        if process is None:
+            return
+        if graceful and process.is_alive() and slot.conn is not None:
+            with contextlib.suppress(OSError):
+                slot.conn.send_bytes(_STOP)
+            process.join(1.0)
+        if process.is_alive():
+            with self._state:
+                self._signal(slot, signal.SIGKILL)
+            process.join(5.0)
+        with self._state:
+            conn, lifeline, pidfd = slot.conn, slot.lifeline, slot.pidfd
+            slot.process = slot.conn = slot.lifeline = slot.pidfd = None
+            slot.pid = 0
+        for c in (conn, lifeline):
+            if c is not None:
+                c.close()
+        if pidfd is not None:
+            os.close(pidfd)
+        if process.exitcode is not None:
+            process.close()
+
+    def _signal(self, slot: _Slot, sig: int) -> None:
+        """Send ``sig`` to the slot's task process (caller holds the state lock)."""
+        with contextlib.suppress(ProcessLookupError, OSError):
+            if slot.pidfd is not None:
+                signal.pidfd_send_signal(slot.pidfd, sig)
+            elif slot.pid:
+                os.kill(slot.pid, sig)
+
+
+def _cloudpickle(node: Any) -> bytes:
+    import cloudpickle
+
+    return cast(bytes, cloudpickle.dumps(node, protocol=5))

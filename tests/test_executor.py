@@ -1,0 +1,377 @@
+"""The executors: tasks in threads (:class:`Executor`) and in killable task processes
+(:class:`ProcessExecutor`).
+
+Everything runs for real: task processes are spawned children, kills are SIGKILLs, a
+dying task really ends its process. Every wait is on results handed to ``deliver`` (or
+on a polled condition) inside ``anyio.fail_after``, never sleep-then-assert. Task
+functions live at module level so a task process can import them by reference.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import numpy as np
+import psutil
+import pytest
+from anyio.streams.buffered import BufferedByteReceiveStream
+from dask._task_spec import Task, TaskRef
+from dask.sizeof import sizeof
+
+from actors.executor import (
+    BaseExecutor,
+    Executor,
+    ProcessExecutor,
+    TaskProcessDied,
+    rss,
+)
+from actors.scheduler_state import TaskResult, ToRun
+from runtime.graph import Key
+
+pytestmark = pytest.mark.anyio
+
+BOUND = 15  # seconds any single wait may take (task processes start in about a second)
+HOG = 64 * 2**20  # bytes a memory hog holds while it waits to be killed
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# ----------------------------------------------------------------------------- tasks
+
+
+class Boom(Exception):
+    """A user exception type only this module knows."""
+
+
+class Stubborn(Exception):
+    """Pickles, but does not load again (its __init__ wants two arguments)."""
+
+    def __init__(self, a: int, b: int) -> None:
+        super().__init__(f"{a} and {b}")
+
+
+def where(delay: float = 0.0) -> tuple[int, str]:
+    """Which process and thread ran the task, after ``delay`` seconds."""
+    if delay:
+        time.sleep(delay)
+    return os.getpid(), threading.current_thread().name
+
+
+def double_in_place(x: np.ndarray) -> np.ndarray:
+    x *= 2  # inputs arrive writable in a task process, as they are in a thread
+    return x
+
+
+def total(a: np.ndarray, b: np.ndarray) -> float:
+    return float(a.sum() + b.sum())
+
+
+def boom(x: int) -> int:
+    raise Boom(f"boom {x}")
+
+
+def stubborn() -> None:
+    raise Stubborn(1, 2)
+
+
+def unpicklable_result() -> Any:
+    return threading.Lock()
+
+
+def hog(nbytes: int, seconds: float) -> int:
+    """Hold ``nbytes`` of touched memory for up to ``seconds`` (until killed)."""
+    block = b"\x01" * nbytes
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        time.sleep(0.01)
+    return len(block)
+
+
+def die_by_signal(sig: int) -> None:
+    os.kill(os.getpid(), sig)
+
+
+def job(key: Key, func: Callable[..., Any], *args: Any) -> ToRun:
+    return ToRun(key, Task(key, func, *args), "test", ())
+
+
+# ----------------------------------------------------------------------------- harness
+
+
+class Delivered:
+    """What an executor delivered, by key; ``get`` waits for a key's result."""
+
+    def __init__(self) -> None:
+        self.results: dict[Key, tuple[TaskResult, Any]] = {}
+        self.batches = 0
+        self._changed = anyio.Event()
+
+    def __call__(self, batch: list[tuple[TaskResult, Any]]) -> None:
+        assert threading.current_thread() is threading.main_thread()  # the loop's thread
+        self.batches += 1
+        for result, value in batch:
+            assert result.key not in self.results
+            self.results[result.key] = (result, value)
+        self._changed.set()
+
+    async def get(self, key: Key) -> tuple[TaskResult, Any]:
+        with anyio.fail_after(BOUND):
+            while key not in self.results:
+                self._changed = anyio.Event()
+                await self._changed.wait()
+        return self.results.pop(key)
+
+
+@contextlib.asynccontextmanager
+async def process_executor(n: int = 1) -> AsyncIterator[tuple[ProcessExecutor, Delivered]]:
+    delivered = Delivered()
+    ex = ProcessExecutor(n, "w1", delivered)
+    try:
+        yield ex, delivered
+    finally:
+        with anyio.fail_after(BOUND):
+            await anyio.to_thread.run_sync(ex.shutdown, True)
+
+
+async def wait_until(condition: Callable[[], bool]) -> None:
+    with anyio.fail_after(BOUND):
+        while not condition():  # noqa: ASYNC110 - nothing signals a pid's end or its RSS
+            await anyio.sleep(0.01)
+
+
+def gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+# ----------------------------------------------------------------------------- process mode
+
+
+async def test_a_task_runs_in_a_task_process_and_reports_its_measurements() -> None:
+    async with process_executor() as (ex, delivered):
+        assert isinstance(ex, BaseExecutor)
+        assert (ex.mode, ex.killable) == ("process", True)
+        ex.submit(job("t", where, 0.05), {})
+        result, value = await delivered.get("t")
+        pid, _ = value
+        assert result.outcome == "ok", result.error
+        assert result.error is None
+        assert pid != os.getpid()
+        assert pid in ex.pids()
+        assert result.stop - result.start >= 0.05
+        assert result.start <= time.time()
+        assert result.nbytes == sizeof(value) > 0
+        assert result.rss > 0 and result.rss_before > 0  # the task process's RSS
+        assert ex.running() == {}
+        children = ex.children_rss()
+        assert children > 0
+        assert ex.total_rss() >= rss() + children // 2  # both sides, read at two moments
+
+
+async def test_numpy_inputs_and_outputs_round_trip_writable() -> None:
+    x = np.arange(1_000_000, dtype=np.float64)
+    strided = np.arange(20.0)[::2]  # not contiguous: travels inside the pickle
+    fortran = np.asfortranarray(np.ones((30, 20)))
+    async with process_executor() as (ex, delivered):
+        ex.submit(job("d", double_in_place, TaskRef("x")).with_pickled_node(), {"x": x})
+        ex.submit(job("s", total, TaskRef("a"), TaskRef("b")), {"a": strided, "b": fortran})
+        result, value = await delivered.get("d")
+        assert result.outcome == "ok", result.error
+        np.testing.assert_array_equal(value, np.arange(1_000_000, dtype=np.float64) * 2)
+        assert value.flags.writeable
+        assert result.nbytes == x.nbytes
+        np.testing.assert_array_equal(x, np.arange(1_000_000, dtype=np.float64))  # a copy
+        result, value = await delivered.get("s")
+        assert result.outcome == "ok", result.error
+        assert value == strided.sum() + 600
+
+
+async def test_a_raising_task_reports_the_original_exception() -> None:
+    async with process_executor() as (ex, delivered):
+        ex.submit(job("b", boom, 3), {})
+        ex.submit(job("s", stubborn), {})
+        ex.submit(job("u", unpicklable_result), {})
+        ex.submit(job("ok", where), {})
+        result, value = await delivered.get("b")
+        assert result.outcome == "error" and value is None
+        assert type(result.error) is Boom
+        assert str(result.error) == "boom 3"
+        assert "in boom" in str(result.error.__cause__)  # the traceback in the process
+        assert result.rss > 0
+        # An exception that cannot travel back arrives as a RuntimeError naming it.
+        result, _ = await delivered.get("s")
+        assert result.outcome == "error"
+        assert type(result.error) is RuntimeError
+        assert "Stubborn('1 and 2')" in str(result.error)
+        # So does a result that cannot be pickled, with a note that says so.
+        result, _ = await delivered.get("u")
+        assert result.outcome == "error"
+        assert "pickle" in str(result.error)
+        assert any("result of task 'u'" in n for n in result.error.__notes__)
+        # None of this harmed the task process.
+        result, (pid, _) = await delivered.get("ok")
+        assert result.outcome == "ok"
+        assert ex.pids() == [pid]
+
+
+async def test_kill_ends_a_running_task_as_oom_and_the_slot_goes_on() -> None:
+    async with process_executor() as (ex, delivered):
+        ex.submit(job("warm", where), {})
+        _, (old_pid, _) = await delivered.get("warm")
+        idle = ex.children_rss()
+        ex.submit(job("hog", hog, HOG, 60.0), {})
+        ex.submit(job("after", where), {})  # queued behind the hog: one slot
+        await wait_until(
+            lambda: ex.running() == {"hog": old_pid} and ex.children_rss() >= idle + HOG
+        )
+        assert not ex.kill("after")  # queued tasks are not killed
+        assert not ex.kill("nothing")
+        assert ex.kill("hog")
+        assert not ex.kill("hog")  # already killed
+        result, value = await delivered.get("hog")
+        assert result.outcome == "oom" and value is None
+        assert result.error is None
+        assert result.rss >= HOG  # the task process's RSS when it was killed
+        assert result.stop >= result.start > 0
+        result, (new_pid, _) = await delivered.get("after")
+        assert result.outcome == "ok", result.error
+        assert new_pid != old_pid
+        assert gone(old_pid)
+        assert ex.pids() == [new_pid]
+
+
+@pytest.mark.parametrize(
+    ("func", "arg", "says"),
+    [
+        (os._exit, 3, "exit code 3"),
+        (die_by_signal, signal.SIGKILL, "SIGKILL (signal 9)"),
+    ],
+)
+async def test_a_task_process_that_dies_fails_its_task_and_is_replaced(
+    func: Callable[[int], None], arg: int, says: str
+) -> None:
+    async with process_executor() as (ex, delivered):
+        ex.submit(job("die", func, arg), {})
+        ex.submit(job("next", where), {})
+        result, value = await delivered.get("die")
+        assert result.outcome == "error" and value is None
+        error = result.error
+        assert isinstance(error, TaskProcessDied)
+        assert says in str(error)
+        assert error.exitcode == (arg if func is os._exit else -arg)
+        result, (pid, _) = await delivered.get("next")
+        assert result.outcome == "ok", result.error
+        assert pid != error.pid
+        assert gone(error.pid)
+
+
+async def test_cancelled_tasks_do_not_start() -> None:
+    async with process_executor() as (ex, delivered):
+        ex.cancelled.add("c")
+        ex.submit(job("c", boom, 1), {})
+        result, value = await delivered.get("c")
+        assert result == TaskResult("c", "cancelled") and value is None
+        # A task cancelled while it waits behind a running one does not start either.
+        ex.submit(job("hog", hog, 0, 60.0), {})
+        ex.submit(job("queued", boom, 2), {})
+        await wait_until(lambda: "hog" in ex.running())
+        ex.cancelled.add("queued")
+        assert ex.kill("hog", "cancelled")
+        result, _ = await delivered.get("hog")
+        assert result.outcome == "cancelled"
+        result, _ = await delivered.get("queued")
+        assert result == TaskResult("queued", "cancelled")
+        with pytest.raises(ValueError, match="kill outcome"):
+            ex.kill("hog", "ok")
+
+
+async def test_shutdown_leaves_no_task_process_alive() -> None:
+    delivered = Delivered()
+    ex = ProcessExecutor(2, "w2", delivered)
+    ex.submit(job("a", where), {})
+    ex.submit(job("hog", hog, 0, 60.0), {})
+    await delivered.get("a")
+    await wait_until(lambda: "hog" in ex.running() and len(ex.pids()) == 2)
+    pids = ex.pids()
+    ex.submit(job("queued", where), {})
+    with anyio.fail_after(BOUND):
+        ex.shutdown()
+        await anyio.to_thread.run_sync(ex.shutdown, True)  # idempotent; waits
+    assert ex.pids() == []
+    children = {p.pid for p in psutil.Process().children(recursive=True)}
+    assert not children & set(pids)
+    assert all(gone(pid) for pid in pids)
+    # The running task was killed and the queued one never started: both cancelled.
+    assert (await delivered.get("hog"))[0].outcome == "cancelled"
+    assert (await delivered.get("queued"))[0].outcome == "cancelled"
+
+
+ORPHANED = """
+import asyncio, os
+from dask._task_spec import Task
+from actors.executor import ProcessExecutor
+from actors.scheduler_state import ToRun
+
+async def main():
+    done = asyncio.Event()
+    ex = ProcessExecutor(1, "orphan", lambda batch: (print(batch[0][1], flush=True), done.set()))
+    ex.submit(ToRun("pid", Task("pid", os.getpid), "pid", ()), {})
+    await done.wait()
+    await asyncio.sleep(60)
+
+asyncio.run(main())
+"""
+
+
+async def test_task_processes_die_with_their_worker() -> None:
+    argv = [sys.executable, "-c", ORPHANED]
+    with anyio.fail_after(BOUND):
+        async with await anyio.open_process(argv, cwd=ROOT, stderr=subprocess.DEVNULL) as worker:
+            assert worker.stdout is not None
+            line = await BufferedByteReceiveStream(worker.stdout).receive_until(b"\n", 64)
+            pid = int(line)
+            assert psutil.Process(pid).ppid() == worker.pid
+            worker.kill()  # SIGKILL: nothing in the worker gets to clean up
+            await worker.wait()
+        await wait_until(lambda: gone(pid))
+
+
+# ----------------------------------------------------------------------------- thread mode
+
+
+async def test_the_thread_executor_runs_tasks_in_this_process_and_cannot_kill() -> None:
+    delivered = Delivered()
+    ex = Executor(2, "w3", delivered)
+    try:
+        assert (ex.mode, ex.killable) == ("thread", False)
+        ex.submit(job("t", where, 0.01), {})
+        ex.submit(job("b", boom, 4), {})
+        result, (pid, thread) = await delivered.get("t")
+        assert result.outcome == "ok", result.error
+        assert pid == os.getpid() and thread.startswith("w3-")
+        assert result.stop - result.start >= 0.01
+        assert result.nbytes == sizeof((pid, thread))
+        assert result.rss > 0 and result.rss_before > 0
+        result, _ = await delivered.get("b")
+        assert type(result.error) is Boom
+        ex.cancelled.add("c")
+        ex.submit(job("c", where), {})
+        assert (await delivered.get("c"))[0] == TaskResult("c", "cancelled")
+        assert not ex.kill("t")
+        assert ex.children_rss() == 0
+        assert ex.total_rss() > 0
+    finally:
+        ex.shutdown()
+        with anyio.fail_after(BOUND):
+            await anyio.to_thread.run_sync(ex.shutdown, True)
