@@ -1,34 +1,39 @@
 """A worker's memory governor: the pure core behind "pause for a bit".
 
-What lives here: :class:`MemoryConfig` (the fractions and intervals), the events the
+What lives here: :class:`MemoryConfig` (the fences and intervals), the events the
 governor takes and the commands it returns, and :class:`MemoryGovernor` with its one
 mutator ``handle(*events) -> list[Command]``. No clock, no threads, no I/O: events carry
 ``now``; a deferral is a command the worker's shell turns into a timer.
 
-The rules (from the users' thread in seed 003, where a full pause deadlocked clusters):
+The fences, as fractions of the worker's memory ``limit`` (defaults in brackets; see
+docs/memory.md for the picture):
 
-- Below ``throttle`` x limit, every ready task runs.
-- At or above it, a task that *produces* memory (its category makes far more than it
-  consumes) is deferred for a short interval that grows each time the same task is
+- ``spill`` [0.6]: at or above it, the worker moves stored outputs to disk, least
+  recently used first, down to 90% of the fence (:class:`Spill` says how many bytes).
+  Spilling comes first so that a worker holding more results than fit (a persist larger
+  than memory) keeps going instead of stopping.
+- ``throttle`` [0.7]: at or above it, a task that *produces* memory (the scheduler marks
+  it so) is deferred for a short interval that grows each time the same task is
   deferred again (``first_delay`` x ``growth``^k, at most ``max_delay``); consumers and
-  everything else keep running, so memory can come down. The worker is *throttled*,
-  and says so (:class:`Throttled`), so the scheduler stops sending it producers.
-- Deferred tasks run at once when memory falls below ``throttle`` x limit: nothing waits
-  for its timer then.
-- At or above ``spill`` x limit, the worker is asked to move stored outputs to disk
-  until memory is back under ``throttle`` x limit (:class:`Spill` says how many bytes).
-- At or above ``terminate`` x limit, the running task that grew memory the most since it
-  started is killed (:class:`Kill`; its try ends ``oom``), not the worker.
+  everything else keep running, so memory can come down. The worker is *throttled* and
+  says so (:class:`Throttled`), so the scheduler stops sending it producers. Deferred
+  tasks run at once when a sample is under the fence: nothing waits for its timer then.
+  (In the users' thread of seed 003 a full pause deadlocked clusters: here nothing but
+  producers ever waits, and the scheduler's watchdog fails a run that cannot move.)
+- ``terminate`` [0.95]: at or above it, the running task whose process is largest is
+  killed (:class:`Kill`; its try ends ``oom``), not the worker. Only tasks that run in
+  task processes can be killed: the shell reports per-task RSS for those only.
 
-This module is the decision logic only. Wiring it into the worker (running tasks in
-killable child processes, spilling, telling the scheduler, the cluster-wide stall
-watchdog) is the next step of the memory work and not done yet.
+``None`` turns the spill or the terminate fence off.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from runtime.errors import CorralError
 
 __all__ = [
     "Command",
@@ -37,41 +42,100 @@ __all__ = [
     "Finished",
     "Kill",
     "MemoryConfig",
+    "MemoryConfigError",
     "MemoryGovernor",
     "Ready",
     "Run",
     "Sampled",
     "Spill",
-    "Started",
     "Throttled",
     "Tick",
 ]
 
 
+class MemoryConfigError(CorralError, ValueError):
+    def __init__(self, problem: str) -> None:
+        super().__init__(
+            f"bad memory configuration: {problem}. See docs/memory.md for each setting.",
+            problem=problem,
+        )
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class MemoryConfig:
-    """Memory fences of one worker, as fractions of its ``limit`` in bytes."""
+    """How one worker governs its memory. ``limit`` is in bytes; fences are fractions
+    of it; intervals are seconds."""
 
     limit: int
-    throttle: float = 0.6
-    spill: float = 0.7
-    terminate: float = 0.95
-    first_delay: float = 0.05
-    growth: float = 2.0
-    max_delay: float = 2.0
+    spill: float | None = 0.6
+    throttle: float = 0.7
+    terminate: float | None = 0.95
+    first_delay: float = 0.05  #: first deferral of a producer
+    growth: float = 2.0  #: each further deferral of the same task is this much longer
+    max_delay: float = 2.0  #: longest deferral
+    interval: float = 0.05  #: RSS is sampled this often, besides after every task
+    execution: Literal["thread", "process"] = "thread"  #: where tasks run
+    spill_dir: str | None = None  #: parent directory for spill files (None: system temp)
+    disk_limit: int = 0  #: bytes of spill files at most (0: no limit)
+
+    #: options that may be given by name (everything but ``limit``)
+    OPTIONS = (
+        "spill",
+        "throttle",
+        "terminate",
+        "first_delay",
+        "growth",
+        "max_delay",
+        "interval",
+        "execution",
+        "spill_dir",
+        "disk_limit",
+    )
 
     def __post_init__(self) -> None:
         if self.limit <= 0:
-            raise ValueError(f"memory limit must be positive, got {self.limit}")
-        if not 0 < self.throttle <= self.spill < self.terminate <= 1:
-            raise ValueError(
-                "memory fractions must satisfy 0 < throttle <= spill < terminate <= 1; got "
-                f"throttle={self.throttle}, spill={self.spill}, terminate={self.terminate}"
+            raise MemoryConfigError(f"the memory limit must be positive, got {self.limit}")
+        if not 0 < self.throttle <= 1:
+            raise MemoryConfigError(f"throttle must be in (0, 1], got {self.throttle}")
+        if self.spill is not None and not 0 < self.spill <= 1:
+            raise MemoryConfigError(f"spill must be in (0, 1] or None, got {self.spill}")
+        if self.terminate is not None and not self.throttle < self.terminate <= 1:
+            raise MemoryConfigError(
+                f"terminate must be above throttle ({self.throttle}) and at most 1, or "
+                f"None; got {self.terminate}"
             )
         if self.first_delay <= 0 or self.growth < 1 or self.max_delay < self.first_delay:
-            raise ValueError(
-                "deferrals need first_delay > 0, growth >= 1 and max_delay >= first_delay"
+            raise MemoryConfigError(
+                "deferrals need first_delay > 0, growth >= 1 and max_delay >= first_delay; "
+                f"got {self.first_delay}, {self.growth}, {self.max_delay}"
             )
+        if self.interval <= 0:
+            raise MemoryConfigError(f"interval must be positive, got {self.interval}")
+        if self.execution not in ("thread", "process"):
+            raise MemoryConfigError(
+                f"execution must be 'thread' or 'process', got {self.execution!r}"
+            )
+        if self.disk_limit < 0:
+            raise MemoryConfigError(f"disk_limit must be >= 0, got {self.disk_limit}")
+
+    @classmethod
+    def of(cls, limit: int, options: Mapping[str, Any] | None = None) -> MemoryConfig:
+        """``MemoryConfig(limit, **options)``, with a clear error for unknown names."""
+        options = dict(options or {})
+        unknown = sorted(set(options) - set(cls.OPTIONS))
+        if unknown:
+            raise MemoryConfigError(
+                f"unknown option(s) {', '.join(unknown)}; known: {', '.join(cls.OPTIONS)}"
+            )
+        return cls(limit, **options)
+
+    def options(self) -> dict[str, Any]:
+        """The settings other than ``limit``, as :meth:`of` takes them."""
+        return {name: getattr(self, name) for name in self.OPTIONS}
+
+    def at(self, fraction: float) -> int:
+        """Bytes at ``fraction`` of the limit."""
+        return int(fraction * self.limit)
 
 
 # ----------------------------------------------------------------------------- events
@@ -84,9 +148,11 @@ class Event:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Sampled(Event):
-    """The process's RSS, read after a task finished or on the periodic tick."""
+    """The worker's RSS (with its task processes), read after a task finished or on the
+    periodic tick; ``tasks``: ``(key, RSS)`` of each running task that can be killed."""
 
     rss: int
+    tasks: tuple[tuple[Any, int], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -98,13 +164,9 @@ class Ready(Event):
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class Started(Event):
-    key: Any
-    rss: int
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
 class Finished(Event):
+    """A task ended (however), or was cancelled before it ran."""
+
     key: Any
 
 
@@ -170,8 +232,8 @@ class MemoryGovernor:
         self.throttled = False  #: deferring producers now
         self.deferred: dict[Any, float] = {}  #: producer -> not before this time
         self.deferrals: dict[Any, int] = {}  #: producer -> times deferred so far
-        self.running: dict[Any, int] = {}  #: task -> RSS when it started
         self.killed: set[Any] = set()  #: kills asked for, not finished yet
+        self._throttle_at = config.at(config.throttle)
 
     # -- the one mutator ---------------------------------------------------------------
 
@@ -182,12 +244,10 @@ class MemoryGovernor:
                 self._sampled(ev, out)
             elif isinstance(ev, Ready):
                 self._ready(ev, out)
-            elif isinstance(ev, Started):
-                self.running[ev.key] = ev.rss
             elif isinstance(ev, Finished):
-                self.running.pop(ev.key, None)
                 self.killed.discard(ev.key)
                 self.deferrals.pop(ev.key, None)
+                self.deferred.pop(ev.key, None)
             elif isinstance(ev, Tick):
                 self._tick(ev, out)
             else:
@@ -201,36 +261,40 @@ class MemoryGovernor:
         """RSS as a fraction of the limit."""
         return self.rss / self.config.limit
 
+    def admits(self, producer: bool) -> bool:
+        """Whether a task may start now without asking (the shell's fast path): the
+        same answer :class:`Ready` would give with a :class:`Run`."""
+        return not producer or not self.throttled
+
     # -- handlers ----------------------------------------------------------------------
 
     def _sampled(self, ev: Sampled, out: list[Command]) -> None:
         cfg = self.config
-        self.rss = ev.rss
-        level = self.level
-        if level < cfg.throttle:
+        self.rss = rss = ev.rss
+        if cfg.spill is not None and rss >= cfg.at(cfg.spill):
+            out.append(Spill(rss - cfg.at(cfg.spill * 0.9)))
+        if rss < self._throttle_at:
             if self.throttled:
                 self.throttled = False
-                out.append(Throttled(False, ev.rss))
+                out.append(Throttled(False, rss))
             for key in sorted(self.deferred, key=self.deferred.__getitem__):
                 out.append(Run(key))  # memory fell: nothing waits for its timer
+                self.deferrals.pop(key, None)
             self.deferred.clear()
             return
         if not self.throttled:
             self.throttled = True
-            out.append(Throttled(True, ev.rss))
-        if level >= cfg.spill:
-            out.append(Spill(ev.rss - int(cfg.throttle * cfg.limit)))
-        if level >= cfg.terminate:
-            candidates = [k for k in self.running if k not in self.killed]
+            out.append(Throttled(True, rss))
+        if cfg.terminate is not None and rss >= cfg.at(cfg.terminate):
+            candidates = [(k, r) for k, r in ev.tasks if k not in self.killed]
             if candidates:
-                # The task that grew memory the most since it started; ties: the newest.
-                order = {k: i for i, k in enumerate(self.running)}
-                worst = max(candidates, key=lambda k: (ev.rss - self.running[k], order[k]))
+                # The largest task process; ties: the one listed last (newest).
+                worst = max(enumerate(candidates), key=lambda ikr: (ikr[1][1], ikr[0]))[1][0]
                 self.killed.add(worst)
-                out.append(Kill(worst, ev.rss, cfg.limit))
+                out.append(Kill(worst, rss, cfg.limit))
 
     def _ready(self, ev: Ready, out: list[Command]) -> None:
-        if not ev.producer or self.level < self.config.throttle:
+        if not ev.producer or not self.throttled:
             self.deferred.pop(ev.key, None)
             out.append(Run(ev.key))
             return

@@ -32,13 +32,15 @@ from actors.scheduler_state import (
     SchedulerConfig,
     SchedulerState,
     TasksFinished,
+    Tick,
     WorkerDraining,
     WorkerJoined,
     WorkerLeft,
+    WorkerMemory,
 )
 from policies import REGISTRY, PolicyRegistry
 from runtime.errors import ActorStopped
-from runtime.kernel import Actor, ActorRef, Later, current_causal_id, handles
+from runtime.kernel import Actor, ActorRef, Envelope, Later, current_causal_id, handles
 from runtime.messages import (
     CancelRequest,
     CancelTasks,
@@ -47,6 +49,7 @@ from runtime.messages import (
     FileFactsMsg,
     FilesReleasedMsg,
     KeyUpdates,
+    Message,
     PolicyInfo,
     PolicyQuery,
     RegisterWorker,
@@ -64,9 +67,16 @@ from runtime.messages import (
     WaitForWorkersRequest,
     WorkerGone,
     WorkerInfo,
+    WorkerMemoryReport,
+    message,
 )
 
 __all__ = ["Scheduler"]
+
+
+@message(local=True)
+class _Tick(Message):
+    """Scheduler-internal: time passed (the memory watchdog's clock)."""
 
 
 class Scheduler(Actor):
@@ -92,7 +102,21 @@ class Scheduler(Actor):
         self.workers: dict[str, ActorRef[Any]] = {}  #: worker id -> its reference
         self.infos: dict[str, WorkerInfo] = {}
         self.rss: dict[str, int] = {}  #: worker id -> its RSS after its latest task
+        self.memory: dict[str, WorkerMemoryReport] = {}  #: worker id -> latest report
         self._worker_waiters: list[tuple[int, anyio.Event]] = []
+
+    async def on_start(self) -> None:
+        self.start_soon(self._ticks)
+
+    async def _ticks(self) -> None:
+        """Tick the core (the stall watchdog) ten times per ``stall_timeout``."""
+        period = max(0.05, self.state.config.stall_timeout / 10)
+        tick = Envelope(_Tick(), "")
+        while True:
+            await anyio.sleep(period)
+            if self.ref.mailbox.closed:
+                return
+            self.ref.mailbox.put_nowait(tick, force=True)
 
     async def wait_for_workers(self, n: int) -> None:
         """Return once at least ``n`` workers are registered."""
@@ -169,6 +193,7 @@ class Scheduler(Actor):
             return
         self.infos.pop(msg.worker_id, None)
         self.rss.pop(msg.worker_id, None)
+        self.memory.pop(msg.worker_id, None)
         # A drained worker left as asked; anything else is a loss worth a warning.
         log = self.log.info if msg.cause == "drained" else self.log.warning
         log("worker left" if msg.cause == "drained" else "worker lost",
@@ -182,6 +207,23 @@ class Scheduler(Actor):
             if rss:
                 self.rss[msg.worker_id] = rss
         self._handle(TasksFinished(*self._ev(), msg.worker_id, msg.results))
+
+    @handles(WorkerMemoryReport)
+    def worker_memory(self, msg: WorkerMemoryReport) -> None:
+        if msg.worker_id not in self.workers:
+            return
+        self.memory[msg.worker_id] = msg
+        self.rss[msg.worker_id] = msg.rss
+        self._handle(
+            WorkerMemory(
+                *self._ev(), msg.worker_id, msg.throttled, msg.rss, msg.throttle_at, msg.limit
+            )
+        )
+
+    @handles(_Tick)
+    def tick(self, msg: _Tick) -> None:
+        if self.state.throttled:  # the watchdog has nothing to watch otherwise
+            self._handle(Tick(*self._ev()))
 
     @handles(CancelRequest)
     def cancel(self, msg: CancelRequest) -> None:
@@ -219,6 +261,18 @@ class Scheduler(Actor):
             "draining": sorted(w for w, ws in st.workers.items() if ws.draining),
             "retired": sorted(w for w, ws in st.workers.items() if ws.retired),
             "rss": dict(self.rss),
+            "memory": {
+                w: {
+                    "throttled": m.throttled,
+                    "rss": m.rss,
+                    "limit": m.limit,
+                    "memory_bytes": m.memory_bytes,
+                    "spilled_bytes": m.spilled_bytes,
+                    "spilled_total": m.spilled_total,
+                }
+                for w, m in self.memory.items()
+            },
+            "throttled": sorted(st.throttled),
             "tasks_by_state": by_state,
             "queued": st.n_queued,
             "queues": queues,
@@ -312,6 +366,7 @@ def _stats(s: Any) -> dict[str, float]:
         "count": s.count,
         "errors": s.errors,
         "lost": s.lost,
+        "oom": s.oom,
         "mean_duration": s.mean_duration,
         "max_duration": s.max_duration,
         "total_nbytes": s.total_nbytes,

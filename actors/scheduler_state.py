@@ -32,6 +32,17 @@ facts per key: replicas, size, consumers, wanted) and answers with
 Draining: after :class:`WorkerDraining` a worker gets no new tasks (it is never in
 ``free``); once the tasks it runs have finished, one :class:`RetireWorker` command says
 to stop it. It stays known, serving its outputs, until :class:`WorkerLeft`.
+
+Memory (see docs/memory.md): the memory policy marks categories as *producers* (their
+outputs are much larger than their inputs; before any has finished, tasks with no
+dependencies). Ready tasks wait in one heap per (pool, producer). A producer goes only to
+a worker that is not throttled (:class:`WorkerMemory`) and holds fewer than ``slots``
+tasks: roots are withheld beyond saturation, however short. A throttled worker's
+producers (deferred there) do not take the slots consumers need. Under pressure (some
+worker throttled) producers yield to consumers when the memory policy says so. When a
+category's class flips, its ready tasks move heaps. The watchdog: if every worker stays
+throttled, nothing but producers is active and nothing finishes for ``stall_timeout``
+seconds, every active task fails with :class:`~runtime.errors.MemoryStalled`.
 """
 
 from __future__ import annotations
@@ -47,6 +58,7 @@ from policies import (
     DEFAULTS,
     REGISTRY,
     CategoryStats,
+    MemoryPolicy,
     PlacementPolicy,
     PriorityPolicy,
     RetryDecision,
@@ -56,7 +68,9 @@ from runtime.errors import (
     CancelledError,
     CorralError,
     DependencyFailed,
+    MemoryStalled,
     MissingKeysError,
+    TaskOutOfMemory,
     WorkerLost,
 )
 from runtime.graph import GraphNode, Key, PickledNode, TaskSpec
@@ -86,10 +100,12 @@ __all__ = [
     "TaskResult",
     "TaskState",
     "TasksFinished",
+    "Tick",
     "ToRun",
     "WorkerDraining",
     "WorkerJoined",
     "WorkerLeft",
+    "WorkerMemory",
     "WorkerState",
 ]
 
@@ -235,6 +251,24 @@ class WorkerDraining(Event):
     worker: str
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class WorkerMemory(Event):
+    """A worker's memory state: ``throttled`` (deferring producers: past its throttle
+    fence), its ``rss`` and where its throttle fence is (``throttle_at`` bytes) out of
+    its ``limit``."""
+
+    worker: str
+    throttled: bool
+    rss: int
+    throttle_at: int
+    limit: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Tick(Event):
+    """Time passed (the watchdog's clock); nothing else happened."""
+
+
 # ----------------------------------------------------------------------------- commands
 
 
@@ -251,11 +285,13 @@ class ToRun:
     node: GraphNode | PickledNode
     category: str
     deps: tuple[tuple[Key, tuple[str, ...]], ...]
+    producer: bool = False  #: a memory producer: a throttled worker defers it
 
     def with_pickled_node(self) -> ToRun:
         if isinstance(self.node, PickledNode):
             return self
-        return ToRun(self.key, PickledNode.of(self.key, self.node), self.category, self.deps)
+        node = PickledNode.of(self.key, self.node)
+        return ToRun(self.key, node, self.category, self.deps, self.producer)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -348,6 +384,9 @@ class SchedulerConfig:
     max_per_core: int = 500
     unknown_duration: float = 0.5
     story_length: int = 100_000
+    #: seconds every worker may stay throttled with nothing but producers to run and
+    #: nothing finishing, before the run fails with MemoryStalled
+    stall_timeout: float = 10.0
 
 
 class WorkerState:
@@ -360,11 +399,15 @@ class WorkerState:
         "id",
         "limit",
         "memory",
+        "n_producers",
         "occupancy",
         "pool",
         "processing",
         "retired",
+        "rss",
         "slots",
+        "throttle_at",
+        "throttled",
     )
 
     def __init__(self, wid: str, cores: int, memory: int, pool: str, saturation: float) -> None:
@@ -379,6 +422,10 @@ class WorkerState:
         self.has_what: set[TaskState] = set()  #: tasks whose output it holds
         self.draining = False  #: gets no new tasks; retired once it runs none
         self.retired = False  #: told to stop (RetireWorker) after draining
+        self.throttled = False  #: past its throttle fence: deferring producers
+        self.rss = 0  #: its RSS as last reported
+        self.throttle_at = 0  #: bytes where its throttle fence is (0: not reported)
+        self.n_producers = 0  #: producers among ``processing``
 
     @property
     def n_processing(self) -> int:
@@ -403,6 +450,7 @@ class TaskState:
         "lost_tries",
         "nbytes",
         "prio",
+        "producer",
         "registered",
         "retries_left",
         "root",
@@ -434,6 +482,7 @@ class TaskState:
         self.unneeded = False  #: cancelled only because nothing needed it
         self.registered = False  #: the file registry knows its output
         self.behind = False  #: retried: queue behind fresh work
+        self.producer = False  #: a memory producer (as of its latest enqueue)
         self.retries_left = spec.retries  #: user retry budget left
         self.lost_tries = 0  #: tries lost with their worker
         self.tries: list[TryRecord] = []  #: every attempt
@@ -461,6 +510,10 @@ class TaskState:
         for d in self.deps:
             yield frozenset(d.who_has), d.nbytes
 
+    @property
+    def oom_tries(self) -> int:
+        return sum(1 for t in self.tries if t.outcome == "oom")
+
 
 class SchedulerState:
     """The scheduler's state. Change it only through :meth:`handle`."""
@@ -472,19 +525,26 @@ class SchedulerState:
         priority: PriorityPolicy | None = None,
         placement: PlacementPolicy | None = None,
         retry: RetryPolicy | None = None,
+        memory: MemoryPolicy | None = None,
     ) -> None:
         self.config = config or SchedulerConfig()
         self.tasks: dict[Key, TaskState] = {}  #: every task not yet forgotten
         self.workers: dict[str, WorkerState] = {}  #: workers by id
         self.free: dict[str, WorkerState] = {}  #: workers with a free slot
         self.draining: set[str] = set()  #: draining workers not yet retired
-        self.queues: dict[str | None, list[tuple[Any, ...]]] = {}  #: ready heaps by pool
+        #: ready heaps by (pool, producer)
+        self.queues: dict[tuple[str | None, bool], list[tuple[Any, ...]]] = {}
         self.stats: dict[str, CategoryStats] = {}  #: per-category statistics
         self.policies: dict[str, Any] = {
             "priority": priority or REGISTRY.create("priority", DEFAULTS["priority"]),
             "placement": placement or REGISTRY.create("placement", DEFAULTS["placement"]),
             "retry": retry or REGISTRY.create("retry", DEFAULTS["retry"]),
+            "memory": memory or REGISTRY.create("memory", DEFAULTS["memory"]),
         }
+        self.classes: dict[str, bool] = {}  #: category -> is a memory producer
+        self.throttled: set[str] = set()  #: workers past their throttle fence
+        self.stalled_since: float | None = None  #: when the watchdog saw a stall begin
+        self._flipped: set[str] = set()  #: categories whose class flipped this event
         self.policy_errors = 0  #: policy calls that raised or answered out of bounds
         self.generation = 0  #: submissions so far
         self.story_log: deque[tuple[Any, ...]] = deque(maxlen=self.config.story_length)
@@ -511,7 +571,10 @@ class SchedulerState:
                 raise TypeError(f"SchedulerState cannot handle {type(ev).__name__}")
             method(self, ev)
             self._drain()
+            if self._flipped:
+                self._reclassify()
             self._fill()
+            self._watch()
             if self.draining:
                 self._retire_idle()
             self._flush()
@@ -531,6 +594,11 @@ class SchedulerState:
     @property
     def n_queued(self) -> int:
         return sum(len(q) for q in self.queues.values())
+
+    @property
+    def pressure(self) -> bool:
+        """Some worker is past its throttle fence."""
+        return bool(self.throttled)
 
     # ----------------------------------------------------------------- event handlers
 
@@ -619,6 +687,7 @@ class SchedulerState:
             return
         self.free.pop(ev.worker, None)
         self.draining.discard(ev.worker)
+        self.throttled.discard(ev.worker)
         self._log(ev.worker, "joined", f"left:{ev.cause}")
         for ts in sorted(ws.processing, key=_prio_key):
             ts.tries.append(
@@ -629,6 +698,7 @@ class SchedulerState:
             ts.worker = None
             self._after_failure(ts, "worker-lost", ev.cause, None, ws.id)
         ws.processing.clear()
+        ws.n_producers = 0
         for ts in list(ws.has_what):
             ts.who_has.discard(ws.id)
             self._files[ts.key] = ts
@@ -638,6 +708,7 @@ class SchedulerState:
 
     def _tasks_finished(self, ev: TasksFinished) -> None:
         ws = self.workers.get(ev.worker)
+        self.stalled_since = None  # something finished: progress
         for res in ev.results:
             ts = self.tasks.get(res.key)
             untracked: list[Key] = []
@@ -669,11 +740,18 @@ class SchedulerState:
                 self._terminal(ts)
             else:
                 stat = self._stat(ts)
-                stat.errors += 1
+                error = res.error
+                if res.outcome == "oom":
+                    stat.oom += 1
+                else:
+                    stat.errors += 1
                 ts.tries.append(
                     TryRecord(str(ts.key), ws.id, res.start, res.stop, res.outcome, None)
                 )
-                self._after_failure(ts, res.outcome, None, res.error, ws.id)
+                if res.outcome == "oom":
+                    limit = ws.memory
+                    error = TaskOutOfMemory(str(ts.key), ws.id, res.rss, limit, ts.oom_tries)
+                self._after_failure(ts, res.outcome, None, error, ws.id)
 
     def _cancel_requested(self, ev: CancelRequested) -> None:
         for key in ev.keys:
@@ -735,8 +813,29 @@ class SchedulerState:
             raise KeyError(f"unknown policy kind {ev.kind!r}")
         self.policies[ev.kind] = ev.policy
         self._log("-", "policy", f"{ev.kind}:{getattr(ev.policy, 'name', ev.policy)}")
-        if ev.kind == "priority":
+        if ev.kind == "memory":
+            self.classes = {}  # asked again of the new policy as tasks are re-queued
+        if ev.kind in ("priority", "memory"):
             self._requeue_all()
+
+    def _worker_memory(self, ev: WorkerMemory) -> None:
+        ws = self.workers.get(ev.worker)
+        if ws is None:
+            return
+        ws.rss, ws.throttle_at = ev.rss, ev.throttle_at
+        if ev.throttled == ws.throttled:
+            return
+        ws.throttled = ev.throttled
+        if ev.throttled:
+            self.throttled.add(ws.id)
+        else:
+            self.throttled.discard(ws.id)
+            self.stalled_since = None  # memory came down: progress
+        self._log(ws.id, "memory", "throttled" if ev.throttled else "unthrottled")
+        self._update_free(ws)
+
+    def _tick(self, ev: Tick) -> None:
+        """Nothing to do: the watchdog runs after every event."""
 
     # ----------------------------------------------------------------- transitions
 
@@ -804,8 +903,10 @@ class SchedulerState:
 
     def _enqueue(self, ts: TaskState) -> None:
         ts.prio = self._priority(ts)
+        ts.producer = self._is_producer(ts)
         heapq.heappush(
-            self.queues.setdefault(ts.spec.pool, []), (ts.behind, ts.prio, next(self._seq), ts)
+            self.queues.setdefault((ts.spec.pool, ts.producer), []),
+            (ts.behind, ts.prio, next(self._seq), ts),
         )
 
     def _finished_ok(self, ts: TaskState, ws: WorkerState, res: TaskResult) -> None:
@@ -821,6 +922,10 @@ class SchedulerState:
         stat.peak_rss = max(stat.peak_rss, res.rss)
         if res.rss_before:
             stat.max_rss_growth = max(stat.max_rss_growth, res.rss - res.rss_before)
+        category = ts.spec.category
+        known = self.classes.get(category)
+        if known is not None and known != self._ask_producer(category, stat, not ts.deps):
+            self._flipped.add(category)
         self._set(ts, "memory")
         self._add_replica(ts, ws)
         for dep in ts.dependents:
@@ -989,44 +1094,65 @@ class SchedulerState:
     # ----------------------------------------------------------------- scheduling
 
     def _fill(self) -> None:
-        """Give ready tasks to workers with free slots, best priority first."""
+        """Give ready tasks to workers with free slots, best priority first.
+
+        The heads of the heaps compete; under memory pressure (when the memory policy
+        yields) a producer head ranks after every consumer head."""
         if not self.free:
             return
-        parked: list[tuple[str | None, tuple[Any, ...]]] = []
+        parked: list[tuple[tuple[str | None, bool], tuple[Any, ...]]] = []
+        yields = self._yields()
         while self.free:
             best: tuple[Any, ...] | None = None
-            best_pool: str | None = None
-            for pool, heap in self.queues.items():
+            best_q: tuple[str | None, bool] = (None, False)
+            for q, heap in self.queues.items():
                 while heap and heap[0][3].state != "queued":
                     heapq.heappop(heap)  # stale entry (cancelled, failed, re-queued)
-                if not heap or (best is not None and heap[0] >= best):
+                if not heap:
                     continue
-                if pool is not None and not any(w.pool == pool for w in self.free.values()):
+                rank = (q[1] and yields, heap[0])
+                if best is not None and rank >= best:
                     continue
-                best, best_pool = heap[0], pool
+                pool, producer = q
+                if (pool is not None or producer) and not any(
+                    (pool is None or w.pool == pool) and (not producer or self._takes_producer(w))
+                    for w in self.free.values()
+                ):
+                    continue
+                best, best_q = rank, q
             if best is None:
                 break
-            heapq.heappop(self.queues[best_pool])
-            ts: TaskState = best[3]
+            entry = heapq.heappop(self.queues[best_q])
+            ts: TaskState = entry[3]
             candidates = self._candidates(ts)
             if not candidates:
-                parked.append((best_pool, best))  # resources: wait for a bigger worker
+                parked.append((best_q, entry))  # resources: wait for a bigger worker
                 continue
             ws = self._place(ts, candidates)
             self._assign(ts, ws)
-        for pool, entry in parked:
-            heapq.heappush(self.queues[pool], entry)
+        for q, entry in parked:
+            heapq.heappush(self.queues[q], entry)
 
     def _candidates(self, ts: TaskState) -> list[WorkerState]:
         pool = ts.spec.pool
         res = ts.spec.resources
         mem = res.get("memory", 0)
         cores = res.get("cores", 0)
+        producer = ts.producer
         return [
             w
             for w in self.free.values()
-            if (pool is None or w.pool == pool) and w.memory >= mem and w.cores >= cores
+            if (pool is None or w.pool == pool)
+            and w.memory >= mem
+            and w.cores >= cores
+            and (not producer or self._takes_producer(w))
         ]
+
+    @staticmethod
+    def _takes_producer(ws: WorkerState) -> bool:
+        """Producers (roots among them) are withheld beyond saturation, and from
+        throttled workers."""
+        return not ws.throttled and len(ws.processing) < ws.slots
 
     def _place(self, ts: TaskState, candidates: list[WorkerState]) -> WorkerState:
         try:
@@ -1050,24 +1176,29 @@ class SchedulerState:
         ts.est = st.mean_duration if st is not None and st.count else self.config.unknown_duration
         ws.occupancy += ts.est
         ws.processing.add(ts)
+        ws.n_producers += ts.producer
         self._update_free(ws)
         deps = tuple((d.key, tuple(d.who_has)) for d in ts.deps)
         batch = self._execute.get(ws.id)
         if batch is None:
             batch = self._execute[ws.id] = []
-        batch.append(ToRun(ts.key, ts.spec.node, ts.spec.category, deps))
+        batch.append(ToRun(ts.key, ts.spec.node, ts.spec.category, deps, ts.producer))
 
     def _release_slot(self, ts: TaskState, ws: WorkerState) -> None:
-        ws.processing.discard(ts)
+        if ts in ws.processing:
+            ws.processing.discard(ts)
+            ws.n_producers -= ts.producer
         ws.occupancy = max(0.0, ws.occupancy - ts.est) if ws.processing else 0.0
         ts.worker = None
         self._update_free(ws)
 
     def _is_free(self, ws: WorkerState) -> bool:
-        n = len(ws.processing)
-        if n < ws.slots:
+        n = total = len(ws.processing)
+        if ws.throttled:
+            n -= ws.n_producers  # deferred there: they must not keep consumers out
+        if n < ws.slots and total < ws.limit:
             return True
-        return n < ws.limit and ws.occupancy < ws.cores * self.config.backlog
+        return total < ws.limit and ws.occupancy < ws.cores * self.config.backlog
 
     def _update_free(self, ws: WorkerState) -> None:
         if ws.id in self.workers and not ws.draining and self._is_free(ws):
@@ -1111,6 +1242,117 @@ class SchedulerState:
             if ts.key not in seen:
                 seen.add(ts.key)
                 self._enqueue(ts)
+
+    # ----------------------------------------------------------------- memory
+
+    def _yields(self) -> bool:
+        if not self.throttled:
+            return False
+        try:
+            return bool(self.policies["memory"].yields(True))
+        except Exception as exc:
+            self.policy_errors += 1
+            self._log("-", "policy-error", f"memory.yields raised {exc!r}")
+            return True
+
+    def _is_producer(self, ts: TaskState) -> bool:
+        category = ts.spec.category
+        known = self.classes.get(category)
+        if known is None:
+            known = self.classes[category] = self._ask_producer(
+                category, self.stats.get(category), not ts.deps
+            )
+        return known
+
+    def _ask_producer(self, category: str, stats: CategoryStats | None, root: bool) -> bool:
+        try:
+            return bool(self.policies["memory"].producer(category, stats, root))
+        except Exception as exc:
+            self.policy_errors += 1
+            self._log("-", "policy-error", f"memory.producer({category!r}) raised {exc!r}")
+            return root
+
+    def _reclassify(self) -> None:
+        """Categories whose class flipped: flip the cached class and move their ready
+        tasks to the other heap of their pool (same priority, no policy calls)."""
+        flipped, self._flipped = self._flipped, set()
+        for category in flipped:
+            self.classes[category] = not self.classes[category]
+            kind = "producer" if self.classes[category] else "consumer"
+            self._log("-", "memory", f"{category} is a {kind}")
+        moved: dict[tuple[str | None, bool], list[tuple[Any, ...]]] = {}
+        for q, heap in self.queues.items():
+            keep = []
+            for entry in heap:
+                ts = entry[3]
+                if ts.state != "queued":
+                    continue
+                if ts.spec.category in flipped:
+                    ts.producer = not q[1]
+                    moved.setdefault((q[0], ts.producer), []).append(entry)
+                else:
+                    keep.append(entry)
+            if len(keep) != len(heap):
+                heapq.heapify(keep)
+                self.queues[q] = keep
+        for q, entries in moved.items():
+            heap = self.queues.setdefault(q, [])
+            heap.extend(entries)
+            heapq.heapify(heap)
+
+    def _watch(self) -> None:
+        """The stall watchdog: see the module docstring."""
+        workers = self.workers
+        if not workers or len(self.throttled) < len(workers):
+            self.stalled_since = None
+            return
+        if any(len(ws.processing) > ws.n_producers for ws in workers.values()):
+            self.stalled_since = None  # a consumer runs: it may free memory
+            return
+        if any(heap and not q[1] for q, heap in self.queues.items()) and any(
+            ts.state == "queued" and not ts.producer for ts in self.tasks.values()
+        ):
+            self.stalled_since = None  # a consumer can still be placed
+            return
+        active = [ts for ts in self.tasks.values() if ts.state in ACTIVE]
+        if not active:
+            self.stalled_since = None  # nothing to run: memory held is the results
+            return
+        if self.stalled_since is None:
+            self.stalled_since = self._now
+            self._log("-", "memory", "stall-suspected")
+            return
+        stalled_for = self._now - self.stalled_since
+        if stalled_for < self.config.stall_timeout:
+            return
+        self._fail_stalled(active, stalled_for)
+
+    def _fail_stalled(self, active: list[TaskState], stalled_for: float) -> None:
+        held: dict[str, list[int]] = {}
+        for ts in self.tasks.values():
+            if ts.state == "memory":
+                h = held.setdefault(ts.spec.category, [0, 0])
+                h[0] += ts.nbytes
+                h[1] += 1
+        holding = sorted(((c, b, n) for c, (b, n) in held.items()), key=lambda x: -x[1])
+        producers = [ts for ts in active if ts.producer]
+        needed = 0
+        for ts in producers:
+            st = self.stats.get(ts.spec.category)
+            needed += int(st.mean_nbytes) if st is not None else 0
+        available = sum(max(0, ws.throttle_at - ws.rss) for ws in self.workers.values())
+        err = MemoryStalled(holding, needed, available, len(producers), stalled_for)
+        self._log("-", "memory", "stalled")
+        self.stalled_since = None
+        for ts in active:
+            if ts.state not in ACTIVE:
+                continue  # failed meanwhile
+            if ts.state == "processing":
+                self._unassign(ts, cancel=True)
+            ts.error = err
+            ts.root = (ts.key, err)
+            self._set(ts, "erred")
+            self._terminal(ts)
 
     # ----------------------------------------------------------------- output
 
@@ -1190,6 +1432,8 @@ class SchedulerState:
                 assert ts in queued, (ts, "queued but in no ready queue")
         for wid, ws in self.workers.items():
             assert len(ws.processing) <= ws.limit, ws
+            assert ws.n_producers == sum(ts.producer for ts in ws.processing), ws
+            assert ws.throttled == (wid in self.throttled), ws
             for ts in ws.processing:
                 assert ts.state == "processing" and ts.worker == wid, ts
             for ts in ws.has_what:
@@ -1246,4 +1490,6 @@ _DISPATCH: dict[type, Any] = {
     FilesReleased: SchedulerState._files_released,
     PolicyChanged: SchedulerState._policy_changed,
     WorkerDraining: SchedulerState._worker_draining,
+    WorkerMemory: SchedulerState._worker_memory,
+    Tick: SchedulerState._tick,
 }

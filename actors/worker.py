@@ -1,7 +1,14 @@
 """The worker actor: runs tasks in an executor, keeps their outputs, serves peers.
 
 What lives here: :class:`Worker` (the actor). Where its tasks run and how RSS is read
-around each one is ``actors/executor.py``; how memory is governed, ``actors/memory.py``.
+around each one is ``actors/executor.py``; the memory rules, ``actors/memory.py``; the
+spillable store of outputs, ``actors/store.py``.
+
+Memory: RSS (with the worker's task processes) is sampled after every batch of finished
+tasks and every ``interval`` seconds, and fed to the :class:`MemoryGovernor`, whose
+commands the worker carries out: spill least recently used outputs to disk, defer
+producers (and tell the scheduler it is throttled, :class:`WorkerMemoryReport`), run
+them when memory falls, kill a task past the terminate fence (process execution only).
 
 Per task the worker measures duration, output size (``dask.sizeof``) and process RSS
 right before and right after it; the scheduler turns these into per-category
@@ -16,16 +23,20 @@ other task that finished meanwhile.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
-import pickle
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Mapping
 from typing import Any
 
+import anyio
 import psutil
 from dask.sizeof import sizeof
 
-from actors.executor import Executor, rss
+from actors import memory as mem
+from actors.executor import Executor, ProcessExecutor, rss
 from actors.scheduler_state import TaskResult, ToRun
+from actors.store import SpillStore
 from runtime.errors import ActorStopped, AskTimeout, CorralError
 from runtime.graph import Key
 from runtime.kernel import Actor, Envelope, Ref, handles, new_causal_id
@@ -41,6 +52,7 @@ from runtime.messages import (
     Stop,
     TasksDone,
     WorkerInfo,
+    WorkerMemoryReport,
     message,
 )
 
@@ -63,6 +75,11 @@ class _Fetched(Message):
     missing: tuple[Any, ...]
 
 
+@message(local=True)
+class _MemoryTick(Message):
+    """Worker-internal: sample memory now (the monitor's tick or a deferral timer)."""
+
+
 @message()
 class WorkerStatus(Message):
     worker_id: str
@@ -71,14 +88,34 @@ class WorkerStatus(Message):
     running: int
     waiting: int
     rss: int
+    spilled: int = 0  #: outputs on disk now
+    spilled_bytes: int = 0  #: their bytes
+    spilled_total: int = 0  #: bytes ever spilled
+    deferred: int = 0  #: producers deferred by the memory governor
+    throttled: bool = False
+    execution: str = "thread"
+
+
+def _pid_rss(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/statm", "rb") as f:
+            return int(f.read().split()[1]) * _PAGE
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 class Worker(Actor):
     """Runs tasks, stores outputs, serves them to peers, reports to the scheduler.
 
     ``resolve(worker_id)`` returns a reference to a peer worker (or ``None`` when the
-    peer is gone); ``scheduler`` receives :class:`RegisterWorker` and
-    :class:`TasksDone`.
+    peer is gone); ``scheduler`` receives :class:`RegisterWorker`, :class:`TasksDone`
+    and :class:`WorkerMemoryReport`. ``memory`` is its memory limit in bytes (default:
+    the machine's); ``memory_options`` the rest of its
+    :class:`~actors.memory.MemoryConfig`. ``probe`` replaces what memory is governed by
+    (default: the RSS of this process and its task processes).
     """
 
     def __init__(
@@ -94,6 +131,8 @@ class Worker(Actor):
         fetch_timeout: float = 30.0,
         register: bool = True,
         on_retire: Callable[[], None] | None = None,
+        memory_options: Mapping[str, Any] | None = None,
+        probe: Callable[[], int] | None = None,
     ) -> None:
         if nthreads < 1:
             raise ValueError(f"a worker needs at least one thread, got {nthreads}")
@@ -107,27 +146,135 @@ class Worker(Actor):
         self.fetch_timeout = fetch_timeout
         self.register = register  #: tell the scheduler at start (False: a gateway does)
         self.on_retire = on_retire  #: what a Stop from the scheduler does (default: stop)
-        self.data: dict[Key, Any] = {}  #: outputs held here
-        self.nbytes: dict[Key, int] = {}  #: their sizes
+        #: memory fences and intervals (MemoryConfigError here, not later, if bad)
+        self.memory_config = mem.MemoryConfig.of(self.memory, memory_options)
+        self.governor = mem.MemoryGovernor(self.memory_config)
+        cfg = self.memory_config
+        #: outputs held here (spilled to disk under memory pressure)
+        self.data = SpillStore(cfg.spill_dir, disk_limit=cfg.disk_limit, sizeof=sizeof)
+        self.deferred: dict[Key, ToRun] = {}  #: producers the governor holds back
+        #: what memory is governed by (default: RSS of this process and its task processes)
+        self.probe = probe
         self.running: dict[Key, ToRun] = {}  #: tasks handed to the executor
         self.fetching: dict[Key, ToRun] = {}  #: tasks waiting for inputs from peers
         self.fetched: dict[Key, list[Key]] = {}  #: task -> inputs it copied from peers
-        self.executor: Executor | None = None
+        self.executor: Executor | ProcessExecutor | None = None
         self.tasks_run = 0
+        self._timer: asyncio.TimerHandle | None = None  #: the next deferral's timer
+        self._over_terminate = False  #: warned that threads cannot be killed
 
     @property
     def info(self) -> WorkerInfo:
         return WorkerInfo(self.worker_id, self.nthreads, self.memory, self.disk, self.pool)
 
     async def on_start(self) -> None:
-        self.executor = Executor(self.nthreads, self.worker_id, self._deliver)
+        kind = ProcessExecutor if self.memory_config.execution == "process" else Executor
+        self.executor = kind(self.nthreads, self.worker_id, self._deliver)
         if self.register:
             await self.scheduler.tell(RegisterWorker(self.info, self.ref))
+        self.start_soon(self._monitor)
 
     async def on_stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
         if self.executor is not None:
             self.executor.shutdown()
             self.executor = None
+        self.data.close()
+
+    # -- memory ------------------------------------------------------------------------
+
+    async def _monitor(self) -> None:
+        """Sample memory every ``interval`` seconds (besides after every task)."""
+        tick = Envelope(_MemoryTick(), "")
+        while True:
+            await anyio.sleep(self.memory_config.interval)
+            if self.ref.mailbox.closed:
+                return
+            self.ref.mailbox.put_nowait(tick, force=True)
+
+    @handles(_MemoryTick)
+    def memory_tick(self, msg: _MemoryTick) -> None:
+        self._sample()
+        if self.governor.deferred:
+            self._govern(mem.Tick(self._now()))
+
+    def _now(self) -> float:
+        return asyncio.get_running_loop().time()
+
+    def _sample(self) -> None:
+        ex = self.executor
+        if ex is None:
+            return
+        tasks: tuple[tuple[Key, int], ...] = ()
+        if isinstance(ex, ProcessExecutor):
+            tasks = tuple((k, _pid_rss(pid)) for k, pid in ex.running().items())
+        used = ex.total_rss() if self.probe is None else self.probe()
+        self._govern(mem.Sampled(self._now(), used, tasks))
+
+    def _govern(self, *events: mem.Event) -> None:
+        """Feed the governor; carry out its commands."""
+        for cmd in self.governor.handle(*events):
+            if type(cmd) is mem.Run:
+                task = self.deferred.pop(cmd.key, None)
+                if task is not None:
+                    self._run(task)
+            elif type(cmd) is mem.Defer:
+                self._arm(cmd.until)
+            elif type(cmd) is mem.Throttled:
+                self.log.info("throttled" if cmd.on else "unthrottled", rss=cmd.rss)
+                self._report()
+            elif type(cmd) is mem.Spill:
+                self._spill(cmd.nbytes)
+            elif type(cmd) is mem.Kill:
+                self._kill(cmd)
+
+    def _arm(self, until: float) -> None:
+        """Make sure a tick comes by ``until`` (one timer: the earliest deferral)."""
+        timer = self._timer
+        if timer is not None and timer.when() <= until:
+            return
+        if timer is not None:
+            timer.cancel()
+        tick = Envelope(_MemoryTick(), "")
+
+        def fire() -> None:
+            self._timer = None
+            if not self.ref.mailbox.closed:
+                self.ref.mailbox.put_nowait(tick, force=True)
+
+        self._timer = asyncio.get_running_loop().call_at(until, fire)
+
+    def _spill(self, nbytes: int) -> None:
+        store = self.data
+        moved = store.spill(nbytes)
+        if moved:
+            self.log.debug("spilled", nbytes=moved, on_disk=store.disk_bytes)
+            self._report()
+        elif store.disk_full:
+            self.log.warning("cannot spill: no disk room", disk_limit=store.disk_limit)
+
+    def _kill(self, cmd: mem.Kill) -> None:
+        assert self.executor is not None
+        if self.executor.kill(cmd.key, "oom"):
+            self.log.warning(
+                "killed a task past the terminate fence", key=str(cmd.key), rss=cmd.rss
+            )
+
+    def _report(self) -> None:
+        cfg, store = self.memory_config, self.data
+        self.scheduler.post(
+            WorkerMemoryReport(
+                self.worker_id,
+                self.governor.throttled,
+                self.governor.rss,
+                cfg.at(cfg.throttle),
+                cfg.limit,
+                store.memory_bytes,
+                store.disk_bytes,
+                store.spilled_total,
+            )
+        )
 
     # -- running tasks ---------------------------------------------------------------
 
@@ -137,20 +284,27 @@ class Worker(Actor):
             self._start(task)
 
     def _start(self, task: ToRun) -> None:
-        if not task.deps:
-            self._submit(task, {})
-            return
         data = self.data
-        if all(dk in data for dk, _ in task.deps):
-            self._submit(task, {dk: data[dk] for dk, _ in task.deps})
+        if not task.deps or all(dk in data for dk, _ in task.deps):
+            self._ready(task)
             return
         self.fetching[task.key] = task
         self.start_soon(self._fetch, task)
 
-    def _submit(self, task: ToRun, inputs: dict[Key, Any]) -> None:
+    def _ready(self, task: ToRun) -> None:
+        """Its inputs are here: run it, unless the governor defers it (a producer while
+        the worker is throttled)."""
+        if self.governor.admits(task.producer):
+            self._run(task)
+            return
+        self.deferred[task.key] = task
+        self._govern(mem.Ready(self._now(), task.key, task.producer))
+
+    def _run(self, task: ToRun) -> None:
         assert self.executor is not None
+        data = self.data
         self.running[task.key] = task
-        self.executor.submit(task, inputs)
+        self.executor.submit(task, {dk: data[dk] for dk, _ in task.deps})
 
     async def _fetch(self, task: ToRun) -> None:
         """Copy the inputs ``task`` lacks from peers; report what could not be had."""
@@ -195,14 +349,13 @@ class Worker(Actor):
         for k, v in msg.data.items():
             if k not in self.data:
                 self.data[k] = v
-                self.nbytes[k] = int(sizeof(v))
                 self.fetched.setdefault(task.key, []).append(k)
         if msg.missing:
             fetched = tuple(self.fetched.pop(task.key, ()))
             result = TaskResult(task.key, "missing", missing=msg.missing, fetched=fetched)
             self.scheduler.post(TasksDone(self.worker_id, (result,)))
             return
-        self._submit(task, {dk: self.data[dk] for dk, _ in task.deps})
+        self._ready(task)
 
     def _deliver(self, done: list[tuple[TaskResult, Any]]) -> None:
         """Event-loop side of the executor: queue the results as a message to self."""
@@ -213,9 +366,12 @@ class Worker(Actor):
     def finished(self, msg: _Finished) -> None:
         results = []
         cancelled = self.executor.cancelled if self.executor is not None else set()
+        killed = self.governor.killed
         for res, value in msg.results:
             key = res.key
             self.running.pop(key, None)
+            if killed and key in killed:
+                self.governor.handle(mem.Finished(self._now(), key))
             fetched = self.fetched.pop(key, None)
             if fetched:
                 res = TaskResult(
@@ -227,12 +383,12 @@ class Worker(Actor):
                 if res.outcome != "error":
                     res = TaskResult(key, "cancelled", res.start, res.stop, fetched=res.fetched)
             elif res.outcome == "ok":
-                self.data[key] = value
-                self.nbytes[key] = res.nbytes
+                self.data.put(key, value, res.nbytes)
             self.tasks_run += 1
             results.append(res)
         if results:
             self.scheduler.post(TasksDone(self.worker_id, tuple(results)))
+        self._sample()
 
     # -- requests from the scheduler, the registry and peers ---------------------------
 
@@ -242,6 +398,9 @@ class Worker(Actor):
         for key in msg.keys:
             if self.fetching.pop(key, None) is not None:
                 continue
+            if self.deferred.pop(key, None) is not None:
+                self.governor.handle(mem.Finished(self._now(), key))
+                continue
             if key in self.running:
                 self.executor.cancelled.add(key)
 
@@ -249,19 +408,19 @@ class Worker(Actor):
     def drop_keys(self, msg: DropKeys) -> None:
         for key in msg.keys:
             self.data.pop(key, None)
-            self.nbytes.pop(key, None)
 
     @handles(GetData)
     def get_data(self, msg: GetData) -> DataReply:
-        data = {}
+        data: dict[Key, Any] = {}
         missing = []
+        store = self.data
         for key in msg.keys:
-            if key in self.data:
-                data[key] = self.data[key]
-            else:
+            if key not in store:
                 missing.append(key)
-        if msg.raw:
-            data = {k: pickle.dumps(v, protocol=5) for k, v in data.items()}
+            elif msg.raw:
+                data[key] = store.get_raw(key)  # a spilled output stays on disk
+            else:
+                data[key] = store[key]
         return DataReply(data, tuple(missing), msg.raw)
 
     @handles(Stop)
@@ -275,11 +434,19 @@ class Worker(Actor):
 
     @handles(StatusRequest)
     def status(self, msg: StatusRequest) -> WorkerStatus:
+        store = self.data
+        ex = self.executor
         return WorkerStatus(
             self.worker_id,
-            len(self.data),
-            sum(self.nbytes.values()),
+            len(store),
+            store.memory_bytes,
             len(self.running),
             len(self.fetching),
-            rss(),
+            ex.total_rss() if ex is not None else rss(),
+            store.n_spilled,
+            store.disk_bytes,
+            store.spilled_total,
+            len(self.deferred),
+            self.governor.throttled,
+            self.memory_config.execution,
         )

@@ -1,15 +1,16 @@
-"""Swappable decision logic: priority, placement and retry policies.
+"""Swappable decision logic: priority, placement, retry and memory policies.
 
 Policies are registered by kind and name in :data:`policies.REGISTRY` and created with
 ``REGISTRY.create(kind, name, params)``; actors swap them at runtime on a
 ``SetPolicyRequest`` message. Register your own with ``@policies.register(kind, name)``.
 """
 
-from policies import placement, priority, retry
+from policies import memory, placement, priority, retry
 from policies.base import (
     KINDS,
     REGISTRY,
     CategoryStats,
+    MemoryPolicy,
     PlacementPolicy,
     PolicyParamsError,
     PolicyRegistry,
@@ -21,13 +22,19 @@ from policies.base import (
     register,
 )
 
-DEFAULTS = {"priority": "graph", "placement": "locality", "retry": "default"}
+DEFAULTS = {
+    "priority": "graph",
+    "placement": "locality",
+    "retry": "default",
+    "memory": "producers-yield",
+}
 
 __all__ = [
     "DEFAULTS",
     "KINDS",
     "REGISTRY",
     "CategoryStats",
+    "MemoryPolicy",
     "PlacementPolicy",
     "PolicyParamsError",
     "PolicyRegistry",
@@ -36,6 +43,7 @@ __all__ = [
     "RetryPolicy",
     "TaskView",
     "WorkerView",
+    "memory",
     "placement",
     "priority",
     "register",

@@ -1,6 +1,6 @@
 """Policy interfaces, the read-only views policies get, and the registry of policies.
 
-What lives here: one ``Protocol`` per policy kind (priority, placement, retry), the
+What lives here: one ``Protocol`` per policy kind (priority, placement, retry, memory), the
 views they read, :class:`RetryDecision`, and :class:`PolicyRegistry` (policies by kind
 and name, so they can be swapped at runtime by a message naming them). Concrete
 policies live in the sibling modules.
@@ -23,6 +23,7 @@ __all__ = [
     "KINDS",
     "REGISTRY",
     "CategoryStats",
+    "MemoryPolicy",
     "PlacementPolicy",
     "PolicyParamsError",
     "PolicyRegistry",
@@ -34,7 +35,7 @@ __all__ = [
     "register",
 ]
 
-KINDS = ("priority", "placement", "retry")
+KINDS = ("priority", "placement", "retry", "memory")
 
 
 @dataclasses.dataclass(slots=True)
@@ -44,6 +45,7 @@ class CategoryStats:
     count: int = 0  #: tasks finished ok
     errors: int = 0  #: tries that raised
     lost: int = 0  #: tries lost with their worker
+    oom: int = 0  #: tries killed at a worker's memory terminate fence
     total_duration: float = 0.0  #: seconds, over ok tries
     max_duration: float = 0.0
     total_nbytes: int = 0  #: output bytes (produced), over ok tries
@@ -85,6 +87,11 @@ class TaskView(Protocol):
     def retries_left(self) -> int: ...
     @property
     def lost_tries(self) -> int: ...
+    @property
+    def oom_tries(self) -> int:
+        """Tries killed at a worker's memory terminate fence."""
+        ...
+
     @property
     def dep_locations(self) -> Iterable[tuple[frozenset[str], int]]:
         """(workers holding it, bytes) for each dependency."""
@@ -143,9 +150,20 @@ class RetryDecision:
 
 @runtime_checkable
 class RetryPolicy(Protocol):
-    """Decides per outcome (``error``, ``worker-lost``, ``timeout``) whether to retry."""
+    """Decides per outcome (``error``, ``worker-lost``, ``timeout``, ``oom``) whether to
+    retry."""
 
     def decide(self, task: TaskView, outcome: str, cause: str | None) -> RetryDecision: ...
+
+
+@runtime_checkable
+class MemoryPolicy(Protocol):
+    """Says which categories produce memory, and whether producers yield under pressure
+    (see ``policies/memory.py``)."""
+
+    def producer(self, category: str, stats: CategoryStats | None, root: bool) -> bool: ...
+
+    def yields(self, pressure: bool) -> bool: ...
 
 
 class PolicyParamsError(CorralError, TypeError):

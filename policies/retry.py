@@ -12,15 +12,21 @@ class DefaultRetry:
     """Default. An error raised by the task is retried only while the user's budget
     (``retries=``) lasts, and each retry spends it. A try lost with its worker
     (preempted, crashed, drained, ...) is retried for free, up to ``max_lost`` losses of
-    the same task; then the task fails with :class:`~runtime.errors.WorkerLost`.
-    Retries go behind work that has not been tried yet."""
+    the same task; then the task fails with :class:`~runtime.errors.WorkerLost`. A try
+    killed at its worker's memory terminate fence (``oom``) is retried for free up to
+    ``max_oom`` times (memory others held may be free by then); then the task fails with
+    :class:`~runtime.errors.TaskOutOfMemory`. Retries go behind work that has not been
+    tried yet."""
 
     name = "default"
 
-    def __init__(self, max_lost: int = 5, charge_lost: bool = False) -> None:
+    def __init__(self, max_lost: int = 5, charge_lost: bool = False, max_oom: int = 1) -> None:
         if max_lost < 0:
             raise ValueError("max_lost must be >= 0")
+        if max_oom < 0:
+            raise ValueError("max_oom must be >= 0")
         self.max_lost = int(max_lost)
+        self.max_oom = int(max_oom)
         self.charge_lost = bool(charge_lost)
 
     def decide(self, task: TaskView, outcome: str, cause: str | None) -> RetryDecision:
@@ -32,6 +38,10 @@ class DefaultRetry:
                     return RetryDecision(False, reason="retry budget spent")
                 return RetryDecision(True, charge=True, reason=f"worker lost ({cause})")
             return RetryDecision(True, charge=False, reason=f"worker lost ({cause}); free retry")
+        if outcome == "oom":
+            if task.oom_tries > self.max_oom:
+                return RetryDecision(False, reason=f"killed for memory {task.oom_tries} times")
+            return RetryDecision(True, charge=False, reason="killed for memory; free retry")
         if outcome in ("error", "timeout"):
             if task.retries_left > 0:
                 return RetryDecision(True, charge=True, reason=f"{outcome}; retry budget left")

@@ -168,6 +168,30 @@ def build_parser() -> argparse.ArgumentParser:
         "--memory", default="0", metavar="SIZE", help="memory it offers, e.g. 4GiB (default: all)"
     )
     wrk.add_argument("--disk", default="0", metavar="SIZE", help="disk it offers, e.g. 20GiB")
+    fence = "fraction of --memory"
+    wrk.add_argument(
+        "--spill", default=None, metavar="F", help=f"spill fence, {fence}, or 'off' (0.6)"
+    )
+    wrk.add_argument(
+        "--throttle", type=float, default=None, metavar="F", help=f"throttle fence, {fence} (0.7)"
+    )
+    wrk.add_argument(
+        "--terminate", default=None, metavar="F", help=f"terminate fence, {fence}, or 'off' (0.95)"
+    )
+    wrk.add_argument(
+        "--execution",
+        choices=("thread", "process"),
+        default=None,
+        help="run tasks in threads (default) or in task processes that can be killed",
+    )
+    wrk.add_argument("--spill-dir", default=None, metavar="DIR", help="where spill files go")
+    wrk.add_argument(
+        "--memory-options",
+        default=None,
+        metavar="JSON",
+        help="every memory setting as a JSON object, e.g. '{\"interval\": 0.02}' "
+        "(docs/memory.md); the flags above override it",
+    )
     wrk.add_argument(
         "--pool", default="default", metavar="NAME", help="its pool (default: default)"
     )
@@ -317,10 +341,48 @@ def _cmd_worker(args: argparse.Namespace) -> int:
             host=args.host,
             token=args.token,
             ready=ready,
+            memory_options=_memory_options(args),
         ),
         backend="asyncio",
     )
     return 0
+
+
+def _memory_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The worker's memory settings from --memory-options and the flags."""
+    import json
+
+    from actors.memory import MemoryConfigError
+
+    options: dict[str, Any] = {}
+    if args.memory_options:
+        try:
+            options = json.loads(args.memory_options)
+        except ValueError as exc:
+            raise MemoryConfigError(f"--memory-options is not JSON ({exc})") from None
+        if not isinstance(options, dict):
+            raise MemoryConfigError("--memory-options must be a JSON object")
+
+    def fence(text: str | None, name: str) -> None:
+        if text is None:
+            return
+        if text == "off":
+            options[name] = None
+            return
+        try:
+            options[name] = float(text)
+        except ValueError:
+            raise MemoryConfigError(f"--{name} must be a fraction or 'off', got {text!r}") from None
+
+    fence(args.spill, "spill")
+    fence(args.terminate, "terminate")
+    if args.throttle is not None:
+        options["throttle"] = args.throttle
+    if args.execution is not None:
+        options["execution"] = args.execution
+    if args.spill_dir is not None:
+        options["spill_dir"] = args.spill_dir
+    return options
 
 
 def _cmd_console(args: argparse.Namespace) -> int:

@@ -350,6 +350,14 @@ class Cluster:
     ``{"retry": ("default", {"max_lost": 2})}``; swap them later with
     :meth:`set_policy`.
 
+    Memory (docs/memory.md): ``memory_per_worker`` is each worker's limit (default: the
+    machine's memory); ``memory_options`` sets its fences and execution mode, e.g.
+    ``{"spill": 0.6, "throttle": 0.7, "terminate": 0.95, "execution": "process"}`` (see
+    :class:`~actors.memory.MemoryConfig`). If every worker stays throttled with nothing
+    that frees memory able to run for ``stall_timeout`` seconds, the run fails with
+    :class:`~runtime.errors.MemoryStalled` instead of hanging. In-process workers share
+    this process, so their fences watch this process's RSS.
+
     ``gc_threshold``: while the cluster runs, Python's cyclic garbage collector runs
     after this many new container objects instead of its default 700 (see
     :class:`GcTuning`); ``None`` leaves the collector alone.
@@ -376,6 +384,8 @@ class Cluster:
         gc_threshold: int | None = GC_THRESHOLD,
         token: str | None = None,
         processes: int | None = None,
+        memory_options: Mapping[str, Any] | None = None,
+        stall_timeout: float = 10.0,
     ) -> None:
         if address is not None:
             from transport.base import split_address
@@ -394,6 +404,14 @@ class Cluster:
         self.n_workers = n
         self.threads_per_worker = threads_per_worker
         self.memory_per_worker = parse_bytes(memory_per_worker)
+        self.memory_options = dict(memory_options or {})
+        if self.memory_options:  # MemoryConfigError now, not in each worker later
+            from actors.memory import MemoryConfig
+
+            MemoryConfig.of(self.memory_per_worker or 1 << 30, self.memory_options)
+        if stall_timeout <= 0:
+            raise ValueError(f"stall_timeout must be positive, got {stall_timeout}")
+        self.stall_timeout = stall_timeout
         self.pool = pool
         self.saturation = saturation
         self._gc = GcTuning(gc_threshold)
@@ -467,7 +485,10 @@ class Cluster:
 
         if self.processes is not None:
             plane = await start_control_plane(
-                system, saturation=self.saturation, policies=self.initial_policies
+                system,
+                saturation=self.saturation,
+                policies=self.initial_policies,
+                stall_timeout=self.stall_timeout,
             )
             self.gateway_address = await start_local_processes(
                 plane,
@@ -475,13 +496,18 @@ class Cluster:
                 threads=self.threads_per_worker,
                 memory=self.memory_per_worker,
                 pool=self.pool,
+                memory_options=self.memory_options,
             )
             await self._finish_start(system, plane)
             return
         spec = BlockSpec(1, self.threads_per_worker, self.memory_per_worker, 0, self.pool)
 
         def provider(plane: Any) -> InProcessProvider:
-            self._provider = InProcessProvider(system, plane.refs["scheduler"])
+            self._provider = InProcessProvider(
+                system,
+                plane.refs["scheduler"],
+                worker_options={"memory_options": self.memory_options},
+            )
             return self._provider
 
         plane = await start_control_plane(
@@ -490,6 +516,7 @@ class Cluster:
             policies=self.initial_policies,
             provider=provider,
             targets={self.pool: PoolTarget(self.n_workers, spec)},
+            stall_timeout=self.stall_timeout,
         )
         await self._finish_start(system, plane)
 

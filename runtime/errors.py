@@ -20,8 +20,10 @@ __all__ = [
     "DependencyFailed",
     "GraphError",
     "MailboxFull",
+    "MemoryStalled",
     "MissingKeysError",
     "ProtocolError",
+    "TaskOutOfMemory",
     "UnknownPolicyError",
     "WorkerLost",
 ]
@@ -214,4 +216,60 @@ class WorkerLost(CorralError):
             worker=worker,
             cause=cause,
             tries=tries,
+        )
+
+
+# ----------------------------------------------------------------------------- memory
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+class TaskOutOfMemory(CorralError):
+    """A task was killed at its worker's terminate fence too often to retry it."""
+
+    def __init__(self, key: str, worker: str, rss: int, limit: int, tries: int) -> None:
+        super().__init__(
+            f"task {key!r} was killed for memory on worker {worker!r}: the worker used "
+            f"{_gib(rss)} of its {_gib(limit)} limit while the task ran, past the terminate "
+            f"fence ({tries} tries). Give workers more memory (--memory), make the task's "
+            "chunks smaller, or raise the terminate fraction.",
+            key=key,
+            worker=worker,
+            rss=rss,
+            limit=limit,
+            tries=tries,
+        )
+
+
+class MemoryStalled(CorralError):
+    """Every worker is over its throttle fence and nothing that frees memory can run.
+
+    ``holding`` lists ``(category, bytes, outputs)`` held in workers' memory, largest
+    first; ``needed`` estimates the bytes the producer tasks still to run will make, and
+    ``available`` the bytes left under the workers' throttle fences.
+    """
+
+    def __init__(
+        self,
+        holding: Sequence[tuple[str, int, int]],
+        needed: int,
+        available: int,
+        waiting: int,
+        stalled_for: float,
+    ) -> None:
+        held = "; ".join(f"{c!r} {_gib(b)} in {n} outputs" for c, b, n in holding[:5]) or "none"
+        super().__init__(
+            f"memory stalled for {stalled_for:.1f} s: every worker is over its memory "
+            f"throttle fence and nothing that frees memory can run. Held in memory: {held}. "
+            f"The {waiting} producer tasks still to run need about {_gib(needed)}; "
+            f"{_gib(available)} is left under the throttle fences. Give workers more memory, "
+            "allow spilling to disk (a spill fraction and disk room), persist less at once, "
+            "or release futures you no longer need.",
+            holding=list(holding),
+            needed=needed,
+            available=available,
+            waiting=waiting,
+            stalled_for=stalled_for,
         )

@@ -76,7 +76,7 @@ def message(name: str | None = None, *, local: bool = False) -> Callable[[M], M]
 # The catalogue. Inputs are named ...Request / ...Event, outputs ...Reply / ...Msg.
 # --------------------------------------------------------------------------------------
 
-Outcome = Literal["ok", "error", "worker-lost", "cancelled", "timeout"]
+Outcome = Literal["ok", "error", "worker-lost", "cancelled", "timeout", "oom"]
 LostCause = Literal["preempted", "oom", "crash", "drained", "walltime", "unknown"]
 
 
@@ -134,6 +134,21 @@ class WorkerInfo(Message):
     disk: int = 0
     pool: str = "default"
     address: str = ""
+
+
+@message()
+class WorkerMemoryReport(Message):
+    """Worker -> scheduler: its memory state, sent when it starts or stops throttling
+    and after it spilled. ``throttle_at`` and ``limit`` are bytes."""
+
+    worker_id: str
+    throttled: bool
+    rss: int
+    throttle_at: int
+    limit: int
+    memory_bytes: int = 0  #: outputs held in memory
+    spilled_bytes: int = 0  #: outputs on disk now
+    spilled_total: int = 0  #: bytes ever spilled
 
 
 @message()

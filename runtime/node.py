@@ -26,7 +26,7 @@ import json
 import os
 import secrets
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -114,8 +114,10 @@ async def start_control_plane(
     policies: dict[str, tuple[str, dict[str, Any]]] | None = None,
     provider: Callable[[ControlPlane], Provider] | None = None,
     targets: dict[str, PoolTarget] | None = None,
+    stall_timeout: float = 10.0,
 ) -> ControlPlane:
-    """Spawn registry, scheduler, manager and, with a ``provider``, the autoscaler."""
+    """Spawn registry, scheduler, manager and, with a ``provider``, the autoscaler.
+    ``stall_timeout``: see :class:`~actors.scheduler_state.SchedulerConfig`."""
     refs: dict[str, ActorRef[Any]] = {}
     plane = ControlPlane(system, refs, None, [])  # type: ignore[arg-type]
     registry = FileRegistry(lambda: refs["scheduler"], plane.resolve)
@@ -123,7 +125,7 @@ async def start_control_plane(
     scheduler = Scheduler(
         lambda: refs["manager"],
         lambda: refs["registry"],
-        config=SchedulerConfig(saturation=saturation),
+        config=SchedulerConfig(saturation=saturation, stall_timeout=stall_timeout),
         initial=policies,
     )
     plane.scheduler = scheduler
@@ -188,6 +190,7 @@ async def start_local_processes(
     pool: str = "default",
     listen: str = "ws://127.0.0.1:0",
     tokens: Tokens | None = None,
+    memory_options: Mapping[str, Any] | None = None,
 ) -> str:
     """Serve a gateway on ``listen`` and keep ``n`` worker processes on this machine
     joined to ``plane`` (replaced when they crash; stopped with the plane's system, and
@@ -203,7 +206,10 @@ async def start_local_processes(
 
     def argv_for(block_id: str, index: int) -> list[str]:
         argv = [sys.executable, "-m", "runtime", "worker", address, "--cores", str(threads)]
-        return [*argv, "--memory", str(memory), "--pool", pool]
+        argv += ["--memory", str(memory), "--pool", pool]
+        if memory_options:
+            argv += ["--memory-options", json.dumps(dict(memory_options))]
+        return argv
 
     provider = LocalProcessProvider(argv_for, env={"CORRAL_TOKEN": tokens.admin})
     await plane.system.start_service(provider.run)
@@ -594,6 +600,7 @@ async def run_worker(
     ready: Callable[[str], None] | None = None,
     listen_options: dict[str, Any] | None = None,
     reconnect: float = 10.0,
+    memory_options: Mapping[str, Any] | None = None,
 ) -> None:
     """Run a worker process until SIGINT/SIGTERM, until the scheduler retires it, or
     until the manager stays unreachable for ``reconnect`` seconds.
@@ -641,7 +648,7 @@ async def run_worker(
             link = Link("manager")
             worker = Worker(
                 worker_id, link, resolve, nthreads=cores, memory=memory, disk=disk, pool=pool,
-                register=False, on_retire=stop.set,
+                register=False, on_retire=stop.set, memory_options=memory_options,
             )  # fmt: skip
             worker_ref["worker"] = await system.spawn(worker, "worker")
 

@@ -1,0 +1,333 @@
+"""The scheduler core's memory rules (actors/scheduler_state.py), fed events with an
+injected clock: producers and consumers, root withholding, throttled workers, the
+memory policy swapped at runtime, ``oom`` tries and the stall watchdog."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+from actors.scheduler_state import (
+    KeyErred,
+    PolicyChanged,
+    SchedulerState,
+    TasksFinished,
+    Tick,
+    WorkerLeft,
+    WorkerMemory,
+)
+from policies import REGISTRY
+from runtime.errors import MemoryStalled, TaskOutOfMemory
+from tests.test_scheduler_state import (
+    GB,
+    MB,
+    Factory,
+    assigned,
+    event,
+    finish,
+    finish_all,
+    join,
+    make_state,
+    of,
+    on,
+    result,
+    run,
+    submit,
+)
+
+__all__ = ["make_state"]  # the fixture, used by name
+
+
+def throttle(s: SchedulerState, worker: str, on: bool = True, *, now: float | None = None) -> Any:
+    ev = WorkerMemory(
+        stimulus_id=f"mem-{worker}-{on}",
+        now=now if now is not None else 0.0,
+        worker=worker,
+        throttled=on,
+        rss=int(0.75 * GB) if on else int(0.3 * GB),
+        throttle_at=int(0.7 * GB),
+        limit=GB,
+    )
+    return run(s, ev)
+
+
+def tick(s: SchedulerState, now: float) -> Any:
+    return run(s, Tick(stimulus_id=f"tick-{now}", now=now))
+
+
+def loads_and_sums(n: int) -> dict[str, list[str]]:
+    """``load-i`` (roots) each read by ``sum-i``."""
+    table: dict[str, list[str]] = {f"load-{i}": [] for i in range(n)}
+    table.update({f"sum-{i}": [f"load-{i}"] for i in range(n)})
+    return table
+
+
+# ----------------------------------------------------------------------------- classes
+
+
+def test_roots_are_producers_until_known_and_withheld_beyond_saturation(
+    make_state: Factory,
+) -> None:
+    s = make_state(saturation=1.0, backlog=10.0, max_per_core=50)
+    join(s, "w1", cores=2)
+    keys = [f"load-{i}" for i in range(20)]
+    submit(s, dict.fromkeys(keys, ()), keys)
+    ws = s.workers["w1"]
+    # Short or not, unknown roots are producers: only the slots, no backlog batch.
+    assert ws.n_processing == ws.slots == 2 and ws.n_producers == 2
+    # They turn out to make 50 MB each from nothing: still producers, still withheld.
+    for key in sorted(on(s, "w1")):
+        finish(s, "w1", key, duration=0.001, nbytes=50 * MB)
+    assert s.classes["load"] is True
+    assert ws.n_processing == 2
+
+
+def test_a_category_with_tiny_outputs_flips_to_consumer_and_gets_batches(
+    make_state: Factory,
+) -> None:
+    s = make_state(saturation=1.0, backlog=0.05, max_per_core=10)
+    join(s, "w1", cores=2)
+    keys = [f"tiny-{i}" for i in range(100)]
+    submit(s, dict.fromkeys(keys, ()), keys)
+    assert s.workers["w1"].n_processing == 2
+    finish_all(s, "w1", sorted(on(s, "w1")), duration=0.001, nbytes=8)
+    assert s.classes["tiny"] is False
+    assert s.workers["w1"].n_processing == 20  # the backlog batch
+    assert [e[2] for e in s.story_log if e[1] == "memory"] == ["tiny is a consumer"]
+
+
+def test_a_non_root_category_that_turns_out_to_produce_is_requeued_as_producer(
+    make_state: Factory,
+) -> None:
+    s = make_state(saturation=1.0)
+    join(s, "w1")
+    join(s, "w2")
+    table: dict[str, list[str]] = {f"seed-{i}": [] for i in range(4)}
+    table.update({f"grow-{i}": [f"seed-{i}"] for i in range(4)})
+    submit(s, table, list(table))
+    # Seeds are tiny roots: after the first two, consumers; all four run.
+    for _ in range(2):
+        for w in ("w1", "w2"):
+            for key in sorted(on(s, w)):
+                if key.startswith("seed"):
+                    finish(s, w, key, nbytes=1000)
+    assert s.classes["grow"] is False  # unknown non-roots are not producers
+    grows = [ts for ts in s.tasks.values() if ts.key.startswith("grow")]
+    running = [ts for ts in grows if ts.state == "processing"]
+    assert len(running) == 2 and all(not ts.producer for ts in running)
+    # One grow makes 100 MB out of 1000 bytes: the category flips; the queued ones move.
+    ts = running[0]
+    assert ts.worker is not None
+    finish(s, ts.worker, ts.key, nbytes=100 * MB)
+    assert s.classes["grow"] is True
+    queued = [t for t in grows if t.state == "queued"]
+    for t in queued:
+        assert t.producer
+        assert any(e[3] is t for e in s.queues[(None, True)])
+
+
+# ----------------------------------------------------------------------------- throttle
+
+
+def test_a_throttled_worker_gets_consumers_but_no_producers(make_state: Factory) -> None:
+    s = make_state(saturation=1.0)
+    join(s, "w1")
+    join(s, "w2")
+    submit(s, loads_and_sums(6), [f"sum-{i}" for i in range(6)])
+    first = on(s, "w1") | on(s, "w2")
+    assert len(first) == 2 and all(k.startswith("load") for k in first)
+    throttle(s, "w1")
+    assert s.pressure and s.throttled == {"w1"}
+    w1_load = next(iter(on(s, "w1")))
+    w2_load = next(iter(on(s, "w2")))
+    # w2's load finishes: its sum is a consumer and may go anywhere; the next load must
+    # not go to the throttled w1.
+    cmds = finish(s, "w2", w2_load, nbytes=50 * MB)
+    sent = assigned(cmds)
+    assert all(k.startswith("sum") for k in sent.get("w1", []))
+    # w1 still runs its (deferred) producer, yet it takes the consumer: deferred
+    # producers must not keep consumers out.
+    assert w1_load in on(s, "w1")
+    assert any(k.startswith("sum") for k in on(s, "w1") | on(s, "w2"))
+    # Unthrottled: producers may go to w1 again.
+    throttle(s, "w1", on=False)
+    assert not s.pressure
+
+
+def test_under_pressure_consumers_go_before_producers_whatever_graph_order(
+    make_state: Factory,
+) -> None:
+    s = make_state(saturation=1.0)
+    join(s, "w1")
+    join(s, "w2")
+    submit(s, loads_and_sums(4), [f"sum-{i}" for i in range(4)])
+    loads = {w: next(iter(on(s, w))) for w in ("w1", "w2")}
+    throttle(s, "w1")
+    # w2 finishes its load: a load (producer) and a sum (consumer) are both ready for
+    # w2's one slot; under pressure the sum wins even if the load is earlier in order.
+    cmds = finish(s, "w2", loads["w2"], nbytes=50 * MB)
+    assert [k for k in assigned(cmds).get("w2", []) if k.startswith("load")] == []
+    # Without pressure graph order holds: the same situation on a fresh state sends
+    # whatever dask.order puts first.
+    s2 = make_state(saturation=1.0)
+    join(s2, "w1")
+    join(s2, "w2")
+    submit(s2, loads_and_sums(4), [f"sum-{i}" for i in range(4)])
+    first = {w: next(iter(on(s2, w))) for w in ("w1", "w2")}
+    cmds = finish(s2, "w2", first["w2"], nbytes=50 * MB)
+    (sent,) = assigned(cmds)["w2"]
+    ready = [ts for ts in s2.tasks.values() if ts.state in ("queued", "processing")]
+    best = min((ts for ts in ready if ts.worker in (None, "w2")), key=lambda t: t.prio)
+    assert sent == best.key
+
+
+def test_memory_reports_from_unknown_workers_are_ignored_and_leaving_clears_throttle(
+    make_state: Factory,
+) -> None:
+    s = make_state()
+    throttle(s, "ghost")
+    assert not s.pressure
+    join(s, "w1")
+    throttle(s, "w1")
+    assert s.pressure
+    run(s, event(WorkerLeft, worker="w1"))
+    assert not s.pressure
+
+
+def test_the_memory_policy_can_be_swapped_at_runtime(make_state: Factory) -> None:
+    s = make_state(saturation=1.0, backlog=10.0, max_per_core=50)
+    join(s, "w1", cores=2)
+    keys = [f"load-{i}" for i in range(30)]
+    submit(s, dict.fromkeys(keys, ()), keys)
+    assert s.workers["w1"].n_processing == 2
+    run(s, event(PolicyChanged, kind="memory", policy=REGISTRY.create("memory", "blind")))
+    # Blind: nothing is a producer; the roots get the backlog batch at once.
+    assert s.workers["w1"].n_producers == 2  # the two sent before keep their mark
+    assert s.workers["w1"].n_processing > 2
+    assert s.classes == {"load": False}
+    with pytest.raises(Exception, match="no-such"):
+        REGISTRY.create("memory", "no-such")
+
+
+def test_producer_thresholds_are_parameters_of_the_policy() -> None:
+    from policies.base import CategoryStats
+
+    p = REGISTRY.create("memory", "producers-yield", {"ratio": 4, "min_nbytes": 10})
+    three_x = CategoryStats(count=1, total_nbytes=300, consumed_nbytes=100)
+    assert not p.producer("x", three_x, False)
+    assert p.producer("x", CategoryStats(count=1, total_nbytes=500, consumed_nbytes=100), False)
+    assert not p.producer("x", CategoryStats(count=1, total_nbytes=5), True)  # too small
+    assert p.producer("x", None, True) and not p.producer("x", None, False)
+    with pytest.raises(Exception, match="ratio"):
+        REGISTRY.create("memory", "producers-yield", {"ratio": 0})
+
+
+# ----------------------------------------------------------------------------- oom
+
+
+def test_an_oom_try_is_retried_once_then_the_task_fails_naming_the_limit(
+    make_state: Factory,
+) -> None:
+    s = make_state()
+    join(s, "w1", memory=GB)
+    submit(s, {"big-0": []}, ["big-0"])
+    finish(s, "w1", "big-0", "oom", rss=int(0.96 * GB))
+    ts = s.tasks["big-0"]
+    assert ts.state == "processing" and ts.behind  # free retry, behind fresh work
+    assert s.stats["big"].oom == 1 and s.stats["big"].errors == 0
+    cmds = finish(s, "w1", "big-0", "oom", rss=int(0.97 * GB))
+    (erred,) = of(cmds, KeyErred)
+    assert isinstance(erred.error, TaskOutOfMemory)
+    assert "0.97 GiB of its 1.00 GiB limit" in str(erred.error)
+    assert [t.outcome for t in s.tasks["big-0"].tries] == ["oom", "oom"]
+
+
+# ----------------------------------------------------------------------------- watchdog
+
+
+def stalled_state(make_state: Factory, n: int = 6) -> SchedulerState:
+    """Two throttled workers, each running (deferring) one load; the rest queued."""
+    s = make_state(saturation=1.0, stall_timeout=5.0)
+    join(s, "w1")
+    join(s, "w2")
+    keys = [f"load-{i}" for i in range(n)]
+    submit(s, dict.fromkeys(keys, ()), keys)
+    for w in ("w1", "w2"):
+        finish(s, w, next(iter(on(s, w))), nbytes=300 * MB)
+    throttle(s, "w1", now=100.0)
+    throttle(s, "w2", now=100.0)
+    return s
+
+
+def test_the_watchdog_fails_a_stalled_run_with_a_clear_error(make_state: Factory) -> None:
+    s = stalled_state(make_state)
+    assert s.stalled_since == 100.0
+    assert of(tick(s, 104.9), KeyErred) == []  # not yet
+    cmds = tick(s, 105.0)
+    errors = of(cmds, KeyErred)
+    done = {k for k, ts in s.tasks.items() if ts.state == "memory"}
+    assert len(done) == 2
+    assert {e.key for e in errors} == {f"load-{i}" for i in range(6)} - done
+    err = errors[0].error
+    assert isinstance(err, MemoryStalled)
+    text = str(err)
+    assert "'load' 0.59 GiB in 2 outputs" in text  # what holds memory
+    assert "The 4 producer tasks still to run need about 1.17 GiB" in text
+    assert "0.00 GiB is left under the throttle fences" in text
+    assert err.holding == [("load", 600 * MB, 2)]
+    # Nothing is left running; the deferred tries were cancelled on the workers.
+    assert not s.workers["w1"].processing and not s.workers["w2"].processing
+    assert s.stalled_since is None
+
+
+def test_progress_restarts_the_watchdogs_clock(make_state: Factory) -> None:
+    s = stalled_state(make_state)
+    tick(s, 103.0)
+    # A deferred load finishes after all (memory fell a little): progress.
+    key = next(iter(on(s, "w1")))
+    run(s, event_at(finish_event(s, "w1", key), 104.0))
+    assert s.stalled_since == 104.0  # still stalled, clock restarted
+    assert of(tick(s, 108.9), KeyErred) == []
+    assert of(tick(s, 109.0), KeyErred)
+
+
+def test_no_stall_while_a_consumer_runs_or_a_worker_is_not_throttled(
+    make_state: Factory,
+) -> None:
+    s = make_state(saturation=1.0, stall_timeout=5.0)
+    join(s, "w1")
+    join(s, "w2")
+    submit(s, loads_and_sums(3), [f"sum-{i}" for i in range(3)])
+    throttle(s, "w1", now=0.0)
+    assert of(tick(s, 100.0), KeyErred) == []  # w2 is not throttled
+    throttle(s, "w2", now=100.0)
+    load = next(iter(on(s, "w2")))
+    run(s, event_at(finish_event(s, "w2", load), 101.0))  # its sum is a consumer
+    assert any(not ts.producer for ts in s.workers["w2"].processing | s.workers["w1"].processing)
+    assert of(tick(s, 200.0), KeyErred) == []
+    assert s.stalled_since is None
+
+
+def test_held_results_alone_are_not_a_stall(make_state: Factory) -> None:
+    # The persist case once it is done: memory is full of wanted results, nothing runs.
+    s = make_state(saturation=1.0, stall_timeout=5.0)
+    join(s, "w1")
+    submit(s, {"load-0": []}, ["load-0"])
+    finish(s, "w1", "load-0", nbytes=900 * MB)
+    throttle(s, "w1", now=0.0)
+    assert of(tick(s, 100.0), KeyErred) == [] and s.stalled_since is None
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def finish_event(s: SchedulerState, worker: str, key: Any) -> Any:
+    return TasksFinished(
+        stimulus_id="fin", now=0.0, worker=worker, results=(result(key, nbytes=300 * MB),)
+    )
+
+
+def event_at(ev: Any, now: float) -> Any:
+    return dataclasses.replace(ev, now=now)

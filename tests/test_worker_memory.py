@@ -1,0 +1,170 @@
+"""The worker actor under memory pressure, in-process and gated on messages.
+
+Memory is what the worker's ``probe`` says (a list the test sets), so the fences are
+crossed exactly when the test says; everything else is real: the actor, its executor
+threads, its spill store on disk (in ``tmp_path``)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import numpy as np
+import pytest
+
+from actors.scheduler_state import ToRun
+from actors.worker import Worker, WorkerStatus
+from runtime.graph import Task, TaskRef
+from runtime.kernel import Actor, ActorRef, ActorSystem, handles
+from runtime.messages import (
+    DataReply,
+    GetData,
+    RegisterWorker,
+    RunTasks,
+    StatusRequest,
+    TasksDone,
+    WorkerMemoryReport,
+)
+
+pytestmark = pytest.mark.anyio
+LIMIT = 30  # seconds per test
+MB = 2**20
+MEMORY = 1000 * MB
+
+
+class Scheduler(Actor):
+    """Records what the worker tells the scheduler; wakes waiters on every message."""
+
+    def __init__(self) -> None:
+        self.done: dict[Any, Any] = {}
+        self.reports: list[WorkerMemoryReport] = []
+        self.changed = anyio.Event()
+
+    def _wake(self) -> None:
+        self.changed.set()
+        self.changed = anyio.Event()
+
+    @handles(RegisterWorker)
+    def register(self, msg: RegisterWorker) -> None:
+        self._wake()
+
+    @handles(TasksDone)
+    def tasks_done(self, msg: TasksDone) -> None:
+        for res in msg.results:
+            self.done[res.key] = res
+        self._wake()
+
+    @handles(WorkerMemoryReport)
+    def memory(self, msg: WorkerMemoryReport) -> None:
+        self.reports.append(msg)
+        self._wake()
+
+    async def until(self, condition: Callable[[], bool]) -> None:
+        while not condition():
+            await self.changed.wait()
+
+
+@asynccontextmanager
+async def worker(
+    tmp_path: Path, rss: list[int], **options: Any
+) -> AsyncIterator[tuple[Worker, ActorRef[Any], Scheduler]]:
+    sched = Scheduler()
+    async with ActorSystem() as system:
+        sref = await system.spawn(sched, "scheduler")
+        w = Worker(
+            "w1", sref, lambda _: None, memory=MEMORY, probe=lambda: rss[0],
+            memory_options={"spill_dir": str(tmp_path), "interval": 0.01, **options},
+        )  # fmt: skip
+        wref = await system.spawn(w, "w1")
+        yield w, wref, sched
+
+
+def run(key: str, func: Callable[..., Any], *args: Any, producer: bool = False) -> ToRun:
+    deps = tuple((a.key, ("w1",)) for a in args if isinstance(a, TaskRef))
+    return ToRun(key, Task(key, func, *args), key.split("-")[0], deps, producer)
+
+
+def load(n: int) -> np.ndarray:
+    return np.ones(n // 8)
+
+
+async def test_throttled_worker_defers_producers_runs_consumers_and_resumes(
+    tmp_path: Path,
+) -> None:
+    rss = [100 * MB]
+    with anyio.fail_after(LIMIT):
+        async with worker(tmp_path, rss, spill=None) as (_, ref, sched):
+            ref.post(RunTasks((run("load-0", load, MB, producer=True),)))
+            await sched.until(lambda: "load-0" in sched.done)
+            # Past the throttle fence (0.7): the worker says so...
+            rss[0] = 800 * MB
+            await sched.until(lambda: bool(sched.reports))
+            report = sched.reports[-1]
+            assert report.throttled and report.rss == 800 * MB
+            assert report.throttle_at == 700 * MB and report.limit == MEMORY
+            # ...defers a producer, yet runs a consumer at once.
+            ref.post(RunTasks((run("load-1", load, MB, producer=True),)))
+            ref.post(RunTasks((run("sum-0", np.sum, TaskRef("load-0")),)))
+            await sched.until(lambda: "sum-0" in sched.done)
+            assert "load-1" not in sched.done
+            status: WorkerStatus = await ref.ask(StatusRequest())
+            assert status.throttled and status.deferred == 1
+            # Memory falls: the deferred producer runs at once, the throttle is lifted.
+            rss[0] = 200 * MB
+            await sched.until(lambda: "load-1" in sched.done)
+            assert not sched.reports[-1].throttled
+            assert sched.done["sum-0"].outcome == "ok"
+
+
+async def test_past_the_spill_fence_outputs_go_to_disk_and_come_back(tmp_path: Path) -> None:
+    rss = [100 * MB]
+    with anyio.fail_after(LIMIT):
+        async with worker(tmp_path, rss) as (w, ref, sched):
+            keys = [f"load-{i}" for i in range(4)]
+            ref.post(RunTasks(tuple(run(k, load, 10 * MB) for k in keys)))
+            await sched.until(lambda: all(k in sched.done for k in keys))
+            rss[0] = 650 * MB  # past spill (0.6): spill down to 0.54 -> at least 110 MB
+            await sched.until(lambda: any(r.spilled_bytes for r in sched.reports))
+            assert w.data.n_spilled == 4  # 4 x 10 MB < 110 MB: everything went
+            assert sorted(w.data.keys_on_disk()) == keys
+            rss[0] = 100 * MB
+            # A consumer reads a spilled input transparently; a peer gets another one.
+            ref.post(RunTasks((run("sum-0", np.sum, TaskRef("load-0")),)))
+            await sched.until(lambda: "sum-0" in sched.done)
+            assert sched.done["sum-0"].outcome == "ok"
+            reply: DataReply = await ref.ask(GetData(("load-1",)))
+            assert np.array_equal(reply.data["load-1"], np.ones(10 * MB // 8))
+            status: WorkerStatus = await ref.ask(StatusRequest())
+            assert 40 * MB <= status.spilled_total < 41 * MB  # each output spilled once
+            assert status.spilled >= 2  # load-1 stays on disk: a peer read does not unspill
+
+
+async def test_a_deferred_producer_can_be_cancelled(tmp_path: Path) -> None:
+    from runtime.messages import CancelTasks
+
+    rss = [900 * MB]
+    ran = threading.Event()
+    with anyio.fail_after(LIMIT):
+        async with worker(tmp_path, rss, spill=None) as (w, ref, sched):
+            await sched.until(lambda: bool(sched.reports))  # throttled from the start
+            ref.post(RunTasks((run("load-0", lambda: ran.set(), producer=True),)))
+            await ref.ask(StatusRequest())  # the RunTasks was handled
+            assert "load-0" in w.deferred
+            ref.post(CancelTasks(("load-0",)))
+            status: WorkerStatus = await ref.ask(StatusRequest())
+            assert status.deferred == 0 and not w.governor.deferred
+            rss[0] = 100 * MB
+            await sched.until(lambda: not sched.reports[-1].throttled)
+            await ref.ask(StatusRequest())
+            assert not ran.is_set() and "load-0" not in sched.done
+
+
+def test_bad_memory_options_fail_when_the_worker_is_made() -> None:
+    from actors.memory import MemoryConfigError
+
+    with pytest.raises(MemoryConfigError, match=r"unknown option.*trottle"):
+        Worker("w", None, lambda _: None, memory=MEMORY, memory_options={"trottle": 0.5})  # type: ignore[arg-type]  # fmt: skip
