@@ -318,6 +318,10 @@ class SpillStore(MutableMapping[Key, Any]):
             f"{len(self._disk)} on disk ({self._disk_bytes} B)>"
         )
 
+    def on_disk(self, key: Key) -> bool:
+        """Whether ``key`` is spilled (reading it loads it back into memory)."""
+        return key in self._disk
+
     def nbytes(self, key: Key) -> int:
         """The recorded size of ``key`` (in memory or on disk); KeyError if absent."""
         return self._sizes[key]

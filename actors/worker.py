@@ -24,6 +24,7 @@ other task that finished meanwhile.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import inspect
 import os
 from collections.abc import Callable, Mapping
@@ -53,6 +54,7 @@ from runtime.messages import (
     TasksDone,
     WorkerInfo,
     WorkerMemoryReport,
+    get_data_batches,
     message,
 )
 
@@ -107,6 +109,21 @@ def _pid_rss(pid: int) -> int:
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
+def _malloc_trim() -> Callable[[int], int] | None:
+    try:
+        trim: Callable[[int], int] = ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc
+        return None
+    return trim
+
+
+#: glibc's malloc_trim: hands freed heap pages back to the OS. Outputs of a few MiB live
+#: on the heap once glibc's mmap threshold has grown, so freeing them (after a spill)
+#: lowers RSS only after a trim; without one, the governor would see no relief and
+#: spill everything.
+MALLOC_TRIM = _malloc_trim()
+
+
 class Worker(Actor):
     """Runs tasks, stores outputs, serves them to peers, reports to the scheduler.
 
@@ -153,6 +170,8 @@ class Worker(Actor):
         #: outputs held here (spilled to disk under memory pressure)
         self.data = SpillStore(cfg.spill_dir, disk_limit=cfg.disk_limit, sizeof=sizeof)
         self.deferred: dict[Key, ToRun] = {}  #: producers the governor holds back
+        #: tasks with spilled inputs, waiting for a free thread (loaded only then)
+        self.unspill: dict[Key, ToRun] = {}
         #: what memory is governed by (default: RSS of this process and its task processes)
         self.probe = probe
         self.running: dict[Key, ToRun] = {}  #: tasks handed to the executor
@@ -161,6 +180,8 @@ class Worker(Actor):
         self.executor: Executor | ProcessExecutor | None = None
         self.tasks_run = 0
         self._timer: asyncio.TimerHandle | None = None  #: the next deferral's timer
+        self._fetches: anyio.Semaphore | None = None  #: bounds concurrent input fetches
+        self._killed_at: dict[Key, int] = {}  #: killed task -> worker memory at the kill
         self._over_terminate = False  #: warned that threads cannot be killed
 
     @property
@@ -170,6 +191,7 @@ class Worker(Actor):
     async def on_start(self) -> None:
         kind = ProcessExecutor if self.memory_config.execution == "process" else Executor
         self.executor = kind(self.nthreads, self.worker_id, self._deliver)
+        self._fetches = anyio.Semaphore(max(2, 2 * self.nthreads))
         if self.register:
             await self.scheduler.tell(RegisterWorker(self.info, self.ref))
         self.start_soon(self._monitor)
@@ -249,6 +271,8 @@ class Worker(Actor):
         store = self.data
         moved = store.spill(nbytes)
         if moved:
+            if MALLOC_TRIM is not None:
+                MALLOC_TRIM(0)
             self.log.debug("spilled", nbytes=moved, on_disk=store.disk_bytes)
             self._report()
         elif store.disk_full:
@@ -257,6 +281,7 @@ class Worker(Actor):
     def _kill(self, cmd: mem.Kill) -> None:
         assert self.executor is not None
         if self.executor.kill(cmd.key, "oom"):
+            self._killed_at[cmd.key] = cmd.rss
             self.log.warning(
                 "killed a task past the terminate fence", key=str(cmd.key), rss=cmd.rss
             )
@@ -303,22 +328,55 @@ class Worker(Actor):
     def _run(self, task: ToRun) -> None:
         assert self.executor is not None
         data = self.data
+        if self.unspill or (
+            len(self.running) >= self.nthreads and any(data.on_disk(dk) for dk, _ in task.deps)
+        ):
+            # Its inputs are on disk: load them only when a thread is free for it, not
+            # for every task queued ahead in the executor at once.
+            self.unspill[task.key] = task
+            self._run_unspilled()
+            return
         self.running[task.key] = task
         self.executor.submit(task, {dk: data[dk] for dk, _ in task.deps})
 
+    def _run_unspilled(self) -> None:
+        assert self.executor is not None
+        data = self.data
+        while self.unspill and len(self.running) < self.nthreads:
+            key = next(iter(self.unspill))
+            task = self.unspill.pop(key)
+            self.running[key] = task
+            self.executor.submit(task, {dk: data[dk] for dk, _ in task.deps})
+
     async def _fetch(self, task: ToRun) -> None:
         """Copy the inputs ``task`` lacks from peers; report what could not be had."""
-        want: dict[str, list[Key]] = {}
+        want: dict[str, list[tuple[Key, int]]] = {}
         missing: list[tuple[Key, str]] = []
-        for dk, holders in task.deps:
+        sizes = task.dep_nbytes or (0,) * len(task.deps)
+        for (dk, holders), nbytes in zip(task.deps, sizes, strict=True):
             if dk in self.data:
                 continue
             if not holders:
                 missing.append((dk, ""))
                 continue
-            want.setdefault(holders[0], []).append(dk)
+            want.setdefault(holders[0], []).append((dk, nbytes))
         got: dict[Key, Any] = {}
-        for wid, keys in want.items():
+        # At most GET_DATA_BYTES per request: each reply is one message.
+        requests = [(w, keys) for w, sized in want.items() for keys in get_data_batches(sized)]
+        assert self._fetches is not None
+        async with self._fetches:  # a few tasks' inputs in flight at once, not all
+            await self._fetch_from(requests, got, missing)
+        self.ref.mailbox.put_nowait(
+            Envelope(_Fetched(task, got, tuple(missing)), new_causal_id("f")), force=True
+        )
+
+    async def _fetch_from(
+        self,
+        requests: list[tuple[str, tuple[Key, ...]]],
+        got: dict[Key, Any],
+        missing: list[tuple[Key, str]],
+    ) -> None:
+        for wid, keys in requests:
             peer = self.resolve(wid)
             if inspect.isawaitable(peer):  # remote peers may need a connection first
                 try:
@@ -329,7 +387,7 @@ class Worker(Actor):
             reply: DataReply | None = None
             if peer is not None:
                 try:
-                    reply = await peer.ask(GetData(tuple(keys)), timeout=self.fetch_timeout)
+                    reply = await peer.ask(GetData(keys), timeout=self.fetch_timeout)
                 except (ActorStopped, AskTimeout) as exc:
                     self.log.warning("fetch failed", peer=wid, error=str(exc))
             if reply is None:
@@ -337,9 +395,6 @@ class Worker(Actor):
                 continue
             got.update(reply.data)
             missing.extend((k, wid) for k in reply.missing)
-        self.ref.mailbox.put_nowait(
-            Envelope(_Fetched(task, got, tuple(missing)), new_causal_id("f")), force=True
-        )
 
     @handles(_Fetched)
     def fetched_inputs(self, msg: _Fetched) -> None:
@@ -372,6 +427,8 @@ class Worker(Actor):
             self.running.pop(key, None)
             if killed and key in killed:
                 self.governor.handle(mem.Finished(self._now(), key))
+            if res.outcome == "oom":  # the worker's memory at the kill, not the task's
+                res.rss = self._killed_at.pop(key, res.rss)
             fetched = self.fetched.pop(key, None)
             if fetched:
                 res = TaskResult(
@@ -388,6 +445,8 @@ class Worker(Actor):
             results.append(res)
         if results:
             self.scheduler.post(TasksDone(self.worker_id, tuple(results)))
+        if self.unspill:
+            self._run_unspilled()
         self._sample()
 
     # -- requests from the scheduler, the registry and peers ---------------------------
@@ -400,6 +459,8 @@ class Worker(Actor):
                 continue
             if self.deferred.pop(key, None) is not None:
                 self.governor.handle(mem.Finished(self._now(), key))
+                continue
+            if self.unspill.pop(key, None) is not None:
                 continue
             if key in self.running:
                 self.executor.cancelled.add(key)
@@ -441,7 +502,7 @@ class Worker(Actor):
             len(store),
             store.memory_bytes,
             len(self.running),
-            len(self.fetching),
+            len(self.fetching) + len(self.unspill),
             ex.total_rss() if ex is not None else rss(),
             store.n_spilled,
             store.disk_bytes,
