@@ -23,7 +23,6 @@ from runtime.messages import (
     CancelKeysRequest,
     CancelRequest,
     ClientGone,
-    DataReply,
     DrainRequest,
     GatherRequest,
     GetData,
@@ -39,6 +38,7 @@ from runtime.messages import (
     SubmitSpecs,
     TasksQuery,
     WaitForWorkersRequest,
+    get_data_batches,
 )
 
 __all__ = ["GatherResult", "Manager"]
@@ -69,6 +69,8 @@ class GatherResult:
     data: dict[Key, Any]
     missing: tuple[Key, ...]
     raw: bool = False  #: values are the workers' pickles (the manager did not open them)
+    #: their worker did not answer (yet): still where they were; ask again
+    unreachable: tuple[Key, ...] = ()
 
 
 class Manager(Actor):
@@ -238,36 +240,36 @@ class Manager(Actor):
         return Later(self._gather(msg))
 
     async def _gather(self, msg: GatherRequest) -> GatherResult:
-        by_worker: dict[str, list[Key]] = {}
+        by_worker: dict[str, list[tuple[Key, int]]] = {}
         missing: list[Key] = []
+        unreachable: list[Key] = []
         for key in msg.keys:
             ks = self.keys.get(key)
             upd = ks.update if ks is not None else None
             if not isinstance(upd, KeyDone):
                 missing.append(key)
                 continue
-            by_worker.setdefault(upd.worker, []).append(key)
+            by_worker.setdefault(upd.worker, []).append((key, upd.nbytes))
         data: dict[Key, Any] = {}
-        for wid, keys in by_worker.items():
+        for wid, sized in by_worker.items():
             ref = self._resolve(wid)
-            reply: DataReply | None = None
-            if ref is not None:
+            if ref is None:  # gone: the scheduler recomputes what it held
+                missing.extend(k for k, _ in sized)
+                continue
+            for keys in get_data_batches(sized):
                 try:
-                    reply = await ref.ask(
-                        GetData(tuple(keys), raw=msg.raw), timeout=self.gather_timeout
-                    )
+                    reply = await ref.ask(GetData(keys, raw=msg.raw), timeout=self.gather_timeout)
                 except (ActorStopped, AskTimeout) as exc:
                     self.log.warning("gather failed", worker=wid, error=str(exc))
-            if reply is None:
-                missing.extend(keys)
-                continue
-            data.update(reply.data)
-            missing.extend(reply.missing)
+                    unreachable.extend(keys)
+                    continue
+                data.update(reply.data)
+                missing.extend(reply.missing)
         for key in missing:
             ks = self.keys.get(key)
             if ks is not None and isinstance(ks.update, KeyDone):
                 ks.update = None  # wait for the scheduler's next word on it
-        return GatherResult(data, tuple(missing), msg.raw)
+        return GatherResult(data, tuple(missing), msg.raw, tuple(unreachable))
 
     # -- routing to the owners -------------------------------------------------------
 

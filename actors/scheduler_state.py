@@ -286,12 +286,13 @@ class ToRun:
     category: str
     deps: tuple[tuple[Key, tuple[str, ...]], ...]
     producer: bool = False  #: a memory producer: a throttled worker defers it
+    dep_nbytes: tuple[int, ...] = ()  #: size of each dependency, as ``deps``
 
     def with_pickled_node(self) -> ToRun:
         if isinstance(self.node, PickledNode):
             return self
         node = PickledNode.of(self.key, self.node)
-        return ToRun(self.key, node, self.category, self.deps, self.producer)
+        return ToRun(self.key, node, self.category, self.deps, self.producer, self.dep_nbytes)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -1179,10 +1180,11 @@ class SchedulerState:
         ws.n_producers += ts.producer
         self._update_free(ws)
         deps = tuple((d.key, tuple(d.who_has)) for d in ts.deps)
+        sizes = tuple(d.nbytes for d in ts.deps) if deps else ()
         batch = self._execute.get(ws.id)
         if batch is None:
             batch = self._execute[ws.id] = []
-        batch.append(ToRun(ts.key, ts.spec.node, ts.spec.category, deps, ts.producer))
+        batch.append(ToRun(ts.key, ts.spec.node, ts.spec.category, deps, ts.producer, sizes))
 
     def _release_slot(self, ts: TaskState, ws: WorkerState) -> None:
         if ts in ws.processing:

@@ -693,13 +693,15 @@ class Cluster:
                 values.update({k: pickle.loads(v) for k, v in result.data.items()})
             else:
                 values.update(result.data)
-            if not result.missing:
+            if not result.missing and not result.unreachable:
                 break
             for key in result.missing:  # lost meanwhile: wait for the recomputation
                 w = client.watches.get(key)
                 if w is not None and isinstance(w.update, KeyDone):
                     w.update = None
-            remaining = list(result.missing)
+            if result.unreachable:  # not lost (as far as anyone knows): ask again soon
+                await anyio.sleep(0.2 * (_attempt + 1))
+            remaining = [*result.missing, *result.unreachable]
         else:
             raise CorralError(
                 f"could not gather {remaining[:5]}: their data kept disappearing "

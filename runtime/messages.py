@@ -254,6 +254,28 @@ class DropKeys(Message):
     keys: tuple[Any, ...]
 
 
+#: bytes of values asked of one worker in one GetData: a reply is one message, and
+#: messages have a size limit (the transport's max_message_bytes, 256 MiB by default)
+GET_DATA_BYTES = 64 * 2**20
+
+
+def get_data_batches(sized: Any, limit: int = GET_DATA_BYTES) -> list[tuple[Any, ...]]:
+    """``(key, nbytes)`` pairs, in order, cut into groups of at most ``limit`` bytes (a
+    larger key goes alone): the key tuples of the GetData requests to send."""
+    out: list[tuple[Any, ...]] = []
+    group: list[Any] = []
+    total = 0
+    for key, nbytes in sized:
+        if group and total + nbytes > limit:
+            out.append(tuple(group))
+            group, total = [], 0
+        group.append(key)
+        total += nbytes
+    if group:
+        out.append(tuple(group))
+    return out
+
+
 @message(local=True)
 class GetData(Message):
     """-> worker: reply with ``DataReply`` for the keys it holds. ``raw``: values as
