@@ -415,6 +415,7 @@ class WebSocketConnection(Connection):
         self._grant = 0  # frames consumed and not yet credited back
         self._asm: bytearray | None = None  # chunked message being reassembled
         self._asm_total = 0
+        self._asm_len = 0  # bytes of it received so far
         # writer
         self._wake: anyio.Event | None = None  # the writer waits for work
         self._control: deque[bytes] = deque()  # error replies; they overtake data
@@ -883,21 +884,27 @@ class WebSocketConnection(Connection):
             if total > self.max_message_bytes:
                 self._too_big(total)
                 return False
-            asm = self._asm = bytearray()
+            # Allocated once at its announced size and filled in place: no regrowth.
+            asm = self._asm = bytearray(total)
             self._asm_total = total
+            self._asm_len = 0
         elif total != self._asm_total:
             self._asm = None
             return self._bad(
                 f"a chunk of a {total}-byte message while a {self._asm_total}-byte one was "
                 "being reassembled"
             )
-        asm += memoryview(data)[_CHUNK.size :]
+        piece = memoryview(data)[_CHUNK.size :]
+        start = self._asm_len
+        end = self._asm_len = start + len(piece)
+        if end > total:
+            self._asm = None
+            return self._bad(f"chunks longer than the announced total of {total} bytes")
+        asm[start:end] = piece
         self.chunks_received += 1
-        if len(asm) < total:
+        if end < total:
             return True
         self._asm = None
-        if len(asm) > total:
-            return self._bad(f"chunks longer than the announced total of {total} bytes")
         if asm[0] != _T_DATA:
             return self._bad("a chunked message that is not a data message")
         return self._deliver(asm, credited=True)
