@@ -1,0 +1,108 @@
+"""Memory management end to end: real worker processes with small memory limits over
+loopback websockets, real spilling to disk, real task processes killed at the terminate
+fence. Seed 003's case is here: persisting more than the workers' throttle fences hold.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import dask
+import dask.array as da
+import numpy as np
+import pytest
+
+from runtime import Cluster
+from runtime.errors import MemoryStalled, TaskOutOfMemory
+from runtime.messages import get_data_batches
+
+pytestmark = pytest.mark.anyio
+LIMIT = 90  # seconds per test
+MEMORY = 400 * 2**20  # per worker: a worker process alone uses about 100 MiB
+
+
+def persisted_array() -> Any:
+    # 512 MB in 64 chunks of 8 MB: 256 MB per worker, past a 0.7 x 400 MiB = 280 MiB
+    # throttle fence once the worker's own 100 MiB are counted.
+    return da.random.random((8000, 8000), chunks=(1000, 1000))
+
+
+async def persist(cluster: Cluster, x: Any) -> list[Any]:
+    keys = list(dask.core.flatten(x.__dask_keys__()))
+    futures = await cluster.submit_graph(x.__dask_graph__(), keys)
+    return await cluster.gather(futures)
+
+
+async def test_persisting_more_than_the_throttle_fences_hold_spills_and_finishes(
+    tmp_path: Path,
+) -> None:
+    x = persisted_array()
+    options = {"spill_dir": str(tmp_path)}
+    with anyio.fail_after(LIMIT):
+        async with Cluster(processes=2, memory_per_worker=MEMORY, memory_options=options) as c:
+            await c.wait_for_workers(2, timeout=60)
+            chunks = await persist(c, x)  # gathered too: more than 64 MiB per worker
+            st = await c.status()
+    assert len(chunks) == 64 and all(ch.shape == (1000, 1000) for ch in chunks)
+    assert 0.49 < float(np.mean([ch.mean() for ch in chunks])) < 0.51
+    memory = st["memory"]
+    assert len(memory) == 2, "both workers reported spilling"
+    assert all(m["spilled_total"] > 0 for m in memory.values())
+    assert st["tasks_by_state"] == {"memory": 64}
+
+
+async def test_with_spilling_off_the_same_persist_fails_fast_with_a_clear_error(
+    tmp_path: Path,
+) -> None:
+    x = persisted_array()
+    with anyio.fail_after(LIMIT):
+        async with Cluster(
+            processes=2, memory_per_worker=MEMORY, memory_options={"spill": None},
+            stall_timeout=2.0,
+        ) as c:  # fmt: skip
+            await c.wait_for_workers(2, timeout=60)
+            start = time.monotonic()
+            with pytest.raises(MemoryStalled) as info:
+                await persist(c, x)
+            took = time.monotonic() - start
+    err = info.value
+    assert "every worker is over its memory throttle fence" in str(err)
+    assert err.holding and err.holding[0][0] == "random_sample"
+    assert err.needed > 0 and err.waiting > 0
+    assert took < 30  # the stall timeout plus the persist so far: no hang
+
+
+def hog(nbytes: int) -> int:
+    """Allocate ``nbytes`` and hold them; the terminate fence kills this first."""
+    block = np.ones(nbytes // 8)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        time.sleep(0.01)
+    return int(block[0])
+
+
+async def test_a_task_past_the_terminate_fence_is_killed_not_its_worker(tmp_path: Path) -> None:
+    options = {"execution": "process", "spill": None}
+    with anyio.fail_after(LIMIT):
+        async with Cluster(processes=1, memory_per_worker=MEMORY, memory_options=options) as c:
+            await c.wait_for_workers(1, timeout=60)
+            (before,) = [w.worker_id for w in (await c.status())["workers"]]
+            with pytest.raises(TaskOutOfMemory) as info:
+                await c.submit(hog, MEMORY)
+            assert await c.submit(sum, [1, 2, 3]) == 6  # the worker lives on
+            st = await c.status()
+    err = info.value
+    assert err.worker == before and err.limit == MEMORY and err.tries == 2
+    assert err.rss >= 0.95 * MEMORY
+    assert [w.worker_id for w in st["workers"]] == [before]
+    assert st["categories"]["hog"]["oom"] == 2
+
+
+def test_get_data_requests_are_cut_by_size() -> None:
+    mb = 2**20
+    sized = [("a", 40 * mb), ("b", 30 * mb), ("c", 10 * mb), ("d", 100 * mb), ("e", 1)]
+    assert get_data_batches(sized, 64 * mb) == [("a",), ("b", "c"), ("d",), ("e",)]
+    assert get_data_batches([], 64 * mb) == []
