@@ -298,6 +298,13 @@ class SpillStore(MutableMapping[Key, Any]):
         self.unspilled_total += size
         return value
 
+    def peek(self, key: Key) -> Any:
+        """The value of ``key`` without changing recency or placement: a spilled value
+        is loaded from its file for the caller and stays on disk (for a peer's fetch)."""
+        if key in self._memory:
+            return self._memory[key]
+        return _load_from(self._disk[key].path)
+
     def __delitem__(self, key: Key) -> None:
         if key not in self._sizes:
             raise KeyError(key)

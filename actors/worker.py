@@ -481,7 +481,7 @@ class Worker(Actor):
             elif msg.raw:
                 data[key] = store.get_raw(key)  # a spilled output stays on disk
             else:
-                data[key] = store[key]
+                data[key] = store.peek(key)
         return DataReply(data, tuple(missing), msg.raw)
 
     @handles(Stop)

@@ -93,6 +93,11 @@ class TaskView(Protocol):
         ...
 
     @property
+    def producer(self) -> bool:
+        """Marked a memory producer by the memory policy when it was queued."""
+        ...
+
+    @property
     def dep_locations(self) -> Iterable[tuple[frozenset[str], int]]:
         """(workers holding it, bytes) for each dependency."""
         ...

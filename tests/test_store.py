@@ -520,3 +520,16 @@ def test_never_loses_a_value_against_a_dict_model(
         directory = store.directory
         store.close()
     assert directory is None or not os.path.exists(directory)
+
+
+def test_peek_reads_without_moving_anything(tmp_path: Path) -> None:
+    with SpillStore(tmp_path) as store:
+        store.put("a", np.arange(10), nbytes=80)
+        store.put("b", [1, 2], nbytes=10)
+        assert store.spill(80) == 80  # "a" goes to disk
+        assert np.array_equal(store.peek("a"), np.arange(10))
+        assert list(store.keys_on_disk()) == ["a"] and store.unspilled_total == 0
+        assert store.peek("b") == [1, 2]
+        assert list(store.keys_in_memory()) == ["b"]
+        with pytest.raises(KeyError):
+            store.peek("missing")
