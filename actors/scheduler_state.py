@@ -929,12 +929,19 @@ class SchedulerState:
             self._flipped.add(category)
         self._set(ts, "memory")
         self._add_replica(ts, ws)
+        ready = []
         for dep in ts.dependents:
             if dep.state == "waiting":
                 dep.waiting_on -= 1
                 if dep.waiting_on == 0:
                     self._set(dep, "queued")
                     self._enqueue(dep)
+                    ready.append(dep)
+        if len(ready) > 1:
+            ready.sort(key=_prio_key)  # set order must not decide who gets the room
+        for dep in ready:
+            if self._stays_with_its_data(dep, ws):
+                self._assign(dep, ws)
         if ts.wanted:
             self._out.append(KeyDone(self._stimulus, ts.key, ws.id, ts.nbytes))
 
@@ -1131,6 +1138,8 @@ class SchedulerState:
                 continue
             ws = self._place(ts, candidates)
             self._assign(ts, ws)
+            if ts.producer and not ts.deps:
+                self._assign_partner(ts, ws, self.queues[best_q])
         for q, entry in parked:
             heapq.heappush(self.queues[q], entry)
 
@@ -1148,6 +1157,49 @@ class SchedulerState:
             and w.cores >= cores
             and (not producer or self._takes_producer(w))
         ]
+
+    def _assign_partner(self, ts: TaskState, ws: WorkerState, heap: list[tuple[Any, ...]]) -> None:
+        """The root next in line often feeds the same consumer as ``ts`` (``x[i, j]``
+        and ``x[j, i]`` of ``x + x.T``; ``a[i]`` and ``b[i]`` of ``a + b``): if it does
+        (within two steps downstream), it goes with ``ts``, one task past the worker's
+        slots if need be, so the consumer finds both inputs there and nothing moves."""
+        while heap and heap[0][3].state != "queued":
+            heapq.heappop(heap)
+        if not heap:
+            return
+        nxt: TaskState = heap[0][3]
+        if (
+            nxt.deps
+            or not nxt.producer
+            or not getattr(self.policies["placement"], "keeps_consumers_with_data", False)
+            or ws.throttled
+            or len(ws.processing) > ws.slots
+            or len(ws.processing) >= ws.limit
+            or not _downstream(ts) & _downstream(nxt)
+        ):
+            return
+        res = nxt.spec.resources
+        if ws.memory < res.get("memory", 0) or ws.cores < res.get("cores", 0):
+            return
+        heapq.heappop(heap)
+        self._assign(nxt, ws)
+
+    def _stays_with_its_data(self, ts: TaskState, ws: WorkerState) -> bool:
+        """A consumer whose inputs are all on ``ws`` runs there, even past its slots (up
+        to twice as many tasks): it frees memory and moves nothing, where waiting for a
+        slot would send it (and its inputs) to another worker."""
+        if ts.producer or not ts.deps or ws.draining or ws.id not in self.workers:
+            return False
+        if not getattr(self.policies["placement"], "keeps_consumers_with_data", False):
+            return False  # a placement policy that ignores where data is decides alone
+        if len(ws.processing) >= min(2 * ws.slots, ws.limit):
+            return False
+        if ts.spec.pool is not None and ts.spec.pool != ws.pool:
+            return False
+        res = ts.spec.resources
+        if ws.memory < res.get("memory", 0) or ws.cores < res.get("cores", 0):
+            return False
+        return all(ws.id in d.who_has for d in ts.deps)
 
     @staticmethod
     def _takes_producer(ws: WorkerState) -> bool:
@@ -1476,6 +1528,21 @@ def _topological(tasks: Iterable[TaskState]) -> list[TaskState]:
                 if d in members and d not in done:
                     stack.append((d, False))
     return out
+
+
+def _downstream(ts: TaskState, depth: int = 2, cap: int = 64) -> set[TaskState]:
+    """Tasks up to ``depth`` steps downstream of ``ts``; none if there are more than
+    ``cap`` (a root feeding that much is no one consumer's partner, and the answer must
+    not depend on set order)."""
+    seen: set[TaskState] = set()
+    frontier = [ts]
+    for _ in range(depth):
+        nxt = [d for t in frontier for d in t.dependents if d not in seen]
+        seen.update(nxt)
+        if len(seen) > cap:
+            return set()
+        frontier = nxt
+    return seen
 
 
 def _prio_key(ts: TaskState) -> tuple[Any, ...]:

@@ -20,6 +20,10 @@ class LocalityPlacement:
     """
 
     name = "locality"
+    #: the scheduler core may, besides: run a consumer whose inputs are all on one
+    #: worker there at once (past its slots), and send the root next in line that feeds
+    #: the same consumer as a root just placed to the same worker (see memory.md)
+    keeps_consumers_with_data = True
 
     def __init__(self, bandwidth: float = 500e6, min_duration: float = 0.001) -> None:
         if bandwidth <= 0:

@@ -331,3 +331,65 @@ def finish_event(s: SchedulerState, worker: str, key: Any) -> Any:
 
 def event_at(ev: Any, now: float) -> Any:
     return dataclasses.replace(ev, now=now)
+
+
+# ----------------------------------------------------------------------------- locality
+
+
+def pairs(n: int) -> dict[str, list[str]]:
+    """``x-{2i}`` and ``x-{2i+1}`` (roots) both feed ``add-i``, as ``x[i, j]`` and
+    ``x[j, i]`` feed a chunk of ``x + x.T``."""
+    table: dict[str, list[str]] = {f"x-{i}": [] for i in range(2 * n)}
+    table.update({f"add-{i}": [f"x-{2 * i}", f"x-{2 * i + 1}"] for i in range(n)})
+    return table
+
+
+def test_roots_feeding_the_same_consumer_go_to_the_same_worker(make_state: Factory) -> None:
+    s = make_state(saturation=1.0)
+    join(s, "w1")
+    join(s, "w2")
+    cmds = submit(s, pairs(4), [f"add-{i}" for i in range(4)])
+    sent = assigned(cmds)
+    # Each worker got one root for its slot and that root's partner with it.
+    for w in ("w1", "w2"):
+        a, b = sorted(sent[w])
+        assert s.tasks[a].dependents == s.tasks[b].dependents
+    # The consumer then runs where both inputs are: nothing has to move.
+    for w in ("w1", "w2"):
+        cmds = finish_all(s, w, sorted(on(s, w)), nbytes=32 * MB)
+        (add,) = [k for k in assigned(cmds).get(w, []) if k.startswith("add")]
+        assert all(w in d.who_has for d in s.tasks[add].deps)
+
+
+def test_independent_roots_are_not_paired(make_state: Factory) -> None:
+    s = make_state(saturation=1.0)
+    join(s, "w1")
+    keys = [f"x-{i}" for i in range(4)]
+    submit(s, dict.fromkeys(keys, ()), keys)
+    assert s.workers["w1"].n_processing == 1
+
+
+def test_a_consumer_with_all_its_inputs_on_a_busy_worker_runs_there(
+    make_state: Factory,
+) -> None:
+    s = make_state(saturation=1.0)
+    join(s, "w1")  # one slot
+    submit(s, {"a": []}, ["a"])
+    # z outranks everything (user priority); b waits for a.
+    submit(s, {"b": ["a"], "z": []}, ["b", "z"], attrs={"z": {"priority": 10}})
+    assert s.tasks["z"].state == "queued" and s.tasks["b"].state == "waiting"
+    cmds = finish(s, "w1", "a", nbytes=32 * MB)
+    # a's slot would go to z by priority, and b would wait; but b's input is on w1:
+    # b runs there at once (past the slot), z waits for the next free slot.
+    assert assigned(cmds) == {"w1": ["b"]}
+    assert s.tasks["z"].state == "queued"
+    finish(s, "w1", "b")
+    assert s.tasks["z"].worker == "w1"
+
+
+def test_placement_policies_that_ignore_data_turn_both_off(make_state: Factory) -> None:
+    s = make_state(saturation=1.0, placement="round-robin")
+    join(s, "w1")
+    join(s, "w2")
+    cmds = submit(s, pairs(2), ["add-0", "add-1"])
+    assert sorted(len(v) for v in assigned(cmds).values()) == [1, 1]

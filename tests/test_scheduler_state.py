@@ -280,6 +280,7 @@ def make_state() -> Iterator[Factory]:
         priority: Any = None,
         placement: Any = None,
         retry: Any = None,
+        memory: Any = None,
         **config: Any,
     ) -> SchedulerState:
         def policy(kind: str, p: Any) -> Any:
@@ -290,6 +291,7 @@ def make_state() -> Iterator[Factory]:
             priority=policy("priority", priority),
             placement=policy("placement", placement),
             retry=policy("retry", retry),
+            memory=policy("memory", memory),
         )
         made.append(state)
         return state
@@ -424,8 +426,10 @@ def test_ready_tasks_run_by_user_priority_then_submission_then_graph_order(
 
 def test_graph_order_finishes_a_branch_before_starting_the_next(make_state: Factory) -> None:
     # Two independent branches joined at the end: dask.order runs one branch to its
-    # end before starting the other, and the scheduler follows it.
-    s = make_state(saturation=1.0)
+    # end before starting the other, and the scheduler follows it. (Memory-blind: with
+    # the default memory policy the two roots, which feed the same consumer, would be
+    # sent together; see test_scheduler_memory.py.)
+    s = make_state(saturation=1.0, memory="blind")
     table = {"a-0": [], "a-1": ["a-0"], "b-0": [], "b-1": ["b-0"], "c": ["a-1", "b-1"]}
     submit(s, table, ["c"])
     join(s, "w1")
