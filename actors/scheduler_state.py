@@ -1106,11 +1106,9 @@ class SchedulerState:
 
         The heads of the heaps compete; under memory pressure (when the memory policy
         yields) a producer head ranks after every consumer head."""
-        if not self.free:
-            return
         parked: list[tuple[tuple[str | None, bool], tuple[Any, ...]]] = []
         yields = self._yields()
-        while self.free:
+        while True:
             best: tuple[Any, ...] | None = None
             best_q: tuple[str | None, bool] = (None, False)
             for q, heap in self.queues.items():
@@ -1122,10 +1120,16 @@ class SchedulerState:
                 if best is not None and rank >= best:
                     continue
                 pool, producer = q
-                if (pool is not None or producer) and not any(
-                    (pool is None or w.pool == pool) and (not producer or self._takes_producer(w))
-                    for w in self.free.values()
-                ):
+                no_free_worker = not self.free or (
+                    (pool is not None or producer)
+                    and not any(
+                        (pool is None or w.pool == pool)
+                        and (not producer or self._takes_producer(w))
+                        for w in self.free.values()
+                    )
+                )
+                # With no free worker for it, a consumer may still join its data.
+                if no_free_worker and (producer or self._data_holder(heap[0][3]) is None):
                     continue
                 best, best_q = rank, q
             if best is None:
@@ -1133,6 +1137,9 @@ class SchedulerState:
             entry = heapq.heappop(self.queues[best_q])
             ts: TaskState = entry[3]
             candidates = self._candidates(ts)
+            holder = self._data_holder(ts)
+            if holder is not None:
+                candidates.append(holder)  # busy, but it has every input
             if not candidates:
                 parked.append((best_q, entry))  # resources: wait for a bigger worker
                 continue
@@ -1194,12 +1201,30 @@ class SchedulerState:
             return False  # a placement policy that ignores where data is decides alone
         if len(ws.processing) >= min(2 * ws.slots, ws.limit):
             return False
+        return self._takes_consumer_here(ts, ws) and all(ws.id in d.who_has for d in ts.deps)
+
+    def _takes_consumer_here(self, ts: TaskState, ws: WorkerState) -> bool:
+        """Pool and resources allow ``ts`` on ``ws``."""
         if ts.spec.pool is not None and ts.spec.pool != ws.pool:
             return False
         res = ts.spec.resources
-        if ws.memory < res.get("memory", 0) or ws.cores < res.get("cores", 0):
-            return False
-        return all(ws.id in d.who_has for d in ts.deps)
+        return ws.memory >= res.get("memory", 0) and ws.cores >= res.get("cores", 0)
+
+    def _data_holder(self, ts: TaskState) -> WorkerState | None:
+        """A busy worker (not free) holding every input of consumer ``ts`` that may
+        take it past its slots (see :meth:`_stays_with_its_data`), if there is one."""
+        if ts.producer or not ts.deps:
+            return None
+        common = set(ts.deps[0].who_has)
+        for d in ts.deps[1:]:
+            common &= d.who_has
+            if not common:
+                return None
+        for wid in sorted(common):
+            ws = self.workers.get(wid)
+            if ws is not None and wid not in self.free and self._stays_with_its_data(ts, ws):
+                return ws
+        return None
 
     @staticmethod
     def _takes_producer(ws: WorkerState) -> bool:
@@ -1215,8 +1240,8 @@ class SchedulerState:
             self._log(ts.key, "policy-error", f"placement raised {exc!r}")
             return candidates[0]
         wid = getattr(chosen, "id", chosen)
-        ws = self.free.get(wid) if isinstance(wid, str) else None
-        if ws is None or ws not in candidates:
+        ws = next((w for w in candidates if w.id == wid), None) if isinstance(wid, str) else None
+        if ws is None:
             self.policy_errors += 1
             self._log(ts.key, "policy-error", f"placement chose {wid!r}, not a candidate")
             return candidates[0]

@@ -337,16 +337,22 @@ class Worker(Actor):
             self._run_unspilled()
             return
         self.running[task.key] = task
-        self.executor.submit(task, {dk: data[dk] for dk, _ in task.deps})
+        self.executor.submit(task, self._inputs(task))
+
+    def _inputs(self, task: ToRun) -> dict[Key, Any]:
+        """The task's inputs. A spilled one is read for this task only and stays on
+        disk: putting it back in memory would push other outputs out, and writing it
+        again later would cost the disk twice."""
+        data = self.data
+        return {dk: data.peek(dk) if data.on_disk(dk) else data[dk] for dk, _ in task.deps}
 
     def _run_unspilled(self) -> None:
         assert self.executor is not None
-        data = self.data
         while self.unspill and len(self.running) < self.nthreads:
             key = next(iter(self.unspill))
             task = self.unspill.pop(key)
             self.running[key] = task
-            self.executor.submit(task, {dk: data[dk] for dk, _ in task.deps})
+            self.executor.submit(task, self._inputs(task))
 
     async def _fetch(self, task: ToRun) -> None:
         """Copy the inputs ``task`` lacks from peers; report what could not be had."""

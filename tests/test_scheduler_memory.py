@@ -393,3 +393,20 @@ def test_placement_policies_that_ignore_data_turn_both_off(make_state: Factory) 
     join(s, "w2")
     cmds = submit(s, pairs(2), ["add-0", "add-1"])
     assert sorted(len(v) for v in assigned(cmds).values()) == [1, 1]
+
+
+def test_a_queued_consumer_joins_its_big_input_on_a_busy_worker(make_state: Factory) -> None:
+    s = make_state(saturation=1.0)
+    join(s, "w1")
+    submit(s, {"a": [], "c": []}, ["a", "c"])
+    while on(s, "w1"):
+        key = min(on(s, "w1"))
+        finish(s, "w1", key, nbytes=32 * MB if key == "a" else 100)
+    submit(s, {"x": []}, ["x"])  # keeps w1's one slot busy
+    join(s, "w2")  # idle
+    # b's 32 MB input is on busy w1: b goes there (past the slot), not to idle w2.
+    cmds = submit(s, {"b": ["a"]}, ["b"])
+    assert assigned(cmds) == {"w1": ["b"]}
+    # d's input is 100 bytes: moving it is cheaper than waiting, d goes to idle w2.
+    cmds = submit(s, {"d": ["c"]}, ["d"])
+    assert assigned(cmds) == {"w2": ["d"]}

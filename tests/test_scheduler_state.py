@@ -729,7 +729,9 @@ def test_never_retry_fails_a_lost_task_at_once(make_state: Factory) -> None:
 def test_output_held_only_by_a_lost_worker_is_recomputed_while_needed(
     make_state: Factory,
 ) -> None:
-    s = make_state(saturation=1.0)
+    # least-loaded: with locality, b would join its input on busy w1 (see
+    # test_scheduler_memory.py); here it must wait in the queue.
+    s = make_state(saturation=1.0, placement="least-loaded")
     join(s, "w1")
     submit(s, {"a": []}, ["a"])
     finish(s, "w1", "a", nbytes=50)
