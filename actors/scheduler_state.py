@@ -209,6 +209,7 @@ class TaskResult:
     missing: tuple[tuple[Key, str], ...] = ()
     fetched: tuple[Key, ...] = ()
     rss_before: int = 0
+    rss_peak: int = 0  #: highest RSS sampled while it ran (0: not measured)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -920,7 +921,7 @@ class SchedulerState:
         stat.max_duration = max(stat.max_duration, duration)
         stat.total_nbytes += res.nbytes
         stat.consumed_nbytes += sum(d.nbytes for d in ts.deps)
-        stat.peak_rss = max(stat.peak_rss, res.rss)
+        stat.peak_rss = max(stat.peak_rss, res.rss, res.rss_peak)
         if res.rss_before:
             stat.max_rss_growth = max(stat.max_rss_growth, res.rss - res.rss_before)
         category = ts.spec.category

@@ -108,6 +108,9 @@ def _pid_rss(pid: int) -> int:
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
+#: a copy of a peer's output at least this large is dropped once nothing here needs it
+KEEP_REPLICA_BYTES = 1 << 20
+
 
 def _malloc_trim() -> Callable[[int], int] | None:
     try:
@@ -182,6 +185,7 @@ class Worker(Actor):
         self._timer: asyncio.TimerHandle | None = None  #: the next deferral's timer
         self._fetches: anyio.Semaphore | None = None  #: bounds concurrent input fetches
         self._killed_at: dict[Key, int] = {}  #: killed task -> worker memory at the kill
+        self._peaks: dict[Key, int] = {}  #: running task -> highest RSS sampled meanwhile
         self._over_terminate = False  #: warned that threads cannot be killed
 
     @property
@@ -229,9 +233,19 @@ class Worker(Actor):
         if ex is None:
             return
         tasks: tuple[tuple[Key, int], ...] = ()
+        peaks = self._peaks
         if isinstance(ex, ProcessExecutor):
             tasks = tuple((k, _pid_rss(pid)) for k, pid in ex.running().items())
+            for k, r in tasks:  # each task's own process
+                if r > peaks.get(k, 0):
+                    peaks[k] = r
         used = ex.total_rss() if self.probe is None else self.probe()
+        if not tasks and 0 < len(self.running) <= self.nthreads:
+            # Threads: every task handed over is running (none waits in the executor's
+            # queue), so the process's RSS now is an RSS each of them ran at.
+            for k in self.running:
+                if used > peaks.get(k, 0):
+                    peaks[k] = used
         self._govern(mem.Sampled(self._now(), used, tasks))
 
     def _govern(self, *events: mem.Event) -> None:
@@ -439,8 +453,9 @@ class Worker(Actor):
             if fetched:
                 res = TaskResult(
                     key, res.outcome, res.start, res.stop, res.nbytes, res.rss, res.error,
-                    fetched=tuple(fetched), rss_before=res.rss_before,
+                    fetched=self._keep_fetched(fetched), rss_before=res.rss_before,
                 )  # fmt: skip
+            res.rss_peak = max(self._peaks.pop(key, 0), res.rss)
             if key in cancelled:
                 cancelled.discard(key)
                 if res.outcome != "error":
@@ -454,6 +469,25 @@ class Worker(Actor):
         if self.unspill:
             self._run_unspilled()
         self._sample()
+
+    def _keep_fetched(self, fetched: list[Key]) -> tuple[Key, ...]:
+        """Copies of peers' outputs a finished task read: the small ones, and those
+        another task here still needs, are kept (and reported as replicas); a large one
+        nothing here needs is dropped at once. Its owner still has it, and a second
+        copy would only take memory (or disk, once spilled) until the run ends."""
+        store = self.data
+        large = [k for k in fetched if k in store and store.nbytes(k) >= KEEP_REPLICA_BYTES]
+        if not large:
+            return tuple(fetched)
+        pending = (self.running, self.deferred, self.unspill, self.fetching)
+        needed = {dk for tasks in pending for t in tasks.values() for dk, _ in t.deps}
+        keep = []
+        for k in fetched:
+            if k in large and k not in needed:
+                del store[k]
+            else:
+                keep.append(k)
+        return tuple(keep)
 
     # -- requests from the scheduler, the registry and peers ---------------------------
 

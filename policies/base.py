@@ -50,7 +50,8 @@ class CategoryStats:
     max_duration: float = 0.0
     total_nbytes: int = 0  #: output bytes (produced), over ok tries
     consumed_nbytes: int = 0  #: input bytes (consumed), over ok tries
-    peak_rss: int = 0  #: highest worker RSS seen right after a task of this category
+    #: highest worker RSS seen while (sampled) or right after a task of this category ran
+    peak_rss: int = 0
     max_rss_growth: int = 0  #: largest RSS growth across one task (after - before)
 
     @property

@@ -169,3 +169,52 @@ def test_bad_memory_options_fail_when_the_worker_is_made() -> None:
 
     with pytest.raises(MemoryConfigError, match=r"unknown option.*trottle"):
         Worker("w", None, lambda _: None, memory=MEMORY, memory_options={"trottle": 0.5})  # type: ignore[arg-type]  # fmt: skip
+
+
+async def test_a_large_copy_of_a_peers_output_is_dropped_once_used(tmp_path: Path) -> None:
+    sched = Scheduler()
+    with anyio.fail_after(LIMIT):
+        async with ActorSystem() as system:
+            sref = await system.spawn(sched, "scheduler")
+            refs: dict[str, Any] = {}
+            workers = {}
+            for wid in ("w1", "w2"):
+                w = Worker(
+                    wid, sref, refs.get, memory=MEMORY,
+                    memory_options={"spill_dir": str(tmp_path)},
+                )  # fmt: skip
+                workers[wid] = w
+                refs[wid] = await system.spawn(w, wid)
+            refs["w1"].post(RunTasks((run("big-0", load, 2 * MB), run("small-0", load, 800))))
+            await sched.until(lambda: {"big-0", "small-0"} <= sched.done.keys())
+            # w2 reads both from w1: the 2 MB copy goes once used, the small one stays.
+            task = ToRun(
+                "sum-0", Task("sum-0", _total, TaskRef("big-0"), TaskRef("small-0")), "sum",
+                (("big-0", ("w1",)), ("small-0", ("w1",))), False, (2 * MB, 800),
+            )  # fmt: skip
+            refs["w2"].post(RunTasks((task,)))
+            await sched.until(lambda: "sum-0" in sched.done)
+            res = sched.done["sum-0"]
+            assert res.outcome == "ok" and res.fetched == ("small-0",)
+            assert "big-0" not in workers["w2"].data and "small-0" in workers["w2"].data
+            assert "big-0" in workers["w1"].data  # the owner keeps its output
+
+
+def _total(a: np.ndarray, b: np.ndarray) -> float:
+    return float(a.sum() + b.sum())
+
+
+async def test_rss_sampled_while_a_task_runs_is_its_peak(tmp_path: Path) -> None:
+    rss = [100 * MB]
+    release = threading.Event()
+    with anyio.fail_after(LIMIT):
+        async with worker(tmp_path, rss, spill=None) as (_, ref, sched):
+            ref.post(RunTasks((run("work-0", release.wait, 20),)))
+            await ref.ask(StatusRequest())  # handed to the executor
+            rss[0] = 800 * MB  # while it runs: the monitor's next sample sees it
+            await sched.until(lambda: any(r.throttled for r in sched.reports))
+            rss[0] = 100 * MB
+            release.set()
+            await sched.until(lambda: "work-0" in sched.done)
+    res = sched.done["work-0"]
+    assert res.outcome == "ok" and res.rss_peak == 800 * MB
