@@ -186,6 +186,7 @@ class Worker(Actor):
         self._fetches: anyio.Semaphore | None = None  #: bounds concurrent input fetches
         self._killed_at: dict[Key, int] = {}  #: killed task -> worker memory at the kill
         self._peaks: dict[Key, int] = {}  #: running task -> highest RSS sampled meanwhile
+        self._trimmed = 0.0  #: when the heap was last trimmed
         self._over_terminate = False  #: warned that threads cannot be killed
 
     @property
@@ -284,9 +285,14 @@ class Worker(Actor):
     def _spill(self, nbytes: int) -> None:
         store = self.data
         moved = store.spill(nbytes)
-        if moved:
+        now = self._now()
+        if moved or now - self._trimmed >= 0.5:
+            # Over the fence with nothing (more) to spill: freed inputs and copies may
+            # still sit in the heap; hand them back (at most twice a second).
+            self._trimmed = now
             if MALLOC_TRIM is not None:
                 MALLOC_TRIM(0)
+        if moved:
             self.log.debug("spilled", nbytes=moved, on_disk=store.disk_bytes)
             self._report()
         elif store.disk_full:
