@@ -327,6 +327,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 
     if args.cores < 1:
         raise ValueError("--cores must be at least 1")
+    memory_options = _memory_options(args)
 
     def ready(worker_id: str) -> None:
         print(f"worker {worker_id} joined {args.address}", flush=True)
@@ -341,7 +342,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
             host=args.host,
             token=args.token,
             ready=ready,
-            memory_options=_memory_options(args),
+            memory_options=memory_options,
         ),
         backend="asyncio",
     )
@@ -382,6 +383,10 @@ def _memory_options(args: argparse.Namespace) -> dict[str, Any]:
         options["execution"] = args.execution
     if args.spill_dir is not None:
         options["spill_dir"] = args.spill_dir
+    from actors.memory import MemoryConfig
+    from runtime.client import parse_bytes
+
+    MemoryConfig.of(parse_bytes(args.memory) or 1 << 30, options)  # bad settings: now
     return options
 
 

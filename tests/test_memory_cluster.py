@@ -106,3 +106,30 @@ def test_get_data_requests_are_cut_by_size() -> None:
     sized = [("a", 40 * mb), ("b", 30 * mb), ("c", 10 * mb), ("d", 100 * mb), ("e", 1)]
     assert get_data_batches(sized, 64 * mb) == [("a",), ("b", "c"), ("d",), ("e",)]
     assert get_data_batches([], 64 * mb) == []
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--spill", "abc"], "--spill must be a fraction or 'off', got 'abc'"),
+        (["--memory-options", '{"thrtle": 1}'], "unknown option(s) thrtle; known: spill"),
+        (["--memory-options", "[1]"], "--memory-options must be a JSON object"),
+        (["--throttle", "0.99", "--terminate", "0.9"], "terminate must be above throttle"),
+    ],
+)
+def test_the_worker_command_refuses_bad_memory_settings_before_joining(
+    flags: list[str], message: str
+) -> None:
+    import subprocess
+    import sys
+
+    # No manager listens at this address: the settings are refused before any attempt.
+    proc = subprocess.run(
+        [sys.executable, "-m", "runtime", "worker", "ws://127.0.0.1:9", *flags],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 1
+    assert "MemoryConfigError" in proc.stderr and message in proc.stderr
+    assert "docs/memory.md" in proc.stderr
