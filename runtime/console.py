@@ -533,6 +533,8 @@ def render_status(st: Mapping[str, Any]) -> RenderableType:
     autoscaler = st.get("autoscaler") or {}
     targets: dict[str, int] = dict(autoscaler.get("targets") or {})
     by_state: dict[str, int] = dict(st.get("tasks_by_state") or {})
+    memory: dict[str, dict[str, Any]] = dict(st.get("memory") or {})
+    throttled = set(st.get("throttled") or ())
 
     parts: list[RenderableType] = []
     cores = sum(int(w.get("cores", 0)) for w in workers)
@@ -546,13 +548,17 @@ def render_status(st: Mapping[str, Any]) -> RenderableType:
     )
 
     wt = Table(title="workers", title_justify="left")
-    for col in ("worker", "pool", "cores", "memory", "running", "stored", "RSS", "state"):
+    cols = ("worker", "pool", "cores", "memory", "running", "stored", "spilled", "RSS", "state")
+    for col in cols:
         wt.add_column(
             col, justify="right" if col in ("cores", "running") else "left", no_wrap=col == "worker"
         )
     for w in sorted(workers, key=lambda w: (str(w.get("pool")), str(w.get("worker_id")))):
         wid = str(w.get("worker_id"))
         state = "retired" if wid in retired else "draining" if wid in draining else "active"
+        if wid in throttled and state == "active":
+            state = "throttled"
+        spilled = memory.get(wid, {}).get("spilled_bytes")
         _row(
             wt,
             wid,
@@ -561,6 +567,7 @@ def render_status(st: Mapping[str, Any]) -> RenderableType:
             _bytes(w.get("memory"), zero="all"),
             str(processing.get(wid, 0)),
             _bytes(stored.get(wid)),
+            _bytes(spilled) if spilled else "-",
             _bytes(rss.get(wid)),
             state,
         )
@@ -602,7 +609,8 @@ def render_status(st: Mapping[str, Any]) -> RenderableType:
     cats: dict[str, dict[str, Any]] = dict(st.get("categories") or {})
     if cats:
         ct = Table(title="categories", title_justify="left")
-        for col in ("category", "done", "errors", "lost", "mean", "max", "output", "peak RSS"):
+        ccols = ("category", "done", "errors", "lost", "oom", "mean", "max", "output", "peak RSS")
+        for col in ccols:
             ct.add_column(col, justify="left" if col == "category" else "right")
         for name in sorted(cats):
             c = cats[name]
@@ -612,6 +620,7 @@ def render_status(st: Mapping[str, Any]) -> RenderableType:
                 str(int(c.get("count", 0))),
                 str(int(c.get("errors", 0))),
                 str(int(c.get("lost", 0))),
+                str(int(c.get("oom", 0))),
                 _seconds(c.get("mean_duration")),
                 _seconds(c.get("max_duration")),
                 _bytes(c.get("total_nbytes")),
