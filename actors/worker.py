@@ -188,6 +188,7 @@ class Worker(Actor):
         self._peaks: dict[Key, int] = {}  #: running task -> highest RSS sampled meanwhile
         self._trimmed = 0.0  #: when the heap was last trimmed
         self._over_terminate = False  #: warned that threads cannot be killed
+        self._disk_full = False  #: warned that spilling has no disk room
 
     @property
     def info(self) -> WorkerInfo:
@@ -247,6 +248,15 @@ class Worker(Actor):
             for k in self.running:
                 if used > peaks.get(k, 0):
                     peaks[k] = used
+        cfg = self.memory_config
+        over = cfg.terminate is not None and used >= cfg.at(cfg.terminate)
+        if over and not ex.killable and not self._over_terminate:
+            self.log.warning(
+                "past the terminate fence, but tasks run in threads and cannot be killed; "
+                "run workers with execution 'process' to have the fence kill tasks",
+                rss=used, limit=cfg.limit,
+            )  # fmt: skip
+        self._over_terminate = over
         self._govern(mem.Sampled(self._now(), used, tasks))
 
     def _govern(self, *events: mem.Event) -> None:
@@ -295,8 +305,11 @@ class Worker(Actor):
         if moved:
             self.log.debug("spilled", nbytes=moved, on_disk=store.disk_bytes)
             self._report()
-        elif store.disk_full:
-            self.log.warning("cannot spill: no disk room", disk_limit=store.disk_limit)
+        if store.disk_full and not self._disk_full:  # once per time it fills up
+            self.log.warning(
+                "cannot spill: no disk room", disk_limit=store.disk_limit, on_disk=store.disk_bytes
+            )
+        self._disk_full = store.disk_full
 
     def _kill(self, cmd: mem.Kill) -> None:
         assert self.executor is not None
