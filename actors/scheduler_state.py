@@ -40,7 +40,12 @@ a worker that is not throttled (:class:`WorkerMemory`) and holds fewer than ``sl
 tasks: roots are withheld beyond saturation, however short. A throttled worker's
 producers (deferred there) do not take the slots consumers need. Under pressure (some
 worker throttled) producers yield to consumers when the memory policy says so. When a
-category's class flips, its ready tasks move heaps. The watchdog: if every worker stays
+category's class flips, its ready tasks move heaps. Consumers stay with their data
+(while the placement policy has ``keeps_consumers_with_data``): the root next in line
+that feeds the same consumer as a root just placed goes with it, past the slots if need
+be (``_assign_partner``), and a consumer whose inputs are all on one busy worker may go
+there, up to twice its slots (``_stays_with_its_data``, ``_data_holder``). The watchdog:
+if every worker stays
 throttled, nothing but producers is active and nothing finishes for ``stall_timeout``
 seconds, every active task fails with :class:`~runtime.errors.MemoryStalled`.
 """
