@@ -1197,15 +1197,15 @@ class SchedulerState:
         heapq.heappop(heap)
         self._assign(nxt, ws)
 
-    def _stays_with_its_data(self, ts: TaskState, ws: WorkerState) -> bool:
+    def _stays_with_its_data(self, ts: TaskState, ws: WorkerState, cap: int = 0) -> bool:
         """A consumer whose inputs are all on ``ws`` runs there, even past its slots (up
-        to twice as many tasks): it frees memory and moves nothing, where waiting for a
-        slot would send it (and its inputs) to another worker."""
+        to ``cap`` tasks, by default twice its slots): it frees memory and moves
+        nothing, where waiting for a slot would send it (and its inputs) elsewhere."""
         if ts.producer or not ts.deps or ws.draining or ws.id not in self.workers:
             return False
         if not getattr(self.policies["placement"], "keeps_consumers_with_data", False):
             return False  # a placement policy that ignores where data is decides alone
-        if len(ws.processing) >= min(2 * ws.slots, ws.limit):
+        if len(ws.processing) >= min(cap or 2 * ws.slots, ws.limit):
             return False
         return self._takes_consumer_here(ts, ws) and all(ws.id in d.who_has for d in ts.deps)
 
@@ -1218,7 +1218,10 @@ class SchedulerState:
 
     def _data_holder(self, ts: TaskState) -> WorkerState | None:
         """A busy worker (not free) holding every input of consumer ``ts`` that may
-        take it past its slots (see :meth:`_stays_with_its_data`), if there is one."""
+        take it past its slots, up to its limit, if there is one. It only becomes a
+        candidate: the placement policy weighs its load against moving the inputs
+        (tasks queued on a worker take no memory until they run; their inputs are there
+        already)."""
         if ts.producer or not ts.deps:
             return None
         common = set(ts.deps[0].who_has)
@@ -1228,7 +1231,11 @@ class SchedulerState:
                 return None
         for wid in sorted(common):
             ws = self.workers.get(wid)
-            if ws is not None and wid not in self.free and self._stays_with_its_data(ts, ws):
+            if (
+                ws is not None
+                and wid not in self.free
+                and self._stays_with_its_data(ts, ws, cap=ws.limit)
+            ):
                 return ws
         return None
 

@@ -410,3 +410,20 @@ def test_a_queued_consumer_joins_its_big_input_on_a_busy_worker(make_state: Fact
     # d's input is 100 bytes: moving it is cheaper than waiting, d goes to idle w2.
     cmds = submit(s, {"d": ["c"]}, ["d"])
     assert assigned(cmds) == {"w2": ["d"]}
+
+
+def test_consumers_queue_on_the_worker_holding_their_big_inputs(make_state: Factory) -> None:
+    # The persist-then-sum case: every chunk is on w1 (32 MB each), w2 is idle. Moving
+    # a chunk costs more (64 ms at the policy's 500 MB/s) than waiting behind a few
+    # short tasks, so the sums queue on w1, past twice its slots; nothing moves.
+    s = make_state(saturation=1.0)
+    join(s, "w1")
+    chunks = [f"chunk-{i}" for i in range(5)]
+    submit(s, dict.fromkeys(chunks, ()), chunks)
+    while on(s, "w1"):
+        finish_all(s, "w1", sorted(on(s, "w1")), nbytes=32 * MB)
+    join(s, "w2")
+    sums = {f"sum-{i}": [f"chunk-{i}"] for i in range(5)}
+    cmds = submit(s, sums, list(sums))
+    assert sorted(assigned(cmds)["w1"]) == sorted(sums)
+    assert s.workers["w1"].n_processing == 5 > 2 * s.workers["w1"].slots
