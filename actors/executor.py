@@ -65,7 +65,7 @@ from actors.scheduler_state import TaskResult, ToRun
 from runtime.errors import CorralError
 from runtime.graph import Key, PickledNode
 
-__all__ = ["BaseExecutor", "Executor", "ProcessExecutor", "TaskProcessDied", "rss"]
+__all__ = ["BaseExecutor", "Executor", "ProcessExecutor", "TaskProcessDied", "rss", "rss_of"]
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _PROC = psutil.Process()
@@ -93,7 +93,7 @@ def _rss_psutil() -> int:
 rss: Callable[[], int] = _rss_statm if _LINUX else _rss_psutil
 
 
-def _rss_of(pid: int) -> int:
+def rss_of(pid: int) -> int:
     """Resident set size of process ``pid`` in bytes; 0 if it is gone (or unreadable)."""
     try:
         if _LINUX:
@@ -622,7 +622,7 @@ class ProcessExecutor(BaseExecutor):
         with self._state:
             for slot in self._slots:
                 if slot.key is not None and slot.killed is None and slot.key == key:
-                    slot.kill_rss = _rss_of(slot.pid)
+                    slot.kill_rss = rss_of(slot.pid)
                     slot.killed = outcome
                     self._signal(slot, signal.SIGKILL)
                     return True
@@ -640,7 +640,7 @@ class ProcessExecutor(BaseExecutor):
 
     def children_rss(self) -> int:
         """Sum of the RSS of the live task processes, in bytes."""
-        return sum(_rss_of(pid) for pid in self.pids())
+        return sum(rss_of(pid) for pid in self.pids())
 
     # -- the slot threads
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import inspect
-import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -35,7 +34,7 @@ import psutil
 from dask.sizeof import sizeof
 
 from actors import memory as mem
-from actors.executor import Executor, ProcessExecutor, rss
+from actors.executor import Executor, ProcessExecutor, rss, rss_of
 from actors.scheduler_state import TaskResult, ToRun
 from actors.store import SpillStore
 from runtime.errors import ActorStopped, AskTimeout, CorralError
@@ -97,16 +96,6 @@ class WorkerStatus(Message):
     throttled: bool = False
     execution: str = "thread"
 
-
-def _pid_rss(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/statm", "rb") as f:
-            return int(f.read().split()[1]) * _PAGE
-    except (OSError, ValueError, IndexError):
-        return 0
-
-
-_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 #: a copy of a peer's output at least this large is dropped once nothing here needs it
 KEEP_REPLICA_BYTES = 1 << 20
@@ -237,7 +226,7 @@ class Worker(Actor):
         tasks: tuple[tuple[Key, int], ...] = ()
         peaks = self._peaks
         if isinstance(ex, ProcessExecutor):
-            tasks = tuple((k, _pid_rss(pid)) for k, pid in ex.running().items())
+            tasks = tuple((k, rss_of(pid)) for k, pid in ex.running().items())
             for k, r in tasks:  # each task's own process
                 if r > peaks.get(k, 0):
                     peaks[k] = r
