@@ -24,7 +24,9 @@ __all__ = [
     "MissingKeysError",
     "ProtocolError",
     "TaskOutOfMemory",
+    "TaskTooLarge",
     "UnknownPolicyError",
+    "ValueTooLarge",
     "WorkerLost",
 ]
 
@@ -272,4 +274,44 @@ class MemoryStalled(CorralError):
             available=available,
             waiting=waiting,
             stalled_for=stalled_for,
+        )
+
+
+def _size(n: float) -> str:
+    """Bytes for people: MiB below a GiB, GiB above."""
+    return f"{n / 2**20:.1f} MiB" if n < 2**30 else _gib(n)
+
+
+class TaskTooLarge(CorralError):
+    """A task's inputs alone are larger than the memory limit of every worker that could
+    run it, so it was not started (memory admission)."""
+
+    def __init__(self, key: str, needed: int, largest: int, pool: str) -> None:
+        super().__init__(
+            f"task {key!r} needs {_size(needed)} of inputs in memory at once, more than the "
+            f"largest worker memory limit in pool {pool!r} ({_size(largest)}); it was not "
+            "started. Write large results to storage from the workers (for example "
+            "dask.array's to_zarr or dask.dataframe's to_parquet) instead of computing them "
+            "into one value, reduce them before gathering, or start workers with a larger "
+            "--memory.",
+            key=key,
+            needed=needed,
+            largest=largest,
+            pool=pool,
+        )
+
+
+class ValueTooLarge(CorralError):
+    """A value cannot be moved to where it was asked for: it is larger than the limit
+    there (``where`` names the receiver and the limit's kind)."""
+
+    def __init__(self, key: str, nbytes: int, limit: int, where: str) -> None:
+        super().__init__(
+            f"value {key!r} is {_size(nbytes)}, more than the {_size(limit)} {where} can "
+            "take; it was not moved. Keep large values where they are made (write them to "
+            "storage from the task), split them into smaller chunks, or raise the limit.",
+            key=key,
+            nbytes=nbytes,
+            limit=limit,
+            where=where,
         )
