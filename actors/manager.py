@@ -15,19 +15,23 @@ from typing import Any
 
 import anyio
 
+from actors import transfer
 from actors.scheduler_state import KeyDone
-from runtime.errors import ActorStopped, AskTimeout
+from actors.transfer import STREAM_BYTES, StreamInfo, UnknownStream
+from runtime.errors import ActorStopped, AskTimeout, FrameTooLarge
 from runtime.graph import Key, build_specs
 from runtime.kernel import Actor, ActorRef, Later, handles
 from runtime.messages import (
     CancelKeysRequest,
     CancelRequest,
     ClientGone,
+    CloseStream,
     DrainRequest,
     GatherRequest,
     GetData,
     KeyUpdates,
     PolicyQuery,
+    ReadStream,
     ReleaseKeysRequest,
     ScaleRequest,
     SetPolicyRequest,
@@ -71,6 +75,9 @@ class GatherResult:
     raw: bool = False  #: values are the workers' pickles (the manager did not open them)
     #: their worker did not answer (yet): still where they were; ask again
     unreachable: tuple[Key, ...] = ()
+    #: ``transfer.StreamInfo`` of large values (raw only): read them through the manager
+    #: with ``ReadStream(..., worker=info.worker)``
+    streams: tuple[Any, ...] = ()
 
 
 class Manager(Actor):
@@ -243,6 +250,7 @@ class Manager(Actor):
         by_worker: dict[str, list[tuple[Key, int]]] = {}
         missing: list[Key] = []
         unreachable: list[Key] = []
+        streams: list[StreamInfo] = []
         for key in msg.keys:
             ks = self.keys.get(key)
             upd = ks.update if ks is not None else None
@@ -256,20 +264,57 @@ class Manager(Actor):
             if ref is None:  # gone: the scheduler recomputes what it held
                 missing.extend(k for k, _ in sized)
                 continue
+            # A worker in another process sends large values as streams: a remote
+            # client reads them through us (ReadStream relayed), a local one gets them
+            # read here.
+            over = 0 if isinstance(ref, ActorRef) else STREAM_BYTES
             for keys in get_data_batches(sized):
                 try:
-                    reply = await ref.ask(GetData(keys, raw=msg.raw), timeout=self.gather_timeout)
-                except (ActorStopped, AskTimeout) as exc:
+                    try:
+                        reply = await ref.ask(
+                            GetData(keys, raw=msg.raw, stream_over=over),
+                            timeout=self.gather_timeout,
+                        )
+                    except FrameTooLarge:  # sizes understated: every value as a stream
+                        reply = await ref.ask(
+                            GetData(keys, raw=msg.raw, stream_over=1),
+                            timeout=self.gather_timeout,
+                        )
+                    data.update(reply.data)
+                    missing.extend(reply.missing)
+                    for info in reply.streams:
+                        if msg.raw:
+                            streams.append(info._replace(worker=wid))
+                        else:
+                            data[info.key] = await self._read_stream(ref, info)
+                except (ActorStopped, AskTimeout, UnknownStream) as exc:
                     self.log.warning("gather failed", worker=wid, error=str(exc))
-                    unreachable.extend(keys)
-                    continue
-                data.update(reply.data)
-                missing.extend(reply.missing)
+                    unreachable.extend(k for k in keys if k not in data)
         for key in missing:
             ks = self.keys.get(key)
             if ks is not None and isinstance(ks.update, KeyDone):
                 ks.update = None  # wait for the scheduler's next word on it
-        return GatherResult(data, tuple(missing), msg.raw, tuple(unreachable))
+        return GatherResult(data, tuple(missing), msg.raw, tuple(unreachable), tuple(streams))
+
+    async def _read_stream(self, ref: Any, info: StreamInfo) -> Any:
+        return await transfer.receive(
+            lambda part: ref.ask(part, timeout=self.gather_timeout), info, close=ref.post
+        )
+
+    @handles(ReadStream)
+    def read_stream(self, msg: ReadStream) -> Later:
+        """Relay a remote client's read of a stream open on ``msg.worker``."""
+        ref = self._resolve(msg.worker)
+        if ref is None:
+            raise ActorStopped(msg.worker, "ReadStream")
+        part = ReadStream(msg.stream, msg.offset, msg.length)
+        return Later(ref.ask(part, timeout=self.gather_timeout))
+
+    @handles(CloseStream)
+    def close_stream(self, msg: CloseStream) -> None:
+        ref = self._resolve(msg.worker)
+        if ref is not None:
+            ref.post(CloseStream(msg.stream))
 
     # -- routing to the owners -------------------------------------------------------
 

@@ -52,6 +52,7 @@ from typing import Any, BinaryIO, Self
 import cloudpickle
 from dask.sizeof import sizeof as _dask_sizeof
 
+from actors.transfer import FileSegments, Segments, serialize
 from runtime.graph import Key
 from runtime.log import get_logger
 
@@ -354,6 +355,28 @@ class SpillStore(MutableMapping[Key, Any]):
                     raise EOFError(f"spill file {where.path!r} is truncated")
                 return data
         return _dumps_inband(_load_from(where.path))
+
+    def segments(self, key: Key) -> Segments:
+        """``key``'s value serialized for a stream to a peer (``actors/transfer.py``):
+        the pickle stream and its out-of-band buffers. A value in memory is pickled with
+        its buffers as views of its own memory (no copy for numpy and the like); a
+        spilled value's segments are read from its file as they are asked for, never
+        loaded. Neither recency nor placement changes."""
+        if key in self._memory:
+            return serialize(self._memory[key])
+        where = self._disk[key]  # KeyError if missing altogether
+        with open(where.path, "rb") as file:
+            n_buffers, pickle_len = _read_header(file)
+            file.seek(_HEADER.size + pickle_len)
+            table = file.read(_LENGTH.size * n_buffers)
+            if len(table) != _LENGTH.size * n_buffers:
+                raise EOFError(f"spill file {where.path!r} is truncated")
+        spans = [(_HEADER.size, pickle_len)]
+        offset = _HEADER.size + pickle_len + len(table)
+        for (length,) in _LENGTH.iter_unpack(table):
+            spans.append((offset, length))
+            offset += length
+        return FileSegments(where.path, spans)
 
     def keys_in_memory(self) -> Iterator[Key]:
         """Keys held in memory, least recently used first."""

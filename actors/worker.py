@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import inspect
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -34,22 +35,27 @@ import psutil
 from dask.sizeof import sizeof
 
 from actors import memory as mem
+from actors import transfer
 from actors.executor import Executor, ProcessExecutor, rss, rss_of
 from actors.scheduler_state import TaskResult, ToRun
 from actors.store import SpillStore
-from runtime.errors import ActorStopped, AskTimeout, CorralError
+from actors.transfer import STREAM_BYTES, UnknownStream
+from runtime.errors import ActorStopped, AskTimeout, CorralError, FrameTooLarge, ValueTooLarge
 from runtime.graph import Key
-from runtime.kernel import Actor, Envelope, Ref, handles, new_causal_id
+from runtime.kernel import Actor, ActorRef, Envelope, Ref, handles, new_causal_id
 from runtime.messages import (
     CancelTasks,
+    CloseStream,
     DataReply,
     DropKeys,
     GetData,
     Message,
+    ReadStream,
     RegisterWorker,
     RunTasks,
     StatusRequest,
     Stop,
+    StreamPart,
     TasksDone,
     WorkerInfo,
     WorkerMemoryReport,
@@ -69,11 +75,13 @@ class _Finished(Message):
 
 @message(local=True)
 class _Fetched(Message):
-    """Worker-internal: inputs fetched from peers for ``task`` (or the ones missing)."""
+    """Worker-internal: inputs fetched from peers for ``task`` (or the ones missing, or
+    the error that makes the task fail without running)."""
 
     task: Any
     data: dict[Any, Any]
     missing: tuple[Any, ...]
+    error: BaseException | None = None
 
 
 @message(local=True)
@@ -161,6 +169,7 @@ class Worker(Actor):
         cfg = self.memory_config
         #: outputs held here (spilled to disk under memory pressure)
         self.data = SpillStore(cfg.spill_dir, disk_limit=cfg.disk_limit, sizeof=sizeof)
+        self.streams = transfer.StreamTable()  #: outputs being read by peers part by part
         self.deferred: dict[Key, ToRun] = {}  #: producers the governor holds back
         #: tasks with spilled inputs, waiting for a free thread (loaded only then)
         self.unspill: dict[Key, ToRun] = {}
@@ -197,6 +206,7 @@ class Worker(Actor):
         if self.executor is not None:
             self.executor.shutdown()
             self.executor = None
+        self.streams.close_all()
         self.data.close()
 
     # -- memory ------------------------------------------------------------------------
@@ -213,6 +223,8 @@ class Worker(Actor):
     @handles(_MemoryTick)
     def memory_tick(self, msg: _MemoryTick) -> None:
         self._sample()
+        if self.streams:
+            self.streams.expire(self._now())  # streams whose reader died
         if self.governor.deferred:
             self._govern(mem.Tick(self._now()))
 
@@ -392,10 +404,14 @@ class Worker(Actor):
         # At most GET_DATA_BYTES per request: each reply is one message.
         requests = [(w, keys) for w, sized in want.items() for keys in get_data_batches(sized)]
         assert self._fetches is not None
+        error: BaseException | None = None
         async with self._fetches:  # a few tasks' inputs in flight at once, not all
-            await self._fetch_from(requests, got, missing)
+            try:
+                await self._fetch_from(requests, got, missing)
+            except ValueTooLarge as exc:  # an input this worker can never hold
+                error = exc
         self.ref.mailbox.put_nowait(
-            Envelope(_Fetched(task, got, tuple(missing)), new_causal_id("f")), force=True
+            Envelope(_Fetched(task, got, tuple(missing), error), new_causal_id("f")), force=True
         )
 
     async def _fetch_from(
@@ -412,17 +428,45 @@ class Worker(Actor):
                 except CorralError as exc:
                     self.log.warning("cannot reach peer", peer=wid, error=str(exc))
                     peer = None
-            reply: DataReply | None = None
-            if peer is not None:
-                try:
-                    reply = await peer.ask(GetData(keys), timeout=self.fetch_timeout)
-                except (ActorStopped, AskTimeout) as exc:
-                    self.log.warning("fetch failed", peer=wid, error=str(exc))
-            if reply is None:
+            if peer is None:
                 missing.extend((k, wid) for k in keys)
                 continue
-            got.update(reply.data)
-            missing.extend((k, wid) for k in reply.missing)
+            try:
+                await self._fetch_keys(peer, wid, keys, got, missing)
+            except (ActorStopped, AskTimeout, UnknownStream) as exc:
+                self.log.warning("fetch failed", peer=wid, error=str(exc))
+                missing.extend((k, wid) for k in keys if k not in got)
+
+    async def _fetch_keys(
+        self,
+        peer: Any,
+        wid: str,
+        keys: tuple[Key, ...],
+        got: dict[Key, Any],
+        missing: list[tuple[Key, str]],
+    ) -> None:
+        """One GetData of ``keys`` from ``peer``; values above ``STREAM_BYTES`` from a
+        peer in another process come as streams, read here part by part."""
+        # A peer in this process hands over references: nothing to stream.
+        stream_over = 0 if isinstance(peer, ActorRef) else STREAM_BYTES
+        try:
+            reply = await peer.ask(
+                GetData(keys, stream_over=stream_over), timeout=self.fetch_timeout
+            )
+        except FrameTooLarge:
+            # The recorded sizes understated the values (dask.sizeof of an object it
+            # cannot see into): ask again with every value as a stream.
+            reply = await peer.ask(GetData(keys, stream_over=1), timeout=self.fetch_timeout)
+        got.update(reply.data)
+        missing.extend((k, wid) for k in reply.missing)
+        for info in reply.streams:
+            got[info.key] = await transfer.receive(
+                lambda part: peer.ask(part, timeout=self.fetch_timeout),
+                info,
+                limit=self.memory,
+                where=f"worker {self.worker_id!r} (its memory limit)",
+                close=peer.post,
+            )
 
     @handles(_Fetched)
     def fetched_inputs(self, msg: _Fetched) -> None:
@@ -433,9 +477,13 @@ class Worker(Actor):
             if k not in self.data:
                 self.data[k] = v
                 self.fetched.setdefault(task.key, []).append(k)
-        if msg.missing:
+        if msg.error is not None or msg.missing:
             fetched = tuple(self.fetched.pop(task.key, ()))
-            result = TaskResult(task.key, "missing", missing=msg.missing, fetched=fetched)
+            if msg.error is not None:
+                now = time.time()
+                result = TaskResult(task.key, "error", now, now, error=msg.error, fetched=fetched)
+            else:
+                result = TaskResult(task.key, "missing", missing=msg.missing, fetched=fetched)
             self.scheduler.post(TasksDone(self.worker_id, (result,)))
             return
         self._ready(task)
@@ -522,15 +570,27 @@ class Worker(Actor):
     def get_data(self, msg: GetData) -> DataReply:
         data: dict[Key, Any] = {}
         missing = []
+        streams = []
         store = self.data
+        over = msg.stream_over
         for key in msg.keys:
             if key not in store:
                 missing.append(key)
+            elif over and store.nbytes(key) >= over:  # a spilled one is read from disk
+                streams.append(self.streams.start(key, store.segments(key), self._now()))
             elif msg.raw:
                 data[key] = store.get_raw(key)  # a spilled output stays on disk
             else:
                 data[key] = store.peek(key)
-        return DataReply(data, tuple(missing), msg.raw)
+        return DataReply(data, tuple(missing), msg.raw, tuple(streams))
+
+    @handles(ReadStream)
+    def read_stream(self, msg: ReadStream) -> StreamPart:
+        return StreamPart(self.streams.read(msg.stream, msg.offset, msg.length, self._now()))
+
+    @handles(CloseStream)
+    def close_stream(self, msg: CloseStream) -> None:
+        self.streams.close(msg.stream)
 
     @handles(Stop)
     def retire(self, msg: Stop) -> None:

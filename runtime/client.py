@@ -27,14 +27,17 @@ import anyio
 from dask.base import tokenize
 from dask.utils import funcname
 
+from actors import transfer
 from actors.autoscaler import PoolTarget
 from actors.manager import GatherResult
 from actors.providers import BlockSpec, InProcessProvider
 from actors.scheduler import Scheduler
 from actors.scheduler_state import KeyCancelled, KeyDone, KeyErred
-from runtime.errors import CorralError, DependencyFailed
+from actors.transfer import READ_TIMEOUT, StreamInfo, UnknownStream
+from runtime.errors import ActorStopped, AskTimeout, CorralError, DependencyFailed
 from runtime.graph import Key, make_task
 from runtime.kernel import Actor, ActorRef, ActorSystem, handles
+from runtime.log import get_logger
 from runtime.messages import (
     CancelRequest,
     GatherRequest,
@@ -51,6 +54,8 @@ from runtime.messages import (
 )
 
 __all__ = ["Cluster", "Future", "get", "parse_bytes"]
+
+_log = get_logger("corral.client")
 
 _UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb": 1e9,
           "t": 1e12, "tb": 1e12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}  # fmt: skip  # noqa: E501
@@ -693,21 +698,39 @@ class Cluster:
                 values.update({k: pickle.loads(v) for k, v in result.data.items()})
             else:
                 values.update(result.data)
-            if not result.missing and not result.unreachable:
+            unread = await self._read_streams(result.streams, values)
+            if not result.missing and not result.unreachable and not unread:
                 break
             for key in result.missing:  # lost meanwhile: wait for the recomputation
                 w = client.watches.get(key)
                 if w is not None and isinstance(w.update, KeyDone):
                     w.update = None
-            if result.unreachable:  # not lost (as far as anyone knows): ask again soon
+            if result.unreachable or unread:  # not lost (as far as anyone knows): ask again soon
                 await anyio.sleep(0.2 * (_attempt + 1))
-            remaining = [*result.missing, *result.unreachable]
+            remaining = [*result.missing, *result.unreachable, *unread]
         else:
             raise CorralError(
                 f"could not gather {remaining[:5]}: their data kept disappearing "
                 "(workers lost while gathering). Check the workers' health."
             )
         return [values[k] for k in keys]
+
+    async def _read_streams(
+        self, streams: Sequence[StreamInfo], values: dict[Key, Any]
+    ) -> list[Key]:
+        """Read large values part by part through the manager (``actors/transfer.py``);
+        return the keys whose read failed (their worker went away or stalled)."""
+        manager = self._manager
+        failed = []
+        for info in streams:
+            try:
+                values[info.key] = await transfer.receive(
+                    lambda part: manager.ask(part, timeout=READ_TIMEOUT), info, close=manager.post
+                )
+            except (ActorStopped, AskTimeout, UnknownStream) as exc:
+                _log.warning("reading a result failed", key=str(info.key), error=str(exc))
+                failed.append(info.key)
+        return failed
 
     # -- control ---------------------------------------------------------------------
 

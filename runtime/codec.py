@@ -56,7 +56,7 @@ from typing import Any, Literal, Union
 
 import orjson
 
-from runtime.errors import ProtocolError
+from runtime.errors import FrameTooLarge, ProtocolError
 from runtime.messages import MESSAGE_TYPES, Message
 
 __all__ = [
@@ -254,10 +254,12 @@ def _assemble(kind: int, header: dict[str, Any], bufs: list[_Buffer], max_bytes:
         raise _diagnose(header, exc) from None
     size = _PREFIX_SIZE + len(head) + sum(len(b) for b in bufs)
     if size > max_bytes or len(head) >= 2**32:
-        raise ProtocolError(
+        raise FrameTooLarge(
             f"the encoded {'batch' if kind == KIND_BATCH else 'frame'} would be {size} bytes, "
             f"over the limit of {max_bytes} bytes. Send large data in smaller pieces, "
-            "or raise max_bytes on both ends."
+            "or raise max_bytes on both ends.",
+            size,
+            max_bytes,
         )
     prefix = _PREFIX.pack(MAGIC, VERSION, kind, 0, len(head))
     if bufs:

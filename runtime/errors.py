@@ -18,6 +18,7 @@ __all__ = [
     "CorralError",
     "CycleError",
     "DependencyFailed",
+    "FrameTooLarge",
     "GraphError",
     "MailboxFull",
     "MemoryStalled",
@@ -124,6 +125,14 @@ class ProtocolError(CorralError):
 
     def __init__(self, message: str, field: str = "", type_name: str = "") -> None:
         super().__init__(message, field=field, type_name=type_name)
+
+
+class FrameTooLarge(ProtocolError):
+    """A frame would be (or is) larger than the connection's message limit. Large
+    values do not travel in one frame; see ``actors/transfer.py``."""
+
+    def __init__(self, message: str, size: int, limit: int) -> None:
+        CorralError.__init__(self, message, field="", type_name="", size=size, limit=limit)
 
 
 # ----------------------------------------------------------------------------- graphs

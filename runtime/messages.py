@@ -280,17 +280,48 @@ def get_data_batches(sized: Any, limit: int = GET_DATA_BYTES) -> list[tuple[Any,
 class GetData(Message):
     """-> worker: reply with ``DataReply`` for the keys it holds. ``raw``: values as
     pickles (protocol 5), made once by the worker, for a requester in another process
-    that only forwards them (the manager never decodes results)."""
+    that only forwards them (the manager never decodes results). ``stream_over``: a
+    value whose recorded size is at least this many bytes is not in the reply but
+    opened as a stream (``DataReply.streams``) that the requester reads part by part
+    (``actors/transfer.py``); 0, for a requester in the same process: never."""
 
     keys: tuple[Any, ...]
     raw: bool = False
+    stream_over: int = 0
 
 
 @message(local=True)
 class DataReply(Message):
+    """``streams``: ``actors.transfer.StreamInfo`` of the values sent as streams."""
+
     data: dict[Any, Any]
     missing: tuple[Any, ...] = ()
     raw: bool = False
+    streams: tuple[Any, ...] = ()
+
+
+@message()
+class ReadStream(Message):
+    """-> worker (or -> manager, which relays it to ``worker``): bytes ``offset`` to
+    ``offset + length`` of an open stream; reply ``StreamPart``."""
+
+    stream: int
+    offset: int
+    length: int
+    worker: str = ""
+
+
+@message()
+class StreamPart(Message):
+    data: bytes
+
+
+@message()
+class CloseStream(Message):
+    """-> worker (or -> manager, relayed to ``worker``): the reader gave up on a stream."""
+
+    stream: int
+    worker: str = ""
 
 
 @message(local=True)

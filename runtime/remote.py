@@ -17,7 +17,8 @@ Rules:
 2. An ask is a frame with a ``request_id``; its answer is a frame whose ``reply_to`` is
    that id: the handler's return value, or an ``ErrorReply`` carrying the exception
    (pickled when the connection allows it, so the asker re-raises the original type;
-   otherwise :class:`RemoteError` with the type's name and text).
+   otherwise :class:`RemoteError` with the type's name and text). An answer that
+   cannot be sent (larger than a frame may be, say) is answered with that error.
 3. Backpressure is end to end: incoming tells are handed to the local actor with
    ``await tell``, so a full mailbox stops this side reading, which (through the
    transport's bounded buffers) stops the sender.
@@ -318,8 +319,17 @@ class Peer:
 
     async def _reply(self, rid: int, reply: Message | None, causal_id: str) -> None:
         msg = reply if reply is not None else _NONE
-        with contextlib.suppress(CorralError):  # closed meanwhile: the asker's ask fails
+        try:
             await self.conn.send(Frame(msg, causal_id, reply_to=rid))
+        except CorralError as exc:
+            if self.conn.closed:
+                return  # closed meanwhile: the asker's ask fails
+            # Not sendable (too large for a frame, say): the asker gets this error at
+            # once instead of waiting out its timeout, or forever without one.
+            _log.warning("could not send a reply", peer=self.name, error=str(exc))
+            with contextlib.suppress(CorralError):
+                error = _error_reply(exc, self.allow_pickle)
+                await self.conn.send(Frame(error, causal_id, reply_to=rid))
 
     def _resolve(self, frame: Frame) -> None:
         pending = self._pending.get(frame.reply_to)

@@ -1,0 +1,348 @@
+"""Values of any size across processes: streamed in parts, never one huge message.
+
+What lives here: the serialized form of a value as *segments* (a protocol-5 pickle
+stream followed by its out-of-band buffers), the sender's table of open streams
+(:class:`StreamTable`), and the receiver's reader (:func:`receive`). No actor state;
+the worker and the manager call these.
+
+The rule: a value asked for across a process boundary whose recorded size is at least
+``GetData.stream_over`` does not travel inside the ``DataReply``. The reply carries a
+:class:`StreamInfo` instead (the stream's id and the sizes of its segments), and the
+requester reads the value with ``ReadStream(stream, offset, length)`` asks of at most
+:data:`PART_BYTES` each, :data:`WINDOW` of them in flight, into buffers it allocates
+once it knows the sizes. So:
+
+- the sender holds at most ``WINDOW`` parts beyond the value itself: the segments of a
+  value in memory are views of its own buffers (numpy arrays, pandas blocks, ... pickle
+  their data out of band, with no copy); a value with no out-of-band buffers (a large
+  list, ``bytes``) is pickled once; a spilled value is read from its spill file part by
+  part, never loaded;
+- the receiver allocates each segment once and unpickles with the buffers in place (a
+  numpy array uses its buffer without a further copy);
+- every part is one ask with a timeout, so a sender that dies or stalls fails the read
+  within that bound (the caller treats the value as missing and it is recomputed);
+- a receiver with a memory limit refuses a value larger than it before reading a byte
+  (:class:`~runtime.errors.ValueTooLarge`, naming the key, its size and the limit).
+
+A stream ends when its last byte has been read, when the reader sends ``CloseStream``,
+or after :data:`IDLE_SECONDS` without a read (a reader that died).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, NamedTuple
+
+import anyio
+import cloudpickle
+
+from runtime.errors import CorralError, ValueTooLarge
+from runtime.messages import CloseStream, ReadStream, StreamPart
+
+__all__ = [
+    "IDLE_SECONDS",
+    "PART_BYTES",
+    "READ_TIMEOUT",
+    "STREAM_BYTES",
+    "WINDOW",
+    "BufferSegments",
+    "FileSegments",
+    "Segments",
+    "StreamInfo",
+    "StreamTable",
+    "UnknownStream",
+    "receive",
+    "serialize",
+]
+
+#: values whose recorded size is at least this travel as streams across processes
+STREAM_BYTES = 32 * 2**20
+#: bytes asked for in one ReadStream
+PART_BYTES = 8 * 2**20
+#: ReadStream asks in flight per stream
+WINDOW = 4
+#: an open stream nobody read for this long is closed (its reader died)
+IDLE_SECONDS = 120.0
+#: seconds a client waits for one part read through the manager (which waits at most
+#: its ``gather_timeout``, 60 s by default, for the worker)
+READ_TIMEOUT = 90.0
+
+
+class StreamInfo(NamedTuple):
+    """What a requester needs to read a streamed value.
+
+    ``sizes``: the pickle stream's length, then each out-of-band buffer's. ``worker``:
+    where the stream is open, when the reader asks through a relay (the manager)."""
+
+    key: Any
+    stream: int
+    sizes: tuple[int, ...]
+    worker: str = ""
+
+
+class UnknownStream(CorralError):
+    """A ReadStream named a stream that is closed, expired or never was."""
+
+    def __init__(self, stream: int) -> None:
+        super().__init__(
+            f"stream {stream} is not open here: it was read to its end, closed, or left "
+            f"unread for over {IDLE_SECONDS:.0f} s. Ask for the value again.",
+            stream=stream,
+        )
+
+
+class Segments:
+    """A serialized value: ``sizes`` of its segments, and ``read`` of any byte range
+    of their concatenation. ``close`` frees what it holds."""
+
+    sizes: tuple[int, ...]
+
+    def read(self, offset: int, length: int) -> bytes:
+        raise NotImplementedError  # pragma: no cover - each kind of source defines it
+
+    def close(self) -> None:
+        """Nothing to free by default."""
+
+    @property
+    def total(self) -> int:
+        return sum(self.sizes)
+
+    def _spans(self, offset: int, length: int) -> list[tuple[int, int, int]]:
+        """``(segment, start, stop)`` pieces of the range, in order."""
+        if offset < 0 or length < 0 or offset + length > self.total:
+            raise ValueError(f"range {offset}+{length} is outside the stream's {self.total} bytes")
+        out = []
+        base = 0
+        end = offset + length
+        for i, size in enumerate(self.sizes):
+            lo, hi = max(offset, base), min(end, base + size)
+            if lo < hi:
+                out.append((i, lo - base, hi - base))
+            base += size
+            if base >= end:
+                break
+        return out
+
+
+class BufferSegments(Segments):
+    """Segments held in memory (views of the value's own buffers where it has them)."""
+
+    def __init__(self, parts: Sequence[bytes | bytearray | memoryview]) -> None:
+        self.parts = [memoryview(p).cast("B") for p in parts]
+        self.sizes = tuple(p.nbytes for p in self.parts)
+
+    def read(self, offset: int, length: int) -> bytes:
+        return b"".join(self.parts[i][lo:hi] for i, lo, hi in self._spans(offset, length))
+
+    def close(self) -> None:
+        for p in self.parts:
+            p.release()
+        self.parts = []
+
+
+class FileSegments(Segments):
+    """Segments at ``(offset, length)`` places of a file, read on demand.
+
+    The file is opened at once and read through that descriptor, so a spill file
+    removed meanwhile (its value loaded back or dropped) still reads whole."""
+
+    def __init__(self, path: str, spans: Sequence[tuple[int, int]]) -> None:
+        self.fd: int | None = os.open(path, os.O_RDONLY)
+        self.path = path
+        self.starts = [start for start, _ in spans]
+        self.sizes = tuple(length for _, length in spans)
+
+    def read(self, offset: int, length: int) -> bytes:
+        if self.fd is None:
+            raise ValueError(f"the stream of {self.path!r} is closed")
+        out = []
+        for i, lo, hi in self._spans(offset, length):
+            want = hi - lo
+            data = os.pread(self.fd, want, self.starts[i] + lo)
+            if len(data) != want:
+                raise EOFError(f"spill file {self.path!r} is truncated")
+            out.append(data)
+        return b"".join(out)
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+def serialize(value: Any) -> BufferSegments:
+    """``value`` as a protocol-5 pickle (pickle, then cloudpickle) and the views of its
+    out-of-band buffers. Raises what both picklers raised if neither can."""
+    first: Exception | None = None
+    for dumps in (pickle.dumps, cloudpickle.dumps):
+        buffers: list[pickle.PickleBuffer] = []
+        try:
+            head = dumps(value, protocol=5, buffer_callback=buffers.append)
+            raws = [b.raw() for b in buffers]
+        except Exception as exc:
+            first = first or exc
+            continue
+        return BufferSegments([head, *raws])
+    assert first is not None
+    raise first
+
+
+class _Open:
+    __slots__ = ("key", "segments", "served", "used")
+
+    def __init__(self, key: Any, segments: Segments, now: float) -> None:
+        self.key = key
+        self.segments = segments
+        self.served = 0
+        self.used = now
+
+
+class StreamTable:
+    """The sender's open streams. Not thread-safe: one actor's loop uses it."""
+
+    def __init__(self) -> None:
+        self.open: dict[int, _Open] = {}
+        self._next = 1
+        self.opened = 0  #: streams ever opened
+        self.bytes_served = 0  #: bytes ever read out of them
+
+    def __len__(self) -> int:
+        return len(self.open)
+
+    def start(self, key: Any, segments: Segments, now: float) -> StreamInfo:
+        """Open a stream of ``segments``; the requester reads it by the returned info."""
+        self.expire(now)
+        sid = self._next
+        self._next += 1
+        self.open[sid] = _Open(key, segments, now)
+        self.opened += 1
+        return StreamInfo(key, sid, segments.sizes)
+
+    def read(self, stream: int, offset: int, length: int, now: float) -> bytes:
+        """Bytes ``offset`` to ``offset + length`` of ``stream``. The stream closes once
+        as many bytes as it holds have been read (parts are read once each)."""
+        st = self.open.get(stream)
+        if st is None:
+            raise UnknownStream(stream)
+        try:
+            data = st.segments.read(offset, length)
+        except Exception:
+            self.close(stream)
+            raise
+        st.used = now
+        st.served += len(data)
+        self.bytes_served += len(data)
+        if st.served >= st.segments.total:
+            self.close(stream)
+        return data
+
+    def close(self, stream: int) -> None:
+        st = self.open.pop(stream, None)
+        if st is not None:
+            st.segments.close()
+
+    def expire(self, now: float) -> list[Any]:
+        """Close streams unread for :data:`IDLE_SECONDS`; return their keys."""
+        stale = [sid for sid, st in self.open.items() if now - st.used > IDLE_SECONDS]
+        keys = [self.open[sid].key for sid in stale]
+        for sid in stale:
+            self.close(sid)
+        return keys
+
+    def close_all(self) -> None:
+        for sid in list(self.open):
+            self.close(sid)
+
+
+AskPart = Callable[[ReadStream], Awaitable[StreamPart]]
+
+
+async def receive_parts(
+    ask: AskPart,
+    info: StreamInfo,
+    *,
+    limit: int = 0,
+    where: str = "",
+    part_bytes: int = PART_BYTES,
+    window: int = WINDOW,
+) -> list[bytearray]:
+    """Read the whole stream ``info`` into one ``bytearray`` per segment.
+
+    ``ask`` sends one ReadStream and returns its StreamPart (bounded in time by the
+    caller's ask timeout). With ``limit``, a stream longer than it raises
+    :class:`ValueTooLarge` before anything is read or allocated."""
+    total = sum(info.sizes)
+    if limit and total > limit:
+        raise ValueTooLarge(str(info.key), total, limit, where or "the receiver")
+    bufs = [bytearray(n) for n in info.sizes]
+    views = [memoryview(b) for b in bufs]
+    starts = []
+    base = 0
+    for n in info.sizes:
+        starts.append(base)
+        base += n
+    ranges = [(off, min(part_bytes, total - off)) for off in range(0, total, part_bytes)]
+    slots = anyio.Semaphore(window)
+
+    def place(offset: int, data: bytes) -> None:
+        end = offset + len(data)
+        for i, start in enumerate(starts):
+            lo, hi = max(offset, start), min(end, start + info.sizes[i])
+            if lo < hi:
+                views[i][lo - start : hi - start] = memoryview(data)[lo - offset : hi - offset]
+
+    errors: list[Exception] = []
+
+    async def one(offset: int, length: int, scope: anyio.CancelScope) -> None:
+        try:
+            async with slots:
+                part = await ask(ReadStream(info.stream, offset, length, info.worker))
+            if len(part.data) != length:
+                raise CorralError(
+                    f"stream {info.stream} of {info.key!r}: asked {length} bytes at "
+                    f"{offset}, got {len(part.data)}",
+                    key=str(info.key),
+                )
+            place(offset, part.data)
+        except Exception as exc:  # the first failure ends the read; it is raised below
+            errors.append(exc)
+            scope.cancel()
+
+    try:
+        async with anyio.create_task_group() as tg:
+            for offset, length in ranges:
+                tg.start_soon(one, offset, length, tg.cancel_scope)
+    finally:
+        for v in views:
+            v.release()
+    if errors:
+        raise errors[0]
+    return bufs
+
+
+def loads(parts: Sequence[bytes | bytearray]) -> Any:
+    """The value of a stream read by :func:`receive_parts` (or of ``BufferSegments``)."""
+    return pickle.loads(parts[0], buffers=parts[1:])
+
+
+async def receive(
+    ask: AskPart,
+    info: StreamInfo,
+    *,
+    limit: int = 0,
+    where: str = "",
+    close: Callable[[CloseStream], None] | None = None,
+) -> Any:
+    """Read and unpickle the streamed value ``info``. On failure the sender is told to
+    close the stream (``close``, best effort) and the error propagates."""
+    try:
+        parts = await receive_parts(ask, info, limit=limit, where=where)
+    except BaseException:
+        if close is not None:
+            with contextlib.suppress(Exception):  # best effort: the sender expires it anyway
+                close(CloseStream(info.stream, info.worker))
+        raise
+    return loads(parts)

@@ -1,0 +1,235 @@
+"""Single values larger than a frame, between real processes over real websockets.
+
+A manager process and two worker processes (pools ``a`` and ``b``, so a task in pool
+``b`` must fetch its input from the worker of pool ``a``) started through the CLI, and a
+client in this process. The frame cap (``runtime.codec.MAX_FRAME_BYTES``, 256 MiB) is
+what these values are larger than; they travel as streams (actors/transfer.py).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import numpy as np
+import psutil
+import pytest
+
+from actors.transfer import PART_BYTES, WINDOW
+from runtime import Cluster
+from runtime.codec import MAX_FRAME_BYTES
+from runtime.errors import ValueTooLarge
+
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
+LIMIT = 90  # seconds per test
+N = MAX_FRAME_BYTES // 8 + 4 * 2**20  # float64 elements: 288 MiB, past the frame cap
+
+
+def _start(args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "runtime", *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def _line_with(proc: subprocess.Popen[str], needle: str, limit: float = 30) -> str:
+    assert proc.stdout is not None
+    deadline = time.monotonic() + limit
+    seen = []
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            raise AssertionError(f"process ended before printing {needle!r}: {seen}")
+        seen.append(line)
+        if needle in line:
+            return line
+    raise AssertionError(f"no {needle!r} within {limit} s: {seen}")
+
+
+def _drain(proc: subprocess.Popen[str]) -> threading.Thread:
+    """Keep reading a child's output so it never blocks on a full pipe."""
+    assert proc.stdout is not None
+    reader = threading.Thread(target=proc.stdout.read, daemon=True)
+    reader.start()
+    return reader
+
+
+@pytest.fixture
+def cluster_procs(
+    tmp_path: Path, request: Any
+) -> Iterator[tuple[str, subprocess.Popen[str], subprocess.Popen[str]]]:
+    """(address, worker of pool a, worker of pool b); ``request.param``: extra
+    arguments for the worker of pool b."""
+    env = dict(os.environ)
+    env["CORRAL_HOME"] = str(tmp_path / "home")
+    env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(Path(__file__).resolve().parents[1]), env.get("PYTHONPATH", "")]
+    )
+    b_args = list(getattr(request, "param", []))
+    manager = _start(["manager", "--listen", "127.0.0.1:0"], env)
+    procs = [manager]
+    readers = []
+    old_home = os.environ.get("CORRAL_HOME")
+    os.environ["CORRAL_HOME"] = env["CORRAL_HOME"]  # this process finds the token too
+    try:
+        address = _line_with(manager, "manager listening on").split("listening on", 1)[1]
+        address = address.strip()
+        readers.append(_drain(manager))
+        a = _start(["worker", address, "--cores", "1", "--pool", "a"], env)
+        b = _start(["worker", address, "--cores", "1", "--pool", "b", *b_args], env)
+        procs += [a, b]
+        for w in (a, b):
+            _line_with(w, "joined")
+            readers.append(_drain(w))
+        yield address, a, b
+    finally:
+        if old_home is None:
+            os.environ.pop("CORRAL_HOME", None)
+        else:
+            os.environ["CORRAL_HOME"] = old_home
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(5)
+        for r in readers:
+            r.join(5)  # at the end of its output: the process has ended
+        for p in procs:
+            if p.stdout is not None:
+                p.stdout.close()
+
+
+def make(n: int) -> Any:
+    import numpy as np
+
+    return np.arange(n, dtype=np.float64)
+
+
+def digest(x: Any) -> tuple[Any, ...]:
+    return (x.shape, float(x[0]), float(x[-1]), float(x[:: 2**20].sum()), x.flags.writeable)
+
+
+class Holder:
+    """An object dask.sizeof cannot see into: its recorded size is a few dozen bytes."""
+
+    def __init__(self, array: Any) -> None:
+        self.array = array
+
+
+def make_holder(n: int) -> Holder:
+    import numpy as np
+
+    return Holder(np.ones(n, dtype=np.uint8))
+
+
+def holder_sum(h: Holder) -> int:
+    return int(h.array.sum())
+
+
+class Peak:
+    """Samples a process's RSS in a thread; ``peak`` is the highest seen."""
+
+    def __init__(self, pid: int) -> None:
+        self.proc = psutil.Process(pid)
+        self.peak = self.proc.memory_info().rss
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.005):
+            self.peak = max(self.peak, self.proc.memory_info().rss)
+
+    def __enter__(self) -> Peak:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
+async def test_a_value_past_the_frame_cap_moves_between_workers_and_to_the_client(
+    cluster_procs: tuple[str, subprocess.Popen[str], subprocess.Popen[str]],
+) -> None:
+    address, a, _ = cluster_procs
+    expected = (
+        (N,), 0.0, float(N - 1), float(np.arange(N, dtype=np.float64)[:: 2**20].sum()), True,
+    )  # fmt: skip
+    assert N * 8 > MAX_FRAME_BYTES
+    with anyio.fail_after(LIMIT):
+        async with Cluster(address) as c:
+            await c.wait_for_workers(2)
+            (big,) = await c.submit_graph({"big": (make, N)}, ["big"], pool="a")
+            await big.wait()
+            # The sender holds a few parts beyond the value, not a copy of it.
+            bound = WINDOW * PART_BYTES + 48 * 2**20
+            before = psutil.Process(a.pid).memory_info().rss
+            with Peak(a.pid) as sender:
+                (check,) = await c.submit_graph({"check": (digest, "big")}, ["check"], pool="b")
+                assert await check == expected  # worker b read it from worker a
+                value = await big  # and the client, through the manager
+            assert value.shape == (N,) and value.dtype == np.float64
+            assert value[0] == 0 and value[-1] == N - 1 and value[12345] == 12345
+            assert value.flags.writeable
+            grew = sender.peak - before
+            assert grew < bound, f"the sender grew {grew / 2**20:.0f} MiB while streaming"
+
+
+async def test_a_value_whose_size_dask_cannot_see_still_moves(
+    cluster_procs: tuple[str, subprocess.Popen[str], subprocess.Popen[str]],
+) -> None:
+    address, _, _ = cluster_procs
+    n = MAX_FRAME_BYTES + 2**20  # bytes, in an object sizeof sizes at a few dozen
+    graph = {"held": (make_holder, n), "total": (holder_sum, "held")}
+    with anyio.fail_after(LIMIT):
+        async with Cluster(address) as c:
+            await c.wait_for_workers(2)
+            (held,) = await c.submit_graph({"held": graph["held"]}, ["held"], pool="a")
+            await held.wait()
+            (total,) = await c.submit_graph({"total": graph["total"]}, ["total"], pool="b")
+            assert await total == n
+            st = await c.status()
+            assert st["categories"]["held"]["total_nbytes"] < 1000  # as recorded
+
+
+@pytest.mark.parametrize("cluster_procs", [["--memory", "300MiB"]], indirect=True)
+async def test_a_value_larger_than_the_receivers_memory_limit_fails_at_once(
+    cluster_procs: tuple[str, subprocess.Popen[str], subprocess.Popen[str]],
+) -> None:
+    address, _, b = cluster_procs
+    n = 400 * 2**20  # the recorded size is tiny, so the scheduler lets it go to b
+    with anyio.fail_after(LIMIT):
+        async with Cluster(address) as c:
+            await c.wait_for_workers(2)
+            (held,) = await c.submit_graph({"held": (make_holder, n)}, ["held"], pool="a")
+            await held.wait()
+            (total,) = await c.submit_graph({"total": (holder_sum, "held")}, ["total"], pool="b")
+            start = time.monotonic()
+            with pytest.raises(ValueTooLarge) as err:
+                await total
+            took = time.monotonic() - start
+            assert err.value.key == "held"
+            assert err.value.nbytes > n and err.value.limit == 300 * 2**20
+            assert "(its memory limit)" in str(err.value) and "400.0 MiB" in str(err.value)
+            assert took < 20, f"took {took:.1f} s"
+            # nothing was lost: the value is still where it was made, b still works
+            assert (await held).array.nbytes == n
+            (small,) = await c.submit_graph({"small": (sum, [1, 2, 3])}, ["small"], pool="b")
+            assert await small == 6
+    assert b.poll() is None
