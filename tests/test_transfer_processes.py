@@ -233,3 +233,12 @@ async def test_a_value_larger_than_the_receivers_memory_limit_fails_at_once(
             (small,) = await c.submit_graph({"small": (sum, [1, 2, 3])}, ["small"], pool="b")
             assert await small == 6
     assert b.poll() is None
+
+
+async def test_a_local_client_of_worker_processes_gets_a_value_past_the_frame_cap() -> None:
+    """``Cluster(processes=1)``: the manager is in this process and reads the stream."""
+    with anyio.fail_after(LIMIT):
+        async with Cluster(processes=1) as c:
+            await c.wait_for_workers(1, timeout=60)
+            value = await c.submit(make, N)
+    assert value.shape == (N,) and value[-1] == N - 1 and value.flags.writeable
