@@ -48,6 +48,20 @@ there, up to twice its slots (``_stays_with_its_data``, ``_data_holder``). The w
 if every worker stays
 throttled, nothing but producers is active and nothing finishes for ``stall_timeout``
 seconds, every active task fails with :class:`~runtime.errors.MemoryStalled`.
+
+Memory admission: a task whose inputs alone are larger than the memory limit of every
+worker that could run it is never placed; it fails with
+:class:`~runtime.errors.TaskTooLarge`. ``in_nbytes`` is the known size of a task's inputs
+(the ``nbytes`` of those that have finished); ``largest`` the largest limit per pool
+among workers not draining (0 is no limit). The check is made when an input finishes
+(so a task fails as soon as the inputs computed so far are too large, without waiting
+for the rest), when a task becomes waiting or queued, and when the limits fall (a
+worker leaves or drains, or a pool gets its first worker). A pool with no worker decides
+nothing: its tasks wait. Decided against the workers present then: a worker joining
+later with a larger limit helps the tasks still waiting, not those that failed. Where
+only some workers fit, only they are candidates (``_candidates``,
+``_takes_consumer_here``). The failed task's inputs that nothing else needs are
+cancelled as unneeded, as for any failure (``_set``); its dependents fail as usual.
 """
 
 from __future__ import annotations
@@ -76,6 +90,7 @@ from runtime.errors import (
     MemoryStalled,
     MissingKeysError,
     TaskOutOfMemory,
+    TaskTooLarge,
     WorkerLost,
 )
 from runtime.graph import GraphNode, Key, PickledNode, TaskSpec
@@ -113,6 +128,8 @@ __all__ = [
     "WorkerMemory",
     "WorkerState",
 ]
+
+_NO_LIMIT = float("inf")  #: the memory limit of a worker that reports none (0)
 
 State = Literal["waiting", "queued", "processing", "memory", "released", "erred", "cancelled"]
 ACTIVE: frozenset[str] = frozenset({"waiting", "queued", "processing"})
@@ -453,6 +470,7 @@ class TaskState:
         "error",
         "est",
         "generation",
+        "in_nbytes",
         "key",
         "lost_tries",
         "nbytes",
@@ -482,6 +500,9 @@ class TaskState:
         self.wanted = 0  #: client holds on this key
         self.who_has: set[str] = set()  #: workers holding the output
         self.nbytes = 0  #: output size
+        #: known size of its inputs: the sum of its dependencies' ``nbytes`` (0 for the
+        #: ones that never finished); memory admission compares it with worker limits
+        self.in_nbytes = 0
         self.worker: str | None = None  #: worker running it (while processing)
         self.generation = generation  #: submission it first came in with
         self.prio: tuple[float, ...] = ()  #: queue priority from the priority policy
@@ -550,6 +571,10 @@ class SchedulerState:
         }
         self.classes: dict[str, bool] = {}  #: category -> is a memory producer
         self.throttled: set[str] = set()  #: workers past their throttle fence
+        #: memory admission: the largest memory limit among the workers that take new
+        #: tasks (not draining), per pool and over every pool (``None``); a limit of 0 is
+        #: no limit (``inf``). A pool without such a worker is absent: nothing is decided
+        self.largest: dict[str | None, float] = {}
         self.stalled_since: float | None = None  #: when the watchdog saw a stall begin
         self._flipped: set[str] = set()  #: categories whose class flipped this event
         self.policy_errors = 0  #: policy calls that raised or answered out of bounds
@@ -563,6 +588,7 @@ class SchedulerState:
         self._forgotten: list[Key] = []
         self._to_fail: list[tuple[TaskState, TaskState]] = []
         self._to_cancel: list[tuple[TaskState, str]] = []
+        self._too_large: list[TaskState] = []  #: to check (and fail) for admission
         self._stimulus = ""
         self._now = 0.0
 
@@ -633,6 +659,7 @@ class SchedulerState:
                 for d in ts.deps:
                     d.dependents.discard(ts)
                 ts.deps = []
+                ts.in_nbytes = 0
                 new.append(ts)
         broken: dict[TaskState, list[Key]] = {}
         for ts in new:
@@ -642,6 +669,7 @@ class SchedulerState:
                     broken.setdefault(ts, []).append(dk)
                     continue
                 ts.deps.append(dep)
+                ts.in_nbytes += dep.nbytes
                 dep.dependents.add(ts)
         # Count the wants first, so nothing a client asks for is forgotten while the new
         # tasks settle (a task on an erred input fails at once).
@@ -687,6 +715,7 @@ class SchedulerState:
         ws.limit = max(ws.slots, ev.cores * self.config.max_per_core)
         self._update_free(ws)
         self._log(ev.worker, "-", "joined")
+        self._limits_changed()
 
     def _worker_left(self, ev: WorkerLeft) -> None:
         ws = self.workers.pop(ev.worker, None)
@@ -696,6 +725,7 @@ class SchedulerState:
         self.draining.discard(ev.worker)
         self.throttled.discard(ev.worker)
         self._log(ev.worker, "joined", f"left:{ev.cause}")
+        self._limits_changed()  # before its tasks go back to ready: they are checked
         for ts in sorted(ws.processing, key=_prio_key):
             ts.tries.append(
                 TryRecord(str(ts.key), ws.id, self._now, self._now, "worker-lost", ev.cause)
@@ -804,6 +834,7 @@ class SchedulerState:
         self.draining.add(ws.id)
         self.free.pop(ws.id, None)
         self._log(ws.id, "joined", "draining")
+        self._limits_changed()
 
     def _retire_idle(self) -> None:
         """Retire the draining workers that run nothing any more."""
@@ -869,7 +900,9 @@ class SchedulerState:
 
         Kept as worklists, not recursion, so a chain of any length is safe.
         """
-        while self._to_fail or self._to_cancel:
+        while self._to_fail or self._to_cancel or self._too_large:
+            while self._too_large:
+                self._admit(self._too_large.pop())
             while self._to_fail:
                 ts, failed = self._to_fail.pop()
                 if ts.state in ACTIVE:
@@ -893,6 +926,9 @@ class SchedulerState:
         worklist; the ones that must be produced again (released, or cancelled only
         because nothing needed them then) are returned for the caller to recompute.
         """
+        too_large = ts.in_nbytes > 0 and ts.in_nbytes > self.largest.get(ts.spec.pool, _NO_LIMIT)
+        if too_large:
+            self._too_large.append(ts)  # failed in _drain, once it is waiting or queued
         missing = [d for d in ts.deps if d.state != "memory"]
         ts.waiting_on = len(missing)
         if not missing:
@@ -900,6 +936,8 @@ class SchedulerState:
             self._enqueue(ts)
             return []
         self._set(ts, "waiting")
+        if too_large:
+            return []  # nothing to recompute for it
         revive = []
         for d in missing:
             if d.state == "erred" or (d.state == "cancelled" and not d.unneeded):
@@ -907,6 +945,46 @@ class SchedulerState:
             elif d.state in ("released", "cancelled"):
                 revive.append(d)
         return revive
+
+    def _admit(self, ts: TaskState) -> None:
+        """Memory admission: fail ``ts`` with TaskTooLarge if the known size of its
+        inputs is more than every worker in its pool can hold (see the module
+        docstring). Not placed yet (waiting or queued) only; no worker in the pool: no
+        decision."""
+        if ts.state not in ("waiting", "queued"):
+            return  # failed, cancelled or placed meanwhile
+        largest = self.largest.get(ts.spec.pool, _NO_LIMIT)
+        if ts.in_nbytes <= largest:
+            return  # a worker that fits it joined meanwhile
+        err = TaskTooLarge(str(ts.key), ts.in_nbytes, int(largest), ts.spec.pool)
+        self._log(ts.key, "admission", f"too large: {ts.in_nbytes} > {int(largest)}")
+        ts.error = err
+        ts.root = (ts.key, err)
+        self._set(ts, "erred")  # inputs it alone needed are cancelled as unneeded
+        self._terminal(ts)
+
+    def _limits_changed(self) -> None:
+        """Workers came, went or started draining: recompute the largest limit per pool;
+        where it fell (or a pool got its first worker), check every task not placed."""
+        largest: dict[str | None, float] = {}
+        for ws in self.workers.values():
+            if ws.draining:
+                continue  # takes no new task
+            limit = float(ws.memory) if ws.memory > 0 else _NO_LIMIT
+            if limit > largest.get(ws.pool, -1.0):
+                largest[ws.pool] = limit
+            if limit > largest.get(None, -1.0):
+                largest[None] = limit
+        before, self.largest = self.largest, largest
+        if not any(limit < before.get(pool, _NO_LIMIT) for pool, limit in largest.items()):
+            return
+        self._too_large.extend(
+            ts
+            for ts in self.tasks.values()
+            if ts.in_nbytes
+            and ts.state in ("waiting", "queued")
+            and ts.in_nbytes > largest.get(ts.spec.pool, _NO_LIMIT)
+        )
 
     def _enqueue(self, ts: TaskState) -> None:
         ts.prio = self._priority(ts)
@@ -918,6 +996,7 @@ class SchedulerState:
 
     def _finished_ok(self, ts: TaskState, ws: WorkerState, res: TaskResult) -> None:
         ts.tries.append(TryRecord(str(ts.key), ws.id, res.start, res.stop, "ok", None))
+        grown = res.nbytes - ts.nbytes  # not 0 only once per task, unless recomputed
         ts.nbytes = res.nbytes
         stat = self._stat(ts)
         duration = max(res.stop - res.start, 0.0)
@@ -936,9 +1015,16 @@ class SchedulerState:
         self._set(ts, "memory")
         self._add_replica(ts, ws)
         ready = []
+        largest = self.largest
         for dep in ts.dependents:
+            if grown:
+                dep.in_nbytes += grown
             if dep.state == "waiting":
                 dep.waiting_on -= 1
+                if grown > 0 and dep.in_nbytes > largest.get(dep.spec.pool, _NO_LIMIT):
+                    # Too large already, whatever its other inputs: fail it now (in
+                    # _drain), not once they are all computed.
+                    self._too_large.append(dep)
                 if dep.waiting_on == 0:
                     self._set(dep, "queued")
                     self._enqueue(dep)
@@ -1162,12 +1248,14 @@ class SchedulerState:
         mem = res.get("memory", 0)
         cores = res.get("cores", 0)
         producer = ts.producer
+        need = ts.in_nbytes  # memory admission: its inputs fit under the limit (0: none)
         return [
             w
             for w in self.free.values()
             if (pool is None or w.pool == pool)
             and w.memory >= mem
             and w.cores >= cores
+            and (w.memory >= need or not w.memory)
             and (not producer or self._takes_producer(w))
         ]
 
@@ -1210,8 +1298,10 @@ class SchedulerState:
         return self._takes_consumer_here(ts, ws) and all(ws.id in d.who_has for d in ts.deps)
 
     def _takes_consumer_here(self, ts: TaskState, ws: WorkerState) -> bool:
-        """Pool and resources allow ``ts`` on ``ws``."""
+        """Pool, resources and memory admission allow ``ts`` on ``ws``."""
         if ts.spec.pool is not None and ts.spec.pool != ws.pool:
+            return False
+        if ws.memory and ws.memory < ts.in_nbytes:
             return False
         res = ts.spec.resources
         return ws.memory >= res.get("memory", 0) and ws.cores >= res.get("cores", 0)
@@ -1501,6 +1591,11 @@ class SchedulerState:
             active = sum(1 for dep in ts.dependents if dep.state in ACTIVE)
             assert ts.consumers == active, (ts, ts.consumers, active)
             not_ready = sum(1 for d in ts.deps if d.state != "memory")
+            assert ts.in_nbytes == sum(d.nbytes for d in ts.deps), (ts, ts.in_nbytes)
+            if ts.state in ("waiting", "queued"):
+                # Memory admission: nothing waits that no worker of its pool could hold.
+                limit = self.largest.get(ts.spec.pool, _NO_LIMIT)
+                assert ts.in_nbytes <= limit, (ts, "too large", ts.in_nbytes, limit)
             if ts.state == "waiting":
                 assert ts.waiting_on == not_ready > 0, (ts, ts.waiting_on, not_ready)
             if ts.state in ("queued", "processing"):
@@ -1539,6 +1634,13 @@ class SchedulerState:
             else:
                 assert not ws.retired, ws
         assert self.draining <= self.workers.keys(), self.draining
+        largest: dict[str | None, float] = {}
+        for ws in self.workers.values():
+            if not ws.draining:
+                limit = float(ws.memory) if ws.memory > 0 else _NO_LIMIT
+                largest[ws.pool] = max(largest.get(ws.pool, 0.0), limit)
+                largest[None] = max(largest.get(None, 0.0), limit)
+        assert self.largest == largest, (self.largest, largest)
         # No ready task may wait while a worker that could run it has a free slot.
         for ts in queued:
             assert not self._candidates(ts), (ts, "queued while a candidate worker is free")

@@ -293,12 +293,19 @@ def _size(n: float) -> str:
 
 class TaskTooLarge(CorralError):
     """A task's inputs alone are larger than the memory limit of every worker that could
-    run it, so it was not started (memory admission)."""
+    run it, so it was not started (memory admission). ``needed`` is the known size of
+    its inputs so far (it fails as soon as that passes the limit, before the rest are
+    computed); ``largest`` the largest limit among the workers of ``pool`` (``None``: a
+    task without a pool, which any worker may run)."""
 
-    def __init__(self, key: str, needed: int, largest: int, pool: str) -> None:
+    def __init__(self, key: str, needed: int, largest: int, pool: str | None) -> None:
+        where = "of any worker" if pool is None else f"of a worker in pool {pool!r}"
+        need, limit = _size(needed), _size(largest)
+        if need == limit:  # just over: say by how much
+            need, limit = f"{need} ({needed:,} bytes)", f"{limit}, {largest:,} bytes"
         super().__init__(
-            f"task {key!r} needs {_size(needed)} of inputs in memory at once, more than the "
-            f"largest worker memory limit in pool {pool!r} ({_size(largest)}); it was not "
+            f"task {key!r} needs at least {need} of inputs in memory at once, more "
+            f"than the largest memory limit {where} ({limit}); it was not "
             "started. Write large results to storage from the workers (for example "
             "dask.array's to_zarr or dask.dataframe's to_parquet) instead of computing them "
             "into one value, reduce them before gathering, or start workers with a larger "

@@ -1279,7 +1279,7 @@ def test_recomputing_a_lost_output_whose_input_has_since_erred_fails_it(
 def test_placement_policy_change_moves_where_later_tasks_go(make_state: Factory) -> None:
     s = make_state(saturation=2.0)  # default placement: locality
     for w in ("w1", "w2", "w3"):
-        join(s, w, cores=1)
+        join(s, w, cores=1, memory=8 * GB)  # room for the 4 GB input (memory admission)
     submit(s, {"big": []}, ["big"])
     wbig = worker_of(s, "big")
     finish(s, wbig, "big", nbytes=4 * GB)
