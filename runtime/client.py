@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import gc
 import os
 import pickle
@@ -34,7 +35,7 @@ from actors.providers import BlockSpec, InProcessProvider
 from actors.scheduler import Scheduler
 from actors.scheduler_state import KeyCancelled, KeyDone, KeyErred
 from actors.transfer import READ_TIMEOUT, StreamInfo, UnknownStream
-from runtime.errors import ActorStopped, AskTimeout, CorralError, DependencyFailed
+from runtime.errors import ActorStopped, AskTimeout, CorralError, DependencyFailed, ManagerLost
 from runtime.graph import Key, make_task
 from runtime.kernel import Actor, ActorRef, ActorSystem, handles
 from runtime.log import get_logger
@@ -162,6 +163,61 @@ class _Flush(Message):
 
 
 @message(local=True)
+class _ManagerGone(Message):
+    """Client-internal: the connection to the manager is gone (``error``: ManagerLost)."""
+
+    error: Any
+
+
+class _RemoteManager:
+    """The manager of another process, as a client sees it: a :class:`RemoteRef` whose
+    failures, once the connection is gone, say so (:class:`ManagerLost`) rather than
+    that some actor stopped."""
+
+    def __init__(self, peer: Any, address: str) -> None:
+        self.peer = peer
+        self.ref = peer.ref
+        self.address = address
+
+    @property
+    def name(self) -> str:
+        return str(self.ref.name)
+
+    @property
+    def stopped(self) -> bool:
+        return bool(self.ref.stopped)
+
+    def lost(self) -> ManagerLost:
+        return ManagerLost(self.address, self.peer.closed_reason or "the connection closed")
+
+    def post(self, msg: Message, *, causal_id: str | None = None) -> None:
+        try:
+            self.ref.post(msg, causal_id=causal_id)
+        except ActorStopped as exc:
+            raise self.lost() from exc
+
+    async def tell(self, msg: Message, *, causal_id: str | None = None) -> None:
+        try:
+            await self.ref.tell(msg, causal_id=causal_id)
+        except ActorStopped as exc:
+            raise self.lost() from exc
+
+    async def ask(
+        self,
+        msg: Message,
+        *,
+        timeout: float | None = 30.0,  # noqa: ASYNC109 - the same API as ActorRef.ask
+        causal_id: str | None = None,
+    ) -> Any:
+        try:
+            return await self.ref.ask(msg, timeout=timeout, causal_id=causal_id)
+        except ActorStopped as exc:
+            if self.peer.closed:
+                raise self.lost() from exc
+            raise
+
+
+@message(local=True)
 class _FlushReleases(Message):
     """Client-internal: tell the manager about the keys let go since the last flush."""
 
@@ -187,6 +243,13 @@ class ClientActor(Actor):
         for key, w in list(self.watches.items()):
             if w.update is None:
                 self._settle(KeyErred("", key, err, key, err))
+
+    @handles(_ManagerGone)
+    def manager_gone(self, msg: _ManagerGone) -> None:
+        """Every key still pending fails with the ManagerLost error: nothing will come."""
+        for key, w in list(self.watches.items()):
+            if w.update is None:
+                self._settle(KeyErred("", key, msg.error, key, msg.error))
 
     @handles(KeyUpdates)
     def updates(self, msg: KeyUpdates) -> None:
@@ -473,16 +536,29 @@ class Cluster:
         if token and address.startswith(("ws://", "wss://")):
             options["token"] = token
         conn = await connect(address, **options)
+        # Liveness: heartbeats both ways; a closed connection, or DEAD_AFTER seconds of
+        # silence, fails every pending future with ManagerLost (the on_close below).
         peer = Peer(
-            conn, None, name="manager", allow_pickle=True, heartbeat=HEARTBEAT, timeout=DEAD_AFTER
-        )
+            conn, None, name="manager", allow_pickle=True, heartbeat=HEARTBEAT,
+            timeout=DEAD_AFTER, on_close=self._manager_closed,
+        )  # fmt: skip
+        manager = _RemoteManager(peer, address)
         name = f"client-{os.urandom(6).hex()}"
-        self._client_actor = ClientActor(peer.ref)  # type: ignore[arg-type]
+        self._client_actor = ClientActor(manager)  # type: ignore[arg-type]
         peer.target = await system.spawn(self._client_actor, name)
         await conn.send(Frame(Hello("client", name)))
         await system.start_service(peer.run)
-        self._manager = peer.ref  # type: ignore[assignment]
+        self._manager = manager  # type: ignore[assignment]
         self._peer = peer
+
+    def _manager_closed(self, peer: Any) -> None:
+        if self._system is None:
+            return  # closed on purpose
+        manager = self._manager
+        err = manager.lost() if isinstance(manager, _RemoteManager) else None
+        _log.warning("lost the manager", address=self.address, reason=peer.closed_reason)
+        with contextlib.suppress(ActorStopped):
+            self._client_actor.ref.post(_ManagerGone(err))
 
     async def _start(self, system: ActorSystem) -> None:
         """Start the control plane and in-process workers in ``system``."""

@@ -21,6 +21,7 @@ __all__ = [
     "FrameTooLarge",
     "GraphError",
     "MailboxFull",
+    "ManagerLost",
     "MemoryStalled",
     "MissingKeysError",
     "ProtocolError",
@@ -330,4 +331,17 @@ class ValueTooLarge(CorralError):
             nbytes=nbytes,
             limit=limit,
             where=where,
+        )
+
+
+class ManagerLost(CorralError):
+    """The client's connection to the manager closed, or the manager stayed silent past
+    the liveness bound: every result still pending is gone with it."""
+
+    def __init__(self, address: str, reason: str) -> None:
+        super().__init__(
+            f"lost the manager at {address}: {reason}. Results that were still pending are "
+            "gone with it; once a manager is running again, submit the work again.",
+            address=address,
+            reason=reason,
         )

@@ -1,0 +1,123 @@
+"""Every client wait is tied to the manager's liveness (issue 9): with a real manager
+process and a worker process, a client whose manager is killed or stops answering gets
+ManagerLost on every pending future within the documented bound, never a silent wait.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import pytest
+
+from runtime import Cluster
+from runtime.errors import ManagerLost
+from runtime.node import DEAD_AFTER, HEARTBEAT
+
+pytestmark = pytest.mark.anyio
+LIMIT = 60
+
+
+def _start(args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "runtime", *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def _line_with(proc: subprocess.Popen[str], needle: str, limit: float = 30) -> str:
+    assert proc.stdout is not None
+    deadline = time.monotonic() + limit
+    seen = []
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            raise AssertionError(f"process ended before printing {needle!r}: {seen}")
+        seen.append(line)
+        if needle in line:
+            return line
+    raise AssertionError(f"no {needle!r} within {limit} s: {seen}")
+
+
+@pytest.fixture
+def manager(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    env = dict(os.environ, CORRAL_HOME=str(tmp_path / "home"), PYTHONUNBUFFERED="1")
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(Path(__file__).resolve().parents[1]), env.get("PYTHONPATH", "")]
+    )
+    old_home = os.environ.get("CORRAL_HOME")
+    os.environ["CORRAL_HOME"] = env["CORRAL_HOME"]
+    mgr = _start(["manager", "--listen", "127.0.0.1:0"], env)
+    procs = [mgr]
+    try:
+        address = _line_with(mgr, "manager listening on").split("listening on", 1)[1].strip()
+        worker = _start(["worker", address, "--cores", "1"], env)
+        procs.append(worker)
+        _line_with(worker, "joined")
+        yield address, mgr
+    finally:
+        if old_home is None:
+            os.environ.pop("CORRAL_HOME", None)
+        else:
+            os.environ["CORRAL_HOME"] = old_home
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGCONT)
+                p.kill()
+            p.wait(10)
+            if p.stdout is not None:
+                p.stdout.close()
+
+
+def block(gate: str, mark: str) -> int:
+    """Say it started (a file), then wait for a gate file that never comes (bounded)."""
+    Path(mark).touch()
+    deadline = time.monotonic() + 60
+    while not Path(gate).exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return 1
+
+
+async def _started(mark: Path) -> None:
+    # Another process's progress shows only in the filesystem: a bounded poll.
+    with anyio.fail_after(30):
+        while not os.path.exists(mark):  # noqa: ASYNC110, ASYNC240
+            await anyio.sleep(0.01)
+
+
+@pytest.mark.parametrize("how", ["kill -9", "SIGSTOP"])
+async def test_pending_futures_fail_with_manager_lost_within_the_bound(
+    manager: tuple[str, subprocess.Popen[str]], tmp_path: Path, how: str
+) -> None:
+    address, mgr = manager
+    mark = tmp_path / "started"
+    with anyio.fail_after(LIMIT):
+        async with Cluster(address) as c:
+            await c.wait_for_workers(1)
+            running = c.submit(block, str(tmp_path / "never"), str(mark))
+            queued = c.submit(block, str(tmp_path / "never-either"), str(mark))
+            await _started(mark)  # one of the two runs, the other waits behind it
+            mgr.send_signal(signal.SIGKILL if how == "kill -9" else signal.SIGSTOP)
+            start = time.monotonic()
+            for fut in (running, queued):
+                with pytest.raises(ManagerLost) as err:
+                    await fut
+                assert err.value.address == address
+            took = time.monotonic() - start
+            # A closed connection is seen at once; a silent manager after DEAD_AFTER
+            # seconds without a message (checked every HEARTBEAT / 2).
+            bound = 5.0 if how == "kill -9" else DEAD_AFTER + HEARTBEAT + 5.0
+            assert took < bound, f"{how}: ManagerLost after {took:.1f} s"
+            with pytest.raises(ManagerLost):
+                await c.status()
+            with pytest.raises(ManagerLost):
+                await c.submit(sum, [1, 2])
