@@ -150,6 +150,17 @@ class BaseExecutor(abc.ABC):
         """Kill running task ``key``; whether it was. Threads cannot be: always False."""
         return False
 
+    def cancel(self, key: Key) -> None:
+        """Cancel ``key``: a queued task is reported ``cancelled`` without running; a
+        running one frees its slot at once where the mode can (see each mode), its
+        try reported ``cancelled``."""
+        self.cancelled.add(key)
+
+    @property
+    def abandoned(self) -> int:
+        """Threads still running a cancelled task (thread mode); 0 elsewhere."""
+        return 0
+
     def children_rss(self) -> int:
         """RSS of the processes this executor runs tasks in, besides this one (bytes)."""
         return 0
@@ -180,7 +191,11 @@ class Executor(BaseExecutor):
     """``n`` threads running tasks; results come back through ``deliver`` in batches.
 
     ``deliver(results)`` is called on the event loop thread with every result that
-    finished since the previous call. Running tasks cannot be killed.
+    finished since the previous call. Running tasks cannot be killed, but a cancelled
+    one gives its slot back at once: its thread is *abandoned* (it runs the task to its
+    end, drops the result and exits) and a fresh thread takes its place, up to
+    ``max_abandoned`` abandoned threads at a time (default ``n``); past that a cancelled
+    task keeps its thread until it ends.
     """
 
     killable = False
@@ -193,15 +208,46 @@ class Executor(BaseExecutor):
         deliver: Callable[[Results], None],
         *,
         batch_delay: float = 0.002,
+        max_abandoned: int | None = None,
     ) -> None:
         super().__init__(deliver, batch_delay=batch_delay)
         self._jobs: queue.SimpleQueue[tuple[ToRun, dict[Key, Any]] | None] = queue.SimpleQueue()
         self._closed = False
+        self._name = name
+        self._spawned = n
+        self.max_abandoned = n if max_abandoned is None else max_abandoned
+        self._running: dict[Key, threading.Thread] = {}  #: key -> the thread running it
+        self._abandoned: set[threading.Thread] = set()  #: threads whose task was cancelled
         self._threads = [
             threading.Thread(target=self._run, name=f"{name}-{i}", daemon=True) for i in range(n)
         ]
         for t in self._threads:
             t.start()
+
+    def cancel(self, key: Key) -> None:
+        with self._lock:
+            thread = self._running.get(key)
+            if thread is None or thread in self._abandoned or self._closed:
+                self.cancelled.add(key)  # queued (or past replacing): skipped or dropped
+                return
+            if len(self._abandoned) >= self.max_abandoned:
+                self.cancelled.add(key)  # no room for another thread: it keeps its slot
+                return
+            self._abandoned.add(thread)
+            del self._running[key]
+            fresh = threading.Thread(
+                target=self._run, name=f"{self._name}-{self._spawned}", daemon=True
+            )
+            self._spawned += 1
+            self._threads = [t for t in self._threads if t is not thread] + [fresh]
+        fresh.start()
+        now = time.time()
+        self._push([(TaskResult(key, "cancelled", now, now), None)])
+
+    @property
+    def abandoned(self) -> int:
+        with self._lock:
+            return len(self._abandoned)
 
     def submit(self, task: ToRun, inputs: dict[Key, Any]) -> None:
         self._jobs.put((task, inputs))
@@ -238,8 +284,19 @@ class Executor(BaseExecutor):
             # hold a finished result longer than ``batch_delay``: short tasks travel in
             # batches, a long task's result goes back as soon as it is ready. Back to
             # back, the RSS read after one task is the reading before the next.
+            me = threading.current_thread()
             while job is not None:
+                with self._lock:
+                    self._running[job[0].key] = me
                 result, value, rss_now = self._execute(job[0], job[1], rss_now)
+                with self._lock:
+                    self._running.pop(job[0].key, None)
+                    abandoned = me in self._abandoned
+                    self._abandoned.discard(me)
+                if abandoned:  # cancelled while it ran: reported already, a fresh
+                    if done:  # thread has its slot; this one ends here
+                        self._push(done)
+                    return
                 done.append((result, value))
                 if time.perf_counter() - first > self.batch_delay:
                     break
@@ -627,6 +684,12 @@ class ProcessExecutor(BaseExecutor):
                     self._signal(slot, signal.SIGKILL)
                     return True
         return False
+
+    def cancel(self, key: Key) -> None:
+        """A running task's process is killed (its try ``cancelled``; the slot gets a
+        fresh process); a queued one is skipped."""
+        if not self.kill(key, "cancelled"):
+            self.cancelled.add(key)
 
     def running(self) -> dict[Key, int]:
         """Keys running now (not killed) -> pid of the task process running each."""

@@ -269,6 +269,7 @@ class Scheduler(Actor):
                     "memory_bytes": m.memory_bytes,
                     "spilled_bytes": m.spilled_bytes,
                     "spilled_total": m.spilled_total,
+                    "abandoned": m.abandoned,
                 }
                 for w, m in self.memory.items()
             },

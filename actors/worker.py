@@ -103,6 +103,7 @@ class WorkerStatus(Message):
     deferred: int = 0  #: producers deferred by the memory governor
     throttled: bool = False
     execution: str = "thread"
+    abandoned: int = 0  #: threads still running a cancelled task (their slot was replaced)
 
 
 #: a copy of a peer's output at least this large is dropped once nothing here needs it
@@ -332,6 +333,7 @@ class Worker(Actor):
                 store.memory_bytes,
                 store.disk_bytes,
                 store.spilled_total,
+                self.executor.abandoned if self.executor is not None else 0,
             )
         )
 
@@ -559,7 +561,12 @@ class Worker(Actor):
             if self.unspill.pop(key, None) is not None:
                 continue
             if key in self.running:
-                self.executor.cancelled.add(key)
+                # Process mode kills its process; thread mode hands the slot to a fresh
+                # thread. Either way the try comes back ``cancelled`` and the slot is free.
+                before = self.executor.abandoned
+                self.executor.cancel(key)
+                if self.executor.abandoned != before:
+                    self._report()  # the scheduler's status shows the abandoned thread
 
     @handles(DropKeys)
     def drop_keys(self, msg: DropKeys) -> None:
@@ -618,4 +625,5 @@ class Worker(Actor):
             len(self.deferred),
             self.governor.throttled,
             self.memory_config.execution,
+            ex.abandoned if ex is not None else 0,
         )

@@ -138,8 +138,9 @@ class WorkerInfo(Message):
 
 @message()
 class WorkerMemoryReport(Message):
-    """Worker -> scheduler: its memory state, sent when it starts or stops throttling
-    and after it spilled. ``throttle_at`` and ``limit`` are bytes."""
+    """Worker -> scheduler: its memory state, sent when it starts or stops throttling,
+    after it spilled, and when a cancelled task's thread was abandoned. ``throttle_at``
+    and ``limit`` are bytes."""
 
     worker_id: str
     throttled: bool
@@ -149,6 +150,7 @@ class WorkerMemoryReport(Message):
     memory_bytes: int = 0  #: outputs held in memory
     spilled_bytes: int = 0  #: outputs on disk now
     spilled_total: int = 0  #: bytes ever spilled
+    abandoned: int = 0  #: threads still running a cancelled task (thread execution)
 
 
 @message()

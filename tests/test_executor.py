@@ -375,3 +375,79 @@ async def test_the_thread_executor_runs_tasks_in_this_process_and_cannot_kill() 
         ex.shutdown()
         with anyio.fail_after(BOUND):
             await anyio.to_thread.run_sync(ex.shutdown, True)
+
+
+# ----------------------------------------------------------------------------- cancel
+
+
+def gate_wait(gate: str, started: str) -> str:
+    """Say it started (a file), then wait for the gate file (bounded)."""
+    Path(started).touch()
+    deadline = time.monotonic() + 30
+    while not Path(gate).exists() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return "finished"
+
+
+async def test_cancelling_a_running_thread_task_frees_its_slot_at_once(tmp_path: Path) -> None:
+    delivered = Delivered()
+    ex = Executor(1, "w1", delivered)
+    gate, started = tmp_path / "gate", tmp_path / "started"
+    try:
+        ex.submit(job("stuck", gate_wait, str(gate), str(started)), {})
+        ex.submit(job("next", where), {})
+        await wait_until(started.exists)
+        ex.cancel("stuck")
+        result, value = await delivered.get("stuck")
+        assert result.outcome == "cancelled" and value is None
+        assert ex.abandoned == 1
+        # The one slot is free: the next task runs on a fresh thread while the old one
+        # is still inside the cancelled task.
+        result, (pid, thread) = await delivered.get("next")
+        assert result.outcome == "ok" and pid == os.getpid() and thread == "w1-1"
+        gate.touch()
+        await wait_until(lambda: ex.abandoned == 0)
+        assert "stuck" not in delivered.results  # its late result was dropped
+        # Queued tasks cancelled before they start never run.
+        ex.cancel("queued")
+        ex.submit(job("queued", boom, 1), {})
+        assert (await delivered.get("queued"))[0] == TaskResult("queued", "cancelled")
+    finally:
+        gate.touch()
+        ex.shutdown(wait=True)
+
+
+async def test_abandoned_threads_are_bounded(tmp_path: Path) -> None:
+    delivered = Delivered()
+    ex = Executor(1, "w1", delivered, max_abandoned=1)
+    gate = tmp_path / "gate"
+    try:
+        ex.submit(job("a", gate_wait, str(gate), str(tmp_path / "a")), {})
+        await wait_until((tmp_path / "a").exists)
+        ex.cancel("a")
+        assert (await delivered.get("a"))[0].outcome == "cancelled"
+        ex.submit(job("b", gate_wait, str(gate), str(tmp_path / "b")), {})
+        await wait_until((tmp_path / "b").exists)
+        ex.cancel("b")  # a second abandoned thread would pass the bound: b keeps its slot
+        assert ex.abandoned == 1 and "b" not in delivered.results
+        gate.touch()
+        # When it ends it comes back as it ended; the key is in ``cancelled``, which
+        # the worker reads to report the try cancelled.
+        assert (await delivered.get("b"))[0].outcome == "ok" and "b" in ex.cancelled
+        await wait_until(lambda: ex.abandoned == 0)
+    finally:
+        gate.touch()
+        ex.shutdown(wait=True)
+
+
+async def test_cancelling_a_running_process_task_kills_it(tmp_path: Path) -> None:
+    async with process_executor() as (ex, delivered):
+        ex.submit(job("stuck", hog, 0, 60.0), {})
+        ex.submit(job("next", where), {})
+        await wait_until(lambda: "stuck" in ex.running())
+        pid = ex.running()["stuck"]
+        ex.cancel("stuck")
+        assert (await delivered.get("stuck"))[0].outcome == "cancelled"
+        result, (ran_in, _) = await delivered.get("next")
+        assert result.outcome == "ok" and ran_in != pid  # a fresh task process
+        await wait_until(lambda: gone(pid))

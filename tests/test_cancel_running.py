@@ -1,0 +1,67 @@
+"""Cancelling a running task frees its worker's slot (issue 9): the next task runs at
+once, in thread execution (the stuck thread is abandoned and replaced) and in process
+execution (the task process is killed), and the cluster's status shows the abandoned
+thread until its task ends.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from runtime import Cluster
+from runtime.errors import CancelledError
+
+pytestmark = pytest.mark.anyio
+LIMIT = 60
+
+
+def stuck(gate: str, started: str) -> str:
+    Path(started).touch()
+    deadline = time.monotonic() + 30
+    while not Path(gate).exists() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return "done"
+
+
+async def _exists(path: Path) -> None:
+    with anyio.fail_after(30):  # another thread's or process's progress: a bounded poll
+        while not os.path.exists(path):  # noqa: ASYNC110, ASYNC240
+            await anyio.sleep(0.005)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"workers": 1, "threads_per_worker": 1},
+        {"processes": 1, "threads_per_worker": 1, "memory_options": {"execution": "process"}},
+    ],
+    ids=["thread", "process"],
+)
+async def test_cancelling_a_running_task_frees_its_slot(
+    tmp_path: Path, options: dict[str, Any]
+) -> None:
+    gate, started = tmp_path / "gate", tmp_path / "started"
+    try:
+        with anyio.fail_after(LIMIT):
+            async with Cluster(**options) as c:
+                await c.wait_for_workers(1, timeout=60)
+                blocked = c.submit(stuck, str(gate), str(started))
+                await _exists(started)
+                await c.cancel(blocked)
+                with pytest.raises(CancelledError):
+                    await blocked
+                # One thread, one slot: the next task runs while the gate is still shut.
+                assert await c.submit(sum, [1, 2, 3]) == 6
+                st = await c.status()
+                assert st["tasks_by_state"].get("processing", 0) == 0
+                if "processes" not in options:
+                    (mem,) = st["memory"].values()
+                    assert mem["abandoned"] == 1  # shown until its task ends
+    finally:
+        gate.touch()
