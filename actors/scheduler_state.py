@@ -74,6 +74,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Literal, NamedTuple
 
 from policies import (
+    BENIGN_LOSSES,
     DEFAULTS,
     REGISTRY,
     CategoryStats,
@@ -89,6 +90,7 @@ from runtime.errors import (
     DependencyFailed,
     MemoryStalled,
     MissingKeysError,
+    TaskCrashedWorkers,
     TaskOutOfMemory,
     TaskTooLarge,
     WorkerLost,
@@ -541,6 +543,18 @@ class TaskState:
     @property
     def oom_tries(self) -> int:
         return sum(1 for t in self.tries if t.outcome == "oom")
+
+    @property
+    def crash_tries(self) -> int:
+        return len(self.crashes())
+
+    def crashes(self) -> list[tuple[str, str]]:
+        """``(worker, cause)`` of the tries lost with a worker that ended unexpectedly."""
+        return [
+            (t.worker, t.cause or "unknown")
+            for t in self.tries
+            if t.outcome == "worker-lost" and t.cause not in BENIGN_LOSSES
+        ]
 
 
 class SchedulerState:
@@ -1069,7 +1083,11 @@ class SchedulerState:
             self._back_to_ready(ts)
             return
         if outcome == "worker-lost":
-            err: BaseException = WorkerLost(str(ts.key), wid, cause or "unknown", len(ts.tries))
+            crashes = ts.crashes()
+            if len(crashes) > 1 and cause not in BENIGN_LOSSES:  # it may be what kills them
+                err: BaseException = TaskCrashedWorkers(str(ts.key), crashes)
+            else:
+                err = WorkerLost(str(ts.key), wid, cause or "unknown", len(ts.tries))
         else:
             err = error or RuntimeError(f"task {ts.key!r} failed ({outcome})")
         ts.error = err

@@ -7,6 +7,7 @@ Policies are registered by kind and name in :data:`policies.REGISTRY` and create
 
 from policies import memory, placement, priority, retry
 from policies.base import (
+    BENIGN_LOSSES,
     KINDS,
     REGISTRY,
     CategoryStats,
@@ -30,6 +31,7 @@ DEFAULTS = {
 }
 
 __all__ = [
+    "BENIGN_LOSSES",
     "DEFAULTS",
     "KINDS",
     "REGISTRY",

@@ -71,6 +71,12 @@ class CategoryStats:
         return float("inf") if self.total_nbytes else 0.0
 
 
+#: causes of a worker loss that say nothing about the tasks it ran: it was drained
+#: (asked to leave), preempted (its batch job taken back) or reached its walltime.
+#: Other losses (a crash, a lost connection, an exit code) make its tasks suspects.
+BENIGN_LOSSES: frozenset[str] = frozenset({"drained", "preempted", "walltime"})
+
+
 class TaskView(Protocol):
     """Read-only view of a task for policies."""
 
@@ -91,6 +97,12 @@ class TaskView(Protocol):
     @property
     def oom_tries(self) -> int:
         """Tries killed at a worker's memory terminate fence."""
+        ...
+
+    @property
+    def crash_tries(self) -> int:
+        """Tries lost with a worker that ended unexpectedly (not drained or
+        preempted: see :data:`BENIGN_LOSSES`): the task may be what killed it."""
         ...
 
     @property

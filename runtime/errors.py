@@ -25,6 +25,7 @@ __all__ = [
     "MemoryStalled",
     "MissingKeysError",
     "ProtocolError",
+    "TaskCrashedWorkers",
     "TaskOutOfMemory",
     "TaskTooLarge",
     "UnknownPolicyError",
@@ -236,6 +237,27 @@ class WorkerLost(CorralError):
 
 def _gib(n: float) -> str:
     return f"{n / 2**30:.2f} GiB"
+
+
+class TaskCrashedWorkers(WorkerLost):
+    """A poison task: it was running on several workers that ended unexpectedly, so it
+    is not given another (``crashes``: ``(worker, cause)`` of each)."""
+
+    def __init__(self, key: str, crashes: Sequence[tuple[str, str]]) -> None:
+        took = "; ".join(f"{w!r} ({c})" for w, c in crashes)
+        CorralError.__init__(
+            self,
+            f"task {key!r} was running on {len(crashes)} workers that ended unexpectedly: "
+            f"{took}. It may be what kills them (os._exit, a crash in compiled code, memory "
+            "outside the worker's fences), so it is not retried on another. Run it alone to "
+            "see, run workers with execution 'process' to contain it, or raise the retry "
+            "policy's max_crashes if the workers died for other reasons.",
+            key=key,
+            crashes=list(crashes),
+            worker=crashes[-1][0] if crashes else "",
+            cause=crashes[-1][1] if crashes else "",
+            tries=len(crashes),
+        )
 
 
 class TaskOutOfMemory(CorralError):

@@ -62,6 +62,7 @@ from runtime.errors import (
     CancelledError,
     DependencyFailed,
     MissingKeysError,
+    TaskCrashedWorkers,
     UnknownPolicyError,
     WorkerLost,
 )
@@ -1807,3 +1808,46 @@ def test_categories_learn_bytes_consumed_and_rss_growth(make_state: Factory) -> 
     assert (total.total_nbytes, total.consumed_nbytes, total.max_rss_growth) == (8, 4000, 0)
     assert load.production_ratio == float("inf")  # a root that makes data: a producer
     assert total.production_ratio == 8 / 4000  # a reduction: a consumer
+
+
+# ----------------------------------------------------------------------------- poison tasks
+
+
+def test_a_task_running_on_three_workers_that_crashed_is_a_suspect(make_state: Factory) -> None:
+    s = make_state()
+    submit(s, {"a": [], "b": ["a"]}, ["b"])
+    causes = ["connection lost", "exit code 1", "crash"]
+    for i, cause in enumerate(causes):
+        join(s, f"w{i}")
+        assert on(s, f"w{i}") == {"a"}
+        cmds = leave(s, f"w{i}", cause=cause)
+        if i < 2:
+            assert of(cmds, KeyErred) == [] and s.tasks["a"].state == "queued"
+    (ke,) = of(cmds, KeyErred)  # b, the wanted key, fails with a as its root
+    err = s.tasks["a"].error
+    assert isinstance(err, TaskCrashedWorkers) and isinstance(err, WorkerLost)
+    assert err.crashes == [("w0", "connection lost"), ("w1", "exit code 1"), ("w2", "crash")]
+    assert "'w1' (exit code 1)" in str(err) and "execution 'process'" in str(err)
+    assert ke.key == "b" and ke.root == "a" and ke.root_error is err
+    assert s.tasks["a"].crash_tries == 3
+
+
+def test_drained_preempted_and_walltime_losses_make_no_suspect(make_state: Factory) -> None:
+    s = make_state()
+    submit(s, {"a": []}, ["a"])
+    for i, cause in enumerate(["drained", "preempted", "walltime", "crash", "preempted"]):
+        join(s, f"w{i}")
+        assert of(leave(s, f"w{i}", cause=cause), KeyErred) == []
+    ts = s.tasks["a"]
+    assert ts.state == "queued" and ts.lost_tries == 5 and ts.crash_tries == 1
+
+
+def test_max_crashes_is_a_retry_policy_parameter(make_state: Factory) -> None:
+    s = make_state(retry=REGISTRY.create("retry", "default", {"max_crashes": 1}))
+    submit(s, {"a": []}, ["a"])
+    join(s, "w1")
+    (ke,) = of(leave(s, "w1", cause="crash"), KeyErred)
+    assert isinstance(ke.error, WorkerLost) and not isinstance(ke.error, TaskCrashedWorkers)
+    assert ke.error.cause == "crash"  # one crash: nothing to compare it with
+    with pytest.raises(PolicyParamsError):
+        REGISTRY.create("retry", "default", {"max_crashes": 0})

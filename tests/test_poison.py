@@ -1,0 +1,43 @@
+"""A poison task cannot take the fleet down (issue 9): a task that kills its worker
+process (``os._exit`` in default thread execution) fails with TaskCrashedWorkers, naming
+the workers it took, after at most ``max_crashes`` (3) workers were lost, and the
+cluster goes on running other work.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import anyio
+import pytest
+
+from runtime import Cluster
+from runtime.errors import TaskCrashedWorkers
+
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
+LIMIT = 90
+
+
+def poison() -> None:
+    os._exit(1)
+
+
+async def test_a_task_that_kills_its_worker_fails_after_three_workers() -> None:
+    with anyio.fail_after(LIMIT):
+        async with Cluster(processes=2) as c:
+            await c.wait_for_workers(2, timeout=60)
+            start = time.monotonic()
+            with pytest.raises(TaskCrashedWorkers) as err:
+                await c.submit(poison)
+            took = time.monotonic() - start
+            crashes = err.value.crashes
+            assert len(crashes) == 3 and len({w for w, _ in crashes}) == 3
+            assert "poison" in str(err.value)
+            st = await c.status()
+            lost = sum(cat["lost"] for cat in st["categories"].values())
+            assert lost == 3, st["categories"]  # no more workers than that went down
+            # the fleet is replaced and still runs work
+            await c.wait_for_workers(1, timeout=60)
+            assert await c.submit(sum, [1, 2, 3]) == 6
+    print(f"poison task failed after {took:.1f} s")
