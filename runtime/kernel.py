@@ -18,6 +18,11 @@ Failure rules (docs/kernel.md repeats them for users):
    ``max_restarts`` failures within ``restart_window`` seconds stop the actor and, with
    ``escalate=True`` (the default), shut the actor system down with
    :class:`~runtime.errors.ActorCrashed`.
+   **Except for a tell from another process** (``tell(..., origin=...)``, as
+   :class:`runtime.remote.Peer` delivers them): its failure is that message's, not the
+   actor's. It is logged (``remote message failed``) and counted in
+   ``ActorRef.remote_failures``; no ``on_failure``, no restart, no escalation. The same
+   holds when such a tell's handler returns :class:`Later` and the coroutine raises.
 3. **A message to a stopped actor**: ``tell``/``ask`` raise
    :class:`~runtime.errors.ActorStopped` at once. Asks that were still queued when the
    actor stopped are answered with ``ActorStopped``; queued tells are dropped and
@@ -121,14 +126,18 @@ class _Reply:
 
 
 class Envelope:
-    """A message in a mailbox with its causal id and, for an ask, its reply slot."""
+    """A message in a mailbox with its causal id, for an ask its reply slot, and for a
+    tell from another process its ``origin`` (the peer it came from; ``""``: local)."""
 
-    __slots__ = ("causal_id", "msg", "reply")
+    __slots__ = ("causal_id", "msg", "origin", "reply")
 
-    def __init__(self, msg: Any, causal_id: str, reply: _Reply | None = None) -> None:
+    def __init__(
+        self, msg: Any, causal_id: str, reply: _Reply | None = None, origin: str = ""
+    ) -> None:
         self.msg = msg
         self.causal_id = causal_id
         self.reply = reply
+        self.origin = origin
 
 
 class _StopSignal:
@@ -422,12 +431,14 @@ class Ref(Protocol):
 class ActorRef(Generic[A]):
     """The address of a running actor: the only way to talk to it."""
 
-    __slots__ = ("_stopped", "dropped", "mailbox", "name")
+    __slots__ = ("_stopped", "dropped", "mailbox", "name", "remote_failures")
 
     def __init__(self, name: str, mailbox: Mailbox) -> None:
         self.name = name
         self.mailbox = mailbox
         self.dropped = 0
+        #: tells from other processes whose handler raised (rule 2's exception)
+        self.remote_failures = 0
         self._stopped = anyio.Event()
 
     def __repr__(self) -> str:
@@ -456,9 +467,16 @@ class ActorRef(Generic[A]):
             Envelope(msg, causal_id or _causal.get() or new_causal_id()), force=True
         )
 
-    async def tell(self, msg: Message, *, causal_id: str | None = None) -> None:
-        """Queue ``msg``, waiting for room in the mailbox (backpressure)."""
-        await self.mailbox.put(Envelope(msg, causal_id or _causal.get() or new_causal_id()))
+    async def tell(self, msg: Message, *, causal_id: str | None = None, origin: str = "") -> None:
+        """Queue ``msg``, waiting for room in the mailbox (backpressure).
+
+        ``origin`` names the other process ``msg`` came from (what a
+        :class:`runtime.remote.Peer` passes): if its handler raises, that is the
+        message's failure, logged and counted in :attr:`remote_failures`, not the
+        actor's (no restart; rule 2).
+        """
+        cid = causal_id or _causal.get() or new_causal_id()
+        await self.mailbox.put(Envelope(msg, cid, None, origin))
 
     async def ask(
         self,
@@ -551,12 +569,17 @@ async def _run_actor(
                         if is_async[name]:
                             result = await result
                         if type(result) is Later:
-                            actor.start_soon(_answer_later, actor, result, env.reply)
+                            actor.start_soon(
+                                _answer_later, actor, result, env.reply, env.origin, type(msg)
+                            )
                         elif env.reply is not None:
                             env.reply.set(result)
                     except Exception as exc:
                         if env.reply is not None:
                             env.reply.fail(exc)
+                            continue
+                        if env.origin:  # another process's bad input, not our fault
+                            _remote_failed(actor, type(msg), env.origin, exc)
                             continue
                         actor.log.error(
                             "handler failed", message=type(msg).__name__, error=repr(exc)
@@ -608,16 +631,33 @@ class Later:
         self.coro = coro
 
 
-async def _answer_later(actor: Actor, later: Later, reply: _Reply | None) -> None:
+async def _answer_later(
+    actor: Actor, later: Later, reply: _Reply | None, origin: str = "", kind: type = object
+) -> None:
     try:
         value = await later.coro
     except Exception as exc:
-        if reply is None:
+        if reply is not None:
+            reply.fail(exc)
+        elif origin:
+            _remote_failed(actor, kind, origin, exc)
+        else:
             raise  # a helper failure: rule 2 through the actor's guard
-        reply.fail(exc)
         return
     if reply is not None:
         reply.set(value)
+
+
+def _remote_failed(actor: Actor, kind: type, origin: str, exc: Exception) -> None:
+    """A tell from another process failed: the message's failure (rule 2's exception)."""
+    actor.ref.remote_failures += 1
+    actor.log.error(
+        "remote message failed",
+        message=kind.__name__,
+        origin=origin,
+        error=repr(exc),
+        failures=actor.ref.remote_failures,
+    )
 
 
 def _unhandled(actor: Actor, env: Envelope) -> None:
