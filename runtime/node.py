@@ -12,8 +12,18 @@ What lives here:
   scheduler (its messages go to the scheduler), a client or console talks to the
   manager. A worker whose connection drops gets ``reconnect_timeout`` seconds to come
   back with the same id and keep its work; after that it is lost.
+- Authorization at the door: each connection has a role (``admin``, ``read`` or
+  ``worker``, from its token and its Hello) and :data:`ALLOWED` says, as data, which
+  message types each role may send. Anything else is refused before it reaches an
+  actor: an ask gets :class:`PermissionDenied`, a tell is dropped, logged and counted,
+  and a connection that keeps at it is closed with the reason (:class:`_Door`).
+- Worker identity: only an admin-token connection may say Hello as a worker; a new
+  worker id gets a secret (:class:`Welcome`) that a worker must present to rejoin under
+  that id, so no other connection can take a worker's place.
 - Tokens: :class:`Tokens` (an admin token for workers, clients and the admin console; a
   read-only one for consoles that only look), written to a user-only file.
+
+docs/security.md describes the roles, tokens and trust for users.
 - :func:`run_manager` and :func:`run_worker`: what ``python -m runtime manager`` and
   ``python -m runtime worker`` run.
 """
@@ -22,12 +32,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hmac
 import json
 import os
 import secrets
 import signal
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
@@ -41,27 +53,46 @@ from actors.registry import FileRegistry
 from actors.scheduler import Scheduler
 from actors.scheduler_state import SchedulerConfig
 from actors.worker import Worker
-from runtime.errors import ActorStopped, CorralError
+from runtime.errors import ActorStopped, CorralError, ProtocolError
 from runtime.kernel import ActorRef, ActorSystem
 from runtime.log import get_logger
 from runtime.messages import (
+    CancelKeysRequest,
+    CancelRequest,
     ClientGone,
+    CloseStream,
+    DrainRequest,
+    GatherRequest,
     Message,
+    PolicyQuery,
+    ReadStream,
     RegisterWorker,
+    ReleaseKeysRequest,
+    ScaleRequest,
+    SetPolicyRequest,
     StatusRequest,
+    StoryQuery,
     StoryRequest,
+    SubmitGraphRequest,
+    TasksDone,
+    TasksQuery,
+    WaitForWorkersRequest,
     WorkerGone,
     WorkerInfo,
+    WorkerMemoryReport,
     message,
 )
-from runtime.remote import Peer, RemoteRef
+from runtime.remote import Peer, Refused, RemoteRef, refusal_error, refuse
 
 __all__ = [
+    "ALLOWED",
+    "HELLO_RULES",
     "ControlPlane",
     "Gateway",
     "Hello",
     "PermissionDenied",
     "Tokens",
+    "Welcome",
     "run_manager",
     "run_worker",
     "start_control_plane",
@@ -292,33 +323,142 @@ class Hello(Message):
     kind: str  #: "worker", "client" or "console"
     name: str  #: worker id (its own listen address), or a unique client name
     info: WorkerInfo | None = None
+    #: a returning worker: the secret its id was given at registration (Welcome)
+    secret: str = ""
+
+
+@message("corral.Welcome")
+class Welcome(Message):
+    """Gateway -> worker, the answer to its Hello: joined. ``secret`` is what the worker
+    must present (``Hello.secret``) to rejoin under its id."""
+
+    secret: str
+
+
+#: What the gateway tells a connection whose first frame breaks them.
+HELLO_RULES = (
+    "the first frame on a connection to a Corral manager must be a Hello: kind 'worker' "
+    "(admin token; name = the worker's id, info.worker_id the same; a returning worker "
+    "presents the secret it was given), 'client' (admin token) or 'console' (admin or "
+    "read token), with a name of 1 to 256 characters that no other connection uses"
+)
+
+#: Longest name a Hello may carry.
+MAX_NAME = 256
+
+#: Refused messages a connection may send before it is closed (the next one closes it).
+MAX_REFUSED = 10
 
 
 class PermissionDenied(CorralError):
-    def __init__(self, what: str) -> None:
+    """This connection's role may not do that (see :data:`ALLOWED`, docs/security.md)."""
+
+    def __init__(self, what: str, message: str = "") -> None:
         super().__init__(
-            f"{what} needs the admin token; this connection has the read-only one",
+            message or f"{what} needs the admin token; this connection has the read-only one",
             what=what,
         )
 
 
-#: What a read-only console may ask.
-READ_ONLY = (StatusRequest, StoryRequest)
+_READ: frozenset[type[Message]] = frozenset(
+    {StatusRequest, StoryRequest, TasksQuery, StoryQuery, PolicyQuery}
+)
+
+#: What each role may send, by exact message type; the gateway refuses anything else
+#: before it reaches an actor. ``admin``: a client or console with the admin token (to
+#: the manager); ``read``: a console with the read token (to the manager); ``worker``: a
+#: worker process (to the scheduler; and only about itself, see :func:`_about_itself`).
+ALLOWED: Mapping[str, frozenset[type[Message]]] = MappingProxyType(
+    {
+        "read": _READ,
+        "admin": _READ
+        | {
+            SubmitGraphRequest,
+            GatherRequest,
+            ReadStream,
+            CloseStream,
+            ReleaseKeysRequest,
+            CancelRequest,
+            CancelKeysRequest,
+            SetPolicyRequest,
+            ScaleRequest,
+            WaitForWorkersRequest,
+            DrainRequest,
+        },
+        "worker": frozenset({TasksDone, WorkerMemoryReport, WorkerGone}),
+    }
+)
 
 
-class _Guard:
-    """The manager as seen from a read-only connection: lookups only."""
+def _about_itself(msg: Any, worker: str) -> bool:
+    """A worker speaks for itself only: its results, its memory, its leaving."""
+    return getattr(msg, "worker_id", worker) == worker
 
-    def __init__(self, target: ActorRef[Any]) -> None:
+
+def _refusal(role: str, name: str, msg: Any) -> PermissionDenied:
+    what = type(msg).__name__
+    if role == "read":
+        return PermissionDenied(what)
+    if role == "worker":
+        if type(msg) in ALLOWED["worker"]:
+            return PermissionDenied(
+                what,
+                f"{what} about worker {getattr(msg, 'worker_id', '?')!r} refused: the "
+                f"connection of worker {name!r} speaks for that worker only",
+            )
+        allowed = ", ".join(sorted(t.__name__ for t in ALLOWED["worker"]))
+        return PermissionDenied(what, f"{what} may not be sent by a worker (it sends {allowed})")
+    return PermissionDenied(what, f"{what} is not accepted from other processes")
+
+
+class _Door:
+    """The actor a connection reaches, as its role allows: every message is checked
+    against :data:`ALLOWED` before it is handed on. A refused ask raises
+    :class:`PermissionDenied` (the asker gets it); a refused tell is dropped, logged and
+    counted; after :data:`MAX_REFUSED` refusals the next one closes the connection."""
+
+    def __init__(self, gateway: Gateway, target: ActorRef[Any], role: str, name: str) -> None:
+        self.gateway = gateway
         self.target = target
+        self.role = role
+        self.name = name
+        self.allowed = ALLOWED[role]
+        self.peer: Peer | None = None
+        self.refused = 0  #: messages refused on this connection
 
-    def _check(self, msg: Any) -> None:
-        if not isinstance(msg, READ_ONLY) and not type(msg).__name__.endswith("Query"):
-            raise PermissionDenied(type(msg).__name__)
+    def check(self, msg: Any) -> None:
+        if type(msg) in self.allowed and (self.role != "worker" or _about_itself(msg, self.name)):
+            return
+        raise _refusal(self.role, self.name, msg)
 
-    async def tell(self, msg: Any, *, causal_id: str | None = None) -> None:
-        self._check(msg)
-        await self.target.tell(msg, causal_id=causal_id)
+    async def _refused(self, msg: Any, error: PermissionDenied, asked: bool) -> None:
+        self.refused += 1
+        self.gateway.refused_messages += 1
+        _log.warning(
+            "refused a message", peer=self.name, role=self.role, message=type(msg).__name__,
+            asked=asked, refused=self.refused, reason=str(error),
+        )  # fmt: skip
+        peer = self.peer
+        if self.refused > MAX_REFUSED and peer is not None and not peer.closed:
+            _log.warning("closing a connection that keeps sending refused messages",
+                         peer=self.name, role=self.role, refused=self.refused)  # fmt: skip
+            self.gateway.closed_for_refusals += 1
+            await peer.refuse(
+                PermissionDenied(
+                    "this connection",
+                    f"closed after {self.refused} refused messages (the {self.role!r} role "
+                    f"may send: {', '.join(sorted(t.__name__ for t in self.allowed))}); "
+                    f"last: {error}",
+                )
+            )
+
+    async def tell(self, msg: Any, *, causal_id: str | None = None, origin: str = "") -> None:
+        try:
+            self.check(msg)
+        except PermissionDenied as exc:
+            await self._refused(msg, exc, asked=False)
+            return
+        await self.target.tell(msg, causal_id=causal_id, origin=origin or self.name)
 
     async def ask(
         self,
@@ -327,7 +467,11 @@ class _Guard:
         timeout: float | None = 30.0,  # noqa: ASYNC109 - ActorRef's API
         causal_id: str | None = None,
     ) -> Any:
-        self._check(msg)
+        try:
+            self.check(msg)
+        except PermissionDenied as exc:
+            await self._refused(msg, exc, asked=True)
+            raise
         return await self.target.ask(msg, timeout=timeout, causal_id=causal_id)
 
 
@@ -350,14 +494,62 @@ class Gateway:
         self._generation: dict[str, int] = {}  #: connections seen per name
         self._returned: dict[str, anyio.Event] = {}  #: set when a dropped worker is back
         self.links: dict[str, Link] = {}  #: the scheduler's reference to each worker
+        self._secrets: dict[str, str] = {}  #: worker id -> the secret it rejoins with
+        self.refused_hellos = 0  #: connections refused at their Hello
+        self.refused_messages = 0  #: messages refused at the door (all connections)
+        self.closed_for_refusals = 0  #: connections closed for sending refused messages
         plane.resolvers.append(self.resolve)
 
     def resolve(self, name: str) -> RemoteRef | None:
         peer = self.peers.get(name)
         return peer.ref if peer is not None and not peer.closed else None
 
+    def _hello_refusal(self, hello: Any, role: str) -> CorralError | None:
+        """Why this first frame may not join (None: it may). Changes nothing."""
+        if (
+            not isinstance(hello, Hello)
+            or hello.kind not in ("worker", "client", "console")
+            or not 0 < len(hello.name) <= MAX_NAME
+        ):
+            got = type(hello).__name__
+            if isinstance(hello, Hello):
+                got = f"Hello(kind={hello.kind[:40]!r}, name of {len(hello.name)} characters)"
+            return ProtocolError(f"{HELLO_RULES}; got {got}")
+        name = hello.name
+        live = self.peers.get(name)
+        if hello.kind == "worker":
+            if role != "admin":
+                return PermissionDenied(
+                    "Hello as a worker", "this token is read-only; workers need the admin token"
+                )
+            if hello.info is None or hello.info.worker_id != name:
+                return ProtocolError(f"{HELLO_RULES}; got a worker Hello whose info does not match")
+            if live is not None and not live.closed and name not in self.links:
+                return PermissionDenied("worker id", f"the name {name!r} is in use")
+            secret = self._secrets.get(name)
+            if secret is not None and not hmac.compare_digest(
+                hello.secret.encode(), secret.encode()
+            ):
+                return PermissionDenied(
+                    "worker id",
+                    f"worker id {name!r} belongs to a registered worker; rejoining under it "
+                    "needs the secret that worker was given when it registered",
+                )
+            return None
+        if role != "admin" and hello.kind == "client":
+            return PermissionDenied(
+                "Hello as a client",
+                "this token is read-only; clients (Cluster, runtime.get) need the admin token",
+            )
+        if (live is not None and not live.closed) or name in self._secrets:
+            return PermissionDenied(
+                "name", f"the name {name!r} is in use by another connection; pick a unique one"
+            )
+        return None
+
     async def handle(self, conn: Any) -> None:
         """Serve one connection (a listener's ``serve`` handler)."""
+        from runtime.codec import Frame
         from transport import ConnectionClosed
 
         try:
@@ -367,32 +559,38 @@ class Gateway:
             await conn.aclose()
             return
         hello = first.msg
-        if not isinstance(hello, Hello) or hello.kind not in ("worker", "client", "console"):
-            _log.warning("connection without a Hello; closing", peer=conn.peer_address)
-            await conn.aclose()
-            return
         role = getattr(conn, "role", None) or "admin"  # no authentication configured
-        admin = role == "admin"
-        if hello.kind in ("worker", "client") and not admin:
-            _log.warning("refused a read-only connection", kind=hello.kind, peer=conn.peer_address)
-            await conn.aclose()
+        refusal = self._hello_refusal(hello, role)
+        if refusal is not None:
+            self.refused_hellos += 1
+            _log.warning(
+                "refused a connection", peer=conn.peer_address, role=role,
+                kind=getattr(hello, "kind", type(hello).__name__),
+                name=str(getattr(hello, "name", ""))[:MAX_NAME], reason=str(refusal),
+            )  # fmt: skip
+            await refuse(conn, refusal)
             return
-        target: Any
+        assert isinstance(hello, Hello)
         if hello.kind == "worker":
-            target = self.plane.refs["scheduler"]
-        elif admin:
-            target = self.plane.manager
+            door = _Door(self, self.plane.refs["scheduler"], "worker", hello.name)
+            secret = self._secrets.setdefault(hello.name, secrets.token_hex(16))
+            try:
+                await conn.send(Frame(Welcome(secret)))
+            except CorralError:
+                await conn.aclose()
+                return
         else:
-            target = _Guard(self.plane.manager)
+            door = _Door(self, self.plane.manager, role, hello.name)
         generation = self._generation.get(hello.name, 0) + 1
         self._generation[hello.name] = generation
         back = self._returned.pop(hello.name, None)
         if back is not None:
             back.set()
         peer = Peer(
-            conn, target, name=hello.name, allow_pickle=admin,
+            conn, door, name=hello.name, allow_pickle=role == "admin",
             heartbeat=self.heartbeat, timeout=self.dead_after,
         )  # fmt: skip
+        door.peer = peer
         old = self.peers.get(hello.name)
         self.peers[hello.name] = peer
         if old is not None and not old.closed:
@@ -430,6 +628,7 @@ class Gateway:
         if self._generation.get(name) == generation:
             self._returned.pop(name, None)
             self.peers.pop(name, None)
+            self._secrets.pop(name, None)  # the id is free again
             link = self.links.pop(name, None)
             if link is not None:
                 link.close()
@@ -606,16 +805,23 @@ async def run_worker(
     until the manager stays unreachable for ``reconnect`` seconds.
 
     The worker listens on ``host`` (a free port) for its peers, and that address is its
-    id; it connects to the manager at ``address`` and says ``Hello``. If the connection
-    drops it rejoins under the same id; what it sends meanwhile waits (see
-    :class:`Link`).
+    id; it connects to the manager at ``address``, says ``Hello`` and waits for the
+    ``Welcome`` that carries its secret. If the connection drops it rejoins under the
+    same id with that secret; what it sends meanwhile waits (see :class:`Link`).
+
+    Raises the manager's refusal (e.g. :class:`PermissionDenied` for the read-only
+    token): a worker the manager will not take stops instead of retrying. A token the
+    manager no longer knows (HTTP 403: it restarted with new tokens) is retried with
+    backoff for ``reconnect`` seconds, then raised.
     """
     from runtime.codec import Frame
-    from transport import connect, listen
+    from transport import ConnectionClosed, connect, listen
+    from transport.ws import AuthenticationFailed
 
     token = find_token(address, token)
     scheme = urlsplit(address).scheme
     stop = anyio.Event()
+    fatal: list[BaseException] = []  #: why the worker had to stop, raised at the end
     async with ActorSystem() as system:
         peers: dict[str, Peer] = {}
         worker_ref: dict[str, ActorRef[Any]] = {}
@@ -652,16 +858,32 @@ async def run_worker(
             )  # fmt: skip
             worker_ref["worker"] = await system.spawn(worker, "worker")
 
+            secret = [""]  #: given by the manager at the first Welcome
+
             async def join() -> Peer:
                 conn = await connect(address, **connect_options)
-                peer = Peer(
+                try:
+                    await conn.send(Frame(Hello("worker", worker_id, worker.info, secret[0])))
+                    with anyio.fail_after(DEAD_AFTER):
+                        answer = (await conn.receive()).msg
+                except (TimeoutError, ConnectionClosed) as exc:
+                    await conn.aclose()
+                    raise CorralError(f"the manager at {address} did not answer: {exc}") from None
+                if not isinstance(answer, Welcome):
+                    await conn.aclose()
+                    if isinstance(answer, Refused):
+                        raise _WorkerRefused(refusal_error(answer, allow_pickle=True))
+                    raise ProtocolError(f"expected a Welcome, got {type(answer).__name__}")
+                secret[0] = answer.secret
+                return Peer(
                     conn, worker_ref["worker"], name="manager", allow_pickle=True,
                     heartbeat=HEARTBEAT, timeout=DEAD_AFTER,
                 )  # fmt: skip
-                await conn.send(Frame(Hello("worker", worker_id, worker.info)))
-                return peer
 
-            first = await join()
+            try:
+                first = await join()
+            except _WorkerRefused as exc:
+                raise exc.error from None
 
             async def stay_joined(
                 *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
@@ -669,26 +891,66 @@ async def run_worker(
                 """Serve the manager connection; when it drops, rejoin with the same id
                 within ``reconnect`` seconds (the manager keeps our work meanwhile), else stop.
                 """
-                peer = first
+                peer: Peer | None = first
                 task_status.started()
+                short = 0  # connections in a row that ended within a second
                 while True:
+                    assert peer is not None
                     link.attach(peer)
+                    began = anyio.current_time()
                     await peer.run()
                     link.detach()
                     if stop.is_set():
                         return
+                    if peer.refusal is not None:  # the manager closed on us, saying why
+                        _log.error("refused by the manager; stopping", worker=worker_id,
+                                   reason=str(peer.refusal))  # fmt: skip
+                        fatal.append(peer.refusal)
+                        stop.set()
+                        return
+                    short = short + 1 if anyio.current_time() - began < 1.0 else 0
                     _log.warning("lost the manager; reconnecting", worker=worker_id)
-                    peer = None  # type: ignore[assignment]
+                    if short > 1:  # never a tight loop, whatever the manager does
+                        await anyio.sleep(min(0.05 * 2**short, 2.0))
+                    peer = None
+                    refused: BaseException | None = None
                     with anyio.move_on_after(reconnect):
                         delay = 0.05
                         while peer is None:
                             try:
                                 peer = await join()
+                            except _WorkerRefused as exc:
+                                refused = exc.error
+                                break
+                            except AuthenticationFailed as exc:
+                                # Not "unreachable": it answers, but no longer knows our
+                                # token (restarted with new tokens?). Slower retries.
+                                refused = AuthenticationFailed(
+                                    address,
+                                    f"the manager refused this worker's token (HTTP "
+                                    f"{exc.status}); was it restarted with new tokens? Start "
+                                    "the worker again with its current admin token",
+                                    exc.status,
+                                )
+                                delay = max(delay, 0.5)
+                                _log.error(
+                                    "the manager refused our token; retrying",
+                                    worker=worker_id, status=exc.status, retry_in=delay,
+                                    reason=exc.reason,
+                                )  # fmt: skip
+                                await anyio.sleep(delay)
+                                delay = min(delay * 2, 5.0)
                             except CorralError:
+                                refused = None
                                 await anyio.sleep(delay)
                                 delay = min(delay * 2, 1.0)
                     if peer is None:
-                        _log.error("manager unreachable; stopping", worker=worker_id)
+                        if refused is not None:
+                            _log.error("refused by the manager; stopping", worker=worker_id,
+                                       reason=str(refused))  # fmt: skip
+                            fatal.append(refused)
+                        else:
+                            _log.error("manager unreachable; stopping", worker=worker_id)
                         stop.set()
                         return
 
@@ -712,3 +974,13 @@ async def run_worker(
         finally:
             with anyio.CancelScope(shield=True):  # never leave the socket open
                 await own.aclose()
+    if fatal:
+        raise fatal[0]
+
+
+class _WorkerRefused(Exception):
+    """Internal: the manager answered a worker's Hello with a refusal (``error``)."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error

@@ -28,11 +28,22 @@ Rules:
    a ``Ping``; a side that has received nothing for ``timeout`` seconds (default 3 T)
    closes the connection as dead (``closed_reason`` says so), which rule 4 turns into
    failures on both sides.
+6. Refusal: a side that will not serve the other (a gateway refusing a ``Hello``, a
+   token or a connection that keeps sending refused messages) says why with a
+   :class:`Refused` frame and closes (:meth:`Peer.refuse`). The other side keeps that
+   error (``refusal``, and ``closed_reason`` says it) and raises it, instead of
+   ``ActorStopped``, from pending and later asks and tells.
+7. Remote input is the message's problem, not the actor's: tells are delivered with
+   ``tell(msg, origin=<peer name>)``, so a handler that raises on one is logged and
+   counted by the kernel, and never restarts or crashes the actor (kernel rule 2). An
+   ``ErrorReply`` that answers nothing (the transport reporting bad input we sent) is
+   logged, not delivered.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import itertools
 import pickle
 from collections import deque
@@ -49,7 +60,17 @@ from runtime.kernel import ActorRef, current_causal_id, new_causal_id
 from runtime.log import get_logger
 from runtime.messages import ErrorReply, Message, Ping, message
 
-__all__ = ["Peer", "PickledMsg", "RemoteError", "RemoteRef", "from_wire", "to_wire"]
+__all__ = [
+    "Peer",
+    "PickledMsg",
+    "Refused",
+    "RemoteError",
+    "RemoteRef",
+    "from_wire",
+    "refusal_error",
+    "refuse",
+    "to_wire",
+]
 
 _log = get_logger("corral.remote")
 
@@ -60,6 +81,18 @@ class PickledMsg(Message):
 
     type_name: str
     payload: bytes
+
+
+@message("corral.Refused")
+class Refused(Message):
+    """The last frame before a side closes a connection it refuses to serve: why.
+
+    ``kind`` and ``text`` are the error's type name and message; ``pickled`` the error
+    itself (cloudpickle), opened only by a side that accepts pickles from this one."""
+
+    kind: str
+    text: str
+    pickled: bytes | None = None
 
 
 class RemoteError(CorralError):
@@ -116,7 +149,7 @@ def _error_reply(exc: BaseException, allow_pickle: bool) -> ErrorReply:
     return ErrorReply(type(exc).__name__, str(exc), pickled)
 
 
-def _error_from(reply: ErrorReply, allow_pickle: bool) -> BaseException:
+def _error_from(reply: ErrorReply | Refused, allow_pickle: bool) -> BaseException:
     if reply.pickled is not None and allow_pickle:
         try:
             err = pickle.loads(reply.pickled)
@@ -125,6 +158,24 @@ def _error_from(reply: ErrorReply, allow_pickle: bool) -> BaseException:
         except Exception:
             pass
     return RemoteError(reply.kind, reply.text)
+
+
+async def refuse(conn: Any, error: BaseException) -> None:
+    """Send ``error`` as a :class:`Refused` frame (pickled too, for a side that opens
+    pickles from us) and close ``conn``: the other side learns why, not just that."""
+    try:
+        pickled = cloudpickle.dumps(error, protocol=5)
+    except Exception:
+        pickled = None
+    with contextlib.suppress(CorralError):  # closed meanwhile: nobody to tell
+        await conn.send(Frame(Refused(type(error).__name__, str(error), pickled)))
+    await conn.aclose()
+
+
+def refusal_error(refused: Refused, *, allow_pickle: bool) -> BaseException:
+    """The error a :class:`Refused` frame carries: itself when pickled and
+    ``allow_pickle`` (the other side is trusted), else :class:`RemoteError`."""
+    return _error_from(refused, allow_pickle)
 
 
 class _Pending:
@@ -147,7 +198,7 @@ class Peer:
     def __init__(
         self,
         conn: Any,
-        target: ActorRef[Any] | None,
+        target: ActorRef[Any] | Any | None,
         *,
         name: str,
         allow_pickle: bool,
@@ -167,6 +218,8 @@ class Peer:
         self.ref = RemoteRef(self)
         self.closed = False
         self.bad_frames = 0
+        #: why the other side refused us (its Refused frame), raised instead of ActorStopped
+        self.refusal: BaseException | None = None
         self._ids = itertools.count(1)
         self._pending: dict[int, _Pending] = {}
         self._out: deque[Frame] = deque()
@@ -194,24 +247,35 @@ class Peer:
     async def aclose(self) -> None:
         await self.conn.aclose()
 
+    async def refuse(self, error: BaseException) -> None:
+        """Tell the other side why we will not serve it, then close (:func:`refuse`)."""
+        self.closed_reason = f"refused: {error}"
+        await refuse(self.conn, error)
+
+    def _gone(self, what: str) -> BaseException:
+        """The error for using a closed connection: the refusal, if we were refused."""
+        if self.refusal is not None:
+            return copy.copy(self.refusal)  # one instance per raise: tracebacks stay apart
+        return ActorStopped(self.name, what)
+
     # -- outgoing ------------------------------------------------------------------------
 
     def post(self, msg: Any, causal_id: str) -> None:
         """Queue a tell without waiting (bounded by design on the caller's side)."""
         if self.closed:
-            raise ActorStopped(self.name, type(msg).__name__)
+            raise self._gone(type(msg).__name__)
         self._out.append(Frame(to_wire(msg), causal_id))
         self._wake.set()
 
     async def tell(self, msg: Any, causal_id: str) -> None:
         if self.closed:
-            raise ActorStopped(self.name, type(msg).__name__)
+            raise self._gone(type(msg).__name__)
         await self._flush()
         await self._send(Frame(to_wire(msg), causal_id))
 
     async def ask(self, msg: Any, causal_id: str, timeout: float | None) -> Any:  # noqa: ASYNC109
         if self.closed:
-            raise ActorStopped(self.name, type(msg).__name__)
+            raise self._gone(type(msg).__name__)
         rid = next(self._ids)
         pending = self._pending[rid] = _Pending()
         try:
@@ -286,6 +350,15 @@ class Peer:
             if frame.reply_to:
                 self._resolve(frame)
                 continue
+            if type(frame.msg) is Refused:  # the other side closes on us, and says why
+                self.refusal = refusal_error(frame.msg, allow_pickle=self.allow_pickle)
+                self.closed_reason = f"refused: {frame.msg.text}"
+                _log.warning("refused by the peer", peer=self.name, reason=frame.msg.text)
+                continue
+            if type(frame.msg) is ErrorReply and not frame.request_id:
+                # Answers nothing: the other side's transport reporting bad input we sent.
+                _log.warning("the peer reports an error", peer=self.name, error=frame.msg.text)
+                continue
             try:
                 msg = from_wire(frame.msg, allow_pickle=self.allow_pickle)
             except ProtocolError as exc:
@@ -304,9 +377,15 @@ class Peer:
                 self._tg.start_soon(self._serve_ask, msg, frame.request_id, frame.causal_id)
             else:
                 try:
-                    await self.target.tell(msg, causal_id=frame.causal_id or None)
+                    # origin: a handler failure is this message's, not the actor's.
+                    await self.target.tell(msg, causal_id=frame.causal_id or None, origin=self.name)
                 except ActorStopped:
                     _log.warning("dropped a message for a stopped actor", peer=self.name)
+                except CorralError as exc:  # refused on the way in, say: the message's fault
+                    _log.warning(
+                        "dropped a message", peer=self.name, message=type(msg).__name__,
+                        error=str(exc),
+                    )  # fmt: skip
 
     async def _serve_ask(self, msg: Any, rid: int, causal_id: str) -> None:
         assert self.target is not None
@@ -352,7 +431,7 @@ class Peer:
             return
         self.closed = True
         for pending in self._pending.values():
-            pending.error = ActorStopped(self.name, "reply")
+            pending.error = self._gone("reply")
             pending.done.set()
         if self.on_close is not None:
             self.on_close(self)

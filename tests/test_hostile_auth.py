@@ -1,0 +1,506 @@
+"""Hostile and mistaken connections against authorization at the door (issue 9).
+
+Real manager and worker processes over websockets on 127.0.0.1 where the problems were
+found with processes (tells that crashed the manager, worker ids taken over, a worker
+with the read token reconnecting for ever, a 403 logged as "unreachable", a first frame
+that is not a Hello); in-process tests for the kernel rule and the table.
+
+Process output goes to files: the manager logs every refusal, and a pipe nobody reads
+would fill and stall it. Where a test must see a line another process logged, it polls
+that file within a bound: no event crosses the process boundary.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from anyio.lowlevel import checkpoint
+
+from runtime import Cluster
+from runtime.codec import Frame
+from runtime.errors import ActorCrashed
+from runtime.kernel import Actor, ActorSystem, Later, handles
+from runtime.messages import (
+    ClientGone,
+    DrainRequest,
+    Message,
+    Ping,
+    ScaleRequest,
+    StatusRequest,
+    TasksDone,
+    WorkerGone,
+    WorkerInfo,
+    message,
+)
+from runtime.node import ALLOWED, MAX_REFUSED, Hello, PermissionDenied, Welcome, _Door
+from runtime.remote import Refused, to_wire
+
+LIMIT = 60
+PY = sys.executable
+
+
+# ----------------------------------------------------------------------------- processes
+
+
+@dataclass
+class Proc:
+    popen: subprocess.Popen[bytes]
+    log: Path
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def count(self, needle: str) -> int:
+        return self.text().count(needle)
+
+
+def _env(home: Path) -> dict[str, str]:
+    e = dict(os.environ)
+    e["CORRAL_HOME"] = str(home)  # token files of these tests only
+    e.pop("CORRAL_TOKEN", None)
+    e["PYTHONUNBUFFERED"] = "1"
+    e["PYTHONPATH"] = os.pathsep.join(
+        [str(Path(__file__).resolve().parents[1]), e.get("PYTHONPATH", "")]
+    )
+    return e
+
+
+def _start(args: list[str], env: dict[str, str], log: Path) -> Proc:
+    with log.open("wb") as out:
+        popen = subprocess.Popen(
+            [PY, "-m", "runtime", *args], env=env, stdout=out, stderr=subprocess.STDOUT
+        )
+    return Proc(popen, log)
+
+
+def _line_with(proc: Proc, needle: str, limit: float = 30) -> str:
+    """The first line of the process's output that contains ``needle`` (bounded poll)."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        for line in proc.text().splitlines():
+            if needle in line:
+                return line
+        if proc.popen.poll() is not None:
+            raise AssertionError(f"process ended before printing {needle!r}: {proc.text()}")
+        time.sleep(0.02)
+    raise AssertionError(f"no {needle!r} within {limit} s: {proc.text()}")
+
+
+async def _until_logged(proc: Proc, needle: str, n: int) -> None:
+    """Wait (bounded by the caller's fail_after) until ``needle`` is in the log n times."""
+    while proc.count(needle) < n:
+        assert proc.popen.poll() is None, proc.text()
+        await anyio.sleep(0.02)
+
+
+def _stop(procs: list[Proc]) -> None:
+    for p in procs:
+        if p.popen.poll() is None:
+            p.popen.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.popen.wait(10)
+        except subprocess.TimeoutExpired:
+            p.popen.kill()
+            p.popen.wait(5)
+
+
+def _tokens(home: Path, address: str) -> dict[str, str]:
+    import json
+
+    from runtime.node import token_path
+
+    old = os.environ.get("CORRAL_HOME")
+    os.environ["CORRAL_HOME"] = str(home)
+    try:
+        return dict(json.loads(token_path(address).read_text()))
+    finally:
+        if old is None:
+            del os.environ["CORRAL_HOME"]
+        else:
+            os.environ["CORRAL_HOME"] = old
+
+
+@dataclass
+class Site:
+    address: str
+    tokens: dict[str, str]
+    env: dict[str, str]
+    manager: Proc
+    worker: Proc
+    worker_id: str
+    tmp: Path
+
+
+def _manager(tmp: Path, env: dict[str, str], listen: str = "127.0.0.1:0") -> tuple[Proc, str]:
+    manager = _start(["manager", "--listen", listen], env, tmp / f"manager-{time.time_ns()}.log")
+    line = _line_with(manager, "manager listening on")
+    return manager, line.split("manager listening on", 1)[1].strip()
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: Any) -> Iterator[Site]:
+    """A manager process and one worker process, shared by the tests that leave both
+    running (each checks that they still do)."""
+    tmp = tmp_path_factory.mktemp("hostile")
+    env = _env(tmp / "home")
+    manager, address = _manager(tmp, env)
+    procs = [manager]
+    try:
+        worker = _start(["worker", address, "--cores", "2"], env, tmp / "worker.log")
+        procs.append(worker)
+        worker_id = _line_with(worker, "joined").split()[1]
+        yield Site(address, _tokens(tmp / "home", address), env, manager, worker, worker_id, tmp)
+    finally:
+        _stop(procs)
+
+
+# ----------------------------------------------------------------------------- raw peers
+
+
+@asynccontextmanager
+async def raw(address: str, token: str, first: Message) -> AsyncIterator[Any]:
+    """A bare connection that sends ``first`` (a Hello, or not) and nothing else."""
+    from transport import connect
+
+    conn = await connect(address, token=token)
+    try:
+        await conn.send(Frame(first))
+        yield conn
+    finally:
+        await conn.aclose()
+
+
+async def _next(conn: Any) -> Any:
+    """The next message the manager sends, heartbeats skipped."""
+    while True:
+        frame = await conn.receive()
+        if type(frame.msg) is not Ping:
+            return frame.msg
+
+
+async def _refused(conn: Any) -> Refused:
+    """The manager's Refused frame; the connection must close right after it."""
+    from transport import ConnectionClosed
+
+    msg = await _next(conn)
+    assert isinstance(msg, Refused), msg
+    with pytest.raises(ConnectionClosed):
+        await _next(conn)
+    return msg
+
+
+async def _run_is_correct(site: Site) -> dict[str, Any]:
+    """A small graph runs right through the manager; returns its status afterwards."""
+    async with Cluster(site.address, token=site.tokens["admin"]) as cluster:
+        await cluster.wait_for_workers(1)
+        futures = [cluster.submit(square, i) for i in range(8)]
+        total = cluster.submit(sum, futures)
+        assert await total == sum(i * i for i in range(8))
+        status = await cluster.status()
+    assert site.manager.popen.poll() is None, site.manager.text()
+    assert site.worker.popen.poll() is None, site.worker.text()
+    return status
+
+
+def square(x: int) -> int:
+    return x * x
+
+
+def slow_square(x: int) -> int:
+    time.sleep(0.05)
+    return x * x
+
+
+# ----------------------------------------------------------------------------- the kernel
+
+
+@message("test.Boom")
+class Boom(Message):
+    later: bool = False
+
+
+class Fragile(Actor):
+    def __init__(self) -> None:
+        self.restarts = 0
+
+    async def on_restart(self) -> None:
+        self.restarts += 1
+
+    @handles(Boom)
+    def boom(self, msg: Boom) -> Any:
+        if msg.later:
+            return Later(self._fail())
+        raise ValueError("bad input")
+
+    async def _fail(self) -> None:
+        raise ValueError("bad input, later")
+
+    @handles(StatusRequest)
+    def status(self, msg: StatusRequest) -> int:
+        return self.restarts
+
+
+@pytest.mark.anyio
+async def test_a_failing_remote_tell_is_the_message_s_failure_not_the_actor_s() -> None:
+    """Kernel rule 2's exception: tells from another process (``origin``) that raise are
+    logged and counted, with no restart, even past a budget of 0; a local one still
+    crashes the actor."""
+    with anyio.fail_after(LIMIT):
+        with pytest.raises(ActorCrashed, match="fragile"):
+            async with ActorSystem() as system:
+                actor = Fragile()
+                ref = await system.spawn(actor, "fragile", max_restarts=0)
+                for i in range(20):
+                    await ref.tell(Boom(later=i % 2 == 1), origin="ws://elsewhere")
+                assert await ref.ask(StatusRequest()) == 0  # alive, never restarted
+                # The deferred (Later) failures land after the handler returned.
+                await anyio.wait_all_tasks_blocked()
+                assert ref.remote_failures == 20 and not ref.stopped
+                await ref.tell(Boom())  # the actor's own message: rule 2 as before
+                await ref.wait_stopped()
+
+
+# ----------------------------------------------------------------------------- the table
+
+
+def test_the_door_lets_through_exactly_what_the_table_allows() -> None:
+    """Every role: the allowed types pass, every other wire or local message type is
+    refused with PermissionDenied; a worker speaks for itself only."""
+    from runtime.messages import MESSAGE_TYPES
+
+    class _Gateway:
+        refused_messages = 0
+
+    def sample(kind: type[Message]) -> Message:
+        import dataclasses
+
+        values = {"str": "w", "int": 1, "bool": False, "float": 0.0, "bytes": b""}
+        args = {}
+        for f in dataclasses.fields(kind):  # type: ignore[arg-type]
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                args[f.name] = values.get(str(f.type), ())
+        return kind(**args)
+
+    for role, allowed in ALLOWED.items():
+        door = _Door(_Gateway(), None, role, "w")  # type: ignore[arg-type]
+        for kind in set(MESSAGE_TYPES.values()):
+            try:
+                msg = sample(kind)
+            except TypeError:
+                continue  # needs a nested message: not constructible blind, skip
+            if kind in allowed:
+                door.check(msg)
+            else:
+                with pytest.raises(PermissionDenied):
+                    door.check(msg)
+    assert ScaleRequest not in ALLOWED["read"] and ClientGone not in ALLOWED["admin"]
+    assert DrainRequest not in ALLOWED["worker"]
+    door = _Door(_Gateway(), None, "worker", "ws://me:1")  # type: ignore[arg-type]
+    door.check(WorkerGone("ws://me:1", "drained"))
+    with pytest.raises(PermissionDenied, match="speaks for that worker only"):
+        door.check(WorkerGone("ws://someone-else:1", "crash"))
+
+
+# ----------------------------------------------------------------------------- processes
+
+
+@pytest.mark.anyio
+async def test_refused_and_failing_tells_from_every_role_leave_the_manager_serving(
+    site: Site,
+) -> None:
+    from transport import connect
+
+    with anyio.fail_after(LIMIT):
+        failed_before = site.manager.count("remote message failed")
+        # Read-only console: the tells that used to take the manager down (ScaleRequest,
+        # ClientGone) are refused at the door; the one past MAX_REFUSED closes the
+        # connection, saying why.
+        async with raw(site.address, site.tokens["read"], Hello("console", "c-read")) as conn:
+            for i in range(MAX_REFUSED + 1):
+                await conn.send(Frame(ScaleRequest(50) if i % 2 else ClientGone("c-other")))
+            refused = await _refused(conn)
+        assert refused.kind == "PermissionDenied"
+        assert f"closed after {MAX_REFUSED + 1} refused messages" in refused.text
+        # Admin client: tells whose handler fails (drain an unknown worker), twice the
+        # manager's restart budget of 3.
+        async with raw(site.address, site.tokens["admin"], Hello("client", "c-admin")) as conn:
+            for _ in range(6):
+                await conn.send(Frame(DrainRequest("ws://127.0.0.1:1")))
+        # A worker connection: an allowed tell whose handler fails (results that are not
+        # results) and two refused ones (a drain; the real worker's departure).
+        info = WorkerInfo("ws://127.0.0.1:2", 1, 0, pool="hostile-nowhere")
+        conn = await connect(site.address, token=site.tokens["admin"])
+        try:
+            await conn.send(Frame(Hello("worker", info.worker_id, info)))
+            assert isinstance(await _next(conn), Welcome)
+            await conn.send(Frame(to_wire(TasksDone(info.worker_id, ("not a result",)))))
+            await conn.send(Frame(DrainRequest(site.worker_id)))
+            await conn.send(Frame(WorkerGone(site.worker_id, "crash")))
+            await _until_logged(site.manager, "remote message failed", failed_before + 7)
+        finally:
+            await conn.aclose()
+        await _until_logged(site.manager, "speaks for that worker only", 1)
+        text = site.manager.text()
+        assert "actor='scheduler'" in text and "actor='manager'" in text
+        assert "restarting actor" not in text and "ActorCrashed" not in text
+        status = await _run_is_correct(site)
+        assert site.worker_id in [w.worker_id for w in status["workers"]]
+
+
+@pytest.mark.anyio
+async def test_no_other_connection_can_claim_a_worker_id(site: Site) -> None:
+    """The worker's id is in status; a read console, an admin connection without the
+    worker's secret or with a wrong one, and a client under that name are all refused
+    with a clear reason. 300 rapid attempts during a run leave the worker connected and
+    no task stuck "processing"."""
+    admin, read = site.tokens["admin"], site.tokens["read"]
+    wid = site.worker_id
+    info = WorkerInfo(wid, 2, 0)
+    attempts = [
+        (read, Hello("worker", wid, info), "this token is read-only; workers need the admin"),
+        (admin, Hello("worker", wid, info), "needs the secret that worker was given"),
+        (admin, Hello("worker", wid, info, "0" * 32), "needs the secret that worker was given"),
+        (admin, Hello("console", wid), "is in use"),
+        (admin, Hello("client", wid), "is in use"),
+        (read, Hello("console", wid), "is in use"),
+        (admin, Hello("worker", "ws://127.0.0.1:3", info), "info does not match"),
+    ]
+    with anyio.fail_after(LIMIT):
+        for token, hello, reason in attempts:
+            async with raw(site.address, token, hello) as conn:
+                refused = await _refused(conn)
+            assert reason in refused.text, (hello, refused)
+
+        refusals = site.manager.count("refused a connection")
+        async with Cluster(site.address, token=admin) as cluster:
+            await cluster.wait_for_workers(1)
+            futures = [cluster.submit(slow_square, i) for i in range(40)]
+
+            async def kick(i: int) -> None:
+                token, hello, reason = attempts[i % 3]
+                async with raw(site.address, token, hello) as conn:
+                    assert reason in (await _refused(conn)).text
+
+            async with anyio.create_task_group() as tg:
+                for i in range(300):
+                    tg.start_soon(kick, i)
+                    if i % 20 == 19:
+                        await checkpoint()
+            results = [await f for f in futures]
+            assert results == [i * i for i in range(40)]
+            status = await cluster.status()
+        assert status["processing"].get(wid) == 0, status["processing"]
+        assert "processing" not in status["tasks_by_state"], status["tasks_by_state"]
+        assert site.manager.count("refused a connection") >= refusals + 300
+        assert "lost the manager" not in site.worker.text()
+        assert site.worker.popen.poll() is None and site.manager.popen.poll() is None
+
+
+@pytest.mark.anyio
+async def test_a_first_frame_that_is_not_a_hello_is_closed_with_the_hello_rules(
+    site: Site,
+) -> None:
+    with anyio.fail_after(LIMIT):
+        for first in (Ping(1), StatusRequest(), Hello("root", "x"), Hello("client", "n" * 300)):
+            async with raw(site.address, site.tokens["admin"], first) as conn:
+                refused = await _refused(conn)
+            assert refused.kind == "ProtocolError"
+            assert "must be a Hello" in refused.text and "'console'" in refused.text
+        await _run_is_correct(site)
+
+
+def _wall(t0: float) -> float:
+    return round(time.monotonic() - t0, 2)
+
+
+@pytest.mark.anyio
+async def test_a_worker_with_the_read_token_exits_1_at_once_saying_why(site: Site) -> None:
+    with anyio.fail_after(LIMIT):
+        t0 = time.monotonic()
+        worker = _start(
+            ["worker", site.address, "--token", site.tokens["read"]],
+            site.env,
+            site.tmp / "read-worker.log",
+        )
+        await anyio.to_thread.run_sync(worker.popen.wait, LIMIT)
+        took = _wall(t0)
+        out = worker.text()
+        assert worker.popen.returncode == 1, out
+        assert "this token is read-only; workers need the admin token" in out, out
+        assert len(out.splitlines()) <= 3, out  # said once, no reconnect loop
+        assert took < 15, took
+        print(f"read-token worker exited 1 after {took} s (process start included)")
+
+
+@pytest.mark.anyio
+async def test_a_client_with_the_read_token_gets_permission_denied(site: Site) -> None:
+    import dask
+
+    import runtime
+
+    read = site.tokens["read"]
+    with anyio.fail_after(LIMIT):
+        async with Cluster(site.address, token=read) as cluster:
+            with pytest.raises(PermissionDenied, match="read-only; clients"):
+                await cluster.submit(square, 3)
+
+        def compute() -> Any:
+            x = dask.delayed(square)(4)
+            return dask.compute(x, scheduler=runtime.get, address=site.address, token=read)
+
+        with pytest.raises(PermissionDenied, match="this token is read-only"):
+            await anyio.to_thread.run_sync(compute)
+        await _run_is_correct(site)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.anyio
+async def test_a_worker_refused_with_403_says_so_backs_off_and_exits_1(tmp_path: Path) -> None:
+    """The manager restarts on the same port with new tokens: the worker's token is now
+    unknown (HTTP 403). It logs that (not "unreachable"), retries with backoff within
+    its reconnect window (10 s), then exits 1 with the reason."""
+    env = _env(tmp_path / "home")
+    port = _free_port()
+    first, address = _manager(tmp_path, env, f"127.0.0.1:{port}")
+    procs = [first]
+    try:
+        worker = _start(["worker", address, "--cores", "1"], env, tmp_path / "w.log")
+        procs.append(worker)
+        _line_with(worker, "joined")
+        with anyio.fail_after(LIMIT):
+            first.popen.send_signal(signal.SIGTERM)
+            assert await anyio.to_thread.run_sync(first.popen.wait, 20) == 0
+            second, again = _manager(tmp_path, env, f"127.0.0.1:{port}")  # new tokens
+            procs.append(second)
+            assert again == address
+            t0 = time.monotonic()
+            await anyio.to_thread.run_sync(worker.popen.wait, LIMIT)
+            out = worker.text()
+            assert worker.popen.returncode == 1, out
+            refused = out.count("the manager refused our token")
+            assert 1 <= refused <= 8, out  # backoff: a handful of tries, not hundreds
+            assert "status=403" in out, out
+            assert "manager unreachable" not in out, out
+            assert re.search(r"error: AuthenticationFailed: .*403", out), out
+            print(f"403: {refused} logged retries; exited 1 after {_wall(t0)} s")
+    finally:
+        _stop(procs)
