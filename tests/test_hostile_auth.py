@@ -504,3 +504,15 @@ async def test_a_worker_refused_with_403_says_so_backs_off_and_exits_1(tmp_path:
             print(f"403: {refused} logged retries; exited 1 after {_wall(t0)} s")
     finally:
         _stop(procs)
+
+
+def test_docs_security_md_lists_exactly_what_the_table_allows() -> None:
+    """docs/security.md's "What each role may send" table is ALLOWED, role by role."""
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "security.md").read_text()
+    section = doc.split("## What each role may send", 1)[1].split("\n## ", 1)[0]
+    listed = {}
+    for line in section.splitlines():
+        m = re.match(r"\| `(\w+)` \| (.+) \|$", line)
+        if m:
+            listed[m.group(1)] = set(re.findall(r"`(\w+)`", m.group(2)))
+    assert listed == {role: {t.__name__ for t in kinds} for role, kinds in ALLOWED.items()}
