@@ -174,14 +174,22 @@ def encode_batch(frames: Sequence[Frame], *, max_bytes: int = MAX_FRAME_BYTES) -
 
 
 def decode_batch(
-    data: bytes | bytearray | memoryview, *, max_bytes: int = MAX_FRAME_BYTES
+    data: bytes | bytearray | memoryview,
+    *,
+    max_bytes: int = MAX_FRAME_BYTES,
+    max_frames: int | None = None,
 ) -> list[Frame]:
     """Decode the output of :func:`encode_batch` into its frames, in order.
 
     A single frame (the output of :func:`encode`) is accepted too and gives a list of
-    one. Raises only :class:`ProtocolError`, naming the faulty frame's index.
+    one. ``max_frames`` (None: no limit) bounds how many frames the data may hold: more
+    raise :class:`ProtocolError` before any frame is built (a receiver passes the
+    frames the sender may still have in flight). Raises only :class:`ProtocolError`,
+    naming the faulty frame's index.
     """
     kind, header, bufs = _open(data, max_bytes)
+    if max_frames is not None and max_frames < 1:
+        raise _too_many_frames(1, max_frames)
     if kind == KIND_FRAME:
         return [_frame_from(header, bufs, _FRAME_KEYS, "")]
     if not header.keys() <= _BATCH_KEYS:
@@ -191,9 +199,19 @@ def decode_batch(
         raise ProtocolError(
             f'batch header: "n" must be a list of frames, got {_describe(entries)}. ' + _RECV_ADVICE
         )
+    if max_frames is not None and len(entries) > max_frames:
+        raise _too_many_frames(len(entries), max_frames)
     return [
         _frame_from(e, bufs, _BATCH_FRAME_KEYS, f"batch frame {i}: ") for i, e in enumerate(entries)
     ]
+
+
+def _too_many_frames(n: int, max_frames: int) -> ProtocolError:
+    return ProtocolError(
+        f"the data holds {n} frame(s), over the limit of {max_frames} (max_frames): the "
+        "sender spent more credits than it had. " + _RECV_ADVICE,
+        field="n",
+    )
 
 
 # ------------------------------------------------------------------ frame envelope

@@ -99,7 +99,9 @@ class TransportConformance:
             accepted: list[Connection] = []
 
             async def accept() -> None:
-                accepted.append(await listener.accept())
+                server = await listener.accept()
+                server.set_limits()  # as an application does once it trusts the peer
+                accepted.append(server)
 
             async with anyio.create_task_group() as tg:
                 tg.start_soon(accept)

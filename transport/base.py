@@ -184,6 +184,14 @@ class Connection(abc.ABC):
     def closed(self) -> bool:
         """True once either side has closed (sending is over; frames may remain to read)."""
 
+    def set_limits(self, *, max_message_bytes: int | None = None) -> None:  # noqa: B027
+        """Raise what this connection accepts from its peer, once the application has
+        authorized the peer (e.g. after a valid Hello): the largest message in bytes
+        (None: the connection's own ``max_message_bytes``). A backend whose peers may
+        be strangers (``ws://``) starts connections of untrusted roles with small limits
+        until this is called; others have nothing to raise and ignore it.
+        """
+
     async def __aenter__(self) -> Self:
         return self
 

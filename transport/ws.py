@@ -42,6 +42,18 @@ writer. The application never touches the socket:
   and dropped; the connection stays open until ``max_bad_frames``, when it is closed
   with websocket code 1008 (policy violation). A message over ``max_message_bytes``
   closes it with code 1009 (message too big).
+* Credits are enforced on receive: the handshake carries each end's ``max_buffer``
+  (``Corral-Max-Buffer``), and a peer that sends more frames than it has credits for
+  is closed with code 1008. A batch larger than ``max_buffer`` is written in pieces as
+  credits come back.
+* Memory per connection is bounded by role: a connection whose token role is not in
+  ``trusted_roles`` starts *provisional*, accepting messages of at most
+  ``initial_max_message_bytes`` (a larger one waits unread) until the application calls
+  :meth:`WebSocketConnection.set_limits`; its reassembly buffers grow with what arrives
+  and its unread data is bounded in bytes. See docs/transport.md, "Memory per connection".
+* Slow HTTP clients: a connection must complete its upgrade request within
+  ``handshake_timeout``; at most ``max_handshakes`` incomplete ones are kept (the oldest
+  is closed for a new one).
 * Closing flushes what was queued, sends a close frame and waits (up to
   ``close_timeout``) for the peer's, so no frame whose ``send`` returned is lost to a
   TCP reset. The peer's reader sees the close after every frame sent before it.
@@ -65,7 +77,7 @@ import re
 import ssl
 import struct
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 import aiohttp
@@ -94,9 +106,13 @@ __all__ = [
     "DEFAULT_BATCH_WINDOW",
     "DEFAULT_CHUNK_SIZE",
     "DEFAULT_CLOSE_TIMEOUT",
+    "DEFAULT_HANDSHAKE_TIMEOUT",
     "DEFAULT_HEARTBEAT",
+    "DEFAULT_INITIAL_MAX_MESSAGE_BYTES",
     "DEFAULT_MAX_BAD_FRAMES",
+    "DEFAULT_MAX_HANDSHAKES",
     "DEFAULT_MAX_MESSAGE_BYTES",
+    "DEFAULT_TRUSTED_ROLES",
     "SUBPROTOCOL",
     "AuthenticationFailed",
     "WebSocketBackend",
@@ -120,9 +136,22 @@ DEFAULT_HEARTBEAT = 30.0
 DEFAULT_CLOSE_TIMEOUT = 5.0
 #: Connections that completed the handshake but were not accepted yet.
 DEFAULT_BACKLOG = 1024
+#: Largest data message a connection whose role is not trusted accepts until the
+#: application raises its limits with :meth:`WebSocketConnection.set_limits`.
+DEFAULT_INITIAL_MAX_MESSAGE_BYTES = 64 * 1024
+#: Roles whose connections start with the full limits (no ``set_limits`` needed).
+DEFAULT_TRUSTED_ROLES: tuple[str, ...] = ("admin",)
+#: Seconds a new TCP connection has to complete the HTTP upgrade (TLS included).
+DEFAULT_HANDSHAKE_TIMEOUT = 10.0
+#: TCP connections that have not completed the HTTP upgrade yet; beyond it the oldest
+#: of them is closed.
+DEFAULT_MAX_HANDSHAKES = 64
 
 #: Websocket subprotocol both ends must agree on.
 SUBPROTOCOL = "corral.v1"
+#: HTTP header of the upgrade request and response: the sender's ``max_buffer`` (the
+#: frames it may have in flight), which the receiving end enforces.
+WINDOW_HEADER = "Corral-Max-Buffer"
 
 _T_DATA: Final = MAGIC
 _T_CREDIT: Final = 0x01
@@ -134,6 +163,9 @@ _CHUNK = struct.Struct(">BQ")
 _ERROR_PREFIX: Final = bytes([_T_ERROR])
 _MAX_CREDIT_GRANT = 2**32 - 1
 _MIN_CHUNK_SIZE = 1024
+#: Bounds on the HTTP upgrade request (aiohttp's request line/field and header count).
+_MAX_HTTP_LINE = 8190
+_MAX_HTTP_HEADERS = 64
 
 #: Websocket close codes used here.
 CLOSE_NORMAL: Final = 1000
@@ -260,6 +292,46 @@ def _seconds_option(
         bound = "> 0" if positive else ">= 0"
         raise ValueError(f"ws option {name} must be a number of seconds {bound}, got {value!r}")
     return float(value)
+
+
+class _ListenLimits:
+    """Validated listen-only options that bound what strangers can hold."""
+
+    __slots__ = (
+        "handshake_timeout",
+        "initial_max_message_bytes",
+        "max_handshakes",
+        "trusted_roles",
+    )
+
+    def __init__(self, options: dict[str, Any], max_message_bytes: int) -> None:
+        self.handshake_timeout = _seconds_option(
+            "handshake_timeout", options, DEFAULT_HANDSHAKE_TIMEOUT, positive=True
+        )
+        self.max_handshakes = _int_option("max_handshakes", options, DEFAULT_MAX_HANDSHAKES, 1)
+        self.initial_max_message_bytes = min(
+            _int_option(
+                "initial_max_message_bytes", options, DEFAULT_INITIAL_MAX_MESSAGE_BYTES, 1024
+            ),
+            max_message_bytes,
+        )
+        roles = options.get("trusted_roles", DEFAULT_TRUSTED_ROLES)
+        if isinstance(roles, str) or not all(isinstance(r, str) for r in roles):
+            raise ValueError(
+                f"ws option trusted_roles must be a collection of role names, got {roles!r}"
+            )
+        self.trusted_roles = frozenset(roles)
+
+
+def _parse_window(text: str | None) -> int | None:
+    """The peer's announced max_buffer (absent: the default); None if malformed."""
+    if text is None:
+        return DEFAULT_MAX_BUFFER
+    text = text.strip()
+    if not (text.isascii() and text.isdigit() and len(text) <= 10):
+        return None
+    value = int(text)
+    return value if 1 <= value <= _MAX_CREDIT_GRANT else None
 
 
 def _check_token(token: object, what: str) -> str:
@@ -392,6 +464,8 @@ class WebSocketConnection(Connection):
         options: _Options,
         role: str | None = None,
         session: aiohttp.ClientSession | None = None,
+        peer_window: int = DEFAULT_MAX_BUFFER,
+        initial_limit: int | None = None,
     ) -> None:
         self.local_address = local_address
         self.peer_address = peer_address
@@ -400,12 +474,34 @@ class WebSocketConnection(Connection):
         self.batch_window = options.batch_window
         self.chunk_size = options.chunk_size
         self.max_message_bytes = options.max_message_bytes
+        # Receive limits. A trusted connection accepts messages up to max_message_bytes
+        # at once. One that is not (``initial_limit`` given: a role not trusted by the
+        # listener) starts *provisional* at ``initial_limit``: a larger message waits,
+        # unread, until the application calls set_limits (or the connection closes),
+        # and its unread data is bounded in bytes (see _budget_full).
+        self.trusted = initial_limit is None
+        self.receive_limit = (
+            options.max_message_bytes
+            if initial_limit is None
+            else min(initial_limit, options.max_message_bytes)
+        )
+        self._provisional = not self.trusted
+        self._unread_bytes = 0  # wire bytes of the frames in the inbox (untrusted only)
+        self._costs: deque[list[int]] | None = None if self.trusted else deque()
+        self._resume: anyio.Event | None = None  # the reader waits for room or limits
+        #: The peer's max_buffer (from the handshake): frames it may have in flight.
+        self.peer_window = peer_window
+        self._peer_in_flight = 0  # frames received and not yet credited back
         self.max_bad_frames = options.max_bad_frames
         self.close_timeout = options.close_timeout
         self._ws = ws  # aiohttp WebSocketResponse or ClientWebSocketResponse
         self._session = session
         # sending
         self._credit = options.max_buffer  # frames we may still send before the peer reads
+        # Frames the writer may still put on the wire: a batch larger than max_buffer
+        # is queued whole (``_credit`` goes negative) and written in pieces as the
+        # peer's credits come back, so the peer never has more than max_buffer in flight.
+        self._wire_credit = options.max_buffer
         self._pending: deque[_Out] = deque()  # queued data, credits already spent
         self._room: anyio.Event | None = None  # a sender waits for credit
         self._queued = 0  # frames ever queued (the writer watches it grow while gathering)
@@ -454,6 +550,31 @@ class WebSocketConnection(Connection):
     def close_reason(self) -> str | None:
         """Why the connection ended (None while it is open)."""
         return self._recv_reason
+
+    @property
+    def unread_bytes(self) -> int:
+        """Wire bytes of the frames received and not yet taken (counted on connections
+        that are not trusted; 0 on trusted ones)."""
+        return self._unread_bytes
+
+    def set_limits(self, *, max_message_bytes: int | None = None) -> None:
+        """Set what this connection accepts from the peer, once the application has
+        authorized it (e.g. after a valid Hello): the largest data message, whole or
+        reassembled from chunks (None, or anything larger: the connection's
+        ``max_message_bytes``, its ceiling). A connection whose role the listener does
+        not trust starts with the listener's ``initial_max_message_bytes`` and holds a
+        larger message unread until this is called; after it, a larger message closes
+        the connection (code 1009). On a connection that is not trusted, unread data
+        stays bounded in bytes by the limit set here (see docs/transport.md, "Memory
+        per connection").
+        """
+        ceiling = self.max_message_bytes
+        limit = ceiling if max_message_bytes is None else max_message_bytes
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ValueError(f"max_message_bytes must be an int >= 1, got {max_message_bytes!r}")
+        self.receive_limit = min(limit, ceiling)
+        self._provisional = False
+        self._wake_reader()
 
     # -- sending ------------------------------------------------------------------
 
@@ -525,12 +646,49 @@ class WebSocketConnection(Connection):
                 ev = self._readable = anyio.Event()
             await ev.wait()
         item = inbox.popleft()
+        if self._costs is not None:
+            self._spend()
         if type(item) is _Free:
             return item.frame
         self._grant += 1
         if self._wake is not None:
             self._wake_writer()
         return item  # type: ignore[return-value]
+
+    def _spend(self) -> None:
+        """One unread frame was taken: release its message's bytes with its last frame."""
+        costs = self._costs
+        assert costs is not None
+        cost = costs[0]
+        cost[0] -= 1
+        if cost[0] <= 0:
+            costs.popleft()
+            self._unread_bytes -= cost[1]
+            if self._resume is not None and not self._budget_full():
+                self._wake_reader()
+
+    def _budget_full(self) -> bool:
+        """On a connection that is not trusted the reader reads nothing more while the
+        unread frames came in at least ``receive_limit`` wire bytes: unread data stays
+        under twice the limit, whatever the peer sends."""
+        return self._costs is not None and self._unread_bytes >= self.receive_limit
+
+    def _wake_reader(self) -> None:
+        ev = self._resume
+        if ev is not None:
+            self._resume = None
+            ev.set()
+
+    async def _reader_wait(self, ready: Callable[[], bool]) -> bool:
+        """Wait (reading nothing) until ``ready()``; False if the connection ended."""
+        while not ready():
+            if self._dead or self._closed_here:
+                return False
+            ev = self._resume
+            if ev is None:
+                ev = self._resume = anyio.Event()
+            await ev.wait()
+        return not self._dead
 
     # -- closing ------------------------------------------------------------------
 
@@ -539,6 +697,9 @@ class WebSocketConnection(Connection):
             self._closed_here = True
             self._inbox.clear()  # never read now; the peer learns of the close instead
             self._grant = 0
+            if self._costs is not None:
+                self._costs.clear()
+                self._unread_bytes = 0
             if self._recv_reason is None:
                 self._recv_reason = "closed by this side"
             self._request_close(CLOSE_NORMAL, "closed by the peer", "closed by this side")
@@ -569,10 +730,10 @@ class WebSocketConnection(Connection):
         self._wake_all()
 
     def _wake_all(self) -> None:
-        for ev in (self._room, self._readable, self._wake):
+        for ev in (self._room, self._readable, self._wake, self._resume):
             if ev is not None:
                 ev.set()
-        self._room = self._readable = self._wake = None
+        self._room = self._readable = self._wake = self._resume = None
 
     def _wake_writer(self) -> None:
         ev = self._wake
@@ -657,7 +818,7 @@ class WebSocketConnection(Connection):
                         await self._send_credit(ws)  # between chunks: the peer may wait
                     else:
                         await self._send_chunk(ws)
-                elif self._pending:
+                elif self._pending and self._wire_credit > 0:
                     if self.batch_window and self._close_request is None:
                         await self._gather()
                     batch = self._take_batch()
@@ -678,7 +839,7 @@ class WebSocketConnection(Connection):
                             await self._send_bytes(ws, data)
                 elif self._grant and self._send_reason is None:
                     await self._send_credit(ws)
-                elif self._close_request is not None:
+                elif self._close_request is not None and not self._pending:
                     return  # everything queued went out
                 else:
                     ev = self._wake = anyio.Event()
@@ -706,6 +867,7 @@ class WebSocketConnection(Connection):
     def _take_grant(self) -> int:
         n = min(self._grant, _MAX_CREDIT_GRANT)
         self._grant -= n
+        self._peer_in_flight -= n
         return n
 
     async def _send_credit(self, ws: Any) -> None:
@@ -713,20 +875,43 @@ class WebSocketConnection(Connection):
         self.credits_sent += 1
 
     def _take_batch(self) -> list[bytes]:
-        """The next data message(s) to send: queued sends merged up to ``chunk_size``."""
+        """The next data message(s) to send: queued sends merged up to ``chunk_size``
+        and up to the frames the peer has room for (``_wire_credit`` > 0)."""
         pending = self._pending
-        first = pending.popleft()
-        self.frames_sent += len(first.frames)
+        credit = self._wire_credit
+        first = pending[0]
+        n = len(first.frames)
+        if n > credit:
+            # A batch larger than max_buffer: send what the peer has room for, keep the
+            # rest at the head of the queue (encoded when it goes).
+            head = first.frames[:credit]
+            pending[0] = _Out(b"", first.frames[credit:])
+            self._wire_credit = 0
+            self.frames_sent += credit
+            return [encode_batch(head)]
+        pending.popleft()
+        if not first.data:  # the rest of a split batch
+            first = _Out(encode_batch(first.frames), first.frames)
+        credit -= n
+        self.frames_sent += n
         if not pending or len(first.data) >= self.chunk_size:
+            self._wire_credit = credit
             return [first.data]
         items = [first]
         size = len(first.data)
         limit = self.chunk_size
-        while pending and size + len(pending[0].data) <= limit:
+        while (
+            pending
+            and pending[0].data
+            and size + len(pending[0].data) <= limit
+            and len(pending[0].frames) <= credit
+        ):
             item = pending.popleft()
             items.append(item)
             size += len(item.data)
+            credit -= len(item.frames)
             self.frames_sent += len(item.frames)
+        self._wire_credit = credit
         if len(items) == 1:
             return [first.data]
         try:
@@ -758,6 +943,8 @@ class WebSocketConnection(Connection):
     async def _read_loop(self) -> None:
         ws = self._ws
         while True:
+            if self._budget_full() and not await self._reader_wait(self._budget_room):
+                return
             msg = await ws.receive()
             kind = msg.type
             if kind is WSMsgType.BINARY:
@@ -765,6 +952,12 @@ class WebSocketConnection(Connection):
                 self.last_received = _now()
                 self.messages_received += 1
                 self.bytes_received += len(data)
+                if (
+                    self._provisional
+                    and self._announced(data) > self.receive_limit
+                    and not await self._reader_wait(self._limits_set)
+                ):
+                    return
                 if not self._on_message(data):
                     return
             elif kind is WSMsgType.TEXT:
@@ -806,6 +999,25 @@ class WebSocketConnection(Connection):
             )
         return f"the connection to {self.peer_address} was lost ({exc})"
 
+    def _budget_room(self) -> bool:
+        return not self._budget_full()
+
+    def _limits_set(self) -> bool:
+        return not self._provisional
+
+    def _announced(self, data: bytes) -> int:
+        """The size of the data message ``data`` starts (0 if it starts none)."""
+        if not data:
+            return 0
+        kind = data[0]
+        if kind == _T_DATA:
+            return len(data)
+        if kind == _T_CREDIT_DATA:
+            return len(data) - _CREDIT.size
+        if kind == _T_CHUNK and self._asm is None and len(data) > _CHUNK.size:
+            return int(_CHUNK.unpack_from(data)[1])
+        return 0
+
     def _on_message(self, data: bytes) -> bool:
         """Handle one binary message; False once the connection must close."""
         if not data:
@@ -815,6 +1027,9 @@ class WebSocketConnection(Connection):
             if self._asm is not None:
                 self._asm = None
                 return self._bad("a data message arrived in the middle of a chunked one")
+            if len(data) > self.receive_limit:
+                self._too_big(len(data))
+                return False
             return self._deliver(data, credited=True)
         if kind == _T_CREDIT:
             if len(data) != _CREDIT.size:
@@ -830,6 +1045,9 @@ class WebSocketConnection(Connection):
             if self._asm is not None:
                 self._asm = None
                 return self._bad("a data message arrived in the middle of a chunked one")
+            if len(data) - _CREDIT.size > self.receive_limit:
+                self._too_big(len(data) - _CREDIT.size)
+                return False
             return self._deliver(memoryview(data)[_CREDIT.size :], credited=True)
         if kind == _T_CHUNK:
             return self._on_chunk(data)
@@ -842,19 +1060,29 @@ class WebSocketConnection(Connection):
         )
 
     def _deliver(self, data: bytes | bytearray | memoryview, *, credited: bool) -> bool:
+        room = self.peer_window - self._peer_in_flight if credited else None
         try:
-            frames = decode_batch(data, max_bytes=self.max_message_bytes)
+            frames = decode_batch(data, max_bytes=self.receive_limit, max_frames=room)
         except ProtocolError as exc:
+            if room is not None and exc.fields.get("field") == "n":  # more frames than credits
+                self._over_credit(exc.message)
+                return False
             return self._bad(exc.message, reply=credited)
         except Exception as exc:  # decode_batch promises ProtocolError; be safe anyway
             return self._bad(f"undecodable message ({type(exc).__name__}: {exc})", reply=credited)
         if self._closed_here:
             return True  # closed by the application: nobody will read them
-        self.frames_received += len(frames)
+        n = len(frames)
+        self.frames_received += n
         if credited:
+            self._peer_in_flight += n
             self._inbox.extend(frames)
         else:
             self._inbox.extend(_Free(f) for f in frames)
+        if self._costs is not None:
+            size = len(data)
+            self._costs.append([n, size])
+            self._unread_bytes += size
         ev = self._readable
         if ev is not None:
             self._readable = None
@@ -864,15 +1092,34 @@ class WebSocketConnection(Connection):
     def _apply_credit(self, data: bytes) -> str | None:
         """Take the credit grant at the start of ``data``; the problem if it is invalid."""
         _, n = _CREDIT.unpack_from(data)
-        room = self.max_buffer - self._credit
+        room = self.max_buffer - self._wire_credit
         if not 0 < n <= room:
             return f"a credit grant of {n} frames, but only {room} of our frames were unread"
         self._credit += n
+        self._wire_credit += n
         ev = self._room
         if ev is not None:
             self._room = None
             ev.set()
+        if self._pending:  # a large batch may wait for these to go on
+            self._wake_writer()
         return None
+
+    def _over_credit(self, problem: str) -> None:
+        """The peer sent more frames than it had credits for: close (code 1008)."""
+        self.bad_frames += 1
+        reason = (
+            f"closed by this side: the peer {self.peer_address} sent more frames than its "
+            f"credits allow (it may have at most max_buffer={self.peer_window} unread, "
+            f"{self._peer_in_flight} were): {problem} (websocket close code 1008)"
+        )
+        _log.warning("peer exceeded its credits", peer=self.peer_address, problem=problem[:200])
+        self._recv_reason = self._recv_reason or reason
+        self._request_close(
+            CLOSE_POLICY_VIOLATION,
+            f"policy violation: more frames than credits (max_buffer={self.peer_window})",
+            reason,
+        )
 
     def _on_chunk(self, data: bytes) -> bool:
         if len(data) <= _CHUNK.size:
@@ -881,11 +1128,13 @@ class WebSocketConnection(Connection):
         _, total = _CHUNK.unpack_from(data)
         asm = self._asm
         if asm is None:
-            if total > self.max_message_bytes:
+            if total > self.receive_limit:
                 self._too_big(total)
                 return False
-            # Allocated once at its announced size and filled in place: no regrowth.
-            asm = self._asm = bytearray(total)
+            # From a trusted peer: allocated once at its announced size and filled in
+            # place (no regrowth). From any other: grown as chunks arrive, so what it
+            # holds is what the peer really sent, never what it announced.
+            asm = self._asm = bytearray(total) if self.trusted else bytearray()
             self._asm_total = total
             self._asm_len = 0
         elif total != self._asm_total:
@@ -911,9 +1160,17 @@ class WebSocketConnection(Connection):
 
     def _too_big(self, size: int) -> None:
         self.bad_frames += 1
+        limit = self.receive_limit
+        if limit == self.max_message_bytes:
+            what = f"max_message_bytes={limit}"
+        else:
+            what = (
+                f"this connection's limit of {limit} bytes (set_limits; "
+                f"max_message_bytes={self.max_message_bytes})"
+            )
         reason = (
             f"closed by this side: the peer {self.peer_address} announced a {size}-byte message, "
-            f"over max_message_bytes={self.max_message_bytes} (websocket close code 1009)"
+            f"over {what} (websocket close code 1009)"
         )
         self._recv_reason = self._recv_reason or reason
         self._request_close(CLOSE_MESSAGE_TOO_BIG, "message too big", reason)
@@ -971,6 +1228,7 @@ class WebSocketListener(Listener):
         options: _Options,
         tokens: Mapping[str, str] | None,
         backlog: int,
+        guard: _ListenLimits,
     ) -> None:
         self.scheme = scheme
         self.host = host
@@ -981,26 +1239,78 @@ class WebSocketListener(Listener):
         self.backlog = backlog
         self.auth_required = tokens is not None
         self._tokens = [(_token_digest(t), role) for t, role in (tokens or {}).items()]
+        self.guard = guard
         self._runner: web.AppRunner | None = None
         self._site: web.TCPSite | None = None
+        self._upgrading: set[Any] = set()  # aiohttp handlers whose request is complete
         self._pending: deque[WebSocketConnection] = deque()
         self._live: set[WebSocketConnection] = set()
         self._arrived: anyio.Event | None = None
         self._closed = False
         self.connections = 0
         self.refused = 0
+        self.evicted = 0
 
     @property
     def closed(self) -> bool:
         return self._closed
 
+    @property
+    def handshaking(self) -> int:
+        """TCP connections that have not sent a complete HTTP upgrade request yet."""
+        return len(self._waiting())
+
+    def _waiting(self) -> list[Any]:
+        runner = self._runner
+        server = runner.server if runner is not None else None
+        if server is None:
+            return []
+        upgrading = self._upgrading
+        return [h for h in server.connections if h.transport is not None and h not in upgrading]
+
+    def _admit(self) -> None:
+        """A TCP connection arrives: beyond ``max_handshakes`` connections that have not
+        completed their HTTP request, close the oldest of them (a slow or idle client
+        cannot hold the door for others; a real handshake takes milliseconds)."""
+        waiting = self._waiting()
+        excess = len(waiting) + 1 - self.guard.max_handshakes
+        for handler in waiting[: max(excess, 0)]:
+            self.evicted += 1
+            handler.force_close()
+        if excess > 0:
+            _log.warning(
+                "too many connections without a complete HTTP request; closed the oldest",
+                address=self.address,
+                closed=excess,
+                limit=self.guard.max_handshakes,
+            )
+
     async def _start(self, port: int) -> None:
         app = web.Application()
         app.router.add_get(self.path or "/", self._handle)
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        # aiohttp's keep-alive timer starts when a connection is made and closes it if no
+        # complete request arrived by then: the header read timeout (slow or idle
+        # clients). A websocket, once upgraded, is not subject to it.
+        runner = web.AppRunner(
+            app,
+            access_log=None,
+            handle_signals=False,
+            keepalive_timeout=self.guard.handshake_timeout,
+            max_line_size=_MAX_HTTP_LINE,
+            max_field_size=_MAX_HTTP_LINE,
+            max_headers=_MAX_HTTP_HEADERS,
+        )
         await runner.setup()
         bind = "127.0.0.1" if self.host == "localhost" else self.host
-        site = web.TCPSite(runner, bind, port, ssl_context=self.options.ssl_context, backlog=512)
+        site = _GuardedSite(
+            runner,
+            bind,
+            port,
+            ssl_context=self.options.ssl_context,
+            backlog=512,
+            admit=self._admit,
+            ssl_handshake_timeout=self.guard.handshake_timeout,
+        )
         try:
             await site.start()
         except OSError as exc:
@@ -1091,6 +1401,14 @@ class WebSocketListener(Listener):
         return role, None
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
+        handler = request.protocol
+        self._upgrading.add(handler)  # its request is complete: not a slowloris
+        try:
+            return await self._serve(request)
+        finally:
+            self._upgrading.discard(handler)
+
+    async def _serve(self, request: web.Request) -> web.StreamResponse:
         if self._closed:
             return self._refuse(503, "this Corral listener is closing")
         role, refusal = self._authenticate(request)
@@ -1104,7 +1422,20 @@ class WebSocketListener(Listener):
             return refusal
         if len(self._pending) >= self.backlog:
             return self._refuse(503, "this Corral listener's backlog is full (nobody accepts)")
+        window = _parse_window(request.headers.get(WINDOW_HEADER))
+        if window is None:
+            return self._refuse(
+                400, f"malformed {WINDOW_HEADER} header: expected an int in 1..{_MAX_CREDIT_GRANT}"
+            )
         options = self.options
+        trusted = not self.auth_required or role in self.guard.trusted_roles
+        initial = None if trusted else self.guard.initial_max_message_bytes
+        # aiohttp buffers one websocket message before we see it. A peer that is not
+        # trusted gets no more than one chunk's worth there: larger messages must come
+        # in chunks, which we reassemble under its (provisional) limit.
+        ws_limit = options.max_message_bytes
+        if not trusted:
+            ws_limit = min(ws_limit, max(options.chunk_size, self.guard.initial_max_message_bytes))
         ws = web.WebSocketResponse(
             timeout=options.close_timeout,
             autoclose=True,
@@ -1112,10 +1443,11 @@ class WebSocketListener(Listener):
             heartbeat=options.heartbeat,
             protocols=(SUBPROTOCOL,),
             compress=False,
-            max_msg_size=options.max_message_bytes + _CHUNK.size,
+            max_msg_size=ws_limit + _CHUNK.size + 1,  # aiohttp refuses a message of this size
         )
         if not ws.can_prepare(request).ok:
             return self._refuse(400, "this is a Corral websocket endpoint: connect with ws://")
+        ws.headers[WINDOW_HEADER] = str(options.max_buffer)
         await ws.prepare(request)
         transport = request.transport
         peer = transport.get_extra_info("peername") if transport is not None else None
@@ -1125,6 +1457,8 @@ class WebSocketListener(Listener):
             peer_address=_sockaddr(self.scheme, peer),
             options=options,
             role=role,
+            peer_window=window,
+            initial_limit=initial,
         )
         self.connections += 1
         self._live.add(conn)
@@ -1147,6 +1481,52 @@ class WebSocketListener(Listener):
         return ws
 
 
+class _GuardedSite(web.TCPSite):
+    """aiohttp's TCPSite, with a hook run as each TCP connection arrives (before its
+    protocol exists) and a bound on the TLS handshake."""
+
+    __slots__ = ("_admit", "_ssl_handshake_timeout")
+
+    def __init__(
+        self,
+        runner: web.AppRunner,
+        host: str,
+        port: int,
+        *,
+        admit: Callable[[], None],
+        ssl_handshake_timeout: float,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(runner, host, port, **kwargs)
+        self._admit = admit
+        self._ssl_handshake_timeout = ssl_handshake_timeout
+
+    async def start(self) -> None:
+        # As TCPSite.start, with a protocol factory that admits each connection first.
+        await web.BaseSite.start(self)
+        server = self._runner.server
+        assert server is not None
+        admit = self._admit
+
+        def factory() -> Any:
+            admit()
+            return server()
+
+        ssl_context = self._ssl_context
+        self._server = await asyncio.get_running_loop().create_server(
+            factory,
+            self._host,
+            self._port,
+            ssl=ssl_context,
+            backlog=self._backlog,
+            reuse_address=self._reuse_address,
+            reuse_port=self._reuse_port,
+            ssl_handshake_timeout=self._ssl_handshake_timeout if ssl_context else None,
+        )
+        sockets = self._server.sockets
+        self._bound_port = sockets[0].getsockname()[1] if sockets else self._port
+
+
 # ----------------------------------------------------------------------------- backend
 
 
@@ -1156,15 +1536,19 @@ class WebSocketBackend(Backend):
     ``listen`` options: ``max_buffer``, ``batch_window``, ``chunk_size``,
     ``max_message_bytes``, ``max_bad_frames``, ``heartbeat``, ``close_timeout``,
     ``ssl_context`` (required for wss://), ``tokens`` (token -> role; None: no
-    authentication) and ``backlog``. ``connect`` takes the same minus ``tokens`` and
-    ``backlog``, plus ``token``. See ``docs/transport.md``.
+    authentication), ``trusted_roles``, ``initial_max_message_bytes``,
+    ``handshake_timeout``, ``max_handshakes`` and ``backlog``. ``connect`` takes the
+    first eight, plus ``token``. See ``docs/transport.md``.
     """
 
     async def listen(self, uri: str, **options: Any) -> WebSocketListener:
         scheme, host, port, path = _parse(uri, listening=True)
         tokens = options.pop("tokens", None)
         backlog = options.pop("backlog", DEFAULT_BACKLOG)
-        opts = _Options(scheme, "listen", options, ("tokens", "backlog"))
+        names = _ListenLimits.__slots__
+        limits = {k: options.pop(k) for k in names if k in options}
+        opts = _Options(scheme, "listen", options, ("tokens", "backlog", *names))
+        guard = _ListenLimits(limits, opts.max_message_bytes)
         if isinstance(backlog, bool) or not isinstance(backlog, int) or backlog < 1:
             raise ValueError(f"ws option backlog must be an int >= 1, got {backlog!r}")
         if tokens is not None:
@@ -1179,7 +1563,7 @@ class WebSocketBackend(Backend):
                     raise ValueError(f"the role of a token must be a str, got {role!r}")
             tokens = dict(tokens)
         listener = WebSocketListener(
-            scheme, host, port, path, options=opts, tokens=tokens, backlog=backlog
+            scheme, host, port, path, options=opts, tokens=tokens, backlog=backlog, guard=guard
         )
         await listener._start(port)
         return listener
@@ -1194,7 +1578,7 @@ class WebSocketBackend(Backend):
         scheme, host, port, path = _parse(uri, listening=False)
         token = options.pop("token", None)
         opts = _Options(scheme, "connect", options, ("token",))
-        headers: dict[str, str] = {}
+        headers: dict[str, str] = {WINDOW_HEADER: str(opts.max_buffer)}
         if token is not None:
             headers["Authorization"] = f"Bearer {_check_token(token, 'token')}"
         url = _format(scheme, host, port, path or "/")
@@ -1214,7 +1598,7 @@ class WebSocketBackend(Backend):
                     headers=headers,
                     ssl=(opts.ssl_context or True) if scheme == "wss" else False,
                     compress=0,
-                    max_msg_size=opts.max_message_bytes + _CHUNK.size,
+                    max_msg_size=opts.max_message_bytes + _CHUNK.size + 1,
                 )
             if ws is None:
                 raise ConnectFailed(uri, f"no websocket connection within {timeout:g} s")
@@ -1231,12 +1615,23 @@ class WebSocketBackend(Backend):
             if isinstance(exc, aiohttp.ClientError | OSError):
                 raise _connect_error(uri, exc, token is not None) from None
             raise
+        # The listener's max_buffer (absent from a listener that is not Corral's: the
+        # default). aiohttp keeps the handshake response only as a private attribute.
+        response = getattr(ws, "_response", None)
+        announced = response.headers.get(WINDOW_HEADER) if response is not None else None
+        window = _parse_window(announced)
+        if window is None:
+            await ws.close()
+            with anyio.CancelScope(shield=True):
+                await session.close()
+            raise ConnectFailed(uri, f"the listener sent a malformed {WINDOW_HEADER} header")
         conn = WebSocketConnection(
             ws,
             local_address=_sockaddr(scheme, ws.get_extra_info("sockname")),
             peer_address=uri,
             options=opts,
             session=session,
+            peer_window=window,
         )
         conn._start()
         return conn

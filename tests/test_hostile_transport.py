@@ -1,0 +1,404 @@
+"""Hostile peers against the websocket transport (issue 9): memory per connection stays
+bounded whatever a peer announces or sends, credits are enforced on receive, and slow
+or idle HTTP clients cannot hold the listener.
+
+The RSS tests run a real manager process (``python -m runtime manager``) and attack it
+with raw aiohttp websockets that present the read-only token; the others use an
+in-process listener. Every test is bounded; waits are on events (a close seen by the
+peer), with bounded polls only for what has no event (another process's RSS)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import struct
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import aiohttp
+import anyio
+import psutil
+import pytest
+from aiohttp import WSMsgType
+
+import transport
+from runtime import Cluster
+from runtime.codec import Frame, decode_batch, encode, encode_batch
+from runtime.messages import ErrorReply, Ping, StatusRequest
+from runtime.node import Hello
+from transport.ws import SUBPROTOCOL, WINDOW_HEADER, WebSocketConnection, WebSocketListener
+
+pytestmark = pytest.mark.anyio
+
+LIMIT = 60
+PY = sys.executable
+MiB = 1 << 20
+#: Growth of the manager's RSS allowed for the hostile connections of a test: well
+#: under what one announced 256 MiB message used to cost, above the stated per-
+#: connection bound times the connections (docs/transport.md, "Memory per connection").
+RSS_BOUND = 48 * MiB
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _start(args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [PY, "-m", "runtime", *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def _first_line_with(proc: subprocess.Popen[str], needle: str, limit: float = 30) -> str:
+    assert proc.stdout is not None
+    deadline = time.monotonic() + limit
+    seen = []
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            raise AssertionError(f"process ended before printing {needle!r}: {seen}")
+        seen.append(line)
+        if needle in line:
+            return line
+    raise AssertionError(f"no {needle!r} within {limit} s: {seen}")
+
+
+def _stop(procs: list[subprocess.Popen[str]]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(5)
+        if p.stdout is not None:
+            p.stdout.close()
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, str]:
+    e = dict(os.environ)
+    e["CORRAL_HOME"] = str(tmp_path / "home")
+    e["PYTHONUNBUFFERED"] = "1"
+    e["PYTHONPATH"] = os.pathsep.join(
+        [str(Path(__file__).resolve().parents[1]), e.get("PYTHONPATH", "")]
+    )
+    return e
+
+
+@pytest.fixture
+def manager(env: dict[str, str]) -> Iterator[tuple[str, subprocess.Popen[str], dict[str, str]]]:
+    """A manager process and one worker: (address, manager process, its tokens)."""
+    proc = _start(["manager", "--listen", "127.0.0.1:0"], env)
+    procs = [proc]
+    try:
+        line = _first_line_with(proc, "manager listening on")
+        address = line.split("manager listening on", 1)[1].strip()
+        parts = urlsplit(address)
+        path = Path(env["CORRAL_HOME"]) / "tokens" / f"{parts.hostname}_{parts.port}.json"
+        tokens: dict[str, str] = json.loads(path.read_text())
+        worker = _start(["worker", address, "--cores", "1"], env)
+        procs.append(worker)
+        _first_line_with(worker, "joined")
+        yield address, proc, tokens
+    finally:
+        _stop(procs)
+
+
+def _rss(proc: subprocess.Popen[str]) -> int:
+    return int(psutil.Process(proc.pid).memory_info().rss)
+
+
+async def _closed_by_peer(ws: aiohttp.ClientWebSocketResponse) -> tuple[int | None, str]:
+    """Read (and drop) what the peer sends until it closes: (close code, reason)."""
+    while True:
+        msg = await ws.receive()
+        if msg.type is WSMsgType.CLOSE:
+            return msg.data, str(msg.extra or "")
+        if msg.type in (WSMsgType.CLOSED, WSMsgType.CLOSING, WSMsgType.ERROR):
+            return ws.close_code, ""
+
+
+async def _normal_run(address: str, env: dict[str, str]) -> None:
+    """A client joins, runs a task on the worker and gets the right answer."""
+    os.environ["CORRAL_HOME"] = env["CORRAL_HOME"]  # this process finds the token file
+    async with Cluster(address) as cluster:
+        await cluster.wait_for_workers(1)
+        assert await cluster.submit(sum, [1, 2, 3]) == 6
+
+
+async def _reply(ws: aiohttp.ClientWebSocketResponse, request_id: int) -> Frame:
+    """The frame the peer sends in reply to ``request_id`` (others are dropped)."""
+    while True:
+        msg = await ws.receive()
+        assert msg.type is WSMsgType.BINARY, msg
+        data = msg.data
+        if data[0] == 0x04:  # credit + data
+            data = data[5:]
+        if data[0] != 0xC7:
+            continue
+        for frame in decode_batch(data):
+            if frame.reply_to == request_id:
+                return frame
+
+
+def _chunk(total: int, piece: bytes) -> bytes:
+    return struct.pack(">BQ", 2, total) + piece
+
+
+# ----------------------------------------------------------------------------- RSS
+
+
+async def test_chunk_announcements_before_hello_allocate_nothing_large(
+    manager: tuple[str, subprocess.Popen[str], dict[str, str]], env: dict[str, str]
+) -> None:
+    """Eight read-token connections each announce a 256 MiB message before any Hello
+    (which used to allocate 256 MiB each at once) and send its first 1 MiB: the
+    manager's RSS grows by far less than one such allocation; it closes them when no
+    Hello comes and then serves a normal run."""
+    address, proc, tokens = manager
+    headers = {"Authorization": f"Bearer {tokens['read']}"}
+    n = 8
+    with anyio.fail_after(LIMIT):
+        before = _rss(proc)
+        peak = before
+        closes: list[tuple[int | None, str]] = []
+        async with aiohttp.ClientSession() as session:
+            sockets = [
+                await session.ws_connect(address, protocols=(SUBPROTOCOL,), headers=headers)
+                for _ in range(n)
+            ]
+            first = bytes([0xC7]) + os.urandom(MiB - 1)
+            for ws in sockets:
+                await ws.send_bytes(_chunk(256 * MiB, first))
+            done = anyio.Event()
+
+            async def watch(ws: aiohttp.ClientWebSocketResponse) -> None:
+                closes.append(await _closed_by_peer(ws))
+                if len(closes) == n:
+                    done.set()
+
+            async with anyio.create_task_group() as tg:
+                for ws in sockets:
+                    tg.start_soon(watch, ws)
+                # No event says when another process allocates: poll its RSS (bounded)
+                # until it has closed every connection (no Hello within 10 s).
+                while not done.is_set():
+                    peak = max(peak, _rss(proc))
+                    with anyio.move_on_after(0.05):
+                        await done.wait()
+            for ws in sockets:
+                await ws.close()
+        growth = peak - before
+        print(
+            f"manager RSS {before / MiB:.1f} MiB -> peak {peak / MiB:.1f} MiB (+{growth / MiB:.1f})"
+        )
+        assert growth < RSS_BOUND, f"RSS grew by {growth / MiB:.1f} MiB"
+        assert len(closes) == n
+        assert proc.poll() is None, "the manager died"
+        await _normal_run(address, env)
+
+
+async def test_a_console_batch_over_its_credits_is_refused_without_growing(
+    manager: tuple[str, subprocess.Popen[str], dict[str, str]], env: dict[str, str]
+) -> None:
+    """A read-only console says Hello, then sends batches of tiny frames: one holding
+    more frames than its credits (1500 > max_buffer) closes the connection with code 1008
+    and a reason naming the credits; a hundred consoles sending 40 KiB batches of
+    Pings (the x21 expansion that took a 33 MiB batch to 782 MB) leave RSS bounded."""
+    address, proc, tokens = manager
+    headers = {"Authorization": f"Bearer {tokens['read']}", WINDOW_HEADER: "1024"}
+    with anyio.fail_after(LIMIT):
+        before = _rss(proc)
+        peak = before
+        async with aiohttp.ClientSession() as session:
+            ws = await session.ws_connect(address, protocols=(SUBPROTOCOL,), headers=headers)
+            await ws.send_bytes(encode(Frame(Hello("console", "hostile-console"))))
+            over = encode_batch([Frame(Ping(i)) for i in range(1500)])
+            assert len(over) < 64 << 10  # under the limit of a console before its Hello
+            await ws.send_bytes(over)
+            code, reason = await _closed_by_peer(ws)
+            await ws.close()
+            assert code == 1008, (code, reason)
+            assert "credits" in reason, reason
+
+            # Many consoles, each with a batch that fits its credits, then an ask: the
+            # manager handles a connection's frames in order, so the reply says the batch
+            # before it was read.
+            batch = encode_batch([Frame(Ping(i)) for i in range(1000)])
+            assert len(batch) < 64 << 10
+            consoles = []
+            for i in range(100):
+                c = await session.ws_connect(address, protocols=(SUBPROTOCOL,), headers=headers)
+                await c.send_bytes(encode(Frame(Hello("console", f"console-{i}"))))
+                await c.send_bytes(batch)
+                await c.send_bytes(encode(Frame(StatusRequest(), request_id=1)))
+                consoles.append(c)
+                peak = max(peak, _rss(proc))
+            for c in consoles:
+                await _reply(c, 1)
+                peak = max(peak, _rss(proc))
+            for c in consoles:
+                await c.close()
+        growth = peak - before
+        print(
+            f"manager RSS {before / MiB:.1f} MiB -> peak {peak / MiB:.1f} MiB (+{growth / MiB:.1f})"
+        )
+        assert growth < RSS_BOUND, f"RSS grew by {growth / MiB:.1f} MiB"
+        assert proc.poll() is None, "the manager died"
+        await _normal_run(address, env)
+
+
+# ----------------------------------------------------------------------------- in process
+
+
+async def _listener(**options: Any) -> WebSocketListener:
+    listener = await transport.listen("ws://127.0.0.1:0/h", **options)
+    assert isinstance(listener, WebSocketListener)
+    return listener
+
+
+async def test_frames_beyond_the_announced_credits_close_the_connection() -> None:
+    """A peer that announced max_buffer=4 and sends a fifth frame while the receiver has
+    read none is closed with 1008; the four are still delivered."""
+    with anyio.fail_after(LIMIT):
+        async with await _listener() as listener, aiohttp.ClientSession() as session:
+            ws = await session.ws_connect(
+                listener.address, protocols=(SUBPROTOCOL,), headers={WINDOW_HEADER: "4"}
+            )
+            server = await listener.accept()
+            assert isinstance(server, WebSocketConnection)
+            assert server.peer_window == 4
+            for i in range(5):
+                await ws.send_bytes(encode(Frame(Ping(i))))
+            code, reason = await _closed_by_peer(ws)
+            await ws.close()
+            assert code == 1008 and "credits" in reason, (code, reason)
+            got = [(await server.receive()).msg for _ in range(4)]
+            assert got == [Ping(i) for i in range(4)]
+            with pytest.raises(transport.ConnectionClosed, match="credits"):
+                await server.receive()
+            await server.aclose()
+
+
+async def test_a_batch_larger_than_the_credits_closes_before_it_is_decoded() -> None:
+    with anyio.fail_after(LIMIT):
+        async with await _listener() as listener, aiohttp.ClientSession() as session:
+            ws = await session.ws_connect(
+                listener.address, protocols=(SUBPROTOCOL,), headers={WINDOW_HEADER: "16"}
+            )
+            server = await listener.accept()
+            await ws.send_bytes(encode_batch([Frame(Ping(i)) for i in range(17)]))
+            code, reason = await _closed_by_peer(ws)
+            await ws.close()
+            assert code == 1008 and "max_buffer=16" in reason, (code, reason)
+            assert isinstance(server, WebSocketConnection) and server.frames_received == 0
+            await server.aclose()
+
+
+async def test_a_batch_larger_than_max_buffer_is_sent_in_pieces_within_the_credits() -> None:
+    """Legitimate traffic never trips the check: a send_many of 10x max_buffer arrives
+    whole and in order, in messages of at most max_buffer frames."""
+    with anyio.fail_after(LIMIT):
+        async with await _listener(max_buffer=8) as listener:
+            client = await transport.connect(listener.address, max_buffer=8)
+            async with client, await listener.accept() as server:
+                await client.send_many([Frame(Ping(i)) for i in range(80)])
+                got = [(await server.receive()).msg for _ in range(80)]
+                assert got == [Ping(i) for i in range(80)]
+                assert isinstance(client, WebSocketConnection)
+                assert client.messages_sent >= 10  # at most 8 frames per message
+                assert isinstance(server, WebSocketConnection) and server.bad_frames == 0
+
+
+async def test_an_untrusted_connection_holds_a_large_message_until_its_limits_are_raised() -> None:
+    """A read-role connection starts at initial_max_message_bytes: a larger message (in
+    chunks) is neither refused nor reassembled until the application calls
+    set_limits; afterwards it is delivered, and one above the new limit closes (1009)."""
+    tokens = {"a": "admin", "r": "read"}
+    with anyio.fail_after(LIMIT):
+        async with await _listener(tokens=tokens, chunk_size=64 << 10) as listener:
+            client = await transport.connect(listener.address, token="r", chunk_size=64 << 10)
+            async with client, await listener.accept() as server:
+                assert isinstance(server, WebSocketConnection)
+                assert not server.trusted and server.receive_limit == 64 << 10
+                big = Frame(ErrorReply("Blob", "big", b"x" * (512 << 10)))
+                await client.send(Frame(Ping(0)))
+                await client.send(big)
+                assert (await server.receive()).msg == Ping(0)
+                with anyio.move_on_after(0.2):  # nothing more may arrive before set_limits
+                    await server.receive()
+                    raise AssertionError("a message over the provisional limit arrived")
+                assert server.chunks_received == 0
+                server.set_limits(max_message_bytes=1 << 20)
+                assert (await server.receive()) == big
+                await client.send(Frame(ErrorReply("Blob", "too big", b"x" * (2 << 20))))
+                with pytest.raises(transport.ConnectionClosed, match="1009"):
+                    await server.receive()
+
+
+async def test_trusted_roles_start_with_the_full_limit() -> None:
+    tokens = {"a": "admin", "r": "read"}
+    with anyio.fail_after(LIMIT):
+        async with await _listener(tokens=tokens) as listener:
+            client = await transport.connect(listener.address, token="a")
+            async with client, await listener.accept() as server:
+                assert isinstance(server, WebSocketConnection)
+                assert server.trusted and server.receive_limit == server.max_message_bytes
+                big = Frame(ErrorReply("Blob", "big", b"x" * (4 << 20)))
+                await client.send(big)
+                assert await server.receive() == big
+
+
+# ----------------------------------------------------------------------------- slowloris
+
+
+async def test_half_sent_http_requests_are_closed_and_a_client_still_connects() -> None:
+    """200 TCP connections that send half an HTTP request: beyond max_handshakes the
+    oldest are closed at once, the rest at handshake_timeout; a real client connects
+    and exchanges frames meanwhile."""
+    n, timeout, cap = 200, 1.0, 32
+    with anyio.fail_after(LIMIT):
+        async with await _listener(handshake_timeout=timeout, max_handshakes=cap) as listener:
+            port = int(urlsplit(listener.address).port or 0)
+            started = anyio.current_time()
+            streams = []
+            for _ in range(n):
+                s = await anyio.connect_tcp("127.0.0.1", port)
+                await s.send(b"GET /h HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: webs")
+                streams.append(s)
+            client = await transport.connect(listener.address, timeout=5)
+            async with client, await listener.accept() as server:
+                await client.send(Frame(Ping(7)))
+                assert (await server.receive()).msg == Ping(7)
+                await server.send(Frame(Ping(8)))
+                assert (await client.receive()).msg == Ping(8)
+            closed_at: list[float] = []
+
+            async def until_closed(s: anyio.abc.SocketStream) -> None:
+                try:
+                    while await s.receive():
+                        pass
+                except (anyio.EndOfStream, anyio.BrokenResourceError, OSError):
+                    pass
+                closed_at.append(anyio.current_time() - started)
+                await s.aclose()
+
+            async with anyio.create_task_group() as tg:
+                for s in streams:
+                    tg.start_soon(until_closed, s)
+            assert len(closed_at) == n
+            assert max(closed_at) < timeout + 5, max(closed_at)
+            assert listener.evicted >= n - cap
+            assert listener.handshaking == 0
