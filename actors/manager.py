@@ -100,6 +100,7 @@ class Manager(Actor):
         self._resolve = resolve
         self.gather_timeout = gather_timeout
         self.keys: dict[Key, _KeyState] = {}  #: keys some client wants
+        self.pending = 0  #: of those, the ones with no word from the scheduler yet
         self.runs = 0
         self._run_ids = itertools.count(1)
         self.max_runs = max_runs
@@ -136,12 +137,13 @@ class Manager(Actor):
         for key in specs:  # failed or cancelled keys submitted again are run again:
             ks = self.keys.get(key)  # their last word is stale
             if ks is not None and ks.update is not None and not isinstance(ks.update, KeyDone):
-                ks.update = None
+                self._set_update(ks, None)
         wanted = []
         for key in dict.fromkeys(msg.keys):
             ks = self.keys.get(key)
             if ks is None:
                 ks = self.keys[key] = _KeyState(set())
+                self.pending += 1
             if msg.client not in ks.clients:
                 ks.clients.add(msg.client)
                 wanted.append(key)
@@ -159,6 +161,11 @@ class Manager(Actor):
             oldest = next(iter(self.run_keys))
             self._n_run_keys -= len(self.run_keys.pop(oldest))
 
+    def _set_update(self, ks: _KeyState, upd: Any) -> None:
+        """Every change of a wanted key's last word goes here (``pending`` counts)."""
+        self.pending += (upd is None) - (ks.update is None)
+        ks.update = upd
+
     @handles(KeyUpdates)
     def key_updates(self, msg: KeyUpdates) -> None:
         per_client: dict[str, list[Any]] = {}
@@ -166,7 +173,7 @@ class Manager(Actor):
             ks = self.keys.get(upd.key)
             if ks is None:
                 continue
-            ks.update = upd
+            self._set_update(ks, upd)
             for client in ks.clients:
                 per_client.setdefault(client, []).append(upd)
         for client, updates in per_client.items():
@@ -187,6 +194,7 @@ class Manager(Actor):
             ks.clients.discard(msg.client)
             if not ks.clients:
                 del self.keys[key]
+                self.pending -= ks.update is None
             released.append(key)
         if released:
             self._scheduler().post(ReleaseKeysRequest(tuple(released), msg.client))
@@ -293,7 +301,7 @@ class Manager(Actor):
         for key in missing:
             ks = self.keys.get(key)
             if ks is not None and isinstance(ks.update, KeyDone):
-                ks.update = None  # wait for the scheduler's next word on it
+                self._set_update(ks, None)  # wait for the scheduler's next word on it
         return GatherResult(data, tuple(missing), msg.raw, tuple(unreachable), tuple(streams))
 
     async def _read_stream(self, ref: Any, info: StreamInfo) -> Any:
@@ -341,7 +349,7 @@ class Manager(Actor):
     async def status(self, msg: StatusRequest) -> dict[str, Any]:
         sched = await self._scheduler().ask(msg)
         files = await self._registry().ask(msg)
-        pending = sum(1 for ks in self.keys.values() if ks.update is None)
+        pending = self.pending
         out = {
             **sched,
             "files": files,

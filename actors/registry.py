@@ -59,6 +59,7 @@ class FileTable:
         self.stored: dict[str, int] = {}  #: bytes held per worker
         self.released_total = 0  #: files released so far
         self.released_bytes = 0  #: bytes freed on workers so far (all replicas)
+        self.states: dict[str, int] = {}  #: files per state, kept by _account
 
     def handle(self, facts: tuple[FileFact, ...]) -> list[DropReplicas | FilesDropped]:
         drops: dict[str, list[Key]] = {}
@@ -98,16 +99,20 @@ class FileTable:
         return out
 
     def _account(self, info: FileInfo, sign: int) -> None:
+        """Count ``info`` in (``sign`` 1) or out (-1) of the per-worker bytes and the
+        per-state counts; every change to ``files`` goes through here."""
         for w in info.replicas:
             self.stored[w] = self.stored.get(w, 0) + sign * info.nbytes
+        n = self.states.get(info.state, 0) + sign
+        if n:
+            self.states[info.state] = n
+        else:
+            self.states.pop(info.state, None)
 
     def summary(self) -> dict[str, Any]:
-        states: dict[str, int] = {}
-        for info in self.files.values():
-            states[info.state] = states.get(info.state, 0) + 1
         return {
             "files": len(self.files),
-            "states": states,
+            "states": dict(self.states),
             "stored_bytes": dict(self.stored),
             "released": self.released_total,
             "released_bytes": self.released_bytes,

@@ -8,6 +8,8 @@ here; they are all in ``actors/scheduler_state.py`` and the policies.
 
 from __future__ import annotations
 
+import ast
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -42,6 +44,8 @@ from policies import REGISTRY, PolicyRegistry
 from runtime.errors import ActorStopped
 from runtime.kernel import Actor, ActorRef, Envelope, Later, current_causal_id, handles
 from runtime.messages import (
+    MAX_LISTING,
+    MAX_STORY_KEYS,
     CancelRequest,
     CancelTasks,
     DrainRequest,
@@ -246,15 +250,7 @@ class Scheduler(Actor):
 
     @handles(StatusRequest)
     def status(self, msg: StatusRequest) -> dict[str, Any]:
-        st = self.state
-        by_state: dict[str, int] = {}
-        for ts in st.tasks.values():
-            by_state[ts.state] = by_state.get(ts.state, 0) + 1
-        queues: dict[str, int] = {}  #: ready tasks per pool ("*": any pool)
-        for ts in st.tasks.values():
-            if ts.state == "queued":
-                pool = ts.spec.pool or "*"
-                queues[pool] = queues.get(pool, 0) + 1
+        st = self.state  # counters kept by the core: no scan of the tasks
         return {
             "workers": tuple(self.infos.values()),
             "processing": {w: len(ws.processing) for w, ws in st.workers.items()},
@@ -274,9 +270,9 @@ class Scheduler(Actor):
                 for w, m in self.memory.items()
             },
             "throttled": sorted(st.throttled),
-            "tasks_by_state": by_state,
-            "queued": st.n_queued,
-            "queues": queues,
+            "tasks_by_state": st.by_state,
+            "queued": st.count("queued"),
+            "queues": st.queued_by_pool(),  #: ready tasks per pool ("*": any pool)
             "categories": {c: dict(_stats(s)) for c, s in st.stats.items()},
             "policies": {k: getattr(p, "name", type(p).__name__) for k, p in st.policies.items()},
             "policy_errors": st.policy_errors,
@@ -299,32 +295,59 @@ class Scheduler(Actor):
     @handles(StoryQuery)
     def story_query(self, msg: StoryQuery) -> list[list[str]]:
         """Transitions of the keys whose text (``str(key)``) is in ``msg.keys``, as text:
-        ``[key, start, finish, stimulus id, time]``. Worker ids match too (their joins,
-        drains and departures are logged under the worker id)."""
-        wanted = set(msg.keys)
+        ``[key, start, finish, stimulus id, time]``, the latest ``limit``. Worker ids
+        match too (their joins, drains and departures are logged under the worker id).
+
+        Bounded: each text is turned back into the key it was printed from (the text
+        itself, or the literal it spells, such as a tuple), so the log is searched by
+        hash, never by printing each of its entries."""
+        if not 0 < msg.limit <= MAX_LISTING:
+            raise ValueError(f"limit must be 1 to {MAX_LISTING}, got {msg.limit}")
+        if len(msg.keys) > MAX_STORY_KEYS:
+            raise ValueError(f"at most {MAX_STORY_KEYS} keys per story query, got {len(msg.keys)}")
+        wanted: set[Any] = set()
+        for text in msg.keys:
+            wanted.add(text)
+            with contextlib.suppress(
+                ValueError, SyntaxError, TypeError, MemoryError, RecursionError
+            ):
+                key = ast.literal_eval(text) if len(text) < 10_000 else None
+                if key is not None:
+                    hash(key)
+                    wanted.add(key)
+        rows = self.state.story(*wanted)[-msg.limit :]
         return [
             [str(k), str(start), str(finish), str(stim), f"{now:.6f}"]
-            for k, start, finish, stim, now in self.state.story_log
-            if str(k) in wanted
+            for k, start, finish, stim, now in rows
+            if str(k) in msg.keys
         ]
 
     @handles(TasksQuery)
     def tasks_query(self, msg: TasksQuery) -> tuple[TaskRecord, ...]:
-        """Up to ``limit`` tasks (0: all) in ``state`` and ``category`` (``None``: any)."""
-        if msg.limit < 0:
-            raise ValueError(f"limit must be >= 0 (0: no limit), got {msg.limit}")
+        """Up to ``limit`` tasks (0: a page, ``MAX_LISTING``) in ``state`` and
+        ``category`` (``None``: any), after the first ``offset`` that match."""
+        if not 0 <= msg.limit <= MAX_LISTING:
+            raise ValueError(f"limit must be 0 to {MAX_LISTING} (0: a page), got {msg.limit}")
+        if msg.offset < 0:
+            raise ValueError(f"offset must be >= 0, got {msg.offset}")
         if msg.state is not None and msg.state not in _STATES:
             raise ValueError(f"unknown task state {msg.state!r}; choose from {', '.join(_STATES)}")
-        return tuple(self.task_records(msg.state, msg.category, msg.limit))
+        return tuple(
+            self.task_records(msg.state, msg.category, msg.limit or MAX_LISTING, msg.offset)
+        )
 
     def task_records(
-        self, state: str | None = None, category: str | None = None, limit: int = 0
+        self, state: str | None = None, category: str | None = None, limit: int = 0, offset: int = 0
     ) -> list[TaskRecord]:
         out: list[TaskRecord] = []
+        skip = offset
         for ts in self.state.tasks.values():
             if (state is not None and ts.state != state) or (
                 category is not None and ts.category != category
             ):
+                continue
+            if skip:
+                skip -= 1
                 continue
             worker = ts.worker
             if worker is None and ts.who_has:
@@ -357,6 +380,9 @@ class Scheduler(Actor):
         self.log.info("draining worker", worker=msg.worker, running=len(ws.processing))
         return {"worker": msg.worker, "running": len(ws.processing), "retired": ws.retired}
 
+
+#: What turning a story query's text back into a key may raise: it is then text only.
+_NOT_A_LITERAL = (ValueError, SyntaxError, TypeError, MemoryError, RecursionError)
 
 #: Task states a TasksQuery may filter on.
 _STATES = ("waiting", "queued", "processing", "memory", "released", "erred", "cancelled")

@@ -69,7 +69,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import itertools
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Literal, NamedTuple
 
@@ -589,11 +589,18 @@ class SchedulerState:
         #: tasks (not draining), per pool and over every pool (``None``); a limit of 0 is
         #: no limit (``inf``). A pool without such a worker is absent: nothing is decided
         self.largest: dict[str | None, float] = {}
+        #: the smallest of ``largest``'s limits: a task whose known inputs are no larger
+        #: fits some worker of any pool (the one comparison on the hot path)
+        self._floor = _NO_LIMIT
         self.stalled_since: float | None = None  #: when the watchdog saw a stall begin
         self._flipped: set[str] = set()  #: categories whose class flipped this event
         self.policy_errors = 0  #: policy calls that raised or answered out of bounds
         self.generation = 0  #: submissions so far
         self.story_log: deque[tuple[Any, ...]] = deque(maxlen=self.config.story_length)
+        #: tasks per state, and queued tasks per pool ("*": any pool), kept in step with
+        #: every transition (status reads them instead of scanning the tasks)
+        self.state_counts: Counter[str] = Counter()
+        self.queued_counts: Counter[str] = Counter()
         self._seq = itertools.count()
         # Per-handle scratch, flushed into commands at the end of handle().
         self._out: list[Command] = []
@@ -636,11 +643,20 @@ class SchedulerState:
         return [entry for entry in self.story_log if entry[0] in wanted]
 
     def count(self, state: str) -> int:
-        return sum(1 for ts in self.tasks.values() if ts.state == state)
+        return self.state_counts[state]
+
+    @property
+    def by_state(self) -> dict[str, int]:
+        """Tasks per state (the states with any), from counters kept as tasks move."""
+        return {state: n for state, n in self.state_counts.items() if n}
 
     @property
     def n_queued(self) -> int:
         return sum(len(q) for q in self.queues.values())
+
+    def queued_by_pool(self) -> dict[str, int]:
+        """Ready tasks per pool (``"*"``: tasks any pool may run), from counters."""
+        return {pool: n for pool, n in self.queued_counts.items() if n}
 
     @property
     def pressure(self) -> bool:
@@ -659,6 +675,7 @@ class SchedulerState:
             if ts is None:
                 ts = TaskState(spec, gen)
                 self.tasks[key] = ts
+                self.state_counts["new"] += 1
                 new.append(ts)
             elif ts.state in ("erred", "cancelled"):
                 # Resubmitting a failed key runs it again with the new spec.
@@ -903,6 +920,11 @@ class SchedulerState:
                 d.consumers += delta
                 self._files[d.key] = d
         ts.state = finish
+        counts = self.state_counts
+        counts[start] -= 1
+        counts[finish] += 1
+        if start == "queued" or finish == "queued":
+            self.queued_counts[ts.spec.pool or "*"] += 1 if finish == "queued" else -1
         self.story_log.append((ts.key, start, finish, self._stimulus, self._now))
         if was_active and not now_active:
             for d in ts.deps:
@@ -940,7 +962,9 @@ class SchedulerState:
         worklist; the ones that must be produced again (released, or cancelled only
         because nothing needed them then) are returned for the caller to recompute.
         """
-        too_large = ts.in_nbytes > 0 and ts.in_nbytes > self.largest.get(ts.spec.pool, _NO_LIMIT)
+        too_large = ts.in_nbytes > self._floor and ts.in_nbytes > self.largest.get(
+            ts.spec.pool, _NO_LIMIT
+        )
         if too_large:
             self._too_large.append(ts)  # failed in _drain, once it is waiting or queued
         missing = [d for d in ts.deps if d.state != "memory"]
@@ -990,6 +1014,7 @@ class SchedulerState:
             if limit > largest.get(None, -1.0):
                 largest[None] = limit
         before, self.largest = self.largest, largest
+        self._floor = min(largest.values(), default=_NO_LIMIT)
         if not any(limit < before.get(pool, _NO_LIMIT) for pool, limit in largest.items()):
             return
         self._too_large.extend(
@@ -1029,16 +1054,16 @@ class SchedulerState:
         self._set(ts, "memory")
         self._add_replica(ts, ws)
         ready = []
-        largest = self.largest
+        floor = self._floor
         for dep in ts.dependents:
             if grown:
                 dep.in_nbytes += grown
+                if dep.in_nbytes > floor and dep.state == "waiting":
+                    # Maybe too large already, whatever its other inputs: if so, it
+                    # fails now (_admit, from _drain), not once they are all computed.
+                    self._too_large.append(dep)
             if dep.state == "waiting":
                 dep.waiting_on -= 1
-                if grown > 0 and dep.in_nbytes > largest.get(dep.spec.pool, _NO_LIMIT):
-                    # Too large already, whatever its other inputs: fail it now (in
-                    # _drain), not once they are all computed.
-                    self._too_large.append(dep)
                 if dep.waiting_on == 0:
                     self._set(dep, "queued")
                     self._enqueue(dep)
@@ -1193,6 +1218,7 @@ class SchedulerState:
             ):
                 continue
             del self.tasks[t.key]
+            self.state_counts[t.state] -= 1
             self._forgotten.append(t.key)
             self._files[t.key] = t
             self.story_log.append((t.key, t.state, "forgotten", self._stimulus, self._now))
@@ -1598,6 +1624,10 @@ class SchedulerState:
 
     def validate(self) -> None:
         """Check every invariant; raise AssertionError naming the first broken one."""
+        actual = Counter(ts.state for ts in self.tasks.values())
+        assert self.by_state == dict(actual), ("state counters", self.by_state, actual)
+        pools = Counter(ts.spec.pool or "*" for ts in self.tasks.values() if ts.state == "queued")
+        assert self.queued_by_pool() == dict(pools), ("queue counters", self.queued_counts, pools)
         for key, ts in self.tasks.items():
             assert ts.key == key
             assert ts.state in ACTIVE | {"memory", "released", "erred", "cancelled"}, ts
@@ -1659,6 +1689,7 @@ class SchedulerState:
                 largest[ws.pool] = max(largest.get(ws.pool, 0.0), limit)
                 largest[None] = max(largest.get(None, 0.0), limit)
         assert self.largest == largest, (self.largest, largest)
+        assert self._floor == min(largest.values(), default=_NO_LIMIT), self._floor
         # No ready task may wait while a worker that could run it has a free slot.
         for ts in queued:
             assert not self._candidates(ts), (ts, "queued while a candidate worker is free")

@@ -49,6 +49,7 @@ from rich.text import Text
 
 from runtime.errors import ActorStopped, CorralError
 from runtime.messages import (
+    MAX_LISTING,
     CancelKeysRequest,
     DrainRequest,
     Message,
@@ -86,8 +87,8 @@ COMMANDS: dict[str, tuple[str, str, bool]] = {
         False,
     ),
     "tasks": (
-        "tasks [--state STATE] [--category CATEGORY] [--limit N]",
-        "list tasks (default: the first 100; --limit 0 lists all)",
+        "tasks [--state STATE] [--category CATEGORY] [--limit N] [--offset N]",
+        "list tasks (default: the first 100; --limit 0 a page of 10,000; --offset N skips N)",
         False,
     ),
     "story": ("story KEY", "every recorded transition of a task (or of a worker id)", False),
@@ -269,10 +270,15 @@ class ConsoleClient:
         return dict(await self.ask(StatusRequest()))
 
     async def tasks(
-        self, state: str | None = None, category: str | None = None, limit: int = 100
+        self,
+        state: str | None = None,
+        category: str | None = None,
+        limit: int = 100,
+        offset: int = 0,
     ) -> list[TaskRecord]:
-        """Up to ``limit`` tasks (0: all) in ``state`` and ``category`` (None: any)."""
-        return list(await self.ask(TasksQuery(state, category, limit)))
+        """Up to ``limit`` tasks (0: a page of ``MAX_LISTING``) in ``state`` and
+        ``category`` (None: any), after the first ``offset`` that match."""
+        return list(await self.ask(TasksQuery(state, category, limit, offset)))
 
     async def story(self, *keys: str) -> list[list[str]]:
         """Transitions of the keys (as text, as :meth:`tasks` shows them):
@@ -336,10 +342,13 @@ class ConsoleClient:
         parser.add_argument("--state", choices=STATES)
         parser.add_argument("--category")
         parser.add_argument("--limit", type=int, default=100)
+        parser.add_argument("--offset", type=int, default=0)
         args = parser.parse_args(_words(rest))
-        if args.limit < 0:
-            raise ConsoleError("--limit must be >= 0 (0: all)")
-        records = await self.tasks(args.state, args.category, args.limit)
+        if not 0 <= args.limit <= MAX_LISTING:
+            raise ConsoleError(f"--limit must be 0 to {MAX_LISTING} (0: {MAX_LISTING})")
+        if args.offset < 0:
+            raise ConsoleError("--offset must be >= 0")
+        records = await self.tasks(args.state, args.category, args.limit, args.offset)
         data = [jsonable(r) for r in records]
         return Result("tasks", data, render_tasks(data, args.limit))
 
@@ -672,7 +681,7 @@ def render_tasks(records: Sequence[Mapping[str, Any]], limit: int = 0) -> Render
         cells = (r["key"], r["state"], r["category"], r["worker"] or "-", r["tries"])
         _row(t, *(str(c) for c in cells))
     if limit and len(records) >= limit:
-        return Group(t, Text(f"(first {limit}; --limit N shows more, --limit 0 all)"))
+        return Group(t, Text(f"(first {limit}; --limit N shows more, --offset N the next ones)"))
     return t
 
 
@@ -843,7 +852,7 @@ class ConsoleShell(cmd.Cmd):
                 return self.known.get("categories", [])
             if args and args[-1] == "--limit":
                 return []
-            return ["--state", "--category", "--limit", "--json"]
+            return ["--state", "--category", "--limit", "--offset", "--json"]
         if name == "policy":
             if not args:
                 return ["list", "set"]

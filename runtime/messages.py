@@ -425,20 +425,31 @@ class ClientGone(Message):
 
 @message()
 class TasksQuery(Message):
-    """-> manager -> scheduler: up to ``limit`` tasks (0: all) in ``state`` and
-    ``category`` (``None``: any). Reply: a tuple of :class:`TaskRecord`."""
+    """-> manager -> scheduler: up to ``limit`` tasks (0: as many as a page holds,
+    ``MAX_LISTING``) in ``state`` and ``category`` (``None``: any), skipping the first
+    ``offset`` that match. Reply: a tuple of :class:`TaskRecord`."""
 
     state: str | None = None
     category: str | None = None
     limit: int = 100
+    offset: int = 0
 
 
 @message()
 class StoryQuery(Message):
     """-> manager -> scheduler: transitions of the keys whose text (``str(key)``) is one
-    of ``keys``. Reply: ``[key, start, finish, stimulus id, time]`` lists of strings."""
+    of ``keys`` (at most ``MAX_STORY_KEYS``), the latest ``limit`` of them (at most
+    ``MAX_LISTING``). Reply: ``[key, start, finish, stimulus id, time]`` lists of
+    strings."""
 
     keys: tuple[str, ...]
+    limit: int = 1000
+
+
+#: the most rows a TasksQuery or StoryQuery answers with (a page)
+MAX_LISTING = 10_000
+#: the most keys one StoryQuery may name
+MAX_STORY_KEYS = 100
 
 
 @message()

@@ -340,8 +340,15 @@ async def test_tasks_lists_filters_and_limits_and_story_shows_transitions(gate: 
             ]  # fmt: skip
             with pytest.raises(ConsoleError, match="invalid choice"):
                 await console.execute("tasks --state nonsense")
-            with pytest.raises(ConsoleError, match="--limit must be >= 0"):
+            with pytest.raises(ConsoleError, match="--limit must be 0 to 10000"):
                 await console.execute("tasks --limit -1")
+            with pytest.raises(ConsoleError, match="--limit must be 0 to 10000"):
+                await console.execute("tasks --limit 10001")
+            # pages: --offset skips what the page before showed
+            page1 = await console.tasks(category="add", limit=3)
+            page2 = await console.tasks(category="add", limit=3, offset=3)
+            assert len(page1) == 3 and len(page2) == 2
+            assert {r.key for r in page1 + page2} == {f.key for f in done}
 
             # story: by the key's text as `tasks` shows it, tuple keys typed as they are.
             story = await console.story("('x', 1)")
