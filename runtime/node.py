@@ -571,12 +571,17 @@ class Gateway:
             await refuse(conn, refusal)
             return
         assert isinstance(hello, Hello)
+        # Hello accepted: raise the connection's receive limits by role (issue 9).
+        conn.set_limits(max_message_bytes=None if role == "admin" else 256 << 10)
         if hello.kind == "worker":
             door = _Door(self, self.plane.refs["scheduler"], "worker", hello.name)
+            new = hello.name not in self._secrets
             secret = self._secrets.setdefault(hello.name, secrets.token_hex(16))
             try:
                 await conn.send(Frame(Welcome(secret)))
-            except CorralError:
+            except CorralError:  # gone before it heard its secret: the id stays free
+                if new:
+                    self._secrets.pop(hello.name, None)
                 await conn.aclose()
                 return
         else:
