@@ -26,6 +26,7 @@ from runtime.messages import (
     CancelRequest,
     ClientGone,
     CloseStream,
+    DataMissing,
     DrainRequest,
     GatherRequest,
     GetData,
@@ -290,6 +291,8 @@ class Manager(Actor):
                         )
                     data.update(reply.data)
                     missing.extend(reply.missing)
+                    if reply.missing:  # the scheduler thinks it has them: tell it
+                        self._scheduler().post(DataMissing(wid, tuple(reply.missing)))
                     for info in reply.streams:
                         if msg.raw:
                             streams.append(info._replace(worker=wid))

@@ -30,12 +30,14 @@ from actors.scheduler_state import (
     KeyErred,
     KeysReleased,
     PolicyChanged,
+    ReplicasMissing,
     RetireWorker,
     SchedulerConfig,
     SchedulerState,
     TasksFinished,
     Tick,
     WorkerDraining,
+    WorkerHeld,
     WorkerJoined,
     WorkerLeft,
     WorkerMemory,
@@ -48,6 +50,8 @@ from runtime.messages import (
     MAX_STORY_KEYS,
     CancelRequest,
     CancelTasks,
+    ConfirmHolds,
+    DataMissing,
     DrainRequest,
     DropKeys,
     FileFactsMsg,
@@ -70,6 +74,7 @@ from runtime.messages import (
     TasksQuery,
     WaitForWorkersRequest,
     WorkerGone,
+    WorkerHolds,
     WorkerInfo,
     WorkerMemoryReport,
     message,
@@ -179,6 +184,7 @@ class Scheduler(Actor):
     @handles(RegisterWorker)
     def register(self, msg: RegisterWorker) -> None:
         info: WorkerInfo = msg.info
+        rejoined = info.worker_id in self.state.workers  # over a new connection
         self.workers[info.worker_id] = msg.ref
         self.infos[info.worker_id] = info
         self.log.info("worker joined", worker=info.worker_id, cores=info.cores, pool=info.pool)
@@ -190,6 +196,16 @@ class Scheduler(Actor):
                 waiting.append((n, event))
         self._worker_waiters = waiting
         self._handle(WorkerJoined(*self._ev(), info.worker_id, info.cores, info.memory, info.pool))
+        if rejoined:  # what was in flight on the old connection is lost: ask what arrived
+            msg.ref.post(ConfirmHolds())
+
+    @handles(DataMissing)
+    def data_missing(self, msg: DataMissing) -> None:
+        self._handle(ReplicasMissing(*self._ev(), msg.worker_id, msg.keys))
+
+    @handles(WorkerHolds)
+    def worker_holds(self, msg: WorkerHolds) -> None:
+        self._handle(WorkerHeld(*self._ev(), msg.worker_id, frozenset(msg.active), msg.held))
 
     @handles(WorkerGone)
     def worker_gone(self, msg: WorkerGone) -> None:

@@ -116,6 +116,7 @@ __all__ = [
     "KeyErred",
     "KeysReleased",
     "PolicyChanged",
+    "ReplicasMissing",
     "RetireWorker",
     "SchedulerConfig",
     "SchedulerState",
@@ -125,6 +126,7 @@ __all__ = [
     "Tick",
     "ToRun",
     "WorkerDraining",
+    "WorkerHeld",
     "WorkerJoined",
     "WorkerLeft",
     "WorkerMemory",
@@ -163,6 +165,14 @@ TRANSITIONS: frozenset[tuple[str, str]] = frozenset(
         ("cancelled", "waiting"),
         ("cancelled", "queued"),
     }
+)
+
+
+#: each allowed transition's index into ``SchedulerState.moves`` (counts of each move)
+_MOVES: dict[tuple[str, str], int] = {m: i for i, m in enumerate(sorted(TRANSITIONS))}
+#: per move index: +1 if it enters ``queued``, -1 if it leaves it, else 0
+_QUEUED_DELTA: tuple[int, ...] = tuple(
+    (finish == "queued") - (start == "queued") for start, finish in sorted(TRANSITIONS)
 )
 
 
@@ -209,6 +219,24 @@ class WorkerJoined(Event):
 class WorkerLeft(Event):
     worker: str
     cause: str = "unknown"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ReplicasMissing(Event):
+    """Asked for these outputs (a gather), ``worker`` did not have them."""
+
+    worker: str
+    keys: tuple[Key, ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WorkerHeld(Event):
+    """A worker that rejoined over a new connection says what it has in hand
+    (``active`` keys) and holds (``held``: ``(key, nbytes)``)."""
+
+    worker: str
+    active: frozenset[Key]
+    held: tuple[tuple[Key, int], ...]
 
 
 @dataclasses.dataclass(slots=True)  # per task: not frozen (3x cheaper); never mutated
@@ -434,6 +462,7 @@ class WorkerState:
         "slots",
         "throttle_at",
         "throttled",
+        "unconfirmed",
     )
 
     def __init__(self, wid: str, cores: int, memory: int, pool: str, saturation: float) -> None:
@@ -452,6 +481,9 @@ class WorkerState:
         self.rss = 0  #: its RSS as last reported
         self.throttle_at = 0  #: bytes where its throttle fence is (0: not reported)
         self.n_producers = 0  #: producers among ``processing``
+        #: tasks sent to it before it rejoined over a new connection: they may have been
+        #: lost with the old one, until it says what it has (WorkerHeld)
+        self.unconfirmed: set[TaskState] = set()
 
     @property
     def n_processing(self) -> int:
@@ -597,9 +629,12 @@ class SchedulerState:
         self.policy_errors = 0  #: policy calls that raised or answered out of bounds
         self.generation = 0  #: submissions so far
         self.story_log: deque[tuple[Any, ...]] = deque(maxlen=self.config.story_length)
-        #: tasks per state, and queued tasks per pool ("*": any pool), kept in step with
-        #: every transition (status reads them instead of scanning the tasks)
-        self.state_counts: Counter[str] = Counter()
+        #: how often each transition happened (by ``_MOVES`` index), tasks created and
+        #: tasks forgotten per state, and queued tasks per pool ("*": any pool): kept in
+        #: step with every transition, so status counts tasks without scanning them
+        self.moves: list[int] = [0] * len(_MOVES)
+        self.created = 0
+        self.forgotten: Counter[str] = Counter()
         self.queued_counts: Counter[str] = Counter()
         self._seq = itertools.count()
         # Per-handle scratch, flushed into commands at the end of handle().
@@ -643,12 +678,18 @@ class SchedulerState:
         return [entry for entry in self.story_log if entry[0] in wanted]
 
     def count(self, state: str) -> int:
-        return self.state_counts[state]
+        return self.by_state.get(state, 0)
 
     @property
     def by_state(self) -> dict[str, int]:
         """Tasks per state (the states with any), from counters kept as tasks move."""
-        return {state: n for state, n in self.state_counts.items() if n}
+        counts: Counter[str] = Counter({"new": self.created})
+        counts.subtract(self.forgotten)
+        for (start, finish), i in _MOVES.items():
+            n = self.moves[i]
+            counts[start] -= n
+            counts[finish] += n
+        return {state: n for state, n in counts.items() if n}
 
     @property
     def n_queued(self) -> int:
@@ -675,7 +716,7 @@ class SchedulerState:
             if ts is None:
                 ts = TaskState(spec, gen)
                 self.tasks[key] = ts
-                self.state_counts["new"] += 1
+                self.created += 1
                 new.append(ts)
             elif ts.state in ("erred", "cancelled"):
                 # Resubmitting a failed key runs it again with the new spec.
@@ -738,6 +779,7 @@ class SchedulerState:
             ws = WorkerState(ev.worker, ev.cores, ev.memory, ev.pool, self.config.saturation)
             self.workers[ev.worker] = ws
         else:  # a known worker re-registering (e.g. after a reconnect) keeps its work
+            ws.unconfirmed = set(ws.processing)  # until it says what reached it
             ws.cores, ws.memory, ws.pool = ev.cores, ev.memory, ev.pool
             ws.slots = max(1, round(ev.cores * self.config.saturation))
             if ws.retired:  # its Stop may have been lost with the old connection
@@ -747,6 +789,38 @@ class SchedulerState:
         self._update_free(ws)
         self._log(ev.worker, "-", "joined")
         self._limits_changed()
+
+    def _worker_held(self, ev: WorkerHeld) -> None:
+        """Mend what a dropped connection lost. A task sent before the worker rejoined
+        that it neither has in hand nor holds the output of never reached it: ready
+        again, free (no try is recorded: nothing ran). One whose output it holds
+        finished, and the result was lost: done now. Outputs it holds of tasks that are
+        released or forgotten are junk (their DropKeys was lost): dropped."""
+        ws = self.workers.get(ev.worker)
+        if ws is None:
+            return
+        sent_before, ws.unconfirmed = ws.unconfirmed, set()
+        held = dict(ev.held)
+        for ts in sorted(sent_before & ws.processing, key=_prio_key):
+            if ts.key in ev.active or ts.worker != ws.id:
+                continue
+            self._release_slot(ts, ws)
+            if ts.key in held:
+                self._log(ts.key, "processing", "result-lost")
+                now = self._now
+                self._finished_ok(ts, ws, TaskResult(ts.key, "ok", now, now, held[ts.key]))
+            else:
+                self._log(ts.key, "processing", "lost-in-transit")
+                self._back_to_ready(ts)
+        junk = []
+        for key in held:
+            out = self.tasks.get(key)
+            if out is None or out.state in ("released", "erred", "cancelled"):
+                junk.append(key)
+            elif out.state == "memory" and ws.id not in out.who_has:
+                self._add_replica(out, ws)
+        if junk:
+            self._out.append(DropData(self._stimulus, ws.id, tuple(junk)))
 
     def _worker_left(self, ev: WorkerLeft) -> None:
         ws = self.workers.pop(ev.worker, None)
@@ -910,7 +984,8 @@ class SchedulerState:
 
     def _set(self, ts: TaskState, finish: str) -> None:
         start = ts.state
-        if (start, finish) not in TRANSITIONS:
+        move = _MOVES.get((start, finish))
+        if move is None:
             raise InvalidTransition(ts.key, start, finish, self.story(ts.key))
         was_active = start in ACTIVE
         now_active = finish in ACTIVE
@@ -920,11 +995,10 @@ class SchedulerState:
                 d.consumers += delta
                 self._files[d.key] = d
         ts.state = finish
-        counts = self.state_counts
-        counts[start] -= 1
-        counts[finish] += 1
-        if start == "queued" or finish == "queued":
-            self.queued_counts[ts.spec.pool or "*"] += 1 if finish == "queued" else -1
+        self.moves[move] += 1
+        queued = _QUEUED_DELTA[move]
+        if queued:
+            self.queued_counts[ts.spec.pool or "*"] += queued
         self.story_log.append((ts.key, start, finish, self._stimulus, self._now))
         if was_active and not now_active:
             for d in ts.deps:
@@ -1078,18 +1152,27 @@ class SchedulerState:
 
     def _inputs_missing(self, ts: TaskState, res: TaskResult) -> None:
         for dk, wid in res.missing:
-            dep = self.tasks.get(dk)
-            if dep is None:
-                continue
-            if wid in dep.who_has:
-                dep.who_has.discard(wid)
-                w = self.workers.get(wid)
-                if w is not None:
-                    w.has_what.discard(dep)
-                self._files[dk] = dep
-            if dep.state == "memory" and not dep.who_has:
-                self._output_lost(dep)
+            self._not_on(dk, wid)
         self._back_to_ready(ts)
+
+    def _not_on(self, key: Key, wid: str) -> None:
+        """``wid`` turned out not to hold ``key``'s output: forget that replica, and
+        make the output again if it was the last one."""
+        dep = self.tasks.get(key)
+        if dep is None:
+            return
+        if wid in dep.who_has:
+            dep.who_has.discard(wid)
+            w = self.workers.get(wid)
+            if w is not None:
+                w.has_what.discard(dep)
+            self._files[key] = dep
+        if dep.state == "memory" and not dep.who_has:
+            self._output_lost(dep)
+
+    def _replicas_missing(self, ev: ReplicasMissing) -> None:
+        for key in ev.keys:
+            self._not_on(key, ev.worker)
 
     def _back_to_ready(self, ts: TaskState) -> None:
         """A processing task returns to waiting or queued, by its inputs' states."""
@@ -1218,7 +1301,7 @@ class SchedulerState:
             ):
                 continue
             del self.tasks[t.key]
-            self.state_counts[t.state] -= 1
+            self.forgotten[t.state] += 1
             self._forgotten.append(t.key)
             self._files[t.key] = t
             self.story_log.append((t.key, t.state, "forgotten", self._stimulus, self._now))
@@ -1742,6 +1825,8 @@ _DISPATCH: dict[type, Any] = {
     GraphSubmitted: SchedulerState._graph_submitted,
     WorkerJoined: SchedulerState._worker_joined,
     WorkerLeft: SchedulerState._worker_left,
+    WorkerHeld: SchedulerState._worker_held,
+    ReplicasMissing: SchedulerState._replicas_missing,
     TasksFinished: SchedulerState._tasks_finished,
     CancelRequested: SchedulerState._cancel_requested,
     KeysReleased: SchedulerState._keys_released,

@@ -46,6 +46,7 @@ from runtime.kernel import Actor, ActorRef, Envelope, Ref, handles, new_causal_i
 from runtime.messages import (
     CancelTasks,
     CloseStream,
+    ConfirmHolds,
     DataReply,
     DropKeys,
     GetData,
@@ -57,6 +58,7 @@ from runtime.messages import (
     Stop,
     StreamPart,
     TasksDone,
+    WorkerHolds,
     WorkerInfo,
     WorkerMemoryReport,
     get_data_batches,
@@ -567,6 +569,17 @@ class Worker(Actor):
                 self.executor.cancel(key)
                 if self.executor.abandoned != before:
                     self._report()  # the scheduler's status shows the abandoned thread
+
+    @handles(ConfirmHolds)
+    def confirm_holds(self, msg: ConfirmHolds) -> None:
+        """The scheduler asks after a rejoin; everything it sent before has been handled
+        by now (one connection, one mailbox: in order), so this is what reached us."""
+        pending = (self.fetching, self.deferred, self.unspill, self.running)
+        active = tuple(key for tasks in pending for key in tasks)
+        store = self.data
+        held = tuple((key, store.nbytes(key)) for key in store)
+        self.log.info("rejoined", active=len(active), held=len(held))
+        self.scheduler.post(WorkerHolds(self.worker_id, active, held))
 
     @handles(DropKeys)
     def drop_keys(self, msg: DropKeys) -> None:

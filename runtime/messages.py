@@ -242,6 +242,34 @@ class TasksDone(Message):
 
 
 @message(local=True)
+class DataMissing(Message):
+    """Manager -> scheduler: asked for these outputs, ``worker`` did not have them (the
+    scheduler forgets that replica and, if it was the last, makes the output again)."""
+
+    worker_id: str
+    keys: tuple[Any, ...]
+
+
+@message(local=True)
+class ConfirmHolds(Message):
+    """Scheduler -> worker that rejoined over a new connection: reply (as a tell) with
+    :class:`WorkerHolds`. Sent after everything the scheduler sent it before."""
+
+
+@message(local=True)
+class WorkerHolds(Message):
+    """Worker -> scheduler, answering :class:`ConfirmHolds`: the tasks it has in hand
+    (``active``: fetching, deferred, waiting for a thread or running) and the outputs it
+    holds (``held``: ``(key, nbytes)`` pairs). Messages in flight when the old
+    connection dropped are lost in either direction; with this the scheduler mends
+    what it thinks the worker has."""
+
+    worker_id: str
+    active: tuple[Any, ...]
+    held: tuple[Any, ...]
+
+
+@message(local=True)
 class CancelTasks(Message):
     """Scheduler -> worker: drop these tasks (queued ones never run, running ones'
     results are discarded)."""

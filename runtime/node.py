@@ -78,6 +78,7 @@ from runtime.messages import (
     TasksQuery,
     WaitForWorkersRequest,
     WorkerGone,
+    WorkerHolds,
     WorkerInfo,
     WorkerMemoryReport,
     message,
@@ -385,7 +386,7 @@ ALLOWED: Mapping[str, frozenset[type[Message]]] = MappingProxyType(
             WaitForWorkersRequest,
             DrainRequest,
         },
-        "worker": frozenset({TasksDone, WorkerMemoryReport, WorkerGone}),
+        "worker": frozenset({TasksDone, WorkerMemoryReport, WorkerGone, WorkerHolds}),
     }
 )
 

@@ -49,10 +49,12 @@ from actors.scheduler_state import (
     KeyErred,
     KeysReleased,
     PolicyChanged,
+    ReplicasMissing,
     SchedulerConfig,
     SchedulerState,
     TaskResult,
     TasksFinished,
+    WorkerHeld,
     WorkerJoined,
     WorkerLeft,
 )
@@ -1851,3 +1853,74 @@ def test_max_crashes_is_a_retry_policy_parameter(make_state: Factory) -> None:
     assert ke.error.cause == "crash"  # one crash: nothing to compare it with
     with pytest.raises(PolicyParamsError):
         REGISTRY.create("retry", "default", {"max_crashes": 0})
+
+
+# ----------------------------------------------------------------------------- rejoining
+
+
+def held(state: SchedulerState, worker: str, active: Iterable[Key] = (), **sizes: int) -> Any:
+    return run(
+        state,
+        event(WorkerHeld, worker=worker, active=frozenset(active), held=tuple(sizes.items())),
+    )
+
+
+def test_a_task_sent_before_a_rejoin_that_never_arrived_is_sent_again(
+    make_state: Factory,
+) -> None:
+    s = make_state(saturation=2.0)
+    join(s, "w1")
+    submit(s, {"a": [], "b": []}, ["a", "b"])
+    assert on(s, "w1") == {"a", "b"}
+    join(s, "w1")  # rejoined over a new connection: a and b may have been lost
+    cmds = held(s, "w1", active=["b"])  # a never reached it
+    assert assigned(cmds) == {"w1": ["a"]}  # sent again (to the one worker there is)
+    assert s.tasks["a"].tries == [] and s.tasks["a"].lost_tries == 0  # nothing ran: free
+    assert ("a", "processing", "lost-in-transit") in [e[:3] for e in s.story("a")]
+    assert on(s, "w1") == {"a", "b"}
+
+
+def test_a_result_lost_with_the_connection_is_taken_from_what_the_worker_holds(
+    make_state: Factory,
+) -> None:
+    s = make_state()
+    join(s, "w1")
+    submit(s, {"a": [], "b": ["a"]}, ["b"])
+    join(s, "w1")
+    cmds = held(s, "w1", a=123)  # a finished; its TasksDone was lost
+    assert s.tasks["a"].state == "memory" and s.tasks["a"].nbytes == 123
+    assert s.tasks["a"].who_has == {"w1"}
+    assert assigned(cmds) == {"w1": ["b"]}
+
+
+def test_tasks_sent_after_the_rejoin_are_not_second_guessed(make_state: Factory) -> None:
+    s = make_state()
+    join(s, "w1")
+    join(s, "w1")  # rejoined before anything was sent
+    submit(s, {"a": []}, ["a"])  # sent over the new connection
+    cmds = held(s, "w1")  # its snapshot was taken before a arrived
+    assert cmds == [] and on(s, "w1") == {"a"}
+
+
+def test_outputs_whose_drop_was_lost_are_dropped_again(make_state: Factory) -> None:
+    s = make_state()
+    join(s, "w1")
+    submit(s, {"a": []}, ["a"])
+    finish(s, "w1", "a")
+    join(s, "w1")
+    cmds = held(s, "w1", a=100, gone=5)
+    (drop,) = of(cmds, DropData)
+    assert drop.worker == "w1" and drop.keys == ("gone",)
+    assert s.tasks["a"].who_has == {"w1"}
+
+
+def test_an_output_a_gather_did_not_find_is_made_again(make_state: Factory) -> None:
+    s = make_state()
+    join(s, "w1")
+    submit(s, {"a": []}, ["a"])
+    finish(s, "w1", "a")
+    assert s.tasks["a"].state == "memory"
+    cmds = run(s, event(ReplicasMissing, worker="w1", keys=("a", "unknown")))
+    assert s.tasks["a"].who_has == set() and assigned(cmds) == {"w1": ["a"]}
+    finish(s, "w1", "a")
+    assert s.tasks["a"].state == "memory"
