@@ -412,6 +412,40 @@ def _refusal(role: str, name: str, msg: Any) -> PermissionDenied:
     return PermissionDenied(what, f"{what} is not accepted from other processes")
 
 
+#: reads (status, stories, task listings, policies) one connection may make per second,
+#: and in a burst: past that, its reads wait their turn. A flood from one console slows
+#: that console down, not the scheduler.
+READS_PER_SECOND = 20.0
+READ_BURST = 40
+
+
+class _Pace:
+    """A token bucket: :meth:`take` returns at once while tokens last, else waits for
+    the next one (in arrival order); it returns the seconds it waited."""
+
+    def __init__(self, rate: float, burst: int) -> None:
+        self.rate = rate
+        self.burst = burst
+        self.tokens = float(burst)
+        self.stamp: float | None = None  #: when tokens were counted (None: full)
+        self._lock = anyio.Lock()
+
+    async def take(self) -> float:
+        async with self._lock:
+            now = anyio.current_time()
+            if self.stamp is not None:
+                self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
+            self.stamp = now
+            wait = 0.0
+            if self.tokens < 1:
+                wait = (1 - self.tokens) / self.rate
+                await anyio.sleep(wait)
+                self.tokens = 1.0
+                self.stamp = now + wait
+            self.tokens -= 1
+            return wait
+
+
 class _Door:
     """The actor a connection reaches, as its role allows: every message is checked
     against :data:`ALLOWED` before it is handed on. A refused ask raises
@@ -426,6 +460,7 @@ class _Door:
         self.allowed = ALLOWED[role]
         self.peer: Peer | None = None
         self.refused = 0  #: messages refused on this connection
+        self.pace = _Pace(READS_PER_SECOND, READ_BURST)  #: this connection's reads
 
     def check(self, msg: Any) -> None:
         if type(msg) in self.allowed and (self.role != "worker" or _about_itself(msg, self.name)):
@@ -453,12 +488,17 @@ class _Door:
                 )
             )
 
+    async def _paced(self, msg: Any) -> None:
+        if type(msg) in _READ and await self.pace.take():
+            self.gateway.paced_reads += 1
+
     async def tell(self, msg: Any, *, causal_id: str | None = None, origin: str = "") -> None:
         try:
             self.check(msg)
         except PermissionDenied as exc:
             await self._refused(msg, exc, asked=False)
             return
+        await self._paced(msg)  # a paced tell holds up this connection's reading
         await self.target.tell(msg, causal_id=causal_id, origin=origin or self.name)
 
     async def ask(
@@ -473,6 +513,7 @@ class _Door:
         except PermissionDenied as exc:
             await self._refused(msg, exc, asked=True)
             raise
+        await self._paced(msg)
         return await self.target.ask(msg, timeout=timeout, causal_id=causal_id)
 
 
@@ -499,6 +540,7 @@ class Gateway:
         self.refused_hellos = 0  #: connections refused at their Hello
         self.refused_messages = 0  #: messages refused at the door (all connections)
         self.closed_for_refusals = 0  #: connections closed for sending refused messages
+        self.paced_reads = 0  #: reads that waited their turn (a connection over its pace)
         plane.resolvers.append(self.resolve)
 
     def resolve(self, name: str) -> RemoteRef | None:

@@ -1,0 +1,53 @@
+"""A flood of reads from one connection slows that connection down, not the scheduler
+(issue 9): 200 story asks from a console once stalled a 21-task run for about 10 s.
+Reads (status, stories, task listings, policies) pass the gateway at READS_PER_SECOND
+per connection after a burst of READ_BURST; the rest wait their turn."""
+
+from __future__ import annotations
+
+import operator
+
+import anyio
+import pytest
+
+from runtime import Cluster
+from runtime.console import ConsoleClient
+from runtime.node import READ_BURST, READS_PER_SECOND
+from tests.test_nodes import GATEWAYS, nodes
+
+pytestmark = pytest.mark.anyio
+FLOOD = 100  # past the burst: the last ones wait about 3 s for their turn
+
+
+async def test_a_flood_of_reads_is_paced_and_a_run_goes_on_meanwhile() -> None:
+    assert FLOOD > READ_BURST + 2 * READS_PER_SECOND
+    with anyio.fail_after(60):
+        async with (
+            nodes(1) as (address, _),
+            Cluster(address) as cluster,
+            ConsoleClient(address) as console,
+        ):
+            await cluster.wait_for_workers(1)
+            gateway = GATEWAYS[-1]
+            answered = 0
+            flood_done = anyio.Event()
+
+            async def read() -> None:
+                nonlocal answered
+                assert await console.story("no-such-key") == []
+                answered += 1
+
+            async def flood() -> None:
+                async with anyio.create_task_group() as tg:
+                    for _ in range(FLOOD):
+                        tg.start_soon(read)
+                flood_done.set()
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(flood)
+                futures = cluster.map(operator.add, range(21), range(21))
+                assert await cluster.gather(futures) == [2 * i for i in range(21)]
+                run_finished_first = not flood_done.is_set()
+            assert run_finished_first, "the run waited for the console's flood"
+            assert answered == FLOOD  # slowed, not refused
+            assert FLOOD - READ_BURST - 5 <= gateway.paced_reads <= FLOOD
