@@ -169,7 +169,7 @@ async def refuse(conn: Any, error: BaseException) -> None:
         pickled = None
     with contextlib.suppress(CorralError):  # closed meanwhile: nobody to tell
         await conn.send(Frame(Refused(type(error).__name__, str(error), pickled)))
-    await conn.aclose()
+    await conn.aclose(reason=str(error))  # and in the close, for any websocket client
 
 
 def refusal_error(refused: Refused, *, allow_pickle: bool) -> BaseException:

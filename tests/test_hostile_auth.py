@@ -423,6 +423,9 @@ async def test_a_first_frame_that_is_not_a_hello_is_closed_with_the_hello_rules(
         for first in (Ping(1), StatusRequest(), Hello("root", "x"), Hello("client", "n" * 300)):
             async with raw(site.address, site.tokens["admin"], first) as conn:
                 refused = await _refused(conn)
+                # and the websocket close itself says why (policy violation, 1008)
+                assert "websocket close code 1008" in (conn.close_reason or "")
+                assert "must be a Hello" in (conn.close_reason or "")
             assert refused.kind == "ProtocolError"
             assert "must be a Hello" in refused.text and "'console'" in refused.text
         await _run_is_correct(site)

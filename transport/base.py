@@ -176,8 +176,10 @@ class Connection(abc.ABC):
         """The next frame; :class:`ConnectionClosed` once closed and drained."""
 
     @abc.abstractmethod
-    async def aclose(self) -> None:
-        """Close both directions. Idempotent; the peer can still drain what we sent."""
+    async def aclose(self, reason: str = "") -> None:
+        """Close both directions. Idempotent; the peer can still drain what we sent.
+        ``reason``: why, for the peer (its ``close_reason`` says it); empty for a
+        normal close."""
 
     @property
     @abc.abstractmethod

@@ -316,11 +316,12 @@ class InProcConnection(Connection):
 
     # -- closing ------------------------------------------------------------------
 
-    async def aclose(self) -> None:
-        self.close()
+    async def aclose(self, reason: str = "") -> None:
+        self.close(reason)
 
-    def close(self) -> None:
-        """Synchronous :meth:`aclose` (idempotent)."""
+    def close(self, reason: str = "") -> None:
+        """Synchronous :meth:`aclose` (idempotent). In-process pipes carry no close
+        reason: ``reason`` is not passed on (Corral's peers say why in a frame first)."""
         if self._closed_here:
             return
         self._closed_here = True

@@ -692,7 +692,9 @@ class WebSocketConnection(Connection):
 
     # -- closing ------------------------------------------------------------------
 
-    async def aclose(self) -> None:
+    async def aclose(self, reason: str = "") -> None:
+        """Close; with ``reason`` the close is code 1008 (policy violation) carrying the
+        reason's first 123 bytes, which the peer's ``close_reason`` shows."""
         if not self._closed_here:
             self._closed_here = True
             self._inbox.clear()  # never read now; the peer learns of the close instead
@@ -700,9 +702,14 @@ class WebSocketConnection(Connection):
             if self._costs is not None:
                 self._costs.clear()
                 self._unread_bytes = 0
+            ours = f"closed by this side: {reason}" if reason else "closed by this side"
             if self._recv_reason is None:
-                self._recv_reason = "closed by this side"
-            self._request_close(CLOSE_NORMAL, "closed by the peer", "closed by this side")
+                self._recv_reason = ours
+            if reason:
+                text = reason.encode()[:123].decode(errors="ignore")
+                self._request_close(CLOSE_POLICY_VIOLATION, text, ours)
+            else:
+                self._request_close(CLOSE_NORMAL, "closed by the peer", ours)
         await self._done.wait()
 
     def _request_close(self, code: int, message: str, reason: str) -> None:
