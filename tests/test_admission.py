@@ -39,7 +39,7 @@ from actors.scheduler_state import (
     WorkerLeft,
 )
 from runtime.errors import DependencyFailed, TaskTooLarge
-from tests.test_scheduler_state import (
+from tests.helpers import (
     GB,
     MB,
     Factory,

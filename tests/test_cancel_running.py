@@ -6,7 +6,6 @@ thread until its task ends.
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ import pytest
 
 from runtime import Cluster
 from runtime.errors import CancelledError
+from tests.helpers import wait_until
 
 pytestmark = pytest.mark.anyio
 LIMIT = 60
@@ -27,12 +27,6 @@ def stuck(gate: str, started: str) -> str:
     while not Path(gate).exists() and time.monotonic() < deadline:
         time.sleep(0.005)
     return "done"
-
-
-async def _exists(path: Path) -> None:
-    with anyio.fail_after(30):  # another thread's or process's progress: a bounded poll
-        while not os.path.exists(path):  # noqa: ASYNC110, ASYNC240
-            await anyio.sleep(0.005)
 
 
 @pytest.mark.parametrize(
@@ -52,7 +46,8 @@ async def test_cancelling_a_running_task_frees_its_slot(
             async with Cluster(**options) as c:
                 await c.wait_for_workers(1, timeout=60)
                 blocked = c.submit(stuck, str(gate), str(started))
-                await _exists(started)
+                # Another thread's or process's progress: a bounded poll.
+                await wait_until(started.exists, "the task to start", limit=30, step=0.005)
                 await c.cancel(blocked)
                 with pytest.raises(CancelledError):
                     await blocked

@@ -19,6 +19,7 @@ import pytest
 from runtime import Cluster
 from runtime.errors import ManagerLost
 from runtime.node import DEAD_AFTER, HEARTBEAT
+from tests.helpers import wait_until
 
 pytestmark = pytest.mark.anyio
 LIMIT = 60
@@ -87,13 +88,6 @@ def block(gate: str, mark: str) -> int:
     return 1
 
 
-async def _started(mark: Path) -> None:
-    # Another process's progress shows only in the filesystem: a bounded poll.
-    with anyio.fail_after(30):
-        while not os.path.exists(mark):  # noqa: ASYNC110, ASYNC240
-            await anyio.sleep(0.01)
-
-
 @pytest.mark.parametrize("how", ["kill -9", "SIGSTOP"])
 async def test_pending_futures_fail_with_manager_lost_within_the_bound(
     manager: tuple[str, subprocess.Popen[str]], tmp_path: Path, how: str
@@ -105,7 +99,9 @@ async def test_pending_futures_fail_with_manager_lost_within_the_bound(
             await c.wait_for_workers(1)
             running = c.submit(block, str(tmp_path / "never"), str(mark))
             queued = c.submit(block, str(tmp_path / "never-either"), str(mark))
-            await _started(mark)  # one of the two runs, the other waits behind it
+            # One of the two runs, the other waits behind it. Another process's progress
+            # shows only in the filesystem: a bounded poll.
+            await wait_until(mark.exists, "a task to start", limit=30)
             mgr.send_signal(signal.SIGKILL if how == "kill -9" else signal.SIGSTOP)
             start = time.monotonic()
             for fut in (running, queued):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import operator
 import threading
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import aiohttp
@@ -36,6 +36,7 @@ from runtime.errors import (
     UnknownPolicyError,
 )
 from runtime.messages import PolicyInfo, StatusRequest
+from tests.helpers import wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -93,23 +94,6 @@ def gated(started: threading.Event, go: threading.Event, value: Any = None) -> A
     if not go.wait(GATE):
         raise TimeoutError("the test never released the gate")
     return value
-
-
-async def until(cond: Callable[[], Any], what: str, limit: float = 10) -> None:
-    """Poll ``cond`` (a function, or an async function) until it holds, within ``limit``
-    seconds. Used for state the test can only observe from outside (no event to wait on).
-    """
-    try:
-        with anyio.fail_after(limit):
-            while True:
-                held = cond()
-                if hasattr(held, "__await__"):
-                    held = await held
-                if held:
-                    return
-                await anyio.sleep(0.002)
-    except TimeoutError:
-        raise AssertionError(f"timed out after {limit} s waiting for {what}") from None
 
 
 async def worker_statuses(cluster: Cluster) -> list[Any]:
@@ -227,7 +211,7 @@ async def test_cancel_a_long_running_graph() -> None:
         with anyio.fail_after(BOUND):
             async with Cluster(workers=2) as cluster:
                 futs = await cluster.submit_graph(dsk, ["total", "root-0", "child-1"])
-                await until(started.is_set, "a root task to start")
+                await wait_until(started.is_set, "a root task to start", limit=10)
                 await cluster.cancel(futs)
                 for f in futs:
                     await f.wait()
@@ -240,8 +224,8 @@ async def test_cancel_a_long_running_graph() -> None:
                 assert await cluster.submit(inc, 41) == 42
                 for f in futs:
                     f.release()
-                await until(lambda: not cluster.scheduler_state.tasks.keys() & dsk.keys(),
-                            "the cancelled tasks to be forgotten")  # fmt: skip
+                await wait_until(lambda: not cluster.scheduler_state.tasks.keys() & dsk.keys(),
+                            "the cancelled tasks to be forgotten", limit=10)  # fmt: skip
                 assert after.n == 0
     finally:
         go.set()
@@ -299,7 +283,7 @@ def gated_recorded(rec: Recorder, started: threading.Event, go: threading.Event)
 async def _block_single_worker(cluster: Cluster, rec: Recorder) -> tuple[threading.Event, Any]:
     started, go = threading.Event(), threading.Event()
     gate = cluster.submit(gated_recorded, rec, started, go, key="gate")
-    await until(started.is_set, "the gate task to start")
+    await wait_until(started.is_set, "the gate task to start", limit=10)
     return go, gate
 
 
@@ -404,14 +388,16 @@ async def test_results_are_released() -> None:
                 f.release()
             del futs, total
             state = cluster.scheduler_state
-            await until(lambda: not state.tasks, "the scheduler to forget every task")
+            await wait_until(
+                lambda: not state.tasks, "the scheduler to forget every task", limit=10
+            )
             stores: list[Any] = []
 
             async def stores_empty() -> bool:
                 stores[:] = await worker_statuses(cluster)
                 return all(s.stored == 0 and s.stored_bytes == 0 for s in stores)
 
-            await until(stores_empty, "the workers to drop every result")
+            await wait_until(stores_empty, "the workers to drop every result", limit=10)
             assert len(stores) == 2
             status = await cluster.status()
             assert status["files"]["files"] == 0
@@ -436,7 +422,9 @@ async def test_same_keys_again_right_after_a_release() -> None:
                 assert await fut == 2
                 fut.release()
             del fut
-            await until(lambda: not cluster.scheduler_state.tasks, "every task forgotten")
+            await wait_until(
+                lambda: not cluster.scheduler_state.tasks, "every task forgotten", limit=10
+            )
 
 
 async def test_story_lists_transitions() -> None:
@@ -495,7 +483,7 @@ async def test_scale_up_and_down() -> None:
             futs = cluster.map(inc, range(30))
             assert await cluster.gather(futs) == list(range(1, 31))
             assert await cluster.scale(1) == {"default": 1}
-            await until(lambda: len(state.workers) == 1, "two workers to leave")
+            await wait_until(lambda: len(state.workers) == 1, "two workers to leave", limit=10)
             more = cluster.map(inc, range(100, 110))
             assert await cluster.gather(more) == list(range(101, 111))
             # Results held by the workers that left are recomputed when needed again.
@@ -521,15 +509,17 @@ async def test_crashed_worker_is_replaced_and_its_tasks_retried() -> None:
                 state = cluster.scheduler_state
                 await cluster.wait_for_workers(2)
                 futs = cluster.map(slow, range(8))
-                await until(lambda: rec.n >= 2, "both workers to start a task")
+                await wait_until(lambda: rec.n >= 2, "both workers to start a task", limit=10)
                 victim = rec.where[rec.order[0]]
                 on_victim = {t.key for t in state.workers[victim].processing}
                 assert on_victim
                 ref = cluster._provider.ref(victim)
                 assert ref is not None
                 ref.stop("simulated crash")
-                await until(lambda: victim not in state.workers, "the scheduler to drop it")
-                await until(lambda: len(state.workers) == 2, "a replacement worker")
+                await wait_until(
+                    lambda: victim not in state.workers, "the scheduler to drop it", limit=10
+                )
+                await wait_until(lambda: len(state.workers) == 2, "a replacement worker", limit=10)
                 assert victim not in state.workers
                 go.set()
                 assert await cluster.gather(futs) == [i * 10 for i in range(8)]
@@ -600,7 +590,7 @@ async def test_swap_placement_policy_mid_run() -> None:
                 await cluster.wait_for_workers(2)
                 state = cluster.scheduler_state
                 futs = await cluster.submit_graph(dsk, list(dsk))
-                await until(reached.is_set, "the run to reach the gate")
+                await wait_until(reached.is_set, "the run to reach the gate", limit=10)
                 info = await cluster.set_policy("placement", "test-pin-first")
                 assert info.name == "test-pin-first"
                 swapped.set()
@@ -687,7 +677,7 @@ async def test_inside_an_aiohttp_application() -> None:
 
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(get_slow)
-                    await until(started.is_set, "the slow request's task to start")
+                    await wait_until(started.is_set, "the slow request's task to start", limit=10)
                     async with session.get(f"{base}/ping") as resp:
                         assert await resp.json() == {"pong": True}
                     assert "slow" not in answers

@@ -1,7 +1,7 @@
 """The control console (runtime/console.py) against real managers and workers.
 
 Everything runs in this process: a manager (``run_manager``) and workers
-(``run_worker``) over ``inproc://`` with the codec on, as in tests/test_nodes.py, so
+(``run_worker``) over ``inproc://`` with the codec on, as in tests/helpers.py, so
 every console message is encoded and decoded as over a websocket. A second set-up
 (``hosted``) serves a gateway in front of a control plane with an autoscaler, and can
 make its connections read-only. The tests at the end need the websocket transport with
@@ -49,6 +49,7 @@ from runtime.node import (
     start_control_plane,
     token_path,
 )
+from tests.helpers import wait_until
 
 LIMIT = 20
 
@@ -101,7 +102,7 @@ async def start_workers(
 
 @asynccontextmanager
 async def nodes(n_workers: int = 2) -> AsyncIterator[tuple[str, list[Node]]]:
-    """A manager and ``n_workers`` workers over inproc (as in tests/test_nodes.py)."""
+    """A manager and ``n_workers`` workers over inproc (as in tests/helpers.py)."""
     found = anyio.Event()
     where: dict[str, str] = {}
 
@@ -227,16 +228,6 @@ def fail(x: int) -> int:
     raise ValueError(f"bad input {x}")
 
 
-async def until(check: Callable[[], Any], what: str) -> Any:
-    """Poll an async ``check`` until it returns something true (bounded by the test's
-    fail_after)."""
-    while True:
-        value = await check()
-        if value:
-            return value
-        await anyio.sleep(0.02)
-
-
 # ----------------------------------------------------------------------------- status
 
 
@@ -287,7 +278,7 @@ async def test_status_shows_workers_pools_tasks_categories_memory_and_policies()
 async def test_status_of_a_cluster_with_an_autoscaler_shows_its_targets() -> None:
     with anyio.fail_after(LIMIT):
         async with hosted(2) as (address, _), ConsoleClient(address) as console:
-            st = await until(
+            st = await wait_until(
                 lambda: _when(console.status(), lambda s: len(s["workers"]) == 2), "2 workers"
             )
             assert st["autoscaler"]["targets"] == {"default": 2}
@@ -320,7 +311,7 @@ async def test_tasks_lists_filters_and_limits_and_story_shows_transitions(gate: 
             await x1
             blocked = cluster.submit(gated, "tasks", 7)
 
-            running = await until(lambda: console.tasks(state="processing"), "running")
+            running = await wait_until(lambda: console.tasks(state="processing"), "running")
             assert running == [TaskRecord(blocked.key, "processing", "gated", worker.id, 0)]
             memory = await console.tasks(state="memory")
             assert {r.key for r in memory} >= {f.key for f in done} | {"('x', 1)"}
@@ -432,7 +423,7 @@ async def test_drain_gives_a_worker_no_new_tasks_and_stops_it_once_idle(gate: An
             await cluster.wait_for_workers(2)
             opened = gate("drain")
             blocked = cluster.submit(gated, "drain", 1)
-            (running,) = await until(lambda: console.tasks(state="processing"), "running")
+            (running,) = await wait_until(lambda: console.tasks(state="processing"), "running")
             busy = next(w for w in workers if w.id == running.worker)
             other = next(w for w in workers if w is not busy)
 
@@ -455,7 +446,7 @@ async def test_drain_gives_a_worker_no_new_tasks_and_stops_it_once_idle(gate: An
             opened.set()
             assert await blocked == 1
             await busy.ended.wait()
-            st = await until(
+            st = await wait_until(
                 lambda: _when(console.status(), lambda s: len(s["workers"]) == 1), "gone"
             )
             assert [w.worker_id for w in st["workers"]] == [other.id]
@@ -500,7 +491,7 @@ async def test_scale_changes_the_autoscaler_s_target() -> None:
             assert await console.scale("default", 3) == {"default": 3}
             data = json.loads(await console.run_command("scale default 2 --json"))
             assert data == {"pool": "default", "target": 2, "live": {"default": 2}}
-            st = await until(
+            st = await wait_until(
                 lambda: _when(console.status(), lambda s: len(s["workers"]) == 2), "2 workers"
             )
             assert st["autoscaler"]["targets"] == {"default": 2}
@@ -520,7 +511,7 @@ async def test_cancel_a_key_or_a_whole_run(gate: Any) -> None:
             opened = gate("cancel")
             blocked = cluster.submit(gated, "cancel", 1)
             after = cluster.submit(add, blocked, 1)
-            await until(lambda: console.tasks(state="processing"), "running")
+            await wait_until(lambda: console.tasks(state="processing"), "running")
             text = await console.run_command(f"cancel {blocked.key}")
             assert "cancel requested for key" in text and "1 key(s)" in text
             with pytest.raises(CancelledError):
@@ -623,7 +614,7 @@ async def test_a_read_only_console_can_look_but_not_change(gate: Any) -> None:
             graph = {"ro": Task("ro", gated, "read-only", 1)}
             await plane.manager.ask(SubmitGraphRequest(graph, ("ro",), "test-client"))
             async with ConsoleClient(address, read_only=True) as console:
-                st = await until(
+                st = await wait_until(
                     lambda: _when(
                         console.status(), lambda s: s["tasks_by_state"].get("processing")
                     ),
@@ -748,7 +739,7 @@ async def test_the_shell_leaves_when_the_manager_goes_away() -> None:
                 )
                 assert await anyio.to_thread.run_sync(shell.onecmd, "status") is False
                 manager.cancel()  # the manager goes away
-                await until(lambda: _true(console.closed), "closed")
+                await wait_until(lambda: _true(console.closed), "closed")
                 buf.seek(0)
                 buf.truncate()
                 stop = await anyio.to_thread.run_sync(shell.onecmd, "status")
@@ -813,7 +804,7 @@ async def test_ws_read_only_token_can_look_but_not_change(
             blocked = cluster.submit(gated, "ws-read-only", 5)
             # --read-only: the read token from the token file the manager wrote.
             async with ConsoleClient(address, read_only=True) as console:
-                await until(lambda: console.tasks(state="processing"), "running")
+                await wait_until(lambda: console.tasks(state="processing"), "running")
                 await _check_read_only(console, worker.id, blocked.key)
             # The same with the token given explicitly.
             async with ConsoleClient(address, token=tokens.read) as console:

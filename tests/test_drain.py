@@ -25,7 +25,7 @@ from actors.scheduler_state import (
     SchedulerState,
     WorkerDraining,
 )
-from tests.test_scheduler_state import (
+from tests.helpers import (
     assigned,
     cancel,
     event,

@@ -37,6 +37,7 @@ from actors.executor import (
 )
 from actors.scheduler_state import TaskResult, ToRun
 from runtime.graph import Key
+from tests.helpers import wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -142,12 +143,6 @@ async def process_executor(n: int = 1) -> AsyncIterator[tuple[ProcessExecutor, D
             await anyio.to_thread.run_sync(ex.shutdown, True)
 
 
-async def wait_until(condition: Callable[[], bool]) -> None:
-    with anyio.fail_after(BOUND):
-        while not condition():  # noqa: ASYNC110 - nothing signals a pid's end or its RSS
-            await anyio.sleep(0.01)
-
-
 def gone(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
@@ -233,7 +228,8 @@ async def test_kill_ends_a_running_task_as_oom_and_the_slot_goes_on() -> None:
         ex.submit(job("hog", hog, HOG, 60.0), {})
         ex.submit(job("after", where), {})  # queued behind the hog: one slot
         await wait_until(
-            lambda: ex.running() == {"hog": old_pid} and ex.children_rss() >= idle + HOG
+            lambda: ex.running() == {"hog": old_pid} and ex.children_rss() >= idle + HOG,
+            limit=BOUND,
         )
         assert not ex.kill("after")  # queued tasks are not killed
         assert not ex.kill("nothing")
@@ -285,7 +281,7 @@ async def test_cancelled_tasks_do_not_start() -> None:
         # A task cancelled while it waits behind a running one does not start either.
         ex.submit(job("hog", hog, 0, 60.0), {})
         ex.submit(job("queued", boom, 2), {})
-        await wait_until(lambda: "hog" in ex.running())
+        await wait_until(lambda: "hog" in ex.running(), limit=BOUND)
         ex.cancelled.add("queued")
         assert ex.kill("hog", "cancelled")
         result, _ = await delivered.get("hog")
@@ -302,7 +298,7 @@ async def test_shutdown_leaves_no_task_process_alive() -> None:
     ex.submit(job("a", where), {})
     ex.submit(job("hog", hog, 0, 60.0), {})
     await delivered.get("a")
-    await wait_until(lambda: "hog" in ex.running() and len(ex.pids()) == 2)
+    await wait_until(lambda: "hog" in ex.running() and len(ex.pids()) == 2, limit=BOUND)
     pids = ex.pids()
     ex.submit(job("queued", where), {})
     with anyio.fail_after(BOUND):
@@ -344,7 +340,7 @@ async def test_task_processes_die_with_their_worker() -> None:
             assert psutil.Process(pid).ppid() == worker.pid
             worker.kill()  # SIGKILL: nothing in the worker gets to clean up
             await worker.wait()
-        await wait_until(lambda: gone(pid))
+        await wait_until(lambda: gone(pid), limit=BOUND)
 
 
 # ----------------------------------------------------------------------------- thread mode
@@ -396,7 +392,7 @@ async def test_cancelling_a_running_thread_task_frees_its_slot_at_once(tmp_path:
     try:
         ex.submit(job("stuck", gate_wait, str(gate), str(started)), {})
         ex.submit(job("next", where), {})
-        await wait_until(started.exists)
+        await wait_until(started.exists, limit=BOUND)
         ex.cancel("stuck")
         result, value = await delivered.get("stuck")
         assert result.outcome == "cancelled" and value is None
@@ -406,7 +402,7 @@ async def test_cancelling_a_running_thread_task_frees_its_slot_at_once(tmp_path:
         result, (pid, thread) = await delivered.get("next")
         assert result.outcome == "ok" and pid == os.getpid() and thread == "w1-1"
         gate.touch()
-        await wait_until(lambda: ex.abandoned == 0)
+        await wait_until(lambda: ex.abandoned == 0, limit=BOUND)
         assert "stuck" not in delivered.results  # its late result was dropped
         # Queued tasks cancelled before they start never run.
         ex.cancel("queued")
@@ -423,18 +419,18 @@ async def test_abandoned_threads_are_bounded(tmp_path: Path) -> None:
     gate = tmp_path / "gate"
     try:
         ex.submit(job("a", gate_wait, str(gate), str(tmp_path / "a")), {})
-        await wait_until((tmp_path / "a").exists)
+        await wait_until((tmp_path / "a").exists, limit=BOUND)
         ex.cancel("a")
         assert (await delivered.get("a"))[0].outcome == "cancelled"
         ex.submit(job("b", gate_wait, str(gate), str(tmp_path / "b")), {})
-        await wait_until((tmp_path / "b").exists)
+        await wait_until((tmp_path / "b").exists, limit=BOUND)
         ex.cancel("b")  # a second abandoned thread would pass the bound: b keeps its slot
         assert ex.abandoned == 1 and "b" not in delivered.results
         gate.touch()
         # When it ends it comes back as it ended; the key is in ``cancelled``, which
         # the worker reads to report the try cancelled.
         assert (await delivered.get("b"))[0].outcome == "ok" and "b" in ex.cancelled
-        await wait_until(lambda: ex.abandoned == 0)
+        await wait_until(lambda: ex.abandoned == 0, limit=BOUND)
     finally:
         gate.touch()
         ex.shutdown(wait=True)
@@ -444,10 +440,10 @@ async def test_cancelling_a_running_process_task_kills_it(tmp_path: Path) -> Non
     async with process_executor() as (ex, delivered):
         ex.submit(job("stuck", hog, 0, 60.0), {})
         ex.submit(job("next", where), {})
-        await wait_until(lambda: "stuck" in ex.running())
+        await wait_until(lambda: "stuck" in ex.running(), limit=BOUND)
         pid = ex.running()["stuck"]
         ex.cancel("stuck")
         assert (await delivered.get("stuck"))[0].outcome == "cancelled"
         result, (ran_in, _) = await delivered.get("next")
         assert result.outcome == "ok" and ran_in != pid  # a fresh task process
-        await wait_until(lambda: gone(pid))
+        await wait_until(lambda: gone(pid), limit=BOUND)

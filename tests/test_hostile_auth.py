@@ -46,6 +46,7 @@ from runtime.messages import (
 )
 from runtime.node import ALLOWED, MAX_REFUSED, Hello, PermissionDenied, Welcome, _Door
 from runtime.remote import Refused, to_wire
+from tests.helpers import wait_until
 
 LIMIT = 60
 PY = sys.executable
@@ -100,9 +101,14 @@ def _line_with(proc: Proc, needle: str, limit: float = 30) -> str:
 
 async def _until_logged(proc: Proc, needle: str, n: int) -> None:
     """Wait (bounded by the caller's fail_after) until ``needle`` is in the log n times."""
-    while proc.count(needle) < n:
+
+    def logged() -> bool:
+        if proc.count(needle) >= n:
+            return True
         assert proc.popen.poll() is None, proc.text()
-        await anyio.sleep(0.02)
+        return False
+
+    await wait_until(logged, step=0.02)
 
 
 def _stop(procs: list[Proc]) -> None:

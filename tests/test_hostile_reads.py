@@ -13,7 +13,7 @@ import pytest
 from runtime import Cluster
 from runtime.console import ConsoleClient
 from runtime.node import READ_BURST, READS_PER_SECOND
-from tests.test_nodes import GATEWAYS, nodes
+from tests.helpers import GATEWAYS, nodes
 
 pytestmark = pytest.mark.anyio
 FLOOD = 100  # past the burst: the last ones wait about 3 s for their turn

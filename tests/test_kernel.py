@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import anyio
 import pytest
@@ -32,6 +32,7 @@ from runtime.kernel import (
     new_causal_id,
 )
 from runtime.messages import Message, message
+from tests.helpers import wait_until
 
 LIMIT = 5.0  # seconds; the bound on every test
 PENDING = 0.05  # seconds; how long "still pending" is checked
@@ -141,12 +142,6 @@ class StopSelf(Message):
 
 
 # ----------------------------------------------------------------------------- helpers
-
-
-async def until(predicate: Callable[[], bool]) -> None:
-    """Yield to the event loop until ``predicate()`` holds (callers bound the wait)."""
-    while not predicate():
-        await checkpoint()
 
 
 async def still_pending(event: anyio.Event) -> bool:
@@ -501,7 +496,7 @@ async def test_crash_without_escalation_answers_queued_asks() -> None:
 
             async with anyio.create_task_group() as tg:
                 tg.start_soon(asker)
-                await until(lambda: len(bad.mailbox) == 2)
+                await wait_until(lambda: len(bad.mailbox) == 2, step=0)
                 gate.set()
             assert len(outcome) == 1
             assert type(outcome[0]) is ActorStopped
@@ -588,7 +583,7 @@ async def test_queued_asks_get_actor_stopped_and_queued_tells_are_counted() -> N
             async with anyio.create_task_group() as tg:
                 tg.start_soon(asker)
                 tg.start_soon(asker)
-                await until(lambda: len(ref.mailbox) == 5)
+                await wait_until(lambda: len(ref.mailbox) == 5, step=0)
                 gate.set()
             assert [type(e) for e in outcome] == [ActorStopped, ActorStopped]
             assert outcome[0] is not outcome[1]
@@ -721,14 +716,14 @@ async def test_kernel_messages_bypass_the_bound() -> None:
             actor = TimerActor(gate)
             ref = await system.spawn(actor, capacity=1)
             await ref.tell(StartTimer(5.0))
-            await until(lambda: len(clock.delays) == 1)  # the timer is sleeping
+            await wait_until(lambda: len(clock.delays) == 1, step=0)  # the timer is sleeping
             ref.tell_nowait(Block())
             await actor.entered.wait()  # Block is being handled, gate closed
             ref.tell_nowait(Note(1))  # the mailbox is full
             with pytest.raises(MailboxFull):
                 ref.tell_nowait(Note(2))
             clock.fire.set()  # timer fires into a full mailbox
-            await until(lambda: len(ref.mailbox) == 2)
+            await wait_until(lambda: len(ref.mailbox) == 2, step=0)
             ref.stop()  # so does the stop signal
             assert len(ref.mailbox) == 3
             gate.set()
@@ -757,7 +752,7 @@ async def test_waiting_tell_on_a_stopping_actor_raises_actor_stopped() -> None:
 
             async with anyio.create_task_group() as tg:
                 tg.start_soon(producer)
-                await until(lambda: len(ref.mailbox._putters) == 1)
+                await wait_until(lambda: len(ref.mailbox._putters) == 1, step=0)
                 gate.set()
             await ref.wait_stopped()
             # The waiting tell is never handled: it is refused with ActorStopped, or (if
@@ -793,11 +788,11 @@ async def test_cancelled_putter_does_not_strand_others() -> None:
 
             async with anyio.create_task_group() as tg:
                 tg.start_soon(first)
-                await until(lambda: len(ref.mailbox._putters) == 1)
+                await wait_until(lambda: len(ref.mailbox._putters) == 1, step=0)
                 tg.start_soon(second)
-                await until(lambda: len(ref.mailbox._putters) == 2)
+                await wait_until(lambda: len(ref.mailbox._putters) == 2, step=0)
                 first_scope.cancel()
-                await until(lambda: len(ref.mailbox._putters) == 1)
+                await wait_until(lambda: len(ref.mailbox._putters) == 1, step=0)
                 gate.set()
                 await second_done.wait()
             assert await ref.ask(Get()) == [0, 2]
@@ -816,9 +811,9 @@ async def test_putter_cancelled_after_being_woken_passes_its_turn_on() -> None:
         box = Mailbox("box", 1)
         box.put_nowait(_env(0))
         first = asyncio.create_task(box.put(_env(1)))
-        await until(lambda: len(box._putters) == 1)
+        await wait_until(lambda: len(box._putters) == 1, step=0)
         second = asyncio.create_task(box.put(_env(2)))
-        await until(lambda: len(box._putters) == 2)
+        await wait_until(lambda: len(box._putters) == 2, step=0)
         assert box.get_nowait() is not None  # room: wakes the first putter...
         first.cancel()  # ...which is cancelled before it runs
         await asyncio.wait([first])
@@ -849,9 +844,9 @@ async def test_putter_cancelled_by_scope_around_wakeup_strands_no_one() -> None:
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(first)
-            await until(lambda: len(box._putters) == 1)
+            await wait_until(lambda: len(box._putters) == 1, step=0)
             tg.start_soon(second)
-            await until(lambda: len(box._putters) == 2)
+            await wait_until(lambda: len(box._putters) == 2, step=0)
             assert box.get_nowait() is not None
             first_scope.cancel()
             await first_done.wait()
@@ -880,7 +875,7 @@ async def test_closing_a_mailbox_releases_putters() -> None:
         async with anyio.create_task_group() as tg:
             tg.start_soon(putter, 1)
             tg.start_soon(putter, 2)
-            await until(lambda: len(box._putters) == 2)
+            await wait_until(lambda: len(box._putters) == 2, step=0)
             left = box.close()
         assert [e.causal_id for e in left] == ["c0"]
         assert len(outcome) == 2
@@ -951,7 +946,7 @@ async def test_causal_ids_follow_messages() -> None:
             # Fresh tells from outside: a new id each.
             await relay.tell(Forward(2))
             await relay.tell(Forward(3))
-            await until(lambda: len(target_actor.notes) == 3)
+            await wait_until(lambda: len(target_actor.notes) == 3, step=0)
             assert relay_actor.seen[0] == "explicit-1"
             assert target_actor.causes == relay_actor.seen
             fresh = relay_actor.seen[1:]
@@ -1051,7 +1046,7 @@ async def test_send_later_delivers_on_the_injected_clock() -> None:
             actor = TimerActor()
             ref = await system.spawn(actor)
             await ref.tell(StartTimer(30.0), causal_id="timer-cause")
-            await until(lambda: clock.delays == [30.0])
+            await wait_until(lambda: clock.delays == [30.0], step=0)
             assert await ref.ask(Get()) == 0
             clock.fire.set()
             await actor.ticked.wait()
@@ -1068,7 +1063,7 @@ async def test_per_actor_clock_overrides_the_system_clock() -> None:
             actor.clock = clock
             ref = await system.spawn(actor)
             await ref.tell(StartTimer(2.0))
-            await until(lambda: clock.delays == [2.0])
+            await wait_until(lambda: clock.delays == [2.0], step=0)
             clock.fire.set()
             await actor.ticked.wait()
 
@@ -1082,13 +1077,13 @@ async def test_timer_cancel_prevents_delivery() -> None:
             ref = await system.spawn(actor)
             # Cancelled while sleeping.
             await ref.tell(StartTimer(1.0))
-            await until(lambda: len(clock.delays) == 1)
+            await wait_until(lambda: len(clock.delays) == 1, step=0)
             await ref.tell(CancelTimer())
-            await until(lambda: clock.exited == 1)
+            await wait_until(lambda: clock.exited == 1, step=0)
             assert clock.cancelled == 1
             # Cancelled before the timer task even ran.
             await ref.tell(StartTimer(1.0, cancel_at_once=True))
-            await until(lambda: clock.exited == 2)
+            await wait_until(lambda: clock.exited == 2, step=0)
             assert clock.cancelled == 2
             clock.fire.set()
             assert await ref.ask(Get()) == 0
@@ -1103,7 +1098,7 @@ async def test_timers_are_cancelled_when_the_actor_stops() -> None:
             actor = TimerActor()
             ref = await system.spawn(actor)
             await ref.tell(StartTimer(1.0))
-            await until(lambda: len(clock.delays) == 1)
+            await wait_until(lambda: len(clock.delays) == 1, step=0)
             ref.stop()
             await ref.wait_stopped()
             assert clock.cancelled == 1
@@ -1304,7 +1299,7 @@ async def test_outer_cancel_cuts_a_hanging_shutdown() -> None:
         refs: list[ActorRef[Recorder]] = []
 
         async def canceller() -> None:
-            await until(lambda: bool(refs) and len(refs[0].mailbox) == 1)  # stop queued
+            await wait_until(lambda: bool(refs) and len(refs[0].mailbox) == 1, step=0)  # stop
             outer.cancel()
 
         async with anyio.create_task_group() as tg:

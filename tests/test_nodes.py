@@ -9,53 +9,15 @@ from __future__ import annotations
 
 import operator
 import threading
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
 import pytest
 
 from runtime import Cluster
-from runtime.node import Gateway, Tokens, run_manager, run_worker
+from tests.helpers import GATEWAYS, nodes
 
 LIMIT = 20
-
-
-GATEWAYS: list[Gateway] = []
-
-
-@asynccontextmanager
-async def nodes(n_workers: int = 2) -> AsyncIterator[tuple[str, list[anyio.CancelScope]]]:
-    """A manager and ``n_workers`` workers; yields the manager's address and one cancel
-    scope per worker (cancelling one is a worker that vanishes)."""
-    address = anyio.Event()
-    where: dict[str, str] = {}
-
-    def manager_ready(addr: str, tokens: Tokens) -> None:
-        where["manager"] = addr
-        address.set()
-
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(
-            lambda: run_manager(
-                "inproc://", ready=manager_ready, listen_options={"codec": True},
-                reconnect_timeout=0.5, on_gateway=GATEWAYS.append,
-            )
-        )  # fmt: skip
-        await address.wait()
-        scopes: list[anyio.CancelScope] = []
-        for _ in range(n_workers):
-            scope = anyio.CancelScope()
-            scopes.append(scope)
-
-            async def worker(scope: anyio.CancelScope = scope) -> None:
-                with scope:
-                    await run_worker(where["manager"], listen_options={"codec": True})
-
-            tg.start_soon(worker)
-        yield where["manager"], scopes
-        tg.cancel_scope.cancel()
 
 
 def add(x: int, y: int) -> int:

@@ -36,6 +36,7 @@ from actors.processes import (
 from actors.providers import Block, BlockSpec, BlockState
 from runtime.kernel import Actor, ActorSystem, handles
 from runtime.messages import WorkerGone
+from tests.helpers import wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -74,12 +75,6 @@ def corral_log() -> Iterator[Lines]:
         logger.setLevel(old_level)
 
 
-async def until(condition: Callable[[], bool], *, step: float = 0.01) -> None:
-    """Poll ``condition`` until true (the caller bounds the wait with ``fail_after``)."""
-    while not condition():  # noqa: ASYNC110 - nothing signals a pid's end or a log line
-        await anyio.sleep(step)
-
-
 def gone(pid: int) -> bool:
     """Whether ``pid`` no longer runs (a zombie waiting for init to reap it counts)."""
     try:
@@ -94,7 +89,7 @@ def sleeper(*flags: str) -> Callable[[str, int], list[str]]:
 
 async def wait_ready(log: Lines, provider: LocalProcessProvider, block: Block) -> dict[str, int]:
     pids = provider.pids(block)
-    await until(lambda: all(log.has(f"ready {pid} {wid}") for wid, pid in pids.items()))
+    await wait_until(lambda: all(log.has(f"ready {pid} {wid}") for wid, pid in pids.items()))
     return pids
 
 
@@ -332,7 +327,7 @@ async def test_autoscaler_replaces_a_killed_worker(corral_log: Lines) -> None:
                 assert all(provider.poll(b) is BlockState.RUNNING for b in live)
                 await wait_ready(corral_log, provider, live[1])
                 pids.update(provider.pids(live[1]))
-                await until(
+                await wait_until(
                     lambda: (
                         [(g.worker_id, g.cause) for g in scheduler.gone] == [("worker-1", "crash")]
                     )
@@ -370,6 +365,6 @@ async def test_no_orphans_when_the_parent_is_sigkilled(kind: str) -> None:
             killed = time.monotonic()
             os.kill(parent.pid, signal.SIGKILL)
             assert await parent.wait() == -signal.SIGKILL
-            await until(lambda: all(gone(pid) for pid in pids), step=0.001)
+            await wait_until(lambda: all(gone(pid) for pid in pids), step=0.001)
             took = time.monotonic() - killed
     print(f"{kind}: grandchildren gone {took * 1000:.1f} ms after the SIGKILL")

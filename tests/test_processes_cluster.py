@@ -19,6 +19,7 @@ import psutil
 import pytest
 
 from runtime import Cluster
+from tests.helpers import wait_until
 
 LIMIT = 60
 PY = sys.executable
@@ -122,9 +123,11 @@ async def test_a_graph_across_worker_processes_survives_a_kill_9(
             (total,) = await cluster.submit_graph(dsk, ["total"])
             # Mid-run: once tasks have started, kill one worker without warning.
             # (Another process's progress shows only in the filesystem: a bounded poll.)
-            with anyio.fail_after(30):
-                while not any((tmp_path / f"started-{i}").exists() for i in range(16)):  # noqa: ASYNC110
-                    await anyio.sleep(0.01)
+            await wait_until(
+                lambda: any((tmp_path / f"started-{i}").exists() for i in range(16)),
+                "a task to start",
+                limit=30,
+            )
             workers[0].send_signal(signal.SIGKILL)
             workers[0].wait(10)
             (tmp_path / "go").touch()

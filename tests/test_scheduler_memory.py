@@ -20,7 +20,7 @@ from actors.scheduler_state import (
 )
 from policies import REGISTRY
 from runtime.errors import MemoryStalled, TaskOutOfMemory
-from tests.test_scheduler_state import (
+from tests.helpers import (
     GB,
     MB,
     Factory,

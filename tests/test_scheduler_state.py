@@ -13,10 +13,9 @@ the client does.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import random
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable
 from typing import Any
 
 import pytest
@@ -68,241 +67,38 @@ from runtime.errors import (
     UnknownPolicyError,
     WorkerLost,
 )
-from runtime.graph import Key, Task, TaskRef, build_specs
+from runtime.graph import Key, build_specs
+from tests.helpers import (
+    GB,
+    MB,
+    Factory,
+    Loop,
+    assigned,
+    by_order,
+    cancel,
+    chain,
+    event,
+    facts,
+    files_released,
+    finish,
+    finish_all,
+    graph,
+    join,
+    leave,
+    make_state,
+    of,
+    on,
+    only_running,
+    release,
+    result,
+    run,
+    specs_for,
+    states,
+    submit,
+    worker_of,
+)
 
-GB = 2**30
-MB = 2**20
-
-# ----------------------------------------------------------------------------- helpers
-
-_clock = itertools.count(1)
-
-
-def event(cls: type[Event], /, **fields: Any) -> Any:
-    """An event with a fresh stimulus id and a later ``now`` than the previous one."""
-    n = next(_clock)
-    return cls(stimulus_id=f"{cls.__name__}-{n}", now=float(n), **fields)
-
-
-def run(state: SchedulerState, *events: Event, check: bool = True) -> list[Command]:
-    """Handle ``events`` and check the invariants afterwards."""
-    cmds = state.handle(*events)
-    if check:
-        state.validate()
-    return cmds
-
-
-def _fn(*args: Any) -> None:
-    return None
-
-
-def graph(table: Mapping[Key, Iterable[Key]]) -> dict[Key, Task]:
-    """``{key: [deps]}`` -> a dask graph of Task nodes reading their dependencies."""
-    return {k: Task(k, _fn, *(TaskRef(d) for d in deps)) for k, deps in table.items()}
-
-
-def chain(prefix: str, n: int) -> dict[Key, list[Key]]:
-    """``prefix-0 <- prefix-1 <- ... <- prefix-(n-1)``."""
-    return {f"{prefix}-{i}": ([f"{prefix}-{i - 1}"] if i else []) for i in range(n)}
-
-
-def specs_for(
-    state: SchedulerState,
-    table: Mapping[Key, Iterable[Key]],
-    wanted: Sequence[Key],
-    *,
-    attrs: Mapping[Key, Mapping[str, Any]] | None = None,
-    **kw: Any,
-) -> dict[Key, Any]:
-    specs = build_specs(graph(table), wanted, known=lambda k: k in state.tasks, **kw)
-    for key, changes in (attrs or {}).items():
-        specs[key] = dataclasses.replace(specs[key], **changes)
-    return specs
-
-
-def submit(
-    state: SchedulerState,
-    table: Mapping[Key, Iterable[Key]],
-    wanted: Sequence[Key],
-    *,
-    check: bool = True,
-    attrs: Mapping[Key, Mapping[str, Any]] | None = None,
-    **kw: Any,
-) -> list[Command]:
-    specs = specs_for(state, table, wanted, attrs=attrs, **kw)
-    return run(state, event(GraphSubmitted, specs=specs, wanted=tuple(wanted)), check=check)
-
-
-def join(
-    state: SchedulerState,
-    worker: str,
-    cores: int = 1,
-    memory: int = GB,
-    pool: str = "default",
-) -> list[Command]:
-    return run(state, event(WorkerJoined, worker=worker, cores=cores, memory=memory, pool=pool))
-
-
-def leave(state: SchedulerState, worker: str, cause: str = "preempted") -> list[Command]:
-    return run(state, event(WorkerLeft, worker=worker, cause=cause))
-
-
-def result(
-    key: Key,
-    outcome: Any = "ok",
-    *,
-    start: float = 0.0,
-    duration: float = 1.0,
-    nbytes: int = 100,
-    rss: int = 0,
-    error: BaseException | None = None,
-    missing: tuple[tuple[Key, str], ...] = (),
-    fetched: tuple[Key, ...] = (),
-) -> TaskResult:
-    return TaskResult(
-        key,
-        outcome,
-        start=start,
-        stop=start + duration,
-        nbytes=nbytes,
-        rss=rss,
-        error=error,
-        missing=missing,
-        fetched=fetched,
-    )
-
-
-def finish(
-    state: SchedulerState,
-    worker: str,
-    key: Key,
-    outcome: Any = "ok",
-    *,
-    check: bool = True,
-    **kw: Any,
-) -> list[Command]:
-    """One task's try ended on ``worker`` with ``outcome``."""
-    res = result(key, outcome, **kw)
-    return run(state, event(TasksFinished, worker=worker, results=(res,)), check=check)
-
-
-def finish_all(state: SchedulerState, worker: str, keys: Iterable[Key], **kw: Any) -> list[Command]:
-    results = tuple(result(k, **kw) for k in keys)
-    return run(state, event(TasksFinished, worker=worker, results=results))
-
-
-def cancel(state: SchedulerState, *keys: Key, reason: str = "by test") -> list[Command]:
-    return run(state, event(CancelRequested, keys=keys, reason=reason))
-
-
-def release(state: SchedulerState, *keys: Key) -> list[Command]:
-    return run(state, event(KeysReleased, keys=keys))
-
-
-def files_released(state: SchedulerState, *keys: Key) -> list[Command]:
-    return run(state, event(FilesReleased, keys=keys))
-
-
-def of(cmds: Iterable[Command], cls: type[Any]) -> list[Any]:
-    return [c for c in cmds if isinstance(c, cls)]
-
-
-def assigned(cmds: Iterable[Command]) -> dict[str, list[Key]]:
-    """Keys sent to each worker by the ``Execute`` commands, in order."""
-    out: dict[str, list[Key]] = {}
-    for c in of(cmds, Execute):
-        out.setdefault(c.worker, []).extend(t.key for t in c.tasks)
-    return out
-
-
-def facts(cmds: Iterable[Command]) -> dict[Key, FileFact]:
-    """The latest FileFact per key."""
-    return {f.key: f for c in of(cmds, FileFacts) for f in c.facts}
-
-
-def states(state: SchedulerState) -> dict[Key, str]:
-    return {k: ts.state for k, ts in state.tasks.items()}
-
-
-def on(state: SchedulerState, worker: str) -> set[Key]:
-    return {ts.key for ts in state.workers[worker].processing}
-
-
-def by_order(state: SchedulerState, keys: Iterable[Key]) -> list[Key]:
-    return sorted(keys, key=lambda k: state.tasks[k].spec.order)
-
-
-def only_running(state: SchedulerState) -> Key:
-    (ts,) = (t for ws in state.workers.values() for t in ws.processing)
-    return ts.key
-
-
-def worker_of(state: SchedulerState, key: Key) -> str:
-    w = state.tasks[key].worker
-    assert w is not None
-    return w
-
-
-class Loop:
-    """A scheduler core wired to the file registry's core, as the actors wire them:
-    FileFacts go to the FileTable, its FilesDropped come back as FilesReleased."""
-
-    def __init__(self, state: SchedulerState) -> None:
-        self.state = state
-        self.table = FileTable()
-        self.dropped: list[Key] = []  #: every key the registry released, in order
-
-    def run(self, *events: Event, check: bool = True) -> list[Command]:
-        out: list[Command] = []
-        todo: list[Event] = list(events)
-        while todo:
-            cmds = run(self.state, todo.pop(0), check=check)
-            out.extend(cmds)
-            for c in of(cmds, FileFacts):
-                for rc in self.table.handle(c.facts):
-                    if isinstance(rc, FilesDropped):
-                        self.dropped.extend(rc.keys)
-                        todo.append(event(FilesReleased, keys=rc.keys))
-        return out
-
-    def finish(self, worker: str, key: Key, **kw: Any) -> list[Command]:
-        res = result(key, **kw)
-        return self.run(event(TasksFinished, worker=worker, results=(res,)))
-
-
-Factory = Callable[..., SchedulerState]
-
-
-@pytest.fixture(autouse=True)
-def make_state() -> Iterator[Factory]:
-    """A factory of scheduler states; every state it made is validated at teardown."""
-    made: list[SchedulerState] = []
-
-    def make(
-        *,
-        priority: Any = None,
-        placement: Any = None,
-        retry: Any = None,
-        memory: Any = None,
-        **config: Any,
-    ) -> SchedulerState:
-        def policy(kind: str, p: Any) -> Any:
-            return REGISTRY.create(kind, p) if isinstance(p, str) else p
-
-        state = SchedulerState(
-            SchedulerConfig(**config),
-            priority=policy("priority", priority),
-            placement=policy("placement", placement),
-            retry=policy("retry", retry),
-            memory=policy("memory", memory),
-        )
-        made.append(state)
-        return state
-
-    yield make
-    for state in made:
-        state.validate()
-
+__all__ = ["make_state"]  # the autouse fixture, used by name
 
 # ----------------------------------------------------------------------------- ready / assign
 

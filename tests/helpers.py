@@ -1,0 +1,351 @@
+"""Helpers more than one test module uses; test modules import from here, never from
+each other.
+
+- :func:`wait_until`: the one bounded poll, for state a test can only observe from
+  outside (another process's pid or file, a queue's length); where an event signals the
+  change, wait on the event instead.
+- :func:`nodes` and :data:`GATEWAYS`: a manager and workers as separate actor systems
+  joined over ``inproc://`` with the codec on.
+- Builders for tests of the scheduler's pure core: :func:`event`, :func:`run`,
+  :func:`submit`, :func:`join`, :func:`finish`, ... and the ``make_state`` fixture (a
+  module that uses it imports it by name; it validates every state it made).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import itertools
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import pytest
+
+from actors.registry import FilesDropped, FileTable
+from actors.scheduler_state import (
+    CancelRequested,
+    Command,
+    Event,
+    Execute,
+    FileFact,
+    FileFacts,
+    FilesReleased,
+    GraphSubmitted,
+    KeysReleased,
+    SchedulerConfig,
+    SchedulerState,
+    TaskResult,
+    TasksFinished,
+    WorkerJoined,
+    WorkerLeft,
+)
+from policies import REGISTRY
+from runtime.graph import Key, Task, TaskRef, build_specs
+from runtime.node import Gateway, Tokens, run_manager, run_worker
+
+
+async def wait_until(
+    condition: Callable[[], Any],
+    what: str = "the condition",
+    *,
+    limit: float | None = None,
+    step: float = 0.01,
+) -> Any:
+    """Poll ``condition`` until it returns something true, and return that value.
+
+    ``condition`` is a plain function or an async one. ``step`` seconds pass between
+    tries (``0`` only yields to the event loop). With ``limit`` the wait is bounded here
+    and running out is an ``AssertionError`` naming ``what``; without it the caller
+    bounds the wait with its own ``fail_after``.
+    """
+
+    async def poll() -> Any:
+        while True:
+            value = condition()
+            if inspect.isawaitable(value):
+                value = await value
+            if value:
+                return value
+            await anyio.sleep(step)
+
+    if limit is None:
+        return await poll()
+    try:
+        with anyio.fail_after(limit):
+            return await poll()
+    except TimeoutError:
+        raise AssertionError(f"timed out after {limit} s waiting for {what}") from None
+
+
+GATEWAYS: list[Gateway] = []  #: every gateway :func:`nodes` started, newest last
+
+
+@asynccontextmanager
+async def nodes(n_workers: int = 2) -> AsyncIterator[tuple[str, list[anyio.CancelScope]]]:
+    """A manager and ``n_workers`` workers; yields the manager's address and one cancel
+    scope per worker (cancelling one is a worker that vanishes)."""
+    address = anyio.Event()
+    where: dict[str, str] = {}
+
+    def manager_ready(addr: str, tokens: Tokens) -> None:
+        where["manager"] = addr
+        address.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(
+            lambda: run_manager(
+                "inproc://", ready=manager_ready, listen_options={"codec": True},
+                reconnect_timeout=0.5, on_gateway=GATEWAYS.append,
+            )
+        )  # fmt: skip
+        await address.wait()
+        scopes: list[anyio.CancelScope] = []
+        for _ in range(n_workers):
+            scope = anyio.CancelScope()
+            scopes.append(scope)
+
+            async def worker(scope: anyio.CancelScope = scope) -> None:
+                with scope:
+                    await run_worker(where["manager"], listen_options={"codec": True})
+
+            tg.start_soon(worker)
+        yield where["manager"], scopes
+        tg.cancel_scope.cancel()
+
+
+# ----------------------------------------------------------------------------- scheduler core
+# Builders for tests of the scheduler's pure core (actors/scheduler_state.py): they feed
+# events to ``SchedulerState.handle`` and pick the commands apart.
+
+GB = 2**30
+MB = 2**20
+
+_clock = itertools.count(1)
+
+
+def event(cls: type[Event], /, **fields: Any) -> Any:
+    """An event with a fresh stimulus id and a later ``now`` than the previous one."""
+    n = next(_clock)
+    return cls(stimulus_id=f"{cls.__name__}-{n}", now=float(n), **fields)
+
+
+def run(state: SchedulerState, *events: Event, check: bool = True) -> list[Command]:
+    """Handle ``events`` and check the invariants afterwards."""
+    cmds = state.handle(*events)
+    if check:
+        state.validate()
+    return cmds
+
+
+def _fn(*args: Any) -> None:
+    return None
+
+
+def graph(table: Mapping[Key, Iterable[Key]]) -> dict[Key, Task]:
+    """``{key: [deps]}`` -> a dask graph of Task nodes reading their dependencies."""
+    return {k: Task(k, _fn, *(TaskRef(d) for d in deps)) for k, deps in table.items()}
+
+
+def chain(prefix: str, n: int) -> dict[Key, list[Key]]:
+    """``prefix-0 <- prefix-1 <- ... <- prefix-(n-1)``."""
+    return {f"{prefix}-{i}": ([f"{prefix}-{i - 1}"] if i else []) for i in range(n)}
+
+
+def specs_for(
+    state: SchedulerState,
+    table: Mapping[Key, Iterable[Key]],
+    wanted: Sequence[Key],
+    *,
+    attrs: Mapping[Key, Mapping[str, Any]] | None = None,
+    **kw: Any,
+) -> dict[Key, Any]:
+    specs = build_specs(graph(table), wanted, known=lambda k: k in state.tasks, **kw)
+    for key, changes in (attrs or {}).items():
+        specs[key] = dataclasses.replace(specs[key], **changes)
+    return specs
+
+
+def submit(
+    state: SchedulerState,
+    table: Mapping[Key, Iterable[Key]],
+    wanted: Sequence[Key],
+    *,
+    check: bool = True,
+    attrs: Mapping[Key, Mapping[str, Any]] | None = None,
+    **kw: Any,
+) -> list[Command]:
+    specs = specs_for(state, table, wanted, attrs=attrs, **kw)
+    return run(state, event(GraphSubmitted, specs=specs, wanted=tuple(wanted)), check=check)
+
+
+def join(
+    state: SchedulerState,
+    worker: str,
+    cores: int = 1,
+    memory: int = GB,
+    pool: str = "default",
+) -> list[Command]:
+    return run(state, event(WorkerJoined, worker=worker, cores=cores, memory=memory, pool=pool))
+
+
+def leave(state: SchedulerState, worker: str, cause: str = "preempted") -> list[Command]:
+    return run(state, event(WorkerLeft, worker=worker, cause=cause))
+
+
+def result(
+    key: Key,
+    outcome: Any = "ok",
+    *,
+    start: float = 0.0,
+    duration: float = 1.0,
+    nbytes: int = 100,
+    rss: int = 0,
+    error: BaseException | None = None,
+    missing: tuple[tuple[Key, str], ...] = (),
+    fetched: tuple[Key, ...] = (),
+) -> TaskResult:
+    return TaskResult(
+        key,
+        outcome,
+        start=start,
+        stop=start + duration,
+        nbytes=nbytes,
+        rss=rss,
+        error=error,
+        missing=missing,
+        fetched=fetched,
+    )
+
+
+def finish(
+    state: SchedulerState,
+    worker: str,
+    key: Key,
+    outcome: Any = "ok",
+    *,
+    check: bool = True,
+    **kw: Any,
+) -> list[Command]:
+    """One task's try ended on ``worker`` with ``outcome``."""
+    res = result(key, outcome, **kw)
+    return run(state, event(TasksFinished, worker=worker, results=(res,)), check=check)
+
+
+def finish_all(state: SchedulerState, worker: str, keys: Iterable[Key], **kw: Any) -> list[Command]:
+    results = tuple(result(k, **kw) for k in keys)
+    return run(state, event(TasksFinished, worker=worker, results=results))
+
+
+def cancel(state: SchedulerState, *keys: Key, reason: str = "by test") -> list[Command]:
+    return run(state, event(CancelRequested, keys=keys, reason=reason))
+
+
+def release(state: SchedulerState, *keys: Key) -> list[Command]:
+    return run(state, event(KeysReleased, keys=keys))
+
+
+def files_released(state: SchedulerState, *keys: Key) -> list[Command]:
+    return run(state, event(FilesReleased, keys=keys))
+
+
+def of(cmds: Iterable[Command], cls: type[Any]) -> list[Any]:
+    return [c for c in cmds if isinstance(c, cls)]
+
+
+def assigned(cmds: Iterable[Command]) -> dict[str, list[Key]]:
+    """Keys sent to each worker by the ``Execute`` commands, in order."""
+    out: dict[str, list[Key]] = {}
+    for c in of(cmds, Execute):
+        out.setdefault(c.worker, []).extend(t.key for t in c.tasks)
+    return out
+
+
+def facts(cmds: Iterable[Command]) -> dict[Key, FileFact]:
+    """The latest FileFact per key."""
+    return {f.key: f for c in of(cmds, FileFacts) for f in c.facts}
+
+
+def states(state: SchedulerState) -> dict[Key, str]:
+    return {k: ts.state for k, ts in state.tasks.items()}
+
+
+def on(state: SchedulerState, worker: str) -> set[Key]:
+    return {ts.key for ts in state.workers[worker].processing}
+
+
+def by_order(state: SchedulerState, keys: Iterable[Key]) -> list[Key]:
+    return sorted(keys, key=lambda k: state.tasks[k].spec.order)
+
+
+def only_running(state: SchedulerState) -> Key:
+    (ts,) = (t for ws in state.workers.values() for t in ws.processing)
+    return ts.key
+
+
+def worker_of(state: SchedulerState, key: Key) -> str:
+    w = state.tasks[key].worker
+    assert w is not None
+    return w
+
+
+class Loop:
+    """A scheduler core wired to the file registry's core, as the actors wire them:
+    FileFacts go to the FileTable, its FilesDropped come back as FilesReleased."""
+
+    def __init__(self, state: SchedulerState) -> None:
+        self.state = state
+        self.table = FileTable()
+        self.dropped: list[Key] = []  #: every key the registry released, in order
+
+    def run(self, *events: Event, check: bool = True) -> list[Command]:
+        out: list[Command] = []
+        todo: list[Event] = list(events)
+        while todo:
+            cmds = run(self.state, todo.pop(0), check=check)
+            out.extend(cmds)
+            for c in of(cmds, FileFacts):
+                for rc in self.table.handle(c.facts):
+                    if isinstance(rc, FilesDropped):
+                        self.dropped.extend(rc.keys)
+                        todo.append(event(FilesReleased, keys=rc.keys))
+        return out
+
+    def finish(self, worker: str, key: Key, **kw: Any) -> list[Command]:
+        res = result(key, **kw)
+        return self.run(event(TasksFinished, worker=worker, results=(res,)))
+
+
+Factory = Callable[..., SchedulerState]
+
+
+@pytest.fixture(autouse=True)
+def make_state() -> Iterator[Factory]:
+    """A factory of scheduler states; every state it made is validated at teardown."""
+    made: list[SchedulerState] = []
+
+    def make(
+        *,
+        priority: Any = None,
+        placement: Any = None,
+        retry: Any = None,
+        memory: Any = None,
+        **config: Any,
+    ) -> SchedulerState:
+        def policy(kind: str, p: Any) -> Any:
+            return REGISTRY.create(kind, p) if isinstance(p, str) else p
+
+        state = SchedulerState(
+            SchedulerConfig(**config),
+            priority=policy("priority", priority),
+            placement=policy("placement", placement),
+            retry=policy("retry", retry),
+            memory=policy("memory", memory),
+        )
+        made.append(state)
+        return state
+
+    yield make
+    for state in made:
+        state.validate()
