@@ -62,7 +62,7 @@ import psutil
 from dask.sizeof import sizeof
 
 from actors.scheduler_state import TaskResult, ToRun
-from runtime.errors import CorralError
+from runtime.errors import TaskProcessDied
 from runtime.graph import Key, PickledNode
 
 __all__ = ["BaseExecutor", "Executor", "ProcessExecutor", "TaskProcessDied", "rss", "rss_of"]
@@ -340,29 +340,6 @@ class Executor(BaseExecutor):
 
 
 # ----------------------------------------------------------------------------- processes
-
-
-class TaskProcessDied(CorralError):
-    """The task process running a task ended before the task did (process mode)."""
-
-    def __init__(self, key: Key, pid: int, exitcode: int | None) -> None:
-        from actors.processes import describe_exit
-
-        how = "unknown exit" if exitcode is None else describe_exit(exitcode)
-        hint = (
-            " (a SIGKILL from outside Corral is most often the kernel's out-of-memory killer)"
-            if exitcode == -signal.SIGKILL
-            else ""
-        )
-        super().__init__(
-            f"task {key!r} did not finish: its task process (pid {pid}) died, {how}{hint}. "
-            "The task or a library it calls ended the process (a crash in compiled code, "
-            "os._exit, running out of memory); check the task's memory use and native "
-            "code. The worker is fine and runs its next task in a new process.",
-            key=key,
-            pid=pid,
-            exitcode=exitcode,
-        )
 
 
 class _RemoteTraceback(Exception):

@@ -33,7 +33,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from runtime.errors import CorralError
+from runtime.errors import MemoryConfigError
 
 __all__ = [
     "Command",
@@ -51,14 +51,6 @@ __all__ = [
     "Throttled",
     "Tick",
 ]
-
-
-class MemoryConfigError(CorralError, ValueError):
-    def __init__(self, problem: str) -> None:
-        super().__init__(
-            f"bad memory configuration: {problem}. See docs/memory.md for each setting.",
-            problem=problem,
-        )
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -66,6 +66,7 @@ import anyio
 import anyio.abc
 
 from actors.providers import Block, BlockSpec, BlockState, Provider
+from runtime.errors import describe_exit
 from runtime.log import get_logger
 
 __all__ = [
@@ -392,18 +393,6 @@ async def spawn_child(
         if read_fd is not None:
             os.close(read_fd)
     return ChildProcess(transport, protocol, lifeline_fd=write_fd, own_group=new_session)
-
-
-def describe_exit(returncode: int) -> str:
-    """``"exit code 3"`` or ``"killed by SIGKILL (signal 9)"``."""
-    if returncode >= 0:
-        return f"exit code {returncode}"
-    number = -returncode
-    try:
-        name = signal.Signals(number).name
-    except ValueError:
-        name = "an unknown signal"
-    return f"killed by {name} (signal {number})"
 
 
 # ----------------------------------------------------------------------------- the child side

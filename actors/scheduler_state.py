@@ -86,8 +86,8 @@ from policies import (
 )
 from runtime.errors import (
     CancelledError,
-    CorralError,
     DependencyFailed,
+    InvalidTransition,
     MemoryStalled,
     MissingKeysError,
     TaskCrashedWorkers,
@@ -174,20 +174,6 @@ _MOVES: dict[tuple[str, str], int] = {m: i for i, m in enumerate(sorted(TRANSITI
 _QUEUED_DELTA: tuple[int, ...] = tuple(
     (finish == "queued") - (start == "queued") for start, finish in sorted(TRANSITIONS)
 )
-
-
-class InvalidTransition(CorralError, RuntimeError):
-    """A bug: the core tried a transition that ``TRANSITIONS`` does not allow."""
-
-    def __init__(self, key: Key, start: str, finish: str, story: list[tuple[Any, ...]]) -> None:
-        super().__init__(
-            f"invalid transition of task {key!r}: {start} -> {finish}. This is a bug in "
-            f"Corral; please report it with this story: {story[-10:]}",
-            key=key,
-            start=start,
-            finish=finish,
-            story=story,
-        )
 
 
 # ----------------------------------------------------------------------------- events

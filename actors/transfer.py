@@ -39,7 +39,7 @@ from typing import Any, NamedTuple
 import anyio
 import cloudpickle
 
-from runtime.errors import CorralError, ValueTooLarge
+from runtime.errors import CorralError, UnknownStream, ValueTooLarge
 from runtime.messages import CloseStream, ReadStream, StreamPart
 
 __all__ = [
@@ -81,17 +81,6 @@ class StreamInfo(NamedTuple):
     stream: int
     sizes: tuple[int, ...]
     worker: str = ""
-
-
-class UnknownStream(CorralError):
-    """A ReadStream named a stream that is closed, expired or never was."""
-
-    def __init__(self, stream: int) -> None:
-        super().__init__(
-            f"stream {stream} is not open here: it was read to its end, closed, or left "
-            f"unread for over {IDLE_SECONDS:.0f} s. Ask for the value again.",
-            stream=stream,
-        )
 
 
 class Segments:
@@ -226,7 +215,7 @@ class StreamTable:
         as many bytes as it holds have been read (parts are read once each)."""
         st = self.open.get(stream)
         if st is None:
-            raise UnknownStream(stream)
+            raise UnknownStream(stream, IDLE_SECONDS)
         try:
             data = st.segments.read(offset, length)
         except Exception:

@@ -353,7 +353,7 @@ def _memory_options(args: argparse.Namespace) -> dict[str, Any]:
     """The worker's memory settings from --memory-options and the flags."""
     import json
 
-    from actors.memory import MemoryConfigError
+    from runtime.errors import MemoryConfigError
 
     options: dict[str, Any] = {}
     if args.memory_options:

@@ -47,7 +47,13 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
-from runtime.errors import ActorStopped, CorralError
+from runtime.errors import (
+    ActorStopped,
+    ConsoleError,
+    CorralError,
+    PermissionDenied,
+    RemoteError,
+)
 from runtime.messages import (
     MAX_LISTING,
     CancelKeysRequest,
@@ -120,13 +126,6 @@ COMMANDS: dict[str, tuple[str, str, bool]] = {
 _ALIASES = {"exit": "quit", "?": "help"}
 _RUN = re.compile(r"run-\d+")
 _JSON_FLAG = re.compile(r"(?:^|\s+)--json(?=\s|$)")
-
-
-class ConsoleError(CorralError):
-    """A console command was given wrong arguments."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
 
 
 # ----------------------------------------------------------------------------- results
@@ -249,9 +248,6 @@ class ConsoleClient:
 
     async def ask(self, msg: Message) -> Any:
         """Ask the manager; map a refusal of the read-only role to ``PermissionDenied``."""
-        from runtime.node import PermissionDenied
-        from runtime.remote import RemoteError
-
         if self._peer is None:
             raise CorralError("the console is not connected; use `async with ConsoleClient(...)`")
         try:

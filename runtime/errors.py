@@ -3,34 +3,53 @@
 What lives here: every exception Corral raises to its users, each with the fields a
 program needs and a message that says what to do next. All of them pickle (their
 ``__reduce__`` rebuilds them from their fields), so they cross process boundaries.
+
+This module is the base of the import stack: it imports nothing of Corral's. The
+modules that raise an error re-export it under the name they always had (for example
+``actors.executor.TaskProcessDied``, ``transport.ConnectFailed``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import signal
+from collections.abc import Hashable, Iterable, Sequence
 from typing import Any
 
 __all__ = [
     "ActorCrashed",
     "ActorStopped",
+    "AddressInUse",
     "AskTimeout",
+    "AuthenticationFailed",
     "CancelledError",
+    "ConnectFailed",
+    "ConnectionClosed",
+    "ConsoleError",
     "CorralError",
     "CycleError",
     "DependencyFailed",
     "FrameTooLarge",
     "GraphError",
+    "InvalidAddress",
+    "InvalidTransition",
     "MailboxFull",
     "ManagerLost",
+    "MemoryConfigError",
     "MemoryStalled",
     "MissingKeysError",
+    "PermissionDenied",
     "ProtocolError",
+    "RemoteError",
     "TaskCrashedWorkers",
     "TaskOutOfMemory",
+    "TaskProcessDied",
     "TaskTooLarge",
+    "TransportError",
     "UnknownPolicyError",
+    "UnknownStream",
     "ValueTooLarge",
     "WorkerLost",
+    "describe_exit",
 ]
 
 
@@ -137,6 +156,131 @@ class FrameTooLarge(ProtocolError):
         CorralError.__init__(self, message, field="", type_name="", size=size, limit=limit)
 
 
+class RemoteError(CorralError):
+    """The remote handler raised an exception that could not be shipped as itself."""
+
+    def __init__(self, kind: str, text: str) -> None:
+        super().__init__(f"remote {kind}: {text}", kind=kind, text=text)
+
+
+class UnknownStream(CorralError):
+    """A ReadStream named a stream that is closed, expired or never was."""
+
+    def __init__(self, stream: int, idle: float = 120.0) -> None:
+        # idle: the bound after which an unread stream is closed (actors/transfer.py's
+        # IDLE_SECONDS, which passes it; this module imports nothing of Corral's)
+        super().__init__(
+            f"stream {stream} is not open here: it was read to its end, closed, or left "
+            f"unread for over {idle:.0f} s. Ask for the value again.",
+            stream=stream,
+        )
+
+
+# ----------------------------------------------------------------------------- connections
+
+
+class TransportError(CorralError):
+    """Base of every transport error."""
+
+
+class ConnectionClosed(TransportError):
+    """The connection (or listener) is closed: by this side, or by the peer.
+
+    Raised by ``send`` as soon as either side has closed, by ``receive`` once every
+    frame the peer sent before closing has been received, and by ``accept`` on a
+    closed listener. ``address`` is the local address, ``reason`` says who closed.
+    """
+
+    address: str
+    reason: str
+
+    def __init__(self, address: str, reason: str) -> None:
+        super().__init__(
+            f"connection {address} is closed ({reason}). Frames can no longer be sent on it; "
+            "open a new connection with transport.connect() to continue.",
+            address=address,
+            reason=reason,
+        )
+
+
+class ConnectFailed(TransportError):
+    """No connection could be made: nothing listens there, it refused, or it timed out."""
+
+    address: str
+    reason: str
+
+    def __init__(self, address: str, reason: str) -> None:
+        super().__init__(
+            f"could not connect to {address}: {reason}. Check that a listener is running at "
+            "that address and is reachable, or raise the connect timeout.",
+            address=address,
+            reason=reason,
+        )
+
+
+class AddressInUse(TransportError):
+    """Another listener already listens on this address."""
+
+    address: str
+
+    def __init__(self, address: str) -> None:
+        super().__init__(
+            f"address {address} is already in use by another listener. Close that listener "
+            "first, or listen on another address (an empty inproc name or port 0 picks a free "
+            "one; listener.address tells which).",
+            address=address,
+        )
+
+
+class InvalidAddress(TransportError, ValueError):
+    """The address is malformed or names a scheme no backend is registered for."""
+
+    address: str
+    reason: str
+    schemes: list[str]
+
+    def __init__(self, address: str, reason: str, schemes: Sequence[str] = ()) -> None:
+        known = ", ".join(f"{s}://" for s in schemes) or "none registered"
+        super().__init__(
+            f"invalid transport address {address!r}: {reason}. Addresses look like "
+            f"scheme://location; known schemes: {known}.",
+            address=address,
+            reason=reason,
+            schemes=list(schemes),
+        )
+
+
+class AuthenticationFailed(ConnectFailed):
+    """The listener refused the handshake: no token, or a token it does not know.
+
+    ``status`` is the HTTP status of the refusal (401: no or malformed credentials,
+    403: the token matches none of the listener's tokens).
+    """
+
+    status: int
+
+    def __init__(self, address: str, reason: str, status: int = 401) -> None:
+        TransportError.__init__(
+            self,
+            f"could not connect to {address}: {reason}. Pass connect(..., token=...) with "
+            "one of the tokens the listener was started with (listen(..., tokens={token: "
+            "role})); a manager prints its tokens or writes them to its token file.",
+            address=address,
+            reason=reason,
+            status=status,
+        )
+
+
+class PermissionDenied(CorralError):
+    """This connection's role may not do that (see :data:`ALLOWED`, docs/security.md)."""
+
+    def __init__(self, what: str, message: str = "") -> None:
+        super().__init__(
+            message or f"{what} needs the admin token; this connection has the read-only one",
+            what=what,
+        )
+
+
 # ----------------------------------------------------------------------------- graphs
 
 
@@ -232,11 +376,52 @@ class WorkerLost(CorralError):
         )
 
 
+def describe_exit(returncode: int) -> str:
+    """``"exit code 3"`` or ``"killed by SIGKILL (signal 9)"``."""
+    if returncode >= 0:
+        return f"exit code {returncode}"
+    number = -returncode
+    try:
+        name = signal.Signals(number).name
+    except ValueError:
+        name = "an unknown signal"
+    return f"killed by {name} (signal {number})"
+
+
+class TaskProcessDied(CorralError):
+    """The task process running a task ended before the task did (process mode)."""
+
+    def __init__(self, key: Hashable, pid: int, exitcode: int | None) -> None:
+        how = "unknown exit" if exitcode is None else describe_exit(exitcode)
+        hint = (
+            " (a SIGKILL from outside Corral is most often the kernel's out-of-memory killer)"
+            if exitcode == -signal.SIGKILL
+            else ""
+        )
+        super().__init__(
+            f"task {key!r} did not finish: its task process (pid {pid}) died, {how}{hint}. "
+            "The task or a library it calls ended the process (a crash in compiled code, "
+            "os._exit, running out of memory); check the task's memory use and native "
+            "code. The worker is fine and runs its next task in a new process.",
+            key=key,
+            pid=pid,
+            exitcode=exitcode,
+        )
+
+
 # ----------------------------------------------------------------------------- memory
 
 
 def _gib(n: float) -> str:
     return f"{n / 2**30:.2f} GiB"
+
+
+class MemoryConfigError(CorralError, ValueError):
+    def __init__(self, problem: str) -> None:
+        super().__init__(
+            f"bad memory configuration: {problem}. See docs/memory.md for each setting.",
+            problem=problem,
+        )
 
 
 class TaskCrashedWorkers(WorkerLost):
@@ -366,4 +551,33 @@ class ManagerLost(CorralError):
             "gone with it; once a manager is running again, submit the work again.",
             address=address,
             reason=reason,
+        )
+
+
+# ----------------------------------------------------------------------------- console
+
+
+class ConsoleError(CorralError):
+    """A console command was given wrong arguments."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+
+
+# ----------------------------------------------------------------------------- bugs
+
+
+class InvalidTransition(CorralError, RuntimeError):
+    """A bug: the core tried a transition that ``TRANSITIONS`` does not allow."""
+
+    def __init__(
+        self, key: Hashable, start: str, finish: str, story: list[tuple[Any, ...]]
+    ) -> None:
+        super().__init__(
+            f"invalid transition of task {key!r}: {start} -> {finish}. This is a bug in "
+            f"Corral; please report it with this story: {story[-10:]}",
+            key=key,
+            start=start,
+            finish=finish,
+            story=story,
         )

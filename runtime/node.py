@@ -53,7 +53,13 @@ from actors.registry import FileRegistry
 from actors.scheduler import Scheduler
 from actors.scheduler_state import SchedulerConfig
 from actors.worker import Worker
-from runtime.errors import ActorStopped, CorralError, ProtocolError
+from runtime.errors import (
+    ActorStopped,
+    AuthenticationFailed,
+    CorralError,
+    PermissionDenied,
+    ProtocolError,
+)
 from runtime.kernel import ActorRef, ActorSystem
 from runtime.log import get_logger
 from runtime.messages import (
@@ -349,16 +355,6 @@ MAX_NAME = 256
 
 #: Refused messages a connection may send before it is closed (the next one closes it).
 MAX_REFUSED = 10
-
-
-class PermissionDenied(CorralError):
-    """This connection's role may not do that (see :data:`ALLOWED`, docs/security.md)."""
-
-    def __init__(self, what: str, message: str = "") -> None:
-        super().__init__(
-            message or f"{what} needs the admin token; this connection has the read-only one",
-            what=what,
-        )
 
 
 _READ: frozenset[type[Message]] = frozenset(
@@ -864,7 +860,6 @@ async def run_worker(
     """
     from runtime.codec import Frame
     from transport import ConnectionClosed, connect, listen
-    from transport.ws import AuthenticationFailed
 
     token = find_token(address, token)
     scheme = urlsplit(address).scheme

@@ -55,7 +55,14 @@ import anyio.abc
 import cloudpickle
 
 from runtime.codec import Frame
-from runtime.errors import ActorStopped, AskTimeout, CorralError, ProtocolError
+from runtime.errors import (
+    ActorStopped,
+    AskTimeout,
+    ConnectionClosed,
+    CorralError,
+    ProtocolError,
+    RemoteError,
+)
 from runtime.kernel import ActorRef, current_causal_id, new_causal_id
 from runtime.log import get_logger
 from runtime.messages import ErrorReply, Message, Ping, message
@@ -93,13 +100,6 @@ class Refused(Message):
     kind: str
     text: str
     pickled: bytes | None = None
-
-
-class RemoteError(CorralError):
-    """The remote handler raised an exception that could not be shipped as itself."""
-
-    def __init__(self, kind: str, text: str) -> None:
-        super().__init__(f"remote {kind}: {text}", kind=kind, text=text)
 
 
 def to_wire(msg: Any) -> Message:
@@ -337,8 +337,6 @@ class Peer:
     # -- incoming ------------------------------------------------------------------------
 
     async def _receive_loop(self) -> None:
-        from transport import ConnectionClosed
-
         while True:
             try:
                 frame = await self.conn.receive()

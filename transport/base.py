@@ -3,8 +3,9 @@
 What lives here: the abstract :class:`Connection` and :class:`Listener` every backend
 implements, the :class:`Backend` interface, the registry of backends by URI scheme
 (:func:`register_backend`), the top-level :func:`listen` and :func:`connect` that pick
-a backend from an address such as ``inproc://name`` or ``ws://host:port/path``, and the
-typed transport errors. No backend lives here (see :mod:`transport.inproc`).
+a backend from an address such as ``inproc://name`` or ``ws://host:port/path``; the
+typed transport errors live in :mod:`runtime.errors` and are re-exported here. No
+backend lives here (see :mod:`transport.inproc`).
 
 The unit of transfer is a :class:`runtime.codec.Frame`. Every connection is a pair of
 ordered, reliable, bounded frame streams, one per direction:
@@ -29,7 +30,13 @@ import anyio
 import anyio.abc
 
 from runtime.codec import Frame
-from runtime.errors import CorralError
+from runtime.errors import (
+    AddressInUse,
+    ConnectFailed,
+    ConnectionClosed,
+    InvalidAddress,
+    TransportError,
+)
 
 __all__ = [
     "DEFAULT_CONNECT_TIMEOUT",
@@ -57,80 +64,6 @@ DEFAULT_MAX_BUFFER = 1024
 
 #: Seconds :func:`connect` waits for a connection before raising :class:`ConnectFailed`.
 DEFAULT_CONNECT_TIMEOUT = 10.0
-
-
-# ----------------------------------------------------------------------------- errors
-
-
-class TransportError(CorralError):
-    """Base of every transport error."""
-
-
-class ConnectionClosed(TransportError):
-    """The connection (or listener) is closed: by this side, or by the peer.
-
-    Raised by ``send`` as soon as either side has closed, by ``receive`` once every
-    frame the peer sent before closing has been received, and by ``accept`` on a
-    closed listener. ``address`` is the local address, ``reason`` says who closed.
-    """
-
-    address: str
-    reason: str
-
-    def __init__(self, address: str, reason: str) -> None:
-        super().__init__(
-            f"connection {address} is closed ({reason}). Frames can no longer be sent on it; "
-            "open a new connection with transport.connect() to continue.",
-            address=address,
-            reason=reason,
-        )
-
-
-class ConnectFailed(TransportError):
-    """No connection could be made: nothing listens there, it refused, or it timed out."""
-
-    address: str
-    reason: str
-
-    def __init__(self, address: str, reason: str) -> None:
-        super().__init__(
-            f"could not connect to {address}: {reason}. Check that a listener is running at "
-            "that address and is reachable, or raise the connect timeout.",
-            address=address,
-            reason=reason,
-        )
-
-
-class AddressInUse(TransportError):
-    """Another listener already listens on this address."""
-
-    address: str
-
-    def __init__(self, address: str) -> None:
-        super().__init__(
-            f"address {address} is already in use by another listener. Close that listener "
-            "first, or listen on another address (an empty inproc name or port 0 picks a free "
-            "one; listener.address tells which).",
-            address=address,
-        )
-
-
-class InvalidAddress(TransportError, ValueError):
-    """The address is malformed or names a scheme no backend is registered for."""
-
-    address: str
-    reason: str
-    schemes: list[str]
-
-    def __init__(self, address: str, reason: str, schemes: Sequence[str] = ()) -> None:
-        known = ", ".join(f"{s}://" for s in schemes) or "none registered"
-        super().__init__(
-            f"invalid transport address {address!r}: {reason}. Addresses look like "
-            f"scheme://location; known schemes: {known}.",
-            address=address,
-            reason=reason,
-            schemes=list(schemes),
-        )
 
 
 # ----------------------------------------------------------------------------- interface

@@ -86,7 +86,7 @@ import anyio.lowlevel
 from aiohttp import WSMsgType, web
 
 from runtime.codec import MAGIC, MAX_FRAME_BYTES, Frame, decode_batch, encode, encode_batch
-from runtime.errors import ProtocolError
+from runtime.errors import AuthenticationFailed, ProtocolError
 from runtime.log import get_logger
 from runtime.messages import ErrorReply
 from transport.base import (
@@ -98,7 +98,6 @@ from transport.base import (
     ConnectionClosed,
     InvalidAddress,
     Listener,
-    TransportError,
 )
 
 __all__ = [
@@ -181,30 +180,6 @@ _TOKEN = re.compile(r"[\x21-\x7e]+")  # visible ASCII: safe in an HTTP header
 _log = get_logger("corral.transport.ws")
 _checkpoint = anyio.lowlevel.checkpoint
 _now = anyio.current_time
-
-
-# ----------------------------------------------------------------------------- errors
-
-
-class AuthenticationFailed(ConnectFailed):
-    """The listener refused the handshake: no token, or a token it does not know.
-
-    ``status`` is the HTTP status of the refusal (401: no or malformed credentials,
-    403: the token matches none of the listener's tokens).
-    """
-
-    status: int
-
-    def __init__(self, address: str, reason: str, status: int = 401) -> None:
-        TransportError.__init__(
-            self,
-            f"could not connect to {address}: {reason}. Pass connect(..., token=...) with "
-            "one of the tokens the listener was started with (listen(..., tokens={token: "
-            "role})); a manager prints its tokens or writes them to its token file.",
-            address=address,
-            reason=reason,
-            status=status,
-        )
 
 
 # ----------------------------------------------------------------------------- options
