@@ -1,11 +1,11 @@
-"""Swappable decision logic: priority, placement, retry and memory policies.
+"""Swappable decision logic: priority, placement, retry, memory and scaling policies.
 
 Policies are registered by kind and name in :data:`policies.REGISTRY` and created with
 ``REGISTRY.create(kind, name, params)``; actors swap them at runtime on a
 ``SetPolicyRequest`` message. Register your own with ``@policies.register(kind, name)``.
 """
 
-from policies import memory, placement, priority, retry
+from policies import memory, placement, priority, retry, scaling
 from policies.base import (
     BENIGN_LOSSES,
     KINDS,
@@ -15,9 +15,11 @@ from policies.base import (
     PlacementPolicy,
     PolicyParamsError,
     PolicyRegistry,
+    PoolView,
     PriorityPolicy,
     RetryDecision,
     RetryPolicy,
+    ScalingPolicy,
     TaskView,
     WorkerView,
     register,
@@ -28,6 +30,7 @@ DEFAULTS = {
     "placement": "locality",
     "retry": "default",
     "memory": "producers-yield",
+    "scaling": "fixed",
 }
 
 __all__ = [
@@ -40,9 +43,11 @@ __all__ = [
     "PlacementPolicy",
     "PolicyParamsError",
     "PolicyRegistry",
+    "PoolView",
     "PriorityPolicy",
     "RetryDecision",
     "RetryPolicy",
+    "ScalingPolicy",
     "TaskView",
     "WorkerView",
     "memory",
@@ -50,4 +55,5 @@ __all__ = [
     "priority",
     "register",
     "retry",
+    "scaling",
 ]

@@ -27,15 +27,17 @@ __all__ = [
     "PlacementPolicy",
     "PolicyParamsError",
     "PolicyRegistry",
+    "PoolView",
     "PriorityPolicy",
     "RetryDecision",
     "RetryPolicy",
+    "ScalingPolicy",
     "TaskView",
     "WorkerView",
     "register",
 ]
 
-KINDS = ("priority", "placement", "retry", "memory")
+KINDS = ("priority", "placement", "retry", "memory", "scaling")
 
 
 @dataclasses.dataclass(slots=True)
@@ -238,3 +240,27 @@ class PolicyRegistry:
 #: The registry Corral's actors use unless given another.
 REGISTRY = PolicyRegistry()
 register = REGISTRY.register
+
+
+# ----------------------------------------------------------------------------- scaling
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PoolView:
+    """What the scaling policy sees of one pool (a snapshot the autoscaler core makes)."""
+
+    pool: str
+    target: int  #: blocks the user asked for (``scale``, or the start configuration)
+    blocks: int  #: live blocks that count towards the pool (not being scaled in)
+    requested: int  #: blocks asked of the provider, not yet started
+    retiring: int  #: blocks being scaled in (draining)
+    queued: int | None = None  #: ready tasks this pool may run, if the autoscaler knows
+
+
+@runtime_checkable
+class ScalingPolicy(Protocol):
+    """Proposes how many blocks a pool should have; the autoscaler core checks the
+    answer (a whole number from 0 to its ``max_blocks``) and keeps the replacement
+    budget. A policy with ``uses_queues = True`` gets ``PoolView.queued``."""
+
+    def desired(self, pool: PoolView) -> int: ...

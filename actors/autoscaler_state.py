@@ -1,0 +1,476 @@
+"""The autoscaler's pure core: targets, blocks, scale-in by drain, the replacement budget.
+
+What lives here: :class:`AutoscalerState` and the events it takes and the commands it
+returns. ``AutoscalerState.handle(*events) -> list[Command]`` is the only way to change
+it. No anyio, no providers, no clock: events carry ``now``; the actor
+(``actors/autoscaler.py``) calls the provider and the scheduler as the commands say, and
+feeds back what happened as events. A virtual-clock simulation drives it the same way.
+
+Per pool there is a *target* (``TargetSet``, from ``ScaleRequest``) and a block spec.
+The scaling policy (``policies/scaling.py``) proposes how many blocks each pool should
+have; the core checks the proposal (a whole number from 0 to ``max_blocks``; anything
+else, or a policy that raises, falls back to the target and counts in
+``policy_errors``) and converges on it:
+
+- too few: :class:`StartBlock` (a *request*, until :class:`BlockStarted` or
+  :class:`BlockStartFailed` says how it went), unless the pool gave up (below);
+- too many: blocks are *retired*, those with no worker started (pending) first, then the
+  last by block id. A retired block with workers is never stopped while a worker of it
+  may be busy: each worker gets :class:`DrainWorker` (the scheduler's drain path: no new
+  tasks, ``RetireWorker`` once idle, and the worker exits). The block then ends by itself
+  (:class:`BlockEnded`) and its workers are reported gone as ``drained``. Only a block
+  whose workers the scheduler does not know (``DrainAnswered(known=False)``: they never
+  joined, so they run nothing) is stopped (:class:`StopBlock`).
+
+A block that ends unasked is reported (:class:`ReportGone`, cause ``crash`` if it
+failed, else ``unknown``) and replaced, within a budget: more than ``max_replacements``
+unasked ends (and failed starts) within ``replacement_window`` seconds and the pool
+*gives up* (:class:`GaveUp`) until its target is set again.
+
+:class:`Shutdown` stops every block (no replacements afterwards).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections import deque
+from collections.abc import Mapping
+from typing import Any
+
+from policies import DEFAULTS, REGISTRY, PoolView, ScalingPolicy
+
+__all__ = [
+    "AutoscalerConfig",
+    "AutoscalerState",
+    "BlockEnded",
+    "BlockRecord",
+    "BlockStartFailed",
+    "BlockStarted",
+    "BlockStopped",
+    "Command",
+    "DrainAnswered",
+    "DrainWorker",
+    "Event",
+    "GaveUp",
+    "PolicyChanged",
+    "PoolState",
+    "QueuesSeen",
+    "ReportGone",
+    "Shutdown",
+    "StartBlock",
+    "StopBlock",
+    "TargetSet",
+    "Tick",
+]
+
+#: block states (``BlockState`` values in ``actors/providers.py``) that are not final
+LIVE_STATES = frozenset({"pending", "running", "held"})
+
+
+# ----------------------------------------------------------------------------- events
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Event:
+    now: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TargetSet(Event):
+    """Keep ``n`` blocks in ``pool``, each made from ``spec`` (opaque to the core: the
+    shell hands it to the provider). Clears the pool's giving up."""
+
+    pool: str
+    n: int
+    spec: Any
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BlockStarted(Event):
+    """The provider answered :class:`StartBlock` ``request`` with block ``block`` (its
+    workers, by id, and its state: ``pending``, ``running``, or already final)."""
+
+    request: int
+    block: str
+    workers: tuple[str, ...]
+    state: str = "running"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BlockStartFailed(Event):
+    """The provider raised on :class:`StartBlock` ``request``: counts as an unasked end."""
+
+    request: int
+    error: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BlockEnded(Event):
+    """The provider says ``block`` reached the final ``state``."""
+
+    block: str
+    state: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BlockStopped(Event):
+    """:class:`StopBlock` was carried out: ``block`` is stopped (in ``state``)."""
+
+    block: str
+    state: str = "scaled-in"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DrainAnswered(Event):
+    """The scheduler's answer to :class:`DrainWorker`: it knows ``worker`` and drains it
+    (``known``), or it does not know it (the worker never joined: it runs nothing)."""
+
+    worker: str
+    known: bool
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class QueuesSeen(Event):
+    """Ready tasks per pool, as the scheduler counts them (``"*"``: any pool)."""
+
+    queued: Mapping[str, int]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PolicyChanged(Event):
+    policy: Any
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Tick(Event):
+    """Time passed; nothing else happened."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Shutdown(Event):
+    """Stop every block; start and replace nothing any more."""
+
+
+# ----------------------------------------------------------------------------- commands
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Command:
+    pass
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StartBlock(Command):
+    """Ask the provider for a block of ``spec``; answer with :class:`BlockStarted` or
+    :class:`BlockStartFailed` for ``request``."""
+
+    request: int
+    pool: str
+    spec: Any
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StopBlock(Command):
+    """Stop ``block`` (it runs nothing: no worker of it joined, or the cluster is
+    shutting down); answer with :class:`BlockStopped`."""
+
+    block: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DrainWorker(Command):
+    """Ask the scheduler to drain ``worker`` (of ``block``); answer with
+    :class:`DrainAnswered`."""
+
+    worker: str
+    block: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ReportGone(Command):
+    """Tell the scheduler that ``block``'s workers are gone, with ``cause``; ``state`` is
+    how the block ended."""
+
+    block: str
+    workers: tuple[str, ...]
+    cause: str
+    state: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class GaveUp(Command):
+    """``pool``'s workers keep ending (``ended`` in ``window`` seconds): no more
+    replacements until its target is set again."""
+
+    pool: str
+    ended: int
+    window: float
+
+
+# ----------------------------------------------------------------------------- state
+
+
+@dataclasses.dataclass(slots=True)
+class AutoscalerConfig:
+    max_replacements: int = 10  #: unasked ends tolerated within the window
+    replacement_window: float = 60.0  #: seconds
+    max_blocks: int = 1024  #: per pool: the most any proposal may ask for
+
+
+@dataclasses.dataclass(slots=True)
+class BlockRecord:
+    """One block as the core sees it."""
+
+    block_id: str
+    pool: str
+    workers: tuple[str, ...]
+    state: str  #: pending, running, held (the provider's word, until it ends)
+    retiring: bool = False  #: chosen for scale-in
+    stopping: bool = False  #: StopBlock sent
+    draining: set[str] = dataclasses.field(default_factory=set)  #: drain asked, no answer
+    drained: set[str] = dataclasses.field(default_factory=set)  #: the scheduler drains them
+    unknown: set[str] = dataclasses.field(default_factory=set)  #: the scheduler knows not
+
+
+@dataclasses.dataclass(slots=True)
+class PoolState:
+    """One pool: what the user asked for, what the policy proposed (as checked) and the
+    counts as of the latest event."""
+
+    pool: str
+    target: int
+    spec: Any
+    desired: int = 0  #: the latest proposal, as checked by the core
+    blocks: int = 0  #: live blocks not retiring
+    requested: int = 0  #: StartBlock sent, no answer yet
+    retiring: int = 0  #: blocks being scaled in
+
+
+class AutoscalerState:
+    """Targets, blocks requested / running / ended, and the replacement budget."""
+
+    def __init__(
+        self, config: AutoscalerConfig | None = None, policy: ScalingPolicy | None = None
+    ) -> None:
+        self.config = config or AutoscalerConfig()
+        self.policy: Any = policy or REGISTRY.create("scaling", DEFAULTS["scaling"])
+        self.pools: dict[str, PoolState] = {}  #: by name, in the order first set
+        self.blocks: dict[str, BlockRecord] = {}  #: live blocks by id
+        self.requests: dict[int, str] = {}  #: StartBlock requests in flight -> pool
+        self.ended = 0  #: blocks that ended (asked or not)
+        self.replacements: deque[float] = deque()  #: when unasked ends happened
+        self.gave_up: set[str] = set()  #: pools whose workers kept ending
+        self.closing = False
+        self.policy_errors = 0
+        self.queued: Mapping[str, int] | None = None
+        self._ids = itertools.count(1)
+        self._out: list[Command] = []
+        self._now = 0.0
+
+    # ----------------------------------------------------------------- the one mutator
+
+    def handle(self, *events: Event) -> list[Command]:
+        """Apply ``events`` in order; return the commands to carry out."""
+        for ev in events:
+            self._now = ev.now
+            method = _DISPATCH.get(type(ev))
+            if method is None:
+                raise TypeError(f"AutoscalerState cannot handle {type(ev).__name__}")
+            method(self, ev)
+            self._prune()
+            if not self.closing:
+                self._converge()
+        out, self._out = self._out, []
+        return out
+
+    # ----------------------------------------------------------------- queries
+
+    def live(self, pool: str) -> list[BlockRecord]:
+        """Blocks of ``pool`` that count towards it (started, not retiring)."""
+        return [b for b in self.blocks.values() if b.pool == pool and not b.retiring]
+
+    def counts(self) -> dict[str, int]:
+        """Per pool: blocks started or requested and not retiring."""
+        return {p: s.blocks + s.requested for p, s in self.pools.items()}
+
+    # ----------------------------------------------------------------- handlers
+
+    def _target_set(self, ev: TargetSet) -> None:
+        if isinstance(ev.n, bool) or not isinstance(ev.n, int) or ev.n < 0:
+            raise ValueError(f"cannot scale pool {ev.pool!r} to {ev.n!r} workers")
+        ps = self.pools.get(ev.pool)
+        if ps is None:
+            self.pools[ev.pool] = PoolState(ev.pool, ev.n, ev.spec)
+        else:
+            ps.target, ps.spec = ev.n, ev.spec
+        self.gave_up.discard(ev.pool)
+
+    def _block_started(self, ev: BlockStarted) -> None:
+        pool = self.requests.pop(ev.request)
+        state = ev.state if ev.state in LIVE_STATES else "running"  # ends: BlockEnded
+        self.blocks[ev.block] = BlockRecord(ev.block, pool, ev.workers, state)
+        if self.closing:
+            self._stop(self.blocks[ev.block])
+
+    def _block_start_failed(self, ev: BlockStartFailed) -> None:
+        pool = self.requests.pop(ev.request)
+        self.ended += 1
+        self._unasked_end(pool)
+
+    def _block_ended(self, ev: BlockEnded) -> None:
+        b = self.blocks.pop(ev.block, None)
+        if b is None:
+            return  # stopped on purpose (BlockStopped came first) or unknown
+        self.ended += 1
+        if b.retiring or self.closing:
+            self._out.append(ReportGone(b.block_id, b.workers, "drained", ev.state))
+            return
+        cause = "crash" if ev.state == "failed" else "unknown"
+        self._out.append(ReportGone(b.block_id, b.workers, cause, ev.state))
+        self._unasked_end(b.pool)
+
+    def _block_stopped(self, ev: BlockStopped) -> None:
+        if self.blocks.pop(ev.block, None) is not None:
+            self.ended += 1
+
+    def _drain_answered(self, ev: DrainAnswered) -> None:
+        for b in self.blocks.values():
+            if ev.worker in b.draining:
+                b.draining.discard(ev.worker)
+                (b.drained if ev.known else b.unknown).add(ev.worker)
+                if not b.stopping and b.unknown == set(b.workers):
+                    self._stop(b)  # none of its workers joined: nothing runs there
+                return
+
+    def _queues_seen(self, ev: QueuesSeen) -> None:
+        self.queued = dict(ev.queued)
+
+    def _policy_changed(self, ev: PolicyChanged) -> None:
+        self.policy = ev.policy
+
+    def _tick(self, ev: Tick) -> None:
+        pass  # time moved: the budget window slides, the policy is asked again
+
+    def _shutdown(self, ev: Shutdown) -> None:
+        self.closing = True
+        for b in sorted(self.blocks.values(), key=lambda b: b.block_id):
+            if not b.stopping:
+                self._stop(b)
+
+    # ----------------------------------------------------------------- internals
+
+    def _unasked_end(self, pool: str) -> None:
+        self.replacements.append(self._now)
+        self._prune()
+        if len(self.replacements) > self.config.max_replacements and pool not in self.gave_up:
+            self.gave_up.add(pool)
+            self._out.append(GaveUp(pool, len(self.replacements), self.config.replacement_window))
+
+    def _prune(self) -> None:
+        horizon = self._now - self.config.replacement_window
+        while self.replacements and self.replacements[0] < horizon:
+            self.replacements.popleft()
+
+    def _stop(self, b: BlockRecord) -> None:
+        b.retiring = b.stopping = True
+        self._out.append(StopBlock(b.block_id))
+
+    def _retire(self, b: BlockRecord) -> None:
+        b.retiring = True
+        if b.state == "pending" or not b.workers:
+            self._stop(b)  # no worker of it started
+            return
+        for wid in b.workers:
+            b.draining.add(wid)
+            self._out.append(DrainWorker(wid, b.block_id))
+
+    def _desired(self, ps: PoolState) -> int:
+        """The policy's proposal for ``ps``, checked: the target if it is not a whole
+        number, or raises; clamped to 0..max_blocks."""
+        queued = None
+        if self.queued is not None:
+            queued = self.queued.get(ps.pool, 0) + self.queued.get("*", 0)
+        view = PoolView(ps.pool, ps.target, ps.blocks, ps.requested, ps.retiring, queued)
+        try:
+            n = self.policy.desired(view)
+        except Exception:
+            n = None
+        if isinstance(n, bool) or not isinstance(n, int):
+            self.policy_errors += 1
+            n = ps.target
+        if not 0 <= n <= self.config.max_blocks:
+            self.policy_errors += 1
+            n = min(max(n, 0), self.config.max_blocks)
+        return n
+
+    def _converge(self) -> None:
+        for ps in self.pools.values():
+            live = self.live(ps.pool)
+            ps.blocks = len(live)
+            ps.requested = sum(1 for p in self.requests.values() if p == ps.pool)
+            ps.retiring = sum(1 for b in self.blocks.values() if b.pool == ps.pool and b.retiring)
+            ps.desired = want = self._desired(ps)
+            have = ps.blocks + ps.requested
+            while have < want and ps.pool not in self.gave_up:
+                request = next(self._ids)
+                self.requests[request] = ps.pool
+                self._out.append(StartBlock(request, ps.pool, ps.spec))
+                ps.requested += 1
+                have += 1
+            if ps.blocks > max(want - ps.requested, 0):
+                keep = sorted(live, key=lambda b: (b.state == "pending", b.block_id))
+                for b in keep[max(want - ps.requested, 0) :]:
+                    self._retire(b)
+                    ps.blocks -= 1
+                    ps.retiring += 1
+
+    # ----------------------------------------------------------------- invariants
+
+    def validate(self) -> None:
+        """Check every invariant; raise AssertionError naming the first broken one."""
+        for bid, b in self.blocks.items():
+            assert b.block_id == bid, b
+            assert b.pool in self.pools, (b, "block of an unknown pool")
+            assert b.state in LIVE_STATES, b
+            assert b.draining | b.drained | b.unknown <= set(b.workers), b
+            assert not (b.draining & b.drained or b.draining & b.unknown), b
+            assert not (b.drained & b.unknown), b
+            if b.stopping or b.draining or b.drained or b.unknown:
+                assert b.retiring, (b, "scaled in but not retiring")
+            if b.retiring and not self.closing and not b.stopping:
+                # A retiring block that is not stopped has its workers draining.
+                assert b.draining | b.drained | b.unknown == set(b.workers), b
+                assert b.unknown != set(b.workers), (b, "idle but not stopped")
+        assert set(self.requests.values()) <= self.pools.keys(), self.requests
+        assert self.gave_up <= self.pools.keys(), self.gave_up
+        horizon = self._now - self.config.replacement_window
+        assert all(horizon <= t <= self._now for t in self.replacements), self.replacements
+        assert list(self.replacements) == sorted(self.replacements), self.replacements
+        if self.closing:
+            assert all(b.stopping for b in self.blocks.values()), "closing: a block not stopped"
+            return
+        for pool, ps in self.pools.items():
+            live = len(self.live(pool)) + sum(1 for p in self.requests.values() if p == pool)
+            assert 0 <= ps.desired <= self.config.max_blocks, ps
+            # Requests in flight cannot be taken back: beyond them, exactly the proposal
+            # (at most, once the pool gave up).
+            if pool in self.gave_up:
+                assert live <= max(ps.desired, ps.requested), (pool, live, ps)
+            else:
+                assert live == max(ps.desired, ps.requested), (pool, live, ps)
+            assert ps.blocks + ps.requested == live, (ps, live)
+
+
+_DISPATCH: dict[type, Any] = {
+    TargetSet: AutoscalerState._target_set,
+    BlockStarted: AutoscalerState._block_started,
+    BlockStartFailed: AutoscalerState._block_start_failed,
+    BlockEnded: AutoscalerState._block_ended,
+    BlockStopped: AutoscalerState._block_stopped,
+    DrainAnswered: AutoscalerState._drain_answered,
+    QueuesSeen: AutoscalerState._queues_seen,
+    PolicyChanged: AutoscalerState._policy_changed,
+    Tick: AutoscalerState._tick,
+    Shutdown: AutoscalerState._shutdown,
+}

@@ -1,0 +1,497 @@
+"""Tests of the autoscaler's pure core (actors/autoscaler_state.py).
+
+No event loop, no provider, no clock: every test feeds events with the time in them
+(``now``, a virtual clock) to ``AutoscalerState.handle`` and checks the exact commands
+it returns; ``run`` validates the state (``validate()``) after every step. The state
+machine at the end plays provider and scheduler at random and checks the invariants and
+that no block is ever stopped while a worker of it is known to the scheduler.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+import policies
+from actors.autoscaler_state import (
+    AutoscalerConfig,
+    AutoscalerState,
+    BlockEnded,
+    BlockStarted,
+    BlockStartFailed,
+    BlockStopped,
+    Command,
+    DrainAnswered,
+    DrainWorker,
+    Event,
+    GaveUp,
+    PolicyChanged,
+    QueuesSeen,
+    ReportGone,
+    Shutdown,
+    StartBlock,
+    StopBlock,
+    TargetSet,
+    Tick,
+)
+from policies import PolicyParamsError, PoolView
+
+SPEC = "spec"  # opaque to the core: handed back in StartBlock
+
+
+def make(max_replacements: int = 10, window: float = 60.0, policy: Any = None) -> AutoscalerState:
+    return AutoscalerState(AutoscalerConfig(max_replacements, window), policy)
+
+
+def run(state: AutoscalerState, *events: Event) -> list[Command]:
+    out = state.handle(*events)
+    state.validate()
+    return out
+
+
+def started(state: AutoscalerState, now: float, n: int, pool: str = "default") -> None:
+    """Answer the first ``n`` requests: block-<request> with worker w-<request>."""
+    for request in sorted(state.requests)[:n]:
+        assert state.requests[request] == pool
+        out = run(state, BlockStarted(now, request, f"block-{request}", (f"w-{request}",)))
+        assert out == []
+
+
+# ----------------------------------------------------------------------------- targets
+
+
+def test_a_target_starts_blocks_and_answers_make_them_live() -> None:
+    s = make()
+    assert run(s, TargetSet(0.0, "default", 2, SPEC)) == [
+        StartBlock(1, "default", SPEC),
+        StartBlock(2, "default", SPEC),
+    ]
+    assert s.counts() == {"default": 2}  # requests count: nothing more is asked
+    assert run(s, Tick(0.5)) == []
+    started(s, 1.0, 2)
+    assert sorted(s.blocks) == ["block-1", "block-2"]
+    assert run(s, TargetSet(2.0, "default", 3, SPEC)) == [StartBlock(3, "default", SPEC)]
+
+
+def test_pools_are_kept_apart() -> None:
+    s = make()
+    out = run(s, TargetSet(0.0, "gpu", 1, "gpu-spec"), TargetSet(0.0, "cpu", 1, "cpu-spec"))
+    assert out == [StartBlock(1, "gpu", "gpu-spec"), StartBlock(2, "cpu", "cpu-spec")]
+    assert run(s, TargetSet(1.0, "gpu", 0, "gpu-spec")) == []  # request 1 in flight
+    assert run(s, BlockStarted(2.0, 1, "block-1", ("w-1",))) == [DrainWorker("w-1", "block-1")]
+    assert s.counts() == {"gpu": 0, "cpu": 1}
+
+
+def test_a_negative_or_fractional_target_is_refused() -> None:
+    s = make()
+    for n in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="cannot scale"):
+            s.handle(TargetSet(0.0, "default", n, SPEC))  # type: ignore[arg-type]
+    assert s.pools == {} and s.requests == {}
+
+
+# ----------------------------------------------------------------------------- scale in
+
+
+def test_scale_in_drains_the_last_block_and_never_stops_it() -> None:
+    s = make()
+    run(s, TargetSet(0.0, "default", 2, SPEC))
+    started(s, 0.1, 2)
+    assert run(s, TargetSet(1.0, "default", 1, SPEC)) == [DrainWorker("w-2", "block-2")]
+    assert s.counts() == {"default": 1}
+    # The scheduler drains it; the block stays until its worker, retired, exits.
+    assert run(s, DrainAnswered(1.1, "w-2", True)) == []
+    assert run(s, Tick(5.0)) == []
+    assert "block-2" in s.blocks
+    # It ends (an in-process worker's block reads "failed" once its actor stopped):
+    # drained, not a crash, and not replaced.
+    assert run(s, BlockEnded(6.0, "block-2", "failed")) == [
+        ReportGone("block-2", ("w-2",), "drained", "failed")
+    ]
+    assert list(s.replacements) == [] and s.ended == 1
+
+
+def test_a_pending_block_goes_first_and_is_stopped_at_once() -> None:
+    s = make()
+    run(s, TargetSet(0.0, "default", 2, SPEC))
+    run(s, BlockStarted(0.1, 1, "block-1", ("w-1",)))
+    run(s, BlockStarted(0.1, 2, "block-2", (), "pending"))  # e.g. queued in a batch system
+    assert run(s, TargetSet(1.0, "default", 1, SPEC)) == [StopBlock("block-2")]
+    assert run(s, BlockStopped(1.5, "block-2")) == []
+    assert run(s, BlockEnded(1.6, "block-2", "scaled-in")) == []  # the watcher, late
+    assert sorted(s.blocks) == ["block-1"] and s.ended == 1
+
+
+def test_a_block_whose_workers_never_joined_is_stopped() -> None:
+    s = make()
+    run(s, TargetSet(0.0, "default", 1, SPEC))
+    run(s, BlockStarted(0.1, 1, "block-1", ("w-1a", "w-1b")))
+    assert run(s, TargetSet(1.0, "default", 0, SPEC)) == [
+        DrainWorker("w-1a", "block-1"),
+        DrainWorker("w-1b", "block-1"),
+    ]
+    assert run(s, DrainAnswered(1.1, "w-1a", False)) == []  # one answer: wait for both
+    assert run(s, DrainAnswered(1.2, "w-1b", False)) == [StopBlock("block-1")]
+
+
+def test_a_block_with_a_known_worker_is_never_stopped_on_scale_in() -> None:
+    s = make()
+    run(s, TargetSet(0.0, "default", 1, SPEC))
+    run(s, BlockStarted(0.1, 1, "block-1", ("w-1a", "w-1b")))
+    run(s, TargetSet(1.0, "default", 0, SPEC))
+    assert run(s, DrainAnswered(1.1, "w-1a", False), DrainAnswered(1.2, "w-1b", True)) == []
+    assert run(s, BlockEnded(9.0, "block-1", "completed")) == [
+        ReportGone("block-1", ("w-1a", "w-1b"), "drained", "completed")
+    ]
+
+
+def test_scaling_out_again_does_not_take_a_retiring_block_back() -> None:
+    s = make()
+    run(s, TargetSet(0.0, "default", 1, SPEC))
+    started(s, 0.1, 1)
+    assert run(s, TargetSet(1.0, "default", 0, SPEC)) == [DrainWorker("w-1", "block-1")]
+    assert run(s, TargetSet(2.0, "default", 1, SPEC)) == [StartBlock(2, "default", SPEC)]
+
+
+# ----------------------------------------------------------------------------- replacements
+
+
+def test_a_block_that_ends_unasked_is_reported_and_replaced() -> None:
+    s = make()
+    run(s, TargetSet(0.0, "default", 2, SPEC))
+    started(s, 0.1, 2)
+    assert run(s, BlockEnded(5.0, "block-1", "failed")) == [
+        ReportGone("block-1", ("w-1",), "crash", "failed"),
+        StartBlock(3, "default", SPEC),
+    ]
+    assert run(s, BlockEnded(6.0, "block-2", "completed")) == [
+        ReportGone("block-2", ("w-2",), "unknown", "completed"),
+        StartBlock(4, "default", SPEC),
+    ]
+    assert list(s.replacements) == [5.0, 6.0]
+
+
+def test_the_replacement_budget_gives_up_and_a_new_target_restores_it() -> None:
+    s = make(max_replacements=2, window=10.0)
+    run(s, TargetSet(0.0, "default", 1, SPEC))
+    for i, now in enumerate((1.0, 2.0), start=1):
+        run(s, BlockStarted(now, i, f"block-{i}", (f"w-{i}",)))
+        assert run(s, BlockEnded(now + 0.5, f"block-{i}", "failed")) == [
+            ReportGone(f"block-{i}", (f"w-{i}",), "crash", "failed"),
+            StartBlock(i + 1, "default", SPEC),
+        ]
+    run(s, BlockStarted(3.0, 3, "block-3", ("w-3",)))
+    assert run(s, BlockEnded(3.5, "block-3", "failed")) == [
+        ReportGone("block-3", ("w-3",), "crash", "failed"),
+        GaveUp("default", 3, 10.0),
+    ]
+    assert s.gave_up == {"default"}
+    # Time alone does not restore it (the window empties, the pool stays given up).
+    assert run(s, Tick(100.0)) == []
+    assert list(s.replacements) == []
+    assert run(s, TargetSet(101.0, "default", 1, SPEC)) == [StartBlock(4, "default", SPEC)]
+    assert s.gave_up == set()
+
+
+def test_ends_spread_wider_than_the_window_are_always_replaced() -> None:
+    s = make(max_replacements=1, window=10.0)
+    run(s, TargetSet(0.0, "default", 1, SPEC))
+    for i in range(1, 6):
+        now = 11.0 * i  # one end per window
+        run(s, BlockStarted(now, i, f"block-{i}", (f"w-{i}",)))
+        out = run(s, BlockEnded(now + 1.0, f"block-{i}", "failed"))
+        assert out[-1] == StartBlock(i + 1, "default", SPEC), (i, out)
+    assert s.gave_up == set()
+
+
+def test_a_failed_start_counts_against_the_budget() -> None:
+    s = make(max_replacements=1)
+    assert run(s, TargetSet(0.0, "default", 1, SPEC)) == [StartBlock(1, "default", SPEC)]
+    assert run(s, BlockStartFailed(0.1, 1, "RuntimeError()")) == [StartBlock(2, "default", SPEC)]
+    assert run(s, BlockStartFailed(0.2, 2, "RuntimeError()")) == [GaveUp("default", 2, 60.0)]
+    assert s.counts() == {"default": 0} and s.ended == 2
+
+
+# ----------------------------------------------------------------------------- shutdown
+
+
+def test_shutdown_stops_every_block_and_replaces_nothing() -> None:
+    s = make()
+    run(s, TargetSet(0.0, "default", 3, SPEC))
+    started(s, 0.1, 2)  # request 3 still in flight
+    assert run(s, Shutdown(1.0)) == [StopBlock("block-1"), StopBlock("block-2")]
+    assert run(s, BlockStopped(1.1, "block-1")) == []
+    assert run(s, BlockStarted(1.2, 3, "block-3", ("w-3",))) == [StopBlock("block-3")]
+    # The watcher saw block-2 end before the stop was reported: not a loss.
+    assert run(s, BlockEnded(1.3, "block-2", "scaled-in")) == [
+        ReportGone("block-2", ("w-2",), "drained", "scaled-in")
+    ]
+    assert run(s, TargetSet(2.0, "default", 5, SPEC)) == []
+
+
+# ----------------------------------------------------------------------------- policies
+
+
+class Proposes:
+    """A scaling policy that answers whatever it is told to."""
+
+    name = "proposes"
+
+    def __init__(self, answer: Any) -> None:
+        self.answer = answer
+        self.seen: list[PoolView] = []
+
+    def desired(self, pool: PoolView) -> Any:
+        self.seen.append(pool)
+        if isinstance(self.answer, BaseException):
+            raise self.answer
+        return self.answer
+
+
+def test_the_policy_proposes_and_the_core_starts_what_it_asks() -> None:
+    policy = Proposes(3)
+    s = make(policy=policy)
+    assert run(s, TargetSet(0.0, "default", 1, SPEC)) == [
+        StartBlock(i, "default", SPEC) for i in (1, 2, 3)
+    ]
+    assert policy.seen[0] == PoolView("default", 1, 0, 0, 0, None)
+    assert s.policy_errors == 0
+
+
+@pytest.mark.parametrize("answer", [RuntimeError("boom"), "3", 2.0, None, True])
+def test_a_policy_that_raises_or_answers_no_whole_number_falls_back_to_the_target(
+    answer: Any,
+) -> None:
+    s = make(policy=Proposes(answer))
+    assert run(s, TargetSet(0.0, "default", 1, SPEC)) == [StartBlock(1, "default", SPEC)]
+    assert s.policy_errors == 1
+
+
+def test_a_proposal_out_of_bounds_is_clamped() -> None:
+    s = AutoscalerState(AutoscalerConfig(max_blocks=2), Proposes(50))
+    assert run(s, TargetSet(0.0, "default", 1, SPEC)) == [
+        StartBlock(1, "default", SPEC),
+        StartBlock(2, "default", SPEC),
+    ]
+    assert s.policy_errors == 1
+    run(s, PolicyChanged(1.0, Proposes(-4)))
+    assert s.pools["default"].desired == 0  # and the requests in flight stay
+    assert s.counts() == {"default": 2}
+
+
+def test_swapping_the_policy_takes_effect_on_the_event_that_swaps_it() -> None:
+    s = make()
+    run(s, TargetSet(0.0, "default", 1, SPEC))
+    started(s, 0.1, 1)
+    assert run(s, PolicyChanged(1.0, Proposes(2))) == [StartBlock(2, "default", SPEC)]
+    fixed = policies.REGISTRY.create("scaling", "fixed")
+    started(s, 1.1, 1)
+    assert run(s, PolicyChanged(2.0, fixed)) == [DrainWorker("w-2", "block-2")]
+
+
+def test_the_queue_policy_follows_the_ready_tasks_above_the_target() -> None:
+    queue = policies.REGISTRY.create("scaling", "queue", {"tasks_per_block": 100, "maximum": 4})
+    s = make(policy=queue)
+    assert run(s, TargetSet(0.0, "default", 1, SPEC)) == [StartBlock(1, "default", SPEC)]
+    started(s, 0.1, 1)
+    # 250 ready tasks for the pool, 10 any pool may run: 3 blocks.
+    assert run(s, QueuesSeen(1.0, {"default": 250, "*": 10})) == [
+        StartBlock(2, "default", SPEC),
+        StartBlock(3, "default", SPEC),
+    ]
+    started(s, 1.1, 2)
+    assert run(s, QueuesSeen(2.0, {"default": 10_000})) == [StartBlock(4, "default", SPEC)]
+    started(s, 2.1, 1)
+    # The queue empties: back to the target, by draining the last blocks.
+    assert run(s, QueuesSeen(3.0, {})) == [
+        DrainWorker("w-2", "block-2"),
+        DrainWorker("w-3", "block-3"),
+        DrainWorker("w-4", "block-4"),
+    ]
+
+
+def test_scaling_policies_are_registered_and_check_their_parameters() -> None:
+    assert policies.REGISTRY.names("scaling") == ["fixed", "queue"]
+    assert policies.DEFAULTS["scaling"] == "fixed"
+    assert isinstance(make().policy, policies.scaling.FixedTarget)
+    with pytest.raises(PolicyParamsError, match="tasks_per_block"):
+        policies.REGISTRY.create("scaling", "queue", {"tasks_per_block": 0})
+    with pytest.raises(PolicyParamsError, match="maximum"):
+        policies.REGISTRY.create("scaling", "queue", {"maximum": -1})
+
+
+# ----------------------------------------------------------------------------- validate
+
+
+def test_validate_catches_a_retiring_block_that_nobody_drains() -> None:
+    s = make()
+    run(s, TargetSet(0.0, "default", 1, SPEC))
+    started(s, 0.1, 1)
+    s.blocks["block-1"].retiring = True  # as a bug that forgot DrainWorker would
+    with pytest.raises(AssertionError):
+        s.validate()
+
+
+def test_validate_catches_a_pool_short_of_its_proposal() -> None:
+    s = make()
+    run(s, TargetSet(0.0, "default", 1, SPEC))
+    started(s, 0.1, 1)
+    del s.blocks["block-1"]  # as a bug that lost a block without replacing it
+    with pytest.raises(AssertionError):
+        s.validate()
+
+
+def test_an_unknown_event_is_a_type_error() -> None:
+    with pytest.raises(TypeError, match="cannot handle"):
+        make().handle(Event(0.0))
+
+
+# ----------------------------------------------------------------------------- state machine
+
+
+class RandomCluster(RuleBasedStateMachine):
+    """Plays provider and scheduler at random against the core: answers starts (or fails
+    them), drains (knowing the worker or not), stops, ends blocks unasked, ends drained
+    ones, moves the virtual clock, swaps policies and shuts down. Checks ``validate()``
+    after every step, and that no block is stopped while a worker of it is known to the
+    scheduler (unless the cluster is shutting down)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.state = AutoscalerState(AutoscalerConfig(max_replacements=3, replacement_window=5.0))
+        self.now = 0.0
+        self.starts: list[StartBlock] = []
+        self.stops: list[StopBlock] = []
+        self.drains: list[DrainWorker] = []
+        self.joined: set[str] = set()  #: workers the scheduler knows
+        self.drained: set[str] = set()  #: workers the scheduler drains
+        self.reported: set[str] = set()  #: blocks reported gone
+        self.n = 0
+
+    def feed(self, ev: Event) -> None:
+        for cmd in self.state.handle(ev):
+            if isinstance(cmd, StartBlock):
+                self.starts.append(cmd)
+            elif isinstance(cmd, StopBlock):
+                b = self.state.blocks[cmd.block]
+                if not self.state.closing:
+                    assert not (set(b.workers) & self.joined), ("stopped a known worker", b)
+                self.stops.append(cmd)
+            elif isinstance(cmd, DrainWorker):
+                assert self.state.blocks[cmd.block].retiring
+                self.drains.append(cmd)
+            elif isinstance(cmd, ReportGone):
+                assert cmd.block not in self.reported, cmd
+                self.reported.add(cmd.block)
+                self.joined -= set(cmd.workers)
+            else:
+                assert isinstance(cmd, GaveUp), cmd
+        self.state.validate()
+
+    def _later(self, dt: float = 0.25) -> float:
+        self.now += dt
+        return self.now
+
+    @rule(pool=st.sampled_from(["a", "b"]), n=st.integers(0, 4))
+    def set_target(self, pool: str, n: int) -> None:
+        self.feed(TargetSet(self._later(), pool, n, pool))
+
+    @precondition(lambda self: self.starts)
+    @rule(i=st.integers(0, 7), workers=st.integers(0, 2), pending=st.booleans(), ok=st.booleans())
+    def answer_start(self, i: int, workers: int, pending: bool, ok: bool) -> None:
+        cmd = self.starts.pop(i % len(self.starts))
+        if not ok:
+            self.feed(BlockStartFailed(self._later(), cmd.request, "no"))
+            return
+        self.n += 1
+        wids = tuple(f"w-{self.n}.{j}" for j in range(0 if pending else workers or 1))
+        state = "pending" if pending else "running"
+        self.feed(BlockStarted(self._later(), cmd.request, f"block-{self.n}", wids, state))
+
+    @precondition(lambda self: any(b.workers for b in self.state.blocks.values()))
+    @rule(i=st.integers(0, 7))
+    def worker_joins(self, i: int) -> None:
+        wids = sorted(w for b in self.state.blocks.values() for w in b.workers)
+        self.joined.add(wids[i % len(wids)])
+
+    @precondition(lambda self: self.drains)
+    @rule(i=st.integers(0, 7))
+    def answer_drain(self, i: int) -> None:
+        cmd = self.drains.pop(i % len(self.drains))
+        known = cmd.worker in self.joined
+        if known:
+            self.drained.add(cmd.worker)
+        self.feed(DrainAnswered(self._later(), cmd.worker, known))
+
+    @precondition(lambda self: self.stops)
+    @rule(i=st.integers(0, 7))
+    def answer_stop(self, i: int) -> None:
+        cmd = self.stops.pop(i % len(self.stops))
+        self.feed(BlockStopped(self._later(), cmd.block))
+
+    @precondition(lambda self: self.state.blocks)
+    @rule(i=st.integers(0, 7), state=st.sampled_from(["failed", "completed", "timeout"]))
+    def block_ends(self, i: int, state: str) -> None:
+        bids = sorted(self.state.blocks)
+        self.feed(BlockEnded(self._later(), bids[i % len(bids)], state))
+
+    @precondition(
+        lambda self: any(
+            b.workers and set(b.workers) <= self.drained for b in self.state.blocks.values()
+        )
+    )
+    @rule()
+    def drained_block_exits(self) -> None:
+        b = next(
+            b
+            for b in sorted(self.state.blocks.values(), key=lambda b: b.block_id)
+            if b.workers and set(b.workers) <= self.drained
+        )
+        self.feed(BlockEnded(self._later(), b.block_id, "completed"))
+        assert self.state.blocks.get(b.block_id) is None
+
+    @rule(dt=st.floats(0.0, 10.0))
+    def tick(self, dt: float) -> None:
+        self.feed(Tick(self._later(dt)))
+
+    @rule(name=st.sampled_from(["fixed", "queue", "broken"]), queued=st.integers(0, 500))
+    def swap_policy(self, name: str, queued: int) -> None:
+        if name == "broken":
+            policy: Any = Proposes(RuntimeError("broken"))
+        else:
+            policy = policies.REGISTRY.create("scaling", name)
+        self.feed(PolicyChanged(self._later(), policy))
+        self.feed(QueuesSeen(self._later(), {"a": queued}))
+
+    @precondition(lambda self: not self.state.closing)
+    @rule()
+    def shutdown(self) -> None:
+        self.feed(Shutdown(self._later()))
+
+    @invariant()
+    def requests_match(self) -> None:
+        assert set(self.state.requests) == {c.request for c in self.starts}
+
+
+def test_random_clusters_keep_the_invariants() -> None:
+    run_state_machine_as_test(
+        RandomCluster,
+        settings=settings(
+            max_examples=200,
+            stateful_step_count=40,
+            deadline=None,
+            derandomize=True,  # the same examples on every run
+            database=None,
+            suppress_health_check=list(HealthCheck),
+        ),
+    )
