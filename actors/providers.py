@@ -3,7 +3,8 @@
 What lives here: :class:`BlockState` (the states a block moves through, after Parsl's
 job states), :class:`Block`, the :class:`Provider` interface the autoscaler drives, and
 :class:`InProcessProvider`, which starts worker actors inside the running actor system.
-Later providers (local processes, Slurm) implement the same interface.
+:class:`actors.processes.LocalProcessProvider` implements the same interface with worker
+processes on this machine; batch-system providers (Slurm) are future work.
 """
 
 from __future__ import annotations

@@ -645,7 +645,7 @@ class SchedulerState:
             if method is None:
                 raise TypeError(f"SchedulerState cannot handle {type(ev).__name__}")
             method(self, ev)
-            self._drain()
+            self._spread_failures()
             if self._flipped:
                 self._reclassify()
             self._fill()
@@ -991,10 +991,12 @@ class SchedulerState:
                 if d.consumers == 0 and d.wanted == 0 and d.state in ACTIVE:
                     self._to_cancel.append((d, f"only needed by {ts.key!r}, which is {finish}"))
 
-    def _drain(self) -> None:
-        """Work through failures and cancellations that spread along the graph.
+    def _spread_failures(self) -> None:
+        """Work through failures and cancellations that spread along the graph (tasks
+        too large to admit, dependents of a failed task, inputs nothing needs any more).
 
-        Kept as worklists, not recursion, so a chain of any length is safe.
+        Kept as worklists, not recursion, so a chain of any length is safe. (Not to be
+        confused with draining a worker: see ``draining`` and ``_retire_idle``.)
         """
         while self._to_fail or self._to_cancel or self._too_large:
             while self._too_large:
@@ -1026,7 +1028,7 @@ class SchedulerState:
             ts.spec.pool, _NO_LIMIT
         )
         if too_large:
-            self._too_large.append(ts)  # failed in _drain, once it is waiting or queued
+            self._too_large.append(ts)  # failed in _spread_failures, once it is waiting or queued
         missing = [d for d in ts.deps if d.state != "memory"]
         ts.waiting_on = len(missing)
         if not missing:
@@ -1120,7 +1122,7 @@ class SchedulerState:
                 dep.in_nbytes += grown
                 if dep.in_nbytes > floor and dep.state == "waiting":
                     # Maybe too large already, whatever its other inputs: if so, it
-                    # fails now (_admit, from _drain), not once they are all computed.
+                    # fails now (_admit, from _spread_failures), not once they are all computed.
                     self._too_large.append(dep)
             if dep.state == "waiting":
                 dep.waiting_on -= 1

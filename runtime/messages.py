@@ -82,13 +82,16 @@ LostCause = Literal["preempted", "oom", "crash", "drained", "walltime", "unknown
 
 @message()
 class Ping(Message):
-    """Liveness probe; answered with :class:`Pong` carrying the same token."""
+    """The heartbeat between connected processes (runtime/remote.py): one-way, its
+    arrival is all it says."""
 
     token: int = 0
 
 
 @message()
 class Pong(Message):
+    """Not used: heartbeats are one-way :class:`Ping` messages."""
+
     token: int = 0
 
 
@@ -178,8 +181,9 @@ class TryRecord(Message):
 
 # --------------------------------------------------------------------------------------
 # Cluster protocol between the actors of one cluster. These carry live objects (task
-# nodes, results, exceptions, actor references) and are process-local for now; the
-# websocket transport maps them onto wire messages with pickled payloads.
+# nodes, results, exceptions, actor references), so they are ``local`` (the codec
+# refuses them); between processes runtime/remote.py sends each as a ``PickledMsg``,
+# accepted only from authenticated peers.
 # --------------------------------------------------------------------------------------
 
 
@@ -403,11 +407,17 @@ class GatherRequest(Message):
 
 @message()
 class StatusRequest(Message):
-    """-> manager: reply with ``StatusReply``."""
+    """-> manager: reply with the cluster's status as a dict (the scheduler's, with the
+    file registry's and the autoscaler's folded in). The scheduler, registry, autoscaler
+    and a worker answer it too when asked directly: a dict each, a ``WorkerStatus`` from
+    a worker."""
 
 
 @message()
 class StatusReply(Message):
+    """Not used yet: a typed form of the status answer, which is a dict today (see
+    :class:`StatusRequest`)."""
+
     workers: tuple[WorkerInfo, ...]
     tasks_by_state: dict[str, int]
     queued: int
