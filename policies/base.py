@@ -17,7 +17,7 @@ import dataclasses
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from runtime.errors import CorralError, UnknownPolicyError
+from runtime.errors import PolicyParamsError, UnknownPolicyError
 
 __all__ = [
     "KINDS",
@@ -184,17 +184,6 @@ class MemoryPolicy(Protocol):
     def producer(self, category: str, stats: CategoryStats | None, root: bool) -> bool: ...
 
     def yields(self, pressure: bool) -> bool: ...
-
-
-class PolicyParamsError(CorralError, TypeError):
-    def __init__(self, kind: str, name: str, error: str) -> None:
-        super().__init__(
-            f"bad parameters for {kind} policy {name!r}: {error}. "
-            "See docs/policies.md for the parameters each policy takes.",
-            kind=kind,
-            name=name,
-            error=error,
-        )
 
 
 Factory = Callable[..., Any]

@@ -38,6 +38,7 @@ __all__ = [
     "MemoryStalled",
     "MissingKeysError",
     "PermissionDenied",
+    "PolicyParamsError",
     "ProtocolError",
     "RemoteError",
     "TaskCrashedWorkers",
@@ -336,6 +337,17 @@ class UnknownPolicyError(CorralError, KeyError):
 
     def __str__(self) -> str:
         return self.message
+
+
+class PolicyParamsError(CorralError, TypeError):
+    def __init__(self, kind: str, name: str, error: str) -> None:
+        super().__init__(
+            f"bad parameters for {kind} policy {name!r}: {error}. "
+            "See docs/policies.md for the parameters each policy takes.",
+            kind=kind,
+            name=name,
+            error=error,
+        )
 
 
 # ----------------------------------------------------------------------------- tasks
