@@ -31,6 +31,7 @@ from runtime.messages import (
     GatherRequest,
     GetData,
     KeyUpdates,
+    Message,
     PolicyQuery,
     ReadStream,
     ReleaseKeysRequest,
@@ -44,6 +45,7 @@ from runtime.messages import (
     TasksQuery,
     WaitForWorkersRequest,
     get_data_batches,
+    message,
 )
 
 __all__ = ["GatherResult", "Manager"]
@@ -64,6 +66,16 @@ MAX_RUN_KEYS = 1_000_000
 class _KeyState:
     clients: set[str]  #: clients that want it (each counts once at the scheduler)
     update: Any = None  #: the latest KeyDone / KeyErred / KeyCancelled
+
+
+@message(local=True)
+class _Gathered(Message):
+    """Manager-internal: what a gather found, reported to the manager's own handler.
+    ``lost``: ``(key, the KeyDone the gather went by)`` for keys not where it said;
+    ``not_on``: ``(worker, keys)`` a worker answered it does not hold."""
+
+    lost: tuple[tuple[Key, Any], ...]
+    not_on: tuple[tuple[str, tuple[Key, ...]], ...]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -253,25 +265,37 @@ class Manager(Actor):
     @handles(GatherRequest)
     def gather(self, msg: GatherRequest) -> Later:
         # Answered later: fetching from workers must not hold up the manager's mailbox.
-        return Later(self._gather(msg))
-
-    async def _gather(self, msg: GatherRequest) -> GatherResult:
-        by_worker: dict[str, list[tuple[Key, int]]] = {}
+        # What to fetch from whom is read here, in the handler; the fetch itself changes
+        # nothing and reports what it found back to us (_Gathered).
+        found: dict[Key, KeyDone] = {}
         missing: list[Key] = []
-        unreachable: list[Key] = []
-        streams: list[StreamInfo] = []
         for key in msg.keys:
             ks = self.keys.get(key)
             upd = ks.update if ks is not None else None
-            if not isinstance(upd, KeyDone):
+            if isinstance(upd, KeyDone):
+                found[key] = upd
+            else:
                 missing.append(key)
-                continue
+        return Later(self._gather(msg, found, missing))
+
+    async def _gather(
+        self, msg: GatherRequest, found: dict[Key, KeyDone], missing: list[Key]
+    ) -> GatherResult:
+        """Fetch the values of ``found`` from their workers. Runs beside the handlers:
+        it reads and writes none of the manager's state, and what it learned about
+        keys goes through :meth:`gathered` before the answer goes out."""
+        by_worker: dict[str, list[tuple[Key, int]]] = {}
+        for key, upd in found.items():
             by_worker.setdefault(upd.worker, []).append((key, upd.nbytes))
+        lost: list[Key] = []  #: not where their KeyDone said
+        not_on: list[tuple[str, tuple[Key, ...]]] = []  #: the workers said so
+        unreachable: list[Key] = []
+        streams: list[StreamInfo] = []
         data: dict[Key, Any] = {}
         for wid, sized in by_worker.items():
             ref = self._resolve(wid)
             if ref is None:  # gone: the scheduler recomputes what it held
-                missing.extend(k for k, _ in sized)
+                lost.extend(k for k, _ in sized)
                 continue
             # A worker in another process sends large values as streams: a remote
             # client reads them through us (ReadStream relayed), a local one gets them
@@ -290,9 +314,9 @@ class Manager(Actor):
                             timeout=self.gather_timeout,
                         )
                     data.update(reply.data)
-                    missing.extend(reply.missing)
-                    if reply.missing:  # the scheduler thinks it has them: tell it
-                        self._scheduler().post(DataMissing(wid, tuple(reply.missing)))
+                    if reply.missing:
+                        lost.extend(reply.missing)
+                        not_on.append((wid, tuple(reply.missing)))
                     for info in reply.streams:
                         if msg.raw:
                             streams.append(info._replace(worker=wid))
@@ -301,11 +325,23 @@ class Manager(Actor):
                 except (ActorStopped, AskTimeout, UnknownStream) as exc:
                     self.log.warning("gather failed", worker=wid, error=str(exc))
                     unreachable.extend(k for k in keys if k not in data)
-        for key in missing:
+        if lost:  # before the asker hears of them, so it finds our table up to date
+            await self.ref.ask(
+                _Gathered(tuple((k, found[k]) for k in lost), tuple(not_on)), timeout=None
+            )
+        return GatherResult(data, (*missing, *lost), msg.raw, tuple(unreachable), tuple(streams))
+
+    @handles(_Gathered)
+    def gathered(self, msg: _Gathered) -> None:
+        """A gather found keys missing where their KeyDone said they were: forget that
+        word, unless a newer one came meanwhile (the key was made again elsewhere while
+        the gather waited); and tell the scheduler what the workers did not have."""
+        for wid, keys in msg.not_on:
+            self._scheduler().post(DataMissing(wid, keys))
+        for key, upd in msg.lost:
             ks = self.keys.get(key)
-            if ks is not None and isinstance(ks.update, KeyDone):
+            if ks is not None and ks.update is upd:
                 self._set_update(ks, None)  # wait for the scheduler's next word on it
-        return GatherResult(data, tuple(missing), msg.raw, tuple(unreachable), tuple(streams))
 
     async def _read_stream(self, ref: Any, info: StreamInfo) -> Any:
         return await transfer.receive(
