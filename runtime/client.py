@@ -157,6 +157,43 @@ class _Waiter:
             self.event.set()
 
 
+class _Wake:
+    """A gather waiting to ask again for ``keys`` (their worker did not answer): woken
+    by the next update of any of them, or by its timer (:class:`_RetryDue`)."""
+
+    __slots__ = ("event", "keys")
+
+    def __init__(self, keys: tuple[Key, ...]) -> None:
+        self.keys = keys
+        self.event = anyio.Event()
+
+    def settle(self, key: Key, ok: bool) -> None:
+        self.event.set()
+
+
+#: Seconds a gather waits, times its attempt, before it asks again for values whose
+#: worker did not answer; the next update of one of those keys ends the wait sooner.
+RETRY_DELAY = 0.2
+
+
+@message(local=True)
+class _Regather(Message):
+    """Client-internal: a gather's answer left keys to get again. ``missing`` and
+    ``unreachable`` hold ``(key, the update the gather went by)``; ``delay``: seconds
+    before asking an unreachable worker again. Answer: an event to wait on, or None."""
+
+    missing: tuple[tuple[Key, Any], ...]
+    unreachable: tuple[tuple[Key, Any], ...]
+    delay: float
+
+
+@message(local=True)
+class _RetryDue(Message):
+    """Client-internal: the timer of a :class:`_Wake` fired."""
+
+    wake: Any
+
+
 @message(local=True)
 class _Flush(Message):
     """Client-internal: send the tasks queued by ``submit``."""
@@ -231,7 +268,9 @@ class ClientActor(Actor):
         self.pending: dict[Key, Any] = {}  #: tasks from submit() not sent yet
         self.flush_queued = False
         self.to_release: dict[Key, None] = {}  #: keys no Future holds any more, not yet sent
-        self.waiters: dict[Key, list[_Waiter]] = {}  #: gathers waiting on each key
+        #: gathers waiting on each key (its update, or its retry)
+        self.waiters: dict[Key, list[_Waiter | _Wake]] = {}
+        self.wakes: set[_Wake] = set()  #: gathers waiting to ask again
         self.loop_thread = threading.get_ident()  #: the event loop's thread
 
     async def on_stop(self) -> None:
@@ -243,6 +282,8 @@ class ClientActor(Actor):
         for key, w in list(self.watches.items()):
             if w.update is None:
                 self._settle(KeyErred("", key, err, key, err))
+        for wake in list(self.wakes):  # and no gather waits for a retry that never comes
+            self._wake_up(wake)
 
     @handles(_ManagerGone)
     def manager_gone(self, msg: _ManagerGone) -> None:
@@ -250,6 +291,8 @@ class ClientActor(Actor):
         for key, w in list(self.watches.items()):
             if w.update is None:
                 self._settle(KeyErred("", key, msg.error, key, msg.error))
+        for wake in list(self.wakes):  # their next ask says ManagerLost
+            self._wake_up(wake)
 
     @handles(KeyUpdates)
     def updates(self, msg: KeyUpdates) -> None:
@@ -282,6 +325,45 @@ class ClientActor(Actor):
         if waiter.pending:
             await waiter.event.wait()
         return waiter.failed
+
+    @handles(_Regather)
+    def regather(self, msg: _Regather) -> anyio.Event | None:
+        """What a gather's answer means for the watches, decided here and not in the
+        gather (which awaited meanwhile): an update that came while it waited is newer
+        than the answer and stands. A missing key waits for the scheduler's next word
+        on it; an unreachable one (still where it was, as far as anyone knows) is asked
+        for again after ``msg.delay`` seconds or at its next update."""
+        for key, upd in msg.missing:
+            w = self.watches.get(key)
+            if w is not None and w.update is upd:
+                w.update = None
+        keys = []
+        for key, upd in msg.unreachable:
+            w = self.watches.get(key)
+            if w is not None and w.update is upd:
+                keys.append(key)
+        if not keys:
+            return None
+        wake = _Wake(tuple(keys))
+        for key in keys:
+            self.waiters.setdefault(key, []).append(wake)
+        self.wakes.add(wake)
+        self.send_later(msg.delay, _RetryDue(wake))
+        return wake.event
+
+    @handles(_RetryDue)
+    def retry_due(self, msg: _RetryDue) -> None:
+        self._wake_up(msg.wake)
+
+    def _wake_up(self, wake: _Wake) -> None:
+        wake.event.set()
+        self.wakes.discard(wake)
+        for key in wake.keys:
+            waiting = self.waiters.get(key)
+            if waiting is not None and wake in waiting:
+                waiting.remove(wake)
+                if not waiting:
+                    del self.waiters[key]
 
     @handles(_Flush)
     async def flush(self, msg: _Flush) -> None:
@@ -757,7 +839,7 @@ class Cluster:
         client = self._client_actor
         remaining = list(dict.fromkeys(keys))
         values: dict[Key, Any] = {}
-        for _attempt in range(10):
+        for attempt in range(1, 11):
             failed = await client.wait_all(remaining)
             if failed is not None:
                 upd = client.watches[failed].update
@@ -767,6 +849,7 @@ class Cluster:
                     if isinstance(upd, KeyErred):
                         _note(err, f"(raised by task {upd.root!r})")
                 raise err
+            seen = {k: client.watches[k].update for k in remaining}  # what this try goes by
             result: GatherResult = await self._manager.ask(
                 GatherRequest(tuple(remaining), raw=self.address is not None), timeout=None
             )
@@ -777,13 +860,21 @@ class Cluster:
             unread = await self._read_streams(result.streams, values)
             if not result.missing and not result.unreachable and not unread:
                 break
-            for key in result.missing:  # lost meanwhile: wait for the recomputation
-                w = client.watches.get(key)
-                if w is not None and isinstance(w.update, KeyDone):
-                    w.update = None
-            if result.unreachable or unread:  # not lost (as far as anyone knows): ask again soon
-                await anyio.sleep(0.2 * (_attempt + 1))
-            remaining = [*result.missing, *result.unreachable, *unread]
+            # Lost meanwhile: wait for the recomputation. Not lost (as far as anyone
+            # knows): ask again soon. The client actor's handler decides, as updates
+            # that came while this gather waited may have made the answer stale.
+            again = [*result.unreachable, *unread]
+            wake = await client.ref.ask(
+                _Regather(
+                    tuple((k, seen[k]) for k in result.missing),
+                    tuple((k, seen[k]) for k in again),
+                    RETRY_DELAY * attempt,
+                ),
+                timeout=None,
+            )
+            if wake is not None:
+                await wake.wait()
+            remaining = [*result.missing, *again]
         else:
             raise CorralError(
                 f"could not gather {remaining[:5]}: their data kept disappearing "

@@ -1,0 +1,214 @@
+"""Gathers and key updates that cross: no lost wakeup, no stale state, no sleep-polling.
+
+A gather asks the worker that held a key. While it waits, the key can be lost and made
+again somewhere else: its new ``KeyDone`` reaches the manager and the client before the
+gather's answer ("missing") does. That answer must not wipe out the newer word, in the
+manager's key table nor in the client's watches, or the future waits for an update that
+already came (issue 10, item 3).
+
+The cluster is embedded with no real workers. The test plays the scheduler (it posts
+``KeyUpdates`` to the manager) and the workers: fake worker actors, found by name in the
+cluster's actor system as real ones are, that answer ``GetData`` only when the test lets
+them. Every test is bounded with ``anyio.fail_after``; waits are on events (or, where
+only state shows the change, on a bounded poll), never sleep-then-assert.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import pytest
+
+import runtime.client
+from actors.scheduler_state import KeyDone
+from runtime import Cluster
+from runtime.errors import ActorStopped
+from runtime.kernel import Actor, handles
+from runtime.messages import DataReply, GatherRequest, GetData, KeyUpdates, StatusRequest
+from tests.helpers import wait_until
+
+pytestmark = pytest.mark.anyio
+
+BOUND = 10  # seconds any single test may take (they take well under one)
+KEY = "x"
+
+
+def inc(x: int) -> int:
+    return x + 1
+
+
+class FakeWorker(Actor):
+    """Holds ``values``; answers ``GetData`` once ``gate`` is set (if there is one). With
+    ``unreachable`` set it answers as a worker whose connection is gone would."""
+
+    def __init__(self, values: dict[Any, Any], *, gated: bool = False) -> None:
+        self.values = dict(values)
+        self.gate = anyio.Event()
+        if not gated:
+            self.gate.set()
+        self.asked = anyio.Event()
+        self.requests = 0
+        self.unreachable = 0  #: how many of the next requests fail as unreachable
+
+    @handles(GetData)
+    async def get_data(self, msg: GetData) -> DataReply:
+        self.requests += 1
+        self.asked.set()
+        await self.gate.wait()
+        if self.unreachable:
+            self.unreachable -= 1
+            raise ActorStopped(self.name, "GetData")
+        data = {k: self.values[k] for k in msg.keys if k in self.values}
+        return DataReply(data, tuple(k for k in msg.keys if k not in data))
+
+
+def done(worker: str) -> KeyDone:
+    """The scheduler's word that KEY is done on ``worker``: a new object every time."""
+    return KeyDone("test", KEY, worker, 8)
+
+
+async def start(cluster: Cluster) -> Any:
+    """Submit KEY (it stays queued: no real workers) and return its future."""
+    (fut,) = await cluster.submit_graph({KEY: (inc, 1)}, [KEY])
+    return fut
+
+
+async def spawn(cluster: Cluster, name: str, worker: FakeWorker) -> FakeWorker:
+    assert cluster._system is not None
+    await cluster._system.spawn(worker, name)
+    return worker
+
+
+async def scheduler_says(cluster: Cluster, *updates: Any) -> None:
+    """Post ``updates`` to the manager as the scheduler does, and return once the
+    manager has forwarded them and the client has taken them in (both mailboxes are
+    FIFO: an ask behind the updates is answered after them)."""
+    cluster._manager.post(KeyUpdates(updates))
+    await cluster._manager.ask(StatusRequest())
+    await cluster._client_actor.ref.ask(runtime.client._Flush())
+
+
+async def wanted_pending(cluster: Cluster) -> int:
+    return int((await cluster.status())["wanted_pending"])
+
+
+async def test_manager_keeps_a_newer_word_that_came_during_its_gather() -> None:
+    """The manager's key table: a gather that finds KEY missing on its old worker must
+    not reset KEY when the scheduler said meanwhile that it is done elsewhere."""
+    with anyio.fail_after(BOUND):
+        async with Cluster(workers=0) as cluster:
+            fut = await start(cluster)  # held: the client wants KEY
+            old = await spawn(cluster, "fake-1", FakeWorker({}, gated=True))  # lost it
+            await spawn(cluster, "fake-2", FakeWorker({KEY: 2}))
+            await scheduler_says(cluster, done("fake-1"))
+            assert await wanted_pending(cluster) == 0
+            async with anyio.create_task_group() as tg:
+                answer: dict[str, Any] = {}
+
+                async def gather() -> None:
+                    answer["first"] = await cluster._manager.ask(GatherRequest((KEY,)))
+
+                tg.start_soon(gather)
+                await old.asked.wait()
+                await scheduler_says(cluster, done("fake-2"))  # made again
+                old.gate.set()
+            assert answer["first"].missing == (KEY,)
+            # The newer word stands: nothing pending, and a gather finds the value.
+            assert await wanted_pending(cluster) == 0
+            again = await cluster._manager.ask(GatherRequest((KEY,)))
+            assert again.data == {KEY: 2} and again.missing == ()
+            assert fut.status == "finished"
+
+
+async def test_key_done_during_a_gather_wakes_the_future() -> None:
+    """The lost wakeup: the client must not forget a KeyDone that reached it while its
+    gather was answered "missing"; today's code waits for ever."""
+    with anyio.fail_after(BOUND):
+        async with Cluster(workers=0) as cluster:
+            fut = await start(cluster)
+            old = await spawn(cluster, "fake-1", FakeWorker({}, gated=True))
+            new = await spawn(cluster, "fake-2", FakeWorker({KEY: 2}))
+            await scheduler_says(cluster, done("fake-1"))
+            assert fut.done()
+            async with anyio.create_task_group() as tg:
+                got: list[Any] = []
+
+                async def gather() -> None:
+                    got.extend(await cluster.gather([fut]))
+
+                tg.start_soon(gather)
+                await old.asked.wait()
+                await scheduler_says(cluster, done("fake-2"))
+                old.gate.set()
+            assert got == [2]
+            assert new.requests == 1
+            assert fut.status == "finished"
+            assert await wanted_pending(cluster) == 0
+
+
+async def test_a_missing_key_waits_for_the_scheduler_s_next_word() -> None:
+    """No newer word yet: the gather waits for it (the future is pending meanwhile),
+    then reads the value where the key was made again."""
+    with anyio.fail_after(BOUND):
+        async with Cluster(workers=0) as cluster:
+            fut = await start(cluster)
+            old = await spawn(cluster, "fake-1", FakeWorker({}))
+            await spawn(cluster, "fake-2", FakeWorker({KEY: 2}))
+            await scheduler_says(cluster, done("fake-1"))
+            async with anyio.create_task_group() as tg:
+                got: list[Any] = []
+
+                async def gather() -> None:
+                    got.extend(await cluster.gather([fut]))
+
+                tg.start_soon(gather)
+                await old.asked.wait()
+                # Only state shows that the client took the answer in: poll, bounded.
+                await wait_until(lambda: fut.status == "pending", "the future to wait again")
+                assert await wanted_pending(cluster) == 1
+                await scheduler_says(cluster, done("fake-2"))
+            assert got == [2]
+            assert await wanted_pending(cluster) == 0
+
+
+async def test_an_unreachable_worker_is_asked_again() -> None:
+    """A worker that does not answer (yet) keeps its key: the gather asks it again, and
+    the future stays finished meanwhile."""
+    with anyio.fail_after(BOUND):
+        async with Cluster(workers=0) as cluster:
+            fut = await start(cluster)
+            worker = await spawn(cluster, "fake-1", FakeWorker({KEY: 2}))
+            worker.unreachable = 2
+            await scheduler_says(cluster, done("fake-1"))
+            assert await cluster.gather([fut]) == [2]
+            assert worker.requests == 3
+            assert fut.status == "finished"
+
+
+async def test_an_unreachable_key_made_again_is_gathered_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """While the client waits to ask an unreachable worker again, the key's next update
+    wakes it: it does not sleep out its retry delay."""
+    monkeypatch.setattr(runtime.client, "RETRY_DELAY", 3600.0)
+    with anyio.fail_after(BOUND):
+        async with Cluster(workers=0) as cluster:
+            fut = await start(cluster)
+            old = await spawn(cluster, "fake-1", FakeWorker({KEY: 2}))
+            old.unreachable = 1_000
+            new = await spawn(cluster, "fake-2", FakeWorker({KEY: 3}))
+            await scheduler_says(cluster, done("fake-1"))
+            client = cluster._client_actor
+            async with anyio.create_task_group() as tg:
+                got: list[Any] = []
+
+                async def gather() -> None:
+                    got.extend(await cluster.gather([fut]))
+
+                tg.start_soon(gather)
+                # Only state shows that the client waits to retry: poll, bounded.
+                await wait_until(lambda: client.waiters.get(KEY), "the client to wait")
+                await scheduler_says(cluster, done("fake-2"))
+            assert got == [3]
+            assert (old.requests, new.requests) == (1, 1)
