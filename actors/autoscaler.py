@@ -1,21 +1,58 @@
-"""The autoscaler actor: keeps the number of workers each pool should have.
+"""The autoscaler actor: a thin shell around :class:`AutoscalerState`.
 
-What lives here: :class:`Autoscaler`. For now it keeps a configured number of workers
-per pool (``ScaleRequest`` changes it at runtime) and replaces workers that end without
-being asked to, within a replacement budget so a worker that crashes at start cannot
-loop forever. Decisions from queue metrics and alerts come with the monitoring work;
-they will only change how the target is computed, not how blocks are driven.
+What lives here: :class:`Autoscaler`, which turns messages (``ScaleRequest``,
+``SetPolicyRequest`` of kind ``scaling``, the ends of blocks it watches, a tick every
+``tick`` seconds) into core events with ``now`` from its clock, calls
+``AutoscalerState.handle`` and carries out the commands: it starts and stops blocks
+through a :class:`Provider`, asks the scheduler to drain workers (``DrainRequest``) and
+tells it which workers are gone (``WorkerGone``). No decisions are made here; they are in
+``actors/autoscaler_state.py`` and the scaling policy (``policies/scaling.py``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections import deque
 from typing import Any
 
+import anyio
+
+from actors.autoscaler_state import (
+    AutoscalerConfig,
+    AutoscalerState,
+    BlockEnded,
+    BlockStarted,
+    BlockStartFailed,
+    BlockStopped,
+    Command,
+    DrainAnswered,
+    DrainWorker,
+    Event,
+    GaveUp,
+    PolicyChanged,
+    QueuesSeen,
+    ReportGone,
+    Shutdown,
+    StartBlock,
+    StopBlock,
+    TargetSet,
+    Tick,
+)
 from actors.providers import Block, BlockSpec, BlockState, Provider
+from policies import REGISTRY, PolicyRegistry
+from runtime.errors import ActorStopped, AskTimeout
 from runtime.kernel import Actor, ActorRef, handles
-from runtime.messages import Message, ScaleRequest, StatusRequest, WorkerGone, message
+from runtime.messages import (
+    DrainRequest,
+    Message,
+    PolicyInfo,
+    ScaleRequest,
+    SetPolicyRequest,
+    StatusRequest,
+    WorkerGone,
+    message,
+)
 
 __all__ = ["Autoscaler", "PoolTarget"]
 
@@ -26,6 +63,11 @@ class _BlockEnded(Message):
     state: str
 
 
+@message(local=True)
+class _Tick(Message):
+    """Autoscaler-internal: time passed."""
+
+
 @dataclasses.dataclass(slots=True)
 class PoolTarget:
     n: int
@@ -33,7 +75,8 @@ class PoolTarget:
 
 
 class Autoscaler(Actor):
-    """Drives a :class:`Provider` so each pool has its target number of workers."""
+    """Drives a :class:`Provider` so each pool has the blocks its scaling policy wants
+    (by default its target number)."""
 
     def __init__(
         self,
@@ -43,91 +86,165 @@ class Autoscaler(Actor):
         *,
         max_replacements: int = 10,
         replacement_window: float = 60.0,
+        policy: Any = None,
+        policies: PolicyRegistry = REGISTRY,
+        tick: float = 1.0,
+        drain_timeout: float = 10.0,
     ) -> None:
         self.provider = provider
         self.scheduler = scheduler
-        self.targets = dict(targets)
-        self.blocks: dict[str, Block] = {}  #: live blocks by id
-        self.ended: list[Block] = []  #: blocks that ended, newest last
-        self.max_replacements = max_replacements
-        self.replacement_window = replacement_window
-        self._replacements: deque[float] = deque()
-        self.gave_up: set[str] = set()  #: pools whose workers kept dying
+        self.policy_registry = policies
+        config = AutoscalerConfig(max_replacements, replacement_window)
+        self.state = AutoscalerState(config, policy)
+        self._initial = dict(targets)
+        self._handles: dict[str, Block] = {}  #: provider's block objects by id
+        self.tick = tick  #: seconds between ticks of the core
+        self.drain_timeout = drain_timeout  #: seconds to wait for a drain's answer
+
+    # -- views -----------------------------------------------------------------------
+
+    @property
+    def blocks(self) -> dict[str, Block]:
+        """Live blocks (not ended) by id."""
+        return {b: self._handles[b] for b in self.state.blocks}
+
+    @property
+    def gave_up(self) -> set[str]:
+        """Pools whose workers kept ending."""
+        return set(self.state.gave_up)
+
+    def live(self, pool: str) -> list[Block]:
+        return [self._handles[b.block_id] for b in self.state.live(pool)]
+
+    # -- lifetime --------------------------------------------------------------------
 
     async def on_start(self) -> None:
-        await self._converge()
+        now = self.clock.now()
+        await self._handle(*(TargetSet(now, p, t.n, t.spec) for p, t in self._initial.items()))
+        self.start_soon(self._ticks)
 
     async def on_stop(self) -> None:
         """Scale every pool in: stopping the autoscaler stops the workers it started."""
-        blocks, self.blocks = list(self.blocks.values()), {}
-        for block in blocks:
-            await self.provider.stop_block(block)
-            self.ended.append(block)
+        await self._handle(Shutdown(self.clock.now()))
 
-    def live(self, pool: str) -> list[Block]:
-        return [b for b in self.blocks.values() if b.spec.pool == pool]
-
-    async def _converge(self) -> None:
-        for pool, target in self.targets.items():
-            live = self.live(pool)
-            while len(live) < target.n and pool not in self.gave_up:
-                block = await self.provider.start_block(target.spec)
-                self.blocks[block.block_id] = block
-                self.start_soon(self._watch, block)
-                live.append(block)
-            for block in sorted(live, key=lambda b: b.block_id)[target.n :]:
-                self.blocks.pop(block.block_id, None)
-                for wid in block.workers:
-                    await self.scheduler.tell(WorkerGone(wid, "drained"))
-                await self.provider.stop_block(block)
-                self.ended.append(block)
+    async def _ticks(self) -> None:
+        while True:
+            await anyio.sleep(self.tick)
+            if self.ref.mailbox.closed:
+                return
+            with contextlib.suppress(ActorStopped):
+                self.ref.post(_Tick())
 
     async def _watch(self, block: Block) -> None:
         state = await self.provider.wait_ended(block)
-        self.ref.post(_BlockEnded(block, state.value))
+        with contextlib.suppress(ActorStopped):
+            self.ref.post(_BlockEnded(block, state.value))
+
+    # -- feeding the core --------------------------------------------------------------
+
+    async def _handle(self, *events: Event) -> None:
+        """Feed ``events``; carry out the commands, feeding back what came of them."""
+        todo: deque[Event] = deque(events)
+        while todo:
+            for cmd in self.state.handle(todo.popleft()):
+                followup = await self._execute(cmd)
+                if followup is not None:
+                    todo.append(followup)
+
+    async def _execute(self, cmd: Command) -> Event | None:
+        if type(cmd) is StartBlock:
+            try:
+                block = await self.provider.start_block(cmd.spec)
+            except Exception as exc:
+                self.log.error("could not start a block", pool=cmd.pool, error=repr(exc))
+                return BlockStartFailed(self.clock.now(), cmd.request, repr(exc))
+            self._handles[block.block_id] = block
+            self.start_soon(self._watch, block)
+            return BlockStarted(
+                self.clock.now(), cmd.request, block.block_id, tuple(block.workers),
+                block.state.value,
+            )  # fmt: skip
+        if type(cmd) is StopBlock:
+            block = self._handles.pop(cmd.block)
+            await self.provider.stop_block(block)
+            return BlockStopped(self.clock.now(), cmd.block, block.state.value)
+        if type(cmd) is DrainWorker:
+            try:
+                await self.scheduler.ask(DrainRequest(cmd.worker), timeout=self.drain_timeout)
+            except (ValueError, ActorStopped, AskTimeout) as exc:
+                # Not known to the scheduler (it never joined): it runs nothing.
+                self.log.info("worker to scale in is not known", worker=cmd.worker, why=str(exc))
+                return DrainAnswered(self.clock.now(), cmd.worker, False)
+            self.log.info("scaling in: draining worker", worker=cmd.worker, block=cmd.block)
+            return DrainAnswered(self.clock.now(), cmd.worker, True)
+        if type(cmd) is ReportGone:
+            self._handles.pop(cmd.block, None)
+            if cmd.cause != "drained":
+                self.log.warning(
+                    "worker block ended unasked", block=cmd.block, state=cmd.state, cause=cmd.cause
+                )
+            for wid in cmd.workers:
+                with contextlib.suppress(ActorStopped):
+                    await self.scheduler.tell(WorkerGone(wid, cmd.cause))
+            return None
+        if type(cmd) is GaveUp:
+            self.log.error(
+                "workers keep ending; not replacing them any more",
+                pool=cmd.pool, ended=cmd.ended, window=cmd.window,
+            )  # fmt: skip
+            return None
+        raise TypeError(f"autoscaler has no shell for {type(cmd).__name__}")  # pragma: no cover
+
+    # -- handlers --------------------------------------------------------------------
 
     @handles(_BlockEnded)
     async def block_ended(self, msg: _BlockEnded) -> None:
         block: Block = msg.block
-        if self.blocks.pop(block.block_id, None) is None:
-            return  # stopped on purpose
-        block.state = BlockState(msg.state)
-        self.ended.append(block)
-        cause = "crash" if block.state == BlockState.FAILED else "unknown"
-        for wid in block.workers:
-            await self.scheduler.tell(WorkerGone(wid, cause))
+        if block.block_id in self.state.blocks:
+            block.state = BlockState(msg.state)
+        await self._handle(BlockEnded(self.clock.now(), block.block_id, msg.state))
+
+    @handles(_Tick)
+    async def on_tick(self, msg: _Tick) -> None:
         now = self.clock.now()
-        self._replacements.append(now)
-        while self._replacements and self._replacements[0] < now - self.replacement_window:
-            self._replacements.popleft()
-        if len(self._replacements) > self.max_replacements:
-            self.gave_up.add(block.spec.pool)
-            self.log.error(
-                "workers keep ending; not replacing them any more",
-                pool=block.spec.pool,
-                ended=len(self._replacements),
-                window=self.replacement_window,
-            )
-            return
-        self.log.warning("worker block ended; replacing it", block=block.block_id, state=msg.state)
-        await self._converge()
+        if getattr(self.state.policy, "uses_queues", False):
+            try:
+                status = await self.scheduler.ask(StatusRequest(), timeout=self.tick)
+            except (ActorStopped, AskTimeout):
+                status = None
+            if isinstance(status, dict) and isinstance(status.get("queues"), dict):
+                await self._handle(QueuesSeen(now, status["queues"]))
+                return
+        await self._handle(Tick(now))
 
     @handles(ScaleRequest)
     async def scale(self, msg: ScaleRequest) -> dict[str, int]:
         if msg.n < 0:
             raise ValueError(f"cannot scale pool {msg.pool!r} to {msg.n} workers")
-        target = self.targets.get(msg.pool)
-        spec = target.spec if target is not None else BlockSpec(pool=msg.pool)
-        self.targets[msg.pool] = PoolTarget(msg.n, spec)
-        self.gave_up.discard(msg.pool)
-        await self._converge()
-        return {pool: len(self.live(pool)) for pool in self.targets}
+        ps = self.state.pools.get(msg.pool)
+        spec = ps.spec if ps is not None else BlockSpec(pool=msg.pool)
+        await self._handle(TargetSet(self.clock.now(), msg.pool, msg.n, spec))
+        return self.state.counts()
+
+    @handles(SetPolicyRequest)
+    async def set_policy(self, msg: SetPolicyRequest) -> PolicyInfo:
+        if msg.kind != "scaling":
+            raise ValueError(f"the autoscaler has only a scaling policy, not {msg.kind!r}")
+        policy = self.policy_registry.create(msg.kind, msg.name, msg.params)
+        await self._handle(PolicyChanged(self.clock.now(), policy))
+        self.log.info("policy changed", kind=msg.kind, name=msg.name, params=msg.params)
+        return PolicyInfo(msg.kind, msg.name, tuple(self.policy_registry.names(msg.kind)))
 
     @handles(StatusRequest)
     def status(self, msg: StatusRequest) -> dict[str, Any]:
+        st = self.state
         return {
-            "targets": {p: t.n for p, t in self.targets.items()},
-            "blocks": {b.block_id: b.state.value for b in self.blocks.values()},
-            "ended": len(self.ended),
-            "gave_up": sorted(self.gave_up),
+            "targets": {p: s.target for p, s in st.pools.items()},
+            "desired": {p: s.desired for p, s in st.pools.items()},
+            "blocks": {b: self._handles[b].state.value for b in st.blocks},
+            "retiring": sorted(b.block_id for b in st.blocks.values() if b.retiring),
+            "ended": st.ended,
+            "gave_up": sorted(st.gave_up),
+            "policy": getattr(st.policy, "name", type(st.policy).__name__),
+            "policy_errors": st.policy_errors,
         }

@@ -367,6 +367,11 @@ class Manager(Actor):
 
     @handles(SetPolicyRequest)
     async def set_policy(self, msg: SetPolicyRequest) -> Any:
+        if msg.kind == "scaling":  # the autoscaler's policy; every other kind: scheduler
+            autoscaler = self._autoscaler()
+            if autoscaler is None:
+                raise RuntimeError("this cluster has no autoscaler; workers are managed outside")
+            return await autoscaler.ask(msg)
         return await self._scheduler().ask(msg)
 
     @handles(StoryRequest, StoryQuery, TasksQuery, PolicyQuery, DrainRequest)

@@ -101,6 +101,11 @@ class Scheduler(Actor):
         initial: dict[str, tuple[str, dict[str, Any]]] | None = None,
     ) -> None:
         self.policy_registry = policies
+        if "scaling" in (initial or {}):
+            raise ValueError(
+                "the scaling policy belongs to the autoscaler: choose it with "
+                "set_policy('scaling', ...) once the cluster runs"
+            )
         made = {
             kind: policies.create(kind, name, params)
             for kind, (name, params) in (initial or {}).items()
@@ -259,6 +264,8 @@ class Scheduler(Actor):
 
     @handles(SetPolicyRequest)
     def set_policy(self, msg: SetPolicyRequest) -> PolicyInfo:
+        if msg.kind == "scaling":  # a kind of the registry, but not the scheduler's
+            raise ValueError("the scaling policy belongs to the autoscaler, not the scheduler")
         policy = self.policy_registry.create(msg.kind, msg.name, msg.params)
         self._handle(PolicyChanged(*self._ev(), msg.kind, policy))
         self.log.info("policy changed", kind=msg.kind, name=msg.name, params=msg.params)

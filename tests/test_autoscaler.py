@@ -1,0 +1,120 @@
+"""Tests of the autoscaler actor (actors/autoscaler.py) in an embedded cluster.
+
+The decisions are tested in tests/test_autoscaler_state.py; these check that the shell
+carries them out: scale-in drains a busy worker through the scheduler instead of
+stopping it, and the scaling policy is swapped at runtime with ``set_policy``. Every
+test is bounded; waits poll a condition under a deadline.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Callable
+
+import anyio
+import pytest
+
+from runtime import Cluster
+from runtime.errors import UnknownPolicyError
+from runtime.messages import PolicyInfo
+
+pytestmark = pytest.mark.anyio
+
+BOUND = 20  # seconds any single test may take
+GATE = 10  # seconds a gated task waits at most
+
+
+async def until(check: Callable[[], bool], what: str) -> None:
+    """Poll ``check`` until it holds; the caller's ``fail_after`` bounds the wait."""
+    for _ in range(BOUND * 100):
+        if check():
+            return
+        await anyio.sleep(0.01)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+class Gated:
+    """A task function that counts its runs and waits for the gate."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.runs: Counter[int] = Counter()
+        self.gate = threading.Event()
+
+    def __call__(self, i: int) -> int:
+        with self.lock:
+            self.runs[i] += 1
+        if not self.gate.wait(GATE):
+            raise TimeoutError("gate never opened")
+        return i * 10
+
+
+async def test_scale_in_drains_a_busy_worker_instead_of_stopping_it() -> None:
+    task = Gated()
+    try:
+        with anyio.fail_after(BOUND):
+            async with Cluster(workers=2) as cluster:
+                await cluster.wait_for_workers(2)
+                state = cluster.scheduler_state
+                futs = cluster.map(task, range(4))
+                await until(lambda: len(task.runs) == 2, "a task running on each worker")
+                assert await cluster.scale(1) == {"default": 1}
+                # The newest block's worker drains: no new tasks, and it keeps the ones it
+                # has (the scheduler retires it only once they are done).
+                await until(lambda: state.workers["worker-2"].draining, "worker-2 draining")
+                busy = {ts.key for ts in state.workers["worker-2"].processing}
+                assert busy and not state.workers["worker-2"].retired
+                assert sorted(task.runs.values()) == [1, 1]  # one thread each; none again
+                task.gate.set()
+                assert await cluster.gather(futs) == [0, 10, 20, 30]
+                # Its tasks finished there; no try was lost with it. (Outputs it held are
+                # made again elsewhere once it has left: a drain does not move data.)
+                for key in busy:
+                    tries = [(t.worker, t.outcome) for t in state.tasks[key].tries]
+                    assert tries[0] == ("worker-2", "ok"), tries
+                    assert {outcome for _, outcome in tries} == {"ok"}, tries
+                await until(lambda: "worker-2" not in state.workers, "worker-2 to leave")
+                auto = (await cluster.status())["autoscaler"]
+                assert (auto["targets"], auto["ended"], auto["gave_up"]) == ({"default": 1}, 1, [])
+                assert list(auto["blocks"]) == ["block-1"]
+    finally:
+        task.gate.set()
+
+
+async def test_the_scaling_policy_is_swapped_at_runtime() -> None:
+    task = Gated()
+    try:
+        with anyio.fail_after(BOUND):
+            async with Cluster(workers=1) as cluster:
+                await cluster.wait_for_workers(1)
+                info = await cluster.set_policy("scaling", "queue", tasks_per_block=10, maximum=3)
+                assert info == PolicyInfo("scaling", "queue", ("fixed", "queue"))
+                with pytest.raises(UnknownPolicyError):
+                    await cluster.set_policy("scaling", "no-such-policy")
+                # 40 ready tasks, 10 per block: the policy asks for 3 blocks (its maximum)
+                # at the autoscaler's next tick, above the target of 1.
+                futs = cluster.map(task, range(40))
+                state = cluster.scheduler_state
+                await until(lambda: len(state.workers) == 3, "3 workers")
+                auto = (await cluster.status())["autoscaler"]
+                assert (auto["policy"], auto["targets"], auto["desired"]) == (
+                    "queue",
+                    {"default": 1},
+                    {"default": 3},
+                )
+                task.gate.set()
+                assert await cluster.gather(futs) == [i * 10 for i in range(40)]
+                # The queue is empty: back to the target, by draining.
+                await until(lambda: len(state.workers) == 1, "back to 1 worker")
+                # Scaled in by draining: no try was lost with a worker.
+                for fut in futs:
+                    assert {t.outcome for t in state.tasks[fut.key].tries} == {"ok"}
+    finally:
+        task.gate.set()
+
+
+async def test_a_scaling_policy_at_start_is_refused_with_the_way_to_set_it() -> None:
+    with anyio.fail_after(BOUND), pytest.raises(ValueError, match="set_policy"):
+        async with Cluster(workers=1, policies={"scaling": "queue"}):
+            pass
