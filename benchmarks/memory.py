@@ -21,7 +21,8 @@ process that runs the case:
   pause 0.8, terminate 0.95); a sync ``Client``; ``client.compute`` /
   ``client.persist``, which optimize the graph as ``dask.compute`` does;
 - ``dask-queuing-off``: the same with worker-saturation ``inf``;
-- ``corral``: ``Cluster(processes=n, threads_per_worker=1, memory_per_worker=limit)``;
+- ``corral``: ``Cluster(processes=n, threads_per_worker=1, memory_per_worker=limit,
+  gc_threshold=50_000)``;
   the collection is optimized with ``dask.optimize`` (what ``dask.compute`` does before
   calling a scheduler) and run with ``await cluster.compute(graph, keys)``. Persist is
   ``submit_graph`` of the optimized array, a wait on every future, then ``compute`` of
@@ -412,6 +413,9 @@ def corral_kwargs(args: argparse.Namespace, system: str) -> tuple[dict[str, Any]
         "threads_per_worker": 1,
         "memory_per_worker": args.limit,
     }
+    if "gc_threshold" in inspect.signature(Cluster).parameters:
+        kwargs["gc_threshold"] = 50_000  # opt-in now; earlier runs had it by default
+
     if "memory_options" not in inspect.signature(Cluster).parameters:
         return kwargs, "Cluster has no memory_options keyword (yet)"
     options: dict[str, Any] = {

@@ -317,7 +317,7 @@ async def run_demo(
     With ``progress_console`` a live progress display (per category and in total) is
     drawn there, updated by polling ``cluster.status()`` every ``poll_every`` seconds.
     """
-    from runtime.client import Cluster
+    from runtime.client import GC_THRESHOLD, Cluster
 
     if workers < 1:
         raise ValueError(f"--workers must be at least 1, got {workers}")
@@ -327,7 +327,8 @@ async def run_demo(
     totals = category_totals(graph)
     t_start = time.perf_counter()
     options: dict[str, Any] = {"processes": workers} if processes else {"workers": workers}
-    async with Cluster(threads_per_worker=threads, **options) as cluster:
+    # A program of its own, not a library: it asks for the collector tuning (as before).
+    async with Cluster(threads_per_worker=threads, gc_threshold=GC_THRESHOLD, **options) as cluster:
         await cluster.wait_for_workers(workers)
         t0 = time.perf_counter()
         startup = t0 - t_start

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
 from typing import Any
 
@@ -109,6 +110,22 @@ async def test_cluster_start_and_close_from_different_tasks() -> None:
         await loop.create_task(cluster.close())
         with pytest.raises(CorralError, match="not running"):
             cluster.submit(sum, [1])
+
+
+@pytest.mark.anyio
+async def test_the_gc_thresholds_change_only_when_asked() -> None:
+    """The collector's thresholds belong to the process: a cluster leaves them alone
+    unless given ``gc_threshold``, and then restores them when it stops."""
+    before = gc.get_threshold()
+    with anyio.fail_after(LIMIT):
+        async with Cluster(workers=1) as cluster:
+            assert await cluster.submit(sum, [1, 2]) == 3
+            assert gc.get_threshold() == before
+        assert gc.get_threshold() == before
+        async with Cluster(workers=1, gc_threshold=before[0] + 50_000) as cluster:
+            assert await cluster.submit(sum, [1, 2]) == 3
+            assert gc.get_threshold() == (before[0] + 50_000, *before[1:])
+        assert gc.get_threshold() == before
 
 
 @pytest.mark.anyio
