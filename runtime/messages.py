@@ -90,7 +90,7 @@ class Ping(Message):
 
 @message()
 class Pong(Message):
-    """Not used: heartbeats are one-way :class:`Ping` messages."""
+    """Not sent by Corral itself: its heartbeats are one-way :class:`Ping` messages."""
 
     token: int = 0
 
