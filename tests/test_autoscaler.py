@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Callable
 
 import anyio
 import pytest
@@ -18,20 +17,12 @@ import pytest
 from runtime import Cluster
 from runtime.errors import UnknownPolicyError
 from runtime.messages import PolicyInfo
+from tests.helpers import wait_until
 
 pytestmark = pytest.mark.anyio
 
 BOUND = 20  # seconds any single test may take
 GATE = 10  # seconds a gated task waits at most
-
-
-async def until(check: Callable[[], bool], what: str) -> None:
-    """Poll ``check`` until it holds; the caller's ``fail_after`` bounds the wait."""
-    for _ in range(BOUND * 100):
-        if check():
-            return
-        await anyio.sleep(0.01)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 class Gated:
@@ -58,11 +49,15 @@ async def test_scale_in_drains_a_busy_worker_instead_of_stopping_it() -> None:
                 await cluster.wait_for_workers(2)
                 state = cluster.scheduler_state
                 futs = cluster.map(task, range(4))
-                await until(lambda: len(task.runs) == 2, "a task running on each worker")
+                await wait_until(
+                    lambda: len(task.runs) == 2, "a task running on each worker", limit=BOUND
+                )
                 assert await cluster.scale(1) == {"default": 1}
                 # The newest block's worker drains: no new tasks, and it keeps the ones it
                 # has (the scheduler retires it only once they are done).
-                await until(lambda: state.workers["worker-2"].draining, "worker-2 draining")
+                await wait_until(
+                    lambda: state.workers["worker-2"].draining, "worker-2 draining", limit=BOUND
+                )
                 busy = {ts.key for ts in state.workers["worker-2"].processing}
                 assert busy and not state.workers["worker-2"].retired
                 assert sorted(task.runs.values()) == [1, 1]  # one thread each; none again
@@ -74,7 +69,9 @@ async def test_scale_in_drains_a_busy_worker_instead_of_stopping_it() -> None:
                     tries = [(t.worker, t.outcome) for t in state.tasks[key].tries]
                     assert tries[0] == ("worker-2", "ok"), tries
                     assert {outcome for _, outcome in tries} == {"ok"}, tries
-                await until(lambda: "worker-2" not in state.workers, "worker-2 to leave")
+                await wait_until(
+                    lambda: "worker-2" not in state.workers, "worker-2 to leave", limit=BOUND
+                )
                 auto = (await cluster.status())["autoscaler"]
                 assert (auto["targets"], auto["ended"], auto["gave_up"]) == ({"default": 1}, 1, [])
                 assert list(auto["blocks"]) == ["block-1"]
@@ -96,7 +93,7 @@ async def test_the_scaling_policy_is_swapped_at_runtime() -> None:
                 # at the autoscaler's next tick, above the target of 1.
                 futs = cluster.map(task, range(40))
                 state = cluster.scheduler_state
-                await until(lambda: len(state.workers) == 3, "3 workers")
+                await wait_until(lambda: len(state.workers) == 3, "3 workers", limit=BOUND)
                 auto = (await cluster.status())["autoscaler"]
                 assert (auto["policy"], auto["targets"], auto["desired"]) == (
                     "queue",
@@ -106,7 +103,7 @@ async def test_the_scaling_policy_is_swapped_at_runtime() -> None:
                 task.gate.set()
                 assert await cluster.gather(futs) == [i * 10 for i in range(40)]
                 # The queue is empty: back to the target, by draining.
-                await until(lambda: len(state.workers) == 1, "back to 1 worker")
+                await wait_until(lambda: len(state.workers) == 1, "back to 1 worker", limit=BOUND)
                 # Scaled in by draining: no try was lost with a worker.
                 for fut in futs:
                     assert {t.outcome for t in state.tasks[fut.key].tries} == {"ok"}
