@@ -6,6 +6,8 @@ each other.
   change, wait on the event instead.
 - :func:`nodes` and :data:`GATEWAYS`: a manager and workers as separate actor systems
   joined over ``inproc://`` with the codec on.
+- :class:`Cli`: manager and worker processes started through the CLI, their output read
+  all along, stopped at the end.
 - Builders for tests of the scheduler's pure core: :func:`event`, :func:`run`,
   :func:`submit`, :func:`join`, :func:`finish`, ... and the ``make_state`` fixture (a
   module that uses it imports it by name; it validates every state it made).
@@ -16,9 +18,19 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import itertools
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import anyio
 import pytest
@@ -113,6 +125,123 @@ async def nodes(n_workers: int = 2) -> AsyncIterator[tuple[str, list[anyio.Cance
             tg.start_soon(worker)
         yield where["manager"], scopes
         tg.cancel_scope.cancel()
+
+
+# ----------------------------------------------------------------------------- CLI processes
+
+ROOT = Path(__file__).resolve().parents[1]  #: this checkout
+
+
+class Cli:
+    """Corral processes started through the CLI (``python -m runtime ...``) for one test.
+
+    They get a token directory of their own (``home``) and this checkout on their path;
+    a thread per process reads its output all along (so a full pipe never blocks it)
+    into a queue that :meth:`line_with` reads. :meth:`stop` ends them all (SIGTERM,
+    then SIGKILL after 10 s). As a context manager it also points this process's
+    ``CORRAL_HOME`` at ``home`` (clients find the manager's token there) and restores it.
+    """
+
+    def __init__(self, home: Path) -> None:
+        self.home = home
+        self.env = dict(os.environ, CORRAL_HOME=str(home), PYTHONUNBUFFERED="1")
+        self.env["PYTHONPATH"] = os.pathsep.join([str(ROOT), self.env.get("PYTHONPATH", "")])
+        self.procs: list[subprocess.Popen[str]] = []
+        self._lines: dict[int, queue.Queue[str | None]] = {}
+        self._readers: list[threading.Thread] = []
+        self._old_home: str | None = None
+
+    def __enter__(self) -> Cli:
+        self._old_home = os.environ.get("CORRAL_HOME")
+        os.environ["CORRAL_HOME"] = str(self.home)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self.stop()
+        finally:
+            if self._old_home is None:
+                os.environ.pop("CORRAL_HOME", None)
+            else:
+                os.environ["CORRAL_HOME"] = self._old_home
+
+    def start(self, *args: str) -> subprocess.Popen[str]:
+        """``python -m runtime ARGS...``."""
+        return self.spawn([sys.executable, "-m", "runtime", *args])
+
+    def spawn(self, argv: Sequence[str]) -> subprocess.Popen[str]:
+        proc = subprocess.Popen(
+            list(argv), env=self.env, text=True,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        self.procs.append(proc)
+        lines: queue.Queue[str | None] = queue.Queue()
+        self._lines[proc.pid] = lines
+
+        def read() -> None:
+            assert proc.stdout is not None
+            with proc.stdout as out:  # closed here, at the end of the output
+                for line in out:
+                    lines.put(line)
+            lines.put(None)
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        self._readers.append(reader)
+        return proc
+
+    def line_with(self, proc: subprocess.Popen[str], needle: str, limit: float = 30) -> str:
+        """The next line of ``proc``'s output that contains ``needle`` (bounded)."""
+        lines = self._lines[proc.pid]
+        deadline = time.monotonic() + limit
+        seen: list[str] = []
+        while True:
+            try:
+                line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError(f"no {needle!r} within {limit} s: {seen[-20:]}") from None
+            if line is None:
+                lines.put(None)
+                raise AssertionError(f"process ended before printing {needle!r}: {seen[-20:]}")
+            seen.append(line)
+            if needle in line:
+                return line
+
+    def manager(self, *flags: str) -> tuple[subprocess.Popen[str], str]:
+        """A manager on a free port of 127.0.0.1; returns it and its address."""
+        proc = self.start("manager", "--listen", "127.0.0.1:0", *flags)
+        line = self.line_with(proc, "manager listening on")
+        return proc, line.split("manager listening on", 1)[1].strip()
+
+    def worker(self, address: str, *flags: str) -> subprocess.Popen[str]:
+        """A worker joined to the manager at ``address``."""
+        proc = self.start("worker", address, *flags)
+        self.line_with(proc, "joined")
+        return proc
+
+    def tokens(self, address: str) -> dict[str, str]:
+        """The manager's token file: ``{"admin": ..., "read": ...}``."""
+        parts = urlsplit(address)
+        path = self.home / "tokens" / f"{parts.hostname}_{parts.port}.json"
+        data: dict[str, str] = json.loads(path.read_text())
+        return data
+
+    def stop(self, procs: Iterable[subprocess.Popen[str]] | None = None) -> None:
+        """End ``procs`` (default: all), gracefully first."""
+        chosen = list(self.procs if procs is None else procs)
+        for p in chosen:
+            if p.poll() is None:
+                p.send_signal(signal.SIGCONT)  # a stopped process cannot take SIGTERM
+                p.send_signal(signal.SIGTERM)
+        for p in chosen:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(5)
+        if procs is None:
+            for r in self._readers:
+                r.join(5)  # each closes its pipe at the end of the output
 
 
 # ----------------------------------------------------------------------------- scheduler core

@@ -16,10 +16,6 @@ The rules when workers come and go (docs/memory.md, "Memory admission"):
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -42,6 +38,7 @@ from runtime.errors import DependencyFailed, TaskTooLarge
 from tests.helpers import (
     GB,
     MB,
+    Cli,
     Factory,
     Loop,
     assigned,
@@ -373,42 +370,6 @@ ROOT = str(Path(__file__).resolve().parents[1])  #: the repository, for the proc
 WORKER_MEMORY = 512 * MB
 
 
-def _start(args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [PY, "-m", "runtime", *args],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-
-
-def _line_with(proc: subprocess.Popen[str], needle: str) -> str:
-    """Read the process's output until a line contains ``needle`` (the caller bounds
-    the time: this runs in a thread under ``fail_after``)."""
-    assert proc.stdout is not None
-    seen = []
-    for line in proc.stdout:
-        seen.append(line)
-        if needle in line:
-            return line
-    raise AssertionError(f"process ended before printing {needle!r}: {seen}")
-
-
-def _stop(procs: list[subprocess.Popen[str]]) -> None:
-    for p in procs:
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-    for p in procs:
-        try:
-            p.wait(10)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(5)
-        if p.stdout is not None:
-            p.stdout.close()
-
-
 def _rss(pid: int) -> int:
     """RSS of a process and its children (0 once it is gone)."""
     try:
@@ -434,28 +395,15 @@ async def test_the_issue_case_through_the_cli_fails_within_seconds_with_task_too
     import runtime
     from runtime import Cluster
 
-    env = dict(os.environ)
-    env["CORRAL_HOME"] = str(tmp_path / "home")
-    env["PYTHONUNBUFFERED"] = "1"
-    env["PYTHONPATH"] = ROOT
-    procs: list[subprocess.Popen[str]] = []
     peaks: dict[int, int] = {}
-    try:
+    with Cli(tmp_path / "home") as cli:
         with anyio.fail_after(60):
-            manager = _start(["manager", "--listen", "127.0.0.1:0"], env)
-            procs.append(manager)
-            line = await anyio.to_thread.run_sync(
-                _line_with, manager, "manager listening on", abandon_on_cancel=True
-            )
-            address = line.split("manager listening on", 1)[1].strip()
-            host, port = address.rsplit("//", 1)[1].rsplit(":", 1)
-            tokens = json.loads((tmp_path / "home" / "tokens" / f"{host}_{port}.json").read_text())
-            token = tokens["admin"]
+            manager, address = await anyio.to_thread.run_sync(cli.manager)
+            token = cli.tokens(address)["admin"]
             flags = ["--memory", "512MiB", "--cores", "1"]
-            workers = [_start(["worker", address, *flags], env) for _ in range(2)]
-            procs += workers
-            for w in workers:
-                await anyio.to_thread.run_sync(_line_with, w, "joined", abandon_on_cancel=True)
+            workers = [
+                await anyio.to_thread.run_sync(cli.worker, address, *flags) for _ in range(2)
+            ]
             peaks.update(dict.fromkeys((w.pid for w in workers), 0))
 
             x = da.random.random((12000, 12000), chunks=(500, 500))  # 576 chunks of 2 MB
@@ -484,8 +432,6 @@ async def test_the_issue_case_through_the_cli_fails_within_seconds_with_task_too
             async with Cluster(address, token=token) as cluster:
                 status = await cluster.status()
                 assert await cluster.submit(sum, [1, 2, 3]) == 6
-    finally:
-        _stop(procs)
     err = info.value
     print(f"failed after {took:.2f} s; worker RSS peaks (MiB):", [p / MB for p in peaks.values()])
     assert str(err.key).startswith("finalize-"), err.key

@@ -5,10 +5,8 @@ ManagerLost on every pending future within the documented bound, never a silent 
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,64 +17,18 @@ import pytest
 from runtime import Cluster
 from runtime.errors import ManagerLost
 from runtime.node import DEAD_AFTER, HEARTBEAT
-from tests.helpers import wait_until
+from tests.helpers import Cli, wait_until
 
 pytestmark = pytest.mark.anyio
 LIMIT = 60
 
 
-def _start(args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "runtime", *args],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-
-
-def _line_with(proc: subprocess.Popen[str], needle: str, limit: float = 30) -> str:
-    assert proc.stdout is not None
-    deadline = time.monotonic() + limit
-    seen = []
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            raise AssertionError(f"process ended before printing {needle!r}: {seen}")
-        seen.append(line)
-        if needle in line:
-            return line
-    raise AssertionError(f"no {needle!r} within {limit} s: {seen}")
-
-
 @pytest.fixture
 def manager(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[str]]]:
-    env = dict(os.environ, CORRAL_HOME=str(tmp_path / "home"), PYTHONUNBUFFERED="1")
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(Path(__file__).resolve().parents[1]), env.get("PYTHONPATH", "")]
-    )
-    old_home = os.environ.get("CORRAL_HOME")
-    os.environ["CORRAL_HOME"] = env["CORRAL_HOME"]
-    mgr = _start(["manager", "--listen", "127.0.0.1:0"], env)
-    procs = [mgr]
-    try:
-        address = _line_with(mgr, "manager listening on").split("listening on", 1)[1].strip()
-        worker = _start(["worker", address, "--cores", "1"], env)
-        procs.append(worker)
-        _line_with(worker, "joined")
+    with Cli(tmp_path / "home") as cli:
+        mgr, address = cli.manager()
+        cli.worker(address, "--cores", "1")
         yield address, mgr
-    finally:
-        if old_home is None:
-            os.environ.pop("CORRAL_HOME", None)
-        else:
-            os.environ["CORRAL_HOME"] = old_home
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGCONT)
-                p.kill()
-            p.wait(10)
-            if p.stdout is not None:
-                p.stdout.close()
 
 
 def block(gate: str, mark: str) -> int:

@@ -10,13 +10,9 @@ workers must rejoin. Peers fetch from each other directly, as always.
 
 from __future__ import annotations
 
-import json
-import os
 import random
 import signal
 import subprocess
-import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,6 +24,7 @@ import pytest
 
 from runtime import Cluster
 from runtime.messages import StoryQuery, TasksQuery
+from tests.helpers import Cli
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 LIMIT = 150  # seconds per seed
@@ -106,67 +103,10 @@ class Proxy:
             await s.aclose()
 
 
-class Procs:
-    """The manager and worker processes of one run; all stopped at the end."""
-
-    def __init__(self, home: Path) -> None:
-        self.env = dict(os.environ, CORRAL_HOME=str(home), PYTHONUNBUFFERED="1")
-        self.env["PYTHONPATH"] = os.pathsep.join(
-            [str(Path(__file__).resolve().parents[1]), self.env.get("PYTHONPATH", "")]
-        )
-        self.all: list[subprocess.Popen[str]] = []
-        self.readers: list[threading.Thread] = []
-
-    def start(self, *args: str) -> subprocess.Popen[str]:
-        p = subprocess.Popen(
-            [sys.executable, "-m", "runtime", *args], env=self.env, text=True,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-        self.all.append(p)
-        return p
-
-    def wait_for(self, p: subprocess.Popen[str], needle: str, limit: float = 30) -> str:
-        """The first line with ``needle``; then the rest of the output is drained."""
-        assert p.stdout is not None
-        deadline = time.monotonic() + limit
-        while time.monotonic() < deadline:
-            line = p.stdout.readline()
-            if not line:
-                raise AssertionError(f"process ended before printing {needle!r}")
-            if needle in line:
-                reader = threading.Thread(target=p.stdout.read, daemon=True)
-                reader.start()
-                self.readers.append(reader)
-                return line
-        raise AssertionError(f"no {needle!r} within {limit} s")
-
-    def stop(self) -> None:
-        for p in self.all:
-            if p.poll() is None:
-                p.send_signal(signal.SIGCONT)
-                p.kill()
-        for p in self.all:
-            p.wait(10)
-        for r in self.readers:
-            r.join(5)
-        for p in self.all:
-            if p.stdout is not None:
-                p.stdout.close()
-
-
 @pytest.fixture
-def procs(tmp_path: Path) -> Iterator[Procs]:
-    old = os.environ.get("CORRAL_HOME")
-    os.environ["CORRAL_HOME"] = str(tmp_path / "home")
-    p = Procs(tmp_path / "home")
-    try:
-        yield p
-    finally:
-        p.stop()
-        if old is None:
-            os.environ.pop("CORRAL_HOME", None)
-        else:
-            os.environ["CORRAL_HOME"] = old
+def procs(tmp_path: Path) -> Iterator[Cli]:
+    with Cli(tmp_path / "home") as cli:
+        yield cli
 
 
 async def stuck(c: Cluster) -> str:
@@ -178,14 +118,11 @@ async def stuck(c: Cluster) -> str:
     return f"states {st['tasks_by_state']}; processing {running}; stories {stories}"
 
 
-async def run_once(procs: Procs, seed: int | None) -> tuple[float, list[str]]:
+async def run_once(procs: Cli, seed: int | None) -> tuple[float, list[str]]:
     """Run the graph on 3 workers; with a seed, under that seed's fault schedule."""
-    manager = procs.start("manager", "--listen", "127.0.0.1:0")
-    address = procs.wait_for(manager, "manager listening on").split("listening on", 1)[1].strip()
+    _, address = procs.manager()
     port = int(address.rsplit(":", 1)[1])
-    token = json.loads(
-        (Path(procs.env["CORRAL_HOME"]) / "tokens" / f"127.0.0.1_{port}.json").read_text()
-    )["admin"]
+    token = procs.tokens(address)["admin"]
     log: list[str] = []
     async with anyio.create_task_group() as tg:
         proxy = Proxy(port)
@@ -193,9 +130,7 @@ async def run_once(procs: Procs, seed: int | None) -> tuple[float, list[str]]:
         via = f"ws://127.0.0.1:{proxy.port}"
 
         def new_worker() -> subprocess.Popen[str]:
-            w = procs.start("worker", via, "--cores", "1", "--token", token)
-            procs.wait_for(w, "joined")
-            return w
+            return procs.worker(via, "--cores", "1", "--token", token)
 
         # (started from a thread: this loop must keep serving the proxy meanwhile)
         workers = [await anyio.to_thread.run_sync(new_worker) for _ in range(3)]
@@ -254,13 +189,13 @@ async def run_once(procs: Procs, seed: int | None) -> tuple[float, list[str]]:
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
-async def test_a_graph_survives_a_seeded_fault_schedule(procs: Procs, seed: int) -> None:
+async def test_a_graph_survives_a_seeded_fault_schedule(procs: Cli, seed: int) -> None:
     with anyio.fail_after(LIMIT):
         took, log = await run_once(procs, seed)
     print(f"\nseed {seed}: correct in {took:.1f} s; " + "; ".join(log))
 
 
-async def test_the_same_graph_without_faults(procs: Procs) -> None:
+async def test_the_same_graph_without_faults(procs: Cli) -> None:
     """The baseline the seeded runs are read against."""
     with anyio.fail_after(LIMIT):
         took, log = await run_once(procs, None)

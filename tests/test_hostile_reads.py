@@ -8,9 +8,6 @@ processes and a read-only console over websockets."""
 from __future__ import annotations
 
 import operator
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -20,7 +17,7 @@ import pytest
 from runtime import Cluster
 from runtime.console import ConsoleClient
 from runtime.node import READ_BURST, READS_PER_SECOND
-from tests.helpers import GATEWAYS, nodes
+from tests.helpers import GATEWAYS, Cli, nodes
 
 pytestmark = pytest.mark.anyio
 FLOOD = 100  # past the burst: the last ones wait about 3 s for their turn
@@ -66,65 +63,29 @@ async def test_a_read_only_console_flooding_a_real_manager_is_paced(tmp_path: Pa
     read-only console over websockets sending a flood of story asks, a client running a
     graph meanwhile. The flood cannot finish faster than its pace allows; the run does
     not wait for it."""
-    env = dict(os.environ, CORRAL_HOME=str(tmp_path / "home"), PYTHONUNBUFFERED="1")
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    procs: list[subprocess.Popen[str]] = []
+    with Cli(tmp_path / "home") as cli, anyio.fail_after(90):
+        manager, address = await anyio.to_thread.run_sync(cli.manager)
+        worker = await anyio.to_thread.run_sync(cli.worker, address, "--cores", "1")
+        async with (
+            Cluster(address) as cluster,
+            ConsoleClient(address, read_only=True) as console,
+        ):
+            await cluster.wait_for_workers(1)
+            flood_done = anyio.Event()
 
-    def start(*args: str) -> subprocess.Popen[str]:
-        p = subprocess.Popen(
-            [sys.executable, "-m", "runtime", *args], env=env, text=True,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-        procs.append(p)
-        return p
-
-    def first_line_with(p: subprocess.Popen[str], needle: str) -> str:
-        assert p.stdout is not None
-        for line in p.stdout:
-            if needle in line:
-                return line
-        raise AssertionError(f"ended before printing {needle!r}")
-
-    old = os.environ.get("CORRAL_HOME")
-    os.environ["CORRAL_HOME"] = env["CORRAL_HOME"]
-    try:
-        with anyio.fail_after(90):
-            manager = start("manager", "--listen", "127.0.0.1:0")
-            line = await anyio.to_thread.run_sync(first_line_with, manager, "listening on")
-            address = line.split("listening on", 1)[1].strip()
-            worker = start("worker", address, "--cores", "1")
-            await anyio.to_thread.run_sync(first_line_with, worker, "joined")
-            async with (
-                Cluster(address) as cluster,
-                ConsoleClient(address, read_only=True) as console,
-            ):
-                await cluster.wait_for_workers(1)
-                flood_done = anyio.Event()
-
-                async def flood() -> None:
-                    async with anyio.create_task_group() as tg:
-                        for _ in range(FLOOD):
-                            tg.start_soon(console.story, "no-such-key")
-                    flood_done.set()
-
-                start_time = time.monotonic()
+            async def flood() -> None:
                 async with anyio.create_task_group() as tg:
-                    tg.start_soon(flood)
-                    futures = cluster.map(operator.add, range(21), range(21))
-                    assert await cluster.gather(futures) == [2 * i for i in range(21)]
-                    assert not flood_done.is_set(), "the run waited for the console's flood"
-                took = time.monotonic() - start_time
-                floor = (FLOOD - READ_BURST) / READS_PER_SECOND
-                assert took >= floor * 0.95, f"a flood of {FLOOD} passed in {took:.1f} s"
-            assert manager.poll() is None and worker.poll() is None
-    finally:
-        if old is None:
-            os.environ.pop("CORRAL_HOME", None)
-        else:
-            os.environ["CORRAL_HOME"] = old
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-            p.wait(10)
-            if p.stdout is not None:
-                p.stdout.close()
+                    for _ in range(FLOOD):
+                        tg.start_soon(console.story, "no-such-key")
+                flood_done.set()
+
+            start_time = time.monotonic()
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(flood)
+                futures = cluster.map(operator.add, range(21), range(21))
+                assert await cluster.gather(futures) == [2 * i for i in range(21)]
+                assert not flood_done.is_set(), "the run waited for the console's flood"
+            took = time.monotonic() - start_time
+            floor = (FLOOD - READ_BURST) / READS_PER_SECOND
+            assert took >= floor * 0.95, f"a flood of {FLOOD} passed in {took:.1f} s"
+        assert manager.poll() is None and worker.poll() is None

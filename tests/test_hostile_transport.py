@@ -9,13 +9,10 @@ peer), with bounded polls only for what has no event (another process's RSS)."""
 
 from __future__ import annotations
 
-import json
 import os
-import signal
 import struct
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,6 +29,7 @@ from runtime import Cluster
 from runtime.codec import Frame, decode_batch, encode, encode_batch
 from runtime.messages import ErrorReply, Ping, StatusRequest
 from runtime.node import Hello
+from tests.helpers import Cli
 from transport.ws import SUBPROTOCOL, WINDOW_HEADER, WebSocketConnection, WebSocketListener
 
 pytestmark = pytest.mark.anyio
@@ -48,72 +46,23 @@ RSS_BOUND = 48 * MiB
 # ----------------------------------------------------------------------------- helpers
 
 
-def _start(args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [PY, "-m", "runtime", *args],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-
-
-def _first_line_with(proc: subprocess.Popen[str], needle: str, limit: float = 30) -> str:
-    assert proc.stdout is not None
-    deadline = time.monotonic() + limit
-    seen = []
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            raise AssertionError(f"process ended before printing {needle!r}: {seen}")
-        seen.append(line)
-        if needle in line:
-            return line
-    raise AssertionError(f"no {needle!r} within {limit} s: {seen}")
-
-
-def _stop(procs: list[subprocess.Popen[str]]) -> None:
-    for p in procs:
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-    for p in procs:
-        try:
-            p.wait(10)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(5)
-        if p.stdout is not None:
-            p.stdout.close()
+@pytest.fixture
+def cli(tmp_path: Path) -> Iterator[Cli]:
+    with Cli(tmp_path / "home") as c:
+        yield c
 
 
 @pytest.fixture
-def env(tmp_path: Path) -> dict[str, str]:
-    e = dict(os.environ)
-    e["CORRAL_HOME"] = str(tmp_path / "home")
-    e["PYTHONUNBUFFERED"] = "1"
-    e["PYTHONPATH"] = os.pathsep.join(
-        [str(Path(__file__).resolve().parents[1]), e.get("PYTHONPATH", "")]
-    )
-    return e
+def env(cli: Cli) -> dict[str, str]:
+    return cli.env
 
 
 @pytest.fixture
-def manager(env: dict[str, str]) -> Iterator[tuple[str, subprocess.Popen[str], dict[str, str]]]:
+def manager(cli: Cli) -> tuple[str, subprocess.Popen[str], dict[str, str]]:
     """A manager process and one worker: (address, manager process, its tokens)."""
-    proc = _start(["manager", "--listen", "127.0.0.1:0"], env)
-    procs = [proc]
-    try:
-        line = _first_line_with(proc, "manager listening on")
-        address = line.split("manager listening on", 1)[1].strip()
-        parts = urlsplit(address)
-        path = Path(env["CORRAL_HOME"]) / "tokens" / f"{parts.hostname}_{parts.port}.json"
-        tokens: dict[str, str] = json.loads(path.read_text())
-        worker = _start(["worker", address, "--cores", "1"], env)
-        procs.append(worker)
-        _first_line_with(worker, "joined")
-        yield address, proc, tokens
-    finally:
-        _stop(procs)
+    proc, address = cli.manager()
+    cli.worker(address, "--cores", "1")
+    return address, proc, cli.tokens(address)
 
 
 def _rss(proc: subprocess.Popen[str]) -> int:

@@ -19,79 +19,28 @@ import psutil
 import pytest
 
 from runtime import Cluster
-from tests.helpers import wait_until
+from tests.helpers import Cli, wait_until
 
 LIMIT = 60
 PY = sys.executable
 
 
-def _start(args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [PY, "-m", "runtime", *args],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-
-
-def _first_line_with(proc: subprocess.Popen[str], needle: str, limit: float = 30) -> str:
-    """Read the process's output until a line contains ``needle`` (bounded)."""
-    assert proc.stdout is not None
-    deadline = time.monotonic() + limit
-    seen = []
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            raise AssertionError(f"process ended before printing {needle!r}: {seen}")
-        seen.append(line)
-        if needle in line:
-            return line
-    raise AssertionError(f"no {needle!r} within {limit} s: {seen}")
-
-
-def _stop(procs: list[subprocess.Popen[str]]) -> None:
-    for p in procs:
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-    for p in procs:
-        try:
-            p.wait(10)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(5)
-        if p.stdout is not None:
-            p.stdout.close()
+@pytest.fixture
+def cli(tmp_path: Path) -> Iterator[Cli]:
+    with Cli(tmp_path / "home") as c:  # token files of this test only
+        yield c
 
 
 @pytest.fixture
-def env(tmp_path: Path) -> dict[str, str]:
-    e = dict(os.environ)
-    e["CORRAL_HOME"] = str(tmp_path / "home")  # token files of this test only
-    e["PYTHONUNBUFFERED"] = "1"
-    e["PYTHONPATH"] = os.pathsep.join(
-        [str(Path(__file__).resolve().parents[1]), e.get("PYTHONPATH", "")]
-    )
-    return e
+def env(cli: Cli) -> dict[str, str]:
+    return cli.env
 
 
 @pytest.fixture
-def manager_and_workers(
-    env: dict[str, str], request: Any
-) -> Iterator[tuple[str, list[subprocess.Popen[str]]]]:
+def manager_and_workers(cli: Cli, request: Any) -> tuple[str, list[subprocess.Popen[str]]]:
     n = getattr(request, "param", 2)
-    manager = _start(["manager", "--listen", "127.0.0.1:0"], env)
-    procs = [manager]
-    try:
-        line = _first_line_with(manager, "manager listening on")
-        address = line.split("manager listening on", 1)[1].strip()
-        workers = [_start(["worker", address, "--cores", "1"], env) for _ in range(n)]
-        procs += workers
-        for w in workers:
-            _first_line_with(w, "joined")
-        yield address, workers
-    finally:
-        _stop(procs)
+    _, address = cli.manager()
+    return address, [cli.worker(address, "--cores", "1") for _ in range(n)]
 
 
 def gated(i: int, gate: str, mark: str) -> int:
@@ -139,7 +88,7 @@ async def test_a_graph_across_worker_processes_survives_a_kill_9(
 
 
 def test_a_local_process_cluster_leaves_no_orphans_when_its_parent_is_killed(
-    tmp_path: Path, env: dict[str, str]
+    tmp_path: Path, cli: Cli
 ) -> None:
     script = tmp_path / "parent.py"
     script.write_text(
@@ -160,12 +109,10 @@ def test_a_local_process_cluster_leaves_no_orphans_when_its_parent_is_killed(
             """
         )
     )
-    parent = subprocess.Popen(
-        [PY, str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
+    parent = cli.spawn([PY, str(script)])
     try:
-        assert _first_line_with(parent, "6", limit=60).strip() == "6"
-        pids = [int(p) for p in _first_line_with(parent, "children").split()[1:]]
+        assert cli.line_with(parent, "6", limit=60).strip() == "6"
+        pids = [int(p) for p in cli.line_with(parent, "children").split()[1:]]
         assert len(pids) >= 2
         parent.send_signal(signal.SIGKILL)
         parent.wait(10)
@@ -180,7 +127,7 @@ def test_a_local_process_cluster_leaves_no_orphans_when_its_parent_is_killed(
             time.sleep(0.05)
         assert alive == [], f"orphans left: {alive}"
     finally:
-        _stop([parent])
+        cli.stop([parent])
 
 
 def _token_file(env: dict[str, str], address: str) -> dict[str, str]:
@@ -206,17 +153,13 @@ def test_sigterm_stops_workers_and_the_manager_gracefully(
 
 @pytest.mark.parametrize("manager_and_workers", [0], indirect=True)
 def test_a_worker_with_a_wrong_token_is_refused_with_a_clear_reason(
-    manager_and_workers: tuple[str, list[subprocess.Popen[str]]], env: dict[str, str]
+    manager_and_workers: tuple[str, list[subprocess.Popen[str]]], cli: Cli
 ) -> None:
     address, _ = manager_and_workers
-    worker = _start(["worker", address, "--token", "not-the-token"], env)
-    try:
-        assert worker.wait(30) == 1
-        assert worker.stdout is not None
-        out = worker.stdout.read()
-        assert "error:" in out and "token" in out.lower(), out
-    finally:
-        _stop([worker])
+    worker = cli.start("worker", address, "--token", "not-the-token")
+    assert worker.wait(30) == 1
+    out = cli.line_with(worker, "error:")
+    assert "token" in out.lower(), out
 
 
 @pytest.mark.anyio
@@ -250,14 +193,10 @@ async def test_the_manager_survives_garbage_and_keeps_serving(
             assert await cluster.submit(sum, [1, 2, 3]) == 6
 
 
-def test_sigterm_stops_the_manager_with_exit_code_0(env: dict[str, str]) -> None:
-    manager = _start(["manager", "--listen", "127.0.0.1:0"], env)
-    try:
-        _first_line_with(manager, "manager listening on")
-        manager.send_signal(signal.SIGTERM)
-        assert manager.wait(20) == 0
-    finally:
-        _stop([manager])
+def test_sigterm_stops_the_manager_with_exit_code_0(cli: Cli) -> None:
+    manager, _ = cli.manager()
+    manager.send_signal(signal.SIGTERM)
+    assert manager.wait(20) == 0
 
 
 @pytest.mark.parametrize("manager_and_workers", [2], indirect=True)

@@ -8,10 +8,7 @@ what these values are larger than; they travel as streams (actors/transfer.py).
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -27,42 +24,11 @@ from actors.transfer import PART_BYTES, WINDOW
 from runtime import Cluster
 from runtime.codec import MAX_FRAME_BYTES
 from runtime.errors import ValueTooLarge
+from tests.helpers import Cli
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 LIMIT = 90  # seconds per test
 N = MAX_FRAME_BYTES // 8 + 4 * 2**20  # float64 elements: 288 MiB, past the frame cap
-
-
-def _start(args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "runtime", *args],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-
-
-def _line_with(proc: subprocess.Popen[str], needle: str, limit: float = 30) -> str:
-    assert proc.stdout is not None
-    deadline = time.monotonic() + limit
-    seen = []
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            raise AssertionError(f"process ended before printing {needle!r}: {seen}")
-        seen.append(line)
-        if needle in line:
-            return line
-    raise AssertionError(f"no {needle!r} within {limit} s: {seen}")
-
-
-def _drain(proc: subprocess.Popen[str]) -> threading.Thread:
-    """Keep reading a child's output so it never blocks on a full pipe."""
-    assert proc.stdout is not None
-    reader = threading.Thread(target=proc.stdout.read, daemon=True)
-    reader.start()
-    return reader
 
 
 @pytest.fixture
@@ -71,48 +37,11 @@ def cluster_procs(
 ) -> Iterator[tuple[str, subprocess.Popen[str], subprocess.Popen[str]]]:
     """(address, worker of pool a, worker of pool b); ``request.param``: extra
     arguments for the worker of pool b."""
-    env = dict(os.environ)
-    env["CORRAL_HOME"] = str(tmp_path / "home")
-    env["PYTHONUNBUFFERED"] = "1"
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(Path(__file__).resolve().parents[1]), env.get("PYTHONPATH", "")]
-    )
-    b_args = list(getattr(request, "param", []))
-    manager = _start(["manager", "--listen", "127.0.0.1:0"], env)
-    procs = [manager]
-    readers = []
-    old_home = os.environ.get("CORRAL_HOME")
-    os.environ["CORRAL_HOME"] = env["CORRAL_HOME"]  # this process finds the token too
-    try:
-        address = _line_with(manager, "manager listening on").split("listening on", 1)[1]
-        address = address.strip()
-        readers.append(_drain(manager))
-        a = _start(["worker", address, "--cores", "1", "--pool", "a"], env)
-        b = _start(["worker", address, "--cores", "1", "--pool", "b", *b_args], env)
-        procs += [a, b]
-        for w in (a, b):
-            _line_with(w, "joined")
-            readers.append(_drain(w))
+    with Cli(tmp_path / "home") as cli:
+        _, address = cli.manager()
+        a = cli.worker(address, "--cores", "1", "--pool", "a")
+        b = cli.worker(address, "--cores", "1", "--pool", "b", *getattr(request, "param", []))
         yield address, a, b
-    finally:
-        if old_home is None:
-            os.environ.pop("CORRAL_HOME", None)
-        else:
-            os.environ["CORRAL_HOME"] = old_home
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(5)
-        for r in readers:
-            r.join(5)  # at the end of its output: the process has ended
-        for p in procs:
-            if p.stdout is not None:
-                p.stdout.close()
 
 
 def make(n: int) -> Any:
