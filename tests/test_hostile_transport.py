@@ -351,3 +351,41 @@ async def test_half_sent_http_requests_are_closed_and_a_client_still_connects() 
             assert max(closed_at) < timeout + 5, max(closed_at)
             assert listener.evicted >= n - cap
             assert listener.handshaking == 0
+
+
+@pytest.mark.slow
+async def test_a_real_manager_closes_half_sent_requests_and_keeps_serving(
+    manager: tuple[str, subprocess.Popen[str], dict[str, str]], env: dict[str, str]
+) -> None:
+    """The issue's slowloris case against a manager process with its defaults: 200 half
+    sent HTTP requests, no token needed, once held for 60 s or more. Now each is closed
+    by the manager within its 10 s handshake timeout (the oldest at once, past 64
+    half-open), and a client runs a graph meanwhile."""
+    address, proc, _ = manager
+    port = int(urlsplit(address).port or 0)
+    n, handshake_timeout = 200, 10.0
+    with anyio.fail_after(LIMIT):
+        started = anyio.current_time()
+        streams = []
+        for _ in range(n):
+            s = await anyio.connect_tcp("127.0.0.1", port)
+            await s.send(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: webs")
+            streams.append(s)
+        await _normal_run(address, env)  # served while the half-open ones wait
+        closed_at: list[float] = []
+
+        async def until_closed(s: anyio.abc.SocketStream) -> None:
+            try:
+                while await s.receive():
+                    pass
+            except (anyio.EndOfStream, anyio.BrokenResourceError, OSError):
+                pass
+            closed_at.append(anyio.current_time() - started)
+            await s.aclose()
+
+        async with anyio.create_task_group() as tg:
+            for s in streams:
+                tg.start_soon(until_closed, s)
+    assert len(closed_at) == n
+    assert max(closed_at) < handshake_timeout + 5, max(closed_at)
+    assert proc.poll() is None
