@@ -1,0 +1,332 @@
+"""Tests of the scheduler's pure core (actors/scheduler_state.py): where ready tasks go
+and what a finished task sets off (slots, pools, memory, priority and graph order,
+dependents, category statistics, backlog).
+
+No event loop, no threads, no clock: every test feeds events to
+``SchedulerState.handle`` and checks the exact commands it returns. The autouse fixture
+``make_state`` (tests/helpers.py) builds the states and runs ``validate()`` (the
+invariant check) on every one of them when the test ends; the ``run`` helper also
+validates after each step. Graphs come from :func:`tests.helpers.graph`, a
+``{key: [dependency keys]}`` table turned into specs by ``build_specs`` as the client does.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from actors.scheduler_state import (
+    Execute,
+    FileFact,
+    KeyDone,
+    TaskResult,
+    TasksFinished,
+)
+from tests.helpers import (
+    GB,
+    MB,
+    Factory,
+    assigned,
+    by_order,
+    facts,
+    finish,
+    finish_all,
+    join,
+    leave,
+    make_state,
+    of,
+    on,
+    states,
+    submit,
+)
+
+__all__ = ["make_state"]  # the autouse fixture, used by name
+
+
+# ----------------------------------------------------------------------------- ready / assign
+
+
+def test_independent_tasks_fill_each_workers_slots_and_the_rest_stay_queued(
+    make_state: Factory,
+) -> None:
+    s = make_state(saturation=2.0)
+    join(s, "w1", cores=2)  # 4 slots
+    join(s, "w2", cores=1)  # 2 slots
+    keys = [f"x-{i}" for i in range(10)]
+    cmds = submit(s, dict.fromkeys(keys, ()), keys)
+
+    got = assigned(cmds)
+    assert sorted(got) == ["w1", "w2"]
+    assert len(got["w1"]) == 4 and len(got["w2"]) == 2
+    sent = got["w1"] + got["w2"]
+    assert len(set(sent)) == 6
+    # The six best by priority went out; the other four wait in the queue.
+    assert set(sent) == set(by_order(s, keys)[:6])
+    assert s.count("processing") == 6 and s.count("queued") == 4
+    assert s.workers["w1"].slots == 4 and s.workers["w2"].slots == 2
+    assert not s.free
+    for c in of(cmds, Execute):
+        for t in c.tasks:
+            assert t.node is s.tasks[t.key].spec.node
+            assert t.category == "x" and t.deps == ()
+    # The registry hears about an output only once it exists: none does yet.
+    assert facts(cmds) == {}
+
+
+def test_a_finished_task_frees_its_slot_for_the_next_queued_task(make_state: Factory) -> None:
+    s = make_state(saturation=1.0)
+    join(s, "w1")
+    keys = ["x-0", "x-1", "x-2"]
+    cmds = submit(s, dict.fromkeys(keys, ()), keys)
+    first, second, third = by_order(s, keys)
+    assert assigned(cmds) == {"w1": [first]}
+
+    cmds = finish(s, "w1", first, nbytes=7)
+    assert of(cmds, KeyDone) == [KeyDone(cmds[0].stimulus_id, first, "w1", 7)]
+    assert assigned(cmds) == {"w1": [second]}
+    assert s.tasks[first].state == "memory" and s.tasks[third].state == "queued"
+
+    assert assigned(finish(s, "w1", second)) == {"w1": [third]}
+    cmds = finish(s, "w1", third)
+    assert assigned(cmds) == {}
+    assert states(s) == dict.fromkeys(keys, "memory")
+
+
+def test_no_work_without_workers_then_work_when_one_joins(make_state: Factory) -> None:
+    s = make_state(saturation=1.0)
+    cmds = submit(s, {"a": [], "b": ["a"]}, ["b"])
+    assert of(cmds, Execute) == []
+    assert states(s) == {"a": "queued", "b": "waiting"}
+    assert s.tasks["b"].waiting_on == 1
+    assert facts(cmds) == {}  # nothing created yet: nothing for the registry
+
+    cmds = join(s, "w1", cores=1)
+    assert len(of(cmds, Execute)) == 1
+    (ex,) = of(cmds, Execute)
+    assert ex.worker == "w1" and [t.key for t in ex.tasks] == ["a"]
+    assert s.tasks["a"].worker == "w1" and s.tasks["a"].state == "processing"
+
+
+def test_pool_tasks_only_go_to_workers_of_that_pool(make_state: Factory) -> None:
+    s = make_state(saturation=1.0)
+    join(s, "cpu", cores=4)
+    join(s, "gpu1", cores=2, pool="gpu")
+    gkeys = [f"g-{i}" for i in range(4)]
+    cmds = submit(s, dict.fromkeys(gkeys, ()), gkeys, pool="gpu")
+    got = assigned(cmds)
+    assert list(got) == ["gpu1"] and len(got["gpu1"]) == 2
+    assert s.count("queued") == 2  # the cpu worker is free but not in the pool
+    assert "cpu" in s.free
+
+    # Tasks without a pool run anywhere, here on the free cpu worker.
+    assert assigned(submit(s, {"p": []}, ["p"])) == {"cpu": ["p"]}
+
+    cmds = join(s, "gpu2", cores=2, pool="gpu")
+    assert sorted(assigned(cmds)["gpu2"]) == sorted(set(gkeys) - set(got["gpu1"]))
+    assert s.count("queued") == 0
+
+
+def test_a_task_needing_more_memory_than_any_worker_waits_for_a_bigger_one(
+    make_state: Factory,
+) -> None:
+    s = make_state(saturation=1.0)
+    join(s, "small", cores=2, memory=GB)
+    cmds = submit(
+        s,
+        {"big": [], "fat": [], "x": []},
+        ["big", "fat", "x"],
+        attrs={"big": {"resources": {"memory": 8 * GB}}, "fat": {"resources": {"cores": 4}}},
+    )
+    assert assigned(cmds) == {"small": ["x"]}  # the others do not fit; x still runs
+    assert s.tasks["big"].state == "queued" and s.tasks["fat"].state == "queued"
+    assert "small" in s.free  # a free slot, yet nothing it can run
+
+    assert assigned(join(s, "medium", cores=2, memory=4 * GB)) == {}
+    cmds = join(s, "huge", cores=8, memory=16 * GB)
+    assert {w: sorted(ks) for w, ks in assigned(cmds).items()} == {"huge": ["big", "fat"]}
+
+
+def test_ready_tasks_run_by_user_priority_then_submission_then_graph_order(
+    make_state: Factory,
+) -> None:
+    s = make_state(saturation=1.0)
+    first = ["x-0", "x-1", "x-2"]
+    submit(s, dict.fromkeys(first, ()), first)  # generation 1, priority 0
+    submit(s, {"y": []}, ["y"])  # generation 2, priority 0
+    submit(s, {"z": []}, ["z"], priority=5)  # generation 3, but urgent
+    submit(s, {"low": []}, ["low"], priority=-1)  # generation 4, below everything
+    expected = ["z", *by_order(s, first), "y", "low"]
+
+    join(s, "w1")
+    seen = [s.tasks[k].key for k in on(s, "w1")]
+    for _ in range(len(expected) - 1):
+        (key,) = on(s, "w1")
+        nxt = assigned(finish(s, "w1", key))["w1"]
+        seen.extend(nxt)
+    assert seen == expected
+
+
+def test_graph_order_finishes_a_branch_before_starting_the_next(make_state: Factory) -> None:
+    # Two independent branches joined at the end: dask.order runs one branch to its
+    # end before starting the other, and the scheduler follows it. (Memory-blind: with
+    # the default memory policy the two roots, which feed the same consumer, would be
+    # sent together; see test_scheduler_memory.py.)
+    s = make_state(saturation=1.0, memory="blind")
+    table = {"a-0": [], "a-1": ["a-0"], "b-0": [], "b-1": ["b-0"], "c": ["a-1", "b-1"]}
+    submit(s, table, ["c"])
+    join(s, "w1")
+    seen = []
+    while s.count("processing"):
+        (key,) = on(s, "w1")
+        seen.append(key)
+        finish(s, "w1", key)
+    assert seen == by_order(s, table)
+    branch = [k[0] for k in seen[:2]]
+    assert branch[0] == branch[1]  # both tasks of the first branch come first
+
+
+def test_execute_tells_each_task_where_its_inputs_live(make_state: Factory) -> None:
+    s = make_state(saturation=1.0)
+    join(s, "w1")
+    submit(s, {"a": [], "b": ["a"]}, ["b"])
+    cmds = finish(s, "w1", "a", nbytes=123)
+    (ex,) = of(cmds, Execute)
+    (todo,) = ex.tasks
+    assert todo.key == "b" and todo.deps == (("a", ("w1",)),) and todo.category == "b"
+    assert facts(cmds)["a"] == FileFact("a", "created", 123, ("w1",), 1, False)
+
+
+def test_a_worker_registering_again_keeps_its_work(make_state: Factory) -> None:
+    s = make_state(saturation=1.0)
+    join(s, "w1", cores=1)
+    keys = ["x-0", "x-1", "x-2"]
+    submit(s, dict.fromkeys(keys, ()), keys)
+    (running,) = on(s, "w1")
+    cmds = join(s, "w1", cores=2)  # reconnected, now with more cores
+    assert len(assigned(cmds)["w1"]) == 1
+    assert running in on(s, "w1") and s.workers["w1"].slots == 2
+    assert s.tasks[running].state == "processing"
+
+
+# ----------------------------------------------------------------------------- finish
+
+
+def test_dependents_become_ready_only_when_all_inputs_are_in_memory(make_state: Factory) -> None:
+    s = make_state(saturation=2.0)
+    join(s, "w1", cores=2)
+    cmds = submit(s, {"a": [], "b": [], "c": ["a", "b"]}, ["c"])
+    assert sorted(assigned(cmds)["w1"]) == ["a", "b"]
+    assert s.tasks["c"].waiting_on == 2
+
+    cmds = finish(s, "w1", "a")
+    assert assigned(cmds) == {} and s.tasks["c"].state == "waiting"
+    assert s.tasks["c"].waiting_on == 1
+    assert of(cmds, KeyDone) == []  # a is not wanted
+
+    cmds = finish(s, "w1", "b")
+    assert assigned(cmds) == {"w1": ["c"]}
+    cmds = finish(s, "w1", "c", nbytes=5)
+    assert [(c.key, c.worker, c.nbytes) for c in of(cmds, KeyDone)] == [("c", "w1", 5)]
+
+
+def test_key_done_is_sent_only_for_wanted_keys(make_state: Factory) -> None:
+    s = make_state()
+    join(s, "w1", cores=4)
+    submit(s, {"a": [], "b": ["a"], "c": ["a"]}, ["b", "c"])
+    assert of(finish(s, "w1", "a"), KeyDone) == []
+    cmds = finish_all(s, "w1", ["b", "c"], nbytes=9)
+    assert sorted((c.key, c.worker, c.nbytes) for c in of(cmds, KeyDone)) == [
+        ("b", "w1", 9),
+        ("c", "w1", 9),
+    ]
+    # a lost its last consumer: the registry may drop it now.
+    assert facts(cmds)["a"] == FileFact("a", "created", 100, ("w1",), 0, False)
+
+
+def test_category_statistics_are_learned_from_results(make_state: Factory) -> None:
+    s = make_state(saturation=4.0)
+    join(s, "w1", cores=2)
+    keys = ["load-0", "load-1", "load-2", "load-3"]
+    submit(s, dict.fromkeys(keys, ()), keys)
+    finish(s, "w1", "load-0", start=10.0, duration=1.0, nbytes=100, rss=5 * MB)
+    finish(s, "w1", "load-1", start=11.0, duration=3.0, nbytes=300, rss=9 * MB)
+    finish(s, "w1", "load-2", start=12.0, duration=2.0, nbytes=200, rss=7 * MB)
+    finish(s, "w1", "load-3", "error", error=ValueError("bad input"))
+
+    st_ = s.stats["load"]
+    assert st_.count == 3
+    assert st_.mean_duration == pytest.approx(2.0)
+    assert st_.max_duration == pytest.approx(3.0)
+    assert st_.total_nbytes == 600 and st_.mean_nbytes == pytest.approx(200)
+    assert st_.peak_rss == 9 * MB
+    assert st_.errors == 1 and st_.lost == 0
+    assert [t.outcome for t in s.tasks["load-3"].tries] == ["error"]
+    assert [(t.worker, t.start, t.stop) for t in s.tasks["load-1"].tries] == [("w1", 11.0, 14.0)]
+
+
+def test_lost_tries_are_counted_per_category(make_state: Factory) -> None:
+    s = make_state()
+    join(s, "w1")
+    submit(s, {"job-0": []}, ["job-0"])
+    leave(s, "w1", cause="oom")
+    assert s.stats["job"].lost == 1 and s.stats["job"].count == 0
+
+
+def test_categories_learn_bytes_consumed_and_rss_growth(make_state: Factory) -> None:
+    s = make_state()
+    join(s, "w1")
+    submit(s, {"load-1": [], "load-2": [], "sum-3": ["load-1", "load-2"]}, ["sum-3"])
+    s.handle(
+        TasksFinished(
+            "f1", 1.0, "w1",
+            (
+                TaskResult("load-1", "ok", 0.0, 0.1, 1000, rss=5000, rss_before=4000),
+                TaskResult("load-2", "ok", 0.1, 0.2, 3000, rss=8000, rss_before=5000),
+            ),
+        )
+    )  # fmt: skip
+    s.handle(
+        TasksFinished(
+            "f2", 2.0, "w1", (TaskResult("sum-3", "ok", 0.2, 0.3, 8, rss=7000, rss_before=8000),)
+        )
+    )
+    load, total = s.stats["load"], s.stats["sum"]
+    assert (load.total_nbytes, load.consumed_nbytes, load.max_rss_growth) == (4000, 0, 3000)
+    assert (total.total_nbytes, total.consumed_nbytes, total.max_rss_growth) == (8, 4000, 0)
+    assert load.production_ratio == float("inf")  # a root that makes data: a producer
+    assert total.production_ratio == 8 / 4000  # a reduction: a consumer
+
+
+def test_short_tasks_get_a_backlog_beyond_their_slots_up_to_the_limit(
+    make_state: Factory,
+) -> None:
+    s = make_state(saturation=1.0, backlog=0.05, max_per_core=10, unknown_duration=0.5)
+    join(s, "w1", cores=2)
+    ws = s.workers["w1"]
+    assert (ws.slots, ws.limit) == (2, 20)
+    keys = [f"tiny-{i}" for i in range(100)]
+    submit(s, dict.fromkeys(keys, ()), keys)
+    assert ws.n_processing == 2  # duration unknown: only the slots
+
+    first = sorted(on(s, "w1"), key=str)
+    finish(s, "w1", first[0], duration=0.001)
+    assert ws.n_processing == 2  # the other unknown task still weighs 0.5 s
+    finish(s, "w1", first[1], duration=0.001)
+    # Now the category is known to be tiny: the worker gets a batch up to its limit.
+    assert ws.n_processing == ws.limit == 20
+    assert ws.occupancy == pytest.approx(20 * 0.001)
+    assert s.count("queued") == 100 - 2 - 20
+
+    # Each finished task is replaced at once while under the limit.
+    cmds = finish(s, "w1", sorted(on(s, "w1"), key=str)[0], duration=0.001)
+    assert len(assigned(cmds)["w1"]) == 1
+    assert ws.n_processing == 20
+
+
+def test_long_tasks_get_no_backlog(make_state: Factory) -> None:
+    s = make_state(saturation=1.0, backlog=0.05, max_per_core=10)
+    join(s, "w1", cores=2)
+    keys = [f"slow-{i}" for i in range(10)]
+    submit(s, dict.fromkeys(keys, ()), keys)
+    for _ in range(4):
+        finish(s, "w1", sorted(on(s, "w1"), key=str)[0], duration=2.0)
+        assert s.workers["w1"].n_processing == 2

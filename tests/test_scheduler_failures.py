@@ -1,0 +1,524 @@
+"""Tests of the scheduler's pure core (actors/scheduler_state.py): failures (errors and
+retries, lost workers and the outputs they held, lost lineage, poison tasks, workers
+that rejoin).
+
+No event loop, no threads, no clock: every test feeds events to
+``SchedulerState.handle`` and checks the exact commands it returns. The autouse fixture
+``make_state`` (tests/helpers.py) builds the states and runs ``validate()`` (the
+invariant check) on every one of them when the test ends; the ``run`` helper also
+validates after each step. Graphs come from :func:`tests.helpers.graph`, a
+``{key: [dependency keys]}`` table turned into specs by ``build_specs`` as the client does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import pytest
+
+from actors.scheduler_state import (
+    DropData,
+    Execute,
+    FileFact,
+    GraphSubmitted,
+    KeyDone,
+    KeyErred,
+    ReplicasMissing,
+    SchedulerState,
+    WorkerHeld,
+    WorkerJoined,
+    WorkerLeft,
+)
+from policies import REGISTRY, PolicyParamsError
+from runtime.errors import (
+    DependencyFailed,
+    TaskCrashedWorkers,
+    WorkerLost,
+)
+from runtime.graph import Key
+from tests.helpers import (
+    GB,
+    Factory,
+    Loop,
+    assigned,
+    by_order,
+    chain,
+    event,
+    facts,
+    finish,
+    join,
+    leave,
+    make_state,
+    of,
+    on,
+    only_running,
+    release,
+    run,
+    specs_for,
+    states,
+    submit,
+)
+
+__all__ = ["make_state"]  # the autouse fixture, used by name
+
+
+# ----------------------------------------------------------------------------- fail
+
+
+def test_an_error_with_the_default_retry_policy_errs_with_the_original_exception(
+    make_state: Factory,
+) -> None:
+    s = make_state()
+    join(s, "w1")
+    submit(s, {"a": []}, ["a"])
+    boom = ValueError("boom")
+    cmds = finish(s, "w1", "a", "error", error=boom)
+    (ke,) = of(cmds, KeyErred)
+    assert ke.key == "a" and ke.error is boom and ke.root == "a" and ke.root_error is boom
+    ts = s.tasks["a"]
+    assert ts.state == "erred" and ts.error is boom and ts.retries_left == 0
+    assert [(t.worker, t.outcome) for t in ts.tries] == [("w1", "error")]
+    assert of(cmds, Execute) == [] and "w1" in s.free
+
+
+def test_a_timeout_without_an_exception_errs_with_a_runtime_error(make_state: Factory) -> None:
+    s = make_state()
+    join(s, "w1")
+    submit(s, {"a": []}, ["a"])
+    (ke,) = of(finish(s, "w1", "a", "timeout"), KeyErred)
+    assert isinstance(ke.error, RuntimeError) and "timeout" in str(ke.error)
+
+
+def test_dependents_of_a_failed_task_fail_transitively_with_dependency_failed(
+    make_state: Factory,
+) -> None:
+    s = make_state()
+    join(s, "w1", cores=2)
+    submit(s, {"a": [], "b": ["a"], "c": ["b"], "d": ["a"], "e": []}, ["c", "d", "e"])
+    boom = KeyError("no such column")
+    cmds = finish(s, "w1", "a", "error", error=boom)
+
+    erred = {c.key: c for c in of(cmds, KeyErred)}
+    assert sorted(erred) == ["c", "d"]  # b is not wanted: no message for it
+    for key in ("c", "d"):
+        err = erred[key].error
+        assert isinstance(err, DependencyFailed)
+        assert err.key == key and err.dependency == "a"
+        assert err.__cause__ is boom
+        assert erred[key].root == "a" and erred[key].root_error is boom
+    assert isinstance(s.tasks["b"].error, DependencyFailed)
+    assert {k: s.tasks[k].state for k in "abcde"} == {
+        "a": "erred",
+        "b": "erred",
+        "c": "erred",
+        "d": "erred",
+        "e": "processing",
+    }
+
+
+def test_failure_of_a_5000_task_chain_does_not_recurse(make_state: Factory) -> None:
+    s = make_state()
+    join(s, "w1")
+    n = 5000
+    last = f"c-{n - 1}"
+    submit(s, chain("c", n), [last], check=False)
+    assert only_running(s) == "c-0"
+    boom = OSError("disk full")
+    cmds = finish(s, "w1", "c-0", "error", error=boom, check=False)
+    (ke,) = of(cmds, KeyErred)
+    assert ke.key == last and ke.root == "c-0" and ke.root_error is boom
+    assert isinstance(ke.error, DependencyFailed) and ke.error.dependency == "c-0"
+    assert s.count("erred") == n
+    s.validate()
+    # Releasing the one wanted key forgets the whole chain, again without recursion.
+    cmds = release(s, last)
+    assert s.tasks == {}
+    # None of the chain ever produced an output, so the registry is told nothing.
+    assert facts(cmds) == {}
+
+
+def test_user_retries_are_spent_then_the_task_fails(make_state: Factory) -> None:
+    s = make_state()
+    join(s, "w1")
+    submit(s, {"a": []}, ["a"], retries=2)
+    ts = s.tasks["a"]
+    for left in (1, 0):
+        cmds = finish(s, "w1", "a", "error", error=ValueError(f"try {2 - left}"))
+        assert of(cmds, KeyErred) == []
+        assert assigned(cmds) == {"w1": ["a"]}
+        assert ts.retries_left == left and ts.behind
+    last = ValueError("try 3")
+    (ke,) = of(finish(s, "w1", "a", "error", error=last), KeyErred)
+    assert ke.error is last
+    assert [t.outcome for t in ts.tries] == ["error"] * 3
+    assert s.stats["a"].errors == 3
+    assert [e[2] for e in s.story("a") if e[1] == "retry"] == [
+        "error; retry budget left",
+        "error; retry budget left",
+    ]
+
+
+def test_a_retry_goes_behind_work_that_was_not_tried_yet(make_state: Factory) -> None:
+    s = make_state(saturation=1.0)
+    keys = ["x-0", "x-1", "x-2"]
+    submit(s, dict.fromkeys(keys, ()), keys, retries=1)
+    order = by_order(s, keys)
+    join(s, "w1")
+    assert on(s, "w1") == {order[0]}
+    cmds = finish(s, "w1", order[0], "error", error=ValueError())
+    # The retried task would come first by graph order, but fresh work goes first.
+    assert assigned(cmds) == {"w1": [order[1]]}
+    assert assigned(finish(s, "w1", order[1])) == {"w1": [order[2]]}
+    assert assigned(finish(s, "w1", order[2])) == {"w1": [order[0]]}
+
+
+# ----------------------------------------------------------------------------- worker lost
+
+
+def test_a_lost_worker_s_tasks_are_retried_elsewhere_for_free(make_state: Factory) -> None:
+    s = make_state(saturation=1.0)
+    join(s, "w1")
+    join(s, "w2")
+    submit(s, {"a": [], "b": []}, ["a", "b"], retries=1)
+    wa = s.tasks["a"].worker
+    other = "w2" if wa == "w1" else "w1"
+    finish(s, other, "b")
+
+    cmds = leave(s, wa, cause="preempted")
+    assert assigned(cmds) == {other: ["a"]}
+    ts = s.tasks["a"]
+    assert ts.retries_left == 1  # not charged
+    assert ts.lost_tries == 1 and ts.behind
+    (try_,) = ts.tries
+    assert (try_.worker, try_.outcome, try_.cause) == (wa, "worker-lost", "preempted")
+    assert wa not in s.workers and wa not in s.free
+    assert of(cmds, KeyErred) == []
+
+
+def test_a_task_lost_too_often_fails_with_worker_lost(make_state: Factory) -> None:
+    s = make_state(retry=REGISTRY.create("retry", "default", {"max_lost": 2}))
+    submit(s, {"a": []}, ["a"])
+    for i in range(2):
+        join(s, f"w{i}")
+        assert on(s, f"w{i}") == {"a"}
+        cmds = leave(s, f"w{i}", cause="oom")
+        assert of(cmds, KeyErred) == [] and s.tasks["a"].state == "queued"
+    join(s, "w2")
+    cmds = leave(s, "w2", cause="walltime")
+    (ke,) = of(cmds, KeyErred)
+    err = ke.error
+    assert isinstance(err, WorkerLost)
+    assert (err.key, err.worker, err.cause, err.tries) == ("a", "w2", "walltime", 3)
+    assert ke.root == "a" and ke.root_error is err
+    assert [t.outcome for t in s.tasks["a"].tries] == ["worker-lost"] * 3
+
+
+def test_never_retry_fails_a_lost_task_at_once(make_state: Factory) -> None:
+    s = make_state(retry="never")
+    join(s, "w1")
+    submit(s, {"a": [], "b": ["a"]}, ["b"])
+    cmds = leave(s, "w1", cause="crash")
+    assert sorted(c.key for c in of(cmds, KeyErred)) == ["b"]
+    assert isinstance(s.tasks["a"].error, WorkerLost)
+
+
+def test_output_held_only_by_a_lost_worker_is_recomputed_while_needed(
+    make_state: Factory,
+) -> None:
+    # least-loaded: with locality, b would join its input on busy w1 (see
+    # test_scheduler_memory.py); here it must wait in the queue.
+    s = make_state(saturation=1.0, placement="least-loaded")
+    join(s, "w1")
+    submit(s, {"a": []}, ["a"])
+    finish(s, "w1", "a", nbytes=50)
+    submit(s, {"x": []}, ["x"])  # keeps w1 busy
+    assert on(s, "w1") == {"x"}
+    cmds = submit(s, {"b": ["a"]}, ["b"])
+    assert assigned(cmds) == {} and s.tasks["b"].state == "queued"
+
+    cmds = leave(s, "w1")
+    # a's only copy died with w1 and b still needs it: a runs again, b waits for it.
+    assert states(s) == {"a": "queued", "x": "queued", "b": "waiting"}
+    assert s.tasks["b"].waiting_on == 1
+    assert facts(cmds)["a"] == FileFact("a", "pending", 50, (), 1, True)
+    assert s.tasks["x"].lost_tries == 1 and s.tasks["a"].lost_tries == 0
+    assert ("a", "memory", "lost") in [e[:3] for e in s.story("a")]
+
+    cmds = join(s, "w2", cores=2)
+    assert sorted(assigned(cmds)["w2"]) == ["a", "x"]
+    cmds = finish(s, "w2", "a")
+    assert [c.key for c in of(cmds, KeyDone)] == ["a"]
+    assert assigned(cmds) == {"w2": ["b"]}
+
+
+def test_output_held_only_by_a_lost_worker_is_released_when_not_needed(
+    make_state: Factory,
+) -> None:
+    s = make_state(saturation=1.0)
+    join(s, "w1", pool="p1")
+    join(s, "w2", pool="p2")
+    submit(s, {"a": [], "b": ["a"]}, ["b"], attrs={"a": {"pool": "p1"}, "b": {"pool": "p2"}})
+    finish(s, "w1", "a")
+    assert on(s, "w2") == {"b"}
+    finish(s, "w2", "b", fetched=("a",))
+    assert s.tasks["a"].who_has == {"w1", "w2"}  # w2 copied a to run b
+
+    cmds = leave(s, "w1")
+    assert s.tasks["a"].state == "memory" and facts(cmds)["a"].replicas == ("w2",)
+
+    cmds = leave(s, "w2")
+    # b is wanted: it runs again, and so does a (lineage).
+    assert states(s) == {"a": "queued", "b": "waiting"}
+    join(s, "w3", pool="p1")
+    join(s, "w4", pool="p2")
+    finish(s, "w3", "a")
+    cmds = finish(s, "w4", "b")
+    assert [c.key for c in of(cmds, KeyDone)] == ["b"]
+
+    # Not needed (b is done, a is not wanted): losing a releases it, kept for lineage.
+    cmds = leave(s, "w3")
+    assert states(s) == {"a": "released", "b": "memory"}
+    assert facts(cmds)["a"] == FileFact("a", "released", 100, (), 0, False)
+    assert of(cmds, Execute) == []
+
+
+def test_an_unneeded_lost_output_without_dependents_is_forgotten(make_state: Factory) -> None:
+    s = make_state()
+    join(s, "w1")
+    submit(s, {"a": []}, ["a"])
+    finish(s, "w1", "a")
+    release(s, "a")  # the registry has not dropped it yet
+    cmds = leave(s, "w1")
+    assert s.tasks == {}
+    assert facts(cmds)["a"].state == "forgotten"
+
+
+def test_a_missing_input_puts_the_task_back_and_recomputes_the_input(
+    make_state: Factory,
+) -> None:
+    s = make_state(saturation=1.0)
+    join(s, "w1", pool="p1")
+    join(s, "w2", pool="p2")
+    submit(s, {"a": [], "b": ["a"]}, ["b"], attrs={"a": {"pool": "p1"}, "b": {"pool": "p2"}})
+    finish(s, "w1", "a")
+    assert on(s, "w2") == {"b"}
+    # w1 lost a (disk wiped) before w2 could fetch it.
+    cmds = finish(s, "w2", "b", "missing", missing=(("a", "w1"),))
+    assert assigned(cmds) == {"w1": ["a"]}
+    assert states(s) == {"a": "processing", "b": "waiting"}
+    assert s.tasks["b"].tries == [] and s.tasks["b"].retries_left == 0  # not a try
+    assert facts(cmds)["a"].replicas == ()
+
+    cmds = finish(s, "w1", "a")
+    assert assigned(cmds) == {"w2": ["b"]}
+    assert of(cmds, Execute)[0].tasks[0].deps == (("a", ("w1",)),)
+
+
+def test_a_missing_replica_with_another_copy_left_just_retries(make_state: Factory) -> None:
+    s = make_state(saturation=1.0)
+    join(s, "w1", pool="p1")
+    join(s, "w2", cores=2, pool="p2")
+    submit(
+        s,
+        {"a": [], "b": ["a"], "c": ["a"]},
+        ["b", "c"],
+        attrs={"a": {"pool": "p1"}, "b": {"pool": "p2"}, "c": {"pool": "p2"}},
+    )
+    finish(s, "w1", "a")
+    assert on(s, "w2") == {"b", "c"}
+    finish(s, "w2", "c", fetched=("a",))
+    assert s.tasks["a"].who_has == {"w1", "w2"}
+    cmds = finish(s, "w2", "b", "missing", missing=(("a", "w1"),))
+    # w2 still has a copy: no recompute, b goes straight back to w2.
+    assert s.tasks["a"].state == "memory" and s.tasks["a"].who_has == {"w2"}
+    (ex,) = of(cmds, Execute)
+    assert ex.worker == "w2" and [(t.key, t.deps) for t in ex.tasks] == [("b", (("a", ("w2",)),))]
+    assert facts(cmds)["a"].replicas == ("w2",)
+
+
+def test_fetched_inputs_become_replicas(make_state: Factory) -> None:
+    s = make_state(saturation=1.0)
+    join(s, "w1", pool="p1")
+    join(s, "w2", pool="p2")
+    submit(
+        s,
+        {"a": [], "b": ["a"], "c": ["a"]},
+        ["b", "c"],
+        attrs={"a": {"pool": "p1"}, "b": {"pool": "p2"}},
+    )
+    finish(s, "w1", "a")
+    cmds = finish(s, "w2", "b", fetched=("a",))
+    assert facts(cmds)["a"].replicas in (("w1", "w2"), ("w2", "w1"))
+    assert s.tasks["a"] in s.workers["w2"].has_what
+    # Losing w1 no longer loses a.
+    cmds = leave(s, "w1")
+    assert s.tasks["a"].state == "memory" and s.tasks["a"].who_has == {"w2"}
+
+
+# ----------------------------------------------------------------------------- lost lineage
+
+
+def test_recomputing_a_lost_output_reruns_an_input_cancelled_as_unneeded(
+    make_state: Factory,
+) -> None:
+    # Only infrastructure events, no user errors or cancels:
+    # a on w1, b on w2; w1 dies so a is recomputed, but b finishes anyway (it had
+    # fetched a) and the recompute of a is cancelled as unneeded. Then w2 dies: b is
+    # wanted, must be recomputed, and needs a again.
+    s = make_state(saturation=2.0, placement="round-robin")
+    join(s, "w1")
+    join(s, "w2")
+    submit(s, {"a": [], "b": ["a"]}, ["b"])
+    finish(s, "w1", "a")
+    assert s.tasks["b"].worker == "w2"
+    leave(s, "w1")
+    assert s.tasks["a"].state == "processing"  # recomputing on w2
+    cmds = finish(s, "w2", "b", fetched=("a",))
+    assert [c.key for c in of(cmds, KeyDone)] == ["b"]
+    join(s, "w3")
+    leave(s, "w2")
+    # b must make progress: a runs again (on w3), then b.
+    assert s.tasks["b"].state == "waiting"
+    assert s.tasks["a"].state in ("queued", "processing"), s.story("a", "b")
+    finish(s, "w3", "a")
+    cmds = finish(s, "w3", "b")
+    assert [c.key for c in of(cmds, KeyDone)] == ["b"]
+
+
+def test_recomputing_a_lost_output_whose_input_has_since_erred_fails_it(
+    make_state: Factory,
+) -> None:
+    s = make_state(saturation=1.0)
+    loop = Loop(s)
+    loop.run(event(WorkerJoined, worker="w1", cores=1, memory=GB))
+    loop.run(event(GraphSubmitted, specs=specs_for(s, {"a": [], "b": ["a"]}, ["b"]), wanted=("b",)))
+    loop.finish("w1", "a")
+    loop.finish("w1", "b")
+    assert states(s) == {"a": "released", "b": "memory"}
+    # A new task needs a again; this time a fails.
+    loop.run(event(GraphSubmitted, specs=specs_for(s, {"c": ["a"]}, ["c"]), wanted=("c",)))
+    boom = ValueError("flaky source")
+    loop.finish("w1", "a", outcome="error", error=boom)
+    assert states(s) == {"a": "erred", "b": "memory", "c": "erred"}
+    # Now b's only copy is lost. b cannot be recomputed: it must fail, not hang.
+    cmds = loop.run(event(WorkerLeft, worker="w1", cause="crash"))
+    erred = {c.key: c for c in of(cmds, KeyErred)}
+    assert "b" in erred, s.story("a", "b")
+    assert erred["b"].root == "a" and erred["b"].root_error is boom
+    assert isinstance(erred["b"].error, DependencyFailed)
+    assert s.tasks["b"].state == "erred"
+
+
+# ----------------------------------------------------------------------------- poison tasks
+
+
+def test_a_task_running_on_three_workers_that_crashed_is_a_suspect(make_state: Factory) -> None:
+    s = make_state()
+    submit(s, {"a": [], "b": ["a"]}, ["b"])
+    causes = ["connection lost", "exit code 1", "crash"]
+    for i, cause in enumerate(causes):
+        join(s, f"w{i}")
+        assert on(s, f"w{i}") == {"a"}
+        cmds = leave(s, f"w{i}", cause=cause)
+        if i < 2:
+            assert of(cmds, KeyErred) == [] and s.tasks["a"].state == "queued"
+    (ke,) = of(cmds, KeyErred)  # b, the wanted key, fails with a as its root
+    err = s.tasks["a"].error
+    assert isinstance(err, TaskCrashedWorkers) and isinstance(err, WorkerLost)
+    assert err.crashes == [("w0", "connection lost"), ("w1", "exit code 1"), ("w2", "crash")]
+    assert "'w1' (exit code 1)" in str(err) and "execution 'process'" in str(err)
+    assert ke.key == "b" and ke.root == "a" and ke.root_error is err
+    assert s.tasks["a"].crash_tries == 3
+
+
+def test_drained_preempted_and_walltime_losses_make_no_suspect(make_state: Factory) -> None:
+    s = make_state()
+    submit(s, {"a": []}, ["a"])
+    for i, cause in enumerate(["drained", "preempted", "walltime", "crash", "preempted"]):
+        join(s, f"w{i}")
+        assert of(leave(s, f"w{i}", cause=cause), KeyErred) == []
+    ts = s.tasks["a"]
+    assert ts.state == "queued" and ts.lost_tries == 5 and ts.crash_tries == 1
+
+
+def test_max_crashes_is_a_retry_policy_parameter(make_state: Factory) -> None:
+    s = make_state(retry=REGISTRY.create("retry", "default", {"max_crashes": 1}))
+    submit(s, {"a": []}, ["a"])
+    join(s, "w1")
+    (ke,) = of(leave(s, "w1", cause="crash"), KeyErred)
+    assert isinstance(ke.error, WorkerLost) and not isinstance(ke.error, TaskCrashedWorkers)
+    assert ke.error.cause == "crash"  # one crash: nothing to compare it with
+    with pytest.raises(PolicyParamsError):
+        REGISTRY.create("retry", "default", {"max_crashes": 0})
+
+
+# ----------------------------------------------------------------------------- rejoining
+
+
+def held(state: SchedulerState, worker: str, active: Iterable[Key] = (), **sizes: int) -> Any:
+    return run(
+        state,
+        event(WorkerHeld, worker=worker, active=frozenset(active), held=tuple(sizes.items())),
+    )
+
+
+def test_a_task_sent_before_a_rejoin_that_never_arrived_is_sent_again(
+    make_state: Factory,
+) -> None:
+    s = make_state(saturation=2.0)
+    join(s, "w1")
+    submit(s, {"a": [], "b": []}, ["a", "b"])
+    assert on(s, "w1") == {"a", "b"}
+    join(s, "w1")  # rejoined over a new connection: a and b may have been lost
+    cmds = held(s, "w1", active=["b"])  # a never reached it
+    assert assigned(cmds) == {"w1": ["a"]}  # sent again (to the one worker there is)
+    assert s.tasks["a"].tries == [] and s.tasks["a"].lost_tries == 0  # nothing ran: free
+    assert ("a", "processing", "lost-in-transit") in [e[:3] for e in s.story("a")]
+    assert on(s, "w1") == {"a", "b"}
+
+
+def test_a_result_lost_with_the_connection_is_taken_from_what_the_worker_holds(
+    make_state: Factory,
+) -> None:
+    s = make_state()
+    join(s, "w1")
+    submit(s, {"a": [], "b": ["a"]}, ["b"])
+    join(s, "w1")
+    cmds = held(s, "w1", a=123)  # a finished; its TasksDone was lost
+    assert s.tasks["a"].state == "memory" and s.tasks["a"].nbytes == 123
+    assert s.tasks["a"].who_has == {"w1"}
+    assert assigned(cmds) == {"w1": ["b"]}
+
+
+def test_tasks_sent_after_the_rejoin_are_not_second_guessed(make_state: Factory) -> None:
+    s = make_state()
+    join(s, "w1")
+    join(s, "w1")  # rejoined before anything was sent
+    submit(s, {"a": []}, ["a"])  # sent over the new connection
+    cmds = held(s, "w1")  # its snapshot was taken before a arrived
+    assert cmds == [] and on(s, "w1") == {"a"}
+
+
+def test_outputs_whose_drop_was_lost_are_dropped_again(make_state: Factory) -> None:
+    s = make_state()
+    join(s, "w1")
+    submit(s, {"a": []}, ["a"])
+    finish(s, "w1", "a")
+    join(s, "w1")
+    cmds = held(s, "w1", a=100, gone=5)
+    (drop,) = of(cmds, DropData)
+    assert drop.worker == "w1" and drop.keys == ("gone",)
+    assert s.tasks["a"].who_has == {"w1"}
+
+
+def test_an_output_a_gather_did_not_find_is_made_again(make_state: Factory) -> None:
+    s = make_state()
+    join(s, "w1")
+    submit(s, {"a": []}, ["a"])
+    finish(s, "w1", "a")
+    assert s.tasks["a"].state == "memory"
+    cmds = run(s, event(ReplicasMissing, worker="w1", keys=("a", "unknown")))
+    assert s.tasks["a"].who_has == set() and assigned(cmds) == {"w1": ["a"]}
+    finish(s, "w1", "a")
+    assert s.tasks["a"].state == "memory"

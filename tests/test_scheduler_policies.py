@@ -1,0 +1,258 @@
+"""Tests of the scheduler's pure core (actors/scheduler_state.py): swapping policies and
+policies that misbehave (raise, answer garbage), which fall back and are counted.
+
+No event loop, no threads, no clock: every test feeds events to
+``SchedulerState.handle`` and checks the exact commands it returns. The autouse fixture
+``make_state`` (tests/helpers.py) builds the states and runs ``validate()`` (the
+invariant check) on every one of them when the test ends; the ``run`` helper also
+validates after each step. Graphs come from :func:`tests.helpers.graph`, a
+``{key: [dependency keys]}`` table turned into specs by ``build_specs`` as the client does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from actors.scheduler_state import (
+    KeyErred,
+    PolicyChanged,
+)
+from policies import REGISTRY, PolicyParamsError, RetryDecision
+from policies.priority import GraphPriority
+from runtime.errors import (
+    UnknownPolicyError,
+)
+from tests.helpers import (
+    GB,
+    Factory,
+    assigned,
+    by_order,
+    event,
+    finish,
+    join,
+    leave,
+    make_state,
+    of,
+    on,
+    run,
+    states,
+    submit,
+    worker_of,
+)
+
+__all__ = ["make_state"]  # the autouse fixture, used by name
+
+
+# ----------------------------------------------------------------------------- policies
+
+
+def test_placement_policy_change_moves_where_later_tasks_go(make_state: Factory) -> None:
+    s = make_state(saturation=2.0)  # default placement: locality
+    for w in ("w1", "w2", "w3"):
+        join(s, w, cores=1, memory=8 * GB)  # room for the 4 GB input (memory admission)
+    submit(s, {"big": []}, ["big"])
+    wbig = worker_of(s, "big")
+    finish(s, wbig, "big", nbytes=4 * GB)
+    keys = ["use-0", "use-1"]
+    cmds = submit(s, {k: ["big"] for k in keys}, keys)
+    # Locality: both readers go where the 4 GB input already is.
+    assert assigned(cmds) == {wbig: by_order(s, keys)}
+
+    run(
+        s,
+        event(PolicyChanged, kind="placement", policy=REGISTRY.create("placement", "round-robin")),
+    )
+    assert s.policies["placement"].name == "round-robin"
+    keys = ["more-0", "more-1", "more-2", "more-3"]
+    cmds = submit(s, {k: ["big"] for k in keys}, keys)
+    got = assigned(cmds)
+    # Round-robin ignores the data: the free slots of every worker are used in turn.
+    others = sorted({"w1", "w2", "w3"} - {wbig})
+    assert sorted(got) == others and all(len(v) == 2 for v in got.values())
+    assert any(e[2] == "placement:round-robin" for e in s.story("-"))
+
+
+def test_least_loaded_placement_spreads_work(make_state: Factory) -> None:
+    s = make_state(saturation=2.0, placement="least-loaded")
+    join(s, "w1", cores=1)
+    join(s, "w2", cores=1)
+    keys = ["x-0", "x-1"]
+    cmds = submit(s, dict.fromkeys(keys, ()), keys)
+    assert sorted(len(v) for v in assigned(cmds).values()) == [1, 1]
+
+
+class Reversed:
+    """A priority policy for tests: graph order backwards."""
+
+    name = "reversed"
+
+    def priority(self, task: Any, stats: Any) -> tuple[float, ...]:
+        return (-task.order,)
+
+
+def test_a_priority_policy_swap_reorders_the_queue(make_state: Factory) -> None:
+    s = make_state(saturation=1.0)
+    keys = [f"x-{i}" for i in range(5)]
+    submit(s, dict.fromkeys(keys, ()), keys)
+    run(s, event(PolicyChanged, kind="priority", policy=Reversed()))
+    join(s, "w1")
+    seen = list(on(s, "w1"))
+    while len(seen) < len(keys):
+        seen.extend(assigned(finish(s, "w1", seen[-1]))["w1"])
+    assert seen == by_order(s, keys)[::-1]
+
+
+def test_long_first_priority_starts_long_categories_first(make_state: Factory) -> None:
+    s = make_state(saturation=1.0)
+    join(s, "w1")
+    submit(s, {"quick-99": [], "slow-99": []}, ["quick-99", "slow-99"])
+    while s.count("processing"):
+        (key,) = on(s, "w1")
+        finish(s, "w1", key, duration=60.0 if key.startswith("slow") else 1.0)
+    submit(s, {"block": []}, ["block"])  # keeps w1 busy while the queue fills
+    quick = [f"quick-{i}" for i in range(3)]
+    slow = [f"slow-{i}" for i in range(3)]
+    submit(s, dict.fromkeys(quick, ()), quick)  # earlier submission: first by default
+    submit(s, dict.fromkeys(slow, ()), slow)
+    policy = REGISTRY.create("priority", "long-first")
+    run(s, event(PolicyChanged, kind="priority", policy=policy))
+    seen = ["block"]
+    while len(seen) < 7:
+        seen.extend(assigned(finish(s, "w1", seen[-1]))["w1"])
+    assert seen[1:] == by_order(s, slow) + by_order(s, quick)
+
+
+class Raising:
+    name = "raising"
+
+    def choose(self, task: Any, candidates: Any, stats: Any) -> Any:
+        raise RuntimeError("placement bug")
+
+    def priority(self, task: Any, stats: Any) -> tuple[float, ...]:
+        raise RuntimeError("priority bug")
+
+    def decide(self, task: Any, outcome: str, cause: str | None) -> RetryDecision:
+        raise RuntimeError("retry bug")
+
+
+class Elsewhere:
+    """A placement policy that answers with a worker that is not a candidate."""
+
+    name = "elsewhere"
+
+    def __init__(self, answer: Any) -> None:
+        self.answer = answer
+
+    def choose(self, task: Any, candidates: Any, stats: Any) -> Any:
+        return self.answer
+
+
+def test_a_placement_policy_that_raises_falls_back_and_is_counted(make_state: Factory) -> None:
+    s = make_state(placement=Raising())
+    join(s, "w1")
+    join(s, "w2")
+    cmds = submit(s, {"a": []}, ["a"])
+    assert assigned(cmds) == {"w1": ["a"]}  # the first candidate
+    assert s.policy_errors == 1
+    assert any(e[1] == "policy-error" and "placement bug" in e[2] for e in s.story("a"))
+
+
+@pytest.mark.parametrize("answer", ["nobody", "busy", 42, None])
+def test_a_placement_policy_choosing_a_non_candidate_falls_back(
+    make_state: Factory, answer: Any
+) -> None:
+    s = make_state(saturation=1.0)
+    join(s, "busy")
+    submit(s, {"x": []}, ["x"])
+    assert on(s, "busy") == {"x"}
+    join(s, "w1")
+    pol = Elsewhere(s.workers["busy"] if answer == "busy" else answer)
+    run(s, event(PolicyChanged, kind="placement", policy=pol))
+    cmds = submit(s, {"a": []}, ["a"])
+    assert assigned(cmds) == {"w1": ["a"]}
+    assert s.policy_errors == 1
+    assert any("not a candidate" in e[2] for e in s.story("a"))
+
+
+def test_a_priority_policy_that_raises_falls_back_to_graph_order(make_state: Factory) -> None:
+    s = make_state(saturation=1.0, priority=Raising())
+    keys = ["x-0", "x-1", "x-2"]
+    submit(s, dict.fromkeys(keys, ()), keys)
+    assert s.policy_errors == 3
+    join(s, "w1")
+    seen = list(on(s, "w1"))
+    while len(seen) < 3:
+        seen.extend(assigned(finish(s, "w1", seen[-1]))["w1"])
+    assert seen == by_order(s, keys)
+    ts = s.tasks["x-0"]
+    assert ts.prio == GraphPriority().priority(ts, s.stats)
+
+
+class Garbage:
+    """Policies answering with values of the wrong type."""
+
+    name = "garbage"
+
+    def priority(self, task: Any, stats: Any) -> tuple[Any, ...]:
+        return ("high", task.order)
+
+    def decide(self, task: Any, outcome: str, cause: str | None) -> Any:
+        return True
+
+
+def test_a_priority_policy_answering_non_numbers_falls_back(make_state: Factory) -> None:
+    s = make_state(saturation=1.0, priority=Garbage())
+    keys = ["x-0", "x-1"]
+    submit(s, dict.fromkeys(keys, ()), keys)
+    assert s.policy_errors == 2
+    assert any("not a tuple of numbers" in e[2] for e in s.story("x-0"))
+    assert [s.tasks[k].prio for k in keys] == [
+        GraphPriority().priority(s.tasks[k], s.stats) for k in keys
+    ]
+
+
+def test_a_retry_policy_answering_garbage_falls_back(make_state: Factory) -> None:
+    s = make_state(retry=Garbage())
+    join(s, "w1")
+    submit(s, {"a": []}, ["a"])
+    boom = ValueError()
+    (ke,) = of(finish(s, "w1", "a", "error", error=boom), KeyErred)  # default: no budget
+    assert ke.error is boom and s.policy_errors == 1
+    assert any("not a RetryDecision" in e[2] for e in s.story("a"))
+
+
+def test_a_retry_policy_that_raises_falls_back_to_the_default(make_state: Factory) -> None:
+    s = make_state(retry=Raising())
+    join(s, "w1")
+    submit(s, {"a": [], "b": []}, ["a", "b"], retries=1)
+    cmds = finish(s, "w1", "a", "error", error=ValueError())
+    assert s.policy_errors == 1 and s.tasks["a"].retries_left == 0  # default: charged
+    assert "a" in {k for ks in assigned(cmds).values() for k in ks}
+    cmds = leave(s, "w1")
+    assert s.policy_errors == 3  # a and b, lost with w1: free retries by default
+    assert states(s) == {"a": "queued", "b": "queued"}
+
+
+def test_unknown_policy_names_raise_unknown_policy_error() -> None:
+    with pytest.raises(UnknownPolicyError) as info:
+        REGISTRY.create("placement", "telepathy")
+    assert info.value.kind == "placement" and info.value.name == "telepathy"
+    assert "locality" in info.value.available and "round-robin" in info.value.available
+    assert "telepathy" in str(info.value)
+    with pytest.raises(UnknownPolicyError):
+        REGISTRY.create("mood", "happy")
+    with pytest.raises(KeyError):  # it is a KeyError too
+        REGISTRY.create("retry", "forever")
+    with pytest.raises(PolicyParamsError):
+        REGISTRY.create("retry", "default", {"max_lost": -1})
+    with pytest.raises(PolicyParamsError):
+        REGISTRY.create("placement", "locality", {"colour": "red"})
+    assert REGISTRY.names("priority") == ["graph", "long-first"]
+
+
+def test_a_policy_change_of_an_unknown_kind_is_refused(make_state: Factory) -> None:
+    s = make_state()
+    with pytest.raises(KeyError):
+        s.handle(event(PolicyChanged, kind="mood", policy=Reversed()))
