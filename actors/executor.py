@@ -28,13 +28,14 @@ processes'.
 How task processes work: each is started with the ``spawn`` start method (never
 ``fork``: the worker is multi-threaded) by the thread that feeds it, and dies with its
 parent (``PR_SET_PDEATHSIG`` on Linux, plus a lifeline pipe whose end-of-file ends it
-anywhere). A job travels as the key, the node pickled by ``cloudpickle`` (a
-:class:`~runtime.graph.PickledNode` is sent as the bytes it already holds) and the
-inputs pickled with protocol 5, their out-of-band buffers (numpy arrays, ...) written
-straight from their memory and read straight into the receiving buffer; results come
-back the same way. Because task processes are spawned, a *script* that runs a cluster
-in process mode must guard its entry point with ``if __name__ == "__main__":`` (spawn
-imports the main module in each task process), as with any ``multiprocessing`` program.
+anywhere; both as for worker processes, :mod:`runtime.lifeline`). A job travels as the
+key, the node pickled by ``cloudpickle`` (a :class:`~runtime.graph.PickledNode` is
+sent as the bytes it already holds) and the inputs pickled with protocol 5, their
+out-of-band buffers (numpy arrays, ...) written straight from their memory and read
+straight into the receiving buffer; results come back the same way. Because task
+processes are spawned, a *script* that runs a cluster in process mode must guard its
+entry point with ``if __name__ == "__main__":`` (spawn imports the main module in each
+task process), as with any ``multiprocessing`` program.
 """
 
 from __future__ import annotations
@@ -42,7 +43,6 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
-import ctypes
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -64,6 +64,7 @@ from dask.sizeof import sizeof
 from actors.scheduler_state import TaskResult, ToRun
 from runtime.errors import TaskProcessDied
 from runtime.graph import Key, PickledNode
+from runtime.lifeline import LIFELINE_EXIT_CODE, die_with_parent
 
 __all__ = ["BaseExecutor", "Executor", "ProcessExecutor", "TaskProcessDied", "rss", "rss_of"]
 
@@ -356,9 +357,6 @@ class _RemoteTraceback(Exception):
 
 _CTX = multiprocessing.get_context("spawn")
 _START_LOCK = threading.Lock()  # one task process started at a time
-_PR_SET_PDEATHSIG = 1
-_LIFELINE_EXIT_CODE = 75  # as actors.processes: the parent is gone
-_ORPHANED_EXIT_CODE = 74  # the parent died before PDEATHSIG was set
 _STOP = pickle.dumps(None, protocol=5)
 
 
@@ -429,25 +427,11 @@ def _receive(conn: Connection) -> tuple[Any, list[bytearray]] | None:
 # -- the task process side
 
 
-def _die_with_parent(parent_pid: int) -> None:
-    """Ask Linux for SIGKILL when the thread that started us ends; exit if it has."""
-    if _LINUX:
-        try:
-            prctl = ctypes.CDLL(None, use_errno=True).prctl
-            prctl.argtypes = [ctypes.c_int] + [ctypes.c_ulong] * 4
-            prctl.restype = ctypes.c_int
-            prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        except (OSError, AttributeError):
-            pass
-    if os.getppid() != parent_pid:  # the parent died before prctl: nobody will tell us
-        os._exit(_ORPHANED_EXIT_CODE)
-
-
 def _watch_lifeline(lifeline: Connection) -> None:
     """End the task process as soon as the parent's end of the lifeline closes."""
     with contextlib.suppress(EOFError, OSError):
         lifeline.recv_bytes()
-    os._exit(_LIFELINE_EXIT_CODE)
+    os._exit(LIFELINE_EXIT_CODE)
 
 
 def _pack_error(exc: BaseException) -> tuple[list[memoryview], str]:
@@ -514,7 +498,8 @@ def _run_job(key: Key, parts: list[bytearray]) -> tuple[tuple[Any, ...], list[me
 def _task_process_main(conn: Connection, lifeline: Connection, parent_pid: int) -> None:
     """What a task process runs: jobs from ``conn``, one at a time, until told to stop
     or until the parent is gone."""
-    _die_with_parent(parent_pid)
+    # SIGKILL when the thread that started us ends; exit now if it has.
+    die_with_parent(signal.SIGKILL, parent_pid)
     # Ctrl-C in a terminal reaches the whole process group: the worker stops its task
     # processes itself, so a keystroke does not fail the task running here.
     signal.signal(signal.SIGINT, signal.SIG_IGN)

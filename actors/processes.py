@@ -23,7 +23,8 @@ How orphans are prevented (the parent may die in any way, SIGKILL included):
    process: children are spawned from the event-loop thread (``spawn_child`` is a
    coroutine, so they are), so do not run the event loop in a thread that ends before
    the process does (e.g. a short-lived ``from_thread`` portal) while children live.
-   The setting is cleared when the child execs a set-user-id program.
+   The setting is cleared when the child execs a set-user-id program. The request and
+   the check are ``runtime/lifeline.py``, shared with the executor's task processes.
 2. **Lifeline.** A pipe per child; the child gets the read end (its number in the
    environment variable ``CORRAL_LIFELINE_FD``), the parent keeps the only write end
    (close-on-exec, so no other child inherits it). When the parent dies the kernel
@@ -47,9 +48,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import dataclasses
-import functools
 import inspect
 import logging
 import os
@@ -67,6 +66,7 @@ import anyio.abc
 
 from actors.providers import Block, BlockSpec, BlockState, Provider
 from runtime.errors import describe_exit
+from runtime.lifeline import LIFELINE_EXIT_CODE, die_with_parent_preexec
 from runtime.log import get_logger
 
 __all__ = [
@@ -82,51 +82,12 @@ __all__ = [
 LIFELINE_ENV = "CORRAL_LIFELINE_FD"
 """Environment variable holding the number of the child's lifeline read end."""
 
-LIFELINE_EXIT_CODE = 75
-"""Exit code of a child whose lifeline broke (``EX_TEMPFAIL``: the parent is gone)."""
-
-_ORPHANED_AT_BIRTH_EXIT_CODE = 74
-"""Exit code of a child whose parent died before PDEATHSIG was set (never seen by it)."""
-
-_PR_SET_PDEATHSIG = 1
 _READ_CHUNK = 65536
 _MAX_LINE = 65536  # bytes; a longer "line" is forwarded in pieces
 
 _log = get_logger("corral", component="processes")
 
 # ----------------------------------------------------------------------------- spawning
-
-
-@functools.cache
-def _prctl() -> Callable[..., int] | None:
-    """libc's ``prctl``, resolved in the parent (never between fork and exec)."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        fn = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
-    fn.restype = ctypes.c_int
-    return fn
-
-
-def _deathsig_setup(sig: int, parent_pid: int) -> Callable[[], None] | None:
-    """A ``preexec_fn`` asking for ``sig`` when the parent dies, or None off Linux.
-
-    It runs in the child between fork and exec, so it does the bare minimum: no imports,
-    no locks, no logging.
-    """
-    prctl = _prctl()
-    if prctl is None:
-        return None
-
-    def setup() -> None:
-        prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
-        if os.getppid() != parent_pid:  # the parent died before prctl: nobody will tell us
-            os._exit(_ORPHANED_AT_BIRTH_EXIT_CODE)
-
-    return setup
 
 
 class _Protocol(asyncio.subprocess.SubprocessStreamProtocol):
@@ -370,7 +331,7 @@ async def spawn_child(
         child_env[LIFELINE_ENV] = str(read_fd)
     else:
         child_env.pop(LIFELINE_ENV, None)
-    preexec = None if pdeathsig is None else _deathsig_setup(pdeathsig, os.getpid())
+    preexec = None if pdeathsig is None else die_with_parent_preexec(pdeathsig, os.getpid())
     loop = asyncio.get_running_loop()
     try:
         transport, protocol = await loop.subprocess_exec(

@@ -25,16 +25,15 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 
 from actors.autoscaler import Autoscaler, PoolTarget
 from actors.processes import (
-    _ORPHANED_AT_BIRTH_EXIT_CODE,
     LIFELINE_ENV,
     LIFELINE_EXIT_CODE,
     LocalProcessProvider,
-    _deathsig_setup,
     describe_exit,
     spawn_child,
 )
 from actors.providers import Block, BlockSpec, BlockState
 from runtime.kernel import Actor, ActorSystem, handles
+from runtime.lifeline import ORPHANED_EXIT_CODE, die_with_parent_preexec
 from runtime.messages import WorkerGone
 from tests.helpers import wait_until
 
@@ -125,7 +124,7 @@ async def test_a_child_without_lifeline_has_no_lifeline_variable() -> None:
 def test_a_child_whose_parent_died_before_prctl_exits_at_once() -> None:
     # The check after prctl compares getppid() with the pid that spawned the child; a
     # pid that cannot be the parent's stands for "the parent died and we were adopted".
-    setup = _deathsig_setup(signal.SIGTERM, parent_pid=-1)
+    setup = die_with_parent_preexec(signal.SIGTERM, parent_pid=-1)
     if setup is None:
         pytest.skip("PR_SET_PDEATHSIG is Linux only")
     done = subprocess.run(
@@ -136,7 +135,7 @@ def test_a_child_whose_parent_died_before_prctl_exits_at_once() -> None:
         check=False,
     )
     assert done.stdout == b""  # it never reached exec
-    assert done.returncode == _ORPHANED_AT_BIRTH_EXIT_CODE
+    assert done.returncode == ORPHANED_EXIT_CODE
 
 
 def test_describe_exit() -> None:
