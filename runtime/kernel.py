@@ -45,7 +45,7 @@ import itertools
 import math
 from collections import deque
 from collections.abc import Callable, Coroutine, Iterable
-from typing import Any, ClassVar, Generic, Protocol, TypeVar
+from typing import Any, ClassVar, Generic, Protocol, Self, TypeVar
 
 import anyio
 import anyio.abc
@@ -297,7 +297,7 @@ class Actor:
     _is_async: ClassVar[dict[str, bool]] = {}
 
     name: str
-    ref: ActorRef[Any]
+    ref: ActorRef[Self]  #: set by ActorSystem.spawn
     clock: Clock
     _tg: anyio.abc.TaskGroup | None = None
 
@@ -681,7 +681,7 @@ class ActorSystem:
         self.clock = clock or Clock()
         self.default_capacity = default_capacity
         self._tg: anyio.abc.TaskGroup | None = None
-        self._refs: dict[str, ActorRef[Any]] = {}
+        self._refs: dict[str, ActorRef[Any]] = {}  #: every kind of actor, by name
         self._crash: ActorCrashed | None = None
         self._names = itertools.count(1)
         self._host: asyncio.Task[None] | None = None
