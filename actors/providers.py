@@ -13,10 +13,13 @@ import abc
 import dataclasses
 import enum
 import itertools
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from actors.worker import Worker
 from runtime.kernel import ActorRef, ActorSystem
+
+if TYPE_CHECKING:
+    from actors.scheduler import Scheduler
 
 __all__ = ["Block", "BlockSpec", "BlockState", "InProcessProvider", "Provider"]
 
@@ -94,7 +97,7 @@ class InProcessProvider(Provider):
     def __init__(
         self,
         system: ActorSystem,
-        scheduler: ActorRef[Any],
+        scheduler: ActorRef[Scheduler],
         *,
         prefix: str = "worker",
         worker_options: dict[str, Any] | None = None,
@@ -104,9 +107,9 @@ class InProcessProvider(Provider):
         self.prefix = prefix
         self.worker_options = dict(worker_options or {})
         self._ids = itertools.count(1)
-        self._refs: dict[str, ActorRef[Any]] = {}
+        self._refs: dict[str, ActorRef[Worker]] = {}
 
-    def resolve(self, worker_id: str) -> ActorRef[Any] | None:
+    def resolve(self, worker_id: str) -> ActorRef[Worker] | None:
         ref = self._refs.get(worker_id)
         return None if ref is None or ref.stopped else ref
 
@@ -147,5 +150,5 @@ class InProcessProvider(Provider):
             await self._refs[w].wait_stopped()
         return self.poll(block)
 
-    def ref(self, worker_id: str) -> ActorRef[Any] | None:
+    def ref(self, worker_id: str) -> ActorRef[Worker] | None:
         return self._refs.get(worker_id)
