@@ -11,7 +11,7 @@ Example::
     dask.compute(x, scheduler=get)
 """
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runtime.errors import (
     ActorCrashed,
@@ -30,16 +30,26 @@ from runtime.errors import (
 from runtime.kernel import Actor, ActorRef, ActorSystem, Clock, handles
 from runtime.messages import Message, message
 
-_LAZY = {"Cluster", "Future", "get"}
+if TYPE_CHECKING:
+    from runtime.client import Cluster, Future, get
+
+# This package holds both the base layer (kernel, messages, errors, ...) and the user API
+# (runtime.client) on top of the actors, which import the base. Python runs this file
+# before any of its modules, so an eager `from runtime.client import ...` here would make
+# every `import runtime.errors` (in an actor, a task process, a transport) load the whole
+# stack, through an import cycle runtime -> runtime.client -> actors -> runtime. So the
+# user API is re-exported on first use (PEP 562); the base is re-exported eagerly.
+# docs/architecture.md, "Layers"; tests/test_layers.py checks both.
+_USER_API = {"Cluster", "Future", "get"}
 
 
 def __getattr__(name: str) -> Any:
-    # The user API imports the actors, which import this package's modules: load it on
-    # first use so that `import runtime.kernel` never drags the whole cluster in.
-    if name in _LAZY:
+    if name in _USER_API:
         from runtime import client
 
-        return getattr(client, name)
+        value = getattr(client, name)
+        globals()[name] = value  # later lookups skip __getattr__
+        return value
     raise AttributeError(f"module 'runtime' has no attribute {name!r}")
 
 
