@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
@@ -54,6 +54,9 @@ from runtime.messages import (
     message,
 )
 
+if TYPE_CHECKING:
+    from actors.scheduler import Scheduler
+
 __all__ = ["Autoscaler", "PoolTarget"]
 
 
@@ -81,7 +84,7 @@ class Autoscaler(Actor):
     def __init__(
         self,
         provider: Provider,
-        scheduler: ActorRef[Any],
+        scheduler: ActorRef[Scheduler],
         targets: dict[str, PoolTarget],
         *,
         max_replacements: int = 10,

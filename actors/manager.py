@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from collections.abc import Callable, Sized
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
@@ -47,6 +47,11 @@ from runtime.messages import (
     get_data_batches,
     message,
 )
+
+if TYPE_CHECKING:
+    from actors.autoscaler import Autoscaler
+    from actors.registry import FileRegistry
+    from actors.scheduler import Scheduler
 
 __all__ = ["GatherResult", "Manager"]
 
@@ -98,9 +103,10 @@ class Manager(Actor):
 
     def __init__(
         self,
-        scheduler: Callable[[], ActorRef[Any]],
-        registry: Callable[[], ActorRef[Any]],
-        autoscaler: Callable[[], ActorRef[Any] | None],
+        scheduler: Callable[[], ActorRef[Scheduler]],
+        registry: Callable[[], ActorRef[FileRegistry]],
+        autoscaler: Callable[[], ActorRef[Autoscaler] | None],
+        # a client's or a worker's reference, local or a remote peer's (so not narrowed)
         resolve: Callable[[str], ActorRef[Any] | None],
         *,
         gather_timeout: float = 60.0,

@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from actors.scheduler_state import FileFact
 from runtime.graph import Key
 from runtime.kernel import Actor, ActorRef, handles
 from runtime.messages import DropKeys, FileFactsMsg, FilesReleasedMsg, StatusRequest
+
+if TYPE_CHECKING:
+    from actors.scheduler import Scheduler
 
 __all__ = ["DropReplicas", "FileInfo", "FileRegistry", "FileTable", "FilesDropped"]
 
@@ -123,7 +126,10 @@ class FileRegistry(Actor):
     """Feeds :class:`FileTable` and carries out its commands."""
 
     def __init__(
-        self, scheduler: Callable[[], ActorRef[Any]], resolve: Callable[[str], ActorRef[Any] | None]
+        self,
+        scheduler: Callable[[], ActorRef[Scheduler]],
+        # a worker's reference: local, or a remote peer's (so not narrowed)
+        resolve: Callable[[str], ActorRef[Any] | None],
     ) -> None:
         self.table = FileTable()
         self._scheduler = scheduler

@@ -93,6 +93,9 @@ class Scheduler(Actor):
 
     def __init__(
         self,
+        # Not ActorRef[Manager] / ActorRef[FileRegistry]: naming them would import
+        # actors.manager and actors.registry, which import this module to name the
+        # scheduler, and the acyclic contract (pyproject.toml) counts TYPE_CHECKING imports.
         manager: Callable[[], ActorRef[Any]],
         registry: Callable[[], ActorRef[Any]],
         *,
@@ -113,7 +116,9 @@ class Scheduler(Actor):
         self.state = SchedulerState(config, **made)
         self._manager = manager
         self._registry = registry
-        self.workers: dict[str, ActorRef[Any]] = {}  #: worker id -> its reference
+        #: worker id -> its reference: a local worker's, or the link to one in another
+        #: process (so not narrowed)
+        self.workers: dict[str, ActorRef[Any]] = {}
         self.infos: dict[str, WorkerInfo] = {}
         self.rss: dict[str, int] = {}  #: worker id -> its RSS after its latest task
         self.memory: dict[str, WorkerMemoryReport] = {}  #: worker id -> latest report
