@@ -30,7 +30,7 @@ from dask.utils import funcname
 
 from actors import transfer
 from actors.autoscaler import PoolTarget
-from actors.manager import GatherResult
+from actors.manager import GatherResult, Manager
 from actors.providers import BlockSpec, InProcessProvider
 from actors.scheduler import Scheduler
 from actors.scheduler_state import KeyCancelled, KeyDone, KeyErred
@@ -265,7 +265,7 @@ class _FlushReleases(Message):
 class ClientActor(Actor):
     """Receives key updates from the manager; batches ``submit`` calls into graphs."""
 
-    def __init__(self, manager: ActorRef[Any]) -> None:
+    def __init__(self, manager: ActorRef[Manager] | _RemoteManager) -> None:
         self.manager = manager
         self.watches: dict[Key, _KeyWatch] = {}
         self.pending: dict[Key, Any] = {}  #: tasks from submit() not sent yet
@@ -576,7 +576,7 @@ class Cluster:
         }
         self._system: ActorSystem | None = None
         self._client_actor: ClientActor
-        self._manager: ActorRef[Any]
+        self._manager: ActorRef[Manager] | _RemoteManager
         self._scheduler_actor: Scheduler
         self._provider: InProcessProvider
 
@@ -631,11 +631,11 @@ class Cluster:
         )  # fmt: skip
         manager = _RemoteManager(peer, address)
         name = f"client-{os.urandom(6).hex()}"
-        self._client_actor = ClientActor(manager)  # type: ignore[arg-type]
+        self._client_actor = ClientActor(manager)
         peer.target = await system.spawn(self._client_actor, name)
         await conn.send(Frame(Hello("client", name)))
         await system.start_service(peer.run)
-        self._manager = manager  # type: ignore[assignment]
+        self._manager = manager
         self._peer = peer
 
     def _manager_closed(self, peer: Any) -> None:

@@ -125,7 +125,7 @@ class ControlPlane:
     """The control actors of one cluster and how to find any actor by name."""
 
     system: ActorSystem
-    refs: dict[str, ActorRef[Any]]
+    refs: dict[str, ActorRef[Any]]  #: the control actors by name: several kinds
     scheduler: Scheduler
     resolvers: list[Callable[[str], Any]]
 
@@ -141,7 +141,7 @@ class ControlPlane:
         return None
 
     @property
-    def manager(self) -> ActorRef[Any]:
+    def manager(self) -> ActorRef[Manager]:
         return self.refs["manager"]
 
 
@@ -182,7 +182,7 @@ async def start_control_plane(
 
 async def start_autoscaler(
     plane: ControlPlane, provider: Provider, targets: dict[str, PoolTarget]
-) -> ActorRef[Any]:
+) -> ActorRef[Autoscaler]:
     """Spawn the autoscaler; it starts the target number of workers at once."""
     autoscaler = Autoscaler(provider, plane.refs["scheduler"], dict(targets))
     plane.refs["autoscaler"] = await plane.system.spawn(autoscaler, "autoscaler")
@@ -450,7 +450,7 @@ class _Door:
 
     def __init__(self, gateway: Gateway, target: ActorRef[Any], role: str, name: str) -> None:
         self.gateway = gateway
-        self.target = target
+        self.target = target  #: the scheduler (a worker's door) or the manager: so Any
         self.role = role
         self.name = name
         self.allowed = ALLOWED[role]
@@ -867,7 +867,7 @@ async def run_worker(
     fatal: list[BaseException] = []  #: why the worker had to stop, raised at the end
     async with ActorSystem() as system:
         peers: dict[str, Peer] = {}
-        worker_ref: dict[str, ActorRef[Any]] = {}
+        worker_ref: dict[str, ActorRef[Worker]] = {}
         listen_options = dict(listen_options or {})
         connect_options: dict[str, Any] = {}
         if token and scheme in ("ws", "wss"):
