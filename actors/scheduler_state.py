@@ -40,12 +40,23 @@ a worker that is not throttled (:class:`WorkerMemory`) and holds fewer than ``sl
 tasks: roots are withheld beyond saturation, however short. A throttled worker's
 producers (deferred there) do not take the slots consumers need. Under pressure (some
 worker throttled) producers yield to consumers when the memory policy says so. When a
-category's class flips, its ready tasks move heaps. Consumers stay with their data
-(while the placement policy has ``keeps_consumers_with_data``): the root next in line
-that feeds the same consumer as a root just placed goes with it, past the slots if need
-be (``_assign_partner``), and a consumer whose inputs are all on one busy worker may go
-there, up to twice its slots (``_stays_with_its_data``, ``_data_holder``). The watchdog:
-if every worker stays
+category's class flips, its ready tasks move heaps.
+
+Data locality: policies propose, the core decides. The placement policy's optional
+hooks (``policies.DataLocality``; the defaults in ``policies.placement.KeepsDataLocal``)
+keep consumers with their data: ``partner`` may send the root next in line with a root
+just placed, one task past the worker's slots (``_assign_partner``); ``stays_with_data``
+may run a consumer that just became ready on the worker holding all its inputs, past
+its slots (``_stays_with_its_data``); ``data_holder`` picks a busy worker holding all
+the inputs of the consumer to place, which joins ``choose``'s candidates
+(``_data_holder``). The core asks only where the move is allowed (``_may_stay``: the
+worker is known, not draining, under its limit, allows the task's pool, resources and
+memory admission; a partner also needs a worker not throttled and at most at its
+slots) and checks the answer; a missing hook is a rule that is off; a hook that raises
+or answers out of bounds is a policy error and nothing moves. Policies see
+:class:`TaskStateView` and :class:`WorkerStateView`, never the core's objects.
+
+The watchdog: if every worker stays
 throttled, nothing but producers is active and nothing finishes for ``stall_timeout``
 seconds, every active task fails with :class:`~runtime.errors.MemoryStalled`.
 
@@ -122,6 +133,7 @@ __all__ = [
     "SchedulerState",
     "TaskResult",
     "TaskState",
+    "TaskStateView",
     "TasksFinished",
     "Tick",
     "ToRun",
@@ -131,6 +143,7 @@ __all__ = [
     "WorkerLeft",
     "WorkerMemory",
     "WorkerState",
+    "WorkerStateView",
 ]
 
 _NO_LIMIT = float("inf")  #: the memory limit of a worker that reports none (0)
@@ -449,9 +462,11 @@ class WorkerState:
         "throttle_at",
         "throttled",
         "unconfirmed",
+        "view",
     )
 
     def __init__(self, wid: str, cores: int, memory: int, pool: str, saturation: float) -> None:
+        self.view = WorkerStateView(self)  #: what policies see of it
         self.id = wid
         self.cores = cores  #: cores it offers
         self.memory = memory  #: bytes of memory it offers
@@ -575,6 +590,129 @@ class TaskState:
         ]
 
 
+class TaskStateView:
+    """What policies see of a :class:`TaskState` (the :class:`~policies.TaskView`
+    protocol): reads only, made per policy call. Its attributes cannot be set,
+    collections come as frozensets and tuples, and no public attribute leads back to
+    the core's objects."""
+
+    __slots__ = ("_ts",)
+    _ts: TaskState
+
+    def __init__(self, ts: TaskState) -> None:
+        object.__setattr__(self, "_ts", ts)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"a task view is read-only (cannot set {name!r})")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"a task view is read-only (cannot delete {name!r})")
+
+    def __repr__(self) -> str:
+        return f"<TaskView {self._ts.key!r}>"
+
+    @property
+    def key(self) -> Key:
+        return self._ts.key
+
+    @property
+    def category(self) -> str:
+        return self._ts.spec.category
+
+    @property
+    def order(self) -> int:
+        return self._ts.spec.order
+
+    @property
+    def user_priority(self) -> float:
+        return self._ts.spec.priority
+
+    @property
+    def generation(self) -> int:
+        return self._ts.generation
+
+    @property
+    def retries_left(self) -> int:
+        return self._ts.retries_left
+
+    @property
+    def lost_tries(self) -> int:
+        return self._ts.lost_tries
+
+    @property
+    def oom_tries(self) -> int:
+        return self._ts.oom_tries
+
+    @property
+    def crash_tries(self) -> int:
+        return self._ts.crash_tries
+
+    @property
+    def producer(self) -> bool:
+        return self._ts.producer
+
+    @property
+    def dep_locations(self) -> Iterator[tuple[frozenset[str], int]]:
+        return self._ts.dep_locations
+
+    @property
+    def dependents(self) -> tuple[TaskStateView, ...]:
+        return tuple(TaskStateView(d) for d in self._ts.dependents)
+
+
+class WorkerStateView:
+    """What policies see of a :class:`WorkerState` (the :class:`~policies.WorkerView`
+    protocol): reads only, one per worker (``WorkerState.view``). Its attributes cannot
+    be set, and no public attribute leads back to the core's objects."""
+
+    __slots__ = ("_ws",)
+    _ws: WorkerState
+
+    def __init__(self, ws: WorkerState) -> None:
+        object.__setattr__(self, "_ws", ws)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"a worker view is read-only (cannot set {name!r})")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"a worker view is read-only (cannot delete {name!r})")
+
+    def __repr__(self) -> str:
+        return f"<WorkerView {self._ws.id} {len(self._ws.processing)}/{self._ws.slots}>"
+
+    @property
+    def id(self) -> str:
+        return self._ws.id
+
+    @property
+    def cores(self) -> int:
+        return self._ws.cores
+
+    @property
+    def memory(self) -> int:
+        return self._ws.memory
+
+    @property
+    def pool(self) -> str:
+        return self._ws.pool
+
+    @property
+    def n_processing(self) -> int:
+        return len(self._ws.processing)
+
+    @property
+    def slots(self) -> int:
+        return self._ws.slots
+
+    @property
+    def limit(self) -> int:
+        return self._ws.limit
+
+    @property
+    def throttled(self) -> bool:
+        return self._ws.throttled
+
+
 class SchedulerState:
     """The scheduler's state. Change it only through :meth:`handle`."""
 
@@ -601,6 +739,11 @@ class SchedulerState:
             "retry": retry or REGISTRY.create("retry", DEFAULTS["retry"]),
             "memory": memory or REGISTRY.create("memory", DEFAULTS["memory"]),
         }
+        #: the placement policy's DataLocality hooks (None: that rule is off)
+        self._partner: Any = None
+        self._stays: Any = None
+        self._holder: Any = None
+        self._locality_hooks()
         self.classes: dict[str, bool] = {}  #: category -> is a memory producer
         self.throttled: set[str] = set()  #: workers past their throttle fence
         #: memory admission: the largest memory limit among the workers that take new
@@ -942,6 +1085,8 @@ class SchedulerState:
             raise KeyError(f"unknown policy kind {ev.kind!r}")
         self.policies[ev.kind] = ev.policy
         self._log("-", "policy", f"{ev.kind}:{getattr(ev.policy, 'name', ev.policy)}")
+        if ev.kind == "placement":
+            self._locality_hooks()
         if ev.kind == "memory":
             self.classes = {}  # asked again of the new policy as tasks are re-queued
         if ev.kind in ("priority", "memory"):
@@ -1132,9 +1277,10 @@ class SchedulerState:
                     ready.append(dep)
         if len(ready) > 1:
             ready.sort(key=_prio_key)  # set order must not decide who gets the room
-        for dep in ready:
-            if self._stays_with_its_data(dep, ws):
-                self._assign(dep, ws)
+        if self._stays is not None:
+            for dep in ready:
+                if self._stays_with_its_data(dep, ws):
+                    self._assign(dep, ws)
         if ts.wanted:
             self._out.append(KeyDone(self._stimulus, ts.key, ws.id, ts.nbytes))
 
@@ -1318,6 +1464,7 @@ class SchedulerState:
         while True:
             best: tuple[Any, ...] | None = None
             best_q: tuple[str | None, bool] = (None, False)
+            best_holder: WorkerState | bool | None = False  # False: not asked yet
             for q, heap in self.queues.items():
                 while heap and heap[0][3].state != "queued":
                     heapq.heappop(heap)  # stale entry (cancelled, failed, re-queued)
@@ -1336,23 +1483,29 @@ class SchedulerState:
                     )
                 )
                 # With no free worker for it, a consumer may still join its data.
-                if no_free_worker and (producer or self._data_holder(heap[0][3]) is None):
-                    continue
-                best, best_q = rank, q
+                holder: WorkerState | bool | None = False
+                if no_free_worker:
+                    if producer:
+                        continue
+                    holder = self._data_holder(heap[0][3])
+                    if holder is None:
+                        continue
+                best, best_q, best_holder = rank, q, holder
             if best is None:
                 break
             entry = heapq.heappop(self.queues[best_q])
             ts: TaskState = entry[3]
             candidates = self._candidates(ts)
-            holder = self._data_holder(ts)
-            if holder is not None:
+            # Asked in the scan already (nothing changed since), or asked now.
+            holder = self._data_holder(ts) if best_holder is False else best_holder
+            if isinstance(holder, WorkerState):
                 candidates.append(holder)  # busy, but it has every input
             if not candidates:
                 parked.append((best_q, entry))  # resources: wait for a bigger worker
                 continue
             ws = self._place(ts, candidates)
             self._assign(ts, ws)
-            if ts.producer and not ts.deps:
+            if ts.producer and not ts.deps and self._partner is not None:
                 self._assign_partner(ts, ws, self.queues[best_q])
         for q, entry in parked:
             heapq.heappush(self.queues[q], entry)
@@ -1374,11 +1527,25 @@ class SchedulerState:
             and (not producer or self._takes_producer(w))
         ]
 
+    # The data-locality rules. The placement policy's hooks (policies.DataLocality)
+    # propose; these decide where a proposal is allowed, ask only then, and check the
+    # answer. A hook that raises or answers out of bounds is a policy error: no move.
+
+    def _locality_hooks(self) -> None:
+        policy = self.policies["placement"]
+        self._partner = getattr(policy, "partner", None)
+        self._stays = getattr(policy, "stays_with_data", None)
+        self._holder = getattr(policy, "data_holder", None)
+
+    def _hook_error(self, key: Key, problem: str) -> None:
+        self.policy_errors += 1
+        self._log(key, "policy-error", problem)
+
     def _assign_partner(self, ts: TaskState, ws: WorkerState, heap: list[tuple[Any, ...]]) -> None:
-        """The root next in line often feeds the same consumer as ``ts`` (``x[i, j]``
-        and ``x[j, i]`` of ``x + x.T``; ``a[i]`` and ``b[i]`` of ``a + b``): if it does
-        (within two steps downstream), it goes with ``ts``, one task past the worker's
-        slots if need be, so the consumer finds both inputs there and nothing moves."""
+        """Root producer ``ts`` just went to ``ws``: ask the placement policy whether the
+        root next in line goes with it (``partner``), one task past the worker's slots
+        at most, if ``ws`` may take it (not throttled or draining, under its limit,
+        resources)."""
         while heap and heap[0][3].state != "queued":
             heapq.heappop(heap)
         if not heap:
@@ -1387,30 +1554,55 @@ class SchedulerState:
         if (
             nxt.deps
             or not nxt.producer
-            or not getattr(self.policies["placement"], "keeps_consumers_with_data", False)
             or ws.throttled
+            or ws.draining
+            or ws.id not in self.workers
             or len(ws.processing) > ws.slots
             or len(ws.processing) >= ws.limit
-            or not _downstream(ts) & _downstream(nxt)
         ):
             return
         res = nxt.spec.resources
         if ws.memory < res.get("memory", 0) or ws.cores < res.get("cores", 0):
             return
+        try:
+            answer = self._partner(TaskStateView(ts), ws.view, TaskStateView(nxt))
+        except Exception as exc:
+            self._hook_error(nxt.key, f"placement.partner raised {exc!r}")
+            return
+        if answer is not True:
+            if answer is not False:
+                self._hook_error(nxt.key, f"placement.partner returned {answer!r}, not a bool")
+            return
         heapq.heappop(heap)
         self._assign(nxt, ws)
 
-    def _stays_with_its_data(self, ts: TaskState, ws: WorkerState, cap: int = 0) -> bool:
-        """A consumer whose inputs are all on ``ws`` runs there, even past its slots (up
-        to ``cap`` tasks, by default twice its slots): it frees memory and moves
-        nothing, where waiting for a slot would send it (and its inputs) elsewhere."""
-        if ts.producer or not ts.deps or ws.draining or ws.id not in self.workers:
+    def _may_stay(self, ts: TaskState, ws: WorkerState) -> bool:
+        """Consumer ``ts`` may run on ``ws`` past its slots: ``ws`` is known, not
+        draining, under its limit, allows ``ts`` (pool, resources, memory admission)
+        and holds every input of it."""
+        return (
+            not ws.draining
+            and ws.id in self.workers
+            and len(ws.processing) < ws.limit
+            and self._takes_consumer_here(ts, ws)
+            and all(ws.id in d.who_has for d in ts.deps)
+        )
+
+    def _stays_with_its_data(self, ts: TaskState, ws: WorkerState) -> bool:
+        """Consumer ``ts`` just became ready on ``ws``'s result: where it may stay
+        (``_may_stay``), the placement policy's ``stays_with_data`` says whether it
+        runs there now (the default: up to twice its slots)."""
+        if ts.producer or not ts.deps or not self._may_stay(ts, ws):
             return False
-        if not getattr(self.policies["placement"], "keeps_consumers_with_data", False):
-            return False  # a placement policy that ignores where data is decides alone
-        if len(ws.processing) >= min(cap or 2 * ws.slots, ws.limit):
+        try:
+            answer = self._stays(TaskStateView(ts), ws.view)
+        except Exception as exc:
+            self._hook_error(ts.key, f"placement.stays_with_data raised {exc!r}")
             return False
-        return self._takes_consumer_here(ts, ws) and all(ws.id in d.who_has for d in ts.deps)
+        if answer is True or answer is False:
+            return answer
+        self._hook_error(ts.key, f"placement.stays_with_data returned {answer!r}, not a bool")
+        return False
 
     def _takes_consumer_here(self, ts: TaskState, ws: WorkerState) -> bool:
         """Pool, resources and memory admission allow ``ts`` on ``ws``."""
@@ -1423,26 +1615,35 @@ class SchedulerState:
 
     def _data_holder(self, ts: TaskState) -> WorkerState | None:
         """A busy worker (not free) holding every input of consumer ``ts`` that may
-        take it past its slots, up to its limit, if there is one. It only becomes a
-        candidate: the placement policy weighs its load against moving the inputs
-        (tasks queued on a worker take no memory until they run; their inputs are there
-        already)."""
-        if ts.producer or not ts.deps:
+        take it past its slots (``_may_stay``), as the placement policy's
+        ``data_holder`` prefers among them; ``None`` if there is none. It only becomes
+        a candidate: ``choose`` weighs its load against moving the inputs."""
+        if ts.producer or not ts.deps or self._holder is None:
             return None
         common = set(ts.deps[0].who_has)
         for d in ts.deps[1:]:
             common &= d.who_has
             if not common:
                 return None
+        holders = []
         for wid in sorted(common):
             ws = self.workers.get(wid)
-            if (
-                ws is not None
-                and wid not in self.free
-                and self._stays_with_its_data(ts, ws, cap=ws.limit)
-            ):
-                return ws
-        return None
+            if ws is not None and wid not in self.free and self._may_stay(ts, ws):
+                holders.append(ws)
+        if not holders:
+            return None
+        try:
+            answer = self._holder(TaskStateView(ts), tuple(w.view for w in holders))
+        except Exception as exc:
+            self._hook_error(ts.key, f"placement.data_holder raised {exc!r}")
+            return None
+        if answer is None:
+            return None
+        wid = getattr(answer, "id", answer)
+        chosen = next((w for w in holders if w.id == wid), None) if isinstance(wid, str) else None
+        if chosen is None:
+            self._hook_error(ts.key, f"placement.data_holder chose {wid!r}, not a holder")
+        return chosen
 
     @staticmethod
     def _takes_producer(ws: WorkerState) -> bool:
@@ -1452,7 +1653,8 @@ class SchedulerState:
 
     def _place(self, ts: TaskState, candidates: list[WorkerState]) -> WorkerState:
         try:
-            chosen = self.policies["placement"].choose(ts, candidates, self.stats)
+            views = [w.view for w in candidates]
+            chosen = self.policies["placement"].choose(TaskStateView(ts), views, self.stats)
         except Exception as exc:
             self.policy_errors += 1
             self._log(ts.key, "policy-error", f"placement raised {exc!r}")
@@ -1505,7 +1707,7 @@ class SchedulerState:
 
     def _priority(self, ts: TaskState) -> tuple[float, ...]:
         try:
-            prio = tuple(self.policies["priority"].priority(ts, self.stats))
+            prio = tuple(self.policies["priority"].priority(TaskStateView(ts), self.stats))
         except Exception as exc:
             problem = f"priority raised {exc!r}"
         else:
@@ -1519,8 +1721,9 @@ class SchedulerState:
         return (-ts.spec.priority, ts.generation, ts.spec.order)
 
     def _retry_decision(self, ts: TaskState, outcome: str, cause: str | None) -> RetryDecision:
+        view = TaskStateView(ts)
         try:
-            decision = self.policies["retry"].decide(ts, outcome, cause)
+            decision = self.policies["retry"].decide(view, outcome, cause)
             if isinstance(decision, RetryDecision):
                 return decision
             problem = f"retry returned {decision!r}, not a RetryDecision"
@@ -1528,7 +1731,7 @@ class SchedulerState:
             problem = f"retry raised {exc!r}"
         self.policy_errors += 1
         self._log(ts.key, "policy-error", problem)
-        fallback: RetryDecision = REGISTRY.create("retry", "default").decide(ts, outcome, cause)
+        fallback: RetryDecision = REGISTRY.create("retry", "default").decide(view, outcome, cause)
         return fallback
 
     def _requeue_all(self) -> None:
@@ -1543,14 +1746,16 @@ class SchedulerState:
     # ----------------------------------------------------------------- memory
 
     def _yields(self) -> bool:
-        if not self.throttled:
-            return False
+        """Do producers yield to consumers now? Asked of the memory policy with the
+        pressure as it is (some worker throttled or not); one that raises falls back
+        to: yield under pressure only."""
+        pressure = bool(self.throttled)
         try:
-            return bool(self.policies["memory"].yields(True))
+            return bool(self.policies["memory"].yields(pressure))
         except Exception as exc:
             self.policy_errors += 1
             self._log("-", "policy-error", f"memory.yields raised {exc!r}")
-            return True
+            return pressure
 
     def _is_producer(self, ts: TaskState) -> bool:
         category = ts.spec.category
@@ -1788,21 +1993,6 @@ def _topological(tasks: Iterable[TaskState]) -> list[TaskState]:
                 if d in members and d not in done:
                     stack.append((d, False))
     return out
-
-
-def _downstream(ts: TaskState, depth: int = 2, cap: int = 64) -> set[TaskState]:
-    """Tasks up to ``depth`` steps downstream of ``ts``; none if there are more than
-    ``cap`` (a root feeding that much is no one consumer's partner, and the answer must
-    not depend on set order)."""
-    seen: set[TaskState] = set()
-    frontier = [ts]
-    for _ in range(depth):
-        nxt = [d for t in frontier for d in t.dependents if d not in seen]
-        seen.update(nxt)
-        if len(seen) > cap:
-            return set()
-        frontier = nxt
-    return seen
 
 
 def _prio_key(ts: TaskState) -> tuple[Any, ...]:

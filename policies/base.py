@@ -23,6 +23,7 @@ __all__ = [
     "KINDS",
     "REGISTRY",
     "CategoryStats",
+    "DataLocality",
     "MemoryPolicy",
     "PlacementPolicy",
     "PolicyParamsError",
@@ -117,6 +118,11 @@ class TaskView(Protocol):
         """(workers holding it, bytes) for each dependency."""
         ...
 
+    @property
+    def dependents(self) -> tuple[TaskView, ...]:
+        """Views of the tasks that read this one's output."""
+        ...
+
 
 class WorkerView(Protocol):
     """Read-only view of a worker for policies."""
@@ -133,6 +139,15 @@ class WorkerView(Protocol):
     def n_processing(self) -> int: ...
     @property
     def slots(self) -> int: ...
+    @property
+    def limit(self) -> int:
+        """Tasks it may hold when they are short (at least ``slots``)."""
+        ...
+
+    @property
+    def throttled(self) -> bool:
+        """Past its memory throttle fence (deferring producers)."""
+        ...
 
 
 @runtime_checkable
@@ -144,7 +159,12 @@ class PriorityPolicy(Protocol):
 
 @runtime_checkable
 class PlacementPolicy(Protocol):
-    """Picks one of ``candidates`` (never empty; all have a free slot) for ``task``."""
+    """Picks one of ``candidates`` (never empty; all have a free slot) for ``task``.
+
+    A placement policy may also implement the hooks of :class:`DataLocality`; the
+    scheduler core asks each one the policy has, and a rule whose hook is missing is
+    off. ``policies.placement.KeepsDataLocal`` holds the default hooks.
+    """
 
     def choose(
         self,
@@ -152,6 +172,38 @@ class PlacementPolicy(Protocol):
         candidates: Sequence[WorkerView],
         stats: Mapping[str, CategoryStats],
     ) -> WorkerView: ...
+
+
+@runtime_checkable
+class DataLocality(Protocol):
+    """Optional placement hooks that keep consumers with their data, beyond ``choose``.
+
+    Each proposes; the core asks only where its own rules allow the move (the worker is
+    known, not draining, in the task's pool, fits its resources and memory admission,
+    holds fewer than ``limit`` tasks, and for ``partner`` is not throttled and holds at
+    most ``slots`` tasks), then checks the answer: ``partner`` and ``stays_with_data``
+    must return a ``bool``, ``data_holder`` one of ``holders`` (or its ``id``) or
+    ``None``. Any other answer, or a hook that raises, counts as a policy error and the
+    move is not made.
+    """
+
+    def partner(self, task: TaskView, worker: WorkerView, next_root: TaskView) -> bool:
+        """``task``, a root producer, was just sent to ``worker``; ``next_root`` is the
+        root next in line in the same ready queue. True sends it to ``worker`` too,
+        one task past the worker's slots if need be."""
+        ...
+
+    def stays_with_data(self, task: TaskView, worker: WorkerView) -> bool:
+        """Consumer ``task`` just became ready and every input is on ``worker`` (which
+        made the last one). True runs it there now, past the worker's slots if need
+        be."""
+        ...
+
+    def data_holder(self, task: TaskView, holders: Sequence[WorkerView]) -> WorkerView | None:
+        """Consumer ``task`` is next to place; ``holders`` (by id; never empty) are busy
+        workers with no free slot that hold every input of it. The one returned joins
+        the candidates given to ``choose``; ``None``: it waits for a free slot."""
+        ...
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -179,7 +231,8 @@ class RetryPolicy(Protocol):
 @runtime_checkable
 class MemoryPolicy(Protocol):
     """Says which categories produce memory, and whether producers yield under pressure
-    (see ``policies/memory.py``)."""
+    (see ``policies/memory.py``). ``yields`` is asked whenever the core fills free
+    slots, with ``pressure`` true while some worker is past its throttle fence."""
 
     def producer(self, category: str, stats: CategoryStats | None, root: bool) -> bool: ...
 

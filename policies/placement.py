@@ -1,17 +1,70 @@
-"""Placement policies: which worker (of those with a free slot) runs a task."""
+"""Placement policies: which worker (of those with a free slot) runs a task.
+
+:class:`KeepsDataLocal` holds the default hooks of
+:class:`~policies.base.DataLocality` (consumers stay with their data); a placement
+policy that inherits it keeps those rules, one that does not has them off.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 
 from policies.base import REGISTRY, CategoryStats, TaskView, WorkerView
 
-__all__ = ["LeastLoadedPlacement", "LocalityPlacement", "RoundRobinPlacement"]
+__all__ = ["KeepsDataLocal", "LeastLoadedPlacement", "LocalityPlacement", "RoundRobinPlacement"]
+
+
+def downstream(task: TaskView, depth: int = 2, cap: int = 64) -> set[Hashable]:
+    """Keys of the tasks up to ``depth`` steps downstream of ``task``; none if there are
+    more than ``cap`` (a root feeding that much is no one consumer's partner, and the
+    answer must not depend on set order)."""
+    seen: set[Hashable] = set()
+    frontier = [task]
+    for _ in range(depth):
+        nxt = []
+        for t in frontier:
+            for d in t.dependents:
+                if d.key not in seen:
+                    seen.add(d.key)
+                    nxt.append(d)
+        if len(seen) > cap:
+            return set()
+        frontier = nxt
+    return seen
+
+
+class KeepsDataLocal:
+    """The default :class:`~policies.base.DataLocality` hooks: consumers stay with
+    their data (see docs/memory.md). Inherit it to keep them; override one to change
+    that rule alone."""
+
+    #: a ready consumer whose inputs are all on a worker stays there up to this many
+    #: times the worker's slots (the core caps it at the worker's ``limit``)
+    stay_factor = 2
+
+    def partner(self, task: TaskView, worker: WorkerView, next_root: TaskView) -> bool:
+        """The root next in line often feeds the same consumer as ``task`` (``x[i, j]``
+        and ``x[j, i]`` of ``x + x.T``; ``a[i]`` and ``b[i]`` of ``a + b``): if it does
+        (within two steps downstream), it goes with ``task``, so the consumer finds
+        both inputs there and nothing moves."""
+        return not downstream(task).isdisjoint(downstream(next_root))
+
+    def stays_with_data(self, task: TaskView, worker: WorkerView) -> bool:
+        """It frees memory and moves nothing, where waiting for a slot would send it
+        (and its inputs) elsewhere: up to ``stay_factor`` times the worker's slots."""
+        return worker.n_processing < self.stay_factor * worker.slots
+
+    def data_holder(self, task: TaskView, holders: Sequence[WorkerView]) -> WorkerView | None:
+        """The first holder by id: it only becomes a candidate, and ``choose`` weighs
+        its load against moving the inputs (tasks queued on a worker take no memory
+        until they run; their inputs are there already)."""
+        return holders[0]
 
 
 @REGISTRY.register("placement", "locality")
-class LocalityPlacement:
-    """Default. Weighs data locality against load.
+class LocalityPlacement(KeepsDataLocal):
+    """Default. Weighs data locality against load, and keeps consumers with their data
+    (the :class:`KeepsDataLocal` hooks).
 
     Cost of a worker = seconds to fetch the inputs it lacks (``bandwidth`` bytes/s)
     + its load (tasks running per core) times the category's mean duration so far
@@ -20,10 +73,6 @@ class LocalityPlacement:
     """
 
     name = "locality"
-    #: the scheduler core may, besides: run a consumer whose inputs are all on one
-    #: worker there at once (past its slots), and send the root next in line that feeds
-    #: the same consumer as a root just placed to the same worker (see memory.md)
-    keeps_consumers_with_data = True
 
     def __init__(self, bandwidth: float = 500e6, min_duration: float = 0.001) -> None:
         if bandwidth <= 0:
