@@ -89,11 +89,13 @@ from policies import (
     DEFAULTS,
     REGISTRY,
     CategoryStats,
+    CategoryStatsView,
     MemoryPolicy,
     PlacementPolicy,
     PriorityPolicy,
     RetryDecision,
     RetryPolicy,
+    StatsView,
 )
 from runtime.errors import (
     CancelledError,
@@ -733,6 +735,7 @@ class SchedulerState:
         #: ready heaps by (pool, producer)
         self.queues: dict[tuple[str | None, bool], list[tuple[Any, ...]]] = {}
         self.stats: dict[str, CategoryStats] = {}  #: per-category statistics
+        self._stats_view = StatsView(self.stats)  #: what policies see of them
         self.policies: dict[str, Any] = {
             "priority": priority or REGISTRY.create("priority", DEFAULTS["priority"]),
             "placement": placement or REGISTRY.create("placement", DEFAULTS["placement"]),
@@ -1654,7 +1657,7 @@ class SchedulerState:
     def _place(self, ts: TaskState, candidates: list[WorkerState]) -> WorkerState:
         try:
             views = [w.view for w in candidates]
-            chosen = self.policies["placement"].choose(TaskStateView(ts), views, self.stats)
+            chosen = self.policies["placement"].choose(TaskStateView(ts), views, self._stats_view)
         except Exception as exc:
             self.policy_errors += 1
             self._log(ts.key, "policy-error", f"placement raised {exc!r}")
@@ -1707,7 +1710,7 @@ class SchedulerState:
 
     def _priority(self, ts: TaskState) -> tuple[float, ...]:
         try:
-            prio = tuple(self.policies["priority"].priority(TaskStateView(ts), self.stats))
+            prio = tuple(self.policies["priority"].priority(TaskStateView(ts), self._stats_view))
         except Exception as exc:
             problem = f"priority raised {exc!r}"
         else:
@@ -1768,7 +1771,8 @@ class SchedulerState:
 
     def _ask_producer(self, category: str, stats: CategoryStats | None, root: bool) -> bool:
         try:
-            return bool(self.policies["memory"].producer(category, stats, root))
+            view = None if stats is None else CategoryStatsView(stats)
+            return bool(self.policies["memory"].producer(category, view, root))
         except Exception as exc:
             self.policy_errors += 1
             self._log("-", "policy-error", f"memory.producer({category!r}) raised {exc!r}")

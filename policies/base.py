@@ -14,7 +14,7 @@ and is counted as a policy error).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from runtime.errors import PolicyParamsError, UnknownPolicyError
@@ -23,6 +23,7 @@ __all__ = [
     "KINDS",
     "REGISTRY",
     "CategoryStats",
+    "CategoryStatsView",
     "DataLocality",
     "MemoryPolicy",
     "PlacementPolicy",
@@ -33,6 +34,7 @@ __all__ = [
     "RetryDecision",
     "RetryPolicy",
     "ScalingPolicy",
+    "StatsView",
     "TaskView",
     "WorkerView",
     "register",
@@ -72,6 +74,58 @@ class CategoryStats:
         if self.consumed_nbytes:
             return self.total_nbytes / self.consumed_nbytes
         return float("inf") if self.total_nbytes else 0.0
+
+
+class CategoryStatsView:
+    """A read-only view of one :class:`CategoryStats`, as policies get it: the same
+    attributes, live, and none of them can be set."""
+
+    __slots__ = ("_stats",)
+    _stats: CategoryStats
+
+    def __init__(self, stats: CategoryStats) -> None:
+        object.__setattr__(self, "_stats", stats)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._stats, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"category statistics are read-only (cannot set {name!r})")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"category statistics are read-only (cannot delete {name!r})")
+
+    def __repr__(self) -> str:
+        return f"<CategoryStatsView {self._stats!r}>"
+
+
+class StatsView(Mapping[str, CategoryStats]):
+    """A read-only mapping over the scheduler's per-category statistics, as policies get
+    it: live, keys cannot be added or removed, and each value is a
+    :class:`CategoryStatsView`."""
+
+    __slots__ = ("_stats",)
+
+    def __init__(self, stats: Mapping[str, CategoryStats]) -> None:
+        self._stats = stats
+
+    def __getitem__(self, category: str) -> CategoryStats:
+        return CategoryStatsView(self._stats[category])  # type: ignore[return-value]
+
+    def get(self, category: str, default: Any = None) -> Any:
+        st = self._stats.get(category)
+        return default if st is None else CategoryStatsView(st)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._stats)
+
+    def __len__(self) -> int:
+        return len(self._stats)
+
+    def __contains__(self, category: object) -> bool:
+        return category in self._stats
 
 
 #: causes of a worker loss that say nothing about the tasks it ran: it was drained

@@ -20,7 +20,15 @@ from actors.scheduler_state import (
     WorkerMemory,
     WorkerStateView,
 )
-from policies import CategoryStats, DataLocality, PlacementPolicy, TaskView, WorkerView
+from policies import (
+    CategoryStats,
+    CategoryStatsView,
+    DataLocality,
+    PlacementPolicy,
+    StatsView,
+    TaskView,
+    WorkerView,
+)
 from policies.memory import ProducersYield
 from policies.placement import KeepsDataLocal, LeastLoadedPlacement, LocalityPlacement
 from tests.helpers import (
@@ -365,6 +373,42 @@ def test_a_policy_that_writes_to_a_view_is_refused_and_the_core_unchanged(
     assert s.tasks["a"].state == "processing"
     assert s.policy_errors == 1
     assert "read-only" in errors(s, "a")[0]
+
+
+def test_statistics_reach_policies_read_only(make_state: Factory) -> None:
+    seen: list[Any] = []
+
+    class Looking(FirstCandidate):
+        def choose(
+            self,
+            task: TaskView,
+            candidates: Sequence[WorkerView],
+            stats: Mapping[str, CategoryStats],
+        ) -> WorkerView:
+            seen.append(stats)
+            return candidates[0]
+
+    class Producing(ProducersYield):
+        def producer(self, category: str, stats: CategoryStats | None, root: bool) -> bool:
+            seen.append(stats)
+            return super().producer(category, stats, root)
+
+    s = make_state(placement=Looking(), memory=Producing())
+    join(s, "w1")
+    submit(s, {"a": []}, ["a"])
+    finish(s, "w1", "a", nbytes=10, duration=2.0)
+    submit(s, {"a2": []}, ["a2"])
+    stats = seen[-1]
+    assert isinstance(stats, StatsView) and set(stats) == {"a"} and "a" in stats
+    st = stats["a"]
+    assert type(st) is CategoryStatsView and stats.get("nothing") is None
+    assert (st.count, st.mean_duration, st.total_nbytes) == (1, 2.0, 10)
+    with pytest.raises(AttributeError):
+        st.count = 5
+    with pytest.raises(TypeError):
+        stats["b"] = CategoryStats()  # type: ignore[index]
+    assert all(type(x) is CategoryStatsView for x in seen if x is not None and x is not stats)
+    assert s.stats["a"].count == 1 and set(s.stats) == {"a"}
 
 
 # ----------------------------------------------------------------------------- memory.yields
