@@ -159,6 +159,33 @@ def test_a_queued_consumer_joins_a_busy_holder_only_with_the_hook(make_state: Fa
     assert dropped.tasks["b"].state == "queued"
 
 
+class LeastLoadedKeepingData(KeepsDataLocal, LeastLoadedPlacement):
+    """docs/policies.md's example: least-loaded, consumers stay with their data up to 4x
+    the worker's slots, roots are not paired."""
+
+    stay_factor = 4
+    partner = None
+
+
+def test_the_documented_example_keeps_some_rules_and_drops_one(make_state: Factory) -> None:
+    s = make_state(saturation=1.0, placement=LeastLoadedKeepingData())
+    join(s, "w1")
+    join(s, "w2")
+    cmds = submit(s, pairs(2), ["add-0", "add-1"])
+    assert sorted(len(keys) for keys in assigned(cmds).values()) == [1, 1]  # not paired
+    t = make_state(saturation=1.0, placement=LeastLoadedKeepingData())
+    join(t, "w1")  # one slot
+    submit(t, {"r": []}, ["r"])
+    consumers = [f"c-{i}" for i in range(6)]
+    submit(t, {key: ["r"] for key in consumers}, consumers)
+    join(t, "w2")  # idle
+    # Four consumers stay with r's output on w1 (stay_factor 4, in priority order); of
+    # the others, c-1 goes to idle w2 (least loaded), c-0 to w1, the holder, once w2
+    # has no free slot.
+    cmds = finish(t, "w1", "r", nbytes=100)
+    assert assigned(cmds) == {"w1": ["c-5", "c-4", "c-3", "c-2", "c-0"], "w2": ["c-1"]}
+
+
 # ----------------------------------------------------------------------------- the core checks
 
 
