@@ -61,7 +61,7 @@ from typing import Any, ClassVar, Literal, cast
 import psutil
 from dask.sizeof import sizeof
 
-from actors.scheduler_state import TaskResult, ToRun
+from actors.protocol import TaskResult, ToRun
 from runtime.errors import TaskProcessDied
 from runtime.graph import Key, PickledNode
 from runtime.lifeline import LIFELINE_EXIT_CODE, die_with_parent

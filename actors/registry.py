@@ -16,7 +16,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
-from actors.scheduler_state import FileFact
+from actors.protocol import FileFact
 from runtime.graph import Key
 from runtime.kernel import Actor, ActorRef, handles
 from runtime.messages import DropKeys, FileFactsMsg, FilesReleasedMsg, StatusRequest

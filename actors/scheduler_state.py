@@ -82,8 +82,9 @@ import heapq
 import itertools
 from collections import Counter, deque
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal
 
+from actors.protocol import FileFact, TaskResult, ToRun
 from policies import (
     BENIGN_LOSSES,
     DEFAULTS,
@@ -108,7 +109,7 @@ from runtime.errors import (
     TaskTooLarge,
     WorkerLost,
 )
-from runtime.graph import GraphNode, Key, PickledNode, TaskSpec
+from runtime.graph import Key, TaskSpec
 from runtime.messages import TryRecord
 
 __all__ = [
@@ -240,31 +241,6 @@ class WorkerHeld(Event):
     held: tuple[tuple[Key, int], ...]
 
 
-@dataclasses.dataclass(slots=True)  # per task: not frozen (3x cheaper); never mutated
-class TaskResult:
-    """How one try ended on a worker.
-
-    ``rss_before``/``rss`` are the worker's RSS right before and right after the task.
-    ``outcome`` is ``ok``, ``error``, ``timeout``, ``cancelled``, ``oom`` (killed past
-    the worker's terminate fence) or ``missing`` (an input
-    could not be fetched: ``missing`` lists ``(key, worker)`` pairs that did not have it;
-    the task did not start). ``fetched`` are inputs the worker copied from peers and
-    still holds.
-    """
-
-    key: Key
-    outcome: Literal["ok", "error", "timeout", "cancelled", "missing", "oom"]
-    start: float = 0.0
-    stop: float = 0.0
-    nbytes: int = 0
-    rss: int = 0
-    error: BaseException | None = None
-    missing: tuple[tuple[Key, str], ...] = ()
-    fetched: tuple[Key, ...] = ()
-    rss_before: int = 0
-    rss_peak: int = 0  #: highest RSS sampled while it ran (0: not measured)
-
-
 @dataclasses.dataclass(frozen=True, slots=True)
 class TasksFinished(Event):
     worker: str
@@ -331,24 +307,6 @@ class Command:
     stimulus_id: str
 
 
-@dataclasses.dataclass(slots=True)  # per task: not frozen (3x cheaper); never mutated
-class ToRun:
-    """One task for a worker: its node and, per dependency, the workers holding it."""
-
-    key: Key
-    node: GraphNode | PickledNode
-    category: str
-    deps: tuple[tuple[Key, tuple[str, ...]], ...]
-    producer: bool = False  #: a memory producer: a throttled worker defers it
-    dep_nbytes: tuple[int, ...] = ()  #: size of each dependency, as ``deps``
-
-    def with_pickled_node(self) -> ToRun:
-        if isinstance(self.node, PickledNode):
-            return self
-        node = PickledNode.of(self.key, self.node)
-        return ToRun(self.key, node, self.category, self.deps, self.producer, self.dep_nbytes)
-
-
 @dataclasses.dataclass(frozen=True, slots=True)
 class Execute(Command):
     worker: str
@@ -399,20 +357,6 @@ class KeyErred(Command):
 class KeyCancelled(Command):
     key: Key
     reason: str
-
-
-class FileFact(NamedTuple):
-    """Everything the registry needs about one output, as of now.
-
-    A named tuple: several are made per finished task, and a tuple is the cheapest
-    immutable record to build."""
-
-    key: Key
-    state: Literal["pending", "created", "released", "forgotten"]
-    nbytes: int
-    replicas: tuple[str, ...]
-    consumers: int
-    wanted: bool
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -37,7 +37,7 @@ from dask.sizeof import sizeof
 from actors import memory as mem
 from actors import transfer
 from actors.executor import Executor, ProcessExecutor, rss, rss_of
-from actors.scheduler_state import TaskResult, ToRun
+from actors.protocol import TaskResult, ToRun
 from actors.store import SpillStore
 from actors.transfer import STREAM_BYTES, UnknownStream
 from runtime.errors import ActorStopped, AskTimeout, CorralError, FrameTooLarge, ValueTooLarge

@@ -1,0 +1,82 @@
+"""The records that travel between actors: tasks to run, how tries ended, output facts.
+
+What lives here:
+
+- :class:`ToRun`: one task for a worker (scheduler -> worker, in ``RunTasks``).
+- :class:`TaskResult`: how one try ended on a worker (worker -> scheduler, in
+  ``TasksDone``).
+- :class:`FileFact`: what the registry needs about one output (scheduler -> registry,
+  in ``FileFactsMsg``).
+
+They live apart from the actors that make and read them, so that each side imports
+this module and not the other side's: the worker and its executor need no scheduler
+core to read a task, nor the registry to read a fact. The scheduler core's events and
+commands carry them (``TasksFinished``, ``Execute``, ``FileFacts``) and
+``actors.scheduler_state`` re-exports them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal, NamedTuple
+
+from runtime.graph import GraphNode, Key, PickledNode
+
+__all__ = ["FileFact", "TaskResult", "ToRun"]
+
+
+@dataclasses.dataclass(slots=True)  # per task: not frozen (3x cheaper); never mutated
+class ToRun:
+    """One task for a worker: its node and, per dependency, the workers holding it."""
+
+    key: Key
+    node: GraphNode | PickledNode
+    category: str
+    deps: tuple[tuple[Key, tuple[str, ...]], ...]
+    producer: bool = False  #: a memory producer: a throttled worker defers it
+    dep_nbytes: tuple[int, ...] = ()  #: size of each dependency, as ``deps``
+
+    def with_pickled_node(self) -> ToRun:
+        if isinstance(self.node, PickledNode):
+            return self
+        node = PickledNode.of(self.key, self.node)
+        return ToRun(self.key, node, self.category, self.deps, self.producer, self.dep_nbytes)
+
+
+@dataclasses.dataclass(slots=True)  # per task: not frozen (3x cheaper); never mutated
+class TaskResult:
+    """How one try ended on a worker.
+
+    ``rss_before``/``rss`` are the worker's RSS right before and right after the task.
+    ``outcome`` is ``ok``, ``error``, ``timeout``, ``cancelled``, ``oom`` (killed past
+    the worker's terminate fence) or ``missing`` (an input
+    could not be fetched: ``missing`` lists ``(key, worker)`` pairs that did not have it;
+    the task did not start). ``fetched`` are inputs the worker copied from peers and
+    still holds.
+    """
+
+    key: Key
+    outcome: Literal["ok", "error", "timeout", "cancelled", "missing", "oom"]
+    start: float = 0.0
+    stop: float = 0.0
+    nbytes: int = 0
+    rss: int = 0
+    error: BaseException | None = None
+    missing: tuple[tuple[Key, str], ...] = ()
+    fetched: tuple[Key, ...] = ()
+    rss_before: int = 0
+    rss_peak: int = 0  #: highest RSS sampled while it ran (0: not measured)
+
+
+class FileFact(NamedTuple):
+    """Everything the registry needs about one output, as of now.
+
+    A named tuple: several are made per finished task, and a tuple is the cheapest
+    immutable record to build."""
+
+    key: Key
+    state: Literal["pending", "created", "released", "forgotten"]
+    nbytes: int
+    replicas: tuple[str, ...]
+    consumers: int
+    wanted: bool
