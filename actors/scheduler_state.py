@@ -82,6 +82,7 @@ import heapq
 import itertools
 from collections import Counter, deque
 from collections.abc import Iterable, Iterator, Mapping
+from types import MappingProxyType
 from typing import Any, Literal
 
 from actors.protocol import FileFact, TaskResult, ToRun
@@ -96,7 +97,6 @@ from policies import (
     PriorityPolicy,
     RetryDecision,
     RetryPolicy,
-    StatsView,
 )
 from runtime.errors import (
     CancelledError,
@@ -679,7 +679,10 @@ class SchedulerState:
         #: ready heaps by (pool, producer)
         self.queues: dict[tuple[str | None, bool], list[tuple[Any, ...]]] = {}
         self.stats: dict[str, CategoryStats] = {}  #: per-category statistics
-        self._stats_view = StatsView(self.stats)  #: what policies see of them
+        #: what policies see of them: a read-only view per category (made with its
+        #: statistics, in ``_stat``) in a read-only mapping
+        self._stat_views: dict[str, CategoryStatsView] = {}
+        self._stats_view = MappingProxyType(self._stat_views)
         self.policies: dict[str, Any] = {
             "priority": priority or REGISTRY.create("priority", DEFAULTS["priority"]),
             "placement": placement or REGISTRY.create("placement", DEFAULTS["placement"]),
@@ -1203,7 +1206,9 @@ class SchedulerState:
             stat.max_rss_growth = max(stat.max_rss_growth, res.rss - res.rss_before)
         category = ts.spec.category
         known = self.classes.get(category)
-        if known is not None and known != self._ask_producer(category, stat, not ts.deps):
+        if known is not None and known != self._ask_producer(
+            category, self._stat_views[category], not ts.deps
+        ):
             self._flipped.add(category)
         self._set(ts, "memory")
         self._add_replica(ts, ws)
@@ -1709,14 +1714,13 @@ class SchedulerState:
         known = self.classes.get(category)
         if known is None:
             known = self.classes[category] = self._ask_producer(
-                category, self.stats.get(category), not ts.deps
+                category, self._stat_views.get(category), not ts.deps
             )
         return known
 
-    def _ask_producer(self, category: str, stats: CategoryStats | None, root: bool) -> bool:
+    def _ask_producer(self, category: str, stats: CategoryStatsView | None, root: bool) -> bool:
         try:
-            view = None if stats is None else CategoryStatsView(stats)
-            return bool(self.policies["memory"].producer(category, view, root))
+            return bool(self.policies["memory"].producer(category, stats, root))
         except Exception as exc:
             self.policy_errors += 1
             self._log("-", "policy-error", f"memory.producer({category!r}) raised {exc!r}")
@@ -1839,6 +1843,7 @@ class SchedulerState:
         st = self.stats.get(ts.spec.category)
         if st is None:
             st = self.stats[ts.spec.category] = CategoryStats()
+            self._stat_views[ts.spec.category] = CategoryStatsView(st)
         return st
 
     def _log(self, key: Any, start: str, finish: str) -> None:

@@ -14,7 +14,7 @@ and is counted as a policy error).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from runtime.errors import PolicyParamsError, UnknownPolicyError
@@ -34,7 +34,6 @@ __all__ = [
     "RetryDecision",
     "RetryPolicy",
     "ScalingPolicy",
-    "StatsView",
     "TaskView",
     "WorkerView",
     "register",
@@ -78,7 +77,8 @@ class CategoryStats:
 
 class CategoryStatsView:
     """A read-only view of one :class:`CategoryStats`, as policies get it: the same
-    attributes, live, and none of them can be set."""
+    attributes (properties, not a ``__getattr__``: policies read them on the hot path),
+    live, and none of them can be set."""
 
     __slots__ = ("_stats",)
     _stats: CategoryStats
@@ -86,10 +86,57 @@ class CategoryStatsView:
     def __init__(self, stats: CategoryStats) -> None:
         object.__setattr__(self, "_stats", stats)
 
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("_"):
-            raise AttributeError(name)
-        return getattr(self._stats, name)
+    @property
+    def count(self) -> int:
+        return self._stats.count
+
+    @property
+    def errors(self) -> int:
+        return self._stats.errors
+
+    @property
+    def lost(self) -> int:
+        return self._stats.lost
+
+    @property
+    def oom(self) -> int:
+        return self._stats.oom
+
+    @property
+    def total_duration(self) -> float:
+        return self._stats.total_duration
+
+    @property
+    def max_duration(self) -> float:
+        return self._stats.max_duration
+
+    @property
+    def total_nbytes(self) -> int:
+        return self._stats.total_nbytes
+
+    @property
+    def consumed_nbytes(self) -> int:
+        return self._stats.consumed_nbytes
+
+    @property
+    def peak_rss(self) -> int:
+        return self._stats.peak_rss
+
+    @property
+    def max_rss_growth(self) -> int:
+        return self._stats.max_rss_growth
+
+    @property
+    def mean_duration(self) -> float:
+        return self._stats.mean_duration
+
+    @property
+    def mean_nbytes(self) -> float:
+        return self._stats.mean_nbytes
+
+    @property
+    def production_ratio(self) -> float:
+        return self._stats.production_ratio
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"category statistics are read-only (cannot set {name!r})")
@@ -99,33 +146,6 @@ class CategoryStatsView:
 
     def __repr__(self) -> str:
         return f"<CategoryStatsView {self._stats!r}>"
-
-
-class StatsView(Mapping[str, CategoryStats]):
-    """A read-only mapping over the scheduler's per-category statistics, as policies get
-    it: live, keys cannot be added or removed, and each value is a
-    :class:`CategoryStatsView`."""
-
-    __slots__ = ("_stats",)
-
-    def __init__(self, stats: Mapping[str, CategoryStats]) -> None:
-        self._stats = stats
-
-    def __getitem__(self, category: str) -> CategoryStats:
-        return CategoryStatsView(self._stats[category])  # type: ignore[return-value]
-
-    def get(self, category: str, default: Any = None) -> Any:
-        st = self._stats.get(category)
-        return default if st is None else CategoryStatsView(st)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._stats)
-
-    def __len__(self) -> int:
-        return len(self._stats)
-
-    def __contains__(self, category: object) -> bool:
-        return category in self._stats
 
 
 #: causes of a worker loss that say nothing about the tasks it ran: it was drained

@@ -7,7 +7,9 @@ counted in ``policy_errors``; the views cannot change the core."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 import pytest
@@ -25,7 +27,6 @@ from policies import (
     CategoryStatsView,
     DataLocality,
     PlacementPolicy,
-    StatsView,
     TaskView,
     WorkerView,
 )
@@ -426,7 +427,7 @@ def test_statistics_reach_policies_read_only(make_state: Factory) -> None:
     finish(s, "w1", "a", nbytes=10, duration=2.0)
     submit(s, {"a2": []}, ["a2"])
     stats = seen[-1]
-    assert isinstance(stats, StatsView) and set(stats) == {"a"} and "a" in stats
+    assert isinstance(stats, MappingProxyType) and set(stats) == {"a"} and "a" in stats
     st = stats["a"]
     assert type(st) is CategoryStatsView and stats.get("nothing") is None
     assert (st.count, st.mean_duration, st.total_nbytes) == (1, 2.0, 10)
@@ -436,6 +437,15 @@ def test_statistics_reach_policies_read_only(make_state: Factory) -> None:
         stats["b"] = CategoryStats()  # type: ignore[index]
     assert all(type(x) is CategoryStatsView for x in seen if x is not None and x is not stats)
     assert s.stats["a"].count == 1 and set(s.stats) == {"a"}
+
+
+def test_a_statistics_view_has_every_attribute_of_the_statistics() -> None:
+    names = {f.name for f in dataclasses.fields(CategoryStats)}
+    names |= {n for n, v in vars(CategoryStats).items() if isinstance(v, property)}
+    stats = CategoryStats(count=2, total_duration=3.0, total_nbytes=8, consumed_nbytes=2)
+    view = CategoryStatsView(stats)
+    assert {n: getattr(view, n) for n in names} == {n: getattr(stats, n) for n in names}
+    assert view.mean_duration == 1.5 and view.production_ratio == 4.0
 
 
 # ----------------------------------------------------------------------------- memory.yields
