@@ -30,6 +30,7 @@ or after :data:`IDLE_SECONDS` without a read (a reader that died).
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import os
 import pickle
@@ -83,17 +84,19 @@ class StreamInfo(NamedTuple):
     worker: str = ""
 
 
-class Segments:
+class Segments(abc.ABC):
     """A serialized value: ``sizes`` of its segments, and ``read`` of any byte range
     of their concatenation. ``close`` frees what it holds."""
 
     sizes: tuple[int, ...]
 
+    @abc.abstractmethod
     def read(self, offset: int, length: int) -> bytes:
-        raise NotImplementedError  # pragma: no cover - each kind of source defines it
+        """Bytes ``offset`` to ``offset + length`` of the concatenated segments."""
 
+    @abc.abstractmethod
     def close(self) -> None:
-        """Nothing to free by default."""
+        """Free what it holds (views of the value, a file descriptor)."""
 
     @property
     def total(self) -> int:

@@ -313,6 +313,35 @@ async def test_trusted_roles_start_with_the_full_limit() -> None:
 # ----------------------------------------------------------------------------- slowloris
 
 
+async def _half_sent_requests(port: int, n: int, path: bytes) -> list[anyio.abc.SocketStream]:
+    """``n`` TCP connections to ``port``, each having sent half an HTTP request."""
+    streams = []
+    for _ in range(n):
+        s = await anyio.connect_tcp("127.0.0.1", port)
+        await s.send(b"GET " + path + b" HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: webs")
+        streams.append(s)
+    return streams
+
+
+async def _closed_after(streams: list[anyio.abc.SocketStream], started: float) -> list[float]:
+    """Wait until the peer has closed every stream; when each closed, since ``started``."""
+    closed_at: list[float] = []
+
+    async def until_closed(s: anyio.abc.SocketStream) -> None:
+        try:
+            while await s.receive():
+                pass
+        except (anyio.EndOfStream, anyio.BrokenResourceError, OSError):
+            pass
+        closed_at.append(anyio.current_time() - started)
+        await s.aclose()
+
+    async with anyio.create_task_group() as tg:
+        for s in streams:
+            tg.start_soon(until_closed, s)
+    return closed_at
+
+
 async def test_half_sent_http_requests_are_closed_and_a_client_still_connects() -> None:
     """200 TCP connections that send half an HTTP request: beyond max_handshakes the
     oldest are closed at once, the rest at handshake_timeout; a real client connects
@@ -322,31 +351,14 @@ async def test_half_sent_http_requests_are_closed_and_a_client_still_connects() 
         async with await _listener(handshake_timeout=timeout, max_handshakes=cap) as listener:
             port = int(urlsplit(listener.address).port or 0)
             started = anyio.current_time()
-            streams = []
-            for _ in range(n):
-                s = await anyio.connect_tcp("127.0.0.1", port)
-                await s.send(b"GET /h HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: webs")
-                streams.append(s)
+            streams = await _half_sent_requests(port, n, b"/h")
             client = await transport.connect(listener.address, timeout=5)
             async with client, await listener.accept() as server:
                 await client.send(Frame(Ping(7)))
                 assert (await server.receive()).msg == Ping(7)
                 await server.send(Frame(Ping(8)))
                 assert (await client.receive()).msg == Ping(8)
-            closed_at: list[float] = []
-
-            async def until_closed(s: anyio.abc.SocketStream) -> None:
-                try:
-                    while await s.receive():
-                        pass
-                except (anyio.EndOfStream, anyio.BrokenResourceError, OSError):
-                    pass
-                closed_at.append(anyio.current_time() - started)
-                await s.aclose()
-
-            async with anyio.create_task_group() as tg:
-                for s in streams:
-                    tg.start_soon(until_closed, s)
+            closed_at = await _closed_after(streams, started)
             assert len(closed_at) == n
             assert max(closed_at) < timeout + 5, max(closed_at)
             assert listener.evicted >= n - cap
@@ -366,26 +378,9 @@ async def test_a_real_manager_closes_half_sent_requests_and_keeps_serving(
     n, handshake_timeout = 200, 10.0
     with anyio.fail_after(LIMIT):
         started = anyio.current_time()
-        streams = []
-        for _ in range(n):
-            s = await anyio.connect_tcp("127.0.0.1", port)
-            await s.send(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: webs")
-            streams.append(s)
+        streams = await _half_sent_requests(port, n, b"/")
         await _normal_run(address, env)  # served while the half-open ones wait
-        closed_at: list[float] = []
-
-        async def until_closed(s: anyio.abc.SocketStream) -> None:
-            try:
-                while await s.receive():
-                    pass
-            except (anyio.EndOfStream, anyio.BrokenResourceError, OSError):
-                pass
-            closed_at.append(anyio.current_time() - started)
-            await s.aclose()
-
-        async with anyio.create_task_group() as tg:
-            for s in streams:
-                tg.start_soon(until_closed, s)
+        closed_at = await _closed_after(streams, started)
     assert len(closed_at) == n
     assert max(closed_at) < handshake_timeout + 5, max(closed_at)
     assert proc.poll() is None
