@@ -91,6 +91,17 @@ async def wait_until(
         raise AssertionError(f"timed out after {limit} s waiting for {what}") from None
 
 
+def held_at_gate(gate: str, started: str, limit: float = 60.0) -> str:
+    """A task body: say it started (touch ``started``), then wait, at most ``limit``
+    seconds, until the test opens the gate (creates ``gate``). A test waits for
+    ``started`` to know the task is running, and opens the gate to let it finish."""
+    Path(started).touch()
+    deadline = time.monotonic() + limit
+    while not Path(gate).exists() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return "opened"
+
+
 GATEWAYS: list[Gateway] = []  #: every gateway :func:`nodes` started, newest last
 
 

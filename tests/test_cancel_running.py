@@ -6,7 +6,6 @@ thread until its task ends.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -15,18 +14,10 @@ import pytest
 
 from runtime import Cluster
 from runtime.errors import CancelledError
-from tests.helpers import wait_until
+from tests.helpers import held_at_gate, wait_until
 
 pytestmark = pytest.mark.anyio
 LIMIT = 60
-
-
-def stuck(gate: str, started: str) -> str:
-    Path(started).touch()
-    deadline = time.monotonic() + 30
-    while not Path(gate).exists() and time.monotonic() < deadline:
-        time.sleep(0.005)
-    return "done"
 
 
 @pytest.mark.parametrize(
@@ -45,7 +36,7 @@ async def test_cancelling_a_running_task_frees_its_slot(
         with anyio.fail_after(LIMIT):
             async with Cluster(**options) as c:
                 await c.wait_for_workers(1, timeout=60)
-                blocked = c.submit(stuck, str(gate), str(started))
+                blocked = c.submit(held_at_gate, str(gate), str(started))
                 # Another thread's or process's progress: a bounded poll.
                 await wait_until(started.exists, "the task to start", limit=30, step=0.005)
                 await c.cancel(blocked)

@@ -17,7 +17,7 @@ import pytest
 from runtime import Cluster
 from runtime.errors import ManagerLost
 from runtime.node import DEAD_AFTER, HEARTBEAT
-from tests.helpers import Cli, wait_until
+from tests.helpers import Cli, held_at_gate, wait_until
 
 pytestmark = pytest.mark.anyio
 LIMIT = 60
@@ -31,15 +31,6 @@ def manager(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[str]]]:
         yield address, mgr
 
 
-def block(gate: str, mark: str) -> int:
-    """Say it started (a file), then wait for a gate file that never comes (bounded)."""
-    Path(mark).touch()
-    deadline = time.monotonic() + 60
-    while not Path(gate).exists() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    return 1
-
-
 @pytest.mark.parametrize("how", ["kill -9", "SIGSTOP"])
 async def test_pending_futures_fail_with_manager_lost_within_the_bound(
     manager: tuple[str, subprocess.Popen[str]], tmp_path: Path, how: str
@@ -49,8 +40,8 @@ async def test_pending_futures_fail_with_manager_lost_within_the_bound(
     with anyio.fail_after(LIMIT):
         async with Cluster(address) as c:
             await c.wait_for_workers(1)
-            running = c.submit(block, str(tmp_path / "never"), str(mark))
-            queued = c.submit(block, str(tmp_path / "never-either"), str(mark))
+            running = c.submit(held_at_gate, str(tmp_path / "never"), str(mark))
+            queued = c.submit(held_at_gate, str(tmp_path / "never-either"), str(mark))
             # One of the two runs, the other waits behind it. Another process's progress
             # shows only in the filesystem: a bounded poll.
             await wait_until(mark.exists, "a task to start", limit=30)

@@ -37,7 +37,7 @@ from actors.executor import (
 )
 from actors.scheduler_state import TaskResult, ToRun
 from runtime.graph import Key
-from tests.helpers import wait_until
+from tests.helpers import held_at_gate, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -376,21 +376,12 @@ async def test_the_thread_executor_runs_tasks_in_this_process_and_cannot_kill() 
 # ----------------------------------------------------------------------------- cancel
 
 
-def gate_wait(gate: str, started: str) -> str:
-    """Say it started (a file), then wait for the gate file (bounded)."""
-    Path(started).touch()
-    deadline = time.monotonic() + 30
-    while not Path(gate).exists() and time.monotonic() < deadline:
-        time.sleep(0.005)
-    return "finished"
-
-
 async def test_cancelling_a_running_thread_task_frees_its_slot_at_once(tmp_path: Path) -> None:
     delivered = Delivered()
     ex = Executor(1, "w1", delivered)
     gate, started = tmp_path / "gate", tmp_path / "started"
     try:
-        ex.submit(job("stuck", gate_wait, str(gate), str(started)), {})
+        ex.submit(job("stuck", held_at_gate, str(gate), str(started)), {})
         ex.submit(job("next", where), {})
         await wait_until(started.exists, limit=BOUND)
         ex.cancel("stuck")
@@ -418,11 +409,11 @@ async def test_abandoned_threads_are_bounded(tmp_path: Path) -> None:
     ex = Executor(1, "w1", delivered, max_abandoned=1)
     gate = tmp_path / "gate"
     try:
-        ex.submit(job("a", gate_wait, str(gate), str(tmp_path / "a")), {})
+        ex.submit(job("a", held_at_gate, str(gate), str(tmp_path / "a")), {})
         await wait_until((tmp_path / "a").exists, limit=BOUND)
         ex.cancel("a")
         assert (await delivered.get("a"))[0].outcome == "cancelled"
-        ex.submit(job("b", gate_wait, str(gate), str(tmp_path / "b")), {})
+        ex.submit(job("b", held_at_gate, str(gate), str(tmp_path / "b")), {})
         await wait_until((tmp_path / "b").exists, limit=BOUND)
         ex.cancel("b")  # a second abandoned thread would pass the bound: b keeps its slot
         assert ex.abandoned == 1 and "b" not in delivered.results
