@@ -5,6 +5,10 @@ job states), :class:`Block`, the :class:`Provider` interface the autoscaler driv
 :class:`InProcessProvider`, which starts worker actors inside the running actor system.
 :class:`actors.processes.LocalProcessProvider` implements the same interface with worker
 processes on this machine; batch-system providers (Slurm) are future work.
+
+Providers do not know what a worker is: whoever assembles the cluster injects how to
+make one (a :class:`WorkerFactory` here, a command line per worker for the process
+provider), so no provider imports a worker module (an import-linter contract).
 """
 
 from __future__ import annotations
@@ -13,15 +17,12 @@ import abc
 import dataclasses
 import enum
 import itertools
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
-from actors.worker import Worker
-from runtime.kernel import ActorRef, ActorSystem
+from runtime.kernel import Actor, ActorRef, ActorSystem
 
-if TYPE_CHECKING:
-    from actors.scheduler import Scheduler
-
-__all__ = ["Block", "BlockSpec", "BlockState", "InProcessProvider", "Provider"]
+__all__ = ["Block", "BlockSpec", "BlockState", "InProcessProvider", "Provider", "WorkerFactory"]
 
 
 class BlockState(enum.Enum):
@@ -91,25 +92,35 @@ class Provider(abc.ABC):
         """Return once the block is in a terminal state, with that state."""
 
 
+class WorkerFactory(Protocol):
+    """Makes the worker actor ``worker_id`` of block ``block_id``, offering what ``spec``
+    says; ``resolve(worker_id)`` is how it finds its peers (a reference, or None once
+    that worker is gone). Injected into :class:`InProcessProvider` by whoever assembles
+    the cluster (``runtime.node.worker_factory``)."""
+
+    def __call__(
+        self,
+        block_id: str,
+        worker_id: str,
+        spec: BlockSpec,
+        resolve: Callable[[str], ActorRef[Any] | None],
+    ) -> Actor: ...
+
+
 class InProcessProvider(Provider):
-    """Worker actors inside the same actor system (the embedded, no-setup case)."""
+    """Worker actors inside the same actor system (the embedded, no-setup case), each
+    made by ``make_worker``."""
 
     def __init__(
-        self,
-        system: ActorSystem,
-        scheduler: ActorRef[Scheduler],
-        *,
-        prefix: str = "worker",
-        worker_options: dict[str, Any] | None = None,
+        self, system: ActorSystem, make_worker: WorkerFactory, *, prefix: str = "worker"
     ) -> None:
         self.system = system
-        self.scheduler = scheduler
+        self.make_worker = make_worker
         self.prefix = prefix
-        self.worker_options = dict(worker_options or {})
         self._ids = itertools.count(1)
-        self._refs: dict[str, ActorRef[Worker]] = {}
+        self._refs: dict[str, ActorRef[Any]] = {}
 
-    def resolve(self, worker_id: str) -> ActorRef[Worker] | None:
+    def resolve(self, worker_id: str) -> ActorRef[Any] | None:
         ref = self._refs.get(worker_id)
         return None if ref is None or ref.stopped else ref
 
@@ -118,16 +129,7 @@ class InProcessProvider(Provider):
         block = Block(f"block-{n}", spec, BlockState.PENDING, [])
         for i in range(spec.workers):
             wid = f"{self.prefix}-{n}" if spec.workers == 1 else f"{self.prefix}-{n}.{i}"
-            worker = Worker(
-                wid,
-                self.scheduler,
-                self.resolve,
-                nthreads=spec.threads,
-                memory=spec.memory,
-                disk=spec.disk,
-                pool=spec.pool,
-                **self.worker_options,
-            )
+            worker = self.make_worker(block.block_id, wid, spec, self.resolve)
             self._refs[wid] = await self.system.spawn(worker, wid, escalate=False)
             block.workers.append(wid)
         block.state = BlockState.RUNNING
@@ -150,5 +152,5 @@ class InProcessProvider(Provider):
             await self._refs[w].wait_stopped()
         return self.poll(block)
 
-    def ref(self, worker_id: str) -> ActorRef[Worker] | None:
+    def ref(self, worker_id: str) -> ActorRef[Any] | None:
         return self._refs.get(worker_id)

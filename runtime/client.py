@@ -649,7 +649,7 @@ class Cluster:
 
     async def _start(self, system: ActorSystem) -> None:
         """Start the control plane and in-process workers in ``system``."""
-        from runtime.node import start_control_plane, start_local_processes
+        from runtime.node import start_control_plane, start_local_processes, worker_factory
 
         if self.processes is not None:
             plane = await start_control_plane(
@@ -671,11 +671,8 @@ class Cluster:
         spec = BlockSpec(1, self.threads_per_worker, self.memory_per_worker, 0, self.pool)
 
         def provider(plane: Any) -> InProcessProvider:
-            self._provider = InProcessProvider(
-                system,
-                plane.refs["scheduler"],
-                worker_options={"memory_options": self.memory_options},
-            )
+            make = worker_factory(plane.refs["scheduler"], memory_options=self.memory_options)
+            self._provider = InProcessProvider(system, make)
             return self._provider
 
         plane = await start_control_plane(

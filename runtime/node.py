@@ -48,7 +48,7 @@ import anyio.abc
 
 from actors.autoscaler import Autoscaler, PoolTarget
 from actors.manager import Manager
-from actors.providers import Provider
+from actors.providers import BlockSpec, Provider, WorkerFactory
 from actors.registry import FileRegistry
 from actors.scheduler import Scheduler
 from actors.scheduler_state import SchedulerConfig
@@ -189,6 +189,22 @@ async def start_autoscaler(
     return plane.refs["autoscaler"]
 
 
+def worker_factory(scheduler: ActorRef[Scheduler], **options: Any) -> WorkerFactory:
+    """How an :class:`~actors.providers.InProcessProvider` makes its workers: a
+    :class:`Worker` joined to ``scheduler`` offering what the block spec says, with the
+    other ``options`` (e.g. ``memory_options``)."""
+
+    def make(
+        block_id: str, worker_id: str, spec: BlockSpec, resolve: Callable[[str], Any]
+    ) -> Worker:
+        return Worker(
+            worker_id, scheduler, resolve, nthreads=spec.threads, memory=spec.memory,
+            disk=spec.disk, pool=spec.pool, **options,
+        )  # fmt: skip
+
+    return make
+
+
 async def serve_gateway(
     plane: ControlPlane,
     address: str,
@@ -236,7 +252,6 @@ async def start_local_processes(
     import sys
 
     from actors.processes import LocalProcessProvider
-    from actors.providers import BlockSpec
 
     tokens = tokens or Tokens.generate()
     _, listener = await serve_gateway(plane, listen, tokens)

@@ -48,6 +48,7 @@ from runtime.node import (
     run_worker,
     start_control_plane,
     token_path,
+    worker_factory,
 )
 from tests.helpers import wait_until
 
@@ -174,7 +175,7 @@ async def hosted(n_workers: int = 1, *, role: str = "admin") -> AsyncIterator[tu
     async with ActorSystem() as system:
 
         def provider(plane: Any) -> InProcessProvider:
-            return InProcessProvider(system, plane.refs["scheduler"])
+            return InProcessProvider(system, worker_factory(plane.refs["scheduler"]))
 
         plane = await start_control_plane(
             system,
