@@ -53,6 +53,7 @@ from actors.registry import FileRegistry
 from actors.scheduler import Scheduler
 from actors.scheduler_state import SchedulerConfig
 from actors.worker import Worker
+from policies import REGISTRY
 from runtime.errors import (
     ActorStopped,
     AuthenticationFailed,
@@ -128,6 +129,8 @@ class ControlPlane:
     refs: dict[str, ActorRef[Any]]  #: the control actors by name: several kinds
     scheduler: Scheduler
     resolvers: list[Callable[[str], Any]]
+    #: the scaling policy chosen at start, for the autoscaler (None: the default)
+    scaling: Any = None
 
     def resolve(self, name: str) -> Any:
         """A reference to the actor or remote peer called ``name``, or ``None``."""
@@ -155,9 +158,17 @@ async def start_control_plane(
     stall_timeout: float = 10.0,
 ) -> ControlPlane:
     """Spawn registry, scheduler, manager and, with a ``provider``, the autoscaler.
-    ``stall_timeout``: see :class:`~actors.scheduler_state.SchedulerConfig`."""
+    ``stall_timeout``: see :class:`~actors.scheduler_state.SchedulerConfig`.
+
+    ``policies`` of kind ``scaling`` go to the autoscaler (started here or later by
+    :func:`start_autoscaler`), the others to the scheduler; an unknown name or bad
+    parameters raise here, before anything is spawned."""
     refs: dict[str, ActorRef[Any]] = {}
+    policies = dict(policies or {})
+    scaling = policies.pop("scaling", None)
     plane = ControlPlane(system, refs, None, [])  # type: ignore[arg-type]
+    if scaling is not None:
+        plane.scaling = REGISTRY.create("scaling", *scaling)
     registry = FileRegistry(lambda: refs["scheduler"], plane.resolve)
     refs["registry"] = await system.spawn(registry, "registry")
     scheduler = Scheduler(
@@ -183,8 +194,9 @@ async def start_control_plane(
 async def start_autoscaler(
     plane: ControlPlane, provider: Provider, targets: dict[str, PoolTarget]
 ) -> ActorRef[Autoscaler]:
-    """Spawn the autoscaler; it starts the target number of workers at once."""
-    autoscaler = Autoscaler(provider, plane.refs["scheduler"], dict(targets))
+    """Spawn the autoscaler (with the plane's scaling policy); it starts the blocks that
+    policy wants (by default the targets) at once."""
+    autoscaler = Autoscaler(provider, plane.refs["scheduler"], dict(targets), policy=plane.scaling)
     plane.refs["autoscaler"] = await plane.system.spawn(autoscaler, "autoscaler")
     return plane.refs["autoscaler"]
 
@@ -810,6 +822,8 @@ async def run_manager(
 ) -> None:
     """Run a manager process until SIGINT or SIGTERM: control plane + gateway on
     ``listen`` (``host:port``, ``ws://host:port`` or any transport address)."""
+    if "scaling" in (policies or {}):
+        raise ValueError("a manager process has no autoscaler: it takes no scaling policy")
     address = listen if "://" in listen else f"ws://{listen}"
     tokens = tokens or Tokens.generate()
     websockets = address.startswith(("ws://", "wss://"))

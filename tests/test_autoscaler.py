@@ -111,7 +111,25 @@ async def test_the_scaling_policy_is_swapped_at_runtime() -> None:
         task.gate.set()
 
 
-async def test_a_scaling_policy_at_start_is_refused_with_the_way_to_set_it() -> None:
-    with anyio.fail_after(BOUND), pytest.raises(ValueError, match="set_policy"):
-        async with Cluster(workers=1, policies={"scaling": "queue"}):
+async def test_the_scaling_policy_is_chosen_at_construction() -> None:
+    task = Gated()
+    policies = {"scaling": ("queue", {"tasks_per_block": 10, "maximum": 2})}
+    try:
+        with anyio.fail_after(BOUND):
+            async with Cluster(workers=1, policies=policies) as cluster:
+                auto = (await cluster.status())["autoscaler"]
+                assert auto["policy"] == "queue"
+                # 20 ready tasks, 10 per block: the policy asks for its maximum, 2 blocks.
+                futs = cluster.map(task, range(20))
+                state = cluster.scheduler_state
+                await wait_until(lambda: len(state.workers) == 2, "2 workers", limit=BOUND)
+                task.gate.set()
+                assert await cluster.gather(futs) == [i * 10 for i in range(20)]
+    finally:
+        task.gate.set()
+
+
+async def test_a_bad_scaling_policy_at_construction_fails_the_start() -> None:
+    with anyio.fail_after(BOUND), pytest.raises(UnknownPolicyError, match="queue"):
+        async with Cluster(workers=1, policies={"scaling": "no-such-policy"}):
             pass
