@@ -26,7 +26,8 @@ Failure rules (docs/kernel.md repeats them for users):
 3. **A message to a stopped actor**: ``tell``/``ask`` raise
    :class:`~runtime.errors.ActorStopped` at once. Asks that were still queued when the
    actor stopped are answered with ``ActorStopped``; queued tells are dropped and
-   counted in ``ActorRef.dropped``.
+   counted in ``ActorRef.dropped``. So are asks whose handler returned :class:`Later`
+   and whose coroutine was still running when the actor stopped (it is cancelled).
 4. **No reply in time**: ``ask(..., timeout=T)`` raises
    :class:`~runtime.errors.AskTimeout`; the message may still be processed later.
 5. **A message with no handler**: ``ask`` raises ``TypeError`` naming the actor and the
@@ -622,7 +623,9 @@ class Later:
 
     For requests whose answer waits on something else (other actors, the network):
     the mailbox is not blocked meanwhile. If ``coro`` raises, an ask gets the exception
-    and, for a tell, the failure counts as a failed told handler (rule 2).
+    and, for a tell, the failure counts as a failed told handler (rule 2). If the actor
+    stops (or crashes) while ``coro`` runs, ``coro`` is cancelled and an ask gets
+    :class:`ActorStopped` at once (rule 3), not its timeout.
     """
 
     __slots__ = ("coro",)
@@ -636,6 +639,11 @@ async def _answer_later(
 ) -> None:
     try:
         value = await later.coro
+    except _cancelled():
+        # The actor stops: its task group cancels the coroutine. Nobody else will answer.
+        if reply is not None and not reply.done.is_set():
+            reply.fail(ActorStopped(actor.name, kind.__name__))
+        raise
     except Exception as exc:
         if reply is not None:
             reply.fail(exc)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import anyio
 import pytest
@@ -25,6 +25,7 @@ from runtime.kernel import (
     ActorSystem,
     Clock,
     Envelope,
+    Later,
     Mailbox,
     Timer,
     current_causal_id,
@@ -590,6 +591,79 @@ async def test_queued_asks_get_actor_stopped_and_queued_tells_are_counted() -> N
             assert ref.dropped == 2
             assert actor.blocks_done == [1]  # queued before the stop: handled
             assert actor.notes == []
+
+
+@message("test.kernel.AnswerLater")
+class AnswerLater(Message):
+    pass
+
+
+class Deferring(Actor):
+    """Answers AnswerLater with a Later coroutine that waits for ``release`` (never set
+    by the tests below: the actor stops first) and records its cancellation."""
+
+    def __init__(self) -> None:
+        self.waiting = anyio.Event()
+        self.release = anyio.Event()
+        self.cancelled = anyio.Event()
+
+    @handles(AnswerLater)
+    def answer_later(self, msg: AnswerLater) -> Later:
+        return Later(self._answer())
+
+    async def _answer(self) -> str:
+        self.waiting.set()
+        try:
+            await self.release.wait()
+        except anyio.get_cancelled_exc_class():
+            self.cancelled.set()
+            raise
+        return "answered"
+
+    @handles(Boom)
+    def boom(self, msg: Boom) -> None:
+        raise RuntimeError(msg.text)
+
+
+async def _ask_while_it_stops(stop: Callable[[ActorRef[Deferring]], None]) -> ActorStopped:
+    """Ask a Deferring actor, stop it with ``stop`` once its Later coroutine waits, and
+    return what the asker got (the ask's own timeout is far beyond the test's bound)."""
+    async with ActorSystem() as system:
+        actor = Deferring()
+        ref = await system.spawn(actor, "deferring", max_restarts=0, escalate=False)
+        outcome: list[BaseException] = []
+
+        async def asker() -> None:
+            try:
+                outcome.append(await ref.ask(AnswerLater(), timeout=10 * LIMIT))
+            except Exception as exc:
+                outcome.append(exc)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(asker)
+            await actor.waiting.wait()
+            stop(ref)
+        assert actor.cancelled.is_set()
+        assert ref.stopped
+        [error] = outcome
+        assert isinstance(error, ActorStopped), error
+        return error
+
+
+@pytest.mark.anyio
+async def test_an_ask_answered_later_gets_actor_stopped_when_the_actor_stops() -> None:
+    with anyio.fail_after(LIMIT):
+        error = await _ask_while_it_stops(lambda ref: ref.stop("done"))
+    assert error.actor == "deferring"
+    assert error.message_type == "AnswerLater"
+    assert "deferring" in str(error)
+
+
+@pytest.mark.anyio
+async def test_an_ask_answered_later_gets_actor_stopped_when_the_actor_crashes() -> None:
+    with anyio.fail_after(LIMIT):
+        error = await _ask_while_it_stops(lambda ref: ref.tell_nowait(Boom("crash")))
+    assert error.actor == "deferring"
 
 
 @pytest.mark.anyio
