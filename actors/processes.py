@@ -465,7 +465,10 @@ class LocalProcessProvider(Provider):
     the block (with its spec) is already in :attr:`blocks` when it is called. Each child
     also finds ``CORRAL_WORKER_ID`` and ``CORRAL_BLOCK_ID`` in its environment (this
     process's environment plus ``env``; ``PYTHONUNBUFFERED=1`` unless ``env`` says
-    otherwise, so Python children's lines arrive as they are printed).
+    otherwise, so Python children's lines arrive as they are printed). The worker id is
+    the one in ``block.workers``: a Corral worker (``python -m runtime worker``) joins
+    the scheduler under it, so the autoscaler can drain a block's workers by id and
+    report them lost the moment their process exits (no reconnection grace).
 
     Use it as ``async with LocalProcessProvider(...) as provider:`` or run it in a task
     group with ``await tg.start(provider.run)``. Every child is supervised by a task of

@@ -201,6 +201,13 @@ def build_parser() -> argparse.ArgumentParser:
     wrk.add_argument(
         "--token", default=None, help="the cluster token (default: CORRAL_TOKEN or the token file)"
     )
+    wrk.add_argument(
+        "--name",
+        default=os.environ.get("CORRAL_WORKER_ID") or None,
+        metavar="ID",
+        help="its worker id (default: CORRAL_WORKER_ID, which a process provider sets, so "
+        "the autoscaler knows the worker's block; else the address it listens on)",
+    )
 
     con = sub.add_parser(
         "console",
@@ -343,6 +350,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
             token=args.token,
             ready=ready,
             memory_options=memory_options,
+            name=args.name,
         ),
         backend="asyncio",
     )

@@ -691,6 +691,7 @@ class Cluster:
         self._client_actor = ClientActor(plane.manager)
         await system.spawn(self._client_actor, f"client-{os.urandom(6).hex()}")
         self._refs = plane.refs
+        self._plane = plane  #: for tests: its provider, say
 
     async def __aexit__(self, *exc_info: Any) -> None:
         await self.close()

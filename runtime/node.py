@@ -56,6 +56,7 @@ from actors.worker import Worker
 from policies import REGISTRY
 from runtime.errors import (
     ActorStopped,
+    AskTimeout,
     AuthenticationFailed,
     CorralError,
     PermissionDenied,
@@ -98,6 +99,7 @@ __all__ = [
     "ControlPlane",
     "Gateway",
     "Hello",
+    "PeerQuery",
     "PermissionDenied",
     "Tokens",
     "Welcome",
@@ -105,6 +107,7 @@ __all__ = [
     "run_worker",
     "start_control_plane",
     "token_path",
+    "worker_factory",
 ]
 
 if TYPE_CHECKING:
@@ -131,6 +134,8 @@ class ControlPlane:
     resolvers: list[Callable[[str], Any]]
     #: the scaling policy chosen at start, for the autoscaler (None: the default)
     scaling: Any = None
+    #: where the autoscaler gets its workers (set by :func:`start_autoscaler`)
+    provider: Provider | None = None
 
     def resolve(self, name: str) -> Any:
         """A reference to the actor or remote peer called ``name``, or ``None``."""
@@ -197,6 +202,7 @@ async def start_autoscaler(
     """Spawn the autoscaler (with the plane's scaling policy); it starts the blocks that
     policy wants (by default the targets) at once."""
     autoscaler = Autoscaler(provider, plane.refs["scheduler"], dict(targets), policy=plane.scaling)
+    plane.provider = provider
     plane.refs["autoscaler"] = await plane.system.spawn(autoscaler, "autoscaler")
     return plane.refs["autoscaler"]
 
@@ -355,7 +361,9 @@ class Hello(Message):
     """First frame on every connection to a manager: who connects."""
 
     kind: str  #: "worker", "client" or "console"
-    name: str  #: worker id (its own listen address), or a unique client name
+    #: worker id (its own listen address, or the id its provider gave it), or a unique
+    #: client name
+    name: str
     info: WorkerInfo | None = None
     #: a returning worker: the secret its id was given at registration (Welcome)
     secret: str = ""
@@ -367,6 +375,17 @@ class Welcome(Message):
     must present (``Hello.secret``) to rejoin under its id."""
 
     secret: str
+
+
+@message("corral.PeerQuery")
+class PeerQuery(Message):
+    """Worker -> gateway: how to reach the worker ``worker``. Answered by the gateway
+    itself (it never reaches an actor) with that worker's :class:`WorkerInfo`, whose
+    ``address`` its peers connect to, or None when no such worker is joined. A worker
+    needs it for peers whose id is not their address: those a provider started under
+    the id it gave them (``--name``), so that the autoscaler knows them by id."""
+
+    worker: str
 
 
 #: What the gateway tells a connection whose first frame breaks them.
@@ -531,6 +550,8 @@ class _Door:
         timeout: float | None = 30.0,  # noqa: ASYNC109 - ActorRef's API
         causal_id: str | None = None,
     ) -> Any:
+        if self.role == "worker" and type(msg) is PeerQuery:
+            return self.gateway.infos.get(msg.worker)
         try:
             self.check(msg)
         except PermissionDenied as exc:
@@ -560,6 +581,7 @@ class Gateway:
         self._returned: dict[str, anyio.Event] = {}  #: set when a dropped worker is back
         self.links: dict[str, Link] = {}  #: the scheduler's reference to each worker
         self._secrets: dict[str, str] = {}  #: worker id -> the secret it rejoins with
+        self.infos: dict[str, WorkerInfo] = {}  #: joined workers (answers PeerQuery)
         self.refused_hellos = 0  #: connections refused at their Hello
         self.refused_messages = 0  #: messages refused at the door (all connections)
         self.closed_for_refusals = 0  #: connections closed for sending refused messages
@@ -673,6 +695,7 @@ class Gateway:
             if link is None or link.stopped:
                 link = self.links[hello.name] = Link(hello.name)
             link.attach(peer)
+            self.infos[hello.name] = hello.info
             # A worker that rejoins registers again: the scheduler keeps its work.
             await self.plane.refs["scheduler"].tell(RegisterWorker(hello.info, link))
         try:
@@ -700,6 +723,7 @@ class Gateway:
             self._returned.pop(name, None)
             self.peers.pop(name, None)
             self._secrets.pop(name, None)  # the id is free again
+            self.infos.pop(name, None)
             link = self.links.pop(name, None)
             if link is not None:
                 link.close()
@@ -873,14 +897,19 @@ async def run_worker(
     listen_options: dict[str, Any] | None = None,
     reconnect: float = 10.0,
     memory_options: Mapping[str, Any] | None = None,
+    name: str | None = None,
 ) -> None:
     """Run a worker process until SIGINT/SIGTERM, until the scheduler retires it, or
     until the manager stays unreachable for ``reconnect`` seconds.
 
-    The worker listens on ``host`` (a free port) for its peers, and that address is its
-    id; it connects to the manager at ``address``, says ``Hello`` and waits for the
-    ``Welcome`` that carries its secret. If the connection drops it rejoins under the
-    same id with that secret; what it sends meanwhile waits (see :class:`Link`).
+    The worker listens on ``host`` (a free port) for its peers; its id is ``name`` or,
+    without one, that address. (A :class:`~actors.processes.LocalProcessProvider` names
+    its workers, so the autoscaler knows which block each one belongs to.) It connects
+    to the manager at ``address``, says ``Hello`` (its info carries the address) and
+    waits for the ``Welcome`` that carries its secret. If the connection drops it
+    rejoins under the same id with that secret; what it sends meanwhile waits (see
+    :class:`Link`). A peer whose id is not an address is looked up at the manager
+    (:class:`PeerQuery`).
 
     Raises the manager's refusal (e.g. :class:`PermissionDenied` for the read-only
     token): a worker the manager will not take stops instead of retrying. A token the
@@ -906,7 +935,7 @@ async def run_worker(
         own_address = f"{scheme}://{host}:0" if scheme in ("ws", "wss") else "inproc://"
         own = await listen(own_address, **listen_options)
         try:
-            worker_id = own.address
+            worker_id = name or own.address
 
             async def serve_peer(conn: Any) -> None:
                 role = getattr(conn, "role", None) or "admin"
@@ -917,7 +946,16 @@ async def run_worker(
                 peer = peers.get(wid)
                 if peer is not None and not peer.closed:
                     return peer.ref
-                conn = await connect(wid, **connect_options)
+                where = wid
+                if "://" not in wid:  # named by its provider: ask where it listens
+                    try:
+                        info = await link.ask(PeerQuery(wid), timeout=DEAD_AFTER)
+                    except TimeoutError as exc:  # no manager connection meanwhile
+                        raise AskTimeout("manager", "PeerQuery", DEAD_AFTER) from exc
+                    if not isinstance(info, WorkerInfo) or not info.address:
+                        return None  # not joined (any more): gone
+                    where = info.address
+                conn = await connect(where, **connect_options)
                 peer = Peer(conn, None, name=wid, allow_pickle=True)
                 peers[wid] = peer
                 await system.start_service(peer.run)
@@ -930,12 +968,13 @@ async def run_worker(
             )  # fmt: skip
             worker_ref["worker"] = await system.spawn(worker, "worker")
 
+            info = WorkerInfo(**{**worker.info.to_fields(), "address": own.address})
             secret = [""]  #: given by the manager at the first Welcome
 
             async def join() -> Peer:
                 conn = await connect(address, **connect_options)
                 try:
-                    await conn.send(Frame(Hello("worker", worker_id, worker.info, secret[0])))
+                    await conn.send(Frame(Hello("worker", worker_id, info, secret[0])))
                     with anyio.fail_after(DEAD_AFTER):
                         answer = (await conn.receive()).msg
                 except (TimeoutError, ConnectionClosed) as exc:

@@ -1,0 +1,141 @@
+"""The autoscaler with real worker processes (``Cluster(processes=N)``): a block's
+worker process joins the scheduler under the id its block records, so scale-in drains
+it through the scheduler, a killed one is lost the moment its process exits (not after
+the gateway's reconnection grace), and peers named by their block still reach each
+other for inputs.
+
+Tasks run in other processes, so their progress shows only in the filesystem: each
+task marks the worker it runs on (``CORRAL_WORKER_ID``, which the provider sets) and
+waits, bounded, for a gate file. Waits are bounded polls (``wait_until``) with limits
+below what they prove.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from actors.providers import BlockState
+from runtime import Cluster
+from runtime.node import serve_gateway
+from tests.helpers import wait_until
+
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
+
+LIMIT = 90  # seconds any test may take (two worker processes start in each)
+GATE = 30.0  # seconds a task waits for its gate at most
+#: the gateway's reconnection grace for a worker whose connection dropped
+GRACE: float = inspect.signature(serve_gateway).parameters["reconnect_timeout"].default
+
+
+def gated(i: int, marks: str, gate: str) -> int:
+    """Mark this task's worker, then wait (bounded) until the gate file exists."""
+    Path(marks, os.environ["CORRAL_WORKER_ID"]).touch()
+    deadline = time.monotonic() + GATE
+    while not Path(gate).exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return i * i
+
+
+def both_marked(i: int, marks: str) -> int:
+    """Mark this task's worker, then wait (bounded) until a task ran on each of two."""
+    Path(marks, os.environ["CORRAL_WORKER_ID"]).touch()
+    deadline = time.monotonic() + GATE
+    while len(os.listdir(marks)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return i
+
+
+def outcomes(state: Any, keys: list[Any]) -> dict[Any, list[str]]:
+    """The outcome of every try of each of ``keys``."""
+    return {k: [t.outcome for t in state.tasks[k].tries] for k in keys}
+
+
+async def test_scaling_a_process_cluster_in_drains_its_busy_worker(tmp_path: Path) -> None:
+    marks, gate = tmp_path / "marks", tmp_path / "gate"
+    marks.mkdir()
+    with anyio.fail_after(LIMIT):
+        async with Cluster(processes=2) as cluster:
+            await cluster.wait_for_workers(2, timeout=60)
+            state = cluster.scheduler_state
+            provider = cluster._plane.provider
+            # The scheduler knows the workers by the ids their blocks record.
+            assert {w for b in provider.blocks.values() for w in b.workers} == set(state.workers)
+            futs = cluster.map(gated, range(4), marks=str(marks), gate=str(gate))
+            await wait_until(
+                lambda: {p.name for p in marks.iterdir()} == {"worker-1", "worker-2"},
+                "a task running on each worker",
+                limit=GATE,
+            )
+            assert await cluster.scale(1) == {"default": 1}
+            # The newest block's worker drains: no new tasks; it finishes what it has.
+            await wait_until(
+                lambda: state.workers["worker-2"].draining, "worker-2 draining", limit=GATE
+            )
+            block = provider.blocks["block-2"]
+            assert block.state is BlockState.RUNNING  # busy: not stopped
+            gate.touch()
+            assert await cluster.gather(futs) == [i * i for i in range(4)]
+            # Once idle it is retired, its process exits by itself and the block ends.
+            await wait_until(lambda: block.state.terminal, "block-2 ended", limit=GATE)
+            assert block.state in (BlockState.COMPLETED, BlockState.CANCELLED), block.detail
+            await wait_until(lambda: "worker-2" not in state.workers, "worker-2 gone", limit=GATE)
+            # No try was lost with it. (Outputs it alone held, still wanted, may be
+            # computed again elsewhere once it left: more tries, every one "ok".)
+            tries = outcomes(state, [f.key for f in futs])
+            assert {o for per_key in tries.values() for o in per_key} == {"ok"}, tries
+            assert ("worker-2", "joined", "draining") in [e[:3] for e in state.story("worker-2")]
+            assert provider.blocks["block-1"].state is BlockState.RUNNING
+            auto = (await cluster.status())["autoscaler"]
+            assert (list(auto["blocks"]), auto["ended"]) == (["block-1"], 1)
+
+
+async def test_a_killed_worker_process_is_lost_at_once_not_after_the_grace() -> None:
+    assert GRACE >= 10.0
+    with anyio.fail_after(LIMIT):
+        async with Cluster(processes=2) as cluster:
+            await cluster.wait_for_workers(2, timeout=60)
+            state = cluster.scheduler_state
+            provider = cluster._plane.provider
+            victim = provider.blocks["block-1"]
+            os.kill(provider.pids(victim)["worker-1"], signal.SIGKILL)
+            killed = time.monotonic()
+            # The provider sees the exit, the autoscaler tells the scheduler: well
+            # before the gateway would give up waiting for the worker to reconnect.
+            await wait_until(
+                lambda: "worker-1" not in state.workers, "worker-1 lost", limit=GRACE / 3
+            )
+            took = time.monotonic() - killed
+            assert victim.state is BlockState.FAILED and "SIGKILL" in victim.detail
+            story = [e[:3] for e in state.story("worker-1")]
+            assert story[-1] == ("worker-1", "joined", "left:crash"), story
+            # It is replaced by a new block, whose worker joins under its own id.
+            await wait_until(lambda: "worker-3" in state.workers, "worker-3 joined", limit=60)
+            assert await cluster.submit(sum, [1, 2, 3]) == 6
+    print(f"worker lost {took * 1000:.0f} ms after the SIGKILL (grace: {GRACE:g} s)")
+
+
+async def test_workers_named_by_their_block_fetch_inputs_from_each_other(
+    tmp_path: Path,
+) -> None:
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    with anyio.fail_after(LIMIT):
+        async with Cluster(processes=2) as cluster:
+            await cluster.wait_for_workers(2, timeout=60)
+            dsk: dict[Any, Any] = {("part", i): (both_marked, i, str(marks)) for i in range(6)}
+            dsk["total"] = (sum, [("part", i) for i in range(6)])
+            (total,) = await cluster.submit_graph(dsk, ["total"])
+            assert await total == sum(range(6))
+            # Parts ran on both workers, so the sum fetched some from its peer, found
+            # through the manager (the peer's id is not its address), at the first try.
+            assert {p.name for p in marks.iterdir()} == {"worker-1", "worker-2"}
+            tries = outcomes(cluster.scheduler_state, list(dsk))
+            assert all(per_key == ["ok"] for per_key in tries.values()), tries
