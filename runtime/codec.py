@@ -33,27 +33,40 @@ Inside the fields:
   ``{"__d": {...}}``.
 
 Validation: each message class gets, once, a table of per-field converters built from
-its resolved annotations. They check values on encode (bad data fails at the sender)
-and on decode (bad data from a peer fails with a :class:`ProtocolError` naming the
-type and field path, e.g. ``TaskRecord.tries: expected int, got str '3'``). Decoding
-arbitrary bytes raises nothing but :class:`ProtocolError`. Floats must be finite (JSON
-has no NaN or infinity); integers must fit in 64 bits (signed or unsigned); an int
-given for a ``float`` field becomes a float. ``Any`` values are JSON values plus
-``bytes``; a tuple inside them arrives as a list. Nesting is bounded by orjson (about
-255 levels on encode, 1024 on decode) and by Python's recursion limit; deeper values
-raise :class:`ProtocolError` too.
+its resolved annotations. They check values on encode (bad data fails at the sender;
+a message whose fields are all plain ``str``/``int``/``bool``/``None`` of the declared
+types goes out after one check of their types). On decode, msgspec does the checking
+(``msgspec.convert(fields, type=cls)``, strict, which also fills in omitted defaults
+and builds the dataclass and its nested messages) once the wire-only forms (buffer
+references, the ``{"t", "f"}`` form of nested messages, escapes inside ``Any``) are
+undone; the few annotations msgspec cannot type (a field of the base ``Message``, a
+message class with registered subclasses, unions msgspec refuses) are decoded by the
+converters. Bad data from a peer fails with a :class:`ProtocolError` naming the type
+and field path, e.g. ``TaskRecord.tries: expected int, got str`` (a dict key shows as
+``[...]`` in msgspec's paths). Decoding arbitrary bytes raises nothing but
+:class:`ProtocolError`. Floats must be finite (JSON has no NaN or infinity); integers
+must fit in 64 bits (signed or unsigned); an int given for a ``float`` field becomes a
+float. ``Any`` values are JSON values plus ``bytes``; a tuple inside them arrives as a
+list. Nesting is bounded by orjson (about 255 levels on encode, 1024 on decode) and by
+Python's recursion limit; deeper values raise :class:`ProtocolError` too.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import itertools
 import math
+import operator
+import re
 import struct
 import types
 import typing
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, Union
 
+import msgspec
+import msgspec.inspect
 import orjson
 
 from runtime.errors import FrameTooLarge, ProtocolError
@@ -73,12 +86,13 @@ __all__ = [
 ]
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Frame:
+class Frame(msgspec.Struct, frozen=True):
     """One message on a connection, with its envelope fields.
 
     ``causal_id`` links the message to the stimulus that caused it; ``request_id`` is
     non-zero on an ask that expects a reply; ``reply_to`` is non-zero on that reply.
+    (A frozen msgspec struct: a connection makes one per message, and a struct is made
+    several times faster than a frozen dataclass.)
     """
 
     msg: Message
@@ -270,7 +284,9 @@ def _assemble(kind: int, header: dict[str, Any], bufs: list[_Buffer], max_bytes:
         head = orjson.dumps(header)
     except orjson.JSONEncodeError as exc:
         raise _diagnose(header, exc) from None
-    size = _PREFIX_SIZE + len(head) + sum(len(b) for b in bufs)
+    size = _PREFIX_SIZE + len(head)
+    if bufs:
+        size += sum(map(len, bufs))
     if size > max_bytes or len(head) >= 2**32:
         raise FrameTooLarge(
             f"the encoded {'batch' if kind == KIND_BATCH else 'frame'} would be {size} bytes, "
@@ -287,15 +303,19 @@ def _assemble(kind: int, header: dict[str, Any], bufs: list[_Buffer], max_bytes:
 
 def _open(data: object, max_bytes: int) -> tuple[int, dict[str, Any], list[bytes]]:
     """Check the prefix, parse the header and cut out the buffers."""
-    try:
-        view = memoryview(data)  # type: ignore[arg-type]
-        if view.format != "B" or view.ndim != 1:
-            view = view.cast("B")
-    except (TypeError, ValueError):
-        raise ProtocolError(
-            f"expected bytes, bytearray or memoryview to decode, got {_describe(data)}."
-        ) from None
-    size = view.nbytes
+    view: bytes | memoryview
+    if type(data) is bytes:  # slices of it are bytes: no view needed
+        view = data
+    else:
+        try:
+            view = memoryview(data)  # type: ignore[arg-type]
+            if view.format != "B" or view.ndim != 1:
+                view = view.cast("B")
+        except (TypeError, ValueError):
+            raise ProtocolError(
+                f"expected bytes, bytearray or memoryview to decode, got {_describe(data)}."
+            ) from None
+    size = len(view)
     if size > max_bytes:
         raise ProtocolError(
             f"frame of {size} bytes is over the limit of {max_bytes} bytes; the peer must "
@@ -475,19 +495,16 @@ def _diagnose_frames(header: dict[str, Any], exc: Exception) -> ProtocolError:
     for i, entry in enumerate(frames):
         where = f"batch frame {i}: " if "n" in header else ""
         wire = entry["t"]
-        path = _find_bad_str(entry["f"], True)
-        if path is not None:
+        found = _find_bad(entry["f"], True)
+        if found is not None:
+            path, problem = found
             field = path[1:] if path.startswith(".") else path
             return ProtocolError(
-                f"{where}{wire}{path}: str is not valid UTF-8 (it contains a surrogate). "
-                + _SEND_ADVICE,
-                field=field,
-                type_name=wire,
+                f"{where}{wire}{path}: {problem}. " + _SEND_ADVICE, field=field, type_name=wire
             )
-        if "c" in entry and _find_bad_str(entry["c"], False) is not None:
+        if "c" in entry and _find_bad(entry["c"], False) is not None:
             return ProtocolError(
-                f"{where}Frame.causal_id: str is not valid UTF-8 (it contains a surrogate). "
-                "Pass a valid causal id.",
+                f"{where}Frame.causal_id: {_BAD_STR}. Pass a valid causal id.",
                 field="causal_id",
                 type_name=wire,
             )
@@ -497,21 +514,29 @@ def _diagnose_frames(header: dict[str, Any], exc: Exception) -> ProtocolError:
     )
 
 
-def _find_bad_str(value: object, fields: bool) -> str | None:
-    """Path to the first str (or dict key) in ``value`` that is not valid UTF-8."""
+_BAD_STR = "str is not valid UTF-8 (it contains a surrogate)"
+
+
+def _find_bad(value: object, fields: bool) -> tuple[str, str] | None:
+    """Path to the first str (or dict key) in ``value`` that is not valid UTF-8, or
+    int that does not fit in 64 bits, and what is wrong with it."""
     t = type(value)
     if t is str:
         try:
             value.encode()  # type: ignore[attr-defined]
         except UnicodeEncodeError:
-            return ""
+            return "", _BAD_STR
         return None
-    if t is list:
-        assert isinstance(value, list)
+    if t is int:
+        if _INT_MIN <= value <= _INT_MAX:  # type: ignore[operator]
+            return None
+        return "", f"int {value} does not fit in 64 bits (range -2**63..2**64-1)"
+    if t is list or t is tuple:
+        assert isinstance(value, list | tuple)
         for i, item in enumerate(value):
-            sub = _find_bad_str(item, False)
+            sub = _find_bad(item, False)
             if sub is not None:
-                return f"[{i}]{sub}"
+                return f"[{i}]{sub[0]}", sub[1]
         return None
     if t is dict:
         assert isinstance(value, dict)
@@ -519,15 +544,15 @@ def _find_bad_str(value: object, fields: bool) -> str | None:
         nested = value.keys() == {"t", "f"} and type(name) is str and name in MESSAGE_TYPES
         for key, item in value.items():
             seg = f".{key}" if fields else f"[{key!r}]"
-            if _find_bad_str(key, False) is not None:
-                return seg
+            if _find_bad(key, False) is not None:
+                return seg, _BAD_STR
             if nested:
                 if key == "f":
-                    return _find_bad_str(item, True)
+                    return _find_bad(item, True)
                 continue
-            sub = _find_bad_str(item, False)
+            sub = _find_bad(item, False)
             if sub is not None:
-                return seg + sub
+                return seg + sub[0], sub[1]
     return None
 
 
@@ -579,9 +604,9 @@ class _Conv:
     ``dec(json, bufs)`` returns the Python value. Both raise :class:`_Invalid`.
     ``py`` and ``js`` tell whether a Python value / JSON value is of this type's kind
     (used to pick the alternative of a union); ``kind`` is one of ``scalar``,
-    ``bytes``, ``message``, ``dict``, ``list``, ``any``, ``none``. ``fenc``/``fdec``
-    are optional Python expressions over ``{v}``, true when a value is valid and
-    passes unchanged; generated per-class code inlines them (see :func:`_generate`).
+    ``bytes``, ``message``, ``dict``, ``list``, ``any``, ``none``. ``passes``: the
+    types whose values are valid and encode unchanged (int: orjson refuses ints beyond
+    64 bits, and :func:`_diagnose` names them).
     """
 
     expected: str
@@ -590,11 +615,10 @@ class _Conv:
     py: Callable[[Any], bool]
     js: Callable[[Any], bool]
     kind: str
-    fenc: str | None = None
-    fdec: str | None = None
+    passes: frozenset[type] = frozenset()
 
 
-def _scalar(name: str, t: type, fast: str) -> _Conv:
+def _scalar(name: str, t: type, passes: frozenset[type] = frozenset()) -> _Conv:
     def check(v: Any, bufs: Any) -> Any:
         if type(v) is t:
             return v
@@ -603,7 +627,7 @@ def _scalar(name: str, t: type, fast: str) -> _Conv:
     def claims(v: Any) -> bool:
         return type(v) is t
 
-    return _Conv(name, check, check, claims, claims, "scalar", fast, fast)
+    return _Conv(name, check, check, claims, claims, "scalar", passes)
 
 
 def _int_check(v: Any, bufs: Any) -> Any:
@@ -732,11 +756,9 @@ def _anything(v: Any) -> bool:
     return True
 
 
-_NONE = _Conv(
-    "None", _none_check, _none_check, _is_none, _is_none, "none", "{v} is None", "{v} is None"
-)
-_BOOL = _scalar("bool", bool, "type({v}) is bool")
-_STR = _scalar("str", str, "type({v}) is str")
+_NONE = _Conv("None", _none_check, _none_check, _is_none, _is_none, "none", frozenset({type(None)}))
+_BOOL = _scalar("bool", bool, frozenset({bool}))
+_STR = _scalar("str", str, frozenset({str}))
 _INT = _Conv(
     "int",
     _int_check,
@@ -744,19 +766,9 @@ _INT = _Conv(
     lambda v: type(v) is int,
     lambda v: type(v) is int,
     "scalar",
-    f"type({{v}}) is int and {_INT_MIN} <= {{v}} <= {_INT_MAX}",
-    "type({v}) is int",  # orjson yields ints only within 64 bits
+    frozenset({int}),
 )
-_FLOAT = _Conv(
-    "float",
-    _float_enc,
-    _float_dec,
-    _is_float_json,
-    _is_float_json,
-    "scalar",
-    "type({v}) is float and {v} - {v} == 0.0",
-    "type({v}) is float",  # orjson yields finite floats only
-)
+_FLOAT = _Conv("float", _float_enc, _float_dec, _is_float_json, _is_float_json, "scalar")
 _BYTES = _Conv("bytes", _bytes_enc, _bytes_dec, _is_bytes_py, _is_bytes_json, "bytes")
 _ANY = _Conv("Any", _any_enc, _any_dec, _anything, _anything, "any")
 _SIMPLE: dict[object, _Conv] = {
@@ -1015,10 +1027,7 @@ def _literal_conv(values: tuple[Any, ...]) -> _Conv:
     def claims(v: Any) -> bool:
         return type(v) in kinds
 
-    fast = None
-    if kinds == {str}:  # a set display after `in` compiles to a frozenset constant
-        fast = f"type({{v}}) is str and {{v}} in {{{', '.join(map(repr, values))}}}"
-    return _Conv(expected, check, check, claims, claims, "scalar", fast, fast)
+    return _Conv(expected, check, check, claims, claims, "scalar")
 
 
 def _union_conv(args: tuple[Any, ...]) -> _Conv:
@@ -1108,9 +1117,8 @@ def _optional_conv(inner: _Conv, expected: str) -> _Conv:
     def js(v: Any) -> bool:
         return v is None or inner.js(v)
 
-    fenc = f"({{v}} is None or {inner.fenc})" if inner.fenc else None
-    fdec = f"({{v}} is None or {inner.fdec})" if inner.fdec else None
-    return _Conv(expected, enc, dec, py, js, inner.kind, fenc, fdec)
+    passes = inner.passes | {type(None)}
+    return _Conv(expected, enc, dec, py, js, inner.kind, passes)
 
 
 def _message_conv(cls: type[Message]) -> _Conv:
@@ -1157,22 +1165,35 @@ def _message_conv(cls: type[Message]) -> _Conv:
 
 
 class _ClassCodec:
-    """Field table of one message class, and its generated fast encode/decode.
+    """Field table of one message class, and its encode/decode.
 
-    ``encode_fields(msg, bufs)`` returns the JSON fields object of ``msg``;
+    ``encode_fields(msg, bufs)`` returns the JSON fields object of ``msg``, checking
+    every value against its converter (scalars of the declared type pass unchanged);
     ``decode_fields(obj, bufs)`` rebuilds the message. Both raise :class:`_Invalid`
-    (with the field path) on bad values. Both are generated by :func:`_generate`; the
-    generic :meth:`decode_slow` handles fields objects with omitted or unknown fields.
+    (with the field path) on bad values.
+
+    Decoding is msgspec's job (``msgspec.convert(fields, type=cls, strict=True)``
+    checks every value, fills in omitted defaults and builds the dataclass) for every
+    class whose annotations msgspec can take once the wire-only forms are undone: the
+    fields that hold buffer references, nested messages (``{"t", "f"}``, unwrapped to
+    their fields when the annotation names that exact class) or ``Any`` values are
+    first rewritten by :func:`_prep` functions. A class msgspec cannot type (a field
+    of the base ``Message``, a union msgspec does not accept, a message class with
+    registered subclasses) goes through :meth:`decode_slow`, the converters alone.
     """
 
     __slots__ = (
+        "built",
         "cls",
-        "decode_fields",
         "decs",
-        "encode_fields",
+        "encs",
+        "get",
         "local",
         "n",
         "names",
+        "order",
+        "passing",
+        "preps",
         "required",
         "wire",
     )
@@ -1181,13 +1202,20 @@ class _ClassCodec:
         self.cls = cls
         self.wire = cls.wire_name
         self.local = bool(cls.local)
-        self.names: tuple[str, ...] = ()
+        self.names: frozenset[str] = frozenset()
         self.decs: dict[str, _Dec] = {}
+        self.encs: tuple[tuple[str, frozenset[type], _Enc], ...] = ()
+        self.order: tuple[str, ...] = ()
+        #: the field values of a message and its class, as a tuple
+        self.get: Callable[[Any], tuple[Any, ...]] = _no_values
+        #: tuples of the field values' types that all encode unchanged
+        self.passing: frozenset[tuple[type, ...]] = frozenset()
         self.required: frozenset[str] = frozenset()
         self.n = 0
-        # Replaced by generated code in build(); until then only the slow path exists.
-        self.encode_fields: Callable[[Any, list[_Buffer]], dict[str, Any]] = _unbuilt
-        self.decode_fields: Callable[[Any, list[bytes]], Message] = self.decode_slow
+        #: per field needing it, the rewrite of its JSON value into msgspec's input;
+        #: None: msgspec cannot type the class (decode_slow decodes it)
+        self.preps: tuple[tuple[str, _Dec], ...] | None = None
+        self.built = False
 
     def build(self) -> None:
         cls = self.cls
@@ -1212,30 +1240,87 @@ class _ClassCodec:
                     field=f.name,
                     type_name=self.wire,
                 ) from None
-        self.names = tuple(f.name for f in fields)
+        self.names = frozenset(f.name for f in fields)
         self.decs = {f.name: c.dec for f, c in zip(fields, convs, strict=True)}
+        self.encs = tuple((f.name, c.passes, c.enc) for f, c in zip(fields, convs, strict=True))
+        self.order = tuple(f.name for f in fields)
+        passes = [c.passes for c in convs]
+        if fields:  # and the class last, so that one field gives a tuple too
+            self.get = operator.attrgetter(*self.order, "__class__")
+            passes.append(frozenset({type(cls)}))
+        if math.prod(map(len, passes)) <= _MAX_PASSING:
+            self.passing = frozenset(itertools.product(*passes))
         self.required = frozenset(
             f.name
             for f in fields
             if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
         )
         self.n = len(fields)
-        self.encode_fields, self.decode_fields = _generate(self, fields, convs)
+        try:
+            msgspec.inspect.type_info(cls)
+            preps = [(f.name, _prep(hints[f.name])) for f in fields]
+        except (_NotTyped, TypeError):
+            preps = None
+        if preps is not None:
+            self.preps = tuple((name, fn) for name, fn in preps if fn is not None)
+        self.built = True
 
-    def decode_slow(self, fields: Any, bufs: list[bytes]) -> Message:
-        """Generic decode: handles omitted defaults and explains every error."""
+    def encode_fields(self, msg: Any, bufs: list[_Buffer]) -> dict[str, Any]:
+        values = self.get(msg)
+        if tuple(map(type, values)) in self.passing:  # every value goes out as it is
+            return dict(zip(self.order, values))  # noqa: B905 - stops before the class
+        out = {}
+        for (name, passes, enc), v in zip(self.encs, values):  # noqa: B905 - as above
+            if type(v) not in passes:
+                try:
+                    v = enc(v, bufs)
+                except _Invalid as exc:
+                    exc.path.append("." + name)
+                    raise
+            out[name] = v
+        return out
+
+    def decode_fields(self, fields: Any, bufs: list[bytes]) -> Message:
+        if self.preps is None:
+            return self.decode_slow(fields, bufs)
+        try:
+            msg: Message = msgspec.convert(self.prepare(fields, bufs), self.cls)  # strict
+        except msgspec.ValidationError as exc:
+            raise _from_msgspec(exc) from None
+        return msg
+
+    def prepare(self, fields: Any, bufs: list[bytes]) -> dict[str, Any]:
+        """``fields`` (a JSON object of this class's fields, which it rewrites in
+        place) as msgspec's input; only for a class msgspec can type."""
+        if type(fields) is not dict or not fields.keys() <= self.names:
+            self.check_keys(fields)
+        for name, prep in self.preps or ():
+            if name in fields:
+                try:
+                    fields[name] = prep(fields[name], bufs)
+                except _Invalid as exc:
+                    exc.path.append("." + name)
+                    raise
+        out: dict[str, Any] = fields
+        return out
+
+    def check_keys(self, fields: Any) -> None:
+        """``fields`` is a JSON object with no field the class lacks."""
         if type(fields) is not dict:
             raise _mismatch(f"an object holding the fields of {self.wire}", fields)
+        if not fields.keys() <= self.names:
+            name = next(k for k in fields if k not in self.names)
+            known = ", ".join(sorted(self.names)) or "none"
+            raise _Invalid(f"unknown field (known: {known})", ["." + name])
+
+    def decode_slow(self, fields: Any, bufs: list[bytes]) -> Message:
+        """Decode with the converters alone (classes msgspec cannot type)."""
+        self.check_keys(fields)
         decs = self.decs
         kwargs = {}
         for name, value in fields.items():
-            dec = decs.get(name)
-            if dec is None:
-                raise _Invalid(
-                    f"unknown field (known: {', '.join(self.names) or 'none'})", ["." + name]
-                )
             try:
-                kwargs[name] = dec(value, bufs)
+                kwargs[name] = decs[name](value, bufs)
             except _Invalid as exc:
                 exc.path.append("." + name)
                 raise
@@ -1245,88 +1330,106 @@ class _ClassCodec:
         try:
             return self.cls(**kwargs)
         except Exception as exc:
-            raise _rejected(self.cls, exc) from None
+            raise _Invalid(f"{self.cls.__name__}(...) rejected the fields: {exc!r}") from None
 
 
-def _generate(
-    codec: _ClassCodec, fields: list[dataclasses.Field[Any]], convs: list[_Conv]
-) -> tuple[Callable[[Any, list[_Buffer]], dict[str, Any]], Callable[[Any, list[bytes]], Message]]:
-    """Compile the fast ``encode_fields``/``decode_fields`` of one message class.
-
-    Encode reads every attribute, checks scalars inline (calling the converter only
-    when the inline check fails or the type needs converting) and builds the fields
-    dict in one display. Decode first fetches every field of a fields object that has
-    exactly the class's fields (anything else, e.g. omitted defaults, goes to the
-    generic slow path before any value is converted), then checks and converts them
-    the same way and calls the class positionally. Every value is converted at most
-    once, so errors deep inside nested messages cost linear time.
-    """
-    ns: dict[str, Any] = {
-        "_Invalid": _Invalid,
-        "_cls": codec.cls,
-        "_dec_slow": codec.decode_slow,
-        "_rejected": _rejected,
-    }
-    enc_body = []
-    fetch = []
-    dec_body = []
-    items = []
-    args = []
-    for i, (f, c) in enumerate(zip(fields, convs, strict=True)):
-        v = f"v{i}"
-        seg = repr("." + f.name)
-        ns[f"e{i}"] = c.enc
-        ns[f"d{i}"] = c.dec
-        enc_body.append(f"    {v} = m.{f.name}")
-        enc_body += _guarded(v, f"e{i}", c.fenc, seg, "    ")
-        fetch.append(f"            {v} = o[{f.name!r}]")
-        dec_body += _guarded(v, f"d{i}", c.fdec, seg, "        ")
-        items.append(f"{f.name!r}: {v}")
-        args.append(f"{f.name}={v}" if f.kw_only else v)
-    source = "\n".join(
-        [
-            "def encode_fields(m, bufs):",
-            *enc_body,
-            f"    return {{{', '.join(items)}}}",
-            "",
-            "def decode_fields(o, bufs):",
-            f"    if type(o) is dict and len(o) == {len(fields)}:",
-            "        try:",
-            *(fetch or ["            pass"]),
-            "        except KeyError:",
-            "            return _dec_slow(o, bufs)",
-            *dec_body,
-            "        try:",
-            f"            return _cls({', '.join(args)})",
-            "        except Exception as exc:",
-            "            raise _rejected(_cls, exc) from None",
-            "    return _dec_slow(o, bufs)",
-        ]
-    )
-    exec(compile(source, f"<corral codec for {codec.wire}>", "exec"), ns)
-    return ns["encode_fields"], ns["decode_fields"]
+class _NotTyped(Exception):
+    """msgspec cannot type this annotation: the class is decoded by the converters."""
 
 
-def _guarded(v: str, fn: str, fast: str | None, seg: str, indent: str) -> list[str]:
-    """Source lines converting variable ``v`` with ``fn``; errors get path ``seg``."""
-    call = [
-        f"{indent}try:",
-        f"{indent}    {v} = {fn}({v}, bufs)",
-        f"{indent}except _Invalid as exc:",
-        f"{indent}    exc.path.append({seg})",
-        f"{indent}    raise",
-    ]
-    if fast is None:
-        return call
-    return [f"{indent}if not ({fast.replace('{v}', v)}):", *("    " + line for line in call)]
+_MSGSPEC_ERROR = re.compile(r"^(.*?)(?: - at `\$([^`]*)`)?$", re.S)
+_MISSING_FIELD = re.compile(r"^Object missing required field `(.*)`$", re.S)
+_QUOTED = re.compile(r"`([^`]*)`")
+_NULL = re.compile(r"\bnull\b")
 
 
-def _rejected(cls: type[Message], exc: Exception) -> _Invalid:
-    return _Invalid(f"{cls.__name__}(...) rejected the fields: {exc!r}")
+#: the most combinations of field value types a class's fast encode path accepts
+_MAX_PASSING = 64
 
 
-def _unbuilt(msg: Any, bufs: Any) -> dict[str, Any]:
-    raise AssertionError("message codec used before it was built")
+def _no_values(msg: Any) -> tuple[Any, ...]:
+    return ()
+
+
+def _from_msgspec(exc: msgspec.ValidationError) -> _Invalid:
+    """msgspec's ``Expected `int`, got `str` - at `$.a[0].b``` as an :class:`_Invalid`
+    of path ``.a[0].b`` (msgspec shows a dict key as ``[...]``)."""
+    match = _MSGSPEC_ERROR.match(str(exc))
+    assert match is not None  # the pattern matches any text
+    problem, path = match.group(1), match.group(2) or ""
+    missing = _MISSING_FIELD.match(problem)
+    if missing:
+        problem, path = "required field is missing", f"{path}.{missing.group(1)}"
+    else:
+        problem = _QUOTED.sub(lambda m: _NULL.sub("None", m.group(1)), problem)
+        problem = problem[:1].lower() + problem[1:]
+    return _Invalid(problem, [path] if path else [])
+
+
+def _prep(tp: Any) -> _Dec | None:
+    """How a JSON value of annotation ``tp`` is rewritten into msgspec's input (bytes
+    for buffer references, a nested message's fields for ``{"t", "f"}``, ``Any``
+    values unescaped); None: it needs no rewriting. Raises :class:`_NotTyped`."""
+    conv = _conv(tp)
+    if conv.kind in ("scalar", "none"):
+        return None
+    if conv.kind in ("bytes", "any"):
+        return conv.dec
+    if isinstance(tp, type) and issubclass(tp, Message):
+        return _message_prep(tp)
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is list or (origin is tuple and len(args) == 2 and args[1] is Ellipsis):
+        item = _prep(args[0])
+        return None if item is None else functools.partial(_prep_items, item)
+    if origin is dict:
+        item = _prep(args[1])
+        return None if item is None else functools.partial(_prep_values, item)
+    if origin is Union or origin is types.UnionType:
+        preps = [_prep(a) for a in args if a is not type(None)]
+        if all(p is None for p in preps):
+            return None
+        if len(preps) == 1 and len(args) == 2 and preps[0] is not None:  # X | None
+            return functools.partial(_prep_optional, preps[0])
+    raise _NotTyped(tp)  # fixed tuples and unions holding bytes, messages or Any
+
+
+def _message_prep(cls: type[Message]) -> _Dec:
+    if cls is Message or any(
+        c is not cls and issubclass(c, cls) for c in MESSAGE_TYPES.values()
+    ):  # the class of the value is named on the wire: msgspec cannot pick it
+        raise _NotTyped(cls)
+    codec = _CODECS.get(cls) or _codec_for(cls)
+    if codec.local or (codec.built and codec.preps is None):
+        raise _NotTyped(cls)
+    expected = f"{cls.__name__} message"
+
+    def prep(v: Any, bufs: list[bytes]) -> Any:
+        if type(v) is not dict or len(v) != 2 or "f" not in v or type(v.get("t")) is not str:
+            raise _mismatch(f'{expected} ({{"t": name, "f": {{...}}}})', v)
+        if v["t"] != codec.wire:
+            sub = MESSAGE_TYPES.get(v["t"])
+            if sub is None:
+                raise _Invalid(f"unknown message type {v['t']!r}")
+            raise _Invalid(f"expected {expected}, got {v['t']} message")
+        return codec.prepare(v["f"], bufs)
+
+    return prep
+
+
+def _prep_items(item: _Dec, v: Any, bufs: list[bytes]) -> Any:
+    if type(v) is not list:
+        return v  # msgspec reports it
+    return _map_items(item, v, bufs)
+
+
+def _prep_values(item: _Dec, v: Any, bufs: list[bytes]) -> Any:
+    if type(v) is not dict:
+        return v  # msgspec reports it
+    return _map_values(item, v, bufs)
+
+
+def _prep_optional(inner: _Dec, v: Any, bufs: list[bytes]) -> Any:
+    return None if v is None else inner(v, bufs)
 
 
 _CODECS: dict[type, _ClassCodec] = {}
