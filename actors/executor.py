@@ -3,7 +3,7 @@
 What lives here:
 
 - :class:`BaseExecutor`: what every execution mode offers the worker (``submit``,
-  ``shutdown``, ``kill``, ``cancelled``, ``total_rss``) and the one copy of the result
+  ``shutdown``, ``kill``, ``cancel``, ``total_rss``) and the one copy of the result
   hand-over: finished tasks go back to the event loop in batches through ``deliver``.
 - :class:`Executor` (mode ``"thread"``, the default): ``n`` threads of the worker
   process run the tasks.
@@ -116,9 +116,10 @@ class BaseExecutor(abc.ABC):
     ``deliver(results)`` is called on the event loop thread (the loop running when the
     executor was created) with every ``(TaskResult, value)`` pair that finished since
     the previous call; ``value`` is the task's output for outcome ``ok``, else None.
-    Keys added to :attr:`cancelled` before their task starts are reported ``cancelled``
-    without running. ``batch_delay`` bounds how long a mode may hold a finished result
-    back to send it together with the next ones.
+    A task passed to :meth:`cancel` is reported ``cancelled`` (without running, if it had
+    not started); the executor keeps that set itself and clears a key when its try is
+    delivered, so the same key can run here again later. ``batch_delay`` bounds how
+    long a mode may hold a finished result back to send it together with the next ones.
     """
 
     #: Whether :meth:`kill` can stop a running task.
@@ -137,7 +138,7 @@ class BaseExecutor(abc.ABC):
         self._lock = threading.Lock()
         self._done: Results = []
         self._loop = asyncio.get_running_loop()
-        self.cancelled: set[Key] = set()
+        self._cancelled: set[Key] = set()  #: cancelled keys whose try is not delivered
 
     @abc.abstractmethod
     def submit(self, task: ToRun, inputs: dict[Key, Any]) -> None:
@@ -155,7 +156,8 @@ class BaseExecutor(abc.ABC):
         """Cancel ``key``: a queued task is reported ``cancelled`` without running; a
         running one frees its slot at once where the mode can (see each mode), its
         try reported ``cancelled``."""
-        self.cancelled.add(key)
+        with self._lock:
+            self._cancelled.add(key)
 
     @property
     def abandoned(self) -> int:
@@ -182,7 +184,20 @@ class BaseExecutor(abc.ABC):
     def _flush(self) -> None:
         with self._lock:
             done, self._done = self._done, []
+            if self._cancelled:
+                done = [self._settle(result, value) for result, value in done]
         self._deliver(done)
+
+    def _settle(self, result: TaskResult, value: Any) -> tuple[TaskResult, Any]:
+        """A cancelled key's try is reported ``cancelled`` (an error stays an error),
+        however it ended; the key leaves the cancelled set. Under ``_lock``."""
+        key = result.key
+        if key not in self._cancelled:
+            return result, value
+        self._cancelled.discard(key)
+        if result.outcome in ("error", "cancelled"):
+            return result, None
+        return TaskResult(key, "cancelled", result.start, result.stop), None
 
 
 # ----------------------------------------------------------------------------- threads
@@ -229,10 +244,10 @@ class Executor(BaseExecutor):
         with self._lock:
             thread = self._running.get(key)
             if thread is None or thread in self._abandoned or self._closed:
-                self.cancelled.add(key)  # queued (or past replacing): skipped or dropped
+                self._cancelled.add(key)  # queued (or past replacing): skipped or dropped
                 return
             if len(self._abandoned) >= self.max_abandoned:
-                self.cancelled.add(key)  # no room for another thread: it keeps its slot
+                self._cancelled.add(key)  # no room for another thread: it keeps its slot
                 return
             self._abandoned.add(thread)
             del self._running[key]
@@ -314,7 +329,7 @@ class Executor(BaseExecutor):
         self, task: ToRun, inputs: dict[Key, Any], before: int
     ) -> tuple[TaskResult, Any, int]:
         """Run one task; measure its duration, output size and RSS right after it."""
-        if task.key in self.cancelled:
+        if task.key in self._cancelled:
             return TaskResult(task.key, "cancelled"), None, before
         start = time.time()
         try:
@@ -651,7 +666,8 @@ class ProcessExecutor(BaseExecutor):
         """A running task's process is killed (its try ``cancelled``; the slot gets a
         fresh process); a queued one is skipped."""
         if not self.kill(key, "cancelled"):
-            self.cancelled.add(key)
+            with self._lock:
+                self._cancelled.add(key)
 
     def running(self) -> dict[Key, int]:
         """Keys running now (not killed) -> pid of the task process running each."""
@@ -689,7 +705,7 @@ class ProcessExecutor(BaseExecutor):
     def _execute(self, slot: _Slot, task: ToRun, inputs: dict[Key, Any]) -> tuple[TaskResult, Any]:
         """Run one task in the slot's task process; its result and value."""
         key = task.key
-        if key in self.cancelled or self._closing:
+        if key in self._cancelled or self._closing:
             return TaskResult(key, "cancelled"), None
         try:
             node = task.node

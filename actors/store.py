@@ -422,7 +422,12 @@ class SpillStore(MutableMapping[Key, Any]):
         can move: every value left in memory is unpicklable, or a write was refused for
         room (``disk_limit`` or an ``OSError``; :attr:`disk_full` is then True).
         """
-        moved = 0
+        return sum(self.nbytes(key) for key in self.spill_keys(nbytes))
+
+    def spill_keys(self, nbytes: int) -> list[Key]:
+        """As :meth:`spill`, returning the keys moved (least recently used first)."""
+        moved: list[Key] = []
+        total = 0
         if nbytes <= 0:
             return moved
         for key in list(self._memory):
@@ -431,8 +436,10 @@ class SpillStore(MutableMapping[Key, Any]):
             outcome = self._spill_one(key)
             if outcome is None:
                 break
-            moved += outcome
-            if moved >= nbytes:
+            if key not in self._memory:  # on disk now (an unpicklable one stays)
+                moved.append(key)
+            total += outcome
+            if total >= nbytes:
                 break
         return moved
 

@@ -1,24 +1,23 @@
-"""The worker actor: runs tasks in an executor, keeps their outputs, serves peers.
+"""The worker actor: the shell around the worker's pure core.
 
-What lives here: :class:`Worker` (the actor). Where its tasks run and how RSS is read
-around each one is ``actors/executor.py``; the memory rules, ``actors/memory.py``; the
-spillable store of outputs, ``actors/store.py``.
+What lives here: :class:`Worker` (the actor) and :class:`WorkerStatus`. The decisions
+(which tasks fetch, wait and run; which peer to fetch from, and the next one when it
+fails; when spilled inputs are loaded; which copies of peers' outputs stay; what memory
+needs) are :class:`~actors.worker_state.WorkerState`'s, which calls the memory governor
+(``actors/memory.py``). This shell owns what does I/O or holds threads: the spillable
+store of outputs (``actors/store.py``), the executor where tasks run
+(``actors/executor.py``), the streams peers read large values from
+(``actors/transfer.py``), the RSS probe and the one timer. It turns messages into core
+events, carries out the core's commands, and feeds back what came of them.
 
-Memory: RSS (with the worker's task processes) is sampled after every batch of finished
-tasks and every ``interval`` seconds, and fed to the :class:`MemoryGovernor`, whose
-commands the worker carries out: spill least recently used outputs to disk, defer
-producers (and tell the scheduler it is throttled, :class:`WorkerMemoryReport`), run
-them when memory falls, kill a task past the terminate fence (process execution only).
-
-Per task the worker measures duration, output size (``dask.sizeof``) and process RSS
-right before and right after it; the scheduler turns these into per-category
-statistics. Inputs the worker lacks are fetched straight from the peer workers that hold
-them (by message; never through the scheduler). A task whose inputs cannot be fetched
-is reported as ``missing`` (it did not start) so the scheduler can recompute them.
+Per task the executor measures duration, output size (``dask.sizeof``) and process RSS
+right before and right after it; RSS is also sampled after every batch of finished tasks
+and every ``interval`` seconds, and the core keeps each running task's peak. The
+scheduler turns these into per-category statistics.
 
 Threads never touch actor state: a finished task is handed back to the event loop with
 ``call_soon_threadsafe`` and becomes a message to the worker itself, batched with every
-other task that finished meanwhile.
+other task that finished meanwhile; a fetch's answer does the same.
 """
 
 from __future__ import annotations
@@ -36,11 +35,13 @@ from dask.sizeof import sizeof
 
 from actors import memory as mem
 from actors import transfer
+from actors import worker_state as ws
 from actors.executor import Executor, ProcessExecutor, rss, rss_of
 from actors.protocol import TaskResult, ToRun
 from actors.store import SpillStore
 from actors.transfer import STREAM_BYTES, UnknownStream
-from runtime.errors import ActorStopped, AskTimeout, CorralError, FrameTooLarge, ValueTooLarge
+from actors.worker_state import WorkerState
+from runtime.errors import CorralError, FrameTooLarge, ValueTooLarge
 from runtime.graph import Key
 from runtime.kernel import Actor, ActorRef, Envelope, Ref, handles, new_causal_id
 from runtime.messages import (
@@ -61,7 +62,6 @@ from runtime.messages import (
     WorkerHolds,
     WorkerInfo,
     WorkerMemoryReport,
-    get_data_batches,
     message,
 )
 
@@ -77,18 +77,19 @@ class _Finished(Message):
 
 @message(local=True)
 class _Fetched(Message):
-    """Worker-internal: inputs fetched from peers for ``task`` (or the ones missing, or
-    the error that makes the task fail without running)."""
+    """Worker-internal: the answer of one fetch from a peer, for the core."""
 
-    task: Any
-    data: dict[Any, Any]
-    missing: tuple[Any, ...]
-    error: BaseException | None = None
+    answer: Any
+
+
+@message(local=True)
+class _TimerFired(Message):
+    """Worker-internal: the core's timer fired."""
 
 
 @message(local=True)
 class _MemoryTick(Message):
-    """Worker-internal: sample memory now (the monitor's tick or a deferral timer)."""
+    """Worker-internal: the monitor's tick: sample memory now."""
 
 
 @message()
@@ -106,10 +107,6 @@ class WorkerStatus(Message):
     throttled: bool = False
     execution: str = "thread"
     abandoned: int = 0  #: threads still running a cancelled task (their slot was replaced)
-
-
-#: a copy of a peer's output at least this large is dropped once nothing here needs it
-KEEP_REPLICA_BYTES = 1 << 20
 
 
 def _malloc_trim() -> Callable[[int], int] | None:
@@ -167,29 +164,22 @@ class Worker(Actor):
         self.register = register  #: tell the scheduler at start (False: a gateway does)
         self.on_retire = on_retire  #: what a Stop from the scheduler does (default: stop)
         #: memory fences and intervals (MemoryConfigError here, not later, if bad)
-        self.memory_config = mem.MemoryConfig.of(self.memory, memory_options)
-        self.governor = mem.MemoryGovernor(self.memory_config)
-        cfg = self.memory_config
+        self.memory_config = cfg = mem.MemoryConfig.of(self.memory, memory_options)
+        #: the pure core: which tasks fetch, wait and run, what memory needs
+        self.state = WorkerState(worker_id, nthreads, cfg, killable=cfg.execution == "process")
         #: outputs held here (spilled to disk under memory pressure)
         self.data = SpillStore(cfg.spill_dir, disk_limit=cfg.disk_limit, sizeof=sizeof)
         self.streams = transfer.StreamTable()  #: outputs being read by peers part by part
-        self.deferred: dict[Key, ToRun] = {}  #: producers the governor holds back
-        #: tasks with spilled inputs, waiting for a free thread (loaded only then)
-        self.unspill: dict[Key, ToRun] = {}
         #: what memory is governed by (default: RSS of this process and its task processes)
         self.probe = probe
-        self.running: dict[Key, ToRun] = {}  #: tasks handed to the executor
-        self.fetching: dict[Key, ToRun] = {}  #: tasks waiting for inputs from peers
-        self.fetched: dict[Key, list[Key]] = {}  #: task -> inputs it copied from peers
         self.executor: Executor | ProcessExecutor | None = None
-        self.tasks_run = 0
-        self._timer: asyncio.TimerHandle | None = None  #: the next deferral's timer
-        self._fetches: anyio.Semaphore | None = None  #: bounds concurrent input fetches
-        self._killed_at: dict[Key, int] = {}  #: killed task -> worker memory at the kill
-        self._peaks: dict[Key, int] = {}  #: running task -> highest RSS sampled meanwhile
+        self._timer: asyncio.TimerHandle | None = None  #: the core's one timer
         self._trimmed = 0.0  #: when the heap was last trimmed
-        self._over_terminate = False  #: warned that threads cannot be killed
         self._disk_full = False  #: warned that spilling has no disk room
+
+    @property
+    def governor(self) -> mem.MemoryGovernor:
+        return self.state.governor
 
     @property
     def info(self) -> WorkerInfo:
@@ -198,7 +188,6 @@ class Worker(Actor):
     async def on_start(self) -> None:
         kind = ProcessExecutor if self.memory_config.execution == "process" else Executor
         self.executor = kind(self.nthreads, self.worker_id, self._deliver)
-        self._fetches = anyio.Semaphore(max(2, 2 * self.nthreads))
         if self.register:
             await self.scheduler.tell(RegisterWorker(self.info, self.ref))
         self.start_soon(self._monitor)
@@ -211,6 +200,57 @@ class Worker(Actor):
             self.executor = None
         self.streams.close_all()
         self.data.close()
+
+    # -- the core and its commands -----------------------------------------------------
+
+    def _feed(self, *events: ws.Event) -> None:
+        """Hand events to the core and carry out its commands (which may feed more)."""
+        commands = self.state.handle(*events)
+        done: list[TaskResult] = []
+        for cmd in commands:
+            if isinstance(cmd, ws.Submit):
+                self._submit(cmd.task)
+            elif isinstance(cmd, ws.ReportDone):
+                done.extend(cmd.results)
+            elif isinstance(cmd, ws.Store):
+                self.data.put(cmd.key, cmd.value, cmd.nbytes)
+            elif isinstance(cmd, ws.Fetch):
+                self.start_soon(self._fetch, cmd)
+            elif isinstance(cmd, ws.Forget):
+                for key in cmd.keys:
+                    self.data.pop(key, None)
+            elif isinstance(cmd, ws.Sample):
+                self._sample()
+            elif isinstance(cmd, ws.Spill):
+                self._spill(cmd.nbytes)
+            elif isinstance(cmd, ws.ReportMemory):
+                self._report()
+            elif isinstance(cmd, ws.StartTimer):
+                self._arm(cmd.at)
+            elif isinstance(cmd, ws.CancelRunning):
+                self._cancel_running(cmd.key)
+            elif isinstance(cmd, ws.Kill):
+                self._kill(cmd.key, cmd.rss)
+            elif isinstance(cmd, ws.Log):
+                getattr(self.log, cmd.level)(cmd.event, **dict(cmd.fields))
+        if done:
+            self.scheduler.post(TasksDone(self.worker_id, tuple(done)))
+
+    def _submit(self, task: ToRun) -> None:
+        """Hand ``task`` to the executor. A spilled input is read for this task only and
+        stays on disk: putting it back in memory would push other outputs out, and
+        writing it again later would cost the disk twice."""
+        assert self.executor is not None
+        data = self.data
+        inputs = {dk: data.peek(dk) if data.on_disk(dk) else data[dk] for dk, _ in task.deps}
+        self.executor.submit(task, inputs)
+
+    def _cancel_running(self, key: Key) -> None:
+        assert self.executor is not None
+        before = self.executor.abandoned
+        self.executor.cancel(key)
+        if self.executor.abandoned != before:
+            self._report()  # the scheduler's status shows the abandoned thread
 
     # -- memory ------------------------------------------------------------------------
 
@@ -228,8 +268,10 @@ class Worker(Actor):
         self._sample()
         if self.streams:
             self.streams.expire(self._now())  # streams whose reader died
-        if self.governor.deferred:
-            self._govern(mem.Tick(self._now()))
+
+    @handles(_TimerFired)
+    def timer_fired(self, msg: _TimerFired) -> None:
+        self._feed(ws.TimerFired(time.time()))
 
     def _now(self) -> float:
         return asyncio.get_running_loop().time()
@@ -239,66 +281,28 @@ class Worker(Actor):
         if ex is None:
             return
         tasks: tuple[tuple[Key, int], ...] = ()
-        peaks = self._peaks
         if isinstance(ex, ProcessExecutor):
             tasks = tuple((k, rss_of(pid)) for k, pid in ex.running().items())
-            for k, r in tasks:  # each task's own process
-                if r > peaks.get(k, 0):
-                    peaks[k] = r
         used = ex.total_rss() if self.probe is None else self.probe()
-        if not tasks and 0 < len(self.running) <= self.nthreads:
-            # Threads: every task handed over is running (none waits in the executor's
-            # queue), so the process's RSS now is an RSS each of them ran at.
-            for k in self.running:
-                if used > peaks.get(k, 0):
-                    peaks[k] = used
-        cfg = self.memory_config
-        over = cfg.terminate is not None and used >= cfg.at(cfg.terminate)
-        if over and not ex.killable and not self._over_terminate:
-            self.log.warning(
-                "past the terminate fence, but tasks run in threads and cannot be killed; "
-                "run workers with execution 'process' to have the fence kill tasks",
-                rss=used, limit=cfg.limit,
-            )  # fmt: skip
-        self._over_terminate = over
-        self._govern(mem.Sampled(self._now(), used, tasks))
+        self._feed(ws.MemorySampled(time.time(), used, tasks))
 
-    def _govern(self, *events: mem.Event) -> None:
-        """Feed the governor; carry out its commands."""
-        for cmd in self.governor.handle(*events):
-            if type(cmd) is mem.Run:
-                task = self.deferred.pop(cmd.key, None)
-                if task is not None:
-                    self._run(task)
-            elif type(cmd) is mem.Defer:
-                self._arm(cmd.until)
-            elif type(cmd) is mem.Throttled:
-                self.log.info("throttled" if cmd.on else "unthrottled", rss=cmd.rss)
-                self._report()
-            elif type(cmd) is mem.Spill:
-                self._spill(cmd.nbytes)
-            elif type(cmd) is mem.Kill:
-                self._kill(cmd)
-
-    def _arm(self, until: float) -> None:
-        """Make sure a tick comes by ``until`` (one timer: the earliest deferral)."""
-        timer = self._timer
-        if timer is not None and timer.when() <= until:
-            return
-        if timer is not None:
-            timer.cancel()
-        tick = Envelope(_MemoryTick(), "")
+    def _arm(self, at: float) -> None:
+        """The core's timer: a :class:`_TimerFired` to self at wall time ``at``."""
+        if self._timer is not None:
+            self._timer.cancel()
+        fired = Envelope(_TimerFired(), "")
 
         def fire() -> None:
             self._timer = None
             if not self.ref.mailbox.closed:
-                self.ref.mailbox.put_nowait(tick, force=True)
+                self.ref.mailbox.put_nowait(fired, force=True)
 
-        self._timer = asyncio.get_running_loop().call_at(until, fire)
+        delay = max(0.0, at - time.time())
+        self._timer = asyncio.get_running_loop().call_later(delay, fire)
 
     def _spill(self, nbytes: int) -> None:
         store = self.data
-        moved = store.spill(nbytes)
+        moved = store.spill_keys(nbytes)
         now = self._now()
         if moved or now - self._trimmed >= 0.5:
             # Over the fence with nothing (more) to spill: freed inputs and copies may
@@ -307,7 +311,8 @@ class Worker(Actor):
             if MALLOC_TRIM is not None:
                 MALLOC_TRIM(0)
         if moved:
-            self.log.debug("spilled", nbytes=moved, on_disk=store.disk_bytes)
+            self.log.debug("spilled", keys=len(moved), on_disk=store.disk_bytes)
+            self._feed(ws.Spilled(time.time(), tuple(moved)))
             self._report()
         if store.disk_full and not self._disk_full:  # once per time it fills up
             self.log.warning(
@@ -315,21 +320,18 @@ class Worker(Actor):
             )
         self._disk_full = store.disk_full
 
-    def _kill(self, cmd: mem.Kill) -> None:
+    def _kill(self, key: Key, rss: int) -> None:
         assert self.executor is not None
-        if self.executor.kill(cmd.key, "oom"):
-            self._killed_at[cmd.key] = cmd.rss
-            self.log.warning(
-                "killed a task past the terminate fence", key=str(cmd.key), rss=cmd.rss
-            )
+        if self.executor.kill(key, "oom"):
+            self.log.warning("killed a task past the terminate fence", key=str(key), rss=rss)
 
     def _report(self) -> None:
-        cfg, store = self.memory_config, self.data
+        cfg, store, governor = self.memory_config, self.data, self.state.governor
         self.scheduler.post(
             WorkerMemoryReport(
                 self.worker_id,
-                self.governor.throttled,
-                self.governor.rss,
+                governor.throttled,
+                governor.rss,
                 cfg.at(cfg.throttle),
                 cfg.limit,
                 store.memory_bytes,
@@ -343,154 +345,11 @@ class Worker(Actor):
 
     @handles(RunTasks)
     def run_tasks(self, msg: RunTasks) -> None:
-        for task in msg.tasks:
-            self._start(task)
+        self._feed(ws.TasksAssigned(time.time(), msg.tasks))
 
-    def _start(self, task: ToRun) -> None:
-        data = self.data
-        if not task.deps or all(dk in data for dk, _ in task.deps):
-            self._ready(task)
-            return
-        self.fetching[task.key] = task
-        self.start_soon(self._fetch, task)
-
-    def _ready(self, task: ToRun) -> None:
-        """Its inputs are here: run it, unless the governor defers it (a producer while
-        the worker is throttled)."""
-        if self.governor.admits(task.producer):
-            self._run(task)
-            return
-        self.deferred[task.key] = task
-        self._govern(mem.Ready(self._now(), task.key, task.producer))
-
-    def _run(self, task: ToRun) -> None:
-        assert self.executor is not None
-        data = self.data
-        if self.unspill or (
-            len(self.running) >= self.nthreads and any(data.on_disk(dk) for dk, _ in task.deps)
-        ):
-            # Its inputs are on disk: load them only when a thread is free for it, not
-            # for every task queued ahead in the executor at once.
-            self.unspill[task.key] = task
-            self._run_unspilled()
-            return
-        self.running[task.key] = task
-        self.executor.submit(task, self._inputs(task))
-
-    def _inputs(self, task: ToRun) -> dict[Key, Any]:
-        """The task's inputs. A spilled one is read for this task only and stays on
-        disk: putting it back in memory would push other outputs out, and writing it
-        again later would cost the disk twice."""
-        data = self.data
-        return {dk: data.peek(dk) if data.on_disk(dk) else data[dk] for dk, _ in task.deps}
-
-    def _run_unspilled(self) -> None:
-        assert self.executor is not None
-        while self.unspill and len(self.running) < self.nthreads:
-            key = next(iter(self.unspill))
-            task = self.unspill.pop(key)
-            self.running[key] = task
-            self.executor.submit(task, self._inputs(task))
-
-    async def _fetch(self, task: ToRun) -> None:
-        """Copy the inputs ``task`` lacks from peers; report what could not be had."""
-        want: dict[str, list[tuple[Key, int]]] = {}
-        missing: list[tuple[Key, str]] = []
-        sizes = task.dep_nbytes or (0,) * len(task.deps)
-        for (dk, holders), nbytes in zip(task.deps, sizes, strict=True):
-            if dk in self.data:
-                continue
-            if not holders:
-                missing.append((dk, ""))
-                continue
-            want.setdefault(holders[0], []).append((dk, nbytes))
-        got: dict[Key, Any] = {}
-        # At most GET_DATA_BYTES per request: each reply is one message.
-        requests = [(w, keys) for w, sized in want.items() for keys in get_data_batches(sized)]
-        assert self._fetches is not None
-        error: BaseException | None = None
-        async with self._fetches:  # a few tasks' inputs in flight at once, not all
-            try:
-                await self._fetch_from(requests, got, missing)
-            except ValueTooLarge as exc:  # an input this worker can never hold
-                error = exc
-        self.ref.mailbox.put_nowait(
-            Envelope(_Fetched(task, got, tuple(missing), error), new_causal_id("f")), force=True
-        )
-
-    async def _fetch_from(
-        self,
-        requests: list[tuple[str, tuple[Key, ...]]],
-        got: dict[Key, Any],
-        missing: list[tuple[Key, str]],
-    ) -> None:
-        for wid, keys in requests:
-            peer = self.resolve(wid)
-            if inspect.isawaitable(peer):  # remote peers may need a connection first
-                try:
-                    peer = await peer
-                except CorralError as exc:
-                    self.log.warning("cannot reach peer", peer=wid, error=str(exc))
-                    peer = None
-            if peer is None:
-                missing.extend((k, wid) for k in keys)
-                continue
-            try:
-                await self._fetch_keys(peer, wid, keys, got, missing)
-            except (ActorStopped, AskTimeout, UnknownStream) as exc:
-                self.log.warning("fetch failed", peer=wid, error=str(exc))
-                missing.extend((k, wid) for k in keys if k not in got)
-
-    async def _fetch_keys(
-        self,
-        peer: Any,
-        wid: str,
-        keys: tuple[Key, ...],
-        got: dict[Key, Any],
-        missing: list[tuple[Key, str]],
-    ) -> None:
-        """One GetData of ``keys`` from ``peer``; values above ``STREAM_BYTES`` from a
-        peer in another process come as streams, read here part by part."""
-        # A peer in this process hands over references: nothing to stream.
-        stream_over = 0 if isinstance(peer, ActorRef) else STREAM_BYTES
-        try:
-            reply = await peer.ask(
-                GetData(keys, stream_over=stream_over), timeout=self.fetch_timeout
-            )
-        except FrameTooLarge:
-            # The recorded sizes understated the values (dask.sizeof of an object it
-            # cannot see into): ask again with every value as a stream.
-            reply = await peer.ask(GetData(keys, stream_over=1), timeout=self.fetch_timeout)
-        got.update(reply.data)
-        missing.extend((k, wid) for k in reply.missing)
-        for info in reply.streams:
-            got[info.key] = await transfer.receive(
-                lambda part: peer.ask(part, timeout=self.fetch_timeout),
-                info,
-                limit=self.memory,
-                where=f"worker {self.worker_id!r} (its memory limit)",
-                close=peer.post,
-            )
-
-    @handles(_Fetched)
-    def fetched_inputs(self, msg: _Fetched) -> None:
-        task: ToRun = msg.task
-        if self.fetching.pop(task.key, None) is None:
-            return  # cancelled meanwhile
-        for k, v in msg.data.items():
-            if k not in self.data:
-                self.data[k] = v
-                self.fetched.setdefault(task.key, []).append(k)
-        if msg.error is not None or msg.missing:
-            fetched = tuple(self.fetched.pop(task.key, ()))
-            if msg.error is not None:
-                now = time.time()
-                result = TaskResult(task.key, "error", now, now, error=msg.error, fetched=fetched)
-            else:
-                result = TaskResult(task.key, "missing", missing=msg.missing, fetched=fetched)
-            self.scheduler.post(TasksDone(self.worker_id, (result,)))
-            return
-        self._ready(task)
+    @handles(CancelTasks)
+    def cancel_tasks(self, msg: CancelTasks) -> None:
+        self._feed(ws.CancelRequested(time.time(), msg.keys))
 
     def _deliver(self, done: list[tuple[TaskResult, Any]]) -> None:
         """Event-loop side of the executor: queue the results as a message to self."""
@@ -499,83 +358,80 @@ class Worker(Actor):
 
     @handles(_Finished)
     def finished(self, msg: _Finished) -> None:
-        results = []
-        cancelled = self.executor.cancelled if self.executor is not None else set()
-        killed = self.governor.killed
-        for res, value in msg.results:
-            key = res.key
-            self.running.pop(key, None)
-            if killed and key in killed:
-                self.governor.handle(mem.Finished(self._now(), key))
-            if res.outcome == "oom":  # the worker's memory at the kill, not the task's
-                res.rss = self._killed_at.pop(key, res.rss)
-            fetched = self.fetched.pop(key, None)
-            if fetched:
-                res = TaskResult(
-                    key, res.outcome, res.start, res.stop, res.nbytes, res.rss, res.error,
-                    fetched=self._keep_fetched(fetched), rss_before=res.rss_before,
-                )  # fmt: skip
-            res.rss_peak = max(self._peaks.pop(key, 0), res.rss)
-            if key in cancelled:
-                cancelled.discard(key)
-                if res.outcome != "error":
-                    res = TaskResult(key, "cancelled", res.start, res.stop, fetched=res.fetched)
-            elif res.outcome == "ok":
-                self.data.put(key, value, res.nbytes)
-            self.tasks_run += 1
-            results.append(res)
-        if results:
-            self.scheduler.post(TasksDone(self.worker_id, tuple(results)))
-        if self.unspill:
-            self._run_unspilled()
-        self._sample()
+        self._feed(ws.TasksFinished(time.time(), msg.results))
 
-    def _keep_fetched(self, fetched: list[Key]) -> tuple[Key, ...]:
-        """Copies of peers' outputs a finished task read: the small ones, and those
-        another task here still needs, are kept (and reported as replicas); a large one
-        nothing here needs is dropped at once. Its owner still has it, and a second
-        copy would only take memory (or disk, once spilled) until the run ends."""
-        store = self.data
-        large = [k for k in fetched if k in store and store.nbytes(k) >= KEEP_REPLICA_BYTES]
-        if not large:
-            return tuple(fetched)
-        pending = (self.running, self.deferred, self.unspill, self.fetching)
-        needed = {dk for tasks in pending for t in tasks.values() for dk, _ in t.deps}
-        keep = []
-        for k in fetched:
-            if k in large and k not in needed:
-                del store[k]
+    # -- fetching inputs from peers ----------------------------------------------------
+
+    async def _fetch(self, cmd: ws.Fetch) -> None:
+        """Carry out one :class:`~actors.worker_state.Fetch`; the answer, whatever
+        happens, goes back to the core as an :class:`~actors.worker_state.InputsFetched`."""
+        got: list[tuple[Key, Any, int]] = []
+        missing: tuple[Key, ...] = ()
+        refused: list[tuple[Key, BaseException]] = []
+        failed = ""
+        peer = self.resolve(cmd.peer)
+        try:
+            if inspect.isawaitable(peer):  # remote peers may need a connection first
+                peer = await peer
+            if peer is None:
+                failed = "gone"
             else:
-                keep.append(k)
-        return tuple(keep)
+                missing = await self._fetch_keys(peer, cmd.keys, got, refused)
+        except (CorralError, UnknownStream) as exc:  # unreachable, gone, timed out
+            failed = f"{type(exc).__name__}: {exc}"
+        answer = ws.InputsFetched(
+            time.time(), cmd.fetch, tuple(got), missing, tuple(refused), failed
+        )
+        self.ref.mailbox.put_nowait(Envelope(_Fetched(answer), new_causal_id("f")), force=True)
+
+    async def _fetch_keys(
+        self,
+        peer: Any,
+        keys: tuple[Key, ...],
+        got: list[tuple[Key, Any, int]],
+        refused: list[tuple[Key, BaseException]],
+    ) -> tuple[Key, ...]:
+        """One GetData of ``keys`` from ``peer``; values above ``STREAM_BYTES`` from a
+        peer in another process come as streams, read here part by part. Returns the
+        keys the peer does not hold."""
+        # A peer in this process hands over references: nothing to stream.
+        stream_over = 0 if isinstance(peer, ActorRef) else STREAM_BYTES
+        reply: DataReply
+        try:
+            reply = await peer.ask(
+                GetData(keys, stream_over=stream_over), timeout=self.fetch_timeout
+            )
+        except FrameTooLarge:
+            # The recorded sizes understated the values (dask.sizeof of an object it
+            # cannot see into): ask again with every value as a stream.
+            reply = await peer.ask(GetData(keys, stream_over=1), timeout=self.fetch_timeout)
+        got.extend((k, v, sizeof(v)) for k, v in reply.data.items())
+        for info in reply.streams:
+            try:
+                value = await transfer.receive(
+                    lambda part: peer.ask(part, timeout=self.fetch_timeout),
+                    info,
+                    limit=self.memory,
+                    where=f"worker {self.worker_id!r} (its memory limit)",
+                    close=peer.post,
+                )
+            except ValueTooLarge as exc:  # an input this worker can never hold
+                refused.append((info.key, exc))
+                continue
+            got.append((info.key, value, sizeof(value)))
+        return tuple(reply.missing)
+
+    @handles(_Fetched)
+    def fetched_inputs(self, msg: _Fetched) -> None:
+        self._feed(msg.answer)
 
     # -- requests from the scheduler, the registry and peers ---------------------------
-
-    @handles(CancelTasks)
-    def cancel_tasks(self, msg: CancelTasks) -> None:
-        assert self.executor is not None
-        for key in msg.keys:
-            if self.fetching.pop(key, None) is not None:
-                continue
-            if self.deferred.pop(key, None) is not None:
-                self.governor.handle(mem.Finished(self._now(), key))
-                continue
-            if self.unspill.pop(key, None) is not None:
-                continue
-            if key in self.running:
-                # Process mode kills its process; thread mode hands the slot to a fresh
-                # thread. Either way the try comes back ``cancelled`` and the slot is free.
-                before = self.executor.abandoned
-                self.executor.cancel(key)
-                if self.executor.abandoned != before:
-                    self._report()  # the scheduler's status shows the abandoned thread
 
     @handles(ConfirmHolds)
     def confirm_holds(self, msg: ConfirmHolds) -> None:
         """The scheduler asks after a rejoin; everything it sent before has been handled
         by now (one connection, one mailbox: in order), so this is what reached us."""
-        pending = (self.fetching, self.deferred, self.unspill, self.running)
-        active = tuple(key for tasks in pending for key in tasks)
+        active = self.state.active
         store = self.data
         held = tuple((key, store.nbytes(key)) for key in store)
         self.log.info("rejoined", active=len(active), held=len(held))
@@ -583,8 +439,7 @@ class Worker(Actor):
 
     @handles(DropKeys)
     def drop_keys(self, msg: DropKeys) -> None:
-        for key in msg.keys:
-            self.data.pop(key, None)
+        self._feed(ws.DropRequested(time.time(), msg.keys))
 
     @handles(GetData)
     def get_data(self, msg: GetData) -> DataReply:
@@ -623,20 +478,19 @@ class Worker(Actor):
 
     @handles(StatusRequest)
     def status(self, msg: StatusRequest) -> WorkerStatus:
-        store = self.data
-        ex = self.executor
+        store, ex, state = self.data, self.executor, self.state
         return WorkerStatus(
             self.worker_id,
             len(store),
             store.memory_bytes,
-            len(self.running),
-            len(self.fetching) + len(self.unspill),
+            len(state.running),
+            len(state.fetching) + len(state.queued),
             ex.total_rss() if ex is not None else rss(),
             store.n_spilled,
             store.disk_bytes,
             store.spilled_total,
-            len(self.deferred),
-            self.governor.throttled,
+            len(state.deferred),
+            state.governor.throttled,
             self.memory_config.execution,
             ex.abandoned if ex is not None else 0,
         )

@@ -154,7 +154,7 @@ async def test_a_deferred_producer_can_be_cancelled(tmp_path: Path) -> None:
             await sched.until(lambda: bool(sched.reports))  # throttled from the start
             ref.post(RunTasks((run("load-0", lambda: ran.set(), producer=True),)))
             await ref.ask(StatusRequest())  # the RunTasks was handled
-            assert "load-0" in w.deferred
+            assert "load-0" in w.state.deferred
             ref.post(CancelTasks(("load-0",)))
             status: WorkerStatus = await ref.ask(StatusRequest())
             assert status.deferred == 0 and not w.governor.deferred

@@ -1,0 +1,665 @@
+"""The worker's pure core: which tasks fetch, wait, run, and what memory needs.
+
+What lives here: the events the worker's shell (``actors/worker.py``) feeds, the
+commands it carries out, and :class:`WorkerState` with its one mutator
+``handle(*events) -> list[Command]``. No clock, no threads, no I/O: every event carries
+``now`` (the wall clock, seconds), values pass through as opaque objects, and a timer is
+a command. The memory governor (``actors/memory.py``) is a sub-core the state calls.
+
+A task handed to this worker is in exactly one place:
+
+- ``fetching``: some inputs are on peers; each missing input is fetched once, however
+  many tasks need it, in requests of at most ``GET_DATA_BYTES`` to one peer, at most
+  ``max_fetches`` requests in flight. A peer that lacks a key, or cannot be reached, is
+  not asked again for it: the next holder is. When no holder is left, the tasks needing
+  it are reported ``missing`` (they did not start) so the scheduler recomputes it.
+- ``deferred``: its inputs are here; it produces memory and the worker is throttled,
+  so the governor holds it back for a growing interval.
+- ``queued``: its inputs are here, some spilled to disk, and no thread is free: the
+  inputs are loaded only when one is, not for every queued task at once.
+- ``running``: handed to the executor.
+
+A finished task's output is stored; copies of peers' outputs it read are kept while
+small or still needed here, and a large one nothing here needs is dropped at once (its
+owner still has it). Every try ends in exactly one :class:`TaskResult`, built once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from typing import Any
+
+from actors import memory as mem
+from actors.protocol import TaskResult, ToRun
+from runtime.graph import Key
+from runtime.messages import get_data_batches
+
+__all__ = [
+    "KEEP_REPLICA_BYTES",
+    "CancelRequested",
+    "CancelRunning",
+    "Command",
+    "DropRequested",
+    "Event",
+    "Fetch",
+    "Forget",
+    "InputsFetched",
+    "Kill",
+    "Log",
+    "MemorySampled",
+    "ReportDone",
+    "ReportMemory",
+    "Sample",
+    "Spill",
+    "Spilled",
+    "StartTimer",
+    "Store",
+    "Submit",
+    "TasksAssigned",
+    "TasksFinished",
+    "TimerFired",
+    "WorkerState",
+]
+
+#: a copy of a peer's output at least this large is dropped once nothing here needs it
+KEEP_REPLICA_BYTES = 1 << 20
+
+# ----------------------------------------------------------------------------- events
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Event:
+    now: float  #: wall-clock seconds
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TasksAssigned(Event):
+    """The scheduler hands these tasks to this worker."""
+
+    tasks: tuple[ToRun, ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class InputsFetched(Event):
+    """The answer to :class:`Fetch` ``fetch``: the ``(key, value, nbytes)`` copies got,
+    the keys the peer does not hold, the keys refused with an error (a value this worker
+    can never hold), and ``failed``: why the rest did not come (peer gone, timeout)."""
+
+    fetch: int
+    got: tuple[tuple[Key, Any, int], ...] = ()
+    missing: tuple[Key, ...] = ()
+    refused: tuple[tuple[Key, BaseException], ...] = ()
+    failed: str = ""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TasksFinished(Event):
+    """Tries the executor ended, with each ``ok`` try's output (else None)."""
+
+    results: tuple[tuple[TaskResult, Any], ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class MemorySampled(Event):
+    """The worker's RSS (with its task processes); ``tasks``: ``(key, RSS)`` of each
+    running task in a process of its own (the ones that can be killed)."""
+
+    rss: int
+    tasks: tuple[tuple[Key, int], ...] = ()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TimerFired(Event):
+    """The timer of the latest :class:`StartTimer` fired."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CancelRequested(Event):
+    """The scheduler cancels these tasks (no report is owed for one that never ran)."""
+
+    keys: tuple[Key, ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DropRequested(Event):
+    """The scheduler releases these outputs (or this worker's copies of them)."""
+
+    keys: tuple[Key, ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Spilled(Event):
+    """These outputs moved to disk (the shell carried out a :class:`Spill`)."""
+
+    keys: tuple[Key, ...]
+
+
+# ----------------------------------------------------------------------------- commands
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Command:
+    pass
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Fetch(Command):
+    """Ask peer ``peer`` for ``keys``; answer with :class:`InputsFetched` ``fetch``."""
+
+    fetch: int
+    peer: str
+    keys: tuple[Key, ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Submit(Command):
+    """Hand ``task`` to the executor with its inputs (read from disk where spilled)."""
+
+    task: ToRun
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CancelRunning(Command):
+    """Cancel a task the executor has: its try comes back ``cancelled``."""
+
+    key: Key
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Kill(Command):
+    """Kill running task ``key`` (past the terminate fence); its try ends ``oom``."""
+
+    key: Key
+    rss: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Store(Command):
+    """Keep ``value`` as output ``key`` (an output made here, or a peer's copy)."""
+
+    key: Key
+    value: Any
+    nbytes: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Forget(Command):
+    """Delete these outputs (those not held are ignored)."""
+
+    keys: tuple[Key, ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Spill(Command):
+    """Move at least ``nbytes`` of outputs to disk; answer with :class:`Spilled`."""
+
+    nbytes: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ReportDone(Command):
+    """Tell the scheduler these tries ended."""
+
+    results: tuple[TaskResult, ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ReportMemory(Command):
+    """Tell the scheduler the worker's memory state (throttled, RSS, spilled)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Sample(Command):
+    """Read memory now and answer with :class:`MemorySampled`."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StartTimer(Command):
+    """Send :class:`TimerFired` at ``at`` (replaces a later timer)."""
+
+    at: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Log(Command):
+    level: str
+    event: str
+    fields: tuple[tuple[str, Any], ...] = ()
+
+
+# ----------------------------------------------------------------------------- core
+
+
+@dataclasses.dataclass(slots=True)
+class _Want:
+    """An input being fetched for the tasks in ``waiters`` (in the order they came)."""
+
+    nbytes: int
+    holders: tuple[str, ...]
+    tried: list[str]  #: holders asked that did not deliver it
+    waiters: dict[Key, None]
+    fetch: int = 0  #: the request it is in; 0 while queued
+
+
+@dataclasses.dataclass(slots=True)
+class _Fetching:
+    task: ToRun
+    lacking: set[Key]
+
+
+class WorkerState:
+    """One worker's tasks, inputs and memory decisions."""
+
+    def __init__(
+        self,
+        worker_id: str,
+        nthreads: int,
+        memory: mem.MemoryConfig,
+        *,
+        killable: bool = False,
+        max_fetches: int | None = None,
+    ) -> None:
+        if nthreads < 1:
+            raise ValueError(f"a worker needs at least one thread, got {nthreads}")
+        self.worker_id = worker_id
+        self.nthreads = nthreads
+        self.killable = killable  #: tasks run in processes the terminate fence can kill
+        self.max_fetches = max(2, 2 * nthreads) if max_fetches is None else max_fetches
+        self.governor = mem.MemoryGovernor(memory)
+        self.fetching: dict[Key, _Fetching] = {}
+        self.deferred: dict[Key, ToRun] = {}
+        self.queued: dict[Key, ToRun] = {}
+        self.running: dict[Key, ToRun] = {}
+        self.held: dict[Key, int] = {}  #: outputs here -> their bytes
+        self.on_disk: set[Key] = set()  #: the held ones spilled to disk
+        self.copied: dict[Key, list[Key]] = {}  #: task -> peers' outputs copied for it
+        self.cancelled: set[Key] = set()  #: running tasks cancelled, their try not back
+        self.wants: dict[Key, _Want] = {}
+        self.to_fetch: dict[str, list[Key]] = {}  #: peer -> wanted keys to ask it for
+        self.in_flight: dict[int, tuple[str, tuple[Key, ...]]] = {}
+        self.timer: float | None = None  #: when the armed timer fires
+        self.tasks_run = 0
+        self._fetch_ids = 0
+        self._killed_at: dict[Key, int] = {}  #: killed task -> worker RSS at the kill
+        self._peaks: dict[Key, int] = {}  #: running task -> highest RSS sampled meanwhile
+        self._over_terminate = False
+
+    # -- the one mutator ---------------------------------------------------------------
+
+    def handle(self, *events: Event) -> list[Command]:
+        out: list[Command] = []
+        for ev in events:
+            if isinstance(ev, TasksFinished):
+                self._finished(ev, out)
+            elif isinstance(ev, TasksAssigned):
+                for task in ev.tasks:
+                    self._assigned(task, ev.now, out)
+            elif isinstance(ev, MemorySampled):
+                self._sampled(ev, out)
+            elif isinstance(ev, InputsFetched):
+                self._fetched(ev, out)
+            elif isinstance(ev, TimerFired):
+                self.timer = None
+                self._govern(self.governor.handle(mem.Tick(ev.now)), ev.now, out)
+            elif isinstance(ev, CancelRequested):
+                for key in ev.keys:
+                    self._cancel(key, ev.now, out)
+            elif isinstance(ev, DropRequested):
+                self._drop(ev.keys, out)
+            elif isinstance(ev, Spilled):
+                self.on_disk.update(k for k in ev.keys if k in self.held)
+            else:
+                raise TypeError(f"WorkerState cannot handle {type(ev).__name__}")
+        self._pump(out)
+        return out
+
+    # -- queries -----------------------------------------------------------------------
+
+    @property
+    def active(self) -> tuple[Key, ...]:
+        """Every task handed here whose try has not been reported."""
+        return (*self.fetching, *self.deferred, *self.queued, *self.running)
+
+    def validate(self) -> None:
+        """Check the invariants (tests call it after every step)."""
+        places: list[dict[Key, Any]] = [self.fetching, self.deferred, self.queued, self.running]
+        seen: set[Key] = set()
+        for place in places:
+            assert not seen & place.keys(), f"a task in two places: {seen & place.keys()}"
+            seen |= place.keys()
+        assert self.cancelled <= self.running.keys(), "cancelled but not running"
+        assert self.on_disk <= self.held.keys(), "on disk but not held"
+        assert set(self.deferred) == set(self.governor.deferred), "deferred != governor's"
+        assert not self.queued or len(self.running) >= self.nthreads, "queued, thread free"
+        assert len(self.in_flight) <= self.max_fetches, "too many fetches in flight"
+        for key, f in self.fetching.items():
+            assert f.lacking, f"{key!r} fetching nothing"
+            for dk in f.lacking:
+                assert key in self.wants[dk].waiters, f"{key!r} not waiting for {dk!r}"
+                assert dk not in self.held, f"{dk!r} held yet lacking"
+        queued = {k: p for p, ks in self.to_fetch.items() for k in ks}
+        assert sum(map(len, self.to_fetch.values())) == len(queued), "queued twice"
+        for dk, want in self.wants.items():
+            assert want.waiters, f"{dk!r} wanted by nobody"
+            for t in want.waiters:
+                assert dk in self.fetching[t].lacking
+            if want.fetch:  # asked (a request for an earlier want of it may be in flight)
+                peer, keys = self.in_flight[want.fetch]
+                assert dk in keys and dk not in queued, f"{dk!r} not asked"
+            else:
+                peer = queued[dk]
+            assert peer in want.holders and peer not in want.tried, f"{dk!r} asked of {peer}"
+
+    # -- tasks -------------------------------------------------------------------------
+
+    def _assigned(self, task: ToRun, now: float, out: list[Command]) -> None:
+        key = task.key
+        if key in self.fetching or key in self.deferred or key in self.queued:
+            return  # sent twice (a rejoin): it is here already
+        if key in self.running:
+            return  # the same (or its cancelled try has not come back yet)
+        held = self.held
+        lacking: set[Key] = set()
+        sizes = task.dep_nbytes or (0,) * len(task.deps)
+        for (dk, holders), nbytes in zip(task.deps, sizes, strict=True):
+            if dk in held or dk in lacking:
+                continue
+            want = self.wants.get(dk)
+            if want is None:
+                holders = tuple(h for h in holders if h != self.worker_id)
+                if not holders:
+                    self._abandon(key, lacking, out)
+                    out.append(ReportDone((TaskResult(key, "missing", missing=((dk, ""),)),)))
+                    return
+                want = self.wants[dk] = _Want(nbytes, holders, [], {})
+                self.to_fetch.setdefault(holders[0], []).append(dk)
+            want.waiters[key] = None
+            lacking.add(dk)
+        if lacking:
+            self.fetching[key] = _Fetching(task, lacking)
+        else:
+            self._ready(task, now, out)
+
+    def _ready(self, task: ToRun, now: float, out: list[Command]) -> None:
+        """Its inputs are here: run it, unless the governor defers it (a producer while
+        the worker is throttled)."""
+        if self.governor.admits(task.producer):
+            self._run(task, out)
+            return
+        self.deferred[task.key] = task
+        self._govern(self.governor.handle(mem.Ready(now, task.key, task.producer)), now, out)
+
+    def _run(self, task: ToRun, out: list[Command]) -> None:
+        if self.queued or (
+            len(self.running) >= self.nthreads and any(dk in self.on_disk for dk, _ in task.deps)
+        ):
+            # Its inputs are on disk: load them only when a thread is free for it, not
+            # for every task queued ahead in the executor at once.
+            self.queued[task.key] = task
+            self._start_queued(out)
+            return
+        self.running[task.key] = task
+        out.append(Submit(task))
+
+    def _start_queued(self, out: list[Command]) -> None:
+        queued, running = self.queued, self.running
+        while queued and len(running) < self.nthreads:
+            task = queued.pop(next(iter(queued)))
+            running[task.key] = task
+            out.append(Submit(task))
+
+    def _finished(self, ev: TasksFinished, out: list[Command]) -> None:
+        results = []
+        killed = self.governor.killed
+        for res, value in ev.results:
+            key = res.key
+            self.running.pop(key, None)
+            if killed and key in killed:
+                self.governor.handle(mem.Finished(ev.now, key))
+            rss = self._killed_at.pop(key, res.rss) if res.outcome == "oom" else res.rss
+            copied = self.copied.pop(key, None)
+            fetched = self._keep_copies(copied, out) if copied else res.fetched
+            peak = max(self._peaks.pop(key, 0), rss)
+            outcome = res.outcome
+            if key in self.cancelled:
+                self.cancelled.discard(key)
+                if outcome != "error":
+                    outcome, value = "cancelled", None
+            if outcome == "ok":
+                self.held[key] = res.nbytes
+                self.on_disk.discard(key)
+                out.append(Store(key, value, res.nbytes))
+            nbytes = res.nbytes if outcome == "ok" else 0
+            error = res.error if outcome == "error" else None
+            results.append(
+                TaskResult(
+                    key,
+                    outcome,
+                    res.start,
+                    res.stop,
+                    nbytes,
+                    rss,
+                    error,
+                    missing=res.missing,
+                    fetched=fetched,
+                    rss_before=res.rss_before,
+                    rss_peak=peak,
+                )
+            )
+            self.tasks_run += 1
+        if results:
+            out.append(ReportDone(tuple(results)))
+        self._start_queued(out)
+        out.append(Sample())
+
+    def _keep_copies(self, copied: list[Key], out: list[Command]) -> tuple[Key, ...]:
+        """Copies of peers' outputs a finished task read: the small ones, and those
+        another task here still needs, are kept (and reported as replicas); a large one
+        nothing here needs is dropped at once. Its owner still has it, and a second
+        copy would only take memory (or disk, once spilled) until the run ends."""
+        held = self.held
+        copied = [k for k in copied if k in held]
+        large = [k for k in copied if held[k] >= KEEP_REPLICA_BYTES]
+        if not large:
+            return tuple(copied)
+        needed = {
+            dk
+            for place in (self.running, self.deferred, self.queued)
+            for t in place.values()
+            for dk, _ in t.deps
+        }
+        needed.update(dk for f in self.fetching.values() for dk, _ in f.task.deps)
+        drop = tuple(k for k in large if k not in needed)
+        if drop:
+            self._drop(drop, out)
+        return tuple(k for k in copied if k not in drop)
+
+    def _cancel(self, key: Key, now: float, out: list[Command]) -> None:
+        f = self.fetching.pop(key, None)
+        if f is not None:
+            self._abandon(key, f.lacking, out)
+            self.copied.pop(key, None)
+        elif self.deferred.pop(key, None) is not None:
+            self.governor.handle(mem.Finished(now, key))
+        elif self.queued.pop(key, None) is not None:
+            pass
+        elif key in self.running and key not in self.cancelled:
+            # Process mode kills its process; thread mode hands the slot to a fresh
+            # thread. Either way the try comes back ``cancelled`` and the slot is free.
+            self.cancelled.add(key)
+            out.append(CancelRunning(key))
+
+    def _drop(self, keys: Iterable[Key], out: list[Command]) -> None:
+        held, on_disk = self.held, self.on_disk
+        for key in keys:
+            held.pop(key, None)
+            on_disk.discard(key)
+        out.append(Forget(tuple(keys)))
+
+    # -- fetching ----------------------------------------------------------------------
+
+    def _pump(self, out: list[Command]) -> None:
+        """Send queued fetches, a request per peer and batch, up to ``max_fetches``."""
+        to_fetch, wants = self.to_fetch, self.wants
+        while to_fetch and len(self.in_flight) < self.max_fetches:
+            peer = next(iter(to_fetch))
+            keys = to_fetch[peer]
+            batch = get_data_batches([(k, wants[k].nbytes) for k in keys])[0]
+            rest = keys[len(batch) :]
+            if rest:
+                to_fetch[peer] = rest
+            else:
+                del to_fetch[peer]
+            self._fetch_ids += 1
+            fid = self._fetch_ids
+            for k in batch:
+                wants[k].fetch = fid
+            self.in_flight[fid] = (peer, batch)
+            out.append(Fetch(fid, peer, batch))
+
+    def _fetched(self, ev: InputsFetched, out: list[Command]) -> None:
+        request = self.in_flight.pop(ev.fetch, None)
+        if request is None:
+            return
+        peer, keys = request
+        wants = self.wants
+        answered: set[Key] = set()
+        for key, value, nbytes in ev.got:
+            answered.add(key)
+            want = wants.get(key)
+            if want is None or want.fetch != ev.fetch:
+                continue  # nobody here needs it any more
+            del wants[key]
+            self.held[key] = nbytes
+            out.append(Store(key, value, nbytes))
+            first = True
+            for t in want.waiters:
+                f = self.fetching[t]
+                f.lacking.discard(key)
+                if first:  # one task owns the copy: its end decides whether it stays
+                    self.copied.setdefault(t, []).append(key)
+                    first = False
+                if not f.lacking:
+                    del self.fetching[t]
+                    self._ready(f.task, ev.now, out)
+        for key, error in ev.refused:
+            answered.add(key)
+            want = wants.get(key)
+            if want is None or want.fetch != ev.fetch:
+                continue
+            for t in list(want.waiters):
+                self._fail(t, ev.now, out, error=error)
+        for key in keys:
+            if key in answered:
+                continue
+            want = wants.get(key)
+            if want is None or want.fetch != ev.fetch:
+                continue
+            want.tried.append(peer)
+            untried = [h for h in want.holders if h not in want.tried]
+            if untried:  # ask the next holder
+                want.fetch = 0
+                self.to_fetch.setdefault(untried[0], []).append(key)
+                continue
+            gone = tuple((key, h) for h in want.tried)
+            for t in list(want.waiters):
+                self._fail(t, ev.now, out, missing=gone)
+        if ev.failed:
+            out.append(Log("warning", "fetch failed", (("peer", peer), ("error", ev.failed))))
+
+    def _fail(
+        self,
+        key: Key,
+        now: float,
+        out: list[Command],
+        *,
+        error: BaseException | None = None,
+        missing: tuple[tuple[Key, str], ...] = (),
+    ) -> None:
+        """A fetching task cannot run: report it (``error``, else ``missing``)."""
+        f = self.fetching.pop(key)
+        self._abandon(key, f.lacking, out)
+        copied = self.copied.pop(key, None)
+        fetched = tuple(k for k in copied if k in self.held) if copied else ()
+        if error is not None:
+            result = TaskResult(key, "error", now, now, error=error, fetched=fetched)
+        else:
+            result = TaskResult(key, "missing", missing=missing, fetched=fetched)
+        out.append(ReportDone((result,)))
+
+    def _abandon(self, key: Key, lacking: Iterable[Key], out: list[Command]) -> None:
+        """Task ``key`` no longer waits for ``lacking``: a key nobody else waits for
+        is not fetched (a request in flight for it is let go; its copy not kept)."""
+        wants = self.wants
+        for dk in lacking:
+            want = wants.get(dk)
+            if want is None:
+                continue
+            want.waiters.pop(key, None)
+            if want.waiters:
+                continue
+            del wants[dk]
+            if not want.fetch:
+                peer = next(h for h in want.holders if h not in want.tried)
+                keys = self.to_fetch[peer]
+                keys.remove(dk)
+                if not keys:
+                    del self.to_fetch[peer]
+
+    # -- memory ------------------------------------------------------------------------
+
+    def _sampled(self, ev: MemorySampled, out: list[Command]) -> None:
+        peaks = self._peaks
+        for k, r in ev.tasks:  # each task's own process
+            if r > peaks.get(k, 0):
+                peaks[k] = r
+        if not ev.tasks and 0 < len(self.running) <= self.nthreads:
+            # Threads: every task handed over is running (none waits in the executor's
+            # queue), so the process's RSS now is an RSS each of them ran at.
+            for k in self.running:
+                if ev.rss > peaks.get(k, 0):
+                    peaks[k] = ev.rss
+        cfg = self.governor.config
+        over = cfg.terminate is not None and ev.rss >= cfg.at(cfg.terminate)
+        if over and not self.killable and not self._over_terminate:
+            out.append(
+                Log(
+                    "warning",
+                    "past the terminate fence, but tasks run in threads and cannot be "
+                    "killed; run workers with execution 'process' to have the fence kill "
+                    "tasks",
+                    (("rss", ev.rss), ("limit", cfg.limit)),
+                )
+            )
+        self._over_terminate = over
+        cmds = self.governor.handle(mem.Sampled(ev.now, ev.rss, ev.tasks))
+        if self.governor.deferred:
+            cmds += self.governor.handle(mem.Tick(ev.now))
+        self._govern(cmds, ev.now, out)
+
+    def _govern(self, cmds: list[mem.Command], now: float, out: list[Command]) -> None:
+        """Carry the governor's commands into this core's."""
+        for cmd in cmds:
+            if isinstance(cmd, mem.Run):
+                task = self.deferred.pop(cmd.key, None)
+                if task is not None:
+                    self._run(task, out)
+            elif isinstance(cmd, mem.Defer):
+                self._arm(cmd.until, out)
+            elif isinstance(cmd, mem.Throttled):
+                event = "throttled" if cmd.on else "unthrottled"
+                out.append(Log("info", event, (("rss", cmd.rss),)))
+                out.append(ReportMemory())
+            elif isinstance(cmd, mem.Spill):
+                out.append(Spill(cmd.nbytes))
+            elif isinstance(cmd, mem.Kill) and cmd.key in self.running:
+                self._killed_at[cmd.key] = cmd.rss
+                out.append(Kill(cmd.key, cmd.rss))
+
+    def _arm(self, at: float, out: list[Command]) -> None:
+        """One timer: the earliest deferral's."""
+        if self.timer is not None and self.timer <= at:
+            return
+        self.timer = at
+        out.append(StartTimer(at))

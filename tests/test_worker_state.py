@@ -1,0 +1,496 @@
+"""Tests of the worker's pure core (actors/worker_state.py): events in, exact commands
+out, and a Hypothesis state machine that drives random assignments, fetch answers,
+finishes, memory samples, timers and cancels, checking the invariants after every step
+and that every task handed over is reported exactly once.
+
+No event loop, no threads, no clock: ``now`` is a number the test picks.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+from actors.memory import MemoryConfig
+from actors.protocol import TaskResult, ToRun
+from actors.worker_state import (
+    CancelRequested,
+    CancelRunning,
+    Command,
+    DropRequested,
+    Event,
+    Fetch,
+    Forget,
+    InputsFetched,
+    Kill,
+    Log,
+    MemorySampled,
+    ReportDone,
+    ReportMemory,
+    Sample,
+    Spill,
+    Spilled,
+    StartTimer,
+    Store,
+    Submit,
+    TasksAssigned,
+    TasksFinished,
+    TimerFired,
+    WorkerState,
+)
+from runtime.errors import ValueTooLarge
+from runtime.graph import Key, Task
+
+MB = 1 << 20
+LIMIT = 1000  # bytes: spill at 600, throttle at 700, terminate at 950
+
+
+def noop() -> None:
+    return None
+
+
+def task(
+    key: Key,
+    deps: dict[Key, tuple[str, ...]] | None = None,
+    *,
+    producer: bool = False,
+    sizes: tuple[int, ...] = (),
+) -> ToRun:
+    deps = deps or {}
+    return ToRun(key, Task(key, noop), "cat", tuple(deps.items()), producer, sizes)
+
+
+def state(nthreads: int = 1, **options: Any) -> WorkerState:
+    killable = options.pop("killable", False)
+    return WorkerState("w", nthreads, MemoryConfig.of(LIMIT, options), killable=killable)
+
+
+def feed(s: WorkerState, *events: Event) -> list[Command]:
+    out = s.handle(*events)
+    s.validate()
+    return out
+
+
+def ok(key: Key, nbytes: int = 10, value: Any = "v") -> tuple[TaskResult, Any]:
+    return TaskResult(key, "ok", 1.0, 2.0, nbytes, 100, rss_before=90), value
+
+
+def done(key: Key, nbytes: int = 10, **fields: Any) -> TaskResult:
+    fields.setdefault("rss_peak", 100)
+    return TaskResult(key, "ok", 1.0, 2.0, nbytes, 100, rss_before=90, **fields)
+
+
+def finish(s: WorkerState, key: Key, nbytes: int = 10) -> list[Command]:
+    """Run ``key`` to its end, ok, with output ``v`` of ``nbytes``."""
+    return feed(s, TasksFinished(0.0, (ok(key, nbytes),)))
+
+
+# ----------------------------------------------------------------------------- running
+
+
+def test_a_task_with_its_inputs_here_runs_and_its_output_is_stored() -> None:
+    s = state()
+    a = task("a")
+    assert feed(s, TasksAssigned(0.0, (a,))) == [Submit(a)]
+    assert finish(s, "a") == [Store("a", "v", 10), ReportDone((done("a"),)), Sample()]
+    b = task("b", {"a": ("w",)})
+    assert feed(s, TasksAssigned(1.0, (b,))) == [Submit(b)]
+    assert s.held == {"a": 10} and s.tasks_run == 1
+
+
+def test_a_task_sent_twice_is_run_once() -> None:
+    s = state()
+    a = task("a")
+    assert feed(s, TasksAssigned(0.0, (a,)), TasksAssigned(0.0, (a,))) == [Submit(a)]
+
+
+def test_an_error_is_reported_and_nothing_is_stored() -> None:
+    s = state()
+    feed(s, TasksAssigned(0.0, (task("a"),)))
+    boom = ValueError("boom")
+    res = TaskResult("a", "error", 1.0, 2.0, 0, 100, boom)
+    assert feed(s, TasksFinished(0.0, ((res, None),))) == [
+        ReportDone((TaskResult("a", "error", 1.0, 2.0, 0, 100, boom, rss_peak=100),)),
+        Sample(),
+    ]
+    assert s.held == {}
+
+
+# ----------------------------------------------------------------------------- fetching
+
+
+def test_inputs_on_one_peer_come_in_one_request_each_key_once() -> None:
+    s = state(nthreads=2)
+    t1 = task("t1", {"x": ("p1",), "y": ("p1",)})
+    t2 = task("t2", {"x": ("p1",)})
+    assert feed(s, TasksAssigned(0.0, (t1, t2))) == [Fetch(1, "p1", ("x", "y"))]
+    got = InputsFetched(1.0, 1, (("x", "X", 5), ("y", "Y", 6)))
+    assert feed(s, got) == [Store("x", "X", 5), Submit(t2), Store("y", "Y", 6), Submit(t1)]
+
+
+def test_a_key_the_first_holder_lacks_is_asked_of_the_next() -> None:
+    s = state()
+    t = task("t", {"x": ("p1", "p2")})
+    assert feed(s, TasksAssigned(0.0, (t,))) == [Fetch(1, "p1", ("x",))]
+    assert feed(s, InputsFetched(1.0, 1, missing=("x",))) == [Fetch(2, "p2", ("x",))]
+    assert feed(s, InputsFetched(2.0, 2, (("x", "X", 5),))) == [Store("x", "X", 5), Submit(t)]
+
+
+def test_a_peer_that_cannot_be_reached_is_passed_over_and_logged() -> None:
+    s = state()
+    t = task("t", {"x": ("p1", "p2")})
+    feed(s, TasksAssigned(0.0, (t,)))
+    assert feed(s, InputsFetched(1.0, 1, failed="gone")) == [
+        Log("warning", "fetch failed", (("peer", "p1"), ("error", "gone"))),
+        Fetch(2, "p2", ("x",)),
+    ]
+
+
+def test_when_no_holder_is_left_the_task_is_reported_missing() -> None:
+    s = state()
+    t = task("t", {"x": ("p1", "p2"), "y": ("p3",)})
+    assert feed(s, TasksAssigned(0.0, (t,))) == [Fetch(1, "p1", ("x",)), Fetch(2, "p3", ("y",))]
+    assert feed(s, InputsFetched(1.0, 2, (("y", "Y", 5),))) == [Store("y", "Y", 5)]
+    assert feed(s, InputsFetched(1.0, 1, missing=("x",))) == [Fetch(3, "p2", ("x",))]
+    missing = TaskResult("t", "missing", missing=(("x", "p1"), ("x", "p2")), fetched=("y",))
+    assert feed(s, InputsFetched(2.0, 3, missing=("x",))) == [ReportDone((missing,))]
+    assert not s.active and not s.wants and s.held == {"y": 5}
+
+
+def test_an_input_without_any_holder_fails_the_task_at_once() -> None:
+    s = state()
+    t = task("t", {"x": ()})
+    missing = TaskResult("t", "missing", missing=(("x", ""),))
+    assert feed(s, TasksAssigned(0.0, (t,))) == [ReportDone((missing,))]
+
+
+def test_an_input_too_large_for_this_worker_fails_the_task_with_that_error() -> None:
+    s = state()
+    t = task("t", {"x": ("p1",)})
+    feed(s, TasksAssigned(0.0, (t,)))
+    error = ValueTooLarge("x", 2000, LIMIT, "worker 'w'")
+    failed = TaskResult("t", "error", 3.0, 3.0, error=error)
+    assert feed(s, InputsFetched(3.0, 1, refused=(("x", error),))) == [ReportDone((failed,))]
+
+
+def test_at_most_max_fetches_requests_are_in_flight() -> None:
+    s = state()  # one thread: two fetches at a time
+    tasks = [task(f"t{i}", {f"x{i}": (f"p{i}",)}) for i in range(3)]
+    assert feed(s, TasksAssigned(0.0, tuple(tasks))) == [
+        Fetch(1, "p0", ("x0",)),
+        Fetch(2, "p1", ("x1",)),
+    ]
+    assert feed(s, InputsFetched(1.0, 1, (("x0", 0, 1),))) == [
+        Store("x0", 0, 1),
+        Submit(tasks[0]),
+        Fetch(3, "p2", ("x2",)),
+    ]
+
+
+def test_inputs_of_a_task_cancelled_while_fetching_are_not_kept() -> None:
+    s = state()
+    t = task("t", {"x": ("p1",), "y": ("p2",)})
+    feed(s, TasksAssigned(0.0, (t,)))
+    assert feed(s, CancelRequested(1.0, ("t",))) == []
+    assert feed(s, InputsFetched(2.0, 1, (("x", "X", 5),))) == []
+    assert s.held == {} and not s.active and not s.wants
+
+
+def test_a_large_copy_nothing_here_needs_is_dropped_a_small_one_kept() -> None:
+    s = state()
+    t = task("t", {"big": ("p1",), "small": ("p1",)})
+    feed(s, TasksAssigned(0.0, (t,)))
+    feed(s, InputsFetched(1.0, 1, (("big", "B", 2 * MB), ("small", "S", 10))))
+    assert finish(s, "t") == [
+        Forget(("big",)),
+        Store("t", "v", 10),
+        ReportDone((done("t", fetched=("small",)),)),
+        Sample(),
+    ]
+    assert s.held == {"small": 10, "t": 10}
+
+
+def test_a_large_copy_another_task_here_needs_is_kept() -> None:
+    s = state(nthreads=2)
+    t1 = task("t1", {"big": ("p1",)})
+    t2 = task("t2", {"big": ("p1",), "z": ("p2",)})
+    feed(s, TasksAssigned(0.0, (t1, t2)))
+    feed(s, InputsFetched(1.0, 1, (("big", "B", 2 * MB),)))
+    assert finish(s, "t1")[1] == ReportDone((done("t1", fetched=("big",)),))
+    assert "big" in s.held
+
+
+# ----------------------------------------------------------------------------- memory
+
+
+def test_a_throttled_worker_defers_producers_and_runs_them_when_memory_falls() -> None:
+    s = state(first_delay=0.25)
+    assert feed(s, MemorySampled(0.0, 800)) == [
+        Spill(800 - 540),
+        Log("info", "throttled", (("rss", 800),)),
+        ReportMemory(),
+    ]
+    p = task("p", producer=True)
+    c = task("c")
+    assert feed(s, TasksAssigned(1.0, (p, c))) == [StartTimer(1.25), Submit(c)]
+    # The timer fires while memory is still high: deferred again, twice as long.
+    assert feed(s, TimerFired(1.25)) == [StartTimer(1.75)]
+    # Memory fell: the producer goes at once, without waiting for its timer.
+    assert feed(s, MemorySampled(1.5, 100)) == [
+        Log("info", "unthrottled", (("rss", 100),)),
+        ReportMemory(),
+        Submit(p),
+    ]
+
+
+def test_a_deferred_producer_can_be_cancelled() -> None:
+    s = state()
+    feed(s, MemorySampled(0.0, 800))
+    feed(s, TasksAssigned(1.0, (task("p", producer=True),)))
+    assert feed(s, CancelRequested(1.01, ("p",))) == []
+    assert not s.governor.deferred and not s.active
+
+
+def test_a_task_with_spilled_inputs_waits_for_a_free_thread() -> None:
+    s = state()
+    feed(s, TasksAssigned(0.0, (task("x"),)))
+    finish(s, "x")
+    feed(s, Spilled(0.5, ("x",)))
+    a, b = task("a"), task("b", {"x": ("w",)})
+    assert feed(s, TasksAssigned(1.0, (a, b))) == [Submit(a)]  # b queued, x stays on disk
+    assert s.queued == {"b": b}
+    assert finish(s, "a")[-2:] == [Submit(b), Sample()]
+
+
+def test_past_the_terminate_fence_the_largest_task_process_is_killed() -> None:
+    s = state(nthreads=2, killable=True)
+    feed(s, TasksAssigned(0.0, (task("a"), task("b"))))
+    out = feed(s, MemorySampled(1.0, 960, (("a", 300), ("b", 500))))
+    assert out[-1] == Kill("b", 960)
+    oom = TaskResult("b", "oom", 1.0, 2.0, 0, 123)
+    assert feed(s, TasksFinished(2.0, ((oom, None),)))[0] == ReportDone(
+        (TaskResult("b", "oom", 1.0, 2.0, 0, 960, rss_peak=960),)
+    )
+
+
+def test_threads_past_the_terminate_fence_are_warned_about_once() -> None:
+    s = state()
+    feed(s, TasksAssigned(0.0, (task("a"),)))
+    first = feed(s, MemorySampled(1.0, 960))
+    assert [c for c in first if isinstance(c, Log) and c.level == "warning"]
+    assert not [c for c in feed(s, MemorySampled(1.1, 970)) if isinstance(c, Log)]
+
+
+def test_rss_sampled_while_a_thread_task_runs_is_its_peak() -> None:
+    s = state()
+    feed(s, TasksAssigned(0.0, (task("a"),)), MemorySampled(0.5, 400))
+    assert finish(s, "a")[1] == ReportDone((done("a", rss_peak=400),))
+
+
+# ----------------------------------------------------------------------------- cancel, drop
+
+
+def test_a_cancelled_running_task_is_reported_cancelled_whatever_it_returned() -> None:
+    s = state()
+    feed(s, TasksAssigned(0.0, (task("a"),)))
+    assert feed(s, CancelRequested(1.0, ("a",))) == [CancelRunning("a")]
+    assert feed(s, CancelRequested(1.0, ("a",))) == []  # asked once
+    assert finish(s, "a") == [
+        ReportDone((TaskResult("a", "cancelled", 1.0, 2.0, 0, 100, rss_before=90, rss_peak=100),)),
+        Sample(),
+    ]
+    assert s.held == {}
+
+
+def test_dropped_outputs_are_forgotten() -> None:
+    s = state()
+    feed(s, TasksAssigned(0.0, (task("a"),)))
+    finish(s, "a")
+    feed(s, Spilled(1.0, ("a",)))
+    assert feed(s, DropRequested(2.0, ("a", "other"))) == [Forget(("a", "other"))]
+    assert s.held == {} and s.on_disk == set()
+
+
+def test_an_unknown_event_is_refused() -> None:
+    with pytest.raises(TypeError, match="cannot handle Event"):
+        state().handle(Event(0.0))
+
+
+# ----------------------------------------------------------------------------- machine
+
+PEERS = ("p1", "p2", "p3")
+
+
+class WorkerMachine(RuleBasedStateMachine):
+    """Random traffic against one worker core; every task handed over must be reported
+    exactly once (or be cancelled before it ran), and only with its inputs held."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.s = WorkerState("w", 2, MemoryConfig.of(LIMIT), killable=True)
+        self.now = 0.0
+        self.n = 0
+        self.assigned: set[Key] = set()
+        self.reported: Counter[Key] = Counter()
+        self.cancelled: set[Key] = set()
+        self.values: dict[Key, Any] = {}
+
+    def step(self, *events: Event) -> list[Command]:
+        out = self.s.handle(*events)
+        self.s.validate()
+        for cmd in out:
+            if isinstance(cmd, ReportDone):
+                for res in cmd.results:
+                    assert res.key in self.assigned, f"{res.key!r} reported, never assigned"
+                    self.reported[res.key] += 1
+                    assert self.reported[res.key] == 1, f"{res.key!r} reported twice"
+            elif isinstance(cmd, Submit):
+                for dk, _ in cmd.task.deps:
+                    assert dk in self.s.held, f"{cmd.task.key!r} submitted without {dk!r}"
+            elif isinstance(cmd, Fetch):
+                for k in cmd.keys:
+                    assert k not in self.s.held, f"{k!r} fetched though held"
+            elif isinstance(cmd, Store):
+                self.values[cmd.key] = cmd.value
+        return out
+
+    def tick(self) -> float:
+        self.now += 0.01
+        return self.now
+
+    @rule(
+        data=st.data(),
+        n=st.integers(1, 3),
+    )
+    def assign(self, data: st.DataObject, n: int) -> None:
+        tasks = []
+        held = sorted(self.s.held, key=str)
+        for _ in range(n):
+            self.n += 1
+            key = f"t{self.n}"
+            deps: dict[Key, tuple[str, ...]] = {}
+            for _ in range(data.draw(st.integers(0, 3))):
+                local: bool = data.draw(st.booleans())
+                if held and local:
+                    deps[data.draw(st.sampled_from(held))] = ("w",)
+                else:
+                    r = f"r{data.draw(st.integers(0, 5))}"
+                    deps[r] = tuple(data.draw(st.lists(st.sampled_from(PEERS), unique=True)))
+            producer = data.draw(st.booleans())
+            sizes = tuple(data.draw(st.sampled_from([1, 2 * MB])) for _ in deps)
+            tasks.append(task(key, deps, producer=producer, sizes=sizes))
+            self.assigned.add(key)
+        self.step(TasksAssigned(self.tick(), tuple(tasks)))
+
+    @precondition(lambda self: self.s.in_flight)
+    @rule(data=st.data())
+    def answer_fetch(self, data: st.DataObject) -> None:
+        fid = data.draw(st.sampled_from(sorted(self.s.in_flight)))
+        _, keys = self.s.in_flight[fid]
+        if data.draw(st.integers(0, 5)) == 0:
+            self.step(InputsFetched(self.tick(), fid, failed="gone"))
+            return
+        got, missing, refused = [], [], []
+        for k in keys:
+            fate = data.draw(st.sampled_from(["got", "got", "got", "missing", "refused"]))
+            if fate == "got":
+                got.append((k, f"value of {k}", data.draw(st.sampled_from([1, 2 * MB]))))
+            elif fate == "missing":
+                missing.append(k)
+            else:
+                refused.append((k, ValueTooLarge(str(k), 2000, LIMIT, "worker 'w'")))
+        self.step(InputsFetched(self.tick(), fid, tuple(got), tuple(missing), tuple(refused)))
+
+    @precondition(lambda self: self.s.running)
+    @rule(data=st.data())
+    def finish(self, data: st.DataObject) -> None:
+        key = data.draw(st.sampled_from(sorted(self.s.running, key=str)))
+        if data.draw(st.integers(0, 3)):
+            res, value = TaskResult(key, "ok", 1.0, 2.0, 10, 100), "v"
+        else:
+            res, value = TaskResult(key, "oom", 1.0, 2.0, 0, 100), None
+        self.step(TasksFinished(self.tick(), ((res, value),)))
+
+    @rule(rss=st.integers(0, LIMIT))
+    def sample(self, rss: int) -> None:
+        tasks = tuple((k, rss // 2) for k in self.s.running)
+        self.step(MemorySampled(self.tick(), rss, tasks))
+
+    @precondition(lambda self: self.s.timer is not None)
+    @rule()
+    def timer(self) -> None:
+        assert self.s.timer is not None
+        self.now = max(self.now, self.s.timer)
+        self.step(TimerFired(self.now))
+
+    @precondition(lambda self: self.s.active)
+    @rule(data=st.data())
+    def cancel(self, data: st.DataObject) -> None:
+        key = data.draw(st.sampled_from(sorted(self.s.active, key=str)))
+        if key not in self.s.running:
+            self.cancelled.add(key)  # never ran: no report owed
+        self.step(CancelRequested(self.tick(), (key,)))
+
+    @precondition(lambda self: self.s.held)
+    @rule(data=st.data())
+    def spill_or_drop(self, data: st.DataObject) -> None:
+        key = data.draw(st.sampled_from(sorted(self.s.held, key=str)))
+        needed = {dk for k in self.s.active for dk in self._deps(k)}
+        if key in needed or data.draw(st.booleans()):
+            self.step(Spilled(self.tick(), (key,)))
+        else:
+            self.step(DropRequested(self.tick(), (key,)))
+
+    def _deps(self, key: Key) -> list[Key]:
+        s = self.s
+        if key in s.fetching:
+            return [dk for dk, _ in s.fetching[key].task.deps]
+        t = s.deferred.get(key) or s.queued.get(key) or s.running[key]
+        return [dk for dk, _ in t.deps]
+
+    @invariant()
+    def every_task_is_somewhere(self) -> None:
+        active = set(self.s.active)
+        for key in self.assigned:
+            places = (key in active) + (self.reported[key] == 1) + (key in self.cancelled)
+            assert places == 1, f"{key!r}: active {key in active}, {self.reported[key]} reports"
+
+    def teardown(self) -> None:
+        """Let everything finish: fetches succeed, memory is low, tasks end ok."""
+        for _ in range(1000):
+            s = self.s
+            if not s.active:
+                break
+            if s.in_flight:
+                fid = min(s.in_flight)
+                _, keys = s.in_flight[fid]
+                self.step(InputsFetched(self.tick(), fid, tuple((k, k, 1) for k in keys)))
+            elif s.running:
+                key = next(iter(s.running))
+                self.step(TasksFinished(self.tick(), ((TaskResult(key, "ok", 1.0, 2.0), 1),)))
+            else:
+                self.step(MemorySampled(self.tick(), 0))
+        assert not self.s.active, f"stuck: {self.s.active}"
+
+
+def test_worker_state_machine() -> None:
+    run_state_machine_as_test(
+        WorkerMachine,
+        settings=settings(
+            max_examples=200,
+            stateful_step_count=40,
+            deadline=None,
+            suppress_health_check=[HealthCheck.too_slow],
+        ),
+    )
