@@ -44,6 +44,7 @@ from policies import REGISTRY, PolicyRegistry
 from runtime.errors import ActorStopped, AskTimeout
 from runtime.kernel import Actor, ActorRef, handles
 from runtime.messages import (
+    AutoscalerStatus,
     DrainRequest,
     Message,
     PolicyInfo,
@@ -239,15 +240,15 @@ class Autoscaler(Actor):
         return PolicyInfo(msg.kind, msg.name, tuple(self.policy_registry.names(msg.kind)))
 
     @handles(StatusRequest)
-    def status(self, msg: StatusRequest) -> dict[str, Any]:
+    def status(self, msg: StatusRequest) -> AutoscalerStatus:
         st = self.state
-        return {
-            "targets": {p: s.target for p, s in st.pools.items()},
-            "desired": {p: s.desired for p, s in st.pools.items()},
-            "blocks": {b: self._handles[b].state.value for b in st.blocks},
-            "retiring": sorted(b.block_id for b in st.blocks.values() if b.retiring),
-            "ended": st.ended,
-            "gave_up": sorted(st.gave_up),
-            "policy": getattr(st.policy, "name", type(st.policy).__name__),
-            "policy_errors": st.policy_errors,
-        }
+        return AutoscalerStatus(
+            targets={p: s.target for p, s in st.pools.items()},
+            desired={p: s.desired for p, s in st.pools.items()},
+            blocks={b: self._handles[b].state.value for b in st.blocks},
+            retiring=tuple(sorted(b.block_id for b in st.blocks.values() if b.retiring)),
+            ended=st.ended,
+            gave_up=tuple(sorted(st.gave_up)),
+            policy=getattr(st.policy, "name", type(st.policy).__name__),
+            policy_errors=st.policy_errors,
+        )

@@ -37,6 +37,7 @@ from runtime.messages import (
     ReleaseKeysRequest,
     ScaleRequest,
     SetPolicyRequest,
+    StatusReply,
     StatusRequest,
     StoryQuery,
     StoryRequest,
@@ -396,22 +397,21 @@ class Manager(Actor):
         return await autoscaler.ask(msg)
 
     @handles(StatusRequest)
-    async def status(self, msg: StatusRequest) -> dict[str, Any]:
+    async def status(self, msg: StatusRequest) -> StatusReply:
         sched = await self._scheduler().ask(msg)
         files = await self._registry().ask(msg)
         pending = self.pending
-        out = {
-            **sched,
-            "files": files,
+        mine: dict[str, Any] = {  # read before the autoscaler's answer, as the scheduler's was
             "runs": self.runs,
             "recent_runs": {r: len(k) for r, k in list(self.run_keys.items())[-10:]},
             "wanted_keys": len(self.keys),
             "wanted_pending": pending,
         }
+        auto, busy = None, False
         autoscaler = self._autoscaler()
         if autoscaler is not None:
             try:  # it may be busy starting workers: do not hold the status up for it
-                out["autoscaler"] = await autoscaler.ask(msg, timeout=2.0)
+                auto = await autoscaler.ask(msg, timeout=2.0)
             except (ActorStopped, AskTimeout):
-                out["autoscaler"] = None
-        return out
+                busy = True
+        return StatusReply(**sched, files=files, autoscaler=auto, autoscaler_busy=busy, **mine)

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from actors.protocol import FileFact
 from runtime.graph import Key
 from runtime.kernel import Actor, ActorRef, handles
-from runtime.messages import DropKeys, FileFactsMsg, FilesReleasedMsg, StatusRequest
+from runtime.messages import DropKeys, FileFactsMsg, FilesReleasedMsg, FilesStatus, StatusRequest
 
 if TYPE_CHECKING:
     from actors.scheduler import Scheduler
@@ -146,5 +146,5 @@ class FileRegistry(Actor):
                 self._scheduler().post(FilesReleasedMsg(cmd.keys))
 
     @handles(StatusRequest)
-    def status(self, msg: StatusRequest) -> dict[str, Any]:
-        return self.table.summary()
+    def status(self, msg: StatusRequest) -> FilesStatus:
+        return FilesStatus(**self.table.summary())

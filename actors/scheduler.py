@@ -50,6 +50,7 @@ from runtime.messages import (
     MAX_STORY_KEYS,
     CancelRequest,
     CancelTasks,
+    CategoryStatus,
     ConfirmHolds,
     DataMissing,
     DrainRequest,
@@ -278,30 +279,20 @@ class Scheduler(Actor):
 
     @handles(StatusRequest)
     def status(self, msg: StatusRequest) -> dict[str, Any]:
+        """The scheduler's fields of a ``StatusReply``, by name (typed values)."""
         st = self.state  # counters kept by the core: no scan of the tasks
         return {
             "workers": tuple(self.infos.values()),
             "processing": {w: len(ws.processing) for w, ws in st.workers.items()},
-            "draining": sorted(w for w, ws in st.workers.items() if ws.draining),
-            "retired": sorted(w for w, ws in st.workers.items() if ws.retired),
+            "draining": tuple(sorted(w for w, ws in st.workers.items() if ws.draining)),
+            "retired": tuple(sorted(w for w, ws in st.workers.items() if ws.retired)),
             "rss": dict(self.rss),
-            "memory": {
-                w: {
-                    "throttled": m.throttled,
-                    "rss": m.rss,
-                    "limit": m.limit,
-                    "memory_bytes": m.memory_bytes,
-                    "spilled_bytes": m.spilled_bytes,
-                    "spilled_total": m.spilled_total,
-                    "abandoned": m.abandoned,
-                }
-                for w, m in self.memory.items()
-            },
-            "throttled": sorted(st.throttled),
+            "memory": dict(self.memory),
+            "throttled": tuple(sorted(st.throttled)),
             "tasks_by_state": st.by_state,
             "queued": st.count("queued"),
             "queues": st.queued_by_pool(),  #: ready tasks per pool ("*": any pool)
-            "categories": {c: dict(_stats(s)) for c, s in st.stats.items()},
+            "categories": {c: CategoryStatus(**_stats(s)) for c, s in st.stats.items()},
             "policies": {k: getattr(p, "name", type(p).__name__) for k, p in st.policies.items()},
             "policy_errors": st.policy_errors,
         }
@@ -416,7 +407,7 @@ _NOT_A_LITERAL = (ValueError, SyntaxError, TypeError, MemoryError, RecursionErro
 _STATES = ("waiting", "queued", "processing", "memory", "released", "erred", "cancelled")
 
 
-def _stats(s: Any) -> dict[str, float]:
+def _stats(s: Any) -> dict[str, Any]:
     return {
         "count": s.count,
         "errors": s.errors,

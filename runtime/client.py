@@ -47,6 +47,7 @@ from runtime.messages import (
     ReleaseKeysRequest,
     ScaleRequest,
     SetPolicyRequest,
+    StatusReply,
     StatusRequest,
     StoryRequest,
     SubmitGraphRequest,
@@ -919,8 +920,10 @@ class Cluster:
         return await self._manager.ask(ScaleRequest(n, pool or self.pool))
 
     async def status(self) -> dict[str, Any]:
+        """The cluster's status as the documented dict (``StatusReply.to_dict()``)."""
         self._require()
-        return dict(await self._manager.ask(StatusRequest()))
+        reply: StatusReply = await self._manager.ask(StatusRequest())
+        return reply.to_dict()
 
     async def story(self, *keys: Key) -> list[tuple[Any, ...]]:
         """Every recorded transition of ``keys``: (key, start, finish, causal id, time)."""

@@ -19,9 +19,11 @@ What lives here:
 
 Roles: with the read-only token the manager answers only ``status``, ``tasks``,
 ``story`` and ``policy list``; the other commands fail with
-:class:`runtime.node.PermissionDenied` and change nothing. The manager's answers may
-be pickles (its status is a dict): the console accepts them, as it trusts the manager it
-connected to; it sends only wire messages, so a read-only connection can carry them.
+:class:`runtime.node.PermissionDenied` and change nothing. The console sends only wire
+messages, so a read-only connection can carry them, and takes only wire messages back:
+it never unpickles anything (``allow_pickle=False``). The status is a typed
+``StatusReply``; the other answers are wire messages or JSON values
+(``runtime.remote.to_wire``).
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ from runtime.messages import (
     PolicyQuery,
     ScaleRequest,
     SetPolicyRequest,
+    StatusReply,
     StatusRequest,
     StoryQuery,
     TaskRecord,
@@ -177,6 +180,11 @@ def jsonable(obj: Any) -> Any:
 
 # ----------------------------------------------------------------------------- client
 
+#: errors of the manager's answers that the console raises as themselves
+_BUILTIN_ERRORS: dict[str, type[Exception]] = {
+    e.__name__: e for e in (ValueError, RuntimeError, KeyError, TypeError, LookupError)
+}
+
 
 class ConsoleClient:
     """A console's connection to the manager at ``address``.
@@ -227,7 +235,7 @@ class ConsoleClient:
             conn = await connect(self.address, timeout=self.connect_timeout, **options)
             stack.push_async_callback(conn.aclose)
             peer = Peer(
-                conn, None, name="manager", allow_pickle=True, heartbeat=HEARTBEAT,
+                conn, None, name="manager", allow_pickle=False, heartbeat=HEARTBEAT,
                 timeout=DEAD_AFTER,
             )  # fmt: skip
             await conn.send(Frame(Hello("console", self.name)))
@@ -247,14 +255,19 @@ class ConsoleClient:
             await stack.__aexit__(*exc_info)
 
     async def ask(self, msg: Message) -> Any:
-        """Ask the manager; map a refusal of the read-only role to ``PermissionDenied``."""
+        """Ask the manager; map a refusal of the read-only role to ``PermissionDenied``
+        and the manager's ``ValueError``s and the like (they come as
+        :class:`RemoteError`: the console unpickles nothing) to their built-in type."""
         if self._peer is None:
             raise CorralError("the console is not connected; use `async with ConsoleClient(...)`")
         try:
             return await self._peer.ref.ask(msg, timeout=self.timeout)
         except RemoteError as exc:
-            if getattr(exc, "kind", "") == "PermissionDenied":
+            kind = getattr(exc, "kind", "")
+            if kind == "PermissionDenied":
                 raise PermissionDenied(type(msg).__name__) from None
+            if kind in _BUILTIN_ERRORS:
+                raise _BUILTIN_ERRORS[kind](getattr(exc, "text", str(exc))) from None
             raise
         except ActorStopped:
             raise CorralError(f"the connection to the manager at {self.address} closed") from None
@@ -262,8 +275,10 @@ class ConsoleClient:
     # -- commands as data ----------------------------------------------------------------
 
     async def status(self) -> dict[str, Any]:
-        """The manager's status: scheduler, file registry and (if any) autoscaler."""
-        return dict(await self.ask(StatusRequest()))
+        """The manager's status: scheduler, file registry and (if any) autoscaler, as the
+        dict ``status --json`` shows (``StatusReply.to_dict()``)."""
+        reply: StatusReply = await self.ask(StatusRequest())
+        return reply.to_dict()
 
     async def tasks(
         self,

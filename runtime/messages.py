@@ -407,23 +407,110 @@ class GatherRequest(Message):
 
 @message()
 class StatusRequest(Message):
-    """-> manager: reply with the cluster's status as a dict (the scheduler's, with the
-    file registry's and the autoscaler's folded in). The scheduler, registry, autoscaler
-    and a worker answer it too when asked directly: a dict each, a ``WorkerStatus`` from
-    a worker."""
+    """-> manager: reply with the cluster's :class:`StatusReply` (the scheduler's status,
+    with the file registry's and the autoscaler's folded in). Asked directly, the
+    scheduler answers a dict of the scheduler's part of it (the fields of
+    :class:`StatusReply` it fills), the registry a :class:`FilesStatus`, the autoscaler
+    an :class:`AutoscalerStatus` and a worker a ``WorkerStatus``."""
+
+
+@message()
+class CategoryStatus(Message):
+    """What the scheduler learned about one task category: tasks finished ok, tries
+    that raised, were lost with their worker or killed for memory; seconds; output and
+    input bytes; the highest worker RSS seen while one ran, the largest RSS growth."""
+
+    count: int = 0
+    errors: int = 0
+    lost: int = 0
+    oom: int = 0
+    mean_duration: float = 0.0
+    max_duration: float = 0.0
+    total_nbytes: int = 0
+    consumed_nbytes: int = 0
+    peak_rss: int = 0
+    max_rss_growth: int = 0
+
+
+@message()
+class FilesStatus(Message):
+    """The file registry's summary: outputs it tracks, per state, bytes stored per
+    worker, and the outputs (and their bytes over all replicas) dropped so far."""
+
+    files: int = 0
+    states: dict[str, int] = dataclasses.field(default_factory=dict)
+    stored_bytes: dict[str, int] = dataclasses.field(default_factory=dict)
+    released: int = 0
+    released_bytes: int = 0
+
+
+@message()
+class AutoscalerStatus(Message):
+    """The autoscaler's state: target and desired workers per pool, live blocks and
+    their state, the ones retiring, blocks ended so far, pools it gave up on (their
+    workers kept ending), its policy and the policy's refused answers."""
+
+    targets: dict[str, int] = dataclasses.field(default_factory=dict)
+    desired: dict[str, int] = dataclasses.field(default_factory=dict)
+    blocks: dict[str, str] = dataclasses.field(default_factory=dict)
+    retiring: tuple[str, ...] = ()
+    ended: int = 0
+    gave_up: tuple[str, ...] = ()
+    policy: str = ""
+    policy_errors: int = 0
 
 
 @message()
 class StatusReply(Message):
-    """Not used yet: a typed form of the status answer, which is a dict today (see
-    :class:`StatusRequest`)."""
+    """The cluster's status, the manager's answer to :class:`StatusRequest`: typed
+    records only, so it crosses processes without a pickle. ``to_dict()`` gives the
+    dict ``Cluster.status()`` documents (docs/api.md).
 
-    workers: tuple[WorkerInfo, ...]
-    tasks_by_state: dict[str, int]
-    queued: int
-    runs: int
-    categories: dict[str, dict[str, float]]
-    policies: dict[str, str]
+    Worker ids key ``processing`` (tasks sent and not finished), ``rss`` (after its
+    latest task) and ``memory`` (its latest report); ``queues`` counts ready tasks per
+    pool (``"*"``: any pool); ``recent_runs`` the keys of the latest runs.
+    ``autoscaler`` is None without an autoscaler, or when it did not answer in time
+    (``autoscaler_busy``)."""
+
+    workers: tuple[WorkerInfo, ...] = ()
+    processing: dict[str, int] = dataclasses.field(default_factory=dict)
+    draining: tuple[str, ...] = ()
+    retired: tuple[str, ...] = ()
+    rss: dict[str, int] = dataclasses.field(default_factory=dict)
+    memory: dict[str, WorkerMemoryReport] = dataclasses.field(default_factory=dict)
+    throttled: tuple[str, ...] = ()
+    tasks_by_state: dict[str, int] = dataclasses.field(default_factory=dict)
+    queued: int = 0
+    queues: dict[str, int] = dataclasses.field(default_factory=dict)
+    categories: dict[str, CategoryStatus] = dataclasses.field(default_factory=dict)
+    policies: dict[str, str] = dataclasses.field(default_factory=dict)
+    policy_errors: int = 0
+    files: FilesStatus = dataclasses.field(default_factory=FilesStatus)
+    runs: int = 0
+    recent_runs: dict[str, int] = dataclasses.field(default_factory=dict)
+    wanted_keys: int = 0
+    wanted_pending: int = 0
+    autoscaler: AutoscalerStatus | None = None
+    autoscaler_busy: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        """The status as the documented dict: each field by name, the nested records
+        (memory, categories, files, autoscaler) as dicts of their fields, ``workers``
+        as :class:`WorkerInfo` objects and id lists as lists; ``autoscaler`` is left
+        out without an autoscaler and None when it did not answer in time."""
+        out = self.to_fields()
+        out["memory"] = {w: m.to_fields() for w, m in self.memory.items()}
+        out["categories"] = {c: stats.to_fields() for c, stats in self.categories.items()}
+        out["files"] = self.files.to_fields()
+        for name in ("draining", "retired", "throttled"):
+            out[name] = list(out[name])
+        busy, auto = out.pop("autoscaler_busy"), out.pop("autoscaler")
+        if auto is not None:
+            retiring, gave_up = list(auto.retiring), list(auto.gave_up)
+            out["autoscaler"] = {**auto.to_fields(), "retiring": retiring, "gave_up": gave_up}
+        elif busy:
+            out["autoscaler"] = None
+        return out
 
 
 @message(local=True)

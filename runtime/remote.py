@@ -13,7 +13,10 @@ Rules:
    Process-local ones (``local=True``: they carry task nodes, results, exceptions) are
    pickled with cloudpickle into a :class:`PickledMsg`; a peer accepts those only when
    built with ``allow_pickle=True`` (that is, only from an authenticated connection),
-   and answers anything else with an ``ErrorReply`` without unpickling.
+   and answers anything else with an ``ErrorReply`` without unpickling. An answer that
+   is a tuple of wire messages, or made of JSON values only (that JSON gives back
+   unchanged: no tuples), travels typed too (:class:`MessagesReply`,
+   :class:`JsonReply`), so a peer that takes no pickles (a console) can read it.
 2. An ask is a frame with a ``request_id``; its answer is a frame whose ``reply_to`` is
    that id: the handler's return value, or an ``ErrorReply`` carrying the exception
    (pickled when the connection allows it, so the asker re-raises the original type;
@@ -45,6 +48,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import itertools
+import math
 import pickle
 from collections import deque
 from collections.abc import Callable
@@ -68,6 +72,8 @@ from runtime.log import get_logger
 from runtime.messages import ErrorReply, Message, Ping, message
 
 __all__ = [
+    "JsonReply",
+    "MessagesReply",
     "Peer",
     "PickledMsg",
     "Refused",
@@ -102,10 +108,32 @@ class Refused(Message):
     pickled: bytes | None = None
 
 
+@message("corral.Json")
+class JsonReply(Message):
+    """An answer made of JSON values only (str-keyed dicts, lists, str, int, float,
+    bool, None, bytes), carried as such; the asker gets ``value``."""
+
+    value: Any
+
+
+@message("corral.Messages")
+class MessagesReply(Message):
+    """An answer that is a tuple of wire messages (task records, policies); the asker
+    gets the tuple."""
+
+    items: tuple[Message, ...]
+
+
 def to_wire(msg: Any) -> Message:
-    """``msg`` itself if the codec can carry it, else a :class:`PickledMsg` of it."""
+    """``msg`` itself if the codec can carry it; a tuple of such messages as a
+    :class:`MessagesReply`, JSON values as a :class:`JsonReply`; anything else as a
+    :class:`PickledMsg`."""
     if isinstance(msg, Message) and not type(msg).local:
         return msg
+    if type(msg) is tuple and all(isinstance(m, Message) and not type(m).local for m in msg):
+        return MessagesReply(msg)
+    if _is_json(msg, _JSON_DEPTH):
+        return JsonReply(msg)
     prepare = getattr(msg, "for_wire", None)
     if prepare is not None:  # e.g. RunTasks: each task pickled on its own
         msg = prepare()
@@ -113,8 +141,46 @@ def to_wire(msg: Any) -> Message:
     return PickledMsg(name, cloudpickle.dumps(msg, protocol=5))
 
 
+#: deepest nesting of lists and dicts an answer may have to travel as JSON
+_JSON_DEPTH = 64
+
+
+def _is_json(value: Any, depth: int) -> bool:
+    """``value`` is made of JSON values (and bytes) that the codec gives back unchanged:
+    no tuples or other types, ints within 64 bits, finite floats, valid UTF-8, at most
+    ``depth`` levels of lists and dicts."""
+    t = type(value)
+    if t is str:
+        return value.isascii() or _is_utf8(value)
+    if t is bool or t is bytes or value is None:
+        return True
+    if t is int:
+        return bool(-(2**63) <= value < 2**64)
+    if t is float:
+        return math.isfinite(value)
+    if depth <= 0:
+        return False
+    if t is list:
+        return all(_is_json(v, depth - 1) for v in value)
+    if t is dict:
+        return all(
+            type(k) is str and _is_json(k, 0) and _is_json(v, depth - 1) for k, v in value.items()
+        )
+    return False
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:  # a lone surrogate
+        return False
+    return True
+
+
 def from_wire(msg: Message, *, allow_pickle: bool) -> Any:
-    """Undo :func:`to_wire`; refuse pickles unless ``allow_pickle``."""
+    """Undo :func:`to_wire` (:class:`JsonReply` and :class:`MessagesReply` are undone
+    by :meth:`Peer._resolve`, as only answers come so); refuse pickles unless
+    ``allow_pickle``."""
     if not isinstance(msg, PickledMsg):
         return msg
     if not allow_pickle:
@@ -417,6 +483,10 @@ class Peer:
             pending.error = _error_from(msg, self.allow_pickle)
         elif msg is _NONE or isinstance(msg, _NoneReply):
             pending.value = None
+        elif isinstance(msg, JsonReply):
+            pending.value = msg.value
+        elif isinstance(msg, MessagesReply):
+            pending.value = msg.items
         else:
             try:
                 pending.value = from_wire(msg, allow_pickle=self.allow_pickle)

@@ -533,6 +533,78 @@ def test_decode_rejects_bad_values(changes: dict[str, Any], fragment: str) -> No
     rejects(raw(header, *bufs), fragment)
 
 
+def sample_status() -> messages.StatusReply:
+    return messages.StatusReply(
+        workers=(messages.WorkerInfo("w1", 4, 2**30), messages.WorkerInfo("w2", 2, 0, pool="gpu")),
+        processing={"w1": 3},
+        draining=("w2",),
+        rss={"w1": 2**28},
+        memory={"w1": messages.WorkerMemoryReport("w1", False, 2**28, 2**29, 2**30)},
+        tasks_by_state={"memory": 10, "processing": 3},
+        queued=2,
+        queues={"*": 2},
+        categories={"inc": messages.CategoryStatus(count=10, mean_duration=0.5, peak_rss=7)},
+        policies={"placement": "locality"},
+        files=messages.FilesStatus(10, {"memory": 10}, {"w1": 800}, 1, 80),
+        runs=1,
+        recent_runs={"run-1": 13},
+        wanted_keys=1,
+        autoscaler=messages.AutoscalerStatus({"default": 2}, {"default": 2}, {"b-1": "running"}),
+    )
+
+
+def test_a_status_reply_decodes_to_typed_records() -> None:
+    status = sample_status()
+    msg = decode(encode(Frame(status, reply_to=4))).msg
+    assert msg == status
+    assert isinstance(msg, messages.StatusReply)
+    assert isinstance(msg.workers[1], messages.WorkerInfo) and msg.workers[1].pool == "gpu"
+    assert isinstance(msg.memory["w1"], messages.WorkerMemoryReport)
+    assert isinstance(msg.categories["inc"].mean_duration, float)
+    assert isinstance(msg.files, messages.FilesStatus)
+    assert msg.to_dict()["autoscaler"]["blocks"] == {"b-1": "running"}
+    assert msg.to_dict()["draining"] == ["w2"]
+
+
+def status_header(**changes: Any) -> dict[str, Any]:
+    header = orjson.loads(encode(Frame(sample_status()))[8:])
+    header["f"].update(changes)
+    return dict(header)
+
+
+def _worker(**fields: Any) -> dict[str, Any]:
+    return {"t": "WorkerInfo", "f": {"worker_id": "w", "cores": 1, "memory": 0, **fields}}
+
+
+@pytest.mark.parametrize(
+    ("changes", "fragment", "field"),
+    [
+        ({"workers": [_worker(cores="4")]}, "workers[0].cores: expected int, got str", ""),
+        ({"workers": [_worker(x=1)]}, "workers[0].x: unknown field", "workers[0].x"),
+        ({"workers": [{"t": "Ping", "f": {}}]},
+         "workers[0]: expected WorkerInfo message, got Ping", ""),
+        ({"workers": [{"worker_id": "w"}]}, "workers[0]: expected WorkerInfo message", ""),
+        ({"memory": {"w": {"t": "WorkerMemoryReport", "f": {"worker_id": "w", "rss": 1}}}},
+         "memory[...].throttled: required field is missing", ""),
+        ({"categories": {"c": {"t": "CategoryStatus", "f": {"mean_duration": "1s"}}}},
+         "categories[...].mean_duration: expected float, got str", ""),
+        ({"queued": None}, "queued: expected int, got None", "queued"),
+        ({"draining": "w2"}, "draining: expected array, got str", "draining"),
+        ({"files": {"t": "FilesStatus", "f": {"states": {"memory": 1.5}}}},
+         "files.states[...]: expected int, got float", ""),
+        ({"autoscaler": {"t": "AutoscalerStatus", "f": {"retiring": [1]}}},
+         "autoscaler.retiring[0]: expected str, got int", "autoscaler.retiring[0]"),
+    ],
+)  # fmt: skip
+def test_a_malformed_status_field_is_a_protocol_error(
+    changes: dict[str, Any], fragment: str, field: str
+) -> None:
+    err = rejects(raw(status_header(**changes)), "StatusReply." + fragment, "same Corral version")
+    assert err.type_name == "StatusReply"
+    if field:
+        assert err.field == field
+
+
 def test_decode_rejects_local_messages() -> None:
     rejects(raw({"t": "test.Local", "f": {}}), "process-local")
     rejects(

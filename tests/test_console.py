@@ -39,7 +39,7 @@ from runtime.console import (
 )
 from runtime.errors import CancelledError, CorralError
 from runtime.kernel import ActorSystem
-from runtime.messages import DrainRequest, PolicyInfo, TaskRecord
+from runtime.messages import DrainRequest, PolicyInfo, StatusReply, StatusRequest, TaskRecord
 from runtime.node import (
     Gateway,
     PermissionDenied,
@@ -789,13 +789,17 @@ async def test_one_shot_errors_print_one_line_and_exit_1(capsys: Any) -> None:
 # Over the websocket transport (transport/ws.py) with real tokens and the token file.
 
 
-@pytest.mark.anyio
-async def test_ws_read_only_token_can_look_but_not_change(
-    gate: Any, tmp_path: Path, monkeypatch: Any
-) -> None:
+@pytest.fixture
+def tokens(tmp_path: Path, monkeypatch: Any) -> Tokens:
+    """Tokens for a ``ws://`` manager (``ws_nodes``), with a fresh ``CORRAL_HOME`` for
+    its token file and no ``CORRAL_TOKEN``."""
     monkeypatch.setenv("CORRAL_HOME", str(tmp_path))
     monkeypatch.delenv("CORRAL_TOKEN", raising=False)
-    tokens = Tokens("admin-" + "a" * 20, "read-" + "r" * 20)
+    return Tokens("admin-" + "a" * 20, "read-" + "r" * 20)
+
+
+@pytest.mark.anyio
+async def test_ws_read_only_token_can_look_but_not_change(gate: Any, tokens: Tokens) -> None:
     with anyio.fail_after(LIMIT):
         async with (
             ws_nodes(1, tokens) as (address, (worker,)),
@@ -820,14 +824,46 @@ async def test_ws_read_only_token_can_look_but_not_change(
 
 
 @pytest.mark.anyio
-async def test_ws_one_shot_command_line_prints_tables_or_json(
-    tmp_path: Path, monkeypatch: Any, capsys: Any
+async def test_the_console_unpickles_nothing_yet_gets_every_answer_over_ws(
+    gate: Any, tokens: Tokens
 ) -> None:
+    """The console's connection refuses pickles; the status is a typed StatusReply and
+    every other answer a wire message or JSON values, so every command still works."""
+    with anyio.fail_after(LIMIT):
+        async with (
+            ws_nodes(1, tokens) as (address, (worker,)),
+            Cluster(address, token=tokens.admin) as cluster,
+            ConsoleClient(address) as console,
+        ):
+            assert console._peer.allow_pickle is False
+            opened = gate("no-pickles")
+            blocked = cluster.submit(gated, "no-pickles", 6)
+            await wait_until(lambda: console.tasks(state="processing"), "running")
+            reply = await console.ask(StatusRequest())
+            assert isinstance(reply, StatusReply)
+            assert [w.worker_id for w in reply.workers] == [worker.id]
+            assert reply.processing == {worker.id: 1} and reply.files.files == 0
+            st = await console.status()
+            assert st["workers"] == reply.workers and st["tasks_by_state"]["processing"] == 1
+            (record,) = await console.tasks(state="processing")
+            assert isinstance(record, TaskRecord) and record.key == blocked.key
+            assert [e[2] for e in await console.story(blocked.key)][-1] == "processing"
+            assert all(isinstance(i, PolicyInfo) for i in await console.policies())
+            with pytest.raises(ValueError, match="no worker 'nobody'"):
+                await console.drain("nobody")  # a ValueError, told without a pickle
+            with pytest.raises(RuntimeError, match="no autoscaler"):
+                await console.scale("default", 2)
+            done = await console.cancel([blocked.key])
+            assert done == {"run": "", "count": 1, "keys": [blocked.key]}
+            with pytest.raises(CancelledError):
+                await blocked
+            opened.set()
+
+
+@pytest.mark.anyio
+async def test_ws_one_shot_command_line_prints_tables_or_json(tokens: Tokens, capsys: Any) -> None:
     from runtime.__main__ import main
 
-    monkeypatch.setenv("CORRAL_HOME", str(tmp_path))
-    monkeypatch.delenv("CORRAL_TOKEN", raising=False)
-    tokens = Tokens("admin-" + "b" * 20, "read-" + "s" * 20)
     with anyio.fail_after(LIMIT):
         async with ws_nodes(1, tokens) as (address, (worker,)):
             code = await anyio.to_thread.run_sync(main, ["console", address, "status", "--json"])

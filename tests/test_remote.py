@@ -16,7 +16,15 @@ import pytest
 from runtime.errors import ActorStopped, AskTimeout, ProtocolError
 from runtime.kernel import Actor, ActorRef, ActorSystem, current_causal_id, handles
 from runtime.messages import Message, Ping, Pong, message
-from runtime.remote import Peer, PickledMsg, RemoteError, from_wire, to_wire
+from runtime.remote import (
+    JsonReply,
+    MessagesReply,
+    Peer,
+    PickledMsg,
+    RemoteError,
+    from_wire,
+    to_wire,
+)
 from transport import connect, listen
 
 LIMIT = 10
@@ -137,6 +145,21 @@ def test_local_messages_are_pickled_and_wire_messages_are_not() -> None:
     liar = PickledMsg("Ping", wrapped.payload)
     with pytest.raises(ProtocolError, match="claims to be Ping"):
         from_wire(liar, allow_pickle=True)
+
+
+def test_answers_of_json_values_or_wire_messages_travel_typed() -> None:
+    """What a console asks for comes back without a pickle; what JSON would change (a
+    tuple, a non-str key, NaN, a lone surrogate, another type) is still pickled."""
+    json_like = {"run": "run-1", "count": 2, "keys": ["a", "b"], "x": [1.5, None, True, b""]}
+    assert to_wire(json_like) == JsonReply(json_like)
+    assert to_wire([["k", "waiting", "processing", "c-1", "1.5"]]).value == [  # type: ignore[attr-defined]
+        ["k", "waiting", "processing", "c-1", "1.5"]
+    ]
+    assert to_wire((Ping(1), Ping(2))) == MessagesReply((Ping(1), Ping(2)))
+    assert to_wire(()) == MessagesReply(())
+    for value in ({"k": (1, 2)}, {1: "a"}, [float("nan")], ["\ud800"], [2**64], {Ping(1)}):
+        assert isinstance(to_wire(value), PickledMsg), value
+    assert isinstance(to_wire((Ping(1), Note(2))), PickledMsg)  # a local message inside
 
 
 @pytest.mark.anyio
