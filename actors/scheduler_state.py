@@ -81,7 +81,7 @@ import dataclasses
 import heapq
 import itertools
 from collections import Counter, deque
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import MappingProxyType
 from typing import Any, Literal
 
@@ -89,6 +89,7 @@ from actors.protocol import FileFact, TaskResult, ToRun
 from policies import (
     BENIGN_LOSSES,
     DEFAULTS,
+    ON_PURPOSE,
     REGISTRY,
     CategoryStats,
     CategoryStatsView,
@@ -98,6 +99,7 @@ from policies import (
     RetryDecision,
     RetryPolicy,
 )
+from policies.survival import Survival, kaplan_meier
 from runtime.errors import (
     CancelledError,
     DependencyFailed,
@@ -150,6 +152,7 @@ __all__ = [
 ]
 
 _NO_LIMIT = float("inf")  #: the memory limit of a worker that reports none (0)
+MAX_LIVES = 1000  #: worker lives kept per pool for its survival estimate
 
 State = Literal["waiting", "queued", "processing", "memory", "released", "erred", "cancelled"]
 ACTIVE: frozenset[str] = frozenset({"waiting", "queued", "processing"})
@@ -396,6 +399,7 @@ class WorkerState:
         "draining",
         "has_what",
         "id",
+        "joined",
         "limit",
         "memory",
         "n_producers",
@@ -417,6 +421,7 @@ class WorkerState:
         self.cores = cores  #: cores it offers
         self.memory = memory  #: bytes of memory it offers
         self.pool = pool  #: the pool it belongs to
+        self.joined = 0.0  #: when it joined (first registered)
         self.slots = max(1, round(cores * saturation))  #: tasks it always may hold
         self.limit = self.slots  #: tasks it may hold when they are short
         self.occupancy = 0.0  #: estimated seconds of work it holds
@@ -460,6 +465,7 @@ class TaskState:
         "registered",
         "retries_left",
         "root",
+        "sent",
         "spec",
         "state",
         "tries",
@@ -485,6 +491,7 @@ class TaskState:
         #: ones that never finished); memory admission compares it with worker limits
         self.in_nbytes = 0
         self.worker: str | None = None  #: worker running it (while processing)
+        self.sent = 0.0  #: when it was last sent to a worker
         self.generation = generation  #: submission it first came in with
         self.prio: tuple[float, ...] = ()  #: queue priority from the priority policy
         self.est = 0.0  #: estimated duration when it was assigned
@@ -542,11 +549,15 @@ class TaskStateView:
     collections come as frozensets and tuples, and no public attribute leads back to
     the core's objects."""
 
-    __slots__ = ("_ts",)
+    __slots__ = ("_survival", "_ts")
     _ts: TaskState
+    _survival: Callable[[str | None], Survival] | None
 
-    def __init__(self, ts: TaskState) -> None:
+    def __init__(
+        self, ts: TaskState, survival: Callable[[str | None], Survival] | None = None
+    ) -> None:
         object.__setattr__(self, "_ts", ts)
+        object.__setattr__(self, "_survival", survival)
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"a task view is read-only (cannot set {name!r})")
@@ -600,6 +611,20 @@ class TaskStateView:
     @property
     def dep_locations(self) -> Iterator[tuple[frozenset[str], int]]:
         return self._ts.dep_locations
+
+    @property
+    def pool(self) -> str | None:
+        return self._ts.spec.pool
+
+    @property
+    def ran_for(self) -> float:
+        tries = self._ts.tries
+        return max(0.0, tries[-1].stop - tries[-1].start) if tries else 0.0
+
+    @property
+    def survival(self) -> Survival:
+        survival = self._survival
+        return survival(self._ts.spec.pool) if survival is not None else Survival()
 
     @property
     def dependents(self) -> tuple[TaskStateView, ...]:
@@ -674,6 +699,8 @@ class SchedulerState:
         self.config = config or SchedulerConfig()
         self.tasks: dict[Key, TaskState] = {}  #: every task not yet forgotten
         self.workers: dict[str, WorkerState] = {}  #: workers by id
+        #: pool -> (seconds lived, died unasked) of the workers that left it, newest last
+        self.lives: dict[str, deque[tuple[float, bool]]] = {}
         self.free: dict[str, WorkerState] = {}  #: workers with a free slot
         self.draining: set[str] = set()  #: draining workers not yet retired
         #: ready heaps by (pool, producer)
@@ -856,6 +883,7 @@ class SchedulerState:
         ws = self.workers.get(ev.worker)
         if ws is None:
             ws = WorkerState(ev.worker, ev.cores, ev.memory, ev.pool, self.config.saturation)
+            ws.joined = self._now
             self.workers[ev.worker] = ws
         else:  # a known worker re-registering (e.g. after a reconnect) keeps its work
             ws.unconfirmed = set(ws.processing)  # until it says what reached it
@@ -909,10 +937,14 @@ class SchedulerState:
         self.draining.discard(ev.worker)
         self.throttled.discard(ev.worker)
         self._log(ev.worker, "joined", f"left:{ev.cause}")
+        lives = self.lives.get(ws.pool)
+        if lives is None:
+            lives = self.lives[ws.pool] = deque(maxlen=MAX_LIVES)
+        lives.append((self._now - ws.joined, ev.cause not in ON_PURPOSE))
         self._limits_changed()  # before its tasks go back to ready: they are checked
         for ts in sorted(ws.processing, key=_prio_key):
             ts.tries.append(
-                TryRecord(str(ts.key), ws.id, self._now, self._now, "worker-lost", ev.cause)
+                TryRecord(str(ts.key), ws.id, ts.sent, self._now, "worker-lost", ev.cause)
             )
             ts.lost_tries += 1
             self._stat(ts).lost += 1
@@ -1274,6 +1306,9 @@ class SchedulerState:
                 ts.retries_left -= 1
             ts.behind = ts.behind or decision.behind
             self._log(ts.key, "retry", decision.reason)
+            if decision.pool is not None and decision.pool != ts.spec.pool:
+                self._log(ts.key, "pool", f"{ts.spec.pool or '*'}->{decision.pool}")
+                ts.spec = dataclasses.replace(ts.spec, pool=decision.pool)
             self._back_to_ready(ts)
             return
         if outcome == "worker-lost":
@@ -1622,6 +1657,7 @@ class SchedulerState:
     def _assign(self, ts: TaskState, ws: WorkerState) -> None:
         self._set(ts, "processing")
         ts.worker = ws.id
+        ts.sent = self._now
         st = self.stats.get(ts.spec.category)
         ts.est = st.mean_duration if st is not None and st.count else self.config.unknown_duration
         ws.occupancy += ts.est
@@ -1672,8 +1708,19 @@ class SchedulerState:
         self._log(ts.key, "policy-error", problem)
         return (-ts.spec.priority, ts.generation, ts.spec.order)
 
+    def survival(self, pool: str | None) -> Survival:
+        """How long the workers of ``pool`` live (Kaplan-Meier): the last ``MAX_LIVES``
+        that left, and the ones alive now (censored at their age)."""
+        now = self._now
+        pools = self.lives if pool is None else {pool: self.lives.get(pool, ())}
+        lives = [life for kept in pools.values() for life in kept]
+        lives.extend(
+            (now - w.joined, False) for w in self.workers.values() if pool is None or w.pool == pool
+        )
+        return kaplan_meier(lives)
+
     def _retry_decision(self, ts: TaskState, outcome: str, cause: str | None) -> RetryDecision:
-        view = TaskStateView(ts)
+        view = TaskStateView(ts, self.survival)
         try:
             decision = self.policies["retry"].decide(view, outcome, cause)
             if isinstance(decision, RetryDecision):

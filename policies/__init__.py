@@ -5,10 +5,11 @@ Policies are registered by kind and name in :data:`policies.REGISTRY` and create
 ``SetPolicyRequest`` message. Register your own with ``@policies.register(kind, name)``.
 """
 
-from policies import memory, placement, priority, retry, scaling
+from policies import memory, placement, priority, retry, scaling, survival
 from policies.base import (
     BENIGN_LOSSES,
     KINDS,
+    ON_PURPOSE,
     REGISTRY,
     CategoryStats,
     CategoryStatsView,
@@ -39,6 +40,7 @@ __all__ = [
     "BENIGN_LOSSES",
     "DEFAULTS",
     "KINDS",
+    "ON_PURPOSE",
     "REGISTRY",
     "CategoryStats",
     "CategoryStatsView",
@@ -60,4 +62,5 @@ __all__ = [
     "register",
     "retry",
     "scaling",
+    "survival",
 ]

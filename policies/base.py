@@ -17,6 +17,7 @@ import dataclasses
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
+from policies.survival import Survival
 from runtime.errors import PolicyParamsError, UnknownPolicyError
 
 __all__ = [
@@ -153,6 +154,10 @@ class CategoryStatsView:
 #: Other losses (a crash, a lost connection, an exit code) make its tasks suspects.
 BENIGN_LOSSES: frozenset[str] = frozenset({"drained", "preempted", "walltime"})
 
+#: Causes of a worker's end that were chosen, not suffered: its life is *censored* in
+#: the pool's survival estimate (``policies/survival.py``), not counted as a death.
+ON_PURPOSE: frozenset[str] = frozenset({"drained", "walltime", "shutdown"})
+
 
 class TaskView(Protocol):
     """Read-only view of a task for policies."""
@@ -185,6 +190,21 @@ class TaskView(Protocol):
     @property
     def producer(self) -> bool:
         """Marked a memory producer by the memory policy when it was queued."""
+        ...
+
+    @property
+    def pool(self) -> str | None:
+        """The pool it runs in (``None``: any)."""
+        ...
+
+    @property
+    def ran_for(self) -> float:
+        """Seconds its latest try ran (from being sent to a worker to its end)."""
+        ...
+
+    @property
+    def survival(self) -> Survival:
+        """How long the workers of its pool live (Kaplan-Meier; empty when unknown)."""
         ...
 
     @property
@@ -285,13 +305,15 @@ class RetryDecision:
     """What to do with a task whose try did not end ``ok``.
 
     ``retry``: run it again; ``charge``: the retry spends the user's retry budget;
-    ``behind``: the retry goes behind work that has not been tried yet.
+    ``behind``: the retry goes behind work that has not been tried yet; ``pool``: the
+    task moves to that pool (e.g. off a preemptible one) for this and later tries.
     """
 
     retry: bool
     charge: bool = False
     behind: bool = True
     reason: str = ""
+    pool: str | None = None  #: run the retry in this pool instead (a fallback)
 
 
 @runtime_checkable

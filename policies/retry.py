@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from policies.base import REGISTRY, RetryDecision, TaskView
 
 __all__ = ["DefaultRetry", "NeverRetry"]
@@ -19,7 +21,15 @@ class DefaultRetry:
     killed at its worker's memory terminate fence (``oom``) is retried for free up to
     ``max_oom`` times (memory others held may be free by then); then the task fails with
     :class:`~runtime.errors.TaskOutOfMemory`. Retries go behind work that has not been
-    tried yet."""
+    tried yet.
+
+    ``fallback`` maps a pool to the pool its *long* tasks move to: a task preempted
+    after running at least as long as its pool's workers' median life (the pool's
+    Kaplan-Meier survival estimate, :attr:`~policies.TaskView.survival`) would likely be
+    preempted again there, so its retry runs in the fallback pool (e.g.
+    ``{"ckpt": "owner"}``: off the checkpoint partition, onto the owners' nodes). While
+    the median is unknown (fewer than half of the pool's workers seen dying), nothing
+    moves."""
 
     name = "default"
 
@@ -29,6 +39,7 @@ class DefaultRetry:
         charge_lost: bool = False,
         max_oom: int = 1,
         max_crashes: int = 3,
+        fallback: Mapping[str, str] | None = None,
     ) -> None:
         if max_lost < 0:
             raise ValueError("max_lost must be >= 0")
@@ -40,6 +51,13 @@ class DefaultRetry:
         self.max_oom = int(max_oom)
         self.max_crashes = int(max_crashes)
         self.charge_lost = bool(charge_lost)
+        fallback = dict(fallback or {})
+        for pool, to in fallback.items():
+            if not isinstance(pool, str) or not isinstance(to, str) or not pool or not to:
+                raise ValueError(f"fallback maps pool names to pool names, got {pool!r}: {to!r}")
+            if pool == to:
+                raise ValueError(f"pool {pool!r} cannot fall back to itself")
+        self.fallback = fallback
 
     def decide(self, task: TaskView, outcome: str, cause: str | None) -> RetryDecision:
         if outcome == "worker-lost":
@@ -53,6 +71,9 @@ class DefaultRetry:
                 if task.retries_left <= 0:
                     return RetryDecision(False, reason="retry budget spent")
                 return RetryDecision(True, charge=True, reason=f"worker lost ({cause})")
+            moved = self._long(task, cause)
+            if moved is not None:
+                return moved
             return RetryDecision(True, charge=False, reason=f"worker lost ({cause}); free retry")
         if outcome == "oom":
             if task.oom_tries > self.max_oom:
@@ -63,6 +84,23 @@ class DefaultRetry:
                 return RetryDecision(True, charge=True, reason=f"{outcome}; retry budget left")
             return RetryDecision(False, reason=f"{outcome}; no retry budget left")
         return RetryDecision(False, reason=outcome)
+
+    def _long(self, task: TaskView, cause: str | None) -> RetryDecision | None:
+        """A free retry in the fallback pool for a task too long for its own."""
+        if cause != "preempted" or task.pool is None:
+            return None
+        to = self.fallback.get(task.pool)
+        if to is None:
+            return None
+        median = task.survival.median
+        ran = task.ran_for
+        if median is None or ran < median:
+            return None
+        reason = (
+            f"preempted after {ran:.0f} s, past the median life of {task.pool!r} workers "
+            f"({median:.0f} s): a long task, moved to {to!r}; free retry"
+        )
+        return RetryDecision(True, charge=False, reason=reason, pool=to)
 
 
 @REGISTRY.register("retry", "never")

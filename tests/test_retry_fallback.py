@@ -1,0 +1,138 @@
+"""Worker lives, their survival estimate, and long tasks moving off a preemptible pool.
+
+The Kaplan-Meier estimate is checked against figures worked out by hand; the scheduler's
+pure core is fed worker joins, preemptions and finishes at chosen times (time is data)
+and must move a task preempted after its pool's median worker life to the fallback pool,
+free of the user's retry budget, with a story that says why, and leave a short task
+where it was.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from actors.scheduler_state import (
+    Command,
+    Event,
+    GraphSubmitted,
+    SchedulerState,
+    TasksFinished,
+    WorkerJoined,
+    WorkerLeft,
+)
+from policies import REGISTRY
+from policies.survival import Survival, kaplan_meier
+from tests.helpers import Factory, assigned, make_state, result, run, specs_for
+
+__all__ = ["make_state"]
+
+T0 = 1e6  # later than any time tests.helpers.event has handed out
+
+
+def test_kaplan_meier_by_hand() -> None:
+    # Deaths at 1 and 3 (two), censored at 2 and 4: at risk 5, then 3 at t=3.
+    s = kaplan_meier([(1, True), (2, False), (3, True), (3, True), (4, False)])
+    assert [t for t, _ in s.steps] == [1.0, 3.0]
+    assert [p for _, p in s.steps] == pytest.approx([0.8, 0.8 / 3])
+    assert (s.lives, s.deaths) == (5, 3)
+    assert s.at(0.5) == 1.0 and s.at(1) == 0.8 and s.at(2.9) == 0.8
+    assert s.median == 3.0 and s.quantile(0.1) == 1.0
+    assert s.survives(1, 2) == pytest.approx(1 / 3)
+
+
+def test_without_deaths_nothing_is_known() -> None:
+    s = kaplan_meier([(10, False), (20, False)])
+    assert s.steps == () and s.median is None and s.at(100) == 1.0
+    assert Survival().median is None
+    with pytest.raises(ValueError, match="negative"):
+        kaplan_meier([(-1, True)])
+    with pytest.raises(ValueError, match="q must be"):
+        s.quantile(1.0)
+
+
+def at(state: SchedulerState, t: float, cls: type[Event], **fields: Any) -> list[Command]:
+    return run(state, cls(stimulus_id=f"{cls.__name__}@{t}", now=T0 + t, **fields))
+
+
+def ckpt_history(s: SchedulerState) -> None:
+    """Two checkpoint workers that were preempted after 100 s and 120 s; two live ones
+    (``c1``, ``c2``) and an owner worker, all joined at 0."""
+    for w in ("old1", "old2", "c1", "c2"):
+        at(s, 0, WorkerJoined, worker=w, cores=1, memory=2**30, pool="ckpt")
+    at(s, 0, WorkerJoined, worker="o1", cores=1, memory=2**30, pool="owner")
+    at(s, 100, WorkerLeft, worker="old1", cause="preempted")
+    at(s, 120, WorkerLeft, worker="old2", cause="preempted")
+
+
+def submit_at(s: SchedulerState, t: float, key: str) -> list[Command]:
+    specs = specs_for(s, {key: []}, [key], pool="ckpt")
+    return at(s, t, GraphSubmitted, specs=specs, wanted=(key,))
+
+
+def test_a_long_task_preempted_moves_to_the_fallback_pool(make_state: Factory) -> None:
+    retry = REGISTRY.create("retry", "default", {"fallback": {"ckpt": "owner"}})
+    s = make_state(retry=retry, saturation=1.0)
+    ckpt_history(s)
+    sent = assigned(submit_at(s, 150, "long"))
+    (w,) = sent
+    # c1 or c2 runs it; preempted at 300 after 150 s of work, past the median life.
+    out = at(s, 300, WorkerLeft, worker=w, cause="preempted")
+    assert s.survival("ckpt").median == 120.0
+    assert assigned(out) == {"o1": ["long"]}
+    ts = s.tasks["long"]
+    assert ts.spec.pool == "owner" and ts.retries_left == 0 and ts.behind
+    (try_,) = ts.tries
+    assert (try_.worker, try_.start, try_.stop, try_.cause) == (w, T0 + 150, T0 + 300, "preempted")
+    story = [(t[1], t[2]) for t in s.story("long")]
+    assert ("pool", "ckpt->owner") in story
+    (why,) = [t[2] for t in s.story("long") if t[1] == "retry"]
+    assert "past the median life of 'ckpt' workers (120 s)" in why
+    out = at(s, 310, TasksFinished, worker="o1", results=(result("long"),))
+    assert s.tasks["long"].state == "memory"
+
+
+def test_a_short_task_preempted_stays_in_its_pool(make_state: Factory) -> None:
+    retry = REGISTRY.create("retry", "default", {"fallback": {"ckpt": "owner"}})
+    s = make_state(retry=retry, saturation=1.0)
+    ckpt_history(s)
+    (w,) = assigned(submit_at(s, 290, "short"))
+    out = at(s, 300, WorkerLeft, worker=w, cause="preempted")
+    other = "c2" if w == "c1" else "c1"
+    assert assigned(out) == {other: ["short"]}
+    assert s.tasks["short"].spec.pool == "ckpt"
+
+
+def test_without_a_fallback_or_a_known_median_nothing_moves(make_state: Factory) -> None:
+    s = make_state(saturation=1.0)  # the default: no fallback
+    ckpt_history(s)
+    (w,) = assigned(submit_at(s, 150, "long"))
+    at(s, 300, WorkerLeft, worker=w, cause="preempted")
+    assert s.tasks["long"].spec.pool == "ckpt"
+    retry = REGISTRY.create("retry", "default", {"fallback": {"ckpt": "owner"}})
+    s2 = make_state(retry=retry, saturation=1.0)
+    for wid in ("c1", "c2"):  # no worker has died yet: the median is unknown
+        at(s2, 0, WorkerJoined, worker=wid, cores=1, memory=2**30, pool="ckpt")
+    (w,) = assigned(submit_at(s2, 150, "long"))
+    at(s2, 300, WorkerLeft, worker=w, cause="preempted")
+    assert s2.tasks["long"].spec.pool == "ckpt"
+
+
+def test_lives_ended_on_purpose_are_censored(make_state: Factory) -> None:
+    s = make_state()
+    for w in ("a", "b", "c"):
+        at(s, 0, WorkerJoined, worker=w, cores=1, memory=2**30, pool="ckpt")
+    at(s, 50, WorkerLeft, worker="a", cause="drained")
+    at(s, 60, WorkerLeft, worker="b", cause="walltime")
+    at(s, 70, WorkerLeft, worker="c", cause="preempted")
+    assert list(s.lives["ckpt"]) == [(50.0, False), (60.0, False), (70.0, True)]
+    assert s.survival("ckpt").steps == ((70.0, 0.0),)
+
+
+@pytest.mark.parametrize(
+    "fallback", [{"ckpt": "ckpt"}, {"ckpt": 3}, {"": "owner"}], ids=["self", "int", "empty"]
+)
+def test_a_bad_fallback_is_refused(fallback: dict[str, object]) -> None:
+    with pytest.raises(Exception, match="fall"):
+        REGISTRY.create("retry", "default", {"fallback": fallback})
