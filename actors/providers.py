@@ -39,11 +39,16 @@ class BlockState(enum.Enum):
     FAILED = "failed"
     """It could not start, or its workers crashed."""
     CANCELLED = "cancelled"
-    """Cancelled by the provider or an operator (includes preemption by CANCEL)."""
+    """Cancelled by the provider or an operator."""
+    PREEMPTED = "preempted"
+    """Its resources were taken back by higher-priority work (a batch system's
+    preemption; a preemption that requeues the job is a new incarnation of the same
+    block instead, not an end)."""
     TIMEOUT = "timeout"
     """It reached its walltime."""
     MISSING = "missing"
-    """The provider no longer knows it and nothing says how it ended."""
+    """The provider no longer knows it and nothing says how it ended (a batch job that
+    vanished from the queue and that the controller no longer knows either)."""
     SCALED_IN = "scaled-in"
     """Stopped on purpose by the autoscaler."""
 

@@ -21,6 +21,7 @@ __all__ = [
     "AddressInUse",
     "AskTimeout",
     "AuthenticationFailed",
+    "BatchSystemError",
     "CancelledError",
     "ConnectFailed",
     "ConnectionClosed",
@@ -41,6 +42,7 @@ __all__ = [
     "PolicyParamsError",
     "ProtocolError",
     "RemoteError",
+    "SubmissionsSuspended",
     "TaskCrashedWorkers",
     "TaskOutOfMemory",
     "TaskProcessDied",
@@ -592,4 +594,43 @@ class InvalidTransition(CorralError, RuntimeError):
             start=start,
             finish=finish,
             story=story,
+        )
+
+
+# ----------------------------------------------------------------------------- batch systems
+
+
+class BatchSystemError(CorralError):
+    """A batch-system command (``sbatch``, ``squeue``, ``scancel``, ``scontrol``) could
+    not be run or failed: the controller is down or unreachable, the command is missing,
+    or it refused the request. ``exit_code`` is None when the command did not run (not
+    found, or no answer within the time limit)."""
+
+    def __init__(self, command: str, exit_code: int | None, stderr: str, advice: str) -> None:
+        how = "could not be run" if exit_code is None else f"failed with exit code {exit_code}"
+        said = stderr.strip()
+        said = f": {said[-800:]}" if said else ""
+        super().__init__(
+            f"{command!r} {how}{said}. {advice}",
+            command=command,
+            exit_code=exit_code,
+            stderr=stderr,
+            advice=advice,
+        )
+
+
+class SubmissionsSuspended(CorralError):
+    """A provider stopped submitting blocks: too many of its recent submissions failed
+    (``failures`` of the last ``window``). It asks again only once an operator resumes
+    it (``resume()``), after fixing the cause (``last_error``)."""
+
+    def __init__(self, provider: str, failures: int, window: int, last_error: str) -> None:
+        super().__init__(
+            f"the {provider} provider stopped submitting blocks: {failures} of its last "
+            f"{window} submissions failed (the last: {last_error}). Fix the cause, then "
+            "resume the provider (its resume() method); until then no block is requested.",
+            provider=provider,
+            failures=failures,
+            window=window,
+            last_error=last_error,
         )

@@ -1,0 +1,898 @@
+"""Blocks of workers as Slurm batch jobs.
+
+What lives here:
+
+- :class:`SlurmProvider`, a :class:`~actors.providers.Provider`: each block is one batch
+  job (``sbatch --parsable`` of a generated script kept on disk), stopped with
+  ``scancel``; its state comes from a cache that ONE ``squeue`` call per status interval
+  refreshes for all blocks (an async refresher, never one ``squeue`` per block).
+- The pure parts, tested by feeding them recorded output (``tests/test_slurm_parse.py``):
+  :func:`batch_script` (the script), :func:`parse_squeue` and :func:`parse_scontrol_job`
+  (what Slurm printed), :func:`block_state` (Slurm's job states as block states),
+  :class:`JobRecord.observe` (requeues as incarnations, vanished jobs, preemption) and
+  :class:`FailureWindow` (back-off and the windowed stop on submission failures).
+
+Like :class:`~actors.processes.LocalProcessProvider`, the provider does not know what a
+worker is: ``argv_for(block_id, index)`` gives the command line of each worker (``python
+-m runtime worker ws://...``), and the script starts it with ``CORRAL_WORKER_ID`` (the
+worker's ``--name`` default) set to the id the block records, so the worker registers
+under an id the autoscaler maps to its block. ``env`` (e.g. ``CORRAL_TOKEN``) goes to a
+file of the run directory readable by this user only, which the script sources: the
+script itself holds no secret.
+
+States. A job requeued by Slurm (preempted on a ``PreemptMode=REQUEUE`` partition, or
+``scontrol requeue``) keeps its id and goes back to pending: that is a new *incarnation*
+of the same block (``Restarts`` in ``scontrol show job``), not a second block, and not
+an end. A job that is no longer in ``squeue`` is not taken as completed: ``scontrol
+show job`` is asked, and only if the controller does not know it either is the block
+MISSING. A job ended by preemption (``PREEMPTED``, or cancelled with the ``DUE TO
+PREEMPTION`` line in its stderr) is PREEMPTED. A failed block's detail carries the head
+and tail of its stderr file.
+
+Slurm unreachable (``slurmctld`` down, a command missing, ``sbatch`` refusing) is a
+:class:`~runtime.errors.BatchSystemError` naming the command, its exit code and stderr:
+``start_block`` raises it; the refresher records it (:attr:`SlurmProvider.error`) and
+backs off; nothing here crashes whoever drives the provider (``stop_block`` retries a
+failed ``scancel`` later instead of raising). After ``max_failures`` failed submissions
+among the last ``window`` the provider stops submitting
+(:class:`~runtime.errors.SubmissionsSuspended`) until :meth:`SlurmProvider.resume`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import math
+import os
+import re
+import shlex
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Self
+
+import anyio
+import anyio.abc
+
+from actors.providers import Block, BlockSpec, BlockState, Provider
+from runtime.errors import BatchSystemError, SubmissionsSuspended
+from runtime.log import get_logger
+
+__all__ = [
+    "SQUEUE_FORMAT",
+    "FailureWindow",
+    "Incarnation",
+    "JobInfo",
+    "JobRecord",
+    "SlurmOptions",
+    "SlurmProvider",
+    "batch_script",
+    "block_state",
+    "head_tail",
+    "parse_scontrol_job",
+    "parse_squeue",
+    "slurm_time",
+]
+
+_log = get_logger("corral", component="slurm")
+
+# ----------------------------------------------------------------------------- parsing
+
+#: ``squeue -O`` fields, each followed by ``|`` (the ``:|`` suffix), in this order.
+SQUEUE_FIELDS = ("JobID", "State", "Reason", "RestartCnt", "Exit_Code", "NodeList")
+SQUEUE_FORMAT = ",".join(f"{name}:|" for name in SQUEUE_FIELDS)
+
+#: What squeue and scontrol print for a job id the controller does not know.
+_INVALID_JOB = "Invalid job id specified"
+
+PREEMPTION_LINE = "DUE TO PREEMPTION"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class JobInfo:
+    """One job as Slurm reports it."""
+
+    job_id: str
+    state: str  #: Slurm's long state name (RUNNING, PREEMPTED, ...), without "+"
+    reason: str = ""
+    restarts: int = 0  #: times Slurm requeued it
+    exit_code: str = ""
+    nodes: str = ""
+
+
+def _state_name(raw: str) -> str:
+    # scontrol may print e.g. "CANCELLED by 0"; squeue -t all prints long names.
+    return raw.split()[0].rstrip("+").upper() if raw.strip() else ""
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        return 0
+
+
+def parse_squeue(text: str) -> dict[str, JobInfo]:
+    """Jobs by id from ``squeue -h -t all -O`` :data:`SQUEUE_FORMAT` output.
+
+    Lines that do not have the fields are skipped (a warning Slurm printed on stdout).
+    An array or heterogeneous job's sub-ids (``12_3``, ``12+1``) are kept as printed.
+    """
+    jobs: dict[str, JobInfo] = {}
+    for line in text.splitlines():
+        fields = [f.strip() for f in line.split("|")]
+        if len(fields) < len(SQUEUE_FIELDS) or not fields[0]:
+            continue
+        job_id, state, reason, restarts, exit_code, nodes = fields[: len(SQUEUE_FIELDS)]
+        if not state:
+            continue
+        jobs[job_id] = JobInfo(job_id, _state_name(state), reason, _int(restarts), exit_code, nodes)
+    return jobs
+
+
+_KV = re.compile(r"(?:^|\s)([A-Za-z][\w/:]*)=(\S*)")
+
+
+def parse_scontrol_job(text: str) -> JobInfo | None:
+    """The job in ``scontrol show job ID`` output, or None when the controller does not
+    know it (``Invalid job id specified``) or the text holds no job."""
+    if _INVALID_JOB in text:
+        return None
+    fields = dict(_KV.findall(text))
+    job_id, state = fields.get("JobId"), fields.get("JobState")
+    if not job_id or not state:
+        return None
+    return JobInfo(
+        job_id,
+        _state_name(state),
+        fields.get("Reason", ""),
+        _int(fields.get("Restarts", "0")),
+        fields.get("ExitCode", ""),
+        fields.get("NodeList", ""),
+    )
+
+
+#: Slurm job state -> block state. Not here: unknown names (the block keeps its state).
+_STATES: Mapping[str, BlockState] = {
+    "PENDING": BlockState.PENDING,
+    "CONFIGURING": BlockState.PENDING,  # nodes allocated and booting: no worker yet
+    "REQUEUED": BlockState.PENDING,
+    "REQUEUE_FED": BlockState.PENDING,
+    "RESIZING": BlockState.RUNNING,
+    "RUNNING": BlockState.RUNNING,
+    "COMPLETING": BlockState.RUNNING,  # still holds its nodes; a requeue passes here
+    "SIGNALING": BlockState.RUNNING,
+    "STAGE_OUT": BlockState.RUNNING,
+    "SUSPENDED": BlockState.HELD,
+    "STOPPED": BlockState.HELD,
+    "REQUEUE_HOLD": BlockState.HELD,
+    "RESV_DEL_HOLD": BlockState.HELD,
+    "COMPLETED": BlockState.COMPLETED,
+    "CANCELLED": BlockState.CANCELLED,
+    "REVOKED": BlockState.CANCELLED,
+    "FAILED": BlockState.FAILED,
+    "BOOT_FAIL": BlockState.FAILED,
+    "NODE_FAIL": BlockState.FAILED,
+    "OUT_OF_MEMORY": BlockState.FAILED,
+    "SPECIAL_EXIT": BlockState.FAILED,
+    "DEADLINE": BlockState.TIMEOUT,
+    "TIMEOUT": BlockState.TIMEOUT,
+    "PREEMPTED": BlockState.PREEMPTED,
+}
+
+#: Short codes (``squeue -t`` and ``%t``) for the long names above.
+SHORT_STATES: Mapping[str, str] = {
+    "PD": "PENDING", "CF": "CONFIGURING", "RQ": "REQUEUED", "RF": "REQUEUE_FED",
+    "RS": "RESIZING", "R": "RUNNING", "CG": "COMPLETING", "SI": "SIGNALING",
+    "SO": "STAGE_OUT", "S": "SUSPENDED", "ST": "STOPPED", "RH": "REQUEUE_HOLD",
+    "RD": "RESV_DEL_HOLD", "CD": "COMPLETED", "CA": "CANCELLED", "RV": "REVOKED",
+    "F": "FAILED", "BF": "BOOT_FAIL", "NF": "NODE_FAIL", "OOM": "OUT_OF_MEMORY",
+    "SE": "SPECIAL_EXIT", "DL": "DEADLINE", "TO": "TIMEOUT", "PR": "PREEMPTED",
+}  # fmt: skip
+
+
+def block_state(slurm_state: str) -> BlockState | None:
+    """The block state of a job in ``slurm_state`` (a long name, or a short code such as
+    ``PR``); None for a state this version does not know."""
+    name = _state_name(slurm_state)
+    return _STATES.get(SHORT_STATES.get(name, name))
+
+
+def head_tail(text: str, lines: int = 10) -> str:
+    """The first and last ``lines`` lines of ``text`` (all of it when short)."""
+    rows = text.rstrip("\n").splitlines()
+    if len(rows) <= 2 * lines:
+        return "\n".join(rows)
+    skipped = len(rows) - 2 * lines
+    return "\n".join([*rows[:lines], f"[... {skipped} lines ...]", *rows[-lines:]])
+
+
+def _preemptions(stderr: str, job_id: str) -> int:
+    """How many times the stderr of job ``job_id`` says it was preempted."""
+    mark = f"JOB {job_id} "
+    return sum(1 for line in stderr.splitlines() if PREEMPTION_LINE in line and mark in line)
+
+
+# ----------------------------------------------------------------------------- job records
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Incarnation:
+    """One run of a block's job that ended with the job requeued (same id)."""
+
+    number: int  #: 0 for the first run
+    cause: str  #: "preempted" or "requeued"
+    slurm_state: str  #: the last state seen in that run
+
+
+@dataclasses.dataclass(slots=True)
+class JobRecord:
+    """What the provider knows of one block's job. Pure: :meth:`observe` takes what
+    Slurm said and returns the block state (it changes nothing outside the record)."""
+
+    job_id: str
+    state: BlockState = BlockState.PENDING
+    slurm_state: str = "PENDING"
+    reason: str = ""
+    restarts: int = 0  #: the current incarnation (Slurm's Restarts)
+    ran: bool = False  #: the current incarnation was seen running
+    stopping: bool = False  #: we cancelled it (scancel): it ends SCALED_IN
+    incarnations: list[Incarnation] = dataclasses.field(default_factory=list)
+    detail: str = ""
+
+    def observe(self, info: JobInfo | None, stderr: str = "") -> BlockState:
+        """Apply what Slurm says of the job: ``info`` from ``squeue`` or, for a job that
+        vanished from ``squeue``, from ``scontrol show job`` (None: unknown there too).
+        ``stderr`` is the job's stderr file (read when the job may have ended by
+        preemption or failed). A block that reached a terminal state keeps it."""
+        if self.state.terminal:
+            return self.state
+        if info is None:
+            self.state = BlockState.SCALED_IN if self.stopping else BlockState.MISSING
+            self.detail = (
+                f"Slurm job {self.job_id} is in neither squeue nor scontrol show job: "
+                "the controller no longer knows it (purged after MinJobAge, or the "
+                "controller lost its state); how it ended is unknown"
+            )
+            return self.state
+        if info.restarts > self.restarts or (
+            self.ran and block_state(info.state) == BlockState.PENDING
+        ):
+            preempted = _preemptions(stderr, self.job_id) > len(self.incarnations)
+            cause = "preempted" if preempted else "requeued"
+            self.incarnations.append(Incarnation(self.restarts, cause, self.slurm_state))
+            self.restarts = max(info.restarts, self.restarts + 1)
+            self.ran = False
+        mapped = block_state(info.state)
+        self.slurm_state, self.reason = info.state, info.reason
+        if mapped is None:  # a state this version does not know: keep ours
+            self.detail = f"Slurm job {self.job_id} in state {info.state} (unknown to Corral)"
+            return self.state
+        if mapped == BlockState.RUNNING:
+            self.ran = True
+        if mapped in (BlockState.CANCELLED, BlockState.FAILED) and _preemptions(
+            stderr, self.job_id
+        ) > len(self.incarnations):
+            mapped = BlockState.PREEMPTED  # preempted, though the state says otherwise
+        if mapped.terminal and self.stopping and mapped != BlockState.PREEMPTED:
+            mapped = BlockState.SCALED_IN
+        self.state = mapped
+        self.detail = self._describe(info, stderr)
+        return self.state
+
+    def _describe(self, info: JobInfo, stderr: str) -> str:
+        what = f"Slurm job {self.job_id} {info.state}"
+        if info.reason and info.reason != "None":
+            what += f" ({info.reason})"
+        if self.restarts:
+            last = self.incarnations[-1].cause if self.incarnations else "requeued"
+            what += f"; incarnation {self.restarts + 1} (Restarts={self.restarts}, last {last})"
+        if self.state in (BlockState.FAILED, BlockState.TIMEOUT) and info.exit_code:
+            what += f"; exit code {info.exit_code}"
+        if self.state in (BlockState.FAILED, BlockState.TIMEOUT, BlockState.PREEMPTED) and (
+            stderr.strip()
+        ):
+            what += f"; stderr:\n{head_tail(stderr)}"
+        return what
+
+
+# ----------------------------------------------------------------------------- failures
+
+
+class FailureWindow:
+    """Back-off and the windowed stop for submissions, after Parsl's windowed error
+    handler. Pure: the caller passes ``now``.
+
+    Each submission's outcome is recorded; after a failure the next one waits
+    ``backoff`` seconds, doubled after each further failure in a row up to
+    ``max_backoff``. When ``max_failures`` of the last ``window`` outcomes are failures
+    the window *trips*: no submission until :meth:`resume`.
+    """
+
+    def __init__(
+        self,
+        max_failures: int = 3,
+        window: int = 5,
+        *,
+        backoff: float = 1.0,
+        max_backoff: float = 60.0,
+        name: str = "Slurm",
+    ) -> None:
+        if not 1 <= max_failures <= window:
+            raise ValueError(f"need 1 <= max_failures <= window, got {max_failures}, {window}")
+        self.max_failures = max_failures
+        self.window = window
+        self.backoff = backoff
+        self.max_backoff = max_backoff
+        self.name = name
+        self.outcomes: deque[bool] = deque(maxlen=window)  #: True: it failed
+        self.streak = 0  #: failures in a row
+        self.retry_at = -math.inf  #: no submission before this time
+        self.tripped = False
+        self.last_error = ""
+
+    @property
+    def failures(self) -> int:
+        return sum(self.outcomes)
+
+    def check(self, now: float) -> None:
+        """Raise if no submission may be made at ``now``: :class:`SubmissionsSuspended`
+        once tripped, :class:`BatchSystemError` while backing off."""
+        if self.tripped:
+            raise SubmissionsSuspended(self.name, self.failures, self.window, self.last_error)
+        if now < self.retry_at:
+            raise BatchSystemError(
+                "sbatch",
+                None,
+                "",
+                f"Not submitting for another {self.retry_at - now:.1f} s: backing off after "
+                f"{self.streak} failed submission(s) in a row (the last: {self.last_error})",
+            )
+
+    def record(self, now: float, error: str | None) -> None:
+        """A submission at ``now`` succeeded (``error`` None) or failed with ``error``."""
+        self.outcomes.append(error is not None)
+        if error is None:
+            self.streak = 0
+            self.retry_at = -math.inf
+            return
+        self.streak += 1
+        self.last_error = error
+        self.retry_at = now + min(self.backoff * 2 ** (self.streak - 1), self.max_backoff)
+        if self.failures >= self.max_failures:
+            self.tripped = True
+
+    def resume(self) -> None:
+        """An operator fixed the cause: submit again, with a clean window."""
+        self.tripped = False
+        self.outcomes.clear()
+        self.streak = 0
+        self.retry_at = -math.inf
+
+
+# ----------------------------------------------------------------------------- the script
+
+
+def slurm_time(walltime: float | str) -> str:
+    """``--time`` from seconds (rounded up to whole minutes' seconds) or a Slurm time
+    string (``"1:30:00"``, ``"2-00:00:00"``, passed through once checked)."""
+    if isinstance(walltime, str):
+        if not re.fullmatch(r"(\d+-)?\d+(:\d{1,2}){0,2}", walltime.strip()):
+            raise ValueError(f"walltime {walltime!r} is not a Slurm time (D-HH:MM:SS)")
+        return walltime.strip()
+    if walltime <= 0:
+        raise ValueError(f"walltime must be positive, got {walltime!r}")
+    seconds = math.ceil(walltime)
+    days, rest = divmod(seconds, 86400)
+    h, rest = divmod(rest, 3600)
+    m, s = divmod(rest, 60)
+    return f"{days}-{h:02d}:{m:02d}:{s:02d}" if days else f"{h:02d}:{m:02d}:{s:02d}"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SlurmOptions:
+    """The ``#SBATCH`` side of a pool (Parsl's names where they mean the same)."""
+
+    partition: str = ""
+    account: str = ""
+    qos: str = ""
+    nodes_per_block: int = 1
+    cores_per_node: int = 0  #: 0: workers per node x threads per worker
+    mem_per_node: int = 0  #: bytes; 0: workers per node x the spec's memory (if set)
+    walltime: float | str = 0  #: seconds or a Slurm time; 0: the partition's default
+    exclusive: bool = False
+    scheduler_options: str = ""  #: lines put verbatim after the generated #SBATCH lines
+    worker_init: str = ""  #: shell lines run before the workers start (modules, venvs)
+    signal_warning: int = 0  #: seconds: --signal=B:TERM@N (0: none)
+
+    def __post_init__(self) -> None:
+        if self.nodes_per_block < 1:
+            raise ValueError(f"nodes_per_block must be >= 1, got {self.nodes_per_block}")
+        if self.walltime:
+            slurm_time(self.walltime)
+
+
+def batch_script(
+    *,
+    block_id: str,
+    job_name: str,
+    workers: Sequence[tuple[str, Sequence[str]]],
+    spec: BlockSpec,
+    options: SlurmOptions,
+    output: Path,
+    error: Path,
+    env_file: Path | None,
+    script: Path,
+    chdir: Path | None = None,
+) -> str:
+    """The batch script of a block: ``#SBATCH`` lines, then the workers (``(worker id,
+    argv)`` each, spread evenly over ``options.nodes_per_block`` nodes), started in the
+    background with ``CORRAL_WORKER_ID`` and ``CORRAL_BLOCK_ID``; SIGTERM to the batch
+    shell is passed to them and the script waits for them all."""
+    nodes = options.nodes_per_block
+    if not workers or len(workers) % nodes:
+        raise ValueError(f"{len(workers)} workers do not spread evenly over {nodes} nodes")
+    per_node = len(workers) // nodes
+    cores = options.cores_per_node or per_node * max(spec.threads, 1)
+    mem = options.mem_per_node or per_node * spec.memory
+    q = shlex.quote
+    sb = [
+        f"--job-name={job_name}",
+        f"--nodes={nodes}",
+        "--ntasks-per-node=1",
+        f"--cpus-per-task={cores}",
+        f"--output={output}",
+        f"--error={error}",
+        "--open-mode=append",  # a requeued job keeps what the earlier runs wrote
+    ]
+    if chdir is not None:
+        sb.append(f"--chdir={chdir}")
+    if options.partition:
+        sb.append(f"--partition={options.partition}")
+    if options.account:
+        sb.append(f"--account={options.account}")
+    if options.qos:
+        sb.append(f"--qos={options.qos}")
+    if mem:
+        sb.append(f"--mem={math.ceil(mem / 2**20)}M")
+    if options.walltime:
+        sb.append(f"--time={slurm_time(options.walltime)}")
+    if options.exclusive:
+        sb.append("--exclusive")
+    if options.signal_warning:
+        sb.append(f"--signal=B:TERM@{int(options.signal_warning)}")
+    lines = ["#!/bin/bash", *(f"#SBATCH {s}" for s in sb)]
+    if options.scheduler_options.strip():
+        lines.append(options.scheduler_options.strip("\n"))
+    lines += [
+        "",
+        f"# Corral block {block_id}: {len(workers)} worker(s) on {nodes} node(s), written by",
+        "# SlurmProvider. Each worker joins the manager under the id the block records.",
+    ]
+    if nodes > 1:
+        lines += [
+            'if [ "${1:-}" != --node ]; then  # the batch shell: one task per node',
+            f"    exec srun --nodes={nodes} --ntasks={nodes} --ntasks-per-node=1 "
+            f"--kill-on-bad-exit=1 /bin/bash {q(str(script))} --node",
+            "fi",
+        ]
+    lines += [
+        'echo "corral: block ' + block_id + ", Slurm job ${SLURM_JOB_ID:-?}, incarnation "
+        '$(( ${SLURM_RESTART_COUNT:-0} + 1 )), node ${SLURM_NODEID:-0} on $(hostname)" >&2',
+    ]
+    if options.worker_init.strip():
+        lines += ["# worker_init", options.worker_init.strip("\n")]
+    if env_file is not None:
+        lines.append(f". {q(str(env_file))}  # CORRAL_TOKEN and the rest of env (mode 0600)")
+    lines += [
+        "export PYTHONUNBUFFERED=1",
+        "pids=()",
+        "# Preemption, scancel or --signal: pass SIGTERM to the workers (they leave cleanly).",
+        "trap 'kill -TERM \"${pids[@]}\" 2>/dev/null' TERM INT",
+        'case "${SLURM_NODEID:-0}" in',
+    ]
+    for node in range(nodes):
+        lines.append(f"{node})")
+        for wid, argv in workers[node * per_node : (node + 1) * per_node]:
+            cmd = " ".join(q(a) for a in argv)
+            lines.append(f"    CORRAL_WORKER_ID={q(wid)} CORRAL_BLOCK_ID={q(block_id)} {cmd} &")
+            lines.append("    pids+=($!)")
+        lines.append("    ;;")
+    lines += [
+        "esac",
+        "status=0",
+        'for pid in "${pids[@]}"; do',
+        "    while true; do",
+        '        wait "$pid"',
+        "        rc=$?",
+        '        kill -0 "$pid" 2>/dev/null || break  # else a signal interrupted the wait',
+        "    done",
+        '    [ "$rc" -eq 0 ] || status=$rc',
+        "done",
+        'exit "$status"',
+        "",
+    ]
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- the provider
+
+
+@dataclasses.dataclass(slots=True)
+class _Job:
+    block: Block
+    record: JobRecord
+    script: Path
+    stdout: Path
+    stderr: Path
+    ended: anyio.Event = dataclasses.field(default_factory=anyio.Event)
+    cancel_pending: bool = False  #: scancel failed: retried by the refresher
+
+
+_ADVICE = {
+    "sbatch": "Check that the Slurm controller answers (`scontrol ping`, `sinfo`) and that "
+    "the partition, account and QOS of the pool exist and accept this job "
+    "(`sbatch --test-only`); the pool's blocks are requested again after a back-off.",
+    "squeue": "The Slurm controller does not answer (`scontrol ping`); block states are "
+    "the last ones seen until it does. Asking again after a back-off.",
+    "scancel": "The job will be cancelled again once the controller answers.",
+    "scontrol": "Could not ask the controller about a job that left squeue; asking again "
+    "at the next status interval.",
+}
+
+
+class SlurmProvider(Provider):
+    """Blocks of workers as Slurm batch jobs (see the module's docstring).
+
+    Run it with ``async with provider.running():`` (or ``await tg.start(provider.run)``),
+    which runs
+    the refresher, one ``squeue`` every ``status_interval`` seconds for all live blocks
+    (backing off up to ``max_status_interval`` while Slurm does not answer). Leaving it
+    cancels the jobs of every live block (``scancel``) unless ``cancel_on_exit=False``.
+
+    ``argv_for(block_id, index)`` is each worker's command line; ``env`` is exported to
+    the workers from a file of ``run_dir`` readable by this user only. Scripts and the
+    jobs' stdout/stderr files are kept in ``run_dir`` (default ``./corral-slurm/run-<time>-
+    <pid>``); with several nodes per block it must be on a file system every node sees.
+    ``slurm_conf`` sets ``SLURM_CONF`` for the commands (default: the environment's).
+    """
+
+    def __init__(
+        self,
+        argv_for: Callable[[str, int], Sequence[str]],
+        options: SlurmOptions | None = None,
+        *,
+        env: Mapping[str, str] | None = None,
+        run_dir: str | os.PathLike[str] | None = None,
+        chdir: str | os.PathLike[str] | None = None,
+        prefix: str = "slurm",
+        status_interval: float = 5.0,
+        max_status_interval: float = 60.0,
+        command_timeout: float = 30.0,
+        max_failures: int = 3,
+        window: int = 5,
+        backoff: float = 1.0,
+        max_backoff: float = 60.0,
+        slurm_conf: str | os.PathLike[str] | None = None,
+        cancel_on_exit: bool = True,
+    ) -> None:
+        self.argv_for = argv_for
+        self.options = options or SlurmOptions()
+        self.env = dict(env or {})
+        if run_dir is None:
+            stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+            run_dir = Path.cwd() / "corral-slurm" / f"run-{stamp}-{os.getpid()}"
+        self.run_dir = Path(run_dir).absolute()
+        self.chdir = None if chdir is None else Path(chdir).absolute()
+        self.prefix = prefix
+        self.status_interval = status_interval
+        self.max_status_interval = max_status_interval
+        self.command_timeout = command_timeout
+        self.failures = FailureWindow(
+            max_failures, window, backoff=backoff, max_backoff=max_backoff, name="Slurm"
+        )
+        self.slurm_conf = None if slurm_conf is None else str(slurm_conf)
+        self.cancel_on_exit = cancel_on_exit
+        self.blocks: dict[str, Block] = {}  #: every block started, by id
+        self.error: BatchSystemError | None = None  #: the latest failure; None once fine
+        self.squeue_calls = 0  #: how many times the refresher ran squeue
+        self.refreshes = 0  #: completed refreshes (successful or not)
+        self._jobs: dict[str, _Job] = {}
+        self._ids = 0
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._refreshed = anyio.Event()
+        self._log = _log
+
+    # -- lifetime ------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[Self]:
+        """Run the refresher while entered (``async with provider.running():``). On
+        leaving, the jobs of live blocks are cancelled (unless ``cancel_on_exit`` is
+        False) and those blocks end SCALED_IN."""
+        if self._tg is not None:
+            raise RuntimeError("this SlurmProvider is already running")
+        self.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        async with anyio.create_task_group() as tg:
+            self._tg = tg
+            tg.start_soon(self._refresher)
+            try:
+                yield self
+            finally:
+                self._tg = None
+                with anyio.CancelScope(shield=True):
+                    await self._cancel_live()
+                tg.cancel_scope.cancel()
+
+    async def run(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Provide until cancelled (``await tg.start(provider.run)``)."""
+        async with self.running():
+            task_status.started()
+            await anyio.sleep_forever()
+
+    async def _cancel_live(self) -> None:
+        live = [j for j in self._jobs.values() if not j.block.state.terminal]
+        if not live or not self.cancel_on_exit:
+            return
+        with anyio.move_on_after(self.command_timeout):
+            try:
+                await self._run("scancel", *(j.record.job_id for j in live))
+            except BatchSystemError as err:
+                self._log.error("could not cancel the jobs at exit", error=str(err))
+        for job in live:
+            job.record.stopping = True
+            self._set(job, BlockState.SCALED_IN, "cancelled: the provider stopped")
+
+    # -- Provider ------------------------------------------------------------------------
+
+    async def start_block(self, spec: BlockSpec) -> Block:
+        """Write the block's script and submit it; return the block, PENDING.
+
+        Raises :class:`BatchSystemError` when ``sbatch`` fails (or while backing off
+        after failures) and :class:`SubmissionsSuspended` once too many failed."""
+        if self._tg is None:
+            raise RuntimeError("SlurmProvider is not running; use `provider.running()` or run()")
+        if spec.workers < 1:
+            raise ValueError(f"a block needs at least one worker, got {spec.workers}")
+        self.failures.check(anyio.current_time())
+        self._ids += 1
+        n = self._ids
+        block_id = f"block-{n}"
+        wids = [
+            f"{self.prefix}-{n}" if spec.workers == 1 else f"{self.prefix}-{n}.{i}"
+            for i in range(spec.workers)
+        ]
+        workers = [(w, list(self.argv_for(block_id, i))) for i, w in enumerate(wids)]
+        base = self.run_dir / block_id
+        script = base.with_suffix(".sh")
+        stdout, stderr = base.with_suffix(".out"), base.with_suffix(".err")
+        env_file = self._write_env(base.with_suffix(".env")) if self.env else None
+        text = batch_script(
+            block_id=block_id, job_name=f"corral-{self.prefix}-{n}", workers=workers,
+            spec=spec, options=self.options, output=stdout, error=stderr,
+            env_file=env_file, script=script, chdir=self.chdir,
+        )  # fmt: skip
+        script.write_text(text)
+        script.chmod(0o700)
+        try:
+            out = await self._run("sbatch", "--parsable", str(script))
+        except BatchSystemError as err:
+            self.failures.record(anyio.current_time(), str(err))
+            self.error = err
+            self._log.error("sbatch failed", block=block_id, error=str(err))
+            raise
+        job_id = out.strip().split(";")[0]  # "ID" or "ID;cluster"
+        if not job_id.isdigit():
+            odd = BatchSystemError(
+                "sbatch --parsable", 0, f"unexpected answer {out!r}", _ADVICE["sbatch"]
+            )
+            self.failures.record(anyio.current_time(), str(odd))
+            self.error = odd
+            raise odd
+        self.failures.record(anyio.current_time(), None)
+        block = Block(block_id, spec, BlockState.PENDING, wids, f"Slurm job {job_id} submitted")
+        self.blocks[block_id] = block
+        self._jobs[block_id] = _Job(block, JobRecord(job_id), script, stdout, stderr)
+        self._log.info("block submitted", block=block_id, job=job_id, script=str(script))
+        return block
+
+    async def stop_block(self, block: Block) -> None:
+        """``scancel`` the block's job; SCALED_IN. A block that already ended keeps its
+        state. If ``scancel`` fails (Slurm unreachable) the error is recorded and the
+        refresher cancels the job once Slurm answers; this never raises for it."""
+        job = self._job(block)
+        if block.state.terminal:
+            return
+        job.record.stopping = True
+        try:
+            await self._run("scancel", job.record.job_id)
+        except BatchSystemError as err:
+            self.error = err
+            job.cancel_pending = True
+            block.detail = f"Slurm job {job.record.job_id}: scancel failed, retrying: {err}"
+            self._log.error("scancel failed; will retry", block=block.block_id, error=str(err))
+        self._set(job, BlockState.SCALED_IN, f"Slurm job {job.record.job_id} cancelled by Corral")
+
+    def poll(self, block: Block) -> BlockState:
+        """The block's state as of the latest refresh (no Slurm command is run)."""
+        return self._job(block).block.state
+
+    async def wait_ended(self, block: Block) -> BlockState:
+        job = self._job(block)
+        await job.ended.wait()
+        return block.state
+
+    # -- extras --------------------------------------------------------------------------
+
+    def record(self, block: Block) -> JobRecord:
+        """The block's job: id, Slurm state, incarnations."""
+        return self._job(block).record
+
+    def script_path(self, block: Block) -> Path:
+        return self._job(block).script
+
+    def resume(self) -> None:
+        """Submit again after the failure window stopped submissions."""
+        if self.failures.tripped:
+            self._log.warning("submissions resumed by an operator")
+        self.failures.resume()
+
+    def status(self) -> dict[str, Any]:
+        """What an operator needs: the latest error, whether submitting is suspended,
+        and each block's job, Slurm state and incarnation."""
+        return {
+            "error": None if self.error is None else str(self.error),
+            "suspended": self.failures.tripped,
+            "recent_failures": self.failures.failures,
+            "blocks": {
+                bid: {
+                    "job": j.record.job_id,
+                    "state": j.block.state.value,
+                    "slurm_state": j.record.slurm_state,
+                    "incarnation": j.record.restarts + 1,
+                    "detail": j.block.detail,
+                }
+                for bid, j in self._jobs.items()
+            },
+        }
+
+    async def wait_refreshed(self) -> None:
+        """Return after the next refresh (successful or not) has completed."""
+        await self._refreshed.wait()
+
+    # -- internals -----------------------------------------------------------------------
+
+    def _job(self, block: Block) -> _Job:
+        job = self._jobs.get(block.block_id)
+        if job is None or job.block is not block:
+            raise ValueError(f"block {block.block_id!r} does not come from this provider")
+        return job
+
+    def _write_env(self, path: Path) -> Path:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            for k, v in self.env.items():
+                f.write(f"export {k}={shlex.quote(v)}\n")
+        os.chmod(path, 0o600)
+        return path
+
+    def _set(self, job: _Job, state: BlockState, detail: str) -> None:
+        block = job.block
+        if block.state.terminal:
+            return
+        if state != block.state or detail != block.detail:
+            self._log.info(
+                "block state", block=block.block_id, job=job.record.job_id,
+                state=state.value, slurm=job.record.slurm_state,
+            )  # fmt: skip
+        block.state, block.detail = state, detail
+        job.record.state = state
+        if state.terminal:
+            job.ended.set()
+
+    async def _run(self, *argv: str) -> str:
+        """Run a Slurm command; its stdout. :class:`BatchSystemError` if it cannot run,
+        does not answer within ``command_timeout`` or exits non-zero."""
+        env = None
+        if self.slurm_conf is not None:
+            env = dict(os.environ, SLURM_CONF=self.slurm_conf)
+        command = " ".join(argv[:2]) if argv[0] == "sbatch" else argv[0]
+        advice = _ADVICE.get(argv[0], "")
+        try:
+            with anyio.fail_after(self.command_timeout):
+                done = await anyio.run_process(list(argv), check=False, env=env)
+        except FileNotFoundError:
+            raise BatchSystemError(
+                command, None, f"{argv[0]}: command not found",
+                f"Install the Slurm client commands on this machine or put them on PATH. "
+                f"{advice}",
+            ) from None  # fmt: skip
+        except TimeoutError:
+            raise BatchSystemError(
+                command, None, f"no answer within {self.command_timeout:g} s", advice
+            ) from None
+        except OSError as exc:
+            raise BatchSystemError(command, None, str(exc), advice) from None
+        out = done.stdout.decode(errors="replace")
+        err = done.stderr.decode(errors="replace")
+        if done.returncode != 0:
+            if argv[0] in ("squeue", "scontrol") and _INVALID_JOB in err:
+                return out + err  # the ids asked about are all unknown: not a failure
+            raise BatchSystemError(command, done.returncode, err, advice)
+        return out
+
+    async def _refresher(self) -> None:
+        interval = self.status_interval
+        while True:
+            ok = await self._refresh()
+            self.refreshes += 1
+            done, self._refreshed = self._refreshed, anyio.Event()
+            done.set()
+            interval = self.status_interval if ok else min(interval * 2, self.max_status_interval)
+            await anyio.sleep(interval)
+
+    async def _refresh(self) -> bool:
+        """One squeue for every live block; scontrol for those it no longer lists.
+        False if Slurm did not answer (the error is recorded, states are kept)."""
+        live = [j for j in self._jobs.values() if not j.block.state.terminal or j.cancel_pending]
+        try:
+            pending = [j for j in live if j.cancel_pending]
+            if pending:
+                await self._run("scancel", *(j.record.job_id for j in pending))
+                for j in pending:
+                    j.cancel_pending = False
+            watched = [j for j in live if not j.block.state.terminal]
+            if not watched:
+                self.error = None
+                return True
+            ids = ",".join(j.record.job_id for j in watched)
+            self.squeue_calls += 1
+            text = await self._run("squeue", "-h", "-t", "all", "-j", ids, "-O", SQUEUE_FORMAT)
+            seen = parse_squeue(text)
+            for job in watched:
+                info = seen.get(job.record.job_id)
+                if info is None:
+                    shown = await self._run("scontrol", "show", "job", job.record.job_id)
+                    info = parse_scontrol_job(shown)
+                self._apply(job, info)
+        except BatchSystemError as err:
+            if self.error is None or str(self.error) != str(err):
+                self._log.error("Slurm does not answer", error=str(err))
+            self.error = err
+            return False
+        self.error = None
+        return True
+
+    def _apply(self, job: _Job, info: JobInfo | None) -> None:
+        rec = job.record
+        before = rec.restarts
+        stderr = ""
+        mapped = None if info is None else block_state(info.state)
+        requeued = info is not None and (
+            info.restarts > rec.restarts or (rec.ran and mapped == BlockState.PENDING)
+        )
+        if requeued or (mapped is not None and mapped.terminal):
+            stderr = _read_text(job.stderr)
+        state = rec.observe(info, stderr)
+        if rec.restarts != before:
+            last = rec.incarnations[-1]
+            self._log.warning(
+                "block requeued: a new incarnation", block=job.block.block_id,
+                job=rec.job_id, incarnation=rec.restarts + 1, cause=last.cause,
+            )  # fmt: skip
+        self._set(job, state, rec.detail)
+
+
+def _read_text(path: Path, limit: int = 1 << 20) -> str:
+    """The file's text (its last ``limit`` bytes), or "" if it cannot be read."""
+    try:
+        with path.open("rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - limit))
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""

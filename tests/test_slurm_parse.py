@@ -1,0 +1,404 @@
+"""The pure parts of the Slurm provider (actors/slurm.py), fed with output recorded from
+a real Slurm 22.05 (Debian bookworm's): squeue and scontrol parsing, the state mapping,
+requeues as incarnations, vanished jobs, preemption, the batch script, and the windowed
+stop on submission failures with a fake clock. No Slurm needed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from actors.providers import BlockSpec, BlockState
+from actors.slurm import (
+    SQUEUE_FORMAT,
+    FailureWindow,
+    JobInfo,
+    JobRecord,
+    SlurmOptions,
+    batch_script,
+    block_state,
+    head_tail,
+    parse_scontrol_job,
+    parse_squeue,
+    slurm_time,
+)
+from runtime.errors import BatchSystemError, SubmissionsSuspended
+
+# `squeue -h -t all -O JobID:|,State:|,Reason:|,RestartCnt:|,Exit_Code:|,NodeList:|` right
+# after an owner job preempted job 1 (partition ckpt, PreemptMode=REQUEUE) and job 2
+# (partition ckpt-cancel, PreemptMode=CANCEL).
+SQUEUE_PREEMPTED = """\
+1|PENDING|BeginTime|1|15||
+2|PREEMPTED|None|0|15|vm|
+3|RUNNING|None|0|0|vm|
+"""
+
+# `scontrol show job 1` of the requeued job (abridged to its first lines, as printed).
+SCONTROL_REQUEUED = """\
+JobId=1 JobName=wrap
+   UserId=root(0) GroupId=root(0) MCS_label=N/A
+   Priority=4294901759 Nice=0 Account=(null) QOS=(null)
+   JobState=PENDING Reason=BeginTime Dependency=(null)
+   Requeue=1 Restarts=1 BatchFlag=1 Reboot=0 ExitCode=0:0
+   RunTime=00:00:00 TimeLimit=UNLIMITED TimeMin=N/A
+   Partition=ckpt AllocNode:Sid=localhost:8320
+   NodeList=
+   StdErr=/tmp/slurm-1.out
+"""
+
+SCONTROL_COMPLETED = """\
+JobId=3 JobName=wrap
+   JobState=COMPLETED Reason=None Dependency=(null)
+   Requeue=1 Restarts=0 BatchFlag=1 Reboot=0 ExitCode=0:0
+"""
+
+SCONTROL_UNKNOWN = "slurm_load_jobs error: Invalid job id specified\n"
+
+PREEMPTION_1 = (
+    "slurmstepd-vm: error: *** JOB 1 ON vm CANCELLED AT 2026-12-01T17:50:30 DUE TO PREEMPTION ***\n"
+)
+
+
+def info(state: str, job: str = "7", restarts: int = 0, reason: str = "None") -> JobInfo:
+    return JobInfo(job, state, reason, restarts)
+
+
+# ----------------------------------------------------------------------------- parsing
+
+
+def test_squeue_format_asks_for_the_fields_the_parser_reads() -> None:
+    assert SQUEUE_FORMAT == "JobID:|,State:|,Reason:|,RestartCnt:|,Exit_Code:|,NodeList:|"
+
+
+def test_parse_squeue_reads_every_job() -> None:
+    jobs = parse_squeue(SQUEUE_PREEMPTED)
+    assert jobs == {
+        "1": JobInfo("1", "PENDING", "BeginTime", 1, "15", ""),
+        "2": JobInfo("2", "PREEMPTED", "None", 0, "15", "vm"),
+        "3": JobInfo("3", "RUNNING", "None", 0, "0", "vm"),
+    }
+
+
+def test_parse_squeue_skips_lines_without_the_fields() -> None:
+    text = "squeue: warning: something\n\n12|RUNNING|None|0|0|vm|\n"
+    assert list(parse_squeue(text)) == ["12"]
+
+
+def test_parse_scontrol_reads_state_and_restarts() -> None:
+    job = parse_scontrol_job(SCONTROL_REQUEUED)
+    assert job == JobInfo("1", "PENDING", "BeginTime", 1, "0:0", "")
+    done = parse_scontrol_job(SCONTROL_COMPLETED)
+    assert done is not None and done.state == "COMPLETED" and done.restarts == 0
+
+
+def test_parse_scontrol_of_an_unknown_job_is_none() -> None:
+    assert parse_scontrol_job(SCONTROL_UNKNOWN) is None
+    assert parse_scontrol_job("") is None
+
+
+# ----------------------------------------------------------------------------- states
+
+
+@pytest.mark.parametrize(
+    ("slurm", "state"),
+    [
+        ("PENDING", BlockState.PENDING),
+        ("PD", BlockState.PENDING),
+        ("CONFIGURING", BlockState.PENDING),
+        ("REQUEUED", BlockState.PENDING),
+        ("RUNNING", BlockState.RUNNING),
+        ("R", BlockState.RUNNING),
+        ("COMPLETING", BlockState.RUNNING),
+        ("CG", BlockState.RUNNING),
+        ("SUSPENDED", BlockState.HELD),
+        ("REQUEUE_HOLD", BlockState.HELD),
+        ("COMPLETED", BlockState.COMPLETED),
+        ("CANCELLED", BlockState.CANCELLED),
+        ("CANCELLED+", BlockState.CANCELLED),
+        ("FAILED", BlockState.FAILED),
+        ("NODE_FAIL", BlockState.FAILED),
+        ("NF", BlockState.FAILED),
+        ("OUT_OF_MEMORY", BlockState.FAILED),
+        ("BOOT_FAIL", BlockState.FAILED),
+        ("TIMEOUT", BlockState.TIMEOUT),
+        ("DEADLINE", BlockState.TIMEOUT),
+        ("PREEMPTED", BlockState.PREEMPTED),
+        ("PR", BlockState.PREEMPTED),
+    ],
+)
+def test_every_slurm_state_has_a_block_state(slurm: str, state: BlockState) -> None:
+    assert block_state(slurm) is state
+
+
+def test_an_unknown_state_is_none_and_the_record_keeps_its_state() -> None:
+    assert block_state("WHATEVER") is None
+    rec = JobRecord("7")
+    rec.observe(info("RUNNING"))
+    assert rec.observe(info("WHATEVER")) is BlockState.RUNNING
+    assert "WHATEVER" in rec.detail
+
+
+def test_preempted_is_terminal() -> None:
+    assert BlockState.PREEMPTED.terminal
+    assert BlockState.MISSING.terminal
+
+
+# ----------------------------------------------------------------------------- records
+
+
+def test_pending_running_completed() -> None:
+    rec = JobRecord("7")
+    assert rec.observe(info("PENDING", reason="Resources")) is BlockState.PENDING
+    assert "Resources" in rec.detail
+    assert rec.observe(info("RUNNING")) is BlockState.RUNNING
+    assert rec.observe(info("COMPLETING")) is BlockState.RUNNING
+    assert rec.observe(info("COMPLETED")) is BlockState.COMPLETED
+    assert rec.incarnations == []
+    # Terminal stays terminal.
+    assert rec.observe(info("RUNNING")) is BlockState.COMPLETED
+
+
+def test_a_requeue_is_a_new_incarnation_of_the_same_block() -> None:
+    rec = JobRecord("1")
+    rec.observe(info("RUNNING", job="1"))
+    # R -> CG -> PD with Restarts=1, as squeue showed after the owner job preempted it.
+    assert rec.observe(info("COMPLETING", job="1")) is BlockState.RUNNING
+    state = rec.observe(parse_squeue(SQUEUE_PREEMPTED)["1"], PREEMPTION_1)
+    assert state is BlockState.PENDING
+    assert rec.restarts == 1
+    assert [(i.number, i.cause, i.slurm_state) for i in rec.incarnations] == [
+        (0, "preempted", "COMPLETING")
+    ]
+    assert "incarnation 2" in rec.detail and "preempted" in rec.detail
+    # The same observation again is not a second requeue (no double counting).
+    rec.observe(parse_squeue(SQUEUE_PREEMPTED)["1"], PREEMPTION_1)
+    assert len(rec.incarnations) == 1
+    # It runs again, then is preempted again.
+    assert rec.observe(info("RUNNING", job="1", restarts=1)) is BlockState.RUNNING
+    assert len(rec.incarnations) == 1
+    again = PREEMPTION_1 + PREEMPTION_1.replace("17:50:30", "17:59:00")
+    assert rec.observe(info("PENDING", job="1", restarts=2), again) is BlockState.PENDING
+    assert [i.cause for i in rec.incarnations] == ["preempted", "preempted"]
+    assert rec.restarts == 2
+
+
+def test_a_requeue_seen_only_through_the_restart_count() -> None:
+    # Requeued and running again between two refreshes: never seen pending.
+    rec = JobRecord("1")
+    rec.observe(info("RUNNING", job="1"))
+    assert rec.observe(info("RUNNING", job="1", restarts=1)) is BlockState.RUNNING
+    assert [i.cause for i in rec.incarnations] == ["requeued"]  # no preemption line
+
+
+def test_a_requeue_without_the_restart_count_is_seen_by_running_then_pending() -> None:
+    rec = JobRecord("1")
+    rec.observe(info("RUNNING", job="1"))
+    rec.observe(info("PENDING", job="1", restarts=0))
+    assert rec.restarts == 1 and len(rec.incarnations) == 1
+
+
+def test_preempted_by_cancel_is_preempted() -> None:
+    rec = JobRecord("2")
+    rec.observe(info("RUNNING", job="2"))
+    stderr = PREEMPTION_1.replace("JOB 1", "JOB 2")
+    assert rec.observe(parse_squeue(SQUEUE_PREEMPTED)["2"], stderr) is BlockState.PREEMPTED
+    assert "DUE TO PREEMPTION" in rec.detail  # the stderr is in the detail
+
+
+def test_cancelled_with_the_preemption_line_is_preempted() -> None:
+    rec = JobRecord("1")
+    rec.observe(info("RUNNING", job="1"))
+    assert rec.observe(info("CANCELLED", job="1"), PREEMPTION_1) is BlockState.PREEMPTED
+    other = JobRecord("5")  # another job's line does not count
+    other.observe(info("RUNNING", job="5"))
+    assert other.observe(info("CANCELLED", job="5"), PREEMPTION_1) is BlockState.CANCELLED
+
+
+def test_a_requeued_then_cancelled_job_is_not_preempted_by_its_old_line() -> None:
+    rec = JobRecord("1")
+    rec.observe(info("RUNNING", job="1"))
+    rec.observe(info("PENDING", job="1", restarts=1), PREEMPTION_1)
+    assert rec.observe(info("CANCELLED", job="1", restarts=1), PREEMPTION_1) is (
+        BlockState.CANCELLED
+    )
+
+
+def test_vanished_job_is_missing_only_when_scontrol_does_not_know_it() -> None:
+    rec = JobRecord("3")
+    rec.observe(info("RUNNING", job="3"))
+    # Gone from squeue; scontrol show job still knows it: its state wins.
+    assert rec.observe(parse_scontrol_job(SCONTROL_COMPLETED)) is BlockState.COMPLETED
+    lost = JobRecord("9")
+    lost.observe(info("RUNNING", job="9"))
+    assert lost.observe(parse_scontrol_job(SCONTROL_UNKNOWN)) is BlockState.MISSING
+    assert "neither squeue nor scontrol" in lost.detail
+
+
+def test_a_job_we_cancelled_ends_scaled_in() -> None:
+    rec = JobRecord("4")
+    rec.observe(info("RUNNING", job="4"))
+    rec.stopping = True
+    assert rec.observe(info("CANCELLED", job="4")) is BlockState.SCALED_IN
+
+
+def test_failed_block_shows_stderr_head_and_tail() -> None:
+    stderr = "".join(f"line {i}\n" for i in range(100))
+    rec = JobRecord("8")
+    rec.observe(info("RUNNING", job="8"))
+    state = rec.observe(JobInfo("8", "FAILED", "NonZeroExitCode", 0, "1:0"), stderr)
+    assert state is BlockState.FAILED
+    assert "exit code 1:0" in rec.detail
+    assert "line 0\n" in rec.detail and "line 99" in rec.detail
+    assert "line 50" not in rec.detail and "[... 80 lines ...]" in rec.detail
+
+
+def test_head_tail_keeps_short_text() -> None:
+    assert head_tail("a\nb\n", 10) == "a\nb"
+
+
+# ----------------------------------------------------------------------------- failures
+
+
+def test_failure_window_backs_off_then_trips_until_resumed() -> None:
+    w = FailureWindow(max_failures=3, window=5, backoff=1.0, max_backoff=4.0)
+    w.check(0.0)
+    w.record(0.0, "sbatch: error: Unable to contact slurm controller")
+    with pytest.raises(BatchSystemError, match="backing off"):
+        w.check(0.5)
+    w.check(1.0)  # the back-off is over
+    w.record(1.0, "again")
+    with pytest.raises(BatchSystemError):
+        w.check(2.9)  # doubled: 2 s
+    w.check(3.0)
+    w.record(3.0, None)  # a success resets the back-off, not the window
+    w.check(3.0)
+    assert w.failures == 2 and not w.tripped
+    w.record(3.0, "third")
+    assert w.tripped
+    with pytest.raises(SubmissionsSuspended, match="3 of its last 5") as caught:
+        w.check(1000.0)  # no amount of time resumes it
+    assert caught.value.last_error == "third"
+    w.resume()
+    w.check(1000.0)
+    assert w.failures == 0
+
+
+def test_failure_window_forgets_failures_that_left_the_window() -> None:
+    w = FailureWindow(max_failures=2, window=3, backoff=0.0)
+    w.record(0, "one")
+    w.record(1, None)
+    w.record(2, None)
+    w.record(3, None)  # "one" left the window
+    w.record(4, "two")
+    assert not w.tripped
+    w.record(5, "three")
+    assert w.tripped
+
+
+def test_backoff_is_capped() -> None:
+    w = FailureWindow(max_failures=10, window=10, backoff=1.0, max_backoff=4.0)
+    for t in range(6):
+        w.record(float(t), "x")
+    assert w.retry_at == 5.0 + 4.0
+
+
+def test_failure_window_checks_its_limits() -> None:
+    with pytest.raises(ValueError):
+        FailureWindow(max_failures=6, window=5)
+
+
+def test_batch_system_error_names_command_exit_code_and_stderr() -> None:
+    err = BatchSystemError(
+        "sbatch --parsable", 1, "sbatch: error: Batch job submission failed", "Check it."
+    )
+    text = str(err)
+    assert "'sbatch --parsable' failed with exit code 1" in text
+    assert "Batch job submission failed" in text and text.endswith("Check it.")
+    missing = BatchSystemError("squeue", None, "squeue: command not found", "Install it.")
+    assert "could not be run" in str(missing)
+
+
+# ----------------------------------------------------------------------------- script
+
+
+def test_walltime() -> None:
+    assert slurm_time(90) == "00:01:30"
+    assert slurm_time(2 * 86400 + 3661) == "2-01:01:01"
+    assert slurm_time("1:30:00") == "1:30:00"
+    with pytest.raises(ValueError):
+        slurm_time("an hour")
+    with pytest.raises(ValueError):
+        SlurmOptions(walltime=-1)
+
+
+def _script(options: SlurmOptions, workers: int = 2, memory: int = 0) -> str:
+    spec = BlockSpec(workers=workers, threads=2, memory=memory)
+    return batch_script(
+        block_id="block-3",
+        job_name="corral-slurm-3",
+        workers=[(f"slurm-3.{i}", ["python", "-m", "runtime", "worker", "ws://h:1"])
+                 for i in range(workers)],
+        spec=spec,
+        options=options,
+        output=Path("/run/block-3.out"),
+        error=Path("/run/block-3.err"),
+        env_file=Path("/run/block-3.env"),
+        script=Path("/run/block-3.sh"),
+    )  # fmt: skip
+
+
+def test_batch_script_has_the_pool_options() -> None:
+    text = _script(
+        SlurmOptions(
+            partition="ckpt", account="astro", qos="low", walltime=3600, exclusive=True,
+            scheduler_options="#SBATCH --constraint=haswell", worker_init="module load py",
+            signal_warning=60,
+        ),
+        memory=2**30,
+    )  # fmt: skip
+    for line in [
+        "#SBATCH --partition=ckpt",
+        "#SBATCH --account=astro",
+        "#SBATCH --qos=low",
+        "#SBATCH --time=01:00:00",
+        "#SBATCH --exclusive",
+        "#SBATCH --signal=B:TERM@60",
+        "#SBATCH --cpus-per-task=4",  # 2 workers x 2 threads
+        "#SBATCH --mem=2048M",  # 2 workers x 1 GiB
+        "#SBATCH --constraint=haswell",
+        "#SBATCH --error=/run/block-3.err",
+        "#SBATCH --open-mode=append",
+        "module load py",
+        ". /run/block-3.env  # CORRAL_TOKEN and the rest of env (mode 0600)",
+        "    CORRAL_WORKER_ID=slurm-3.0 CORRAL_BLOCK_ID=block-3 python -m runtime worker "
+        "ws://h:1 &",
+        "    CORRAL_WORKER_ID=slurm-3.1 CORRAL_BLOCK_ID=block-3 python -m runtime worker "
+        "ws://h:1 &",
+    ]:
+        assert line in text.splitlines(), line
+    # #SBATCH lines must come before the first command, or sbatch ignores them.
+    lines = text.splitlines()
+    first_command = next(i for i, ln in enumerate(lines[1:], 1) if ln and ln[0] not in "#")
+    assert all(i < first_command for i, ln in enumerate(lines) if ln.startswith("#SBATCH"))
+    assert "srun" not in text
+
+
+def test_batch_script_without_options_asks_for_no_partition_or_time() -> None:
+    text = _script(SlurmOptions(), workers=1)
+    sbatch = [ln for ln in text.splitlines() if ln.startswith("#SBATCH")]
+    for option in ("--partition", "--account", "--qos", "--time", "--mem", "--exclusive"):
+        assert not any(option in ln for ln in sbatch), option
+    assert not any("--signal" in ln for ln in sbatch)
+
+
+def test_batch_script_spreads_workers_over_nodes_with_srun() -> None:
+    text = _script(SlurmOptions(nodes_per_block=2), workers=4)
+    assert "#SBATCH --nodes=2" in text
+    assert "exec srun --nodes=2 --ntasks=2 --ntasks-per-node=1" in text
+    body = text.split('case "${SLURM_NODEID:-0}" in', 1)[1]
+    node0, node1 = body.split("0)\n", 1)[1].split("1)\n", 1)
+    assert "slurm-3.0" in node0 and "slurm-3.1" in node0 and "slurm-3.2" not in node0
+    assert "slurm-3.2" in node1 and "slurm-3.3" in node1
+    with pytest.raises(ValueError, match="spread evenly"):
+        _script(SlurmOptions(nodes_per_block=2), workers=3)
