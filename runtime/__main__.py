@@ -208,6 +208,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="its worker id (default: CORRAL_WORKER_ID, which a process provider sets, so "
         "the autoscaler knows the worker's block; else the address it listens on)",
     )
+    wrk.add_argument(
+        "--deadline",
+        type=float,
+        default=None,
+        metavar="EPOCH",
+        help="when its walltime ends (seconds since the epoch; a batch provider sets it): "
+        "a stop signal within a minute of it is reported as walltime, not preemption",
+    )
 
     con = sub.add_parser(
         "console",
@@ -351,6 +359,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
             ready=ready,
             memory_options=memory_options,
             name=args.name,
+            deadline=args.deadline,
         ),
         backend="asyncio",
     )

@@ -37,6 +37,7 @@ import json
 import os
 import secrets
 import signal
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from types import MappingProxyType
@@ -898,9 +899,16 @@ async def run_worker(
     reconnect: float = 10.0,
     memory_options: Mapping[str, Any] | None = None,
     name: str | None = None,
+    deadline: float | None = None,
 ) -> None:
     """Run a worker process until SIGINT/SIGTERM, until the scheduler retires it, or
     until the manager stays unreachable for ``reconnect`` seconds.
+
+    When it stops it tells the scheduler why (:func:`leaving_cause`): ``drained`` when
+    the scheduler retired it, ``walltime`` when a signal came within a minute of its
+    ``deadline`` (a wall-clock time, given by the provider that knows the block's
+    walltime), ``preempted`` when the batch system took it back (a signal inside a
+    Slurm job, any other time), ``shutdown`` when an operator stopped it.
 
     The worker listens on ``host`` (a free port) for its peers; its id is ``name`` or,
     without one, that address. (A :class:`~actors.processes.LocalProcessProvider` names
@@ -962,9 +970,15 @@ async def run_worker(
                 return peer.ref
 
             link = Link("manager")
+            retired: list[bool] = []
+
+            def on_retire() -> None:
+                retired.append(True)
+                stop.set()
+
             worker = Worker(
                 worker_id, link, resolve, nthreads=cores, memory=memory, disk=disk, pool=pool,
-                register=False, on_retire=stop.set, memory_options=memory_options,
+                register=False, on_retire=on_retire, memory_options=memory_options,
             )  # fmt: skip
             worker_ref["worker"] = await system.spawn(worker, "worker")
 
@@ -1076,17 +1090,37 @@ async def run_worker(
             if ready is not None:
                 ready(worker_id)
             await stop.wait()
-            # Graceful: tell the scheduler we leave (it hands our running tasks to others,
-            # free of charge), stop serving peers, close.
+            # Graceful: tell the scheduler we leave and why (it hands our running tasks
+            # to others, free of charge), stop serving peers, close.
+            cause = leaving_cause(bool(retired), time.time(), deadline, os.environ)
+            _log.info("leaving", worker=worker_id, cause=cause)
             with anyio.move_on_after(5):
                 if link.peer is not None and not link.peer.closed:
-                    await link.tell(WorkerGone(worker_id, "drained"))
+                    await link.tell(WorkerGone(worker_id, cause))
                     await link.peer.aclose()
         finally:
             with anyio.CancelScope(shield=True):  # never leave the socket open
                 await own.aclose()
     if fatal:
         raise fatal[0]
+
+
+#: a stop signal this close to a worker's deadline is its walltime, not a preemption
+WALLTIME_MARGIN = 60.0
+
+
+def leaving_cause(retired: bool, now: float, deadline: float | None, env: Mapping[str, str]) -> str:
+    """Why a worker process is stopping: ``drained`` (the scheduler retired it),
+    ``walltime`` (a signal within :data:`WALLTIME_MARGIN` seconds of its deadline, or
+    after it), ``preempted`` (a signal inside a Slurm job at any other time: the batch
+    system took the node back) or ``shutdown`` (an operator's signal)."""
+    if retired:
+        return "drained"
+    if deadline is not None and now >= deadline - WALLTIME_MARGIN:
+        return "walltime"
+    if env.get("SLURM_JOB_ID"):
+        return "preempted"
+    return "shutdown"
 
 
 class _WorkerRefused(Exception):

@@ -1,0 +1,60 @@
+"""A worker process that is stopped says why: drained, walltime, preempted or shutdown.
+
+The cause decides whether the user's retry budget is touched and how the pool's worker
+lives are counted, so it is checked both as a pure function and end to end: a worker
+process inside a (Slurm) job that gets SIGTERM while running a task reports
+``preempted``; the task runs again on another worker with its ``retries=0`` budget
+untouched, and its story says why.
+"""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import anyio
+import pytest
+
+from runtime import Cluster
+from runtime.node import WALLTIME_MARGIN, leaving_cause
+from tests.helpers import Cli, held_at_gate, wait_until
+
+LIMIT = 60  # seconds per test
+SLURM = {"SLURM_JOB_ID": "4242"}
+
+
+def test_the_cause_of_leaving() -> None:
+    deadline = 1000.0
+    assert leaving_cause(True, 999.0, deadline, SLURM) == "drained"
+    assert leaving_cause(False, deadline - WALLTIME_MARGIN, deadline, SLURM) == "walltime"
+    assert leaving_cause(False, deadline + 5, deadline, {}) == "walltime"
+    assert leaving_cause(False, deadline - WALLTIME_MARGIN - 1, deadline, SLURM) == "preempted"
+    assert leaving_cause(False, 5.0, None, SLURM) == "preempted"
+    assert leaving_cause(False, 5.0, None, {}) == "shutdown"
+
+
+@pytest.mark.anyio
+async def test_sigterm_inside_a_job_is_a_preemption_that_costs_no_retry(tmp_path: Path) -> None:
+    gate, started = tmp_path / "gate", tmp_path / "started"
+    with Cli(tmp_path / "home") as cli, anyio.fail_after(LIMIT):
+        _, address = cli.manager()
+        cli.env.update(SLURM)  # what the batch system sets inside a job
+        in_job = cli.worker(address, "--name", "in-job")
+        del cli.env["SLURM_JOB_ID"]
+        async with Cluster(address) as c:
+            await c.wait_for_workers(1)
+            (fut,) = await c.submit_graph(
+                {"t": (held_at_gate, str(gate), str(started))}, ["t"], retries=0
+            )
+            await wait_until(started.exists, limit=LIMIT)
+            started.unlink()
+            cli.worker(address, "--name", "other")
+            await c.wait_for_workers(2)
+            in_job.send_signal(signal.SIGTERM)
+            await wait_until(started.exists, limit=LIMIT)  # running again, elsewhere
+            gate.touch()
+            assert await fut == "opened"
+            story = await c.story("t")
+            retries = [entry[2] for entry in story if entry[1] == "retry"]
+            assert retries == ["worker lost (preempted); free retry"]
+        assert in_job.wait(LIMIT) == 0
