@@ -33,22 +33,23 @@ Inside the fields:
   ``{"__d": {...}}``.
 
 Validation: each message class gets, once, a table of per-field converters built from
-its resolved annotations. They check values on encode (bad data fails at the sender;
-a message whose fields are all plain ``str``/``int``/``bool``/``None`` of the declared
+its resolved annotations. They check values on encode (bad data fails at the sender; a
+message whose fields are all plain ``str``/``int``/``bool``/``None`` of the declared
 types goes out after one check of their types). On decode, msgspec does the checking
-(``msgspec.convert(fields, type=cls)``, strict, which also fills in omitted defaults
-and builds the dataclass and its nested messages) once the wire-only forms (buffer
+(``msgspec.convert(fields, type=cls)``, strict, which also fills in omitted defaults and
+builds the dataclass and its nested messages) once the wire-only forms (buffer
 references, the ``{"t", "f"}`` form of nested messages, escapes inside ``Any``) are
-undone; the few annotations msgspec cannot type (a field of the base ``Message``, a
-message class with registered subclasses, unions msgspec refuses) are decoded by the
-converters. Bad data from a peer fails with a :class:`ProtocolError` naming the type
-and field path, e.g. ``TaskRecord.tries: expected int, got str`` (a dict key shows as
-``[...]`` in msgspec's paths). Decoding arbitrary bytes raises nothing but
-:class:`ProtocolError`. Floats must be finite (JSON has no NaN or infinity); integers
-must fit in 64 bits (signed or unsigned); an int given for a ``float`` field becomes a
-float. ``Any`` values are JSON values plus ``bytes``; a tuple inside them arrives as a
-list. Nesting is bounded by orjson (about 255 levels on encode, 1024 on decode) and by
-Python's recursion limit; deeper values raise :class:`ProtocolError` too.
+undone (a field of the base ``Message`` gets the decoded message itself); the few
+annotations msgspec cannot type (a message class with registered subclasses, unions
+msgspec refuses) are decoded by the converters. Bad data from a peer fails with a
+:class:`ProtocolError` naming the type and field path, e.g. ``TaskRecord.tries: expected
+int, got str`` (a dict key shows as ``[...]`` in msgspec's paths). Decoding arbitrary
+bytes raises nothing but :class:`ProtocolError`. Floats must be finite (JSON has no NaN
+or infinity); integers must fit in 64 bits (signed or unsigned); an int given for a
+``float`` field becomes a float. ``Any`` values are JSON values plus ``bytes``; a tuple
+inside them arrives as a list. Nesting is bounded by orjson (about 255 levels on encode,
+1024 on decode) and by Python's recursion limit; deeper values raise
+:class:`ProtocolError` too.
 """
 
 from __future__ import annotations
@@ -1177,9 +1178,9 @@ class _ClassCodec:
     class whose annotations msgspec can take once the wire-only forms are undone: the
     fields that hold buffer references, nested messages (``{"t", "f"}``, unwrapped to
     their fields when the annotation names that exact class) or ``Any`` values are
-    first rewritten by :func:`_prep` functions. A class msgspec cannot type (a field
-    of the base ``Message``, a union msgspec does not accept, a message class with
-    registered subclasses) goes through :meth:`decode_slow`, the converters alone.
+    first rewritten by :func:`_prep` functions. A class msgspec cannot type (a union
+    msgspec does not accept, a message class with registered subclasses) goes through
+    :meth:`decode_slow`, the converters alone.
     """
 
     __slots__ = (
@@ -1394,10 +1395,10 @@ def _prep(tp: Any) -> _Dec | None:
 
 
 def _message_prep(cls: type[Message]) -> _Dec:
-    if cls is Message or any(
-        c is not cls and issubclass(c, cls) for c in MESSAGE_TYPES.values()
-    ):  # the class of the value is named on the wire: msgspec cannot pick it
-        raise _NotTyped(cls)
+    if cls is Message:  # not a dataclass: msgspec takes any instance, made here
+        return _message_conv(cls).dec
+    if any(c is not cls and issubclass(c, cls) for c in MESSAGE_TYPES.values()):
+        raise _NotTyped(cls)  # the class is named on the wire: msgspec cannot pick it
     codec = _CODECS.get(cls) or _codec_for(cls)
     if codec.local or (codec.built and codec.preps is None):
         raise _NotTyped(cls)
