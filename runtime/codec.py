@@ -1268,7 +1268,8 @@ class _ClassCodec:
 
     def encode_fields(self, msg: Any, bufs: list[_Buffer]) -> dict[str, Any]:
         values = self.get(msg)
-        if tuple(map(type, values)) in self.passing:  # every value goes out as it is
+        passing = self.passing  # empty when some field always needs its converter
+        if passing and tuple(map(type, values)) in passing:  # every value goes out as it is
             return dict(zip(self.order, values))  # noqa: B905 - stops before the class
         out = {}
         for (name, passes, enc), v in zip(self.encs, values):  # noqa: B905 - as above
@@ -1282,10 +1283,13 @@ class _ClassCodec:
         return out
 
     def decode_fields(self, fields: Any, bufs: list[bytes]) -> Message:
-        if self.preps is None:
+        preps = self.preps
+        if preps is None:
             return self.decode_slow(fields, bufs)
+        if preps or type(fields) is not dict or not fields.keys() <= self.names:
+            fields = self.prepare(fields, bufs)
         try:
-            msg: Message = msgspec.convert(self.prepare(fields, bufs), self.cls)  # strict
+            msg: Message = msgspec.convert(fields, self.cls)  # strict (the default)
         except msgspec.ValidationError as exc:
             raise _from_msgspec(exc) from None
         return msg
