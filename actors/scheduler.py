@@ -20,6 +20,7 @@ from actors.scheduler_state import (
     CancelRequested,
     Command,
     DropData,
+    Evacuate,
     Event,
     Execute,
     FileFacts,
@@ -39,6 +40,7 @@ from actors.scheduler_state import (
     WorkerDraining,
     WorkerHeld,
     WorkerJoined,
+    WorkerLeaving,
     WorkerLeft,
     WorkerMemory,
 )
@@ -55,9 +57,12 @@ from runtime.messages import (
     DataMissing,
     DrainRequest,
     DropKeys,
+    Evacuated,
+    EvacuationPlan,
     FileFactsMsg,
     FilesReleasedMsg,
     KeyUpdates,
+    Leaving,
     Message,
     PolicyInfo,
     PolicyQuery,
@@ -120,6 +125,8 @@ class Scheduler(Actor):
         #: worker id -> its reference: a local worker's, or the link to one in another
         #: process (so not narrowed)
         self.workers: dict[str, ActorRef[Any]] = {}
+        #: leaving worker -> ``(key, worker)`` copies it made, until its WorkerGone
+        self._evacuated: dict[str, tuple[Any, ...]] = {}
         self.infos: dict[str, WorkerInfo] = {}
         self.rss: dict[str, int] = {}  #: worker id -> its RSS after its latest task
         self.memory: dict[str, WorkerMemoryReport] = {}  #: worker id -> latest report
@@ -166,6 +173,8 @@ class Scheduler(Actor):
             elif type(cmd) is RetireWorker:
                 self.log.info("retiring drained worker", worker=cmd.worker)
                 self._to_worker(cmd.worker, Stop("drained"))
+            elif type(cmd) is Evacuate:
+                self._to_worker(cmd.worker, EvacuationPlan(cmd.moves))
             else:  # pragma: no cover - a new command without a shell is a bug
                 raise TypeError(f"scheduler has no shell for {type(cmd).__name__}")
         if updates:
@@ -229,7 +238,21 @@ class Scheduler(Actor):
         log = self.log.info if msg.cause == "drained" else self.log.warning
         log("worker left" if msg.cause == "drained" else "worker lost",
             worker=msg.worker_id, cause=msg.cause)  # fmt: skip
-        self._handle(WorkerLeft(*self._ev(), msg.worker_id, msg.cause))
+        evacuated = self._evacuated.pop(msg.worker_id, ())
+        self._handle(WorkerLeft(*self._ev(), msg.worker_id, msg.cause, evacuated))
+
+    @handles(Leaving)
+    def leaving(self, msg: Leaving) -> None:
+        """A worker about to go: no new tasks for it; its plan of copies goes back."""
+        self.log.info("worker leaving", worker=msg.worker_id, cause=msg.cause)
+        self._handle(WorkerLeaving(*self._ev(), msg.worker_id, msg.cause))
+
+    @handles(Evacuated)
+    def evacuated(self, msg: Evacuated) -> None:
+        """Copies a leaving worker made; they count once its WorkerGone comes (the same
+        connection: in order)."""
+        if msg.worker_id in self.workers:
+            self._evacuated[msg.worker_id] = tuple(msg.moves)
 
     @handles(TasksDone)
     def tasks_done(self, msg: TasksDone) -> None:

@@ -120,6 +120,7 @@ __all__ = [
     "CancelRequested",
     "Command",
     "DropData",
+    "Evacuate",
     "Event",
     "Execute",
     "FileFact",
@@ -145,6 +146,7 @@ __all__ = [
     "WorkerDraining",
     "WorkerHeld",
     "WorkerJoined",
+    "WorkerLeaving",
     "WorkerLeft",
     "WorkerMemory",
     "WorkerState",
@@ -222,8 +224,22 @@ class WorkerJoined(Event):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class WorkerLeft(Event):
+    """``worker`` is gone (``cause``: a worker-lost cause). ``evacuated``: outputs it
+    copied to other workers before it went, ``(key, worker)``: they are not lost."""
+
     worker: str
     cause: str = "unknown"
+    evacuated: tuple[tuple[Key, str], ...] = ()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WorkerLeaving(Event):
+    """``worker`` is about to go (``cause``: preempted, walltime, shutdown) and has a
+    short grace: give it no new tasks and say where its needed outputs should go
+    (:class:`Evacuate`)."""
+
+    worker: str
+    cause: str
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -331,6 +347,16 @@ class DropData(Command):
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class Evacuate(Command):
+    """The answer to :class:`WorkerLeaving`: copy each output ``key`` (``nbytes``) that
+    is still needed and held only by ``worker`` to ``target``, ``(key, target, nbytes)``,
+    largest first."""
+
+    worker: str
+    moves: tuple[tuple[Key, str, int], ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class RetireWorker(Command):
     """A draining worker has finished its tasks: tell it to stop. It stays known (and
     draining) until it leaves (:class:`WorkerLeft`)."""
@@ -400,6 +426,7 @@ class WorkerState:
         "has_what",
         "id",
         "joined",
+        "leaving",
         "limit",
         "memory",
         "n_producers",
@@ -428,6 +455,7 @@ class WorkerState:
         self.processing: set[TaskState] = set()  #: tasks sent to it, not finished
         self.has_what: set[TaskState] = set()  #: tasks whose output it holds
         self.draining = False  #: gets no new tasks; retired once it runs none
+        self.leaving = False  #: going by itself (WorkerLeaving): drained, never retired
         self.retired = False  #: told to stop (RetireWorker) after draining
         self.throttled = False  #: past its throttle fence: deferring producers
         self.rss = 0  #: its RSS as last reported
@@ -937,6 +965,11 @@ class SchedulerState:
         self.draining.discard(ev.worker)
         self.throttled.discard(ev.worker)
         self._log(ev.worker, "joined", f"left:{ev.cause}")
+        for key, target in ev.evacuated:
+            ts = self.tasks.get(key)
+            to = self.workers.get(target)
+            if ts is not None and to is not None and ws.id in ts.who_has:
+                self._add_replica(ts, to)  # copied before it went: not lost
         lives = self.lives.get(ws.pool)
         if lives is None:
             lives = self.lives[ws.pool] = deque(maxlen=MAX_LIVES)
@@ -957,6 +990,11 @@ class SchedulerState:
             self._files[ts.key] = ts
             if not ts.who_has and ts.state == "memory":
                 self._output_lost(ts)
+            elif ts.wanted and ts.state == "memory":
+                # Still held elsewhere (a replica, an evacuated copy): clients that were
+                # told it is here learn where it is now.
+                holder = min(ts.who_has)
+                self._out.append(KeyDone(self._stimulus, ts.key, holder, ts.nbytes))
         ws.has_what.clear()
 
     def _tasks_finished(self, ev: TasksFinished) -> None:
@@ -1051,6 +1089,36 @@ class SchedulerState:
         self.free.pop(ws.id, None)
         self._log(ws.id, "joined", "draining")
         self._limits_changed()
+
+    def _worker_leaving(self, ev: WorkerLeaving) -> None:
+        ws = self.workers.get(ev.worker)
+        if ws is None:
+            self._out.append(Evacuate(self._stimulus, ev.worker, ()))
+            return
+        if not ws.leaving:
+            # No new tasks, and nothing to retire: it leaves by itself.
+            ws.draining = ws.leaving = True
+            self.draining.discard(ws.id)
+            self.free.pop(ws.id, None)
+            self._log(ws.id, "joined", f"leaving:{ev.cause}")
+            self._limits_changed()
+        needed = [
+            ts for ts in ws.has_what if ts.who_has == {ws.id} and (ts.consumers > 0 or ts.wanted)
+        ]
+        targets = [w for w in self.workers.values() if not w.draining]
+        if not targets:
+            self._out.append(Evacuate(self._stimulus, ws.id, ()))
+            return
+        # Largest first, each to the target that will then hold the fewest bytes.
+        held = {w.id: sum(t.nbytes for t in w.has_what) for w in targets}
+        moves = []
+        for ts in sorted(needed, key=lambda t: (-t.nbytes, str(t.key))):
+            target = min(targets, key=lambda w: (held[w.id], w.id))
+            if target.memory and held[target.id] + ts.nbytes > target.memory:
+                continue  # it would not fit anywhere better: recompute it instead
+            held[target.id] += ts.nbytes
+            moves.append((ts.key, target.id, ts.nbytes))
+        self._out.append(Evacuate(self._stimulus, ws.id, tuple(moves)))
 
     def _retire_idle(self) -> None:
         """Retire the draining workers that run nothing any more."""
@@ -1952,8 +2020,10 @@ class SchedulerState:
             # A draining worker is never free, whatever its load.
             assert (wid in self.free) == (not ws.draining and self._is_free(ws)), ws
             # Draining: retired exactly once it runs nothing; retired: told to stop.
-            assert (wid in self.draining) == (ws.draining and not ws.retired), ws
-            if ws.draining:
+            assert (wid in self.draining) == (ws.draining and not ws.retired and not ws.leaving)
+            if ws.leaving:
+                assert ws.draining, (ws, "leaving but given tasks")
+            elif ws.draining:
                 assert ws.retired == (not ws.processing), (ws, "draining but not retired")
             else:
                 assert not ws.retired, ws
@@ -2011,6 +2081,7 @@ _DISPATCH: dict[type, Any] = {
     FilesReleased: SchedulerState._files_released,
     PolicyChanged: SchedulerState._policy_changed,
     WorkerDraining: SchedulerState._worker_draining,
+    WorkerLeaving: SchedulerState._worker_leaving,
     WorkerMemory: SchedulerState._worker_memory,
     Tick: SchedulerState._tick,
 }

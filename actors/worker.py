@@ -43,14 +43,19 @@ from actors.transfer import STREAM_BYTES, UnknownStream
 from actors.worker_state import WorkerState
 from runtime.errors import CorralError, FrameTooLarge, ValueTooLarge
 from runtime.graph import Key
-from runtime.kernel import Actor, ActorRef, Envelope, Ref, handles, new_causal_id
+from runtime.kernel import Actor, ActorRef, Envelope, Later, Ref, handles, new_causal_id
 from runtime.messages import (
     CancelTasks,
     CloseStream,
     ConfirmHolds,
+    CopiesReply,
+    CopyFrom,
     DataReply,
     DropKeys,
+    Evacuated,
+    EvacuationPlan,
     GetData,
+    Leaving,
     Message,
     ReadStream,
     RegisterWorker,
@@ -80,6 +85,15 @@ class _Fetched(Message):
     """Worker-internal: the answer of one fetch from a peer, for the core."""
 
     answer: Any
+
+
+@message(local=True)
+class Leave(Message):
+    """To a worker, from its process (an ask): it is about to go (``cause``); copy its
+    needed outputs that no other worker holds to the workers the scheduler names, within
+    the asker's timeout. The reply: the ``(key, worker)`` copies made."""
+
+    cause: str
 
 
 @message(local=True)
@@ -174,6 +188,9 @@ class Worker(Actor):
         self.probe = probe
         self.executor: Executor | ProcessExecutor | None = None
         self._timer: asyncio.TimerHandle | None = None  #: the core's one timer
+        self._copies: dict[int, tuple[anyio.Event, list[tuple[Key, ...]]]] = {}
+        self._copy_ids = 0
+        self._plan: tuple[anyio.Event, list[tuple[Any, ...]]] | None = None
         self._trimmed = 0.0  #: when the heap was last trimmed
         self._disk_full = False  #: warned that spilling has no disk room
 
@@ -231,6 +248,11 @@ class Worker(Actor):
                 self._cancel_running(cmd.key)
             elif isinstance(cmd, ws.Kill):
                 self._kill(cmd.key, cmd.rss)
+            elif isinstance(cmd, ws.CopiesDone):
+                waiter = self._copies.pop(cmd.request, None)
+                if waiter is not None:
+                    waiter[1].append(cmd.got)
+                    waiter[0].set()
             elif isinstance(cmd, ws.Log):
                 getattr(self.log, cmd.level)(cmd.event, **dict(cmd.fields))
         if done:
@@ -424,6 +446,70 @@ class Worker(Actor):
     @handles(_Fetched)
     def fetched_inputs(self, msg: _Fetched) -> None:
         self._feed(msg.answer)
+
+    # -- leaving: copies of needed outputs to peers --------------------------------------
+
+    @handles(Leave)
+    def leave(self, msg: Leave) -> Later:
+        return Later(self._evacuate(msg.cause))
+
+    async def _evacuate(self, cause: str) -> tuple[tuple[Key, str], ...]:
+        """Ask the scheduler where this worker's needed outputs should go, have each
+        target copy its share (all targets at once), tell the scheduler what was copied.
+        Bounded by the asker's timeout (the grace before the process must be gone)."""
+        done, plan = anyio.Event(), list[tuple[Any, ...]]()
+        self._plan = (done, plan)
+        self.scheduler.post(Leaving(self.worker_id, cause))
+        await done.wait()
+        (moves,) = plan
+        by_target: dict[str, list[tuple[Key, int]]] = {}
+        for key, target, nbytes in moves:
+            by_target.setdefault(target, []).append((key, nbytes))
+        copied: list[tuple[Key, str]] = []
+
+        async def copy_to(target: str, keys: list[tuple[Key, int]]) -> None:
+            try:
+                peer = self.resolve(target)
+                if inspect.isawaitable(peer):
+                    peer = await peer
+                if peer is None:
+                    return
+                reply = await peer.ask(CopyFrom(self.worker_id, tuple(keys)), timeout=None)
+            except CorralError as exc:
+                self.log.warning("evacuation failed", target=target, error=str(exc))
+                return
+            copied.extend((k, target) for k in reply.got)
+
+        async with anyio.create_task_group() as tg:
+            for target, keys in by_target.items():
+                tg.start_soon(copy_to, target, keys)
+        self.log.info("evacuated", cause=cause, copies=len(copied), planned=len(moves))
+        self.scheduler.post(Evacuated(self.worker_id, tuple(copied)))
+        return tuple(copied)
+
+    @handles(EvacuationPlan)
+    def evacuation_plan(self, msg: EvacuationPlan) -> None:
+        if self._plan is not None:
+            done, plan = self._plan
+            self._plan = None
+            plan.append(msg.moves)
+            done.set()
+
+    @handles(CopyFrom)
+    def copy_from(self, msg: CopyFrom) -> Later:
+        """A leaving peer's outputs: fetch and keep them; reply with what is held."""
+        self._copy_ids += 1
+        request = self._copy_ids
+        done, got = anyio.Event(), list[tuple[Key, ...]]()
+        self._copies[request] = (done, got)
+        keys = tuple((key, (msg.holder,), nbytes) for key, nbytes in msg.keys)
+        self._feed(ws.CopiesRequested(time.time(), request, keys))
+
+        async def answer() -> CopiesReply:
+            await done.wait()
+            return CopiesReply(got[0])
+
+        return Later(answer())
 
     # -- requests from the scheduler, the registry and peers ---------------------------
 

@@ -40,6 +40,8 @@ __all__ = [
     "CancelRequested",
     "CancelRunning",
     "Command",
+    "CopiesDone",
+    "CopiesRequested",
     "DropRequested",
     "Event",
     "Fetch",
@@ -91,6 +93,15 @@ class InputsFetched(Event):
     missing: tuple[Key, ...] = ()
     refused: tuple[tuple[Key, BaseException], ...] = ()
     failed: str = ""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CopiesRequested(Event):
+    """Keep copies of these outputs of a peer that is leaving (data evacuation):
+    ``(key, holders, nbytes)`` each; answer with :class:`CopiesDone` ``request``."""
+
+    request: int
+    keys: tuple[tuple[Key, tuple[str, ...], int], ...]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -205,6 +216,15 @@ class ReportDone(Command):
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class CopiesDone(Command):
+    """Copy request ``request`` is settled: ``got`` are held here now (the rest could
+    not be had)."""
+
+    request: int
+    got: tuple[Key, ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class ReportMemory(Command):
     """Tell the scheduler the worker's memory state (throttled, RSS, spilled)."""
 
@@ -240,6 +260,15 @@ class _Want:
     tried: list[str]  #: holders asked that did not deliver it
     waiters: dict[Key, None]
     fetch: int = 0  #: the request it is in; 0 while queued
+    copies: dict[int, None] = dataclasses.field(default_factory=dict)  #: copy requests
+
+
+@dataclasses.dataclass(slots=True)
+class _Copies:
+    """A copy request: the keys not settled yet, and those got."""
+
+    lacking: set[Key]
+    got: list[Key]
 
 
 @dataclasses.dataclass(slots=True)
@@ -276,6 +305,7 @@ class WorkerState:
         self.copied: dict[Key, list[Key]] = {}  #: task -> peers' outputs copied for it
         self.cancelled: set[Key] = set()  #: running tasks cancelled, their try not back
         self.wants: dict[Key, _Want] = {}
+        self.copies: dict[int, _Copies] = {}  #: copy requests not settled
         self.to_fetch: dict[str, list[Key]] = {}  #: peer -> wanted keys to ask it for
         self.in_flight: dict[int, tuple[str, tuple[Key, ...]]] = {}
         self.timer: float | None = None  #: when the armed timer fires
@@ -299,6 +329,8 @@ class WorkerState:
                 self._sampled(ev, out)
             elif isinstance(ev, InputsFetched):
                 self._fetched(ev, out)
+            elif isinstance(ev, CopiesRequested):
+                self._copies_requested(ev, out)
             elif isinstance(ev, TimerFired):
                 self.timer = None
                 self._govern(self.governor.handle(mem.Tick(ev.now)), ev.now, out)
@@ -338,12 +370,18 @@ class WorkerState:
             for dk in f.lacking:
                 assert key in self.wants[dk].waiters, f"{key!r} not waiting for {dk!r}"
                 assert dk not in self.held, f"{dk!r} held yet lacking"
+        for r, c in self.copies.items():
+            assert c.lacking, f"copy request {r} settled but open"
+            for dk in c.lacking:
+                assert r in self.wants[dk].copies, f"copy request {r} not waiting for {dk!r}"
         queued = {k: p for p, ks in self.to_fetch.items() for k in ks}
         assert sum(map(len, self.to_fetch.values())) == len(queued), "queued twice"
         for dk, want in self.wants.items():
-            assert want.waiters, f"{dk!r} wanted by nobody"
+            assert want.waiters or want.copies, f"{dk!r} wanted by nobody"
             for t in want.waiters:
                 assert dk in self.fetching[t].lacking
+            for r in want.copies:
+                assert dk in self.copies[r].lacking
             if want.fetch:  # asked (a request for an earlier want of it may be in flight)
                 peer, keys = self.in_flight[want.fetch]
                 assert dk in keys and dk not in queued, f"{dk!r} not asked"
@@ -533,6 +571,7 @@ class WorkerState:
             del wants[key]
             self.held[key] = nbytes
             out.append(Store(key, value, nbytes))
+            self._settle_copies(key, want, True, out)
             first = True
             for t in want.waiters:
                 f = self.fetching[t]
@@ -548,8 +587,7 @@ class WorkerState:
             want = wants.get(key)
             if want is None or want.fetch != ev.fetch:
                 continue
-            for t in list(want.waiters):
-                self._fail(t, ev.now, out, error=error)
+            self._give_up(key, want, ev.now, out, error=error)
         for key in keys:
             if key in answered:
                 continue
@@ -563,10 +601,59 @@ class WorkerState:
                 self.to_fetch.setdefault(untried[0], []).append(key)
                 continue
             gone = tuple((key, h) for h in want.tried)
-            for t in list(want.waiters):
-                self._fail(t, ev.now, out, missing=gone)
+            self._give_up(key, want, ev.now, out, missing=gone)
         if ev.failed:
             out.append(Log("warning", "fetch failed", (("peer", peer), ("error", ev.failed))))
+
+    def _give_up(
+        self,
+        key: Key,
+        want: _Want,
+        now: float,
+        out: list[Command],
+        *,
+        error: BaseException | None = None,
+        missing: tuple[tuple[Key, str], ...] = (),
+    ) -> None:
+        """``key`` cannot be had: the tasks waiting for it fail, copy requests settle
+        without it."""
+        del self.wants[key]
+        for t in list(want.waiters):
+            self._fail(t, now, out, error=error, missing=missing)
+        self._settle_copies(key, want, False, out)
+
+    def _settle_copies(self, key: Key, want: _Want, got: bool, out: list[Command]) -> None:
+        for r in want.copies:
+            c = self.copies[r]
+            c.lacking.discard(key)
+            if got:
+                c.got.append(key)
+            if not c.lacking:
+                del self.copies[r]
+                out.append(CopiesDone(r, tuple(k for k in c.got if k in self.held)))
+
+    def _copies_requested(self, ev: CopiesRequested, out: list[Command]) -> None:
+        lacking: set[Key] = set()
+        got = []
+        for key, holders, nbytes in ev.keys:
+            if key in self.held:
+                got.append(key)
+                continue
+            if key in lacking:
+                continue
+            want = self.wants.get(key)
+            if want is None:
+                holders = tuple(h for h in holders if h != self.worker_id)
+                if not holders:
+                    continue
+                want = self.wants[key] = _Want(nbytes, holders, [], {})
+                self.to_fetch.setdefault(holders[0], []).append(key)
+            want.copies[ev.request] = None
+            lacking.add(key)
+        if lacking:
+            self.copies[ev.request] = _Copies(lacking, got)
+        else:
+            out.append(CopiesDone(ev.request, tuple(got)))
 
     def _fail(
         self,
@@ -597,7 +684,7 @@ class WorkerState:
             if want is None:
                 continue
             want.waiters.pop(key, None)
-            if want.waiters:
+            if want.waiters or want.copies:
                 continue
             del wants[dk]
             if not want.fetch:

@@ -216,6 +216,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="when its walltime ends (seconds since the epoch; a batch provider sets it): "
         "a stop signal within a minute of it is reported as walltime, not preemption",
     )
+    wrk.add_argument(
+        "--grace",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="time it has between a stop signal and being killed (default 5): it copies "
+        "outputs other workers still need in all but the last second of it",
+    )
 
     con = sub.add_parser(
         "console",
@@ -360,6 +368,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
             memory_options=memory_options,
             name=args.name,
             deadline=args.deadline,
+            grace=args.grace,
         ),
         backend="asyncio",
     )

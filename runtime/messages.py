@@ -225,6 +225,49 @@ class WorkerGone(Message):
     cause: str = "unknown"
 
 
+@message()
+class Leaving(Message):
+    """Worker -> scheduler: I am about to go (``cause``: preempted, walltime, shutdown);
+    give me no new tasks and say where my needed outputs should go
+    (:class:`EvacuationPlan`)."""
+
+    worker_id: str
+    cause: str
+
+
+@message(local=True)
+class EvacuationPlan(Message):
+    """Scheduler -> a leaving worker: copy each output to a worker,
+    ``(key, target worker, nbytes)``."""
+
+    moves: tuple[Any, ...]
+
+
+@message(local=True)
+class Evacuated(Message):
+    """Leaving worker -> scheduler, before its :class:`WorkerGone`: these outputs now
+    have a copy on these workers, ``(key, worker)``."""
+
+    worker_id: str
+    moves: tuple[Any, ...]
+
+
+@message(local=True)
+class CopyFrom(Message):
+    """Leaving worker -> peer (an ask): fetch these outputs from me, ``(key, nbytes)``,
+    and keep them; the reply is :class:`CopiesReply`."""
+
+    holder: str
+    keys: tuple[Any, ...]
+
+
+@message(local=True)
+class CopiesReply(Message):
+    """The keys of a :class:`CopyFrom` the peer holds now."""
+
+    got: tuple[Any, ...]
+
+
 @message(local=True)
 class RunTasks(Message):
     """Scheduler -> worker: run these ``ToRun`` tasks."""

@@ -53,7 +53,7 @@ from actors.providers import BlockSpec, Provider, WorkerFactory
 from actors.registry import FileRegistry
 from actors.scheduler import Scheduler
 from actors.scheduler_state import SchedulerConfig
-from actors.worker import Worker
+from actors.worker import Leave, Worker
 from policies import REGISTRY
 from runtime.errors import (
     ActorStopped,
@@ -71,7 +71,9 @@ from runtime.messages import (
     ClientGone,
     CloseStream,
     DrainRequest,
+    Evacuated,
     GatherRequest,
+    Leaving,
     Message,
     PolicyQuery,
     ReadStream,
@@ -429,7 +431,9 @@ ALLOWED: Mapping[str, frozenset[type[Message]]] = MappingProxyType(
             WaitForWorkersRequest,
             DrainRequest,
         },
-        "worker": frozenset({TasksDone, WorkerMemoryReport, WorkerGone, WorkerHolds}),
+        "worker": frozenset(
+            {TasksDone, WorkerMemoryReport, WorkerGone, WorkerHolds, Leaving, Evacuated}
+        ),
     }
 )
 
@@ -900,6 +904,7 @@ async def run_worker(
     memory_options: Mapping[str, Any] | None = None,
     name: str | None = None,
     deadline: float | None = None,
+    grace: float = 5.0,
 ) -> None:
     """Run a worker process until SIGINT/SIGTERM, until the scheduler retires it, or
     until the manager stays unreachable for ``reconnect`` seconds.
@@ -908,7 +913,10 @@ async def run_worker(
     the scheduler retired it, ``walltime`` when a signal came within a minute of its
     ``deadline`` (a wall-clock time, given by the provider that knows the block's
     walltime), ``preempted`` when the batch system took it back (a signal inside a
-    Slurm job, any other time), ``shutdown`` when an operator stopped it.
+    Slurm job, any other time), ``shutdown`` when an operator stopped it. Unless it was
+    drained, it first copies the outputs that are still needed and held by no other
+    worker to the workers the scheduler names (data evacuation), within ``grace``
+    seconds less one (what a batch system leaves between its signal and its kill).
 
     The worker listens on ``host`` (a free port) for its peers; its id is ``name`` or,
     without one, that address. (A :class:`~actors.processes.LocalProcessProvider` names
@@ -1094,6 +1102,12 @@ async def run_worker(
             # to others, free of charge), stop serving peers, close.
             cause = leaving_cause(bool(retired), time.time(), deadline, os.environ)
             _log.info("leaving", worker=worker_id, cause=cause)
+            connected = link.peer is not None and not link.peer.closed
+            if cause != "drained" and connected:
+                # Copy needed outputs no one else holds to surviving workers first, in
+                # most of the grace: the WorkerGone that follows says they are safe.
+                with anyio.move_on_after(max(0.0, grace - 1.0)):
+                    await worker_ref["worker"].ask(Leave(cause), timeout=None)
             with anyio.move_on_after(5):
                 if link.peer is not None and not link.peer.closed:
                     await link.tell(WorkerGone(worker_id, cause))

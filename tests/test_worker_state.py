@@ -28,6 +28,8 @@ from actors.worker_state import (
     CancelRequested,
     CancelRunning,
     Command,
+    CopiesDone,
+    CopiesRequested,
     DropRequested,
     Event,
     Fetch,
@@ -231,6 +233,29 @@ def test_a_large_copy_another_task_here_needs_is_kept() -> None:
     assert "big" in s.held
 
 
+def test_copies_of_a_leaving_peers_outputs_are_fetched_and_kept() -> None:
+    s = state()
+    feed(s, TasksAssigned(0.0, (task("here"),)))
+    finish(s, "here")
+    ask = CopiesRequested(1.0, 7, (("x", ("gone",), 5), ("y", ("gone",), 6), ("here", (), 1)))
+    assert feed(s, ask) == [Fetch(1, "gone", ("x", "y"))]
+    got = InputsFetched(2.0, 1, (("x", "X", 5),), missing=("y",))
+    assert feed(s, got) == [Store("x", "X", 5), CopiesDone(7, ("here", "x"))]
+    assert s.held == {"here": 10, "x": 5} and not s.wants and not s.copies
+
+
+def test_a_copy_and_a_task_share_one_fetch() -> None:
+    s = state()
+    t = task("t", {"x": ("p1",)})
+    feed(s, TasksAssigned(0.0, (t,)))
+    assert feed(s, CopiesRequested(0.5, 1, (("x", ("p1",), 5),))) == []  # asked already
+    assert feed(s, CancelRequested(0.6, ("t",))) == []  # the copy still wants it
+    assert feed(s, InputsFetched(1.0, 1, (("x", "X", 5),))) == [
+        Store("x", "X", 5),
+        CopiesDone(1, ("x",)),
+    ]
+
+
 # ----------------------------------------------------------------------------- memory
 
 
@@ -345,6 +370,8 @@ class WorkerMachine(RuleBasedStateMachine):
         self.reported: Counter[Key] = Counter()
         self.cancelled: set[Key] = set()
         self.values: dict[Key, Any] = {}
+        self.copy_requests: set[int] = set()
+        self.copies_done: Counter[int] = Counter()
 
     def step(self, *events: Event) -> list[Command]:
         out = self.s.handle(*events)
@@ -363,6 +390,12 @@ class WorkerMachine(RuleBasedStateMachine):
                     assert k not in self.s.held, f"{k!r} fetched though held"
             elif isinstance(cmd, Store):
                 self.values[cmd.key] = cmd.value
+            elif isinstance(cmd, CopiesDone):
+                assert cmd.request in self.copy_requests, f"unknown copy request {cmd.request}"
+                self.copies_done[cmd.request] += 1
+                assert self.copies_done[cmd.request] == 1, f"{cmd.request} settled twice"
+                for k in cmd.got:
+                    assert k in self.s.held, f"copy {k!r} reported, not held"
         return out
 
     def tick(self) -> float:
@@ -392,6 +425,16 @@ class WorkerMachine(RuleBasedStateMachine):
             tasks.append(task(key, deps, producer=producer, sizes=sizes))
             self.assigned.add(key)
         self.step(TasksAssigned(self.tick(), tuple(tasks)))
+
+    @rule(data=st.data())
+    def copy(self, data: st.DataObject) -> None:
+        self.n += 1
+        keys = tuple(
+            (f"r{i}", tuple(data.draw(st.lists(st.sampled_from(PEERS), unique=True))), 1)
+            for i in sorted(data.draw(st.sets(st.integers(0, 5), max_size=3)))
+        )
+        self.copy_requests.add(self.n)
+        self.step(CopiesRequested(self.tick(), self.n, keys))
 
     @precondition(lambda self: self.s.in_flight)
     @rule(data=st.data())
@@ -470,7 +513,7 @@ class WorkerMachine(RuleBasedStateMachine):
         """Let everything finish: fetches succeed, memory is low, tasks end ok."""
         for _ in range(1000):
             s = self.s
-            if not s.active:
+            if not s.active and not s.copies:
                 break
             if s.in_flight:
                 fid = min(s.in_flight)
@@ -482,6 +525,7 @@ class WorkerMachine(RuleBasedStateMachine):
             else:
                 self.step(MemorySampled(self.tick(), 0))
         assert not self.s.active, f"stuck: {self.s.active}"
+        assert set(self.copies_done) == self.copy_requests, "a copy request never settled"
 
 
 def test_worker_state_machine() -> None:
