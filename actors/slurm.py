@@ -269,7 +269,11 @@ class JobRecord:
         if mapped is None:  # a state this version does not know: keep ours
             self.detail = f"Slurm job {self.job_id} in state {info.state} (unknown to Corral)"
             return self.state
-        if mapped == BlockState.RUNNING:
+        if info.state == "COMPLETING" and not self.ran:
+            # The end of the run just requeued (Restarts already counts the next
+            # incarnation), or of one never seen running: no worker of this one runs.
+            mapped = BlockState.PENDING
+        elif mapped == BlockState.RUNNING:
             self.ran = True
         if mapped in (BlockState.CANCELLED, BlockState.FAILED) and _preemptions(
             stderr, self.job_id

@@ -604,10 +604,18 @@ class BatchSystemError(CorralError):
     """A batch-system command (``sbatch``, ``squeue``, ``scancel``, ``scontrol``) could
     not be run or failed: the controller is down or unreachable, the command is missing,
     or it refused the request. ``exit_code`` is None when the command did not run (not
-    found, or no answer within the time limit)."""
+    found, no answer within the time limit, or held back while backing off)."""
+
+    command: str
+    exit_code: int | None
+    stderr: str
+    advice: str
 
     def __init__(self, command: str, exit_code: int | None, stderr: str, advice: str) -> None:
-        how = "could not be run" if exit_code is None else f"failed with exit code {exit_code}"
+        if exit_code is not None:
+            how = f"failed with exit code {exit_code}"
+        else:
+            how = "could not be run" if stderr.strip() else "was not run"
         said = stderr.strip()
         said = f": {said[-800:]}" if said else ""
         super().__init__(
@@ -623,6 +631,11 @@ class SubmissionsSuspended(CorralError):
     """A provider stopped submitting blocks: too many of its recent submissions failed
     (``failures`` of the last ``window``). It asks again only once an operator resumes
     it (``resume()``), after fixing the cause (``last_error``)."""
+
+    provider: str
+    failures: int
+    window: int
+    last_error: str
 
     def __init__(self, provider: str, failures: int, window: int, last_error: str) -> None:
         super().__init__(

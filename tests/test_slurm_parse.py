@@ -183,6 +183,19 @@ def test_a_requeue_is_a_new_incarnation_of_the_same_block() -> None:
     assert rec.restarts == 2
 
 
+def test_completing_with_the_next_restart_count_is_the_new_incarnation_pending() -> None:
+    # Seen on Slurm 22.05: right after the preemption squeue shows the job still
+    # COMPLETING but with RestartCnt already 1.
+    rec = JobRecord("1")
+    rec.observe(info("RUNNING", job="1"))
+    state = rec.observe(info("COMPLETING", job="1", restarts=1), PREEMPTION_1)
+    assert state is BlockState.PENDING
+    assert rec.restarts == 1 and [i.cause for i in rec.incarnations] == ["preempted"]
+    assert rec.observe(info("PENDING", job="1", restarts=1)) is BlockState.PENDING
+    assert len(rec.incarnations) == 1
+    assert rec.observe(info("RUNNING", job="1", restarts=1)) is BlockState.RUNNING
+
+
 def test_a_requeue_seen_only_through_the_restart_count() -> None:
     # Requeued and running again between two refreshes: never seen pending.
     rec = JobRecord("1")
@@ -264,8 +277,9 @@ def test_failure_window_backs_off_then_trips_until_resumed() -> None:
     w = FailureWindow(max_failures=3, window=5, backoff=1.0, max_backoff=4.0)
     w.check(0.0)
     w.record(0.0, "sbatch: error: Unable to contact slurm controller")
-    with pytest.raises(BatchSystemError, match="backing off"):
+    with pytest.raises(BatchSystemError, match=r"'sbatch' was not run\. Not submitting") as e:
         w.check(0.5)
+    assert e.value.exit_code is None and "Unable to contact" in str(e.value)
     w.check(1.0)  # the back-off is over
     w.record(1.0, "again")
     with pytest.raises(BatchSystemError):
