@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -215,7 +216,11 @@ class Scheduler(Actor):
             else:
                 waiting.append((n, event))
         self._worker_waiters = waiting
-        self._handle(WorkerJoined(*self._ev(), info.worker_id, info.cores, info.memory, info.pool))
+        # Its deadline (wall clock) on the core's clock.
+        deadline = self.clock.now() + (info.deadline - time.time()) if info.deadline else None
+        self._handle(
+            WorkerJoined(*self._ev(), info.worker_id, info.cores, info.memory, info.pool, deadline)
+        )
         if rejoined:  # what was in flight on the old connection is lost: ask what arrived
             msg.ref.post(ConfirmHolds())
 
@@ -276,7 +281,9 @@ class Scheduler(Actor):
 
     @handles(_Tick)
     def tick(self, msg: _Tick) -> None:
-        if self.state.throttled:  # the watchdog has nothing to watch otherwise
+        # The watchdog has nothing to watch unless a worker is throttled; the walltime
+        # drain nothing unless a worker has a deadline.
+        if self.state.throttled or self.state.deadlines:
             self._handle(Tick(*self._ev()))
 
     @handles(CancelRequest)

@@ -216,10 +216,13 @@ class GraphSubmitted(Event):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class WorkerJoined(Event):
+    """``deadline``: when its walltime ends, on this core's clock (``None``: never)."""
+
     worker: str
     cores: int
     memory: int
     pool: str = "default"
+    deadline: float | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -415,6 +418,11 @@ class SchedulerConfig:
     #: seconds every worker may stay throttled with nothing but producers to run and
     #: nothing finishing, before the run fails with MemoryStalled
     stall_timeout: float = 10.0
+    #: seconds before its walltime a worker is drained (None: walltime_grace plus the
+    #: longest expected task, the largest p90 duration of any category)
+    drain_period: float | None = None
+    #: what a worker needs at the end of its walltime besides its last task (to leave)
+    walltime_grace: float = 60.0
 
 
 class WorkerState:
@@ -422,6 +430,7 @@ class WorkerState:
 
     __slots__ = (
         "cores",
+        "deadline",
         "draining",
         "has_what",
         "id",
@@ -449,6 +458,7 @@ class WorkerState:
         self.memory = memory  #: bytes of memory it offers
         self.pool = pool  #: the pool it belongs to
         self.joined = 0.0  #: when it joined (first registered)
+        self.deadline: float | None = None  #: when its walltime ends (None: never)
         self.slots = max(1, round(cores * saturation))  #: tasks it always may hold
         self.limit = self.slots  #: tasks it may hold when they are short
         self.occupancy = 0.0  #: estimated seconds of work it holds
@@ -729,6 +739,7 @@ class SchedulerState:
         self.workers: dict[str, WorkerState] = {}  #: workers by id
         #: pool -> (seconds lived, died unasked) of the workers that left it, newest last
         self.lives: dict[str, deque[tuple[float, bool]]] = {}
+        self.deadlines = 0  #: workers with a walltime deadline
         self.free: dict[str, WorkerState] = {}  #: workers with a free slot
         self.draining: set[str] = set()  #: draining workers not yet retired
         #: ready heaps by (pool, producer)
@@ -912,10 +923,14 @@ class SchedulerState:
         if ws is None:
             ws = WorkerState(ev.worker, ev.cores, ev.memory, ev.pool, self.config.saturation)
             ws.joined = self._now
+            ws.deadline = ev.deadline
+            self.deadlines += ev.deadline is not None
             self.workers[ev.worker] = ws
         else:  # a known worker re-registering (e.g. after a reconnect) keeps its work
             ws.unconfirmed = set(ws.processing)  # until it says what reached it
             ws.cores, ws.memory, ws.pool = ev.cores, ev.memory, ev.pool
+            self.deadlines += (ev.deadline is not None) - (ws.deadline is not None)
+            ws.deadline = ev.deadline
             ws.slots = max(1, round(ev.cores * self.config.saturation))
             if ws.retired:  # its Stop may have been lost with the old connection
                 ws.retired = False
@@ -961,6 +976,7 @@ class SchedulerState:
         ws = self.workers.pop(ev.worker, None)
         if ws is None:
             return
+        self.deadlines -= ws.deadline is not None
         self.free.pop(ev.worker, None)
         self.draining.discard(ev.worker)
         self.throttled.discard(ev.worker)
@@ -1159,7 +1175,52 @@ class SchedulerState:
         self._update_free(ws)
 
     def _tick(self, ev: Tick) -> None:
-        """Nothing to do: the watchdog runs after every event."""
+        """Drain workers whose walltime is near (the watchdog runs after every event)."""
+        if self.deadlines:
+            self._drain_before_walltime()
+
+    def drain_margin(self) -> float:
+        """How long before its walltime a worker is drained: ``drain_period`` if set,
+        else ``walltime_grace`` plus the longest expected task (the largest p90
+        duration of any category seen so far)."""
+        period = self.config.drain_period
+        if period is not None:
+            return period
+        longest = max((s.p90_duration for s in self.stats.values()), default=0.0)
+        return self.config.walltime_grace + longest
+
+    def _drain_before_walltime(self) -> None:
+        margin = self.drain_margin()
+        for ws in list(self.workers.values()):
+            if ws.deadline is None or ws.draining or ws.deadline - self._now > margin:
+                continue
+            left = ws.deadline - self._now
+            ws.draining = True
+            self.draining.add(ws.id)
+            self.free.pop(ws.id, None)
+            self._log(ws.id, "joined", f"draining:walltime in {max(0.0, left):.0f} s")
+            self._limits_changed()
+
+    def _long_enough(self, ts: TaskState, cands: list[WorkerState]) -> list[WorkerState]:
+        """Workers whose walltime leaves room for ``ts`` (its category's p90 duration),
+        while another worker could take it: a task is not started where it would be cut
+        short. When no worker of its pool has the time, any candidate will do."""
+        st = self.stats.get(ts.spec.category)
+        need = st.p90_duration if st is not None else 0.0
+        if not need:
+            return cands
+        now = self._now
+        fits = [w for w in cands if w.deadline is None or w.deadline - now >= need]
+        if fits:
+            return fits
+        pool = ts.spec.pool
+        later = any(
+            (pool is None or w.pool == pool)
+            and not w.draining
+            and (w.deadline is None or w.deadline - now >= need)
+            for w in self.workers.values()
+        )
+        return [] if later else cands
 
     # ----------------------------------------------------------------- transitions
 
@@ -1299,6 +1360,7 @@ class SchedulerState:
         stat.count += 1
         stat.total_duration += duration
         stat.max_duration = max(stat.max_duration, duration)
+        stat.recent.append(duration)
         stat.total_nbytes += res.nbytes
         stat.consumed_nbytes += sum(d.nbytes for d in ts.deps)
         stat.peak_rss = max(stat.peak_rss, res.rss, res.rss_peak)
@@ -1572,7 +1634,7 @@ class SchedulerState:
         cores = res.get("cores", 0)
         producer = ts.producer
         need = ts.in_nbytes  # memory admission: its inputs fit under the limit (0: none)
-        return [
+        cands = [
             w
             for w in self.free.values()
             if (pool is None or w.pool == pool)
@@ -1581,6 +1643,7 @@ class SchedulerState:
             and (w.memory >= need or not w.memory)
             and (not producer or self._takes_producer(w))
         ]
+        return self._long_enough(ts, cands) if self.deadlines and cands else cands
 
     # The data-locality rules. The placement policy's hooks (policies.DataLocality)
     # propose; these decide where a proposal is allowed, ask only then, and check the

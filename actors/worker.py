@@ -164,6 +164,8 @@ class Worker(Actor):
         on_retire: Callable[[], None] | None = None,
         memory_options: Mapping[str, Any] | None = None,
         probe: Callable[[], int] | None = None,
+        deadline: float = 0.0,
+        grace: float = 5.0,
     ) -> None:
         if nthreads < 1:
             raise ValueError(f"a worker needs at least one thread, got {nthreads}")
@@ -174,6 +176,8 @@ class Worker(Actor):
         self.memory = memory or int(psutil.virtual_memory().total)
         self.disk = disk
         self.pool = pool
+        self.deadline = deadline  #: when its walltime ends (epoch seconds; 0: never)
+        self.grace = grace  #: seconds it has to leave once told to (copies, goodbye)
         self.fetch_timeout = fetch_timeout
         self.register = register  #: tell the scheduler at start (False: a gateway does)
         self.on_retire = on_retire  #: what a Stop from the scheduler does (default: stop)
@@ -200,7 +204,9 @@ class Worker(Actor):
 
     @property
     def info(self) -> WorkerInfo:
-        return WorkerInfo(self.worker_id, self.nthreads, self.memory, self.disk, self.pool)
+        return WorkerInfo(
+            self.worker_id, self.nthreads, self.memory, self.disk, self.pool, "", self.deadline
+        )
 
     async def on_start(self) -> None:
         kind = ProcessExecutor if self.memory_config.execution == "process" else Executor
@@ -554,13 +560,21 @@ class Worker(Actor):
         self.streams.close(msg.stream)
 
     @handles(Stop)
-    def retire(self, msg: Stop) -> None:
-        """The scheduler retires this worker (drained): end it."""
+    def retire(self, msg: Stop) -> Later:
+        """The scheduler retires this worker (drained): copy the outputs others still
+        need and no other worker holds to the workers the scheduler names (within
+        ``grace`` seconds less one), then end."""
         self.log.info("retired", reason=msg.reason)
-        if self.on_retire is not None:
-            self.on_retire()
-        else:
-            self.stop(msg.reason)
+
+        async def leave() -> None:
+            with anyio.move_on_after(max(0.0, self.grace - 1.0)):
+                await self._evacuate("drained")
+            if self.on_retire is not None:
+                self.on_retire()
+            else:
+                self.stop(msg.reason)
+
+        return Later(leave())
 
     @handles(StatusRequest)
     def status(self, msg: StatusRequest) -> WorkerStatus:

@@ -14,6 +14,7 @@ and is counted as a policy error).
 from __future__ import annotations
 
 import dataclasses
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
@@ -42,6 +43,8 @@ __all__ = [
 
 KINDS = ("priority", "placement", "retry", "memory", "scaling")
 
+RECENT = 256  #: ok tries' durations kept per category for its percentiles
+
 
 @dataclasses.dataclass(slots=True)
 class CategoryStats:
@@ -58,10 +61,18 @@ class CategoryStats:
     #: highest worker RSS seen while (sampled) or right after a task of this category ran
     peak_rss: int = 0
     max_rss_growth: int = 0  #: largest RSS growth across one task (after - before)
+    #: the latest ok tries' durations (seconds), for :attr:`p90_duration`
+    recent: deque[float] = dataclasses.field(default_factory=lambda: deque(maxlen=RECENT))
 
     @property
     def mean_duration(self) -> float:
         return self.total_duration / self.count if self.count else 0.0
+
+    @property
+    def p90_duration(self) -> float:
+        """90% of the latest ok tries took at most this long (0.0: none yet)."""
+        recent = sorted(self.recent)
+        return recent[min(len(recent) - 1, int(0.9 * len(recent)))] if recent else 0.0
 
     @property
     def mean_nbytes(self) -> float:
@@ -110,6 +121,10 @@ class CategoryStatsView:
     @property
     def max_duration(self) -> float:
         return self._stats.max_duration
+
+    @property
+    def p90_duration(self) -> float:
+        return self._stats.p90_duration
 
     @property
     def total_nbytes(self) -> int:

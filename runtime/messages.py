@@ -137,6 +137,7 @@ class WorkerInfo(Message):
     disk: int = 0
     pool: str = "default"
     address: str = ""
+    deadline: float = 0.0  #: when its walltime ends, seconds since the epoch (0: never)
 
 
 @message()

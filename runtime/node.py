@@ -987,6 +987,7 @@ async def run_worker(
             worker = Worker(
                 worker_id, link, resolve, nthreads=cores, memory=memory, disk=disk, pool=pool,
                 register=False, on_retire=on_retire, memory_options=memory_options,
+                deadline=deadline or 0.0, grace=grace,
             )  # fmt: skip
             worker_ref["worker"] = await system.spawn(worker, "worker")
 
@@ -1103,7 +1104,7 @@ async def run_worker(
             cause = leaving_cause(bool(retired), time.time(), deadline, os.environ)
             _log.info("leaving", worker=worker_id, cause=cause)
             connected = link.peer is not None and not link.peer.closed
-            if cause != "drained" and connected:
+            if cause != "drained" and connected:  # (retired: copied before it stopped)
                 # Copy needed outputs no one else holds to surviving workers first, in
                 # most of the grace: the WorkerGone that follows says they are safe.
                 with anyio.move_on_after(max(0.0, grace - 1.0)):

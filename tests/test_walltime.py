@@ -1,0 +1,182 @@
+"""Walltime: a worker with a deadline is drained before it, and a task is not started
+where it would be cut short while another worker could take it.
+
+The scheduler's pure core is fed joins with deadlines, finishes that teach it how long
+a category's tasks take, and ticks, all at chosen times; then a real worker process
+with ``--deadline`` registers and the scheduler sees that deadline.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import psutil
+import pytest
+
+from actors.scheduler_state import (
+    Command,
+    Event,
+    GraphSubmitted,
+    RetireWorker,
+    SchedulerState,
+    TasksFinished,
+    Tick,
+    WorkerJoined,
+)
+from tests.helpers import (
+    Cli,
+    Factory,
+    assigned,
+    held_at_gate,
+    make_state,
+    of,
+    result,
+    run,
+    specs_for,
+    wait_until,
+)
+
+__all__ = ["make_state"]
+
+T0 = 2e6  # later than any time tests.helpers.event has handed out
+LIMIT = 60
+
+
+def at(state: SchedulerState, t: float, cls: type[Event], **fields: Any) -> list[Command]:
+    return run(state, cls(stimulus_id=f"{cls.__name__}@{t}", now=T0 + t, **fields))
+
+
+def join(s: SchedulerState, t: float, worker: str, deadline: float | None) -> list[Command]:
+    when = None if deadline is None else T0 + deadline
+    return at(s, t, WorkerJoined, worker=worker, cores=1, memory=2**30, deadline=when)
+
+
+def submit(s: SchedulerState, t: float, *keys: str) -> list[Command]:
+    specs = specs_for(s, {k: [] for k in keys}, list(keys))
+    return at(s, t, GraphSubmitted, specs=specs, wanted=keys)
+
+
+def learn(s: SchedulerState, t: float, worker: str, key: str, seconds: float) -> list[Command]:
+    """``key`` (sent to ``worker``) took ``seconds``."""
+    res = result(key, start=T0 + t - seconds, duration=seconds)
+    return at(s, t, TasksFinished, worker=worker, results=(res,))
+
+
+def test_a_worker_is_drained_its_longest_task_plus_grace_before_its_walltime(
+    make_state: Factory,
+) -> None:
+    s = make_state(saturation=1.0, walltime_grace=60.0)
+    join(s, 0, "w", deadline=1000)
+    assert assigned(submit(s, 0, "long-1")) == {"w": ["long-1"]}
+    learn(s, 300, "w", "long-1", 300)
+    assert s.drain_margin() == 360.0
+    assert of(at(s, 630, Tick), RetireWorker) == []  # 370 s left: not yet
+    assert not s.workers["w"].draining
+    out = at(s, 641, Tick)  # 359 s left: drained, and retired at once (it is idle)
+    assert of(out, RetireWorker) == [RetireWorker(f"Tick@{641}", "w")]
+    (why,) = [e[2] for e in s.story("w") if e[1] == "joined" and e[2].startswith("draining")]
+    assert why == "draining:walltime in 359 s"
+
+
+def test_a_fixed_drain_period_wins(make_state: Factory) -> None:
+    s = make_state(drain_period=30.0)
+    join(s, 0, "w", deadline=100)
+    at(s, 69, Tick)
+    assert not s.workers["w"].draining
+    at(s, 70, Tick)
+    assert s.workers["w"].draining
+
+
+def test_a_task_waits_for_a_worker_with_time_rather_than_be_cut_short(
+    make_state: Factory,
+) -> None:
+    s = make_state(saturation=1.0, drain_period=1.0)
+    join(s, 0, "b", deadline=None)
+    submit(s, 0, "long-1")
+    learn(s, 300, "b", "long-1", 300)  # long tasks take 300 s
+    submit(s, 301, "long-2")  # b runs it
+    join(s, 302, "a", deadline=400)  # 98 s left: too short for a long task
+    out = submit(s, 303, "long-3")
+    assert assigned(out) == {}  # waits for b
+    out = learn(s, 600, "b", "long-2", 299)
+    assert assigned(out) == {"b": ["long-3"]}
+
+
+def test_when_no_worker_has_the_time_a_short_lived_one_still_runs_it(
+    make_state: Factory,
+) -> None:
+    s = make_state(saturation=1.0, drain_period=1.0)
+    join(s, 0, "a", deadline=10_000)
+    submit(s, 0, "long-1")
+    learn(s, 300, "a", "long-1", 300)
+    join(s, 301, "short", deadline=400)
+    submit(s, 302, "long-2")  # a, with time, takes it
+    out = submit(s, 303, "long-3")
+    assert assigned(out) == {}  # a will have time again once free
+    s2 = make_state(saturation=1.0, drain_period=1.0)
+    join(s2, 0, "x", deadline=350)
+    submit(s2, 0, "long-1")
+    learn(s2, 300, "x", "long-1", 300)  # x has 50 s left; no worker has more
+    assert assigned(submit(s2, 301, "long-2")) == {"x": ["long-2"]}
+
+
+@pytest.mark.anyio
+async def test_a_worker_process_deadline_reaches_the_scheduler(tmp_path: Path) -> None:
+    from runtime import Cluster
+
+    deadline = time.time() + 3600
+    with Cli(tmp_path / "home") as cli, anyio.fail_after(LIMIT):
+        _, address = cli.manager()
+        cli.worker(address, "--name", "timed", "--deadline", str(deadline))
+        async with Cluster(address) as c:
+            await c.wait_for_workers(1)
+            status = await c.status()
+            (info,) = [w for w in status["workers"] if w.worker_id == "timed"]
+            assert info.deadline == pytest.approx(deadline)
+
+
+def family(pid: int) -> set[int]:
+    """``pid`` and its descendants (the CLI may run the worker in a child)."""
+    return {pid, *(p.pid for p in psutil.Process(pid).children(recursive=True))}
+
+
+def pid_after_gate(gate: str, started: str) -> int:
+    held_at_gate(gate, started)
+    return os.getpid()
+
+
+@pytest.mark.anyio
+async def test_a_worker_near_its_walltime_finishes_its_task_and_leaves_cleanly(
+    tmp_path: Path,
+) -> None:
+    from runtime import Cluster
+
+    gate, started = tmp_path / "gate", tmp_path / "started"
+    with Cli(tmp_path / "home") as cli, anyio.fail_after(LIMIT):
+        _, address = cli.manager()
+        # Drained once fewer than walltime_grace (60 s) plus the longest task are left.
+        timed = cli.worker(address, "--name", "timed", "--deadline", str(time.time() + 64))
+        async with Cluster(address) as c:
+            await c.wait_for_workers(1)
+            graph = {"t": (pid_after_gate, str(gate), str(started))}
+            (first,) = await c.submit_graph(graph, ["t"])
+            await wait_until(started.exists, limit=LIMIT)
+            other = cli.worker(address, "--name", "other")
+            await c.wait_for_workers(2)
+
+            async def drained() -> bool:
+                story = await c.story("timed")
+                return any(e[2].startswith("draining:walltime") for e in story)
+
+            await wait_until(drained, "the walltime drain", limit=LIMIT, step=0.2)
+            (second,) = await c.submit_graph({"u": (pid_after_gate, str(gate), "/dev/null")}, ["u"])
+            in_timed, in_other = family(timed.pid), family(other.pid)
+            gate.touch()
+            assert await first in in_timed  # ran there once: finished, and its output
+            # was copied to the other worker when it was retired, not computed again
+            assert await second in in_other  # nothing new went to the drained worker
+            assert timed.wait(LIMIT) == 0  # retired once idle: it exits cleanly
