@@ -60,6 +60,7 @@ from runtime.errors import BatchSystemError, SubmissionsSuspended
 from runtime.log import get_logger
 
 __all__ = [
+    "HOST_PLACEHOLDER",
     "SQUEUE_FORMAT",
     "FailureWindow",
     "Incarnation",
@@ -433,7 +434,8 @@ def batch_script(
     """The batch script of a block: ``#SBATCH`` lines, then the workers (``(worker id,
     argv)`` each, spread evenly over ``options.nodes_per_block`` nodes), started in the
     background with ``CORRAL_WORKER_ID`` and ``CORRAL_BLOCK_ID``; SIGTERM to the batch
-    shell is passed to them and the script waits for them all."""
+    shell is passed to them and the script waits for them all. Arguments are quoted
+    for the shell, except that ``{host}`` in one becomes the node's address."""
     nodes = options.nodes_per_block
     if not workers or len(workers) % nodes:
         raise ValueError(f"{len(workers)} workers do not spread evenly over {nodes} nodes")
@@ -490,6 +492,9 @@ def batch_script(
     if env_file is not None:
         lines.append(f". {q(str(env_file))}  # CORRAL_TOKEN and the rest of env (mode 0600)")
     lines += [
+        "# {host} in a worker's arguments: this node's first address (hostname -I).",
+        'CORRAL_NODE_HOST=$(hostname -I 2>/dev/null | cut -d" " -f1)',
+        "export CORRAL_NODE_HOST=${CORRAL_NODE_HOST:-$(hostname)}",
         "export PYTHONUNBUFFERED=1",
         "pids=()",
         "# Preemption, scancel or --signal: pass SIGTERM to the workers (they leave cleanly).",
@@ -499,7 +504,7 @@ def batch_script(
     for node in range(nodes):
         lines.append(f"{node})")
         for wid, argv in workers[node * per_node : (node + 1) * per_node]:
-            cmd = " ".join(q(a) for a in argv)
+            cmd = " ".join(_shell_arg(a) for a in argv)
             lines.append(f"    CORRAL_WORKER_ID={q(wid)} CORRAL_BLOCK_ID={q(block_id)} {cmd} &")
             lines.append("    pids+=($!)")
         lines.append("    ;;")
@@ -518,6 +523,19 @@ def batch_script(
         "",
     ]
     return "\n".join(lines)
+
+
+HOST_PLACEHOLDER = "{host}"
+"""In a worker's argument, stands for the address of the node it runs on (e.g.
+``["--host", "{host}"]``, so that its peers on other nodes reach it)."""
+
+
+def _shell_arg(arg: str) -> str:
+    """``arg`` quoted for the shell, with :data:`HOST_PLACEHOLDER` left to expand."""
+    parts = arg.split(HOST_PLACEHOLDER)
+    if len(parts) == 1:
+        return shlex.quote(arg)
+    return '"$CORRAL_NODE_HOST"'.join(shlex.quote(p) if p else "" for p in parts)
 
 
 # ----------------------------------------------------------------------------- the provider

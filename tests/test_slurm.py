@@ -13,11 +13,13 @@ preempts ``ckpt`` blocks. Every wait is bounded and gated on what is observed.
 
 from __future__ import annotations
 
+import fcntl
 import operator
 import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -35,6 +37,7 @@ pytestmark = pytest.mark.anyio
 
 DEFAULT_CONF = "/tmp/corral-slurm/slurm.conf"  #: where `.ci/slurm up` puts it
 NODE_CPUS = 8  #: what `.ci/slurm up` declares (an owner job asks for all of them)
+OWNER_JOB = f"corral-test-owner-{os.getpid()}"  #: the name of this run's owner jobs
 
 
 def _slurm(conf: str, *argv: str, check: bool = True) -> str:
@@ -89,16 +92,38 @@ def slurm_conf() -> Iterator[str]:
     yield conf
 
 
+@pytest.fixture(autouse=True)
+def one_test_at_a_time(slurm_conf: str) -> Iterator[None]:
+    """Hold the cluster's test lock: test runs of other checkouts on this machine use
+    the same cluster, and one's owner job (or stopped slurmctld) would upset another's
+    test. Waits at most 100 s (about two of the longest tests)."""
+    path = Path(slurm_conf).parent / "corral-tests.lock"
+    with path.open("a") as lock:
+        deadline = time.monotonic() + 100
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    pytest.fail(f"another test run held {path} for 100 s")
+                time.sleep(0.2)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 @pytest.fixture
 def slurm(slurm_conf: str) -> Iterator[Callable[..., str]]:
-    """Run a Slurm command against the test cluster; cancels the test's own jobs
-    (those it submitted with ``--job-name=corral-test-...``) at the end."""
+    """Run a Slurm command against the test cluster; cancels the owner jobs the test
+    submitted (:func:`owner_job`) at the end."""
 
     def run(*argv: str, check: bool = True) -> str:
         return _slurm(slurm_conf, *argv, check=check)
 
     yield run
-    run("scancel", "--name=corral-test-owner", check=False)
+    run("scancel", f"--name={OWNER_JOB}", check=False)
 
 
 @pytest.fixture
@@ -161,7 +186,7 @@ async def wait_worker(cluster: Cluster, worker: str, present: bool = True) -> No
 def owner_job(slurm: Callable[..., str], seconds: int = 60) -> str:
     """An owner-partition job that needs every CPU of the node: it preempts."""
     return slurm(
-        "sbatch", "--parsable", "-p", "owner", f"-n{NODE_CPUS}", "--job-name=corral-test-owner",
+        "sbatch", "--parsable", "-p", "owner", f"-n{NODE_CPUS}", f"--job-name={OWNER_JOB}",
         "-o", "/dev/null", "--wrap", f"sleep {seconds}",
     ).strip()  # fmt: skip
 

@@ -5,6 +5,8 @@ stop on submission failures with a fake clock. No Slurm needed."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -416,3 +418,28 @@ def test_batch_script_spreads_workers_over_nodes_with_srun() -> None:
     assert "slurm-3.2" in node1 and "slurm-3.3" in node1
     with pytest.raises(ValueError, match="spread evenly"):
         _script(SlurmOptions(nodes_per_block=2), workers=3)
+
+
+def test_host_placeholder_becomes_the_nodes_address_and_the_rest_stays_quoted(
+    tmp_path: Path,
+) -> None:
+    text = batch_script(
+        block_id="block-1", job_name="j",
+        workers=[("w-1", ["python", "--host", "{host}", "--x", "a b;$(rm -rf ~)", "{host}:1"])],
+        spec=BlockSpec(), options=SlurmOptions(), output=tmp_path / "o",
+        error=tmp_path / "e", env_file=None, script=tmp_path / "s.sh",
+    )  # fmt: skip
+    line = next(ln for ln in text.splitlines() if "CORRAL_WORKER_ID=w-1" in ln)
+    assert "{host}" not in line and "'a b;$(rm -rf ~)'" in line
+    # Run the script's worker line in bash, with a stand-in for python: what it gets.
+    script = tmp_path / "s.sh"
+    script.write_text(text.replace("python --host", "printf '%s\\n' --host", 1))
+    done = subprocess.run(
+        ["bash", str(script)], capture_output=True, text=True, timeout=30,
+        env={"PATH": os.environ["PATH"], "CORRAL_NODE_HOST": "ignored"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    args = done.stdout.splitlines()
+    host = args[1]
+    assert host and host != "{host}"
+    assert args == ["--host", host, "--x", "a b;$(rm -rf ~)", f"{host}:1"]
