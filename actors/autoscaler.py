@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections import deque
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -41,6 +42,7 @@ from actors.autoscaler_state import (
 )
 from actors.providers import Block, BlockSpec, BlockState, Provider
 from policies import REGISTRY, PolicyRegistry
+from policies.scaling import PoolLimits
 from runtime.errors import ActorStopped, AskTimeout
 from runtime.kernel import Actor, ActorRef, handles
 from runtime.messages import (
@@ -65,6 +67,7 @@ __all__ = ["Autoscaler", "PoolTarget"]
 class _BlockEnded(Message):
     block: Any
     state: str
+    bid: str = ""  #: the block's id in the core (see Autoscaler._bid)
 
 
 @message(local=True)
@@ -74,17 +77,24 @@ class _Tick(Message):
 
 @dataclasses.dataclass(slots=True)
 class PoolTarget:
+    """A pool's blocks at start: ``n`` (the target) made from ``spec``; ``limits`` are
+    a configured pool's (``actors/pools.py``): min, max and init blocks, parallelism,
+    idle time."""
+
     n: int
     spec: BlockSpec
+    limits: PoolLimits | None = None
 
 
 class Autoscaler(Actor):
     """Drives a :class:`Provider` so each pool has the blocks its scaling policy wants
-    (by default its target number)."""
+    (by default its target number). ``provider`` may be one provider for every pool or
+    a provider per pool (``{pool: provider}``, configured pools): then the core knows
+    each block as ``<pool>/<block id>`` (two providers may both have a ``block-1``)."""
 
     def __init__(
         self,
-        provider: Provider,
+        provider: Provider | Mapping[str, Provider],
         scheduler: ActorRef[Scheduler],
         targets: dict[str, PoolTarget],
         *,
@@ -95,13 +105,18 @@ class Autoscaler(Actor):
         tick: float = 1.0,
         drain_timeout: float = 10.0,
     ) -> None:
-        self.provider = provider
+        self.providers: dict[str, Provider] | None = None  #: by pool, if one per pool
+        if isinstance(provider, Provider):
+            self.provider: Provider | None = provider
+        else:
+            self.provider, self.providers = None, dict(provider)
         self.scheduler = scheduler
         self.policy_registry = policies
         config = AutoscalerConfig(max_replacements, replacement_window)
         self.state = AutoscalerState(config, policy)
         self._initial = dict(targets)
-        self._handles: dict[str, Block] = {}  #: provider's block objects by id
+        self._handles: dict[str, Block] = {}  #: provider's block objects by core id
+        self._owners: dict[str, Provider] = {}  #: the provider of each, by core id
         self.tick = tick  #: seconds between ticks of the core
         self.drain_timeout = drain_timeout  #: seconds to wait for a drain's answer
 
@@ -120,11 +135,30 @@ class Autoscaler(Actor):
     def live(self, pool: str) -> list[Block]:
         return [self._handles[b.block_id] for b in self.state.live(pool)]
 
+    def provider_for(self, pool: str) -> Provider:
+        """The provider of ``pool``'s blocks; ValueError for a pool that has none."""
+        if self.providers is None:
+            assert self.provider is not None
+            return self.provider
+        found = self.providers.get(pool)
+        if found is None:
+            raise ValueError(
+                f"there is no pool {pool!r}; the configured pools: {', '.join(self.providers)}"
+            )
+        return found
+
+    def _bid(self, pool: str, block: Block) -> str:
+        """The block's id in the core: the provider's, prefixed with the pool when
+        there is a provider per pool."""
+        return block.block_id if self.providers is None else f"{pool}/{block.block_id}"
+
     # -- lifetime --------------------------------------------------------------------
 
     async def on_start(self) -> None:
         now = self.clock.now()
-        await self._handle(*(TargetSet(now, p, t.n, t.spec) for p, t in self._initial.items()))
+        await self._handle(
+            *(TargetSet(now, p, t.n, t.spec, t.limits) for p, t in self._initial.items())
+        )
         self.start_soon(self._ticks)
 
     async def on_stop(self) -> None:
@@ -139,10 +173,10 @@ class Autoscaler(Actor):
             with contextlib.suppress(ActorStopped):
                 self.ref.post(_Tick())
 
-    async def _watch(self, block: Block) -> None:
-        state = await self.provider.wait_ended(block)
+    async def _watch(self, provider: Provider, bid: str, block: Block) -> None:
+        state = await provider.wait_ended(block)
         with contextlib.suppress(ActorStopped):
-            self.ref.post(_BlockEnded(block, state.value))
+            self.ref.post(_BlockEnded(block, state.value, bid))
 
     # -- feeding the core --------------------------------------------------------------
 
@@ -158,19 +192,21 @@ class Autoscaler(Actor):
     async def _execute(self, cmd: Command) -> Event | None:
         if type(cmd) is StartBlock:
             try:
-                block = await self.provider.start_block(cmd.spec)
+                provider = self.provider_for(cmd.pool)
+                block = await provider.start_block(cmd.spec)
             except Exception as exc:
                 self.log.error("could not start a block", pool=cmd.pool, error=repr(exc))
                 return BlockStartFailed(self.clock.now(), cmd.request, repr(exc))
-            self._handles[block.block_id] = block
-            self.start_soon(self._watch, block)
+            bid = self._bid(cmd.pool, block)
+            self._handles[bid] = block
+            self._owners[bid] = provider
+            self.start_soon(self._watch, provider, bid, block)
             return BlockStarted(
-                self.clock.now(), cmd.request, block.block_id, tuple(block.workers),
-                block.state.value,
-            )  # fmt: skip
+                self.clock.now(), cmd.request, bid, tuple(block.workers), block.state.value
+            )
         if type(cmd) is StopBlock:
             block = self._handles.pop(cmd.block)
-            await self.provider.stop_block(block)
+            await self._owners.pop(cmd.block).stop_block(block)
             return BlockStopped(self.clock.now(), cmd.block, block.state.value)
         if type(cmd) is DrainWorker:
             try:
@@ -183,6 +219,7 @@ class Autoscaler(Actor):
             return DrainAnswered(self.clock.now(), cmd.worker, True)
         if type(cmd) is ReportGone:
             self._handles.pop(cmd.block, None)
+            self._owners.pop(cmd.block, None)
             if cmd.cause != "drained":
                 self.log.warning(
                     "worker block ended unasked", block=cmd.block, state=cmd.state, cause=cmd.cause
@@ -204,9 +241,10 @@ class Autoscaler(Actor):
     @handles(_BlockEnded)
     async def block_ended(self, msg: _BlockEnded) -> None:
         block: Block = msg.block
-        if block.block_id in self.state.blocks:
+        bid = msg.bid or block.block_id
+        if bid in self.state.blocks:
             block.state = BlockState(msg.state)
-        await self._handle(BlockEnded(self.clock.now(), block.block_id, msg.state))
+        await self._handle(BlockEnded(self.clock.now(), bid, msg.state))
 
     @handles(_Tick)
     async def on_tick(self, msg: _Tick) -> None:
@@ -217,7 +255,10 @@ class Autoscaler(Actor):
             except (ActorStopped, AskTimeout):
                 status = None
             if isinstance(status, dict) and isinstance(status.get("queues"), dict):
-                await self._handle(QueuesSeen(now, status["queues"]))
+                processing = status.get("processing")
+                if not isinstance(processing, dict):
+                    processing = None
+                await self._handle(QueuesSeen(now, status["queues"], processing))
                 return
         await self._handle(Tick(now))
 
@@ -225,6 +266,8 @@ class Autoscaler(Actor):
     async def scale(self, msg: ScaleRequest) -> dict[str, int]:
         if msg.n < 0:
             raise ValueError(f"cannot scale pool {msg.pool!r} to {msg.n} workers")
+        if self.providers is not None:
+            self.provider_for(msg.pool)  # a pool that was not configured: ValueError
         ps = self.state.pools.get(msg.pool)
         spec = ps.spec if ps is not None else BlockSpec(pool=msg.pool)
         await self._handle(TargetSet(self.clock.now(), msg.pool, msg.n, spec))

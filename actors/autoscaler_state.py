@@ -39,6 +39,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from policies import DEFAULTS, REGISTRY, PoolView, ScalingPolicy
+from policies.scaling import LoadView, PoolLimits
 
 __all__ = [
     "AutoscalerConfig",
@@ -79,11 +80,15 @@ class Event:
 @dataclasses.dataclass(frozen=True, slots=True)
 class TargetSet(Event):
     """Keep ``n`` blocks in ``pool``, each made from ``spec`` (opaque to the core: the
-    shell hands it to the provider). Clears the pool's giving up."""
+    shell hands it to the provider). Clears the pool's giving up. ``limits``: the
+    pool's configured limits (min, max, init blocks, parallelism, idle time), which the
+    scaling policy sees and whose ``max_blocks`` the core enforces; None keeps those the
+    pool has (if any)."""
 
     pool: str
     n: int
     spec: Any
+    limits: PoolLimits | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -132,9 +137,15 @@ class DrainAnswered(Event):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class QueuesSeen(Event):
-    """Ready tasks per pool, as the scheduler counts them (``"*"``: any pool)."""
+    """Ready tasks per pool, as the scheduler counts them (``"*"``: any pool), and, if
+    known, the tasks each worker has in hand (``processing``, by worker id: the workers
+    the scheduler knows). With ``processing`` the core knows which running blocks are
+    idle (every worker of it known and running nothing) and since when, and how many
+    tasks are active per pool (its ready tasks, those of any pool, and those its
+    blocks run)."""
 
     queued: Mapping[str, int]
+    processing: Mapping[str, int] | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -231,6 +242,7 @@ class BlockRecord:
     draining: set[str] = dataclasses.field(default_factory=set)  #: drain asked, no answer
     drained: set[str] = dataclasses.field(default_factory=set)  #: the scheduler drains them
     unknown: set[str] = dataclasses.field(default_factory=set)  #: the scheduler knows not
+    idle_since: float | None = None  #: when its workers were first seen all idle
 
 
 @dataclasses.dataclass(slots=True)
@@ -241,6 +253,7 @@ class PoolState:
     pool: str
     target: int
     spec: Any
+    limits: PoolLimits | None = None  #: configured limits (None: not configured)
     desired: int = 0  #: the latest proposal, as checked by the core
     blocks: int = 0  #: live blocks not retiring
     requested: int = 0  #: StartBlock sent, no answer yet
@@ -264,6 +277,7 @@ class AutoscalerState:
         self.closing = False
         self.policy_errors = 0
         self.queued: Mapping[str, int] | None = None
+        self.processing: Mapping[str, int] | None = None  #: tasks in hand per worker
         self._ids = itertools.count(1)
         self._out: list[Command] = []
         self._now = 0.0
@@ -301,9 +315,11 @@ class AutoscalerState:
             raise ValueError(f"cannot scale pool {ev.pool!r} to {ev.n!r} workers")
         ps = self.pools.get(ev.pool)
         if ps is None:
-            self.pools[ev.pool] = PoolState(ev.pool, ev.n, ev.spec)
+            self.pools[ev.pool] = PoolState(ev.pool, ev.n, ev.spec, ev.limits)
         else:
             ps.target, ps.spec = ev.n, ev.spec
+            if ev.limits is not None:
+                ps.limits = ev.limits
         self.gave_up.discard(ev.pool)
 
     def _block_started(self, ev: BlockStarted) -> None:
@@ -345,6 +361,20 @@ class AutoscalerState:
 
     def _queues_seen(self, ev: QueuesSeen) -> None:
         self.queued = dict(ev.queued)
+        if ev.processing is None:
+            return
+        self.processing = dict(ev.processing)
+        for b in self.blocks.values():
+            idle = (
+                b.state == "running"
+                and not b.retiring
+                and bool(b.workers)
+                and all(self.processing.get(w, -1) == 0 for w in b.workers)
+            )
+            if not idle:
+                b.idle_since = None
+            elif b.idle_since is None:
+                b.idle_since = ev.now
 
     def _policy_changed(self, ev: PolicyChanged) -> None:
         self.policy = ev.policy
@@ -385,13 +415,34 @@ class AutoscalerState:
             b.draining.add(wid)
             self._out.append(DrainWorker(wid, b.block_id))
 
+    def active(self, pool: str) -> int | None:
+        """Tasks ``pool`` may run that are ready (its own and any pool's) or in the
+        hands of its blocks' workers (not those being scaled in); None until the
+        scheduler's counts were seen."""
+        if self.queued is None or self.processing is None:
+            return None
+        running = sum(self.processing.get(w, 0) for b in self.live(pool) for w in b.workers)
+        return self.queued.get(pool, 0) + self.queued.get("*", 0) + running
+
+    def idle_for(self, pool: str) -> tuple[float, ...]:
+        """Seconds each idle block of ``pool`` (not retiring) has been idle, longest
+        first."""
+        since = sorted(b.idle_since for b in self.live(pool) if b.idle_since is not None)
+        return tuple(self._now - t for t in since)
+
     def _desired(self, ps: PoolState) -> int:
         """The policy's proposal for ``ps``, checked: the target if it is not a whole
-        number, or raises; clamped to 0..max_blocks."""
+        number, or raises; clamped to 0..max_blocks (and the pool's own max_blocks)."""
         queued = None
         if self.queued is not None:
             queued = self.queued.get(ps.pool, 0) + self.queued.get("*", 0)
-        view = PoolView(ps.pool, ps.target, ps.blocks, ps.requested, ps.retiring, queued)
+        active = self.active(ps.pool)
+        view: PoolView = PoolView(ps.pool, ps.target, ps.blocks, ps.requested, ps.retiring, queued)
+        if ps.limits is not None or active is not None:  # what LoadView adds is known
+            view = LoadView(
+                ps.pool, ps.target, ps.blocks, ps.requested, ps.retiring, queued,
+                ps.limits, active, self.idle_for(ps.pool),
+            )  # fmt: skip
         try:
             n = self.policy.desired(view)
         except Exception:
@@ -399,10 +450,17 @@ class AutoscalerState:
         if isinstance(n, bool) or not isinstance(n, int):
             self.policy_errors += 1
             n = ps.target
-        if not 0 <= n <= self.config.max_blocks:
+        most = self._most(ps)
+        if not 0 <= n <= most:
             self.policy_errors += 1
-            n = min(max(n, 0), self.config.max_blocks)
+            n = min(max(n, 0), most)
         return n
+
+    def _most(self, ps: PoolState) -> int:
+        """The most blocks ``ps`` may have."""
+        if ps.limits is None:
+            return self.config.max_blocks
+        return min(ps.limits.max_blocks, self.config.max_blocks)
 
     def _converge(self) -> None:
         for ps in self.pools.values():
@@ -419,8 +477,7 @@ class AutoscalerState:
                 ps.requested += 1
                 have += 1
             if ps.blocks > max(want - ps.requested, 0):
-                keep = sorted(live, key=lambda b: (b.state == "pending", b.block_id))
-                for b in keep[max(want - ps.requested, 0) :]:
+                for b in _to_retire(live, ps.blocks - max(want - ps.requested, 0)):
                     self._retire(b)
                     ps.blocks -= 1
                     ps.retiring += 1
@@ -452,7 +509,7 @@ class AutoscalerState:
             return
         for pool, ps in self.pools.items():
             live = len(self.live(pool)) + sum(1 for p in self.requests.values() if p == pool)
-            assert 0 <= ps.desired <= self.config.max_blocks, ps
+            assert 0 <= ps.desired <= self._most(ps), ps
             # Requests in flight cannot be taken back: beyond them, exactly the proposal
             # (at most, once the pool gave up).
             if pool in self.gave_up:
@@ -460,6 +517,20 @@ class AutoscalerState:
             else:
                 assert live == max(ps.desired, ps.requested), (pool, live, ps)
             assert ps.blocks + ps.requested == live, (ps, live)
+
+
+def _to_retire(live: list[BlockRecord], m: int) -> list[BlockRecord]:
+    """The ``m`` blocks to scale in: the idle ones, longest idle first (the last by
+    block id among equals); then those with no worker started (pending); then the last
+    by block id."""
+    idle = sorted((b for b in live if b.idle_since is not None), key=lambda b: b.block_id)
+    idle = sorted(idle[::-1], key=lambda b: b.idle_since or 0)  # ties: the last by id
+    rest = sorted(
+        (b for b in live if b.idle_since is None), key=lambda b: (b.state == "pending", b.block_id)
+    )
+    chosen = idle[:m]
+    left = m - len(chosen)
+    return chosen + (rest[len(rest) - left :] if left > 0 else [])
 
 
 _DISPATCH: dict[type, Any] = {

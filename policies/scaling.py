@@ -7,11 +7,51 @@ counted against the replacement budget stays in the core.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from policies.base import REGISTRY, PoolView
 
-__all__ = ["FixedTarget", "QueueProportional"]
+__all__ = ["DemandBlocks", "FixedTarget", "LoadView", "PoolLimits", "QueueProportional"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PoolLimits:
+    """A configured pool's limits, as the autoscaler core and the ``demand`` strategy
+    read them (Parsl's names: ``actors/pools.py`` builds them from the configuration)."""
+
+    min_blocks: int = 0
+    max_blocks: int = 1
+    init_blocks: int = 1
+    parallelism: float = 1.0  #: slots wanted per active task, 0..1
+    slots_per_block: int = 1  #: tasks a block runs at once (workers x cores per worker)
+    max_idletime: float = 120.0  #: seconds a block may stay idle before it is drained
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.min_blocks <= self.init_blocks <= self.max_blocks:
+            raise ValueError(
+                f"need 0 <= min_blocks <= init_blocks <= max_blocks, got {self.min_blocks}, "
+                f"{self.init_blocks}, {self.max_blocks}"
+            )
+        if not 0 <= self.parallelism <= 1:
+            raise ValueError(f"parallelism must be in [0, 1], got {self.parallelism}")
+        if self.slots_per_block < 1:
+            raise ValueError(f"slots_per_block must be >= 1, got {self.slots_per_block}")
+        if self.max_idletime < 0:
+            raise ValueError(f"max_idletime must be >= 0, got {self.max_idletime}")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LoadView(PoolView):
+    """A :class:`~policies.PoolView` with the pool's configured limits (None: the pool
+    was not configured, e.g. ``Cluster(workers=...)``) and its load: ``active``, the
+    tasks it may run that are ready or running on its blocks (None until the autoscaler
+    has read the scheduler's counts), and ``idle_for``, how long each of its running
+    blocks whose workers all run nothing has been idle, in seconds, longest first."""
+
+    limits: PoolLimits | None = None
+    active: int | None = None
+    idle_for: tuple[float, ...] = ()
 
 
 @REGISTRY.register("scaling", "fixed")
@@ -50,3 +90,33 @@ class QueueProportional:
             return pool.target
         wanted = math.ceil(pool.queued / self.tasks_per_block)
         return max(pool.target, min(wanted, self.maximum))
+
+
+@REGISTRY.register("scaling", "demand")
+class DemandBlocks:
+    """Parsl's block strategy, per configured pool (the default when pools are
+    configured). At start, ``init_blocks``. Then enough blocks for the active tasks:
+    ``ceil(active * parallelism / slots_per_block)`` (at least one while any task is
+    active), never fewer than the target (``min_blocks``, or what ``scale(n)`` set) nor
+    more than ``max_blocks``. Blocks beyond that are kept until they have been idle
+    ``max_idletime`` seconds; the core then drains the longest idle first (a draining
+    worker finishes what it runs: no busy worker is ever stopped). A pool without
+    limits keeps its target, as ``fixed`` does."""
+
+    name = "demand"
+    uses_queues = True
+
+    def desired(self, pool: PoolView) -> int:
+        limits: PoolLimits | None = getattr(pool, "limits", None)
+        if limits is None:
+            return pool.target
+        lo = min(max(pool.target, limits.min_blocks), limits.max_blocks)
+        active: int | None = getattr(pool, "active", None)
+        if active is None:  # the load is not known yet: the start
+            return max(lo, limits.init_blocks)
+        needed = math.ceil(active * limits.parallelism / limits.slots_per_block)
+        if active > 0:
+            needed = max(needed, 1)
+        idle = sum(1 for t in getattr(pool, "idle_for", ()) if t >= limits.max_idletime)
+        keep = pool.blocks + pool.requested - idle
+        return min(max(lo, needed, keep), limits.max_blocks)

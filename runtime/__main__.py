@@ -153,6 +153,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="where to write the cluster tokens (mode 0600; default: "
         "~/.corral/tokens/HOST_PORT.json, where local workers and consoles look)",
     )
+    mgr.add_argument(
+        "--config",
+        metavar="PATH",
+        help="a TOML file of pools ([pools.NAME] tables: provider local or slurm, "
+        "min/max/init blocks, block shape, ...; docs/configuration.md#pools): the "
+        "manager then starts and scales their workers itself",
+    )
     wrk = sub.add_parser(
         "worker",
         prog="python -m runtime worker",
@@ -330,14 +337,17 @@ def _cmd_manager(args: argparse.Namespace) -> int:
 
     import anyio
 
+    from actors.pools import load_config
     from runtime.node import Tokens, run_manager
 
     def ready(address: str, tokens: Tokens) -> None:
         print(f"manager listening on {address}", flush=True)
 
     token_file = Path(args.token_file) if args.token_file else None
+    pools = load_config(args.config) if args.config else None  # refused before it starts
     anyio.run(
-        lambda: run_manager(args.listen, token_file=token_file, ready=ready), backend="asyncio"
+        lambda: run_manager(args.listen, token_file=token_file, ready=ready, config=pools),
+        backend="asyncio",
     )
     return 0
 

@@ -525,6 +525,15 @@ class Cluster:
     ``Cluster("ws://host:port")`` connects to a running manager instead (``python -m
     runtime manager``); the token comes from ``token=``, ``CORRAL_TOKEN`` or the token
     file the manager wrote on this machine. The worker options do not apply then.
+
+    ``Cluster(pools={"name": {...}})`` configures pools as data instead of ``workers``
+    (docs/configuration.md#pools): each pool's blocks (``workers_per_node`` workers of
+    ``cores_per_worker`` threads) are kept from ``min_blocks`` to ``max_blocks``
+    (``init_blocks`` at start) by the ``demand`` strategy, and a pool's ``fallback`` goes
+    into the default retry policy. Pools are checked here
+    (:class:`~runtime.errors.PoolConfigError`). Their workers are in-process actors, or,
+    with ``processes=True``, worker processes on this machine. A ``slurm`` pool needs a
+    manager process (``python -m runtime manager --config FILE``).
     """
 
     def __init__(
@@ -542,6 +551,7 @@ class Cluster:
         processes: int | None = None,
         memory_options: Mapping[str, Any] | None = None,
         stall_timeout: float = 10.0,
+        pools: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> None:
         if address is not None:
             from transport.base import split_address
@@ -575,11 +585,40 @@ class Cluster:
             kind: (spec, {}) if isinstance(spec, str) else (spec[0], dict(spec[1]))
             for kind, spec in (policies or {}).items()
         }
+        self.pools: dict[str, Any] = {}  #: configured pools by name (actors.pools)
+        if pools is not None:
+            self._configure_pools(pools, workers, processes)
         self._system: ActorSystem | None = None
         self._client_actor: ClientActor
         self._manager: ActorRef[Manager] | _RemoteManager
         self._scheduler_actor: Scheduler
         self._provider: InProcessProvider
+
+    def _configure_pools(
+        self, pools: Mapping[str, Mapping[str, Any]], workers: int | None, processes: int | None
+    ) -> None:
+        from actors.pools import pools_from_dicts
+        from runtime.errors import PoolConfigError
+
+        if workers is not None or processes not in (None, True):
+            raise ValueError(
+                "with pools= the pools say how many workers there are: give no workers=, "
+                "and processes=True (worker processes) or nothing (in-process workers)"
+            )
+        self.pools = pools_from_dicts(pools)
+        for pool in self.pools.values():
+            if pool.provider != "local":
+                raise PoolConfigError(
+                    pool.name, "provider",
+                    f"{pool.provider!r} pools need a manager process: "
+                    "`python -m runtime manager --config FILE`, then Cluster('ws://HOST:PORT'); "
+                    "an embedded Cluster takes 'local' pools",
+                )  # fmt: skip
+        if self.pool not in self.pools:
+            self.pool = next(iter(self.pools))  # scale(n) without a pool: the first one
+        from runtime.node import pool_policies
+
+        self.initial_policies = pool_policies(self.pools, self.initial_policies)
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -652,6 +691,9 @@ class Cluster:
         """Start the control plane and in-process workers in ``system``."""
         from runtime.node import start_control_plane, start_local_processes, worker_factory
 
+        if self.pools:
+            await self._start_pools(system)
+            return
         if self.processes is not None:
             plane = await start_control_plane(
                 system,
@@ -684,6 +726,37 @@ class Cluster:
             targets={self.pool: PoolTarget(self.n_workers, spec)},
             stall_timeout=self.stall_timeout,
         )
+        await self._finish_start(system, plane)
+
+    async def _start_pools(self, system: ActorSystem) -> None:
+        """Configured pools: a provider per pool (in-process workers, or worker
+        processes with ``processes=True``) and the autoscaler over them."""
+        from runtime.node import (
+            Tokens,
+            pool_drain_period,
+            pool_targets,
+            serve_gateway,
+            start_autoscaler,
+            start_control_plane,
+            start_pools,
+            worker_factory,
+        )
+
+        plane = await start_control_plane(
+            system, saturation=self.saturation, policies=self.initial_policies,
+            stall_timeout=self.stall_timeout, drain_period=pool_drain_period(self.pools),
+        )  # fmt: skip
+        if self.processes:
+            tokens = Tokens.generate()
+            _, listener = await serve_gateway(plane, "ws://127.0.0.1:0", tokens)
+            self.gateway_address = listener.address
+            await start_pools(
+                plane, self.pools, listener.address, tokens, memory_options=self.memory_options
+            )
+        else:
+            make = worker_factory(plane.refs["scheduler"], memory_options=self.memory_options)
+            providers = {name: InProcessProvider(system, make, prefix=name) for name in self.pools}
+            await start_autoscaler(plane, providers, pool_targets(self.pools))
         await self._finish_start(system, plane)
 
     async def _finish_start(self, system: ActorSystem, plane: Any) -> None:

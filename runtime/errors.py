@@ -647,3 +647,35 @@ class SubmissionsSuspended(CorralError):
             window=window,
             last_error=last_error,
         )
+
+
+# ----------------------------------------------------------------------------- configuration
+
+
+class PoolConfigError(CorralError, ValueError):
+    """A pool's configuration (``Cluster(pools=...)``, ``--config FILE``) was refused
+    before anything started: ``key`` of pool ``pool`` (either may be empty for a
+    problem with the whole file) and what is wrong with it, with what is allowed and,
+    for a misspelt name, the closest known one. ``source`` is the file, if any."""
+
+    pool: str
+    key: str
+    problem: str
+    source: str
+
+    def __init__(self, pool: str, key: str, problem: str, source: str = "") -> None:
+        where = f"pool {pool!r}" if pool else "the pool configuration"
+        if source:
+            where += f" in {source}"
+        what = f"key {key!r} " if key else ""
+        end = "" if problem.endswith((".", "?")) else "."
+        super().__init__(
+            f"{where}: {what}{problem}{end} See docs/configuration.md#pools for every key.",
+            pool=pool,
+            key=key,
+            problem=problem,
+            source=source,
+        )
+
+
+__all__ += ["PoolConfigError"]

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hmac
 import json
 import os
@@ -49,6 +50,7 @@ import anyio.abc
 
 from actors.autoscaler import Autoscaler, PoolTarget
 from actors.manager import Manager
+from actors.pools import PoolConfig, load_config
 from actors.providers import BlockSpec, Provider, WorkerFactory
 from actors.registry import FileRegistry
 from actors.scheduler import Scheduler
@@ -139,6 +141,8 @@ class ControlPlane:
     scaling: Any = None
     #: where the autoscaler gets its workers (set by :func:`start_autoscaler`)
     provider: Provider | None = None
+    #: or, with configured pools, the provider of each pool by name
+    providers: dict[str, Provider] = dataclasses.field(default_factory=dict)
 
     def resolve(self, name: str) -> Any:
         """A reference to the actor or remote peer called ``name``, or ``None``."""
@@ -164,9 +168,11 @@ async def start_control_plane(
     provider: Callable[[ControlPlane], Provider] | None = None,
     targets: dict[str, PoolTarget] | None = None,
     stall_timeout: float = 10.0,
+    drain_period: float | None = None,
 ) -> ControlPlane:
     """Spawn registry, scheduler, manager and, with a ``provider``, the autoscaler.
-    ``stall_timeout``: see :class:`~actors.scheduler_state.SchedulerConfig`.
+    ``stall_timeout``, ``drain_period``: see
+    :class:`~actors.scheduler_state.SchedulerConfig`.
 
     ``policies`` of kind ``scaling`` go to the autoscaler (started here or later by
     :func:`start_autoscaler`), the others to the scheduler; an unknown name or bad
@@ -182,7 +188,9 @@ async def start_control_plane(
     scheduler = Scheduler(
         lambda: refs["manager"],
         lambda: refs["registry"],
-        config=SchedulerConfig(saturation=saturation, stall_timeout=stall_timeout),
+        config=SchedulerConfig(
+            saturation=saturation, stall_timeout=stall_timeout, drain_period=drain_period
+        ),
         initial=policies,
     )
     plane.scheduler = scheduler
@@ -200,12 +208,18 @@ async def start_control_plane(
 
 
 async def start_autoscaler(
-    plane: ControlPlane, provider: Provider, targets: dict[str, PoolTarget]
+    plane: ControlPlane,
+    provider: Provider | Mapping[str, Provider],
+    targets: dict[str, PoolTarget],
 ) -> ActorRef[Autoscaler]:
     """Spawn the autoscaler (with the plane's scaling policy); it starts the blocks that
-    policy wants (by default the targets) at once."""
+    policy wants (by default the targets) at once. ``provider``: one for every pool, or
+    one per pool (``{pool: provider}``)."""
     autoscaler = Autoscaler(provider, plane.refs["scheduler"], dict(targets), policy=plane.scaling)
-    plane.provider = provider
+    if isinstance(provider, Provider):
+        plane.provider = provider
+    else:
+        plane.providers = dict(provider)
     plane.refs["autoscaler"] = await plane.system.spawn(autoscaler, "autoscaler")
     return plane.refs["autoscaler"]
 
@@ -270,7 +284,6 @@ async def start_local_processes(
     """Serve a gateway on ``listen`` and keep ``n`` worker processes on this machine
     joined to ``plane`` (replaced when they crash; stopped with the plane's system, and
     never outliving this process however it ends). Returns the gateway's address."""
-    import sys
 
     from actors.processes import LocalProcessProvider
 
@@ -279,17 +292,135 @@ async def start_local_processes(
     address = listener.address
 
     def argv_for(block_id: str, index: int) -> list[str]:
-        argv = [sys.executable, "-m", "runtime", "worker", address, "--cores", str(threads)]
-        argv += ["--memory", str(memory), "--pool", pool]
-        if memory_options:
-            argv += ["--memory-options", json.dumps(dict(memory_options))]
-        return argv
+        return worker_argv(address, threads, memory, pool, memory_options)
 
     provider = LocalProcessProvider(argv_for, env={"CORRAL_TOKEN": tokens.admin})
     await plane.system.start_service(provider.run)
     spec = BlockSpec(1, threads, memory, 0, pool)
     await start_autoscaler(plane, provider, {pool: PoolTarget(n, spec)})
     return address
+
+
+def worker_argv(
+    address: str,
+    threads: int,
+    memory: int,
+    pool: str,
+    memory_options: Mapping[str, Any] | None = None,
+    deadline: float | None = None,
+) -> list[str]:
+    """The command line of a worker process joining ``address``."""
+    import sys
+
+    argv = [sys.executable, "-m", "runtime", "worker", address, "--cores", str(threads)]
+    argv += ["--memory", str(memory), "--pool", pool]
+    if memory_options:
+        argv += ["--memory-options", json.dumps(dict(memory_options))]
+    if deadline is not None:
+        argv += ["--deadline", repr(deadline)]
+    return argv
+
+
+def pool_targets(pools: Mapping[str, PoolConfig]) -> dict[str, PoolTarget]:
+    """What the autoscaler starts with for configured pools: a floor of ``min_blocks``,
+    the block shape, and the limits the ``demand`` strategy keeps to (which starts
+    ``init_blocks``)."""
+    return {name: PoolTarget(p.min_blocks, p.block_spec(), p.limits()) for name, p in pools.items()}
+
+
+def pool_policies(
+    pools: Mapping[str, PoolConfig], policies: Mapping[str, tuple[str, dict[str, Any]]] | None
+) -> dict[str, tuple[str, dict[str, Any]]]:
+    """The initial policies of a cluster with configured pools: the ``demand`` scaling
+    strategy unless another is chosen, and the pools' ``fallback`` in the default retry
+    policy's ``fallback`` map (unless the retry policy is another one or already has a
+    ``fallback``)."""
+    out = dict(policies or {})
+    out.setdefault("scaling", ("demand", {}))
+    fallback = {name: p.fallback for name, p in pools.items() if p.fallback is not None}
+    name, params = out.get("retry", ("default", {}))
+    if fallback and name == "default" and "fallback" not in params:
+        out["retry"] = (name, {**params, "fallback": fallback})
+    return out
+
+
+def pool_drain_period(pools: Mapping[str, PoolConfig]) -> float | None:
+    """The scheduler's drain period with configured pools: the largest a pool sets (the
+    scheduler has one for every worker), or None (computed) if none sets one."""
+    periods = [p.drain_period for p in pools.values() if p.drain_period is not None]
+    return max(periods) if periods else None
+
+
+def _pool_argv(
+    pool: PoolConfig,
+    memory_options: Mapping[str, Any] | None,
+    address: str,
+    block_id: str,
+    index: int,
+) -> list[str]:
+    """A worker of ``pool`` joining ``address``: its cores, memory, pool and, for a
+    local pool with a walltime, its deadline (a Slurm job's is its batch system's)."""
+    deadline = None
+    if pool.provider == "local" and pool.walltime is not None:
+        deadline = time.time() + pool.walltime
+    return worker_argv(
+        address, pool.cores_per_worker, pool.memory_per_worker, pool.name, memory_options,
+        deadline,
+    )  # fmt: skip
+
+
+def _local_address(address: str) -> str:
+    """``address`` as a worker on this machine reaches it (a wildcard host: loopback)."""
+    parts = urlsplit(address)
+    if parts.hostname in ("0.0.0.0", "::", ""):
+        return f"{parts.scheme}://127.0.0.1:{parts.port}"
+    return address
+
+
+async def start_pools(
+    plane: ControlPlane,
+    pools: Mapping[str, PoolConfig],
+    address: str,
+    tokens: Tokens,
+    *,
+    memory_options: Mapping[str, Any] | None = None,
+    run_dir: Path | None = None,
+) -> dict[str, Provider]:
+    """Build a provider per configured pool (``local``: worker processes on this
+    machine; ``slurm``: batch jobs, with the pool's Slurm options) whose workers join
+    the gateway at ``address`` with the admin token, run each as a service of the
+    plane's system, and start the autoscaler over them with the pools' limits."""
+    import socket
+
+    from actors.processes import LocalProcessProvider
+    from actors.slurm import SlurmOptions, SlurmProvider
+
+    env = {"CORRAL_TOKEN": tokens.admin}
+    providers: dict[str, Provider] = {}
+    for name, pool in pools.items():
+        argv_for = functools.partial(_pool_argv, pool, memory_options)
+        if pool.provider == "local":
+            local = functools.partial(argv_for, _local_address(address))
+            provider: Any = LocalProcessProvider(local, env=env, prefix=name)
+        else:
+            parts = urlsplit(address)
+            remote = address
+            if parts.hostname in ("0.0.0.0", "::", ""):
+                remote = f"{parts.scheme}://{socket.getfqdn()}:{parts.port}"
+            options = SlurmOptions(
+                partition=pool.partition, account=pool.account, qos=pool.qos,
+                nodes_per_block=pool.nodes_per_block, walltime=pool.walltime or 0,
+                exclusive=pool.exclusive, scheduler_options=pool.scheduler_options,
+                worker_init=pool.worker_init,
+            )  # fmt: skip
+            provider = SlurmProvider(
+                functools.partial(argv_for, remote), options, env=env,
+                prefix=name, run_dir=None if run_dir is None else run_dir / name,
+            )  # fmt: skip
+        await plane.system.start_service(provider.run)
+        providers[name] = provider
+    await start_autoscaler(plane, providers, pool_targets(pools))
+    return providers
 
 
 # ----------------------------------------------------------------------------- tokens
@@ -848,17 +979,33 @@ async def run_manager(
     reconnect_timeout: float = 10.0,
     listen_options: dict[str, Any] | None = None,
     on_gateway: Callable[[Gateway], None] | None = None,
+    config: str | os.PathLike[str] | Mapping[str, PoolConfig] | None = None,
 ) -> None:
     """Run a manager process until SIGINT or SIGTERM: control plane + gateway on
-    ``listen`` (``host:port``, ``ws://host:port`` or any transport address)."""
-    if "scaling" in (policies or {}):
+    ``listen`` (``host:port``, ``ws://host:port`` or any transport address).
+
+    ``config``: configured pools (a TOML file, or pools from
+    :func:`~actors.pools.pools_from_dicts`), checked before anything starts
+    (:class:`~runtime.errors.PoolConfigError`). The manager then runs an autoscaler
+    that keeps each pool's blocks (worker processes on this machine, or Slurm jobs)
+    within its limits, with the ``demand`` strategy unless ``policies`` picks another
+    scaling policy, and the pools' ``fallback`` in the default retry policy. Without
+    pools it has no autoscaler: workers join it by themselves."""
+    pools: Mapping[str, PoolConfig] = {}
+    if config is not None:
+        pools = config if isinstance(config, Mapping) else load_config(config)
+    if "scaling" in (policies or {}) and not pools:
         raise ValueError("a manager process has no autoscaler: it takes no scaling policy")
     address = listen if "://" in listen else f"ws://{listen}"
     tokens = tokens or Tokens.generate()
     websockets = address.startswith(("ws://", "wss://"))
     stop = anyio.Event()
+    if pools:
+        policies = pool_policies(pools, policies)
     async with ActorSystem() as system:
-        plane = await start_control_plane(system, policies=policies)
+        plane = await start_control_plane(
+            system, policies=policies, drain_period=pool_drain_period(pools)
+        )
         gateway, listener = await serve_gateway(
             plane,
             address,
@@ -871,6 +1018,8 @@ async def run_manager(
         path = token_file or token_path(listener.address)
         if websockets:
             tokens.write(path)
+        if pools:
+            await start_pools(plane, pools, listener.address, tokens)
 
         async def on_signal() -> None:
             stop.set()

@@ -86,7 +86,7 @@ async def test_the_scaling_policy_is_swapped_at_runtime() -> None:
             async with Cluster(workers=1) as cluster:
                 await cluster.wait_for_workers(1)
                 info = await cluster.set_policy("scaling", "queue", tasks_per_block=10, maximum=3)
-                assert info == PolicyInfo("scaling", "queue", ("fixed", "queue"))
+                assert info == PolicyInfo("scaling", "queue", ("demand", "fixed", "queue"))
                 with pytest.raises(UnknownPolicyError):
                     await cluster.set_policy("scaling", "no-such-policy")
                 # 40 ready tasks, 10 per block: the policy asks for 3 blocks (its maximum)

@@ -321,7 +321,7 @@ def test_the_queue_policy_follows_the_ready_tasks_above_the_target() -> None:
 
 
 def test_scaling_policies_are_registered_and_check_their_parameters() -> None:
-    assert policies.REGISTRY.names("scaling") == ["fixed", "queue"]
+    assert policies.REGISTRY.names("scaling") == ["demand", "fixed", "queue"]
     assert policies.DEFAULTS["scaling"] == "fixed"
     assert isinstance(make().policy, policies.scaling.FixedTarget)
     with pytest.raises(PolicyParamsError, match="tasks_per_block"):

@@ -1,0 +1,330 @@
+"""Pools configured as data: a provider, a block shape and limits per pool.
+
+What lives here: :class:`PoolConfig` (one pool, frozen, checked), :func:`pools_from_dicts`
+(``Cluster(pools={...})``) and :func:`load_config` (``python -m runtime manager --config
+corral.toml``), and what a pool turns into: its :class:`~actors.providers.BlockSpec`
+(:meth:`PoolConfig.block_spec`) and its :class:`~policies.scaling.PoolLimits`
+(:meth:`PoolConfig.limits`), which the autoscaler and the ``demand`` strategy read.
+
+The keys are Parsl's where they mean the same (``min_blocks``, ``max_blocks``,
+``init_blocks``, ``nodes_per_block``, ``workers_per_node``, ``cores_per_worker``,
+``parallelism``, ``walltime``, ``max_idletime``, ``partition``, ...). Everything is
+checked before anything starts: an unknown key, a value of the wrong type or out of
+range, a key that belongs to another provider and a reference to a pool that does not
+exist raise :class:`~runtime.errors.PoolConfigError` naming the pool and the key, with
+what is allowed and, for a typo, the closest known name. Pure: no provider is built
+here (``runtime/node.py`` does that).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from actors.providers import BlockSpec
+from policies.scaling import PoolLimits
+from runtime.errors import PoolConfigError
+
+__all__ = [
+    "COMMON_KEYS",
+    "PROVIDERS",
+    "SLURM_KEYS",
+    "PoolConfig",
+    "load_config",
+    "parse_seconds",
+    "pools_from_dicts",
+]
+
+PROVIDERS = ("local", "slurm")
+
+#: keys every pool may have, with their defaults (None: computed or not set)
+COMMON_KEYS: Mapping[str, Any] = {
+    "provider": "local",
+    "min_blocks": 0,
+    "max_blocks": None,  # 1, or min_blocks if larger
+    "init_blocks": None,  # 1, within min_blocks..max_blocks
+    "nodes_per_block": 1,
+    "workers_per_node": 1,
+    "cores_per_worker": 1,
+    "memory_per_worker": 0,
+    "parallelism": 1.0,
+    "walltime": None,
+    "drain_period": None,
+    "max_idletime": 120.0,
+    "fallback": None,
+}
+
+#: keys only a pool with ``provider = "slurm"`` may have
+SLURM_KEYS: Mapping[str, Any] = {
+    "partition": "",
+    "account": "",
+    "qos": "",
+    "exclusive": False,
+    "worker_init": "",
+    "scheduler_options": "",
+}
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+_TIME = re.compile(r"(?:(\d+)-)?(\d+):(\d{1,2}):(\d{1,2})")
+_SIZE = re.compile(r"(\d+(?:\.\d*)?(?:e\d+)?)\s*([a-z]*)")
+_SIZE_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6,
+               "g": 10**9, "gb": 10**9, "t": 10**12, "tb": 10**12, "kib": 2**10,
+               "mib": 2**20, "gib": 2**30, "tib": 2**40}  # fmt: skip
+
+
+def parse_seconds(value: object) -> float:
+    """Seconds from a number (>= 0) or a time ``"HH:MM:SS"`` / ``"D-HH:MM:SS"``;
+    ValueError otherwise."""
+    if isinstance(value, bool):
+        raise ValueError("a number of seconds or 'HH:MM:SS'")
+    if isinstance(value, int | float):
+        if not math.isfinite(value) or value < 0:
+            raise ValueError("a number of seconds >= 0 or 'HH:MM:SS'")
+        return float(value)
+    if isinstance(value, str):
+        m = _TIME.fullmatch(value.strip())
+        if m is not None:
+            days, h, mins, secs = (int(g or 0) for g in m.groups())
+            if mins < 60 and secs < 60:
+                return float(((days * 24 + h) * 60 + mins) * 60 + secs)
+    raise ValueError("a number of seconds or a time 'HH:MM:SS' (or 'D-HH:MM:SS')")
+
+
+def _bytes(value: object) -> int:
+    """Bytes from a whole number or a size such as ``"4GiB"`` or ``"500MB"``."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    if isinstance(value, str):
+        m = _SIZE.fullmatch(value.strip().lower())
+        if m is not None and m.group(2) in _SIZE_UNITS:
+            return int(float(m.group(1)) * _SIZE_UNITS[m.group(2)])
+    raise ValueError(
+        "bytes as a whole number >= 0 or a size such as '4GiB' or '500MB' "
+        "(units b, kb, mb, gb, tb, kib, mib, gib, tib); 0: the machine's memory"
+    )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PoolConfig:
+    """One pool: where its blocks come from, their shape and the limits on them. Build
+    it with :func:`pools_from_dicts` or :func:`load_config`, which check every value."""
+
+    name: str
+    provider: str = "local"
+    min_blocks: int = 0
+    max_blocks: int = 1
+    init_blocks: int = 1
+    nodes_per_block: int = 1
+    workers_per_node: int = 1
+    cores_per_worker: int = 1
+    memory_per_worker: int = 0  #: bytes; 0: the machine's memory
+    parallelism: float = 1.0
+    walltime: float | None = None  #: seconds; None: no limit (Slurm: the partition's)
+    drain_period: float | None = None  #: seconds before the walltime; None: computed
+    max_idletime: float = 120.0  #: seconds
+    fallback: str | None = None  #: the pool long preempted tasks move to
+    partition: str = ""
+    account: str = ""
+    qos: str = ""
+    exclusive: bool = False
+    worker_init: str = ""
+    scheduler_options: str = ""
+
+    @property
+    def workers_per_block(self) -> int:
+        return self.nodes_per_block * self.workers_per_node
+
+    def block_spec(self) -> BlockSpec:
+        """What each block of this pool is: its workers, their cores and memory."""
+        return BlockSpec(
+            self.workers_per_block, self.cores_per_worker, self.memory_per_worker, 0, self.name
+        )
+
+    def limits(self) -> PoolLimits:
+        """What the autoscaler and its ``demand`` strategy keep to."""
+        return PoolLimits(
+            min_blocks=self.min_blocks,
+            max_blocks=self.max_blocks,
+            init_blocks=self.init_blocks,
+            parallelism=self.parallelism,
+            slots_per_block=self.workers_per_block * self.cores_per_worker,
+            max_idletime=self.max_idletime,
+        )
+
+
+# ----------------------------------------------------------------------------- checking
+
+
+def _suggest(word: str, choices: list[str], otherwise: str = "") -> str:
+    """The text "; did you mean 'x'?" for the choice closest to ``word`` (else ``otherwise``)."""
+    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else otherwise
+
+
+def _whole(pool: str, key: str, value: object, least: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise PoolConfigError(pool, key, f"must be a whole number >= {least}, got {value!r}")
+    return value
+
+
+def _text(pool: str, key: str, value: object) -> str:
+    if not isinstance(value, str):
+        raise PoolConfigError(pool, key, f"must be a string, got {value!r}")
+    return value
+
+
+def _pool(name: object, raw: object, source: str) -> PoolConfig:
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise PoolConfigError(
+            str(name), "name",
+            f"a pool name is letters, digits, '_', '.' and '-' (not first), got {name!r}",
+            source,
+        )  # fmt: skip
+    if not isinstance(raw, Mapping):
+        raise PoolConfigError(name, "", f"must be a table of settings, got {raw!r}", source)
+    known = [*COMMON_KEYS, *SLURM_KEYS]
+    for key in raw:
+        if key not in known:
+            raise PoolConfigError(
+                name, str(key),
+                f"is unknown{_suggest(str(key), known, '.')} The keys are: {', '.join(known)}",
+                source,
+            )  # fmt: skip
+    try:
+        return _checked(name, raw)
+    except PoolConfigError as err:
+        if source and not err.source:
+            raise PoolConfigError(err.pool, err.key, err.problem, source) from None
+        raise
+
+
+def _checked(name: str, raw: Mapping[str, Any]) -> PoolConfig:
+    provider = raw.get("provider", "local")
+    if provider not in PROVIDERS:
+        raise PoolConfigError(
+            name, "provider",
+            f"must be one of {', '.join(map(repr, PROVIDERS))}, got {provider!r}"
+            + _suggest(str(provider), list(PROVIDERS)),
+        )  # fmt: skip
+    if provider != "slurm":
+        for key in SLURM_KEYS:
+            if key in raw:
+                raise PoolConfigError(
+                    name, key, f"is a Slurm setting: only for provider 'slurm', not {provider!r}"
+                )
+    lo = _whole(name, "min_blocks", raw.get("min_blocks", 0), 0)
+    hi = _whole(name, "max_blocks", raw.get("max_blocks", max(1, lo)), 1)
+    if lo > hi:
+        raise PoolConfigError(name, "min_blocks", f"is {lo}, more than max_blocks ({hi})")
+    init = _whole(name, "init_blocks", raw.get("init_blocks", min(max(1, lo), hi)), 0)
+    if not lo <= init <= hi:
+        raise PoolConfigError(
+            name, "init_blocks", f"must be from min_blocks ({lo}) to max_blocks ({hi}), got {init}"
+        )
+    nodes = _whole(name, "nodes_per_block", raw.get("nodes_per_block", 1), 1)
+    if provider == "local" and nodes != 1:
+        raise PoolConfigError(
+            name, "nodes_per_block", f"a local block is this machine: must be 1, got {nodes}"
+        )
+    parallelism = raw.get("parallelism", 1.0)
+    if (
+        isinstance(parallelism, bool)
+        or not isinstance(parallelism, int | float)
+        or not 0 <= parallelism <= 1
+    ):
+        raise PoolConfigError(
+            name, "parallelism", f"must be a number from 0 to 1, got {parallelism!r}"
+        )
+    seconds: dict[str, float | None] = {}
+    for key in ("walltime", "drain_period", "max_idletime"):
+        value = raw.get(key, COMMON_KEYS[key])
+        if value is None:
+            seconds[key] = None
+            continue
+        try:
+            seconds[key] = parse_seconds(value)
+        except ValueError as exc:
+            raise PoolConfigError(name, key, f"must be {exc}, got {value!r}") from None
+    if seconds["walltime"] == 0:
+        raise PoolConfigError(name, "walltime", "must be more than 0 (leave it out: no limit)")
+    walltime, drain = seconds["walltime"], seconds["drain_period"]
+    if drain is not None and walltime is not None and drain >= walltime:
+        raise PoolConfigError(
+            name, "drain_period", f"must be shorter than walltime ({walltime:g} s), got {drain:g}"
+        )
+    try:
+        memory = _bytes(raw.get("memory_per_worker", 0))
+    except ValueError as exc:
+        raise PoolConfigError(
+            name, "memory_per_worker", f"must be {exc}, got {raw['memory_per_worker']!r}"
+        ) from None
+    fallback = raw.get("fallback")
+    if fallback is not None:
+        fallback = _text(name, "fallback", fallback)
+        if fallback == name:
+            raise PoolConfigError(name, "fallback", "a pool cannot fall back to itself")
+    exclusive = raw.get("exclusive", False)
+    if not isinstance(exclusive, bool):
+        raise PoolConfigError(name, "exclusive", f"must be true or false, got {exclusive!r}")
+    texts = {k: _text(name, k, raw.get(k, "")) for k in SLURM_KEYS if k != "exclusive"}
+    return PoolConfig(
+        name=name,
+        provider=provider,
+        min_blocks=lo,
+        max_blocks=hi,
+        init_blocks=init,
+        nodes_per_block=nodes,
+        workers_per_node=_whole(name, "workers_per_node", raw.get("workers_per_node", 1), 1),
+        cores_per_worker=_whole(name, "cores_per_worker", raw.get("cores_per_worker", 1), 1),
+        memory_per_worker=memory,
+        parallelism=float(parallelism),
+        walltime=walltime,
+        drain_period=drain,
+        max_idletime=seconds["max_idletime"] or 0.0,
+        fallback=fallback,
+        exclusive=exclusive,
+        **texts,
+    )
+
+
+def pools_from_dicts(pools: Mapping[str, Any], *, source: str = "") -> dict[str, PoolConfig]:
+    """Check ``{pool name: {key: value}}`` and return the pools by name, in order.
+    Raises :class:`~runtime.errors.PoolConfigError` for the first problem."""
+    if not isinstance(pools, Mapping) or not pools:
+        raise PoolConfigError("", "pools", f"must name at least one pool, got {pools!r}", source)
+    out = {str(name): _pool(name, raw, source) for name, raw in pools.items()}
+    for pool in out.values():
+        if pool.fallback is not None and pool.fallback not in out:
+            raise PoolConfigError(
+                pool.name, "fallback",
+                f"names no pool: {pool.fallback!r}{_suggest(pool.fallback, list(out), '.')} "
+                f"The pools are: {', '.join(out)}",
+                source,
+            )  # fmt: skip
+    return out
+
+
+def load_config(path: str | os.PathLike[str]) -> dict[str, PoolConfig]:
+    """The pools of a TOML file: one table per pool under ``[pools.<name>]``."""
+    path = Path(path)
+    try:
+        with path.open("rb") as f:
+            data = tomllib.load(f)
+    except OSError as exc:
+        raise PoolConfigError("", "", f"cannot read the file: {exc}", str(path)) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise PoolConfigError("", "", f"is not valid TOML: {exc}", str(path)) from None
+    for key in data:
+        if key != "pools":
+            raise PoolConfigError(
+                "", key, f"is not a setting{_suggest(key, ['pools'], '.')} Pools go under "
+                "[pools.<name>]", str(path)
+            )  # fmt: skip
+    return pools_from_dicts(data.get("pools", {}), source=str(path))

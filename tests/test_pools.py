@@ -1,0 +1,249 @@
+"""Pools configured as data (actors/pools.py): the TOML file and the dicts of
+``Cluster(pools=...)`` give the same checked pools; every refusal is a
+:class:`PoolConfigError` naming the pool and the key (a typo gets the closest known
+name), made before anything starts. Also: what a pool turns into (block shape, limits,
+the default policies of a cluster with pools), and ``Cluster(pools=...)`` running a
+graph on in-process workers of two pools.
+"""
+
+from __future__ import annotations
+
+import operator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from actors.pools import PoolConfig, load_config, parse_seconds, pools_from_dicts
+from actors.providers import BlockSpec
+from policies.scaling import PoolLimits
+from runtime import Cluster
+from runtime.errors import PoolConfigError
+from runtime.node import pool_drain_period, pool_policies, pool_targets
+
+EXAMPLE = """
+[pools.ckpt]
+provider = "slurm"
+partition = "ckpt"
+account = "astro"
+qos = "low"
+exclusive = true
+min_blocks = 0
+init_blocks = 1
+max_blocks = 20
+nodes_per_block = 2
+workers_per_node = 4
+cores_per_worker = 2
+memory_per_worker = "8GiB"
+parallelism = 0.5
+walltime = "01:00:00"
+drain_period = 300
+max_idletime = 60
+worker_init = "source ~/venvs/corral/bin/activate"
+scheduler_options = "#SBATCH --constraint=haswell"
+fallback = "owner"
+
+[pools.owner]
+provider = "slurm"
+partition = "owner"
+min_blocks = 2
+max_blocks = 2
+
+[pools.local]
+workers_per_node = 2
+"""
+
+
+def refused(pools: Any) -> PoolConfigError:
+    with pytest.raises(PoolConfigError) as info:
+        pools_from_dicts(pools)
+    return info.value
+
+
+def test_the_documented_example_reads_as_written(tmp_path: Path) -> None:
+    path = tmp_path / "corral.toml"
+    path.write_text(EXAMPLE)
+    pools = load_config(path)
+    assert list(pools) == ["ckpt", "owner", "local"]
+    assert pools["ckpt"] == PoolConfig(
+        name="ckpt", provider="slurm", min_blocks=0, max_blocks=20, init_blocks=1,
+        nodes_per_block=2, workers_per_node=4, cores_per_worker=2,
+        memory_per_worker=8 * 2**30, parallelism=0.5, walltime=3600.0, drain_period=300.0,
+        max_idletime=60.0, fallback="owner", partition="ckpt", account="astro", qos="low",
+        exclusive=True, worker_init="source ~/venvs/corral/bin/activate",
+        scheduler_options="#SBATCH --constraint=haswell",
+    )  # fmt: skip
+    # min_blocks 2 and nothing else: init and max follow it.
+    owner = pools["owner"]
+    assert (owner.min_blocks, owner.init_blocks, owner.max_blocks) == (2, 2, 2)
+    # Every default.
+    assert pools["local"] == PoolConfig(name="local", workers_per_node=2)
+    assert pools_from_dicts({"a": {}}) == {"a": PoolConfig("a")}
+    assert PoolConfig("a").max_idletime == 120.0 and PoolConfig("a").init_blocks == 1
+
+
+def test_a_pool_is_a_block_shape_and_limits() -> None:
+    ckpt = pools_from_dicts(
+        {"ckpt": {"provider": "slurm", "nodes_per_block": 2, "workers_per_node": 3,
+                  "cores_per_worker": 4, "memory_per_worker": 1000, "max_blocks": 5,
+                  "parallelism": 0.25, "max_idletime": "00:01:30"}}
+    )["ckpt"]  # fmt: skip
+    assert ckpt.block_spec() == BlockSpec(6, 4, 1000, 0, "ckpt")
+    assert ckpt.limits() == PoolLimits(0, 5, 1, 0.25, 24, 90.0)
+
+
+def test_a_cluster_with_pools_gets_demand_scaling_and_the_fallback_in_retry() -> None:
+    pools = pools_from_dicts(
+        {"ckpt": {"fallback": "owner", "drain_period": 30}, "owner": {"drain_period": 90},
+         "spare": {}}
+    )  # fmt: skip
+    assert pool_policies(pools, None) == {
+        "scaling": ("demand", {}),
+        "retry": ("default", {"fallback": {"ckpt": "owner"}}),
+    }
+    # The user's own choices stand; their retry parameters are kept.
+    mine = {"retry": ("default", {"max_lost": 2}), "scaling": ("fixed", {})}
+    assert pool_policies(pools, mine) == {
+        "scaling": ("fixed", {}),
+        "retry": ("default", {"max_lost": 2, "fallback": {"ckpt": "owner"}}),
+    }
+    assert pool_policies(pools, {"retry": ("never", {})})["retry"] == ("never", {})
+    # The scheduler has one drain period: the largest a pool asks for.
+    assert pool_drain_period(pools) == 90.0
+    assert pool_drain_period(pools_from_dicts({"a": {}})) is None
+    # The autoscaler starts with min_blocks as the floor and the limits.
+    targets = pool_targets(pools)
+    assert (targets["ckpt"].n, targets["ckpt"].limits) == (0, pools["ckpt"].limits())
+
+
+def test_times_are_seconds_or_hh_mm_ss() -> None:
+    assert parse_seconds("01:30:05") == 5405.0
+    assert parse_seconds("2-00:00:00") == 172800.0
+    assert parse_seconds(45) == 45.0 and parse_seconds(0.5) == 0.5
+    for bad in ("1:2", "00:61:00", "soon", -1, True, float("inf")):
+        with pytest.raises(ValueError):
+            parse_seconds(bad)
+
+
+# ----------------------------------------------------------------------------- refusals
+
+
+def test_a_misspelt_key_is_refused_with_the_closest_name() -> None:
+    err = refused({"ckpt": {"max_block": 3}})
+    assert (err.pool, err.key) == ("ckpt", "max_block")
+    assert "did you mean 'max_blocks'?" in str(err)
+    assert "pool 'ckpt'" in str(err) and "'max_block'" in str(err)
+    # Parsl's own spelling of a key Corral names differently.
+    err = refused({"ckpt": {"max_workers_per_node": 3}})
+    assert "did you mean 'workers_per_node'?" in str(err)
+    # Nothing close: the known keys are listed instead.
+    err = refused({"ckpt": {"colour": "blue"}})
+    assert "did you mean" not in str(err) and "The keys are: provider, min_blocks" in str(err)
+
+
+@pytest.mark.parametrize(
+    ("settings", "key", "says"),
+    [
+        ({"provider": "slrum"}, "provider", "did you mean 'slurm'?"),
+        ({"provider": "pbs"}, "provider", "must be one of 'local', 'slurm'"),
+        ({"min_blocks": -1}, "min_blocks", "whole number >= 0"),
+        ({"max_blocks": 0}, "max_blocks", "whole number >= 1"),
+        ({"max_blocks": 2.5}, "max_blocks", "whole number"),
+        ({"init_blocks": True}, "init_blocks", "whole number"),
+        ({"min_blocks": 3, "max_blocks": 2}, "min_blocks", "more than max_blocks (2)"),
+        ({"init_blocks": 3, "max_blocks": 2}, "init_blocks", "from min_blocks (0) to max_blocks"),
+        ({"min_blocks": 2, "init_blocks": 1, "max_blocks": 4}, "init_blocks", "from min_blocks"),
+        ({"workers_per_node": 0}, "workers_per_node", ">= 1"),
+        ({"cores_per_worker": "2"}, "cores_per_worker", "whole number"),
+        ({"nodes_per_block": 2}, "nodes_per_block", "a local block is this machine"),
+        ({"memory_per_worker": "lots"}, "memory_per_worker", "'4GiB'"),
+        ({"memory_per_worker": -5}, "memory_per_worker", "whole number >= 0"),
+        ({"parallelism": 1.5}, "parallelism", "from 0 to 1"),
+        ({"parallelism": "all"}, "parallelism", "from 0 to 1"),
+        ({"walltime": "1h"}, "walltime", "'HH:MM:SS'"),
+        ({"walltime": 0}, "walltime", "more than 0"),
+        ({"max_idletime": -3}, "max_idletime", "seconds"),
+        ({"drain_period": 600, "walltime": "00:05:00"}, "drain_period", "shorter than walltime"),
+        ({"fallback": 3}, "fallback", "must be a string"),
+        ({"partition": "ckpt"}, "partition", "only for provider 'slurm'"),
+        ({"exclusive": True}, "exclusive", "only for provider 'slurm'"),
+        ({"provider": "slurm", "exclusive": "yes"}, "exclusive", "true or false"),
+        ({"provider": "slurm", "qos": 1}, "qos", "must be a string"),
+    ],
+)
+def test_a_bad_value_is_refused_naming_the_key(
+    settings: dict[str, Any], key: str, says: str
+) -> None:
+    err = refused({"ckpt": settings, "owner": {}})
+    assert (err.pool, err.key) == ("ckpt", key)
+    assert says in str(err) and f"key {key!r}" in str(err)
+    assert isinstance(err, ValueError)  # where a ValueError is caught, so is this
+
+
+def test_cross_references_are_checked() -> None:
+    err = refused({"ckpt": {"fallback": "ownr"}, "owner": {}})
+    assert (err.pool, err.key) == ("ckpt", "fallback")
+    assert "did you mean 'owner'?" in str(err) and "The pools are: ckpt, owner" in str(err)
+    err = refused({"ckpt": {"fallback": "ckpt"}})
+    assert "cannot fall back to itself" in str(err)
+    assert refused({}).key == "pools"
+    assert refused({"bad name": {}}).key == "name"
+    assert refused({"ckpt": "slurm"}).pool == "ckpt"
+
+
+def test_a_file_is_refused_naming_the_file_pool_and_key(tmp_path: Path) -> None:
+    path = tmp_path / "corral.toml"
+    path.write_text('[pools.ckpt]\nprovider = "slurm"\nwalltme = "01:00:00"\n')
+    with pytest.raises(PoolConfigError) as info:
+        load_config(path)
+    assert (info.value.pool, info.value.key, info.value.source) == ("ckpt", "walltme", str(path))
+    assert str(path) in str(info.value) and "did you mean 'walltime'?" in str(info.value)
+    path.write_text('[pool.ckpt]\nprovider = "slurm"\n')
+    with pytest.raises(PoolConfigError, match="did you mean 'pools'"):
+        load_config(path)
+    path.write_text("[pools.ckpt\n")
+    with pytest.raises(PoolConfigError, match="not valid TOML"):
+        load_config(path)
+    with pytest.raises(PoolConfigError, match="cannot read the file"):
+        load_config(tmp_path / "missing.toml")
+
+
+def test_a_cluster_refuses_bad_pools_when_made() -> None:
+    with pytest.raises(PoolConfigError, match="did you mean 'max_blocks'"):
+        Cluster(pools={"a": {"max_block": 2}})
+    with pytest.raises(PoolConfigError, match="need a manager process") as info:
+        Cluster(pools={"ckpt": {"provider": "slurm"}})
+    assert info.value.key == "provider"
+    with pytest.raises(ValueError, match="give no workers="):
+        Cluster(workers=2, pools={"a": {}})
+
+
+# ----------------------------------------------------------------------------- a cluster
+
+
+@pytest.mark.anyio
+async def test_a_cluster_runs_a_graph_on_the_workers_of_its_pools() -> None:
+    pools = {
+        "big": {"init_blocks": 2, "max_blocks": 2, "cores_per_worker": 2},
+        "small": {"min_blocks": 1, "max_blocks": 1, "workers_per_node": 2},
+    }
+    with anyio.fail_after(30):
+        async with Cluster(pools=pools) as cluster:
+            await cluster.wait_for_workers(4)
+            workers = {w: ws.pool for w, ws in cluster.scheduler_state.workers.items()}
+            assert workers == {
+                "big-1": "big", "big-2": "big", "small-1.0": "small", "small-1.1": "small",
+            }  # fmt: skip
+            assert cluster.scheduler_state.workers["big-1"].cores == 2
+            dsk = {"a": 1, "b": (operator.add, "a", 10), "c": (operator.mul, "b", 2)}
+            assert await cluster.compute(dsk, "c") == 22
+            (on_small,) = await cluster.submit_graph({"d": (operator.neg, 4)}, ["d"], pool="small")
+            assert await on_small == -4
+            auto = (await cluster.status())["autoscaler"]
+            assert auto["policy"] == "demand"
+            assert sorted(auto["blocks"]) == ["big/block-1", "big/block-2", "small/block-1"]
+            # scale(n) without a pool names the first pool: a floor for the strategy.
+            assert await cluster.scale(1) == {"big": 2, "small": 1}
+            with pytest.raises(ValueError, match="there is no pool 'nope'"):
+                await cluster.scale(1, pool="nope")
