@@ -31,12 +31,24 @@ same sampled worker lives (the n-th checkpoint block waits and lives the same in
   ``max_lost``), retries go behind fresh work, and a task preempted after running past
   the pool's median worker life (Kaplan-Meier, once known) moves to ``owner``.
 
-Both run one task at a time per one-core worker (``saturation=1``: nothing waits on a
+Two more, only when asked (``--systems all``), are prototypes written here to measure
+what the defaults lack, not Corral's behaviour:
+
+- ``corral-drain``: the defaults, and a checkpoint worker that just became idle is
+  drained (and its block replaced) when the pool's survival estimate gives it less than
+  even odds of living through a typical task (issue 11 item 6, roughly);
+- ``corral-category``: :class:`CategoryAwareRetry`: the defaults, plus a preempted task
+  moves to ``owner`` at once when its category's finished tasks ran longer on average
+  than the median worker life, and one lost more than ``max_lost`` times moves there
+  instead of failing.
+
+All run one task at a time per one-core worker (``saturation=1``: nothing waits on a
 worker, so a preemption cuts at most the task that runs there).
 
     python benchmarks/preemption.py                   # the default size, seed 1
     python benchmarks/preemption.py --repeat 3        # seeds 1, 2, 3
     python benchmarks/preemption.py --quick --json    # small, machine-readable
+    python benchmarks/preemption.py --systems all     # with the two prototypes
 
 Measured per system: makespan, core-hours lost to preemption (the work of tries cut
 short), tries cut, good tasks failed, tries spent on bad tasks (total and the most per
@@ -59,6 +71,7 @@ import time
 from collections import deque
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -87,19 +100,23 @@ from actors.scheduler_state import (  # noqa: E402
     KeyDone,
     KeyErred,
     KeysReleased,
+    PolicyChanged,
+    RetireWorker,
     SchedulerConfig,
     SchedulerState,
     TaskResult,
     TasksFinished,
+    WorkerDraining,
     WorkerJoined,
     WorkerLeft,
 )
-from policies import RetryDecision, TaskView  # noqa: E402
+from policies import CategoryStats, RetryDecision, TaskView  # noqa: E402
 from policies.retry import DefaultRetry  # noqa: E402
 from runtime.graph import Key, Task, TaskSpec, build_specs  # noqa: E402
 
 HOUR = 3600.0
-SYSTEMS = ("parsl-style", "corral")
+SYSTEMS = ("parsl-style", "corral", "corral-drain", "corral-category")
+DEFAULT_SYSTEMS = ("parsl-style", "corral")
 
 
 class BadInput(ValueError):
@@ -201,6 +218,48 @@ class ParslStyleRetry:
         return RetryDecision(False, reason=f"{outcome}; retries spent")
 
 
+class CategoryAwareRetry(DefaultRetry):
+    """``corral-category`` only: a prototype, not Corral's default. ``DefaultRetry``
+    with the same fallback, and two more rules for a task preempted in a pool that has
+    a fallback: it moves at once when the tasks of its category that finished ran
+    longer on average than the pool's median worker life (a long task, whatever this
+    try ran); and one lost more than ``max_lost`` times moves instead of failing.
+
+    The first rule needs the category statistics, which a retry policy does not get
+    (``decide`` sees a ``TaskView``, which has none): the benchmark hands it the
+    scheduler core's statistics read-only, a stand-in for a view the core lacks."""
+
+    def __init__(self, stats: Mapping[str, CategoryStats], max_lost: int | None = None) -> None:
+        if max_lost is None:
+            super().__init__(fallback={"ckpt": "owner"})
+        else:
+            super().__init__(max_lost=max_lost, fallback={"ckpt": "owner"})
+        self.stats = stats
+
+    def decide(self, task: TaskView, outcome: str, cause: str | None) -> RetryDecision:
+        decision = super().decide(task, outcome, cause)
+        to = self.fallback.get(task.pool or "")
+        if outcome != "worker-lost" or cause != "preempted" or to is None:
+            return decision
+        if decision.pool is not None:
+            return decision  # moved already: it ran past the median life
+        if not decision.retry:
+            if task.crash_tries >= self.max_crashes:
+                return decision
+            return RetryDecision(
+                True, reason=f"lost {task.lost_tries} times: moved to {to!r}", pool=to
+            )
+        st = self.stats.get(task.category)
+        median = task.survival.median
+        if st is not None and st.count and median is not None and st.mean_duration >= median:
+            reason = (
+                f"preempted; its category runs {st.mean_duration:.0f} s on average, past "
+                f"the median life of {task.pool!r} workers ({median:.0f} s): moved to {to!r}"
+            )
+            return RetryDecision(True, reason=reason, pool=to)
+        return decision
+
+
 def corral_retry(max_lost: int | None = None) -> DefaultRetry:
     """Corral's default retry policy, with the checkpoint pool's fallback set."""
     if max_lost is None:
@@ -232,6 +291,7 @@ class Result:
     blocks: list[tuple[int, float, float]] = dataclasses.field(default_factory=list)
     on_owner: set[str] = dataclasses.field(default_factory=set)
     preemptions: int = 0
+    drained: int = 0  #: checkpoint workers drained for their age (corral-drain)
     gave_up: int = 0
     unfinished: int = 0  #: tasks neither done nor failed when nothing was left to happen
     wall: float = 0.0
@@ -261,21 +321,32 @@ class Result:
     def bad_max_tries(self) -> int:
         return max((self.tries.get(k, 0) for k in self.bad), default=0)
 
+    @property
+    def bad_max_errors(self) -> int:
+        """The most tries of one bad task that ended in its error (not cut short)."""
+        cuts: dict[str, int] = {}
+        for _, key, _, _ in self.cut:
+            cuts[key] = cuts.get(key, 0) + 1
+        return max((self.tries.get(k, 0) - cuts.get(k, 0) for k in self.bad), default=0)
+
     def summary(self) -> dict[str, Any]:
         return {
             "system": self.system,
             "seed": self.seed,
             "makespan_h": round(self.makespan / HOUR, 3),
             "lost_core_hours": round(self.lost_core_hours, 2),
+            **{f"lost_{k}": round(v, 2) for k, v in sorted(self.lost_by_kind().items())},
             "tries_cut": len(self.cut),
             "good_failed": self.good_failed,
             "bad_tries": self.bad_tries,
             "bad_max_tries": self.bad_max_tries,
+            "bad_max_errors": self.bad_max_errors,
             "moved_to_owner": len(self.on_owner),
             "done": len(self.done),
             "failed": len(self.failed),
             "unfinished": self.unfinished,
             "preemptions": self.preemptions,
+            "drained": self.drained,
             "autoscaler_gave_up": self.gave_up,
             "wall_s": round(self.wall, 2),
         }
@@ -302,8 +373,14 @@ class Simulation:
         self.work = make_workload(p, seed)
         self.lives = Lives(p, seed)
         retry: Any = ParslStyleRetry() if system == "parsl-style" else corral_retry(p.max_lost)
+        self.drain_old = system == "corral-drain"
+        self.joined: dict[str, float] = {}  #: live checkpoint worker -> when it joined
         self.retries = p.retries if system == "parsl-style" else 0
         self.core = SchedulerState(SchedulerConfig(saturation=1.0), retry=retry)
+        if system == "corral-category":  # swapped in as at runtime, seeing the live stats
+            stats = MappingProxyType(self.core.stats)
+            policy = CategoryAwareRetry(stats, p.max_lost)
+            self.core.handle(PolicyChanged("policy", 0.0, "retry", policy))
         # The autoscaler counts a preempted block as an unasked end against its
         # replacement budget (meant to stop a crash loop), 10 per 60 s by default: a
         # pool of 100 preemptible workers goes past that, and the core then stops
@@ -359,6 +436,7 @@ class Simulation:
         wid = f"{pool}-{n}"
         self.pool_of[wid] = pool
         self.waiting[wid] = deque()
+        self.joined[wid] = self.now
         self._scale(BlockStarted(self.now, request, wid, (wid,), "running"))
         self._feed(WorkerJoined(self._sid("join"), self.now, wid, 1, 0, pool))
         if math.isfinite(life):
@@ -368,11 +446,13 @@ class Simulation:
     def _preempt(self, wid: str) -> None:
         """The owner takes the block back: the worker says why at once (the
         scheduler), the provider reports the block ended (the autoscaler)."""
+        if wid not in self.pool_of:
+            return  # drained and gone before its owner wanted it back
         self.result.preemptions += 1
         att = self.running.pop(wid, None)
         if att is not None:
             self.result.cut.append((wid, att.key, att.start, self.now))
-        del self.waiting[wid], self.pool_of[wid]
+        del self.waiting[wid], self.pool_of[wid], self.joined[wid]
         self._feed(WorkerLeft(self._sid("preempt"), self.now, wid, "preempted"))
         self._scale(BlockEnded(self.now, wid, "preempted"))
 
@@ -388,7 +468,31 @@ class Simulation:
         else:
             res = TaskResult(key, "ok", att.start, self.now, nbytes=1000)
         self._start_next(wid)
+        if self.drain_old and wid in self.joined and wid not in self.running:
+            self._maybe_drain(wid)
         self._feed(TasksFinished(self._sid("finish"), self.now, wid, (res,)))
+
+    def _maybe_drain(self, wid: str) -> None:
+        """``corral-drain`` only, a prototype of issue 11 item 6 (not in Corral yet):
+        a checkpoint worker that just became idle and is unlikely (< 50%, by the pool's
+        survival estimate) to live through a typical task (the mean duration of the tries
+        that finished ok so far) is drained, and its block replaced by a fresh one."""
+        survival = self.core.survival("ckpt")
+        if survival.median is None:
+            return
+        count = sum(st.count for st in self.core.stats.values())
+        if not count:
+            return
+        typical = sum(st.total_duration for st in self.core.stats.values()) / count
+        if survival.survives(self.now - self.joined[wid], typical) < 0.5:
+            self.result.drained += 1
+            self._feed(WorkerDraining(self._sid("drain"), self.now, wid))
+
+    def _retire(self, wid: str) -> None:
+        """The scheduler retired a drained worker: it exits and its block ends."""
+        del self.waiting[wid], self.pool_of[wid], self.joined[wid]
+        self._feed(WorkerLeft(self._sid("retired"), self.now, wid, "drained"))
+        self._scale(BlockEnded(self.now, wid, "completed"))
 
     def _start_next(self, wid: str) -> None:
         queue = self.waiting.get(wid)
@@ -436,6 +540,9 @@ class Simulation:
                 elif t is CancelOnWorker:
                     assert isinstance(cmd, CancelOnWorker)
                     self._cancel(cmd.worker, cmd.keys)
+                elif t is RetireWorker:
+                    assert isinstance(cmd, RetireWorker)
+                    self._retire(cmd.worker)
                 # DropData: a simulated worker holds no data; nothing else is expected.
 
     def _cancel(self, wid: str, keys: Sequence[Key]) -> None:
@@ -476,14 +583,19 @@ def simulate(system: str, p: Params, seed: int) -> Result:
 ROWS: tuple[tuple[str, str, str], ...] = (
     ("makespan_h", "makespan (h)", "{:.2f}"),
     ("lost_core_hours", "core-hours lost to preemption", "{:.1f}"),
+    ("lost_short", "  of tasks of 5-7 min", "{:.1f}"),
+    ("lost_medium", "  of tasks of 18-22 min", "{:.1f}"),
+    ("lost_long", "  of tasks of 1-4 h", "{:.1f}"),
     ("tries_cut", "tries cut by preemption", "{:d}"),
     ("good_failed", "good tasks failed", "{:d}"),
     ("bad_tries", "tries on bad tasks", "{:d}"),
     ("bad_max_tries", "most tries on one bad task", "{:d}"),
+    ("bad_max_errors", "  of them ending in its error", "{:d}"),
     ("moved_to_owner", "tasks run on owner", "{:d}"),
     ("done", "tasks done", "{:d}"),
     ("failed", "tasks failed", "{:d}"),
-    ("preemptions", "workers preempted", "{:d}"),
+    ("preemptions", "checkpoint workers preempted", "{:d}"),
+    ("drained", "checkpoint workers drained (age)", "{:d}"),
     ("wall_s", "wall time of the simulation (s)", "{:.1f}"),
 )
 
@@ -503,15 +615,29 @@ def _ratio(a: float, b: float) -> str:
     return f"{a / b:.2f}x"
 
 
-def table(base: Mapping[str, Any], corral: Mapping[str, Any]) -> str:
-    lines = [f"{'metric':34s}{'parsl-style':>14s}{'corral':>14s}{'corral/parsl':>14s}"]
+def table(runs: Mapping[str, Mapping[str, Any]]) -> str:
+    """One column per system (the baseline first), then each other one's ratio to the
+    baseline, then whether each meets the targets."""
+    names = list(runs)
+    base = runs[names[0]]
+    others = names[1:]
+    width = {n: max(13, len(n)) + 2 for n in names}
+    ratios = {n: f"{n}/parsl" for n in others}
+    head = f"{'metric':34s}" + "".join(f"{n:>{width[n]}s}" for n in names)
+    head += "".join(f"{ratios[n]:>{len(ratios[n]) + 2}s}" for n in others)
+    lines = [head]
     for field, label, fmt in ROWS:
-        a, b = base[field], corral[field]
-        lines.append(f"{label:34s}{fmt.format(a):>14s}{fmt.format(b):>14s}{_ratio(b, a):>14s}")
-    met = targets(base, corral)
-    lines.append(
-        "targets: " + ", ".join(f"{name} {'MET' if ok else 'NOT MET'}" for name, ok in met.items())
-    )
+        row = f"{label:34s}"
+        for n in names:
+            row += f"{fmt.format(runs[n].get(field, 0)):>{width[n]}s}"
+        for n in others:
+            ratio = _ratio(runs[n].get(field, 0), base.get(field, 0))
+            row += f"{ratio:>{len(ratios[n]) + 2}s}"
+        lines.append(row)
+    for n in others:
+        met = targets(base, runs[n])
+        verdicts = ", ".join(f"{name} {'MET' if ok else 'NOT MET'}" for name, ok in met.items())
+        lines.append(f"targets ({n}): {verdicts}")
     return "\n".join(lines)
 
 
@@ -542,6 +668,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--shape", type=float, help="Weibull shape of worker lives")
     parser.add_argument("--retries", type=int, help="the parsl-style baseline's retries")
     parser.add_argument("--max-lost", type=int, help="Corral's DefaultRetry(max_lost=...)")
+    parser.add_argument(
+        "--systems",
+        default=",".join(DEFAULT_SYSTEMS),
+        help=f"comma-separated, the baseline first, of {', '.join(SYSTEMS)}; or all",
+    )
     args = parser.parse_args(argv)
     p = QUICK if args.quick else Params()
     changes: dict[str, Any] = {}
@@ -556,17 +687,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.median_life is not None:
         changes["median_life"] = args.median_life * 60
     p = dataclasses.replace(p, **changes)
+    chosen = ",".join(SYSTEMS) if args.systems == "all" else args.systems
+    systems = [s.strip() for s in chosen.split(",") if s.strip()]
+    if not systems or systems[0] != "parsl-style" or not set(systems) <= set(SYSTEMS):
+        parser.error(f"--systems: parsl-style first, then any of {', '.join(SYSTEMS[1:])}")
     runs = []
     if not args.json:
         print(describe(p))
     for seed in range(args.seed, args.seed + args.repeat):
-        base = simulate("parsl-style", p, seed).summary()
-        corral = simulate("corral", p, seed).summary()
-        runs.append({"seed": seed, "parsl-style": base, "corral": corral,
-                     "targets": targets(base, corral)})  # fmt: skip
+        results = {name: simulate(name, p, seed).summary() for name in systems}
+        base = results["parsl-style"]
+        met = {name: targets(base, results[name]) for name in systems[1:]}
+        runs.append({"seed": seed, **results, "targets": met})
         if not args.json:
             print(f"\nseed {seed}")
-            print(table(base, corral))
+            print(table(results))
     if args.json:
         print(json.dumps({"params": dataclasses.asdict(p), "runs": runs}, indent=2))
     return 0
