@@ -70,6 +70,7 @@ __all__ = [
     "SlurmProvider",
     "batch_script",
     "block_state",
+    "exit_text",
     "head_tail",
     "parse_scontrol_job",
     "parse_squeue",
@@ -200,6 +201,19 @@ def block_state(slurm_state: str) -> BlockState | None:
     return _STATES.get(SHORT_STATES.get(name, name))
 
 
+def exit_text(raw: str) -> str:
+    """How a job exited, from scontrol's ``ExitCode=3:0`` (code:signal) or squeue's
+    ``Exit_Code`` (a wait status: ``768`` is exit code 3, ``15`` is signal 15)."""
+    code, _, sig = raw.partition(":")
+    if not code.isdigit() or (sig and not sig.isdigit()):
+        return f"exit code {raw}"
+    if sig:
+        status, signum = int(code), int(sig)
+    else:
+        status, signum = int(code) >> 8, int(code) & 0x7F
+    return f"killed by signal {signum}" if signum else f"exit code {status}"
+
+
 def head_tail(text: str, lines: int = 10) -> str:
     """The first and last ``lines`` lines of ``text`` (all of it when short)."""
     rows = text.rstrip("\n").splitlines()
@@ -260,10 +274,13 @@ class JobRecord:
         if info.restarts > self.restarts or (
             self.ran and block_state(info.state) == BlockState.PENDING
         ):
-            preempted = _preemptions(stderr, self.job_id) > len(self.incarnations)
-            cause = "preempted" if preempted else "requeued"
-            self.incarnations.append(Incarnation(self.restarts, cause, self.slurm_state))
-            self.restarts = max(info.restarts, self.restarts + 1)
+            preemptions = _preemptions(stderr, self.job_id)
+            ended = max(info.restarts - self.restarts, 1)  # requeues since the last look
+            for k in range(ended):
+                cause = "preempted" if preemptions > len(self.incarnations) else "requeued"
+                last = self.slurm_state if k == 0 else "unseen"
+                self.incarnations.append(Incarnation(self.restarts + k, cause, last))
+            self.restarts += ended
             self.ran = False
         mapped = block_state(info.state)
         self.slurm_state, self.reason = info.state, info.reason
@@ -294,7 +311,7 @@ class JobRecord:
             last = self.incarnations[-1].cause if self.incarnations else "requeued"
             what += f"; incarnation {self.restarts + 1} (Restarts={self.restarts}, last {last})"
         if self.state in (BlockState.FAILED, BlockState.TIMEOUT) and info.exit_code:
-            what += f"; exit code {info.exit_code}"
+            what += f"; {exit_text(info.exit_code)}"
         if self.state in (BlockState.FAILED, BlockState.TIMEOUT, BlockState.PREEMPTED) and (
             stderr.strip()
         ):

@@ -331,7 +331,7 @@ async def test_failed_block_shows_its_stderr(cli: Cli, slurm_conf: str, tmp_path
             block = await provider.start_block(BlockSpec())
             assert await provider.wait_ended(block) is BlockState.FAILED
             assert "worker cannot start: no such env" in block.detail
-            assert "exit code" in block.detail
+            assert "exit code 3" in block.detail
 
 
 async def test_rejected_submissions_back_off_then_stop_until_resumed(

@@ -20,6 +20,7 @@ from actors.slurm import (
     SlurmOptions,
     batch_script,
     block_state,
+    exit_text,
     head_tail,
     parse_scontrol_job,
     parse_squeue,
@@ -263,9 +264,27 @@ def test_failed_block_shows_stderr_head_and_tail() -> None:
     rec.observe(info("RUNNING", job="8"))
     state = rec.observe(JobInfo("8", "FAILED", "NonZeroExitCode", 0, "1:0"), stderr)
     assert state is BlockState.FAILED
-    assert "exit code 1:0" in rec.detail
+    assert "exit code 1" in rec.detail
     assert "line 0\n" in rec.detail and "line 99" in rec.detail
     assert "line 50" not in rec.detail and "[... 80 lines ...]" in rec.detail
+
+
+def test_exit_text_reads_both_forms() -> None:
+    assert exit_text("3:0") == "exit code 3"  # scontrol
+    assert exit_text("0:15") == "killed by signal 15"
+    assert exit_text("768") == "exit code 3"  # squeue's wait status
+    assert exit_text("15") == "killed by signal 15"
+    assert exit_text("0") == "exit code 0"
+    assert exit_text("odd") == "exit code odd"
+
+
+def test_requeues_missed_between_two_looks_each_count() -> None:
+    rec = JobRecord("1")
+    rec.observe(info("RUNNING", job="1"))
+    twice = PREEMPTION_1 + PREEMPTION_1.replace("17:50:30", "17:53:00")
+    assert rec.observe(info("RUNNING", job="1", restarts=2), twice) is BlockState.RUNNING
+    assert rec.restarts == 2
+    assert [(i.number, i.cause) for i in rec.incarnations] == [(0, "preempted"), (1, "preempted")]
 
 
 def test_head_tail_keeps_short_text() -> None:
