@@ -351,7 +351,7 @@ def pool_drain_period(pools: Mapping[str, PoolConfig]) -> float | None:
     return max(periods) if periods else None
 
 
-def _pool_argv(
+def pool_worker_argv(
     pool: PoolConfig,
     memory_options: Mapping[str, Any] | None,
     address: str,
@@ -359,14 +359,21 @@ def _pool_argv(
     index: int,
 ) -> list[str]:
     """A worker of ``pool`` joining ``address``: its cores, memory, pool and, for a
-    local pool with a walltime, its deadline (a Slurm job's is its batch system's)."""
+    local pool with a walltime, its deadline (a Slurm job's is its batch system's). A
+    Slurm worker listens on its node's address (``{host}``, which the batch script
+    expands), so its peers on other nodes reach it."""
+    from actors.slurm import HOST_PLACEHOLDER
+
     deadline = None
     if pool.provider == "local" and pool.walltime is not None:
         deadline = time.time() + pool.walltime
-    return worker_argv(
+    argv = worker_argv(
         address, pool.cores_per_worker, pool.memory_per_worker, pool.name, memory_options,
         deadline,
     )  # fmt: skip
+    if pool.provider == "slurm":
+        argv += ["--host", HOST_PLACEHOLDER]
+    return argv
 
 
 def _local_address(address: str) -> str:
@@ -389,16 +396,21 @@ async def start_pools(
     """Build a provider per configured pool (``local``: worker processes on this
     machine; ``slurm``: batch jobs, with the pool's Slurm options) whose workers join
     the gateway at ``address`` with the admin token, run each as a service of the
-    plane's system, and start the autoscaler over them with the pools' limits."""
+    plane's system, and start the autoscaler over them with the pools' limits. A Slurm
+    pool keeps its scripts and job output in ``<run_dir>/<pool>`` (default ``run_dir``:
+    ``./corral-slurm/run-<time>-<pid>``)."""
     import socket
 
     from actors.processes import LocalProcessProvider
     from actors.slurm import SlurmOptions, SlurmProvider
 
     env = {"CORRAL_TOKEN": tokens.admin}
+    if run_dir is None:  # one directory per run, one per pool in it: block ids repeat
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        run_dir = Path.cwd() / "corral-slurm" / f"run-{stamp}-{os.getpid()}"
     providers: dict[str, Provider] = {}
     for name, pool in pools.items():
-        argv_for = functools.partial(_pool_argv, pool, memory_options)
+        argv_for = functools.partial(pool_worker_argv, pool, memory_options)
         if pool.provider == "local":
             local = functools.partial(argv_for, _local_address(address))
             provider: Any = LocalProcessProvider(local, env=env, prefix=name)
@@ -415,7 +427,7 @@ async def start_pools(
             )  # fmt: skip
             provider = SlurmProvider(
                 functools.partial(argv_for, remote), options, env=env,
-                prefix=name, run_dir=None if run_dir is None else run_dir / name,
+                prefix=name, run_dir=run_dir / name,
             )  # fmt: skip
         await plane.system.start_service(provider.run)
         providers[name] = provider

@@ -9,6 +9,7 @@ graph on in-process workers of two pools.
 from __future__ import annotations
 
 import operator
+import time
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from actors.providers import BlockSpec
 from policies.scaling import PoolLimits
 from runtime import Cluster
 from runtime.errors import PoolConfigError
+from runtime.messages import StatusRequest
 from runtime.node import pool_drain_period, pool_policies, pool_targets
 
 EXAMPLE = """
@@ -247,3 +249,56 @@ async def test_a_cluster_runs_a_graph_on_the_workers_of_its_pools() -> None:
             assert await cluster.scale(1) == {"big": 2, "small": 1}
             with pytest.raises(ValueError, match="there is no pool 'nope'"):
                 await cluster.scale(1, pool="nope")
+
+
+@pytest.mark.anyio
+async def test_each_pool_gets_its_provider_with_the_pools_options(tmp_path: Path) -> None:
+    from actors.processes import LocalProcessProvider
+    from actors.slurm import HOST_PLACEHOLDER, SlurmOptions, SlurmProvider
+    from runtime.kernel import ActorSystem
+    from runtime.node import Tokens, start_control_plane, start_pools
+
+    pools = pools_from_dicts(
+        {
+            "ckpt": {
+                "provider": "slurm", "partition": "ckpt", "account": "astro", "qos": "low",
+                "exclusive": True, "nodes_per_block": 2, "workers_per_node": 2,
+                "cores_per_worker": 3, "walltime": "00:30:00", "worker_init": "module load x",
+                "scheduler_options": "#SBATCH --constraint=a", "init_blocks": 0,
+                "fallback": "here",
+            },
+            "here": {"init_blocks": 0, "walltime": 600, "memory_per_worker": "1GiB"},
+        }
+    )  # fmt: skip
+    with anyio.fail_after(30):
+        async with ActorSystem() as system:
+            plane = await start_control_plane(system, policies=pool_policies(pools, None))
+            tokens = Tokens.generate()
+            providers = await start_pools(
+                plane, pools, "ws://0.0.0.0:8786", tokens, run_dir=tmp_path
+            )
+            ckpt, here = providers["ckpt"], providers["here"]
+            assert plane.providers == providers
+            assert isinstance(ckpt, SlurmProvider) and isinstance(here, LocalProcessProvider)
+            assert ckpt.options == SlurmOptions(
+                partition="ckpt", account="astro", qos="low", nodes_per_block=2,
+                walltime=1800.0, exclusive=True, scheduler_options="#SBATCH --constraint=a",
+                worker_init="module load x",
+            )  # fmt: skip
+            assert ckpt.prefix == "ckpt" and ckpt.run_dir == tmp_path / "ckpt"
+            assert ckpt.env == {"CORRAL_TOKEN": tokens.admin}
+            argv = ckpt.argv_for("block-1", 0)
+            assert argv[3:7] == ["worker", argv[4], "--cores", "3"]
+            assert argv[4].endswith(":8786") and "0.0.0.0" not in argv[4]
+            assert argv[-4:] == ["--pool", "ckpt", "--host", HOST_PLACEHOLDER]
+            # A local worker reaches a wildcard listener on loopback, and knows its
+            # deadline when its pool has a walltime.
+            local = here.argv_for("block-1", 0)
+            assert local[4] == "ws://127.0.0.1:8786"
+            assert local[local.index("--memory") + 1] == str(2**30)
+            deadline = float(local[local.index("--deadline") + 1])
+            assert 590 < deadline - time.time() <= 600
+            status = await plane.refs["autoscaler"].ask(StatusRequest())
+            assert status.targets == {"ckpt": 0, "here": 0} and status.blocks == {}
+            retry = plane.scheduler.state.policies["retry"]
+            assert retry.fallback == {"ckpt": "here"}
