@@ -10,6 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 import policies
 from actors.autoscaler_state import (
     AutoscalerConfig,
@@ -240,3 +243,47 @@ def test_a_pending_block_is_never_idle() -> None:
     # Only the running block was idle 60 s: it goes, the pending one stays.
     assert run(s, load(61.0, **{"w-1": 0, "w-2": 0})) == [DrainWorker("w-2", "block-2")]
     assert s.blocks["block-1"].idle_since is None and not s.blocks["block-1"].retiring
+
+
+# ----------------------------------------------------------------------------- at random
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    lim=st.builds(
+        PoolLimits,
+        min_blocks=st.integers(0, 2),
+        max_blocks=st.integers(2, 6),
+        init_blocks=st.just(2),
+        parallelism=st.sampled_from([0.0, 0.25, 1.0]),
+        slots_per_block=st.integers(1, 3),
+        max_idletime=st.sampled_from([0.0, 5.0, 30.0]),
+    ),
+    steps=st.lists(
+        st.tuples(
+            st.floats(0.1, 20.0), st.integers(0, 12), st.lists(st.integers(0, 2), max_size=8)
+        ),
+        max_size=25,
+    ),
+)
+def test_the_demand_strategy_keeps_its_limits_and_drains_only_long_idle_blocks(
+    lim: PoolLimits, steps: list[tuple[float, int, list[int]]]
+) -> None:
+    """Random loads on a virtual clock: the blocks stay within min and max (requests in
+    flight included), and every block drained had been idle for max_idletime with
+    every one of its workers running nothing."""
+    s = make()
+    now = 0.0
+    run(s, TargetSet(now, "p", lim.min_blocks, SPEC, lim))
+    for dt, queued, busy in steps:
+        now += dt
+        start(s, now)
+        workers = [w for b in s.blocks.values() for w in b.workers if not b.retiring]
+        processing = {w: (busy[i] if i < len(busy) else 0) for i, w in enumerate(workers)}
+        for cmd in run(s, QueuesSeen(now, {"p": queued}, processing)):
+            if isinstance(cmd, DrainWorker):
+                b = s.blocks[cmd.block]
+                assert all(processing[w] == 0 for w in b.workers), (cmd, processing)
+                since = b.idle_since  # as of this event (idle from now, with 0 s)
+                assert since is not None and now - since >= lim.max_idletime, (cmd, since)
+        assert lim.min_blocks <= s.counts()["p"] <= lim.max_blocks, s.counts()

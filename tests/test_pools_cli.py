@@ -107,3 +107,24 @@ def test_a_bad_config_is_refused_before_the_manager_listens(tmp_path: Path) -> N
     err = done.stderr.strip().splitlines()[-1]
     assert err.startswith("error: ") and "pool 'ckpt' in " in err and "key 'max_block'" in err
     assert "did you mean 'max_blocks'?" in err
+
+
+async def test_a_cluster_with_pools_runs_them_as_worker_processes(tmp_path: Path) -> None:
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    pools = {"cpu": {"init_blocks": 2, "max_blocks": 2, "cores_per_worker": 2}}
+    with anyio.fail_after(LIMIT):
+        async with Cluster(pools=pools, processes=True) as cluster:
+            await cluster.wait_for_workers(2, timeout=60)
+            state = cluster.scheduler_state
+            assert {w: (ws.pool, ws.cores) for w, ws in state.workers.items()} == {
+                "cpu-1": ("cpu", 2), "cpu-2": ("cpu", 2),
+            }  # fmt: skip
+            futures = cluster.map(both_marked, range(4), marks=str(marks))
+            assert await cluster.gather(futures) == [0, 1, 4, 9]
+            pids = {int(p.read_text()) for p in marks.iterdir()}
+            assert len(pids) == 2 and os.getpid() not in pids  # two processes, not this one
+            assert (await cluster.status())["autoscaler"]["policy"] == "demand"
+        await wait_until(
+            lambda: not any(psutil.pid_exists(p) for p in pids), "workers gone", limit=20
+        )
