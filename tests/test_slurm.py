@@ -33,7 +33,9 @@ from runtime import Cluster
 from runtime.errors import BatchSystemError, SubmissionsSuspended
 from tests.helpers import ROOT, Cli, wait_until
 
-pytestmark = pytest.mark.anyio
+# Each test bounds itself (fail_after); pytest's own limit also covers waiting for the
+# cluster's test lock (one_test_at_a_time: up to 100 s).
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(240)]
 
 DEFAULT_CONF = "/tmp/corral-slurm/slurm.conf"  #: where `.ci/slurm up` puts it
 NODE_CPUS = 8  #: what `.ci/slurm up` declares (an owner job asks for all of them)
