@@ -46,6 +46,7 @@ from actors.scheduler_state import (
     WorkerMemory,
 )
 from policies import REGISTRY, PolicyRegistry
+from policies.survival import Survival
 from runtime.errors import ActorStopped
 from runtime.kernel import Actor, ActorRef, Envelope, Later, current_causal_id, handles
 from runtime.messages import (
@@ -67,6 +68,7 @@ from runtime.messages import (
     Message,
     PolicyInfo,
     PolicyQuery,
+    PoolLife,
     RegisterWorker,
     ReleaseKeysRequest,
     RunTasks,
@@ -323,6 +325,7 @@ class Scheduler(Actor):
             "queued": st.count("queued"),
             "queues": st.queued_by_pool(),  #: ready tasks per pool ("*": any pool)
             "categories": {c: CategoryStatus(**_stats(s)) for c, s in st.stats.items()},
+            "survival": {pool: _life(st.survival(pool)) for pool in st.pools()},
             "policies": {k: getattr(p, "name", type(p).__name__) for k, p in st.policies.items()},
             "policy_errors": st.policy_errors,
         }
@@ -437,6 +440,10 @@ _NOT_A_LITERAL = (ValueError, SyntaxError, TypeError, MemoryError, RecursionErro
 _STATES = ("waiting", "queued", "processing", "memory", "released", "erred", "cancelled")
 
 
+def _life(s: Survival) -> PoolLife:
+    return PoolLife(s.lives, s.deaths, s.median, s.at(3600.0))
+
+
 def _stats(s: Any) -> dict[str, Any]:
     return {
         "count": s.count,
@@ -445,6 +452,7 @@ def _stats(s: Any) -> dict[str, Any]:
         "oom": s.oom,
         "mean_duration": s.mean_duration,
         "max_duration": s.max_duration,
+        "p90_duration": s.p90_duration,
         "total_nbytes": s.total_nbytes,
         "consumed_nbytes": s.consumed_nbytes,
         "peak_rss": s.peak_rss,

@@ -1116,7 +1116,8 @@ class SchedulerState:
             ws.draining = ws.leaving = True
             self.draining.discard(ws.id)
             self.free.pop(ws.id, None)
-            self._log(ws.id, "joined", f"leaving:{ev.cause}")
+            if not ws.retired:  # a retired one's story says so already
+                self._log(ws.id, "joined", f"leaving:{ev.cause}")
             self._limits_changed()
         needed = [
             ts for ts in ws.has_what if ts.who_has == {ws.id} and (ts.consumers > 0 or ts.wanted)
@@ -1838,6 +1839,10 @@ class SchedulerState:
         self.policy_errors += 1
         self._log(ts.key, "policy-error", problem)
         return (-ts.spec.priority, ts.generation, ts.spec.order)
+
+    def pools(self) -> list[str]:
+        """Pools with workers now or worker lives recorded."""
+        return sorted({w.pool for w in self.workers.values()} | set(self.lives))
 
     def survival(self, pool: str | None) -> Survival:
         """How long the workers of ``pool`` live (Kaplan-Meier): the last ``MAX_LIVES``

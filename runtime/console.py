@@ -599,12 +599,15 @@ def render_status(st: Mapping[str, Any]) -> RenderableType:
         p["workers"] += 1
         p["cores"] += int(w.get("cores", 0))
         p["running"] += processing.get(str(w.get("worker_id")), 0)
+    lives: dict[str, dict[str, Any]] = dict(st.get("survival") or {})
     pt = Table(title="pools", title_justify="left")
-    for col in ("pool", "workers", "cores", "running", "ready", "target"):
+    pcols = ("pool", "workers", "cores", "running", "ready", "target", "lost/lives", "median life")
+    for col in pcols:
         pt.add_column(col, justify="left" if col == "pool" else "right")
-    for pool in sorted(set(pools) | set(queues) | set(targets)):
+    for pool in sorted(set(pools) | set(queues) | set(targets) | set(lives)):
         p = pools.get(pool, {"workers": 0, "cores": 0, "running": 0})
         target = targets.get(pool)
+        life = lives.get(pool, {})
         _row(
             pt,
             "(any pool)" if pool == "*" else pool,
@@ -613,6 +616,8 @@ def render_status(st: Mapping[str, Any]) -> RenderableType:
             str(p["running"]),
             str(queues.get(pool, 0)),
             "-" if target is None else str(target),
+            f"{life.get('deaths', 0)}/{life.get('lives', 0)}" if life else "-",
+            _seconds(life.get("median")) if life.get("median") is not None else "-",
         )
     parts.append(pt)
 
@@ -629,7 +634,9 @@ def render_status(st: Mapping[str, Any]) -> RenderableType:
     cats: dict[str, dict[str, Any]] = dict(st.get("categories") or {})
     if cats:
         ct = Table(title="categories", title_justify="left")
-        ccols = ("category", "done", "errors", "lost", "oom", "mean", "max", "output", "peak RSS")
+        ccols = (
+            "category", "done", "errors", "lost", "oom", "mean", "p90", "max", "output", "peak RSS"
+        )  # fmt: skip
         for col in ccols:
             ct.add_column(col, justify="left" if col == "category" else "right")
         for name in sorted(cats):
@@ -642,6 +649,7 @@ def render_status(st: Mapping[str, Any]) -> RenderableType:
                 str(int(c.get("lost", 0))),
                 str(int(c.get("oom", 0))),
                 _seconds(c.get("mean_duration")),
+                _seconds(c.get("p90_duration")),
                 _seconds(c.get("max_duration")),
                 _bytes(c.get("total_nbytes")),
                 _bytes(c.get("peak_rss")),

@@ -459,6 +459,19 @@ class StatusRequest(Message):
 
 
 @message()
+class PoolLife(Message):
+    """How long a pool's workers live: ``lives`` counted (those that left, and those
+    alive, censored), ``deaths`` among them (preempted, crashed, lost), the Kaplan-Meier
+    ``median`` in seconds (None: not known yet) and ``survive_1h``, the estimated
+    probability that a worker lives past an hour."""
+
+    lives: int = 0
+    deaths: int = 0
+    median: float | None = None
+    survive_1h: float = 1.0
+
+
+@message()
 class CategoryStatus(Message):
     """What the scheduler learned about one task category: tasks finished ok, tries
     that raised, were lost with their worker or killed for memory; seconds; output and
@@ -470,6 +483,7 @@ class CategoryStatus(Message):
     oom: int = 0
     mean_duration: float = 0.0
     max_duration: float = 0.0
+    p90_duration: float = 0.0  #: over its latest ok tries
     total_nbytes: int = 0
     consumed_nbytes: int = 0
     peak_rss: int = 0
@@ -527,6 +541,7 @@ class StatusReply(Message):
     queued: int = 0
     queues: dict[str, int] = dataclasses.field(default_factory=dict)
     categories: dict[str, CategoryStatus] = dataclasses.field(default_factory=dict)
+    survival: dict[str, PoolLife] = dataclasses.field(default_factory=dict)
     policies: dict[str, str] = dataclasses.field(default_factory=dict)
     policy_errors: int = 0
     files: FilesStatus = dataclasses.field(default_factory=FilesStatus)
@@ -545,6 +560,7 @@ class StatusReply(Message):
         out = self.to_fields()
         out["memory"] = {w: m.to_fields() for w, m in self.memory.items()}
         out["categories"] = {c: stats.to_fields() for c, stats in self.categories.items()}
+        out["survival"] = {p: life.to_fields() for p, life in self.survival.items()}
         out["files"] = self.files.to_fields()
         for name in ("draining", "retired", "throttled"):
             out[name] = list(out[name])

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import signal
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -58,3 +59,29 @@ async def test_sigterm_inside_a_job_is_a_preemption_that_costs_no_retry(tmp_path
             retries = [entry[2] for entry in story if entry[1] == "retry"]
             assert retries == ["worker lost (preempted); free retry"]
         assert in_job.wait(LIMIT) == 0
+
+
+@pytest.mark.anyio
+async def test_status_shows_how_long_a_pools_workers_live(tmp_path: Path) -> None:
+    with Cli(tmp_path / "home") as cli, anyio.fail_after(LIMIT):
+        _, address = cli.manager()
+        cli.env.update(SLURM)
+        preempted = cli.worker(address, "--name", "p", "--pool", "ckpt")
+        del cli.env["SLURM_JOB_ID"]
+        cli.worker(address, "--name", "q", "--pool", "ckpt")
+        async with Cluster(address) as c:
+            await c.wait_for_workers(2)
+            before = (await c.status())["survival"]["ckpt"]
+            assert (before["lives"], before["deaths"], before["median"]) == (2, 0, None)
+            preempted.send_signal(signal.SIGTERM)
+            assert preempted.wait(LIMIT) == 0
+
+            async def counted() -> Any:
+                life = (await c.status())["survival"]["ckpt"]
+                return life if life["deaths"] == 1 else None
+
+            life = await wait_until(counted, "the preemption counted", limit=LIMIT, step=0.1)
+            # One of two died young: at most half are estimated to live an hour (none, if
+            # the other, censored at its age, was younger than p when p died).
+            assert life["lives"] == 2 and life["median"] is not None
+            assert life["median"] < 60 and life["survive_1h"] <= 0.5
