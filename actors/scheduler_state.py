@@ -587,15 +587,20 @@ class TaskStateView:
     collections come as frozensets and tuples, and no public attribute leads back to
     the core's objects."""
 
-    __slots__ = ("_survival", "_ts")
+    __slots__ = ("_stats", "_survival", "_ts")
     _ts: TaskState
     _survival: Callable[[str | None], Survival] | None
+    _stats: Mapping[str, CategoryStatsView] | None
 
     def __init__(
-        self, ts: TaskState, survival: Callable[[str | None], Survival] | None = None
+        self,
+        ts: TaskState,
+        survival: Callable[[str | None], Survival] | None = None,
+        stats: Mapping[str, CategoryStatsView] | None = None,
     ) -> None:
         object.__setattr__(self, "_ts", ts)
         object.__setattr__(self, "_survival", survival)
+        object.__setattr__(self, "_stats", stats)
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"a task view is read-only (cannot set {name!r})")
@@ -663,6 +668,11 @@ class TaskStateView:
     def survival(self) -> Survival:
         survival = self._survival
         return survival(self._ts.spec.pool) if survival is not None else Survival()
+
+    @property
+    def stats(self) -> CategoryStatsView | None:
+        stats = self._stats
+        return stats.get(self._ts.spec.category) if stats is not None else None
 
     @property
     def dependents(self) -> tuple[TaskStateView, ...]:
@@ -1856,7 +1866,7 @@ class SchedulerState:
         return kaplan_meier(lives)
 
     def _retry_decision(self, ts: TaskState, outcome: str, cause: str | None) -> RetryDecision:
-        view = TaskStateView(ts, self.survival)
+        view = TaskStateView(ts, self.survival, self._stats_view)
         try:
             decision = self.policies["retry"].decide(view, outcome, cause)
             if isinstance(decision, RetryDecision):

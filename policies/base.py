@@ -127,6 +127,10 @@ class CategoryStatsView:
         return self._stats.p90_duration
 
     @property
+    def recent(self) -> tuple[float, ...]:
+        return tuple(self._stats.recent)
+
+    @property
     def total_nbytes(self) -> int:
         return self._stats.total_nbytes
 
@@ -221,6 +225,11 @@ class TaskView(Protocol):
     @property
     def survival(self) -> Survival:
         """How long the workers of its pool live (Kaplan-Meier; empty when unknown)."""
+        ...
+
+    @property
+    def stats(self) -> CategoryStatsView | None:
+        """What is known of its category's tasks so far (None: nothing yet)."""
         ...
 
     @property

@@ -25,11 +25,13 @@ class DefaultRetry:
 
     ``fallback`` maps a pool to the pool its *long* tasks move to: a task preempted
     after running at least as long as its pool's workers' median life (the pool's
-    Kaplan-Meier survival estimate, :attr:`~policies.TaskView.survival`) would likely be
-    preempted again there, so its retry runs in the fallback pool (e.g.
-    ``{"ckpt": "owner"}``: off the checkpoint partition, onto the owners' nodes). While
-    the median is unknown (fewer than half of the pool's workers seen dying), nothing
-    moves."""
+    Kaplan-Meier survival estimate, :attr:`~policies.TaskView.survival`), or whose
+    category's finished tasks took that long on average, would likely be preempted
+    again there, so its retry runs in the fallback pool (e.g. ``{"ckpt": "owner"}``:
+    off the checkpoint partition, onto the owners' nodes). While the median is unknown
+    (fewer than half of the pool's workers seen dying), nothing moves for being long;
+    but a task lost more than ``max_lost`` times in a pool with a fallback moves there
+    instead of failing."""
 
     name = "default"
 
@@ -66,6 +68,10 @@ class DefaultRetry:
                     False, reason=f"running when {task.crash_tries} workers crashed: a suspect"
                 )
             if task.lost_tries > self.max_lost:
+                to = self.fallback.get(task.pool) if task.pool is not None else None
+                if to is not None and cause == "preempted":
+                    reason = f"lost {task.lost_tries} times to preemption: moved to {to!r}"
+                    return RetryDecision(True, charge=False, reason=reason, pool=to)
                 return RetryDecision(False, reason=f"lost {task.lost_tries} times")
             if self.charge_lost:
                 if task.retries_left <= 0:
@@ -93,12 +99,19 @@ class DefaultRetry:
         if to is None:
             return None
         median = task.survival.median
-        ran = task.ran_for
-        if median is None or ran < median:
+        if median is None:
             return None
+        ran = task.ran_for
+        if ran >= median:
+            why = f"preempted after {ran:.0f} s"
+        else:
+            stats = task.stats
+            if stats is None or not stats.count or stats.mean_duration < median:
+                return None
+            why = f"preempted; its category takes {stats.mean_duration:.0f} s on average"
         reason = (
-            f"preempted after {ran:.0f} s, past the median life of {task.pool!r} workers "
-            f"({median:.0f} s): a long task, moved to {to!r}; free retry"
+            f"{why}, past the median life of {task.pool!r} workers ({median:.0f} s): a long "
+            f"task, moved to {to!r}; free retry"
         )
         return RetryDecision(True, charge=False, reason=reason, pool=to)
 

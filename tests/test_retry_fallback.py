@@ -136,3 +136,31 @@ def test_lives_ended_on_purpose_are_censored(make_state: Factory) -> None:
 def test_a_bad_fallback_is_refused(fallback: dict[str, object]) -> None:
     with pytest.raises(Exception, match="fall"):
         REGISTRY.create("retry", "default", {"fallback": fallback})
+
+
+def test_a_task_of_a_long_category_moves_on_its_first_preemption(make_state: Factory) -> None:
+    retry = REGISTRY.create("retry", "default", {"fallback": {"ckpt": "owner"}})
+    s = make_state(retry=retry, saturation=1.0)
+    ckpt_history(s)  # median life 120 s
+    (w,) = assigned(submit_at(s, 150, "long-1"))
+    at(s, 350, TasksFinished, worker=w, results=(result("long-1", duration=200.0),))
+    (w,) = assigned(submit_at(s, 360, "long-2"))
+    out = at(s, 370, WorkerLeft, worker=w, cause="preempted")  # after only 10 s
+    assert assigned(out) == {"o1": ["long-2"]}
+    (why,) = [t[2] for t in s.story("long-2") if t[1] == "retry"]
+    assert why.startswith("preempted; its category takes 200 s on average")
+
+
+def test_a_task_lost_too_often_moves_to_the_fallback_instead_of_failing(
+    make_state: Factory,
+) -> None:
+    retry = REGISTRY.create("retry", "default", {"fallback": {"ckpt": "owner"}, "max_lost": 1})
+    s = make_state(retry=retry, saturation=1.0)
+    for w in ("c1", "c2", "c3"):
+        at(s, 0, WorkerJoined, worker=w, cores=1, memory=2**30, pool="ckpt")
+    at(s, 0, WorkerJoined, worker="o1", cores=1, memory=2**30, pool="owner")
+    (w,) = assigned(submit_at(s, 1, "t"))
+    (w,) = assigned(at(s, 2, WorkerLeft, worker=w, cause="preempted"))  # free retry
+    out = at(s, 3, WorkerLeft, worker=w, cause="preempted")  # lost twice: past max_lost
+    assert assigned(out) == {"o1": ["t"]}
+    assert s.tasks["t"].state == "processing" and s.tasks["t"].spec.pool == "owner"
