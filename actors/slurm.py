@@ -858,7 +858,7 @@ class SlurmProvider(Provider):
         out = done.stdout.decode(errors="replace")
         err = done.stderr.decode(errors="replace")
         if done.returncode != 0:
-            if argv[0] in ("squeue", "scontrol") and _INVALID_JOB in err:
+            if argv[0] in ("squeue", "scontrol") and _INVALID_JOB in out + err:
                 return out + err  # the ids asked about are all unknown: not a failure
             raise BatchSystemError(command, done.returncode, err, advice)
         return out
@@ -896,6 +896,12 @@ class SlurmProvider(Provider):
                 if info is None:
                     shown = await self._run("scontrol", "show", "job", job.record.job_id)
                     info = parse_scontrol_job(shown)
+                    if info is not None and info.job_id != job.record.job_id:
+                        self._log.warning(
+                            "scontrol answered about another job", asked=job.record.job_id,
+                            answered=info.job_id,
+                        )  # fmt: skip
+                        continue  # an odd answer is no news: ask again next time
                 self._apply(job, info)
         except BatchSystemError as err:
             if self.error is None or str(self.error) != str(err):

@@ -9,6 +9,7 @@ import os
 import subprocess
 from pathlib import Path
 
+import anyio
 import pytest
 
 from actors.providers import BlockSpec, BlockState
@@ -18,6 +19,7 @@ from actors.slurm import (
     JobInfo,
     JobRecord,
     SlurmOptions,
+    SlurmProvider,
     batch_script,
     block_state,
     exit_text,
@@ -462,3 +464,108 @@ def test_host_placeholder_becomes_the_nodes_address_and_the_rest_stays_quoted(
     host = args[1]
     assert host and host != "{host}"
     assert args == ["--host", host, "--x", "a b;$(rm -rf ~)", f"{host}:1"]
+
+
+# ----------------------------------------------------------------------------- the provider
+# SlurmProvider driven by stand-in Slurm commands (shell scripts on PATH that print what
+# a real Slurm printed and log how they were called): batching, vanished jobs, missing
+# commands. The real cluster is tests/test_slurm.py.
+
+
+def put(path: Path, text: str) -> None:
+    """Write ``path`` at once (a stand-in command never reads it half-written)."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _fake_slurm(bin_dir: Path, state: Path) -> None:
+    """sbatch answers job ids 101, 102, ...; squeue prints ``state/squeue.txt``; scontrol
+    prints ``state/scontrol.txt`` (on stderr with exit 1 if it says the job is unknown,
+    as Slurm does). Each call is appended to ``state/calls``."""
+    bin_dir.mkdir()
+    put(state / "squeue.txt", "")
+    put(state / "scontrol.txt", SCONTROL_UNKNOWN)
+    scripts = {
+        "sbatch": 'n=$(( $(cat "$S/next" 2>/dev/null || echo 100) + 1 )); echo $n > "$S/next"; '
+        "echo $n",
+        "squeue": 'cat "$S/squeue.txt"',
+        "scontrol": 'f="$S/scontrol.txt"; if grep -q "Invalid job id" "$f"; then cat "$f" >&2; '
+        'exit 1; fi; cat "$f"',
+        "scancel": "true",
+    }
+    for name, body in scripts.items():
+        path = bin_dir / name
+        path.write_text(f'#!/bin/bash\nS={state}\necho "{name} $*" >> "$S/calls"\n{body}\n')
+        path.chmod(0o755)
+
+
+@pytest.mark.anyio
+async def test_provider_batches_squeue_and_asks_scontrol_about_vanished_jobs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    _fake_slurm(tmp_path / "bin", state)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    provider = SlurmProvider(lambda b, i: ["true"], run_dir=tmp_path / "run", status_interval=0.01)
+    put(
+        state / "squeue.txt",
+        "101|RUNNING|None|0|0|vm|\n102|PENDING|Resources|0|0||\n103|RUNNING|None|0|0|vm|\n",
+    )
+    with anyio.fail_after(30):
+        async with provider.running():
+            blocks = [await provider.start_block(BlockSpec()) for _ in range(3)]
+            assert [provider.record(b).job_id for b in blocks] == ["101", "102", "103"]
+            await provider.wait_refreshed()
+            await provider.wait_refreshed()
+            assert [provider.poll(b) for b in blocks] == [
+                BlockState.RUNNING, BlockState.PENDING, BlockState.RUNNING,
+            ]  # fmt: skip
+            calls = (state / "calls").read_text().splitlines()
+            squeues = [c for c in calls if c.startswith("squeue")]
+            assert squeues[-1] == "squeue -h -t all -j 101,102,103 -O " + SQUEUE_FORMAT
+            assert len(squeues) <= provider.refreshes  # one per refresh, for all blocks
+            assert not any(c.startswith("scontrol") for c in calls)
+
+            # 103 leaves squeue: scontrol still knows it (completed), then 101 leaves
+            # and scontrol does not know it: missing, not completed.
+            put(state / "scontrol.txt", SCONTROL_COMPLETED.replace("=3 ", "=103 "))
+            put(state / "squeue.txt", "101|RUNNING|None|0|0|vm|\n102|PENDING|Resources|0|0||\n")
+            assert await provider.wait_ended(blocks[2]) is BlockState.COMPLETED
+            put(state / "scontrol.txt", SCONTROL_UNKNOWN)
+            put(state / "squeue.txt", "102|PENDING|Resources|0|0||\n")
+            assert await provider.wait_ended(blocks[0]) is BlockState.MISSING
+            assert "neither squeue nor scontrol" in blocks[0].detail
+            assert provider.poll(blocks[1]) is BlockState.PENDING
+            calls = (state / "calls").read_text().splitlines()
+            assert "scontrol show job 103" in calls and "scontrol show job 101" in calls
+            assert "scontrol show job 102" not in calls
+            # Once a block ended, squeue asks only about the live ones.
+            await provider.wait_refreshed()
+            await provider.wait_refreshed()
+            calls = (state / "calls").read_text().splitlines()
+            assert [c for c in calls if c.startswith("squeue")][-1] == (
+                "squeue -h -t all -j 102 -O " + SQUEUE_FORMAT
+            )
+        # Leaving cancels the live block.
+        assert "scancel 102" in (state / "calls").read_text().splitlines()
+        assert blocks[1].state is BlockState.SCALED_IN
+
+
+@pytest.mark.anyio
+async def test_missing_slurm_commands_are_a_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "empty").mkdir()
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    provider = SlurmProvider(lambda b, i: ["true"], run_dir=tmp_path / "run", backoff=0.0)
+    with anyio.fail_after(30):
+        async with provider.running():
+            with pytest.raises(BatchSystemError) as caught:
+                await provider.start_block(BlockSpec())
+    err = caught.value
+    assert err.command == "sbatch --parsable" and err.exit_code is None
+    assert "sbatch: command not found" in str(err)
+    assert "Install the Slurm client commands" in str(err)
+    assert provider.error is err and provider.blocks == {}
