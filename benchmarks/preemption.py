@@ -28,19 +28,17 @@ same sampled worker lives (the n-th checkpoint block waits and lives the same in
   it), no fallback pool, no notion of a worker's life;
 - ``corral``: Corral's defaults, ``DefaultRetry(fallback={"ckpt": "owner"})`` with
   ``retries=0``: errors fail fast, tries lost to preemption are free (up to
-  ``max_lost``), retries go behind fresh work, and a task preempted after running past
-  the pool's median worker life (Kaplan-Meier, once known) moves to ``owner``.
+  ``max_lost``, then it moves to ``owner`` instead of failing), retries go behind fresh
+  work, and a task preempted after running past the pool's median worker life
+  (Kaplan-Meier, once known), or whose category's finished tasks average that long,
+  moves to ``owner``.
 
-Two more, only when asked (``--systems all``), are prototypes written here to measure
+One more, only when asked (``--systems all``), is a prototype written here to measure
 what the defaults lack, not Corral's behaviour:
 
 - ``corral-drain``: the defaults, and a checkpoint worker that just became idle is
   drained (and its block replaced) when the pool's survival estimate gives it less than
-  even odds of living through a typical task (issue 11 item 6, roughly);
-- ``corral-category``: :class:`CategoryAwareRetry`: the defaults, plus a preempted task
-  moves to ``owner`` at once when its category's finished tasks ran longer on average
-  than the median worker life, and one lost more than ``max_lost`` times moves there
-  instead of failing.
+  even odds of living through a typical task (issue 11 item 6, roughly).
 
 All run one task at a time per one-core worker (``saturation=1``: nothing waits on a
 worker, so a preemption cuts at most the task that runs there).
@@ -71,7 +69,6 @@ import time
 from collections import deque
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -100,7 +97,6 @@ from actors.scheduler_state import (  # noqa: E402
     KeyDone,
     KeyErred,
     KeysReleased,
-    PolicyChanged,
     RetireWorker,
     SchedulerConfig,
     SchedulerState,
@@ -110,12 +106,12 @@ from actors.scheduler_state import (  # noqa: E402
     WorkerJoined,
     WorkerLeft,
 )
-from policies import CategoryStats, RetryDecision, TaskView  # noqa: E402
+from policies import RetryDecision, TaskView  # noqa: E402
 from policies.retry import DefaultRetry  # noqa: E402
 from runtime.graph import Key, Task, TaskSpec, build_specs  # noqa: E402
 
 HOUR = 3600.0
-SYSTEMS = ("parsl-style", "corral", "corral-drain", "corral-category")
+SYSTEMS = ("parsl-style", "corral", "corral-drain")
 DEFAULT_SYSTEMS = ("parsl-style", "corral")
 
 
@@ -216,48 +212,6 @@ class ParslStyleRetry:
             why = f"{outcome} ({cause})" if cause else outcome
             return RetryDecision(True, charge=True, behind=False, reason=f"{why}; retry")
         return RetryDecision(False, reason=f"{outcome}; retries spent")
-
-
-class CategoryAwareRetry(DefaultRetry):
-    """``corral-category`` only: a prototype, not Corral's default. ``DefaultRetry``
-    with the same fallback, and two more rules for a task preempted in a pool that has
-    a fallback: it moves at once when the tasks of its category that finished ran
-    longer on average than the pool's median worker life (a long task, whatever this
-    try ran); and one lost more than ``max_lost`` times moves instead of failing.
-
-    The first rule needs the category statistics, which a retry policy does not get
-    (``decide`` sees a ``TaskView``, which has none): the benchmark hands it the
-    scheduler core's statistics read-only, a stand-in for a view the core lacks."""
-
-    def __init__(self, stats: Mapping[str, CategoryStats], max_lost: int | None = None) -> None:
-        if max_lost is None:
-            super().__init__(fallback={"ckpt": "owner"})
-        else:
-            super().__init__(max_lost=max_lost, fallback={"ckpt": "owner"})
-        self.stats = stats
-
-    def decide(self, task: TaskView, outcome: str, cause: str | None) -> RetryDecision:
-        decision = super().decide(task, outcome, cause)
-        to = self.fallback.get(task.pool or "")
-        if outcome != "worker-lost" or cause != "preempted" or to is None:
-            return decision
-        if decision.pool is not None:
-            return decision  # moved already: it ran past the median life
-        if not decision.retry:
-            if task.crash_tries >= self.max_crashes:
-                return decision
-            return RetryDecision(
-                True, reason=f"lost {task.lost_tries} times: moved to {to!r}", pool=to
-            )
-        st = self.stats.get(task.category)
-        median = task.survival.median
-        if st is not None and st.count and median is not None and st.mean_duration >= median:
-            reason = (
-                f"preempted; its category runs {st.mean_duration:.0f} s on average, past "
-                f"the median life of {task.pool!r} workers ({median:.0f} s): moved to {to!r}"
-            )
-            return RetryDecision(True, reason=reason, pool=to)
-        return decision
 
 
 def corral_retry(max_lost: int | None = None) -> DefaultRetry:
@@ -377,10 +331,6 @@ class Simulation:
         self.joined: dict[str, float] = {}  #: live checkpoint worker -> when it joined
         self.retries = p.retries if system == "parsl-style" else 0
         self.core = SchedulerState(SchedulerConfig(saturation=1.0), retry=retry)
-        if system == "corral-category":  # swapped in as at runtime, seeing the live stats
-            stats = MappingProxyType(self.core.stats)
-            policy = CategoryAwareRetry(stats, p.max_lost)
-            self.core.handle(PolicyChanged("policy", 0.0, "retry", policy))
         # The autoscaler counts a preempted block as an unasked end against its
         # replacement budget (meant to stop a crash loop), 10 per 60 s by default: a
         # pool of 100 preemptible workers goes past that, and the core then stops

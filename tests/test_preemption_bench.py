@@ -50,7 +50,7 @@ def runs() -> dict[str, Any]:
 
 
 def test_every_task_ends_done_or_failed(runs: dict[str, Any]) -> None:
-    assert set(runs) == {"parsl-style", "corral", "corral-drain", "corral-category"}
+    assert set(runs) == {"parsl-style", "corral", "corral-drain"}
     keys = set(bench.make_workload(bench.QUICK, SEED).seconds)
     assert len(keys) == bench.QUICK.n_tasks
     for res in runs.values():
