@@ -429,8 +429,11 @@ class WorkerState:
         self._govern(self.governor.handle(mem.Ready(now, task.key, task.producer)), now, out)
 
     def _run(self, task: ToRun, out: list[Command]) -> None:
+        on_disk = self.on_disk
         if self.queued or (
-            len(self.running) >= self.nthreads and any(dk in self.on_disk for dk, _ in task.deps)
+            on_disk
+            and len(self.running) >= self.nthreads
+            and any(dk in on_disk for dk, _ in task.deps)
         ):
             # Its inputs are on disk: load them only when a thread is free for it, not
             # for every task queued ahead in the executor at once.
@@ -450,22 +453,38 @@ class WorkerState:
     def _finished(self, ev: TasksFinished, out: list[Command]) -> None:
         results = []
         killed = self.governor.killed
+        running, held, peaks, copies = self.running, self.held, self._peaks, self.copied
         for res, value in ev.results:
             key = res.key
-            self.running.pop(key, None)
+            running.pop(key, None)
+            self.tasks_run += 1
+            outcome = res.outcome
+            peak = peaks.pop(key, 0) if peaks else 0
+            if (
+                outcome == "ok"
+                and peak <= res.rss
+                and not (copies and key in copies)
+                and not (self.cancelled and key in self.cancelled)
+                and not (killed and key in killed)
+            ):
+                # The common case: the executor's result is the report, as it is.
+                held[key] = res.nbytes
+                self.on_disk.discard(key)
+                out.append(Store(key, value, res.nbytes))
+                results.append(res)
+                continue
             if killed and key in killed:
                 self.governor.handle(mem.Finished(ev.now, key))
-            rss = self._killed_at.pop(key, res.rss) if res.outcome == "oom" else res.rss
-            copied = self.copied.pop(key, None)
+            killed_rss = self._killed_at.pop(key, None)
+            rss = killed_rss if outcome == "oom" and killed_rss is not None else res.rss
+            copied = copies.pop(key, None)
             fetched = self._keep_copies(copied, out) if copied else res.fetched
-            peak = max(self._peaks.pop(key, 0), rss)
-            outcome = res.outcome
             if key in self.cancelled:
                 self.cancelled.discard(key)
                 if outcome != "error":
                     outcome, value = "cancelled", None
             if outcome == "ok":
-                self.held[key] = res.nbytes
+                held[key] = res.nbytes
                 self.on_disk.discard(key)
                 out.append(Store(key, value, res.nbytes))
             nbytes = res.nbytes if outcome == "ok" else 0
@@ -482,10 +501,9 @@ class WorkerState:
                     missing=res.missing,
                     fetched=fetched,
                     rss_before=res.rss_before,
-                    rss_peak=peak,
+                    rss_peak=max(peak, rss) if peak else 0,
                 )
             )
-            self.tasks_run += 1
         if results:
             out.append(ReportDone(tuple(results)))
         self._start_queued(out)

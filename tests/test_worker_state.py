@@ -89,7 +89,7 @@ def ok(key: Key, nbytes: int = 10, value: Any = "v") -> tuple[TaskResult, Any]:
 
 
 def done(key: Key, nbytes: int = 10, **fields: Any) -> TaskResult:
-    fields.setdefault("rss_peak", 100)
+    """The report of ``ok(key)``: its peak RSS is 0 (not sampled) unless given."""
     return TaskResult(key, "ok", 1.0, 2.0, nbytes, 100, rss_before=90, **fields)
 
 
@@ -123,7 +123,7 @@ def test_an_error_is_reported_and_nothing_is_stored() -> None:
     boom = ValueError("boom")
     res = TaskResult("a", "error", 1.0, 2.0, 0, 100, boom)
     assert feed(s, TasksFinished(0.0, ((res, None),))) == [
-        ReportDone((TaskResult("a", "error", 1.0, 2.0, 0, 100, boom, rss_peak=100),)),
+        ReportDone((TaskResult("a", "error", 1.0, 2.0, 0, 100, boom),)),
         Sample(),
     ]
     assert s.held == {}
@@ -332,7 +332,7 @@ def test_a_cancelled_running_task_is_reported_cancelled_whatever_it_returned() -
     assert feed(s, CancelRequested(1.0, ("a",))) == [CancelRunning("a")]
     assert feed(s, CancelRequested(1.0, ("a",))) == []  # asked once
     assert finish(s, "a") == [
-        ReportDone((TaskResult("a", "cancelled", 1.0, 2.0, 0, 100, rss_before=90, rss_peak=100),)),
+        ReportDone((TaskResult("a", "cancelled", 1.0, 2.0, 0, 100, rss_before=90),)),
         Sample(),
     ]
     assert s.held == {}
