@@ -412,6 +412,23 @@ def slurm_time(walltime: float | str) -> str:
     return f"{days}-{h:02d}:{m:02d}:{s:02d}" if days else f"{h:02d}:{m:02d}:{s:02d}"
 
 
+def walltime_seconds(walltime: float | str) -> int:
+    """Seconds of a walltime given as seconds or as a Slurm time (``MM``, ``MM:SS``,
+    ``HH:MM:SS``, ``D-HH``, ``D-HH:MM``, ``D-HH:MM:SS``)."""
+    text = slurm_time(walltime)
+    days = 0
+    if "-" in text:
+        d, text = text.split("-", 1)
+        days = int(d)
+        parts = [int(x) for x in text.split(":")]
+        parts += [0] * (3 - len(parts))  # D-HH, D-HH:MM
+    else:
+        parts = [int(x) for x in text.split(":")]
+        parts = {1: [0, parts[0], 0], 2: [0, *parts]}.get(len(parts), parts)  # MM, MM:SS
+    h, m, sec = parts
+    return ((days * 24 + h) * 60 + m) * 60 + sec
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class SlurmOptions:
     """The ``#SBATCH`` side of a pool (Parsl's names where they mean the same)."""
@@ -513,6 +530,13 @@ def batch_script(
         'CORRAL_NODE_HOST=$(hostname -I 2>/dev/null | cut -d" " -f1)',
         "export CORRAL_NODE_HOST=${CORRAL_NODE_HOST:-$(hostname)}",
         "export PYTHONUNBUFFERED=1",
+    ]
+    if options.walltime:
+        # Each worker knows when its walltime ends (--deadline's default): it is
+        # drained before it, and a signal near it is the walltime, not a preemption.
+        seconds = walltime_seconds(options.walltime)
+        lines.append(f"export CORRAL_DEADLINE=$(( $(date +%s) + {seconds} ))")
+    lines += [
         "pids=()",
         "# Preemption, scancel or --signal: pass SIGTERM to the workers (they leave cleanly).",
         "trap 'kill -TERM \"${pids[@]}\" 2>/dev/null' TERM INT",

@@ -218,10 +218,11 @@ def build_parser() -> argparse.ArgumentParser:
     wrk.add_argument(
         "--deadline",
         type=float,
-        default=None,
+        default=float(os.environ["CORRAL_DEADLINE"]) if os.environ.get("CORRAL_DEADLINE") else None,
         metavar="EPOCH",
-        help="when its walltime ends (seconds since the epoch; a batch provider sets it): "
-        "a stop signal within a minute of it is reported as walltime, not preemption",
+        help="when its walltime ends (seconds since the epoch; default: CORRAL_DEADLINE, "
+        "which a Slurm block's script sets): the worker is drained before it, and a stop "
+        "signal within a minute of it is reported as walltime, not preemption",
     )
     wrk.add_argument(
         "--grace",

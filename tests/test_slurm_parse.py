@@ -27,6 +27,7 @@ from actors.slurm import (
     parse_scontrol_job,
     parse_squeue,
     slurm_time,
+    walltime_seconds,
 )
 from runtime.errors import BatchSystemError, SubmissionsSuspended
 
@@ -419,6 +420,15 @@ def test_batch_script_has_the_pool_options() -> None:
     first_command = next(i for i, ln in enumerate(lines[1:], 1) if ln and ln[0] not in "#")
     assert all(i < first_command for i, ln in enumerate(lines) if ln.startswith("#SBATCH"))
     assert "srun" not in text
+
+
+def test_walltimes_in_seconds_and_the_workers_deadline() -> None:
+    cases = {90: 90, "30": 1800, "1:30": 90, "01:30:00": 5400, "2-3": 183600,
+             "2-03:04": 183840, "1-00:00:01": 86401, 59.5: 60}  # fmt: skip
+    assert {w: walltime_seconds(w) for w in cases} == cases
+    text = _script(SlurmOptions(walltime="1:00:00"))
+    assert "export CORRAL_DEADLINE=$(( $(date +%s) + 3600 ))" in text.splitlines()
+    assert "CORRAL_DEADLINE" not in _script(SlurmOptions())
 
 
 def test_batch_script_without_options_asks_for_no_partition_or_time() -> None:

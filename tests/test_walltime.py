@@ -131,7 +131,9 @@ async def test_a_worker_process_deadline_reaches_the_scheduler(tmp_path: Path) -
     deadline = time.time() + 3600
     with Cli(tmp_path / "home") as cli, anyio.fail_after(LIMIT):
         _, address = cli.manager()
-        cli.worker(address, "--name", "timed", "--deadline", str(deadline))
+        cli.env["CORRAL_DEADLINE"] = str(deadline)  # what a Slurm block's script exports
+        cli.worker(address, "--name", "timed")
+        del cli.env["CORRAL_DEADLINE"]
         async with Cluster(address) as c:
             await c.wait_for_workers(1)
             status = await c.status()
