@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import time
 from collections import deque
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -23,6 +24,7 @@ from actors.autoscaler_state import (
     AutoscalerConfig,
     AutoscalerState,
     BlockEnded,
+    BlockRequeued,
     BlockStarted,
     BlockStartFailed,
     BlockStopped,
@@ -34,6 +36,7 @@ from actors.autoscaler_state import (
     PolicyChanged,
     QueuesSeen,
     ReportGone,
+    Resumed,
     Shutdown,
     StartBlock,
     StopBlock,
@@ -43,13 +46,15 @@ from actors.autoscaler_state import (
 from actors.providers import Block, BlockSpec, BlockState, Provider
 from policies import REGISTRY, PolicyRegistry
 from policies.scaling import PoolLimits
-from runtime.errors import ActorStopped, AskTimeout
+from runtime.errors import ActorStopped, AskTimeout, BatchSystemError, SubmissionsSuspended
 from runtime.kernel import Actor, ActorRef, handles
 from runtime.messages import (
     AutoscalerStatus,
+    BatchErrorInfo,
     DrainRequest,
     Message,
     PolicyInfo,
+    ResumeRequest,
     ScaleRequest,
     SetPolicyRequest,
     StatusRequest,
@@ -119,6 +124,8 @@ class Autoscaler(Actor):
         self._owners: dict[str, Provider] = {}  #: the provider of each, by core id
         self.tick = tick  #: seconds between ticks of the core
         self.drain_timeout = drain_timeout  #: seconds to wait for a drain's answer
+        #: per pool: the provider's latest watching failure and since when (Unix time)
+        self._watch_errors: dict[str, tuple[Exception, float]] = {}
 
     # -- views -----------------------------------------------------------------------
 
@@ -194,6 +201,21 @@ class Autoscaler(Actor):
             try:
                 provider = self.provider_for(cmd.pool)
                 block = await provider.start_block(cmd.spec)
+            except SubmissionsSuspended as exc:
+                self.log.error("the batch system refused too often: pool paused until resumed",
+                               pool=cmd.pool, error=str(exc))  # fmt: skip
+                return BlockStartFailed(
+                    self.clock.now(), cmd.request, str(exc), command="sbatch", suspended=True
+                )
+            except BatchSystemError as exc:
+                wait = provider.retry_in()
+                self.log.error("the batch system did not take a block; backing off",
+                               pool=cmd.pool, error=str(exc), retry_in=wait)  # fmt: skip
+                now = self.clock.now()
+                return BlockStartFailed(
+                    now, cmd.request, str(exc), batch=True, command=exc.command,
+                    retry_at=None if wait is None else now + wait,
+                )  # fmt: skip
             except Exception as exc:
                 self.log.error("could not start a block", pool=cmd.pool, error=repr(exc))
                 return BlockStartFailed(self.clock.now(), cmd.request, repr(exc))
@@ -249,6 +271,14 @@ class Autoscaler(Actor):
     @handles(_Tick)
     async def on_tick(self, msg: _Tick) -> None:
         now = self.clock.now()
+        requeued = [
+            BlockRequeued(now, bid, h.incarnation, h.requeue_cause or "requeued")
+            for bid, b in self.state.blocks.items()
+            if (h := self._handles.get(bid)) is not None and h.incarnation > b.incarnation
+        ]
+        if requeued:
+            await self._handle(*requeued)
+        self._note_batch_errors()
         if getattr(self.state.policy, "uses_queues", False):
             try:
                 status = await self.scheduler.ask(StatusRequest(), timeout=self.tick)
@@ -258,9 +288,45 @@ class Autoscaler(Actor):
                 processing = status.get("processing")
                 if not isinstance(processing, dict):
                     processing = None
-                await self._handle(QueuesSeen(now, status["queues"], processing))
+                draining = frozenset(
+                    str(w) for k in ("draining", "retired") for w in status.get(k) or ()
+                )
+                await self._handle(QueuesSeen(now, status["queues"], processing, draining))
                 return
         await self._handle(Tick(now))
+
+    def _pool_providers(self) -> dict[str, Provider]:
+        if self.providers is not None:
+            return dict(self.providers)
+        assert self.provider is not None
+        return {p: self.provider for p in self.state.pools}
+
+    def _note_batch_errors(self) -> None:
+        """Remember since when each pool's provider reports a failure of the batch
+        system while watching its blocks (squeue, scontrol)."""
+        for pool, provider in self._pool_providers().items():
+            err = provider.batch_error()
+            if err is None:
+                self._watch_errors.pop(pool, None)
+            elif pool not in self._watch_errors or self._watch_errors[pool][0] is not err:
+                self._watch_errors[pool] = (err, time.time())
+
+    @handles(ResumeRequest)
+    async def resume(self, msg: ResumeRequest) -> dict[str, object]:
+        """An operator resumes ``msg.pool``: its provider submits again, and the core
+        asks for its blocks now."""
+        provider = self.provider_for(msg.pool)
+        if msg.pool not in self.state.pools:
+            raise ValueError(f"there is no pool {msg.pool!r}")
+        was = {
+            "paused": msg.pool in self.state.paused or provider.suspended(),
+            "backing_off": self.state.waiting(msg.pool) is not None,
+            "gave_up": msg.pool in self.state.gave_up,
+        }
+        provider.resume()
+        self.log.warning("pool resumed by an operator", pool=msg.pool, **was)
+        await self._handle(Resumed(self.clock.now(), msg.pool))
+        return {"pool": msg.pool, **was, "blocks": self.state.counts().get(msg.pool, 0)}
 
     @handles(ScaleRequest)
     async def scale(self, msg: ScaleRequest) -> dict[str, int]:
@@ -285,6 +351,21 @@ class Autoscaler(Actor):
     @handles(StatusRequest)
     def status(self, msg: StatusRequest) -> AutoscalerStatus:
         st = self.state
+        now, wall = self.clock.now(), time.time()
+        self._note_batch_errors()
+        errors: dict[str, BatchErrorInfo] = {}
+        for pool, provider in self._pool_providers().items():
+            suspended = pool in st.paused or provider.suspended()
+            problem = st.errors.get(pool)
+            if problem is not None:
+                errors[pool] = BatchErrorInfo(
+                    problem.command, problem.error, wall - (now - problem.at), suspended,
+                    st.waiting(pool), problem.failures,
+                )  # fmt: skip
+            elif pool in self._watch_errors:
+                err, at = self._watch_errors[pool]
+                command = getattr(err, "command", "") or type(err).__name__
+                errors[pool] = BatchErrorInfo(command, str(err), at, suspended)
         return AutoscalerStatus(
             targets={p: s.target for p, s in st.pools.items()},
             desired={p: s.desired for p, s in st.pools.items()},
@@ -294,4 +375,15 @@ class Autoscaler(Actor):
             gave_up=tuple(sorted(st.gave_up)),
             policy=getattr(st.policy, "name", type(st.policy).__name__),
             policy_errors=st.policy_errors,
+            incarnations={
+                b: self._handles[b].incarnation
+                for b in st.blocks
+                if self._handles[b].incarnation > 1
+            },
+            details={b: self._handles[b].detail for b in st.blocks if self._handles[b].detail},
+            ends=tuple(dataclasses.replace(e, at=wall - (now - e.at)) for e in st.ends),
+            budget_spent=len(st.replacements),
+            budget=st.config.max_replacements,
+            batch_errors=errors,
+            paused=tuple(sorted(st.paused)),
         )

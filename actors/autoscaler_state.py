@@ -22,10 +22,24 @@ else, or a policy that raises, falls back to the target and counts in
   whose workers the scheduler does not know (``DrainAnswered(known=False)``: they never
   joined, so they run nothing) is stopped (:class:`StopBlock`).
 
-A block that ends unasked is reported (:class:`ReportGone`, cause ``crash`` if it
-failed, else ``unknown``) and replaced, within a budget: more than ``max_replacements``
-unasked ends (and failed starts) within ``replacement_window`` seconds and the pool
-*gives up* (:class:`GaveUp`) until its target is set again.
+A block that ends unasked is reported (:class:`ReportGone`) with the cause its end
+state says and replaced. Ends that cost nothing are expected: ``preempted`` (the batch
+system took the node back) and ``walltime`` (TIMEOUT, or COMPLETED after the scheduler
+drained its workers before their walltime; ``drained`` for another drain). A requeued
+block (:class:`BlockRequeued`: same job, a new incarnation) is not an end: its workers
+are reported gone (``preempted`` if a preemption requeued it) and the block stays. The
+others (FAILED: ``crash``; MISSING, CANCELLED by someone else, COMPLETED unasked:
+``unknown``) spend the *replacement budget*, which stops crash loops: more than
+``max_replacements`` of them (and failed starts that are not the batch system's)
+within ``replacement_window`` seconds and the pool *gives up* (:class:`GaveUp`) until
+its target is set again or it is resumed.
+
+The batch system not answering (:class:`BlockStartFailed` with ``batch=True``) spends
+no budget: the pool *backs off*, asking again at the provider's ``retry_at`` or after
+its own exponential back-off (``backoff`` doubled per failure in a row, up to
+``max_backoff``); a provider that stopped submitting (``suspended=True``) *pauses* the
+pool until :class:`Resumed`. The latest error of each pool is kept for the status
+(:attr:`AutoscalerState.errors`) until a block of it starts again.
 
 :class:`Shutdown` stops every block (no replacements afterwards).
 """
@@ -40,12 +54,16 @@ from typing import Any
 
 from policies import DEFAULTS, REGISTRY, PoolView, ScalingPolicy
 from policies.scaling import LoadView, PoolLimits
+from runtime.messages import BlockEndInfo as BlockEnd
 
 __all__ = [
     "AutoscalerConfig",
     "AutoscalerState",
+    "BatchProblem",
+    "BlockEnd",
     "BlockEnded",
     "BlockRecord",
+    "BlockRequeued",
     "BlockStartFailed",
     "BlockStarted",
     "BlockStopped",
@@ -58,6 +76,7 @@ __all__ = [
     "PoolState",
     "QueuesSeen",
     "ReportGone",
+    "Resumed",
     "Shutdown",
     "StartBlock",
     "StopBlock",
@@ -67,6 +86,9 @@ __all__ = [
 
 #: block states (``BlockState`` values in ``actors/providers.py``) that are not final
 LIVE_STATES = frozenset({"pending", "running", "held"})
+
+#: how many ended blocks the core remembers for the status
+MAX_ENDS = 50
 
 
 # ----------------------------------------------------------------------------- events
@@ -104,10 +126,18 @@ class BlockStarted(Event):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class BlockStartFailed(Event):
-    """The provider raised on :class:`StartBlock` ``request``: counts as an unasked end."""
+    """The provider raised on :class:`StartBlock` ``request``. ``batch``: the batch
+    system did not answer or refused (``command`` says which call): the pool backs off
+    (until ``retry_at`` when the provider says, else by its own back-off) and spends no
+    budget; ``suspended``: the provider stopped submitting until resumed (the pool
+    pauses). Any other failure counts as an unasked end."""
 
     request: int
     error: str
+    batch: bool = False
+    command: str = ""
+    retry_at: float | None = None
+    suspended: bool = False
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -116,6 +146,25 @@ class BlockEnded(Event):
 
     block: str
     state: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BlockRequeued(Event):
+    """The batch system requeued ``block`` (same job, run ``incarnation``, counted from
+    1) because of ``cause`` (``preempted``, or ``requeued`` for any other reason): its
+    workers of the earlier run are gone; the block itself lives on (pending)."""
+
+    block: str
+    incarnation: int
+    cause: str = "preempted"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Resumed(Event):
+    """An operator resumed ``pool``: ask for its blocks again now (clears its pause,
+    its back-off and its giving up)."""
+
+    pool: str
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -139,13 +188,16 @@ class DrainAnswered(Event):
 class QueuesSeen(Event):
     """Ready tasks per pool, as the scheduler counts them (``"*"``: any pool), and, if
     known, the tasks each worker has in hand (``processing``, by worker id: the workers
-    the scheduler knows). With ``processing`` the core knows which running blocks are
+    the scheduler knows), and the workers it drains (``draining``: a block whose
+    workers the scheduler drained, e.g. before their walltime, ends on purpose). With
+    ``processing`` the core knows which running blocks are
     idle (every worker of it known and running nothing) and since when, and how many
     tasks are active per pool (its ready tasks, those of any pool, and those its
     blocks run)."""
 
     queued: Mapping[str, int]
     processing: Mapping[str, int] | None = None
+    draining: frozenset[str] = frozenset()  #: workers the scheduler drains (or retired)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -210,6 +262,20 @@ class ReportGone(Command):
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class BatchProblem:
+    """The latest failed submission of a pool: the ``command`` and its ``error``,
+    ``at`` (the core's clock), whether the provider ``suspended`` submissions, and when
+    the pool asks again (``retry_at``; None while suspended)."""
+
+    command: str
+    error: str
+    at: float
+    suspended: bool
+    retry_at: float | None
+    failures: int = 1  #: in a row
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class GaveUp(Command):
     """``pool``'s workers keep ending (``ended`` in ``window`` seconds): no more
     replacements until its target is set again."""
@@ -227,6 +293,8 @@ class AutoscalerConfig:
     max_replacements: int = 10  #: unasked ends tolerated within the window
     replacement_window: float = 60.0  #: seconds
     max_blocks: int = 1024  #: per pool: the most any proposal may ask for
+    backoff: float = 2.0  #: seconds after a first batch-system failure, doubled per failure
+    max_backoff: float = 120.0  #: seconds, the longest back-off
 
 
 @dataclasses.dataclass(slots=True)
@@ -243,6 +311,8 @@ class BlockRecord:
     drained: set[str] = dataclasses.field(default_factory=set)  #: the scheduler drains them
     unknown: set[str] = dataclasses.field(default_factory=set)  #: the scheduler knows not
     idle_since: float | None = None  #: when its workers were first seen all idle
+    incarnation: int = 1  #: the batch system's run of it (a requeue starts the next)
+    sched_drained: bool = False  #: the scheduler was seen draining a worker of it
 
 
 @dataclasses.dataclass(slots=True)
@@ -274,6 +344,11 @@ class AutoscalerState:
         self.ended = 0  #: blocks that ended (asked or not)
         self.replacements: deque[float] = deque()  #: when unasked ends happened
         self.gave_up: set[str] = set()  #: pools whose workers kept ending
+        self.paused: set[str] = set()  #: pools whose provider stopped submitting
+        self.retry_at: dict[str, float] = {}  #: pools backing off: no request before then
+        self.errors: dict[str, BatchProblem] = {}  #: the latest failed submission per pool
+        #: the latest ends and requeues (``at``: the core's clock)
+        self.ends: deque[BlockEnd] = deque(maxlen=MAX_ENDS)
         self.closing = False
         self.policy_errors = 0
         self.queued: Mapping[str, int] | None = None
@@ -326,13 +401,33 @@ class AutoscalerState:
         pool = self.requests.pop(ev.request)
         state = ev.state if ev.state in LIVE_STATES else "running"  # ends: BlockEnded
         self.blocks[ev.block] = BlockRecord(ev.block, pool, ev.workers, state)
+        self.retry_at.pop(pool, None)  # the batch system answers again
+        self.errors.pop(pool, None)
         if self.closing:
             self._stop(self.blocks[ev.block])
 
     def _block_start_failed(self, ev: BlockStartFailed) -> None:
         pool = self.requests.pop(ev.request)
-        self.ended += 1
-        self._unasked_end(pool)
+        if not (ev.batch or ev.suspended):
+            self.ended += 1
+            self._unasked_end(pool)
+            return
+        # The batch system did not answer or refused: not the workers' fault.
+        before = self.errors.get(pool)
+        failures = before.failures + 1 if before is not None else 1
+        retry_at: float | None = None
+        if ev.suspended or pool in self.paused:  # paused already: it stays paused
+            self.paused.add(pool)
+            self.retry_at.pop(pool, None)
+        else:
+            own = self._now + min(
+                self.config.backoff * 2 ** (failures - 1), self.config.max_backoff
+            )
+            retry_at = ev.retry_at if ev.retry_at is not None and ev.retry_at > self._now else own
+            self.retry_at[pool] = retry_at
+        self.errors[pool] = BatchProblem(
+            ev.command, ev.error, self._now, pool in self.paused, retry_at, failures
+        )
 
     def _block_ended(self, ev: BlockEnded) -> None:
         b = self.blocks.pop(ev.block, None)
@@ -340,11 +435,54 @@ class AutoscalerState:
             return  # stopped on purpose (BlockStopped came first) or unknown
         self.ended += 1
         if b.retiring or self.closing:
-            self._out.append(ReportGone(b.block_id, b.workers, "drained", ev.state))
+            self._ended(b, ev.state, "drained", False)
             return
-        cause = "crash" if ev.state == "failed" else "unknown"
-        self._out.append(ReportGone(b.block_id, b.workers, cause, ev.state))
-        self._unasked_end(b.pool)
+        cause, charged = self._cause(b, ev.state)
+        self._ended(b, ev.state, cause, charged)
+        if charged:
+            self._unasked_end(b.pool)
+
+    def _cause(self, b: BlockRecord, state: str) -> tuple[str, bool]:
+        """Why block ``b`` ended in ``state`` unasked, and whether that spends the
+        replacement budget (only ends that may be a crash loop do)."""
+        if state == "preempted":
+            return "preempted", False
+        if state == "timeout":
+            return "walltime", False
+        if state == "completed" and b.sched_drained:
+            ps = self.pools[b.pool]
+            walltime = ps.limits is not None and ps.limits.walltime is not None
+            return ("walltime" if walltime else "drained"), False
+        if state == "failed":
+            return "crash", True
+        return "unknown", True
+
+    def _ended(self, b: BlockRecord, state: str, cause: str, charged: bool) -> None:
+        self._out.append(ReportGone(b.block_id, b.workers, cause, state))
+        end = BlockEnd(b.block_id, b.pool, state, cause, charged, self._now, b.incarnation)
+        self.ends.append(end)
+
+    def _block_requeued(self, ev: BlockRequeued) -> None:
+        b = self.blocks.get(ev.block)
+        if b is None or ev.incarnation <= b.incarnation:
+            return  # ended, or this run was reported already
+        b.incarnation = ev.incarnation
+        b.idle_since = None
+        b.sched_drained = False
+        b.state = "pending"
+        cause = "preempted" if ev.cause == "preempted" else "unknown"
+        self._out.append(ReportGone(b.block_id, b.workers, cause, "requeued"))
+        self.ends.append(
+            BlockEnd(b.block_id, b.pool, "requeued", cause, False, self._now, ev.incarnation - 1)
+        )
+
+    def _resumed(self, ev: Resumed) -> None:
+        if ev.pool not in self.pools:
+            raise ValueError(f"there is no pool {ev.pool!r}")
+        self.paused.discard(ev.pool)
+        self.retry_at.pop(ev.pool, None)
+        self.gave_up.discard(ev.pool)
+        self.errors.pop(ev.pool, None)
 
     def _block_stopped(self, ev: BlockStopped) -> None:
         if self.blocks.pop(ev.block, None) is not None:
@@ -361,6 +499,10 @@ class AutoscalerState:
 
     def _queues_seen(self, ev: QueuesSeen) -> None:
         self.queued = dict(ev.queued)
+        if ev.draining:
+            for b in self.blocks.values():
+                if not b.retiring and ev.draining.intersection(b.workers):
+                    b.sched_drained = True
         if ev.processing is None:
             return
         self.processing = dict(ev.processing)
@@ -456,6 +598,19 @@ class AutoscalerState:
             n = min(max(n, 0), most)
         return n
 
+    def _may_request(self, pool: str) -> bool:
+        """``pool`` may ask for a block now: it did not give up, is not paused and is
+        not backing off."""
+        if pool in self.gave_up or pool in self.paused:
+            return False
+        return self._now >= self.retry_at.get(pool, self._now)
+
+    def waiting(self, pool: str) -> float | None:
+        """Seconds until ``pool`` asks again after a batch-system failure (None: it is
+        not backing off)."""
+        at = self.retry_at.get(pool)
+        return None if at is None or at <= self._now else at - self._now
+
     def _most(self, ps: PoolState) -> int:
         """The most blocks ``ps`` may have."""
         if ps.limits is None:
@@ -470,7 +625,7 @@ class AutoscalerState:
             ps.retiring = sum(1 for b in self.blocks.values() if b.pool == ps.pool and b.retiring)
             ps.desired = want = self._desired(ps)
             have = ps.blocks + ps.requested
-            while have < want and ps.pool not in self.gave_up:
+            while have < want and self._may_request(ps.pool):
                 request = next(self._ids)
                 self.requests[request] = ps.pool
                 self._out.append(StartBlock(request, ps.pool, ps.spec))
@@ -501,6 +656,9 @@ class AutoscalerState:
                 assert b.unknown != set(b.workers), (b, "idle but not stopped")
         assert set(self.requests.values()) <= self.pools.keys(), self.requests
         assert self.gave_up <= self.pools.keys(), self.gave_up
+        assert self.paused <= self.pools.keys(), self.paused
+        assert self.retry_at.keys() <= self.pools.keys(), self.retry_at
+        assert not (self.paused & self.retry_at.keys()), (self.paused, self.retry_at)
         horizon = self._now - self.config.replacement_window
         assert all(horizon <= t <= self._now for t in self.replacements), self.replacements
         assert list(self.replacements) == sorted(self.replacements), self.replacements
@@ -512,7 +670,7 @@ class AutoscalerState:
             assert 0 <= ps.desired <= self._most(ps), ps
             # Requests in flight cannot be taken back: beyond them, exactly the proposal
             # (at most, once the pool gave up).
-            if pool in self.gave_up:
+            if not self._may_request(pool):
                 assert live <= max(ps.desired, ps.requested), (pool, live, ps)
             else:
                 assert live == max(ps.desired, ps.requested), (pool, live, ps)
@@ -539,6 +697,8 @@ _DISPATCH: dict[type, Any] = {
     BlockStartFailed: AutoscalerState._block_start_failed,
     BlockEnded: AutoscalerState._block_ended,
     BlockStopped: AutoscalerState._block_stopped,
+    BlockRequeued: AutoscalerState._block_requeued,
+    Resumed: AutoscalerState._resumed,
     DrainAnswered: AutoscalerState._drain_answered,
     QueuesSeen: AutoscalerState._queues_seen,
     PolicyChanged: AutoscalerState._policy_changed,

@@ -75,6 +75,8 @@ class Block:
     state: BlockState
     workers: list[str]
     detail: str = ""
+    incarnation: int = 1  #: the batch system's run of it: a requeue starts the next
+    requeue_cause: str = ""  #: why the latest requeue happened (``preempted``, ``requeued``)
 
 
 class Provider(abc.ABC):
@@ -95,6 +97,21 @@ class Provider(abc.ABC):
     @abc.abstractmethod
     async def wait_ended(self, block: Block) -> BlockState:
         """Return once the block is in a terminal state, with that state."""
+
+    def resume(self) -> None:  # noqa: B027 - optional, nothing to do by default
+        """Submit again after the provider stopped submitting (an operator's call)."""
+
+    def retry_in(self) -> float | None:
+        """Seconds before the provider submits again after a failure (None: no wait)."""
+        return None
+
+    def batch_error(self) -> Exception | None:
+        """The batch system's latest failure while watching blocks (None: it answers)."""
+        return None
+
+    def suspended(self) -> bool:
+        """The provider stopped submitting until :meth:`resume`."""
+        return False
 
 
 class WorkerFactory(Protocol):

@@ -803,6 +803,16 @@ class SlurmProvider(Provider):
             self._log.warning("submissions resumed by an operator")
         self.failures.resume()
 
+    def retry_in(self) -> float | None:
+        left = self.failures.retry_at - anyio.current_time()
+        return left if left > 0 else None
+
+    def batch_error(self) -> Exception | None:
+        return self.error
+
+    def suspended(self) -> bool:
+        return self.failures.tripped
+
     def status(self) -> dict[str, Any]:
         """What an operator needs: the latest error, whether submitting is suspended,
         and each block's job, Slurm state and incarnation."""
@@ -948,6 +958,7 @@ class SlurmProvider(Provider):
         state = rec.observe(info, stderr)
         if rec.restarts != before:
             last = rec.incarnations[-1]
+            job.block.incarnation, job.block.requeue_cause = rec.restarts + 1, last.cause
             self._log.warning(
                 "block requeued: a new incarnation", block=job.block.block_id,
                 job=rec.job_id, incarnation=rec.restarts + 1, cause=last.cause,

@@ -26,6 +26,7 @@ class PoolLimits:
     parallelism: float = 1.0  #: slots wanted per active task, 0..1
     slots_per_block: int = 1  #: tasks a block runs at once (workers x cores per worker)
     max_idletime: float = 120.0  #: seconds a block may stay idle before it is drained
+    walltime: float | None = None  #: seconds a block may run (None: no limit known)
 
     def __post_init__(self) -> None:
         if not 0 <= self.min_blocks <= self.init_blocks <= self.max_blocks:

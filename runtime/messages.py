@@ -503,10 +503,48 @@ class FilesStatus(Message):
 
 
 @message()
+class BlockEndInfo(Message):
+    """How a block ended, or was requeued (``state`` ``requeued``: the batch system runs
+    the same job again as its next incarnation): its final ``state``, the ``cause`` its
+    workers were reported gone with (``preempted``, ``walltime``, ``drained``, ``crash``,
+    ``unknown``), whether it spent the replacement budget (``charged``), when (``at``,
+    Unix time) and which run of it ended (``incarnation``, from 1)."""
+
+    block: str
+    pool: str
+    state: str
+    cause: str
+    charged: bool
+    at: float
+    incarnation: int = 1
+
+
+@message()
+class BatchErrorInfo(Message):
+    """The batch system's latest failure for a pool: the ``command`` (``sbatch
+    --parsable``, ``squeue``, ...) and its ``error`` (what it printed and what to do),
+    ``at`` (Unix time), ``suspended`` (the pool asks for no block until an operator
+    resumes it: console ``resume POOL``), ``retry_in`` (seconds until it asks again,
+    None: not backing off) and ``failures`` (failed submissions in a row)."""
+
+    command: str
+    error: str
+    at: float
+    suspended: bool = False
+    retry_in: float | None = None
+    failures: int = 0
+
+
+@message()
 class AutoscalerStatus(Message):
     """The autoscaler's state: target and desired workers per pool, live blocks and
     their state, the ones retiring, blocks ended so far, pools it gave up on (their
-    workers kept ending), its policy and the policy's refused answers."""
+    workers kept ending), its policy and the policy's refused answers; per live block
+    its incarnation when the batch system requeued it (``incarnations``) and the
+    provider's words (``details``); the latest ends (``ends``); the unasked ends
+    that spent the replacement budget in its window (``budget_spent`` of
+    ``budget``); per pool the batch system's latest error (``batch_errors``) and the
+    pools paused until resumed (``paused``)."""
 
     targets: dict[str, int] = dataclasses.field(default_factory=dict)
     desired: dict[str, int] = dataclasses.field(default_factory=dict)
@@ -516,6 +554,13 @@ class AutoscalerStatus(Message):
     gave_up: tuple[str, ...] = ()
     policy: str = ""
     policy_errors: int = 0
+    incarnations: dict[str, int] = dataclasses.field(default_factory=dict)
+    details: dict[str, str] = dataclasses.field(default_factory=dict)
+    ends: tuple[BlockEndInfo, ...] = ()
+    budget_spent: int = 0
+    budget: int = 0
+    batch_errors: dict[str, BatchErrorInfo] = dataclasses.field(default_factory=dict)
+    paused: tuple[str, ...] = ()
 
 
 @message()
@@ -566,8 +611,14 @@ class StatusReply(Message):
             out[name] = list(out[name])
         busy, auto = out.pop("autoscaler_busy"), out.pop("autoscaler")
         if auto is not None:
-            retiring, gave_up = list(auto.retiring), list(auto.gave_up)
-            out["autoscaler"] = {**auto.to_fields(), "retiring": retiring, "gave_up": gave_up}
+            out["autoscaler"] = {
+                **auto.to_fields(),
+                "retiring": list(auto.retiring),
+                "gave_up": list(auto.gave_up),
+                "paused": list(auto.paused),
+                "ends": [e.to_fields() for e in auto.ends],
+                "batch_errors": {p: e.to_fields() for p, e in auto.batch_errors.items()},
+            }
         elif busy:
             out["autoscaler"] = None
         return out
@@ -586,6 +637,15 @@ class ScaleRequest(Message):
 
     n: int
     pool: str = "default"
+
+
+@message()
+class ResumeRequest(Message):
+    """-> manager -> autoscaler: submit ``pool``'s blocks again (after the batch system
+    failed too often, or the pool gave up): resumes its provider and clears the
+    autoscaler's pause, back-off and giving up for it."""
+
+    pool: str
 
 
 @message()

@@ -325,7 +325,12 @@ def pool_targets(pools: Mapping[str, PoolConfig]) -> dict[str, PoolTarget]:
     """What the autoscaler starts with for configured pools: a floor of ``min_blocks``,
     the block shape, and the limits the ``demand`` strategy keeps to (which starts
     ``init_blocks``)."""
-    return {name: PoolTarget(p.min_blocks, p.block_spec(), p.limits()) for name, p in pools.items()}
+    return {
+        name: PoolTarget(
+            p.min_blocks, p.block_spec(), dataclasses.replace(p.limits(), walltime=p.walltime)
+        )
+        for name, p in pools.items()
+    }
 
 
 def pool_policies(

@@ -27,6 +27,7 @@ from actors.autoscaler_state import (
     AutoscalerConfig,
     AutoscalerState,
     BlockEnded,
+    BlockRequeued,
     BlockStarted,
     BlockStartFailed,
     BlockStopped,
@@ -38,6 +39,7 @@ from actors.autoscaler_state import (
     PolicyChanged,
     QueuesSeen,
     ReportGone,
+    Resumed,
     Shutdown,
     StartBlock,
     StopBlock,
@@ -392,7 +394,8 @@ class RandomCluster(RuleBasedStateMachine):
                 self.drains.append(cmd)
             elif isinstance(cmd, ReportGone):
                 assert cmd.block not in self.reported, cmd
-                self.reported.add(cmd.block)
+                if cmd.state != "requeued":  # a requeued block lives on
+                    self.reported.add(cmd.block)
                 self.joined -= set(cmd.workers)
             else:
                 assert isinstance(cmd, GaveUp), cmd
@@ -407,11 +410,16 @@ class RandomCluster(RuleBasedStateMachine):
         self.feed(TargetSet(self._later(), pool, n, pool))
 
     @precondition(lambda self: self.starts)
-    @rule(i=st.integers(0, 7), workers=st.integers(0, 2), pending=st.booleans(), ok=st.booleans())
-    def answer_start(self, i: int, workers: int, pending: bool, ok: bool) -> None:
+    @rule(
+        i=st.integers(0, 7), workers=st.integers(0, 2), pending=st.booleans(), ok=st.booleans(),
+        how=st.sampled_from(["other", "batch", "suspended"]),
+    )  # fmt: skip
+    def answer_start(self, i: int, workers: int, pending: bool, ok: bool, how: str) -> None:
         cmd = self.starts.pop(i % len(self.starts))
         if not ok:
-            self.feed(BlockStartFailed(self._later(), cmd.request, "no"))
+            now = self._later()
+            batch, suspended = how == "batch", how == "suspended"
+            self.feed(BlockStartFailed(now, cmd.request, "no", batch, "sbatch", None, suspended))
             return
         self.n += 1
         wids = tuple(f"w-{self.n}.{j}" for j in range(0 if pending else workers or 1))
@@ -440,7 +448,10 @@ class RandomCluster(RuleBasedStateMachine):
         self.feed(BlockStopped(self._later(), cmd.block))
 
     @precondition(lambda self: self.state.blocks)
-    @rule(i=st.integers(0, 7), state=st.sampled_from(["failed", "completed", "timeout"]))
+    @rule(
+        i=st.integers(0, 7),
+        state=st.sampled_from(["failed", "completed", "timeout", "preempted", "missing"]),
+    )
     def block_ends(self, i: int, state: str) -> None:
         bids = sorted(self.state.blocks)
         self.feed(BlockEnded(self._later(), bids[i % len(bids)], state))
@@ -459,6 +470,18 @@ class RandomCluster(RuleBasedStateMachine):
         )
         self.feed(BlockEnded(self._later(), b.block_id, "completed"))
         assert self.state.blocks.get(b.block_id) is None
+
+    @precondition(lambda self: self.state.blocks)
+    @rule(i=st.integers(0, 7), preempted=st.booleans())
+    def block_requeued(self, i: int, preempted: bool) -> None:
+        b = self.state.blocks[sorted(self.state.blocks)[i % len(self.state.blocks)]]
+        cause = "preempted" if preempted else "requeued"
+        self.feed(BlockRequeued(self._later(), b.block_id, b.incarnation + 1, cause))
+
+    @rule(pool=st.sampled_from(["a", "b"]))
+    def resume(self, pool: str) -> None:
+        if pool in self.state.pools:
+            self.feed(Resumed(self._later(), pool))
 
     @rule(dt=st.floats(0.0, 10.0))
     def tick(self, dt: float) -> None:

@@ -1,0 +1,212 @@
+"""The autoscaler's pure core when the batch system takes blocks back or does not answer
+(actors/autoscaler_state.py), driven by a virtual clock: events in, exact commands out.
+
+- A block ended by preemption, or requeued by it (a new incarnation of the same job),
+  is reported with cause ``preempted`` and costs no replacement budget; one that ended
+  at its walltime (TIMEOUT, or COMPLETED after the scheduler drained it) is ``walltime``,
+  free too. Crashes, vanished jobs and unexplained ends still spend the budget.
+- ``sbatch`` failing backs the pool off (the provider's ``retry_at``, else the core's
+  exponential back-off) without spending the budget; a provider that stopped
+  submitting pauses the pool until ``Resumed``.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from actors.autoscaler_state import (
+    AutoscalerConfig,
+    AutoscalerState,
+    BatchProblem,
+    BlockEnd,
+    BlockEnded,
+    BlockRequeued,
+    BlockStarted,
+    BlockStartFailed,
+    Command,
+    Event,
+    GaveUp,
+    QueuesSeen,
+    ReportGone,
+    Resumed,
+    StartBlock,
+    TargetSet,
+    Tick,
+)
+from policies.scaling import PoolLimits
+
+SPEC = "spec"
+
+
+def make(max_replacements: int = 1, **kw: float) -> AutoscalerState:
+    return AutoscalerState(AutoscalerConfig(max_replacements, 60.0, **kw))  # type: ignore[arg-type]
+
+
+def run(state: AutoscalerState, *events: Event) -> list[Command]:
+    out = state.handle(*events)
+    state.validate()
+    return out
+
+
+def one_block(s: AutoscalerState, now: float, request: int, pool: str = "ckpt") -> str:
+    bid = f"{pool}/block-{request}"
+    assert run(s, BlockStarted(now, request, bid, (f"w-{request}",))) == []
+    return bid
+
+
+def test_preempted_blocks_are_replaced_for_free_however_many() -> None:
+    s = make(max_replacements=1)  # one crash is tolerated, two give up
+    assert run(s, TargetSet(0.0, "ckpt", 1, SPEC)) == [StartBlock(1, "ckpt", SPEC)]
+    for i in range(1, 6):  # five preemptions within the window
+        bid = one_block(s, i * 2.0, i)
+        assert run(s, BlockEnded(i * 2.0 + 1, bid, "preempted")) == [
+            ReportGone(bid, (f"w-{i}",), "preempted", "preempted"),
+            StartBlock(i + 1, "ckpt", SPEC),
+        ]
+    assert list(s.replacements) == [] and s.gave_up == set()
+    assert [(e.cause, e.charged) for e in s.ends] == [("preempted", False)] * 5
+    # A crash still spends the budget: the second one within the window gives up.
+    bid = one_block(s, 20.0, 6)
+    assert run(s, BlockEnded(21.0, bid, "failed")) == [
+        ReportGone(bid, ("w-6",), "crash", "failed"),
+        StartBlock(7, "ckpt", SPEC),
+    ]
+    bid = one_block(s, 22.0, 7)
+    assert run(s, BlockEnded(23.0, bid, "missing")) == [
+        ReportGone(bid, ("w-7",), "unknown", "missing"),
+        GaveUp("ckpt", 2, 60.0),
+    ]
+    assert s.ends[-1] == BlockEnd(bid, "ckpt", "missing", "unknown", True, 23.0)
+
+
+def test_a_requeued_block_reports_its_workers_preempted_and_stays() -> None:
+    s = make(max_replacements=0)  # any charged end would give up at once
+    run(s, TargetSet(0.0, "ckpt", 1, SPEC))
+    bid = one_block(s, 1.0, 1)
+    assert run(s, BlockRequeued(5.0, bid, 2, "preempted")) == [
+        ReportGone(bid, ("w-1",), "preempted", "requeued")
+    ]
+    assert s.blocks[bid].incarnation == 2 and s.blocks[bid].state == "pending"
+    assert run(s, BlockRequeued(5.5, bid, 2, "preempted")) == []  # seen already
+    assert s.counts() == {"ckpt": 1}  # no second block: Slurm runs the same job again
+    assert list(s.replacements) == [] and s.gave_up == set()
+    assert s.ends[-1] == BlockEnd(bid, "ckpt", "requeued", "preempted", False, 5.0, 1)
+    # A requeue for another reason (an operator's scontrol requeue): unknown, still free.
+    assert run(s, BlockRequeued(9.0, bid, 3, "requeued")) == [
+        ReportGone(bid, ("w-1",), "unknown", "requeued")
+    ]
+    # The third run is preempted for good (PreemptMode=CANCEL): free, replaced.
+    assert run(s, BlockEnded(12.0, bid, "preempted")) == [
+        ReportGone(bid, ("w-1",), "preempted", "preempted"),
+        StartBlock(2, "ckpt", SPEC),
+    ]
+    assert s.ends[-1].incarnation == 3 and s.gave_up == set()
+
+
+def test_walltime_ends_are_free_and_say_walltime() -> None:
+    s = make(max_replacements=0)
+    limits = PoolLimits(min_blocks=1, max_blocks=2, init_blocks=1, walltime=180.0)
+    run(s, TargetSet(0.0, "ckpt", 1, SPEC, limits))
+    bid = one_block(s, 1.0, 1)
+    assert run(s, BlockEnded(181.0, bid, "timeout")) == [
+        ReportGone(bid, ("w-1",), "walltime", "timeout"),
+        StartBlock(2, "ckpt", SPEC),
+    ]
+    # COMPLETED after the scheduler drained its worker before the walltime.
+    bid = one_block(s, 182.0, 2)
+    run(s, QueuesSeen(300.0, {"ckpt": 0}, {"w-2": 1}, frozenset({"w-2"})))
+    assert run(s, BlockEnded(340.0, bid, "completed")) == [
+        ReportGone(bid, ("w-2",), "walltime", "completed"),
+        StartBlock(3, "ckpt", SPEC),
+    ]
+    assert list(s.replacements) == [] and s.gave_up == set()
+
+
+def test_completed_unasked_without_a_drain_spends_the_budget() -> None:
+    s = make(max_replacements=0)
+    run(s, TargetSet(0.0, "p", 1, SPEC))
+    bid = one_block(s, 1.0, 1, "p")
+    # No walltime configured, drained by the scheduler (an operator's drain): drained.
+    run(s, QueuesSeen(2.0, {}, {"w-1": 0}, frozenset({"w-1"})))
+    assert run(s, BlockEnded(3.0, bid, "completed"))[0] == ReportGone(
+        bid, ("w-1",), "drained", "completed"
+    )
+    bid = one_block(s, 4.0, 2, "p")
+    assert run(s, BlockEnded(5.0, bid, "completed")) == [
+        ReportGone(bid, ("w-2",), "unknown", "completed"),
+        GaveUp("p", 1, 60.0),
+    ]
+
+
+def test_sbatch_failing_backs_off_to_the_providers_retry_at_and_spends_nothing() -> None:
+    s = make(max_replacements=0)
+    assert run(s, TargetSet(0.0, "ckpt", 1, SPEC)) == [StartBlock(1, "ckpt", SPEC)]
+    failed = BlockStartFailed(
+        1.0, 1, "'sbatch --parsable' failed: Unable to contact slurm controller", batch=True,
+        command="sbatch --parsable", retry_at=9.0,
+    )  # fmt: skip
+    assert run(s, failed) == []  # not every tick: it waits
+    assert s.errors["ckpt"] == BatchProblem("sbatch --parsable", failed.error, 1.0, False, 9.0, 1)
+    assert s.waiting("ckpt") == 8.0
+    for now in (2.0, 5.0, 8.9):
+        assert run(s, Tick(now)) == []
+    assert run(s, Tick(9.0)) == [StartBlock(2, "ckpt", SPEC)]
+    # Without a retry_at from the provider: the core's own back-off, doubling.
+    assert run(s, BlockStartFailed(9.5, 2, "x", batch=True, command="sbatch")) == []
+    assert s.errors["ckpt"].retry_at == 9.5 + 4.0  # second failure in a row: 2 s x 2
+    assert run(s, Tick(13.4)) == []
+    assert run(s, Tick(13.5)) == [StartBlock(3, "ckpt", SPEC)]
+    assert run(s, BlockStartFailed(14.0, 3, "x", batch=True, command="sbatch")) == []
+    assert s.errors["ckpt"].retry_at == 14.0 + 8.0
+    assert list(s.replacements) == [] and s.gave_up == set() and s.ended == 0
+    # Slurm answers: the error goes, the back-off is reset.
+    assert run(s, Tick(22.0)) == [StartBlock(4, "ckpt", SPEC)]
+    one_block(s, 22.5, 4)
+    assert s.errors == {} and s.waiting("ckpt") is None
+
+
+def test_the_back_off_is_capped() -> None:
+    s = make(backoff=1.0, max_backoff=5.0)
+    run(s, TargetSet(0.0, "ckpt", 1, SPEC))
+    now, request = 0.0, 1
+    for _ in range(6):
+        assert run(s, BlockStartFailed(now, request, "x", batch=True)) == []
+        problem = s.errors["ckpt"]
+        assert problem.retry_at is not None and problem.retry_at - now <= 5.0
+        now = problem.retry_at
+        (cmd,) = run(s, Tick(now))
+        assert isinstance(cmd, StartBlock)
+        request = cmd.request
+    assert s.errors["ckpt"].failures == 6 and s.errors["ckpt"].retry_at == now
+
+
+def test_suspended_submissions_pause_the_pool_until_resumed() -> None:
+    s = make()
+    run(s, TargetSet(0.0, "ckpt", 2, SPEC), TargetSet(0.0, "owner", 1, SPEC))
+    assert sorted(s.requests) == [1, 2, 3]
+    suspended = BlockStartFailed(
+        1.0, 1, "the Slurm provider stopped submitting blocks", command="sbatch",
+        suspended=True,
+    )  # fmt: skip
+    assert run(s, suspended) == []
+    assert s.paused == {"ckpt"} and s.errors["ckpt"].suspended
+    assert s.errors["ckpt"].retry_at is None
+    assert run(s, BlockStartFailed(1.1, 2, "the same", suspended=True, command="sbatch")) == []
+    for now in (10.0, 1000.0):  # however long: nothing is asked
+        assert run(s, Tick(now)) == []
+    one_block(s, 1000.5, 3, "owner")  # the other pool is not paused
+    assert run(s, Resumed(1001.0, "ckpt")) == [
+        StartBlock(4, "ckpt", SPEC),
+        StartBlock(5, "ckpt", SPEC),
+    ]
+    assert s.paused == set() and "ckpt" not in s.errors
+    with pytest.raises(ValueError, match="no pool 'nope'"):
+        s.handle(Resumed(1002.0, "nope"))
+
+
+def test_resuming_a_pool_that_gave_up_asks_again() -> None:
+    s = make(max_replacements=0)
+    run(s, TargetSet(0.0, "p", 1, SPEC))
+    bid = one_block(s, 1.0, 1, "p")
+    assert run(s, BlockEnded(2.0, bid, "failed"))[-1] == GaveUp("p", 1, 60.0)
+    assert run(s, Resumed(3.0, "p")) == [StartBlock(2, "p", SPEC)]
