@@ -35,6 +35,7 @@ from runtime.messages import (
     PolicyQuery,
     ReadStream,
     ReleaseKeysRequest,
+    ResumeRequest,
     ScaleRequest,
     SetPolicyRequest,
     StatusReply,
@@ -389,8 +390,8 @@ class Manager(Actor):
     def wait_for_workers(self, msg: WaitForWorkersRequest) -> Later:
         return Later(self._scheduler().ask(msg, timeout=None))
 
-    @handles(ScaleRequest)
-    async def scale(self, msg: ScaleRequest) -> Any:
+    @handles(ScaleRequest, ResumeRequest)
+    async def scale(self, msg: ScaleRequest | ResumeRequest) -> Any:
         autoscaler = self._autoscaler()
         if autoscaler is None:
             raise RuntimeError("this cluster has no autoscaler; workers are managed outside")

@@ -38,6 +38,7 @@ import os
 import re
 import shlex
 import sys
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -63,6 +64,7 @@ from runtime.messages import (
     Message,
     PolicyInfo,
     PolicyQuery,
+    ResumeRequest,
     ScaleRequest,
     SetPolicyRequest,
     StatusReply,
@@ -115,6 +117,12 @@ COMMANDS: dict[str, tuple[str, str, bool]] = {
     "scale": (
         "scale POOL N",
         "keep N workers in a pool (clusters with an autoscaler; admin)",
+        True,
+    ),
+    "resume": (
+        "resume POOL",
+        "ask the batch system for a pool's blocks again after it failed too often (status "
+        "shows the error; fix the cause first) or after the pool gave up (admin)",
         True,
     ),
     "cancel": (
@@ -316,6 +324,12 @@ class ConsoleClient:
         live per pool."""
         return dict(await self.ask(ScaleRequest(n, pool)))
 
+    async def resume(self, pool: str) -> dict[str, Any]:
+        """Resume ``pool`` (admin; needs an autoscaler): its provider submits again and
+        the autoscaler asks for its blocks now. Answer: whether it was paused, backing
+        off or given up, and its blocks now."""
+        return dict(await self.ask(ResumeRequest(pool)))
+
     async def cancel(self, keys: Sequence[str] = (), run: str = "") -> dict[str, Any]:
         """Cancel keys (as text) and/or every key of ``run`` (admin)."""
         return dict(await self.ask(CancelKeysRequest(tuple(keys), run)))
@@ -415,6 +429,16 @@ class ConsoleClient:
         data = {"pool": pool, "target": n, "live": live}
         shown = ", ".join(f"{p}: {c}" for p, c in live.items())
         return Result("scale", data, Text(f"pool {pool}: target {n} workers (live now: {shown})"))
+
+    async def _cmd_resume(self, rest: str) -> Result:
+        words = _words(rest)
+        if len(words) != 1:
+            _usage("resume")
+        data = jsonable(await self.resume(words[0]))
+        was = [w.replace("_", " ") for w in ("paused", "backing_off", "gave_up") if data.get(w)]
+        how = f" (it was {' and '.join(was)})" if was else " (it was not held back)"
+        text = f"pool {words[0]} resumed{how}; blocks now: {data.get('blocks', 0)}"
+        return Result("resume", data, Text(text))
 
     async def _cmd_cancel(self, rest: str) -> Result:
         run = ""
@@ -621,6 +645,8 @@ def render_status(st: Mapping[str, Any]) -> RenderableType:
         )
     parts.append(pt)
 
+    parts.extend(_render_blocks(autoscaler))
+
     order = [s for s in STATES if s in by_state] + sorted(set(by_state) - set(STATES))
     if order:
         tt = Table(title="tasks", title_justify="left")
@@ -687,6 +713,65 @@ def render_status(st: Mapping[str, Any]) -> RenderableType:
     if st.get("policy_errors"):
         parts.append(Text(f"policy errors: {st['policy_errors']} (see the tasks' stories)"))
     return Group(*parts)
+
+
+def _render_blocks(auto: Mapping[str, Any]) -> list[RenderableType]:
+    """The autoscaler's blocks (live, then the latest ends), its budget and, per pool,
+    the batch system's latest error."""
+    parts: list[RenderableType] = []
+    blocks: dict[str, str] = dict(auto.get("blocks") or {})
+    ends: list[dict[str, Any]] = list(auto.get("ends") or [])
+    if blocks or ends:
+        incarnations: dict[str, int] = dict(auto.get("incarnations") or {})
+        details: dict[str, str] = dict(auto.get("details") or {})
+        retiring = set(auto.get("retiring") or ())
+        bt = Table(title="blocks", title_justify="left")
+        for col in ("block", "state", "run", "cause", "budget", "detail"):
+            bt.add_column(col, justify="right" if col == "run" else "left", overflow="fold")
+        bt.columns[0].no_wrap = True
+        for bid, state in sorted(blocks.items()):
+            detail = details.get(bid, "").split("\n", 1)[0]
+            shown = f"{state} (retiring)" if bid in retiring else state
+            _row(bt, bid, shown, str(incarnations.get(bid, 1)), "-", "-", detail)
+        for e in ends[-10:]:
+            charged = "spent" if e.get("charged") else "free"
+            _row(
+                bt, str(e.get("block")), f"ended {e.get('state')}" if e.get("state") != "requeued"
+                else "requeued", str(e.get("incarnation", 1)), str(e.get("cause")), charged, "",
+            )  # fmt: skip
+        parts.append(bt)
+    budget = auto.get("budget")
+    if budget:
+        parts.append(
+            Text(
+                f"replacement budget: {auto.get('budget_spent', 0)} of {budget} unasked ends "
+                "spent in its window (preemption and walltime ends are free)"
+            )
+        )
+    paused = set(auto.get("paused") or ())
+    gave_up = set(auto.get("gave_up") or ())
+    errors: dict[str, dict[str, Any]] = dict(auto.get("batch_errors") or {})
+    for pool in sorted(set(errors) | paused | gave_up):
+        err = errors.get(pool)
+        if err is None:
+            what = "paused" if pool in paused else "gave up: its workers kept ending"
+            parts.append(Text(f"pool {pool}: {what}; `resume {pool}` asks again", style="bold"))
+            continue
+        when = time.strftime("%H:%M:%S", time.localtime(float(err.get("at") or 0)))
+        if err.get("suspended") or pool in paused:
+            state = f"suspended until an operator runs `resume {pool}`"
+        elif err.get("retry_in") is not None:
+            state = f"asking again in {float(err['retry_in']):.0f} s"
+        else:
+            state = "retrying"
+        parts.append(
+            Text(
+                f"pool {pool}: batch system error at {when} ({state}): "
+                f"{err.get('command')}: {err.get('error')}",
+                style="bold",
+            )
+        )
+    return parts
 
 
 def render_tasks(records: Sequence[Mapping[str, Any]], limit: int = 0) -> RenderableType:
@@ -882,7 +967,7 @@ class ConsoleShell(cmd.Cmd):
             return []
         if name == "drain":
             return self.known.get("workers", []) if not args else []
-        if name == "scale":
+        if name in ("scale", "resume"):
             return self.known.get("pools", []) if not args else []
         if name == "story":
             return self.known.get("keys", []) + self.known.get("workers", []) if not args else []

@@ -27,7 +27,7 @@ import anyio.abc
 import pytest
 
 from actors.autoscaler import PoolTarget
-from actors.providers import BlockSpec, InProcessProvider
+from actors.providers import Block, BlockSpec, BlockState, InProcessProvider, Provider
 from policies import REGISTRY
 from runtime import Cluster
 from runtime.console import (
@@ -37,7 +37,7 @@ from runtime.console import (
     ConsoleShell,
     split_cli_options,
 )
-from runtime.errors import CancelledError, CorralError
+from runtime.errors import CancelledError, CorralError, SubmissionsSuspended
 from runtime.kernel import ActorSystem
 from runtime.messages import DrainRequest, PolicyInfo, StatusReply, StatusRequest, TaskRecord
 from runtime.node import (
@@ -167,15 +167,22 @@ class _AsRole:
 
 
 @asynccontextmanager
-async def hosted(n_workers: int = 1, *, role: str = "admin") -> AsyncIterator[tuple[str, Any]]:
-    """A control plane with an autoscaler (in-process workers) behind a gateway on
-    ``inproc://`` with the codec; every connection gets ``role``."""
+async def hosted(
+    n_workers: int = 1,
+    *,
+    role: str = "admin",
+    wrap: Callable[[InProcessProvider], Provider] | None = None,
+) -> AsyncIterator[tuple[str, Any]]:
+    """A control plane with an autoscaler (in-process workers, through ``wrap`` if
+    given) behind a gateway on ``inproc://`` with the codec; every connection gets
+    ``role``."""
     from transport import listen
 
     async with ActorSystem() as system:
 
-        def provider(plane: Any) -> InProcessProvider:
-            return InProcessProvider(system, worker_factory(plane.refs["scheduler"]))
+        def provider(plane: Any) -> Provider:
+            inner = InProcessProvider(system, worker_factory(plane.refs["scheduler"]))
+            return inner if wrap is None else wrap(inner)
 
         plane = await start_control_plane(
             system,
@@ -570,6 +577,86 @@ def test_the_manager_remembers_the_latest_runs_within_bounds() -> None:
     assert list(m.run_keys) == ["run-6"] and m._n_run_keys == 20
 
 
+class SuspendedProvider(Provider):
+    """In-process blocks behind a batch system that stopped taking submissions (as
+    SlurmProvider does after too many failed sbatch calls) until resumed."""
+
+    def __init__(self, inner: InProcessProvider) -> None:
+        self.inner = inner
+        self.held = True
+        self.refused = 0
+        self.resumed = 0
+
+    async def start_block(self, spec: BlockSpec) -> Block:
+        if self.held:
+            self.refused += 1
+            raise SubmissionsSuspended(
+                "Slurm", 3, 5, "'sbatch --parsable' failed with exit code 1: sbatch: error: "
+                "Batch job submission failed: Unable to contact slurm controller",
+            )  # fmt: skip
+        return await self.inner.start_block(spec)
+
+    async def stop_block(self, block: Block) -> None:
+        await self.inner.stop_block(block)
+
+    def poll(self, block: Block) -> BlockState:
+        return self.inner.poll(block)
+
+    async def wait_ended(self, block: Block) -> BlockState:
+        return await self.inner.wait_ended(block)
+
+    def resume(self) -> None:
+        self.held = False
+        self.resumed += 1
+
+    def suspended(self) -> bool:
+        return self.held
+
+
+@pytest.mark.anyio
+async def test_a_suspended_pool_shows_its_error_and_resume_brings_its_blocks() -> None:
+    made: list[SuspendedProvider] = []
+
+    def wrap(inner: InProcessProvider) -> Provider:
+        made.append(SuspendedProvider(inner))
+        return made[0]
+
+    with anyio.fail_after(LIMIT):
+        async with hosted(1, wrap=wrap) as (address, _), ConsoleClient(address) as console:
+            (provider,) = made
+            st = await wait_until(
+                lambda: _when(
+                    console.status(), lambda s: "default" in s["autoscaler"]["batch_errors"]
+                ),
+                "the error in status",
+            )
+            err = st["autoscaler"]["batch_errors"]["default"]
+            assert err["suspended"] is True and err["command"] == "sbatch"
+            assert "Unable to contact slurm controller" in err["error"]
+            assert st["autoscaler"]["paused"] == ["default"]
+            text = await console.run_command("status")
+            assert "pool default: batch system error at" in text
+            assert "suspended until an operator runs `resume default`" in text
+            # Paused: not asked again (tests/test_autoscaler_preemption.py shows it over
+            # time, with a virtual clock).
+            assert provider.refused == 1 and not st["workers"]
+
+            out = await console.run_command("resume default")
+            assert "pool default resumed (it was paused); blocks now: 1" in out, out
+            assert provider.resumed == 1
+            st = await wait_until(
+                lambda: _when(console.status(), lambda s: len(s["workers"]) == 1), "a worker"
+            )
+            assert st["autoscaler"]["batch_errors"] == {} and st["autoscaler"]["paused"] == []
+            data = json.loads(await console.run_command("resume default --json"))
+            assert data == {
+                "pool": "default", "paused": False, "backing_off": False, "gave_up": False,
+                "blocks": 1,
+            }  # fmt: skip
+            with pytest.raises(ValueError, match="no pool 'nope'"):
+                await console.resume("nope")
+
+
 # ----------------------------------------------------------------------------- roles
 
 
@@ -578,6 +665,7 @@ MUTATING_COMMANDS = (
     "policy set placement round-robin",
     "drain {worker}",
     "scale default 5",
+    "resume default",
     "cancel {key}",
 )
 
