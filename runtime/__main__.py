@@ -10,6 +10,9 @@ script). Commands:
 - ``worker``: run a worker process that joins a manager.
 - ``console``: the control console of a running manager: an interactive shell, or one
   command (``python -m runtime console ADDRESS status --json``); see docs/console.md.
+- ``check``: the pre-flight check of a pools file (``--config``): the batch system,
+  each pool's partition, account and QOS, a probe job's versions, the directories'
+  room (see :mod:`runtime.preflight`); exit 1 when a check fails.
 - ``version``: print the versions of Corral, Python and dask.
 
 Exit codes: 0 on success; 1 when the run failed or an option is out of range (one line
@@ -29,7 +32,7 @@ from typing import Any
 
 __all__ = ["build_parser", "main"]
 
-COMMANDS = ("demo", "manager", "worker", "console", "version")
+COMMANDS = ("demo", "manager", "worker", "console", "check", "version")
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
@@ -261,6 +264,52 @@ def build_parser() -> argparse.ArgumentParser:
         "words", nargs=argparse.REMAINDER, metavar="COMMAND", help="a command to run once"
     )
 
+    chk = sub.add_parser(
+        "check",
+        prog="python -m runtime check",
+        parents=[common],
+        help="check a pools file before submitting anything (Slurm, versions, disk)",
+        description="Pre-flight check of the pools in --config, before anything is "
+        "submitted: the batch system answers; each Slurm pool's partition exists and is "
+        "up; Slurm accepts a block of the pool (sbatch --test-only: account, QOS, "
+        "limits); a short probe job per pool (a local pool: a subprocess) reports the "
+        "Python, Corral and dask versions the workers would run, which must match this "
+        "manager's; the run, spill and output directories exist or can be created and "
+        "have room. Prints PASS / WARN / FAIL per check with what to do; exit 1 when a "
+        "check fails.",
+    )
+    chk.add_argument("--config", required=True, metavar="PATH", help="the TOML file of pools")
+    chk.add_argument("--json", action="store_true", help="print the results as JSON")
+    chk.add_argument(
+        "--no-probe", action="store_true", help="do not run probe jobs (nor local probes)"
+    )
+    chk.add_argument(
+        "--probe-timeout",
+        type=float,
+        default=300.0,
+        metavar="SECONDS",
+        help="how long to wait for the probe jobs (default: 300); then they are cancelled",
+    )
+    chk.add_argument(
+        "--run-dir",
+        default=None,
+        metavar="DIR",
+        help="where the manager keeps Slurm scripts and job output (default: ./corral-slurm)",
+    )
+    chk.add_argument(
+        "--spill-dir",
+        default=None,
+        metavar="DIR",
+        help="where workers spill (default: the system's temporary directory)",
+    )
+    chk.add_argument(
+        "--output-dir",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="a directory the run writes its outputs to (repeatable)",
+    )
+
     sub.add_parser(
         "version",
         prog="python -m runtime version",
@@ -427,6 +476,37 @@ def _memory_options(args: argparse.Namespace) -> dict[str, Any]:
     return options
 
 
+def _cmd_check(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from actors.pools import load_config
+    from runtime.preflight import exit_code, render, run_checks
+
+    if args.probe_timeout <= 0:
+        raise ValueError("--probe-timeout must be more than 0")
+    pools = load_config(args.config)
+
+    def progress(text: str) -> None:
+        print(text, file=sys.stderr, flush=True)
+
+    results = run_checks(
+        pools,
+        probe=not args.no_probe,
+        probe_timeout=args.probe_timeout,
+        run_dir=Path(args.run_dir) if args.run_dir else None,
+        spill_dir=Path(args.spill_dir) if args.spill_dir else None,
+        output_dirs=[Path(d) for d in args.output_dir],
+        progress=progress,
+    )
+    code = exit_code(results)
+    if args.json:
+        print(json.dumps({"ok": code == 0, "results": [r.as_dict() for r in results]}, indent=2))
+    else:
+        sys.stdout.write(render(results))
+    return code
+
+
 def _cmd_console(args: argparse.Namespace) -> int:
     from runtime.console import main as console_main
 
@@ -447,6 +527,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "manager": _cmd_manager,
         "worker": _cmd_worker,
         "console": _cmd_console,
+        "check": _cmd_check,
         "version": _cmd_version,
     }
     try:

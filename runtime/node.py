@@ -1020,6 +1020,9 @@ async def run_manager(
     websockets = address.startswith(("ws://", "wss://"))
     stop = anyio.Event()
     if pools:
+        from runtime.preflight import log_quick_checks
+
+        await log_quick_checks(pools)  # warnings only: never blocks the start
         policies = pool_policies(pools, policies)
     async with ActorSystem() as system:
         plane = await start_control_plane(

@@ -1,0 +1,765 @@
+"""Pre-flight checks: what ``python -m runtime check --config corral.toml`` says before
+anything is submitted, and what the manager logs as warnings when it starts with pools.
+
+What lives here: :class:`CheckResult` (one check of one pool: PASS, WARN or FAIL, what
+was seen and what to do), the checks as functions that return them, and
+:func:`run_checks` (all of them, in order) and :func:`log_quick_checks` (the ones that
+submit nothing, as warnings, for the manager's start).
+
+The checks:
+
+- ``batch system``: the Slurm commands are installed and the controller answers
+  (``sinfo``; ``scontrol ping`` to tell a controller that is down).
+- ``partition``: each Slurm pool's partition exists; its state (up, drain, down,
+  inactive) and its nodes (idle, allocated, down, drained).
+- ``test-only``: ``sbatch --test-only`` of the pool's own block script (the one
+  :func:`actors.slurm.batch_script` writes for a block): accepted, with Slurm's estimated
+  start, or refused, with Slurm's reason. ``account/qos``: whether this cluster checks the
+  pool's account and QOS at all (``AccountingStorageEnforce``).
+- ``probe``: a short job on the pool's partition with its options and ``worker_init``,
+  whose script is a block's with one "worker" that imports Corral and prints Python's,
+  Corral's and dask's versions as JSON to its output file; a ``local`` pool runs the same
+  code in a subprocess (``sys.executable -c``). A version that differs from the manager's
+  (Python's major.minor, Corral's, dask's) is a FAIL naming both sides.
+- ``directory``: the run, spill and output directories exist or can be created, and have
+  room: free space against the pools' ``memory_per_worker`` x workers (a conservative
+  guess at what may be spilled).
+
+Synchronous (``subprocess``): the command runs them directly, the manager in a thread.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.to_thread
+
+from actors.pools import PoolConfig
+from actors.providers import BlockSpec
+from actors.slurm import (
+    SQUEUE_FORMAT,
+    SlurmOptions,
+    batch_script,
+    block_state,
+    exit_text,
+    head_tail,
+    parse_scontrol_job,
+    parse_squeue,
+)
+from runtime.errors import BatchSystemError
+from runtime.log import get_logger
+
+__all__ = [
+    "FAIL",
+    "PASS",
+    "PROBE_CODE",
+    "WARN",
+    "CheckResult",
+    "Partition",
+    "Versions",
+    "check_batch_system",
+    "check_directories",
+    "check_local",
+    "check_partition",
+    "check_test_only",
+    "compare_versions",
+    "exit_code",
+    "log_quick_checks",
+    "parse_probe_output",
+    "parse_test_only",
+    "probe_slurm_pools",
+    "render",
+    "run_checks",
+]
+
+PASS, WARN, FAIL = "PASS", "WARN", "FAIL"
+ALL = "*"  #: the pool of a check that is about the whole configuration
+
+_log = get_logger("corral", component="preflight")
+
+#: What a probe prints (one line) before its JSON.
+PROBE_MARK = "CORRAL-PROBE "
+
+#: What a probe runs: import Corral and dask the way a worker does; print the versions.
+PROBE_CODE = (
+    "import json, platform, sys\n"
+    "out = {'python': platform.python_version(), 'executable': sys.executable}\n"
+    "try:\n"
+    "    import dask, runtime\n"
+    "    out.update(corral=runtime.__version__, dask=dask.__version__)\n"
+    "except Exception as exc:\n"
+    "    out['error'] = f'{type(exc).__name__}: {exc}'\n"
+    f"print({PROBE_MARK!r} + json.dumps(out), flush=True)\n"
+)
+
+_FULL = 100 * 2**20  #: less free space than this: the file system is full
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CheckResult:
+    """One check of one pool (``pool`` is ``"*"`` for the whole configuration)."""
+
+    pool: str
+    check: str
+    status: str  #: PASS, WARN or FAIL
+    detail: str  #: what was seen
+    advice: str = ""  #: what to do (empty on PASS)
+
+    def as_dict(self) -> dict[str, str]:
+        return dataclasses.asdict(self)
+
+
+def exit_code(results: Sequence[CheckResult]) -> int:
+    """0 when no check failed, 1 otherwise."""
+    return 1 if any(r.status == FAIL for r in results) else 0
+
+
+def render(results: Sequence[CheckResult]) -> str:
+    """The results as text: one line per check, its advice indented below."""
+    if not results:
+        return "no checks to run\n"
+    pw = max(len(r.pool) for r in results)
+    cw = max(len(r.check) for r in results)
+    lines = []
+    for r in results:
+        lines.append(f"{r.status}  {r.pool:<{pw}}  {r.check:<{cw}}  {r.detail}")
+        if r.advice:
+            lines.append(f"      {'':<{pw}}  {'':<{cw}}  -> {r.advice}")
+    fails = sum(r.status == FAIL for r in results)
+    warns = sum(r.status == WARN for r in results)
+    lines.append(f"{len(results)} checks: {fails} failed, {warns} warnings")
+    return "\n".join(lines) + "\n"
+
+
+# ----------------------------------------------------------------------------- versions
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Versions:
+    """The versions a worker must share with the manager."""
+
+    python: str
+    corral: str
+    dask: str
+
+    @classmethod
+    def here(cls) -> Versions:
+        import dask
+
+        # The package `runtime` (loaded before this module) re-exports the user API:
+        # its version is read from the loaded module, not imported from this layer.
+        corral = str(sys.modules["runtime"].__version__)
+        return cls(platform.python_version(), corral, str(dask.__version__))
+
+
+def parse_probe_output(text: str) -> dict[str, Any] | None:
+    """The probe's report (the last line it marked), or None if it printed none."""
+    for line in reversed(text.splitlines()):
+        if line.startswith(PROBE_MARK):
+            try:
+                data = json.loads(line[len(PROBE_MARK) :])
+            except ValueError:
+                return None
+            return data if isinstance(data, dict) else None
+    return None
+
+
+def _minor(version: str) -> str:
+    return ".".join(version.split(".")[:2])
+
+
+def compare_versions(mine: Versions, probe: Mapping[str, Any]) -> list[str]:
+    """What differs between the manager (``mine``) and a probe's report: one text per
+    mismatch naming both sides (Python by major.minor, Corral and dask exactly)."""
+    out = []
+    theirs = str(probe.get("python", "?"))
+    if _minor(theirs) != _minor(mine.python):
+        out.append(f"Python {theirs} on the workers, {mine.python} in the manager")
+    for key, name, ours in (("corral", "Corral", mine.corral), ("dask", "dask", mine.dask)):
+        got = str(probe.get(key, "?"))
+        if got != ours:
+            out.append(f"{name} {got} on the workers, {ours} in the manager")
+    return out
+
+
+_NAMES = (("python", "Python"), ("corral", "Corral"), ("dask", "dask"))
+
+
+def _judge_probe(pool: str, report: dict[str, Any] | None, where: str, log: str) -> CheckResult:
+    """The probe check's result from what the probe printed (None: nothing)."""
+    if report is None:
+        return CheckResult(
+            pool, "probe", FAIL,
+            f"the probe printed no report ({where})" + (f":\n{head_tail(log)}" if log else ""),
+            "The worker's Python does not start there: check the pool's worker_init "
+            "(modules, virtualenv) and that the Python path exists on the nodes.",
+        )  # fmt: skip
+    if "error" in report:
+        return CheckResult(
+            pool, "probe", FAIL,
+            f"{report.get('executable', '?')} could not import Corral: {report['error']}",
+            "Install Corral (the same version as the manager's) into the Python the "
+            "workers run, or activate it in worker_init.",
+        )  # fmt: skip
+    mine = Versions.here()
+    wrong = compare_versions(mine, report)
+    seen = ", ".join(f"{n} {report.get(k)}" for k, n in _NAMES)
+    if wrong:
+        return CheckResult(
+            pool, "probe", FAIL, f"version mismatch: {'; '.join(wrong)} ({where})",
+            "Workers must run the manager's versions: install the same Corral and dask "
+            "(and a Python of the same major.minor) where the workers run, or fix worker_init.",
+        )  # fmt: skip
+    return CheckResult(pool, "probe", PASS, f"{seen}, as in the manager ({where})")
+
+
+def check_local(pool: PoolConfig, timeout: float = 60.0) -> CheckResult:
+    """A ``local`` pool: the worker's Python (``sys.executable``) imports Corral and
+    reports the manager's versions."""
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", PROBE_CODE], capture_output=True, text=True, timeout=timeout
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return CheckResult(
+            pool.name, "probe", FAIL, f"{sys.executable} did not run: {exc}",
+            "Check that this Python starts (it is the one local workers run).",
+        )  # fmt: skip
+    report = parse_probe_output(done.stdout)
+    return _judge_probe(pool.name, report, f"local, {sys.executable}", done.stderr)
+
+
+# ----------------------------------------------------------------------------- Slurm
+
+
+@dataclasses.dataclass(slots=True)
+class Partition:
+    """A partition as ``sinfo`` shows it."""
+
+    name: str
+    avail: str  #: up, down, drain, inactive
+    default: bool = False
+    nodes: dict[str, int] = dataclasses.field(default_factory=dict)  #: node state -> count
+
+
+def _slurm(argv: Sequence[str], timeout: float, stdin: str | None = None) -> str:
+    """Run a Slurm command; its stdout and stderr. :class:`BatchSystemError` when it is
+    missing, does not answer within ``timeout`` or exits non-zero."""
+    command = " ".join(argv[:2])
+    try:
+        done = subprocess.run(
+            list(argv), input=stdin, capture_output=True, text=True, timeout=timeout
+        )
+    except FileNotFoundError:
+        raise BatchSystemError(
+            command, None, f"{argv[0]}: command not found",
+            "Install the Slurm client commands here or put them on PATH (`module load slurm`).",
+        ) from None  # fmt: skip
+    except subprocess.TimeoutExpired:
+        raise BatchSystemError(
+            command, None, f"no answer within {timeout:g} s",
+            "The Slurm controller does not answer: `scontrol ping`.",
+        ) from None  # fmt: skip
+    except OSError as exc:
+        raise BatchSystemError(command, None, str(exc), "") from None
+    if done.returncode != 0:
+        raise BatchSystemError(command, done.returncode, done.stderr or done.stdout, "")
+    return done.stdout + done.stderr
+
+
+def parse_sinfo(text: str) -> dict[str, Partition]:
+    """Partitions from ``sinfo -h -a -o '%P|%a|%D|%T'`` (one line per node state)."""
+    parts: dict[str, Partition] = {}
+    for line in text.splitlines():
+        fields = line.strip().split("|")
+        if len(fields) != 4 or not fields[0]:
+            continue
+        name, avail, count, state = fields
+        default = name.endswith("*")
+        name = name.rstrip("*")
+        part = parts.setdefault(name, Partition(name, avail, default))
+        try:
+            part.nodes[state] = part.nodes.get(state, 0) + int(count)
+        except ValueError:
+            continue
+    return parts
+
+
+def check_batch_system(timeout: float = 20.0) -> tuple[CheckResult, dict[str, Partition] | None]:
+    """The Slurm commands are here and the controller answers; the partitions it shows
+    (None when it does not answer)."""
+    missing = [c for c in ("sinfo", "squeue", "sbatch", "scontrol") if shutil.which(c) is None]
+    if missing:
+        return CheckResult(
+            ALL, "batch system", FAIL,
+            f"Slurm command(s) not found on PATH: {', '.join(missing)}",
+            "Run the check (and the manager) where Slurm's client commands are installed "
+            "(a login node), or put them on PATH (`module load slurm`).",
+        ), None  # fmt: skip
+    try:
+        text = _slurm(["sinfo", "-h", "-a", "-o", "%P|%a|%D|%T"], timeout)
+    except BatchSystemError as err:
+        down = ""
+        try:
+            down = _slurm(["scontrol", "ping"], timeout)
+        except BatchSystemError as ping:
+            down = ping.stderr
+        return CheckResult(
+            ALL, "batch system", FAIL,
+            f"the Slurm controller does not answer: {err.stderr.strip()[-300:]}"
+            + (f" (scontrol ping: {' '.join(down.split())[:200]})" if down.strip() else ""),
+            "Check that slurmctld runs and that SLURM_CONF names this cluster's "
+            "slurm.conf (`scontrol ping`, `sinfo`); ask the cluster's admins if it is down.",
+        ), None  # fmt: skip
+    parts = parse_sinfo(text)
+    where = os.environ.get("SLURM_CONF", "the default slurm.conf")
+    return CheckResult(
+        ALL, "batch system", PASS,
+        f"Slurm answers ({where}): partitions {', '.join(parts) or 'none'}",
+    ), parts  # fmt: skip
+
+
+_USABLE = ("idle", "mixed", "mix", "allocated", "alloc", "completing")
+
+
+def check_partition(pool: PoolConfig, parts: Mapping[str, Partition]) -> CheckResult:
+    """The pool's partition (or the default one) exists, is up and has usable nodes."""
+    name = pool.partition or next((p.name for p in parts.values() if p.default), "")
+    if not name:
+        return CheckResult(
+            pool.name, "partition", FAIL, "the pool names no partition and Slurm has no default",
+            "Set `partition` in the pool.",
+        )  # fmt: skip
+    part = parts.get(name)
+    if part is None:
+        return CheckResult(
+            pool.name, "partition", FAIL,
+            f"partition {name!r} does not exist (Slurm has: {', '.join(parts) or 'none'})",
+            "Set the pool's `partition` to one that `sinfo` lists.",
+        )  # fmt: skip
+    nodes = ", ".join(f"{n} {s}" for s, n in sorted(part.nodes.items())) or "no nodes"
+    label = f"{name}{' (default)' if not pool.partition else ''}"
+    seen = f"partition {label} is {part.avail}; nodes: {nodes}"
+    if part.avail != "up":
+        why = {
+            "drain": "it takes no new jobs",
+            "down": "jobs queue but do not start",
+            "inactive": "it takes no jobs",
+        }.get(part.avail.rstrip("*"), "it may not run jobs")
+        return CheckResult(
+            pool.name, "partition", FAIL, f"{seen}: {why}",
+            "Use another partition, or wait until the admins bring it up (`sinfo -p NAME`).",
+        )  # fmt: skip
+    usable = sum(n for s, n in part.nodes.items() if s.rstrip("*~#!%$@^-") in _USABLE)
+    if not usable:
+        return CheckResult(
+            pool.name, "partition", FAIL, f"{seen}: no node can run jobs",
+            "Every node is down or drained: use another partition or ask the admins.",
+        )  # fmt: skip
+    idle = sum(n for s, n in part.nodes.items() if s.rstrip("*~#!%$@^-") == "idle")
+    if not idle:
+        return CheckResult(
+            pool.name, "partition", WARN, f"{seen}: no idle node",
+            "Blocks will wait behind other jobs; expect workers to come late.",
+        )  # fmt: skip
+    return CheckResult(pool.name, "partition", PASS, seen)
+
+
+def slurm_options(pool: PoolConfig, walltime: float | None = None) -> SlurmOptions:
+    """The pool's ``#SBATCH`` options (as the manager submits its blocks)."""
+    return SlurmOptions(
+        partition=pool.partition, account=pool.account, qos=pool.qos,
+        nodes_per_block=pool.nodes_per_block,
+        walltime=(pool.walltime if walltime is None else walltime) or 0,
+        exclusive=pool.exclusive, scheduler_options=pool.scheduler_options,
+        worker_init=pool.worker_init,
+    )  # fmt: skip
+
+
+def _script(pool: PoolConfig, base: Path, options: SlurmOptions, spec: BlockSpec) -> str:
+    """A block script for ``pool`` whose workers run the probe code."""
+    argv = [sys.executable, "-c", PROBE_CODE]
+    workers = [(f"{pool.name}-probe.{i}", argv) for i in range(spec.workers)]
+    return batch_script(
+        block_id="probe", job_name=f"corral-probe-{pool.name}", workers=workers, spec=spec,
+        options=options, output=base.with_suffix(".out"), error=base.with_suffix(".err"),
+        env_file=None, script=base.with_suffix(".sh"),
+    )  # fmt: skip
+
+
+_START = re.compile(r"Job \d+ to start at (\S+)(?: using (\d+) processors)?(?: on nodes (\S+))?")
+#: Where Slurm says why it refuses a job, most specific first.
+_REASONS = [
+    re.compile(rf"{what}:\s*(.+)")
+    for what in ("Batch job submission failed", "allocation failure", "sbatch: error")
+]
+
+
+def parse_test_only(returncode: int, output: str) -> tuple[bool, str]:
+    """(accepted, what Slurm said) from ``sbatch --test-only``: the estimated start when
+    accepted, Slurm's reason when refused."""
+    m = _START.search(output)
+    if returncode == 0 and m is not None:
+        start, cpus, nodes = m.groups()
+        said = f"estimated start {start}"
+        if cpus:
+            said += f" using {cpus} CPUs"
+        if nodes:
+            said += f" on {nodes}"
+        return True, said
+    for pattern in _REASONS:
+        reasons = [r.strip() for r in pattern.findall(output) if r.strip()]
+        if reasons:
+            return False, "; ".join(dict.fromkeys(reasons))
+    return False, " ".join(output.split())[-400:] or f"exit code {returncode}, no message"
+
+
+def check_test_only(pool: PoolConfig, timeout: float = 20.0) -> CheckResult:
+    """``sbatch --test-only`` of the pool's block script: does Slurm accept the
+    partition, account, QOS, walltime and shape?"""
+    with tempfile.TemporaryDirectory(prefix="corral-check-") as tmp:
+        text = _script(pool, Path(tmp) / "block", slurm_options(pool), pool.block_spec())
+        try:
+            done = subprocess.run(
+                ["sbatch", "--test-only"], input=text, capture_output=True, text=True,
+                timeout=timeout, cwd=tmp,
+            )  # fmt: skip
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return CheckResult(
+                pool.name, "test-only", FAIL, f"sbatch --test-only did not answer: {exc}",
+                "Check that the Slurm controller answers (`scontrol ping`).",
+            )  # fmt: skip
+    accepted, said = parse_test_only(done.returncode, done.stdout + done.stderr)
+    asked = ", ".join(f"{k} {v}" for k, v in (("account", pool.account), ("qos", pool.qos)) if v)
+    asked = f" ({asked})" if asked else ""
+    if accepted:
+        return CheckResult(pool.name, "test-only", PASS, f"a block is accepted{asked}: {said}")
+    return CheckResult(
+        pool.name, "test-only", FAIL, f"Slurm refuses a block{asked}: {said}",
+        "Fix what Slurm names: the account and QOS you may use (`sacctmgr show assoc "
+        "user=$USER`), the partition's limits (`scontrol show partition`), the block's "
+        "size, memory and walltime.",
+    )  # fmt: skip
+
+
+def check_accounting(pool: PoolConfig, timeout: float = 20.0) -> CheckResult | None:
+    """Whether this cluster checks the pool's account and QOS at all (None: the pool
+    sets neither). Without ``AccountingStorageEnforce``, any name is accepted."""
+    if not pool.account and not pool.qos:
+        return None
+    try:
+        config = _slurm(["scontrol", "show", "config"], timeout)
+    except BatchSystemError as err:
+        return CheckResult(pool.name, "account/qos", WARN, f"not known: {err}", "")
+    m = re.search(r"^AccountingStorageEnforce\s*=\s*(\S+)", config, re.MULTILINE)
+    enforce = m.group(1) if m else "none"
+    named = ", ".join(f"{k} {v!r}" for k, v in (("account", pool.account), ("qos", pool.qos)) if v)
+    if enforce in ("none", "0", "(null)"):
+        return CheckResult(
+            pool.name, "account/qos", WARN,
+            f"this cluster does not check accounts or QOS (AccountingStorageEnforce={enforce}): "
+            f"{named} is accepted whatever it is",
+            "Make sure the names are the ones you mean; a typo is not caught here.",
+        )  # fmt: skip
+    return CheckResult(
+        pool.name, "account/qos", PASS, f"{named} checked by Slurm (enforce: {enforce})"
+    )
+
+
+@dataclasses.dataclass(slots=True)
+class _Probe:
+    pool: PoolConfig
+    job: str
+    out: Path
+    err: Path
+    state: str = "PENDING"
+    reason: str = ""
+    result: CheckResult | None = None
+
+
+def probe_slurm_pools(
+    pools: Sequence[PoolConfig],
+    run_dir: Path,
+    *,
+    timeout: float = 300.0,
+    progress: Callable[[str], None] | None = None,
+    command_timeout: float = 20.0,
+    interval: float = 1.0,
+) -> list[CheckResult]:
+    """Submit one probe job per pool (its partition, options and ``worker_init``, one
+    node, walltime at most 10 minutes), wait for them all (at most ``timeout`` seconds,
+    saying what they wait for through ``progress``) and compare what they report with
+    the manager's versions. The scripts and outputs stay in ``run_dir``."""
+    say = progress or (lambda text: None)
+    probes: list[_Probe] = []
+    results: dict[str, CheckResult] = {}
+    run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    for pool in pools:
+        base = run_dir / pool.name
+        walltime = min(pool.walltime or 600.0, 600.0)
+        spec = BlockSpec(1, pool.cores_per_worker, pool.memory_per_worker, 0, pool.name)
+        options = dataclasses.replace(slurm_options(pool, walltime), nodes_per_block=1)
+        script = base.with_suffix(".sh")
+        script.write_text(_script(pool, base, options, spec))
+        script.chmod(0o700)
+        try:
+            out = _slurm(["sbatch", "--parsable", str(script)], command_timeout)
+        except BatchSystemError as err:
+            results[pool.name] = CheckResult(
+                pool.name, "probe", FAIL, f"the probe job was refused: {err.stderr.strip()}",
+                "Fix what Slurm names (see the test-only check).",
+            )  # fmt: skip
+            continue
+        job = out.strip().split(";")[0]
+        say(f"probe of pool {pool.name}: Slurm job {job} submitted ({script})")
+        probes.append(_Probe(pool, job, base.with_suffix(".out"), base.with_suffix(".err")))
+    start = time.monotonic()
+    last_said = 0.0
+    while any(p.result is None for p in probes):
+        waiting = [p for p in probes if p.result is None]
+        ids = ",".join(p.job for p in waiting)
+        try:
+            seen = parse_squeue(
+                _slurm(["squeue", "-h", "-t", "all", "-j", ids, "-O", SQUEUE_FORMAT], 20)
+            )
+        except BatchSystemError:
+            seen = {}
+        for p in waiting:
+            info = seen.get(p.job)
+            if info is None:
+                try:
+                    info = parse_scontrol_job(_slurm(["scontrol", "show", "job", p.job], 20))
+                except BatchSystemError:
+                    info = None
+            if info is None:
+                continue
+            p.state, p.reason = info.state, info.reason
+            state = block_state(info.state)
+            if state is not None and state.terminal:
+                p.result = _finished(p, info.exit_code)
+        elapsed = time.monotonic() - start
+        if any(p.result is None for p in probes) and elapsed > timeout:
+            for p in probes:
+                if p.result is None:
+                    _slurm_quietly(["scancel", p.job])
+                    p.result = CheckResult(
+                        p.pool.name, "probe", WARN,
+                        f"Slurm job {p.job} did not finish within {timeout:g} s "
+                        f"(state {p.state}{_reason(p.reason, ', reason ')}): "
+                        "versions not checked; cancelled",
+                        "The partition is busy: run the check again with a longer "
+                        "--probe-timeout, or skip the probe (--no-probe).",
+                    )  # fmt: skip
+            break
+        if time.monotonic() - last_said >= 5 and any(p.result is None for p in probes):
+            last_said = time.monotonic()
+            pending = ", ".join(
+                f"{p.pool.name} job {p.job} {p.state}" + _reason(p.reason, " (", ")")
+                for p in probes
+                if p.result is None
+            )
+            say(f"waiting for the probe(s) ({elapsed:.0f}/{timeout:g} s): {pending}")
+        if any(p.result is None for p in probes):
+            time.sleep(interval)
+    for p in probes:
+        assert p.result is not None
+        results[p.pool.name] = p.result
+    return [results[pool.name] for pool in pools if pool.name in results]
+
+
+def _reason(reason: str, before: str, after: str = "") -> str:
+    """Slurm's pending reason as text, "" for none."""
+    return f"{before}{reason}{after}" if reason not in ("", "None") else ""
+
+
+def _finished(p: _Probe, exit_code: str) -> CheckResult:
+    out = _read(p.out)
+    report = parse_probe_output(out)
+    where = f"Slurm job {p.job} {p.state}"
+    if report is None and exit_code:
+        where += f", {exit_text(exit_code)}"
+    return _judge_probe(p.pool.name, report, f"{where}, {p.out}", _read(p.err))
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+def _slurm_quietly(argv: Sequence[str]) -> None:
+    try:
+        _slurm(argv, 20)
+    except BatchSystemError as err:
+        _log.warning("could not cancel a probe job", error=str(err))
+
+
+# ----------------------------------------------------------------------------- directories
+
+
+def expected_spill(pools: Mapping[str, PoolConfig]) -> tuple[int, list[str]]:
+    """A conservative guess at what the workers may spill (bytes): every worker of every
+    block at ``max_blocks`` spilling its ``memory_per_worker``; and the pools it could
+    not count (a Slurm pool without ``memory_per_worker``)."""
+    import psutil
+
+    total, unknown = 0, []
+    for pool in pools.values():
+        memory = pool.memory_per_worker
+        if not memory:
+            if pool.provider != "local":
+                unknown.append(pool.name)
+                continue
+            memory = int(psutil.virtual_memory().total)
+        total += memory * pool.workers_per_block * pool.max_blocks
+    return total, unknown
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+def check_directory(what: str, path: Path, needed: int) -> CheckResult:
+    """``path`` is a directory or can be created, is writable, and has ``needed`` bytes
+    free (WARN below it; FAIL when the file system is full)."""
+    path = path.absolute()
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        return CheckResult(
+            ALL, what, FAIL, f"{path} cannot be created: {existing} is not a directory",
+            f"Choose another {what}, or remove or rename {existing}.",
+        )  # fmt: skip
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return CheckResult(
+            ALL, what, FAIL, f"{path}: {existing} is not writable by this user",
+            f"Choose a {what} you can write, or fix the permissions of {existing}.",
+        )  # fmt: skip
+    free = shutil.disk_usage(existing).free
+    made = "" if existing == path else f" (will be created in {existing})"
+    seen = f"{path}{made}: {_gib(free)} free"
+    if free < _FULL:
+        return CheckResult(
+            ALL, what, FAIL, f"{seen}: the file system is full",
+            f"Free space there, or choose a {what} on another file system.",
+        )  # fmt: skip
+    if free < needed:
+        return CheckResult(
+            ALL, what, WARN, f"{seen}, less than the {_gib(needed)} the pools may spill",
+            f"Free space, or choose another {what} on a larger file system (the estimate is "
+            "memory_per_worker x workers of every block at max_blocks).",
+        )  # fmt: skip
+    return CheckResult(ALL, what, PASS, seen + (f" (needs {_gib(needed)})" if needed else ""))
+
+
+def check_directories(
+    pools: Mapping[str, PoolConfig],
+    *,
+    run_dir: Path | None = None,
+    spill_dir: Path | None = None,
+    output_dirs: Sequence[Path] = (),
+) -> list[CheckResult]:
+    """The run directory (Slurm pools' scripts and job output), the spill directory
+    (default: the system's temporary directory) and each output directory."""
+    needed, unknown = expected_spill(pools)
+    results = []
+    if any(p.provider == "slurm" for p in pools.values()):
+        results.append(check_directory("run directory", run_dir or Path("corral-slurm"), 0))
+    spill = check_directory("spill directory", spill_dir or Path(tempfile.gettempdir()), needed)
+    if unknown and spill.status == PASS:
+        spill = dataclasses.replace(
+            spill, detail=f"{spill.detail}; not counted: pool(s) {', '.join(unknown)} "
+            "(no memory_per_worker)",
+        )  # fmt: skip
+    results.append(spill)
+    results += [check_directory("output directory", d, needed) for d in output_dirs]
+    return results
+
+
+# ----------------------------------------------------------------------------- all of them
+
+
+def run_checks(
+    pools: Mapping[str, PoolConfig],
+    *,
+    probe: bool = True,
+    probe_timeout: float = 300.0,
+    run_dir: Path | None = None,
+    spill_dir: Path | None = None,
+    output_dirs: Sequence[Path] = (),
+    progress: Callable[[str], None] | None = None,
+    command_timeout: float = 20.0,
+) -> list[CheckResult]:
+    """Every check, in order: the batch system (if a pool is on Slurm), then per pool its
+    partition, ``--test-only``, account/QOS and (``probe``) its probe, then the
+    directories. A pool whose partition or ``--test-only`` failed gets no probe job."""
+    results: list[CheckResult] = []
+    slurm_pools = [p for p in pools.values() if p.provider == "slurm"]
+    parts: dict[str, Partition] | None = None
+    if slurm_pools:
+        answer, parts = check_batch_system(command_timeout)
+        results.append(answer)
+    to_probe: list[PoolConfig] = []
+    for pool in pools.values():
+        if pool.provider == "local":
+            if probe:
+                results.append(check_local(pool))
+            continue
+        if parts is None:
+            continue
+        mine = [check_partition(pool, parts)]
+        if mine[0].status != FAIL:
+            mine.append(check_test_only(pool, command_timeout))
+            accounting = check_accounting(pool, command_timeout)
+            if accounting is not None:
+                mine.append(accounting)
+        results += mine
+        if all(r.status != FAIL for r in mine):
+            to_probe.append(pool)
+    if probe and to_probe:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        base = (run_dir or Path("corral-slurm")).absolute() / f"check-{stamp}-{os.getpid()}"
+        results += probe_slurm_pools(
+            to_probe, base, timeout=probe_timeout, progress=progress,
+            command_timeout=command_timeout,
+        )  # fmt: skip
+    results += check_directories(
+        pools, run_dir=run_dir, spill_dir=spill_dir, output_dirs=output_dirs
+    )
+    return results
+
+
+async def log_quick_checks(
+    pools: Mapping[str, PoolConfig], run_dir: Path | None = None
+) -> list[CheckResult]:
+    """What the manager runs as it starts: the checks that submit nothing (no probe),
+    in a thread, each WARN or FAIL logged as a warning. Never raises: a start that would
+    work is never blocked by a check."""
+    try:
+        results = await anyio.to_thread.run_sync(
+            lambda: run_checks(pools, probe=False, run_dir=run_dir, command_timeout=10.0)
+        )
+    except Exception as exc:
+        _log.warning("pre-flight checks could not run", error=repr(exc))
+        return []
+    for r in results:
+        if r.status != PASS:
+            _log.warning(
+                f"pre-flight {r.status}: {r.detail}", pool=r.pool, check=r.check, advice=r.advice
+            )
+    return results

@@ -1,0 +1,333 @@
+"""The pre-flight check: ``python -m runtime check --config FILE`` and the same checks,
+as warnings, when a manager starts with pools (runtime/preflight.py).
+
+Local pools run end to end through the CLI everywhere. The Slurm checks run against the
+one-node test cluster (``.ci/slurm up``) under the same rules as tests/test_slurm.py,
+through tests/test_pools_slurm.py's ``cluster_lock`` fixture: without a cluster that
+answers they skip (with ``CI=true`` they fail), and they hold the cluster's test lock.
+Every test is bounded: pytest's timeout and each subprocess's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import dask
+import pytest
+
+import runtime
+from actors.pools import pools_from_dicts
+from runtime.preflight import (
+    FAIL,
+    PASS,
+    WARN,
+    CheckResult,
+    Versions,
+    check_directory,
+    compare_versions,
+    exit_code,
+    parse_probe_output,
+    parse_test_only,
+    render,
+)
+from tests.helpers import ROOT, Cli
+from tests.test_pools_slurm import CONF as SLURM_CONF
+from tests.test_pools_slurm import cluster_lock  # noqa: F401  (the fixture: skip or lock)
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def check(
+    tmp_path: Path, config: str, *flags: str, env: dict[str, str] | None = None, limit: float = 60
+) -> subprocess.CompletedProcess[str]:
+    """``python -m runtime check --config <config written to tmp_path> FLAGS`` in
+    ``tmp_path`` (bounded by ``limit`` seconds)."""
+    path = tmp_path / "corral.toml"
+    path.write_text(config)
+    base = dict(os.environ if env is None else env)
+    base["PYTHONPATH"] = os.pathsep.join([str(ROOT), base.get("PYTHONPATH", "")])
+    return subprocess.run(
+        [sys.executable, "-m", "runtime", "check", "--config", str(path), *flags],
+        cwd=tmp_path, env=base, capture_output=True, text=True, timeout=limit,
+    )  # fmt: skip
+
+
+def results(done: subprocess.CompletedProcess[str]) -> dict[tuple[str, str], dict[str, str]]:
+    """The ``--json`` results by (pool, check)."""
+    data = json.loads(done.stdout)
+    assert data["ok"] == (done.returncode == 0), data
+    return {(r["pool"], r["check"]): r for r in data["results"]}
+
+
+LOCAL = """
+[pools.here]
+provider = "local"
+workers_per_node = 2
+memory_per_worker = "64MiB"
+"""
+
+
+# ----------------------------------------------------------------------------- local pools
+
+
+def test_a_good_local_config_passes_with_the_managers_versions(tmp_path: Path) -> None:
+    spill = tmp_path / "not-yet" / "spill"  # missing, but can be created
+    done = check(tmp_path, LOCAL, "--spill-dir", str(spill))
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    probe = next(line for line in lines if " probe " in line)
+    assert probe.startswith("PASS") and "here" in probe
+    py = platform.python_version()
+    assert f"Python {py}, Corral {runtime.__version__}, dask {dask.__version__}" in probe
+    room = next(line for line in lines if "spill directory" in line)
+    assert room.startswith("PASS") and str(spill) in room and "will be created" in room
+    assert not spill.exists()  # checking creates nothing
+    assert lines[-1] == "2 checks: 0 failed, 0 warnings"
+
+
+def test_a_spill_dir_that_cannot_be_created_fails_with_advice(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    spill = blocker / "spill"
+    done = check(tmp_path, LOCAL, "--spill-dir", str(spill), "--no-probe")
+    assert done.returncode == 1, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    at = next(i for i, line in enumerate(lines) if "spill directory" in line)
+    assert lines[at].startswith("FAIL")
+    assert f"{spill} cannot be created: {blocker} is not a directory" in lines[at]
+    assert "->" in lines[at + 1] and "Choose another spill directory" in lines[at + 1]
+    assert not any(" probe " in line for line in lines)  # --no-probe
+
+
+def test_json_results_and_a_warning_for_too_little_room(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    huge = LOCAL.replace('"64MiB"', '"4000TiB"') + "max_blocks = 2\n"
+    done = check(tmp_path, huge, "--json", "--output-dir", str(out), "--spill-dir", str(out))
+    assert done.returncode == 0, done.stdout + done.stderr  # a WARN is no failure
+    got = results(done)
+    assert set(got) == {("here", "probe"), ("*", "spill directory"), ("*", "output directory")}
+    assert got[("here", "probe")]["status"] == PASS
+    for what in ("spill directory", "output directory"):
+        r = got[("*", what)]
+        assert r["status"] == WARN, r
+        # 4000 TiB x 2 workers x 2 blocks = 16000 TiB
+        assert "less than the 16384000.0 GiB the pools may spill" in r["detail"], r
+        assert "memory_per_worker x workers" in r["advice"]
+
+
+def test_missing_slurm_commands_are_a_clear_failure(tmp_path: Path) -> None:
+    config = '[pools.hpc]\nprovider = "slurm"\npartition = "ckpt"\n'
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    env = dict(os.environ, PATH=str(empty))
+    done = check(tmp_path, config, "--json", env=env)
+    assert done.returncode == 1, done.stdout + done.stderr
+    got = results(done)
+    r = got[("*", "batch system")]
+    assert r["status"] == FAIL
+    assert "not found on PATH: sinfo, squeue, sbatch, scontrol" in r["detail"]
+    assert "module load slurm" in r["advice"]
+    # Nothing else is asked of a batch system that is not there.
+    assert not any(pool == "hpc" for pool, _ in got)
+
+
+def test_the_manager_starts_despite_a_check_and_says_why(tmp_path: Path) -> None:
+    config = tmp_path / "corral.toml"
+    config.write_text(LOCAL.replace('"64MiB"', '"4000TiB"') + "init_blocks = 0\n")
+    with Cli(tmp_path / "home") as cli:
+        proc = cli.start("manager", "--listen", "127.0.0.1:0", "--config", str(config))
+        warning = cli.line_with(proc, "pre-flight WARN")
+        assert "spill directory" in warning and "the pools may spill" in warning
+        cli.line_with(proc, "manager listening on")
+        assert proc.poll() is None
+        cli.stop([proc])
+
+
+# ----------------------------------------------------------------------------- recorded output
+
+
+def test_version_comparison_names_both_sides() -> None:
+    mine = Versions("3.11.7", "0.1.0", "2025.1.0")
+    same = parse_probe_output(
+        'corral: block probe ...\nCORRAL-PROBE {"python": "3.11.9", "corral": "0.1.0", '
+        '"dask": "2025.1.0", "executable": "/usr/bin/python3"}\n'
+    )
+    assert same is not None and compare_versions(mine, same) == []  # patch level ignored
+    other = parse_probe_output(
+        'CORRAL-PROBE {"python": "3.12.1", "corral": "0.2.0", "dask": "2024.12.1"}'
+    )
+    assert other is not None
+    assert compare_versions(mine, other) == [
+        "Python 3.12.1 on the workers, 3.11.7 in the manager",
+        "Corral 0.2.0 on the workers, 0.1.0 in the manager",
+        "dask 2024.12.1 on the workers, 2025.1.0 in the manager",
+    ]
+    assert parse_probe_output("Traceback (most recent call last):\n...") is None
+
+
+def test_test_only_answers_are_parsed() -> None:
+    ok = "sbatch: Job 101 to start at 2026-12-01T18:32:50 using 1 processors on nodes vm in partition ckpt\n"  # noqa: E501
+    assert parse_test_only(0, ok) == (
+        True,
+        "estimated start 2026-12-01T18:32:50 using 1 CPUs on vm",
+    )
+    account = (
+        "sbatch: error: Batch job submission failed: Invalid account or account/partition "
+        "combination specified\n"
+    )
+    assert parse_test_only(1, account) == (
+        False,
+        "Invalid account or account/partition combination specified",
+    )
+    qos = "allocation failure: Invalid qos specification\n"
+    assert parse_test_only(1, qos) == (False, "Invalid qos specification")
+    assert parse_test_only(1, "") == (False, "exit code 1, no message")
+
+
+def test_render_and_exit_code() -> None:
+    rs = [
+        CheckResult("a", "probe", PASS, "fine"),
+        CheckResult("*", "spill directory", WARN, "small", "free some"),
+    ]
+    assert exit_code(rs) == 0
+    assert exit_code([*rs, CheckResult("a", "partition", FAIL, "gone", "fix")]) == 1
+    text = render(rs)
+    assert "WARN  *  spill directory  small\n" in text and "-> free some" in text
+
+
+def test_a_full_file_system_fails(tmp_path: Path) -> None:
+    usage = shutil.disk_usage(tmp_path)
+    ok = check_directory("output directory", tmp_path, needed=0)
+    assert ok.status == PASS and f"{usage.free / 2**30:.1f} GiB free" in ok.detail
+    short = check_directory("output directory", tmp_path, needed=usage.total * 2)
+    assert short.status == WARN
+
+
+# ----------------------------------------------------------------------------- real Slurm
+
+
+def slurm_check(tmp_path: Path, config: str, *flags: str) -> dict[tuple[str, str], Any]:
+    env = dict(os.environ, SLURM_CONF=SLURM_CONF)
+    done = check(tmp_path, config, "--json", *flags, env=env, limit=150)
+    got = results(done)
+    got["exit"] = done.returncode  # type: ignore[index]
+    got["stderr"] = done.stderr  # type: ignore[index]
+    return got
+
+
+@pytest.mark.usefixtures("cluster_lock")
+def test_an_existing_partition_passes_and_a_wrong_name_fails(
+    tmp_path: Path,
+) -> None:
+    config = """
+[pools.ok]
+provider = "slurm"
+partition = "ckpt"
+walltime = "00:05:00"
+[pools.typo]
+provider = "slurm"
+partition = "ckpt-typo"
+"""
+    got = slurm_check(tmp_path, config, "--no-probe")
+    assert got["exit"] == 1
+    assert got[("*", "batch system")]["status"] == PASS
+    part = got[("ok", "partition")]
+    assert part["status"] == PASS and "partition ckpt is up; nodes:" in part["detail"]
+    test_only = got[("ok", "test-only")]
+    assert test_only["status"] == PASS and "estimated start" in test_only["detail"]
+    typo = got[("typo", "partition")]
+    assert typo["status"] == FAIL
+    assert "partition 'ckpt-typo' does not exist" in typo["detail"]
+    assert "ckpt, ckpt-cancel, owner" in typo["detail"]
+    assert ("typo", "test-only") not in got  # nothing more is asked of a missing partition
+
+
+@pytest.mark.usefixtures("cluster_lock")
+def test_sbatch_test_only_reports_slurms_reason(tmp_path: Path) -> None:
+    config = """
+[pools.huge]
+provider = "slurm"
+partition = "ckpt"
+memory_per_worker = "100TiB"
+[pools.acct]
+provider = "slurm"
+partition = "ckpt"
+account = "no-such-account"
+qos = "no-such-qos"
+"""
+    got = slurm_check(tmp_path, config, "--no-probe")
+    assert got["exit"] == 1
+    huge = got[("huge", "test-only")]
+    assert huge["status"] == FAIL
+    assert (
+        "Slurm refuses a block: Requested node configuration is not available" in (huge["detail"])
+    )
+    acct = got[("acct", "test-only")]
+    if acct["status"] == FAIL:  # a cluster that enforces associations
+        assert "Invalid account" in acct["detail"] or "Invalid qos" in acct["detail"], acct
+    else:  # the test cluster has no accounting: Slurm accepts any name, and we say so
+        assert "account no-such-account, qos no-such-qos" in acct["detail"]
+        note = got[("acct", "account/qos")]
+        assert note["status"] == WARN
+        assert "AccountingStorageEnforce=none" in note["detail"]
+        assert "account 'no-such-account', qos 'no-such-qos'" in note["detail"]
+
+
+@pytest.mark.usefixtures("cluster_lock")
+def test_the_probe_job_reports_the_managers_versions(tmp_path: Path) -> None:
+    config = """
+[pools.ck]
+provider = "slurm"
+partition = "ckpt"
+walltime = "00:05:00"
+worker_init = "echo corral-probe-init >&2"
+"""
+    got = slurm_check(tmp_path, config, "--probe-timeout", "90")
+    assert got["exit"] == 0, got
+    probe = got[("ck", "probe")]
+    assert probe["status"] == PASS, probe
+    py = platform.python_version()
+    assert (
+        f"Python {py}, Corral {runtime.__version__}, dask {dask.__version__}" in (probe["detail"])
+    )
+    assert "COMPLETED" in probe["detail"]
+    assert "probe of pool ck: Slurm job" in got["stderr"]  # progress is printed
+    (err,) = tmp_path.glob("corral-slurm/check-*/ck.err")  # the job ran worker_init
+    assert "corral-probe-init" in err.read_text()
+
+
+@pytest.mark.usefixtures("cluster_lock")
+def test_a_probe_reporting_another_version_fails(tmp_path: Path) -> None:
+    fake = tmp_path / "fake"
+    (fake / "dask").mkdir(parents=True)
+    (fake / "dask" / "__init__.py").write_text('__version__ = "0.0.1+fake"\n')
+    config = f"""
+[pools.stale]
+provider = "slurm"
+partition = "ckpt"
+walltime = "00:05:00"
+worker_init = "export PYTHONPATH={fake}:$PYTHONPATH"
+"""
+    got = slurm_check(tmp_path, config, "--probe-timeout", "90")
+    assert got["exit"] == 1
+    probe = got[("stale", "probe")]
+    assert probe["status"] == FAIL, probe
+    assert f"dask 0.0.1+fake on the workers, {dask.__version__} in the manager" in (probe["detail"])
+    assert "install the same Corral and dask" in probe["advice"]
+
+
+def test_pools_from_dicts_checks_need_no_file() -> None:
+    # The checks take pools however they were made (Cluster(pools=...) too).
+    pools = pools_from_dicts({"p": {"provider": "local"}})
+    from runtime.preflight import run_checks
+
+    rs = run_checks(pools, probe=False)
+    assert [(r.pool, r.check) for r in rs] == [("*", "spill directory")]
