@@ -613,19 +613,21 @@ def _slurm_quietly(argv: Sequence[str]) -> None:
 
 def expected_spill(pools: Mapping[str, PoolConfig]) -> tuple[int, list[str]]:
     """A conservative guess at what the workers may spill (bytes): every worker of every
-    block at ``max_blocks`` spilling its ``memory_per_worker``; and the pools it could
-    not count (a Slurm pool without ``memory_per_worker``)."""
+    block at ``max_blocks`` spilling its ``memory_per_worker`` (local workers without
+    one share this machine's memory: it counts once); and the pools it could not count
+    (a Slurm pool without ``memory_per_worker``)."""
     import psutil
 
-    total, unknown = 0, []
+    total, unknown, shared = 0, [], False
     for pool in pools.values():
-        memory = pool.memory_per_worker
-        if not memory:
-            if pool.provider != "local":
-                unknown.append(pool.name)
-                continue
-            memory = int(psutil.virtual_memory().total)
-        total += memory * pool.workers_per_block * pool.max_blocks
+        if pool.memory_per_worker:
+            total += pool.memory_per_worker * pool.workers_per_block * pool.max_blocks
+        elif pool.provider == "local":
+            shared = True
+        else:
+            unknown.append(pool.name)
+    if shared:
+        total += int(psutil.virtual_memory().total)
     return total, unknown
 
 
@@ -745,17 +747,23 @@ def run_checks(
 
 
 async def log_quick_checks(
-    pools: Mapping[str, PoolConfig], run_dir: Path | None = None
+    pools: Mapping[str, PoolConfig], run_dir: Path | None = None, limit: float = 30.0
 ) -> list[CheckResult]:
     """What the manager runs as it starts: the checks that submit nothing (no probe),
-    in a thread, each WARN or FAIL logged as a warning. Never raises: a start that would
-    work is never blocked by a check."""
+    in a thread, each WARN or FAIL logged as a warning. Never raises, and waits at most
+    ``limit`` seconds: a start that would work is never blocked by a check."""
+    results: list[CheckResult] | None = None
     try:
-        results = await anyio.to_thread.run_sync(
-            lambda: run_checks(pools, probe=False, run_dir=run_dir, command_timeout=10.0)
-        )
+        with anyio.move_on_after(limit):
+            results = await anyio.to_thread.run_sync(
+                lambda: run_checks(pools, probe=False, run_dir=run_dir, command_timeout=10.0),
+                abandon_on_cancel=True,
+            )
     except Exception as exc:
         _log.warning("pre-flight checks could not run", error=repr(exc))
+        return []
+    if results is None:
+        _log.warning(f"pre-flight checks did not finish within {limit:g} s: not waiting")
         return []
     for r in results:
         if r.status != PASS:

@@ -16,8 +16,8 @@ import platform
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
-from typing import Any
 
 import dask
 import pytest
@@ -33,6 +33,7 @@ from runtime.preflight import (
     check_directory,
     compare_versions,
     exit_code,
+    log_quick_checks,
     parse_probe_output,
     parse_test_only,
     render,
@@ -151,6 +152,24 @@ def test_the_manager_starts_despite_a_check_and_says_why(tmp_path: Path) -> None
         cli.stop([proc])
 
 
+@pytest.mark.anyio
+async def test_the_checks_at_manager_start_never_hold_it_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Slurm commands that hang (a controller that does not answer): the manager waits
+    # for the quick checks at most `limit` seconds, then starts.
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    for command in ("sinfo", "squeue", "sbatch", "scontrol"):
+        (fake / command).write_text("#!/bin/sh\nsleep 30\n")
+        (fake / command).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}{os.pathsep}{os.environ['PATH']}")
+    pools = pools_from_dicts({"hpc": {"provider": "slurm", "partition": "ckpt"}})
+    started = time.monotonic()
+    assert await log_quick_checks(pools, limit=1.0) == []
+    assert time.monotonic() - started < 5
+
+
 # ----------------------------------------------------------------------------- recorded output
 
 
@@ -214,13 +233,13 @@ def test_a_full_file_system_fails(tmp_path: Path) -> None:
 # ----------------------------------------------------------------------------- real Slurm
 
 
-def slurm_check(tmp_path: Path, config: str, *flags: str) -> dict[tuple[str, str], Any]:
+def slurm_check(
+    tmp_path: Path, config: str, *flags: str
+) -> tuple[int, dict[tuple[str, str], dict[str, str]], str]:
+    """The check against the test cluster: its exit code, results and stderr."""
     env = dict(os.environ, SLURM_CONF=SLURM_CONF)
     done = check(tmp_path, config, "--json", *flags, env=env, limit=150)
-    got = results(done)
-    got["exit"] = done.returncode  # type: ignore[index]
-    got["stderr"] = done.stderr  # type: ignore[index]
-    return got
+    return done.returncode, results(done), done.stderr
 
 
 @pytest.mark.usefixtures("cluster_lock")
@@ -236,8 +255,8 @@ walltime = "00:05:00"
 provider = "slurm"
 partition = "ckpt-typo"
 """
-    got = slurm_check(tmp_path, config, "--no-probe")
-    assert got["exit"] == 1
+    code, got, _stderr = slurm_check(tmp_path, config, "--no-probe")
+    assert code == 1
     assert got[("*", "batch system")]["status"] == PASS
     part = got[("ok", "partition")]
     assert part["status"] == PASS and "partition ckpt is up; nodes:" in part["detail"]
@@ -263,8 +282,8 @@ partition = "ckpt"
 account = "no-such-account"
 qos = "no-such-qos"
 """
-    got = slurm_check(tmp_path, config, "--no-probe")
-    assert got["exit"] == 1
+    code, got, _stderr = slurm_check(tmp_path, config, "--no-probe")
+    assert code == 1
     huge = got[("huge", "test-only")]
     assert huge["status"] == FAIL
     assert (
@@ -290,8 +309,8 @@ partition = "ckpt"
 walltime = "00:05:00"
 worker_init = "echo corral-probe-init >&2"
 """
-    got = slurm_check(tmp_path, config, "--probe-timeout", "90")
-    assert got["exit"] == 0, got
+    code, got, stderr = slurm_check(tmp_path, config, "--probe-timeout", "90")
+    assert code == 0, got
     probe = got[("ck", "probe")]
     assert probe["status"] == PASS, probe
     py = platform.python_version()
@@ -299,7 +318,7 @@ worker_init = "echo corral-probe-init >&2"
         f"Python {py}, Corral {runtime.__version__}, dask {dask.__version__}" in (probe["detail"])
     )
     assert "COMPLETED" in probe["detail"]
-    assert "probe of pool ck: Slurm job" in got["stderr"]  # progress is printed
+    assert "probe of pool ck: Slurm job" in stderr  # progress is printed
     (err,) = tmp_path.glob("corral-slurm/check-*/ck.err")  # the job ran worker_init
     assert "corral-probe-init" in err.read_text()
 
@@ -316,8 +335,8 @@ partition = "ckpt"
 walltime = "00:05:00"
 worker_init = "export PYTHONPATH={fake}:$PYTHONPATH"
 """
-    got = slurm_check(tmp_path, config, "--probe-timeout", "90")
-    assert got["exit"] == 1
+    code, got, _stderr = slurm_check(tmp_path, config, "--probe-timeout", "90")
+    assert code == 1
     probe = got[("stale", "probe")]
     assert probe["status"] == FAIL, probe
     assert f"dask 0.0.1+fake on the workers, {dask.__version__} in the manager" in (probe["detail"])
