@@ -333,6 +333,7 @@ def check_batch_system(timeout: float = 20.0) -> tuple[CheckResult, dict[str, Pa
 
 
 _USABLE = ("idle", "mixed", "mix", "allocated", "alloc", "completing")
+_FREE = ("idle", "mixed", "mix")  #: nodes with CPUs free for a new job
 
 
 def check_partition(pool: PoolConfig, parts: Mapping[str, Partition]) -> CheckResult:
@@ -357,6 +358,7 @@ def check_partition(pool: PoolConfig, parts: Mapping[str, Partition]) -> CheckRe
         why = {
             "drain": "it takes no new jobs",
             "down": "jobs queue but do not start",
+            "inact": "it takes no jobs",  # sinfo's short name for inactive
             "inactive": "it takes no jobs",
         }.get(part.avail.rstrip("*"), "it may not run jobs")
         return CheckResult(
@@ -369,8 +371,8 @@ def check_partition(pool: PoolConfig, parts: Mapping[str, Partition]) -> CheckRe
             pool.name, "partition", FAIL, f"{seen}: no node can run jobs",
             "Every node is down or drained: use another partition or ask the admins.",
         )  # fmt: skip
-    idle = sum(n for s, n in part.nodes.items() if s.rstrip("*~#!%$@^-") == "idle")
-    if not idle:
+    free = sum(n for s, n in part.nodes.items() if s.rstrip("*~#!%$@^-") in _FREE)
+    if not free:
         return CheckResult(
             pool.name, "partition", WARN, f"{seen}: no idle node",
             "Blocks will wait behind other jobs; expect workers to come late.",
@@ -506,7 +508,15 @@ def probe_slurm_pools(
     say = progress or (lambda text: None)
     probes: list[_Probe] = []
     results: dict[str, CheckResult] = {}
-    run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as exc:
+        advice = (
+            "Choose a run directory you can write (--run-dir), on a file system the "
+            "compute nodes see."
+        )
+        why = f"no probe job: cannot create {run_dir}: {exc}"
+        return [CheckResult(pool.name, "probe", FAIL, why, advice) for pool in pools]
     for pool in pools:
         base = run_dir / pool.name
         walltime = min(pool.walltime or 600.0, 600.0)

@@ -31,10 +31,12 @@ from runtime.preflight import (
     CheckResult,
     Versions,
     check_directory,
+    check_partition,
     compare_versions,
     exit_code,
     log_quick_checks,
     parse_probe_output,
+    parse_sinfo,
     parse_test_only,
     render,
 )
@@ -209,6 +211,32 @@ def test_test_only_answers_are_parsed() -> None:
     qos = "allocation failure: Invalid qos specification\n"
     assert parse_test_only(1, qos) == (False, "Invalid qos specification")
     assert parse_test_only(1, "") == (False, "exit code 1, no message")
+
+
+def test_partition_states_from_recorded_sinfo() -> None:
+    pool = pools_from_dicts({"p": {"provider": "slurm", "partition": "x"}})["p"]
+
+    def state(text: str) -> tuple[str, str]:
+        r = check_partition(pool, parse_sinfo(text))
+        return r.status, r.detail
+
+    assert state("x|up|1|idle\ny*|up|1|idle") == (PASS, "partition x is up; nodes: 1 idle")
+    assert state("x|drain|2|idle") == (
+        FAIL,
+        "partition x is drain; nodes: 2 idle: it takes no new jobs",
+    )
+    assert state("x|down|2|idle")[0] == FAIL
+    assert state("x|inact|2|idle")[1].endswith("it takes no jobs")
+    assert state("x|up|2|down*\nx|up|1|drained") == (
+        FAIL,
+        "partition x is up; nodes: 2 down*, 1 drained: no node can run jobs",
+    )
+    assert state("x|up|3|allocated")[0] == WARN  # blocks will queue
+    assert state("y|up|1|idle")[1] == "partition 'x' does not exist (Slurm has: y)"
+    # No partition in the pool: Slurm's default one.
+    default = pools_from_dicts({"p": {"provider": "slurm"}})["p"]
+    r = check_partition(default, parse_sinfo("a|up|1|idle\nb*|up|1|mixed"))
+    assert (r.status, r.detail) == (PASS, "partition b (default) is up; nodes: 1 mixed")
 
 
 def test_render_and_exit_code() -> None:
