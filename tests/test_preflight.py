@@ -142,6 +142,31 @@ def test_missing_slurm_commands_are_a_clear_failure(tmp_path: Path) -> None:
     assert not any(pool == "hpc" for pool, _ in got)
 
 
+def test_a_controller_that_is_down_is_a_clear_failure(tmp_path: Path) -> None:
+    # Slurm's own answers when slurmctld is down (22.05), from stand-in commands.
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    said = {
+        "sinfo": "echo 'slurm_load_partitions: Unable to contact slurm controller "
+        "(connect failure)' >&2; exit 1",
+        "scontrol": "echo 'Slurmctld(primary) at vm is DOWN'; exit 1",
+        "squeue": "exit 1",
+        "sbatch": "exit 1",
+    }
+    for command, body in said.items():
+        (fake / command).write_text(f"#!/bin/sh\n{body}\n")
+        (fake / command).chmod(0o755)
+    env = dict(os.environ, PATH=f"{fake}{os.pathsep}{os.environ['PATH']}")
+    config = '[pools.hpc]\nprovider = "slurm"\npartition = "ckpt"\n'
+    done = check(tmp_path, config, "--json", env=env)
+    assert done.returncode == 1
+    r = results(done)[("*", "batch system")]
+    assert r["status"] == FAIL
+    assert "Unable to contact slurm controller (connect failure)" in r["detail"]
+    assert "scontrol ping: Slurmctld(primary) at vm is DOWN" in r["detail"]
+    assert "slurmctld runs" in r["advice"]
+
+
 def test_the_manager_starts_despite_a_check_and_says_why(tmp_path: Path) -> None:
     config = tmp_path / "corral.toml"
     config.write_text(LOCAL.replace('"64MiB"', '"4000TiB"') + "init_blocks = 0\n")
