@@ -221,6 +221,25 @@ def decode_batch(
     ]
 
 
+def reply_ids(
+    data: bytes | bytearray | memoryview, *, max_bytes: int = MAX_FRAME_BYTES
+) -> list[int]:
+    """The ``reply_to`` ids of the frames in ``data``, read from its header alone, for
+    data that :func:`decode_batch` refused: a receiver can then fail the asks waiting
+    for those replies at once instead of leaving them to their timeouts. Best effort:
+    ``[]`` when not even the header can be read."""
+    try:
+        kind, header, _ = _open(data, max_bytes)
+        entries = [header] if kind == KIND_FRAME else header.get("n")
+        if type(entries) is not list:
+            return []
+        return [
+            r for e in entries if type(e) is dict and type(r := e.get("r")) is int and 0 < r < 2**63
+        ]
+    except Exception:  # the prefix or the header itself is broken: nothing to say
+        return []
+
+
 def _too_many_frames(n: int, max_frames: int) -> ProtocolError:
     return ProtocolError(
         f"the data holds {n} frame(s), over the limit of {max_frames} (max_frames): the "

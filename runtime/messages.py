@@ -95,6 +95,12 @@ class Pong(Message):
     token: int = 0
 
 
+#: The ``kind`` of the :class:`ErrorReply` a transport hands its reader in place of a
+#: reply it could not decode (transport/ws.py): the ask fails with ``ProtocolError`` at
+#: once instead of waiting out its timeout.
+UNREADABLE_REPLY = "UnreadableReply"
+
+
 @message()
 class ErrorReply(Message):
     """A request could not be served. ``kind`` names the exception type."""

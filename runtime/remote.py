@@ -69,7 +69,7 @@ from runtime.errors import (
 )
 from runtime.kernel import ActorRef, current_causal_id, new_causal_id
 from runtime.log import get_logger
-from runtime.messages import ErrorReply, Message, Ping, message
+from runtime.messages import UNREADABLE_REPLY, ErrorReply, Message, Ping, message
 
 __all__ = [
     "JsonReply",
@@ -223,6 +223,8 @@ def _error_from(reply: ErrorReply | Refused, allow_pickle: bool) -> BaseExceptio
                 return err
         except Exception:
             pass
+    if reply.kind == UNREADABLE_REPLY:  # this side's transport could not read the reply
+        return ProtocolError(reply.text)
     return RemoteError(reply.kind, reply.text)
 
 

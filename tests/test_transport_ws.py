@@ -938,3 +938,28 @@ async def test_generic_interface_types() -> None:
             assert isinstance(client, Connection) and isinstance(server, Connection)
             assert "ws" in transport.registered_schemes()
             assert "wss" in transport.registered_schemes()
+
+
+async def test_a_reply_that_cannot_be_read_fails_its_ask_at_once() -> None:
+    """A reply the codec refuses (here: a field this side does not know, as between two
+    versions) reaches the reader as a ProtocolError reply to the same ask, so the asker
+    hears of it now instead of waiting out its timeout; other data is not invented."""
+    from runtime.remote import _error_from
+
+    with anyio.fail_after(TIMEOUT):
+        async with (
+            await transport.listen("ws://127.0.0.1:0/c") as listener,
+            raw_pair(listener) as (ws, server),
+        ):
+            assert isinstance(server, WebSocketConnection)
+            await ws.send_bytes(codec_bytes({"t": "Ping", "f": {"bogus": 1}, "r": 5}))
+            frame = await server.receive()
+            assert frame.reply_to == 5 and isinstance(frame.msg, ErrorReply)
+            error = _error_from(frame.msg, allow_pickle=False)
+            assert isinstance(error, ProtocolError)
+            assert "the reply could not be read" in str(error) and "bogus" in str(error)
+            # A malformed message that answers no ask gives the reader nothing.
+            await ws.send_bytes(codec_bytes({"t": "Ping", "f": {"bogus": 1}}))
+            await ws.send_bytes(encode(ping(9)))
+            assert token(await server.receive()) == 9
+            assert server.bad_frames == 2

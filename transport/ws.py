@@ -85,10 +85,18 @@ import anyio
 import anyio.lowlevel
 from aiohttp import WSMsgType, web
 
-from runtime.codec import MAGIC, MAX_FRAME_BYTES, Frame, decode_batch, encode, encode_batch
+from runtime.codec import (
+    MAGIC,
+    MAX_FRAME_BYTES,
+    Frame,
+    decode_batch,
+    encode,
+    encode_batch,
+    reply_ids,
+)
 from runtime.errors import AuthenticationFailed, ProtocolError
 from runtime.log import get_logger
-from runtime.messages import ErrorReply
+from runtime.messages import UNREADABLE_REPLY, ErrorReply
 from transport.base import (
     DEFAULT_MAX_BUFFER,
     AddressInUse,
@@ -1049,6 +1057,7 @@ class WebSocketConnection(Connection):
             if room is not None and exc.fields.get("field") == "n":  # more frames than credits
                 self._over_credit(exc.message)
                 return False
+            self._fail_replies(data, exc.message)
             return self._bad(exc.message, reply=credited)
         except Exception as exc:  # decode_batch promises ProtocolError; be safe anyway
             return self._bad(f"undecodable message ({type(exc).__name__}: {exc})", reply=credited)
@@ -1070,6 +1079,20 @@ class WebSocketConnection(Connection):
             self._readable = None
             ev.set()
         return True
+
+    def _fail_replies(self, data: bytes | bytearray | memoryview, problem: str) -> None:
+        """Replies in refused data: their asks on this side fail now, with the problem,
+        instead of waiting out their timeouts (an ask's reply that cannot be read)."""
+        ids = reply_ids(data, max_bytes=self.receive_limit)
+        if not ids or self._closed_here:
+            return
+        text = f"the reply could not be read: {problem}"
+        error = ErrorReply(UNREADABLE_REPLY, text)
+        self._inbox.extend(_Free(Frame(error, reply_to=r)) for r in ids)
+        ev = self._readable
+        if ev is not None:
+            self._readable = None
+            ev.set()
 
     def _apply_credit(self, data: bytes) -> str | None:
         """Take the credit grant at the start of ``data``; the problem if it is invalid."""
