@@ -76,6 +76,13 @@ class _BlockEnded(Message):
 
 
 @message(local=True)
+class _StartAnswered(Message):
+    """Autoscaler-internal: how a block request made in the background went."""
+
+    event: Any
+
+
+@message(local=True)
 class _Tick(Message):
     """Autoscaler-internal: time passed."""
 
@@ -198,34 +205,59 @@ class Autoscaler(Actor):
 
     async def _execute(self, cmd: Command) -> Event | None:
         if type(cmd) is StartBlock:
-            try:
-                provider = self.provider_for(cmd.pool)
-                block = await provider.start_block(cmd.spec)
-            except SubmissionsSuspended as exc:
-                self.log.error("the batch system refused too often: pool paused until resumed",
-                               pool=cmd.pool, error=str(exc))  # fmt: skip
-                return BlockStartFailed(
-                    self.clock.now(), cmd.request, str(exc), command="sbatch", suspended=True
-                )
-            except BatchSystemError as exc:
-                wait = provider.retry_in()
-                self.log.error("the batch system did not take a block; backing off",
-                               pool=cmd.pool, error=str(exc), retry_in=wait)  # fmt: skip
-                now = self.clock.now()
-                return BlockStartFailed(
-                    now, cmd.request, str(exc), batch=True, command=exc.command,
-                    retry_at=None if wait is None else now + wait,
-                )  # fmt: skip
-            except Exception as exc:
-                self.log.error("could not start a block", pool=cmd.pool, error=repr(exc))
-                return BlockStartFailed(self.clock.now(), cmd.request, repr(exc))
-            bid = self._bid(cmd.pool, block)
-            self._handles[bid] = block
-            self._owners[bid] = provider
-            self.start_soon(self._watch, provider, bid, block)
-            return BlockStarted(
-                self.clock.now(), cmd.request, bid, tuple(block.workers), block.state.value
+            if self._slow(cmd.pool):
+                # A batch system may take long to answer (or not answer, for its whole
+                # command timeout): ask in the background, so that status, scale and
+                # resume are answered meanwhile; the answer comes back as a message.
+                self.start_soon(self._start_in_background, cmd)
+                return None
+            return await self._start(cmd)
+        return await self._carry_out(cmd)
+
+    def _slow(self, pool: str) -> bool:
+        """``pool``'s provider may take long to start a block."""
+        try:
+            return self.provider_for(pool).slow_start
+        except ValueError:
+            return False
+
+    async def _start_in_background(self, cmd: StartBlock) -> None:
+        ev = await self._start(cmd)
+        with contextlib.suppress(ActorStopped):
+            self.ref.post(_StartAnswered(ev))
+
+    async def _start(self, cmd: StartBlock) -> Event:
+        """Ask the provider for a block: the event that says how it went."""
+        try:
+            provider = self.provider_for(cmd.pool)
+            block = await provider.start_block(cmd.spec)
+        except SubmissionsSuspended as exc:
+            self.log.error("the batch system refused too often: pool paused until resumed",
+                           pool=cmd.pool, error=str(exc))  # fmt: skip
+            return BlockStartFailed(
+                self.clock.now(), cmd.request, str(exc), command="sbatch", suspended=True
             )
+        except BatchSystemError as exc:
+            wait = provider.retry_in()
+            self.log.error("the batch system did not take a block; backing off",
+                           pool=cmd.pool, error=str(exc), retry_in=wait)  # fmt: skip
+            now = self.clock.now()
+            return BlockStartFailed(
+                now, cmd.request, str(exc), batch=True, command=exc.command,
+                retry_at=None if wait is None else now + wait,
+            )  # fmt: skip
+        except Exception as exc:
+            self.log.error("could not start a block", pool=cmd.pool, error=repr(exc))
+            return BlockStartFailed(self.clock.now(), cmd.request, repr(exc))
+        bid = self._bid(cmd.pool, block)
+        self._handles[bid] = block
+        self._owners[bid] = provider
+        self.start_soon(self._watch, provider, bid, block)
+        return BlockStarted(
+            self.clock.now(), cmd.request, bid, tuple(block.workers), block.state.value
+        )
+
+    async def _carry_out(self, cmd: Command) -> Event | None:
         if type(cmd) is StopBlock:
             block = self._handles.pop(cmd.block)
             await self._owners.pop(cmd.block).stop_block(block)
@@ -267,6 +299,10 @@ class Autoscaler(Actor):
         if bid in self.state.blocks:
             block.state = BlockState(msg.state)
         await self._handle(BlockEnded(self.clock.now(), bid, msg.state))
+
+    @handles(_StartAnswered)
+    async def start_answered(self, msg: _StartAnswered) -> None:
+        await self._handle(msg.event)
 
     @handles(_Tick)
     async def on_tick(self, msg: _Tick) -> None:

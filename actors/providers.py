@@ -82,6 +82,10 @@ class Block:
 class Provider(abc.ABC):
     """Starts and stops blocks of workers; reports their states."""
 
+    #: starting a block may take long (a batch system's command): the autoscaler asks
+    #: in the background instead of waiting for the answer
+    slow_start: bool = False
+
     @abc.abstractmethod
     async def start_block(self, spec: BlockSpec) -> Block:
         """Request a block; return it (PENDING or RUNNING)."""

@@ -621,6 +621,8 @@ class SlurmProvider(Provider):
     ``slurm_conf`` sets ``SLURM_CONF`` for the commands (default: the environment's).
     """
 
+    slow_start = True
+
     def __init__(
         self,
         argv_for: Callable[[str, int], Sequence[str]],
