@@ -272,8 +272,9 @@ class Autoscaler(Actor):
             self.log.info("scaling in: draining worker", worker=cmd.worker, block=cmd.block)
             return DrainAnswered(self.clock.now(), cmd.worker, True)
         if type(cmd) is ReportGone:
-            self._handles.pop(cmd.block, None)
-            self._owners.pop(cmd.block, None)
+            if cmd.block not in self.state.blocks:  # ended (a requeued block lives on)
+                self._handles.pop(cmd.block, None)
+                self._owners.pop(cmd.block, None)
             if cmd.cause != "drained":
                 self.log.warning(
                     "worker block ended unasked", block=cmd.block, state=cmd.state, cause=cmd.cause

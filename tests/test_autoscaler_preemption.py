@@ -12,8 +12,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import anyio
 import pytest
 
+from actors.autoscaler import PoolTarget
 from actors.autoscaler_state import (
     AutoscalerConfig,
     AutoscalerState,
@@ -33,7 +37,12 @@ from actors.autoscaler_state import (
     TargetSet,
     Tick,
 )
+from actors.providers import Block, BlockSpec, InProcessProvider
 from policies.scaling import PoolLimits
+from runtime.kernel import ActorSystem
+from runtime.messages import AutoscalerStatus, StatusRequest
+from runtime.node import start_control_plane, worker_factory
+from tests.helpers import wait_until
 
 SPEC = "spec"
 
@@ -210,3 +219,55 @@ def test_resuming_a_pool_that_gave_up_asks_again() -> None:
     bid = one_block(s, 1.0, 1, "p")
     assert run(s, BlockEnded(2.0, bid, "failed"))[-1] == GaveUp("p", 1, 60.0)
     assert run(s, Resumed(3.0, "p")) == [StartBlock(2, "p", SPEC)]
+
+
+# ----------------------------------------------------------------------------- the shell
+
+
+class Recording(InProcessProvider):
+    """In-process blocks, remembered so a test can play the batch system on them."""
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.started: list[Block] = []
+
+    async def start_block(self, spec: BlockSpec) -> Block:
+        block = await super().start_block(spec)
+        self.started.append(block)
+        return block
+
+
+@pytest.mark.anyio
+async def test_the_shell_reports_a_requeue_and_keeps_the_block() -> None:
+    made: list[Recording] = []
+
+    def provider(plane: Any) -> Recording:
+        made.append(Recording(plane.system, worker_factory(plane.refs["scheduler"])))
+        return made[0]
+
+    with anyio.fail_after(20):
+        async with ActorSystem() as system:
+            plane = await start_control_plane(
+                system, provider=provider,
+                targets={"default": PoolTarget(1, BlockSpec(1, 1, 0, 0, "default"))},
+            )  # fmt: skip
+            autoscaler, scheduler = plane.refs["autoscaler"], plane.scheduler.state
+            await wait_until(lambda: "worker-1" in scheduler.workers, limit=10)
+            (block,) = made[0].started
+            # The batch system requeued it after a preemption: a new incarnation.
+            block.incarnation, block.requeue_cause = 2, "preempted"
+
+            async def requeue_reported() -> AutoscalerStatus | None:
+                st: AutoscalerStatus = await autoscaler.ask(StatusRequest())
+                return st if st.ends else None
+
+            st = await wait_until(requeue_reported, limit=10)
+            (end,) = st.ends
+            assert (end.block, end.state, end.cause, end.charged) == (
+                "block-1", "requeued", "preempted", False,
+            )  # fmt: skip
+            assert st.blocks == {"block-1": "running"} and st.incarnations == {"block-1": 2}
+            assert st.budget_spent == 0
+            # Its worker of the first run was reported gone, as preempted.
+            assert "worker-1" not in scheduler.workers
+            assert ("worker-1", "joined", "left:preempted") in [t[:3] for t in scheduler.story_log]
