@@ -10,6 +10,8 @@ checkpoint users: takes blocks back, ends them at their walltime, stops answerin
   ``owner``.
 - A block with a 3-minute walltime is drained before it and ends COMPLETED, no task
   killed.
+- A block on a requeueing partition comes back as a new incarnation of the same block
+  (no replacement, no budget spent), and its worker rejoins.
 - ``slurmctld`` stopped mid-run is a clear error in the status; the run finishes once
   it is back.
 
@@ -24,8 +26,8 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +89,18 @@ def manager(tmp_path: Path, conf: str, config: str) -> Iterator[tuple[Cli, Any, 
             cli.stop([proc])
 
 
+@asynccontextmanager
+async def fleet(
+    tmp_path: Path, conf: str, config: str, workers: int, limit: float
+) -> AsyncIterator[tuple[Cluster, str]]:
+    """A manager with the pools of ``config`` and a client of it, once ``workers``
+    workers joined; everything inside is bounded by ``limit`` seconds."""
+    with manager(tmp_path, conf, config) as (_, _, address, _), anyio.fail_after(limit):
+        async with Cluster(address) as cluster:
+            await cluster.wait_for_workers(workers, timeout=120)
+            yield cluster, address
+
+
 def owner_job(slurm: Callable[..., str], cpus: int, seconds: int) -> str:
     """An owner-partition job that needs ``cpus`` CPUs: it preempts ckpt blocks."""
     return slurm(
@@ -135,89 +149,87 @@ async def test_preemption_costs_nothing_and_a_long_task_moves_to_owner(
 ) -> None:
     t0 = time.monotonic()
     marks: dict[str, float] = {}
-    with manager(tmp_path, slurm_conf, CKPT_OWNER) as (_, _, address, _), anyio.fail_after(300):
-        async with Cluster(address) as cluster:
-            await cluster.wait_for_workers(4, timeout=120)
-            marks["4 ckpt workers"] = time.monotonic() - t0
-            # ~27 tasks on ckpt, nothing spare from the user: retries=0.
-            graph: dict[Any, Any] = {f"sq-{i}": (slow_square, i) for i in range(26)}
-            graph["total"] = (total, [f"sq-{i}" for i in range(26)])
-            keys = [*(f"sq-{i}" for i in range(26)), "total"]
-            futures = await cluster.submit_graph(graph, keys, pool="ckpt", retries=0)
+    async with fleet(tmp_path, slurm_conf, CKPT_OWNER, 4, 300) as (cluster, address):
+        marks["4 ckpt workers"] = time.monotonic() - t0
+        # ~27 tasks on ckpt, nothing spare from the user: retries=0.
+        graph: dict[Any, Any] = {f"sq-{i}": (slow_square, i) for i in range(26)}
+        graph["total"] = (total, [f"sq-{i}" for i in range(26)])
+        keys = [*(f"sq-{i}" for i in range(26)), "total"]
+        futures = await cluster.submit_graph(graph, keys, pool="ckpt", retries=0)
 
-            # Mid-task: a dozen finished, four running. The owner takes the whole node
-            # back. (Later than the first tasks: the workers' life, which sets the median
-            # that makes a task "long" for this pool, should not be shorter than a short
-            # task and its wait in the worker's queue.)
-            await status_where(
-                cluster, lambda s: s["tasks_by_state"].get("memory", 0) >= 12
-                and sum(s["processing"].values()) >= 4,
-            )  # fmt: skip
-            first = owner_job(slurm, NODE_CPUS, 12)
-            marks["owner job 1"] = time.monotonic() - t0
-            st = await status_where(
-                cluster,
-                lambda s: sum(e["state"] == "preempted" for e in s["autoscaler"]["ends"]) >= 2,
-            )
-            marks["both blocks PREEMPTED"] = time.monotonic() - t0
-            auto = st["autoscaler"]
-            ends = [e for e in auto["ends"] if e["state"] == "preempted"]
-            assert {e["block"] for e in ends} == {"ckpt/block-1", "ckpt/block-2"}, auto
-            assert all(e["cause"] == "preempted" and not e["charged"] for e in ends), ends
-            assert auto["budget_spent"] == 0 and auto["gave_up"] == []
-            # Replacements are asked for at once (they wait for the owner's CPUs).
-            st = await status_where(
-                cluster,
-                lambda s: {"ckpt/block-3", "ckpt/block-4"} <= set(s["autoscaler"]["blocks"]),
-            )
-            marks["replacements submitted"] = time.monotonic() - t0
+        # Mid-task: a dozen finished, four running. The owner takes the whole node
+        # back. (Later than the first tasks: the workers' life, which sets the median
+        # that makes a task "long" for this pool, should not be shorter than a short
+        # task and its wait in the worker's queue.)
+        await status_where(
+            cluster, lambda s: s["tasks_by_state"].get("memory", 0) >= 12
+            and sum(s["processing"].values()) >= 4,
+        )  # fmt: skip
+        first = owner_job(slurm, NODE_CPUS, 12)
+        marks["owner job 1"] = time.monotonic() - t0
+        st = await status_where(
+            cluster,
+            lambda s: sum(e["state"] == "preempted" for e in s["autoscaler"]["ends"]) >= 2,
+        )
+        marks["both blocks PREEMPTED"] = time.monotonic() - t0
+        auto = st["autoscaler"]
+        ends = [e for e in auto["ends"] if e["state"] == "preempted"]
+        assert {e["block"] for e in ends} == {"ckpt/block-1", "ckpt/block-2"}, auto
+        assert all(e["cause"] == "preempted" and not e["charged"] for e in ends), ends
+        assert auto["budget_spent"] == 0 and auto["gave_up"] == []
+        # Replacements are asked for at once (they wait for the owner's CPUs).
+        st = await status_where(
+            cluster,
+            lambda s: {"ckpt/block-3", "ckpt/block-4"} <= set(s["autoscaler"]["blocks"]),
+        )
+        marks["replacements submitted"] = time.monotonic() - t0
 
-            results = await cluster.gather(futures)
-            marks["graph done"] = time.monotonic() - t0
-            assert results == [i * i for i in range(26)] + [sum(i * i for i in range(26))]
-            lost = await retry_lines(cluster, keys)
-            assert lost, "no try was running when the owner job came"
-            assert all("preempted" in why and "free retry" in why for _, why in lost), lost
-            assert any("worker lost (preempted); free retry" in why for _, why in lost), lost
-            st = await cluster.status()
-            assert "erred" not in st["tasks_by_state"]
-            ckpt_life = st["survival"]["ckpt"]
-            assert ckpt_life["deaths"] >= 4 and ckpt_life["median"] is not None, ckpt_life
-            median = float(ckpt_life["median"])
-            for f in futures:  # fetched: not to be computed again when their holders go
-                f.release()
-            slurm("scancel", first)
+        results = await cluster.gather(futures)
+        marks["graph done"] = time.monotonic() - t0
+        assert results == [i * i for i in range(26)] + [sum(i * i for i in range(26))]
+        lost = await retry_lines(cluster, keys)
+        assert lost, "no try was running when the owner job came"
+        assert all("preempted" in why and "free retry" in why for _, why in lost), lost
+        assert any("worker lost (preempted); free retry" in why for _, why in lost), lost
+        st = await cluster.status()
+        assert "erred" not in st["tasks_by_state"]
+        ckpt_life = st["survival"]["ckpt"]
+        assert ckpt_life["deaths"] >= 4 and ckpt_life["median"] is not None, ckpt_life
+        median = float(ckpt_life["median"])
+        for f in futures:  # fetched: not to be computed again when their holders go
+            f.release()
+        slurm("scancel", first)
 
-            # A long task on a replacement block: once it has run past the median life
-            # of a ckpt worker, the owner comes back (leaving one CPU for the owner pool).
-            (fut,) = await cluster.submit_graph(
-                {"long": (long_task, 30.0)}, ["long"], pool="ckpt", retries=0
-            )
+        # A long task on a replacement block: once it has run past the median life
+        # of a ckpt worker, the owner comes back (leaving one CPU for the owner pool).
+        (fut,) = await cluster.submit_graph(
+            {"long": (long_task, 30.0)}, ["long"], pool="ckpt", retries=0
+        )
 
-            async def running() -> bool:
-                return any(t[2] == "processing" for t in await cluster.story("long"))
+        async def running() -> bool:
+            return any(t[2] == "processing" for t in await cluster.story("long"))
 
-            await wait_until(running, step=0.1)
-            started = time.monotonic()
-            marks["long task running on ckpt"] = started - t0
-            await wait_until(lambda: time.monotonic() - started > median + 3, step=0.25)
-            owner_job(slurm, NODE_CPUS - 1, 120)
-            marks["owner job 2"] = time.monotonic() - t0
-            assert await fut == "slept 30 s"
-            marks["long task done on owner"] = time.monotonic() - t0
-            story = [(str(t[1]), str(t[2])) for t in await cluster.story("long")]
-            assert ("pool", "ckpt->owner") in story, story
-            (why,) = [w for _, w in await retry_lines(cluster, ["long"])]
-            assert "a long task, moved to 'owner'; free retry" in why, why
-            st = await cluster.status()
-            auto = st["autoscaler"]
-            assert "owner/block-1" in auto["blocks"] or any(
-                e["block"] == "owner/block-1" for e in auto["ends"]
-            ), auto
-            assert auto["budget_spent"] == 0, auto
-            assert "erred" not in st["tasks_by_state"]
-            async with ConsoleClient(address) as console:
-                print((await console.execute("status")).text(160))
+        await wait_until(running, step=0.1)
+        started = time.monotonic()
+        marks["long task running on ckpt"] = started - t0
+        await wait_until(lambda: time.monotonic() - started > median + 3, step=0.25)
+        owner_job(slurm, NODE_CPUS - 1, 120)
+        marks["owner job 2"] = time.monotonic() - t0
+        assert await fut == "slept 30 s"
+        marks["long task done on owner"] = time.monotonic() - t0
+        story = [(str(t[1]), str(t[2])) for t in await cluster.story("long")]
+        assert ("pool", "ckpt->owner") in story, story
+        (why,) = [w for _, w in await retry_lines(cluster, ["long"])]
+        assert "a long task, moved to 'owner'; free retry" in why, why
+        st = await cluster.status()
+        auto = st["autoscaler"]
+        assert "owner/block-1" in auto["blocks"] or any(
+            e["block"] == "owner/block-1" for e in auto["ends"]
+        ), auto
+        assert auto["budget_spent"] == 0, auto
+        assert "erred" not in st["tasks_by_state"]
+        async with ConsoleClient(address) as console:
+            print((await console.execute("status")).text(160))
     print({k: round(v, 1) for k, v in marks.items()})
 
 
@@ -238,42 +250,40 @@ async def test_a_block_drains_before_its_walltime_and_ends_completed(
     slurm_conf: str, slurm: Callable[..., str], tmp_path: Path
 ) -> None:
     t0 = time.monotonic()
-    with manager(tmp_path, slurm_conf, WALLTIME) as (_, _, address, _), anyio.fail_after(240):
-        async with Cluster(address) as cluster:
-            await cluster.wait_for_workers(1, timeout=120)
-            keys = [f"q-{i}" for i in range(12)]  # 48 s of work for one worker
-            futures = await cluster.submit_graph(
-                {k: (quick, i) for i, k in enumerate(keys)}, keys, pool="short", retries=0
-            )
-            # Each result is fetched, then released, as soon as it is done: a drained
-            # worker has no peer to hand the outputs to, so outputs still wanted when it
-            # leaves would be computed again on the next block.
-            results: dict[int, int] = {}
+    async with fleet(tmp_path, slurm_conf, WALLTIME, 1, 240) as (cluster, _):
+        keys = [f"q-{i}" for i in range(12)]  # 48 s of work for one worker
+        futures = await cluster.submit_graph(
+            {k: (quick, i) for i, k in enumerate(keys)}, keys, pool="short", retries=0
+        )
+        # Each result is fetched, then released, as soon as it is done: a drained
+        # worker has no peer to hand the outputs to, so outputs still wanted when it
+        # leaves would be computed again on the next block.
+        results: dict[int, int] = {}
 
-            async def fetch(i: int) -> None:
-                results[i] = await futures[i]
-                futures[i].release()
+        async def fetch(i: int) -> None:
+            results[i] = await futures[i]
+            futures[i].release()
 
-            async with anyio.create_task_group() as tg:
-                for i in range(len(futures)):
-                    tg.start_soon(fetch, i)
-            assert [results[i] for i in range(12)] == [i + 1000 for i in range(12)]
-            st = await status_where(
-                cluster,
-                lambda s: any(e["block"] == "short/block-1" for e in s["autoscaler"]["ends"]),
-            )
-            ended = time.monotonic() - t0
-            (end,) = [e for e in st["autoscaler"]["ends"] if e["block"] == "short/block-1"]
-            assert end["state"] == "completed" and end["cause"] == "walltime", end
-            assert not end["charged"] and st["autoscaler"]["budget_spent"] == 0
-            job = slurm("squeue", "-h", "-t", "all", "-n", "corral-short-1", "-o", "%T").split()
-            assert job[-1] == "COMPLETED", job
-            assert await retry_lines(cluster, keys) == []  # no task was killed
-            st = await cluster.status()
-            assert st["tasks_by_state"].get("erred", 0) == 0
-            assert "short/block-2" in st["autoscaler"]["blocks"] or any(
-                e["block"] == "short/block-2" for e in st["autoscaler"]["ends"]
-            )
+        async with anyio.create_task_group() as tg:
+            for i in range(len(futures)):
+                tg.start_soon(fetch, i)
+        assert [results[i] for i in range(12)] == [i + 1000 for i in range(12)]
+        st = await status_where(
+            cluster,
+            lambda s: any(e["block"] == "short/block-1" for e in s["autoscaler"]["ends"]),
+        )
+        ended = time.monotonic() - t0
+        (end,) = [e for e in st["autoscaler"]["ends"] if e["block"] == "short/block-1"]
+        assert end["state"] == "completed" and end["cause"] == "walltime", end
+        assert not end["charged"] and st["autoscaler"]["budget_spent"] == 0
+        job = slurm("squeue", "-h", "-t", "all", "-n", "corral-short-1", "-o", "%T").split()
+        assert job[-1] == "COMPLETED", job
+        assert await retry_lines(cluster, keys) == []  # no task was killed
+        st = await cluster.status()
+        assert st["tasks_by_state"].get("erred", 0) == 0
+        assert "short/block-2" in st["autoscaler"]["blocks"] or any(
+            e["block"] == "short/block-2" for e in st["autoscaler"]["ends"]
+        )
     print(f"block-1 ended COMPLETED (walltime drain) after {ended:.1f} s")
 
 
@@ -346,4 +356,61 @@ async def test_slurmctld_down_is_a_clear_error_and_the_run_finishes_once_it_is_b
             marks["run done"] = time.monotonic() - t0
             st = await status_where(cluster, lambda s: not s["autoscaler"]["batch_errors"])
             assert st["autoscaler"]["budget_spent"] == 0
+    print({k: round(v, 1) for k, v in marks.items()})
+
+
+REQUEUE = """
+[pools.rq]
+provider = "slurm"
+partition = "ckpt"   # PreemptMode=REQUEUE: a preempted job runs again, same id
+walltime = "00:10:00"
+init_blocks = 1
+max_blocks = 1
+workers_per_node = 1
+"""
+
+
+async def test_a_requeued_block_is_a_new_incarnation_of_the_same_block(
+    slurm_conf: str, slurm: Callable[..., str], tmp_path: Path
+) -> None:
+    t0 = time.monotonic()
+    marks: dict[str, float] = {}
+    async with fleet(tmp_path, slurm_conf, REQUEUE, 1, 240) as (cluster, _):
+        keys = [f"r-{i}" for i in range(6)]
+        futures = await cluster.submit_graph(
+            {k: (slow_square, i) for i, k in enumerate(keys)}, keys, pool="rq", retries=0
+        )
+        await status_where(
+            cluster, lambda s: s["tasks_by_state"].get("memory", 0) >= 1
+            and sum(s["processing"].values()) >= 1,
+        )  # fmt: skip
+        owner = owner_job(slurm, NODE_CPUS, 10)
+        st = await status_where(
+            cluster, lambda s: any(e["state"] == "requeued" for e in s["autoscaler"]["ends"])
+        )
+        marks["requeue seen"] = time.monotonic() - t0
+        auto = st["autoscaler"]
+        (end,) = auto["ends"]
+        assert (end["block"], end["state"], end["cause"]) == (
+            "rq/block-1", "requeued", "preempted",
+        ), end  # fmt: skip
+        assert not end["charged"] and end["incarnation"] == 1
+        assert auto["incarnations"] == {"rq/block-1": 2}
+        assert list(auto["blocks"]) == ["rq/block-1"], auto  # the same block, not a new one
+        assert auto["budget_spent"] == 0
+        slurm("scancel", owner)
+        # Slurm runs it again once the credential of the first run expires (20 s here).
+        st = await status_where(
+            cluster,
+            lambda s: (
+                s["autoscaler"]["blocks"].get("rq/block-1") == "running" and len(s["workers"]) == 1
+            ),
+        )
+        marks["incarnation 2 running"] = time.monotonic() - t0
+        assert "incarnation 2" in st["autoscaler"]["details"]["rq/block-1"]
+        assert await cluster.gather(futures) == [i * i for i in range(6)]
+        lost = await retry_lines(cluster, keys)
+        assert lost and all("worker lost (preempted); free retry" in w for _, w in lost), lost
+        st = await cluster.status()
+        assert "erred" not in st["tasks_by_state"] and st["autoscaler"]["budget_spent"] == 0
     print({k: round(v, 1) for k, v in marks.items()})
