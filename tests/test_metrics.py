@@ -318,3 +318,29 @@ async def test_prometheus_scrapes_the_queue_depth_of_a_running_graph(tmp_path: P
             assert health == ["up"], body
         finally:
             cli.stop([prom])
+
+
+@pytest.mark.slow
+def test_a_manager_with_a_pool_exports_its_blocks(tmp_path: Path) -> None:
+    config = tmp_path / "corral.toml"
+    config.write_text(
+        '[pools.local]\nprovider = "local"\nmin_blocks = 1\ninit_blocks = 1\n'
+        "max_blocks = 2\ncores_per_worker = 1\n"
+    )
+    with Cli(tmp_path / "home") as cli:
+        proc, _ = cli.manager("--config", str(config), "--metrics-listen", "127.0.0.1:0")
+        url = cli.line_with(proc, "metrics on").split("metrics on", 1)[1].strip()
+        deadline = time.monotonic() + 60
+        while True:  # bounded poll: the block's worker process starts and joins
+            status, body = _get(url)
+            assert status == 200, body
+            got = _samples(body)
+            if got.get(("corral_workers", (("pool", "local"), ("state", "idle")))) == 1:
+                break
+            assert time.monotonic() < deadline, body
+            time.sleep(0.2)
+        local = (("pool", "local"),)
+        assert got[("corral_blocks_target", local)] == 1
+        assert got[("corral_blocks", (("pool", "local"), ("state", "running")))] == 1
+        assert got[("corral_blocks_pending_oldest_seconds", local)] == 0
+        assert got[("corral_autoscaler_busy", ())] == 0
