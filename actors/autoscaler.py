@@ -51,8 +51,10 @@ from runtime.kernel import Actor, ActorRef, handles
 from runtime.messages import (
     AutoscalerStatus,
     BatchErrorInfo,
+    BlockMetrics,
     DrainRequest,
     Message,
+    MetricsRequest,
     PolicyInfo,
     ResumeRequest,
     ScaleRequest,
@@ -384,6 +386,13 @@ class Autoscaler(Actor):
         await self._handle(PolicyChanged(self.clock.now(), policy))
         self.log.info("policy changed", kind=msg.kind, name=msg.name, params=msg.params)
         return PolicyInfo(msg.kind, msg.name, tuple(self.policy_registry.names(msg.kind)))
+
+    @handles(MetricsRequest)
+    def metrics(self, msg: MetricsRequest) -> dict[str, BlockMetrics]:
+        """Per pool, its blocks by state and the age of the oldest not running yet."""
+        states = {b: self._handles[b].state.value for b in self.state.blocks}
+        blocks = self.state.block_metrics(self.clock.now(), states)
+        return {pool: BlockMetrics(**m) for pool, m in blocks.items()}
 
     @handles(StatusRequest)
     def status(self, msg: StatusRequest) -> AutoscalerStatus:

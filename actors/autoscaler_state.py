@@ -313,6 +313,7 @@ class BlockRecord:
     idle_since: float | None = None  #: when its workers were first seen all idle
     incarnation: int = 1  #: the batch system's run of it (a requeue starts the next)
     sched_drained: bool = False  #: the scheduler was seen draining a worker of it
+    since: float = 0.0  #: when it started (or was requeued): its age while not running
 
 
 @dataclasses.dataclass(slots=True)
@@ -341,6 +342,7 @@ class AutoscalerState:
         self.pools: dict[str, PoolState] = {}  #: by name, in the order first set
         self.blocks: dict[str, BlockRecord] = {}  #: live blocks by id
         self.requests: dict[int, str] = {}  #: StartBlock requests in flight -> pool
+        self.requested_at: dict[int, float] = {}  #: when each request in flight was made
         self.ended = 0  #: blocks that ended (asked or not)
         self.replacements: deque[float] = deque()  #: when unasked ends happened
         self.gave_up: set[str] = set()  #: pools whose workers kept ending
@@ -383,6 +385,29 @@ class AutoscalerState:
         """Per pool: blocks started or requested and not retiring."""
         return {p: s.blocks + s.requested for p, s in self.pools.items()}
 
+    def block_metrics(self, now: float, states: Mapping[str, str]) -> dict[str, dict[str, Any]]:
+        """Per pool, the numbers of a ``BlockMetrics`` at ``now``: blocks by state
+        (``requested``: no answer from the provider yet; else ``states[block]``, the
+        provider's word now, or the core's), and the age of the oldest block that is not
+        running yet (requested, pending or held), counted from its request."""
+        out: dict[str, dict[str, Any]] = {
+            pool: {"states": {}, "oldest_pending": 0.0, "target": ps.target,
+                   "desired": ps.desired}
+            for pool, ps in self.pools.items()
+        }  # fmt: skip
+
+        def count(pool: str, state: str, since: float) -> None:
+            m = out.setdefault(pool, {"states": {}, "oldest_pending": 0.0})
+            m["states"][state] = m["states"].get(state, 0) + 1
+            if state != "running":
+                m["oldest_pending"] = max(m["oldest_pending"], now - since)
+
+        for request, pool in self.requests.items():
+            count(pool, "requested", self.requested_at.get(request, now))
+        for b in self.blocks.values():
+            count(b.pool, states.get(b.block_id, b.state), b.since)
+        return out
+
     # ----------------------------------------------------------------- handlers
 
     def _target_set(self, ev: TargetSet) -> None:
@@ -400,7 +425,8 @@ class AutoscalerState:
     def _block_started(self, ev: BlockStarted) -> None:
         pool = self.requests.pop(ev.request)
         state = ev.state if ev.state in LIVE_STATES else "running"  # ends: BlockEnded
-        self.blocks[ev.block] = BlockRecord(ev.block, pool, ev.workers, state)
+        asked = self.requested_at.pop(ev.request, self._now)
+        self.blocks[ev.block] = BlockRecord(ev.block, pool, ev.workers, state, since=asked)
         self.retry_at.pop(pool, None)  # the batch system answers again
         self.errors.pop(pool, None)
         if self.closing:
@@ -408,6 +434,7 @@ class AutoscalerState:
 
     def _block_start_failed(self, ev: BlockStartFailed) -> None:
         pool = self.requests.pop(ev.request)
+        self.requested_at.pop(ev.request, None)
         if not (ev.batch or ev.suspended):
             self.ended += 1
             self._unasked_end(pool)
@@ -470,6 +497,7 @@ class AutoscalerState:
         b.idle_since = None
         b.sched_drained = False
         b.state = "pending"
+        b.since = self._now
         cause = "preempted" if ev.cause == "preempted" else "unknown"
         self._out.append(ReportGone(b.block_id, b.workers, cause, "requeued"))
         self.ends.append(
@@ -628,6 +656,7 @@ class AutoscalerState:
             while have < want and self._may_request(ps.pool):
                 request = next(self._ids)
                 self.requests[request] = ps.pool
+                self.requested_at[request] = self._now
                 self._out.append(StartBlock(request, ps.pool, ps.spec))
                 ps.requested += 1
                 have += 1

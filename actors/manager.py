@@ -32,6 +32,8 @@ from runtime.messages import (
     GetData,
     KeyUpdates,
     Message,
+    MetricsReply,
+    MetricsRequest,
     PolicyQuery,
     ReadStream,
     ReleaseKeysRequest,
@@ -396,6 +398,18 @@ class Manager(Actor):
         if autoscaler is None:
             raise RuntimeError("this cluster has no autoscaler; workers are managed outside")
         return await autoscaler.ask(msg)
+
+    @handles(MetricsRequest)
+    async def metrics(self, msg: MetricsRequest) -> MetricsReply:
+        sched = await self._scheduler().ask(msg)
+        blocks, busy = {}, False
+        autoscaler = self._autoscaler()
+        if autoscaler is not None:
+            try:  # it may be busy starting workers: do not hold the scrape up for it
+                blocks = await autoscaler.ask(msg, timeout=2.0)
+            except (ActorStopped, AskTimeout):
+                busy = True
+        return MetricsReply(**sched, blocks=blocks, autoscaler_busy=busy)
 
     @handles(StatusRequest)
     async def status(self, msg: StatusRequest) -> StatusReply:

@@ -54,6 +54,7 @@ from runtime.messages import (
     MAX_STORY_KEYS,
     CancelRequest,
     CancelTasks,
+    CategoryMetrics,
     CategoryStatus,
     ConfirmHolds,
     DataMissing,
@@ -61,14 +62,17 @@ from runtime.messages import (
     DropKeys,
     Evacuated,
     EvacuationPlan,
+    FailureCount,
     FileFactsMsg,
     FilesReleasedMsg,
     KeyUpdates,
     Leaving,
     Message,
+    MetricsRequest,
     PolicyInfo,
     PolicyQuery,
     PoolLife,
+    PoolMetrics,
     RegisterWorker,
     ReleaseKeysRequest,
     RunTasks,
@@ -328,6 +332,37 @@ class Scheduler(Actor):
             "survival": {pool: _life(st.survival(pool)) for pool in st.pools()},
             "policies": {k: getattr(p, "name", type(p).__name__) for k, p in st.policies.items()},
             "policy_errors": st.policy_errors,
+        }
+
+    @handles(MetricsRequest)
+    def metrics(self, msg: MetricsRequest) -> dict[str, Any]:
+        """The scheduler's fields of a ``MetricsReply``: from the core's counters, its
+        workers and their latest memory reports (never a scan of the tasks)."""
+        st = self.state
+        pools = st.pool_metrics(self.clock.now())
+        for wid, report in self.memory.items():
+            ws = st.workers.get(wid)
+            if ws is None:
+                continue
+            m = pools[ws.pool]  # pool_metrics has every worker's pool
+            m["memory_bytes"] = m.get("memory_bytes", 0) + report.memory_bytes
+            m["spilled_bytes"] = m.get("spilled_bytes", 0) + report.spilled_bytes
+            m["spilled_total"] = m.get("spilled_total", 0) + report.spilled_total
+        return {
+            "pools": {p: PoolMetrics(**m) for p, m in pools.items()},
+            "categories": {
+                c: CategoryMetrics(
+                    s.count, s.total_duration, s.total_nbytes, s.consumed_nbytes, s.peak_rss
+                )
+                for c, s in st.stats.items()
+            },
+            "failures": tuple(
+                FailureCount(c, outcome, cause, n)
+                for (c, outcome, cause), n in sorted(st.failures.items())
+            ),
+            "tasks_by_state": st.by_state,
+            "tasks_created": st.created,
+            "workers": len(st.workers),
         }
 
     @handles(WaitForWorkersRequest)

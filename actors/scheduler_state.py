@@ -80,7 +80,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import itertools
-from collections import Counter, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import MappingProxyType
 from typing import Any, Literal
@@ -155,6 +155,16 @@ __all__ = [
 
 _NO_LIMIT = float("inf")  #: the memory limit of a worker that reports none (0)
 MAX_LIVES = 1000  #: worker lives kept per pool for its survival estimate
+RECENT_WAITS = 1000  #: the latest waits served kept per pool, for the wait quantiles
+WAIT_QUANTILES = (0.5, 0.9, 0.99)  #: the wait quantiles the metrics give
+
+
+def quantile(ordered: list[float], q: float) -> float:
+    """The ``q`` quantile of ``ordered`` (sorted, nearest rank; 0.0 when empty)."""
+    if not ordered:
+        return 0.0
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
 
 State = Literal["waiting", "queued", "processing", "memory", "released", "erred", "cancelled"]
 ACTIVE: frozenset[str] = frozenset({"waiting", "queued", "processing"})
@@ -732,6 +742,21 @@ class WorkerStateView:
         return self._ws.throttled
 
 
+class PoolWaits:
+    """One pool's ready tasks and waits: ``since`` maps each ready task to when it
+    became ready, oldest first (its first entry is the oldest: O(1)); ``recent`` the
+    latest :data:`RECENT_WAITS` waits served (ready to sent to a worker, seconds); ``n``
+    and ``total`` count and sum every wait served."""
+
+    __slots__ = ("n", "recent", "since", "total")
+
+    def __init__(self) -> None:
+        self.since: OrderedDict[TaskState, float] = OrderedDict()
+        self.recent: deque[float] = deque(maxlen=RECENT_WAITS)
+        self.n = 0
+        self.total = 0.0
+
+
 class SchedulerState:
     """The scheduler's state. Change it only through :meth:`handle`."""
 
@@ -791,6 +816,10 @@ class SchedulerState:
         self.created = 0
         self.forgotten: Counter[str] = Counter()
         self.queued_counts: Counter[str] = Counter()
+        #: per pool ("*": any pool): its ready tasks' waits (:class:`PoolWaits`)
+        self.pool_waits: dict[str, PoolWaits] = {}
+        #: failed tries per (category, outcome, cause)
+        self.failures: Counter[tuple[str, str, str]] = Counter()
         self._seq = itertools.count()
         # Per-handle scratch, flushed into commands at the end of handle().
         self._out: list[Command] = []
@@ -853,6 +882,51 @@ class SchedulerState:
     def queued_by_pool(self) -> dict[str, int]:
         """Ready tasks per pool (``"*"``: tasks any pool may run), from counters."""
         return {pool: n for pool, n in self.queued_counts.items() if n}
+
+    def oldest_wait(self, pool: str, now: float) -> float:
+        """Seconds the oldest ready task of ``pool`` has waited at ``now`` (0.0: none)."""
+        pw = self.pool_waits.get(pool)
+        if pw is None or not pw.since:
+            return 0.0
+        return max(now - next(iter(pw.since.values())), 0.0)
+
+    def wait_quantiles(self, pool: str) -> dict[str, float]:
+        """The :data:`WAIT_QUANTILES` of the latest waits served in ``pool`` (empty: none)."""
+        pw = self.pool_waits.get(pool)
+        recent = sorted(pw.recent) if pw is not None else []
+        return {str(q): quantile(recent, q) for q in WAIT_QUANTILES} if recent else {}
+
+    def pool_metrics(self, now: float) -> dict[str, dict[str, Any]]:
+        """Per pool, the numbers of a ``PoolMetrics`` at ``now``: from the counters and
+        the workers, never from the tasks."""
+        out: dict[str, dict[str, Any]] = {}
+
+        def of(pool: str) -> dict[str, Any]:
+            m = out.get(pool)
+            if m is None:
+                m = out[pool] = {
+                    "queue_depth": 0, "oldest_wait": 0.0, "wait_quantiles": {}, "waits": 0,
+                    "wait_sum": 0.0, "running": 0, "workers": {"idle": 0, "busy": 0,
+                    "draining": 0}, "throttled": 0, "rss_bytes": 0,
+                }  # fmt: skip
+            return m
+
+        for pool, pw in self.pool_waits.items():
+            m = of(pool)
+            m["queue_depth"] = self.queued_counts[pool]
+            m["oldest_wait"] = self.oldest_wait(pool, now)
+            m["wait_quantiles"] = self.wait_quantiles(pool)
+            m["waits"] = pw.n
+            m["wait_sum"] = pw.total
+        for ws in self.workers.values():
+            m = of(ws.pool)
+            n = len(ws.processing)
+            m["running"] += n
+            state = "draining" if ws.draining else "busy" if n else "idle"
+            m["workers"][state] += 1
+            m["throttled"] += ws.throttled
+            m["rss_bytes"] += ws.rss
+        return out
 
     @property
     def pressure(self) -> bool:
@@ -1007,6 +1081,7 @@ class SchedulerState:
             )
             ts.lost_tries += 1
             self._stat(ts).lost += 1
+            self.failures[(ts.spec.category, "worker-lost", ev.cause)] += 1
             ts.worker = None
             self._after_failure(ts, "worker-lost", ev.cause, None, ws.id)
         ws.processing.clear()
@@ -1062,6 +1137,8 @@ class SchedulerState:
                     stat.oom += 1
                 else:
                     stat.errors += 1
+                cause = type(error).__name__ if error is not None else res.outcome
+                self.failures[(ts.spec.category, res.outcome, cause)] += 1
                 ts.tries.append(
                     TryRecord(str(ts.key), ws.id, res.start, res.stop, res.outcome, None)
                 )
@@ -1251,7 +1328,20 @@ class SchedulerState:
         self.moves[move] += 1
         queued = _QUEUED_DELTA[move]
         if queued:
-            self.queued_counts[ts.spec.pool or "*"] += queued
+            pool = ts.spec.pool or "*"
+            self.queued_counts[pool] += queued
+            pw = self.pool_waits.get(pool)
+            if pw is None:
+                pw = self.pool_waits[pool] = PoolWaits()
+            if queued > 0:
+                pw.since[ts] = self._now
+            else:
+                at = pw.since.pop(ts, None)
+                if at is not None and finish == "processing":  # served: its wait counts
+                    wait = self._now - at
+                    pw.recent.append(wait)
+                    pw.n += 1
+                    pw.total += wait
         self.story_log.append((ts.key, start, finish, self._stimulus, self._now))
         if was_active and not now_active:
             for d in ts.deps:

@@ -163,6 +163,13 @@ def build_parser() -> argparse.ArgumentParser:
         "min/max/init blocks, block shape, ...; docs/configuration.md#pools): the "
         "manager then starts and scales their workers itself",
     )
+    mgr.add_argument(
+        "--metrics-listen",
+        metavar="HOST:PORT",
+        help="also serve Prometheus metrics (GET /metrics) on HOST:PORT without a token "
+        "(default: only on the manager's own address, with the read or admin token; "
+        "docs/monitoring.md)",
+    )
     wrk = sub.add_parser(
         "worker",
         prog="python -m runtime worker",
@@ -395,10 +402,17 @@ def _cmd_manager(args: argparse.Namespace) -> int:
 
     token_file = Path(args.token_file) if args.token_file else None
     pools = load_config(args.config) if args.config else None  # refused before it starts
+
+    def metrics_ready(url: str) -> None:
+        print(f"metrics on {url}", flush=True)
+
     anyio.run(
-        lambda: run_manager(args.listen, token_file=token_file, ready=ready, config=pools),
+        lambda: run_manager(
+            args.listen, token_file=token_file, ready=ready, config=pools,
+            metrics_listen=args.metrics_listen, metrics_ready=metrics_ready,
+        ),
         backend="asyncio",
-    )
+    )  # fmt: skip
     return 0
 
 

@@ -465,6 +465,89 @@ class StatusRequest(Message):
 
 
 @message()
+class MetricsRequest(Message):
+    """-> manager: reply with a :class:`MetricsReply`, the numbers ``GET /metrics``
+    exposes (docs/monitoring.md). Asked directly, the scheduler answers a dict of its
+    fields of the reply and the autoscaler a dict of ``blocks``."""
+
+
+@message()
+class PoolMetrics(Message):
+    """One pool, from the scheduler's counters: ready tasks (``queue_depth``), how long
+    the oldest of them has waited (seconds, 0 with none), wait quantiles over the latest
+    waits served (``wait_quantiles``: quantile as text, e.g. ``"0.9"`` -> seconds),
+    waits served and their sum (seconds), tasks running on its workers, its workers by
+    state (idle, busy, draining) and those throttled, their RSS, bytes held in memory
+    and spilled to disk now, and bytes ever spilled."""
+
+    queue_depth: int = 0
+    oldest_wait: float = 0.0
+    wait_quantiles: dict[str, float] = dataclasses.field(default_factory=dict)
+    waits: int = 0
+    wait_sum: float = 0.0
+    running: int = 0
+    workers: dict[str, int] = dataclasses.field(default_factory=dict)
+    throttled: int = 0
+    rss_bytes: int = 0
+    memory_bytes: int = 0
+    spilled_bytes: int = 0
+    spilled_total: int = 0
+
+
+@message()
+class CategoryMetrics(Message):
+    """One task category: tries finished ok, their seconds (sum), the output bytes they
+    produced and the input bytes they read, the highest worker RSS seen while one ran."""
+
+    finished: int = 0
+    duration_sum: float = 0.0
+    output_bytes: int = 0
+    input_bytes: int = 0
+    peak_rss: int = 0
+
+
+@message()
+class FailureCount(Message):
+    """Tries of ``category`` that ended with ``outcome`` (error, oom, worker-lost,
+    timeout) for ``cause`` (the exception's type, or why the worker was lost)."""
+
+    category: str
+    outcome: str
+    cause: str
+    n: int
+
+
+@message()
+class BlockMetrics(Message):
+    """One pool, from the autoscaler's core: its blocks by state (``requested``: asked of
+    the provider, no answer yet; then the provider's words, e.g. pending, running), the
+    age of the oldest block not running yet (seconds, 0 with none), its target and the
+    policy's latest proposal."""
+
+    states: dict[str, int] = dataclasses.field(default_factory=dict)
+    oldest_pending: float = 0.0
+    target: int = 0
+    desired: int = 0
+
+
+@message()
+class MetricsReply(Message):
+    """The manager's answer to :class:`MetricsRequest`: per pool (``"*"``: tasks any
+    pool may run), per category, failures by cause, tasks by state, and per pool the
+    autoscaler's blocks (empty without an autoscaler, or when it did not answer in
+    time: ``autoscaler_busy``)."""
+
+    pools: dict[str, PoolMetrics] = dataclasses.field(default_factory=dict)
+    categories: dict[str, CategoryMetrics] = dataclasses.field(default_factory=dict)
+    failures: tuple[FailureCount, ...] = ()
+    tasks_by_state: dict[str, int] = dataclasses.field(default_factory=dict)
+    tasks_created: int = 0
+    workers: int = 0
+    blocks: dict[str, BlockMetrics] = dataclasses.field(default_factory=dict)
+    autoscaler_busy: bool = False
+
+
+@message()
 class PoolLife(Message):
     """How long a pool's workers live: ``lives`` counted (those that left, and those
     alive, censored), ``deaths`` among them (preempted, crashed, lost), the Kaplan-Meier

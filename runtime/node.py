@@ -999,9 +999,16 @@ async def run_manager(
     listen_options: dict[str, Any] | None = None,
     on_gateway: Callable[[Gateway], None] | None = None,
     config: str | os.PathLike[str] | Mapping[str, PoolConfig] | None = None,
+    metrics_listen: str | None = None,
+    metrics_ready: Callable[[str], None] | None = None,
 ) -> None:
     """Run a manager process until SIGINT or SIGTERM: control plane + gateway on
     ``listen`` (``host:port``, ``ws://host:port`` or any transport address).
+
+    Metrics (docs/monitoring.md): a websocket gateway also answers ``GET /metrics``
+    (Prometheus' text format) to the read or admin token; ``metrics_listen``
+    (``host:port``) serves them besides without authentication, and
+    ``metrics_ready`` is called with its ``http://host:port/metrics`` URL.
 
     ``config``: configured pools (a TOML file, or pools from
     :func:`~actors.pools.pools_from_dicts`), checked before anything starts
@@ -1024,17 +1031,51 @@ async def run_manager(
 
         await log_quick_checks(pools)  # warnings only: never blocks the start
         policies = pool_policies(pools, policies)
+    metrics_at: tuple[str, int] | None = None
+    metrics_url = ""
+    if metrics_listen is not None:
+        host, sep, port = metrics_listen.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ValueError(f"--metrics-listen takes HOST:PORT, got {metrics_listen!r}")
+        metrics_at = (host.strip("[]"), int(port))
     async with ActorSystem() as system:
         plane = await start_control_plane(
             system, policies=policies, drain_period=pool_drain_period(pools)
         )
+        from runtime.messages import MetricsReply, MetricsRequest
+        from runtime.metrics import metrics_route, serve_metrics
+
+        async def fetch() -> MetricsReply:
+            reply = await plane.manager.ask(MetricsRequest(), timeout=10.0)
+            assert isinstance(reply, MetricsReply)
+            return reply
+
+        options = dict(listen_options or {})
+        if websockets:
+            options.setdefault("http_routes", {"/metrics": metrics_route(fetch)})
         gateway, listener = await serve_gateway(
             plane,
             address,
             tokens,
-            listen_options=listen_options,
+            listen_options=options,
             reconnect_timeout=reconnect_timeout,
         )
+        if metrics_at is not None:
+            runner, port_bound = await serve_metrics(*metrics_at, fetch)
+
+            async def stop_metrics(
+                *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+            ) -> None:
+                task_status.started()
+                try:
+                    await anyio.sleep_forever()
+                finally:
+                    with anyio.CancelScope(shield=True):
+                        await runner.cleanup()
+
+            await system.start_service(stop_metrics)
+            metrics_url = f"http://{metrics_at[0]}:{port_bound}/metrics"
+            _log.warning("metrics listening (no authentication)", url=metrics_url)
         if on_gateway is not None:
             on_gateway(gateway)
         path = token_file or token_path(listener.address)
@@ -1054,6 +1095,8 @@ async def run_manager(
         )
         if ready is not None:
             ready(listener.address, tokens)
+        if metrics_at is not None and metrics_ready is not None:
+            metrics_ready(metrics_url)
         await stop.wait()
         await listener.aclose()
         for peer in list(gateway.peers.values()):

@@ -77,7 +77,7 @@ import re
 import ssl
 import struct
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Final
 
 import aiohttp
@@ -143,6 +143,9 @@ DEFAULT_HEARTBEAT = 30.0
 DEFAULT_CLOSE_TIMEOUT = 5.0
 #: Connections that completed the handshake but were not accepted yet.
 DEFAULT_BACKLOG = 1024
+#: A plain HTTP GET route of a listener (its ``http_routes`` option): called with the
+#: caller's role (None on a listener without tokens), answers (status, body, content type).
+HttpRoute = Callable[[str | None], Awaitable[tuple[int, bytes, str]]]
 #: Largest data message a connection whose role is not trusted accepts until the
 #: application raises its limits with :meth:`WebSocketConnection.set_limits`.
 DEFAULT_INITIAL_MAX_MESSAGE_BYTES = 64 * 1024
@@ -1234,8 +1237,10 @@ class WebSocketListener(Listener):
         tokens: Mapping[str, str] | None,
         backlog: int,
         guard: _ListenLimits,
+        http_routes: Mapping[str, HttpRoute] | None = None,
     ) -> None:
         self.scheme = scheme
+        self.http_routes = dict(http_routes or {})
         self.host = host
         self.path = path
         self.address = _format(scheme, host, port, path)
@@ -1293,6 +1298,8 @@ class WebSocketListener(Listener):
     async def _start(self, port: int) -> None:
         app = web.Application()
         app.router.add_get(self.path or "/", self._handle)
+        for route in self.http_routes:
+            app.router.add_get(route, self._plain)
         # aiohttp's keep-alive timer starts when a connection is made and closes it if no
         # complete request arrived by then: the header read timeout (slow or idle
         # clients). A websocket, once upgraded, is not subject to it.
@@ -1404,6 +1411,19 @@ class WebSocketListener(Listener):
                 'Bearer realm="corral", error="invalid_token"',
             )
         return role, None
+
+    async def _plain(self, request: web.Request) -> web.StreamResponse:
+        """A plain HTTP GET of one of ``http_routes``, authenticated like a handshake
+        (401 without a token, 403 with one it does not know); the route's answer then
+        says what the token's role may see."""
+        if self._closed:
+            return self._refuse(503, "this Corral listener is closing")
+        role, refusal = self._authenticate(request)
+        if refusal is not None:
+            return refusal
+        route = self.http_routes[request.path]
+        status, body, content_type = await route(role)
+        return web.Response(status=status, body=body, headers={"Content-Type": content_type})
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         handler = request.protocol
@@ -1542,17 +1562,20 @@ class WebSocketBackend(Backend):
     ``max_message_bytes``, ``max_bad_frames``, ``heartbeat``, ``close_timeout``,
     ``ssl_context`` (required for wss://), ``tokens`` (token -> role; None: no
     authentication), ``trusted_roles``, ``initial_max_message_bytes``,
-    ``handshake_timeout``, ``max_handshakes`` and ``backlog``. ``connect`` takes the
+    ``handshake_timeout``, ``max_handshakes``, ``backlog`` and ``http_routes`` (path ->
+    :data:`HttpRoute`: plain HTTP GETs served besides the websocket, authenticated as
+    handshakes are). ``connect`` takes the
     first eight, plus ``token``. See ``docs/transport.md``.
     """
 
     async def listen(self, uri: str, **options: Any) -> WebSocketListener:
         scheme, host, port, path = _parse(uri, listening=True)
         tokens = options.pop("tokens", None)
+        http_routes = options.pop("http_routes", None)
         backlog = options.pop("backlog", DEFAULT_BACKLOG)
         names = _ListenLimits.__slots__
         limits = {k: options.pop(k) for k in names if k in options}
-        opts = _Options(scheme, "listen", options, ("tokens", "backlog", *names))
+        opts = _Options(scheme, "listen", options, ("tokens", "backlog", "http_routes", *names))
         guard = _ListenLimits(limits, opts.max_message_bytes)
         if isinstance(backlog, bool) or not isinstance(backlog, int) or backlog < 1:
             raise ValueError(f"ws option backlog must be an int >= 1, got {backlog!r}")
@@ -1568,8 +1591,9 @@ class WebSocketBackend(Backend):
                     raise ValueError(f"the role of a token must be a str, got {role!r}")
             tokens = dict(tokens)
         listener = WebSocketListener(
-            scheme, host, port, path, options=opts, tokens=tokens, backlog=backlog, guard=guard
-        )
+            scheme, host, port, path, options=opts, tokens=tokens, backlog=backlog, guard=guard,
+            http_routes=http_routes,
+        )  # fmt: skip
         await listener._start(port)
         return listener
 

@@ -1,0 +1,197 @@
+"""Prometheus metrics of a manager: the numbers of a :class:`MetricsReply` in the
+exposition format, through ``prometheus_client``.
+
+The pure cores keep the counters (``SchedulerState.pool_metrics``,
+``AutoscalerState.block_metrics``); the manager answers a :class:`MetricsRequest` with
+them. Here, at scrape time only, :class:`SnapshotCollector` turns one such snapshot into
+metric families and :func:`render` into the text Prometheus reads: nothing runs on the
+scheduler's hot path between scrapes.
+
+Served by the manager's own listener (``GET /metrics``, with the read or admin token:
+:func:`metrics_route`) and, with ``--metrics-listen HOST:PORT``, by a separate
+unauthenticated HTTP server (:func:`serve_metrics`). docs/monitoring.md lists the
+metrics.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterator
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from runtime.messages import MetricsReply
+
+__all__ = ["READ_ROLES", "SnapshotCollector", "metrics_route", "render", "serve_metrics"]
+
+#: the token roles that may read ``/metrics`` on the manager's listener
+READ_ROLES = frozenset({"read", "admin"})
+
+
+def _gauge(name: str, doc: str, labels: list[str]) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, labels=labels)
+
+
+def _counter(name: str, doc: str, labels: list[str]) -> CounterMetricFamily:
+    return CounterMetricFamily(name, doc, labels=labels)
+
+
+def _summary(name: str, doc: str) -> Metric:
+    return Metric(name, doc, "summary")
+
+
+class SnapshotCollector(Collector):
+    """A collector of one :class:`MetricsReply`: ``collect`` only reads it."""
+
+    def __init__(self, snapshot: MetricsReply) -> None:
+        self.snapshot = snapshot
+
+    def collect(self) -> Iterator[Metric]:
+        snap = self.snapshot
+        pool = ["pool"]
+        depth = _gauge("corral_queue_depth", "Ready tasks waiting for a worker.", pool)
+        oldest = _gauge(
+            "corral_queue_oldest_wait_seconds",
+            "How long the oldest ready task has waited (0: none waits).",
+            pool,
+        )
+        wait = _summary(
+            "corral_queue_wait_seconds",
+            "Waits from ready to sent to a worker; quantiles over the latest 1000 waits.",
+        )
+        running = _gauge("corral_tasks_running", "Tasks running on the pool's workers.", pool)
+        workers = _gauge(
+            "corral_workers", "Workers by state (idle, busy, draining).", ["pool", "state"]
+        )
+        throttled = _gauge("corral_workers_throttled", "Workers past their throttle fence.", pool)
+        rss = _gauge("corral_worker_rss_bytes", "RSS of the pool's workers, summed.", pool)
+        held = _gauge("corral_memory_bytes", "Task outputs held in workers' memory.", pool)
+        spill = _gauge("corral_spill_bytes", "Task outputs spilled to disk now.", pool)
+        spilled = _counter("corral_spilled_bytes", "Bytes ever spilled to disk.", pool)
+        for name, m in sorted(snap.pools.items()):
+            depth.add_metric([name], m.queue_depth)
+            oldest.add_metric([name], m.oldest_wait)
+            for q, v in m.wait_quantiles.items():
+                wait.add_sample(wait.name, {"pool": name, "quantile": q}, v)
+            wait.add_sample(wait.name + "_count", {"pool": name}, m.waits)
+            wait.add_sample(wait.name + "_sum", {"pool": name}, m.wait_sum)
+            running.add_metric([name], m.running)
+            for state, n in sorted(m.workers.items()):
+                workers.add_metric([name, state], n)
+            throttled.add_metric([name], m.throttled)
+            rss.add_metric([name], m.rss_bytes)
+            held.add_metric([name], m.memory_bytes)
+            spill.add_metric([name], m.spilled_bytes)
+            spilled.add_metric([name], m.spilled_total)
+        yield from (depth, oldest, wait, running, workers, throttled, rss, held, spill, spilled)
+
+        cat = ["category"]
+        duration = _summary(
+            "corral_task_duration_seconds", "Durations of the tries that finished ok."
+        )
+        finished = _counter("corral_tasks_finished", "Tries that finished ok.", cat)
+        out_bytes = _counter("corral_task_output_bytes", "Output bytes produced.", cat)
+        in_bytes = _counter("corral_task_input_bytes", "Input bytes read.", cat)
+        peak = _gauge("corral_task_peak_rss_bytes", "Highest worker RSS seen while one ran.", cat)
+        for name, c in sorted(snap.categories.items()):
+            duration.add_sample(duration.name + "_count", {"category": name}, c.finished)
+            duration.add_sample(duration.name + "_sum", {"category": name}, c.duration_sum)
+            finished.add_metric([name], c.finished)
+            out_bytes.add_metric([name], c.output_bytes)
+            in_bytes.add_metric([name], c.input_bytes)
+            peak.add_metric([name], c.peak_rss)
+        yield from (duration, finished, out_bytes, in_bytes, peak)
+
+        failures = _counter(
+            "corral_task_failures",
+            "Tries that failed, by outcome and cause (exception type or why the worker went).",
+            ["category", "outcome", "cause"],
+        )
+        for f in snap.failures:
+            failures.add_metric([f.category, f.outcome, f.cause], f.n)
+        yield failures
+
+        tasks = _gauge("corral_tasks", "Tasks by state.", ["state"])
+        for state, n in sorted(snap.tasks_by_state.items()):
+            tasks.add_metric([state], n)
+        yield tasks
+        yield CounterMetricFamily(
+            "corral_tasks_submitted", "Tasks submitted.", value=snap.tasks_created
+        )
+        yield GaugeMetricFamily("corral_workers_connected", "Workers known.", value=snap.workers)
+
+        blocks = _gauge(
+            "corral_blocks",
+            "Worker blocks by state (requested: no answer from the provider yet).",
+            ["pool", "state"],
+        )
+        pending = _gauge(
+            "corral_blocks_pending_oldest_seconds",
+            "Age of the oldest block not running yet, from its request (0: none).",
+            pool,
+        )
+        target = _gauge("corral_blocks_target", "Blocks the user asked for.", pool)
+        desired = _gauge("corral_blocks_desired", "Blocks the scaling policy wants.", pool)
+        for name, b in sorted(snap.blocks.items()):
+            for state, n in sorted(b.states.items()):
+                blocks.add_metric([name, state], n)
+            pending.add_metric([name], b.oldest_pending)
+            target.add_metric([name], b.target)
+            desired.add_metric([name], b.desired)
+        yield from (blocks, pending, target, desired)
+        yield GaugeMetricFamily(
+            "corral_autoscaler_busy",
+            "1 when the autoscaler did not answer this scrape in time (blocks left out).",
+            value=float(snap.autoscaler_busy),
+        )
+
+
+def render(snapshot: MetricsReply) -> bytes:
+    """``snapshot`` in the Prometheus text exposition format."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SnapshotCollector(snapshot))
+    return generate_latest(registry)
+
+
+Fetch = Callable[[], Awaitable[MetricsReply]]
+
+
+def metrics_route(fetch: Fetch) -> Callable[[str | None], Awaitable[tuple[int, bytes, str]]]:
+    """The ``/metrics`` route of the manager's listener (its ``http_routes``): the
+    read and admin tokens may read it (the listener refuses requests without a known
+    token before this runs)."""
+
+    async def route(role: str | None) -> tuple[int, bytes, str]:
+        if role is not None and role not in READ_ROLES:
+            return 403, b"this token may not read the metrics\n", "text/plain"
+        return 200, render(await fetch()), CONTENT_TYPE_LATEST
+
+    return route
+
+
+async def serve_metrics(host: str, port: int, fetch: Fetch) -> tuple[web.AppRunner, int]:
+    """Serve ``GET /metrics`` without authentication on ``host:port`` (port 0: any free
+    one). Returns the runner (``await runner.cleanup()`` stops it) and the port."""
+
+    async def handle(request: web.Request) -> web.Response:
+        body = render(await fetch())
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    app = web.Application()
+    app.router.add_get("/metrics", handle)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    try:
+        await site.start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    bound = runner.addresses[0]
+    return runner, int(bound[1])

@@ -1,0 +1,346 @@
+"""Metrics: computed by the pure cores from their counters at chosen times (exact values),
+rendered in Prometheus' text format, and served by a real manager process on
+``GET /metrics`` (with the read token, or on ``--metrics-listen`` without one)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from actors.autoscaler_state import AutoscalerState, BlockStarted, StartBlock, TargetSet
+from actors.scheduler_state import (
+    Execute,
+    GraphSubmitted,
+    SchedulerConfig,
+    SchedulerState,
+    TasksFinished,
+    WorkerJoined,
+    WorkerLeft,
+    quantile,
+)
+from runtime import Cluster
+from runtime.messages import (
+    BlockMetrics,
+    CategoryMetrics,
+    FailureCount,
+    MetricsReply,
+    PoolMetrics,
+)
+from runtime.metrics import render
+from tests.helpers import GB, Cli, held_at_gate, result, specs_for, wait_until
+
+# ----------------------------------------------------------------------------- cores
+
+
+def _submit(st: SchedulerState, keys: list[str], now: float, **attrs: Any) -> None:
+    specs = specs_for(st, {k: [] for k in keys}, keys, attrs={k: attrs for k in keys})
+    st.handle(GraphSubmitted(f"s{now}", now, specs=specs, wanted=tuple(keys)))
+
+
+def _executed(cmds: list[Any]) -> list[str]:
+    return [str(t.key) for c in cmds if isinstance(c, Execute) for t in c.tasks]
+
+
+def test_quantile_is_nearest_rank() -> None:
+    assert quantile([], 0.9) == 0.0
+    assert quantile([1.0, 2.0, 3.0, 4.0], 0.5) == 3.0
+    assert quantile([1.0, 2.0, 3.0, 4.0], 0.9) == 4.0
+    assert quantile([5.0], 0.99) == 5.0
+
+
+def test_queue_depth_oldest_wait_and_wait_quantiles_at_chosen_times() -> None:
+    st = SchedulerState(SchedulerConfig(saturation=1.0))
+    _submit(st, ["a-0", "a-1", "a-2"], 10.0)
+    _submit(st, ["b-0", "b-1"], 20.0)
+    pools = st.pool_metrics(25.0)
+    assert pools["*"]["queue_depth"] == 5
+    assert pools["*"]["oldest_wait"] == 15.0  # a-* became ready at 10
+    assert pools["*"]["wait_quantiles"] == {}  # none served yet
+
+    cmds = st.handle(WorkerJoined("j", 30.0, worker="w", cores=2, memory=GB, pool="cpu"))
+    ran = _executed(cmds)
+    assert len(ran) == 2 and all(k.startswith("a-") for k in ran)  # oldest submission first
+    (left,) = {"a-0", "a-1", "a-2"} - set(ran)
+    pools = st.pool_metrics(30.0)
+    assert pools["*"]["queue_depth"] == 3
+    assert pools["*"]["oldest_wait"] == 20.0  # the third a-*, ready since 10
+    assert pools["*"]["waits"] == 2 and pools["*"]["wait_sum"] == 40.0
+    assert pools["cpu"]["running"] == 2
+    assert pools["cpu"]["workers"] == {"idle": 0, "busy": 1, "draining": 0}
+
+    res = result(ran[0], start=30.0, duration=10.0)
+    cmds = st.handle(TasksFinished("f", 40.0, worker="w", results=(res,)))
+    assert _executed(cmds) == [left]  # waited 30 s
+    pools = st.pool_metrics(45.0)
+    assert pools["*"]["queue_depth"] == 2
+    assert pools["*"]["oldest_wait"] == 25.0  # b-*, ready since 20
+    # waits served: 20, 20, 30
+    assert pools["*"]["waits"] == 3 and pools["*"]["wait_sum"] == 70.0
+    assert pools["*"]["wait_quantiles"] == {"0.5": 20.0, "0.9": 30.0, "0.99": 30.0}
+    assert st.stats["a"].count == 1 and st.stats["a"].total_duration == 10.0
+
+
+def test_the_oldest_wait_follows_the_tasks_that_leave_the_queue() -> None:
+    st = SchedulerState(SchedulerConfig(saturation=1.0))
+    _submit(st, ["x-0"], 1.0, pool="gpu")
+    _submit(st, ["y-0"], 3.0, pool="gpu")
+    assert st.pool_metrics(4.0)["gpu"]["oldest_wait"] == 3.0
+    st.handle(WorkerJoined("j", 5.0, worker="g", cores=1, memory=GB, pool="gpu"))
+    pools = st.pool_metrics(6.0)
+    assert pools["gpu"]["queue_depth"] == 1
+    assert pools["gpu"]["oldest_wait"] == 3.0  # y-0 now, ready since 3
+    assert pools["gpu"]["wait_quantiles"] == {"0.5": 4.0, "0.9": 4.0, "0.99": 4.0}
+
+
+def test_failures_by_outcome_and_cause() -> None:
+    st = SchedulerState(SchedulerConfig(saturation=1.0))
+    _submit(st, ["bad-0", "lost-0"], 1.0, retries=0)
+    cmds = st.handle(WorkerJoined("j", 2.0, worker="w", cores=2, memory=GB, pool="cpu"))
+    assert sorted(_executed(cmds)) == ["bad-0", "lost-0"]
+    res = result("bad-0", "error", start=2.0, error=ValueError("no"))
+    st.handle(TasksFinished("f", 3.0, worker="w", results=(res,)))
+    st.handle(WorkerLeft("l", 4.0, worker="w", cause="preempted"))
+    assert dict(st.failures) == {
+        ("bad", "error", "ValueError"): 1,
+        ("lost", "worker-lost", "preempted"): 1,
+    }
+    assert "cpu" not in st.pool_metrics(5.0)  # its only worker left
+
+
+def test_pending_blocks_count_apart_with_their_age() -> None:
+    st = AutoscalerState()
+    cmds = st.handle(TargetSet(0.0, "p", 2, "spec"))
+    requests = [c.request for c in cmds if isinstance(c, StartBlock)]
+    assert len(requests) == 2
+    blocks = st.block_metrics(5.0, {})
+    assert blocks["p"]["states"] == {"requested": 2}
+    assert blocks["p"]["oldest_pending"] == 5.0
+    assert blocks["p"]["target"] == 2
+    st.handle(BlockStarted(8.0, requests[0], "b1", ("w1",), "pending"))
+    st.handle(BlockStarted(9.0, requests[1], "b2", ("w2",), "running"))
+    blocks = st.block_metrics(12.0, {"b1": "pending", "b2": "running"})
+    assert blocks["p"]["states"] == {"pending": 1, "running": 1}
+    assert blocks["p"]["oldest_pending"] == 12.0  # b1, counted from its request at 0
+    blocks = st.block_metrics(12.0, {"b1": "running", "b2": "running"})
+    assert blocks["p"]["states"] == {"running": 2}
+    assert blocks["p"]["oldest_pending"] == 0.0
+
+
+# ----------------------------------------------------------------------------- exposition
+
+
+def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def test_render_follows_prometheus_names() -> None:
+    cpu_pool = PoolMetrics(
+        queue_depth=7, oldest_wait=62.0, wait_quantiles={"0.9": 30.0}, waits=3,
+        wait_sum=70.0, running=2, workers={"busy": 1}, spilled_total=5,
+    )  # fmt: skip
+    snap = MetricsReply(
+        pools={"cpu": cpu_pool},
+        categories={"inc": CategoryMetrics(4, 2.5, 400, 0, 10)},
+        failures=(FailureCount("inc", "error", "ValueError", 2),),
+        tasks_by_state={"queued": 7},
+        blocks={"cpu": BlockMetrics({"pending": 1}, 12.0, 2, 3)},
+    )
+    got = _samples(render(snap).decode())
+    cpu = (("pool", "cpu"),)
+    assert got[("corral_queue_depth", cpu)] == 7
+    assert got[("corral_queue_oldest_wait_seconds", cpu)] == 62.0
+    assert got[("corral_queue_wait_seconds", (("pool", "cpu"), ("quantile", "0.9")))] == 30.0
+    assert got[("corral_queue_wait_seconds_count", cpu)] == 3
+    assert got[("corral_queue_wait_seconds_sum", cpu)] == 70.0
+    assert got[("corral_workers", (("pool", "cpu"), ("state", "busy")))] == 1
+    assert got[("corral_spilled_bytes_total", cpu)] == 5
+    inc = (("category", "inc"),)
+    assert got[("corral_task_duration_seconds_count", inc)] == 4
+    assert got[("corral_task_duration_seconds_sum", inc)] == 2.5
+    assert got[("corral_tasks_finished_total", inc)] == 4
+    assert got[("corral_task_output_bytes_total", inc)] == 400
+    failed = (("category", "inc"), ("cause", "ValueError"), ("outcome", "error"))
+    assert got[("corral_task_failures_total", failed)] == 2
+    assert got[("corral_blocks", (("pool", "cpu"), ("state", "pending")))] == 1
+    assert got[("corral_blocks_pending_oldest_seconds", cpu)] == 12.0
+    assert got[("corral_tasks", (("state", "queued"),))] == 7
+
+
+# ----------------------------------------------------------------------------- a real manager
+
+
+def _get(url: str, token: str | None = None) -> tuple[int, str]:
+    req = urllib.request.Request(url)
+    if token is not None:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def _http(address: str) -> str:
+    return address.replace("ws://", "http://", 1).rstrip("/") + "/metrics"
+
+
+@pytest.mark.slow
+def test_a_manager_serves_metrics_to_the_read_token_only(tmp_path: Path) -> None:
+    with Cli(tmp_path) as cli:
+        _, address = cli.manager()
+        tokens = cli.tokens(address)
+        url = _http(address)
+        status, body = _get(url)
+        assert status == 401, body
+        status, body = _get(url, "not-a-token-of-this-manager-0123456789abcdef")
+        assert status == 403, body
+        for role in ("read", "admin"):
+            status, body = _get(url, tokens[role])
+            assert status == 200, body
+            got = _samples(body)
+            assert got[("corral_tasks_submitted_total", ())] == 0
+            assert got[("corral_workers_connected", ())] == 0
+
+
+@pytest.mark.slow
+def test_metrics_listen_serves_without_a_token_and_counts_workers(tmp_path: Path) -> None:
+    with Cli(tmp_path) as cli:
+        proc, address = cli.manager("--metrics-listen", "127.0.0.1:0")
+        url = cli.line_with(proc, "metrics on").split("metrics on", 1)[1].strip()
+        cli.worker(address, "--pool", "cpu")
+        deadline = time.monotonic() + 30
+        while True:  # bounded poll: the worker's registration reaches the scheduler
+            status, body = _get(url)
+            assert status == 200, body
+            got = _samples(body)
+            if got.get(("corral_workers_connected", ()), 0) == 1:
+                break
+            assert time.monotonic() < deadline, body
+            time.sleep(0.1)
+        assert got[("corral_workers", (("pool", "cpu"), ("state", "idle")))] == 1
+
+
+# ----------------------------------------------------------------------------- a real Prometheus
+
+
+def _prometheus() -> str:
+    """The Prometheus binary; without it the test skips here and fails in CI."""
+    found = shutil.which("prometheus")
+    if found is None:
+        why = (
+            "Prometheus is not installed: on Debian or Ubuntu, `apt-get install -y "
+            "--no-install-recommends prometheus` (or put a `prometheus` binary on PATH)"
+        )
+        if os.environ.get("CI") == "true":
+            pytest.fail(why + "; CI must run this test (.ci/run installs it)")
+        pytest.skip(why)
+    return found
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+@pytest.mark.timeout(150)
+async def test_prometheus_scrapes_the_queue_depth_of_a_running_graph(tmp_path: Path) -> None:
+    binary = _prometheus()
+    gate, started = tmp_path / "gate", tmp_path / "started"
+    with Cli(tmp_path / "home") as cli:
+        _, address = cli.manager()
+        read = cli.tokens(address)["read"]
+        cli.worker(address, "--cores", "1")
+        target = address.removeprefix("ws://").rstrip("/")
+        port = _free_port()
+        config = tmp_path / "prometheus.yml"
+        config.write_text(
+            "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+            "scrape_configs:\n"
+            "  - job_name: corral\n"
+            f"    authorization: {{credentials: {read}}}\n"
+            f"    static_configs: [{{targets: ['{target}']}}]\n"
+        )
+        prom = cli.spawn(
+            [
+                binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+            ]
+        )  # fmt: skip
+        api = f"http://127.0.0.1:{port}/api/v1"
+        try:
+            with anyio.fail_after(120):
+                async with Cluster(address) as c:
+                    await c.wait_for_workers(1)
+                    futures = [
+                        c.submit(held_at_gate, str(gate), str(started), pure=False)
+                        for _ in range(6)
+                    ]
+                    await wait_until(started.exists, "a task to start", limit=30)
+
+                    def depth() -> float:
+                        status, body = _get(f"{api}/query?query=corral_queue_depth")
+                        if status != 200:
+                            return 0.0
+                        result = json.loads(body)["data"]["result"]
+                        return max((float(r["value"][1]) for r in result), default=0.0)
+
+                    # Prometheus' first scrape comes a few seconds after its start.
+                    seen = await wait_until(
+                        lambda: anyio.to_thread.run_sync(depth),
+                        "Prometheus to have scraped a queue depth above 0",
+                        limit=60,
+                        step=0.5,
+                    )
+                    assert seen >= 1
+                    gate.touch()
+                    assert [await f for f in futures] == ["opened"] * 6
+            status, body = _get(f"{api}/targets")
+            assert status == 200, body
+            health = [t["health"] for t in json.loads(body)["data"]["activeTargets"]]
+            assert health == ["up"], body
+        finally:
+            cli.stop([prom])
+
+
+@pytest.mark.slow
+def test_a_manager_with_a_pool_exports_its_blocks(tmp_path: Path) -> None:
+    config = tmp_path / "corral.toml"
+    config.write_text(
+        '[pools.local]\nprovider = "local"\nmin_blocks = 1\ninit_blocks = 1\n'
+        "max_blocks = 2\ncores_per_worker = 1\n"
+    )
+    with Cli(tmp_path / "home") as cli:
+        proc, _ = cli.manager("--config", str(config), "--metrics-listen", "127.0.0.1:0")
+        url = cli.line_with(proc, "metrics on").split("metrics on", 1)[1].strip()
+        deadline = time.monotonic() + 60
+        while True:  # bounded poll: the block's worker process starts and joins
+            status, body = _get(url)
+            assert status == 200, body
+            got = _samples(body)
+            if got.get(("corral_workers", (("pool", "local"), ("state", "idle")))) == 1:
+                break
+            assert time.monotonic() < deadline, body
+            time.sleep(0.2)
+        local = (("pool", "local"),)
+        assert got[("corral_blocks_target", local)] == 1
+        assert got[("corral_blocks", (("pool", "local"), ("state", "running")))] == 1
+        assert got[("corral_blocks_pending_oldest_seconds", local)] == 0
+        assert got[("corral_autoscaler_busy", ())] == 0
