@@ -16,6 +16,7 @@ each other.
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import inspect
 import itertools
 import json
@@ -27,7 +28,7 @@ import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -489,3 +490,26 @@ def make_state() -> Iterator[Factory]:
     yield make
     for state in made:
         state.validate()
+
+
+@contextmanager
+def slurm_test_lock(conf: str, limit: float = 100.0) -> Iterator[None]:
+    """Hold the test Slurm cluster's machine-wide test lock (next to its ``conf``): test
+    runs of other checkouts on this machine use the same cluster, and one's owner job
+    (or stopped slurmctld) would upset another's test. Waits at most ``limit`` seconds
+    (about two of the longest tests), then fails the test."""
+    path = Path(conf).parent / "corral-tests.lock"
+    with path.open("a") as lock:
+        deadline = time.monotonic() + limit
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    pytest.fail(f"another test run held {path} for {limit:.0f} s")
+                time.sleep(0.2)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)

@@ -10,12 +10,9 @@ runs. Every wait is bounded.
 
 from __future__ import annotations
 
-import fcntl
 import os
-import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,7 +20,8 @@ import anyio
 import pytest
 
 from runtime import Cluster
-from tests.helpers import Cli, wait_until
+from tests.helpers import Cli, slurm_test_lock, wait_until
+from tests.test_slurm import slurm_conf  # noqa: F401  (the fixture: skip, or fail under CI)
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
@@ -56,37 +54,10 @@ def squeue(*argv: str) -> str:
 
 
 @pytest.fixture
-def cluster_lock() -> Iterator[None]:
-    """Skip without a Slurm cluster that answers; hold its test lock (bounded)."""
-    answers = False
-    if Path(CONF).is_file() and shutil.which("sbatch") and shutil.which("scontrol"):
-        env = dict(os.environ, SLURM_CONF=CONF)
-        try:
-            ping = subprocess.run(
-                ["scontrol", "ping"], env=env, capture_output=True, text=True, timeout=30
-            )
-            answers = "is UP" in ping.stdout
-        except subprocess.TimeoutExpired:
-            pass
-    if not answers:
-        message = f"no Slurm cluster answers at {CONF}: run `.ci/slurm up` (as root)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
-    with (Path(CONF).parent / "corral-tests.lock").open("a") as lock:
-        deadline = time.monotonic() + 100
-        while True:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    pytest.fail("another test run held the Slurm test lock for 100 s")
-                time.sleep(0.2)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+def cluster_lock(slurm_conf: str) -> Iterator[None]:  # noqa: F811 (the fixture)
+    """Skip without a Slurm cluster that answers (fail under CI); hold its test lock."""
+    with slurm_test_lock(slurm_conf):
+        yield
 
 
 async def test_a_slurm_pool_from_the_config_file_runs_a_graph(

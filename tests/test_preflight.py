@@ -43,6 +43,7 @@ from runtime.preflight import (
 from tests.helpers import ROOT, Cli
 from tests.test_pools_slurm import CONF as SLURM_CONF
 from tests.test_pools_slurm import cluster_lock  # noqa: F401  (the fixture: skip or lock)
+from tests.test_slurm import slurm_conf  # noqa: F401  (cluster_lock needs it)
 
 pytestmark = pytest.mark.timeout(180)
 

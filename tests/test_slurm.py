@@ -13,13 +13,11 @@ preempts ``ckpt`` blocks. Every wait is bounded and gated on what is observed.
 
 from __future__ import annotations
 
-import fcntl
 import operator
 import os
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -31,7 +29,7 @@ from actors.providers import Block, BlockSpec, BlockState
 from actors.slurm import SlurmOptions, SlurmProvider
 from runtime import Cluster
 from runtime.errors import BatchSystemError, SubmissionsSuspended
-from tests.helpers import ROOT, Cli, wait_until
+from tests.helpers import ROOT, Cli, slurm_test_lock, wait_until
 
 # Each test bounds itself (fail_after); pytest's own limit also covers waiting for the
 # cluster's test lock (one_test_at_a_time: up to 100 s).
@@ -99,21 +97,8 @@ def one_test_at_a_time(slurm_conf: str) -> Iterator[None]:
     """Hold the cluster's test lock: test runs of other checkouts on this machine use
     the same cluster, and one's owner job (or stopped slurmctld) would upset another's
     test. Waits at most 100 s (about two of the longest tests)."""
-    path = Path(slurm_conf).parent / "corral-tests.lock"
-    with path.open("a") as lock:
-        deadline = time.monotonic() + 100
-        while True:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    pytest.fail(f"another test run held {path} for 100 s")
-                time.sleep(0.2)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    with slurm_test_lock(slurm_conf):
+        yield
 
 
 @pytest.fixture
