@@ -22,6 +22,8 @@ from runtime.errors import ActorStopped, AskTimeout, FrameTooLarge
 from runtime.graph import Key, build_specs
 from runtime.kernel import Actor, ActorRef, Later, handles
 from runtime.messages import (
+    AlertsReply,
+    AlertsRequest,
     CancelKeysRequest,
     CancelRequest,
     ClientGone,
@@ -116,8 +118,10 @@ class Manager(Actor):
         gather_timeout: float = 60.0,
         max_runs: int = MAX_RUNS,
         max_run_keys: int = MAX_RUN_KEYS,
+        monitor: Callable[[], ActorRef[Any] | None] = lambda: None,
     ) -> None:
         self._scheduler = scheduler
+        self._monitor = monitor  #: the alert monitor, when the cluster runs one
         self._registry = registry
         self._autoscaler = autoscaler
         self._resolve = resolve
@@ -410,6 +414,14 @@ class Manager(Actor):
             except (ActorStopped, AskTimeout):
                 busy = True
         return MetricsReply(**sched, blocks=blocks, autoscaler_busy=busy)
+
+    @handles(AlertsRequest)
+    async def alerts(self, msg: AlertsRequest) -> AlertsReply:
+        monitor = self._monitor()
+        if monitor is None:
+            return AlertsReply()
+        reply: AlertsReply = await monitor.ask(msg)
+        return reply
 
     @handles(StatusRequest)
     async def status(self, msg: StatusRequest) -> StatusReply:

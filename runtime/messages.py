@@ -548,6 +548,45 @@ class MetricsReply(Message):
 
 
 @message()
+class AlertInfo(Message):
+    """One alert: a rule's instance for one label set (e.g. one pool). ``state``:
+    ``pending`` (the condition holds, not for ``for`` yet), ``firing`` or ``resolved``
+    (it fired and the condition no longer holds). ``labels``: the rule's labels and the
+    instance's (``alertname``, ``pool``, ``team``, ``priority``); ``annotations``: the
+    rule's (description, summary, dashboard URL). ``value``: the expression's value at
+    the latest evaluation. Times are wall-clock seconds: ``active_since`` (the condition
+    began to hold), ``fired_at``, ``resolved_at``. ``fields``: the numbers a notification
+    carries (for a queue rule ``max_queue_size``, ``max_queue_time_mins``,
+    ``queue_size_threshold``, ``queue_time_threshold``, ``threshold_breached``)."""
+
+    name: str
+    state: Literal["pending", "firing", "resolved"]
+    labels: dict[str, str] = dataclasses.field(default_factory=dict)
+    annotations: dict[str, str] = dataclasses.field(default_factory=dict)
+    value: float = 0.0
+    active_since: float | None = None
+    fired_at: float | None = None
+    resolved_at: float | None = None
+    fields: dict[str, float] = dataclasses.field(default_factory=dict)
+
+
+@message()
+class AlertsRequest(Message):
+    """-> manager: reply with an :class:`AlertsReply` (the alert monitor's alerts and
+    rules; empty when the manager runs none)."""
+
+
+@message()
+class AlertsReply(Message):
+    """The alerts now pending, firing or recently resolved; the rules in force (each as
+    its data: name, expr, for, labels, ...); the latest remediation audit lines."""
+
+    alerts: tuple[AlertInfo, ...] = ()
+    rules: tuple[dict[str, Any], ...] = ()
+    audit: tuple[str, ...] = ()
+
+
+@message()
 class PoolLife(Message):
     """How long a pool's workers live: ``lives`` counted (those that left, and those
     alive, censored), ``deaths`` among them (preempted, crashed, lost), the Kaplan-Meier

@@ -68,6 +68,7 @@ from runtime.errors import (
 from runtime.kernel import ActorRef, ActorSystem
 from runtime.log import get_logger
 from runtime.messages import (
+    AlertsRequest,
     CancelKeysRequest,
     CancelRequest,
     ClientGone,
@@ -556,7 +557,7 @@ MAX_REFUSED = 10
 
 
 _READ: frozenset[type[Message]] = frozenset(
-    {StatusRequest, StoryRequest, TasksQuery, StoryQuery, PolicyQuery}
+    {StatusRequest, StoryRequest, TasksQuery, StoryQuery, PolicyQuery, AlertsRequest}
 )
 
 #: What each role may send, by exact message type; the gateway refuses anything else
