@@ -26,6 +26,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from runtime.errors import ActorStopped, AskTimeout
 from runtime.messages import MetricsReply
 
 __all__ = ["READ_ROLES", "SnapshotCollector", "metrics_route", "render", "serve_metrics"]
@@ -161,6 +162,20 @@ def render(snapshot: MetricsReply) -> bytes:
 
 Fetch = Callable[[], Awaitable[MetricsReply]]
 
+#: The answer when the manager cannot give its numbers in time: Prometheus records the
+#: scrape as failed (``up == 0``) and shows this text as the target's ``lastError``.
+UNAVAILABLE = (
+    b"corral: the scheduler did not answer in time (busy, or stopping); "
+    b"this scrape has no numbers, the next one will try again\n"
+)
+
+
+async def _scrape(fetch: Fetch) -> tuple[int, bytes, str]:
+    try:
+        return 200, render(await fetch()), CONTENT_TYPE_LATEST
+    except (AskTimeout, ActorStopped):
+        return 503, UNAVAILABLE, "text/plain"
+
 
 def metrics_route(fetch: Fetch) -> Callable[[str | None], Awaitable[tuple[int, bytes, str]]]:
     """The ``/metrics`` route of the manager's listener (its ``http_routes``): the
@@ -170,7 +185,7 @@ def metrics_route(fetch: Fetch) -> Callable[[str | None], Awaitable[tuple[int, b
     async def route(role: str | None) -> tuple[int, bytes, str]:
         if role is not None and role not in READ_ROLES:
             return 403, b"this token may not read the metrics\n", "text/plain"
-        return 200, render(await fetch()), CONTENT_TYPE_LATEST
+        return await _scrape(fetch)
 
     return route
 
@@ -180,8 +195,8 @@ async def serve_metrics(host: str, port: int, fetch: Fetch) -> tuple[web.AppRunn
     one). Returns the runner (``await runner.cleanup()`` stops it) and the port."""
 
     async def handle(request: web.Request) -> web.Response:
-        body = render(await fetch())
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+        status, body, content_type = await _scrape(fetch)
+        return web.Response(status=status, body=body, headers={"Content-Type": content_type})
 
     app = web.Application()
     app.router.add_get("/metrics", handle)

@@ -344,3 +344,28 @@ def test_a_manager_with_a_pool_exports_its_blocks(tmp_path: Path) -> None:
         assert got[("corral_blocks", (("pool", "local"), ("state", "running")))] == 1
         assert got[("corral_blocks_pending_oldest_seconds", local)] == 0
         assert got[("corral_autoscaler_busy", ())] == 0
+
+
+@pytest.mark.anyio
+async def test_a_scrape_the_scheduler_cannot_answer_in_time_is_a_503_that_says_why() -> None:
+    from runtime.errors import AskTimeout
+    from runtime.metrics import UNAVAILABLE, serve_metrics
+
+    async def busy() -> MetricsReply:
+        raise AskTimeout("manager", "MetricsRequest", 10.0)
+
+    runner, port = await serve_metrics("127.0.0.1", 0, busy)
+    try:
+
+        def get() -> tuple[int, bytes]:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10)
+            except urllib.error.HTTPError as exc:
+                return exc.code, exc.read()
+            raise AssertionError("expected an HTTP error")
+
+        with anyio.fail_after(30):
+            status, body = await anyio.to_thread.run_sync(get)
+        assert (status, body) == (503, UNAVAILABLE)
+    finally:
+        await runner.cleanup()
