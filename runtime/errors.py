@@ -11,6 +11,7 @@ modules that raise an error re-export it under the name they always had (for exa
 
 from __future__ import annotations
 
+import difflib
 import signal
 from collections.abc import Hashable, Iterable, Sequence
 from typing import Any
@@ -679,3 +680,36 @@ class PoolConfigError(CorralError, ValueError):
 
 
 __all__ += ["PoolConfigError"]
+
+
+class AlertConfigError(CorralError, ValueError):
+    """An alert rule (``[[alerts]]`` of the manager's configuration, ``alert add`` in
+    the console, or a rule given as data) was refused: ``key`` of rule ``rule`` (either
+    may be empty for a problem with the whole list) and what is wrong with it, with
+    what is allowed and, for a misspelt name (key, metric, label), the closest known
+    one."""
+
+    rule: str
+    key: str
+    problem: str
+
+    def __init__(self, rule: str, key: str, problem: str) -> None:
+        where = f"alert rule {rule!r}" if rule else "the alert rules"
+        what = f"key {key!r} " if key else ""
+        end = "" if problem.endswith((".", "?")) else "."
+        super().__init__(
+            f"{where}: {what}{problem}{end} See docs/monitoring.md#alert-rules.",
+            rule=rule,
+            key=key,
+            problem=problem,
+        )
+
+
+def did_you_mean(word: str, choices: Iterable[str], otherwise: str = "") -> str:
+    """The text "; did you mean 'x'?" for the choice closest to ``word`` (else
+    ``otherwise``): for errors about a misspelt name."""
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else otherwise
+
+
+__all__ += ["AlertConfigError", "did_you_mean"]
