@@ -32,11 +32,15 @@ once it held for ``for`` seconds (at once with ``for = 0``), *resolved* when it 
 holds (``keep_firing_for``: that long after it stopped holding). A pending alert whose
 condition stops holding is dropped without a notification. A resolved alert stays
 visible for ``resolved_for`` seconds, then is forgotten. Each change is a
-:class:`Notify`. Each alert carries ``fields``: per comparison the largest value seen
-while the alert was active and its threshold, and ``threshold_breached`` (1 while
-pending or firing, 0 once resolved); for the queue metrics they have the names of the
-users' own alert (``max_queue_size``, ``max_queue_time_mins``,
-``queue_size_threshold``, ``queue_time_threshold``).
+:class:`Notify`. When the samples say the autoscaler did not answer
+(``corral_autoscaler_busy`` 1), a rule that reads a metric missing from them is not
+evaluated that time: its alerts keep their state.
+
+Each alert carries ``fields``: per comparison the largest value seen while the alert
+was active and its threshold, and ``threshold_breached`` (1 while pending or firing, 0
+once resolved); for the queue metrics they have the names of the users' own alert
+(``max_queue_size``, ``max_queue_time_mins``, ``queue_size_threshold``,
+``queue_time_threshold``).
 
 **Remediation**: a rule may carry a :class:`ScaleOut` action. While its alert fires and
 its condition holds, the core asks for more blocks of the pool (:class:`Scale`: by N, or
@@ -818,6 +822,8 @@ _TEMPLATE = re.compile(r"\{\{\s*\$(labels\.([A-Za-z_][A-Za-z0-9_]*)|value)\s*\}\
 
 
 def _number(v: float) -> str:
+    if not math.isfinite(v):
+        return str(v)
     return f"{v:g}" if v != int(v) or abs(v) >= 1e15 else str(int(v))
 
 
@@ -900,7 +906,10 @@ class AlertState:
         by_name: dict[str, list[tuple[Labels, float]]] = {}
         for (name, labels), v in samples.items():
             by_name.setdefault(name, []).append((labels, v))
+        busy = samples.get(("corral_autoscaler_busy", ()), 0.0) >= 1
         for rule in self.rules.values():
+            if busy and any(n not in by_name for v in _vectors(rule.parsed) for n in v.names()):
+                continue  # the autoscaler did not answer: its series are unknown, not gone
             matches = self._expr(rule.parsed, by_name, now)
             self._step(rule, matches, now, samples)
         for key, a in list(self._alerts.items()):

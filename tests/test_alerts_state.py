@@ -588,7 +588,7 @@ E = "corral_queue_depth > 0"
         ({"name": "r", "expr": E, "keep_firing_for": -3},
          "key 'keep_firing_for' must be a number of seconds >= 0"),
         ({"name": "r"}, "key 'expr' must be a text, got None"),
-        ({"expr": E}, "the alert rules: key 'name' a rule's name is letters"),
+        ({"expr": E}, "the alerting configuration: key 'name' a rule's name is letters"),
         ({"name": "a b", "expr": E}, "key 'name' a rule's name is letters"),
         ({"name": "r", "expr": E, "labels": {"team": 3}}, "key 'labels.team' must be a text"),
         ({"name": "r", "expr": E, "labels": ["team"]}, "key 'labels' must be a table of texts"),
@@ -714,3 +714,44 @@ def test_the_docs_list_the_default_rules_as_they_are() -> None:
     for (_, _, for_, priority), d in zip(rows, DEFAULT_RULES, strict=True):
         assert parse_duration(for_ if for_ != "0" else 0) == parse_duration(d.get("for", 0))
         assert priority == d["labels"]["priority"]
+
+
+def test_a_busy_autoscaler_leaves_the_block_alerts_as_they_are() -> None:
+    (d,) = [d for d in DEFAULT_RULES if d["name"] == "CorralProvisioningStuck"]
+    st = AlertState([parse_rule(d, SAMPLE_LABELS), rule(**{"for": 0})])
+    stuck = snap(blocks={"cpu": {"states": {"pending": 1}, "oldest_pending": 700.0}})
+    st.handle(Evaluate(0.0, stuck))
+    assert notes(st.handle(Evaluate(60.0, stuck)))[0][:2] == ("CorralProvisioningStuck", "firing")
+    busy = samples(MetricsReply(pools={"cpu": PoolMetrics(queue_depth=1, oldest_wait=70.0)},
+                                autoscaler_busy=True))  # fmt: skip
+    assert ("corral_blocks_pending_oldest_seconds", (("pool", "cpu"),)) not in busy
+    # the block rule keeps its state; the queue rule, whose metrics are there, goes on
+    assert notes(st.handle(Evaluate(70.0, busy)))[0][:2] == ("QueueTime", "firing")
+    assert [(a.name, a.state) for a in st.alerts()] == [
+        ("CorralProvisioningStuck", "firing"), ("QueueTime", "firing"),
+    ]  # fmt: skip
+    assert notes(st.handle(Evaluate(80.0, stuck)))[0][:2] == ("QueueTime", "resolved")
+    assert [(a.name, a.state) for a in st.alerts()] == [
+        ("CorralProvisioningStuck", "firing"), ("QueueTime", "resolved"),
+    ]  # fmt: skip
+    # an answer without the stuck block resolves it
+    cmds = st.handle(Evaluate(90.0, snap(blocks={"cpu": {"states": {"running": 1}}})))
+    assert notes(cmds)[0][:2] == ("CorralProvisioningStuck", "resolved")
+
+
+def test_the_docs_list_every_metric_by_its_sample_name() -> None:
+    text = (Path(__file__).parent.parent / "docs" / "monitoring.md").read_text()
+    listed = set(re.findall(r"^\| `(corral_\w+)` \| (?:gauge|counter|summary) \|", text, re.M))
+    families = {
+        f.name + ("_total" if f.type == "counter" else "")
+        for f in SnapshotCollector(MetricsReply()).collect()
+    }
+    assert listed == families
+
+
+def test_values_in_annotations_read_well() -> None:
+    r = rule(expr="corral_queue_oldest_wait_seconds > 0.5", annotations={"v": "{{ $value }}"})
+    st = AlertState([r])
+    for wait, shown in ((61.25, "61.25"), (3720.0, "3720"), (float("inf"), "inf")):
+        st.handle(Evaluate(0.0, queue(1, wait)))
+        assert st.alerts()[0].annotations == {"v": shown}
