@@ -755,3 +755,82 @@ def test_values_in_annotations_read_well() -> None:
     for wait, shown in ((61.25, "61.25"), (3720.0, "3720"), (float("inf"), "inf")):
         st.handle(Evaluate(0.0, queue(1, wait)))
         assert st.alerts()[0].annotations == {"v": shown}
+
+
+# ----------------------------------------------------------------------------- the story
+
+
+class _Pool:
+    """A pool on a virtual clock: blocks of 2 slots that run 60 s per task and take
+    ``delay`` seconds from request to running; tasks wait in one queue."""
+
+    def __init__(self, blocks: int, tasks: int, delay: float) -> None:
+        self.delay = delay
+        self.ready_at = [0.0] * blocks  # when each block runs
+        self.queued = [0.0] * tasks  # when each waiting task became ready
+        self.running: list[float] = []  # when each running task ends
+        self.done = 0
+
+    def step(self, now: float) -> None:
+        self.done += sum(1 for end in self.running if end <= now)
+        self.running = [end for end in self.running if end > now]
+        slots = 2 * sum(1 for t in self.ready_at if t <= now)
+        while self.queued and len(self.running) < slots:
+            self.queued.pop(0)
+            self.running.append(now + 60.0)
+
+    def samples(self, now: float) -> Samples:
+        up = sum(1 for t in self.ready_at if t <= now)
+        states = {"running": up, "pending": len(self.ready_at) - up}
+        return snap(
+            {"cpu": {"queue_depth": len(self.queued),
+                     "oldest_wait": now - self.queued[0] if self.queued else 0.0,
+                     "workers": {"idle": 0, "busy": up, "draining": 0}}},
+            {"cpu": {"target": len(self.ready_at), "states": states, "slots_per_block": 2,
+                     "max_blocks": 6, "workers_per_block": 1}},
+        )  # fmt: skip
+
+
+def test_a_burst_fires_the_queue_alert_scales_out_within_bounds_and_resolves() -> None:
+    raw = dict(DEFAULT_RULES[0])
+    raw["action"] = {"scale_out": {"fit": True, "cooldown": "2m"}}
+    st = AlertState([parse_rule(raw, SAMPLE_LABELS)])
+    pool = _Pool(blocks=1, tasks=20, delay=120.0)
+    seen: list[tuple[float, str]] = []
+    scales: list[tuple[float, int]] = []
+    fired: dict[str, float] = {}
+    for step in range(0, 200):
+        now = step * 10.0
+        pool.step(now)
+        for c in st.handle(Evaluate(now, pool.samples(now))):
+            if isinstance(c, Notify):
+                seen.append((now, c.alert.state))
+                if c.alert.state == "firing":
+                    fired = dict(c.alert.fields)
+            elif isinstance(c, Scale):
+                scales.append((now, c.target))
+                pool.ready_at += [now + pool.delay] * (c.target - len(pool.ready_at))
+        if pool.done == 20 and seen[-1][1] == "resolved":
+            break
+    # the oldest task waited over 60 s at 70: pending; a minute on, firing
+    assert seen == [(70.0, "pending"), (130.0, "firing"), (seen[-1][0], "resolved")]
+    # at 130, 4 tasks ran, 2 run, 14 wait (120 s + 10 s): 1 + ceil(14 / 2) = 8 blocks
+    # wanted, 6 allowed; the new blocks run at 250 and the queue drains
+    assert scales == [(130.0, 6)]
+    assert fired == {
+        "max_queue_size": 16.0,  # at 70: 20 - 2 done - 2 running
+        "max_queue_time_mins": 2.2,  # 130 s at 130
+        "queue_size_threshold": 0.0,
+        "queue_time_threshold": 1.0,
+        "threshold_breached": 1.0,
+    }
+    assert [a.line for a in st.audit] == [
+        "alert CorralQueueTime{pool=cpu}: scale pool cpu out from 1 to 6 blocks (fit 14 ready "
+        "tasks at 2 per block beside 1 running and 0 pending blocks, capped by the pool's "
+        "max_blocks 6: corral_queue_depth = 14 > 0 and corral_queue_oldest_wait_seconds = "
+        "130 > 60)",
+        "alert CorralQueueTime{pool=cpu}: no scale-out of pool cpu: cooldown, scaled 10 s "
+        "ago, waits 120 s (corral_queue_depth = 14 > 0 and corral_queue_oldest_wait_seconds "
+        "= 140 > 60)",
+    ]
+    assert seen[-1][0] == 250.0  # the 6 blocks run at 250 and take the whole queue
