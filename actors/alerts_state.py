@@ -57,7 +57,7 @@ import math
 import operator
 import re
 from collections import deque
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from typing import Any, Literal
 
 from runtime.errors import AlertConfigError, did_you_mean
@@ -1021,20 +1021,20 @@ class AlertState:
         right = self._expr(e.right, by_name, now)
         out: dict[Labels, _Match] = {}
         if e.op == "and":
-            for ll, lm in left.items():
-                for rl, rm in right.items():
-                    if _agree(ll, rl):
-                        merged = tuple(sorted({**dict(ll), **dict(rl)}.items()))
-                        out[merged] = _Match(lm.value, {**rm.terms, **lm.terms})
+            for ll, rl in _agreeing(left, right):
+                lm, rm = left[ll], right[rl]
+                merged = tuple(sorted({**dict(ll), **dict(rl)}.items()))
+                out[merged] = _Match(lm.value, {**rm.terms, **lm.terms})
             return out
         for ll, lm in left.items():
             out[ll] = _Match(lm.value, dict(lm.terms))
+        matched: set[Labels] = set()
+        for rl, ll in _agreeing(right, left):
+            matched.add(rl)
+            out[ll].terms = {**right[rl].terms, **out[ll].terms}
         for rl, rm in right.items():
-            agreeing = [ll for ll in left if _agree(ll, rl)]
-            if not agreeing:
+            if rl not in matched:
                 out[rl] = rm
-            for ll in agreeing:
-                out[ll].terms = {**rm.terms, **out[ll].terms}
         return out
 
     def _vector(
@@ -1190,7 +1190,24 @@ class AlertState:
         self._out.append(entry)
 
 
-def _agree(a: Labels, b: Labels) -> bool:
-    """Whether two label sets agree on the labels both have."""
-    db = dict(b)
-    return all(db.get(k, v) == v for k, v in a)
+def _agreeing(left: Iterable[Labels], right: Iterable[Labels]) -> Iterator[tuple[Labels, Labels]]:
+    """The pairs of label sets, one of ``left`` and one of ``right``, that agree on the
+    labels both have; through an index per pair of label names, not every pair."""
+    groups: dict[tuple[str, ...], list[Labels]] = {}
+    for rl in right:
+        groups.setdefault(tuple(k for k, _ in rl), []).append(rl)
+    indexes: dict[tuple[tuple[str, ...], tuple[str, ...]], dict[tuple[str, ...], list[Labels]]]
+    indexes = {}
+    for ll in left:
+        lkeys = tuple(k for k, _ in ll)
+        lvalues = dict(ll)
+        for rkeys, members in groups.items():
+            common = [k for k in lkeys if k in rkeys]
+            index = indexes.get((lkeys, rkeys))
+            if index is None:
+                index = indexes[(lkeys, rkeys)] = {}
+                for rl in members:
+                    rvalues = dict(rl)
+                    index.setdefault(tuple(rvalues[k] for k in common), []).append(rl)
+            for rl in index.get(tuple(lvalues[k] for k in common), ()):
+                yield ll, rl
