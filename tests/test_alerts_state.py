@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as hs
 
 from actors.alerts_state import (
     DEFAULT_RULES,
@@ -834,3 +836,114 @@ def test_a_burst_fires_the_queue_alert_scales_out_within_bounds_and_resolves() -
         "= 140 > 60)",
     ]
     assert seen[-1][0] == 250.0  # the 6 blocks run at 250 and take the whole queue
+
+
+# ----------------------------------------------------------------------------- properties
+
+
+_SELECTOR = hs.builds(
+    lambda name, matcher: name + matcher,
+    hs.sampled_from(["corral_queue_depth", "corral_tasks_running", "corral_workers_throttled"]),
+    hs.sampled_from(["", '{pool="cpu"}', '{pool!="*"}', '{pool="a",pool!="b",}']),
+)
+_VECTOR = hs.one_of(
+    _SELECTOR,
+    hs.builds("sum by (pool) ({})".format, _SELECTOR),
+    hs.builds("sum({})".format, _SELECTOR),
+    hs.just('sum by (pool, state) (corral_workers{state="busy"})'),
+    hs.just("increase(corral_blocks_failed_total[5m])"),
+)
+_COMPARE = hs.builds(
+    "{} {} {}".format,
+    _VECTOR,
+    hs.sampled_from([">", ">=", "<", "<=", "==", "!="]),
+    hs.sampled_from(["0", "1.5", "-2", "1e3", ".5"]),
+)
+_EXPR = hs.recursive(
+    _COMPARE,
+    lambda inner: hs.one_of(
+        hs.builds("{} and {}".format, inner, inner),
+        hs.builds("{} or {}".format, inner, inner),
+        hs.builds("({})".format, inner),
+    ),
+    max_leaves=6,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_EXPR, hs.data())
+def test_expressions_parse_and_any_cut_is_refused_with_a_config_error(
+    text: str, data: hs.DataObject
+) -> None:
+    r = parse_rule({"name": "r", "expr": text}, SAMPLE_LABELS)
+    assert parse_rule(r.to_dict(), SAMPLE_LABELS) == r
+    AlertState([r]).handle(Evaluate(0.0, queue(3, 100.0)))
+    # the text cut anywhere, or with one character dropped: a rule or a refusal
+    i = data.draw(hs.integers(0, len(text) - 1))
+    for broken in (text[:i], text[:i] + text[i + 1 :]):
+        try:
+            parse_rule({"name": "r", "expr": broken}, SAMPLE_LABELS)
+        except AlertConfigError as err:
+            assert err.key == "expr"
+
+
+_STEP = hs.tuples(
+    hs.integers(0, 30),  # queue depth
+    hs.sampled_from([0.0, 30.0, 90.0, 4000.0]),  # oldest wait
+    hs.integers(0, 3),  # blocks pending
+    hs.integers(1, 60),  # seconds to the next evaluation
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    steps=hs.lists(_STEP, min_size=1, max_size=40),
+    fit=hs.booleans(),
+    max_blocks=hs.integers(1, 12),
+    max_cost=hs.sampled_from([None, 6.0, 13.5]),
+    keep=hs.sampled_from([0.0, 45.0]),
+)
+def test_alerts_move_by_the_rules_and_actions_stay_bounded(
+    steps: list[tuple[int, float, int, int]],
+    fit: bool,
+    max_blocks: int,
+    max_cost: float | None,
+    keep: float,
+) -> None:
+    action: dict[str, Any] = {"fit": True} if fit else {"by": 2}
+    action.update(cooldown=100, max_blocks=max_blocks)
+    if max_cost is not None:
+        action["max_cost"] = max_cost
+    st = AlertState([rule(**{"keep_firing_for": keep, "action": {"scale_out": action}})])
+    target, now, state = 1, 0.0, "inactive"
+    last_scale: float | None = None
+    allowed = {  # the notifications each state may be followed by
+        "inactive": {"pending"},
+        "pending": {"firing"},  # a pending alert that clears is dropped quietly
+        "firing": {"resolved"},
+        "resolved": {"pending"},
+    }
+    for depth, wait, pending, gap in steps:
+        now += gap
+        running = max(target - pending, 0)
+        b = pool_blocks(target, running=running, pending=target - running, slots_per_block=3,
+                        max_blocks=10, workers_per_block=2)  # fmt: skip
+        holds = depth > 0 and wait > 60
+        for c in st.handle(Evaluate(now, queue(depth, wait, **b))):
+            if isinstance(c, Notify):
+                assert c.alert.state in allowed[state], (state, c.alert.state)
+                state = c.alert.state
+                assert c.alert.fields["threshold_breached"] == (state != "resolved")
+            elif isinstance(c, Scale):
+                assert holds and state == "firing"
+                assert target < c.target <= min(max_blocks, 10)
+                if max_cost is not None:
+                    assert c.target * 2 <= max_cost
+                assert last_scale is None or now - last_scale >= 100
+                last_scale, target = now, c.target
+        if state == "pending" and not holds:
+            state = "inactive"
+        alerts = st.alerts()
+        if state in ("inactive", "resolved") and holds:
+            raise AssertionError("the condition holds but no alert is pending or firing")
+        assert [a.state for a in alerts] == ([] if state == "inactive" else [state])
