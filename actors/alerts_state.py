@@ -457,6 +457,11 @@ class ScaleOut:
     max_blocks: int | None = None
     max_cost: float | None = None
 
+    def __post_init__(self) -> None:
+        if (self.by is None) != self.fit or (self.by is not None and self.by < 1):
+            raise ValueError(f"scale_out needs by >= 1 or fit, not both: got by={self.by!r}, "
+                             f"fit={self.fit!r}")  # fmt: skip
+
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"fit": True} if self.fit else {"by": self.by}
         if self.pool is not None:

@@ -656,6 +656,10 @@ def test_bad_rules_are_refused_with_what_to_do(raw: dict[str, Any], message: str
 
 def test_a_rule_built_directly_checks_its_syntax() -> None:
     assert AlertRule("x", "corral_queue_depth > 1").for_ == 0.0
+    bads: list[dict[str, Any]] = [{}, {"by": 1, "fit": True}, {"by": 0}]
+    for bad in bads:
+        with pytest.raises(ValueError, match="scale_out needs by >= 1 or fit"):
+            ScaleOut(**bad)
     with pytest.raises(AlertConfigError, match="'x': key 'expr' expected a number"):
         AlertRule("x", "corral_queue_depth > y")
 
