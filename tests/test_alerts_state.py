@@ -4,6 +4,7 @@ fields of the users' queue alert, and scale-out actions with their bounds and au
 
 from __future__ import annotations
 
+import pickle
 import re
 from pathlib import Path
 from typing import Any
@@ -951,3 +952,16 @@ def test_alerts_move_by_the_rules_and_actions_stay_bounded(
         if state in ("inactive", "resolved") and holds:
             raise AssertionError("the condition holds but no alert is pending or firing")
         assert [a.state for a in alerts] == ([] if state == "inactive" else [state])
+
+
+def test_the_error_crosses_processes_with_its_fields() -> None:
+    err = AlertConfigError("r", "for", "must be a number", "alerts.toml")
+    back = pickle.loads(pickle.dumps(err))
+    assert type(back) is AlertConfigError and str(back) == str(err)
+    assert (back.rule, back.key, back.problem, back.source) == (
+        "r", "for", "must be a number", "alerts.toml"
+    )  # fmt: skip
+    assert str(err) == (
+        "alert rule 'r' in alerts.toml: key 'for' must be a number. See "
+        "docs/monitoring.md#alert-rules."
+    )
