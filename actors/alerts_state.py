@@ -448,7 +448,9 @@ class ScaleOut:
     (``fit``) enough blocks for its ready tasks (``ceil(ready / slots_per_block)`` more
     than the blocks running and pending). ``pool``: None is the alert's ``pool`` label.
     Then wait ``cooldown`` seconds. Never above ``max_blocks`` (None: the pool's own)
-    nor ``max_cost`` worker-hours per hour (blocks x workers per block; None: no cap)."""
+    nor ``max_cost`` worker-hours per hour (blocks x workers per block; None: no cap).
+    ``restore``: once the alerts that scaled the pool out resolved, set its target back
+    to what it was before (unless someone else changed it since)."""
 
     by: int | None = None
     fit: bool = False
@@ -456,6 +458,7 @@ class ScaleOut:
     cooldown: float = 300.0
     max_blocks: int | None = None
     max_cost: float | None = None
+    restore: bool = False
 
     def __post_init__(self) -> None:
         if (self.by is None) != self.fit or (self.by is not None and self.by < 1):
@@ -471,6 +474,8 @@ class ScaleOut:
             d["max_blocks"] = self.max_blocks
         if self.max_cost is not None:
             d["max_cost"] = self.max_cost
+        if self.restore:
+            d["restore"] = True
         return {"scale_out": d}
 
 
@@ -513,7 +518,7 @@ class AlertRule:
 
 RULE_KEYS = ("name", "expr", "for", "keep_firing_for", "labels", "annotations", "action")
 ACTION_KEYS = ("scale_out",)
-SCALE_OUT_KEYS = ("by", "fit", "pool", "cooldown", "max_blocks", "max_cost")
+SCALE_OUT_KEYS = ("by", "fit", "pool", "cooldown", "max_blocks", "max_cost", "restore")
 _RULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
 _LABEL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -555,9 +560,10 @@ def _scale_out(rule: str, raw: object) -> ScaleOut:
     for k in raw:
         if k not in SCALE_OUT_KEYS:
             raise _unknown(rule, str(k), SCALE_OUT_KEYS, key + ".")
-    by, fit = raw.get("by"), raw.get("fit", False)
-    if not isinstance(fit, bool):
-        raise AlertConfigError(rule, key + ".fit", f"must be true or false, got {fit!r}")
+    by, fit, restore = raw.get("by"), raw.get("fit", False), raw.get("restore", False)
+    for name, flag in (("fit", fit), ("restore", restore)):
+        if not isinstance(flag, bool):
+            raise AlertConfigError(rule, f"{key}.{name}", f"must be true or false, got {flag!r}")
     if (by is None) == (not fit):
         raise AlertConfigError(
             rule, key, "needs exactly one of 'by = N' (blocks more) and 'fit = true' (blocks "
@@ -582,7 +588,7 @@ def _scale_out(rule: str, raw: object) -> ScaleOut:
         raise AlertConfigError(
             rule, key + ".max_cost", f"must be worker-hours per hour > 0, got {cost!r}"
         )
-    return ScaleOut(by, fit, pool, cooldown, mb, None if cost is None else float(cost))
+    return ScaleOut(by, fit, pool, cooldown, mb, None if cost is None else float(cost), restore)
 
 
 def parse_rule(raw: Mapping[str, Any], names: MetricNames, name: str | None = None) -> AlertRule:
@@ -781,8 +787,9 @@ class Notify(Command):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Scale(Command):
-    """Set ``pool``'s block target to ``target`` (more than it has): rule ``rule``'s
-    action, for ``reason`` (the values against the thresholds)."""
+    """Set ``pool``'s block target to ``target``: rule ``rule``'s action, for ``reason``
+    (the values against the thresholds). More blocks than it has; or, for an action
+    with ``restore`` whose alerts resolved, the target it had before."""
 
     pool: str
     target: int
@@ -852,6 +859,9 @@ class AlertState:
         self._alerts: dict[tuple[str, Labels], _Alert] = {}
         self._history: dict[tuple[str, Labels], deque[tuple[float, float]]] = {}
         self._last_scale: dict[str, float] = {}  #: pool -> when an action last scaled it
+        #: pools scaled out by actions that restore: (target before, target set, by alerts)
+        self._restore: dict[str, tuple[int, int, set[tuple[str, Labels]]]] = {}
+        self._samples: Samples = {}  #: the latest evaluated
         self._out: list[Command] = []
         for rule in rules:
             self._add(rule, False, 0.0)
@@ -907,6 +917,7 @@ class AlertState:
     # ----------------------------------------------------------------- evaluation
 
     def _evaluate(self, now: float, samples: Samples) -> None:
+        self._samples = samples
         self._record(now, samples)
         by_name: dict[str, list[tuple[Labels, float]]] = {}
         for (name, labels), v in samples.items():
@@ -959,6 +970,26 @@ class AlertState:
         a.state, a.resolved_at = "resolved", now
         a.fields["threshold_breached"] = 0.0
         self._notify(a)
+        key = (a.rule, a.labels)
+        for pool, (before, set_to, by) in list(self._restore.items()):
+            if key not in by:
+                continue
+            by.discard(key)
+            if by:
+                continue  # another alert that scaled it still fires
+            del self._restore[pool]
+            who = f"alert {a.rule}{_show_labels(a.labels)}"
+            now_target = self._samples.get(("corral_blocks_target", (("pool", pool),)))
+            if now_target is not None and int(now_target) != set_to:
+                self._audit(
+                    f"{who} resolved: pool {pool}'s target is {int(now_target)}, not the "
+                    f"{set_to} its scale-out set: left as it is",
+                    now,
+                )  # fmt: skip
+                continue
+            reason = f"resolved: back to the target before the scale-out ({set_to} -> {before})"
+            self._out.append(Scale(pool, before, a.rule, reason))
+            self._audit(f"{who} {reason}; blocks drain as the pool's scaling policy says", now)
 
     def _notify(self, a: _Alert) -> None:
         self._out.append(Notify(self._info(a)))
@@ -1186,6 +1217,12 @@ class AlertState:
         reason = f"{how}{capped}: {why}"
         a.refused = ""
         self._last_scale[pool] = now
+        if act.restore:
+            before, _, by = self._restore.get(pool, (current, new, set()))
+            by.add((rule.name, a.labels))
+            self._restore[pool] = (before, new, by)
+        elif pool in self._restore:
+            del self._restore[pool]  # a scale-out that stays: nothing to restore
         self._out.append(Scale(pool, new, rule.name, reason))
         self._audit(f"{who}: scale pool {pool} out from {current} to {new} blocks ({reason})", now)
 
