@@ -263,6 +263,13 @@ class _Parser:
         if got != value or kind == "string":
             raise _Syntax(f"expected {value!r} at character {pos}, got {_shown(kind, got)}")
 
+    def need(self, kind: str, what: str, after: str = "") -> str:
+        """The next token, which must be a ``kind`` (described as ``what``)."""
+        got_kind, got, pos = self.take()
+        if got_kind != kind:
+            raise _Syntax(f"expected {what}{after} at character {pos}, got {_shown(got_kind, got)}")
+        return got
+
     def at(self, value: str) -> bool:
         kind, got, _ = self.peek()
         return got == value and kind in ("name", "punct", "op")
@@ -309,10 +316,7 @@ class _Parser:
                 f"expected a comparison (> >= < <= == !=) after {text!r} at character "
                 f"{pos}, got {_shown(kind, op)}"
             )
-        kind, num, pos = self.take()
-        if kind != "number":
-            raise _Syntax(f"expected a number after {op!r} at character {pos}, got "
-                          f"{_shown(kind, num)}")  # fmt: skip
+        num = self.need("number", "a number", f" after {op!r}")
         index = self.compares
         self.compares += 1
         return Compare(vector, op, float(num), index, text)
@@ -327,11 +331,7 @@ class _Parser:
                 self.expect("(")
                 labels = []
                 while not self.at(")"):
-                    lk, label, lpos = self.take()
-                    if lk != "name":
-                        raise _Syntax(f"expected a label at character {lpos}, got "
-                                      f"{_shown(lk, label)}")  # fmt: skip
-                    labels.append(label)
+                    labels.append(self.need("name", "a label"))
                     if not self.at(")"):
                         self.expect(",")
                 self.take()
@@ -347,10 +347,7 @@ class _Parser:
             self.expect("(")
             sel = self.selector()
             self.expect("[")
-            dk, dur, dpos = self.take()
-            if dk != "duration":
-                raise _Syntax(f"expected a duration like '10m' at character {dpos}, got "
-                              f"{_shown(dk, dur)}")  # fmt: skip
+            dur = self.need("duration", "a duration like '10m'")
             window = parse_duration(dur)
             if window <= 0:
                 raise _Syntax(f"the window of increase() must be longer than 0, got {dur!r}")
@@ -373,19 +370,13 @@ class _Parser:
         if self.at("{"):
             self.take()
             while not self.at("}"):
-                lk, label, lpos = self.take()
-                if lk != "name":
-                    raise _Syntax(f"expected a label at character {lpos}, got "
-                                  f"{_shown(lk, label)}")  # fmt: skip
+                label = self.need("name", "a label")
                 self.check_label(name, label)
                 ok, op, opos = self.take()
                 if op not in ("=", "!="):
                     raise _Syntax(f"expected '=' or '!=' after {label!r} at character {opos}, "
                                   f"got {_shown(ok, op)}")  # fmt: skip
-                vk, value, vpos = self.take()
-                if vk != "string":
-                    raise _Syntax(f"expected a quoted value at character {vpos}, got "
-                                  f"{_shown(vk, value)}")  # fmt: skip
+                value = self.need("string", "a quoted value")
                 matchers.append((label, op, value[1:-1]))
                 if not self.at("}"):
                     self.expect(",")
