@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
+from prometheus_client.parser import text_string_to_metric_families
 
 from actors.alerts_state import (
     DEFAULT_RULES,
@@ -43,8 +44,14 @@ from actors.autoscaler_state import (
 from actors.providers import BlockSpec
 from policies.scaling import PoolLimits
 from runtime.errors import AlertConfigError
-from runtime.messages import BlockMetrics, MetricsReply, PoolMetrics
-from runtime.metrics import SAMPLE_LABELS, SnapshotCollector, samples
+from runtime.messages import (
+    BlockMetrics,
+    CategoryMetrics,
+    FailureCount,
+    MetricsReply,
+    PoolMetrics,
+)
+from runtime.metrics import SAMPLE_LABELS, SnapshotCollector, render, samples
 
 QUEUE = {
     "name": "QueueTime",
@@ -999,3 +1006,22 @@ def test_the_error_crosses_processes_with_its_fields() -> None:
         "alert rule 'r' in alerts.toml: key 'for' must be a number. See "
         "docs/monitoring.md#alert-rules."
     )
+
+
+def test_samples_are_what_the_metrics_page_shows() -> None:
+    reply = MetricsReply(
+        pools={"cpu": PoolMetrics(queue_depth=7, oldest_wait=62.5, wait_quantiles={"0.9": 3.0},
+                                  waits=4, wait_sum=9.5, workers={"idle": 1, "busy": 2})},
+        categories={"inc": CategoryMetrics(4, 2.5, 400, 10, 99)},
+        failures=(FailureCount("inc", "error", "ValueError", 2),),
+        tasks_by_state={"queued": 7},
+        tasks_created=11,
+        workers=3,
+        blocks={"cpu": BlockMetrics({"running": 2}, 0.0, 2, 2, 4, 8, 2, 1)},
+    )  # fmt: skip
+    shown = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(render(reply).decode())
+        for s in family.samples
+    }
+    assert samples(reply) == shown
