@@ -11,7 +11,10 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import os
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -24,7 +27,7 @@ from runtime.errors import AlertConfigError
 from runtime.messages import AlertInfo
 from runtime.monitor import alerting_config, load_alerting
 from runtime.notify import AlertmanagerNotifier, alertmanager_payload, rfc3339
-from tests.helpers import Cli, free_port, http_get, start_alertmanager, wait_until
+from tests.helpers import ROOT, Cli, free_port, http_get, start_alertmanager, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -142,6 +145,29 @@ def test_a_config_file_gives_rules_and_settings(tmp_path: Path) -> None:
     typo = r"corral.toml: key 'fo' is unknown; did you mean 'for'\?"
     with pytest.raises(AlertConfigError, match=typo):
         load_alerting(path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", ["manager", "check"])
+def test_a_bad_rule_in_the_file_stops_the_manager_and_check_before_anything(
+    tmp_path: Path, command: str
+) -> None:
+    path = tmp_path / "corral.toml"
+    path.write_text(
+        '[pools.here]\nprovider = "local"\n\n'
+        '[[alerts]]\nname = "Late"\nexpr = "corral_queue_oldest_wait > 60"\n'
+    )
+    env = dict(os.environ, CORRAL_HOME=str(tmp_path / "home"))
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    flags = ["--listen", "127.0.0.1:0"] if command == "manager" else ["--no-probe"]
+    done = subprocess.run(
+        [sys.executable, "-m", "runtime", command, "--config", str(path), *flags],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "AlertConfigError: alert rule 'Late' in " in done.stderr
+    assert "did you mean 'corral_queue_oldest_wait_seconds'?" in done.stderr
+    assert "manager listening" not in done.stdout + done.stderr
 
 
 # ----------------------------------------------------------------------------- a real Alertmanager
