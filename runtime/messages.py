@@ -522,12 +522,18 @@ class BlockMetrics(Message):
     """One pool, from the autoscaler's core: its blocks by state (``requested``: asked of
     the provider, no answer yet; then the provider's words, e.g. pending, running), the
     age of the oldest block not running yet (seconds, 0 with none), its target and the
-    policy's latest proposal."""
+    policy's latest proposal; its size (``slots_per_block``: tasks a block runs at once,
+    ``workers_per_block``), its ``max_blocks`` (0: not configured) and how many of its
+    blocks ever failed or ended unasked (``failed``)."""
 
     states: dict[str, int] = dataclasses.field(default_factory=dict)
     oldest_pending: float = 0.0
     target: int = 0
     desired: int = 0
+    slots_per_block: int = 0
+    max_blocks: int = 0
+    workers_per_block: int = 0
+    failed: int = 0
 
 
 @message()
@@ -584,6 +590,24 @@ class AlertsReply(Message):
     alerts: tuple[AlertInfo, ...] = ()
     rules: tuple[dict[str, Any], ...] = ()
     audit: tuple[str, ...] = ()
+
+
+@message()
+class AlertRuleAdd(Message):
+    """-> manager -> alert monitor (admin): add the alert rule ``rule`` (its data, as
+    in a ``[[alerts]]`` table of the manager's configuration), or replace the rule of
+    the same name. Answer: the rule as the monitor holds it; a bad rule raises
+    :class:`~runtime.errors.AlertConfigError`."""
+
+    rule: dict[str, Any]
+
+
+@message()
+class AlertRuleRemove(Message):
+    """-> manager -> alert monitor (admin): remove the alert rule called ``name`` (its
+    alerts end). Answer: the names of the rules left."""
+
+    name: str
 
 
 @message()
