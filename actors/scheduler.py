@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import time
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -63,6 +64,7 @@ from runtime.messages import (
     Evacuated,
     EvacuationPlan,
     FailureCount,
+    FailureGroupInfo,
     FileFactsMsg,
     FilesReleasedMsg,
     KeyUpdates,
@@ -73,6 +75,7 @@ from runtime.messages import (
     PolicyQuery,
     PoolLife,
     PoolMetrics,
+    RecentTry,
     RegisterWorker,
     ReleaseKeysRequest,
     RunTasks,
@@ -339,7 +342,8 @@ class Scheduler(Actor):
         """The scheduler's fields of a ``MetricsReply``: from the core's counters, its
         workers and their latest memory reports (never a scan of the tasks)."""
         st = self.state
-        pools = st.pool_metrics(self.clock.now())
+        now = self.clock.now()
+        pools = st.pool_metrics(now)
         for wid, report in self.memory.items():
             ws = st.workers.get(wid)
             if ws is None:
@@ -363,6 +367,19 @@ class Scheduler(Actor):
             "tasks_by_state": st.by_state,
             "tasks_created": st.created,
             "workers": len(st.workers),
+            "failure_groups": _failure_groups(st, now),
+            "recent_tries": tuple(
+                RecentTry(
+                    r.key,
+                    category,
+                    r.worker,
+                    r.outcome,
+                    max(r.stop - r.start, 0.0),
+                    max(now - at, 0.0),
+                    r.cause or "",
+                )
+                for r, category, at in st.recent_tries
+            ),
         }
 
     @handles(WaitForWorkersRequest)
@@ -473,6 +490,33 @@ _NOT_A_LITERAL = (ValueError, SyntaxError, TypeError, MemoryError, RecursionErro
 
 #: Task states a TasksQuery may filter on.
 _STATES = ("waiting", "queued", "processing", "memory", "released", "erred", "cancelled")
+
+
+#: The most characters of an error's text and of its traceback a failure group shows
+#: (the traceback keeps its end: the frame that raised and the error).
+MAX_ERROR_TEXT = 2_000
+MAX_TRACEBACK_TEXT = 8_000
+
+
+def _failure_groups(st: SchedulerState, now: float) -> tuple[FailureGroupInfo, ...]:
+    """The core's failure groups, the most recent first, with their latest error as text
+    (formatted here, at read time, never when a try fails)."""
+    out = []
+    for (category, cause), g in st.failure_groups.items():
+        if g.error is None:
+            error = f"worker {g.worker} was lost ({cause}) while running {g.key!r}"
+            tb = ""
+        else:
+            error = f"{type(g.error).__name__}: {g.error}"[:MAX_ERROR_TEXT]
+            tb = "".join(traceback.format_exception(g.error))[-MAX_TRACEBACK_TEXT:]
+        out.append(
+            FailureGroupInfo(
+                category, cause, g.n, str(g.key), g.worker, g.outcome,
+                max(now - g.at, 0.0), error, tb,
+            )
+        )  # fmt: skip
+    out.sort(key=lambda g: g.ago)
+    return tuple(out)
 
 
 def _life(s: Survival) -> PoolLife:

@@ -157,6 +157,8 @@ _NO_LIMIT = float("inf")  #: the memory limit of a worker that reports none (0)
 MAX_LIVES = 1000  #: worker lives kept per pool for its survival estimate
 RECENT_WAITS = 1000  #: the latest waits served kept per pool, for the wait quantiles
 WAIT_QUANTILES = (0.5, 0.9, 0.99)  #: the wait quantiles the metrics give
+RECENT_TRIES = 300  #: the latest tries that ended (any outcome) kept for the task stream
+MAX_FAILURE_GROUPS = 1000  #: failure groups kept; later new causes count under "(other)"
 
 
 def quantile(ordered: list[float], q: float) -> float:
@@ -757,6 +759,20 @@ class PoolWaits:
         self.total = 0.0
 
 
+@dataclasses.dataclass(slots=True)
+class FailureGroup:
+    """The failed tries of one (category, cause): how many, and the latest of them
+    (its task, worker, outcome, error and the core's time). Updated as each try fails,
+    never rebuilt from the tasks."""
+
+    n: int
+    key: Key
+    worker: str
+    outcome: str
+    error: BaseException | None
+    at: float
+
+
 class SchedulerState:
     """The scheduler's state. Change it only through :meth:`handle`."""
 
@@ -820,6 +836,10 @@ class SchedulerState:
         self.pool_waits: dict[str, PoolWaits] = {}
         #: failed tries per (category, outcome, cause)
         self.failures: Counter[tuple[str, str, str]] = Counter()
+        #: per (category, cause): the count and latest failed try (:class:`FailureGroup`)
+        self.failure_groups: dict[tuple[str, str], FailureGroup] = {}
+        #: the latest tries that ended: (record, category, core time it ended)
+        self.recent_tries: deque[tuple[TryRecord, str, float]] = deque(maxlen=RECENT_TRIES)
         self._seq = itertools.count()
         # Per-handle scratch, flushed into commands at the end of handle().
         self._out: list[Command] = []
@@ -1076,12 +1096,12 @@ class SchedulerState:
         lives.append((self._now - ws.joined, ev.cause not in ON_PURPOSE))
         self._limits_changed()  # before its tasks go back to ready: they are checked
         for ts in sorted(ws.processing, key=_prio_key):
-            ts.tries.append(
-                TryRecord(str(ts.key), ws.id, ts.sent, self._now, "worker-lost", ev.cause)
+            self._try_ended(
+                ts, TryRecord(str(ts.key), ws.id, ts.sent, self._now, "worker-lost", ev.cause)
             )
             ts.lost_tries += 1
             self._stat(ts).lost += 1
-            self.failures[(ts.spec.category, "worker-lost", ev.cause)] += 1
+            self._failed_try(ts, "worker-lost", ev.cause, None, ws.id)
             ts.worker = None
             self._after_failure(ts, "worker-lost", ev.cause, None, ws.id)
         ws.processing.clear()
@@ -1138,13 +1158,13 @@ class SchedulerState:
                 else:
                     stat.errors += 1
                 cause = type(error).__name__ if error is not None else res.outcome
-                self.failures[(ts.spec.category, res.outcome, cause)] += 1
-                ts.tries.append(
-                    TryRecord(str(ts.key), ws.id, res.start, res.stop, res.outcome, None)
+                self._try_ended(
+                    ts, TryRecord(str(ts.key), ws.id, res.start, res.stop, res.outcome, None)
                 )
                 if res.outcome == "oom":
                     limit = ws.memory
                     error = TaskOutOfMemory(str(ts.key), ws.id, res.rss, limit, ts.oom_tries)
+                self._failed_try(ts, res.outcome, cause, error, ws.id)
                 self._after_failure(ts, res.outcome, None, error, ws.id)
 
     def _cancel_requested(self, ev: CancelRequested) -> None:
@@ -1453,7 +1473,7 @@ class SchedulerState:
         )
 
     def _finished_ok(self, ts: TaskState, ws: WorkerState, res: TaskResult) -> None:
-        ts.tries.append(TryRecord(str(ts.key), ws.id, res.start, res.stop, "ok", None))
+        self._try_ended(ts, TryRecord(str(ts.key), ws.id, res.start, res.stop, "ok", None))
         grown = res.nbytes - ts.nbytes  # not 0 only once per task, unless recomputed
         ts.nbytes = res.nbytes
         stat = self._stat(ts)
@@ -1527,6 +1547,31 @@ class SchedulerState:
         """A processing task returns to waiting or queued, by its inputs' states."""
         for d in self._wait_or_queue(ts):
             self._recompute(d)
+
+    def _try_ended(self, ts: TaskState, record: TryRecord) -> None:
+        ts.tries.append(record)
+        self.recent_tries.append((record, ts.spec.category, self._now))
+
+    def _failed_try(
+        self, ts: TaskState, outcome: str, cause: str, error: BaseException | None, wid: str
+    ) -> None:
+        """Count a failed try by (category, outcome, cause) and keep it as the latest of
+        its (category, cause) group: O(1), no scan."""
+        category = ts.spec.category
+        self.failures[(category, outcome, cause)] += 1
+        groups = self.failure_groups
+        group = groups.get((category, cause))
+        if group is None:
+            if len(groups) >= MAX_FAILURE_GROUPS:
+                category, cause = "(other)", "(other)"  # bounded, whatever the causes
+                group = groups.get((category, cause))
+            if group is None:
+                group = groups[(category, cause)] = FailureGroup(
+                    0, ts.key, wid, outcome, error, self._now
+                )
+        group.n += 1
+        group.key, group.worker, group.outcome = ts.key, wid, outcome
+        group.error, group.at = error, self._now
 
     def _after_failure(
         self, ts: TaskState, outcome: str, cause: str | None, error: BaseException | None, wid: str

@@ -118,6 +118,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from runtime.dashboard import Sources
     from transport.base import Listener
 
 _log = get_logger("corral.node")
@@ -989,6 +990,29 @@ async def _lifeline(*, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STAT
     await watch_lifeline()
 
 
+def _dashboard_sources(plane: ControlPlane, fetch: Callable[[], Awaitable[Any]]) -> Sources:
+    """What the dashboard asks the manager (runtime/dashboard.py): the metrics (as
+    ``/metrics`` does), the status, the alerts and a task's story."""
+    from runtime.dashboard import Sources
+    from runtime.messages import AlertsReply, AlertsRequest, StatusReply, StatusRequest
+
+    async def status() -> StatusReply:
+        reply = await plane.manager.ask(StatusRequest(), timeout=10.0)
+        assert isinstance(reply, StatusReply)
+        return reply
+
+    async def alerts() -> AlertsReply:
+        reply = await plane.manager.ask(AlertsRequest(), timeout=10.0)
+        assert isinstance(reply, AlertsReply)
+        return reply
+
+    async def story(key: str) -> list[list[str]]:
+        rows = await plane.manager.ask(StoryQuery((key,)), timeout=10.0)
+        return [[str(x) for x in row] for row in rows]
+
+    return Sources(fetch, status, alerts, story)
+
+
 async def run_manager(
     listen: str,
     *,
@@ -1007,7 +1031,8 @@ async def run_manager(
     ``listen`` (``host:port``, ``ws://host:port`` or any transport address).
 
     Metrics (docs/monitoring.md): a websocket gateway also answers ``GET /metrics``
-    (Prometheus' text format) to the read or admin token; ``metrics_listen``
+    (Prometheus' text format) and serves the live dashboard (``GET /``,
+    runtime/dashboard.py) to the read or admin token; ``metrics_listen``
     (``host:port``) serves them besides without authentication, and
     ``metrics_ready`` is called with its ``http://host:port/metrics`` URL.
 
@@ -1043,6 +1068,7 @@ async def run_manager(
         plane = await start_control_plane(
             system, policies=policies, drain_period=pool_drain_period(pools)
         )
+        from runtime.dashboard import DashboardFeed, dashboard_routes
         from runtime.messages import MetricsReply, MetricsRequest
         from runtime.metrics import metrics_route, serve_metrics
 
@@ -1054,6 +1080,9 @@ async def run_manager(
         options = dict(listen_options or {})
         if websockets:
             options.setdefault("http_routes", {"/metrics": metrics_route(fetch)})
+            feed = DashboardFeed(_dashboard_sources(plane, fetch))
+            options.setdefault("web_routes", dashboard_routes(feed))
+            await system.start_service(feed.run)
         gateway, listener = await serve_gateway(
             plane,
             address,
