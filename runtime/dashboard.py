@@ -195,7 +195,9 @@ class DashboardFeed:
             tg.start_soon(one, "status", self.sources.status)
             tg.start_soon(one, "alerts", self.sources.alerts)
         self.builds += 1
-        return build_snapshot(got["metrics"], got["status"], got["alerts"], self.clock())
+        snap = build_snapshot(got["metrics"], got["status"], got["alerts"], self.clock())
+        snap["seq"] = self.builds  # the same number on every page: built once for all
+        return snap
 
     async def run(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
@@ -360,7 +362,7 @@ header h1{font-size:17px;margin:0}header .mute{color:#aeb7c2}
 #conn.down{background:var(--err)}
 main{display:grid;grid-template-columns:repeat(auto-fit,minmax(460px,1fr));gap:12px;padding:12px}
 section{background:var(--card);border:1px solid var(--line);border-radius:6px;padding:10px 12px;
-min-width:0}section h2{font-size:14px;margin:0 0 8px}section.wide{grid-column:1/-1}
+min-width:0;overflow-x:auto}section h2{font-size:14px;margin:0 0 8px}section.wide{grid-column:1/-1}
 table{border-collapse:collapse;width:100%}th,td{text-align:left;padding:3px 6px;
 border-bottom:1px solid var(--line);white-space:nowrap}th{color:var(--mute);font-weight:500}
 td.num,th.num{text-align:right;font-variant-numeric:tabular-nums}
@@ -383,13 +385,14 @@ a{color:var(--busy)}
 <section><h2>Pools and queues <span class="mute">queue depth
 <b id="queue-depth-total" data-value="0">0</b></span></h2>
 <div id="pools"></div><svg id="depth-spark" width="100%" height="46"></svg></section>
-<section><h2>Capacity</h2><div id="capacity"></div></section>
-<section class="wide"><h2>Why tasks fail</h2><div id="failures"></div></section>
 <section><h2>Alerts</h2><div id="alerts"></div></section>
-<section><h2>Policies in force</h2><div id="policies"></div></section>
+<section class="wide"><h2>Capacity <span class="mute">(per pool: available, busy,
+pending)</span></h2><div id="capacity"></div></section>
+<section class="wide"><h2>Why tasks fail</h2><div id="failures"></div></section>
 <section class="wide"><h2>Workers</h2><div id="workers"></div></section>
-<section class="wide"><h2>Task stream <span class="mute">(latest tries per worker, last
-60 s)</span></h2><div id="stream"></div></section>
+<section class="wide"><h2>Task stream <span class="mute">(tries that ended in the last
+60 s, per worker)</span></h2><div id="stream"></div></section>
+<section><h2>Policies in force</h2><div id="policies"></div></section>
 </main>
 <script>
 "use strict";
@@ -407,7 +410,9 @@ function h(tag, attrs, ...kids) {
   }
   return el;
 }
-function put(id, ...kids) { const el = document.getElementById(id); el.replaceChildren(...kids); }
+function put(id, ...kids) {
+  document.getElementById(id).replaceChildren(...kids.flat().filter(k => k !== null));
+}
 function bytes(n) {
   if (!n) return "0 B";
   const u = ["B", "KiB", "MiB", "GiB", "TiB"]; let i = 0;
