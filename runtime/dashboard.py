@@ -391,7 +391,7 @@ pending)</span></h2><div id="capacity"></div></section>
 <section class="wide"><h2>Why tasks fail</h2><div id="failures"></div></section>
 <section class="wide"><h2>Workers</h2><div id="workers"></div></section>
 <section class="wide"><h2>Task stream <span class="mute">(tries that ended in the last
-60 s, per worker)</span></h2><div id="stream"></div></section>
+minute, per worker)</span></h2><div id="stream"></div></section>
 <section><h2>Policies in force</h2><div id="policies"></div></section>
 </main>
 <script>
@@ -515,7 +515,10 @@ function renderStream(s) {
   const workers = [...new Set(recent.map(t => t.worker))].sort();
   const left = 170, w = Math.max(document.getElementById("stream").clientWidth, 500) - 4;
   const row = 16, hgt = workers.length * row + 18, span = w - left;
-  const x = ago => left + span * (1 - Math.min(ago, 60) / 60);
+  // the window: the last 60 s, or less while fewer seconds have tries (10 s steps)
+  const win = Math.min(60, 10 * Math.ceil(Math.max(...recent.map(t => t.ago + t.duration),
+                                                   1) / 10));
+  const x = ago => left + span * (1 - Math.min(ago, win) / win);
   const svg = h("svg:svg", {width: w, height: hgt});
   workers.forEach((name, i) => svg.append(h("svg:text", {x: 0, y: i * row + 12,
     text: name.length > 28 ? "…" + name.slice(-27) : name})));
@@ -527,7 +530,7 @@ function renderStream(s) {
     r.append(h("svg:title", {text: t.key + " (" + t.outcome + ", " + secs(t.duration) + ")"}));
     svg.append(r);
   }
-  for (const s2 of [60, 45, 30, 15, 0]) svg.append(h("svg:text",
+  for (const s2 of [1, 0.75, 0.5, 0.25, 0].map(f => f * win)) svg.append(h("svg:text",
     {x: (x(s2) - (s2 ? 10 : 20)).toFixed(1), y: hgt - 2, text: s2 ? "-" + s2 + " s" : "now"}));
   put("stream", svg);
 }

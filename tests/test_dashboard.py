@@ -286,7 +286,7 @@ def browser(tmp_path: Path) -> Iterator[Any]:
     options.binary_location = CHROMIUM
     for arg in (
         "--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-        "--window-size=1400,1400", f"--user-data-dir={tmp_path / 'chromium'}",
+        "--window-size=1400,1150", f"--user-data-dir={tmp_path / 'chromium'}",
     ):  # fmt: skip
         options.add_argument(arg)
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
