@@ -220,6 +220,13 @@ class DashboardFeed:
                     tg.start_soon(self._send, page, text)
             await anyio.sleep(self.interval)
 
+    async def close(self) -> None:
+        """Close every open page's feed (the manager stops; the pages try again)."""
+        pages, self.pages = list(self.pages), set()
+        for page in pages:
+            with anyio.move_on_after(1.0):
+                await page.close(code=1001, message=b"the manager is stopping")
+
     async def _send(self, page: web.WebSocketResponse, text: str) -> None:
         with anyio.move_on_after(SEND_TIMEOUT) as scope:
             try:

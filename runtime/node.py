@@ -1078,6 +1078,7 @@ async def run_manager(
             return reply
 
         options = dict(listen_options or {})
+        feed: DashboardFeed | None = None
         if websockets:
             options.setdefault("http_routes", {"/metrics": metrics_route(fetch)})
             feed = DashboardFeed(_dashboard_sources(plane, fetch))
@@ -1128,6 +1129,8 @@ async def run_manager(
         if metrics_at is not None and metrics_ready is not None:
             metrics_ready(metrics_url)
         await stop.wait()
+        if feed is not None:
+            await feed.close()
         await listener.aclose()
         for peer in list(gateway.peers.values()):
             await peer.aclose()

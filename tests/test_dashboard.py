@@ -223,7 +223,7 @@ async def test_only_the_read_and_admin_tokens_open_the_dashboard(tmp_path: Path)
 @pytest.mark.anyio
 async def test_one_snapshot_per_interval_is_shared_by_every_page(tmp_path: Path) -> None:
     with Cli(tmp_path) as cli:
-        _, address = cli.manager()
+        manager, address = cli.manager()
         cli.worker(address)
         base, read = _base(address), cli.tokens(address)["read"]
         async with _session() as s:
@@ -245,9 +245,20 @@ async def test_one_snapshot_per_interval_is_shared_by_every_page(tmp_path: Path)
                     assert seqs == list(range(seqs[0], seqs[0] + 4)), seen
                 times = sorted(t for _, t in common)
                 assert all(b - a >= 0.9 for a, b in itertools.pairwise(times)), times
+
+                # The manager stops at once with pages open; they learn it (close 1001).
+                await anyio.to_thread.run_sync(cli.stop, [manager])
+                assert manager.returncode == 0  # not killed after Cli.stop's 10 s
+                with anyio.fail_after(10):
+                    for ws in pages:
+                        while (await ws.receive()).type not in CLOSED:
+                            pass
             finally:
                 for ws in pages:
                     await ws.close()
+
+
+CLOSED = (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSING, aiohttp.WSMsgType.CLOSED)
 
 
 # ----------------------------------------------------------------------------- Chromium

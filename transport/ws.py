@@ -1249,6 +1249,8 @@ class WebSocketListener(Listener):
         self.scheme = scheme
         self.http_routes = dict(http_routes or {})
         self.web_routes = dict(web_routes or {})
+        #: connections of web route requests being answered (closed with the listener)
+        self._browsing: set[Any] = set()
         self.host = host
         self.path = path
         self.port = port  #: the port listened on (known once started)
@@ -1382,6 +1384,8 @@ class WebSocketListener(Listener):
         self._site = None
         if site is not None:
             await site.stop()  # frees the port; established connections go on
+        for transport in list(self._browsing):  # a web route's websocket ends with it
+            transport.close()
         if runner is not None and not self._live:
             self._runner = None
             await runner.cleanup()
@@ -1483,7 +1487,13 @@ class WebSocketListener(Listener):
                 secure=self.scheme == "wss",
             )  # fmt: skip
             return moved
-        return await self.web_routes[request.path](request, role)
+        transport = request.transport
+        if transport is not None:
+            self._browsing.add(transport)
+        try:
+            return await self.web_routes[request.path](request, role)
+        finally:
+            self._browsing.discard(transport)
 
     async def _plain(self, request: web.Request) -> web.StreamResponse:
         """A plain HTTP GET of one of ``http_routes``, authenticated like a handshake
