@@ -1419,46 +1419,41 @@ class WebSocketListener(Listener):
             return None, None
         header = request.headers.get("Authorization", "")
         if not header and browser:
-            return self._authenticate_browser(request)
-        scheme, _, token = header.partition(" ")
-        token = token.strip()
-        if not header:
-            return None, self._refuse(
-                401,
-                "this Corral listener requires a token: send 'Authorization: Bearer <token>'",
-                'Bearer realm="corral"',
-            )
-        if scheme.lower() != "bearer" or not token:
-            return None, self._refuse(
-                401,
-                "malformed Authorization header: expected 'Bearer <token>'",
-                'Bearer realm="corral", error="invalid_request"',
-            )
+            token = request.query.get(TOKEN_PARAM) or request.cookies.get(self.cookie_name, "")
+            if not token:
+                return None, self._refuse(
+                    401,
+                    "this page needs a token of this Corral manager: open the URL the "
+                    f"manager printed at its start (it ends in ?{TOKEN_PARAM}=...), or send "
+                    "'Authorization: Bearer <token>'",
+                    'Bearer realm="corral"',
+                )
+        else:
+            scheme, _, token = header.partition(" ")
+            token = token.strip()
+            if not header:
+                return None, self._refuse(
+                    401,
+                    "this Corral listener requires a token: send 'Authorization: Bearer <token>'",
+                    'Bearer realm="corral"',
+                )
+            if scheme.lower() != "bearer" or not token:
+                return None, self._refuse(
+                    401,
+                    "malformed Authorization header: expected 'Bearer <token>'",
+                    'Bearer realm="corral", error="invalid_request"',
+                )
         role = self._role_of(token)
         if role is None:
+            hint = (
+                " (did the manager restart with new tokens?): open the URL the manager "
+                "printed at its start"
+                if browser
+                else ""
+            )
             return None, self._refuse(
                 403,
-                "the token is not valid for this Corral listener",
-                'Bearer realm="corral", error="invalid_token"',
-            )
-        return role, None
-
-    def _authenticate_browser(self, request: web.Request) -> tuple[str | None, web.Response | None]:
-        token = request.query.get(TOKEN_PARAM) or request.cookies.get(self.cookie_name)
-        if not token:
-            return None, self._refuse(
-                401,
-                "this page needs a token of this Corral manager: open the URL the manager "
-                f"printed at its start (it ends in ?{TOKEN_PARAM}=...), or send "
-                "'Authorization: Bearer <token>'",
-                'Bearer realm="corral"',
-            )
-        role = self._role_of(token)
-        if role is None:
-            return None, self._refuse(
-                403,
-                "the token is not valid for this Corral listener (did the manager restart "
-                "with new tokens?): open the URL the manager printed at its start",
+                "the token is not valid for this Corral listener" + hint,
                 'Bearer realm="corral", error="invalid_token"',
             )
         return role, None
