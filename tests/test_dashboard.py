@@ -207,6 +207,10 @@ async def test_only_the_read_and_admin_tokens_open_the_dashboard(tmp_path: Path)
                     assert snap["tasks_created"] == 0 and snap["workers"] == []
                 async with s.get(f"{base}{STORY_PATH}") as r:
                     assert r.status == 400 and "say which task" in await r.text()
+                async with s.get(f"{base}{STORY_PATH}", params={"key": "<b>nope</b>"}) as r:
+                    text = await r.text()
+                    assert r.status == 200 and "story-empty" in text
+                    assert "&lt;b&gt;nope&lt;/b&gt;" in text and "<b>nope" not in text
                 # The cookie opens the dashboard only: not /metrics, not the gateway.
                 async with s.get(f"{base}/metrics") as r:
                     assert r.status == 401
@@ -422,6 +426,8 @@ async def test_the_dashboard_in_chromium_follows_a_real_run(browser: Any, tmp_pa
                     "the task stream to show the finished tries",
                 )  # fmt: skip
                 await in_browser(page.screenshot, tmp_path / "dashboard.png")
+                # Once the alert monitor runs in the manager, a queue-time rule fires
+                # here: `await in_browser(page.wait_for_alert, "<rule name>")`.
                 gate.touch()
                 assert [await f for f in burst] == ["opened"] * 12
                 await in_browser(page.wait_for_empty_queue)
