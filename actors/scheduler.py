@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import linecache
 import time
-import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -22,6 +22,7 @@ from actors.scheduler_state import (
     CancelRequested,
     Command,
     DropData,
+    ErrorRecord,
     Evacuate,
     Event,
     Execute,
@@ -492,10 +493,31 @@ _NOT_A_LITERAL = (ValueError, SyntaxError, TypeError, MemoryError, RecursionErro
 _STATES = ("waiting", "queued", "processing", "memory", "released", "erred", "cancelled")
 
 
-#: The most characters of an error's text and of its traceback a failure group shows
-#: (the traceback keeps its end: the frame that raised and the error).
-MAX_ERROR_TEXT = 2_000
+#: The most characters of a traceback a failure group shows (it keeps its end: the
+#: frame that raised and the error).
 MAX_TRACEBACK_TEXT = 8_000
+
+_RELATIONS = {
+    "cause": "\nThe above exception was the direct cause of the following exception:\n\n",
+    "context": "\nDuring handling of the above exception, another exception occurred:\n\n",
+}
+
+
+def format_error(record: ErrorRecord) -> str:
+    """An :class:`ErrorRecord` as Python prints a traceback (source lines from files on
+    this machine, when they are there)."""
+    out: list[str] = []
+    for name, text, frames, relation in record.chain:
+        out.append(_RELATIONS.get(relation, ""))
+        if frames:
+            out.append("Traceback (most recent call last):\n")
+        for filename, lineno, function in frames:
+            out.append(f'  File "{filename}", line {lineno}, in {function}\n')
+            line = linecache.getline(filename, lineno).strip()
+            if line:
+                out.append(f"    {line}\n")
+        out.append(f"{name}: {text}\n" if text else f"{name}\n")
+    return "".join(out)
 
 
 def _failure_groups(st: SchedulerState, now: float) -> tuple[FailureGroupInfo, ...]:
@@ -507,8 +529,8 @@ def _failure_groups(st: SchedulerState, now: float) -> tuple[FailureGroupInfo, .
             error = f"worker {g.worker} was lost ({cause}) while running {g.key!r}"
             tb = ""
         else:
-            error = f"{type(g.error).__name__}: {g.error}"[:MAX_ERROR_TEXT]
-            tb = "".join(traceback.format_exception(g.error))[-MAX_TRACEBACK_TEXT:]
+            error = g.error.summary
+            tb = format_error(g.error)[-MAX_TRACEBACK_TEXT:]
         out.append(
             FailureGroupInfo(
                 category, cause, g.n, str(g.key), g.worker, g.outcome,

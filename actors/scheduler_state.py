@@ -120,9 +120,11 @@ __all__ = [
     "CancelRequested",
     "Command",
     "DropData",
+    "ErrorRecord",
     "Evacuate",
     "Event",
     "Execute",
+    "FailureGroup",
     "FileFact",
     "FileFacts",
     "FilesReleased",
@@ -151,6 +153,7 @@ __all__ = [
     "WorkerMemory",
     "WorkerState",
     "WorkerStateView",
+    "error_record",
 ]
 
 _NO_LIMIT = float("inf")  #: the memory limit of a worker that reports none (0)
@@ -759,6 +762,60 @@ class PoolWaits:
         self.total = 0.0
 
 
+Frame = tuple[str, int, str]  #: (file name, line number, function name)
+MAX_ERROR_FRAMES = 50  #: frames kept per exception (the innermost ones)
+MAX_ERROR_CHAIN = 5  #: exceptions kept of a chain (__cause__ / __context__)
+MAX_ERROR_CHARS = 2_000  #: characters kept of an exception's text
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ErrorRecord:
+    """An exception as plain data, for the failure groups: per exception of its chain
+    (the oldest first) its type name, its text, its frames and how it relates to the one
+    before ("cause", "context" or ""). It holds no frame: a traceback's frames keep
+    their locals (a task's inputs) alive, and a failure group lives long."""
+
+    chain: tuple[tuple[str, str, tuple[Frame, ...], str], ...]
+
+    @property
+    def summary(self) -> str:
+        """``Type: text`` of the exception itself."""
+        name, text, _, _ = self.chain[-1]
+        return f"{name}: {text}" if text else name
+
+
+def error_record(error: BaseException) -> ErrorRecord:
+    """``error`` as an :class:`ErrorRecord`: a walk over its frames (a few µs), no
+    formatting and no source lines."""
+    parts: list[tuple[str, str, tuple[Frame, ...], str]] = []
+    seen: set[int] = set()
+    exc: BaseException | None = error
+    while exc is not None and id(exc) not in seen and len(parts) < MAX_ERROR_CHAIN:
+        seen.add(id(exc))
+        try:
+            text = str(exc)[:MAX_ERROR_CHARS]
+        except Exception:  # a user's __str__ that raises
+            text = "(its text could not be read)"
+        frames: list[Frame] = []
+        tb = exc.__traceback__
+        while tb is not None:
+            code = tb.tb_frame.f_code
+            frames.append((code.co_filename, tb.tb_lineno or 0, code.co_name))
+            tb = tb.tb_next
+        if exc.__cause__ is not None:
+            older, relation = exc.__cause__, "cause"
+        elif exc.__context__ is not None and not exc.__suppress_context__:
+            older, relation = exc.__context__, "context"
+        else:
+            older, relation = None, ""
+        parts.append((type(exc).__name__, text, tuple(frames[-MAX_ERROR_FRAMES:]), relation))
+        exc = older
+    parts.reverse()  # the oldest first, as Python prints a chain: each part's relation
+    name, text, frames_, _ = parts[0]  # is to the one before it; the first has none
+    parts[0] = (name, text, frames_, "")
+    return ErrorRecord(tuple(parts))
+
+
 @dataclasses.dataclass(slots=True)
 class FailureGroup:
     """The failed tries of one (category, cause): how many, and the latest of them
@@ -769,7 +826,7 @@ class FailureGroup:
     key: Key
     worker: str
     outcome: str
-    error: BaseException | None
+    error: ErrorRecord | None
     at: float
 
 
@@ -1567,11 +1624,12 @@ class SchedulerState:
                 group = groups.get((category, cause))
             if group is None:
                 group = groups[(category, cause)] = FailureGroup(
-                    0, ts.key, wid, outcome, error, self._now
+                    0, ts.key, wid, outcome, None, self._now
                 )
         group.n += 1
         group.key, group.worker, group.outcome = ts.key, wid, outcome
-        group.error, group.at = error, self._now
+        group.error = error_record(error) if error is not None else None
+        group.at = self._now
 
     def _after_failure(
         self, ts: TaskState, outcome: str, cause: str | None, error: BaseException | None, wid: str

@@ -6,11 +6,13 @@ task's story), which saves a screenshot."""
 
 from __future__ import annotations
 
+import gc
 import itertools
 import json
 import os
 import shutil
 import time
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,8 +23,8 @@ import anyio
 import pytest
 
 from actors import scheduler_state
-from actors.scheduler import _failure_groups
-from actors.scheduler_state import SchedulerConfig, SchedulerState
+from actors.scheduler import _failure_groups, format_error
+from actors.scheduler_state import SchedulerConfig, SchedulerState, error_record
 from runtime import Cluster
 from runtime.dashboard import FEED_PATH, STORY_PATH, build_snapshot, dashboard_url
 from runtime.messages import (
@@ -54,7 +56,7 @@ def test_failure_groups_keep_the_count_and_the_latest_try() -> None:
 
     parse = st.failure_groups[("parse", "ValueError")]
     assert (parse.n, parse.key, parse.worker, parse.outcome) == (2, "parse-1", "w", "error")
-    assert str(parse.error) == "second"
+    assert parse.error is not None and parse.error.summary == "ValueError: second"
     lost = st.failure_groups[("load", "preempted")]
     assert (lost.n, lost.key, lost.outcome, lost.error) == (1, "load-0", "worker-lost", None)
     ended = [(r.key, r.outcome, category) for r, category, _ in st.recent_tries]
@@ -73,6 +75,42 @@ def test_failure_groups_keep_the_count_and_the_latest_try() -> None:
     assert "w was lost (preempted)" in groups[0].error and "load-0" in groups[0].error
     assert groups[1].error == "ValueError: second"
     assert groups[1].traceback.rstrip().endswith("ValueError: second")
+
+
+class _Big:
+    """A task's large input, held by a frame's locals."""
+
+
+def _fails_holding(big: _Big) -> None:
+    prices: dict[str, float] = {}
+    try:
+        prices["missing"]
+    except KeyError as exc:
+        raise ValueError(f"no price for {len(repr(big))} items") from exc
+
+
+def test_an_error_record_keeps_the_traceback_as_text_and_no_frame() -> None:
+    big = _Big()
+    alive = weakref.ref(big)
+    try:
+        _fails_holding(big)
+    except ValueError as exc:
+        record = error_record(exc)
+    del big
+    gc.collect()
+    assert alive() is None  # the frames (and the input in their locals) were let go
+    assert record.summary.startswith("ValueError: no price for")
+    assert [(name, relation) for name, _, _, relation in record.chain] == [
+        ("KeyError", ""),
+        ("ValueError", "cause"),
+    ]
+    text = format_error(record)
+    assert (
+        text.index("KeyError: 'missing'")
+        < text.index("direct cause")
+        < text.index("ValueError: no price for")
+    )
+    assert "in _fails_holding" in text and 'prices["missing"]' in text  # the source line
 
 
 def test_failure_groups_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
