@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import heapq
 import linecache
 import time
 from collections.abc import Callable
@@ -26,6 +27,7 @@ from actors.scheduler_state import (
     Evacuate,
     Event,
     Execute,
+    FailureGroup,
     FileFacts,
     FilesReleased,
     GraphSubmitted,
@@ -52,6 +54,7 @@ from policies.survival import Survival
 from runtime.errors import ActorStopped
 from runtime.kernel import Actor, ActorRef, Envelope, Later, current_causal_id, handles
 from runtime.messages import (
+    MAX_FAILURE_GROUPS_SHOWN,
     MAX_LISTING,
     MAX_STORY_KEYS,
     CancelRequest,
@@ -89,6 +92,7 @@ from runtime.messages import (
     TaskRecord,
     TasksDone,
     TasksQuery,
+    TryRecord,
     WaitForWorkersRequest,
     WorkerGone,
     WorkerHolds,
@@ -353,7 +357,7 @@ class Scheduler(Actor):
             m["memory_bytes"] = m.get("memory_bytes", 0) + report.memory_bytes
             m["spilled_bytes"] = m.get("spilled_bytes", 0) + report.spilled_bytes
             m["spilled_total"] = m.get("spilled_total", 0) + report.spilled_total
-        return {
+        out: dict[str, Any] = {
             "pools": {p: PoolMetrics(**m) for p, m in pools.items()},
             "categories": {
                 c: CategoryMetrics(
@@ -368,20 +372,14 @@ class Scheduler(Actor):
             "tasks_by_state": st.by_state,
             "tasks_created": st.created,
             "workers": len(st.workers),
-            "failure_groups": _failure_groups(st, now),
-            "recent_tries": tuple(
-                RecentTry(
-                    r.key,
-                    category,
-                    r.worker,
-                    r.outcome,
-                    max(r.stop - r.start, 0.0),
-                    max(now - at, 0.0),
-                    r.cause or "",
-                )
-                for r, category, at in st.recent_tries
-            ),
         }
+        if msg.details:  # the dashboard's: not for every Prometheus scrape
+            out["failure_groups"] = _failure_groups(st, now)
+            out["failure_groups_total"] = len(st.failure_groups)
+            out["recent_tries"] = tuple(
+                _recent_try(r, category, now - at) for r, category, at in st.recent_tries
+            )
+        return out
 
     @handles(WaitForWorkersRequest)
     def workers_ready(self, msg: WaitForWorkersRequest) -> Later:
@@ -520,11 +518,17 @@ def format_error(record: ErrorRecord) -> str:
     return "".join(out)
 
 
+def _at(item: tuple[Any, FailureGroup]) -> float:
+    return item[1].at
+
+
 def _failure_groups(st: SchedulerState, now: float) -> tuple[FailureGroupInfo, ...]:
-    """The core's failure groups, the most recent first, with their latest error as text
-    (formatted here, at read time, never when a try fails)."""
+    """The core's most recent failure groups (at most ``MAX_FAILURE_GROUPS_SHOWN``), the
+    latest first, with their latest error as text (formatted here, at read time, never
+    when a try fails)."""
+    latest = heapq.nlargest(MAX_FAILURE_GROUPS_SHOWN, st.failure_groups.items(), key=_at)
     out = []
-    for (category, cause), g in st.failure_groups.items():
+    for (category, cause), g in latest:
         if g.error is None:
             error = f"worker {g.worker} was lost ({cause}) while running {g.key!r}"
             tb = ""
@@ -537,8 +541,12 @@ def _failure_groups(st: SchedulerState, now: float) -> tuple[FailureGroupInfo, .
                 max(now - g.at, 0.0), error, tb,
             )
         )  # fmt: skip
-    out.sort(key=lambda g: g.ago)
     return tuple(out)
+
+
+def _recent_try(r: TryRecord, category: str, ago: float) -> RecentTry:
+    duration = max(r.stop - r.start, 0.0)
+    return RecentTry(r.key, category, r.worker, r.outcome, duration, max(ago, 0.0), r.cause or "")
 
 
 def _life(s: Survival) -> PoolLife:

@@ -141,6 +141,7 @@ def build_snapshot(
         "workers": workers,
         "stream": stream,
         "failures": [g.to_fields() for g in metrics.failure_groups],
+        "failure_groups": metrics.failure_groups_total,
         "alerts": [a.to_fields() for a in alerts.alerts],
         "alert_rules": len(alerts.rules),
         "audit": list(alerts.audit[-MAX_AUDIT:]),
@@ -547,7 +548,10 @@ function storyLink(key) {
 }
 function renderFailures(s) {
   if (!s.failures.length) return put("failures", empty("no task has failed"));
-  put("failures", s.failures.map(g => h("div", {class: "failure", "data-category": g.category,
+  const more = s.failure_groups - s.failures.length;
+  put("failures", more > 0 ? h("p", {class: "mute", text: "the " + s.failures.length +
+    " most recent of " + s.failure_groups + " groups"}) : null,
+    s.failures.map(g => h("div", {class: "failure", "data-category": g.category,
       "data-cause": g.cause},
     h("div", {}, h("b", {class: "count", text: g.n + " x"}), " ", h("b", {text: g.category}),
       " · " + g.cause + " (" + g.outcome + ") · latest ", storyLink(g.key),

@@ -468,7 +468,11 @@ class StatusRequest(Message):
 class MetricsRequest(Message):
     """-> manager: reply with a :class:`MetricsReply`, the numbers ``GET /metrics``
     exposes (docs/monitoring.md). Asked directly, the scheduler answers a dict of its
-    fields of the reply and the autoscaler a dict of ``blocks``."""
+    fields of the reply and the autoscaler a dict of ``blocks``. With ``details`` (the
+    dashboard) the reply also has the latest failure groups with their tracebacks and
+    the latest tries that ended; without, those stay empty."""
+
+    details: bool = False
 
 
 @message()
@@ -569,9 +573,10 @@ class MetricsReply(Message):
     """The manager's answer to :class:`MetricsRequest`: per pool (``"*"``: tasks any
     pool may run), per category, failures by cause, tasks by state, and per pool the
     autoscaler's blocks (empty without an autoscaler, or when it did not answer in
-    time: ``autoscaler_busy``). For the dashboard, besides: failures grouped by
-    category and cause with the latest of each (``failure_groups``, most recent first)
-    and the latest tries that ended (``recent_tries``, oldest first)."""
+    time: ``autoscaler_busy``). Asked with ``details``, besides: failures grouped by
+    category and cause with the latest of each (``failure_groups``, the most recent
+    groups first, at most ``MAX_FAILURE_GROUPS_SHOWN``; ``failure_groups_total``
+    counts them all) and the latest tries that ended (``recent_tries``, oldest first)."""
 
     pools: dict[str, PoolMetrics] = dataclasses.field(default_factory=dict)
     categories: dict[str, CategoryMetrics] = dataclasses.field(default_factory=dict)
@@ -582,7 +587,12 @@ class MetricsReply(Message):
     blocks: dict[str, BlockMetrics] = dataclasses.field(default_factory=dict)
     autoscaler_busy: bool = False
     failure_groups: tuple[FailureGroupInfo, ...] = ()
+    failure_groups_total: int = 0
     recent_tries: tuple[RecentTry, ...] = ()
+
+
+#: the most failure groups a detailed MetricsReply carries (the most recent ones)
+MAX_FAILURE_GROUPS_SHOWN = 50
 
 
 @message()

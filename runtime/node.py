@@ -990,11 +990,24 @@ async def _lifeline(*, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STAT
     await watch_lifeline()
 
 
-def _dashboard_sources(plane: ControlPlane, fetch: Callable[[], Awaitable[Any]]) -> Sources:
-    """What the dashboard asks the manager (runtime/dashboard.py): the metrics (as
-    ``/metrics`` does), the status, the alerts and a task's story."""
+def _dashboard_sources(plane: ControlPlane) -> Sources:
+    """What the dashboard asks the manager (runtime/dashboard.py): the metrics (those
+    of ``/metrics``, with the failure groups and the latest tries), the status, the
+    alerts and a task's story."""
     from runtime.dashboard import Sources
-    from runtime.messages import AlertsReply, AlertsRequest, StatusReply, StatusRequest
+    from runtime.messages import (
+        AlertsReply,
+        AlertsRequest,
+        MetricsReply,
+        MetricsRequest,
+        StatusReply,
+        StatusRequest,
+    )
+
+    async def metrics() -> MetricsReply:
+        reply = await plane.manager.ask(MetricsRequest(details=True), timeout=10.0)
+        assert isinstance(reply, MetricsReply)
+        return reply
 
     async def status() -> StatusReply:
         reply = await plane.manager.ask(StatusRequest(), timeout=10.0)
@@ -1010,7 +1023,7 @@ def _dashboard_sources(plane: ControlPlane, fetch: Callable[[], Awaitable[Any]])
         rows = await plane.manager.ask(StoryQuery((key,)), timeout=10.0)
         return [[str(x) for x in row] for row in rows]
 
-    return Sources(fetch, status, alerts, story)
+    return Sources(metrics, status, alerts, story)
 
 
 async def run_manager(
@@ -1081,7 +1094,7 @@ async def run_manager(
         feed: DashboardFeed | None = None
         if websockets:
             options.setdefault("http_routes", {"/metrics": metrics_route(fetch)})
-            feed = DashboardFeed(_dashboard_sources(plane, fetch))
+            feed = DashboardFeed(_dashboard_sources(plane))
             options.setdefault("web_routes", dashboard_routes(feed))
             await system.start_service(feed.run)
         gateway, listener = await serve_gateway(

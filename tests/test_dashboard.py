@@ -22,6 +22,7 @@ import aiohttp
 import anyio
 import pytest
 
+import actors.scheduler
 from actors import scheduler_state
 from actors.scheduler import _failure_groups, format_error
 from actors.scheduler_state import SchedulerConfig, SchedulerState, error_record
@@ -126,6 +127,9 @@ def test_failure_groups_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
         ("(other)", "(other)"): 2,
     }
     assert st.failures[("c", "error", "OSError")] == 1  # the counters stay exact
+    monkeypatch.setattr(actors.scheduler, "MAX_FAILURE_GROUPS_SHOWN", 1)
+    (latest,) = _failure_groups(st, now=100.0)  # the dashboard gets the most recent
+    assert (latest.category, latest.key, latest.error) == ("(other)", "c-0", "OSError: z")
 
 
 # ----------------------------------------------------------------------------- the snapshot
@@ -150,6 +154,7 @@ def _answers() -> tuple[MetricsReply, StatusReply, AlertsReply]:
         failure_groups=(
             FailureGroupInfo("parse", "ValueError", 3, "parse-7", "w1", "error", 2.0, "E"),
         ),
+        failure_groups_total=4,
         recent_tries=(RecentTry("parse-7", "parse", "w1", "error", 0.5, 2.0),),
     )
     workers = (WorkerInfo("w1", 2, 4 * GB, pool="cpu"), WorkerInfo("w2", 1, 2 * GB, pool="cpu"))
@@ -187,6 +192,7 @@ def test_the_snapshot_shows_pools_capacity_workers_failures_alerts_policies() ->
     assert w1["throttled"] and not w2["throttled"]
     assert (w1["spilled_bytes"], w2["rss"], w2["limit"]) == (5, GB, 2 * GB)
     assert snap["failures"][0]["n"] == 3 and snap["failures"][0]["key"] == "parse-7"
+    assert snap["failure_groups"] == 4  # the page says: the most recent 1 of 4
     assert snap["stream"][0]["outcome"] == "error"
     (alert,) = snap["alerts"]
     assert alert["state"] == "firing" and alert["fields"] == {"max_queue_size": 7.0}
