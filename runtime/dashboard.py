@@ -377,6 +377,7 @@ td.num,th.num{text-align:right;font-variant-numeric:tabular-nums}
 .big{font-size:20px;font-weight:600}.mute{color:var(--mute)}.empty{color:var(--mute);
 font-style:italic}
 .badge{display:inline-block;padding:0 7px;border-radius:9px;color:#fff;font-size:12px}
+.alert{margin:2px 0 10px}
 .firing{background:var(--err)}.pending{background:var(--warn)}.resolved{background:var(--ok)}
 .failure{border-left:4px solid var(--err);padding:4px 8px;margin:6px 0;background:#fdf3f3}
 .failure .err{font-family:ui-monospace,monospace;color:var(--err);white-space:pre-wrap;
