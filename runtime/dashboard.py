@@ -495,7 +495,8 @@ function renderCapacity(s) {
           (p.throttled ? ", " + p.throttled + " throttled" : "")}),
         h("td", {text: blocks + (p.blocks_pending ? " (" + p.blocks_pending +
           " pending, oldest " + secs(p.oldest_pending) + ")" : "") +
-          (p.target !== null ? "; target " + p.target : "")}));
+          (p.target !== null ? "; target " + p.target : "") +
+          (p.desired !== null && p.desired !== p.target ? ", policy wants " + p.desired : "")}));
     })));
 }
 function renderWorkers(s) {
