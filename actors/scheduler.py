@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import heapq
+import linecache
 import time
 from collections.abc import Callable
 from typing import Any
@@ -21,9 +23,11 @@ from actors.scheduler_state import (
     CancelRequested,
     Command,
     DropData,
+    ErrorRecord,
     Evacuate,
     Event,
     Execute,
+    FailureGroup,
     FileFacts,
     FilesReleased,
     GraphSubmitted,
@@ -50,6 +54,7 @@ from policies.survival import Survival
 from runtime.errors import ActorStopped
 from runtime.kernel import Actor, ActorRef, Envelope, Later, current_causal_id, handles
 from runtime.messages import (
+    MAX_FAILURE_GROUPS_SHOWN,
     MAX_LISTING,
     MAX_STORY_KEYS,
     CancelRequest,
@@ -63,6 +68,7 @@ from runtime.messages import (
     Evacuated,
     EvacuationPlan,
     FailureCount,
+    FailureGroupInfo,
     FileFactsMsg,
     FilesReleasedMsg,
     KeyUpdates,
@@ -73,6 +79,7 @@ from runtime.messages import (
     PolicyQuery,
     PoolLife,
     PoolMetrics,
+    RecentTry,
     RegisterWorker,
     ReleaseKeysRequest,
     RunTasks,
@@ -85,6 +92,7 @@ from runtime.messages import (
     TaskRecord,
     TasksDone,
     TasksQuery,
+    TryRecord,
     WaitForWorkersRequest,
     WorkerGone,
     WorkerHolds,
@@ -339,7 +347,8 @@ class Scheduler(Actor):
         """The scheduler's fields of a ``MetricsReply``: from the core's counters, its
         workers and their latest memory reports (never a scan of the tasks)."""
         st = self.state
-        pools = st.pool_metrics(self.clock.now())
+        now = self.clock.now()
+        pools = st.pool_metrics(now)
         for wid, report in self.memory.items():
             ws = st.workers.get(wid)
             if ws is None:
@@ -348,7 +357,7 @@ class Scheduler(Actor):
             m["memory_bytes"] = m.get("memory_bytes", 0) + report.memory_bytes
             m["spilled_bytes"] = m.get("spilled_bytes", 0) + report.spilled_bytes
             m["spilled_total"] = m.get("spilled_total", 0) + report.spilled_total
-        return {
+        out: dict[str, Any] = {
             "pools": {p: PoolMetrics(**m) for p, m in pools.items()},
             "categories": {
                 c: CategoryMetrics(
@@ -364,6 +373,13 @@ class Scheduler(Actor):
             "tasks_created": st.created,
             "workers": len(st.workers),
         }
+        if msg.details:  # the dashboard's: not for every Prometheus scrape
+            out["failure_groups"] = _failure_groups(st, now)
+            out["failure_groups_total"] = len(st.failure_groups)
+            out["recent_tries"] = tuple(
+                _recent_try(r, category, now - at) for r, category, at in st.recent_tries
+            )
+        return out
 
     @handles(WaitForWorkersRequest)
     def workers_ready(self, msg: WaitForWorkersRequest) -> Later:
@@ -473,6 +489,64 @@ _NOT_A_LITERAL = (ValueError, SyntaxError, TypeError, MemoryError, RecursionErro
 
 #: Task states a TasksQuery may filter on.
 _STATES = ("waiting", "queued", "processing", "memory", "released", "erred", "cancelled")
+
+
+#: The most characters of a traceback a failure group shows (it keeps its end: the
+#: frame that raised and the error).
+MAX_TRACEBACK_TEXT = 8_000
+
+_RELATIONS = {
+    "cause": "\nThe above exception was the direct cause of the following exception:\n\n",
+    "context": "\nDuring handling of the above exception, another exception occurred:\n\n",
+}
+
+
+def format_error(record: ErrorRecord) -> str:
+    """An :class:`ErrorRecord` as Python prints a traceback (source lines from files on
+    this machine, when they are there)."""
+    out: list[str] = []
+    for name, text, frames, relation in record.chain:
+        out.append(_RELATIONS.get(relation, ""))
+        if frames:
+            out.append("Traceback (most recent call last):\n")
+        for filename, lineno, function in frames:
+            out.append(f'  File "{filename}", line {lineno}, in {function}\n')
+            line = linecache.getline(filename, lineno).strip()
+            if line:
+                out.append(f"    {line}\n")
+        out.append(f"{name}: {text}\n" if text else f"{name}\n")
+    return "".join(out)
+
+
+def _at(item: tuple[Any, FailureGroup]) -> float:
+    return item[1].at
+
+
+def _failure_groups(st: SchedulerState, now: float) -> tuple[FailureGroupInfo, ...]:
+    """The core's most recent failure groups (at most ``MAX_FAILURE_GROUPS_SHOWN``), the
+    latest first, with their latest error as text (formatted here, at read time, never
+    when a try fails)."""
+    latest = heapq.nlargest(MAX_FAILURE_GROUPS_SHOWN, st.failure_groups.items(), key=_at)
+    out = []
+    for (category, cause), g in latest:
+        if g.error is None:
+            error = f"worker {g.worker} was lost ({cause}) while running {g.key!r}"
+            tb = ""
+        else:
+            error = g.error.summary
+            tb = format_error(g.error)[-MAX_TRACEBACK_TEXT:]
+        out.append(
+            FailureGroupInfo(
+                category, cause, g.n, str(g.key), g.worker, g.outcome,
+                max(now - g.at, 0.0), error, tb,
+            )
+        )  # fmt: skip
+    return tuple(out)
+
+
+def _recent_try(r: TryRecord, category: str, ago: float) -> RecentTry:
+    duration = max(r.stop - r.start, 0.0)
+    return RecentTry(r.key, category, r.worker, r.outcome, duration, max(ago, 0.0), r.cause or "")
 
 
 def _life(s: Survival) -> PoolLife:

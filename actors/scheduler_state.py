@@ -120,9 +120,11 @@ __all__ = [
     "CancelRequested",
     "Command",
     "DropData",
+    "ErrorRecord",
     "Evacuate",
     "Event",
     "Execute",
+    "FailureGroup",
     "FileFact",
     "FileFacts",
     "FilesReleased",
@@ -151,12 +153,15 @@ __all__ = [
     "WorkerMemory",
     "WorkerState",
     "WorkerStateView",
+    "error_record",
 ]
 
 _NO_LIMIT = float("inf")  #: the memory limit of a worker that reports none (0)
 MAX_LIVES = 1000  #: worker lives kept per pool for its survival estimate
 RECENT_WAITS = 1000  #: the latest waits served kept per pool, for the wait quantiles
 WAIT_QUANTILES = (0.5, 0.9, 0.99)  #: the wait quantiles the metrics give
+RECENT_TRIES = 300  #: the latest tries that ended (any outcome) kept for the task stream
+MAX_FAILURE_GROUPS = 1000  #: failure groups kept; later new causes count under "(other)"
 
 
 def quantile(ordered: list[float], q: float) -> float:
@@ -757,6 +762,74 @@ class PoolWaits:
         self.total = 0.0
 
 
+Frame = tuple[str, int, str]  #: (file name, line number, function name)
+MAX_ERROR_FRAMES = 50  #: frames kept per exception (the innermost ones)
+MAX_ERROR_CHAIN = 5  #: exceptions kept of a chain (__cause__ / __context__)
+MAX_ERROR_CHARS = 2_000  #: characters kept of an exception's text
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ErrorRecord:
+    """An exception as plain data, for the failure groups: per exception of its chain
+    (the oldest first) its type name, its text, its frames and how it relates to the one
+    before ("cause", "context" or ""). It holds no frame: a traceback's frames keep
+    their locals (a task's inputs) alive, and a failure group lives long."""
+
+    chain: tuple[tuple[str, str, tuple[Frame, ...], str], ...]
+
+    @property
+    def summary(self) -> str:
+        """``Type: text`` of the exception itself."""
+        name, text, _, _ = self.chain[-1]
+        return f"{name}: {text}" if text else name
+
+
+def error_record(error: BaseException) -> ErrorRecord:
+    """``error`` as an :class:`ErrorRecord`: a walk over its frames (a few µs), no
+    formatting and no source lines."""
+    parts: list[tuple[str, str, tuple[Frame, ...], str]] = []
+    seen: set[int] = set()
+    exc: BaseException | None = error
+    while exc is not None and id(exc) not in seen and len(parts) < MAX_ERROR_CHAIN:
+        seen.add(id(exc))
+        try:
+            text = str(exc)[:MAX_ERROR_CHARS]
+        except Exception:  # a user's __str__ that raises
+            text = "(its text could not be read)"
+        frames: list[Frame] = []
+        tb = exc.__traceback__
+        while tb is not None:
+            code = tb.tb_frame.f_code
+            frames.append((code.co_filename, tb.tb_lineno or 0, code.co_name))
+            tb = tb.tb_next
+        if exc.__cause__ is not None:
+            older, relation = exc.__cause__, "cause"
+        elif exc.__context__ is not None and not exc.__suppress_context__:
+            older, relation = exc.__context__, "context"
+        else:
+            older, relation = None, ""
+        parts.append((type(exc).__name__, text, tuple(frames[-MAX_ERROR_FRAMES:]), relation))
+        exc = older
+    parts.reverse()  # the oldest first, as Python prints a chain: each part's relation
+    name, text, frames_, _ = parts[0]  # is to the one before it; the first has none
+    parts[0] = (name, text, frames_, "")
+    return ErrorRecord(tuple(parts))
+
+
+@dataclasses.dataclass(slots=True)
+class FailureGroup:
+    """The failed tries of one (category, cause): how many, and the latest of them
+    (its task, worker, outcome, error and the core's time). Updated as each try fails,
+    never rebuilt from the tasks."""
+
+    n: int
+    key: Key
+    worker: str
+    outcome: str
+    error: ErrorRecord | None
+    at: float
+
+
 class SchedulerState:
     """The scheduler's state. Change it only through :meth:`handle`."""
 
@@ -820,6 +893,10 @@ class SchedulerState:
         self.pool_waits: dict[str, PoolWaits] = {}
         #: failed tries per (category, outcome, cause)
         self.failures: Counter[tuple[str, str, str]] = Counter()
+        #: per (category, cause): the count and latest failed try (:class:`FailureGroup`)
+        self.failure_groups: dict[tuple[str, str], FailureGroup] = {}
+        #: the latest tries that ended: (record, category, core time it ended)
+        self.recent_tries: deque[tuple[TryRecord, str, float]] = deque(maxlen=RECENT_TRIES)
         self._seq = itertools.count()
         # Per-handle scratch, flushed into commands at the end of handle().
         self._out: list[Command] = []
@@ -1076,12 +1153,12 @@ class SchedulerState:
         lives.append((self._now - ws.joined, ev.cause not in ON_PURPOSE))
         self._limits_changed()  # before its tasks go back to ready: they are checked
         for ts in sorted(ws.processing, key=_prio_key):
-            ts.tries.append(
-                TryRecord(str(ts.key), ws.id, ts.sent, self._now, "worker-lost", ev.cause)
+            self._try_ended(
+                ts, TryRecord(str(ts.key), ws.id, ts.sent, self._now, "worker-lost", ev.cause)
             )
             ts.lost_tries += 1
             self._stat(ts).lost += 1
-            self.failures[(ts.spec.category, "worker-lost", ev.cause)] += 1
+            self._failed_try(ts, "worker-lost", ev.cause, None, ws.id)
             ts.worker = None
             self._after_failure(ts, "worker-lost", ev.cause, None, ws.id)
         ws.processing.clear()
@@ -1138,13 +1215,13 @@ class SchedulerState:
                 else:
                     stat.errors += 1
                 cause = type(error).__name__ if error is not None else res.outcome
-                self.failures[(ts.spec.category, res.outcome, cause)] += 1
-                ts.tries.append(
-                    TryRecord(str(ts.key), ws.id, res.start, res.stop, res.outcome, None)
+                self._try_ended(
+                    ts, TryRecord(str(ts.key), ws.id, res.start, res.stop, res.outcome, None)
                 )
                 if res.outcome == "oom":
                     limit = ws.memory
                     error = TaskOutOfMemory(str(ts.key), ws.id, res.rss, limit, ts.oom_tries)
+                self._failed_try(ts, res.outcome, cause, error, ws.id)
                 self._after_failure(ts, res.outcome, None, error, ws.id)
 
     def _cancel_requested(self, ev: CancelRequested) -> None:
@@ -1453,7 +1530,7 @@ class SchedulerState:
         )
 
     def _finished_ok(self, ts: TaskState, ws: WorkerState, res: TaskResult) -> None:
-        ts.tries.append(TryRecord(str(ts.key), ws.id, res.start, res.stop, "ok", None))
+        self._try_ended(ts, TryRecord(str(ts.key), ws.id, res.start, res.stop, "ok", None))
         grown = res.nbytes - ts.nbytes  # not 0 only once per task, unless recomputed
         ts.nbytes = res.nbytes
         stat = self._stat(ts)
@@ -1527,6 +1604,32 @@ class SchedulerState:
         """A processing task returns to waiting or queued, by its inputs' states."""
         for d in self._wait_or_queue(ts):
             self._recompute(d)
+
+    def _try_ended(self, ts: TaskState, record: TryRecord) -> None:
+        ts.tries.append(record)
+        self.recent_tries.append((record, ts.spec.category, self._now))
+
+    def _failed_try(
+        self, ts: TaskState, outcome: str, cause: str, error: BaseException | None, wid: str
+    ) -> None:
+        """Count a failed try by (category, outcome, cause) and keep it as the latest of
+        its (category, cause) group: O(1), no scan."""
+        category = ts.spec.category
+        self.failures[(category, outcome, cause)] += 1
+        groups = self.failure_groups
+        group = groups.get((category, cause))
+        if group is None:
+            if len(groups) >= MAX_FAILURE_GROUPS:
+                category, cause = "(other)", "(other)"  # bounded, whatever the causes
+                group = groups.get((category, cause))
+            if group is None:
+                group = groups[(category, cause)] = FailureGroup(
+                    0, ts.key, wid, outcome, None, self._now
+                )
+        group.n += 1
+        group.key, group.worker, group.outcome = ts.key, wid, outcome
+        group.error = error_record(error) if error is not None else None
+        group.at = self._now
 
     def _after_failure(
         self, ts: TaskState, outcome: str, cause: str | None, error: BaseException | None, wid: str

@@ -407,6 +407,10 @@ def _cmd_manager(args: argparse.Namespace) -> int:
 
     def ready(address: str, tokens: Tokens) -> None:
         print(f"manager listening on {address}", flush=True)
+        if address.startswith(("ws://", "wss://")):
+            from runtime.dashboard import dashboard_url
+
+            print(f"dashboard on {dashboard_url(address, tokens.read)}", flush=True)
 
     token_file = Path(args.token_file) if args.token_file else None
     pools = load_config(args.config) if args.config else None  # refused before it starts

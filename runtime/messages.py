@@ -468,7 +468,11 @@ class StatusRequest(Message):
 class MetricsRequest(Message):
     """-> manager: reply with a :class:`MetricsReply`, the numbers ``GET /metrics``
     exposes (docs/monitoring.md). Asked directly, the scheduler answers a dict of its
-    fields of the reply and the autoscaler a dict of ``blocks``."""
+    fields of the reply and the autoscaler a dict of ``blocks``. With ``details`` (the
+    dashboard) the reply also has the latest failure groups with their tracebacks and
+    the latest tries that ended; without, those stay empty."""
+
+    details: bool = False
 
 
 @message()
@@ -518,6 +522,40 @@ class FailureCount(Message):
 
 
 @message()
+class FailureGroupInfo(Message):
+    """The failed tries of one task ``category`` for one ``cause`` (the exception's type,
+    or why the worker was lost): ``n`` of them, and the latest one's task ``key``,
+    ``worker``, ``outcome``, seconds since it failed (``ago``), its ``error``
+    (``Type: message``) and ``traceback`` text (empty when there is none, as for a lost
+    worker)."""
+
+    category: str
+    cause: str
+    n: int
+    key: str
+    worker: str
+    outcome: str
+    ago: float
+    error: str
+    traceback: str = ""
+
+
+@message()
+class RecentTry(Message):
+    """A try that ended: its task ``key`` and ``category``, the ``worker``, how it ended
+    (``outcome``, and ``cause`` for a lost worker), how long it ran and how many seconds
+    ago it ended (``ago``)."""
+
+    key: str
+    category: str
+    worker: str
+    outcome: str
+    duration: float
+    ago: float
+    cause: str = ""
+
+
+@message()
 class BlockMetrics(Message):
     """One pool, from the autoscaler's core: its blocks by state (``requested``: asked of
     the provider, no answer yet; then the provider's words, e.g. pending, running), the
@@ -541,7 +579,10 @@ class MetricsReply(Message):
     """The manager's answer to :class:`MetricsRequest`: per pool (``"*"``: tasks any
     pool may run), per category, failures by cause, tasks by state, and per pool the
     autoscaler's blocks (empty without an autoscaler, or when it did not answer in
-    time: ``autoscaler_busy``)."""
+    time: ``autoscaler_busy``). Asked with ``details``, besides: failures grouped by
+    category and cause with the latest of each (``failure_groups``, the most recent
+    groups first, at most ``MAX_FAILURE_GROUPS_SHOWN``; ``failure_groups_total``
+    counts them all) and the latest tries that ended (``recent_tries``, oldest first)."""
 
     pools: dict[str, PoolMetrics] = dataclasses.field(default_factory=dict)
     categories: dict[str, CategoryMetrics] = dataclasses.field(default_factory=dict)
@@ -551,6 +592,13 @@ class MetricsReply(Message):
     workers: int = 0
     blocks: dict[str, BlockMetrics] = dataclasses.field(default_factory=dict)
     autoscaler_busy: bool = False
+    failure_groups: tuple[FailureGroupInfo, ...] = ()
+    failure_groups_total: int = 0
+    recent_tries: tuple[RecentTry, ...] = ()
+
+
+#: the most failure groups a detailed MetricsReply carries (the most recent ones)
+MAX_FAILURE_GROUPS_SHOWN = 50
 
 
 @message()

@@ -130,6 +130,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from runtime.dashboard import Sources
     from transport.base import Listener
 
 _log = get_logger("corral.node")
@@ -1032,6 +1033,42 @@ async def _lifeline(*, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STAT
     await watch_lifeline()
 
 
+def _dashboard_sources(plane: ControlPlane) -> Sources:
+    """What the dashboard asks the manager (runtime/dashboard.py): the metrics (those
+    of ``/metrics``, with the failure groups and the latest tries), the status, the
+    alerts and a task's story."""
+    from runtime.dashboard import Sources
+    from runtime.messages import (
+        AlertsReply,
+        AlertsRequest,
+        MetricsReply,
+        MetricsRequest,
+        StatusReply,
+        StatusRequest,
+    )
+
+    async def metrics() -> MetricsReply:
+        reply = await plane.manager.ask(MetricsRequest(details=True), timeout=10.0)
+        assert isinstance(reply, MetricsReply)
+        return reply
+
+    async def status() -> StatusReply:
+        reply = await plane.manager.ask(StatusRequest(), timeout=10.0)
+        assert isinstance(reply, StatusReply)
+        return reply
+
+    async def alerts() -> AlertsReply:
+        reply = await plane.manager.ask(AlertsRequest(), timeout=10.0)
+        assert isinstance(reply, AlertsReply)
+        return reply
+
+    async def story(key: str) -> list[list[str]]:
+        rows = await plane.manager.ask(StoryQuery((key,)), timeout=10.0)
+        return [[str(x) for x in row] for row in rows]
+
+    return Sources(metrics, status, alerts, story)
+
+
 async def run_manager(
     listen: str,
     *,
@@ -1052,7 +1089,8 @@ async def run_manager(
     ``listen`` (``host:port``, ``ws://host:port`` or any transport address).
 
     Metrics (docs/monitoring.md): a websocket gateway also answers ``GET /metrics``
-    (Prometheus' text format) to the read or admin token; ``metrics_listen``
+    (Prometheus' text format) and serves the live dashboard (``GET /``,
+    runtime/dashboard.py) to the read or admin token; ``metrics_listen``
     (``host:port``) serves them besides without authentication, and
     ``metrics_ready`` is called with its ``http://host:port/metrics`` URL.
 
@@ -1101,6 +1139,7 @@ async def run_manager(
         plane = await start_control_plane(
             system, policies=policies, drain_period=pool_drain_period(pools), alerting=alerting
         )
+        from runtime.dashboard import DashboardFeed, dashboard_routes
         from runtime.metrics import metrics_route, serve_metrics
 
         async def fetch() -> MetricsReply:
@@ -1109,8 +1148,12 @@ async def run_manager(
             return reply
 
         options = dict(listen_options or {})
+        feed: DashboardFeed | None = None
         if websockets:
             options.setdefault("http_routes", {"/metrics": metrics_route(fetch)})
+            feed = DashboardFeed(_dashboard_sources(plane))
+            options.setdefault("web_routes", dashboard_routes(feed))
+            await system.start_service(feed.run)
         gateway, listener = await serve_gateway(
             plane,
             address,
@@ -1158,6 +1201,8 @@ async def run_manager(
         if metrics_at is not None and metrics_ready is not None:
             metrics_ready(metrics_url)
         await stop.wait()
+        if feed is not None:
+            await feed.close()
         await listener.aclose()
         for peer in list(gateway.peers.values()):
             await peer.aclose()

@@ -146,6 +146,12 @@ DEFAULT_BACKLOG = 1024
 #: A plain HTTP GET route of a listener (its ``http_routes`` option): called with the
 #: caller's role (None on a listener without tokens), answers (status, body, content type).
 HttpRoute = Callable[[str | None], Awaitable[tuple[int, bytes, str]]]
+#: A browser route of a listener (its ``web_routes`` option): an aiohttp handler called
+#: with the request and the caller's role once the request is authenticated; it answers
+#: with any aiohttp response, a ``web.WebSocketResponse`` included (a live page's feed).
+WebRoute = Callable[[web.Request, str | None], Awaitable[web.StreamResponse]]
+#: The query parameter that carries a token to a browser route once (then a cookie does).
+TOKEN_PARAM = "token"
 #: Largest data message a connection whose role is not trusted accepts until the
 #: application raises its limits with :meth:`WebSocketConnection.set_limits`.
 DEFAULT_INITIAL_MAX_MESSAGE_BYTES = 64 * 1024
@@ -1238,11 +1244,16 @@ class WebSocketListener(Listener):
         backlog: int,
         guard: _ListenLimits,
         http_routes: Mapping[str, HttpRoute] | None = None,
+        web_routes: Mapping[str, WebRoute] | None = None,
     ) -> None:
         self.scheme = scheme
         self.http_routes = dict(http_routes or {})
+        self.web_routes = dict(web_routes or {})
+        #: connections of web route requests being answered (closed with the listener)
+        self._browsing: set[Any] = set()
         self.host = host
         self.path = path
+        self.port = port  #: the port listened on (known once started)
         self.address = _format(scheme, host, port, path)
         self.options = options
         self.max_buffer = options.max_buffer
@@ -1300,6 +1311,9 @@ class WebSocketListener(Listener):
         app.router.add_get(self.path or "/", self._handle)
         for route in self.http_routes:
             app.router.add_get(route, self._plain)
+        for route in self.web_routes:
+            if route != (self.path or "/"):  # else _handle tells the two apart
+                app.router.add_get(route, self._web)
         # aiohttp's keep-alive timer starts when a connection is made and closes it if no
         # complete request arrived by then: the header read timeout (slow or idle
         # clients). A websocket, once upgraded, is not subject to it.
@@ -1336,9 +1350,10 @@ class WebSocketListener(Listener):
             await runner.cleanup()
             raise
         self._runner, self._site = runner, site
+        self.port = port
         if port == 0:
-            bound = runner.addresses[0]
-            self.address = _format(self.scheme, self.host, int(bound[1]), self.path)
+            self.port = int(runner.addresses[0][1])
+            self.address = _format(self.scheme, self.host, self.port, self.path)
 
     async def accept(self) -> Connection:
         while not self._pending:
@@ -1369,6 +1384,8 @@ class WebSocketListener(Listener):
         self._site = None
         if site is not None:
             await site.stop()  # frees the port; established connections go on
+        for transport in list(self._browsing):  # a web route's websocket ends with it
+            transport.close()
         if runner is not None and not self._live:
             self._runner = None
             await runner.cleanup()
@@ -1380,37 +1397,98 @@ class WebSocketListener(Listener):
         response.force_close()
         return response
 
-    def _authenticate(self, request: web.Request) -> tuple[str | None, web.Response | None]:
-        """(role, None) if the request may connect, else (None, refusal)."""
-        if not self.auth_required:
-            return None, None
-        header = request.headers.get("Authorization", "")
-        scheme, _, token = header.partition(" ")
-        token = token.strip()
-        if not header:
-            return None, self._refuse(
-                401,
-                "this Corral listener requires a token: send 'Authorization: Bearer <token>'",
-                'Bearer realm="corral"',
-            )
-        if scheme.lower() != "bearer" or not token:
-            return None, self._refuse(
-                401,
-                "malformed Authorization header: expected 'Bearer <token>'",
-                'Bearer realm="corral", error="invalid_request"',
-            )
+    @property
+    def cookie_name(self) -> str:
+        """The cookie that carries a browser's token: one per port (cookies are not)."""
+        return f"corral_token_{self.port}"
+
+    def _role_of(self, token: str) -> str | None:
         digest = _token_digest(token)
         role: str | None = None
         for known, known_role in self._tokens:  # no early exit: same time for every token
             if hmac.compare_digest(known, digest):
                 role = known_role
+        return role
+
+    def _authenticate(
+        self, request: web.Request, *, browser: bool = False
+    ) -> tuple[str | None, web.Response | None]:
+        """(role, None) if the request may connect, else (None, refusal). A ``browser``
+        route also takes the token from ``?token=`` or from the listener's cookie."""
+        if not self.auth_required:
+            return None, None
+        header = request.headers.get("Authorization", "")
+        if not header and browser:
+            token = request.query.get(TOKEN_PARAM) or request.cookies.get(self.cookie_name, "")
+            if not token:
+                return None, self._refuse(
+                    401,
+                    "this page needs a token of this Corral manager: open the URL the "
+                    f"manager printed at its start (it ends in ?{TOKEN_PARAM}=...), or send "
+                    "'Authorization: Bearer <token>'",
+                    'Bearer realm="corral"',
+                )
+        else:
+            scheme, _, token = header.partition(" ")
+            token = token.strip()
+            if not header:
+                return None, self._refuse(
+                    401,
+                    "this Corral listener requires a token: send 'Authorization: Bearer <token>'",
+                    'Bearer realm="corral"',
+                )
+            if scheme.lower() != "bearer" or not token:
+                return None, self._refuse(
+                    401,
+                    "malformed Authorization header: expected 'Bearer <token>'",
+                    'Bearer realm="corral", error="invalid_request"',
+                )
+        role = self._role_of(token)
         if role is None:
+            hint = (
+                " (did the manager restart with new tokens?): open the URL the manager "
+                "printed at its start"
+                if browser
+                else ""
+            )
             return None, self._refuse(
                 403,
-                "the token is not valid for this Corral listener",
+                "the token is not valid for this Corral listener" + hint,
                 'Bearer realm="corral", error="invalid_token"',
             )
         return role, None
+
+    async def _web(self, request: web.Request) -> web.StreamResponse:
+        """A request to one of ``web_routes`` (for browsers): refused across origins (a
+        page of another site or port may not use this browser's cookie), authenticated
+        by header, ``?token=`` or cookie. A token in the URL is moved into an HttpOnly,
+        SameSite=Strict cookie and the browser sent back to the URL without it."""
+        if self._closed:
+            return self._refuse(503, "this Corral listener is closing")
+        origin = request.headers.get("Origin")
+        if origin is not None and origin != f"{request.scheme}://{request.host}":
+            return self._refuse(403, f"cross-origin request from {origin} refused")
+        role, refusal = self._authenticate(request, browser=True)
+        if refusal is not None:
+            return refusal
+        token = request.query.get(TOKEN_PARAM)
+        if token and self.auth_required:
+            rest = [(k, v) for k, v in request.query.items() if k != TOKEN_PARAM]
+            moved = web.Response(
+                status=303, headers={"Location": str(request.rel_url.with_query(rest))}
+            )
+            moved.set_cookie(
+                self.cookie_name, token, path="/", httponly=True, samesite="Strict",
+                secure=self.scheme == "wss",
+            )  # fmt: skip
+            return moved
+        transport = request.transport
+        if transport is not None:
+            self._browsing.add(transport)
+        try:
+            return await self.web_routes[request.path](request, role)
+        finally:
+            self._browsing.discard(transport)
 
     async def _plain(self, request: web.Request) -> web.StreamResponse:
         """A plain HTTP GET of one of ``http_routes``, authenticated like a handshake
@@ -1426,6 +1504,8 @@ class WebSocketListener(Listener):
         return web.Response(status=status, body=body, headers={"Content-Type": content_type})
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
+        if request.path in self.web_routes and not _is_upgrade(request):
+            return await self._web(request)  # a page at the websocket's own path
         handler = request.protocol
         self._upgrading.add(handler)  # its request is complete: not a slowloris
         try:
@@ -1506,6 +1586,10 @@ class WebSocketListener(Listener):
         return ws
 
 
+def _is_upgrade(request: web.Request) -> bool:
+    return request.headers.get("Upgrade", "").lower() == "websocket"
+
+
 class _GuardedSite(web.TCPSite):
     """aiohttp's TCPSite, with a hook run as each TCP connection arrives (before its
     protocol exists) and a bound on the TLS handshake."""
@@ -1564,18 +1648,23 @@ class WebSocketBackend(Backend):
     authentication), ``trusted_roles``, ``initial_max_message_bytes``,
     ``handshake_timeout``, ``max_handshakes``, ``backlog`` and ``http_routes`` (path ->
     :data:`HttpRoute`: plain HTTP GETs served besides the websocket, authenticated as
-    handshakes are). ``connect`` takes the
-    first eight, plus ``token``. See ``docs/transport.md``.
+    handshakes are) and ``web_routes`` (path -> :data:`WebRoute`: routes for browsers,
+    websockets included, that also take the token from ``?token=`` once, then from a
+    cookie). ``connect`` takes the first eight, plus ``token``. See
+    ``docs/transport.md``.
     """
 
     async def listen(self, uri: str, **options: Any) -> WebSocketListener:
         scheme, host, port, path = _parse(uri, listening=True)
         tokens = options.pop("tokens", None)
         http_routes = options.pop("http_routes", None)
+        web_routes = options.pop("web_routes", None)
         backlog = options.pop("backlog", DEFAULT_BACKLOG)
         names = _ListenLimits.__slots__
         limits = {k: options.pop(k) for k in names if k in options}
-        opts = _Options(scheme, "listen", options, ("tokens", "backlog", "http_routes", *names))
+        opts = _Options(
+            scheme, "listen", options, ("tokens", "backlog", "http_routes", "web_routes", *names)
+        )
         guard = _ListenLimits(limits, opts.max_message_bytes)
         if isinstance(backlog, bool) or not isinstance(backlog, int) or backlog < 1:
             raise ValueError(f"ws option backlog must be an int >= 1, got {backlog!r}")
@@ -1592,7 +1681,7 @@ class WebSocketBackend(Backend):
             tokens = dict(tokens)
         listener = WebSocketListener(
             scheme, host, port, path, options=opts, tokens=tokens, backlog=backlog, guard=guard,
-            http_routes=http_routes,
+            http_routes=http_routes, web_routes=web_routes,
         )  # fmt: skip
         await listener._start(port)
         return listener

@@ -1,0 +1,626 @@
+"""The live dashboard of a manager: one self-contained HTML page (``GET /``) fed over a
+websocket (``GET /dashboard/ws``) with a JSON snapshot every second, and a read-only
+story page per task (``GET /dashboard/story?key=...``).
+
+Served by the manager's own listener (its ``web_routes``, see ``transport/ws.py``) to
+the read and admin tokens. A browser cannot send an Authorization header, so the
+printed URL carries the read token once (``/?token=...``); the listener moves it into
+an HttpOnly, SameSite=Strict cookie and sends the browser back to ``/`` without it
+(docs/monitoring.md, "Live dashboard").
+
+One :class:`DashboardFeed` per manager builds the snapshot at most once per interval,
+from the same answers as ``/metrics`` (:class:`MetricsReply`), the status
+(:class:`StatusReply`) and the alerts (:class:`AlertsReply`), and sends the same text to
+every page that is open; with no page open it asks nothing. :func:`build_snapshot` is
+a plain function of those three answers.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote, urlsplit
+
+import anyio
+from aiohttp import WSMsgType, web
+
+from runtime.messages import (
+    AlertsReply,
+    FailureGroupInfo,
+    MetricsReply,
+    StatusReply,
+    WorkerMemoryReport,
+)
+from runtime.metrics import READ_ROLES
+
+__all__ = [
+    "DASHBOARD_PATH",
+    "FEED_PATH",
+    "STORY_PATH",
+    "DashboardFeed",
+    "Sources",
+    "build_snapshot",
+    "dashboard_routes",
+    "dashboard_url",
+]
+
+DASHBOARD_PATH = "/"  #: the page
+FEED_PATH = "/dashboard/ws"  #: its live feed (a websocket)
+STORY_PATH = "/dashboard/story"  #: a task's story (``?key=...``)
+INTERVAL = 1.0  #: seconds between snapshots
+SEND_TIMEOUT = 5.0  #: a page that takes longer to take a snapshot is closed
+MAX_STREAM = 300  #: tries in the task stream
+MAX_AUDIT = 20  #: latest audit lines of the alert monitor shown
+
+
+def dashboard_url(address: str, token: str) -> str:
+    """The URL to open: the manager's ``ws://host:port`` as ``http://host:port/?token=``."""
+    parts = urlsplit(address)
+    scheme = "https" if parts.scheme == "wss" else "http"
+    return f"{scheme}://{parts.netloc}{DASHBOARD_PATH}?token={quote(token)}"
+
+
+# ----------------------------------------------------------------------------- snapshot
+
+
+def _pool_label(name: str) -> str:
+    return "any pool" if name == "*" else name
+
+
+def _worker(
+    info: Any, running: int, report: WorkerMemoryReport | None, status: StatusReply
+) -> dict[str, Any]:
+    rss = report.rss if report is not None else status.rss.get(info.worker_id, 0)
+    return {
+        "id": info.worker_id, "pool": info.pool, "cores": info.cores, "running": running,
+        "rss": rss, "limit": report.limit if report is not None else info.memory,
+        "throttle_at": report.throttle_at if report is not None else 0,
+        "memory_bytes": report.memory_bytes if report is not None else 0,
+        "spilled_bytes": report.spilled_bytes if report is not None else 0,
+        "spilled_total": report.spilled_total if report is not None else 0,
+        "throttled": info.worker_id in status.throttled,
+        "draining": info.worker_id in status.draining,
+    }  # fmt: skip
+
+
+def build_snapshot(
+    metrics: MetricsReply, status: StatusReply, alerts: AlertsReply, now: float
+) -> dict[str, Any]:
+    """What the page shows, as JSON-ready data, from one answer of each kind (``now``:
+    the wall-clock time of the snapshot)."""
+    workers = [
+        _worker(w, status.processing.get(w.worker_id, 0), status.memory.get(w.worker_id), status)
+        for w in sorted(status.workers, key=lambda w: (w.pool, w.worker_id))
+    ]
+    names = set(metrics.pools) | set(metrics.blocks) | {w["pool"] for w in workers}
+    pools = []
+    for name in sorted(names, key=lambda n: (n == "*", n)):
+        m = metrics.pools.get(name)
+        b = metrics.blocks.get(name)
+        mine = [w for w in workers if w["pool"] == name]
+        states = dict(b.states) if b is not None else {}
+        q = m.wait_quantiles if m is not None else {}
+        pools.append(
+            {
+                "name": name,
+                "label": _pool_label(name),
+                "queue_depth": m.queue_depth if m is not None else 0,
+                "oldest_wait": m.oldest_wait if m is not None else 0.0,
+                "wait_p50": q.get("0.5"),
+                "wait_p90": q.get("0.9"),
+                "waits": m.waits if m is not None else 0,
+                "running": m.running if m is not None else 0,
+                "workers": dict(m.workers) if m is not None else {},
+                "throttled": m.throttled if m is not None else 0,
+                "cores": sum(w["cores"] for w in mine),
+                "cores_busy": sum(min(w["running"], w["cores"]) for w in mine),
+                "memory_limit": sum(w["limit"] for w in mine),
+                "rss": sum(w["rss"] for w in mine),
+                "spilled_bytes": m.spilled_bytes if m is not None else 0,
+                "blocks": states,
+                "blocks_pending": sum(n for s, n in states.items() if s != "running"),
+                "oldest_pending": b.oldest_pending if b is not None else 0.0,
+                "target": b.target if b is not None else None,
+                "desired": b.desired if b is not None else None,
+            }
+        )
+    policies = dict(status.policies)
+    if status.autoscaler is not None and status.autoscaler.policy:
+        policies["scaling"] = status.autoscaler.policy
+    stream = [t.to_fields() for t in metrics.recent_tries[-MAX_STREAM:]]
+    return {
+        "time": now,
+        "tasks_by_state": dict(metrics.tasks_by_state),
+        "tasks_created": metrics.tasks_created,
+        "queue_depth": sum(p["queue_depth"] for p in pools),
+        "pools": pools,
+        "workers": workers,
+        "stream": stream,
+        "failures": [g.to_fields() for g in metrics.failure_groups],
+        "failure_groups": metrics.failure_groups_total,
+        "alerts": [a.to_fields() for a in alerts.alerts],
+        "alert_rules": len(alerts.rules),
+        "audit": list(alerts.audit[-MAX_AUDIT:]),
+        "policies": policies,
+        "policy_errors": status.policy_errors,
+        "autoscaler_busy": metrics.autoscaler_busy or status.autoscaler_busy,
+    }
+
+
+# ----------------------------------------------------------------------------- the feed
+
+
+@dataclass(frozen=True)
+class Sources:
+    """How the feed asks the manager: one coroutine function per answer."""
+
+    metrics: Callable[[], Awaitable[MetricsReply]]
+    status: Callable[[], Awaitable[StatusReply]]
+    alerts: Callable[[], Awaitable[AlertsReply]]
+    story: Callable[[str], Awaitable[list[list[str]]]]
+
+
+class DashboardFeed:
+    """Builds one snapshot per interval while some page is open and sends it to all of
+    them: the cost does not grow with the pages (``builds`` counts snapshots built)."""
+
+    def __init__(
+        self,
+        sources: Sources,
+        *,
+        interval: float = INTERVAL,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.sources = sources
+        self.interval = interval
+        self.clock = clock
+        self.pages: set[web.WebSocketResponse] = set()
+        self.builds = 0
+        self.errors = 0  #: snapshots that could not be built (the manager did not answer)
+        self.latest: str | None = None  #: the latest snapshot as sent
+        self._opened = anyio.Event()
+
+    async def snapshot(self) -> dict[str, Any]:
+        """Ask the manager once for each answer and build the snapshot."""
+        got: dict[str, Any] = {}
+
+        async def one(name: str, ask: Callable[[], Awaitable[Any]]) -> None:
+            got[name] = await ask()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(one, "metrics", self.sources.metrics)
+            tg.start_soon(one, "status", self.sources.status)
+            tg.start_soon(one, "alerts", self.sources.alerts)
+        self.builds += 1
+        snap = build_snapshot(got["metrics"], got["status"], got["alerts"], self.clock())
+        snap["seq"] = self.builds  # the same number on every page: built once for all
+        return snap
+
+    async def run(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """The feed's loop (a service of the manager's actor system)."""
+        task_status.started()
+        while True:
+            if not self.pages:
+                self.latest = None  # stale by the time a page opens
+                self._opened = anyio.Event()
+                await self._opened.wait()
+            try:
+                text = json.dumps(await self.snapshot(), separators=(",", ":"))
+            except Exception as exc:  # the manager is stopping or busy: say so, go on
+                self.errors += 1
+                text = json.dumps({"error": f"no snapshot: {type(exc).__name__}: {exc}"})
+            self.latest = text
+            async with anyio.create_task_group() as tg:
+                for page in list(self.pages):
+                    tg.start_soon(self._send, page, text)
+            await anyio.sleep(self.interval)
+
+    async def close(self) -> None:
+        """Close every open page's feed (the manager stops; the pages try again)."""
+        pages, self.pages = list(self.pages), set()
+        for page in pages:
+            with anyio.move_on_after(1.0):
+                await page.close(code=1001, message=b"the manager is stopping")
+
+    async def _send(self, page: web.WebSocketResponse, text: str) -> None:
+        with anyio.move_on_after(SEND_TIMEOUT) as scope:
+            try:
+                await page.send_str(text)
+            except (ConnectionError, RuntimeError):
+                self.pages.discard(page)
+        if scope.cancelled_caught:  # a page that does not read does not hold the others
+            self.pages.discard(page)
+            await page.close(message=b"too slow")
+
+    async def serve_page(self, request: web.Request) -> web.WebSocketResponse:
+        """One open page: it gets the latest snapshot at once, then every new one."""
+        ws = web.WebSocketResponse(heartbeat=30.0, max_msg_size=4096)
+        await ws.prepare(request)
+        self.pages.add(ws)
+        self._opened.set()
+        try:
+            if self.latest is not None:
+                await ws.send_str(self.latest)
+            async for msg in ws:  # the page sends nothing; this sees its close
+                if msg.type == WSMsgType.ERROR:
+                    break
+        finally:
+            self.pages.discard(ws)
+        return ws
+
+
+# ----------------------------------------------------------------------------- routes
+
+
+def _forbidden(role: str | None) -> web.Response | None:
+    if role is not None and role not in READ_ROLES:
+        return web.Response(status=403, text="this token may not read the dashboard\n")
+    return None
+
+
+def dashboard_routes(feed: DashboardFeed) -> dict[str, Any]:
+    """The ``web_routes`` of the manager's listener: the page, its feed, the stories."""
+
+    async def page(request: web.Request, role: str | None) -> web.StreamResponse:
+        return _forbidden(role) or web.Response(
+            text=PAGE,
+            content_type="text/html",
+            headers={
+                "Cache-Control": "no-store",
+                "Content-Security-Policy": _CSP,
+                "Referrer-Policy": "no-referrer",
+                "X-Content-Type-Options": "nosniff",
+            },
+        )
+
+    async def live(request: web.Request, role: str | None) -> web.StreamResponse:
+        return _forbidden(role) or await feed.serve_page(request)
+
+    async def story(request: web.Request, role: str | None) -> web.StreamResponse:
+        refused = _forbidden(role)
+        if refused is not None:
+            return refused
+        key = request.query.get("key", "")
+        if not key:
+            return web.Response(status=400, text="say which task: /dashboard/story?key=KEY\n")
+        rows = await feed.sources.story(key)
+        metrics = await feed.sources.metrics()
+        groups = [g for g in metrics.failure_groups if g.key == key]
+        return web.Response(
+            text=story_page(key, rows, groups),
+            content_type="text/html",
+            headers={"Cache-Control": "no-store", "Content-Security-Policy": _CSP},
+        )
+
+    return {DASHBOARD_PATH: page, FEED_PATH: live, STORY_PATH: story}
+
+
+def story_page(key: str, rows: list[list[str]], groups: list[FailureGroupInfo]) -> str:
+    """A task's story as a small HTML page: its transitions (time from the first), and
+    the error of its latest failed try if it is the latest of a failure group."""
+    e = html.escape
+    t0 = float(rows[0][4]) if rows else 0.0
+    body = [f"<h1>Story of <code id='story-key'>{e(key)}</code></h1>"]
+    if not rows:
+        body.append(
+            "<p id='story-empty'>No transitions kept for this key: it is unknown, or its "
+            "story was forgotten (the scheduler keeps the latest transitions only).</p>"
+        )
+    else:
+        body.append("<table id='story'><tr><th>+s</th><th>from</th><th>to</th><th>why</th></tr>")
+        for row in rows:
+            _, start, finish, stimulus, at = (str(x) for x in row)
+            try:
+                rel = f"{float(at) - t0:.3f}"
+            except ValueError:
+                rel = e(at)
+            body.append(
+                f"<tr><td>{rel}</td><td>{e(start)}</td><td>{e(finish)}</td>"
+                f"<td><code>{e(stimulus)}</code></td></tr>"
+            )
+        body.append("</table>")
+    for g in groups:
+        body.append(
+            f"<h2>Latest failure of {e(g.category)} / {e(g.cause)} ({g.n} tries)</h2>"
+            f"<p>on worker <code>{e(g.worker)}</code>, {e(g.outcome)}, {g.ago:.0f} s ago</p>"
+            f"<pre class='error'>{e(g.error)}</pre><pre class='tb'>{e(g.traceback)}</pre>"
+        )
+    body.append(f"<p><a href='{DASHBOARD_PATH}'>back to the dashboard</a></p>")
+    return (
+        "<!doctype html><html><head><meta charset='utf-8'><title>Story of "
+        f"{e(key)}</title><style>{_STORY_CSS}</style></head><body>"
+        + "".join(body)
+        + "</body></html>"
+    )
+
+
+#: The pages load nothing from elsewhere: inline style and script, the feed on this host.
+_CSP = (
+    "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; "
+    "connect-src 'self'; img-src data:; base-uri 'none'; form-action 'none'; "
+    "frame-ancestors 'none'"
+)
+
+_STORY_CSS = """
+body{font:14px system-ui,sans-serif;margin:1.5em;background:#f6f7f9;color:#1c2430}
+table{border-collapse:collapse;background:#fff}
+td,th{padding:3px 8px;border-bottom:1px solid #e3e6ea;text-align:left}
+pre{background:#fff;border:1px solid #e3e6ea;padding:8px;overflow:auto}
+.error{color:#b3261e;font-weight:600}
+"""
+
+PAGE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>Corral dashboard</title>
+<style>
+:root{--bg:#f4f6f8;--card:#fff;--ink:#1c2430;--mute:#66707c;--line:#e1e5ea;--ok:#2e7d32;
+--err:#c62828;--warn:#ef6c00;--busy:#1565c0;--idle:#9fb3c8;--pend:#8e24aa}
+*{box-sizing:border-box}body{margin:0;font:13px/1.4 system-ui,-apple-system,sans-serif;
+background:var(--bg);color:var(--ink)}
+header{display:flex;gap:16px;align-items:baseline;padding:10px 16px;background:#1c2430;color:#fff}
+header h1{font-size:17px;margin:0}header .mute{color:#aeb7c2}
+#conn{padding:1px 8px;border-radius:9px;background:#555}#conn.live{background:var(--ok)}
+#conn.down{background:var(--err)}
+main{display:grid;grid-template-columns:repeat(auto-fit,minmax(460px,1fr));gap:12px;padding:12px}
+section{background:var(--card);border:1px solid var(--line);border-radius:6px;padding:10px 12px;
+min-width:0;overflow-x:auto}section h2{font-size:14px;margin:0 0 8px}section.wide{grid-column:1/-1}
+table{border-collapse:collapse;width:100%}th,td{text-align:left;padding:3px 6px;
+border-bottom:1px solid var(--line);white-space:nowrap}th{color:var(--mute);font-weight:500}
+td.num,th.num{text-align:right;font-variant-numeric:tabular-nums}
+.big{font-size:20px;font-weight:600}.mute{color:var(--mute)}.empty{color:var(--mute);
+font-style:italic}
+.badge{display:inline-block;padding:0 7px;border-radius:9px;color:#fff;font-size:12px}
+.alert{margin:2px 0 10px}
+.firing{background:var(--err)}.pending{background:var(--warn)}.resolved{background:var(--ok)}
+.failure{border-left:4px solid var(--err);padding:4px 8px;margin:6px 0;background:#fdf3f3}
+.failure .err{font-family:ui-monospace,monospace;color:var(--err);white-space:pre-wrap;
+word-break:break-word}
+pre{white-space:pre-wrap;word-break:break-word;font-size:11px;background:#fafafa;
+border:1px solid var(--line);padding:6px;max-height:220px;overflow:auto}
+svg text{font:10px system-ui,sans-serif;fill:var(--mute)}
+a{color:var(--busy)}
+</style></head>
+<body>
+<header><h1>Corral</h1><span id="conn">connecting</span>
+<span id="summary" class="mute"></span><span id="when" class="mute"></span></header>
+<main>
+<section><h2>Pools and queues <span class="mute">queue depth
+<b id="queue-depth-total" data-value="0">0</b></span></h2>
+<div id="pools"></div><svg id="depth-spark" width="100%" height="46"></svg></section>
+<section><h2>Alerts</h2><div id="alerts"></div></section>
+<section class="wide"><h2>Capacity <span class="mute">(per pool: available, busy,
+pending)</span></h2><div id="capacity"></div></section>
+<section class="wide"><h2>Why tasks fail</h2><div id="failures"></div></section>
+<section class="wide"><h2>Workers</h2><div id="workers"></div></section>
+<section class="wide"><h2>Task stream <span class="mute">(tries that ended in the last
+minute, per worker)</span></h2><div id="stream"></div></section>
+<section><h2>Policies in force</h2><div id="policies"></div></section>
+</main>
+<script>
+"use strict";
+const NS = "http://www.w3.org/2000/svg";
+function h(tag, attrs, ...kids) {
+  const el = tag.startsWith("svg:") ? document.createElementNS(NS, tag.slice(4))
+                                    : document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === null || v === undefined) continue;
+    if (k === "text") el.textContent = v; else el.setAttribute(k, v);
+  }
+  for (const kid of kids.flat()) {
+    if (kid === null || kid === undefined) continue;
+    el.append(kid instanceof Node ? kid : document.createTextNode(String(kid)));
+  }
+  return el;
+}
+function put(id, ...kids) {
+  document.getElementById(id).replaceChildren(...kids.flat().filter(k => k !== null));
+}
+function bytes(n) {
+  if (!n) return "0 B";
+  const u = ["B", "KiB", "MiB", "GiB", "TiB"]; let i = 0;
+  while (n >= 1024 && i < u.length - 1) { n /= 1024; i++; }
+  return (i ? n.toFixed(1) : n) + " " + u[i];
+}
+function secs(s) {
+  if (s === null || s === undefined) return "-";
+  if (s < 1) return (s * 1000).toFixed(0) + " ms";
+  if (s < 120) return s.toFixed(1) + " s";
+  if (s < 7200) return (s / 60).toFixed(1) + " min";
+  return (s / 3600).toFixed(1) + " h";
+}
+function empty(text) { return h("p", {class: "empty", text}); }
+function bar(used, total, opts) {
+  // a horizontal bar: used of total (a fence mark at opts.fence), width 160
+  const w = 160, f = total > 0 ? Math.min(used / total, 1) : 0;
+  const svg = h("svg:svg", {width: w, height: 12, class: opts.cls || "bar"});
+  svg.append(h("svg:rect", {x: 0, y: 1, width: w, height: 10, fill: "#e8ecf0", rx: 2}));
+  svg.append(h("svg:rect", {x: 0, y: 1, width: (w * f).toFixed(1), height: 10, rx: 2,
+                            fill: opts.color || "var(--busy)"}));
+  if (opts.fence && total > 0) {
+    const x = (w * Math.min(opts.fence / total, 1)).toFixed(1);
+    svg.append(h("svg:line", {x1: x, x2: x, y1: 0, y2: 12, stroke: "var(--warn)",
+                              "stroke-width": 2}));
+  }
+  return svg;
+}
+const depthHistory = [];
+function sparkline(svg, values) {
+  svg.replaceChildren();
+  const w = svg.clientWidth || 400, hgt = 46, n = 120, max = Math.max(1, ...values);
+  const pts = values.map((v, i) =>
+    ((w * (i + n - values.length)) / (n - 1)).toFixed(1) + "," +
+    (hgt - 4 - ((hgt - 12) * v) / max).toFixed(1));
+  svg.append(h("svg:polyline", {points: pts.join(" "), fill: "none",
+                                stroke: "var(--busy)", "stroke-width": 1.5}));
+  svg.append(h("svg:text", {x: 2, y: 10, text: "queue depth, last 2 min (max " + max + ")"}));
+}
+function renderPools(s) {
+  if (!s.pools.length) return put("pools", empty("no pool yet: no worker and no task"));
+  put("pools", h("table", {},
+    h("tr", {}, h("th", {text: "pool"}), h("th", {class: "num", text: "queue"}),
+      h("th", {class: "num", text: "oldest wait"}), h("th", {class: "num", text: "wait p50"}),
+      h("th", {class: "num", text: "wait p90"}), h("th", {class: "num", text: "running"})),
+    s.pools.map(p => h("tr", {class: "pool", "data-pool": p.name},
+      h("td", {text: p.label}),
+      h("td", {class: "num big queue-depth", "data-value": p.queue_depth, text: p.queue_depth}),
+      h("td", {class: "num", text: secs(p.oldest_wait)}),
+      h("td", {class: "num", text: secs(p.wait_p50)}),
+      h("td", {class: "num", text: secs(p.wait_p90)}),
+      h("td", {class: "num", text: p.running})))));
+}
+function renderCapacity(s) {
+  const pools = s.pools.filter(p => p.name !== "*");
+  if (!pools.length) return put("capacity", empty("no workers and no blocks"));
+  put("capacity", h("table", {},
+    h("tr", {}, h("th", {text: "pool"}), h("th", {text: "CPUs busy / total"}),
+      h("th", {text: "memory RSS / limit"}), h("th", {text: "workers"}),
+      h("th", {text: "blocks"})),
+    pools.map(p => {
+      const w = p.workers || {};
+      const blocks = Object.entries(p.blocks).map(([k, v]) => v + " " + k).join(", ") || "-";
+      return h("tr", {class: "capacity", "data-pool": p.name},
+        h("td", {text: p.label}),
+        h("td", {}, bar(p.cores_busy, p.cores, {}), " " + p.cores_busy + " / " + p.cores),
+        h("td", {}, bar(p.rss, p.memory_limit, {color: "var(--pend)"}),
+          " " + bytes(p.rss) + " / " + (p.memory_limit ? bytes(p.memory_limit) : "no limit")),
+        h("td", {text: (w.idle || 0) + " idle, " + (w.busy || 0) + " busy" +
+          (w.draining ? ", " + w.draining + " draining" : "") +
+          (p.throttled ? ", " + p.throttled + " throttled" : "")}),
+        h("td", {text: blocks + (p.blocks_pending ? " (" + p.blocks_pending +
+          " pending, oldest " + secs(p.oldest_pending) + ")" : "") +
+          (p.target !== null ? "; target " + p.target : "") +
+          (p.desired !== null && p.desired !== p.target ? ", policy wants " + p.desired : "")}));
+    })));
+}
+function renderWorkers(s) {
+  if (!s.workers.length) return put("workers", empty("no worker has joined"));
+  put("workers", h("table", {},
+    h("tr", {}, h("th", {text: "worker"}), h("th", {text: "pool"}),
+      h("th", {class: "num", text: "running / cores"}), h("th", {text: "memory (RSS vs limit)"}),
+      h("th", {class: "num", text: "in memory"}), h("th", {class: "num", text: "spilled"}),
+      h("th", {text: "state"})),
+    s.workers.map(w => h("tr", {class: "worker", "data-worker": w.id},
+      h("td", {text: w.id}), h("td", {text: w.pool}),
+      h("td", {class: "num", text: w.running + " / " + w.cores}),
+      h("td", {}, bar(w.rss, w.limit, {fence: w.throttle_at,
+        color: w.throttled ? "var(--err)" : "var(--ok)"}),
+        " " + bytes(w.rss) + (w.limit ? " / " + bytes(w.limit) : "")),
+      h("td", {class: "num", text: bytes(w.memory_bytes)}),
+      h("td", {class: "num", text: bytes(w.spilled_bytes)}),
+      h("td", {text: w.throttled ? "throttled" : w.draining ? "draining" :
+                     w.running ? "busy" : "idle"})))));
+}
+const COLORS = {ok: "var(--ok)", error: "var(--err)", oom: "var(--pend)",
+                "worker-lost": "var(--warn)", timeout: "var(--warn)"};
+function renderStream(s) {
+  const recent = s.stream.filter(t => t.ago < 60);
+  if (!recent.length) return put("stream", empty("no try ended in the last 60 s"));
+  const workers = [...new Set(recent.map(t => t.worker))].sort();
+  const left = 170, w = Math.max(document.getElementById("stream").clientWidth, 500) - 4;
+  const row = 16, hgt = workers.length * row + 18, span = w - left;
+  // the window: the last 60 s, or less while fewer seconds have tries (10 s steps)
+  const win = Math.min(60, 10 * Math.ceil(Math.max(...recent.map(t => t.ago + t.duration),
+                                                   1) / 10));
+  const x = ago => left + span * (1 - Math.min(ago, win) / win);
+  const svg = h("svg:svg", {width: w, height: hgt});
+  workers.forEach((name, i) => svg.append(h("svg:text", {x: 0, y: i * row + 12,
+    text: name.length > 28 ? "…" + name.slice(-27) : name})));
+  for (const t of recent) {
+    const i = workers.indexOf(t.worker), x1 = x(t.ago + t.duration), x2 = x(t.ago);
+    const r = h("svg:rect", {x: x1.toFixed(1), y: i * row + 2,
+      width: Math.max(x2 - x1, 2).toFixed(1), height: row - 4,
+      fill: COLORS[t.outcome] || "var(--mute)", class: "try", "data-outcome": t.outcome});
+    r.append(h("svg:title", {text: t.key + " (" + t.outcome + ", " + secs(t.duration) + ")"}));
+    svg.append(r);
+  }
+  for (const s2 of [1, 0.75, 0.5, 0.25, 0].map(f => f * win)) svg.append(h("svg:text",
+    {x: (x(s2) - (s2 ? 10 : 20)).toFixed(1), y: hgt - 2, text: s2 ? "-" + s2 + " s" : "now"}));
+  put("stream", svg);
+}
+function storyLink(key) {
+  return h("a", {class: "story-link", href: "/dashboard/story?key=" + encodeURIComponent(key),
+                 text: key});
+}
+function renderFailures(s) {
+  if (!s.failures.length) return put("failures", empty("no task has failed"));
+  const more = s.failure_groups - s.failures.length;
+  put("failures", more > 0 ? h("p", {class: "mute", text: "the " + s.failures.length +
+    " most recent of " + s.failure_groups + " groups"}) : null,
+    s.failures.map(g => h("div", {class: "failure", "data-category": g.category,
+      "data-cause": g.cause},
+    h("div", {}, h("b", {class: "count", text: g.n + " x"}), " ", h("b", {text: g.category}),
+      " · " + g.cause + " (" + g.outcome + ") · latest ", storyLink(g.key),
+      " on " + g.worker + ", " + secs(g.ago) + " ago"),
+    h("div", {class: "err", text: g.error}),
+    g.traceback ? h("details", {}, h("summary", {text: "traceback"}),
+                    h("pre", {class: "tb", text: g.traceback})) : null)));
+}
+function when(t) { return t ? new Date(t * 1000).toLocaleTimeString() : null; }
+function link(v) {
+  return /^(https?:\\/\\/|\\/)/.test(v) ? h("a", {href: v, text: v}) : v;
+}
+function renderAlerts(s) {
+  const note = h("p", {class: "mute", text: s.alert_rules + " rule(s)"});
+  if (!s.alerts.length) return put("alerts", empty("no alert pending or firing"), note);
+  const order = {firing: 0, pending: 1, resolved: 2};
+  const alerts = [...s.alerts].sort((a, b) => order[a.state] - order[b.state]);
+  put("alerts", alerts.map(a => h("div", {class: "alert", "data-state": a.state,
+      "data-name": a.name},
+    h("div", {}, h("span", {class: "badge " + a.state, text: a.state.toUpperCase()}), " ",
+      h("b", {text: a.name}), " ",
+      h("span", {class: "mute", text: Object.entries(a.labels).filter(([k]) => k !== "alertname")
+        .map(([k, v]) => k + "=" + v).join(", ")})),
+    Object.keys(a.fields).length ? h("div", {class: "mute", text: Object.entries(a.fields)
+      .map(([k, v]) => k + "=" + v).join(", ")}) : null,
+    Object.entries(a.annotations).map(([k, v]) => h("div", {}, k + ": ", link(v))),
+    h("div", {class: "mute", text: [a.active_since && "active since " + when(a.active_since),
+      a.fired_at && "fired " + when(a.fired_at),
+      a.resolved_at && "resolved " + when(a.resolved_at)].filter(Boolean).join(" · ")}))),
+    note, s.audit.length ? h("details", {}, h("summary", {text: "actions"}),
+                             h("pre", {text: s.audit.join("\\n")})) : null);
+}
+function renderPolicies(s) {
+  const rows = Object.entries(s.policies);
+  if (!rows.length) return put("policies", empty("default policies"));
+  put("policies", h("table", {}, rows.map(([k, v]) => h("tr", {class: "policy"},
+    h("th", {text: k}), h("td", {text: v})))),
+    s.policy_errors ? h("p", {class: "mute", text: s.policy_errors + " policy error(s)"}) : null);
+}
+function render(s) {
+  if (s.error) { document.getElementById("when").textContent = s.error; return; }
+  const total = document.getElementById("queue-depth-total");
+  total.textContent = s.queue_depth; total.dataset.value = s.queue_depth;
+  depthHistory.push(s.queue_depth); if (depthHistory.length > 120) depthHistory.shift();
+  sparkline(document.getElementById("depth-spark"), depthHistory);
+  const states = Object.entries(s.tasks_by_state).filter(([, n]) => n)
+    .map(([k, n]) => n + " " + k).join(", ");
+  document.getElementById("summary").textContent =
+    s.tasks_created + " tasks submitted" + (states ? " (" + states + ")" : "") + ", " +
+    s.workers.length + " workers";
+  document.getElementById("when").textContent = "updated " + when(s.time);
+  renderPools(s); renderCapacity(s); renderWorkers(s); renderStream(s);
+  renderFailures(s); renderAlerts(s); renderPolicies(s);
+  document.body.dataset.snapshots = String(Number(document.body.dataset.snapshots || 0) + 1);
+}
+let backoff = 500;
+function connect() {
+  const conn = document.getElementById("conn");
+  const ws = new WebSocket((location.protocol === "https:" ? "wss://" : "ws://") +
+                           location.host + "/dashboard/ws");
+  ws.onopen = () => { conn.textContent = "live"; conn.className = "live"; backoff = 500; };
+  ws.onmessage = ev => render(JSON.parse(ev.data));
+  ws.onclose = () => {
+    conn.textContent = "reconnecting"; conn.className = "down";
+    setTimeout(connect, backoff); backoff = Math.min(backoff * 2, 10000);
+  };
+}
+connect();
+</script></body></html>
+"""

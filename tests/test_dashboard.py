@@ -1,0 +1,527 @@
+"""The live dashboard (runtime/dashboard.py): the failure groups and recent tries the
+scheduler core keeps, the snapshot built from the manager's answers, its auth and its
+shared feed over real HTTP on a real manager process, and the page itself in a real
+headless Chromium driving a real run (queue rising and draining, a failure group, a
+task's story), which saves a screenshot."""
+
+from __future__ import annotations
+
+import gc
+import itertools
+import json
+import os
+import shutil
+import time
+import weakref
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import aiohttp
+import anyio
+import pytest
+
+import actors.scheduler
+from actors import scheduler_state
+from actors.scheduler import _failure_groups, format_error
+from actors.scheduler_state import SchedulerConfig, SchedulerState, error_record
+from runtime import Cluster
+from runtime.dashboard import FEED_PATH, STORY_PATH, build_snapshot, dashboard_url
+from runtime.messages import (
+    AlertInfo,
+    AlertsReply,
+    AutoscalerStatus,
+    BlockMetrics,
+    FailureGroupInfo,
+    MetricsReply,
+    PoolMetrics,
+    RecentTry,
+    StatusReply,
+    WorkerInfo,
+    WorkerMemoryReport,
+)
+from tests.helpers import GB, Cli, finish, held_at_gate, join, leave, submit, wait_until
+
+# ----------------------------------------------------------------------------- the core
+
+
+def test_failure_groups_keep_the_count_and_the_latest_try() -> None:
+    st = SchedulerState(SchedulerConfig(saturation=1.0))
+    keys = ["parse-0", "parse-1", "load-0"]
+    submit(st, {k: [] for k in keys}, keys)
+    join(st, "w", cores=3)
+    finish(st, "w", "parse-0", "error", error=ValueError("first"), start=1.0, duration=2.0)
+    finish(st, "w", "parse-1", "error", error=ValueError("second"), start=3.0, duration=1.0)
+    leave(st, "w", cause="preempted")
+
+    parse = st.failure_groups[("parse", "ValueError")]
+    assert (parse.n, parse.key, parse.worker, parse.outcome) == (2, "parse-1", "w", "error")
+    assert parse.error is not None and parse.error.summary == "ValueError: second"
+    lost = st.failure_groups[("load", "preempted")]
+    assert (lost.n, lost.key, lost.outcome, lost.error) == (1, "load-0", "worker-lost", None)
+    ended = [(r.key, r.outcome, category) for r, category, _ in st.recent_tries]
+    assert ended == [
+        ("parse-0", "error", "parse"),
+        ("parse-1", "error", "parse"),
+        ("load-0", "worker-lost", "load"),
+    ]
+
+    groups = _failure_groups(st, now=lost.at + 5.0)
+    assert [(g.category, g.cause, g.n) for g in groups] == [
+        ("load", "preempted", 1),  # the most recent first
+        ("parse", "ValueError", 2),
+    ]
+    assert groups[0].ago == 5.0 and groups[0].traceback == ""
+    assert "w was lost (preempted)" in groups[0].error and "load-0" in groups[0].error
+    assert groups[1].error == "ValueError: second"
+    assert groups[1].traceback.rstrip().endswith("ValueError: second")
+
+
+class _Big:
+    """A task's large input, held by a frame's locals."""
+
+
+def _fails_holding(big: _Big) -> None:
+    prices: dict[str, float] = {}
+    try:
+        prices["missing"]
+    except KeyError as exc:
+        raise ValueError(f"no price for {len(repr(big))} items") from exc
+
+
+def test_an_error_record_keeps_the_traceback_as_text_and_no_frame() -> None:
+    big = _Big()
+    alive = weakref.ref(big)
+    try:
+        _fails_holding(big)
+    except ValueError as exc:
+        record = error_record(exc)
+    del big
+    gc.collect()
+    assert alive() is None  # the frames (and the input in their locals) were let go
+    assert record.summary.startswith("ValueError: no price for")
+    assert [(name, relation) for name, _, _, relation in record.chain] == [
+        ("KeyError", ""),
+        ("ValueError", "cause"),
+    ]
+    text = format_error(record)
+    assert (
+        text.index("KeyError: 'missing'")
+        < text.index("direct cause")
+        < text.index("ValueError: no price for")
+    )
+    assert "in _fails_holding" in text and 'prices["missing"]' in text  # the source line
+
+
+def test_failure_groups_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(scheduler_state, "MAX_FAILURE_GROUPS", 1)
+    st = SchedulerState(SchedulerConfig(saturation=1.0))
+    keys = ["a-0", "b-0", "c-0"]
+    submit(st, {k: [] for k in keys}, keys)
+    join(st, "w", cores=3)
+    for key, error in zip(keys, (ValueError("x"), KeyError("y"), OSError("z")), strict=True):
+        finish(st, "w", key, "error", error=error)
+    assert {k: g.n for k, g in st.failure_groups.items()} == {
+        ("a", "ValueError"): 1,
+        ("(other)", "(other)"): 2,
+    }
+    assert st.failures[("c", "error", "OSError")] == 1  # the counters stay exact
+    monkeypatch.setattr(actors.scheduler, "MAX_FAILURE_GROUPS_SHOWN", 1)
+    (latest,) = _failure_groups(st, now=100.0)  # the dashboard gets the most recent
+    assert (latest.category, latest.key, latest.error) == ("(other)", "c-0", "OSError: z")
+
+
+# ----------------------------------------------------------------------------- the snapshot
+
+
+def _answers() -> tuple[MetricsReply, StatusReply, AlertsReply]:
+    metrics = MetricsReply(
+        pools={
+            "*": PoolMetrics(queue_depth=2, oldest_wait=4.0),
+            "cpu": PoolMetrics(
+                queue_depth=7,
+                oldest_wait=62.0,
+                wait_quantiles={"0.5": 3.0, "0.9": 30.0},
+                running=3,
+                workers={"idle": 0, "busy": 2},
+                throttled=1,
+            ),
+        },
+        blocks={"cpu": BlockMetrics({"running": 2, "pending": 1}, 40.0, 3, 4)},
+        tasks_by_state={"queued": 9, "processing": 3},
+        tasks_created=20,
+        failure_groups=(
+            FailureGroupInfo("parse", "ValueError", 3, "parse-7", "w1", "error", 2.0, "E"),
+        ),
+        failure_groups_total=4,
+        recent_tries=(RecentTry("parse-7", "parse", "w1", "error", 0.5, 2.0),),
+    )
+    workers = (WorkerInfo("w1", 2, 4 * GB, pool="cpu"), WorkerInfo("w2", 1, 2 * GB, pool="cpu"))
+    status = StatusReply(
+        workers=workers,
+        processing={"w1": 3, "w2": 0},
+        memory={"w1": WorkerMemoryReport("w1", True, 3 * GB, 2 * GB, 4 * GB, spilled_bytes=5)},
+        rss={"w2": GB},
+        throttled=("w1",),
+        policies={"placement": "spread"},
+        autoscaler=AutoscalerStatus(policy="demand"),
+    )
+    alert = AlertInfo(
+        "QueueTimeHigh", "firing", labels={"alertname": "QueueTimeHigh", "pool": "cpu"},
+        annotations={"dashboard": "/"}, fields={"max_queue_size": 7.0},
+    )  # fmt: skip
+    return metrics, status, AlertsReply(alerts=(alert,), rules=({"name": "q"},))
+
+
+def test_the_snapshot_shows_pools_capacity_workers_failures_alerts_policies() -> None:
+    snap = build_snapshot(*_answers(), now=1000.0)
+    json.dumps(snap)  # what the feed sends
+    assert snap["time"] == 1000.0 and snap["queue_depth"] == 9
+    assert [p["name"] for p in snap["pools"]] == ["cpu", "*"]  # "any pool" last
+    cpu = snap["pools"][0]
+    assert (cpu["queue_depth"], cpu["oldest_wait"]) == (7, 62.0)
+    assert (cpu["wait_p50"], cpu["wait_p90"]) == (3.0, 30.0)
+    assert (cpu["cores"], cpu["cores_busy"]) == (3, 2)  # w1 runs 3 on 2 cores: 2 busy
+    assert (cpu["memory_limit"], cpu["rss"]) == (6 * GB, 4 * GB)
+    assert cpu["blocks"] == {"running": 2, "pending": 1} and cpu["blocks_pending"] == 1
+    assert (cpu["oldest_pending"], cpu["target"], cpu["desired"]) == (40.0, 3, 4)
+    assert snap["pools"][1]["label"] == "any pool"
+    w1, w2 = snap["workers"]
+    assert (w1["rss"], w1["limit"], w1["throttle_at"]) == (3 * GB, 4 * GB, 2 * GB)
+    assert w1["throttled"] and not w2["throttled"]
+    assert (w1["spilled_bytes"], w2["rss"], w2["limit"]) == (5, GB, 2 * GB)
+    assert snap["failures"][0]["n"] == 3 and snap["failures"][0]["key"] == "parse-7"
+    assert snap["failure_groups"] == 4  # the page says: the most recent 1 of 4
+    assert snap["stream"][0]["outcome"] == "error"
+    (alert,) = snap["alerts"]
+    assert alert["state"] == "firing" and alert["fields"] == {"max_queue_size": 7.0}
+    assert snap["alert_rules"] == 1
+    assert snap["policies"] == {"placement": "spread", "scaling": "demand"}
+
+
+def test_the_dashboard_url_carries_the_token() -> None:
+    assert dashboard_url("ws://127.0.0.1:8786", "ab") == "http://127.0.0.1:8786/?token=ab"
+    assert dashboard_url("wss://h:1/", "a b") == "https://h:1/?token=a%20b"
+
+
+# ----------------------------------------------------------------------------- over HTTP
+
+
+def _base(address: str) -> str:
+    return address.replace("ws://", "http://", 1).rstrip("/")
+
+
+def _session() -> aiohttp.ClientSession:
+    # A browser keeps cookies of 127.0.0.1; aiohttp only with unsafe=True.
+    return aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True))
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+async def test_only_the_read_and_admin_tokens_open_the_dashboard(tmp_path: Path) -> None:
+    with Cli(tmp_path) as cli:
+        proc, address = cli.manager()
+        url = cli.line_with(proc, "dashboard on").split("dashboard on", 1)[1].strip()
+        tokens = cli.tokens(address)
+        base = _base(address)
+        assert url == f"{base}/?token={tokens['read']}"
+        async with aiohttp.ClientSession() as s:
+            for path in ("/", FEED_PATH, f"{STORY_PATH}?key=x"):
+                async with s.get(base + path) as r:  # no token
+                    assert r.status == 401, path
+                    assert "open the URL the manager printed" in await r.text()
+                async with s.get(base + path, params={"token": "f" * 64}) as r:
+                    assert r.status == 403, path
+                bad = {"Cookie": f"corral_token_{urlsplit(address).port}={'f' * 64}"}
+                async with s.get(base + path, headers=bad) as r:
+                    assert r.status == 403, path
+        for role in ("read", "admin"):
+            async with _session() as s:
+                async with s.get(f"{base}/", params={"token": tokens[role]},
+                                 allow_redirects=False) as r:  # fmt: skip
+                    assert r.status == 303 and r.headers["Location"] == "/"
+                    cookie = r.headers["Set-Cookie"]
+                    assert "HttpOnly" in cookie and "SameSite=Strict" in cookie
+                async with s.get(f"{base}/") as r:  # the cookie now
+                    assert r.status == 200 and "Corral dashboard" in await r.text()
+                    assert "default-src 'none'" in r.headers["Content-Security-Policy"]
+                async with s.ws_connect(base + FEED_PATH) as ws:
+                    snap = await ws.receive_json(timeout=10)
+                    assert snap["tasks_created"] == 0 and snap["workers"] == []
+                async with s.get(f"{base}{STORY_PATH}") as r:
+                    assert r.status == 400 and "say which task" in await r.text()
+                async with s.get(f"{base}{STORY_PATH}", params={"key": "<b>nope</b>"}) as r:
+                    text = await r.text()
+                    assert r.status == 200 and "story-empty" in text
+                    assert "&lt;b&gt;nope&lt;/b&gt;" in text and "<b>nope" not in text
+                # The cookie opens the dashboard only: not /metrics, not the gateway.
+                async with s.get(f"{base}/metrics") as r:
+                    assert r.status == 401
+                with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+                    await s.ws_connect(f"{base}/")
+                assert refused.value.status == 401
+                # A page of another origin may not use this browser's cookie.
+                with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+                    await s.ws_connect(base + FEED_PATH, origin="http://evil.example")
+                assert refused.value.status == 403
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+async def test_one_snapshot_per_interval_is_shared_by_every_page(tmp_path: Path) -> None:
+    with Cli(tmp_path) as cli:
+        manager, address = cli.manager()
+        cli.worker(address)
+        base, read = _base(address), cli.tokens(address)["read"]
+        async with _session() as s:
+            async with s.get(f"{base}/", params={"token": read}) as r:
+                assert r.status == 200
+            pages = [await s.ws_connect(base + FEED_PATH) for _ in range(3)]
+            try:
+                seen: list[list[tuple[int, float]]] = []
+                with anyio.fail_after(30):
+                    for ws in pages:
+                        snaps = [await ws.receive_json() for _ in range(4)]
+                        seen.append([(snap["seq"], snap["time"]) for snap in snaps])
+                        assert len(snaps[-1]["workers"]) == 1
+                # Each page got the same snapshots (same number, same time), one by one.
+                common = set.intersection(*(set(s) for s in seen))
+                assert len(common) >= 2, seen
+                for got in seen:
+                    seqs = [n for n, _ in got]
+                    assert seqs == list(range(seqs[0], seqs[0] + 4)), seen
+                times = sorted(t for _, t in common)
+                assert all(b - a >= 0.9 for a, b in itertools.pairwise(times)), times
+
+                # The manager stops at once with pages open; they learn it (close 1001).
+                await anyio.to_thread.run_sync(cli.stop, [manager])
+                assert manager.returncode == 0  # not killed after Cli.stop's 10 s
+                with anyio.fail_after(10):
+                    for ws in pages:
+                        while (await ws.receive()).type not in CLOSED:
+                            pass
+            finally:
+                for ws in pages:
+                    await ws.close()
+
+
+CLOSED = (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSING, aiohttp.WSMsgType.CLOSED)
+
+
+# ----------------------------------------------------------------------------- Chromium
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+
+
+def _chromium() -> None:
+    """Chromium, its driver and Selenium; without them the test skips here and fails in
+    CI."""
+    why = ""
+    if not (os.access(CHROMIUM, os.X_OK) and os.access(CHROMEDRIVER, os.X_OK)):
+        why = (
+            "Chromium is not installed: on Debian, `apt-get install -y "
+            "--no-install-recommends chromium chromium-driver`"
+        )
+    else:
+        try:
+            import selenium  # noqa: F401
+        except ImportError:
+            why = "Selenium is not installed: `pip install -e '.[test]'`"
+    if why:
+        if os.environ.get("CI") == "true":
+            pytest.fail(why + "; CI must run this test (.ci/run installs it)")
+        pytest.skip(why)
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[Any]:
+    _chromium()
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in (
+        "--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
+        "--window-size=1400,1150", f"--user-data-dir={tmp_path / 'chromium'}",
+    ):  # fmt: skip
+        options.add_argument(arg)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    driver.set_page_load_timeout(30)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+class Dashboard:
+    """The page in the browser, read through its DOM; every wait is bounded."""
+
+    def __init__(self, driver: Any) -> None:
+        self.driver = driver
+
+    def wait(self, script: str, what: str, limit: float = 60.0) -> Any:
+        """Until ``script`` (a JS expression's body, ``return ...``) is true; its value."""
+        from selenium.webdriver.support.ui import WebDriverWait
+
+        return WebDriverWait(self.driver, limit, poll_frequency=0.05).until(
+            lambda d: d.execute_script(script), message=f"timed out waiting for {what}"
+        )
+
+    def queue_depth(self) -> int:
+        return int(
+            self.driver.execute_script(
+                "return document.getElementById('queue-depth-total').dataset.value"
+            )
+        )
+
+    def wait_for_queue_depth(self, at_least: int, limit: float = 60.0) -> int:
+        script = (
+            "const v = Number(document.getElementById('queue-depth-total').dataset.value);"
+            f"return v >= {at_least} ? v : false;"
+        )
+        return int(self.wait(script, f"a queue depth of {at_least} or more", limit))
+
+    def wait_for_empty_queue(self, limit: float = 60.0) -> None:
+        self.wait(
+            "return document.getElementById('queue-depth-total').dataset.value === '0'",
+            "the queue depth to fall back to 0",
+            limit,
+        )
+
+    def wait_for_failure_group(self, category: str, cause: str, limit: float = 60.0) -> str:
+        """The text of the failure group of ``category`` and ``cause``, once shown."""
+        script = (
+            f"const g = document.querySelector('.failure[data-category={json.dumps(category)}]"
+            f"[data-cause={json.dumps(cause)}]'); return g ? g.innerText : false;"
+        )
+        return str(self.wait(script, f"the failure group {category}/{cause}", limit))
+
+    def wait_for_alert(self, name: str, state: str = "firing", limit: float = 60.0) -> str:
+        """The text of alert ``name`` once shown in ``state`` (for the alert monitor's
+        end-to-end test: a firing alert is one more wait of this)."""
+        script = (
+            f"const a = document.querySelector('.alert[data-name={json.dumps(name)}]"
+            f"[data-state={json.dumps(state)}]'); return a ? a.innerText : false;"
+        )
+        return str(self.wait(script, f"alert {name} {state}", limit))
+
+    def screenshot(self, path: Path) -> None:
+        """Save the page as PNG at ``path`` and, with env CORRAL_SCREENSHOTS=DIR, in DIR."""
+        assert self.driver.save_screenshot(str(path)), "the screenshot failed"
+        wanted = os.environ.get("CORRAL_SCREENSHOTS")
+        if wanted:
+            Path(wanted).mkdir(parents=True, exist_ok=True)
+            shutil.copy(path, Path(wanted) / path.name)
+
+
+def parse_record(i: int) -> int:
+    """A task that fails as a user's would."""
+    raise ValueError(f"record {i}: unexpected field 'qty' in orders.csv")
+
+
+def square(i: int) -> int:
+    """A task that takes a moment (simulated work), so the task stream shows it."""
+    time.sleep(0.2 + 0.05 * i)
+    return i * i
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+@pytest.mark.timeout(240)
+async def test_the_dashboard_in_chromium_follows_a_real_run(browser: Any, tmp_path: Path) -> None:
+    gate, started = tmp_path / "gate", tmp_path / "started"
+    page = Dashboard(browser)
+
+    async def in_browser(fn: Any, *args: Any) -> Any:
+        return await anyio.to_thread.run_sync(fn, *args)
+
+    with Cli(tmp_path / "home") as cli:
+        proc, address = cli.manager()
+        url = cli.line_with(proc, "dashboard on").split("dashboard on", 1)[1].strip()
+        cli.worker(address, "--cores", "1", "--pool", "cpu")
+        cli.worker(address, "--cores", "1", "--pool", "cpu")
+        await in_browser(browser.get, url)
+        assert browser.current_url == _base(address) + "/"  # the token left the URL
+        await in_browser(
+            page.wait, "return document.getElementById('conn').className === 'live' && "
+            "document.querySelectorAll('tr.worker').length === 2", "the page to go live",
+        )  # fmt: skip
+        assert page.queue_depth() == 0
+
+        with anyio.fail_after(200):
+            async with Cluster(address) as c:
+                done = await c.gather([c.submit(square, i) for i in range(6)])
+                assert done == [i * i for i in range(6)]
+                bad = c.submit(parse_record, 42)
+                with pytest.raises(ValueError, match="unexpected field"):
+                    await bad
+                burst = [
+                    c.submit(held_at_gate, str(gate), str(started), pure=False) for _ in range(12)
+                ]
+                await wait_until(started.exists, "a task of the burst to start", limit=30)
+                peak = await in_browser(page.wait_for_queue_depth, 5)
+                group = await in_browser(page.wait_for_failure_group, "parse_record", "ValueError")
+                assert "1 x" in group and "unexpected field 'qty'" in group, group
+                await in_browser(
+                    page.wait, "return document.querySelectorAll('rect.try').length >= 6",
+                    "the task stream to show the finished tries",
+                )  # fmt: skip
+                await in_browser(page.screenshot, tmp_path / "dashboard.png")
+                # Once the alert monitor runs in the manager, a queue-time rule fires
+                # here: `await in_browser(page.wait_for_alert, "<rule name>")`.
+                gate.touch()
+                assert [await f for f in burst] == ["opened"] * 12
+                await in_browser(page.wait_for_empty_queue)
+
+                # One click from the failed task to its story.
+                link = await in_browser(
+                    browser.find_element, "css selector", ".failure .story-link"
+                )
+                assert link.text == bad.key
+                await in_browser(link.click)
+                await in_browser(
+                    page.wait, "const k = document.getElementById('story-key');"
+                    "return k && document.getElementById('story').innerText.includes('erred')",
+                    "the story page",
+                )  # fmt: skip
+                assert browser.find_element("id", "story-key").text == bad.key
+                text = browser.find_element("tag name", "body").text
+                assert "ValueError: record 42: unexpected field 'qty'" in text
+                assert "Traceback" in text
+    assert peak >= 5 and (tmp_path / "dashboard.png").stat().st_size > 10_000
+
+
+@pytest.mark.slow
+def test_chromium_renders_alerts_from_an_alerts_reply(browser: Any, tmp_path: Path) -> None:
+    """The page draws what an AlertsReply holds (pending, firing, resolved; labels,
+    fields, a dashboard link), checked in the browser right after it renders."""
+    with Cli(tmp_path / "home") as cli:
+        proc, _ = cli.manager()
+        url = cli.line_with(proc, "dashboard on").split("dashboard on", 1)[1].strip()
+        browser.get(url)
+        page = Dashboard(browser)
+        page.wait("return document.body.dataset.snapshots >= 1", "a first snapshot")
+        metrics, status, alerts = _answers()
+        more = (
+            AlertInfo("StuckBlocks", "pending", labels={"pool": "gpu"}),
+            AlertInfo("NoWorkers", "resolved", resolved_at=1.0),
+        )
+        alerts = AlertsReply(alerts=(*more, *alerts.alerts), audit=("scaled cpu out by 2",))
+        snap = build_snapshot(metrics, status, alerts, now=1000.0)
+        shown = browser.execute_script(
+            "render(arguments[0]);"
+            "return [...document.querySelectorAll('.alert')].map(a => [a.dataset.name,"
+            " a.dataset.state, a.innerText]);",
+            snap,
+        )
+    assert [(n, s) for n, s, _ in shown] == [
+        ("QueueTimeHigh", "firing"),  # firing first
+        ("StuckBlocks", "pending"),
+        ("NoWorkers", "resolved"),
+    ]
+    firing = shown[0][2]
+    assert "FIRING" in firing and "pool=cpu" in firing and "max_queue_size=7" in firing
+    assert "dashboard: /" in firing
