@@ -438,8 +438,14 @@ async def test_the_dashboard_in_chromium_follows_a_real_run(browser: Any, tmp_pa
     async def in_browser(fn: Any, *args: Any) -> Any:
         return await anyio.to_thread.run_sync(fn, *args)
 
+    config = tmp_path / "corral.toml"  # a queue-time rule short enough for a test
+    config.write_text(
+        '[alerting]\ninterval = 0.5\n\n[[alerts]]\nname = "QueueTime"\n'
+        "expr = 'corral_queue_depth > 0 and corral_queue_oldest_wait_seconds > 1'\n"
+        'for = 1\nlabels = {team = "ci", priority = "P2"}\n'
+    )
     with Cli(tmp_path / "home") as cli:
-        proc, address = cli.manager()
+        proc, address = cli.manager("--config", str(config))
         url = cli.line_with(proc, "dashboard on").split("dashboard on", 1)[1].strip()
         cli.worker(address, "--cores", "1", "--pool", "cpu")
         cli.worker(address, "--cores", "1", "--pool", "cpu")
@@ -469,12 +475,14 @@ async def test_the_dashboard_in_chromium_follows_a_real_run(browser: Any, tmp_pa
                     page.wait, "return document.querySelectorAll('rect.try').length >= 6",
                     "the task stream to show the finished tries",
                 )  # fmt: skip
+                # The burst waits: the queue-time rule goes pending, then fires.
+                firing = await in_browser(page.wait_for_alert, "QueueTime")
+                assert "max_queue_size" in firing and "P2" in firing, firing
                 await in_browser(page.screenshot, tmp_path / "dashboard.png")
-                # Once the alert monitor runs in the manager, a queue-time rule fires
-                # here: `await in_browser(page.wait_for_alert, "<rule name>")`.
                 gate.touch()
                 assert [await f for f in burst] == ["opened"] * 12
                 await in_browser(page.wait_for_empty_queue)
+                await in_browser(page.wait_for_alert, "QueueTime", "resolved")
 
                 # One click from the failed task to its story.
                 link = await in_browser(
