@@ -884,7 +884,9 @@ class SchedulerState:
         self._to_fail: list[tuple[TaskState, TaskState]] = []
         self._to_cancel: list[tuple[TaskState, str]] = []
         self._too_large: list[TaskState] = []  #: to check (and fail) for admission
-        self._short_of_disk = False  #: the last ``_candidates`` call lacked only disk
+        #: the free workers the last ``_candidates`` call refused for their disk alone
+        #: (empty unless disk was all that kept the task from every free worker)
+        self._short_of_disk: list[WorkerState] = []
         self._stimulus = ""
         self._now = 0.0
 
@@ -1794,7 +1796,7 @@ class SchedulerState:
             if isinstance(holder, WorkerState):
                 candidates.append(holder)  # busy, but it has every input
             if not candidates:
-                if self._short_of_disk and not self._waits_for_disk(ts):
+                if self._short_of_disk and not self._waits_for_disk(ts, self._short_of_disk):
                     continue  # no worker could ever hold it: failed
                 parked.append((best_q, entry))  # resources or disk: wait for a worker
                 continue
@@ -1821,11 +1823,12 @@ class SchedulerState:
             and (w.memory >= need or not w.memory)
             and (not producer or self._takes_producer(w))
         ]
-        self._short_of_disk = False
+        self._short_of_disk = []
         if cands and any(w.disk for w in cands):
             out = self._expected_output(ts)[0]
             fits = [w for w in cands if self._disk_fits(ts, w, out)]
-            self._short_of_disk = not fits
+            if not fits:
+                self._short_of_disk = cands
             cands = fits
         return self._long_enough(ts, cands) if self.deadlines and cands else cands
 
@@ -1861,33 +1864,34 @@ class SchedulerState:
             return False
         return self._fetch_bytes(ts, ws) + out <= free
 
-    def _waits_for_disk(self, ts: TaskState) -> bool:
-        """``ts`` is ready and free workers would take it but for their disk. If some
-        worker of its pool (taking new tasks) could hold it with its disk otherwise
-        empty, it waits, and its story says for what (the free worker with the most
-        disk to spare, when that changes); else it fails with TaskTooBigForDisk.
-        Returns whether it waits."""
+    def _waits_for_disk(self, ts: TaskState, refused: list[WorkerState]) -> bool:
+        """``ts`` is ready and the free workers in ``refused`` would take it but for
+        their disk. If some worker of its pool (taking new tasks) could hold it with its
+        disk otherwise empty, it waits, and its story says for what (the refused worker
+        with the most disk to spare, when that changes); else it fails with
+        TaskTooBigForDisk. Returns whether it waits."""
         out, source = self._expected_output(ts)
         pool = ts.spec.pool
-        best: tuple[float, str, int, float] | None = None  # (room after, worker, need, free)
-        fits_some = False
         least_need: int | None = None  # on the workers it can never fit
         largest = 0
-        for w in self.workers.values():
-            if w.draining or (pool is not None and w.pool != pool):
-                continue
-            need = self._fetch_bytes(ts, w) + out
-            if not w.disk or need <= w.disk:
-                fits_some = True  # it fits there once that disk has room
-            else:
+        if ts.in_nbytes + out > self.largest_disk.get(pool, _NO_LIMIT):
+            # Maybe nowhere, even with every input already there: look at each worker.
+            for w in self.workers.values():
+                if w.draining or (pool is not None and w.pool != pool):
+                    continue
+                need = self._fetch_bytes(ts, w) + out
+                if not w.disk or need <= w.disk:
+                    least_need = None  # it fits there once that disk has room
+                    break
                 least_need = need if least_need is None else min(least_need, need)
                 largest = max(largest, w.disk)
-            if w.id not in self.free:
-                continue  # busy: not why it waits
-            free = _disk_free(w)
-            if best is None or (free - need, w.id) > (best[0], best[1]):
-                best = (free - need, w.id, need, free)
-        if fits_some or least_need is None:
+        if least_need is None:
+            best: tuple[float, str, int, float] | None = None  # (room after, id, need, free)
+            for w in refused:
+                need = self._fetch_bytes(ts, w) + out
+                free = _disk_free(w)
+                if best is None or (free - need, w.id) > (best[0], best[1]):
+                    best = (free - need, w.id, need, free)
             if best is not None:
                 _, wid, need, free = best
                 why = f"needs {need} B, best worker {wid} has {max(0, int(free))} B free"

@@ -184,7 +184,13 @@ def build_parser() -> argparse.ArgumentParser:
     wrk.add_argument(
         "--memory", default="0", metavar="SIZE", help="memory it offers, e.g. 4GiB (default: all)"
     )
-    wrk.add_argument("--disk", default="0", metavar="SIZE", help="disk it offers, e.g. 20GiB")
+    wrk.add_argument(
+        "--disk",
+        default="0",
+        metavar="SIZE",
+        help="disk it offers for outputs on disk (spilled or written), e.g. 20GiB; "
+        "default: the free space of its spill directory's file system less a tenth (at most 1 GiB)",
+    )
     fence = "fraction of --memory"
     wrk.add_argument(
         "--spill", default=None, metavar="F", help=f"spill fence, {fence}, or 'off' (0.6)"

@@ -282,10 +282,12 @@ async def start_local_processes(
     listen: str = "ws://127.0.0.1:0",
     tokens: Tokens | None = None,
     memory_options: Mapping[str, Any] | None = None,
+    disk: int = 0,
 ) -> str:
     """Serve a gateway on ``listen`` and keep ``n`` worker processes on this machine
     joined to ``plane`` (replaced when they crash; stopped with the plane's system, and
-    never outliving this process however it ends). Returns the gateway's address."""
+    never outliving this process however it ends). Returns the gateway's address.
+    ``disk``: each worker's ``--disk`` (0: measured by the worker)."""
 
     from actors.processes import LocalProcessProvider
 
@@ -294,11 +296,11 @@ async def start_local_processes(
     address = listener.address
 
     def argv_for(block_id: str, index: int) -> list[str]:
-        return worker_argv(address, threads, memory, pool, memory_options)
+        return worker_argv(address, threads, memory, pool, memory_options, disk=disk)
 
     provider = LocalProcessProvider(argv_for, env={"CORRAL_TOKEN": tokens.admin})
     await plane.system.start_service(provider.run)
-    spec = BlockSpec(1, threads, memory, 0, pool)
+    spec = BlockSpec(1, threads, memory, disk, pool)
     await start_autoscaler(plane, provider, {pool: PoolTarget(n, spec)})
     return address
 
@@ -310,8 +312,10 @@ def worker_argv(
     pool: str,
     memory_options: Mapping[str, Any] | None = None,
     deadline: float | None = None,
+    disk: int = 0,
 ) -> list[str]:
-    """The command line of a worker process joining ``address``."""
+    """The command line of a worker process joining ``address`` (``disk`` 0: no
+    ``--disk``, the worker measures its disk)."""
     import sys
 
     argv = [sys.executable, "-m", "runtime", "worker", address, "--cores", str(threads)]
@@ -320,6 +324,8 @@ def worker_argv(
         argv += ["--memory-options", json.dumps(dict(memory_options))]
     if deadline is not None:
         argv += ["--deadline", repr(deadline)]
+    if disk:
+        argv += ["--disk", str(disk)]
     return argv
 
 
@@ -376,7 +382,7 @@ def pool_worker_argv(
         deadline = time.time() + pool.walltime
     argv = worker_argv(
         address, pool.cores_per_worker, pool.memory_per_worker, pool.name, memory_options,
-        deadline,
+        deadline, disk=pool.disk_per_worker,
     )  # fmt: skip
     if pool.provider == "slurm":
         argv += ["--host", HOST_PLACEHOLDER]
