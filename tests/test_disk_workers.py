@@ -110,6 +110,9 @@ async def test_a_nearly_full_disk_never_receives_a_task_that_would_overflow_it(
             stats = status["categories"]["spill"]
             assert (stats["disk_full"], stats["count"]) == (1, 1)
             assert stats["max_nbytes"] >= 2 * MB
+            # The console's status shows each worker's free disk of what it offers.
+            text = _rendered(status)
+            assert "disk free" in text and "of 3.0 MiB" in text and "of 6.0 MiB" in text
         assert a.poll() is None and b.poll() is None  # both workers lived through it
 
 
@@ -181,3 +184,15 @@ def test_an_output_that_does_not_fit_leaves_no_file_behind(tmp_path: Path) -> No
         assert not store.write("big", b"x" * 2 * MB)
         assert "big" not in store and store.disk_bytes == before
         assert sorted(p.name for p in Path(store.directory or "").iterdir()) == ["00000001.spill"]
+
+
+def _rendered(status: dict[str, Any]) -> str:
+    import io
+
+    from rich.console import Console
+
+    from runtime.console import jsonable, render_status
+
+    out = io.StringIO()
+    Console(file=out, width=200).print(render_status(jsonable(status)))
+    return out.getvalue()
