@@ -33,12 +33,15 @@ def make(nbytes: int) -> tuple[int, bytes]:
     return os.getpid(), b"x" * nbytes
 
 
+@pytest.mark.timeout(200)  # a backstop: every wait below is bounded
 async def test_a_nearly_full_disk_never_receives_a_task_that_would_overflow_it(
     tmp_path: Path,
 ) -> None:
     from runtime import Cluster
 
-    with Cli(tmp_path / "home") as cli, anyio.fail_after(90):
+    # Three worker-process starts and a dozen runs: about 10 s alone, a minute when the
+    # machine is shared.
+    with Cli(tmp_path / "home") as cli, anyio.fail_after(150):
         _, address = await anyio.to_thread.run_sync(cli.manager)
         token = cli.tokens(address)["admin"]
         # Past the spill fence from the start (1% of 2 GiB, below any worker's RSS):
