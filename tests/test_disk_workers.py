@@ -199,3 +199,13 @@ def _rendered(status: dict[str, Any]) -> str:
     out = io.StringIO()
     Console(file=out, width=200).print(render_status(jsonable(status)))
     return out.getvalue()
+
+
+def test_the_preflight_check_counts_disk_per_worker_as_the_most_a_pool_spills() -> None:
+    from actors.pools import pools_from_dicts
+    from runtime.preflight import expected_spill
+
+    shape = {"memory_per_worker": "4GiB", "workers_per_node": 2, "max_blocks": 3}
+    pools = pools_from_dicts({"p": {**shape, "disk_per_worker": "1GiB"}, "q": shape})
+    # p: 2 x 3 workers keep at most 1 GiB each on disk; q spills up to its memory.
+    assert expected_spill(pools) == (6 * 2**30 + 24 * 2**30, [])
