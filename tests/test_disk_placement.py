@@ -283,3 +283,47 @@ def test_consumers_first_runs_the_largest_consumers_before_roots(make_state: Fac
     assert order_run(make_state, "consumers-first") == ["big", "small", "r0", "r1", "r2"]
     # The default (graph order) interleaves them differently: the policy decides.
     assert order_run(make_state, "graph") != ["big", "small", "r0", "r1", "r2"]
+
+
+# ----------------------------------------------------------------------------- locality
+
+
+def consumer_of_a(make_state: Factory, used_on_holder: int) -> dict[str, list[str]]:
+    """``a`` (8 MiB) finishes on ``w1`` (pool ``p1``, which also has ``long`` waiting);
+    ``c`` reads it and is declared at 40 MiB. Where ``c`` is sent, when ``w1`` holds
+    ``used_on_holder`` bytes on its 100 MiB disk and ``w2`` (pool ``p2``) nothing."""
+    s = make_state(saturation=1.0)  # the default placement, which keeps data local
+    join(s, "w1", disk=100 * MB, pool="p1")
+    join(s, "w2", disk=100 * MB, pool="p2")
+    submit(
+        s,
+        {"a": [], "long": [], "c": ["a"]},
+        ["c", "long"],
+        attrs={"a": {"pool": "p1"}, "long": {"pool": "p1"}, "c": disk(40 * MB)},
+    )
+    assert on(s, "w1") == {"a"}
+    disk_used(s, "w1", used_on_holder)
+    return assigned(finish(s, "w1", "a", nbytes=8 * MB))
+
+
+def test_a_consumer_stays_with_its_data_only_where_its_output_fits(make_state: Factory) -> None:
+    # With room, c stays on w1 with its input as soon as a is done (its slot goes to c).
+    assert consumer_of_a(make_state, 0) == {"w1": ["c"]}
+    # 30 MiB free on w1, less than c's 40: c fetches its input to w2 (8 + 40 MiB fit
+    # there), and w1's slot goes to long.
+    assert consumer_of_a(make_state, 70 * MB) == {"w1": ["long"], "w2": ["c"]}
+
+
+def test_a_root_is_not_paired_onto_a_worker_without_the_disk(make_state: Factory) -> None:
+    table = {"x-0": [], "x-1": [], "both": ["x-0", "x-1"]}
+    attrs = {"x-0": disk(40 * MB), "x-1": disk(40 * MB)}
+    s = make_state(saturation=1.0)
+    join(s, "w", disk=100 * MB)
+    # One slot, two roots feeding one task: the second goes along, one past the slot.
+    assert sorted(assigned(submit(s, table, ["both"], attrs=attrs))["w"]) == ["x-0", "x-1"]
+    t = make_state(saturation=1.0)
+    join(t, "w", disk=100 * MB)
+    disk_used(t, "w", 30 * MB)  # 70 MiB free: one 40 MiB output fits, not two
+    ((first,),) = assigned(submit(t, table, ["both"], attrs=attrs)).values()
+    second = "x-1" if first == "x-0" else "x-0"
+    assert t.tasks[second].state == "queued"
