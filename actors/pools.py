@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from actors.providers import BlockSpec
+from actors.providers import DISK_OFF, BlockSpec
 from policies.scaling import PoolLimits
 from runtime.errors import PoolConfigError
 
@@ -126,7 +126,8 @@ class PoolConfig:
     workers_per_node: int = 1
     cores_per_worker: int = 1
     memory_per_worker: int = 0  #: bytes; 0: the machine's memory
-    #: bytes of disk each worker offers for outputs; 0: its file system's free space
+    #: bytes of disk each worker offers for outputs; 0: its file system's free space;
+    #: ``DISK_OFF`` (``"off"``): not counted
     disk_per_worker: int = 0
     parallelism: float = 1.0
     walltime: float | None = None  #: seconds; None: no limit (Slurm: the partition's)
@@ -273,7 +274,8 @@ def _checked(name: str, raw: Mapping[str, Any]) -> PoolConfig:
             name, "memory_per_worker", f"must be {exc}, got {raw['memory_per_worker']!r}"
         ) from None
     try:
-        disk = _bytes(raw.get("disk_per_worker", 0), "its file system's free space")
+        given = raw.get("disk_per_worker", 0)
+        disk = DISK_OFF if given == "off" else _bytes(given, "its file system's free space")
     except ValueError as exc:
         raise PoolConfigError(
             name, "disk_per_worker", f"must be {exc}, got {raw['disk_per_worker']!r}"

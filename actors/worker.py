@@ -175,7 +175,7 @@ class Worker(Actor):
         *,
         nthreads: int = 1,
         memory: int = 0,
-        disk: int = 0,
+        disk: int | None = 0,
         pool: str = "default",
         fetch_timeout: float = 30.0,
         register: bool = True,
@@ -192,8 +192,8 @@ class Worker(Actor):
         self.resolve = resolve
         self.nthreads = nthreads
         self.memory = memory or int(psutil.virtual_memory().total)
-        if disk < 0:
-            raise ValueError(f"disk must be >= 0 bytes, got {disk}")
+        if disk is not None and disk < 0:
+            raise ValueError(f"disk must be >= 0 bytes (or None: not counted), got {disk}")
         self.pool = pool
         self.deadline = deadline  #: when its walltime ends (epoch seconds; 0: never)
         self.grace = grace  #: seconds it has to leave once told to (copies, goodbye)
@@ -203,12 +203,14 @@ class Worker(Actor):
         #: memory fences and intervals (MemoryConfigError here, not later, if bad)
         self.memory_config = cfg = mem.MemoryConfig.of(self.memory, memory_options)
         #: the directory its outputs go to on disk, and the disk it offers for them:
-        #: ``disk``, or the free space of that file system now less a margin
+        #: ``disk``, or the free space of that file system now less a margin; 0 when
+        #: ``disk`` is None (not counted: the scheduler places as if it had no limit)
         self.disk_dir = cfg.spill_dir or tempfile.gettempdir()
-        free = disk_free(self.disk_dir)
+        free = disk_free(self.disk_dir) if disk is not None else 0
         self.disk_margin = min(DISK_MARGIN, free // 10)
-        self.disk = disk or max(1, free - self.disk_margin)
-        store_limit = min(cfg.disk_limit, self.disk) if cfg.disk_limit else self.disk
+        self.disk = 0 if disk is None else disk or max(1, free - self.disk_margin)
+        limits = [n for n in (cfg.disk_limit, self.disk) if n]
+        store_limit = min(limits) if limits else 0
         #: the pure core: which tasks fetch, wait and run, what memory needs
         self.state = WorkerState(worker_id, nthreads, cfg, killable=cfg.execution == "process")
         #: outputs held here (spilled to disk under memory pressure)
@@ -330,8 +332,10 @@ class Worker(Actor):
     def memory_tick(self, msg: _MemoryTick) -> None:
         self._sample()
         # Others may fill (or free) the file system: report a move of 1% of the disk.
-        if abs(self._disk_free() - self._reported_disk[1]) >= max(2**20, self.disk // 100):
-            self._report()
+        if self.disk:
+            moved = abs(self._disk_free() - self._reported_disk[1])
+            if moved >= max(2**20, self.disk // 100):
+                self._report()
         if self.streams:
             self.streams.expire(self._now())  # streams whose reader died
 
@@ -394,6 +398,8 @@ class Worker(Actor):
     def _disk_free(self) -> int:
         """Disk left for outputs: the limit less the bytes on disk, or what the file
         system has free less the margin, whichever is less."""
+        if not self.disk:
+            return 0  # not counted
         room = self.disk - self.data.disk_bytes
         with contextlib.suppress(OSError):  # the directory's file system went away
             room = min(room, disk_free(self.disk_dir) - self.disk_margin)
@@ -403,6 +409,7 @@ class Worker(Actor):
         cfg, store, governor = self.memory_config, self.data, self.state.governor
         free = self._disk_free()
         self._reported_disk = (store.disk_bytes, free)
+        disk_free = free if self.disk else None
         self.scheduler.post(
             WorkerMemoryReport(
                 self.worker_id,
@@ -414,7 +421,7 @@ class Worker(Actor):
                 store.disk_bytes,
                 store.spilled_total,
                 self.executor.abandoned if self.executor is not None else 0,
-                free,
+                disk_free,
             )
         )
 

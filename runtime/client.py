@@ -31,7 +31,7 @@ from dask.utils import funcname
 from actors import transfer
 from actors.autoscaler import PoolTarget
 from actors.manager import GatherResult, Manager
-from actors.providers import BlockSpec, InProcessProvider
+from actors.providers import DISK_OFF, BlockSpec, InProcessProvider
 from actors.scheduler import Scheduler
 from actors.scheduler_state import KeyCancelled, KeyDone, KeyErred
 from actors.transfer import READ_TIMEOUT, StreamInfo, UnknownStream
@@ -576,9 +576,12 @@ class Cluster:
         self.n_workers = n
         self.threads_per_worker = threads_per_worker
         self.memory_per_worker = parse_bytes(memory_per_worker)
-        self.disk_per_worker = parse_bytes(disk_per_worker)
-        if self.disk_per_worker < 0:
-            raise ValueError(f"disk_per_worker must be >= 0, got {disk_per_worker!r}")
+        if disk_per_worker == "off":
+            self.disk_per_worker = DISK_OFF  # not counted
+        else:
+            self.disk_per_worker = parse_bytes(disk_per_worker)
+            if self.disk_per_worker < 0:
+                raise ValueError(f"disk_per_worker must be >= 0 or 'off', got {disk_per_worker!r}")
         self.memory_options = dict(memory_options or {})
         if self.memory_options:  # MemoryConfigError now, not in each worker later
             from actors.memory import MemoryConfig

@@ -51,7 +51,7 @@ import anyio.abc
 from actors.autoscaler import Autoscaler, PoolTarget
 from actors.manager import Manager
 from actors.pools import PoolConfig, load_config
-from actors.providers import BlockSpec, Provider, WorkerFactory
+from actors.providers import DISK_OFF, BlockSpec, Provider, WorkerFactory
 from actors.registry import FileRegistry
 from actors.scheduler import Scheduler
 from actors.scheduler_state import SchedulerConfig
@@ -236,7 +236,7 @@ def worker_factory(scheduler: ActorRef[Scheduler], **options: Any) -> WorkerFact
     ) -> Worker:
         return Worker(
             worker_id, scheduler, resolve, nthreads=spec.threads, memory=spec.memory,
-            disk=spec.disk, pool=spec.pool, **options,
+            disk=None if spec.disk == DISK_OFF else spec.disk, pool=spec.pool, **options,
         )  # fmt: skip
 
     return make
@@ -287,7 +287,7 @@ async def start_local_processes(
     """Serve a gateway on ``listen`` and keep ``n`` worker processes on this machine
     joined to ``plane`` (replaced when they crash; stopped with the plane's system, and
     never outliving this process however it ends). Returns the gateway's address.
-    ``disk``: each worker's ``--disk`` (0: measured by the worker)."""
+    ``disk``: each worker's ``--disk`` (0: measured by the worker; ``DISK_OFF``: off)."""
 
     from actors.processes import LocalProcessProvider
 
@@ -315,7 +315,7 @@ def worker_argv(
     disk: int = 0,
 ) -> list[str]:
     """The command line of a worker process joining ``address`` (``disk`` 0: no
-    ``--disk``, the worker measures its disk)."""
+    ``--disk``, the worker measures its disk; ``DISK_OFF``: ``--disk off``)."""
     import sys
 
     argv = [sys.executable, "-m", "runtime", "worker", address, "--cores", str(threads)]
@@ -325,7 +325,7 @@ def worker_argv(
     if deadline is not None:
         argv += ["--deadline", repr(deadline)]
     if disk:
-        argv += ["--disk", str(disk)]
+        argv += ["--disk", "off" if disk == DISK_OFF else str(disk)]
     return argv
 
 
@@ -1115,7 +1115,7 @@ async def run_worker(
     *,
     cores: int = 1,
     memory: int = 0,
-    disk: int = 0,
+    disk: int | None = 0,
     pool: str = "default",
     host: str = "127.0.0.1",
     token: str | None = None,

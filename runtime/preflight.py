@@ -631,7 +631,7 @@ def expected_spill(pools: Mapping[str, PoolConfig]) -> tuple[int, list[str]]:
 
     total, unknown, shared = 0, [], False
     for pool in pools.values():
-        per_worker = pool.disk_per_worker or pool.memory_per_worker
+        per_worker = max(0, pool.disk_per_worker) or pool.memory_per_worker
         if per_worker:
             total += per_worker * pool.workers_per_block * pool.max_blocks
         elif pool.provider == "local":

@@ -209,3 +209,23 @@ def test_the_preflight_check_counts_disk_per_worker_as_the_most_a_pool_spills() 
     pools = pools_from_dicts({"p": {**shape, "disk_per_worker": "1GiB"}, "q": shape})
     # p: 2 x 3 workers keep at most 1 GiB each on disk; q spills up to its memory.
     assert expected_spill(pools) == (6 * 2**30 + 24 * 2**30, [])
+
+
+def test_a_disk_that_is_not_counted_is_off_everywhere(tmp_path: Path) -> None:
+    from actors.pools import pools_from_dicts
+    from actors.providers import DISK_OFF
+    from actors.worker import Worker
+    from runtime import Cluster
+    from runtime.node import worker_argv
+
+    options = {"spill_dir": str(tmp_path)}
+    w = Worker("w", None, lambda _: None, disk=None, memory_options=options)  # type: ignore[arg-type]
+    # Announced as no limit (the scheduler places as if it had none), nothing enforced.
+    assert (w.disk, w.info.disk, w.data.disk_limit) == (0, 0, 0)
+    w.data.close()
+    assert Cluster(workers=1, disk_per_worker="off").disk_per_worker == DISK_OFF
+    (pool,) = pools_from_dicts({"p": {"disk_per_worker": "off"}}).values()
+    assert pool.block_spec().disk == DISK_OFF
+    argv = worker_argv("ws://127.0.0.1:1", 1, 0, "p", disk=DISK_OFF)
+    assert argv[argv.index("--disk") + 1] == "off"
+    assert "--disk" not in worker_argv("ws://127.0.0.1:1", 1, 0, "p")  # measured
