@@ -258,31 +258,33 @@ def test_disk_full_tries_are_retried_a_bounded_number_of_times(make_state: Facto
 
 
 def order_run(make_state: Factory, priority: str) -> list[str]:
-    """On one single-slot worker: roots ``a`` (5 MiB) and ``b`` (1 MiB) finish; then
-    ``small`` (reads b), ``big`` (reads a) and roots ``r0``..``r2`` are ready. The order
-    the rest are sent in."""
+    """On one single-slot worker: roots ``a`` (5 MiB), ``b`` (1 MiB) and ``r0``..``r2``
+    are submitted, ``a`` and ``b`` first (user priority); once ``a`` is done, ``big``
+    (reads a) and ``small`` (reads b) come in a second submission. The order in which
+    the rest are sent once ``b`` is done."""
     s = make_state(saturation=1.0, priority=priority, placement="least-loaded")
     join(s, "w", disk=0)
-    table = {"a": [], "b": [], "small": ["b"], "big": ["a"], "r0": [], "r1": [], "r2": []}
-    wanted = ["small", "big", "r0", "r1", "r2"]
-    attrs = {k: {"priority": 1.0} for k in ("a", "b")}  # computed first under any policy
-    submit(s, table, wanted, attrs=attrs)
-    sizes = {"a": 5 * MB, "b": MB}
+    roots = {"a": [], "b": [], "r0": [], "r1": [], "r2": []}
+    submit(s, roots, list(roots), attrs={"a": {"priority": 2.0}, "b": {"priority": 1.0}})
+    assert on(s, "w") == {"a"}
+    finish(s, "w", "a", nbytes=5 * MB)
+    submit(s, {"big": ["a"], "small": ["b"]}, ["big", "small"])
+    assert on(s, "w") == {"b"}
+    finish(s, "w", "b", nbytes=MB)
     sent: list[str] = []
-    while True:
-        running = sorted(on(s, "w"))
-        if not running:
-            return sent
+    while running := sorted(on(s, "w")):
         (key,) = running
-        if key not in sizes:
-            sent.append(key)
-        finish(s, "w", key, nbytes=sizes.get(key, 100))
+        sent.append(str(key))
+        finish(s, "w", key, nbytes=100)
+    return sent
 
 
 def test_consumers_first_runs_the_largest_consumers_before_roots(make_state: Factory) -> None:
-    assert order_run(make_state, "consumers-first") == ["big", "small", "r0", "r1", "r2"]
-    # The default (graph order) interleaves them differently: the policy decides.
-    assert order_run(make_state, "graph") != ["big", "small", "r0", "r1", "r2"]
+    sent = order_run(make_state, "consumers-first")
+    assert sent[:2] == ["big", "small"] and sorted(sent[2:]) == ["r0", "r1", "r2"]
+    # The default runs the earlier submission's roots first: the policy decides.
+    sent = order_run(make_state, "graph")
+    assert sorted(sent[:3]) == ["r0", "r1", "r2"] and sorted(sent[3:]) == ["big", "small"]
 
 
 # ----------------------------------------------------------------------------- locality
@@ -299,7 +301,7 @@ def consumer_of_a(make_state: Factory, used_on_holder: int) -> dict[str, list[st
         s,
         {"a": [], "long": [], "c": ["a"]},
         ["c", "long"],
-        attrs={"a": {"pool": "p1"}, "long": {"pool": "p1"}, "c": disk(40 * MB)},
+        attrs={"a": {"pool": "p1", "priority": 1.0}, "long": {"pool": "p1"}, "c": disk(40 * MB)},
     )
     assert on(s, "w1") == {"a"}
     disk_used(s, "w1", used_on_holder)
