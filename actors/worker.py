@@ -458,17 +458,19 @@ class Worker(Actor):
                 self._feed(ws.Spilled(time.time(), kept))
 
     def _write_outputs(self, results: tuple[Any, ...]) -> tuple[Any, ...]:
-        """Past the spill fence, outputs go to disk as they are made (they would be
-        spilled next). One that does not fit under ``--disk`` (or that the disk
-        refuses) ends its try ``disk-full``: its partial file is removed, nothing of it
-        is kept, and the scheduler retries it where it fits."""
+        """Past the spill fence, a new output cannot stay in memory for long: it will
+        be spilled. One larger than the disk left under ``--disk`` is written to disk at
+        once; if that fails for room (as expected) or the disk refuses it, its try ends
+        ``disk-full``: its partial file is removed, nothing of it is kept, and the
+        scheduler retries it where it fits. Outputs that fit are stored as always (in
+        memory; the governor spills the least recently used)."""
         out = []
         for res, value in results:
-            if res.outcome != "ok":
+            room = self._disk_free() if res.outcome == "ok" and self.disk else None
+            if room is None or res.nbytes <= room:
                 out.append((res, value))
                 continue
-            room = self._disk_free()
-            if self.data.write(res.key, value, res.nbytes):
+            if self.data.write(res.key, value, res.nbytes):  # smaller than it seemed
                 self._written.add(res.key)
                 out.append((res, value))
                 continue
