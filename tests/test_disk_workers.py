@@ -1,7 +1,7 @@
 """Disk-aware placement on real worker processes (``python -m runtime worker --disk``).
 
-Two CLI workers past their spill fence write every output to disk as it is made, each
-under a tiny ``--disk``: ``a`` (3 MiB, pool ``a``) and ``b`` (6 MiB, pool ``b``). Filling
+Two CLI workers past their spill fence spill every output to disk soon after it is made,
+each under a tiny ``--disk``: ``a`` (3 MiB, pool ``a``) and ``b`` (6 MiB, pool ``b``). Filling
 them through their own pools leaves ``a`` nearly full. Then, with no pool:
 
 - tasks that would overflow ``a`` never go there: ``b`` runs every one;
@@ -45,7 +45,8 @@ async def test_a_nearly_full_disk_never_receives_a_task_that_would_overflow_it(
         _, address = await anyio.to_thread.run_sync(cli.manager)
         token = cli.tokens(address)["admin"]
         # Past the spill fence from the start (1% of 2 GiB, below any worker's RSS):
-        # every output goes to disk as it is made.
+        # every output is spilled to disk, and one larger than the room left is written
+        # there at once (and ends disk-full when it does not fit).
         common = ["--memory", "2GiB", "--spill", "0.01", "--cores", "1"]
 
         def start(name: str, disk: str) -> Any:
