@@ -98,6 +98,14 @@ def parse_seconds(value: object) -> float:
     raise ValueError("a number of seconds or a time 'HH:MM:SS' (or 'D-HH:MM:SS')")
 
 
+def _size_key(name: str, raw: Mapping[str, Any], key: str, zero: str) -> int:
+    """Pool ``name``'s ``key``, a size in bytes (0 if absent: ``zero`` says what it means)."""
+    try:
+        return _bytes(raw.get(key, 0), zero)
+    except ValueError as exc:
+        raise PoolConfigError(name, key, f"must be {exc}, got {raw[key]!r}") from None
+
+
 def _bytes(value: object, zero: str = "the machine's memory") -> int:
     """Bytes from a whole number or a size such as ``"4GiB"`` or ``"500MB"``."""
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
@@ -267,19 +275,12 @@ def _checked(name: str, raw: Mapping[str, Any]) -> PoolConfig:
         raise PoolConfigError(
             name, "drain_period", f"must be shorter than walltime ({walltime:g} s), got {drain:g}"
         )
-    try:
-        memory = _bytes(raw.get("memory_per_worker", 0))
-    except ValueError as exc:
-        raise PoolConfigError(
-            name, "memory_per_worker", f"must be {exc}, got {raw['memory_per_worker']!r}"
-        ) from None
-    try:
-        given = raw.get("disk_per_worker", 0)
-        disk = DISK_OFF if given == "off" else _bytes(given, "its file system's free space")
-    except ValueError as exc:
-        raise PoolConfigError(
-            name, "disk_per_worker", f"must be {exc}, got {raw['disk_per_worker']!r}"
-        ) from None
+    memory = _size_key(name, raw, "memory_per_worker", "the machine's memory")
+    disk = (
+        DISK_OFF
+        if raw.get("disk_per_worker") == "off"
+        else _size_key(name, raw, "disk_per_worker", "its file system's free space")
+    )
     fallback = raw.get("fallback")
     if fallback is not None:
         fallback = _text(name, "fallback", fallback)
