@@ -230,3 +230,23 @@ def test_a_disk_that_is_not_counted_is_off_everywhere(tmp_path: Path) -> None:
     argv = worker_argv("ws://127.0.0.1:1", 1, 0, "p", disk=DISK_OFF)
     assert argv[argv.index("--disk") + 1] == "off"
     assert "--disk" not in worker_argv("ws://127.0.0.1:1", 1, 0, "p")  # measured
+
+
+async def test_an_embedded_cluster_counts_the_disk_per_worker_it_was_given() -> None:
+    from runtime import Cluster
+
+    async with Cluster(workers=2, disk_per_worker="3MiB") as cluster:
+        with anyio.fail_after(30):
+            await cluster.wait_for_workers(2)
+            status = await cluster.status()
+            assert [w.disk for w in status["workers"]] == [3 * MB, 3 * MB]
+            (ok,) = await cluster.submit_graph(
+                {"fits-1": (make, MB)}, ["fits-1"], resources={"disk": 2 * MB}
+            )
+            assert len((await ok.result())[1]) == MB
+            (big,) = await cluster.submit_graph(
+                {"big-1": (make, 10)}, ["big-1"], resources={"disk": 4 * MB}
+            )
+            with pytest.raises(TaskTooBigForDisk) as info:
+                await big.result()
+            assert (info.value.needed, info.value.largest) == (4 * MB, 3 * MB)
