@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from actors.providers import BlockSpec
+from actors.providers import DISK_OFF, BlockSpec
 from policies.scaling import PoolLimits
 from runtime.errors import PoolConfigError
 
@@ -56,6 +56,7 @@ COMMON_KEYS: Mapping[str, Any] = {
     "workers_per_node": 1,
     "cores_per_worker": 1,
     "memory_per_worker": 0,
+    "disk_per_worker": 0,
     "parallelism": 1.0,
     "walltime": None,
     "drain_period": None,
@@ -104,7 +105,15 @@ def parse_seconds(value: object) -> float:
     raise ValueError("a number of seconds or a time 'HH:MM:SS' (or 'D-HH:MM:SS')")
 
 
-def _bytes(value: object) -> int:
+def _size_key(name: str, raw: Mapping[str, Any], key: str, zero: str) -> int:
+    """Pool ``name``'s ``key``, a size in bytes (0 if absent: ``zero`` says what it means)."""
+    try:
+        return _bytes(raw.get(key, 0), zero)
+    except ValueError as exc:
+        raise PoolConfigError(name, key, f"must be {exc}, got {raw[key]!r}") from None
+
+
+def _bytes(value: object, zero: str = "the machine's memory") -> int:
     """Bytes from a whole number or a size such as ``"4GiB"`` or ``"500MB"``."""
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         return value
@@ -114,7 +123,7 @@ def _bytes(value: object) -> int:
             return int(float(m.group(1)) * _SIZE_UNITS[m.group(2)])
     raise ValueError(
         "bytes as a whole number >= 0 or a size such as '4GiB' or '500MB' "
-        "(units b, kb, mb, gb, tb, kib, mib, gib, tib); 0: the machine's memory"
+        f"(units b, kb, mb, gb, tb, kib, mib, gib, tib); 0: {zero}"
     )
 
 
@@ -132,6 +141,9 @@ class PoolConfig:
     workers_per_node: int = 1
     cores_per_worker: int = 1
     memory_per_worker: int = 0  #: bytes; 0: the machine's memory
+    #: bytes of disk each worker offers for outputs; 0: its file system's free space;
+    #: ``DISK_OFF`` (``"off"``): not counted
+    disk_per_worker: int = 0
     parallelism: float = 1.0
     walltime: float | None = None  #: seconds; None: no limit (Slurm: the partition's)
     drain_period: float | None = None  #: seconds before the walltime; None: computed
@@ -150,9 +162,13 @@ class PoolConfig:
         return self.nodes_per_block * self.workers_per_node
 
     def block_spec(self) -> BlockSpec:
-        """What each block of this pool is: its workers, their cores and memory."""
+        """What each block of this pool is: its workers, their cores, memory and disk."""
         return BlockSpec(
-            self.workers_per_block, self.cores_per_worker, self.memory_per_worker, 0, self.name
+            self.workers_per_block,
+            self.cores_per_worker,
+            self.memory_per_worker,
+            self.disk_per_worker,
+            self.name,
         )
 
     def limits(self) -> PoolLimits:
@@ -273,12 +289,12 @@ def _checked(name: str, raw: Mapping[str, Any]) -> PoolConfig:
         raise PoolConfigError(
             name, "drain_period", f"must be shorter than walltime ({walltime:g} s), got {drain:g}"
         )
-    try:
-        memory = _bytes(raw.get("memory_per_worker", 0))
-    except ValueError as exc:
-        raise PoolConfigError(
-            name, "memory_per_worker", f"must be {exc}, got {raw['memory_per_worker']!r}"
-        ) from None
+    memory = _size_key(name, raw, "memory_per_worker", "the machine's memory")
+    disk = (
+        DISK_OFF
+        if raw.get("disk_per_worker") == "off"
+        else _size_key(name, raw, "disk_per_worker", "its file system's free space")
+    )
     fallback = raw.get("fallback")
     if fallback is not None:
         fallback = _text(name, "fallback", fallback)
@@ -298,6 +314,7 @@ def _checked(name: str, raw: Mapping[str, Any]) -> PoolConfig:
         workers_per_node=_whole(name, "workers_per_node", raw.get("workers_per_node", 1), 1),
         cores_per_worker=_whole(name, "cores_per_worker", raw.get("cores_per_worker", 1), 1),
         memory_per_worker=memory,
+        disk_per_worker=disk,
         parallelism=float(parallelism),
         walltime=walltime,
         drain_period=drain,

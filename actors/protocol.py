@@ -49,14 +49,15 @@ class TaskResult:
 
     ``rss_before``/``rss`` are the worker's RSS right before and right after the task.
     ``outcome`` is ``ok``, ``error``, ``timeout``, ``cancelled``, ``oom`` (killed past
-    the worker's terminate fence) or ``missing`` (an input
+    the worker's terminate fence), ``disk-full`` (its output did not fit on the
+    worker's disk: ``nbytes`` is the output's size, which was not kept) or ``missing`` (an input
     could not be fetched: ``missing`` lists ``(key, worker)`` pairs that did not have it;
     the task did not start). ``fetched`` are inputs the worker copied from peers and
     still holds.
     """
 
     key: Key
-    outcome: Literal["ok", "error", "timeout", "cancelled", "missing", "oom"]
+    outcome: Literal["ok", "error", "timeout", "cancelled", "missing", "oom", "disk-full"]
     start: float = 0.0
     stop: float = 0.0
     nbytes: int = 0

@@ -64,8 +64,14 @@ class BlockSpec:
     workers: int = 1
     threads: int = 1
     memory: int = 0
+    #: bytes of disk each worker offers; 0: measured by the worker; ``DISK_OFF``: none
+    #: counted (no disk-aware placement for it)
     disk: int = 0
     pool: str = "default"
+
+
+#: ``BlockSpec.disk`` (and ``disk_per_worker``) for workers whose disk is not counted
+DISK_OFF = -1
 
 
 @dataclasses.dataclass(slots=True)

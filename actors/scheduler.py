@@ -233,8 +233,11 @@ class Scheduler(Actor):
         # Its deadline (wall clock) on the core's clock.
         deadline = self.clock.now() + (info.deadline - time.time()) if info.deadline else None
         self._handle(
-            WorkerJoined(*self._ev(), info.worker_id, info.cores, info.memory, info.pool, deadline)
-        )
+            WorkerJoined(
+                *self._ev(), info.worker_id, info.cores, info.memory, info.pool, deadline,
+                info.disk,
+            )
+        )  # fmt: skip
         if rejoined:  # what was in flight on the old connection is lost: ask what arrived
             msg.ref.post(ConfirmHolds())
 
@@ -287,11 +290,17 @@ class Scheduler(Actor):
             return
         self.memory[msg.worker_id] = msg
         self.rss[msg.worker_id] = msg.rss
+        # Disk used, as placement counts it: what the worker says is no longer free.
+        disk = self.infos[msg.worker_id].disk if msg.worker_id in self.infos else 0
+        used = msg.spilled_bytes
+        if disk and msg.disk_free is not None:
+            used = max(used, disk - msg.disk_free)
         self._handle(
             WorkerMemory(
-                *self._ev(), msg.worker_id, msg.throttled, msg.rss, msg.throttle_at, msg.limit
+                *self._ev(), msg.worker_id, msg.throttled, msg.rss, msg.throttle_at, msg.limit,
+                used,
             )
-        )
+        )  # fmt: skip
 
     @handles(_Tick)
     def tick(self, msg: _Tick) -> None:
@@ -566,4 +575,6 @@ def _stats(s: Any) -> dict[str, Any]:
         "consumed_nbytes": s.consumed_nbytes,
         "peak_rss": s.peak_rss,
         "max_rss_growth": s.max_rss_growth,
+        "max_nbytes": s.max_nbytes,
+        "disk_full": s.disk_full,
     }

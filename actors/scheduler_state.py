@@ -56,6 +56,18 @@ slots) and checks the answer; a missing hook is a rule that is off; a hook that 
 or answers out of bounds is a policy error and nothing moves. Policies see
 :class:`TaskStateView` and :class:`WorkerStateView`, never the core's objects.
 
+Disk-aware placement (see docs/files.md, "Disks"): a worker that advertises a disk
+(``WorkerJoined.disk``, 0: no limit known) gets a task only if its free disk holds the
+inputs it must fetch there plus the task's expected output (``_disk_fits``). Free disk is
+its limit less the bytes it last reported on disk (``WorkerMemory.disk_used``) less what
+the core reserved for the tasks it sent there and that have not finished
+(``disk_reserved``). The expected output (``_expected_output``) is the largest output of
+the category so far (including tries that ended ``disk-full``), or a declared
+``resources={"disk": bytes}``, or a guess. A ready task that only lacks disk waits (its
+story says so); one that no worker of its pool could hold even with an empty disk fails
+with :class:`~runtime.errors.TaskTooBigForDisk` (never for a guessed size). A try whose
+output did not fit anyway ends ``disk-full``; the category learns the size.
+
 The watchdog: if every worker stays
 throttled, nothing but producers is active and nothing finishes for ``stall_timeout``
 seconds, every active task fails with :class:`~runtime.errors.MemoryStalled`.
@@ -103,11 +115,13 @@ from policies.survival import Survival, kaplan_meier
 from runtime.errors import (
     CancelledError,
     DependencyFailed,
+    DiskFull,
     InvalidTransition,
     MemoryStalled,
     MissingKeysError,
     TaskCrashedWorkers,
     TaskOutOfMemory,
+    TaskTooBigForDisk,
     TaskTooLarge,
     WorkerLost,
 )
@@ -157,6 +171,10 @@ __all__ = [
 ]
 
 _NO_LIMIT = float("inf")  #: the memory limit of a worker that reports none (0)
+#: where a task's expected output comes from (disk-aware placement; in its error)
+SEEN_OUTPUT = "the largest output of its category so far"
+DECLARED_OUTPUT = 'declared with resources={"disk": ...}'
+GUESSED_OUTPUT = "a guess: no task of its category has finished yet"
 MAX_LIVES = 1000  #: worker lives kept per pool for its survival estimate
 RECENT_WAITS = 1000  #: the latest waits served kept per pool, for the wait quantiles
 WAIT_QUANTILES = (0.5, 0.9, 0.99)  #: the wait quantiles the metrics give
@@ -238,6 +256,7 @@ class WorkerJoined(Event):
     memory: int
     pool: str = "default"
     deadline: float | None = None
+    disk: int = 0  #: bytes of disk it offers for outputs (0: no limit known)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -322,13 +341,14 @@ class WorkerDraining(Event):
 class WorkerMemory(Event):
     """A worker's memory state: ``throttled`` (deferring producers: past its throttle
     fence), its ``rss`` and where its throttle fence is (``throttle_at`` bytes) out of
-    its ``limit``."""
+    its ``limit``; ``disk_used``: bytes of its outputs on disk now."""
 
     worker: str
     throttled: bool
     rss: int
     throttle_at: int
     limit: int
+    disk_used: int = 0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -438,6 +458,10 @@ class SchedulerConfig:
     drain_period: float | None = None
     #: what a worker needs at the end of its walltime besides its last task (to leave)
     walltime_grace: float = 60.0
+    #: disk-aware placement: the output expected of a task whose category has no
+    #: finished try and that declares no ``resources={"disk": ...}`` (at most half the
+    #: largest disk of its pool, so that a guess alone never keeps a task off every worker)
+    unknown_output: int = 16 * 2**20
 
 
 class WorkerState:
@@ -446,6 +470,9 @@ class WorkerState:
     __slots__ = (
         "cores",
         "deadline",
+        "disk",
+        "disk_reserved",
+        "disk_used",
         "draining",
         "has_what",
         "id",
@@ -486,6 +513,9 @@ class WorkerState:
         self.rss = 0  #: its RSS as last reported
         self.throttle_at = 0  #: bytes where its throttle fence is (0: not reported)
         self.n_producers = 0  #: producers among ``processing``
+        self.disk = 0  #: bytes of disk it offers (0: no limit known)
+        self.disk_used = 0  #: bytes of outputs it holds on disk, as last reported
+        self.disk_reserved = 0  #: disk the core expects its unfinished tasks to take
         #: tasks sent to it before it rejoined over a new connection: they may have been
         #: lost with the old one, until it says what it has (WorkerHeld)
         self.unconfirmed: set[TaskState] = set()
@@ -506,6 +536,8 @@ class TaskState:
         "consumers",
         "dependents",
         "deps",
+        "disk_need",
+        "disk_wait",
         "error",
         "est",
         "generation",
@@ -548,6 +580,8 @@ class TaskState:
         self.generation = generation  #: submission it first came in with
         self.prio: tuple[float, ...] = ()  #: queue priority from the priority policy
         self.est = 0.0  #: estimated duration when it was assigned
+        self.disk_need = 0  #: disk reserved for it on its worker (while processing)
+        self.disk_wait = ""  #: why it waits for disk, as last told in its story
         self.unneeded = False  #: cancelled only because nothing needed it
         self.registered = False  #: the file registry knows its output
         self.behind = False  #: retried: queue behind fresh work
@@ -582,6 +616,10 @@ class TaskState:
     @property
     def oom_tries(self) -> int:
         return sum(1 for t in self.tries if t.outcome == "oom")
+
+    @property
+    def disk_full_tries(self) -> int:
+        return sum(1 for t in self.tries if t.outcome == "disk-full")
 
     @property
     def crash_tries(self) -> int:
@@ -657,6 +695,10 @@ class TaskStateView:
     @property
     def oom_tries(self) -> int:
         return self._ts.oom_tries
+
+    @property
+    def disk_full_tries(self) -> int:
+        return self._ts.disk_full_tries
 
     @property
     def crash_tries(self) -> int:
@@ -745,6 +787,16 @@ class WorkerStateView:
     @property
     def throttled(self) -> bool:
         return self._ws.throttled
+
+    @property
+    def disk(self) -> int:
+        return self._ws.disk
+
+    @property
+    def disk_free(self) -> float:
+        """Disk left for new tasks: its limit less what it holds on disk and what its
+        unfinished tasks are expected to take (``inf``: no limit known)."""
+        return _disk_free(self._ws)
 
 
 class PoolWaits:
@@ -877,6 +929,9 @@ class SchedulerState:
         #: the smallest of ``largest``'s limits: a task whose known inputs are no larger
         #: fits some worker of any pool (the one comparison on the hot path)
         self._floor = _NO_LIMIT
+        #: disk-aware placement: the largest disk limit among the workers that take new
+        #: tasks, per pool and over every pool (``None``); 0 (no limit) is ``inf``
+        self.largest_disk: dict[str | None, float] = {}
         self.stalled_since: float | None = None  #: when the watchdog saw a stall begin
         self._flipped: set[str] = set()  #: categories whose class flipped this event
         self.policy_errors = 0  #: policy calls that raised or answered out of bounds
@@ -906,6 +961,9 @@ class SchedulerState:
         self._to_fail: list[tuple[TaskState, TaskState]] = []
         self._to_cancel: list[tuple[TaskState, str]] = []
         self._too_large: list[TaskState] = []  #: to check (and fail) for admission
+        #: the free workers the last ``_candidates`` call refused for their disk alone
+        #: (empty unless disk was all that kept the task from every free worker)
+        self._short_of_disk: list[WorkerState] = []
         self._stimulus = ""
         self._now = 0.0
 
@@ -924,6 +982,9 @@ class SchedulerState:
             if self._flipped:
                 self._reclassify()
             self._fill()
+            while self._to_fail or self._to_cancel or self._too_large:
+                self._spread_failures()  # a task placement failed (TaskTooBigForDisk)
+                self._fill()
             self._watch()
             if self.draining:
                 self._retire_idle()
@@ -1085,11 +1146,13 @@ class SchedulerState:
             ws = WorkerState(ev.worker, ev.cores, ev.memory, ev.pool, self.config.saturation)
             ws.joined = self._now
             ws.deadline = ev.deadline
+            ws.disk = max(0, ev.disk)
             self.deadlines += ev.deadline is not None
             self.workers[ev.worker] = ws
         else:  # a known worker re-registering (e.g. after a reconnect) keeps its work
             ws.unconfirmed = set(ws.processing)  # until it says what reached it
             ws.cores, ws.memory, ws.pool = ev.cores, ev.memory, ev.pool
+            ws.disk = max(0, ev.disk)
             self.deadlines += (ev.deadline is not None) - (ws.deadline is not None)
             ws.deadline = ev.deadline
             ws.slots = max(1, round(ev.cores * self.config.saturation))
@@ -1160,6 +1223,7 @@ class SchedulerState:
             self._stat(ts).lost += 1
             self._failed_try(ts, "worker-lost", ev.cause, None, ws.id)
             ts.worker = None
+            ts.disk_need = 0
             self._after_failure(ts, "worker-lost", ev.cause, None, ws.id)
         ws.processing.clear()
         ws.n_producers = 0
@@ -1210,13 +1274,23 @@ class SchedulerState:
             else:
                 stat = self._stat(ts)
                 error = res.error
+                try_cause = None
                 if res.outcome == "oom":
                     stat.oom += 1
+                elif res.outcome == "disk-full":
+                    # Its output did not fit on the worker's disk: the category's outputs
+                    # are expected this large from now on, so the retry goes where one fits.
+                    stat.disk_full += 1
+                    stat.max_nbytes = max(stat.max_nbytes, res.nbytes)
+                    try_cause = "disk-full"
+                    if not isinstance(error, DiskFull):  # the worker's own names the room
+                        room = max(0, ws.disk - ws.disk_used) if ws.disk else 0
+                        error = DiskFull(str(ts.key), ws.id, res.nbytes, room, ws.disk)
                 else:
                     stat.errors += 1
-                cause = type(error).__name__ if error is not None else res.outcome
+                cause = try_cause or (type(error).__name__ if error is not None else res.outcome)
                 self._try_ended(
-                    ts, TryRecord(str(ts.key), ws.id, res.start, res.stop, res.outcome, None)
+                    ts, TryRecord(str(ts.key), ws.id, res.start, res.stop, res.outcome, try_cause)
                 )
                 if res.outcome == "oom":
                     limit = ws.memory
@@ -1328,6 +1402,7 @@ class SchedulerState:
         if ws is None:
             return
         ws.rss, ws.throttle_at = ev.rss, ev.throttle_at
+        ws.disk_used = max(0, ev.disk_used)
         if ev.throttled == ws.throttled:
             return
         ws.throttled = ev.throttled
@@ -1511,6 +1586,7 @@ class SchedulerState:
                 largest[None] = limit
         before, self.largest = self.largest, largest
         self._floor = min(largest.values(), default=_NO_LIMIT)
+        self.largest_disk = _largest_per_pool(self.workers.values(), "disk")
         if not any(limit < before.get(pool, _NO_LIMIT) for pool, limit in largest.items()):
             return
         self._too_large.extend(
@@ -1540,6 +1616,7 @@ class SchedulerState:
         stat.max_duration = max(stat.max_duration, duration)
         stat.recent.append(duration)
         stat.total_nbytes += res.nbytes
+        stat.max_nbytes = max(stat.max_nbytes, res.nbytes)
         stat.consumed_nbytes += sum(d.nbytes for d in ts.deps)
         stat.peak_rss = max(stat.peak_rss, res.rss, res.rss_peak)
         if res.rss_before:
@@ -1822,7 +1899,9 @@ class SchedulerState:
             if isinstance(holder, WorkerState):
                 candidates.append(holder)  # busy, but it has every input
             if not candidates:
-                parked.append((best_q, entry))  # resources: wait for a bigger worker
+                if self._short_of_disk and not self._waits_for_disk(ts, self._short_of_disk):
+                    continue  # no worker could ever hold it: failed
+                parked.append((best_q, entry))  # resources or disk: wait for a worker
                 continue
             ws = self._place(ts, candidates)
             self._assign(ts, ws)
@@ -1847,7 +1926,89 @@ class SchedulerState:
             and (w.memory >= need or not w.memory)
             and (not producer or self._takes_producer(w))
         ]
+        self._short_of_disk = []
+        if cands and any(w.disk for w in cands):
+            out = self._expected_output(ts)[0]
+            fits = [w for w in cands if self._disk_fits(ts, w, out)]
+            if not fits:
+                self._short_of_disk = cands
+            cands = fits
         return self._long_enough(ts, cands) if self.deadlines and cands else cands
+
+    # Disk-aware placement (the module docstring; docs/files.md, "Disks").
+
+    def _expected_output(self, ts: TaskState) -> tuple[int, str]:
+        """The output ``ts`` is expected to write, and where that figure comes from."""
+        declared = ts.spec.resources.get("disk")
+        st = self.stats.get(ts.spec.category)
+        if st is not None and (st.count or st.disk_full):
+            if declared is not None and declared > st.max_nbytes:
+                return int(declared), DECLARED_OUTPUT
+            return st.max_nbytes, SEEN_OUTPUT
+        if declared is not None:
+            return max(0, int(declared)), DECLARED_OUTPUT
+        largest = self.largest_disk.get(ts.spec.pool, _NO_LIMIT)
+        return int(min(self.config.unknown_output, largest / 2)), GUESSED_OUTPUT
+
+    @staticmethod
+    def _fetch_bytes(ts: TaskState, ws: WorkerState) -> int:
+        """Bytes of ``ts``'s inputs that ``ws`` does not hold (it must fetch them)."""
+        wid = ws.id
+        return sum(d.nbytes for d in ts.deps if wid not in d.who_has)
+
+    def _disk_fits(self, ts: TaskState, ws: WorkerState, out: int) -> bool:
+        """``ws``'s free disk holds the inputs ``ts`` must fetch there plus ``out``."""
+        if not ws.disk:
+            return True
+        free = ws.disk - ws.disk_used - ws.disk_reserved
+        if ts.in_nbytes + out <= free:
+            return True  # even with every input to fetch
+        if out > free:
+            return False
+        return self._fetch_bytes(ts, ws) + out <= free
+
+    def _waits_for_disk(self, ts: TaskState, refused: list[WorkerState]) -> bool:
+        """``ts`` is ready and the free workers in ``refused`` would take it but for
+        their disk. If some worker of its pool (taking new tasks) could hold it with its
+        disk otherwise empty, it waits, and its story says for what (the refused worker
+        with the most disk to spare, when that changes); else it fails with
+        TaskTooBigForDisk. Returns whether it waits."""
+        out, source = self._expected_output(ts)
+        pool = ts.spec.pool
+        least_need: int | None = None  # on the workers it can never fit
+        largest = 0
+        if ts.in_nbytes + out > self.largest_disk.get(pool, _NO_LIMIT):
+            # Maybe nowhere, even with every input already there: look at each worker.
+            for w in self.workers.values():
+                if w.draining or (pool is not None and w.pool != pool):
+                    continue
+                need = self._fetch_bytes(ts, w) + out
+                if not w.disk or need <= w.disk:
+                    least_need = None  # it fits there once that disk has room
+                    break
+                least_need = need if least_need is None else min(least_need, need)
+                largest = max(largest, w.disk)
+        if least_need is None:
+            best: tuple[float, str, int, float] | None = None  # (room after, id, need, free)
+            for w in refused:
+                need = self._fetch_bytes(ts, w) + out
+                free = _disk_free(w)
+                if best is None or (free - need, w.id) > (best[0], best[1]):
+                    best = (free - need, w.id, need, free)
+            if best is not None:
+                _, wid, need, free = best
+                why = f"needs {need} B, best worker {wid} has {max(0, int(free))} B free"
+                if why != ts.disk_wait:
+                    ts.disk_wait = why
+                    self._log(ts.key, "queued", f"waiting for disk: {why}")
+            return True
+        err = TaskTooBigForDisk(str(ts.key), least_need, largest, pool, out, source)
+        self._log(ts.key, "disk", f"too big: needs {least_need} B > {largest} B")
+        ts.error = err
+        ts.root = (ts.key, err)
+        self._set(ts, "erred")  # inputs it alone needed are cancelled as unneeded
+        self._terminal(ts)
+        return False
 
     # The data-locality rules. The placement policy's hooks (policies.DataLocality)
     # propose; these decide where a proposal is allowed, ask only then, and check the
@@ -1885,6 +2046,8 @@ class SchedulerState:
             return
         res = nxt.spec.resources
         if ws.memory < res.get("memory", 0) or ws.cores < res.get("cores", 0):
+            return
+        if ws.disk and not self._disk_fits(nxt, ws, self._expected_output(nxt)[0]):
             return
         try:
             answer = self._partner(TaskStateView(ts), ws.view, TaskStateView(nxt))
@@ -1933,7 +2096,9 @@ class SchedulerState:
         if ws.memory and ws.memory < ts.in_nbytes:
             return False
         res = ts.spec.resources
-        return ws.memory >= res.get("memory", 0) and ws.cores >= res.get("cores", 0)
+        if ws.memory < res.get("memory", 0) or ws.cores < res.get("cores", 0):
+            return False
+        return not ws.disk or self._disk_fits(ts, ws, self._expected_output(ts)[0])
 
     def _data_holder(self, ts: TaskState) -> WorkerState | None:
         """A busy worker (not free) holding every input of consumer ``ts`` that may
@@ -1998,6 +2163,10 @@ class SchedulerState:
         ws.occupancy += ts.est
         ws.processing.add(ts)
         ws.n_producers += ts.producer
+        ts.disk_wait = ""
+        if ws.disk:  # reserved until it finishes; the worker's reports count it after
+            ts.disk_need = self._fetch_bytes(ts, ws) + self._expected_output(ts)[0]
+            ws.disk_reserved += ts.disk_need
         self._update_free(ws)
         deps = tuple((d.key, tuple(d.who_has)) for d in ts.deps)
         sizes = tuple(d.nbytes for d in ts.deps) if deps else ()
@@ -2010,6 +2179,8 @@ class SchedulerState:
         if ts in ws.processing:
             ws.processing.discard(ts)
             ws.n_producers -= ts.producer
+            ws.disk_reserved -= ts.disk_need
+        ts.disk_need = 0
         ws.occupancy = max(0.0, ws.occupancy - ts.est) if ws.processing else 0.0
         ts.worker = None
         self._update_free(ws)
@@ -2286,6 +2457,8 @@ class SchedulerState:
             assert ws.throttled == (wid in self.throttled), ws
             for ts in ws.processing:
                 assert ts.state == "processing" and ts.worker == wid, ts
+            reserved = sum(ts.disk_need for ts in ws.processing)
+            assert ws.disk_reserved == reserved, (ws, "disk reserved", ws.disk_reserved, reserved)
             for ts in ws.has_what:
                 assert wid in ts.who_has, (ws, ts)
             # A draining worker is never free, whatever its load.
@@ -2299,17 +2472,36 @@ class SchedulerState:
             else:
                 assert not ws.retired, ws
         assert self.draining <= self.workers.keys(), self.draining
-        largest: dict[str | None, float] = {}
-        for ws in self.workers.values():
-            if not ws.draining:
-                limit = float(ws.memory) if ws.memory > 0 else _NO_LIMIT
-                largest[ws.pool] = max(largest.get(ws.pool, 0.0), limit)
-                largest[None] = max(largest.get(None, 0.0), limit)
+        largest = _largest_per_pool(self.workers.values(), "memory")
         assert self.largest == largest, (self.largest, largest)
+        disks = _largest_per_pool(self.workers.values(), "disk")
+        assert self.largest_disk == disks, (self.largest_disk, disks)
         assert self._floor == min(largest.values(), default=_NO_LIMIT), self._floor
         # No ready task may wait while a worker that could run it has a free slot.
         for ts in queued:
             assert not self._candidates(ts), (ts, "queued while a candidate worker is free")
+
+
+def _largest_per_pool(
+    workers: Iterable[WorkerState], limit: Literal["memory", "disk"]
+) -> dict[str | None, float]:
+    """The largest ``limit`` (memory or disk; 0 is no limit: ``inf``) among ``workers``
+    that take new tasks (not draining), per pool and over every pool (``None``)."""
+    largest: dict[str | None, float] = {}
+    for ws in workers:
+        if not ws.draining:
+            n = getattr(ws, limit)
+            value = float(n) if n > 0 else _NO_LIMIT
+            largest[ws.pool] = max(largest.get(ws.pool, 0.0), value)
+            largest[None] = max(largest.get(None, 0.0), value)
+    return largest
+
+
+def _disk_free(ws: WorkerState) -> float:
+    """``ws``'s disk left for new tasks (``inf``: no limit known)."""
+    if not ws.disk:
+        return _NO_LIMIT
+    return ws.disk - ws.disk_used - ws.disk_reserved
 
 
 def _topological(tasks: Iterable[TaskState]) -> list[TaskState]:

@@ -424,6 +424,17 @@ class SpillStore(MutableMapping[Key, Any]):
         """
         return sum(self.nbytes(key) for key in self.spill_keys(nbytes))
 
+    def write(self, key: Key, value: Any, nbytes: int | None = None) -> bool:
+        """Store ``value`` straight on disk, as a task output written there. Returns
+        False, storing nothing and leaving no partial file, if it does not fit under
+        ``disk_limit`` or the disk refuses it; True once it is stored (on disk, or in
+        memory if it cannot be pickled)."""
+        self.put(key, value, nbytes)
+        if self._spill_one(key) is None:
+            self._discard(key)
+            return False
+        return True
+
     def spill_keys(self, nbytes: int) -> list[Key]:
         """As :meth:`spill`, returning the keys moved (least recently used first)."""
         moved: list[Key] = []

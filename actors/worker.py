@@ -23,8 +23,13 @@ other task that finished meanwhile; a fetch's answer does the same.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
+import dataclasses
 import inspect
+import os
+import shutil
+import tempfile
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -41,7 +46,7 @@ from actors.protocol import TaskResult, ToRun
 from actors.store import SpillStore
 from actors.transfer import STREAM_BYTES, UnknownStream
 from actors.worker_state import WorkerState
-from runtime.errors import CorralError, FrameTooLarge, ValueTooLarge
+from runtime.errors import CorralError, DiskFull, FrameTooLarge, ValueTooLarge
 from runtime.graph import Key
 from runtime.kernel import Actor, ActorRef, Envelope, Later, Ref, handles, new_causal_id
 from runtime.messages import (
@@ -70,7 +75,20 @@ from runtime.messages import (
     message,
 )
 
-__all__ = ["Executor", "Worker", "WorkerStatus", "rss"]
+__all__ = ["Executor", "Worker", "WorkerStatus", "disk_free", "rss"]
+
+#: the most of its file system's free space a worker leaves unused when it measures
+#: its disk (no ``--disk``): a tenth of the free space, at most this
+DISK_MARGIN = 2**30
+
+
+def disk_free(directory: str) -> int:
+    """Free bytes of the file system holding ``directory`` (or its nearest existing
+    parent: a spill directory is made at the first spill)."""
+    path = os.path.abspath(directory)
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    return int(shutil.disk_usage(path).free)
 
 
 @message(local=True)
@@ -157,7 +175,7 @@ class Worker(Actor):
         *,
         nthreads: int = 1,
         memory: int = 0,
-        disk: int = 0,
+        disk: int | None = 0,
         pool: str = "default",
         fetch_timeout: float = 30.0,
         register: bool = True,
@@ -174,7 +192,8 @@ class Worker(Actor):
         self.resolve = resolve
         self.nthreads = nthreads
         self.memory = memory or int(psutil.virtual_memory().total)
-        self.disk = disk
+        if disk is not None and disk < 0:
+            raise ValueError(f"disk must be >= 0 bytes (or None: not counted), got {disk}")
         self.pool = pool
         self.deadline = deadline  #: when its walltime ends (epoch seconds; 0: never)
         self.grace = grace  #: seconds it has to leave once told to (copies, goodbye)
@@ -183,10 +202,19 @@ class Worker(Actor):
         self.on_retire = on_retire  #: what a Stop from the scheduler does (default: stop)
         #: memory fences and intervals (MemoryConfigError here, not later, if bad)
         self.memory_config = cfg = mem.MemoryConfig.of(self.memory, memory_options)
+        #: the directory its outputs go to on disk, and the disk it offers for them:
+        #: ``disk``, or the free space of that file system now less a margin; 0 when
+        #: ``disk`` is None (not counted: the scheduler places as if it had no limit)
+        self.disk_dir = cfg.spill_dir or tempfile.gettempdir()
+        free = disk_free(self.disk_dir) if disk is not None else 0
+        self.disk_margin = min(DISK_MARGIN, free // 10)
+        self.disk = 0 if disk is None else disk or max(1, free - self.disk_margin)
+        limits = [n for n in (cfg.disk_limit, self.disk) if n]
+        store_limit = min(limits) if limits else 0
         #: the pure core: which tasks fetch, wait and run, what memory needs
         self.state = WorkerState(worker_id, nthreads, cfg, killable=cfg.execution == "process")
         #: outputs held here (spilled to disk under memory pressure)
-        self.data = SpillStore(cfg.spill_dir, disk_limit=cfg.disk_limit, sizeof=sizeof)
+        self.data = SpillStore(cfg.spill_dir, disk_limit=store_limit, sizeof=sizeof)
         self.streams = transfer.StreamTable()  #: outputs being read by peers part by part
         #: what memory is governed by (default: RSS of this process and its task processes)
         self.probe = probe
@@ -197,6 +225,10 @@ class Worker(Actor):
         self._plan: tuple[anyio.Event, list[tuple[Any, ...]]] | None = None
         self._trimmed = 0.0  #: when the heap was last trimmed
         self._disk_full = False  #: warned that spilling has no disk room
+        self._written: set[Key] = set()  #: outputs just written to disk, for the core
+        #: (bytes on disk, disk free) as the scheduler knows them: at first, from the
+        #: registration (nothing on disk, all of ``disk`` free)
+        self._reported_disk = (0, self._disk_free())
 
     @property
     def governor(self) -> mem.MemoryGovernor:
@@ -236,7 +268,10 @@ class Worker(Actor):
             elif isinstance(cmd, ws.ReportDone):
                 done.extend(cmd.results)
             elif isinstance(cmd, ws.Store):
-                self.data.put(cmd.key, cmd.value, cmd.nbytes)
+                if cmd.key in self._written:  # on disk already (_write_outputs)
+                    self._written.discard(cmd.key)
+                else:
+                    self.data.put(cmd.key, cmd.value, cmd.nbytes)
             elif isinstance(cmd, ws.Fetch):
                 self.start_soon(self._fetch, cmd)
             elif isinstance(cmd, ws.Forget):
@@ -263,6 +298,8 @@ class Worker(Actor):
                 getattr(self.log, cmd.level)(cmd.event, **dict(cmd.fields))
         if done:
             self.scheduler.post(TasksDone(self.worker_id, tuple(done)))
+        if self.data.disk_bytes != self._reported_disk[0]:
+            self._report()  # placement counts this worker's free disk
 
     def _submit(self, task: ToRun) -> None:
         """Hand ``task`` to the executor. A spilled input is read for this task only and
@@ -294,6 +331,11 @@ class Worker(Actor):
     @handles(_MemoryTick)
     def memory_tick(self, msg: _MemoryTick) -> None:
         self._sample()
+        # Others may fill (or free) the file system: report a move of 1% of the disk.
+        if self.disk:
+            moved = abs(self._disk_free() - self._reported_disk[1])
+            if moved >= max(2**20, self.disk // 100):
+                self._report()
         if self.streams:
             self.streams.expire(self._now())  # streams whose reader died
 
@@ -353,8 +395,21 @@ class Worker(Actor):
         if self.executor.kill(key, "oom"):
             self.log.warning("killed a task past the terminate fence", key=str(key), rss=rss)
 
+    def _disk_free(self) -> int:
+        """Disk left for outputs: the limit less the bytes on disk, or what the file
+        system has free less the margin, whichever is less."""
+        if not self.disk:
+            return 0  # not counted
+        room = self.disk - self.data.disk_bytes
+        with contextlib.suppress(OSError):  # the directory's file system went away
+            room = min(room, disk_free(self.disk_dir) - self.disk_margin)
+        return max(0, room)
+
     def _report(self) -> None:
         cfg, store, governor = self.memory_config, self.data, self.state.governor
+        free = self._disk_free()
+        self._reported_disk = (store.disk_bytes, free)
+        disk_free = free if self.disk else None
         self.scheduler.post(
             WorkerMemoryReport(
                 self.worker_id,
@@ -366,6 +421,7 @@ class Worker(Actor):
                 store.disk_bytes,
                 store.spilled_total,
                 self.executor.abandoned if self.executor is not None else 0,
+                disk_free,
             )
         )
 
@@ -386,7 +442,46 @@ class Worker(Actor):
 
     @handles(_Finished)
     def finished(self, msg: _Finished) -> None:
-        self._feed(ws.TasksFinished(time.time(), msg.results))
+        cfg, governor = self.memory_config, self.state.governor
+        results = msg.results
+        if cfg.spill is not None and governor.rss >= cfg.at(cfg.spill):
+            results = self._write_outputs(results)  # memory is past its spill fence
+        written = set(self._written)
+        self._feed(ws.TasksFinished(time.time(), results))
+        if written:
+            for key in self._written:  # results the core did not keep (cancelled)
+                if key in self.data:
+                    del self.data[key]  # its file too, without reading it back
+            kept = tuple(k for k in written - self._written if self.data.on_disk(k))
+            self._written.clear()
+            if kept:
+                self._feed(ws.Spilled(time.time(), kept))
+
+    def _write_outputs(self, results: tuple[Any, ...]) -> tuple[Any, ...]:
+        """Past the spill fence, a new output cannot stay in memory for long: it will
+        be spilled. One larger than the disk left under ``--disk`` is written to disk at
+        once; if that fails for room (as expected) or the disk refuses it, its try ends
+        ``disk-full``: its partial file is removed, nothing of it is kept, and the
+        scheduler retries it where it fits. Outputs that fit are stored as always (in
+        memory; the governor spills the least recently used)."""
+        out = []
+        for res, value in results:
+            room = self._disk_free() if res.outcome == "ok" and self.disk else None
+            if room is None or res.nbytes <= room:
+                out.append((res, value))
+                continue
+            if self.data.write(res.key, value, res.nbytes):  # smaller than it seemed
+                self._written.add(res.key)
+                out.append((res, value))
+                continue
+            self.log.warning(
+                "output did not fit on disk", key=str(res.key), nbytes=res.nbytes, room=room
+            )
+            error = DiskFull(str(res.key), self.worker_id, res.nbytes, room, self.disk)
+            out.append((dataclasses.replace(res, outcome="disk-full", error=error), None))
+        if self._written:
+            self._report()  # before the results: the scheduler sees the disk they take
+        return tuple(out)
 
     # -- fetching inputs from peers ----------------------------------------------------
 

@@ -487,8 +487,9 @@ class WorkerState:
                 held[key] = res.nbytes
                 self.on_disk.discard(key)
                 out.append(Store(key, value, res.nbytes))
-            nbytes = res.nbytes if outcome == "ok" else 0
-            error = res.error if outcome == "error" else None
+            # A disk-full try reports the size its output turned out to be (and why).
+            nbytes = res.nbytes if outcome in ("ok", "disk-full") else 0
+            error = res.error if outcome in ("error", "disk-full") else None
             results.append(
                 TaskResult(
                     key,

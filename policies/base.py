@@ -61,6 +61,10 @@ class CategoryStats:
     #: highest worker RSS seen while (sampled) or right after a task of this category ran
     peak_rss: int = 0
     max_rss_growth: int = 0  #: largest RSS growth across one task (after - before)
+    #: largest output seen: of ok tries and of tries whose output did not fit on their
+    #: worker's disk (``disk-full``); disk-aware placement expects outputs this large
+    max_nbytes: int = 0
+    disk_full: int = 0  #: tries whose output did not fit on their worker's disk
     #: the latest ok tries' durations (seconds), for :attr:`p90_duration`
     recent: deque[float] = dataclasses.field(default_factory=lambda: deque(maxlen=RECENT))
 
@@ -147,6 +151,14 @@ class CategoryStatsView:
         return self._stats.max_rss_growth
 
     @property
+    def max_nbytes(self) -> int:
+        return self._stats.max_nbytes
+
+    @property
+    def disk_full(self) -> int:
+        return self._stats.disk_full
+
+    @property
     def mean_duration(self) -> float:
         return self._stats.mean_duration
 
@@ -199,6 +211,11 @@ class TaskView(Protocol):
     @property
     def oom_tries(self) -> int:
         """Tries killed at a worker's memory terminate fence."""
+        ...
+
+    @property
+    def disk_full_tries(self) -> int:
+        """Tries whose output did not fit on their worker's disk."""
         ...
 
     @property

@@ -20,8 +20,11 @@ class DefaultRetry:
     :class:`~runtime.errors.TaskCrashedWorkers` instead of taking another worker. A try
     killed at its worker's memory terminate fence (``oom``) is retried for free up to
     ``max_oom`` times (memory others held may be free by then); then the task fails with
-    :class:`~runtime.errors.TaskOutOfMemory`. Retries go behind work that has not been
-    tried yet.
+    :class:`~runtime.errors.TaskOutOfMemory`. A try whose output did not fit on its
+    worker's disk (``disk-full``) is retried for free up to ``max_disk_full`` times: the
+    scheduler now expects outputs that large and places the retry on a worker with the
+    room (or it waits for one); then the task fails with
+    :class:`~runtime.errors.DiskFull`. Retries go behind work that has not been tried yet.
 
     ``fallback`` maps a pool to the pool its *long* tasks move to: a task preempted
     after running at least as long as its pool's workers' median life (the pool's
@@ -42,15 +45,19 @@ class DefaultRetry:
         max_oom: int = 1,
         max_crashes: int = 3,
         fallback: Mapping[str, str] | None = None,
+        max_disk_full: int = 2,
     ) -> None:
         if max_lost < 0:
             raise ValueError("max_lost must be >= 0")
         if max_oom < 0:
             raise ValueError("max_oom must be >= 0")
+        if max_disk_full < 0:
+            raise ValueError("max_disk_full must be >= 0")
         if max_crashes < 1:
             raise ValueError("max_crashes must be >= 1")
         self.max_lost = int(max_lost)
         self.max_oom = int(max_oom)
+        self.max_disk_full = int(max_disk_full)
         self.max_crashes = int(max_crashes)
         self.charge_lost = bool(charge_lost)
         fallback = dict(fallback or {})
@@ -85,6 +92,13 @@ class DefaultRetry:
             if task.oom_tries > self.max_oom:
                 return RetryDecision(False, reason=f"killed for memory {task.oom_tries} times")
             return RetryDecision(True, charge=False, reason="killed for memory; free retry")
+        if outcome == "disk-full":
+            full = task.disk_full_tries
+            if full > self.max_disk_full:
+                return RetryDecision(False, reason=f"output did not fit on disk {full} times")
+            return RetryDecision(
+                True, charge=False, reason="output did not fit on disk; free retry"
+            )
         if outcome in ("error", "timeout"):
             if task.retries_left > 0:
                 return RetryDecision(True, charge=True, reason=f"{outcome}; retry budget left")

@@ -191,7 +191,14 @@ def build_parser() -> argparse.ArgumentParser:
     wrk.add_argument(
         "--memory", default="0", metavar="SIZE", help="memory it offers, e.g. 4GiB (default: all)"
     )
-    wrk.add_argument("--disk", default="0", metavar="SIZE", help="disk it offers, e.g. 20GiB")
+    wrk.add_argument(
+        "--disk",
+        default="0",
+        metavar="SIZE",
+        help="disk it offers for outputs on disk (spilled or written), e.g. 20GiB; "
+        "default: the free space of its spill directory's file system less a tenth (at most "
+        "1 GiB); off: not counted (no disk-aware placement for it)",
+    )
     fence = "fraction of --memory"
     wrk.add_argument(
         "--spill", default=None, metavar="F", help=f"spill fence, {fence}, or 'off' (0.6)"
@@ -450,7 +457,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
             args.address,
             cores=args.cores,
             memory=parse_bytes(args.memory),
-            disk=parse_bytes(args.disk),
+            disk=None if args.disk == "off" else parse_bytes(args.disk),
             pool=args.pool,
             host=args.host,
             token=args.token,

@@ -31,7 +31,7 @@ from dask.utils import funcname
 from actors import transfer
 from actors.autoscaler import PoolTarget
 from actors.manager import GatherResult, Manager
-from actors.providers import BlockSpec, InProcessProvider
+from actors.providers import DISK_OFF, BlockSpec, InProcessProvider
 from actors.scheduler import Scheduler
 from actors.scheduler_state import KeyCancelled, KeyDone, KeyErred
 from actors.transfer import READ_TIMEOUT, StreamInfo, UnknownStream
@@ -514,6 +514,11 @@ class Cluster:
     :class:`~runtime.errors.MemoryStalled` instead of hanging. In-process workers share
     this process, so their fences watch this process's RSS.
 
+    Disk (docs/files.md): ``disk_per_worker`` is the disk each worker offers for its
+    outputs (default: the free space of the file system holding its spill directory,
+    less a margin); the scheduler sends a worker no task whose inputs to fetch and
+    expected output do not fit in its free disk.
+
     ``gc_threshold``: ``None`` (the default) leaves Python's cyclic garbage collector
     alone. Given (``GC_THRESHOLD``, 50,000, suits large graphs), the collector runs
     after this many new container objects instead of its default 700 while the cluster
@@ -564,6 +569,7 @@ class Cluster:
         alerts: Sequence[Mapping[str, Any]] = (),
         alertmanager: str | None = None,
         alerting: Mapping[str, Any] | None = None,
+        disk_per_worker: int | str | None = None,
     ) -> None:
         if address is not None:
             from transport.base import split_address
@@ -582,6 +588,12 @@ class Cluster:
         self.n_workers = n
         self.threads_per_worker = threads_per_worker
         self.memory_per_worker = parse_bytes(memory_per_worker)
+        if disk_per_worker == "off":
+            self.disk_per_worker = DISK_OFF  # not counted
+        else:
+            self.disk_per_worker = parse_bytes(disk_per_worker)
+            if self.disk_per_worker < 0:
+                raise ValueError(f"disk_per_worker must be >= 0 or 'off', got {disk_per_worker!r}")
         self.memory_options = dict(memory_options or {})
         if self.memory_options:  # MemoryConfigError now, not in each worker later
             from actors.memory import MemoryConfig
@@ -730,10 +742,13 @@ class Cluster:
                 memory=self.memory_per_worker,
                 pool=self.pool,
                 memory_options=self.memory_options,
+                disk=self.disk_per_worker,
             )
             await self._finish_start(system, plane)
             return
-        spec = BlockSpec(1, self.threads_per_worker, self.memory_per_worker, 0, self.pool)
+        spec = BlockSpec(
+            1, self.threads_per_worker, self.memory_per_worker, self.disk_per_worker, self.pool
+        )
 
         def provider(plane: Any) -> InProcessProvider:
             make = worker_factory(plane.refs["scheduler"], memory_options=self.memory_options)

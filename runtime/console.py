@@ -769,7 +769,10 @@ def render_status(st: Mapping[str, Any]) -> RenderableType:
     )
 
     wt = Table(title="workers", title_justify="left")
-    cols = ("worker", "pool", "cores", "memory", "running", "stored", "spilled", "RSS", "state")
+    cols = (
+        "worker", "pool", "cores", "memory", "running", "stored", "spilled", "disk free", "RSS",
+        "state",
+    )  # fmt: skip
     for col in cols:
         wt.add_column(
             col, justify="right" if col in ("cores", "running") else "left", no_wrap=col == "worker"
@@ -780,6 +783,10 @@ def render_status(st: Mapping[str, Any]) -> RenderableType:
         if wid in throttled and state == "active":
             state = "throttled"
         spilled = memory.get(wid, {}).get("spilled_bytes")
+        disk, free = w.get("disk"), memory.get(wid, {}).get("disk_free")
+        if free is None:  # no report yet: all of it
+            free = disk
+        disk_text = f"{_bytes(free, zero='0 B')} of {_bytes(disk)}" if disk else "-"
         _row(
             wt,
             wid,
@@ -789,6 +796,7 @@ def render_status(st: Mapping[str, Any]) -> RenderableType:
             str(processing.get(wid, 0)),
             _bytes(stored.get(wid)),
             _bytes(spilled) if spilled else "-",
+            disk_text,
             _bytes(rss.get(wid)),
             state,
         )

@@ -30,6 +30,7 @@ __all__ = [
     "CorralError",
     "CycleError",
     "DependencyFailed",
+    "DiskFull",
     "FrameTooLarge",
     "GraphError",
     "InvalidAddress",
@@ -47,6 +48,7 @@ __all__ = [
     "TaskCrashedWorkers",
     "TaskOutOfMemory",
     "TaskProcessDied",
+    "TaskTooBigForDisk",
     "TaskTooLarge",
     "TransportError",
     "UnknownPolicyError",
@@ -509,6 +511,11 @@ class MemoryStalled(CorralError):
         )
 
 
+def _disk_size(n: float) -> str:
+    """Bytes for people, exact below a MiB (small disks in tests and tight limits)."""
+    return f"{int(n):,} bytes" if n < 2**20 else _size(n)
+
+
 def _size(n: float) -> str:
     """Bytes for people: MiB below a GiB, GiB above."""
     return f"{n / 2**20:.1f} MiB" if n < 2**30 else _gib(n)
@@ -537,6 +544,53 @@ class TaskTooLarge(CorralError):
             needed=needed,
             largest=largest,
             pool=pool,
+        )
+
+
+class TaskTooBigForDisk(CorralError):
+    """No worker that could run a task has the disk to hold it (disk-aware placement):
+    ``needed`` is the least disk it needs on any of them (its expected output plus the
+    inputs it would have to fetch there), ``largest`` the largest disk limit among the
+    workers of ``pool`` (``None``: any pool), ``expected`` its expected output and how
+    that was estimated (``source``)."""
+
+    def __init__(
+        self, key: str, needed: int, largest: int, pool: str | None, expected: int, source: str
+    ) -> None:
+        where = "of any worker" if pool is None else f"of a worker in pool {pool!r}"
+        super().__init__(
+            f"task {key!r} needs {_disk_size(needed)} of disk (an expected output of "
+            f"{_disk_size(expected)}, {source}, plus the inputs it must fetch), more than the "
+            f"largest disk {where} can hold ({_disk_size(largest)}); it was not started. Start "
+            "workers with a larger --disk (disk_per_worker), free their disks (release "
+            "futures you no longer need), split the task's output into smaller chunks, or "
+            'declare a smaller output with resources={"disk": bytes} if it is overestimated.',
+            key=key,
+            needed=needed,
+            largest=largest,
+            pool=pool,
+            expected=expected,
+            source=source,
+        )
+
+
+class DiskFull(CorralError):
+    """A task's output did not fit on its worker's disk (the try ended ``disk-full``),
+    too often to retry: ``nbytes`` is the output's size, ``room`` the disk that was
+    left under the worker's limit ``disk``."""
+
+    def __init__(self, key: str, worker: str, nbytes: int, room: int, disk: int) -> None:
+        super().__init__(
+            f"task {key!r} wrote an output of {_disk_size(nbytes)} on worker {worker!r}, which "
+            f"had {_disk_size(room)} of disk left of its {_disk_size(disk)} limit; the "
+            "partial file was removed. Start workers with a larger --disk "
+            '(disk_per_worker), declare the output\'s size with resources={"disk": bytes} '
+            "so that it is placed where it fits, or make the output smaller.",
+            key=key,
+            worker=worker,
+            nbytes=nbytes,
+            room=room,
+            disk=disk,
         )
 
 

@@ -76,7 +76,7 @@ def message(name: str | None = None, *, local: bool = False) -> Callable[[M], M]
 # The catalogue. Inputs are named ...Request / ...Event, outputs ...Reply / ...Msg.
 # --------------------------------------------------------------------------------------
 
-Outcome = Literal["ok", "error", "worker-lost", "cancelled", "timeout", "oom"]
+Outcome = Literal["ok", "error", "worker-lost", "cancelled", "timeout", "oom", "disk-full"]
 LostCause = Literal["preempted", "oom", "crash", "drained", "walltime", "unknown"]
 
 
@@ -148,8 +148,9 @@ class WorkerInfo(Message):
 
 @message()
 class WorkerMemoryReport(Message):
-    """Worker -> scheduler: its memory state, sent when it starts or stops throttling,
-    after it spilled, and when a cancelled task's thread was abandoned. ``throttle_at``
+    """Worker -> scheduler: its memory and disk state, sent when it starts or stops
+    throttling, when its bytes on disk change (a spill, a write, a drop) or its disk's
+    free space moves, and when a cancelled task's thread was abandoned. ``throttle_at``
     and ``limit`` are bytes."""
 
     worker_id: str
@@ -161,6 +162,9 @@ class WorkerMemoryReport(Message):
     spilled_bytes: int = 0  #: outputs on disk now
     spilled_total: int = 0  #: bytes ever spilled
     abandoned: int = 0  #: threads still running a cancelled task (thread execution)
+    #: disk left for outputs: its ``--disk`` limit less the bytes on disk, or less if
+    #: the file system holding them has less free (None: not measured)
+    disk_free: int | None = None
 
 
 @message()
@@ -675,7 +679,8 @@ class PoolLife(Message):
 class CategoryStatus(Message):
     """What the scheduler learned about one task category: tasks finished ok, tries
     that raised, were lost with their worker or killed for memory; seconds; output and
-    input bytes; the highest worker RSS seen while one ran, the largest RSS growth."""
+    input bytes; the highest worker RSS seen while one ran, the largest RSS growth; the
+    largest output and the tries whose output did not fit on disk."""
 
     count: int = 0
     errors: int = 0
@@ -688,6 +693,8 @@ class CategoryStatus(Message):
     consumed_nbytes: int = 0
     peak_rss: int = 0
     max_rss_growth: int = 0
+    max_nbytes: int = 0  #: largest output (ok tries and disk-full ones)
+    disk_full: int = 0  #: tries whose output did not fit on their worker's disk
 
 
 @message()

@@ -51,7 +51,7 @@ import anyio.abc
 from actors.autoscaler import Autoscaler, PoolTarget
 from actors.manager import Manager
 from actors.pools import PoolConfig, load_config
-from actors.providers import BlockSpec, Provider, WorkerFactory
+from actors.providers import DISK_OFF, BlockSpec, Provider, WorkerFactory
 from actors.registry import FileRegistry
 from actors.scheduler import Scheduler
 from actors.scheduler_state import SchedulerConfig
@@ -261,7 +261,7 @@ def worker_factory(scheduler: ActorRef[Scheduler], **options: Any) -> WorkerFact
     ) -> Worker:
         return Worker(
             worker_id, scheduler, resolve, nthreads=spec.threads, memory=spec.memory,
-            disk=spec.disk, pool=spec.pool, **options,
+            disk=None if spec.disk == DISK_OFF else spec.disk, pool=spec.pool, **options,
         )  # fmt: skip
 
     return make
@@ -307,10 +307,12 @@ async def start_local_processes(
     listen: str = "ws://127.0.0.1:0",
     tokens: Tokens | None = None,
     memory_options: Mapping[str, Any] | None = None,
+    disk: int = 0,
 ) -> str:
     """Serve a gateway on ``listen`` and keep ``n`` worker processes on this machine
     joined to ``plane`` (replaced when they crash; stopped with the plane's system, and
-    never outliving this process however it ends). Returns the gateway's address."""
+    never outliving this process however it ends). Returns the gateway's address.
+    ``disk``: each worker's ``--disk`` (0: measured by the worker; ``DISK_OFF``: off)."""
 
     from actors.processes import LocalProcessProvider
 
@@ -319,11 +321,11 @@ async def start_local_processes(
     address = listener.address
 
     def argv_for(block_id: str, index: int) -> list[str]:
-        return worker_argv(address, threads, memory, pool, memory_options)
+        return worker_argv(address, threads, memory, pool, memory_options, disk=disk)
 
     provider = LocalProcessProvider(argv_for, env={"CORRAL_TOKEN": tokens.admin})
     await plane.system.start_service(provider.run)
-    spec = BlockSpec(1, threads, memory, 0, pool)
+    spec = BlockSpec(1, threads, memory, disk, pool)
     await start_autoscaler(plane, provider, {pool: PoolTarget(n, spec)})
     return address
 
@@ -335,8 +337,10 @@ def worker_argv(
     pool: str,
     memory_options: Mapping[str, Any] | None = None,
     deadline: float | None = None,
+    disk: int = 0,
 ) -> list[str]:
-    """The command line of a worker process joining ``address``."""
+    """The command line of a worker process joining ``address`` (``disk`` 0: no
+    ``--disk``, the worker measures its disk; ``DISK_OFF``: ``--disk off``)."""
     import sys
 
     argv = [sys.executable, "-m", "runtime", "worker", address, "--cores", str(threads)]
@@ -345,6 +349,8 @@ def worker_argv(
         argv += ["--memory-options", json.dumps(dict(memory_options))]
     if deadline is not None:
         argv += ["--deadline", repr(deadline)]
+    if disk:
+        argv += ["--disk", "off" if disk == DISK_OFF else str(disk)]
     return argv
 
 
@@ -401,7 +407,7 @@ def pool_worker_argv(
         deadline = time.time() + pool.walltime
     argv = worker_argv(
         address, pool.cores_per_worker, pool.memory_per_worker, pool.name, memory_options,
-        deadline,
+        deadline, disk=pool.disk_per_worker,
     )  # fmt: skip
     if pool.provider == "slurm":
         argv += ["--host", HOST_PLACEHOLDER]
@@ -1213,7 +1219,7 @@ async def run_worker(
     *,
     cores: int = 1,
     memory: int = 0,
-    disk: int = 0,
+    disk: int | None = 0,
     pool: str = "default",
     host: str = "127.0.0.1",
     token: str | None = None,

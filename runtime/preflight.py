@@ -623,15 +623,17 @@ def _slurm_quietly(argv: Sequence[str]) -> None:
 
 def expected_spill(pools: Mapping[str, PoolConfig]) -> tuple[int, list[str]]:
     """A conservative guess at what the workers may spill (bytes): every worker of every
-    block at ``max_blocks`` spilling its ``memory_per_worker`` (local workers without
-    one share this machine's memory: it counts once); and the pools it could not count
-    (a Slurm pool without ``memory_per_worker``)."""
+    block at ``max_blocks`` filling its ``disk_per_worker`` (the most it keeps on disk),
+    or else spilling its ``memory_per_worker`` (local workers without either share this
+    machine's memory: it counts once); and the pools it could not count (a Slurm pool
+    with neither)."""
     import psutil
 
     total, unknown, shared = 0, [], False
     for pool in pools.values():
-        if pool.memory_per_worker:
-            total += pool.memory_per_worker * pool.workers_per_block * pool.max_blocks
+        per_worker = max(0, pool.disk_per_worker) or pool.memory_per_worker
+        if per_worker:
+            total += per_worker * pool.workers_per_block * pool.max_blocks
         elif pool.provider == "local":
             shared = True
         else:
@@ -674,7 +676,8 @@ def check_directory(what: str, path: Path, needed: int) -> CheckResult:
         return CheckResult(
             ALL, what, WARN, f"{seen}, less than the {_gib(needed)} the pools may spill",
             f"Free space, or choose another {what} on a larger file system (the estimate is "
-            "memory_per_worker x workers of every block at max_blocks).",
+            "memory_per_worker x workers of every block at max_blocks, or disk_per_worker x "
+            "workers where a pool sets it).",
         )  # fmt: skip
     return CheckResult(ALL, what, PASS, seen + (f" (needs {_gib(needed)})" if needed else ""))
 
@@ -696,7 +699,7 @@ def check_directories(
     if unknown and spill.status == PASS:
         spill = dataclasses.replace(
             spill, detail=f"{spill.detail}; not counted: pool(s) {', '.join(unknown)} "
-            "(no memory_per_worker)",
+            "(no disk_per_worker or memory_per_worker)",
         )  # fmt: skip
     results.append(spill)
     results += [check_directory("output directory", d, needed) for d in output_dirs]

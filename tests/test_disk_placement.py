@@ -1,0 +1,331 @@
+"""Disk-aware placement in the scheduler core (actors/scheduler_state.py) and the
+``consumers-first`` priority (policies/priority.py). Pure-core tests: events in, exact
+commands and states out (the ``make_state`` fixture validates every state at the end).
+
+The rule (docs/files.md, "Disks"): a worker that advertises a disk gets a task only if
+its free disk (limit, less what it reported on disk, less what the core reserved for
+the tasks it sent there and that have not finished) holds the inputs the task must fetch
+there plus its expected output: the largest output of its category so far, else a
+declared ``resources={"disk": ...}``, else a guess. A task that only lacks disk waits,
+saying so in its story; one no worker could ever hold fails with TaskTooBigForDisk; a
+try whose output did not fit anyway ends ``disk-full`` and is retried where it fits.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from actors.scheduler_state import (
+    GUESSED_OUTPUT,
+    Execute,
+    KeyErred,
+    SchedulerState,
+    WorkerDraining,
+    WorkerJoined,
+    WorkerMemory,
+)
+from runtime.errors import DiskFull, TaskTooBigForDisk
+from tests.helpers import (
+    MB,
+    Factory,
+    assigned,
+    event,
+    finish,
+    make_state,
+    of,
+    on,
+    run,
+    submit,
+)
+
+__all__ = ["make_state"]  # the fixture, used by name
+
+
+def join(s: SchedulerState, worker: str, disk: int, cores: int = 1, **kw: Any) -> list[Any]:
+    return run(s, event(WorkerJoined, worker=worker, cores=cores, memory=0, disk=disk, **kw))
+
+
+def disk_used(s: SchedulerState, worker: str, used: int) -> list[Any]:
+    """``worker``'s memory report, saying it holds ``used`` bytes on disk."""
+    ev = event(
+        WorkerMemory, worker=worker, throttled=False, rss=0, throttle_at=0, limit=0,
+        disk_used=used,
+    )  # fmt: skip
+    return run(s, ev)
+
+
+def disk(nbytes: int) -> dict[str, Any]:
+    """Spec changes declaring an output of ``nbytes``."""
+    return {"resources": {"disk": float(nbytes)}}
+
+
+def waits_for_disk(s: SchedulerState, key: str) -> list[str]:
+    return [e[2] for e in s.story(key) if str(e[2]).startswith("waiting for disk")]
+
+
+# ----------------------------------------------------------------------------- placement
+
+
+def test_a_nearly_full_disk_gets_no_task_that_would_overflow_it(make_state: Factory) -> None:
+    s = make_state(saturation=1.0)
+    join(s, "full", disk=100 * MB)
+    join(s, "roomy", disk=100 * MB)
+    disk_used(s, "full", 95 * MB)  # 5 MiB left
+    table: dict[str, list[str]] = {f"out-{i}": [] for i in range(4)}
+    cmds = submit(s, table, list(table), attrs={k: disk(10 * MB) for k in table})
+    # One goes to the worker with room; the others wait for it, never to "full".
+    assert list(assigned(cmds)) == ["roomy"]
+    assert not on(s, "full")
+    waiting = [k for k in table if s.tasks[k].state == "queued"]
+    assert len(waiting) == 3
+    for key in waiting:
+        assert waits_for_disk(s, key) == [
+            "waiting for disk: needs 10485760 B, best worker full has 5242880 B free"
+        ]
+    # However many finish there, "full" never gets one.
+    for _ in range(4):
+        (key,) = on(s, "roomy")
+        cmds = finish(s, "roomy", key, nbytes=MB)
+        assert "full" not in assigned(cmds)
+    assert all(s.tasks[k].state == "memory" for k in table)
+
+
+def test_the_inputs_to_fetch_count_and_the_task_waits_until_room_frees(
+    make_state: Factory,
+) -> None:
+    s = make_state(saturation=1.0)
+    join(s, "w1", disk=40 * MB)
+    join(s, "w2", disk=40 * MB)
+    submit(s, {"a": [], "c": ["a"]}, ["c"], attrs={"a": {"pool": "default"}, "c": disk(8 * MB)})
+    worker = s.tasks["a"].worker
+    assert worker is not None
+    other = "w2" if worker == "w1" else "w1"
+    run(s, event(WorkerDraining, worker=worker))  # c cannot stay with its input
+    disk_used(s, other, 28 * MB)  # 12 MiB free: the 8 MiB output fits, not with the input
+    cmds = finish(s, worker, "a", nbytes=8 * MB)
+    assert not of(cmds, Execute)
+    assert s.tasks["c"].state == "queued"
+    assert waits_for_disk(s, "c") == [
+        f"waiting for disk: needs 16777216 B, best worker {other} has 12582912 B free"
+    ]
+    # The worker frees disk (a spilled output dropped): now both fit, and c runs there.
+    cmds = disk_used(s, other, 24 * MB)
+    assert assigned(cmds) == {other: ["c"]}
+    # What c will take is reserved until it finishes.
+    assert s.workers[other].disk_reserved == 16 * MB
+    finish(s, other, "c", nbytes=8 * MB)
+    assert s.workers[other].disk_reserved == 0
+
+
+def test_what_was_sent_is_reserved_until_it_finishes(make_state: Factory) -> None:
+    s = make_state(saturation=2.0)  # two slots
+    join(s, "w", disk=10 * MB)
+    cmds = submit(s, {"x": [], "y": []}, ["x", "y"], attrs={"x": disk(6 * MB), "y": disk(6 * MB)})
+    # Both would fit alone; together they would overflow the disk: one waits.
+    ((first,),) = assigned(cmds).values()
+    second = "y" if first == "x" else "x"
+    assert s.tasks[second].state == "queued"
+    assert waits_for_disk(s, second) == [
+        "waiting for disk: needs 6291456 B, best worker w has 4194304 B free"
+    ]
+    cmds = finish(s, "w", first, nbytes=MB)
+    assert assigned(cmds) == {"w": [second]}
+
+
+def test_the_category_statistics_replace_the_declared_size(make_state: Factory) -> None:
+    s = make_state(saturation=1.0)
+    join(s, "w", disk=100 * MB)
+    submit(s, {"load-1": []}, ["load-1"], attrs={"load-1": disk(MB)})
+    finish(s, "w", "load-1", nbytes=30 * MB)
+    assert s._expected_output(s.tasks["load-1"]) == (
+        30 * MB,
+        "the largest output of its category so far",
+    )
+    disk_used(s, "w", 75 * MB)  # 25 MiB free: the declared 1 MiB would fit, 30 MiB does not
+    submit(s, {"load-2": []}, ["load-2"], attrs={"load-2": disk(MB)})
+    assert s.tasks["load-2"].state == "queued"
+    assert waits_for_disk(s, "load-2") == [
+        "waiting for disk: needs 31457280 B, best worker w has 26214400 B free"
+    ]
+
+
+def test_a_guess_is_at_most_half_the_largest_disk_and_never_fails_a_task(
+    make_state: Factory,
+) -> None:
+    s = make_state(saturation=1.0)
+    join(s, "small", disk=4 * MB)
+    cmds = submit(s, {"unknown": []}, ["unknown"])
+    # No statistics and nothing declared: a 16 MiB guess would fit nowhere; half the
+    # largest disk (2 MiB) fits the empty worker.
+    assert s._expected_output(s.tasks["unknown"]) == (2 * MB, GUESSED_OUTPUT)
+    assert assigned(cmds) == {"small": ["unknown"]}
+
+
+def test_workers_without_a_disk_limit_take_anything(make_state: Factory) -> None:
+    s = make_state(saturation=1.0)
+    join(s, "any", disk=0)
+    cmds = submit(s, {"huge": []}, ["huge"], attrs={"huge": disk(10**15)})
+    assert assigned(cmds) == {"any": ["huge"]}
+
+
+# ----------------------------------------------------------------------------- refusal
+
+
+def test_a_task_no_worker_could_ever_hold_fails_with_the_sizes(make_state: Factory) -> None:
+    s = make_state(saturation=1.0)
+    join(s, "w1", disk=20 * MB)
+    join(s, "w2", disk=30 * MB)
+    cmds = submit(s, {"big": [], "after": ["big"]}, ["after"], attrs={"big": disk(50 * MB)})
+    assert not of(cmds, Execute)
+    (err,) = [c for c in of(cmds, KeyErred) if c.key == "after"]
+    assert err.root == "big"
+    big = s.tasks["big"]
+    assert big.state == "erred"
+    assert isinstance(big.error, TaskTooBigForDisk)
+    e = big.error
+    assert (e.needed, e.largest, e.pool, e.expected) == (50 * MB, 30 * MB, None, 50 * MB)
+    assert e.source == 'declared with resources={"disk": ...}'
+    text = str(e)
+    assert "'big' needs 50.0 MiB of disk" in text and "(30.0 MiB)" in text
+    assert "--disk" in text and "resources=" in text
+
+
+def test_a_busy_worker_with_room_is_waited_for_not_failed(make_state: Factory) -> None:
+    s = make_state(saturation=1.0)
+    join(s, "small", disk=5 * MB)
+    join(s, "big", disk=50 * MB)
+    submit(s, {"first": []}, ["first"], attrs={"first": {**disk(40 * MB)}})
+    assert on(s, "big") == {"first"}
+    cmds = submit(s, {"second": []}, ["second"], attrs={"second": disk(40 * MB)})
+    # "small" is free but can never hold it; "big" can, once its first task is done.
+    assert not of(cmds, Execute) and not of(cmds, KeyErred)
+    assert s.tasks["second"].state == "queued"
+    cmds = finish(s, "big", "first", nbytes=MB)
+    assert assigned(cmds) == {"big": ["second"]}
+
+
+# ----------------------------------------------------------------------------- disk-full
+
+
+def test_a_disk_full_try_is_recorded_and_retried_where_the_output_fits(
+    make_state: Factory,
+) -> None:
+    s = make_state(saturation=1.0)
+    join(s, "tight", disk=20 * MB, pool="p")
+    submit(s, {"write": []}, ["write"], attrs={"write": disk(MB)})
+    assert on(s, "tight") == {"write"}
+    join(s, "roomy", disk=200 * MB, pool="p")
+    err = DiskFull("write", "tight", 30 * MB, 19 * MB, 20 * MB)
+    cmds = finish(s, "tight", "write", outcome="disk-full", nbytes=30 * MB, error=err)
+    ts = s.tasks["write"]
+    (tried,) = ts.tries
+    assert (tried.worker, tried.outcome, tried.cause) == ("tight", "disk-full", "disk-full")
+    assert s.failures[("write", "disk-full", "disk-full")] == 1
+    stat = s.stats["write"]
+    assert (stat.disk_full, stat.max_nbytes, stat.errors) == (1, 30 * MB, 0)
+    # Free, and only where 30 MiB fit.
+    assert assigned(cmds) == {"roomy": ["write"]}
+    assert ts.retries_left == 0 and ts.disk_full_tries == 1
+
+
+def test_a_disk_full_try_with_nowhere_bigger_fails_with_the_sizes(make_state: Factory) -> None:
+    s = make_state(saturation=1.0)
+    join(s, "tight", disk=20 * MB)
+    submit(s, {"write": []}, ["write"], attrs={"write": disk(MB)})
+    err = DiskFull("write", "tight", 30 * MB, 19 * MB, 20 * MB)
+    cmds = finish(s, "tight", "write", outcome="disk-full", nbytes=30 * MB, error=err)
+    (erred,) = of(cmds, KeyErred)
+    assert isinstance(erred.error, TaskTooBigForDisk)
+    assert (erred.error.needed, erred.error.largest) == (30 * MB, 20 * MB)
+    assert erred.error.source == "the largest output of its category so far"
+
+
+def test_disk_full_tries_are_retried_a_bounded_number_of_times(make_state: Factory) -> None:
+    s = make_state(saturation=1.0)
+    join(s, "w", disk=100 * MB)
+    submit(s, {"write": []}, ["write"])
+    for n in range(3):
+        err = DiskFull("write", "w", 10 * MB, 5 * MB, 100 * MB)
+        cmds = finish(s, "w", "write", outcome="disk-full", nbytes=10 * MB, error=err)
+        if n < 2:
+            assert assigned(cmds) == {"w": ["write"]}
+    (erred,) = of(cmds, KeyErred)
+    assert erred.error is err  # the worker's own: it names the room it had
+    assert "had 5.0 MiB of disk left of its 100.0 MiB limit" in str(err)
+
+
+# ----------------------------------------------------------------------------- consumers first
+
+
+def order_run(make_state: Factory, priority: str) -> list[str]:
+    """On one single-slot worker: roots ``a`` (5 MiB), ``b`` (1 MiB) and ``r0``..``r2``
+    are submitted, ``a`` and ``b`` first (user priority); once ``a`` is done, ``big``
+    (reads a) and ``small`` (reads b) come in a second submission. The order in which
+    the rest are sent once ``b`` is done."""
+    s = make_state(saturation=1.0, priority=priority, placement="least-loaded")
+    join(s, "w", disk=0)
+    roots = {"a": [], "b": [], "r0": [], "r1": [], "r2": []}
+    submit(s, roots, list(roots), attrs={"a": {"priority": 2.0}, "b": {"priority": 1.0}})
+    assert on(s, "w") == {"a"}
+    finish(s, "w", "a", nbytes=5 * MB)
+    submit(s, {"big": ["a"], "small": ["b"]}, ["big", "small"])
+    assert on(s, "w") == {"b"}
+    finish(s, "w", "b", nbytes=MB)
+    sent: list[str] = []
+    while running := sorted(on(s, "w")):
+        (key,) = running
+        sent.append(str(key))
+        finish(s, "w", key, nbytes=100)
+    return sent
+
+
+def test_consumers_first_runs_the_largest_consumers_before_roots(make_state: Factory) -> None:
+    sent = order_run(make_state, "consumers-first")
+    assert sent[:2] == ["big", "small"] and sorted(sent[2:]) == ["r0", "r1", "r2"]
+    # The default runs the earlier submission's roots first: the policy decides.
+    sent = order_run(make_state, "graph")
+    assert sorted(sent[:3]) == ["r0", "r1", "r2"] and sorted(sent[3:]) == ["big", "small"]
+
+
+# ----------------------------------------------------------------------------- locality
+
+
+def consumer_of_a(make_state: Factory, used_on_holder: int) -> dict[str, list[str]]:
+    """``a`` (8 MiB) finishes on ``w1`` (pool ``p1``, which also has ``long`` waiting);
+    ``c`` reads it and is declared at 40 MiB. Where ``c`` is sent, when ``w1`` holds
+    ``used_on_holder`` bytes on its 100 MiB disk and ``w2`` (pool ``p2``) nothing."""
+    s = make_state(saturation=1.0)  # the default placement, which keeps data local
+    join(s, "w1", disk=100 * MB, pool="p1")
+    join(s, "w2", disk=100 * MB, pool="p2")
+    submit(
+        s,
+        {"a": [], "long": [], "c": ["a"]},
+        ["c", "long"],
+        attrs={"a": {"pool": "p1", "priority": 1.0}, "long": {"pool": "p1"}, "c": disk(40 * MB)},
+    )
+    assert on(s, "w1") == {"a"}
+    disk_used(s, "w1", used_on_holder)
+    return assigned(finish(s, "w1", "a", nbytes=8 * MB))
+
+
+def test_a_consumer_stays_with_its_data_only_where_its_output_fits(make_state: Factory) -> None:
+    # With room, c stays on w1 with its input as soon as a is done (its slot goes to c).
+    assert consumer_of_a(make_state, 0) == {"w1": ["c"]}
+    # 30 MiB free on w1, less than c's 40: c fetches its input to w2 (8 + 40 MiB fit
+    # there), and w1's slot goes to long.
+    assert consumer_of_a(make_state, 70 * MB) == {"w1": ["long"], "w2": ["c"]}
+
+
+def test_a_root_is_not_paired_onto_a_worker_without_the_disk(make_state: Factory) -> None:
+    table = {"x-0": [], "x-1": [], "both": ["x-0", "x-1"]}
+    attrs = {"x-0": disk(40 * MB), "x-1": disk(40 * MB)}
+    s = make_state(saturation=1.0)
+    join(s, "w", disk=100 * MB)
+    # One slot, two roots feeding one task: the second goes along, one past the slot.
+    assert sorted(assigned(submit(s, table, ["both"], attrs=attrs))["w"]) == ["x-0", "x-1"]
+    t = make_state(saturation=1.0)
+    join(t, "w", disk=100 * MB)
+    disk_used(t, "w", 30 * MB)  # 70 MiB free: one 40 MiB output fits, not two
+    ((first,),) = assigned(submit(t, table, ["both"], attrs=attrs)).values()
+    second = "x-1" if first == "x-0" else "x-0"
+    assert t.tasks[second].state == "queued"
