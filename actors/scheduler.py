@@ -69,6 +69,8 @@ from runtime.messages import (
     Leaving,
     Message,
     MetricsRequest,
+    MonitorFeed,
+    MonitorFeedReply,
     PolicyInfo,
     PolicyQuery,
     PoolLife,
@@ -364,6 +366,18 @@ class Scheduler(Actor):
             "tasks_created": st.created,
             "workers": len(st.workers),
         }
+
+    @handles(MonitorFeed)
+    def monitor_feed(self, msg: MonitorFeed) -> MonitorFeedReply:
+        """The core's monitoring events from ``msg.since`` on, and each worker's latest
+        memory numbers (for the monitoring database: runtime/monitordb.py)."""
+        events, nxt, lost = self.state.feed_since(msg.since, msg.limit)
+        workers = {}
+        for wid in self.state.workers:
+            report = self.memory.get(wid)
+            held = (report.memory_bytes, report.spilled_bytes) if report is not None else (0, 0)
+            workers[wid] = (self.rss.get(wid, 0), *held)
+        return MonitorFeedReply(tuple(events), nxt, lost, time.time() - self.clock.now(), workers)
 
     @handles(WaitForWorkersRequest)
     def workers_ready(self, msg: WaitForWorkersRequest) -> Later:

@@ -425,6 +425,9 @@ class SchedulerConfig:
     max_per_core: int = 500
     unknown_duration: float = 0.5
     story_length: int = 100_000
+    #: monitoring events kept for :meth:`SchedulerState.feed_since` (the newest; a
+    #: reader that falls further behind is told how many it missed)
+    feed_length: int = 100_000
     #: seconds every worker may stay throttled with nothing but producers to run and
     #: nothing finishing, before the run fails with MemoryStalled
     stall_timeout: float = 10.0
@@ -809,6 +812,10 @@ class SchedulerState:
         self.policy_errors = 0  #: policy calls that raised or answered out of bounds
         self.generation = 0  #: submissions so far
         self.story_log: deque[tuple[Any, ...]] = deque(maxlen=self.config.story_length)
+        #: the monitoring feed: events as tuples, the kind first, then ``now`` (see
+        #: :meth:`feed_since`); ``feed_next`` is the number the next one gets
+        self.feed: deque[tuple[Any, ...]] = deque(maxlen=self.config.feed_length)
+        self.feed_next = 0
         #: how often each transition happened (by ``_MOVES`` index), tasks created and
         #: tasks forgotten per state, and queued tasks per pool ("*": any pool): kept in
         #: step with every transition, so status counts tasks without scanning them
@@ -860,6 +867,33 @@ class SchedulerState:
         """Transitions of ``keys``: ``(key, start, finish, stimulus_id, now)``."""
         wanted = set(keys)
         return [entry for entry in self.story_log if entry[0] in wanted]
+
+    def feed_since(self, since: int, limit: int) -> tuple[list[tuple[Any, ...]], int, int]:
+        """Up to ``limit`` monitoring events numbered ``since`` and on, oldest first;
+        the number to ask from next time; how many events from ``since`` on are gone
+        (the feed keeps the latest ``feed_length``). Costs the events read (plus a skip
+        over the older ones kept), never a scan of the tasks.
+
+        The events: ``("state", now, key, finish, category, pool)`` per transition,
+        ``("sent", now, key, worker)`` per try begun, ``("try", now, key, category,
+        worker, number, sent, start, stop, outcome, cause, error, nbytes)`` per try
+        ended (``error``: the exception or None), ``("joined", now, worker, pool,
+        cores, memory)`` and ``("left", now, worker, cause)``."""
+        first = self.feed_next - len(self.feed)
+        start = max(since, first)
+        skip = start - first
+        items = list(itertools.islice(self.feed, skip, skip + max(limit, 0)))
+        return items, start + len(items), max(first - since, 0)
+
+    def _tried(
+        self, ts: TaskState, rec: TryRecord, error: BaseException | None, nbytes: int = 0
+    ) -> None:
+        ts.tries.append(rec)
+        self.feed.append(
+            ("try", self._now, ts.key, ts.spec.category, rec.worker, len(ts.tries), ts.sent,
+             rec.start, rec.stop, rec.outcome, rec.cause, error, nbytes)
+        )  # fmt: skip
+        self.feed_next += 1
 
     def count(self, state: str) -> int:
         return self.by_state.get(state, 0)
@@ -1022,6 +1056,8 @@ class SchedulerState:
         ws.limit = max(ws.slots, ev.cores * self.config.max_per_core)
         self._update_free(ws)
         self._log(ev.worker, "-", "joined")
+        self.feed.append(("joined", self._now, ws.id, ws.pool, ws.cores, ws.memory))
+        self.feed_next += 1
         self._limits_changed()
 
     def _worker_held(self, ev: WorkerHeld) -> None:
@@ -1065,6 +1101,8 @@ class SchedulerState:
         self.draining.discard(ev.worker)
         self.throttled.discard(ev.worker)
         self._log(ev.worker, "joined", f"left:{ev.cause}")
+        self.feed.append(("left", self._now, ws.id, ev.cause))
+        self.feed_next += 1
         for key, target in ev.evacuated:
             ts = self.tasks.get(key)
             to = self.workers.get(target)
@@ -1076,8 +1114,8 @@ class SchedulerState:
         lives.append((self._now - ws.joined, ev.cause not in ON_PURPOSE))
         self._limits_changed()  # before its tasks go back to ready: they are checked
         for ts in sorted(ws.processing, key=_prio_key):
-            ts.tries.append(
-                TryRecord(str(ts.key), ws.id, ts.sent, self._now, "worker-lost", ev.cause)
+            self._tried(
+                ts, TryRecord(str(ts.key), ws.id, ts.sent, self._now, "worker-lost", ev.cause), None
             )
             ts.lost_tries += 1
             self._stat(ts).lost += 1
@@ -1139,12 +1177,11 @@ class SchedulerState:
                     stat.errors += 1
                 cause = type(error).__name__ if error is not None else res.outcome
                 self.failures[(ts.spec.category, res.outcome, cause)] += 1
-                ts.tries.append(
-                    TryRecord(str(ts.key), ws.id, res.start, res.stop, res.outcome, None)
-                )
-                if res.outcome == "oom":
-                    limit = ws.memory
-                    error = TaskOutOfMemory(str(ts.key), ws.id, res.rss, limit, ts.oom_tries)
+                rec = TryRecord(str(ts.key), ws.id, res.start, res.stop, res.outcome, None)
+                if res.outcome == "oom":  # this try counted with the earlier ones
+                    oom = ts.oom_tries + 1
+                    error = TaskOutOfMemory(str(ts.key), ws.id, res.rss, ws.memory, oom)
+                self._tried(ts, rec, error)
                 self._after_failure(ts, res.outcome, None, error, ws.id)
 
     def _cancel_requested(self, ev: CancelRequested) -> None:
@@ -1343,6 +1380,8 @@ class SchedulerState:
                     pw.n += 1
                     pw.total += wait
         self.story_log.append((ts.key, start, finish, self._stimulus, self._now))
+        self.feed.append(("state", self._now, ts.key, finish, ts.spec.category, ts.spec.pool))
+        self.feed_next += 1
         if was_active and not now_active:
             for d in ts.deps:
                 if d.consumers == 0 and d.wanted == 0 and d.state in ACTIVE:
@@ -1453,7 +1492,9 @@ class SchedulerState:
         )
 
     def _finished_ok(self, ts: TaskState, ws: WorkerState, res: TaskResult) -> None:
-        ts.tries.append(TryRecord(str(ts.key), ws.id, res.start, res.stop, "ok", None))
+        self._tried(
+            ts, TryRecord(str(ts.key), ws.id, res.start, res.stop, "ok", None), None, res.nbytes
+        )
         grown = res.nbytes - ts.nbytes  # not 0 only once per task, unless recomputed
         ts.nbytes = res.nbytes
         stat = self._stat(ts)
@@ -1890,6 +1931,8 @@ class SchedulerState:
         self._set(ts, "processing")
         ts.worker = ws.id
         ts.sent = self._now
+        self.feed.append(("sent", self._now, ts.key, ws.id))
+        self.feed_next += 1
         st = self.stats.get(ts.spec.category)
         ts.est = st.mean_duration if st is not None and st.count else self.config.unknown_duration
         ws.occupancy += ts.est

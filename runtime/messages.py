@@ -586,6 +586,31 @@ class AlertsReply(Message):
     audit: tuple[str, ...] = ()
 
 
+@message(local=True)
+class MonitorFeed(Message):
+    """-> scheduler: up to ``limit`` monitoring events numbered ``since`` and on
+    (``SchedulerState.feed_since``); the reply is a :class:`MonitorFeedReply`. Asked by
+    the monitoring database's recorder (runtime/monitordb.py) in the same process."""
+
+    since: int = 0
+    limit: int = 10_000
+
+
+@message(local=True)
+class MonitorFeedReply(Message):
+    """The scheduler's monitoring events (tuples, the kind first, then the time on its
+    clock; they may carry keys and exceptions), the number to ask from next, how many
+    events were gone before they were read (``lost``: a gap), ``wall``: what to add to
+    the scheduler's clock for Unix time, and per worker its latest ``(rss, bytes held in
+    memory, bytes spilled now)``."""
+
+    events: tuple[tuple[Any, ...], ...] = ()
+    next: int = 0
+    lost: int = 0
+    wall: float = 0.0
+    workers: dict[str, tuple[int, int, int]] = dataclasses.field(default_factory=dict)
+
+
 @message()
 class PoolLife(Message):
     """How long a pool's workers live: ``lives`` counted (those that left, and those
@@ -689,6 +714,9 @@ class AutoscalerStatus(Message):
     budget: int = 0
     batch_errors: dict[str, BatchErrorInfo] = dataclasses.field(default_factory=dict)
     paused: tuple[str, ...] = ()
+    #: per live block, its pool and its workers' ids
+    block_pools: dict[str, str] = dataclasses.field(default_factory=dict)
+    block_workers: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
 
 
 @message()

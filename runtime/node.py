@@ -171,10 +171,14 @@ async def start_control_plane(
     targets: dict[str, PoolTarget] | None = None,
     stall_timeout: float = 10.0,
     drain_period: float | None = None,
+    monitoring: str | os.PathLike[str] | None = None,
+    monitoring_interval: float = 2.0,
 ) -> ControlPlane:
     """Spawn registry, scheduler, manager and, with a ``provider``, the autoscaler.
     ``stall_timeout``, ``drain_period``: see
-    :class:`~actors.scheduler_state.SchedulerConfig`.
+    :class:`~actors.scheduler_state.SchedulerConfig`. ``monitoring``: the path of a
+    monitoring database to write every ``monitoring_interval`` seconds
+    (:class:`~runtime.monitordb.MonitorRecorder`, docs/monitoring.md).
 
     ``policies`` of kind ``scaling`` go to the autoscaler (started here or later by
     :func:`start_autoscaler`), the others to the scheduler; an unknown name or bad
@@ -206,6 +210,16 @@ async def start_control_plane(
     refs["manager"] = await system.spawn(manager, "manager")
     if provider is not None:
         await start_autoscaler(plane, provider(plane), targets or {})
+    if monitoring is not None:
+        from runtime.monitordb import MonitorRecorder
+
+        # Spawned after the scheduler: stopped before it (newest first), so its last
+        # poll still finds the scheduler.
+        recorder = MonitorRecorder(
+            monitoring, lambda: refs["scheduler"], lambda: refs["manager"],
+            lambda: refs.get("autoscaler"), interval=monitoring_interval,
+        )  # fmt: skip
+        refs["monitoring"] = await system.spawn(recorder, "monitoring")
     return plane
 
 
@@ -1002,6 +1016,8 @@ async def run_manager(
     config: str | os.PathLike[str] | Mapping[str, PoolConfig] | None = None,
     metrics_listen: str | None = None,
     metrics_ready: Callable[[str], None] | None = None,
+    monitoring: str | os.PathLike[str] | None = None,
+    monitoring_interval: float = 2.0,
 ) -> None:
     """Run a manager process until SIGINT or SIGTERM: control plane + gateway on
     ``listen`` (``host:port``, ``ws://host:port`` or any transport address).
@@ -1010,6 +1026,8 @@ async def run_manager(
     (Prometheus' text format) to the read or admin token; ``metrics_listen``
     (``host:port``) serves them besides without authentication, and
     ``metrics_ready`` is called with its ``http://host:port/metrics`` URL.
+    ``monitoring``: the path of the monitoring database it writes (None: none; the
+    command line's default is a new run directory, :func:`runtime.monitordb.default_path`).
 
     ``config``: configured pools (a TOML file, or pools from
     :func:`~actors.pools.pools_from_dicts`), checked before anything starts
@@ -1041,8 +1059,9 @@ async def run_manager(
         metrics_at = (host.strip("[]"), int(port))
     async with ActorSystem() as system:
         plane = await start_control_plane(
-            system, policies=policies, drain_period=pool_drain_period(pools)
-        )
+            system, policies=policies, drain_period=pool_drain_period(pools),
+            monitoring=monitoring, monitoring_interval=monitoring_interval,
+        )  # fmt: skip
         from runtime.messages import MetricsReply, MetricsRequest
         from runtime.metrics import metrics_route, serve_metrics
 

@@ -1,0 +1,336 @@
+"""The monitoring database (runtime/monitordb.py): written by real clusters (embedded,
+and a manager process with worker processes), read by other connections while the run
+goes, intact after a manager's kill -9; its writer never blocks; bad files get a clear
+error."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from actors.scheduler_state import SchedulerConfig, SchedulerState
+from runtime import Cluster
+from runtime.errors import MonitoringDBError
+from runtime.monitordb import SCHEMA_VERSION, MonitorWriter, default_path, open_db
+from tests.helpers import Cli, chain, join, submit, wait_until
+
+LIMIT = 90
+
+
+def _rows(db: Path, sql: str, *args: Any) -> list[tuple[Any, ...]]:
+    """``sql`` on a connection of its own (as another program reading the file)."""
+    conn = sqlite3.connect(db, timeout=5)
+    try:
+        return conn.execute(sql, args).fetchall()
+    finally:
+        conn.close()
+
+
+def _count(db: Path, sql: str, *args: Any) -> int:
+    try:
+        return int(_rows(db, sql, *args)[0][0])
+    except sqlite3.OperationalError:  # not created yet
+        return 0
+
+
+def inc(x: int) -> int:
+    time.sleep(0.01)
+    return x + 1
+
+
+def boom(x: int) -> int:
+    raise ValueError(f"boom {x}")
+
+
+# ----------------------------------------------------------------------------- embedded
+
+
+@pytest.mark.anyio
+async def test_an_embedded_cluster_writes_every_task_try_worker_block_and_sample(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "run" / "monitoring.db"
+    with anyio.fail_after(LIMIT):
+        async with Cluster(workers=2, monitoring=db, monitoring_interval=0.2) as cluster:
+            futures = cluster.map(inc, range(30))
+            assert await cluster.gather(futures) == list(range(1, 31))
+            bad = cluster.submit(boom, 7)
+            with pytest.raises(ValueError, match="boom 7"):
+                await bad
+            # Readable by another connection while the cluster runs: every task shows up.
+            await wait_until(
+                lambda: _count(db, "SELECT count(*) FROM tasks WHERE finished IS NOT NULL") == 31,
+                "31 finished tasks in the database",
+                limit=30,
+            )
+            await wait_until(
+                lambda: _count(db, "SELECT count(*) FROM metric_samples") > 0,
+                "metric samples",
+                limit=30,
+            )
+            keys = {str(f.key) for f in futures} | {str(bad.key)}
+    (run_id, ended, dropped) = _rows(db, "SELECT run_id, ended, dropped_rows FROM runs")[0]
+    assert ended is not None and dropped == 0
+    tasks = {r[0]: r for r in _rows(db, "SELECT key, category, state, submitted, ready, "
+                                    "started, finished, tries, worker FROM tasks")}  # fmt: skip
+    assert set(tasks) == keys
+    for key in keys:
+        _, category, state, submitted, ready, started, finished, tries, worker = tasks[key]
+        assert category == ("boom" if key.startswith("boom") else "inc")
+        assert state == ("erred" if category == "boom" else "memory")
+        assert submitted <= ready <= started <= finished and tries == 1
+        assert worker in ("worker-1", "worker-2")
+    tries = _rows(db, "SELECT key, try, outcome, error_type, error_message, started, ended, "
+                  "output_bytes FROM tries")  # fmt: skip
+    assert len(tries) == 31
+    failed = [t for t in tries if t[2] != "ok"]
+    assert failed == [(str(bad.key), 1, "error", "ValueError", "boom 7", *failed[0][5:7], None)]
+    assert all(t[5] <= t[6] and t[7] > 0 for t in tries if t[2] == "ok")
+    workers = _rows(db, "SELECT worker, pool, block, joined, left, cause FROM workers")
+    assert sorted(w[0] for w in workers) == ["worker-1", "worker-2"]
+    for _, pool, block, joined, left, cause in workers:  # ended with the cluster
+        assert pool == "default" and block.startswith("block-") and joined < left
+        assert cause == "shutdown"
+    blocks = _rows(db, "SELECT block, state, cause FROM blocks ORDER BY time, block")
+    history = {b: [s for bb, s, _ in blocks if bb == b] for b, _, _ in blocks}
+    assert len(history) == 2 and all(h == ["running", "stopped"] for h in history.values())
+    depth = _rows(db, "SELECT labels FROM metric_samples WHERE name = 'corral_queue_depth'")
+    assert depth and all("pool" in json.loads(labels) for (labels,) in depth)
+    assert _count(db, "SELECT count(*) FROM resource_samples WHERE rss > 0") > 0
+    assert _count(db, "SELECT count(*) FROM gaps") == 0
+    assert open_db(db).execute("SELECT count(*) FROM tasks").fetchone()[0] == 31
+    assert run_id
+
+
+@pytest.mark.anyio
+async def test_a_locked_database_stalls_nothing_and_gets_the_rows_once_free(
+    tmp_path: Path,
+) -> None:
+    """Another program holds the database locked while a graph runs: the graph runs on
+    (the writer thread waits, not the scheduler), and once it lets go the rows land."""
+    db = tmp_path / "monitoring.db"
+    with anyio.fail_after(LIMIT):
+        async with Cluster(workers=2, monitoring=db, monitoring_interval=0.1) as cluster:
+            await wait_until(lambda: _count(db, "SELECT count(*) FROM runs") == 1, "the run row",
+                             limit=30)  # fmt: skip
+            locker = sqlite3.connect(db, isolation_level=None)
+            locker.execute("BEGIN EXCLUSIVE")
+            try:
+                t0 = time.monotonic()
+                futures = cluster.map(inc, range(200))
+                assert len(await cluster.gather(futures)) == 200
+                took = time.monotonic() - t0
+                await anyio.sleep(0.5)  # a few polls queue up behind the lock
+            finally:
+                locker.execute("ROLLBACK")
+                locker.close()
+            assert took < 30
+            await wait_until(
+                lambda: _count(db, "SELECT count(*) FROM tries WHERE outcome = 'ok'") == 200,
+                "the 200 tries once the lock is gone",
+                limit=30,
+            )
+
+
+def test_the_writer_never_blocks_and_drops_metric_samples_first(tmp_path: Path) -> None:
+    db = tmp_path / "monitoring.db"
+    writer = MonitorWriter(db, max_rows=1_000)
+    locker = sqlite3.connect(db, isolation_level=None)
+    locker.execute("BEGIN EXCLUSIVE")
+    slowest = 0.0
+    metric = "INSERT INTO metric_samples VALUES (?,?,?,?,?)"
+    gap = "INSERT INTO gaps VALUES (?,?,?,?)"
+    try:
+        for i in range(50):
+            t = time.monotonic()
+            writer.submit([
+                ("metric", metric, [("r", float(i), "m", "{}", 1.0)] * 100),
+                ("event", gap, [("r", float(i), "test", i)]),
+            ])  # fmt: skip
+            slowest = max(slowest, time.monotonic() - t)
+        assert slowest < 0.05  # queued, never waiting for the locked file
+        # at most max_rows wait, besides the batch the thread holds (stuck on the lock)
+        assert writer.dropped["metric"] >= 5000 - 1_000 - 101 and writer.dropped["event"] == 0
+        assert writer.pending <= 1_000
+    finally:
+        locker.execute("ROLLBACK")
+        locker.close()
+    writer.close()
+    assert _count(db, "SELECT count(*) FROM gaps") == 50  # every event kept
+    assert _count(db, "SELECT count(*) FROM metric_samples") == 5000 - writer.dropped["metric"]
+
+
+def test_past_its_room_for_events_the_writer_drops_the_oldest(tmp_path: Path) -> None:
+    db = tmp_path / "monitoring.db"
+    writer = MonitorWriter(db, max_rows=10)
+    locker = sqlite3.connect(db, isolation_level=None)
+    locker.execute("BEGIN EXCLUSIVE")
+    try:
+        for i in range(30):
+            writer.submit([("event", "INSERT INTO gaps VALUES (?,?,?,?)", [("r", i, "t", i)])])
+        assert writer.dropped["event"] == 20
+    finally:
+        locker.execute("ROLLBACK")
+        locker.close()
+    writer.close()
+    assert [r[0] for r in _rows(db, "SELECT lost FROM gaps ORDER BY lost")] == list(range(20, 30))
+
+
+# ----------------------------------------------------------------------------- the feed
+
+
+def test_the_feed_says_how_many_events_were_lost_between_two_reads() -> None:
+    state = SchedulerState(SchedulerConfig(feed_length=8))
+    join(state, "w1")
+    table = chain("a", 20)
+    submit(state, table, list(table))
+    events, nxt, lost = state.feed_since(0, 100)
+    assert len(events) == 8 and lost == state.feed_next - 8 > 0
+    assert nxt == state.feed_next
+    assert state.feed_since(nxt, 100) == ([], nxt, 0)
+    first, after, lost = state.feed_since(nxt - 3, 2)  # a page of two from the middle
+    assert (len(first), after, lost) == (2, nxt - 1, 0)
+    kinds = {e[0] for e in events}
+    assert kinds <= {"state", "sent", "try", "joined", "left"}
+
+
+# ----------------------------------------------------------------------------- a manager process
+
+
+def pid_then_wait(mark: str, gate: str) -> int:
+    """Write this process's id to ``mark``, then wait (bounded) for ``gate``."""
+    Path(mark + ".tmp").write_text(str(os.getpid()))
+    os.replace(mark + ".tmp", mark)
+    deadline = time.monotonic() + 60
+    while not Path(gate).exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return os.getpid()
+
+
+@pytest.fixture
+def cli(tmp_path: Path) -> Iterator[Cli]:
+    with Cli(tmp_path / "home") as c:
+        yield c
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+async def test_a_manager_process_records_a_lost_worker_and_survives_kill_9(
+    cli: Cli, tmp_path: Path
+) -> None:
+    db = tmp_path / "runs" / "monitoring.db"
+    manager = cli.start("manager", "--listen", "127.0.0.1:0", "--monitoring", str(db),
+                        "--monitoring-interval", "0.3")  # fmt: skip
+    assert str(db) in cli.line_with(manager, "monitoring database:")
+    address = cli.line_with(manager, "manager listening on").split(" on ", 1)[1].strip()
+    workers = [cli.worker(address, "--cores", "1") for _ in range(2)]
+    mark, gate = tmp_path / "pid", tmp_path / "gate"
+    with anyio.fail_after(LIMIT):
+        async with Cluster(address) as cluster:
+            await cluster.wait_for_workers(2)
+            assert await cluster.gather(cluster.map(inc, range(10))) == list(range(1, 11))
+            with pytest.raises(ValueError, match="boom 3"):
+                await cluster.submit(boom, 3)
+            held = cluster.submit(pid_then_wait, str(mark), str(gate), key="held")
+            await wait_until(mark.exists, "the held task to start", limit=30)
+            victim = next(w for w in workers if w.pid == int(mark.read_text()))
+            mark.unlink()
+            victim.send_signal(signal.SIGKILL)  # it dies with the task in hand
+            victim.wait(10)
+            await wait_until(mark.exists, "the held task to run again elsewhere", limit=40)
+            gate.touch()
+            assert await held != victim.pid
+            # Read by this process while the manager runs.
+            await wait_until(
+                lambda: _count(db, "SELECT count(*) FROM tries WHERE key = 'held'") == 2,
+                "both tries of the held task",
+                limit=30,
+            )
+    lost = _rows(db, "SELECT worker, outcome, cause, started, ended FROM tries "
+                 "WHERE key = 'held' ORDER BY try")  # fmt: skip
+    assert [t[1] for t in lost] == ["worker-lost", "ok"]
+    lost_worker, _, cause, started, ended = lost[0]
+    assert cause == "crash" and started is None and ended is not None
+    assert _rows(db, "SELECT cause FROM workers WHERE worker = ?", lost_worker) == [("crash",)]
+    assert _rows(db, "SELECT outcome, error_type FROM tries WHERE category = 'boom'") == [
+        ("error", "ValueError")
+    ]
+    # kill -9 of the manager: what it wrote up to its last poll stays, and opens.
+    await wait_until(
+        lambda: _count(db, "SELECT count(*) FROM tasks WHERE state = 'memory'") == 11,
+        "the held task done in the database",
+        limit=30,
+    )
+    manager.send_signal(signal.SIGKILL)
+    manager.wait(10)
+    conn = open_db(db)
+    try:
+        assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+        assert conn.execute("SELECT count(*) FROM tasks").fetchone() == (12,)
+        assert conn.execute("SELECT ended FROM runs").fetchone() == (None,)  # it crashed
+    finally:
+        conn.close()
+
+
+def test_a_manager_writes_to_a_run_directory_by_default_and_not_with_no_monitoring(
+    cli: Cli,
+) -> None:
+    manager = cli.start("manager", "--listen", "127.0.0.1:0")
+    line = cli.line_with(manager, "monitoring database:")
+    path = Path(line.split(":", 1)[1].strip())
+    assert path.parent.parent == cli.home / "runs" and path.name == "monitoring.db"
+    cli.line_with(manager, "manager listening on")
+    cli.stop([manager])
+    assert open_db(path).execute("SELECT ended FROM runs").fetchone()[0] is not None
+    quiet = cli.start("manager", "--listen", "127.0.0.1:0", "--no-monitoring")
+    cli.line_with(quiet, "manager listening on")
+    cli.stop([quiet])
+    assert len(list((cli.home / "runs").iterdir())) == 1
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+def test_a_missing_or_foreign_file_is_refused_with_what_to_do(tmp_path: Path) -> None:
+    with pytest.raises(MonitoringDBError, match="no such file"):
+        open_db(tmp_path / "nope.db")
+    text = tmp_path / "notes.txt"
+    text.write_text("hello, not a database\n" * 100)
+    with pytest.raises(MonitoringDBError, match="not an SQLite database"):
+        open_db(text)
+    other = tmp_path / "other.db"
+    sqlite3.connect(other).execute("CREATE TABLE t (x)").connection.close()
+    with pytest.raises(MonitoringDBError, match="not a Corral monitoring database"):
+        open_db(other)
+    newer = tmp_path / "newer.db"
+    MonitorWriter(newer).close()
+    conn = sqlite3.connect(newer)
+    conn.execute("UPDATE schema_version SET version = ?", (SCHEMA_VERSION + 1,))
+    conn.commit()
+    conn.close()
+    with pytest.raises(MonitoringDBError, match=f"schema version {SCHEMA_VERSION + 1}"):
+        open_db(newer)
+    with pytest.raises(MonitoringDBError, match="schema version"):
+        MonitorWriter(newer)
+    assert default_path(tmp_path).parent.parent == tmp_path
+
+
+def test_the_report_command_says_what_is_wrong_with_a_bad_file(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "runtime", "report", str(tmp_path / "nope.db")],
+        capture_output=True, text=True, timeout=60,
+        env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1])),
+    )  # fmt: skip
+    assert proc.returncode == 1
+    assert "no such file" in proc.stderr and "docs/monitoring.md" in proc.stderr
