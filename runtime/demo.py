@@ -314,7 +314,7 @@ async def run_demo(
     poll_every: float = 0.1,
     processes: bool = False,
     monitoring: str | os.PathLike[str] | None = None,
-    monitoring_interval: float = 0.5,
+    monitoring_interval: float = 0.25,
 ) -> DemoRun:
     """Build the graph and run it on an in-process cluster; return what happened.
 

@@ -324,8 +324,9 @@ class MonitorWriter:
 
 _TASK_NEW = (
     "INSERT INTO tasks (run_id, key, category, pool, submitted, state) VALUES (?,?,?,?,?,?) "
-    "ON CONFLICT (run_id, key) DO UPDATE SET state = excluded.state, "
-    "category = excluded.category, pool = excluded.pool"
+    "ON CONFLICT (run_id, key) DO UPDATE SET category = excluded.category, "
+    "pool = excluded.pool, "  # once ended, it keeps its end state until it ends again
+    "state = CASE WHEN finished IS NULL THEN excluded.state ELSE state END"
 )
 _TASK_READY = "UPDATE tasks SET ready = COALESCE(ready, ?) WHERE run_id = ? AND key = ?"
 _TASK_SENT = (
@@ -427,8 +428,8 @@ class MonitorRecorder(Actor):
 
     async def _loop(self) -> None:
         while True:
-            await self.clock.sleep(self.interval)
             await self.poll()
+            await self.clock.sleep(self.interval)
 
     async def on_stop(self) -> None:
         writer = self.writer
