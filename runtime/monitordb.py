@@ -379,7 +379,8 @@ class _Rows:
 
 
 class MonitorRecorder(Actor):
-    """Pulls what happened every ``interval`` seconds and has ``writer`` store it.
+    """Pulls what happened every ``interval`` seconds and has ``writer`` store it (and
+    closes the writer when it stops).
 
     ``scheduler``, ``manager``, ``autoscaler``: how to reach them (the autoscaler may
     be absent, or start later). The polls run in a helper task: nothing here runs on
@@ -387,26 +388,24 @@ class MonitorRecorder(Actor):
 
     def __init__(
         self,
-        path: str | os.PathLike[str],
+        writer: MonitorWriter,
         scheduler: Callable[[], ActorRef[Any]],
         manager: Callable[[], ActorRef[Any]],
         autoscaler: Callable[[], ActorRef[Any] | None],
         *,
         interval: float = 2.0,
         page: int = 20_000,
-        max_rows: int = 200_000,
     ) -> None:
         if interval <= 0:
             raise ValueError(f"the monitoring interval must be positive, got {interval}")
-        self.path = Path(path)
+        self.path = writer.path
         self._scheduler = scheduler
         self._manager = manager
         self._autoscaler = autoscaler
         self.interval = interval
         self.page = page
-        self.max_rows = max_rows
         self.run_id = uuid.uuid4().hex[:12]
-        self.writer: MonitorWriter | None = None
+        self.writer: MonitorWriter | None = writer
         self.seq = 0  #: the next feed event to ask for
         self.feed_lost = 0  #: feed events gone before they were read
         self.polls = 0
@@ -416,9 +415,7 @@ class MonitorRecorder(Actor):
         self._lock = anyio.Lock()
 
     async def on_start(self) -> None:
-        self.writer = await anyio.to_thread.run_sync(
-            lambda: MonitorWriter(self.path, max_rows=self.max_rows)
-        )
+        assert self.writer is not None, "a recorder starts once"
         now = time.time()
         row = (self.run_id, now, now, None, socket.gethostname(), os.getpid(),
                json.dumps(sys.argv), sys.version.split()[0], 0, 0)  # fmt: skip

@@ -211,12 +211,14 @@ async def start_control_plane(
     if provider is not None:
         await start_autoscaler(plane, provider(plane), targets or {})
     if monitoring is not None:
-        from runtime.monitordb import MonitorRecorder
+        from runtime.monitordb import MonitorRecorder, MonitorWriter
 
+        # MonitoringDBError (a bad path) from here, as itself
+        writer = await anyio.to_thread.run_sync(MonitorWriter, monitoring)
         # Spawned after the scheduler: stopped before it (newest first), so its last
         # poll still finds the scheduler.
         recorder = MonitorRecorder(
-            monitoring, lambda: refs["scheduler"], lambda: refs["manager"],
+            writer, lambda: refs["scheduler"], lambda: refs["manager"],
             lambda: refs.get("autoscaler"), interval=monitoring_interval,
         )  # fmt: skip
         refs["monitoring"] = await system.spawn(recorder, "monitoring")

@@ -334,3 +334,16 @@ def test_the_report_command_says_what_is_wrong_with_a_bad_file(tmp_path: Path) -
     )  # fmt: skip
     assert proc.returncode == 1
     assert "no such file" in proc.stderr and "docs/monitoring.md" in proc.stderr
+
+
+@pytest.mark.anyio
+async def test_a_cluster_given_a_path_it_cannot_write_says_so_before_it_starts(
+    tmp_path: Path,
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with anyio.fail_after(LIMIT), pytest.raises(MonitoringDBError, match="cannot create it"):
+        async with Cluster(workers=1, monitoring=blocker / "monitoring.db"):
+            pass  # pragma: no cover - it must not start
+    with pytest.raises(ValueError, match="monitoring= is for an embedded cluster"):
+        Cluster("ws://127.0.0.1:1", monitoring=tmp_path / "x.db")
