@@ -377,7 +377,9 @@ class Scheduler(Actor):
             report = self.memory.get(wid)
             held = (report.memory_bytes, report.spilled_bytes) if report is not None else (0, 0)
             workers[wid] = (self.rss.get(wid, 0), *held)
-        return MonitorFeedReply(tuple(events), nxt, lost, time.time() - self.clock.now(), workers)
+        wall = time.time() - self.clock.now()
+        capacity = self.state.config.feed_length
+        return MonitorFeedReply(tuple(events), nxt, lost, wall, workers, capacity)
 
     @handles(WaitForWorkersRequest)
     def workers_ready(self, msg: WaitForWorkersRequest) -> Later:

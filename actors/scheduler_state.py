@@ -425,9 +425,11 @@ class SchedulerConfig:
     max_per_core: int = 500
     unknown_duration: float = 0.5
     story_length: int = 100_000
-    #: monitoring events kept for :meth:`SchedulerState.feed_since` (the newest; a
-    #: reader that falls further behind is told how many it missed)
-    feed_length: int = 100_000
+    #: monitoring records kept unread for :meth:`SchedulerState.feed_since` (the
+    #: newest; a reader that falls further behind is told how many entries it missed)
+    feed_length: int = 1_000_000
+    #: keep the monitoring feed from the start (else from its first read)
+    monitor: bool = False
     #: seconds every worker may stay throttled with nothing but producers to run and
     #: nothing finishing, before the run fails with MemoryStalled
     stall_timeout: float = 10.0
@@ -812,10 +814,15 @@ class SchedulerState:
         self.policy_errors = 0  #: policy calls that raised or answered out of bounds
         self.generation = 0  #: submissions so far
         self.story_log: deque[tuple[Any, ...]] = deque(maxlen=self.config.story_length)
-        #: the monitoring feed: events as tuples, the kind first, then ``now`` (see
-        #: :meth:`feed_since`); ``feed_next`` is the number the next one gets
-        self.feed: deque[tuple[Any, ...]] = deque(maxlen=self.config.feed_length)
+        #: the monitoring feed, kept once a reader asked (:meth:`feed_since`): one
+        #: entry per handled event that changed anything a monitor records, ``(now,
+        #: records)``, not read yet; ``feed_next`` is the number the next entry gets,
+        #: ``feed_held`` counts the records held; ``_records``: this event's so far
+        self.feed: deque[tuple[float, list[tuple[Any, ...]]]] = deque()
+        self.feed_on = self.config.monitor
         self.feed_next = 0
+        self.feed_held = 0
+        self._records: list[tuple[Any, ...]] = []
         #: how often each transition happened (by ``_MOVES`` index), tasks created and
         #: tasks forgotten per state, and queued tasks per pool ("*": any pool): kept in
         #: step with every transition, so status counts tasks without scanning them
@@ -858,6 +865,10 @@ class SchedulerState:
             if self.draining:
                 self._retire_idle()
             self._flush()
+            if self._records:
+                if self.feed_on:
+                    self._feed_append()
+                self._records = []
         out, self._out = self._out, []
         return out
 
@@ -868,32 +879,52 @@ class SchedulerState:
         wanted = set(keys)
         return [entry for entry in self.story_log if entry[0] in wanted]
 
-    def feed_since(self, since: int, limit: int) -> tuple[list[tuple[Any, ...]], int, int]:
-        """Up to ``limit`` monitoring events numbered ``since`` and on, oldest first;
-        the number to ask from next time; how many events from ``since`` on are gone
-        (the feed keeps the latest ``feed_length``). Costs the events read (plus a skip
+    def feed_since(
+        self, since: int, limit: int
+    ) -> tuple[list[tuple[float, list[tuple[Any, ...]]]], int, int]:
+        """Up to ``limit`` monitoring entries numbered ``since`` and on, oldest first;
+        the number to ask from next time; how many entries from ``since`` on are gone
+        (the feed keeps the latest ``feed_length``). Costs the entries read (plus a skip
         over the older ones kept), never a scan of the tasks.
 
-        The events: ``("state", now, key, finish, category, pool)`` per transition,
-        ``("sent", now, key, worker)`` per try begun, ``("try", now, key, category,
-        worker, number, sent, start, stop, outcome, cause, error, nbytes)`` per try
-        ended (``error``: the exception or None), ``("joined", now, worker, pool,
-        cores, memory)`` and ``("left", now, worker, cause)``."""
-        first = self.feed_next - len(self.feed)
+        Entries before ``since`` were read: they are let go (the feed has one reader).
+        Nothing is kept before the first call, unless ``SchedulerConfig.monitor``. At
+        most ``feed_length`` records wait to be read; past that the oldest entries go
+        (the next read says how many).
+
+        One entry per handled event (so a graph of a million tasks submitted at once is
+        one entry): ``(now, records)``, the records in the order things happened:
+        ``("state", key, finish, category, pool, worker)`` per transition (``worker``:
+        where it was sent, for ``processing``), ``("try", key, category, worker,
+        number, sent, start, stop, outcome, cause, error, nbytes)`` per try ended
+        (``error``: the exception or None; ``start``, ``stop``: the worker's wall clock,
+        except for ``worker-lost``: ``sent`` and ``now``, this core's clock),
+        ``("joined", worker, pool, cores, memory)`` and ``("left", worker, cause)``."""
+        self.feed_on = True
+        feed = self.feed
+        first = self.feed_next - len(feed)
+        while feed and first < since:  # read already
+            self.feed_held -= len(feed.popleft()[1])
+            first += 1
         start = max(since, first)
-        skip = start - first
-        items = list(itertools.islice(self.feed, skip, skip + max(limit, 0)))
+        items = list(itertools.islice(feed, 0, max(limit, 0)))
         return items, start + len(items), max(first - since, 0)
+
+    def _feed_append(self) -> None:
+        self.feed.append((self._now, self._records))
+        self.feed_next += 1
+        self.feed_held += len(self._records)
+        while self.feed_held > self.config.feed_length and len(self.feed) > 1:
+            self.feed_held -= len(self.feed.popleft()[1])  # unread: lost
 
     def _tried(
         self, ts: TaskState, rec: TryRecord, error: BaseException | None, nbytes: int = 0
     ) -> None:
         ts.tries.append(rec)
-        self.feed.append(
-            ("try", self._now, ts.key, ts.spec.category, rec.worker, len(ts.tries), ts.sent,
+        self._records.append(
+            ("try", ts.key, ts.spec.category, rec.worker, len(ts.tries), ts.sent,
              rec.start, rec.stop, rec.outcome, rec.cause, error, nbytes)
         )  # fmt: skip
-        self.feed_next += 1
 
     def count(self, state: str) -> int:
         return self.by_state.get(state, 0)
@@ -1056,8 +1087,7 @@ class SchedulerState:
         ws.limit = max(ws.slots, ev.cores * self.config.max_per_core)
         self._update_free(ws)
         self._log(ev.worker, "-", "joined")
-        self.feed.append(("joined", self._now, ws.id, ws.pool, ws.cores, ws.memory))
-        self.feed_next += 1
+        self._records.append(("joined", ws.id, ws.pool, ws.cores, ws.memory))
         self._limits_changed()
 
     def _worker_held(self, ev: WorkerHeld) -> None:
@@ -1101,8 +1131,7 @@ class SchedulerState:
         self.draining.discard(ev.worker)
         self.throttled.discard(ev.worker)
         self._log(ev.worker, "joined", f"left:{ev.cause}")
-        self.feed.append(("left", self._now, ws.id, ev.cause))
-        self.feed_next += 1
+        self._records.append(("left", ws.id, ev.cause))
         for key, target in ev.evacuated:
             ts = self.tasks.get(key)
             to = self.workers.get(target)
@@ -1380,8 +1409,7 @@ class SchedulerState:
                     pw.n += 1
                     pw.total += wait
         self.story_log.append((ts.key, start, finish, self._stimulus, self._now))
-        self.feed.append(("state", self._now, ts.key, finish, ts.spec.category, ts.spec.pool))
-        self.feed_next += 1
+        self._records.append(("state", ts.key, finish, ts.spec.category, ts.spec.pool, ts.worker))
         if was_active and not now_active:
             for d in ts.deps:
                 if d.consumers == 0 and d.wanted == 0 and d.state in ACTIVE:
@@ -1928,11 +1956,9 @@ class SchedulerState:
         return ws
 
     def _assign(self, ts: TaskState, ws: WorkerState) -> None:
+        ts.worker = ws.id  # first: the transition's monitoring record names it
         self._set(ts, "processing")
-        ts.worker = ws.id
         ts.sent = self._now
-        self.feed.append(("sent", self._now, ts.key, ws.id))
-        self.feed_next += 1
         st = self.stats.get(ts.spec.category)
         ts.est = st.mean_duration if st is not None and st.count else self.config.unknown_duration
         ws.occupancy += ts.est

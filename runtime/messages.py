@@ -588,9 +588,10 @@ class AlertsReply(Message):
 
 @message(local=True)
 class MonitorFeed(Message):
-    """-> scheduler: up to ``limit`` monitoring events numbered ``since`` and on
-    (``SchedulerState.feed_since``); the reply is a :class:`MonitorFeedReply`. Asked by
-    the monitoring database's recorder (runtime/monitordb.py) in the same process."""
+    """-> scheduler: up to ``limit`` monitoring entries numbered ``since`` and on
+    (``SchedulerState.feed_since``; the ones before ``since`` count as read); the reply
+    is a :class:`MonitorFeedReply`. Asked by the monitoring database's recorder
+    (runtime/monitordb.py) in the same process: the feed has that one reader."""
 
     since: int = 0
     limit: int = 10_000
@@ -598,17 +599,19 @@ class MonitorFeed(Message):
 
 @message(local=True)
 class MonitorFeedReply(Message):
-    """The scheduler's monitoring events (tuples, the kind first, then the time on its
-    clock; they may carry keys and exceptions), the number to ask from next, how many
-    events were gone before they were read (``lost``: a gap), ``wall``: what to add to
-    the scheduler's clock for Unix time, and per worker its latest ``(rss, bytes held in
-    memory, bytes spilled now)``."""
+    """The scheduler's monitoring entries (``(now, records)`` per handled event, ``now``
+    on its clock; the records may carry keys and exceptions), the number to ask from
+    next, how many entries were gone before they were read (``lost``: a gap), ``wall``:
+    what to add to the scheduler's clock for Unix time, per worker its latest ``(rss,
+    bytes held in memory, bytes spilled now)``, and how many records the feed holds
+    unread at most (``capacity``)."""
 
     events: tuple[tuple[Any, ...], ...] = ()
     next: int = 0
     lost: int = 0
     wall: float = 0.0
     workers: dict[str, tuple[int, int, int]] = dataclasses.field(default_factory=dict)
+    capacity: int = 0
 
 
 @message()

@@ -8,13 +8,17 @@ writer), :func:`default_path` (where a manager puts it by default) and
 :func:`open_db` (opens one for reading, with a :class:`~runtime.errors.MonitoringDBError`
 when it is not one).
 
-Where the rows come from, every ``interval``:
+Where the rows come from:
 
-- the scheduler's monitoring feed (``MonitorFeed``: its core's numbered events since
-  the last poll: task transitions, tries begun and ended, workers joining and leaving)
-  and each worker's latest memory numbers: ``tasks``, ``tries``, ``workers``,
-  ``resource_samples``; a feed that overflowed between two polls leaves a row in
-  ``gaps``;
+- every :data:`FEED_EVERY` seconds, sooner in a burst: the scheduler's monitoring feed
+  (``MonitorFeed``: its core's numbered entries since the last read, task transitions,
+  tries ended, workers joining and leaving), merged into one ``tasks`` row per task
+  touched, and rows of ``tries`` and ``workers``; a feed that overflowed between two
+  reads leaves a row in ``gaps``;
+
+and every ``interval``:
+
+- each worker's latest memory numbers: ``resource_samples``;
 - the autoscaler's status: a row in ``blocks`` per block state change;
 - the manager's ``MetricsReply`` (the numbers ``GET /metrics`` serves, under the same
   names): ``metric_samples``;
@@ -215,7 +219,7 @@ class MonitorWriter:
     that is locked or slow keeps its batches queued and is retried every
     ``retry`` seconds. :meth:`close` writes what is left and stops the thread."""
 
-    def __init__(self, path: str | os.PathLike[str], *, max_rows: int = 200_000) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, max_rows: int = 500_000) -> None:
         self.path = Path(path)
         _create(self.path)
         self.max_rows = max_rows
@@ -322,20 +326,20 @@ class MonitorWriter:
 
 # ----------------------------------------------------------------------------- recording
 
-_TASK_NEW = (
-    "INSERT INTO tasks (run_id, key, category, pool, submitted, state) VALUES (?,?,?,?,?,?) "
-    "ON CONFLICT (run_id, key) DO UPDATE SET category = excluded.category, "
-    "pool = excluded.pool, "  # once ended, it keeps its end state until it ends again
-    "state = CASE WHEN finished IS NULL THEN excluded.state ELSE state END"
-)
-_TASK_READY = "UPDATE tasks SET ready = COALESCE(ready, ?) WHERE run_id = ? AND key = ?"
-_TASK_SENT = (
-    "UPDATE tasks SET started = COALESCE(started, ?), worker = ? WHERE run_id = ? AND key = ?"
-)
-_TASK_END = "UPDATE tasks SET finished = ?, state = ? WHERE run_id = ? AND key = ?"
-_TASK_TRY = (
-    "UPDATE tasks SET tries = ?, duration = COALESCE(?, duration), "
-    "output_bytes = COALESCE(?, output_bytes) WHERE run_id = ? AND key = ?"
+#: one row per task and poll, merged with what the table has: first times stay, the
+#: latest worker and state win, an end state stays until the task ends again
+_TASK = (
+    "INSERT INTO tasks (run_id, key, category, pool, submitted, ready, started, finished, "
+    "state, worker, tries, duration, output_bytes) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?) "
+    "ON CONFLICT (run_id, key) DO UPDATE SET "
+    "category = COALESCE(excluded.category, category), pool = excluded.pool, "
+    "submitted = COALESCE(submitted, excluded.submitted), "
+    "ready = COALESCE(ready, excluded.ready), started = COALESCE(started, excluded.started), "
+    "worker = COALESCE(excluded.worker, worker), tries = MAX(tries, excluded.tries), "
+    "duration = COALESCE(excluded.duration, duration), "
+    "output_bytes = COALESCE(excluded.output_bytes, output_bytes), "
+    "state = CASE WHEN excluded.finished IS NOT NULL OR finished IS NULL "
+    "THEN excluded.state ELSE state END, finished = COALESCE(excluded.finished, finished)"
 )
 _TRY = "INSERT OR REPLACE INTO tries VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)"
 _WORKER_JOINED = (
@@ -354,6 +358,8 @@ _ALERT = "INSERT INTO alerts VALUES (?,?,?,?,?,?,?,?,?,?,?)"
 _GAP = "INSERT INTO gaps VALUES (?,?,?,?)"
 _RUN_SEEN = "UPDATE runs SET last_seen = ?, feed_lost = ?, dropped_rows = ? WHERE run_id = ?"
 
+MIN_FEED_WAIT = 0.05  #: seconds: the feed is read at most this often
+FEED_EVERY = 0.25  #: seconds: the feed is read at least this often (an empty read is cheap)
 _TERMINAL = frozenset({"memory", "erred", "cancelled"})
 _ERROR_CHARS = 2000  #: of an error's message kept
 
@@ -414,6 +420,9 @@ class MonitorRecorder(Actor):
         self._alerts: dict[tuple[str, str], tuple[Any, ...]] = {}
         self._lock = anyio.Lock()
 
+    async def on_restart(self) -> None:
+        self.start_soon(self._loop)  # the same writer and run: only the polls restart
+
     async def on_start(self) -> None:
         assert self.writer is not None, "a recorder starts once"
         now = time.time()
@@ -424,9 +433,27 @@ class MonitorRecorder(Actor):
         self.start_soon(self._loop)
 
     async def _loop(self) -> None:
+        """A full poll every ``interval``; the feed alone every :data:`FEED_EVERY`
+        seconds, and sooner while it moves fast: again before a quarter of its ring
+        could fill at the rate just seen (a burst of a graph's tasks at once)."""
+        last_full = -float("inf")
+        fed_at = self.clock.now()
         while True:
-            await self.poll()
-            await self.clock.sleep(self.interval)
+            t = self.clock.now()
+            full = t - last_full >= self.interval
+            if full:
+                last_full = t
+            try:
+                read, capacity = await self.poll(full=full)
+            except Exception as exc:  # a bug here must not stop the cluster: say it, go on
+                self.log.error("monitoring poll failed", error=repr(exc))
+                read = capacity = 0
+            wait = min(self.interval - (self.clock.now() - last_full), FEED_EVERY)
+            if read and capacity:
+                rate = read / max(t - fed_at, 1e-3)
+                wait = min(wait, capacity / 4 / rate)
+            fed_at = t
+            await self.clock.sleep(max(wait, MIN_FEED_WAIT))
 
     async def on_stop(self) -> None:
         writer = self.writer
@@ -445,23 +472,26 @@ class MonitorRecorder(Actor):
         self.writer = None
         await anyio.to_thread.run_sync(writer.close)
 
-    async def poll(self) -> None:
-        """One round: the feed, the blocks, the metrics, the alerts; then hand the rows
-        to the writer."""
+    async def poll(self, *, full: bool = True) -> tuple[int, int]:
+        """One round: the feed and, if ``full``, the workers' memory, the blocks, the
+        metrics, the alerts; then hand the rows to the writer. Returns the feed events
+        read and the size of the feed's ring."""
         writer = self.writer
         if writer is None:
-            return
+            return 0, 0
         async with self._lock:
             rows = _Rows()
             now = time.time()
-            await self._feed(rows, now)
-            await self._poll_blocks(rows, now)
-            await self._poll_metrics(rows, now)
-            await self._poll_alerts(rows, now)
-            dropped = sum(writer.dropped.values())
-            rows.add("event", _RUN_SEEN, (now, self.feed_lost, dropped, self.run_id))
+            read, capacity = await self._feed(rows, now, full)
+            if full:
+                await self._poll_blocks(rows, now)
+                await self._poll_metrics(rows, now)
+                await self._poll_alerts(rows, now)
+                dropped = sum(writer.dropped.values())
+                rows.add("event", _RUN_SEEN, (now, self.feed_lost, dropped, self.run_id))
             writer.submit(rows.ops)
             self.polls += 1
+            return read, capacity
 
     async def _ask(self, ref: ActorRef[Any] | None, msg: Any, timeout: float = 5.0) -> Any:  # noqa: ASYNC109
         if ref is None:
@@ -471,8 +501,9 @@ class MonitorRecorder(Actor):
         except (ActorStopped, AskTimeout):
             return None
 
-    async def _feed(self, rows: _Rows, now: float) -> None:
+    async def _feed(self, rows: _Rows, now: float, samples: bool) -> tuple[int, int]:
         last = None
+        read = 0
         for _ in range(10):  # pages; what is left waits for the next poll
             reply = await self._ask(self._scheduler(), MonitorFeed(self.seq, self.page))
             if not isinstance(reply, MonitorFeedReply):
@@ -481,51 +512,77 @@ class MonitorRecorder(Actor):
             if reply.lost:
                 self.feed_lost += reply.lost
                 rows.add("event", _GAP, (self.run_id, now, "scheduler", reply.lost))
-                _log.warning("monitoring: feed events lost between polls", lost=reply.lost)
+                _log.warning("monitoring: feed entries lost between polls", lost=reply.lost)
             self.seq = reply.next
-            self._events(rows, reply)
+            read += self._events(rows, reply)
             if len(reply.events) < self.page:
                 break
         if last is None:
-            return
-        for wid, (rss, held, spilled) in last.workers.items():
-            rows.add("resource", _RESOURCE, (self.run_id, now, wid, rss, held, spilled))
+            return 0, 0
+        if samples:
+            for wid, (rss, held, spilled) in last.workers.items():
+                rows.add("resource", _RESOURCE, (self.run_id, now, wid, rss, held, spilled))
+        return read, last.capacity
 
-    def _events(self, rows: _Rows, reply: MonitorFeedReply) -> None:
+    def _events(self, rows: _Rows, reply: MonitorFeedReply) -> int:
+        """Rows for the feed's entries (one per task touched, one per try ended, ...);
+        returns the records read."""
         run, wall = self.run_id, reply.wall
-        for ev in reply.events:
-            kind, at = ev[0], ev[1] + wall
-            if kind == "state":
-                _, _, key, finish, category, pool = ev
-                k = str(key)
-                if finish in ("waiting", "queued", "processing"):
-                    rows.add("event", _TASK_NEW, (run, k, category, pool, at, finish))
-                if finish == "queued":
-                    rows.add("event", _TASK_READY, (at, run, k))
-                elif finish in _TERMINAL:
-                    rows.add("event", _TASK_END, (at, finish, run, k))
-            elif kind == "sent":
-                rows.add("event", _TASK_SENT, (at, ev[3], run, str(ev[2])))
-            elif kind == "try":
-                (_, _, key, category, worker, n, sent, start, stop, outcome, cause, error,
-                 nbytes) = ev  # fmt: skip
-                k = str(key)
-                if outcome == "worker-lost":  # the core's clock: sent, lost
-                    start, stop = None, at
-                ok = outcome == "ok"
-                etype, emsg = _text(error)
-                rows.add(
-                    "event", _TRY,
-                    (run, k, n, category, worker, sent + wall, start, stop, outcome, cause,
-                     etype, emsg, nbytes if ok else None),
-                )  # fmt: skip
-                duration = max(stop - start, 0.0) if ok and start is not None else None
-                rows.add("event", _TASK_TRY, (n, duration, nbytes if ok else None, run, k))
-            elif kind == "joined":
-                _, _, wid, pool, cores, memory = ev
-                rows.add("event", _WORKER_JOINED, (run, wid, pool, cores, memory, at))
-            elif kind == "left":
-                rows.add("event", _WORKER_LEFT, (at, ev[3], run, ev[2]))
+        n = 0
+        # key -> the columns of _TASK after it: category, pool, submitted, ready,
+        # started, finished, state, worker, tries, duration, output_bytes
+        tasks: dict[str, list[Any]] = {}
+
+        def task(k: str, category: str, at: float) -> list[Any]:
+            t = tasks.get(k)
+            if t is None:
+                t = tasks[k] = [category, None, at, None, None, None, None, None, 0, None, None]
+            return t
+
+        for now, records in reply.events:
+            at = now + wall
+            n += len(records)
+            for rec in records:
+                kind = rec[0]
+                if kind == "state":
+                    _, key, finish, category, pool, worker = rec
+                    t = task(str(key), category, at)
+                    t[1] = pool
+                    if finish in _TERMINAL:
+                        t[5], t[6] = at, finish
+                    elif finish in ("waiting", "queued", "processing"):
+                        if t[5] is None:
+                            t[6] = finish
+                        if finish == "queued" and t[3] is None:
+                            t[3] = at
+                        elif finish == "processing":
+                            t[4] = at if t[4] is None else t[4]
+                            t[7] = worker
+                elif kind == "try":
+                    (_, key, category, worker, number, sent, start, stop, outcome, cause,
+                     error, nbytes) = rec  # fmt: skip
+                    k = str(key)
+                    t = task(k, category, at)
+                    if outcome == "worker-lost":  # the core's clock: sent, lost
+                        start, stop = None, at
+                    ok = outcome == "ok"
+                    etype, emsg = _text(error)
+                    rows.add(
+                        "event", _TRY,
+                        (run, k, number, category, worker, sent + wall, start, stop, outcome,
+                         cause, etype, emsg, nbytes if ok else None),
+                    )  # fmt: skip
+                    t[8] = max(t[8], number)
+                    if ok and start is not None:
+                        t[9], t[10] = max(stop - start, 0.0), nbytes
+                elif kind == "joined":
+                    _, wid, pool, cores, memory = rec
+                    rows.add("event", _WORKER_JOINED, (run, wid, pool, cores, memory, at))
+                elif kind == "left":
+                    rows.add("event", _WORKER_LEFT, (at, rec[2], run, rec[1]))
+        for k, t in tasks.items():
+            rows.add("event", _TASK, (run, k, *t))
+        return n
 
     async def _poll_blocks(self, rows: _Rows, now: float) -> None:
         status = await self._ask(self._autoscaler(), StatusRequest(), timeout=2.0)

@@ -195,7 +195,10 @@ async def start_control_plane(
         lambda: refs["manager"],
         lambda: refs["registry"],
         config=SchedulerConfig(
-            saturation=saturation, stall_timeout=stall_timeout, drain_period=drain_period
+            saturation=saturation,
+            stall_timeout=stall_timeout,
+            drain_period=drain_period,
+            monitor=monitoring is not None,
         ),
         initial=policies,
     )
