@@ -214,6 +214,29 @@ def test_the_feed_keeps_what_its_reader_has_not_read_and_counts_what_it_lost() -
     assert state.feed_since(nxt, 100) == ([], 11, 0) and state.feed_held == 0
 
 
+@pytest.mark.anyio
+async def test_a_feed_that_overflowed_between_two_reads_leaves_a_gap_row(tmp_path: Path) -> None:
+    """A feed far too small for a graph's burst: the recorder says how much it missed
+    (``gaps``, ``runs.feed_lost``) and records what came after."""
+    db = tmp_path / "monitoring.db"
+    with anyio.fail_after(LIMIT):
+        async with Cluster(workers=2, monitoring=db, monitoring_interval=0.1) as cluster:
+            cluster.scheduler_state.config.feed_length = 10  # records held unread
+            assert len(await cluster.gather(cluster.map(inc, range(100)))) == 100
+            await wait_until(
+                lambda: _count(db, "SELECT count(*) FROM gaps") > 0, "a gap row", limit=30
+            )
+            after = cluster.submit(inc, 1000)
+            assert await after == 1001
+            await wait_until(
+                lambda: _count(db, "SELECT count(*) FROM tries WHERE key = ?", str(after.key)),
+                "the try after the gap",
+                limit=30,
+            )
+    lost = _rows(db, "SELECT sum(lost) FROM gaps")[0][0]
+    assert lost > 0 and _rows(db, "SELECT feed_lost FROM runs") == [(lost,)]
+
+
 # ----------------------------------------------------------------------------- a manager process
 
 
