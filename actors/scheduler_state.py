@@ -866,8 +866,7 @@ class SchedulerState:
                 self._retire_idle()
             self._flush()
             if self._records:
-                if self.feed_on:
-                    self._feed_append()
+                self._feed_append()
                 self._records = []
         out, self._out = self._out, []
         return out
@@ -921,6 +920,8 @@ class SchedulerState:
         self, ts: TaskState, rec: TryRecord, error: BaseException | None, nbytes: int = 0
     ) -> None:
         ts.tries.append(rec)
+        if not self.feed_on:
+            return
         self._records.append(
             ("try", ts.key, ts.spec.category, rec.worker, len(ts.tries), ts.sent,
              rec.start, rec.stop, rec.outcome, rec.cause, error, nbytes)
@@ -1087,7 +1088,8 @@ class SchedulerState:
         ws.limit = max(ws.slots, ev.cores * self.config.max_per_core)
         self._update_free(ws)
         self._log(ev.worker, "-", "joined")
-        self._records.append(("joined", ws.id, ws.pool, ws.cores, ws.memory))
+        if self.feed_on:
+            self._records.append(("joined", ws.id, ws.pool, ws.cores, ws.memory))
         self._limits_changed()
 
     def _worker_held(self, ev: WorkerHeld) -> None:
@@ -1131,7 +1133,8 @@ class SchedulerState:
         self.draining.discard(ev.worker)
         self.throttled.discard(ev.worker)
         self._log(ev.worker, "joined", f"left:{ev.cause}")
-        self._records.append(("left", ws.id, ev.cause))
+        if self.feed_on:
+            self._records.append(("left", ws.id, ev.cause))
         for key, target in ev.evacuated:
             ts = self.tasks.get(key)
             to = self.workers.get(target)
@@ -1409,7 +1412,10 @@ class SchedulerState:
                     pw.n += 1
                     pw.total += wait
         self.story_log.append((ts.key, start, finish, self._stimulus, self._now))
-        self._records.append(("state", ts.key, finish, ts.spec.category, ts.spec.pool, ts.worker))
+        if self.feed_on:
+            self._records.append(
+                ("state", ts.key, finish, ts.spec.category, ts.spec.pool, ts.worker)
+            )
         if was_active and not now_active:
             for d in ts.deps:
                 if d.consumers == 0 and d.wanted == 0 and d.state in ACTIVE:
