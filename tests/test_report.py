@@ -17,7 +17,7 @@ import pytest
 
 from runtime import Cluster
 from runtime.errors import MonitoringDBError
-from runtime.monitordb import MonitorWriter
+from runtime.monitordb import MonitorWriter, open_db
 from runtime.report import SECTIONS, build_report
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -108,3 +108,31 @@ def test_the_screenshot_in_the_docs_is_the_report_of_a_real_demo_run() -> None:
     width, height = struct.unpack(">II", data[16:24])
     assert (width, height) == shots.SIZE
     assert len(data) > 50_000  # drawn plots, not a blank page
+
+
+@pytest.mark.anyio
+async def test_alerts_in_the_database_are_drawn_over_the_time_plots(tmp_path: Path) -> None:
+    """Alert state changes as the recorder writes them (the alert monitor's answers)
+    become spans on the alerts plot and bands over the time plots."""
+    db = tmp_path / "monitoring.db"
+    with anyio.fail_after(LIMIT):
+        async with Cluster(workers=1, monitoring=db, monitoring_interval=0.1) as cluster:
+            assert await cluster.gather(cluster.map(square, range(5))) == [0, 1, 4, 9, 16]
+    conn = open_db(db)
+    (run_id, t0) = conn.execute("SELECT run_id, started FROM runs").fetchone()
+    conn.close()
+    writer = MonitorWriter(db)
+    alert = "INSERT INTO alerts VALUES (?,?,?,?,?,?,?,?,?,?,?)"
+    labels = '{"alertname": "QueueTooLong", "pool": "cpu"}'
+    writer.submit([("event", alert, [
+        (run_id, t0 + 0.1, "QueueTooLong", "pending", labels, "{}", 7, t0 + 0.1, None, None, "{}"),
+        (run_id, t0 + 0.2, "QueueTooLong", "firing", labels, "{}", 9, t0 + 0.1, t0 + 0.2, None,
+         '{"max_queue_size": 9}'),
+        (run_id, t0 + 0.3, "QueueTooLong", "resolved", labels, "{}", 0, None, t0 + 0.2, t0 + 0.3,
+         "{}"),
+    ])])  # fmt: skip
+    writer.close()
+    page = build_report(db)
+    assert "Alerts (none in this run)" not in page
+    assert "QueueTooLong firing" in page and "QueueTooLong pending" in page
+    assert page.count("rgba(214,39,40,0.15)") >= 4  # the firing band on each time plot
