@@ -270,6 +270,8 @@ def _memory(run: _Run) -> go.Figure:
     fig = go.Figure()
     per: dict[str, tuple[list[float], list[float]]] = defaultdict(lambda: ([], []))
     for at, worker, rss in run.resources:
+        if not rss:
+            continue  # not reported yet
         xs, ys = per[worker]
         xs.append(at - run.t0)
         ys.append((rss or 0) / 2**20)
@@ -287,7 +289,8 @@ def _cdf(run: _Run) -> go.Figure:
     for cat, ds in sorted(per.items()):
         ds.sort()
         n = len(ds)
-        fig.add_trace(go.Scatter(x=ds, y=[(i + 1) / n for i in range(n)], mode="lines",
+        fig.add_trace(go.Scatter(x=ds, y=[(i + 1) / n for i in range(n)],
+                                 mode="lines+markers" if n < 5 else "lines",
                                  line_shape="hv", name=f"{cat} ({n})"))  # fmt: skip
     fig.update_xaxes(title="duration of a successful try (s)", type="log")
     fig.update_yaxes(title="fraction of tries", range=[0, 1.02])
