@@ -432,4 +432,6 @@ class Autoscaler(Actor):
             budget=st.config.max_replacements,
             batch_errors=errors,
             paused=tuple(sorted(st.paused)),
+            block_pools={b: r.pool for b, r in st.blocks.items()},
+            block_workers={b: tuple(r.workers) for b, r in st.blocks.items()},
         )

@@ -75,6 +75,8 @@ from runtime.messages import (
     Leaving,
     Message,
     MetricsRequest,
+    MonitorFeed,
+    MonitorFeedReply,
     PolicyInfo,
     PolicyQuery,
     PoolLife,
@@ -389,6 +391,20 @@ class Scheduler(Actor):
                 _recent_try(r, category, now - at) for r, category, at in st.recent_tries
             )
         return out
+
+    @handles(MonitorFeed)
+    def monitor_feed(self, msg: MonitorFeed) -> MonitorFeedReply:
+        """The core's monitoring events from ``msg.since`` on, and each worker's latest
+        memory numbers (for the monitoring database: runtime/monitordb.py)."""
+        events, nxt, lost = self.state.feed_since(msg.since, msg.limit)
+        workers = {}
+        for wid in self.state.workers:
+            report = self.memory.get(wid)
+            held = (report.memory_bytes, report.spilled_bytes) if report is not None else (0, 0)
+            workers[wid] = (self.rss.get(wid, 0), *held)
+        wall = time.time() - self.clock.now()
+        capacity = self.state.config.feed_length
+        return MonitorFeedReply(tuple(events), nxt, lost, wall, workers, capacity)
 
     @handles(WaitForWorkersRequest)
     def workers_ready(self, msg: WaitForWorkersRequest) -> Later:

@@ -450,6 +450,11 @@ class SchedulerConfig:
     max_per_core: int = 500
     unknown_duration: float = 0.5
     story_length: int = 100_000
+    #: monitoring records kept unread for :meth:`SchedulerState.feed_since` (the
+    #: newest; a reader that falls further behind is told how many entries it missed)
+    feed_length: int = 1_000_000
+    #: keep the monitoring feed from the start (else from its first read)
+    monitor: bool = False
     #: seconds every worker may stay throttled with nothing but producers to run and
     #: nothing finishing, before the run fails with MemoryStalled
     stall_timeout: float = 10.0
@@ -937,6 +942,15 @@ class SchedulerState:
         self.policy_errors = 0  #: policy calls that raised or answered out of bounds
         self.generation = 0  #: submissions so far
         self.story_log: deque[tuple[Any, ...]] = deque(maxlen=self.config.story_length)
+        #: the monitoring feed, kept once a reader asked (:meth:`feed_since`): one
+        #: entry per handled event that changed anything a monitor records, ``(now,
+        #: records)``, not read yet; ``feed_next`` is the number the next entry gets,
+        #: ``feed_held`` counts the records held; ``_records``: this event's so far
+        self.feed: deque[tuple[float, list[tuple[Any, ...]]]] = deque()
+        self.feed_on = self.config.monitor
+        self.feed_next = 0
+        self.feed_held = 0
+        self._records: list[tuple[Any, ...]] = []
         #: how often each transition happened (by ``_MOVES`` index), tasks created and
         #: tasks forgotten per state, and queued tasks per pool ("*": any pool): kept in
         #: step with every transition, so status counts tasks without scanning them
@@ -989,6 +1003,9 @@ class SchedulerState:
             if self.draining:
                 self._retire_idle()
             self._flush()
+            if self._records:
+                self._feed_append()
+                self._records = []
         out, self._out = self._out, []
         return out
 
@@ -998,6 +1015,58 @@ class SchedulerState:
         """Transitions of ``keys``: ``(key, start, finish, stimulus_id, now)``."""
         wanted = set(keys)
         return [entry for entry in self.story_log if entry[0] in wanted]
+
+    def feed_since(
+        self, since: int, limit: int
+    ) -> tuple[list[tuple[float, list[tuple[Any, ...]]]], int, int]:
+        """Up to ``limit`` monitoring entries numbered ``since`` and on, oldest first;
+        the number to ask from next time; how many entries from ``since`` on are gone
+        (the feed keeps the latest ``feed_length``). Costs the entries read (plus a skip
+        over the older ones kept), never a scan of the tasks.
+
+        Entries before ``since`` were read: they are let go (the feed has one reader).
+        Nothing is kept before the first call, unless ``SchedulerConfig.monitor``. At
+        most ``feed_length`` records wait to be read; past that the oldest entries go
+        (the next read says how many).
+
+        One entry per handled event (so a graph of a million tasks submitted at once is
+        one entry): ``(now, records)``, the records in the order things happened:
+        ``("state", key, finish, category, pool, worker)`` per transition (``worker``:
+        where it was sent, for ``processing``), ``("try", key, category, worker,
+        number, sent, start, stop, outcome, cause, error, nbytes)`` per try ended
+        (``error``: the exception or None; ``start``, ``stop``: the worker's wall clock,
+        except for ``worker-lost``: ``sent`` and ``now``, this core's clock),
+        ``("joined", worker, pool, cores, memory)`` and ``("left", worker, cause)``."""
+        self.feed_on = True
+        feed = self.feed
+        first = self.feed_next - len(feed)
+        while feed and first < since:  # read already
+            self.feed_held -= len(feed.popleft()[1])
+            first += 1
+        start = max(since, first)
+        items = list(itertools.islice(feed, 0, max(limit, 0)))
+        return items, start + len(items), max(first - since, 0)
+
+    def _feed_append(self) -> None:
+        self.feed.append((self._now, self._records))
+        self.feed_next += 1
+        self.feed_held += len(self._records)
+        while self.feed_held > self.config.feed_length and len(self.feed) > 1:
+            self.feed_held -= len(self.feed.popleft()[1])  # unread: lost
+
+    def _tried(
+        self, ts: TaskState, rec: TryRecord, error: BaseException | None, nbytes: int = 0
+    ) -> None:
+        """A try ended: kept with its task, in the ring of recent tries (the dashboard)
+        and, while a monitoring database reads the feed, as a feed record."""
+        ts.tries.append(rec)
+        self.recent_tries.append((rec, ts.spec.category, self._now))
+        if not self.feed_on:
+            return
+        self._records.append(
+            ("try", ts.key, ts.spec.category, rec.worker, len(ts.tries), ts.sent,
+             rec.start, rec.stop, rec.outcome, rec.cause, error, nbytes)
+        )  # fmt: skip
 
     def count(self, state: str) -> int:
         return self.by_state.get(state, 0)
@@ -1162,6 +1231,8 @@ class SchedulerState:
         ws.limit = max(ws.slots, ev.cores * self.config.max_per_core)
         self._update_free(ws)
         self._log(ev.worker, "-", "joined")
+        if self.feed_on:
+            self._records.append(("joined", ws.id, ws.pool, ws.cores, ws.memory))
         self._limits_changed()
 
     def _worker_held(self, ev: WorkerHeld) -> None:
@@ -1205,6 +1276,8 @@ class SchedulerState:
         self.draining.discard(ev.worker)
         self.throttled.discard(ev.worker)
         self._log(ev.worker, "joined", f"left:{ev.cause}")
+        if self.feed_on:
+            self._records.append(("left", ws.id, ev.cause))
         for key, target in ev.evacuated:
             ts = self.tasks.get(key)
             to = self.workers.get(target)
@@ -1216,8 +1289,8 @@ class SchedulerState:
         lives.append((self._now - ws.joined, ev.cause not in ON_PURPOSE))
         self._limits_changed()  # before its tasks go back to ready: they are checked
         for ts in sorted(ws.processing, key=_prio_key):
-            self._try_ended(
-                ts, TryRecord(str(ts.key), ws.id, ts.sent, self._now, "worker-lost", ev.cause)
+            self._tried(
+                ts, TryRecord(str(ts.key), ws.id, ts.sent, self._now, "worker-lost", ev.cause), None
             )
             ts.lost_tries += 1
             self._stat(ts).lost += 1
@@ -1289,12 +1362,11 @@ class SchedulerState:
                 else:
                     stat.errors += 1
                 cause = try_cause or (type(error).__name__ if error is not None else res.outcome)
-                self._try_ended(
-                    ts, TryRecord(str(ts.key), ws.id, res.start, res.stop, res.outcome, try_cause)
-                )
-                if res.outcome == "oom":
-                    limit = ws.memory
-                    error = TaskOutOfMemory(str(ts.key), ws.id, res.rss, limit, ts.oom_tries)
+                rec = TryRecord(str(ts.key), ws.id, res.start, res.stop, res.outcome, try_cause)
+                if res.outcome == "oom":  # this try counted with the earlier ones
+                    oom = ts.oom_tries + 1
+                    error = TaskOutOfMemory(str(ts.key), ws.id, res.rss, ws.memory, oom)
+                self._tried(ts, rec, error)
                 self._failed_try(ts, res.outcome, cause, error, ws.id)
                 self._after_failure(ts, res.outcome, None, error, ws.id)
 
@@ -1495,6 +1567,10 @@ class SchedulerState:
                     pw.n += 1
                     pw.total += wait
         self.story_log.append((ts.key, start, finish, self._stimulus, self._now))
+        if self.feed_on:
+            self._records.append(
+                ("state", ts.key, finish, ts.spec.category, ts.spec.pool, ts.worker)
+            )
         if was_active and not now_active:
             for d in ts.deps:
                 if d.consumers == 0 and d.wanted == 0 and d.state in ACTIVE:
@@ -1606,7 +1682,9 @@ class SchedulerState:
         )
 
     def _finished_ok(self, ts: TaskState, ws: WorkerState, res: TaskResult) -> None:
-        self._try_ended(ts, TryRecord(str(ts.key), ws.id, res.start, res.stop, "ok", None))
+        self._tried(
+            ts, TryRecord(str(ts.key), ws.id, res.start, res.stop, "ok", None), None, res.nbytes
+        )
         grown = res.nbytes - ts.nbytes  # not 0 only once per task, unless recomputed
         ts.nbytes = res.nbytes
         stat = self._stat(ts)
@@ -1681,10 +1759,6 @@ class SchedulerState:
         """A processing task returns to waiting or queued, by its inputs' states."""
         for d in self._wait_or_queue(ts):
             self._recompute(d)
-
-    def _try_ended(self, ts: TaskState, record: TryRecord) -> None:
-        ts.tries.append(record)
-        self.recent_tries.append((record, ts.spec.category, self._now))
 
     def _failed_try(
         self, ts: TaskState, outcome: str, cause: str, error: BaseException | None, wid: str
@@ -2155,8 +2229,8 @@ class SchedulerState:
         return ws
 
     def _assign(self, ts: TaskState, ws: WorkerState) -> None:
+        ts.worker = ws.id  # first: the transition's monitoring record names it
         self._set(ts, "processing")
-        ts.worker = ws.id
         ts.sent = self._now
         st = self.stats.get(ts.spec.category)
         ts.est = st.mean_duration if st is not None and st.count else self.config.unknown_duration

@@ -13,6 +13,7 @@ script). Commands:
 - ``check``: the pre-flight check of a pools file (``--config``): the batch system,
   each pool's partition, account and QOS, a probe job's versions, the directories'
   room (see :mod:`runtime.preflight`); exit 1 when a check fails.
+- ``report``: an HTML report of a monitoring database (see :mod:`runtime.report`).
 - ``version``: print the versions of Corral, Python and dask.
 
 Exit codes: 0 on success; 1 when the run failed or an option is out of range (one line
@@ -32,7 +33,7 @@ from typing import Any
 
 __all__ = ["build_parser", "main"]
 
-COMMANDS = ("demo", "manager", "worker", "console", "check", "version")
+COMMANDS = ("demo", "manager", "worker", "console", "check", "report", "version")
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
@@ -52,6 +53,19 @@ def _level(text: str) -> str:
     if level not in LEVELS:
         raise argparse.ArgumentTypeError(f"choose from {', '.join(LEVELS).lower()}")
     return level
+
+
+def _monitoring_options(parser: Any) -> None:
+    """``--monitoring PATH`` or ``--no-monitoring`` (of the demo and the manager)."""
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument(
+        "--monitoring",
+        metavar="PATH",
+        help="write the monitoring database (SQLite) to PATH (default: "
+        "~/.corral/runs/<time>-<id>/monitoring.db, or under $CORRAL_RUNS_DIR; printed); "
+        "`python -m runtime report PATH` makes a report of it",
+    )
+    group.add_argument("--no-monitoring", action="store_true", help="write no monitoring database")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -128,6 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     out.add_argument(
         "--no-progress", action="store_true", help="do not show the live progress display"
     )
+    _monitoring_options(out)
     out.add_argument(
         "--check",
         action="store_true",
@@ -177,6 +192,33 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: only on the manager's own address, with the read or admin token; "
         "docs/monitoring.md)",
     )
+    _monitoring_options(mgr)
+    mgr.add_argument(
+        "--monitoring-interval",
+        type=float,
+        default=2.0,
+        metavar="SECONDS",
+        help="how often the monitoring database is written (default: 2)",
+    )
+    rep_ = sub.add_parser(
+        "report",
+        prog="python -m runtime report",
+        parents=[common],
+        help="make an HTML report of a monitoring database",
+        description="Make one self-contained HTML file (it opens offline) of a monitoring "
+        "database: task timeline per worker, queues and waits per pool, workers and "
+        "blocks, memory per worker, durations per category, alerts, a summary "
+        "(docs/monitoring.md#report).",
+    )
+    rep_.add_argument("db", metavar="RUN.db", help="the monitoring database")
+    rep_.add_argument(
+        "-o", "--output", default="report.html", metavar="PATH",
+        help="the HTML file to write (default: report.html)",
+    )  # fmt: skip
+    rep_.add_argument(
+        "--run", default=None, metavar="RUN_ID",
+        help="which run of the database (default: the latest)",
+    )  # fmt: skip
     wrk = sub.add_parser(
         "worker",
         prog="python -m runtime worker",
@@ -385,6 +427,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         return 1
     out = Console()
     progress = None if args.no_progress else Console(stderr=True)
+    monitoring = _monitoring_path(args)
 
     async def go() -> Any:
         return await run_demo(
@@ -393,6 +436,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
             threads=args.threads,
             progress_console=progress,
             processes=processes,
+            monitoring=monitoring,
         )
 
     run = anyio.run(go, backend="asyncio")
@@ -401,6 +445,18 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         check_against_dask(run.graph, run.final, run.result)
         out.print("check: result identical to dask.compute(..., scheduler='sync')")
     return 0
+
+
+def _monitoring_path(args: argparse.Namespace) -> Any:
+    """The monitoring database of a demo or manager: ``--monitoring PATH``, none with
+    ``--no-monitoring``, else a new run directory."""
+    if args.no_monitoring:
+        return None
+    from pathlib import Path
+
+    from runtime.monitordb import default_path
+
+    return Path(args.monitoring) if args.monitoring else default_path()
 
 
 def _cmd_manager(args: argparse.Namespace) -> int:
@@ -429,13 +485,32 @@ def _cmd_manager(args: argparse.Namespace) -> int:
     def metrics_ready(url: str) -> None:
         print(f"metrics on {url}", flush=True)
 
+    if args.monitoring_interval <= 0:
+        raise ValueError("--monitoring-interval must be positive")
+    monitoring = _monitoring_path(args)
+    if monitoring is not None:
+        print(f"monitoring database: {monitoring}", flush=True)
+        print(f"  report: python -m runtime report {monitoring} -o report.html", flush=True)
+
     anyio.run(
         lambda: run_manager(
             args.listen, token_file=token_file, ready=ready, config=pools,
             metrics_listen=args.metrics_listen, metrics_ready=metrics_ready, alerting=alerting,
+            monitoring=monitoring, monitoring_interval=args.monitoring_interval,
         ),
         backend="asyncio",
     )  # fmt: skip
+    return 0
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from runtime.report import write_report
+
+    def progress(text: str) -> None:
+        print(text, file=sys.stderr, flush=True)
+
+    out = write_report(args.db, args.output, run_id=args.run, progress=progress)
+    print(f"report written to {out}")
     return 0
 
 
@@ -567,6 +642,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "worker": _cmd_worker,
         "console": _cmd_console,
         "check": _cmd_check,
+        "report": _cmd_report,
         "version": _cmd_version,
     }
     try:

@@ -548,6 +548,11 @@ class Cluster:
     (its base URL); ``alerting`` takes the other settings of ``[alerting]``
     (``interval``, ``dashboard_url``, ``resend``). A bad rule raises
     :class:`~runtime.errors.AlertConfigError` here. ``cluster.alerts()`` lists them.
+
+    ``monitoring``: the path of a monitoring database (SQLite) the cluster writes what
+    happens to, every ``monitoring_interval`` seconds: tasks, tries, workers, blocks,
+    memory and metric samples, alerts (docs/monitoring.md); ``python -m runtime report
+    PATH`` makes an HTML report of it. ``None`` (the default): none is written.
     """
 
     def __init__(
@@ -570,11 +575,22 @@ class Cluster:
         alertmanager: str | None = None,
         alerting: Mapping[str, Any] | None = None,
         disk_per_worker: int | str | None = None,
+        monitoring: str | os.PathLike[str] | None = None,
+        monitoring_interval: float = 2.0,
     ) -> None:
         if address is not None:
             from transport.base import split_address
 
             split_address(address)  # InvalidAddress now, not at start
+            if monitoring is not None:
+                raise ValueError(
+                    "monitoring= is for an embedded cluster; a manager process writes its "
+                    "own database (python -m runtime manager --monitoring PATH)"
+                )
+        if monitoring_interval <= 0:
+            raise ValueError(f"monitoring_interval must be positive, got {monitoring_interval}")
+        self.monitoring = monitoring
+        self.monitoring_interval = monitoring_interval
         self.address = address
         self.token = token
         if processes is not None and processes < 0:
@@ -734,6 +750,7 @@ class Cluster:
                 policies=self.initial_policies,
                 stall_timeout=self.stall_timeout,
                 alerting=self.alerting,
+                **self._monitoring(),
             )
             self.gateway_address = await start_local_processes(
                 plane,
@@ -763,8 +780,14 @@ class Cluster:
             targets={self.pool: PoolTarget(self.n_workers, spec)},
             stall_timeout=self.stall_timeout,
             alerting=self.alerting,
+            **self._monitoring(),
         )
         await self._finish_start(system, plane)
+
+    def _monitoring(self) -> dict[str, Any]:
+        if self.monitoring is None:
+            return {}
+        return {"monitoring": self.monitoring, "monitoring_interval": self.monitoring_interval}
 
     async def _start_pools(self, system: ActorSystem) -> None:
         """Configured pools: a provider per pool (in-process workers, or worker
@@ -784,6 +807,7 @@ class Cluster:
             system, saturation=self.saturation, policies=self.initial_policies,
             stall_timeout=self.stall_timeout, drain_period=pool_drain_period(self.pools),
             alerting=self.alerting,
+            **self._monitoring(),
         )  # fmt: skip
         if self.processes:
             tokens = Tokens.generate()
@@ -819,7 +843,10 @@ class Cluster:
         if system is None:
             return
         client = getattr(self, "_client_actor", None)
-        order = [client.name if client else "", "autoscaler", "manager", "scheduler", "registry"]
+        # the monitoring recorder after the workers (it records them leaving), before
+        # the actors its last poll asks
+        order = [client.name if client else "", "autoscaler", "monitoring", "manager",
+                 "scheduler", "registry"]  # fmt: skip
         if system.running:
             await system.shutdown([system.actors[n] for n in order if n in system.actors])
         try:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import os
 import time
 from collections import Counter
 from collections.abc import Mapping
@@ -257,6 +258,7 @@ class DemoRun:
     startup: float  #: seconds to start the cluster
     wall: float  #: seconds from submitting the graph to having the result
     processes: bool = False  #: workers were separate processes
+    monitoring: str | None = None  #: the monitoring database it wrote (None: none)
 
 
 def _progress_bars(console: Console) -> Progress:
@@ -311,11 +313,15 @@ async def run_demo(
     progress_console: Console | None = None,
     poll_every: float = 0.1,
     processes: bool = False,
+    monitoring: str | os.PathLike[str] | None = None,
+    monitoring_interval: float = 0.25,
 ) -> DemoRun:
     """Build the graph and run it on an in-process cluster; return what happened.
 
     With ``progress_console`` a live progress display (per category and in total) is
     drawn there, updated by polling ``cluster.status()`` every ``poll_every`` seconds.
+    ``monitoring``: the monitoring database to write, every ``monitoring_interval``
+    seconds (a short run: more often than a manager's default).
     """
     from runtime.client import GC_THRESHOLD, Cluster
 
@@ -327,6 +333,8 @@ async def run_demo(
     totals = category_totals(graph)
     t_start = time.perf_counter()
     options: dict[str, Any] = {"processes": workers} if processes else {"workers": workers}
+    if monitoring is not None:
+        options.update(monitoring=monitoring, monitoring_interval=monitoring_interval)
     # A program of its own, not a library: it asks for the collector tuning (as before).
     async with Cluster(threads_per_worker=threads, gc_threshold=GC_THRESHOLD, **options) as cluster:
         await cluster.wait_for_workers(workers)
@@ -356,8 +364,9 @@ async def run_demo(
             if progress is not None:
                 _update_bars(progress, bars, totals, status, wall)
     return DemoRun(
-        cfg, graph, final, result, status, totals, workers, threads, startup, wall, processes
-    )
+        cfg, graph, final, result, status, totals, workers, threads, startup, wall, processes,
+        None if monitoring is None else str(monitoring),
+    )  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- summary
@@ -471,6 +480,12 @@ def render_summary(run: DemoRun, console: Console) -> None:
     console.print(grid, highlight=False)
     spark = sparkline(np.asarray(run.result["counts"]))
     console.print(f"{MASS_RANGE[0]:g} GeV |{spark}| {MASS_RANGE[1]:g} GeV", highlight=False)
+    if run.monitoring is not None:
+        console.print(f"monitoring database: {run.monitoring}", highlight=False, soft_wrap=True)
+        console.print(
+            f"report: python -m runtime report {run.monitoring} -o report.html",
+            highlight=False, soft_wrap=True,
+        )  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- checking

@@ -40,6 +40,7 @@ __all__ = [
     "MemoryConfigError",
     "MemoryStalled",
     "MissingKeysError",
+    "MonitoringDBError",
     "PermissionDenied",
     "PolicyParamsError",
     "ProtocolError",
@@ -773,3 +774,19 @@ def did_you_mean(word: str, choices: Iterable[str], otherwise: str = "") -> str:
 
 
 __all__ += ["AlertConfigError", "did_you_mean"]
+
+
+class MonitoringDBError(CorralError, ValueError):
+    """``path`` cannot be used as a monitoring database: it is missing, not an SQLite
+    file, not one Corral wrote, or of another schema version; ``problem`` says which
+    and what to do."""
+
+    path: str
+    problem: str
+
+    def __init__(self, path: str, problem: str) -> None:
+        super().__init__(
+            f"monitoring database {path}: {problem} (see docs/monitoring.md#monitoring-database)",
+            path=path,
+            problem=problem,
+        )

@@ -644,6 +644,34 @@ class AlertsReply(Message):
     audit: tuple[str, ...] = ()
 
 
+@message(local=True)
+class MonitorFeed(Message):
+    """-> scheduler: up to ``limit`` monitoring entries numbered ``since`` and on
+    (``SchedulerState.feed_since``; the ones before ``since`` count as read); the reply
+    is a :class:`MonitorFeedReply`. Asked by the monitoring database's recorder
+    (runtime/monitordb.py) in the same process: the feed has that one reader."""
+
+    since: int = 0
+    limit: int = 10_000
+
+
+@message(local=True)
+class MonitorFeedReply(Message):
+    """The scheduler's monitoring entries (``(now, records)`` per handled event, ``now``
+    on its clock; the records may carry keys and exceptions), the number to ask from
+    next, how many entries were gone before they were read (``lost``: a gap), ``wall``:
+    what to add to the scheduler's clock for Unix time, per worker its latest ``(rss,
+    bytes held in memory, bytes spilled now)``, and how many records the feed holds
+    unread at most (``capacity``)."""
+
+    events: tuple[tuple[Any, ...], ...] = ()
+    next: int = 0
+    lost: int = 0
+    wall: float = 0.0
+    workers: dict[str, tuple[int, int, int]] = dataclasses.field(default_factory=dict)
+    capacity: int = 0
+
+
 @message()
 class AlertRuleAdd(Message):
     """-> manager -> alert monitor (admin): add the alert rule ``rule`` (its data, as
@@ -768,6 +796,9 @@ class AutoscalerStatus(Message):
     budget: int = 0
     batch_errors: dict[str, BatchErrorInfo] = dataclasses.field(default_factory=dict)
     paused: tuple[str, ...] = ()
+    #: per live block, its pool and its workers' ids
+    block_pools: dict[str, str] = dataclasses.field(default_factory=dict)
+    block_workers: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
 
 
 @message()

@@ -187,11 +187,15 @@ async def start_control_plane(
     stall_timeout: float = 10.0,
     drain_period: float | None = None,
     alerting: AlertingConfig | None = DEFAULT_ALERTING,
+    monitoring: str | os.PathLike[str] | None = None,
+    monitoring_interval: float = 2.0,
 ) -> ControlPlane:
     """Spawn registry, scheduler, manager, the alert monitor (unless ``alerting`` is
     None; by default the default rules, logged) and, with a ``provider``, the
     autoscaler. ``stall_timeout``, ``drain_period``: see
-    :class:`~actors.scheduler_state.SchedulerConfig`.
+    :class:`~actors.scheduler_state.SchedulerConfig`. ``monitoring``: the path of a
+    monitoring database to write every ``monitoring_interval`` seconds
+    (:class:`~runtime.monitordb.MonitorRecorder`, docs/monitoring.md).
 
     ``policies`` of kind ``scaling`` go to the autoscaler (started here or later by
     :func:`start_autoscaler`), the others to the scheduler; an unknown name or bad
@@ -208,7 +212,10 @@ async def start_control_plane(
         lambda: refs["manager"],
         lambda: refs["registry"],
         config=SchedulerConfig(
-            saturation=saturation, stall_timeout=stall_timeout, drain_period=drain_period
+            saturation=saturation,
+            stall_timeout=stall_timeout,
+            drain_period=drain_period,
+            monitor=monitoring is not None,
         ),
         initial=policies,
     )
@@ -231,6 +238,18 @@ async def start_control_plane(
         refs["monitor"] = await system.spawn(plane.monitor, "monitor")
     if provider is not None:
         await start_autoscaler(plane, provider(plane), targets or {})
+    if monitoring is not None:
+        from runtime.monitordb import MonitorRecorder, MonitorWriter
+
+        # MonitoringDBError (a bad path) from here, as itself
+        writer = await anyio.to_thread.run_sync(MonitorWriter, monitoring)
+        # Spawned after the scheduler: stopped before it (newest first), so its last
+        # poll still finds the scheduler.
+        recorder = MonitorRecorder(
+            writer, lambda: refs["scheduler"], lambda: refs["manager"],
+            lambda: refs.get("autoscaler"), interval=monitoring_interval,
+        )  # fmt: skip
+        refs["monitoring"] = await system.spawn(recorder, "monitoring")
     return plane
 
 
@@ -1090,6 +1109,8 @@ async def run_manager(
     metrics_ready: Callable[[str], None] | None = None,
     alerting: AlertingConfig | None = None,
     alertmanager: str | None = None,
+    monitoring: str | os.PathLike[str] | None = None,
+    monitoring_interval: float = 2.0,
 ) -> None:
     """Run a manager process until SIGINT or SIGTERM: control plane + gateway on
     ``listen`` (``host:port``, ``ws://host:port`` or any transport address).
@@ -1099,6 +1120,8 @@ async def run_manager(
     runtime/dashboard.py) to the read or admin token; ``metrics_listen``
     (``host:port``) serves them besides without authentication, and
     ``metrics_ready`` is called with its ``http://host:port/metrics`` URL.
+    ``monitoring``: the path of the monitoring database it writes (None: none; the
+    command line's default is a new run directory, :func:`runtime.monitordb.default_path`).
 
     ``config``: configured pools (a TOML file, or pools from
     :func:`~actors.pools.pools_from_dicts`), checked before anything starts
@@ -1143,8 +1166,9 @@ async def run_manager(
         metrics_at = (host.strip("[]"), int(port))
     async with ActorSystem() as system:
         plane = await start_control_plane(
-            system, policies=policies, drain_period=pool_drain_period(pools), alerting=alerting
-        )
+            system, policies=policies, drain_period=pool_drain_period(pools), alerting=alerting,
+            monitoring=monitoring, monitoring_interval=monitoring_interval,
+        )  # fmt: skip
         from runtime.dashboard import DashboardFeed, dashboard_routes
         from runtime.metrics import metrics_route, serve_metrics
 

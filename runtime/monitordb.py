@@ -1,0 +1,633 @@
+"""The monitoring database: an SQLite file of what a run did, for SQL and the report.
+
+What lives here: the schema (:data:`SCHEMA`, version :data:`SCHEMA_VERSION`),
+:class:`MonitorWriter` (a writer thread: batches written in one transaction each, off
+the event loop, in WAL mode), :class:`MonitorRecorder` (the actor in the manager's
+process that pulls what happened every ``interval`` seconds and hands it to the
+writer), :func:`default_path` (where a manager puts it by default) and
+:func:`open_db` (opens one for reading, with a :class:`~runtime.errors.MonitoringDBError`
+when it is not one).
+
+Where the rows come from:
+
+- every :data:`FEED_EVERY` seconds, sooner in a burst: the scheduler's monitoring feed
+  (``MonitorFeed``: its core's numbered entries since the last read, task transitions,
+  tries ended, workers joining and leaving), merged into one ``tasks`` row per task
+  touched, and rows of ``tries`` and ``workers``; a feed that overflowed between two
+  reads leaves a row in ``gaps``;
+
+and every ``interval``:
+
+- each worker's latest memory numbers: ``resource_samples``;
+- the autoscaler's status: a row in ``blocks`` per block state change;
+- the manager's ``MetricsReply`` (the numbers ``GET /metrics`` serves, under the same
+  names): ``metric_samples``;
+- the manager's ``AlertsReply``: a row in ``alerts`` per alert state change.
+
+The writer never blocks its callers: :meth:`MonitorWriter.submit` queues the rows and
+returns. Past ``max_rows`` rows waiting (a slow or locked disk), it drops metric
+samples first, then resource samples, then the oldest events, and counts what it
+dropped (``runs.dropped_rows``). docs/monitoring.md documents the schema.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import sqlite3
+import sys
+import threading
+import time
+import uuid
+from collections import Counter, deque
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from runtime.errors import ActorStopped, AskTimeout, MonitoringDBError
+from runtime.kernel import Actor, ActorRef
+from runtime.log import get_logger
+from runtime.messages import (
+    AlertsReply,
+    AlertsRequest,
+    AutoscalerStatus,
+    MetricsReply,
+    MetricsRequest,
+    MonitorFeed,
+    MonitorFeedReply,
+    StatusRequest,
+)
+from runtime.metrics import SnapshotCollector
+
+__all__ = [
+    "SCHEMA",
+    "SCHEMA_VERSION",
+    "MonitorRecorder",
+    "MonitorWriter",
+    "default_path",
+    "open_db",
+]
+
+_log = get_logger("corral.monitoring")
+
+SCHEMA_VERSION = 1
+
+#: one statement per table; times are Unix seconds (REAL), sizes bytes
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS runs (
+    run_id TEXT PRIMARY KEY, started REAL NOT NULL, last_seen REAL, ended REAL,
+    host TEXT, pid INTEGER, argv TEXT, python TEXT,
+    feed_lost INTEGER NOT NULL DEFAULT 0, dropped_rows INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS tasks (
+    run_id TEXT NOT NULL, key TEXT NOT NULL, category TEXT, pool TEXT,
+    submitted REAL, ready REAL, started REAL, finished REAL, state TEXT, worker TEXT,
+    tries INTEGER NOT NULL DEFAULT 0, duration REAL, output_bytes INTEGER,
+    PRIMARY KEY (run_id, key)
+);
+CREATE TABLE IF NOT EXISTS tries (
+    run_id TEXT NOT NULL, key TEXT NOT NULL, try INTEGER NOT NULL, category TEXT,
+    worker TEXT, sent REAL, started REAL, ended REAL, outcome TEXT NOT NULL, cause TEXT,
+    error_type TEXT, error_message TEXT, output_bytes INTEGER,
+    PRIMARY KEY (run_id, key, try)
+);
+CREATE TABLE IF NOT EXISTS workers (
+    run_id TEXT NOT NULL, worker TEXT NOT NULL, pool TEXT, block TEXT, cores INTEGER,
+    memory INTEGER, joined REAL, left REAL, cause TEXT, joins INTEGER NOT NULL DEFAULT 1,
+    PRIMARY KEY (run_id, worker)
+);
+CREATE TABLE IF NOT EXISTS blocks (
+    run_id TEXT NOT NULL, block TEXT NOT NULL, pool TEXT, state TEXT NOT NULL,
+    time REAL NOT NULL, cause TEXT
+);
+CREATE TABLE IF NOT EXISTS resource_samples (
+    run_id TEXT NOT NULL, time REAL NOT NULL, worker TEXT NOT NULL, rss INTEGER,
+    memory_bytes INTEGER, spilled_bytes INTEGER
+);
+CREATE TABLE IF NOT EXISTS metric_samples (
+    run_id TEXT NOT NULL, time REAL NOT NULL, name TEXT NOT NULL, labels TEXT NOT NULL,
+    value REAL
+);
+CREATE TABLE IF NOT EXISTS alerts (
+    run_id TEXT NOT NULL, time REAL NOT NULL, name TEXT NOT NULL, state TEXT NOT NULL,
+    labels TEXT, annotations TEXT, value REAL, active_since REAL, fired_at REAL,
+    resolved_at REAL, fields TEXT
+);
+CREATE TABLE IF NOT EXISTS gaps (
+    run_id TEXT NOT NULL, time REAL NOT NULL, source TEXT NOT NULL, lost INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS tries_worker ON tries (run_id, worker, started);
+CREATE INDEX IF NOT EXISTS tasks_pool ON tasks (run_id, pool, ready);
+CREATE INDEX IF NOT EXISTS blocks_time ON blocks (run_id, time);
+CREATE INDEX IF NOT EXISTS resource_time ON resource_samples (run_id, time);
+CREATE INDEX IF NOT EXISTS metric_name ON metric_samples (run_id, name, time);
+"""
+
+#: what the writer sheds first when it falls behind, in order
+_SHED_ORDER = ("metric", "resource")
+
+#: one operation: (kind, SQL, parameter rows); ``kind`` is metric, resource or event
+Op = tuple[str, str, list[tuple[Any, ...]]]
+
+
+def default_path(root: str | os.PathLike[str] | None = None) -> Path:
+    """Where a manager process writes its database when not told:
+    ``~/.corral/runs/<UTC time>-<id>/monitoring.db``. Instead of ``~/.corral/runs``:
+    ``root``, else ``$CORRAL_RUNS_DIR``, else ``$CORRAL_HOME/runs``."""
+    home = Path(os.environ.get("CORRAL_HOME") or Path.home() / ".corral")
+    base = Path(root or os.environ.get("CORRAL_RUNS_DIR") or home / "runs")
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    return base / f"{stamp}-{uuid.uuid4().hex[:6]}" / "monitoring.db"
+
+
+def _connect(path: str) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    conn.execute("PRAGMA busy_timeout = 1000")
+    return conn
+
+
+def _create(path: Path) -> None:
+    """Create (or reopen) ``path`` with the schema, in WAL mode."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        conn = _connect(str(path))
+    except (OSError, sqlite3.Error) as exc:
+        raise MonitoringDBError(str(path), f"cannot create it: {exc}") from exc
+    try:
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.executescript(SCHEMA)
+        row = conn.execute("SELECT version FROM schema_version").fetchone()
+        if row is None:
+            conn.execute("INSERT INTO schema_version VALUES (?)", (SCHEMA_VERSION,))
+        elif row[0] != SCHEMA_VERSION:
+            raise MonitoringDBError(
+                str(path),
+                f"it has schema version {row[0]}, this Corral writes {SCHEMA_VERSION}: "
+                "give --monitoring another path",
+            )
+    except sqlite3.DatabaseError as exc:
+        raise MonitoringDBError(
+            str(path), f"not an SQLite database Corral can write ({exc})"
+        ) from exc
+    finally:
+        conn.close()
+
+
+def open_db(path: str | os.PathLike[str]) -> sqlite3.Connection:
+    """Open a monitoring database for reading (also while its run goes on). Raises
+    :class:`~runtime.errors.MonitoringDBError` for a missing file, one that is not an
+    SQLite database or not a monitoring database, or another schema version."""
+    p = Path(path)
+    if not p.is_file():
+        raise MonitoringDBError(
+            str(p), "no such file; a manager prints where it writes its database at start"
+        )
+    conn = _connect(str(p))
+    try:
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
+        if "schema_version" not in tables or "tasks" not in tables:
+            raise MonitoringDBError(str(p), "an SQLite file, but not a Corral monitoring database")
+        row = conn.execute("SELECT version FROM schema_version").fetchone()
+        if row is None or row[0] != SCHEMA_VERSION:
+            have = "none" if row is None else row[0]
+            raise MonitoringDBError(
+                str(p),
+                f"schema version {have}, this Corral reads version {SCHEMA_VERSION}: "
+                "use the Corral version that wrote it",
+            )
+    except sqlite3.DatabaseError as exc:
+        conn.close()
+        raise MonitoringDBError(str(p), f"not an SQLite database ({exc})") from exc
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+class MonitorWriter:
+    """Writes batches of rows to ``path`` from a thread of its own.
+
+    :meth:`submit` only queues (never blocks, never touches the disk); the thread
+    writes what is queued in one transaction, then waits for more. While more than
+    ``max_rows`` rows wait, the oldest metric samples are dropped first, then resource
+    samples, then the oldest events, each counted in ``dropped`` (by kind). A database
+    that is locked or slow keeps its batches queued and is retried every
+    ``retry`` seconds. :meth:`close` writes what is left and stops the thread."""
+
+    def __init__(self, path: str | os.PathLike[str], *, max_rows: int = 500_000) -> None:
+        self.path = Path(path)
+        _create(self.path)
+        self.max_rows = max_rows
+        self.retry = 0.2
+        self.dropped: Counter[str] = Counter()  #: rows dropped, by kind
+        self.written = 0  #: rows written
+        self.batches = 0  #: transactions committed
+        self.errors = 0  #: failed attempts (locked, disk errors)
+        self._pending: deque[Op] = deque()
+        self._rows = 0  #: rows in _pending
+        self._cond = threading.Condition()
+        self._closing = False
+        self._conn = _connect(str(self.path))
+        self._conn.execute("PRAGMA synchronous = NORMAL")
+        self._thread = threading.Thread(target=self._run, name="corral-monitordb", daemon=True)
+        self._thread.start()
+
+    @property
+    def pending(self) -> int:
+        """Rows queued, not written yet."""
+        return self._rows
+
+    def submit(self, ops: Iterable[Op]) -> None:
+        """Queue ``ops`` (``(kind, sql, rows)``); never blocks."""
+        with self._cond:
+            if self._closing:
+                return
+            for op in ops:
+                if op[2]:
+                    self._pending.append(op)
+                    self._rows += len(op[2])
+            if self._rows > self.max_rows:
+                self._shed()
+            self._cond.notify()
+
+    def _shed(self) -> None:
+        """Drop queued rows until at most ``max_rows`` wait: metric samples, then
+        resource samples, then the oldest events."""
+        for kind in (*_SHED_ORDER, None):
+            kept: deque[Op] = deque()
+            for op in self._pending:
+                if self._rows > self.max_rows and (kind is None or op[0] == kind):
+                    self.dropped[op[0]] += len(op[2])
+                    self._rows -= len(op[2])
+                else:
+                    kept.append(op)
+            self._pending = kept
+            if self._rows <= self.max_rows:
+                return
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._pending and not self._closing:
+                    self._cond.wait()
+                if not self._pending and self._closing:
+                    break
+                batch, self._pending = self._pending, deque()
+                n, self._rows = self._rows, 0
+            if self._write(batch):
+                self.written += n
+                self.batches += 1
+                continue
+            with self._cond:  # keep it, ahead of what came meanwhile; shed if too much
+                batch.extend(self._pending)
+                self._pending = batch
+                self._rows += n
+                if self._rows > self.max_rows:
+                    self._shed()
+                closing = self._closing
+            if closing:
+                break  # the database is unusable: what is left is lost
+            time.sleep(self.retry)
+        with contextlib.suppress(sqlite3.Error):
+            self._conn.close()
+
+    def _write(self, batch: Iterable[Op]) -> bool:
+        conn = self._conn
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                for _, sql, rows in batch:
+                    conn.executemany(sql, rows)
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            self.errors += 1
+            if self.errors == 1 or self.errors % 100 == 0:
+                _log.warning(
+                    "monitoring database: write failed", path=str(self.path), error=str(exc)
+                )
+            return False
+        return True
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Write what is queued (if the database lets it within ``timeout``) and stop."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify()
+        self._thread.join(timeout)
+
+
+# ----------------------------------------------------------------------------- recording
+
+#: one row per task and poll, merged with what the table has: first times stay, the
+#: latest worker and state win, an end state stays until the task ends again
+_TASK = (
+    "INSERT INTO tasks (run_id, key, category, pool, submitted, ready, started, finished, "
+    "state, worker, tries, duration, output_bytes) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?) "
+    "ON CONFLICT (run_id, key) DO UPDATE SET "
+    "category = COALESCE(excluded.category, category), pool = excluded.pool, "
+    "submitted = COALESCE(submitted, excluded.submitted), "
+    "ready = COALESCE(ready, excluded.ready), started = COALESCE(started, excluded.started), "
+    "worker = COALESCE(excluded.worker, worker), tries = MAX(tries, excluded.tries), "
+    "duration = COALESCE(excluded.duration, duration), "
+    "output_bytes = COALESCE(excluded.output_bytes, output_bytes), "
+    "state = CASE WHEN excluded.finished IS NOT NULL OR finished IS NULL "
+    "THEN excluded.state ELSE state END, finished = COALESCE(excluded.finished, finished)"
+)
+_TRY = "INSERT OR REPLACE INTO tries VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)"
+_WORKER_JOINED = (
+    "INSERT INTO workers (run_id, worker, pool, cores, memory, joined) VALUES (?,?,?,?,?,?) "
+    "ON CONFLICT (run_id, worker) DO UPDATE SET joins = joins + 1, left = NULL, cause = NULL"
+)
+_WORKER_LEFT = "UPDATE workers SET left = ?, cause = ? WHERE run_id = ? AND worker = ?"
+_RUN_END_WORKERS = (
+    "UPDATE workers SET left = ?, cause = 'shutdown' WHERE run_id = ? AND left IS NULL"
+)
+_WORKER_BLOCK = "UPDATE workers SET block = ? WHERE run_id = ? AND worker = ?"
+_BLOCK = "INSERT INTO blocks VALUES (?,?,?,?,?,?)"
+_RESOURCE = "INSERT INTO resource_samples VALUES (?,?,?,?,?,?)"
+_METRIC = "INSERT INTO metric_samples VALUES (?,?,?,?,?)"
+_ALERT = "INSERT INTO alerts VALUES (?,?,?,?,?,?,?,?,?,?,?)"
+_GAP = "INSERT INTO gaps VALUES (?,?,?,?)"
+_RUN_SEEN = "UPDATE runs SET last_seen = ?, feed_lost = ?, dropped_rows = ? WHERE run_id = ?"
+
+MIN_FEED_WAIT = 0.05  #: seconds: the feed is read at most this often
+FEED_EVERY = 0.25  #: seconds: the feed is read at least this often (an empty read is cheap)
+_TERMINAL = frozenset({"memory", "erred", "cancelled"})
+_ERROR_CHARS = 2000  #: of an error's message kept
+
+
+def _text(error: Any) -> tuple[str | None, str | None]:
+    if error is None:
+        return None, None
+    return type(error).__name__, str(error)[:_ERROR_CHARS]
+
+
+class _Rows:
+    """Rows of one poll, grouped into operations in the order they came."""
+
+    def __init__(self) -> None:
+        self.ops: list[Op] = []
+
+    def add(self, kind: str, sql: str, row: tuple[Any, ...]) -> None:
+        ops = self.ops
+        if ops and ops[-1][1] is sql:
+            ops[-1][2].append(row)
+        else:
+            ops.append((kind, sql, [row]))
+
+
+class MonitorRecorder(Actor):
+    """Pulls what happened every ``interval`` seconds and has ``writer`` store it (and
+    closes the writer when it stops).
+
+    ``scheduler``, ``manager``, ``autoscaler``: how to reach them (the autoscaler may
+    be absent, or start later). The polls run in a helper task: nothing here runs on
+    another actor's turn, and the disk is the writer thread's."""
+
+    def __init__(
+        self,
+        writer: MonitorWriter,
+        scheduler: Callable[[], ActorRef[Any]],
+        manager: Callable[[], ActorRef[Any]],
+        autoscaler: Callable[[], ActorRef[Any] | None],
+        *,
+        interval: float = 2.0,
+        page: int = 20_000,
+    ) -> None:
+        if interval <= 0:
+            raise ValueError(f"the monitoring interval must be positive, got {interval}")
+        self.path = writer.path
+        self._scheduler = scheduler
+        self._manager = manager
+        self._autoscaler = autoscaler
+        self.interval = interval
+        self.page = page
+        self.run_id = uuid.uuid4().hex[:12]
+        self.writer: MonitorWriter | None = writer
+        self.seq = 0  #: the next feed event to ask for
+        self.feed_lost = 0  #: feed events gone before they were read
+        self.polls = 0
+        self._blocks: dict[str, tuple[str, str]] = {}  #: block -> (pool, state)
+        self._worker_block: dict[str, str] = {}
+        self._alerts: dict[tuple[str, str], tuple[Any, ...]] = {}
+        self._lock = anyio.Lock()
+
+    async def on_restart(self) -> None:
+        self.start_soon(self._loop)  # the same writer and run: only the polls restart
+
+    async def on_start(self) -> None:
+        assert self.writer is not None, "a recorder starts once"
+        now = time.time()
+        row = (self.run_id, now, now, None, socket.gethostname(), os.getpid(),
+               json.dumps(sys.argv), sys.version.split()[0], 0, 0)  # fmt: skip
+        self.writer.submit([("event", "INSERT INTO runs VALUES (?,?,?,?,?,?,?,?,?,?)", [row])])
+        _log.info("monitoring database", path=str(self.path), run_id=self.run_id)
+        self.start_soon(self._loop)
+
+    async def _loop(self) -> None:
+        """A full poll every ``interval``; the feed alone every :data:`FEED_EVERY`
+        seconds, and sooner while it moves fast: again before a quarter of its ring
+        could fill at the rate just seen (a burst of a graph's tasks at once)."""
+        last_full = -float("inf")
+        fed_at = self.clock.now()
+        while True:
+            t = self.clock.now()
+            full = t - last_full >= self.interval
+            if full:
+                last_full = t
+            try:
+                read, capacity = await self.poll(full=full)
+            except Exception as exc:  # a bug here must not stop the cluster: say it, go on
+                self.log.error("monitoring poll failed", error=repr(exc))
+                read = capacity = 0
+            wait = min(self.interval - (self.clock.now() - last_full), FEED_EVERY)
+            if read and capacity:
+                rate = read / max(t - fed_at, 1e-3)
+                wait = min(wait, capacity / 4 / rate)
+            fed_at = t
+            await self.clock.sleep(max(wait, MIN_FEED_WAIT))
+
+    async def on_stop(self) -> None:
+        writer = self.writer
+        if writer is None:
+            return
+        with anyio.move_on_after(5.0):
+            await self.poll()
+        # What is still open ends with the run: workers and blocks the cluster stops.
+        now, run = time.time(), self.run_id
+        rows = _Rows()
+        rows.add("event", _RUN_END_WORKERS, (now, run))
+        for bid, (pool, _) in self._blocks.items():
+            rows.add("event", _BLOCK, (run, bid, pool, "stopped", now, "shutdown"))
+        rows.add("event", "UPDATE runs SET ended = ? WHERE run_id = ?", (now, run))
+        writer.submit(rows.ops)
+        self.writer = None
+        await anyio.to_thread.run_sync(writer.close)
+
+    async def poll(self, *, full: bool = True) -> tuple[int, int]:
+        """One round: the feed and, if ``full``, the workers' memory, the blocks, the
+        metrics, the alerts; then hand the rows to the writer. Returns the feed events
+        read and the size of the feed's ring."""
+        writer = self.writer
+        if writer is None:
+            return 0, 0
+        async with self._lock:
+            rows = _Rows()
+            now = time.time()
+            read, capacity = await self._feed(rows, now, full)
+            if full:
+                await self._poll_blocks(rows, now)
+                await self._poll_metrics(rows, now)
+                await self._poll_alerts(rows, now)
+                dropped = sum(writer.dropped.values())
+                rows.add("event", _RUN_SEEN, (now, self.feed_lost, dropped, self.run_id))
+            writer.submit(rows.ops)
+            self.polls += 1
+            return read, capacity
+
+    async def _ask(self, ref: ActorRef[Any] | None, msg: Any, timeout: float = 5.0) -> Any:  # noqa: ASYNC109
+        if ref is None:
+            return None
+        try:
+            return await ref.ask(msg, timeout=timeout)
+        except (ActorStopped, AskTimeout):
+            return None
+
+    async def _feed(self, rows: _Rows, now: float, samples: bool) -> tuple[int, int]:
+        last = None
+        read = 0
+        for _ in range(10):  # pages; what is left waits for the next poll
+            reply = await self._ask(self._scheduler(), MonitorFeed(self.seq, self.page))
+            if not isinstance(reply, MonitorFeedReply):
+                break
+            last = reply
+            if reply.lost:
+                self.feed_lost += reply.lost
+                rows.add("event", _GAP, (self.run_id, now, "scheduler", reply.lost))
+                _log.warning("monitoring: feed entries lost between polls", lost=reply.lost)
+            self.seq = reply.next
+            read += self._events(rows, reply)
+            if len(reply.events) < self.page:
+                break
+        if last is None:
+            return 0, 0
+        if samples:
+            for wid, (rss, held, spilled) in last.workers.items():
+                rows.add("resource", _RESOURCE, (self.run_id, now, wid, rss, held, spilled))
+        return read, last.capacity
+
+    def _events(self, rows: _Rows, reply: MonitorFeedReply) -> int:
+        """Rows for the feed's entries (one per task touched, one per try ended, ...);
+        returns the records read."""
+        run, wall = self.run_id, reply.wall
+        n = 0
+        # key -> the columns of _TASK after it: category, pool, submitted, ready,
+        # started, finished, state, worker, tries, duration, output_bytes
+        tasks: dict[str, list[Any]] = {}
+
+        def task(k: str, category: str, at: float) -> list[Any]:
+            t = tasks.get(k)
+            if t is None:
+                t = tasks[k] = [category, None, at, None, None, None, None, None, 0, None, None]
+            return t
+
+        for now, records in reply.events:
+            at = now + wall
+            n += len(records)
+            for rec in records:
+                kind = rec[0]
+                if kind == "state":
+                    _, key, finish, category, pool, worker = rec
+                    t = task(str(key), category, at)
+                    t[1] = pool
+                    if finish in _TERMINAL:
+                        t[5], t[6] = at, finish
+                    elif finish in ("waiting", "queued", "processing"):
+                        if t[5] is None:
+                            t[6] = finish
+                        if finish == "queued" and t[3] is None:
+                            t[3] = at
+                        elif finish == "processing":
+                            t[4] = at if t[4] is None else t[4]
+                            t[7] = worker
+                elif kind == "try":
+                    (_, key, category, worker, number, sent, start, stop, outcome, cause,
+                     error, nbytes) = rec  # fmt: skip
+                    k = str(key)
+                    t = task(k, category, at)
+                    if outcome == "worker-lost":  # the core's clock: sent, lost
+                        start, stop = None, at
+                    ok = outcome == "ok"
+                    etype, emsg = _text(error)
+                    rows.add(
+                        "event", _TRY,
+                        (run, k, number, category, worker, sent + wall, start, stop, outcome,
+                         cause, etype, emsg, nbytes if ok else None),
+                    )  # fmt: skip
+                    t[8] = max(t[8], number)
+                    if ok and start is not None:
+                        t[9], t[10] = max(stop - start, 0.0), nbytes
+                elif kind == "joined":
+                    _, wid, pool, cores, memory = rec
+                    rows.add("event", _WORKER_JOINED, (run, wid, pool, cores, memory, at))
+                elif kind == "left":
+                    rows.add("event", _WORKER_LEFT, (at, rec[2], run, rec[1]))
+        for k, t in tasks.items():
+            rows.add("event", _TASK, (run, k, *t))
+        return n
+
+    async def _poll_blocks(self, rows: _Rows, now: float) -> None:
+        status = await self._ask(self._autoscaler(), StatusRequest(), timeout=2.0)
+        if not isinstance(status, AutoscalerStatus):
+            return
+        run = self.run_id
+        ends = {e.block: e for e in status.ends}
+        for bid, state in status.blocks.items():
+            pool = status.block_pools.get(bid, "")
+            if self._blocks.get(bid) != (pool, state):
+                self._blocks[bid] = (pool, state)
+                rows.add("event", _BLOCK, (run, bid, pool, state, now, None))
+            for wid in status.block_workers.get(bid, ()):
+                if self._worker_block.get(wid) != bid:
+                    self._worker_block[wid] = bid
+                    rows.add("event", _WORKER_BLOCK, (bid, run, wid))
+        for bid in [b for b in self._blocks if b not in status.blocks]:
+            pool, _ = self._blocks.pop(bid)
+            end = ends.get(bid)
+            if end is not None:
+                rows.add("event", _BLOCK, (run, bid, pool, end.state, end.at, end.cause))
+            else:
+                rows.add("event", _BLOCK, (run, bid, pool, "ended", now, None))
+
+    async def _poll_metrics(self, rows: _Rows, now: float) -> None:
+        reply = await self._ask(self._manager(), MetricsRequest())
+        if not isinstance(reply, MetricsReply):
+            return
+        run = self.run_id
+        for family in SnapshotCollector(reply).collect():
+            for s in family.samples:
+                labels = json.dumps(s.labels, sort_keys=True)
+                rows.add("metric", _METRIC, (run, now, s.name, labels, s.value))
+
+    async def _poll_alerts(self, rows: _Rows, now: float) -> None:
+        reply = await self._ask(self._manager(), AlertsRequest())
+        if not isinstance(reply, AlertsReply):
+            return
+        for a in reply.alerts:
+            labels = json.dumps(a.labels, sort_keys=True)
+            seen = (a.state, a.active_since, a.fired_at, a.resolved_at)
+            if self._alerts.get((a.name, labels)) == seen:
+                continue
+            self._alerts[(a.name, labels)] = seen
+            row = (self.run_id, now, a.name, a.state, labels,
+                   json.dumps(a.annotations, sort_keys=True), a.value, a.active_since,
+                   a.fired_at, a.resolved_at, json.dumps(a.fields, sort_keys=True))  # fmt: skip
+            rows.add("event", _ALERT, row)

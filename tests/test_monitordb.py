@@ -1,0 +1,381 @@
+"""The monitoring database (runtime/monitordb.py): written by real clusters (embedded,
+and a manager process with worker processes), read by other connections while the run
+goes, intact after a manager's kill -9; its writer never blocks; bad files get a clear
+error."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from actors.scheduler_state import SchedulerConfig, SchedulerState
+from runtime import Cluster
+from runtime.errors import MonitoringDBError
+from runtime.monitordb import SCHEMA_VERSION, MonitorWriter, default_path, open_db
+from tests.helpers import Cli, chain, finish, join, only_running, submit, wait_until
+
+LIMIT = 90
+
+
+def _rows(db: Path, sql: str, *args: Any) -> list[tuple[Any, ...]]:
+    """``sql`` on a connection of its own (as another program reading the file)."""
+    conn = sqlite3.connect(db, timeout=5)
+    try:
+        return conn.execute(sql, args).fetchall()
+    finally:
+        conn.close()
+
+
+def _count(db: Path, sql: str, *args: Any) -> int:
+    try:
+        return int(_rows(db, sql, *args)[0][0])
+    except sqlite3.OperationalError:  # not created yet
+        return 0
+
+
+def inc(x: int) -> int:
+    time.sleep(0.01)
+    return x + 1
+
+
+def boom(x: int) -> int:
+    raise ValueError(f"boom {x}")
+
+
+# ----------------------------------------------------------------------------- embedded
+
+
+@pytest.mark.anyio
+async def test_an_embedded_cluster_writes_every_task_try_worker_block_and_sample(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "run" / "monitoring.db"
+    with anyio.fail_after(LIMIT):
+        async with Cluster(workers=2, monitoring=db, monitoring_interval=0.2) as cluster:
+            futures = cluster.map(inc, range(30))
+            assert await cluster.gather(futures) == list(range(1, 31))
+            bad = cluster.submit(boom, 7)
+            with pytest.raises(ValueError, match="boom 7"):
+                await bad
+            # Readable by another connection while the cluster runs: every task shows up.
+            await wait_until(
+                lambda: _count(db, "SELECT count(*) FROM tasks WHERE finished IS NOT NULL") == 31,
+                "31 finished tasks in the database",
+                limit=30,
+            )
+            await wait_until(
+                lambda: _count(db, "SELECT count(*) FROM metric_samples") > 0,
+                "metric samples",
+                limit=30,
+            )
+            keys = {str(f.key) for f in futures} | {str(bad.key)}
+    (run_id, ended, dropped) = _rows(db, "SELECT run_id, ended, dropped_rows FROM runs")[0]
+    assert ended is not None and dropped == 0
+    tasks = {r[0]: r for r in _rows(db, "SELECT key, category, state, submitted, ready, "
+                                    "started, finished, tries, worker FROM tasks")}  # fmt: skip
+    assert set(tasks) == keys
+    for key in keys:
+        _, category, state, submitted, ready, started, finished, tries, worker = tasks[key]
+        assert category == ("boom" if key.startswith("boom") else "inc")
+        assert state == ("erred" if category == "boom" else "memory")
+        assert submitted <= ready <= started <= finished and tries == 1
+        assert worker in ("worker-1", "worker-2")
+    tries = _rows(db, "SELECT key, try, outcome, error_type, error_message, started, ended, "
+                  "output_bytes FROM tries")  # fmt: skip
+    assert len(tries) == 31
+    failed = [t for t in tries if t[2] != "ok"]
+    assert failed == [(str(bad.key), 1, "error", "ValueError", "boom 7", *failed[0][5:7], None)]
+    assert all(t[5] <= t[6] and t[7] > 0 for t in tries if t[2] == "ok")
+    workers = _rows(db, "SELECT worker, pool, block, joined, left, cause FROM workers")
+    assert sorted(w[0] for w in workers) == ["worker-1", "worker-2"]
+    for _, pool, block, joined, left, cause in workers:  # ended with the cluster
+        assert pool == "default" and block.startswith("block-") and joined < left
+        assert cause == "shutdown"
+    blocks = _rows(db, "SELECT block, state, cause FROM blocks ORDER BY time, block")
+    history = {b: [s for bb, s, _ in blocks if bb == b] for b, _, _ in blocks}
+    assert len(history) == 2 and all(h == ["running", "stopped"] for h in history.values())
+    depth = _rows(db, "SELECT labels FROM metric_samples WHERE name = 'corral_queue_depth'")
+    assert depth and all("pool" in json.loads(labels) for (labels,) in depth)
+    assert _count(db, "SELECT count(*) FROM resource_samples WHERE rss > 0") > 0
+    assert _count(db, "SELECT count(*) FROM gaps") == 0
+    assert open_db(db).execute("SELECT count(*) FROM tasks").fetchone()[0] == 31
+    assert run_id
+
+
+@pytest.mark.anyio
+async def test_a_locked_database_stalls_nothing_and_gets_the_rows_once_free(
+    tmp_path: Path,
+) -> None:
+    """Another program holds the database locked while a graph runs: the graph runs on
+    (the writer thread waits, not the scheduler), and once it lets go the rows land."""
+    db = tmp_path / "monitoring.db"
+    with anyio.fail_after(LIMIT):
+        async with Cluster(workers=2, monitoring=db, monitoring_interval=0.1) as cluster:
+            await wait_until(lambda: _count(db, "SELECT count(*) FROM runs") == 1, "the run row",
+                             limit=30)  # fmt: skip
+            locker = sqlite3.connect(db, isolation_level=None)
+            locker.execute("BEGIN EXCLUSIVE")
+            try:
+                t0 = time.monotonic()
+                futures = cluster.map(inc, range(200))
+                assert len(await cluster.gather(futures)) == 200
+                took = time.monotonic() - t0
+                await anyio.sleep(0.5)  # a few polls queue up behind the lock
+            finally:
+                locker.execute("ROLLBACK")
+                locker.close()
+            assert took < 30
+            await wait_until(
+                lambda: _count(db, "SELECT count(*) FROM tries WHERE outcome = 'ok'") == 200,
+                "the 200 tries once the lock is gone",
+                limit=30,
+            )
+
+
+def test_the_writer_never_blocks_and_drops_metric_samples_first(tmp_path: Path) -> None:
+    db = tmp_path / "monitoring.db"
+    writer = MonitorWriter(db, max_rows=1_000)
+    locker = sqlite3.connect(db, isolation_level=None)
+    locker.execute("BEGIN EXCLUSIVE")
+    slowest = 0.0
+    metric = "INSERT INTO metric_samples VALUES (?,?,?,?,?)"
+    gap = "INSERT INTO gaps VALUES (?,?,?,?)"
+    try:
+        for i in range(50):
+            t = time.monotonic()
+            writer.submit([
+                ("metric", metric, [("r", float(i), "m", "{}", 1.0)] * 100),
+                ("event", gap, [("r", float(i), "test", i)]),
+            ])  # fmt: skip
+            slowest = max(slowest, time.monotonic() - t)
+        assert slowest < 0.5  # queued: never waiting out the 1 s busy timeout of the lock
+        # at most max_rows wait, besides the batch the thread holds (stuck on the lock)
+        assert writer.dropped["metric"] >= 5000 - 1_000 - 101 and writer.dropped["event"] == 0
+        assert writer.pending <= 1_000
+    finally:
+        locker.execute("ROLLBACK")
+        locker.close()
+    writer.close()
+    assert _count(db, "SELECT count(*) FROM gaps") == 50  # every event kept
+    assert _count(db, "SELECT count(*) FROM metric_samples") == 5000 - writer.dropped["metric"]
+
+
+def test_past_its_room_for_events_the_writer_drops_the_oldest(tmp_path: Path) -> None:
+    db = tmp_path / "monitoring.db"
+    writer = MonitorWriter(db, max_rows=10)
+    locker = sqlite3.connect(db, isolation_level=None)
+    locker.execute("BEGIN EXCLUSIVE")
+    try:
+        for i in range(30):
+            writer.submit([("event", "INSERT INTO gaps VALUES (?,?,?,?)", [("r", i, "t", i)])])
+        assert writer.dropped["event"] == 20
+    finally:
+        locker.execute("ROLLBACK")
+        locker.close()
+    writer.close()
+    assert [r[0] for r in _rows(db, "SELECT lost FROM gaps ORDER BY lost")] == list(range(20, 30))
+
+
+# ----------------------------------------------------------------------------- the feed
+
+
+def test_the_feed_keeps_what_its_reader_has_not_read_and_counts_what_it_lost() -> None:
+    state = SchedulerState(SchedulerConfig(feed_length=30))
+    join(state, "w1")
+    assert state.feed_since(0, 10) == ([], 0, 0)  # nothing kept before a reader asks
+    table = chain("a", 20)
+    submit(state, table, list(table))  # entry 0: one entry for the whole graph
+    entries, nxt, lost = state.feed_since(0, 100)
+    assert (len(entries), nxt, lost) == (1, 1, 0)
+    assert [r[2] for r in entries[0][1]] == ["waiting"] * 19 + ["queued", "processing"]
+    assert entries[0][1][-1] == ("state", "a-0", "processing", "a", None, "w1")
+    for _ in range(2):  # 4 records an entry: try, memory, next queued, next processing
+        finish(state, "w1", only_running(state))
+    entries, nxt, lost = state.feed_since(nxt, 1)  # a page of one; entry 0 is let go
+    assert (len(entries), nxt, lost) == (1, 2, 0) and state.feed_held == 8
+    assert [r[0] for r in entries[0][1]] == ["try", "state", "state", "state"]
+    assert entries[0][1][0][:5] == ("try", "a-0", "a", "w1", 1)
+    for _ in range(8):  # past 30 unread records: the oldest entries go
+        finish(state, "w1", only_running(state))
+    assert state.feed_held <= 30
+    entries, nxt, lost = state.feed_since(nxt, 100)
+    assert lost == 2 and len(entries) == 7 and nxt == 11
+    assert state.feed_since(nxt, 100) == ([], 11, 0) and state.feed_held == 0
+
+
+@pytest.mark.anyio
+async def test_a_feed_that_overflowed_between_two_reads_leaves_a_gap_row(tmp_path: Path) -> None:
+    """A feed far too small for a graph's burst: the recorder says how much it missed
+    (``gaps``, ``runs.feed_lost``) and records what came after."""
+    db = tmp_path / "monitoring.db"
+    with anyio.fail_after(LIMIT):
+        async with Cluster(workers=2, monitoring=db, monitoring_interval=0.1) as cluster:
+            cluster.scheduler_state.config.feed_length = 10  # records held unread
+            assert len(await cluster.gather(cluster.map(inc, range(100)))) == 100
+            await wait_until(
+                lambda: _count(db, "SELECT count(*) FROM gaps") > 0, "a gap row", limit=30
+            )
+            after = cluster.submit(inc, 1000)
+            assert await after == 1001
+            await wait_until(
+                lambda: _count(db, "SELECT count(*) FROM tries WHERE key = ?", str(after.key)),
+                "the try after the gap",
+                limit=30,
+            )
+    lost = _rows(db, "SELECT sum(lost) FROM gaps")[0][0]
+    assert lost > 0 and _rows(db, "SELECT feed_lost FROM runs") == [(lost,)]
+
+
+# ----------------------------------------------------------------------------- a manager process
+
+
+def pid_then_wait(mark: str, gate: str) -> int:
+    """Write this process's id to ``mark``, then wait (bounded) for ``gate``."""
+    Path(mark + ".tmp").write_text(str(os.getpid()))
+    os.replace(mark + ".tmp", mark)
+    deadline = time.monotonic() + 60
+    while not Path(gate).exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return os.getpid()
+
+
+@pytest.fixture
+def cli(tmp_path: Path) -> Iterator[Cli]:
+    with Cli(tmp_path / "home") as c:
+        yield c
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+async def test_a_manager_process_records_a_lost_worker_and_survives_kill_9(
+    cli: Cli, tmp_path: Path
+) -> None:
+    db = tmp_path / "runs" / "monitoring.db"
+    manager = cli.start("manager", "--listen", "127.0.0.1:0", "--monitoring", str(db),
+                        "--monitoring-interval", "0.3")  # fmt: skip
+    assert str(db) in cli.line_with(manager, "monitoring database:")
+    address = cli.line_with(manager, "manager listening on").split(" on ", 1)[1].strip()
+    workers = [cli.worker(address, "--cores", "1") for _ in range(2)]
+    mark, gate = tmp_path / "pid", tmp_path / "gate"
+    with anyio.fail_after(LIMIT):
+        async with Cluster(address) as cluster:
+            await cluster.wait_for_workers(2)
+            assert await cluster.gather(cluster.map(inc, range(10))) == list(range(1, 11))
+            with pytest.raises(ValueError, match="boom 3"):
+                await cluster.submit(boom, 3)
+            held = cluster.submit(pid_then_wait, str(mark), str(gate), key="held")
+            await wait_until(mark.exists, "the held task to start", limit=30)
+            victim = next(w for w in workers if w.pid == int(mark.read_text()))
+            mark.unlink()
+            victim.send_signal(signal.SIGKILL)  # it dies with the task in hand
+            victim.wait(10)
+            await wait_until(mark.exists, "the held task to run again elsewhere", limit=40)
+            gate.touch()
+            assert await held != victim.pid
+            # Read by this process while the manager runs.
+            await wait_until(
+                lambda: _count(db, "SELECT count(*) FROM tries WHERE key = 'held'") == 2,
+                "both tries of the held task",
+                limit=30,
+            )
+    lost = _rows(db, "SELECT worker, outcome, cause, started, ended FROM tries "
+                 "WHERE key = 'held' ORDER BY try")  # fmt: skip
+    assert [t[1] for t in lost] == ["worker-lost", "ok"]
+    lost_worker, _, cause, started, ended = lost[0]
+    assert cause == "crash" and started is None and ended is not None
+    assert _rows(db, "SELECT cause FROM workers WHERE worker = ?", lost_worker) == [("crash",)]
+    assert _rows(db, "SELECT outcome, error_type FROM tries WHERE category = 'boom'") == [
+        ("error", "ValueError")
+    ]
+    # kill -9 of the manager: what it wrote up to its last poll stays, and opens.
+    await wait_until(
+        lambda: _count(db, "SELECT count(*) FROM tasks WHERE state = 'memory'") == 11,
+        "the held task done in the database",
+        limit=30,
+    )
+    manager.send_signal(signal.SIGKILL)
+    manager.wait(10)
+    conn = open_db(db)
+    try:
+        assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+        assert conn.execute("SELECT count(*) FROM tasks").fetchone() == (12,)
+        assert conn.execute("SELECT ended FROM runs").fetchone() == (None,)  # it crashed
+    finally:
+        conn.close()
+
+
+def test_a_manager_writes_to_a_run_directory_by_default_and_not_with_no_monitoring(
+    cli: Cli,
+) -> None:
+    manager = cli.start("manager", "--listen", "127.0.0.1:0")
+    line = cli.line_with(manager, "monitoring database:")
+    path = Path(line.split(":", 1)[1].strip())
+    assert path.parent.parent == cli.home / "runs" and path.name == "monitoring.db"
+    cli.line_with(manager, "manager listening on")
+    cli.stop([manager])
+    assert open_db(path).execute("SELECT ended FROM runs").fetchone()[0] is not None
+    quiet = cli.start("manager", "--listen", "127.0.0.1:0", "--no-monitoring")
+    cli.line_with(quiet, "manager listening on")
+    cli.stop([quiet])
+    assert len(list((cli.home / "runs").iterdir())) == 1
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+def test_a_missing_or_foreign_file_is_refused_with_what_to_do(tmp_path: Path) -> None:
+    with pytest.raises(MonitoringDBError, match="no such file"):
+        open_db(tmp_path / "nope.db")
+    text = tmp_path / "notes.txt"
+    text.write_text("hello, not a database\n" * 100)
+    with pytest.raises(MonitoringDBError, match="not an SQLite database"):
+        open_db(text)
+    other = tmp_path / "other.db"
+    sqlite3.connect(other).execute("CREATE TABLE t (x)").connection.close()
+    with pytest.raises(MonitoringDBError, match="not a Corral monitoring database"):
+        open_db(other)
+    newer = tmp_path / "newer.db"
+    MonitorWriter(newer).close()
+    conn = sqlite3.connect(newer)
+    conn.execute("UPDATE schema_version SET version = ?", (SCHEMA_VERSION + 1,))
+    conn.commit()
+    conn.close()
+    with pytest.raises(MonitoringDBError, match=f"schema version {SCHEMA_VERSION + 1}"):
+        open_db(newer)
+    with pytest.raises(MonitoringDBError, match="schema version"):
+        MonitorWriter(newer)
+    assert default_path(tmp_path).parent.parent == tmp_path
+
+
+def test_the_report_command_says_what_is_wrong_with_a_bad_file(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "runtime", "report", str(tmp_path / "nope.db")],
+        capture_output=True, text=True, timeout=60,
+        env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1])),
+    )  # fmt: skip
+    assert proc.returncode == 1
+    assert "no such file" in proc.stderr and "docs/monitoring.md" in proc.stderr
+
+
+@pytest.mark.anyio
+async def test_a_cluster_given_a_path_it_cannot_write_says_so_before_it_starts(
+    tmp_path: Path,
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with anyio.fail_after(LIMIT), pytest.raises(MonitoringDBError, match="cannot create it"):
+        async with Cluster(workers=1, monitoring=blocker / "monitoring.db"):
+            pass  # pragma: no cover - it must not start
+    with pytest.raises(ValueError, match="monitoring= is for an embedded cluster"):
+        Cluster("ws://127.0.0.1:1", monitoring=tmp_path / "x.db")

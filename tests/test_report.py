@@ -1,0 +1,143 @@
+"""The report (runtime/report.py): made from the database of a real run, one file that
+opens offline with every plot; a clear error for a bad database; and the screenshot in
+docs/ of the report of a real demo run, rendered by headless Chromium."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import re
+import struct
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import anyio
+import pytest
+
+from runtime import Cluster
+from runtime.errors import MonitoringDBError
+from runtime.monitordb import MonitorWriter, open_db
+from runtime.report import SECTIONS, build_report
+
+ROOT = Path(__file__).resolve().parents[1]
+LIMIT = 90
+
+
+def square(x: int) -> int:
+    return x * x
+
+
+def fails(x: int) -> int:
+    raise KeyError(f"no such thing {x}")
+
+
+def _screenshots() -> ModuleType:
+    """docs/images/make_screenshots.py, the script that makes the picture in the docs."""
+    spec = importlib.util.spec_from_file_location(
+        "make_screenshots", ROOT / "docs" / "images" / "make_screenshots.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+#: a tag that would load something from the network
+EXTERNAL = re.compile(
+    r"<(script|link|img|iframe)\b[^>]*\b(src|href)\s*=\s*[\"']?(https?:)?//", re.I
+)
+
+
+@pytest.mark.anyio
+async def test_the_report_of_a_real_run_is_one_offline_file_with_every_plot(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "monitoring.db"
+    with anyio.fail_after(LIMIT):
+        async with Cluster(workers=2, monitoring=db, monitoring_interval=0.1) as cluster:
+            assert await cluster.gather(cluster.map(square, range(40))) == [
+                i * i for i in range(40)
+            ]
+            with pytest.raises(KeyError):
+                await cluster.submit(fails, 1)
+    out = tmp_path / "out"
+    out.mkdir()
+    with anyio.fail_after(120):
+        proc = await anyio.run_process(
+            [sys.executable, "-m", "runtime", "report", str(db), "-o", str(out / "report.html")],
+            check=False, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        )  # fmt: skip
+    stderr = proc.stderr.decode()
+    assert proc.returncode == 0, stderr
+    assert "read 41 tasks" in stderr  # progress, stage by stage
+    assert [p.name for p in out.iterdir()] == ["report.html"]  # one file
+    page = (out / "report.html").read_text()
+    assert EXTERNAL.search(page) is None
+    assert page.count("Plotly.newPlot") == len(SECTIONS)
+    assert "plotly.js v" in page  # the library itself, embedded
+    for title in (*SECTIONS, "Summary"):
+        assert title in page, title
+    assert "KeyError" in page  # the failed try, by cause, in the summary
+    assert ">41<" in page  # tasks
+
+
+def test_a_report_of_a_database_with_no_run_or_an_unknown_run_says_so(tmp_path: Path) -> None:
+    db = tmp_path / "monitoring.db"
+    MonitorWriter(db).close()
+    with pytest.raises(MonitoringDBError, match="holds no run yet"):
+        build_report(db)
+    with pytest.raises(MonitoringDBError, match="no run 'abc'"):
+        build_report(db, run_id="abc")
+
+
+@pytest.mark.slow
+def test_the_screenshot_in_the_docs_is_the_report_of_a_real_demo_run(tmp_path: Path) -> None:
+    """The harness that takes docs/images/report.png: into ``tmp_path`` and, with env
+    CORRAL_SCREENSHOTS=DIR (``CORRAL_SCREENSHOTS=docs/images``), also into DIR."""
+    shots = _screenshots()
+    browser = shots.chromium()
+    if browser is None:
+        why = f"Chromium is not installed: {shots.HOW}"
+        if os.environ.get("CI") == "true":
+            pytest.fail(why + "; CI must run this test (.ci/run installs it)")
+        pytest.skip(why)
+    png = shots.main(tmp_path / "report.png")
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = struct.unpack(">II", data[16:24])
+    assert (width, height) == shots.SIZE
+    assert len(data) > 50_000  # drawn plots, not a blank page
+    wanted = os.environ.get("CORRAL_SCREENSHOTS")
+    if wanted:
+        Path(wanted).mkdir(parents=True, exist_ok=True)
+        shutil.copy(png, Path(wanted) / png.name)
+
+
+@pytest.mark.anyio
+async def test_alerts_in_the_database_are_drawn_over_the_time_plots(tmp_path: Path) -> None:
+    """Alert state changes as the recorder writes them (the alert monitor's answers)
+    become spans on the alerts plot and bands over the time plots."""
+    db = tmp_path / "monitoring.db"
+    with anyio.fail_after(LIMIT):
+        async with Cluster(workers=1, monitoring=db, monitoring_interval=0.1) as cluster:
+            assert await cluster.gather(cluster.map(square, range(5))) == [0, 1, 4, 9, 16]
+    conn = open_db(db)
+    (run_id, t0) = conn.execute("SELECT run_id, started FROM runs").fetchone()
+    conn.close()
+    writer = MonitorWriter(db)
+    alert = "INSERT INTO alerts VALUES (?,?,?,?,?,?,?,?,?,?,?)"
+    labels = '{"alertname": "QueueTooLong", "pool": "cpu"}'
+    writer.submit([("event", alert, [
+        (run_id, t0 + 0.1, "QueueTooLong", "pending", labels, "{}", 7, t0 + 0.1, None, None, "{}"),
+        (run_id, t0 + 0.2, "QueueTooLong", "firing", labels, "{}", 9, t0 + 0.1, t0 + 0.2, None,
+         '{"max_queue_size": 9}'),
+        (run_id, t0 + 0.3, "QueueTooLong", "resolved", labels, "{}", 0, None, t0 + 0.2, t0 + 0.3,
+         "{}"),
+    ])])  # fmt: skip
+    writer.close()
+    page = build_report(db)
+    assert "Alerts (none in this run)" not in page
+    assert "QueueTooLong firing" in page and "QueueTooLong pending" in page
+    assert page.count("rgba(214,39,40,0.15)") >= 4  # the firing band on each time plot
