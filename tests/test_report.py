@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import shutil
 import re
+import shutil
 import struct
 import sys
 from pathlib import Path
