@@ -29,6 +29,15 @@ The file registry learns about outputs through :class:`FileFacts` commands (abso
 facts per key: replicas, size, consumers, wanted) and answers with
 :class:`FilesReleased` events once it dropped an output nobody needs.
 
+Pruning depth (``SchedulerConfig.prune_depth``, docs/files.md): the ``consumers`` a
+fact reports are the active tasks within that many steps downstream (``_holds``; with
+depth 1 the task's own ``consumers``), so the registry keeps an output until they are
+done. Replicas: when a task finishes, the replication policy proposes how many
+temporary copies its output gets; the core bounds the answer and emits
+:class:`Replicate`, and :class:`ReplicasCopied` adds the copies made to ``who_has``. A
+lost holder of an output kept by its replicas triggers no recompute; a new replica
+replaces the lost copy while the output is needed (``_holder_gone``).
+
 Draining: after :class:`WorkerDraining` a worker gets no new tasks (it is never in
 ``free``); once the tasks it runs have finished, one :class:`RetireWorker` command says
 to stop it. It stays known, serving its outputs, until :class:`WorkerLeft`.
@@ -96,6 +105,7 @@ from policies import (
     MemoryPolicy,
     PlacementPolicy,
     PriorityPolicy,
+    ReplicationPolicy,
     RetryDecision,
     RetryPolicy,
 )
@@ -106,6 +116,7 @@ from runtime.errors import (
     InvalidTransition,
     MemoryStalled,
     MissingKeysError,
+    PruneDepthError,
     TaskCrashedWorkers,
     TaskOutOfMemory,
     TaskTooLarge,
@@ -133,7 +144,9 @@ __all__ = [
     "KeyErred",
     "KeysReleased",
     "PolicyChanged",
+    "ReplicasCopied",
     "ReplicasMissing",
+    "Replicate",
     "RetireWorker",
     "SchedulerConfig",
     "SchedulerState",
@@ -264,6 +277,16 @@ class ReplicasMissing(Event):
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class ReplicasCopied(Event):
+    """The answer to :class:`Replicate`: of the ``asked`` outputs, ``worker`` holds
+    ``got`` now (the others could not be copied)."""
+
+    worker: str
+    asked: tuple[Key, ...]
+    got: tuple[Key, ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class WorkerHeld(Event):
     """A worker that rejoined over a new connection says what it has in hand
     (``active`` keys) and holds (``held``: ``(key, nbytes)``)."""
@@ -370,6 +393,17 @@ class Evacuate(Command):
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class Replicate(Command):
+    """Temporary replicas: ``worker`` copies each output of ``keys``, ``(key, nbytes)``,
+    from ``source`` and keeps it (the copy path of data evacuation); the answer comes
+    back as :class:`ReplicasCopied`."""
+
+    worker: str
+    source: str
+    keys: tuple[tuple[Key, int], ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class RetireWorker(Command):
     """A draining worker has finished its tasks: tell it to stop. It stays known (and
     draining) until it leaves (:class:`WorkerLeft`)."""
@@ -433,6 +467,14 @@ class SchedulerConfig:
     drain_period: float | None = None
     #: what a worker needs at the end of its walltime besides its last task (to leave)
     walltime_grace: float = 60.0
+    #: how far downstream an output's readers must be done before it is dropped: 1 its
+    #: readers, 2 their readers too, ...; 0 never (see docs/files.md#pruning-depth)
+    prune_depth: int = 1
+
+    def __post_init__(self) -> None:
+        depth = self.prune_depth
+        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 0:
+            raise PruneDepthError(depth)
 
 
 class WorkerState:
@@ -511,6 +553,7 @@ class TaskState:
         "prio",
         "producer",
         "registered",
+        "remake",
         "retries_left",
         "root",
         "sent",
@@ -545,6 +588,9 @@ class TaskState:
         self.est = 0.0  #: estimated duration when it was assigned
         self.unneeded = False  #: cancelled only because nothing needed it
         self.registered = False  #: the file registry knows its output
+        #: estimated seconds of work to make its output again from the outputs that are
+        #: kept (its latest try, plus the inputs that are not kept, in turn)
+        self.remake = 0.0
         self.behind = False  #: retried: queue behind fresh work
         self.producer = False  #: a memory producer (as of its latest enqueue)
         self.retries_left = spec.retries  #: user retry budget left
@@ -768,6 +814,7 @@ class SchedulerState:
         placement: PlacementPolicy | None = None,
         retry: RetryPolicy | None = None,
         memory: MemoryPolicy | None = None,
+        replication: ReplicationPolicy | None = None,
     ) -> None:
         self.config = config or SchedulerConfig()
         self.tasks: dict[Key, TaskState] = {}  #: every task not yet forgotten
@@ -789,6 +836,7 @@ class SchedulerState:
             "placement": placement or REGISTRY.create("placement", DEFAULTS["placement"]),
             "retry": retry or REGISTRY.create("retry", DEFAULTS["retry"]),
             "memory": memory or REGISTRY.create("memory", DEFAULTS["memory"]),
+            "replication": replication or REGISTRY.create("replication", DEFAULTS["replication"]),
         }
         #: the placement policy's DataLocality hooks (None: that rule is off)
         self._partner: Any = None
@@ -820,6 +868,15 @@ class SchedulerState:
         self.pool_waits: dict[str, PoolWaits] = {}
         #: failed tries per (category, outcome, cause)
         self.failures: Counter[tuple[str, str, str]] = Counter()
+        #: temporary replicas (docs/files.md#replicas): per output in memory, the
+        #: workers holding a replica made for it; replicas made, their bytes, copies that
+        #: failed, and losses of a holder after which only replicas kept the output
+        self.replicas: dict[TaskState, set[str]] = {}
+        self.replicas_made = 0
+        self.replica_bytes = 0
+        self.replicas_failed = 0
+        self.recomputes_avoided = 0
+        self._depth = self.config.prune_depth
         self._seq = itertools.count()
         # Per-handle scratch, flushed into commands at the end of handle().
         self._out: list[Command] = []
@@ -1089,6 +1146,8 @@ class SchedulerState:
         for ts in list(ws.has_what):
             ts.who_has.discard(ws.id)
             self._files[ts.key] = ts
+            if ts in self.replicas:
+                self._holder_gone(ts, ws.id)
             if not ts.who_has and ts.state == "memory":
                 self._output_lost(ts)
             elif ts.wanted and ts.state == "memory":
@@ -1176,6 +1235,11 @@ class SchedulerState:
                 if ws is not None:
                     ws.has_what.discard(ts)
             ts.who_has.clear()
+            copies = self.replicas.pop(ts, None)
+            if copies:
+                # The registry may have decided before it heard of them: drop them too.
+                for wid in sorted(copies):
+                    self._out.append(DropData(self._stimulus, wid, (ts.key,)))
             self._set(ts, "released")
             if ts.consumers or ts.wanted:
                 # Needed again since the registry decided (a new submission): recompute.
@@ -1324,6 +1388,8 @@ class SchedulerState:
             for d in ts.deps:
                 d.consumers += delta
                 self._files[d.key] = d
+            if self._depth > 1:
+                self._upstream_changed(ts)
         ts.state = finish
         self.moves[move] += 1
         queued = _QUEUED_DELTA[move]
@@ -1475,6 +1541,10 @@ class SchedulerState:
             self._flipped.add(category)
         self._set(ts, "memory")
         self._add_replica(ts, ws)
+        inputs = self._inputs_remake(ts)
+        ts.remake = duration + inputs
+        if len(self.workers) > 1:
+            self._replicate(ts, inputs)
         ready = []
         floor = self._floor
         for dep in ts.dependents:
@@ -1516,6 +1586,8 @@ class SchedulerState:
             if w is not None:
                 w.has_what.discard(dep)
             self._files[key] = dep
+            if dep in self.replicas:
+                self._holder_gone(dep, wid)
         if dep.state == "memory" and not dep.who_has:
             self._output_lost(dep)
 
@@ -1669,6 +1741,130 @@ class SchedulerState:
         ts.who_has.add(ws.id)
         ws.has_what.add(ts)
         self._files[ts.key] = ts
+
+    # ----------------------------------------------------------------- pruning depth
+
+    def _holds(self, ts: TaskState) -> int:
+        """What keeps ``ts``'s output, as the file registry's ``consumers``: the tasks
+        not done (active) within ``prune_depth`` steps downstream of it (with depth 1,
+        its ``consumers``). Depth 0 never lets it go."""
+        depth = self._depth
+        if depth == 0:
+            return max(1, ts.consumers)
+        seen: set[TaskState] = set()
+        level = [ts]
+        n = 0
+        for _ in range(depth):
+            below = []
+            for t in level:
+                for d in t.dependents:
+                    if d not in seen:
+                        seen.add(d)
+                        below.append(d)
+                        n += d.state in ACTIVE
+            level = below
+        return n
+
+    def _upstream_changed(self, ts: TaskState) -> None:
+        """``ts`` became active or stopped being: with ``prune_depth`` > 1 the outputs up
+        to that many steps upstream may be kept or dropped now (facts sent again)."""
+        seen: set[TaskState] = set()
+        level = ts.deps
+        for _ in range(self._depth):
+            above = []
+            for t in level:
+                if t not in seen:
+                    seen.add(t)
+                    self._files[t.key] = t
+                    above.extend(t.deps)
+            level = above
+
+    # ----------------------------------------------------------------- replicas
+
+    def _inputs_remake(self, ts: TaskState) -> float:
+        """Estimated seconds of work to make ``ts``'s inputs again if its output were
+        lost now: those not kept (released, or in memory but neither wanted nor held by
+        a task within the pruning depth), each with its own ``remake``."""
+        total = 0.0
+        for d in ts.deps:
+            if d.state != "memory" or not (d.wanted or self._held(d)):
+                total += d.remake
+        return total
+
+    def _held(self, ts: TaskState) -> bool:
+        return bool(ts.consumers if self._depth == 1 else self._holds(ts))
+
+    def _replicate(self, ts: TaskState, inputs: float) -> None:
+        """Ask the replication policy how many replicas ``ts``'s output (in memory)
+        should have, and have the missing ones copied (:class:`Replicate`): at most one
+        per other worker, to workers that take new tasks and have memory room for it,
+        the one holding the fewest bytes first."""
+        workers = len(self.workers)
+        try:
+            view = TaskStateView(ts, self.survival, self._stats_view)
+            k = self.policies["replication"].replicas(view, inputs, workers)
+            if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+                raise TypeError(f"returned {k!r}, not a whole number >= 0")
+        except Exception as exc:
+            self._hook_error(ts.key, f"replication.replicas: {exc!r}")
+            return
+        want = min(k, workers - 1) - (len(ts.who_has) - 1)
+        if want <= 0 or not ts.who_has:
+            return
+        candidates = [
+            w
+            for w in self.workers.values()
+            if not w.draining and w.id not in ts.who_has and (not w.memory or w.memory >= ts.nbytes)
+        ]
+        if not candidates:
+            return
+        held = {w.id: sum(t.nbytes for t in w.has_what) for w in candidates}
+        source = min(ts.who_has)
+        fits = sorted(
+            (w for w in candidates if not w.memory or held[w.id] + ts.nbytes <= w.memory),
+            key=lambda w: (held[w.id], w.id),
+        )
+        for w in fits[:want]:
+            self._log(ts.key, "memory", f"replicate:{source}->{w.id}")
+            self._out.append(Replicate(self._stimulus, w.id, source, ((ts.key, ts.nbytes),)))
+
+    def _replicas_copied(self, ev: ReplicasCopied) -> None:
+        ws = self.workers.get(ev.worker)
+        got = set(ev.got)
+        junk = []
+        for key in ev.asked:
+            if key not in got:
+                self.replicas_failed += 1
+                continue
+            ts = self.tasks.get(key)
+            if ws is None:
+                continue  # gone, with the copy
+            if ts is None or ts.state != "memory":
+                junk.append(key)  # released meanwhile: the copy is not needed
+                continue
+            if ws.id in ts.who_has:
+                continue  # it fetched it meanwhile (an input of one of its tasks)
+            self._add_replica(ts, ws)
+            self.replicas.setdefault(ts, set()).add(ws.id)
+            self.replicas_made += 1
+            self.replica_bytes += ts.nbytes
+            self._log(key, "memory", f"replica:{ws.id}")
+        if junk and ws is not None:
+            self._out.append(DropData(self._stimulus, ws.id, tuple(junk)))
+
+    def _holder_gone(self, ts: TaskState, wid: str) -> None:
+        """``wid`` no longer holds ``ts``'s output, which has replicas. If only
+        replicas hold it now and it is still needed, they spared a recompute; a needed
+        output gets new replicas to replace the lost copy."""
+        copies = self.replicas[ts]
+        copies.discard(wid)
+        if ts.state == "memory" and ts.who_has and (ts.wanted or self._held(ts)):
+            if ts.who_has <= copies:
+                self.recomputes_avoided += 1
+                self._log(ts.key, "memory", f"kept-by-replica:{min(ts.who_has)}")
+            self._replicate(ts, self._inputs_remake(ts))
+        if not copies or not ts.who_has:
+            del self.replicas[ts]
 
     # ----------------------------------------------------------------- scheduling
 
@@ -2115,8 +2311,9 @@ class SchedulerState:
                     if state != "created":
                         continue
                     ts.registered = True
+                holds = ts.consumers if self._depth == 1 else self._holds(ts)
                 facts.append(
-                    FileFact(key, state, ts.nbytes, tuple(ts.who_has), ts.consumers, ts.wanted > 0)
+                    FileFact(key, state, ts.nbytes, tuple(ts.who_has), holds, ts.wanted > 0)
                 )
             self._out.append(FileFacts(self._stimulus, tuple(facts)))
             self._files = {}
@@ -2196,6 +2393,8 @@ class SchedulerState:
             else:
                 assert not ws.retired, ws
         assert self.draining <= self.workers.keys(), self.draining
+        for ts, copies in self.replicas.items():
+            assert ts.state == "memory" and copies and copies <= ts.who_has, (ts, copies)
         largest: dict[str | None, float] = {}
         for ws in self.workers.values():
             if not ws.draining:
@@ -2243,6 +2442,7 @@ _DISPATCH: dict[type, Any] = {
     WorkerLeft: SchedulerState._worker_left,
     WorkerHeld: SchedulerState._worker_held,
     ReplicasMissing: SchedulerState._replicas_missing,
+    ReplicasCopied: SchedulerState._replicas_copied,
     TasksFinished: SchedulerState._tasks_finished,
     CancelRequested: SchedulerState._cancel_requested,
     KeysReleased: SchedulerState._keys_released,

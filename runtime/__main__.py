@@ -164,6 +164,15 @@ def build_parser() -> argparse.ArgumentParser:
         "manager then starts and scales their workers itself",
     )
     mgr.add_argument(
+        "--prune-depth",
+        type=int,
+        default=1,
+        metavar="N",
+        help="drop an output from the workers once the tasks that read it are done (1, "
+        "the default), once their readers are done too (2), ...; 0 never "
+        "(docs/files.md#pruning-depth)",
+    )
+    mgr.add_argument(
         "--metrics-listen",
         metavar="HOST:PORT",
         help="also serve Prometheus metrics (GET /metrics) on HOST:PORT without a token "
@@ -410,6 +419,7 @@ def _cmd_manager(args: argparse.Namespace) -> int:
         lambda: run_manager(
             args.listen, token_file=token_file, ready=ready, config=pools,
             metrics_listen=args.metrics_listen, metrics_ready=metrics_ready,
+            prune_depth=args.prune_depth,
         ),
         backend="asyncio",
     )  # fmt: skip

@@ -534,6 +534,10 @@ class Cluster:
     (:class:`~runtime.errors.PoolConfigError`). Their workers are in-process actors, or,
     with ``processes=True``, worker processes on this machine. A ``slurm`` pool needs a
     manager process (``python -m runtime manager --config FILE``).
+
+    ``prune_depth`` (docs/files.md#pruning-depth): an output is dropped from the
+    workers once the tasks that read it are done (1, the default), or once their own
+    readers are done too (2), and so on; 0 never drops one.
     """
 
     def __init__(
@@ -552,6 +556,7 @@ class Cluster:
         memory_options: Mapping[str, Any] | None = None,
         stall_timeout: float = 10.0,
         pools: Mapping[str, Mapping[str, Any]] | None = None,
+        prune_depth: int = 1,
     ) -> None:
         if address is not None:
             from transport.base import split_address
@@ -578,6 +583,10 @@ class Cluster:
         if stall_timeout <= 0:
             raise ValueError(f"stall_timeout must be positive, got {stall_timeout}")
         self.stall_timeout = stall_timeout
+        from actors.scheduler_state import SchedulerConfig
+
+        SchedulerConfig(prune_depth=prune_depth)  # PruneDepthError now, not at start
+        self.prune_depth = prune_depth
         self.pool = pool
         self.saturation = saturation
         self._gc = GcTuning(gc_threshold)
@@ -700,6 +709,7 @@ class Cluster:
                 saturation=self.saturation,
                 policies=self.initial_policies,
                 stall_timeout=self.stall_timeout,
+                prune_depth=self.prune_depth,
             )
             self.gateway_address = await start_local_processes(
                 plane,
@@ -725,6 +735,7 @@ class Cluster:
             provider=provider,
             targets={self.pool: PoolTarget(self.n_workers, spec)},
             stall_timeout=self.stall_timeout,
+            prune_depth=self.prune_depth,
         )
         await self._finish_start(system, plane)
 
@@ -745,6 +756,7 @@ class Cluster:
         plane = await start_control_plane(
             system, saturation=self.saturation, policies=self.initial_policies,
             stall_timeout=self.stall_timeout, drain_period=pool_drain_period(self.pools),
+            prune_depth=self.prune_depth,
         )  # fmt: skip
         if self.processes:
             tokens = Tokens.generate()

@@ -171,9 +171,10 @@ async def start_control_plane(
     targets: dict[str, PoolTarget] | None = None,
     stall_timeout: float = 10.0,
     drain_period: float | None = None,
+    prune_depth: int = 1,
 ) -> ControlPlane:
     """Spawn registry, scheduler, manager and, with a ``provider``, the autoscaler.
-    ``stall_timeout``, ``drain_period``: see
+    ``stall_timeout``, ``drain_period``, ``prune_depth``: see
     :class:`~actors.scheduler_state.SchedulerConfig`.
 
     ``policies`` of kind ``scaling`` go to the autoscaler (started here or later by
@@ -182,6 +183,10 @@ async def start_control_plane(
     refs: dict[str, ActorRef[Any]] = {}
     policies = dict(policies or {})
     scaling = policies.pop("scaling", None)
+    config = SchedulerConfig(
+        saturation=saturation, stall_timeout=stall_timeout, drain_period=drain_period,
+        prune_depth=prune_depth,
+    )  # fmt: skip
     plane = ControlPlane(system, refs, None, [])  # type: ignore[arg-type]
     if scaling is not None:
         plane.scaling = REGISTRY.create("scaling", *scaling)
@@ -190,9 +195,7 @@ async def start_control_plane(
     scheduler = Scheduler(
         lambda: refs["manager"],
         lambda: refs["registry"],
-        config=SchedulerConfig(
-            saturation=saturation, stall_timeout=stall_timeout, drain_period=drain_period
-        ),
+        config=config,
         initial=policies,
     )
     plane.scheduler = scheduler
@@ -1002,6 +1005,7 @@ async def run_manager(
     config: str | os.PathLike[str] | Mapping[str, PoolConfig] | None = None,
     metrics_listen: str | None = None,
     metrics_ready: Callable[[str], None] | None = None,
+    prune_depth: int = 1,
 ) -> None:
     """Run a manager process until SIGINT or SIGTERM: control plane + gateway on
     ``listen`` (``host:port``, ``ws://host:port`` or any transport address).
@@ -1017,7 +1021,11 @@ async def run_manager(
     that keeps each pool's blocks (worker processes on this machine, or Slurm jobs)
     within its limits, with the ``demand`` strategy unless ``policies`` picks another
     scaling policy, and the pools' ``fallback`` in the default retry policy. Without
-    pools it has no autoscaler: workers join it by themselves."""
+    pools it has no autoscaler: workers join it by themselves.
+
+    ``prune_depth``: how far downstream an output's readers must be done before it is
+    dropped (docs/files.md#pruning-depth)."""
+    SchedulerConfig(prune_depth=prune_depth)  # PruneDepthError before anything starts
     pools: Mapping[str, PoolConfig] = {}
     if config is not None:
         pools = config if isinstance(config, Mapping) else load_config(config)
@@ -1041,8 +1049,9 @@ async def run_manager(
         metrics_at = (host.strip("[]"), int(port))
     async with ActorSystem() as system:
         plane = await start_control_plane(
-            system, policies=policies, drain_period=pool_drain_period(pools)
-        )
+            system, policies=policies, drain_period=pool_drain_period(pools),
+            prune_depth=prune_depth,
+        )  # fmt: skip
         from runtime.messages import MetricsReply, MetricsRequest
         from runtime.metrics import metrics_route, serve_metrics
 

@@ -36,7 +36,7 @@ from urllib.parse import urlsplit
 import anyio
 import pytest
 
-from actors.registry import FilesDropped, FileTable
+from actors.registry import DropReplicas, FilesDropped, FileTable
 from actors.scheduler_state import (
     CancelRequested,
     Command,
@@ -439,6 +439,8 @@ class Loop:
         self.state = state
         self.table = FileTable()
         self.dropped: list[Key] = []  #: every key the registry released, in order
+        #: every DropKeys the registry sent, ``(worker, keys)``, in order
+        self.drops: list[tuple[str, tuple[Key, ...]]] = []
 
     def run(self, *events: Event, check: bool = True) -> list[Command]:
         out: list[Command] = []
@@ -448,6 +450,8 @@ class Loop:
             out.extend(cmds)
             for c in of(cmds, FileFacts):
                 for rc in self.table.handle(c.facts):
+                    if isinstance(rc, DropReplicas):
+                        self.drops.append((rc.worker, rc.keys))
                     if isinstance(rc, FilesDropped):
                         self.dropped.extend(rc.keys)
                         todo.append(event(FilesReleased, keys=rc.keys))
@@ -472,6 +476,7 @@ def make_state() -> Iterator[Factory]:
         placement: Any = None,
         retry: Any = None,
         memory: Any = None,
+        replication: Any = None,
         **config: Any,
     ) -> SchedulerState:
         def policy(kind: str, p: Any) -> Any:
@@ -483,6 +488,7 @@ def make_state() -> Iterator[Factory]:
             placement=policy("placement", placement),
             retry=policy("retry", retry),
             memory=policy("memory", memory),
+            replication=policy("replication", replication),
         )
         made.append(state)
         return state
