@@ -30,9 +30,9 @@ facts per key: replicas, size, consumers, wanted) and answers with
 :class:`FilesReleased` events once it dropped an output nobody needs.
 
 Pruning depth (``SchedulerConfig.prune_depth``, docs/files.md): the ``consumers`` a
-fact reports are the active tasks within that many steps downstream (``_holds``; with
-depth 1 the task's own ``consumers``), so the registry keeps an output until they are
-done. Replicas: when a task finishes, the replication policy proposes how many
+fact reports are not 0 while a task within that many steps downstream is active
+(``_holds``; with depth 1 the task's own ``consumers``), so the registry keeps an output
+until they are done. Replicas: when a task finishes, the replication policy proposes how many
 temporary copies its output gets; the core bounds the answer and emits
 :class:`Replicate`, and :class:`ReplicasCopied` adds the copies made to ``who_has``. A
 lost holder of an output kept by its replicas triggers no recompute; a new replica
@@ -1745,25 +1745,28 @@ class SchedulerState:
     # ----------------------------------------------------------------- pruning depth
 
     def _holds(self, ts: TaskState) -> int:
-        """What keeps ``ts``'s output, as the file registry's ``consumers``: the tasks
-        not done (active) within ``prune_depth`` steps downstream of it (with depth 1,
-        its ``consumers``). Depth 0 never lets it go."""
-        depth = self._depth
-        if depth == 0:
-            return max(1, ts.consumers)
+        """What keeps ``ts``'s output, as the file registry's ``consumers``: its own
+        ``consumers`` (active readers), else 1 if a task within ``prune_depth`` steps
+        downstream of it is still active (found breadth first: the search stops at the
+        first), else 0. Depth 0 never lets it go."""
+        if ts.consumers or self._depth == 1:
+            return ts.consumers
+        if self._depth == 0:
+            return 1
         seen: set[TaskState] = set()
-        level = [ts]
-        n = 0
-        for _ in range(depth):
+        level = list(ts.dependents)  # none active: they are the readers, all done
+        for _ in range(self._depth - 1):
             below = []
             for t in level:
                 for d in t.dependents:
-                    if d not in seen:
-                        seen.add(d)
-                        below.append(d)
-                        n += d.state in ACTIVE
+                    if d in seen:
+                        continue
+                    if d.state in ACTIVE:
+                        return 1
+                    seen.add(d)
+                    below.append(d)
             level = below
-        return n
+        return 0
 
     def _upstream_changed(self, ts: TaskState) -> None:
         """``ts`` became active or stopped being: with ``prune_depth`` > 1 the outputs up
