@@ -56,6 +56,7 @@ from actors.scheduler_state import (
 )
 from policies import REGISTRY
 from runtime.graph import Key, Task, TaskRef, build_specs
+from runtime.messages import StatusRequest
 from runtime.node import Gateway, Tokens, run_manager, run_worker
 
 
@@ -90,6 +91,17 @@ async def wait_until(
             return await poll()
     except TimeoutError:
         raise AssertionError(f"timed out after {limit} s waiting for {what}") from None
+
+
+async def worker_statuses(cluster: Any) -> list[Any]:
+    """Each live worker's ``WorkerStatus`` (what it stores), asked of the worker itself
+    (an embedded ``Cluster``'s in-process workers)."""
+    out = []
+    for wid in list(cluster.scheduler_state.workers):
+        ref = cluster._provider.ref(wid)
+        if ref is not None and not ref.stopped:
+            out.append(await ref.ask(StatusRequest()))
+    return out
 
 
 def held_at_gate(gate: str, started: str, limit: float = 60.0) -> str:

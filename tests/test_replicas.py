@@ -49,6 +49,8 @@ from tests.helpers import (
     of,
     run,
     submit,
+    wait_until,
+    worker_statuses,
 )
 
 __all__ = ["make_state"]
@@ -376,6 +378,47 @@ def test_bad_parameters_are_refused(name: str, params: dict[str, Any]) -> None:
         REGISTRY.create("replication", name, params)
 
 
+# ----------------------------------------------------------------------------- a cluster
+
+
+def array(n: int) -> Any:
+    import numpy as np
+
+    return np.ones(n)
+
+
+@pytest.mark.anyio
+async def test_in_a_cluster_a_replica_is_stored_and_dropped_with_its_output() -> None:
+    from runtime import Cluster
+
+    policies = {"replication": ("fixed", {"replicas": 1})}
+    with anyio.fail_after(60):
+        async with Cluster(workers=2, policies=policies) as c:
+            await c.wait_for_workers(2)
+            x = c.submit(array, 1000)
+            assert (await x).sum() == 1000
+
+            async def stored() -> list[int]:
+                return sorted(w.stored for w in await worker_statuses(c))
+
+            async def status() -> dict[str, Any]:
+                return dict((await c.status())["replicas"])
+
+            await wait_until(lambda: _is(status, "made", 1), "the replica", limit=30)
+            assert await stored() == [1, 1]  # the output on both workers
+            x.release()
+            await wait_until(lambda: _is(status, "outputs", 0), "the release", limit=30)
+            await wait_until(lambda: _equal(stored, [0, 0]), "both copies to be dropped", limit=30)
+
+
+async def _is(status: Any, field: str, value: int) -> bool:
+    return bool((await status())[field] == value)
+
+
+async def _equal(get: Any, value: Any) -> bool:
+    return bool(await get() == value)
+
+
 # ----------------------------------------------------------------------------- processes
 
 
@@ -414,7 +457,6 @@ async def test_a_replica_survives_a_kill_9_of_the_original_and_nothing_runs_agai
     tmp_path: Path,
 ) -> None:
     from runtime import Cluster
-    from tests.helpers import wait_until
 
     log = tmp_path / "runs"
     n = 2**18  # 2 MiB
