@@ -872,6 +872,9 @@ class SchedulerState:
         #: workers holding a replica made for it; replicas made, their bytes, copies that
         #: failed, and losses of a holder after which only replicas kept the output
         self.replicas: dict[TaskState, set[str]] = {}
+        #: copies asked for and not answered yet (:class:`Replicate`, until its
+        #: :class:`ReplicasCopied`): key -> {target worker: bytes}
+        self.copying: dict[Key, dict[str, int]] = {}
         self.replicas_made = 0
         self.replica_bytes = 0
         self.replicas_failed = 0
@@ -1801,7 +1804,7 @@ class SchedulerState:
         """Ask the replication policy how many replicas ``ts``'s output (in memory)
         should have, and have the missing ones copied (:class:`Replicate`): at most one
         per other worker, to workers that take new tasks and have memory room for it,
-        the one holding the fewest bytes first."""
+        the one holding the fewest bytes first (copies in flight count: ``copying``)."""
         workers = len(self.workers)
         try:
             view = TaskStateView(ts, self.survival, self._stats_view)
@@ -1811,23 +1814,32 @@ class SchedulerState:
         except Exception as exc:
             self._hook_error(ts.key, f"replication.replicas: {exc!r}")
             return
-        want = min(k, workers - 1) - (len(ts.who_has) - 1)
+        inflight = self.copying.get(ts.key, {})
+        want = min(k, workers - 1) - (len(ts.who_has) - 1) - len(inflight)
         if want <= 0 or not ts.who_has:
             return
         candidates = [
             w
             for w in self.workers.values()
-            if not w.draining and w.id not in ts.who_has and (not w.memory or w.memory >= ts.nbytes)
+            if not w.draining
+            and w.id not in ts.who_has
+            and w.id not in inflight
+            and (not w.memory or w.memory >= ts.nbytes)
         ]
         if not candidates:
             return
         held = {w.id: sum(t.nbytes for t in w.has_what) for w in candidates}
+        for copies in self.copying.values():
+            for wid, nbytes in copies.items():
+                if wid in held:
+                    held[wid] += nbytes
         source = min(ts.who_has)
         fits = sorted(
             (w for w in candidates if not w.memory or held[w.id] + ts.nbytes <= w.memory),
             key=lambda w: (held[w.id], w.id),
         )
         for w in fits[:want]:
+            self.copying.setdefault(ts.key, {})[w.id] = ts.nbytes
             self._log(ts.key, "memory", f"replicate:{source}->{w.id}")
             self._out.append(Replicate(self._stimulus, w.id, source, ((ts.key, ts.nbytes),)))
 
@@ -1836,6 +1848,11 @@ class SchedulerState:
         got = set(ev.got)
         junk = []
         for key in ev.asked:
+            inflight = self.copying.get(key)
+            if inflight is not None:
+                inflight.pop(ev.worker, None)
+                if not inflight:
+                    del self.copying[key]
             if key not in got:
                 self.replicas_failed += 1
                 continue

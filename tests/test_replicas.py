@@ -44,6 +44,7 @@ from tests.helpers import (
     event,
     facts,
     finish,
+    finish_all,
     join,
     make_state,
     of,
@@ -143,6 +144,26 @@ def test_the_core_bounds_the_count_and_picks_workers_with_room(make_state: Facto
     # 5 asked, at most workers - 1 = 4; small has no room, leaving takes nothing new.
     assert sorted(c.worker for c in of(out, Replicate)) == ["w2", "w3"]
     assert all(c.source == "w1" for c in of(out, Replicate))
+
+
+def test_copies_in_flight_count_so_outputs_spread_over_the_workers(
+    make_state: Factory,
+) -> None:
+    s = make_state()
+    join(s, "w1", cores=2)
+    submit(s, {"long-0": [], "long-1": []}, ["long-0", "long-1"])
+    join(s, "w2")
+    join(s, "w3")
+    out = finish_all(s, "w1", ["long-0", "long-1"], duration=40.0, nbytes=10 * MB)
+    # w2 was the emptiest for long-0; with that copy on its way, w3 is for long-1.
+    assert [(c.worker, c.keys[0][0]) for c in of(out, Replicate)] == [
+        ("w2", "long-0"),
+        ("w3", "long-1"),
+    ]
+    assert s.copying == {"long-0": {"w2": 10 * MB}, "long-1": {"w3": 10 * MB}}
+    copied(s, "w2", "long-0")
+    copied(s, "w3", "long-1", got=False)
+    assert s.copying == {} and (s.replicas_made, s.replicas_failed) == (1, 1)
 
 
 def test_losing_the_original_runs_nothing_again_and_restores_the_replica(
