@@ -1793,12 +1793,9 @@ class SchedulerState:
         a task within the pruning depth), each with its own ``remake``."""
         total = 0.0
         for d in ts.deps:
-            if d.state != "memory" or not (d.wanted or self._held(d)):
+            if d.state != "memory" or not (d.wanted or self._holds(d)):
                 total += d.remake
         return total
-
-    def _held(self, ts: TaskState) -> bool:
-        return bool(ts.consumers if self._depth == 1 else self._holds(ts))
 
     def _replicate(self, ts: TaskState, inputs: float) -> None:
         """Ask the replication policy how many replicas ``ts``'s output (in memory)
@@ -1878,7 +1875,7 @@ class SchedulerState:
         output gets new replicas to replace the lost copy."""
         copies = self.replicas[ts]
         copies.discard(wid)
-        if ts.state == "memory" and ts.who_has and (ts.wanted or self._held(ts)):
+        if ts.state == "memory" and ts.who_has and (ts.wanted or self._holds(ts)):
             if ts.who_has <= copies:
                 self.recomputes_avoided += 1
                 self._log(ts.key, "memory", f"kept-by-replica:{min(ts.who_has)}")
