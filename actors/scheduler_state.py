@@ -1876,7 +1876,9 @@ class SchedulerState:
         copies = self.replicas[ts]
         copies.discard(wid)
         if ts.state == "memory" and ts.who_has and (ts.wanted or self._holds(ts)):
-            if ts.who_has <= copies:
+            # Without them it would be made again now if a task or client needs it (an
+            # output kept only by the pruning depth would just be released).
+            if ts.who_has <= copies and (ts.consumers or ts.wanted):
                 self.recomputes_avoided += 1
                 self._log(ts.key, "memory", f"kept-by-replica:{min(ts.who_has)}")
             self._replicate(ts, self._inputs_remake(ts))

@@ -249,12 +249,18 @@ def test_a_failed_copy_is_counted_and_changes_nothing(make_state: Factory) -> No
     assert (s.replicas_made, s.replicas_failed) == (0, 1)
 
 
+def retry_lost() -> Any:
+    """Tries lost with a preempted worker are retried, however often (the kills)."""
+    return REGISTRY.create("retry", "default", {"max_lost": 100})
+
+
 def simulate(
     s: SchedulerState, seed: int, groups: int = 20, fan: int = 5
 ) -> tuple[Counter[Key], int]:
     """Run ``groups`` subgraphs (``fan`` loads -> a skim each -> one merge) on four
     workers, finishing tasks in a seeded random order, and kill a random worker (a
-    replacement joins) at six random points. Copies asked for are made
+    replacement joins) at six random points (preempted: the tasks they ran are tried
+    again, not suspected of killing them). Copies asked for are made
     at once. Checks that no task finished more often than once plus the kills after
     its first finish. Returns how often each task finished ok, and the kills."""
     rng = random.Random(seed)
@@ -297,7 +303,7 @@ def simulate(
             victim = rng.choice(sorted(queues))
             del queues[victim]
             kills += 1
-            carry(run(s, event(WorkerLeft, worker=victim, cause="crash")))
+            carry(run(s, event(WorkerLeft, worker=victim, cause="preempted")))
             queues[f"w{4 + kills}"] = []
             carry(join(s, f"w{4 + kills}", cores=2))
             continue
@@ -320,7 +326,7 @@ def test_seeded_kills_with_replicas_never_make_a_finished_output_again(
 ) -> None:
     """Loads take 40 s: by the default policy they get a replica, and so do the skims
     and merges, whose inputs (pruned once read) cost that much to make again."""
-    s = make_state(replication=REGISTRY.create("replication", *policy))
+    s = make_state(replication=REGISTRY.create("replication", *policy), retry=retry_lost())
     finished, kills = simulate(s, seed)
     assert kills == 6 and len(finished) == 220
     assert set(finished.values()) == {1}  # every task ran to the end once
@@ -331,7 +337,7 @@ def test_seeded_kills_with_replicas_never_make_a_finished_output_again(
 def test_seeded_kills_without_replicas_make_each_lost_output_again_at_most_once_per_loss(
     make_state: Factory, seed: int
 ) -> None:
-    s = make_state(replication="none")
+    s = make_state(replication="none", retry=retry_lost())
     finished, kills = simulate(s, seed)
     assert kills == 6 and len(finished) == 220
     assert sum(finished.values()) > len(finished)  # some were made again
