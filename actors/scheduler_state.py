@@ -843,6 +843,8 @@ class SchedulerState:
         self._stays: Any = None
         self._holder: Any = None
         self._locality_hooks()
+        self._min_cost = 0.0  #: the replication policy's ``min_cost`` (0: ask always)
+        self._replication_floor()
         self.classes: dict[str, bool] = {}  #: category -> is a memory producer
         self.throttled: set[str] = set()  #: workers past their throttle fence
         #: memory admission: the largest memory limit among the workers that take new
@@ -875,6 +877,8 @@ class SchedulerState:
         #: copies asked for and not answered yet (:class:`Replicate`, until its
         #: :class:`ReplicasCopied`): key -> {target worker: bytes}
         self.copying: dict[Key, dict[str, int]] = {}
+        #: bytes of the outputs each worker holds (its ``has_what``), kept as they move
+        self.held_bytes: dict[str, int] = {}
         self.replicas_made = 0
         self.replica_bytes = 0
         self.replicas_failed = 0
@@ -1159,6 +1163,7 @@ class SchedulerState:
                 holder = min(ts.who_has)
                 self._out.append(KeyDone(self._stimulus, ts.key, holder, ts.nbytes))
         ws.has_what.clear()
+        self.held_bytes.pop(ws.id, None)
 
     def _tasks_finished(self, ev: TasksFinished) -> None:
         ws = self.workers.get(ev.worker)
@@ -1236,7 +1241,7 @@ class SchedulerState:
             for wid in ts.who_has:
                 ws = self.workers.get(wid)
                 if ws is not None:
-                    ws.has_what.discard(ts)
+                    self._unheld(ts, ws)
             ts.who_has.clear()
             copies = self.replicas.pop(ts, None)
             if copies:
@@ -1308,6 +1313,8 @@ class SchedulerState:
         self._log("-", "policy", f"{ev.kind}:{getattr(ev.policy, 'name', ev.policy)}")
         if ev.kind == "placement":
             self._locality_hooks()
+        if ev.kind == "replication":
+            self._replication_floor()
         if ev.kind == "memory":
             self.classes = {}  # asked again of the new policy as tasks are re-queued
         if ev.kind in ("priority", "memory"):
@@ -1546,7 +1553,7 @@ class SchedulerState:
         self._add_replica(ts, ws)
         inputs = self._inputs_remake(ts)
         ts.remake = duration + inputs
-        if len(self.workers) > 1:
+        if len(self.workers) > 1 and stat.mean_duration + inputs >= self._min_cost:
             self._replicate(ts, inputs)
         ready = []
         floor = self._floor
@@ -1587,7 +1594,7 @@ class SchedulerState:
             dep.who_has.discard(wid)
             w = self.workers.get(wid)
             if w is not None:
-                w.has_what.discard(dep)
+                self._unheld(dep, w)
             self._files[key] = dep
             if dep in self.replicas:
                 self._holder_gone(dep, wid)
@@ -1738,12 +1745,20 @@ class SchedulerState:
             for wid in t.who_has:
                 w = self.workers.get(wid)
                 if w is not None:
-                    w.has_what.discard(t)
+                    self._unheld(t, w)
 
     def _add_replica(self, ts: TaskState, ws: WorkerState) -> None:
         ts.who_has.add(ws.id)
-        ws.has_what.add(ts)
+        if ts not in ws.has_what:
+            ws.has_what.add(ts)
+            self.held_bytes[ws.id] = self.held_bytes.get(ws.id, 0) + ts.nbytes
         self._files[ts.key] = ts
+
+    def _unheld(self, ts: TaskState, ws: WorkerState) -> None:
+        """``ws`` no longer holds ``ts``'s output (``who_has`` is the caller's)."""
+        if ts in ws.has_what:
+            ws.has_what.discard(ts)
+            self.held_bytes[ws.id] -= ts.nbytes
 
     # ----------------------------------------------------------------- pruning depth
 
@@ -1797,6 +1812,14 @@ class SchedulerState:
                 total += d.remake
         return total
 
+    def _replication_floor(self) -> None:
+        """The replication policy's optional ``min_cost``: below it (the category's
+        mean duration plus the inputs' cost) a finished task's output gets no replica
+        and the policy is not asked. Not a number >= 0: asked always."""
+        floor = getattr(self.policies["replication"], "min_cost", 0.0)
+        ok = isinstance(floor, int | float) and not isinstance(floor, bool) and floor >= 0
+        self._min_cost = float(floor) if ok else 0.0
+
     def _replicate(self, ts: TaskState, inputs: float) -> None:
         """Ask the replication policy how many replicas ``ts``'s output (in memory)
         should have, and have the missing ones copied (:class:`Replicate`): at most one
@@ -1825,7 +1848,7 @@ class SchedulerState:
         ]
         if not candidates:
             return
-        held = {w.id: sum(t.nbytes for t in w.has_what) for w in candidates}
+        held = {w.id: self.held_bytes.get(w.id, 0) for w in candidates}
         for copies in self.copying.values():
             for wid, nbytes in copies.items():
                 if wid in held:
@@ -2401,6 +2424,8 @@ class SchedulerState:
                 assert ts.state == "processing" and ts.worker == wid, ts
             for ts in ws.has_what:
                 assert wid in ts.who_has, (ws, ts)
+            held = sum(ts.nbytes for ts in ws.has_what)
+            assert self.held_bytes.get(wid, 0) == held, (ws, self.held_bytes.get(wid), held)
             # A draining worker is never free, whatever its load.
             assert (wid in self.free) == (not ws.draining and self._is_free(ws)), ws
             # Draining: retired exactly once it runs nothing; retired: told to stop.

@@ -372,7 +372,12 @@ class ReplicationPolicy(Protocol):
     with its own inputs in turn; ``workers`` how many workers the cluster has. The core
     decides: it makes at most ``workers - 1`` replicas (never two on one worker), only
     on workers that take new tasks and have memory room for the output, and drops them
-    with the output when it is released."""
+    with the output when it is released.
+
+    Optional: an attribute ``min_cost`` (seconds). When a task finishes, the core does
+    not ask the policy if its category's mean duration plus ``inputs`` is below it (the
+    answer would be 0): the call is skipped on the hot path. Without it, the policy is
+    asked for every finished task."""
 
     def replicas(self, task: TaskView, inputs: float, workers: int) -> int: ...
 

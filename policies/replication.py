@@ -38,6 +38,7 @@ class RecomputeCost:
             raise ValueError(f"threshold must be >= 0 seconds, got {threshold!r}")
         self.threshold = float(threshold)
         self.count = _count(replicas, "replicas")
+        self.min_cost = self.threshold if self.count else float("inf")
 
     def replicas(self, task: TaskView, inputs: float, workers: int) -> int:
         if workers < 2:
@@ -66,6 +67,7 @@ class NoReplicas:
     """No replicas: a lost output is computed again from its lineage."""
 
     name = "none"
+    min_cost = float("inf")  # never asked
 
     def replicas(self, task: TaskView, inputs: float, workers: int) -> int:
         return 0

@@ -368,6 +368,35 @@ def test_a_bad_answer_is_a_policy_error_and_makes_no_copy(make_state: Factory, p
     assert any(e[0] == "x" and e[1] == "policy-error" for e in s.story_log)
 
 
+class Counting:
+    """One replica always; counts the calls. ``min_cost``: below it, never asked."""
+
+    def __init__(self, min_cost: Any) -> None:
+        self.min_cost = min_cost
+        self.calls = 0
+
+    def replicas(self, task: Any, inputs: float, workers: int) -> int:
+        self.calls += 1
+        return 1
+
+
+@pytest.mark.parametrize(("min_cost", "asked"), [(10.0, ["long-0"]), (0, ["short-0", "long-0"]),
+                                                 ("x", ["short-0", "long-0"])])  # fmt: skip
+def test_below_the_policys_min_cost_it_is_not_asked(
+    make_state: Factory, min_cost: Any, asked: list[str]
+) -> None:
+    policy = Counting(min_cost)
+    s = make_state(replication=policy)
+    join(s, "w1", cores=2)
+    join(s, "w2")
+    submit(s, {"short-0": [], "long-0": []}, ["short-0", "long-0"])
+    made = []
+    for key, duration in (("short-0", 1.0), ("long-0", 20.0)):
+        out = finish(s, s.tasks[key].worker or "", key, duration=duration)
+        made += [c.keys[0][0] for c in of(out, Replicate)]
+    assert made == asked and policy.calls == len(asked)
+
+
 # ----------------------------------------------------------------------------- policies
 
 
