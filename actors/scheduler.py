@@ -36,7 +36,9 @@ from actors.scheduler_state import (
     KeyErred,
     KeysReleased,
     PolicyChanged,
+    ReplicasCopied,
     ReplicasMissing,
+    Replicate,
     RetireWorker,
     SchedulerConfig,
     SchedulerState,
@@ -51,7 +53,7 @@ from actors.scheduler_state import (
 )
 from policies import REGISTRY, PolicyRegistry
 from policies.survival import Survival
-from runtime.errors import ActorStopped
+from runtime.errors import ActorStopped, CorralError
 from runtime.kernel import Actor, ActorRef, Envelope, Later, current_causal_id, handles
 from runtime.messages import (
     MAX_FAILURE_GROUPS_SHOWN,
@@ -62,6 +64,8 @@ from runtime.messages import (
     CategoryMetrics,
     CategoryStatus,
     ConfirmHolds,
+    CopiesReply,
+    CopyFrom,
     DataMissing,
     DrainRequest,
     DropKeys,
@@ -84,6 +88,7 @@ from runtime.messages import (
     RecentTry,
     RegisterWorker,
     ReleaseKeysRequest,
+    ReplicasStatus,
     RunTasks,
     SetPolicyRequest,
     StatusRequest,
@@ -109,6 +114,20 @@ __all__ = ["Scheduler"]
 @message(local=True)
 class _Tick(Message):
     """Scheduler-internal: time passed (the memory watchdog's clock)."""
+
+
+@message(local=True)
+class _Copied(Message):
+    """Scheduler-internal: how a :class:`Replicate` command ended (see
+    ``Scheduler._replicate``)."""
+
+    worker: str
+    asked: tuple[Any, ...]
+    got: tuple[Any, ...]
+
+
+#: seconds a worker may take to copy replicas before the copy counts as failed
+REPLICATE_TIMEOUT = 600.0
 
 
 class Scheduler(Actor):
@@ -192,6 +211,8 @@ class Scheduler(Actor):
                 self._to_worker(cmd.worker, Stop("drained"))
             elif type(cmd) is Evacuate:
                 self._to_worker(cmd.worker, EvacuationPlan(cmd.moves))
+            elif type(cmd) is Replicate:
+                self.start_soon(self._replicate, cmd)
             else:  # pragma: no cover - a new command without a shell is a bug
                 raise TypeError(f"scheduler has no shell for {type(cmd).__name__}")
         if updates:
@@ -208,6 +229,26 @@ class Scheduler(Actor):
             ref.post(msg)
         except ActorStopped:
             self.ref.post(WorkerGone(worker, "crash"))
+
+    async def _replicate(self, cmd: Replicate) -> None:
+        """Have the target copy the outputs from their holder through the copy path of
+        data evacuation (``CopyFrom``), then tell the core what it holds."""
+        got: tuple[Any, ...] = ()
+        ref = self.workers.get(cmd.worker)
+        if ref is not None:
+            try:
+                reply = await ref.ask(CopyFrom(cmd.source, cmd.keys), timeout=REPLICATE_TIMEOUT)
+                if isinstance(reply, CopiesReply):
+                    got = tuple(reply.got)
+            except (CorralError, TimeoutError) as exc:
+                self.log.warning("replicas not copied", worker=cmd.worker, error=str(exc))
+        if not self.ref.mailbox.closed:
+            asked = tuple(key for key, _ in cmd.keys)
+            self.ref.post(_Copied(cmd.worker, asked, got), causal_id=cmd.stimulus_id or None)
+
+    @handles(_Copied)
+    def copied(self, msg: _Copied) -> None:
+        self._handle(ReplicasCopied(*self._ev(), msg.worker, msg.asked, msg.got))
 
     def _ev(self) -> tuple[str, float]:
         return current_causal_id(), self.clock.now()
@@ -351,6 +392,7 @@ class Scheduler(Actor):
             "survival": {pool: _life(st.survival(pool)) for pool in st.pools()},
             "policies": {k: getattr(p, "name", type(p).__name__) for k, p in st.policies.items()},
             "policy_errors": st.policy_errors,
+            "replicas": _replicas(st),
         }
 
     @handles(MetricsRequest)
@@ -383,6 +425,7 @@ class Scheduler(Actor):
             "tasks_by_state": st.by_state,
             "tasks_created": st.created,
             "workers": len(st.workers),
+            "replicas": _replicas(st),
         }
         if msg.details:  # the dashboard's: not for every Prometheus scrape
             out["failure_groups"] = _failure_groups(st, now)
@@ -572,6 +615,13 @@ def _failure_groups(st: SchedulerState, now: float) -> tuple[FailureGroupInfo, .
 def _recent_try(r: TryRecord, category: str, ago: float) -> RecentTry:
     duration = max(r.stop - r.start, 0.0)
     return RecentTry(r.key, category, r.worker, r.outcome, duration, max(ago, 0.0), r.cause or "")
+
+
+def _replicas(st: SchedulerState) -> ReplicasStatus:
+    return ReplicasStatus(
+        st.replicas_made, st.replica_bytes, st.replicas_failed, st.recomputes_avoided,
+        len(st.replicas),
+    )  # fmt: skip
 
 
 def _life(s: Survival) -> PoolLife:

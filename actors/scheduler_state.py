@@ -29,6 +29,15 @@ The file registry learns about outputs through :class:`FileFacts` commands (abso
 facts per key: replicas, size, consumers, wanted) and answers with
 :class:`FilesReleased` events once it dropped an output nobody needs.
 
+Pruning depth (``SchedulerConfig.prune_depth``, docs/files.md): the ``consumers`` a
+fact reports are not 0 while a task within that many steps downstream is active
+(``_holds``; with depth 1 the task's own ``consumers``), so the registry keeps an output
+until they are done. Replicas: when a task finishes, the replication policy proposes how many
+temporary copies its output gets; the core bounds the answer and emits
+:class:`Replicate`, and :class:`ReplicasCopied` adds the copies made to ``who_has``. A
+lost holder of an output kept by its replicas triggers no recompute; a new replica
+replaces the lost copy while the output is needed (``_holder_gone``).
+
 Draining: after :class:`WorkerDraining` a worker gets no new tasks (it is never in
 ``free``); once the tasks it runs have finished, one :class:`RetireWorker` command says
 to stop it. It stays known, serving its outputs, until :class:`WorkerLeft`.
@@ -108,6 +117,7 @@ from policies import (
     MemoryPolicy,
     PlacementPolicy,
     PriorityPolicy,
+    ReplicationPolicy,
     RetryDecision,
     RetryPolicy,
 )
@@ -119,6 +129,7 @@ from runtime.errors import (
     InvalidTransition,
     MemoryStalled,
     MissingKeysError,
+    PruneDepthError,
     TaskCrashedWorkers,
     TaskOutOfMemory,
     TaskTooBigForDisk,
@@ -149,7 +160,9 @@ __all__ = [
     "KeyErred",
     "KeysReleased",
     "PolicyChanged",
+    "ReplicasCopied",
     "ReplicasMissing",
+    "Replicate",
     "RetireWorker",
     "SchedulerConfig",
     "SchedulerState",
@@ -288,6 +301,16 @@ class ReplicasMissing(Event):
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class ReplicasCopied(Event):
+    """The answer to :class:`Replicate`: of the ``asked`` outputs, ``worker`` holds
+    ``got`` now (the others could not be copied)."""
+
+    worker: str
+    asked: tuple[Key, ...]
+    got: tuple[Key, ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class WorkerHeld(Event):
     """A worker that rejoined over a new connection says what it has in hand
     (``active`` keys) and holds (``held``: ``(key, nbytes)``)."""
@@ -395,6 +418,17 @@ class Evacuate(Command):
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class Replicate(Command):
+    """Temporary replicas: ``worker`` copies each output of ``keys``, ``(key, nbytes)``,
+    from ``source`` and keeps it (the copy path of data evacuation); the answer comes
+    back as :class:`ReplicasCopied`."""
+
+    worker: str
+    source: str
+    keys: tuple[tuple[Key, int], ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class RetireWorker(Command):
     """A draining worker has finished its tasks: tell it to stop. It stays known (and
     draining) until it leaves (:class:`WorkerLeft`)."""
@@ -467,6 +501,14 @@ class SchedulerConfig:
     #: finished try and that declares no ``resources={"disk": ...}`` (at most half the
     #: largest disk of its pool, so that a guess alone never keeps a task off every worker)
     unknown_output: int = 16 * 2**20
+    #: how far downstream an output's readers must be done before it is dropped: 1 its
+    #: readers, 2 their readers too, ...; 0 never (see docs/files.md#pruning-depth)
+    prune_depth: int = 1
+
+    def __post_init__(self) -> None:
+        depth = self.prune_depth
+        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 0:
+            raise PruneDepthError(depth)
 
 
 class WorkerState:
@@ -553,6 +595,7 @@ class TaskState:
         "prio",
         "producer",
         "registered",
+        "remake",
         "retries_left",
         "root",
         "sent",
@@ -589,6 +632,9 @@ class TaskState:
         self.disk_wait = ""  #: why it waits for disk, as last told in its story
         self.unneeded = False  #: cancelled only because nothing needed it
         self.registered = False  #: the file registry knows its output
+        #: estimated seconds of work to make its output again from the outputs that are
+        #: kept (its latest try, plus the inputs that are not kept, in turn)
+        self.remake = 0.0
         self.behind = False  #: retried: queue behind fresh work
         self.producer = False  #: a memory producer (as of its latest enqueue)
         self.retries_left = spec.retries  #: user retry budget left
@@ -898,6 +944,7 @@ class SchedulerState:
         placement: PlacementPolicy | None = None,
         retry: RetryPolicy | None = None,
         memory: MemoryPolicy | None = None,
+        replication: ReplicationPolicy | None = None,
     ) -> None:
         self.config = config or SchedulerConfig()
         self.tasks: dict[Key, TaskState] = {}  #: every task not yet forgotten
@@ -919,12 +966,15 @@ class SchedulerState:
             "placement": placement or REGISTRY.create("placement", DEFAULTS["placement"]),
             "retry": retry or REGISTRY.create("retry", DEFAULTS["retry"]),
             "memory": memory or REGISTRY.create("memory", DEFAULTS["memory"]),
+            "replication": replication or REGISTRY.create("replication", DEFAULTS["replication"]),
         }
         #: the placement policy's DataLocality hooks (None: that rule is off)
         self._partner: Any = None
         self._stays: Any = None
         self._holder: Any = None
         self._locality_hooks()
+        self._min_cost = 0.0  #: the replication policy's ``min_cost`` (0: ask always)
+        self._replication_floor()
         self.classes: dict[str, bool] = {}  #: category -> is a memory producer
         self.throttled: set[str] = set()  #: workers past their throttle fence
         #: memory admission: the largest memory limit among the workers that take new
@@ -966,6 +1016,20 @@ class SchedulerState:
         self.failure_groups: dict[tuple[str, str], FailureGroup] = {}
         #: the latest tries that ended: (record, category, core time it ended)
         self.recent_tries: deque[tuple[TryRecord, str, float]] = deque(maxlen=RECENT_TRIES)
+        #: temporary replicas (docs/files.md#replicas): per output in memory, the
+        #: workers holding a replica made for it; replicas made, their bytes, copies that
+        #: failed, and losses of a holder after which only replicas kept the output
+        self.replicas: dict[TaskState, set[str]] = {}
+        #: copies asked for and not answered yet (:class:`Replicate`, until its
+        #: :class:`ReplicasCopied`): key -> {target worker: bytes}
+        self.copying: dict[Key, dict[str, int]] = {}
+        #: bytes of the outputs each worker holds (its ``has_what``), kept as they move
+        self.held_bytes: dict[str, int] = {}
+        self.replicas_made = 0
+        self.replica_bytes = 0
+        self.replicas_failed = 0
+        self.recomputes_avoided = 0
+        self._depth = self.config.prune_depth
         self._seq = itertools.count()
         # Per-handle scratch, flushed into commands at the end of handle().
         self._out: list[Command] = []
@@ -1303,6 +1367,8 @@ class SchedulerState:
         for ts in list(ws.has_what):
             ts.who_has.discard(ws.id)
             self._files[ts.key] = ts
+            if ts in self.replicas:
+                self._holder_gone(ts, ws.id)
             if not ts.who_has and ts.state == "memory":
                 self._output_lost(ts)
             elif ts.wanted and ts.state == "memory":
@@ -1311,6 +1377,7 @@ class SchedulerState:
                 holder = min(ts.who_has)
                 self._out.append(KeyDone(self._stimulus, ts.key, holder, ts.nbytes))
         ws.has_what.clear()
+        self.held_bytes.pop(ws.id, None)
 
     def _tasks_finished(self, ev: TasksFinished) -> None:
         ws = self.workers.get(ev.worker)
@@ -1397,8 +1464,13 @@ class SchedulerState:
             for wid in ts.who_has:
                 ws = self.workers.get(wid)
                 if ws is not None:
-                    ws.has_what.discard(ts)
+                    self._unheld(ts, ws)
             ts.who_has.clear()
+            copies = self.replicas.pop(ts, None)
+            if copies:
+                # The registry may have decided before it heard of them: drop them too.
+                for wid in sorted(copies):
+                    self._out.append(DropData(self._stimulus, wid, (ts.key,)))
             self._set(ts, "released")
             if ts.consumers or ts.wanted:
                 # Needed again since the registry decided (a new submission): recompute.
@@ -1464,6 +1536,8 @@ class SchedulerState:
         self._log("-", "policy", f"{ev.kind}:{getattr(ev.policy, 'name', ev.policy)}")
         if ev.kind == "placement":
             self._locality_hooks()
+        if ev.kind == "replication":
+            self._replication_floor()
         if ev.kind == "memory":
             self.classes = {}  # asked again of the new policy as tasks are re-queued
         if ev.kind in ("priority", "memory"):
@@ -1548,6 +1622,8 @@ class SchedulerState:
             for d in ts.deps:
                 d.consumers += delta
                 self._files[d.key] = d
+            if self._depth > 1:
+                self._upstream_changed(ts)
         ts.state = finish
         self.moves[move] += 1
         queued = _QUEUED_DELTA[move]
@@ -1707,6 +1783,10 @@ class SchedulerState:
             self._flipped.add(category)
         self._set(ts, "memory")
         self._add_replica(ts, ws)
+        inputs = self._inputs_remake(ts)
+        ts.remake = duration + inputs
+        if len(self.workers) > 1 and stat.mean_duration + inputs >= self._min_cost:
+            self._replicate(ts, inputs)
         ready = []
         floor = self._floor
         for dep in ts.dependents:
@@ -1746,8 +1826,10 @@ class SchedulerState:
             dep.who_has.discard(wid)
             w = self.workers.get(wid)
             if w is not None:
-                w.has_what.discard(dep)
+                self._unheld(dep, w)
             self._files[key] = dep
+            if dep in self.replicas:
+                self._holder_gone(dep, wid)
         if dep.state == "memory" and not dep.who_has:
             self._output_lost(dep)
 
@@ -1917,12 +1999,169 @@ class SchedulerState:
             for wid in t.who_has:
                 w = self.workers.get(wid)
                 if w is not None:
-                    w.has_what.discard(t)
+                    self._unheld(t, w)
 
     def _add_replica(self, ts: TaskState, ws: WorkerState) -> None:
         ts.who_has.add(ws.id)
-        ws.has_what.add(ts)
+        if ts not in ws.has_what:
+            ws.has_what.add(ts)
+            self.held_bytes[ws.id] = self.held_bytes.get(ws.id, 0) + ts.nbytes
         self._files[ts.key] = ts
+
+    def _unheld(self, ts: TaskState, ws: WorkerState) -> None:
+        """``ws`` no longer holds ``ts``'s output (``who_has`` is the caller's)."""
+        if ts in ws.has_what:
+            ws.has_what.discard(ts)
+            self.held_bytes[ws.id] -= ts.nbytes
+
+    # ----------------------------------------------------------------- pruning depth
+
+    def _holds(self, ts: TaskState) -> int:
+        """What keeps ``ts``'s output, as the file registry's ``consumers``: its own
+        ``consumers`` (active readers), else 1 if a task within ``prune_depth`` steps
+        downstream of it is still active (found breadth first: the search stops at the
+        first), else 0. Depth 0 never lets it go."""
+        if ts.consumers or self._depth == 1:
+            return ts.consumers
+        if self._depth == 0:
+            return 1
+        seen: set[TaskState] = set()
+        level = list(ts.dependents)  # none active: they are the readers, all done
+        for _ in range(self._depth - 1):
+            below = []
+            for t in level:
+                for d in t.dependents:
+                    if d in seen:
+                        continue
+                    if d.state in ACTIVE:
+                        return 1
+                    seen.add(d)
+                    below.append(d)
+            level = below
+        return 0
+
+    def _upstream_changed(self, ts: TaskState) -> None:
+        """``ts`` became active or stopped being: with ``prune_depth`` > 1 the outputs up
+        to that many steps upstream may be kept or dropped now (facts sent again)."""
+        seen: set[TaskState] = set()
+        level = ts.deps
+        for _ in range(self._depth):
+            above = []
+            for t in level:
+                if t not in seen:
+                    seen.add(t)
+                    self._files[t.key] = t
+                    above.extend(t.deps)
+            level = above
+
+    # ----------------------------------------------------------------- replicas
+
+    def _inputs_remake(self, ts: TaskState) -> float:
+        """Estimated seconds of work to make ``ts``'s inputs again if its output were
+        lost now: those not kept (released, or in memory but neither wanted nor held by
+        a task within the pruning depth), each with its own ``remake``."""
+        total = 0.0
+        for d in ts.deps:
+            if d.state != "memory" or not (d.wanted or self._holds(d)):
+                total += d.remake
+        return total
+
+    def _replication_floor(self) -> None:
+        """The replication policy's optional ``min_cost``: below it (the category's
+        mean duration plus the inputs' cost) a finished task's output gets no replica
+        and the policy is not asked. Not a number >= 0: asked always."""
+        floor = getattr(self.policies["replication"], "min_cost", 0.0)
+        ok = isinstance(floor, int | float) and not isinstance(floor, bool) and floor >= 0
+        self._min_cost = float(floor) if ok else 0.0
+
+    def _replicate(self, ts: TaskState, inputs: float) -> None:
+        """Ask the replication policy how many replicas ``ts``'s output (in memory)
+        should have, and have the missing ones copied (:class:`Replicate`): at most one
+        per other worker, to workers that take new tasks and have memory and disk room for
+        it, the one holding the fewest bytes first (copies in flight count: ``copying``)."""
+        workers = len(self.workers)
+        try:
+            view = TaskStateView(ts, self.survival, self._stats_view)
+            k = self.policies["replication"].replicas(view, inputs, workers)
+            if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+                raise TypeError(f"returned {k!r}, not a whole number >= 0")
+        except Exception as exc:
+            self._hook_error(ts.key, f"replication.replicas: {exc!r}")
+            return
+        inflight = self.copying.get(ts.key, {})
+        want = min(k, workers - 1) - (len(ts.who_has) - 1) - len(inflight)
+        if want <= 0 or not ts.who_has:
+            return
+        candidates = [
+            w
+            for w in self.workers.values()
+            if not w.draining
+            and w.id not in ts.who_has
+            and w.id not in inflight
+            and (not w.memory or w.memory >= ts.nbytes)
+            and _disk_free(w) >= ts.nbytes  # a copy may be spilled: never past its disk
+        ]
+        if not candidates:
+            return
+        held = {w.id: self.held_bytes.get(w.id, 0) for w in candidates}
+        for copies in self.copying.values():
+            for wid, nbytes in copies.items():
+                if wid in held:
+                    held[wid] += nbytes
+        source = min(ts.who_has)
+        fits = sorted(
+            (w for w in candidates if not w.memory or held[w.id] + ts.nbytes <= w.memory),
+            key=lambda w: (held[w.id], w.id),
+        )
+        for w in fits[:want]:
+            self.copying.setdefault(ts.key, {})[w.id] = ts.nbytes
+            self._log(ts.key, "memory", f"replicate:{source}->{w.id}")
+            self._out.append(Replicate(self._stimulus, w.id, source, ((ts.key, ts.nbytes),)))
+
+    def _replicas_copied(self, ev: ReplicasCopied) -> None:
+        ws = self.workers.get(ev.worker)
+        got = set(ev.got)
+        junk = []
+        for key in ev.asked:
+            inflight = self.copying.get(key)
+            if inflight is not None:
+                inflight.pop(ev.worker, None)
+                if not inflight:
+                    del self.copying[key]
+            if key not in got:
+                self.replicas_failed += 1
+                continue
+            ts = self.tasks.get(key)
+            if ws is None:
+                continue  # gone, with the copy
+            if ts is None or ts.state != "memory":
+                junk.append(key)  # released meanwhile: the copy is not needed
+                continue
+            if ws.id in ts.who_has:
+                continue  # it fetched it meanwhile (an input of one of its tasks)
+            self._add_replica(ts, ws)
+            self.replicas.setdefault(ts, set()).add(ws.id)
+            self.replicas_made += 1
+            self.replica_bytes += ts.nbytes
+            self._log(key, "memory", f"replica:{ws.id}")
+        if junk and ws is not None:
+            self._out.append(DropData(self._stimulus, ws.id, tuple(junk)))
+
+    def _holder_gone(self, ts: TaskState, wid: str) -> None:
+        """``wid`` no longer holds ``ts``'s output, which has replicas. If only
+        replicas hold it now and it is still needed, they spared a recompute; a needed
+        output gets new replicas to replace the lost copy."""
+        copies = self.replicas[ts]
+        copies.discard(wid)
+        if ts.state == "memory" and ts.who_has and (ts.wanted or self._holds(ts)):
+            # Without them it would be made again now if a task or client needs it (an
+            # output kept only by the pruning depth would just be released).
+            if ts.who_has <= copies and (ts.consumers or ts.wanted):
+                self.recomputes_avoided += 1
+                self._log(ts.key, "memory", f"kept-by-replica:{min(ts.who_has)}")
+            self._replicate(ts, self._inputs_remake(ts))
+        if not copies or not ts.who_has:
+            del self.replicas[ts]
 
     # ----------------------------------------------------------------- scheduling
 
@@ -2463,8 +2702,9 @@ class SchedulerState:
                     if state != "created":
                         continue
                     ts.registered = True
+                holds = ts.consumers if self._depth == 1 else self._holds(ts)
                 facts.append(
-                    FileFact(key, state, ts.nbytes, tuple(ts.who_has), ts.consumers, ts.wanted > 0)
+                    FileFact(key, state, ts.nbytes, tuple(ts.who_has), holds, ts.wanted > 0)
                 )
             self._out.append(FileFacts(self._stimulus, tuple(facts)))
             self._files = {}
@@ -2535,6 +2775,8 @@ class SchedulerState:
             assert ws.disk_reserved == reserved, (ws, "disk reserved", ws.disk_reserved, reserved)
             for ts in ws.has_what:
                 assert wid in ts.who_has, (ws, ts)
+            held = sum(ts.nbytes for ts in ws.has_what)
+            assert self.held_bytes.get(wid, 0) == held, (ws, self.held_bytes.get(wid), held)
             # A draining worker is never free, whatever its load.
             assert (wid in self.free) == (not ws.draining and self._is_free(ws)), ws
             # Draining: retired exactly once it runs nothing; retired: told to stop.
@@ -2546,6 +2788,8 @@ class SchedulerState:
             else:
                 assert not ws.retired, ws
         assert self.draining <= self.workers.keys(), self.draining
+        for ts, copies in self.replicas.items():
+            assert ts.state == "memory" and copies and copies <= ts.who_has, (ts, copies)
         largest = _largest_per_pool(self.workers.values(), "memory")
         assert self.largest == largest, (self.largest, largest)
         disks = _largest_per_pool(self.workers.values(), "disk")
@@ -2612,6 +2856,7 @@ _DISPATCH: dict[type, Any] = {
     WorkerLeft: SchedulerState._worker_left,
     WorkerHeld: SchedulerState._worker_held,
     ReplicasMissing: SchedulerState._replicas_missing,
+    ReplicasCopied: SchedulerState._replicas_copied,
     TasksFinished: SchedulerState._tasks_finished,
     CancelRequested: SchedulerState._cancel_requested,
     KeysReleased: SchedulerState._keys_released,

@@ -493,7 +493,8 @@ class Simulation:
                 elif t is RetireWorker:
                     assert isinstance(cmd, RetireWorker)
                     self._retire(cmd.worker)
-                # DropData: a simulated worker holds no data; nothing else is expected.
+                # DropData, Replicate: a simulated worker holds no data (no replica is
+                # ever made); nothing else is expected.
 
     def _cancel(self, wid: str, keys: Sequence[Key]) -> None:
         att = self.running.get(wid)

@@ -1,11 +1,12 @@
-"""Swappable decision logic: priority, placement, retry, memory and scaling policies.
+"""Swappable decision logic: priority, placement, retry, memory, replication and scaling
+policies.
 
 Policies are registered by kind and name in :data:`policies.REGISTRY` and created with
 ``REGISTRY.create(kind, name, params)``; actors swap them at runtime on a
 ``SetPolicyRequest`` message. Register your own with ``@policies.register(kind, name)``.
 """
 
-from policies import memory, placement, priority, retry, scaling, survival
+from policies import memory, placement, priority, replication, retry, scaling, survival
 from policies.base import (
     BENIGN_LOSSES,
     KINDS,
@@ -20,6 +21,7 @@ from policies.base import (
     PolicyRegistry,
     PoolView,
     PriorityPolicy,
+    ReplicationPolicy,
     RetryDecision,
     RetryPolicy,
     ScalingPolicy,
@@ -33,6 +35,7 @@ DEFAULTS = {
     "placement": "locality",
     "retry": "default",
     "memory": "producers-yield",
+    "replication": "recompute-cost",
     "scaling": "fixed",
 }
 
@@ -51,6 +54,7 @@ __all__ = [
     "PolicyRegistry",
     "PoolView",
     "PriorityPolicy",
+    "ReplicationPolicy",
     "RetryDecision",
     "RetryPolicy",
     "ScalingPolicy",
@@ -60,6 +64,7 @@ __all__ = [
     "placement",
     "priority",
     "register",
+    "replication",
     "retry",
     "scaling",
     "survival",

@@ -33,6 +33,7 @@ __all__ = [
     "PolicyRegistry",
     "PoolView",
     "PriorityPolicy",
+    "ReplicationPolicy",
     "RetryDecision",
     "RetryPolicy",
     "ScalingPolicy",
@@ -41,7 +42,7 @@ __all__ = [
     "register",
 ]
 
-KINDS = ("priority", "placement", "retry", "memory", "scaling")
+KINDS = ("priority", "placement", "retry", "memory", "replication", "scaling")
 
 RECENT = 256  #: ok tries' durations kept per category for its percentiles
 
@@ -375,6 +376,27 @@ class MemoryPolicy(Protocol):
     def producer(self, category: str, stats: CategoryStats | None, root: bool) -> bool: ...
 
     def yields(self, pressure: bool) -> bool: ...
+
+
+@runtime_checkable
+class ReplicationPolicy(Protocol):
+    """Proposes how many temporary replicas a task's output gets on other workers, so
+    that losing its worker does not mean computing it again (see
+    ``policies/replication.py``). Asked once per output, when its task finishes ok.
+
+    ``inputs`` is the scheduler's estimate, in seconds of work, of remaking the task's
+    inputs that will not be kept (released ones, and those only this task needed), each
+    with its own inputs in turn; ``workers`` how many workers the cluster has. The core
+    decides: it makes at most ``workers - 1`` replicas (never two on one worker), only
+    on workers that take new tasks and have memory room for the output, and drops them
+    with the output when it is released.
+
+    Optional: an attribute ``min_cost`` (seconds). When a task finishes, the core does
+    not ask the policy if its category's mean duration plus ``inputs`` is below it (the
+    answer would be 0): the call is skipped on the hot path. Without it, the policy is
+    asked for every finished task."""
+
+    def replicas(self, task: TaskView, inputs: float, workers: int) -> int: ...
 
 
 Factory = Callable[..., Any]

@@ -186,6 +186,15 @@ def build_parser() -> argparse.ArgumentParser:
         "http://127.0.0.1:9093; overrides [alerting] alertmanager in --config)",
     )
     mgr.add_argument(
+        "--prune-depth",
+        type=int,
+        default=1,
+        metavar="N",
+        help="drop an output from the workers once the tasks that read it are done (1, "
+        "the default), once their readers are done too (2), ...; 0 never "
+        "(docs/files.md#pruning-depth)",
+    )
+    mgr.add_argument(
         "--metrics-listen",
         metavar="HOST:PORT",
         help="also serve Prometheus metrics (GET /metrics) on HOST:PORT without a token "
@@ -497,6 +506,7 @@ def _cmd_manager(args: argparse.Namespace) -> int:
             args.listen, token_file=token_file, ready=ready, config=pools,
             metrics_listen=args.metrics_listen, metrics_ready=metrics_ready, alerting=alerting,
             monitoring=monitoring, monitoring_interval=args.monitoring_interval,
+            prune_depth=args.prune_depth,
         ),
         backend="asyncio",
     )  # fmt: skip

@@ -553,6 +553,10 @@ class Cluster:
     happens to, every ``monitoring_interval`` seconds: tasks, tries, workers, blocks,
     memory and metric samples, alerts (docs/monitoring.md); ``python -m runtime report
     PATH`` makes an HTML report of it. ``None`` (the default): none is written.
+
+    ``prune_depth`` (docs/files.md#pruning-depth): an output is dropped from the
+    workers once the tasks that read it are done (1, the default), or once their own
+    readers are done too (2), and so on; 0 never drops one.
     """
 
     def __init__(
@@ -577,6 +581,7 @@ class Cluster:
         disk_per_worker: int | str | None = None,
         monitoring: str | os.PathLike[str] | None = None,
         monitoring_interval: float = 2.0,
+        prune_depth: int = 1,
     ) -> None:
         if address is not None:
             from transport.base import split_address
@@ -618,6 +623,10 @@ class Cluster:
         if stall_timeout <= 0:
             raise ValueError(f"stall_timeout must be positive, got {stall_timeout}")
         self.stall_timeout = stall_timeout
+        from actors.scheduler_state import SchedulerConfig
+
+        SchedulerConfig(prune_depth=prune_depth)  # PruneDepthError now, not at start
+        self.prune_depth = prune_depth
         self.pool = pool
         self.saturation = saturation
         self._gc = GcTuning(gc_threshold)
@@ -751,6 +760,7 @@ class Cluster:
                 stall_timeout=self.stall_timeout,
                 alerting=self.alerting,
                 **self._monitoring(),
+                prune_depth=self.prune_depth,
             )
             self.gateway_address = await start_local_processes(
                 plane,
@@ -781,6 +791,7 @@ class Cluster:
             stall_timeout=self.stall_timeout,
             alerting=self.alerting,
             **self._monitoring(),
+            prune_depth=self.prune_depth,
         )
         await self._finish_start(system, plane)
 
@@ -808,6 +819,7 @@ class Cluster:
             stall_timeout=self.stall_timeout, drain_period=pool_drain_period(self.pools),
             alerting=self.alerting,
             **self._monitoring(),
+            prune_depth=self.prune_depth,
         )  # fmt: skip
         if self.processes:
             tokens = Tokens.generate()

@@ -888,6 +888,16 @@ def render_status(st: Mapping[str, Any]) -> RenderableType:
         _bytes(sum(rss.values())) if rss else "unknown",
     )
     parts.append(mt)
+    rep: dict[str, Any] = dict(st.get("replicas") or {})
+    if rep.get("made") or rep.get("failed"):
+        parts.append(
+            Text(
+                f"replicas: {rep.get('made', 0)} made "
+                f"({_bytes(rep.get('copied_bytes'), zero='0')} copied), "
+                f"{rep.get('failed', 0)} failed, {rep.get('outputs', 0)} outputs have "
+                f"replicas now, {rep.get('recomputes_avoided', 0)} recomputes avoided"
+            )
+        )
 
     pol = Table(title="policies", title_justify="left")
     pol.add_column("kind")

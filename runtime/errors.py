@@ -790,3 +790,19 @@ class MonitoringDBError(CorralError, ValueError):
             path=path,
             problem=problem,
         )
+
+
+class PruneDepthError(CorralError, ValueError):
+    """``prune_depth`` (``Cluster(prune_depth=...)``, ``--prune-depth``) is not a whole
+    number >= 0."""
+
+    def __init__(self, value: object) -> None:
+        super().__init__(
+            f"prune_depth must be a whole number >= 0, got {value!r}: 1 (the default) drops "
+            "an output once the tasks that read it are done, 2 once their own readers are "
+            "done too, and so on; 0 never drops outputs. See docs/files.md#pruning-depth.",
+            value=value,
+        )
+
+
+__all__ += ["PruneDepthError"]

@@ -579,6 +579,20 @@ class BlockMetrics(Message):
 
 
 @message()
+class ReplicasStatus(Message):
+    """Temporary replicas of outputs (docs/files.md#replicas), from the scheduler's
+    counters: replicas ``made`` and the bytes they copied, copies that ``failed``,
+    ``recomputes_avoided`` (a worker holding an output was lost and only replicas kept
+    it), and the outputs that have replicas now (``outputs``)."""
+
+    made: int = 0
+    copied_bytes: int = 0
+    failed: int = 0
+    recomputes_avoided: int = 0
+    outputs: int = 0
+
+
+@message()
 class MetricsReply(Message):
     """The manager's answer to :class:`MetricsRequest`: per pool (``"*"``: tasks any
     pool may run), per category, failures by cause, tasks by state, and per pool the
@@ -594,6 +608,7 @@ class MetricsReply(Message):
     tasks_by_state: dict[str, int] = dataclasses.field(default_factory=dict)
     tasks_created: int = 0
     workers: int = 0
+    replicas: ReplicasStatus = dataclasses.field(default_factory=ReplicasStatus)
     blocks: dict[str, BlockMetrics] = dataclasses.field(default_factory=dict)
     autoscaler_busy: bool = False
     failure_groups: tuple[FailureGroupInfo, ...] = ()
@@ -828,6 +843,7 @@ class StatusReply(Message):
     policies: dict[str, str] = dataclasses.field(default_factory=dict)
     policy_errors: int = 0
     files: FilesStatus = dataclasses.field(default_factory=FilesStatus)
+    replicas: ReplicasStatus = dataclasses.field(default_factory=ReplicasStatus)
     runs: int = 0
     recent_runs: dict[str, int] = dataclasses.field(default_factory=dict)
     wanted_keys: int = 0
@@ -845,6 +861,7 @@ class StatusReply(Message):
         out["categories"] = {c: stats.to_fields() for c, stats in self.categories.items()}
         out["survival"] = {p: life.to_fields() for p, life in self.survival.items()}
         out["files"] = self.files.to_fields()
+        out["replicas"] = self.replicas.to_fields()
         for name in ("draining", "retired", "throttled"):
             out[name] = list(out[name])
         busy, auto = out.pop("autoscaler_busy"), out.pop("autoscaler")

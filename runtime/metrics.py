@@ -141,6 +141,25 @@ class SnapshotCollector(Collector):
         )
         yield GaugeMetricFamily("corral_workers_connected", "Workers known.", value=snap.workers)
 
+        rep = snap.replicas
+        yield CounterMetricFamily(
+            "corral_replicas", "Temporary replicas of outputs made.", value=rep.made
+        )
+        yield CounterMetricFamily(
+            "corral_replica_bytes", "Bytes copied to make replicas.", value=rep.copied_bytes
+        )
+        yield CounterMetricFamily(
+            "corral_replicas_failed", "Replica copies that failed.", value=rep.failed
+        )
+        yield CounterMetricFamily(
+            "corral_recomputes_avoided",
+            "Outputs whose holder was lost and that only replicas kept (not computed again).",
+            value=rep.recomputes_avoided,
+        )
+        yield GaugeMetricFamily(
+            "corral_replicated_outputs", "Outputs that have replicas now.", value=rep.outputs
+        )
+
         blocks = _gauge(
             "corral_blocks",
             "Worker blocks by state (requested: no answer from the provider yet).",

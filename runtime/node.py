@@ -189,10 +189,11 @@ async def start_control_plane(
     alerting: AlertingConfig | None = DEFAULT_ALERTING,
     monitoring: str | os.PathLike[str] | None = None,
     monitoring_interval: float = 2.0,
+    prune_depth: int = 1,
 ) -> ControlPlane:
     """Spawn registry, scheduler, manager, the alert monitor (unless ``alerting`` is
     None; by default the default rules, logged) and, with a ``provider``, the
-    autoscaler. ``stall_timeout``, ``drain_period``: see
+    autoscaler. ``stall_timeout``, ``drain_period``, ``prune_depth``: see
     :class:`~actors.scheduler_state.SchedulerConfig`. ``monitoring``: the path of a
     monitoring database to write every ``monitoring_interval`` seconds
     (:class:`~runtime.monitordb.MonitorRecorder`, docs/monitoring.md).
@@ -203,6 +204,10 @@ async def start_control_plane(
     refs: dict[str, ActorRef[Any]] = {}
     policies = dict(policies or {})
     scaling = policies.pop("scaling", None)
+    config = SchedulerConfig(
+        saturation=saturation, stall_timeout=stall_timeout, drain_period=drain_period,
+        prune_depth=prune_depth, monitor=monitoring is not None,
+    )  # fmt: skip
     plane = ControlPlane(system, refs, None, [])  # type: ignore[arg-type]
     if scaling is not None:
         plane.scaling = REGISTRY.create("scaling", *scaling)
@@ -211,12 +216,7 @@ async def start_control_plane(
     scheduler = Scheduler(
         lambda: refs["manager"],
         lambda: refs["registry"],
-        config=SchedulerConfig(
-            saturation=saturation,
-            stall_timeout=stall_timeout,
-            drain_period=drain_period,
-            monitor=monitoring is not None,
-        ),
+        config=config,
         initial=policies,
     )
     plane.scheduler = scheduler
@@ -1111,6 +1111,7 @@ async def run_manager(
     alertmanager: str | None = None,
     monitoring: str | os.PathLike[str] | None = None,
     monitoring_interval: float = 2.0,
+    prune_depth: int = 1,
 ) -> None:
     """Run a manager process until SIGINT or SIGTERM: control plane + gateway on
     ``listen`` (``host:port``, ``ws://host:port`` or any transport address).
@@ -1135,7 +1136,11 @@ async def run_manager(
     tables of a ``config`` file, else the default rules, logged
     (:class:`~runtime.errors.AlertConfigError` before anything starts);
     ``alertmanager``: an Alertmanager's base URL to send them to. Each alert's
-    ``dashboard`` link is the manager's own page unless the configuration gives one."""
+    ``dashboard`` link is the manager's own page unless the configuration gives one.
+
+    ``prune_depth``: how far downstream an output's readers must be done before it is
+    dropped (docs/files.md#pruning-depth)."""
+    SchedulerConfig(prune_depth=prune_depth)  # PruneDepthError before anything starts
     pools: Mapping[str, PoolConfig] = {}
     if config is not None:
         pools = config if isinstance(config, Mapping) else load_config(config)
@@ -1168,6 +1173,7 @@ async def run_manager(
         plane = await start_control_plane(
             system, policies=policies, drain_period=pool_drain_period(pools), alerting=alerting,
             monitoring=monitoring, monitoring_interval=monitoring_interval,
+            prune_depth=prune_depth,
         )  # fmt: skip
         from runtime.dashboard import DashboardFeed, dashboard_routes
         from runtime.metrics import metrics_route, serve_metrics

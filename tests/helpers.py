@@ -42,7 +42,7 @@ from urllib.parse import urlsplit
 import anyio
 import pytest
 
-from actors.registry import FilesDropped, FileTable
+from actors.registry import DropReplicas, FilesDropped, FileTable
 from actors.scheduler_state import (
     CancelRequested,
     Command,
@@ -62,6 +62,7 @@ from actors.scheduler_state import (
 )
 from policies import REGISTRY
 from runtime.graph import Key, Task, TaskRef, build_specs
+from runtime.messages import StatusRequest
 from runtime.node import Gateway, Tokens, run_manager, run_worker
 
 
@@ -96,6 +97,17 @@ async def wait_until(
             return await poll()
     except TimeoutError:
         raise AssertionError(f"timed out after {limit} s waiting for {what}") from None
+
+
+async def worker_statuses(cluster: Any) -> list[Any]:
+    """Each live worker's ``WorkerStatus`` (what it stores), asked of the worker itself
+    (an embedded ``Cluster``'s in-process workers)."""
+    out = []
+    for wid in list(cluster.scheduler_state.workers):
+        ref = cluster._provider.ref(wid)
+        if ref is not None and not ref.stopped:
+            out.append(await ref.ask(StatusRequest()))
+    return out
 
 
 def held_at_gate(gate: str, started: str, limit: float = 60.0) -> str:
@@ -510,6 +522,8 @@ class Loop:
         self.state = state
         self.table = FileTable()
         self.dropped: list[Key] = []  #: every key the registry released, in order
+        #: every DropKeys the registry sent, ``(worker, keys)``, in order
+        self.drops: list[tuple[str, tuple[Key, ...]]] = []
 
     def run(self, *events: Event, check: bool = True) -> list[Command]:
         out: list[Command] = []
@@ -519,6 +533,8 @@ class Loop:
             out.extend(cmds)
             for c in of(cmds, FileFacts):
                 for rc in self.table.handle(c.facts):
+                    if isinstance(rc, DropReplicas):
+                        self.drops.append((rc.worker, rc.keys))
                     if isinstance(rc, FilesDropped):
                         self.dropped.extend(rc.keys)
                         todo.append(event(FilesReleased, keys=rc.keys))
@@ -543,6 +559,7 @@ def make_state() -> Iterator[Factory]:
         placement: Any = None,
         retry: Any = None,
         memory: Any = None,
+        replication: Any = None,
         **config: Any,
     ) -> SchedulerState:
         def policy(kind: str, p: Any) -> Any:
@@ -554,6 +571,7 @@ def make_state() -> Iterator[Factory]:
             placement=policy("placement", placement),
             retry=policy("retry", retry),
             memory=policy("memory", memory),
+            replication=policy("replication", replication),
         )
         made.append(state)
         return state

@@ -35,8 +35,8 @@ from runtime.errors import (
     MissingKeysError,
     UnknownPolicyError,
 )
-from runtime.messages import PolicyInfo, StatusRequest
-from tests.helpers import wait_until
+from runtime.messages import PolicyInfo
+from tests.helpers import wait_until, worker_statuses
 
 pytestmark = pytest.mark.anyio
 
@@ -94,16 +94,6 @@ def gated(started: threading.Event, go: threading.Event, value: Any = None) -> A
     if not go.wait(GATE):
         raise TimeoutError("the test never released the gate")
     return value
-
-
-async def worker_statuses(cluster: Cluster) -> list[Any]:
-    """Each live worker's ``WorkerStatus`` (what it stores), asked of the worker itself."""
-    out = []
-    for wid in list(cluster.scheduler_state.workers):
-        ref = cluster._provider.ref(wid)
-        if ref is not None and not ref.stopped:
-            out.append(await ref.ask(StatusRequest()))
-    return out
 
 
 # ----------------------------------------------------------------------------- futures

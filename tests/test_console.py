@@ -261,7 +261,7 @@ async def test_status_shows_workers_pools_tasks_categories_memory_and_policies()
             assert st["categories"]["fail"]["errors"] == 1
             assert st["policies"] == {
                 "priority": "graph", "placement": "locality", "retry": "default",
-                "memory": "producers-yield",
+                "memory": "producers-yield", "replication": "recompute-cost",
             }  # fmt: skip
             assert set(st["processing"]) == {w.id for w in workers}
             assert st["rss"] and all(v > 0 for v in st["rss"].values())  # measured per task
@@ -403,7 +403,7 @@ async def test_policy_list_and_set() -> None:
             assert "memory policy is now blind" in text
             assert {i.kind: i.name for i in await console.policies()} == {
                 "priority": "graph", "placement": "least-loaded", "retry": "default",
-                "memory": "blind",
+                "memory": "blind", "replication": "recompute-cost",
             }  # fmt: skip
 
             with pytest.raises(CorralError, match="no-such"):
@@ -778,7 +778,7 @@ async def test_the_shell_runs_lines_prints_errors_and_completes_words() -> None:
             assert shell.completenames("ex") == ["exit"]
             assert shell.completedefault("", "policy ", 7, 7) == ["list", "set"]
             assert shell.completedefault("", "policy set ", 11, 11) == [
-                "memory", "placement", "priority", "retry",
+                "memory", "placement", "priority", "replication", "retry",
             ]  # fmt: skip
             assert shell.completedefault("r", "policy set placement r", 21, 22) == ["round-robin"]
             assert sorted(shell.completedefault("", "drain ", 6, 6)) == sorted(
