@@ -25,9 +25,11 @@ from actors.autoscaler_state import (
     AutoscalerState,
     BlockEnded,
     BlockRequeued,
+    BlockRunning,
     BlockStarted,
     BlockStartFailed,
     BlockStopped,
+    BlockStuck,
     Command,
     DrainAnswered,
     DrainWorker,
@@ -285,6 +287,13 @@ class Autoscaler(Actor):
                 with contextlib.suppress(ActorStopped):
                     await self.scheduler.tell(WorkerGone(wid, cmd.cause))
             return None
+        if type(cmd) is BlockStuck:
+            self.log.warning(
+                "block not running by its provisioning timeout: scaling it in, replacing it",
+                block=cmd.block, pool=cmd.pool, state=cmd.state, age=round(cmd.age, 1),
+                provisioning_timeout=cmd.timeout,
+            )  # fmt: skip
+            return None
         if type(cmd) is GaveUp:
             self.log.error(
                 "workers keep ending; not replacing them any more",
@@ -315,8 +324,16 @@ class Autoscaler(Actor):
             for bid, b in self.state.blocks.items()
             if (h := self._handles.get(bid)) is not None and h.incarnation > b.incarnation
         ]
-        if requeued:
-            await self._handle(*requeued)
+        running = [
+            BlockRunning(now, bid)
+            for bid, b in self.state.blocks.items()
+            if b.state != "running"
+            and (h := self._handles.get(bid)) is not None
+            and h.state is BlockState.RUNNING
+            and h.incarnation <= b.incarnation
+        ]
+        if requeued or running:
+            await self._handle(*requeued, *running)
         self._note_batch_errors()
         if getattr(self.state.policy, "uses_queues", False):
             try:
@@ -392,7 +409,8 @@ class Autoscaler(Actor):
         """Per pool, its blocks by state and the age of the oldest not running yet."""
         states = {b: self._handles[b].state.value for b in self.state.blocks}
         blocks = self.state.block_metrics(self.clock.now(), states)
-        return {pool: BlockMetrics(**m) for pool, m in blocks.items()}
+        stuck = self.state.stuck
+        return {pool: BlockMetrics(**m, stuck=stuck.get(pool, 0)) for pool, m in blocks.items()}
 
     @handles(StatusRequest)
     def status(self, msg: StatusRequest) -> AutoscalerStatus:

@@ -34,6 +34,19 @@ others (FAILED: ``crash``; MISSING, CANCELLED by someone else, COMPLETED unasked
 within ``replacement_window`` seconds and the pool *gives up* (:class:`GaveUp`) until
 its target is set again or it is resumed.
 
+A block not running yet (requested, pending or held) counts as capacity: the policy's
+proposal includes it, so nothing is asked twice. With a pool's ``provisioning_timeout``
+(:class:`~policies.scaling.PoolLimits`), only until then, counted from its request (or
+from its requeue): a block still not running is *stuck* (:class:`BlockStuck`, counted
+per pool in :attr:`AutoscalerState.stuck`). It stops counting, is scaled in as any
+other (its workers asked to drain, so one that joined meanwhile finishes what it runs;
+stopped once the scheduler knows none of them) and the proposal, asked again, replaces
+it. That is not an unasked end: it spends no replacement budget (the batch system is
+slow, the workers did not fail, and the timeout itself bounds how often it happens).
+A pool that may not ask for a block now (gave up, paused, backing off) keeps its stuck
+blocks: cancelling one would leave nothing in its place. The core learns that a block
+runs from :class:`BlockRunning` (the provider's word; the shell looks every tick).
+
 The batch system not answering (:class:`BlockStartFailed` with ``batch=True``) spends
 no budget: the pool *backs off*, asking again at the provider's ``retry_at`` or after
 its own exponential back-off (``backoff`` doubled per failure in a row, up to
@@ -64,9 +77,11 @@ __all__ = [
     "BlockEnded",
     "BlockRecord",
     "BlockRequeued",
+    "BlockRunning",
     "BlockStartFailed",
     "BlockStarted",
     "BlockStopped",
+    "BlockStuck",
     "Command",
     "DrainAnswered",
     "DrainWorker",
@@ -157,6 +172,14 @@ class BlockRequeued(Event):
     block: str
     incarnation: int
     cause: str = "preempted"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BlockRunning(Event):
+    """The provider says ``block`` (started ``pending`` or ``held``, or requeued) runs
+    now."""
+
+    block: str
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -276,6 +299,20 @@ class BatchProblem:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class BlockStuck(Command):
+    """``block`` of ``pool`` is not running (``state``) ``age`` seconds after its
+    request, past the pool's ``timeout``: it no longer counts and is scaled in (its
+    :class:`DrainWorker` or :class:`StopBlock` follow); the proposal replaces it. For
+    the log and the alerts: nothing to carry out."""
+
+    block: str
+    pool: str
+    state: str
+    age: float
+    timeout: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class GaveUp(Command):
     """``pool``'s workers keep ending (``ended`` in ``window`` seconds): no more
     replacements until its target is set again."""
@@ -314,6 +351,7 @@ class BlockRecord:
     incarnation: int = 1  #: the batch system's run of it (a requeue starts the next)
     sched_drained: bool = False  #: the scheduler was seen draining a worker of it
     since: float = 0.0  #: when it started (or was requeued): its age while not running
+    stuck: bool = False  #: scaled in because it was not running by its provisioning timeout
 
 
 @dataclasses.dataclass(slots=True)
@@ -353,6 +391,7 @@ class AutoscalerState:
         self.ends: deque[BlockEnd] = deque(maxlen=MAX_ENDS)
         self.closing = False
         self.policy_errors = 0
+        self.stuck: dict[str, int] = {}  #: per pool: blocks found stuck (BlockStuck), ever
         self.queued: Mapping[str, int] | None = None
         self.processing: Mapping[str, int] | None = None  #: tasks in hand per worker
         self._ids = itertools.count(1)
@@ -462,7 +501,7 @@ class AutoscalerState:
             return  # stopped on purpose (BlockStopped came first) or unknown
         self.ended += 1
         if b.retiring or self.closing:
-            self._ended(b, ev.state, "drained", False)
+            self._ended(b, ev.state, "stuck" if b.stuck else "drained", False)
             return
         cause, charged = self._cause(b, ev.state)
         self._ended(b, ev.state, cause, charged)
@@ -513,8 +552,18 @@ class AutoscalerState:
         self.errors.pop(ev.pool, None)
 
     def _block_stopped(self, ev: BlockStopped) -> None:
-        if self.blocks.pop(ev.block, None) is not None:
+        b = self.blocks.pop(ev.block, None)
+        if b is not None:
             self.ended += 1
+            if b.stuck:
+                self.ends.append(
+                    BlockEnd(b.block_id, b.pool, ev.state, "stuck", False, self._now, b.incarnation)
+                )
+
+    def _block_running(self, ev: BlockRunning) -> None:
+        b = self.blocks.get(ev.block)
+        if b is not None:
+            b.state = "running"
 
     def _drain_answered(self, ev: DrainAnswered) -> None:
         for b in self.blocks.values():
@@ -576,9 +625,12 @@ class AutoscalerState:
         b.retiring = b.stopping = True
         self._out.append(StopBlock(b.block_id))
 
-    def _retire(self, b: BlockRecord) -> None:
+    def _retire(self, b: BlockRecord, ask: bool = False) -> None:
+        """Scale ``b`` in: drain its workers, or stop it if none of them started (it is
+        pending, or has none). ``ask``: drain a pending block's workers too, so that
+        one that joined since the core last heard runs nothing when it is stopped."""
         b.retiring = True
-        if b.state == "pending" or not b.workers:
+        if not b.workers or (b.state == "pending" and not ask):
             self._stop(b)  # no worker of it started
             return
         for wid in b.workers:
@@ -645,8 +697,24 @@ class AutoscalerState:
             return self.config.max_blocks
         return min(ps.limits.max_blocks, self.config.max_blocks)
 
+    def _unstick(self, ps: PoolState) -> None:
+        """Scale in ``ps``'s blocks not running by its provisioning timeout (only when
+        the pool may ask for their replacements)."""
+        timeout = ps.limits.provisioning_timeout if ps.limits is not None else None
+        if timeout is None or not self._may_request(ps.pool):
+            return
+        for b in sorted(self.live(ps.pool), key=lambda b: b.block_id):
+            if b.state != "running" and self._now - b.since >= timeout:
+                b.stuck = True
+                self.stuck[ps.pool] = self.stuck.get(ps.pool, 0) + 1
+                self._out.append(
+                    BlockStuck(b.block_id, ps.pool, b.state, self._now - b.since, timeout)
+                )
+                self._retire(b, ask=True)
+
     def _converge(self) -> None:
         for ps in self.pools.values():
+            self._unstick(ps)
             live = self.live(ps.pool)
             ps.blocks = len(live)
             ps.requested = sum(1 for p in self.requests.values() if p == ps.pool)
@@ -677,7 +745,7 @@ class AutoscalerState:
             assert b.draining | b.drained | b.unknown <= set(b.workers), b
             assert not (b.draining & b.drained or b.draining & b.unknown), b
             assert not (b.drained & b.unknown), b
-            if b.stopping or b.draining or b.drained or b.unknown:
+            if b.stopping or b.draining or b.drained or b.unknown or b.stuck:
                 assert b.retiring, (b, "scaled in but not retiring")
             if b.retiring and not self.closing and not b.stopping:
                 # A retiring block that is not stopped has its workers draining.
@@ -727,6 +795,7 @@ _DISPATCH: dict[type, Any] = {
     BlockEnded: AutoscalerState._block_ended,
     BlockStopped: AutoscalerState._block_stopped,
     BlockRequeued: AutoscalerState._block_requeued,
+    BlockRunning: AutoscalerState._block_running,
     Resumed: AutoscalerState._resumed,
     DrainAnswered: AutoscalerState._drain_answered,
     QueuesSeen: AutoscalerState._queues_seen,

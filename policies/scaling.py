@@ -27,6 +27,9 @@ class PoolLimits:
     slots_per_block: int = 1  #: tasks a block runs at once (workers x cores per worker)
     max_idletime: float = 120.0  #: seconds a block may stay idle before it is drained
     walltime: float | None = None  #: seconds a block may run (None: no limit known)
+    #: seconds from a block's request after which a block not running yet stops
+    #: counting as capacity and is replaced (None: a pending block counts until it runs)
+    provisioning_timeout: float | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.min_blocks <= self.init_blocks <= self.max_blocks:
@@ -40,6 +43,10 @@ class PoolLimits:
             raise ValueError(f"slots_per_block must be >= 1, got {self.slots_per_block}")
         if self.max_idletime < 0:
             raise ValueError(f"max_idletime must be >= 0, got {self.max_idletime}")
+        if self.provisioning_timeout is not None and not self.provisioning_timeout > 0:
+            raise ValueError(
+                f"provisioning_timeout must be > 0 (None: off), got {self.provisioning_timeout}"
+            )
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

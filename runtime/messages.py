@@ -522,12 +522,14 @@ class BlockMetrics(Message):
     """One pool, from the autoscaler's core: its blocks by state (``requested``: asked of
     the provider, no answer yet; then the provider's words, e.g. pending, running), the
     age of the oldest block not running yet (seconds, 0 with none), its target and the
-    policy's latest proposal."""
+    policy's latest proposal; ``stuck``: blocks ever found not running by the pool's
+    provisioning timeout (and replaced)."""
 
     states: dict[str, int] = dataclasses.field(default_factory=dict)
     oldest_pending: float = 0.0
     target: int = 0
     desired: int = 0
+    stuck: int = 0
 
 
 @message()

@@ -138,13 +138,19 @@ class SnapshotCollector(Collector):
         )
         target = _gauge("corral_blocks_target", "Blocks the user asked for.", pool)
         desired = _gauge("corral_blocks_desired", "Blocks the scaling policy wants.", pool)
+        stuck = _counter(
+            "corral_blocks_stuck",
+            "Blocks not running by the pool's provisioning timeout, scaled in and replaced.",
+            pool,
+        )
         for name, b in sorted(snap.blocks.items()):
             for state, n in sorted(b.states.items()):
                 blocks.add_metric([name, state], n)
             pending.add_metric([name], b.oldest_pending)
             target.add_metric([name], b.target)
             desired.add_metric([name], b.desired)
-        yield from (blocks, pending, target, desired)
+            stuck.add_metric([name], b.stuck)
+        yield from (blocks, pending, target, desired, stuck)
         yield GaugeMetricFamily(
             "corral_autoscaler_busy",
             "1 when the autoscaler did not answer this scrape in time (blocks left out).",

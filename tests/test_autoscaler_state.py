@@ -28,9 +28,11 @@ from actors.autoscaler_state import (
     AutoscalerState,
     BlockEnded,
     BlockRequeued,
+    BlockRunning,
     BlockStarted,
     BlockStartFailed,
     BlockStopped,
+    BlockStuck,
     Command,
     DrainAnswered,
     DrainWorker,
@@ -47,6 +49,7 @@ from actors.autoscaler_state import (
     Tick,
 )
 from policies import PolicyParamsError, PoolView
+from policies.scaling import PoolLimits
 
 SPEC = "spec"  # opaque to the core: handed back in StartBlock
 
@@ -378,6 +381,7 @@ class RandomCluster(RuleBasedStateMachine):
         self.joined: set[str] = set()  #: workers the scheduler knows
         self.drained: set[str] = set()  #: workers the scheduler drains
         self.reported: set[str] = set()  #: blocks reported gone
+        self.running: set[str] = set()  #: blocks that run (their workers may join)
         self.n = 0
 
     def feed(self, ev: Event) -> None:
@@ -397,6 +401,10 @@ class RandomCluster(RuleBasedStateMachine):
                 if cmd.state != "requeued":  # a requeued block lives on
                     self.reported.add(cmd.block)
                 self.joined -= set(cmd.workers)
+            elif isinstance(cmd, BlockStuck):
+                b = self.state.blocks[cmd.block]
+                assert b.stuck and b.retiring and cmd.block not in self.running, cmd
+                assert cmd.age >= cmd.timeout, cmd
             else:
                 assert isinstance(cmd, GaveUp), cmd
         self.state.validate()
@@ -405,9 +413,13 @@ class RandomCluster(RuleBasedStateMachine):
         self.now += dt
         return self.now
 
-    @rule(pool=st.sampled_from(["a", "b"]), n=st.integers(0, 4))
-    def set_target(self, pool: str, n: int) -> None:
-        self.feed(TargetSet(self._later(), pool, n, pool))
+    @rule(
+        pool=st.sampled_from(["a", "b"]), n=st.integers(0, 4),
+        timeout=st.sampled_from([None, 1.0, 3.0]),
+    )  # fmt: skip
+    def set_target(self, pool: str, n: int, timeout: float | None) -> None:
+        limits = PoolLimits(0, 4, 0, provisioning_timeout=timeout)
+        self.feed(TargetSet(self._later(), pool, n, pool, limits))
 
     @precondition(lambda self: self.starts)
     @rule(
@@ -422,15 +434,29 @@ class RandomCluster(RuleBasedStateMachine):
             self.feed(BlockStartFailed(now, cmd.request, "no", batch, "sbatch", None, suspended))
             return
         self.n += 1
-        wids = tuple(f"w-{self.n}.{j}" for j in range(0 if pending else workers or 1))
+        wids = tuple(f"w-{self.n}.{j}" for j in range(workers if pending else workers or 1))
         state = "pending" if pending else "running"
+        if not pending:
+            self.running.add(f"block-{self.n}")
         self.feed(BlockStarted(self._later(), cmd.request, f"block-{self.n}", wids, state))
+
+    @precondition(lambda self: any(b not in self.running for b in self.state.blocks))
+    @rule(i=st.integers(0, 7))
+    def block_runs(self, i: int) -> None:
+        bids = sorted(b for b in self.state.blocks if b not in self.running)
+        bid = bids[i % len(bids)]
+        self.running.add(bid)
+        self.feed(BlockRunning(self._later(), bid))
 
     @precondition(lambda self: any(b.workers for b in self.state.blocks.values()))
     @rule(i=st.integers(0, 7))
     def worker_joins(self, i: int) -> None:
-        wids = sorted(w for b in self.state.blocks.values() for w in b.workers)
-        self.joined.add(wids[i % len(wids)])
+        # Only a worker of a block that runs can join.
+        wids = sorted(
+            w for b in self.state.blocks.values() if b.block_id in self.running for w in b.workers
+        )
+        if wids:
+            self.joined.add(wids[i % len(wids)])
 
     @precondition(lambda self: self.drains)
     @rule(i=st.integers(0, 7))
@@ -476,6 +502,7 @@ class RandomCluster(RuleBasedStateMachine):
     def block_requeued(self, i: int, preempted: bool) -> None:
         b = self.state.blocks[sorted(self.state.blocks)[i % len(self.state.blocks)]]
         cause = "preempted" if preempted else "requeued"
+        self.running.discard(b.block_id)  # pending again
         self.feed(BlockRequeued(self._later(), b.block_id, b.incarnation + 1, cause))
 
     @rule(pool=st.sampled_from(["a", "b"]))
