@@ -369,6 +369,16 @@ class PoolState:
     retiring: int = 0  #: blocks being scaled in
 
 
+def _size(ps: PoolState) -> dict[str, int]:
+    """The size of ``ps``'s blocks and its max_blocks, as ``block_metrics`` gives them."""
+    workers = getattr(ps.spec, "workers", 1)
+    slots = workers * getattr(ps.spec, "threads", 1)
+    if ps.limits is None:
+        return {"slots_per_block": slots, "max_blocks": 0, "workers_per_block": workers}
+    return {"slots_per_block": ps.limits.slots_per_block,
+            "max_blocks": ps.limits.max_blocks, "workers_per_block": workers}  # fmt: skip
+
+
 class AutoscalerState:
     """Targets, blocks requested / running / ended, and the replacement budget."""
 
@@ -383,6 +393,7 @@ class AutoscalerState:
         self.requested_at: dict[int, float] = {}  #: when each request in flight was made
         self.ended = 0  #: blocks that ended (asked or not)
         self.replacements: deque[float] = deque()  #: when unasked ends happened
+        self.failed: dict[str, int] = {}  #: per pool, unasked ends ever (a counter)
         self.gave_up: set[str] = set()  #: pools whose workers kept ending
         self.paused: set[str] = set()  #: pools whose provider stopped submitting
         self.retry_at: dict[str, float] = {}  #: pools backing off: no request before then
@@ -428,10 +439,12 @@ class AutoscalerState:
         """Per pool, the numbers of a ``BlockMetrics`` at ``now``: blocks by state
         (``requested``: no answer from the provider yet; else ``states[block]``, the
         provider's word now, or the core's), and the age of the oldest block that is not
-        running yet (requested, pending or held), counted from its request."""
+        running yet (requested, pending or held), counted from its request; the pool's
+        size and ``max_blocks`` (0: not configured) and its blocks that failed or ended
+        unasked (those that spend the replacement budget), ever."""
         out: dict[str, dict[str, Any]] = {
             pool: {"states": {}, "oldest_pending": 0.0, "target": ps.target,
-                   "desired": ps.desired}
+                   "desired": ps.desired, **_size(ps), "failed": self.failed.get(pool, 0)}
             for pool, ps in self.pools.items()
         }  # fmt: skip
 
@@ -610,6 +623,7 @@ class AutoscalerState:
     # ----------------------------------------------------------------- internals
 
     def _unasked_end(self, pool: str) -> None:
+        self.failed[pool] = self.failed.get(pool, 0) + 1
         self.replacements.append(self._now)
         self._prune()
         if len(self.replacements) > self.config.max_replacements and pool not in self.gave_up:

@@ -456,6 +456,8 @@ class _Record:
     failure: str = ""  #: the first failure seen while not stopping
     failed_worker: str = ""  #: whose failure that was
     live: int = 0  #: children not yet reaped and finished with
+    #: while a pending block waits out the provision delay: cancel it to start nothing
+    waiting: anyio.CancelScope | None = None
 
 
 class LocalProcessProvider(Provider):
@@ -479,7 +481,9 @@ class LocalProcessProvider(Provider):
     autoscaler first): the autoscaler then scales its blocks in while the provider still
     runs, and ``start_block`` on a provider that is closing raises ``RuntimeError``.
 
-    Block states: RUNNING while any of its processes runs; COMPLETED when all exited
+    Block states: PENDING for ``provision_delay`` seconds first, if set (a stand-in for
+    a batch queue's wait, for demos and tests of provisioning); RUNNING while any of its
+    processes runs; COMPLETED when all exited
     with 0; FAILED when one could not start, exited non-zero or was killed by a signal
     while the block was not being stopped (the rest of the block is then stopped, so a
     half-dead block is never counted as live); SCALED_IN when stopped on purpose.
@@ -500,8 +504,13 @@ class LocalProcessProvider(Provider):
         drain: float = 1.0,
         pdeathsig: int | None = signal.SIGTERM,
         log_dir: str | os.PathLike[str] | None = None,
+        provision_delay: float = 0.0,
     ) -> None:
+        if not provision_delay >= 0:
+            raise ValueError(f"provision_delay must be >= 0 seconds, got {provision_delay!r}")
         self.argv_for = argv_for
+        #: seconds a block stays PENDING before its processes start (a batch queue's wait)
+        self.provision_delay = provision_delay
         self.env = dict(env or {})
         self.cwd = cwd
         self.prefix = prefix
@@ -572,6 +581,10 @@ class LocalProcessProvider(Provider):
         already started for the block are stopped and the block is returned FAILED with
         the reason in ``detail``: a failure to start is a block state, not an exception.
         Exceptions from ``argv_for`` propagate.
+
+        With a ``provision_delay``, the block is returned PENDING at once (its worker ids
+        known) and its processes start that many seconds later, in the provider's task
+        group, as a batch system's job would; stopping it meanwhile starts none.
         """
         tg = self._tg
         if tg is None or self._closing:
@@ -583,9 +596,42 @@ class LocalProcessProvider(Provider):
         rec = _Record(block)
         self.blocks[block.block_id] = block
         self._records[block.block_id] = rec
+        if self.provision_delay > 0:
+            block.workers.extend(self._worker_id(n, i, spec.workers) for i in range(spec.workers))
+            rec.waiting = anyio.CancelScope()
+            tg.start_soon(self._provision, rec, n)
+            self._log.info("block pending", block=block.block_id, delay=self.provision_delay)
+        else:
+            await self._launch(rec, n)
+        self.blocks_started += 1
+        changed, self._started_changed = self._started_changed, anyio.Event()
+        changed.set()
+        return block
+
+    def _worker_id(self, n: int, i: int, workers: int) -> str:
+        return f"{self.prefix}-{n}" if workers == 1 else f"{self.prefix}-{n}.{i}"
+
+    async def _provision(self, rec: _Record, n: int) -> None:
+        """A pending block: wait ``provision_delay`` (unless stopped meanwhile), then
+        start its processes."""
+        assert rec.waiting is not None
+        with rec.waiting:
+            await anyio.sleep(self.provision_delay)
+        rec.waiting = None
+        if rec.stopping or self._closing:
+            rec.starting = False
+            self._finish_if_done(rec)
+            return
+        await self._launch(rec, n)
+
+    async def _launch(self, rec: _Record, n: int) -> None:
+        """Spawn the block's processes; RUNNING, or FAILED if one could not start."""
+        tg = self._tg
+        assert tg is not None
+        block, spec = rec.block, rec.block.spec
         try:
             for i in range(spec.workers):
-                wid = f"{self.prefix}-{n}" if spec.workers == 1 else f"{self.prefix}-{n}.{i}"
+                wid = self._worker_id(n, i, spec.workers)
                 argv = list(self.argv_for(block.block_id, i))
                 try:
                     process = await self._spawn(wid, block.block_id, argv)
@@ -597,7 +643,8 @@ class LocalProcessProvider(Provider):
                 child = _Child(wid, process)
                 rec.children.append(child)
                 rec.live += 1
-                block.workers.append(wid)
+                if wid not in block.workers:
+                    block.workers.append(wid)
                 tg.start_soon(self._supervise, rec, child)
         except BaseException:  # cancelled (or argv_for raised) half-way: undo
             rec.starting = False
@@ -616,10 +663,6 @@ class LocalProcessProvider(Provider):
                 pids={c.worker_id: c.process.pid for c in rec.children},
             )
             self._finish_if_done(rec)  # they may all have exited (with 0) already
-        self.blocks_started += 1
-        changed, self._started_changed = self._started_changed, anyio.Event()
-        changed.set()
-        return block
 
     async def stop_block(self, block: Block) -> None:
         """Stop the block's processes (SIGTERM, ``grace``, SIGKILL); SCALED_IN.
@@ -788,6 +831,8 @@ class LocalProcessProvider(Provider):
 
     async def _terminate(self, rec: _Record) -> None:
         """Stop every running process of ``rec`` at once; wait (bounded) for the block."""
+        if rec.waiting is not None:  # pending: start none (_provision ends the block)
+            rec.waiting.cancel()
         self._finish_if_done(rec)
         if rec.ended.is_set():
             return

@@ -11,6 +11,7 @@ modules that raise an error re-export it under the name they always had (for exa
 
 from __future__ import annotations
 
+import difflib
 import signal
 from collections.abc import Hashable, Iterable, Sequence
 from typing import Any
@@ -665,12 +666,8 @@ class PoolConfigError(CorralError, ValueError):
 
     def __init__(self, pool: str, key: str, problem: str, source: str = "") -> None:
         where = f"pool {pool!r}" if pool else "the pool configuration"
-        if source:
-            where += f" in {source}"
-        what = f"key {key!r} " if key else ""
-        end = "" if problem.endswith((".", "?")) else "."
         super().__init__(
-            f"{where}: {what}{problem}{end} See docs/configuration.md#pools for every key.",
+            _refused(where, source, key, problem, "docs/configuration.md#pools for every key"),
             pool=pool,
             key=key,
             problem=problem,
@@ -678,4 +675,47 @@ class PoolConfigError(CorralError, ValueError):
         )
 
 
+def _refused(where: str, source: str, key: str, problem: str, see: str) -> str:
+    """The message of a refused configuration: where (in which file), which key, what is
+    wrong, where to read more."""
+    if source:
+        where += f" in {source}"
+    what = f"key {key!r} " if key else ""
+    end = "" if problem.endswith((".", "?")) else "."
+    return f"{where}: {what}{problem}{end} See {see}."
+
+
 __all__ += ["PoolConfigError"]
+
+
+class AlertConfigError(CorralError, ValueError):
+    """An alert rule (``[[alerts]]`` of the manager's configuration, ``alert add`` in
+    the console, or a rule given as data) or an alerting setting was refused: ``key``
+    of rule ``rule`` (either may be empty for a problem with the whole configuration)
+    and what is wrong with it, with what is allowed and, for a misspelt name (key,
+    metric, label), the closest known one. ``source`` is the file, if any."""
+
+    rule: str
+    key: str
+    problem: str
+    source: str
+
+    def __init__(self, rule: str, key: str, problem: str, source: str = "") -> None:
+        where = f"alert rule {rule!r}" if rule else "the alerting configuration"
+        super().__init__(
+            _refused(where, source, key, problem, "docs/monitoring.md#alert-rules"),
+            rule=rule,
+            key=key,
+            problem=problem,
+            source=source,
+        )
+
+
+def did_you_mean(word: str, choices: Iterable[str], otherwise: str = "") -> str:
+    """The text "; did you mean 'x'?" for the choice closest to ``word`` (else
+    ``otherwise``): for errors about a misspelt name."""
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else otherwise
+
+
+__all__ += ["AlertConfigError", "did_you_mean"]

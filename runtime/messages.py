@@ -522,13 +522,19 @@ class BlockMetrics(Message):
     """One pool, from the autoscaler's core: its blocks by state (``requested``: asked of
     the provider, no answer yet; then the provider's words, e.g. pending, running), the
     age of the oldest block not running yet (seconds, 0 with none), its target and the
-    policy's latest proposal; ``stuck``: blocks ever found not running by the pool's
-    provisioning timeout (and replaced)."""
+    policy's latest proposal; its size (``slots_per_block``: tasks a block runs at once,
+    ``workers_per_block``), its ``max_blocks`` (0: not configured), how many of its
+    blocks ever failed or ended unasked (``failed``) and how many were ever found not
+    running by the pool's provisioning timeout and replaced (``stuck``)."""
 
     states: dict[str, int] = dataclasses.field(default_factory=dict)
     oldest_pending: float = 0.0
     target: int = 0
     desired: int = 0
+    slots_per_block: int = 0
+    max_blocks: int = 0
+    workers_per_block: int = 0
+    failed: int = 0
     stuck: int = 0
 
 

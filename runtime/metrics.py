@@ -15,7 +15,7 @@ metrics.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -26,9 +26,23 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from runtime.messages import MetricsReply
+from runtime.messages import (
+    BlockMetrics,
+    CategoryMetrics,
+    FailureCount,
+    MetricsReply,
+    PoolMetrics,
+)
 
-__all__ = ["READ_ROLES", "SnapshotCollector", "metrics_route", "render", "serve_metrics"]
+__all__ = [
+    "READ_ROLES",
+    "SAMPLE_LABELS",
+    "SnapshotCollector",
+    "metrics_route",
+    "render",
+    "samples",
+    "serve_metrics",
+]
 
 #: the token roles that may read ``/metrics`` on the manager's listener
 READ_ROLES = frozenset({"read", "admin"})
@@ -138,24 +152,70 @@ class SnapshotCollector(Collector):
         )
         target = _gauge("corral_blocks_target", "Blocks the user asked for.", pool)
         desired = _gauge("corral_blocks_desired", "Blocks the scaling policy wants.", pool)
+        failed = _counter(
+            "corral_blocks_failed",
+            "Blocks that failed or ended unasked (crash, vanished; not preempted, walltime).",
+            pool,
+        )
         stuck = _counter(
             "corral_blocks_stuck",
             "Blocks not running by the pool's provisioning timeout, scaled in and replaced.",
             pool,
         )
+        slots = _gauge("corral_pool_slots_per_block", "Tasks one block runs at once.", pool)
+        per_block = _gauge("corral_pool_workers_per_block", "Workers in one block.", pool)
+        most = _gauge("corral_pool_max_blocks", "The pool's max_blocks (0: not configured).", pool)
         for name, b in sorted(snap.blocks.items()):
             for state, n in sorted(b.states.items()):
                 blocks.add_metric([name, state], n)
             pending.add_metric([name], b.oldest_pending)
             target.add_metric([name], b.target)
             desired.add_metric([name], b.desired)
+            failed.add_metric([name], b.failed)
             stuck.add_metric([name], b.stuck)
-        yield from (blocks, pending, target, desired, stuck)
+            slots.add_metric([name], b.slots_per_block)
+            per_block.add_metric([name], b.workers_per_block)
+            most.add_metric([name], b.max_blocks)
+        yield from (blocks, pending, target, desired, failed, stuck, slots, per_block, most)
         yield GaugeMetricFamily(
             "corral_autoscaler_busy",
             "1 when the autoscaler did not answer this scrape in time (blocks left out).",
             value=float(snap.autoscaler_busy),
         )
+
+
+Sample = tuple[str, tuple[tuple[str, str], ...]]
+
+
+def samples(snapshot: MetricsReply) -> dict[Sample, float]:
+    """``snapshot`` as flat samples, ``{(name, sorted (label, value) pairs): value}``,
+    with the sample names ``/metrics`` shows (``_total`` of counters, ``_count`` and
+    ``_sum`` of summaries): what alert rules (``actors/alerts_state.py``) read."""
+    out: dict[Sample, float] = {}
+    for family in SnapshotCollector(snapshot).collect():
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = float(s.value)
+    return out
+
+
+def _every_sample() -> dict[str, frozenset[str]]:
+    """Each sample name ``/metrics`` may show, with its labels: from a snapshot that
+    has one of everything (tests/test_alerts_state.py checks it misses no family)."""
+    snap = MetricsReply(
+        pools={"p": PoolMetrics(wait_quantiles={"0.5": 0.0}, workers={"idle": 0})},
+        categories={"c": CategoryMetrics()},
+        failures=(FailureCount("c", "error", "E", 1),),
+        tasks_by_state={"ready": 1},
+        blocks={"p": BlockMetrics(states={"running": 1})},
+    )
+    labels: dict[str, set[str]] = {}
+    for name, pairs in samples(snap):
+        labels.setdefault(name, set()).update(k for k, _ in pairs)
+    return {name: frozenset(ls) for name, ls in labels.items()}
+
+
+#: every sample name ``/metrics`` may show -> its labels (the names alert rules may use)
+SAMPLE_LABELS: Mapping[str, frozenset[str]] = _every_sample()
 
 
 def render(snapshot: MetricsReply) -> bytes:

@@ -8,6 +8,8 @@ each other.
   joined over ``inproc://`` with the codec on.
 - :class:`Cli`: manager and worker processes started through the CLI, their output read
   all along, stopped at the end.
+- :func:`external_binary` (a program a test needs, e.g. Prometheus or Alertmanager:
+  skipped without it locally, a failure in CI), :func:`free_port`, :func:`http_get`.
 - Builders for tests of the scheduler's pure core: :func:`event`, :func:`run`,
   :func:`submit`, :func:`join`, :func:`finish`, ... and the ``make_state`` fixture (a
   module that uses it imports it by name; it validates every state it made).
@@ -22,11 +24,15 @@ import itertools
 import json
 import os
 import queue
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
@@ -254,6 +260,71 @@ class Cli:
         if procs is None:
             for r in self._readers:
                 r.join(5)  # each closes its pipe at the end of the output
+
+
+# ----------------------------------------------------------------------------- external programs
+
+
+def external_binary(name: str, package: str) -> str:
+    """The path of program ``name`` (from Debian package ``package``). Without it a
+    test skips with how to get it; with ``CI=true`` it fails (.ci/run installs it)."""
+    found = shutil.which(name)
+    if found is None:
+        why = (
+            f"{name} is not installed: on Debian or Ubuntu, `apt-get install -y "
+            f"--no-install-recommends {package}` (or put a `{name}` binary on PATH)"
+        )
+        if os.environ.get("CI") == "true":
+            pytest.fail(why + "; CI must run this test (.ci/run installs it)")
+        pytest.skip(why)
+    return found
+
+
+def http_get(url: str, token: str | None = None) -> tuple[int, str]:
+    """GET ``url`` (with a bearer ``token``), bounded: its status and text."""
+    req = urllib.request.Request(url)
+    if token is not None:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 free just now (for a program that takes no port 0)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_alertmanager(cli: Cli, workdir: Path, port: int | None = None) -> str:
+    """A real Alertmanager on 127.0.0.1 (skipped without it, failing in CI) with a
+    route to a receiver that sends nothing, started by ``cli`` (stopped with it);
+    returns its base URL once it answers ``/-/ready`` (bounded)."""
+    binary = external_binary("prometheus-alertmanager", "prometheus-alertmanager")
+    workdir.mkdir(parents=True, exist_ok=True)
+    config = workdir / "alertmanager.yml"
+    config.write_text('route: {receiver: "null"}\nreceivers: [{name: "null"}]\n')
+    port = port or free_port()
+    proc = cli.spawn(
+        [
+            binary, f"--config.file={config}", f"--storage.path={workdir / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address=",
+        ]
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:  # bounded poll: its HTTP server comes up
+        try:
+            if http_get(url + "/-/ready")[0] == 200:
+                return url
+        except OSError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise AssertionError(f"Alertmanager did not start on {url} (exit {proc.poll()})")
+        time.sleep(0.1)
 
 
 # ----------------------------------------------------------------------------- scheduler core

@@ -5,12 +5,7 @@ rendered in Prometheus' text format, and served by a real manager process on
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import socket
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +33,17 @@ from runtime.messages import (
     PoolMetrics,
 )
 from runtime.metrics import render
-from tests.helpers import GB, Cli, held_at_gate, result, specs_for, wait_until
+from tests.helpers import (
+    GB,
+    Cli,
+    external_binary,
+    free_port,
+    held_at_gate,
+    http_get,
+    result,
+    specs_for,
+    wait_until,
+)
 
 # ----------------------------------------------------------------------------- cores
 
@@ -185,17 +190,6 @@ def test_render_follows_prometheus_names() -> None:
 # ----------------------------------------------------------------------------- a real manager
 
 
-def _get(url: str, token: str | None = None) -> tuple[int, str]:
-    req = urllib.request.Request(url)
-    if token is not None:
-        req.add_header("Authorization", f"Bearer {token}")
-    try:
-        with urllib.request.urlopen(req, timeout=10) as resp:
-            return resp.status, resp.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
-
-
 def _http(address: str) -> str:
     return address.replace("ws://", "http://", 1).rstrip("/") + "/metrics"
 
@@ -206,12 +200,12 @@ def test_a_manager_serves_metrics_to_the_read_token_only(tmp_path: Path) -> None
         _, address = cli.manager()
         tokens = cli.tokens(address)
         url = _http(address)
-        status, body = _get(url)
+        status, body = http_get(url)
         assert status == 401, body
-        status, body = _get(url, "not-a-token-of-this-manager-0123456789abcdef")
+        status, body = http_get(url, "not-a-token-of-this-manager-0123456789abcdef")
         assert status == 403, body
         for role in ("read", "admin"):
-            status, body = _get(url, tokens[role])
+            status, body = http_get(url, tokens[role])
             assert status == 200, body
             got = _samples(body)
             assert got[("corral_tasks_submitted_total", ())] == 0
@@ -226,7 +220,7 @@ def test_metrics_listen_serves_without_a_token_and_counts_workers(tmp_path: Path
         cli.worker(address, "--pool", "cpu")
         deadline = time.monotonic() + 30
         while True:  # bounded poll: the worker's registration reaches the scheduler
-            status, body = _get(url)
+            status, body = http_get(url)
             assert status == 200, body
             got = _samples(body)
             if got.get(("corral_workers_connected", ()), 0) == 1:
@@ -239,38 +233,18 @@ def test_metrics_listen_serves_without_a_token_and_counts_workers(tmp_path: Path
 # ----------------------------------------------------------------------------- a real Prometheus
 
 
-def _prometheus() -> str:
-    """The Prometheus binary; without it the test skips here and fails in CI."""
-    found = shutil.which("prometheus")
-    if found is None:
-        why = (
-            "Prometheus is not installed: on Debian or Ubuntu, `apt-get install -y "
-            "--no-install-recommends prometheus` (or put a `prometheus` binary on PATH)"
-        )
-        if os.environ.get("CI") == "true":
-            pytest.fail(why + "; CI must run this test (.ci/run installs it)")
-        pytest.skip(why)
-    return found
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.mark.slow
 @pytest.mark.anyio
 @pytest.mark.timeout(150)
 async def test_prometheus_scrapes_the_queue_depth_of_a_running_graph(tmp_path: Path) -> None:
-    binary = _prometheus()
+    binary = external_binary("prometheus", "prometheus")
     gate, started = tmp_path / "gate", tmp_path / "started"
     with Cli(tmp_path / "home") as cli:
         _, address = cli.manager()
         read = cli.tokens(address)["read"]
         cli.worker(address, "--cores", "1")
         target = address.removeprefix("ws://").rstrip("/")
-        port = _free_port()
+        port = free_port()
         config = tmp_path / "prometheus.yml"
         config.write_text(
             "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
@@ -297,7 +271,7 @@ async def test_prometheus_scrapes_the_queue_depth_of_a_running_graph(tmp_path: P
                     await wait_until(started.exists, "a task to start", limit=30)
 
                     def depth() -> float:
-                        status, body = _get(f"{api}/query?query=corral_queue_depth")
+                        status, body = http_get(f"{api}/query?query=corral_queue_depth")
                         if status != 200:
                             return 0.0
                         result = json.loads(body)["data"]["result"]
@@ -313,7 +287,7 @@ async def test_prometheus_scrapes_the_queue_depth_of_a_running_graph(tmp_path: P
                     assert seen >= 1
                     gate.touch()
                     assert [await f for f in futures] == ["opened"] * 6
-            status, body = _get(f"{api}/targets")
+            status, body = http_get(f"{api}/targets")
             assert status == 200, body
             health = [t["health"] for t in json.loads(body)["data"]["activeTargets"]]
             assert health == ["up"], body
@@ -333,7 +307,7 @@ def test_a_manager_with_a_pool_exports_its_blocks(tmp_path: Path) -> None:
         url = cli.line_with(proc, "metrics on").split("metrics on", 1)[1].strip()
         deadline = time.monotonic() + 60
         while True:  # bounded poll: the block's worker process starts and joins
-            status, body = _get(url)
+            status, body = http_get(url)
             assert status == 200, body
             got = _samples(body)
             if got.get(("corral_workers", (("pool", "local"), ("state", "idle")))) == 1:

@@ -184,6 +184,31 @@ async def test_exit_code_0_completes_the_block() -> None:
             assert block.detail == "completed: worker-1.0 exit code 0, worker-1.1 exit code 0"
 
 
+async def test_a_provision_delay_holds_the_block_pending_then_starts_it(
+    corral_log: Lines,
+) -> None:
+    delay = 0.5
+    with anyio.fail_after(LIMIT):
+        async with LocalProcessProvider(sleeper(), provision_delay=delay) as provider:
+            t0 = time.monotonic()
+            block = await provider.start_block(BlockSpec(workers=2))
+            assert block.state is BlockState.PENDING
+            assert block.workers == ["worker-1.0", "worker-1.1"]  # known while pending
+            assert provider.pids(block) == {}
+            await wait_until(lambda: block.state is BlockState.RUNNING, "the block to run")
+            assert time.monotonic() - t0 >= delay
+            await wait_ready(corral_log, provider, block)
+            assert set(provider.pids(block)) == {"worker-1.0", "worker-1.1"}
+
+            pending = await provider.start_block(BlockSpec())
+            assert pending.state is BlockState.PENDING
+            await provider.stop_block(pending)  # stopped while pending: nothing starts
+            assert await provider.wait_ended(pending) is BlockState.SCALED_IN
+            assert provider.pids(pending) == {}
+    with pytest.raises(ValueError, match="provision_delay"):
+        LocalProcessProvider(sleeper(), provision_delay=-1)
+
+
 async def test_processes_that_end_while_the_block_starts() -> None:
     """``true`` may exit before its siblings are even spawned: the block still waits."""
     true, false = shutil.which("true"), shutil.which("false")

@@ -1,0 +1,1218 @@
+"""Alert rules' pure core: expressions over the metrics, alert states, remediation.
+
+What lives here: :class:`AlertRule` (a rule as data, :func:`parse_rule` /
+:func:`parse_rules` from TOML tables or dicts), the expression language, and
+:class:`AlertState`, whose ``handle(*events) -> list[Command]`` is the only way to change
+it. No clock, no event loop: :class:`Evaluate` carries ``now`` (wall-clock seconds) and
+the metrics as flat samples, ``{(name, ((label, value), ...)): value}``, exactly the
+names and labels ``GET /metrics`` shows (``runtime.metrics.samples`` makes them from a
+``MetricsReply``). The shell (the alert monitor) evaluates on a timer, sends
+:class:`Notify` to the notifiers, :class:`Scale` to the autoscaler and logs
+:class:`Audit` lines; tests and benchmarks drive it with a virtual clock.
+
+**Expressions** (docs/monitoring.md, "Alert rules")::
+
+    expr    := and ("or" and)*
+    and     := term ("and" term)*
+    term    := "(" expr ")" | vector OP NUMBER          OP: > >= < <= == !=
+    vector  := SELECTOR
+             | "sum" ["by" "(" label, ... ")"] "(" vector ")"
+             | "increase" "(" SELECTOR "[" DURATION "]" ")"
+    SELECTOR:= name ["{" label ("=" | "!=") "text", ... "}"]
+
+A comparison keeps the instances (label sets, e.g. one per pool) whose value passes.
+``a and b`` keeps the instances of ``a`` that agree with an instance of ``b`` on the
+labels both have (a term without labels agrees with all), ``a or b`` adds the instances
+of ``b`` that agree with none of ``a``. ``increase(x[10m])`` is how much counter ``x``
+grew over the latest 10 minutes of the samples this core saw (a drop is a restart of
+the counter, counted from 0).
+
+**States**, per rule and instance: *pending* when the condition starts to hold, *firing*
+once it held for ``for`` seconds (at once with ``for = 0``), *resolved* when it no longer
+holds (``keep_firing_for``: that long after it stopped holding). A pending alert whose
+condition stops holding is dropped without a notification. A resolved alert stays
+visible for ``resolved_for`` seconds, then is forgotten. Each change is a
+:class:`Notify`. When the samples say the autoscaler did not answer
+(``corral_autoscaler_busy`` 1), a rule that reads a metric missing from them is not
+evaluated that time: its alerts keep their state.
+
+Each alert carries ``fields``: per comparison the largest value seen while the alert
+was active and its threshold, and ``threshold_breached`` (1 while pending or firing, 0
+once resolved); for the queue metrics they have the names of the users' own alert
+(``max_queue_size``, ``max_queue_time_mins``, ``queue_size_threshold``,
+``queue_time_threshold``).
+
+**Remediation**: a rule may carry a :class:`ScaleOut` action. While its alert fires and
+its condition holds, the core asks for more blocks of the pool (:class:`Scale`: by N, or
+enough to fit the ready tasks), at most ``max_blocks`` and within ``max_cost``
+worker-hours per hour, then waits ``cooldown`` seconds before the next step: level
+triggered, always bounded. Every decision and every refusal is an :class:`Audit` line
+(who: the rule; what: pool, from -> to blocks; why: the values against the thresholds).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import operator
+import re
+from collections import deque
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
+from typing import Any, Literal
+
+from runtime.errors import AlertConfigError, did_you_mean
+from runtime.messages import AlertInfo
+
+__all__ = [
+    "DEFAULT_RULES",
+    "AlertRule",
+    "AlertState",
+    "Audit",
+    "Command",
+    "Evaluate",
+    "Event",
+    "Expr",
+    "Labels",
+    "Notify",
+    "RuleAdded",
+    "RuleRemoved",
+    "Samples",
+    "Scale",
+    "ScaleDone",
+    "ScaleOut",
+    "parse_duration",
+    "parse_expr",
+    "parse_rule",
+    "parse_rules",
+]
+
+#: a label set, as sorted ``(label, value)`` pairs
+Labels = tuple[tuple[str, str], ...]
+#: metrics as ``GET /metrics`` shows them: ``{(sample name, labels): value}``
+Samples = Mapping[tuple[str, Labels], float]
+#: metric name -> the labels its samples have (``runtime.metrics.SAMPLE_LABELS``)
+MetricNames = Mapping[str, Collection[str]]
+
+#: how long a resolved alert stays visible by default (seconds)
+RESOLVED_FOR = 900.0
+#: samples kept per series for ``increase`` (evaluate at most every window / this)
+MAX_HISTORY = 1000
+#: audit lines kept for the status
+MAX_AUDIT = 200
+
+#: comparisons on these metrics give fields named as in the users' queue alert:
+#: metric -> (field stem, scale, suffix of the max field)
+_FIELD_NAMES: Mapping[str, tuple[str, float, str]] = {
+    "corral_queue_depth": ("queue_size", 1.0, ""),
+    "corral_queue_oldest_wait_seconds": ("queue_time", 1 / 60, "_mins"),
+}
+
+# ----------------------------------------------------------------------------- durations
+
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_DURATION = re.compile(r"(?:\d+(?:\.\d+)?(?:ms|s|m|h|d))+")
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+
+
+def parse_duration(value: object) -> float:
+    """Seconds from a number >= 0 or a text like ``"90s"``, ``"5m"``, ``"1h30m"``
+    (units ms, s, m, h, d); ValueError otherwise."""
+    if isinstance(value, bool):
+        raise ValueError("a number of seconds or a duration like '5m'")
+    if isinstance(value, int | float):
+        if not math.isfinite(value) or value < 0:
+            raise ValueError("a number of seconds >= 0 or a duration like '5m'")
+        return float(value)
+    if isinstance(value, str) and _DURATION.fullmatch(value.strip()):
+        return sum(float(n) * _UNITS[u] for n, u in _DURATION_PART.findall(value))
+    raise ValueError("a number of seconds or a duration like '5m' (units ms, s, m, h, d)")
+
+
+# ----------------------------------------------------------------------------- expressions
+
+
+class _Syntax(Exception):
+    """A problem in an expression, before the rule's name is known."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Selector:
+    """``name{label="v", label2!="w"}``: the samples of ``name`` whose labels match."""
+
+    name: str
+    matchers: tuple[tuple[str, str, str], ...] = ()  #: (label, "=" or "!=", value)
+
+    def matches(self, labels: Labels) -> bool:
+        have = dict(labels)
+        return all((have.get(k, "") == v) == (op == "=") for k, op, v in self.matchers)
+
+    def names(self) -> Iterable[str]:
+        yield self.name
+
+    def stem(self) -> str:
+        return self.name.removeprefix("corral_")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Sum:
+    """``sum by (labels) (vector)``; ``by`` None: ``sum(vector)``, one value."""
+
+    by: tuple[str, ...] | None
+    inner: Vector
+
+    def names(self) -> Iterable[str]:
+        return self.inner.names()
+
+    def stem(self) -> str:
+        return self.inner.stem()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Increase:
+    """``increase(selector[window])``: growth over the latest ``window`` seconds."""
+
+    selector: Selector
+    window: float
+
+    def names(self) -> Iterable[str]:
+        yield self.selector.name
+
+    def stem(self) -> str:
+        return self.selector.stem() + "_increase"
+
+
+Vector = Selector | Sum | Increase
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Compare:
+    """``vector OP threshold``; ``index``: its place among the rule's comparisons;
+    ``text``: the vector as written."""
+
+    vector: Vector
+    op: str
+    threshold: float
+    index: int
+    text: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BoolOp:
+    op: Literal["and", "or"]
+    left: Expr
+    right: Expr
+
+
+Expr = Compare | BoolOp
+
+_OPS: Mapping[str, Callable[[float, float], bool]] = {
+    ">": operator.gt,
+    ">=": operator.ge,
+    "<": operator.lt,
+    "<=": operator.le,
+    "==": operator.eq,
+    "!=": operator.ne,
+}
+
+_TOKEN = re.compile(
+    r"""\s*(?:
+      (?P<duration>\d+(?:\.\d+)?(?:ms|s|m|h|d)(?:\d+(?:\.\d+)?(?:ms|s|m|h|d))*(?![\w.]))
+    | (?P<number>[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)
+    | (?P<name>[A-Za-z_:][A-Za-z0-9_:]*)
+    | (?P<string>"[^"\\]*"|'[^'\\]*')
+    | (?P<op>>=|<=|==|!=|=~|>|<|=)
+    | (?P<punct>[(){}\[\],])
+    )""",
+    re.VERBOSE,
+)
+
+
+class _Parser:
+    """Recursive descent over the tokens of one expression (grammar: module doc)."""
+
+    def __init__(self, text: str, names: MetricNames | None) -> None:
+        self.text = text
+        self.names = names
+        self.tokens: list[tuple[str, str, int]] = []
+        pos = 0
+        while pos < len(text):
+            if text[pos:].strip() == "":
+                break
+            m = _TOKEN.match(text, pos)
+            if m is None or m.lastgroup is None:
+                raise _Syntax(f"cannot read {text[pos:].strip()[:20]!r} at character {pos}")
+            start = m.start(m.lastgroup)
+            self.tokens.append((m.lastgroup, m.group(m.lastgroup), start))
+            pos = m.end()
+        self.i = 0
+        self.compares = 0
+
+    # tokens
+    def peek(self) -> tuple[str, str, int]:
+        if self.i < len(self.tokens):
+            return self.tokens[self.i]
+        return ("end", "", len(self.text))
+
+    def take(self) -> tuple[str, str, int]:
+        tok = self.peek()
+        self.i += 1
+        return tok
+
+    def expect(self, value: str) -> None:
+        kind, got, pos = self.take()
+        if got != value or kind == "string":
+            raise _Syntax(f"expected {value!r} at character {pos}, got {_shown(kind, got)}")
+
+    def at(self, value: str) -> bool:
+        kind, got, _ = self.peek()
+        return got == value and kind in ("name", "punct", "op")
+
+    # grammar
+    def parse(self) -> Expr:
+        if not self.tokens:
+            raise _Syntax("is empty; write e.g. 'corral_queue_depth > 0'")
+        expr = self.or_()
+        kind, got, pos = self.peek()
+        if kind != "end":
+            raise _Syntax(
+                f"unexpected {_shown(kind, got)} at character {pos}; join comparisons "
+                "with 'and' / 'or'"
+            )
+        return expr
+
+    def or_(self) -> Expr:
+        left = self.and_()
+        while self.at("or"):
+            self.take()
+            left = BoolOp("or", left, self.and_())
+        return left
+
+    def and_(self) -> Expr:
+        left = self.term()
+        while self.at("and"):
+            self.take()
+            left = BoolOp("and", left, self.term())
+        return left
+
+    def term(self) -> Expr:
+        if self.at("("):
+            self.take()
+            inner = self.or_()
+            self.expect(")")
+            return inner
+        start = self.peek()[2]
+        vector = self.vector()
+        text = self.text[start : self.peek()[2]].strip()
+        kind, op, pos = self.take()
+        if kind != "op" or op not in _OPS:
+            raise _Syntax(
+                f"expected a comparison (> >= < <= == !=) after {text!r} at character "
+                f"{pos}, got {_shown(kind, op)}"
+            )
+        kind, num, pos = self.take()
+        if kind != "number":
+            raise _Syntax(f"expected a number after {op!r} at character {pos}, got "
+                          f"{_shown(kind, num)}")  # fmt: skip
+        index = self.compares
+        self.compares += 1
+        return Compare(vector, op, float(num), index, text)
+
+    def vector(self) -> Vector:
+        kind, word, _ = self.peek()
+        if kind == "name" and word == "sum":
+            self.take()
+            by: tuple[str, ...] | None = None
+            if self.at("by"):
+                self.take()
+                self.expect("(")
+                labels = []
+                while not self.at(")"):
+                    lk, label, lpos = self.take()
+                    if lk != "name":
+                        raise _Syntax(f"expected a label at character {lpos}, got "
+                                      f"{_shown(lk, label)}")  # fmt: skip
+                    labels.append(label)
+                    if not self.at(")"):
+                        self.expect(",")
+                self.take()
+                by = tuple(labels)
+            self.expect("(")
+            inner = self.vector()
+            self.expect(")")
+            if by is not None:
+                self.check_labels(inner, by)
+            return Sum(by, inner)
+        if kind == "name" and word == "increase":
+            self.take()
+            self.expect("(")
+            sel = self.selector()
+            self.expect("[")
+            dk, dur, dpos = self.take()
+            if dk != "duration":
+                raise _Syntax(f"expected a duration like '10m' at character {dpos}, got "
+                              f"{_shown(dk, dur)}")  # fmt: skip
+            window = parse_duration(dur)
+            if window <= 0:
+                raise _Syntax(f"the window of increase() must be longer than 0, got {dur!r}")
+            self.expect("]")
+            self.expect(")")
+            return Increase(sel, window)
+        return self.selector()
+
+    def selector(self) -> Selector:
+        kind, name, pos = self.take()
+        if kind != "name" or name in ("and", "or", "by"):
+            raise _Syntax(f"expected a metric name at character {pos}, got {_shown(kind, name)}")
+        if self.names is not None and name not in self.names:
+            if name + "_total" in self.names:
+                hint = f"; did you mean {name + '_total'!r}? (a counter's samples end in _total)"
+            else:
+                hint = did_you_mean(name, list(self.names), "; docs/monitoring.md lists them")
+            raise _Syntax(f"names an unknown metric {name!r}{hint}")
+        matchers: list[tuple[str, str, str]] = []
+        if self.at("{"):
+            self.take()
+            while not self.at("}"):
+                lk, label, lpos = self.take()
+                if lk != "name":
+                    raise _Syntax(f"expected a label at character {lpos}, got "
+                                  f"{_shown(lk, label)}")  # fmt: skip
+                self.check_label(name, label)
+                ok, op, opos = self.take()
+                if op not in ("=", "!="):
+                    raise _Syntax(f"expected '=' or '!=' after {label!r} at character {opos}, "
+                                  f"got {_shown(ok, op)}")  # fmt: skip
+                vk, value, vpos = self.take()
+                if vk != "string":
+                    raise _Syntax(f"expected a quoted value at character {vpos}, got "
+                                  f"{_shown(vk, value)}")  # fmt: skip
+                matchers.append((label, op, value[1:-1]))
+                if not self.at("}"):
+                    self.expect(",")
+            self.take()
+        return Selector(name, tuple(matchers))
+
+    def check_label(self, name: str, label: str) -> None:
+        if self.names is None:
+            return
+        known = sorted(self.names[name])
+        if label not in known:
+            have = ", ".join(known) if known else "none"
+            raise _Syntax(
+                f"metric {name!r} has no label {label!r}"
+                + did_you_mean(label, known)
+                + f" (its labels: {have})"
+            )
+
+    def check_labels(self, vector: Vector, labels: Iterable[str]) -> None:
+        for name in vector.names():
+            for label in labels:
+                self.check_label(name, label)
+
+
+def _shown(kind: str, value: str) -> str:
+    return "the end" if kind == "end" else repr(value)
+
+
+def parse_expr(text: str, names: MetricNames | None = None) -> Expr:
+    """The expression ``text``, parsed; ``names``: the known metrics and their labels
+    (None: any). Raises ValueError saying what is wrong where."""
+    try:
+        return _Parser(text, names).parse()
+    except _Syntax as err:
+        raise ValueError(str(err)) from None
+
+
+def compares(expr: Expr) -> list[Compare]:
+    """The comparisons of ``expr``, left to right."""
+    if isinstance(expr, Compare):
+        return [expr]
+    return compares(expr.left) + compares(expr.right)
+
+
+def _vectors(expr: Expr) -> Iterable[Vector]:
+    for c in compares(expr):
+        v: Vector = c.vector
+        while isinstance(v, Sum):
+            yield v
+            v = v.inner
+        yield v
+
+
+# ----------------------------------------------------------------------------- rules
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ScaleOut:
+    """Scale a pool out while the alert fires: ``by`` blocks more than its target, or
+    (``fit``) enough blocks for its ready tasks (``ceil(ready / slots_per_block)`` more
+    than the blocks running and pending). ``pool``: None is the alert's ``pool`` label.
+    Then wait ``cooldown`` seconds. Never above ``max_blocks`` (None: the pool's own)
+    nor ``max_cost`` worker-hours per hour (blocks x workers per block; None: no cap)."""
+
+    by: int | None = None
+    fit: bool = False
+    pool: str | None = None
+    cooldown: float = 300.0
+    max_blocks: int | None = None
+    max_cost: float | None = None
+
+    def __post_init__(self) -> None:
+        if (self.by is None) != self.fit or (self.by is not None and self.by < 1):
+            raise ValueError(f"scale_out needs by >= 1 or fit, not both: got by={self.by!r}, "
+                             f"fit={self.fit!r}")  # fmt: skip
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"fit": True} if self.fit else {"by": self.by}
+        if self.pool is not None:
+            d["pool"] = self.pool
+        d["cooldown"] = self.cooldown
+        if self.max_blocks is not None:
+            d["max_blocks"] = self.max_blocks
+        if self.max_cost is not None:
+            d["max_cost"] = self.max_cost
+        return {"scale_out": d}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class AlertRule:
+    """One rule: ``expr`` (text; ``parsed``: its tree), pending ``for_`` seconds before
+    firing, firing ``keep_firing_for`` seconds after the condition stops holding, the
+    ``labels`` and ``annotations`` its alerts carry, an optional ``action``."""
+
+    name: str
+    expr: str
+    for_: float = 0.0
+    keep_firing_for: float = 0.0
+    labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    annotations: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    action: ScaleOut | None = None
+    parsed: Expr = dataclasses.field(default=None, compare=False, repr=False)  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if self.parsed is None:
+            try:
+                object.__setattr__(self, "parsed", parse_expr(self.expr))
+            except ValueError as err:
+                raise AlertConfigError(self.name, "expr", str(err)) from None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The rule as data: :func:`parse_rule` of it gives it back."""
+        d: dict[str, Any] = {
+            "name": self.name,
+            "expr": self.expr,
+            "for": self.for_,
+            "keep_firing_for": self.keep_firing_for,
+            "labels": dict(self.labels),
+            "annotations": dict(self.annotations),
+        }
+        if self.action is not None:
+            d["action"] = self.action.to_dict()
+        return d
+
+
+RULE_KEYS = ("name", "expr", "for", "keep_firing_for", "labels", "annotations", "action")
+ACTION_KEYS = ("scale_out",)
+SCALE_OUT_KEYS = ("by", "fit", "pool", "cooldown", "max_blocks", "max_cost")
+_RULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
+_LABEL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _unknown(rule: str, key: str, known: Iterable[str], where: str = "") -> AlertConfigError:
+    known = list(known)
+    return AlertConfigError(
+        rule, where + key,
+        f"is unknown{did_you_mean(key, known, '.')} The keys are: {', '.join(known)}",
+    )  # fmt: skip
+
+
+def _strings(rule: str, key: str, value: object) -> dict[str, str]:
+    if not isinstance(value, Mapping):
+        raise AlertConfigError(rule, key, f"must be a table of texts, got {value!r}")
+    out: dict[str, str] = {}
+    for k, v in value.items():
+        if not isinstance(k, str) or not _LABEL_NAME.fullmatch(k):
+            raise AlertConfigError(
+                rule, key, f"names are letters, digits and '_' (not first), got {k!r}"
+            )
+        if not isinstance(v, str):
+            raise AlertConfigError(rule, f"{key}.{k}", f"must be a text, got {v!r}")
+        out[k] = v
+    return out
+
+
+def _seconds(rule: str, key: str, value: object) -> float:
+    try:
+        return parse_duration(value)
+    except ValueError as err:
+        raise AlertConfigError(rule, key, f"must be {err}, got {value!r}") from None
+
+
+def _scale_out(rule: str, raw: object) -> ScaleOut:
+    key = "action.scale_out"
+    if not isinstance(raw, Mapping):
+        raise AlertConfigError(rule, key, f"must be a table (by or fit, ...), got {raw!r}")
+    for k in raw:
+        if k not in SCALE_OUT_KEYS:
+            raise _unknown(rule, str(k), SCALE_OUT_KEYS, key + ".")
+    by, fit = raw.get("by"), raw.get("fit", False)
+    if not isinstance(fit, bool):
+        raise AlertConfigError(rule, key + ".fit", f"must be true or false, got {fit!r}")
+    if (by is None) == (not fit):
+        raise AlertConfigError(
+            rule, key, "needs exactly one of 'by = N' (blocks more) and 'fit = true' (blocks "
+            "to fit the ready tasks)",
+        )  # fmt: skip
+    if by is not None and (isinstance(by, bool) or not isinstance(by, int) or by < 1):
+        raise AlertConfigError(rule, key + ".by", f"must be a whole number >= 1, got {by!r}")
+    pool = raw.get("pool")
+    if pool is not None and (not isinstance(pool, str) or not pool):
+        raise AlertConfigError(rule, key + ".pool", f"must be a pool's name, got {pool!r}")
+    cooldown = _seconds(rule, key + ".cooldown", raw.get("cooldown", 300.0))
+    mb = raw.get("max_blocks")
+    if mb is not None and (isinstance(mb, bool) or not isinstance(mb, int) or mb < 1):
+        raise AlertConfigError(
+            rule, key + ".max_blocks", f"must be a whole number >= 1, got {mb!r}"
+        )
+    cost = raw.get("max_cost")
+    if cost is not None and (
+        isinstance(cost, bool) or not isinstance(cost, int | float) or not cost > 0
+        or not math.isfinite(cost)
+    ):  # fmt: skip
+        raise AlertConfigError(
+            rule, key + ".max_cost", f"must be worker-hours per hour > 0, got {cost!r}"
+        )
+    return ScaleOut(by, fit, pool, cooldown, mb, None if cost is None else float(cost))
+
+
+def parse_rule(raw: Mapping[str, Any], names: MetricNames, name: str | None = None) -> AlertRule:
+    """A rule from its table (keys: ``name``, ``expr``, ``for``, ``keep_firing_for``,
+    ``labels``, ``annotations``, ``action``). ``names``: the metrics an expression may
+    name, with their labels (``runtime.metrics.SAMPLE_LABELS``); ``name``: the rule's
+    name when the table is keyed by it. Raises :class:`AlertConfigError`."""
+    if name is None:
+        name = raw.get("name") if isinstance(raw, Mapping) else None
+    shown = name if isinstance(name, str) else ""
+    if not isinstance(raw, Mapping):
+        raise AlertConfigError(shown, "", f"must be a table of settings, got {raw!r}")
+    for key in raw:
+        if key not in RULE_KEYS:
+            raise _unknown(shown, str(key), RULE_KEYS)
+    if "name" in raw and raw["name"] != name:
+        raise AlertConfigError(shown, "name", f"differs from the table's name {raw['name']!r}")
+    if not isinstance(name, str) or not _RULE_NAME.fullmatch(name):
+        raise AlertConfigError(
+            shown, "name",
+            f"a rule's name is letters, digits, '_', '.' and '-' (not first), got {name!r}",
+        )  # fmt: skip
+    expr = raw.get("expr")
+    if not isinstance(expr, str):
+        raise AlertConfigError(name, "expr", f"must be a text, got {expr!r}")
+    try:
+        parsed = parse_expr(expr, names)
+    except ValueError as err:
+        raise AlertConfigError(name, "expr", str(err)) from None
+    labels = _strings(name, "labels", raw.get("labels", {}))
+    if "alertname" in labels:
+        raise AlertConfigError(name, "labels.alertname", "is the rule's name; leave it out")
+    action = raw.get("action")
+    scale: ScaleOut | None = None
+    if action is not None:
+        if not isinstance(action, Mapping) or not action:
+            raise AlertConfigError(
+                name, "action", f"must be {{scale_out = {{...}}}}, got {action!r}"
+            )
+        for key in action:
+            if key not in ACTION_KEYS:
+                raise _unknown(name, str(key), ACTION_KEYS, "action.")
+        scale = _scale_out(name, action["scale_out"])
+    return AlertRule(
+        name=name,
+        expr=expr,
+        for_=_seconds(name, "for", raw.get("for", 0.0)),
+        keep_firing_for=_seconds(name, "keep_firing_for", raw.get("keep_firing_for", 0.0)),
+        labels=labels,
+        annotations=_strings(name, "annotations", raw.get("annotations", {})),
+        action=scale,
+        parsed=parsed,
+    )
+
+
+def parse_rules(
+    raw: Iterable[Mapping[str, Any]] | Mapping[str, Mapping[str, Any]], names: MetricNames
+) -> list[AlertRule]:
+    """Rules from a list of tables (``[[alerts.rules]]``, each with a ``name``) or a
+    table of tables keyed by name (``[alerts.rules.QueueTime]``); two rules may not
+    share a name. Raises :class:`AlertConfigError`."""
+    if isinstance(raw, Mapping):
+        rules = [parse_rule(v, names, name=str(k)) for k, v in raw.items()]
+    elif isinstance(raw, str | bytes) or not isinstance(raw, Iterable):
+        raise AlertConfigError("", "", f"rules must be a list of tables, got {raw!r}")
+    else:
+        rules = [parse_rule(r, names) for r in raw]
+    seen: set[str] = set()
+    for r in rules:
+        if r.name in seen:
+            raise AlertConfigError(r.name, "name", "is used by two rules; give each its own")
+        seen.add(r.name)
+    return rules
+
+
+#: the rules a manager runs unless configured otherwise (docs/monitoring.md lists them):
+#: they notify only; add ``action = {scale_out = {...}}`` to a copy to remediate
+DEFAULT_RULES: list[dict[str, Any]] = [
+    {
+        "name": "CorralQueueTime",
+        "expr": "corral_queue_depth > 0 and corral_queue_oldest_wait_seconds > 60",
+        "for": "1m",
+        "labels": {"team": "corral", "priority": "P2"},
+        "annotations": {
+            "summary": "Tasks of pool {{ $labels.pool }} wait for a worker",
+            "description": "{{ $value }} ready tasks of pool {{ $labels.pool }}; the oldest "
+            "has waited over a minute, for more than a minute now.",
+        },
+    },
+    {
+        "name": "CorralNoWorkers",
+        "expr": '(corral_queue_depth{pool!="*"} > 0 and sum by (pool) (corral_workers) == 0)'
+        ' or (corral_queue_depth{pool="*"} > 0 and corral_workers_connected == 0)',
+        "for": "2m",
+        "labels": {"team": "corral", "priority": "P2"},
+        "annotations": {
+            "summary": "Pool {{ $labels.pool }} has ready tasks and no worker",
+            "description": "{{ $value }} ready tasks of pool {{ $labels.pool }} and no worker "
+            "to run them for two minutes.",
+        },
+    },
+    {
+        "name": "CorralProvisioningStuck",
+        "expr": "corral_blocks_pending_oldest_seconds > 600",
+        "for": "1m",
+        "labels": {"team": "corral", "priority": "P3"},
+        "annotations": {
+            "summary": "A block of pool {{ $labels.pool }} is not running after 10 minutes",
+            "description": "The oldest block of pool {{ $labels.pool }} not running yet was "
+            "requested {{ $value }} s ago: check the batch system's queue.",
+        },
+    },
+    {
+        "name": "CorralBlocksFailing",
+        "expr": "increase(corral_blocks_failed_total[10m]) >= 3",
+        "labels": {"team": "corral", "priority": "P2"},
+        "annotations": {
+            "summary": "Blocks of pool {{ $labels.pool }} keep failing",
+            "description": "{{ $value }} blocks of pool {{ $labels.pool }} failed or ended "
+            "unasked in the latest 10 minutes.",
+        },
+    },
+    {
+        "name": "CorralMemoryStalled",
+        "expr": "corral_workers_throttled > 0",
+        "for": "5m",
+        "labels": {"team": "corral", "priority": "P3"},
+        "annotations": {
+            "summary": "Workers of pool {{ $labels.pool }} are throttled for memory",
+            "description": "{{ $value }} workers of pool {{ $labels.pool }} have been past "
+            "their throttle fence for five minutes: tasks there wait for memory.",
+        },
+    },
+]
+
+
+# ----------------------------------------------------------------------------- events
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Event:
+    pass
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Evaluate(Event):
+    """Evaluate every rule at ``now`` (wall-clock seconds) on ``samples``."""
+
+    now: float
+    samples: Samples
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RuleAdded(Event):
+    """Start evaluating ``rule``. A rule of the same name is refused unless ``replace``
+    (its alerts then resolve at ``now``)."""
+
+    rule: AlertRule
+    replace: bool = False
+    now: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RuleRemoved(Event):
+    """Stop evaluating rule ``name``: its firing alerts resolve at ``now``, its pending
+    ones are dropped."""
+
+    name: str
+    now: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ScaleDone(Event):
+    """How a :class:`Scale` went: ``ok``, or not and why (``detail``)."""
+
+    pool: str
+    ok: bool
+    detail: str = ""
+    now: float = 0.0
+
+
+# ----------------------------------------------------------------------------- commands
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Command:
+    pass
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Notify(Command):
+    """An alert changed state (pending, firing or resolved): tell the notifiers."""
+
+    alert: AlertInfo
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Scale(Command):
+    """Set ``pool``'s block target to ``target`` (more than it has): rule ``rule``'s
+    action, for ``reason`` (the values against the thresholds)."""
+
+    pool: str
+    target: int
+    rule: str
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Audit(Command):
+    """One line on a remediation decided or refused, or a scale that failed."""
+
+    line: str
+    now: float
+
+
+# ----------------------------------------------------------------------------- state
+
+
+@dataclasses.dataclass(slots=True)
+class _Match:
+    value: float
+    terms: dict[int, float]
+
+
+@dataclasses.dataclass(slots=True)
+class _Alert:
+    rule: str
+    labels: Labels
+    state: Literal["pending", "firing", "resolved"]
+    rule_labels: Mapping[str, str]
+    annotations: Mapping[str, str]
+    active_since: float
+    value: float = 0.0
+    last_true: float = 0.0
+    fired_at: float | None = None
+    resolved_at: float | None = None
+    fields: dict[str, float] = dataclasses.field(default_factory=dict)
+    refused: str = ""  #: the latest refusal audited (said once until it changes)
+
+
+_TEMPLATE = re.compile(r"\{\{\s*\$(labels\.([A-Za-z_][A-Za-z0-9_]*)|value)\s*\}\}")
+
+
+def _number(v: float) -> str:
+    if not math.isfinite(v):
+        return str(v)
+    return f"{v:g}" if v != int(v) or abs(v) >= 1e15 else str(int(v))
+
+
+def _show_labels(labels: Labels) -> str:
+    return "{" + ", ".join(f"{k}={v}" for k, v in labels) + "}" if labels else ""
+
+
+class AlertState:
+    """The rules, their alerts, the history ``increase`` reads, the remediation audit."""
+
+    def __init__(
+        self,
+        rules: Iterable[AlertRule] = (),
+        *,
+        resolved_for: float = RESOLVED_FOR,
+        max_audit: int = MAX_AUDIT,
+    ) -> None:
+        self.rules: dict[str, AlertRule] = {}  #: by name, in the order added
+        self.resolved_for = resolved_for
+        self.audit: deque[Audit] = deque(maxlen=max_audit)  #: the latest audit lines
+        self._alerts: dict[tuple[str, Labels], _Alert] = {}
+        self._history: dict[tuple[str, Labels], deque[tuple[float, float]]] = {}
+        self._last_scale: dict[str, float] = {}  #: pool -> when an action last scaled it
+        self._out: list[Command] = []
+        for rule in rules:
+            self._add(rule, False, 0.0)
+
+    # ----------------------------------------------------------------- API
+
+    def handle(self, *events: Event) -> list[Command]:
+        """Apply ``events`` in order; return the commands to carry out."""
+        for ev in events:
+            if isinstance(ev, Evaluate):
+                self._evaluate(ev.now, ev.samples)
+            elif isinstance(ev, RuleAdded):
+                self._add(ev.rule, ev.replace, ev.now)
+            elif isinstance(ev, RuleRemoved):
+                self._remove(ev.name, ev.now)
+            elif isinstance(ev, ScaleDone):
+                if not ev.ok:
+                    self._audit(f"scale-out of pool {ev.pool} failed: {ev.detail}", ev.now)
+            else:
+                raise TypeError(f"AlertState cannot handle {type(ev).__name__}")
+        out, self._out = self._out, []
+        return out
+
+    def alerts(self) -> list[AlertInfo]:
+        """The alerts pending, firing or resolved lately, by rule and labels."""
+        return [self._info(a) for _, a in sorted(self._alerts.items())]
+
+    # ----------------------------------------------------------------- rules
+
+    def _add(self, rule: AlertRule, replace: bool, now: float) -> None:
+        if rule.name in self.rules:
+            if not replace:
+                raise AlertConfigError(
+                    rule.name, "name", "is a rule already; remove it first or replace it"
+                )
+            self._remove(rule.name, now)
+        self.rules[rule.name] = rule
+
+    def _remove(self, name: str, now: float) -> None:
+        if self.rules.pop(name, None) is None:
+            raise AlertConfigError(
+                name, "", f"there is no such rule (the rules: {', '.join(self.rules) or 'none'})"
+                + did_you_mean(name, list(self.rules)),
+            )  # fmt: skip
+        for key, a in list(self._alerts.items()):
+            if a.rule != name:
+                continue
+            if a.state == "pending":
+                del self._alerts[key]
+            elif a.state == "firing":
+                self._resolve(a, now)
+
+    # ----------------------------------------------------------------- evaluation
+
+    def _evaluate(self, now: float, samples: Samples) -> None:
+        self._record(now, samples)
+        by_name: dict[str, list[tuple[Labels, float]]] = {}
+        for (name, labels), v in samples.items():
+            by_name.setdefault(name, []).append((labels, v))
+        busy = samples.get(("corral_autoscaler_busy", ()), 0.0) >= 1
+        for rule in self.rules.values():
+            if busy and any(n not in by_name for v in _vectors(rule.parsed) for n in v.names()):
+                continue  # the autoscaler did not answer: its series are unknown, not gone
+            matches = self._expr(rule.parsed, by_name, now)
+            self._step(rule, matches, now, samples)
+        for key, a in list(self._alerts.items()):
+            done = a.resolved_at is not None and now - a.resolved_at >= self.resolved_for
+            if a.state == "resolved" and done:
+                del self._alerts[key]
+
+    def _step(
+        self, rule: AlertRule, matches: dict[Labels, _Match], now: float, samples: Samples
+    ) -> None:
+        terms = {c.index: c for c in compares(rule.parsed)}
+        for labels, m in matches.items():
+            key = (rule.name, labels)
+            a = self._alerts.get(key)
+            if a is None or a.state == "resolved":
+                a = self._alerts[key] = _Alert(
+                    rule.name, labels, "pending", rule.labels, rule.annotations, now
+                )
+                self._seed_fields(a, terms)
+                new = True
+            else:
+                new = False
+            a.value, a.last_true = m.value, now
+            for i, v in m.terms.items():
+                self._field_max(a, terms[i], v)
+            if a.state == "pending" and now - a.active_since >= rule.for_:
+                a.state, a.fired_at = "firing", now
+                self._notify(a)
+            elif new:
+                self._notify(a)
+            if a.state == "firing" and rule.action is not None:
+                self._act(rule, rule.action, a, m, terms, now, samples)
+        for key, a in list(self._alerts.items()):
+            if a.rule != rule.name or a.labels in matches:
+                continue
+            if a.state == "pending":
+                del self._alerts[key]
+            elif a.state == "firing" and now - a.last_true >= rule.keep_firing_for:
+                self._resolve(a, now)
+
+    def _resolve(self, a: _Alert, now: float) -> None:
+        a.state, a.resolved_at = "resolved", now
+        a.fields["threshold_breached"] = 0.0
+        self._notify(a)
+
+    def _notify(self, a: _Alert) -> None:
+        self._out.append(Notify(self._info(a)))
+
+    def _info(self, a: _Alert) -> AlertInfo:
+        labels = {"alertname": a.rule, **dict(a.labels), **a.rule_labels}
+        value = _number(a.value)
+
+        def fill(m: re.Match[str]) -> str:
+            return value if m.group(2) is None else labels.get(m.group(2), "")
+
+        return AlertInfo(
+            name=a.rule,
+            state=a.state,
+            labels=labels,
+            annotations={k: _TEMPLATE.sub(fill, v) for k, v in a.annotations.items()},
+            value=a.value,
+            active_since=a.active_since,
+            fired_at=a.fired_at,
+            resolved_at=a.resolved_at,
+            fields=dict(a.fields),
+        )
+
+    # ----------------------------------------------------------------- fields
+
+    @staticmethod
+    def _field_names(c: Compare) -> tuple[str, str, float, bool]:
+        """(max field, threshold field, scale, round) of comparison ``c``."""
+        v: Vector = c.vector
+        while isinstance(v, Sum):
+            v = v.inner
+        name = v.selector.name if isinstance(v, Increase) else v.name
+        stem, scale, suffix = _FIELD_NAMES.get(name, (v.stem(), 1.0, ""))
+        if isinstance(v, Increase):
+            stem, scale, suffix = v.stem(), 1.0, ""
+        return f"max_{stem}{suffix}", f"{stem}_threshold", scale, scale != 1.0
+
+    def _seed_fields(self, a: _Alert, terms: Mapping[int, Compare]) -> None:
+        for c in terms.values():
+            _, thr, scale, rounded = self._field_names(c)
+            if thr not in a.fields:
+                value = c.threshold * scale
+                a.fields[thr] = round(value, 1) if rounded else value
+        a.fields["threshold_breached"] = 1.0
+
+    def _field_max(self, a: _Alert, c: Compare, v: float) -> None:
+        top, _, scale, rounded = self._field_names(c)
+        value = round(v * scale, 1) if rounded else v * scale
+        if top not in a.fields or value > a.fields[top]:
+            a.fields[top] = value
+
+    # ----------------------------------------------------------------- expressions
+
+    def _expr(
+        self, e: Expr, by_name: Mapping[str, list[tuple[Labels, float]]], now: float
+    ) -> dict[Labels, _Match]:
+        if isinstance(e, Compare):
+            test = _OPS[e.op]
+            return {
+                labels: _Match(v, {e.index: v})
+                for labels, v in self._vector(e.vector, by_name, now).items()
+                if test(v, e.threshold)
+            }
+        left = self._expr(e.left, by_name, now)
+        right = self._expr(e.right, by_name, now)
+        out: dict[Labels, _Match] = {}
+        if e.op == "and":
+            for ll, rl in _agreeing(left, right):
+                lm, rm = left[ll], right[rl]
+                merged = tuple(sorted({**dict(ll), **dict(rl)}.items()))
+                out[merged] = _Match(lm.value, {**rm.terms, **lm.terms})
+            return out
+        for ll, lm in left.items():
+            out[ll] = _Match(lm.value, dict(lm.terms))
+        matched: set[Labels] = set()
+        for rl, ll in _agreeing(right, left):
+            matched.add(rl)
+            out[ll].terms = {**right[rl].terms, **out[ll].terms}
+        for rl, rm in right.items():
+            if rl not in matched:
+                out[rl] = rm
+        return out
+
+    def _vector(
+        self, v: Vector, by_name: Mapping[str, list[tuple[Labels, float]]], now: float
+    ) -> dict[Labels, float]:
+        if isinstance(v, Selector):
+            return {labels: x for labels, x in by_name.get(v.name, ()) if v.matches(labels)}
+        if isinstance(v, Sum):
+            sums: dict[Labels, float] = {}
+            for labels, x in self._vector(v.inner, by_name, now).items():
+                key = () if v.by is None else tuple((k, s) for k, s in labels if k in v.by)
+                sums[key] = sums.get(key, 0.0) + x
+            return sums
+        out: dict[Labels, float] = {}
+        horizon = now - v.window
+        for (name, labels), points in self._history.items():
+            if name != v.selector.name or not v.selector.matches(labels):
+                continue
+            grown, prev = 0.0, None
+            for t, x in points:
+                if prev is not None and t > horizon:
+                    grown += x - prev if x >= prev else x
+                prev = x
+            out[labels] = grown
+        return out
+
+    def _record(self, now: float, samples: Samples) -> None:
+        """Keep the samples ``increase`` needs: per series, those within its window and
+        one just before it (the base)."""
+        windows: dict[str, float] = {}
+        for rule in self.rules.values():
+            for v in _vectors(rule.parsed):
+                if isinstance(v, Increase):
+                    name = v.selector.name
+                    windows[name] = max(windows.get(name, 0.0), v.window)
+        for (name, labels), x in samples.items():
+            if name in windows:
+                points = self._history.get((name, labels))
+                if points is None:
+                    points = self._history[(name, labels)] = deque(maxlen=MAX_HISTORY)
+                points.append((now, x))
+        for key, points in list(self._history.items()):
+            window = windows.get(key[0])
+            if window is None or points[-1][0] < now - window:
+                del self._history[key]  # no rule reads it, or the series went
+                continue
+            while len(points) > 1 and points[1][0] <= now - window:
+                points.popleft()
+
+    # ----------------------------------------------------------------- remediation
+
+    def _act(
+        self,
+        rule: AlertRule,
+        act: ScaleOut,
+        a: _Alert,
+        m: _Match,
+        terms: Mapping[int, Compare],
+        now: float,
+        samples: Samples,
+    ) -> None:
+        who = f"alert {rule.name}{_show_labels(a.labels)}"
+        why = " and ".join(
+            f"{terms[i].text} = {_number(v)} {terms[i].op} {_number(terms[i].threshold)}"
+            for i, v in sorted(m.terms.items())
+        )
+        pool = act.pool or dict(a.labels).get("pool")
+
+        def refuse(reason: str, kind: str = "") -> None:
+            """Audit a refusal once, until its kind (default: its text) changes."""
+            if a.refused != (kind or reason):
+                a.refused = kind or reason
+                self._audit(f"{who}: no scale-out{reason} ({why})", now)
+
+        if pool is None or pool == "*":
+            refuse(": the alert names no pool; set scale_out.pool in the rule's action")
+            return
+        last = self._last_scale.get(pool)
+        if last is not None and now - last < act.cooldown:
+            refuse(
+                f" of pool {pool}: cooldown, scaled {_number(now - last)} s ago, waits "
+                f"{_number(act.cooldown)} s",
+                "cooldown",
+            )
+            return
+
+        def gauge(name: str, extra: Labels = ()) -> float | None:
+            return samples.get((name, tuple(sorted((("pool", pool), *extra)))))
+
+        target = gauge("corral_blocks_target")
+        if target is None:
+            refuse(f" of pool {pool}: its blocks are unknown (no autoscaler answer)")
+            return
+        current = int(target)
+        running = pending = 0
+        for (name, labels), x in samples.items():
+            if name == "corral_blocks" and ("pool", pool) in labels:
+                if ("state", "running") in labels:
+                    running += int(x)
+                else:
+                    pending += int(x)
+        if act.fit:
+            slots = gauge("corral_pool_slots_per_block") or 0
+            if slots < 1:
+                refuse(f" of pool {pool}: its slots per block are unknown")
+                return
+            queued = (gauge("corral_queue_depth") or 0) + (
+                samples.get(("corral_queue_depth", (("pool", "*"),))) or 0
+            )
+            wanted = running + pending + math.ceil(queued / slots)
+            how = (
+                f"fit {_number(queued)} ready tasks at {_number(slots)} per block beside "
+                f"{running} running and {pending} pending blocks"
+            )
+        else:
+            wanted = current + (act.by or 0)
+            how = f"by {act.by}"
+        caps: list[tuple[int, str]] = []
+        pool_max = gauge("corral_pool_max_blocks") or 0
+        if act.max_blocks is not None:
+            caps.append((act.max_blocks, f"max_blocks {act.max_blocks}"))
+        if pool_max >= 1:
+            caps.append((int(pool_max), f"the pool's max_blocks {int(pool_max)}"))
+        if not caps:
+            refuse(f" of pool {pool}: no max_blocks known; set scale_out.max_blocks")
+            return
+        if act.max_cost is not None:
+            per_block = gauge("corral_pool_workers_per_block") or 1
+            blocks = math.floor(act.max_cost / per_block + 1e-9)
+            caps.append((
+                blocks,
+                f"cost cap {_number(act.max_cost)} worker-hours per hour "
+                f"({_number(per_block)} workers per block)",
+            ))  # fmt: skip
+        cap, cap_why = min(caps)
+        new = min(wanted, cap)
+        if wanted <= current:
+            refuse(f" of pool {pool}: its target {current} already covers it ({how})")
+            return
+        if new <= current:
+            refuse(f" of pool {pool} beyond {current} blocks: {cap_why}")
+            return
+        capped = f", capped by {cap_why}" if new < wanted else ""
+        reason = f"{how}{capped}: {why}"
+        a.refused = ""
+        self._last_scale[pool] = now
+        self._out.append(Scale(pool, new, rule.name, reason))
+        self._audit(f"{who}: scale pool {pool} out from {current} to {new} blocks ({reason})", now)
+
+    def _audit(self, line: str, now: float) -> None:
+        entry = Audit(line, now)
+        self.audit.append(entry)
+        self._out.append(entry)
+
+
+def _agreeing(left: Iterable[Labels], right: Iterable[Labels]) -> Iterator[tuple[Labels, Labels]]:
+    """The pairs of label sets, one of ``left`` and one of ``right``, that agree on the
+    labels both have; through an index per pair of label names, not every pair."""
+    groups: dict[tuple[str, ...], list[Labels]] = {}
+    for rl in right:
+        groups.setdefault(tuple(k for k, _ in rl), []).append(rl)
+    indexes: dict[tuple[tuple[str, ...], tuple[str, ...]], dict[tuple[str, ...], list[Labels]]]
+    indexes = {}
+    for ll in left:
+        lkeys = tuple(k for k, _ in ll)
+        lvalues = dict(ll)
+        for rkeys, members in groups.items():
+            common = [k for k in lkeys if k in rkeys]
+            index = indexes.get((lkeys, rkeys))
+            if index is None:
+                index = indexes[(lkeys, rkeys)] = {}
+                for rl in members:
+                    rvalues = dict(rl)
+                    index.setdefault(tuple(rvalues[k] for k in common), []).append(rl)
+            for rl in index.get(tuple(lvalues[k] for k in common), ()):
+                yield ll, rl

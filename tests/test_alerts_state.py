@@ -1,0 +1,953 @@
+"""The alert core on a virtual clock: rules parsed from data (typed errors with the closest
+name), expressions over the /metrics names, states pending -> firing -> resolved, the
+fields of the users' queue alert, and scale-out actions with their bounds and audit."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as hs
+
+from actors.alerts_state import (
+    DEFAULT_RULES,
+    AlertRule,
+    AlertState,
+    Audit,
+    Command,
+    Evaluate,
+    Notify,
+    RuleAdded,
+    RuleRemoved,
+    Samples,
+    Scale,
+    ScaleDone,
+    ScaleOut,
+    compares,
+    parse_duration,
+    parse_rule,
+    parse_rules,
+)
+from actors.autoscaler_state import (
+    AutoscalerState,
+    BlockEnded,
+    BlockStarted,
+    BlockStartFailed,
+    StartBlock,
+    TargetSet,
+)
+from actors.providers import BlockSpec
+from policies.scaling import PoolLimits
+from runtime.errors import AlertConfigError
+from runtime.messages import BlockMetrics, MetricsReply, PoolMetrics
+from runtime.metrics import SAMPLE_LABELS, SnapshotCollector, samples
+
+QUEUE = {
+    "name": "QueueTime",
+    "expr": "corral_queue_depth > 0 and corral_queue_oldest_wait_seconds > 60",
+    "for": "1m",
+    "labels": {"team": "ci", "priority": "P2"},
+    "annotations": {
+        "summary": "pool {{ $labels.pool }}: {{ $value }} tasks wait",
+        "dashboard": "http://manager:8786/",
+    },
+}
+
+
+def rule(raw: dict[str, Any] | None = None, /, **changes: Any) -> AlertRule:
+    d = dict(QUEUE if raw is None else raw)
+    d.update(changes)
+    return parse_rule(d, SAMPLE_LABELS)
+
+
+def snap(
+    pools: dict[str, dict[str, Any]] | None = None,
+    blocks: dict[str, dict[str, Any]] | None = None,
+    workers: int = 0,
+) -> Samples:
+    """Samples as the manager's /metrics would show them."""
+    reply = MetricsReply(
+        pools={p: PoolMetrics(**kw) for p, kw in (pools or {}).items()},
+        blocks={p: BlockMetrics(**kw) for p, kw in (blocks or {}).items()},
+        workers=workers,
+    )
+    return samples(reply)
+
+
+def queue(depth: int, wait: float, pool: str = "cpu", **blocks: Any) -> Samples:
+    workers = {"idle": 0, "busy": 1, "draining": 0}
+    b = {pool: blocks} if blocks else None
+    return snap({pool: {"queue_depth": depth, "oldest_wait": wait, "workers": workers}}, b)
+
+
+def notes(cmds: list[Command]) -> list[tuple[str, str, dict[str, str]]]:
+    return [(c.alert.name, c.alert.state, c.alert.labels) for c in cmds if isinstance(c, Notify)]
+
+
+def only(cmds: list[Command], kind: type) -> list[Any]:
+    return [c for c in cmds if isinstance(c, kind)]
+
+
+# ----------------------------------------------------------------------------- states
+
+
+def test_pending_then_firing_after_for_with_the_queue_fields() -> None:
+    st = AlertState([rule()])
+    cmds = st.handle(Evaluate(1000.0, queue(3, 61.0)))
+    (n,) = only(cmds, Notify)
+    assert n.alert.state == "pending"
+    assert n.alert.active_since == 1000.0 and n.alert.fired_at is None
+    assert n.alert.labels == {"alertname": "QueueTime", "pool": "cpu", "team": "ci",
+                              "priority": "P2"}  # fmt: skip
+    assert n.alert.annotations == {"summary": "pool cpu: 3 tasks wait",
+                                   "dashboard": "http://manager:8786/"}  # fmt: skip
+    assert st.handle(Evaluate(1030.0, queue(7, 91.0))) == []
+    assert st.handle(Evaluate(1059.9, queue(5, 120.9))) == []  # not yet 60 s
+    (n,) = only(st.handle(Evaluate(1060.0, queue(4, 121.0))), Notify)
+    assert n.alert.state == "firing" and n.alert.fired_at == 1060.0
+    assert n.alert.value == 4
+    assert n.alert.fields == {
+        "max_queue_size": 7.0,
+        "max_queue_time_mins": 2.0,
+        "queue_size_threshold": 0.0,
+        "queue_time_threshold": 1.0,
+        "threshold_breached": 1.0,
+    }
+    assert st.handle(Evaluate(4000.0, queue(2, 3720.0))) == []  # firing goes on, quietly
+    (info,) = st.alerts()
+    assert info.fields["max_queue_time_mins"] == 62.0
+    assert info.fields["max_queue_size"] == 7.0
+    (n,) = only(st.handle(Evaluate(4010.0, queue(0, 0.0))), Notify)
+    assert n.alert.state == "resolved" and n.alert.resolved_at == 4010.0
+    assert n.alert.fields == {
+        "max_queue_size": 7.0,
+        "max_queue_time_mins": 62.0,
+        "queue_size_threshold": 0.0,
+        "queue_time_threshold": 1.0,
+        "threshold_breached": 0.0,
+    }
+
+
+def test_minutes_round_to_a_tenth() -> None:
+    st = AlertState([rule(**{"for": 0})])
+    st.handle(Evaluate(0.0, queue(1, 3725.0)))
+    assert st.alerts()[0].fields["max_queue_time_mins"] == 62.1
+
+
+def test_pending_that_clears_is_dropped_without_notification() -> None:
+    st = AlertState([rule()])
+    assert notes(st.handle(Evaluate(0.0, queue(3, 61.0))))[0][1] == "pending"
+    assert st.handle(Evaluate(30.0, queue(3, 10.0))) == []
+    assert st.alerts() == []
+    # holds again: a new pending alert, counted from now
+    (n,) = only(st.handle(Evaluate(40.0, queue(3, 61.0))), Notify)
+    assert n.alert.state == "pending" and n.alert.active_since == 40.0
+    assert st.handle(Evaluate(99.0, queue(3, 61.0))) == []
+    assert notes(st.handle(Evaluate(100.0, queue(3, 61.0))))[0][1] == "firing"
+
+
+def test_for_zero_fires_at_once() -> None:
+    st = AlertState([rule(**{"for": 0})])
+    assert notes(st.handle(Evaluate(5.0, queue(1, 61.0)))) == [
+        ("QueueTime", "firing", {"alertname": "QueueTime", "pool": "cpu", "team": "ci",
+                                 "priority": "P2"}),
+    ]  # fmt: skip
+
+
+def test_keep_firing_for_holds_the_alert_after_the_condition_clears() -> None:
+    st = AlertState([rule(**{"for": 0, "keep_firing_for": "30s"})])
+    st.handle(Evaluate(0.0, queue(1, 61.0)))
+    assert st.handle(Evaluate(10.0, queue(0, 0.0))) == []  # cleared at 10: keeps firing
+    assert st.handle(Evaluate(35.0, queue(1, 61.0))) == []  # holds again: no new notification
+    assert st.handle(Evaluate(40.0, queue(0, 0.0))) == []
+    assert st.handle(Evaluate(64.9, queue(0, 0.0))) == []  # 29.9 s since it last held (35)
+    (n,) = only(st.handle(Evaluate(65.0, queue(0, 0.0))), Notify)
+    assert (n.alert.state, n.alert.resolved_at) == ("resolved", 65.0)
+
+
+def test_resolved_stays_visible_then_is_forgotten() -> None:
+    st = AlertState([rule(**{"for": 0})], resolved_for=600.0)
+    st.handle(Evaluate(0.0, queue(1, 61.0)))
+    st.handle(Evaluate(10.0, queue(0, 0.0)))
+    assert [a.state for a in st.alerts()] == ["resolved"]
+    st.handle(Evaluate(609.0, queue(0, 0.0)))
+    assert [a.state for a in st.alerts()] == ["resolved"]
+    st.handle(Evaluate(610.0, queue(0, 0.0)))
+    assert st.alerts() == []
+
+
+def test_a_resolved_alert_that_holds_again_starts_over() -> None:
+    st = AlertState([rule(**{"for": 0})])
+    st.handle(Evaluate(0.0, queue(9, 61.0)))
+    st.handle(Evaluate(10.0, queue(0, 0.0)))
+    (n,) = only(st.handle(Evaluate(20.0, queue(2, 70.0))), Notify)
+    assert n.alert.state == "firing" and n.alert.active_since == 20.0
+    assert n.alert.fields["max_queue_size"] == 2.0  # the new alert's own maximum
+    assert n.alert.resolved_at is None
+
+
+def test_one_alert_per_pool() -> None:
+    st = AlertState([rule(**{"for": 0})])
+    workers = {"idle": 0, "busy": 1, "draining": 0}
+    s = snap({
+        "cpu": {"queue_depth": 4, "oldest_wait": 100.0, "workers": workers},
+        "gpu": {"queue_depth": 2, "oldest_wait": 30.0, "workers": workers},
+        "big": {"queue_depth": 1, "oldest_wait": 900.0, "workers": workers},
+    })  # fmt: skip
+    cmds = st.handle(Evaluate(0.0, s))
+    assert [(n[2]["pool"], n[1]) for n in notes(cmds)] == [("big", "firing"), ("cpu", "firing")]
+    assert [a.labels["pool"] for a in st.alerts()] == ["big", "cpu"]
+    s = snap({"cpu": {"queue_depth": 4, "oldest_wait": 160.0, "workers": workers}})
+    assert [(n[2]["pool"], n[1]) for n in notes(st.handle(Evaluate(60.0, s)))] == [
+        ("big", "resolved")
+    ]
+
+
+# ----------------------------------------------------------------------------- expressions
+
+
+def no_workers() -> AlertRule:
+    (r,) = [parse_rule(d, SAMPLE_LABELS) for d in DEFAULT_RULES if d["name"] == "CorralNoWorkers"]
+    return r
+
+
+def test_and_or_sum_by_over_worker_states() -> None:
+    st = AlertState([no_workers()])
+    idle = {"idle": 0, "busy": 0, "draining": 0}
+    busy = {"idle": 0, "busy": 2, "draining": 1}
+    s = snap(
+        {
+            "cpu": {"queue_depth": 3, "workers": idle},
+            "gpu": {"queue_depth": 5, "workers": busy},
+            "mem": {"queue_depth": 0, "workers": idle},
+            "*": {"queue_depth": 2},
+        },
+        workers=3,
+    )
+    st.handle(Evaluate(0.0, s))
+    assert [(a.labels["pool"], a.state, a.value) for a in st.alerts()] == [("cpu", "pending", 3)]
+    s = snap({"*": {"queue_depth": 2}, "cpu": {"queue_depth": 3, "workers": idle}}, workers=0)
+    st.handle(Evaluate(10.0, s))
+    assert [(a.labels["pool"], a.value) for a in st.alerts()] == [("*", 2), ("cpu", 3)]
+    assert st.alerts()[0].fields == {
+        "max_queue_size": 2.0,  # queue depth of "*"
+        "queue_size_threshold": 0.0,
+        "workers_threshold": 0.0,  # the left side did not hold for "*": no max_workers
+        "max_workers_connected": 0.0,
+        "workers_connected_threshold": 0.0,
+        "threshold_breached": 1.0,
+    }
+
+
+def test_and_with_a_term_without_labels_applies_to_every_instance() -> None:
+    r = rule(expr="corral_queue_depth >= 2 and corral_workers_connected < 1", **{"for": 0})
+    st = AlertState([r])
+    s = snap({"a": {"queue_depth": 2}, "b": {"queue_depth": 5}, "c": {"queue_depth": 1}})
+    st.handle(Evaluate(0.0, s))
+    assert [a.labels["pool"] for a in st.alerts()] == ["a", "b"]
+    # label-less on the left: one instance per agreeing right one, with their labels
+    r2 = rule(name="R2", expr="corral_workers_connected < 1 and corral_queue_depth >= 2",
+              **{"for": 0})  # fmt: skip
+    st = AlertState([r2])
+    st.handle(Evaluate(0.0, s))
+    assert [(a.labels.get("pool"), a.value) for a in st.alerts()] == [("a", 0), ("b", 0)]
+
+
+def test_matchers_sum_without_by_and_parentheses() -> None:
+    expr = (
+        'sum(corral_workers{state="busy"}) >= 3 and (corral_queue_depth{pool!="gpu"} > 5 '
+        'or corral_queue_oldest_wait_seconds{pool="gpu"} > 100)'
+    )
+    st = AlertState([rule(expr=expr, **{"for": 0})])
+    s = snap({
+        "cpu": {"queue_depth": 6, "workers": {"busy": 2}},
+        "gpu": {"queue_depth": 6, "oldest_wait": 50.0, "workers": {"busy": 1}},
+        "io": {"queue_depth": 1, "oldest_wait": 500.0},
+    })  # fmt: skip
+    st.handle(Evaluate(0.0, s))
+    assert [(a.labels["pool"], a.value) for a in st.alerts()] == [("cpu", 3)]
+    s = snap({
+        "cpu": {"queue_depth": 6, "workers": {"busy": 1}},
+        "gpu": {"queue_depth": 6, "oldest_wait": 150.0, "workers": {"busy": 1}},
+    })  # fmt: skip
+    st.handle(Evaluate(1.0, s))
+    assert [(a.labels["pool"], a.state) for a in st.alerts()] == [("cpu", "resolved")]
+
+
+def test_or_keeps_both_sides_and_precedence_binds_and_tighter() -> None:
+    # a or b and c == a or (b and c)
+    r = rule(
+        expr="corral_queue_depth > 10 or corral_queue_depth > 0 and corral_workers_connected == 0",
+        **{"for": 0},
+    )
+    assert [c.threshold for c in compares(r.parsed)] == [10.0, 0.0, 0.0]
+    st = AlertState([r])
+    st.handle(Evaluate(0.0, snap({"a": {"queue_depth": 11}, "b": {"queue_depth": 1}},
+                                 workers=1)))  # fmt: skip
+    assert [a.labels["pool"] for a in st.alerts()] == ["a"]
+    st.handle(Evaluate(1.0, snap({"a": {"queue_depth": 11}, "b": {"queue_depth": 1}})))
+    assert [a.labels["pool"] for a in st.alerts()] == ["a", "b"]
+
+
+def failed(pool_counts: dict[str, int]) -> Samples:
+    return snap(blocks={p: {"failed": n} for p, n in pool_counts.items()})
+
+
+def test_increase_over_the_samples_seen_with_counter_restarts() -> None:
+    (d,) = [d for d in DEFAULT_RULES if d["name"] == "CorralBlocksFailing"]
+    st = AlertState([parse_rule(d, SAMPLE_LABELS)])
+    assert st.handle(Evaluate(0.0, failed({"cpu": 5, "gpu": 0}))) == []  # a base, no growth
+    assert st.handle(Evaluate(60.0, failed({"cpu": 6, "gpu": 1}))) == []
+    (n,) = only(st.handle(Evaluate(120.0, failed({"cpu": 8, "gpu": 1}))), Notify)
+    assert (n.alert.labels["pool"], n.alert.state, n.alert.value) == ("cpu", "firing", 3.0)
+    assert n.alert.fields == {
+        "max_blocks_failed_total_increase": 3.0,
+        "blocks_failed_total_increase_threshold": 3.0,
+        "threshold_breached": 1.0,
+    }
+    # the manager restarted: the counter starts over from 0; 8 -> 2 counts as 2 more
+    assert st.handle(Evaluate(180.0, failed({"cpu": 2, "gpu": 1}))) == []
+    assert st.alerts()[0].value == 5.0
+    # 10 minutes on, only growth after 180 + ... counts: none since 660 - 600 = 60
+    st.handle(Evaluate(660.0, failed({"cpu": 2, "gpu": 1})))
+    assert st.alerts()[0].value == 4.0  # 6 -> 8 (at 120) and the restart to 2 (at 180)
+    (n,) = only(st.handle(Evaluate(781.0, failed({"cpu": 2, "gpu": 1}))), Notify)
+    assert n.alert.state == "resolved"
+
+
+def test_increase_keeps_bounded_history() -> None:
+    (d,) = [d for d in DEFAULT_RULES if d["name"] == "CorralBlocksFailing"]
+    st = AlertState([parse_rule(d, SAMPLE_LABELS)])
+    for t in range(0, 3600, 5):
+        st.handle(Evaluate(float(t), failed({"cpu": t // 600})))
+    points = st._history[("corral_blocks_failed_total", (("pool", "cpu"),))]
+    assert len(points) == 121  # 600 s at one sample per 5 s, and the base
+    st.handle(Evaluate(3600.0, failed({})))  # the series went
+    st.handle(Evaluate(4300.0, failed({})))
+    assert st._history == {}
+
+
+# ----------------------------------------------------------------------------- actions
+
+
+def scaler(**action: Any) -> AlertRule:
+    return rule(**{"for": 0, "action": {"scale_out": action}})
+
+
+def pool_blocks(target: int, running: int = 0, pending: int = 0, **kw: Any) -> dict[str, Any]:
+    states = {k: v for k, v in (("running", running), ("pending", pending)) if v}
+    return {"target": target, "states": states, **kw}
+
+
+def test_scale_by_n_with_cooldown_and_level_triggered_repeat() -> None:
+    st = AlertState([scaler(by=2, cooldown=300)])
+    b = pool_blocks(2, running=2, max_blocks=10, slots_per_block=1, workers_per_block=1)
+    cmds = st.handle(Evaluate(0.0, queue(7, 3720.0, **b)))
+    assert only(cmds, Scale) == [
+        Scale("cpu", 4, "QueueTime", "by 2: corral_queue_depth = 7 > 0 and "
+              "corral_queue_oldest_wait_seconds = 3720 > 60"),
+    ]  # fmt: skip
+    (a,) = only(cmds, Audit)
+    assert a.now == 0.0
+    assert a.line == (
+        "alert QueueTime{pool=cpu}: scale pool cpu out from 2 to 4 blocks (by 2: "
+        "corral_queue_depth = 7 > 0 and corral_queue_oldest_wait_seconds = 3720 > 60)"
+    )
+    b = pool_blocks(4, running=2, pending=2, max_blocks=10)
+    cmds = st.handle(Evaluate(10.0, queue(7, 3730.0, **b)))
+    assert only(cmds, Scale) == []
+    (a,) = only(cmds, Audit)
+    assert a.line.startswith(
+        "alert QueueTime{pool=cpu}: no scale-out of pool cpu: cooldown, scaled 10 s ago, "
+        "waits 300 s ("
+    )
+    assert st.handle(Evaluate(20.0, queue(7, 3740.0, **b))) == []  # said once
+    # the cooldown is over and the queue still waits: the next step
+    cmds = st.handle(Evaluate(300.0, queue(6, 4000.0, **b)))
+    assert [(s.pool, s.target) for s in only(cmds, Scale)] == [("cpu", 6)]
+    assert [x.line for x in st.audit][-1].startswith(
+        "alert QueueTime{pool=cpu}: scale pool cpu out from 4 to 6 blocks"
+    )
+    assert len(st.audit) == 3
+
+
+def test_no_action_once_the_condition_stops_holding_even_while_still_firing() -> None:
+    st = AlertState([rule(**{"for": 0, "keep_firing_for": 600,
+                             "action": {"scale_out": {"by": 1, "cooldown": 0}}})])  # fmt: skip
+    b = pool_blocks(1, running=1, max_blocks=10)
+    assert len(only(st.handle(Evaluate(0.0, queue(1, 61.0, **b))), Scale)) == 1
+    assert st.handle(Evaluate(10.0, queue(0, 0.0, **b))) == []
+    assert st.alerts()[0].state == "firing"
+
+
+def test_fit_asks_for_blocks_to_fit_the_queue_capped_by_max_blocks() -> None:
+    st = AlertState([scaler(fit=True)])
+    # 7 ready here and 2 any pool may run: ceil(9 / 2) = 5 blocks beside the 2 there are
+    b = pool_blocks(2, running=1, pending=1, slots_per_block=2, max_blocks=20)
+    s = {**queue(7, 100.0, **b), ("corral_queue_depth", (("pool", "*"),)): 2.0}
+    cmds = st.handle(Evaluate(0.0, s))
+    assert [(c.pool, c.target) for c in only(cmds, Scale)] == [("cpu", 7)]
+    assert "fit 9 ready tasks at 2 per block beside 1 running and 1 pending blocks" in (
+        only(cmds, Audit)[0].line
+    )
+    st = AlertState([scaler(fit=True)])
+    b = pool_blocks(2, running=2, slots_per_block=2, max_blocks=5)
+    cmds = st.handle(Evaluate(0.0, queue(7, 100.0, **b)))
+    assert [(c.pool, c.target) for c in only(cmds, Scale)] == [("cpu", 5)]
+    assert only(cmds, Audit)[0].line.startswith(
+        "alert QueueTime{pool=cpu}: scale pool cpu out from 2 to 5 blocks (fit 7 ready tasks "
+        "at 2 per block beside 2 running and 0 pending blocks, capped by the pool's "
+        "max_blocks 5: "
+    )
+
+
+def test_fit_does_nothing_when_blocks_on_the_way_cover_the_queue() -> None:
+    st = AlertState([scaler(fit=True)])
+    # the target is 6 and 4 blocks exist: 4 + ceil(4 / 4) = 5 are enough
+    b = pool_blocks(6, running=1, pending=3, slots_per_block=4, max_blocks=9)
+    cmds = st.handle(Evaluate(0.0, queue(4, 100.0, **b)))
+    assert only(cmds, Scale) == []
+    assert "its target 6 already covers it (fit 4 ready tasks" in only(cmds, Audit)[0].line
+
+
+def test_max_blocks_refuses_beyond_the_cap() -> None:
+    st = AlertState([scaler(by=3, max_blocks=4)])
+    b = pool_blocks(3, running=3, max_blocks=10)
+    assert [c.target for c in only(st.handle(Evaluate(0.0, queue(7, 100.0, **b))), Scale)] == [4]
+    st = AlertState([scaler(by=3, max_blocks=4)])
+    b = pool_blocks(4, running=4, max_blocks=10)
+    cmds = st.handle(Evaluate(0.0, queue(7, 100.0, **b)))
+    assert only(cmds, Scale) == []
+    assert only(cmds, Audit)[0].line.startswith(
+        "alert QueueTime{pool=cpu}: no scale-out of pool cpu beyond 4 blocks: max_blocks 4 ("
+    )
+    # the smaller of the rule's and the pool's own max_blocks
+    st = AlertState([scaler(by=3, max_blocks=8)])
+    b = pool_blocks(3, running=3, max_blocks=5)
+    assert [c.target for c in only(st.handle(Evaluate(0.0, queue(7, 100.0, **b))), Scale)] == [5]
+
+
+def test_no_max_blocks_known_refuses() -> None:
+    st = AlertState([scaler(by=1)])
+    cmds = st.handle(Evaluate(0.0, queue(7, 100.0, **pool_blocks(1, running=1))))
+    assert only(cmds, Scale) == []
+    assert "no max_blocks known; set scale_out.max_blocks" in only(cmds, Audit)[0].line
+
+
+def test_cost_cap_in_worker_hours_per_hour() -> None:
+    # 4 workers per block, at most 10 worker-hours per hour: 2 blocks
+    st = AlertState([scaler(by=5, max_cost=10)])
+    b = pool_blocks(1, running=1, max_blocks=50, workers_per_block=4)
+    cmds = st.handle(Evaluate(0.0, queue(7, 100.0, **b)))
+    assert [c.target for c in only(cmds, Scale)] == [2]
+    assert "capped by cost cap 10 worker-hours per hour (4 workers per block)" in (
+        only(cmds, Audit)[0].line
+    )
+    st = AlertState([scaler(by=5, max_cost=10)])
+    b = pool_blocks(2, running=2, max_blocks=50, workers_per_block=4)
+    cmds = st.handle(Evaluate(0.0, queue(7, 100.0, **b)))
+    assert only(cmds, Scale) == []
+    assert only(cmds, Audit)[0].line.startswith(
+        "alert QueueTime{pool=cpu}: no scale-out of pool cpu beyond 2 blocks: cost cap 10 "
+        "worker-hours per hour (4 workers per block) ("
+    )
+
+
+def test_cooldown_is_per_pool_across_rules() -> None:
+    other = parse_rule({"name": "Deep", "expr": "corral_queue_depth > 5",
+                        "action": {"scale_out": {"by": 1, "max_blocks": 9}}},
+                       SAMPLE_LABELS)  # fmt: skip
+    st = AlertState([scaler(by=1, max_blocks=9), other])
+    cmds = st.handle(Evaluate(0.0, queue(7, 100.0, **pool_blocks(1, running=1))))
+    assert [(c.rule, c.target) for c in only(cmds, Scale)] == [("QueueTime", 2)]
+    assert "Deep{pool=cpu}: no scale-out of pool cpu: cooldown" in only(cmds, Audit)[1].line
+
+
+def test_an_alert_without_a_pool_needs_the_action_to_name_one() -> None:
+    st = AlertState([scaler(by=1, max_blocks=9)])
+    b = pool_blocks(1, running=1)
+    cmds = st.handle(Evaluate(0.0, queue(7, 100.0, pool="*", **b)))
+    assert only(cmds, Scale) == []
+    assert "names no pool; set scale_out.pool" in only(cmds, Audit)[0].line
+    st = AlertState([scaler(by=1, max_blocks=9, pool="cpu")])
+    s = {**queue(7, 100.0, pool="*"), **snap(blocks={"cpu": pool_blocks(1, running=1)})}
+    cmds = st.handle(Evaluate(0.0, s))
+    assert [(c.pool, c.target) for c in only(cmds, Scale)] == [("cpu", 2)]
+
+
+def test_unknown_blocks_refuse_and_a_failed_scale_is_audited() -> None:
+    st = AlertState([scaler(by=1, max_blocks=9)])
+    cmds = st.handle(Evaluate(0.0, queue(7, 100.0)))
+    assert "its blocks are unknown (no autoscaler answer)" in only(cmds, Audit)[0].line
+    (a,) = st.handle(ScaleDone("cpu", False, "there is no pool 'cpu'", 5.0))
+    assert a == Audit("scale-out of pool cpu failed: there is no pool 'cpu'", 5.0)
+    assert st.handle(ScaleDone("cpu", True, "", 6.0)) == []
+
+
+# ----------------------------------------------------------------------------- rules live
+
+
+def test_rules_added_and_removed_live() -> None:
+    st = AlertState()
+    assert st.handle(Evaluate(0.0, queue(7, 100.0))) == []
+    st.handle(RuleAdded(rule(**{"for": 0})))
+    st.handle(RuleAdded(rule(name="Slow", **{"for": 600})))
+    assert list(st.rules) == ["QueueTime", "Slow"]
+    assert [n[:2] for n in notes(st.handle(Evaluate(1.0, queue(7, 100.0))))] == [
+        ("QueueTime", "firing"), ("Slow", "pending"),
+    ]  # fmt: skip
+    with pytest.raises(AlertConfigError, match=r"'QueueTime'.*is a rule already"):
+        st.handle(RuleAdded(rule()))
+    cmds = st.handle(RuleRemoved("QueueTime", 2.0), RuleRemoved("Slow", 2.0))
+    assert [n[:2] for n in notes(cmds)] == [("QueueTime", "resolved")]
+    assert [(a.name, a.state, a.resolved_at) for a in st.alerts()] == [
+        ("QueueTime", "resolved", 2.0)
+    ]
+    assert st.handle(Evaluate(3.0, queue(7, 100.0))) == []
+    with pytest.raises(
+        AlertConfigError, match="'QueueTim': there is no such rule \\(the rules: none\\)"
+    ):
+        st.handle(RuleRemoved("QueueTim"))
+
+
+def test_replacing_a_rule_resolves_its_alerts_and_starts_over() -> None:
+    st = AlertState([rule(**{"for": 0})])
+    st.handle(Evaluate(0.0, queue(7, 100.0)))
+    cmds = st.handle(RuleAdded(rule(**{"for": 60}), replace=True, now=5.0))
+    assert [n[:2] for n in notes(cmds)] == [("QueueTime", "resolved")]
+    assert st.rules["QueueTime"].for_ == 60.0
+    assert [n[:2] for n in notes(st.handle(Evaluate(6.0, queue(7, 100.0))))] == [
+        ("QueueTime", "pending")
+    ]
+    with pytest.raises(
+        AlertConfigError,
+        match="there is no such rule \\(the rules: QueueTim\\); did you mean 'QueueTim'",
+    ):
+        AlertState([rule(name="QueueTim")]).handle(RuleRemoved("QueueTime"))
+
+
+def test_handle_refuses_what_it_does_not_know() -> None:
+    with pytest.raises(TypeError, match="cannot handle"):
+        AlertState().handle(object())  # type: ignore[arg-type]
+
+
+# ----------------------------------------------------------------------------- parsing
+
+
+def test_rules_round_trip_through_their_data() -> None:
+    rules = parse_rules(DEFAULT_RULES, SAMPLE_LABELS)
+    rules.append(scaler(fit=True, pool="cpu", cooldown="10m", max_blocks=8, max_cost=12.5))
+    rules.append(scaler(by=2))
+    for r in rules:
+        assert parse_rule(r.to_dict(), SAMPLE_LABELS) == r
+    assert rules[-2].to_dict()["action"] == {
+        "scale_out": {"fit": True, "pool": "cpu", "cooldown": 600.0, "max_blocks": 8,
+                      "max_cost": 12.5},
+    }  # fmt: skip
+    assert rules[-1].action == ScaleOut(by=2)
+    assert rules[0].to_dict() == {
+        "name": "CorralQueueTime",
+        "expr": DEFAULT_RULES[0]["expr"],
+        "for": 60.0,
+        "keep_firing_for": 0.0,
+        "labels": {"team": "corral", "priority": "P2"},
+        "annotations": DEFAULT_RULES[0]["annotations"],
+    }
+
+
+def test_rules_keyed_by_name_and_duplicates() -> None:
+    rules = parse_rules({"Deep": {"expr": "corral_queue_depth > 5"}}, SAMPLE_LABELS)
+    assert [r.name for r in rules] == ["Deep"]
+    with pytest.raises(AlertConfigError, match="'Deep': key 'name' is used by two rules"):
+        parse_rules([{"name": "Deep", "expr": "corral_queue_depth > 5"}] * 2, SAMPLE_LABELS)
+    with pytest.raises(AlertConfigError, match="must be a list of tables"):
+        parse_rules("corral_queue_depth > 5", SAMPLE_LABELS)  # type: ignore[arg-type]
+
+
+def test_durations() -> None:
+    assert parse_duration("1h30m") == 5400.0
+    assert parse_duration("500ms") == 0.5
+    assert parse_duration(90) == 90.0
+    for bad in ("5 minutes", -1, True, "m", float("inf")):
+        with pytest.raises(ValueError, match="duration like '5m'"):
+            parse_duration(bad)
+
+
+E = "corral_queue_depth > 0"
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({"name": "r", "expr": E, "fro": 60},
+         "alert rule 'r': key 'fro' is unknown; did you mean 'for'? The keys are: name, expr"),
+        ({"name": "r", "expr": E, "for": "5 minutes"},
+         "key 'for' must be a number of seconds or a duration like '5m' (units ms, s, m, h, "
+         "d), got '5 minutes'"),
+        ({"name": "r", "expr": E, "keep_firing_for": -3},
+         "key 'keep_firing_for' must be a number of seconds >= 0"),
+        ({"name": "r"}, "key 'expr' must be a text, got None"),
+        ({"expr": E}, "the alerting configuration: key 'name' a rule's name is letters"),
+        ({"name": "a b", "expr": E}, "key 'name' a rule's name is letters"),
+        ({"name": "r", "expr": E, "labels": {"team": 3}}, "key 'labels.team' must be a text"),
+        ({"name": "r", "expr": E, "labels": ["team"]}, "key 'labels' must be a table of texts"),
+        ({"name": "r", "expr": E, "labels": {"alertname": "x"}},
+         "key 'labels.alertname' is the rule's name"),
+        ({"name": "r", "expr": E, "annotations": {"bad key": "x"}},
+         "key 'annotations' names are letters"),
+        ({"name": "r", "expr": "corral_queue_dept > 0"},
+         "key 'expr' names an unknown metric 'corral_queue_dept'; did you mean "
+         "'corral_queue_depth'?"),
+        ({"name": "r", "expr": "corral_spilled_bytes > 0"},
+         "unknown metric 'corral_spilled_bytes'; did you mean 'corral_spilled_bytes_total'? (a "
+         "counter's samples end in _total)"),
+        ({"name": "r", "expr": "nothing_like_it > 0"},
+         "unknown metric 'nothing_like_it'; docs/monitoring.md lists them"),
+        ({"name": "r", "expr": 'corral_queue_depth{pol="a"} > 0'},
+         "metric 'corral_queue_depth' has no label 'pol'; did you mean 'pool'?"),
+        ({"name": "r", "expr": "sum by (stat) (corral_workers) > 0"},
+         "metric 'corral_workers' has no label 'stat'; did you mean 'state'?"),
+        ({"name": "r", "expr": "corral_queue_depth > 0 and"},
+         "expected a metric name at character 26, got the end"),
+        ({"name": "r", "expr": "corral_queue_depth >"}, "expected a number after '>'"),
+        ({"name": "r", "expr": "corral_queue_depth 0"}, "expected a comparison"),
+        ({"name": "r", "expr": "(corral_queue_depth > 0"}, "expected ')' at character 23"),
+        ({"name": "r", "expr": "corral_queue_depth > 0 x"}, "unexpected 'x' at character 23"),
+        ({"name": "r", "expr": 'corral_queue_depth{pool=cpu} > 0'},
+         "expected a quoted value at character 24"),
+        ({"name": "r", "expr": 'corral_queue_depth{pool=~"c"} > 0'},
+         "expected '=' or '!=' after 'pool'"),
+        ({"name": "r", "expr": "increase(corral_blocks_failed_total[10]) > 0"},
+         "expected a duration like '10m'"),
+        ({"name": "r", "expr": "corral_queue_depth > 0 # comment"}, "cannot read '# comment'"),
+        ({"name": "r", "expr": "  "}, "key 'expr' is empty"),
+        ({"name": "r", "expr": E, "action": {"scale_in": {}}},
+         "key 'action.scale_in' is unknown; did you mean 'scale_out'?"),
+        ({"name": "r", "expr": E, "action": {"scale_out": {"by": 1, "max_block": 3}}},
+         "key 'action.scale_out.max_block' is unknown; did you mean 'max_blocks'?"),
+        ({"name": "r", "expr": E, "action": {"scale_out": {"by": 1, "fit": True}}},
+         "needs exactly one of 'by = N'"),
+        ({"name": "r", "expr": E, "action": {"scale_out": {}}}, "needs exactly one of"),
+        ({"name": "r", "expr": E, "action": {"scale_out": {"by": 0}}},
+         "key 'action.scale_out.by' must be a whole number >= 1, got 0"),
+        ({"name": "r", "expr": E, "action": {"scale_out": {"fit": "yes"}}},
+         "key 'action.scale_out.fit' must be true or false"),
+        ({"name": "r", "expr": E, "action": {"scale_out": {"by": 1, "max_cost": -1}}},
+         "key 'action.scale_out.max_cost' must be worker-hours per hour > 0, got -1"),
+        ({"name": "r", "expr": E, "action": {"scale_out": {"by": 1, "max_blocks": 1.5}}},
+         "key 'action.scale_out.max_blocks' must be a whole number >= 1"),
+        ({"name": "r", "expr": E, "action": {"scale_out": {"by": 1, "cooldown": "soon"}}},
+         "key 'action.scale_out.cooldown' must be a number of seconds"),
+        ({"name": "r", "expr": E, "action": {"scale_out": {"by": 1, "pool": ""}}},
+         "key 'action.scale_out.pool' must be a pool's name"),
+        ({"name": "r", "expr": E, "action": "scale_out"}, "key 'action' must be"),
+    ],
+)  # fmt: skip
+def test_bad_rules_are_refused_with_what_to_do(raw: dict[str, Any], message: str) -> None:
+    with pytest.raises(AlertConfigError) as info:
+        parse_rule(raw, SAMPLE_LABELS)
+    assert message in str(info.value)
+    assert str(info.value).endswith("See docs/monitoring.md#alert-rules.")
+    assert isinstance(info.value, ValueError)
+
+
+def test_a_rule_built_directly_checks_its_syntax() -> None:
+    assert AlertRule("x", "corral_queue_depth > 1").for_ == 0.0
+    bads: list[dict[str, Any]] = [{}, {"by": 1, "fit": True}, {"by": 0}]
+    for bad in bads:
+        with pytest.raises(ValueError, match="scale_out needs by >= 1 or fit"):
+            ScaleOut(**bad)
+    with pytest.raises(AlertConfigError, match="'x': key 'expr' expected a number"):
+        AlertRule("x", "corral_queue_depth > y")
+
+
+# ----------------------------------------------------------------------------- metric names
+
+
+def test_the_sample_names_cover_every_metric_family() -> None:
+    names = set(SAMPLE_LABELS)
+    for family in SnapshotCollector(MetricsReply()).collect():
+        suffixes = {"counter": ["_total"], "summary": ["_count", "_sum"]}.get(family.type, [""])
+        for suffix in suffixes:
+            assert family.name + suffix in names, family.name
+
+
+def test_default_rules_name_only_metrics_a_real_manager_exports() -> None:
+    # the autoscaler's core gives the block numbers, as the manager asks it
+    auto = AutoscalerState()
+    limits = PoolLimits(max_blocks=4, init_blocks=1, slots_per_block=6)
+    cmds = auto.handle(TargetSet(0.0, "cpu", 2, BlockSpec(workers=3, threads=2), limits))
+    first, second = (c.request for c in cmds if isinstance(c, StartBlock))
+    auto.handle(BlockStarted(1.0, first, "b1", ("w1",), "running"))
+    auto.handle(BlockStartFailed(2.0, second, "exec failed"))  # not the batch system's
+    auto.handle(BlockEnded(3.0, "b1", "failed"))
+    blocks = auto.block_metrics(4.0, {})
+    assert blocks["cpu"]["failed"] == 2
+    assert (blocks["cpu"]["slots_per_block"], blocks["cpu"]["workers_per_block"],
+            blocks["cpu"]["max_blocks"]) == (6, 3, 4)  # fmt: skip
+    reply = MetricsReply(
+        pools={"cpu": PoolMetrics(queue_depth=1, workers={"idle": 0, "busy": 0, "draining": 0})},
+        blocks={p: BlockMetrics(**m) for p, m in blocks.items()},
+    )
+    got = samples(reply)
+    cpu = (("pool", "cpu"),)
+    assert got[("corral_blocks_failed_total", cpu)] == 2.0
+    assert got[("corral_pool_slots_per_block", cpu)] == 6.0
+    assert got[("corral_pool_workers_per_block", cpu)] == 3.0
+    assert got[("corral_pool_max_blocks", cpu)] == 4.0
+    exported = {name for name, _ in got}
+    for r in parse_rules(DEFAULT_RULES, SAMPLE_LABELS):
+        for c in compares(r.parsed):
+            v: Any = c.vector
+            while not hasattr(v, "name") and not hasattr(v, "selector"):
+                v = v.inner
+            name = v.selector.name if hasattr(v, "selector") else v.name
+            assert name in exported, (r.name, name)
+    # an unconfigured pool: its size from the block spec, no max_blocks
+    auto = AutoscalerState()
+    auto.handle(TargetSet(0.0, "p", 1, BlockSpec(workers=2, threads=4)))
+    m = auto.block_metrics(1.0, {})["p"]
+    assert (m["slots_per_block"], m["workers_per_block"], m["max_blocks"]) == (8, 2, 0)
+
+
+def test_the_docs_list_the_default_rules_as_they_are() -> None:
+    text = (Path(__file__).parent.parent / "docs" / "monitoring.md").read_text()
+    rows = re.findall(r"^\| `(Corral\w+)` \| `(.+?)` \| (\w+) \| (P\d) \|", text, re.M)
+    assert [(n, e) for n, e, _, _ in rows] == [(d["name"], d["expr"]) for d in DEFAULT_RULES]
+    for (_, _, for_, priority), d in zip(rows, DEFAULT_RULES, strict=True):
+        assert parse_duration(for_ if for_ != "0" else 0) == parse_duration(d.get("for", 0))
+        assert priority == d["labels"]["priority"]
+
+
+def test_a_busy_autoscaler_leaves_the_block_alerts_as_they_are() -> None:
+    (d,) = [d for d in DEFAULT_RULES if d["name"] == "CorralProvisioningStuck"]
+    st = AlertState([parse_rule(d, SAMPLE_LABELS), rule(**{"for": 0})])
+    stuck = snap(blocks={"cpu": {"states": {"pending": 1}, "oldest_pending": 700.0}})
+    st.handle(Evaluate(0.0, stuck))
+    assert notes(st.handle(Evaluate(60.0, stuck)))[0][:2] == ("CorralProvisioningStuck", "firing")
+    busy = samples(MetricsReply(pools={"cpu": PoolMetrics(queue_depth=1, oldest_wait=70.0)},
+                                autoscaler_busy=True))  # fmt: skip
+    assert ("corral_blocks_pending_oldest_seconds", (("pool", "cpu"),)) not in busy
+    # the block rule keeps its state; the queue rule, whose metrics are there, goes on
+    assert notes(st.handle(Evaluate(70.0, busy)))[0][:2] == ("QueueTime", "firing")
+    assert [(a.name, a.state) for a in st.alerts()] == [
+        ("CorralProvisioningStuck", "firing"), ("QueueTime", "firing"),
+    ]  # fmt: skip
+    assert notes(st.handle(Evaluate(80.0, stuck)))[0][:2] == ("QueueTime", "resolved")
+    assert [(a.name, a.state) for a in st.alerts()] == [
+        ("CorralProvisioningStuck", "firing"), ("QueueTime", "resolved"),
+    ]  # fmt: skip
+    # an answer without the stuck block resolves it
+    cmds = st.handle(Evaluate(90.0, snap(blocks={"cpu": {"states": {"running": 1}}})))
+    assert notes(cmds)[0][:2] == ("CorralProvisioningStuck", "resolved")
+
+
+def test_the_docs_list_every_metric_by_its_sample_name() -> None:
+    text = (Path(__file__).parent.parent / "docs" / "monitoring.md").read_text()
+    listed = set(re.findall(r"^\| `(corral_\w+)` \| (?:gauge|counter|summary) \|", text, re.M))
+    families = {
+        f.name + ("_total" if f.type == "counter" else "")
+        for f in SnapshotCollector(MetricsReply()).collect()
+    }
+    assert listed == families
+
+
+def test_values_in_annotations_read_well() -> None:
+    r = rule(expr="corral_queue_oldest_wait_seconds > 0.5", annotations={"v": "{{ $value }}"})
+    st = AlertState([r])
+    for wait, shown in ((61.25, "61.25"), (3720.0, "3720"), (float("inf"), "inf")):
+        st.handle(Evaluate(0.0, queue(1, wait)))
+        assert st.alerts()[0].annotations == {"v": shown}
+
+
+# ----------------------------------------------------------------------------- the story
+
+
+class _Pool:
+    """A pool on a virtual clock: blocks of 2 slots that run 60 s per task and take
+    ``delay`` seconds from request to running; tasks wait in one queue."""
+
+    def __init__(self, blocks: int, tasks: int, delay: float) -> None:
+        self.delay = delay
+        self.ready_at = [0.0] * blocks  # when each block runs
+        self.queued = [0.0] * tasks  # when each waiting task became ready
+        self.running: list[float] = []  # when each running task ends
+        self.done = 0
+
+    def step(self, now: float) -> None:
+        self.done += sum(1 for end in self.running if end <= now)
+        self.running = [end for end in self.running if end > now]
+        slots = 2 * sum(1 for t in self.ready_at if t <= now)
+        while self.queued and len(self.running) < slots:
+            self.queued.pop(0)
+            self.running.append(now + 60.0)
+
+    def samples(self, now: float) -> Samples:
+        up = sum(1 for t in self.ready_at if t <= now)
+        states = {"running": up, "pending": len(self.ready_at) - up}
+        return snap(
+            {"cpu": {"queue_depth": len(self.queued),
+                     "oldest_wait": now - self.queued[0] if self.queued else 0.0,
+                     "workers": {"idle": 0, "busy": up, "draining": 0}}},
+            {"cpu": {"target": len(self.ready_at), "states": states, "slots_per_block": 2,
+                     "max_blocks": 6, "workers_per_block": 1}},
+        )  # fmt: skip
+
+
+def test_a_burst_fires_the_queue_alert_scales_out_within_bounds_and_resolves() -> None:
+    raw = dict(DEFAULT_RULES[0])
+    raw["action"] = {"scale_out": {"fit": True, "cooldown": "2m"}}
+    st = AlertState([parse_rule(raw, SAMPLE_LABELS)])
+    pool = _Pool(blocks=1, tasks=20, delay=120.0)
+    seen: list[tuple[float, str]] = []
+    scales: list[tuple[float, int]] = []
+    fired: dict[str, float] = {}
+    for step in range(0, 200):
+        now = step * 10.0
+        pool.step(now)
+        for c in st.handle(Evaluate(now, pool.samples(now))):
+            if isinstance(c, Notify):
+                seen.append((now, c.alert.state))
+                if c.alert.state == "firing":
+                    fired = dict(c.alert.fields)
+            elif isinstance(c, Scale):
+                scales.append((now, c.target))
+                pool.ready_at += [now + pool.delay] * (c.target - len(pool.ready_at))
+        if pool.done == 20 and seen[-1][1] == "resolved":
+            break
+    # the oldest task waited over 60 s at 70: pending; a minute on, firing
+    assert seen == [(70.0, "pending"), (130.0, "firing"), (seen[-1][0], "resolved")]
+    # at 130, 4 tasks ran, 2 run, 14 wait (120 s + 10 s): 1 + ceil(14 / 2) = 8 blocks
+    # wanted, 6 allowed; the new blocks run at 250 and the queue drains
+    assert scales == [(130.0, 6)]
+    assert fired == {
+        "max_queue_size": 16.0,  # at 70: 20 - 2 done - 2 running
+        "max_queue_time_mins": 2.2,  # 130 s at 130
+        "queue_size_threshold": 0.0,
+        "queue_time_threshold": 1.0,
+        "threshold_breached": 1.0,
+    }
+    assert [a.line for a in st.audit] == [
+        "alert CorralQueueTime{pool=cpu}: scale pool cpu out from 1 to 6 blocks (fit 14 ready "
+        "tasks at 2 per block beside 1 running and 0 pending blocks, capped by the pool's "
+        "max_blocks 6: corral_queue_depth = 14 > 0 and corral_queue_oldest_wait_seconds = "
+        "130 > 60)",
+        "alert CorralQueueTime{pool=cpu}: no scale-out of pool cpu: cooldown, scaled 10 s "
+        "ago, waits 120 s (corral_queue_depth = 14 > 0 and corral_queue_oldest_wait_seconds "
+        "= 140 > 60)",
+    ]
+    assert seen[-1][0] == 250.0  # the 6 blocks run at 250 and take the whole queue
+
+
+# ----------------------------------------------------------------------------- properties
+
+
+_SELECTOR = hs.builds(
+    lambda name, matcher: name + matcher,
+    hs.sampled_from(["corral_queue_depth", "corral_tasks_running", "corral_workers_throttled"]),
+    hs.sampled_from(["", '{pool="cpu"}', '{pool!="*"}', '{pool="a",pool!="b",}']),
+)
+_VECTOR = hs.one_of(
+    _SELECTOR,
+    hs.builds("sum by (pool) ({})".format, _SELECTOR),
+    hs.builds("sum({})".format, _SELECTOR),
+    hs.just('sum by (pool, state) (corral_workers{state="busy"})'),
+    hs.just("increase(corral_blocks_failed_total[5m])"),
+)
+_COMPARE = hs.builds(
+    "{} {} {}".format,
+    _VECTOR,
+    hs.sampled_from([">", ">=", "<", "<=", "==", "!="]),
+    hs.sampled_from(["0", "1.5", "-2", "1e3", ".5"]),
+)
+_EXPR = hs.recursive(
+    _COMPARE,
+    lambda inner: hs.one_of(
+        hs.builds("{} and {}".format, inner, inner),
+        hs.builds("{} or {}".format, inner, inner),
+        hs.builds("({})".format, inner),
+    ),
+    max_leaves=6,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_EXPR, hs.data())
+def test_expressions_parse_and_any_cut_is_refused_with_a_config_error(
+    text: str, data: hs.DataObject
+) -> None:
+    r = parse_rule({"name": "r", "expr": text}, SAMPLE_LABELS)
+    assert parse_rule(r.to_dict(), SAMPLE_LABELS) == r
+    AlertState([r]).handle(Evaluate(0.0, queue(3, 100.0)))
+    # the text cut anywhere, or with one character dropped: a rule or a refusal
+    i = data.draw(hs.integers(0, len(text) - 1))
+    for broken in (text[:i], text[:i] + text[i + 1 :]):
+        try:
+            parse_rule({"name": "r", "expr": broken}, SAMPLE_LABELS)
+        except AlertConfigError as err:
+            assert err.key == "expr"
+
+
+_STEP = hs.tuples(
+    hs.integers(0, 30),  # queue depth
+    hs.sampled_from([0.0, 30.0, 90.0, 4000.0]),  # oldest wait
+    hs.integers(0, 3),  # blocks pending
+    hs.integers(1, 60),  # seconds to the next evaluation
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    steps=hs.lists(_STEP, min_size=1, max_size=40),
+    fit=hs.booleans(),
+    max_blocks=hs.integers(1, 12),
+    max_cost=hs.sampled_from([None, 6.0, 13.5]),
+    keep=hs.sampled_from([0.0, 45.0]),
+)
+def test_alerts_move_by_the_rules_and_actions_stay_bounded(
+    steps: list[tuple[int, float, int, int]],
+    fit: bool,
+    max_blocks: int,
+    max_cost: float | None,
+    keep: float,
+) -> None:
+    action: dict[str, Any] = {"fit": True} if fit else {"by": 2}
+    action.update(cooldown=100, max_blocks=max_blocks)
+    if max_cost is not None:
+        action["max_cost"] = max_cost
+    st = AlertState([rule(**{"keep_firing_for": keep, "action": {"scale_out": action}})])
+    target, now, state = 1, 0.0, "inactive"
+    last_scale: float | None = None
+    allowed = {  # the notifications each state may be followed by
+        "inactive": {"pending"},
+        "pending": {"firing"},  # a pending alert that clears is dropped quietly
+        "firing": {"resolved"},
+        "resolved": {"pending"},
+    }
+    for depth, wait, pending, gap in steps:
+        now += gap
+        running = max(target - pending, 0)
+        b = pool_blocks(target, running=running, pending=target - running, slots_per_block=3,
+                        max_blocks=10, workers_per_block=2)  # fmt: skip
+        holds = depth > 0 and wait > 60
+        for c in st.handle(Evaluate(now, queue(depth, wait, **b))):
+            if isinstance(c, Notify):
+                assert c.alert.state in allowed[state], (state, c.alert.state)
+                state = c.alert.state
+                assert c.alert.fields["threshold_breached"] == (state != "resolved")
+            elif isinstance(c, Scale):
+                assert holds and state == "firing"
+                assert target < c.target <= min(max_blocks, 10)
+                if max_cost is not None:
+                    assert c.target * 2 <= max_cost
+                assert last_scale is None or now - last_scale >= 100
+                last_scale, target = now, c.target
+        if state == "pending" and not holds:
+            state = "inactive"
+        alerts = st.alerts()
+        if state in ("inactive", "resolved") and holds:
+            raise AssertionError("the condition holds but no alert is pending or firing")
+        assert [a.state for a in alerts] == ([] if state == "inactive" else [state])
