@@ -42,6 +42,7 @@ from actors.autoscaler_state import (
     Shutdown,
     StartBlock,
     StopBlock,
+    TargetRaised,
     TargetSet,
     Tick,
 )
@@ -391,8 +392,16 @@ class Autoscaler(Actor):
         if self.providers is not None:
             self.provider_for(msg.pool)  # a pool that was not configured: ValueError
         ps = self.state.pools.get(msg.pool)
+        now = self.clock.now()
+        if msg.hold is not None:
+            if not msg.hold > 0:
+                raise ValueError(f"hold must be > 0 seconds, got {msg.hold!r}")
+            if ps is None:
+                raise ValueError(f"there is no pool {msg.pool!r} to scale out for a while")
+            await self._handle(TargetRaised(now, msg.pool, msg.n, now + msg.hold))
+            return self.state.counts()
         spec = ps.spec if ps is not None else BlockSpec(pool=msg.pool)
-        await self._handle(TargetSet(self.clock.now(), msg.pool, msg.n, spec))
+        await self._handle(TargetSet(now, msg.pool, msg.n, spec))
         return self.state.counts()
 
     @handles(SetPolicyRequest)

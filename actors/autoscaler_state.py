@@ -34,6 +34,11 @@ others (FAILED: ``crash``; MISSING, CANCELLED by someone else, COMPLETED unasked
 within ``replacement_window`` seconds and the pool *gives up* (:class:`GaveUp`) until
 its target is set again or it is resumed.
 
+A target may also be raised for a while (:class:`TargetRaised`, an alert's scale-out):
+until then the policy sees the higher one; afterwards the target set before is back,
+and the blocks beyond what the policy wants are scaled in as usual (by ``demand``, once
+idle ``max_idletime``). So a scale-out never becomes a floor that nothing lowers.
+
 A block not running yet (requested, pending or held) counts as capacity: the policy's
 proposal includes it, so nothing is asked twice. With a pool's ``provisioning_timeout``
 (:class:`~policies.scaling.PoolLimits`), only until then, counted from its request (or
@@ -95,6 +100,7 @@ __all__ = [
     "Shutdown",
     "StartBlock",
     "StopBlock",
+    "TargetRaised",
     "TargetSet",
     "Tick",
 ]
@@ -126,6 +132,17 @@ class TargetSet(Event):
     n: int
     spec: Any
     limits: PoolLimits | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TargetRaised(Event):
+    """Keep at least ``n`` blocks in ``pool`` until ``until`` (the core's clock), then
+    go back to its target (:class:`TargetSet`): a scale-out that leaves scaling in to
+    the policy (an alert's action). A later raise replaces an earlier one."""
+
+    pool: str
+    n: int
+    until: float
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -367,6 +384,8 @@ class PoolState:
     blocks: int = 0  #: live blocks not retiring
     requested: int = 0  #: StartBlock sent, no answer yet
     retiring: int = 0  #: blocks being scaled in
+    raised: int = 0  #: a raised target (TargetRaised), in force until ``raised_until``
+    raised_until: float = 0.0
 
 
 def _size(ps: PoolState) -> dict[str, int]:
@@ -463,8 +482,7 @@ class AutoscalerState:
     # ----------------------------------------------------------------- handlers
 
     def _target_set(self, ev: TargetSet) -> None:
-        if isinstance(ev.n, bool) or not isinstance(ev.n, int) or ev.n < 0:
-            raise ValueError(f"cannot scale pool {ev.pool!r} to {ev.n!r} workers")
+        _check_blocks(ev.pool, ev.n)
         ps = self.pools.get(ev.pool)
         if ps is None:
             self.pools[ev.pool] = PoolState(ev.pool, ev.n, ev.spec, ev.limits)
@@ -473,6 +491,18 @@ class AutoscalerState:
             if ev.limits is not None:
                 ps.limits = ev.limits
         self.gave_up.discard(ev.pool)
+
+    def _target_raised(self, ev: TargetRaised) -> None:
+        _check_blocks(ev.pool, ev.n)
+        ps = self.pools.get(ev.pool)
+        if ps is None:
+            raise ValueError(f"there is no pool {ev.pool!r}")
+        ps.raised, ps.raised_until = ev.n, ev.until
+
+    def target(self, pool: str) -> int:
+        """``pool``'s target now: the one set, or a raised one while it is in force."""
+        ps = self.pools[pool]
+        return max(ps.target, ps.raised) if self._now < ps.raised_until else ps.target
 
     def _block_started(self, ev: BlockStarted) -> None:
         pool = self.requests.pop(ev.request)
@@ -673,10 +703,11 @@ class AutoscalerState:
         if self.queued is not None:
             queued = self.queued.get(ps.pool, 0) + self.queued.get("*", 0)
         active = self.active(ps.pool)
-        view: PoolView = PoolView(ps.pool, ps.target, ps.blocks, ps.requested, ps.retiring, queued)
+        target = self.target(ps.pool)
+        view: PoolView = PoolView(ps.pool, target, ps.blocks, ps.requested, ps.retiring, queued)
         if ps.limits is not None or active is not None:  # what LoadView adds is known
             view = LoadView(
-                ps.pool, ps.target, ps.blocks, ps.requested, ps.retiring, queued,
+                ps.pool, target, ps.blocks, ps.requested, ps.retiring, queued,
                 ps.limits, active, self.idle_for(ps.pool),
             )  # fmt: skip
         try:
@@ -685,7 +716,7 @@ class AutoscalerState:
             n = None
         if isinstance(n, bool) or not isinstance(n, int):
             self.policy_errors += 1
-            n = ps.target
+            n = target
         most = self._most(ps)
         if not 0 <= n <= most:
             self.policy_errors += 1
@@ -788,6 +819,12 @@ class AutoscalerState:
             assert ps.blocks + ps.requested == live, (ps, live)
 
 
+def _check_blocks(pool: str, n: object) -> None:
+    """ValueError unless ``n`` is a whole number of blocks >= 0."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise ValueError(f"cannot scale pool {pool!r} to {n!r} workers")
+
+
 def _to_retire(live: list[BlockRecord], m: int) -> list[BlockRecord]:
     """The ``m`` blocks to scale in: the idle ones, longest idle first (the last by
     block id among equals); then those with no worker started (pending); then the last
@@ -804,6 +841,7 @@ def _to_retire(live: list[BlockRecord], m: int) -> list[BlockRecord]:
 
 _DISPATCH: dict[type, Any] = {
     TargetSet: AutoscalerState._target_set,
+    TargetRaised: AutoscalerState._target_raised,
     BlockStarted: AutoscalerState._block_started,
     BlockStartFailed: AutoscalerState._block_start_failed,
     BlockEnded: AutoscalerState._block_ended,

@@ -769,10 +769,13 @@ class StoryRequest(Message):
 
 @message()
 class ScaleRequest(Message):
-    """-> autoscaler: keep ``n`` workers in ``pool``."""
+    """-> autoscaler: keep ``n`` workers in ``pool``; with ``hold`` (seconds), only for
+    that long, then back to the target set before (a scale-out that leaves scaling in
+    to the scaling policy, as an alert's action wants)."""
 
     n: int
     pool: str = "default"
+    hold: float | None = None
 
 
 @message()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -32,6 +33,7 @@ from actors.autoscaler_state import (
     Resumed,
     StartBlock,
     StopBlock,
+    TargetRaised,
     TargetSet,
     Tick,
 )
@@ -252,6 +254,38 @@ def test_a_pending_block_is_never_idle() -> None:
 
 
 # ----------------------------------------------------------------------------- at random
+
+
+def test_a_raised_target_holds_until_its_time_then_idle_blocks_drain() -> None:
+    s = make()
+    run(s, TargetSet(0.0, "p", 0, SPEC, limits(init_blocks=1, max_blocks=6, slots_per_block=1)))
+    start(s, 0.5)
+    run(s, load(1.0, 0, **{"w-1": 1}))
+    # An alert's scale-out: 4 blocks until t=300 (the pool's own target stays 0).
+    assert run(s, TargetRaised(10.0, "p", 4, 300.0)) == [
+        StartBlock(i, "p", SPEC) for i in (2, 3, 4)
+    ]
+    assert s.pools["p"].target == 0 and s.target("p") == 4
+    start(s, 11.0)
+    busy = {"w-1": 1, "w-2": 1, "w-3": 0, "w-4": 0}
+    assert run(s, load(20.0, 0, **busy)) == []
+    assert run(s, load(299.9, 0, **busy)) == []  # idle long enough, but the raise holds
+    # The raise is over: the policy drains the blocks idle max_idletime, never a busy one.
+    assert run(s, load(300.0, 0, **busy)) == [  # idle as long: the last by id first
+        DrainWorker("w-4", "block-4"),
+        DrainWorker("w-3", "block-3"),
+    ]
+    assert s.target("p") == 0
+    assert run(s, load(5000.0, 0, **{"w-1": 1, "w-2": 1})) == []
+
+
+def test_a_raised_target_is_checked() -> None:
+    s = make()
+    run(s, TargetSet(0.0, "p", 0, SPEC, limits()))
+    with pytest.raises(ValueError, match="no pool 'q'"):
+        s.handle(TargetRaised(1.0, "q", 2, 10.0))
+    with pytest.raises(ValueError, match="cannot scale"):
+        s.handle(TargetRaised(1.0, "p", -1, 10.0))
 
 
 # ----------------------------------------------------------------------------- pending capacity

@@ -45,6 +45,7 @@ from actors.autoscaler_state import (
     Shutdown,
     StartBlock,
     StopBlock,
+    TargetRaised,
     TargetSet,
     Tick,
 )
@@ -420,6 +421,12 @@ class RandomCluster(RuleBasedStateMachine):
     def set_target(self, pool: str, n: int, timeout: float | None) -> None:
         limits = PoolLimits(0, 4, 0, provisioning_timeout=timeout)
         self.feed(TargetSet(self._later(), pool, n, pool, limits))
+
+    @rule(pool=st.sampled_from(["a", "b"]), n=st.integers(0, 4), hold=st.floats(0.0, 5.0))
+    def raise_target(self, pool: str, n: int, hold: float) -> None:
+        if pool in self.state.pools:
+            now = self._later()
+            self.feed(TargetRaised(now, pool, n, now + hold))
 
     @precondition(lambda self: self.starts)
     @rule(
