@@ -75,6 +75,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import policies  # noqa: E402
+from actors import alerts_state  # noqa: E402
 from actors.autoscaler_state import (  # noqa: E402
     AutoscalerConfig,
     AutoscalerState,
@@ -92,13 +93,18 @@ from actors.autoscaler_state import (  # noqa: E402
     ReportGone,
     StartBlock,
     StopBlock,
+    TargetRaised,
     TargetSet,
 )
 from policies.scaling import PoolLimits  # noqa: E402
+from runtime.messages import BlockMetrics, MetricsReply, PoolMetrics  # noqa: E402
+from runtime.metrics import SAMPLE_LABELS, samples  # noqa: E402
 
 MIN, HOUR = 60.0, 3600.0
 SYSTEMS = ("corral", "parsl", "keda")
 PEERS = ("parsl", "keda")
+#: with ``--systems all``: Corral's autoscaler alone, without the alert rule's scale-outs
+EXTRA = ("corral-noalert",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,6 +133,7 @@ class Settings:
     max_idletime: float = 120.0
     provisioning_timeout: float = 600.0
     corral_tick: float = 1.0
+    alert_every: float = 15.0  #: seconds between evaluations of the alert rules
     # Parsl
     parsl_period: float = 5.0
     # KEDA / HPA
@@ -395,12 +402,26 @@ class Cluster:
 # ----------------------------------------------------------------------------- corral
 
 
+#: the queue-time rule of the benchmark: the default ``CorralQueueTime`` rule with a
+#: scale-out action (enough blocks for the ready tasks, within the pool's max_blocks)
+QUEUE_RULE: dict[str, Any] = {
+    "name": "QueueTimeScaleOut",
+    "expr": "corral_queue_depth > 0 and corral_queue_oldest_wait_seconds > 60",
+    "for": "1m",
+    "labels": {"team": "ci", "priority": "P2"},
+    "action": {"scale_out": {"fit": True, "cooldown": "5m"}},
+}
+
+
 class CorralScaler(Scaler):
-    """The real autoscaler core with the ``demand`` strategy, fed as the shell feeds it."""
+    """The real autoscaler core with the ``demand`` strategy, fed as the shell feeds it;
+    with ``alerts``, the real alert core too, evaluating :data:`QUEUE_RULE` on the
+    metrics every ``alert_every`` seconds, its scale-outs raising the pool's target
+    until the action's cooldown is over (``TargetRaised``)."""
 
     name = "corral"
 
-    def __init__(self, cluster: Cluster) -> None:
+    def __init__(self, cluster: Cluster, alerts: bool = True) -> None:
         s = cluster.s
         self.c = cluster
         self.period = s.corral_tick
@@ -408,6 +429,15 @@ class CorralScaler(Scaler):
         self.state = AutoscalerState(AutoscalerConfig(), demand)
         self.stuck = 0
         self.gave_up = 0
+        self.alerts: alerts_state.AlertState | None = None
+        self.fired = self.scale_outs = 0
+        self.hold = 0.0
+        if alerts:
+            rule = alerts_state.parse_rule(QUEUE_RULE, SAMPLE_LABELS)
+            assert rule.action is not None
+            self.hold = rule.action.cooldown
+            self.alerts = alerts_state.AlertState([rule])
+        self.next_alert = 0.0
         events: list[Event] = []
         for p in s.pools:
             limits = PoolLimits(
@@ -454,6 +484,43 @@ class CorralScaler(Scaler):
             b.worker: int(b.job is not None) for b in self.c.live.values() if b.ran is not None
         }
         self.feed(QueuesSeen(now, queued, processing))
+        if self.alerts is not None and now >= self.next_alert:
+            self.next_alert = now + self.c.s.alert_every
+            self.evaluate(now)
+
+    def metrics(self, now: float) -> MetricsReply:
+        """What ``GET /metrics`` would show now: the cluster's queues and workers, and
+        the autoscaler core's block metrics as its shell makes them."""
+        pools: dict[str, PoolMetrics] = {}
+        for pool, queue in self.c.queues.items():
+            up = [b for b in self.c.blocks(pool) if b.ran is not None]
+            busy = sum(1 for b in up if b.job is not None)
+            pools[pool] = PoolMetrics(
+                queue_depth=len(queue),
+                oldest_wait=max((now - j.queued_at for j in queue), default=0.0),
+                running=busy,
+                workers={"busy": busy, "idle": len(up) - busy},
+            )
+        states = {
+            bid: ("running" if b.ran is not None else "pending")
+            for bid, b in self.c.live.items()
+            if bid in self.state.blocks
+        }
+        blocks = {
+            pool: BlockMetrics(**m, stuck=self.state.stuck.get(pool, 0))
+            for pool, m in self.state.block_metrics(now, states).items()
+        }
+        return MetricsReply(pools=pools, blocks=blocks)
+
+    def evaluate(self, now: float) -> None:
+        assert self.alerts is not None
+        cmds = self.alerts.handle(alerts_state.Evaluate(now, samples(self.metrics(now))))
+        for cmd in cmds:
+            if isinstance(cmd, alerts_state.Scale):
+                self.scale_outs += 1
+                self.feed(TargetRaised(now, cmd.pool, cmd.target, now + self.hold))
+            elif isinstance(cmd, alerts_state.Notify) and cmd.alert.state == "firing":
+                self.fired += 1
 
     def on_running(self, b: Block) -> None:
         if b.bid in self.state.blocks:
@@ -583,6 +650,7 @@ FACTORIES: dict[str, Callable[[Cluster], Scaler]] = {
     "corral": CorralScaler,
     "parsl": ParslSimple,
     "keda": KedaQueue,
+    "corral-noalert": lambda c: CorralScaler(c, alerts=False),
 }
 
 
@@ -605,6 +673,8 @@ class Result:
     jobs_cut: int
     busy_stops: int
     stuck_replaced: int
+    alerts_fired: int
+    scale_outs: int  #: the alert rule's scale-out actions
     wall: float  #: seconds the simulation took
 
 
@@ -636,7 +706,8 @@ def simulate(system: str, s: Settings, seed: int, scenario: str = "healthy") -> 
         worker_hours=sum((b.ended or 0.0) - b.requested for b in blocks) / HOUR,
         makespan=last - first, blocks=len(blocks),
         jobs_cut=sum(j.cut for j in jobs), busy_stops=cluster.busy_stops,
-        stuck_replaced=getattr(scaler, "stuck", 0), wall=time.perf_counter() - t0,
+        stuck_replaced=getattr(scaler, "stuck", 0), alerts_fired=getattr(scaler, "fired", 0),
+        scale_outs=getattr(scaler, "scale_outs", 0), wall=time.perf_counter() - t0,
     )  # fmt: skip
 
 
@@ -666,6 +737,8 @@ COLUMNS: tuple[tuple[str, Callable[[Result], float], str], ...] = (
     ("blocks", lambda r: float(r.blocks), "{:.0f}"),
     ("jobs cut", lambda r: float(r.jobs_cut), "{:.1f}"),
     ("stuck repl.", lambda r: float(r.stuck_replaced), "{:.1f}"),
+    ("alerts", lambda r: float(r.alerts_fired), "{:.1f}"),
+    ("scale-outs", lambda r: float(r.scale_outs), "{:.1f}"),
     ("unfinished", lambda r: float(r.unfinished), "{:.0f}"),
 )
 
@@ -677,17 +750,18 @@ def table(scenario: str, per_seed: list[dict[str, Result]]) -> str:
     seeds = ", ".join(str(runs["corral"].seed) for runs in per_seed)
     jobs = sum(runs["corral"].jobs for runs in per_seed) / n
     width = 12
+    systems = [name for name in (*SYSTEMS, *EXTRA) if name in per_seed[0]]
     lines = [
         f"scenario {scenario}: seeds {seeds}, {jobs:.0f} jobs per seed on average; "
         "waits in minutes",
-        f"{'system':8}" + "".join(f"{label:>{width}}" for label, _, _ in COLUMNS),
+        f"{'system':15}" + "".join(f"{label:>{width}}" for label, _, _ in COLUMNS),
     ]
-    for system in SYSTEMS:
+    for system in systems:
         cells = "".join(
             f"{fmt.format(sum(get(runs[system]) for runs in per_seed) / n):>{width}}"
             for _, get, fmt in COLUMNS
         )
-        lines.append(f"{system:8}{cells}")
+        lines.append(f"{system:15}{cells}")
     rs = [ratios(runs) for runs in per_seed]
     avg = {k: sum(r[k] for r in rs) / n for k in rs[0]}
     lines.append(
@@ -703,10 +777,13 @@ def table(scenario: str, per_seed: list[dict[str, Result]]) -> str:
 
 
 def run_all(
-    s: Settings, seeds: Sequence[int], scenarios: Sequence[str]
+    s: Settings,
+    seeds: Sequence[int],
+    scenarios: Sequence[str],
+    systems: Sequence[str] = SYSTEMS,
 ) -> dict[str, list[dict[str, Result]]]:
     return {
-        sc: [{sys_: simulate(sys_, s, seed, sc) for sys_ in SYSTEMS} for seed in seeds]
+        sc: [{sys_: simulate(sys_, s, seed, sc) for sys_ in systems} for seed in seeds]
         for sc in scenarios
     }
 
@@ -720,16 +797,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--scenario", choices=[*SCENARIOS, "both"], default="both",
         help="healthy: every block comes up in 2-5 min; stuck: 5%% take 30-60 min",
     )  # fmt: skip
+    ap.add_argument(
+        "--systems", choices=["three", "all"], default="three",
+        help="all: also corral-noalert (the autoscaler without the alert's scale-outs)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--max-idletime", type=float, default=None,
+        help="seconds an idle block stays (Corral's and Parsl's max_idletime; default 120)",
+    )  # fmt: skip
     ap.add_argument("--json", action="store_true", help="machine-readable output")
     args = ap.parse_args(argv)
     s = QUICK if args.quick else FULL
+    if args.max_idletime is not None:
+        s = dataclasses.replace(s, max_idletime=args.max_idletime)
+    systems = SYSTEMS if args.systems == "three" else (*SYSTEMS, *EXTRA)
     if args.seed is not None:
         seeds: list[int] = [args.seed]
     else:
         seeds = list(range(1, (args.seeds or (1 if args.quick else 5)) + 1))
     scenarios = list(SCENARIOS) if args.scenario == "both" else [args.scenario]
     t0 = time.perf_counter()
-    results = run_all(s, seeds, scenarios)
+    results = run_all(s, seeds, scenarios, systems)
     if args.json:
         out = {
             sc: [
