@@ -109,7 +109,12 @@ class DemandBlocks:
     more than ``max_blocks``. Blocks beyond that are kept until they have been idle
     ``max_idletime`` seconds; the core then drains the longest idle first (a draining
     worker finishes what it runs: no busy worker is ever stopped). A pool without
-    limits keeps its target, as ``fixed`` does."""
+    limits keeps its target, as ``fixed`` does.
+
+    Level-triggered: the answer depends only on the view now. Blocks requested or
+    pending count in ``blocks + requested`` like running ones, so nothing is asked
+    twice; the core stops counting one past the pool's ``provisioning_timeout`` (it is
+    scaled in, and this answer, asked again, replaces it)."""
 
     name = "demand"
     uses_queues = True
