@@ -263,6 +263,13 @@ class _Parser:
         if got != value or kind == "string":
             raise _Syntax(f"expected {value!r} at character {pos}, got {_shown(kind, got)}")
 
+    def need(self, kind: str, what: str, after: str = "") -> str:
+        """The next token, which must be a ``kind`` (described as ``what``)."""
+        got_kind, got, pos = self.take()
+        if got_kind != kind:
+            raise _Syntax(f"expected {what}{after} at character {pos}, got {_shown(got_kind, got)}")
+        return got
+
     def at(self, value: str) -> bool:
         kind, got, _ = self.peek()
         return got == value and kind in ("name", "punct", "op")
@@ -309,10 +316,7 @@ class _Parser:
                 f"expected a comparison (> >= < <= == !=) after {text!r} at character "
                 f"{pos}, got {_shown(kind, op)}"
             )
-        kind, num, pos = self.take()
-        if kind != "number":
-            raise _Syntax(f"expected a number after {op!r} at character {pos}, got "
-                          f"{_shown(kind, num)}")  # fmt: skip
+        num = self.need("number", "a number", f" after {op!r}")
         index = self.compares
         self.compares += 1
         return Compare(vector, op, float(num), index, text)
@@ -327,11 +331,7 @@ class _Parser:
                 self.expect("(")
                 labels = []
                 while not self.at(")"):
-                    lk, label, lpos = self.take()
-                    if lk != "name":
-                        raise _Syntax(f"expected a label at character {lpos}, got "
-                                      f"{_shown(lk, label)}")  # fmt: skip
-                    labels.append(label)
+                    labels.append(self.need("name", "a label"))
                     if not self.at(")"):
                         self.expect(",")
                 self.take()
@@ -347,10 +347,7 @@ class _Parser:
             self.expect("(")
             sel = self.selector()
             self.expect("[")
-            dk, dur, dpos = self.take()
-            if dk != "duration":
-                raise _Syntax(f"expected a duration like '10m' at character {dpos}, got "
-                              f"{_shown(dk, dur)}")  # fmt: skip
+            dur = self.need("duration", "a duration like '10m'")
             window = parse_duration(dur)
             if window <= 0:
                 raise _Syntax(f"the window of increase() must be longer than 0, got {dur!r}")
@@ -373,19 +370,13 @@ class _Parser:
         if self.at("{"):
             self.take()
             while not self.at("}"):
-                lk, label, lpos = self.take()
-                if lk != "name":
-                    raise _Syntax(f"expected a label at character {lpos}, got "
-                                  f"{_shown(lk, label)}")  # fmt: skip
+                label = self.need("name", "a label")
                 self.check_label(name, label)
                 ok, op, opos = self.take()
                 if op not in ("=", "!="):
                     raise _Syntax(f"expected '=' or '!=' after {label!r} at character {opos}, "
                                   f"got {_shown(ok, op)}")  # fmt: skip
-                vk, value, vpos = self.take()
-                if vk != "string":
-                    raise _Syntax(f"expected a quoted value at character {vpos}, got "
-                                  f"{_shown(vk, value)}")  # fmt: skip
+                value = self.need("string", "a quoted value")
                 matchers.append((label, op, value[1:-1]))
                 if not self.at("}"):
                     self.expect(",")
@@ -448,7 +439,9 @@ class ScaleOut:
     (``fit``) enough blocks for its ready tasks (``ceil(ready / slots_per_block)`` more
     than the blocks running and pending). ``pool``: None is the alert's ``pool`` label.
     Then wait ``cooldown`` seconds. Never above ``max_blocks`` (None: the pool's own)
-    nor ``max_cost`` worker-hours per hour (blocks x workers per block; None: no cap)."""
+    nor ``max_cost`` worker-hours per hour (blocks x workers per block; None: no cap).
+    ``restore``: once the alerts that scaled the pool out resolved, set its target back
+    to what it was before (unless someone else changed it since)."""
 
     by: int | None = None
     fit: bool = False
@@ -456,6 +449,7 @@ class ScaleOut:
     cooldown: float = 300.0
     max_blocks: int | None = None
     max_cost: float | None = None
+    restore: bool = False
 
     def __post_init__(self) -> None:
         if (self.by is None) != self.fit or (self.by is not None and self.by < 1):
@@ -471,6 +465,8 @@ class ScaleOut:
             d["max_blocks"] = self.max_blocks
         if self.max_cost is not None:
             d["max_cost"] = self.max_cost
+        if self.restore:
+            d["restore"] = True
         return {"scale_out": d}
 
 
@@ -513,7 +509,7 @@ class AlertRule:
 
 RULE_KEYS = ("name", "expr", "for", "keep_firing_for", "labels", "annotations", "action")
 ACTION_KEYS = ("scale_out",)
-SCALE_OUT_KEYS = ("by", "fit", "pool", "cooldown", "max_blocks", "max_cost")
+SCALE_OUT_KEYS = ("by", "fit", "pool", "cooldown", "max_blocks", "max_cost", "restore")
 _RULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
 _LABEL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -555,9 +551,10 @@ def _scale_out(rule: str, raw: object) -> ScaleOut:
     for k in raw:
         if k not in SCALE_OUT_KEYS:
             raise _unknown(rule, str(k), SCALE_OUT_KEYS, key + ".")
-    by, fit = raw.get("by"), raw.get("fit", False)
-    if not isinstance(fit, bool):
-        raise AlertConfigError(rule, key + ".fit", f"must be true or false, got {fit!r}")
+    by, fit, restore = raw.get("by"), raw.get("fit", False), raw.get("restore", False)
+    for name, flag in (("fit", fit), ("restore", restore)):
+        if not isinstance(flag, bool):
+            raise AlertConfigError(rule, f"{key}.{name}", f"must be true or false, got {flag!r}")
     if (by is None) == (not fit):
         raise AlertConfigError(
             rule, key, "needs exactly one of 'by = N' (blocks more) and 'fit = true' (blocks "
@@ -582,7 +579,7 @@ def _scale_out(rule: str, raw: object) -> ScaleOut:
         raise AlertConfigError(
             rule, key + ".max_cost", f"must be worker-hours per hour > 0, got {cost!r}"
         )
-    return ScaleOut(by, fit, pool, cooldown, mb, None if cost is None else float(cost))
+    return ScaleOut(by, fit, pool, cooldown, mb, None if cost is None else float(cost), restore)
 
 
 def parse_rule(raw: Mapping[str, Any], names: MetricNames, name: str | None = None) -> AlertRule:
@@ -781,8 +778,9 @@ class Notify(Command):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Scale(Command):
-    """Set ``pool``'s block target to ``target`` (more than it has): rule ``rule``'s
-    action, for ``reason`` (the values against the thresholds)."""
+    """Set ``pool``'s block target to ``target``: rule ``rule``'s action, for ``reason``
+    (the values against the thresholds). More blocks than it has; or, for an action
+    with ``restore`` whose alerts resolved, the target it had before."""
 
     pool: str
     target: int
@@ -852,6 +850,9 @@ class AlertState:
         self._alerts: dict[tuple[str, Labels], _Alert] = {}
         self._history: dict[tuple[str, Labels], deque[tuple[float, float]]] = {}
         self._last_scale: dict[str, float] = {}  #: pool -> when an action last scaled it
+        #: pools scaled out by actions that restore: (target before, target set, by alerts)
+        self._restore: dict[str, tuple[int, int, set[tuple[str, Labels]]]] = {}
+        self._samples: Samples = {}  #: the latest evaluated
         self._out: list[Command] = []
         for rule in rules:
             self._add(rule, False, 0.0)
@@ -907,6 +908,7 @@ class AlertState:
     # ----------------------------------------------------------------- evaluation
 
     def _evaluate(self, now: float, samples: Samples) -> None:
+        self._samples = samples
         self._record(now, samples)
         by_name: dict[str, list[tuple[Labels, float]]] = {}
         for (name, labels), v in samples.items():
@@ -959,6 +961,26 @@ class AlertState:
         a.state, a.resolved_at = "resolved", now
         a.fields["threshold_breached"] = 0.0
         self._notify(a)
+        key = (a.rule, a.labels)
+        for pool, (before, set_to, by) in list(self._restore.items()):
+            if key not in by:
+                continue
+            by.discard(key)
+            if by:
+                continue  # another alert that scaled it still fires
+            del self._restore[pool]
+            who = f"alert {a.rule}{_show_labels(a.labels)}"
+            now_target = self._samples.get(("corral_blocks_target", (("pool", pool),)))
+            if now_target is not None and int(now_target) != set_to:
+                self._audit(
+                    f"{who} resolved: pool {pool}'s target is {int(now_target)}, not the "
+                    f"{set_to} its scale-out set: left as it is",
+                    now,
+                )  # fmt: skip
+                continue
+            reason = f"resolved: back to the target before the scale-out ({set_to} -> {before})"
+            self._out.append(Scale(pool, before, a.rule, reason))
+            self._audit(f"{who} {reason}; blocks drain as the pool's scaling policy says", now)
 
     def _notify(self, a: _Alert) -> None:
         self._out.append(Notify(self._info(a)))
@@ -1186,6 +1208,12 @@ class AlertState:
         reason = f"{how}{capped}: {why}"
         a.refused = ""
         self._last_scale[pool] = now
+        if act.restore:
+            before, _, by = self._restore.get(pool, (current, new, set()))
+            by.add((rule.name, a.labels))
+            self._restore[pool] = (before, new, by)
+        elif pool in self._restore:
+            del self._restore[pool]  # a scale-out that stays: nothing to restore
         self._out.append(Scale(pool, new, rule.name, reason))
         self._audit(f"{who}: scale pool {pool} out from {current} to {new} blocks ({reason})", now)
 

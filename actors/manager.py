@@ -22,6 +22,8 @@ from runtime.errors import ActorStopped, AskTimeout, FrameTooLarge
 from runtime.graph import Key, build_specs
 from runtime.kernel import Actor, ActorRef, Later, handles
 from runtime.messages import (
+    AlertRuleAdd,
+    AlertRuleRemove,
     AlertsReply,
     AlertsRequest,
     CancelKeysRequest,
@@ -422,6 +424,13 @@ class Manager(Actor):
             return AlertsReply()
         reply: AlertsReply = await monitor.ask(msg)
         return reply
+
+    @handles(AlertRuleAdd, AlertRuleRemove)
+    async def alert_rule(self, msg: AlertRuleAdd | AlertRuleRemove) -> Any:
+        monitor = self._monitor()
+        if monitor is None:
+            raise RuntimeError("this cluster runs no alert monitor; its rules cannot change")
+        return await monitor.ask(msg)
 
     @handles(StatusRequest)
     async def status(self, msg: StatusRequest) -> StatusReply:

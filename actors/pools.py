@@ -35,12 +35,14 @@ from runtime.errors import PoolConfigError
 
 __all__ = [
     "COMMON_KEYS",
+    "LOCAL_KEYS",
     "PROVIDERS",
     "SLURM_KEYS",
     "PoolConfig",
     "load_config",
     "parse_seconds",
     "pools_from_dicts",
+    "read_config",
 ]
 
 PROVIDERS = ("local", "slurm")
@@ -61,6 +63,11 @@ COMMON_KEYS: Mapping[str, Any] = {
     "max_idletime": 120.0,
     "provisioning_timeout": None,
     "fallback": None,
+}
+
+#: keys only a pool with ``provider = "local"`` may have
+LOCAL_KEYS: Mapping[str, Any] = {
+    "provision_delay": 0.0,  # seconds a block stays pending before its processes start
 }
 
 #: keys only a pool with ``provider = "slurm"`` may have
@@ -141,6 +148,7 @@ class PoolConfig:
     exclusive: bool = False
     worker_init: str = ""
     scheduler_options: str = ""
+    provision_delay: float = 0.0  #: local only: seconds each block stays pending first
 
     @property
     def workers_per_block(self) -> int:
@@ -195,7 +203,7 @@ def _pool(name: object, raw: object, source: str) -> PoolConfig:
         )  # fmt: skip
     if not isinstance(raw, Mapping):
         raise PoolConfigError(name, "", f"must be a table of settings, got {raw!r}", source)
-    known = [*COMMON_KEYS, *SLURM_KEYS]
+    known = [*COMMON_KEYS, *LOCAL_KEYS, *SLURM_KEYS]
     for key in raw:
         if key not in known:
             raise PoolConfigError(
@@ -225,6 +233,12 @@ def _checked(name: str, raw: Mapping[str, Any]) -> PoolConfig:
                 raise PoolConfigError(
                     name, key, f"is a Slurm setting: only for provider 'slurm', not {provider!r}"
                 )
+    if provider != "local":
+        for key in LOCAL_KEYS:
+            if key in raw:
+                raise PoolConfigError(
+                    name, key, f"is a local setting: only for provider 'local', not {provider!r}"
+                )
     lo = _whole(name, "min_blocks", raw.get("min_blocks", 0), 0)
     hi = _whole(name, "max_blocks", raw.get("max_blocks", max(1, lo)), 1)
     if lo > hi:
@@ -249,8 +263,9 @@ def _checked(name: str, raw: Mapping[str, Any]) -> PoolConfig:
             name, "parallelism", f"must be a number from 0 to 1, got {parallelism!r}"
         )
     seconds: dict[str, float | None] = {}
-    for key in ("walltime", "drain_period", "max_idletime", "provisioning_timeout"):
-        value = raw.get(key, COMMON_KEYS[key])
+    for key in ("walltime", "drain_period", "max_idletime", "provisioning_timeout",
+                "provision_delay"):  # fmt: skip
+        value = raw.get(key, {**COMMON_KEYS, **LOCAL_KEYS}[key])
         if value is None:
             seconds[key] = None
             continue
@@ -302,6 +317,7 @@ def _checked(name: str, raw: Mapping[str, Any]) -> PoolConfig:
         provisioning_timeout=seconds["provisioning_timeout"],
         fallback=fallback,
         exclusive=exclusive,
+        provision_delay=seconds["provision_delay"] or 0.0,
         **texts,
     )
 
@@ -323,8 +339,14 @@ def pools_from_dicts(pools: Mapping[str, Any], *, source: str = "") -> dict[str,
     return out
 
 
-def load_config(path: str | os.PathLike[str]) -> dict[str, PoolConfig]:
-    """The pools of a TOML file: one table per pool under ``[pools.<name>]``."""
+#: the top-level tables of a manager's configuration file
+SECTIONS = ("pools", "alerting", "alerts")
+
+
+def read_config(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """A manager's configuration file as TOML data: its tables ``[pools.<name>]``,
+    ``[alerting]`` and ``[[alerts]]`` (any other top-level key raises
+    :class:`~runtime.errors.PoolConfigError`); checks nothing inside them."""
     path = Path(path)
     try:
         with path.open("rb") as f:
@@ -334,9 +356,19 @@ def load_config(path: str | os.PathLike[str]) -> dict[str, PoolConfig]:
     except tomllib.TOMLDecodeError as exc:
         raise PoolConfigError("", "", f"is not valid TOML: {exc}", str(path)) from None
     for key in data:
-        if key != "pools":
+        if key not in SECTIONS:
             raise PoolConfigError(
-                "", key, f"is not a setting{_suggest(key, ['pools'], '.')} Pools go under "
-                "[pools.<name>]", str(path)
+                "", key, f"is not a setting{_suggest(key, list(SECTIONS), '.')} Pools go "
+                "under [pools.<name>], alert rules under [[alerts]], their settings under "
+                "[alerting]", str(path)
             )  # fmt: skip
+    return data
+
+
+def load_config(path: str | os.PathLike[str]) -> dict[str, PoolConfig]:
+    """The pools of a TOML file: one table per pool under ``[pools.<name>]`` (none if
+    the file has only alerting settings)."""
+    data = read_config(path)
+    if "pools" not in data and data:
+        return {}
     return pools_from_dicts(data.get("pools", {}), source=str(path))

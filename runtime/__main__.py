@@ -161,7 +161,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="PATH",
         help="a TOML file of pools ([pools.NAME] tables: provider local or slurm, "
         "min/max/init blocks, block shape, ...; docs/configuration.md#pools): the "
-        "manager then starts and scales their workers itself",
+        "manager then starts and scales their workers itself; and of alert rules "
+        "([[alerts]] tables, [alerting] settings; docs/monitoring.md)",
+    )
+    mgr.add_argument(
+        "--alertmanager",
+        metavar="URL",
+        help="send firing and resolved alerts to the Alertmanager at URL (e.g. "
+        "http://127.0.0.1:9093; overrides [alerting] alertmanager in --config)",
     )
     mgr.add_argument(
         "--metrics-listen",
@@ -395,6 +402,7 @@ def _cmd_manager(args: argparse.Namespace) -> int:
     import anyio
 
     from actors.pools import load_config
+    from runtime.monitor import alerting_config, load_alerting
     from runtime.node import Tokens, run_manager
 
     def ready(address: str, tokens: Tokens) -> None:
@@ -402,6 +410,10 @@ def _cmd_manager(args: argparse.Namespace) -> int:
 
     token_file = Path(args.token_file) if args.token_file else None
     pools = load_config(args.config) if args.config else None  # refused before it starts
+    if args.config:
+        alerting = load_alerting(args.config, alertmanager=args.alertmanager)
+    else:
+        alerting = alerting_config(alertmanager=args.alertmanager)
 
     def metrics_ready(url: str) -> None:
         print(f"metrics on {url}", flush=True)
@@ -409,7 +421,7 @@ def _cmd_manager(args: argparse.Namespace) -> int:
     anyio.run(
         lambda: run_manager(
             args.listen, token_file=token_file, ready=ready, config=pools,
-            metrics_listen=args.metrics_listen, metrics_ready=metrics_ready,
+            metrics_listen=args.metrics_listen, metrics_ready=metrics_ready, alerting=alerting,
         ),
         backend="asyncio",
     )  # fmt: skip

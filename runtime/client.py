@@ -40,6 +40,8 @@ from runtime.graph import Key, make_task
 from runtime.kernel import Actor, ActorRef, ActorSystem, handles
 from runtime.log import get_logger
 from runtime.messages import (
+    AlertsReply,
+    AlertsRequest,
     CancelRequest,
     GatherRequest,
     KeyUpdates,
@@ -534,6 +536,13 @@ class Cluster:
     (:class:`~runtime.errors.PoolConfigError`). Their workers are in-process actors, or,
     with ``processes=True``, worker processes on this machine. A ``slurm`` pool needs a
     manager process (``python -m runtime manager --config FILE``).
+
+    Alerts (docs/monitoring.md): the default rules run, logged, unless ``alerting``
+    says ``{"default_rules": False}``; ``alerts`` adds rules as data (``[{"name": ...,
+    "expr": ..., "for": "1m", ...}]``), ``alertmanager`` sends them to an Alertmanager
+    (its base URL); ``alerting`` takes the other settings of ``[alerting]``
+    (``interval``, ``dashboard_url``, ``resend``). A bad rule raises
+    :class:`~runtime.errors.AlertConfigError` here. ``cluster.alerts()`` lists them.
     """
 
     def __init__(
@@ -552,6 +561,9 @@ class Cluster:
         memory_options: Mapping[str, Any] | None = None,
         stall_timeout: float = 10.0,
         pools: Mapping[str, Mapping[str, Any]] | None = None,
+        alerts: Sequence[Mapping[str, Any]] = (),
+        alertmanager: str | None = None,
+        alerting: Mapping[str, Any] | None = None,
     ) -> None:
         if address is not None:
             from transport.base import split_address
@@ -588,6 +600,15 @@ class Cluster:
         self.pools: dict[str, Any] = {}  #: configured pools by name (actors.pools)
         if pools is not None:
             self._configure_pools(pools, workers, processes)
+        if address is not None and (alerts or alertmanager or alerting):
+            raise ValueError(
+                "a manager process has its own alerting: give it --config FILE ([[alerts]], "
+                "[alerting]) or --alertmanager URL, not Cluster(address, alerts=...)"
+            )
+        from runtime.monitor import alerting_config
+
+        #: the alert monitor's settings and rules (AlertConfigError now, not at start)
+        self.alerting = alerting_config(alerting, alerts, alertmanager=alertmanager)
         self._system: ActorSystem | None = None
         self._client_actor: ClientActor
         self._manager: ActorRef[Manager] | _RemoteManager
@@ -700,6 +721,7 @@ class Cluster:
                 saturation=self.saturation,
                 policies=self.initial_policies,
                 stall_timeout=self.stall_timeout,
+                alerting=self.alerting,
             )
             self.gateway_address = await start_local_processes(
                 plane,
@@ -725,6 +747,7 @@ class Cluster:
             provider=provider,
             targets={self.pool: PoolTarget(self.n_workers, spec)},
             stall_timeout=self.stall_timeout,
+            alerting=self.alerting,
         )
         await self._finish_start(system, plane)
 
@@ -745,6 +768,7 @@ class Cluster:
         plane = await start_control_plane(
             system, saturation=self.saturation, policies=self.initial_policies,
             stall_timeout=self.stall_timeout, drain_period=pool_drain_period(self.pools),
+            alerting=self.alerting,
         )  # fmt: skip
         if self.processes:
             tokens = Tokens.generate()
@@ -1000,6 +1024,13 @@ class Cluster:
         self._require()
         reply: StatusReply = await self._manager.ask(StatusRequest())
         return reply.to_dict()
+
+    async def alerts(self) -> AlertsReply:
+        """The alert monitor's alerts (pending, firing, lately resolved), its rules (as
+        data) and its latest remediation audit lines."""
+        self._require()
+        reply: AlertsReply = await self._manager.ask(AlertsRequest())
+        return reply
 
     async def story(self, *keys: Key) -> list[tuple[Any, ...]]:
         """Every recorded transition of ``keys``: (key, start, finish, causal id, time)."""

@@ -18,7 +18,7 @@ What lives here:
   the address, else the shell).
 
 Roles: with the read-only token the manager answers only ``status``, ``tasks``,
-``story`` and ``policy list``; the other commands fail with
+``story``, ``policy list`` and ``alert list``; the other commands fail with
 :class:`runtime.node.PermissionDenied` and change nothing. The console sends only wire
 messages, so a read-only connection can carry them, and takes only wire messages back:
 it never unpickles anything (``allow_pickle=False``). The status is a typed
@@ -59,6 +59,10 @@ from runtime.errors import (
 )
 from runtime.messages import (
     MAX_LISTING,
+    AlertRuleAdd,
+    AlertRuleRemove,
+    AlertsReply,
+    AlertsRequest,
     CancelKeysRequest,
     DrainRequest,
     Message,
@@ -124,6 +128,15 @@ COMMANDS: dict[str, tuple[str, str, bool]] = {
         "ask the batch system for a pool's blocks again after it failed too often (status "
         "shows the error; fix the cause first) or after the pool gave up (admin)",
         True,
+    ),
+    "alert": (
+        "alert list | alert add NAME EXPR [OPTIONS] | alert remove NAME",
+        "show the alerts (pending, firing, resolved lately), the rules and the latest "
+        "remediation audit; or add (or replace) a rule, or remove one, live (admin). EXPR "
+        "in quotes; OPTIONS: --for D, --keep-firing-for D, --label K=V, --annotation K=V, "
+        "--scale-out N|fit with --pool, --max-blocks, --max-cost, --cooldown (D: 90, 90s, "
+        "5m); or `alert add {JSON rule}`",
+        False,
     ),
     "cancel": (
         "cancel KEY|RUN",
@@ -334,6 +347,30 @@ class ConsoleClient:
         """Cancel keys (as text) and/or every key of ``run`` (admin)."""
         return dict(await self.ask(CancelKeysRequest(tuple(keys), run)))
 
+    async def alerts(self) -> AlertsReply:
+        """The alerts (pending, firing, lately resolved), the rules as data and the
+        latest remediation audit lines."""
+        reply: AlertsReply = await self.ask(AlertsRequest())
+        return reply
+
+    async def add_alert_rule(self, rule: Mapping[str, Any]) -> dict[str, Any]:
+        """Add ``rule`` (its data; one of the same name is replaced) (admin). Answer:
+        the rule as the monitor holds it. A bad rule: :class:`ConsoleError` with the
+        monitor's ``AlertConfigError`` text."""
+        return dict(await self._alert_ask(AlertRuleAdd(dict(rule))))
+
+    async def remove_alert_rule(self, name: str) -> list[str]:
+        """Remove rule ``name`` (admin). Answer: the names of the rules left."""
+        return list(await self._alert_ask(AlertRuleRemove(name)))
+
+    async def _alert_ask(self, msg: Message) -> Any:
+        try:
+            return await self.ask(msg)
+        except RemoteError as exc:
+            if getattr(exc, "kind", "") == "AlertConfigError":
+                raise ConsoleError(f"AlertConfigError: {getattr(exc, 'text', exc)}") from None
+            raise
+
     # -- command lines -------------------------------------------------------------------
 
     async def run_command(self, line: str) -> str:
@@ -459,6 +496,27 @@ class ConsoleClient:
         what = f"run {run}" if run else f"key {key}"
         return Result("cancel", data, Text(f"cancel requested for {what}: {data['count']} key(s)"))
 
+    async def _cmd_alert(self, rest: str) -> Result:
+        word, _, args = rest.strip().partition(" ")
+        if word in ("", "list"):
+            if args.strip():
+                _usage("alert")
+            reply = await self.alerts()
+            data = jsonable(reply)
+            return Result("alert", data, render_alerts(data))
+        if word == "remove":
+            names = _words(args)
+            if len(names) != 1:
+                _usage("alert")
+            left = await self.remove_alert_rule(names[0])
+            text = f"alert rule {names[0]} removed; rules: {', '.join(left)}"
+            return Result("alert", {"removed": names[0], "rules": left}, Text(text))
+        if word == "add":
+            held = jsonable(await self.add_alert_rule(_alert_rule(args)))
+            text = f"alert rule {held.get('name')} added: {held.get('expr')}"
+            return Result("alert", held, Text(text))
+        _usage("alert")
+
     async def _cmd_help(self, rest: str) -> Result:
         word = rest.strip()
         if word:
@@ -524,6 +582,85 @@ def _params(items: Iterable[str]) -> dict[str, Any]:
         except ValueError:
             params[key] = value
     return params
+
+
+def _duration(text: str) -> float | str:
+    """A duration as typed: seconds as a number when it is one, else the text (``5m``)."""
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+def _pairs(items: Iterable[str], what: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConsoleError(f"alert add: {what} are K=V, not {item!r}")
+        out[key] = value
+    return out
+
+
+_ALERT_OPTIONS = ("--for", "--keep-firing-for", "--label", "--annotation", "--scale-out",
+                  "--pool", "--max-blocks", "--max-cost", "--cooldown")  # fmt: skip
+
+
+def _alert_rule(args: str) -> dict[str, Any]:
+    """The rule of ``alert add ...``: a JSON object as typed, or NAME EXPR and options."""
+    text = args.strip()
+    if text.startswith("{"):
+        try:
+            given = json.loads(text)
+        except ValueError as exc:
+            raise ConsoleError(f"alert add: the rule is not valid JSON: {exc}") from None
+        if not isinstance(given, dict):
+            raise ConsoleError("alert add: the rule must be a JSON object")
+        return given
+    parser = _Parser("alert")
+    parser.add_argument("name")
+    parser.add_argument("expr")
+    parser.add_argument("--for", dest="for_")
+    parser.add_argument("--keep-firing-for")
+    parser.add_argument("--label", action="append", default=[])
+    parser.add_argument("--annotation", action="append", default=[])
+    parser.add_argument("--scale-out")
+    parser.add_argument("--pool")
+    parser.add_argument("--max-blocks", type=int)
+    parser.add_argument("--max-cost", type=float)
+    parser.add_argument("--cooldown")
+    a = parser.parse_args(_words(text))
+    rule: dict[str, Any] = {"name": a.name, "expr": a.expr}
+    if a.for_ is not None:
+        rule["for"] = _duration(a.for_)
+    if a.keep_firing_for is not None:
+        rule["keep_firing_for"] = _duration(a.keep_firing_for)
+    if a.label:
+        rule["labels"] = _pairs(a.label, "labels")
+    if a.annotation:
+        rule["annotations"] = _pairs(a.annotation, "annotations")
+    scale: dict[str, Any] = {}
+    if a.scale_out is not None:
+        if a.scale_out == "fit":
+            scale["fit"] = True
+        else:
+            try:
+                scale["by"] = int(a.scale_out)
+            except ValueError:
+                raise ConsoleError(
+                    f"alert add: --scale-out takes a number of blocks or 'fit', not {a.scale_out!r}"
+                ) from None
+    extra = {"pool": a.pool, "max_blocks": a.max_blocks, "max_cost": a.max_cost,
+             "cooldown": None if a.cooldown is None else _duration(a.cooldown)}  # fmt: skip
+    given = {k: v for k, v in extra.items() if v is not None}
+    if given and not scale:
+        raise ConsoleError(
+            f"alert add: {', '.join('--' + k.replace('_', '-') for k in given)} "
+            "belong to --scale-out N|fit"
+        )
+    if scale:
+        rule["action"] = {"scale_out": {**scale, **given}}
+    return rule
 
 
 def _no_args(name: str, rest: str) -> None:
@@ -808,6 +945,51 @@ def _float(text: str) -> float:
         return 0.0
 
 
+def _when(t: Any) -> str:
+    return "-" if t is None else time.strftime("%H:%M:%S", time.localtime(float(t)))
+
+
+def render_alerts(data: Mapping[str, Any]) -> RenderableType:
+    """``alert list``: the alerts, the rules in force, the latest audit lines."""
+    parts: list[RenderableType] = []
+    alerts = list(data.get("alerts") or [])
+    if alerts:
+        at = Table(title="alerts", title_justify="left")
+        for col in ("alert", "state", "since", "labels", "value", "fields"):
+            at.add_column(col, overflow="fold")
+        at.columns[0].no_wrap = True
+        for a in alerts:
+            shown = {k: v for k, v in (a.get("labels") or {}).items() if k != "alertname"}
+            fields = "\n".join(f"{k}={v:g}" for k, v in (a.get("fields") or {}).items())
+            since = {"pending": a.get("active_since"), "firing": a.get("fired_at"),
+                     "resolved": a.get("resolved_at")}.get(str(a["state"]))  # fmt: skip
+            _row(
+                at, str(a["name"]), str(a["state"]).upper(), _when(since),
+                "\n".join(f"{k}={v}" for k, v in shown.items()), f"{a.get('value', 0):g}",
+                fields,
+            )  # fmt: skip
+        parts.append(at)
+    else:
+        parts.append(Text("no alerts pending or firing"))
+    rules = list(data.get("rules") or [])
+    rt = Table(title="rules", title_justify="left")
+    for col in ("rule", "expr", "for", "labels", "action"):
+        rt.add_column(col, overflow="fold")
+    rt.columns[0].no_wrap = True
+    for r in rules:
+        labels = ", ".join(f"{k}={v}" for k, v in (r.get("labels") or {}).items())
+        scale = dict((r.get("action") or {}).get("scale_out") or {})
+        how = ", ".join(f"{k} {v}" for k, v in scale.items())
+        _row(rt, str(r.get("name")), str(r.get("expr")), f"{r.get('for', 0):g} s", labels,
+             f"scale out: {how}" if how else "-")  # fmt: skip
+    parts.append(rt if rules else Text("no alert rules"))
+    audit = list(data.get("audit") or [])
+    if audit:
+        parts.append(Text("remediation audit (latest):", style="bold"))
+        parts.extend(Text(line) for line in audit[-10:])
+    return Group(*parts)
+
+
 def render_policies(infos: Sequence[Mapping[str, Any]]) -> RenderableType:
     t = Table()
     for col in ("kind", "in use", "available"):
@@ -932,6 +1114,10 @@ class ConsoleShell(cmd.Cmd):
             self.known["kinds"] = sorted(str(i["kind"]) for i in data)
             for i in data:
                 self.known[f"policy:{i['kind']}"] = list(i.get("available") or ())
+        elif result.command == "alert" and isinstance(data, dict) and "rules" in data:
+            rules = data["rules"]
+            names = [str(r.get("name")) if isinstance(r, dict) else str(r) for r in rules]
+            self.known["rules"] = sorted(names)
 
     # -- completion ----------------------------------------------------------------------
 
@@ -973,6 +1159,14 @@ class ConsoleShell(cmd.Cmd):
             return self.known.get("keys", []) + self.known.get("workers", []) if not args else []
         if name == "cancel":
             return ["--key", "--run", *self.known.get("keys", [])] if not args else []
+        if name == "alert":
+            if not args:
+                return ["list", "add", "remove"]
+            if args[0] == "remove" and len(args) == 1:
+                return self.known.get("rules", [])
+            if args[0] == "add" and len(args) >= 3:
+                return [*_ALERT_OPTIONS]
+            return []
         return []
 
     # -- the loop ------------------------------------------------------------------------

@@ -595,6 +595,24 @@ class AlertsReply(Message):
 
 
 @message()
+class AlertRuleAdd(Message):
+    """-> manager -> alert monitor (admin): add the alert rule ``rule`` (its data, as
+    in a ``[[alerts]]`` table of the manager's configuration), or replace the rule of
+    the same name. Answer: the rule as the monitor holds it; a bad rule raises
+    :class:`~runtime.errors.AlertConfigError`."""
+
+    rule: dict[str, Any]
+
+
+@message()
+class AlertRuleRemove(Message):
+    """-> manager -> alert monitor (admin): remove the alert rule called ``name`` (its
+    alerts end). Answer: the names of the rules left."""
+
+    name: str
+
+
+@message()
 class PoolLife(Message):
     """How long a pool's workers live: ``lives`` counted (those that left, and those
     alive, censored), ``deaths`` among them (preempted, crashed, lost), the Kaplan-Meier

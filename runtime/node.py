@@ -68,6 +68,8 @@ from runtime.errors import (
 from runtime.kernel import ActorRef, ActorSystem
 from runtime.log import get_logger
 from runtime.messages import (
+    AlertRuleAdd,
+    AlertRuleRemove,
     AlertsRequest,
     CancelKeysRequest,
     CancelRequest,
@@ -78,6 +80,8 @@ from runtime.messages import (
     GatherRequest,
     Leaving,
     Message,
+    MetricsReply,
+    MetricsRequest,
     PolicyQuery,
     ReadStream,
     RegisterWorker,
@@ -97,6 +101,14 @@ from runtime.messages import (
     WorkerInfo,
     WorkerMemoryReport,
     message,
+)
+from runtime.monitor import (
+    DEFAULT_ALERTING,
+    AlertingConfig,
+    DashboardAt,
+    Monitor,
+    alerting_config,
+    load_alerting,
 )
 from runtime.remote import Peer, Refused, RemoteRef, refusal_error, refuse
 
@@ -145,6 +157,8 @@ class ControlPlane:
     provider: Provider | None = None
     #: or, with configured pools, the provider of each pool by name
     providers: dict[str, Provider] = dataclasses.field(default_factory=dict)
+    #: the alert monitor (None: the cluster runs none)
+    monitor: Monitor | None = None
 
     def resolve(self, name: str) -> Any:
         """A reference to the actor or remote peer called ``name``, or ``None``."""
@@ -171,9 +185,11 @@ async def start_control_plane(
     targets: dict[str, PoolTarget] | None = None,
     stall_timeout: float = 10.0,
     drain_period: float | None = None,
+    alerting: AlertingConfig | None = DEFAULT_ALERTING,
 ) -> ControlPlane:
-    """Spawn registry, scheduler, manager and, with a ``provider``, the autoscaler.
-    ``stall_timeout``, ``drain_period``: see
+    """Spawn registry, scheduler, manager, the alert monitor (unless ``alerting`` is
+    None; by default the default rules, logged) and, with a ``provider``, the
+    autoscaler. ``stall_timeout``, ``drain_period``: see
     :class:`~actors.scheduler_state.SchedulerConfig`.
 
     ``policies`` of kind ``scaling`` go to the autoscaler (started here or later by
@@ -201,9 +217,17 @@ async def start_control_plane(
     refs["scheduler"] = await system.spawn(scheduler, "scheduler", max_restarts=0)
     manager = Manager(
         lambda: refs["scheduler"], lambda: refs["registry"], lambda: refs.get("autoscaler"),
-        plane.resolve,
+        plane.resolve, monitor=lambda: refs.get("monitor"),
     )  # fmt: skip
     refs["manager"] = await system.spawn(manager, "manager")
+    if alerting is not None:
+
+        async def metrics() -> MetricsReply:
+            reply: MetricsReply = await refs["manager"].ask(MetricsRequest(), timeout=30.0)
+            return reply
+
+        plane.monitor = Monitor(metrics, lambda: refs.get("autoscaler"), alerting)
+        refs["monitor"] = await system.spawn(plane.monitor, "monitor")
     if provider is not None:
         await start_autoscaler(plane, provider(plane), targets or {})
     return plane
@@ -391,6 +415,21 @@ def _local_address(address: str) -> str:
     return address
 
 
+def _http_url(address: str) -> str:
+    """The http(s) URL of a websocket listener's ``address``, reachable from other
+    machines (a wildcard host becomes this machine's name)."""
+    import socket
+
+    parts = urlsplit(address)
+    host = parts.hostname or ""
+    if host in ("0.0.0.0", "::", ""):
+        host = socket.getfqdn()
+    elif ":" in host:
+        host = f"[{host}]"
+    scheme = "https" if parts.scheme == "wss" else "http"
+    return f"{scheme}://{host}:{parts.port}"
+
+
 async def start_pools(
     plane: ControlPlane,
     pools: Mapping[str, PoolConfig],
@@ -420,7 +459,9 @@ async def start_pools(
         argv_for = functools.partial(pool_worker_argv, pool, memory_options)
         if pool.provider == "local":
             local = functools.partial(argv_for, _local_address(address))
-            provider: Any = LocalProcessProvider(local, env=env, prefix=name)
+            provider: Any = LocalProcessProvider(
+                local, env=env, prefix=name, provision_delay=pool.provision_delay
+            )
         else:
             parts = urlsplit(address)
             remote = address
@@ -581,6 +622,8 @@ ALLOWED: Mapping[str, frozenset[type[Message]]] = MappingProxyType(
             ResumeRequest,
             WaitForWorkersRequest,
             DrainRequest,
+            AlertRuleAdd,
+            AlertRuleRemove,
         },
         "worker": frozenset(
             {TasksDone, WorkerMemoryReport, WorkerGone, WorkerHolds, Leaving, Evacuated}
@@ -1002,6 +1045,8 @@ async def run_manager(
     config: str | os.PathLike[str] | Mapping[str, PoolConfig] | None = None,
     metrics_listen: str | None = None,
     metrics_ready: Callable[[str], None] | None = None,
+    alerting: AlertingConfig | None = None,
+    alertmanager: str | None = None,
 ) -> None:
     """Run a manager process until SIGINT or SIGTERM: control plane + gateway on
     ``listen`` (``host:port``, ``ws://host:port`` or any transport address).
@@ -1017,10 +1062,23 @@ async def run_manager(
     that keeps each pool's blocks (worker processes on this machine, or Slurm jobs)
     within its limits, with the ``demand`` strategy unless ``policies`` picks another
     scaling policy, and the pools' ``fallback`` in the default retry policy. Without
-    pools it has no autoscaler: workers join it by themselves."""
+    pools it has no autoscaler: workers join it by themselves.
+
+    Alerts (docs/monitoring.md): ``alerting``, else the ``[alerting]`` and ``[[alerts]]``
+    tables of a ``config`` file, else the default rules, logged
+    (:class:`~runtime.errors.AlertConfigError` before anything starts);
+    ``alertmanager``: an Alertmanager's base URL to send them to. Each alert's
+    ``dashboard`` link is the manager's own page unless the configuration gives one."""
     pools: Mapping[str, PoolConfig] = {}
     if config is not None:
         pools = config if isinstance(config, Mapping) else load_config(config)
+    if alerting is None:
+        if config is not None and not isinstance(config, Mapping):
+            alerting = load_alerting(config, alertmanager=alertmanager)
+        else:
+            alerting = alerting_config(alertmanager=alertmanager)
+    elif alertmanager is not None:
+        alerting = dataclasses.replace(alerting, alertmanager=alertmanager)
     if "scaling" in (policies or {}) and not pools:
         raise ValueError("a manager process has no autoscaler: it takes no scaling policy")
     address = listen if "://" in listen else f"ws://{listen}"
@@ -1041,9 +1099,8 @@ async def run_manager(
         metrics_at = (host.strip("[]"), int(port))
     async with ActorSystem() as system:
         plane = await start_control_plane(
-            system, policies=policies, drain_period=pool_drain_period(pools)
+            system, policies=policies, drain_period=pool_drain_period(pools), alerting=alerting
         )
-        from runtime.messages import MetricsReply, MetricsRequest
         from runtime.metrics import metrics_route, serve_metrics
 
         async def fetch() -> MetricsReply:
@@ -1079,6 +1136,8 @@ async def run_manager(
             _log.warning("metrics listening (no authentication)", url=metrics_url)
         if on_gateway is not None:
             on_gateway(gateway)
+        if websockets:  # alerts link to the manager's page (served on its listener)
+            plane.refs["monitor"].post(DashboardAt(_http_url(listener.address) + "/"))
         path = token_file or token_path(listener.address)
         if websockets:
             tokens.write(path)

@@ -4,6 +4,7 @@ fields of the users' queue alert, and scale-out actions with their bounds and au
 
 from __future__ import annotations
 
+import pickle
 import re
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
+from prometheus_client.parser import text_string_to_metric_families
 
 from actors.alerts_state import (
     DEFAULT_RULES,
@@ -42,8 +44,14 @@ from actors.autoscaler_state import (
 from actors.providers import BlockSpec
 from policies.scaling import PoolLimits
 from runtime.errors import AlertConfigError
-from runtime.messages import BlockMetrics, MetricsReply, PoolMetrics
-from runtime.metrics import SAMPLE_LABELS, SnapshotCollector, samples
+from runtime.messages import (
+    BlockMetrics,
+    CategoryMetrics,
+    FailureCount,
+    MetricsReply,
+    PoolMetrics,
+)
+from runtime.metrics import SAMPLE_LABELS, SnapshotCollector, render, samples
 
 QUEUE = {
     "name": "QueueTime",
@@ -478,6 +486,36 @@ def test_an_alert_without_a_pool_needs_the_action_to_name_one() -> None:
     assert [(c.pool, c.target) for c in only(cmds, Scale)] == [("cpu", 2)]
 
 
+def test_restore_sets_the_target_back_once_the_alert_resolved() -> None:
+    st = AlertState([scaler(by=2, cooldown=60, max_blocks=9, restore=True)])
+    b = pool_blocks(1, running=1)
+    assert [c.target for c in only(st.handle(Evaluate(0.0, queue(7, 100.0, **b))), Scale)] == [3]
+    b = pool_blocks(3, running=3)
+    assert [c.target for c in only(st.handle(Evaluate(60.0, queue(7, 160.0, **b))), Scale)] == [5]
+    b = pool_blocks(5, running=5)
+    cmds = st.handle(Evaluate(70.0, queue(0, 0.0, **b)))
+    assert only(cmds, Scale) == [
+        Scale("cpu", 1, "QueueTime", "resolved: back to the target before the scale-out (5 -> 1)")
+    ]
+    assert only(cmds, Audit)[0].line == (
+        "alert QueueTime{pool=cpu} resolved: back to the target before the scale-out (5 -> 1); "
+        "blocks drain as the pool's scaling policy says"
+    )
+    # someone set the target meanwhile: it stays
+    st = AlertState([scaler(by=2, cooldown=60, max_blocks=9, restore=True)])
+    st.handle(Evaluate(0.0, queue(7, 100.0, **pool_blocks(1, running=1))))
+    cmds = st.handle(Evaluate(10.0, queue(0, 0.0, **pool_blocks(8, running=3))))
+    assert only(cmds, Scale) == []
+    assert only(cmds, Audit)[0].line == (
+        "alert QueueTime{pool=cpu} resolved: pool cpu's target is 8, not the 3 its scale-out "
+        "set: left as it is"
+    )
+    # without restore, the target stays where the action put it
+    st = AlertState([scaler(by=2, max_blocks=9)])
+    st.handle(Evaluate(0.0, queue(7, 100.0, **pool_blocks(1, running=1))))
+    assert only(st.handle(Evaluate(10.0, queue(0, 0.0, **pool_blocks(3)))), Scale) == []
+
+
 def test_unknown_blocks_refuse_and_a_failed_scale_is_audited() -> None:
     st = AlertState([scaler(by=1, max_blocks=9)])
     cmds = st.handle(Evaluate(0.0, queue(7, 100.0)))
@@ -539,13 +577,15 @@ def test_handle_refuses_what_it_does_not_know() -> None:
 
 def test_rules_round_trip_through_their_data() -> None:
     rules = parse_rules(DEFAULT_RULES, SAMPLE_LABELS)
-    rules.append(scaler(fit=True, pool="cpu", cooldown="10m", max_blocks=8, max_cost=12.5))
+    rules.append(
+        scaler(fit=True, pool="cpu", cooldown="10m", max_blocks=8, max_cost=12.5, restore=True)
+    )
     rules.append(scaler(by=2))
     for r in rules:
         assert parse_rule(r.to_dict(), SAMPLE_LABELS) == r
     assert rules[-2].to_dict()["action"] == {
         "scale_out": {"fit": True, "pool": "cpu", "cooldown": 600.0, "max_blocks": 8,
-                      "max_cost": 12.5},
+                      "max_cost": 12.5, "restore": True},
     }  # fmt: skip
     assert rules[-1].action == ScaleOut(by=2)
     assert rules[0].to_dict() == {
@@ -635,6 +675,8 @@ E = "corral_queue_depth > 0"
          "key 'action.scale_out.by' must be a whole number >= 1, got 0"),
         ({"name": "r", "expr": E, "action": {"scale_out": {"fit": "yes"}}},
          "key 'action.scale_out.fit' must be true or false"),
+        ({"name": "r", "expr": E, "action": {"scale_out": {"by": 1, "restore": 1}}},
+         "key 'action.scale_out.restore' must be true or false, got 1"),
         ({"name": "r", "expr": E, "action": {"scale_out": {"by": 1, "max_cost": -1}}},
          "key 'action.scale_out.max_cost' must be worker-hours per hour > 0, got -1"),
         ({"name": "r", "expr": E, "action": {"scale_out": {"by": 1, "max_blocks": 1.5}}},
@@ -951,3 +993,35 @@ def test_alerts_move_by_the_rules_and_actions_stay_bounded(
         if state in ("inactive", "resolved") and holds:
             raise AssertionError("the condition holds but no alert is pending or firing")
         assert [a.state for a in alerts] == ([] if state == "inactive" else [state])
+
+
+def test_the_error_crosses_processes_with_its_fields() -> None:
+    err = AlertConfigError("r", "for", "must be a number", "alerts.toml")
+    back = pickle.loads(pickle.dumps(err))
+    assert type(back) is AlertConfigError and str(back) == str(err)
+    assert (back.rule, back.key, back.problem, back.source) == (
+        "r", "for", "must be a number", "alerts.toml"
+    )  # fmt: skip
+    assert str(err) == (
+        "alert rule 'r' in alerts.toml: key 'for' must be a number. See "
+        "docs/monitoring.md#alert-rules."
+    )
+
+
+def test_samples_are_what_the_metrics_page_shows() -> None:
+    reply = MetricsReply(
+        pools={"cpu": PoolMetrics(queue_depth=7, oldest_wait=62.5, wait_quantiles={"0.9": 3.0},
+                                  waits=4, wait_sum=9.5, workers={"idle": 1, "busy": 2})},
+        categories={"inc": CategoryMetrics(4, 2.5, 400, 10, 99)},
+        failures=(FailureCount("inc", "error", "ValueError", 2),),
+        tasks_by_state={"queued": 7},
+        tasks_created=11,
+        workers=3,
+        blocks={"cpu": BlockMetrics({"running": 2}, 0.0, 2, 2, 4, 8, 2, 1)},
+    )  # fmt: skip
+    shown = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(render(reply).decode())
+        for s in family.samples
+    }
+    assert samples(reply) == shown

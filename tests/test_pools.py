@@ -220,6 +220,24 @@ def test_a_file_is_refused_naming_the_file_pool_and_key(tmp_path: Path) -> None:
         load_config(tmp_path / "missing.toml")
 
 
+def test_a_local_pool_may_have_a_provision_delay(tmp_path: Path) -> None:
+    pools = pools_from_dicts({"ci": {"provision_delay": "00:00:30"}, "b": {}})
+    assert pools["ci"].provision_delay == 30.0 and pools["b"].provision_delay == 0.0
+    with pytest.raises(PoolConfigError, match="'provision_delay' must be a number of seconds"):
+        pools_from_dicts({"ci": {"provision_delay": -1}})
+    with pytest.raises(PoolConfigError, match="is a local setting"):
+        pools_from_dicts({"ckpt": {"provider": "slurm", "provision_delay": 5}})
+    # The file may hold alerting tables beside the pools, or only them.
+    path = tmp_path / "corral.toml"
+    path.write_text('[alerting]\ninterval = 2\n\n[[alerts]]\nname = "x"\nexpr = "y"\n')
+    assert load_config(path) == {}
+    path.write_text("[pools.ci]\nprovision_delay = 2\n\n[alerting]\ninterval = 2\n")
+    assert load_config(path)["ci"].provision_delay == 2.0
+    path.write_text("[alert]\ninterval = 2\n")
+    with pytest.raises(PoolConfigError, match="did you mean 'alerts'"):
+        load_config(path)
+
+
 def test_a_cluster_refuses_bad_pools_when_made() -> None:
     with pytest.raises(PoolConfigError, match="did you mean 'max_blocks'"):
         Cluster(pools={"a": {"max_block": 2}})

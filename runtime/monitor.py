@@ -1,0 +1,381 @@
+"""The alert monitor: a thin actor over the pure alert core (``actors/alerts_state.py``).
+
+What lives here:
+
+- :class:`AlertingConfig`: the alerting settings of a cluster (rules as data, whether
+  the default rules apply, the evaluation interval, the Alertmanager URL, the dashboard
+  link), checked when made (:func:`alerting_config`, from a manager's TOML file's
+  ``[alerting]`` and ``[[alerts]]`` tables or from ``Cluster(alerts=..., alertmanager=...)``).
+- :class:`Monitor`: every ``interval`` seconds it takes a metrics snapshot (the
+  manager's ``MetricsRequest``, bounded), flattens it (:func:`runtime.metrics.samples`),
+  feeds ``Evaluate(now, samples)`` to the core and carries out its commands: ``Notify``
+  goes to every notifier (``runtime/notify.py``: they never block), ``Scale`` is a
+  ``ScaleRequest`` to the autoscaler (asked in the background, bounded; its answer goes
+  back to the core), ``Audit`` is a WARNING log line ``alert action`` kept (the latest
+  100) for the console. It answers ``AlertsRequest`` and changes its rules live on
+  ``AlertRuleAdd`` / ``AlertRuleRemove`` (a bad rule: ``AlertConfigError`` to the asker).
+
+A slow or stuck metrics fetch skips that evaluation; a notifier that cannot reach its
+server retries in its own task. Nothing here waits without a bound in a handler.
+docs/monitoring.md ("Configuring alerts", "Notifiers and Alertmanager", "Remediation
+audit") describes it for users.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import math
+import os
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
+
+import anyio
+
+from actors.alerts_state import (
+    DEFAULT_RULES,
+    AlertRule,
+    AlertState,
+    Audit,
+    Evaluate,
+    Notify,
+    RuleAdded,
+    RuleRemoved,
+    Scale,
+    ScaleDone,
+    parse_rule,
+    parse_rules,
+)
+from actors.pools import read_config
+from runtime.errors import ActorStopped, AlertConfigError, AskTimeout
+from runtime.kernel import Actor, ActorRef, handles
+from runtime.messages import (
+    AlertInfo,
+    AlertRuleAdd,
+    AlertRuleRemove,
+    AlertsReply,
+    AlertsRequest,
+    Message,
+    MetricsReply,
+    ScaleRequest,
+    message,
+)
+from runtime.metrics import SAMPLE_LABELS, samples
+from runtime.notify import AlertmanagerNotifier, LogNotifier, Notifier
+
+__all__ = [
+    "AUDIT_LINES",
+    "DEFAULT_ALERTING",
+    "AlertingConfig",
+    "DashboardAt",
+    "Monitor",
+    "alerting_config",
+    "load_alerting",
+]
+
+#: audit lines the monitor keeps for ``AlertsReply.audit``
+AUDIT_LINES = 100
+
+#: the keys of ``[alerting]``
+ALERTING_KEYS = ("alertmanager", "interval", "default_rules", "dashboard_url", "resend")
+
+
+@dataclasses.dataclass(frozen=True)
+class AlertingConfig:
+    """A cluster's alerting. ``rules``: rule data (each as in a ``[[alerts]]`` table),
+    checked; ``default_rules``: whether Corral's default rules apply too (a rule of
+    yours with the same name replaces the default one); ``interval``: seconds between
+    evaluations; ``alertmanager``: the base URL of an Alertmanager to send alerts to
+    (None: none); ``dashboard_url``: the link put in each alert's ``dashboard``
+    annotation (empty: the manager's own page, when it has an HTTP listener);
+    ``resend``: seconds between sends of a firing alert to Alertmanager."""
+
+    rules: tuple[Mapping[str, Any], ...] = ()
+    default_rules: bool = True
+    interval: float = 5.0
+    alertmanager: str | None = None
+    dashboard_url: str = ""
+    resend: float = 60.0
+
+    def all_rules(self) -> list[AlertRule]:
+        """The rules in force at start (the defaults, then these; one of these with a
+        default rule's name replaces it), parsed: :class:`AlertConfigError` for a bad
+        one."""
+        by_name: dict[str, AlertRule] = {}
+        if self.default_rules:
+            for rule in parse_rules(DEFAULT_RULES, SAMPLE_LABELS):
+                by_name[rule.name] = rule
+        for rule in parse_rules(list(self.rules), SAMPLE_LABELS):
+            by_name[rule.name] = rule
+        return list(by_name.values())
+
+
+#: what a cluster gets unless told otherwise: the default rules, logged
+DEFAULT_ALERTING = AlertingConfig()
+
+
+def _problem(key: str, text: str, source: str) -> AlertConfigError:
+    return AlertConfigError("", f"alerting.{key}", text, source)
+
+
+def alerting_config(
+    settings: Mapping[str, Any] | None = None,
+    rules: Sequence[Mapping[str, Any]] = (),
+    *,
+    alertmanager: str | None = None,
+    source: str = "",
+) -> AlertingConfig:
+    """Check and build an :class:`AlertingConfig` from an ``[alerting]`` table
+    (``settings``) and ``[[alerts]]`` tables (``rules``); ``alertmanager`` (the
+    manager's ``--alertmanager`` flag) overrides the table's. Raises
+    :class:`~runtime.errors.AlertConfigError` naming the key and what is allowed."""
+    raw = dict(settings or {})
+    for key in raw:
+        if key not in ALERTING_KEYS:
+            raise _problem(key, f"is unknown; the keys are: {', '.join(ALERTING_KEYS)}", source)
+    interval = raw.get("interval", 5.0)
+    if (
+        isinstance(interval, bool)
+        or not isinstance(interval, int | float)
+        or not math.isfinite(interval)
+        or interval <= 0
+    ):
+        raise _problem("interval", f"must be a number of seconds > 0, got {interval!r}", source)
+    resend = raw.get("resend", 60.0)
+    if isinstance(resend, bool) or not isinstance(resend, int | float) or not resend > 0:
+        raise _problem("resend", f"must be a number of seconds > 0, got {resend!r}", source)
+    default_rules = raw.get("default_rules", True)
+    if not isinstance(default_rules, bool):
+        raise _problem("default_rules", f"must be true or false, got {default_rules!r}", source)
+    url = alertmanager if alertmanager is not None else raw.get("alertmanager")
+    if url is not None and (
+        not isinstance(url, str) or not url.startswith(("http://", "https://"))
+    ):
+        raise _problem(
+            "alertmanager",
+            f"must be Alertmanager's base URL, e.g. 'http://127.0.0.1:9093', got {url!r}",
+            source,
+        )
+    dashboard = raw.get("dashboard_url", "")
+    if not isinstance(dashboard, str):
+        raise _problem("dashboard_url", f"must be a URL as a string, got {dashboard!r}", source)
+    if not isinstance(rules, Sequence) or isinstance(rules, str | bytes):
+        raise AlertConfigError("", "", f"must be a list of tables, got {rules!r}")
+    config = AlertingConfig(
+        rules=tuple(dict(r) for r in rules),
+        default_rules=default_rules,
+        interval=float(interval),
+        alertmanager=url or None,
+        dashboard_url=dashboard,
+        resend=float(resend),
+    )
+    try:
+        config.all_rules()  # every rule checked now, not at start
+    except AlertConfigError as err:
+        if source:
+            raise AlertConfigError(err.rule, err.key, err.problem, source) from None
+        raise
+    return config
+
+
+def load_alerting(
+    path: str | os.PathLike[str], *, alertmanager: str | None = None
+) -> AlertingConfig:
+    """The alerting of a manager's configuration file (its ``[alerting]`` table and
+    ``[[alerts]]`` tables; the defaults without them), checked; ``alertmanager`` (the
+    ``--alertmanager`` flag) overrides the file's."""
+    data = read_config(path)
+    rules = data.get("alerts", [])
+    if not isinstance(rules, list):
+        raise AlertConfigError(
+            "", "alerts", f"rules go in [[alerts]] tables (a list), got {rules!r}", str(path)
+        )
+    settings = data.get("alerting", {})
+    if not isinstance(settings, Mapping):
+        raise AlertConfigError("", "alerting", "must be a table [alerting]", str(path))
+    return alerting_config(settings, rules, alertmanager=alertmanager, source=str(path))
+
+
+@message(local=True)
+class DashboardAt(Message):
+    """-> monitor: the dashboard's URL, once the manager's listener is up (used for
+    alerts' ``dashboard`` annotation unless the configuration gives one)."""
+
+    url: str
+
+
+@message(local=True)
+class _Sampled(Message):
+    now: float
+    samples: Any
+
+
+@message(local=True)
+class _ScaleAnswered(Message):
+    cmd: Any
+    error: str
+
+
+Fetch = Callable[[], Awaitable[MetricsReply]]
+
+
+class Monitor(Actor):
+    """Evaluates the alert rules on the cluster's metrics; see the module's doc.
+
+    ``metrics``: gets one snapshot (bounded here by ``fetch_timeout``, default the
+    interval, at least 1 s); ``autoscaler``: the autoscaler's reference, or None
+    (a rule's scale action then fails, audited); ``notifiers``: default a
+    :class:`~runtime.notify.LogNotifier`, plus an
+    :class:`~runtime.notify.AlertmanagerNotifier` when the configuration names one."""
+
+    def __init__(
+        self,
+        metrics: Fetch,
+        autoscaler: Callable[[], ActorRef[Any] | None],
+        config: AlertingConfig | None = None,
+        *,
+        notifiers: Sequence[Notifier] | None = None,
+        fetch_timeout: float | None = None,
+        scale_timeout: float = 10.0,
+    ) -> None:
+        self.config = config = config or AlertingConfig()
+        self._metrics = metrics
+        self._autoscaler = autoscaler
+        self.interval = config.interval
+        self.fetch_timeout = fetch_timeout or max(1.0, config.interval)
+        self.scale_timeout = scale_timeout
+        self.state = AlertState(config.all_rules())
+        if notifiers is None:
+            notifiers = [LogNotifier()]
+            if config.alertmanager:
+                notifiers.append(AlertmanagerNotifier(config.alertmanager, resend=config.resend))
+        self.notifiers = list(notifiers)
+        self.dashboard_url = config.dashboard_url
+        self.audit: collections.deque[str] = collections.deque(maxlen=AUDIT_LINES)
+        self.evaluations = 0  #: evaluations done
+        self.skipped = 0  #: evaluations skipped: no metrics in time
+
+    async def on_start(self) -> None:
+        for notifier in self.notifiers:
+            self.start_soon(notifier.run)
+        self.start_soon(self._sample)
+
+    async def _sample(self) -> None:
+        """Every ``interval`` seconds: a snapshot (bounded), handed to the actor."""
+        while True:
+            started = time.monotonic()
+            snap: MetricsReply | None = None
+            with anyio.move_on_after(self.fetch_timeout):
+                try:
+                    snap = await self._metrics()
+                except (ActorStopped, AskTimeout) as exc:
+                    self.log.info("alert evaluation skipped: no metrics", why=str(exc))
+            if self.ref.mailbox.closed:
+                return
+            try:
+                if snap is None:
+                    self.skipped += 1
+                else:
+                    self.ref.post(_Sampled(time.time(), samples(snap)))
+            except ActorStopped:
+                return
+            await anyio.sleep(max(0.0, self.interval - (time.monotonic() - started)))
+
+    # -- the core's commands ---------------------------------------------------------
+
+    def _run(self, *events: Any) -> None:
+        for cmd in self.state.handle(*events):
+            if isinstance(cmd, Notify):
+                self._notify(cmd.alert)
+            elif isinstance(cmd, Scale):
+                self.start_soon(self._scale, cmd)
+            elif isinstance(cmd, Audit):
+                self._audit(cmd.line, cmd.now)
+            else:  # pragma: no cover - a command this shell does not know
+                raise TypeError(f"the monitor has no shell for {type(cmd).__name__}")
+
+    def _notify(self, alert: AlertInfo) -> None:
+        if self.dashboard_url and "dashboard" not in alert.annotations:
+            alert = dataclasses.replace(
+                alert, annotations={**alert.annotations, "dashboard": self.dashboard_url}
+            )
+        for notifier in self.notifiers:
+            try:
+                notifier.notify(alert)
+            except Exception as exc:  # one broken notifier must not stop the others
+                self.log.error("notifier failed", notifier=type(notifier).__name__,
+                               error=repr(exc))  # fmt: skip
+
+    def _audit(self, line: str, now: float) -> None:
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
+        self.audit.append(f"{stamp} {line}")
+        self.log.warning("alert action", audit=line)
+
+    async def _scale(self, cmd: Scale) -> None:
+        """Ask the autoscaler (bounded); how it went goes back to the core."""
+        error = ""
+        autoscaler = self._autoscaler()
+        if autoscaler is None:
+            error = "this cluster has no autoscaler"
+        else:
+            try:
+                await autoscaler.ask(ScaleRequest(cmd.target, cmd.pool), timeout=self.scale_timeout)
+            except Exception as exc:
+                error = f"{type(exc).__name__}: {exc}"
+        with contextlib.suppress(ActorStopped):
+            self.ref.post(_ScaleAnswered(cmd, error))
+
+    # -- handlers --------------------------------------------------------------------
+
+    @handles(_Sampled)
+    def sampled(self, msg: _Sampled) -> None:
+        self.evaluations += 1
+        self._run(Evaluate(msg.now, msg.samples))
+
+    @handles(_ScaleAnswered)
+    def scale_answered(self, msg: _ScaleAnswered) -> None:
+        if not msg.error:
+            self.log.info("alert action done", pool=msg.cmd.pool, target=msg.cmd.target)
+        self._run(ScaleDone(msg.cmd.pool, not msg.error, msg.error, time.time()))
+
+    @handles(DashboardAt)
+    def dashboard_at(self, msg: DashboardAt) -> None:
+        if not self.config.dashboard_url:
+            self.dashboard_url = msg.url
+
+    @handles(AlertsRequest)
+    def alerts(self, msg: AlertsRequest) -> AlertsReply:
+        alerts = tuple(self.state.alerts())
+        if self.dashboard_url:
+            alerts = tuple(
+                a
+                if "dashboard" in a.annotations
+                else dataclasses.replace(
+                    a, annotations={**a.annotations, "dashboard": self.dashboard_url}
+                )
+                for a in alerts
+            )
+        rules = tuple(r.to_dict() for r in self.state.rules.values())
+        return AlertsReply(alerts, rules, tuple(self.audit))
+
+    @handles(AlertRuleAdd)
+    def add_rule(self, msg: AlertRuleAdd) -> dict[str, Any]:
+        if not isinstance(msg.rule, Mapping):
+            raise AlertConfigError("", "", f"a rule is a table of settings, got {msg.rule!r}")
+        rule = parse_rule(dict(msg.rule), SAMPLE_LABELS)
+        self._run(RuleAdded(rule, replace=True, now=time.time()))
+        self.log.warning("alert rule added", rule=rule.name, expr=rule.expr)
+        return rule.to_dict()
+
+    @handles(AlertRuleRemove)
+    def remove_rule(self, msg: AlertRuleRemove) -> list[str]:
+        names = list(self.state.rules)
+        if msg.name not in names:
+            raise AlertConfigError(
+                msg.name, "", f"there is no such rule; the rules are: {', '.join(names) or 'none'}"
+            )
+        self._run(RuleRemoved(msg.name, now=time.time()))
+        self.log.warning("alert rule removed", rule=msg.name)
+        return list(self.state.rules)

@@ -1,0 +1,234 @@
+"""Alerts leave Corral for a real Alertmanager (Debian package ``prometheus-alertmanager``,
+started on 127.0.0.1 by the tests; they skip without it and fail in CI): a firing alert
+arrives with its labels, its fields as annotations and the dashboard link, then
+resolves; the notifier retries with a growing backoff while Alertmanager is down and
+delivers once it is up; a server that never answers does not hold up the monitor.
+
+Also the payload's shape and the alerting configuration's checks, without a server."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from runtime import Cluster
+from runtime.errors import AlertConfigError
+from runtime.messages import AlertInfo
+from runtime.monitor import alerting_config, load_alerting
+from runtime.notify import AlertmanagerNotifier, alertmanager_payload, rfc3339
+from tests.helpers import Cli, free_port, http_get, start_alertmanager, wait_until
+
+pytestmark = pytest.mark.anyio
+
+LIMIT = 60  # seconds any test here may take
+
+#: the rule of these tests: any ready task fires it (at once)
+QUEUED = {
+    "name": "CorralQueueNonEmpty",
+    "expr": "corral_queue_depth > 0",
+    "labels": {"team": "ci", "priority": "P2"},
+    "annotations": {"summary": "tasks of {{ $labels.pool }} wait"},
+}
+
+
+def _active(url: str) -> list[dict[str, Any]]:
+    """The alerts Alertmanager holds as active."""
+    status, body = http_get(url + "/api/v2/alerts")
+    assert status == 200, body
+    alerts: list[dict[str, Any]] = json.loads(body)
+    return alerts
+
+
+def _named(url: str, name: str) -> list[dict[str, Any]]:
+    return [a for a in _active(url) if a["labels"].get("alertname") == name]
+
+
+# ----------------------------------------------------------------------------- the payload
+
+
+def test_the_payload_has_alertmanagers_shape() -> None:
+    firing = AlertInfo(
+        "CorralQueueTime", "firing",
+        labels={"alertname": "CorralQueueTime", "pool": "ci", "team": "ci", "priority": "P2"},
+        annotations={"summary": "wait", "dashboard": "http://m:8786/"},
+        value=7.0, active_since=1000.0, fired_at=1060.0,
+        fields={"max_queue_size": 7.0, "max_queue_time_mins": 62.0, "queue_size_threshold": 0.0,
+                "queue_time_threshold": 1.0, "threshold_breached": 1.0},
+    )  # fmt: skip
+    body = alertmanager_payload(firing, now=2000.0, ends_in=240.0)
+    assert body["labels"] == {
+        "alertname": "CorralQueueTime", "pool": "ci", "team": "ci", "priority": "P2"
+    }  # fmt: skip
+    assert body["annotations"] == {
+        "summary": "wait", "dashboard": "http://m:8786/", "max_queue_size": "7",
+        "max_queue_time_mins": "62", "queue_size_threshold": "0", "queue_time_threshold": "1",
+        "threshold_breached": "1", "value": "7",
+    }  # fmt: skip
+    assert body["startsAt"] == rfc3339(1060.0) == "1970-01-01T00:17:40.000Z"
+    assert body["endsAt"] == rfc3339(2240.0)  # ahead while it fires: resent before then
+    assert body["generatorURL"] == "http://m:8786/"
+
+    resolved = AlertInfo(
+        "CorralQueueTime", "resolved", labels=firing.labels, fired_at=1060.0,
+        resolved_at=1500.0, fields={"threshold_breached": 0.0, "max_queue_size": 7.5},
+    )  # fmt: skip
+    body = alertmanager_payload(resolved, now=2000.0, ends_in=240.0, generator_url="http://d/")
+    assert body["endsAt"] == rfc3339(1500.0)  # the resolve time: in the past
+    assert body["annotations"]["threshold_breached"] == "0"
+    assert body["annotations"]["max_queue_size"] == "7.5"
+    assert body["generatorURL"] == "http://d/"
+
+
+def test_alerting_settings_are_checked() -> None:
+    with pytest.raises(AlertConfigError, match="interval"):
+        alerting_config({"interval": 0})
+    with pytest.raises(AlertConfigError, match="is unknown"):
+        alerting_config({"alertmanger": "http://x"})
+    with pytest.raises(AlertConfigError, match="base URL"):
+        alerting_config(alertmanager="127.0.0.1:9093")
+    with pytest.raises(AlertConfigError, match="expr"):
+        alerting_config(rules=[{"name": "x", "expr": "corral_queue_dept > 0"}])
+    with pytest.raises(AlertConfigError):
+        Cluster(workers=0, alerts=[{"name": "x"}])
+    with pytest.raises(ValueError, match="http"):
+        AlertmanagerNotifier("localhost:9093")
+    config = alerting_config({"default_rules": False}, [QUEUED], alertmanager="http://a:9093")
+    assert [r.name for r in config.all_rules()] == ["CorralQueueNonEmpty"]
+    assert config.alertmanager == "http://a:9093"
+    defaults = [r.name for r in alerting_config().all_rules()]
+    assert "CorralQueueTime" in defaults and "CorralNoWorkers" in defaults
+
+
+def test_a_config_file_gives_rules_and_settings(tmp_path: Path) -> None:
+    path = tmp_path / "corral.toml"
+    path.write_text(
+        '[alerting]\nalertmanager = "http://127.0.0.1:9093"\ninterval = 2\n'
+        'dashboard_url = "http://dash/"\n\n'
+        '[[alerts]]\nname = "CorralQueueTime"\n'
+        'expr = "corral_queue_oldest_wait_seconds > 60"\nfor = "5m"\n'
+        'labels = {team = "ci", priority = "P1"}\n'
+        'action = {scale_out = {fit = true, cooldown = "2m"}}\n'
+    )
+    config = load_alerting(path)
+    assert config.interval == 2.0 and config.dashboard_url == "http://dash/"
+    rules = {r.name: r for r in config.all_rules()}
+    assert rules["CorralQueueTime"].for_ == 300.0  # the file's replaces the default rule
+    assert rules["CorralQueueTime"].action is not None
+    assert load_alerting(path, alertmanager="http://other:1").alertmanager == "http://other:1"
+    path.write_text('[[alerts]]\nname = "x"\nexpr = "corral_queue_depth > 0"\nfo = "1m"\n')
+    typo = r"corral.toml: key 'fo' is unknown; did you mean 'for'\?"
+    with pytest.raises(AlertConfigError, match=typo):
+        load_alerting(path)
+
+
+# ----------------------------------------------------------------------------- a real Alertmanager
+
+
+@pytest.mark.slow
+async def test_a_firing_alert_reaches_alertmanager_then_resolves(tmp_path: Path) -> None:
+    with Cli(tmp_path / "home") as cli:
+        url = start_alertmanager(cli, tmp_path / "am")
+        with anyio.fail_after(LIMIT):
+            async with Cluster(
+                workers=0, alerts=[QUEUED], alertmanager=url,
+                alerting={"interval": 0.1, "default_rules": False,
+                          "dashboard_url": "http://dash.example/"},
+            ) as cluster:  # fmt: skip
+                fut = cluster.submit(sum, [1, 2], pure=False)  # no worker: it waits
+                arrived = await wait_until(
+                    lambda: anyio.to_thread.run_sync(_named, url, "CorralQueueNonEmpty"),
+                    "the firing alert in Alertmanager",
+                    step=0.1,
+                )
+                (alert,) = arrived
+                assert alert["labels"] == {
+                    "alertname": "CorralQueueNonEmpty", "pool": "*", "team": "ci",
+                    "priority": "P2",
+                }  # fmt: skip
+                notes = alert["annotations"]
+                assert notes["summary"] == "tasks of * wait"
+                assert notes["max_queue_size"] == "1"
+                assert notes["queue_size_threshold"] == "0"
+                assert notes["threshold_breached"] == "1"
+                assert notes["dashboard"] == "http://dash.example/"
+                assert alert["generatorURL"] == "http://dash.example/"
+                assert alert["status"]["state"] == "active"
+
+                await cluster.scale(1)  # a worker runs the task: the queue empties
+                assert await fut == 3
+                await wait_until(
+                    lambda: anyio.to_thread.run_sync(
+                        lambda: not _named(url, "CorralQueueNonEmpty")
+                    ),
+                    "Alertmanager to hold the alert as resolved (no longer active)",
+                    step=0.1,
+                )
+                reply = await cluster.alerts()
+                assert [a.state for a in reply.alerts] == ["resolved"]
+                monitor = cluster._plane.monitor
+                (notifier,) = [n for n in monitor.notifiers if isinstance(n, AlertmanagerNotifier)]
+                assert notifier.sent == 2 and notifier.given_up == 0  # firing, resolved
+
+
+@pytest.mark.slow
+async def test_the_notifier_backs_off_while_alertmanager_is_down(tmp_path: Path) -> None:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    notifier = AlertmanagerNotifier(url, backoff=0.1, max_backoff=5.0, max_tries=30)
+    alert = AlertInfo(
+        "CorralLate", "firing", labels={"alertname": "CorralLate", "pool": "p"},
+        fired_at=time.time(), fields={"max_queue_size": 3.0},
+    )  # fmt: skip
+    with Cli(tmp_path / "home") as cli, anyio.fail_after(LIMIT):
+        async with anyio.create_task_group() as tg:
+            await tg.start(notifier.run)
+            notifier.notify(alert)  # returns at once; nothing listens on the port yet
+            await wait_until(lambda: len(notifier.failures) >= 4, "four failed posts")
+            times = [t for t, _ in notifier.failures]
+            gaps = [b - a for a, b in itertools.pairwise(times)]
+            # 0.1 s x 2^n, times 0.8..1.2: each wait longer than the one before
+            assert all(b > a for a, b in itertools.pairwise(gaps)), gaps
+            assert all("Connect" in why for _, why in notifier.failures), notifier.failures
+            assert notifier.sent == 0
+            await anyio.to_thread.run_sync(start_alertmanager, cli, tmp_path / "am", port)
+            (got,) = await wait_until(
+                lambda: anyio.to_thread.run_sync(_named, url, "CorralLate"),
+                "the alert delivered once Alertmanager is up",
+                step=0.1,
+            )
+            assert got["annotations"]["max_queue_size"] == "3"
+            assert notifier.sent == 1 and notifier.given_up == 0
+            tg.cancel_scope.cancel()
+
+
+@pytest.mark.slow
+async def test_an_alertmanager_that_never_answers_does_not_hold_up_the_monitor() -> None:
+    with socket.socket() as silent:  # accepts connections (the backlog), never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        with anyio.fail_after(LIMIT):
+            async with Cluster(
+                workers=0, alerts=[QUEUED], alertmanager=url,
+                alerting={"interval": 0.1, "default_rules": False},
+            ) as cluster:  # fmt: skip
+                fut = cluster.submit(sum, [1, 2], pure=False)  # no worker: the alert fires
+                monitor = cluster._plane.monitor
+                (notifier,) = [n for n in monitor.notifiers if isinstance(n, AlertmanagerNotifier)]
+                await wait_until(lambda: notifier.firing, "the alert to fire")
+                start = monitor.evaluations
+                # Its post hangs (a 10 s timeout) while evaluations and answers go on.
+                while monitor.evaluations < start + 20:
+                    with anyio.fail_after(1.0):
+                        reply = await cluster.alerts()
+                    assert [a.state for a in reply.alerts] == ["firing"]
+                    await anyio.sleep(0.05)
+                assert notifier.sent == 0 and not notifier.failures
+                assert not fut.done()
