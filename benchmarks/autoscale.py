@@ -103,8 +103,10 @@ from runtime.metrics import SAMPLE_LABELS, samples  # noqa: E402
 MIN, HOUR = 60.0, 3600.0
 SYSTEMS = ("corral", "parsl", "keda")
 PEERS = ("parsl", "keda")
-#: with ``--systems all``: Corral's autoscaler alone, without the alert rule's scale-outs
-EXTRA = ("corral-noalert",)
+#: with ``--systems all``: Corral's autoscaler alone, without the alert rule's
+#: scale-outs; and with them setting the pool's target (a floor that stays) instead of
+#: raising it for the action's cooldown
+EXTRA = ("corral-noalert", "corral-floor")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -417,11 +419,12 @@ class CorralScaler(Scaler):
     """The real autoscaler core with the ``demand`` strategy, fed as the shell feeds it;
     with ``alerts``, the real alert core too, evaluating :data:`QUEUE_RULE` on the
     metrics every ``alert_every`` seconds, its scale-outs raising the pool's target
-    until the action's cooldown is over (``TargetRaised``)."""
+    until the action's cooldown is over (``TargetRaised``), or with ``floor`` setting
+    it (``TargetSet``, a plain ``ScaleRequest``: it stays until set again)."""
 
     name = "corral"
 
-    def __init__(self, cluster: Cluster, alerts: bool = True) -> None:
+    def __init__(self, cluster: Cluster, alerts: bool = True, floor: bool = False) -> None:
         s = cluster.s
         self.c = cluster
         self.period = s.corral_tick
@@ -432,6 +435,7 @@ class CorralScaler(Scaler):
         self.alerts: alerts_state.AlertState | None = None
         self.fired = self.scale_outs = 0
         self.hold = 0.0
+        self.floor = floor
         if alerts:
             rule = alerts_state.parse_rule(QUEUE_RULE, SAMPLE_LABELS)
             assert rule.action is not None
@@ -518,7 +522,10 @@ class CorralScaler(Scaler):
         for cmd in cmds:
             if isinstance(cmd, alerts_state.Scale):
                 self.scale_outs += 1
-                self.feed(TargetRaised(now, cmd.pool, cmd.target, now + self.hold))
+                if self.floor:
+                    self.feed(TargetSet(now, cmd.pool, cmd.target, cmd.pool))
+                else:
+                    self.feed(TargetRaised(now, cmd.pool, cmd.target, now + self.hold))
             elif isinstance(cmd, alerts_state.Notify) and cmd.alert.state == "firing":
                 self.fired += 1
 
@@ -651,6 +658,7 @@ FACTORIES: dict[str, Callable[[Cluster], Scaler]] = {
     "parsl": ParslSimple,
     "keda": KedaQueue,
     "corral-noalert": lambda c: CorralScaler(c, alerts=False),
+    "corral-floor": lambda c: CorralScaler(c, floor=True),
 }
 
 
@@ -799,7 +807,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )  # fmt: skip
     ap.add_argument(
         "--systems", choices=["three", "all"], default="three",
-        help="all: also corral-noalert (the autoscaler without the alert's scale-outs)",
+        help="all: also corral-noalert (without the alert's scale-outs) and corral-floor "
+        "(scale-outs that set the target instead of raising it for the cooldown)",
     )  # fmt: skip
     ap.add_argument(
         "--max-idletime", type=float, default=None,
