@@ -20,7 +20,9 @@ else, or a policy that raises, falls back to the target and counts in
   tasks, ``RetireWorker`` once idle, and the worker exits). The block then ends by itself
   (:class:`BlockEnded`) and its workers are reported gone as ``drained``. Only a block
   whose workers the scheduler does not know (``DrainAnswered(known=False)``: they never
-  joined, so they run nothing) is stopped (:class:`StopBlock`).
+  joined, so they run nothing), or that has no workers, is stopped (:class:`StopBlock`);
+  a pending block's workers are asked too, as one may have joined since the core last
+  heard that the block runs.
 
 A block that ends unasked is reported (:class:`ReportGone`) with the cause its end
 state says and replaced. Ends that cost nothing are expected: ``preempted`` (the batch
@@ -669,12 +671,12 @@ class AutoscalerState:
         b.retiring = b.stopping = True
         self._out.append(StopBlock(b.block_id))
 
-    def _retire(self, b: BlockRecord, ask: bool = False) -> None:
-        """Scale ``b`` in: drain its workers, or stop it if none of them started (it is
-        pending, or has none). ``ask``: drain a pending block's workers too, so that
-        one that joined since the core last heard runs nothing when it is stopped."""
+    def _retire(self, b: BlockRecord) -> None:
+        """Scale ``b`` in: stop it if it has no workers; else drain them, a pending
+        block's too (one may have joined since the core last heard that the block
+        runs): it is stopped once the scheduler knows none of them."""
         b.retiring = True
-        if not b.workers or (b.state == "pending" and not ask):
+        if not b.workers:
             self._stop(b)  # no worker of it started
             return
         for wid in b.workers:
@@ -755,7 +757,7 @@ class AutoscalerState:
                 self._out.append(
                     BlockStuck(b.block_id, ps.pool, b.state, self._now - b.since, timeout)
                 )
-                self._retire(b, ask=True)
+                self._retire(b)
 
     def _converge(self) -> None:
         for ps in self.pools.values():

@@ -138,6 +138,23 @@ def test_a_pending_block_goes_first_and_is_stopped_at_once() -> None:
     assert sorted(s.blocks) == ["block-1"] and s.ended == 1
 
 
+def test_a_pending_block_with_workers_is_asked_before_it_is_stopped() -> None:
+    s = make()
+    run(s, TargetSet(0.0, "default", 2, SPEC))
+    run(s, BlockStarted(0.1, 1, "block-1", ("w-1",), "pending"))
+    run(s, BlockStarted(0.1, 2, "block-2", ("w-2",), "pending"))
+    # The core has not heard that they run: their workers are asked, not stopped.
+    assert run(s, TargetSet(1.0, "default", 0, SPEC)) == [
+        DrainWorker("w-1", "block-1"),
+        DrainWorker("w-2", "block-2"),
+    ]
+    assert run(s, DrainAnswered(1.1, "w-2", False)) == [StopBlock("block-2")]  # never joined
+    assert run(s, DrainAnswered(1.2, "w-1", True)) == []  # joined meanwhile: drained
+    assert run(s, BlockEnded(9.0, "block-1", "completed")) == [
+        ReportGone("block-1", ("w-1",), "drained", "completed")
+    ]
+
+
 def test_a_block_whose_workers_never_joined_is_stopped() -> None:
     s = make()
     run(s, TargetSet(0.0, "default", 1, SPEC))
