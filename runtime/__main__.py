@@ -507,11 +507,13 @@ def _cmd_check(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from actors.pools import load_config
+    from runtime.monitor import load_alerting
     from runtime.preflight import exit_code, render, run_checks
 
     if args.probe_timeout <= 0:
         raise ValueError("--probe-timeout must be more than 0")
     pools = load_config(args.config)
+    load_alerting(args.config)  # its alert rules and settings too: AlertConfigError
 
     def progress(text: str) -> None:
         print(text, file=sys.stderr, flush=True)

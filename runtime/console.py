@@ -39,7 +39,7 @@ import re
 import shlex
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -130,9 +130,10 @@ COMMANDS: dict[str, tuple[str, str, bool]] = {
         True,
     ),
     "alert": (
-        "alert list | alert add NAME EXPR [OPTIONS] | alert remove NAME",
+        "alert list | alert watch [SECONDS] | alert add NAME EXPR [OPTIONS] | alert remove NAME",
         "show the alerts (pending, firing, resolved lately), the rules and the latest "
-        "remediation audit; or add (or replace) a rule, or remove one, live (admin). EXPR "
+        "remediation audit; or print each change of an alert's state as it comes, for "
+        "SECONDS (default 60); or add (or replace) a rule, or remove one, live (admin). EXPR "
         "in quotes; OPTIONS: --for D, --keep-firing-for D, --label K=V, --annotation K=V, "
         "--scale-out N|fit with --pool, --max-blocks, --max-cost, --cooldown (D: 90, 90s, "
         "5m); or `alert add {JSON rule}`",
@@ -234,6 +235,8 @@ class ConsoleClient:
         self.name = f"console-{os.urandom(6).hex()}"
         self._peer: Any = None
         self._stack: contextlib.AsyncExitStack | None = None
+        #: where a command that reports as it goes (``alert watch``) prints each line
+        self.emit: Callable[[str], None] | None = None
 
     @property
     def closed(self) -> bool:
@@ -352,6 +355,23 @@ class ConsoleClient:
         latest remediation audit lines."""
         reply: AlertsReply = await self.ask(AlertsRequest())
         return reply
+
+    async def watch_alerts(
+        self, seconds: float, interval: float = 1.0
+    ) -> AsyncGenerator[dict[str, Any], None]:
+        """Each change of an alert's state seen within ``seconds`` (asking every
+        ``interval`` seconds), as it is seen; first the states at the start."""
+        seen: dict[tuple[str, tuple[tuple[str, str], ...]], str] = {}
+        deadline = time.monotonic() + seconds
+        while True:
+            for a in (await self.alerts()).alerts:
+                key = (a.name, tuple(sorted(a.labels.items())))
+                if seen.get(key) != a.state:
+                    seen[key] = a.state
+                    yield jsonable(a)
+            if time.monotonic() + interval > deadline:
+                return
+            await anyio.sleep(interval)
 
     async def add_alert_rule(self, rule: Mapping[str, Any]) -> dict[str, Any]:
         """Add ``rule`` (its data; one of the same name is replaced) (admin). Answer:
@@ -504,6 +524,8 @@ class ConsoleClient:
             reply = await self.alerts()
             data = jsonable(reply)
             return Result("alert", data, render_alerts(data))
+        if word == "watch":
+            return await self._watch(args)
         if word == "remove":
             names = _words(args)
             if len(names) != 1:
@@ -516,6 +538,24 @@ class ConsoleClient:
             text = f"alert rule {held.get('name')} added: {held.get('expr')}"
             return Result("alert", held, Text(text))
         _usage("alert")
+
+    async def _watch(self, args: str) -> Result:
+        words = _words(args)
+        if len(words) > 1:
+            _usage("alert")
+        try:
+            seconds = float(words[0]) if words else 60.0
+        except ValueError:
+            raise ConsoleError(f"alert watch: SECONDS is a number, not {words[0]!r}") from None
+        if not 0 < seconds <= 86400:
+            raise ConsoleError("alert watch: SECONDS must be more than 0 and at most 86400")
+        changes = []
+        async for change in self.watch_alerts(seconds):
+            changes.append(change)
+            if self.emit is not None:
+                self.emit(alert_line(change))
+        text = f"watched alerts for {seconds:g} s: {len(changes)} change(s)"
+        return Result("alert", {"changes": changes}, Text(text))
 
     async def _cmd_help(self, rest: str) -> Result:
         word = rest.strip()
@@ -945,6 +985,18 @@ def _float(text: str) -> float:
         return 0.0
 
 
+def alert_line(a: Mapping[str, Any]) -> str:
+    """One alert's state as a line: time, STATE, name, labels, value, fields."""
+    since = {"pending": a.get("active_since"), "firing": a.get("fired_at"),
+             "resolved": a.get("resolved_at")}.get(str(a.get("state")))  # fmt: skip
+    labels = " ".join(f"{k}={v}" for k, v in (a.get("labels") or {}).items() if k != "alertname")
+    fields = " ".join(f"{k}={v:g}" for k, v in (a.get("fields") or {}).items())
+    return (
+        f"{_when(since)} {str(a.get('state')).upper():8} {a.get('name')} {labels} "
+        f"value={a.get('value', 0):g} {fields}"
+    ).rstrip()
+
+
 def _when(t: Any) -> str:
     return "-" if t is None else time.strftime("%H:%M:%S", time.localtime(float(t)))
 
@@ -1051,6 +1103,7 @@ class ConsoleShell(cmd.Cmd):
         if stdin is not None:
             self.use_rawinput = False
         self.client = client
+        client.emit = self._emit
         self.call = call
         self.out = console or Console()
         self.intro = (
@@ -1084,6 +1137,9 @@ class ConsoleShell(cmd.Cmd):
         else:
             self.out.print(result.view)
         return False
+
+    def _emit(self, line: str) -> None:
+        self.out.print(line, markup=False, highlight=False, soft_wrap=True)
 
     def postcmd(self, stop: bool, line: str) -> bool:
         if not stop and self.client.closed:
@@ -1161,9 +1217,11 @@ class ConsoleShell(cmd.Cmd):
             return ["--key", "--run", *self.known.get("keys", [])] if not args else []
         if name == "alert":
             if not args:
-                return ["list", "add", "remove"]
+                return ["list", "watch", "add", "remove"]
             if args[0] == "remove" and len(args) == 1:
                 return self.known.get("rules", [])
+            if args[0] == "watch":
+                return []
             if args[0] == "add" and len(args) >= 3:
                 return [*_ALERT_OPTIONS]
             return []
@@ -1260,6 +1318,8 @@ def main(
     if not cmd_words:
         return _interactive(client)
     line = shlex.join(cmd_words) + (" --json" if as_json else "")
+    if not as_json:
+        client.emit = lambda text: print(text, flush=True)
 
     async def once() -> Result:
         async with client:

@@ -49,7 +49,7 @@ from actors.alerts_state import (
     parse_rules,
 )
 from actors.pools import read_config
-from runtime.errors import ActorStopped, AlertConfigError, AskTimeout
+from runtime.errors import ActorStopped, AlertConfigError
 from runtime.kernel import Actor, ActorRef, handles
 from runtime.messages import (
     AlertInfo,
@@ -256,6 +256,7 @@ class Monitor(Actor):
         self.audit: collections.deque[str] = collections.deque(maxlen=AUDIT_LINES)
         self.evaluations = 0  #: evaluations done
         self.skipped = 0  #: evaluations skipped: no metrics in time
+        self.failed = 0  #: evaluations that raised (logged; the next one runs as usual)
 
     async def on_start(self) -> None:
         for notifier in self.notifiers:
@@ -270,8 +271,8 @@ class Monitor(Actor):
             with anyio.move_on_after(self.fetch_timeout):
                 try:
                     snap = await self._metrics()
-                except (ActorStopped, AskTimeout) as exc:
-                    self.log.info("alert evaluation skipped: no metrics", why=str(exc))
+                except Exception as exc:  # the manager is stopping, or busy
+                    self.log.info("alert evaluation skipped: no metrics", why=repr(exc))
             if self.ref.mailbox.closed:
                 return
             try:
@@ -281,6 +282,9 @@ class Monitor(Actor):
                     self.ref.post(_Sampled(time.time(), samples(snap)))
             except ActorStopped:
                 return
+            except Exception as exc:  # a snapshot that cannot be read: the next one may
+                self.skipped += 1
+                self.log.error("alert evaluation skipped: bad metrics", error=repr(exc))
             await anyio.sleep(max(0.0, self.interval - (time.monotonic() - started)))
 
     # -- the core's commands ---------------------------------------------------------
@@ -329,10 +333,18 @@ class Monitor(Actor):
 
     # -- handlers --------------------------------------------------------------------
 
+    async def on_restart(self) -> None:
+        """Keep the rules, alerts and helper tasks: a restart drops only the message
+        whose handler failed."""
+
     @handles(_Sampled)
     def sampled(self, msg: _Sampled) -> None:
         self.evaluations += 1
-        self._run(Evaluate(msg.now, msg.samples))
+        try:
+            self._run(Evaluate(msg.now, msg.samples))
+        except Exception as exc:  # alerting must never take the cluster down
+            self.failed += 1
+            self.log.error("alert evaluation failed", error=repr(exc), exc_info=True)
 
     @handles(_ScaleAnswered)
     def scale_answered(self, msg: _ScaleAnswered) -> None:

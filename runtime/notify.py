@@ -204,7 +204,14 @@ class AlertmanagerNotifier:
         self._put(alert)
 
     def _put(self, alert: AlertInfo) -> None:
-        if len(self._queue) == self._queue.maxlen:
+        """Queue ``alert`` in place of any queued word on the same alert (so a resolve
+        never goes out before a stale firing)."""
+        key = _identity(alert)
+        if any(_identity(a) == key for a in self._queue):
+            kept = [a for a in self._queue if _identity(a) != key]
+            self._queue.clear()
+            self._queue.extend(kept)
+        elif len(self._queue) == self._queue.maxlen:
             self.dropped += 1
         self._queue.append(alert)
         if self._wake is not None:
@@ -229,7 +236,7 @@ class AlertmanagerNotifier:
                 if time.monotonic() >= next_resend:
                     next_resend = time.monotonic() + self.resend
                     queued = {_identity(a) for a in self._queue}
-                    for key, alert in self.firing.items():
+                    for key, alert in list(self.firing.items()):
                         if key not in queued:
                             self._put(alert)
                 self._wake = wake = anyio.Event()

@@ -7,7 +7,8 @@ scaling policy keeps one block however long the queue) and a queue-time rule wit
 scale-out action, sending to a real Alertmanager. A burst of jobs arrives. The rule goes
 pending, then fires with the queue alert's fields; Alertmanager receives it; its action
 scales the pool out (an audit line says who, what and why); the new blocks drain the
-queue; the alert resolves, and Alertmanager hears of that too.
+queue; the alert resolves, and Alertmanager hears of that too; the action restores the
+pool's target (no raised floor, and its cost, left behind).
 
 Every step is awaited as an event (bounded polls of the manager's ``AlertsRequest``, its
 status and Alertmanager's API), never a sleep followed by an assertion. The thresholds
@@ -57,7 +58,7 @@ expr = "corral_queue_depth > 0 and corral_queue_oldest_wait_seconds > 1"
 for = "1s"
 labels = {{team = "ci", priority = "P2"}}
 annotations = {{summary = "CI jobs of pool {{{{ $labels.pool }}}} wait for a runner"}}
-action = {{scale_out = {{fit = true, cooldown = "1m"}}}}
+action = {{scale_out = {{fit = true, cooldown = "1m", restore = true}}}}
 """
 
 
@@ -139,7 +140,8 @@ async def test_a_burst_on_a_slow_pool_alerts_scales_out_drains_and_resolves(
                 assert "scale pool ci out from 0 to 3 blocks" in audit, audit  # its target was 0
                 assert "beside 1 running" in audit and "capped by the pool's max_blocks 3" in audit
                 assert "CorralQueueTime" in audit
-                cli.line_with(proc, "alert action", limit=10)
+                cli.line_with(proc, "event='alert firing'", limit=10)  # the log notifier
+                cli.line_with(proc, "event='alert action'", limit=10)
                 st = await cluster.status()
                 assert st["autoscaler"]["targets"] == {"ci": 3}
                 # The new blocks are pending for the provisioning delay, then run.
@@ -161,10 +163,20 @@ async def test_a_burst_on_a_slow_pool_alerts_scales_out_drains_and_resolves(
                     step=0.1,
                 )
                 assert {"firing", "resolved"} <= seen
+                # restore: the pool's target goes back to what it was (its extra blocks
+                # then drain once idle, as its scaling policy says), audited too.
+                await wait_until(lambda: _target(cluster, 0), "the target restored to 0", step=0.1)
+                audit = "\n".join((await console.alerts()).audit)
+                assert "back to the target before the scale-out (3 -> 0)" in audit, audit
 
 
 async def _audited(console: ConsoleClient) -> str:
     return "\n".join(line for line in (await console.alerts()).audit if "scale pool" in line)
+
+
+async def _target(cluster: Cluster, n: int) -> bool:
+    st = await cluster.status()
+    return bool(st["autoscaler"]["targets"] == {"ci": n})
 
 
 async def _workers(cluster: Cluster, n: int) -> bool:

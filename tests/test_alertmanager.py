@@ -8,9 +8,13 @@ Also the payload's shape and the alerting configuration's checks, without a serv
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
+import os
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -23,7 +27,7 @@ from runtime.errors import AlertConfigError
 from runtime.messages import AlertInfo
 from runtime.monitor import alerting_config, load_alerting
 from runtime.notify import AlertmanagerNotifier, alertmanager_payload, rfc3339
-from tests.helpers import Cli, free_port, http_get, start_alertmanager, wait_until
+from tests.helpers import ROOT, Cli, free_port, http_get, start_alertmanager, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -86,6 +90,21 @@ def test_the_payload_has_alertmanagers_shape() -> None:
     assert body["generatorURL"] == "http://d/"
 
 
+def test_the_latest_word_on_an_alert_replaces_a_queued_one() -> None:
+    notifier = AlertmanagerNotifier("http://127.0.0.1:9", queue_size=2)
+    labels = {"alertname": "A", "pool": "p"}
+    firing = AlertInfo("A", "firing", labels=labels, fired_at=1.0)
+    notifier.notify(AlertInfo("A", "pending", labels=labels))  # not sent: pending
+    notifier.notify(firing)
+    notifier.notify(dataclasses.replace(firing, state="resolved", resolved_at=2.0))
+    assert [a.state for a in notifier._queue] == ["resolved"]  # never after a stale firing
+    assert notifier.firing == {}
+    for pool in ("q", "r", "s"):  # a full queue drops its oldest, counted
+        notifier.notify(AlertInfo("A", "firing", labels={**labels, "pool": pool}))
+    assert [a.labels["pool"] for a in notifier._queue] == ["r", "s"]
+    assert notifier.dropped == 2
+
+
 def test_alerting_settings_are_checked() -> None:
     with pytest.raises(AlertConfigError, match="interval"):
         alerting_config({"interval": 0})
@@ -126,6 +145,29 @@ def test_a_config_file_gives_rules_and_settings(tmp_path: Path) -> None:
     typo = r"corral.toml: key 'fo' is unknown; did you mean 'for'\?"
     with pytest.raises(AlertConfigError, match=typo):
         load_alerting(path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", ["manager", "check"])
+def test_a_bad_rule_in_the_file_stops_the_manager_and_check_before_anything(
+    tmp_path: Path, command: str
+) -> None:
+    path = tmp_path / "corral.toml"
+    path.write_text(
+        '[pools.here]\nprovider = "local"\n\n'
+        '[[alerts]]\nname = "Late"\nexpr = "corral_queue_oldest_wait > 60"\n'
+    )
+    env = dict(os.environ, CORRAL_HOME=str(tmp_path / "home"))
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    flags = ["--listen", "127.0.0.1:0"] if command == "manager" else ["--no-probe"]
+    done = subprocess.run(
+        [sys.executable, "-m", "runtime", command, "--config", str(path), *flags],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "AlertConfigError: alert rule 'Late' in " in done.stderr
+    assert "did you mean 'corral_queue_oldest_wait_seconds'?" in done.stderr
+    assert "manager listening" not in done.stdout + done.stderr
 
 
 # ----------------------------------------------------------------------------- a real Alertmanager
@@ -232,3 +274,30 @@ async def test_an_alertmanager_that_never_answers_does_not_hold_up_the_monitor()
                     await anyio.sleep(0.05)
                 assert notifier.sent == 0 and not notifier.failures
                 assert not fut.done()
+
+
+@pytest.mark.slow
+async def test_a_firing_alert_is_sent_again_until_it_resolves(tmp_path: Path) -> None:
+    alert = AlertInfo(
+        "CorralStill", "firing", labels={"alertname": "CorralStill", "pool": "p"},
+        fired_at=time.time(),
+    )  # fmt: skip
+    with Cli(tmp_path / "home") as cli, anyio.fail_after(LIMIT):
+        url = await anyio.to_thread.run_sync(start_alertmanager, cli, tmp_path / "am")
+        notifier = AlertmanagerNotifier(url, resend=0.3)
+        async with anyio.create_task_group() as tg:
+            await tg.start(notifier.run)
+            notifier.notify(alert)
+            await wait_until(lambda: notifier.sent >= 3, "two resends of the firing alert")
+            (held,) = await anyio.to_thread.run_sync(_named, url, "CorralStill")
+            assert held["status"]["state"] == "active"  # endsAt 4 resends ahead
+            notifier.notify(dataclasses.replace(alert, state="resolved", resolved_at=time.time()))
+            sent = notifier.sent
+            await wait_until(lambda: notifier.sent > sent, "the resolve sent")
+            assert not notifier.firing  # no more resends
+            await wait_until(
+                lambda: anyio.to_thread.run_sync(lambda: not _named(url, "CorralStill")),
+                "Alertmanager to hold it resolved",
+                step=0.1,
+            )
+            tg.cancel_scope.cancel()

@@ -75,12 +75,26 @@ async def test_alert_list_add_and_remove_live(tmp_path: Path) -> None:
                 assert added["action"]["scale_out"]["max_blocks"] == 3
                 assert added["action"]["scale_out"]["cooldown"] == 60.0
 
+                # alert watch: each change as it comes (the states at the start first)
+                lines: list[str] = []
+                console.emit = lines.append
+                watch = console.watch_alerts(LIMIT, interval=0.1)
+                first = await anext(watch)
+                assert (first["name"], first["state"]) == ("NoWorkersYet", "firing")
                 await console.run_command(
                     'alert add {"name": "Submitted", "expr": "corral_tasks_submitted_total >= 0"}'
                 )
-                await wait_until(
-                    lambda: _firing(console, "Submitted"), "the added rule firing", step=0.1
-                )
+                change = await anext(watch)  # the new rule's alert: pending, then firing
+                while change["state"] != "firing":
+                    change = await anext(watch)
+                assert change["name"] == "Submitted"
+                await watch.aclose()
+                result = await console.execute("alert watch 0.2")
+                assert [c["name"] for c in result.data["changes"]] == ["NoWorkersYet", "Submitted"]
+                assert lines[0].split()[1:3] == ["FIRING", "NoWorkersYet"]
+                assert "team=ci priority=P3" in lines[0] and "threshold_breached=1" in lines[0]
+                with pytest.raises(ConsoleError, match="SECONDS"):
+                    await console.execute("alert watch soon")
                 rules = {r["name"] for r in (await console.alerts()).rules}
                 assert {"NoWorkersYet", "SlowCpu", "Submitted", "CorralQueueTime"} <= rules
 
