@@ -103,10 +103,10 @@ from runtime.metrics import SAMPLE_LABELS, samples  # noqa: E402
 MIN, HOUR = 60.0, 3600.0
 SYSTEMS = ("corral", "parsl", "keda")
 PEERS = ("parsl", "keda")
-#: with ``--systems all``: Corral's autoscaler alone, without the alert rule's
-#: scale-outs; and with them setting the pool's target (a floor that stays) instead of
-#: raising it for the action's cooldown
-EXTRA = ("corral-noalert", "corral-floor")
+#: with ``--systems all``: Corral's autoscaler alone, without the alert rule; with its
+#: scale-outs raising the target for the action's cooldown (``scale(n, hold=...)``)
+#: instead of until the alert resolves; and with them setting a target that stays
+EXTRA = ("corral-noalert", "corral-hold", "corral-floor")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -405,26 +405,29 @@ class Cluster:
 
 
 #: the queue-time rule of the benchmark: the default ``CorralQueueTime`` rule with a
-#: scale-out action (enough blocks for the ready tasks, within the pool's max_blocks)
+#: scale-out action (enough blocks for the ready tasks, within the pool's max_blocks),
+#: which sets the pool's target back once the alert resolved
 QUEUE_RULE: dict[str, Any] = {
     "name": "QueueTimeScaleOut",
     "expr": "corral_queue_depth > 0 and corral_queue_oldest_wait_seconds > 60",
     "for": "1m",
     "labels": {"team": "ci", "priority": "P2"},
-    "action": {"scale_out": {"fit": True, "cooldown": "5m"}},
+    "action": {"scale_out": {"fit": True, "cooldown": "5m", "restore": True}},
 }
 
 
 class CorralScaler(Scaler):
     """The real autoscaler core with the ``demand`` strategy, fed as the shell feeds it;
-    with ``alerts``, the real alert core too, evaluating :data:`QUEUE_RULE` on the
-    metrics every ``alert_every`` seconds, its scale-outs raising the pool's target
-    until the action's cooldown is over (``TargetRaised``), or with ``floor`` setting
-    it (``TargetSet``, a plain ``ScaleRequest``: it stays until set again)."""
+    and the real alert core, evaluating :data:`QUEUE_RULE` on the metrics every
+    ``alert_every`` seconds. ``alerts``: ``"restore"`` (what the manager's alert
+    monitor does: each ``Scale`` sets the pool's target, ``TargetSet``; the rule sets it
+    back once its alert resolved), ``"floor"`` (the same rule without ``restore``: the
+    target stays), ``"hold"`` (each scale-out raises the target for the action's
+    cooldown, ``TargetRaised``), or None (no alert rule)."""
 
     name = "corral"
 
-    def __init__(self, cluster: Cluster, alerts: bool = True, floor: bool = False) -> None:
+    def __init__(self, cluster: Cluster, alerts: str | None = "restore") -> None:
         s = cluster.s
         self.c = cluster
         self.period = s.corral_tick
@@ -435,9 +438,13 @@ class CorralScaler(Scaler):
         self.alerts: alerts_state.AlertState | None = None
         self.fired = self.scale_outs = 0
         self.hold = 0.0
-        self.floor = floor
-        if alerts:
-            rule = alerts_state.parse_rule(QUEUE_RULE, SAMPLE_LABELS)
+        self.mode = alerts
+        if alerts is not None:
+            raw = QUEUE_RULE
+            if alerts != "restore":
+                action = {k: v for k, v in raw["action"]["scale_out"].items() if k != "restore"}
+                raw = {**raw, "action": {"scale_out": action}}
+            rule = alerts_state.parse_rule(raw, SAMPLE_LABELS)
             assert rule.action is not None
             self.hold = rule.action.cooldown
             self.alerts = alerts_state.AlertState([rule])
@@ -521,11 +528,12 @@ class CorralScaler(Scaler):
         cmds = self.alerts.handle(alerts_state.Evaluate(now, samples(self.metrics(now))))
         for cmd in cmds:
             if isinstance(cmd, alerts_state.Scale):
-                self.scale_outs += 1
-                if self.floor:
-                    self.feed(TargetSet(now, cmd.pool, cmd.target, cmd.pool))
-                else:
+                if cmd.target > self.state.pools[cmd.pool].target:
+                    self.scale_outs += 1  # (not a restore)
+                if self.mode == "hold":
                     self.feed(TargetRaised(now, cmd.pool, cmd.target, now + self.hold))
+                else:
+                    self.feed(TargetSet(now, cmd.pool, cmd.target, cmd.pool))
             elif isinstance(cmd, alerts_state.Notify) and cmd.alert.state == "firing":
                 self.fired += 1
 
@@ -657,8 +665,9 @@ FACTORIES: dict[str, Callable[[Cluster], Scaler]] = {
     "corral": CorralScaler,
     "parsl": ParslSimple,
     "keda": KedaQueue,
-    "corral-noalert": lambda c: CorralScaler(c, alerts=False),
-    "corral-floor": lambda c: CorralScaler(c, floor=True),
+    "corral-noalert": lambda c: CorralScaler(c, alerts=None),
+    "corral-hold": lambda c: CorralScaler(c, alerts="hold"),
+    "corral-floor": lambda c: CorralScaler(c, alerts="floor"),
 }
 
 
@@ -807,8 +816,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )  # fmt: skip
     ap.add_argument(
         "--systems", choices=["three", "all"], default="three",
-        help="all: also corral-noalert (without the alert's scale-outs) and corral-floor "
-        "(scale-outs that set the target instead of raising it for the cooldown)",
+        help="all: also corral-noalert (no alert rule), corral-hold (scale-outs raise the "
+        "target for the cooldown) and corral-floor (the rule without restore)",
     )  # fmt: skip
     ap.add_argument(
         "--max-idletime", type=float, default=None,
