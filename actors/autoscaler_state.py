@@ -36,7 +36,7 @@ others (FAILED: ``crash``; MISSING, CANCELLED by someone else, COMPLETED unasked
 within ``replacement_window`` seconds and the pool *gives up* (:class:`GaveUp`) until
 its target is set again or it is resumed.
 
-A target may also be raised for a while (:class:`TargetRaised`, an alert's scale-out):
+A target may also be raised for a while (:class:`TargetRaised`, ``scale(n, hold=...)``):
 until then the policy sees the higher one; afterwards the target set before is back,
 and the blocks beyond what the policy wants are scaled in as usual (by ``demand``, once
 idle ``max_idletime``). So a scale-out never becomes a floor that nothing lowers.
@@ -140,7 +140,7 @@ class TargetSet(Event):
 class TargetRaised(Event):
     """Keep at least ``n`` blocks in ``pool`` until ``until`` (the core's clock), then
     go back to its target (:class:`TargetSet`): a scale-out that leaves scaling in to
-    the policy (an alert's action). A later raise replaces an earlier one."""
+    the policy. A later raise replaces an earlier one."""
 
     pool: str
     n: int

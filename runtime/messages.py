@@ -789,7 +789,7 @@ class StoryRequest(Message):
 class ScaleRequest(Message):
     """-> autoscaler: keep ``n`` workers in ``pool``; with ``hold`` (seconds), only for
     that long, then back to the target set before (a scale-out that leaves scaling in
-    to the scaling policy, as an alert's action wants)."""
+    to the scaling policy)."""
 
     n: int
     pool: str = "default"
