@@ -25,9 +25,11 @@ from actors.autoscaler_state import (
     AutoscalerState,
     BlockEnded,
     BlockRequeued,
+    BlockRunning,
     BlockStarted,
     BlockStartFailed,
     BlockStopped,
+    BlockStuck,
     Command,
     DrainAnswered,
     DrainWorker,
@@ -40,6 +42,7 @@ from actors.autoscaler_state import (
     Shutdown,
     StartBlock,
     StopBlock,
+    TargetRaised,
     TargetSet,
     Tick,
 )
@@ -285,6 +288,13 @@ class Autoscaler(Actor):
                 with contextlib.suppress(ActorStopped):
                     await self.scheduler.tell(WorkerGone(wid, cmd.cause))
             return None
+        if type(cmd) is BlockStuck:
+            self.log.warning(
+                "block not running by its provisioning timeout: scaling it in, replacing it",
+                block=cmd.block, pool=cmd.pool, state=cmd.state, age=round(cmd.age, 1),
+                provisioning_timeout=cmd.timeout,
+            )  # fmt: skip
+            return None
         if type(cmd) is GaveUp:
             self.log.error(
                 "workers keep ending; not replacing them any more",
@@ -315,8 +325,16 @@ class Autoscaler(Actor):
             for bid, b in self.state.blocks.items()
             if (h := self._handles.get(bid)) is not None and h.incarnation > b.incarnation
         ]
-        if requeued:
-            await self._handle(*requeued)
+        running = [
+            BlockRunning(now, bid)
+            for bid, b in self.state.blocks.items()
+            if b.state != "running"
+            and (h := self._handles.get(bid)) is not None
+            and h.state is BlockState.RUNNING
+            and h.incarnation <= b.incarnation
+        ]
+        if requeued or running:
+            await self._handle(*requeued, *running)
         self._note_batch_errors()
         if getattr(self.state.policy, "uses_queues", False):
             try:
@@ -374,8 +392,16 @@ class Autoscaler(Actor):
         if self.providers is not None:
             self.provider_for(msg.pool)  # a pool that was not configured: ValueError
         ps = self.state.pools.get(msg.pool)
+        now = self.clock.now()
+        if msg.hold is not None:
+            if not msg.hold > 0:
+                raise ValueError(f"hold must be > 0 seconds, got {msg.hold!r}")
+            if ps is None:
+                raise ValueError(f"there is no pool {msg.pool!r} to scale out for a while")
+            await self._handle(TargetRaised(now, msg.pool, msg.n, now + msg.hold))
+            return self.state.counts()
         spec = ps.spec if ps is not None else BlockSpec(pool=msg.pool)
-        await self._handle(TargetSet(self.clock.now(), msg.pool, msg.n, spec))
+        await self._handle(TargetSet(now, msg.pool, msg.n, spec))
         return self.state.counts()
 
     @handles(SetPolicyRequest)
@@ -392,7 +418,8 @@ class Autoscaler(Actor):
         """Per pool, its blocks by state and the age of the oldest not running yet."""
         states = {b: self._handles[b].state.value for b in self.state.blocks}
         blocks = self.state.block_metrics(self.clock.now(), states)
-        return {pool: BlockMetrics(**m) for pool, m in blocks.items()}
+        stuck = self.state.stuck
+        return {pool: BlockMetrics(**m, stuck=stuck.get(pool, 0)) for pool, m in blocks.items()}
 
     @handles(StatusRequest)
     def status(self, msg: StatusRequest) -> AutoscalerStatus:

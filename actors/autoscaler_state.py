@@ -20,7 +20,9 @@ else, or a policy that raises, falls back to the target and counts in
   tasks, ``RetireWorker`` once idle, and the worker exits). The block then ends by itself
   (:class:`BlockEnded`) and its workers are reported gone as ``drained``. Only a block
   whose workers the scheduler does not know (``DrainAnswered(known=False)``: they never
-  joined, so they run nothing) is stopped (:class:`StopBlock`).
+  joined, so they run nothing), or that has no workers, is stopped (:class:`StopBlock`);
+  a pending block's workers are asked too, as one may have joined since the core last
+  heard that the block runs.
 
 A block that ends unasked is reported (:class:`ReportGone`) with the cause its end
 state says and replaced. Ends that cost nothing are expected: ``preempted`` (the batch
@@ -33,6 +35,24 @@ others (FAILED: ``crash``; MISSING, CANCELLED by someone else, COMPLETED unasked
 ``max_replacements`` of them (and failed starts that are not the batch system's)
 within ``replacement_window`` seconds and the pool *gives up* (:class:`GaveUp`) until
 its target is set again or it is resumed.
+
+A target may also be raised for a while (:class:`TargetRaised`, ``scale(n, hold=...)``):
+until then the policy sees the higher one; afterwards the target set before is back,
+and the blocks beyond what the policy wants are scaled in as usual (by ``demand``, once
+idle ``max_idletime``). So a scale-out never becomes a floor that nothing lowers.
+
+A block not running yet (requested, pending or held) counts as capacity: the policy's
+proposal includes it, so nothing is asked twice. With a pool's ``provisioning_timeout``
+(:class:`~policies.scaling.PoolLimits`), only until then, counted from its request (or
+from its requeue): a block still not running is *stuck* (:class:`BlockStuck`, counted
+per pool in :attr:`AutoscalerState.stuck`). It stops counting, is scaled in as any
+other (its workers asked to drain, so one that joined meanwhile finishes what it runs;
+stopped once the scheduler knows none of them) and the proposal, asked again, replaces
+it. That is not an unasked end: it spends no replacement budget (the batch system is
+slow, the workers did not fail, and the timeout itself bounds how often it happens).
+A pool that may not ask for a block now (gave up, paused, backing off) keeps its stuck
+blocks: cancelling one would leave nothing in its place. The core learns that a block
+runs from :class:`BlockRunning` (the provider's word; the shell looks every tick).
 
 The batch system not answering (:class:`BlockStartFailed` with ``batch=True``) spends
 no budget: the pool *backs off*, asking again at the provider's ``retry_at`` or after
@@ -64,9 +84,11 @@ __all__ = [
     "BlockEnded",
     "BlockRecord",
     "BlockRequeued",
+    "BlockRunning",
     "BlockStartFailed",
     "BlockStarted",
     "BlockStopped",
+    "BlockStuck",
     "Command",
     "DrainAnswered",
     "DrainWorker",
@@ -80,6 +102,7 @@ __all__ = [
     "Shutdown",
     "StartBlock",
     "StopBlock",
+    "TargetRaised",
     "TargetSet",
     "Tick",
 ]
@@ -111,6 +134,17 @@ class TargetSet(Event):
     n: int
     spec: Any
     limits: PoolLimits | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TargetRaised(Event):
+    """Keep at least ``n`` blocks in ``pool`` until ``until`` (the core's clock), then
+    go back to its target (:class:`TargetSet`): a scale-out that leaves scaling in to
+    the policy. A later raise replaces an earlier one."""
+
+    pool: str
+    n: int
+    until: float
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -157,6 +191,14 @@ class BlockRequeued(Event):
     block: str
     incarnation: int
     cause: str = "preempted"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BlockRunning(Event):
+    """The provider says ``block`` (started ``pending`` or ``held``, or requeued) runs
+    now."""
+
+    block: str
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -276,6 +318,20 @@ class BatchProblem:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class BlockStuck(Command):
+    """``block`` of ``pool`` is not running (``state``) ``age`` seconds after its
+    request, past the pool's ``timeout``: it no longer counts and is scaled in (its
+    :class:`DrainWorker` or :class:`StopBlock` follow); the proposal replaces it. For
+    the log and the alerts: nothing to carry out."""
+
+    block: str
+    pool: str
+    state: str
+    age: float
+    timeout: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class GaveUp(Command):
     """``pool``'s workers keep ending (``ended`` in ``window`` seconds): no more
     replacements until its target is set again."""
@@ -314,6 +370,7 @@ class BlockRecord:
     incarnation: int = 1  #: the batch system's run of it (a requeue starts the next)
     sched_drained: bool = False  #: the scheduler was seen draining a worker of it
     since: float = 0.0  #: when it started (or was requeued): its age while not running
+    stuck: bool = False  #: scaled in because it was not running by its provisioning timeout
 
 
 @dataclasses.dataclass(slots=True)
@@ -329,6 +386,8 @@ class PoolState:
     blocks: int = 0  #: live blocks not retiring
     requested: int = 0  #: StartBlock sent, no answer yet
     retiring: int = 0  #: blocks being scaled in
+    raised: int = 0  #: a raised target (TargetRaised), in force until ``raised_until``
+    raised_until: float = 0.0
 
 
 def _size(ps: PoolState) -> dict[str, int]:
@@ -364,6 +423,7 @@ class AutoscalerState:
         self.ends: deque[BlockEnd] = deque(maxlen=MAX_ENDS)
         self.closing = False
         self.policy_errors = 0
+        self.stuck: dict[str, int] = {}  #: per pool: blocks found stuck (BlockStuck), ever
         self.queued: Mapping[str, int] | None = None
         self.processing: Mapping[str, int] | None = None  #: tasks in hand per worker
         self._ids = itertools.count(1)
@@ -424,8 +484,7 @@ class AutoscalerState:
     # ----------------------------------------------------------------- handlers
 
     def _target_set(self, ev: TargetSet) -> None:
-        if isinstance(ev.n, bool) or not isinstance(ev.n, int) or ev.n < 0:
-            raise ValueError(f"cannot scale pool {ev.pool!r} to {ev.n!r} workers")
+        _check_blocks(ev.pool, ev.n)
         ps = self.pools.get(ev.pool)
         if ps is None:
             self.pools[ev.pool] = PoolState(ev.pool, ev.n, ev.spec, ev.limits)
@@ -434,6 +493,18 @@ class AutoscalerState:
             if ev.limits is not None:
                 ps.limits = ev.limits
         self.gave_up.discard(ev.pool)
+
+    def _target_raised(self, ev: TargetRaised) -> None:
+        _check_blocks(ev.pool, ev.n)
+        ps = self.pools.get(ev.pool)
+        if ps is None:
+            raise ValueError(f"there is no pool {ev.pool!r}")
+        ps.raised, ps.raised_until = ev.n, ev.until
+
+    def target(self, pool: str) -> int:
+        """``pool``'s target now: the one set, or a raised one while it is in force."""
+        ps = self.pools[pool]
+        return max(ps.target, ps.raised) if self._now < ps.raised_until else ps.target
 
     def _block_started(self, ev: BlockStarted) -> None:
         pool = self.requests.pop(ev.request)
@@ -475,7 +546,7 @@ class AutoscalerState:
             return  # stopped on purpose (BlockStopped came first) or unknown
         self.ended += 1
         if b.retiring or self.closing:
-            self._ended(b, ev.state, "drained", False)
+            self._ended(b, ev.state, "stuck" if b.stuck else "drained", False)
             return
         cause, charged = self._cause(b, ev.state)
         self._ended(b, ev.state, cause, charged)
@@ -526,8 +597,18 @@ class AutoscalerState:
         self.errors.pop(ev.pool, None)
 
     def _block_stopped(self, ev: BlockStopped) -> None:
-        if self.blocks.pop(ev.block, None) is not None:
+        b = self.blocks.pop(ev.block, None)
+        if b is not None:
             self.ended += 1
+            if b.stuck:
+                self.ends.append(
+                    BlockEnd(b.block_id, b.pool, ev.state, "stuck", False, self._now, b.incarnation)
+                )
+
+    def _block_running(self, ev: BlockRunning) -> None:
+        b = self.blocks.get(ev.block)
+        if b is not None:
+            b.state = "running"
 
     def _drain_answered(self, ev: DrainAnswered) -> None:
         for b in self.blocks.values():
@@ -591,8 +672,11 @@ class AutoscalerState:
         self._out.append(StopBlock(b.block_id))
 
     def _retire(self, b: BlockRecord) -> None:
+        """Scale ``b`` in: stop it if it has no workers; else drain them, a pending
+        block's too (one may have joined since the core last heard that the block
+        runs): it is stopped once the scheduler knows none of them."""
         b.retiring = True
-        if b.state == "pending" or not b.workers:
+        if not b.workers:
             self._stop(b)  # no worker of it started
             return
         for wid in b.workers:
@@ -621,10 +705,11 @@ class AutoscalerState:
         if self.queued is not None:
             queued = self.queued.get(ps.pool, 0) + self.queued.get("*", 0)
         active = self.active(ps.pool)
-        view: PoolView = PoolView(ps.pool, ps.target, ps.blocks, ps.requested, ps.retiring, queued)
+        target = self.target(ps.pool)
+        view: PoolView = PoolView(ps.pool, target, ps.blocks, ps.requested, ps.retiring, queued)
         if ps.limits is not None or active is not None:  # what LoadView adds is known
             view = LoadView(
-                ps.pool, ps.target, ps.blocks, ps.requested, ps.retiring, queued,
+                ps.pool, target, ps.blocks, ps.requested, ps.retiring, queued,
                 ps.limits, active, self.idle_for(ps.pool),
             )  # fmt: skip
         try:
@@ -633,7 +718,7 @@ class AutoscalerState:
             n = None
         if isinstance(n, bool) or not isinstance(n, int):
             self.policy_errors += 1
-            n = ps.target
+            n = target
         most = self._most(ps)
         if not 0 <= n <= most:
             self.policy_errors += 1
@@ -659,8 +744,24 @@ class AutoscalerState:
             return self.config.max_blocks
         return min(ps.limits.max_blocks, self.config.max_blocks)
 
+    def _unstick(self, ps: PoolState) -> None:
+        """Scale in ``ps``'s blocks not running by its provisioning timeout (only when
+        the pool may ask for their replacements)."""
+        timeout = ps.limits.provisioning_timeout if ps.limits is not None else None
+        if timeout is None or not self._may_request(ps.pool):
+            return
+        for b in sorted(self.live(ps.pool), key=lambda b: b.block_id):
+            if b.state != "running" and self._now - b.since >= timeout:
+                b.stuck = True
+                self.stuck[ps.pool] = self.stuck.get(ps.pool, 0) + 1
+                self._out.append(
+                    BlockStuck(b.block_id, ps.pool, b.state, self._now - b.since, timeout)
+                )
+                self._retire(b)
+
     def _converge(self) -> None:
         for ps in self.pools.values():
+            self._unstick(ps)
             live = self.live(ps.pool)
             ps.blocks = len(live)
             ps.requested = sum(1 for p in self.requests.values() if p == ps.pool)
@@ -691,7 +792,7 @@ class AutoscalerState:
             assert b.draining | b.drained | b.unknown <= set(b.workers), b
             assert not (b.draining & b.drained or b.draining & b.unknown), b
             assert not (b.drained & b.unknown), b
-            if b.stopping or b.draining or b.drained or b.unknown:
+            if b.stopping or b.draining or b.drained or b.unknown or b.stuck:
                 assert b.retiring, (b, "scaled in but not retiring")
             if b.retiring and not self.closing and not b.stopping:
                 # A retiring block that is not stopped has its workers draining.
@@ -720,6 +821,12 @@ class AutoscalerState:
             assert ps.blocks + ps.requested == live, (ps, live)
 
 
+def _check_blocks(pool: str, n: object) -> None:
+    """ValueError unless ``n`` is a whole number of blocks >= 0."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise ValueError(f"cannot scale pool {pool!r} to {n!r} workers")
+
+
 def _to_retire(live: list[BlockRecord], m: int) -> list[BlockRecord]:
     """The ``m`` blocks to scale in: the idle ones, longest idle first (the last by
     block id among equals); then those with no worker started (pending); then the last
@@ -736,11 +843,13 @@ def _to_retire(live: list[BlockRecord], m: int) -> list[BlockRecord]:
 
 _DISPATCH: dict[type, Any] = {
     TargetSet: AutoscalerState._target_set,
+    TargetRaised: AutoscalerState._target_raised,
     BlockStarted: AutoscalerState._block_started,
     BlockStartFailed: AutoscalerState._block_start_failed,
     BlockEnded: AutoscalerState._block_ended,
     BlockStopped: AutoscalerState._block_stopped,
     BlockRequeued: AutoscalerState._block_requeued,
+    BlockRunning: AutoscalerState._block_running,
     Resumed: AutoscalerState._resumed,
     DrainAnswered: AutoscalerState._drain_answered,
     QueuesSeen: AutoscalerState._queues_seen,

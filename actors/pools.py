@@ -8,7 +8,8 @@ corral.toml``), and what a pool turns into: its :class:`~actors.providers.BlockS
 
 The keys are Parsl's where they mean the same (``min_blocks``, ``max_blocks``,
 ``init_blocks``, ``nodes_per_block``, ``workers_per_node``, ``cores_per_worker``,
-``parallelism``, ``walltime``, ``max_idletime``, ``partition``, ...). Everything is
+``parallelism``, ``walltime``, ``max_idletime``, ``provisioning_timeout``,
+``partition``, ...). Everything is
 checked before anything starts: an unknown key, a value of the wrong type or out of
 range, a key that belongs to another provider and a reference to a pool that does not
 exist raise :class:`~runtime.errors.PoolConfigError` naming the pool and the key, with
@@ -61,6 +62,7 @@ COMMON_KEYS: Mapping[str, Any] = {
     "walltime": None,
     "drain_period": None,
     "max_idletime": 120.0,
+    "provisioning_timeout": None,
     "fallback": None,
 }
 
@@ -148,6 +150,9 @@ class PoolConfig:
     walltime: float | None = None  #: seconds; None: no limit (Slurm: the partition's)
     drain_period: float | None = None  #: seconds before the walltime; None: computed
     max_idletime: float = 120.0  #: seconds
+    #: seconds a block may take from its request to running before it is replaced
+    #: (None: it counts as capacity until it runs)
+    provisioning_timeout: float | None = None
     fallback: str | None = None  #: the pool long preempted tasks move to
     partition: str = ""
     account: str = ""
@@ -180,6 +185,7 @@ class PoolConfig:
             parallelism=self.parallelism,
             slots_per_block=self.workers_per_block * self.cores_per_worker,
             max_idletime=self.max_idletime,
+            provisioning_timeout=self.provisioning_timeout,
         )
 
 
@@ -273,7 +279,8 @@ def _checked(name: str, raw: Mapping[str, Any]) -> PoolConfig:
             name, "parallelism", f"must be a number from 0 to 1, got {parallelism!r}"
         )
     seconds: dict[str, float | None] = {}
-    for key in ("walltime", "drain_period", "max_idletime", "provision_delay"):
+    for key in ("walltime", "drain_period", "max_idletime", "provisioning_timeout",
+                "provision_delay"):  # fmt: skip
         value = raw.get(key, {**COMMON_KEYS, **LOCAL_KEYS}[key])
         if value is None:
             seconds[key] = None
@@ -284,6 +291,11 @@ def _checked(name: str, raw: Mapping[str, Any]) -> PoolConfig:
             raise PoolConfigError(name, key, f"must be {exc}, got {value!r}") from None
     if seconds["walltime"] == 0:
         raise PoolConfigError(name, "walltime", "must be more than 0 (leave it out: no limit)")
+    if seconds["provisioning_timeout"] == 0:
+        raise PoolConfigError(
+            name, "provisioning_timeout",
+            "must be more than 0 (leave it out: a block not running yet counts until it runs)",
+        )  # fmt: skip
     walltime, drain = seconds["walltime"], seconds["drain_period"]
     if drain is not None and walltime is not None and drain >= walltime:
         raise PoolConfigError(
@@ -319,6 +331,7 @@ def _checked(name: str, raw: Mapping[str, Any]) -> PoolConfig:
         walltime=walltime,
         drain_period=drain,
         max_idletime=seconds["max_idletime"] or 0.0,
+        provisioning_timeout=seconds["provisioning_timeout"],
         fallback=fallback,
         exclusive=exclusive,
         provision_delay=seconds["provision_delay"] or 0.0,

@@ -27,6 +27,9 @@ class PoolLimits:
     slots_per_block: int = 1  #: tasks a block runs at once (workers x cores per worker)
     max_idletime: float = 120.0  #: seconds a block may stay idle before it is drained
     walltime: float | None = None  #: seconds a block may run (None: no limit known)
+    #: seconds from a block's request after which a block not running yet stops
+    #: counting as capacity and is replaced (None: a pending block counts until it runs)
+    provisioning_timeout: float | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.min_blocks <= self.init_blocks <= self.max_blocks:
@@ -40,6 +43,10 @@ class PoolLimits:
             raise ValueError(f"slots_per_block must be >= 1, got {self.slots_per_block}")
         if self.max_idletime < 0:
             raise ValueError(f"max_idletime must be >= 0, got {self.max_idletime}")
+        if self.provisioning_timeout is not None and not self.provisioning_timeout > 0:
+            raise ValueError(
+                f"provisioning_timeout must be > 0 (None: off), got {self.provisioning_timeout}"
+            )
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -102,7 +109,12 @@ class DemandBlocks:
     more than ``max_blocks``. Blocks beyond that are kept until they have been idle
     ``max_idletime`` seconds; the core then drains the longest idle first (a draining
     worker finishes what it runs: no busy worker is ever stopped). A pool without
-    limits keeps its target, as ``fixed`` does."""
+    limits keeps its target, as ``fixed`` does.
+
+    Level-triggered: the answer depends only on the view now. Blocks requested or
+    pending count in ``blocks + requested`` like running ones, so nothing is asked
+    twice; the core stops counting one past the pool's ``provisioning_timeout`` (it is
+    scaled in, and this answer, asked again, replaces it)."""
 
     name = "demand"
     uses_queues = True

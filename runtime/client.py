@@ -1066,9 +1066,12 @@ class Cluster:
         self._require()
         return await self._manager.ask(SetPolicyRequest(kind, name, params))
 
-    async def scale(self, n: int, pool: str | None = None) -> Any:
+    async def scale(self, n: int, pool: str | None = None, *, hold: float | None = None) -> Any:
+        """Keep ``n`` blocks of workers in ``pool``; with ``hold`` (seconds), at least
+        ``n`` for that long only, then back to the target set before (the scaling
+        policy scales in the extra blocks as usual)."""
         self._require()
-        return await self._manager.ask(ScaleRequest(n, pool or self.pool))
+        return await self._manager.ask(ScaleRequest(n, pool or self.pool, hold))
 
     async def status(self) -> dict[str, Any]:
         """The cluster's status as the documented dict (``StatusReply.to_dict()``)."""

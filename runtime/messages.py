@@ -565,8 +565,9 @@ class BlockMetrics(Message):
     the provider, no answer yet; then the provider's words, e.g. pending, running), the
     age of the oldest block not running yet (seconds, 0 with none), its target and the
     policy's latest proposal; its size (``slots_per_block``: tasks a block runs at once,
-    ``workers_per_block``), its ``max_blocks`` (0: not configured) and how many of its
-    blocks ever failed or ended unasked (``failed``)."""
+    ``workers_per_block``), its ``max_blocks`` (0: not configured), how many of its
+    blocks ever failed or ended unasked (``failed``) and how many were ever found not
+    running by the pool's provisioning timeout and replaced (``stuck``)."""
 
     states: dict[str, int] = dataclasses.field(default_factory=dict)
     oldest_pending: float = 0.0
@@ -576,6 +577,7 @@ class BlockMetrics(Message):
     max_blocks: int = 0
     workers_per_block: int = 0
     failed: int = 0
+    stuck: int = 0
 
 
 @message()
@@ -888,10 +890,13 @@ class StoryRequest(Message):
 
 @message()
 class ScaleRequest(Message):
-    """-> autoscaler: keep ``n`` workers in ``pool``."""
+    """-> autoscaler: keep ``n`` workers in ``pool``; with ``hold`` (seconds), only for
+    that long, then back to the target set before (a scale-out that leaves scaling in
+    to the scaling policy)."""
 
     n: int
     pool: str = "default"
+    hold: float | None = None
 
 
 @message()

@@ -177,6 +177,11 @@ class SnapshotCollector(Collector):
             "Blocks that failed or ended unasked (crash, vanished; not preempted, walltime).",
             pool,
         )
+        stuck = _counter(
+            "corral_blocks_stuck",
+            "Blocks not running by the pool's provisioning timeout, scaled in and replaced.",
+            pool,
+        )
         slots = _gauge("corral_pool_slots_per_block", "Tasks one block runs at once.", pool)
         per_block = _gauge("corral_pool_workers_per_block", "Workers in one block.", pool)
         most = _gauge("corral_pool_max_blocks", "The pool's max_blocks (0: not configured).", pool)
@@ -187,10 +192,11 @@ class SnapshotCollector(Collector):
             target.add_metric([name], b.target)
             desired.add_metric([name], b.desired)
             failed.add_metric([name], b.failed)
+            stuck.add_metric([name], b.stuck)
             slots.add_metric([name], b.slots_per_block)
             per_block.add_metric([name], b.workers_per_block)
             most.add_metric([name], b.max_blocks)
-        yield from (blocks, pending, target, desired, failed, slots, per_block, most)
+        yield from (blocks, pending, target, desired, failed, stuck, slots, per_block, most)
         yield GaugeMetricFamily(
             "corral_autoscaler_busy",
             "1 when the autoscaler did not answer this scrape in time (blocks left out).",

@@ -79,6 +79,36 @@ async def test_scale_in_drains_a_busy_worker_instead_of_stopping_it() -> None:
         task.gate.set()
 
 
+async def test_a_held_scale_out_goes_back_to_the_target_by_draining() -> None:
+    task = Gated()
+    try:
+        with anyio.fail_after(BOUND):
+            async with Cluster(workers=1) as cluster:
+                await cluster.wait_for_workers(1)
+                state = cluster.scheduler_state
+                futs = cluster.map(task, range(3))
+                # 3 blocks for 3 s (as an alert's scale-out asks); the target stays 1.
+                assert await cluster.scale(3, hold=3.0) == {"default": 3}
+                await wait_until(lambda: len(task.runs) == 3, "a task on each", limit=BOUND)
+                auto = (await cluster.status())["autoscaler"]
+                assert auto["targets"] == {"default": 1}
+                # The hold ends while all three are busy: two are drained, none stopped.
+                await wait_until(
+                    lambda: sum(w.draining for w in state.workers.values()) == 2,
+                    "two workers draining after the hold",
+                    limit=BOUND,
+                )
+                task.gate.set()
+                assert await cluster.gather(futs) == [0, 10, 20]
+                await wait_until(lambda: len(state.workers) == 1, "back to 1 worker", limit=BOUND)
+                for fut in futs:
+                    assert {t.outcome for t in state.tasks[fut.key].tries} == {"ok"}
+                with pytest.raises(ValueError, match="hold must be > 0"):
+                    await cluster.scale(2, hold=0.0)
+    finally:
+        task.gate.set()
+
+
 async def test_the_scaling_policy_is_swapped_at_runtime() -> None:
     task = Gated()
     try:

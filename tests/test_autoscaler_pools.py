@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -18,14 +19,21 @@ from actors.autoscaler_state import (
     AutoscalerConfig,
     AutoscalerState,
     BlockEnded,
+    BlockRunning,
     BlockStarted,
+    BlockStartFailed,
+    BlockStopped,
+    BlockStuck,
     Command,
     DrainAnswered,
     DrainWorker,
     Event,
     QueuesSeen,
     ReportGone,
+    Resumed,
     StartBlock,
+    StopBlock,
+    TargetRaised,
     TargetSet,
     Tick,
 )
@@ -34,9 +42,9 @@ from policies.scaling import LoadView, PoolLimits
 SPEC = "spec"
 
 
-def make(policy: Any = None) -> AutoscalerState:
+def make(policy: Any = None, config: AutoscalerConfig | None = None) -> AutoscalerState:
     return AutoscalerState(
-        AutoscalerConfig(), policy or policies.REGISTRY.create("scaling", "demand")
+        config or AutoscalerConfig(), policy or policies.REGISTRY.create("scaling", "demand")
     )
 
 
@@ -246,6 +254,179 @@ def test_a_pending_block_is_never_idle() -> None:
 
 
 # ----------------------------------------------------------------------------- at random
+
+
+def test_a_raised_target_holds_until_its_time_then_idle_blocks_drain() -> None:
+    s = make()
+    run(s, TargetSet(0.0, "p", 0, SPEC, limits(init_blocks=1, max_blocks=6, slots_per_block=1)))
+    start(s, 0.5)
+    run(s, load(1.0, 0, **{"w-1": 1}))
+    # An alert's scale-out: 4 blocks until t=300 (the pool's own target stays 0).
+    assert run(s, TargetRaised(10.0, "p", 4, 300.0)) == [
+        StartBlock(i, "p", SPEC) for i in (2, 3, 4)
+    ]
+    assert s.pools["p"].target == 0 and s.target("p") == 4
+    start(s, 11.0)
+    busy = {"w-1": 1, "w-2": 1, "w-3": 0, "w-4": 0}
+    assert run(s, load(20.0, 0, **busy)) == []
+    assert run(s, load(299.9, 0, **busy)) == []  # idle long enough, but the raise holds
+    # The raise is over: the policy drains the blocks idle max_idletime, never a busy one.
+    assert run(s, load(300.0, 0, **busy)) == [  # idle as long: the last by id first
+        DrainWorker("w-4", "block-4"),
+        DrainWorker("w-3", "block-3"),
+    ]
+    assert s.target("p") == 0
+    assert run(s, load(5000.0, 0, **{"w-1": 1, "w-2": 1})) == []
+
+
+def test_a_raised_target_is_checked() -> None:
+    s = make()
+    run(s, TargetSet(0.0, "p", 0, SPEC, limits()))
+    with pytest.raises(ValueError, match="no pool 'q'"):
+        s.handle(TargetRaised(1.0, "q", 2, 10.0))
+    with pytest.raises(ValueError, match="cannot scale"):
+        s.handle(TargetRaised(1.0, "p", -1, 10.0))
+
+
+# ----------------------------------------------------------------------------- pending capacity
+
+
+def pending(state: AutoscalerState, now: float, pool: str = "p") -> list[str]:
+    """Answer every request in flight with a block still queued by the batch system:
+    block-<request>, its worker w-<request> not started."""
+    blocks = []
+    for request in sorted(state.requests):
+        block = f"block-{request}"
+        assert run(state, BlockStarted(now, request, block, (f"w-{request}",), "pending")) == []
+        blocks.append(block)
+    return blocks
+
+
+def test_pending_blocks_count_as_capacity_so_nothing_is_asked_twice() -> None:
+    s = make()
+    run(s, TargetSet(0.0, "p", 0, SPEC, limits(init_blocks=0, max_blocks=10, slots_per_block=1)))
+    assert run(s, load(1.0, 3)) == [StartBlock(i, "p", SPEC) for i in (1, 2, 3)]
+    assert run(s, load(2.0, 3)) == []  # requested, no answer yet: they count
+    pending(s, 3.0)
+    for now in (4.0, 60.0, 3600.0):  # no timeout: pending blocks count until they run
+        assert run(s, load(now, 3)) == []
+    # Two more tasks: two more blocks, not five.
+    assert run(s, load(3601.0, 5)) == [StartBlock(4, "p", SPEC), StartBlock(5, "p", SPEC)]
+
+
+def test_a_stuck_block_is_replaced_at_its_provisioning_timeout_and_not_before() -> None:
+    s = make()
+    lim = limits(init_blocks=0, max_blocks=10, slots_per_block=1, provisioning_timeout=300.0)
+    run(s, TargetSet(0.0, "p", 0, SPEC, lim))
+    assert run(s, load(10.0, 2)) == [StartBlock(1, "p", SPEC), StartBlock(2, "p", SPEC)]
+    pending(s, 12.0)
+    assert run(s, BlockRunning(100.0, "block-1")) == []  # runs in time: never stuck
+    assert run(s, load(309.9, 1, **{"w-1": 1})) == []  # block-2 pending 299.9 s: counts
+    # 300 s after its request: stuck. It no longer counts; its worker is asked to drain
+    # (it may have joined meanwhile) and a replacement is asked for.
+    assert run(s, load(310.0, 1, **{"w-1": 1})) == [
+        BlockStuck("block-2", "p", "pending", 300.0, 300.0),
+        DrainWorker("w-2", "block-2"),
+        StartBlock(3, "p", SPEC),
+    ]
+    assert s.stuck == {"p": 1}
+    # The scheduler never saw w-2: the block is stopped (cancelled in the batch system).
+    assert run(s, DrainAnswered(310.1, "w-2", False)) == [StopBlock("block-2")]
+    assert run(s, BlockStopped(310.2, "block-2", "cancelled")) == []
+    assert (s.ends[-1].block, s.ends[-1].cause, s.ends[-1].charged) == ("block-2", "stuck", False)
+    # Not an unasked end: the replacement budget is untouched.
+    assert list(s.replacements) == [] and s.gave_up == set()
+    # The replacement has its own timeout, from its own request.
+    pending(s, 311.0)
+    assert run(s, load(609.9, 1, **{"w-1": 1})) == []
+    assert run(s, load(610.0, 1, **{"w-1": 1}))[0] == BlockStuck(
+        "block-3", "p", "pending", 300.0, 300.0
+    )
+    assert s.stuck == {"p": 2}
+
+
+def test_stuck_blocks_never_spend_the_replacement_budget() -> None:
+    s = make(config=AutoscalerConfig(max_replacements=1, replacement_window=10_000.0))
+    lim = limits(min_blocks=1, init_blocks=1, max_blocks=1, provisioning_timeout=60.0)
+    run(s, TargetSet(0.0, "p", 1, SPEC, lim))
+    now = 0.0
+    for i in range(1, 6):  # five blocks in a row never run
+        pending(s, now + 1.0)
+        now += 60.0
+        out = run(s, Tick(now))
+        assert out == [
+            BlockStuck(f"block-{i}", "p", "pending", 60.0, 60.0),
+            DrainWorker(f"w-{i}", f"block-{i}"),
+            StartBlock(i + 1, "p", SPEC),
+        ], out
+        assert run(s, DrainAnswered(now, f"w-{i}", False)) == [StopBlock(f"block-{i}")]
+        run(s, BlockStopped(now, f"block-{i}", "cancelled"))
+    assert s.stuck == {"p": 5} and list(s.replacements) == [] and s.gave_up == set()
+
+
+def test_a_stuck_block_whose_worker_joined_is_drained_never_stopped() -> None:
+    s = make()
+    lim = limits(init_blocks=1, slots_per_block=1, provisioning_timeout=60.0)
+    run(s, TargetSet(0.0, "p", 0, SPEC, lim))
+    pending(s, 1.0)
+    # The core has not heard that block-1 runs; its worker did join and runs a task
+    # (which a draining worker finishes: nothing else is active, nothing is asked for).
+    out = run(s, load(60.0, 0, **{"w-1": 1}))
+    assert out == [BlockStuck("block-1", "p", "pending", 60.0, 60.0), DrainWorker("w-1", "block-1")]
+    # The scheduler knows w-1: it drains it (finishes its task), nothing is stopped.
+    assert run(s, DrainAnswered(60.1, "w-1", True)) == []
+    assert run(s, load(500.0, 0, **{"w-1": 1}), Tick(5000.0)) == []
+    assert run(s, BlockEnded(5001.0, "block-1", "completed")) == [
+        ReportGone("block-1", ("w-1",), "stuck", "completed")
+    ]
+    assert list(s.replacements) == []
+
+
+def test_a_pool_that_may_not_ask_keeps_its_stuck_blocks() -> None:
+    s = make()
+    lim = limits(init_blocks=2, slots_per_block=1, provisioning_timeout=60.0)
+    run(s, TargetSet(0.0, "p", 0, SPEC, lim))
+    assert run(s, BlockStarted(1.0, 1, "block-1", ("w-1",), "pending")) == []
+    # The provider stops submitting (the second block): the pool pauses.
+    run(s, BlockStartFailed(1.0, 2, "down", batch=True, command="sbatch", suspended=True))
+    assert s.paused == {"p"}
+    # Cancelling block-1 would leave nothing in its place: it stays.
+    assert run(s, Tick(500.0)) == []
+    assert s.stuck == {} and not s.blocks["block-1"].retiring
+    # Resumed: it is replaced now (and the missing block asked for).
+    assert run(s, Resumed(501.0, "p")) == [
+        BlockStuck("block-1", "p", "pending", 501.0, 60.0),  # its age: from its request
+        DrainWorker("w-1", "block-1"),
+        StartBlock(3, "p", SPEC),
+        StartBlock(4, "p", SPEC),
+    ]
+
+
+def test_a_stuck_block_is_not_replaced_when_the_load_is_gone() -> None:
+    s = make()
+    lim = limits(init_blocks=0, slots_per_block=1, provisioning_timeout=60.0)
+    run(s, TargetSet(0.0, "p", 0, SPEC, lim))
+    assert run(s, load(1.0, 1)) == [StartBlock(1, "p", SPEC)]
+    pending(s, 2.0)
+    # The task went elsewhere; level-triggered: nothing active, no replacement.
+    assert run(s, load(61.0, 0)) == [
+        BlockStuck("block-1", "p", "pending", 60.0, 60.0),
+        DrainWorker("w-1", "block-1"),
+    ]
+
+
+def test_a_requeued_block_gets_its_timeout_again_from_the_requeue() -> None:
+    s = make()
+    lim = limits(init_blocks=1, slots_per_block=1, provisioning_timeout=60.0)
+    run(s, TargetSet(0.0, "p", 0, SPEC, lim))
+    start(s, 1.0)  # running at once
+    assert run(s, Tick(1000.0)) == []  # running blocks are never stuck
+    from actors.autoscaler_state import BlockRequeued
+
+    out = run(s, BlockRequeued(1000.0, "block-1", 2, "preempted"))
+    assert out == [ReportGone("block-1", ("w-1",), "preempted", "requeued")]
+    assert run(s, Tick(1059.9)) == []
+    assert run(s, Tick(1060.0))[0] == BlockStuck("block-1", "p", "pending", 60.0, 60.0)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -28,9 +28,11 @@ from actors.autoscaler_state import (
     AutoscalerState,
     BlockEnded,
     BlockRequeued,
+    BlockRunning,
     BlockStarted,
     BlockStartFailed,
     BlockStopped,
+    BlockStuck,
     Command,
     DrainAnswered,
     DrainWorker,
@@ -43,10 +45,12 @@ from actors.autoscaler_state import (
     Shutdown,
     StartBlock,
     StopBlock,
+    TargetRaised,
     TargetSet,
     Tick,
 )
 from policies import PolicyParamsError, PoolView
+from policies.scaling import PoolLimits
 
 SPEC = "spec"  # opaque to the core: handed back in StartBlock
 
@@ -132,6 +136,23 @@ def test_a_pending_block_goes_first_and_is_stopped_at_once() -> None:
     assert run(s, BlockStopped(1.5, "block-2")) == []
     assert run(s, BlockEnded(1.6, "block-2", "scaled-in")) == []  # the watcher, late
     assert sorted(s.blocks) == ["block-1"] and s.ended == 1
+
+
+def test_a_pending_block_with_workers_is_asked_before_it_is_stopped() -> None:
+    s = make()
+    run(s, TargetSet(0.0, "default", 2, SPEC))
+    run(s, BlockStarted(0.1, 1, "block-1", ("w-1",), "pending"))
+    run(s, BlockStarted(0.1, 2, "block-2", ("w-2",), "pending"))
+    # The core has not heard that they run: their workers are asked, not stopped.
+    assert run(s, TargetSet(1.0, "default", 0, SPEC)) == [
+        DrainWorker("w-1", "block-1"),
+        DrainWorker("w-2", "block-2"),
+    ]
+    assert run(s, DrainAnswered(1.1, "w-2", False)) == [StopBlock("block-2")]  # never joined
+    assert run(s, DrainAnswered(1.2, "w-1", True)) == []  # joined meanwhile: drained
+    assert run(s, BlockEnded(9.0, "block-1", "completed")) == [
+        ReportGone("block-1", ("w-1",), "drained", "completed")
+    ]
 
 
 def test_a_block_whose_workers_never_joined_is_stopped() -> None:
@@ -378,6 +399,7 @@ class RandomCluster(RuleBasedStateMachine):
         self.joined: set[str] = set()  #: workers the scheduler knows
         self.drained: set[str] = set()  #: workers the scheduler drains
         self.reported: set[str] = set()  #: blocks reported gone
+        self.running: set[str] = set()  #: blocks that run (their workers may join)
         self.n = 0
 
     def feed(self, ev: Event) -> None:
@@ -397,6 +419,10 @@ class RandomCluster(RuleBasedStateMachine):
                 if cmd.state != "requeued":  # a requeued block lives on
                     self.reported.add(cmd.block)
                 self.joined -= set(cmd.workers)
+            elif isinstance(cmd, BlockStuck):
+                b = self.state.blocks[cmd.block]
+                assert b.stuck and b.retiring and cmd.block not in self.running, cmd
+                assert cmd.age >= cmd.timeout, cmd
             else:
                 assert isinstance(cmd, GaveUp), cmd
         self.state.validate()
@@ -405,9 +431,19 @@ class RandomCluster(RuleBasedStateMachine):
         self.now += dt
         return self.now
 
-    @rule(pool=st.sampled_from(["a", "b"]), n=st.integers(0, 4))
-    def set_target(self, pool: str, n: int) -> None:
-        self.feed(TargetSet(self._later(), pool, n, pool))
+    @rule(
+        pool=st.sampled_from(["a", "b"]), n=st.integers(0, 4),
+        timeout=st.sampled_from([None, 1.0, 3.0]),
+    )  # fmt: skip
+    def set_target(self, pool: str, n: int, timeout: float | None) -> None:
+        limits = PoolLimits(0, 4, 0, provisioning_timeout=timeout)
+        self.feed(TargetSet(self._later(), pool, n, pool, limits))
+
+    @rule(pool=st.sampled_from(["a", "b"]), n=st.integers(0, 4), hold=st.floats(0.0, 5.0))
+    def raise_target(self, pool: str, n: int, hold: float) -> None:
+        if pool in self.state.pools:
+            now = self._later()
+            self.feed(TargetRaised(now, pool, n, now + hold))
 
     @precondition(lambda self: self.starts)
     @rule(
@@ -422,15 +458,29 @@ class RandomCluster(RuleBasedStateMachine):
             self.feed(BlockStartFailed(now, cmd.request, "no", batch, "sbatch", None, suspended))
             return
         self.n += 1
-        wids = tuple(f"w-{self.n}.{j}" for j in range(0 if pending else workers or 1))
+        wids = tuple(f"w-{self.n}.{j}" for j in range(workers if pending else workers or 1))
         state = "pending" if pending else "running"
+        if not pending:
+            self.running.add(f"block-{self.n}")
         self.feed(BlockStarted(self._later(), cmd.request, f"block-{self.n}", wids, state))
+
+    @precondition(lambda self: any(b not in self.running for b in self.state.blocks))
+    @rule(i=st.integers(0, 7))
+    def block_runs(self, i: int) -> None:
+        bids = sorted(b for b in self.state.blocks if b not in self.running)
+        bid = bids[i % len(bids)]
+        self.running.add(bid)
+        self.feed(BlockRunning(self._later(), bid))
 
     @precondition(lambda self: any(b.workers for b in self.state.blocks.values()))
     @rule(i=st.integers(0, 7))
     def worker_joins(self, i: int) -> None:
-        wids = sorted(w for b in self.state.blocks.values() for w in b.workers)
-        self.joined.add(wids[i % len(wids)])
+        # Only a worker of a block that runs can join.
+        wids = sorted(
+            w for b in self.state.blocks.values() if b.block_id in self.running for w in b.workers
+        )
+        if wids:
+            self.joined.add(wids[i % len(wids)])
 
     @precondition(lambda self: self.drains)
     @rule(i=st.integers(0, 7))
@@ -476,6 +526,7 @@ class RandomCluster(RuleBasedStateMachine):
     def block_requeued(self, i: int, preempted: bool) -> None:
         b = self.state.blocks[sorted(self.state.blocks)[i % len(self.state.blocks)]]
         cause = "preempted" if preempted else "requeued"
+        self.running.discard(b.block_id)  # pending again
         self.feed(BlockRequeued(self._later(), b.block_id, b.incarnation + 1, cause))
 
     @rule(pool=st.sampled_from(["a", "b"]))

@@ -119,6 +119,13 @@ def test_a_cluster_with_pools_gets_demand_scaling_and_the_fallback_in_retry() ->
     assert (targets["ckpt"].n, targets["ckpt"].limits) == (0, pools["ckpt"].limits())
 
 
+def test_provisioning_timeout_is_off_by_default_and_reaches_the_limits() -> None:
+    assert PoolConfig("a").limits().provisioning_timeout is None
+    pools = pools_from_dicts({"cloud": {"provisioning_timeout": "00:10:00"}, "hpc": {}})
+    assert pools["cloud"].limits().provisioning_timeout == 600.0
+    assert pools["hpc"].limits().provisioning_timeout is None
+
+
 def test_times_are_seconds_or_hh_mm_ss() -> None:
     assert parse_seconds("01:30:05") == 5405.0
     assert parse_seconds("2-00:00:00") == 172800.0
@@ -166,6 +173,8 @@ def test_a_misspelt_key_is_refused_with_the_closest_name() -> None:
         ({"walltime": "1h"}, "walltime", "'HH:MM:SS'"),
         ({"walltime": 0}, "walltime", "more than 0"),
         ({"max_idletime": -3}, "max_idletime", "seconds"),
+        ({"provisioning_timeout": 0}, "provisioning_timeout", "more than 0"),
+        ({"provisioning_timeout": "10m"}, "provisioning_timeout", "'HH:MM:SS'"),
         ({"drain_period": 600, "walltime": "00:05:00"}, "drain_period", "shorter than walltime"),
         ({"fallback": 3}, "fallback", "must be a string"),
         ({"partition": "ckpt"}, "partition", "only for provider 'slurm'"),

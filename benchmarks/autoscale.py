@@ -1,0 +1,858 @@
+"""Autoscaling under bursts: Corral's autoscaler against Parsl's ``simple`` strategy and a
+KEDA-style queue-length scaler, on a virtual clock.
+
+The load is CI-like (issue 12's seed: jobs queued an hour on an autoscaled fleet):
+bursts of jobs arrive at random (a push, a merge train), each a mix of short jobs
+(30 s-3 min) and long ones (10-40 min), over two pools of one-job runners: ``cpu``
+(up to 40 blocks) and ``gpu``, scarce (up to 4). A block (a runner: one worker, one
+job at a time) takes 2-5 min from its request to running. In the second scenario
+some blocks are *stuck*: the provider accepts them but they only come up after 30-60
+min (no capacity in the zone, a quota, a broken image pulled again and again).
+
+Nothing here re-implements Corral's autoscaler. A discrete-event loop (a heap of timed
+events, no threads, no sleeps, no processes) plays the cluster: a FIFO queue per pool,
+runners that take the next job the moment they are free, blocks that come up after
+their sampled delay. It drives, for ``corral``, the real pure core
+:class:`AutoscalerState` with the ``demand`` strategy as the manager runs it: a
+``QueuesSeen`` every second (the shell's tick), ``BlockRunning`` when a block comes up,
+its commands carried out (``StartBlock``: a block is requested; ``DrainWorker``: the
+runner takes no new job and exits when idle; ``StopBlock``: the block is cancelled,
+which the loop checks is never a busy one). The pools have Corral's settings
+``max_idletime = 120`` (Parsl's default) and ``provisioning_timeout = 600``.
+
+The peers are written here from their sources and documentation:
+
+- ``parsl``: Parsl's ``simple`` strategy (``parsl/jobs/strategy.py``,
+  ``_general_strategy``), every 5 s (its ``strategy_period``), per pool: active tasks
+  (queued + running) against active slots (running + pending blocks, so a pending
+  block counts as capacity however long it stays pending); scale out by the missing
+  blocks up to ``max_blocks``; scale in only when the pool has had no active task for
+  ``max_idletime`` (120 s), then every block above ``min_blocks`` (pending ones first,
+  as ``HighThroughputExecutor.scale_in`` orders them).
+- ``keda``: a KEDA ``ScaledObject`` per pool over a queue-length trigger with a target
+  of 1 job per replica, the metric counting ready and unacknowledged (running) jobs
+  (RabbitMQ's HTTP mode). KEDA polls every ``pollingInterval`` (30 s): it activates a
+  pool at zero replicas when the metric is above 0 and scales it to zero after
+  ``cooldownPeriod`` (300 s) without activity. In between, the HPA (every 15 s, its sync
+  period) sets ``ceil(metric / 1)`` replicas, within a 10% tolerance, scale-up limited
+  to its default ``max(+100%, +4 pods)`` per period, scale-down stabilised over 300 s
+  (the highest recommendation of the window). Scale-down deletes pods the way a
+  ReplicaSet chooses them (pending first, then the newest running), busy or not: a busy
+  runner gets a 30 s grace period, then its job is cut and queued again at the front.
+
+Measured per run: p95 and max queue wait (a job's time from ready to start, summed over
+its tries if it was cut), worker-hours (each block from its request to its end, so
+provisioning time is billed, for all three alike: a cloud VM bills while it boots; the
+stuck blocks' waiting time is billed too, which if anything counts against Corral,
+which replaces them), makespan (first arrival to last finish), jobs cut, blocks
+requested, stuck blocks replaced. The same seed gives every system the same jobs and
+the same provisioning delays (the n-th block requested in a pool comes up after the
+same delay in all three).
+
+    python benchmarks/autoscale.py                  # both scenarios, seeds 1-5
+    python benchmarks/autoscale.py --seeds 3 --scenario stuck
+    python benchmarks/autoscale.py --quick --json   # small (the test's size)
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import heapq
+import itertools
+import json
+import math
+import random
+import sys
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import policies  # noqa: E402
+from actors import alerts_state  # noqa: E402
+from actors.autoscaler_state import (  # noqa: E402
+    AutoscalerConfig,
+    AutoscalerState,
+    BlockEnded,
+    BlockRunning,
+    BlockStarted,
+    BlockStopped,
+    BlockStuck,
+    Command,
+    DrainAnswered,
+    DrainWorker,
+    Event,
+    GaveUp,
+    QueuesSeen,
+    ReportGone,
+    StartBlock,
+    StopBlock,
+    TargetRaised,
+    TargetSet,
+)
+from policies.scaling import PoolLimits  # noqa: E402
+from runtime.messages import BlockMetrics, MetricsReply, PoolMetrics  # noqa: E402
+from runtime.metrics import SAMPLE_LABELS, samples  # noqa: E402
+
+MIN, HOUR = 60.0, 3600.0
+SYSTEMS = ("corral", "parsl", "keda")
+PEERS = ("parsl", "keda")
+#: with ``--systems all``: Corral's autoscaler alone, without the alert rule; with its
+#: scale-outs raising the target for the action's cooldown (``scale(n, hold=...)``)
+#: instead of until the alert resolves; and with them setting a target that stays
+EXTRA = ("corral-noalert", "corral-hold", "corral-floor")
+
+
+@dataclasses.dataclass(frozen=True)
+class Pool:
+    name: str
+    max_blocks: int
+    share: float  #: of the jobs
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """The load, the fleet and each system's settings. Seconds of virtual time."""
+
+    hours: float = 8.0  #: bursts arrive during this long
+    burst_gap: float = 20 * MIN  #: mean time between bursts (exponential)
+    burst_jobs: tuple[int, int] = (5, 40)  #: jobs per burst (uniform)
+    burst_spread: float = 60.0  #: a burst's jobs arrive within this long
+    short: tuple[float, float] = (30.0, 180.0)  #: a short job's duration (uniform)
+    long: tuple[float, float] = (10 * MIN, 40 * MIN)  #: a long job's duration (uniform)
+    long_share: float = 0.3
+    pools: tuple[Pool, ...] = (Pool("cpu", 40, 0.85), Pool("gpu", 4, 0.15))
+    provisioning: tuple[float, float] = (2 * MIN, 5 * MIN)  #: request to running
+    stuck_share: float = 0.0  #: of the blocks: come up only after ``stuck_delay``
+    stuck_delay: tuple[float, float] = (30 * MIN, 60 * MIN)
+    # Corral
+    max_idletime: float = 120.0
+    provisioning_timeout: float = 600.0
+    corral_tick: float = 1.0
+    alert_every: float = 15.0  #: seconds between evaluations of the alert rules
+    # Parsl
+    parsl_period: float = 5.0
+    # KEDA / HPA
+    keda_polling: float = 30.0
+    keda_cooldown: float = 300.0
+    hpa_sync: float = 15.0
+    hpa_tolerance: float = 0.1
+    hpa_down_window: float = 300.0
+    grace: float = 30.0  #: terminationGracePeriodSeconds
+    tail: float = 4 * HOUR  #: after the last arrival, the most the run goes on
+
+
+FULL = Settings()
+QUICK = dataclasses.replace(FULL, hours=1.5)
+SCENARIOS = {"healthy": 0.0, "stuck": 0.05}
+
+
+# ----------------------------------------------------------------------------- the load
+
+
+@dataclasses.dataclass
+class Job:
+    jid: int
+    pool: str
+    ready: float
+    duration: float
+    queued_at: float = 0.0  #: when it last went into the queue
+    waited: float = 0.0  #: time in the queue, over all its tries
+    started: float | None = None  #: its latest start
+    finished: float | None = None
+    cut: int = 0  #: tries cut short (KEDA deleting its runner)
+
+
+def make_jobs(s: Settings, seed: int) -> list[Job]:
+    """Bursts of jobs: the same list for every system on a seed."""
+    rng = random.Random(f"jobs-{seed}")
+    jobs: list[Job] = []
+    t = rng.expovariate(1 / s.burst_gap)
+    names = [p.name for p in s.pools]
+    shares = [p.share for p in s.pools]
+    while t < s.hours * HOUR:
+        for _ in range(rng.randint(*s.burst_jobs)):
+            span = s.long if rng.random() < s.long_share else s.short
+            pool = rng.choices(names, shares)[0]
+            at = t + rng.uniform(0, s.burst_spread)
+            jobs.append(Job(len(jobs), pool, at, rng.uniform(*span)))
+        t += rng.expovariate(1 / s.burst_gap)
+    jobs.sort(key=lambda j: (j.ready, j.jid))
+    return jobs
+
+
+class Delays:
+    """Provisioning delays: the n-th block requested in a pool comes up after the n-th
+    delay of that pool's sequence, whichever system asks."""
+
+    def __init__(self, s: Settings, seed: int) -> None:
+        self.s = s
+        self.rngs = {p.name: random.Random(f"delays-{seed}-{p.name}") for p in s.pools}
+        self.seen: dict[str, list[tuple[float, bool]]] = {p.name: [] for p in s.pools}
+
+    def __call__(self, pool: str, n: int) -> tuple[float, bool]:
+        seq = self.seen[pool]
+        while len(seq) <= n:
+            rng = self.rngs[pool]
+            stuck = rng.random() < self.s.stuck_share
+            normal = rng.uniform(*self.s.provisioning)
+            late = rng.uniform(*self.s.stuck_delay)
+            seq.append((late if stuck else normal, stuck))
+        return seq[n]
+
+
+# ----------------------------------------------------------------------------- the cluster
+
+
+@dataclasses.dataclass(eq=False)
+class Block:
+    bid: str
+    pool: str
+    requested: float
+    up_at: float
+    stuck: bool  #: drew a stuck delay
+    ran: float | None = None  #: when it came up (its runner joined)
+    ended: float | None = None
+    job: Job | None = None
+    draining: bool = False  #: Corral: takes no new job, exits when idle
+    deleting: bool = False  #: KEDA: deleted, in its grace period
+    idle_since: float = 0.0
+
+    @property
+    def worker(self) -> str:
+        return f"w-{self.bid}"
+
+
+class Scaler:
+    """What the loop asks of a system."""
+
+    name = ""
+    period = 1.0
+
+    def tick(self, now: float) -> None:
+        raise NotImplementedError
+
+    def on_running(self, b: Block) -> None:
+        """``b`` came up."""
+
+    def on_exited(self, b: Block) -> None:
+        """``b``'s drained runner finished its job and exited."""
+
+
+class Cluster:
+    """The simulated world: queues, blocks, the heap of timed events."""
+
+    def __init__(self, s: Settings, jobs: list[Job], delays: Delays) -> None:
+        self.s = s
+        self.jobs = jobs
+        self.delays = delays
+        self.now = 0.0
+        self.heap: list[tuple[float, int, Callable[..., None], tuple[Any, ...]]] = []
+        self.seq = itertools.count()
+        self.queues: dict[str, deque[Job]] = {p.name: deque() for p in s.pools}
+        self.live: dict[str, Block] = {}  #: blocks not ended, by id
+        self.ended: list[Block] = []
+        self.asked = {p.name: 0 for p in s.pools}
+        self.unfinished = len(jobs)
+        self.scaler: Scaler | None = None
+        self.busy_stops = 0  #: blocks stopped while running a job (must stay 0 for Corral)
+
+    def at(self, t: float, fn: Callable[..., None], *args: Any) -> None:
+        heapq.heappush(self.heap, (t, next(self.seq), fn, args))
+
+    def blocks(self, pool: str) -> list[Block]:
+        return [b for b in self.live.values() if b.pool == pool]
+
+    # -- blocks ------------------------------------------------------------------------
+
+    def request(self, pool: str) -> Block:
+        n = self.asked[pool]
+        self.asked[pool] += 1
+        delay, stuck = self.delays(pool, n)
+        b = Block(f"{pool}-{n + 1}", pool, self.now, self.now + delay, stuck)
+        self.live[b.bid] = b
+        self.at(b.up_at, self._up, b)
+        return b
+
+    def _up(self, b: Block) -> None:
+        if b.ended is not None:
+            return  # cancelled while pending
+        b.ran = b.idle_since = self.now
+        assert self.scaler is not None
+        self.scaler.on_running(b)
+        self.dispatch()
+
+    def _end(self, b: Block) -> None:
+        b.ended = self.now
+        del self.live[b.bid]
+        self.ended.append(b)
+
+    def cancel(self, b: Block) -> None:
+        """Stop ``b`` now (a pending block, or an idle one)."""
+        if b.job is not None:
+            self.busy_stops += 1
+            self._cut(b)
+        self._end(b)
+
+    def drain(self, b: Block) -> bool:
+        """``b`` takes no new job and exits once idle: True if it exited now."""
+        b.draining = True
+        if b.job is None:
+            self._end(b)
+            return True
+        return False
+
+    def delete(self, b: Block) -> None:
+        """Kubernetes deletes ``b``'s pod: an idle or pending one goes at once, a busy
+        one after the grace period (its job cut then, unless it finished)."""
+        b.deleting = True
+        if b.job is None:
+            self._end(b)
+        else:
+            self.at(self.now + self.s.grace, self._grace_over, b)
+
+    def _grace_over(self, b: Block) -> None:
+        if b.ended is None:
+            if b.job is not None:
+                self._cut(b)
+            self._end(b)
+            self.dispatch()
+
+    def _cut(self, b: Block) -> None:
+        job = b.job
+        assert job is not None
+        job.cut += 1
+        job.queued_at = self.now
+        self.queues[b.pool].appendleft(job)
+        b.job = None
+
+    # -- jobs --------------------------------------------------------------------------
+
+    def _arrive(self, job: Job) -> None:
+        job.queued_at = self.now
+        self.queues[job.pool].append(job)
+        self.dispatch()
+
+    def dispatch(self) -> None:
+        """Every free runner takes the next job of its pool."""
+        for pool, queue in self.queues.items():
+            if not queue:
+                continue
+            free = sorted(
+                (
+                    b
+                    for b in self.blocks(pool)
+                    if b.ran is not None and b.job is None and not b.draining and not b.deleting
+                ),
+                key=lambda b: b.bid,
+            )
+            for b in free:
+                if not queue:
+                    break
+                job = queue.popleft()
+                job.waited += self.now - job.queued_at
+                job.started = self.now
+                b.job = job
+                self.at(self.now + job.duration, self._finish, b, job)
+
+    def _finish(self, b: Block, job: Job) -> None:
+        if b.job is not job:
+            return  # cut before it finished
+        job.finished = self.now
+        self.unfinished -= 1
+        b.job = None
+        b.idle_since = self.now
+        if b.draining:
+            self._end(b)
+            assert self.scaler is not None
+            self.scaler.on_exited(b)
+        elif b.deleting:
+            self._end(b)
+        self.dispatch()
+
+    def _tick(self) -> None:
+        assert self.scaler is not None
+        self.scaler.tick(self.now)
+        self.dispatch()
+        if self.unfinished or self.live:
+            self.at(self.now + self.scaler.period, self._tick)
+
+    # -- the run -----------------------------------------------------------------------
+
+    def run(self, scaler: Scaler) -> None:
+        self.scaler = scaler
+        for job in self.jobs:
+            self.at(job.ready, self._arrive, job)
+        self.at(0.0, self._tick)
+        last = self.jobs[-1].ready if self.jobs else 0.0
+        while self.heap:
+            t, _, fn, args = heapq.heappop(self.heap)
+            if t > last + self.s.tail:
+                break
+            self.now = t
+            fn(*args)
+        for b in list(self.live.values()):  # still there at the cut-off: billed to it
+            self._end(b)
+
+
+# ----------------------------------------------------------------------------- corral
+
+
+#: the queue-time rule of the benchmark: the default ``CorralQueueTime`` rule with a
+#: scale-out action (enough blocks for the ready tasks, within the pool's max_blocks),
+#: which sets the pool's target back once the alert resolved
+QUEUE_RULE: dict[str, Any] = {
+    "name": "QueueTimeScaleOut",
+    "expr": "corral_queue_depth > 0 and corral_queue_oldest_wait_seconds > 60",
+    "for": "1m",
+    "labels": {"team": "ci", "priority": "P2"},
+    "action": {"scale_out": {"fit": True, "cooldown": "5m", "restore": True}},
+}
+
+
+class CorralScaler(Scaler):
+    """The real autoscaler core with the ``demand`` strategy, fed as the shell feeds it;
+    and the real alert core, evaluating :data:`QUEUE_RULE` on the metrics every
+    ``alert_every`` seconds. ``alerts``: ``"restore"`` (what the manager's alert
+    monitor does: each ``Scale`` sets the pool's target, ``TargetSet``; the rule sets it
+    back once its alert resolved), ``"floor"`` (the same rule without ``restore``: the
+    target stays), ``"hold"`` (each scale-out raises the target for the action's
+    cooldown, ``TargetRaised``), or None (no alert rule)."""
+
+    name = "corral"
+
+    def __init__(self, cluster: Cluster, alerts: str | None = "restore") -> None:
+        s = cluster.s
+        self.c = cluster
+        self.period = s.corral_tick
+        demand = policies.REGISTRY.create("scaling", "demand")
+        self.state = AutoscalerState(AutoscalerConfig(), demand)
+        self.stuck = 0
+        self.gave_up = 0
+        self.alerts: alerts_state.AlertState | None = None
+        self.fired = self.scale_outs = 0
+        self.hold = 0.0
+        self.mode = alerts
+        if alerts is not None:
+            raw = QUEUE_RULE
+            if alerts != "restore":
+                action = {k: v for k, v in raw["action"]["scale_out"].items() if k != "restore"}
+                raw = {**raw, "action": {"scale_out": action}}
+            rule = alerts_state.parse_rule(raw, SAMPLE_LABELS)
+            assert rule.action is not None
+            self.hold = rule.action.cooldown
+            self.alerts = alerts_state.AlertState([rule])
+        self.next_alert = 0.0
+        events: list[Event] = []
+        for p in s.pools:
+            limits = PoolLimits(
+                min_blocks=0, max_blocks=p.max_blocks, init_blocks=0, parallelism=1.0,
+                slots_per_block=1, max_idletime=s.max_idletime,
+                provisioning_timeout=s.provisioning_timeout,
+            )  # fmt: skip
+            events.append(TargetSet(0.0, p.name, 0, p.name, limits))
+        self.feed(*events)
+
+    def feed(self, *events: Event) -> None:
+        todo: deque[Event] = deque(events)
+        while todo:
+            for cmd in self.state.handle(todo.popleft()):
+                todo.extend(self.carry_out(cmd))
+
+    def carry_out(self, cmd: Command) -> list[Event]:
+        now = self.c.now
+        if isinstance(cmd, StartBlock):
+            b = self.c.request(cmd.pool)
+            return [BlockStarted(now, cmd.request, b.bid, (b.worker,), "pending")]
+        if isinstance(cmd, StopBlock):
+            self.c.cancel(self.c.live[cmd.block])
+            return [BlockStopped(now, cmd.block, "cancelled")]
+        if isinstance(cmd, DrainWorker):
+            b = self.c.live[cmd.block]
+            if b.ran is None:  # its runner never joined: the scheduler does not know it
+                return [DrainAnswered(now, cmd.worker, False)]
+            out: list[Event] = [DrainAnswered(now, cmd.worker, True)]
+            if self.c.drain(b):
+                out.append(BlockEnded(now, b.bid, "completed"))
+            return out
+        if isinstance(cmd, BlockStuck):
+            self.stuck += 1
+        elif isinstance(cmd, GaveUp):
+            self.gave_up += 1
+        else:
+            assert isinstance(cmd, ReportGone), cmd
+        return []
+
+    def tick(self, now: float) -> None:
+        queued = {pool: len(q) for pool, q in self.c.queues.items()}
+        processing = {
+            b.worker: int(b.job is not None) for b in self.c.live.values() if b.ran is not None
+        }
+        self.feed(QueuesSeen(now, queued, processing))
+        if self.alerts is not None and now >= self.next_alert:
+            self.next_alert = now + self.c.s.alert_every
+            self.evaluate(now)
+
+    def metrics(self, now: float) -> MetricsReply:
+        """What ``GET /metrics`` would show now: the cluster's queues and workers, and
+        the autoscaler core's block metrics as its shell makes them."""
+        pools: dict[str, PoolMetrics] = {}
+        for pool, queue in self.c.queues.items():
+            up = [b for b in self.c.blocks(pool) if b.ran is not None]
+            busy = sum(1 for b in up if b.job is not None)
+            pools[pool] = PoolMetrics(
+                queue_depth=len(queue),
+                oldest_wait=max((now - j.queued_at for j in queue), default=0.0),
+                running=busy,
+                workers={"busy": busy, "idle": len(up) - busy},
+            )
+        states = {
+            bid: ("running" if b.ran is not None else "pending")
+            for bid, b in self.c.live.items()
+            if bid in self.state.blocks
+        }
+        blocks = {
+            pool: BlockMetrics(**m, stuck=self.state.stuck.get(pool, 0))
+            for pool, m in self.state.block_metrics(now, states).items()
+        }
+        return MetricsReply(pools=pools, blocks=blocks)
+
+    def evaluate(self, now: float) -> None:
+        assert self.alerts is not None
+        cmds = self.alerts.handle(alerts_state.Evaluate(now, samples(self.metrics(now))))
+        for cmd in cmds:
+            if isinstance(cmd, alerts_state.Scale):
+                if cmd.target > self.state.pools[cmd.pool].target:
+                    self.scale_outs += 1  # (not a restore)
+                if self.mode == "hold":
+                    self.feed(TargetRaised(now, cmd.pool, cmd.target, now + self.hold))
+                else:
+                    self.feed(TargetSet(now, cmd.pool, cmd.target, cmd.pool))
+            elif isinstance(cmd, alerts_state.Notify) and cmd.alert.state == "firing":
+                self.fired += 1
+
+    def on_running(self, b: Block) -> None:
+        if b.bid in self.state.blocks:
+            self.feed(BlockRunning(self.c.now, b.bid))
+
+    def on_exited(self, b: Block) -> None:
+        self.feed(BlockEnded(self.c.now, b.bid, "completed"))
+
+
+# ----------------------------------------------------------------------------- parsl
+
+
+class ParslSimple(Scaler):
+    """Parsl's ``simple`` strategy, one executor per pool (see the module's docstring)."""
+
+    name = "parsl"
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.c = cluster
+        self.period = cluster.s.parsl_period
+        self.idle_since: dict[str, float | None] = {p.name: None for p in cluster.s.pools}
+
+    def tick(self, now: float) -> None:
+        s = self.c.s
+        for p in s.pools:
+            blocks = self.c.blocks(p.name)
+            active_blocks = len(blocks)  # running + pending
+            active_slots = active_blocks  # one worker, one slot per block
+            busy = sum(1 for b in blocks if b.job is not None)
+            active_tasks = len(self.c.queues[p.name]) + busy
+            min_blocks, max_blocks, parallelism = 0, p.max_blocks, 1.0
+            if active_tasks > 0:
+                self.idle_since[p.name] = None
+            if active_tasks == 0:
+                if active_blocks <= min_blocks:
+                    continue
+                since = self.idle_since[p.name]
+                if since is None:
+                    self.idle_since[p.name] = since = now
+                if now - since > s.max_idletime:
+                    self.scale_in(blocks, active_blocks - min_blocks)
+            elif active_slots / active_tasks < parallelism:
+                if active_blocks >= max_blocks:
+                    continue
+                excess_slots = math.ceil(active_tasks * parallelism - active_slots)
+                excess_blocks = min(math.ceil(excess_slots / 1), max_blocks - active_blocks)
+                for _ in range(excess_blocks):
+                    self.c.request(p.name)
+
+    def scale_in(self, blocks: list[Block], n: int) -> None:
+        """``HighThroughputExecutor.scale_in``: the longest idle first, a block with no
+        connected worker (pending) counting as idle forever."""
+        now = self.c.now
+        order = sorted(blocks, key=lambda b: -(math.inf if b.ran is None else now - b.idle_since))
+        for b in order[:n]:
+            self.c.cancel(b)
+
+
+# ----------------------------------------------------------------------------- keda
+
+
+class KedaQueue(Scaler):
+    """A KEDA ScaledObject per pool over a queue-length trigger, and the HPA under it
+    (see the module's docstring)."""
+
+    name = "keda"
+
+    def __init__(self, cluster: Cluster) -> None:
+        s = cluster.s
+        self.c = cluster
+        self.period = s.hpa_sync
+        pools = [p.name for p in s.pools]
+        self.replicas = dict.fromkeys(pools, 0)
+        self.last_active: dict[str, float] = dict.fromkeys(pools, -math.inf)
+        self.recs: dict[str, deque[tuple[float, int]]] = {p: deque() for p in pools}
+        self.max = {p.name: p.max_blocks for p in s.pools}
+        self.n = 0
+
+    def pods(self, pool: str) -> list[Block]:
+        return [b for b in self.c.blocks(pool) if not b.deleting]
+
+    def tick(self, now: float) -> None:
+        s = self.c.s
+        poll = self.n % round(s.keda_polling / s.hpa_sync) == 0
+        self.n += 1
+        for pool in self.replicas:
+            metric = len(self.c.queues[pool]) + sum(
+                1 for b in self.c.blocks(pool) if b.job is not None and not b.deleting
+            )
+            if poll:  # KEDA's own loop: activation and scale to zero
+                if metric > 0:
+                    self.last_active[pool] = now
+                    if self.replicas[pool] == 0:
+                        self.set(pool, 1)
+                elif self.replicas[pool] > 0 and now - self.last_active[pool] >= s.keda_cooldown:
+                    self.recs[pool].clear()
+                    self.set(pool, 0)
+            current = self.replicas[pool]
+            if current == 0:
+                continue  # the HPA does not scale from zero
+            ratio = metric / current  # target: 1 job per replica
+            rec = current if abs(ratio - 1) <= s.hpa_tolerance else math.ceil(metric)
+            rec = min(max(rec, 1), self.max[pool])
+            recs = self.recs[pool]
+            recs.append((now, rec))
+            while recs and recs[0][0] < now - s.hpa_down_window:
+                recs.popleft()
+            down = max(r for _, r in recs)  # scale-down stabilisation: the window's highest
+            if rec > current:
+                self.set(pool, min(rec, max(2 * current, current + 4)))
+            elif current > down:
+                self.set(pool, down)
+
+    def set(self, pool: str, n: int) -> None:
+        self.replicas[pool] = n
+        pods = self.pods(pool)
+        for _ in range(n - len(pods)):
+            self.c.request(pool)
+        if n < len(pods):
+            # A ReplicaSet deletes pending pods first, then the newest running ones.
+            order = sorted(pods, key=lambda b: (b.ran is not None, -(b.ran or 0.0)))
+            for b in order[: len(pods) - n]:
+                self.c.delete(b)
+
+
+FACTORIES: dict[str, Callable[[Cluster], Scaler]] = {
+    "corral": CorralScaler,
+    "parsl": ParslSimple,
+    "keda": KedaQueue,
+    "corral-noalert": lambda c: CorralScaler(c, alerts=None),
+    "corral-hold": lambda c: CorralScaler(c, alerts="hold"),
+    "corral-floor": lambda c: CorralScaler(c, alerts="floor"),
+}
+
+
+# ----------------------------------------------------------------------------- results
+
+
+@dataclasses.dataclass
+class Result:
+    system: str
+    seed: int
+    scenario: str
+    jobs: int
+    unfinished: int
+    p95_wait: float  #: seconds
+    max_wait: float
+    p95_wait_by_pool: dict[str, float]
+    worker_hours: float
+    makespan: float  #: seconds
+    blocks: int
+    jobs_cut: int
+    busy_stops: int
+    stuck_replaced: int
+    alerts_fired: int
+    scale_outs: int  #: the alert rule's scale-out actions
+    wall: float  #: seconds the simulation took
+
+
+def p95(values: Sequence[float]) -> float:
+    """The nearest-rank 95th percentile (0 for none)."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[max(math.ceil(0.95 * len(ordered)) - 1, 0)]
+
+
+def simulate(system: str, s: Settings, seed: int, scenario: str = "healthy") -> Result:
+    s = dataclasses.replace(s, stuck_share=SCENARIOS[scenario])
+    t0 = time.perf_counter()
+    jobs = make_jobs(s, seed)
+    cluster = Cluster(s, jobs, Delays(s, seed))
+    scaler = FACTORIES[system](cluster)
+    cluster.run(scaler)
+    done = [j for j in jobs if j.finished is not None]
+    waits = [j.waited for j in done]
+    by_pool = {p.name: p95([j.waited for j in done if j.pool == p.name]) for p in s.pools}
+    blocks = cluster.ended
+    first = min((j.ready for j in jobs), default=0.0)
+    last = max((j.finished or 0.0 for j in jobs), default=0.0)
+    return Result(
+        system=system, seed=seed, scenario=scenario, jobs=len(jobs),
+        unfinished=len(jobs) - len(done), p95_wait=p95(waits),
+        max_wait=max(waits, default=0.0), p95_wait_by_pool=by_pool,
+        worker_hours=sum((b.ended or 0.0) - b.requested for b in blocks) / HOUR,
+        makespan=last - first, blocks=len(blocks),
+        jobs_cut=sum(j.cut for j in jobs), busy_stops=cluster.busy_stops,
+        stuck_replaced=getattr(scaler, "stuck", 0), alerts_fired=getattr(scaler, "fired", 0),
+        scale_outs=getattr(scaler, "scale_outs", 0), wall=time.perf_counter() - t0,
+    )  # fmt: skip
+
+
+def ratios(runs: dict[str, Result]) -> dict[str, float]:
+    """Corral's figure over the best peer's (the lower of the two), per figure."""
+    c = runs["corral"]
+
+    def best(get: Callable[[Result], float]) -> float:
+        peer = min(get(runs[p]) for p in PEERS)
+        return get(c) / peer if peer > 0 else (1.0 if get(c) == 0 else math.inf)
+
+    return {
+        "p95_wait": best(lambda r: r.p95_wait),
+        "max_wait": best(lambda r: r.max_wait),
+        "worker_hours": best(lambda r: r.worker_hours),
+        "makespan": best(lambda r: r.makespan),
+    }
+
+
+COLUMNS: tuple[tuple[str, Callable[[Result], float], str], ...] = (
+    ("p95 wait", lambda r: r.p95_wait / MIN, "{:.1f}"),
+    ("p95 cpu", lambda r: r.p95_wait_by_pool["cpu"] / MIN, "{:.1f}"),
+    ("p95 gpu", lambda r: r.p95_wait_by_pool["gpu"] / MIN, "{:.1f}"),
+    ("max wait", lambda r: r.max_wait / MIN, "{:.1f}"),
+    ("worker-h", lambda r: r.worker_hours, "{:.1f}"),
+    ("makespan h", lambda r: r.makespan / HOUR, "{:.2f}"),
+    ("blocks", lambda r: float(r.blocks), "{:.0f}"),
+    ("jobs cut", lambda r: float(r.jobs_cut), "{:.1f}"),
+    ("stuck repl.", lambda r: float(r.stuck_replaced), "{:.1f}"),
+    ("alerts", lambda r: float(r.alerts_fired), "{:.1f}"),
+    ("scale-outs", lambda r: float(r.scale_outs), "{:.1f}"),
+    ("unfinished", lambda r: float(r.unfinished), "{:.0f}"),
+)
+
+
+def table(scenario: str, per_seed: list[dict[str, Result]]) -> str:
+    """One row per system, averaged over the seeds (waits in minutes), then Corral's
+    ratios to the best peer (averaged over the seeds) and the issue's target."""
+    n = len(per_seed)
+    seeds = ", ".join(str(runs["corral"].seed) for runs in per_seed)
+    jobs = sum(runs["corral"].jobs for runs in per_seed) / n
+    width = 12
+    systems = [name for name in (*SYSTEMS, *EXTRA) if name in per_seed[0]]
+    lines = [
+        f"scenario {scenario}: seeds {seeds}, {jobs:.0f} jobs per seed on average; "
+        "waits in minutes",
+        f"{'system':15}" + "".join(f"{label:>{width}}" for label, _, _ in COLUMNS),
+    ]
+    for system in systems:
+        cells = "".join(
+            f"{fmt.format(sum(get(runs[system]) for runs in per_seed) / n):>{width}}"
+            for _, get, fmt in COLUMNS
+        )
+        lines.append(f"{system:15}{cells}")
+    rs = [ratios(runs) for runs in per_seed]
+    avg = {k: sum(r[k] for r in rs) / n for k in rs[0]}
+    lines.append(
+        "corral / best peer (mean over seeds): "
+        + ", ".join(f"{k} {v:.2f}x" for k, v in avg.items())
+    )
+    met = avg["p95_wait"] <= 0.5 and avg["worker_hours"] <= 1.0
+    lines.append(
+        "target (p95 wait <= 0.5x the best peer's at <= 1.0x its worker-hours): "
+        + ("MET" if met else "NOT MET")
+    )
+    return "\n".join(lines)
+
+
+def run_all(
+    s: Settings,
+    seeds: Sequence[int],
+    scenarios: Sequence[str],
+    systems: Sequence[str] = SYSTEMS,
+) -> dict[str, list[dict[str, Result]]]:
+    return {
+        sc: [{sys_: simulate(sys_, s, seed, sc) for sys_ in systems} for seed in seeds]
+        for sc in scenarios
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="1.5 h of bursts, one seed")
+    ap.add_argument("--seeds", type=int, default=None, help="seeds 1..N (default 5; quick 1)")
+    ap.add_argument("--seed", type=int, default=None, help="only this seed")
+    ap.add_argument(
+        "--scenario", choices=[*SCENARIOS, "both"], default="both",
+        help="healthy: every block comes up in 2-5 min; stuck: 5%% take 30-60 min",
+    )  # fmt: skip
+    ap.add_argument(
+        "--systems", choices=["three", "all"], default="three",
+        help="all: also corral-noalert (no alert rule), corral-hold (scale-outs raise the "
+        "target for the cooldown) and corral-floor (the rule without restore)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--max-idletime", type=float, default=None,
+        help="seconds an idle block stays (Corral's and Parsl's max_idletime; default 120)",
+    )  # fmt: skip
+    ap.add_argument("--json", action="store_true", help="machine-readable output")
+    args = ap.parse_args(argv)
+    s = QUICK if args.quick else FULL
+    if args.max_idletime is not None:
+        s = dataclasses.replace(s, max_idletime=args.max_idletime)
+    systems = SYSTEMS if args.systems == "three" else (*SYSTEMS, *EXTRA)
+    if args.seed is not None:
+        seeds: list[int] = [args.seed]
+    else:
+        seeds = list(range(1, (args.seeds or (1 if args.quick else 5)) + 1))
+    scenarios = list(SCENARIOS) if args.scenario == "both" else [args.scenario]
+    t0 = time.perf_counter()
+    results = run_all(s, seeds, scenarios, systems)
+    if args.json:
+        out = {
+            sc: [
+                {"seed": runs["corral"].seed, "ratios": ratios(runs),
+                 **{k: dataclasses.asdict(v) for k, v in runs.items()}}
+                for runs in per_seed
+            ]
+            for sc, per_seed in results.items()
+        }  # fmt: skip
+        print(json.dumps(out, indent=1))
+        return 0
+    for sc, per_seed in results.items():
+        print(table(sc, per_seed))
+        print()
+    print(f"simulated in {time.perf_counter() - t0:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
