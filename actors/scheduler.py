@@ -93,6 +93,7 @@ from runtime.messages import (
     SetPolicyRequest,
     StatusRequest,
     Stop,
+    StorageStatus,
     StoryQuery,
     StoryRequest,
     SubmitSpecs,
@@ -105,6 +106,7 @@ from runtime.messages import (
     WorkerHolds,
     WorkerInfo,
     WorkerMemoryReport,
+    WorkerStorage,
     message,
 )
 
@@ -393,7 +395,30 @@ class Scheduler(Actor):
             "policies": {k: getattr(p, "name", type(p).__name__) for k, p in st.policies.items()},
             "policy_errors": st.policy_errors,
             "replicas": _replicas(st),
+            "storage": self._storage(),
         }
+
+    def _storage(self) -> StorageStatus:
+        """Storage over time: the core's ledger with each worker's latest report."""
+        st = self.state
+        led = st.storage
+        workers = {}
+        for wid in sorted({*st.workers, *led.bytes_in, *led.bytes_out, *led.disk_peak}):
+            ws = st.workers.get(wid)
+            report = self.memory.get(wid) if ws is not None else None
+            workers[wid] = WorkerStorage(
+                disk=ws.disk if ws is not None else 0,
+                disk_used=led.disk_used.get(wid, 0),
+                disk_peak=led.disk_peak.get(wid, 0),
+                disk_free=report.disk_free if report is not None else None,
+                memory_bytes=report.memory_bytes if report is not None else 0,
+                bytes_in=led.bytes_in[wid],
+                bytes_out=led.bytes_out[wid],
+                recoveries=led.lost_by_worker[wid],
+            )
+        return StorageStatus(
+            dict(led.transfers), dict(led.transfer_bytes), dict(led.recoveries), workers
+        )
 
     @handles(MetricsRequest)
     def metrics(self, msg: MetricsRequest) -> dict[str, Any]:
@@ -440,11 +465,16 @@ class Scheduler(Actor):
         """The core's monitoring events from ``msg.since`` on, and each worker's latest
         memory numbers (for the monitoring database: runtime/monitordb.py)."""
         events, nxt, lost = self.state.feed_since(msg.since, msg.limit)
-        workers = {}
-        for wid in self.state.workers:
+        workers: dict[str, tuple[int, int, int, int | None, int]] = {}
+        for wid, ws in self.state.workers.items():
             report = self.memory.get(wid)
-            held = (report.memory_bytes, report.spilled_bytes) if report is not None else (0, 0)
-            workers[wid] = (self.rss.get(wid, 0), *held)
+            if report is None:
+                workers[wid] = (self.rss.get(wid, 0), 0, 0, None, ws.disk)
+            else:
+                workers[wid] = (
+                    self.rss.get(wid, 0), report.memory_bytes, report.spilled_bytes,
+                    report.disk_free, ws.disk,
+                )  # fmt: skip
         wall = time.time() - self.clock.now()
         capacity = self.state.config.feed_length
         return MonitorFeedReply(tuple(events), nxt, lost, wall, workers, capacity)

@@ -107,6 +107,7 @@ from types import MappingProxyType
 from typing import Any, Literal
 
 from actors.protocol import FileFact, TaskResult, ToRun
+from actors.storage_state import StorageLedger
 from policies import (
     BENIGN_LOSSES,
     DEFAULTS,
@@ -998,6 +999,8 @@ class SchedulerState:
         #: ``feed_held`` counts the records held; ``_records``: this event's so far
         self.feed: deque[tuple[float, list[tuple[Any, ...]]]] = deque()
         self.feed_on = self.config.monitor
+        #: disks, transfers and recoveries over time (docs/files.md, "Storage over time")
+        self.storage = StorageLedger()
         self.feed_next = 0
         self.feed_held = 0
         self._records: list[tuple[Any, ...]] = []
@@ -1100,7 +1103,10 @@ class SchedulerState:
         number, sent, start, stop, outcome, cause, error, nbytes)`` per try ended
         (``error``: the exception or None; ``start``, ``stop``: the worker's wall clock,
         except for ``worker-lost``: ``sent`` and ``now``, this core's clock),
-        ``("joined", worker, pool, cores, memory)`` and ``("left", worker, cause)``."""
+        ``("joined", worker, pool, cores, memory)``, ``("left", worker, cause)``,
+        ``("transfer", key, kind, nbytes, source, target, duration)`` per output copied
+        between workers and ``("recovery", key, category, worker, how)`` per needed
+        output lost with a worker (:mod:`actors.storage_state`)."""
         self.feed_on = True
         feed = self.feed
         first = self.feed_next - len(feed)
@@ -1346,6 +1352,9 @@ class SchedulerState:
             ts = self.tasks.get(key)
             to = self.workers.get(target)
             if ts is not None and to is not None and ws.id in ts.who_has:
+                if to.id not in ts.who_has:
+                    took = self.storage.left_after(ws.id, self._now)
+                    self._moved("evacuation", ts, ws.id, to.id, took)
                 self._add_replica(ts, to)  # copied before it went: not lost
         lives = self.lives.get(ws.pool)
         if lives is None:
@@ -1370,7 +1379,7 @@ class SchedulerState:
             if ts in self.replicas:
                 self._holder_gone(ts, ws.id)
             if not ts.who_has and ts.state == "memory":
-                self._output_lost(ts)
+                self._output_lost(ts, ws.id)
             elif ts.wanted and ts.state == "memory":
                 # Still held elsewhere (a replica, an evacuated copy): clients that were
                 # told it is here learn where it is now.
@@ -1378,6 +1387,7 @@ class SchedulerState:
                 self._out.append(KeyDone(self._stimulus, ts.key, holder, ts.nbytes))
         ws.has_what.clear()
         self.held_bytes.pop(ws.id, None)
+        self.storage.forget(ws.id)
 
     def _tasks_finished(self, ev: TasksFinished) -> None:
         ws = self.workers.get(ev.worker)
@@ -1390,6 +1400,9 @@ class SchedulerState:
                 for dk in res.fetched:
                     dep = self.tasks.get(dk)
                     if dep is not None and dep.state == "memory":
+                        if ws.id not in dep.who_has:  # from a holder (the worker chose)
+                            src = min(dep.who_has) if dep.who_has else ""
+                            self._moved("fetch", dep, src, ws.id, None)
                         self._add_replica(dep, ws)
                     else:
                         untracked.append(dk)
@@ -1493,6 +1506,7 @@ class SchedulerState:
         if ws is None:
             self._out.append(Evacuate(self._stimulus, ev.worker, ()))
             return
+        self.storage.leaving(ws.id, self._now)
         if not ws.leaving:
             # No new tasks, and nothing to retire: it leaves by itself.
             ws.draining = ws.leaving = True
@@ -1549,6 +1563,7 @@ class SchedulerState:
             return
         ws.rss, ws.throttle_at = ev.rss, ev.throttle_at
         ws.disk_used = max(0, ev.disk_used)
+        self.storage.disk(ws.id, ws.disk_used)
         if ev.throttled == ws.throttled:
             return
         ws.throttled = ev.throttled
@@ -1831,7 +1846,7 @@ class SchedulerState:
             if dep in self.replicas:
                 self._holder_gone(dep, wid)
         if dep.state == "memory" and not dep.who_has:
-            self._output_lost(dep)
+            self._output_lost(dep, wid)
 
     def _replicas_missing(self, ev: ReplicasMissing) -> None:
         for key in ev.keys:
@@ -1945,10 +1960,11 @@ class SchedulerState:
             if cancel:
                 self._out.append(CancelOnWorker(self._stimulus, ws.id, (ts.key,)))
 
-    def _output_lost(self, ts: TaskState) -> None:
-        """The last replica of ``ts``'s output is gone."""
+    def _output_lost(self, ts: TaskState, wid: str) -> None:
+        """The last replica of ``ts``'s output is gone (last held by ``wid``)."""
         self._log(ts.key, "memory", "lost")
         if ts.consumers or ts.wanted:
+            self._recovered(ts, wid, "recomputed")
             self._recompute(ts)
         else:
             self._set(ts, "released")
@@ -2115,6 +2131,7 @@ class SchedulerState:
         )
         for w in fits[:want]:
             self.copying.setdefault(ts.key, {})[w.id] = ts.nbytes
+            self.storage.copy_sent(ts.key, w.id, source, self._now)
             self._log(ts.key, "memory", f"replicate:{source}->{w.id}")
             self._out.append(Replicate(self._stimulus, w.id, source, ((ts.key, ts.nbytes),)))
 
@@ -2128,6 +2145,7 @@ class SchedulerState:
                 inflight.pop(ev.worker, None)
                 if not inflight:
                     del self.copying[key]
+            source, took = self.storage.copy_ended(key, ev.worker, self._now)
             if key not in got:
                 self.replicas_failed += 1
                 continue
@@ -2143,9 +2161,24 @@ class SchedulerState:
             self.replicas.setdefault(ts, set()).add(ws.id)
             self.replicas_made += 1
             self.replica_bytes += ts.nbytes
+            self._moved("replica", ts, source, ws.id, took)
             self._log(key, "memory", f"replica:{ws.id}")
         if junk and ws is not None:
             self._out.append(DropData(self._stimulus, ws.id, tuple(junk)))
+
+    def _moved(
+        self, kind: str, ts: TaskState, source: str, target: str, took: float | None
+    ) -> None:
+        """``ts``'s output was copied from ``source`` to ``target`` (a transfer)."""
+        rec = self.storage.transfer(kind, ts.key, ts.nbytes, source, target, took)
+        if self.feed_on:
+            self._records.append(rec)
+
+    def _recovered(self, ts: TaskState, wid: str, how: str) -> None:
+        """``ts``'s output, still needed, was lost with ``wid``: ``how`` it came back."""
+        rec = self.storage.recovery(ts.key, ts.spec.category, wid, how)
+        if self.feed_on:
+            self._records.append(rec)
 
     def _holder_gone(self, ts: TaskState, wid: str) -> None:
         """``wid`` no longer holds ``ts``'s output, which has replicas. If only
@@ -2158,6 +2191,7 @@ class SchedulerState:
             # output kept only by the pruning depth would just be released).
             if ts.who_has <= copies and (ts.consumers or ts.wanted):
                 self.recomputes_avoided += 1
+                self._recovered(ts, wid, "replica")
                 self._log(ts.key, "memory", f"kept-by-replica:{min(ts.who_has)}")
             self._replicate(ts, self._inputs_remake(ts))
         if not copies or not ts.who_has:

@@ -595,6 +595,45 @@ class ReplicasStatus(Message):
 
 
 @message()
+class WorkerStorage(Message):
+    """One worker's storage, in :class:`StorageStatus`: its disk limit (``disk``, 0: not
+    counted), bytes of outputs on disk now and the most it reported (``disk_used``,
+    ``disk_peak``), its free disk as last reported (``disk_free``, None: not measured),
+    bytes of outputs in memory (``memory_bytes``), bytes copied to it and from it
+    (``bytes_in``, ``bytes_out``) and its outputs recovered once it was lost
+    (``recoveries``)."""
+
+    disk: int = 0
+    disk_used: int = 0
+    disk_peak: int = 0
+    disk_free: int | None = None
+    memory_bytes: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    recoveries: int = 0
+
+
+@message()
+class StorageStatus(Message):
+    """Storage over time (docs/files.md, "Storage over time"), from the scheduler's
+    counters: outputs copied between workers per kind (``fetch``, ``replica``,
+    ``evacuation``) and their bytes, outputs recovered per way (``recomputed``,
+    ``replica``), and per worker its :class:`WorkerStorage` (workers that left keep
+    their counts, without a disk)."""
+
+    transfers: dict[str, int] = dataclasses.field(default_factory=dict)
+    transfer_bytes: dict[str, int] = dataclasses.field(default_factory=dict)
+    recoveries: dict[str, int] = dataclasses.field(default_factory=dict)
+    workers: dict[str, WorkerStorage] = dataclasses.field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields as a dict, each worker's as a dict too."""
+        out = self.to_fields()
+        out["workers"] = {w: s.to_fields() for w, s in self.workers.items()}
+        return out
+
+
+@message()
 class MetricsReply(Message):
     """The manager's answer to :class:`MetricsRequest`: per pool (``"*"``: tasks any
     pool may run), per category, failures by cause, tasks by state, and per pool the
@@ -678,14 +717,17 @@ class MonitorFeedReply(Message):
     on its clock; the records may carry keys and exceptions), the number to ask from
     next, how many entries were gone before they were read (``lost``: a gap), ``wall``:
     what to add to the scheduler's clock for Unix time, per worker its latest ``(rss,
-    bytes held in memory, bytes spilled now)``, and how many records the feed holds
+    bytes held in memory, bytes on disk now, free disk or None, disk limit or 0)``, and
+    how many records the feed holds
     unread at most (``capacity``)."""
 
     events: tuple[tuple[Any, ...], ...] = ()
     next: int = 0
     lost: int = 0
     wall: float = 0.0
-    workers: dict[str, tuple[int, int, int]] = dataclasses.field(default_factory=dict)
+    workers: dict[str, tuple[int, int, int, int | None, int]] = dataclasses.field(
+        default_factory=dict
+    )
     capacity: int = 0
 
 
@@ -846,6 +888,7 @@ class StatusReply(Message):
     policy_errors: int = 0
     files: FilesStatus = dataclasses.field(default_factory=FilesStatus)
     replicas: ReplicasStatus = dataclasses.field(default_factory=ReplicasStatus)
+    storage: StorageStatus = dataclasses.field(default_factory=StorageStatus)
     runs: int = 0
     recent_runs: dict[str, int] = dataclasses.field(default_factory=dict)
     wanted_keys: int = 0
@@ -864,6 +907,7 @@ class StatusReply(Message):
         out["survival"] = {p: life.to_fields() for p, life in self.survival.items()}
         out["files"] = self.files.to_fields()
         out["replicas"] = self.replicas.to_fields()
+        out["storage"] = self.storage.to_dict()
         for name in ("draining", "retired", "throttled"):
             out[name] = list(out[name])
         busy, auto = out.pop("autoscaler_busy"), out.pop("autoscaler")

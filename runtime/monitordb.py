@@ -74,7 +74,7 @@ __all__ = [
 
 _log = get_logger("corral.monitoring")
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  #: 2: storage over time (disk columns, transfers, recoveries)
 
 #: one statement per table; times are Unix seconds (REAL), sizes bytes
 SCHEMA = """
@@ -107,7 +107,15 @@ CREATE TABLE IF NOT EXISTS blocks (
 );
 CREATE TABLE IF NOT EXISTS resource_samples (
     run_id TEXT NOT NULL, time REAL NOT NULL, worker TEXT NOT NULL, rss INTEGER,
-    memory_bytes INTEGER, spilled_bytes INTEGER
+    memory_bytes INTEGER, spilled_bytes INTEGER, disk_free INTEGER, disk INTEGER
+);
+CREATE TABLE IF NOT EXISTS transfers (
+    run_id TEXT NOT NULL, time REAL NOT NULL, key TEXT NOT NULL, kind TEXT NOT NULL,
+    bytes INTEGER NOT NULL, source TEXT, target TEXT NOT NULL, duration REAL
+);
+CREATE TABLE IF NOT EXISTS recoveries (
+    run_id TEXT NOT NULL, time REAL NOT NULL, key TEXT NOT NULL, category TEXT,
+    worker TEXT NOT NULL, how TEXT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS metric_samples (
     run_id TEXT NOT NULL, time REAL NOT NULL, name TEXT NOT NULL, labels TEXT NOT NULL,
@@ -126,7 +134,15 @@ CREATE INDEX IF NOT EXISTS tasks_pool ON tasks (run_id, pool, ready);
 CREATE INDEX IF NOT EXISTS blocks_time ON blocks (run_id, time);
 CREATE INDEX IF NOT EXISTS resource_time ON resource_samples (run_id, time);
 CREATE INDEX IF NOT EXISTS metric_name ON metric_samples (run_id, name, time);
+CREATE INDEX IF NOT EXISTS transfers_time ON transfers (run_id, time);
+CREATE INDEX IF NOT EXISTS recoveries_time ON recoveries (run_id, time);
 """
+
+#: what an older database lacks, said when one is opened
+_OLDER = (
+    " (an older Corral wrote it: it has no disk columns in resource_samples and no "
+    "transfers or recoveries tables)"
+)
 
 #: what the writer sheds first when it falls behind, in order
 _SHED_ORDER = ("metric", "resource")
@@ -167,8 +183,8 @@ def _create(path: Path) -> None:
         elif row[0] != SCHEMA_VERSION:
             raise MonitoringDBError(
                 str(path),
-                f"it has schema version {row[0]}, this Corral writes {SCHEMA_VERSION}: "
-                "give --monitoring another path",
+                f"it has schema version {row[0]}, this Corral writes {SCHEMA_VERSION}"
+                f"{_OLDER if row[0] < SCHEMA_VERSION else ''}: give --monitoring another path",
             )
     except sqlite3.DatabaseError as exc:
         raise MonitoringDBError(
@@ -195,9 +211,10 @@ def open_db(path: str | os.PathLike[str]) -> sqlite3.Connection:
         row = conn.execute("SELECT version FROM schema_version").fetchone()
         if row is None or row[0] != SCHEMA_VERSION:
             have = "none" if row is None else row[0]
+            older = _OLDER if row is not None and row[0] < SCHEMA_VERSION else ""
             raise MonitoringDBError(
                 str(p),
-                f"schema version {have}, this Corral reads version {SCHEMA_VERSION}: "
+                f"schema version {have}, this Corral reads version {SCHEMA_VERSION}{older}: "
                 "use the Corral version that wrote it",
             )
     except sqlite3.DatabaseError as exc:
@@ -352,7 +369,9 @@ _RUN_END_WORKERS = (
 )
 _WORKER_BLOCK = "UPDATE workers SET block = ? WHERE run_id = ? AND worker = ?"
 _BLOCK = "INSERT INTO blocks VALUES (?,?,?,?,?,?)"
-_RESOURCE = "INSERT INTO resource_samples VALUES (?,?,?,?,?,?)"
+_RESOURCE = "INSERT INTO resource_samples VALUES (?,?,?,?,?,?,?,?)"
+_TRANSFER = "INSERT INTO transfers VALUES (?,?,?,?,?,?,?,?)"
+_RECOVERY = "INSERT INTO recoveries VALUES (?,?,?,?,?,?)"
 _METRIC = "INSERT INTO metric_samples VALUES (?,?,?,?,?)"
 _ALERT = "INSERT INTO alerts VALUES (?,?,?,?,?,?,?,?,?,?,?)"
 _GAP = "INSERT INTO gaps VALUES (?,?,?,?)"
@@ -520,8 +539,8 @@ class MonitorRecorder(Actor):
         if last is None:
             return 0, 0
         if samples:
-            for wid, (rss, held, spilled) in last.workers.items():
-                rows.add("resource", _RESOURCE, (self.run_id, now, wid, rss, held, spilled))
+            for wid, sample in last.workers.items():
+                rows.add("resource", _RESOURCE, (self.run_id, now, wid, *sample))
         return read, last.capacity
 
     def _events(self, rows: _Rows, reply: MonitorFeedReply) -> int:
@@ -580,6 +599,13 @@ class MonitorRecorder(Actor):
                     rows.add("event", _WORKER_JOINED, (run, wid, pool, cores, memory, at))
                 elif kind == "left":
                     rows.add("event", _WORKER_LEFT, (at, rec[2], run, rec[1]))
+                elif kind == "transfer":
+                    _, key, what, nbytes, source, target, took = rec
+                    rows.add("event", _TRANSFER, (run, at, str(key), what, nbytes, source or None,
+                                                  target, took))  # fmt: skip
+                elif kind == "recovery":
+                    _, key, category, worker, how = rec
+                    rows.add("event", _RECOVERY, (run, at, str(key), category, worker, how))
         for k, t in tasks.items():
             rows.add("event", _TASK, (run, k, *t))
         return n

@@ -1,0 +1,36 @@
+"""``benchmarks/files.py`` at its ``--quick`` size: every run of the table completes with
+the right sums, the loss really happened, and the table has its rows. The figures
+themselves are for ``benchmarks/README.md``, not asserted here."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from tests.helpers import load_bench
+
+LIMIT = 240
+
+
+@pytest.mark.anyio
+async def test_the_quick_table_completes_with_correct_results() -> None:
+    bench = load_bench("files")
+    wf = bench.Workflow(seed=1, **bench.QUICK)
+    with anyio.fail_after(LIMIT):
+        got = await bench.measure(wf, 3)
+    t = bench.table(wf, 3, got)
+    assert t["all_correct"]
+    assert set(t["rows"]) == {"prune-1", "prune-0", "loss+replicas", "loss-no-replicas"}
+    for name in ("loss+replicas", "loss-no-replicas"):
+        assert t["rows"][name]["killed"] is not None  # a worker was lost in both
+    for name in ("prune-1", "prune-0"):
+        row = t["rows"][name]
+        assert row["killed"] is None and row["recomputes"] == 0 and row["recoveries"] == {}
+        assert row["peak_disk_mib"] > 0  # every output went to disk
+        assert row["peak_disk_db_mib"] <= row["peak_disk_mib"]  # samples of the same reports
+    # Without replicas, whatever the loss took was computed again, never in a loop: at
+    # most every file's load and skim once more.
+    none = t["rows"]["loss-no-replicas"]
+    assert none["recomputes"] <= 2 * wf.n_files + wf.datasets
+    text = bench.render(t)
+    assert "(a) peak disk" in text and "(c) speculative copies" in text
