@@ -13,6 +13,7 @@ import contextlib
 import heapq
 import linecache
 import time
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -244,6 +245,11 @@ class Scheduler(Actor):
                     got = tuple(reply.got)
             except (CorralError, TimeoutError) as exc:
                 self.log.warning("replicas not copied", worker=cmd.worker, error=str(exc))
+            except Exception as exc:  # a worker killed mid-copy: its copy failed, no more
+                self.log.error(
+                    "replicas not copied", worker=cmd.worker, error=repr(exc),
+                    traceback="".join(traceback.format_exception(exc))[-4000:],
+                )  # fmt: skip
         if not self.ref.mailbox.closed:
             asked = tuple(key for key, _ in cmd.keys)
             self.ref.post(_Copied(cmd.worker, asked, got), causal_id=cmd.stimulus_id or None)

@@ -8,8 +8,9 @@ says what each shows.
 
 The numbers come from the database only (:func:`runtime.monitordb.open_db`): tries for
 the timeline and the durations, the metric samples for the queues, the workers and
-blocks tables for the fleet, the resource samples for memory, the alerts table for the
-bands drawn over the time plots.
+blocks tables for the fleet, the resource samples for memory and disk, the transfers
+and recoveries tables for storage, the alerts table for the bands drawn over the time
+plots.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ SECTIONS = (
     "Memory (RSS) per worker",
     "Task duration CDF per category",
     "Alerts",
+    "Storage: disk per worker, transfers, recoveries",
 )
 MAX_BARS = 20_000  #: tries drawn on the timeline at most (the latest ones)
 
@@ -103,6 +105,18 @@ class _Run:
         self.resources = rows(
             "SELECT time, worker, rss FROM resource_samples WHERE run_id = ? ORDER BY time",
             "resource samples",
+        )
+        self.disks = rows(
+            "SELECT time, worker, spilled_bytes FROM resource_samples WHERE run_id = ? "
+            "AND spilled_bytes IS NOT NULL ORDER BY time", "disk samples",
+        )  # fmt: skip
+        self.transfers = rows(
+            "SELECT time, key, kind, bytes, source, target FROM transfers WHERE run_id = ? "
+            "ORDER BY time", "transfers",
+        )  # fmt: skip
+        self.recoveries = rows(
+            "SELECT time, key, worker, how FROM recoveries WHERE run_id = ? ORDER BY time",
+            "recoveries",
         )
         self.metrics = rows(
             "SELECT time, name, labels, value FROM metric_samples WHERE run_id = ? AND name IN "
@@ -373,6 +387,41 @@ th { background: #f5f5f5; font-weight: 600; }
 """
 
 
+def _storage(run: _Run) -> go.Figure:
+    """Bytes on each worker's disk over time; below, the bytes copied between workers
+    so far per kind, and each recovery as a marker (its key and worker on hover)."""
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
+                        subplot_titles=("bytes on disk", "transfers and recoveries"))  # fmt: skip
+    per: dict[str, tuple[list[float], list[float]]] = defaultdict(lambda: ([], []))
+    for at, worker, used in run.disks:
+        xs, ys = per[worker]
+        xs.append(at - run.t0)
+        ys.append(used / 2**20)
+    for worker, (xs, ys) in sorted(per.items()):
+        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name=f"disk {worker}"), row=1, col=1)
+    kinds: dict[str, tuple[list[float], list[float]]] = defaultdict(lambda: ([], []))
+    for at, _, kind, nbytes, _, _ in run.transfers:
+        xs, ys = kinds[kind]
+        xs.append(at - run.t0)
+        ys.append((ys[-1] if ys else 0.0) + nbytes / 2**20)
+    for kind, (xs, ys) in sorted(kinds.items()):
+        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", line_shape="hv",
+                                 name=f"copied MiB: {kind}"), row=2, col=1)  # fmt: skip
+    for how, symbol in (("recomputed", "x"), ("replica", "circle-open")):
+        rs = [r for r in run.recoveries if r[3] == how]
+        if rs:
+            fig.add_trace(go.Scatter(
+                x=[r[0] - run.t0 for r in rs], y=[0.0] * len(rs), mode="markers",
+                marker={"symbol": symbol, "size": 10}, name=f"recovered: {how}",
+                text=[f"{r[1]} (lost with {r[2]})" for r in rs],
+            ), row=2, col=1)  # fmt: skip
+    fig.update_yaxes(title="MiB", row=1, col=1)
+    fig.update_yaxes(title="MiB copied", row=2, col=1)
+    fig.update_xaxes(title="seconds since the run started", row=2, col=1)
+    _alert_bands(fig, run)
+    return _layout(fig, SECTIONS[6], height=560)
+
+
 def build_report(
     db: str | os.PathLike[str], *, run_id: str | None = None, progress: Progress = _quiet
 ) -> str:
@@ -387,7 +436,7 @@ def build_report(
         conn.close()
     parts = []
     first = True
-    for make in (_timeline, _queues, _fleet, _memory, _cdf, _alerts_figure):
+    for make in (_timeline, _queues, _fleet, _memory, _cdf, _alerts_figure, _storage):
         progress(f"plotting: {make.__name__.strip('_')}")
         fig = make(run)
         parts.append(fig.to_html(full_html=False, include_plotlyjs=first,

@@ -23,7 +23,10 @@ from actors.scheduler_state import (
 )
 from actors.storage_state import StorageLedger
 from policies import REGISTRY
+from runtime.errors import MonitoringDBError
 from runtime.messages import StatusReply, StorageStatus, WorkerStorage
+from runtime.monitordb import SCHEMA_VERSION, MonitorWriter, open_db
+from runtime.report import SECTIONS, build_report
 from tests.helpers import (
     MB,
     Factory,
@@ -187,6 +190,25 @@ def test_the_status_dict_has_storage_per_worker() -> None:
     assert out["workers"]["w1"]["disk"] == 100 and out["workers"]["w1"]["bytes_in"] == 30
 
 
+# ----------------------------------------------------------------------------- database
+
+
+def test_a_database_of_the_version_before_is_refused_saying_what_it_lacks(tmp_path: Path) -> None:
+    old = tmp_path / "old.db"
+    MonitorWriter(old).close()
+    conn = sqlite3.connect(old)
+    conn.execute("UPDATE schema_version SET version = 1")
+    conn.commit()
+    conn.close()
+    with pytest.raises(
+        MonitoringDBError, match=r"older Corral wrote it.*no transfers or recoveries"
+    ):
+        open_db(old)
+    with pytest.raises(MonitoringDBError, match="give --monitoring another path"):
+        MonitorWriter(old)
+    assert SCHEMA_VERSION == 2
+
+
 # ----------------------------------------------------------------------------- processes
 
 
@@ -224,3 +246,6 @@ async def test_worker_processes_record_disk_transfers_and_recoveries(tmp_path: P
     peak = _rows(db, "SELECT max(spilled_bytes), max(disk) FROM resource_samples")[0]
     assert peak[0] > 0 and peak[1] > 0
     assert max(w["disk_peak"] for w in storage["workers"].values()) >= peak[0]
+    page = build_report(db)  # the report's storage plot: disks, copies, recoveries
+    assert SECTIONS[-1] in page and "disk worker-1" in page
+    assert "copied MiB: replica" in page and "recovered: " in page
