@@ -20,10 +20,16 @@ async def test_the_quick_table_completes_with_correct_results() -> None:
         got = await bench.measure(wf, 3)
     t = bench.table(wf, 3, got)
     assert t["all_correct"]
-    assert set(t["rows"]) == {"prune-1", "prune-0", "loss+replicas", "loss-no-replicas"}
+    assert set(t["rows"]) == {
+        "prune-1",
+        "prune-0",
+        "replicas-no-loss",
+        "loss+replicas",
+        "loss-no-replicas",
+    }
     for name in ("loss+replicas", "loss-no-replicas"):
         assert t["rows"][name]["killed"] is not None  # a worker was lost in both
-    for name in ("prune-1", "prune-0"):
+    for name in ("prune-1", "prune-0", "replicas-no-loss"):
         row = t["rows"][name]
         assert row["killed"] is None and row["recomputes"] == 0 and row["recoveries"] == {}
         assert row["peak_disk_mib"] > 0  # every output went to disk
