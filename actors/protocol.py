@@ -53,7 +53,8 @@ class TaskResult:
     worker's disk: ``nbytes`` is the output's size, which was not kept) or ``missing`` (an input
     could not be fetched: ``missing`` lists ``(key, worker)`` pairs that did not have it;
     the task did not start). ``fetched`` are inputs the worker copied from peers and
-    still holds.
+    still holds; ``fetches`` every input it copied from a peer for this task, kept or
+    not: ``(key, peer, nbytes, seconds)`` (the request's round trip, as the worker saw it).
     """
 
     key: Key
@@ -67,6 +68,7 @@ class TaskResult:
     fetched: tuple[Key, ...] = ()
     rss_before: int = 0
     rss_peak: int = 0  #: highest RSS sampled while it ran (0: not measured)
+    fetches: tuple[tuple[Key, str, int, float], ...] = ()
 
 
 class FileFact(NamedTuple):

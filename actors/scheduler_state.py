@@ -1354,7 +1354,7 @@ class SchedulerState:
             if ts is not None and to is not None and ws.id in ts.who_has:
                 if to.id not in ts.who_has:
                     took = self.storage.left_after(ws.id, self._now)
-                    self._moved("evacuation", ts, ws.id, to.id, took)
+                    self._moved("evacuation", ts.key, ts.nbytes, ws.id, to.id, took)
                 self._add_replica(ts, to)  # copied before it went: not lost
         lives = self.lives.get(ws.pool)
         if lives is None:
@@ -1396,13 +1396,12 @@ class SchedulerState:
             ts = self.tasks.get(res.key)
             untracked: list[Key] = []
             if ws is not None:
+                for dk, peer, nbytes, took in res.fetches:  # copies made for it
+                    self._moved("fetch", dk, nbytes, peer, ws.id, took)
                 # Inputs the worker copied from peers: replicas if still wanted, else junk.
                 for dk in res.fetched:
                     dep = self.tasks.get(dk)
                     if dep is not None and dep.state == "memory":
-                        if ws.id not in dep.who_has:  # from a holder (the worker chose)
-                            src = min(dep.who_has) if dep.who_has else ""
-                            self._moved("fetch", dep, src, ws.id, None)
                         self._add_replica(dep, ws)
                     else:
                         untracked.append(dk)
@@ -2161,16 +2160,16 @@ class SchedulerState:
             self.replicas.setdefault(ts, set()).add(ws.id)
             self.replicas_made += 1
             self.replica_bytes += ts.nbytes
-            self._moved("replica", ts, source, ws.id, took)
+            self._moved("replica", ts.key, ts.nbytes, source, ws.id, took)
             self._log(key, "memory", f"replica:{ws.id}")
         if junk and ws is not None:
             self._out.append(DropData(self._stimulus, ws.id, tuple(junk)))
 
     def _moved(
-        self, kind: str, ts: TaskState, source: str, target: str, took: float | None
+        self, kind: str, key: Key, nbytes: int, source: str, target: str, took: float | None
     ) -> None:
-        """``ts``'s output was copied from ``source`` to ``target`` (a transfer)."""
-        rec = self.storage.transfer(kind, ts.key, ts.nbytes, source, target, took)
+        """``key``'s output was copied from ``source`` to ``target`` (a transfer)."""
+        rec = self.storage.transfer(kind, key, nbytes, source, target, took)
         if self.feed_on:
             self._records.append(rec)
 

@@ -303,6 +303,10 @@ class WorkerState:
         self.held: dict[Key, int] = {}  #: outputs here -> their bytes
         self.on_disk: set[Key] = set()  #: the held ones spilled to disk
         self.copied: dict[Key, list[Key]] = {}  #: task -> peers' outputs copied for it
+        #: task -> the copies made for it: (key, peer, nbytes, seconds) (TaskResult.fetches)
+        self.fetch_log: dict[Key, list[tuple[Key, str, int, float]]] = {}
+        self._sent_at: dict[int, float] = {}  #: fetch request -> when it was sent
+        self._now = 0.0  #: the time of the event being handled
         self.cancelled: set[Key] = set()  #: running tasks cancelled, their try not back
         self.wants: dict[Key, _Want] = {}
         self.copies: dict[int, _Copies] = {}  #: copy requests not settled
@@ -320,6 +324,7 @@ class WorkerState:
     def handle(self, *events: Event) -> list[Command]:
         out: list[Command] = []
         for ev in events:
+            self._now = ev.now
             if isinstance(ev, TasksFinished):
                 self._finished(ev, out)
             elif isinstance(ev, TasksAssigned):
@@ -503,6 +508,7 @@ class WorkerState:
                     fetched=fetched,
                     rss_before=res.rss_before,
                     rss_peak=max(peak, rss) if peak else 0,
+                    fetches=tuple(self.fetch_log.pop(key, ())),
                 )
             )
         if results:
@@ -537,6 +543,7 @@ class WorkerState:
         if f is not None:
             self._abandon(key, f.lacking, out)
             self.copied.pop(key, None)
+            self.fetch_log.pop(key, None)
         elif self.deferred.pop(key, None) is not None:
             self.governor.handle(mem.Finished(now, key))
         elif self.queued.pop(key, None) is not None:
@@ -573,10 +580,12 @@ class WorkerState:
             for k in batch:
                 wants[k].fetch = fid
             self.in_flight[fid] = (peer, batch)
+            self._sent_at[fid] = self._now
             out.append(Fetch(fid, peer, batch))
 
     def _fetched(self, ev: InputsFetched, out: list[Command]) -> None:
         request = self.in_flight.pop(ev.fetch, None)
+        sent = self._sent_at.pop(ev.fetch, ev.now)
         if request is None:
             return
         peer, keys = request
@@ -597,6 +606,8 @@ class WorkerState:
                 f.lacking.discard(key)
                 if first:  # one task owns the copy: its end decides whether it stays
                     self.copied.setdefault(t, []).append(key)
+                    took = max(ev.now - sent, 0.0)
+                    self.fetch_log.setdefault(t, []).append((key, peer, nbytes, took))
                     first = False
                 if not f.lacking:
                     del self.fetching[t]
@@ -688,10 +699,13 @@ class WorkerState:
         self._abandon(key, f.lacking, out)
         copied = self.copied.pop(key, None)
         fetched = tuple(k for k in copied if k in self.held) if copied else ()
+        fetches = tuple(self.fetch_log.pop(key, ()))
         if error is not None:
-            result = TaskResult(key, "error", now, now, error=error, fetched=fetched)
+            result = TaskResult(
+                key, "error", now, now, error=error, fetched=fetched, fetches=fetches
+            )
         else:
-            result = TaskResult(key, "missing", missing=missing, fetched=fetched)
+            result = TaskResult(key, "missing", missing=missing, fetched=fetched, fetches=fetches)
         out.append(ReportDone((result,)))
 
     def _abandon(self, key: Key, lacking: Iterable[Key], out: list[Command]) -> None:

@@ -429,6 +429,7 @@ def result(
     error: BaseException | None = None,
     missing: tuple[tuple[Key, str], ...] = (),
     fetched: tuple[Key, ...] = (),
+    fetches: tuple[tuple[Key, str, int, float], ...] = (),
 ) -> TaskResult:
     return TaskResult(
         key,
@@ -440,6 +441,7 @@ def result(
         error=error,
         missing=missing,
         fetched=fetched,
+        fetches=fetches,
     )
 
 

@@ -53,6 +53,10 @@ async def test_kill_9_at_random_points_completes_and_recomputes_once_per_loss(
         ]
         ok = dict(conn.execute("SELECT key, count(*) FROM tries WHERE outcome = 'ok' GROUP BY key"))
         tries = conn.execute("SELECT count(*) FROM tries").fetchone()[0]
+        fetches = conn.execute(
+            "SELECT count(*), count(source), count(duration), min(bytes) FROM transfers "
+            "WHERE kind = 'fetch'"
+        ).fetchone()
     finally:
         conn.close()
     assert all(n == 1 for _, _, n in per_loss)  # one recovery per output and loss
@@ -62,3 +66,6 @@ async def test_kill_9_at_random_points_completes_and_recomputes_once_per_loss(
     # No loop: the graph's tries, plus the tries the losses cut and the work they undid.
     assert tries <= n_tasks * (1 + KILLS) + 3 * KILLS
     assert sum(res.recoveries.values()) == len(per_loss)
+    # Merges read skims from other workers: each copy recorded with its peer and time.
+    n, sources, durations, smallest = fetches
+    assert n > 0 and sources == durations == n and smallest > 0

@@ -14,6 +14,9 @@ from typing import Any
 import anyio
 import pytest
 
+from actors import worker_state as wsm
+from actors.memory import MemoryConfig
+from actors.protocol import TaskResult, ToRun
 from actors.scheduler_state import (
     ReplicasCopied,
     SchedulerState,
@@ -22,12 +25,15 @@ from actors.scheduler_state import (
     WorkerMemory,
 )
 from actors.storage_state import StorageLedger
+from actors.worker_state import WorkerState
 from policies import REGISTRY
 from runtime.errors import MonitoringDBError
+from runtime.graph import Task
 from runtime.messages import StatusReply, StorageStatus, WorkerStorage
 from runtime.monitordb import SCHEMA_VERSION, MonitorWriter, open_db
 from runtime.report import SECTIONS, build_report
 from tests.helpers import (
+    GB,
     MB,
     Factory,
     event,
@@ -73,11 +79,33 @@ def test_a_peer_fetch_is_a_transfer_from_the_holder(make_state: Factory) -> None
     here = worker_of(s, "c")
     (other, there) = ("a", wa) if here == wb else ("b", wb)
     size = 100 if other == "a" else 300
-    finish(s, here, "c", fetched=(other,), nbytes=7)
-    assert records(s, "transfer") == [("transfer", other, "fetch", size, there, here, None)]
+    # The worker kept the copy (fetched) and says where it came from and how long it took.
+    finish(s, here, "c", fetched=(other,), fetches=((other, there, size, 0.25),), nbytes=7)
+    assert records(s, "transfer") == [("transfer", other, "fetch", size, there, here, 0.25)]
     led = s.storage
     assert (dict(led.transfers), dict(led.transfer_bytes)) == ({"fetch": 1}, {"fetch": size})
     assert (dict(led.bytes_in), dict(led.bytes_out)) == ({here: size}, {there: size})
+
+
+def test_a_worker_reports_each_copy_it_fetched_with_its_peer_and_time() -> None:
+    """The worker's core: the inputs fetched for a task come back with its result, as
+    ``(key, peer, nbytes, seconds)`` from the request to the answer, kept or not."""
+    ws = WorkerState("w", 2, MemoryConfig.of(GB, {}))
+    t = ToRun("t", Task("t", _noop), "t", (("x", ("p1",)), ("y", ("p2",))), False, ())
+    assert ws.handle(wsm.TasksAssigned(1.0, (t,))) == [
+        wsm.Fetch(1, "p1", ("x",)),
+        wsm.Fetch(2, "p2", ("y",)),
+    ]
+    ws.handle(wsm.InputsFetched(1.5, 2, (("y", "Y", 4),)))
+    ws.handle(wsm.InputsFetched(3.5, 1, (("x", "X", 5),)))
+    out = ws.handle(wsm.TasksFinished(4.0, ((TaskResult("t", "ok", 3.5, 4.0, 9, 100), "v"),)))
+    (report,) = [c for c in out if isinstance(c, wsm.ReportDone)]
+    assert report.results[0].fetches == (("y", "p2", 4, 0.5), ("x", "p1", 5, 2.5))
+    assert ws.fetch_log == {} and ws._sent_at == {}
+
+
+def _noop() -> None:
+    return None
 
 
 def test_a_replica_copy_is_a_transfer_with_its_duration_and_a_loss_is_kept_by_it(

@@ -165,7 +165,10 @@ def test_when_no_holder_is_left_the_task_is_reported_missing() -> None:
     assert feed(s, TasksAssigned(0.0, (t,))) == [Fetch(1, "p1", ("x",)), Fetch(2, "p3", ("y",))]
     assert feed(s, InputsFetched(1.0, 2, (("y", "Y", 5),))) == [Store("y", "Y", 5)]
     assert feed(s, InputsFetched(1.0, 1, missing=("x",))) == [Fetch(3, "p2", ("x",))]
-    missing = TaskResult("t", "missing", missing=(("x", "p1"), ("x", "p2")), fetched=("y",))
+    missing = TaskResult(
+        "t", "missing", missing=(("x", "p1"), ("x", "p2")), fetched=("y",),
+        fetches=(("y", "p3", 5, 1.0),),  # sent at 0, got at 1
+    )  # fmt: skip
     assert feed(s, InputsFetched(2.0, 3, missing=("x",))) == [ReportDone((missing,))]
     assert not s.active and not s.wants and s.held == {"y": 5}
 
@@ -217,7 +220,16 @@ def test_a_large_copy_nothing_here_needs_is_dropped_a_small_one_kept() -> None:
     assert finish(s, "t") == [
         Forget(("big",)),
         Store("t", "v", 10),
-        ReportDone((done("t", fetched=("small",)),)),
+        # Both copies were made (fetches, each 1 s), only the small one is kept (fetched).
+        ReportDone(
+            (
+                done(
+                    "t",
+                    fetched=("small",),
+                    fetches=(("big", "p1", 2 * MB, 1.0), ("small", "p1", 10, 1.0)),
+                ),
+            )
+        ),
         Sample(),
     ]
     assert s.held == {"small": 10, "t": 10}
@@ -229,7 +241,8 @@ def test_a_large_copy_another_task_here_needs_is_kept() -> None:
     t2 = task("t2", {"big": ("p1",), "z": ("p2",)})
     feed(s, TasksAssigned(0.0, (t1, t2)))
     feed(s, InputsFetched(1.0, 1, (("big", "B", 2 * MB),)))
-    assert finish(s, "t1")[1] == ReportDone((done("t1", fetched=("big",)),))
+    fetches = (("big", "p1", 2 * MB, 1.0),)
+    assert finish(s, "t1")[1] == ReportDone((done("t1", fetched=("big",), fetches=fetches),))
     assert "big" in s.held
 
 
