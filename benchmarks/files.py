@@ -19,7 +19,8 @@ monitoring database; the ``consumers-first`` priority (docs/files.md). Measured:
 (b) **makespan under a worker loss**: one worker killed with SIGKILL once a seeded
     number of skims has finished (the victim seeded too; ``Cluster(processes=N)``
     starts a replacement), with temporary replicas (``recompute-cost`` with a
-    threshold below a skim's cost to make again, load included) against without
+    threshold between a load's cost and a skim's cost to make again, its load included:
+    skims and merges get a replica, loads none) against without
     (``replication none``: lost outputs are computed again, all at once). Beside:
     the same workflow without a loss, with replicas (``replicas-no-loss``) and without
     (``prune-1``). Recomputes: tries that ended ok beyond the first
@@ -130,6 +131,7 @@ class Result:
     recomputes: int  #: ok tries beyond the first of each task
     recoveries: dict[str, int]
     transfers: dict[str, int]
+    copied: int  #: bytes copied between workers (fetches, replicas, evacuations)
     killed: str | None
     status: dict[str, Any] = dataclasses.field(repr=False)
     db: Path | None = None
@@ -173,8 +175,10 @@ async def run_workflow(
 
     if monitoring is None:
         monitoring = Path(tempfile.mkdtemp(prefix="corral-files-")) / "monitoring.db"
-    cost = wf.load_s + wf.skim_s
-    replication: Any = ("recompute-cost", {"threshold": cost * 0.8}) if replicas else "none"
+    # Replicas for outputs costlier to make again than a load: skims (a skim and its
+    # pruned load) and merges, not the loads themselves.
+    threshold = wf.load_s + wf.skim_s / 2
+    replication: Any = ("recompute-cost", {"threshold": threshold}) if replicas else "none"
     policies: dict[str, Any] = {"priority": "consumers-first", "replication": replication}
     expected = wf.expected()
     killed: list[str] = []
@@ -218,7 +222,8 @@ async def run_workflow(
         conn.close()
     return Result(
         makespan, got == expected, peak, int(peak_db), int(recomputes),
-        dict(storage["recoveries"]), dict(storage["transfers"]), ",".join(killed) or None,
+        dict(storage["recoveries"]), dict(storage["transfers"]),
+        sum(storage["transfer_bytes"].values()), ",".join(killed) or None,
         status, monitoring,
     )  # fmt: skip
 
@@ -281,6 +286,7 @@ def table(wf: Workflow, workers: int, got: dict[str, Any]) -> dict[str, Any]:
                 "recomputes": r.recomputes,
                 "recoveries": r.recoveries,
                 "transfers": r.transfers,
+                "copied_mib": round(r.copied / 2**20, 2),
                 "killed": r.killed,
                 "correct": r.correct,
             }
@@ -301,13 +307,14 @@ def render(t: dict[str, Any]) -> str:
         f"{wf['nbytes'] // 1024} KiB; skim {wf['skim_s']} s; merge), seed {wf['seed']}, "
         f"{t['workers']} worker processes; loss: SIGKILL after {t['kill_after_skims']} skims",
         "",
-        f"{'run':<18}{'makespan s':>11}{'peak disk MiB':>15}{'recomputes':>11}"
-        f"{'recoveries':>24}  correct",
+        f"{'run':<18}{'makespan s':>11}{'peak disk MiB':>15}{'copied MiB':>11}"
+        f"{'recomputes':>11}{'recoveries':>24}  correct",
     ]
     for name, r in t["rows"].items():
         rec = ",".join(f"{k}={v}" for k, v in sorted(r["recoveries"].items())) or "-"
         lines.append(f"{name:<18}{r['makespan_s']:>11.2f}{r['peak_disk_mib']:>15.2f}"
-                     f"{r['recomputes']:>11}{rec:>24}  {r['correct']}")  # fmt: skip
+                     f"{r['copied_mib']:>11.2f}{r['recomputes']:>11}{rec:>24}  "
+                     f"{r['correct']}")  # fmt: skip
     lines += [
         "",
         f"(a) peak disk, prune_depth=1 / prune_depth=0: {t['disk_ratio']:.3f} "
