@@ -38,6 +38,17 @@ temporary copies its output gets; the core bounds the answer and emits
 lost holder of an output kept by its replicas triggers no recompute; a new replica
 replaces the lost copy while the output is needed (``_holder_gone``).
 
+Speculative copies (docs/files.md#speculative-copies): on a :class:`Tick`, while a
+worker idles (free, running nothing: after ``_fill`` no ready task can go to it), the
+speculation policy may propose a copy of a running task; the core places it as any
+task on an idle worker (``_candidates``), never where the task runs. The task stays
+``processing`` with its first try in ``worker``; ``copies`` holds the other workers
+running it (each copy takes a slot there, ``WorkerState.copies``, and its disk
+reservation). The first to finish ok wins (``_copy_finished``, or ``_finished_ok``
+cancels the copies); a try or copy that fails or is lost while another runs is
+recorded and the other carries on, without a retry (``_promote_copy``); draining a
+worker cancels its copies; a task that ends cancels all of them (``_unassign``).
+
 Draining: after :class:`WorkerDraining` a worker gets no new tasks (it is never in
 ``free``); once the tasks it runs have finished, one :class:`RetireWorker` command says
 to stop it. It stays known, serving its outputs, until :class:`WorkerLeft`.

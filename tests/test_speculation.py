@@ -235,6 +235,19 @@ def test_policy_parameters_are_checked() -> None:
     assert REGISTRY.names("speculation") == ["idle-tail", "off"]
 
 
+def test_the_counters_are_a_prometheus_counter_by_result() -> None:
+    from runtime.messages import MetricsReply
+    from runtime.metrics import samples
+
+    got = samples(MetricsReply(speculative={"started": 3, "won": 2, "lost": 1, "failed": 0}))
+    counts = {
+        dict(labels)["result"]: n
+        for (name, labels), n in got.items()
+        if name == "corral_speculative_copies_total"
+    }
+    assert counts == {"started": 3, "won": 2, "lost": 1, "failed": 0}
+
+
 # ----------------------------------------------------------------------------- a cluster
 
 
