@@ -149,7 +149,7 @@ from runtime.errors import (
     WorkerLost,
 )
 from runtime.graph import Key, TaskSpec
-from runtime.messages import TryRecord
+from runtime.messages import Outcome, TryRecord
 
 __all__ = [
     "TRANSITIONS",
@@ -2322,7 +2322,7 @@ class SchedulerState:
         self,
         ts: TaskState,
         ws: WorkerState,
-        outcome: Literal["ok", "error", "worker-lost", "cancelled", "timeout", "oom", "disk-full"],
+        outcome: Outcome,
         cause: str | None,
         *,
         cancel: bool = False,
