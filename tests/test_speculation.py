@@ -248,6 +248,24 @@ def test_the_counters_are_a_prometheus_counter_by_result() -> None:
     assert counts == {"started": 3, "won": 2, "lost": 1, "failed": 0}
 
 
+def test_the_console_status_counts_the_copies() -> None:
+    import io
+
+    from rich.console import Console
+
+    from runtime.console import render_status
+    from runtime.messages import StatusReply
+
+    def text(st: dict[str, Any]) -> str:
+        buf = io.StringIO()
+        Console(file=buf, width=200, color_system=None).print(render_status(st))
+        return buf.getvalue()
+
+    assert "speculative" not in text(StatusReply().to_dict())
+    st = StatusReply(speculative={"started": 2, "won": 1, "lost": 1, "failed": 0}).to_dict()
+    assert "speculative copies: 2 started, 1 won, 1 lost, 0 failed" in text(st)
+
+
 # ----------------------------------------------------------------------------- a cluster
 
 
