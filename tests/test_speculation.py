@@ -28,6 +28,7 @@ from actors.scheduler_state import (
     TasksFinished,
     Tick,
     WorkerDraining,
+    WorkerHeld,
     WorkerJoined,
     WorkerLeft,
 )
@@ -209,6 +210,19 @@ def test_draining_or_cancelling_ends_the_copies(make_state: Factory) -> None:
     cancelled = sorted((c.worker, c.keys) for c in of(out, CancelOnWorker))
     assert cancelled == [("w1", ("t-5",)), ("w2", ("t-5",))]
     assert s.tasks["t-5"].state == "cancelled" and not s.copies
+
+
+def test_a_copy_lost_with_a_dropped_connection_ends_and_the_first_try_runs_on(
+    make_state: Factory,
+) -> None:
+    s = straggler(make_state)
+    at(s, Tick, T0 + 3)
+    at(s, WorkerJoined, T0 + 4, worker="w2", cores=1, memory=2**30)  # a new connection
+    out = at(s, WorkerHeld, T0 + 4.1, worker="w2", active=frozenset(), held=())
+    assert sent(out) == [] and s.tasks["t-5"].worker == "w1" and not s.copies
+    assert tries(s, "t-5") == [("w2", "cancelled", "lost-in-transit")]
+    assert s.speculative["failed"] == 1
+    assert sent(at(s, Tick, T0 + 5)) == [("w2", "t-5")]  # idle again: a new copy
 
 
 def test_one_copy_per_task_with_more_idle_workers_unless_max_copies(make_state: Factory) -> None:
