@@ -456,14 +456,15 @@ def test_a_requeued_block_gets_its_timeout_again_from_the_requeue() -> None:
         ),
         max_size=25,
     ),
+    forecast=st.sampled_from([None, 0.5, 1.0]),
 )
 def test_the_demand_strategy_keeps_its_limits_and_drains_only_long_idle_blocks(
-    lim: PoolLimits, steps: list[tuple[float, int, list[int]]]
+    lim: PoolLimits, steps: list[tuple[float, int, list[int]]], forecast: float | None
 ) -> None:
-    """Random loads on a virtual clock: the blocks stay within min and max (requests in
-    flight included), and every block drained had been idle for max_idletime with
-    every one of its workers running nothing."""
-    s = make()
+    """Random loads on a virtual clock, with and without the forecast: the blocks stay
+    within min and max (requests in flight included), and every block drained had been
+    idle for max_idletime with every one of its workers running nothing."""
+    s = make(policies.REGISTRY.create("scaling", "demand", {"forecast": forecast}))
     now = 0.0
     run(s, TargetSet(now, "p", lim.min_blocks, SPEC, lim))
     for dt, queued, busy in steps:
