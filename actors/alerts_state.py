@@ -560,7 +560,7 @@ def _scale_out(rule: str, raw: object) -> ScaleOut:
     if (by is None) == (not fit):
         raise AlertConfigError(
             rule, key, "needs exactly one of 'by = N' (blocks more) and 'fit = true' (blocks "
-            "to fit the ready tasks)",
+            "for the running and ready tasks)",
         )  # fmt: skip
     if by is not None and (isinstance(by, bool) or not isinstance(by, int) or by < 1):
         raise AlertConfigError(rule, key + ".by", f"must be a whole number >= 1, got {by!r}")
