@@ -44,7 +44,7 @@ once resolved); for the queue metrics they have the names of the users' own aler
 
 **Remediation**: a rule may carry a :class:`ScaleOut` action. While its alert fires and
 its condition holds, the core asks for more blocks of the pool (:class:`Scale`: by N, or
-enough to fit the ready tasks), at most ``max_blocks`` and within ``max_cost``
+enough in all for its running and ready tasks), at most ``max_blocks`` and within ``max_cost``
 worker-hours per hour, then waits ``cooldown`` seconds before the next step: level
 triggered, always bounded. Every decision and every refusal is an :class:`Audit` line
 (who: the rule; what: pool, from -> to blocks; why: the values against the thresholds).
@@ -436,10 +436,12 @@ def _vectors(expr: Expr) -> Iterable[Vector]:
 @dataclasses.dataclass(frozen=True, slots=True)
 class ScaleOut:
     """Scale a pool out while the alert fires: ``by`` blocks more than its target, or
-    (``fit``) enough blocks for its ready tasks (``ceil(ready / slots_per_block)`` more
-    than the blocks running and pending). ``pool``: None is the alert's ``pool`` label.
-    Then wait ``cooldown`` seconds. Never above ``max_blocks`` (None: the pool's own)
-    nor ``max_cost`` worker-hours per hour (blocks x workers per block; None: no cap).
+    (``fit``) enough blocks in all for the tasks it runs and those ready,
+    ``ceil((running + ready) / slots_per_block)``, pending blocks counting as capacity
+    (never below the target: when that covers it, nothing). ``pool``: None is the
+    alert's ``pool`` label. Then wait ``cooldown`` seconds. Never above ``max_blocks``
+    (None: the pool's own) nor ``max_cost`` worker-hours per hour (blocks x workers per
+    block; None: no cap).
     ``restore``: once the alerts that scaled the pool out resolved, set its target back
     to what it was before (unless someone else changed it since)."""
 
@@ -558,7 +560,7 @@ def _scale_out(rule: str, raw: object) -> ScaleOut:
     if (by is None) == (not fit):
         raise AlertConfigError(
             rule, key, "needs exactly one of 'by = N' (blocks more) and 'fit = true' (blocks "
-            "to fit the ready tasks)",
+            "for the running and ready tasks)",
         )  # fmt: skip
     if by is not None and (isinstance(by, bool) or not isinstance(by, int) or by < 1):
         raise AlertConfigError(rule, key + ".by", f"must be a whole number >= 1, got {by!r}")
@@ -1171,10 +1173,15 @@ class AlertState:
             queued = (gauge("corral_queue_depth") or 0) + (
                 samples.get(("corral_queue_depth", (("pool", "*"),))) or 0
             )
-            wanted = running + pending + math.ceil(queued / slots)
+            busy = gauge("corral_tasks_running") or 0
+            # Blocks for all the pool's work, running and ready, the pending blocks
+            # counted as capacity: the autoscaler's strategy has already asked for blocks
+            # for the ready tasks, and those must not be asked for twice.
+            wanted = math.ceil((busy + queued) / slots)
             how = (
-                f"fit {_number(queued)} ready tasks at {_number(slots)} per block beside "
-                f"{running} running and {pending} pending blocks"
+                f"fit {_number(busy)} running and {_number(queued)} ready tasks at "
+                f"{_number(slots)} per block, with {running} running and {pending} pending "
+                "blocks"
             )
         else:
             wanted = current + (act.by or 0)

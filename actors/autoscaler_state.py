@@ -73,7 +73,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from policies import DEFAULTS, REGISTRY, PoolView, ScalingPolicy
-from policies.scaling import LoadView, PoolLimits
+from policies.scaling import DELAYS_KEPT, HISTORY, LoadView, PoolLimits
 from runtime.messages import BlockEndInfo as BlockEnd
 
 __all__ = [
@@ -388,6 +388,14 @@ class PoolState:
     retiring: int = 0  #: blocks being scaled in
     raised: int = 0  #: a raised target (TargetRaised), in force until ``raised_until``
     raised_until: float = 0.0
+    #: tasks seen arriving: ``(when, how many)``, each rise of ``active`` between two
+    #: counts, over the last ``HISTORY`` seconds (for the ``demand`` forecast)
+    arrivals: deque[tuple[float, int]] = dataclasses.field(default_factory=deque)
+    last_active: int | None = None  #: ``active`` at the latest count
+    #: the latest blocks' delays from request to running, seconds
+    provisioning: deque[float] = dataclasses.field(
+        default_factory=lambda: deque(maxlen=DELAYS_KEPT)
+    )
 
 
 def _size(ps: PoolState) -> dict[str, int]:
@@ -511,6 +519,8 @@ class AutoscalerState:
         state = ev.state if ev.state in LIVE_STATES else "running"  # ends: BlockEnded
         asked = self.requested_at.pop(ev.request, self._now)
         self.blocks[ev.block] = BlockRecord(ev.block, pool, ev.workers, state, since=asked)
+        if state == "running":
+            self.pools[pool].provisioning.append(self._now - asked)
         self.retry_at.pop(pool, None)  # the batch system answers again
         self.errors.pop(pool, None)
         if self.closing:
@@ -608,6 +618,8 @@ class AutoscalerState:
     def _block_running(self, ev: BlockRunning) -> None:
         b = self.blocks.get(ev.block)
         if b is not None:
+            if b.state != "running" and not b.retiring:
+                self.pools[b.pool].provisioning.append(self._now - b.since)
             b.state = "running"
 
     def _drain_answered(self, ev: DrainAnswered) -> None:
@@ -639,6 +651,14 @@ class AutoscalerState:
                 b.idle_since = None
             elif b.idle_since is None:
                 b.idle_since = ev.now
+        for ps in self.pools.values():
+            active = self.active(ps.pool)
+            assert active is not None  # queued and processing are known
+            if ps.last_active is not None and active > ps.last_active:
+                ps.arrivals.append((ev.now, active - ps.last_active))
+            ps.last_active = active
+            while ps.arrivals and ps.arrivals[0][0] < ev.now - HISTORY:
+                ps.arrivals.popleft()
 
     def _policy_changed(self, ev: PolicyChanged) -> None:
         self.policy = ev.policy
@@ -710,7 +730,8 @@ class AutoscalerState:
         if ps.limits is not None or active is not None:  # what LoadView adds is known
             view = LoadView(
                 ps.pool, target, ps.blocks, ps.requested, ps.retiring, queued,
-                ps.limits, active, self.idle_for(ps.pool),
+                ps.limits, active, self.idle_for(ps.pool), self._now,
+                tuple(ps.arrivals), tuple(ps.provisioning),
             )  # fmt: skip
         try:
             n = self.policy.desired(view)

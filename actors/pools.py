@@ -20,7 +20,6 @@ here (``runtime/node.py`` does that).
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
 import os
 import re
@@ -31,7 +30,7 @@ from typing import Any
 
 from actors.providers import DISK_OFF, BlockSpec
 from policies.scaling import PoolLimits
-from runtime.errors import PoolConfigError
+from runtime.errors import PoolConfigError, did_you_mean
 
 __all__ = [
     "COMMON_KEYS",
@@ -192,12 +191,6 @@ class PoolConfig:
 # ----------------------------------------------------------------------------- checking
 
 
-def _suggest(word: str, choices: list[str], otherwise: str = "") -> str:
-    """The text "; did you mean 'x'?" for the choice closest to ``word`` (else ``otherwise``)."""
-    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
-    return f"; did you mean {close[0]!r}?" if close else otherwise
-
-
 def _whole(pool: str, key: str, value: object, least: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < least:
         raise PoolConfigError(pool, key, f"must be a whole number >= {least}, got {value!r}")
@@ -224,7 +217,7 @@ def _pool(name: object, raw: object, source: str) -> PoolConfig:
         if key not in known:
             raise PoolConfigError(
                 name, str(key),
-                f"is unknown{_suggest(str(key), known, '.')} The keys are: {', '.join(known)}",
+                f"is unknown{did_you_mean(str(key), known, '.')} The keys are: {', '.join(known)}",
                 source,
             )  # fmt: skip
     try:
@@ -241,7 +234,7 @@ def _checked(name: str, raw: Mapping[str, Any]) -> PoolConfig:
         raise PoolConfigError(
             name, "provider",
             f"must be one of {', '.join(map(repr, PROVIDERS))}, got {provider!r}"
-            + _suggest(str(provider), list(PROVIDERS)),
+            + did_you_mean(str(provider), list(PROVIDERS)),
         )  # fmt: skip
     if provider != "slurm":
         for key in SLURM_KEYS:
@@ -349,7 +342,7 @@ def pools_from_dicts(pools: Mapping[str, Any], *, source: str = "") -> dict[str,
         if pool.fallback is not None and pool.fallback not in out:
             raise PoolConfigError(
                 pool.name, "fallback",
-                f"names no pool: {pool.fallback!r}{_suggest(pool.fallback, list(out), '.')} "
+                f"names no pool: {pool.fallback!r}{did_you_mean(pool.fallback, list(out), '.')} "
                 f"The pools are: {', '.join(out)}",
                 source,
             )  # fmt: skip
@@ -375,7 +368,7 @@ def read_config(path: str | os.PathLike[str]) -> dict[str, Any]:
     for key in data:
         if key not in SECTIONS:
             raise PoolConfigError(
-                "", key, f"is not a setting{_suggest(key, list(SECTIONS), '.')} Pools go "
+                "", key, f"is not a setting{did_you_mean(key, list(SECTIONS), '.')} Pools go "
                 "under [pools.<name>], alert rules under [[alerts]], their settings under "
                 "[alerting]", str(path)
             )  # fmt: skip

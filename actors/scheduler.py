@@ -356,8 +356,9 @@ class Scheduler(Actor):
     @handles(_Tick)
     def tick(self, msg: _Tick) -> None:
         # The watchdog has nothing to watch unless a worker is throttled; the walltime
-        # drain nothing unless a worker has a deadline.
-        if self.state.throttled or self.state.deadlines:
+        # drain nothing unless a worker has a deadline; speculation nothing with one
+        # worker or when off.
+        if self.state.throttled or self.state.deadlines or self.state.speculates:
             self._handle(Tick(*self._ev()))
 
     @handles(CancelRequest)
@@ -402,6 +403,7 @@ class Scheduler(Actor):
             "policy_errors": st.policy_errors,
             "replicas": _replicas(st),
             "storage": self._storage(),
+            "speculative": dict(st.speculative),
         }
 
     def _storage(self) -> StorageStatus:
@@ -457,6 +459,7 @@ class Scheduler(Actor):
             "tasks_created": st.created,
             "workers": len(st.workers),
             "replicas": _replicas(st),
+            "speculative": dict(st.speculative),
         }
         if msg.details:  # the dashboard's: not for every Prometheus scrape
             out["failure_groups"] = _failure_groups(st, now)

@@ -38,6 +38,17 @@ temporary copies its output gets; the core bounds the answer and emits
 lost holder of an output kept by its replicas triggers no recompute; a new replica
 replaces the lost copy while the output is needed (``_holder_gone``).
 
+Speculative copies (docs/files.md#speculative-copies): on a :class:`Tick`, while a
+worker idles (free, running nothing: after ``_fill`` no ready task can go to it), the
+speculation policy may propose a copy of a running task; the core places it as any
+task on an idle worker (``_candidates``), never where the task runs. The task stays
+``processing`` with its first try in ``worker``; ``copies`` holds the other workers
+running it (each copy takes a slot there, ``WorkerState.copies``, and its disk
+reservation). The first to finish ok wins (``_copy_finished``, or ``_finished_ok``
+cancels the copies); a try or copy that fails or is lost while another runs is
+recorded and the other carries on, without a retry (``_promote_copy``); draining a
+worker cancels its copies; a task that ends cancels all of them (``_unassign``).
+
 Draining: after :class:`WorkerDraining` a worker gets no new tasks (it is never in
 ``free``); once the tasks it runs have finished, one :class:`RetireWorker` command says
 to stop it. It stays known, serving its outputs, until :class:`WorkerLeft`.
@@ -121,6 +132,7 @@ from policies import (
     ReplicationPolicy,
     RetryDecision,
     RetryPolicy,
+    SpeculationPolicy,
 )
 from policies.survival import Survival, kaplan_meier
 from runtime.errors import (
@@ -138,7 +150,7 @@ from runtime.errors import (
     WorkerLost,
 )
 from runtime.graph import Key, TaskSpec
-from runtime.messages import TryRecord
+from runtime.messages import Outcome, TryRecord
 
 __all__ = [
     "TRANSITIONS",
@@ -516,6 +528,7 @@ class WorkerState:
     """One worker as the scheduler sees it."""
 
     __slots__ = (
+        "copies",
         "cores",
         "deadline",
         "disk",
@@ -567,6 +580,9 @@ class WorkerState:
         #: tasks sent to it before it rejoined over a new connection: they may have been
         #: lost with the old one, until it says what it has (WorkerHeld)
         self.unconfirmed: set[TaskState] = set()
+        #: speculative copies it runs of tasks whose first try runs elsewhere (each
+        #: takes a slot as a task does; see ``SchedulerState.copies``)
+        self.copies: set[TaskState] = set()
 
     @property
     def n_processing(self) -> int:
@@ -946,6 +962,7 @@ class SchedulerState:
         retry: RetryPolicy | None = None,
         memory: MemoryPolicy | None = None,
         replication: ReplicationPolicy | None = None,
+        speculation: SpeculationPolicy | None = None,
     ) -> None:
         self.config = config or SchedulerConfig()
         self.tasks: dict[Key, TaskState] = {}  #: every task not yet forgotten
@@ -968,6 +985,7 @@ class SchedulerState:
             "retry": retry or REGISTRY.create("retry", DEFAULTS["retry"]),
             "memory": memory or REGISTRY.create("memory", DEFAULTS["memory"]),
             "replication": replication or REGISTRY.create("replication", DEFAULTS["replication"]),
+            "speculation": speculation or REGISTRY.create("speculation", DEFAULTS["speculation"]),
         }
         #: the placement policy's DataLocality hooks (None: that rule is off)
         self._partner: Any = None
@@ -1032,6 +1050,16 @@ class SchedulerState:
         self.replica_bytes = 0
         self.replicas_failed = 0
         self.recomputes_avoided = 0
+        #: speculative copies (docs/files.md#speculative-copies): per running task, the
+        #: workers running a copy of it besides ``TaskState.worker``, each with when the
+        #: copy was sent and the disk reserved for it there
+        self.copies: dict[TaskState, dict[str, tuple[float, int]]] = {}
+        #: copies started, and how the ones that ended did: ``won`` (finished first),
+        #: ``lost`` (cancelled: the other try finished first, or the task ended),
+        #: ``failed`` (the copy failed or its worker was lost while the other try ran)
+        self.speculative: Counter[str] = Counter({"started": 0, "won": 0, "lost": 0, "failed": 0})
+        self._max_copies = 0  #: the speculation policy's ``max_copies`` (0: off)
+        self._speculation_bound()
         self._depth = self.config.prune_depth
         self._seq = itertools.count()
         # Per-handle scratch, flushed into commands at the end of handle().
@@ -1289,7 +1317,7 @@ class SchedulerState:
             self.deadlines += ev.deadline is not None
             self.workers[ev.worker] = ws
         else:  # a known worker re-registering (e.g. after a reconnect) keeps its work
-            ws.unconfirmed = set(ws.processing)  # until it says what reached it
+            ws.unconfirmed = ws.processing | ws.copies  # until it says what reached it
             ws.cores, ws.memory, ws.pool = ev.cores, ev.memory, ev.pool
             ws.disk = max(0, ev.disk)
             self.deadlines += (ev.deadline is not None) - (ws.deadline is not None)
@@ -1326,10 +1354,20 @@ class SchedulerState:
                 self._finished_ok(ts, ws, TaskResult(ts.key, "ok", now, now, held[ts.key]))
             else:
                 self._log(ts.key, "processing", "lost-in-transit")
-                self._back_to_ready(ts)
+                if not self._promote_copy(ts):
+                    self._back_to_ready(ts)
         junk = []
+        for ts in sorted(sent_before & ws.copies, key=_prio_key):
+            if ts.key not in ev.active:  # never reached it, or its result was lost
+                self._log(ts.key, "processing", f"copy-lost-in-transit:{ws.id}")
+                self._end_copy(ts, ws, "cancelled", "lost-in-transit")
+                self.speculative["failed"] += 1
+                if ts.key in held:
+                    junk.append(ts.key)
         for key in held:
             out = self.tasks.get(key)
+            if key in junk:
+                continue
             if out is None or out.state in ("released", "erred", "cancelled"):
                 junk.append(key)
             elif out.state == "memory" and ws.id not in out.who_has:
@@ -1361,6 +1399,9 @@ class SchedulerState:
             lives = self.lives[ws.pool] = deque(maxlen=MAX_LIVES)
         lives.append((self._now - ws.joined, ev.cause not in ON_PURPOSE))
         self._limits_changed()  # before its tasks go back to ready: they are checked
+        for ts in sorted(ws.copies, key=_prio_key):  # the first try runs on: no retry
+            self._end_copy(ts, ws, "worker-lost", ev.cause)
+            self.speculative["failed"] += 1
         for ts in sorted(ws.processing, key=_prio_key):
             self._tried(
                 ts, TryRecord(str(ts.key), ws.id, ts.sent, self._now, "worker-lost", ev.cause), None
@@ -1370,7 +1411,8 @@ class SchedulerState:
             self._failed_try(ts, "worker-lost", ev.cause, None, ws.id)
             ts.worker = None
             ts.disk_need = 0
-            self._after_failure(ts, "worker-lost", ev.cause, None, ws.id)
+            if not self._promote_copy(ts):  # else a copy runs on: no retry
+                self._after_failure(ts, "worker-lost", ev.cause, None, ws.id)
         ws.processing.clear()
         ws.n_producers = 0
         for ts in list(ws.has_what):
@@ -1405,14 +1447,29 @@ class SchedulerState:
                         self._add_replica(dep, ws)
                     else:
                         untracked.append(dk)
-            if ts is None or ts.state != "processing" or ts.worker != ev.worker or ws is None:
-                # Stale: cancelled, retried elsewhere, or from a worker we dropped.
+            copy = (
+                ts is not None
+                and ws is not None
+                and ts.state == "processing"
+                and ts.worker != ev.worker
+                and ev.worker in self.copies.get(ts, ())
+            )
+            stale = not copy and (
+                ts is None or ts.state != "processing" or ts.worker != ev.worker or ws is None
+            )
+            if stale:
+                # Stale: cancelled, retried elsewhere, from a worker we dropped, or a
+                # speculative copy (or first try) that lost the race.
                 self._log(res.key, "stale", f"result:{res.outcome}")
                 if res.outcome == "ok":
                     untracked.append(res.key)
             if untracked and ws is not None:
                 self._out.append(DropData(self._stimulus, ev.worker, tuple(untracked)))
-            if ts is None or ts.state != "processing" or ts.worker != ev.worker or ws is None:
+            if stale:
+                continue
+            assert ts is not None and ws is not None
+            if copy:
+                self._copy_finished(ts, ws, res)
                 continue
             self._release_slot(ts, ws)
             if res.outcome == "ok":
@@ -1420,34 +1477,52 @@ class SchedulerState:
             elif res.outcome == "missing":
                 self._inputs_missing(ts, res)
             elif res.outcome == "cancelled":
+                if self._promote_copy(ts):
+                    continue
                 self._set(ts, "cancelled")
                 ts.error = CancelledError(str(ts.key), "cancelled on the worker")
                 self._terminal(ts)
             else:
-                stat = self._stat(ts)
-                error = res.error
-                try_cause = None
-                if res.outcome == "oom":
-                    stat.oom += 1
-                elif res.outcome == "disk-full":
-                    # Its output did not fit on the worker's disk: the category's outputs
-                    # are expected this large from now on, so the retry goes where one fits.
-                    stat.disk_full += 1
-                    stat.max_nbytes = max(stat.max_nbytes, res.nbytes)
-                    try_cause = "disk-full"
-                    if not isinstance(error, DiskFull):  # the worker's own names the room
-                        room = max(0, ws.disk - ws.disk_used) if ws.disk else 0
-                        error = DiskFull(str(ts.key), ws.id, res.nbytes, room, ws.disk)
-                else:
-                    stat.errors += 1
-                cause = try_cause or (type(error).__name__ if error is not None else res.outcome)
-                rec = TryRecord(str(ts.key), ws.id, res.start, res.stop, res.outcome, try_cause)
-                if res.outcome == "oom":  # this try counted with the earlier ones
-                    oom = ts.oom_tries + 1
-                    error = TaskOutOfMemory(str(ts.key), ws.id, res.rss, ws.memory, oom)
-                self._tried(ts, rec, error)
-                self._failed_try(ts, res.outcome, cause, error, ws.id)
-                self._after_failure(ts, res.outcome, None, error, ws.id)
+                error = self._try_failed(ts, ws, res, None)
+                if not self._promote_copy(ts):  # else a copy runs on: it may still do
+                    self._after_failure(ts, res.outcome, None, error, ws.id)
+
+    def _try_failed(
+        self, ts: TaskState, ws: WorkerState, res: TaskResult, cause: str | None
+    ) -> BaseException | None:
+        """A try of ``ts`` on ``ws`` ended ``error``, ``timeout``, ``oom`` or
+        ``disk-full``: count it in its category, record it (with ``cause``, or the
+        outcome's own) and return the error it ended with."""
+        outcome = res.outcome
+        if outcome == "ok" or outcome == "missing":
+            raise ValueError(f"not a failed try: {outcome}")
+        stat = self._stat(ts)
+        error = res.error
+        try_cause = cause
+        if res.outcome == "oom":
+            stat.oom += 1
+        elif res.outcome == "disk-full":
+            # Its output did not fit on the worker's disk: the category's outputs
+            # are expected this large from now on, so the retry goes where one fits.
+            stat.disk_full += 1
+            stat.max_nbytes = max(stat.max_nbytes, res.nbytes)
+            try_cause = cause or "disk-full"
+            if not isinstance(error, DiskFull):  # the worker's own names the room
+                room = max(0, ws.disk - ws.disk_used) if ws.disk else 0
+                error = DiskFull(str(ts.key), ws.id, res.nbytes, room, ws.disk)
+        else:
+            stat.errors += 1
+        if res.outcome == "disk-full":
+            failure = "disk-full"
+        else:
+            failure = type(error).__name__ if error is not None else res.outcome
+        rec = TryRecord(str(ts.key), ws.id, res.start, res.stop, outcome, try_cause)
+        if outcome == "oom":  # this try counted with the earlier ones
+            oom = ts.oom_tries + 1
+            error = TaskOutOfMemory(str(ts.key), ws.id, res.rss, ws.memory, oom)
+        self._tried(ts, rec, error)
+        self._failed_try(ts, outcome, failure, error, ws.id)
+        return error
 
     def _cancel_requested(self, ev: CancelRequested) -> None:
         for key in ev.keys:
@@ -1498,6 +1573,7 @@ class SchedulerState:
         self.draining.add(ws.id)
         self.free.pop(ws.id, None)
         self._log(ws.id, "joined", "draining")
+        self._copies_off(ws, "drained")
         self._limits_changed()
 
     def _worker_leaving(self, ev: WorkerLeaving) -> None:
@@ -1513,6 +1589,7 @@ class SchedulerState:
             self.free.pop(ws.id, None)
             if not ws.retired:  # a retired one's story says so already
                 self._log(ws.id, "joined", f"leaving:{ev.cause}")
+            self._copies_off(ws, f"leaving:{ev.cause}")
             self._limits_changed()
         needed = [
             ts for ts in ws.has_what if ts.who_has == {ws.id} and (ts.consumers > 0 or ts.wanted)
@@ -1551,6 +1628,8 @@ class SchedulerState:
             self._locality_hooks()
         if ev.kind == "replication":
             self._replication_floor()
+        if ev.kind == "speculation":
+            self._speculation_bound()
         if ev.kind == "memory":
             self.classes = {}  # asked again of the new policy as tasks are re-queued
         if ev.kind in ("priority", "memory"):
@@ -1575,9 +1654,18 @@ class SchedulerState:
         self._update_free(ws)
 
     def _tick(self, ev: Tick) -> None:
-        """Drain workers whose walltime is near (the watchdog runs after every event)."""
+        """Drain workers whose walltime is near (the watchdog runs after every event);
+        propose speculative copies of long tasks to idle workers."""
         if self.deadlines:
             self._drain_before_walltime()
+        if self._max_copies:
+            self._speculate()
+
+    @property
+    def speculates(self) -> bool:
+        """Speculative copies are on and there is another worker to run one: the
+        shell sends :class:`Tick` events for them to be considered."""
+        return self._max_copies > 0 and len(self.workers) > 1
 
     def drain_margin(self) -> float:
         """How long before its walltime a worker is drained: ``drain_period`` if set,
@@ -1599,6 +1687,7 @@ class SchedulerState:
             self.draining.add(ws.id)
             self.free.pop(ws.id, None)
             self._log(ws.id, "joined", f"draining:walltime in {max(0.0, left):.0f} s")
+            self._copies_off(ws, "drained")
             self._limits_changed()
 
     def _long_enough(self, ts: TaskState, cands: list[WorkerState]) -> list[WorkerState]:
@@ -1771,9 +1860,14 @@ class SchedulerState:
             (ts.behind, ts.prio, next(self._seq), ts),
         )
 
-    def _finished_ok(self, ts: TaskState, ws: WorkerState, res: TaskResult) -> None:
+    def _finished_ok(
+        self, ts: TaskState, ws: WorkerState, res: TaskResult, cause: str | None = None
+    ) -> None:
+        if ts in self.copies:  # this try won: its copies are cancelled, outputs dropped
+            self.speculative["lost"] += len(self.copies[ts])
+            self._cancel_copies(ts, "superseded")
         self._tried(
-            ts, TryRecord(str(ts.key), ws.id, res.start, res.stop, "ok", None), None, res.nbytes
+            ts, TryRecord(str(ts.key), ws.id, res.start, res.stop, "ok", cause), None, res.nbytes
         )
         grown = res.nbytes - ts.nbytes  # not 0 only once per task, unless recomputed
         ts.nbytes = res.nbytes
@@ -1828,7 +1922,8 @@ class SchedulerState:
     def _inputs_missing(self, ts: TaskState, res: TaskResult) -> None:
         for dk, wid in res.missing:
             self._not_on(dk, wid)
-        self._back_to_ready(ts)
+        if not self._promote_copy(ts):
+            self._back_to_ready(ts)
 
     def _not_on(self, key: Key, wid: str) -> None:
         """``wid`` turned out not to hold ``key``'s output: forget that replica, and
@@ -1951,6 +2046,9 @@ class SchedulerState:
         self._terminal(ts)
 
     def _unassign(self, ts: TaskState, *, cancel: bool) -> None:
+        if ts in self.copies:  # the task ends (cancelled, failed): its copies too
+            self.speculative["lost"] += len(self.copies[ts])
+            self._cancel_copies(ts, "task-ended")
         wid = ts.worker
         ts.worker = None
         ws = self.workers.get(wid) if wid is not None else None
@@ -2196,6 +2294,154 @@ class SchedulerState:
         if not copies or not ts.who_has:
             del self.replicas[ts]
 
+    # ----------------------------------------------------------------- speculation
+    # Speculative copies (docs/files.md#speculative-copies): the policy proposes, the
+    # core places a copy only on an idle worker that may run the task, and keeps the
+    # first try in ``TaskState.worker`` (``processing``) and the copies in ``copies``.
+
+    def _speculation_bound(self) -> None:
+        """The speculation policy's ``max_copies`` (0, or missing: off)."""
+        bound = getattr(self.policies["speculation"], "max_copies", 0)
+        ok = isinstance(bound, int) and not isinstance(bound, bool) and bound >= 0
+        self._max_copies = bound if ok else 0
+
+    def _speculate(self) -> None:
+        """Offer each idle worker (not draining, running nothing: after ``_fill`` no
+        ready task can go to it) a copy of a task running elsewhere, the longest
+        running first, as the speculation policy proposes."""
+        idle = {wid: w for wid, w in self.free.items() if not w.processing and not w.copies}
+        if not idle:
+            return
+        now = self._now
+        running = sorted(
+            (ts for w in self.workers.values() for ts in w.processing),
+            key=lambda t: (t.sent, t.spec.order, str(t.key)),
+        )
+        policy = self.policies["speculation"]
+        for ts in running:
+            while idle and len(self.copies.get(ts, ())) < self._max_copies:
+                view = TaskStateView(ts, self.survival, self._stats_view)
+                ran = max(0.0, now - ts.sent)
+                if not self._ask_yes(ts.key, "speculation.copy", policy.copy, view, ran, len(idle)):
+                    break
+                copies = self.copies.get(ts, {})
+                cands = [
+                    w
+                    for w in self._candidates(ts)
+                    if w.id in idle and w.id != ts.worker and w.id not in copies
+                ]
+                self._short_of_disk = []
+                if not cands:
+                    break
+                ws = self._place(ts, cands)
+                del idle[ws.id]
+                self._start_copy(ts, ws)
+            if not idle:
+                return
+
+    def _start_copy(self, ts: TaskState, ws: WorkerState) -> None:
+        need = 0
+        if ws.disk:  # reserved as for a first try
+            need = self._fetch_bytes(ts, ws) + self._expected_output(ts)[0]
+            ws.disk_reserved += need
+        self.copies.setdefault(ts, {})[ws.id] = (self._now, need)
+        ws.copies.add(ts)
+        self._update_free(ws)
+        self.speculative["started"] += 1
+        self._log(ts.key, "processing", f"speculative-copy:{ws.id}")
+        self._send(ts, ws)
+
+    def _end_copy(
+        self,
+        ts: TaskState,
+        ws: WorkerState,
+        outcome: Outcome,
+        cause: str | None,
+        *,
+        cancel: bool = False,
+        record: bool = True,
+    ) -> None:
+        """The copy of ``ts`` on ``ws`` ends: its slot and disk are free again; its try
+        is recorded as ``outcome`` (``cause``); ``cancel``: tell the worker to stop it."""
+        copies = self.copies[ts]
+        sent, need = copies.pop(ws.id)
+        if not copies:
+            del self.copies[ts]
+        ws.copies.discard(ts)
+        ws.disk_reserved -= need
+        self._update_free(ws)
+        if cancel and ws.id in self.workers:
+            self._out.append(CancelOnWorker(self._stimulus, ws.id, (ts.key,)))
+        if record:
+            rec = TryRecord(str(ts.key), ws.id, sent, self._now, outcome, cause)
+            self._tried(ts, rec, None)
+
+    def _cancel_copies(self, ts: TaskState, cause: str) -> None:
+        for wid in sorted(self.copies.get(ts, ())):
+            self._log(ts.key, "processing", f"copy-cancelled:{wid}:{cause}")
+            self._end_copy(ts, self.workers[wid], "cancelled", cause, cancel=True)
+
+    def _copies_off(self, ws: WorkerState, cause: str) -> None:
+        """``ws`` takes no new work any more: the copies it runs are cancelled (each is
+        a spare; the first try runs on)."""
+        for ts in sorted(ws.copies, key=_prio_key):
+            self.speculative["lost"] += 1
+            self._log(ts.key, "processing", f"copy-cancelled:{ws.id}:{cause}")
+            self._end_copy(ts, ws, "cancelled", cause, cancel=True)
+
+    def _promote_copy(self, ts: TaskState) -> bool:
+        """``ts``'s running try ended without an output (its slot released already):
+        if a copy runs, the oldest one becomes its try, and nothing is retried."""
+        copies = self.copies.get(ts)
+        if not copies:
+            return False
+        wid = min(copies, key=lambda w: (copies[w][0], w))
+        ws = self.workers[wid]
+        sent, need = copies[wid]
+        self._end_copy(ts, ws, "ok", None, record=False)
+        ws.disk_reserved += need  # moves with it: now the try's own reservation
+        ts.worker = wid
+        ts.sent = sent
+        ts.disk_need = need
+        st = self.stats.get(ts.spec.category)
+        ts.est = st.mean_duration if st is not None and st.count else self.config.unknown_duration
+        ws.occupancy += ts.est
+        ws.processing.add(ts)
+        ws.n_producers += ts.producer
+        self._update_free(ws)
+        self._log(ts.key, "processing", f"copy-runs-on:{wid}")
+        return True
+
+    def _copy_finished(self, ts: TaskState, ws: WorkerState, res: TaskResult) -> None:
+        """A speculative copy of ``ts`` ended on ``ws`` while its first try runs."""
+        if res.outcome == "ok":  # it won: the first try (and other copies) are cancelled
+            self.speculative["won"] += 1
+            self._end_copy(ts, ws, "ok", None, record=False)
+            if ts in self.copies:
+                self.speculative["lost"] += len(self.copies[ts])
+                self._cancel_copies(ts, "superseded")
+            first = self.workers.get(ts.worker) if ts.worker is not None else None
+            if first is not None:
+                self._log(ts.key, "processing", f"superseded:{first.id}")
+                self._tried(
+                    ts,
+                    TryRecord(str(ts.key), first.id, ts.sent, self._now, "cancelled", "superseded"),
+                    None,
+                )
+            self._unassign(ts, cancel=True)  # cancels the other copies too
+            self._finished_ok(ts, ws, res, "speculative")
+            return
+        self.speculative["failed"] += 1
+        if res.outcome == "missing":  # it did not start: the first try runs on
+            for dk, wid in res.missing:
+                self._not_on(dk, wid)
+            self._end_copy(ts, ws, "cancelled", "inputs-missing")
+        elif res.outcome == "cancelled":
+            self._end_copy(ts, ws, "cancelled", "speculative")
+        else:
+            self._end_copy(ts, ws, "cancelled", None, record=False)
+            self._try_failed(ts, ws, res, "speculative")
+
     # ----------------------------------------------------------------- scheduling
 
     def _fill(self) -> None:
@@ -2370,6 +2616,20 @@ class SchedulerState:
         self.policy_errors += 1
         self._log(key, "policy-error", problem)
 
+    def _ask_yes(self, key: Key, name: str, hook: Callable[..., Any], *args: Any) -> bool:
+        """Ask a policy's yes-or-no ``hook`` (``name``, for the story) about ``key``:
+        True only if it answers True; an answer not a bool, or a raise, is a policy
+        error and counts as no."""
+        try:
+            answer = hook(*args)
+        except Exception as exc:
+            self._hook_error(key, f"{name} raised {exc!r}")
+            return False
+        if answer is True or answer is False:
+            return answer
+        self._hook_error(key, f"{name} returned {answer!r}, not a bool")
+        return False
+
     def _assign_partner(self, ts: TaskState, ws: WorkerState, heap: list[tuple[Any, ...]]) -> None:
         """Root producer ``ts`` just went to ``ws``: ask the placement policy whether the
         root next in line goes with it (``partner``), one task past the worker's slots
@@ -2395,14 +2655,8 @@ class SchedulerState:
             return
         if ws.disk and not self._disk_fits(nxt, ws, self._expected_output(nxt)[0]):
             return
-        try:
-            answer = self._partner(TaskStateView(ts), ws.view, TaskStateView(nxt))
-        except Exception as exc:
-            self._hook_error(nxt.key, f"placement.partner raised {exc!r}")
-            return
-        if answer is not True:
-            if answer is not False:
-                self._hook_error(nxt.key, f"placement.partner returned {answer!r}, not a bool")
+        views = (TaskStateView(ts), ws.view, TaskStateView(nxt))
+        if not self._ask_yes(nxt.key, "placement.partner", self._partner, *views):
             return
         heapq.heappop(heap)
         self._assign(nxt, ws)
@@ -2425,15 +2679,8 @@ class SchedulerState:
         runs there now (the default: up to twice its slots)."""
         if ts.producer or not ts.deps or not self._may_stay(ts, ws):
             return False
-        try:
-            answer = self._stays(TaskStateView(ts), ws.view)
-        except Exception as exc:
-            self._hook_error(ts.key, f"placement.stays_with_data raised {exc!r}")
-            return False
-        if answer is True or answer is False:
-            return answer
-        self._hook_error(ts.key, f"placement.stays_with_data returned {answer!r}, not a bool")
-        return False
+        stays = self._stays
+        return self._ask_yes(ts.key, "placement.stays_with_data", stays, TaskStateView(ts), ws.view)
 
     def _takes_consumer_here(self, ts: TaskState, ws: WorkerState) -> bool:
         """Pool, resources and memory admission allow ``ts`` on ``ws``."""
@@ -2514,6 +2761,10 @@ class SchedulerState:
             ts.disk_need = self._fetch_bytes(ts, ws) + self._expected_output(ts)[0]
             ws.disk_reserved += ts.disk_need
         self._update_free(ws)
+        self._send(ts, ws)
+
+    def _send(self, ts: TaskState, ws: WorkerState) -> None:
+        """Add ``ts`` to the batch of tasks ``ws`` gets at the end of this event."""
         deps = tuple((d.key, tuple(d.who_has)) for d in ts.deps)
         sizes = tuple(d.nbytes for d in ts.deps) if deps else ()
         batch = self._execute.get(ws.id)
@@ -2532,7 +2783,7 @@ class SchedulerState:
         self._update_free(ws)
 
     def _is_free(self, ws: WorkerState) -> bool:
-        n = total = len(ws.processing)
+        n = total = len(ws.processing) + len(ws.copies)
         if ws.throttled:
             n -= ws.n_producers  # deferred there: they must not keep consumers out
         if n < ws.slots and total < ws.limit:
@@ -2798,13 +3049,23 @@ class SchedulerState:
         for ts in self.tasks.values():
             if ts.state == "queued":
                 assert ts in queued, (ts, "queued but in no ready queue")
+        for ts, running in self.copies.items():
+            # Speculative copies: of running tasks only, never where the try runs.
+            assert ts.state == "processing" and running, (ts, running)
+            assert self.tasks.get(ts.key) is ts, (ts, "copies of a forgotten task")
+            for wid in running:
+                assert wid != ts.worker and ts in self.workers[wid].copies, (ts, wid)
         for wid, ws in self.workers.items():
-            assert len(ws.processing) <= ws.limit, ws
+            assert len(ws.processing) + len(ws.copies) <= ws.limit, ws
+            for ts in ws.copies:
+                assert wid in self.copies.get(ts, ()), (ws, "untracked copy", ts)
+            assert not (ws.draining and ws.copies), (ws, "draining with copies")
             assert ws.n_producers == sum(ts.producer for ts in ws.processing), ws
             assert ws.throttled == (wid in self.throttled), ws
             for ts in ws.processing:
                 assert ts.state == "processing" and ts.worker == wid, ts
             reserved = sum(ts.disk_need for ts in ws.processing)
+            reserved += sum(self.copies[ts][wid][1] for ts in ws.copies)
             assert ws.disk_reserved == reserved, (ws, "disk reserved", ws.disk_reserved, reserved)
             for ts in ws.has_what:
                 assert wid in ts.who_has, (ws, ts)

@@ -40,6 +40,13 @@ The peers are written here from their sources and documentation:
   ReplicaSet chooses them (pending first, then the newest running), busy or not: a busy
   runner gets a 30 s grace period, then its job is cut and queued again at the front.
 
+With ``--systems all``, rows for the knobs each system has: ``corral-forecast``, the
+``demand`` strategy with its arrival forecast (``forecast = 0.9``: spare blocks for the
+tasks that arrived in nine spans of one provisioning delay in ten over the last hour);
+and ``corral-warm``, ``parsl-warm``, ``keda-warm``: 4 blocks kept in the scarce pool
+from the start (Corral's and Parsl's ``min_blocks`` and ``init_blocks``, KEDA's
+``minReplicaCount``, under which it neither activates nor scales to zero).
+
 Measured per run: p95 and max queue wait (a job's time from ready to start, summed over
 its tries if it was cut), worker-hours (each block from its request to its end, so
 provisioning time is billed, for all three alike: a cloud VM bills while it boots; the
@@ -107,6 +114,14 @@ PEERS = ("parsl", "keda")
 #: scale-outs raising the target for the action's cooldown (``scale(n, hold=...)``)
 #: instead of until the alert resolves; and with them setting a target that stays
 EXTRA = ("corral-noalert", "corral-hold", "corral-floor")
+#: with ``--systems all``, too: Corral's ``demand`` strategy with its arrival forecast
+#: (``forecast = 0.9``), and each system with :data:`WARM` blocks kept in the scarce pool
+#: (Corral's and Parsl's ``min_blocks``, KEDA's ``minReplicaCount``)
+KNOBS = ("corral-forecast", "corral-warm", "parsl-warm", "keda-warm")
+#: the blocks the ``-warm`` rows keep per pool at least
+WARM: dict[str, int] = {"gpu": 4}
+#: the ``demand`` strategy's parameters in the ``corral-forecast`` row
+FORECAST: dict[str, Any] = {"forecast": 0.9}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -405,7 +420,8 @@ class Cluster:
 
 
 #: the queue-time rule of the benchmark: the default ``CorralQueueTime`` rule with a
-#: scale-out action (enough blocks for the ready tasks, within the pool's max_blocks),
+#: scale-out action (enough blocks in all for the running and ready tasks, within the
+#: pool's max_blocks),
 #: which sets the pool's target back once the alert resolved
 QUEUE_RULE: dict[str, Any] = {
     "name": "QueueTimeScaleOut",
@@ -427,11 +443,18 @@ class CorralScaler(Scaler):
 
     name = "corral"
 
-    def __init__(self, cluster: Cluster, alerts: str | None = "restore") -> None:
+    def __init__(
+        self,
+        cluster: Cluster,
+        alerts: str | None = "restore",
+        demand_params: dict[str, Any] | None = None,
+        floor: dict[str, int] | None = None,
+    ) -> None:
         s = cluster.s
         self.c = cluster
         self.period = s.corral_tick
-        demand = policies.REGISTRY.create("scaling", "demand")
+        demand = policies.REGISTRY.create("scaling", "demand", demand_params)
+        floor = floor or {}
         self.state = AutoscalerState(AutoscalerConfig(), demand)
         self.stuck = 0
         self.gave_up = 0
@@ -451,8 +474,9 @@ class CorralScaler(Scaler):
         self.next_alert = 0.0
         events: list[Event] = []
         for p in s.pools:
+            warm = floor.get(p.name, 0)
             limits = PoolLimits(
-                min_blocks=0, max_blocks=p.max_blocks, init_blocks=0, parallelism=1.0,
+                min_blocks=warm, max_blocks=p.max_blocks, init_blocks=warm, parallelism=1.0,
                 slots_per_block=1, max_idletime=s.max_idletime,
                 provisioning_timeout=s.provisioning_timeout,
             )  # fmt: skip
@@ -553,10 +577,15 @@ class ParslSimple(Scaler):
 
     name = "parsl"
 
-    def __init__(self, cluster: Cluster) -> None:
+    def __init__(self, cluster: Cluster, floor: dict[str, int] | None = None) -> None:
         self.c = cluster
         self.period = cluster.s.parsl_period
         self.idle_since: dict[str, float | None] = {p.name: None for p in cluster.s.pools}
+        #: min_blocks per pool, also its init_blocks (started with the executor)
+        self.min_blocks = {p.name: (floor or {}).get(p.name, 0) for p in cluster.s.pools}
+        for pool, n in self.min_blocks.items():
+            for _ in range(n):
+                cluster.request(pool)
 
     def tick(self, now: float) -> None:
         s = self.c.s
@@ -566,7 +595,7 @@ class ParslSimple(Scaler):
             active_slots = active_blocks  # one worker, one slot per block
             busy = sum(1 for b in blocks if b.job is not None)
             active_tasks = len(self.c.queues[p.name]) + busy
-            min_blocks, max_blocks, parallelism = 0, p.max_blocks, 1.0
+            min_blocks, max_blocks, parallelism = self.min_blocks[p.name], p.max_blocks, 1.0
             if active_tasks > 0:
                 self.idle_since[p.name] = None
             if active_tasks == 0:
@@ -603,16 +632,21 @@ class KedaQueue(Scaler):
 
     name = "keda"
 
-    def __init__(self, cluster: Cluster) -> None:
+    def __init__(self, cluster: Cluster, floor: dict[str, int] | None = None) -> None:
         s = cluster.s
         self.c = cluster
         self.period = s.hpa_sync
         pools = [p.name for p in s.pools]
+        #: minReplicaCount per pool (above 0: never scaled to zero, the HPA's minimum)
+        self.min = {p: (floor or {}).get(p, 0) for p in pools}
         self.replicas = dict.fromkeys(pools, 0)
         self.last_active: dict[str, float] = dict.fromkeys(pools, -math.inf)
         self.recs: dict[str, deque[tuple[float, int]]] = {p: deque() for p in pools}
         self.max = {p.name: p.max_blocks for p in s.pools}
         self.n = 0
+        for pool, n in self.min.items():
+            if n > 0:
+                self.set(pool, n)
 
     def pods(self, pool: str) -> list[Block]:
         return [b for b in self.c.blocks(pool) if not b.deleting]
@@ -625,7 +659,7 @@ class KedaQueue(Scaler):
             metric = len(self.c.queues[pool]) + sum(
                 1 for b in self.c.blocks(pool) if b.job is not None and not b.deleting
             )
-            if poll:  # KEDA's own loop: activation and scale to zero
+            if poll and self.min[pool] == 0:  # KEDA's own loop: activation, scale to zero
                 if metric > 0:
                     self.last_active[pool] = now
                     if self.replicas[pool] == 0:
@@ -638,7 +672,7 @@ class KedaQueue(Scaler):
                 continue  # the HPA does not scale from zero
             ratio = metric / current  # target: 1 job per replica
             rec = current if abs(ratio - 1) <= s.hpa_tolerance else math.ceil(metric)
-            rec = min(max(rec, 1), self.max[pool])
+            rec = min(max(rec, 1, self.min[pool]), self.max[pool])
             recs = self.recs[pool]
             recs.append((now, rec))
             while recs and recs[0][0] < now - s.hpa_down_window:
@@ -668,6 +702,10 @@ FACTORIES: dict[str, Callable[[Cluster], Scaler]] = {
     "corral-noalert": lambda c: CorralScaler(c, alerts=None),
     "corral-hold": lambda c: CorralScaler(c, alerts="hold"),
     "corral-floor": lambda c: CorralScaler(c, alerts="floor"),
+    "corral-forecast": lambda c: CorralScaler(c, demand_params=FORECAST),
+    "corral-warm": lambda c: CorralScaler(c, floor=WARM),
+    "parsl-warm": lambda c: ParslSimple(c, floor=WARM),
+    "keda-warm": lambda c: KedaQueue(c, floor=WARM),
 }
 
 
@@ -767,7 +805,7 @@ def table(scenario: str, per_seed: list[dict[str, Result]]) -> str:
     seeds = ", ".join(str(runs["corral"].seed) for runs in per_seed)
     jobs = sum(runs["corral"].jobs for runs in per_seed) / n
     width = 12
-    systems = [name for name in (*SYSTEMS, *EXTRA) if name in per_seed[0]]
+    systems = [name for name in (*SYSTEMS, *EXTRA, *KNOBS) if name in per_seed[0]]
     lines = [
         f"scenario {scenario}: seeds {seeds}, {jobs:.0f} jobs per seed on average; "
         "waits in minutes",
@@ -817,7 +855,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument(
         "--systems", choices=["three", "all"], default="three",
         help="all: also corral-noalert (no alert rule), corral-hold (scale-outs raise the "
-        "target for the cooldown) and corral-floor (the rule without restore)",
+        "target for the cooldown), corral-floor (the rule without restore), corral-forecast "
+        "(the demand strategy's forecast = 0.9) and corral-, parsl- and keda-warm (4 blocks "
+        "kept in pool gpu: min_blocks, minReplicaCount)",
     )  # fmt: skip
     ap.add_argument(
         "--max-idletime", type=float, default=None,
@@ -828,7 +868,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     s = QUICK if args.quick else FULL
     if args.max_idletime is not None:
         s = dataclasses.replace(s, max_idletime=args.max_idletime)
-    systems = SYSTEMS if args.systems == "three" else (*SYSTEMS, *EXTRA)
+    systems = SYSTEMS if args.systems == "three" else (*SYSTEMS, *EXTRA, *KNOBS)
     if args.seed is not None:
         seeds: list[int] = [args.seed]
     else:

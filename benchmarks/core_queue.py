@@ -6,18 +6,26 @@ metrics bookkeeping included, without the event loop, threads or messages around
 
     python benchmarks/core_queue.py            # 20,000 tasks
     python benchmarks/core_queue.py 50000
+    python benchmarks/core_queue.py --monitor  # off and on, interleaved: the feed's cost
+
+``--monitor`` times the core without and with the monitoring feed a monitoring
+database reads (``SchedulerConfig(monitor=True)``), read the way the recorder does
+(``feed_since`` after every batch of finishes), alternating the two 5 times each.
 """
 
 from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Hashable
+from typing import Any
 
 from actors.protocol import TaskResult
 from actors.scheduler_state import (
     Command,
     Execute,
     GraphSubmitted,
+    SchedulerConfig,
     SchedulerState,
     TasksFinished,
     WorkerJoined,
@@ -29,9 +37,10 @@ def _noop() -> None:
     return None
 
 
-def once(n: int) -> float:
-    st = SchedulerState()
-    dsk = {f"t-{i}": Task(f"t-{i}", _noop) for i in range(n)}
+def once(n: int, monitor: bool = False) -> float:
+    st = SchedulerState(SchedulerConfig(monitor=monitor))
+    since = 0
+    dsk: dict[Hashable, Any] = {f"t-{i}": Task(f"t-{i}", _noop) for i in range(n)}
     specs = build_specs(dsk, list(dsk))
     start = time.perf_counter()
     now = 1.0
@@ -46,10 +55,21 @@ def once(n: int) -> float:
             if isinstance(cmd, Execute):
                 res = tuple(TaskResult(t.key, "ok", now, now, 8) for t in cmd.tasks)
                 done += st.handle(TasksFinished("f", now, cmd.worker, res))
+        if monitor:  # the recorder reads what was recorded, as it does between polls
+            _, since, _ = st.feed_since(since, 1_000_000)
         out = done
     return time.perf_counter() - start
 
 
 if __name__ == "__main__":
-    n = int(sys.argv[1]) if len(sys.argv) > 1 else 20_000
-    print(f"{min(once(n) for _ in range(5)):.3f} s for {n} tasks")
+    args = [a for a in sys.argv[1:] if a != "--monitor"]
+    n = int(args[0]) if args else 20_000
+    if "--monitor" in sys.argv:
+        off, on = [], []
+        for _ in range(5):
+            off.append(once(n))
+            on.append(once(n, monitor=True))
+        print(f"feed off: best {min(off):.3f} s, feed on: best {min(on):.3f} s for {n} tasks")
+        print(f"on/off: {min(on) / min(off):.2f}x (best of 5 each, interleaved)")
+    else:
+        print(f"{min(once(n) for _ in range(5)):.3f} s for {n} tasks")

@@ -37,6 +37,11 @@ Python's default) during Corral's runs and Python's default, as dask.distributed
 during dask's.
 
     python benchmarks/throughput.py --mode distributed --repeat 3
+
+``--monitoring`` (in-process mode) also runs ``corral-cluster`` with a monitoring
+database (``Cluster(monitoring=PATH)``: the scheduler core's feed, the recorder and the
+writer thread) and prints its rates against the same cluster without one, the two
+alternating run by run.
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ import itertools
 import logging
 import os
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -289,6 +295,11 @@ def main(argv: list[str] | None = None) -> int:
         help="threads per scheduler (in-process mode only)",
     )
     parser.add_argument(
+        "--monitoring",
+        action="store_true",
+        help="also time corral-cluster writing a monitoring database (in-process mode)",
+    )
+    parser.add_argument(
         "--no-gc-tuning",
         action="store_true",
         help="run Corral with Python's default garbage-collector threshold",
@@ -316,19 +327,30 @@ def main(argv: list[str] | None = None) -> int:
         f"{gc_threshold or 'Python default'}"
     )
 
-    async def run_cluster() -> dict[str, float]:
+    async def run_cluster(db: str | None = None) -> dict[str, float]:
         best: dict[str, float] = {}
-        async with Cluster(
-            workers=1, threads_per_worker=threads, gc_threshold=gc_threshold
-        ) as cluster:
-            await cluster.wait_for_workers(1)
+        async with contextlib.AsyncExitStack() as stack:
+            plain = await stack.enter_async_context(
+                Cluster(workers=1, threads_per_worker=threads, gc_threshold=gc_threshold)
+            )
+            clusters = {"": plain}
+            if db is not None:
+                clusters["+db"] = await stack.enter_async_context(
+                    Cluster(
+                        workers=1, threads_per_worker=threads, gc_threshold=gc_threshold,
+                        monitoring=db,
+                    )
+                )  # fmt: skip
+            for cluster in clusters.values():
+                await cluster.wait_for_workers(1)
             for name, build in builders.items():
                 for _ in range(args.repeat):
-                    dsk, keys = build(next(runs))
-                    start = time.perf_counter()
-                    await cluster.compute(dsk, keys)
-                    elapsed = time.perf_counter() - start
-                    best[name] = min(best.get(name, float("inf")), elapsed)
+                    for tag, cluster in clusters.items():  # alternating, as drift goes
+                        dsk, keys = build(next(runs))
+                        start = time.perf_counter()
+                        await cluster.compute(dsk, keys)
+                        elapsed = time.perf_counter() - start
+                        best[name + tag] = min(best.get(name + tag, float("inf")), elapsed)
         return best
 
     schedulers: dict[str, Callable[[dict[Any, Any], Any], Any]] = {
@@ -343,7 +365,10 @@ def main(argv: list[str] | None = None) -> int:
                 dsk, keys = build(next(runs))
                 elapsed = time_call(functools.partial(fn, dsk, keys))
                 best[(sched, name)] = min(best.get((sched, name), float("inf")), elapsed)
-    for name, elapsed in anyio.run(run_cluster).items():
+    with tempfile.TemporaryDirectory() as tmp:
+        db = os.path.join(tmp, "monitoring.db") if args.monitoring else None
+        cluster_best = anyio.run(run_cluster, db)
+    for name, elapsed in cluster_best.items():
         best[("corral-cluster", name)] = elapsed
 
     order = ["corral-get", "corral-cluster", "dask-threaded", "dask-sync"]
@@ -357,6 +382,14 @@ def main(argv: list[str] | None = None) -> int:
             f"{rates['corral-get'] / rates['dask-threaded']:>12.2f}x "
             f"{rates['corral-get'] / rates['dask-sync']:>8.2f}x"
         )
+    if args.monitoring:
+        print("corral-cluster with a monitoring database, against without one:")
+        for name, (dsk, _keys) in workloads.items():
+            plain, with_db = best[("corral-cluster", name)], best[("corral-cluster", name + "+db")]
+            print(
+                f"{name:<12} {len(dsk) / plain:>10,.0f}/s without, {len(dsk) / with_db:>10,.0f}/s "
+                f"with: {plain / with_db:.2f}x the rate"
+            )
     return 0
 
 

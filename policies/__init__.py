@@ -1,12 +1,21 @@
-"""Swappable decision logic: priority, placement, retry, memory, replication and scaling
-policies.
+"""Swappable decision logic: priority, placement, retry, memory, replication, scaling
+and speculation policies.
 
 Policies are registered by kind and name in :data:`policies.REGISTRY` and created with
 ``REGISTRY.create(kind, name, params)``; actors swap them at runtime on a
 ``SetPolicyRequest`` message. Register your own with ``@policies.register(kind, name)``.
 """
 
-from policies import memory, placement, priority, replication, retry, scaling, survival
+from policies import (
+    memory,
+    placement,
+    priority,
+    replication,
+    retry,
+    scaling,
+    speculation,
+    survival,
+)
 from policies.base import (
     BENIGN_LOSSES,
     KINDS,
@@ -25,6 +34,7 @@ from policies.base import (
     RetryDecision,
     RetryPolicy,
     ScalingPolicy,
+    SpeculationPolicy,
     TaskView,
     WorkerView,
     register,
@@ -37,6 +47,7 @@ DEFAULTS = {
     "memory": "producers-yield",
     "replication": "recompute-cost",
     "scaling": "fixed",
+    "speculation": "idle-tail",
 }
 
 __all__ = [
@@ -58,6 +69,7 @@ __all__ = [
     "RetryDecision",
     "RetryPolicy",
     "ScalingPolicy",
+    "SpeculationPolicy",
     "TaskView",
     "WorkerView",
     "memory",
@@ -67,5 +79,6 @@ __all__ = [
     "replication",
     "retry",
     "scaling",
+    "speculation",
     "survival",
 ]

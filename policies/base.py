@@ -37,12 +37,13 @@ __all__ = [
     "RetryDecision",
     "RetryPolicy",
     "ScalingPolicy",
+    "SpeculationPolicy",
     "TaskView",
     "WorkerView",
     "register",
 ]
 
-KINDS = ("priority", "placement", "retry", "memory", "replication", "scaling")
+KINDS = ("priority", "placement", "retry", "memory", "replication", "scaling", "speculation")
 
 RECENT = 256  #: ok tries' durations kept per category for its percentiles
 
@@ -397,6 +398,24 @@ class ReplicationPolicy(Protocol):
     asked for every finished task."""
 
     def replicas(self, task: TaskView, inputs: float, workers: int) -> int: ...
+
+
+@runtime_checkable
+class SpeculationPolicy(Protocol):
+    """Proposes speculative copies of long-running tasks (see
+    ``policies/speculation.py``). ``copy`` is asked about a running task only while
+    some worker is idle (``idle`` of them: they run nothing and no ready task can go to
+    them) and the task has fewer than ``max_copies`` copies running; ``running_for`` is
+    how many seconds its first try has run. True proposes one more copy.
+
+    The core decides: a copy goes only to an idle worker that may run the task (pool,
+    resources, memory admission, free disk), never to one running it already. The
+    first copy or try to finish ok wins; the others are cancelled and their outputs
+    dropped. A ``max_copies`` of 0 turns speculation off (``copy`` is never asked)."""
+
+    max_copies: int
+
+    def copy(self, task: TaskView, running_for: float, idle: int) -> bool: ...
 
 
 Factory = Callable[..., Any]

@@ -12,7 +12,16 @@ import math
 
 from policies.base import REGISTRY, PoolView
 
-__all__ = ["DemandBlocks", "FixedTarget", "LoadView", "PoolLimits", "QueueProportional"]
+__all__ = [
+    "DELAYS_KEPT",
+    "HISTORY",
+    "DemandBlocks",
+    "FixedTarget",
+    "LoadView",
+    "PoolLimits",
+    "QueueProportional",
+    "forecast_headroom",
+]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -60,6 +69,19 @@ class LoadView(PoolView):
     limits: PoolLimits | None = None
     active: int | None = None
     idle_for: tuple[float, ...] = ()
+    #: the autoscaler's clock now, seconds
+    now: float = 0.0
+    #: tasks seen arriving, ``(when, how many)``: each rise of ``active`` between two
+    #: counts of the scheduler's, over the last :data:`HISTORY` seconds, oldest first
+    arrivals: tuple[tuple[float, int], ...] = ()
+    #: the latest blocks' provisioning delays (request to running), seconds, oldest first
+    provisioning: tuple[float, ...] = ()
+
+
+#: seconds of arrivals the autoscaler core keeps for the ``demand`` strategy's forecast
+HISTORY = 3600.0
+#: provisioning delays it keeps per pool (the latest)
+DELAYS_KEPT = 20
 
 
 @REGISTRY.register("scaling", "fixed")
@@ -111,6 +133,13 @@ class DemandBlocks:
     worker finishes what it runs: no busy worker is ever stopped). A pool without
     limits keeps its target, as ``fixed`` does.
 
+    ``forecast`` (a quantile, e.g. 0.9; default None: off) adds spare blocks for the
+    tasks expected to arrive within one provisioning delay (:func:`forecast_headroom`),
+    at most ``max_headroom`` blocks (None: up to ``max_blocks``), so a burst finds
+    blocks running instead of waiting for new ones. The spare blocks stay while the
+    forecast asks for them (their time is the cost); once it drops, the idle ones are
+    drained after ``max_idletime`` as usual.
+
     Level-triggered: the answer depends only on the view now. Blocks requested or
     pending count in ``blocks + requested`` like running ones, so nothing is asked
     twice; the core stops counting one past the pool's ``provisioning_timeout`` (it is
@@ -118,6 +147,20 @@ class DemandBlocks:
 
     name = "demand"
     uses_queues = True
+
+    def __init__(self, forecast: float | None = None, max_headroom: int | None = None) -> None:
+        if forecast is not None and (
+            isinstance(forecast, bool)
+            or not isinstance(forecast, (int, float))
+            or not 0 < forecast <= 1
+        ):
+            raise ValueError(f"forecast must be a quantile in (0, 1] or None, got {forecast!r}")
+        if max_headroom is not None and (
+            isinstance(max_headroom, bool) or not isinstance(max_headroom, int) or max_headroom < 0
+        ):
+            raise ValueError(f"max_headroom must be a whole number >= 0, got {max_headroom!r}")
+        self.forecast = None if forecast is None else float(forecast)
+        self.max_headroom = max_headroom
 
     def desired(self, pool: PoolView) -> int:
         limits: PoolLimits | None = getattr(pool, "limits", None)
@@ -130,6 +173,33 @@ class DemandBlocks:
         needed = math.ceil(active * limits.parallelism / limits.slots_per_block)
         if active > 0:
             needed = max(needed, 1)
+        if self.forecast is not None and isinstance(pool, LoadView):
+            spare = forecast_headroom(pool, self.forecast)
+            spare = math.ceil(spare * limits.parallelism / limits.slots_per_block)
+            if self.max_headroom is not None:
+                spare = min(spare, self.max_headroom)
+            needed += spare
         idle = sum(1 for t in getattr(pool, "idle_for", ()) if t >= limits.max_idletime)
         keep = pool.blocks + pool.requested - idle
         return min(max(lo, needed, keep), limits.max_blocks)
+
+
+def forecast_headroom(pool: LoadView, quantile: float) -> int:
+    """Tasks expected to arrive in ``pool`` within one provisioning delay: the last
+    :data:`HISTORY` seconds of ``pool.arrivals`` cut into spans of the median of
+    ``pool.provisioning`` (ending now), and the ``quantile`` (nearest rank) of the
+    tasks that arrived per span. 0 until a block has come up (no delay measured yet)."""
+    if not pool.provisioning:
+        return 0
+    delays = sorted(pool.provisioning)
+    delay = delays[(len(delays) - 1) // 2]
+    if delay <= 0:
+        return 0
+    spans = max(int(HISTORY // delay), 1)
+    counts = [0] * spans
+    for at, n in pool.arrivals:
+        i = int((pool.now - at) // delay)
+        if 0 <= i < spans:
+            counts[i] += n
+    counts.sort()
+    return counts[max(math.ceil(quantile * spans) - 1, 0)]

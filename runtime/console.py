@@ -898,6 +898,14 @@ def render_status(st: Mapping[str, Any]) -> RenderableType:
                 f"replicas now, {rep.get('recomputes_avoided', 0)} recomputes avoided"
             )
         )
+    spec: dict[str, int] = dict(st.get("speculative") or {})
+    if spec.get("started"):
+        parts.append(
+            Text(
+                f"speculative copies: {spec['started']} started, {spec.get('won', 0)} won, "
+                f"{spec.get('lost', 0)} lost, {spec.get('failed', 0)} failed"
+            )
+        )
 
     pol = Table(title="policies", title_justify="left")
     pol.add_column("kind")

@@ -650,6 +650,9 @@ class MetricsReply(Message):
     tasks_created: int = 0
     workers: int = 0
     replicas: ReplicasStatus = dataclasses.field(default_factory=ReplicasStatus)
+    #: speculative copies (docs/files.md#speculative-copies): ``started``, and those
+    #: that ended ``won``, ``lost`` or ``failed``
+    speculative: dict[str, int] = dataclasses.field(default_factory=dict)
     blocks: dict[str, BlockMetrics] = dataclasses.field(default_factory=dict)
     autoscaler_busy: bool = False
     failure_groups: tuple[FailureGroupInfo, ...] = ()
@@ -889,6 +892,8 @@ class StatusReply(Message):
     files: FilesStatus = dataclasses.field(default_factory=FilesStatus)
     replicas: ReplicasStatus = dataclasses.field(default_factory=ReplicasStatus)
     storage: StorageStatus = dataclasses.field(default_factory=StorageStatus)
+    #: speculative copies: ``started``, and those that ended ``won``, ``lost``, ``failed``
+    speculative: dict[str, int] = dataclasses.field(default_factory=dict)
     runs: int = 0
     recent_runs: dict[str, int] = dataclasses.field(default_factory=dict)
     wanted_keys: int = 0

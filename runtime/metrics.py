@@ -159,6 +159,14 @@ class SnapshotCollector(Collector):
         yield GaugeMetricFamily(
             "corral_replicated_outputs", "Outputs that have replicas now.", value=rep.outputs
         )
+        spec = CounterMetricFamily(
+            "corral_speculative_copies",
+            "Speculative copies of long tasks: started, and those that won, lost or failed.",
+            labels=["result"],
+        )
+        for result in ("started", "won", "lost", "failed"):
+            spec.add_metric([result], snap.speculative.get(result, 0))
+        yield spec
 
         blocks = _gauge(
             "corral_blocks",

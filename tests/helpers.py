@@ -562,6 +562,7 @@ def make_state() -> Iterator[Factory]:
         retry: Any = None,
         memory: Any = None,
         replication: Any = None,
+        speculation: Any = None,
         **config: Any,
     ) -> SchedulerState:
         def policy(kind: str, p: Any) -> Any:
@@ -574,6 +575,7 @@ def make_state() -> Iterator[Factory]:
             retry=policy("retry", retry),
             memory=policy("memory", memory),
             replication=policy("replication", replication),
+            speculation=policy("speculation", speculation),
         )
         made.append(state)
         return state

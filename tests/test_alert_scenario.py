@@ -138,7 +138,7 @@ async def test_a_burst_on_a_slow_pool_alerts_scales_out_drains_and_resolves(
                     lambda: _audited(console), "the scale-out audit line", step=0.1
                 )
                 assert "scale pool ci out from 0 to 3 blocks" in audit, audit  # its target was 0
-                assert "beside 1 running" in audit and "capped by the pool's max_blocks 3" in audit
+                assert "with 1 running" in audit and "capped by the pool's max_blocks 3" in audit
                 assert "CorralQueueTime" in audit
                 cli.line_with(proc, "event='alert firing'", limit=10)  # the log notifier
                 cli.line_with(proc, "event='alert action'", limit=10)

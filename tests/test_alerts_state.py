@@ -85,10 +85,11 @@ def snap(
     return samples(reply)
 
 
-def queue(depth: int, wait: float, pool: str = "cpu", **blocks: Any) -> Samples:
+def queue(depth: int, wait: float, pool: str = "cpu", running: int = 0, **blocks: Any) -> Samples:
     workers = {"idle": 0, "busy": 1, "draining": 0}
     b = {pool: blocks} if blocks else None
-    return snap({pool: {"queue_depth": depth, "oldest_wait": wait, "workers": workers}}, b)
+    p = {"queue_depth": depth, "oldest_wait": wait, "running": running, "workers": workers}
+    return snap({pool: p}, b)
 
 
 def notes(cmds: list[Command]) -> list[tuple[str, str, dict[str, str]]]:
@@ -391,34 +392,55 @@ def test_no_action_once_the_condition_stops_holding_even_while_still_firing() ->
     assert st.alerts()[0].state == "firing"
 
 
-def test_fit_asks_for_blocks_to_fit_the_queue_capped_by_max_blocks() -> None:
+def test_fit_asks_for_blocks_for_running_and_ready_tasks_capped_by_max_blocks() -> None:
     st = AlertState([scaler(fit=True)])
-    # 7 ready here and 2 any pool may run: ceil(9 / 2) = 5 blocks beside the 2 there are
+    # 3 running, 7 ready here and 2 any pool may run: ceil((3 + 9) / 2) = 6 blocks in all
     b = pool_blocks(2, running=1, pending=1, slots_per_block=2, max_blocks=20)
-    s = {**queue(7, 100.0, **b), ("corral_queue_depth", (("pool", "*"),)): 2.0}
+    s = {**queue(7, 100.0, running=3, **b), ("corral_queue_depth", (("pool", "*"),)): 2.0}
     cmds = st.handle(Evaluate(0.0, s))
-    assert [(c.pool, c.target) for c in only(cmds, Scale)] == [("cpu", 7)]
-    assert "fit 9 ready tasks at 2 per block beside 1 running and 1 pending blocks" in (
-        only(cmds, Audit)[0].line
+    assert [(c.pool, c.target) for c in only(cmds, Scale)] == [("cpu", 6)]
+    assert (
+        "fit 3 running and 9 ready tasks at 2 per block, with 1 running and 1 pending "
+        "blocks:" in only(cmds, Audit)[0].line
     )
     st = AlertState([scaler(fit=True)])
     b = pool_blocks(2, running=2, slots_per_block=2, max_blocks=5)
-    cmds = st.handle(Evaluate(0.0, queue(7, 100.0, **b)))
+    cmds = st.handle(Evaluate(0.0, queue(7, 100.0, running=4, **b)))
     assert [(c.pool, c.target) for c in only(cmds, Scale)] == [("cpu", 5)]
     assert only(cmds, Audit)[0].line.startswith(
-        "alert QueueTime{pool=cpu}: scale pool cpu out from 2 to 5 blocks (fit 7 ready tasks "
-        "at 2 per block beside 2 running and 0 pending blocks, capped by the pool's "
-        "max_blocks 5: "
+        "alert QueueTime{pool=cpu}: scale pool cpu out from 2 to 5 blocks (fit 4 running and "
+        "7 ready tasks at 2 per block, with 2 running and 0 pending blocks, capped by the "
+        "pool's max_blocks 5: "
     )
 
 
-def test_fit_does_nothing_when_blocks_on_the_way_cover_the_queue() -> None:
+def test_fit_counts_pending_blocks_as_capacity_for_the_ready_tasks() -> None:
+    # The strategy already asked a pending block per ready task: 4 running tasks on 4
+    # blocks, 6 ready ones with 6 blocks pending. The old count asked 6 more (16).
     st = AlertState([scaler(fit=True)])
-    # the target is 6 and 4 blocks exist: 4 + ceil(4 / 4) = 5 are enough
-    b = pool_blocks(6, running=1, pending=3, slots_per_block=4, max_blocks=9)
-    cmds = st.handle(Evaluate(0.0, queue(4, 100.0, **b)))
+    b = pool_blocks(10, running=4, pending=6, slots_per_block=1, max_blocks=40)
+    cmds = st.handle(Evaluate(0.0, queue(6, 100.0, running=4, **b)))
     assert only(cmds, Scale) == []
-    assert "its target 6 already covers it (fit 4 ready tasks" in only(cmds, Audit)[0].line
+    assert "its target 10 already covers it (fit 4 running and 6 ready tasks" in (
+        only(cmds, Audit)[0].line
+    )
+    # A target below the blocks there are (the strategy keeps idle ones): the pool's
+    # work needs 10, the target is 3: raise it to 10, not to 16.
+    st = AlertState([scaler(fit=True)])
+    b = pool_blocks(3, running=4, pending=6, slots_per_block=1, max_blocks=40)
+    cmds = st.handle(Evaluate(0.0, queue(6, 100.0, running=4, **b)))
+    assert [(c.pool, c.target) for c in only(cmds, Scale)] == [("cpu", 10)]
+
+
+def test_fit_does_nothing_when_the_target_covers_the_work() -> None:
+    st = AlertState([scaler(fit=True)])
+    # the target is 6: ceil((1 + 4) / 4) = 2 are enough, never below the target
+    b = pool_blocks(6, running=1, pending=3, slots_per_block=4, max_blocks=9)
+    cmds = st.handle(Evaluate(0.0, queue(4, 100.0, running=1, **b)))
+    assert only(cmds, Scale) == []
+    assert "its target 6 already covers it (fit 1 running and 4 ready tasks" in (
+        only(cmds, Audit)[0].line
+    )
 
 
 def test_max_blocks_refuses_beyond_the_cap() -> None:
@@ -833,6 +855,7 @@ class _Pool:
         return snap(
             {"cpu": {"queue_depth": len(self.queued),
                      "oldest_wait": now - self.queued[0] if self.queued else 0.0,
+                     "running": len(self.running),
                      "workers": {"idle": 0, "busy": up, "draining": 0}}},
             {"cpu": {"target": len(self.ready_at), "states": states, "slots_per_block": 2,
                      "max_blocks": 6, "workers_per_block": 1}},
@@ -862,7 +885,7 @@ def test_a_burst_fires_the_queue_alert_scales_out_within_bounds_and_resolves() -
             break
     # the oldest task waited over 60 s at 70: pending; a minute on, firing
     assert seen == [(70.0, "pending"), (130.0, "firing"), (seen[-1][0], "resolved")]
-    # at 130, 4 tasks ran, 2 run, 14 wait (120 s + 10 s): 1 + ceil(14 / 2) = 8 blocks
+    # at 130, 4 tasks ran, 2 run, 14 wait (120 s + 10 s): ceil((2 + 14) / 2) = 8 blocks
     # wanted, 6 allowed; the new blocks run at 250 and the queue drains
     assert scales == [(130.0, 6)]
     assert fired == {
@@ -873,10 +896,10 @@ def test_a_burst_fires_the_queue_alert_scales_out_within_bounds_and_resolves() -
         "threshold_breached": 1.0,
     }
     assert [a.line for a in st.audit] == [
-        "alert CorralQueueTime{pool=cpu}: scale pool cpu out from 1 to 6 blocks (fit 14 ready "
-        "tasks at 2 per block beside 1 running and 0 pending blocks, capped by the pool's "
-        "max_blocks 6: corral_queue_depth = 14 > 0 and corral_queue_oldest_wait_seconds = "
-        "130 > 60)",
+        "alert CorralQueueTime{pool=cpu}: scale pool cpu out from 1 to 6 blocks (fit 2 "
+        "running and 14 ready tasks at 2 per block, with 1 running and 0 pending blocks, "
+        "capped by the pool's max_blocks 6: corral_queue_depth = 14 > 0 and "
+        "corral_queue_oldest_wait_seconds = 130 > 60)",
         "alert CorralQueueTime{pool=cpu}: no scale-out of pool cpu: cooldown, scaled 10 s "
         "ago, waits 120 s (corral_queue_depth = 14 > 0 and corral_queue_oldest_wait_seconds "
         "= 140 > 60)",

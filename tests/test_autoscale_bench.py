@@ -105,3 +105,19 @@ def test_the_table_has_one_row_per_system(capsys: pytest.CaptureFixture[str]) ->
     (run,) = json.loads(capsys.readouterr().out)["healthy"]
     assert set(run["ratios"]) == {"p95_wait", "max_wait", "worker_hours", "makespan"}
     assert run["corral"]["unfinished"] == run["parsl"]["unfinished"] == 0
+
+
+def test_the_knob_rows_run_with_their_knobs() -> None:
+    """``--systems all``'s extra rows: the forecast and the warm scarce pool (4 blocks
+    from the start, kept by each system's own knob) finish every job too."""
+    jobs = len(bench.make_jobs(bench.QUICK, SEED))
+    for system in bench.KNOBS:
+        cluster = bench.Cluster(bench.QUICK, bench.make_jobs(bench.QUICK, SEED),
+                                bench.Delays(bench.QUICK, SEED))  # fmt: skip
+        cluster.run(bench.FACTORIES[system](cluster))
+        assert cluster.unfinished == 0, system
+        if system.startswith("corral"):
+            assert cluster.busy_stops == 0, system
+        at_start = [b for b in cluster.ended if b.pool == "gpu" and b.requested == 0.0]
+        assert len(at_start) == (4 if system.endswith("-warm") else 0), system
+    assert jobs > 50

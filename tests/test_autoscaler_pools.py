@@ -8,6 +8,8 @@ core's invariants after every step.
 
 from __future__ import annotations
 
+import dataclasses
+from collections import deque
 from typing import Any
 
 import pytest
@@ -37,7 +39,8 @@ from actors.autoscaler_state import (
     TargetSet,
     Tick,
 )
-from policies.scaling import LoadView, PoolLimits
+from policies import PolicyParamsError
+from policies.scaling import LoadView, PoolLimits, forecast_headroom
 
 SPEC = "spec"
 
@@ -236,8 +239,15 @@ def test_the_strategy_sees_a_load_view() -> None:
     run(s, TargetSet(0.0, "p", 0, SPEC, lim))
     start(s, 0.5)
     run(s, load(1.0, 3, **{"w-1": 0}), load(4.0, **{"w-1": 0}))
-    assert seen[-1] == LoadView("p", 0, 1, 0, 0, 0, lim, 0, (3.0,))
-    assert seen[-2] == LoadView("p", 0, 1, 0, 0, 3, lim, 3, (0.0,))  # runs nothing: idle
+    # block-1 came up 0.5 s after its request; the first count has nothing to rise from
+    assert seen[-1] == LoadView("p", 0, 1, 0, 0, 0, lim, 0, (3.0,), 4.0, (), (0.5,))
+    assert seen[-2] == LoadView("p", 0, 1, 0, 0, 3, lim, 3, (0.0,), 1.0, (), (0.5,))  # idle
+    # Rises of the active tasks are arrivals: 0 -> 5 -> 4 -> 6 (5 and 2 arrived).
+    run(s, load(5.0, 4, **{"w-1": 1}), load(6.0, 3, **{"w-1": 1}), load(7.0, 5, **{"w-1": 1}))
+    assert seen[-1].arrivals == ((5.0, 5), (7.0, 2))
+    # They are kept an hour.
+    run(s, load(3605.5, 5, **{"w-1": 1}))
+    assert seen[-1].arrivals == ((7.0, 2),)
 
 
 def test_a_pending_block_is_never_idle() -> None:
@@ -446,14 +456,15 @@ def test_a_requeued_block_gets_its_timeout_again_from_the_requeue() -> None:
         ),
         max_size=25,
     ),
+    forecast=st.sampled_from([None, 0.5, 1.0]),
 )
 def test_the_demand_strategy_keeps_its_limits_and_drains_only_long_idle_blocks(
-    lim: PoolLimits, steps: list[tuple[float, int, list[int]]]
+    lim: PoolLimits, steps: list[tuple[float, int, list[int]]], forecast: float | None
 ) -> None:
-    """Random loads on a virtual clock: the blocks stay within min and max (requests in
-    flight included), and every block drained had been idle for max_idletime with
-    every one of its workers running nothing."""
-    s = make()
+    """Random loads on a virtual clock, with and without the forecast: the blocks stay
+    within min and max (requests in flight included), and every block drained had been
+    idle for max_idletime with every one of its workers running nothing."""
+    s = make(policies.REGISTRY.create("scaling", "demand", {"forecast": forecast}))
     now = 0.0
     run(s, TargetSet(now, "p", lim.min_blocks, SPEC, lim))
     for dt, queued, busy in steps:
@@ -468,3 +479,95 @@ def test_the_demand_strategy_keeps_its_limits_and_drains_only_long_idle_blocks(
                 since = b.idle_since  # as of this event (idle from now, with 0 s)
                 assert since is not None and now - since >= lim.max_idletime, (cmd, since)
         assert lim.min_blocks <= s.counts()["p"] <= lim.max_blocks, s.counts()
+
+
+# ----------------------------------------------------------------------------- forecast
+
+
+def forecasting(**params: Any) -> AutoscalerState:
+    return make(policies.REGISTRY.create("scaling", "demand", {"forecast": 0.9, **params}))
+
+
+def test_the_forecast_keeps_spare_blocks_for_the_arrivals_of_one_provisioning_delay() -> None:
+    s = forecasting(max_headroom=3)
+    lim = limits(init_blocks=1, max_blocks=10, slots_per_block=1)
+    assert run(s, TargetSet(0.0, "p", 0, SPEC, lim)) == [StartBlock(1, "p", SPEC)]
+    run(s, BlockStarted(0.0, 1, "block-1", ("w-1",), "pending"))
+    # block-1 runs 1200 s after its request: the hour is three spans of 1200 s
+    assert run(s, BlockRunning(1200.0, "block-1"), load(1201.0, **{"w-1": 0})) == []
+    # 3 tasks arrive: 3 blocks for them and 3 spare (the busiest span, p90 of three)
+    assert run(s, load(1202.0, 2, **{"w-1": 1})) == [StartBlock(i, "p", SPEC) for i in range(2, 7)]
+    assert s.pools["p"].desired == 6
+    for r in range(2, 7):
+        run(s, BlockStarted(1202.5, r, f"block-{r}", (f"w-{r}",), "pending"))
+    # the task is done: pending blocks count as capacity, the spare 3 are kept
+    assert run(s, load(1300.0, **{"w-1": 0})) == []
+    everyone = {f"w-{i}": 0 for i in range(1, 7)}
+    # block-1, idle over 60 s, goes: 5 blocks for the 3 spare
+    assert run(s, *(BlockRunning(2402.0, f"block-{r}") for r in range(2, 7))) == [
+        DrainWorker("w-1", "block-1")
+    ]
+    assert s.pools["p"].provisioning == deque([1200.0] * 6)
+    # the 3 spare stay, the others drain once idle 60 s
+    assert run(s, load(2403.0, **everyone)) == []
+    assert run(s, load(2462.0, **everyone)) == []
+    assert run(s, load(2463.0, **everyone)) == [
+        DrainWorker("w-6", "block-6"), DrainWorker("w-5", "block-5"),
+    ]  # fmt: skip
+    assert s.pools["p"].desired == 3
+    for w in ("w-1", "w-6", "w-5"):
+        run(s, DrainAnswered(2464.0, w, True))
+    for b in ("block-1", "block-6", "block-5"):
+        run(s, BlockEnded(2465.0, b, "completed"))
+    idle = {f"w-{i}": 0 for i in (2, 3, 4)}
+    # An hour after the arrivals, nothing is forecast: the spare blocks drain too.
+    assert run(s, load(4801.0, **idle)) == []
+    assert run(s, load(4802.5, **idle)) == [
+        DrainWorker("w-4", "block-4"), DrainWorker("w-3", "block-3"),
+        DrainWorker("w-2", "block-2"),
+    ]  # fmt: skip
+    assert s.pools["p"].desired == 0
+
+
+def test_the_forecast_needs_a_measured_delay_and_stays_within_max_blocks() -> None:
+    s = forecasting()  # no max_headroom: up to the pool's max_blocks
+    lim = limits(init_blocks=1, max_blocks=5, slots_per_block=1)
+    assert run(s, TargetSet(0.0, "p", 0, SPEC, lim)) == [StartBlock(1, "p", SPEC)]
+    run(s, BlockStarted(0.0, 1, "block-1", ("w-1",), "pending"), load(1.0, **{"w-1": 0}))
+    # block-1 is not running yet: no delay measured, no spare block; 2 arrive, 2 blocks
+    assert run(s, load(2.0, 2)) == [StartBlock(2, "p", SPEC)]
+    # once a delay is known, 2 tasks per span are expected: 2 + 2 blocks; then 3 more
+    # arrive: 5 + 5 wanted, max_blocks 5
+    assert run(s, BlockRunning(1800.0, "block-1")) == [StartBlock(3, "p", SPEC),
+                                                        StartBlock(4, "p", SPEC)]  # fmt: skip
+    assert run(s, load(1801.0, 5, **{"w-1": 0})) == [StartBlock(5, "p", SPEC)]
+    assert s.pools["p"].desired == 5
+
+
+def test_the_forecast_is_the_quantile_of_arrivals_per_provisioning_delay() -> None:
+    lim = limits(max_blocks=40, slots_per_block=2)
+    # median delay 200 s: the hour is 18 spans ending now; 4 spans had arrivals
+    arrivals = ((3599.0, 5), (3500.0, 4), (3000.0, 7), (2000.0, 1), (1000.0, 20), (0.0, 9))
+    view = LoadView("p", 0, 0, 0, 0, 0, lim, 0, (), 3600.0, arrivals, (300.0, 100.0, 200.0))
+    counts = [9, 20, 1, 7]  # spans 0 (5 + 4), 13, 8, 3; the one at 0.0 is 18 spans ago
+    assert forecast_headroom(view, 1.0) == max(counts)
+    assert forecast_headroom(view, 0.9) == 9  # nearest rank 17 of 18: the second busiest
+    assert forecast_headroom(view, 0.8) == 1  # rank 15: the fourth
+    assert forecast_headroom(view, 0.5) == 0
+    demand = policies.REGISTRY.create("scaling", "demand", {"forecast": 0.9})
+    assert demand.desired(view) == 5  # ceil(9 / 2 slots per block)
+    capped = policies.REGISTRY.create("scaling", "demand", {"forecast": 0.9, "max_headroom": 2})
+    assert capped.desired(view) == 2
+    assert forecast_headroom(dataclasses.replace(view, provisioning=()), 1.0) == 0
+
+
+def test_forecast_parameters_are_checked() -> None:
+    for params, words in (
+        ({"forecast": 0}, "forecast must be a quantile"),
+        ({"forecast": 1.5}, "forecast must be a quantile"),
+        ({"forecast": True}, "forecast must be a quantile"),
+        ({"forecast": 0.9, "max_headroom": -1}, "max_headroom must be a whole number"),
+        ({"forecast": 0.9, "max_headroom": 2.5}, "max_headroom must be a whole number"),
+    ):
+        with pytest.raises(PolicyParamsError, match=words):
+            policies.REGISTRY.create("scaling", "demand", params)

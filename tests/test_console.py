@@ -262,6 +262,7 @@ async def test_status_shows_workers_pools_tasks_categories_memory_and_policies()
             assert st["policies"] == {
                 "priority": "graph", "placement": "locality", "retry": "default",
                 "memory": "producers-yield", "replication": "recompute-cost",
+                "speculation": "idle-tail",
             }  # fmt: skip
             assert set(st["processing"]) == {w.id for w in workers}
             assert st["rss"] and all(v > 0 for v in st["rss"].values())  # measured per task
@@ -404,6 +405,7 @@ async def test_policy_list_and_set() -> None:
             assert {i.kind: i.name for i in await console.policies()} == {
                 "priority": "graph", "placement": "least-loaded", "retry": "default",
                 "memory": "blind", "replication": "recompute-cost",
+                "speculation": "idle-tail",
             }  # fmt: skip
 
             with pytest.raises(CorralError, match="no-such"):
@@ -778,7 +780,7 @@ async def test_the_shell_runs_lines_prints_errors_and_completes_words() -> None:
             assert shell.completenames("ex") == ["exit"]
             assert shell.completedefault("", "policy ", 7, 7) == ["list", "set"]
             assert shell.completedefault("", "policy set ", 11, 11) == [
-                "memory", "placement", "priority", "replication", "retry",
+                "memory", "placement", "priority", "replication", "retry", "speculation",
             ]  # fmt: skip
             assert shell.completedefault("r", "policy set placement r", 21, 22) == ["round-robin"]
             assert sorted(shell.completedefault("", "drain ", 6, 6)) == sorted(

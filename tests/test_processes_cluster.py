@@ -81,10 +81,18 @@ async def test_a_graph_across_worker_processes_survives_a_kill_9(
             workers[0].wait(10)
             (tmp_path / "go").touch()
             assert await total == sum(i * i for i in range(16))
+
+            async def one_worker() -> bool:
+                return len((await cluster.status())["workers"]) == 1
+
+            # The killed one is gone (the run may finish first: speculative copies on
+            # the idle survivor can finish the tasks the killed worker held).
+            await wait_until(one_worker, "the killed worker to be seen gone", limit=30, step=0.2)
             status = await cluster.status()
-            assert len(status["workers"]) == 1  # the killed one is gone
             lost = sum(c["lost"] for c in status["categories"].values())
-            assert lost >= 1  # its running tasks got a worker-lost try and ran elsewhere
+            # Its running tasks ran elsewhere: retried after a worker-lost try, or
+            # finished by a speculative copy before the loss was seen.
+            assert lost + status["speculative"]["won"] >= 1, status["speculative"]
 
 
 def test_a_local_process_cluster_leaves_no_orphans_when_its_parent_is_killed(

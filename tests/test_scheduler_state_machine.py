@@ -32,6 +32,7 @@ from actors.registry import FilesDropped, FileTable
 from actors.scheduler_state import (
     ACTIVE,
     TRANSITIONS,
+    CancelOnWorker,
     CancelRequested,
     Command,
     DropData,
@@ -50,6 +51,7 @@ from actors.scheduler_state import (
     SchedulerState,
     TaskResult,
     TasksFinished,
+    Tick,
     WorkerJoined,
     WorkerLeft,
 )
@@ -131,12 +133,17 @@ def test_handle_refuses_unknown_events(make_state: Factory) -> None:
 
 class RandomWorkload(RuleBasedStateMachine):
     """Random graphs, workers that come and go, random outcomes, cancels and releases,
-    with the registry core answering the FileFacts. ``validate()`` after every step;
+    speculative copies (eager: past the p90 alone, up to two per task) and their
+    outcomes, with the registry core answering the FileFacts. ``validate()`` after every step;
     ``settle`` runs everything to the end and checks every wanted key's outcome."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.state = SchedulerState(SchedulerConfig(saturation=1.0))
+        eager = {"min_finished": 1, "factor": 1.0, "min_excess": 0.0, "max_copies": 2}
+        self.state = SchedulerState(
+            SchedulerConfig(saturation=1.0),
+            speculation=REGISTRY.create("speculation", "idle-tail", eager),
+        )
         self.table = FileTable()
         self.dropped: list[Key] = []  #: released by the registry, not yet told
         self.wants: Counter[Key] = Counter()  #: the test client's holds per key
@@ -165,7 +172,8 @@ class RandomWorkload(RuleBasedStateMachine):
                 self.note[c.key] = "cancelled"
             elif isinstance(c, Execute):
                 for t in c.tasks:
-                    assert self.state.tasks[t.key].worker == c.worker
+                    ts = self.state.tasks[t.key]
+                    assert ts.worker == c.worker or c.worker in self.state.copies[ts]
         self.state.validate()
         return cmds
 
@@ -272,6 +280,48 @@ class RandomWorkload(RuleBasedStateMachine):
             fetched=fetched if outcome == "ok" else (),
         )
         self.handle(event(TasksFinished, worker=wid, results=(res,)))
+
+    @rule(fresh=st.booleans())
+    def tick(self, fresh: bool) -> None:
+        """Time passes: idle workers may get speculative copies (``fresh``: a worker
+        joins first, idle unless ready work is waiting for it)."""
+        if fresh:
+            self.join(1)
+        self.handle(event(Tick))
+
+    @precondition(lambda m: m.state.copies)
+    @rule(
+        seed=st.integers(0, 2**32 - 1),
+        outcome=st.sampled_from(["ok", "ok", "error", "cancelled", "missing"]),
+    )
+    def finish_copy(self, seed: int, outcome: str) -> None:
+        """A speculative copy ends: it wins, fails, is cancelled or misses an input."""
+        rnd = random.Random(seed)
+        ts = self.pick(rnd, self.state.copies)
+        if ts is None:
+            return
+        wid = self.pick(rnd, self.state.copies[ts])
+        first = ts.worker
+        if outcome == "missing":
+            holders = [(d.key, w) for d in ts.deps for w in sorted(d.who_has) if w != wid]
+            if not holders:
+                outcome = "error"
+            else:
+                res = TaskResult(ts.key, "missing", missing=(rnd.choice(holders),))
+                self.handle(event(TasksFinished, worker=wid, results=(res,)))
+                assert ts.worker == first and wid not in self.state.copies.get(ts, ())
+                return
+        error = ValueError(f"boom {ts.key}") if outcome == "error" else None
+        res = TaskResult(ts.key, outcome, start=0.0, stop=0.5, nbytes=7, error=error)  # type: ignore[arg-type]
+        cmds = self.handle(event(TasksFinished, worker=wid, results=(res,)))
+        if outcome == "ok":  # the copy won: the first try is cancelled, the task done
+            assert ts.state == "memory" and wid in ts.who_has
+            assert (first, (ts.key,)) in [
+                (c.worker, c.keys) for c in cmds if isinstance(c, CancelOnWorker)
+            ]
+            assert ts.tries[-1].cause == "speculative"
+        else:  # the first try runs on
+            assert ts.state == "processing" and ts.worker == first
 
     @precondition(lambda m: m.state.workers and m.with_state("erred", "cancelled"))
     @rule(seed=st.integers(0, 2**32 - 1))

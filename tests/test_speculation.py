@@ -1,0 +1,330 @@
+"""Speculative copies of long tasks (docs/files.md#speculative-copies).
+
+First the scheduler's pure core, with exact commands: a copy is proposed only past its
+category's p90 (by the policy's margin) and only while a worker idles; the first try or
+copy to finish wins, the other is cancelled and its late output dropped; a copy that
+fails, or whose worker is lost, leaves the first try running (and the other way round),
+without a retry. Then the policies. Then an embedded cluster with a heavy-tailed task
+whose first try is ten times slower: the copy finishes it, as its try records show.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from actors.scheduler_state import (
+    CancelOnWorker,
+    CancelRequested,
+    DropData,
+    Event,
+    Execute,
+    GraphSubmitted,
+    KeyDone,
+    SchedulerState,
+    TasksFinished,
+    Tick,
+    WorkerDraining,
+    WorkerHeld,
+    WorkerJoined,
+    WorkerLeft,
+)
+from policies import REGISTRY, PolicyParamsError
+from runtime.graph import Key
+from tests.helpers import Factory, make_state, of, result, specs_for
+
+__all__ = ["make_state"]
+
+T0 = 1_000_000.0  #: the core's clock in these tests (after any other test's events)
+_n = iter(range(10**9))
+
+
+def at(s: SchedulerState, cls: type[Event], now: float, **fields: Any) -> list[Any]:
+    """Handle one event at ``now``; check the invariants."""
+    cmds = s.handle(cls(stimulus_id=f"{cls.__name__}-{next(_n)}", now=now, **fields))
+    s.validate()
+    return cmds
+
+
+def done(
+    s: SchedulerState, worker: str, key: Key, now: float, outcome: str = "ok", **kw: Any
+) -> list[Any]:
+    """``key``'s try (or copy) on ``worker`` ended at ``now`` with ``outcome``."""
+    res = result(key, outcome, start=now - kw.pop("duration", 1.0), duration=0.0, **kw)
+    res.stop = now
+    return at(s, TasksFinished, now, worker=worker, results=(res,))
+
+
+def sent(cmds: list[Any]) -> list[tuple[str, Key]]:
+    return [(c.worker, t.key) for c in of(cmds, Execute) for t in c.tasks]
+
+
+def tries(s: SchedulerState, key: Key) -> list[tuple[str, str, str | None]]:
+    return [(t.worker, t.outcome, t.cause) for t in s.tasks[key].tries]
+
+
+def straggler(make_state: Factory, workers: int = 2, **policy: Any) -> SchedulerState:
+    """Five ``t`` tasks finished on w1 in 1 s each (p90 1 s); ``t-5`` runs on w1 since
+    T0; workers w2.. joined after it, idle."""
+    spec = REGISTRY.create("speculation", "idle-tail", policy) if policy else None
+    s = make_state(speculation=spec)
+    at(s, WorkerJoined, T0 - 100, worker="w1", cores=1, memory=2**30)
+    keys = [f"t-{i}" for i in range(5)]
+    specs = specs_for(s, {k: [] for k in keys}, keys)
+    at(s, GraphSubmitted, T0 - 99, specs=specs, wanted=tuple(keys))
+    now = T0 - 90
+    while any(s.tasks[k].state == "processing" for k in keys):
+        for k in keys:
+            if s.tasks[k].state == "processing":
+                now += 1
+                done(s, "w1", k, now, duration=1.0)
+    specs = specs_for(s, {"t-5": []}, ["t-5"])
+    assert sent(at(s, GraphSubmitted, T0, specs=specs, wanted=("t-5",))) == [("w1", "t-5")]
+    for i in range(2, workers + 1):
+        assert at(s, WorkerJoined, T0 + 0.1, worker=f"w{i}", cores=1, memory=2**30) == []
+    return s
+
+
+# ----------------------------------------------------------------------------- the core
+
+
+def test_a_copy_goes_to_the_idle_worker_only_past_the_margin_over_p90(make_state: Factory) -> None:
+    s = straggler(make_state)
+    assert s.stats["t"].p90_duration == 1.0
+    # The default margin: past max(1.5 x p90, p90 + 1 s) = 2 s of running.
+    assert at(s, Tick, T0 + 1.9) == []
+    out = at(s, Tick, T0 + 2.1)
+    assert sent(out) == [("w2", "t-5")] and len(out) == 1
+    assert s.speculative == {"started": 1, "won": 0, "lost": 0, "failed": 0}
+    assert ("t-5", "processing", "speculative-copy:w2") in [e[:3] for e in s.story("t-5")]
+    # At most one copy per task by default: more ticks send nothing.
+    assert at(s, Tick, T0 + 10) == []
+    assert s.tasks["t-5"].worker == "w1" and s.copies[s.tasks["t-5"]].keys() == {"w2"}
+
+
+def test_no_copy_while_no_worker_idles(make_state: Factory) -> None:
+    s = straggler(make_state)
+    specs = specs_for(s, {"u-0": []}, ["u-0"])
+    assert sent(at(s, GraphSubmitted, T0 + 0.2, specs=specs, wanted=("u-0",))) == [("w2", "u-0")]
+    assert at(s, Tick, T0 + 50) == []  # w2 runs u-0: it does not idle
+    out = done(s, "w2", "u-0", T0 + 51)
+    assert sent(out) == []  # finishing does not start a copy; the next tick does
+    assert sent(at(s, Tick, T0 + 52)) == [("w2", "t-5")]
+
+
+def test_too_few_finished_tries_or_policy_off_means_no_copy(make_state: Factory) -> None:
+    s = straggler(make_state, min_finished=6)
+    assert at(s, Tick, T0 + 100) == []
+    s = make_state(speculation="off")
+    at(s, WorkerJoined, T0, worker="w1", cores=1, memory=2**30)
+    assert not s.speculates  # the shell sends no ticks for it
+
+
+def test_the_copy_wins_the_first_try_is_cancelled_and_its_late_output_dropped(
+    make_state: Factory,
+) -> None:
+    s = straggler(make_state)
+    at(s, Tick, T0 + 3)
+    out = done(s, "w2", "t-5", T0 + 4.5)
+    assert of(out, CancelOnWorker) == [CancelOnWorker(out[0].stimulus_id, "w1", ("t-5",))]
+    assert [(c.key, c.worker) for c in of(out, KeyDone)] == [("t-5", "w2")]
+    assert s.tasks["t-5"].state == "memory" and s.tasks["t-5"].who_has == {"w2"}
+    assert tries(s, "t-5") == [("w1", "cancelled", "superseded"), ("w2", "ok", "speculative")]
+    assert s.speculative == {"started": 1, "won": 1, "lost": 0, "failed": 0}
+    # The first try's output arrives anyway (its cancel came too late): dropped.
+    late = done(s, "w1", "t-5", T0 + 20)
+    assert [(c.worker, c.keys) for c in of(late, DropData)] == [("w1", ("t-5",))]
+    assert s.tasks["t-5"].who_has == {"w2"}
+
+
+def test_the_first_try_wins_the_copy_is_cancelled(make_state: Factory) -> None:
+    s = straggler(make_state)
+    at(s, Tick, T0 + 3)
+    out = done(s, "w1", "t-5", T0 + 3.5)
+    assert [(c.worker, c.keys) for c in of(out, CancelOnWorker)] == [("w2", ("t-5",))]
+    assert tries(s, "t-5") == [("w2", "cancelled", "superseded"), ("w1", "ok", None)]
+    assert s.speculative == {"started": 1, "won": 0, "lost": 1, "failed": 0}
+    late = done(s, "w2", "t-5", T0 + 4)  # the copy's output, had it finished: dropped
+    assert [(c.worker, c.keys) for c in of(late, DropData)] == [("w2", ("t-5",))]
+    assert not s.workers["w2"].copies and "w2" in s.free
+
+
+def test_a_failed_copy_does_not_fail_the_task(make_state: Factory) -> None:
+    s = straggler(make_state)
+    at(s, Tick, T0 + 3)
+    out = done(s, "w2", "t-5", T0 + 3.5, "error", error=ValueError("flaky host"))
+    assert sent(out) == [] and of(out, CancelOnWorker) == []
+    ts = s.tasks["t-5"]
+    assert ts.state == "processing" and ts.worker == "w1" and ts not in s.copies
+    assert tries(s, "t-5") == [("w2", "error", "speculative")]
+    assert ts.retries_left == 0 and s.speculative["failed"] == 1
+    done(s, "w1", "t-5", T0 + 4)
+    assert ts.state == "memory"
+
+
+def test_the_copy_runs_on_when_the_first_tries_worker_is_lost(make_state: Factory) -> None:
+    s = straggler(make_state)
+    at(s, Tick, T0 + 3)
+    out = at(s, WorkerLeft, T0 + 3.5, worker="w1", cause="crash")
+    # No retry: the copy on w2 is the try now (t-4, whose output was on w1, is remade).
+    assert sent(out) == [("w2", "t-4")]
+    ts = s.tasks["t-5"]
+    assert ts.state == "processing" and ts.worker == "w2" and ts not in s.copies
+    assert tries(s, "t-5") == [("w1", "worker-lost", "crash")]
+    out = done(s, "w2", "t-5", T0 + 5)
+    assert [(c.key, c.worker) for c in of(out, KeyDone)] == [("t-5", "w2")]
+
+
+def test_the_first_try_runs_on_when_the_copys_worker_is_lost(make_state: Factory) -> None:
+    s = straggler(make_state)
+    at(s, Tick, T0 + 3)
+    out = at(s, WorkerLeft, T0 + 3.5, worker="w2", cause="crash")
+    assert sent(out) == [] and s.tasks["t-5"].worker == "w1"
+    assert tries(s, "t-5") == [("w2", "worker-lost", "crash")]
+    assert s.tasks["t-5"].lost_tries == 0 and s.speculative["failed"] == 1
+
+
+def test_the_copy_runs_on_when_the_first_try_fails(make_state: Factory) -> None:
+    s = straggler(make_state)
+    at(s, Tick, T0 + 3)
+    out = done(s, "w1", "t-5", T0 + 3.5, "error", error=ValueError("bad node"))
+    assert sent(out) == [] and s.tasks["t-5"].worker == "w2"
+    assert s.tasks["t-5"].state == "processing"
+    done(s, "w2", "t-5", T0 + 5)
+    assert tries(s, "t-5") == [("w1", "error", None), ("w2", "ok", None)]
+    assert s.tasks["t-5"].state == "memory"
+
+
+def test_draining_or_cancelling_ends_the_copies(make_state: Factory) -> None:
+    s = straggler(make_state)
+    at(s, Tick, T0 + 3)
+    out = at(s, WorkerDraining, T0 + 4, worker="w2")
+    assert [(c.worker, c.keys) for c in of(out, CancelOnWorker)] == [("w2", ("t-5",))]
+    assert tries(s, "t-5") == [("w2", "cancelled", "drained")]
+    s = straggler(make_state)
+    at(s, Tick, T0 + 3)
+    out = at(s, CancelRequested, T0 + 4, keys=("t-5",))
+    cancelled = sorted((c.worker, c.keys) for c in of(out, CancelOnWorker))
+    assert cancelled == [("w1", ("t-5",)), ("w2", ("t-5",))]
+    assert s.tasks["t-5"].state == "cancelled" and not s.copies
+
+
+def test_a_copy_lost_with_a_dropped_connection_ends_and_the_first_try_runs_on(
+    make_state: Factory,
+) -> None:
+    s = straggler(make_state)
+    at(s, Tick, T0 + 3)
+    at(s, WorkerJoined, T0 + 4, worker="w2", cores=1, memory=2**30)  # a new connection
+    out = at(s, WorkerHeld, T0 + 4.1, worker="w2", active=frozenset(), held=())
+    assert sent(out) == [] and s.tasks["t-5"].worker == "w1" and not s.copies
+    assert tries(s, "t-5") == [("w2", "cancelled", "lost-in-transit")]
+    assert s.speculative["failed"] == 1
+    assert sent(at(s, Tick, T0 + 5)) == [("w2", "t-5")]  # idle again: a new copy
+
+
+def test_one_copy_per_task_with_more_idle_workers_unless_max_copies(make_state: Factory) -> None:
+    s = straggler(make_state, workers=3)
+    assert sent(at(s, Tick, T0 + 3)) == [("w2", "t-5")]
+    s = straggler(make_state, workers=3, max_copies=2)
+    assert sorted(sent(at(s, Tick, T0 + 3))) == [("w2", "t-5"), ("w3", "t-5")]
+    out = done(s, "w3", "t-5", T0 + 4)
+    cancelled = sorted((c.worker, c.keys) for c in of(out, CancelOnWorker))
+    assert cancelled == [("w1", ("t-5",)), ("w2", ("t-5",))]
+    assert s.speculative == {"started": 2, "won": 1, "lost": 1, "failed": 0}
+
+
+# ----------------------------------------------------------------------------- policies
+
+
+def test_policy_parameters_are_checked() -> None:
+    with pytest.raises(PolicyParamsError, match="factor"):
+        REGISTRY.create("speculation", "idle-tail", {"factor": 0.5})
+    with pytest.raises(PolicyParamsError, match="max_copies"):
+        REGISTRY.create("speculation", "idle-tail", {"max_copies": -1})
+    with pytest.raises(PolicyParamsError, match="min_excess"):
+        REGISTRY.create("speculation", "idle-tail", {"min_excess": float("nan")})
+    assert REGISTRY.names("speculation") == ["idle-tail", "off"]
+
+
+def test_the_counters_are_a_prometheus_counter_by_result() -> None:
+    from runtime.messages import MetricsReply
+    from runtime.metrics import samples
+
+    got = samples(MetricsReply(speculative={"started": 3, "won": 2, "lost": 1, "failed": 0}))
+    counts = {
+        dict(labels)["result"]: n
+        for (name, labels), n in got.items()
+        if name == "corral_speculative_copies_total"
+    }
+    assert counts == {"started": 3, "won": 2, "lost": 1, "failed": 0}
+
+
+def test_the_console_status_counts_the_copies() -> None:
+    import io
+
+    from rich.console import Console
+
+    from runtime.console import render_status
+    from runtime.messages import StatusReply
+
+    def text(st: dict[str, Any]) -> str:
+        buf = io.StringIO()
+        Console(file=buf, width=200, color_system=None).print(render_status(st))
+        return buf.getvalue()
+
+    assert "speculative" not in text(StatusReply().to_dict())
+    st = StatusReply(speculative={"started": 2, "won": 1, "lost": 1, "failed": 0}).to_dict()
+    assert "speculative copies: 2 started, 1 won, 1 lost, 0 failed" in text(st)
+
+
+# ----------------------------------------------------------------------------- a cluster
+
+
+def _tail(i: int, marks: str) -> int:
+    """Takes 0.3 s, but ``tail-5``'s first try (before its marker file exists) is a
+    straggler: it runs until the task is done elsewhere (another try wrote ``done``),
+    at most 60 s: far longer than ten times the others."""
+    import os
+    import time
+
+    first = os.path.join(marks, "first-try")
+    finished = os.path.join(marks, "done")
+    straggles = i == 5 and not os.path.exists(first)
+    if straggles:
+        open(first, "w").close()
+    deadline = time.monotonic() + (60.0 if straggles else 0.3)
+    while time.monotonic() < deadline and not (straggles and os.path.exists(finished)):
+        time.sleep(0.02)
+    if i == 5 and not straggles:
+        open(finished, "w").close()
+    return i
+
+
+@pytest.mark.anyio
+async def test_a_heavy_tailed_task_is_finished_by_its_copy(tmp_path: Path) -> None:
+    from runtime import Cluster
+
+    marks = str(tmp_path)
+    with anyio.fail_after(60):
+        async with Cluster(workers=2) as c:
+            await c.wait_for_workers(2)
+            state = c.scheduler_state
+            warm = [c.submit(_tail, i, marks, key=f"tail-{i}") for i in range(5)]
+            assert await c.gather(warm) == list(range(5))
+            assert state.stats["tail"].count == 5
+            # Its first try straggles; once it has run past the margin over the p90 of
+            # the category (about 0.3 s: past 1.3 s), the idle worker gets a copy.
+            assert await c.submit(_tail, 5, marks, key="tail-5") == 5
+            tries = [(t.worker, t.outcome, t.cause) for t in state.tasks["tail-5"].tries]
+            (first, _, _), (copy, _, _) = tries
+            assert first != copy
+            assert tries == [(first, "cancelled", "superseded"), (copy, "ok", "speculative")]
+            story = [e[2] for e in await c.story("tail-5")]
+            assert f"speculative-copy:{copy}" in story and f"superseded:{first}" in story
+            assert state.tasks["tail-5"].who_has == {copy}
+            spec = (await c.status())["speculative"]
+            assert spec == {"started": 1, "won": 1, "lost": 0, "failed": 0}
+            assert (tmp_path / "done").exists()
