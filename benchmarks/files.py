@@ -25,9 +25,12 @@ monitoring database; the ``consumers-first`` priority (docs/files.md). Measured:
     the same workflow without a loss, with replicas (``replicas-no-loss``) and without
     (``prune-1``). Recomputes: tries that ended ok beyond the first
     of each task (the database's ``tries``); recoveries: ``status()["storage"]``.
-(c) speculative copies of long tasks against none, on a heavy-tailed duration mix:
-    NOT MEASURED HERE YET (speculation is built separately; see the marked place in
-    :func:`main`).
+(c) **tail makespan with speculative copies** (the default policy, ``idle-tail``)
+    against none (``speculation off``), on a heavy-tailed duration mix of independent
+    tasks (:class:`Tail`): log-normal durations, and a seeded share of stragglers whose
+    first try is 20-80x slower (the host is slow, not the work: a later try of the same
+    task runs at its speed). Measured: makespan, and the tail (from the end of the 90th
+    percentile task to the last), with the copies started, won and lost.
 
     python benchmarks/files.py            # 20 datasets x 10 files, 3 workers, seed 1
     python benchmarks/files.py --quick    # small: the test's size
@@ -247,10 +250,102 @@ async def _gone(c: Any, before: set[str]) -> str | None:
     return gone[0] if gone else None
 
 
+# ----------------------------------------------------------------------------- (c) the tail
+
+
+def work(i: int, seconds: float, slow: float, markers: str) -> int:
+    """A task of the heavy-tailed mix. Its first try runs ``slow`` times longer (a
+    straggler's host is slow, not its work): the first try to start takes a marker
+    file; a later try (a speculative copy, a retry) finds it and runs at its speed."""
+    try:
+        os.close(os.open(os.path.join(markers, f"work-{i}"), os.O_CREAT | os.O_EXCL))
+        first = True
+    except FileExistsError:
+        first = False
+    time.sleep(seconds * (slow if first else 1.0))
+    return i * i
+
+
+@dataclasses.dataclass(frozen=True)
+class Tail:
+    """``tasks`` independent tasks of durations drawn from a log-normal (median
+    ``median`` s); a seeded ``stragglers`` share of them has a first try slower by a
+    Pareto-distributed factor (at least ``min_slow``, at most ``max_slow``)."""
+
+    tasks: int = 60
+    seed: int = 1
+    median: float = 0.1
+    stragglers: float = 0.08
+    min_slow: float = 20.0
+    max_slow: float = 80.0
+
+    def mix(self) -> list[tuple[float, float]]:
+        rng = random.Random(self.seed)
+        out = []
+        for _ in range(self.tasks):
+            seconds = min(rng.lognormvariate(0.0, 0.5) * self.median, 4 * self.median)
+            slow = 1.0
+            if rng.random() < self.stragglers:
+                slow = min(self.min_slow * rng.paretovariate(1.5), self.max_slow)
+            out.append((seconds, slow))
+        return out
+
+
+@dataclasses.dataclass
+class TailResult:
+    makespan: float
+    tail: float  #: from the 90th percentile task's end to the last one's
+    speculative: dict[str, int]
+    correct: bool
+
+
+async def run_tail(
+    tail: Tail, *, workers: int = 3, speculation: bool = True, limit: float = 300.0
+) -> TailResult:
+    """Run the heavy-tailed mix once, with the default speculation policy or none."""
+    from runtime import Cluster
+
+    markers = tempfile.mkdtemp(prefix="corral-tail-")
+    mix = tail.mix()
+    graph: dict[Hashable, Any] = {
+        f"work-{i}": (work, i, seconds, slow, markers) for i, (seconds, slow) in enumerate(mix)
+    }
+    keys = list(graph)
+    ends: list[float] = []
+    policies: dict[str, Any] = {"speculation": "idle-tail" if speculation else "off"}
+    with anyio.fail_after(limit):
+        async with Cluster(
+            processes=workers, threads_per_worker=1, policies=policies, disk_per_worker="off"
+        ) as c:
+            await c.wait_for_workers(workers)
+            t0 = time.perf_counter()
+            futures = await c.submit_graph(graph, keys)
+
+            async def one(f: Any) -> Any:
+                value = await f
+                ends.append(time.perf_counter() - t0)
+                return value
+
+            values: list[Any] = [None] * len(futures)
+
+            async def put(i: int, f: Any) -> None:
+                values[i] = await one(f)
+
+            async with anyio.create_task_group() as tg:
+                for i, f in enumerate(futures):
+                    tg.start_soon(put, i, f)
+            makespan = time.perf_counter() - t0
+            speculative = dict((await c.status()).get("speculative", {}))
+    ends.sort()
+    p90 = ends[max(0, int(len(ends) * 0.9) - 1)]
+    correct = values == [i * i for i in range(tail.tasks)]
+    return TailResult(makespan, makespan - p90, speculative, correct)
+
+
 # ----------------------------------------------------------------------------- tables
 
 
-async def measure(wf: Workflow, workers: int) -> dict[str, Any]:
+async def measure(wf: Workflow, workers: int, tail_tasks: int = 60) -> dict[str, Any]:
     rng = random.Random(wf.seed)
     kill_after = rng.randint(wf.n_files * 2 // 5, wf.n_files * 3 // 5)
     kill_seed = rng.randrange(1 << 30)
@@ -262,9 +357,13 @@ async def measure(wf: Workflow, workers: int) -> dict[str, Any]:
         runs[name] = await run_workflow(
             wf, workers=workers, replicas=replicas, kill_after=kill_after, kill_seed=kill_seed
         )
-    # (c) speculative copies vs none on a heavy-tailed mix: to be added here once
-    # speculation is in (issue 13, item 4).
-    return {"runs": runs, "kill_after": kill_after}
+    # (c) speculative copies (the default policy, idle-tail) vs none, heavy-tailed mix
+    mix = Tail(seed=wf.seed, tasks=tail_tasks)
+    tails = {
+        "speculation": await run_tail(mix, workers=workers, speculation=True),
+        "no-speculation": await run_tail(mix, workers=workers, speculation=False),
+    }
+    return {"runs": runs, "kill_after": kill_after, "tails": tails, "tail": mix}
 
 
 def table(wf: Workflow, workers: int, got: dict[str, Any]) -> dict[str, Any]:
@@ -277,7 +376,21 @@ def table(wf: Workflow, workers: int, got: dict[str, Any]) -> dict[str, Any]:
         "workflow": dataclasses.asdict(wf),
         "workers": workers,
         "kill_after_skims": got["kill_after"],
-        "all_correct": all(r.correct for r in runs.values()),
+        "all_correct": all(r.correct for r in runs.values())
+        and all(r.correct for r in got["tails"].values()),
+        "tail_mix": dataclasses.asdict(got["tail"]),
+        "tail_rows": {
+            name: {
+                "makespan_s": round(r.makespan, 2),
+                "tail_s": round(r.tail, 2),
+                "speculative": r.speculative,
+                "correct": r.correct,
+            }
+            for name, r in got["tails"].items()
+        },
+        "tail_ratio": round(
+            got["tails"]["speculation"].makespan / got["tails"]["no-speculation"].makespan, 3
+        ),
         "rows": {
             name: {
                 "makespan_s": round(r.makespan, 2),
@@ -322,12 +435,26 @@ def render(t: dict[str, Any]) -> str:
         f"(b) makespan under loss, replicas / none: {t['makespan_ratio_replicas']:.3f}; "
         f"loss cost over the same without a loss: {t['loss_cost_replicas_s']:+.2f} s with "
         f"replicas, {t['loss_cost_no_replicas_s']:+.2f} s without",
-        "(c) speculative copies vs none: not measured (speculation not built yet)",
     ]
+    mix = t["tail_mix"]
+    lines += [
+        "",
+        f"(c) heavy-tailed mix: {mix['tasks']} independent tasks, log-normal durations "
+        f"(median {mix['median']} s), {mix['stragglers']:.0%} stragglers whose first try "
+        f"is {mix['min_slow']:g}-{mix['max_slow']:g}x slower (Pareto), seed {mix['seed']}",
+        f"{'run':<18}{'makespan s':>11}{'tail s':>8}  speculative copies          correct",
+    ]
+    for name, r in t["tail_rows"].items():
+        spec = ",".join(f"{k}={v}" for k, v in sorted(r["speculative"].items()) if v) or "-"
+        lines.append(f"{name:<18}{r['makespan_s']:>11.2f}{r['tail_s']:>8.2f}  {spec:<26}  "
+                     f"{r['correct']}")  # fmt: skip
+    lines.append(f"(c) makespan, speculation / none: {t['tail_ratio']:.3f} "
+                 "(tail: from the 90th percentile task's end to the last)")  # fmt: skip
     return "\n".join(lines)
 
 
 QUICK = {"datasets": 4, "files": 5, "load_s": 0.05, "skim_s": 0.02, "nbytes": 64 * 1024}
+QUICK_TAIL = 30  #: tasks of the heavy-tailed mix with --quick
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -345,7 +472,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.files:
         sizes["files"] = args.files
     wf = Workflow(seed=args.seed, **sizes)
-    got = anyio.run(measure, wf, args.workers)
+    got = anyio.run(measure, wf, args.workers, QUICK_TAIL if args.quick else 60)
     t = table(wf, args.workers, got)
     print(json.dumps(t, indent=2) if args.json else render(t))
     return 0 if t["all_correct"] else 1

@@ -1,5 +1,6 @@
 """``benchmarks/files.py`` at its ``--quick`` size: every run of the table completes with
-the right sums, the loss really happened, and the table has its rows. The figures
+the right sums (and the heavy-tailed mix its right values, with speculative copies and
+without), the loss really happened, and the table has its rows. The figures
 themselves are for ``benchmarks/README.md``, not asserted here."""
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ async def test_the_quick_table_completes_with_correct_results() -> None:
     bench = load_bench("files")
     wf = bench.Workflow(seed=1, **bench.QUICK)
     with anyio.fail_after(LIMIT):
-        got = await bench.measure(wf, 3)
+        got = await bench.measure(wf, 3, bench.QUICK_TAIL)
     t = bench.table(wf, 3, got)
     assert t["all_correct"]
     assert set(t["rows"]) == {
@@ -38,5 +39,10 @@ async def test_the_quick_table_completes_with_correct_results() -> None:
     # most every file's load and skim once more.
     none = t["rows"]["loss-no-replicas"]
     assert none["recomputes"] <= 2 * wf.n_files + wf.datasets
+    # (c): the heavy-tailed mix is right with speculative copies and without; none is
+    # made with speculation off.
+    assert set(t["tail_rows"]) == {"speculation", "no-speculation"}
+    assert all(r["correct"] for r in t["tail_rows"].values())
+    assert t["tail_rows"]["no-speculation"]["speculative"].get("started", 0) == 0
     text = bench.render(t)
-    assert "(a) peak disk" in text and "(c) speculative copies" in text
+    assert "(a) peak disk" in text and "(c) heavy-tailed mix" in text
