@@ -23,6 +23,7 @@ LIMIT = 150
 KILLS = 2
 
 
+@pytest.mark.timeout(180)  # a backstop: the run is bounded by LIMIT
 @pytest.mark.anyio
 @pytest.mark.parametrize("seed", [1, 2, 3])
 async def test_kill_9_at_random_points_completes_and_recomputes_once_per_loss(

@@ -50,7 +50,7 @@ from tests.helpers import (
 
 __all__ = ["make_state"]
 
-LIMIT = 120
+LIMIT = 100
 
 
 def records(s: SchedulerState, kind: str) -> list[tuple[Any, ...]]:
