@@ -672,11 +672,10 @@ def _replicas(st: SchedulerState) -> ReplicasStatus:
 
 
 def _checkpoints(st: SchedulerState) -> dict[str, int]:
-    held = st.checkpoints.values()
     return {
-        "held": len(held),
-        "held_bytes": sum(len(c[1]) for c in held),
-        **{k: st.checkpoint_counts[k] for k in ("saved", "resumed", "pruned")},
+        "held": len(st.checkpoints),
+        "held_bytes": st.checkpoint_held,
+        **{k: st.checkpoint_counts[k] for k in ("saved", "resumed", "pruned", "refused")},
     }
 
 

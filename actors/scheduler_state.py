@@ -533,6 +533,9 @@ class SchedulerConfig:
     #: how far downstream an output's readers must be done before it is dropped: 1 its
     #: readers, 2 their readers too, ...; 0 never (see docs/files.md#pruning-depth)
     prune_depth: int = 1
+    #: bytes of task checkpoints the scheduler holds at most, over all running tasks;
+    #: a checkpoint past it is refused (the task's previous one stays)
+    checkpoint_bytes: int = 2**30
 
     def __post_init__(self) -> None:
         depth = self.prune_depth
@@ -1028,6 +1031,7 @@ class SchedulerState:
         #: the latest checkpoint of each task that saved one and has not ended,
         #: ``(seq, pickled, worker that saved it)``; dropped when the task ends
         self.checkpoints: dict[Key, tuple[int, bytes, str]] = {}
+        self.checkpoint_held = 0  #: bytes of ``checkpoints``
         #: checkpoints saved, tries started from one (``resumed``), checkpoints dropped
         #: when their task ended (``pruned``)
         self.checkpoint_counts: Counter[str] = Counter()
@@ -1751,7 +1755,8 @@ class SchedulerState:
                 self._upstream_changed(ts)
         ts.state = finish
         self.moves[move] += 1
-        if finish in _ENDED and self.checkpoints.pop(ts.key, None) is not None:
+        if finish in _ENDED and ts.key in self.checkpoints:
+            self.checkpoint_held -= len(self.checkpoints.pop(ts.key)[1])
             self.checkpoint_counts["pruned"] += 1
         queued = _QUEUED_DELTA[move]
         if queued:
@@ -2811,9 +2816,16 @@ class SchedulerState:
         held = self.checkpoints.get(ev.key)
         if held is not None and held[0] >= ev.seq:
             return  # an older one, from a try that lost the race
+        size = len(ev.data)
+        after = self.checkpoint_held + size - (len(held[1]) if held is not None else 0)
+        if after > self.config.checkpoint_bytes:  # the scheduler's memory comes first
+            self.checkpoint_counts["refused"] += 1
+            self._log(ev.key, "checkpoint-refused", f"checkpoint:{ev.seq}:{size}")
+            return
         self.checkpoints[ev.key] = (ev.seq, ev.data, ev.worker)
+        self.checkpoint_held = after
         self.checkpoint_counts["saved"] += 1
-        self._log(ev.key, "checkpoint", f"checkpoint:{ev.seq}:{len(ev.data)}")
+        self._log(ev.key, "checkpoint", f"checkpoint:{ev.seq}:{size}")
 
     def _release_slot(self, ts: TaskState, ws: WorkerState) -> None:
         if ts in ws.processing:
@@ -3055,6 +3067,8 @@ class SchedulerState:
         assert self.by_state == dict(actual), ("state counters", self.by_state, actual)
         for key in self.checkpoints:  # dropped when their task ends
             assert self.tasks[key].state in ACTIVE, ("checkpoint of an ended task", key)
+        held = sum(len(c[1]) for c in self.checkpoints.values())
+        assert self.checkpoint_held == held, ("checkpoint bytes", self.checkpoint_held, held)
         pools = Counter(ts.spec.pool or "*" for ts in self.tasks.values() if ts.state == "queued")
         assert self.queued_by_pool() == dict(pools), ("queue counters", self.queued_counts, pools)
         for key, ts in self.tasks.items():

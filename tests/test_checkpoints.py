@@ -98,6 +98,25 @@ def test_a_failed_task_drops_its_checkpoint(make_state: Factory) -> None:
     assert s.tasks["long-0"].state == "erred" and s.checkpoints == {}
 
 
+def test_past_the_scheduler_s_budget_a_checkpoint_is_refused_and_the_last_stays(
+    make_state: Factory,
+) -> None:
+    one = len(pickle.dumps(b"x" * 100))
+    s = make_state(checkpoint_bytes=2 * one)
+    join(s, "w1", cores=3)
+    submit(s, {"a-0": [], "b-0": [], "c-0": []}, ["a-0", "b-0", "c-0"])
+    saved(s, "w1", "a-0", 1, b"x" * 100)
+    saved(s, "w1", "b-0", 1, b"x" * 100)
+    saved(s, "w1", "a-0", 2, b"y" * 100)  # replaces its own: the total stays
+    saved(s, "w1", "c-0", 1, b"x" * 100)  # a third: past the budget
+    assert set(s.checkpoints) == {"a-0", "b-0"} and s.checkpoint_held == 2 * one
+    assert s.checkpoints["a-0"][0] == 2 and s.checkpoint_counts["refused"] == 1
+    assert ("c-0", "checkpoint-refused") in [e[:2] for e in s.story_log]
+    finish(s, "w1", "a-0")
+    saved(s, "w1", "c-0", 2, b"x" * 100)  # room again
+    assert set(s.checkpoints) == {"b-0", "c-0"} and s.checkpoint_held == 2 * one
+
+
 # ----------------------------------------------------------------------------- the task API
 
 
@@ -127,6 +146,25 @@ def test_bad_calls_get_a_typed_error_that_says_what_to_do() -> None:
     ctx = TaskContext("k", 0, None, None, "runs in a task process; use threads.")
     with running(ctx), pytest.raises(CheckpointError, match="use threads"):
         checkpoint(1)
+
+
+def test_the_console_status_counts_the_checkpoints() -> None:
+    import io
+
+    from rich.console import Console
+
+    from runtime.console import render_status
+    from runtime.messages import StatusReply
+
+    def text(st: dict[str, Any]) -> str:
+        buf = io.StringIO()
+        Console(file=buf, width=200, color_system=None).print(render_status(st))
+        return buf.getvalue()
+
+    assert "checkpoints:" not in text(StatusReply().to_dict())
+    counts = {"held": 1, "held_bytes": 120, "saved": 31, "resumed": 2, "pruned": 0, "refused": 0}
+    st = StatusReply(checkpoints=counts).to_dict()
+    assert "checkpoints: 1 held (120 B), 31 saved, 2 resumed, 0 pruned, 0 refused" in text(st)
 
 
 # ----------------------------------------------------------------------------- processes
@@ -198,7 +236,7 @@ async def test_a_task_killed_twice_redoes_at_most_one_step_per_kill(tmp_path: Pa
     assert len(set(pids)) == 3  # three tries, each on another worker process
     assert {by_pid[p] for p in pids[: steps.index(STEPS - 1)]} >= set(killed)
     assert st["resumed"] == 2 and st["held"] == 0 and st["pruned"] == 1
-    assert st["saved"] >= STEPS
+    assert st["saved"] >= STEPS and st["refused"] == 0 and st["held_bytes"] == 0
 
 
 def checkpoints_once() -> int:
