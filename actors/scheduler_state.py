@@ -2813,6 +2813,8 @@ class SchedulerState:
         ts = self.tasks.get(ev.key)
         if ts is None or ts.state != "processing":
             return  # the task ended (or was cancelled) meanwhile: nothing to resume
+        if ev.worker != ts.worker and ev.worker not in self.copies.get(ts, ()):
+            return  # not a try of this task now (a cancelled copy, or a stray message)
         held = self.checkpoints.get(ev.key)
         if held is not None and held[0] >= ev.seq:
             return  # an older one, from a try that lost the race

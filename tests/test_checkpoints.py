@@ -21,7 +21,7 @@ from typing import Any
 import anyio
 import pytest
 
-from actors.scheduler_state import Execute, SchedulerState, TaskCheckpointed, WorkerLeft
+from actors.scheduler_state import Execute, SchedulerState, TaskCheckpointed, Tick, WorkerLeft
 from runtime import CheckpointError, checkpoint, restore
 from runtime.task import MAX_CHECKPOINT, TaskContext, running
 from tests.helpers import (
@@ -87,6 +87,30 @@ def test_an_older_or_a_late_checkpoint_changes_nothing(make_state: Factory) -> N
     saved(s, "w1", "long-0", 4, "after the end")  # the task is done: nothing to resume
     saved(s, "w1", "other", 1, "unknown key")
     assert s.checkpoints == {} and s.checkpoint_counts["saved"] == 1
+
+
+def test_only_the_worker_running_the_task_can_save_its_checkpoint(make_state: Factory) -> None:
+    s = make_state()
+    join(s, "w1")
+    join(s, "w2")
+    submit(s, {"long-0": []}, ["long-0"])
+    runner = s.tasks["long-0"].worker
+    other = "w2" if runner == "w1" else "w1"
+    saved(s, other, "long-0", 1, "not mine")
+    assert s.checkpoints == {}
+    saved(s, runner or "", "long-0", 1, "mine")
+    assert s.checkpoints["long-0"][2] == runner
+
+
+def test_a_speculative_copy_starts_from_the_latest_checkpoint(make_state: Factory) -> None:
+    from tests.test_speculation import T0, at, straggler
+
+    s = straggler(make_state)  # t-5 runs long on w1, w2 idles
+    run(s, TaskCheckpointed("cp-1", T0 + 1, worker="w1", key="t-5", seq=4, data=b"four"))
+    (copy,) = [t for c in of(at(s, Tick, T0 + 2.1), Execute) if c.worker == "w2" for t in c.tasks]
+    assert copy.key == "t-5" and copy.checkpoint == (4, b"four")
+    run(s, TaskCheckpointed("cp-2", T0 + 3, worker="w2", key="t-5", seq=5, data=b"five"))
+    assert s.checkpoints["t-5"] == (5, b"five", "w2")  # the copy's own, numbered on
 
 
 def test_a_failed_task_drops_its_checkpoint(make_state: Factory) -> None:
