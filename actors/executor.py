@@ -65,6 +65,7 @@ from actors.protocol import TaskResult, ToRun
 from runtime.errors import TaskProcessDied
 from runtime.graph import Key, PickledNode
 from runtime.lifeline import LIFELINE_EXIT_CODE, die_with_parent
+from runtime.task import TaskContext, running
 
 __all__ = ["BaseExecutor", "Executor", "ProcessExecutor", "TaskProcessDied", "rss", "rss_of"]
 
@@ -139,6 +140,8 @@ class BaseExecutor(abc.ABC):
         self._done: Results = []
         self._loop = asyncio.get_running_loop()
         self._cancelled: set[Key] = set()  #: cancelled keys whose try is not delivered
+        #: where a running task's checkpoints go, ``(key, seq, pickled)``, on the loop
+        self.on_checkpoint: Callable[[Key, int, bytes], None] | None = None
 
     @abc.abstractmethod
     def submit(self, task: ToRun, inputs: dict[Key, Any]) -> None:
@@ -171,6 +174,20 @@ class BaseExecutor(abc.ABC):
     def total_rss(self) -> int:
         """RSS of this process plus the executor's task processes, in bytes."""
         return rss() + self.children_rss()
+
+    def _context(self, task: ToRun) -> TaskContext:
+        """The checkpoint context ``task`` runs in (see :mod:`runtime.task`)."""
+        seq, data = task.checkpoint or (0, None)
+        return TaskContext(task.key, seq, data, self._save_checkpoint)
+
+    def _save_checkpoint(self, key: Key, seq: int, data: bytes) -> None:
+        """From a task's thread: hand a checkpoint to the loop (dropped if cancelled)."""
+        with self._lock:
+            if key in self._cancelled:
+                return
+        if self.on_checkpoint is not None:
+            with contextlib.suppress(RuntimeError):  # loop closed: the worker is gone
+                self._loop.call_soon_threadsafe(self.on_checkpoint, key, seq, data)
 
     def _push(self, results: Results) -> None:
         """Hand results over from any thread; the event loop delivers them in a batch."""
@@ -333,7 +350,8 @@ class Executor(BaseExecutor):
             return TaskResult(task.key, "cancelled"), None, before
         start = time.time()
         try:
-            value = task.node(inputs)
+            with running(self._context(task)):
+                value = task.node(inputs)
         except BaseException as exc:
             stop = time.time()
             after = rss()
@@ -467,6 +485,18 @@ def _pack_error(exc: BaseException) -> tuple[list[memoryview], str]:
     return [memoryview(pickle.dumps(substitute, protocol=5))], tb
 
 
+def _no_checkpoints(key: Key) -> TaskContext:
+    return TaskContext(
+        key,
+        0,
+        None,
+        None,
+        f"task {key!r} runs in a task process (execution mode 'process'), where "
+        "checkpoints are not supported: run tasks that checkpoint on workers in thread "
+        "mode (--execution thread, the default).",
+    )
+
+
 def _run_job(key: Key, parts: list[bytearray]) -> tuple[tuple[Any, ...], list[memoryview]]:
     """Run one job in the task process; the reply's header and parts."""
     node_bytes, inputs_bytes, *buffers = parts
@@ -490,7 +520,8 @@ def _run_job(key: Key, parts: list[bytearray]) -> tuple[tuple[Any, ...], list[me
                 "cannot be loaded there; is their module installed on the workers?)"
             )
             raise
-        value = node(inputs)
+        with running(_no_checkpoints(key)):
+            value = node(inputs)
     except BaseException as exc:
         stop = time.time()
         error, tb = _pack_error(exc)

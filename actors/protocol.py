@@ -35,12 +35,14 @@ class ToRun:
     deps: tuple[tuple[Key, tuple[str, ...]], ...]
     producer: bool = False  #: a memory producer: a throttled worker defers it
     dep_nbytes: tuple[int, ...] = ()  #: size of each dependency, as ``deps``
+    #: the task's latest checkpoint from an earlier try, ``(seq, pickled)``, or None
+    checkpoint: tuple[int, bytes] | None = None
 
     def with_pickled_node(self) -> ToRun:
         if isinstance(self.node, PickledNode):
             return self
         node = PickledNode.of(self.key, self.node)
-        return ToRun(self.key, node, self.category, self.deps, self.producer, self.dep_nbytes)
+        return dataclasses.replace(self, node=node)
 
 
 @dataclasses.dataclass(slots=True)  # per task: not frozen (3x cheaper); never mutated

@@ -43,6 +43,7 @@ from actors.scheduler_state import (
     RetireWorker,
     SchedulerConfig,
     SchedulerState,
+    TaskCheckpointed,
     TasksFinished,
     Tick,
     WorkerDraining,
@@ -64,6 +65,7 @@ from runtime.messages import (
     CancelTasks,
     CategoryMetrics,
     CategoryStatus,
+    CheckpointSaved,
     ConfirmHolds,
     CopiesReply,
     CopyFrom,
@@ -327,6 +329,11 @@ class Scheduler(Actor):
         if msg.worker_id in self.workers:
             self._evacuated[msg.worker_id] = tuple(msg.moves)
 
+    @handles(CheckpointSaved)
+    def checkpoint_saved(self, msg: CheckpointSaved) -> None:
+        if msg.worker_id in self.workers:
+            self._handle(TaskCheckpointed(*self._ev(), msg.worker_id, msg.key, msg.seq, msg.data))
+
     @handles(TasksDone)
     def tasks_done(self, msg: TasksDone) -> None:
         if msg.results and msg.worker_id in self.workers:
@@ -404,6 +411,7 @@ class Scheduler(Actor):
             "replicas": _replicas(st),
             "storage": self._storage(),
             "speculative": dict(st.speculative),
+            "checkpoints": _checkpoints(st),
         }
 
     def _storage(self) -> StorageStatus:
@@ -661,6 +669,14 @@ def _replicas(st: SchedulerState) -> ReplicasStatus:
         st.replicas_made, st.replica_bytes, st.replicas_failed, st.recomputes_avoided,
         len(st.replicas),
     )  # fmt: skip
+
+
+def _checkpoints(st: SchedulerState) -> dict[str, int]:
+    return {
+        "held": len(st.checkpoints),
+        "held_bytes": st.checkpoint_held,
+        **{k: st.checkpoint_counts[k] for k in ("saved", "resumed", "pruned", "refused")},
+    }
 
 
 def _life(s: Survival) -> PoolLife:

@@ -179,6 +179,7 @@ __all__ = [
     "RetireWorker",
     "SchedulerConfig",
     "SchedulerState",
+    "TaskCheckpointed",
     "TaskResult",
     "TaskState",
     "TaskStateView",
@@ -247,6 +248,9 @@ TRANSITIONS: frozenset[tuple[str, str]] = frozenset(
     }
 )
 
+
+#: states where a task's checkpoint is of no more use (its try will not be resumed)
+_ENDED: frozenset[str] = frozenset({"memory", "erred", "cancelled"})
 
 #: each allowed transition's index into ``SchedulerState.moves`` (counts of each move)
 _MOVES: dict[tuple[str, str], int] = {m: i for i, m in enumerate(sorted(TRANSITIONS))}
@@ -371,6 +375,18 @@ class WorkerDraining(Event):
     runs have finished. Its outputs stay available to peers until it leaves."""
 
     worker: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TaskCheckpointed(Event):
+    """Running task ``key`` on ``worker`` saved its checkpoint number ``seq``
+    (``data``: pickled). The core keeps the latest per task until the task ends and
+    gives it to the task's next try."""
+
+    worker: str
+    key: Key
+    seq: int
+    data: bytes
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -517,6 +533,9 @@ class SchedulerConfig:
     #: how far downstream an output's readers must be done before it is dropped: 1 its
     #: readers, 2 their readers too, ...; 0 never (see docs/files.md#pruning-depth)
     prune_depth: int = 1
+    #: bytes of task checkpoints the scheduler holds at most, over all running tasks;
+    #: a checkpoint past it is refused (the task's previous one stays)
+    checkpoint_bytes: int = 2**30
 
     def __post_init__(self) -> None:
         depth = self.prune_depth
@@ -1009,6 +1028,13 @@ class SchedulerState:
         self.stalled_since: float | None = None  #: when the watchdog saw a stall begin
         self._flipped: set[str] = set()  #: categories whose class flipped this event
         self.policy_errors = 0  #: policy calls that raised or answered out of bounds
+        #: the latest checkpoint of each task that saved one and has not ended,
+        #: ``(seq, pickled, worker that saved it)``; dropped when the task ends
+        self.checkpoints: dict[Key, tuple[int, bytes, str]] = {}
+        self.checkpoint_held = 0  #: bytes of ``checkpoints``
+        #: checkpoints saved, tries started from one (``resumed``), checkpoints dropped
+        #: when their task ended (``pruned``)
+        self.checkpoint_counts: Counter[str] = Counter()
         self.generation = 0  #: submissions so far
         self.story_log: deque[tuple[Any, ...]] = deque(maxlen=self.config.story_length)
         #: the monitoring feed, kept once a reader asked (:meth:`feed_since`): one
@@ -1729,6 +1755,9 @@ class SchedulerState:
                 self._upstream_changed(ts)
         ts.state = finish
         self.moves[move] += 1
+        if finish in _ENDED and ts.key in self.checkpoints:
+            self.checkpoint_held -= len(self.checkpoints.pop(ts.key)[1])
+            self.checkpoint_counts["pruned"] += 1
         queued = _QUEUED_DELTA[move]
         if queued:
             pool = ts.spec.pool or "*"
@@ -2770,7 +2799,35 @@ class SchedulerState:
         batch = self._execute.get(ws.id)
         if batch is None:
             batch = self._execute[ws.id] = []
-        batch.append(ToRun(ts.key, ts.spec.node, ts.spec.category, deps, ts.producer, sizes))
+        cp = self.checkpoints.get(ts.key)
+        resume = None
+        if cp is not None:
+            resume = cp[:2]
+            self.checkpoint_counts["resumed"] += 1
+            self._log(ts.key, "resume", f"checkpoint:{cp[0]}:{len(cp[1])}")
+        batch.append(
+            ToRun(ts.key, ts.spec.node, ts.spec.category, deps, ts.producer, sizes, resume)
+        )
+
+    def _checkpoint_saved(self, ev: TaskCheckpointed) -> None:
+        ts = self.tasks.get(ev.key)
+        if ts is None or ts.state != "processing":
+            return  # the task ended (or was cancelled) meanwhile: nothing to resume
+        if ev.worker != ts.worker and ev.worker not in self.copies.get(ts, ()):
+            return  # not a try of this task now (a cancelled copy, or a stray message)
+        held = self.checkpoints.get(ev.key)
+        if held is not None and held[0] >= ev.seq:
+            return  # an older one, from a try that lost the race
+        size = len(ev.data)
+        after = self.checkpoint_held + size - (len(held[1]) if held is not None else 0)
+        if after > self.config.checkpoint_bytes:  # the scheduler's memory comes first
+            self.checkpoint_counts["refused"] += 1
+            self._log(ev.key, "checkpoint-refused", f"checkpoint:{ev.seq}:{size}")
+            return
+        self.checkpoints[ev.key] = (ev.seq, ev.data, ev.worker)
+        self.checkpoint_held = after
+        self.checkpoint_counts["saved"] += 1
+        self._log(ev.key, "checkpoint", f"checkpoint:{ev.seq}:{size}")
 
     def _release_slot(self, ts: TaskState, ws: WorkerState) -> None:
         if ts in ws.processing:
@@ -3010,6 +3067,10 @@ class SchedulerState:
         """Check every invariant; raise AssertionError naming the first broken one."""
         actual = Counter(ts.state for ts in self.tasks.values())
         assert self.by_state == dict(actual), ("state counters", self.by_state, actual)
+        for key in self.checkpoints:  # dropped when their task ends
+            assert self.tasks[key].state in ACTIVE, ("checkpoint of an ended task", key)
+        held = sum(len(c[1]) for c in self.checkpoints.values())
+        assert self.checkpoint_held == held, ("checkpoint bytes", self.checkpoint_held, held)
         pools = Counter(ts.spec.pool or "*" for ts in self.tasks.values() if ts.state == "queued")
         assert self.queued_by_pool() == dict(pools), ("queue counters", self.queued_counts, pools)
         for key, ts in self.tasks.items():
@@ -3159,5 +3220,6 @@ _DISPATCH: dict[type, Any] = {
     WorkerDraining: SchedulerState._worker_draining,
     WorkerLeaving: SchedulerState._worker_leaving,
     WorkerMemory: SchedulerState._worker_memory,
+    TaskCheckpointed: SchedulerState._checkpoint_saved,
     Tick: SchedulerState._tick,
 }

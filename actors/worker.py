@@ -51,6 +51,7 @@ from runtime.graph import Key
 from runtime.kernel import Actor, ActorRef, Envelope, Later, Ref, handles, new_causal_id
 from runtime.messages import (
     CancelTasks,
+    CheckpointSaved,
     CloseStream,
     ConfirmHolds,
     CopiesReply,
@@ -243,6 +244,7 @@ class Worker(Actor):
     async def on_start(self) -> None:
         kind = ProcessExecutor if self.memory_config.execution == "process" else Executor
         self.executor = kind(self.nthreads, self.worker_id, self._deliver)
+        self.executor.on_checkpoint = self._checkpoint
         if self.register:
             await self.scheduler.tell(RegisterWorker(self.info, self.ref))
         self.start_soon(self._monitor)
@@ -434,6 +436,10 @@ class Worker(Actor):
     @handles(CancelTasks)
     def cancel_tasks(self, msg: CancelTasks) -> None:
         self._feed(ws.CancelRequested(time.time(), msg.keys))
+
+    def _checkpoint(self, key: Key, seq: int, data: bytes) -> None:
+        """A running task saved a checkpoint: it goes off this worker, to the scheduler."""
+        self.scheduler.post(CheckpointSaved(self.worker_id, key, seq, data))
 
     def _deliver(self, done: list[tuple[TaskResult, Any]]) -> None:
         """Event-loop side of the executor: queue the results as a message to self."""

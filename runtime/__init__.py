@@ -18,6 +18,7 @@ from runtime.errors import (
     ActorStopped,
     AskTimeout,
     CancelledError,
+    CheckpointError,
     CorralError,
     CycleError,
     DependencyFailed,
@@ -29,6 +30,7 @@ from runtime.errors import (
 )
 from runtime.kernel import Actor, ActorRef, ActorSystem, Clock, handles
 from runtime.messages import Message, message
+from runtime.task import checkpoint, restore
 
 if TYPE_CHECKING:
     from runtime.client import Cluster, Future, get
@@ -63,6 +65,7 @@ __all__ = [
     "ActorSystem",
     "AskTimeout",
     "CancelledError",
+    "CheckpointError",
     "Clock",
     "Cluster",
     "CorralError",
@@ -75,7 +78,9 @@ __all__ = [
     "MissingKeysError",
     "UnknownPolicyError",
     "WorkerLost",
+    "checkpoint",
     "get",
     "handles",
     "message",
+    "restore",
 ]

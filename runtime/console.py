@@ -906,6 +906,16 @@ def render_status(st: Mapping[str, Any]) -> RenderableType:
                 f"{spec.get('lost', 0)} lost, {spec.get('failed', 0)} failed"
             )
         )
+    ckpt: dict[str, int] = dict(st.get("checkpoints") or {})
+    if ckpt.get("saved"):
+        parts.append(
+            Text(
+                f"checkpoints: {ckpt.get('held', 0)} held "
+                f"({_bytes(ckpt.get('held_bytes'), zero='0')}), {ckpt['saved']} saved, "
+                f"{ckpt.get('resumed', 0)} resumed, {ckpt.get('pruned', 0)} pruned, "
+                f"{ckpt.get('refused', 0)} refused"
+            )
+        )
 
     pol = Table(title="policies", title_justify="left")
     pol.add_column("kind")

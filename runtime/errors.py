@@ -806,3 +806,15 @@ class PruneDepthError(CorralError, ValueError):
 
 
 __all__ += ["PruneDepthError"]
+
+
+class CheckpointError(CorralError, RuntimeError):
+    """``checkpoint()`` or ``restore()`` was called where it cannot work: outside a
+    running task, in a task run in a separate process, or with a checkpoint too large
+    (``reason`` says which, and what to do)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"{reason} See docs/files.md#checkpoints.", reason=reason)
+
+
+__all__ += ["CheckpointError"]

@@ -264,6 +264,17 @@ class Evacuated(Message):
 
 
 @message(local=True)
+class CheckpointSaved(Message):
+    """Worker -> scheduler: running task ``key`` saved checkpoint number ``seq``,
+    ``data`` (pickled); the scheduler keeps the latest one until the task ends."""
+
+    worker_id: str
+    key: Any
+    seq: int
+    data: bytes
+
+
+@message(local=True)
 class CopyFrom(Message):
     """Leaving worker -> peer (an ask): fetch these outputs from me, ``(key, nbytes)``,
     and keep them; the reply is :class:`CopiesReply`."""
@@ -894,6 +905,9 @@ class StatusReply(Message):
     storage: StorageStatus = dataclasses.field(default_factory=StorageStatus)
     #: speculative copies: ``started``, and those that ended ``won``, ``lost``, ``failed``
     speculative: dict[str, int] = dataclasses.field(default_factory=dict)
+    #: checkpoints (docs/files.md#checkpoints): ``held`` now (and ``held_bytes``), and
+    #: ever ``saved``, ``resumed`` (tries started from one), ``pruned``
+    checkpoints: dict[str, int] = dataclasses.field(default_factory=dict)
     runs: int = 0
     recent_runs: dict[str, int] = dataclasses.field(default_factory=dict)
     wanted_keys: int = 0

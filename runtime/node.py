@@ -73,6 +73,7 @@ from runtime.messages import (
     AlertsRequest,
     CancelKeysRequest,
     CancelRequest,
+    CheckpointSaved,
     ClientGone,
     CloseStream,
     DrainRequest,
@@ -652,7 +653,15 @@ ALLOWED: Mapping[str, frozenset[type[Message]]] = MappingProxyType(
             AlertRuleRemove,
         },
         "worker": frozenset(
-            {TasksDone, WorkerMemoryReport, WorkerGone, WorkerHolds, Leaving, Evacuated}
+            {
+                TasksDone,
+                WorkerMemoryReport,
+                WorkerGone,
+                WorkerHolds,
+                Leaving,
+                Evacuated,
+                CheckpointSaved,
+            }
         ),
     }
 )
