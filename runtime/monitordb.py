@@ -437,6 +437,10 @@ class MonitorRecorder(Actor):
         self._blocks: dict[str, tuple[str, str]] = {}  #: block -> (pool, state)
         self._worker_block: dict[str, str] = {}
         self._alerts: dict[tuple[str, str], tuple[Any, ...]] = {}
+        #: key -> the columns of _TASK after it (category, pool, submitted, ready,
+        #: started, finished, state, worker, tries, duration, output_bytes): what the
+        #: feed said of each task since the last full poll, written then as one row
+        self._tasks: dict[str, list[Any]] = {}
         self._lock = anyio.Lock()
 
     async def on_restart(self) -> None:
@@ -503,6 +507,7 @@ class MonitorRecorder(Actor):
             now = time.time()
             read, capacity = await self._feed(rows, now, full)
             if full:
+                self._flush_tasks(rows)
                 await self._poll_blocks(rows, now)
                 await self._poll_metrics(rows, now)
                 await self._poll_alerts(rows, now)
@@ -543,14 +548,21 @@ class MonitorRecorder(Actor):
                 rows.add("resource", _RESOURCE, (self.run_id, now, wid, *sample))
         return read, last.capacity
 
+    def _flush_tasks(self, rows: _Rows) -> None:
+        """One ``tasks`` row per task touched since the last full poll."""
+        run, tasks = self.run_id, self._tasks
+        if tasks:
+            self._tasks = {}
+            rows.ops.append(("event", _TASK, [(run, k, *t) for k, t in tasks.items()]))
+
     def _events(self, rows: _Rows, reply: MonitorFeedReply) -> int:
-        """Rows for the feed's entries (one per task touched, one per try ended, ...);
-        returns the records read."""
+        """Rows for the feed's entries (one per try ended, worker, ...; what it says
+        of tasks is merged into ``_tasks``, written at the next full poll: a task that
+        changes state several times in an interval is one row write, not one a feed
+        read); returns the records read."""
         run, wall = self.run_id, reply.wall
         n = 0
-        # key -> the columns of _TASK after it: category, pool, submitted, ready,
-        # started, finished, state, worker, tries, duration, output_bytes
-        tasks: dict[str, list[Any]] = {}
+        tasks = self._tasks
 
         def task(k: str, category: str, at: float) -> list[Any]:
             t = tasks.get(k)
@@ -606,8 +618,6 @@ class MonitorRecorder(Actor):
                 elif kind == "recovery":
                     _, key, category, worker, how = rec
                     rows.add("event", _RECOVERY, (run, at, str(key), category, worker, how))
-        for k, t in tasks.items():
-            rows.add("event", _TASK, (run, k, *t))
         return n
 
     async def _poll_blocks(self, rows: _Rows, now: float) -> None:

@@ -12,7 +12,7 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +54,45 @@ def boom(x: int) -> int:
 
 
 # ----------------------------------------------------------------------------- embedded
+
+
+def nap(x: int) -> int:
+    time.sleep(0.4)  # longer than a feed read's period: each task spans several reads
+    return x + 1
+
+
+@pytest.mark.anyio
+async def test_a_task_is_one_row_write_per_interval_however_many_feed_reads_it_spans(
+    tmp_path: Path,
+) -> None:
+    # Triggers count every insert and update of a tasks row the recorder makes.
+    db = tmp_path / "monitoring.db"
+    MonitorWriter(db).close()
+    conn = sqlite3.connect(db)
+    conn.executescript(
+        "CREATE TABLE task_writes (key TEXT);"
+        "CREATE TRIGGER task_ins AFTER INSERT ON tasks BEGIN "
+        "INSERT INTO task_writes VALUES (new.key); END;"
+        "CREATE TRIGGER task_upd AFTER UPDATE ON tasks BEGIN "
+        "INSERT INTO task_writes VALUES (new.key); END;"
+    )
+    conn.close()
+    dsk: dict[Hashable, Any] = {"nap-0": (nap, 0)}
+    dsk.update({f"nap-{i}": (nap, f"nap-{i - 1}") for i in range(1, 4)})
+    with anyio.fail_after(LIMIT):
+        # One full poll at the start, the next one after the run: the tasks' rows are
+        # written once, when the cluster stops.
+        async with Cluster(workers=1, monitoring=db, monitoring_interval=600) as cluster:
+            assert await cluster.compute(dsk, "nap-3") == 4
+            # the tries are written at each feed read, while the run goes
+            await wait_until(
+                lambda: _count(db, "SELECT count(*) FROM tries") == 4, "4 tries", limit=30
+            )
+            assert _count(db, "SELECT count(*) FROM tasks") == 0
+    assert sorted(r[0] for r in _rows(db, "SELECT key FROM task_writes")) == sorted(map(str, dsk))
+    rows = _rows(db, "SELECT state, ready, started, finished, tries FROM tasks")
+    assert len(rows) == 4
+    assert all(s == "memory" and r <= st <= f and t == 1 for s, r, st, f, t in rows)
 
 
 @pytest.mark.anyio
