@@ -10,32 +10,18 @@ themselves are for ``benchmarks/README.md``, not asserted here.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
+from tests.helpers import load_bench
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _load() -> ModuleType:
-    name = "corral_bench_autoscale"
-    module = sys.modules.get(name)
-    if module is not None:
-        return module
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / "autoscale.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up while the class is made
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _load()
+bench = load_bench("autoscale")
 SEED = 1
 
 
