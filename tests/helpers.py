@@ -608,19 +608,23 @@ def slurm_test_lock(conf: str, limit: float = 100.0) -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def load_bench(name: str) -> Any:
-    """The module ``benchmarks/<name>.py`` (the benchmarks are scripts, not a package),
-    loaded once as ``corral_bench_<name>``."""
+def load_script(relpath: str, modname: str) -> Any:
+    """The script at ``relpath`` (from the project's root; benchmarks and the docs'
+    screenshot maker are scripts, not packages), loaded once as ``modname``."""
     import importlib.util
 
-    modname = f"corral_bench_{name}"
     module = sys.modules.get(modname)
     if module is not None:
         return module
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    path = Path(__file__).resolve().parents[1] / relpath
     spec = importlib.util.spec_from_file_location(modname, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[modname] = module  # dataclasses look their module up while it is made
     spec.loader.exec_module(module)
     return module
+
+
+def load_bench(name: str) -> Any:
+    """The module ``benchmarks/<name>.py``, loaded once as ``corral_bench_<name>``."""
+    return load_script(f"benchmarks/{name}.py", f"corral_bench_{name}")

@@ -4,7 +4,6 @@ docs/ of the report of a real demo run, rendered by headless Chromium."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import shutil
@@ -20,6 +19,7 @@ from runtime import Cluster
 from runtime.errors import MonitoringDBError
 from runtime.monitordb import MonitorWriter, open_db
 from runtime.report import SECTIONS, build_report
+from tests.helpers import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 LIMIT = 90
@@ -35,12 +35,7 @@ def fails(x: int) -> int:
 
 def _screenshots() -> ModuleType:
     """docs/images/make_screenshots.py, the script that makes the picture in the docs."""
-    spec = importlib.util.spec_from_file_location(
-        "make_screenshots", ROOT / "docs" / "images" / "make_screenshots.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module: ModuleType = load_script("docs/images/make_screenshots.py", "make_screenshots")
     return module
 
 
