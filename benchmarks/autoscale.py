@@ -47,6 +47,24 @@ and ``corral-warm``, ``parsl-warm``, ``keda-warm``: 4 blocks kept in the scarce 
 from the start (Corral's and Parsl's ``min_blocks`` and ``init_blocks``, KEDA's
 ``minReplicaCount``, under which it neither activates nor scales to zero).
 
+Beside them, by default and with ``--systems all``, two clairvoyant rows that no real
+scaler can beat: they know every job (arrival, pool, duration) and every block's
+provisioning delay in advance. ``oracle`` keeps every block a pool allows
+(``max_blocks``) from its first job's arrival to its last job's end, each requested
+exactly early enough to be up at that arrival. Its waits are the *FIFO bound*
+(:func:`fifo_bound`): with FIFO dispatch per pool and never more than ``max_blocks``
+runners at work, no job can start sooner than when every allowed runner is up all the
+time from the shortest provisioning delay on (a job starts at the earliest of its
+arrival and its FIFO turn on those runners; fewer runners up, or a job cut and run
+again, only move every later start later). ``oracle-budget`` reaches the same waits with
+as few blocks as the bound's schedule keeps busy: each requested exactly early enough
+for the job it is for, released as soon as idle unless a job needs it before another
+block could come up. Both skip a block they know will be stuck (asked for and cancelled
+at once, no worker-time). The run checks that no job of any system waited less than the
+bound allows (an error otherwise) and counts the oracles' jobs that waited longer (0:
+the row is the bound). The bound holds for FIFO dispatch only: a queue that starts a
+scarce pool's short jobs first would beat it, with any autoscaler (see the README).
+
 Measured per run: p95 and max queue wait (a job's time from ready to start, summed over
 its tries if it was cut), worker-hours (each block from its request to its end, so
 provisioning time is billed, for all three alike: a cloud VM bills while it boots; the
@@ -64,6 +82,7 @@ same delay in all three).
 from __future__ import annotations
 
 import argparse
+import bisect
 import dataclasses
 import heapq
 import itertools
@@ -118,6 +137,9 @@ EXTRA = ("corral-noalert", "corral-hold", "corral-floor")
 #: (``forecast = 0.9``), and each system with :data:`WARM` blocks kept in the scarce pool
 #: (Corral's and Parsl's ``min_blocks``, KEDA's ``minReplicaCount``)
 KNOBS = ("corral-forecast", "corral-warm", "parsl-warm", "keda-warm")
+#: the clairvoyant rows (by default too): every block allowed all the time, and the
+#: bound's schedule with as few blocks as it needs
+ORACLES = ("oracle", "oracle-budget")
 #: the blocks the ``-warm`` rows keep per pool at least
 WARM: dict[str, int] = {"gpu": 4}
 #: the ``demand`` strategy's parameters in the ``corral-forecast`` row
@@ -160,6 +182,8 @@ class Settings:
     hpa_tolerance: float = 0.1
     hpa_down_window: float = 300.0
     grace: float = 30.0  #: terminationGracePeriodSeconds
+    # the clairvoyant rows
+    oracle_tick: float = 1.0  #: seconds between their looks at the pools
     tail: float = 4 * HOUR  #: after the last arrival, the most the run goes on
 
 
@@ -695,6 +719,114 @@ class KedaQueue(Scaler):
                 self.c.delete(b)
 
 
+# ----------------------------------------------------------------------------- the oracle
+
+
+def fifo_bound(s: Settings, jobs: Sequence[Job]) -> dict[int, float]:
+    """Each job's earliest possible start, by job id: FIFO dispatch per pool on every
+    runner the pool allows (``max_blocks``), all up from the shortest provisioning delay
+    on. No system in this simulation can start a job sooner: no block comes up before
+    that delay, none dispatches out of arrival order (a job cut goes back to the front),
+    and fewer runners up or a job run twice only make every later start later."""
+    shortest = min(s.provisioning[0], s.stuck_delay[0]) if s.stuck_share else s.provisioning[0]
+    starts: dict[int, float] = {}
+    for p in s.pools:
+        free = [shortest] * p.max_blocks  # when each runner is next free
+        for job in sorted((j for j in jobs if j.pool == p.name), key=lambda j: (j.ready, j.jid)):
+            starts[job.jid] = start = max(job.ready, heapq.heappop(free))
+            heapq.heappush(free, start + job.duration)
+    return starts
+
+
+class Oracle(Scaler):
+    """Clairvoyant: knows every job and every block's provisioning delay (the same
+    :class:`Delays` the cluster draws from) and keeps, at each moment, the runners a
+    *need* asks for up: ``every_block``, all of a pool's ``max_blocks`` from its first
+    arrival to its last job's end; otherwise the runners the :func:`fifo_bound` schedule
+    keeps busy. It asks for a block at the last look (every ``oracle_tick``) from which
+    the next blocks' delays still bring them up in time, skips a block it knows will be
+    stuck (asked for and cancelled at once), and releases an idle block when the need
+    can do without it until a new block could come up."""
+
+    def __init__(self, cluster: Cluster, every_block: bool) -> None:
+        s = cluster.s
+        self.c = cluster
+        self.name = "oracle" if every_block else "oracle-budget"
+        self.period = s.oracle_tick
+        self.stuck = 0  #: blocks known to be stuck: asked for and cancelled at once
+        starts = fifo_bound(s, cluster.jobs)
+        #: per pool: the times the need changes, and the runners it asks for from each on
+        self.need: dict[str, tuple[list[float], list[int]]] = {}
+        for p in s.pools:
+            jobs = [j for j in cluster.jobs if j.pool == p.name]
+            steps: dict[float, int] = {}
+            if every_block and jobs:
+                last = max(starts[j.jid] + j.duration for j in jobs)
+                steps = {min(j.ready for j in jobs): p.max_blocks, last: -p.max_blocks}
+            elif not every_block:
+                for j in jobs:
+                    start = starts[j.jid]
+                    steps[start] = steps.get(start, 0) + 1
+                    steps[start + j.duration] = steps.get(start + j.duration, 0) - 1
+            times = sorted(steps)
+            self.need[p.name] = (times, list(itertools.accumulate(steps[t] for t in times)))
+
+    def tick(self, now: float) -> None:
+        for p in self.c.s.pools:
+            blocks = self.c.blocks(p.name)
+            ups = sorted(b.up_at for b in blocks)
+            for b in sorted(blocks, key=lambda b: b.bid, reverse=True):
+                if b.ran is None or b.job is not None:
+                    continue
+                rest = list(ups)
+                rest.remove(b.up_at)
+                if not self.in_time(p.name, now, rest):
+                    break  # the idle blocks are alike: none can go
+                self.c.cancel(b)
+                ups = rest
+            while len(ups) < p.max_blocks and not self.in_time(p.name, now, ups):
+                ups = sorted([*ups, self.request(p.name).up_at])
+
+    def in_time(self, pool: str, now: float, ups: list[float]) -> bool:
+        """Whether blocks asked for at the next look come up in time for what the need
+        asks beyond the blocks up or coming up at ``ups`` (sorted)."""
+        late = self.short(pool, now, ups)
+        nexts = sorted(now + self.period + d for d in self.upcoming(pool, len(late)))
+        return all(up <= by for up, by in zip(nexts, late, strict=True))
+
+    def short(self, pool: str, now: float, ups: list[float]) -> list[float]:
+        """By when the need asks for a first, second, ... block more than ``ups``, up to
+        the last moment a block asked for at the next look could be for."""
+        times, levels = self.need[pool]
+        horizon = now + self.period + self.c.s.provisioning[1]
+        i = max(bisect.bisect_right(times, now) - 1, 0)
+        out: list[float] = []
+        while i < len(times) and times[i] <= horizon:
+            by = max(times[i], now)
+            out.extend([by] * (levels[i] - bisect.bisect_right(ups, by) - len(out)))
+            i += 1
+        return out
+
+    def upcoming(self, pool: str, n: int) -> list[float]:
+        """The delays of the next ``n`` blocks the pool would get, stuck ones skipped."""
+        out: list[float] = []
+        k = self.c.asked[pool]
+        while len(out) < n:
+            delay, stuck = self.c.delays(pool, k)
+            k += 1
+            if not stuck:
+                out.append(delay)
+        return out
+
+    def request(self, pool: str) -> Block:
+        while True:
+            b = self.c.request(pool)
+            if not b.stuck:
+                return b
+            self.c.cancel(b)
+            self.stuck += 1
+
+
 FACTORIES: dict[str, Callable[[Cluster], Scaler]] = {
     "corral": CorralScaler,
     "parsl": ParslSimple,
@@ -706,6 +838,8 @@ FACTORIES: dict[str, Callable[[Cluster], Scaler]] = {
     "corral-warm": lambda c: CorralScaler(c, floor=WARM),
     "parsl-warm": lambda c: ParslSimple(c, floor=WARM),
     "keda-warm": lambda c: KedaQueue(c, floor=WARM),
+    "oracle": lambda c: Oracle(c, every_block=True),
+    "oracle-budget": lambda c: Oracle(c, every_block=False),
 }
 
 
@@ -730,6 +864,7 @@ class Result:
     stuck_replaced: int
     alerts_fired: int
     scale_outs: int  #: the alert rule's scale-out actions
+    over_bound: int  #: jobs that waited longer than the FIFO bound allows (0: the bound)
     wall: float  #: seconds the simulation took
 
 
@@ -749,6 +884,10 @@ def simulate(system: str, s: Settings, seed: int, scenario: str = "healthy") -> 
     scaler = FACTORIES[system](cluster)
     cluster.run(scaler)
     done = [j for j in jobs if j.finished is not None]
+    bound = fifo_bound(s, jobs)
+    below = [j.jid for j in done if j.waited < bound[j.jid] - j.ready - 1e-6]
+    if below:
+        raise AssertionError(f"{system}, seed {seed}: jobs {below} waited less than the bound")
     waits = [j.waited for j in done]
     by_pool = {p.name: p95([j.waited for j in done if j.pool == p.name]) for p in s.pools}
     blocks = cluster.ended
@@ -762,13 +901,15 @@ def simulate(system: str, s: Settings, seed: int, scenario: str = "healthy") -> 
         makespan=last - first, blocks=len(blocks),
         jobs_cut=sum(j.cut for j in jobs), busy_stops=cluster.busy_stops,
         stuck_replaced=getattr(scaler, "stuck", 0), alerts_fired=getattr(scaler, "fired", 0),
-        scale_outs=getattr(scaler, "scale_outs", 0), wall=time.perf_counter() - t0,
+        scale_outs=getattr(scaler, "scale_outs", 0),
+        over_bound=sum(1 for j in done if j.waited > bound[j.jid] - j.ready + 1e-6),
+        wall=time.perf_counter() - t0,
     )  # fmt: skip
 
 
-def ratios(runs: dict[str, Result]) -> dict[str, float]:
-    """Corral's figure over the best peer's (the lower of the two), per figure."""
-    c = runs["corral"]
+def ratios(runs: dict[str, Result], system: str = "corral") -> dict[str, float]:
+    """``system``'s figure over the best peer's (the lower of the two), per figure."""
+    c = runs[system]
 
     def best(get: Callable[[Result], float]) -> float:
         peer = min(get(runs[p]) for p in PEERS)
@@ -805,7 +946,7 @@ def table(scenario: str, per_seed: list[dict[str, Result]]) -> str:
     seeds = ", ".join(str(runs["corral"].seed) for runs in per_seed)
     jobs = sum(runs["corral"].jobs for runs in per_seed) / n
     width = 12
-    systems = [name for name in (*SYSTEMS, *EXTRA, *KNOBS) if name in per_seed[0]]
+    systems = [name for name in (*SYSTEMS, *EXTRA, *KNOBS, *ORACLES) if name in per_seed[0]]
     lines = [
         f"scenario {scenario}: seeds {seeds}, {jobs:.0f} jobs per seed on average; "
         "waits in minutes",
@@ -817,8 +958,12 @@ def table(scenario: str, per_seed: list[dict[str, Result]]) -> str:
             for _, get, fmt in COLUMNS
         )
         lines.append(f"{system:15}{cells}")
-    rs = [ratios(runs) for runs in per_seed]
-    avg = {k: sum(r[k] for r in rs) / n for k in rs[0]}
+
+    def mean_ratios(system: str) -> dict[str, float]:
+        rs = [ratios(runs, system) for runs in per_seed]
+        return {k: sum(r[k] for r in rs) / n for k in rs[0]}
+
+    avg = mean_ratios("corral")
     lines.append(
         "corral / best peer (mean over seeds): "
         + ", ".join(f"{k} {v:.2f}x" for k, v in avg.items())
@@ -828,6 +973,24 @@ def table(scenario: str, per_seed: list[dict[str, Result]]) -> str:
         "target (p95 wait <= 0.5x the best peer's at <= 1.0x its worker-hours): "
         + ("MET" if met else "NOT MET")
     )
+    for system in (o for o in ORACLES if o in per_seed[0]):
+        r = mean_ratios(system)
+        off = sum(runs[system].over_bound for runs in per_seed)
+        lines.append(
+            f"{system} / best peer: p95_wait {r['p95_wait']:.2f}x, worker_hours "
+            f"{r['worker_hours']:.2f}x; jobs waiting longer than the FIFO bound: {off}"
+        )
+    if "oracle" in per_seed[0]:
+        bound = mean_ratios("oracle")["p95_wait"]
+        verdict = (
+            "rules out 0.5x for every scaler"
+            if bound > 0.5
+            else "does not rule out 0.5x (a scaler that knew the arrivals would reach it)"
+        )
+        lines.append(
+            "the FIFO bound (oracle's p95: no scaler beats it within max_blocks) is "
+            f"{bound:.2f}x the best peer's p95: it {verdict}"
+        )
     return "\n".join(lines)
 
 
@@ -854,7 +1017,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )  # fmt: skip
     ap.add_argument(
         "--systems", choices=["three", "all"], default="three",
-        help="all: also corral-noalert (no alert rule), corral-hold (scale-outs raise the "
+        help="three: corral, parsl and keda, beside the clairvoyant oracle and oracle-budget; "
+        "all: also corral-noalert (no alert rule), corral-hold (scale-outs raise the "
         "target for the cooldown), corral-floor (the rule without restore), corral-forecast "
         "(the demand strategy's forecast = 0.9) and corral-, parsl- and keda-warm (4 blocks "
         "kept in pool gpu: min_blocks, minReplicaCount)",
@@ -868,7 +1032,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     s = QUICK if args.quick else FULL
     if args.max_idletime is not None:
         s = dataclasses.replace(s, max_idletime=args.max_idletime)
-    systems = SYSTEMS if args.systems == "three" else (*SYSTEMS, *EXTRA, *KNOBS)
+    systems = (
+        (*SYSTEMS, *ORACLES) if args.systems == "three" else (*SYSTEMS, *EXTRA, *KNOBS, *ORACLES)
+    )
     if args.seed is not None:
         seeds: list[int] = [args.seed]
     else:
@@ -880,6 +1046,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         out = {
             sc: [
                 {"seed": runs["corral"].seed, "ratios": ratios(runs),
+                 **({"oracle_ratios": ratios(runs, "oracle")} if "oracle" in runs else {}),
                  **{k: dataclasses.asdict(v) for k, v in runs.items()}}
                 for runs in per_seed
             ]

@@ -3,14 +3,17 @@ figures are.
 
 The three systems (Corral's autoscaler core with the ``demand`` strategy, Parsl's
 ``simple`` strategy, a KEDA-style queue-length scaler) run on the same jobs and the
-same provisioning delays with a virtual clock. Every job must finish; Corral never
-stops a block that runs a job; the table has one row per system. The figures
-themselves are for ``benchmarks/README.md``, not asserted here.
+same provisioning delays with a virtual clock, beside every knob row and the two
+clairvoyant rows. Every job must finish; Corral never stops a block that runs a job;
+the table has one row per system; no system beats the clairvoyant ``oracle``, which
+waits exactly the FIFO bound. The other figures are for ``benchmarks/README.md``, not
+asserted here.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +30,8 @@ SEED = 1
 
 @pytest.fixture(scope="module")
 def runs() -> dict[str, Any]:
-    out: dict[str, Any] = bench.run_all(bench.QUICK, [SEED], list(bench.SCENARIOS))
+    systems = (*bench.SYSTEMS, *bench.EXTRA, *bench.KNOBS, *bench.ORACLES)
+    out: dict[str, Any] = bench.run_all(bench.QUICK, [SEED], list(bench.SCENARIOS), systems)
     return out
 
 
@@ -35,7 +39,7 @@ def test_every_job_finishes_and_corral_never_stops_a_busy_block(runs: dict[str, 
     jobs = len(bench.make_jobs(bench.QUICK, SEED))
     assert jobs > 50
     for scenario, (per_system,) in runs.items():
-        assert set(per_system) == {"corral", "parsl", "keda"}
+        assert {"corral", "parsl", "keda", "oracle", "oracle-budget"} <= set(per_system)
         for system, res in per_system.items():
             assert (res.jobs, res.unfinished) == (jobs, 0), (scenario, system)
             assert res.worker_hours > 0 and res.p95_wait <= res.max_wait, (scenario, system)
@@ -84,12 +88,17 @@ def test_the_table_has_one_row_per_system(capsys: pytest.CaptureFixture[str]) ->
     assert bench.main(["--quick", "--scenario", "stuck"]) == 0
     out = capsys.readouterr().out
     rows = [line.split() for line in out.splitlines()]
-    systems = [r[0] for r in rows if len(r) == len(bench.COLUMNS) + 1 and r[0] in bench.SYSTEMS]
-    assert systems == ["corral", "parsl", "keda"]
+    systems = [r[0] for r in rows if len(r) == len(bench.COLUMNS) + 1 and r[0] in bench.FACTORIES]
+    assert systems == ["corral", "parsl", "keda", "oracle", "oracle-budget"]
     assert "corral / best peer" in out and "target" in out
+    assert "oracle / best peer" in out
+    assert re.search(r"the FIFO bound .* it (rules out|does not rule out) 0\.5x", out)
     assert bench.main(["--quick", "--json", "--scenario", "healthy"]) == 0
     (run,) = json.loads(capsys.readouterr().out)["healthy"]
     assert set(run["ratios"]) == {"p95_wait", "max_wait", "worker_hours", "makespan"}
+    assert run["oracle_ratios"]["p95_wait"] == pytest.approx(
+        run["oracle"]["p95_wait"] / min(run["parsl"]["p95_wait"], run["keda"]["p95_wait"])
+    )
     assert run["corral"]["unfinished"] == run["parsl"]["unfinished"] == 0
 
 
@@ -107,3 +116,50 @@ def test_the_knob_rows_run_with_their_knobs() -> None:
         at_start = [b for b in cluster.ended if b.pool == "gpu" and b.requested == 0.0]
         assert len(at_start) == (4 if system.endswith("-warm") else 0), system
     assert jobs > 50
+
+
+def test_no_system_beats_the_oracle(runs: dict[str, Any]) -> None:
+    """The clairvoyant rows wait exactly the FIFO bound, job by job, and no system waits
+    less at the 95th percentile (nor at the worst) than ``oracle``; ``oracle-budget``
+    gets the same waits for no more worker-hours than the cheaper peer."""
+    for scenario, (per_system,) in runs.items():
+        oracle, budget = per_system["oracle"], per_system["oracle-budget"]
+        assert oracle.over_bound == budget.over_bound == 0, scenario
+        assert (budget.p95_wait, budget.max_wait) == (oracle.p95_wait, oracle.max_wait)
+        for system, res in per_system.items():
+            assert oracle.p95_wait <= res.p95_wait, (scenario, system)
+            assert oracle.max_wait <= res.max_wait, (scenario, system)
+            for pool, wait in res.p95_wait_by_pool.items():
+                assert oracle.p95_wait_by_pool[pool] <= wait, (scenario, system, pool)
+        peers = min(per_system[p].worker_hours for p in bench.PEERS)
+        assert budget.worker_hours <= peers < oracle.worker_hours, scenario
+        assert oracle.busy_stops == budget.busy_stops == 0, scenario
+    # It knows which blocks will be stuck and skips them; in the healthy run none is.
+    assert runs["healthy"][0]["oracle"].stuck_replaced == 0
+    assert runs["stuck"][0]["oracle"].stuck_replaced > 0
+
+
+class TwiceTheBlocks:
+    """A scaler (what the simulation asks of one) that breaks the pools' ``max_blocks``:
+    twice that many blocks, kept from the start."""
+
+    name, period = "twice", 60.0
+
+    def __init__(self, cluster: Any) -> None:
+        for p in cluster.s.pools:
+            for _ in range(2 * p.max_blocks):
+                cluster.request(p.name)
+
+    def tick(self, now: float) -> None:
+        pass
+
+    def on_running(self, block: Any) -> None:
+        pass
+
+
+def test_a_run_that_beats_the_bound_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bound holds only within ``max_blocks``: a scaler that breaks it makes some
+    job wait less than the bound, and the run says so instead of printing a table."""
+    monkeypatch.setitem(bench.FACTORIES, "twice", TwiceTheBlocks)
+    with pytest.raises(AssertionError, match="waited less than the bound"):
+        bench.simulate("twice", bench.QUICK, SEED)
