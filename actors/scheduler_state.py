@@ -593,7 +593,8 @@ class Checkpoint:
     """One checkpoint of a running task in the registry: number ``seq``, ``nbytes``,
     saved by worker ``owner``; ``data`` its bytes when the scheduler holds them;
     ``holders`` the workers whose disk has its file (the owner, peers' copies);
-    ``copying`` the peer asked to copy it (since ``copy_sent``), "" when none."""
+    ``copying`` the peer asked to copy it (from ``copy_source``, since ``copy_sent``),
+    "" when none."""
 
     seq: int
     nbytes: int
@@ -601,6 +602,7 @@ class Checkpoint:
     data: bytes | None = None
     holders: set[str] = dataclasses.field(default_factory=set)
     copying: str = ""
+    copy_source: str = ""
     copy_sent: float | None = None
 
     @property
@@ -1682,6 +1684,8 @@ class SchedulerState:
             self._out.append(Evacuate(self._stimulus, ev.worker, ()))
             return
         self.storage.leaving(ws.id, self._now)
+        if self.checkpoints:  # copies of the checkpoints only its disk holds
+            self._checkpoints_off(ws.id)
         if not ws.leaving:
             # No new tasks, and nothing to retire: it leaves by itself.
             ws.draining = ws.leaving = True
@@ -2926,16 +2930,17 @@ class SchedulerState:
         self._prune_checkpoints(ev.key)
 
     def _copy_checkpoint(self, key: Key, cp: Checkpoint) -> None:
-        """Ask a peer of ``cp``'s owner (same pool, not going, disk room for it; the
-        most room first) to copy it; none: it stays on its owner's disk only."""
-        owner = self.workers.get(cp.owner)
-        if owner is None:
+        """Ask a peer of a worker holding ``cp`` (its owner first; same pool, not
+        going, disk room for it; the most room first) to copy it from there; none: it
+        stays where it is."""
+        source = self.workers.get(cp.owner if cp.owner in cp.holders else min(cp.holders))
+        if source is None:
             return
         peers = [
             w
             for w in self.workers.values()
             if w.id not in cp.holders
-            and w.pool == owner.pool
+            and w.pool == source.pool
             and not w.draining
             and not w.leaving
             and _disk_free(w) >= cp.nbytes
@@ -2944,9 +2949,17 @@ class SchedulerState:
             self._log(key, "checkpoint-uncopied", f"checkpoint:{cp.seq}:{cp.nbytes}")
             return
         peer = max(peers, key=lambda w: (_disk_free(w), w.id))
-        cp.copying, cp.copy_sent = peer.id, self._now
+        cp.copying, cp.copy_source, cp.copy_sent = peer.id, source.id, self._now
         self.checkpoint_workers.setdefault(key, set()).add(peer.id)
-        self._out.append(CopyCheckpoint(self._stimulus, peer.id, cp.owner, key, cp.seq, cp.nbytes))
+        self._out.append(CopyCheckpoint(self._stimulus, peer.id, source.id, key, cp.seq, cp.nbytes))
+
+    def _checkpoints_off(self, wid: str) -> None:
+        """``wid`` is leaving: have the checkpoints only its disk holds copied to a peer
+        while it still serves them (within its grace)."""
+        for key, cps in self.checkpoints.items():
+            for c in cps:
+                if c.data is None and c.holders == {wid} and not c.copying:
+                    self._copy_checkpoint(key, c)
 
     def _checkpoint_copied(self, ev: CheckpointCopied) -> None:
         cp = next((c for c in self.checkpoints.get(ev.key, ()) if c.seq == ev.seq), None)
@@ -2963,7 +2976,7 @@ class SchedulerState:
         cp.holders.add(ev.worker)
         self.checkpoint_counts["copied"] += 1
         took = self._now - cp.copy_sent if cp.copy_sent is not None else None
-        self._moved("checkpoint", ev.key, cp.nbytes, cp.owner, ev.worker, took)
+        self._moved("checkpoint", ev.key, cp.nbytes, cp.copy_source, ev.worker, took)
         self._log(ev.key, "checkpoint-copied", f"checkpoint:{ev.seq}:{ev.worker}")
         self._prune_checkpoints(ev.key)
 

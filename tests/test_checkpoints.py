@@ -34,6 +34,7 @@ from actors.scheduler_state import (
     TaskCheckpointed,
     Tick,
     WorkerJoined,
+    WorkerLeaving,
     WorkerLeft,
     WorkerMemory,
 )
@@ -253,6 +254,20 @@ def test_a_checkpoint_on_a_lost_worker_only_is_lost_and_the_retry_starts_over(
     retry = sent_to(run(s, event(WorkerLeft, worker="w1", cause="crash")), "long-0")
     assert retry.checkpoint is None and s.checkpoints == {}
     assert s.checkpoint_counts["lost"] == 1
+
+
+def test_a_leaving_worker_s_only_copies_go_to_a_peer_within_its_grace(
+    make_state: Factory,
+) -> None:
+    s = running_on_w1(make_state)
+    saved_large(s, "w1", "long-0", 1, 20 * MB)  # no peer yet: on w1 only
+    join_disk(s, "w2", 100 * MB)
+    cmds = run(s, event(WorkerLeaving, worker="w1", cause="preempted"))
+    (copy,) = of(cmds, CopyCheckpoint)
+    assert (copy.worker, copy.source, copy.key, copy.seq) == ("w2", "w1", "long-0", 1)
+    copied(s, "w2", "long-0", 1)
+    retry = sent_to(run(s, event(WorkerLeft, worker="w1", cause="preempted")), "long-0")
+    assert retry.checkpoint == (1, None, "w2", 20 * MB) and s.checkpoint_counts["lost"] == 0
 
 
 # ----------------------------------------------------------------------------- the task API
