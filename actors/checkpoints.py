@@ -92,6 +92,20 @@ class CheckpointFiles:
         with self._lock:
             self.nbytes -= self._reserved.pop((key, seq), 0)
 
+    @property
+    def pending(self) -> bool:
+        """Whether room is reserved for a file not written yet."""
+        return bool(self._reserved)
+
+    def settle(self, key: Any) -> None:
+        """A try of ``key`` ended: room still reserved for it (a task process killed
+        between its reservation and its file) comes back, its partial file goes."""
+        with self._lock:
+            for item in [item for item in self._reserved if item[0] == key]:
+                self.nbytes -= self._reserved.pop(item)
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(self.directory, checkpoint_name(*item)) + ".tmp")
+
     def commit(self, key: Any, seq: int, path: str, nbytes: int) -> None:
         """The file of ``(key, seq)`` is in place (its room was reserved, or is taken now)."""
         with self._lock:

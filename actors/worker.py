@@ -591,6 +591,9 @@ class Worker(Actor):
     def finished(self, msg: _Finished) -> None:
         cfg, governor = self.memory_config, self.state.governor
         results = msg.results
+        if self.checkpoints.pending:  # a try killed mid-checkpoint: its room comes back
+            for res, _ in results:
+                self.checkpoints.settle(res.key)
         if cfg.spill is not None and governor.rss >= cfg.at(cfg.spill):
             results = self._write_outputs(results)  # memory is past its spill fence
         written = set(self._written)

@@ -357,6 +357,10 @@ def test_the_worker_s_table_counts_reserved_and_written_files_in_one_budget(
     assert files.reserve("k", 2, 300) is None
     files.release("k", 2)  # its write failed
     assert files.nbytes == 600
+    assert files.reserve("k", 3, 100) is None and files.pending
+    Path(path.replace("-1.ckpt", "-3.ckpt.tmp")).write_bytes(b"partial")
+    files.settle("k")  # its try ended (a task process killed mid-write)
+    assert files.nbytes == 600 and not files.pending and not list(tmp_path.rglob("*.tmp"))
     assert files.drop("k") == 600 and not os.path.exists(path) and files.nbytes == 0
     directory = files.directory
     files.close()
