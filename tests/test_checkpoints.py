@@ -565,19 +565,26 @@ def big_state(log: str) -> tuple[str, int, bool, int]:
 @pytest.mark.anyio
 @pytest.mark.timeout(LIMIT + 30)
 async def test_a_large_checkpoint_copied_to_a_peer_outlives_its_worker(tmp_path: Path) -> None:
+    """The task needs 2 cores: it runs on w-a or w-c. Its 6 MiB checkpoint is copied to
+    the peer with the most disk, w-b (1 core). Its worker killed, the retry runs on the
+    other 2-core worker, which fetches the file from w-b before it starts."""
     from runtime import Cluster
 
     log = tmp_path / "saved"
+    shapes = {"w-a": ("2", "200MiB"), "w-b": ("1", "500MiB"), "w-c": ("2", "200MiB")}
     with Cli(tmp_path / "home") as cli, anyio.fail_after(LIMIT):
         _, address = cli.manager()
         procs = {
-            name: cli.worker(address, "--name", name, "--spill-dir", str(tmp_path / name))
-            for name in ("w-a", "w-b", "w-c")
-        }
+            name: cli.worker(address, "--name", name, "--spill-dir", str(tmp_path / name),
+                             "--cores", cores, "--disk", disk)
+            for name, (cores, disk) in shapes.items()
+        }  # fmt: skip
         by_pid = {p.pid: name for name, p in procs.items()}
         async with Cluster(address) as c:
             await c.wait_for_workers(3)
-            (x,) = await c.submit_graph({"big-0": (big_state, str(log))}, ["big-0"])
+            (x,) = await c.submit_graph(
+                {"big-0": (big_state, str(log))}, ["big-0"], resources={"cores": 2}
+            )
 
             async def copied() -> bool:
                 return bool((await c.status())["checkpoints"]["copied"] >= 1)
@@ -586,14 +593,18 @@ async def test_a_large_checkpoint_copied_to_a_peer_outlives_its_worker(tmp_path:
             owner = by_pid[int(log.read_text().split()[0])]
             st = (await c.status())["checkpoints"]
             assert st["held_bytes"] == 0 and st["disk_bytes"] == 2 * BIG  # owner and copy
-            holders = [n for n in procs if list((tmp_path / n).rglob("*.ckpt"))]
-            assert owner in holders and len(holders) == 2
+            holders = {n for n in procs if list((tmp_path / n).rglob("*.ckpt"))}
+            assert holders == {owner, "w-b"}
             procs[owner].send_signal(signal.SIGKILL)
             procs[owner].wait(10)
             how, nbytes, intact, pid = await x
-            assert (how, nbytes, intact) == ("resumed", BIG, True) and by_pid[pid] != owner
+            assert (how, nbytes, intact) == ("resumed", BIG, True)
+            assert by_pid[pid] == ({"w-a", "w-c"} - {owner}).pop()  # fetched from w-b
             st = (await c.status())["checkpoints"]
             assert st["resumed"] == 1 and st["pruned"] == 1 and st["lost"] == 0
+            storage = (await c.status())["storage"]
+            assert storage["transfers"]["checkpoint"] == 1
+            assert storage["transfer_bytes"]["checkpoint"] == BIG
             survivors = [n for n in procs if n != owner]
             await wait_until(
                 lambda: not any(list((tmp_path / n).rglob("*.ckpt")) for n in survivors),
