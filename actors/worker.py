@@ -442,8 +442,7 @@ class Worker(Actor):
     def _report(self) -> None:
         cfg, store, governor = self.memory_config, self.data, self.state.governor
         free = self._disk_free()
-        used = self._disk_used()
-        self._reported_disk = (used, free)
+        self._reported_disk = (self._disk_used(), free)
         disk_free = free if self.disk else None
         self.scheduler.post(
             WorkerMemoryReport(
@@ -453,7 +452,7 @@ class Worker(Actor):
                 cfg.at(cfg.throttle),
                 cfg.limit,
                 store.memory_bytes,
-                used,
+                store.disk_bytes,  # checkpoint files count in disk_free (and disk use)
                 store.spilled_total,
                 self.executor.abandoned if self.executor is not None else 0,
                 disk_free,

@@ -162,8 +162,9 @@ class WorkerMemoryReport(Message):
     spilled_bytes: int = 0  #: outputs on disk now
     spilled_total: int = 0  #: bytes ever spilled
     abandoned: int = 0  #: threads still running a cancelled task (thread execution)
-    #: disk left for outputs: its ``--disk`` limit less the bytes on disk, or less if
-    #: the file system holding them has less free (None: not measured)
+    #: disk left for outputs: its ``--disk`` limit less the bytes on disk (spilled
+    #: outputs and checkpoint files), or less if the file system holding them has less
+    #: free (None: not measured)
     disk_free: int | None = None
 
 

@@ -595,6 +595,12 @@ async def test_a_large_checkpoint_copied_to_a_peer_outlives_its_worker(tmp_path:
             assert st["held_bytes"] == 0 and st["disk_bytes"] == 2 * BIG  # owner and copy
             holders = {n for n in procs if list((tmp_path / n).rglob("*.ckpt"))}
             assert holders == {owner, "w-b"}
+
+            async def counted() -> bool:  # in the disk use the scheduler places by
+                disks = (await c.status())["storage"]["workers"]
+                return all(disks[n]["disk_used"] >= BIG for n in holders)
+
+            await wait_until(counted, "the files in the disks' use", limit=20, step=0.1)
             procs[owner].send_signal(signal.SIGKILL)
             procs[owner].wait(10)
             how, nbytes, intact, pid = await x
