@@ -32,7 +32,11 @@ anywhere; both as for worker processes, :mod:`runtime.lifeline`). A job travels 
 key, the node pickled by ``cloudpickle`` (a :class:`~runtime.graph.PickledNode` is
 sent as the bytes it already holds) and the inputs pickled with protocol 5, their
 out-of-band buffers (numpy arrays, ...) written straight from their memory and read
-straight into the receiving buffer; results come back the same way. Because task
+straight into the receiving buffer; results come back the same way. A task that
+checkpoints (:mod:`runtime.task`) writes its checkpoint files itself in both modes, in
+the worker's checkpoint directory (``checkpoints``); from a task process it asks for
+room and says a file is in place over the job's pipe (``("checkpoint", ...)``
+messages), which the feeding thread answers until the task's result comes. Because task
 processes are spawned, a *script* that runs a cluster in process mode must guard its
 entry point with ``if __name__ == "__main__":`` (spawn imports the main module in each
 task process), as with any ``multiprocessing`` program.
@@ -140,8 +144,12 @@ class BaseExecutor(abc.ABC):
         self._done: Results = []
         self._loop = asyncio.get_running_loop()
         self._cancelled: set[Key] = set()  #: cancelled keys whose try is not delivered
-        #: where a running task's checkpoints go, ``(key, seq, pickled)``, on the loop
-        self.on_checkpoint: Callable[[Key, int, bytes], None] | None = None
+        #: the worker's checkpoint files (:class:`~actors.checkpoints.CheckpointFiles`:
+        #: ``directory``, ``reserve``, ``latest``); None: tasks cannot checkpoint here
+        self.checkpoints: Any = None
+        #: told on the loop of each checkpoint file a task wrote, ``(key, seq, path,
+        #: nbytes)`` (``path`` "": the write failed, its reserved room goes back)
+        self.on_checkpoint: Callable[[Key, int, str, int], None] | None = None
 
     @abc.abstractmethod
     def submit(self, task: ToRun, inputs: dict[Key, Any]) -> None:
@@ -175,19 +183,34 @@ class BaseExecutor(abc.ABC):
         """RSS of this process plus the executor's task processes, in bytes."""
         return rss() + self.children_rss()
 
+    def _resume(self, task: ToRun) -> tuple[int, str | None]:
+        """The checkpoint ``task`` starts from: the newest file of it on this worker
+        (the worker put the one the scheduler named here before submitting it), and the
+        number its next checkpoint numbers on from."""
+        given = task.checkpoint[0] if task.checkpoint is not None else 0
+        local = self.checkpoints.latest(task.key) if self.checkpoints is not None else None
+        if local is None:
+            return given, None  # none, or it could not be brought here: from the start
+        return max(given, local[0]), local[1]
+
     def _context(self, task: ToRun) -> TaskContext:
         """The checkpoint context ``task`` runs in (see :mod:`runtime.task`)."""
-        seq, data = task.checkpoint or (0, None)
-        return TaskContext(task.key, seq, data, self._save_checkpoint)
+        files = self.checkpoints
+        if files is None:
+            return TaskContext(
+                task.key, why=f"task {task.key!r} runs where no worker keeps checkpoints."
+            )
+        seq, path = self._resume(task)
+        return TaskContext(
+            task.key, seq, path, files.directory, files.reserve, self._save_checkpoint
+        )
 
-    def _save_checkpoint(self, key: Key, seq: int, data: bytes) -> None:
-        """From a task's thread: hand a checkpoint to the loop (dropped if cancelled)."""
-        with self._lock:
-            if key in self._cancelled:
-                return
+    def _save_checkpoint(self, key: Key, seq: int, path: str, nbytes: int) -> None:
+        """From a task's thread (or a task process's feeding thread): hand a checkpoint
+        file to the loop (a cancelled try's too: the scheduler has it deleted)."""
         if self.on_checkpoint is not None:
             with contextlib.suppress(RuntimeError):  # loop closed: the worker is gone
-                self._loop.call_soon_threadsafe(self.on_checkpoint, key, seq, data)
+                self._loop.call_soon_threadsafe(self.on_checkpoint, key, seq, path, nbytes)
 
     def _push(self, results: Results) -> None:
         """Hand results over from any thread; the event loop delivers them in a batch."""
@@ -485,20 +508,29 @@ def _pack_error(exc: BaseException) -> tuple[list[memoryview], str]:
     return [memoryview(pickle.dumps(substitute, protocol=5))], tb
 
 
-def _no_checkpoints(key: Key) -> TaskContext:
-    return TaskContext(
-        key,
-        0,
-        None,
-        None,
-        f"task {key!r} runs in a task process (execution mode 'process'), where "
-        "checkpoints are not supported: run tasks that checkpoint on workers in thread "
-        "mode (--execution thread, the default).",
-    )
+def _child_context(conn: Connection, header: tuple[Any, ...]) -> TaskContext:
+    """The checkpoint context of a job in a task process: the task writes its files in
+    the worker's checkpoint directory and asks the worker (over the job's pipe, which
+    the worker's feeding thread reads until the result comes) for room, and tells it
+    of each file in place."""
+    key, seq, path, where = header
+
+    def reserve(key: Key, seq: int, nbytes: int) -> str | None:
+        _send(conn, ("checkpoint", "reserve", key, seq, "", nbytes), [])
+        return cast(str | None, pickle.loads(conn.recv_bytes()))
+
+    def saved(key: Key, seq: int, path: str, nbytes: int) -> None:
+        _send(conn, ("checkpoint", "saved", key, seq, path, nbytes), [])
+
+    why = f"task {key!r} runs where the worker keeps no checkpoints."
+    return TaskContext(key, seq, path, where, reserve, saved, why)
 
 
-def _run_job(key: Key, parts: list[bytearray]) -> tuple[tuple[Any, ...], list[memoryview]]:
+def _run_job(
+    header: tuple[Any, ...], parts: list[bytearray], conn: Connection
+) -> tuple[tuple[Any, ...], list[memoryview]]:
     """Run one job in the task process; the reply's header and parts."""
+    key = header[0]
     node_bytes, inputs_bytes, *buffers = parts
     parts.clear()  # the inputs' pickle goes once they are loaded
     try:
@@ -520,7 +552,7 @@ def _run_job(key: Key, parts: list[bytearray]) -> tuple[tuple[Any, ...], list[me
                 "cannot be loaded there; is their module installed on the workers?)"
             )
             raise
-        with running(_no_checkpoints(key)):
+        with running(_child_context(conn, header)):
             value = node(inputs)
     except BaseException as exc:
         stop = time.time()
@@ -559,8 +591,8 @@ def _task_process_main(conn: Connection, lifeline: Connection, parent_pid: int) 
             return  # the parent closed its end: it is gone or has given up on us
         if job is None:
             return
-        key, parts = job
-        header, reply = _run_job(key, parts)
+        job_header, parts = job
+        header, reply = _run_job(job_header, parts, conn)
         del job, parts
         for stream in (sys.stdout, sys.stderr):  # what the task printed, before the result
             with contextlib.suppress(Exception):
@@ -764,11 +796,19 @@ class ProcessExecutor(BaseExecutor):
         reply: tuple[Any, list[bytearray]] | None = None
         failure: Exception | None = None
         try:
-            _send(conn, key, parts)
+            seq, path = self._resume(task)
+            where = self.checkpoints.directory if self.checkpoints is not None else None
+            _send(conn, (key, seq, path, where), parts)
             del parts
-            if conn not in multiprocessing.connection.wait([conn, process.sentinel]):
-                raise EOFError("the task process ended without a reply")
-            reply = _receive(conn)
+            while reply is None:  # the task's checkpoint requests, then its result
+                if conn not in multiprocessing.connection.wait([conn, process.sentinel]):
+                    raise EOFError("the task process ended without a reply")
+                got = _receive(conn)
+                if got is not None and got[0][0] == "checkpoint":
+                    self._child_checkpoint(conn, got[0])
+                else:
+                    reply = got
+                    break
         except Exception as exc:
             failure = exc
         with self._state:
@@ -783,6 +823,18 @@ class ProcessExecutor(BaseExecutor):
             failure = failure or EOFError("the task process sent no reply")
             return self._lost(slot, key, start, failure), None
         return self._result(slot, key, reply[0], reply[1])
+
+    def _child_checkpoint(self, conn: Connection, header: tuple[Any, ...]) -> None:
+        """A task process's checkpoint request: room for one (answered), or one saved."""
+        _, op, key, seq, path, nbytes = header
+        if op == "reserve":
+            files = self.checkpoints
+            answer = "this worker keeps no checkpoints." if files is None else None
+            if files is not None:
+                answer = files.reserve(key, seq, nbytes)
+            conn.send_bytes(pickle.dumps(answer, protocol=5))
+        else:
+            self._save_checkpoint(key, seq, path, nbytes)
 
     def _result(
         self, slot: _Slot, key: Key, header: tuple[Any, ...], parts: list[bytearray]

@@ -35,8 +35,10 @@ class ToRun:
     deps: tuple[tuple[Key, tuple[str, ...]], ...]
     producer: bool = False  #: a memory producer: a throttled worker defers it
     dep_nbytes: tuple[int, ...] = ()  #: size of each dependency, as ``deps``
-    #: the task's latest checkpoint from an earlier try, ``(seq, pickled)``, or None
-    checkpoint: tuple[int, bytes] | None = None
+    #: the checkpoint an earlier try left to start from, or None: ``(seq, data,
+    #: holder, nbytes)``, its bytes when the scheduler holds them (``holder`` ""), else
+    #: None and the worker whose disk has the file (maybe the one it is sent to)
+    checkpoint: tuple[int, bytes | None, str, int] | None = None
 
     def with_pickled_node(self) -> ToRun:
         if isinstance(self.node, PickledNode):

@@ -22,7 +22,10 @@ import anyio
 from actors.scheduler_state import (
     CancelOnWorker,
     CancelRequested,
+    CheckpointCopied,
     Command,
+    CopyCheckpoint,
+    DropCheckpoints,
     DropData,
     ErrorRecord,
     Evacuate,
@@ -65,17 +68,20 @@ from runtime.messages import (
     CancelTasks,
     CategoryMetrics,
     CategoryStatus,
+    CheckpointFetched,
     CheckpointSaved,
     ConfirmHolds,
     CopiesReply,
     CopyFrom,
     DataMissing,
     DrainRequest,
+    DropCheckpointsMsg,
     DropKeys,
     Evacuated,
     EvacuationPlan,
     FailureCount,
     FailureGroupInfo,
+    FetchCheckpoint,
     FileFactsMsg,
     FilesReleasedMsg,
     KeyUpdates,
@@ -129,6 +135,16 @@ class _Copied(Message):
     worker: str
     asked: tuple[Any, ...]
     got: tuple[Any, ...]
+
+
+@message(local=True)
+class _CheckpointCopied(Message):
+    """Scheduler-internal: how a :class:`CopyCheckpoint` command ended."""
+
+    worker: str
+    key: Any
+    seq: int
+    ok: bool
 
 
 #: seconds a worker may take to copy replicas before the copy counts as failed
@@ -218,6 +234,10 @@ class Scheduler(Actor):
                 self._to_worker(cmd.worker, EvacuationPlan(cmd.moves))
             elif type(cmd) is Replicate:
                 self.start_soon(self._replicate, cmd)
+            elif type(cmd) is CopyCheckpoint:
+                self.start_soon(self._copy_checkpoint, cmd)
+            elif type(cmd) is DropCheckpoints:
+                self._to_worker(cmd.worker, DropCheckpointsMsg(cmd.items))
             else:  # pragma: no cover - a new command without a shell is a bug
                 raise TypeError(f"scheduler has no shell for {type(cmd).__name__}")
         if updates:
@@ -255,6 +275,32 @@ class Scheduler(Actor):
         if not self.ref.mailbox.closed:
             asked = tuple(key for key, _ in cmd.keys)
             self.ref.post(_Copied(cmd.worker, asked, got), causal_id=cmd.stimulus_id or None)
+
+    async def _copy_checkpoint(self, cmd: CopyCheckpoint) -> None:
+        """Have a peer copy a checkpoint file from its owner's disk, then tell the core."""
+        ok = False
+        ref = self.workers.get(cmd.worker)
+        if ref is not None:
+            try:
+                reply = await ref.ask(
+                    FetchCheckpoint(cmd.source, cmd.key, cmd.seq, cmd.nbytes),
+                    timeout=REPLICATE_TIMEOUT,
+                )
+                ok = isinstance(reply, CheckpointFetched) and reply.ok
+                if not ok:
+                    why = getattr(reply, "reason", "")
+                    self.log.warning("checkpoint not copied", worker=cmd.worker, reason=why)
+            except Exception as exc:  # unreachable, timed out, killed mid-copy
+                self.log.warning("checkpoint not copied", worker=cmd.worker, error=repr(exc))
+        if not self.ref.mailbox.closed:
+            self.ref.post(
+                _CheckpointCopied(cmd.worker, cmd.key, cmd.seq, ok),
+                causal_id=cmd.stimulus_id or None,
+            )
+
+    @handles(_CheckpointCopied)
+    def checkpoint_copied(self, msg: _CheckpointCopied) -> None:
+        self._handle(CheckpointCopied(*self._ev(), msg.worker, msg.key, msg.seq, msg.ok))
 
     @handles(_Copied)
     def copied(self, msg: _Copied) -> None:
@@ -332,7 +378,9 @@ class Scheduler(Actor):
     @handles(CheckpointSaved)
     def checkpoint_saved(self, msg: CheckpointSaved) -> None:
         if msg.worker_id in self.workers:
-            self._handle(TaskCheckpointed(*self._ev(), msg.worker_id, msg.key, msg.seq, msg.data))
+            self._handle(
+                TaskCheckpointed(*self._ev(), msg.worker_id, msg.key, msg.seq, msg.nbytes, msg.data)
+            )
 
     @handles(TasksDone)
     def tasks_done(self, msg: TasksDone) -> None:
@@ -672,10 +720,12 @@ def _replicas(st: SchedulerState) -> ReplicasStatus:
 
 
 def _checkpoints(st: SchedulerState) -> dict[str, int]:
+    counts = ("saved", "resumed", "pruned", "refused", "copied", "copy-failed", "lost")
     return {
         "held": len(st.checkpoints),
         "held_bytes": st.checkpoint_held,
-        **{k: st.checkpoint_counts[k] for k in ("saved", "resumed", "pruned", "refused")},
+        "disk_bytes": sum(len(c.holders) * c.nbytes for v in st.checkpoints.values() for c in v),
+        **{k: st.checkpoint_counts[k] for k in counts},
     }
 
 

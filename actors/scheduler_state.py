@@ -156,7 +156,11 @@ __all__ = [
     "TRANSITIONS",
     "CancelOnWorker",
     "CancelRequested",
+    "Checkpoint",
+    "CheckpointCopied",
     "Command",
+    "CopyCheckpoint",
+    "DropCheckpoints",
     "DropData",
     "ErrorRecord",
     "Evacuate",
@@ -379,14 +383,27 @@ class WorkerDraining(Event):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class TaskCheckpointed(Event):
-    """Running task ``key`` on ``worker`` saved its checkpoint number ``seq``
-    (``data``: pickled). The core keeps the latest per task until the task ends and
-    gives it to the task's next try."""
+    """Running task ``key`` on ``worker`` saved its checkpoint number ``seq``, a file
+    of ``nbytes`` on that worker's disk; ``data``: its bytes when they travelled with
+    it (small ones), else None. The core records it until the task ends and gives the
+    newest one that survives to the task's next try (docs/files.md#checkpoints)."""
 
     worker: str
     key: Key
     seq: int
-    data: bytes
+    nbytes: int
+    data: bytes | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CheckpointCopied(Event):
+    """The answer to :class:`CopyCheckpoint`: ``worker`` holds a copy of checkpoint
+    ``seq`` of task ``key`` now (``ok``), or could not copy it."""
+
+    worker: str
+    key: Key
+    seq: int
+    ok: bool
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -455,6 +472,28 @@ class Replicate(Command):
     worker: str
     source: str
     keys: tuple[tuple[Key, int], ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CopyCheckpoint(Command):
+    """``worker`` copies checkpoint ``seq`` of task ``key`` (``nbytes``) from the disk
+    of ``source`` to its own and keeps it; the answer comes back as
+    :class:`CheckpointCopied`."""
+
+    worker: str
+    source: str
+    key: Key
+    seq: int
+    nbytes: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DropCheckpoints(Command):
+    """``worker`` deletes these checkpoint files, ``(key, seq)`` (``seq`` 0: every file
+    of that task)."""
+
+    worker: str
+    items: tuple[tuple[Key, int], ...]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -534,13 +573,42 @@ class SchedulerConfig:
     #: readers, 2 their readers too, ...; 0 never (see docs/files.md#pruning-depth)
     prune_depth: int = 1
     #: bytes of task checkpoints the scheduler holds at most, over all running tasks;
-    #: a checkpoint past it is refused (the task's previous one stays)
+    #: past it a checkpoint is not held here (it stays on its worker's disk, and a copy
+    #: on a peer's if one can be made)
     checkpoint_bytes: int = 2**30
+    #: checkpoints up to this size are held by the scheduler (their copy off the
+    #: worker); larger ones are copied to a peer's disk. Workers send the bytes of
+    #: checkpoints up to ``runtime.task``'s 4 MiB with them, so more than that changes
+    #: nothing
+    checkpoint_inline_bytes: int = 4 * 2**20
 
     def __post_init__(self) -> None:
         depth = self.prune_depth
         if isinstance(depth, bool) or not isinstance(depth, int) or depth < 0:
             raise PruneDepthError(depth)
+
+
+@dataclasses.dataclass(slots=True, eq=False)
+class Checkpoint:
+    """One checkpoint of a running task in the registry: number ``seq``, ``nbytes``,
+    saved by worker ``owner``; ``data`` its bytes when the scheduler holds them;
+    ``holders`` the workers whose disk has its file (the owner, peers' copies);
+    ``copying`` the peer asked to copy it (from ``copy_source``, since ``copy_sent``),
+    "" when none."""
+
+    seq: int
+    nbytes: int
+    owner: str
+    data: bytes | None = None
+    holders: set[str] = dataclasses.field(default_factory=set)
+    copying: str = ""
+    copy_source: str = ""
+    copy_sent: float | None = None
+
+    @property
+    def off_worker(self) -> bool:
+        """Whether a copy survives the loss of its owner (held here, or on a peer)."""
+        return self.data is not None or any(h != self.owner for h in self.holders)
 
 
 class WorkerState:
@@ -1028,12 +1096,18 @@ class SchedulerState:
         self.stalled_since: float | None = None  #: when the watchdog saw a stall begin
         self._flipped: set[str] = set()  #: categories whose class flipped this event
         self.policy_errors = 0  #: policy calls that raised or answered out of bounds
-        #: the latest checkpoint of each task that saved one and has not ended,
-        #: ``(seq, pickled, worker that saved it)``; dropped when the task ends
-        self.checkpoints: dict[Key, tuple[int, bytes, str]] = {}
-        self.checkpoint_held = 0  #: bytes of ``checkpoints``
-        #: checkpoints saved, tries started from one (``resumed``), checkpoints dropped
-        #: when their task ended (``pruned``)
+        #: the checkpoint registry (docs/files.md#checkpoints): per task that saved one
+        #: and has not ended, its latest checkpoint first and, when that one has no copy
+        #: off its worker yet, the newest one that has; dropped when the task ends
+        self.checkpoints: dict[Key, list[Checkpoint]] = {}
+        self.checkpoint_held = 0  #: bytes of checkpoints the scheduler holds
+        #: per task with checkpoints, the workers that may have files of them (owners,
+        #: copy holders, workers that fetched one to resume): told to drop them at the end
+        self.checkpoint_workers: dict[Key, set[str]] = {}
+        #: checkpoints ``saved``, tries started from one (``resumed``), tasks whose
+        #: checkpoints were dropped at their end (``pruned``), checkpoints not held by
+        #: the scheduler past its budget (``refused``), copies made on a peer
+        #: (``copied``), checkpoints lost with every copy of them (``lost``)
         self.checkpoint_counts: Counter[str] = Counter()
         self.generation = 0  #: submissions so far
         self.story_log: deque[tuple[Any, ...]] = deque(maxlen=self.config.story_length)
@@ -1412,6 +1486,8 @@ class SchedulerState:
         self._log(ev.worker, "joined", f"left:{ev.cause}")
         if self.feed_on:
             self._records.append(("left", ws.id, ev.cause))
+        if self.checkpoint_workers:  # before its tasks are sent again: what survived
+            self._checkpoints_lost(ws.id)
         for key, target in ev.evacuated:
             ts = self.tasks.get(key)
             to = self.workers.get(target)
@@ -1608,6 +1684,8 @@ class SchedulerState:
             self._out.append(Evacuate(self._stimulus, ev.worker, ()))
             return
         self.storage.leaving(ws.id, self._now)
+        if self.checkpoints:  # copies of the checkpoints only its disk holds
+            self._checkpoints_off(ws.id)
         if not ws.leaving:
             # No new tasks, and nothing to retire: it leaves by itself.
             ws.draining = ws.leaving = True
@@ -1755,9 +1833,8 @@ class SchedulerState:
                 self._upstream_changed(ts)
         ts.state = finish
         self.moves[move] += 1
-        if finish in _ENDED and ts.key in self.checkpoints:
-            self.checkpoint_held -= len(self.checkpoints.pop(ts.key)[1])
-            self.checkpoint_counts["pruned"] += 1
+        if finish in _ENDED and ts.key in self.checkpoint_workers:
+            self._prune_all_checkpoints(ts.key)
         queued = _QUEUED_DELTA[move]
         if queued:
             pool = ts.spec.pool or "*"
@@ -2799,35 +2876,167 @@ class SchedulerState:
         batch = self._execute.get(ws.id)
         if batch is None:
             batch = self._execute[ws.id] = []
-        cp = self.checkpoints.get(ts.key)
+        cps = self.checkpoints.get(ts.key)
         resume = None
-        if cp is not None:
-            resume = cp[:2]
-            self.checkpoint_counts["resumed"] += 1
-            self._log(ts.key, "resume", f"checkpoint:{cp[0]}:{len(cp[1])}")
+        if cps:
+            resume = self._resume_from(ts, cps[0], ws)
         batch.append(
             ToRun(ts.key, ts.spec.node, ts.spec.category, deps, ts.producer, sizes, resume)
         )
 
+    # ----------------------------------------------------------------- checkpoints
+
+    def _resume_from(
+        self, ts: TaskState, cp: Checkpoint, ws: WorkerState
+    ) -> tuple[int, bytes | None, str, int]:
+        """What ``ts``'s try on ``ws`` starts from: ``cp``'s bytes when the scheduler
+        holds them, else the worker whose disk has its file (``ws`` itself if it can)."""
+        self.checkpoint_workers.setdefault(ts.key, set()).add(ws.id)  # it gets a file
+        self.checkpoint_counts["resumed"] += 1
+        self._log(ts.key, "resume", f"checkpoint:{cp.seq}:{cp.nbytes}")
+        if cp.data is not None:
+            return (cp.seq, cp.data, "", cp.nbytes)
+        holder = ws.id if ws.id in cp.holders else min(cp.holders)
+        return (cp.seq, None, holder, cp.nbytes)
+
     def _checkpoint_saved(self, ev: TaskCheckpointed) -> None:
         ts = self.tasks.get(ev.key)
-        if ts is None or ts.state != "processing":
-            return  # the task ended (or was cancelled) meanwhile: nothing to resume
-        if ev.worker != ts.worker and ev.worker not in self.copies.get(ts, ()):
-            return  # not a try of this task now (a cancelled copy, or a stray message)
-        held = self.checkpoints.get(ev.key)
-        if held is not None and held[0] >= ev.seq:
-            return  # an older one, from a try that lost the race
-        size = len(ev.data)
-        after = self.checkpoint_held + size - (len(held[1]) if held is not None else 0)
-        if after > self.config.checkpoint_bytes:  # the scheduler's memory comes first
-            self.checkpoint_counts["refused"] += 1
-            self._log(ev.key, "checkpoint-refused", f"checkpoint:{ev.seq}:{size}")
+        cps = self.checkpoints.get(ev.key, [])
+        if (
+            ts is None
+            or ts.state != "processing"  # ended or cancelled meanwhile: nothing to resume
+            or (ev.worker != ts.worker and ev.worker not in self.copies.get(ts, ()))
+            or (cps and cps[0].seq >= ev.seq)  # an older one, from a try that lost a race
+        ):
+            if ev.worker in self.workers:  # its file is of no use: off its disk
+                self._out.append(DropCheckpoints(self._stimulus, ev.worker, ((ev.key, ev.seq),)))
             return
-        self.checkpoints[ev.key] = (ev.seq, ev.data, ev.worker)
-        self.checkpoint_held = after
+        cp = Checkpoint(ev.seq, ev.nbytes, ev.worker, holders={ev.worker})
+        self.checkpoint_workers.setdefault(ev.key, set()).add(ev.worker)
         self.checkpoint_counts["saved"] += 1
-        self._log(ev.key, "checkpoint", f"checkpoint:{ev.seq}:{size}")
+        self._log(ev.key, "checkpoint", f"checkpoint:{ev.seq}:{ev.nbytes}")
+        if ev.data is not None and len(ev.data) <= self.config.checkpoint_inline_bytes:
+            # Held here, it replaces the older ones (pruned below): count their bytes out.
+            freed = sum(len(c.data) for c in cps if c.data is not None)
+            if self.checkpoint_held - freed + len(ev.data) <= self.config.checkpoint_bytes:
+                cp.data = ev.data
+                self.checkpoint_held += len(ev.data)
+            else:  # the scheduler's memory comes first: it stays on disks
+                self.checkpoint_counts["refused"] += 1
+                self._log(ev.key, "checkpoint-refused", f"checkpoint:{ev.seq}:{ev.nbytes}")
+        self.checkpoints[ev.key] = [cp, *cps]
+        if cp.data is None:
+            self._copy_checkpoint(ev.key, cp)
+        self._prune_checkpoints(ev.key)
+
+    def _copy_checkpoint(self, key: Key, cp: Checkpoint) -> None:
+        """Ask a peer of a worker holding ``cp`` (its owner first; same pool, not
+        going, disk room for it; the most room first) to copy it from there; none: it
+        stays where it is."""
+        source = self.workers.get(cp.owner if cp.owner in cp.holders else min(cp.holders))
+        if source is None:
+            return
+        peers = [
+            w
+            for w in self.workers.values()
+            if w.id not in cp.holders
+            and w.pool == source.pool
+            and not w.draining
+            and not w.leaving
+            and _disk_free(w) >= cp.nbytes
+        ]
+        if not peers:
+            self._log(key, "checkpoint-uncopied", f"checkpoint:{cp.seq}:{cp.nbytes}")
+            return
+        peer = max(peers, key=lambda w: (_disk_free(w), w.id))
+        cp.copying, cp.copy_source, cp.copy_sent = peer.id, source.id, self._now
+        self.checkpoint_workers.setdefault(key, set()).add(peer.id)
+        self._out.append(CopyCheckpoint(self._stimulus, peer.id, source.id, key, cp.seq, cp.nbytes))
+
+    def _checkpoints_off(self, wid: str) -> None:
+        """``wid`` is leaving: have the checkpoints only its disk holds copied to a peer
+        while it still serves them (within its grace)."""
+        for key, cps in self.checkpoints.items():
+            for c in cps:
+                if c.data is None and c.holders == {wid} and not c.copying:
+                    self._copy_checkpoint(key, c)
+
+    def _checkpoint_copied(self, ev: CheckpointCopied) -> None:
+        cp = next((c for c in self.checkpoints.get(ev.key, ()) if c.seq == ev.seq), None)
+        if cp is not None and cp.copying == ev.worker:
+            cp.copying = ""
+        if not ev.ok:
+            self.checkpoint_counts["copy-failed"] += 1
+            self._log(ev.key, "checkpoint-uncopied", f"checkpoint:{ev.seq}:{ev.worker}")
+            return
+        if cp is None or ev.worker not in self.workers:  # pruned meanwhile
+            if ev.worker in self.workers:
+                self._out.append(DropCheckpoints(self._stimulus, ev.worker, ((ev.key, ev.seq),)))
+            return
+        cp.holders.add(ev.worker)
+        self.checkpoint_counts["copied"] += 1
+        took = self._now - cp.copy_sent if cp.copy_sent is not None else None
+        self._moved("checkpoint", ev.key, cp.nbytes, cp.copy_source, ev.worker, took)
+        self._log(ev.key, "checkpoint-copied", f"checkpoint:{ev.seq}:{ev.worker}")
+        self._prune_checkpoints(ev.key)
+
+    def _prune_checkpoints(self, key: Key) -> None:
+        """Keep ``key``'s latest checkpoint and, unless it has a copy off its worker,
+        the newest one that has; drop the others (their bytes here, their files)."""
+        cps = self.checkpoints[key]
+        keep = [cps[0]]
+        if not cps[0].off_worker:
+            safe = next((c for c in cps[1:] if c.off_worker), None)
+            if safe is not None:
+                keep.append(safe)
+        drops: dict[str, list[tuple[Key, int]]] = {}
+        for c in cps:
+            if any(c is k for k in keep):
+                continue
+            if c.data is not None:
+                self.checkpoint_held -= len(c.data)
+            for wid in c.holders | ({c.copying} if c.copying else set()):
+                drops.setdefault(wid, []).append((key, c.seq))
+        self.checkpoints[key] = keep
+        for wid in sorted(drops):
+            if wid in self.workers:
+                self._out.append(DropCheckpoints(self._stimulus, wid, tuple(drops[wid])))
+
+    def _prune_all_checkpoints(self, key: Key) -> None:
+        """``key`` ended: its checkpoints go, here and on every worker that may have one."""
+        cps = self.checkpoints.pop(key, None)
+        if cps:
+            self.checkpoint_held -= sum(len(c.data) for c in cps if c.data is not None)
+            self.checkpoint_counts["pruned"] += 1
+        for wid in sorted(self.checkpoint_workers.pop(key, ())):
+            if wid in self.workers:
+                self._out.append(DropCheckpoints(self._stimulus, wid, ((key, 0),)))
+
+    def _checkpoints_lost(self, wid: str) -> None:
+        """Worker ``wid`` is gone and its disk with it: its checkpoint files are lost; a
+        checkpoint with no copy left is gone (the next try starts from an older one that
+        survived, or from nothing)."""
+        for key in list(self.checkpoint_workers):
+            workers = self.checkpoint_workers[key]
+            if wid not in workers:
+                continue
+            workers.discard(wid)
+            cps = self.checkpoints.get(key)
+            if not cps:
+                continue
+            for c in cps:
+                c.holders.discard(wid)
+                if c.copying == wid:
+                    c.copying = ""
+            alive = [c for c in cps if c.data is not None or c.holders]
+            for c in cps:
+                if not any(c is a for a in alive):
+                    self.checkpoint_counts["lost"] += 1
+                    self._log(key, "checkpoint-lost", f"checkpoint:{c.seq}:{wid}")
+            if alive:
+                self.checkpoints[key] = alive
+            else:
+                del self.checkpoints[key]
 
     def _release_slot(self, ts: TaskState, ws: WorkerState) -> None:
         if ts in ws.processing:
@@ -3067,9 +3276,12 @@ class SchedulerState:
         """Check every invariant; raise AssertionError naming the first broken one."""
         actual = Counter(ts.state for ts in self.tasks.values())
         assert self.by_state == dict(actual), ("state counters", self.by_state, actual)
-        for key in self.checkpoints:  # dropped when their task ends
+        for key, cps in self.checkpoints.items():  # dropped when their task ends
             assert self.tasks[key].state in ACTIVE, ("checkpoint of an ended task", key)
-        held = sum(len(c[1]) for c in self.checkpoints.values())
+            assert cps and len(cps) <= 2, ("checkpoints kept", key, cps)
+            assert all(c.data is not None or c.holders for c in cps), ("dead checkpoint", key)
+            assert key in self.checkpoint_workers, ("checkpoint workers", key)
+        held = sum(len(c.data) for cps in self.checkpoints.values() for c in cps if c.data)
         assert self.checkpoint_held == held, ("checkpoint bytes", self.checkpoint_held, held)
         pools = Counter(ts.spec.pool or "*" for ts in self.tasks.values() if ts.state == "queued")
         assert self.queued_by_pool() == dict(pools), ("queue counters", self.queued_counts, pools)
@@ -3221,5 +3433,6 @@ _DISPATCH: dict[type, Any] = {
     WorkerLeaving: SchedulerState._worker_leaving,
     WorkerMemory: SchedulerState._worker_memory,
     TaskCheckpointed: SchedulerState._checkpoint_saved,
+    CheckpointCopied: SchedulerState._checkpoint_copied,
     Tick: SchedulerState._tick,
 }

@@ -24,7 +24,7 @@ from runtime.graph import Key
 
 __all__ = ["RECOVERY_KINDS", "TRANSFER_KINDS", "StorageLedger"]
 
-TRANSFER_KINDS = ("fetch", "replica", "evacuation")
+TRANSFER_KINDS = ("fetch", "replica", "evacuation", "checkpoint")
 RECOVERY_KINDS = ("recomputed", "replica")
 
 

@@ -41,25 +41,31 @@ from dask.sizeof import sizeof
 from actors import memory as mem
 from actors import transfer
 from actors import worker_state as ws
+from actors.checkpoints import INLINE_BYTES, CheckpointFiles, receive_file
 from actors.executor import Executor, ProcessExecutor, rss, rss_of
 from actors.protocol import TaskResult, ToRun
 from actors.store import SpillStore
-from actors.transfer import STREAM_BYTES, UnknownStream
+from actors.transfer import STREAM_BYTES, FileSegments, UnknownStream
 from actors.worker_state import WorkerState
 from runtime.errors import CorralError, DiskFull, FrameTooLarge, ValueTooLarge
 from runtime.graph import Key
 from runtime.kernel import Actor, ActorRef, Envelope, Later, Ref, handles, new_causal_id
 from runtime.messages import (
     CancelTasks,
+    CheckpointFetched,
     CheckpointSaved,
+    CheckpointStream,
     CloseStream,
     ConfirmHolds,
     CopiesReply,
     CopyFrom,
     DataReply,
+    DropCheckpointsMsg,
     DropKeys,
     Evacuated,
     EvacuationPlan,
+    FetchCheckpoint,
+    GetCheckpoint,
     GetData,
     Leaving,
     Message,
@@ -217,6 +223,8 @@ class Worker(Actor):
         #: outputs held here (spilled to disk under memory pressure)
         self.data = SpillStore(cfg.spill_dir, disk_limit=store_limit, sizeof=sizeof)
         self.streams = transfer.StreamTable()  #: outputs being read by peers part by part
+        #: checkpoint files on its disk (its tasks', copies of peers'), in its disk budget
+        self.checkpoints = CheckpointFiles(self.disk_dir, worker_id, self._checkpoint_room)
         #: what memory is governed by (default: RSS of this process and its task processes)
         self.probe = probe
         self.executor: Executor | ProcessExecutor | None = None
@@ -244,6 +252,7 @@ class Worker(Actor):
     async def on_start(self) -> None:
         kind = ProcessExecutor if self.memory_config.execution == "process" else Executor
         self.executor = kind(self.nthreads, self.worker_id, self._deliver)
+        self.executor.checkpoints = self.checkpoints
         self.executor.on_checkpoint = self._checkpoint
         if self.register:
             await self.scheduler.tell(RegisterWorker(self.info, self.ref))
@@ -257,6 +266,7 @@ class Worker(Actor):
             self.executor = None
         self.streams.close_all()
         self.data.close()
+        self.checkpoints.close()
 
     # -- the core and its commands -----------------------------------------------------
 
@@ -300,7 +310,7 @@ class Worker(Actor):
                 getattr(self.log, cmd.level)(cmd.event, **dict(cmd.fields))
         if done:
             self.scheduler.post(TasksDone(self.worker_id, tuple(done)))
-        if self.data.disk_bytes != self._reported_disk[0]:
+        if self._disk_used() != self._reported_disk[0]:
             self._report()  # placement counts this worker's free disk
 
     def _submit(self, task: ToRun) -> None:
@@ -310,6 +320,13 @@ class Worker(Actor):
         assert self.executor is not None
         data = self.data
         inputs = {dk: data.peek(dk) if data.on_disk(dk) else data[dk] for dk, _ in task.deps}
+        cp = task.checkpoint
+        if cp is not None and self.checkpoints.find(task.key, cp[0]) is None:
+            if cp[1] is not None:
+                self._write_checkpoint(task.key, cp[0], cp[1])
+            elif cp[2] and cp[2] != self.worker_id:
+                self.start_soon(self._resume_then_submit, task, inputs)
+                return
         self.executor.submit(task, inputs)
 
     def _cancel_running(self, key: Key) -> None:
@@ -397,12 +414,27 @@ class Worker(Actor):
         if self.executor.kill(key, "oom"):
             self.log.warning("killed a task past the terminate fence", key=str(key), rss=rss)
 
+    def _disk_used(self) -> int:
+        """Bytes this worker has on disk: spilled outputs and checkpoint files."""
+        return self.data.disk_bytes + self.checkpoints.nbytes
+
+    def _checkpoint_room(self) -> int:
+        """Disk left for a checkpoint file: :meth:`_disk_free`, or with no disk limit
+        (not counted) what the file system has free less the margin."""
+        if self.disk:
+            return self._disk_free()
+        try:
+            return max(0, disk_free(self.disk_dir) - self.disk_margin)
+        except OSError:
+            return 0
+
     def _disk_free(self) -> int:
-        """Disk left for outputs: the limit less the bytes on disk, or what the file
-        system has free less the margin, whichever is less."""
+        """Disk left for outputs: the limit less the bytes on disk (spilled outputs and
+        checkpoint files), or what the file system has free less the margin, whichever
+        is less."""
         if not self.disk:
             return 0  # not counted
-        room = self.disk - self.data.disk_bytes
+        room = self.disk - self._disk_used()
         with contextlib.suppress(OSError):  # the directory's file system went away
             room = min(room, disk_free(self.disk_dir) - self.disk_margin)
         return max(0, room)
@@ -410,7 +442,7 @@ class Worker(Actor):
     def _report(self) -> None:
         cfg, store, governor = self.memory_config, self.data, self.state.governor
         free = self._disk_free()
-        self._reported_disk = (store.disk_bytes, free)
+        self._reported_disk = (self._disk_used(), free)
         disk_free = free if self.disk else None
         self.scheduler.post(
             WorkerMemoryReport(
@@ -420,7 +452,7 @@ class Worker(Actor):
                 cfg.at(cfg.throttle),
                 cfg.limit,
                 store.memory_bytes,
-                store.disk_bytes,
+                store.disk_bytes,  # checkpoint files count in disk_free (and disk use)
                 store.spilled_total,
                 self.executor.abandoned if self.executor is not None else 0,
                 disk_free,
@@ -437,9 +469,117 @@ class Worker(Actor):
     def cancel_tasks(self, msg: CancelTasks) -> None:
         self._feed(ws.CancelRequested(time.time(), msg.keys))
 
-    def _checkpoint(self, key: Key, seq: int, data: bytes) -> None:
-        """A running task saved a checkpoint: it goes off this worker, to the scheduler."""
-        self.scheduler.post(CheckpointSaved(self.worker_id, key, seq, data))
+    # -- checkpoints (docs/files.md#checkpoints) ----------------------------------------
+
+    def _checkpoint(self, key: Key, seq: int, path: str, nbytes: int) -> None:
+        """A running task wrote a checkpoint file (``path`` "": it failed to): it is
+        recorded here and the scheduler is told, with its bytes when they are few
+        enough to travel (the scheduler's copy off this worker)."""
+        if not path:
+            self.checkpoints.release(key, seq)
+            return
+        self.checkpoints.commit(key, seq, path, nbytes)
+        data = None
+        if nbytes <= INLINE_BYTES:
+            try:
+                with open(path, "rb") as f:
+                    data = f.read()
+            except OSError:  # dropped already (a cancelled try's): the scheduler says so
+                data = None
+        self.scheduler.post(CheckpointSaved(self.worker_id, key, seq, nbytes, data))
+        if data is None and self.disk:
+            self._report()  # a large file: placement counts this worker's disk
+
+    def _write_checkpoint(self, key: Key, seq: int, data: bytes) -> None:
+        """Put a checkpoint the scheduler sent (its bytes) on disk, for a try to start from."""
+        files = self.checkpoints
+        if files.reserve(key, seq, len(data)) is not None:
+            self.log.warning("no disk room for a checkpoint to resume", key=str(key))
+            return
+        path = files.path(key, seq)
+        try:
+            with open(path + ".tmp", "wb") as f:
+                f.write(data)
+            os.replace(path + ".tmp", path)
+        except OSError as exc:
+            files.release(key, seq)
+            self.log.warning("checkpoint to resume not written", key=str(key), error=str(exc))
+            return
+        files.commit(key, seq, path, len(data))
+
+    async def _resume_then_submit(self, task: ToRun, inputs: dict[Key, Any]) -> None:
+        """Fetch the checkpoint ``task`` resumes from off the worker holding it, then
+        run it; if the fetch fails it runs from the newest checkpoint here, or none."""
+        assert task.checkpoint is not None
+        seq, _, holder, nbytes = task.checkpoint
+        try:
+            await self._fetch_checkpoint(holder, task.key, seq, nbytes)
+        except Exception as exc:
+            self.log.warning(
+                "checkpoint to resume not fetched", key=str(task.key), holder=holder, error=str(exc)
+            )
+        if self.executor is not None:
+            self.executor.submit(task, inputs)
+
+    async def _fetch_checkpoint(self, holder: str, key: Key, seq: int, nbytes: int) -> None:
+        """Copy checkpoint ``seq`` of ``key`` from ``holder``'s disk to this one, part by
+        part (a stream of its file); raises why it could not."""
+        files = self.checkpoints
+        if files.find(key, seq) is not None:
+            return
+        refusal = files.reserve(key, seq, nbytes)
+        if refusal is not None:
+            raise CorralError(refusal)
+        try:
+            peer = self.resolve(holder)
+            if inspect.isawaitable(peer):
+                peer = await peer
+            if peer is None:
+                raise CorralError(f"worker {holder!r} is gone")
+            reply = await peer.ask(GetCheckpoint(key, seq), timeout=self.fetch_timeout)
+            if not isinstance(reply, CheckpointStream) or reply.info is None:
+                raise CorralError(f"worker {holder!r} has no checkpoint {seq} of {key!r}")
+            path = files.path(key, seq)
+            got = await receive_file(
+                lambda part: peer.ask(part, timeout=self.fetch_timeout), reply.info, path
+            )
+        except BaseException:
+            files.release(key, seq)
+            raise
+        files.commit(key, seq, path, got)
+        if self.disk:
+            self._report()
+
+    @handles(FetchCheckpoint)
+    def fetch_checkpoint(self, msg: FetchCheckpoint) -> Later:
+        """The scheduler asks for a copy of a peer's checkpoint file on this disk."""
+
+        async def copy() -> CheckpointFetched:
+            try:
+                await self._fetch_checkpoint(msg.holder, msg.key, msg.seq, msg.nbytes)
+            except Exception as exc:
+                return CheckpointFetched(False, f"{type(exc).__name__}: {exc}")
+            return CheckpointFetched(True)
+
+        return Later(copy())
+
+    @handles(GetCheckpoint)
+    def get_checkpoint(self, msg: GetCheckpoint) -> CheckpointStream:
+        """A peer reads a checkpoint file of this disk: a stream of it, or None."""
+        found = self.checkpoints.find(msg.key, msg.seq)
+        if found is None:
+            return CheckpointStream(None)
+        try:
+            segments = FileSegments(found[0], [(0, found[1])])
+        except OSError:
+            return CheckpointStream(None)
+        return CheckpointStream(self.streams.start(msg.key, segments, self._now()))
+
+    @handles(DropCheckpointsMsg)
+    def drop_checkpoints(self, msg: DropCheckpointsMsg) -> None:
+        freed = sum(self.checkpoints.drop(key, seq) for key, seq in msg.items)
+        if freed and self.disk:
+            self._report()
 
     def _deliver(self, done: list[tuple[TaskResult, Any]]) -> None:
         """Event-loop side of the executor: queue the results as a message to self."""
@@ -450,6 +590,9 @@ class Worker(Actor):
     def finished(self, msg: _Finished) -> None:
         cfg, governor = self.memory_config, self.state.governor
         results = msg.results
+        if self.checkpoints.pending:  # a try killed mid-checkpoint: its room comes back
+            for res, _ in results:
+                self.checkpoints.settle(res.key)
         if cfg.spill is not None and governor.rss >= cfg.at(cfg.spill):
             results = self._write_outputs(results)  # memory is past its spill fence
         written = set(self._written)

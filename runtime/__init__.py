@@ -30,7 +30,7 @@ from runtime.errors import (
 )
 from runtime.kernel import Actor, ActorRef, ActorSystem, Clock, handles
 from runtime.messages import Message, message
-from runtime.task import checkpoint, restore
+from runtime.task import checkpoint, checkpoint_file, restore, restore_path
 
 if TYPE_CHECKING:
     from runtime.client import Cluster, Future, get
@@ -79,8 +79,10 @@ __all__ = [
     "UnknownPolicyError",
     "WorkerLost",
     "checkpoint",
+    "checkpoint_file",
     "get",
     "handles",
     "message",
     "restore",
+    "restore_path",
 ]

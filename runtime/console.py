@@ -914,6 +914,12 @@ def render_status(st: Mapping[str, Any]) -> RenderableType:
                 f"({_bytes(ckpt.get('held_bytes'), zero='0')}), {ckpt['saved']} saved, "
                 f"{ckpt.get('resumed', 0)} resumed, {ckpt.get('pruned', 0)} pruned, "
                 f"{ckpt.get('refused', 0)} refused"
+                + (
+                    f", {_bytes(ckpt.get('disk_bytes'), zero='0')} on worker disks, "
+                    f"{ckpt.get('copied', 0)} copied to peers, {ckpt.get('lost', 0)} lost"
+                    if ckpt.get("disk_bytes") or ckpt.get("copied") or ckpt.get("lost")
+                    else ""
+                )
             )
         )
 

@@ -809,9 +809,10 @@ __all__ += ["PruneDepthError"]
 
 
 class CheckpointError(CorralError, RuntimeError):
-    """``checkpoint()`` or ``restore()`` was called where it cannot work: outside a
-    running task, in a task run in a separate process, or with a checkpoint too large
-    (``reason`` says which, and what to do)."""
+    """``checkpoint()``, ``checkpoint_file()``, ``restore()`` or ``restore_path()``
+    cannot work: called outside a running task, a checkpoint larger than the disk its
+    worker has left, a file that cannot be read or written, a checkpoint that is not a
+    pickle (``reason`` says which, and what to do)."""
 
     def __init__(self, reason: str) -> None:
         super().__init__(f"{reason} See docs/files.md#checkpoints.", reason=reason)

@@ -162,8 +162,9 @@ class WorkerMemoryReport(Message):
     spilled_bytes: int = 0  #: outputs on disk now
     spilled_total: int = 0  #: bytes ever spilled
     abandoned: int = 0  #: threads still running a cancelled task (thread execution)
-    #: disk left for outputs: its ``--disk`` limit less the bytes on disk, or less if
-    #: the file system holding them has less free (None: not measured)
+    #: disk left for outputs: its ``--disk`` limit less the bytes on disk (spilled
+    #: outputs and checkpoint files), or less if the file system holding them has less
+    #: free (None: not measured)
     disk_free: int | None = None
 
 
@@ -265,13 +266,60 @@ class Evacuated(Message):
 
 @message(local=True)
 class CheckpointSaved(Message):
-    """Worker -> scheduler: running task ``key`` saved checkpoint number ``seq``,
-    ``data`` (pickled); the scheduler keeps the latest one until the task ends."""
+    """Worker -> scheduler: running task ``key`` saved checkpoint number ``seq``, a
+    file of ``nbytes`` on the worker's disk; ``data``: its bytes when it is small enough
+    to travel (the scheduler may keep them: a copy off the worker), else None."""
 
     worker_id: str
     key: Any
     seq: int
-    data: bytes
+    nbytes: int
+    data: bytes | None
+
+
+@message(local=True)
+class FetchCheckpoint(Message):
+    """Scheduler -> worker (an ask): copy checkpoint ``seq`` of task ``key``
+    (``nbytes``) from worker ``holder`` to your disk and keep it until told to drop it;
+    the reply is :class:`CheckpointFetched`."""
+
+    holder: str
+    key: Any
+    seq: int
+    nbytes: int
+
+
+@message(local=True)
+class CheckpointFetched(Message):
+    """The answer to :class:`FetchCheckpoint`: whether the copy is on disk (else why not)."""
+
+    ok: bool
+    reason: str = ""
+
+
+@message(local=True)
+class GetCheckpoint(Message):
+    """Worker -> peer (an ask): serve your file of checkpoint ``seq`` of task ``key``;
+    the reply is :class:`CheckpointStream`."""
+
+    key: Any
+    seq: int
+
+
+@message(local=True)
+class CheckpointStream(Message):
+    """The answer to :class:`GetCheckpoint`: the stream to read the file from
+    (:class:`~actors.transfer.StreamInfo`), or None when the peer has no such file."""
+
+    info: Any
+
+
+@message(local=True)
+class DropCheckpointsMsg(Message):
+    """Scheduler -> worker: delete these checkpoint files, ``(key, seq)`` (``seq`` 0:
+    every file of that task)."""
+
+    items: tuple[Any, ...]
 
 
 @message(local=True)

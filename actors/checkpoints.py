@@ -1,0 +1,191 @@
+"""A worker's checkpoint files: where they live, what they take of its disk, how a
+peer copies one.
+
+What lives here: :class:`CheckpointFiles`, the worker's table of the checkpoint files
+on its disk (its running tasks' own, copies it keeps for a peer's tasks, and ones it
+fetched to resume a task) in one directory of the worker's disk; and
+:func:`receive_file`, the reader that copies a checkpoint file from a peer part by part
+through the stream machinery of :mod:`actors.transfer` (the peer serves the file as a
+:class:`~actors.transfer.FileSegments` stream) into that directory.
+
+Tasks write their checkpoint files themselves (``runtime/task.py``): from a task's
+thread, or from a task process, they first :meth:`CheckpointFiles.reserve` room (which
+counts at once in :attr:`CheckpointFiles.nbytes`, the bytes the worker adds to its
+disk use), then the worker records the file (:meth:`~CheckpointFiles.commit`) or gives
+the room back (:meth:`~CheckpointFiles.release`). Thread-safe: task threads reserve,
+the worker's loop does the rest. docs/files.md, "Checkpoints".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import shutil
+import threading
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from actors.transfer import PART_BYTES, StreamInfo
+from runtime.errors import CorralError
+from runtime.messages import ReadStream, StreamPart
+from runtime.task import checkpoint_name
+
+__all__ = ["INLINE_BYTES", "CheckpointFiles", "receive_file"]
+
+#: checkpoint files up to this size travel to the scheduler with the message that
+#: announces them (the scheduler holds them, up to its ``checkpoint_inline_bytes``:
+#: their copy off the worker); larger ones stay on disks (a peer copies them)
+INLINE_BYTES = 4 * 2**20
+
+
+class CheckpointFiles:
+    """The checkpoint files on one worker's disk, ``(key, seq) -> (path, nbytes)``.
+
+    ``parent``: the worker's disk directory; the files go in a directory of their own
+    there (:attr:`directory`), made at the first reservation and removed by
+    :meth:`close`. ``room()``: the bytes the
+    worker's disk has left for them (its disk budget less what its outputs and these
+    files take)."""
+
+    def __init__(self, parent: str, worker: str, room: Callable[[], int]) -> None:
+        self.worker = worker
+        self.room = room
+        self._lock = threading.Lock()
+        #: where the files go: made at the first reservation, removed by :meth:`close`
+        self.directory = os.path.join(
+            parent, f"corral-checkpoints-{os.getpid()}-{secrets.token_hex(4)}"
+        )
+        self._made = False
+        self.files: dict[tuple[Any, int], tuple[str, int]] = {}
+        self._reserved: dict[tuple[Any, int], int] = {}
+        self.nbytes = 0  #: bytes of the files here plus the room reserved for new ones
+
+    def path(self, key: Any, seq: int) -> str:
+        return os.path.join(self.directory, checkpoint_name(key, seq))
+
+    def reserve(self, key: Any, seq: int, nbytes: int) -> str | None:
+        """Room for checkpoint ``seq`` of ``key`` (``nbytes``): None when granted (it
+        counts in :attr:`nbytes` from now on), else why not, with the sizes."""
+        with self._lock:
+            if not self._made:
+                try:
+                    os.makedirs(self.directory, mode=0o700, exist_ok=True)
+                except OSError as exc:
+                    return f"worker {self.worker!r} cannot make {self.directory}: {exc}."
+                self._made = True
+            left = self.room()
+            if nbytes > left:
+                return (
+                    f"checkpoint {seq} of task {key!r} is {nbytes} bytes, more than the "
+                    f"{left} bytes of disk worker {self.worker!r} has left (its outputs and "
+                    "checkpoints share its disk): save less (the progress made, not the "
+                    "data), or give the worker more disk (--disk). The previous checkpoint "
+                    "stays."
+                )
+            self._reserved[(key, seq)] = self._reserved.get((key, seq), 0) + nbytes
+            self.nbytes += nbytes
+            return None
+
+    def release(self, key: Any, seq: int) -> None:
+        """Give back the room reserved for ``(key, seq)`` (its write failed)."""
+        with self._lock:
+            self.nbytes -= self._reserved.pop((key, seq), 0)
+
+    @property
+    def pending(self) -> bool:
+        """Whether room is reserved for a file not written yet."""
+        return bool(self._reserved)
+
+    def settle(self, key: Any) -> None:
+        """A try of ``key`` ended: room still reserved for it (a task process killed
+        between its reservation and its file) comes back, its partial file goes."""
+        with self._lock:
+            for item in [item for item in self._reserved if item[0] == key]:
+                self.nbytes -= self._reserved.pop(item)
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(self.directory, checkpoint_name(*item)) + ".tmp")
+
+    def commit(self, key: Any, seq: int, path: str, nbytes: int) -> None:
+        """The file of ``(key, seq)`` is in place (its room was reserved, or is taken now)."""
+        with self._lock:
+            self.nbytes -= self._reserved.pop((key, seq), 0)
+            old = self.files.get((key, seq))
+            if old is not None:
+                self.nbytes -= old[1]
+            self.files[(key, seq)] = (path, nbytes)
+            self.nbytes += nbytes
+
+    def find(self, key: Any, seq: int) -> tuple[str, int] | None:
+        with self._lock:
+            return self.files.get((key, seq))
+
+    def latest(self, key: Any) -> tuple[int, str] | None:
+        """``(seq, path)`` of the newest file of ``key`` here, or None."""
+        if not self.files:  # the common case, on every task's start: no lock
+            return None
+        with self._lock:
+            seqs = [seq for k, seq in self.files if k == key]
+            if not seqs:
+                return None
+            seq = max(seqs)
+            return seq, self.files[(key, seq)][0]
+
+    def drop(self, key: Any, seq: int = 0) -> int:
+        """Delete the file of ``(key, seq)``, or every file of ``key`` (``seq`` 0);
+        the bytes freed."""
+        with self._lock:
+            gone = [(k, s) for k, s in self.files if k == key and seq in (0, s)]
+            freed = 0
+            for item in gone:
+                path, nbytes = self.files.pop(item)
+                freed += nbytes
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+            self.nbytes -= freed
+            return freed
+
+    def close(self) -> None:
+        """Delete every file and the directory."""
+        with self._lock:
+            made, self._made = self._made, False
+            self.files.clear()
+            self._reserved.clear()
+            self.nbytes = 0
+        if made:
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+
+async def receive_file(
+    ask: Callable[[ReadStream], Awaitable[StreamPart]], info: StreamInfo, path: str
+) -> int:
+    """Copy the one-segment stream ``info`` (a checkpoint file a peer serves) to
+    ``path``, one part of at most :data:`~actors.transfer.PART_BYTES` at a time, never
+    the whole file in memory: written to a temporary name, renamed into place at the
+    end. Returns the bytes written; on failure the partial file is removed and the
+    error propagates."""
+    total = sum(info.sizes)
+    tmp = path + ".part"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            for offset in range(0, total, PART_BYTES):
+                length = min(PART_BYTES, total - offset)
+                part = await ask(ReadStream(info.stream, offset, length, info.worker))
+                if len(part.data) != length:
+                    raise CorralError(
+                        f"checkpoint stream {info.stream} of {info.key!r}: asked {length} "
+                        f"bytes at {offset}, got {len(part.data)}",
+                        key=str(info.key),
+                    )
+                view, at = memoryview(part.data), 0
+                while at < length:
+                    at += os.pwrite(fd, view[at:], offset + at)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return total
