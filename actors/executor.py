@@ -63,6 +63,7 @@ from dask.sizeof import sizeof
 
 from actors.protocol import TaskResult, ToRun
 from runtime.errors import TaskProcessDied
+from runtime.files import discard_output, task_outputs
 from runtime.graph import Key, PickledNode
 from runtime.lifeline import LIFELINE_EXIT_CODE, die_with_parent
 from runtime.task import TaskContext, running
@@ -133,8 +134,11 @@ class BaseExecutor(abc.ABC):
         deliver: Callable[[Results], None],
         *,
         batch_delay: float = 0.002,
+        sandbox: str | None = None,
     ) -> None:
         self.batch_delay = batch_delay
+        #: where tasks write their file outputs (``runtime/files.py``): the worker's store
+        self.sandbox = sandbox
         self._deliver = deliver
         self._lock = threading.Lock()
         self._done: Results = []
@@ -214,6 +218,7 @@ class BaseExecutor(abc.ABC):
         self._cancelled.discard(key)
         if result.outcome in ("error", "cancelled"):
             return result, None
+        discard_output(value)  # a file output nobody keeps
         return TaskResult(key, "cancelled", result.start, result.stop), None
 
 
@@ -242,8 +247,9 @@ class Executor(BaseExecutor):
         *,
         batch_delay: float = 0.002,
         max_abandoned: int | None = None,
+        sandbox: str | None = None,
     ) -> None:
-        super().__init__(deliver, batch_delay=batch_delay)
+        super().__init__(deliver, batch_delay=batch_delay, sandbox=sandbox)
         self._jobs: queue.SimpleQueue[tuple[ToRun, dict[Key, Any]] | None] = queue.SimpleQueue()
         self._closed = False
         self._name = name
@@ -327,7 +333,8 @@ class Executor(BaseExecutor):
                     abandoned = me in self._abandoned
                     self._abandoned.discard(me)
                 if abandoned:  # cancelled while it ran: reported already, a fresh
-                    if done:  # thread has its slot; this one ends here
+                    discard_output(value)  # thread has its slot; this one ends here
+                    if done:
                         self._push(done)
                     return
                 done.append((result, value))
@@ -350,8 +357,8 @@ class Executor(BaseExecutor):
             return TaskResult(task.key, "cancelled"), None, before
         start = time.time()
         try:
-            with running(self._context(task)):
-                value = task.node(inputs)
+            with running(self._context(task)), task_outputs(self.sandbox, task.key) as files:
+                value = files.finish(task.node(inputs))  # a File is measured here
         except BaseException as exc:
             stop = time.time()
             after = rss()
@@ -520,8 +527,8 @@ def _run_job(key: Key, parts: list[bytearray]) -> tuple[tuple[Any, ...], list[me
                 "cannot be loaded there; is their module installed on the workers?)"
             )
             raise
-        with running(_no_checkpoints(key)):
-            value = node(inputs)
+        with running(_no_checkpoints(key)), task_outputs(_SANDBOX, key) as files:
+            value = files.finish(node(inputs))  # a File is measured here
     except BaseException as exc:
         stop = time.time()
         error, tb = _pack_error(exc)
@@ -541,9 +548,17 @@ def _run_job(key: Key, parts: list[bytearray]) -> tuple[tuple[Any, ...], list[me
     return ("ok", start, stop, before, after, ""), out
 
 
-def _task_process_main(conn: Connection, lifeline: Connection, parent_pid: int) -> None:
+#: the worker's sandbox for file outputs, in a task process (``_task_process_main``)
+_SANDBOX: str | None = None
+
+
+def _task_process_main(
+    conn: Connection, lifeline: Connection, parent_pid: int, sandbox: str | None = None
+) -> None:
     """What a task process runs: jobs from ``conn``, one at a time, until told to stop
     or until the parent is gone."""
+    global _SANDBOX
+    _SANDBOX = sandbox
     # SIGKILL when the thread that started us ends; exit now if it has.
     die_with_parent(signal.SIGKILL, parent_pid)
     # Ctrl-C in a terminal reaches the whole process group: the worker stops its task
@@ -630,8 +645,9 @@ class ProcessExecutor(BaseExecutor):
         deliver: Callable[[Results], None],
         *,
         batch_delay: float = 0.002,
+        sandbox: str | None = None,
     ) -> None:
-        super().__init__(deliver, batch_delay=batch_delay)
+        super().__init__(deliver, batch_delay=batch_delay, sandbox=sandbox)
         self.name = name
         self._jobs: queue.SimpleQueue[tuple[ToRun, dict[Key, Any]] | None] = queue.SimpleQueue()
         self._state = threading.Lock()  #: guards the slots' pid, key and killed
@@ -863,7 +879,7 @@ class ProcessExecutor(BaseExecutor):
             raise
         process = _CTX.Process(
             target=_task_process_main,
-            args=(theirs, life_r, os.getpid()),
+            args=(theirs, life_r, os.getpid(), self.sandbox),
             name=f"{self.name}-task-{index}",
             daemon=True,
         )

@@ -382,11 +382,14 @@ class GetData(Message):
     that only forwards them (the manager never decodes results). ``stream_over``: a
     value whose recorded size is at least this many bytes is not in the reply but
     opened as a stream (``DataReply.streams``) that the requester reads part by part
-    (``actors/transfer.py``); 0, for a requester in the same process: never."""
+    (``actors/transfer.py``); 0, for a requester in the same process: never.
+    ``files``: file outputs (``runtime/files.py``) come as streams of their bytes, to be
+    copied (a peer fetching an input); otherwise as their ``File`` handles."""
 
     keys: tuple[Any, ...]
     raw: bool = False
     stream_over: int = 0
+    files: bool = False
 
 
 @message(local=True)
