@@ -532,7 +532,7 @@ class Worker(Actor):
                 out.append((res, value))
                 continue
             size = value.size or 0
-            res = dataclasses.replace(res, nbytes=size)
+            res = dataclasses.replace(res, nbytes=size, file=True)
             room = self._disk_free(written=size) - self._incoming if self.disk else None
             if room is not None and size > room:
                 discard_output(value)

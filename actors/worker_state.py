@@ -512,6 +512,7 @@ class WorkerState:
                     rss_before=res.rss_before,
                     rss_peak=max(peak, rss) if peak else 0,
                     fetches=tuple(self.fetch_log.pop(key, ())),
+                    file=res.file and outcome == "ok",
                 )
             )
         if results:

@@ -616,3 +616,65 @@ async def test_a_task_returning_a_file_outside_its_sandbox_fails_with_what_to_do
             assert "outside its worker's sandbox" in str(info.value)
             with pytest.raises(FileOutputError, match="plain file name"):
                 await cluster.submit(bad_name)
+
+
+# ------------------------------------------------------------------ the scheduler core
+
+
+@pytest.mark.parametrize("file", [True, False])
+def test_memory_admission_leaves_out_inputs_that_are_file_outputs(file: bool) -> None:
+    """A 5 GiB input on a 1 GiB worker: a file output is read from disk, so its reader
+    runs; the same bytes as a Python value would not fit in memory (TaskTooLarge)."""
+    from actors.protocol import TaskResult
+    from actors.scheduler_state import Execute, KeyErred, SchedulerState, TasksFinished
+    from runtime.errors import TaskTooLarge
+    from tests.helpers import GB, event, join, of, run, submit
+
+    s = SchedulerState()
+    join(s, "w", memory=GB)
+    submit(s, {"a": [], "b": ["a"]}, ["b"])
+    res = TaskResult("a", "ok", 0.0, 1.0, 5 * GB, file=file)
+    cmds = run(s, event(TasksFinished, worker="w", results=(res,)))
+    b = s.tasks["b"]
+    if file:
+        assert [t.key for c in of(cmds, Execute) for t in c.tasks] == ["b"]
+        assert (s.tasks["a"].file, b.in_nbytes, b.in_files) == (True, 0, 5 * GB)
+    else:
+        (erred,) = of(cmds, KeyErred)
+        assert isinstance(erred.error, TaskTooLarge)
+
+
+def find(root: Path, pattern: str) -> list[Path]:
+    return sorted(root.rglob(pattern))
+
+
+async def test_a_replica_of_a_file_output_is_a_copy_of_its_file_on_another_worker(
+    tmp_path: Path,
+) -> None:
+    from runtime import Cluster
+
+    spill = tmp_path / "spill"
+    with anyio.fail_after(60):
+        async with Cluster(
+            workers=2,
+            memory_options={"spill_dir": str(spill)},
+            policies={"replication": ("fixed", {"replicas": 1})},
+        ) as cluster:
+            await cluster.wait_for_workers(2)
+            (fut,) = await cluster.submit_graph({"load-0": (load, 0, 300 * KiB)}, ["load-0"])
+            handle = await fut.result()
+
+            async def made() -> bool:
+                return bool((await cluster.status())["replicas"]["made"])
+
+            await wait_until(made, "the replica", limit=30)
+            copies = find(spill, "*-load-0.root")
+            assert len(copies) == 2 and copies[0].parent != copies[1].parent
+            assert Path(handle.path) in copies
+            assert all(digest(str(p)) == (handle.size, handle.checksum) for p in copies)
+            assert not find(spill, "*.part")
+            status = await cluster.status()
+            assert status["storage"]["transfer_bytes"]["replica"] == 300 * KiB
+            fut.release()
+            del fut
+            await wait_until(lambda: not find(spill, "*-load-0.root"), "both removed", limit=30)
