@@ -403,7 +403,8 @@ async def receive_file(
                     )
                 data = got.data
                 del got
-                await anyio.to_thread.run_sync(_pwrite_all, fd, data, at)
+                with anyio.CancelScope(shield=True):  # a part received is kept
+                    await anyio.to_thread.run_sync(_pwrite_all, fd, data, at)
                 done[at] = length
         except Exception as exc:  # the first failure ends this stream; resumed below
             errors.append(exc)

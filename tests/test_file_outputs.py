@@ -30,9 +30,19 @@ import pytest
 
 from actors.store import SpillStore
 from actors.transfer import StreamBroken, StreamInfo, StreamTable, fetch_file
-from runtime.errors import AskTimeout, FileChecksumError, FileOutputError
+from runtime.errors import AskTimeout, DiskFull, FileChecksumError, FileOutputError
 from runtime.files import File, TaskOutputs, digest, output_path, task_outputs
-from runtime.messages import ReadStream, StreamPart
+from runtime.kernel import Actor, ActorRef, ActorSystem, handles
+from runtime.messages import (
+    CopyFrom,
+    GetData,
+    ReadStream,
+    RegisterWorker,
+    RunTasks,
+    StreamPart,
+    TasksDone,
+    WorkerMemoryReport,
+)
 from tests.helpers import load_bench, wait_until
 
 pytestmark = pytest.mark.anyio
@@ -678,3 +688,187 @@ async def test_a_replica_of_a_file_output_is_a_copy_of_its_file_on_another_worke
             fut.release()
             del fut
             await wait_until(lambda: not find(spill, "*-load-0.root"), "both removed", limit=30)
+
+
+# ------------------------------------------------------------------ workers, a broken link
+
+
+class Recorder(Actor):
+    """The scheduler, as far as workers tell it: the tries that ended."""
+
+    def __init__(self) -> None:
+        self.done: dict[Any, Any] = {}
+        self.changed = anyio.Event()
+
+    def _wake(self) -> None:
+        self.changed.set()
+        self.changed = anyio.Event()
+
+    @handles(TasksDone)
+    def tasks_done(self, msg: TasksDone) -> None:
+        self.done.update((r.key, r) for r in msg.results)
+        self._wake()
+
+    @handles(RegisterWorker, WorkerMemoryReport)
+    def other(self, msg: Any) -> None:
+        pass
+
+    async def until(self, key: str) -> Any:
+        while key not in self.done:
+            await self.changed.wait()
+        return self.done[key]
+
+
+class BrokenLink:
+    """A peer worker's reference over a link that breaks: while ``broken``, a read of
+    the file's bytes past ``cut`` times out (once the bytes before it came through).
+    ``heals``: the next stream asked for (a resume) works. Counts the bytes read."""
+
+    def __init__(self, ref: ActorRef[Any], cut: int, *, heals: bool) -> None:
+        self.ref = ref
+        self.cut = cut
+        self.heals = heals
+        self.broken = True
+        self.streams = 0
+        self.read = 0
+        self.before_cut = anyio.Event()
+
+    async def ask(self, msg: Any, timeout: float | None = None) -> Any:  # noqa: ASYNC109
+        if isinstance(msg, GetData):
+            self.streams += 1
+            if self.heals and self.streams > 1:
+                self.broken = False
+        if isinstance(msg, ReadStream) and self.broken and msg.offset >= self.cut:
+            await self.before_cut.wait()
+            raise AskTimeout("w1", "ReadStream", 1.0)
+        reply = await self.ref.ask(msg, timeout=timeout)
+        if isinstance(msg, ReadStream):
+            self.read += len(reply.data)
+            if msg.offset < self.cut:
+                self.before_cut.set()
+        return reply
+
+    def post(self, msg: Any) -> None:
+        self.ref.post(msg)
+
+
+def big_file() -> File:
+    """A 20 MiB file output: three parts of a stream."""
+    path = output_path("big.root")
+    with open(path, "wb") as f:
+        f.write(payload(99, 20 * MiB))
+    return File(path)
+
+
+def checksum_of(f: File) -> tuple[str, str]:
+    return digest(f.path)[1], f.path
+
+
+def to_run(key: str, func: Any, *deps: tuple[str, tuple[str, ...], int]) -> Any:
+    from actors.protocol import ToRun
+    from runtime.graph import Task, TaskRef
+
+    args = [TaskRef(k) for k, _, _ in deps]
+    holders = tuple((k, h) for k, h, _ in deps)
+    sizes = tuple(n for _, _, n in deps)
+    return ToRun(key, Task(key, func, *args), key.split("-")[0], holders, False, sizes)
+
+
+@pytest.mark.parametrize("heals", [True, False])
+async def test_a_worker_resumes_a_file_copy_after_a_broken_link(
+    tmp_path: Path, heals: bool
+) -> None:
+    """w3 copies a 20 MiB file output (three parts of 8 MiB) from w1 over a link that
+    breaks after the first part. If the link heals, w3 resumes from w1 at 8 MiB; if not,
+    it gives up on w1 after its resumes and goes on from the same byte with w2, the next
+    holder (a replica). Either way the bytes before the break are read once."""
+    from actors.transfer import PART_BYTES, RESUMES
+    from actors.worker import Worker
+
+    size = 20 * MiB
+    sched = Recorder()
+    with anyio.fail_after(60):
+        async with ActorSystem() as system:
+            sref = await system.spawn(sched, "scheduler")
+            refs: dict[str, Any] = {}
+            workers: dict[str, Worker] = {}
+            links: dict[str, BrokenLink] = {}
+
+            def resolve(wid: str) -> Any:
+                return links.get(wid) or refs.get(wid)
+
+            for wid in ("w1", "w2", "w3"):
+                workers[wid] = Worker(
+                    wid, sref, resolve if wid == "w3" else refs.get, memory=2**30,
+                    memory_options={"spill_dir": str(tmp_path / wid)},
+                )  # fmt: skip
+                refs[wid] = await system.spawn(workers[wid], wid)
+            refs["w1"].post(
+                RunTasks(
+                    (
+                        to_run(
+                            "big-0",
+                            big_file,
+                        ),
+                    )
+                )
+            )
+            assert (await sched.until("big-0")).outcome == "ok"
+            held: File = workers["w1"].data["big-0"]
+            assert held.size == size and workers["w1"].data.is_file("big-0")
+            reply = await refs["w2"].ask(CopyFrom("w1", (("big-0", size),)), timeout=30)
+            assert reply.got == ("big-0",)  # w2 has a replica
+            link = links["w1"] = BrokenLink(refs["w1"], PART_BYTES, heals=heals)
+            links["w2"] = BrokenLink(refs["w2"], size, heals=True)  # never breaks
+            refs["w3"].post(
+                RunTasks((to_run("read-0", checksum_of, ("big-0", ("w1", "w2"), size)),))
+            )
+            res = await sched.until("read-0")
+            assert res.outcome == "ok", res.error
+            got, path = workers["w3"].data["read-0"]
+            assert got == held.checksum and path.startswith(str(tmp_path / "w3"))
+            assert not find(tmp_path / "w3", "*.part")
+            if heals:
+                assert link.streams == 2 and link.read == size  # nothing read twice
+                assert links["w2"].read == 0 and res.fetches[0][1] == "w1"
+            else:
+                assert link.streams == 1 + RESUMES and link.read == PART_BYTES
+                # The rest came from the next holder, from where the copy broke.
+                assert links["w2"].read == size - PART_BYTES
+                assert res.fetches[0][1] == "w2"
+            assert res.fetches[0][2] == size
+
+
+async def test_a_worker_without_the_disk_for_a_file_input_refuses_it_before_writing(
+    tmp_path: Path,
+) -> None:
+    from actors.worker import Worker
+
+    sched = Recorder()
+    with anyio.fail_after(60):
+        async with ActorSystem() as system:
+            sref = await system.spawn(sched, "scheduler")
+            refs: dict[str, Any] = {}
+            for wid, disk in (("w1", 0), ("w2", 4 * MiB)):
+                w = Worker(
+                    wid, sref, refs.get, memory=2**30, disk=disk,
+                    memory_options={"spill_dir": str(tmp_path / wid)},
+                )  # fmt: skip
+                refs[wid] = await system.spawn(w, wid)
+            refs["w1"].post(
+                RunTasks(
+                    (
+                        to_run(
+                            "big-0",
+                            big_file,
+                        ),
+                    )
+                )
+            )
+            assert (await sched.until("big-0")).outcome == "ok"
+            dep = ("big-0", ("w1",), 20 * MiB)
+            refs["w2"].post(RunTasks((to_run("read-0", checksum_of, dep),)))
+            res = await sched.until("read-0")
+            assert res.outcome == "disk-full" and isinstance(res.error, DiskFull)
+            assert "big-0" in str(res.error)
+            assert not [p for p in (tmp_path / "w2").rglob("*") if p.is_file()]
