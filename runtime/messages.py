@@ -467,10 +467,12 @@ class CancelRequest(Message):
 @message(local=True)
 class GatherRequest(Message):
     """Client -> manager: the values of these finished keys (``raw``: as the workers'
-    pickles, for a client in another process)."""
+    pickles, for a client in another process). ``files``: file outputs as streams of
+    their bytes, which the client reads through the manager (a download)."""
 
     keys: tuple[Any, ...]
     raw: bool = False
+    files: bool = False
 
 
 @message()

@@ -464,6 +464,14 @@ async def test_load_skim_merge_of_real_files_on_worker_processes(tmp_path: Path)
             on_disk = [h.path for h in handles]
             copies = [p for r in results for p in r["paths"] if p not in on_disk]
             assert len(copies) * (nbytes // 2) <= copied
+            # A download copies a file output here, through the manager, part by part.
+            dest = tmp_path / "downloads" / "first.root"
+            dest.parent.mkdir()
+            got = await cluster.download(futures[0], dest)
+            assert (got.path, got.size, got.checksum) == (str(dest), handles[0].size,
+                                                          handles[0].checksum)  # fmt: skip
+            assert read(str(dest)) == expected_skim(0, nbytes)
+            assert os.listdir(dest.parent) == ["first.root"]
             # Dropping the outputs removes their files (holders' and copies) from disk.
             for fut in futures:
                 fut.release()
@@ -626,6 +634,8 @@ async def test_a_task_returning_a_file_outside_its_sandbox_fails_with_what_to_do
             assert "outside its worker's sandbox" in str(info.value)
             with pytest.raises(FileOutputError, match="plain file name"):
                 await cluster.submit(bad_name)
+            with pytest.raises(FileOutputError, match="is a bytes, not a file output"):
+                await cluster.download(cluster.submit(blob, 10), tmp_path / "x")
 
 
 # ------------------------------------------------------------------ the scheduler core
