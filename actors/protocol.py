@@ -88,3 +88,4 @@ class FileFact(NamedTuple):
     replicas: tuple[str, ...]
     consumers: int
     wanted: bool
+    file: bool = False  #: a file output (``runtime/files.py``): ``nbytes`` on disk

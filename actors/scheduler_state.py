@@ -3066,7 +3066,9 @@ class SchedulerState:
                     ts.registered = True
                 holds = ts.consumers if self._depth == 1 else self._holds(ts)
                 facts.append(
-                    FileFact(key, state, ts.nbytes, tuple(ts.who_has), holds, ts.wanted > 0)
+                    FileFact(
+                        key, state, ts.nbytes, tuple(ts.who_has), holds, ts.wanted > 0, ts.file
+                    )
                 )
             self._out.append(FileFacts(self._stimulus, tuple(facts)))
             self._files = {}

@@ -806,13 +806,16 @@ class CategoryStatus(Message):
 @message()
 class FilesStatus(Message):
     """The file registry's summary: outputs it tracks, per state, bytes stored per
-    worker, and the outputs (and their bytes over all replicas) dropped so far."""
+    worker, the outputs (and their bytes over all replicas) dropped so far, and the file
+    outputs on workers now (``runtime/files.py``) and their bytes over all replicas."""
 
     files: int = 0
     states: dict[str, int] = dataclasses.field(default_factory=dict)
     stored_bytes: dict[str, int] = dataclasses.field(default_factory=dict)
     released: int = 0
     released_bytes: int = 0
+    file_outputs: int = 0
+    file_bytes: int = 0
 
 
 @message()

@@ -458,6 +458,10 @@ async def test_load_skim_merge_of_real_files_on_worker_processes(tmp_path: Path)
             assert status["categories"]["load"]["max_nbytes"] == nbytes
             stored = sum(status["files"]["stored_bytes"].values())
             assert stored >= n * nbytes // 2
+            # The skims are file outputs (the loads were pruned, the merges are values),
+            # with their copies on the merges' workers.
+            assert status["files"]["file_outputs"] == n
+            assert status["files"]["file_bytes"] >= n * nbytes // 2
             copied = status["storage"]["transfer_bytes"].get("fetch", 0)
             if len(holders) > 1:  # skims on both workers: merges copied some over
                 assert copied >= nbytes // 2
@@ -882,3 +886,23 @@ async def test_a_worker_without_the_disk_for_a_file_input_refuses_it_before_writ
             assert res.outcome == "disk-full" and isinstance(res.error, DiskFull)
             assert "big-0" in str(res.error)
             assert not [p for p in (tmp_path / "w2").rglob("*") if p.is_file()]
+
+
+def test_the_registry_counts_file_outputs_and_their_copies() -> None:
+    from actors.protocol import FileFact
+    from actors.registry import FileTable
+
+    t = FileTable()
+    t.handle(
+        (
+            FileFact("f", "created", 100, ("w1",), 1, False, True),
+            FileFact("v", "created", 7, ("w1",), 1, False),  # a value: not counted
+        )
+    )
+    assert (t.file_outputs, t.file_bytes) == (1, 100)
+    t.handle((FileFact("f", "created", 100, ("w1", "w2"), 1, False, True),))  # a replica
+    assert (t.file_outputs, t.file_bytes) == (1, 200)
+    t.handle((FileFact("f", "created", 100, ("w1", "w2"), 0, False, True),))  # pruned
+    assert t.files["f"].state == "released"
+    summary = t.summary()
+    assert (summary["file_outputs"], summary["file_bytes"]) == (0, 0)
