@@ -311,12 +311,7 @@ async def receive_parts(
         try:
             async with slots:
                 part = await ask(ReadStream(info.stream, offset, length, info.worker))
-            if len(part.data) != length:
-                raise CorralError(
-                    f"stream {info.stream} of {info.key!r}: asked {length} bytes at "
-                    f"{offset}, got {len(part.data)}",
-                    key=str(info.key),
-                )
+            _check_part(info, offset, length, part)
             place(offset, part.data)
         except Exception as exc:  # the first failure ends the read; it is raised below
             errors.append(exc)
@@ -332,6 +327,16 @@ async def receive_parts(
     if errors:
         raise errors[0]
     return bufs
+
+
+def _check_part(info: StreamInfo, offset: int, length: int, part: StreamPart) -> None:
+    """A part of ``length`` bytes asked at ``offset`` must come back that long."""
+    if len(part.data) != length:
+        raise CorralError(
+            f"stream {info.stream} of {info.key!r}: asked {length} bytes at {offset}, "
+            f"got {len(part.data)}",
+            key=str(info.key),
+        )
 
 
 def loads(parts: Sequence[bytes | bytearray]) -> Any:
@@ -395,12 +400,7 @@ async def receive_file(
         try:
             async with slots:
                 got = await ask(ReadStream(info.stream, at, length, info.worker))
-                if len(got.data) != length:
-                    raise CorralError(
-                        f"stream {info.stream} of {info.key!r}: asked {length} bytes at "
-                        f"{at}, got {len(got.data)}",
-                        key=str(info.key),
-                    )
+                _check_part(info, at, length, got)
                 data = got.data
                 del got
                 with anyio.CancelScope(shield=True):  # a part received is kept

@@ -778,6 +778,24 @@ def checksum_of(f: File) -> tuple[str, str]:
     return digest(f.path)[1], f.path
 
 
+async def start_worker(
+    system: ActorSystem,
+    sched: ActorRef[Any],
+    wid: str,
+    tmp_path: Path,
+    resolve: Any,
+    disk: int = 0,
+) -> tuple[Any, ActorRef[Any]]:
+    """A worker actor ``wid`` (its sandbox in ``tmp_path / wid``) and its reference."""
+    from actors.worker import Worker
+
+    w = Worker(
+        wid, sched, resolve, memory=2**30, disk=disk,
+        memory_options={"spill_dir": str(tmp_path / wid)},
+    )  # fmt: skip
+    return w, await system.spawn(w, wid)
+
+
 def to_run(key: str, func: Any, *deps: tuple[str, tuple[str, ...], int]) -> Any:
     from actors.protocol import ToRun
     from runtime.graph import Task, TaskRef
@@ -797,7 +815,6 @@ async def test_a_worker_resumes_a_file_copy_after_a_broken_link(
     it gives up on w1 after its resumes and goes on from the same byte with w2, the next
     holder (a replica). Either way the bytes before the break are read once."""
     from actors.transfer import PART_BYTES, RESUMES
-    from actors.worker import Worker
 
     size = 20 * MiB
     sched = Recorder()
@@ -805,28 +822,17 @@ async def test_a_worker_resumes_a_file_copy_after_a_broken_link(
         async with ActorSystem() as system:
             sref = await system.spawn(sched, "scheduler")
             refs: dict[str, Any] = {}
-            workers: dict[str, Worker] = {}
+            workers: dict[str, Any] = {}
             links: dict[str, BrokenLink] = {}
 
             def resolve(wid: str) -> Any:
                 return links.get(wid) or refs.get(wid)
 
             for wid in ("w1", "w2", "w3"):
-                workers[wid] = Worker(
-                    wid, sref, resolve if wid == "w3" else refs.get, memory=2**30,
-                    memory_options={"spill_dir": str(tmp_path / wid)},
-                )  # fmt: skip
-                refs[wid] = await system.spawn(workers[wid], wid)
-            refs["w1"].post(
-                RunTasks(
-                    (
-                        to_run(
-                            "big-0",
-                            big_file,
-                        ),
-                    )
+                workers[wid], refs[wid] = await start_worker(
+                    system, sref, wid, tmp_path, resolve if wid == "w3" else refs.get
                 )
-            )
+            refs["w1"].post(RunTasks((to_run("big-0", big_file),)))
             assert (await sched.until("big-0")).outcome == "ok"
             held: File = workers["w1"].data["big-0"]
             assert held.size == size and workers["w1"].data.is_file("big-0")
@@ -856,29 +862,14 @@ async def test_a_worker_resumes_a_file_copy_after_a_broken_link(
 async def test_a_worker_without_the_disk_for_a_file_input_refuses_it_before_writing(
     tmp_path: Path,
 ) -> None:
-    from actors.worker import Worker
-
     sched = Recorder()
     with anyio.fail_after(60):
         async with ActorSystem() as system:
             sref = await system.spawn(sched, "scheduler")
             refs: dict[str, Any] = {}
             for wid, disk in (("w1", 0), ("w2", 4 * MiB)):
-                w = Worker(
-                    wid, sref, refs.get, memory=2**30, disk=disk,
-                    memory_options={"spill_dir": str(tmp_path / wid)},
-                )  # fmt: skip
-                refs[wid] = await system.spawn(w, wid)
-            refs["w1"].post(
-                RunTasks(
-                    (
-                        to_run(
-                            "big-0",
-                            big_file,
-                        ),
-                    )
-                )
-            )
+                _, refs[wid] = await start_worker(system, sref, wid, tmp_path, refs.get, disk)
+            refs["w1"].post(RunTasks((to_run("big-0", big_file),)))
             assert (await sched.until("big-0")).outcome == "ok"
             dep = ("big-0", ("w1",), 20 * MiB)
             refs["w2"].post(RunTasks((to_run("read-0", checksum_of, dep),)))
