@@ -14,7 +14,9 @@ What lives here:
 - :func:`rss`: this process's resident set size, cheap enough to read around each task.
 
 Each executor measures, per task, duration, output size (``dask.sizeof``) and RSS right
-before and right after it.
+before and right after it, and runs it in its file outputs' context
+(:func:`runtime.files.task_outputs`: the worker's sandbox, given as ``sandbox``), which
+measures a returned ``File`` in the task's own thread or task process.
 
 Which mode to pick: threads are the default because tasks share the worker's memory, so
 inputs and outputs are never copied, and numpy, pandas and most compiled code release
