@@ -897,3 +897,47 @@ def test_the_registry_counts_file_outputs_and_their_copies() -> None:
     assert t.files["f"].state == "released"
     summary = t.summary()
     assert (summary["file_outputs"], summary["file_bytes"]) == (0, 0)
+
+
+# ------------------------------------------------------------------ the executor
+
+
+def gated_file(gate: str, started: str) -> File:
+    """Waits at the gate, then writes a file output."""
+    from tests.helpers import held_at_gate
+
+    held_at_gate(gate, started)
+    path = output_path("late.bin")
+    Path(path).write_bytes(b"z" * 1000)
+    return File(path)
+
+
+async def test_the_file_of_a_try_cancelled_while_it_ran_is_removed(tmp_path: Path) -> None:
+    """A thread running a cancelled task is abandoned; the file it still writes and
+    returns is removed, and so is its try's directory: nothing stays in the sandbox."""
+    from actors.executor import Executor
+    from runtime.graph import Task
+
+    sandbox = tmp_path / "sandbox"
+    sandbox.mkdir()
+    delivered: list[Any] = []
+    ex = Executor(1, "w1", delivered.extend, sandbox=str(sandbox))
+    gate, started = tmp_path / "gate", tmp_path / "started"
+    try:
+        task = Task("late-0", gated_file, str(gate), str(started))
+        from actors.protocol import ToRun
+
+        ex.submit(ToRun("late-0", task, "late", ()), {})
+        await wait_until(started.exists, "the task running", limit=15)
+        ex.cancel("late-0")
+        await wait_until(lambda: delivered, "the cancelled try", limit=15)
+        assert delivered[0][0].outcome == "cancelled" and ex.abandoned == 1
+        gate.touch()
+        await wait_until(lambda: ex.abandoned == 0, "the abandoned thread's end", limit=15)
+        await wait_until(
+            lambda: not [p for p in sandbox.rglob("*") if p.is_file()], "no file left", limit=15
+        )
+        assert delivered[1:] == []  # its late result was dropped
+    finally:
+        gate.touch()
+        ex.shutdown(wait=True)
