@@ -244,9 +244,10 @@ class Worker(Actor):
         self._trimmed = 0.0  #: when the heap was last trimmed
         self._disk_full = False  #: warned that spilling has no disk room
         self._written: set[Key] = set()  #: outputs just written to disk, for the core
-        #: file copies that broke: key -> (.part file, bytes in it, the holder's File),
-        #: resumed by the next fetch of the same file (from any holder)
-        self._partials: dict[Key, tuple[str, int, File]] = {}
+        #: file copies that broke: key -> (.part file, bytes in it, the holder's File,
+        #: when), resumed by the next fetch of the same file (from any holder); removed
+        #: when nothing fetched it again for ``transfer.IDLE_SECONDS``
+        self._partials: dict[Key, tuple[str, int, File, float]] = {}
         self._incoming = 0  #: disk set aside for the file copies under way
         #: (bytes on disk, disk free) as the scheduler knows them: at first, from the
         #: registration (nothing on disk, all of ``disk`` free)
@@ -365,6 +366,11 @@ class Worker(Actor):
                 self._report()
         if self.streams:
             self.streams.expire(self._now())  # streams whose reader died
+        if self._partials:  # broken copies nothing resumed
+            now = self._now()
+            for key, (*_, when) in list(self._partials.items()):
+                if now - when > transfer.IDLE_SECONDS:
+                    self._drop_partial(key)
 
     @handles(_TimerFired)
     def timer_fired(self, msg: _TimerFired) -> None:
@@ -677,7 +683,7 @@ class Worker(Actor):
             )
         except StreamBroken as exc:
             if exc.prefix:  # the next fetch of this file goes on from there
-                self._partials[key] = (exc.part, exc.prefix, meta)
+                self._partials[key] = (exc.part, exc.prefix, meta, self._now())
             raise
         except OSError as exc:
             if exc.errno == errno.ENOSPC:  # the file system filled up meanwhile

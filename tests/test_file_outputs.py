@@ -941,3 +941,34 @@ async def test_the_file_of_a_try_cancelled_while_it_ran_is_removed(tmp_path: Pat
     finally:
         gate.touch()
         ex.shutdown(wait=True)
+
+
+async def test_a_broken_copy_nothing_resumes_is_removed_after_a_while(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The only holder's link stays broken: the reading task reports its input missing
+    (the scheduler would make it again), the bytes copied so far stay for a resume, and
+    go once nothing resumed them for the streams' idle time."""
+    import actors.transfer
+
+    monkeypatch.setattr(actors.transfer, "IDLE_SECONDS", 2.0)
+    sched = Recorder()
+    with anyio.fail_after(60):
+        async with ActorSystem() as system:
+            sref = await system.spawn(sched, "scheduler")
+            refs: dict[str, Any] = {}
+            links: dict[str, BrokenLink] = {}
+            _, refs["w1"] = await start_worker(system, sref, "w1", tmp_path, refs.get)
+            _, refs["w3"] = await start_worker(
+                system, sref, "w3", tmp_path, lambda wid: links.get(wid) or refs.get(wid)
+            )
+            refs["w1"].post(RunTasks((to_run("big-0", big_file),)))
+            assert (await sched.until("big-0")).outcome == "ok"
+            links["w1"] = BrokenLink(refs["w1"], actors.transfer.PART_BYTES, heals=False)
+            dep = ("big-0", ("w1",), 20 * MiB)
+            refs["w3"].post(RunTasks((to_run("read-0", checksum_of, dep),)))
+            res = await sched.until("read-0")
+            assert res.outcome == "missing" and res.missing == (("big-0", "w1"),)
+            (part,) = find(tmp_path / "w3", "*.part")
+            assert size_of(str(part)) >= actors.transfer.PART_BYTES
+            await wait_until(lambda: not exists(str(part)), "the .part file removed", limit=20)
