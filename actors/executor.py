@@ -796,6 +796,8 @@ class ProcessExecutor(BaseExecutor):
             outcome = cast(_Outcome, killed)
             before, at_kill = slot.idle_rss, slot.kill_rss or slot.idle_rss
             self._restart_child(slot)
+            if reply is not None:  # it finished as it was killed: its file goes
+                _discard_reply(reply)
             return TaskResult(key, outcome, start, now, 0, at_kill, rss_before=before), None
         if reply is None:
             failure = failure or EOFError("the task process sent no reply")
@@ -933,6 +935,14 @@ class ProcessExecutor(BaseExecutor):
                 signal.pidfd_send_signal(slot.pidfd, sig)
             elif slot.pid:
                 os.kill(slot.pid, sig)
+
+
+def _discard_reply(reply: tuple[Any, list[bytearray]]) -> None:
+    """Remove the file of a file output in a reply nobody keeps (its try was killed)."""
+    header, parts = reply
+    if header[0] == "ok":
+        with contextlib.suppress(Exception):
+            discard_output(pickle.loads(parts[0], buffers=parts[1:]))
 
 
 def _cloudpickle(node: Any) -> bytes:
