@@ -66,6 +66,11 @@ class File:
         object.__setattr__(self, "path", path)
         if not self.name:
             object.__setattr__(self, "name", os.path.basename(path))
+        if not _plain(self.name):
+            raise FileOutputError(
+                f"File({path!r}, name={self.name!r}): the name must be a plain file name "
+                "(no directory part, not empty), such as 'events.root'."
+            )
 
     def __fspath__(self) -> str:
         return self.path
@@ -73,6 +78,17 @@ class File:
     def open(self, mode: str = "rb", **kwargs: Any) -> IO[Any]:
         """``open(self.path, mode, **kwargs)``: read it (a task must not change it)."""
         return open(self.path, mode, **kwargs)
+
+
+def _plain(name: Any) -> bool:
+    """Whether ``name`` is a plain file name: no directory part, not empty."""
+    return (
+        isinstance(name, str)
+        and name not in ("", ".", "..")
+        and "/" not in name
+        and os.sep not in name
+        and "\0" not in name
+    )
 
 
 def digest(path: str) -> tuple[int, str]:
@@ -99,13 +115,7 @@ class TaskOutputs:
     directory: str | None = None
 
     def path(self, name: str) -> str:
-        if (
-            not isinstance(name, str)
-            or name in ("", ".", "..")
-            or "/" in name
-            or os.sep in name
-            or "\0" in name
-        ):
+        if not _plain(name):
             raise FileOutputError(
                 f"output_path({name!r}): give a plain file name (no directory part, not "
                 "empty), such as 'events.root'."

@@ -351,6 +351,10 @@ def test_bad_names_and_files_outside_the_sandbox_are_typed_errors(tmp_path: Path
         assert Path(done.path).parent == sandbox and not os.path.exists(p)
     assert os.listdir(sandbox / "out") == []  # the try's directory went with the try
     assert TaskOutputs(None, "t").finish(42) == 42  # other values pass through
+    with pytest.raises(FileOutputError, match="plain file name"):
+        File(str(sandbox / "x"), name="../y")
+    with pytest.raises(FileOutputError, match="non-empty"):
+        File("")
 
 
 # ------------------------------------------------------------------ tasks that write files
