@@ -14,7 +14,9 @@ What lives here:
 - :func:`rss`: this process's resident set size, cheap enough to read around each task.
 
 Each executor measures, per task, duration, output size (``dask.sizeof``) and RSS right
-before and right after it.
+before and right after it, and runs it in its file outputs' context
+(:func:`runtime.files.task_outputs`: the worker's sandbox, given as ``sandbox``), which
+measures a returned ``File`` in the task's own thread or task process.
 
 Which mode to pick: threads are the default because tasks share the worker's memory, so
 inputs and outputs are never copied, and numpy, pandas and most compiled code release
@@ -67,6 +69,7 @@ from dask.sizeof import sizeof
 
 from actors.protocol import TaskResult, ToRun
 from runtime.errors import TaskProcessDied
+from runtime.files import discard_output, task_outputs
 from runtime.graph import Key, PickledNode
 from runtime.lifeline import LIFELINE_EXIT_CODE, die_with_parent
 from runtime.task import TaskContext, running
@@ -137,8 +140,11 @@ class BaseExecutor(abc.ABC):
         deliver: Callable[[Results], None],
         *,
         batch_delay: float = 0.002,
+        sandbox: str | None = None,
     ) -> None:
         self.batch_delay = batch_delay
+        #: where tasks write their file outputs (``runtime/files.py``): the worker's store
+        self.sandbox = sandbox
         self._deliver = deliver
         self._lock = threading.Lock()
         self._done: Results = []
@@ -237,6 +243,7 @@ class BaseExecutor(abc.ABC):
         self._cancelled.discard(key)
         if result.outcome in ("error", "cancelled"):
             return result, None
+        discard_output(value)  # a file output nobody keeps
         return TaskResult(key, "cancelled", result.start, result.stop), None
 
 
@@ -265,8 +272,9 @@ class Executor(BaseExecutor):
         *,
         batch_delay: float = 0.002,
         max_abandoned: int | None = None,
+        sandbox: str | None = None,
     ) -> None:
-        super().__init__(deliver, batch_delay=batch_delay)
+        super().__init__(deliver, batch_delay=batch_delay, sandbox=sandbox)
         self._jobs: queue.SimpleQueue[tuple[ToRun, dict[Key, Any]] | None] = queue.SimpleQueue()
         self._closed = False
         self._name = name
@@ -350,7 +358,8 @@ class Executor(BaseExecutor):
                     abandoned = me in self._abandoned
                     self._abandoned.discard(me)
                 if abandoned:  # cancelled while it ran: reported already, a fresh
-                    if done:  # thread has its slot; this one ends here
+                    discard_output(value)  # thread has its slot; this one ends here
+                    if done:
                         self._push(done)
                     return
                 done.append((result, value))
@@ -373,8 +382,8 @@ class Executor(BaseExecutor):
             return TaskResult(task.key, "cancelled"), None, before
         start = time.time()
         try:
-            with running(self._context(task)):
-                value = task.node(inputs)
+            with running(self._context(task)), task_outputs(self.sandbox, task.key) as files:
+                value = files.finish(task.node(inputs))  # a File is measured here
         except BaseException as exc:
             stop = time.time()
             after = rss()
@@ -552,8 +561,8 @@ def _run_job(
                 "cannot be loaded there; is their module installed on the workers?)"
             )
             raise
-        with running(_child_context(conn, header)):
-            value = node(inputs)
+        with running(_child_context(conn, header)), task_outputs(_SANDBOX, key) as files:
+            value = files.finish(node(inputs))  # a File is measured here
     except BaseException as exc:
         stop = time.time()
         error, tb = _pack_error(exc)
@@ -573,9 +582,17 @@ def _run_job(
     return ("ok", start, stop, before, after, ""), out
 
 
-def _task_process_main(conn: Connection, lifeline: Connection, parent_pid: int) -> None:
+#: the worker's sandbox for file outputs, in a task process (``_task_process_main``)
+_SANDBOX: str | None = None
+
+
+def _task_process_main(
+    conn: Connection, lifeline: Connection, parent_pid: int, sandbox: str | None = None
+) -> None:
     """What a task process runs: jobs from ``conn``, one at a time, until told to stop
     or until the parent is gone."""
+    global _SANDBOX
+    _SANDBOX = sandbox
     # SIGKILL when the thread that started us ends; exit now if it has.
     die_with_parent(signal.SIGKILL, parent_pid)
     # Ctrl-C in a terminal reaches the whole process group: the worker stops its task
@@ -662,8 +679,9 @@ class ProcessExecutor(BaseExecutor):
         deliver: Callable[[Results], None],
         *,
         batch_delay: float = 0.002,
+        sandbox: str | None = None,
     ) -> None:
-        super().__init__(deliver, batch_delay=batch_delay)
+        super().__init__(deliver, batch_delay=batch_delay, sandbox=sandbox)
         self.name = name
         self._jobs: queue.SimpleQueue[tuple[ToRun, dict[Key, Any]] | None] = queue.SimpleQueue()
         self._state = threading.Lock()  #: guards the slots' pid, key and killed
@@ -818,6 +836,8 @@ class ProcessExecutor(BaseExecutor):
             outcome = cast(_Outcome, killed)
             before, at_kill = slot.idle_rss, slot.kill_rss or slot.idle_rss
             self._restart_child(slot)
+            if reply is not None:  # it finished as it was killed: its file goes
+                _discard_reply(reply)
             return TaskResult(key, outcome, start, now, 0, at_kill, rss_before=before), None
         if reply is None:
             failure = failure or EOFError("the task process sent no reply")
@@ -915,7 +935,7 @@ class ProcessExecutor(BaseExecutor):
             raise
         process = _CTX.Process(
             target=_task_process_main,
-            args=(theirs, life_r, os.getpid()),
+            args=(theirs, life_r, os.getpid(), self.sandbox),
             name=f"{self.name}-task-{index}",
             daemon=True,
         )
@@ -967,6 +987,14 @@ class ProcessExecutor(BaseExecutor):
                 signal.pidfd_send_signal(slot.pidfd, sig)
             elif slot.pid:
                 os.kill(slot.pid, sig)
+
+
+def _discard_reply(reply: tuple[Any, list[bytearray]]) -> None:
+    """Remove the file of a file output in a reply nobody keeps (its try was killed)."""
+    header, parts = reply
+    if header[0] == "ok":
+        with contextlib.suppress(Exception):
+            discard_output(pickle.loads(parts[0], buffers=parts[1:]))
 
 
 def _cloudpickle(node: Any) -> bytes:

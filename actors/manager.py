@@ -321,12 +321,12 @@ class Manager(Actor):
                 try:
                     try:
                         reply = await ref.ask(
-                            GetData(keys, raw=msg.raw, stream_over=over),
+                            GetData(keys, raw=msg.raw, stream_over=over, files=msg.files),
                             timeout=self.gather_timeout,
                         )
                     except FrameTooLarge:  # sizes understated: every value as a stream
                         reply = await ref.ask(
-                            GetData(keys, raw=msg.raw, stream_over=1),
+                            GetData(keys, raw=msg.raw, stream_over=1, files=msg.files),
                             timeout=self.gather_timeout,
                         )
                     data.update(reply.data)
@@ -334,7 +334,7 @@ class Manager(Actor):
                         lost.extend(reply.missing)
                         not_on.append((wid, tuple(reply.missing)))
                     for info in reply.streams:
-                        if msg.raw:
+                        if msg.raw or info.file is not None:  # a file: the client reads it
                             streams.append(info._replace(worker=wid))
                         else:
                             data[info.key] = await self._read_stream(ref, info)

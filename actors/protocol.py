@@ -73,6 +73,9 @@ class TaskResult:
     rss_before: int = 0
     rss_peak: int = 0  #: highest RSS sampled while it ran (0: not measured)
     fetches: tuple[tuple[Key, str, int, float], ...] = ()
+    #: the output is a file output (``runtime/files.py``): ``nbytes`` on the worker's
+    #: disk, none in its memory
+    file: bool = False
 
 
 class FileFact(NamedTuple):
@@ -87,3 +90,4 @@ class FileFact(NamedTuple):
     replicas: tuple[str, ...]
     consumers: int
     wanted: bool
+    file: bool = False  #: a file output (``runtime/files.py``): ``nbytes`` on disk

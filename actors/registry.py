@@ -37,6 +37,7 @@ class FileInfo:
     replicas: tuple[str, ...]
     consumers: int
     wanted: bool
+    file: bool = False  #: a file output: its bytes are files on the workers' disks
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -63,6 +64,8 @@ class FileTable:
         self.released_total = 0  #: files released so far
         self.released_bytes = 0  #: bytes freed on workers so far (all replicas)
         self.states: dict[str, int] = {}  #: files per state, kept by _account
+        self.file_outputs = 0  #: file outputs on workers now (``runtime/files.py``)
+        self.file_bytes = 0  #: their bytes, over all their replicas
 
     def handle(self, facts: tuple[FileFact, ...]) -> list[DropReplicas | FilesDropped]:
         drops: dict[str, list[Key]] = {}
@@ -82,7 +85,13 @@ class FileTable:
                         drops.setdefault(w, []).append(fact.key)
                 continue
             info = FileInfo(
-                fact.key, fact.state, fact.nbytes, fact.replicas, fact.consumers, fact.wanted
+                fact.key,
+                fact.state,
+                fact.nbytes,
+                fact.replicas,
+                fact.consumers,
+                fact.wanted,
+                fact.file,
             )
             if info.state == "created" and info.consumers == 0 and not info.wanted:
                 for w in info.replicas:
@@ -106,6 +115,9 @@ class FileTable:
         per-state counts; every change to ``files`` goes through here."""
         for w in info.replicas:
             self.stored[w] = self.stored.get(w, 0) + sign * info.nbytes
+        if info.file and info.replicas:
+            self.file_outputs += sign
+            self.file_bytes += sign * info.nbytes * len(info.replicas)
         n = self.states.get(info.state, 0) + sign
         if n:
             self.states[info.state] = n
@@ -119,6 +131,8 @@ class FileTable:
             "stored_bytes": dict(self.stored),
             "released": self.released_total,
             "released_bytes": self.released_bytes,
+            "file_outputs": self.file_outputs,
+            "file_bytes": self.file_bytes,
         }
 
 

@@ -105,6 +105,10 @@ later with a larger limit helps the tasks still waiting, not those that failed. 
 only some workers fit, only they are candidates (``_candidates``,
 ``_takes_consumer_here``). The failed task's inputs that nothing else needs are
 cancelled as unneeded, as for any failure (``_set``); its dependents fail as usual.
+
+File outputs (``TaskState.file``) count apart: ``in_nbytes`` leaves them out and
+``in_files`` is the known size of a task's inputs that are file outputs, read from disk
+and never held in memory; disk-aware placement counts both.
 """
 
 from __future__ import annotations
@@ -691,7 +695,9 @@ class TaskState:
         "disk_wait",
         "error",
         "est",
+        "file",
         "generation",
+        "in_files",
         "in_nbytes",
         "key",
         "lost_tries",
@@ -724,9 +730,13 @@ class TaskState:
         self.wanted = 0  #: client holds on this key
         self.who_has: set[str] = set()  #: workers holding the output
         self.nbytes = 0  #: output size
-        #: known size of its inputs: the sum of its dependencies' ``nbytes`` (0 for the
-        #: ones that never finished); memory admission compares it with worker limits
+        #: its output is a file output: ``nbytes`` on its holders' disks, not in memory
+        self.file = False
+        #: known size of its inputs in memory: the sum of its dependencies' ``nbytes``
+        #: (0 for the ones that never finished), but file outputs'; memory admission
+        #: compares it with worker limits
         self.in_nbytes = 0
+        self.in_files = 0  #: the known size of its inputs that are file outputs
         self.worker: str | None = None  #: worker running it (while processing)
         self.sent = 0.0  #: when it was last sent to a worker
         self.generation = generation  #: submission it first came in with
@@ -1365,7 +1375,7 @@ class SchedulerState:
                 for d in ts.deps:
                     d.dependents.discard(ts)
                 ts.deps = []
-                ts.in_nbytes = 0
+                ts.in_nbytes = ts.in_files = 0
                 new.append(ts)
         broken: dict[TaskState, list[Key]] = {}
         for ts in new:
@@ -1375,7 +1385,10 @@ class SchedulerState:
                     broken.setdefault(ts, []).append(dk)
                     continue
                 ts.deps.append(dep)
-                ts.in_nbytes += dep.nbytes
+                if dep.file:
+                    ts.in_files += dep.nbytes
+                else:
+                    ts.in_nbytes += dep.nbytes
                 dep.dependents.add(ts)
         # Count the wants first, so nothing a client asks for is forgotten while the new
         # tasks settle (a task on an erred input fails at once).
@@ -1707,7 +1720,7 @@ class SchedulerState:
         moves = []
         for ts in sorted(needed, key=lambda t: (-t.nbytes, str(t.key))):
             target = min(targets, key=lambda w: (held[w.id], w.id))
-            if target.memory and held[target.id] + ts.nbytes > target.memory:
+            if not ts.file and target.memory and held[target.id] + ts.nbytes > target.memory:
                 continue  # it would not fit anywhere better: recompute it instead
             held[target.id] += ts.nbytes
             moves.append((ts.key, target.id, ts.nbytes))
@@ -1975,8 +1988,11 @@ class SchedulerState:
         self._tried(
             ts, TryRecord(str(ts.key), ws.id, res.start, res.stop, "ok", cause), None, res.nbytes
         )
-        grown = res.nbytes - ts.nbytes  # not 0 only once per task, unless recomputed
+        # Not 0 only once per task, unless recomputed; file outputs count apart.
+        grown = (0 if res.file else res.nbytes) - (0 if ts.file else ts.nbytes)
+        grown_files = (res.nbytes if res.file else 0) - (ts.nbytes if ts.file else 0)
         ts.nbytes = res.nbytes
+        ts.file = res.file
         stat = self._stat(ts)
         duration = max(res.stop - res.start, 0.0)
         stat.count += 1
@@ -2004,6 +2020,7 @@ class SchedulerState:
         ready = []
         floor = self._floor
         for dep in ts.dependents:
+            dep.in_files += grown_files
             if grown:
                 dep.in_nbytes += grown
                 if dep.in_nbytes > floor and dep.state == "waiting":
@@ -2317,7 +2334,7 @@ class SchedulerState:
             if not w.draining
             and w.id not in ts.who_has
             and w.id not in inflight
-            and (not w.memory or w.memory >= ts.nbytes)
+            and (not w.memory or ts.file or w.memory >= ts.nbytes)
             and _disk_free(w) >= ts.nbytes  # a copy may be spilled: never past its disk
         ]
         if not candidates:
@@ -2329,7 +2346,11 @@ class SchedulerState:
                     held[wid] += nbytes
         source = min(ts.who_has)
         fits = sorted(
-            (w for w in candidates if not w.memory or held[w.id] + ts.nbytes <= w.memory),
+            (
+                w
+                for w in candidates
+                if not w.memory or ts.file or held[w.id] + ts.nbytes <= w.memory
+            ),
             key=lambda w: (held[w.id], w.id),
         )
         for w in fits[:want]:
@@ -2659,7 +2680,7 @@ class SchedulerState:
         if not ws.disk:
             return True
         free = ws.disk - ws.disk_used - ws.disk_reserved
-        if ts.in_nbytes + out <= free:
+        if ts.in_nbytes + ts.in_files + out <= free:
             return True  # even with every input to fetch
         if out > free:
             return False
@@ -2675,7 +2696,7 @@ class SchedulerState:
         pool = ts.spec.pool
         least_need: int | None = None  # on the workers it can never fit
         largest = 0
-        if ts.in_nbytes + out > self.largest_disk.get(pool, _NO_LIMIT):
+        if ts.in_nbytes + ts.in_files + out > self.largest_disk.get(pool, _NO_LIMIT):
             # Maybe nowhere, even with every input already there: look at each worker.
             for w in self.workers.values():
                 if w.draining or (pool is not None and w.pool != pool):
@@ -3254,7 +3275,9 @@ class SchedulerState:
                     ts.registered = True
                 holds = ts.consumers if self._depth == 1 else self._holds(ts)
                 facts.append(
-                    FileFact(key, state, ts.nbytes, tuple(ts.who_has), holds, ts.wanted > 0)
+                    FileFact(
+                        key, state, ts.nbytes, tuple(ts.who_has), holds, ts.wanted > 0, ts.file
+                    )
                 )
             self._out.append(FileFacts(self._stimulus, tuple(facts)))
             self._files = {}
@@ -3296,7 +3319,9 @@ class SchedulerState:
             active = sum(1 for dep in ts.dependents if dep.state in ACTIVE)
             assert ts.consumers == active, (ts, ts.consumers, active)
             not_ready = sum(1 for d in ts.deps if d.state != "memory")
-            assert ts.in_nbytes == sum(d.nbytes for d in ts.deps), (ts, ts.in_nbytes)
+            in_memory = sum(d.nbytes for d in ts.deps if not d.file)
+            assert ts.in_nbytes == in_memory, (ts, ts.in_nbytes)
+            assert ts.in_files == sum(d.nbytes for d in ts.deps) - in_memory, (ts, ts.in_files)
             if ts.state in ("waiting", "queued"):
                 # Memory admission: nothing waits that no worker of its pool could hold.
                 limit = self.largest.get(ts.spec.pool, _NO_LIMIT)

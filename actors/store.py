@@ -23,6 +23,12 @@ The rules:
   straight from the object's memory, and read back with ``readinto`` into writable
   ``bytearray`` objects that the unpickled value uses without a further copy.
 - Not thread-safe: the worker uses a store from its event-loop thread only.
+- File outputs (``runtime/files.py``) are *file entries*: a file already on disk in the
+  store's directory (its sandbox), kept as it is (:meth:`SpillStore.put_file`). Their
+  bytes count in ``disk_bytes`` (one disk budget with the spilled values), never in
+  ``memory_bytes``; they are never spilled nor loaded: reading the key gives its
+  :class:`~runtime.files.File` handle, a peer reads the file's bytes from its segments,
+  and deleting the key deletes the file.
 
 Spill file format (little-endian)::
 
@@ -53,6 +59,7 @@ import cloudpickle
 from dask.sizeof import sizeof as _dask_sizeof
 
 from actors.transfer import FileSegments, Segments, serialize
+from runtime.files import File
 from runtime.graph import Key
 from runtime.log import get_logger
 
@@ -249,6 +256,7 @@ class SpillStore(MutableMapping[Key, Any]):
         self.sizeof = sizeof
         self._memory: OrderedDict[Key, Any] = OrderedDict()  #: least recently used first
         self._disk: dict[Key, _OnDisk] = {}
+        self._files: dict[Key, File] = {}  #: file outputs kept here as files
         self._sizes: dict[Key, int] = {}  #: recorded size of every key, memory or disk
         self._unpicklable: set[Key] = set()  #: in-memory keys that failed to pickle
         self._dir: str | None = None
@@ -282,6 +290,23 @@ class SpillStore(MutableMapping[Key, Any]):
         self._sizes[key] = nbytes
         self._memory_bytes += nbytes
 
+    def put_file(self, key: Key, file: File) -> None:
+        """Keep the file output ``file`` (a measured :class:`~runtime.files.File`
+        whose file is in this store's directory already) as ``key``; replace any old
+        copy. Its size counts on disk from now on, within ``disk_limit`` or not: the
+        caller checked the room before the file was made or copied here."""
+        if file.size is None:
+            raise ValueError(f"file output {key!r} has not been measured: {file!r}")
+        if key in self._sizes:
+            self._discard(key)
+        self._files[key] = file
+        self._sizes[key] = file.size
+        self._disk_bytes += file.size
+
+    def is_file(self, key: Key) -> bool:
+        """Whether ``key`` is a file output (a file entry)."""
+        return key in self._files
+
     def __setitem__(self, key: Key, value: Any) -> None:
         self.put(key, value)
 
@@ -290,6 +315,8 @@ class SpillStore(MutableMapping[Key, Any]):
         if key in memory:
             memory.move_to_end(key)
             return memory[key]
+        if key in self._files:
+            return self._files[key]
         where = self._disk[key]  # KeyError if missing altogether
         value = _load_from(where.path)  # raises (and keeps the file) if unreadable
         self._remove_file(key)
@@ -304,6 +331,8 @@ class SpillStore(MutableMapping[Key, Any]):
         is loaded from its file for the caller and stays on disk (for a peer's fetch)."""
         if key in self._memory:
             return self._memory[key]
+        if key in self._files:
+            return self._files[key]
         return _load_from(self._disk[key].path)
 
     def __delitem__(self, key: Key) -> None:
@@ -323,7 +352,7 @@ class SpillStore(MutableMapping[Key, Any]):
     def __repr__(self) -> str:
         return (
             f"<SpillStore {len(self._memory)} in memory ({self._memory_bytes} B), "
-            f"{len(self._disk)} on disk ({self._disk_bytes} B)>"
+            f"{len(self._disk)} spilled, {len(self._files)} files ({self._disk_bytes} B on disk)>"
         )
 
     def on_disk(self, key: Key) -> bool:
@@ -346,6 +375,8 @@ class SpillStore(MutableMapping[Key, Any]):
         """
         if key in self._memory:
             return _dumps_inband(self._memory[key])
+        if key in self._files:  # the handle, not the file's bytes
+            return _dumps_inband(self._files[key])
         where = self._disk[key]  # KeyError if missing altogether
         with open(where.path, "rb") as file:
             n_buffers, pickle_len = _read_header(file)
@@ -364,6 +395,9 @@ class SpillStore(MutableMapping[Key, Any]):
         loaded. Neither recency nor placement changes."""
         if key in self._memory:
             return serialize(self._memory[key])
+        if key in self._files:  # a file output: its bytes, one segment
+            f = self._files[key]
+            return FileSegments(f.path, [(0, self._sizes[key])])
         where = self._disk[key]  # KeyError if missing altogether
         with open(where.path, "rb") as file:
             n_buffers, pickle_len = _read_header(file)
@@ -395,8 +429,18 @@ class SpillStore(MutableMapping[Key, Any]):
 
     @property
     def disk_bytes(self) -> int:
-        """Bytes of the spill files on disk now."""
+        """Bytes on disk now: the spill files and the file outputs."""
         return self._disk_bytes
+
+    @property
+    def n_files(self) -> int:
+        """Number of file outputs held now."""
+        return len(self._files)
+
+    @property
+    def file_bytes(self) -> int:
+        """Bytes of the file outputs held now (part of ``disk_bytes``)."""
+        return sum(self._sizes[k] for k in self._files)
 
     @property
     def n_spilled(self) -> int:
@@ -505,6 +549,11 @@ class SpillStore(MutableMapping[Key, Any]):
             _log.warning("spilling stopped: no room on disk", key=key, reason=reason)
         self.disk_full = True
 
+    def sandbox(self) -> str:
+        """The store's directory, made now if it is not yet: where tasks write their
+        file outputs (``runtime/files.py``) and where the store keeps them."""
+        return self._ensure_directory()
+
     def _ensure_directory(self) -> str:
         if self._dir is None:
             if self.parent is None:
@@ -525,6 +574,12 @@ class SpillStore(MutableMapping[Key, Any]):
             del self._memory[key]
             self._memory_bytes -= size
             self._unpicklable.discard(key)
+        elif key in self._files:
+            file = self._files.pop(key)
+            self._disk_bytes -= size
+            self.disk_full = False
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(file.path)
         else:
             self._remove_file(key)
 
@@ -543,6 +598,7 @@ class SpillStore(MutableMapping[Key, Any]):
         """
         self._memory.clear()
         self._disk.clear()
+        self._files.clear()
         self._sizes.clear()
         self._unpicklable.clear()
         self._memory_bytes = 0

@@ -26,6 +26,16 @@ once it knows the sizes. So:
 
 A stream ends when its last byte has been read, when the reader sends ``CloseStream``,
 or after :data:`IDLE_SECONDS` without a read (a reader that died).
+
+File outputs (``runtime/files.py``) always travel as streams of the file's bytes (one
+segment; ``StreamInfo.file`` is the holder's :class:`~runtime.files.File`), to a peer in
+this process too. :func:`fetch_file` writes each part straight into a ``.part`` file at
+its offset (the file is never whole in memory), checks each part's length and, at the
+end, the file's sha256 (in a thread, not on the event loop), and renames it into place.
+When a part cannot be had (the connection broke, the ask timed out) it keeps the bytes
+written from the start up to the first gap and asks for a new stream from there, at most
+:data:`RESUMES` times; past that it raises :class:`StreamBroken` with the ``.part`` file
+left for the caller (which may resume from the next holder).
 """
 
 from __future__ import annotations
@@ -34,28 +44,34 @@ import abc
 import contextlib
 import os
 import pickle
+import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, NamedTuple
 
 import anyio
 import cloudpickle
 
-from runtime.errors import CorralError, UnknownStream, ValueTooLarge
+from runtime.errors import CorralError, FileChecksumError, UnknownStream, ValueTooLarge
+from runtime.files import File, digest
 from runtime.messages import CloseStream, ReadStream, StreamPart
 
 __all__ = [
     "IDLE_SECONDS",
     "PART_BYTES",
     "READ_TIMEOUT",
+    "RESUMES",
     "STREAM_BYTES",
     "WINDOW",
     "BufferSegments",
     "FileSegments",
     "Segments",
+    "StreamBroken",
     "StreamInfo",
     "StreamTable",
     "UnknownStream",
+    "fetch_file",
     "receive",
+    "receive_file",
     "serialize",
 ]
 
@@ -70,6 +86,8 @@ IDLE_SECONDS = 120.0
 #: seconds a client waits for one part read through the manager (which waits at most
 #: its ``gather_timeout``, 60 s by default, for the worker)
 READ_TIMEOUT = 90.0
+#: new streams a file fetch opens after a broken one, from the bytes it has
+RESUMES = 3
 
 
 class StreamInfo(NamedTuple):
@@ -82,6 +100,7 @@ class StreamInfo(NamedTuple):
     stream: int
     sizes: tuple[int, ...]
     worker: str = ""
+    file: File | None = None  #: a file output's handle on its holder: its bytes stream
 
 
 class Segments(abc.ABC):
@@ -292,12 +311,7 @@ async def receive_parts(
         try:
             async with slots:
                 part = await ask(ReadStream(info.stream, offset, length, info.worker))
-            if len(part.data) != length:
-                raise CorralError(
-                    f"stream {info.stream} of {info.key!r}: asked {length} bytes at "
-                    f"{offset}, got {len(part.data)}",
-                    key=str(info.key),
-                )
+            _check_part(info, offset, length, part)
             place(offset, part.data)
         except Exception as exc:  # the first failure ends the read; it is raised below
             errors.append(exc)
@@ -313,6 +327,16 @@ async def receive_parts(
     if errors:
         raise errors[0]
     return bufs
+
+
+def _check_part(info: StreamInfo, offset: int, length: int, part: StreamPart) -> None:
+    """A part of ``length`` bytes asked at ``offset`` must come back that long."""
+    if len(part.data) != length:
+        raise CorralError(
+            f"stream {info.stream} of {info.key!r}: asked {length} bytes at {offset}, "
+            f"got {len(part.data)}",
+            key=str(info.key),
+        )
 
 
 def loads(parts: Sequence[bytes | bytearray]) -> Any:
@@ -338,3 +362,149 @@ async def receive(
                 close(CloseStream(info.stream, info.worker))
         raise
     return loads(parts)
+
+
+class StreamBroken(Exception):
+    """A file stream stopped before its end (``error`` says why); the bytes from the
+    start to ``prefix`` are in the ``.part`` file ``part``."""
+
+    def __init__(self, key: Any, prefix: int, part: str, error: BaseException) -> None:
+        super().__init__(f"stream of {key!r} broke at byte {prefix}: {error!r}")
+        self.key = key
+        self.prefix = prefix
+        self.part = part
+        self.error = error
+
+
+async def receive_file(
+    ask: AskPart,
+    info: StreamInfo,
+    part: str,
+    *,
+    offset: int = 0,
+    part_bytes: int = PART_BYTES,
+    window: int = WINDOW,
+) -> None:
+    """Write bytes ``offset`` to the end of the one-segment stream ``info`` into the
+    file ``part`` at the same offsets (the bytes before ``offset`` are there already).
+    At most ``window`` parts of ``part_bytes`` are in flight, and each is written as it
+    comes. A part that cannot be had, or comes back of the wrong length, raises
+    :class:`StreamBroken` with the bytes written from the start without a gap."""
+    total = sum(info.sizes)
+    done: dict[int, int] = {}  #: offset -> length, of the parts written
+    errors: list[BaseException] = []
+    slots = anyio.Semaphore(window)
+    fd = os.open(part, os.O_WRONLY | os.O_CREAT, 0o644)
+
+    async def one(at: int, length: int, scope: anyio.CancelScope) -> None:
+        try:
+            async with slots:
+                got = await ask(ReadStream(info.stream, at, length, info.worker))
+                _check_part(info, at, length, got)
+                data = got.data
+                del got
+                with anyio.CancelScope(shield=True):  # a part received is kept
+                    await anyio.to_thread.run_sync(_pwrite_all, fd, data, at)
+                done[at] = length
+        except Exception as exc:  # the first failure ends this stream; resumed below
+            errors.append(exc)
+            scope.cancel()
+
+    try:
+        async with anyio.create_task_group() as tg:
+            for at in range(offset, total, part_bytes):
+                tg.start_soon(one, at, min(part_bytes, total - at), tg.cancel_scope)
+    finally:
+        os.close(fd)
+    if errors:
+        prefix = offset
+        while prefix in done:
+            prefix += done[prefix]
+        raise StreamBroken(info.key, prefix, part, errors[0])
+
+
+def _pwrite_all(fd: int, data: bytes, at: int) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.pwrite(fd, view, at)
+        view, at = view[n:], at + n
+
+
+Reopen = Callable[[int], Awaitable[StreamInfo | None]]
+
+
+async def fetch_file(
+    ask: AskPart,
+    info: StreamInfo,
+    directory: str,
+    *,
+    reopen: Reopen,
+    part: str = "",
+    offset: int = 0,
+    resumes: int = RESUMES,
+    close: Callable[[CloseStream], None] | None = None,
+    holder: str = "",
+    part_bytes: int = PART_BYTES,
+    window: int = WINDOW,
+) -> File:
+    """Copy the file output streamed by ``info`` into ``directory``; its handle here.
+
+    ``part``/``offset``: a ``.part`` file holding the file's first ``offset`` bytes
+    already (an earlier fetch that broke), else a new one is made. After a broken
+    stream, ``reopen(offset)`` opens a new one of the same file (None: the holder has
+    it no more), at most ``resumes`` times; then :class:`StreamBroken` is raised with
+    the ``.part`` file kept. A copy whose sha256 is not the holder's raises
+    :class:`~runtime.errors.FileChecksumError`, the ``.part`` file removed; any other
+    error removes it too. ``close`` tells a holder a stream is given up (best effort)."""
+    meta = info.file
+    if meta is None or meta.size is None or meta.checksum is None:
+        raise ValueError(f"stream {info.stream} of {info.key!r} is not a measured file output")
+    dest = os.path.join(directory, f"{uuid.uuid4().hex[:12]}-{meta.name}")
+    part = part or dest + ".part"
+    tries = 0
+    try:
+        while True:
+            try:
+                await receive_file(
+                    ask, info, part, offset=offset, part_bytes=part_bytes, window=window
+                )
+                break
+            except StreamBroken as exc:
+                offset = exc.prefix
+                if close is not None:
+                    with contextlib.suppress(Exception):
+                        close(CloseStream(info.stream, info.worker))
+                tries += 1
+                if tries > resumes:
+                    raise
+                try:
+                    again = await reopen(offset)
+                except Exception as error:  # the holder cannot be reached: the next one
+                    raise StreamBroken(info.key, offset, part, error) from error
+                if again is None:
+                    raise StreamBroken(
+                        info.key, offset, part, LookupError("the holder has it no more")
+                    ) from exc
+                if again.file != meta:  # not the same file: start again
+                    raise StreamBroken(
+                        info.key, 0, part, LookupError("the holder's file changed")
+                    ) from exc
+                info = again
+        if close is not None:  # a stream read from its middle (or empty) stays open
+            with contextlib.suppress(Exception):
+                close(CloseStream(info.stream, info.worker))
+        size, checksum = await anyio.to_thread.run_sync(digest, part)
+        if size != meta.size or checksum != meta.checksum:
+            got = checksum if size == meta.size else f"{checksum} ({size} bytes, not {meta.size})"
+            raise FileChecksumError(str(info.key), holder or info.worker, meta.checksum, got)
+        os.replace(part, dest)
+    except StreamBroken as exc:
+        if exc.prefix == 0:
+            with contextlib.suppress(OSError):
+                os.unlink(part)
+        raise
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(part)
+        raise
+    return File(dest, meta.name, meta.size, meta.checksum)

@@ -10,6 +10,13 @@ store of outputs (``actors/store.py``), the executor where tasks run
 (``actors/transfer.py``), the RSS probe and the one timer. It turns messages into core
 events, carries out the core's commands, and feeds back what came of them.
 
+File outputs (``runtime/files.py``): tasks write them in the store's directory (the
+sandbox the executor hands them), the executor measures them, and the worker keeps
+them as the store's file entries, after checking that they fit on its disk
+(:meth:`Worker._keep_files`). Peers copy them as streams of their bytes into their own
+sandbox (:meth:`Worker._fetch_file`, :func:`actors.transfer.fetch_file`), resuming a
+broken copy from the bytes they have, from the same holder or the next one.
+
 Per task the executor measures duration, output size (``dask.sizeof``) and process RSS
 right before and right after it; RSS is also sampled after every batch of finished tasks
 and every ``interval`` seconds, and the core keeps each running task's peak. The
@@ -26,6 +33,7 @@ import asyncio
 import contextlib
 import ctypes
 import dataclasses
+import errno
 import inspect
 import os
 import shutil
@@ -45,9 +53,16 @@ from actors.checkpoints import INLINE_BYTES, CheckpointFiles, receive_file
 from actors.executor import Executor, ProcessExecutor, rss, rss_of
 from actors.protocol import TaskResult, ToRun
 from actors.store import SpillStore
-from actors.transfer import STREAM_BYTES, FileSegments, UnknownStream
+from actors.transfer import STREAM_BYTES, FileSegments, StreamBroken, StreamInfo, UnknownStream
 from actors.worker_state import WorkerState
-from runtime.errors import CorralError, DiskFull, FrameTooLarge, ValueTooLarge
+from runtime.errors import (
+    CorralError,
+    DiskFull,
+    FileChecksumError,
+    FrameTooLarge,
+    ValueTooLarge,
+)
+from runtime.files import File, discard_output
 from runtime.graph import Key
 from runtime.kernel import Actor, ActorRef, Envelope, Later, Ref, handles, new_causal_id
 from runtime.messages import (
@@ -146,6 +161,8 @@ class WorkerStatus(Message):
     throttled: bool = False
     execution: str = "thread"
     abandoned: int = 0  #: threads still running a cancelled task (their slot was replaced)
+    files: int = 0  #: file outputs held now
+    file_bytes: int = 0  #: their bytes (part of spilled_bytes: the bytes on disk)
 
 
 def _malloc_trim() -> Callable[[int], int] | None:
@@ -235,6 +252,11 @@ class Worker(Actor):
         self._trimmed = 0.0  #: when the heap was last trimmed
         self._disk_full = False  #: warned that spilling has no disk room
         self._written: set[Key] = set()  #: outputs just written to disk, for the core
+        #: file copies that broke: key -> (.part file, bytes in it, the holder's File,
+        #: when), resumed by the next fetch of the same file (from any holder); removed
+        #: when nothing fetched it again for ``transfer.IDLE_SECONDS``
+        self._partials: dict[Key, tuple[str, int, File, float]] = {}
+        self._incoming = 0  #: disk set aside for the file copies under way
         #: (bytes on disk, disk free) as the scheduler knows them: at first, from the
         #: registration (nothing on disk, all of ``disk`` free)
         self._reported_disk = (0, self._disk_free())
@@ -251,7 +273,8 @@ class Worker(Actor):
 
     async def on_start(self) -> None:
         kind = ProcessExecutor if self.memory_config.execution == "process" else Executor
-        self.executor = kind(self.nthreads, self.worker_id, self._deliver)
+        sandbox = self.data.sandbox()  # where tasks write their file outputs
+        self.executor = kind(self.nthreads, self.worker_id, self._deliver, sandbox=sandbox)
         self.executor.checkpoints = self.checkpoints
         self.executor.on_checkpoint = self._checkpoint
         if self.register:
@@ -282,6 +305,8 @@ class Worker(Actor):
             elif isinstance(cmd, ws.Store):
                 if cmd.key in self._written:  # on disk already (_write_outputs)
                     self._written.discard(cmd.key)
+                elif isinstance(cmd.value, File):  # a file output copied from a peer
+                    self.data.put_file(cmd.key, cmd.value)
                 else:
                     self.data.put(cmd.key, cmd.value, cmd.nbytes)
             elif isinstance(cmd, ws.Fetch):
@@ -289,6 +314,7 @@ class Worker(Actor):
             elif isinstance(cmd, ws.Forget):
                 for key in cmd.keys:
                     self.data.pop(key, None)
+                    self._drop_partial(key)
             elif isinstance(cmd, ws.Sample):
                 self._sample()
             elif isinstance(cmd, ws.Spill):
@@ -357,6 +383,11 @@ class Worker(Actor):
                 self._report()
         if self.streams:
             self.streams.expire(self._now())  # streams whose reader died
+        if self._partials:  # broken copies nothing resumed
+            now = self._now()
+            for key, (*_, when) in list(self._partials.items()):
+                if now - when > transfer.IDLE_SECONDS:
+                    self._drop_partial(key)
 
     @handles(_TimerFired)
     def timer_fired(self, msg: _TimerFired) -> None:
@@ -428,15 +459,16 @@ class Worker(Actor):
         except OSError:
             return 0
 
-    def _disk_free(self) -> int:
-        """Disk left for outputs: the limit less the bytes on disk (spilled outputs and
-        checkpoint files), or what the file system has free less the margin, whichever
-        is less."""
+    def _disk_free(self, written: int = 0) -> int:
+        """Disk left for outputs: the limit less the bytes on disk (spilled outputs, file
+        outputs and checkpoint files), or what the file system has free less the margin,
+        whichever is less. ``written``: bytes on that file system already that the store
+        does not count yet (a file output just made), which are room for themselves."""
         if not self.disk:
             return 0  # not counted
         room = self.disk - self._disk_used()
         with contextlib.suppress(OSError):  # the directory's file system went away
-            room = min(room, disk_free(self.disk_dir) - self.disk_margin)
+            room = min(room, disk_free(self.disk_dir) + written - self.disk_margin)
         return max(0, room)
 
     def _report(self) -> None:
@@ -593,6 +625,7 @@ class Worker(Actor):
         if self.checkpoints.pending:  # a try killed mid-checkpoint: its room comes back
             for res, _ in results:
                 self.checkpoints.settle(res.key)
+        results = self._keep_files(results)
         if cfg.spill is not None and governor.rss >= cfg.at(cfg.spill):
             results = self._write_outputs(results)  # memory is past its spill fence
         written = set(self._written)
@@ -615,6 +648,9 @@ class Worker(Actor):
         memory; the governor spills the least recently used)."""
         out = []
         for res, value in results:
+            if res.key in self._written:  # a file output, kept already
+                out.append((res, value))
+                continue
             room = self._disk_free() if res.outcome == "ok" and self.disk else None
             if room is None or res.nbytes <= room:
                 out.append((res, value))
@@ -632,6 +668,42 @@ class Worker(Actor):
             self._report()  # before the results: the scheduler sees the disk they take
         return tuple(out)
 
+    def _keep_files(self, results: tuple[Any, ...]) -> tuple[Any, ...]:
+        """File outputs among ``results`` (measured by the executor, in the sandbox):
+        each is kept as a file entry of the store, its size as the try's ``nbytes``, if
+        it fits in the disk left under ``--disk``; one that does not is removed and its
+        try ends ``disk-full``, as an output written to disk that does not fit."""
+        if not any(isinstance(value, File) for _, value in results):
+            return results
+        out = []
+        for res, value in results:
+            if res.outcome != "ok" or not isinstance(value, File):
+                out.append((res, value))
+                continue
+            size = value.size or 0
+            res = dataclasses.replace(res, nbytes=size, file=True)
+            room = self._disk_free(written=size) - self._incoming if self.disk else None
+            if room is not None and size > room:
+                discard_output(value)
+                self.log.warning(
+                    "file output did not fit on disk", key=str(res.key), nbytes=size, room=room
+                )
+                error = DiskFull(str(res.key), self.worker_id, size, max(0, room), self.disk)
+                out.append((dataclasses.replace(res, outcome="disk-full", error=error), None))
+                continue
+            self.data.put_file(res.key, value)
+            self._written.add(res.key)  # stored: the core's Store keeps it as it is
+            out.append((res, value))
+        if self._written:
+            self._report()  # before the results: the scheduler sees the disk they take
+        return tuple(out)
+
+    def _drop_partial(self, key: Key) -> None:
+        partial = self._partials.pop(key, None)
+        if partial is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(partial[0])
+
     # -- fetching inputs from peers ----------------------------------------------------
 
     async def _fetch(self, cmd: ws.Fetch) -> None:
@@ -648,7 +720,7 @@ class Worker(Actor):
             if peer is None:
                 failed = "gone"
             else:
-                missing = await self._fetch_keys(peer, cmd.keys, got, refused)
+                missing = await self._fetch_keys(peer, cmd.keys, got, refused, cmd.peer)
         except (CorralError, UnknownStream) as exc:  # unreachable, gone, timed out
             failed = f"{type(exc).__name__}: {exc}"
         answer = ws.InputsFetched(
@@ -662,23 +734,40 @@ class Worker(Actor):
         keys: tuple[Key, ...],
         got: list[tuple[Key, Any, int]],
         refused: list[tuple[Key, BaseException]],
+        holder: str = "",
     ) -> tuple[Key, ...]:
         """One GetData of ``keys`` from ``peer``; values above ``STREAM_BYTES`` from a
         peer in another process come as streams, read here part by part. Returns the
         keys the peer does not hold."""
-        # A peer in this process hands over references: nothing to stream.
+        # A peer in this process hands over references: nothing to stream (but the
+        # bytes of file outputs, copied here).
         stream_over = 0 if isinstance(peer, ActorRef) else STREAM_BYTES
         reply: DataReply
         try:
             reply = await peer.ask(
-                GetData(keys, stream_over=stream_over), timeout=self.fetch_timeout
+                GetData(keys, stream_over=stream_over, files=True), timeout=self.fetch_timeout
             )
         except FrameTooLarge:
             # The recorded sizes understated the values (dask.sizeof of an object it
             # cannot see into): ask again with every value as a stream.
-            reply = await peer.ask(GetData(keys, stream_over=1), timeout=self.fetch_timeout)
+            reply = await peer.ask(
+                GetData(keys, stream_over=1, files=True), timeout=self.fetch_timeout
+            )
         got.extend((k, v, sizeof(v)) for k, v in reply.data.items())
         for info in reply.streams:
+            if info.file is not None:
+                try:
+                    file = await self._fetch_file(peer, info, holder)
+                except DiskFull as exc:  # no room here: the tasks needing it end disk-full
+                    refused.append((info.key, exc))
+                    continue
+                except (StreamBroken, FileChecksumError, CorralError, OSError) as exc:
+                    # Not had from this peer: the next holder is asked (resuming a
+                    # broken copy from where it stopped), else it is made again.
+                    self.log.warning("file copy failed", key=str(info.key), error=str(exc))
+                    continue
+                got.append((info.key, file, file.size or 0))
+                continue
             try:
                 value = await transfer.receive(
                     lambda part: peer.ask(part, timeout=self.fetch_timeout),
@@ -693,9 +782,69 @@ class Worker(Actor):
             got.append((info.key, value, sizeof(value)))
         return tuple(reply.missing)
 
+    async def _fetch_file(self, peer: Any, info: StreamInfo, holder: str = "") -> File:
+        """Copy the file output streamed by ``info`` from ``peer`` into the sandbox,
+        resuming a copy of the same file that broke before (from any holder). Refused
+        with :class:`DiskFull`, before a byte is written, if the disk left under
+        ``--disk`` (less the copies under way) cannot hold the bytes still to come."""
+        meta = info.file
+        assert meta is not None and meta.size is not None
+        key = info.key
+        part, offset = "", 0
+        partial = self._partials.pop(key, None)
+        if partial is not None:
+            if partial[2].checksum == meta.checksum and partial[2].size == meta.size:
+                part, offset = partial[0], partial[1]
+            else:  # the file was made again meanwhile: start over
+                with contextlib.suppress(OSError):
+                    os.unlink(partial[0])
+        need = meta.size - offset
+        if self.disk:
+            room = self._disk_free() - self._incoming
+            if need > room:
+                peer.post(CloseStream(info.stream, info.worker))
+                if part:
+                    with contextlib.suppress(OSError):
+                        os.unlink(part)
+                raise DiskFull(str(key), self.worker_id, meta.size, max(0, room), self.disk)
+
+        async def reopen(at: int) -> StreamInfo | None:
+            reply = await peer.ask(GetData((key,), files=True), timeout=self.fetch_timeout)
+            return next((s for s in reply.streams if s.file is not None), None)
+
+        self._incoming += need
+        try:
+            return await transfer.fetch_file(
+                lambda p: peer.ask(p, timeout=self.fetch_timeout),
+                info,
+                self.data.sandbox(),
+                reopen=reopen,
+                part=part,
+                offset=offset,
+                close=peer.post,
+                holder=holder,
+            )
+        except StreamBroken as exc:
+            if exc.prefix:  # the next fetch of this file goes on from there
+                self._partials[key] = (exc.part, exc.prefix, meta, self._now())
+            raise
+        except OSError as exc:
+            if exc.errno == errno.ENOSPC:  # the file system filled up meanwhile
+                raise DiskFull(
+                    str(key), self.worker_id, meta.size, self._disk_free(), self.disk
+                ) from exc
+            raise
+        finally:
+            self._incoming -= need
+
     @handles(_Fetched)
     def fetched_inputs(self, msg: _Fetched) -> None:
         self._feed(msg.answer)
+        for key, value, _ in msg.answer.got:  # file copies the core did not keep
+            if isinstance(value, File) and not (
+                self.data.is_file(key) and self.data.peek(key) is value
+            ):
+                discard_output(value)
 
     # -- leaving: copies of needed outputs to peers --------------------------------------
 
@@ -787,6 +936,13 @@ class Worker(Actor):
         for key in msg.keys:
             if key not in store:
                 missing.append(key)
+            elif store.is_file(key):  # a file output: its bytes, or its handle
+                file = store.peek(key)
+                if msg.files:
+                    info = self.streams.start(key, store.segments(key), self._now())
+                    streams.append(info._replace(file=file))
+                else:
+                    data[key] = store.get_raw(key) if msg.raw else file
             elif over and store.nbytes(key) >= over:  # a spilled one is read from disk
                 streams.append(self.streams.start(key, store.segments(key), self._now()))
             elif msg.raw:
@@ -837,4 +993,6 @@ class Worker(Actor):
             state.governor.throttled,
             self.memory_config.execution,
             ex.abandoned if ex is not None else 0,
+            store.n_files,
+            store.file_bytes,
         )

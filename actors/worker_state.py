@@ -28,10 +28,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Literal
 
 from actors import memory as mem
 from actors.protocol import TaskResult, ToRun
+from runtime.errors import DiskFull
 from runtime.graph import Key
 from runtime.messages import get_data_batches
 
@@ -86,7 +87,9 @@ class TasksAssigned(Event):
 class InputsFetched(Event):
     """The answer to :class:`Fetch` ``fetch``: the ``(key, value, nbytes)`` copies got,
     the keys the peer does not hold, the keys refused with an error (a value this worker
-    can never hold), and ``failed``: why the rest did not come (peer gone, timeout)."""
+    can never hold; a file output its disk has no room for, ``DiskFull``: the tasks
+    waiting for it end ``disk-full``), and ``failed``: why the rest did not come (peer
+    gone, timeout)."""
 
     fetch: int
     got: tuple[tuple[Key, Any, int], ...] = ()
@@ -509,6 +512,7 @@ class WorkerState:
                     rss_before=res.rss_before,
                     rss_peak=max(peak, rss) if peak else 0,
                     fetches=tuple(self.fetch_log.pop(key, ())),
+                    file=res.file and outcome == "ok",
                 )
             )
         if results:
@@ -700,9 +704,12 @@ class WorkerState:
         copied = self.copied.pop(key, None)
         fetched = tuple(k for k in copied if k in self.held) if copied else ()
         fetches = tuple(self.fetch_log.pop(key, ()))
-        if error is not None:
+        if error is not None:  # an input file this worker's disk cannot hold: disk-full
+            outcome: Literal["error", "disk-full"] = (
+                "disk-full" if isinstance(error, DiskFull) else "error"
+            )
             result = TaskResult(
-                key, "error", now, now, error=error, fetched=fetched, fetches=fetches
+                key, outcome, now, now, error=error, fetched=fetched, fetches=fetches
             )
         else:
             result = TaskResult(key, "missing", missing=missing, fetched=fetched, fetches=fetches)

@@ -22,12 +22,15 @@ from runtime.errors import (
     CorralError,
     CycleError,
     DependencyFailed,
+    FileChecksumError,
+    FileOutputError,
     GraphError,
     MailboxFull,
     MissingKeysError,
     UnknownPolicyError,
     WorkerLost,
 )
+from runtime.files import File, output_path
 from runtime.kernel import Actor, ActorRef, ActorSystem, Clock, handles
 from runtime.messages import Message, message
 from runtime.task import checkpoint, checkpoint_file, restore, restore_path
@@ -71,6 +74,9 @@ __all__ = [
     "CorralError",
     "CycleError",
     "DependencyFailed",
+    "File",
+    "FileChecksumError",
+    "FileOutputError",
     "Future",
     "GraphError",
     "MailboxFull",
@@ -83,6 +89,7 @@ __all__ = [
     "get",
     "handles",
     "message",
+    "output_path",
     "restore",
     "restore_path",
 ]

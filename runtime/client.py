@@ -18,6 +18,7 @@ import concurrent.futures
 import contextlib
 import gc
 import os
+import pathlib
 import pickle
 import threading
 import weakref
@@ -35,7 +36,15 @@ from actors.providers import DISK_OFF, BlockSpec, InProcessProvider
 from actors.scheduler import Scheduler
 from actors.scheduler_state import KeyCancelled, KeyDone, KeyErred
 from actors.transfer import READ_TIMEOUT, StreamInfo, UnknownStream
-from runtime.errors import ActorStopped, AskTimeout, CorralError, DependencyFailed, ManagerLost
+from runtime.errors import (
+    ActorStopped,
+    AskTimeout,
+    CorralError,
+    DependencyFailed,
+    FileOutputError,
+    ManagerLost,
+)
+from runtime.files import File
 from runtime.graph import Key, make_task
 from runtime.kernel import Actor, ActorRef, ActorSystem, handles
 from runtime.log import get_logger
@@ -1053,6 +1062,60 @@ class Cluster:
                 _log.warning("reading a result failed", key=str(info.key), error=str(exc))
                 failed.append(info.key)
         return failed
+
+    async def download(self, future: Future, dest: str | os.PathLike[str]) -> File:
+        """Copy the file output of ``future`` (``runtime/files.py``) from the worker
+        holding it to ``dest`` on this machine; its ``File`` here. The bytes travel
+        through the manager in parts, written to ``dest`` part by part (never whole in
+        memory), checked against the file's checksum, and a broken read resumes from
+        the bytes written. Raises ``FileOutputError`` if the output is not a file, and
+        what ``await future`` raises if its task failed."""
+        self._require()
+        key = future.key
+        target = os.fspath(dest)
+        directory = str(pathlib.PurePath(target).parent)
+        manager = self._manager
+        remote = self.address is not None
+
+        async def stream() -> StreamInfo | None:
+            result: GatherResult = await manager.ask(
+                GatherRequest((key,), raw=remote, files=True), timeout=None
+            )
+            info = next((s for s in result.streams if s.key == key), None)
+            if info is None and key in result.data:
+                value = result.data[key]
+                kind = type(pickle.loads(value) if result.raw else value).__name__
+                raise FileOutputError(
+                    f"download({key!r}): its output is a {kind}, not a file output; get it "
+                    "with await (a task makes a file output by returning File(path))."
+                )
+            return info
+
+        for _ in range(10):
+            await self.gather([future])  # done (or raises); made again if it was lost
+            info = await stream()
+            if info is None:
+                continue  # lost meanwhile: wait for it again
+            try:
+                got = await transfer.fetch_file(
+                    lambda part: manager.ask(part, timeout=READ_TIMEOUT),
+                    info,
+                    directory,
+                    reopen=lambda offset: stream(),
+                    close=manager.post,
+                    holder=info.worker,
+                )
+            except transfer.StreamBroken as exc:
+                with contextlib.suppress(OSError):
+                    os.unlink(exc.part)
+                _log.warning("download failed", key=str(key), error=str(exc))
+                continue
+            os.replace(got.path, target)
+            return File(target, got.name, got.size, got.checksum)
+        raise CorralError(
+            f"could not download {key!r}: its file kept disappearing (workers lost while "
+            "reading it). Check the workers' health."
+        )
 
     # -- control ---------------------------------------------------------------------
 

@@ -888,6 +888,13 @@ def render_status(st: Mapping[str, Any]) -> RenderableType:
         _bytes(sum(rss.values())) if rss else "unknown",
     )
     parts.append(mt)
+    if files.get("file_outputs"):
+        parts.append(
+            Text(
+                f"file outputs: {files['file_outputs']} on workers "
+                f"({_bytes(files.get('file_bytes'), zero='0')} with their copies)"
+            )
+        )
     rep: dict[str, Any] = dict(st.get("replicas") or {})
     if rep.get("made") or rep.get("failed"):
         parts.append(

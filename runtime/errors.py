@@ -819,3 +819,34 @@ class CheckpointError(CorralError, RuntimeError):
 
 
 __all__ += ["CheckpointError"]
+
+
+class FileOutputError(CorralError, ValueError):
+    """A file output used where it cannot work: ``output_path()`` called outside a
+    running task or with a name that is not a plain file name, or a task that returned a
+    ``File`` whose path is outside its worker's sandbox or is not a regular file
+    (``reason`` says which, and what to do)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"{reason} See docs/files.md#file-outputs.", reason=reason)
+
+
+class FileChecksumError(CorralError):
+    """A file output copied from worker ``worker`` does not have the checksum (sha256)
+    its holder recorded: the copy was removed and the file is fetched again (from
+    another holder, or made again)."""
+
+    def __init__(self, key: str, worker: str, expected: str, got: str) -> None:
+        super().__init__(
+            f"file output {key!r} copied from worker {worker!r} has sha256 {got}, not the "
+            f"{expected} its holder recorded; the copy was removed. The file changed on "
+            "its holder's disk after the task wrote it, or was damaged on the way: tasks "
+            "must not modify the files of their inputs (write a new output instead).",
+            key=key,
+            worker=worker,
+            expected=expected,
+            got=got,
+        )
+
+
+__all__ += ["FileChecksumError", "FileOutputError"]

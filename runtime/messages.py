@@ -430,11 +430,14 @@ class GetData(Message):
     that only forwards them (the manager never decodes results). ``stream_over``: a
     value whose recorded size is at least this many bytes is not in the reply but
     opened as a stream (``DataReply.streams``) that the requester reads part by part
-    (``actors/transfer.py``); 0, for a requester in the same process: never."""
+    (``actors/transfer.py``); 0, for a requester in the same process: never.
+    ``files``: file outputs (``runtime/files.py``) come as streams of their bytes, to be
+    copied (a peer fetching an input); otherwise as their ``File`` handles."""
 
     keys: tuple[Any, ...]
     raw: bool = False
     stream_over: int = 0
+    files: bool = False
 
 
 @message(local=True)
@@ -512,10 +515,12 @@ class CancelRequest(Message):
 @message(local=True)
 class GatherRequest(Message):
     """Client -> manager: the values of these finished keys (``raw``: as the workers'
-    pickles, for a client in another process)."""
+    pickles, for a client in another process). ``files``: file outputs as streams of
+    their bytes, which the client reads through the manager (a download)."""
 
     keys: tuple[Any, ...]
     raw: bool = False
+    files: bool = False
 
 
 @message()
@@ -849,13 +854,16 @@ class CategoryStatus(Message):
 @message()
 class FilesStatus(Message):
     """The file registry's summary: outputs it tracks, per state, bytes stored per
-    worker, and the outputs (and their bytes over all replicas) dropped so far."""
+    worker, the outputs (and their bytes over all replicas) dropped so far, and the file
+    outputs on workers now (``runtime/files.py``) and their bytes over all replicas."""
 
     files: int = 0
     states: dict[str, int] = dataclasses.field(default_factory=dict)
     stored_bytes: dict[str, int] = dataclasses.field(default_factory=dict)
     released: int = 0
     released_bytes: int = 0
+    file_outputs: int = 0
+    file_bytes: int = 0
 
 
 @message()

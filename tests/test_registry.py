@@ -184,6 +184,8 @@ def test_summary() -> None:
         "stored_bytes": {"w1": 15, "w2": 10},
         "released": 1,
         "released_bytes": 30,
+        "file_outputs": 0,
+        "file_bytes": 0,
     }
 
 

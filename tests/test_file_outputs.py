@@ -1,0 +1,996 @@
+"""File outputs (issue 13 item 1, docs/files.md "File outputs").
+
+- the file stream: parts written at their offsets into a ``.part`` file (never the whole
+  file in memory), a broken stream resumed from the bytes written (same holder, or the
+  next one) re-reading only what was missing, a checksum mismatch caught and the copy
+  removed;
+- the store: file entries count on disk, never in memory, are never spilled, and go
+  with their key;
+- end to end on worker processes: load -> skim -> merge of real files, a consumer
+  reading its inputs on its own worker's disk, sizes in the registry, files removed
+  when the outputs are dropped, a worker killed with SIGKILL mid-run;
+- one disk budget: spilled values and file outputs; a file output that does not fit
+  ends its try disk-full and the worker goes on;
+- bad input: typed errors that say what to do.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import os
+import random
+import tracemalloc
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+import pytest
+
+from actors.store import SpillStore
+from actors.transfer import StreamBroken, StreamInfo, StreamTable, fetch_file
+from runtime.errors import AskTimeout, DiskFull, FileChecksumError, FileOutputError
+from runtime.files import File, TaskOutputs, digest, output_path, task_outputs
+from runtime.kernel import Actor, ActorRef, ActorSystem, handles
+from runtime.messages import (
+    CopyFrom,
+    GetData,
+    ReadStream,
+    RegisterWorker,
+    RunTasks,
+    StreamPart,
+    TasksDone,
+    WorkerMemoryReport,
+)
+from tests.helpers import load_bench, wait_until
+
+pytestmark = pytest.mark.anyio
+
+KiB = 1024
+MiB = 1024 * KiB
+
+
+# ------------------------------------------------------------------ a holder, in memory
+
+
+class Holder:
+    """The sending side of a file stream as a worker has it (a StreamTable over the
+    file's FileSegments), with the asks it answered recorded and faults injected:
+    ``fail_from``: asks at or past that offset fail (AskTimeout), ``fail_asks`` times
+    at most; ``short``: an answer to an ask at that offset comes back one byte short."""
+
+    def __init__(self, file: File, *, fail_from: int | None = None, fail_asks: int = 0) -> None:
+        self.file = file
+        self.table = StreamTable()
+        self.asked: list[tuple[int, int, int]] = []  #: (stream, offset, length) answered
+        self.fail_from = fail_from
+        self.fail_asks = fail_asks
+        self.short: int | None = None
+        self.in_flight = 0
+        self.most_in_flight = 0
+        self.opened = 0
+
+    def open(self) -> StreamInfo:
+        from actors.transfer import FileSegments
+
+        assert self.file.size is not None
+        self.opened += 1
+        info = self.table.start("k", FileSegments(self.file.path, [(0, self.file.size)]), 0.0)
+        return info._replace(file=self.file)
+
+    async def reopen(self, offset: int) -> StreamInfo | None:
+        return self.open()
+
+    async def ask(self, msg: ReadStream) -> StreamPart:
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        try:
+            await anyio.lowlevel.checkpoint()  # let the other parts in flight start
+            if self.fail_from is not None and msg.offset >= self.fail_from and self.fail_asks:
+                self.fail_asks -= 1
+                raise AskTimeout("holder", "ReadStream", 1.0)
+            data = self.table.read(msg.stream, msg.offset, msg.length, 0.0)
+            self.asked.append((msg.stream, msg.offset, msg.length))
+            if self.short == msg.offset:
+                self.short = None
+                data = data[:-1]
+            return StreamPart(data)
+        finally:
+            self.in_flight -= 1
+
+
+def source(tmp_path: Path, nbytes: int, seed: int = 0) -> File:
+    path = tmp_path / "src" / "events.root"
+    path.parent.mkdir(exist_ok=True)
+    path.write_bytes(random.Random(seed).randbytes(nbytes))
+    size, checksum = digest(str(path))
+    return File(str(path), "events.root", size, checksum)
+
+
+def read(path: str) -> bytes:
+    return Path(path).read_bytes()
+
+
+def exists(path: str) -> bool:
+    return os.path.exists(path)
+
+
+def size_of(path: str) -> int:
+    return os.path.getsize(path)
+
+
+def copy_file(src: str, dest: Path) -> None:
+    dest.write_bytes(read(src))
+
+
+def flip_a_byte(path: str, at: int) -> bytes:
+    """Change one byte of the file at ``path`` (its size stays); its new bytes."""
+    data = bytearray(read(path))
+    data[at] ^= 0xFF
+    Path(path).write_bytes(bytes(data))
+    return bytes(data)
+
+
+def dest_dir(tmp_path: Path) -> str:
+    d = tmp_path / "dest"
+    d.mkdir(exist_ok=True)
+    return str(d)
+
+
+# ------------------------------------------------------------------ the file stream
+
+
+async def test_a_file_arrives_part_by_part_at_its_offsets_never_whole_in_memory(
+    tmp_path: Path,
+) -> None:
+    src = source(tmp_path, 16 * MiB + 123)
+    holder = Holder(src)
+    part = 64 * KiB
+    tracemalloc.start()
+    try:
+        with anyio.fail_after(60):
+            got = await fetch_file(
+                holder.ask,
+                holder.open(),
+                dest_dir(tmp_path),
+                reopen=holder.reopen,
+                part_bytes=part,
+                window=3,
+            )
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert (got.name, got.size, got.checksum) == ("events.root", src.size, src.checksum)
+    assert read(got.path) == read(src.path)
+    assert Path(got.path).parent == tmp_path / "dest" and got.path != src.path
+    assert os.listdir(dest_dir(tmp_path)) == [os.path.basename(got.path)]  # no .part left
+    # Parts of at most part_bytes, at most `window` in flight, every byte asked once.
+    assert max(n for _, _, n in holder.asked) == part
+    assert holder.most_in_flight <= 3
+    assert sum(n for _, _, n in holder.asked) == src.size
+    # The 16 MiB file was never held whole: the peak of Python allocations while it was
+    # copied (the parts in flight, the checksum's read buffer) is a small part of it.
+    assert peak < 4 * MiB, peak
+
+
+@pytest.mark.parametrize("window", [1, 4])
+async def test_a_broken_stream_resumes_from_the_bytes_written_and_rereads_nothing_else(
+    tmp_path: Path, window: int
+) -> None:
+    src = source(tmp_path, 1 * MiB + 5)
+    part = 32 * KiB
+    k = 11  # parts from the k-th on fail on the first stream (a broken connection)
+    holder = Holder(src, fail_from=k * part, fail_asks=100)
+    first = holder.open()
+    closed: list[int] = []
+    resumed_at: list[int] = []
+
+    async def reopen(offset: int) -> StreamInfo | None:
+        resumed_at.append(offset)
+        holder.fail_asks = 0  # the new connection works
+        return holder.open()
+
+    with anyio.fail_after(30):
+        got = await fetch_file(
+            holder.ask,
+            first,
+            dest_dir(tmp_path),
+            reopen=reopen,
+            close=lambda m: closed.append(m.stream),
+            part_bytes=part,
+            window=window,
+        )
+    assert got.checksum == src.checksum
+    assert read(got.path) == read(src.path)
+    assert holder.opened == 2 and first.stream in closed  # the broken one given up
+    (prefix,) = resumed_at
+    before = [(o, n) for s, o, n in holder.asked if s == first.stream]
+    after = sorted((o, n) for s, o, n in holder.asked if s != first.stream)
+    assert all(o < k * part for o, _ in before)
+    # At most the parts in flight when it broke are lost; with one in flight, none.
+    assert (k - window) * part <= prefix <= k * part
+    assert prefix == k * part if window == 1 else True
+    # The new stream is read from the first byte not written, to the end, once.
+    assert after[0][0] == prefix
+    assert all(a[0] + a[1] == b[0] for a, b in itertools.pairwise(after))
+    assert after[-1][0] + after[-1][1] == src.size
+    reread = sum(n for _, n in before) + sum(n for _, n in after) - src.size
+    assert 0 <= reread <= (window - 1) * part
+
+
+async def test_a_copy_broken_past_its_resumes_goes_on_from_the_next_holder(
+    tmp_path: Path,
+) -> None:
+    src = source(tmp_path, 512 * KiB)
+    part = 16 * KiB
+    dead = Holder(src, fail_from=10 * part, fail_asks=10_000)  # never recovers
+    with anyio.fail_after(30), pytest.raises(StreamBroken) as info:
+        await fetch_file(
+            dead.ask,
+            dead.open(),
+            dest_dir(tmp_path),
+            reopen=dead.reopen,
+            resumes=2,
+            part_bytes=part,
+            window=1,
+        )
+    broken = info.value
+    assert broken.prefix == 10 * part and dead.opened == 3  # the first, then 2 resumes
+    assert size_of(broken.part) >= broken.prefix  # kept for the next holder
+    # The next holder has the same file (its own copy): only the rest is read from it.
+    copy = tmp_path / "other.root"
+    copy_file(src.path, copy)
+    other = Holder(File(str(copy), src.name, src.size, src.checksum))
+    with anyio.fail_after(30):
+        got = await fetch_file(
+            other.ask,
+            other.open(),
+            dest_dir(tmp_path),
+            reopen=other.reopen,
+            part=broken.part,
+            offset=broken.prefix,
+            part_bytes=part,
+        )
+    assert read(got.path) == read(src.path)
+    assert sum(n for _, _, n in other.asked) == (src.size or 0) - broken.prefix
+    assert not exists(broken.part)
+
+
+async def test_a_short_part_is_a_broken_stream_and_is_read_again(tmp_path: Path) -> None:
+    src = source(tmp_path, 200 * KiB)
+    holder = Holder(src)
+    holder.short = 64 * KiB
+    with anyio.fail_after(30):
+        got = await fetch_file(
+            holder.ask,
+            holder.open(),
+            dest_dir(tmp_path),
+            reopen=holder.reopen,
+            part_bytes=32 * KiB,
+            window=1,
+        )
+    assert got.checksum == src.checksum and holder.opened == 2
+
+
+async def test_a_checksum_mismatch_is_a_typed_error_and_leaves_no_file(tmp_path: Path) -> None:
+    src = source(tmp_path, 300 * KiB)
+    # The holder's file changed on its disk after it was measured (same size).
+    data = flip_a_byte(src.path, 1000)
+    holder = Holder(src)
+    with anyio.fail_after(30), pytest.raises(FileChecksumError) as info:
+        await fetch_file(
+            holder.ask,
+            holder.open(),
+            dest_dir(tmp_path),
+            reopen=holder.reopen,
+            holder="worker-7",
+            part_bytes=64 * KiB,
+        )
+    assert info.value.fields["expected"] == src.checksum
+    assert info.value.fields["got"] == hashlib.sha256(data).hexdigest()
+    assert "worker-7" in str(info.value)
+    assert os.listdir(dest_dir(tmp_path)) == []  # neither the .part nor the file
+
+
+# ------------------------------------------------------------------ the store
+
+
+def test_file_entries_count_on_disk_never_in_memory_and_go_with_their_key(
+    tmp_path: Path,
+) -> None:
+    store = SpillStore(tmp_path, disk_limit=10 * MiB)
+    sandbox = store.sandbox()
+    path = os.path.join(sandbox, "a.bin")
+    Path(path).write_bytes(b"x" * 3000)
+    size, checksum = digest(path)
+    f = File(path, "a.bin", size, checksum)
+    store.put_file("f", f)
+    store.put("v", b"y" * 5000, 5000)
+    assert store.is_file("f") and not store.on_disk("f")
+    assert store["f"] is f and store.peek("f") is f and store.nbytes("f") == 3000
+    assert store.memory_bytes == 5000 and store.disk_bytes == 3000
+    assert (store.n_files, store.file_bytes) == (1, 3000)
+    segs = store.segments("f")
+    assert segs.sizes == (3000,) and segs.read(100, 10) == b"x" * 10
+    segs.close()
+    # Spilling moves values, never file entries; both share the disk budget.
+    assert store.spill_keys(10**9) == ["v"]
+    assert store.disk_bytes > 3000 + 5000 and store.is_file("f")
+    del store["f"]
+    assert not os.path.exists(path) and store.disk_bytes < 3000 + 5000 + 1000
+    store.close()
+    assert not os.path.exists(sandbox)
+
+
+# ------------------------------------------------------------------ bad input
+
+
+def test_output_path_outside_a_task_is_a_typed_error() -> None:
+    with pytest.raises(FileOutputError, match="outside a running task"):
+        output_path("x.root")
+
+
+def test_bad_names_and_files_outside_the_sandbox_are_typed_errors(tmp_path: Path) -> None:
+    sandbox = tmp_path / "sandbox"
+    sandbox.mkdir()
+    with task_outputs(str(sandbox), "t") as out:
+        for bad in ("", "..", "a/b", "/etc/passwd"):
+            with pytest.raises(FileOutputError, match="plain file name"):
+                output_path(bad)
+        outside = tmp_path / "elsewhere.root"
+        outside.write_bytes(b"1")
+        with pytest.raises(FileOutputError, match="outside its worker's sandbox"):
+            out.finish(File(str(outside)))
+        with pytest.raises(FileOutputError, match="not a regular file"):
+            out.finish(File(output_path("never-written.root")))
+        p = output_path("ok.root")
+        Path(p).write_bytes(b"abc")
+        done = out.finish(File(p))
+        assert done.size == 3 and done.checksum == hashlib.sha256(b"abc").hexdigest()
+        assert Path(done.path).parent == sandbox and not os.path.exists(p)
+    assert os.listdir(sandbox / "out") == []  # the try's directory went with the try
+    assert TaskOutputs(None, "t").finish(42) == 42  # other values pass through
+    with pytest.raises(FileOutputError, match="plain file name"):
+        File(str(sandbox / "x"), name="../y")
+    with pytest.raises(FileOutputError, match="non-empty"):
+        File("")
+
+
+# ------------------------------------------------------------------ tasks that write files
+
+
+def payload(i: int, nbytes: int) -> bytes:
+    return random.Random(i).randbytes(nbytes)
+
+
+def load(i: int, nbytes: int) -> File:
+    """A loader: writes a file of random bytes in its sandbox, returns it."""
+    path = output_path(f"load-{i}.root")
+    with open(path, "wb") as f:
+        f.write(payload(i, nbytes))
+    return File(path)
+
+
+def skim(f: File, pause: float = 0.0) -> File:
+    """Reads its input from the path on its own worker; writes every other byte."""
+    if pause:
+        import time
+
+        time.sleep(pause)
+    data = Path(f.path).read_bytes()
+    assert len(data) == f.size, (f, len(data))
+    path = output_path("skim.root")
+    Path(path).write_bytes(data[::2])
+    return File(path)
+
+
+def sandbox_of(path: str) -> str:
+    """The sandbox of an output_path (``SANDBOX/out/try-XXXX/name``)."""
+    return os.path.dirname(os.path.dirname(os.path.dirname(path)))
+
+
+def merge(*files: File) -> dict[str, Any]:
+    """A fan-in: the sum of its inputs' bytes, and where it read them."""
+    return {
+        "sum": sum(sum(Path(f.path).read_bytes()) for f in files),
+        "sandbox": sandbox_of(output_path("probe")),
+        "paths": [f.path for f in files],
+        "sizes": [os.path.getsize(f.path) for f in files],
+        "checks": [digest(f.path)[1] == f.checksum for f in files],
+    }
+
+
+def expected_skim(i: int, nbytes: int) -> bytes:
+    return payload(i, nbytes)[::2]
+
+
+def graph(n: int, groups: int, nbytes: int, pause: float = 0.0) -> dict[str, Any]:
+    g: dict[str, Any] = {}
+    for i in range(n):
+        g[f"load-{i}"] = (load, i, nbytes)
+        g[f"skim-{i}"] = (skim, f"load-{i}", pause)
+    for j in range(groups):  # interleaved: no merge is ready before most skims are done
+        g[f"merge-{j}"] = (merge, *[f"skim-{i}" for i in range(j, n, groups)])
+    return g
+
+
+def expected_sums(n: int, groups: int, nbytes: int) -> list[int]:
+    return [sum(sum(expected_skim(i, nbytes)) for i in range(j, n, groups)) for j in range(groups)]
+
+
+def process_cluster(tmp_path: Path, n: int = 2) -> Any:
+    from runtime import Cluster
+
+    return Cluster(
+        processes=n,
+        threads_per_worker=1,
+        memory_options={"spill_dir": str(tmp_path / "spill")},
+        disk_per_worker="512MiB",
+        policies={"replication": "none"},
+    )
+
+
+@pytest.mark.timeout(200)  # a backstop: the run is bounded below
+async def test_load_skim_merge_of_real_files_on_worker_processes(tmp_path: Path) -> None:
+    n, groups, nbytes = 8, 2, 256 * KiB
+    with anyio.fail_after(150):
+        async with process_cluster(tmp_path) as cluster:
+            await cluster.wait_for_workers(2)
+            skims = [f"skim-{i}" for i in range(n)]
+            merges = [f"merge-{j}" for j in range(groups)]
+            futures = await cluster.submit_graph(graph(n, groups, nbytes), [*skims, *merges])
+            values = await cluster.gather(futures)
+            handles: list[File] = values[:n]
+            results: list[dict[str, Any]] = values[n:]
+            # A client gets the handle: metadata, and the path on the worker holding it.
+            for i, h in enumerate(handles):
+                want = expected_skim(i, nbytes)
+                assert (h.name, h.size) == ("skim.root", len(want))
+                assert h.checksum == hashlib.sha256(want).hexdigest()
+                assert read(h.path) == want  # same machine: readable here
+                assert str(tmp_path / "spill") in h.path
+            # Each merge read its inputs on its own worker's disk, whole and checked.
+            assert [r["sum"] for r in results] == expected_sums(n, groups, nbytes)
+            for r in results:
+                assert all(p.startswith(r["sandbox"] + os.sep) for p in r["paths"])
+                assert all(r["checks"]) and r["sizes"] == [nbytes // 2] * (n // groups)
+            holders = {os.path.dirname(h.path) for h in handles}  # the workers' sandboxes
+            status = await cluster.status()
+            # The registry and the category statistics know the files' sizes.
+            assert status["categories"]["skim"]["max_nbytes"] == nbytes // 2
+            assert status["categories"]["load"]["max_nbytes"] == nbytes
+            stored = sum(status["files"]["stored_bytes"].values())
+            assert stored >= n * nbytes // 2
+            # The skims are file outputs (the loads were pruned, the merges are values),
+            # with their copies on the merges' workers.
+            assert status["files"]["file_outputs"] == n
+            assert status["files"]["file_bytes"] >= n * nbytes // 2
+            copied = status["storage"]["transfer_bytes"].get("fetch", 0)
+            if len(holders) > 1:  # skims on both workers: merges copied some over
+                assert copied >= nbytes // 2
+            on_disk = [h.path for h in handles]
+            copies = [p for r in results for p in r["paths"] if p not in on_disk]
+            assert len(copies) * (nbytes // 2) <= copied
+            # A download copies a file output here, through the manager, part by part.
+            dest = tmp_path / "downloads" / "first.root"
+            dest.parent.mkdir()
+            got = await cluster.download(futures[0], dest)
+            assert (got.path, got.size, got.checksum) == (str(dest), handles[0].size,
+                                                          handles[0].checksum)  # fmt: skip
+            assert read(str(dest)) == expected_skim(0, nbytes)
+            assert os.listdir(dest.parent) == ["first.root"]
+            # Dropping the outputs removes their files (holders' and copies) from disk.
+            for fut in futures:
+                fut.release()
+            del futures
+            await wait_until(
+                lambda: not any(os.path.exists(p) for p in [*on_disk, *copies]),
+                "the released files removed",
+                limit=30,
+            )
+
+
+@pytest.mark.timeout(200)
+async def test_a_worker_killed_mid_run_has_its_files_made_again(tmp_path: Path) -> None:
+    bench = load_bench("files")
+    n, groups, nbytes = 12, 3, 128 * KiB
+    with anyio.fail_after(150):
+        async with process_cluster(tmp_path) as cluster:
+            await cluster.wait_for_workers(2)
+            merges = [f"merge-{j}" for j in range(groups)]
+            futures = await cluster.submit_graph(graph(n, groups, nbytes, pause=0.3), merges)
+
+            async def skims_done() -> bool:
+                cat = (await cluster.status())["categories"].get("skim")
+                return cat is not None and cat["count"] >= 4
+
+            await wait_until(skims_done, "4 skims done", step=0.05)
+            before = {w.worker_id for w in (await cluster.status())["workers"]}
+            bench.kill_one_worker(random.Random(7))
+
+            async def gone() -> Any:
+                now = {w.worker_id for w in (await cluster.status())["workers"]}
+                return before - now
+
+            await wait_until(gone, "the killed worker gone", step=0.05)
+            results = await cluster.gather(futures)
+            status = await cluster.status()
+    assert [r["sum"] for r in results] == expected_sums(n, groups, nbytes)
+    for r in results:
+        assert all(r["checks"]) and all(p.startswith(r["sandbox"]) for p in r["paths"])
+    # Skims held by the killed worker, not yet merged, were made again.
+    assert status["storage"]["recoveries"].get("recomputed", 0) >= 1
+
+
+async def test_file_outputs_in_task_processes(tmp_path: Path) -> None:
+    from runtime import Cluster
+
+    with anyio.fail_after(60):
+        async with Cluster(
+            workers=1,
+            memory_options={"execution": "process", "spill_dir": str(tmp_path / "spill")},
+        ) as cluster:
+            (h,) = await cluster.submit_graph(
+                {"load-0": (load, 0, 100_000), "skim-0": (skim, "load-0")}, ["skim-0"]
+            )
+            got = await h.result()
+            assert read(got.path) == expected_skim(0, 100_000)
+            assert got.size == 50_000 and str(tmp_path / "spill") in got.path
+
+
+# ------------------------------------------------------------------ one disk budget
+
+
+def blob(nbytes: int) -> bytes:
+    return b"v" * nbytes
+
+
+def write(name: str, nbytes: int) -> File:
+    path = output_path(name)
+    Path(path).write_bytes(b"f" * nbytes)
+    return File(path)
+
+
+def outside(path: str) -> File:
+    Path(path).write_bytes(b"1")
+    return File(path)
+
+
+def bad_name() -> str:
+    return output_path("../escape.root")
+
+
+async def test_spilled_values_and_file_outputs_share_the_disk_and_a_file_that_does_not_fit_ends_disk_full(  # noqa: E501
+    tmp_path: Path,
+) -> None:
+    from runtime import Cluster
+
+    spill = tmp_path / "spill"
+    with anyio.fail_after(90):
+        async with Cluster(
+            workers=1,
+            threads_per_worker=1,
+            memory_per_worker="2GiB",
+            # past the spill fence from the start: values go to disk
+            memory_options={
+                "spill": 0.01,
+                "throttle": 0.9,
+                "terminate": None,
+                "spill_dir": str(spill),
+            },
+            disk_per_worker="4MiB",
+        ) as cluster:
+            wid = "worker-1"
+
+            async def on_disk() -> int:
+                report = (await cluster.status())["memory"].get(wid)
+                return int(report["spilled_bytes"]) if report else 0
+
+            async def one(key: str, task: Any, **options: Any) -> Any:
+                (fut,) = await cluster.submit_graph({key: task}, [key], **options)
+                return fut
+
+            value = await one("blob-1", (blob, 2 * MiB))
+            await value.result()
+            await wait_until(lambda: _at_least(on_disk(), 2 * MiB), "spilled", limit=20)
+            small = await one("write-1", (write, "small.bin", 512 * KiB), resources={"disk": 1})
+            assert (await small.result()).size == 512 * KiB
+            await wait_until(lambda: _at_least(on_disk(), 2 * MiB + 512 * KiB), "file", limit=20)
+            # About 1.5 MiB left: a 2 MiB file output does not fit. Its try ends
+            # disk-full, the file is removed, and it waits for room.
+            big = await one("write-2", (write, "big.bin", 2 * MiB), resources={"disk": 1})
+
+            async def disk_full() -> bool:
+                cat = (await cluster.status())["categories"].get("write", {})
+                return bool(cat.get("disk_full"))
+
+            await wait_until(disk_full, "the disk-full try", limit=30)
+            sandbox = Path((await small.result()).path).parent
+            assert not [p for p in sandbox.rglob("*") if "big" in p.name]
+            assert await on_disk() < 3 * MiB
+            # The worker keeps working meanwhile.
+            other = await one("tiny-1", (blob, 10), resources={"disk": 1})
+            assert await other.result() == b"v" * 10
+            assert not big.done()
+            # Freeing the spilled value makes room: the retry fits.
+            value.release()
+            del value
+            got = await big.result()
+            assert got.size == 2 * MiB and size_of(got.path) == 2 * MiB
+            story = " ".join(map(str, await cluster.story("write-2")))
+            assert "waiting for disk" in story, story
+
+
+async def _at_least(value: Any, n: int) -> bool:
+    return bool(await value >= n)
+
+
+# ------------------------------------------------------------------ bad input, in a task
+
+
+async def test_a_task_returning_a_file_outside_its_sandbox_fails_with_what_to_do(
+    tmp_path: Path,
+) -> None:
+    from runtime import Cluster
+
+    with anyio.fail_after(60):
+        async with Cluster(workers=1) as cluster:
+            fut = cluster.submit(outside, str(tmp_path / "shared.root"))
+            with pytest.raises(FileOutputError, match="output_path") as info:
+                await fut
+            assert "outside its worker's sandbox" in str(info.value)
+            with pytest.raises(FileOutputError, match="plain file name"):
+                await cluster.submit(bad_name)
+            with pytest.raises(FileOutputError, match="is a bytes, not a file output"):
+                await cluster.download(cluster.submit(blob, 10), tmp_path / "x")
+
+
+# ------------------------------------------------------------------ the scheduler core
+
+
+@pytest.mark.parametrize("file", [True, False])
+def test_memory_admission_leaves_out_inputs_that_are_file_outputs(file: bool) -> None:
+    """A 5 GiB input on a 1 GiB worker: a file output is read from disk, so its reader
+    runs; the same bytes as a Python value would not fit in memory (TaskTooLarge)."""
+    from actors.protocol import TaskResult
+    from actors.scheduler_state import Execute, KeyErred, SchedulerState, TasksFinished
+    from runtime.errors import TaskTooLarge
+    from tests.helpers import GB, event, join, of, run, submit
+
+    s = SchedulerState()
+    join(s, "w", memory=GB)
+    submit(s, {"a": [], "b": ["a"]}, ["b"])
+    res = TaskResult("a", "ok", 0.0, 1.0, 5 * GB, file=file)
+    cmds = run(s, event(TasksFinished, worker="w", results=(res,)))
+    b = s.tasks["b"]
+    if file:
+        assert [t.key for c in of(cmds, Execute) for t in c.tasks] == ["b"]
+        assert (s.tasks["a"].file, b.in_nbytes, b.in_files) == (True, 0, 5 * GB)
+    else:
+        (erred,) = of(cmds, KeyErred)
+        assert isinstance(erred.error, TaskTooLarge)
+
+
+def find(root: Path, pattern: str) -> list[Path]:
+    return sorted(root.rglob(pattern))
+
+
+async def test_a_replica_of_a_file_output_is_a_copy_of_its_file_on_another_worker(
+    tmp_path: Path,
+) -> None:
+    from runtime import Cluster
+
+    spill = tmp_path / "spill"
+    with anyio.fail_after(60):
+        async with Cluster(
+            workers=2,
+            memory_options={"spill_dir": str(spill)},
+            policies={"replication": ("fixed", {"replicas": 1})},
+        ) as cluster:
+            await cluster.wait_for_workers(2)
+            (fut,) = await cluster.submit_graph({"load-0": (load, 0, 300 * KiB)}, ["load-0"])
+            handle = await fut.result()
+
+            async def made() -> bool:
+                return bool((await cluster.status())["replicas"]["made"])
+
+            await wait_until(made, "the replica", limit=30)
+            copies = find(spill, "*-load-0.root")
+            assert len(copies) == 2 and copies[0].parent != copies[1].parent
+            assert Path(handle.path) in copies
+            assert all(digest(str(p)) == (handle.size, handle.checksum) for p in copies)
+            assert not find(spill, "*.part")
+            status = await cluster.status()
+            assert status["storage"]["transfer_bytes"]["replica"] == 300 * KiB
+            fut.release()
+            del fut
+            await wait_until(lambda: not find(spill, "*-load-0.root"), "both removed", limit=30)
+
+
+# ------------------------------------------------------------------ workers, a broken link
+
+
+class Recorder(Actor):
+    """The scheduler, as far as workers tell it: the tries that ended."""
+
+    def __init__(self) -> None:
+        self.done: dict[Any, Any] = {}
+        self.changed = anyio.Event()
+
+    def _wake(self) -> None:
+        self.changed.set()
+        self.changed = anyio.Event()
+
+    @handles(TasksDone)
+    def tasks_done(self, msg: TasksDone) -> None:
+        self.done.update((r.key, r) for r in msg.results)
+        self._wake()
+
+    @handles(RegisterWorker, WorkerMemoryReport)
+    def other(self, msg: Any) -> None:
+        pass
+
+    async def until(self, key: str) -> Any:
+        while key not in self.done:
+            await self.changed.wait()
+        return self.done[key]
+
+
+class BrokenLink:
+    """A peer worker's reference over a link that breaks: while ``broken``, a read of
+    the file's bytes past ``cut`` times out (once the bytes before it came through).
+    ``heals``: the next stream asked for (a resume) works. Counts the bytes read."""
+
+    def __init__(self, ref: ActorRef[Any], cut: int, *, heals: bool) -> None:
+        self.ref = ref
+        self.cut = cut
+        self.heals = heals
+        self.broken = True
+        self.streams = 0
+        self.read = 0
+        self.before_cut = anyio.Event()
+
+    async def ask(self, msg: Any, timeout: float | None = None) -> Any:  # noqa: ASYNC109
+        if isinstance(msg, GetData):
+            self.streams += 1
+            if self.heals and self.streams > 1:
+                self.broken = False
+        if isinstance(msg, ReadStream) and self.broken and msg.offset >= self.cut:
+            await self.before_cut.wait()
+            raise AskTimeout("w1", "ReadStream", 1.0)
+        reply = await self.ref.ask(msg, timeout=timeout)
+        if isinstance(msg, ReadStream):
+            self.read += len(reply.data)
+            if msg.offset < self.cut:
+                self.before_cut.set()
+        return reply
+
+    def post(self, msg: Any) -> None:
+        self.ref.post(msg)
+
+
+def big_file() -> File:
+    """A 20 MiB file output: three parts of a stream."""
+    path = output_path("big.root")
+    with open(path, "wb") as f:
+        f.write(payload(99, 20 * MiB))
+    return File(path)
+
+
+def checksum_of(f: File) -> tuple[str, str]:
+    return digest(f.path)[1], f.path
+
+
+async def start_worker(
+    system: ActorSystem,
+    sched: ActorRef[Any],
+    wid: str,
+    tmp_path: Path,
+    resolve: Any,
+    disk: int = 0,
+) -> tuple[Any, ActorRef[Any]]:
+    """A worker actor ``wid`` (its sandbox in ``tmp_path / wid``) and its reference."""
+    from actors.worker import Worker
+
+    w = Worker(
+        wid, sched, resolve, memory=2**30, disk=disk,
+        memory_options={"spill_dir": str(tmp_path / wid)},
+    )  # fmt: skip
+    return w, await system.spawn(w, wid)
+
+
+def to_run(key: str, func: Any, *deps: tuple[str, tuple[str, ...], int]) -> Any:
+    from actors.protocol import ToRun
+    from runtime.graph import Task, TaskRef
+
+    args = [TaskRef(k) for k, _, _ in deps]
+    holders = tuple((k, h) for k, h, _ in deps)
+    sizes = tuple(n for _, _, n in deps)
+    return ToRun(key, Task(key, func, *args), key.split("-")[0], holders, False, sizes)
+
+
+@pytest.mark.parametrize("heals", [True, False])
+async def test_a_worker_resumes_a_file_copy_after_a_broken_link(
+    tmp_path: Path, heals: bool
+) -> None:
+    """w3 copies a 20 MiB file output (three parts of 8 MiB) from w1 over a link that
+    breaks after the first part. If the link heals, w3 resumes from w1 at 8 MiB; if not,
+    it gives up on w1 after its resumes and goes on from the same byte with w2, the next
+    holder (a replica). Either way the bytes before the break are read once."""
+    from actors.transfer import PART_BYTES, RESUMES
+
+    size = 20 * MiB
+    sched = Recorder()
+    with anyio.fail_after(60):
+        async with ActorSystem() as system:
+            sref = await system.spawn(sched, "scheduler")
+            refs: dict[str, Any] = {}
+            workers: dict[str, Any] = {}
+            links: dict[str, BrokenLink] = {}
+
+            def resolve(wid: str) -> Any:
+                return links.get(wid) or refs.get(wid)
+
+            for wid in ("w1", "w2", "w3"):
+                workers[wid], refs[wid] = await start_worker(
+                    system, sref, wid, tmp_path, resolve if wid == "w3" else refs.get
+                )
+            refs["w1"].post(RunTasks((to_run("big-0", big_file),)))
+            assert (await sched.until("big-0")).outcome == "ok"
+            held: File = workers["w1"].data["big-0"]
+            assert held.size == size and workers["w1"].data.is_file("big-0")
+            reply = await refs["w2"].ask(CopyFrom("w1", (("big-0", size),)), timeout=30)
+            assert reply.got == ("big-0",)  # w2 has a replica
+            link = links["w1"] = BrokenLink(refs["w1"], PART_BYTES, heals=heals)
+            links["w2"] = BrokenLink(refs["w2"], size, heals=True)  # never breaks
+            refs["w3"].post(
+                RunTasks((to_run("read-0", checksum_of, ("big-0", ("w1", "w2"), size)),))
+            )
+            res = await sched.until("read-0")
+            assert res.outcome == "ok", res.error
+            got, path = workers["w3"].data["read-0"]
+            assert got == held.checksum and path.startswith(str(tmp_path / "w3"))
+            assert not find(tmp_path / "w3", "*.part")
+            if heals:
+                assert link.streams == 2 and link.read == size  # nothing read twice
+                assert links["w2"].read == 0 and res.fetches[0][1] == "w1"
+            else:
+                assert link.streams == 1 + RESUMES and link.read == PART_BYTES
+                # The rest came from the next holder, from where the copy broke.
+                assert links["w2"].read == size - PART_BYTES
+                assert res.fetches[0][1] == "w2"
+            assert res.fetches[0][2] == size
+
+
+async def test_a_worker_without_the_disk_for_a_file_input_refuses_it_before_writing(
+    tmp_path: Path,
+) -> None:
+    sched = Recorder()
+    with anyio.fail_after(60):
+        async with ActorSystem() as system:
+            sref = await system.spawn(sched, "scheduler")
+            refs: dict[str, Any] = {}
+            for wid, disk in (("w1", 0), ("w2", 4 * MiB)):
+                _, refs[wid] = await start_worker(system, sref, wid, tmp_path, refs.get, disk)
+            refs["w1"].post(RunTasks((to_run("big-0", big_file),)))
+            assert (await sched.until("big-0")).outcome == "ok"
+            dep = ("big-0", ("w1",), 20 * MiB)
+            refs["w2"].post(RunTasks((to_run("read-0", checksum_of, dep),)))
+            res = await sched.until("read-0")
+            assert res.outcome == "disk-full" and isinstance(res.error, DiskFull)
+            assert "big-0" in str(res.error)
+            assert not [p for p in (tmp_path / "w2").rglob("*") if p.is_file()]
+
+
+def test_the_registry_counts_file_outputs_and_their_copies() -> None:
+    from actors.protocol import FileFact
+    from actors.registry import FileTable
+
+    t = FileTable()
+    t.handle(
+        (
+            FileFact("f", "created", 100, ("w1",), 1, False, True),
+            FileFact("v", "created", 7, ("w1",), 1, False),  # a value: not counted
+        )
+    )
+    assert (t.file_outputs, t.file_bytes) == (1, 100)
+    t.handle((FileFact("f", "created", 100, ("w1", "w2"), 1, False, True),))  # a replica
+    assert (t.file_outputs, t.file_bytes) == (1, 200)
+    t.handle((FileFact("f", "created", 100, ("w1", "w2"), 0, False, True),))  # pruned
+    assert t.files["f"].state == "released"
+    summary = t.summary()
+    assert (summary["file_outputs"], summary["file_bytes"]) == (0, 0)
+
+
+# ------------------------------------------------------------------ the executor
+
+
+def gated_file(gate: str, started: str) -> File:
+    """Waits at the gate, then writes a file output."""
+    from tests.helpers import held_at_gate
+
+    held_at_gate(gate, started)
+    path = output_path("late.bin")
+    Path(path).write_bytes(b"z" * 1000)
+    return File(path)
+
+
+async def test_the_file_of_a_try_cancelled_while_it_ran_is_removed(tmp_path: Path) -> None:
+    """A thread running a cancelled task is abandoned; the file it still writes and
+    returns is removed, and so is its try's directory: nothing stays in the sandbox."""
+    from actors.executor import Executor
+    from runtime.graph import Task
+
+    sandbox = tmp_path / "sandbox"
+    sandbox.mkdir()
+    delivered: list[Any] = []
+    ex = Executor(1, "w1", delivered.extend, sandbox=str(sandbox))
+    gate, started = tmp_path / "gate", tmp_path / "started"
+    try:
+        task = Task("late-0", gated_file, str(gate), str(started))
+        from actors.protocol import ToRun
+
+        ex.submit(ToRun("late-0", task, "late", ()), {})
+        await wait_until(started.exists, "the task running", limit=15)
+        ex.cancel("late-0")
+        await wait_until(lambda: delivered, "the cancelled try", limit=15)
+        assert delivered[0][0].outcome == "cancelled" and ex.abandoned == 1
+        gate.touch()
+        await wait_until(lambda: ex.abandoned == 0, "the abandoned thread's end", limit=15)
+        await wait_until(
+            lambda: not [p for p in sandbox.rglob("*") if p.is_file()], "no file left", limit=15
+        )
+        assert delivered[1:] == []  # its late result was dropped
+    finally:
+        gate.touch()
+        ex.shutdown(wait=True)
+
+
+async def test_a_broken_copy_nothing_resumes_is_removed_after_a_while(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The only holder's link stays broken: the reading task reports its input missing
+    (the scheduler would make it again), the bytes copied so far stay for a resume, and
+    go once nothing resumed them for the streams' idle time."""
+    import actors.transfer
+
+    monkeypatch.setattr(actors.transfer, "IDLE_SECONDS", 2.0)
+    sched = Recorder()
+    with anyio.fail_after(60):
+        async with ActorSystem() as system:
+            sref = await system.spawn(sched, "scheduler")
+            refs: dict[str, Any] = {}
+            links: dict[str, BrokenLink] = {}
+            _, refs["w1"] = await start_worker(system, sref, "w1", tmp_path, refs.get)
+            _, refs["w3"] = await start_worker(
+                system, sref, "w3", tmp_path, lambda wid: links.get(wid) or refs.get(wid)
+            )
+            refs["w1"].post(RunTasks((to_run("big-0", big_file),)))
+            assert (await sched.until("big-0")).outcome == "ok"
+            links["w1"] = BrokenLink(refs["w1"], actors.transfer.PART_BYTES, heals=False)
+            dep = ("big-0", ("w1",), 20 * MiB)
+            refs["w3"].post(RunTasks((to_run("read-0", checksum_of, dep),)))
+            res = await sched.until("read-0")
+            assert res.outcome == "missing" and res.missing == (("big-0", "w1"),)
+            (part,) = find(tmp_path / "w3", "*.part")
+            assert size_of(str(part)) >= actors.transfer.PART_BYTES
+            await wait_until(lambda: not exists(str(part)), "the .part file removed", limit=20)
+
+
+def test_the_console_status_counts_the_file_outputs() -> None:
+    import io
+
+    from rich.console import Console
+
+    from runtime.console import render_status
+    from runtime.messages import FilesStatus, StatusReply
+
+    def text(st: dict[str, Any]) -> str:
+        buf = io.StringIO()
+        Console(file=buf, width=200, color_system=None).print(render_status(st))
+        return buf.getvalue()
+
+    assert "file outputs:" not in text(StatusReply().to_dict())
+    st = StatusReply(files=FilesStatus(files=4, file_outputs=3, file_bytes=3 * MiB)).to_dict()
+    assert "file outputs: 3 on workers (3.0 MiB with their copies)" in text(st)
