@@ -37,7 +37,8 @@ temporary copies its output gets; the core bounds the answer and emits
 :class:`Replicate`, and :class:`ReplicasCopied` adds the copies made to ``who_has``. A
 lost holder of an output kept by its replicas triggers no recompute; a new replica
 replaces the lost copy while the output is needed (``_holder_gone``); so does one on
-another worker when a copy fails (never twice on one worker: ``copy_failed``). A copy
+another worker when a copy fails (never twice on one worker while its holders stay
+the same: ``copy_failed``). A copy
 whose target is lost stops counting as on its way at once (``_copies_lost``).
 
 Speculative copies (docs/files.md#speculative-copies): on a :class:`Tick`, while a
@@ -1449,6 +1450,7 @@ class SchedulerState:
         for ts in list(ws.has_what):
             ts.who_has.discard(ws.id)
             self._files[ts.key] = ts
+            self.copy_failed.pop(ts, None)  # they may have failed for want of this source
             if ts in self.replicas:
                 self._holder_gone(ts, ws.id)
             if not ts.who_has and ts.state == "memory":
@@ -1972,6 +1974,7 @@ class SchedulerState:
             if w is not None:
                 self._unheld(dep, w)
             self._files[key] = dep
+            self.copy_failed.pop(dep, None)  # they may have failed for want of this source
             if dep in self.replicas:
                 self._holder_gone(dep, wid)
         if dep.state == "memory" and not dep.who_has:

@@ -351,3 +351,25 @@ def test_without_a_worker_of_the_readers_pool_a_replica_goes_to_another(
     join(s, "c1", pool="cpu")
     out = finish(s, "g1", "long-0", duration=40.0)
     assert [c.worker for c in of(out, Replicate)] == ["c1"]
+
+
+def test_after_a_holder_is_lost_a_worker_that_failed_a_copy_may_get_one_again(
+    make_state: Factory,
+) -> None:
+    """A copy may fail because its source went away: once a holder is lost, the
+    workers that failed a copy of the output are asked again."""
+    s = make_state(replication=REGISTRY.create("replication", "fixed", {"replicas": 2}))
+    join(s, "w1")
+    submit(s, {"long-0": [], "use-0": ["long-0"]}, ["use-0"])
+    join(s, "w2")
+    join(s, "w3")
+    asked = sorted(c.worker for c in of(finish(s, "w1", "long-0", duration=40.0), Replicate))
+    assert asked == ["w2", "w3"]
+    copied(s, "w2", "long-0", got=True)
+    copied(s, "w3", "long-0", got=False)  # w1 was dying: nowhere else to try
+    assert s.copy_failed[s.tasks["long-0"]] == {"w3"}
+    join(s, "w4")
+    out = run(s, event(WorkerLeft, worker="w1", cause="crash"))
+    assert s.tasks["long-0"].who_has == {"w2"}  # kept by its replica
+    assert sorted(c.worker for c in of(out, Replicate)) == ["w3", "w4"]
+    assert all(c.source == "w2" for c in of(out, Replicate))
