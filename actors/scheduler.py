@@ -267,7 +267,11 @@ class Scheduler(Actor):
                     got = tuple(reply.got)
             except (CorralError, TimeoutError) as exc:
                 self.log.warning("replicas not copied", worker=cmd.worker, error=str(exc))
-            except Exception as exc:  # a worker killed mid-copy: its copy failed, no more
+            except Exception as exc:
+                # Whatever the worker or the transport raised (not the core: it runs in
+                # ``copied``), the copy failed: the core must still hear of it, or the
+                # copy would count as on its way for ever. Logged as an error with its
+                # traceback: an exception other than the two above is a bug to report.
                 self.log.error(
                     "replicas not copied", worker=cmd.worker, error=repr(exc),
                     traceback="".join(traceback.format_exception(exc))[-4000:],

@@ -36,7 +36,10 @@ until they are done. Replicas: when a task finishes, the replication policy prop
 temporary copies its output gets; the core bounds the answer and emits
 :class:`Replicate`, and :class:`ReplicasCopied` adds the copies made to ``who_has``. A
 lost holder of an output kept by its replicas triggers no recompute; a new replica
-replaces the lost copy while the output is needed (``_holder_gone``).
+replaces the lost copy while the output is needed (``_holder_gone``); so does one on
+another worker when a copy fails (never twice on one worker while its holders stay
+the same: ``copy_failed``). A copy
+whose target is lost stops counting as on its way at once (``_copies_lost``).
 
 Speculative copies (docs/files.md#speculative-copies): on a :class:`Tick`, while a
 worker idles (free, running nothing: after ``_fill`` no ready task can go to it), the
@@ -1152,8 +1155,10 @@ class SchedulerState:
         #: failed, and losses of a holder after which only replicas kept the output
         self.replicas: dict[TaskState, set[str]] = {}
         #: copies asked for and not answered yet (:class:`Replicate`, until its
-        #: :class:`ReplicasCopied`): key -> {target worker: bytes}
+        #: :class:`ReplicasCopied`, or until the target is lost): key -> {target: bytes}
         self.copying: dict[Key, dict[str, int]] = {}
+        #: per output in memory, the workers a copy of it failed to (not asked again)
+        self.copy_failed: dict[TaskState, set[str]] = {}
         #: bytes of the outputs each worker holds (its ``has_what``), kept as they move
         self.held_bytes: dict[str, int] = {}
         self.replicas_made = 0
@@ -1514,6 +1519,7 @@ class SchedulerState:
             lives = self.lives[ws.pool] = deque(maxlen=MAX_LIVES)
         lives.append((self._now - ws.joined, ev.cause not in ON_PURPOSE))
         self._limits_changed()  # before its tasks go back to ready: they are checked
+        self._copies_lost(ws.id)
         for ts in sorted(ws.copies, key=_prio_key):  # the first try runs on: no retry
             self._end_copy(ts, ws, "worker-lost", ev.cause)
             self.speculative["failed"] += 1
@@ -1533,6 +1539,7 @@ class SchedulerState:
         for ts in list(ws.has_what):
             ts.who_has.discard(ws.id)
             self._files[ts.key] = ts
+            self.copy_failed.pop(ts, None)  # they may have failed for want of this source
             if ts in self.replicas:
                 self._holder_gone(ts, ws.id)
             if not ts.who_has and ts.state == "memory":
@@ -1668,6 +1675,7 @@ class SchedulerState:
                 if ws is not None:
                     self._unheld(ts, ws)
             ts.who_has.clear()
+            self.copy_failed.pop(ts, None)
             copies = self.replicas.pop(ts, None)
             if copies:
                 # The registry may have decided before it heard of them: drop them too.
@@ -2060,6 +2068,7 @@ class SchedulerState:
             if w is not None:
                 self._unheld(dep, w)
             self._files[key] = dep
+            self.copy_failed.pop(dep, None)  # they may have failed for want of this source
             if dep in self.replicas:
                 self._holder_gone(dep, wid)
         if dep.state == "memory" and not dep.who_has:
@@ -2183,6 +2192,7 @@ class SchedulerState:
     def _output_lost(self, ts: TaskState, wid: str) -> None:
         """The last replica of ``ts``'s output is gone (last held by ``wid``)."""
         self._log(ts.key, "memory", "lost")
+        self.copy_failed.pop(ts, None)
         if ts.consumers or ts.wanted:
             self._recovered(ts, wid, "recomputed")
             self._recompute(ts)
@@ -2313,8 +2323,10 @@ class SchedulerState:
     def _replicate(self, ts: TaskState, inputs: float) -> None:
         """Ask the replication policy how many replicas ``ts``'s output (in memory)
         should have, and have the missing ones copied (:class:`Replicate`): at most one
-        per other worker, to workers that take new tasks and have memory and disk room for
-        it, the one holding the fewest bytes first (copies in flight count: ``copying``)."""
+        per other worker, to workers that take new tasks, have memory and disk room for
+        it and did not fail a copy of it before; workers of the pools its readers run in
+        first, then the one holding the fewest bytes (copies in flight count:
+        ``copying``)."""
         workers = len(self.workers)
         try:
             view = TaskStateView(ts, self.survival, self._stats_view)
@@ -2328,12 +2340,14 @@ class SchedulerState:
         want = min(k, workers - 1) - (len(ts.who_has) - 1) - len(inflight)
         if want <= 0 or not ts.who_has:
             return
+        failed = self.copy_failed.get(ts, ())
         candidates = [
             w
             for w in self.workers.values()
             if not w.draining
             and w.id not in ts.who_has
             and w.id not in inflight
+            and w.id not in failed
             and (not w.memory or ts.file or w.memory >= ts.nbytes)
             and _disk_free(w) >= ts.nbytes  # a copy may be spilled: never past its disk
         ]
@@ -2345,13 +2359,14 @@ class SchedulerState:
                 if wid in held:
                     held[wid] += nbytes
         source = min(ts.who_has)
+        pools = self._reader_pools(ts, source)
         fits = sorted(
             (
                 w
                 for w in candidates
                 if not w.memory or ts.file or held[w.id] + ts.nbytes <= w.memory
             ),
-            key=lambda w: (held[w.id], w.id),
+            key=lambda w: (w.pool not in pools, held[w.id], w.id),
         )
         for w in fits[:want]:
             self.copying.setdefault(ts.key, {})[w.id] = ts.nbytes
@@ -2359,10 +2374,27 @@ class SchedulerState:
             self._log(ts.key, "memory", f"replicate:{source}->{w.id}")
             self._out.append(Replicate(self._stimulus, w.id, source, ((ts.key, ts.nbytes),)))
 
+    def _reader_pools(self, ts: TaskState, source: str) -> set[str]:
+        """The pools where ``ts``'s output will be read: those its waiting readers are
+        bound to, else (readers of any pool, or none) the pool of the worker holding it."""
+        pools = {d.spec.pool for d in ts.dependents if d.state in ACTIVE and d.spec.pool}
+        return pools or {self.workers[source].pool}
+
+    def _copies_lost(self, wid: str) -> None:
+        """``wid`` is gone: the copies it was making will never land. Forgotten now, so
+        a replica to replace its lost outputs is not held back by them (the answer still
+        comes, as a failed copy, and retries it elsewhere)."""
+        for key in [k for k, targets in self.copying.items() if wid in targets]:
+            targets = self.copying[key]
+            del targets[wid]
+            if not targets:
+                del self.copying[key]
+
     def _replicas_copied(self, ev: ReplicasCopied) -> None:
         ws = self.workers.get(ev.worker)
         got = set(ev.got)
         junk = []
+        retry = []
         for key in ev.asked:
             inflight = self.copying.get(key)
             if inflight is not None:
@@ -2370,10 +2402,15 @@ class SchedulerState:
                 if not inflight:
                     del self.copying[key]
             source, took = self.storage.copy_ended(key, ev.worker, self._now)
+            ts = self.tasks.get(key)
             if key not in got:
                 self.replicas_failed += 1
+                if ts is not None and ts.state == "memory":
+                    # Tried again elsewhere if still needed; never on this worker.
+                    self.copy_failed.setdefault(ts, set()).add(ev.worker)
+                    self._log(key, "memory", f"replica-failed:{ev.worker}")
+                    retry.append(ts)
                 continue
-            ts = self.tasks.get(key)
             if ws is None:
                 continue  # gone, with the copy
             if ts is None or ts.state != "memory":
@@ -2389,6 +2426,9 @@ class SchedulerState:
             self._log(key, "memory", f"replica:{ws.id}")
         if junk and ws is not None:
             self._out.append(DropData(self._stimulus, ws.id, tuple(junk)))
+        for ts in retry:
+            if ts.state == "memory" and (ts.wanted or self._holds(ts)):
+                self._replicate(ts, self._inputs_remake(ts))
 
     def _moved(
         self, kind: str, key: Key, nbytes: int, source: str, target: str, took: float | None
@@ -3382,6 +3422,10 @@ class SchedulerState:
         assert self.draining <= self.workers.keys(), self.draining
         for ts, copies in self.replicas.items():
             assert ts.state == "memory" and copies and copies <= ts.who_has, (ts, copies)
+        for ts in self.copy_failed:
+            assert ts.state == "memory", (ts, "failed copies of an output not in memory")
+        for key, targets in self.copying.items():
+            assert targets and targets.keys() <= self.workers.keys(), (key, "copying", targets)
         largest = _largest_per_pool(self.workers.values(), "memory")
         assert self.largest == largest, (self.largest, largest)
         disks = _largest_per_pool(self.workers.values(), "disk")

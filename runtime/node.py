@@ -1026,11 +1026,21 @@ class Link:
     def tell_nowait(self, msg: Message, *, causal_id: str | None = None) -> None:
         self.post(msg, causal_id=causal_id)
 
+    async def _current(self, msg: Message) -> Peer:
+        """The connection to send ``msg`` on, once there is one (``ActorStopped`` once
+        the link is closed). Waiting for the connection event yields even when it is
+        set already, and the connection may drop meanwhile (``detach``): so the peer is
+        read after the wait, and a dropped one means waiting for the next."""
+        while True:
+            self._check(msg)
+            peer = self.peer
+            if peer is not None:
+                return peer
+            await self._connected.wait()
+
     async def tell(self, msg: Message, *, causal_id: str | None = None) -> None:
-        await self._connected.wait()
-        self._check(msg)
-        assert self.peer is not None
-        await self.peer.ref.tell(msg, causal_id=causal_id)
+        peer = await self._current(msg)
+        await peer.ref.tell(msg, causal_id=causal_id)
 
     async def ask(
         self,
@@ -1040,10 +1050,8 @@ class Link:
         causal_id: str | None = None,
     ) -> Any:
         with anyio.fail_after(timeout if timeout is not None else float("inf")):
-            await self._connected.wait()
-        self._check(msg)
-        assert self.peer is not None
-        return await self.peer.ref.ask(msg, timeout=timeout, causal_id=causal_id)
+            peer = await self._current(msg)
+        return await peer.ref.ask(msg, timeout=timeout, causal_id=causal_id)
 
 
 async def _until_signalled(

@@ -11,11 +11,13 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import pytest
 
-from runtime.errors import ActorStopped, AskTimeout, ProtocolError
+from runtime.errors import ActorStopped, AskTimeout, CorralError, ProtocolError
 from runtime.kernel import Actor, ActorRef, ActorSystem, current_causal_id, handles
 from runtime.messages import Message, Ping, Pong, message
+from runtime.node import Link
 from runtime.remote import (
     JsonReply,
     MessagesReply,
@@ -270,3 +272,50 @@ async def test_a_silent_peer_is_declared_dead_and_closed() -> None:
             assert "dead peer" in reasons[0]
             await listener.aclose()
             tg.cancel_scope.cancel()
+
+
+# ----------------------------------------------------------------------------- links
+
+
+async def _ask_into(link: Link, got: list[Any]) -> None:
+    """Ask ``Ping(1)`` on ``link``; append the answer, or the CorralError raised."""
+    try:
+        got.append(await link.ask(Ping(1), timeout=LIMIT))
+    except CorralError as exc:
+        got.append(exc)
+
+
+@pytest.mark.anyio
+async def test_an_ask_on_a_link_whose_connection_drops_meanwhile_waits_for_the_next() -> None:
+    """The scheduler's reference to a remote worker (``runtime.node.Link``), which
+    outlives reconnections. An ask under way when the connection drops (``detach``, a
+    worker killed, say) must not fail with a bare AssertionError: it goes on the
+    connection it found, or waits for the next, or fails with ActorStopped once the
+    link is given up (``close``)."""
+    with anyio.fail_after(LIMIT):
+        async with pair() as (client, _, _server, _closed):
+            link = Link("worker")
+            link.attach(client)
+            got: list[Any] = []
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_ask_into, link, got)
+                await anyio.lowlevel.checkpoint()  # the ask has started and yielded once
+                link.detach()  # the connection drops right then
+            assert got == [Pong(2)]
+            # Not connected: an ask waits, and goes on the next connection.
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_ask_into, link, got)
+                for _ in range(5):
+                    await anyio.lowlevel.checkpoint()
+                assert got == [Pong(2)]  # still waiting
+                link.attach(client)
+            assert got == [Pong(2), Pong(2)]
+            # Given up while an ask waits: it fails as a stopped actor's would.
+            link.detach()
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_ask_into, link, got)
+                await anyio.lowlevel.checkpoint()
+                link.close()
+            assert isinstance(got[-1], ActorStopped)
+            with pytest.raises(ActorStopped):
+                await link.tell(Ping(1))

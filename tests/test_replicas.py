@@ -162,8 +162,11 @@ def test_copies_in_flight_count_so_outputs_spread_over_the_workers(
     ]
     assert s.copying == {"long-0": {"w2": 10 * MB}, "long-1": {"w3": 10 * MB}}
     copied(s, "w2", "long-0")
-    copied(s, "w3", "long-1", got=False)
-    assert s.copying == {} and (s.replicas_made, s.replicas_failed) == (1, 1)
+    out = copied(s, "w3", "long-1", got=False)
+    # The failed copy is asked again of another worker (w2: w3 failed it, w1 holds it).
+    assert [(c.worker, c.keys[0][0]) for c in of(out, Replicate)] == [("w2", "long-1")]
+    copied(s, "w2", "long-1")
+    assert s.copying == {} and (s.replicas_made, s.replicas_failed) == (2, 1)
 
 
 def test_losing_the_original_runs_nothing_again_and_restores_the_replica(
