@@ -1,12 +1,12 @@
-"""A worker's checkpoint files: where they live, what they take of its disk, how a
-peer copies one.
+"""A worker's checkpoint files: where they live and what they take of its disk.
 
 What lives here: :class:`CheckpointFiles`, the worker's table of the checkpoint files
 on its disk (its running tasks' own, copies it keeps for a peer's tasks, and ones it
-fetched to resume a task) in one directory of the worker's disk; and
-:func:`receive_file`, the reader that copies a checkpoint file from a peer part by part
-through the stream machinery of :mod:`actors.transfer` (the peer serves the file as a
-:class:`~actors.transfer.FileSegments` stream) into that directory.
+fetched to resume a task) in one directory of the worker's sandbox. A peer copies one
+as any file travels between workers: the holder serves it as a stream of its bytes
+with its size and sha256 (:meth:`CheckpointFiles.checksum`, measured once, the first
+time it is served), and the reader writes it part by part, checked and resumed after a
+broken stream, with :func:`actors.transfer.fetch_file`.
 
 Tasks write their checkpoint files themselves (``runtime/task.py``): from a task's
 thread, or from a task process, they first :meth:`CheckpointFiles.reserve` room (which
@@ -20,18 +20,14 @@ from __future__ import annotations
 
 import contextlib
 import os
-import secrets
 import shutil
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
-from actors.transfer import PART_BYTES, StreamInfo
-from runtime.errors import CorralError
-from runtime.messages import ReadStream, StreamPart
 from runtime.task import checkpoint_name
 
-__all__ = ["INLINE_BYTES", "CheckpointFiles", "receive_file"]
+__all__ = ["INLINE_BYTES", "CheckpointFiles"]
 
 #: checkpoint files up to this size travel to the scheduler with the message that
 #: announces them (the scheduler holds them, up to its ``checkpoint_inline_bytes``:
@@ -42,22 +38,20 @@ INLINE_BYTES = 4 * 2**20
 class CheckpointFiles:
     """The checkpoint files on one worker's disk, ``(key, seq) -> (path, nbytes)``.
 
-    ``parent``: the worker's disk directory; the files go in a directory of their own
-    there (:attr:`directory`), made at the first reservation and removed by
-    :meth:`close`. ``room()``: the bytes the
-    worker's disk has left for them (its disk budget less what its outputs and these
-    files take)."""
+    ``directory``: where the files go (the worker's ``checkpoints`` directory in its
+    sandbox), made at the first reservation and removed by :meth:`close`. ``room()``:
+    the bytes the worker's disk has left for them (its disk budget less what its
+    outputs, these files and the copies under way take)."""
 
-    def __init__(self, parent: str, worker: str, room: Callable[[], int]) -> None:
+    def __init__(self, directory: str, worker: str, room: Callable[[], int]) -> None:
         self.worker = worker
         self.room = room
         self._lock = threading.Lock()
-        #: where the files go: made at the first reservation, removed by :meth:`close`
-        self.directory = os.path.join(
-            parent, f"corral-checkpoints-{os.getpid()}-{secrets.token_hex(4)}"
-        )
+        self.directory = directory  #: made at the first reservation
         self._made = False
         self.files: dict[tuple[Any, int], tuple[str, int]] = {}
+        #: sha256 of files here, once measured (served to a peer, or copied from one)
+        self._checksums: dict[tuple[Any, int], str] = {}
         self._reserved: dict[tuple[Any, int], int] = {}
         self.nbytes = 0  #: bytes of the files here plus the room reserved for new ones
 
@@ -106,8 +100,9 @@ class CheckpointFiles:
                 with contextlib.suppress(OSError):
                     os.unlink(os.path.join(self.directory, checkpoint_name(*item)) + ".tmp")
 
-    def commit(self, key: Any, seq: int, path: str, nbytes: int) -> None:
-        """The file of ``(key, seq)`` is in place (its room was reserved, or is taken now)."""
+    def commit(self, key: Any, seq: int, path: str, nbytes: int, checksum: str = "") -> None:
+        """The file of ``(key, seq)`` is in place (its room was reserved, or is taken
+        now); ``checksum``: its sha256, when known (a copy checked against it)."""
         with self._lock:
             self.nbytes -= self._reserved.pop((key, seq), 0)
             old = self.files.get((key, seq))
@@ -115,6 +110,22 @@ class CheckpointFiles:
                 self.nbytes -= old[1]
             self.files[(key, seq)] = (path, nbytes)
             self.nbytes += nbytes
+            if checksum:
+                self._checksums[(key, seq)] = checksum
+            else:
+                self._checksums.pop((key, seq), None)
+
+    def checksum(self, key: Any, seq: int) -> str:
+        """The sha256 of the file of ``(key, seq)`` if measured ("" if not)."""
+        with self._lock:
+            return self._checksums.get((key, seq), "")
+
+    def measured(self, key: Any, seq: int, path: str, checksum: str) -> None:
+        """The file of ``(key, seq)`` at ``path`` was measured: ``checksum`` is its sha256
+        (kept while that file is the one recorded)."""
+        with self._lock:
+            if self.files.get((key, seq), ("",))[0] == path:
+                self._checksums[(key, seq)] = checksum
 
     def find(self, key: Any, seq: int) -> tuple[str, int] | None:
         with self._lock:
@@ -139,6 +150,7 @@ class CheckpointFiles:
             freed = 0
             for item in gone:
                 path, nbytes = self.files.pop(item)
+                self._checksums.pop(item, None)
                 freed += nbytes
                 with contextlib.suppress(OSError):
                     os.unlink(path)
@@ -150,42 +162,8 @@ class CheckpointFiles:
         with self._lock:
             made, self._made = self._made, False
             self.files.clear()
+            self._checksums.clear()
             self._reserved.clear()
             self.nbytes = 0
         if made:
             shutil.rmtree(self.directory, ignore_errors=True)
-
-
-async def receive_file(
-    ask: Callable[[ReadStream], Awaitable[StreamPart]], info: StreamInfo, path: str
-) -> int:
-    """Copy the one-segment stream ``info`` (a checkpoint file a peer serves) to
-    ``path``, one part of at most :data:`~actors.transfer.PART_BYTES` at a time, never
-    the whole file in memory: written to a temporary name, renamed into place at the
-    end. Returns the bytes written; on failure the partial file is removed and the
-    error propagates."""
-    total = sum(info.sizes)
-    tmp = path + ".part"
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            for offset in range(0, total, PART_BYTES):
-                length = min(PART_BYTES, total - offset)
-                part = await ask(ReadStream(info.stream, offset, length, info.worker))
-                if len(part.data) != length:
-                    raise CorralError(
-                        f"checkpoint stream {info.stream} of {info.key!r}: asked {length} "
-                        f"bytes at {offset}, got {len(part.data)}",
-                        key=str(info.key),
-                    )
-                view, at = memoryview(part.data), 0
-                while at < length:
-                    at += os.pwrite(fd, view[at:], offset + at)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    return total

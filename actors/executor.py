@@ -16,7 +16,9 @@ What lives here:
 Each executor measures, per task, duration, output size (``dask.sizeof``) and RSS right
 before and right after it, and runs it in its file outputs' context
 (:func:`runtime.files.task_outputs`: the worker's sandbox, given as ``sandbox``), which
-measures a returned ``File`` in the task's own thread or task process.
+measures a returned ``File`` in the task's own thread or task process. A task process
+that dies under its task (killed, crashed) never ends that context: its try's directory
+is removed when the process is replaced (:func:`runtime.files.remove_tries`).
 
 Which mode to pick: threads are the default because tasks share the worker's memory, so
 inputs and outputs are never copied, and numpy, pandas and most compiled code release
@@ -69,7 +71,7 @@ from dask.sizeof import sizeof
 
 from actors.protocol import TaskResult, ToRun
 from runtime.errors import TaskProcessDied
-from runtime.files import discard_output, task_outputs
+from runtime.files import discard_output, remove_tries, task_outputs
 from runtime.graph import Key, PickledNode
 from runtime.lifeline import LIFELINE_EXIT_CODE, die_with_parent
 from runtime.task import TaskContext, running
@@ -969,7 +971,7 @@ class ProcessExecutor(BaseExecutor):
                 self._signal(slot, signal.SIGKILL)
             process.join(5.0)
         with self._state:
-            conn, lifeline, pidfd = slot.conn, slot.lifeline, slot.pidfd
+            conn, lifeline, pidfd, pid = slot.conn, slot.lifeline, slot.pidfd, slot.pid
             slot.process = slot.conn = slot.lifeline = slot.pidfd = None
             slot.pid = 0
         for c in (conn, lifeline):
@@ -977,6 +979,8 @@ class ProcessExecutor(BaseExecutor):
                 c.close()
         if pidfd is not None:
             os.close(pidfd)
+        if self.sandbox is not None and pid:  # what a task it was killed in wrote
+            remove_tries(self.sandbox, pid)
         if process.exitcode is not None:
             process.close()
 

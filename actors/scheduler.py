@@ -402,7 +402,7 @@ class Scheduler(Actor):
         self.rss[msg.worker_id] = msg.rss
         # Disk used, as placement counts it: what the worker says is no longer free.
         disk = self.infos[msg.worker_id].disk if msg.worker_id in self.infos else 0
-        used = msg.spilled_bytes
+        used = max(msg.spilled_bytes, msg.disk_used)
         if disk and msg.disk_free is not None:
             used = max(used, disk - msg.disk_free)
         self._handle(

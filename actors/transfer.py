@@ -27,9 +27,11 @@ once it knows the sizes. So:
 A stream ends when its last byte has been read, when the reader sends ``CloseStream``,
 or after :data:`IDLE_SECONDS` without a read (a reader that died).
 
-File outputs (``runtime/files.py``) always travel as streams of the file's bytes (one
-segment; ``StreamInfo.file`` is the holder's :class:`~runtime.files.File`), to a peer in
-this process too. :func:`fetch_file` writes each part straight into a ``.part`` file at
+Files always travel as streams of the file's bytes (one segment; ``StreamInfo.file`` is
+the holder's :class:`~runtime.files.File`, with its size and sha256), to a peer in this
+process too: file outputs (``runtime/files.py``) and the checkpoint files a worker copies
+from a peer (``actors/checkpoints.py``). :func:`fetch_file`, the one reader of both,
+writes each part straight into a ``.part`` file at
 its offset (the file is never whole in memory), checks each part's length and, at the
 end, the file's sha256 (in a thread, not on the event loop), and renames it into place.
 When a part cannot be had (the connection broke, the ask timed out) it keeps the bytes
@@ -44,7 +46,6 @@ import abc
 import contextlib
 import os
 import pickle
-import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -436,7 +437,7 @@ Reopen = Callable[[int], Awaitable[StreamInfo | None]]
 async def fetch_file(
     ask: AskPart,
     info: StreamInfo,
-    directory: str,
+    dest: str,
     *,
     reopen: Reopen,
     part: str = "",
@@ -447,10 +448,11 @@ async def fetch_file(
     part_bytes: int = PART_BYTES,
     window: int = WINDOW,
 ) -> File:
-    """Copy the file output streamed by ``info`` into ``directory``; its handle here.
+    """Copy the file streamed by ``info`` (a file output, or a checkpoint file) to the
+    path ``dest``; its handle there.
 
     ``part``/``offset``: a ``.part`` file holding the file's first ``offset`` bytes
-    already (an earlier fetch that broke), else a new one is made. After a broken
+    already (an earlier fetch that broke), else ``dest + ".part"`` is made. After a broken
     stream, ``reopen(offset)`` opens a new one of the same file (None: the holder has
     it no more), at most ``resumes`` times; then :class:`StreamBroken` is raised with
     the ``.part`` file kept. A copy whose sha256 is not the holder's raises
@@ -458,8 +460,7 @@ async def fetch_file(
     error removes it too. ``close`` tells a holder a stream is given up (best effort)."""
     meta = info.file
     if meta is None or meta.size is None or meta.checksum is None:
-        raise ValueError(f"stream {info.stream} of {info.key!r} is not a measured file output")
-    dest = os.path.join(directory, f"{uuid.uuid4().hex[:12]}-{meta.name}")
+        raise ValueError(f"stream {info.stream} of {info.key!r} is not a measured file")
     part = part or dest + ".part"
     tries = 0
     try:

@@ -15,7 +15,11 @@ sandbox the executor hands them), the executor measures them, and the worker kee
 them as the store's file entries, after checking that they fit on its disk
 (:meth:`Worker._keep_files`). Peers copy them as streams of their bytes into their own
 sandbox (:meth:`Worker._fetch_file`, :func:`actors.transfer.fetch_file`), resuming a
-broken copy from the bytes they have, from the same holder or the next one.
+broken copy from the bytes they have, from the same holder or the next one. Checkpoint
+files (``actors/checkpoints.py``) live in the ``checkpoints`` directory of the same
+sandbox and travel the same way (:meth:`Worker._fetch_checkpoint`). One sandbox, one
+disk budget: spilled outputs, file outputs, checkpoint files and the copies under way
+all count in :meth:`Worker._disk_used`, and stopping removes the sandbox with them all.
 
 Per task the executor measures duration, output size (``dask.sizeof``) and process RSS
 right before and right after it; RSS is also sampled after every batch of finished tasks
@@ -39,6 +43,7 @@ import os
 import shutil
 import tempfile
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -49,7 +54,7 @@ from dask.sizeof import sizeof
 from actors import memory as mem
 from actors import transfer
 from actors import worker_state as ws
-from actors.checkpoints import INLINE_BYTES, CheckpointFiles, receive_file
+from actors.checkpoints import INLINE_BYTES, CheckpointFiles
 from actors.executor import Executor, ProcessExecutor, rss, rss_of
 from actors.protocol import TaskResult, ToRun
 from actors.store import SpillStore
@@ -62,7 +67,7 @@ from runtime.errors import (
     FrameTooLarge,
     ValueTooLarge,
 )
-from runtime.files import File, discard_output
+from runtime.files import File, digest, discard_output
 from runtime.graph import Key
 from runtime.kernel import Actor, ActorRef, Envelope, Later, Ref, handles, new_causal_id
 from runtime.messages import (
@@ -163,6 +168,9 @@ class WorkerStatus(Message):
     abandoned: int = 0  #: threads still running a cancelled task (their slot was replaced)
     files: int = 0  #: file outputs held now
     file_bytes: int = 0  #: their bytes (part of spilled_bytes: the bytes on disk)
+    checkpoint_bytes: int = 0  #: checkpoint files on its disk (and room reserved for them)
+    #: every byte on its disk: spilled_bytes, checkpoint_bytes and file copies under way
+    disk_used: int = 0
 
 
 def _malloc_trim() -> Callable[[int], int] | None:
@@ -240,8 +248,11 @@ class Worker(Actor):
         #: outputs held here (spilled to disk under memory pressure)
         self.data = SpillStore(cfg.spill_dir, disk_limit=store_limit, sizeof=sizeof)
         self.streams = transfer.StreamTable()  #: outputs being read by peers part by part
-        #: checkpoint files on its disk (its tasks', copies of peers'), in its disk budget
-        self.checkpoints = CheckpointFiles(self.disk_dir, worker_id, self._checkpoint_room)
+        #: checkpoint files on its disk (its tasks', copies of peers'), in its disk
+        #: budget, in the store's sandbox (where tasks write their file outputs too)
+        self.checkpoints = CheckpointFiles(
+            os.path.join(self.data.sandbox(), "checkpoints"), worker_id, self._disk_free
+        )
         #: what memory is governed by (default: RSS of this process and its task processes)
         self.probe = probe
         self.executor: Executor | ProcessExecutor | None = None
@@ -288,8 +299,8 @@ class Worker(Actor):
             self.executor.shutdown()
             self.executor = None
         self.streams.close_all()
-        self.data.close()
         self.checkpoints.close()
+        self.data.close()  # the sandbox: file outputs, spill files, partial copies
 
     # -- the core and its commands -----------------------------------------------------
 
@@ -446,29 +457,26 @@ class Worker(Actor):
             self.log.warning("killed a task past the terminate fence", key=str(key), rss=rss)
 
     def _disk_used(self) -> int:
-        """Bytes this worker has on disk: spilled outputs and checkpoint files."""
-        return self.data.disk_bytes + self.checkpoints.nbytes
-
-    def _checkpoint_room(self) -> int:
-        """Disk left for a checkpoint file: :meth:`_disk_free`, or with no disk limit
-        (not counted) what the file system has free less the margin."""
-        if self.disk:
-            return self._disk_free()
-        try:
-            return max(0, disk_free(self.disk_dir) - self.disk_margin)
-        except OSError:
-            return 0
+        """Bytes this worker has on disk, or has set aside there: spilled outputs and
+        file outputs (the store's), checkpoint files (and room reserved for one being
+        written or copied), and the file copies under way (their ``.part`` files)."""
+        return self.data.disk_bytes + self.checkpoints.nbytes + self._incoming
 
     def _disk_free(self, written: int = 0) -> int:
-        """Disk left for outputs: the limit less the bytes on disk (spilled outputs, file
-        outputs and checkpoint files), or what the file system has free less the margin,
-        whichever is less. ``written``: bytes on that file system already that the store
-        does not count yet (a file output just made), which are room for themselves."""
-        if not self.disk:
-            return 0  # not counted
-        room = self.disk - self._disk_used()
-        with contextlib.suppress(OSError):  # the directory's file system went away
-            room = min(room, disk_free(self.disk_dir) + written - self.disk_margin)
+        """Disk left for anything new (an output, a file copy, a checkpoint): the limit
+        less :meth:`_disk_used`, or what the file system has free less the margin,
+        whichever is less; with no limit (``--disk off``), what the file system has
+        free. ``written``: bytes on that file system already that are not counted yet
+        (a file output just made), which are room for themselves."""
+        room = self.disk - self._disk_used() if self.disk else None
+        try:
+            fs = disk_free(self.disk_dir) + written - self.disk_margin
+        except OSError:  # the directory's file system went away
+            fs = None
+        if room is None:
+            room = fs or 0
+        elif fs is not None:
+            room = min(room, fs)
         return max(0, room)
 
     def _report(self) -> None:
@@ -484,10 +492,11 @@ class Worker(Actor):
                 cfg.at(cfg.throttle),
                 cfg.limit,
                 store.memory_bytes,
-                store.disk_bytes,  # checkpoint files count in disk_free (and disk use)
+                store.disk_bytes,
                 store.spilled_total,
                 self.executor.abandoned if self.executor is not None else 0,
                 disk_free,
+                self._reported_disk[0],  # and checkpoint files and copies under way
             )
         )
 
@@ -554,31 +563,45 @@ class Worker(Actor):
             self.executor.submit(task, inputs)
 
     async def _fetch_checkpoint(self, holder: str, key: Key, seq: int, nbytes: int) -> None:
-        """Copy checkpoint ``seq`` of ``key`` from ``holder``'s disk to this one, part by
-        part (a stream of its file); raises why it could not."""
+        """Copy checkpoint ``seq`` of ``key`` from ``holder``'s disk to this one as any
+        file travels between workers (:func:`actors.transfer.fetch_file`: part by part,
+        checked against its sha256, resumed from the bytes written after a broken
+        stream); raises why it could not, its partial file removed."""
         files = self.checkpoints
         if files.find(key, seq) is not None:
             return
         refusal = files.reserve(key, seq, nbytes)
         if refusal is not None:
             raise CorralError(refusal)
+        path = files.path(key, seq)
         try:
             peer = self.resolve(holder)
             if inspect.isawaitable(peer):
                 peer = await peer
             if peer is None:
                 raise CorralError(f"worker {holder!r} is gone")
-            reply = await peer.ask(GetCheckpoint(key, seq), timeout=self.fetch_timeout)
-            if not isinstance(reply, CheckpointStream) or reply.info is None:
+
+            async def stream(at: int = 0) -> StreamInfo | None:
+                reply = await peer.ask(GetCheckpoint(key, seq), timeout=self.fetch_timeout)
+                return reply.info if isinstance(reply, CheckpointStream) else None
+
+            info = await stream()
+            if info is None:
                 raise CorralError(f"worker {holder!r} has no checkpoint {seq} of {key!r}")
-            path = files.path(key, seq)
-            got = await receive_file(
-                lambda part: peer.ask(part, timeout=self.fetch_timeout), reply.info, path
+            got = await transfer.fetch_file(
+                lambda part: peer.ask(part, timeout=self.fetch_timeout),
+                info,
+                path,
+                reopen=stream,
+                close=peer.post,
+                holder=holder,
             )
         except BaseException:
             files.release(key, seq)
+            with contextlib.suppress(OSError):  # a broken copy: nothing resumes it
+                os.unlink(path + ".part")
             raise
-        files.commit(key, seq, path, got)
+        files.commit(key, seq, path, got.size or 0, got.checksum or "")
         if self.disk:
             self._report()
 
@@ -596,16 +619,29 @@ class Worker(Actor):
         return Later(copy())
 
     @handles(GetCheckpoint)
-    def get_checkpoint(self, msg: GetCheckpoint) -> CheckpointStream:
-        """A peer reads a checkpoint file of this disk: a stream of it, or None."""
-        found = self.checkpoints.find(msg.key, msg.seq)
+    def get_checkpoint(self, msg: GetCheckpoint) -> Later:
+        """A peer reads a checkpoint file of this disk: a stream of it with its size and
+        sha256 (measured in a thread the first time), or None."""
+        return Later(self._serve_checkpoint(msg.key, msg.seq))
+
+    async def _serve_checkpoint(self, key: Key, seq: int) -> CheckpointStream:
+        files = self.checkpoints
+        found = files.find(key, seq)
         if found is None:
             return CheckpointStream(None)
+        path, nbytes = found
+        checksum = files.checksum(key, seq)
         try:
-            segments = FileSegments(found[0], [(0, found[1])])
-        except OSError:
+            if not checksum:
+                size, checksum = await anyio.to_thread.run_sync(digest, path)
+                if size != nbytes:  # not the file that was saved: none to serve
+                    return CheckpointStream(None)
+                files.measured(key, seq, path, checksum)
+            segments = FileSegments(path, [(0, nbytes)])
+        except OSError:  # deleted meanwhile (its task ended)
             return CheckpointStream(None)
-        return CheckpointStream(self.streams.start(msg.key, segments, self._now()))
+        info = self.streams.start(key, segments, self._now())
+        return CheckpointStream(info._replace(file=File(path, size=nbytes, checksum=checksum)))
 
     @handles(DropCheckpointsMsg)
     def drop_checkpoints(self, msg: DropCheckpointsMsg) -> None:
@@ -682,7 +718,7 @@ class Worker(Actor):
                 continue
             size = value.size or 0
             res = dataclasses.replace(res, nbytes=size, file=True)
-            room = self._disk_free(written=size) - self._incoming if self.disk else None
+            room = self._disk_free(written=size) if self.disk else None
             if room is not None and size > room:
                 discard_output(value)
                 self.log.warning(
@@ -800,7 +836,7 @@ class Worker(Actor):
                     os.unlink(partial[0])
         need = meta.size - offset
         if self.disk:
-            room = self._disk_free() - self._incoming
+            room = self._disk_free()
             if need > room:
                 peer.post(CloseStream(info.stream, info.worker))
                 if part:
@@ -817,7 +853,7 @@ class Worker(Actor):
             return await transfer.fetch_file(
                 lambda p: peer.ask(p, timeout=self.fetch_timeout),
                 info,
-                self.data.sandbox(),
+                os.path.join(self.data.sandbox(), f"{uuid.uuid4().hex[:12]}-{meta.name}"),
                 reopen=reopen,
                 part=part,
                 offset=offset,
@@ -995,4 +1031,6 @@ class Worker(Actor):
             ex.abandoned if ex is not None else 0,
             store.n_files,
             store.file_bytes,
+            self.checkpoints.nbytes,
+            self._disk_used(),
         )

@@ -18,7 +18,6 @@ import concurrent.futures
 import contextlib
 import gc
 import os
-import pathlib
 import pickle
 import threading
 import weakref
@@ -1073,7 +1072,6 @@ class Cluster:
         self._require()
         key = future.key
         target = os.fspath(dest)
-        directory = str(pathlib.PurePath(target).parent)
         manager = self._manager
         remote = self.address is not None
 
@@ -1100,7 +1098,7 @@ class Cluster:
                 got = await transfer.fetch_file(
                     lambda part: manager.ask(part, timeout=READ_TIMEOUT),
                     info,
-                    directory,
+                    target,
                     reopen=lambda offset: stream(),
                     close=manager.post,
                     holder=info.worker,
@@ -1110,8 +1108,7 @@ class Cluster:
                     os.unlink(exc.part)
                 _log.warning("download failed", key=str(key), error=str(exc))
                 continue
-            os.replace(got.path, target)
-            return File(target, got.name, got.size, got.checksum)
+            return got
         raise CorralError(
             f"could not download {key!r}: its file kept disappearing (workers lost while "
             "reading it). Check the workers' health."

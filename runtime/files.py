@@ -35,6 +35,7 @@ __all__ = [
     "digest",
     "discard_output",
     "output_path",
+    "remove_tries",
     "task_outputs",
 ]
 
@@ -128,7 +129,8 @@ class TaskOutputs:
         if self.directory is None:
             parent = os.path.join(self.sandbox, "out")
             os.makedirs(parent, exist_ok=True)
-            self.directory = tempfile.mkdtemp(prefix="try-", dir=parent)
+            # named by the process, so that what a killed one left can be found
+            self.directory = tempfile.mkdtemp(prefix=f"try-{os.getpid()}-", dir=parent)
         return os.path.join(self.directory, name)
 
     def finish(self, value: Any) -> Any:
@@ -189,6 +191,16 @@ def task_outputs(sandbox: str | None, key: Any) -> Iterator[TaskOutputs]:
         _CURRENT.reset(token)
         if ctx.directory is not None:
             shutil.rmtree(ctx.directory, ignore_errors=True)
+
+
+def remove_tries(sandbox: str, pid: int) -> None:
+    """Remove the try directories that process ``pid`` left in ``sandbox`` (a task
+    process killed mid-task never reaches the end of :func:`task_outputs`)."""
+    parent = os.path.join(sandbox, "out")
+    with contextlib.suppress(OSError):
+        for name in os.listdir(parent):
+            if name.startswith(f"try-{pid}-"):
+                shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
 
 
 def output_path(name: str) -> str:

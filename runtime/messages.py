@@ -159,13 +159,15 @@ class WorkerMemoryReport(Message):
     throttle_at: int
     limit: int
     memory_bytes: int = 0  #: outputs held in memory
-    spilled_bytes: int = 0  #: outputs on disk now
+    spilled_bytes: int = 0  #: outputs on disk now (spill files and file outputs)
     spilled_total: int = 0  #: bytes ever spilled
     abandoned: int = 0  #: threads still running a cancelled task (thread execution)
-    #: disk left for outputs: its ``--disk`` limit less the bytes on disk (spilled
-    #: outputs and checkpoint files), or less if the file system holding them has less
-    #: free (None: not measured)
+    #: disk left for outputs: its ``--disk`` limit less ``disk_used``, or less if the
+    #: file system holding them has less free (None: not measured)
     disk_free: int | None = None
+    #: every byte on its disk: ``spilled_bytes``, checkpoint files (and room reserved
+    #: for one being written or copied) and the file copies under way
+    disk_used: int = 0
 
 
 @message()

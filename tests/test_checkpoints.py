@@ -344,7 +344,7 @@ def test_the_worker_s_table_counts_reserved_and_written_files_in_one_budget(
     tmp_path: Path,
 ) -> None:
     left = [1000]
-    files = CheckpointFiles(str(tmp_path), "w1", lambda: left[0])
+    files = CheckpointFiles(str(tmp_path / "checkpoints"), "w1", lambda: left[0])
     assert files.reserve("k", 1, 600) is None and files.nbytes == 600
     left[0] = 400  # what the worker's disk has left now counts the reservation
     assert "600 bytes, more than the 400 bytes of disk worker 'w1' has left" in (

@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import os
@@ -34,7 +35,11 @@ from runtime.errors import AskTimeout, DiskFull, FileChecksumError, FileOutputEr
 from runtime.files import File, TaskOutputs, digest, output_path, task_outputs
 from runtime.kernel import Actor, ActorRef, ActorSystem, handles
 from runtime.messages import (
+    CheckpointSaved,
     CopyFrom,
+    DropCheckpointsMsg,
+    FetchCheckpoint,
+    GetCheckpoint,
     GetData,
     ReadStream,
     RegisterWorker,
@@ -138,6 +143,11 @@ def dest_dir(tmp_path: Path) -> str:
     return str(d)
 
 
+def dest(tmp_path: Path) -> str:
+    """Where a copy goes: a file in :func:`dest_dir`."""
+    return os.path.join(dest_dir(tmp_path), "events.root")
+
+
 # ------------------------------------------------------------------ the file stream
 
 
@@ -153,7 +163,7 @@ async def test_a_file_arrives_part_by_part_at_its_offsets_never_whole_in_memory(
             got = await fetch_file(
                 holder.ask,
                 holder.open(),
-                dest_dir(tmp_path),
+                dest(tmp_path),
                 reopen=holder.reopen,
                 part_bytes=part,
                 window=3,
@@ -195,7 +205,7 @@ async def test_a_broken_stream_resumes_from_the_bytes_written_and_rereads_nothin
         got = await fetch_file(
             holder.ask,
             first,
-            dest_dir(tmp_path),
+            dest(tmp_path),
             reopen=reopen,
             close=lambda m: closed.append(m.stream),
             part_bytes=part,
@@ -229,7 +239,7 @@ async def test_a_copy_broken_past_its_resumes_goes_on_from_the_next_holder(
         await fetch_file(
             dead.ask,
             dead.open(),
-            dest_dir(tmp_path),
+            dest(tmp_path),
             reopen=dead.reopen,
             resumes=2,
             part_bytes=part,
@@ -246,7 +256,7 @@ async def test_a_copy_broken_past_its_resumes_goes_on_from_the_next_holder(
         got = await fetch_file(
             other.ask,
             other.open(),
-            dest_dir(tmp_path),
+            dest(tmp_path),
             reopen=other.reopen,
             part=broken.part,
             offset=broken.prefix,
@@ -265,7 +275,7 @@ async def test_a_short_part_is_a_broken_stream_and_is_read_again(tmp_path: Path)
         got = await fetch_file(
             holder.ask,
             holder.open(),
-            dest_dir(tmp_path),
+            dest(tmp_path),
             reopen=holder.reopen,
             part_bytes=32 * KiB,
             window=1,
@@ -282,7 +292,7 @@ async def test_a_checksum_mismatch_is_a_typed_error_and_leaves_no_file(tmp_path:
         await fetch_file(
             holder.ask,
             holder.open(),
-            dest_dir(tmp_path),
+            dest(tmp_path),
             reopen=holder.reopen,
             holder="worker-7",
             part_bytes=64 * KiB,
@@ -712,10 +722,13 @@ async def test_a_replica_of_a_file_output_is_a_copy_of_its_file_on_another_worke
 
 
 class Recorder(Actor):
-    """The scheduler, as far as workers tell it: the tries that ended."""
+    """The scheduler, as far as workers tell it: the tries that ended, the checkpoints
+    saved and each worker's latest memory report."""
 
     def __init__(self) -> None:
         self.done: dict[Any, Any] = {}
+        self.saved: list[CheckpointSaved] = []
+        self.reports: dict[str, WorkerMemoryReport] = {}
         self.changed = anyio.Event()
 
     def _wake(self) -> None:
@@ -727,7 +740,17 @@ class Recorder(Actor):
         self.done.update((r.key, r) for r in msg.results)
         self._wake()
 
-    @handles(RegisterWorker, WorkerMemoryReport)
+    @handles(CheckpointSaved)
+    def checkpoint_saved(self, msg: CheckpointSaved) -> None:
+        self.saved.append(msg)
+        self._wake()
+
+    @handles(WorkerMemoryReport)
+    def memory_report(self, msg: WorkerMemoryReport) -> None:
+        self.reports[msg.worker_id] = msg
+        self._wake()
+
+    @handles(RegisterWorker)
     def other(self, msg: Any) -> None:
         pass
 
@@ -752,7 +775,7 @@ class BrokenLink:
         self.before_cut = anyio.Event()
 
     async def ask(self, msg: Any, timeout: float | None = None) -> Any:  # noqa: ASYNC109
-        if isinstance(msg, GetData):
+        if isinstance(msg, (GetData, GetCheckpoint)):  # a new stream: a file's, a checkpoint's
             self.streams += 1
             if self.heals and self.streams > 1:
                 self.broken = False
@@ -789,15 +812,33 @@ async def start_worker(
     tmp_path: Path,
     resolve: Any,
     disk: int = 0,
+    execution: str = "thread",
 ) -> tuple[Any, ActorRef[Any]]:
     """A worker actor ``wid`` (its sandbox in ``tmp_path / wid``) and its reference."""
     from actors.worker import Worker
 
     w = Worker(
         wid, sched, resolve, memory=2**30, disk=disk,
-        memory_options={"spill_dir": str(tmp_path / wid)},
+        memory_options={"spill_dir": str(tmp_path / wid), "execution": execution},
     )  # fmt: skip
     return w, await system.spawn(w, wid)
+
+
+async def three_workers(
+    system: ActorSystem, sched: ActorRef[Any], tmp_path: Path
+) -> tuple[dict[str, Any], dict[str, ActorRef[Any]], dict[str, BrokenLink]]:
+    """Workers w1, w2, w3 (actors, references) and the links a test may put between
+    them: a worker's peer is reached through ``links[peer]`` once the test sets it."""
+    refs: dict[str, ActorRef[Any]] = {}
+    workers: dict[str, Any] = {}
+    links: dict[str, BrokenLink] = {}
+
+    def resolve(wid: str) -> Any:
+        return links.get(wid) or refs.get(wid)
+
+    for wid in ("w1", "w2", "w3"):
+        workers[wid], refs[wid] = await start_worker(system, sched, wid, tmp_path, resolve)
+    return workers, refs, links
 
 
 def to_run(key: str, func: Any, *deps: tuple[str, tuple[str, ...], int]) -> Any:
@@ -825,17 +866,7 @@ async def test_a_worker_resumes_a_file_copy_after_a_broken_link(
     with anyio.fail_after(60):
         async with ActorSystem() as system:
             sref = await system.spawn(sched, "scheduler")
-            refs: dict[str, Any] = {}
-            workers: dict[str, Any] = {}
-            links: dict[str, BrokenLink] = {}
-
-            def resolve(wid: str) -> Any:
-                return links.get(wid) or refs.get(wid)
-
-            for wid in ("w1", "w2", "w3"):
-                workers[wid], refs[wid] = await start_worker(
-                    system, sref, wid, tmp_path, resolve if wid == "w3" else refs.get
-                )
+            workers, refs, links = await three_workers(system, sref, tmp_path)
             refs["w1"].post(RunTasks((to_run("big-0", big_file),)))
             assert (await sched.until("big-0")).outcome == "ok"
             held: File = workers["w1"].data["big-0"]
@@ -947,6 +978,46 @@ async def test_the_file_of_a_try_cancelled_while_it_ran_is_removed(tmp_path: Pat
         ex.shutdown(wait=True)
 
 
+def writes_then_waits(gate: str, started: str) -> File:
+    """Writes part of a file output, then waits at the gate (killed there)."""
+    from tests.helpers import held_at_gate
+
+    path = output_path("partial.bin")
+    Path(path).write_bytes(b"p" * 1000)
+    held_at_gate(gate, started)
+    return File(path)
+
+
+async def test_a_task_process_killed_mid_write_leaves_nothing_in_the_sandbox(
+    tmp_path: Path,
+) -> None:
+    """Process execution: a task killed (cancelled) while it writes its file output
+    never reaches the end of its try, where the try's directory is removed; the worker
+    removes what the dead task process left instead, before the try is reported."""
+    from actors.executor import ProcessExecutor
+    from actors.protocol import ToRun
+    from runtime.graph import Task
+
+    sandbox = tmp_path / "sandbox"
+    sandbox.mkdir()
+    delivered: list[Any] = []
+    ex = ProcessExecutor(1, "w1", delivered.extend, sandbox=str(sandbox))
+    gate, started = tmp_path / "gate", tmp_path / "started"
+    try:
+        task = Task("partial-0", writes_then_waits, str(gate), str(started))
+        ex.submit(ToRun("partial-0", task, "partial", ()), {})
+        await wait_until(started.exists, "the task running", limit=60)
+        assert find(sandbox, "partial.bin")  # written in its try's directory
+        ex.cancel("partial-0")
+        await wait_until(lambda: delivered, "the killed try", limit=30)
+        assert delivered[0][0].outcome == "cancelled"
+        assert not [p for p in sandbox.rglob("*") if p.is_file()]
+        assert not list((sandbox / "out").iterdir())  # no try directory left either
+    finally:
+        gate.touch()
+        ex.shutdown(wait=True)
+
+
 async def test_a_broken_copy_nothing_resumes_is_removed_after_a_while(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -994,3 +1065,121 @@ def test_the_console_status_counts_the_file_outputs() -> None:
     assert "file outputs:" not in text(StatusReply().to_dict())
     st = StatusReply(files=FilesStatus(files=4, file_outputs=3, file_bytes=3 * MiB)).to_dict()
     assert "file outputs: 3 on workers (3.0 MiB with their copies)" in text(st)
+
+
+# ------------------------------------------------------------------ with checkpoints
+
+
+def state_and_file(nbytes: int) -> File:
+    """A task that saves its own state file as a checkpoint, then a small one, and
+    returns that state file as its file output."""
+    from runtime import checkpoint, checkpoint_file
+
+    path = output_path("state.bin")
+    with open(path, "wb") as f:
+        f.write(payload(7, nbytes))
+    assert checkpoint_file(path) == 1
+    assert checkpoint({"done": True}) == 2
+    return File(path)
+
+
+@pytest.mark.parametrize("execution", ["thread", "process"])
+async def test_checkpoints_and_file_outputs_share_one_sandbox_and_one_disk_count(
+    tmp_path: Path, execution: str
+) -> None:
+    """A task checkpoints (a copy of its state file, then an object) and returns the
+    state file as a File, in a thread and in a task process. Its worker keeps both in
+    one sandbox, counts both (and nothing else) in the disk it reports to the scheduler
+    and in its status, counts a dropped checkpoint out, and removes the sandbox with
+    everything in it when it stops."""
+    from runtime.messages import StatusRequest
+
+    nbytes, disk = 3 * MiB, 64 * MiB
+    sched = Recorder()
+    with anyio.fail_after(90):
+        async with ActorSystem() as system:
+            sref = await system.spawn(sched, "scheduler")
+            w, ref = await start_worker(
+                system, sref, "w1", tmp_path, lambda _: None, disk, execution=execution
+            )
+            ref.post(RunTasks((to_run("state-0", functools.partial(state_and_file, nbytes)),)))
+            res = await sched.until("state-0")
+            assert res.outcome == "ok", res.error
+            sandbox = Path(w.data.sandbox())
+            held: File = w.data["state-0"]
+            assert w.data.is_file("state-0") and Path(held.path).parent == sandbox
+            assert held.size == nbytes and digest(held.path)[1] == held.checksum
+            ckpts = {seq: path for (_, seq), (path, _) in w.checkpoints.files.items()}
+            assert set(ckpts) == {1, 2}
+            assert all(Path(p).parent == sandbox / "checkpoints" for p in ckpts.values())
+            assert read(ckpts[1]) == read(held.path)  # a copy: the output was moved on
+            ckpt_bytes = sum(size_of(p) for p in ckpts.values())
+            assert w.checkpoints.nbytes == ckpt_bytes and not w.checkpoints.pending
+            assert [(m.seq, m.nbytes) for m in sched.saved] == [
+                (1, nbytes), (2, size_of(ckpts[2]))
+            ]  # fmt: skip
+            used = nbytes + ckpt_bytes  # the file output and both checkpoint files
+
+            async def reported(n: int) -> bool:
+                report = sched.reports.get("w1")
+                return report is not None and report.disk_used == n
+
+            await wait_until(lambda: reported(used), "the disk use reported", limit=20)
+            report = sched.reports["w1"]
+            assert report.spilled_bytes == nbytes  # the store's bytes on disk
+            assert report.disk_free is not None and report.disk_free <= disk - used
+            st = await ref.ask(StatusRequest(), timeout=10)
+            assert (st.files, st.file_bytes, st.spilled_bytes) == (1, nbytes, nbytes)
+            assert (st.checkpoint_bytes, st.disk_used) == (ckpt_bytes, used)
+            # A dropped checkpoint leaves the disk count, and the scheduler is told.
+            ref.post(DropCheckpointsMsg((("state-0", 1),)))
+            await wait_until(lambda: reported(used - nbytes), "the drop reported", limit=20)
+            assert not exists(ckpts[1]) and exists(ckpts[2]) and exists(held.path)
+            # Stopping removes the sandbox: the file output and the checkpoint left.
+            w.stop("test")
+            await wait_until(lambda: not sandbox.exists(), "the sandbox removed", limit=20)
+    assert not find(tmp_path, "*.ckpt*") and not find(tmp_path, "*state.bin")
+
+
+def saves_big(nbytes: int) -> int:
+    from runtime import checkpoint
+
+    return checkpoint(payload(3, nbytes))
+
+
+async def test_a_checkpoint_copy_is_checksummed_and_resumed_like_a_file_output(
+    tmp_path: Path,
+) -> None:
+    """w2 copies a 20 MiB checkpoint file from w1 (three parts of 8 MiB) over a link
+    that breaks after the first part: the copy resumes from 8 MiB, reads nothing twice,
+    and has the holder's sha256. Then w1's file changes on its disk: w3's copy fails
+    with FileChecksumError and leaves nothing on w3's disk."""
+    from actors.transfer import PART_BYTES
+
+    sched = Recorder()
+    with anyio.fail_after(60):
+        async with ActorSystem() as system:
+            sref = await system.spawn(sched, "scheduler")
+            workers, refs, links = await three_workers(system, sref, tmp_path)
+            refs["w1"].post(RunTasks((to_run("ckpt-0", functools.partial(saves_big, 20 * MiB)),)))
+            assert (await sched.until("ckpt-0")).outcome == "ok"
+            path, nbytes = workers["w1"].checkpoints.find("ckpt-0", 1)
+            assert nbytes > 20 * MiB
+            link = links["w1"] = BrokenLink(refs["w1"], PART_BYTES, heals=True)
+            got = await refs["w2"].ask(FetchCheckpoint("w1", "ckpt-0", 1, nbytes), timeout=30)
+            assert got.ok, got.reason
+            copy, size = workers["w2"].checkpoints.find("ckpt-0", 1)
+            assert size == nbytes and read(copy) == read(path)
+            assert link.streams == 2 and link.read == nbytes  # resumed, nothing read twice
+            checksum = digest(path)[1]
+            assert workers["w1"].checkpoints.checksum("ckpt-0", 1) == checksum
+            assert workers["w2"].checkpoints.checksum("ckpt-0", 1) == checksum
+            assert not find(tmp_path / "w2", "*.part")
+            # The holder's file changed after it was measured: the copy is refused.
+            flip_a_byte(path, 12 * MiB)
+            link.broken = False
+            got = await refs["w3"].ask(FetchCheckpoint("w1", "ckpt-0", 1, nbytes), timeout=30)
+            assert not got.ok and "FileChecksumError" in got.reason
+            w3 = workers["w3"]
+            assert w3.checkpoints.find("ckpt-0", 1) is None and w3.checkpoints.nbytes == 0
+            assert not find(tmp_path / "w3", "*.ckpt*")
