@@ -49,6 +49,7 @@ class CheckpointFiles:
         self._lock = threading.Lock()
         self.directory = directory  #: made at the first reservation
         self._made = False
+        self._closed = False  #: the worker stopped: no more files
         self.files: dict[tuple[Any, int], tuple[str, int]] = {}
         #: sha256 of files here, once measured (served to a peer, or copied from one)
         self._checksums: dict[tuple[Any, int], str] = {}
@@ -62,6 +63,11 @@ class CheckpointFiles:
         """Room for checkpoint ``seq`` of ``key`` (``nbytes``): None when granted (it
         counts in :attr:`nbytes` from now on), else why not, with the sizes."""
         with self._lock:
+            if self._closed:
+                return (
+                    f"worker {self.worker!r} stopped while task {key!r} ran: its next try "
+                    "runs on another worker, from the checkpoint before this one."
+                )
             if not self._made:
                 try:
                     os.makedirs(self.directory, mode=0o700, exist_ok=True)
@@ -158,8 +164,9 @@ class CheckpointFiles:
             return freed
 
     def close(self) -> None:
-        """Delete every file and the directory."""
+        """Delete every file and the directory; later reservations are refused."""
         with self._lock:
+            self._closed = True
             made, self._made = self._made, False
             self.files.clear()
             self._checksums.clear()

@@ -128,7 +128,14 @@ class TaskOutputs:
             )
         if self.directory is None:
             parent = os.path.join(self.sandbox, "out")
-            os.makedirs(parent, exist_ok=True)
+            try:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(parent)  # in the sandbox, never making it again
+            except FileNotFoundError:
+                raise FileOutputError(
+                    f"task {self.key!r} has no sandbox any more ({self.sandbox}): its "
+                    "worker stopped while it ran. Its next try runs on another worker."
+                ) from None
             # named by the process, so that what a killed one left can be found
             self.directory = tempfile.mkdtemp(prefix=f"try-{os.getpid()}-", dir=parent)
         return os.path.join(self.directory, name)

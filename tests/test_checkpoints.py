@@ -365,6 +365,9 @@ def test_the_worker_s_table_counts_reserved_and_written_files_in_one_budget(
     directory = files.directory
     files.close()
     assert not os.path.exists(directory)
+    # The worker stopped: a task thread still running cannot make the directory again.
+    assert "stopped while task 'k' ran" in (files.reserve("k", 4, 1) or "")
+    assert not os.path.exists(directory)
 
 
 def test_the_console_status_counts_the_checkpoints() -> None:

@@ -1183,3 +1183,49 @@ async def test_a_checkpoint_copy_is_checksummed_and_resumed_like_a_file_output(
             w3 = workers["w3"]
             assert w3.checkpoints.find("ckpt-0", 1) is None and w3.checkpoints.nbytes == 0
             assert not find(tmp_path / "w3", "*.ckpt*")
+
+
+def outlives_its_worker(gate: str, started: str, out: str) -> None:
+    """Waits at the gate, then tries to make a file output and a checkpoint; writes
+    which errors it got to ``out`` (outside the sandbox)."""
+    from runtime import CheckpointError, checkpoint
+    from tests.helpers import held_at_gate
+
+    held_at_gate(gate, started)
+    errors = []
+    try:
+        output_path("late.bin")
+    except FileOutputError as exc:
+        errors.append(type(exc).__name__)
+    try:
+        checkpoint("late")
+    except CheckpointError as exc:
+        errors.append(type(exc).__name__)
+    Path(out).write_text(" ".join(errors))
+
+
+async def test_a_thread_still_running_when_its_worker_stops_leaves_nothing_behind(
+    tmp_path: Path,
+) -> None:
+    """A thread cannot be killed: its task runs on after the worker stopped and removed
+    its sandbox. A file output or a checkpoint it then asks for is refused with a typed
+    error; neither makes the sandbox again."""
+    sched = Recorder()
+    gate, started, out = tmp_path / "gate", tmp_path / "started", tmp_path / "out"
+    try:
+        with anyio.fail_after(60):
+            async with ActorSystem() as system:
+                sref = await system.spawn(sched, "scheduler")
+                w, ref = await start_worker(system, sref, "w1", tmp_path, lambda _: None)
+                task = functools.partial(outlives_its_worker, str(gate), str(started), str(out))
+                ref.post(RunTasks((to_run("late-0", task),)))
+                await wait_until(started.exists, "the task running", limit=30)
+                sandbox = Path(w.data.sandbox())
+                w.stop("test")
+                await wait_until(lambda: not sandbox.exists(), "the sandbox removed", limit=20)
+                gate.touch()
+                await wait_until(out.exists, "the task's end", limit=30)
+        assert read(str(out)) == b"FileOutputError CheckpointError"
+        assert not exists(str(sandbox)) and not find(tmp_path / "w1", "*")
+    finally:
+        gate.touch()
