@@ -99,12 +99,16 @@ class CheckpointFiles:
 
     def settle(self, key: Any) -> None:
         """A try of ``key`` ended: room still reserved for it (a task process killed
-        between its reservation and its file) comes back, its partial file goes."""
+        between its reservation and the worker's news of its file) comes back, and the
+        file goes, partial (``.tmp``) or whole but never recorded."""
         with self._lock:
             for item in [item for item in self._reserved if item[0] == key]:
                 self.nbytes -= self._reserved.pop(item)
-                with contextlib.suppress(OSError):
-                    os.unlink(os.path.join(self.directory, checkpoint_name(*item)) + ".tmp")
+                path = os.path.join(self.directory, checkpoint_name(*item))
+                for name in (path + ".tmp", path):
+                    if name not in (self.files.get(item) or ("",)):
+                        with contextlib.suppress(OSError):
+                            os.unlink(name)
 
     def commit(self, key: Any, seq: int, path: str, nbytes: int, checksum: str = "") -> None:
         """The file of ``(key, seq)`` is in place (its room was reserved, or is taken

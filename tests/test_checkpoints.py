@@ -361,6 +361,12 @@ def test_the_worker_s_table_counts_reserved_and_written_files_in_one_budget(
     Path(path.replace("-1.ckpt", "-3.ckpt.tmp")).write_bytes(b"partial")
     files.settle("k")  # its try ended (a task process killed mid-write)
     assert files.nbytes == 600 and not files.pending and not list(tmp_path.rglob("*.tmp"))
+    # Killed once its file was in place but before the worker heard of it: it goes too.
+    assert files.reserve("k", 4, 100) is None
+    Path(files.path("k", 4)).write_bytes(b"whole")
+    files.settle("k")
+    assert files.nbytes == 600 and not os.path.exists(files.path("k", 4))
+    assert os.path.exists(path)  # the recorded one stays
     assert files.drop("k") == 600 and not os.path.exists(path) and files.nbytes == 0
     directory = files.directory
     files.close()
