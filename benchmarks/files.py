@@ -5,7 +5,12 @@ The workflow is many homogeneous subgraphs, one per dataset: each of its ``files
 files is loaded (``load``: a seeded array, ``nbytes``), skimmed (``skim``: the values
 above 0.75, about a quarter) and the skims of a dataset are merged (``merge``: their
 sum). Only the merges are wanted. The expected sums are computed here in this process,
-so every run is checked.
+so every run is checked. With ``file_outputs`` (``Workflow(file_outputs=True)``) the
+loads and skims write their arrays as file outputs (``output_path``, ``File``: real
+files in the workers' sandboxes, as the users' ROOT or Parquet files) and each merge
+reads its inputs' files on its own worker and returns the sha256 of their bytes, checked
+against the same computed here. After every run all outputs are released, and no file
+may stay in a surviving worker's sandbox (``Result.left``).
 
 Each run is a ``Cluster(processes=N)`` of one-thread worker processes that spill every
 output to disk (a spill fence far below a worker's resting memory), each with a
@@ -15,7 +20,8 @@ monitoring database; the ``consumers-first`` priority (docs/files.md). Measured:
     (``prune_depth=0``), without replicas and without a loss: the most bytes of outputs
     any worker reported on its disk (the scheduler's ``status()["storage"]``, every
     report of the workers; the monitoring database's samples are checked not to
-    exceed it). The issue's target: pruning's peak <= 60% of no pruning's.
+    exceed it). The issue's target: pruning's peak <= 60% of no pruning's. Measured
+    twice: with Python outputs spilled, and with file outputs (``files-prune-*``).
 (b) **makespan under a worker loss**: one worker killed with SIGKILL once a seeded
     number of skims has finished (the victim seeded too; ``Cluster(processes=N)``
     starts a replacement), with temporary replicas (``recompute-cost`` with a
@@ -43,10 +49,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import importlib.util
 import json
 import os
 import random
+import shutil
 import signal
 import sqlite3
 import sys
@@ -65,6 +73,8 @@ import cloudpickle  # noqa: E402
 import numpy as np  # noqa: E402
 import psutil  # noqa: E402
 
+from runtime.files import File, output_path  # noqa: E402
+
 if __name__ != "__main__":  # loaded by a test: the tasks travel by value to the workers
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -74,21 +84,43 @@ TARGET_DISK = 0.60  #: the issue's target: pruned peak / unpruned peak
 # ----------------------------------------------------------------------------- tasks
 
 
-def load(dataset: int, file: int, seed: int, nbytes: int, seconds: float) -> Any:
-    """Read one file of a dataset: a seeded array of ``nbytes``."""
+def load(
+    dataset: int, file: int, seed: int, nbytes: int, seconds: float, to_file: bool = False
+) -> Any:
+    """Read one file of a dataset: a seeded array of ``nbytes``; with ``to_file``, written
+    as a file output (its raw float64 bytes) and returned as its :class:`File`."""
     time.sleep(seconds)
-    rng = np.random.default_rng([seed, dataset, file])
-    return rng.random(nbytes // 8)
+    events = np.random.default_rng([seed, dataset, file]).random(nbytes // 8)
+    return _write(f"load-{dataset}-{file}.bin", events) if to_file else events
 
 
-def skim(events: Any, seconds: float) -> Any:
-    """Keep the events that pass the cut (about a quarter)."""
+def skim(events: Any, seconds: float, to_file: bool = False) -> Any:
+    """Keep the events that pass the cut (about a quarter); an input :class:`File` is
+    read from its path, and with ``to_file`` the kept events are a file output."""
     time.sleep(seconds)
-    return events[events > 0.75]
+    if isinstance(events, File):
+        events = np.fromfile(events.path, dtype=np.float64)
+    kept = events[events > 0.75]
+    return _write("skim.bin", kept) if to_file else kept
 
 
-def merge(*skims: Any) -> float:
+def merge(*skims: Any) -> float | str:
+    """The fan-in: the sum of the skims' values; of skims that are file outputs, the
+    sha256 (hex) of their files' bytes, read in order from their paths on this worker."""
+    if skims and all(isinstance(s, File) for s in skims):
+        h = hashlib.sha256()
+        for s in skims:
+            with open(s.path, "rb") as f:
+                while chunk := f.read(2**16):
+                    h.update(chunk)
+        return h.hexdigest()
     return float(sum(float(s.sum()) for s in skims))
+
+
+def _write(name: str, values: Any) -> File:
+    path = output_path(name)
+    values.tofile(path)
+    return File(path)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,6 +131,7 @@ class Workflow:
     load_s: float = 0.1
     skim_s: float = 0.03
     nbytes: int = 256 * 1024
+    file_outputs: bool = False  #: loads and skims write file outputs (``File``)
 
     @property
     def n_files(self) -> int:
@@ -110,18 +143,24 @@ class Workflow:
 
     def graph(self) -> dict[Hashable, Any]:
         g: dict[Hashable, Any] = {}
+        out = self.file_outputs
         for d in range(self.datasets):
             for f in range(self.files):
-                g[f"load-{d}-{f}"] = (load, d, f, self.seed, self.nbytes, self.load_s)
-                g[f"skim-{d}-{f}"] = (skim, f"load-{d}-{f}", self.skim_s)
+                g[f"load-{d}-{f}"] = (load, d, f, self.seed, self.nbytes, self.load_s, out)
+                g[f"skim-{d}-{f}"] = (skim, f"load-{d}-{f}", self.skim_s, out)
             g[f"merge-{d}"] = (merge, *[f"skim-{d}-{f}" for f in range(self.files)])
         return g
 
-    def expected(self) -> dict[str, float]:
-        out = {}
+    def expected(self) -> dict[str, float | str]:
+        """The merges' values, computed here: with file outputs, the sha256 of the bytes
+        of the files the dataset's skims write."""
+        out: dict[str, float | str] = {}
         for d in range(self.datasets):
             skims = [skim(load(d, f, self.seed, self.nbytes, 0), 0) for f in range(self.files)]
-            out[f"merge-{d}"] = merge(*skims)
+            if self.file_outputs:
+                out[f"merge-{d}"] = hashlib.sha256(b"".join(s.tobytes() for s in skims)).hexdigest()
+            else:
+                out[f"merge-{d}"] = merge(*skims)
         return out
 
 
@@ -138,6 +177,11 @@ class Result:
     killed: str | None
     status: dict[str, Any] = dataclasses.field(repr=False)
     db: Path | None = None
+    #: files left in the sandboxes of the workers that stopped with the cluster, once
+    #: every output was released (should be none; not looked at with prune_depth=0)
+    left: list[str] = dataclasses.field(default_factory=list)
+    #: sandboxes left behind: those of the workers killed (nothing stops them cleanly)
+    stale_sandboxes: int = 0
 
 
 def kill_one_worker(rng: random.Random) -> int:
@@ -173,11 +217,21 @@ async def run_workflow(
 ) -> Result:
     """Run ``wf`` once on ``workers`` worker processes; with ``kill_after``, SIGKILL one
     worker once that many skims have finished (a list: one kill per number, each
-    after the one before was seen; ``killed`` names the workers lost, by ``,``)."""
+    after the one before was seen; ``killed`` names the workers lost, by ``,``).
+
+    The workers' sandboxes (spill directories) are in ``spill`` beside ``monitoring``.
+    Once the results are in, every output is released and, with pruning (``prune_depth``
+    1 or more; with 0 every output stays while the cluster runs, by design), when the
+    workers report nothing left on their disks, the files still in their sandboxes are
+    looked at: the sandboxes the workers remove when the cluster stops are the
+    survivors' (a killed worker's stays), and a file left in one of them is in
+    ``left``."""
     from runtime import Cluster
 
+    made_here = monitoring is None
     if monitoring is None:
         monitoring = Path(tempfile.mkdtemp(prefix="corral-files-")) / "monitoring.db"
+    spill = monitoring.parent / "spill"
     # Replicas for outputs costlier to make again than a load: skims (a skim and its
     # pruned load) and merges, not the loads themselves.
     threshold = wf.load_s + wf.skim_s / 2
@@ -192,7 +246,12 @@ async def run_workflow(
             processes=workers,
             threads_per_worker=1,
             memory_per_worker="2GiB",
-            memory_options={"spill": 0.01, "throttle": 0.9, "terminate": None},
+            memory_options={
+                "spill": 0.01,
+                "throttle": 0.9,
+                "terminate": None,
+                "spill_dir": str(spill),
+            },
             disk_per_worker="512MiB",
             prune_depth=prune_depth,
             policies=policies,
@@ -211,6 +270,15 @@ async def run_workflow(
             values = await c.gather(futures)
             makespan = time.perf_counter() - t0
             status = await c.status()
+            for fut in futures:
+                fut.release()
+            del futures
+            held = await _after_release(c, spill) if prune_depth else {}
+    # The survivors removed their sandboxes as they stopped; the killed workers' stay.
+    left = sorted(str(f) for sandbox, files in held.items() if not sandbox.exists() for f in files)
+    stale = len(_sandboxes(spill))
+    if made_here:
+        shutil.rmtree(spill, ignore_errors=True)
     got = dict(zip(wf.wanted, values, strict=True))
     storage = status["storage"]
     peak = max((w["disk_peak"] for w in storage["workers"].values()), default=0)
@@ -227,8 +295,28 @@ async def run_workflow(
         makespan, got == expected, peak, int(peak_db), int(recomputes),
         dict(storage["recoveries"]), dict(storage["transfers"]),
         sum(storage["transfer_bytes"].values()), ",".join(killed) or None,
-        status, monitoring,
+        status, monitoring, left, stale,
     )  # fmt: skip
+
+
+async def _after_release(c: Any, spill: Path, limit: float = 30.0) -> dict[Path, list[Path]]:
+    """The files in each worker sandbox under ``spill`` once every worker reports no
+    output on its disk and the registry no file output (or after ``limit`` seconds)."""
+
+    async def emptied() -> bool:
+        st = await c.status()
+        on_disk = [st["memory"].get(w.worker_id) for w in st["workers"]]
+        return st["files"]["file_outputs"] == 0 and all(
+            m is not None and m["spilled_bytes"] == 0 for m in on_disk
+        )
+
+    with anyio.move_on_after(limit):
+        await _until(emptied)
+    return {d: [f for f in d.rglob("*") if not f.is_dir()] for d in _sandboxes(spill)}
+
+
+def _sandboxes(spill: Path) -> list[Path]:
+    return sorted(spill.glob("corral-spill-*")) if spill.is_dir() else []
 
 
 async def _until(check: Callable[[], Awaitable[Any]], step: float = 0.05) -> Any:
@@ -352,6 +440,9 @@ async def measure(wf: Workflow, workers: int, tail_tasks: int = 60) -> dict[str,
     runs: dict[str, Result] = {}
     runs["prune-1"] = await run_workflow(wf, workers=workers, prune_depth=1)
     runs["prune-0"] = await run_workflow(wf, workers=workers, prune_depth=0)
+    files = dataclasses.replace(wf, file_outputs=True)  # (a) with real files on disk
+    runs["files-prune-1"] = await run_workflow(files, workers=workers, prune_depth=1)
+    runs["files-prune-0"] = await run_workflow(files, workers=workers, prune_depth=0)
     runs["replicas-no-loss"] = await run_workflow(wf, workers=workers, replicas=True)
     for name, replicas in (("loss+replicas", True), ("loss-no-replicas", False)):
         runs[name] = await run_workflow(
@@ -371,7 +462,8 @@ def table(wf: Workflow, workers: int, got: dict[str, Any]) -> dict[str, Any]:
     p1, p0 = runs["prune-1"], runs["prune-0"]
     rep, none = runs["loss+replicas"], runs["loss-no-replicas"]
     base, base_rep = runs["prune-1"], runs["replicas-no-loss"]
-    disk_ratio = p1.peak_disk / p0.peak_disk if p0.peak_disk else float("nan")
+    disk_ratio = _ratio(p1.peak_disk, p0.peak_disk)
+    files_ratio = _ratio(runs["files-prune-1"].peak_disk, runs["files-prune-0"].peak_disk)
     return {
         "workflow": dataclasses.asdict(wf),
         "workers": workers,
@@ -402,15 +494,23 @@ def table(wf: Workflow, workers: int, got: dict[str, Any]) -> dict[str, Any]:
                 "copied_mib": round(r.copied / 2**20, 2),
                 "killed": r.killed,
                 "correct": r.correct,
+                "left": len(r.left),
             }
             for name, r in runs.items()
         },
         "disk_ratio": round(disk_ratio, 3),
         "disk_target_met": disk_ratio <= TARGET_DISK,
+        "nothing_left": not any(r.left for r in runs.values()),
+        "disk_ratio_files": round(files_ratio, 3),
+        "disk_target_met_files": files_ratio <= TARGET_DISK,
         "makespan_ratio_replicas": round(rep.makespan / none.makespan, 3),
         "loss_cost_replicas_s": round(rep.makespan - base_rep.makespan, 2),
         "loss_cost_no_replicas_s": round(none.makespan - base.makespan, 2),
     }
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b else float("nan")
 
 
 def render(t: dict[str, Any]) -> str:
@@ -432,6 +532,11 @@ def render(t: dict[str, Any]) -> str:
         "",
         f"(a) peak disk, prune_depth=1 / prune_depth=0: {t['disk_ratio']:.3f} "
         f"(target <= {TARGET_DISK}: {'met' if t['disk_target_met'] else 'NOT met'})",
+        f"(a) the same with file outputs (files-prune-*: loads and skims write files): "
+        f"{t['disk_ratio_files']:.3f} "
+        f"(target <= {TARGET_DISK}: {'met' if t['disk_target_met_files'] else 'NOT met'})",
+        "after release, files left on surviving workers: "
+        + ("none" if t["nothing_left"] else "SOME (see the rows' left)"),
         f"(b) makespan under loss, replicas / none: {t['makespan_ratio_replicas']:.3f}; "
         f"loss cost over the same without a loss: {t['loss_cost_replicas_s']:+.2f} s with "
         f"replicas, {t['loss_cost_no_replicas_s']:+.2f} s without",
@@ -475,7 +580,7 @@ def main(argv: list[str] | None = None) -> int:
     got = anyio.run(measure, wf, args.workers, QUICK_TAIL if args.quick else 60)
     t = table(wf, args.workers, got)
     print(json.dumps(t, indent=2) if args.json else render(t))
-    return 0 if t["all_correct"] else 1
+    return 0 if t["all_correct"] and t["nothing_left"] else 1
 
 
 if __name__ == "__main__":

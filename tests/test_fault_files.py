@@ -1,12 +1,17 @@
 """Fault injection on worker processes (issue 13's must-show, the real-process version of
 the core's in tests/test_replicas.py): 20 homogeneous subgraphs (load -> skim -> merge
 of 5 files each, 100 files) on three worker processes, two of them killed with SIGKILL
-at random points (after a random number of skims, a random victim) under three seeds.
+at random points (after a random number of skims, a random victim) under three seeds;
+with Python outputs, and with file outputs (the loads and skims write real files in their
+workers' sandboxes, a few KiB each, and each merge reads its inputs' files and returns
+the sha256 of their bytes).
 
 Every run completes with the right sums; each lost output is made again at most once
 per loss (the monitoring database's ``recoveries``: one row per output and loss; its
 ``tries``: no task ends ok more often than once plus once per loss); no recovery loop
-(the tries of the run are bounded by the graph plus what the losses could need)."""
+(the tries of the run are bounded by the graph plus what the losses could need). Once
+every output is released, no file is left in a surviving worker's sandbox (only the
+killed workers' sandboxes stay: nothing stops them cleanly)."""
 
 from __future__ import annotations
 
@@ -25,13 +30,15 @@ KILLS = 2
 
 @pytest.mark.timeout(180)  # a backstop: the run is bounded by LIMIT
 @pytest.mark.anyio
+@pytest.mark.parametrize("file_outputs", [False, True], ids=["values", "files"])
 @pytest.mark.parametrize("seed", [1, 2, 3])
 async def test_kill_9_at_random_points_completes_and_recomputes_once_per_loss(
-    tmp_path: Path, seed: int
+    tmp_path: Path, seed: int, file_outputs: bool
 ) -> None:
     bench = load_bench("files")
+    nbytes = 8 * 1024 if file_outputs else 32 * 1024  # files: 8 KiB loads, ~2 KiB skims
     wf = bench.Workflow(datasets=20, files=5, seed=seed, load_s=0.04, skim_s=0.01,
-                        nbytes=32 * 1024)  # fmt: skip
+                        nbytes=nbytes, file_outputs=file_outputs)  # fmt: skip
     rng = random.Random(seed)
     points = sorted(rng.sample(range(wf.n_files // 5, wf.n_files * 4 // 5), KILLS))
     db = tmp_path / "monitoring.db"
@@ -39,7 +46,9 @@ async def test_kill_9_at_random_points_completes_and_recomputes_once_per_loss(
         res = await bench.run_workflow(
             wf, workers=3, monitoring=db, kill_after=points, kill_seed=rng.randrange(1 << 30)
         )
-    assert res.correct
+    assert res.correct  # with files: each merge's sha256 of its inputs' bytes
+    if file_outputs:
+        assert all(isinstance(v, str) for v in wf.expected().values())
     killed = res.killed.split(",")
     assert len(killed) == KILLS
     conn = sqlite3.connect(db)
@@ -70,3 +79,7 @@ async def test_kill_9_at_random_points_completes_and_recomputes_once_per_loss(
     # Merges read skims from other workers: each copy recorded with its peer and time.
     n, sources, durations, smallest = fetches
     assert n > 0 and sources == durations == n and smallest > 0
+    # Released, nothing stays on the surviving workers' disks; the sandboxes left are the
+    # killed workers' (what a SIGKILL leaves behind).
+    assert res.left == []
+    assert res.stale_sandboxes <= KILLS
