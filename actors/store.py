@@ -29,6 +29,13 @@ The rules:
   ``memory_bytes``; they are never spilled nor loaded: reading the key gives its
   :class:`~runtime.files.File` handle, a peer reads the file's bytes from its segments,
   and deleting the key deletes the file.
+- The store's directory (its *sandbox*, ``corral-spill-*``) proves its owner is alive:
+  the store holds an advisory lock (``flock``) on the sandbox's ``.owner`` file for as
+  long as it keeps the directory, and the kernel releases it when the process dies, by
+  SIGKILL too. A store making its sandbox first sweeps its siblings (:func:`sweep_orphans`):
+  a ``corral-spill-*`` directory whose lock nobody holds is an orphan (its worker was
+  killed) and is removed. The ``.owner`` file is locked before it gets its name, so a
+  sandbox being made is never taken for an orphan.
 
 Spill file format (little-endian)::
 
@@ -44,11 +51,13 @@ buffer lengths, known only after pickling, follow it rather than sit in the head
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import pickle
 import shutil
 import struct
 import tempfile
+import time
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, MutableMapping
@@ -63,7 +72,7 @@ from runtime.files import File
 from runtime.graph import Key
 from runtime.log import get_logger
 
-__all__ = ["SpillStore"]
+__all__ = ["SpillStore", "sweep_orphans"]
 
 _log = get_logger("corral.store", component="store")
 
@@ -209,8 +218,161 @@ def _dumps_inband(value: Any) -> bytes:
         return data
 
 
-def _remove_tree(path: str) -> None:
-    shutil.rmtree(path, ignore_errors=True)
+# -- the sandbox and its lock ------------------------------------------------------------
+
+_PREFIX = "corral-spill-"  #: every sandbox's name starts so
+_OWNER = ".owner"  #: the lock file in a sandbox, locked (flock) by its live store
+#: a sandbox without a lock file (made by an older Corral, or by a store killed while
+#: making it) is an orphan once nothing at its top level has changed for this long
+LOCKLESS_AGE = 600.0
+#: most seconds one sweep spends; what is left waits for the next sweep
+SWEEP_SECONDS = 10.0
+
+
+def _make_sandbox(parent: str | None) -> tuple[str, int]:
+    """A new sandbox in ``parent`` and the descriptor that holds its lock.
+
+    The lock file is made under a temporary name, locked, and only then renamed
+    ``.owner``: no other store ever finds a ``.owner`` that is not locked yet.
+    """
+    path = tempfile.mkdtemp(prefix=_PREFIX, dir=parent)
+    tmp = os.path.join(path, _OWNER + ".new")
+    try:
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # empty: the lock is all it says
+            os.rename(tmp, os.path.join(path, _OWNER))
+        except BaseException:
+            os.close(fd)
+            raise
+    except BaseException:
+        shutil.rmtree(path, ignore_errors=True)
+        raise
+    return path, fd
+
+
+def _remove_sandbox(path: str, fd: int) -> None:
+    """Remove a store's own sandbox, then let go of its lock."""
+    try:
+        shutil.rmtree(path, ignore_errors=True)
+    finally:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
+class _OutOfTime(Exception):
+    """Internal: the sweep's time is up."""
+
+
+def _remove_within(path: str, deadline: float, freed: list[int], top: bool = False) -> None:
+    """Remove the directory ``path`` and all in it, adding the file bytes to
+    ``freed[0]``; never follows a symbolic link (a link is removed, not what it points
+    to). Raises :class:`_OutOfTime` past ``deadline`` (monotonic), leaving the rest; at
+    the top, the lock file goes last so that an unfinished orphan is still one."""
+    entries: list[os.DirEntry[str]] = []
+    with contextlib.suppress(FileNotFoundError), os.scandir(path) as it:
+        entries = list(it)
+    if top:
+        entries.sort(key=lambda e: e.name == _OWNER)
+    for entry in entries:
+        if time.monotonic() > deadline:
+            raise _OutOfTime
+        if entry.is_dir(follow_symlinks=False):
+            _remove_within(entry.path, deadline, freed)
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            size = entry.stat(follow_symlinks=False).st_size
+            os.unlink(entry.path)
+            freed[0] += size
+    with contextlib.suppress(FileNotFoundError):
+        os.rmdir(path)
+
+
+def _quiet_since(path: str) -> float:
+    """The newest modification time of ``path`` and of what is at its top level."""
+    newest = os.lstat(path).st_mtime
+    with os.scandir(path) as it:
+        for entry in it:
+            with contextlib.suppress(FileNotFoundError):
+                newest = max(newest, entry.stat(follow_symlinks=False).st_mtime)
+    return newest
+
+
+def _is_orphan(path: str, lockless_age: float) -> tuple[bool, int | None]:
+    """Whether the sandbox ``path`` is an orphan, and if so the descriptor holding its
+    lock (None when it has no lock file); the caller closes it."""
+    try:
+        fd = os.open(
+            os.path.join(path, _OWNER), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+        )
+    except FileNotFoundError:
+        # No lock file: an older Corral's sandbox, or one being made (or removed) now.
+        try:
+            return time.time() - _quiet_since(path) > lockless_age, None
+        except FileNotFoundError:
+            return False, None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return False, None  # its owner is alive
+    except BaseException:
+        os.close(fd)
+        raise
+    return True, fd
+
+
+def sweep_orphans(
+    parent: str,
+    *,
+    keep: str | None = None,
+    lockless_age: float = LOCKLESS_AGE,
+    seconds: float = SWEEP_SECONDS,
+) -> tuple[int, int]:
+    """Remove the orphaned sandboxes in ``parent``; return how many and their file bytes.
+
+    An orphan is a ``corral-spill-*`` directory of this user (never a symbolic link; never
+    ``keep``) whose ``.owner`` lock nobody holds (its store's process died), or one with
+    no ``.owner`` file where nothing at its top level changed for ``lockless_age``
+    seconds. Nothing is followed out of a sandbox. Errors are logged and skipped; after
+    ``seconds`` the sweep stops (the next one goes on). Logs what it removed at info.
+    """
+    deadline = time.monotonic() + seconds
+    count = freed = 0
+    try:
+        with os.scandir(parent) as it:
+            entries = [e for e in it if e.name.startswith(_PREFIX) and e.path != keep]
+    except OSError as exc:
+        _log.warning("cannot look for orphaned sandboxes", parent=parent, error=repr(exc))
+        return 0, 0
+    uid = os.getuid()
+    for entry in entries:
+        if time.monotonic() > deadline:
+            _log.warning("sweeping orphaned sandboxes: out of time", parent=parent)
+            break
+        fd: int | None = None
+        done = [0]
+        try:
+            if not entry.is_dir(follow_symlinks=False):
+                continue
+            if entry.stat(follow_symlinks=False).st_uid != uid:
+                continue
+            orphan, fd = _is_orphan(entry.path, lockless_age)
+            if orphan:
+                _remove_within(entry.path, deadline, done, top=True)
+                count += 1
+        except _OutOfTime:
+            _log.warning("sweeping orphaned sandboxes: out of time", parent=parent)
+            break
+        except Exception as exc:
+            _log.warning("cannot sweep a sandbox", path=entry.path, error=repr(exc))
+        finally:
+            freed += done[0]
+            if fd is not None:
+                os.close(fd)
+    if count or freed:
+        _log.info("swept orphaned sandboxes", parent=parent, sandboxes=count, bytes=freed)
+    return count, freed
 
 
 class _OnDisk:
@@ -235,7 +397,9 @@ class SpillStore(MutableMapping[Key, Any]):
     ``directory``: where spill files go. ``None``: a fresh
     ``tempfile.mkdtemp(prefix="corral-spill-")``; otherwise a unique subdirectory made
     inside ``directory`` (several workers may share it). Either is created on the first
-    spill and removed by :meth:`close` (or when the store is garbage-collected).
+    spill (or :meth:`sandbox`), locked while the store keeps it, and removed by
+    :meth:`close` (or when the store is garbage-collected); making it removes the
+    orphaned sandboxes beside it (:func:`sweep_orphans`).
     ``disk_limit``: most bytes of spill files at any time; 0 means no limit.
     ``sizeof``: the size recorded for a value stored without ``nbytes``.
 
@@ -260,7 +424,7 @@ class SpillStore(MutableMapping[Key, Any]):
         self._sizes: dict[Key, int] = {}  #: recorded size of every key, memory or disk
         self._unpicklable: set[Key] = set()  #: in-memory keys that failed to pickle
         self._dir: str | None = None
-        self._finalizer: weakref.finalize[[str], SpillStore] | None = None
+        self._finalizer: weakref.finalize[[str, int], SpillStore] | None = None
         self._seq = 0
         self._memory_bytes = 0
         self._disk_bytes = 0
@@ -556,13 +720,12 @@ class SpillStore(MutableMapping[Key, Any]):
 
     def _ensure_directory(self) -> str:
         if self._dir is None:
-            if self.parent is None:
-                path = tempfile.mkdtemp(prefix="corral-spill-")
-            else:
+            if self.parent is not None:
                 os.makedirs(self.parent, exist_ok=True)
-                path = tempfile.mkdtemp(prefix="corral-spill-", dir=self.parent)
+            path, fd = _make_sandbox(self.parent)
             self._dir = path
-            self._finalizer = weakref.finalize(self, _remove_tree, path)
+            self._finalizer = weakref.finalize(self, _remove_sandbox, path, fd)
+            sweep_orphans(os.path.dirname(path), keep=path)
         return self._dir
 
     # -- removal -------------------------------------------------------------------
@@ -605,7 +768,7 @@ class SpillStore(MutableMapping[Key, Any]):
         self._disk_bytes = 0
         self.disk_full = False
         if self._finalizer is not None:
-            self._finalizer()  # rmtree, once
+            self._finalizer()  # rmtree, then unlock; once
             self._finalizer = None
         self._dir = None
 

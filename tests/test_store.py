@@ -23,10 +23,11 @@ from actors.store import SpillStore
 
 
 def files(store: SpillStore) -> list[Path]:
-    """Every file in the store's spill directory (none if it has not been made)."""
+    """Every file in the store's spill directory (none if it has not been made) but
+    its lock file (``.owner``, empty: tests/test_sandbox_sweep.py)."""
     if store.directory is None:
         return []
-    return sorted(Path(store.directory).iterdir())
+    return sorted(p for p in Path(store.directory).iterdir() if p.name != ".owner")
 
 
 def file_bytes(store: SpillStore) -> int:
@@ -290,6 +291,7 @@ def test_write_error_keeps_value_and_sets_disk_full(tmp_path: Path) -> None:
         assert store.spill(1) == 1
         assert store["a"] == "a"  # back in memory, its file gone
         assert store.directory is not None
+        os.unlink(os.path.join(store.directory, ".owner"))
         os.rmdir(store.directory)  # every write now fails with FileNotFoundError
         assert store.spill(10) == 0
         assert store.disk_full

@@ -1,0 +1,196 @@
+"""Orphaned sandboxes are swept (actors/store.py): a worker killed with SIGKILL leaves
+its ``corral-spill-*`` directory behind; the next store made in the same directory
+removes it, and never a live store's (its ``.owner`` lock is held by a real process),
+a sandbox being made (no lock file yet, young) nor anything outside the sandboxes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from actors.store import LOCKLESS_AGE, SpillStore, sweep_orphans
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: a child process: a store in argv[1] that spills one value and writes a file in its
+#: sandbox, prints the sandbox's path, then waits for stdin to close and stops cleanly
+_CHILD = """
+import sys
+from actors.store import SpillStore
+store = SpillStore(sys.argv[1])
+store["k"] = b"x" * 4096
+assert store.spill(1) == 4096
+with open(store.sandbox() + "/out.bin", "wb") as f:
+    f.write(b"y" * 1000)
+print(store.sandbox(), flush=True)
+sys.stdin.read()
+store.close()
+"""
+
+
+class Child:
+    """A real process holding a store whose sandbox is in ``parent``."""
+
+    def __init__(self, parent: Path) -> None:
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", _CHILD, str(parent)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+            text=True,
+        )
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()  # bounded by the test's timeout
+        assert line, f"the child died: {self.proc.wait(10)}"
+        self.sandbox = Path(line.strip())
+
+    def kill9(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        assert self.proc.wait(10) == -signal.SIGKILL
+
+    def stop(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.wait(10)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(10)
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            if pipe is not None:
+                pipe.close()
+
+
+@pytest.fixture
+def children(tmp_path: Path) -> Iterator[list[Child]]:
+    made: list[Child] = []
+    yield made
+    for c in made:
+        c.close()
+
+
+def _age(path: Path, seconds: float) -> None:
+    """Set back the modification times of ``path`` and what is in it by ``seconds``."""
+    then = time.time() - seconds
+    for p in [path, *path.rglob("*")]:
+        os.utime(p, (then, then), follow_symlinks=False)
+
+
+@pytest.mark.timeout(60)
+def test_a_killed_workers_sandbox_is_swept_by_the_next_store(
+    tmp_path: Path, children: list[Child]
+) -> None:
+    children.append(dead := Child(tmp_path))
+    assert (dead.sandbox / ".owner").is_file()
+    assert sorted(p.suffix for p in dead.sandbox.iterdir()) == ["", ".bin", ".spill"]
+    dead.kill9()
+    assert dead.sandbox.is_dir()  # what a SIGKILL leaves behind
+    with SpillStore(tmp_path) as store:
+        mine = Path(store.sandbox())
+        assert not dead.sandbox.exists()
+        assert [p.name for p in tmp_path.iterdir()] == [mine.name]
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.timeout(60)
+def test_a_live_processs_sandbox_is_never_swept(tmp_path: Path, children: list[Child]) -> None:
+    children.append(live := Child(tmp_path))
+    children.append(dead := Child(tmp_path))
+    dead.kill9()
+    before = sorted(p.name for p in live.sandbox.iterdir())
+    nbytes = sum(p.stat().st_size for p in dead.sandbox.iterdir())
+    assert nbytes > 4096 + 1000  # the spilled value and the file output
+    assert sweep_orphans(str(tmp_path)) == (1, nbytes)
+    assert not dead.sandbox.exists()
+    assert sorted(p.name for p in live.sandbox.iterdir()) == before
+    _age(live.sandbox, 2 * LOCKLESS_AGE)  # its lock, not its age, says it is alive
+    with SpillStore(tmp_path) as store:
+        store.sandbox()
+        assert sorted(p.name for p in live.sandbox.iterdir()) == before
+    live.stop()  # it stops cleanly: its own sandbox goes with it
+    assert live.proc.returncode == 0
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.timeout(60)
+def test_a_store_in_this_process_is_never_swept(tmp_path: Path) -> None:
+    with SpillStore(tmp_path) as a, SpillStore(tmp_path) as b:
+        made = {a.sandbox(), b.sandbox()}  # b's sweep passed a's by
+        assert sweep_orphans(str(tmp_path)) == (0, 0)
+        assert {str(p) for p in tmp_path.iterdir()} == made
+
+
+@pytest.mark.timeout(60)
+def test_lockless_sandboxes_young_stay_old_go(tmp_path: Path) -> None:
+    """One without ``.owner``: made by an older Corral, or being made right now."""
+    young = tmp_path / "corral-spill-young"
+    old = tmp_path / "corral-spill-old"
+    for d in (young, old):
+        (d / "out").mkdir(parents=True)
+        (d / "out" / "f").write_bytes(b"z" * 10)
+        (d / "00000001.spill").write_bytes(b"s" * 20)
+    _age(old, LOCKLESS_AGE + 60)
+    with SpillStore(tmp_path) as store:
+        store.sandbox()
+        assert young.is_dir() and (young / "out" / "f").is_file()
+        assert not old.exists()
+    assert sweep_orphans(str(tmp_path), lockless_age=3600) == (0, 0)
+    assert sweep_orphans(str(tmp_path), lockless_age=0) == (1, 30)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.timeout(60)
+def test_the_sweep_touches_nothing_but_sandboxes(tmp_path: Path, children: list[Child]) -> None:
+    """Other names, plain files and links are left; a link inside an orphan is removed,
+    never what it points to."""
+    outside = tmp_path / "precious"
+    outside.mkdir()
+    (outside / "data").write_bytes(b"keep me")
+    other = tmp_path / "not-a-sandbox"
+    other.mkdir()
+    _age(other, 2 * LOCKLESS_AGE)
+    (tmp_path / "corral-spill-file").write_bytes(b"a file, not a sandbox")
+    (tmp_path / "corral-spill-link").symlink_to(outside, target_is_directory=True)
+    children.append(dead := Child(tmp_path))
+    (dead.sandbox / "link").symlink_to(outside, target_is_directory=True)
+    (dead.sandbox / "out").mkdir()
+    (dead.sandbox / "out" / "link").symlink_to(outside / "data")
+    dead.kill9()
+    assert sweep_orphans(str(tmp_path))[0] == 1
+    assert not dead.sandbox.exists()
+    assert (outside / "data").read_bytes() == b"keep me"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "corral-spill-file",
+        "corral-spill-link",
+        "not-a-sandbox",
+        "precious",
+    ]
+
+
+@pytest.mark.timeout(60)
+def test_a_sweep_out_of_time_leaves_the_rest_for_the_next(tmp_path: Path) -> None:
+    orphans = []
+    for i in range(3):
+        d = tmp_path / f"corral-spill-{i}"
+        d.mkdir()
+        (d / "f").write_bytes(b"q")
+        orphans.append(d)
+        _age(d, 2 * LOCKLESS_AGE)
+    assert sweep_orphans(str(tmp_path), seconds=-1) == (0, 0)
+    assert all(d.is_dir() for d in orphans)
+    assert sweep_orphans(str(tmp_path)) == (3, 3)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.timeout(60)
+def test_a_missing_parent_is_logged_not_raised(tmp_path: Path) -> None:
+    assert sweep_orphans(str(tmp_path / "gone")) == (0, 0)
