@@ -54,6 +54,7 @@ import contextlib
 import fcntl
 import os
 import pickle
+import re
 import shutil
 import struct
 import tempfile
@@ -221,6 +222,8 @@ def _dumps_inband(value: Any) -> bytes:
 # -- the sandbox and its lock ------------------------------------------------------------
 
 _PREFIX = "corral-spill-"  #: every sandbox's name starts so
+#: a sandbox's name in full: what ``tempfile.mkdtemp`` makes with that prefix
+_NAME = re.compile(re.escape(_PREFIX) + r"[a-z0-9_]{8}")
 _OWNER = ".owner"  #: the lock file in a sandbox, locked (flock) by its live store
 #: a sandbox without a lock file (made by an older Corral, or by a store killed while
 #: making it) is an orphan once nothing at its top level has changed for this long
@@ -289,10 +292,13 @@ def _remove_within(path: str, deadline: float, freed: list[int], top: bool = Fal
 
 
 def _quiet_since(path: str) -> float:
-    """The newest modification time of ``path`` and of what is at its top level."""
+    """The newest modification time of ``path`` and of what is at its top level;
+    infinite if sandboxes are in it (a directory of sandboxes, not one)."""
     newest = os.lstat(path).st_mtime
     with os.scandir(path) as it:
         for entry in it:
+            if entry.name.startswith(_PREFIX):
+                return float("inf")
             with contextlib.suppress(FileNotFoundError):
                 newest = max(newest, entry.stat(follow_symlinks=False).st_mtime)
     return newest
@@ -331,17 +337,18 @@ def sweep_orphans(
 ) -> tuple[int, int]:
     """Remove the orphaned sandboxes in ``parent``; return how many and their file bytes.
 
-    An orphan is a ``corral-spill-*`` directory of this user (never a symbolic link; never
-    ``keep``) whose ``.owner`` lock nobody holds (its store's process died), or one with
-    no ``.owner`` file where nothing at its top level changed for ``lockless_age``
-    seconds. Nothing is followed out of a sandbox. Errors are logged and skipped; after
+    An orphan is a ``corral-spill-XXXXXXXX`` directory (as ``tempfile.mkdtemp`` names
+    it) of this user (never a symbolic link; never ``keep``) whose ``.owner`` lock nobody
+    holds (its store's process died), or one with no ``.owner`` file where nothing at
+    its top level changed for ``lockless_age`` seconds (and no sandbox is inside).
+    Nothing is followed out of a sandbox. Errors are logged and skipped; after
     ``seconds`` the sweep stops (the next one goes on). Logs what it removed at info.
     """
     deadline = time.monotonic() + seconds
     count = freed = 0
     try:
         with os.scandir(parent) as it:
-            entries = [e for e in it if e.name.startswith(_PREFIX) and e.path != keep]
+            entries = [e for e in it if _NAME.fullmatch(e.name) and e.path != keep]
     except OSError as exc:
         _log.warning("cannot look for orphaned sandboxes", parent=parent, error=repr(exc))
         return 0, 0

@@ -132,8 +132,8 @@ def test_a_store_in_this_process_is_never_swept(tmp_path: Path) -> None:
 @pytest.mark.timeout(60)
 def test_lockless_sandboxes_young_stay_old_go(tmp_path: Path) -> None:
     """One without ``.owner``: made by an older Corral, or being made right now."""
-    young = tmp_path / "corral-spill-young"
-    old = tmp_path / "corral-spill-old"
+    young = tmp_path / "corral-spill-young123"
+    old = tmp_path / "corral-spill-old_1234"
     for d in (young, old):
         (d / "out").mkdir(parents=True)
         (d / "out" / "f").write_bytes(b"z" * 10)
@@ -155,11 +155,11 @@ def test_the_sweep_touches_nothing_but_sandboxes(tmp_path: Path, children: list[
     outside = tmp_path / "precious"
     outside.mkdir()
     (outside / "data").write_bytes(b"keep me")
-    other = tmp_path / "not-a-sandbox"
-    other.mkdir()
-    _age(other, 2 * LOCKLESS_AGE)
-    (tmp_path / "corral-spill-file").write_bytes(b"a file, not a sandbox")
-    (tmp_path / "corral-spill-link").symlink_to(outside, target_is_directory=True)
+    for name in ("not-a-sandbox", "corral-spill-not-ours"):
+        (tmp_path / name).mkdir()
+        _age(tmp_path / name, 2 * LOCKLESS_AGE)
+    (tmp_path / "corral-spill-file1234").write_bytes(b"a file, not a sandbox")
+    (tmp_path / "corral-spill-link1234").symlink_to(outside, target_is_directory=True)
     children.append(dead := Child(tmp_path))
     (dead.sandbox / "link").symlink_to(outside, target_is_directory=True)
     (dead.sandbox / "out").mkdir()
@@ -169,8 +169,9 @@ def test_the_sweep_touches_nothing_but_sandboxes(tmp_path: Path, children: list[
     assert not dead.sandbox.exists()
     assert (outside / "data").read_bytes() == b"keep me"
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "corral-spill-file",
-        "corral-spill-link",
+        "corral-spill-file1234",
+        "corral-spill-link1234",
+        "corral-spill-not-ours",
         "not-a-sandbox",
         "precious",
     ]
@@ -180,7 +181,7 @@ def test_the_sweep_touches_nothing_but_sandboxes(tmp_path: Path, children: list[
 def test_a_sweep_out_of_time_leaves_the_rest_for_the_next(tmp_path: Path) -> None:
     orphans = []
     for i in range(3):
-        d = tmp_path / f"corral-spill-{i}"
+        d = tmp_path / f"corral-spill-orphan_{i}"
         d.mkdir()
         (d / "f").write_bytes(b"q")
         orphans.append(d)
@@ -189,6 +190,18 @@ def test_a_sweep_out_of_time_leaves_the_rest_for_the_next(tmp_path: Path) -> Non
     assert all(d.is_dir() for d in orphans)
     assert sweep_orphans(str(tmp_path)) == (3, 3)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.timeout(60)
+def test_a_directory_of_sandboxes_without_a_lock_is_not_one(tmp_path: Path) -> None:
+    """A spill directory named like a sandbox, holding live sandboxes, is never swept
+    from the directory above it, however old."""
+    parent = tmp_path / "corral-spill-parent1"
+    with SpillStore(parent) as live:
+        live.sandbox()
+        _age(parent, 2 * LOCKLESS_AGE)
+        assert sweep_orphans(str(tmp_path)) == (0, 0)
+        assert os.path.isdir(live.sandbox())
 
 
 @pytest.mark.timeout(60)
