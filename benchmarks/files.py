@@ -180,7 +180,8 @@ class Result:
     #: files left in the sandboxes of the workers that stopped with the cluster, once
     #: every output was released (should be none; not looked at with prune_depth=0)
     left: list[str] = dataclasses.field(default_factory=list)
-    #: sandboxes left behind: those of the workers killed (nothing stops them cleanly)
+    #: sandboxes left once the cluster stopped: none, the workers that stopped removed
+    #: theirs and the replacements of the killed ones removed the killed ones'
     stale_sandboxes: int = 0
 
 
@@ -224,7 +225,8 @@ async def run_workflow(
     1 or more; with 0 every output stays while the cluster runs, by design), when the
     workers report nothing left on their disks, the files still in their sandboxes are
     looked at: the sandboxes the workers remove when the cluster stops are the
-    survivors' (a killed worker's stays), and a file left in one of them is in
+    survivors' (a killed worker's is removed by the next worker that starts: the run
+    waits for the last one's replacement), and a file left in one of them is in
     ``left``."""
     from runtime import Cluster
 
@@ -269,12 +271,14 @@ async def run_workflow(
                 killed.append(await _until(lambda b=before: _gone(c, b)))  # type: ignore[misc]
             values = await c.gather(futures)
             makespan = time.perf_counter() - t0
+            if kills:  # the last one's replacement, which removes the killed sandboxes
+                await c.wait_for_workers(workers)
             status = await c.status()
             for fut in futures:
                 fut.release()
             del futures
             held = await _after_release(c, spill) if prune_depth else {}
-    # The survivors removed their sandboxes as they stopped; the killed workers' stay.
+    # The survivors removed their sandboxes as they stopped, replacements the killed ones'.
     left = sorted(str(f) for sandbox, files in held.items() if not sandbox.exists() for f in files)
     stale = len(_sandboxes(spill))
     if made_here:
@@ -312,7 +316,10 @@ async def _after_release(c: Any, spill: Path, limit: float = 30.0) -> dict[Path,
 
     with anyio.move_on_after(limit):
         await _until(emptied)
-    return {d: [f for f in d.rglob("*") if not f.is_dir()] for d in _sandboxes(spill)}
+    return {  # a sandbox's lock file (.owner) is no output
+        d: [f for f in d.rglob("*") if not f.is_dir() and f.name != ".owner"]
+        for d in _sandboxes(spill)
+    }
 
 
 def _sandboxes(spill: Path) -> list[Path]:
