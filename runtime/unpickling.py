@@ -26,7 +26,6 @@ while it runs is the task's own, as in any threaded Python program.
 
 from __future__ import annotations
 
-import contextlib
 import pickle
 import sys
 import threading
@@ -76,13 +75,12 @@ _WATCH = _ImportWatch()
 
 def _watch_first() -> None:
     """Put the watch first on ``sys.meta_path`` (again, if a finder went before it).
-    Without the lock, which this must never wait for: two threads doing it at once
-    may leave it there twice, which is harmless."""
+    A new list replaces it, never changed in place: an import running meanwhile in
+    another thread goes on over the list it started with, skipping no finder. Without
+    the lock, which this must never wait for."""
     meta_path = sys.meta_path
     if not meta_path or meta_path[0] is not _WATCH:
-        with contextlib.suppress(ValueError):
-            meta_path.remove(_WATCH)
-        meta_path.insert(0, _WATCH)
+        sys.meta_path = [_WATCH, *(f for f in meta_path if f is not _WATCH)]
 
 
 def guarded(load: Callable[[], T]) -> T:

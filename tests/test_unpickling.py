@@ -243,3 +243,49 @@ def test_a_new_import_is_made_under_the_lock_and_the_load_still_succeeds(
     finally:
         sys.path.remove(str(tmp_path))
         sys.modules.pop("lockseen", None)
+
+
+def test_a_library_that_swallows_the_stop_still_gets_its_import(tmp_path: Path) -> None:
+    """An object whose unpickling catches everything around a lazy import (a bare
+    ``except``) would take its fallback in the unlocked pass: it is loaded again under
+    the lock, where the import is made, so the value is the one a plain load gives."""
+    (tmp_path / "lazyholder.py").write_text(
+        "class Holder:\n"
+        "    def __init__(self):\n"
+        "        self.dep = 'unset'\n"
+        "    def __setstate__(self, state):\n"
+        "        try:\n"
+        "            import lazydep\n"
+        "            self.dep = lazydep.NAME\n"
+        "        except BaseException:\n"
+        "            self.dep = 'fallback'\n"
+    )
+    (tmp_path / "lazydep.py").write_text("NAME = 'imported'\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import lazyholder  # type: ignore[import-not-found]
+
+        data = pickle.dumps(lazyholder.Holder(), protocol=5)
+        assert "lazydep" not in sys.modules
+        assert unpickling.loads(data).dep == "imported"
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("lazyholder", None)
+        sys.modules.pop("lazydep", None)
+
+
+def test_the_import_watch_goes_back_in_front_of_a_finder_put_before_it() -> None:
+    class Other:
+        def find_spec(self, name: str, path: object = None, target: object = None) -> None:
+            return None
+
+    other = Other()
+    unpickling.loads(pickle.dumps(1))
+    sys.meta_path.insert(0, other)
+    try:
+        assert unpickling.loads(pickle.dumps([1])) == [1]
+        assert sys.meta_path[0] is unpickling._WATCH
+        assert other in sys.meta_path
+        assert sys.meta_path.count(unpickling._WATCH) == 1
+    finally:
+        sys.meta_path.remove(other)
