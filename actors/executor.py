@@ -70,6 +70,7 @@ import psutil
 from dask.sizeof import sizeof
 
 from actors.protocol import TaskResult, ToRun
+from runtime import unpickling
 from runtime.errors import TaskProcessDied
 from runtime.files import discard_output, remove_tries, task_outputs
 from runtime.graph import Key, PickledNode
@@ -385,7 +386,10 @@ class Executor(BaseExecutor):
         start = time.time()
         try:
             with running(self._context(task)), task_outputs(self.sandbox, task.key) as files:
-                value = files.finish(task.node(inputs))  # a File is measured here
+                node = task.node
+                if isinstance(node, PickledNode):
+                    node = _load_node(task.key, node.payload, "on a worker")
+                value = files.finish(node(inputs))  # a File is measured here
         except BaseException as exc:
             stop = time.time()
             after = rss()
@@ -405,6 +409,20 @@ class Executor(BaseExecutor):
             value,
             after,
         )
+
+
+def _load_node(key: Key, payload: bytes | bytearray, where: str) -> Any:
+    """The task node pickled in ``payload``, loaded in a thread or a task process:
+    through :mod:`runtime.unpickling`, so that its first imports of the task's modules
+    never race the worker's other unpickles (its event loop's, its other threads')."""
+    try:
+        return unpickling.loads(payload)
+    except Exception as exc:
+        exc.add_note(
+            f"(while loading task {key!r} {where}: its function or arguments "
+            "cannot be loaded there; is their module installed on the workers?)"
+        )
+        raise
 
 
 # ----------------------------------------------------------------------------- processes
@@ -483,7 +501,7 @@ def _send(conn: Connection, header: Any, parts: Iterable[memoryview]) -> None:
 
 def _receive(conn: Connection) -> tuple[Any, list[bytearray]] | None:
     """The other end's :func:`_send`: ``(header, parts)``; None for the stop message."""
-    msg = pickle.loads(conn.recv_bytes())
+    msg = unpickling.loads(conn.recv_bytes())
     if msg is None:
         return None
     header, sizes = msg
@@ -508,7 +526,7 @@ def _pack_error(exc: BaseException) -> tuple[list[memoryview], str]:
     tb = "".join(traceback.format_exception(exc))
     try:
         parts = _dumps(exc)
-        pickle.loads(parts[0], buffers=parts[1:])
+        unpickling.loads(parts[0], parts[1:])
         return parts, tb
     except Exception:
         pass
@@ -528,7 +546,7 @@ def _child_context(conn: Connection, header: tuple[Any, ...]) -> TaskContext:
 
     def reserve(key: Key, seq: int, nbytes: int) -> str | None:
         _send(conn, ("checkpoint", "reserve", key, seq, "", nbytes), [])
-        return cast(str | None, pickle.loads(conn.recv_bytes()))
+        return cast(str | None, unpickling.loads(conn.recv_bytes()))
 
     def saved(key: Key, seq: int, path: str, nbytes: int) -> None:
         _send(conn, ("checkpoint", "saved", key, seq, path, nbytes), [])
@@ -545,7 +563,7 @@ def _run_job(
     node_bytes, inputs_bytes, *buffers = parts
     parts.clear()  # the inputs' pickle goes once they are loaded
     try:
-        inputs = pickle.loads(inputs_bytes, buffers=buffers)
+        inputs = unpickling.loads(inputs_bytes, buffers)
     except BaseException as exc:
         now, after = time.time(), rss()
         error, tb = _pack_error(exc)
@@ -555,14 +573,7 @@ def _run_job(
     before = rss()
     start = time.time()
     try:
-        try:
-            node = pickle.loads(node_bytes)
-        except Exception as exc:
-            exc.add_note(
-                f"(while loading task {key!r} in a task process: its function or arguments "
-                "cannot be loaded there; is their module installed on the workers?)"
-            )
-            raise
+        node = _load_node(key, node_bytes, "in a task process")
         with running(_child_context(conn, header)), task_outputs(_SANDBOX, key) as files:
             value = files.finish(node(inputs))  # a File is measured here
     except BaseException as exc:
@@ -866,7 +877,7 @@ class ProcessExecutor(BaseExecutor):
         slot.idle_rss = after
         if outcome == "ok":
             try:
-                value = pickle.loads(parts[0], buffers=parts[1:])
+                value = unpickling.loads(parts[0], parts[1:])
             except Exception as exc:
                 exc.add_note(f"(while loading the result of task {key!r} from its task process)")
                 return TaskResult(key, "error", start, stop, 0, after, exc, rss_before=before), None
@@ -876,7 +887,7 @@ class ProcessExecutor(BaseExecutor):
                 nbytes = 0
             return TaskResult(key, "ok", start, stop, nbytes, after, rss_before=before), value
         try:
-            error = pickle.loads(parts[0])
+            error = unpickling.loads(parts[0])
             if not isinstance(error, BaseException):
                 raise TypeError(f"not an exception: {type(error).__name__}")
         except Exception as exc:
@@ -998,7 +1009,7 @@ def _discard_reply(reply: tuple[Any, list[bytearray]]) -> None:
     header, parts = reply
     if header[0] == "ok":
         with contextlib.suppress(Exception):
-            discard_output(pickle.loads(parts[0], buffers=parts[1:]))
+            discard_output(unpickling.loads(parts[0], parts[1:]))
 
 
 def _cloudpickle(node: Any) -> bytes:

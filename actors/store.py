@@ -69,6 +69,7 @@ import cloudpickle
 from dask.sizeof import sizeof as _dask_sizeof
 
 from actors.transfer import FileSegments, Segments, serialize
+from runtime import unpickling
 from runtime.files import File
 from runtime.graph import Key
 from runtime.log import get_logger
@@ -207,7 +208,7 @@ def _load_from(path: str) -> Any:
                 buffers.append(buf)
             file.seek(_HEADER.size)
         # Unpickle straight from the file (frame by frame): no copy of the whole stream.
-        return pickle.Unpickler(file, buffers=buffers).load()
+        return unpickling.load(file, buffers)
 
 
 def _dumps_inband(value: Any) -> bytes:

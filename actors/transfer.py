@@ -52,6 +52,7 @@ from typing import Any, NamedTuple
 import anyio
 import cloudpickle
 
+from runtime import unpickling
 from runtime.errors import CorralError, FileChecksumError, UnknownStream, ValueTooLarge
 from runtime.files import File, digest
 from runtime.messages import CloseStream, ReadStream, StreamPart
@@ -342,7 +343,7 @@ def _check_part(info: StreamInfo, offset: int, length: int, part: StreamPart) ->
 
 def loads(parts: Sequence[bytes | bytearray]) -> Any:
     """The value of a stream read by :func:`receive_parts` (or of ``BufferSegments``)."""
-    return pickle.loads(parts[0], buffers=parts[1:])
+    return unpickling.loads(parts[0], parts[1:])
 
 
 async def receive(

@@ -18,7 +18,6 @@ import concurrent.futures
 import contextlib
 import gc
 import os
-import pickle
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -35,6 +34,7 @@ from actors.providers import DISK_OFF, BlockSpec, InProcessProvider
 from actors.scheduler import Scheduler
 from actors.scheduler_state import KeyCancelled, KeyDone, KeyErred
 from actors.transfer import READ_TIMEOUT, StreamInfo, UnknownStream
+from runtime import unpickling
 from runtime.errors import (
     ActorStopped,
     AskTimeout,
@@ -1017,7 +1017,7 @@ class Cluster:
                 GatherRequest(tuple(remaining), raw=self.address is not None), timeout=None
             )
             if result.raw:  # pickled once by the worker, opened only here
-                values.update({k: pickle.loads(v) for k, v in result.data.items()})
+                values.update({k: unpickling.loads(v) for k, v in result.data.items()})
             else:
                 values.update(result.data)
             unread = await self._read_streams(result.streams, values)
@@ -1082,7 +1082,7 @@ class Cluster:
             info = next((s for s in result.streams if s.key == key), None)
             if info is None and key in result.data:
                 value = result.data[key]
-                kind = type(pickle.loads(value) if result.raw else value).__name__
+                kind = type(unpickling.loads(value) if result.raw else value).__name__
                 raise FileOutputError(
                     f"download({key!r}): its output is a {kind}, not a file output; get it "
                     "with await (a task makes a file output by returning File(path))."

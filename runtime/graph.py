@@ -344,9 +344,9 @@ def make_task(
 
 class PickledNode:
     """A task node shipped to another process as its own pickle, opened only where it
-    runs: a node that cannot be loaded there (a module the worker lacks, a class it
-    does not know) fails that task with the loading error, instead of the whole batch
-    of tasks it travelled with."""
+    runs (by the worker's executor, :mod:`actors.executor`): a node that cannot be
+    loaded there (a module the worker lacks, a class it does not know) fails that task
+    with the loading error, instead of the whole batch of tasks it travelled with."""
 
     __slots__ = ("key", "payload")
 
@@ -359,19 +359,6 @@ class PickledNode:
         import cloudpickle
 
         return cls(key, cloudpickle.dumps(node, protocol=5))
-
-    def __call__(self, inputs: Mapping[Key, Any]) -> Any:
-        import pickle
-
-        try:
-            node = pickle.loads(self.payload)
-        except Exception as exc:
-            exc.add_note(
-                f"(while loading task {self.key!r} on a worker: its function or arguments "
-                "cannot be loaded there; is their module installed on the workers?)"
-            )
-            raise
-        return node(inputs)
 
 
 # Re-exported for modules that build nodes directly.

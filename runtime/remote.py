@@ -49,7 +49,6 @@ import contextlib
 import copy
 import itertools
 import math
-import pickle
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -58,6 +57,7 @@ import anyio
 import anyio.abc
 import cloudpickle
 
+from runtime import unpickling
 from runtime.codec import Frame
 from runtime.errors import (
     ActorStopped,
@@ -190,7 +190,7 @@ def from_wire(msg: Message, *, allow_pickle: bool) -> Any:
             type_name=msg.type_name,
         )
     try:
-        obj = pickle.loads(msg.payload)
+        obj = unpickling.loads(msg.payload)
     except Exception as exc:
         raise ProtocolError(
             f"could not unpickle a {msg.type_name}: {exc!r}. Do both sides run the same "
@@ -218,7 +218,7 @@ def _error_reply(exc: BaseException, allow_pickle: bool) -> ErrorReply:
 def _error_from(reply: ErrorReply | Refused, allow_pickle: bool) -> BaseException:
     if reply.pickled is not None and allow_pickle:
         try:
-            err = pickle.loads(reply.pickled)
+            err = unpickling.loads(reply.pickled)
             if isinstance(err, BaseException):
                 return err
         except Exception:

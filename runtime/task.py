@@ -34,6 +34,7 @@ import shutil
 from collections.abc import Callable, Iterator
 from typing import IO, Any
 
+from runtime import unpickling
 from runtime.errors import CheckpointError
 
 __all__ = [
@@ -163,7 +164,7 @@ def restore() -> Any:
         return None
     try:
         with open(ctx.path, "rb") as f:
-            return pickle.load(f)
+            return unpickling.load(f)
     except Exception as exc:  # not a pickle: unpickling raises what the bytes lead to
         raise CheckpointError(
             f"the latest checkpoint of task {ctx.key!r} ({ctx.path}) cannot be unpickled "

@@ -1,0 +1,130 @@
+"""Unpickling that is safe when several threads of a process unpickle at once.
+
+What lives here: :func:`loads` and :func:`load`, the one way Corral's processes
+unpickle (a worker's event loop reading peers' messages and fetched data, its executor
+threads loading a task's function and inputs, the threads that read task processes'
+results, the store reading a spilled value, a task restoring its checkpoint, the
+client reading results), and :func:`guarded`, which they share.
+
+Why: unpickling imports the modules of the classes and functions it meets. Python
+locks each module while it runs, but when two threads import, for the first time, two
+modules of one package that import each other (numpy 2 does, and so may any library),
+each thread holds one module and waits for the other; Python breaks that deadlock by
+handing one of them the other's module half run, and the import fails with
+``ImportError: cannot import name ... from partially initialized module ... (most
+likely due to a circular import)``, in both threads.
+
+How: an unpickle first runs without any lock. If it is about to import a module that
+is not loaded yet (a finder first on ``sys.meta_path`` sees it, before the module's
+code runs, and stops that unpickle), it runs again under one process-wide lock, so
+that only one unpickle at a time imports. An unpickle that needs no new module, the
+steady state once a process has loaded its libraries, never takes the lock, so the
+event loop does not wait for a task whose loading imports a slow library. The lock
+is held while loading only, never while a task runs; an import a task makes itself
+while it runs is the task's own, as in any threaded Python program.
+"""
+
+from __future__ import annotations
+
+import pickle
+import sys
+import threading
+from collections.abc import Callable, Iterable
+from importlib.machinery import ModuleSpec
+from typing import IO, Any, TypeVar
+
+__all__ = ["guarded", "load", "loads"]
+
+T = TypeVar("T")
+
+#: held by the one unpickle at a time that imports (reentrant: an unpickle may nest)
+_LOCK = threading.RLock()
+
+
+class _State(threading.local):
+    """Per thread: in an unlocked unpickle (``watching``), whether it met a new import
+    (``imported``), how deep in locked unpickles (``locked``)."""
+
+    watching = False
+    imported = False
+    locked = 0
+
+
+_STATE = _State()
+
+
+class _NewImport(BaseException):
+    """Stops an unlocked unpickle at its first import of a module not loaded yet (a
+    BaseException, so that a library's ``except Exception`` lets it through)."""
+
+
+class _ImportWatch:
+    """The finder first on ``sys.meta_path``: Python asks it about every module not yet
+    in ``sys.modules``; in a thread running an unlocked unpickle it stops that import
+    before the module's code runs. It finds nothing itself."""
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> ModuleSpec | None:
+        if _STATE.watching:
+            _STATE.imported = True
+            raise _NewImport(name)
+        return None
+
+
+_WATCH = _ImportWatch()
+
+
+def _watch_first() -> None:
+    """Put the watch first on ``sys.meta_path`` (again, if a finder went before it).
+    A new list replaces it, never changed in place: an import running meanwhile in
+    another thread goes on over the list it started with, skipping no finder. Without
+    the lock, which this must never wait for."""
+    meta_path = sys.meta_path
+    if not meta_path or meta_path[0] is not _WATCH:
+        sys.meta_path = [_WATCH, *(f for f in meta_path if f is not _WATCH)]
+
+
+def guarded(load: Callable[[], T]) -> T:
+    """``load()`` (an unpickle, which may run twice: it must start over each time),
+    under the process-wide lock if it imports a module not loaded yet."""
+    state = _STATE
+    if state.watching or state.locked:
+        return load()  # nested in an unpickle: that one decides
+    _watch_first()
+    state.watching, state.imported = True, False
+    try:
+        value = load()
+    except BaseException:
+        if not state.imported:
+            raise
+    else:
+        if not state.imported:
+            return value
+        # The import was stopped yet load() returned: some code swallowed the stop
+        # and may have taken another path; the value is dropped and loaded again.
+    finally:
+        state.watching = False
+    with _LOCK:
+        state.locked += 1
+        try:
+            return load()
+        finally:
+            state.locked -= 1
+
+
+def loads(data: bytes | bytearray | memoryview, buffers: Iterable[Any] = ()) -> Any:
+    """``pickle.loads(data, buffers=buffers)``, safe against other threads' imports."""
+    kept = buffers if isinstance(buffers, list | tuple) else list(buffers)
+    return guarded(lambda: pickle.loads(data, buffers=kept))
+
+
+def load(file: IO[bytes], buffers: Iterable[Any] = ()) -> Any:
+    """The object pickled in ``file`` from its current position (``pickle.load``), safe
+    against other threads' imports. ``file`` must be seekable."""
+    start = file.tell()
+    kept = list(buffers)
+
+    def again() -> Any:
+        file.seek(start)
+        return pickle.Unpickler(file, buffers=kept).load()
+
+    return guarded(again)
