@@ -628,3 +628,16 @@ def load_script(relpath: str, modname: str) -> Any:
 def load_bench(name: str) -> Any:
     """The module ``benchmarks/<name>.py``, loaded once as ``corral_bench_<name>``."""
     return load_script(f"benchmarks/{name}.py", f"corral_bench_{name}")
+
+
+def status_text(st: dict[str, Any]) -> str:
+    """The console's status view of ``st`` (a StatusReply as a dict), as plain text."""
+    import io
+
+    from rich.console import Console
+
+    from runtime.console import render_status
+
+    buf = io.StringIO()
+    Console(file=buf, width=200, color_system=None).print(render_status(st))
+    return buf.getvalue()

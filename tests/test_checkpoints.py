@@ -377,17 +377,8 @@ def test_the_worker_s_table_counts_reserved_and_written_files_in_one_budget(
 
 
 def test_the_console_status_counts_the_checkpoints() -> None:
-    import io
-
-    from rich.console import Console
-
-    from runtime.console import render_status
     from runtime.messages import StatusReply
-
-    def text(st: dict[str, Any]) -> str:
-        buf = io.StringIO()
-        Console(file=buf, width=200, color_system=None).print(render_status(st))
-        return buf.getvalue()
+    from tests.helpers import status_text as text
 
     assert "checkpoints:" not in text(StatusReply().to_dict())
     counts = {"held": 1, "held_bytes": 120, "saved": 31, "resumed": 2, "pruned": 0, "refused": 0}

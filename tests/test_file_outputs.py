@@ -1051,17 +1051,8 @@ async def test_a_broken_copy_nothing_resumes_is_removed_after_a_while(
 
 
 def test_the_console_status_counts_the_file_outputs() -> None:
-    import io
-
-    from rich.console import Console
-
-    from runtime.console import render_status
     from runtime.messages import FilesStatus, StatusReply
-
-    def text(st: dict[str, Any]) -> str:
-        buf = io.StringIO()
-        Console(file=buf, width=200, color_system=None).print(render_status(st))
-        return buf.getvalue()
+    from tests.helpers import status_text as text
 
     assert "file outputs:" not in text(StatusReply().to_dict())
     st = StatusReply(files=FilesStatus(files=4, file_outputs=3, file_bytes=3 * MiB)).to_dict()

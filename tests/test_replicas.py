@@ -438,17 +438,8 @@ def test_bad_parameters_are_refused(name: str, params: dict[str, Any]) -> None:
 
 
 def test_the_console_status_counts_the_replicas() -> None:
-    import io
-
-    from rich.console import Console
-
-    from runtime.console import render_status
     from runtime.messages import ReplicasStatus, StatusReply
-
-    def text(st: dict[str, Any]) -> str:
-        buf = io.StringIO()
-        Console(file=buf, width=200, color_system=None).print(render_status(st))
-        return buf.getvalue()
+    from tests.helpers import status_text as text
 
     assert "replicas:" not in text(StatusReply().to_dict())
     st = StatusReply(replicas=ReplicasStatus(3, 3 * 2**20, 1, 2, 1)).to_dict()

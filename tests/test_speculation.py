@@ -263,17 +263,8 @@ def test_the_counters_are_a_prometheus_counter_by_result() -> None:
 
 
 def test_the_console_status_counts_the_copies() -> None:
-    import io
-
-    from rich.console import Console
-
-    from runtime.console import render_status
     from runtime.messages import StatusReply
-
-    def text(st: dict[str, Any]) -> str:
-        buf = io.StringIO()
-        Console(file=buf, width=200, color_system=None).print(render_status(st))
-        return buf.getvalue()
+    from tests.helpers import status_text as text
 
     assert "speculative" not in text(StatusReply().to_dict())
     st = StatusReply(speculative={"started": 2, "won": 1, "lost": 1, "failed": 0}).to_dict()
