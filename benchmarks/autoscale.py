@@ -43,9 +43,12 @@ The peers are written here from their sources and documentation:
 With ``--systems all``, rows for the knobs each system has: ``corral-forecast``, the
 ``demand`` strategy with its arrival forecast (``forecast = 0.9``: spare blocks for the
 tasks that arrived in nine spans of one provisioning delay in ten over the last hour);
-and ``corral-warm``, ``parsl-warm``, ``keda-warm``: 4 blocks kept in the scarce pool
-from the start (Corral's and Parsl's ``min_blocks`` and ``init_blocks``, KEDA's
-``minReplicaCount``, under which it neither activates nor scales to zero).
+``corral-spare``, the ``demand`` strategy keeping ``--spare`` (12) idle blocks per pool
+beyond the active tasks' at all times (GitLab Runner's ``IdleCount``; Parsl and KEDA
+have no such knob); and ``corral-warm``, ``parsl-warm``, ``keda-warm``: 4 blocks kept in
+the scarce pool from the start (``--warm`` sets other floors; Corral's and Parsl's
+``min_blocks`` and ``init_blocks``, KEDA's ``minReplicaCount``, under which it neither
+activates nor scales to zero).
 
 Beside them, by default and with ``--systems all``, two clairvoyant rows that no real
 scaler can beat: they know every job (arrival, pool, duration) and every block's
@@ -69,8 +72,9 @@ Measured per run: p95 and max queue wait (a job's time from ready to start, summ
 its tries if it was cut), worker-hours (each block from its request to its end, so
 provisioning time is billed, for all three alike: a cloud VM bills while it boots; the
 stuck blocks' waiting time is billed too, which if anything counts against Corral,
-which replaces them), makespan (first arrival to last finish), jobs cut, blocks
-requested, stuck blocks replaced. The same seed gives every system the same jobs and
+which replaces them; the run ends when the last job finishes, and a block still up
+then is billed to that moment), makespan (first arrival to last finish), jobs cut,
+blocks requested, stuck blocks replaced. The same seed gives every system the same jobs and
 the same provisioning delays (the n-th block requested in a pool comes up after the
 same delay in all three).
 
@@ -91,7 +95,7 @@ import math
 import random
 import sys
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -134,14 +138,13 @@ PEERS = ("parsl", "keda")
 #: instead of until the alert resolves; and with them setting a target that stays
 EXTRA = ("corral-noalert", "corral-hold", "corral-floor")
 #: with ``--systems all``, too: Corral's ``demand`` strategy with its arrival forecast
-#: (``forecast = 0.9``), and each system with :data:`WARM` blocks kept in the scarce pool
-#: (Corral's and Parsl's ``min_blocks``, KEDA's ``minReplicaCount``)
-KNOBS = ("corral-forecast", "corral-warm", "parsl-warm", "keda-warm")
+#: (``forecast = 0.9``) and with ``Settings.spare`` idle blocks kept per pool, and each
+#: system with ``Settings.warm`` blocks kept (by default 4 in the scarce pool; Corral's
+#: and Parsl's ``min_blocks``, KEDA's ``minReplicaCount``)
+KNOBS = ("corral-forecast", "corral-spare", "corral-warm", "parsl-warm", "keda-warm")
 #: the clairvoyant rows (by default too): every block allowed all the time, and the
 #: bound's schedule with as few blocks as it needs
 ORACLES = ("oracle", "oracle-budget")
-#: the blocks the ``-warm`` rows keep per pool at least
-WARM: dict[str, int] = {"gpu": 4}
 #: the ``demand`` strategy's parameters in the ``corral-forecast`` row
 FORECAST: dict[str, Any] = {"forecast": 0.9}
 
@@ -184,6 +187,10 @@ class Settings:
     grace: float = 30.0  #: terminationGracePeriodSeconds
     # the clairvoyant rows
     oracle_tick: float = 1.0  #: seconds between their looks at the pools
+    #: the ``-warm`` rows: blocks kept per pool at least, from the start (``--warm``)
+    warm: tuple[tuple[str, int], ...] = (("gpu", 4),)
+    #: the ``corral-spare`` row: blocks kept beyond the active tasks' (``--spare``)
+    spare: int = 12
     tail: float = 4 * HOUR  #: after the last arrival, the most the run goes on
 
 
@@ -206,6 +213,7 @@ class Job:
     started: float | None = None  #: its latest start
     finished: float | None = None
     cut: int = 0  #: tries cut short (KEDA deleting its runner)
+    burst: int = 0  #: which burst it came in (its index in arrival order)
 
 
 def make_jobs(s: Settings, seed: int) -> list[Job]:
@@ -215,13 +223,15 @@ def make_jobs(s: Settings, seed: int) -> list[Job]:
     t = rng.expovariate(1 / s.burst_gap)
     names = [p.name for p in s.pools]
     shares = [p.share for p in s.pools]
+    burst = 0
     while t < s.hours * HOUR:
         for _ in range(rng.randint(*s.burst_jobs)):
             span = s.long if rng.random() < s.long_share else s.short
             pool = rng.choices(names, shares)[0]
             at = t + rng.uniform(0, s.burst_spread)
-            jobs.append(Job(len(jobs), pool, at, rng.uniform(*span)))
+            jobs.append(Job(len(jobs), pool, at, rng.uniform(*span), burst=burst))
         t += rng.expovariate(1 / s.burst_gap)
+        burst += 1
     jobs.sort(key=lambda j: (j.ready, j.jid))
     return jobs
 
@@ -436,7 +446,9 @@ class Cluster:
                 break
             self.now = t
             fn(*args)
-        for b in list(self.live.values()):  # still there at the cut-off: billed to it
+            if not self.unfinished:
+                break  # the last job finished: the run is over, and so is its fleet
+        for b in list(self.live.values()):  # up at the end (or the cut-off): billed to it
             self._end(b)
 
 
@@ -835,9 +847,10 @@ FACTORIES: dict[str, Callable[[Cluster], Scaler]] = {
     "corral-hold": lambda c: CorralScaler(c, alerts="hold"),
     "corral-floor": lambda c: CorralScaler(c, alerts="floor"),
     "corral-forecast": lambda c: CorralScaler(c, demand_params=FORECAST),
-    "corral-warm": lambda c: CorralScaler(c, floor=WARM),
-    "parsl-warm": lambda c: ParslSimple(c, floor=WARM),
-    "keda-warm": lambda c: KedaQueue(c, floor=WARM),
+    "corral-spare": lambda c: CorralScaler(c, demand_params={"spare": c.s.spare}),
+    "corral-warm": lambda c: CorralScaler(c, floor=dict(c.s.warm)),
+    "parsl-warm": lambda c: ParslSimple(c, floor=dict(c.s.warm)),
+    "keda-warm": lambda c: KedaQueue(c, floor=dict(c.s.warm)),
     "oracle": lambda c: Oracle(c, every_block=True),
     "oracle-budget": lambda c: Oracle(c, every_block=False),
 }
@@ -923,6 +936,12 @@ def ratios(runs: dict[str, Result], system: str = "corral") -> dict[str, float]:
     }
 
 
+def _hours_vs_best_p95(runs: dict[str, Result], system: str) -> float:
+    """``system``'s worker-hours over those of the peer with the lower p95 wait."""
+    peer = min(PEERS, key=lambda p: (runs[p].p95_wait, runs[p].worker_hours))
+    return runs[system].worker_hours / runs[peer].worker_hours
+
+
 COLUMNS: tuple[tuple[str, Callable[[Result], float], str], ...] = (
     ("p95 wait", lambda r: r.p95_wait / MIN, "{:.1f}"),
     ("p95 cpu", lambda r: r.p95_wait_by_pool["cpu"] / MIN, "{:.1f}"),
@@ -964,15 +983,26 @@ def table(scenario: str, per_seed: list[dict[str, Result]]) -> str:
         return {k: sum(r[k] for r in rs) / n for k in rs[0]}
 
     avg = mean_ratios("corral")
+    by_p95 = sum(_hours_vs_best_p95(runs, "corral") for runs in per_seed) / n
     lines.append(
         "corral / best peer (mean over seeds): "
         + ", ".join(f"{k} {v:.2f}x" for k, v in avg.items())
+        + f" (worker_hours {by_p95:.2f}x the best-p95 peer's)"
     )
     met = avg["p95_wait"] <= 0.5 and avg["worker_hours"] <= 1.0
     lines.append(
         "target (p95 wait <= 0.5x the best peer's at <= 1.0x its worker-hours): "
         + ("MET" if met else "NOT MET")
     )
+    for system in (name for name in (*EXTRA, *KNOBS) if name.startswith("corral-")):
+        if system not in per_seed[0]:
+            continue
+        r = mean_ratios(system)
+        by_p95 = sum(_hours_vs_best_p95(runs, system) for runs in per_seed) / n
+        lines.append(
+            f"{system} / best peer: p95_wait {r['p95_wait']:.2f}x, worker_hours "
+            f"{r['worker_hours']:.2f}x ({by_p95:.2f}x the best-p95 peer's)"
+        )
     for system in (o for o in ORACLES if o in per_seed[0]):
         r = mean_ratios(system)
         off = sum(runs[system].over_bound for runs in per_seed)
@@ -994,6 +1024,61 @@ def table(scenario: str, per_seed: list[dict[str, Result]]) -> str:
     return "\n".join(lines)
 
 
+@dataclasses.dataclass(frozen=True)
+class Needs:
+    """What the target asks of one seed's waits (:func:`needs`)."""
+
+    seed: int
+    half: float  #: half the best peer's p95 wait, seconds
+    jobs: int
+    allowed: int  #: jobs that may wait longer than ``half`` with the p95 at most ``half``
+    over: dict[str, int]  #: per pool, the jobs whose FIFO bound is already longer
+    cpu_bursts: tuple[int, ...]  #: ``cpu`` jobs per burst, sorted
+
+    @property
+    def left(self) -> int:
+        """Jobs that may still wait longer than ``half`` (negative: no scaler can)."""
+        return self.allowed - sum(self.over.values())
+
+
+def needs(s: Settings, scenario: str, runs: dict[str, Result]) -> Needs:
+    """A p95 (nearest rank) of at most half the best peer's lets ``N - ceil(0.95 N)``
+    jobs wait longer than that. Every job of every system waits at least its FIFO bound,
+    so the jobs the bound already makes wait longer take their share first; only the
+    rest is left for every other job."""
+    s = dataclasses.replace(s, stuck_share=SCENARIOS[scenario])
+    seed = runs["corral"].seed
+    half = 0.5 * min(runs[p].p95_wait for p in PEERS)
+    jobs = make_jobs(s, seed)
+    bound = fifo_bound(s, jobs)
+    over = Counter(j.pool for j in jobs if bound[j.jid] - j.ready > half)
+    bursts = Counter(j.burst for j in jobs if j.pool == "cpu")
+    return Needs(
+        seed, half, len(jobs), len(jobs) - math.ceil(0.95 * len(jobs)), dict(sorted(over.items())),
+        tuple(sorted(bursts.values())),
+    )  # fmt: skip
+
+
+def target_needs(s: Settings, scenario: str, per_seed: list[dict[str, Result]]) -> str:
+    """:func:`needs`, a line per seed."""
+    lines = [
+        "what 0.5x asks, per seed (jobs allowed to wait longer than half the best peer's "
+        "p95; those the FIFO bound already makes wait longer; what is left for the rest):"
+    ]
+    for runs in per_seed:
+        n = needs(s, scenario, runs)
+        at_bound = sum(n.over.values())
+        pools = ", ".join(f"{pool} {k}" for pool, k in n.over.items())
+        bursts = n.cpu_bursts or (0,)
+        lines.append(
+            f"  seed {n.seed}: {n.half / MIN:.1f} min; {n.allowed} of {n.jobs} jobs may wait "
+            f"longer; at the bound {at_bound} do ({pools or 'none'}); left for the "
+            f"{n.jobs - at_bound} others: {n.left if n.left >= 0 else 'none'}; cpu jobs per "
+            f"burst: median {bursts[len(bursts) // 2]}, largest {bursts[-1]}"
+        )
+    return "\n".join(lines)
+
+
 def run_all(
     s: Settings,
     seeds: Sequence[int],
@@ -1004,6 +1089,28 @@ def run_all(
         sc: [{sys_: simulate(sys_, s, seed, sc) for sys_ in systems} for seed in seeds]
         for sc in scenarios
     }
+
+
+def _warm(text: str) -> tuple[tuple[str, int], ...]:
+    """``--warm cpu=20,gpu=4``: blocks kept per pool by the ``-warm`` rows."""
+    pools = {p.name: p.max_blocks for p in FULL.pools}
+    out = []
+    for item in text.split(","):
+        name, _, n = item.partition("=")
+        if name not in pools or not n.isdigit() or int(n) > pools[name]:
+            raise argparse.ArgumentTypeError(
+                f"{item!r}: give POOL=N with POOL one of {', '.join(pools)} and N at most "
+                "its max_blocks (" + ", ".join(f"{k} {v}" for k, v in pools.items()) + ")"
+            )
+        out.append((name, int(n)))
+    return tuple(out)
+
+
+def _spare(text: str) -> int:
+    """``--spare 12``: a whole number of blocks, 0 or more."""
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number of blocks, 0 or more")
+    return int(text)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -1020,18 +1127,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="three: corral, parsl and keda, beside the clairvoyant oracle and oracle-budget; "
         "all: also corral-noalert (no alert rule), corral-hold (scale-outs raise the "
         "target for the cooldown), corral-floor (the rule without restore), corral-forecast "
-        "(the demand strategy's forecast = 0.9) and corral-, parsl- and keda-warm (4 blocks "
-        "kept in pool gpu: min_blocks, minReplicaCount)",
+        "(the demand strategy's forecast = 0.9), corral-spare (its spare = 12 idle blocks) "
+        "and corral-, parsl- and keda-warm (4 blocks kept in pool gpu: min_blocks, "
+        "minReplicaCount)",
     )  # fmt: skip
     ap.add_argument(
         "--max-idletime", type=float, default=None,
         help="seconds an idle block stays (Corral's and Parsl's max_idletime; default 120)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--warm", type=_warm, default=None, metavar="POOL=N[,POOL=N]",
+        help="the blocks the -warm rows keep per pool from the start (default gpu=4)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--spare", type=_spare, default=None, metavar="N",
+        help="idle blocks the corral-spare row keeps per pool beyond the active tasks' "
+        "(the demand strategy's spare; default 12)",
     )  # fmt: skip
     ap.add_argument("--json", action="store_true", help="machine-readable output")
     args = ap.parse_args(argv)
     s = QUICK if args.quick else FULL
     if args.max_idletime is not None:
         s = dataclasses.replace(s, max_idletime=args.max_idletime)
+    if args.warm is not None:
+        s = dataclasses.replace(s, warm=args.warm)
+    if args.spare is not None:
+        s = dataclasses.replace(s, spare=args.spare)
     systems = (
         (*SYSTEMS, *ORACLES) if args.systems == "three" else (*SYSTEMS, *EXTRA, *KNOBS, *ORACLES)
     )
@@ -1047,6 +1168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             sc: [
                 {"seed": runs["corral"].seed, "ratios": ratios(runs),
                  **({"oracle_ratios": ratios(runs, "oracle")} if "oracle" in runs else {}),
+                 "needs": {**dataclasses.asdict(n := needs(s, sc, runs)), "left": n.left},
                  **{k: dataclasses.asdict(v) for k, v in runs.items()}}
                 for runs in per_seed
             ]
@@ -1056,6 +1178,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     for sc, per_seed in results.items():
         print(table(sc, per_seed))
+        print(target_needs(s, sc, per_seed))
         print()
     print(f"simulated in {time.perf_counter() - t0:.1f} s")
     return 0

@@ -140,6 +140,12 @@ class DemandBlocks:
     forecast asks for them (their time is the cost); once it drops, the idle ones are
     drained after ``max_idletime`` as usual.
 
+    ``spare`` (a whole number, default 0) keeps that many blocks beyond what the active
+    tasks need, whether or not tasks are active, within ``max_blocks``: idle runners
+    ready for the next burst whenever it comes (GitLab Runner's ``IdleCount``). Their
+    time is the cost, all the time; ``min_blocks`` is the other way to keep capacity
+    warm (a floor on all blocks, busy ones included).
+
     Level-triggered: the answer depends only on the view now. Blocks requested or
     pending count in ``blocks + requested`` like running ones, so nothing is asked
     twice; the core stops counting one past the pool's ``provisioning_timeout`` (it is
@@ -148,7 +154,9 @@ class DemandBlocks:
     name = "demand"
     uses_queues = True
 
-    def __init__(self, forecast: float | None = None, max_headroom: int | None = None) -> None:
+    def __init__(
+        self, forecast: float | None = None, max_headroom: int | None = None, spare: int = 0
+    ) -> None:
         if forecast is not None and (
             isinstance(forecast, bool)
             or not isinstance(forecast, (int, float))
@@ -159,8 +167,11 @@ class DemandBlocks:
             isinstance(max_headroom, bool) or not isinstance(max_headroom, int) or max_headroom < 0
         ):
             raise ValueError(f"max_headroom must be a whole number >= 0, got {max_headroom!r}")
+        if isinstance(spare, bool) or not isinstance(spare, int) or spare < 0:
+            raise ValueError(f"spare must be a whole number of blocks >= 0, got {spare!r}")
         self.forecast = None if forecast is None else float(forecast)
         self.max_headroom = max_headroom
+        self.spare = spare
 
     def desired(self, pool: PoolView) -> int:
         limits: PoolLimits | None = getattr(pool, "limits", None)
@@ -179,6 +190,7 @@ class DemandBlocks:
             if self.max_headroom is not None:
                 spare = min(spare, self.max_headroom)
             needed += spare
+        needed += self.spare
         idle = sum(1 for t in getattr(pool, "idle_for", ()) if t >= limits.max_idletime)
         keep = pool.blocks + pool.requested - idle
         return min(max(lo, needed, keep), limits.max_blocks)

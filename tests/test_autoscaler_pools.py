@@ -571,3 +571,41 @@ def test_forecast_parameters_are_checked() -> None:
     ):
         with pytest.raises(PolicyParamsError, match=words):
             policies.REGISTRY.create("scaling", "demand", params)
+
+
+# ----------------------------------------------------------------------------- spare
+
+
+def test_spare_blocks_stay_idle_beyond_the_active_tasks_within_max_blocks() -> None:
+    """``spare = 2``: two blocks more than the active tasks need, from the moment the load
+    is known, busy or not; the rest drain once idle ``max_idletime``; never past
+    ``max_blocks``."""
+    s = make(policies.REGISTRY.create("scaling", "demand", {"spare": 2}))
+    lim = limits(init_blocks=0, max_blocks=5, slots_per_block=1)
+    assert run(s, TargetSet(0.0, "p", 0, SPEC, lim)) == []  # the load is not known yet
+    # nothing active: the 2 spare
+    assert run(s, load(1.0)) == [StartBlock(1, "p", SPEC), StartBlock(2, "p", SPEC)]
+    start(s, 2.0)
+    # 2 tasks arrive and take the spare blocks: 2 + 2 wanted
+    assert run(s, load(3.0, 0, **{"w-1": 1, "w-2": 1})) == [
+        StartBlock(3, "p", SPEC), StartBlock(4, "p", SPEC)
+    ]  # fmt: skip
+    start(s, 4.0)
+    # 2 more arrive and take the new blocks: 4 + 2 wanted, 5 allowed
+    assert run(s, load(5.0, 0, **{f"w-{i}": 1 for i in range(1, 5)})) == [StartBlock(5, "p", SPEC)]
+    assert s.pools["p"].desired == 5
+    start(s, 6.0)
+    # all done at 10: 2 spare stay, the other 3 drain once idle 60 s
+    idle = {f"w-{i}": 0 for i in range(1, 6)}
+    assert run(s, load(10.0, **idle)) == []
+    assert run(s, load(69.0, **idle)) == []
+    assert run(s, load(70.0, **idle)) == [
+        DrainWorker("w-5", "block-5"), DrainWorker("w-4", "block-4"), DrainWorker("w-3", "block-3"),
+    ]  # fmt: skip
+    assert s.pools["p"].desired == 2
+
+
+def test_spare_must_be_a_whole_number_of_blocks() -> None:
+    for bad in (-1, 1.5, True, "2"):
+        with pytest.raises(PolicyParamsError, match="spare must be a whole number of blocks"):
+            policies.REGISTRY.create("scaling", "demand", {"spare": bad})
