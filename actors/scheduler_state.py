@@ -2057,8 +2057,10 @@ class SchedulerState:
             self._back_to_ready(ts)
 
     def _not_on(self, key: Key, wid: str) -> None:
-        """``wid`` turned out not to hold ``key``'s output: forget that replica, and
-        make the output again if it was the last one."""
+        """``wid`` turned out not to hold ``key``'s output, or could not hand it over
+        (unreachable, too slow, a copy that failed its checksum): forget that replica,
+        and make the output again if it was the last one. A ``wid`` still here is told
+        to drop whatever it has of ``key``, so nothing it keeps goes untracked."""
         dep = self.tasks.get(key)
         if dep is None:
             return
@@ -2067,6 +2069,7 @@ class SchedulerState:
             w = self.workers.get(wid)
             if w is not None:
                 self._unheld(dep, w)
+                self._out.append(DropData(self._stimulus, wid, (key,)))
             self._files[key] = dep
             self.copy_failed.pop(dep, None)  # they may have failed for want of this source
             if dep in self.replicas:

@@ -309,6 +309,9 @@ def test_a_missing_input_puts_the_task_back_and_recomputes_the_input(
     assert states(s) == {"a": "processing", "b": "waiting"}
     assert s.tasks["b"].tries == [] and s.tasks["b"].retries_left == 0  # not a try
     assert facts(cmds)["a"].replicas == ()
+    # w1 is still here: whatever it has of a (a copy it could not hand over) is dropped,
+    # not left on it untracked.
+    assert [(c.worker, c.keys) for c in of(cmds, DropData)] == [("w1", ("a",))]
 
     cmds = finish(s, "w1", "a")
     assert assigned(cmds) == {"w2": ["b"]}
@@ -335,6 +338,7 @@ def test_a_missing_replica_with_another_copy_left_just_retries(make_state: Facto
     (ex,) = of(cmds, Execute)
     assert ex.worker == "w2" and [(t.key, t.deps) for t in ex.tasks] == [("b", (("a", ("w2",)),))]
     assert facts(cmds)["a"].replicas == ("w2",)
+    assert [(c.worker, c.keys) for c in of(cmds, DropData)] == [("w1", ("a",))]
 
 
 def test_fetched_inputs_become_replicas(make_state: Factory) -> None:
