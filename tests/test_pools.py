@@ -9,6 +9,7 @@ graph on in-process workers of two pools.
 from __future__ import annotations
 
 import operator
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from runtime import Cluster
 from runtime.errors import PoolConfigError
 from runtime.messages import StatusRequest
 from runtime.node import pool_drain_period, pool_policies, pool_targets
+from tests.helpers import wait_until
 
 EXAMPLE = """
 [pools.ckpt]
@@ -329,3 +331,30 @@ async def test_each_pool_gets_its_provider_with_the_pools_options(tmp_path: Path
             assert status.targets == {"ckpt": 0, "here": 0} and status.blocks == {}
             retry = plane.scheduler.state.policies["retry"]
             assert retry.fallback == {"ckpt": "here"}
+
+
+@pytest.mark.anyio
+async def test_spare_blocks_come_up_idle_and_stay_beyond_the_busy_ones() -> None:
+    """``("demand", {"spare": 2})`` on a pool of at most 3 blocks: two idle workers with
+    no task at all; a task that runs takes one, and a third block comes for the
+    spare."""
+    pools = {"p": {"max_blocks": 3}}
+    with anyio.fail_after(30):
+        async with Cluster(pools=pools, policies={"scaling": ("demand", {"spare": 2})}) as cluster:
+            await cluster.wait_for_workers(2)
+            auto = (await cluster.status())["autoscaler"]
+            assert auto["policy"] == "demand" and auto["desired"] == {"p": 2}
+            started, release = threading.Event(), threading.Event()
+
+            def hold() -> str:
+                started.set()
+                if not release.wait(30):
+                    raise TimeoutError("the test never released the task")
+                return "done"
+
+            (fut,) = await cluster.submit_graph({"h": (hold,)}, ["h"])
+            await wait_until(started.is_set, "the task to start", limit=10)
+            await cluster.wait_for_workers(3)
+            assert (await cluster.status())["autoscaler"]["desired"] == {"p": 3}
+            release.set()
+            assert await fut == "done"
