@@ -9,7 +9,7 @@ corral.toml``), and what a pool turns into: its :class:`~actors.providers.BlockS
 The keys are Parsl's where they mean the same (``min_blocks``, ``max_blocks``,
 ``init_blocks``, ``nodes_per_block``, ``workers_per_node``, ``cores_per_worker``,
 ``parallelism``, ``walltime``, ``max_idletime``, ``provisioning_timeout``,
-``partition``, ...). Everything is
+``partition``, ...); ``spare_blocks`` is GitLab Runner's ``IdleCount``. Everything is
 checked before anything starts: an unknown key, a value of the wrong type or out of
 range, a key that belongs to another provider and a reference to a pool that does not
 exist raise :class:`~runtime.errors.PoolConfigError` naming the pool and the key, with
@@ -62,6 +62,7 @@ COMMON_KEYS: Mapping[str, Any] = {
     "drain_period": None,
     "max_idletime": 120.0,
     "provisioning_timeout": None,
+    "spare_blocks": 0,
     "fallback": None,
 }
 
@@ -149,6 +150,7 @@ class PoolConfig:
     walltime: float | None = None  #: seconds; None: no limit (Slurm: the partition's)
     drain_period: float | None = None  #: seconds before the walltime; None: computed
     max_idletime: float = 120.0  #: seconds
+    spare_blocks: int = 0  #: blocks kept idle beyond the active tasks' (``demand``)
     #: seconds a block may take from its request to running before it is replaced
     #: (None: it counts as capacity until it runs)
     provisioning_timeout: float | None = None
@@ -185,6 +187,7 @@ class PoolConfig:
             slots_per_block=self.workers_per_block * self.cores_per_worker,
             max_idletime=self.max_idletime,
             provisioning_timeout=self.provisioning_timeout,
+            spare_blocks=self.spare_blocks,
         )
 
 
@@ -257,6 +260,11 @@ def _checked(name: str, raw: Mapping[str, Any]) -> PoolConfig:
         raise PoolConfigError(
             name, "init_blocks", f"must be from min_blocks ({lo}) to max_blocks ({hi}), got {init}"
         )
+    spare = _whole(name, "spare_blocks", raw.get("spare_blocks", 0), 0)
+    if spare > hi:
+        raise PoolConfigError(
+            name, "spare_blocks", f"must be from 0 to max_blocks ({hi}), got {spare}"
+        )
     nodes = _whole(name, "nodes_per_block", raw.get("nodes_per_block", 1), 1)
     if provider == "local" and nodes != 1:
         raise PoolConfigError(
@@ -325,6 +333,7 @@ def _checked(name: str, raw: Mapping[str, Any]) -> PoolConfig:
         drain_period=drain,
         max_idletime=seconds["max_idletime"] or 0.0,
         provisioning_timeout=seconds["provisioning_timeout"],
+        spare_blocks=spare,
         fallback=fallback,
         exclusive=exclusive,
         provision_delay=seconds["provision_delay"] or 0.0,

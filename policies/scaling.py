@@ -35,6 +35,9 @@ class PoolLimits:
     parallelism: float = 1.0  #: slots wanted per active task, 0..1
     slots_per_block: int = 1  #: tasks a block runs at once (workers x cores per worker)
     max_idletime: float = 120.0  #: seconds a block may stay idle before it is drained
+    #: blocks the ``demand`` strategy keeps beyond what the active tasks need (idle
+    #: runners ready for the next burst), at least its own ``spare``
+    spare_blocks: int = 0
     walltime: float | None = None  #: seconds a block may run (None: no limit known)
     #: seconds from a block's request after which a block not running yet stops
     #: counting as capacity and is replaced (None: a pending block counts until it runs)
@@ -52,6 +55,11 @@ class PoolLimits:
             raise ValueError(f"slots_per_block must be >= 1, got {self.slots_per_block}")
         if self.max_idletime < 0:
             raise ValueError(f"max_idletime must be >= 0, got {self.max_idletime}")
+        if not 0 <= self.spare_blocks <= self.max_blocks:
+            raise ValueError(
+                f"spare_blocks must be from 0 to max_blocks ({self.max_blocks}), "
+                f"got {self.spare_blocks}"
+            )
         if self.provisioning_timeout is not None and not self.provisioning_timeout > 0:
             raise ValueError(
                 f"provisioning_timeout must be > 0 (None: off), got {self.provisioning_timeout}"
@@ -142,9 +150,10 @@ class DemandBlocks:
 
     ``spare`` (a whole number, default 0) keeps that many blocks beyond what the active
     tasks need, whether or not tasks are active, within ``max_blocks``: idle runners
-    ready for the next burst whenever it comes (GitLab Runner's ``IdleCount``). Their
-    time is the cost, all the time; ``min_blocks`` is the other way to keep capacity
-    warm (a floor on all blocks, busy ones included).
+    ready for the next burst whenever it comes (GitLab Runner's ``IdleCount``). A pool's
+    own ``spare_blocks`` (its limits) sets it per pool; the larger of the two applies.
+    Their time is the cost, all the time; ``min_blocks`` is the other way to keep
+    capacity warm (a floor on all blocks, busy ones included).
 
     Level-triggered: the answer depends only on the view now. Blocks requested or
     pending count in ``blocks + requested`` like running ones, so nothing is asked
@@ -190,7 +199,7 @@ class DemandBlocks:
             if self.max_headroom is not None:
                 spare = min(spare, self.max_headroom)
             needed += spare
-        needed += self.spare
+        needed += max(self.spare, limits.spare_blocks)
         idle = sum(1 for t in getattr(pool, "idle_for", ()) if t >= limits.max_idletime)
         keep = pool.blocks + pool.requested - idle
         return min(max(lo, needed, keep), limits.max_blocks)

@@ -609,3 +609,16 @@ def test_spare_must_be_a_whole_number_of_blocks() -> None:
     for bad in (-1, 1.5, True, "2"):
         with pytest.raises(PolicyParamsError, match="spare must be a whole number of blocks"):
             policies.REGISTRY.create("scaling", "demand", {"spare": bad})
+
+
+def test_a_pools_spare_blocks_and_the_strategys_spare_the_larger_applies() -> None:
+    lim = limits(max_blocks=10, slots_per_block=1, spare_blocks=3)
+    view = LoadView("p", 0, 2, 0, 0, 2, lim, 2, (), 0.0, (), ())
+    assert policies.REGISTRY.create("scaling", "demand").desired(view) == 2 + 3
+    assert policies.REGISTRY.create("scaling", "demand", {"spare": 5}).desired(view) == 2 + 5
+    assert policies.REGISTRY.create("scaling", "demand", {"spare": 1}).desired(view) == 2 + 3
+    capped = dataclasses.replace(view, limits=limits(max_blocks=4, slots_per_block=1,
+                                                     spare_blocks=3))  # fmt: skip
+    assert policies.REGISTRY.create("scaling", "demand").desired(capped) == 4
+    with pytest.raises(ValueError, match=r"spare_blocks must be from 0 to max_blocks \(4\)"):
+        limits(max_blocks=4, spare_blocks=5)

@@ -358,3 +358,17 @@ async def test_spare_blocks_come_up_idle_and_stay_beyond_the_busy_ones() -> None
             assert (await cluster.status())["autoscaler"]["desired"] == {"p": 3}
             release.set()
             assert await fut == "done"
+
+
+def test_spare_blocks_is_a_pool_key_within_max_blocks() -> None:
+    pools = pools_from_dicts({"ci": {"max_blocks": 4, "spare_blocks": 2}, "gpu": {}})
+    assert pools["ci"].limits().spare_blocks == 2
+    assert pools["gpu"].limits().spare_blocks == 0
+    for bad, words in (
+        (5, "must be from 0 to max_blocks (4), got 5"),
+        (-1, "must be a whole number >= 0, got -1"),
+        (1.5, "must be a whole number >= 0, got 1.5"),
+        (True, "must be a whole number >= 0, got True"),
+    ):
+        err = refused({"ci": {"max_blocks": 4, "spare_blocks": bad}})
+        assert (err.pool, err.key) == ("ci", "spare_blocks") and words in str(err), bad
