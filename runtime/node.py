@@ -132,6 +132,7 @@ __all__ = [
 
 if TYPE_CHECKING:
     from runtime.dashboard import Sources
+    from runtime.monitordb import MonitorRecorder
     from transport.base import Listener
 
 _log = get_logger("corral.node")
@@ -161,6 +162,8 @@ class ControlPlane:
     providers: dict[str, Provider] = dataclasses.field(default_factory=dict)
     #: the alert monitor (None: the cluster runs none)
     monitor: Monitor | None = None
+    #: the monitoring database's recorder (None: no database)
+    recorder: MonitorRecorder | None = None
 
     def resolve(self, name: str) -> Any:
         """A reference to the actor or remote peer called ``name``, or ``None``."""
@@ -251,6 +254,7 @@ async def start_control_plane(
             lambda: refs.get("autoscaler"), interval=monitoring_interval,
         )  # fmt: skip
         refs["monitoring"] = await system.spawn(recorder, "monitoring")
+        plane.recorder = recorder
     return plane
 
 

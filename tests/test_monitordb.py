@@ -170,7 +170,12 @@ async def test_a_locked_database_stalls_nothing_and_gets_the_rows_once_free(
                 futures = cluster.map(inc, range(200))
                 assert len(await cluster.gather(futures)) == 200
                 took = time.monotonic() - t0
-                await anyio.sleep(0.5)  # a few polls queue up behind the lock
+                # the writer has met the lock at least once (the rows wait behind it)
+                recorder = cluster._plane.recorder
+                assert recorder is not None and recorder.writer is not None
+                writer = recorder.writer
+                await wait_until(lambda: writer.errors > 0, "the writer to meet the lock",
+                                 limit=30)  # fmt: skip
             finally:
                 locker.execute("ROLLBACK")
                 locker.close()
