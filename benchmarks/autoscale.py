@@ -994,9 +994,7 @@ def table(scenario: str, per_seed: list[dict[str, Result]]) -> str:
         "target (p95 wait <= 0.5x the best peer's at <= 1.0x its worker-hours): "
         + ("MET" if met else "NOT MET")
     )
-    for system in (name for name in (*EXTRA, *KNOBS) if name.startswith("corral-")):
-        if system not in per_seed[0]:
-            continue
+    for system in (s for s in (*EXTRA, *KNOBS) if s.startswith("corral-") and s in per_seed[0]):
         r = mean_ratios(system)
         by_p95 = sum(_hours_vs_best_p95(runs, system) for runs in per_seed) / n
         lines.append(
