@@ -469,7 +469,11 @@ def test_the_demand_strategy_keeps_its_limits_and_drains_only_long_idle_blocks(
     run(s, TargetSet(now, "p", lim.min_blocks, SPEC, lim))
     for dt, queued, busy in steps:
         now += dt
-        start(s, now)
+        while s.requests:  # a block up may teach the forecast a delay: it may ask more
+            for request in sorted(s.requests):
+                out = run(s, BlockStarted(now, request, f"block-{request}", (f"w-{request}",)))
+                assert all(isinstance(c, StartBlock) for c in out), out
+            assert lim.min_blocks <= s.counts()["p"] <= lim.max_blocks, s.counts()
         workers = [w for b in s.blocks.values() for w in b.workers if not b.retiring]
         processing = {w: (busy[i] if i < len(busy) else 0) for i, w in enumerate(workers)}
         for cmd in run(s, QueuesSeen(now, {"p": queued}, processing)):
