@@ -63,6 +63,7 @@ from runtime.messages import (
     ScaleRequest,
     SetPolicyRequest,
     StatusRequest,
+    UpcomingRequest,
     WorkerGone,
     message,
 )
@@ -348,9 +349,23 @@ class Autoscaler(Actor):
                 draining = frozenset(
                     str(w) for k in ("draining", "retired") for w in status.get(k) or ()
                 )
-                await self._handle(QueuesSeen(now, status["queues"], processing, draining))
+                upcoming = await self._upcoming()
+                await self._handle(
+                    QueuesSeen(now, status["queues"], processing, draining, upcoming)
+                )
                 return
         await self._handle(Tick(now))
+
+    async def _upcoming(self) -> dict[str, list[float]] | None:
+        """The scheduler's next wave, if the strategy looks ahead (None: not asked, or
+        no answer within a tick: the strategy then sees ready and running tasks only)."""
+        if not getattr(self.state.policy, "uses_upcoming", False):
+            return None
+        try:
+            reply = await self.scheduler.ask(UpcomingRequest(), timeout=self.tick)
+        except (ActorStopped, AskTimeout):
+            return None
+        return reply if isinstance(reply, dict) else None
 
     def _pool_providers(self) -> dict[str, Provider]:
         if self.providers is not None:

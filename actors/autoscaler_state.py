@@ -69,7 +69,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from policies import DEFAULTS, REGISTRY, PoolView, ScalingPolicy
@@ -235,11 +235,14 @@ class QueuesSeen(Event):
     ``processing`` the core knows which running blocks are
     idle (every worker of it known and running nothing) and since when, and how many
     tasks are active per pool (its ready tasks, those of any pool, and those its
-    blocks run)."""
+    blocks run). ``upcoming``, if the strategy looks ahead: the scheduler's next wave
+    per pool (``"*"``: any pool), the seconds until each of its tasks is expected to be
+    ready (``UpcomingRequest``)."""
 
     queued: Mapping[str, int]
     processing: Mapping[str, int] | None = None
     draining: frozenset[str] = frozenset()  #: workers the scheduler drains (or retired)
+    upcoming: Mapping[str, Sequence[float]] | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -434,6 +437,8 @@ class AutoscalerState:
         self.stuck: dict[str, int] = {}  #: per pool: blocks found stuck (BlockStuck), ever
         self.queued: Mapping[str, int] | None = None
         self.processing: Mapping[str, int] | None = None  #: tasks in hand per worker
+        #: the scheduler's next wave per pool, as last seen (``QueuesSeen.upcoming``)
+        self.upcoming: dict[str, tuple[float, ...]] = {}
         self._ids = itertools.count(1)
         self._out: list[Command] = []
         self._now = 0.0
@@ -633,6 +638,7 @@ class AutoscalerState:
 
     def _queues_seen(self, ev: QueuesSeen) -> None:
         self.queued = dict(ev.queued)
+        self.upcoming = {p: tuple(ts) for p, ts in (ev.upcoming or {}).items()}
         if ev.draining:
             for b in self.blocks.values():
                 if not b.retiring and ev.draining.intersection(b.workers):
@@ -712,6 +718,12 @@ class AutoscalerState:
         running = sum(self.processing.get(w, 0) for b in self.live(pool) for w in b.workers)
         return self.queued.get(pool, 0) + self.queued.get("*", 0) + running
 
+    def upcoming_in(self, pool: str) -> tuple[float, ...]:
+        """The next wave ``pool`` may run (its own and any pool's), as last seen: the
+        seconds until each task is expected to be ready, shortest first."""
+        own, anywhere = self.upcoming.get(pool, ()), self.upcoming.get("*", ())
+        return tuple(sorted((*own, *anywhere))) if anywhere else own
+
     def idle_for(self, pool: str) -> tuple[float, ...]:
         """Seconds each idle block of ``pool`` (not retiring) has been idle, longest
         first."""
@@ -731,7 +743,7 @@ class AutoscalerState:
             view = LoadView(
                 ps.pool, target, ps.blocks, ps.requested, ps.retiring, queued,
                 ps.limits, active, self.idle_for(ps.pool), self._now,
-                tuple(ps.arrivals), tuple(ps.provisioning),
+                tuple(ps.arrivals), tuple(ps.provisioning), self.upcoming_in(ps.pool),
             )  # fmt: skip
         try:
             n = self.policy.desired(view)

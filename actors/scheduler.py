@@ -110,6 +110,7 @@ from runtime.messages import (
     TasksDone,
     TasksQuery,
     TryRecord,
+    UpcomingRequest,
     WaitForWorkersRequest,
     WorkerGone,
     WorkerHolds,
@@ -487,6 +488,12 @@ class Scheduler(Actor):
         return StorageStatus(
             dict(led.transfers), dict(led.transfer_bytes), dict(led.recoveries), workers
         )
+
+    @handles(UpcomingRequest)
+    def upcoming(self, msg: UpcomingRequest) -> dict[str, list[float]]:
+        """The next wave per pool, for the autoscaler's lookahead (from the core's wave
+        sets: a bounded look at them, never a scan of every task)."""
+        return self.state.upcoming(self.clock.now(), max(int(msg.most), 0))
 
     @handles(MetricsRequest)
     def metrics(self, msg: MetricsRequest) -> dict[str, Any]:

@@ -216,6 +216,8 @@ GUESSED_OUTPUT = "a guess: no task of its category has finished yet"
 MAX_LIVES = 1000  #: worker lives kept per pool for its survival estimate
 RECENT_WAITS = 1000  #: the latest waits served kept per pool, for the wait quantiles
 WAIT_QUANTILES = (0.5, 0.9, 0.99)  #: the wait quantiles the metrics give
+#: tasks of the next wave :meth:`SchedulerState.upcoming` looks at per pool, at most
+UPCOMING_MOST = 1024
 RECENT_TRIES = 300  #: the latest tries that ended (any outcome) kept for the task stream
 MAX_FAILURE_GROUPS = 1000  #: failure groups kept; later new causes count under "(other)"
 
@@ -716,6 +718,7 @@ class TaskState:
         "state",
         "tries",
         "unneeded",
+        "waiting_deps",
         "waiting_on",
         "wanted",
         "who_has",
@@ -729,6 +732,8 @@ class TaskState:
         self.deps: list[TaskState] = []  #: tasks whose outputs this one reads
         self.dependents: set[TaskState] = set()  #: tasks that read this one's output
         self.waiting_on = 0  #: dependencies not in memory (while waiting)
+        #: dependencies that are waiting themselves (0 while waiting: the next wave)
+        self.waiting_deps = 0
         self.consumers = 0  #: active dependents (they still need this output)
         self.wanted = 0  #: client holds on this key
         self.who_has: set[str] = set()  #: workers holding the output
@@ -1142,6 +1147,9 @@ class SchedulerState:
         self.created = 0
         self.forgotten: Counter[str] = Counter()
         self.queued_counts: Counter[str] = Counter()
+        #: the next wave, per pool (``"*"``: any pool): waiting tasks none of whose
+        #: inputs waits (each is being made, queued or done), in the order they joined
+        self.next_wave: dict[str, dict[TaskState, None]] = {}
         #: per pool ("*": any pool): its ready tasks' waits (:class:`PoolWaits`)
         self.pool_waits: dict[str, PoolWaits] = {}
         #: failed tries per (category, outcome, cause)
@@ -1380,6 +1388,7 @@ class SchedulerState:
                 for d in ts.deps:
                     d.dependents.discard(ts)
                 ts.deps = []
+                ts.waiting_deps = 0
                 ts.in_nbytes = ts.in_files = 0
                 new.append(ts)
         broken: dict[TaskState, list[Key]] = {}
@@ -1390,6 +1399,7 @@ class SchedulerState:
                     broken.setdefault(ts, []).append(dk)
                     continue
                 ts.deps.append(dep)
+                ts.waiting_deps += dep.state == "waiting"
                 if dep.file:
                     ts.in_files += dep.nbytes
                 else:
@@ -1853,6 +1863,8 @@ class SchedulerState:
             if self._depth > 1:
                 self._upstream_changed(ts)
         ts.state = finish
+        if (start == "waiting") != (finish == "waiting"):
+            self._wave_moved(ts, finish == "waiting")
         self.moves[move] += 1
         if finish in _ENDED and ts.key in self.checkpoint_workers:
             self._prune_all_checkpoints(ts.key)
@@ -1881,6 +1893,58 @@ class SchedulerState:
             for d in ts.deps:
                 if d.consumers == 0 and d.wanted == 0 and d.state in ACTIVE:
                     self._to_cancel.append((d, f"only needed by {ts.key!r}, which is {finish}"))
+
+    def _wave_moved(self, ts: TaskState, entered: bool) -> None:
+        """``ts`` entered or left ``waiting``: keep its dependents' ``waiting_deps`` and
+        :attr:`next_wave` up to date (one pass over its dependents, once per move)."""
+        delta = 1 if entered else -1
+        for d in ts.dependents:
+            d.waiting_deps += delta
+            if d.state == "waiting" and d.waiting_deps == (1 if entered else 0):
+                self._in_wave(d, not entered)
+        self._in_wave(ts, entered and ts.waiting_deps == 0)
+
+    def _in_wave(self, ts: TaskState, on: bool) -> None:
+        pool = ts.spec.pool or "*"
+        wave = self.next_wave.get(pool)
+        if on:
+            if wave is None:
+                wave = self.next_wave[pool] = {}
+            wave[ts] = None
+        elif wave is not None:
+            wave.pop(ts, None)
+
+    def upcoming(self, now: float, most: int = UPCOMING_MOST) -> dict[str, list[float]]:
+        """Per pool (``"*"``: any pool), the seconds until each task of the next wave is
+        expected to be ready, shortest first: the longest of its inputs' expected times
+        left (done: 0; running: its category's mean duration from when it was sent, at
+        least 0; otherwise not started: a whole mean duration; ``unknown_duration``
+        before any of its category has finished, as for placement). A task is left out
+        while an input runs past twice that (late: nothing says when it ends, and the
+        blocks asked for it would wait idle). At most ``most`` tasks per pool are looked
+        at, the earliest to join the wave first: the answer is a hint for the
+        autoscaler, whose pools are bounded anyway."""
+        out: dict[str, list[float]] = {}
+        unknown = self.config.unknown_duration
+        for pool, wave in self.next_wave.items():
+            times = []
+            for ts in itertools.islice(wave, most):
+                left = 0.0
+                for d in ts.deps:
+                    if d.state == "memory":
+                        continue
+                    st = self.stats.get(d.spec.category)
+                    mean = st.mean_duration if st is not None and st.count else unknown
+                    t = d.sent + mean - now if d.state == "processing" else mean
+                    if t < -mean:
+                        break  # running past twice its mean: late
+                    left = max(left, t)
+                else:
+                    times.append(max(left, 0.0))
+            if times:
+                times.sort()
+                out[pool] = times
+        return out
 
     def _spread_failures(self) -> None:
         """Work through failures and cancellations that spread along the graph (tasks
@@ -3371,6 +3435,8 @@ class SchedulerState:
                 assert ts.in_nbytes <= limit, (ts, "too large", ts.in_nbytes, limit)
             if ts.state == "waiting":
                 assert ts.waiting_on == not_ready > 0, (ts, ts.waiting_on, not_ready)
+            waiting = sum(1 for d in ts.deps if d.state == "waiting")
+            assert ts.waiting_deps == waiting, (ts, "waiting inputs", ts.waiting_deps, waiting)
             if ts.state in ("queued", "processing"):
                 assert not_ready == 0 or ts.state == "processing", (ts, not_ready)
             if ts.state == "processing":
@@ -3386,6 +3452,15 @@ class SchedulerState:
                 assert ts in self.workers[wid].has_what, (ts, wid)
             if ts.state in ("erred", "cancelled"):
                 assert ts.error is not None, ts
+        wave = {
+            ts
+            for ts in self.tasks.values()
+            if ts.state == "waiting" and not any(d.state == "waiting" for d in ts.deps)
+        }
+        kept = {ts for w in self.next_wave.values() for ts in w}
+        assert kept == wave, ("next wave", kept ^ wave)
+        for pool, w in self.next_wave.items():
+            assert all((ts.spec.pool or "*") == pool for ts in w), ("next wave pool", pool)
         queued = {e[3] for heap in self.queues.values() for e in heap if e[3].state == "queued"}
         for ts in self.tasks.values():
             if ts.state == "queued":

@@ -7,6 +7,7 @@ counted against the replacement budget stays in the core.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import math
 
@@ -15,12 +16,14 @@ from policies.base import REGISTRY, PoolView
 __all__ = [
     "DELAYS_KEPT",
     "HISTORY",
+    "LOOKAHEAD",
     "DemandBlocks",
     "FixedTarget",
     "LoadView",
     "PoolLimits",
     "QueueProportional",
     "forecast_headroom",
+    "provisioning_delay",
 ]
 
 
@@ -84,12 +87,19 @@ class LoadView(PoolView):
     arrivals: tuple[tuple[float, int], ...] = ()
     #: the latest blocks' provisioning delays (request to running), seconds, oldest first
     provisioning: tuple[float, ...] = ()
+    #: the next wave it may run: waiting tasks none of whose inputs waits, as the
+    #: seconds until each is expected to be ready, shortest first (empty: none, or not
+    #: asked for: the strategy does not look ahead)
+    upcoming: tuple[float, ...] = ()
 
 
 #: seconds of arrivals the autoscaler core keeps for the ``demand`` strategy's forecast
 HISTORY = 3600.0
 #: provisioning delays it keeps per pool (the latest)
 DELAYS_KEPT = 20
+#: seconds the ``demand`` strategy looks ahead in a pool none of whose blocks has come
+#: up yet (its provisioning delay is not known)
+LOOKAHEAD = 300.0
 
 
 @REGISTRY.register("scaling", "fixed")
@@ -155,6 +165,17 @@ class DemandBlocks:
     Their time is the cost, all the time; ``min_blocks`` is the other way to keep
     capacity warm (a floor on all blocks, busy ones included).
 
+    ``lookahead`` (default ``"provisioning"``) counts the next wave of the task graph
+    as active too: waiting tasks none of whose inputs waits (each input is done, running
+    or ready), expected to be ready within one provisioning delay of the pool (the
+    median of its latest blocks' delays; :data:`LOOKAHEAD` seconds before one is known),
+    each input's expected time left being its category's mean duration (from its start
+    if it runs). A block requested now comes up about when such a task is ready, so the
+    second stage of a pipeline does not wait a provisioning delay after the first; a
+    task whose inputs take longer is not counted until they are nearly done. A number
+    of seconds sets the horizon; ``0`` or None turns it off (Parsl's and a queue-length
+    scaler's view: ready and running tasks only).
+
     Level-triggered: the answer depends only on the view now. Blocks requested or
     pending count in ``blocks + requested`` like running ones, so nothing is asked
     twice; the core stops counting one past the pool's ``provisioning_timeout`` (it is
@@ -164,7 +185,11 @@ class DemandBlocks:
     uses_queues = True
 
     def __init__(
-        self, forecast: float | None = None, max_headroom: int | None = None, spare: int = 0
+        self,
+        forecast: float | None = None,
+        max_headroom: int | None = None,
+        spare: int = 0,
+        lookahead: float | str | None = "provisioning",
     ) -> None:
         if forecast is not None and (
             isinstance(forecast, bool)
@@ -178,9 +203,39 @@ class DemandBlocks:
             raise ValueError(f"max_headroom must be a whole number >= 0, got {max_headroom!r}")
         if isinstance(spare, bool) or not isinstance(spare, int) or spare < 0:
             raise ValueError(f"spare must be a whole number of blocks >= 0, got {spare!r}")
+        if (
+            lookahead != "provisioning"
+            and lookahead is not None
+            and (
+                isinstance(lookahead, bool)
+                or not isinstance(lookahead, (int, float))
+                or not 0 <= lookahead < math.inf
+            )
+        ):
+            raise ValueError(
+                'lookahead must be "provisioning" (one provisioning delay), a number of '
+                f"seconds >= 0, or None (off), got {lookahead!r}"
+            )
         self.forecast = None if forecast is None else float(forecast)
         self.max_headroom = max_headroom
         self.spare = spare
+        self.lookahead: float | str | None = (
+            lookahead if lookahead == "provisioning" or not lookahead else float(lookahead)
+        )
+
+    @property
+    def uses_upcoming(self) -> bool:
+        """Whether the autoscaler should ask the scheduler for the next wave."""
+        return bool(self.lookahead)
+
+    def horizon(self, pool: LoadView) -> float:
+        """Seconds ahead the next wave counts in ``pool`` (0: not at all)."""
+        if not self.lookahead:
+            return 0.0
+        if self.lookahead != "provisioning":
+            assert isinstance(self.lookahead, float)
+            return self.lookahead
+        return provisioning_delay(pool) if pool.provisioning else LOOKAHEAD
 
     def desired(self, pool: PoolView) -> int:
         limits: PoolLimits | None = getattr(pool, "limits", None)
@@ -190,6 +245,8 @@ class DemandBlocks:
         active: int | None = getattr(pool, "active", None)
         if active is None:  # the load is not known yet: the start
             return max(lo, limits.init_blocks)
+        if isinstance(pool, LoadView) and pool.upcoming and self.lookahead:
+            active += bisect.bisect_right(pool.upcoming, self.horizon(pool))
         needed = math.ceil(active * limits.parallelism / limits.slots_per_block)
         if active > 0:
             needed = max(needed, 1)
@@ -210,10 +267,7 @@ def forecast_headroom(pool: LoadView, quantile: float) -> int:
     :data:`HISTORY` seconds of ``pool.arrivals`` cut into spans of the median of
     ``pool.provisioning`` (ending now), and the ``quantile`` (nearest rank) of the
     tasks that arrived per span. 0 until a block has come up (no delay measured yet)."""
-    if not pool.provisioning:
-        return 0
-    delays = sorted(pool.provisioning)
-    delay = delays[(len(delays) - 1) // 2]
+    delay = provisioning_delay(pool)
     if delay <= 0:
         return 0
     spans = max(int(HISTORY // delay), 1)
@@ -224,3 +278,11 @@ def forecast_headroom(pool: LoadView, quantile: float) -> int:
             counts[i] += n
     counts.sort()
     return counts[max(math.ceil(quantile * spans) - 1, 0)]
+
+
+def provisioning_delay(pool: LoadView) -> float:
+    """The median (lower) of ``pool``'s latest provisioning delays, seconds (0: none)."""
+    if not pool.provisioning:
+        return 0.0
+    delays = sorted(pool.provisioning)
+    return delays[(len(delays) - 1) // 2]

@@ -546,6 +546,17 @@ class MetricsRequest(Message):
 
 
 @message()
+class UpcomingRequest(Message):
+    """Autoscaler -> scheduler: reply with the next wave per pool (``"*"``: any pool),
+    a dict of lists of the seconds until each task of it is expected to be ready,
+    shortest first (``SchedulerState.upcoming``; at most ``most`` per pool). The next
+    wave is the waiting tasks none of whose inputs waits: what a block requested now
+    would be there for."""
+
+    most: int = 1024
+
+
+@message()
 class PoolMetrics(Message):
     """One pool, from the scheduler's counters: ready tasks (``queue_depth``), how long
     the oldest of them has waited (seconds, 0 with none), wait quantiles over the latest

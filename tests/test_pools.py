@@ -360,6 +360,41 @@ async def test_spare_blocks_come_up_idle_and_stay_beyond_the_busy_ones() -> None
             assert await fut == "done"
 
 
+@pytest.mark.anyio
+async def test_the_next_wave_gets_its_blocks_before_its_inputs_are_done() -> None:
+    """The ``demand`` strategy looks ahead by default: while the one task of a graph's
+    first stage runs, the three tasks that wait for it are the next wave, due within
+    the first stage's mean duration (learnt from an earlier one), and their blocks come
+    up before it is done (Parsl's view, ready and running tasks only, would keep one
+    block until then)."""
+    pools = {"p": {"max_blocks": 4}}
+    with anyio.fail_after(30):
+        async with Cluster(pools=pools, policies={"scaling": "demand"}) as cluster:
+            started, release = threading.Event(), threading.Event()
+
+            def first(hold: bool) -> int:
+                if not hold:
+                    time.sleep(2.0)  # the category's mean: 2 s
+                    return 0
+                started.set()
+                if not release.wait(30):
+                    raise TimeoutError("the test never released the task")
+                return 1
+
+            (earlier,) = await cluster.submit_graph({"first-0": (first, False)}, ["first-0"])
+            assert await earlier == 0
+            graph: dict[str, Any] = {"first-1": (first, True)}
+            graph.update({f"then-{i}": (operator.add, "first-1", i) for i in range(3)})
+            futs = await cluster.submit_graph(graph, [f"then-{i}" for i in range(3)])
+            await wait_until(started.is_set, "the first task to start", limit=10)
+            await cluster.wait_for_workers(4)
+            status = await cluster.status()
+            assert status["autoscaler"]["desired"] == {"p": 4}
+            assert status["tasks_by_state"].get("waiting") == 3  # still waiting for it
+            release.set()
+            assert [await f for f in futs] == [1, 2, 3]
+
+
 def test_spare_blocks_is_a_pool_key_within_max_blocks() -> None:
     pools = pools_from_dicts({"ci": {"max_blocks": 4, "spare_blocks": 2}, "gpu": {}})
     assert pools["ci"].limits().spare_blocks == 2
