@@ -218,6 +218,8 @@ RECENT_WAITS = 1000  #: the latest waits served kept per pool, for the wait quan
 WAIT_QUANTILES = (0.5, 0.9, 0.99)  #: the wait quantiles the metrics give
 #: tasks of the next wave :meth:`SchedulerState.upcoming` looks at per pool, at most
 UPCOMING_MOST = 1024
+#: inputs it looks at per call, at most (a task with very many inputs costs its share)
+UPCOMING_INPUTS = 20_000
 RECENT_TRIES = 300  #: the latest tries that ended (any outcome) kept for the task stream
 MAX_FAILURE_GROUPS = 1000  #: failure groups kept; later new causes count under "(other)"
 
@@ -1922,13 +1924,18 @@ class SchedulerState:
         before any of its category has finished, as for placement). A task is left out
         while an input runs past twice that (late: nothing says when it ends, and the
         blocks asked for it would wait idle). At most ``most`` tasks per pool are looked
-        at, the earliest to join the wave first: the answer is a hint for the
-        autoscaler, whose pools are bounded anyway."""
+        at, the earliest to join the wave first, and at most :data:`UPCOMING_INPUTS`
+        inputs in all: the answer is a hint for the autoscaler, whose pools are bounded
+        anyway, asked every tick on the scheduler's loop."""
         out: dict[str, list[float]] = {}
         unknown = self.config.unknown_duration
+        budget = UPCOMING_INPUTS
         for pool, wave in self.next_wave.items():
             times = []
             for ts in itertools.islice(wave, most):
+                budget -= len(ts.deps)
+                if budget < 0:
+                    break
                 left = 0.0
                 for d in ts.deps:
                     if d.state == "memory":

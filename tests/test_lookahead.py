@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 import policies
+from actors import scheduler_state
 from actors.autoscaler_state import (
     AutoscalerConfig,
     AutoscalerState,
@@ -94,6 +95,20 @@ def test_a_chain_shows_one_wave_at_a_time_and_a_lost_input_takes_its_dependents_
     cancel(s, "a-3")
     assert wave(s) == {}
     assert s.upcoming(s._now) == {}
+
+
+def test_the_look_at_the_next_wave_stops_at_its_budget_of_inputs(
+    make_state: Factory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each call looks at UPCOMING_INPUTS inputs at most: a task with very many inputs
+    cannot make the autoscaler's tick long on the scheduler's loop."""
+    s = make_state(unknown_duration=0.5)
+    table: dict[str, list[str]] = {"a-0": [], "b-0": []}
+    table.update({f"c-{i}": ["a-0", "b-0"] for i in range(3)})
+    submit(s, table, [f"c-{i}" for i in range(3)])  # no worker: a-0 and b-0 are ready
+    assert s.upcoming(s._now) == {"*": [0.5, 0.5, 0.5]}
+    monkeypatch.setattr(scheduler_state, "UPCOMING_INPUTS", 5)  # two tasks' inputs
+    assert s.upcoming(s._now) == {"*": [0.5, 0.5]}
 
 
 # ----------------------------------------------------------------------------- strategy
