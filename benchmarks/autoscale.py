@@ -7,7 +7,19 @@ bursts of jobs arrive at random (a push, a merge train), each a mix of short job
 (up to 40 blocks) and ``gpu``, scarce (up to 4). A block (a runner: one worker, one
 job at a time) takes 2-5 min from its request to running. In the second scenario
 some blocks are *stuck*: the provider accepts them but they only come up after 30-60
-min (no capacity in the zone, a quota, a broken image pulled again and again).
+min (no capacity in the zone, a quota, a broken image pulled again and again). In the
+third, ``pipelines``, each burst is one CI pipeline: a build stage of 1-3 short ``cpu``
+jobs, then the test stage, the burst's other jobs (the same mix of pools and
+durations), each needing every build of its pipeline (GitLab's ``needs:``, a graph's
+edges). A test job is ready, and its wait begins, when its builds are done; before
+that no queue holds it, so Parsl (whose DataFlowKernel submits a task to the executor
+only once its dependencies are done) and KEDA (which sees a job once it is queued)
+do not see it. Corral's scheduler does: its next wave (``SchedulerState.upcoming``),
+which the ``demand`` strategy counts by default (``lookahead``), is played here by
+:meth:`Cluster.upcoming` the same way: each waiting job whose needs are all done,
+running or ready, due in the longest of its needs' mean durations left (a category's
+mean of the jobs finished so far, the scheduler's ``unknown_duration`` before one has;
+left out while a need runs past twice that).
 
 Nothing here re-implements Corral's autoscaler. A discrete-event loop (a heap of timed
 events, no threads, no sleeps, no processes) plays the cluster: a FIFO queue per pool,
@@ -48,13 +60,17 @@ beyond the active tasks' at all times (GitLab Runner's ``IdleCount``; Parsl and 
 have no such knob); and ``corral-warm``, ``parsl-warm``, ``keda-warm``: 4 blocks kept in
 the scarce pool from the start (``--warm`` sets other floors; Corral's and Parsl's
 ``min_blocks`` and ``init_blocks``, KEDA's ``minReplicaCount``, under which it neither
-activates nor scales to zero).
+activates nor scales to zero); and ``corral-nolookahead``, the ``demand`` strategy
+without its lookahead (``lookahead = None``: ready and running tasks only, as the peers
+see them).
 
 Beside them, by default and with ``--systems all``, two clairvoyant rows that no real
 scaler can beat: they know every job (arrival, pool, duration) and every block's
-provisioning delay in advance. ``oracle`` keeps every block a pool allows
-(``max_blocks``) from its first job's arrival to its last job's end, each requested
-exactly early enough to be up at that arrival. Its waits are the *FIFO bound*
+provisioning delay in advance (not in scenario ``pipelines``, where when a test job is
+ready depends on each system's schedule of its builds: no bound there). ``oracle``
+keeps every block a pool allows (``max_blocks``) from its first job's arrival to its
+last job's end, each requested exactly early enough to be up at that arrival. Its
+waits are the *FIFO bound*
 (:func:`fifo_bound`): with FIFO dispatch per pool and never more than ``max_blocks``
 runners at work, no job can start sooner than when every allowed runner is up all the
 time from the shortest provisioning delay on (a job starts at the earliest of its
@@ -78,7 +94,8 @@ blocks requested, stuck blocks replaced. The same seed gives every system the sa
 the same provisioning delays (the n-th block requested in a pool comes up after the
 same delay in all three).
 
-    python benchmarks/autoscale.py                  # both scenarios, seeds 1-5
+    python benchmarks/autoscale.py                  # the three scenarios, seeds 1-5
+    python benchmarks/autoscale.py --scenario pipelines
     python benchmarks/autoscale.py --seeds 3 --scenario stuck
     python benchmarks/autoscale.py --quick --json   # small (the test's size)
 """
@@ -96,7 +113,7 @@ import random
 import sys
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -126,11 +143,14 @@ from actors.autoscaler_state import (  # noqa: E402
     TargetRaised,
     TargetSet,
 )
+from actors.scheduler_state import SchedulerConfig  # noqa: E402
 from policies.scaling import PoolLimits  # noqa: E402
 from runtime.messages import BlockMetrics, MetricsReply, PoolMetrics  # noqa: E402
 from runtime.metrics import SAMPLE_LABELS, samples  # noqa: E402
 
 MIN, HOUR = 60.0, 3600.0
+#: the scheduler's duration estimate for a category none of whose tasks has finished
+UNKNOWN_DURATION = SchedulerConfig().unknown_duration
 SYSTEMS = ("corral", "parsl", "keda")
 PEERS = ("parsl", "keda")
 #: with ``--systems all``: Corral's autoscaler alone, without the alert rule; with its
@@ -141,7 +161,14 @@ EXTRA = ("corral-noalert", "corral-hold", "corral-floor")
 #: (``forecast = 0.9``) and with ``Settings.spare`` idle blocks kept per pool, and each
 #: system with ``Settings.warm`` blocks kept (by default 4 in the scarce pool; Corral's
 #: and Parsl's ``min_blocks``, KEDA's ``minReplicaCount``)
-KNOBS = ("corral-forecast", "corral-spare", "corral-warm", "parsl-warm", "keda-warm")
+KNOBS = (
+    "corral-forecast",
+    "corral-spare",
+    "corral-warm",
+    "corral-nolookahead",
+    "parsl-warm",
+    "keda-warm",
+)
 #: the clairvoyant rows (by default too): every block allowed all the time, and the
 #: bound's schedule with as few blocks as it needs
 ORACLES = ("oracle", "oracle-budget")
@@ -170,6 +197,10 @@ class Settings:
     pools: tuple[Pool, ...] = (Pool("cpu", 40, 0.85), Pool("gpu", 4, 0.15))
     provisioning: tuple[float, float] = (2 * MIN, 5 * MIN)  #: request to running
     stuck_share: float = 0.0  #: of the blocks: come up only after ``stuck_delay``
+    #: each burst is one pipeline: a build stage of ``build_jobs`` short ``cpu`` jobs,
+    #: then the burst's other jobs, each needing every build (scenario ``pipelines``)
+    pipelines: bool = False
+    build_jobs: tuple[int, int] = (1, 3)  #: build jobs per pipeline (uniform)
     stuck_delay: tuple[float, float] = (30 * MIN, 60 * MIN)
     # Corral
     max_idletime: float = 120.0
@@ -196,7 +227,17 @@ class Settings:
 
 FULL = Settings()
 QUICK = dataclasses.replace(FULL, hours=1.5)
-SCENARIOS = {"healthy": 0.0, "stuck": 0.05}
+#: per scenario: the share of stuck blocks, and whether bursts are pipelines
+SCENARIOS: dict[str, tuple[float, bool]] = {
+    "healthy": (0.0, False),
+    "stuck": (0.05, False),
+    "pipelines": (0.0, True),
+}
+
+
+def scenario_settings(s: Settings, scenario: str) -> Settings:
+    stuck, pipelines = SCENARIOS[scenario]
+    return dataclasses.replace(s, stuck_share=stuck, pipelines=pipelines)
 
 
 # ----------------------------------------------------------------------------- the load
@@ -214,25 +255,71 @@ class Job:
     finished: float | None = None
     cut: int = 0  #: tries cut short (KEDA deleting its runner)
     burst: int = 0  #: which burst it came in (its index in arrival order)
+    #: the jobs it needs done first (ids): it is ready, at ``ready``, once they are
+    #: (until then ``ready`` is ``inf``)
+    needs: tuple[int, ...] = ()
+    category: str = "job"  #: as the scheduler's statistics group it (a key prefix)
+
+    @property
+    def running(self) -> bool:
+        """Started and neither finished nor cut since."""
+        return self.started is not None and self.finished is None and self.started >= self.queued_at
 
 
 def make_jobs(s: Settings, seed: int) -> list[Job]:
-    """Bursts of jobs: the same list for every system on a seed."""
-    rng = random.Random(f"jobs-{seed}")
-    jobs: list[Job] = []
+    """The same list for every system on a seed: bursts of jobs, or of pipelines."""
+    return make_pipelines(s, seed) if s.pipelines else make_bursts(s, seed)
+
+
+def _bursts(s: Settings, rng: random.Random) -> Iterator[tuple[int, float]]:
+    """Each burst's index and time: exponential gaps, for ``s.hours``."""
     t = rng.expovariate(1 / s.burst_gap)
-    names = [p.name for p in s.pools]
-    shares = [p.share for p in s.pools]
     burst = 0
     while t < s.hours * HOUR:
-        for _ in range(rng.randint(*s.burst_jobs)):
-            span = s.long if rng.random() < s.long_share else s.short
-            pool = rng.choices(names, shares)[0]
-            at = t + rng.uniform(0, s.burst_spread)
-            jobs.append(Job(len(jobs), pool, at, rng.uniform(*span), burst=burst))
+        yield burst, t
         t += rng.expovariate(1 / s.burst_gap)
         burst += 1
+
+
+def _kind(s: Settings, rng: random.Random) -> tuple[tuple[float, float], str]:
+    """A job's range of durations (short or long) and its pool."""
+    span = s.long if rng.random() < s.long_share else s.short
+    return span, rng.choices([p.name for p in s.pools], [p.share for p in s.pools])[0]
+
+
+def make_bursts(s: Settings, seed: int) -> list[Job]:
+    """Bursts of jobs, at random."""
+    rng = random.Random(f"jobs-{seed}")
+    jobs: list[Job] = []
+    for burst, t in _bursts(s, rng):
+        for _ in range(rng.randint(*s.burst_jobs)):
+            span, pool = _kind(s, rng)
+            at = t + rng.uniform(0, s.burst_spread)
+            jobs.append(Job(len(jobs), pool, at, rng.uniform(*span), burst=burst))
     jobs.sort(key=lambda j: (j.ready, j.jid))
+    return jobs
+
+
+def make_pipelines(s: Settings, seed: int) -> list[Job]:
+    """Each burst one pipeline (a push): ``build_jobs`` short ``cpu`` build jobs at once,
+    then the test stage, the burst's other jobs with the same mix of pools and
+    durations as :func:`make_bursts`, each needing every build of its pipeline
+    (GitLab's ``needs:``, or a graph's edges). Only the builds have an arrival time."""
+    rng = random.Random(f"pipelines-{seed}")
+    jobs: list[Job] = []
+    for burst, t in _bursts(s, rng):
+        n = rng.randint(*s.burst_jobs)
+        builds = []
+        for _ in range(min(rng.randint(*s.build_jobs), n - 1)):
+            build = Job(len(jobs), "cpu", t, rng.uniform(*s.short), burst=burst, category="build")
+            jobs.append(build)
+            builds.append(build.jid)
+        for _ in range(n - len(builds)):
+            span, pool = _kind(s, rng)
+            jobs.append(
+                Job(len(jobs), pool, math.inf, rng.uniform(*span), burst=burst,
+                    needs=tuple(builds), category="test")
+            )  # fmt: skip
     return jobs
 
 
@@ -311,6 +398,18 @@ class Cluster:
         self.unfinished = len(jobs)
         self.scaler: Scaler | None = None
         self.busy_stops = 0  #: blocks stopped while running a job (must stay 0 for Corral)
+        #: the graph: the jobs each job's end lets go, and how many each one still needs
+        self.dependents: dict[int, list[Job]] = {}
+        self.missing: dict[int, int] = {}
+        for job in jobs:
+            self.missing[job.jid] = len(job.needs)
+            for need in job.needs:
+                self.dependents.setdefault(need, []).append(job)
+        self.by_id = {job.jid: job for job in jobs}
+        #: jobs submitted (their pipeline has begun), not ready yet, in that order
+        self.waiting: dict[int, Job] = {}
+        #: per category: finished jobs and their time, for the scheduler's estimates
+        self.done_stats: dict[str, tuple[int, float]] = {}
 
     def at(self, t: float, fn: Callable[..., None], *args: Any) -> None:
         heapq.heappush(self.heap, (t, next(self.seq), fn, args))
@@ -385,8 +484,42 @@ class Cluster:
 
     def _arrive(self, job: Job) -> None:
         job.queued_at = self.now
+        self.waiting.pop(job.jid, None)
         self.queues[job.pool].append(job)
+        for later in self.dependents.get(job.jid, ()):
+            if later.ready == math.inf:  # submitted with the pipeline: it waits
+                self.waiting.setdefault(later.jid, later)
         self.dispatch()
+
+    def estimate(self, job: Job) -> float:
+        """The scheduler's estimate of ``job``'s duration: its category's mean so far
+        (its ``unknown_duration`` before one has finished)."""
+        n, total = self.done_stats.get(job.category, (0, 0.0))
+        return total / n if n else UNKNOWN_DURATION
+
+    def upcoming(self) -> dict[str, list[float]]:
+        """What ``SchedulerState.upcoming`` answers: per pool, the next wave (waiting
+        jobs none of whose needs waits), as the seconds until each is expected to be
+        ready (the longest of its needs' estimates left: done 0; running, its estimate
+        from its start; ready, a whole estimate), shortest first; a job left out while
+        a need runs past twice its estimate (late)."""
+        out: dict[str, list[float]] = {}
+        for job in self.waiting.values():
+            needs = [self.by_id[n] for n in job.needs]
+            if any(n.ready == math.inf for n in needs):
+                continue  # a need waits itself: not the next wave
+            left = 0.0
+            for n in needs:
+                if n.finished is not None:
+                    continue
+                mean = self.estimate(n)
+                t = (n.started or 0.0) + mean - self.now if n.running else mean
+                if t < -mean:
+                    break  # late
+                left = max(left, t)
+            else:
+                out.setdefault(job.pool, []).append(max(left, 0.0))
+        return {pool: sorted(times) for pool, times in out.items()}
 
     def dispatch(self) -> None:
         """Every free runner takes the next job of its pool."""
@@ -415,6 +548,13 @@ class Cluster:
             return  # cut before it finished
         job.finished = self.now
         self.unfinished -= 1
+        n, total = self.done_stats.get(job.category, (0, 0.0))
+        self.done_stats[job.category] = (n + 1, total + job.duration)
+        for later in self.dependents.get(job.jid, ()):
+            self.missing[later.jid] -= 1
+            if not self.missing[later.jid]:
+                later.ready = self.now
+                self._arrive(later)
         b.job = None
         b.idle_since = self.now
         if b.draining:
@@ -437,9 +577,10 @@ class Cluster:
     def run(self, scaler: Scaler) -> None:
         self.scaler = scaler
         for job in self.jobs:
-            self.at(job.ready, self._arrive, job)
+            if not job.needs:
+                self.at(job.ready, self._arrive, job)
         self.at(0.0, self._tick)
-        last = self.jobs[-1].ready if self.jobs else 0.0
+        last = max((j.ready for j in self.jobs if not j.needs), default=0.0)
         while self.heap:
             t, _, fn, args = heapq.heappop(self.heap)
             if t > last + self.s.tail:
@@ -554,7 +695,8 @@ class CorralScaler(Scaler):
         processing = {
             b.worker: int(b.job is not None) for b in self.c.live.values() if b.ran is not None
         }
-        self.feed(QueuesSeen(now, queued, processing))
+        upcoming = self.c.upcoming() if self.state.policy.uses_upcoming else None
+        self.feed(QueuesSeen(now, queued, processing, upcoming=upcoming))
         if self.alerts is not None and now >= self.next_alert:
             self.next_alert = now + self.c.s.alert_every
             self.evaluate(now)
@@ -849,6 +991,7 @@ FACTORIES: dict[str, Callable[[Cluster], Scaler]] = {
     "corral-forecast": lambda c: CorralScaler(c, demand_params=FORECAST),
     "corral-spare": lambda c: CorralScaler(c, demand_params={"spare": c.s.spare}),
     "corral-warm": lambda c: CorralScaler(c, floor=dict(c.s.warm)),
+    "corral-nolookahead": lambda c: CorralScaler(c, demand_params={"lookahead": None}),
     "parsl-warm": lambda c: ParslSimple(c, floor=dict(c.s.warm)),
     "keda-warm": lambda c: KedaQueue(c, floor=dict(c.s.warm)),
     "oracle": lambda c: Oracle(c, every_block=True),
@@ -890,15 +1033,19 @@ def p95(values: Sequence[float]) -> float:
 
 
 def simulate(system: str, s: Settings, seed: int, scenario: str = "healthy") -> Result:
-    s = dataclasses.replace(s, stuck_share=SCENARIOS[scenario])
+    s = scenario_settings(s, scenario)
+    if s.pipelines and system in ORACLES:
+        raise ValueError(f"{system} knows arrivals; in scenario {scenario} jobs wait for others")
     t0 = time.perf_counter()
     jobs = make_jobs(s, seed)
     cluster = Cluster(s, jobs, Delays(s, seed))
     scaler = FACTORIES[system](cluster)
     cluster.run(scaler)
     done = [j for j in jobs if j.finished is not None]
-    bound = fifo_bound(s, jobs)
-    below = [j.jid for j in done if j.waited < bound[j.jid] - j.ready - 1e-6]
+    # The FIFO bound is for jobs that arrive on their own (not waiting for others).
+    bound = {} if s.pipelines else fifo_bound(s, jobs)
+    slack = {j.jid: j.waited - (bound[j.jid] - j.ready) for j in done if j.jid in bound}
+    below = [jid for jid, d in slack.items() if d < -1e-6]
     if below:
         raise AssertionError(f"{system}, seed {seed}: jobs {below} waited less than the bound")
     waits = [j.waited for j in done]
@@ -915,7 +1062,7 @@ def simulate(system: str, s: Settings, seed: int, scenario: str = "healthy") -> 
         jobs_cut=sum(j.cut for j in jobs), busy_stops=cluster.busy_stops,
         stuck_replaced=getattr(scaler, "stuck", 0), alerts_fired=getattr(scaler, "fired", 0),
         scale_outs=getattr(scaler, "scale_outs", 0),
-        over_bound=sum(1 for j in done if j.waited > bound[j.jid] - j.ready + 1e-6),
+        over_bound=sum(1 for d in slack.values() if d > 1e-6),
         wall=time.perf_counter() - t0,
     )  # fmt: skip
 
@@ -994,6 +1141,7 @@ def table(scenario: str, per_seed: list[dict[str, Result]]) -> str:
         "target (p95 wait <= 0.5x the best peer's at <= 1.0x its worker-hours): "
         + ("MET" if met else "NOT MET")
     )
+    loose = ["corral"] if avg["p95_wait"] <= 0.5 and by_p95 <= 1.0 else []
     for system in (s for s in (*EXTRA, *KNOBS) if s.startswith("corral-") and s in per_seed[0]):
         r = mean_ratios(system)
         by_p95 = sum(_hours_vs_best_p95(runs, system) for runs in per_seed) / n
@@ -1001,6 +1149,12 @@ def table(scenario: str, per_seed: list[dict[str, Result]]) -> str:
             f"{system} / best peer: p95_wait {r['p95_wait']:.2f}x, worker_hours "
             f"{r['worker_hours']:.2f}x ({by_p95:.2f}x the best-p95 peer's)"
         )
+        if r["p95_wait"] <= 0.5 and by_p95 <= 1.0:
+            loose.append(system)
+    lines.append(
+        "the target read against the best-p95 peer alone (half its p95 at no more than its "
+        "worker-hours): " + (f"met by {', '.join(loose)}" if loose else "met by no Corral row")
+    )
     for system in (o for o in ORACLES if o in per_seed[0]):
         r = mean_ratios(system)
         off = sum(runs[system].over_bound for runs in per_seed)
@@ -1044,7 +1198,7 @@ def needs(s: Settings, scenario: str, runs: dict[str, Result]) -> Needs:
     jobs wait longer than that. Every job of every system waits at least its FIFO bound,
     so the jobs the bound already makes wait longer take their share first; only the
     rest is left for every other job."""
-    s = dataclasses.replace(s, stuck_share=SCENARIOS[scenario])
+    s = scenario_settings(s, scenario)
     seed = runs["corral"].seed
     half = 0.5 * min(runs[p].p95_wait for p in PEERS)
     jobs = make_jobs(s, seed)
@@ -1084,7 +1238,14 @@ def run_all(
     systems: Sequence[str] = SYSTEMS,
 ) -> dict[str, list[dict[str, Result]]]:
     return {
-        sc: [{sys_: simulate(sys_, s, seed, sc) for sys_ in systems} for seed in seeds]
+        sc: [
+            {
+                sys_: simulate(sys_, s, seed, sc)
+                for sys_ in systems
+                if not (SCENARIOS[sc][1] and sys_ in ORACLES)  # no bound with pipelines
+            }
+            for seed in seeds
+        ]
         for sc in scenarios
     }
 
@@ -1117,8 +1278,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, default=None, help="seeds 1..N (default 5; quick 1)")
     ap.add_argument("--seed", type=int, default=None, help="only this seed")
     ap.add_argument(
-        "--scenario", choices=[*SCENARIOS, "both"], default="both",
-        help="healthy: every block comes up in 2-5 min; stuck: 5%% take 30-60 min",
+        "--scenario", choices=[*SCENARIOS, "all"], default="all",
+        help="healthy: every block comes up in 2-5 min; stuck: 5%% take 30-60 min; "
+        "pipelines: each burst a build stage, then tests that need it",
     )  # fmt: skip
     ap.add_argument(
         "--systems", choices=["three", "all"], default="three",
@@ -1158,7 +1320,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         seeds: list[int] = [args.seed]
     else:
         seeds = list(range(1, (args.seeds or (1 if args.quick else 5)) + 1))
-    scenarios = list(SCENARIOS) if args.scenario == "both" else [args.scenario]
+    scenarios = list(SCENARIOS) if args.scenario == "all" else [args.scenario]
     t0 = time.perf_counter()
     results = run_all(s, seeds, scenarios, systems)
     if args.json:
@@ -1166,7 +1328,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             sc: [
                 {"seed": runs["corral"].seed, "ratios": ratios(runs),
                  **({"oracle_ratios": ratios(runs, "oracle")} if "oracle" in runs else {}),
-                 "needs": {**dataclasses.asdict(n := needs(s, sc, runs)), "left": n.left},
+                 **({} if SCENARIOS[sc][1] else {"needs": {
+                     **dataclasses.asdict(n := needs(s, sc, runs)), "left": n.left}}),
                  **{k: dataclasses.asdict(v) for k, v in runs.items()}}
                 for runs in per_seed
             ]
@@ -1176,7 +1339,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     for sc, per_seed in results.items():
         print(table(sc, per_seed))
-        print(target_needs(s, sc, per_seed))
+        if not SCENARIOS[sc][1]:  # the FIFO bound is for jobs that arrive on their own
+            print(target_needs(s, sc, per_seed))
         print()
     print(f"simulated in {time.perf_counter() - t0:.1f} s")
     return 0

@@ -38,11 +38,19 @@ def runs() -> dict[str, Any]:
     return out
 
 
+def on_their_own(runs: dict[str, Any]) -> dict[str, Any]:
+    """The scenarios whose jobs arrive on their own (the FIFO bound's and the oracles')."""
+    return {sc: r for sc, r in runs.items() if not bench.SCENARIOS[sc][1]}
+
+
 def test_every_job_finishes_and_corral_never_stops_a_busy_block(runs: dict[str, Any]) -> None:
-    jobs = len(bench.make_jobs(bench.QUICK, SEED))
-    assert jobs > 50
+    assert set(runs) == {"healthy", "stuck", "pipelines"}
     for scenario, (per_system,) in runs.items():
-        assert {"corral", "parsl", "keda", "oracle", "oracle-budget"} <= set(per_system)
+        jobs = len(bench.make_jobs(bench.scenario_settings(bench.QUICK, scenario), SEED))
+        assert jobs > 50
+        oracles = set() if scenario == "pipelines" else {"oracle", "oracle-budget"}
+        assert {"corral", "parsl", "keda", *oracles} <= set(per_system)
+        assert oracles == set(per_system) & {"oracle", "oracle-budget"}
         for system, res in per_system.items():
             assert (res.jobs, res.unfinished) == (jobs, 0), (scenario, system)
             assert res.worker_hours > 0 and res.p95_wait <= res.max_wait, (scenario, system)
@@ -94,6 +102,7 @@ def test_the_table_has_one_row_per_system(capsys: pytest.CaptureFixture[str]) ->
     systems = [r[0] for r in rows if len(r) == len(bench.COLUMNS) + 1 and r[0] in bench.FACTORIES]
     assert systems == ["corral", "parsl", "keda", "oracle", "oracle-budget"]
     assert "corral / best peer" in out and "target" in out
+    assert re.search(r"the target read against the best-p95 peer alone .*: met by ", out)
     assert "oracle / best peer" in out
     assert re.search(r"the FIFO bound .* it (rules out|does not rule out) 0\.5x", out)
     assert bench.main(["--quick", "--json", "--scenario", "healthy"]) == 0
@@ -131,7 +140,7 @@ def test_no_system_beats_the_oracle(runs: dict[str, Any]) -> None:
     """The clairvoyant rows wait exactly the FIFO bound, job by job, and no system waits
     less at the 95th percentile (nor at the worst) than ``oracle``; ``oracle-budget``
     gets the same waits for no more worker-hours than the cheaper peer."""
-    for scenario, (per_system,) in runs.items():
+    for scenario, (per_system,) in on_their_own(runs).items():
         oracle, budget = per_system["oracle"], per_system["oracle-budget"]
         assert oracle.over_bound == budget.over_bound == 0, scenario
         assert (budget.p95_wait, budget.max_wait) == (oracle.p95_wait, oracle.max_wait)
@@ -179,7 +188,7 @@ def test_what_the_target_asks_agrees_with_the_oracle(runs: dict[str, Any]) -> No
     half the best peer's p95; the ``oracle`` row waits exactly the bound, so its
     simulated p95 is within that half exactly when something is left. Checked at the
     threshold the oracle's p95 sits on and just below it, where the count flips."""
-    for scenario, (per_system,) in runs.items():
+    for scenario, (per_system,) in on_their_own(runs).items():
         n = bench.needs(bench.QUICK, scenario, per_system)
         assert n.jobs == per_system["corral"].jobs
         assert n.allowed == n.jobs - math.ceil(0.95 * n.jobs)
@@ -209,3 +218,53 @@ def test_warm_takes_pools_and_refuses_what_no_pool_allows(
         assert cluster.unfinished == 0, system
         at_start = Counter(b.pool for b in cluster.ended if b.requested == 0.0)
         assert at_start == {"cpu": 3, "gpu": 1}, system
+
+
+def test_pipeline_tests_are_ready_when_their_builds_are_done(runs: dict[str, Any]) -> None:
+    """Scenario ``pipelines``: only the builds arrive; each test job is ready the moment
+    the last build of its pipeline is done, in every system, and its wait counts from
+    then. No oracle runs there (no bound: readiness depends on each schedule)."""
+    s = bench.scenario_settings(bench.QUICK, "pipelines")
+    jobs = bench.make_jobs(s, SEED)
+    builds = [j for j in jobs if not j.needs]
+    assert builds and all(j.category == "build" and j.pool == "cpu" for j in builds)
+    per_pipeline = Counter(j.burst for j in builds)
+    assert set(per_pipeline.values()) <= {1, 2, 3}
+    assert all(j.ready == math.inf and j.category == "test" for j in jobs if j.needs)
+    for system in ("corral", "parsl", "keda"):
+        ran = bench.make_jobs(s, SEED)
+        cluster = bench.Cluster(s, ran, bench.Delays(s, SEED))
+        cluster.run(bench.FACTORIES[system](cluster))
+        by_id = {j.jid: j for j in ran}
+        for job in ran:
+            if job.needs:
+                assert job.ready == max(by_id[n].finished for n in job.needs), (system, job)
+            assert job.started is not None and job.started >= job.ready, (system, job)
+    with pytest.raises(ValueError, match="jobs wait for others"):
+        bench.simulate("oracle", bench.QUICK, SEED, "pipelines")
+    assert "oracle" not in runs["pipelines"][0]
+
+
+def test_the_simulated_next_wave_answers_as_the_scheduler_core_does() -> None:
+    """:meth:`Cluster.upcoming` plays ``SchedulerState.upcoming``: a test job is due in
+    its build's mean duration left (the scheduler's ``unknown_duration`` before any
+    build has finished; whole while the build waits for a runner, counted from its
+    start while it runs, 0 once overdue, left out past twice the mean), in its own
+    pool."""
+    s = bench.scenario_settings(bench.QUICK, "pipelines")
+    first = bench.Job(0, "cpu", 0.0, 60.0, category="build")
+    second = bench.Job(1, "cpu", 100.0, 60.0, category="build")
+    test = bench.Job(2, "gpu", math.inf, 60.0, needs=(1,), category="test")
+    cluster = bench.Cluster(s, [first, second, test], bench.Delays(s, SEED))
+    cluster._arrive(second)
+    assert cluster.upcoming() == {"gpu": [bench.UNKNOWN_DURATION]}  # none finished yet
+    assert bench.UNKNOWN_DURATION == 0.5
+    cluster.done_stats["build"] = (2, 200.0)  # builds take 100 s on average
+    assert cluster.upcoming() == {"gpu": [100.0]}  # the build waits for a runner
+    cluster.now = second.started = 130.0  # it starts
+    cluster.now = 150.0
+    assert cluster.upcoming() == {"gpu": [80.0]}
+    cluster.now = 260.0
+    assert cluster.upcoming() == {"gpu": [0.0]}  # overdue
+    cluster.now = 331.0
+    assert cluster.upcoming() == {}  # past twice its mean: late
