@@ -170,9 +170,11 @@ class DemandBlocks:
     or ready), expected to be ready within one provisioning delay of the pool (the
     median of its latest blocks' delays; :data:`LOOKAHEAD` seconds before one is known),
     each input's expected time left being its category's mean duration (from its start
-    if it runs). A block requested now comes up about when such a task is ready, so the
-    second stage of a pipeline does not wait a provisioning delay after the first; a
-    task whose inputs take longer is not counted until they are nearly done. A number
+    if it runs; a task whose input runs past twice that is left out, see
+    ``SchedulerState.upcoming``). A block requested now comes up about when such a task
+    is ready, so the second stage of a pipeline does not wait a provisioning delay after
+    the first; a task whose inputs take longer is not counted until they are nearly
+    done. A number
     of seconds sets the horizon; ``0`` or None turns it off (Parsl's and a queue-length
     scaler's view: ready and running tasks only).
 
