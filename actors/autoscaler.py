@@ -47,7 +47,7 @@ from actors.autoscaler_state import (
     Tick,
 )
 from actors.providers import Block, BlockSpec, BlockState, Provider
-from policies import REGISTRY, PolicyRegistry
+from policies import REGISTRY, PolicyRegistry, params_of
 from policies.scaling import PoolLimits
 from runtime.errors import ActorStopped, AskTimeout, BatchSystemError, SubmissionsSuspended
 from runtime.kernel import Actor, ActorRef, handles
@@ -462,6 +462,7 @@ class Autoscaler(Actor):
             ended=st.ended,
             gave_up=tuple(sorted(st.gave_up)),
             policy=getattr(st.policy, "name", type(st.policy).__name__),
+            policy_params=params_of(st.policy),
             policy_errors=st.policy_errors,
             incarnations={
                 b: self._handles[b].incarnation

@@ -56,7 +56,7 @@ from actors.scheduler_state import (
     WorkerLeft,
     WorkerMemory,
 )
-from policies import REGISTRY, PolicyRegistry
+from policies import REGISTRY, PolicyRegistry, params_of
 from policies.survival import Survival
 from runtime.errors import ActorStopped, CorralError
 from runtime.kernel import Actor, ActorRef, Envelope, Later, current_causal_id, handles
@@ -460,6 +460,7 @@ class Scheduler(Actor):
             "categories": {c: CategoryStatus(**_stats(s)) for c, s in st.stats.items()},
             "survival": {pool: _life(st.survival(pool)) for pool in st.pools()},
             "policies": {k: getattr(p, "name", type(p).__name__) for k, p in st.policies.items()},
+            "policy_params": {k: ps for k, p in st.policies.items() if (ps := params_of(p))},
             "policy_errors": st.policy_errors,
             "replicas": _replicas(st),
             "storage": self._storage(),

@@ -37,6 +37,7 @@ from policies.base import (
     SpeculationPolicy,
     TaskView,
     WorkerView,
+    params_of,
     register,
 )
 
@@ -73,6 +74,7 @@ __all__ = [
     "TaskView",
     "WorkerView",
     "memory",
+    "params_of",
     "placement",
     "priority",
     "register",

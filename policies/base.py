@@ -40,6 +40,7 @@ __all__ = [
     "SpeculationPolicy",
     "TaskView",
     "WorkerView",
+    "params_of",
     "register",
 ]
 
@@ -455,7 +456,14 @@ class PolicyRegistry:
         except (TypeError, ValueError) as exc:
             raise PolicyParamsError(kind, name, str(exc)) from exc
         policy.name = name
+        policy.params = dict(params or {})
         return policy
+
+
+def params_of(policy: Any) -> dict[str, str]:
+    """The parameters ``policy`` was created with (none: its defaults), each value as
+    its ``repr``: what the status and the dashboard show beside its name."""
+    return {k: repr(v) for k, v in sorted(dict(getattr(policy, "params", None) or {}).items())}
 
 
 #: The registry Corral's actors use unless given another.

@@ -933,8 +933,11 @@ def render_status(st: Mapping[str, Any]) -> RenderableType:
     pol = Table(title="policies", title_justify="left")
     pol.add_column("kind")
     pol.add_column("policy")
+    pol.add_column("parameters")
+    given = dict(st.get("policy_params") or {})
     for kind, name in sorted(dict(st.get("policies") or {}).items()):
-        _row(pol, kind, str(name))
+        params = dict(given.get(kind) or {})
+        _row(pol, kind, str(name), ", ".join(f"{k}={v}" for k, v in params.items()))
     parts.append(pol)
     if st.get("policy_errors"):
         parts.append(Text(f"policy errors: {st['policy_errors']} (see the tasks' stories)"))

@@ -20,7 +20,7 @@ from __future__ import annotations
 import html
 import json
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, urlsplit
@@ -87,6 +87,13 @@ def _worker(
     }  # fmt: skip
 
 
+def described(name: str, params: Mapping[str, str] | None) -> str:
+    """A policy as the page shows it: its name, and the parameters it was given."""
+    if not params:
+        return name
+    return f"{name} ({', '.join(f'{k}={v}' for k, v in params.items())})"
+
+
 def build_snapshot(
     metrics: MetricsReply, status: StatusReply, alerts: AlertsReply, now: float
 ) -> dict[str, Any]:
@@ -128,9 +135,9 @@ def build_snapshot(
                 "desired": b.desired if b is not None else None,
             }
         )
-    policies = dict(status.policies)
+    policies = {k: described(v, status.policy_params.get(k)) for k, v in status.policies.items()}
     if status.autoscaler is not None and status.autoscaler.policy:
-        policies["scaling"] = status.autoscaler.policy
+        policies["scaling"] = described(status.autoscaler.policy, status.autoscaler.policy_params)
     stream = [t.to_fields() for t in metrics.recent_tries[-MAX_STREAM:]]
     return {
         "time": now,

@@ -930,6 +930,8 @@ class AutoscalerStatus(Message):
     ended: int = 0
     gave_up: tuple[str, ...] = ()
     policy: str = ""
+    #: the parameters the policy was given (``repr`` of each; none: its defaults)
+    policy_params: dict[str, str] = dataclasses.field(default_factory=dict)
     policy_errors: int = 0
     incarnations: dict[str, int] = dataclasses.field(default_factory=dict)
     details: dict[str, str] = dataclasses.field(default_factory=dict)
@@ -968,6 +970,8 @@ class StatusReply(Message):
     categories: dict[str, CategoryStatus] = dataclasses.field(default_factory=dict)
     survival: dict[str, PoolLife] = dataclasses.field(default_factory=dict)
     policies: dict[str, str] = dataclasses.field(default_factory=dict)
+    #: per kind, the parameters its policy was given (``repr`` of each; none: defaults)
+    policy_params: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)
     policy_errors: int = 0
     files: FilesStatus = dataclasses.field(default_factory=FilesStatus)
     replicas: ReplicasStatus = dataclasses.field(default_factory=ReplicasStatus)

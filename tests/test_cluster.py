@@ -542,7 +542,13 @@ async def test_set_policy_and_its_errors() -> None:
                 await cluster.set_policy("retry", "default", nonsense=1)
             # The failed swaps changed nothing; the cluster still works.
             assert (await cluster.status())["policies"]["placement"] == "round-robin"
+            assert "placement" not in (await cluster.status())["policy_params"]  # defaults
             assert await cluster.gather(cluster.map(inc, range(4))) == [1, 2, 3, 4]
+            # The status shows the parameters a policy was given, beside its name.
+            await cluster.set_policy("placement", "locality", bandwidth=2e8)
+            status = await cluster.status()
+            assert status["policies"]["placement"] == "locality"
+            assert status["policy_params"]["placement"] == {"bandwidth": "200000000.0"}
 
 
 class PinFirst:

@@ -164,8 +164,11 @@ def _answers() -> tuple[MetricsReply, StatusReply, AlertsReply]:
         memory={"w1": WorkerMemoryReport("w1", True, 3 * GB, 2 * GB, 4 * GB, spilled_bytes=5)},
         rss={"w2": GB},
         throttled=("w1",),
-        policies={"placement": "spread"},
-        autoscaler=AutoscalerStatus(policy="demand"),
+        policies={"placement": "spread", "retry": "default"},
+        policy_params={"placement": {"bandwidth": "200000000.0"}},
+        autoscaler=AutoscalerStatus(
+            policy="demand", policy_params={"spare": "2", "lookahead": "60"}
+        ),
     )
     alert = AlertInfo(
         "QueueTimeHigh", "firing", labels={"alertname": "QueueTimeHigh", "pool": "cpu"},
@@ -197,7 +200,11 @@ def test_the_snapshot_shows_pools_capacity_workers_failures_alerts_policies() ->
     (alert,) = snap["alerts"]
     assert alert["state"] == "firing" and alert["fields"] == {"max_queue_size": 7.0}
     assert snap["alert_rules"] == 1
-    assert snap["policies"] == {"placement": "spread", "scaling": "demand"}
+    assert snap["policies"] == {
+        "placement": "spread (bandwidth=200000000.0)",
+        "retry": "default",
+        "scaling": "demand (spare=2, lookahead=60)",
+    }
 
 
 def test_the_dashboard_url_carries_the_token() -> None:

@@ -344,6 +344,7 @@ async def test_spare_blocks_come_up_idle_and_stay_beyond_the_busy_ones() -> None
             await cluster.wait_for_workers(2)
             auto = (await cluster.status())["autoscaler"]
             assert auto["policy"] == "demand" and auto["desired"] == {"p": 2}
+            assert auto["policy_params"] == {"spare": "2"}
             started, release = threading.Event(), threading.Event()
 
             def hold() -> str:
