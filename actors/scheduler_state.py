@@ -1896,6 +1896,12 @@ class SchedulerState:
                 if d.consumers == 0 and d.wanted == 0 and d.state in ACTIVE:
                     self._to_cancel.append((d, f"only needed by {ts.key!r}, which is {finish}"))
 
+    def _estimate(self, ts: TaskState) -> float:
+        """Seconds ``ts`` is expected to run: its category's mean duration so far
+        (``unknown_duration`` before any of the category has finished)."""
+        st = self.stats.get(ts.spec.category)
+        return st.mean_duration if st is not None and st.count else self.config.unknown_duration
+
     def _wave_moved(self, ts: TaskState, entered: bool) -> None:
         """``ts`` entered or left ``waiting``: keep its dependents' ``waiting_deps`` and
         :attr:`next_wave` up to date (one pass over its dependents, once per move)."""
@@ -1928,7 +1934,6 @@ class SchedulerState:
         inputs in all: the answer is a hint for the autoscaler, whose pools are bounded
         anyway, asked every tick on the scheduler's loop."""
         out: dict[str, list[float]] = {}
-        unknown = self.config.unknown_duration
         budget = UPCOMING_INPUTS
         for pool, wave in self.next_wave.items():
             times = []
@@ -1940,8 +1945,7 @@ class SchedulerState:
                 for d in ts.deps:
                     if d.state == "memory":
                         continue
-                    st = self.stats.get(d.spec.category)
-                    mean = st.mean_duration if st is not None and st.count else unknown
+                    mean = self._estimate(d)
                     t = d.sent + mean - now if d.state == "processing" else mean
                     if t < -mean:
                         break  # running past twice its mean: late
@@ -2644,8 +2648,7 @@ class SchedulerState:
         ts.worker = wid
         ts.sent = sent
         ts.disk_need = need
-        st = self.stats.get(ts.spec.category)
-        ts.est = st.mean_duration if st is not None and st.count else self.config.unknown_duration
+        ts.est = self._estimate(ts)
         ws.occupancy += ts.est
         ws.processing.add(ts)
         ws.n_producers += ts.producer
@@ -2992,8 +2995,7 @@ class SchedulerState:
         ts.worker = ws.id  # first: the transition's monitoring record names it
         self._set(ts, "processing")
         ts.sent = self._now
-        st = self.stats.get(ts.spec.category)
-        ts.est = st.mean_duration if st is not None and st.count else self.config.unknown_duration
+        ts.est = self._estimate(ts)
         ws.occupancy += ts.est
         ws.processing.add(ts)
         ws.n_producers += ts.producer

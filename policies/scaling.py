@@ -174,9 +174,8 @@ class DemandBlocks:
     ``SchedulerState.upcoming``). A block requested now comes up about when such a task
     is ready, so the second stage of a pipeline does not wait a provisioning delay after
     the first; a task whose inputs take longer is not counted until they are nearly
-    done. A number
-    of seconds sets the horizon; ``0`` or None turns it off (Parsl's and a queue-length
-    scaler's view: ready and running tasks only).
+    done. A number of seconds sets the horizon; ``0`` or None turns it off (Parsl's and
+    a queue-length scaler's view: ready and running tasks only).
 
     Level-triggered: the answer depends only on the view now. Blocks requested or
     pending count in ``blocks + requested`` like running ones, so nothing is asked
