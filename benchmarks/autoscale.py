@@ -97,6 +97,8 @@ same delay in all three).
     python benchmarks/autoscale.py                  # the three scenarios, seeds 1-5
     python benchmarks/autoscale.py --scenario pipelines
     python benchmarks/autoscale.py --seeds 3 --scenario stuck
+    python benchmarks/autoscale.py --seeds 10 --first-seed 6   # seeds 6-15
+    python benchmarks/autoscale.py --pool-limit cpu.max_idletime=420   # Corral's rows
     python benchmarks/autoscale.py --quick --json   # small (the test's size)
 """
 
@@ -222,6 +224,9 @@ class Settings:
     warm: tuple[tuple[str, int], ...] = (("gpu", 4),)
     #: the ``corral-spare`` row: blocks kept beyond the active tasks' (``--spare``)
     spare: int = 12
+    #: every Corral row's pool limits changed from the defaults above, as a user would
+    #: set them in a pool's configuration: (pool, field, value) (``--pool-limit``)
+    corral_limits: tuple[tuple[str, str, float], ...] = ()
     tail: float = 4 * HOUR  #: after the last arrival, the most the run goes on
 
 
@@ -657,6 +662,7 @@ class CorralScaler(Scaler):
                 slots_per_block=1, max_idletime=s.max_idletime,
                 provisioning_timeout=s.provisioning_timeout,
             )  # fmt: skip
+            limits = dataclasses.replace(limits, **_limits_of(s, p.name))
             events.append(TargetSet(0.0, p.name, 0, p.name, limits))
         self.feed(*events)
 
@@ -1265,6 +1271,38 @@ def _warm(text: str) -> tuple[tuple[str, int], ...]:
     return tuple(out)
 
 
+#: the pool limits ``--pool-limit`` may change: the others are each pool's fleet
+#: (``max_blocks``, the same for every system) or set by the rows (``min_blocks``)
+POOL_LIMITS = {"max_idletime": float, "spare_blocks": int, "provisioning_timeout": float}
+
+
+def _limits_of(s: Settings, pool: str) -> dict[str, Any]:
+    """``s.corral_limits`` for ``pool``, as ``PoolLimits`` fields (the later wins)."""
+    return {key: POOL_LIMITS[key](v) for name, key, v in s.corral_limits if name == pool}
+
+
+def _pool_limit(text: str) -> tuple[str, str, float]:
+    """``--pool-limit cpu.max_idletime=450``: one field of one pool's limits."""
+    pools = {p.name: p.max_blocks for p in FULL.pools}
+    target, _, value = text.partition("=")
+    pool, _, key = target.partition(".")
+    try:
+        number = float(value)
+        if math.isnan(number):
+            raise ValueError("give a number, not nan")
+        if pool not in pools or key not in POOL_LIMITS:
+            raise ValueError(f"{target!r} is not POOL.FIELD")
+        if POOL_LIMITS[key] is int and not number.is_integer():
+            raise ValueError(f"{key} takes a whole number, got {value!r}")
+        PoolLimits(max_blocks=pools[pool], **{key: POOL_LIMITS[key](number)})
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: give POOL.FIELD=VALUE with POOL one of {', '.join(pools)} and FIELD "
+            f"one of {', '.join(POOL_LIMITS)} ({exc})"
+        ) from None
+    return pool, key, number
+
+
 def _spare(text: str) -> int:
     """``--spare 12``: a whole number of blocks, 0 or more."""
     if not text.isdigit():
@@ -1276,6 +1314,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="1.5 h of bursts, one seed")
     ap.add_argument("--seeds", type=int, default=None, help="seeds 1..N (default 5; quick 1)")
+    ap.add_argument(
+        "--first-seed", type=int, default=1, metavar="K",
+        help="count the --seeds from K instead of 1 (K..K+N-1): seeds no setting was "
+        "chosen on, to check a figure holds beyond seeds 1-5",
+    )  # fmt: skip
     ap.add_argument("--seed", type=int, default=None, help="only this seed")
     ap.add_argument(
         "--scenario", choices=[*SCENARIOS, "all"], default="all",
@@ -1304,6 +1347,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="idle blocks the corral-spare row keeps per pool beyond the active tasks' "
         "(the demand strategy's spare; default 12)",
     )  # fmt: skip
+    ap.add_argument(
+        "--pool-limit", type=_pool_limit, action="append", default=[],
+        metavar="POOL.FIELD=VALUE",
+        help="a pool limit of every Corral row, as in a pool's configuration (repeat it): "
+        f"FIELD one of {', '.join(POOL_LIMITS)}; e.g. cpu.max_idletime=450",
+    )  # fmt: skip
     ap.add_argument("--json", action="store_true", help="machine-readable output")
     args = ap.parse_args(argv)
     s = QUICK if args.quick else FULL
@@ -1313,13 +1362,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         s = dataclasses.replace(s, warm=args.warm)
     if args.spare is not None:
         s = dataclasses.replace(s, spare=args.spare)
+    if args.pool_limit:
+        s = dataclasses.replace(s, corral_limits=tuple(args.pool_limit))
     systems = (
         (*SYSTEMS, *ORACLES) if args.systems == "three" else (*SYSTEMS, *EXTRA, *KNOBS, *ORACLES)
     )
     if args.seed is not None:
         seeds: list[int] = [args.seed]
     else:
-        seeds = list(range(1, (args.seeds or (1 if args.quick else 5)) + 1))
+        first = args.first_seed
+        seeds = list(range(first, first + (args.seeds or (1 if args.quick else 5))))
     scenarios = list(SCENARIOS) if args.scenario == "all" else [args.scenario]
     t0 = time.perf_counter()
     results = run_all(s, seeds, scenarios, systems)
@@ -1337,6 +1389,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         }  # fmt: skip
         print(json.dumps(out, indent=1))
         return 0
+    if s.corral_limits:
+        print("every Corral row's pool limits changed: " + ", ".join(
+            f"{pool}.{key}={POOL_LIMITS[key](v)}" for pool, key, v in s.corral_limits))  # fmt: skip
     for sc, per_seed in results.items():
         print(table(sc, per_seed))
         if not SCENARIOS[sc][1]:  # the FIFO bound is for jobs that arrive on their own

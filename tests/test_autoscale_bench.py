@@ -112,6 +112,9 @@ def test_the_table_has_one_row_per_system(capsys: pytest.CaptureFixture[str]) ->
         run["oracle"]["p95_wait"] / min(run["parsl"]["p95_wait"], run["keda"]["p95_wait"])
     )
     assert run["corral"]["unfinished"] == run["parsl"]["unfinished"] == 0
+    assert bench.main(["--quick", "--json", "--scenario", "stuck", "--seeds", "2",
+                       "--first-seed", "6"]) == 0  # fmt: skip
+    assert [r["seed"] for r in json.loads(capsys.readouterr().out)["stuck"]] == [6, 7]
 
 
 def test_the_knob_rows_run_with_their_knobs() -> None:
@@ -268,3 +271,32 @@ def test_the_simulated_next_wave_answers_as_the_scheduler_core_does() -> None:
     assert cluster.upcoming() == {"gpu": [0.0]}  # overdue
     cluster.now = 331.0
     assert cluster.upcoming() == {}  # past twice its mean: late
+
+
+def test_pool_limit_changes_every_corral_row_and_refuses_what_no_pool_takes(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``--pool-limit``: a field of a pool's limits, as a user configures it, for the Corral
+    rows only; a bad pool, field or value is refused with what to give."""
+    assert bench._pool_limit("cpu.max_idletime=450") == ("cpu", "max_idletime", 450.0)
+    for bad in (
+        "tpu.max_idletime=4",
+        "cpu.max_blocks=3",
+        "cpu.spare_blocks=1.5",
+        "gpu.spare_blocks=5",
+        "gpu.max_idletime=-1",
+        "gpu.max_idletime=nan",
+        "cpu",
+    ):
+        with pytest.raises(SystemExit):
+            bench.main(["--quick", "--pool-limit", bad])
+        err = capsys.readouterr().err
+        assert "give POOL.FIELD=VALUE with POOL one of cpu, gpu and FIELD one of" in err, bad
+    s = dataclasses.replace(
+        bench.QUICK, corral_limits=(("cpu", "spare_blocks", 3.0), ("gpu", "spare_blocks", 1.0))
+    )
+    for system, at_start in (("corral", {"cpu": 3, "gpu": 1}), ("parsl", {})):
+        cluster = bench.Cluster(s, bench.make_jobs(s, SEED), bench.Delays(s, SEED))
+        cluster.run(bench.FACTORIES[system](cluster))
+        assert cluster.unfinished == 0, system
+        assert Counter(b.pool for b in cluster.ended if b.requested == 0.0) == at_start, system
