@@ -500,8 +500,8 @@ function renderCapacity(s) {
         h("td", {text: (w.idle || 0) + " idle, " + (w.busy || 0) + " busy" +
           (w.draining ? ", " + w.draining + " draining" : "") +
           (p.throttled ? ", " + p.throttled + " throttled" : "")}),
-        h("td", {text: blocks + (p.blocks_pending ? " (" + p.blocks_pending +
-          " pending, oldest " + secs(p.oldest_pending) + ")" : "") +
+        h("td", {text: blocks + (p.blocks_pending ? " (the oldest asked for " +
+          secs(p.oldest_pending) + " ago)" : "") +
           (p.target !== null ? "; target " + p.target : "") +
           (p.desired !== null && p.desired !== p.target ? ", policy wants " + p.desired : "")}));
     })));

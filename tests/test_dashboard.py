@@ -10,6 +10,7 @@ import gc
 import itertools
 import json
 import os
+import re
 import shutil
 import time
 import weakref
@@ -445,8 +446,13 @@ async def test_the_dashboard_in_chromium_follows_a_real_run(browser: Any, tmp_pa
     async def in_browser(fn: Any, *args: Any) -> Any:
         return await anyio.to_thread.run_sync(fn, *args)
 
-    config = tmp_path / "corral.toml"  # a queue-time rule short enough for a test
+    # Pool cpu: the two workers started below, and blocks the autoscaler asks for in
+    # the burst, which stay pending (their provisioning delay outlasts the test), as a
+    # batch queue's would. A queue-time rule short enough for a test.
+    config = tmp_path / "corral.toml"
     config.write_text(
+        '[pools.cpu]\nprovider = "local"\nmin_blocks = 0\ninit_blocks = 0\n'
+        "max_blocks = 2\nprovision_delay = 3600\n\n"
         '[alerting]\ninterval = 0.5\n\n[[alerts]]\nname = "QueueTime"\n'
         "expr = 'corral_queue_depth > 0 and corral_queue_oldest_wait_seconds > 1'\n"
         'for = 1\nlabels = {team = "ci", priority = "P2"}\n'
@@ -485,6 +491,15 @@ async def test_the_dashboard_in_chromium_follows_a_real_run(browser: Any, tmp_pa
                 # The burst waits: the queue-time rule goes pending, then fires.
                 firing = await in_browser(page.wait_for_alert, "QueueTime")
                 assert "max_queue_size" in firing and "P2" in firing, firing
+                # The blocks asked for show as pending capacity, the strategy in force.
+                capacity = await in_browser(
+                    page.wait, "const c = document.getElementById('capacity').innerText;"
+                    "return c.includes('2 pending (the oldest asked for ') ? c : false;",
+                    "the pool's two pending blocks",
+                )  # fmt: skip
+                assert "2 busy" in capacity, capacity
+                policies = browser.find_element("id", "policies").text
+                assert re.search(r"scaling\s+demand", policies), policies
                 await in_browser(page.screenshot, tmp_path / "dashboard.png")
                 gate.touch()
                 assert [await f for f in burst] == ["opened"] * 12
