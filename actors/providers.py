@@ -141,14 +141,23 @@ class WorkerFactory(Protocol):
 
 class InProcessProvider(Provider):
     """Worker actors inside the same actor system (the embedded, no-setup case), each
-    made by ``make_worker``."""
+    made by ``make_worker``. Its workers find their peers with ``peers`` (a worker id to
+    a reference, or None), by default among this provider's own workers only: where
+    several providers (one per pool) share a cluster, give the cluster's lookup, so a
+    task of one pool can read an output a worker of another holds."""
 
     def __init__(
-        self, system: ActorSystem, make_worker: WorkerFactory, *, prefix: str = "worker"
+        self,
+        system: ActorSystem,
+        make_worker: WorkerFactory,
+        *,
+        prefix: str = "worker",
+        peers: Callable[[str], ActorRef[Any] | None] | None = None,
     ) -> None:
         self.system = system
         self.make_worker = make_worker
         self.prefix = prefix
+        self.peers = peers or self.resolve
         self._ids = itertools.count(1)
         self._refs: dict[str, ActorRef[Any]] = {}
 
@@ -161,7 +170,7 @@ class InProcessProvider(Provider):
         block = Block(f"block-{n}", spec, BlockState.PENDING, [])
         for i in range(spec.workers):
             wid = f"{self.prefix}-{n}" if spec.workers == 1 else f"{self.prefix}-{n}.{i}"
-            worker = self.make_worker(block.block_id, wid, spec, self.resolve)
+            worker = self.make_worker(block.block_id, wid, spec, self.peers)
             self._refs[wid] = await self.system.spawn(worker, wid, escalate=False)
             block.workers.append(wid)
         block.state = BlockState.RUNNING

@@ -838,7 +838,10 @@ class Cluster:
             )
         else:
             make = worker_factory(plane.refs["scheduler"], memory_options=self.memory_options)
-            providers = {name: InProcessProvider(system, make, prefix=name) for name in self.pools}
+            providers = {
+                name: InProcessProvider(system, make, prefix=name, peers=plane.resolve)
+                for name in self.pools
+            }
             await start_autoscaler(plane, providers, pool_targets(self.pools))
         await self._finish_start(system, plane)
 

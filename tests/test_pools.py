@@ -281,6 +281,23 @@ async def test_a_cluster_runs_a_graph_on_the_workers_of_its_pools() -> None:
 
 
 @pytest.mark.anyio
+async def test_a_task_of_one_pool_reads_an_output_another_pools_worker_holds() -> None:
+    """In-process pools are one provider each; their workers find each other's outputs
+    all the same (before, the fetch failed with "gone" over and over, and the task
+    never ran)."""
+    pools = {"cpu": {"min_blocks": 1, "max_blocks": 1}, "gpu": {"min_blocks": 1, "max_blocks": 1}}
+    with anyio.fail_after(30):
+        async with Cluster(pools=pools) as cluster:
+            await cluster.wait_for_workers(2)
+            (a,) = await cluster.submit_graph({"a": (operator.add, 1, 2)}, ["a"], pool="cpu")
+            assert await a == 3
+            (b,) = await cluster.submit_graph({"b": (operator.mul, "a", 10)}, ["b"], pool="gpu")
+            assert await b == 30
+            tasks = cluster.scheduler_state.tasks
+            assert [tasks[k].tries[-1].worker for k in "ab"] == ["cpu-1", "gpu-1"]
+
+
+@pytest.mark.anyio
 async def test_each_pool_gets_its_provider_with_the_pools_options(tmp_path: Path) -> None:
     from actors.processes import LocalProcessProvider
     from actors.slurm import HOST_PLACEHOLDER, SlurmOptions, SlurmProvider
