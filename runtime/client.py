@@ -44,7 +44,7 @@ from runtime.errors import (
     ManagerLost,
 )
 from runtime.files import File
-from runtime.graph import Key, make_task
+from runtime.graph import Key, TaskOptions, make_task
 from runtime.kernel import Actor, ActorRef, ActorSystem, handles
 from runtime.log import get_logger
 from runtime.messages import (
@@ -279,7 +279,8 @@ class ClientActor(Actor):
     def __init__(self, manager: ActorRef[Manager] | _RemoteManager) -> None:
         self.manager = manager
         self.watches: dict[Key, _KeyWatch] = {}
-        self.pending: dict[Key, Any] = {}  #: tasks from submit() not sent yet
+        #: tasks from submit() not sent yet, with their options, in the order made
+        self.pending: dict[Key, tuple[Any, TaskOptions]] = {}
         self.flush_queued = False
         self.to_release: dict[Key, None] = {}  #: keys no Future holds any more, not yet sent
         #: gathers waiting on each key (its update, or its retry)
@@ -381,15 +382,28 @@ class ClientActor(Actor):
 
     @handles(_Flush)
     async def flush(self, msg: _Flush) -> None:
+        """Send the tasks of ``submit`` calls as one graph per run of calls with the same
+        options, in the order they were made (a task's inputs were submitted before it,
+        so each graph's dependencies went out before it)."""
         self.flush_queued = False
-        graph, self.pending = self.pending, {}
-        if not graph:
-            return
-        try:
-            await self.manager.ask(SubmitGraphRequest(graph, tuple(graph), self.name))
-        except CorralError as exc:
-            for key in graph:
-                self.fail_local(key, exc)
+        pending, self.pending = self.pending, {}
+        runs: list[tuple[TaskOptions, dict[Key, Any]]] = []
+        for key, (task, opts) in pending.items():
+            if not runs or runs[-1][0] != opts:
+                runs.append((opts, {}))
+            runs[-1][1][key] = task
+        for i, (opts, graph) in enumerate(runs):
+            request = SubmitGraphRequest(
+                graph, tuple(graph), self.name, opts.priority, opts.retries,
+                dict(opts.resources) or None, opts.pool,
+            )  # fmt: skip
+            try:
+                await self.manager.ask(request)
+            except CorralError as exc:  # and the later graphs, which may need this one
+                for _, later in runs[i:]:
+                    for key in later:
+                        self.fail_local(key, exc)
+                return
 
     def fail_local(self, key: Key, error: BaseException) -> None:
         self._settle(KeyErred("", key, error, key, error))
@@ -889,13 +903,20 @@ class Cluster:
         *args: Any,
         key: Key | None = None,
         pure: bool = True,
+        priority: float = 0,
+        retries: int = 0,
+        resources: Mapping[str, float] | None = None,
+        pool: str | None = None,
         **kwargs: Any,
     ) -> Future:
         """Run ``func(*args, **kwargs)`` on the cluster; futures in the arguments (also
         inside lists, tuples and dicts) become dependencies. Returns a :class:`Future`.
 
-        Calls are batched: every ``submit`` made before the event loop next runs goes to
-        the manager as one graph.
+        ``priority``, ``retries``, ``resources`` and ``pool`` are the task's settings, as
+        :meth:`submit_graph` takes them (not passed to ``func``); a bad one raises
+        :class:`~runtime.errors.GraphError` here. Calls are batched: every ``submit``
+        made before the event loop next runs goes to the manager as one graph (one per
+        run of calls with the same settings).
         """
         self._require()
         if not callable(func):
@@ -903,10 +924,12 @@ class Cluster:
         if key is None:
             token = tokenize(func, args, kwargs) if pure else os.urandom(16).hex()
             key = f"{funcname(func)}-{token}"
+        opts = TaskOptions.of(key, priority, retries, resources, pool)
         client = self._client_actor
         fut = Future(key, self)
         if key not in client.pending and fut._watch.update is None:
-            client.pending[key] = make_task(key, func, args, kwargs, self._key_of_future)
+            task = make_task(key, func, args, kwargs, self._key_of_future)
+            client.pending[key] = (task, opts)
             if not client.flush_queued:
                 client.flush_queued = True
                 client.ref.post(_Flush())
@@ -915,7 +938,9 @@ class Cluster:
     def map(
         self, func: Callable[..., Any], *iterables: Iterable[Any], pure: bool = True, **kwargs: Any
     ) -> list[Future]:
-        """``submit(func, *items, **kwargs)`` for each tuple of items of ``iterables``."""
+        """``submit(func, *items, **kwargs)`` for each tuple of items of ``iterables``
+        (``priority``, ``retries``, ``resources`` and ``pool`` among ``kwargs`` are the
+        tasks' settings, as in :meth:`submit`)."""
         return [
             self.submit(func, *items, pure=pure, **kwargs)
             for items in zip(*iterables, strict=False)

@@ -156,6 +156,36 @@ def _checked(key: Key, ann: Mapping[str, Any] | None, defaults: dict[str, Any]) 
     return out
 
 
+@dataclasses.dataclass(frozen=True)
+class TaskOptions:
+    """One ``submit`` call's settings, checked: what :class:`SubmitGraphRequest` takes
+    for a whole submission (hashable, so calls with equal settings go as one graph)."""
+
+    priority: float = 0.0
+    retries: int = 0
+    resources: tuple[tuple[str, float], ...] = ()
+    pool: str | None = None
+
+    @classmethod
+    def of(
+        cls,
+        key: Key,
+        priority: float = 0,
+        retries: int = 0,
+        resources: Mapping[str, float] | None = None,
+        pool: str | None = None,
+    ) -> TaskOptions:
+        """Checked as a graph's options are: :class:`GraphError` naming ``key``."""
+        opts = _checked(
+            key, None, {"priority": priority, "retries": retries, "resources": resources,
+                        "pool": pool}
+        )  # fmt: skip
+        return cls(
+            opts["priority"], opts["retries"], tuple(sorted(opts["resources"].items())),
+            opts["pool"],
+        )  # fmt: skip
+
+
 def _materialize(graph: Any) -> tuple[Mapping[Key, Any], dict[Key, dict[str, Any]]]:
     """The graph as a mapping, and its per-key annotations."""
     if isinstance(graph, Expr):

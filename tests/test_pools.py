@@ -21,7 +21,7 @@ from actors.pools import PoolConfig, load_config, parse_seconds, pools_from_dict
 from actors.providers import BlockSpec
 from policies.scaling import PoolLimits
 from runtime import Cluster
-from runtime.errors import PoolConfigError
+from runtime.errors import GraphError, PoolConfigError
 from runtime.messages import StatusRequest
 from runtime.node import pool_drain_period, pool_policies, pool_targets
 from tests.helpers import wait_until
@@ -295,6 +295,39 @@ async def test_a_task_of_one_pool_reads_an_output_another_pools_worker_holds() -
             assert await b == 30
             tasks = cluster.scheduler_state.tasks
             assert [tasks[k].tries[-1].worker for k in "ab"] == ["cpu-1", "gpu-1"]
+
+
+@pytest.mark.anyio
+async def test_submit_takes_each_calls_pool_and_settings() -> None:
+    """``submit(..., pool=, priority=, retries=, resources=)`` are the task's settings,
+    not the function's arguments. Calls made together go as one graph per run of calls
+    with the same settings, in the order made, so a task may need another pool's."""
+    pools = {"cpu": {"min_blocks": 1, "max_blocks": 1}, "gpu": {"min_blocks": 1, "max_blocks": 1}}
+    with anyio.fail_after(30):
+        async with Cluster(pools=pools) as cluster:
+            await cluster.wait_for_workers(2)
+            a = cluster.submit(operator.add, 1, 2, pool="cpu")
+            b = cluster.submit(operator.mul, a, 10, pool="gpu", priority=5, retries=2)
+            c = cluster.submit(operator.neg, b, pool="cpu", resources={"cores": 1})
+            d = cluster.map(operator.add, [1, 2], [10, 20], pool="gpu")
+            assert await c == -30 and await cluster.gather(d) == [11, 22]
+            tasks = cluster.scheduler_state.tasks
+            for fut, pool in ((a, "cpu"), (b, "gpu"), (c, "cpu"), (d[0], "gpu"), (d[1], "gpu")):
+                ts = tasks[fut.key]
+                assert ts.spec.pool == pool and ts.tries[-1].worker == f"{pool}-1", fut.key
+            assert (tasks[b.key].spec.priority, tasks[b.key].spec.retries) == (5.0, 2)
+            assert tasks[c.key].spec.resources == {"cores": 1.0}
+            assert (tasks[a.key].spec.priority, tasks[a.key].spec.retries) == (0.0, 0)
+            # A bad setting is refused at the call, naming the task; nothing is sent.
+            for bad, match in (
+                ({"retries": -1}, "retries=-1; it must be >= 0"),
+                ({"pool": 3}, "pool=3; it must be a string"),
+                ({"priority": "high"}, "priority must be a number"),
+                ({"resources": {"cores": "two"}}, "resources a mapping of names to numbers"),
+            ):
+                with pytest.raises(GraphError, match=match):
+                    cluster.submit(operator.neg, 1, key="bad-1", **bad)
+            assert "bad-1" not in tasks and not cluster._client_actor.pending
 
 
 @pytest.mark.anyio
