@@ -146,6 +146,7 @@ from runtime.errors import (
     CancelledError,
     DependencyFailed,
     DiskFull,
+    InputsUnreachable,
     InvalidTransition,
     MemoryStalled,
     MissingKeysError,
@@ -221,6 +222,9 @@ UPCOMING_MOST = 1024
 #: inputs it looks at per call, at most (a task with very many inputs costs its share)
 UPCOMING_INPUTS = 20_000
 RECENT_TRIES = 300  #: the latest tries that ended (any outcome) kept for the task stream
+#: a task whose inputs could not be had from connected workers this many times in a
+#: row fails with InputsUnreachable instead of waiting for them again
+MAX_INPUTS_UNREACHABLE = 5
 MAX_FAILURE_GROUPS = 1000  #: failure groups kept; later new causes count under "(other)"
 
 
@@ -720,6 +724,7 @@ class TaskState:
         "state",
         "tries",
         "unneeded",
+        "unreachable",
         "waiting_deps",
         "waiting_on",
         "wanted",
@@ -763,6 +768,8 @@ class TaskState:
         self.producer = False  #: a memory producer (as of its latest enqueue)
         self.retries_left = spec.retries  #: user retry budget left
         self.lost_tries = 0  #: tries lost with their worker
+        #: times its inputs could not be had from workers still connected (in a row)
+        self.unreachable = 0
         self.tries: list[TryRecord] = []  #: every attempt
         self.error: BaseException | None = None  #: what its future raises (erred/cancelled)
         self.root: tuple[Key, BaseException] | None = None  #: (failed task, its exception)
@@ -1609,7 +1616,7 @@ class SchedulerState:
             if res.outcome == "ok":
                 self._finished_ok(ts, ws, res)
             elif res.outcome == "missing":
-                self._inputs_missing(ts, res)
+                self._inputs_missing(ts, res, ws.id)
             elif res.outcome == "cancelled":
                 if self._promote_copy(ts):
                     continue
@@ -2125,10 +2132,25 @@ class SchedulerState:
         if ts.wanted:
             self._out.append(KeyDone(self._stimulus, ts.key, ws.id, ts.nbytes))
 
-    def _inputs_missing(self, ts: TaskState, res: TaskResult) -> None:
-        for dk, wid in res.missing:
-            self._not_on(dk, wid)
-        if not self._promote_copy(ts):
+    def _inputs_missing(self, ts: TaskState, res: TaskResult, wid: str) -> None:
+        """``ts`` could not get inputs on ``wid``: forget those replicas (making the
+        outputs again where they were the last) and put it back, or, after
+        :data:`MAX_INPUTS_UNREACHABLE` times in a row from holders still connected,
+        fail it with :class:`InputsUnreachable` (a worker that cannot reach its peers
+        would otherwise fetch, fail and recompute for ever)."""
+        held = tuple((dk, h) for dk, h in res.missing if h in self.workers)
+        ts.unreachable = ts.unreachable + 1 if held else 0
+        if ts.unreachable >= MAX_INPUTS_UNREACHABLE and ts.state == "processing":
+            pairs = tuple((str(dk), h) for dk, h in held)
+            err = InputsUnreachable(str(ts.key), wid, pairs, ts.unreachable)
+            self._log(ts.key, "unreachable", f"{ts.unreachable} times: {pairs}")
+            ts.error = err
+            ts.root = (ts.key, err)
+            self._set(ts, "erred")
+            self._terminal(ts)
+        for dk, holder in res.missing:
+            self._not_on(dk, holder)
+        if ts.state == "processing" and not self._promote_copy(ts):
             self._back_to_ready(ts)
 
     def _not_on(self, key: Key, wid: str) -> None:

@@ -33,6 +33,7 @@ __all__ = [
     "DiskFull",
     "FrameTooLarge",
     "GraphError",
+    "InputsUnreachable",
     "InvalidAddress",
     "InvalidTransition",
     "MailboxFull",
@@ -520,6 +521,33 @@ def _disk_size(n: float) -> str:
 def _size(n: float) -> str:
     """Bytes for people: MiB below a GiB, GiB above."""
     return f"{n / 2**20:.1f} MiB" if n < 2**30 else _gib(n)
+
+
+class InputsUnreachable(CorralError):
+    """A task's inputs could not be had from workers that were still connected, ``times``
+    tries in a row (the task did not start): they could not hand the outputs over (a
+    worker that cannot reach its peer, a transfer that keeps timing out or failing its
+    checksum) or did not have them any more. Making the inputs again did not help, so
+    it failed instead of trying for ever. ``inputs`` are the latest ``(key, holder)``
+    pairs that failed; ``worker`` the one that could not get them."""
+
+    def __init__(
+        self, key: str, worker: str, inputs: tuple[tuple[str, str], ...], times: int
+    ) -> None:
+        pairs = ", ".join(f"{k!r} from {w!r}" for k, w in inputs[:8])
+        more = f" and {len(inputs) - 8} more" if len(inputs) > 8 else ""
+        super().__init__(
+            f"task {key!r} could not get its inputs on worker {worker!r} ({pairs}{more}) "
+            f"{times} times in a row, from workers still connected; it was not started. "
+            "Check that the workers can reach each other (each worker's --host, the "
+            "address its peers reach it on; a firewall between hosts or pools): the "
+            "worker's log says why each fetch failed ('fetch failed'). Then submit it "
+            "again.",
+            key=key,
+            worker=worker,
+            inputs=inputs,
+            times=times,
+        )
 
 
 class TaskTooLarge(CorralError):

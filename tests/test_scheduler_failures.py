@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from actors.scheduler_state import (
+    MAX_INPUTS_UNREACHABLE,
     DropData,
     Execute,
     FileFact,
@@ -33,6 +34,7 @@ from actors.scheduler_state import (
 from policies import REGISTRY, PolicyParamsError
 from runtime.errors import (
     DependencyFailed,
+    InputsUnreachable,
     TaskCrashedWorkers,
     WorkerLost,
 )
@@ -252,15 +254,21 @@ def test_output_held_only_by_a_lost_worker_is_recomputed_while_needed(
     assert assigned(cmds) == {"w2": ["b"]}
 
 
-def test_output_held_only_by_a_lost_worker_is_released_when_not_needed(
-    make_state: Factory,
-) -> None:
+def _b_on_w2_needs_a_on_w1(make_state: Factory) -> SchedulerState:
+    """a done on w1 (pool p1), b (pool p2, needs a) sent to w2."""
     s = make_state(saturation=1.0)
     join(s, "w1", pool="p1")
     join(s, "w2", pool="p2")
     submit(s, {"a": [], "b": ["a"]}, ["b"], attrs={"a": {"pool": "p1"}, "b": {"pool": "p2"}})
     finish(s, "w1", "a")
     assert on(s, "w2") == {"b"}
+    return s
+
+
+def test_output_held_only_by_a_lost_worker_is_released_when_not_needed(
+    make_state: Factory,
+) -> None:
+    s = _b_on_w2_needs_a_on_w1(make_state)
     finish(s, "w2", "b", fetched=("a",))
     assert s.tasks["a"].who_has == {"w1", "w2"}  # w2 copied a to run b
 
@@ -297,12 +305,7 @@ def test_an_unneeded_lost_output_without_dependents_is_forgotten(make_state: Fac
 def test_a_missing_input_puts_the_task_back_and_recomputes_the_input(
     make_state: Factory,
 ) -> None:
-    s = make_state(saturation=1.0)
-    join(s, "w1", pool="p1")
-    join(s, "w2", pool="p2")
-    submit(s, {"a": [], "b": ["a"]}, ["b"], attrs={"a": {"pool": "p1"}, "b": {"pool": "p2"}})
-    finish(s, "w1", "a")
-    assert on(s, "w2") == {"b"}
+    s = _b_on_w2_needs_a_on_w1(make_state)
     # w1 lost a (disk wiped) before w2 could fetch it.
     cmds = finish(s, "w2", "b", "missing", missing=(("a", "w1"),))
     assert assigned(cmds) == {"w1": ["a"]}
@@ -316,6 +319,47 @@ def test_a_missing_input_puts_the_task_back_and_recomputes_the_input(
     cmds = finish(s, "w1", "a")
     assert assigned(cmds) == {"w2": ["b"]}
     assert of(cmds, Execute)[0].tasks[0].deps == (("a", ("w1",)),)
+
+
+def test_inputs_a_connected_holder_never_hands_over_fail_the_task(make_state: Factory) -> None:
+    """w2 cannot get a from w1 (say, it cannot reach w1), though both stay connected:
+    a is made again and b sent back each time, then, the fifth time in a row, b fails
+    with InputsUnreachable instead of going round for ever; a is not made again for
+    nobody."""
+    s = _b_on_w2_needs_a_on_w1(make_state)
+    assert MAX_INPUTS_UNREACHABLE == 5
+    for i in range(1, MAX_INPUTS_UNREACHABLE):
+        cmds = finish(s, "w2", "b", "missing", missing=(("a", "w1"),))
+        assert assigned(cmds) == {"w1": ["a"]} and of(cmds, KeyErred) == []
+        assert states(s) == {"a": "processing", "b": "waiting"}
+        assert s.tasks["b"].unreachable == i
+        finish(s, "w1", "a")
+        assert on(s, "w2") == {"b"}
+    cmds = finish(s, "w2", "b", "missing", missing=(("a", "w1"),))
+    (erred,) = of(cmds, KeyErred)
+    err = erred.error
+    assert erred.key == "b" and isinstance(err, InputsUnreachable)
+    assert (err.key, err.worker, err.inputs, err.times) == ("b", "w2", (("a", "w1"),), 5)
+    assert "could not get its inputs on worker 'w2' ('a' from 'w1') 5 times in a row" in str(err)
+    assert assigned(cmds) == {}  # a is not made again: nothing needs it now
+    assert s.tasks["b"].state == "erred"
+    assert [(c.worker, c.keys) for c in of(cmds, DropData)] == [("w1", ("a",))]
+
+
+def test_inputs_lost_with_their_holder_do_not_count_as_unreachable(make_state: Factory) -> None:
+    """Only holders still connected count: a holder that left takes its outputs with it,
+    which is a worker loss (made again, as often as it happens), and starts the count
+    over."""
+    s = _b_on_w2_needs_a_on_w1(make_state)
+    finish(s, "w2", "b", "missing", missing=(("a", "w1"),))
+    assert s.tasks["b"].unreachable == 1
+    finish(s, "w1", "a")
+    join(s, "w3", pool="p1")
+    leave(s, "w1")  # a is lost with w1: made again on w3
+    finish(s, "w3", "a")
+    assert on(s, "w2") == {"b"}
+    finish(s, "w2", "b", "missing", missing=(("a", "w1"),))  # from the holder that left
+    assert s.tasks["b"].unreachable == 0 and s.tasks["b"].state != "erred"
 
 
 def test_a_missing_replica_with_another_copy_left_just_retries(make_state: Factory) -> None:
