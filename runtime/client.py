@@ -208,6 +208,9 @@ class _RetryDue(Message):
     wake: Any
 
 
+_DEFAULTS = TaskOptions()  #: a ``submit`` call's settings when it gives none
+
+
 @message(local=True)
 class _Flush(Message):
     """Client-internal: send the tasks queued by ``submit``."""
@@ -924,7 +927,10 @@ class Cluster:
         if key is None:
             token = tokenize(func, args, kwargs) if pure else os.urandom(16).hex()
             key = f"{funcname(func)}-{token}"
-        opts = TaskOptions.of(key, priority, retries, resources, pool)
+        if priority == 0 and retries == 0 and resources is None and pool is None:
+            opts = _DEFAULTS  # the common case: nothing to check
+        else:
+            opts = TaskOptions.of(key, priority, retries, resources, pool)
         client = self._client_actor
         fut = Future(key, self)
         if key not in client.pending and fut._watch.update is None:
