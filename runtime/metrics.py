@@ -80,7 +80,9 @@ class SnapshotCollector(Collector):
             "corral_queue_wait_seconds",
             "Waits from ready to sent to a worker; quantiles over the latest 1000 waits.",
         )
-        running = _gauge("corral_tasks_running", "Tasks running on the pool's workers.", pool)
+        running = _gauge(
+            "corral_tasks_running", "Tasks sent to the pool's workers, not finished.", pool
+        )
         workers = _gauge(
             "corral_workers", "Workers by state (idle, busy, draining).", ["pool", "state"]
         )
