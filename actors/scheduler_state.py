@@ -2137,10 +2137,11 @@ class SchedulerState:
         outputs again where they were the last) and put it back, or, after
         :data:`MAX_INPUTS_UNREACHABLE` times in a row from holders still connected,
         fail it with :class:`InputsUnreachable` (a worker that cannot reach its peers
-        would otherwise fetch, fail and recompute for ever)."""
+        would otherwise fetch, fail and recompute for ever), unless a copy of it runs
+        elsewhere, which then becomes its try."""
         held = tuple((dk, h) for dk, h in res.missing if h in self.workers)
         ts.unreachable = ts.unreachable + 1 if held else 0
-        if ts.unreachable >= MAX_INPUTS_UNREACHABLE and ts.state == "processing":
+        if ts.unreachable >= MAX_INPUTS_UNREACHABLE and not self._promote_copy(ts):
             pairs = tuple((str(dk), h) for dk, h in held)
             err = InputsUnreachable(str(ts.key), wid, pairs, ts.unreachable)
             self._log(ts.key, "unreachable", f"{ts.unreachable} times: {pairs}")
@@ -2150,7 +2151,7 @@ class SchedulerState:
             self._terminal(ts)
         for dk, holder in res.missing:
             self._not_on(dk, holder)
-        if ts.state == "processing" and not self._promote_copy(ts):
+        if ts.unreachable < MAX_INPUTS_UNREACHABLE and not self._promote_copy(ts):
             self._back_to_ready(ts)
 
     def _not_on(self, key: Key, wid: str) -> None:

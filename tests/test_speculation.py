@@ -17,6 +17,7 @@ import anyio
 import pytest
 
 from actors.scheduler_state import (
+    MAX_INPUTS_UNREACHABLE,
     CancelOnWorker,
     CancelRequested,
     DropData,
@@ -24,6 +25,7 @@ from actors.scheduler_state import (
     Execute,
     GraphSubmitted,
     KeyDone,
+    KeyErred,
     SchedulerState,
     TasksFinished,
     Tick,
@@ -195,6 +197,22 @@ def test_the_copy_runs_on_when_the_first_try_fails(make_state: Factory) -> None:
     assert s.tasks["t-5"].state == "processing"
     done(s, "w2", "t-5", T0 + 5)
     assert tries(s, "t-5") == [("w1", "error", None), ("w2", "ok", None)]
+    assert s.tasks["t-5"].state == "memory"
+
+
+def test_the_copy_runs_on_when_the_first_try_gives_up_on_its_inputs(
+    make_state: Factory,
+) -> None:
+    """The first try cannot get an input from a holder still connected, the time that
+    makes it give up (InputsUnreachable): a copy that runs elsewhere becomes the try
+    instead, and nothing fails."""
+    s = straggler(make_state)
+    at(s, Tick, T0 + 3)
+    s.tasks["t-5"].unreachable = MAX_INPUTS_UNREACHABLE - 1  # as after four such reports
+    out = done(s, "w1", "t-5", T0 + 3.5, "missing", missing=(("t-0", "w1"),))
+    assert of(out, KeyErred) == [] and s.tasks["t-5"].state == "processing"
+    assert s.tasks["t-5"].worker == "w2"
+    done(s, "w2", "t-5", T0 + 5)
     assert s.tasks["t-5"].state == "memory"
 
 
