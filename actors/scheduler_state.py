@@ -223,7 +223,8 @@ UPCOMING_MOST = 1024
 UPCOMING_INPUTS = 20_000
 RECENT_TRIES = 300  #: the latest tries that ended (any outcome) kept for the task stream
 #: a task whose inputs could not be had from connected workers this many times in a
-#: row fails with InputsUnreachable instead of waiting for them again
+#: row, for ``SchedulerConfig.unreachable_for`` seconds, fails with InputsUnreachable
+#: instead of waiting for them again
 MAX_INPUTS_UNREACHABLE = 5
 MAX_FAILURE_GROUPS = 1000  #: failure groups kept; later new causes count under "(other)"
 
@@ -596,11 +597,20 @@ class SchedulerConfig:
     #: checkpoints up to ``runtime.task``'s 4 MiB with them, so more than that changes
     #: nothing
     checkpoint_inline_bytes: int = 4 * 2**20
+    #: a task whose inputs could not be had from holders still connected
+    #: (``MAX_INPUTS_UNREACHABLE`` tries or more in a row) fails with InputsUnreachable
+    #: once the first of those tries is this many seconds old: long enough for a
+    #: worker that was killed, stopped or cut off to be declared lost or to come back
+    unreachable_for: float = 120.0
 
     def __post_init__(self) -> None:
         depth = self.prune_depth
         if isinstance(depth, bool) or not isinstance(depth, int) or depth < 0:
             raise PruneDepthError(depth)
+        if not self.unreachable_for >= 0:
+            raise ValueError(
+                f"unreachable_for must be seconds >= 0 (inf: never), got {self.unreachable_for!r}"
+            )
 
 
 @dataclasses.dataclass(slots=True, eq=False)
@@ -725,6 +735,7 @@ class TaskState:
         "tries",
         "unneeded",
         "unreachable",
+        "unreachable_since",
         "waiting_deps",
         "waiting_on",
         "wanted",
@@ -770,6 +781,7 @@ class TaskState:
         self.lost_tries = 0  #: tries lost with their worker
         #: times its inputs could not be had from workers still connected (in a row)
         self.unreachable = 0
+        self.unreachable_since = 0.0  #: when the first of those tries ended
         self.tries: list[TryRecord] = []  #: every attempt
         self.error: BaseException | None = None  #: what its future raises (erred/cancelled)
         self.root: tuple[Key, BaseException] | None = None  #: (failed task, its exception)
@@ -2135,15 +2147,23 @@ class SchedulerState:
     def _inputs_missing(self, ts: TaskState, res: TaskResult, wid: str) -> None:
         """``ts`` could not get inputs on ``wid``: forget those replicas (making the
         outputs again where they were the last) and put it back, or, after
-        :data:`MAX_INPUTS_UNREACHABLE` times in a row from holders still connected,
-        fail it with :class:`InputsUnreachable` (a worker that cannot reach its peers
-        would otherwise fetch, fail and recompute for ever), unless a copy of it runs
-        elsewhere, which then becomes its try."""
+        :data:`MAX_INPUTS_UNREACHABLE` times in a row from holders still connected, the
+        first ``unreachable_for`` seconds ago or more, fail it with
+        :class:`InputsUnreachable` (a worker that cannot reach its peers would otherwise
+        fetch, fail and recompute for ever), unless a copy of it runs elsewhere, which
+        then becomes its try."""
         held = tuple((dk, h) for dk, h in res.missing if h in self.workers)
-        ts.unreachable = ts.unreachable + 1 if held else 0
-        if ts.unreachable >= MAX_INPUTS_UNREACHABLE and not self._promote_copy(ts):
+        if not held:
+            ts.unreachable = 0
+        elif not ts.unreachable:
+            ts.unreachable, ts.unreachable_since = 1, self._now
+        else:
+            ts.unreachable += 1
+        over = self._now - ts.unreachable_since
+        give_up = ts.unreachable >= MAX_INPUTS_UNREACHABLE and over >= self.config.unreachable_for
+        if give_up and not self._promote_copy(ts):
             pairs = tuple((str(dk), h) for dk, h in held)
-            err = InputsUnreachable(str(ts.key), wid, pairs, ts.unreachable)
+            err = InputsUnreachable(str(ts.key), wid, pairs, ts.unreachable, over)
             self._log(ts.key, "unreachable", f"{ts.unreachable} times: {pairs}")
             ts.error = err
             ts.root = (ts.key, err)
@@ -2151,7 +2171,7 @@ class SchedulerState:
             self._terminal(ts)
         for dk, holder in res.missing:
             self._not_on(dk, holder)
-        if ts.unreachable < MAX_INPUTS_UNREACHABLE and not self._promote_copy(ts):
+        if not give_up and not self._promote_copy(ts):
             self._back_to_ready(ts)
 
     def _not_on(self, key: Key, wid: str) -> None:

@@ -525,20 +525,26 @@ def _size(n: float) -> str:
 
 class InputsUnreachable(CorralError):
     """A task's inputs could not be had from workers that were still connected, ``times``
-    tries in a row (the task did not start): they could not hand the outputs over (a
-    worker that cannot reach its peer, a transfer that keeps timing out or failing its
-    checksum) or did not have them any more. Making the inputs again did not help, so
+    tries in a row over ``seconds`` (the task did not start): they could not hand the
+    outputs over (a worker that cannot reach its peer, a transfer that keeps timing out
+    or failing its checksum) or did not have them any more. Making the inputs again did not help, so
     it failed instead of trying for ever. ``inputs`` are the latest ``(key, holder)``
     pairs that failed; ``worker`` the one that could not get them."""
 
     def __init__(
-        self, key: str, worker: str, inputs: tuple[tuple[str, str], ...], times: int
+        self,
+        key: str,
+        worker: str,
+        inputs: tuple[tuple[str, str], ...],
+        times: int,
+        seconds: float,
     ) -> None:
         pairs = ", ".join(f"{k!r} from {w!r}" for k, w in inputs[:8])
         more = f" and {len(inputs) - 8} more" if len(inputs) > 8 else ""
         super().__init__(
             f"task {key!r} could not get its inputs on worker {worker!r} ({pairs}{more}) "
-            f"{times} times in a row, from workers still connected; it was not started. "
+            f"{times} times in a row over {seconds:.0f} s, from workers still connected; "
+            "it was not started. "
             "Check that the workers can reach each other (each worker's --host, the "
             "address its peers reach it on; a firewall between hosts or pools): the "
             "worker's log says why each fetch failed ('fetch failed'). Then submit it "
@@ -547,6 +553,7 @@ class InputsUnreachable(CorralError):
             worker=worker,
             inputs=inputs,
             times=times,
+            seconds=seconds,
         )
 
 

@@ -208,7 +208,8 @@ def test_the_copy_runs_on_when_the_first_try_gives_up_on_its_inputs(
     instead, and nothing fails."""
     s = straggler(make_state)
     at(s, Tick, T0 + 3)
-    s.tasks["t-5"].unreachable = MAX_INPUTS_UNREACHABLE - 1  # as after four such reports
+    ts = s.tasks["t-5"]  # as after four such reports, the first of them long ago
+    ts.unreachable, ts.unreachable_since = MAX_INPUTS_UNREACHABLE - 1, T0 - 1000.0
     out = done(s, "w1", "t-5", T0 + 3.5, "missing", missing=(("t-0", "w1"),))
     assert of(out, KeyErred) == [] and s.tasks["t-5"].state == "processing"
     assert s.tasks["t-5"].worker == "w2"
