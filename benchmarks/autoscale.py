@@ -231,6 +231,8 @@ class Settings:
 
 
 FULL = Settings()
+#: each pool's max_blocks, which ``--warm`` and ``--pool-limit`` check against
+MAX_BLOCKS = {p.name: p.max_blocks for p in FULL.pools}
 QUICK = dataclasses.replace(FULL, hours=1.5)
 #: per scenario: the share of stuck blocks, and whether bursts are pipelines
 SCENARIOS: dict[str, tuple[float, bool]] = {
@@ -1258,7 +1260,7 @@ def run_all(
 
 def _warm(text: str) -> tuple[tuple[str, int], ...]:
     """``--warm cpu=20,gpu=4``: blocks kept per pool by the ``-warm`` rows."""
-    pools = {p.name: p.max_blocks for p in FULL.pools}
+    pools = MAX_BLOCKS
     out = []
     for item in text.split(","):
         name, _, n = item.partition("=")
@@ -1283,7 +1285,7 @@ def _limits_of(s: Settings, pool: str) -> dict[str, Any]:
 
 def _pool_limit(text: str) -> tuple[str, str, float]:
     """``--pool-limit cpu.max_idletime=450``: one field of one pool's limits."""
-    pools = {p.name: p.max_blocks for p in FULL.pools}
+    pools = MAX_BLOCKS
     target, _, value = text.partition("=")
     pool, _, key = target.partition(".")
     try:

@@ -38,6 +38,7 @@ from policies.base import (
     TaskView,
     WorkerView,
     params_of,
+    params_text,
     register,
 )
 
@@ -75,6 +76,7 @@ __all__ = [
     "WorkerView",
     "memory",
     "params_of",
+    "params_text",
     "placement",
     "priority",
     "register",

@@ -41,6 +41,7 @@ __all__ = [
     "TaskView",
     "WorkerView",
     "params_of",
+    "params_text",
     "register",
 ]
 
@@ -464,6 +465,12 @@ def params_of(policy: Any) -> dict[str, str]:
     """The parameters ``policy`` was created with (none: its defaults), each value as
     its ``repr``: what the status and the dashboard show beside its name."""
     return {k: repr(v) for k, v in sorted(dict(getattr(policy, "params", None) or {}).items())}
+
+
+def params_text(params: Mapping[str, str] | None) -> str:
+    """:func:`params_of`'s answer as the console and the dashboard show it:
+    ``spare=2, lookahead=60`` (empty for a policy's defaults)."""
+    return ", ".join(f"{k}={v}" for k, v in (params or {}).items())
 
 
 #: The registry Corral's actors use unless given another.

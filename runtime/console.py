@@ -50,6 +50,7 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
+from policies import params_text
 from runtime.errors import (
     ActorStopped,
     ConsoleError,
@@ -936,8 +937,7 @@ def render_status(st: Mapping[str, Any]) -> RenderableType:
     pol.add_column("parameters")
     given = dict(st.get("policy_params") or {})
     for kind, name in sorted(dict(st.get("policies") or {}).items()):
-        params = dict(given.get(kind) or {})
-        _row(pol, kind, str(name), ", ".join(f"{k}={v}" for k, v in params.items()))
+        _row(pol, kind, str(name), params_text(given.get(kind)))
     parts.append(pol)
     if st.get("policy_errors"):
         parts.append(Text(f"policy errors: {st['policy_errors']} (see the tasks' stories)"))

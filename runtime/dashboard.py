@@ -28,6 +28,7 @@ from urllib.parse import quote, urlsplit
 import anyio
 from aiohttp import WSMsgType, web
 
+from policies import params_text
 from runtime.messages import (
     AlertsReply,
     FailureGroupInfo,
@@ -89,9 +90,7 @@ def _worker(
 
 def described(name: str, params: Mapping[str, str] | None) -> str:
     """A policy as the page shows it: its name, and the parameters it was given."""
-    if not params:
-        return name
-    return f"{name} ({', '.join(f'{k}={v}' for k, v in params.items())})"
+    return f"{name} ({params_text(params)})" if params else name
 
 
 def build_snapshot(

@@ -527,9 +527,9 @@ class InputsUnreachable(CorralError):
     """A task's inputs could not be had from workers that were still connected, ``times``
     tries in a row over ``seconds`` (the task did not start): they could not hand the
     outputs over (a worker that cannot reach its peer, a transfer that keeps timing out
-    or failing its checksum) or did not have them any more. Making the inputs again did not help, so
-    it failed instead of trying for ever. ``inputs`` are the latest ``(key, holder)``
-    pairs that failed; ``worker`` the one that could not get them."""
+    or failing its checksum) or did not have them any more. Making the inputs again did
+    not help, so it failed instead of trying for ever. ``inputs`` are the latest
+    ``(key, holder)`` pairs that failed; ``worker`` the one that could not get them."""
 
     def __init__(
         self,
