@@ -417,8 +417,9 @@ class Scheduler(Actor):
     def tick(self, msg: _Tick) -> None:
         # The watchdog has nothing to watch unless a worker is throttled; the walltime
         # drain nothing unless a worker has a deadline; speculation nothing with one
-        # worker or when off.
-        if self.state.throttled or self.state.deadlines or self.state.speculates:
+        # worker or when off; the held tasks nothing unless one backs off.
+        st = self.state
+        if st.throttled or st.deadlines or st.speculates or st.held:
             self._handle(Tick(*self._ev()))
 
     @handles(CancelRequest)

@@ -226,6 +226,12 @@ RECENT_TRIES = 300  #: the latest tries that ended (any outcome) kept for the ta
 #: row, for ``SchedulerConfig.unreachable_for`` seconds, fails with InputsUnreachable
 #: instead of waiting for them again
 MAX_INPUTS_UNREACHABLE = 5
+#: seconds such a task is held back (queued, not placed) after its second try in a row
+#: that could not have its inputs, doubled per try after that up to
+#: :data:`MAX_INPUTS_BACKOFF`: a worker cut off from its peers otherwise has its inputs
+#: made again and fetched in vain as fast as the workers go (thousands of tries a second)
+INPUTS_BACKOFF = 0.5
+MAX_INPUTS_BACKOFF = 10.0
 MAX_FAILURE_GROUPS = 1000  #: failure groups kept; later new causes count under "(other)"
 
 
@@ -718,6 +724,7 @@ class TaskState:
         "est",
         "file",
         "generation",
+        "held_until",
         "in_files",
         "in_nbytes",
         "key",
@@ -782,6 +789,8 @@ class TaskState:
         #: times its inputs could not be had from workers still connected (in a row)
         self.unreachable = 0
         self.unreachable_since = 0.0  #: when the first of those tries ended
+        #: queued but not placed before this time (backing off: ``_inputs_missing``)
+        self.held_until = 0.0
         self.tries: list[TryRecord] = []  #: every attempt
         self.error: BaseException | None = None  #: what its future raises (erred/cancelled)
         self.root: tuple[Key, BaseException] | None = None  #: (failed task, its exception)
@@ -1100,6 +1109,9 @@ class SchedulerState:
         self.draining: set[str] = set()  #: draining workers not yet retired
         #: ready heaps by (pool, producer)
         self.queues: dict[tuple[str | None, bool], list[tuple[Any, ...]]] = {}
+        #: queued tasks backing off, ``(until, seq, task)`` (stale entries are skipped:
+        #: an entry counts while its task is queued and ``held_until`` is ``until``)
+        self.held: list[tuple[float, int, TaskState]] = []
         self.stats: dict[str, CategoryStats] = {}  #: per-category statistics
         #: what policies see of them: a read-only view per category (made with its
         #: statistics, in ``_stat``) in a read-only mapping
@@ -1234,6 +1246,8 @@ class SchedulerState:
             self._spread_failures()
             if self._flipped:
                 self._reclassify()
+            if self.held and self.held[0][0] <= self._now:
+                self._release_held()
             self._fill()
             while self._to_fail or self._to_cancel or self._too_large:
                 self._spread_failures()  # a task placement failed (TaskTooBigForDisk)
@@ -1533,6 +1547,8 @@ class SchedulerState:
         self.draining.discard(ev.worker)
         self.throttled.discard(ev.worker)
         self._log(ev.worker, "joined", f"left:{ev.cause}")
+        if self.held:  # the holder that would not hand over may be this one: try again
+            self._release_held(every=True)
         if self.feed_on:
             self._records.append(("left", ws.id, ev.cause))
         if self.checkpoint_workers:  # before its tasks are sent again: what survived
@@ -2073,13 +2089,29 @@ class SchedulerState:
             and ts.in_nbytes > largest.get(ts.spec.pool, _NO_LIMIT)
         )
 
-    def _enqueue(self, ts: TaskState) -> None:
+    def _enqueue(self, ts: TaskState) -> bool:
+        """Put queued ``ts`` in its ready heap; or, while it backs off, among the held
+        (False)."""
+        if ts.held_until > self._now:
+            heapq.heappush(self.held, (ts.held_until, next(self._seq), ts))
+            return False
         ts.prio = self._priority(ts)
         ts.producer = self._is_producer(ts)
         heapq.heappush(
             self.queues.setdefault((ts.spec.pool, ts.producer), []),
             (ts.behind, ts.prio, next(self._seq), ts),
         )
+        return True
+
+    def _release_held(self, every: bool = False) -> None:
+        """Held tasks whose time has come (``every``: all of them) go to their ready
+        heaps."""
+        held = self.held
+        while held and (every or held[0][0] <= self._now):
+            until, _, ts = heapq.heappop(held)
+            if ts.state == "queued" and ts.held_until == until:
+                ts.held_until = 0.0
+                self._enqueue(ts)
 
     def _finished_ok(
         self, ts: TaskState, ws: WorkerState, res: TaskResult, cause: str | None = None
@@ -2133,8 +2165,8 @@ class SchedulerState:
                 dep.waiting_on -= 1
                 if dep.waiting_on == 0:
                     self._set(dep, "queued")
-                    self._enqueue(dep)
-                    ready.append(dep)
+                    if self._enqueue(dep):
+                        ready.append(dep)
         if len(ready) > 1:
             ready.sort(key=_prio_key)  # set order must not decide who gets the room
         if self._stays is not None:
@@ -2151,7 +2183,11 @@ class SchedulerState:
         first ``unreachable_for`` seconds ago or more, fail it with
         :class:`InputsUnreachable` (a worker that cannot reach its peers would otherwise
         fetch, fail and recompute for ever), unless a copy of it runs elsewhere, which
-        then becomes its try."""
+        then becomes its try. From the second such try in a row on, it goes back held
+        (queued, not placed) for :data:`INPUTS_BACKOFF` seconds, doubled per try up to
+        :data:`MAX_INPUTS_BACKOFF`: a few tries a minute, not thousands a second, while
+        the holder may still hand over or be declared lost (which frees every held
+        task)."""
         held = tuple((dk, h) for dk, h in res.missing if h in self.workers)
         if not held:
             ts.unreachable = 0
@@ -2172,6 +2208,10 @@ class SchedulerState:
         for dk, holder in res.missing:
             self._not_on(dk, holder)
         if not give_up and not self._promote_copy(ts):
+            if ts.unreachable > 1:
+                hold = min(INPUTS_BACKOFF * 2 ** (ts.unreachable - 2), MAX_INPUTS_BACKOFF)
+                ts.held_until = self._now + hold
+                self._log(ts.key, "unreachable", f"{ts.unreachable} times: held {hold:g} s")
             self._back_to_ready(ts)
 
     def _not_on(self, key: Key, wid: str) -> None:
@@ -3514,9 +3554,12 @@ class SchedulerState:
         for pool, w in self.next_wave.items():
             assert all((ts.spec.pool or "*") == pool for ts in w), ("next wave pool", pool)
         queued = {e[3] for heap in self.queues.values() for e in heap if e[3].state == "queued"}
+        backing_off = {
+            e[2] for e in self.held if e[2].state == "queued" and e[2].held_until == e[0]
+        }
         for ts in self.tasks.values():
             if ts.state == "queued":
-                assert ts in queued, (ts, "queued but in no ready queue")
+                assert ts in queued or ts in backing_off, (ts, "queued but in no ready queue")
         for ts, running in self.copies.items():
             # Speculative copies: of running tasks only, never where the try runs.
             assert ts.state == "processing" and running, (ts, running)

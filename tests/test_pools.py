@@ -285,6 +285,13 @@ async def test_a_task_of_one_pool_reads_an_output_another_pools_worker_holds() -
     """In-process pools are one provider each; their workers find each other's outputs
     all the same (before, the fetch failed with "gone" over and over, and the task
     never ran)."""
+    state = await _b_on_gpu_reads_a_on_cpu()
+    assert [state.tasks[k].tries[-1].worker for k in "ab"] == ["cpu-1", "gpu-1"]
+
+
+async def _b_on_gpu_reads_a_on_cpu() -> Any:
+    """Pools ``cpu`` and ``gpu`` of one in-process worker each: ``a`` runs on cpu-1,
+    then ``b`` on gpu-1 reads it; the scheduler's core once both are done."""
     pools = {"cpu": {"min_blocks": 1, "max_blocks": 1}, "gpu": {"min_blocks": 1, "max_blocks": 1}}
     with anyio.fail_after(30):
         async with Cluster(pools=pools) as cluster:
@@ -293,8 +300,46 @@ async def test_a_task_of_one_pool_reads_an_output_another_pools_worker_holds() -
             assert await a == 3
             (b,) = await cluster.submit_graph({"b": (operator.mul, "a", 10)}, ["b"], pool="gpu")
             assert await b == 30
-            tasks = cluster.scheduler_state.tasks
-            assert [tasks[k].tries[-1].worker for k in "ab"] == ["cpu-1", "gpu-1"]
+            return cluster.scheduler_state
+
+
+@pytest.mark.anyio
+async def test_a_task_whose_input_cannot_be_fetched_backs_off_then_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """gpu-1 cannot reach cpu-1 for its first four tries (it finds no way to it, as a
+    worker cut off from a peer that stays connected to the scheduler): each time a is
+    made again on cpu-1 and b sent back, from the second time on held back 0.5 s, then
+    1 s, then 2 s (before, the two went round as fast as they could: thousands of
+    tries a second). Once the way is open, b runs."""
+    import runtime.node
+
+    left = [4]
+    asked: list[str] = []
+    real = runtime.node.worker_factory
+
+    def factory(scheduler: Any, **options: Any) -> Any:
+        make = real(scheduler, **options)
+
+        def make_cut(block: str, wid: str, spec: BlockSpec, resolve: Any) -> Any:
+            def cut(peer: str) -> Any:
+                if peer == "cpu-1":
+                    asked.append(peer)
+                    if left[0]:
+                        left[0] -= 1
+                        return None  # no way to it from here
+                return resolve(peer)
+
+            return make(block, wid, spec, cut if spec.pool == "gpu" else resolve)
+
+        return make_cut
+
+    monkeypatch.setattr(runtime.node, "worker_factory", factory)
+    state = await _b_on_gpu_reads_a_on_cpu()
+    held = [f for k, s, f, *_ in state.story("b") if s == "unreachable"]
+    assert held == ["2 times: held 0.5 s", "3 times: held 1 s", "4 times: held 2 s"]
+    assert len(state.tasks["a"].tries) == 5  # made again after each of the four
+    assert asked == ["cpu-1"] * 5 and state.tasks["b"].tries[-1].worker == "gpu-1"
 
 
 @pytest.mark.anyio

@@ -18,6 +18,8 @@ from typing import Any
 import pytest
 
 from actors.scheduler_state import (
+    INPUTS_BACKOFF,
+    MAX_INPUTS_BACKOFF,
     MAX_INPUTS_UNREACHABLE,
     DropData,
     Execute,
@@ -27,6 +29,7 @@ from actors.scheduler_state import (
     KeyErred,
     ReplicasMissing,
     SchedulerState,
+    Tick,
     WorkerHeld,
     WorkerJoined,
     WorkerLeft,
@@ -321,30 +324,51 @@ def test_a_missing_input_puts_the_task_back_and_recomputes_the_input(
     assert of(cmds, Execute)[0].tasks[0].deps == (("a", ("w1",)),)
 
 
+def _held_back(s: SchedulerState) -> int:
+    """b went back after a try that could not have a from w1, and a is in memory again:
+    tick (a second per event) until b is on w2 once more, checking that it is not
+    placed before its hold is over; the ticks it took."""
+    b = s.tasks["b"]
+    until = b.held_until
+    ticks = 0
+    while on(s, "w2") != {"b"}:
+        assert b.state == "queued" and s._now < until, (b, s._now, until)
+        run(s, event(Tick))
+        ticks += 1
+    assert s._now >= until
+    return ticks
+
+
 def test_inputs_a_connected_holder_never_hands_over_fail_the_task(make_state: Factory) -> None:
     """w2 cannot get a from w1 (say, it cannot reach w1), though both stay connected: a
-    is made again and b sent back each time until it has failed that way at least
-    MAX_INPUTS_UNREACHABLE times in a row and for unreachable_for seconds (here 10; the
-    test clock moves a second per event); then b fails with InputsUnreachable instead
-    of going round for ever, and a is not made again for nobody."""
-    s = _b_on_w2_needs_a_on_w1(make_state, unreachable_for=10.0)
+    is made again and b sent back each time, held back from its second try on for
+    INPUTS_BACKOFF seconds doubled per try (at most MAX_INPUTS_BACKOFF), until it has
+    failed that way at least MAX_INPUTS_UNREACHABLE times in a row and for
+    unreachable_for seconds (here 30; the test clock moves a second per event); then b
+    fails with InputsUnreachable instead of going round for ever, and a is not made
+    again for nobody."""
+    s = _b_on_w2_needs_a_on_w1(make_state, unreachable_for=30.0)
     assert MAX_INPUTS_UNREACHABLE == 5
+    assert (INPUTS_BACKOFF, MAX_INPUTS_BACKOFF) == (0.5, 10.0)
     first = None
+    holds = []
     for _ in range(50):
         cmds = finish(s, "w2", "b", "missing", missing=(("a", "w1"),))
         first = s._now if first is None else first
         if of(cmds, KeyErred):
             break
         b = s.tasks["b"]
-        assert not (b.unreachable >= 5 and s._now - first >= 10.0)  # not given up early
+        holds.append(b.held_until - s._now if b.held_until else 0.0)
+        assert not (b.unreachable >= 5 and s._now - first >= 30.0)  # not given up early
         assert assigned(cmds) == {"w1": ["a"]} and states(s) == {"a": "processing", "b": "waiting"}
         finish(s, "w1", "a")
-        assert on(s, "w2") == {"b"}
+        _held_back(s)
+    assert holds == [0.0, 0.5, 1.0, 2.0, 4.0, 8.0, 10.0]
     (erred,) = of(cmds, KeyErred)
     err = erred.error
     assert erred.key == "b" and isinstance(err, InputsUnreachable)
     assert (err.key, err.worker, err.inputs) == ("b", "w2", (("a", "w1"),))
-    assert err.times > 5 and err.seconds == s._now - first >= 10.0  # both, the later one
+    assert err.times == 8 and err.seconds == s._now - first >= 30.0
     assert (
         f"could not get its inputs on worker 'w2' ('a' from 'w1') {err.times} times in a row "
         f"over {err.seconds:.0f} s" in str(err)
@@ -352,22 +376,57 @@ def test_inputs_a_connected_holder_never_hands_over_fail_the_task(make_state: Fa
     assert assigned(cmds) == {}  # a is not made again: nothing needs it now
     assert s.tasks["b"].state == "erred"
     assert [(c.worker, c.keys) for c in of(cmds, DropData)] == [("w1", ("a",))]
+    assert s.held == [] or all(e[2].state != "queued" for e in s.held)
 
 
 def test_a_holder_that_hands_over_within_unreachable_for_fails_nothing(
     make_state: Factory,
 ) -> None:
-    """Eight quick failures in a row (a killed worker whose connection the manager still
-    holds for its reconnect window, say), well within the default 120 s: b waits, and
-    runs once the input can be had."""
+    """Eight failures in a row (a killed worker whose connection the manager still
+    holds for its reconnect window, say), well within the default 120 s: b waits,
+    backing off, and runs once the input can be had."""
     s = _b_on_w2_needs_a_on_w1(make_state)
     for _ in range(8):
         cmds = finish(s, "w2", "b", "missing", missing=(("a", "w1"),))
         assert of(cmds, KeyErred) == []
         finish(s, "w1", "a")
+        _held_back(s)
     assert s.tasks["b"].unreachable == 8
     finish(s, "w2", "b")
     assert states(s) == {"a": "memory", "b": "memory"}
+
+
+def test_a_task_backing_off_goes_at_once_when_a_worker_leaves(make_state: Factory) -> None:
+    """b, held back 8 s after its sixth try in a row that could not have a from w1,
+    goes back to the queue at once when w1 leaves (the holder that would not hand over
+    is gone: a is made on w3), not when its hold is over; so does a held task when a
+    worker that held nothing of it leaves. A hold is no longer than
+    MAX_INPUTS_BACKOFF."""
+    s = _b_on_w2_needs_a_on_w1(make_state)
+    for _ in range(6):
+        finish(s, "w2", "b", "missing", missing=(("a", "w1"),))
+        finish(s, "w1", "a")
+        if s.tasks["b"].unreachable < 6:
+            _held_back(s)
+    b = s.tasks["b"]
+    assert b.state == "queued" and b.held_until - s._now == 8.0 - 1.0
+    assert [e[2] for e in s.held] == [b] and on(s, "w2") == set()
+    assert s.count("queued") == 1  # still counted as ready in the queue metrics
+    join(s, "w3", pool="p1")
+    cmds = leave(s, "w1")
+    assert b.held_until == 0.0 and assigned(cmds) == {"w3": ["a"]}
+    assert states(s) == {"a": "processing", "b": "waiting"}
+    cmds = finish(s, "w3", "a")
+    assert assigned(cmds) == {"w2": ["b"]}  # no tick needed
+
+    # Another worker leaving frees the held tasks too (it may have been the one).
+    cmds = finish(s, "w2", "b", "missing", missing=(("a", "w3"),))
+    assert b.unreachable == 7 and assigned(cmds) == {"w3": ["a"]}
+    finish(s, "w3", "a")
+    assert b.state == "queued" and b.held_until - s._now == 10.0 - 1.0
+    join(s, "w4", pool="p1")
+    leave(s, "w4")
+    assert b.held_until == 0.0 and on(s, "w2") == {"b"}
 
 
 def test_inputs_lost_with_their_holder_do_not_count_as_unreachable(make_state: Factory) -> None:

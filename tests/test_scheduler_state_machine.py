@@ -389,6 +389,9 @@ class RandomWorkload(RuleBasedStateMachine):
                 )
                 self.handle(event(TasksFinished, worker=wid, results=results))
                 progressed = True
+            if not progressed and self.state.held:  # tasks backing off: time passes
+                self.handle(event(Tick))
+                progressed = True
             if not progressed:
                 break
         stuck = {
