@@ -187,6 +187,13 @@ def _malloc_trim() -> Callable[[int], int] | None:
 #: spill everything.
 MALLOC_TRIM = _malloc_trim()
 
+#: seconds a peer's ask for a checkpoint not measured yet waits for its sha256 before the
+#: answer says "measuring" (the asker then asks again: a large file is not read within
+#: one ask's timeout, and a peer that answers is alive)
+MEASURE_WAIT = 0.2
+#: the asker's pauses between those asks: from the first, doubled up to the second
+MEASURE_POLL = (0.05, 2.0)
+
 
 class Worker(Actor):
     """Runs tasks, stores outputs, serves them to peers, reports to the scheduler.
@@ -230,6 +237,10 @@ class Worker(Actor):
         self.deadline = deadline  #: when its walltime ends (epoch seconds; 0: never)
         self.grace = grace  #: seconds it has to leave once told to (copies, goodbye)
         self.fetch_timeout = fetch_timeout
+        #: checkpoint files being measured for a peer (their sha256), set when done
+        self._measuring: dict[tuple[Any, int], anyio.Event] = {}
+        #: checkpoint files that turned out not to be the ones saved: never served
+        self._unservable: set[tuple[Any, int]] = set()
         self.register = register  #: tell the scheduler at start (False: a gateway does)
         self.on_retire = on_retire  #: what a Stop from the scheduler does (default: stop)
         #: memory fences and intervals (MemoryConfigError here, not later, if bad)
@@ -582,8 +593,15 @@ class Worker(Actor):
                 raise CorralError(f"worker {holder!r} is gone")
 
             async def stream(at: int = 0) -> StreamInfo | None:
-                reply = await peer.ask(GetCheckpoint(key, seq), timeout=self.fetch_timeout)
-                return reply.info if isinstance(reply, CheckpointStream) else None
+                pause, most = MEASURE_POLL
+                while True:
+                    reply = await peer.ask(GetCheckpoint(key, seq), timeout=self.fetch_timeout)
+                    if not isinstance(reply, CheckpointStream):
+                        return None
+                    if not reply.measuring:
+                        return reply.info
+                    await anyio.sleep(pause)  # its sha256 is being measured: ask again
+                    pause = min(pause * 2, most)
 
             info = await stream()
             if info is None:
@@ -621,27 +639,50 @@ class Worker(Actor):
     @handles(GetCheckpoint)
     def get_checkpoint(self, msg: GetCheckpoint) -> Later:
         """A peer reads a checkpoint file of this disk: a stream of it with its size and
-        sha256 (measured in a thread the first time), or None."""
+        sha256, or None. The first time, the sha256 is measured in a thread (once,
+        however many peers ask); an answer that would wait for it more than
+        :data:`MEASURE_WAIT` says ``measuring`` instead, and the peer asks again."""
         return Later(self._serve_checkpoint(msg.key, msg.seq))
 
     async def _serve_checkpoint(self, key: Key, seq: int) -> CheckpointStream:
         files = self.checkpoints
         found = files.find(key, seq)
-        if found is None:
+        if found is None or (key, seq) in self._unservable:
             return CheckpointStream(None)
         path, nbytes = found
         checksum = files.checksum(key, seq)
+        if not checksum:
+            done = self._measuring.get((key, seq))
+            if done is None:  # one measure per file, however many peers ask
+                done = self._measuring[(key, seq)] = anyio.Event()
+                self.start_soon(self._measure_checkpoint, key, seq, path, nbytes, done)
+            with anyio.move_on_after(MEASURE_WAIT):
+                await done.wait()
+            if not done.is_set():
+                return CheckpointStream(None, measuring=True)
+            return await self._serve_checkpoint(key, seq)
         try:
-            if not checksum:
-                size, checksum = await anyio.to_thread.run_sync(digest, path)
-                if size != nbytes:  # not the file that was saved: none to serve
-                    return CheckpointStream(None)
-                files.measured(key, seq, path, checksum)
             segments = FileSegments(path, [(0, nbytes)])
         except OSError:  # deleted meanwhile (its task ended)
             return CheckpointStream(None)
         info = self.streams.start(key, segments, self._now())
         return CheckpointStream(info._replace(file=File(path, size=nbytes, checksum=checksum)))
+
+    async def _measure_checkpoint(
+        self, key: Key, seq: int, path: str, nbytes: int, done: anyio.Event
+    ) -> None:
+        """The sha256 of a checkpoint file, in a thread (it reads the whole file)."""
+        try:
+            size, checksum = await anyio.to_thread.run_sync(digest, path)
+            if size == nbytes:
+                self.checkpoints.measured(key, seq, path, checksum)
+            else:  # not the file that was saved: none to serve
+                self._unservable.add((key, seq))
+        except OSError:  # deleted meanwhile (its task ended)
+            self._unservable.add((key, seq))
+        finally:
+            del self._measuring[(key, seq)]
+            done.set()
 
     @handles(DropCheckpointsMsg)
     def drop_checkpoints(self, msg: DropCheckpointsMsg) -> None:

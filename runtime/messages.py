@@ -311,9 +311,11 @@ class GetCheckpoint(Message):
 @message(local=True)
 class CheckpointStream(Message):
     """The answer to :class:`GetCheckpoint`: the stream to read the file from
-    (:class:`~actors.transfer.StreamInfo`), or None when the peer has no such file."""
+    (:class:`~actors.transfer.StreamInfo`), or None when the peer has no such file;
+    ``measuring``: not yet, the peer is measuring the file's sha256 (ask again)."""
 
     info: Any
+    measuring: bool = False
 
 
 @message(local=True)

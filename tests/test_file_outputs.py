@@ -21,6 +21,7 @@ import hashlib
 import itertools
 import os
 import random
+import time
 import tracemalloc
 from pathlib import Path
 from typing import Any
@@ -1175,6 +1176,54 @@ async def test_a_checkpoint_copy_is_checksummed_and_resumed_like_a_file_output(
             w3 = workers["w3"]
             assert w3.checkpoints.find("ckpt-0", 1) is None and w3.checkpoints.nbytes == 0
             assert not find(tmp_path / "w3", "*.ckpt*")
+
+
+async def test_a_checkpoint_whose_sha256_takes_longer_than_an_ask_is_copied(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """w1's checkpoint file was never measured, and its sha256 takes 3 s (a large file
+    on a slow or busy disk), three times w2's and w3's fetch_timeout. Both copy it at
+    once: w1 measures it once, answering "measuring" meanwhile, and both copies land
+    with its sha256. Before, the ask for it timed out: no copy of a checkpoint whose
+    sha256 took longer than fetch_timeout was ever made, so a preempted task lost
+    every step since its start."""
+    import actors.worker
+
+    measured: list[str] = []
+    real = actors.worker.digest
+
+    def slow(path: str) -> tuple[int, str]:
+        measured.append(path)
+        time.sleep(3.0)  # the disk is slow: the read takes this long
+        return real(path)
+
+    sched = Recorder()
+    with anyio.fail_after(60):
+        async with ActorSystem() as system:
+            sref = await system.spawn(sched, "scheduler")
+            workers, refs, _ = await three_workers(system, sref, tmp_path)
+            refs["w1"].post(RunTasks((to_run("ckpt-0", functools.partial(saves_big, MiB)),)))
+            assert (await sched.until("ckpt-0")).outcome == "ok"
+            path, nbytes = workers["w1"].checkpoints.find("ckpt-0", 1)
+            assert workers["w1"].checkpoints.checksum("ckpt-0", 1) == ""  # not measured
+            monkeypatch.setattr(actors.worker, "digest", slow)
+            got: dict[str, Any] = {}
+
+            async def copy(wid: str) -> None:
+                workers[wid].fetch_timeout = 1.0
+                ask = FetchCheckpoint("w1", "ckpt-0", 1, nbytes)
+                got[wid] = await refs[wid].ask(ask, timeout=30)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(copy, "w2")
+                tg.start_soon(copy, "w3")
+            assert got["w2"].ok and got["w3"].ok, (got["w2"].reason, got["w3"].reason)
+            assert measured == [path]  # once, for both
+            checksum = real(path)[1]
+            for wid in ("w2", "w3"):
+                copy_path, size = workers[wid].checkpoints.find("ckpt-0", 1)
+                assert size == nbytes and read(copy_path) == read(path)
+                assert workers[wid].checkpoints.checksum("ckpt-0", 1) == checksum
 
 
 def outlives_its_worker(gate: str, started: str, out: str) -> None:
