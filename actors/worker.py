@@ -599,7 +599,8 @@ class Worker(Actor):
                     if not isinstance(reply, CheckpointStream):
                         return None
                     if not reply.measuring:
-                        return reply.info
+                        info: StreamInfo | None = reply.info
+                        return info
                     await anyio.sleep(pause)  # its sha256 is being measured: ask again
                     pause = min(pause * 2, most)
 
