@@ -20,6 +20,7 @@ import contextlib
 import contextvars
 import dataclasses
 import hashlib
+import itertools
 import os
 import shutil
 import tempfile
@@ -144,8 +145,12 @@ class TaskOutputs:
         """What the task returned, with a :class:`File` made the worker's: checked to
         be a regular file in the sandbox, moved out of this try's directory (a file
         elsewhere in the sandbox, such as an input's, is linked, not moved), measured.
-        Raises :class:`FileOutputError` for a path outside the sandbox."""
+        Raises :class:`FileOutputError` for a path outside the sandbox, and for a File
+        of this try's directory inside a list, tuple or dict (its file would be removed
+        with the directory, leaving the value pointing at nothing)."""
         if not isinstance(value, File):
+            if self.directory is not None and type(value) in (list, tuple, dict):
+                self._no_files_inside(value)
             return value
         sandbox = None if self.sandbox is None else os.path.realpath(self.sandbox)
         real = os.path.realpath(value.path)
@@ -180,6 +185,24 @@ class TaskOutputs:
             raise
         return File(dest, value.name, size, checksum)
 
+    def _no_files_inside(self, value: list[Any] | tuple[Any, ...] | dict[Any, Any]) -> None:
+        """FileOutputError if one of the first :data:`SCANNED` items of ``value`` (a
+        dict's values) is a File of this try's directory."""
+        assert self.directory is not None
+        mine = os.path.realpath(self.directory) + os.sep
+        items = value.values() if isinstance(value, dict) else value
+        for item in itertools.islice(items, SCANNED):
+            if isinstance(item, File) and os.path.realpath(item.path).startswith(mine):
+                kind = type(value).__name__
+                raise FileOutputError(
+                    f"task {self.key!r} returned a {kind} holding File({item.path!r}): only "
+                    "a File returned as the task's value is kept (one file per task); the "
+                    "files of a File inside a list or a dict are removed when the try "
+                    "ends. Return each file from a task of its own (one task per file, "
+                    "e.g. cluster.map over the names), or write to shared storage and "
+                    "return the paths as str."
+                )
+
 
 _CURRENT: contextvars.ContextVar[TaskOutputs | None] = contextvars.ContextVar(
     "corral_outputs", default=None
@@ -208,6 +231,11 @@ def remove_tries(sandbox: str, pid: int) -> None:
         for name in os.listdir(parent):
             if name.startswith(f"try-{pid}-"):
                 shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+
+
+#: items of a returned list, tuple or dict that :meth:`TaskOutputs.finish` looks at for
+#: a File (a bound: a value of millions of items costs no more than this)
+SCANNED = 10_000
 
 
 def output_path(name: str) -> str:

@@ -360,6 +360,15 @@ def test_bad_names_and_files_outside_the_sandbox_are_typed_errors(tmp_path: Path
         done = out.finish(File(p))
         assert done.size == 3 and done.checksum == hashlib.sha256(b"abc").hexdigest()
         assert Path(done.path).parent == sandbox and not os.path.exists(p)
+        # A File of the try inside a list or a dict: its file would go with the try.
+        q = output_path("q.root")
+        Path(q).write_bytes(b"q")
+        with pytest.raises(FileOutputError, match=r"returned a list holding File.*of its own"):
+            out.finish([1, File(q)])
+        with pytest.raises(FileOutputError, match="returned a dict holding File"):
+            out.finish({"q": File(q)})
+        # Kept files (the output just made, an input's) and other values pass through.
+        assert out.finish((done, 2, "q.root")) == (done, 2, "q.root")
     assert os.listdir(sandbox / "out") == []  # the try's directory went with the try
     assert TaskOutputs(None, "t").finish(42) == 42  # other values pass through
     with pytest.raises(FileOutputError, match="plain file name"):
@@ -572,6 +581,10 @@ def bad_name() -> str:
     return output_path("../escape.root")
 
 
+def two_files() -> list[File]:
+    return [write("a.root", 1), write("b.root", 2)]
+
+
 async def test_spilled_values_and_file_outputs_share_the_disk_and_a_file_that_does_not_fit_ends_disk_full(  # noqa: E501
     tmp_path: Path,
 ) -> None:
@@ -653,6 +666,8 @@ async def test_a_task_returning_a_file_outside_its_sandbox_fails_with_what_to_do
             assert "outside its worker's sandbox" in str(info.value)
             with pytest.raises(FileOutputError, match="plain file name"):
                 await cluster.submit(bad_name)
+            with pytest.raises(FileOutputError, match="returned a list holding File"):
+                await cluster.submit(two_files)
             with pytest.raises(FileOutputError, match="is a bytes, not a file output"):
                 await cluster.download(cluster.submit(blob, 10), tmp_path / "x")
 
