@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import dataclasses
 import gc
 import os
 import threading
@@ -917,20 +918,27 @@ class Cluster:
 
         ``priority``, ``retries``, ``resources`` and ``pool`` are the task's settings, as
         :meth:`submit_graph` takes them (not passed to ``func``); a bad one raises
-        :class:`~runtime.errors.GraphError` here. Calls are batched: every ``submit``
-        made before the event loop next runs goes to the manager as one graph (one per
-        run of calls with the same settings).
+        :class:`~runtime.errors.GraphError` here. A pure call's key is its function's
+        name and a hash of the function, the arguments and the settings other than the
+        defaults: the same call twice is one task; with other settings, another. Calls
+        are batched: every ``submit`` made before the event loop next runs goes to the
+        manager as one graph (one per run of calls with the same settings).
         """
         self._require()
         if not callable(func):
             raise TypeError(f"submit needs a callable, got {type(func).__name__}")
-        if key is None:
-            token = tokenize(func, args, kwargs) if pure else os.urandom(16).hex()
-            key = f"{funcname(func)}-{token}"
         if priority == 0 and retries == 0 and resources is None and pool is None:
             opts = _DEFAULTS  # the common case: nothing to check
         else:
-            opts = TaskOptions.of(key, priority, retries, resources, pool)
+            opts = TaskOptions.of(key or funcname(func), priority, retries, resources, pool)
+        if key is None:
+            if not pure:
+                token = os.urandom(16).hex()
+            elif opts is _DEFAULTS:
+                token = tokenize(func, args, kwargs)
+            else:  # the same call with other settings is another task, with its own
+                token = tokenize(func, args, kwargs, dataclasses.astuple(opts))
+            key = f"{funcname(func)}-{token}"
         client = self._client_actor
         fut = Future(key, self)
         if key not in client.pending and fut._watch.update is None:

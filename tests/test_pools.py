@@ -363,6 +363,12 @@ async def test_submit_takes_each_calls_pool_and_settings() -> None:
             assert (tasks[b.key].spec.priority, tasks[b.key].spec.retries) == (5.0, 2)
             assert tasks[c.key].spec.resources == {"cores": 1.0}
             assert (tasks[a.key].spec.priority, tasks[a.key].spec.retries) == (0.0, 0)
+            # The same call with other settings is another task, which has them; with
+            # the same ones, the same task.
+            e, f, g = (cluster.submit(operator.add, 1, 2, pool=p) for p in ("gpu", "gpu", None))
+            assert e.key == f.key and len({a.key, e.key, g.key}) == 3
+            assert await e == await g == 3
+            assert tasks[e.key].tries[-1].worker == "gpu-1" and tasks[g.key].spec.pool is None
             # A bad setting is refused at the call, naming the task; nothing is sent.
             for bad, match in (
                 ({"retries": -1}, "retries=-1; it must be >= 0"),
