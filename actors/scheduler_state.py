@@ -2103,6 +2103,12 @@ class SchedulerState:
         )
         return True
 
+    def backing_off(self) -> int:
+        """Queued tasks held back now (``_inputs_missing``): a look at the held heap."""
+        return sum(
+            1 for until, _, ts in self.held if ts.state == "queued" and ts.held_until == until
+        )
+
     def _release_held(self, every: bool = False) -> None:
         """Held tasks whose time has come (``every``: all of them) go to their ready
         heaps."""
