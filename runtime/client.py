@@ -43,6 +43,7 @@ from runtime.errors import (
     DependencyFailed,
     FileOutputError,
     ManagerLost,
+    WorkersTimeout,
 )
 from runtime.files import File
 from runtime.graph import Key, TaskOptions, make_task
@@ -1194,10 +1195,18 @@ class Cluster:
         return list(await self._manager.ask(StoryRequest(keys)))
 
     async def wait_for_workers(self, n: int, timeout: float = 30.0) -> None:  # noqa: ASYNC109
-        """Wait until ``n`` workers have registered with the scheduler."""
+        """Wait until ``n`` workers have registered with the scheduler;
+        :class:`~runtime.errors.WorkersTimeout` (a ``TimeoutError``) after ``timeout``
+        seconds, saying how many did."""
         self._require()
-        with anyio.fail_after(timeout):
-            await self._manager.ask(WaitForWorkersRequest(n), timeout=None)
+        try:
+            with anyio.fail_after(timeout):
+                await self._manager.ask(WaitForWorkersRequest(n), timeout=None)
+        except TimeoutError:
+            joined = None
+            with anyio.move_on_after(5.0):
+                joined = len((await self.status())["workers"])
+            raise WorkersTimeout(n, joined, timeout) from None
 
     @property
     def scheduler_state(self) -> Any:

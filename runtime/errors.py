@@ -57,6 +57,7 @@ __all__ = [
     "UnknownStream",
     "ValueTooLarge",
     "WorkerLost",
+    "WorkersTimeout",
     "describe_exit",
 ]
 
@@ -643,6 +644,24 @@ class ValueTooLarge(CorralError):
             nbytes=nbytes,
             limit=limit,
             where=where,
+        )
+
+
+class WorkersTimeout(CorralError, TimeoutError):
+    """``wait_for_workers(wanted)`` ran out of time: ``joined`` workers had registered
+    after ``seconds`` (None: the count could not be had in time either)."""
+
+    def __init__(self, wanted: int, joined: int | None, seconds: float) -> None:
+        have = "how many joined is not known" if joined is None else f"{joined} joined"
+        super().__init__(
+            f"waited {seconds:g} s for {wanted} worker(s); {have}. Are the workers "
+            "running and pointed at this manager (their logs say why not)? With pools, "
+            "is the pool's max_blocks (or the target set with scale) below that, or are "
+            "its blocks still pending? status()['autoscaler'] shows the blocks and the "
+            "provider's latest error. Or wait longer: wait_for_workers(n, timeout=...).",
+            wanted=wanted,
+            joined=joined,
+            seconds=seconds,
         )
 
 

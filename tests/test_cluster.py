@@ -34,6 +34,7 @@ from runtime.errors import (
     GraphError,
     MissingKeysError,
     UnknownPolicyError,
+    WorkersTimeout,
 )
 from runtime.messages import PolicyInfo
 from tests.helpers import wait_until, worker_statuses
@@ -115,6 +116,22 @@ async def test_submit_map_gather_and_await() -> None:
             impure = [cluster.submit(inc, 1, pure=False) for _ in range(2)]
             assert impure[0].key != impure[1].key
             assert await cluster.gather(impure) == [2, 2]
+
+
+async def test_waiting_for_more_workers_than_join_says_how_many_did() -> None:
+    """``wait_for_workers`` past its timeout raises WorkersTimeout, a TimeoutError that
+    says how many joined and where to look; the cluster goes on as before."""
+    with anyio.fail_after(30):
+        async with Cluster(workers=1) as cluster:
+            await cluster.wait_for_workers(1)
+            with pytest.raises(WorkersTimeout) as info:
+                await cluster.wait_for_workers(3, timeout=0.2)
+            err = info.value
+            assert isinstance(err, TimeoutError)
+            assert (err.wanted, err.joined, err.seconds) == (3, 1, 0.2)
+            assert "waited 0.2 s for 3 worker(s); 1 joined" in str(err)
+            assert "status()['autoscaler']" in str(err)
+            assert await cluster.submit(operator.add, 1, 2) == 3
 
 
 async def test_futures_as_arguments_also_nested() -> None:
