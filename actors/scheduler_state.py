@@ -2103,7 +2103,7 @@ class SchedulerState:
         )
         return True
 
-    def backing_off(self) -> int:
+    def held_back(self) -> int:
         """Queued tasks held back now (``_inputs_missing``): a look at the held heap."""
         return sum(
             1 for until, _, ts in self.held if ts.state == "queued" and ts.held_until == until
@@ -3560,12 +3560,10 @@ class SchedulerState:
         for pool, w in self.next_wave.items():
             assert all((ts.spec.pool or "*") == pool for ts in w), ("next wave pool", pool)
         queued = {e[3] for heap in self.queues.values() for e in heap if e[3].state == "queued"}
-        backing_off = {
-            e[2] for e in self.held if e[2].state == "queued" and e[2].held_until == e[0]
-        }
+        held_back = {e[2] for e in self.held if e[2].state == "queued" and e[2].held_until == e[0]}
         for ts in self.tasks.values():
             if ts.state == "queued":
-                assert ts in queued or ts in backing_off, (ts, "queued but in no ready queue")
+                assert ts in queued or ts in held_back, (ts, "queued but in no ready queue")
         for ts, running in self.copies.items():
             # Speculative copies: of running tasks only, never where the try runs.
             assert ts.state == "processing" and running, (ts, running)

@@ -721,10 +721,10 @@ def _row(table: Table, *cells: str) -> None:
     table.add_row(*(Text(c) for c in cells))
 
 
-def _backing_off(st: Mapping[str, Any]) -> str:
-    """`` (N backing off)`` when ready tasks are held back after failed fetches."""
-    n = int(st.get("backing_off") or 0)
-    return f" ({n} backing off: inputs unreachable)" if n else ""
+def _held_back(st: Mapping[str, Any]) -> str:
+    """`` (N held back)`` when ready tasks are held back after failed fetches."""
+    n = int(st.get("held_back") or 0)
+    return f" ({n} held back: inputs unreachable)" if n else ""
 
 
 def _bytes(n: Any, zero: str = "-") -> str:
@@ -770,7 +770,7 @@ def render_status(st: Mapping[str, Any]) -> RenderableType:
     parts.append(
         Text(
             f"{len(workers)} worker(s), {cores} core(s); {running} task(s) running, "
-            f"{sum(queues.values())} ready{_backing_off(st)}; {st.get('runs', 0)} run(s), "
+            f"{sum(queues.values())} ready{_held_back(st)}; {st.get('runs', 0)} run(s), "
             f"{st.get('wanted_keys', 0)} wanted key(s) ({st.get('wanted_pending', 0)} pending)"
         )
     )

@@ -970,7 +970,7 @@ class StatusReply(Message):
     queued: int = 0
     queues: dict[str, int] = dataclasses.field(default_factory=dict)
     #: of the queued, those held back after failing to get their inputs (a backoff)
-    backing_off: int = 0
+    held_back: int = 0
     categories: dict[str, CategoryStatus] = dataclasses.field(default_factory=dict)
     survival: dict[str, PoolLife] = dataclasses.field(default_factory=dict)
     policies: dict[str, str] = dataclasses.field(default_factory=dict)
