@@ -458,7 +458,7 @@ class Scheduler(Actor):
             "tasks_by_state": st.by_state,
             "queued": st.count("queued"),
             "queues": st.queued_by_pool(),  #: ready tasks per pool ("*": any pool)
-            "held_back": st.held_back(),
+            "held_back": sum(st.held_back().values()),
             "categories": {c: CategoryStatus(**_stats(s)) for c, s in st.stats.items()},
             "survival": {pool: _life(st.survival(pool)) for pool in st.pools()},
             "policies": {k: getattr(p, "name", type(p).__name__) for k, p in st.policies.items()},

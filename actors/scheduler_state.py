@@ -1370,7 +1370,7 @@ class SchedulerState:
                 m = out[pool] = {
                     "queue_depth": 0, "oldest_wait": 0.0, "wait_quantiles": {}, "waits": 0,
                     "wait_sum": 0.0, "running": 0, "workers": {"idle": 0, "busy": 0,
-                    "draining": 0}, "throttled": 0, "rss_bytes": 0,
+                    "draining": 0}, "throttled": 0, "rss_bytes": 0, "held_back": 0,
                 }  # fmt: skip
             return m
 
@@ -1381,6 +1381,8 @@ class SchedulerState:
             m["wait_quantiles"] = self.wait_quantiles(pool)
             m["waits"] = pw.n
             m["wait_sum"] = pw.total
+        for pool, n in self.held_back().items():
+            of(pool)["held_back"] = n
         for ws in self.workers.values():
             m = of(ws.pool)
             n = len(ws.processing)
@@ -2103,11 +2105,15 @@ class SchedulerState:
         )
         return True
 
-    def held_back(self) -> int:
-        """Queued tasks held back now (``_inputs_missing``): a look at the held heap."""
-        return sum(
-            1 for until, _, ts in self.held if ts.state == "queued" and ts.held_until == until
-        )
+    def held_back(self) -> dict[str, int]:
+        """Per pool (``"*"``: any pool), the queued tasks held back now
+        (``_inputs_missing``): a look at the held heap, not at the tasks."""
+        out: dict[str, int] = {}
+        for until, _, ts in self.held:
+            if ts.state == "queued" and ts.held_until == until:
+                pool = ts.spec.pool or "*"
+                out[pool] = out.get(pool, 0) + 1
+        return out
 
     def _release_held(self, every: bool = False) -> None:
         """Held tasks whose time has come (``every``: all of them) go to their ready

@@ -579,6 +579,8 @@ class PoolMetrics(Message):
     memory_bytes: int = 0
     spilled_bytes: int = 0
     spilled_total: int = 0
+    #: of ``queue_depth``, the tasks held back after failed fetches (a backoff)
+    held_back: int = 0
 
 
 @message()

@@ -71,6 +71,12 @@ class SnapshotCollector(Collector):
         snap = self.snapshot
         pool = ["pool"]
         depth = _gauge("corral_queue_depth", "Ready tasks waiting for a worker.", pool)
+        held_back = _gauge(
+            "corral_queue_held_back",
+            "Of the ready tasks, those held back after their inputs could not be fetched "
+            "from a connected worker (a backoff).",
+            pool,
+        )
         oldest = _gauge(
             "corral_queue_oldest_wait_seconds",
             "How long the oldest ready task has waited (0: none waits).",
@@ -93,6 +99,7 @@ class SnapshotCollector(Collector):
         spilled = _counter("corral_spilled_bytes", "Bytes ever spilled to disk.", pool)
         for name, m in sorted(snap.pools.items()):
             depth.add_metric([name], m.queue_depth)
+            held_back.add_metric([name], m.held_back)
             oldest.add_metric([name], m.oldest_wait)
             for q, v in m.wait_quantiles.items():
                 wait.add_sample(wait.name, {"pool": name, "quantile": q}, v)
@@ -106,7 +113,8 @@ class SnapshotCollector(Collector):
             held.add_metric([name], m.memory_bytes)
             spill.add_metric([name], m.spilled_bytes)
             spilled.add_metric([name], m.spilled_total)
-        yield from (depth, oldest, wait, running, workers, throttled, rss, held, spill, spilled)
+        yield from (depth, held_back, oldest, wait, running, workers, throttled, rss, held)
+        yield from (spill, spilled)
 
         cat = ["category"]
         duration = _summary(

@@ -413,8 +413,8 @@ def test_a_task_backing_off_goes_at_once_when_a_worker_leaves(make_state: Factor
     assert b.state == "queued" and b.held_until - s._now == 8.0 - 1.0
     assert [e[2] for e in s.held] == [b] and on(s, "w2") == set()
     assert s.count("queued") == 1  # still counted as ready in the queue metrics
-    assert s.held_back() == 1
-    text = status_text({"queues": s.queued_by_pool(), "held_back": s.held_back()})
+    assert s.held_back() == {"p2": 1} and s.pool_metrics(s._now)["p2"]["held_back"] == 1
+    text = status_text({"queues": s.queued_by_pool(), "held_back": 1})
     assert "1 ready (1 held back: inputs unreachable)" in text
     join(s, "w3", pool="p1")
     cmds = leave(s, "w1")
@@ -431,7 +431,7 @@ def test_a_task_backing_off_goes_at_once_when_a_worker_leaves(make_state: Factor
     join(s, "w4", pool="p1")
     leave(s, "w4")
     assert b.held_until == 0.0 and on(s, "w2") == {"b"}
-    assert s.held_back() == 0
+    assert s.held_back() == {} and s.pool_metrics(s._now)["p2"]["held_back"] == 0
 
 
 def test_inputs_lost_with_their_holder_do_not_count_as_unreachable(make_state: Factory) -> None:
