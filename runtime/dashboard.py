@@ -115,6 +115,7 @@ def build_snapshot(
                 "name": name,
                 "label": _pool_label(name),
                 "queue_depth": m.queue_depth if m is not None else 0,
+                "held_back": m.held_back if m is not None else 0,
                 "oldest_wait": m.oldest_wait if m is not None else 0.0,
                 "wait_p50": q.get("0.5"),
                 "wait_p90": q.get("0.9"),
@@ -477,7 +478,11 @@ function renderPools(s) {
                title: "tasks sent to the pool's workers: running, or ready to start next"})),
     s.pools.map(p => h("tr", {class: "pool", "data-pool": p.name},
       h("td", {text: p.label}),
-      h("td", {class: "num big queue-depth", "data-value": p.queue_depth, text: p.queue_depth}),
+      h("td", {class: "num big queue-depth", "data-value": p.queue_depth}, String(p.queue_depth),
+        p.held_back ? h("span", {class: "held-back", text: " (" + p.held_back + " held back)",
+          title: "ready tasks held back for a while: their inputs could not be fetched " +
+                 "from a worker still connected (workers that cannot reach each other?)"})
+          : ""),
       h("td", {class: "num", text: secs(p.oldest_wait)}),
       h("td", {class: "num", text: secs(p.wait_p50)}),
       h("td", {class: "num", text: secs(p.wait_p90)}),

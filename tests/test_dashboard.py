@@ -147,6 +147,7 @@ def _answers() -> tuple[MetricsReply, StatusReply, AlertsReply]:
                 running=3,
                 workers={"idle": 0, "busy": 2},
                 throttled=1,
+                held_back=2,
             ),
         },
         blocks={"cpu": BlockMetrics({"running": 2, "pending": 1}, 40.0, 3, 4)},
@@ -184,7 +185,7 @@ def test_the_snapshot_shows_pools_capacity_workers_failures_alerts_policies() ->
     assert snap["time"] == 1000.0 and snap["queue_depth"] == 9
     assert [p["name"] for p in snap["pools"]] == ["cpu", "*"]  # "any pool" last
     cpu = snap["pools"][0]
-    assert (cpu["queue_depth"], cpu["oldest_wait"]) == (7, 62.0)
+    assert (cpu["queue_depth"], cpu["oldest_wait"], cpu["held_back"]) == (7, 62.0, 2)
     assert (cpu["wait_p50"], cpu["wait_p90"]) == (3.0, 30.0)
     assert (cpu["cores"], cpu["cores_busy"]) == (3, 2)  # w1 runs 3 on 2 cores: 2 busy
     assert (cpu["memory_limit"], cpu["rss"]) == (6 * GB, 4 * GB)
@@ -547,6 +548,9 @@ def test_chromium_renders_alerts_from_an_alerts_reply(browser: Any, tmp_path: Pa
             " a.dataset.state, a.innerText]);",
             snap,
         )
+        queues = browser.execute_script(
+            "return [...document.querySelectorAll('.queue-depth')].map(q => q.innerText);"
+        )
     assert [(n, s) for n, s, _ in shown] == [
         ("QueueTimeHigh", "firing"),  # firing first
         ("StuckBlocks", "pending"),
@@ -555,3 +559,4 @@ def test_chromium_renders_alerts_from_an_alerts_reply(browser: Any, tmp_path: Pa
     firing = shown[0][2]
     assert "FIRING" in firing and "pool=cpu" in firing and "max_queue_size=7" in firing
     assert "dashboard: /" in firing
+    assert queues == ["7 (2 held back)", "2"]  # cpu, then any pool (none held back)
