@@ -54,14 +54,17 @@ class CheckpointFiles:
         #: sha256 of files here, once measured (served to a peer, or copied from one)
         self._checksums: dict[tuple[Any, int], str] = {}
         self._reserved: dict[tuple[Any, int], int] = {}
+        #: of those, copies being fetched from a peer (not a try's: settle leaves them)
+        self._fetching: set[tuple[Any, int]] = set()
         self.nbytes = 0  #: bytes of the files here plus the room reserved for new ones
 
     def path(self, key: Any, seq: int) -> str:
         return os.path.join(self.directory, checkpoint_name(key, seq))
 
-    def reserve(self, key: Any, seq: int, nbytes: int) -> str | None:
+    def reserve(self, key: Any, seq: int, nbytes: int, fetch: bool = False) -> str | None:
         """Room for checkpoint ``seq`` of ``key`` (``nbytes``): None when granted (it
-        counts in :attr:`nbytes` from now on), else why not, with the sizes."""
+        counts in :attr:`nbytes` from now on), else why not, with the sizes. ``fetch``:
+        for a copy from a peer, which a try of ``key`` ending here does not settle."""
         with self._lock:
             if self._closed:
                 return (
@@ -85,12 +88,15 @@ class CheckpointFiles:
                 )
             self._reserved[(key, seq)] = self._reserved.get((key, seq), 0) + nbytes
             self.nbytes += nbytes
+            if fetch:
+                self._fetching.add((key, seq))
             return None
 
     def release(self, key: Any, seq: int) -> None:
         """Give back the room reserved for ``(key, seq)`` (its write failed)."""
         with self._lock:
             self.nbytes -= self._reserved.pop((key, seq), 0)
+            self._fetching.discard((key, seq))
 
     @property
     def pending(self) -> bool:
@@ -100,9 +106,11 @@ class CheckpointFiles:
     def settle(self, key: Any) -> None:
         """A try of ``key`` ended: room still reserved for it (a task process killed
         between its reservation and the worker's news of its file) comes back, and the
-        file goes, partial (``.tmp``) or whole but never recorded."""
+        file goes, partial (``.tmp``) or whole but never recorded. A copy being fetched
+        from a peer is not the try's: it stays."""
         with self._lock:
-            for item in [item for item in self._reserved if item[0] == key]:
+            mine = [i for i in self._reserved if i[0] == key and i not in self._fetching]
+            for item in mine:
                 self.nbytes -= self._reserved.pop(item)
                 path = os.path.join(self.directory, checkpoint_name(*item))
                 for name in (path + ".tmp", path):
@@ -115,6 +123,7 @@ class CheckpointFiles:
         now); ``checksum``: its sha256, when known (a copy checked against it)."""
         with self._lock:
             self.nbytes -= self._reserved.pop((key, seq), 0)
+            self._fetching.discard((key, seq))
             old = self.files.get((key, seq))
             if old is not None:
                 self.nbytes -= old[1]
@@ -175,6 +184,7 @@ class CheckpointFiles:
             self.files.clear()
             self._checksums.clear()
             self._reserved.clear()
+            self._fetching.clear()
             self.nbytes = 0
         if made:
             shutil.rmtree(self.directory, ignore_errors=True)

@@ -581,7 +581,7 @@ class Worker(Actor):
         files = self.checkpoints
         if files.find(key, seq) is not None:
             return
-        refusal = files.reserve(key, seq, nbytes)
+        refusal = files.reserve(key, seq, nbytes, fetch=True)
         if refusal is not None:
             raise CorralError(refusal)
         path = files.path(key, seq)

@@ -367,6 +367,14 @@ def test_the_worker_s_table_counts_reserved_and_written_files_in_one_budget(
     files.settle("k")
     assert files.nbytes == 600 and not os.path.exists(files.path("k", 4))
     assert os.path.exists(path)  # the recorded one stays
+    # A copy of k's checkpoint being fetched from a peer is not the try's: it stays.
+    assert files.reserve("k", 5, 200, fetch=True) is None
+    assert files.reserve("k", 6, 100) is None and files.nbytes == 900
+    files.settle("k")  # a try of k ended here meanwhile (a speculative copy, say)
+    assert files.nbytes == 800 and files.pending
+    files.commit("k", 5, files.path("k", 5), 200)  # the copy landed
+    assert files.nbytes == 800 and not files.pending
+    files.drop("k", 5)
     assert files.drop("k") == 600 and not os.path.exists(path) and files.nbytes == 0
     directory = files.directory
     files.close()
