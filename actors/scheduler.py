@@ -148,8 +148,17 @@ class _CheckpointCopied(Message):
     ok: bool
 
 
-#: seconds a worker may take to copy replicas before the copy counts as failed
+#: seconds a worker may take to copy replicas or a checkpoint before the copy counts as
+#: failed, plus a second per :data:`COPY_RATE_FLOOR` bytes copied (the copy itself is
+#: bounded part by part by the worker's ``fetch_timeout``: this is a backstop, which a
+#: large copy on a slow link must not hit)
 REPLICATE_TIMEOUT = 600.0
+COPY_RATE_FLOOR = 10 * 2**20
+
+
+def copy_timeout(nbytes: int) -> float:
+    """Seconds a copy of ``nbytes`` may take before the scheduler calls it failed."""
+    return REPLICATE_TIMEOUT + max(nbytes, 0) / COPY_RATE_FLOOR
 
 
 class Scheduler(Actor):
@@ -263,7 +272,8 @@ class Scheduler(Actor):
         ref = self.workers.get(cmd.worker)
         if ref is not None:
             try:
-                reply = await ref.ask(CopyFrom(cmd.source, cmd.keys), timeout=REPLICATE_TIMEOUT)
+                nbytes = sum(n for _, n in cmd.keys)
+                reply = await ref.ask(CopyFrom(cmd.source, cmd.keys), timeout=copy_timeout(nbytes))
                 if isinstance(reply, CopiesReply):
                     got = tuple(reply.got)
             except (CorralError, TimeoutError) as exc:
@@ -289,7 +299,7 @@ class Scheduler(Actor):
             try:
                 reply = await ref.ask(
                     FetchCheckpoint(cmd.source, cmd.key, cmd.seq, cmd.nbytes),
-                    timeout=REPLICATE_TIMEOUT,
+                    timeout=copy_timeout(cmd.nbytes),
                 )
                 ok = isinstance(reply, CheckpointFetched) and reply.ok
                 if not ok:

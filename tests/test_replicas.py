@@ -70,6 +70,16 @@ def sent(cmds: list[Any]) -> list[tuple[str, str]]:
 # ----------------------------------------------------------------------------- the core
 
 
+def test_the_time_a_copy_may_take_grows_with_its_bytes() -> None:
+    """The scheduler's backstop for a copy (replicas, a checkpoint) is 10 minutes plus a
+    second per 10 MiB: a 100 GiB checkpoint on a slow link is not called failed (and
+    left untracked on its target) after 10 minutes."""
+    from actors.scheduler import copy_timeout
+
+    assert copy_timeout(0) == 600.0 and copy_timeout(10 * MB) == 601.0
+    assert copy_timeout(100 * 2**30) == 600.0 + 10 * 1024
+
+
 def test_a_long_output_gets_one_replica_on_the_emptiest_other_worker(make_state: Factory) -> None:
     s = make_state()
     join(s, "w1")
