@@ -2,7 +2,9 @@
 of its own with its own IP address (see tests/netns.py), and a client (this test, in the
 root namespace, over the test network's uplink). A graph's leaves run on both workers
 (pinned by pool); its reduction runs on one of them and needs the other's outputs, which
-it must fetch straight from that peer over the test network.
+it must fetch straight from that peer over the test network. Then the same hosts with
+one worker cut off from the other (a blackhole route) while both reach the manager: the
+task that needs the other's output backs off, and runs once the route is gone.
 
 Needs root and iproute2; where namespaces cannot be made, the test is skipped with the
 failing command's own message.
@@ -31,6 +33,7 @@ import psutil
 import pytest
 
 from runtime import Cluster
+from tests.helpers import wait_until
 from tests.netns import NetnsUnavailable, Network
 
 PY = sys.executable
@@ -276,3 +279,47 @@ async def test_a_graph_runs_across_workers_on_different_hosts(
     assert got["pid"] == d.workers[here].popen.pid
     assert ip[other] in got["remote"], got["remote"]
     assert ip["manager"] in got["remote"], got["remote"]
+
+
+def _route(host: Any, *args: str) -> None:
+    """``ip route ARGS`` in ``host``'s namespace (the test's own; nothing else)."""
+    done = subprocess.run(
+        host.command(["ip", "route", *args]), capture_output=True, text=True, timeout=10
+    )
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.anyio
+async def test_a_worker_cut_off_from_its_peer_backs_off_then_runs_once_the_way_is_open(
+    deployment: Deployment, network: Network
+) -> None:
+    """Worker c cannot reach worker b (a blackhole route to b's address in c's
+    namespace), though both reach the manager: the reduction, pinned to c, cannot fetch
+    b's leaf. It is held back (status()["held_back"]) rather than sent round as fast as
+    the workers go, and the leaf is made again only a few times; once the route is
+    gone, it runs."""
+    d = deployment
+    b, c = network.hosts["b"], network.hosts["c"]
+    _route(c, "add", "blackhole", f"{b.address}/32")
+    with anyio.fail_after(RUN_LIMIT + 30):
+        async with Cluster(d.address, token=d.token) as cluster:
+            await cluster.wait_for_workers(2, timeout=RUN_LIMIT)
+            with dask.annotate(pool="b"):
+                part = dask.delayed(leaf, pure=False)(3)
+            with dask.annotate(pool="c"):
+                total = dask.delayed(reduce_leaves, pure=False)([part])
+            (fut,) = await cluster.submit_graph(total.__dask_graph__(), [total.key])
+
+            async def held() -> bool:
+                return bool((await cluster.status())["held_back"] >= 1)
+
+            await wait_until(held, "the reduction held back", limit=RUN_LIMIT, step=0.05)
+            _route(c, "del", "blackhole", f"{b.address}/32")
+            got = await fut
+            story = await cluster.story(total.key, part.key)
+    assert got["total"] == 9 and got["ips"] == [c.address]
+    assert b.address in got["remote"]  # fetched from b once the way was open
+    holds = [e for e in story if e[0] == total.key and e[1] == "unreachable"]
+    assert holds and "held 0.5 s" in holds[0][2], story
+    made = [e for e in story if e[0] == part.key and e[2] == "memory"]
+    assert 2 <= len(made) <= 12, len(made)  # made again per failed fetch: a few, not thousands
