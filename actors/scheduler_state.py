@@ -2213,6 +2213,8 @@ class SchedulerState:
             pairs = tuple((str(dk), h) for dk, h in held)
             err = InputsUnreachable(str(ts.key), wid, pairs, ts.unreachable, over)
             self._log(ts.key, "unreachable", f"{ts.unreachable} times: {pairs}")
+            # Why it failed, where failures are counted and grouped (metrics, dashboard).
+            self._failed_try(ts, "missing", "InputsUnreachable", err, wid)
             ts.error = err
             ts.root = (ts.key, err)
             self._set(ts, "erred")
