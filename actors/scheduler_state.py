@@ -3568,10 +3568,10 @@ class SchedulerState:
         for pool, w in self.next_wave.items():
             assert all((ts.spec.pool or "*") == pool for ts in w), ("next wave pool", pool)
         queued = {e[3] for heap in self.queues.values() for e in heap if e[3].state == "queued"}
-        held_back = {e[2] for e in self.held if e[2].state == "queued" and e[2].held_until == e[0]}
+        holding = {e[2] for e in self.held if e[2].state == "queued" and e[2].held_until == e[0]}
         for ts in self.tasks.values():
             if ts.state == "queued":
-                assert ts in queued or ts in held_back, (ts, "queued but in no ready queue")
+                assert ts in queued or ts in holding, (ts, "queued but in no ready queue")
         for ts, running in self.copies.items():
             # Speculative copies: of running tasks only, never where the try runs.
             assert ts.state == "processing" and running, (ts, running)
