@@ -705,6 +705,20 @@ DEFAULT_RULES: list[dict[str, Any]] = [
         },
     },
     {
+        "name": "CorralInputsUnreachable",
+        "expr": 'increase(corral_task_failures_total{outcome="missing"}[10m]) > 0',
+        "labels": {"team": "corral", "priority": "P2"},
+        "annotations": {
+            "summary": "Tasks of {{ $labels.category }} fail: workers cannot fetch their "
+            "inputs from each other",
+            "description": "{{ $value }} tasks of category {{ $labels.category }} failed in "
+            "the latest 10 minutes with InputsUnreachable: their inputs could not be fetched "
+            "from workers still connected, for two minutes. Check that the workers can reach "
+            "each other (each worker's --host, the address its peers reach it on; a firewall "
+            "between hosts or pools); the workers' logs say why each fetch failed.",
+        },
+    },
+    {
         "name": "CorralMemoryStalled",
         "expr": "corral_workers_throttled > 0",
         "for": "5m",
@@ -851,6 +865,10 @@ class AlertState:
         self.audit: deque[Audit] = deque(maxlen=max_audit)  #: the latest audit lines
         self._alerts: dict[tuple[str, Labels], _Alert] = {}
         self._history: dict[tuple[str, Labels], deque[tuple[float, float]]] = {}
+        #: per counter ``increase`` reads, when it was last recorded; and every series of
+        #: them seen so far (a series first seen after a record counts from 0)
+        self._watched: dict[str, float] = {}
+        self._seen: set[tuple[str, Labels]] = set()
         self._last_scale: dict[str, float] = {}  #: pool -> when an action last scaled it
         #: pools scaled out by actions that restore: (target before, target set, by alerts)
         self._restore: dict[str, tuple[int, int, set[tuple[str, Labels]]]] = {}
@@ -1092,19 +1110,28 @@ class AlertState:
 
     def _record(self, now: float, samples: Samples) -> None:
         """Keep the samples ``increase`` needs: per series, those within its window and
-        one just before it (the base)."""
+        one just before it (the base). A series that appears after the counter was
+        recorded, and was never seen before, gets the base 0 at that record: Corral's
+        counters appear at their first count (a task's first failure of a cause), so
+        all of their value is growth (Prometheus would need two samples of it)."""
         windows: dict[str, float] = {}
         for rule in self.rules.values():
             for v in _vectors(rule.parsed):
                 if isinstance(v, Increase):
                     name = v.selector.name
                     windows[name] = max(windows.get(name, 0.0), v.window)
-        for (name, labels), x in samples.items():
+        for key, x in samples.items():
+            name = key[0]
             if name in windows:
-                points = self._history.get((name, labels))
+                points = self._history.get(key)
                 if points is None:
-                    points = self._history[(name, labels)] = deque(maxlen=MAX_HISTORY)
+                    points = self._history[key] = deque(maxlen=MAX_HISTORY)
+                    since = self._watched.get(name)
+                    if since is not None and key not in self._seen:
+                        points.append((since, 0.0))
+                    self._seen.add(key)
                 points.append((now, x))
+        self._watched = dict.fromkeys(windows, now)
         for key, points in list(self._history.items()):
             window = windows.get(key[0])
             if window is None or points[-1][0] < now - window:

@@ -327,6 +327,41 @@ def test_increase_over_the_samples_seen_with_counter_restarts() -> None:
     assert n.alert.state == "resolved"
 
 
+def unreachable(counts: dict[str, int]) -> Samples:
+    fails = tuple(FailureCount(c, "missing", "InputsUnreachable", n) for c, n in counts.items())
+    return samples(MetricsReply(failures=fails))
+
+
+def test_a_counter_that_appears_counts_from_zero() -> None:
+    """Failure counters appear at their first count: the default rule fires on the
+    first task that failed with InputsUnreachable, not on the second."""
+    (d,) = [d for d in DEFAULT_RULES if d["name"] == "CorralInputsUnreachable"]
+    st = AlertState([parse_rule(d, SAMPLE_LABELS)])
+    # there at the first evaluation: a base (how much of it is recent is unknown)
+    assert st.handle(Evaluate(0.0, unreachable({"build": 4}))) == []
+    (n,) = only(st.handle(Evaluate(5.0, unreachable({"build": 4, "test": 1}))), Notify)
+    assert (n.alert.state, n.alert.value) == ("firing", 1.0)
+    assert n.alert.labels == {"alertname": "CorralInputsUnreachable", "category": "test",
+                              "cause": "InputsUnreachable", "outcome": "missing",
+                              "team": "corral", "priority": "P2"}  # fmt: skip
+    assert "--host" in n.alert.annotations["description"]
+    assert n.alert.annotations["summary"].startswith("Tasks of test fail")
+    assert st.handle(Evaluate(10.0, unreachable({"build": 5, "test": 1})))[0].alert.labels[
+        "category"] == "build"  # fmt: skip
+    # a series that went and came back is not new: no base of 0 for it
+    st.handle(Evaluate(700.0, unreachable({"build": 5})))
+    assert [a.labels["category"] for a in st.alerts() if a.state == "firing"] == []
+    st.handle(Evaluate(1400.0, unreachable({"build": 5})))  # test's history is gone
+    assert not only(st.handle(Evaluate(1405.0, unreachable({"build": 5, "test": 1}))), Notify)
+    # a rule added later takes the series it finds as they are
+    late = AlertState()
+    late.handle(Evaluate(0.0, unreachable({"build": 4})))
+    late.handle(RuleAdded(parse_rule(d, SAMPLE_LABELS), now=5.0))
+    assert late.handle(Evaluate(10.0, unreachable({"build": 4}))) == []
+    (n,) = only(late.handle(Evaluate(15.0, unreachable({"build": 4, "x": 2}))), Notify)
+    assert (n.alert.labels["category"], n.alert.value) == ("x", 2.0)
+
+
 def test_increase_keeps_bounded_history() -> None:
     (d,) = [d for d in DEFAULT_RULES if d["name"] == "CorralBlocksFailing"]
     st = AlertState([parse_rule(d, SAMPLE_LABELS)])
@@ -755,6 +790,9 @@ def test_default_rules_name_only_metrics_a_real_manager_exports() -> None:
     reply = MetricsReply(
         pools={"cpu": PoolMetrics(queue_depth=1, workers={"idle": 0, "busy": 0, "draining": 0})},
         blocks={p: BlockMetrics(**m) for p, m in blocks.items()},
+        # as the scheduler counts a task that failed with InputsUnreachable
+        # (tests/test_scheduler_failures.py)
+        failures=(FailureCount("c", "missing", "InputsUnreachable", 1),),
     )
     got = samples(reply)
     cpu = (("pool", "cpu"),)
