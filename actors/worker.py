@@ -239,7 +239,8 @@ class Worker(Actor):
         self.fetch_timeout = fetch_timeout
         #: checkpoint files being measured for a peer (their sha256), set when done
         self._measuring: dict[tuple[Any, int], anyio.Event] = {}
-        #: checkpoint files that turned out not to be the ones saved: never served
+        #: checkpoint files that turned out not to be the ones saved: not served (until
+        #: dropped, or found gone)
         self._unservable: set[tuple[Any, int]] = set()
         self.register = register  #: tell the scheduler at start (False: a gateway does)
         self.on_retire = on_retire  #: what a Stop from the scheduler does (default: stop)
@@ -648,7 +649,10 @@ class Worker(Actor):
     async def _serve_checkpoint(self, key: Key, seq: int) -> CheckpointStream:
         files = self.checkpoints
         found = files.find(key, seq)
-        if found is None or (key, seq) in self._unservable:
+        if found is None:
+            self._unservable.discard((key, seq))  # gone: a file saved again is new
+            return CheckpointStream(None)
+        if (key, seq) in self._unservable:
             return CheckpointStream(None)
         path, nbytes = found
         checksum = files.checksum(key, seq)
@@ -688,6 +692,11 @@ class Worker(Actor):
     @handles(DropCheckpointsMsg)
     def drop_checkpoints(self, msg: DropCheckpointsMsg) -> None:
         freed = sum(self.checkpoints.drop(key, seq) for key, seq in msg.items)
+        if self._unservable:
+            dropped = {(key, seq) for key, seq in msg.items}
+            self._unservable = {
+                (k, n) for k, n in self._unservable if not {(k, n), (k, 0)} & dropped
+            }
         if freed and self.disk:
             self._report()
 

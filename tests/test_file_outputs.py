@@ -680,7 +680,8 @@ def test_memory_admission_leaves_out_inputs_that_are_file_outputs(file: bool) ->
     """A 5 GiB input on a 1 GiB worker: a file output is read from disk, so its reader
     runs; the same bytes as a Python value would not fit in memory (TaskTooLarge)."""
     from actors.protocol import TaskResult
-    from actors.scheduler_state import Execute, KeyErred, SchedulerState, TasksFinished
+    from actors.scheduler_events import Execute, KeyErred, TasksFinished
+    from actors.scheduler_state import SchedulerState
     from runtime.errors import TaskTooLarge
     from tests.helpers import GB, event, join, of, run, submit
 
@@ -1239,6 +1240,42 @@ async def test_a_checkpoint_whose_sha256_takes_longer_than_an_ask_is_copied(
                 copy_path, size = workers[wid].checkpoints.find("ckpt-0", 1)
                 assert size == nbytes and read(copy_path) == read(path)
                 assert workers[wid].checkpoints.checksum("ckpt-0", 1) == checksum
+
+
+async def test_a_checkpoint_file_changed_on_disk_is_never_served(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """w1's checkpoint file grew on disk after it was saved (something else wrote to
+    it): the copy a peer asks for fails, at once and each time, without measuring the
+    file again; once the file is dropped, w1 forgets it."""
+    import actors.worker
+
+    measured: list[str] = []
+    real = actors.worker.digest
+
+    def counted(path: str) -> tuple[int, str]:
+        measured.append(path)
+        return real(path)
+
+    sched = Recorder()
+    with anyio.fail_after(60):
+        async with ActorSystem() as system:
+            sref = await system.spawn(sched, "scheduler")
+            workers, refs, _ = await three_workers(system, sref, tmp_path)
+            refs["w1"].post(RunTasks((to_run("ckpt-0", functools.partial(saves_big, MiB)),)))
+            assert (await sched.until("ckpt-0")).outcome == "ok"
+            path, nbytes = workers["w1"].checkpoints.find("ckpt-0", 1)
+            await anyio.Path(path).write_bytes(read(path) + b"not saved by the task")
+            monkeypatch.setattr(actors.worker, "digest", counted)
+            for _ in range(2):
+                got = await refs["w2"].ask(FetchCheckpoint("w1", "ckpt-0", 1, nbytes), timeout=30)
+                assert not got.ok
+                assert workers["w2"].checkpoints.find("ckpt-0", 1) is None
+            assert measured == [path]  # measured once: the second ask is refused at once
+            assert workers["w1"]._unservable == {("ckpt-0", 1)}
+            refs["w1"].post(DropCheckpointsMsg((("ckpt-0", 0),)))
+            await wait_until(lambda: not workers["w1"]._unservable, "forgotten", limit=20)
+            assert workers["w1"].checkpoints.find("ckpt-0", 1) is None
 
 
 def outlives_its_worker(gate: str, started: str, out: str) -> None:
