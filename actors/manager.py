@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from actors import transfer
-from actors.scheduler_state import KeyDone
+from actors.scheduler_events import KeyDone
 from actors.transfer import STREAM_BYTES, StreamInfo, UnknownStream
 from runtime.errors import ActorStopped, AskTimeout, FrameTooLarge
 from runtime.graph import Key, build_specs

@@ -11,8 +11,8 @@ What lives here:
 They live apart from the actors that make and read them, so that each side imports
 this module and not the other side's: the worker and its executor need no scheduler
 core to read a task, nor the registry to read a fact. The scheduler core's events and
-commands carry them (``TasksFinished``, ``Execute``, ``FileFacts``) and
-``actors.scheduler_state`` re-exports them.
+commands carry them (``TasksFinished``, ``Execute``, ``FileFacts``, in
+``actors/scheduler_events.py``).
 """
 
 from __future__ import annotations

@@ -3,7 +3,9 @@
 What lives here: :class:`Scheduler`, which turns messages into core events (adding
 ``now`` from its clock and the causal id as ``stimulus_id``), calls
 ``SchedulerState.handle`` and carries out the commands it returns. No decisions are made
-here; they are all in ``actors/scheduler_state.py`` and the policies.
+here; they are all in ``actors/scheduler_state.py`` (its events and commands in
+``actors/scheduler_events.py``, its records in ``actors/scheduler_records.py``) and the
+policies.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any
 
 import anyio
 
-from actors.scheduler_state import (
+from actors.scheduler_events import (
     CancelOnWorker,
     CancelRequested,
     CheckpointCopied,
@@ -27,11 +29,9 @@ from actors.scheduler_state import (
     CopyCheckpoint,
     DropCheckpoints,
     DropData,
-    ErrorRecord,
     Evacuate,
     Event,
     Execute,
-    FailureGroup,
     FileFacts,
     FilesReleased,
     GraphSubmitted,
@@ -44,8 +44,6 @@ from actors.scheduler_state import (
     ReplicasMissing,
     Replicate,
     RetireWorker,
-    SchedulerConfig,
-    SchedulerState,
     TaskCheckpointed,
     TasksFinished,
     Tick,
@@ -56,6 +54,8 @@ from actors.scheduler_state import (
     WorkerLeft,
     WorkerMemory,
 )
+from actors.scheduler_records import ErrorRecord, FailureGroup, SchedulerConfig
+from actors.scheduler_state import SchedulerState
 from policies import REGISTRY, PolicyRegistry, params_of
 from policies.survival import Survival
 from runtime.errors import ActorStopped, CorralError

@@ -1,8 +1,10 @@
 """The scheduler's pure core: task states, ready queues, placement, tries, statistics.
 
-What lives here: :class:`SchedulerState` and the events it takes and the commands it
-returns. ``SchedulerState.handle(*events) -> list[Command]`` is the only way to change
-it. No anyio, no sockets, no clock, no threads: events carry ``now`` and a
+What lives here: :class:`SchedulerState`. The events it takes and the commands it
+returns are in ``actors/scheduler_events.py``; its configuration and its records of
+tasks and workers (and the views policies get of them) in
+``actors/scheduler_records.py``. ``SchedulerState.handle(*events) -> list[Command]`` is
+the only way to change it. No anyio, no sockets, no clock, no threads: events carry ``now`` and a
 ``stimulus_id``; the actor (``actors/scheduler.py``) carries out the commands.
 
 Task states and the transitions allowed between them are data (``TRANSITIONS``); any
@@ -119,12 +121,56 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import itertools
-from collections import Counter, OrderedDict, deque
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections import Counter, deque
+from collections.abc import Callable, Iterable
 from types import MappingProxyType
 from typing import Any, Literal
 
 from actors.protocol import FileFact, TaskResult, ToRun
+from actors.scheduler_events import (
+    CancelOnWorker,
+    CancelRequested,
+    CheckpointCopied,
+    Command,
+    CopyCheckpoint,
+    DropCheckpoints,
+    DropData,
+    Evacuate,
+    Event,
+    Execute,
+    FileFacts,
+    FilesReleased,
+    GraphSubmitted,
+    KeyCancelled,
+    KeyDone,
+    KeyErred,
+    KeysReleased,
+    PolicyChanged,
+    ReplicasCopied,
+    ReplicasMissing,
+    Replicate,
+    RetireWorker,
+    TaskCheckpointed,
+    TasksFinished,
+    Tick,
+    WorkerDraining,
+    WorkerHeld,
+    WorkerJoined,
+    WorkerLeaving,
+    WorkerLeft,
+    WorkerMemory,
+)
+from actors.scheduler_records import (
+    NO_LIMIT,
+    Checkpoint,
+    FailureGroup,
+    PoolWaits,
+    SchedulerConfig,
+    TaskState,
+    TaskStateView,
+    WorkerState,
+    error_record,
+)
 from actors.storage_state import StorageLedger
 from policies import (
     BENIGN_LOSSES,
@@ -150,72 +196,29 @@ from runtime.errors import (
     InvalidTransition,
     MemoryStalled,
     MissingKeysError,
-    PruneDepthError,
     TaskCrashedWorkers,
     TaskOutOfMemory,
     TaskTooBigForDisk,
     TaskTooLarge,
     WorkerLost,
 )
-from runtime.graph import Key, TaskSpec
+from runtime.graph import Key
 from runtime.messages import Outcome, TryRecord
 
 __all__ = [
     "TRANSITIONS",
-    "CancelOnWorker",
-    "CancelRequested",
-    "Checkpoint",
-    "CheckpointCopied",
-    "Command",
-    "CopyCheckpoint",
-    "DropCheckpoints",
-    "DropData",
-    "ErrorRecord",
-    "Evacuate",
-    "Event",
-    "Execute",
-    "FailureGroup",
     "FileFact",
-    "FileFacts",
-    "FilesReleased",
-    "GraphSubmitted",
     "InvalidTransition",
-    "KeyCancelled",
-    "KeyDone",
-    "KeyErred",
-    "KeysReleased",
-    "PolicyChanged",
-    "ReplicasCopied",
-    "ReplicasMissing",
-    "Replicate",
-    "RetireWorker",
-    "SchedulerConfig",
     "SchedulerState",
-    "TaskCheckpointed",
     "TaskResult",
-    "TaskState",
-    "TaskStateView",
-    "TasksFinished",
-    "Tick",
     "ToRun",
-    "WorkerDraining",
-    "WorkerHeld",
-    "WorkerJoined",
-    "WorkerLeaving",
-    "WorkerLeft",
-    "WorkerMemory",
-    "WorkerState",
-    "WorkerStateView",
-    "error_record",
 ]
 
-_NO_LIMIT = float("inf")  #: the memory limit of a worker that reports none (0)
 #: where a task's expected output comes from (disk-aware placement; in its error)
 SEEN_OUTPUT = "the largest output of its category so far"
 DECLARED_OUTPUT = 'declared with resources={"disk": ...}'
 GUESSED_OUTPUT = "a guess: no task of its category has finished yet"
 MAX_LIVES = 1000  #: worker lives kept per pool for its survival estimate
-RECENT_WAITS = 1000  #: the latest waits served kept per pool, for the wait quantiles
 WAIT_QUANTILES = (0.5, 0.9, 0.99)  #: the wait quantiles the metrics give
 #: tasks of the next wave :meth:`SchedulerState.upcoming` looks at per pool, at most
 UPCOMING_MOST = 1024
@@ -286,805 +289,6 @@ _QUEUED_DELTA: tuple[int, ...] = tuple(
 )
 
 
-# ----------------------------------------------------------------------------- events
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Event:
-    stimulus_id: str
-    now: float
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class GraphSubmitted(Event):
-    """New tasks (``specs``) and the keys a client wants from them (or earlier ones)."""
-
-    specs: Mapping[Key, TaskSpec]
-    wanted: tuple[Key, ...]
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class WorkerJoined(Event):
-    """``deadline``: when its walltime ends, on this core's clock (``None``: never)."""
-
-    worker: str
-    cores: int
-    memory: int
-    pool: str = "default"
-    deadline: float | None = None
-    disk: int = 0  #: bytes of disk it offers for outputs (0: no limit known)
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class WorkerLeft(Event):
-    """``worker`` is gone (``cause``: a worker-lost cause). ``evacuated``: outputs it
-    copied to other workers before it went, ``(key, worker)``: they are not lost."""
-
-    worker: str
-    cause: str = "unknown"
-    evacuated: tuple[tuple[Key, str], ...] = ()
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class WorkerLeaving(Event):
-    """``worker`` is about to go (``cause``: preempted, walltime, shutdown) and has a
-    short grace: give it no new tasks and say where its needed outputs should go
-    (:class:`Evacuate`)."""
-
-    worker: str
-    cause: str
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class ReplicasMissing(Event):
-    """Asked for these outputs (a gather), ``worker`` did not have them."""
-
-    worker: str
-    keys: tuple[Key, ...]
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class ReplicasCopied(Event):
-    """The answer to :class:`Replicate`: of the ``asked`` outputs, ``worker`` holds
-    ``got`` now (the others could not be copied)."""
-
-    worker: str
-    asked: tuple[Key, ...]
-    got: tuple[Key, ...]
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class WorkerHeld(Event):
-    """A worker that rejoined over a new connection says what it has in hand
-    (``active`` keys) and holds (``held``: ``(key, nbytes)``)."""
-
-    worker: str
-    active: frozenset[Key]
-    held: tuple[tuple[Key, int], ...]
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class TasksFinished(Event):
-    worker: str
-    results: tuple[TaskResult, ...]
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class CancelRequested(Event):
-    keys: tuple[Key, ...]
-    reason: str = "cancelled by request"
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class KeysReleased(Event):
-    """A client no longer wants these keys (one release per earlier want)."""
-
-    keys: tuple[Key, ...]
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class FilesReleased(Event):
-    """The file registry dropped these outputs from every worker."""
-
-    keys: tuple[Key, ...]
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class PolicyChanged(Event):
-    kind: str
-    policy: Any
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class WorkerDraining(Event):
-    """Give ``worker`` no new tasks; retire it (:class:`RetireWorker`) once the tasks it
-    runs have finished. Its outputs stay available to peers until it leaves."""
-
-    worker: str
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class TaskCheckpointed(Event):
-    """Running task ``key`` on ``worker`` saved its checkpoint number ``seq``, a file
-    of ``nbytes`` on that worker's disk; ``data``: its bytes when they travelled with
-    it (small ones), else None. The core records it until the task ends and gives the
-    newest one that survives to the task's next try (docs/files.md#checkpoints)."""
-
-    worker: str
-    key: Key
-    seq: int
-    nbytes: int
-    data: bytes | None = None
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class CheckpointCopied(Event):
-    """The answer to :class:`CopyCheckpoint`: ``worker`` holds a copy of checkpoint
-    ``seq`` of task ``key`` now (``ok``), or could not copy it."""
-
-    worker: str
-    key: Key
-    seq: int
-    ok: bool
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class WorkerMemory(Event):
-    """A worker's memory state: ``throttled`` (deferring producers: past its throttle
-    fence), its ``rss`` and where its throttle fence is (``throttle_at`` bytes) out of
-    its ``limit``; ``disk_used``: bytes of its outputs on disk now."""
-
-    worker: str
-    throttled: bool
-    rss: int
-    throttle_at: int
-    limit: int
-    disk_used: int = 0
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Tick(Event):
-    """Time passed (the watchdog's clock); nothing else happened."""
-
-
-# ----------------------------------------------------------------------------- commands
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Command:
-    stimulus_id: str
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Execute(Command):
-    worker: str
-    tasks: tuple[ToRun, ...]
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class CancelOnWorker(Command):
-    worker: str
-    keys: tuple[Key, ...]
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class DropData(Command):
-    """Outputs a worker holds that nothing tracks (a stale or cancelled result)."""
-
-    worker: str
-    keys: tuple[Key, ...]
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Evacuate(Command):
-    """The answer to :class:`WorkerLeaving`: copy each output ``key`` (``nbytes``) that
-    is still needed and held only by ``worker`` to ``target``, ``(key, target, nbytes)``,
-    largest first."""
-
-    worker: str
-    moves: tuple[tuple[Key, str, int], ...]
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Replicate(Command):
-    """Temporary replicas: ``worker`` copies each output of ``keys``, ``(key, nbytes)``,
-    from ``source`` and keeps it (the copy path of data evacuation); the answer comes
-    back as :class:`ReplicasCopied`."""
-
-    worker: str
-    source: str
-    keys: tuple[tuple[Key, int], ...]
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class CopyCheckpoint(Command):
-    """``worker`` copies checkpoint ``seq`` of task ``key`` (``nbytes``) from the disk
-    of ``source`` to its own and keeps it; the answer comes back as
-    :class:`CheckpointCopied`."""
-
-    worker: str
-    source: str
-    key: Key
-    seq: int
-    nbytes: int
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class DropCheckpoints(Command):
-    """``worker`` deletes these checkpoint files, ``(key, seq)`` (``seq`` 0: every file
-    of that task)."""
-
-    worker: str
-    items: tuple[tuple[Key, int], ...]
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class RetireWorker(Command):
-    """A draining worker has finished its tasks: tell it to stop. It stays known (and
-    draining) until it leaves (:class:`WorkerLeft`)."""
-
-    worker: str
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class KeyDone(Command):
-    key: Key
-    worker: str
-    nbytes: int
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class KeyErred(Command):
-    """A wanted key failed. ``error`` is what its future raises; ``root`` the task whose
-    own try failed and ``root_error`` that try's exception."""
-
-    key: Key
-    error: BaseException
-    root: Key
-    root_error: BaseException
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class KeyCancelled(Command):
-    key: Key
-    reason: str
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class FileFacts(Command):
-    facts: tuple[FileFact, ...]
-
-
-# ----------------------------------------------------------------------------- state
-
-
-@dataclasses.dataclass(slots=True)
-class SchedulerConfig:
-    """How much work the scheduler hands each worker ahead of time.
-
-    A worker always gets up to ``saturation`` tasks per core. Beyond that it gets more
-    while the estimated run time of what it holds stays under ``backlog`` seconds per
-    core, up to ``max_per_core`` tasks per core: short tasks travel in large batches,
-    long ones are held back where they can still be placed well. Estimates are each
-    category's mean duration so far (``unknown_duration`` before any has finished).
-    """
-
-    saturation: float = 2.0
-    backlog: float = 0.05
-    max_per_core: int = 500
-    unknown_duration: float = 0.5
-    story_length: int = 100_000
-    #: monitoring records kept unread for :meth:`SchedulerState.feed_since` (the
-    #: newest; a reader that falls further behind is told how many entries it missed)
-    feed_length: int = 1_000_000
-    #: keep the monitoring feed from the start (else from its first read)
-    monitor: bool = False
-    #: seconds every worker may stay throttled with nothing but producers to run and
-    #: nothing finishing, before the run fails with MemoryStalled
-    stall_timeout: float = 10.0
-    #: seconds before its walltime a worker is drained (None: walltime_grace plus the
-    #: longest expected task, the largest p90 duration of any category)
-    drain_period: float | None = None
-    #: what a worker needs at the end of its walltime besides its last task (to leave)
-    walltime_grace: float = 60.0
-    #: disk-aware placement: the output expected of a task whose category has no
-    #: finished try and that declares no ``resources={"disk": ...}`` (at most half the
-    #: largest disk of its pool, so that a guess alone never keeps a task off every worker)
-    unknown_output: int = 16 * 2**20
-    #: how far downstream an output's readers must be done before it is dropped: 1 its
-    #: readers, 2 their readers too, ...; 0 never (see docs/files.md#pruning-depth)
-    prune_depth: int = 1
-    #: bytes of task checkpoints the scheduler holds at most, over all running tasks;
-    #: past it a checkpoint is not held here (it stays on its worker's disk, and a copy
-    #: on a peer's if one can be made)
-    checkpoint_bytes: int = 2**30
-    #: checkpoints up to this size are held by the scheduler (their copy off the
-    #: worker); larger ones are copied to a peer's disk. Workers send the bytes of
-    #: checkpoints up to ``runtime.task``'s 4 MiB with them, so more than that changes
-    #: nothing
-    checkpoint_inline_bytes: int = 4 * 2**20
-    #: a task whose inputs could not be had from holders still connected
-    #: (``MAX_INPUTS_UNREACHABLE`` tries or more in a row) fails with InputsUnreachable
-    #: once the first of those tries is this many seconds old: long enough for a
-    #: worker that was killed, stopped or cut off to be declared lost or to come back
-    unreachable_for: float = 120.0
-
-    def __post_init__(self) -> None:
-        depth = self.prune_depth
-        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 0:
-            raise PruneDepthError(depth)
-        if not self.unreachable_for >= 0:
-            raise ValueError(
-                f"unreachable_for must be seconds >= 0 (inf: never), got {self.unreachable_for!r}"
-            )
-
-
-@dataclasses.dataclass(slots=True, eq=False)
-class Checkpoint:
-    """One checkpoint of a running task in the registry: number ``seq``, ``nbytes``,
-    saved by worker ``owner``; ``data`` its bytes when the scheduler holds them;
-    ``holders`` the workers whose disk has its file (the owner, peers' copies);
-    ``copying`` the peer asked to copy it (from ``copy_source``, since ``copy_sent``),
-    "" when none."""
-
-    seq: int
-    nbytes: int
-    owner: str
-    data: bytes | None = None
-    holders: set[str] = dataclasses.field(default_factory=set)
-    copying: str = ""
-    copy_source: str = ""
-    copy_sent: float | None = None
-
-    @property
-    def off_worker(self) -> bool:
-        """Whether a copy survives the loss of its owner (held here, or on a peer)."""
-        return self.data is not None or any(h != self.owner for h in self.holders)
-
-
-class WorkerState:
-    """One worker as the scheduler sees it."""
-
-    __slots__ = (
-        "copies",
-        "cores",
-        "deadline",
-        "disk",
-        "disk_reserved",
-        "disk_used",
-        "draining",
-        "has_what",
-        "id",
-        "joined",
-        "leaving",
-        "limit",
-        "memory",
-        "n_producers",
-        "occupancy",
-        "pool",
-        "processing",
-        "retired",
-        "rss",
-        "slots",
-        "throttle_at",
-        "throttled",
-        "unconfirmed",
-        "view",
-    )
-
-    def __init__(self, wid: str, cores: int, memory: int, pool: str, saturation: float) -> None:
-        self.view = WorkerStateView(self)  #: what policies see of it
-        self.id = wid
-        self.cores = cores  #: cores it offers
-        self.memory = memory  #: bytes of memory it offers
-        self.pool = pool  #: the pool it belongs to
-        self.joined = 0.0  #: when it joined (first registered)
-        self.deadline: float | None = None  #: when its walltime ends (None: never)
-        self.slots = max(1, round(cores * saturation))  #: tasks it always may hold
-        self.limit = self.slots  #: tasks it may hold when they are short
-        self.occupancy = 0.0  #: estimated seconds of work it holds
-        self.processing: set[TaskState] = set()  #: tasks sent to it, not finished
-        self.has_what: set[TaskState] = set()  #: tasks whose output it holds
-        self.draining = False  #: gets no new tasks; retired once it runs none
-        self.leaving = False  #: going by itself (WorkerLeaving): drained, never retired
-        self.retired = False  #: told to stop (RetireWorker) after draining
-        self.throttled = False  #: past its throttle fence: deferring producers
-        self.rss = 0  #: its RSS as last reported
-        self.throttle_at = 0  #: bytes where its throttle fence is (0: not reported)
-        self.n_producers = 0  #: producers among ``processing``
-        self.disk = 0  #: bytes of disk it offers (0: no limit known)
-        self.disk_used = 0  #: bytes of outputs it holds on disk, as last reported
-        self.disk_reserved = 0  #: disk the core expects its unfinished tasks to take
-        #: tasks sent to it before it rejoined over a new connection: they may have been
-        #: lost with the old one, until it says what it has (WorkerHeld)
-        self.unconfirmed: set[TaskState] = set()
-        #: speculative copies it runs of tasks whose first try runs elsewhere (each
-        #: takes a slot as a task does; see ``SchedulerState.copies``)
-        self.copies: set[TaskState] = set()
-
-    @property
-    def n_processing(self) -> int:
-        return len(self.processing)
-
-    def __repr__(self) -> str:
-        return f"<WorkerState {self.id} {len(self.processing)}/{self.slots}>"
-
-
-class TaskState:
-    """One task as the scheduler sees it."""
-
-    __slots__ = (
-        "behind",
-        "consumers",
-        "dependents",
-        "deps",
-        "disk_need",
-        "disk_wait",
-        "error",
-        "est",
-        "file",
-        "generation",
-        "held_until",
-        "in_files",
-        "in_nbytes",
-        "key",
-        "lost_tries",
-        "nbytes",
-        "prio",
-        "producer",
-        "registered",
-        "remake",
-        "retries_left",
-        "root",
-        "sent",
-        "spec",
-        "state",
-        "tries",
-        "unneeded",
-        "unreachable",
-        "unreachable_since",
-        "waiting_deps",
-        "waiting_on",
-        "wanted",
-        "who_has",
-        "worker",
-    )
-
-    def __init__(self, spec: TaskSpec, generation: int) -> None:
-        self.key = spec.key
-        self.spec = spec
-        self.state: str = "new"
-        self.deps: list[TaskState] = []  #: tasks whose outputs this one reads
-        self.dependents: set[TaskState] = set()  #: tasks that read this one's output
-        self.waiting_on = 0  #: dependencies not in memory (while waiting)
-        #: dependencies that are waiting themselves (0 while waiting: the next wave)
-        self.waiting_deps = 0
-        self.consumers = 0  #: active dependents (they still need this output)
-        self.wanted = 0  #: client holds on this key
-        self.who_has: set[str] = set()  #: workers holding the output
-        self.nbytes = 0  #: output size
-        #: its output is a file output: ``nbytes`` on its holders' disks, not in memory
-        self.file = False
-        #: known size of its inputs in memory: the sum of its dependencies' ``nbytes``
-        #: (0 for the ones that never finished), but file outputs'; memory admission
-        #: compares it with worker limits
-        self.in_nbytes = 0
-        self.in_files = 0  #: the known size of its inputs that are file outputs
-        self.worker: str | None = None  #: worker running it (while processing)
-        self.sent = 0.0  #: when it was last sent to a worker
-        self.generation = generation  #: submission it first came in with
-        self.prio: tuple[float, ...] = ()  #: queue priority from the priority policy
-        self.est = 0.0  #: estimated duration when it was assigned
-        self.disk_need = 0  #: disk reserved for it on its worker (while processing)
-        self.disk_wait = ""  #: why it waits for disk, as last told in its story
-        self.unneeded = False  #: cancelled only because nothing needed it
-        self.registered = False  #: the file registry knows its output
-        #: estimated seconds of work to make its output again from the outputs that are
-        #: kept (its latest try, plus the inputs that are not kept, in turn)
-        self.remake = 0.0
-        self.behind = False  #: retried: queue behind fresh work
-        self.producer = False  #: a memory producer (as of its latest enqueue)
-        self.retries_left = spec.retries  #: user retry budget left
-        self.lost_tries = 0  #: tries lost with their worker
-        #: times its inputs could not be had from workers still connected (in a row)
-        self.unreachable = 0
-        self.unreachable_since = 0.0  #: when the first of those tries ended
-        #: queued but not placed before this time (backing off: ``_inputs_missing``)
-        self.held_until = 0.0
-        self.tries: list[TryRecord] = []  #: every attempt
-        self.error: BaseException | None = None  #: what its future raises (erred/cancelled)
-        self.root: tuple[Key, BaseException] | None = None  #: (failed task, its exception)
-
-    def __repr__(self) -> str:
-        return f"<TaskState {self.key!r} {self.state}>"
-
-    # -- TaskView -----------------------------------------------------------------------
-    @property
-    def category(self) -> str:
-        return self.spec.category
-
-    @property
-    def order(self) -> int:
-        return self.spec.order
-
-    @property
-    def user_priority(self) -> float:
-        return self.spec.priority
-
-    @property
-    def dep_locations(self) -> Iterator[tuple[frozenset[str], int]]:
-        for d in self.deps:
-            yield frozenset(d.who_has), d.nbytes
-
-    @property
-    def oom_tries(self) -> int:
-        return sum(1 for t in self.tries if t.outcome == "oom")
-
-    @property
-    def disk_full_tries(self) -> int:
-        return sum(1 for t in self.tries if t.outcome == "disk-full")
-
-    @property
-    def crash_tries(self) -> int:
-        return len(self.crashes())
-
-    def crashes(self) -> list[tuple[str, str]]:
-        """``(worker, cause)`` of the tries lost with a worker that ended unexpectedly."""
-        return [
-            (t.worker, t.cause or "unknown")
-            for t in self.tries
-            if t.outcome == "worker-lost" and t.cause not in BENIGN_LOSSES
-        ]
-
-
-class TaskStateView:
-    """What policies see of a :class:`TaskState` (the :class:`~policies.TaskView`
-    protocol): reads only, made per policy call. Its attributes cannot be set,
-    collections come as frozensets and tuples, and no public attribute leads back to
-    the core's objects."""
-
-    __slots__ = ("_stats", "_survival", "_ts")
-    _ts: TaskState
-    _survival: Callable[[str | None], Survival] | None
-    _stats: Mapping[str, CategoryStatsView] | None
-
-    def __init__(
-        self,
-        ts: TaskState,
-        survival: Callable[[str | None], Survival] | None = None,
-        stats: Mapping[str, CategoryStatsView] | None = None,
-    ) -> None:
-        object.__setattr__(self, "_ts", ts)
-        object.__setattr__(self, "_survival", survival)
-        object.__setattr__(self, "_stats", stats)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        raise AttributeError(f"a task view is read-only (cannot set {name!r})")
-
-    def __delattr__(self, name: str) -> None:
-        raise AttributeError(f"a task view is read-only (cannot delete {name!r})")
-
-    def __repr__(self) -> str:
-        return f"<TaskView {self._ts.key!r}>"
-
-    @property
-    def key(self) -> Key:
-        return self._ts.key
-
-    @property
-    def category(self) -> str:
-        return self._ts.spec.category
-
-    @property
-    def order(self) -> int:
-        return self._ts.spec.order
-
-    @property
-    def user_priority(self) -> float:
-        return self._ts.spec.priority
-
-    @property
-    def generation(self) -> int:
-        return self._ts.generation
-
-    @property
-    def retries_left(self) -> int:
-        return self._ts.retries_left
-
-    @property
-    def lost_tries(self) -> int:
-        return self._ts.lost_tries
-
-    @property
-    def oom_tries(self) -> int:
-        return self._ts.oom_tries
-
-    @property
-    def disk_full_tries(self) -> int:
-        return self._ts.disk_full_tries
-
-    @property
-    def crash_tries(self) -> int:
-        return self._ts.crash_tries
-
-    @property
-    def producer(self) -> bool:
-        return self._ts.producer
-
-    @property
-    def dep_locations(self) -> Iterator[tuple[frozenset[str], int]]:
-        return self._ts.dep_locations
-
-    @property
-    def pool(self) -> str | None:
-        return self._ts.spec.pool
-
-    @property
-    def ran_for(self) -> float:
-        tries = self._ts.tries
-        return max(0.0, tries[-1].stop - tries[-1].start) if tries else 0.0
-
-    @property
-    def survival(self) -> Survival:
-        survival = self._survival
-        return survival(self._ts.spec.pool) if survival is not None else Survival()
-
-    @property
-    def stats(self) -> CategoryStatsView | None:
-        stats = self._stats
-        return stats.get(self._ts.spec.category) if stats is not None else None
-
-    @property
-    def dependents(self) -> tuple[TaskStateView, ...]:
-        return tuple(TaskStateView(d) for d in self._ts.dependents)
-
-
-class WorkerStateView:
-    """What policies see of a :class:`WorkerState` (the :class:`~policies.WorkerView`
-    protocol): reads only, one per worker (``WorkerState.view``). Its attributes cannot
-    be set, and no public attribute leads back to the core's objects."""
-
-    __slots__ = ("_ws",)
-    _ws: WorkerState
-
-    def __init__(self, ws: WorkerState) -> None:
-        object.__setattr__(self, "_ws", ws)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        raise AttributeError(f"a worker view is read-only (cannot set {name!r})")
-
-    def __delattr__(self, name: str) -> None:
-        raise AttributeError(f"a worker view is read-only (cannot delete {name!r})")
-
-    def __repr__(self) -> str:
-        return f"<WorkerView {self._ws.id} {len(self._ws.processing)}/{self._ws.slots}>"
-
-    @property
-    def id(self) -> str:
-        return self._ws.id
-
-    @property
-    def cores(self) -> int:
-        return self._ws.cores
-
-    @property
-    def memory(self) -> int:
-        return self._ws.memory
-
-    @property
-    def pool(self) -> str:
-        return self._ws.pool
-
-    @property
-    def n_processing(self) -> int:
-        return len(self._ws.processing)
-
-    @property
-    def slots(self) -> int:
-        return self._ws.slots
-
-    @property
-    def limit(self) -> int:
-        return self._ws.limit
-
-    @property
-    def throttled(self) -> bool:
-        return self._ws.throttled
-
-    @property
-    def disk(self) -> int:
-        return self._ws.disk
-
-    @property
-    def disk_free(self) -> float:
-        """Disk left for new tasks: its limit less what it holds on disk and what its
-        unfinished tasks are expected to take (``inf``: no limit known)."""
-        return _disk_free(self._ws)
-
-
-class PoolWaits:
-    """One pool's ready tasks and waits: ``since`` maps each ready task to when it
-    became ready, oldest first (its first entry is the oldest: O(1)); ``recent`` the
-    latest :data:`RECENT_WAITS` waits served (ready to sent to a worker, seconds); ``n``
-    and ``total`` count and sum every wait served."""
-
-    __slots__ = ("n", "recent", "since", "total")
-
-    def __init__(self) -> None:
-        self.since: OrderedDict[TaskState, float] = OrderedDict()
-        self.recent: deque[float] = deque(maxlen=RECENT_WAITS)
-        self.n = 0
-        self.total = 0.0
-
-
-Frame = tuple[str, int, str]  #: (file name, line number, function name)
-MAX_ERROR_FRAMES = 50  #: frames kept per exception (the innermost ones)
-MAX_ERROR_CHAIN = 5  #: exceptions kept of a chain (__cause__ / __context__)
-MAX_ERROR_CHARS = 2_000  #: characters kept of an exception's text
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class ErrorRecord:
-    """An exception as plain data, for the failure groups: per exception of its chain
-    (the oldest first) its type name, its text, its frames and how it relates to the one
-    before ("cause", "context" or ""). It holds no frame: a traceback's frames keep
-    their locals (a task's inputs) alive, and a failure group lives long."""
-
-    chain: tuple[tuple[str, str, tuple[Frame, ...], str], ...]
-
-    @property
-    def summary(self) -> str:
-        """``Type: text`` of the exception itself."""
-        name, text, _, _ = self.chain[-1]
-        return f"{name}: {text}" if text else name
-
-
-def error_record(error: BaseException) -> ErrorRecord:
-    """``error`` as an :class:`ErrorRecord`: a walk over its frames (a few µs), no
-    formatting and no source lines."""
-    parts: list[tuple[str, str, tuple[Frame, ...], str]] = []
-    seen: set[int] = set()
-    exc: BaseException | None = error
-    while exc is not None and id(exc) not in seen and len(parts) < MAX_ERROR_CHAIN:
-        seen.add(id(exc))
-        try:
-            text = str(exc)[:MAX_ERROR_CHARS]
-        except Exception:  # a user's __str__ that raises
-            text = "(its text could not be read)"
-        frames: list[Frame] = []
-        tb = exc.__traceback__
-        while tb is not None:
-            code = tb.tb_frame.f_code
-            frames.append((code.co_filename, tb.tb_lineno or 0, code.co_name))
-            tb = tb.tb_next
-        if exc.__cause__ is not None:
-            older, relation = exc.__cause__, "cause"
-        elif exc.__context__ is not None and not exc.__suppress_context__:
-            older, relation = exc.__context__, "context"
-        else:
-            older, relation = None, ""
-        parts.append((type(exc).__name__, text, tuple(frames[-MAX_ERROR_FRAMES:]), relation))
-        exc = older
-    parts.reverse()  # the oldest first, as Python prints a chain: each part's relation
-    name, text, frames_, _ = parts[0]  # is to the one before it; the first has none
-    parts[0] = (name, text, frames_, "")
-    return ErrorRecord(tuple(parts))
-
-
-@dataclasses.dataclass(slots=True)
-class FailureGroup:
-    """The failed tries of one (category, cause): how many, and the latest of them
-    (its task, worker, outcome, error and the core's time). Updated as each try fails,
-    never rebuilt from the tasks."""
-
-    n: int
-    key: Key
-    worker: str
-    outcome: str
-    error: ErrorRecord | None
-    at: float
-
-
 class SchedulerState:
     """The scheduler's state. Change it only through :meth:`handle`."""
 
@@ -1140,7 +344,7 @@ class SchedulerState:
         self.largest: dict[str | None, float] = {}
         #: the smallest of ``largest``'s limits: a task whose known inputs are no larger
         #: fits some worker of any pool (the one comparison on the hot path)
-        self._floor = _NO_LIMIT
+        self._floor = NO_LIMIT
         #: disk-aware placement: the largest disk limit among the workers that take new
         #: tasks, per pool and over every pool (``None``); 0 (no limit) is ``inf``
         self.largest_disk: dict[str | None, float] = {}
@@ -2028,7 +1232,7 @@ class SchedulerState:
         because nothing needed them then) are returned for the caller to recompute.
         """
         too_large = ts.in_nbytes > self._floor and ts.in_nbytes > self.largest.get(
-            ts.spec.pool, _NO_LIMIT
+            ts.spec.pool, NO_LIMIT
         )
         if too_large:
             self._too_large.append(ts)  # failed in _spread_failures, once it is waiting or queued
@@ -2056,7 +1260,7 @@ class SchedulerState:
         decision."""
         if ts.state not in ("waiting", "queued"):
             return  # failed, cancelled or placed meanwhile
-        largest = self.largest.get(ts.spec.pool, _NO_LIMIT)
+        largest = self.largest.get(ts.spec.pool, NO_LIMIT)
         if ts.in_nbytes <= largest:
             return  # a worker that fits it joined meanwhile
         err = TaskTooLarge(str(ts.key), ts.in_nbytes, int(largest), ts.spec.pool)
@@ -2073,22 +1277,22 @@ class SchedulerState:
         for ws in self.workers.values():
             if ws.draining:
                 continue  # takes no new task
-            limit = float(ws.memory) if ws.memory > 0 else _NO_LIMIT
+            limit = float(ws.memory) if ws.memory > 0 else NO_LIMIT
             if limit > largest.get(ws.pool, -1.0):
                 largest[ws.pool] = limit
             if limit > largest.get(None, -1.0):
                 largest[None] = limit
         before, self.largest = self.largest, largest
-        self._floor = min(largest.values(), default=_NO_LIMIT)
+        self._floor = min(largest.values(), default=NO_LIMIT)
         self.largest_disk = _largest_per_pool(self.workers.values(), "disk")
-        if not any(limit < before.get(pool, _NO_LIMIT) for pool, limit in largest.items()):
+        if not any(limit < before.get(pool, NO_LIMIT) for pool, limit in largest.items()):
             return
         self._too_large.extend(
             ts
             for ts in self.tasks.values()
             if ts.in_nbytes
             and ts.state in ("waiting", "queued")
-            and ts.in_nbytes > largest.get(ts.spec.pool, _NO_LIMIT)
+            and ts.in_nbytes > largest.get(ts.spec.pool, NO_LIMIT)
         )
 
     def _enqueue(self, ts: TaskState) -> bool:
@@ -2524,7 +1728,7 @@ class SchedulerState:
             and w.id not in inflight
             and w.id not in failed
             and (not w.memory or ts.file or w.memory >= ts.nbytes)
-            and _disk_free(w) >= ts.nbytes  # a copy may be spilled: never past its disk
+            and w.disk_free() >= ts.nbytes  # a copy may be spilled: never past its disk
         ]
         if not candidates:
             return
@@ -2880,7 +2084,7 @@ class SchedulerState:
             return st.max_nbytes, SEEN_OUTPUT
         if declared is not None:
             return max(0, int(declared)), DECLARED_OUTPUT
-        largest = self.largest_disk.get(ts.spec.pool, _NO_LIMIT)
+        largest = self.largest_disk.get(ts.spec.pool, NO_LIMIT)
         return int(min(self.config.unknown_output, largest / 2)), GUESSED_OUTPUT
 
     @staticmethod
@@ -2910,7 +2114,7 @@ class SchedulerState:
         pool = ts.spec.pool
         least_need: int | None = None  # on the workers it can never fit
         largest = 0
-        if ts.in_nbytes + ts.in_files + out > self.largest_disk.get(pool, _NO_LIMIT):
+        if ts.in_nbytes + ts.in_files + out > self.largest_disk.get(pool, NO_LIMIT):
             # Maybe nowhere, even with every input already there: look at each worker.
             for w in self.workers.values():
                 if w.draining or (pool is not None and w.pool != pool):
@@ -2925,7 +2129,7 @@ class SchedulerState:
             best: tuple[float, str, int, float] | None = None  # (room after, id, need, free)
             for w in refused:
                 need = self._fetch_bytes(ts, w) + out
-                free = _disk_free(w)
+                free = w.disk_free()
                 if best is None or (free - need, w.id) > (best[0], best[1]):
                     best = (free - need, w.id, need, free)
             if best is not None:
@@ -3177,12 +2381,12 @@ class SchedulerState:
             and w.pool == source.pool
             and not w.draining
             and not w.leaving
-            and _disk_free(w) >= cp.nbytes
+            and w.disk_free() >= cp.nbytes
         ]
         if not peers:
             self._log(key, "checkpoint-uncopied", f"checkpoint:{cp.seq}:{cp.nbytes}")
             return
-        peer = max(peers, key=lambda w: (_disk_free(w), w.id))
+        peer = max(peers, key=lambda w: (w.disk_free(), w.id))
         cp.copying, cp.copy_source, cp.copy_sent = peer.id, source.id, self._now
         self.checkpoint_workers.setdefault(key, set()).add(peer.id)
         self._out.append(CopyCheckpoint(self._stimulus, peer.id, source.id, key, cp.seq, cp.nbytes))
@@ -3537,7 +2741,7 @@ class SchedulerState:
             assert ts.in_files == sum(d.nbytes for d in ts.deps) - in_memory, (ts, ts.in_files)
             if ts.state in ("waiting", "queued"):
                 # Memory admission: nothing waits that no worker of its pool could hold.
-                limit = self.largest.get(ts.spec.pool, _NO_LIMIT)
+                limit = self.largest.get(ts.spec.pool, NO_LIMIT)
                 assert ts.in_nbytes <= limit, (ts, "too large", ts.in_nbytes, limit)
             if ts.state == "waiting":
                 assert ts.waiting_on == not_ready > 0, (ts, ts.waiting_on, not_ready)
@@ -3615,7 +2819,7 @@ class SchedulerState:
         assert self.largest == largest, (self.largest, largest)
         disks = _largest_per_pool(self.workers.values(), "disk")
         assert self.largest_disk == disks, (self.largest_disk, disks)
-        assert self._floor == min(largest.values(), default=_NO_LIMIT), self._floor
+        assert self._floor == min(largest.values(), default=NO_LIMIT), self._floor
         # No ready task may wait while a worker that could run it has a free slot.
         for ts in queued:
             assert not self._candidates(ts), (ts, "queued while a candidate worker is free")
@@ -3630,17 +2834,10 @@ def _largest_per_pool(
     for ws in workers:
         if not ws.draining:
             n = getattr(ws, limit)
-            value = float(n) if n > 0 else _NO_LIMIT
+            value = float(n) if n > 0 else NO_LIMIT
             largest[ws.pool] = max(largest.get(ws.pool, 0.0), value)
             largest[None] = max(largest.get(None, 0.0), value)
     return largest
-
-
-def _disk_free(ws: WorkerState) -> float:
-    """``ws``'s disk left for new tasks (``inf``: no limit known)."""
-    if not ws.disk:
-        return _NO_LIMIT
-    return ws.disk - ws.disk_used - ws.disk_reserved
 
 
 def _topological(tasks: Iterable[TaskState]) -> list[TaskState]:

@@ -145,7 +145,7 @@ from actors.autoscaler_state import (  # noqa: E402
     TargetRaised,
     TargetSet,
 )
-from actors.scheduler_state import SchedulerConfig  # noqa: E402
+from actors.scheduler_records import SchedulerConfig  # noqa: E402
 from policies.scaling import PoolLimits  # noqa: E402
 from runtime.messages import BlockMetrics, MetricsReply, PoolMetrics  # noqa: E402
 from runtime.metrics import SAMPLE_LABELS, samples  # noqa: E402

@@ -21,15 +21,9 @@ from collections.abc import Hashable
 from typing import Any
 
 from actors.protocol import TaskResult
-from actors.scheduler_state import (
-    Command,
-    Execute,
-    GraphSubmitted,
-    SchedulerConfig,
-    SchedulerState,
-    TasksFinished,
-    WorkerJoined,
-)
+from actors.scheduler_events import Command, Execute, GraphSubmitted, TasksFinished, WorkerJoined
+from actors.scheduler_records import SchedulerConfig
+from actors.scheduler_state import SchedulerState
 from runtime.graph import Task, build_specs
 
 

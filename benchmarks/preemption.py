@@ -85,8 +85,9 @@ from actors.autoscaler_state import (  # noqa: E402
     StartBlock,
     TargetSet,
 )
+from actors.protocol import TaskResult  # noqa: E402
 from actors.registry import FilesDropped, FileTable  # noqa: E402
-from actors.scheduler_state import (  # noqa: E402
+from actors.scheduler_events import (  # noqa: E402
     CancelOnWorker,
     Event,
     Execute,
@@ -98,14 +99,13 @@ from actors.scheduler_state import (  # noqa: E402
     KeyErred,
     KeysReleased,
     RetireWorker,
-    SchedulerConfig,
-    SchedulerState,
-    TaskResult,
     TasksFinished,
     WorkerDraining,
     WorkerJoined,
     WorkerLeft,
 )
+from actors.scheduler_records import SchedulerConfig  # noqa: E402
+from actors.scheduler_state import SchedulerState  # noqa: E402
 from policies import RetryDecision, TaskView  # noqa: E402
 from policies.retry import DefaultRetry  # noqa: E402
 from runtime.graph import Key, Task, TaskSpec, build_specs  # noqa: E402

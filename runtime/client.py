@@ -33,7 +33,7 @@ from actors.autoscaler import PoolTarget
 from actors.manager import GatherResult, Manager
 from actors.providers import DISK_OFF, BlockSpec, InProcessProvider
 from actors.scheduler import Scheduler
-from actors.scheduler_state import KeyCancelled, KeyDone, KeyErred
+from actors.scheduler_events import KeyCancelled, KeyDone, KeyErred
 from actors.transfer import READ_TIMEOUT, StreamInfo, UnknownStream
 from runtime import unpickling
 from runtime.errors import (
@@ -650,7 +650,7 @@ class Cluster:
         if stall_timeout <= 0:
             raise ValueError(f"stall_timeout must be positive, got {stall_timeout}")
         self.stall_timeout = stall_timeout
-        from actors.scheduler_state import SchedulerConfig
+        from actors.scheduler_records import SchedulerConfig
 
         SchedulerConfig(prune_depth=prune_depth)  # PruneDepthError now, not at start
         self.prune_depth = prune_depth

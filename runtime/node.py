@@ -54,7 +54,7 @@ from actors.pools import PoolConfig, load_config
 from actors.providers import DISK_OFF, BlockSpec, Provider, WorkerFactory
 from actors.registry import FileRegistry
 from actors.scheduler import Scheduler
-from actors.scheduler_state import SchedulerConfig
+from actors.scheduler_records import SchedulerConfig
 from actors.worker import Leave, Worker
 from policies import REGISTRY
 from runtime.errors import (
@@ -198,7 +198,7 @@ async def start_control_plane(
     """Spawn registry, scheduler, manager, the alert monitor (unless ``alerting`` is
     None; by default the default rules, logged) and, with a ``provider``, the
     autoscaler. ``stall_timeout``, ``drain_period``, ``prune_depth``: see
-    :class:`~actors.scheduler_state.SchedulerConfig`. ``monitoring``: the path of a
+    :class:`~actors.scheduler_records.SchedulerConfig`. ``monitoring``: the path of a
     monitoring database to write every ``monitoring_interval`` seconds
     (:class:`~runtime.monitordb.MonitorRecorder`, docs/monitoring.md).
 

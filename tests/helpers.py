@@ -42,24 +42,23 @@ from urllib.parse import urlsplit
 import anyio
 import pytest
 
+from actors.protocol import FileFact, TaskResult
 from actors.registry import DropReplicas, FilesDropped, FileTable
-from actors.scheduler_state import (
+from actors.scheduler_events import (
     CancelRequested,
     Command,
     Event,
     Execute,
-    FileFact,
     FileFacts,
     FilesReleased,
     GraphSubmitted,
     KeysReleased,
-    SchedulerConfig,
-    SchedulerState,
-    TaskResult,
     TasksFinished,
     WorkerJoined,
     WorkerLeft,
 )
+from actors.scheduler_records import SchedulerConfig
+from actors.scheduler_state import SchedulerState
 from policies import REGISTRY
 from runtime.graph import Key, Task, TaskRef, build_specs
 from runtime.messages import StatusRequest

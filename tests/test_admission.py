@@ -25,15 +25,15 @@ import anyio
 import psutil
 import pytest
 
-from actors.scheduler_state import (
+from actors.scheduler_events import (
     CancelOnWorker,
     Execute,
     GraphSubmitted,
     KeyErred,
-    SchedulerState,
     WorkerDraining,
     WorkerLeft,
 )
+from actors.scheduler_state import SchedulerState
 from runtime.errors import DependencyFailed, TaskTooLarge
 from tests.helpers import (
     GB,

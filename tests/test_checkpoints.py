@@ -25,12 +25,11 @@ import anyio
 import pytest
 
 from actors.checkpoints import CheckpointFiles
-from actors.scheduler_state import (
+from actors.scheduler_events import (
     CheckpointCopied,
     CopyCheckpoint,
     DropCheckpoints,
     Execute,
-    SchedulerState,
     TaskCheckpointed,
     Tick,
     WorkerJoined,
@@ -38,6 +37,7 @@ from actors.scheduler_state import (
     WorkerLeft,
     WorkerMemory,
 )
+from actors.scheduler_state import SchedulerState
 from runtime import CheckpointError, checkpoint, checkpoint_file, restore, restore_path
 from runtime.task import TaskContext, checkpoint_name, running
 from tests.helpers import (

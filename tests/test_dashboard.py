@@ -26,7 +26,8 @@ import pytest
 import actors.scheduler
 from actors import scheduler_state
 from actors.scheduler import _failure_groups, format_error
-from actors.scheduler_state import SchedulerConfig, SchedulerState, error_record
+from actors.scheduler_records import SchedulerConfig, error_record
+from actors.scheduler_state import SchedulerState
 from runtime import Cluster
 from runtime.dashboard import FEED_PATH, STORY_PATH, build_snapshot, dashboard_url
 from runtime.messages import (

@@ -15,15 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from actors.scheduler_state import (
-    GUESSED_OUTPUT,
-    Execute,
-    KeyErred,
-    SchedulerState,
-    WorkerDraining,
-    WorkerJoined,
-    WorkerMemory,
-)
+from actors.scheduler_events import Execute, KeyErred, WorkerDraining, WorkerJoined, WorkerMemory
+from actors.scheduler_state import GUESSED_OUTPUT, SchedulerState
 from runtime.errors import DiskFull, TaskTooBigForDisk
 from tests.helpers import (
     MB,

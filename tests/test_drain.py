@@ -14,17 +14,17 @@ from typing import Any
 
 import pytest
 
-from actors.scheduler_state import (
+from actors.scheduler_events import (
     CancelOnWorker,
     Command,
     Execute,
     KeyCancelled,
     KeyDone,
     RetireWorker,
-    SchedulerConfig,
-    SchedulerState,
     WorkerDraining,
 )
+from actors.scheduler_records import SchedulerConfig
+from actors.scheduler_state import SchedulerState
 from tests.helpers import (
     assigned,
     cancel,

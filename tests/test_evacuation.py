@@ -18,7 +18,7 @@ import anyio
 import numpy as np
 import pytest
 
-from actors.scheduler_state import Evacuate, WorkerLeaving, WorkerLeft
+from actors.scheduler_events import Evacuate, WorkerLeaving, WorkerLeft
 from tests.helpers import Cli, Factory, event, finish, join, make_state, of, run, submit
 
 __all__ = ["make_state"]

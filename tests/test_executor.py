@@ -35,7 +35,7 @@ from actors.executor import (
     TaskProcessDied,
     rss,
 )
-from actors.scheduler_state import TaskResult, ToRun
+from actors.protocol import TaskResult, ToRun
 from runtime.graph import Key
 from tests.helpers import held_at_gate, wait_until
 

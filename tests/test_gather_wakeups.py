@@ -21,7 +21,7 @@ import anyio
 import pytest
 
 import runtime.client
-from actors.scheduler_state import KeyDone
+from actors.scheduler_events import KeyDone
 from runtime import Cluster
 from runtime.errors import ActorStopped
 from runtime.kernel import Actor, handles

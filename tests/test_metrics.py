@@ -14,16 +14,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from actors.autoscaler_state import AutoscalerState, BlockStarted, StartBlock, TargetSet
-from actors.scheduler_state import (
-    Execute,
-    GraphSubmitted,
-    SchedulerConfig,
-    SchedulerState,
-    TasksFinished,
-    WorkerJoined,
-    WorkerLeft,
-    quantile,
-)
+from actors.scheduler_events import Execute, GraphSubmitted, TasksFinished, WorkerJoined, WorkerLeft
+from actors.scheduler_records import SchedulerConfig
+from actors.scheduler_state import SchedulerState, quantile
 from runtime import Cluster
 from runtime.messages import (
     BlockMetrics,

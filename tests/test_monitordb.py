@@ -19,7 +19,8 @@ from typing import Any
 import anyio
 import pytest
 
-from actors.scheduler_state import SchedulerConfig, SchedulerState
+from actors.scheduler_records import SchedulerConfig
+from actors.scheduler_state import SchedulerState
 from runtime import Cluster
 from runtime.errors import MonitoringDBError
 from runtime.monitordb import SCHEMA_VERSION, MonitorWriter, default_path, open_db

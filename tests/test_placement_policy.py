@@ -15,14 +15,9 @@ from typing import Any
 
 import pytest
 
-from actors.scheduler_state import (
-    PolicyChanged,
-    SchedulerState,
-    TaskStateView,
-    WorkerDraining,
-    WorkerMemory,
-    WorkerStateView,
-)
+from actors.scheduler_events import PolicyChanged, WorkerDraining, WorkerMemory
+from actors.scheduler_records import TaskStateView, WorkerStateView
+from actors.scheduler_state import SchedulerState
 from policies import (
     CategoryStats,
     CategoryStatsView,

@@ -17,7 +17,8 @@ from typing import Any
 import anyio
 import pytest
 
-from actors.scheduler_state import Execute, SchedulerConfig, WorkerLeft
+from actors.scheduler_events import Execute, WorkerLeft
+from actors.scheduler_records import SchedulerConfig
 from runtime.errors import PruneDepthError
 from runtime.graph import Key
 from tests.helpers import (

@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
+from actors.protocol import TaskResult
 from actors.scheduler import Scheduler
-from actors.scheduler_state import GraphSubmitted, TaskResult, TasksFinished, WorkerJoined
+from actors.scheduler_events import GraphSubmitted, TasksFinished, WorkerJoined
 from runtime.graph import Task, build_specs
 from runtime.messages import MAX_LISTING, MAX_STORY_KEYS, StatusRequest, StoryQuery, TasksQuery
 

@@ -13,17 +13,16 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from actors.protocol import FileFact, TaskResult
 from actors.registry import DropReplicas, FilesDropped, FileTable
-from actors.scheduler_state import (
-    FileFact,
+from actors.scheduler_events import (
     FileFacts,
     FilesReleased,
     GraphSubmitted,
-    SchedulerState,
-    TaskResult,
     TasksFinished,
     WorkerJoined,
 )
+from actors.scheduler_state import SchedulerState
 from runtime.graph import Task, TaskRef, build_specs
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from actors.registry import FilesDropped, FileTable
-from actors.scheduler_state import (
+from actors.scheduler_events import (
     CancelOnWorker,
     CancelRequested,
     Execute,
@@ -29,7 +29,6 @@ from actors.scheduler_state import (
     ReplicasCopied,
     ReplicasMissing,
     Replicate,
-    SchedulerState,
     TasksFinished,
     Tick,
     WorkerDraining,
@@ -39,6 +38,7 @@ from actors.scheduler_state import (
     WorkerLeft,
     WorkerMemory,
 )
+from actors.scheduler_state import SchedulerState
 from policies import REGISTRY
 from runtime.graph import Key
 from tests.helpers import (

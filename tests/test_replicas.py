@@ -23,17 +23,17 @@ import anyio
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from actors.scheduler_state import (
+from actors.scheduler_events import (
     CancelOnWorker,
     DropData,
     Execute,
     FileFacts,
     ReplicasCopied,
     Replicate,
-    SchedulerState,
     WorkerDraining,
     WorkerLeft,
 )
+from actors.scheduler_state import SchedulerState
 from policies import REGISTRY, PolicyParamsError
 from runtime.graph import Key
 from tests.helpers import (

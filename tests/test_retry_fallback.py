@@ -13,15 +13,15 @@ from typing import Any
 
 import pytest
 
-from actors.scheduler_state import (
+from actors.scheduler_events import (
     Command,
     Event,
     GraphSubmitted,
-    SchedulerState,
     TasksFinished,
     WorkerJoined,
     WorkerLeft,
 )
+from actors.scheduler_state import SchedulerState
 from policies import REGISTRY
 from policies.survival import Survival, kaplan_meier
 from tests.helpers import Factory, assigned, make_state, result, run, specs_for

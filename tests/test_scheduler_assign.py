@@ -14,13 +14,8 @@ from __future__ import annotations
 
 import pytest
 
-from actors.scheduler_state import (
-    Execute,
-    FileFact,
-    KeyDone,
-    TaskResult,
-    TasksFinished,
-)
+from actors.protocol import FileFact, TaskResult
+from actors.scheduler_events import Execute, KeyDone, TasksFinished
 from tests.helpers import (
     GB,
     MB,

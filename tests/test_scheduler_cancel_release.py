@@ -11,11 +11,11 @@ validates after each step. Graphs come from :func:`tests.helpers.graph`, a
 
 from __future__ import annotations
 
-from actors.scheduler_state import (
+from actors.protocol import FileFact
+from actors.scheduler_events import (
     CancelOnWorker,
     DropData,
     Execute,
-    FileFact,
     FileFacts,
     GraphSubmitted,
     KeyCancelled,

@@ -17,22 +17,24 @@ from typing import Any
 
 import pytest
 
-from actors.scheduler_state import (
-    INPUTS_BACKOFF,
-    MAX_INPUTS_BACKOFF,
-    MAX_INPUTS_UNREACHABLE,
+from actors.protocol import FileFact
+from actors.scheduler_events import (
     DropData,
     Execute,
-    FileFact,
     GraphSubmitted,
     KeyDone,
     KeyErred,
     ReplicasMissing,
-    SchedulerState,
     Tick,
     WorkerHeld,
     WorkerJoined,
     WorkerLeft,
+)
+from actors.scheduler_state import (
+    INPUTS_BACKOFF,
+    MAX_INPUTS_BACKOFF,
+    MAX_INPUTS_UNREACHABLE,
+    SchedulerState,
 )
 from policies import REGISTRY, PolicyParamsError
 from runtime.errors import (

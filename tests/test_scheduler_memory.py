@@ -9,15 +9,15 @@ from typing import Any
 
 import pytest
 
-from actors.scheduler_state import (
+from actors.scheduler_events import (
     KeyErred,
     PolicyChanged,
-    SchedulerState,
     TasksFinished,
     Tick,
     WorkerLeft,
     WorkerMemory,
 )
+from actors.scheduler_state import SchedulerState
 from policies import REGISTRY
 from runtime.errors import MemoryStalled, TaskOutOfMemory
 from tests.helpers import (

@@ -15,10 +15,7 @@ from typing import Any
 
 import pytest
 
-from actors.scheduler_state import (
-    KeyErred,
-    PolicyChanged,
-)
+from actors.scheduler_events import KeyErred, PolicyChanged
 from policies import REGISTRY, PolicyParamsError, RetryDecision
 from policies.priority import GraphPriority
 from runtime.errors import (

@@ -28,10 +28,9 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
+from actors.protocol import TaskResult
 from actors.registry import FilesDropped, FileTable
-from actors.scheduler_state import (
-    ACTIVE,
-    TRANSITIONS,
+from actors.scheduler_events import (
     CancelOnWorker,
     CancelRequested,
     Command,
@@ -41,23 +40,22 @@ from actors.scheduler_state import (
     FileFacts,
     FilesReleased,
     GraphSubmitted,
-    InvalidTransition,
     KeyCancelled,
     KeyDone,
     KeyErred,
     KeysReleased,
     PolicyChanged,
-    SchedulerConfig,
-    SchedulerState,
-    TaskResult,
     TasksFinished,
     Tick,
     WorkerJoined,
     WorkerLeft,
 )
+from actors.scheduler_records import SchedulerConfig
+from actors.scheduler_state import ACTIVE, TRANSITIONS, SchedulerState
 from policies import REGISTRY
 from runtime.errors import (
     DependencyFailed,
+    InvalidTransition,
 )
 from runtime.graph import Key, build_specs
 from tests.helpers import (

@@ -16,8 +16,7 @@ from typing import Any
 import anyio
 import pytest
 
-from actors.scheduler_state import (
-    MAX_INPUTS_UNREACHABLE,
+from actors.scheduler_events import (
     CancelOnWorker,
     CancelRequested,
     DropData,
@@ -26,7 +25,6 @@ from actors.scheduler_state import (
     GraphSubmitted,
     KeyDone,
     KeyErred,
-    SchedulerState,
     TasksFinished,
     Tick,
     WorkerDraining,
@@ -34,6 +32,7 @@ from actors.scheduler_state import (
     WorkerJoined,
     WorkerLeft,
 )
+from actors.scheduler_state import MAX_INPUTS_UNREACHABLE, SchedulerState
 from policies import REGISTRY, PolicyParamsError
 from runtime.graph import Key
 from tests.helpers import Factory, make_state, of, result, specs_for

@@ -17,13 +17,8 @@ import pytest
 from actors import worker_state as wsm
 from actors.memory import MemoryConfig
 from actors.protocol import TaskResult, ToRun
-from actors.scheduler_state import (
-    ReplicasCopied,
-    SchedulerState,
-    WorkerLeaving,
-    WorkerLeft,
-    WorkerMemory,
-)
+from actors.scheduler_events import ReplicasCopied, WorkerLeaving, WorkerLeft, WorkerMemory
+from actors.scheduler_state import SchedulerState
 from actors.storage_state import StorageLedger
 from actors.worker_state import WorkerState
 from policies import REGISTRY

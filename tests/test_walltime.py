@@ -17,16 +17,16 @@ import anyio
 import psutil
 import pytest
 
-from actors.scheduler_state import (
+from actors.scheduler_events import (
     Command,
     Event,
     GraphSubmitted,
     RetireWorker,
-    SchedulerState,
     TasksFinished,
     Tick,
     WorkerJoined,
 )
+from actors.scheduler_state import SchedulerState
 from tests.helpers import (
     Cli,
     Factory,

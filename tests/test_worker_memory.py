@@ -16,7 +16,7 @@ import anyio
 import numpy as np
 import pytest
 
-from actors.scheduler_state import ToRun
+from actors.protocol import ToRun
 from actors.worker import Worker, WorkerStatus
 from runtime.graph import Task, TaskRef
 from runtime.kernel import Actor, ActorRef, ActorSystem, handles

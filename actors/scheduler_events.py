@@ -1,0 +1,316 @@
+"""The scheduler core's vocabulary: the events :meth:`SchedulerState.handle
+<actors.scheduler_state.SchedulerState.handle>` takes (each with ``now`` and a
+``stimulus_id``) and the commands it returns for its shell (``actors/scheduler.py``) to
+carry out. Plain frozen data: no behaviour, no clock, no I/O."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from actors.protocol import FileFact, TaskResult, ToRun
+from runtime.graph import Key, TaskSpec
+
+__all__ = [
+    "CancelOnWorker",
+    "CancelRequested",
+    "CheckpointCopied",
+    "Command",
+    "CopyCheckpoint",
+    "DropCheckpoints",
+    "DropData",
+    "Evacuate",
+    "Event",
+    "Execute",
+    "FileFacts",
+    "FilesReleased",
+    "GraphSubmitted",
+    "KeyCancelled",
+    "KeyDone",
+    "KeyErred",
+    "KeysReleased",
+    "PolicyChanged",
+    "ReplicasCopied",
+    "ReplicasMissing",
+    "Replicate",
+    "RetireWorker",
+    "TaskCheckpointed",
+    "TasksFinished",
+    "Tick",
+    "WorkerDraining",
+    "WorkerHeld",
+    "WorkerJoined",
+    "WorkerLeaving",
+    "WorkerLeft",
+    "WorkerMemory",
+]
+
+
+# ----------------------------------------------------------------------------- events
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Event:
+    stimulus_id: str
+    now: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class GraphSubmitted(Event):
+    """New tasks (``specs``) and the keys a client wants from them (or earlier ones)."""
+
+    specs: Mapping[Key, TaskSpec]
+    wanted: tuple[Key, ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WorkerJoined(Event):
+    """``deadline``: when its walltime ends, on this core's clock (``None``: never)."""
+
+    worker: str
+    cores: int
+    memory: int
+    pool: str = "default"
+    deadline: float | None = None
+    disk: int = 0  #: bytes of disk it offers for outputs (0: no limit known)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WorkerLeft(Event):
+    """``worker`` is gone (``cause``: a worker-lost cause). ``evacuated``: outputs it
+    copied to other workers before it went, ``(key, worker)``: they are not lost."""
+
+    worker: str
+    cause: str = "unknown"
+    evacuated: tuple[tuple[Key, str], ...] = ()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WorkerLeaving(Event):
+    """``worker`` is about to go (``cause``: preempted, walltime, shutdown) and has a
+    short grace: give it no new tasks and say where its needed outputs should go
+    (:class:`Evacuate`)."""
+
+    worker: str
+    cause: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ReplicasMissing(Event):
+    """Asked for these outputs (a gather), ``worker`` did not have them."""
+
+    worker: str
+    keys: tuple[Key, ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ReplicasCopied(Event):
+    """The answer to :class:`Replicate`: of the ``asked`` outputs, ``worker`` holds
+    ``got`` now (the others could not be copied)."""
+
+    worker: str
+    asked: tuple[Key, ...]
+    got: tuple[Key, ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WorkerHeld(Event):
+    """A worker that rejoined over a new connection says what it has in hand
+    (``active`` keys) and holds (``held``: ``(key, nbytes)``)."""
+
+    worker: str
+    active: frozenset[Key]
+    held: tuple[tuple[Key, int], ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TasksFinished(Event):
+    worker: str
+    results: tuple[TaskResult, ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CancelRequested(Event):
+    keys: tuple[Key, ...]
+    reason: str = "cancelled by request"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class KeysReleased(Event):
+    """A client no longer wants these keys (one release per earlier want)."""
+
+    keys: tuple[Key, ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FilesReleased(Event):
+    """The file registry dropped these outputs from every worker."""
+
+    keys: tuple[Key, ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PolicyChanged(Event):
+    kind: str
+    policy: Any
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WorkerDraining(Event):
+    """Give ``worker`` no new tasks; retire it (:class:`RetireWorker`) once the tasks it
+    runs have finished. Its outputs stay available to peers until it leaves."""
+
+    worker: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TaskCheckpointed(Event):
+    """Running task ``key`` on ``worker`` saved its checkpoint number ``seq``, a file
+    of ``nbytes`` on that worker's disk; ``data``: its bytes when they travelled with
+    it (small ones), else None. The core records it until the task ends and gives the
+    newest one that survives to the task's next try (docs/files.md#checkpoints)."""
+
+    worker: str
+    key: Key
+    seq: int
+    nbytes: int
+    data: bytes | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CheckpointCopied(Event):
+    """The answer to :class:`CopyCheckpoint`: ``worker`` holds a copy of checkpoint
+    ``seq`` of task ``key`` now (``ok``), or could not copy it."""
+
+    worker: str
+    key: Key
+    seq: int
+    ok: bool
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WorkerMemory(Event):
+    """A worker's memory state: ``throttled`` (deferring producers: past its throttle
+    fence), its ``rss`` and where its throttle fence is (``throttle_at`` bytes) out of
+    its ``limit``; ``disk_used``: bytes of its outputs on disk now."""
+
+    worker: str
+    throttled: bool
+    rss: int
+    throttle_at: int
+    limit: int
+    disk_used: int = 0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Tick(Event):
+    """Time passed (the watchdog's clock); nothing else happened."""
+
+
+# ----------------------------------------------------------------------------- commands
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Command:
+    stimulus_id: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Execute(Command):
+    worker: str
+    tasks: tuple[ToRun, ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CancelOnWorker(Command):
+    worker: str
+    keys: tuple[Key, ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DropData(Command):
+    """Outputs a worker holds that nothing tracks (a stale or cancelled result)."""
+
+    worker: str
+    keys: tuple[Key, ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Evacuate(Command):
+    """The answer to :class:`WorkerLeaving`: copy each output ``key`` (``nbytes``) that
+    is still needed and held only by ``worker`` to ``target``, ``(key, target, nbytes)``,
+    largest first."""
+
+    worker: str
+    moves: tuple[tuple[Key, str, int], ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Replicate(Command):
+    """Temporary replicas: ``worker`` copies each output of ``keys``, ``(key, nbytes)``,
+    from ``source`` and keeps it (the copy path of data evacuation); the answer comes
+    back as :class:`ReplicasCopied`."""
+
+    worker: str
+    source: str
+    keys: tuple[tuple[Key, int], ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CopyCheckpoint(Command):
+    """``worker`` copies checkpoint ``seq`` of task ``key`` (``nbytes``) from the disk
+    of ``source`` to its own and keeps it; the answer comes back as
+    :class:`CheckpointCopied`."""
+
+    worker: str
+    source: str
+    key: Key
+    seq: int
+    nbytes: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DropCheckpoints(Command):
+    """``worker`` deletes these checkpoint files, ``(key, seq)`` (``seq`` 0: every file
+    of that task)."""
+
+    worker: str
+    items: tuple[tuple[Key, int], ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RetireWorker(Command):
+    """A draining worker has finished its tasks: tell it to stop. It stays known (and
+    draining) until it leaves (:class:`WorkerLeft`)."""
+
+    worker: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class KeyDone(Command):
+    key: Key
+    worker: str
+    nbytes: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class KeyErred(Command):
+    """A wanted key failed. ``error`` is what its future raises; ``root`` the task whose
+    own try failed and ``root_error`` that try's exception."""
+
+    key: Key
+    error: BaseException
+    root: Key
+    root_error: BaseException
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class KeyCancelled(Command):
+    key: Key
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FileFacts(Command):
+    facts: tuple[FileFact, ...]

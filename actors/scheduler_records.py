@@ -1,0 +1,581 @@
+"""The scheduler core's records: its configuration (:class:`SchedulerConfig`), what it
+knows of each task and worker (:class:`TaskState`, :class:`WorkerState`), the read-only
+views policies get of them (:class:`TaskStateView`, :class:`WorkerStateView`), a
+checkpoint, the waits per pool and the failure records the dashboard groups. The core
+(``actors/scheduler_state.py``) is the only writer of them."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from policies import (
+    BENIGN_LOSSES,
+    CategoryStatsView,
+)
+from policies.survival import Survival
+from runtime.errors import (
+    PruneDepthError,
+)
+from runtime.graph import Key, TaskSpec
+from runtime.messages import TryRecord
+
+__all__ = [
+    "MAX_ERROR_CHAIN",
+    "MAX_ERROR_CHARS",
+    "MAX_ERROR_FRAMES",
+    "NO_LIMIT",
+    "RECENT_WAITS",
+    "Checkpoint",
+    "ErrorRecord",
+    "FailureGroup",
+    "Frame",
+    "PoolWaits",
+    "SchedulerConfig",
+    "TaskState",
+    "TaskStateView",
+    "WorkerState",
+    "WorkerStateView",
+    "error_record",
+]
+
+RECENT_WAITS = 1000  #: the latest waits served kept per pool, for the wait quantiles
+NO_LIMIT = float("inf")  #: the memory limit of a worker that reports none (0)
+
+
+# ----------------------------------------------------------------------------- state
+
+
+@dataclasses.dataclass(slots=True)
+class SchedulerConfig:
+    """How much work the scheduler hands each worker ahead of time.
+
+    A worker always gets up to ``saturation`` tasks per core. Beyond that it gets more
+    while the estimated run time of what it holds stays under ``backlog`` seconds per
+    core, up to ``max_per_core`` tasks per core: short tasks travel in large batches,
+    long ones are held back where they can still be placed well. Estimates are each
+    category's mean duration so far (``unknown_duration`` before any has finished).
+    """
+
+    saturation: float = 2.0
+    backlog: float = 0.05
+    max_per_core: int = 500
+    unknown_duration: float = 0.5
+    story_length: int = 100_000
+    #: monitoring records kept unread for :meth:`SchedulerState.feed_since` (the
+    #: newest; a reader that falls further behind is told how many entries it missed)
+    feed_length: int = 1_000_000
+    #: keep the monitoring feed from the start (else from its first read)
+    monitor: bool = False
+    #: seconds every worker may stay throttled with nothing but producers to run and
+    #: nothing finishing, before the run fails with MemoryStalled
+    stall_timeout: float = 10.0
+    #: seconds before its walltime a worker is drained (None: walltime_grace plus the
+    #: longest expected task, the largest p90 duration of any category)
+    drain_period: float | None = None
+    #: what a worker needs at the end of its walltime besides its last task (to leave)
+    walltime_grace: float = 60.0
+    #: disk-aware placement: the output expected of a task whose category has no
+    #: finished try and that declares no ``resources={"disk": ...}`` (at most half the
+    #: largest disk of its pool, so that a guess alone never keeps a task off every worker)
+    unknown_output: int = 16 * 2**20
+    #: how far downstream an output's readers must be done before it is dropped: 1 its
+    #: readers, 2 their readers too, ...; 0 never (see docs/files.md#pruning-depth)
+    prune_depth: int = 1
+    #: bytes of task checkpoints the scheduler holds at most, over all running tasks;
+    #: past it a checkpoint is not held here (it stays on its worker's disk, and a copy
+    #: on a peer's if one can be made)
+    checkpoint_bytes: int = 2**30
+    #: checkpoints up to this size are held by the scheduler (their copy off the
+    #: worker); larger ones are copied to a peer's disk. Workers send the bytes of
+    #: checkpoints up to ``runtime.task``'s 4 MiB with them, so more than that changes
+    #: nothing
+    checkpoint_inline_bytes: int = 4 * 2**20
+    #: a task whose inputs could not be had from holders still connected
+    #: (``MAX_INPUTS_UNREACHABLE`` tries or more in a row) fails with InputsUnreachable
+    #: once the first of those tries is this many seconds old: long enough for a
+    #: worker that was killed, stopped or cut off to be declared lost or to come back
+    unreachable_for: float = 120.0
+
+    def __post_init__(self) -> None:
+        depth = self.prune_depth
+        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 0:
+            raise PruneDepthError(depth)
+        if not self.unreachable_for >= 0:
+            raise ValueError(
+                f"unreachable_for must be seconds >= 0 (inf: never), got {self.unreachable_for!r}"
+            )
+
+
+@dataclasses.dataclass(slots=True, eq=False)
+class Checkpoint:
+    """One checkpoint of a running task in the registry: number ``seq``, ``nbytes``,
+    saved by worker ``owner``; ``data`` its bytes when the scheduler holds them;
+    ``holders`` the workers whose disk has its file (the owner, peers' copies);
+    ``copying`` the peer asked to copy it (from ``copy_source``, since ``copy_sent``),
+    "" when none."""
+
+    seq: int
+    nbytes: int
+    owner: str
+    data: bytes | None = None
+    holders: set[str] = dataclasses.field(default_factory=set)
+    copying: str = ""
+    copy_source: str = ""
+    copy_sent: float | None = None
+
+    @property
+    def off_worker(self) -> bool:
+        """Whether a copy survives the loss of its owner (held here, or on a peer)."""
+        return self.data is not None or any(h != self.owner for h in self.holders)
+
+
+class WorkerState:
+    """One worker as the scheduler sees it."""
+
+    __slots__ = (
+        "copies",
+        "cores",
+        "deadline",
+        "disk",
+        "disk_reserved",
+        "disk_used",
+        "draining",
+        "has_what",
+        "id",
+        "joined",
+        "leaving",
+        "limit",
+        "memory",
+        "n_producers",
+        "occupancy",
+        "pool",
+        "processing",
+        "retired",
+        "rss",
+        "slots",
+        "throttle_at",
+        "throttled",
+        "unconfirmed",
+        "view",
+    )
+
+    def __init__(self, wid: str, cores: int, memory: int, pool: str, saturation: float) -> None:
+        self.view = WorkerStateView(self)  #: what policies see of it
+        self.id = wid
+        self.cores = cores  #: cores it offers
+        self.memory = memory  #: bytes of memory it offers
+        self.pool = pool  #: the pool it belongs to
+        self.joined = 0.0  #: when it joined (first registered)
+        self.deadline: float | None = None  #: when its walltime ends (None: never)
+        self.slots = max(1, round(cores * saturation))  #: tasks it always may hold
+        self.limit = self.slots  #: tasks it may hold when they are short
+        self.occupancy = 0.0  #: estimated seconds of work it holds
+        self.processing: set[TaskState] = set()  #: tasks sent to it, not finished
+        self.has_what: set[TaskState] = set()  #: tasks whose output it holds
+        self.draining = False  #: gets no new tasks; retired once it runs none
+        self.leaving = False  #: going by itself (WorkerLeaving): drained, never retired
+        self.retired = False  #: told to stop (RetireWorker) after draining
+        self.throttled = False  #: past its throttle fence: deferring producers
+        self.rss = 0  #: its RSS as last reported
+        self.throttle_at = 0  #: bytes where its throttle fence is (0: not reported)
+        self.n_producers = 0  #: producers among ``processing``
+        self.disk = 0  #: bytes of disk it offers (0: no limit known)
+        self.disk_used = 0  #: bytes of outputs it holds on disk, as last reported
+        self.disk_reserved = 0  #: disk the core expects its unfinished tasks to take
+        #: tasks sent to it before it rejoined over a new connection: they may have been
+        #: lost with the old one, until it says what it has (WorkerHeld)
+        self.unconfirmed: set[TaskState] = set()
+        #: speculative copies it runs of tasks whose first try runs elsewhere (each
+        #: takes a slot as a task does; see ``SchedulerState.copies``)
+        self.copies: set[TaskState] = set()
+
+    @property
+    def n_processing(self) -> int:
+        return len(self.processing)
+
+    def disk_free(self) -> float:
+        """Its disk left for new tasks (``inf``: no limit known)."""
+        if not self.disk:
+            return NO_LIMIT
+        return self.disk - self.disk_used - self.disk_reserved
+
+    def __repr__(self) -> str:
+        return f"<WorkerState {self.id} {len(self.processing)}/{self.slots}>"
+
+
+class TaskState:
+    """One task as the scheduler sees it."""
+
+    __slots__ = (
+        "behind",
+        "consumers",
+        "dependents",
+        "deps",
+        "disk_need",
+        "disk_wait",
+        "error",
+        "est",
+        "file",
+        "generation",
+        "held_until",
+        "in_files",
+        "in_nbytes",
+        "key",
+        "lost_tries",
+        "nbytes",
+        "prio",
+        "producer",
+        "registered",
+        "remake",
+        "retries_left",
+        "root",
+        "sent",
+        "spec",
+        "state",
+        "tries",
+        "unneeded",
+        "unreachable",
+        "unreachable_since",
+        "waiting_deps",
+        "waiting_on",
+        "wanted",
+        "who_has",
+        "worker",
+    )
+
+    def __init__(self, spec: TaskSpec, generation: int) -> None:
+        self.key = spec.key
+        self.spec = spec
+        self.state: str = "new"
+        self.deps: list[TaskState] = []  #: tasks whose outputs this one reads
+        self.dependents: set[TaskState] = set()  #: tasks that read this one's output
+        self.waiting_on = 0  #: dependencies not in memory (while waiting)
+        #: dependencies that are waiting themselves (0 while waiting: the next wave)
+        self.waiting_deps = 0
+        self.consumers = 0  #: active dependents (they still need this output)
+        self.wanted = 0  #: client holds on this key
+        self.who_has: set[str] = set()  #: workers holding the output
+        self.nbytes = 0  #: output size
+        #: its output is a file output: ``nbytes`` on its holders' disks, not in memory
+        self.file = False
+        #: known size of its inputs in memory: the sum of its dependencies' ``nbytes``
+        #: (0 for the ones that never finished), but file outputs'; memory admission
+        #: compares it with worker limits
+        self.in_nbytes = 0
+        self.in_files = 0  #: the known size of its inputs that are file outputs
+        self.worker: str | None = None  #: worker running it (while processing)
+        self.sent = 0.0  #: when it was last sent to a worker
+        self.generation = generation  #: submission it first came in with
+        self.prio: tuple[float, ...] = ()  #: queue priority from the priority policy
+        self.est = 0.0  #: estimated duration when it was assigned
+        self.disk_need = 0  #: disk reserved for it on its worker (while processing)
+        self.disk_wait = ""  #: why it waits for disk, as last told in its story
+        self.unneeded = False  #: cancelled only because nothing needed it
+        self.registered = False  #: the file registry knows its output
+        #: estimated seconds of work to make its output again from the outputs that are
+        #: kept (its latest try, plus the inputs that are not kept, in turn)
+        self.remake = 0.0
+        self.behind = False  #: retried: queue behind fresh work
+        self.producer = False  #: a memory producer (as of its latest enqueue)
+        self.retries_left = spec.retries  #: user retry budget left
+        self.lost_tries = 0  #: tries lost with their worker
+        #: times its inputs could not be had from workers still connected (in a row)
+        self.unreachable = 0
+        self.unreachable_since = 0.0  #: when the first of those tries ended
+        #: queued but not placed before this time (backing off: ``_inputs_missing``)
+        self.held_until = 0.0
+        self.tries: list[TryRecord] = []  #: every attempt
+        self.error: BaseException | None = None  #: what its future raises (erred/cancelled)
+        self.root: tuple[Key, BaseException] | None = None  #: (failed task, its exception)
+
+    def __repr__(self) -> str:
+        return f"<TaskState {self.key!r} {self.state}>"
+
+    # -- TaskView -----------------------------------------------------------------------
+    @property
+    def category(self) -> str:
+        return self.spec.category
+
+    @property
+    def order(self) -> int:
+        return self.spec.order
+
+    @property
+    def user_priority(self) -> float:
+        return self.spec.priority
+
+    @property
+    def dep_locations(self) -> Iterator[tuple[frozenset[str], int]]:
+        for d in self.deps:
+            yield frozenset(d.who_has), d.nbytes
+
+    @property
+    def oom_tries(self) -> int:
+        return sum(1 for t in self.tries if t.outcome == "oom")
+
+    @property
+    def disk_full_tries(self) -> int:
+        return sum(1 for t in self.tries if t.outcome == "disk-full")
+
+    @property
+    def crash_tries(self) -> int:
+        return len(self.crashes())
+
+    def crashes(self) -> list[tuple[str, str]]:
+        """``(worker, cause)`` of the tries lost with a worker that ended unexpectedly."""
+        return [
+            (t.worker, t.cause or "unknown")
+            for t in self.tries
+            if t.outcome == "worker-lost" and t.cause not in BENIGN_LOSSES
+        ]
+
+
+class TaskStateView:
+    """What policies see of a :class:`TaskState` (the :class:`~policies.TaskView`
+    protocol): reads only, made per policy call. Its attributes cannot be set,
+    collections come as frozensets and tuples, and no public attribute leads back to
+    the core's objects."""
+
+    __slots__ = ("_stats", "_survival", "_ts")
+    _ts: TaskState
+    _survival: Callable[[str | None], Survival] | None
+    _stats: Mapping[str, CategoryStatsView] | None
+
+    def __init__(
+        self,
+        ts: TaskState,
+        survival: Callable[[str | None], Survival] | None = None,
+        stats: Mapping[str, CategoryStatsView] | None = None,
+    ) -> None:
+        object.__setattr__(self, "_ts", ts)
+        object.__setattr__(self, "_survival", survival)
+        object.__setattr__(self, "_stats", stats)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"a task view is read-only (cannot set {name!r})")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"a task view is read-only (cannot delete {name!r})")
+
+    def __repr__(self) -> str:
+        return f"<TaskView {self._ts.key!r}>"
+
+    @property
+    def key(self) -> Key:
+        return self._ts.key
+
+    @property
+    def category(self) -> str:
+        return self._ts.spec.category
+
+    @property
+    def order(self) -> int:
+        return self._ts.spec.order
+
+    @property
+    def user_priority(self) -> float:
+        return self._ts.spec.priority
+
+    @property
+    def generation(self) -> int:
+        return self._ts.generation
+
+    @property
+    def retries_left(self) -> int:
+        return self._ts.retries_left
+
+    @property
+    def lost_tries(self) -> int:
+        return self._ts.lost_tries
+
+    @property
+    def oom_tries(self) -> int:
+        return self._ts.oom_tries
+
+    @property
+    def disk_full_tries(self) -> int:
+        return self._ts.disk_full_tries
+
+    @property
+    def crash_tries(self) -> int:
+        return self._ts.crash_tries
+
+    @property
+    def producer(self) -> bool:
+        return self._ts.producer
+
+    @property
+    def dep_locations(self) -> Iterator[tuple[frozenset[str], int]]:
+        return self._ts.dep_locations
+
+    @property
+    def pool(self) -> str | None:
+        return self._ts.spec.pool
+
+    @property
+    def ran_for(self) -> float:
+        tries = self._ts.tries
+        return max(0.0, tries[-1].stop - tries[-1].start) if tries else 0.0
+
+    @property
+    def survival(self) -> Survival:
+        survival = self._survival
+        return survival(self._ts.spec.pool) if survival is not None else Survival()
+
+    @property
+    def stats(self) -> CategoryStatsView | None:
+        stats = self._stats
+        return stats.get(self._ts.spec.category) if stats is not None else None
+
+    @property
+    def dependents(self) -> tuple[TaskStateView, ...]:
+        return tuple(TaskStateView(d) for d in self._ts.dependents)
+
+
+class WorkerStateView:
+    """What policies see of a :class:`WorkerState` (the :class:`~policies.WorkerView`
+    protocol): reads only, one per worker (``WorkerState.view``). Its attributes cannot
+    be set, and no public attribute leads back to the core's objects."""
+
+    __slots__ = ("_ws",)
+    _ws: WorkerState
+
+    def __init__(self, ws: WorkerState) -> None:
+        object.__setattr__(self, "_ws", ws)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"a worker view is read-only (cannot set {name!r})")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"a worker view is read-only (cannot delete {name!r})")
+
+    def __repr__(self) -> str:
+        return f"<WorkerView {self._ws.id} {len(self._ws.processing)}/{self._ws.slots}>"
+
+    @property
+    def id(self) -> str:
+        return self._ws.id
+
+    @property
+    def cores(self) -> int:
+        return self._ws.cores
+
+    @property
+    def memory(self) -> int:
+        return self._ws.memory
+
+    @property
+    def pool(self) -> str:
+        return self._ws.pool
+
+    @property
+    def n_processing(self) -> int:
+        return len(self._ws.processing)
+
+    @property
+    def slots(self) -> int:
+        return self._ws.slots
+
+    @property
+    def limit(self) -> int:
+        return self._ws.limit
+
+    @property
+    def throttled(self) -> bool:
+        return self._ws.throttled
+
+    @property
+    def disk(self) -> int:
+        return self._ws.disk
+
+    @property
+    def disk_free(self) -> float:
+        """Disk left for new tasks: its limit less what it holds on disk and what its
+        unfinished tasks are expected to take (``inf``: no limit known)."""
+        return self._ws.disk_free()
+
+
+class PoolWaits:
+    """One pool's ready tasks and waits: ``since`` maps each ready task to when it
+    became ready, oldest first (its first entry is the oldest: O(1)); ``recent`` the
+    latest :data:`RECENT_WAITS` waits served (ready to sent to a worker, seconds); ``n``
+    and ``total`` count and sum every wait served."""
+
+    __slots__ = ("n", "recent", "since", "total")
+
+    def __init__(self) -> None:
+        self.since: OrderedDict[TaskState, float] = OrderedDict()
+        self.recent: deque[float] = deque(maxlen=RECENT_WAITS)
+        self.n = 0
+        self.total = 0.0
+
+
+Frame = tuple[str, int, str]  #: (file name, line number, function name)
+MAX_ERROR_FRAMES = 50  #: frames kept per exception (the innermost ones)
+MAX_ERROR_CHAIN = 5  #: exceptions kept of a chain (__cause__ / __context__)
+MAX_ERROR_CHARS = 2_000  #: characters kept of an exception's text
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ErrorRecord:
+    """An exception as plain data, for the failure groups: per exception of its chain
+    (the oldest first) its type name, its text, its frames and how it relates to the one
+    before ("cause", "context" or ""). It holds no frame: a traceback's frames keep
+    their locals (a task's inputs) alive, and a failure group lives long."""
+
+    chain: tuple[tuple[str, str, tuple[Frame, ...], str], ...]
+
+    @property
+    def summary(self) -> str:
+        """``Type: text`` of the exception itself."""
+        name, text, _, _ = self.chain[-1]
+        return f"{name}: {text}" if text else name
+
+
+def error_record(error: BaseException) -> ErrorRecord:
+    """``error`` as an :class:`ErrorRecord`: a walk over its frames (a few µs), no
+    formatting and no source lines."""
+    parts: list[tuple[str, str, tuple[Frame, ...], str]] = []
+    seen: set[int] = set()
+    exc: BaseException | None = error
+    while exc is not None and id(exc) not in seen and len(parts) < MAX_ERROR_CHAIN:
+        seen.add(id(exc))
+        try:
+            text = str(exc)[:MAX_ERROR_CHARS]
+        except Exception:  # a user's __str__ that raises
+            text = "(its text could not be read)"
+        frames: list[Frame] = []
+        tb = exc.__traceback__
+        while tb is not None:
+            code = tb.tb_frame.f_code
+            frames.append((code.co_filename, tb.tb_lineno or 0, code.co_name))
+            tb = tb.tb_next
+        if exc.__cause__ is not None:
+            older, relation = exc.__cause__, "cause"
+        elif exc.__context__ is not None and not exc.__suppress_context__:
+            older, relation = exc.__context__, "context"
+        else:
+            older, relation = None, ""
+        parts.append((type(exc).__name__, text, tuple(frames[-MAX_ERROR_FRAMES:]), relation))
+        exc = older
+    parts.reverse()  # the oldest first, as Python prints a chain: each part's relation
+    name, text, frames_, _ = parts[0]  # is to the one before it; the first has none
+    parts[0] = (name, text, frames_, "")
+    return ErrorRecord(tuple(parts))
+
+
+@dataclasses.dataclass(slots=True)
+class FailureGroup:
+    """The failed tries of one (category, cause): how many, and the latest of them
+    (its task, worker, outcome, error and the core's time). Updated as each try fails,
+    never rebuilt from the tasks."""
+
+    n: int
+    key: Key
+    worker: str
+    outcome: str
+    error: ErrorRecord | None
+    at: float
