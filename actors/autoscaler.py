@@ -71,7 +71,12 @@ from runtime.messages import (
 if TYPE_CHECKING:
     from actors.scheduler import Scheduler
 
-__all__ = ["Autoscaler", "PoolTarget"]
+__all__ = ["DRAIN_RETRY", "MAX_DRAIN_RETRY", "Autoscaler", "PoolTarget"]
+
+#: seconds before a drain the scheduler did not answer in time is asked again, doubled
+#: per miss up to :data:`MAX_DRAIN_RETRY` (a busy scheduler is not hurried)
+DRAIN_RETRY = 0.5
+MAX_DRAIN_RETRY = 30.0
 
 
 @message(local=True)
@@ -83,7 +88,8 @@ class _BlockEnded(Message):
 
 @message(local=True)
 class _StartAnswered(Message):
-    """Autoscaler-internal: how a block request made in the background went."""
+    """Autoscaler-internal: how a block request or a drain asked in the background
+    went."""
 
     event: Any
 
@@ -137,6 +143,7 @@ class Autoscaler(Actor):
         self._owners: dict[str, Provider] = {}  #: the provider of each, by core id
         self.tick = tick  #: seconds between ticks of the core
         self.drain_timeout = drain_timeout  #: seconds to wait for a drain's answer
+        self.drains_unanswered = 0  #: drains asked that got no answer in time (then again)
         #: per pool: the provider's latest watching failure and since when (Unix time)
         self._watch_errors: dict[str, tuple[Exception, float]] = {}
 
@@ -220,6 +227,40 @@ class Autoscaler(Actor):
             return await self._start(cmd)
         return await self._carry_out(cmd)
 
+    async def _drain(self, cmd: DrainWorker) -> DrainAnswered | None:
+        """Ask the scheduler to drain ``cmd.worker``: whether it knows the worker, or
+        None when it did not answer within ``drain_timeout`` (busy: it may well know the
+        worker, which may run tasks, so that is no answer)."""
+        try:
+            await self.scheduler.ask(DrainRequest(cmd.worker), timeout=self.drain_timeout)
+        except AskTimeout:
+            self.drains_unanswered += 1
+            self.log.warning(
+                "the scheduler did not answer a drain in time; asking again",
+                worker=cmd.worker, block=cmd.block, timeout=self.drain_timeout,
+            )  # fmt: skip
+            return None
+        except (ValueError, ActorStopped) as exc:
+            # Not known to the scheduler (it never joined, or left): it runs nothing.
+            self.log.info("worker to scale in is not known", worker=cmd.worker, why=str(exc))
+            return DrainAnswered(self.clock.now(), cmd.worker, False)
+        self.log.info("scaling in: draining worker", worker=cmd.worker, block=cmd.block)
+        return DrainAnswered(self.clock.now(), cmd.worker, True)
+
+    async def _drain_in_background(self, cmd: DrainWorker) -> None:
+        """Ask again until the scheduler answers (each miss is logged), pausing
+        :data:`DRAIN_RETRY` seconds at first, doubled per miss up to
+        :data:`MAX_DRAIN_RETRY`; the answer goes to the core."""
+        pause = DRAIN_RETRY
+        while True:
+            await anyio.sleep(pause)
+            answer = await self._drain(cmd)
+            if answer is not None:
+                break
+            pause = min(pause * 2, MAX_DRAIN_RETRY)
+        with contextlib.suppress(ActorStopped):
+            self.ref.post(_StartAnswered(answer))
+
     def _slow(self, pool: str) -> bool:
         """``pool``'s provider may take long to start a block."""
         try:
@@ -269,14 +310,10 @@ class Autoscaler(Actor):
             await self._owners.pop(cmd.block).stop_block(block)
             return BlockStopped(self.clock.now(), cmd.block, block.state.value)
         if type(cmd) is DrainWorker:
-            try:
-                await self.scheduler.ask(DrainRequest(cmd.worker), timeout=self.drain_timeout)
-            except (ValueError, ActorStopped, AskTimeout) as exc:
-                # Not known to the scheduler (it never joined): it runs nothing.
-                self.log.info("worker to scale in is not known", worker=cmd.worker, why=str(exc))
-                return DrainAnswered(self.clock.now(), cmd.worker, False)
-            self.log.info("scaling in: draining worker", worker=cmd.worker, block=cmd.block)
-            return DrainAnswered(self.clock.now(), cmd.worker, True)
+            answer = await self._drain(cmd)
+            if answer is None:  # no answer in time: ask again, in the background
+                self.start_soon(self._drain_in_background, cmd)
+            return answer
         if type(cmd) is ReportGone:
             if cmd.block not in self.state.blocks:  # ended (a requeued block lives on)
                 self._handles.pop(cmd.block, None)
@@ -471,7 +508,8 @@ class Autoscaler(Actor):
             },
             details={b: self._handles[b].detail for b in st.blocks if self._handles[b].detail},
             ends=tuple(dataclasses.replace(e, at=wall - (now - e.at)) for e in st.ends),
-            budget_spent=len(st.replacements),
+            budget_spent=st.spent(),
+            budget_by_pool={p: st.spent(p) for p in st.replacements},
             budget=st.config.max_replacements,
             batch_errors=errors,
             paused=tuple(sorted(st.paused)),

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
+from typing import Any
 
 import anyio
 import pytest
 
+import actors.autoscaler
+from actors.autoscaler import Autoscaler
 from runtime import Cluster
-from runtime.errors import UnknownPolicyError
-from runtime.messages import PolicyInfo
+from runtime.errors import AskTimeout, UnknownPolicyError
+from runtime.messages import DrainRequest, PolicyInfo
 from tests.helpers import wait_until
 
 pytestmark = pytest.mark.anyio
@@ -75,6 +78,76 @@ async def test_scale_in_drains_a_busy_worker_instead_of_stopping_it() -> None:
                 auto = (await cluster.status())["autoscaler"]
                 assert (auto["targets"], auto["ended"], auto["gave_up"]) == ({"default": 1}, 1, [])
                 assert list(auto["blocks"]) == ["block-1"]
+    finally:
+        task.gate.set()
+
+
+async def test_a_drain_the_scheduler_does_not_answer_in_time_is_asked_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The scheduler answers no drain within ``drain_timeout``: the autoscaler asks
+    again (logged each time) and keeps the busy block, whose tasks finish there. Before,
+    no answer counted as "worker not known": the block was stopped under its tasks."""
+    made: list[Autoscaler] = []
+    real_init = Autoscaler.__init__
+    late = {"answers": 3}  # the scheduler's next three answers come too late
+
+    class Busy:
+        """The scheduler's reference, whose answers to drains come too late (the
+        scheduler gets the request and drains the worker; the answer misses)."""
+
+        def __init__(self, ref: Any) -> None:
+            self.ref = ref
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.ref, name)
+
+        async def ask(self, msg: Any, **kwargs: Any) -> Any:
+            if isinstance(msg, DrainRequest) and late["answers"] > 0:
+                late["answers"] -= 1
+                await self.ref.tell(msg)
+                raise AskTimeout(self.ref.name, type(msg).__name__, 10.0)
+            return await self.ref.ask(msg, **kwargs)
+
+    def init(self: Autoscaler, *args: Any, **kwargs: Any) -> None:
+        real_init(self, *args, **kwargs)
+        self.scheduler = Busy(self.scheduler)
+        made.append(self)
+
+    monkeypatch.setattr(Autoscaler, "__init__", init)
+    monkeypatch.setattr(actors.autoscaler, "DRAIN_RETRY", 0.05)  # then 0.1, 0.2
+    task = Gated()
+    try:
+        with anyio.fail_after(BOUND):
+            async with Cluster(workers=2) as cluster:
+                await cluster.wait_for_workers(2)
+                (auto,) = made
+                state = cluster.scheduler_state
+                futs = cluster.map(task, range(4))
+                await wait_until(
+                    lambda: len(task.runs) == 2, "a task running on each worker", limit=BOUND
+                )
+                assert await cluster.scale(1) == {"default": 1}
+                await wait_until(
+                    lambda: auto.drains_unanswered == 2, "the drain asked again", limit=BOUND
+                )
+                block = auto.state.blocks["block-2"]
+                assert block.retiring and not block.stopping
+                assert "worker-2" in state.workers and state.workers["worker-2"].processing
+                await wait_until(
+                    lambda: "worker-2" in block.drained, "the drain answered", limit=BOUND
+                )
+                assert auto.drains_unanswered == 3 and not block.stopping
+                assert state.workers["worker-2"].draining
+                busy = {ts.key for ts in state.workers["worker-2"].processing}
+                task.gate.set()
+                assert await cluster.gather(futs) == [0, 10, 20, 30]
+                for key in busy:  # they finished where they ran: no try lost
+                    tries = [(t.worker, t.outcome) for t in state.tasks[key].tries]
+                    assert tries == [("worker-2", "ok")], tries
+                await wait_until(
+                    lambda: "worker-2" not in state.workers, "worker-2 to leave", limit=BOUND
+                )
     finally:
         task.gate.set()
 
