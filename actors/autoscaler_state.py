@@ -22,19 +22,23 @@ else, or a policy that raises, falls back to the target and counts in
   whose workers the scheduler does not know (``DrainAnswered(known=False)``: they never
   joined, so they run nothing), or that has no workers, is stopped (:class:`StopBlock`);
   a pending block's workers are asked too, as one may have joined since the core last
-  heard that the block runs.
+  heard that the block runs; a worker the scheduler did not know when asked, seen
+  later in its counts (it joined since), is asked to drain then.
 
 A block that ends unasked is reported (:class:`ReportGone`) with the cause its end
 state says and replaced. Ends that cost nothing are expected: ``preempted`` (the batch
 system took the node back) and ``walltime`` (TIMEOUT, or COMPLETED after the scheduler
 drained its workers before their walltime; ``drained`` for another drain). A requeued
 block (:class:`BlockRequeued`: same job, a new incarnation) is not an end: its workers
-are reported gone (``preempted`` if a preemption requeued it) and the block stays. The
+are reported gone (``preempted`` if a preemption requeued it) and the block stays,
+unless it was being scaled in: then it is stopped (the new run's workers would join
+afresh and take tasks, and nothing would drain them). The
 others (FAILED: ``crash``; MISSING, CANCELLED by someone else, COMPLETED unasked:
 ``unknown``) spend the *replacement budget*, which stops crash loops: more than
 ``max_replacements`` of them (and failed starts that are not the batch system's)
 within ``replacement_window`` seconds and the pool *gives up* (:class:`GaveUp`) until
-its target is set again or it is resumed.
+its target is set again or it is resumed. Each pool has its own budget: a pool that
+crash-loops does not stop another's replacements.
 
 A target may also be raised for a while (:class:`TargetRaised`, ``scale(n, hold=...)``):
 until then the policy sees the higher one; afterwards the target set before is back,
@@ -68,6 +72,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import re
 from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -424,7 +429,8 @@ class AutoscalerState:
         self.requests: dict[int, str] = {}  #: StartBlock requests in flight -> pool
         self.requested_at: dict[int, float] = {}  #: when each request in flight was made
         self.ended = 0  #: blocks that ended (asked or not)
-        self.replacements: deque[float] = deque()  #: when unasked ends happened
+        #: per pool, when its unasked ends within the window happened (its budget)
+        self.replacements: dict[str, deque[float]] = {}
         self.failed: dict[str, int] = {}  #: per pool, unasked ends ever (a counter)
         self.gave_up: set[str] = set()  #: pools whose workers kept ending
         self.paused: set[str] = set()  #: pools whose provider stopped submitting
@@ -602,6 +608,10 @@ class AutoscalerState:
         self.ends.append(
             BlockEnd(b.block_id, b.pool, "requeued", cause, False, self._now, ev.incarnation - 1)
         )
+        if b.retiring and not b.stopping:
+            # It was being scaled in: its workers of the run that ended were drained,
+            # the new run's would join afresh and take tasks. Stop it instead.
+            self._stop(b)
 
     def _resumed(self, ev: Resumed) -> None:
         if ev.pool not in self.pools:
@@ -647,6 +657,13 @@ class AutoscalerState:
             return
         self.processing = dict(ev.processing)
         for b in self.blocks.values():
+            if b.retiring and not b.stopping and b.unknown:
+                # A worker the scheduler did not know when asked to drain has joined
+                # since (it runs tasks): drain it too, or nothing would ever stop it.
+                for wid in sorted(w for w in b.unknown if w in self.processing):
+                    b.unknown.discard(wid)
+                    b.draining.add(wid)
+                    self._out.append(DrainWorker(wid, b.block_id))
             idle = (
                 b.state == "running"
                 and not b.retiring
@@ -682,16 +699,27 @@ class AutoscalerState:
 
     def _unasked_end(self, pool: str) -> None:
         self.failed[pool] = self.failed.get(pool, 0) + 1
-        self.replacements.append(self._now)
+        ends = self.replacements.setdefault(pool, deque())
+        ends.append(self._now)
         self._prune()
-        if len(self.replacements) > self.config.max_replacements and pool not in self.gave_up:
+        if len(ends) > self.config.max_replacements and pool not in self.gave_up:
             self.gave_up.add(pool)
-            self._out.append(GaveUp(pool, len(self.replacements), self.config.replacement_window))
+            self._out.append(GaveUp(pool, len(ends), self.config.replacement_window))
 
     def _prune(self) -> None:
         horizon = self._now - self.config.replacement_window
-        while self.replacements and self.replacements[0] < horizon:
-            self.replacements.popleft()
+        for pool, ends in list(self.replacements.items()):
+            while ends and ends[0] < horizon:
+                ends.popleft()
+            if not ends:
+                del self.replacements[pool]
+
+    def spent(self, pool: str | None = None) -> int:
+        """Unasked ends within the window that spent ``pool``'s replacement budget (each
+        pool has its own; None: summed over the pools)."""
+        if pool is not None:
+            return len(self.replacements.get(pool, ()))
+        return sum(len(ends) for ends in self.replacements.values())
 
     def _stop(self, b: BlockRecord) -> None:
         b.retiring = b.stopping = True
@@ -837,8 +865,10 @@ class AutoscalerState:
         assert self.retry_at.keys() <= self.pools.keys(), self.retry_at
         assert not (self.paused & self.retry_at.keys()), (self.paused, self.retry_at)
         horizon = self._now - self.config.replacement_window
-        assert all(horizon <= t <= self._now for t in self.replacements), self.replacements
-        assert list(self.replacements) == sorted(self.replacements), self.replacements
+        assert self.replacements.keys() <= self.pools.keys(), self.replacements
+        for ends in self.replacements.values():
+            assert ends and all(horizon <= t <= self._now for t in ends), self.replacements
+            assert list(ends) == sorted(ends), self.replacements
         if self.closing:
             assert all(b.stopping for b in self.blocks.values()), "closing: a block not stopped"
             return
@@ -862,16 +892,26 @@ def _check_blocks(pool: str, n: object) -> None:
 
 def _to_retire(live: list[BlockRecord], m: int) -> list[BlockRecord]:
     """The ``m`` blocks to scale in: the idle ones, longest idle first (the last by
-    block id among equals); then those with no worker started (pending); then the last
+    block id among equals); then those not running (pending, held); then the last
     by block id."""
-    idle = sorted((b for b in live if b.idle_since is not None), key=lambda b: b.block_id)
+    idle = sorted((b for b in live if b.idle_since is not None), key=lambda b: _natural(b.block_id))
     idle = sorted(idle[::-1], key=lambda b: b.idle_since or 0)  # ties: the last by id
     rest = sorted(
-        (b for b in live if b.idle_since is None), key=lambda b: (b.state == "pending", b.block_id)
+        (b for b in live if b.idle_since is None),
+        key=lambda b: (b.state != "running", _natural(b.block_id)),
     )
     chosen = idle[:m]
     left = m - len(chosen)
     return chosen + (rest[len(rest) - left :] if left > 0 else [])
+
+
+def _natural(block_id: str) -> tuple[tuple[int, str], ...]:
+    """``block_id`` ordered as people count: ``block-9`` before ``block-10``."""
+    return tuple(
+        (1, part) if not part.isdigit() else (0, f"{int(part):020d}")
+        for part in re.split(r"(\d+)", block_id)
+        if part
+    )
 
 
 _DISPATCH: dict[type, Any] = {

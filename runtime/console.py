@@ -977,10 +977,12 @@ def _render_blocks(auto: Mapping[str, Any]) -> list[RenderableType]:
         parts.append(bt)
     budget = auto.get("budget")
     if budget:
+        by_pool = dict(auto.get("budget_by_pool") or {})
+        spent = ", ".join(f"{p} {n}" for p, n in sorted(by_pool.items())) or "0"
         parts.append(
             Text(
-                f"replacement budget: {auto.get('budget_spent', 0)} of {budget} unasked ends "
-                "spent in its window (preemption and walltime ends are free)"
+                f"replacement budget per pool: {spent} of {budget} unasked ends spent in its "
+                "window (preemption and walltime ends are free)"
             )
         )
     paused = set(auto.get("paused") or ())

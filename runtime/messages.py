@@ -923,9 +923,10 @@ class AutoscalerStatus(Message):
     workers kept ending), its policy and the policy's refused answers; per live block
     its incarnation when the batch system requeued it (``incarnations``) and the
     provider's words (``details``); the latest ends (``ends``); the unasked ends
-    that spent the replacement budget in its window (``budget_spent`` of
-    ``budget``); per pool the batch system's latest error (``batch_errors``) and the
-    pools paused until resumed (``paused``)."""
+    that spent the replacement budget in its window (``budget_spent``, summed, and
+    ``budget_by_pool``; each pool gives up past ``budget``); per pool the batch
+    system's latest error (``batch_errors``) and the pools paused until resumed
+    (``paused``)."""
 
     targets: dict[str, int] = dataclasses.field(default_factory=dict)
     desired: dict[str, int] = dataclasses.field(default_factory=dict)
@@ -942,6 +943,8 @@ class AutoscalerStatus(Message):
     ends: tuple[BlockEndInfo, ...] = ()
     budget_spent: int = 0
     budget: int = 0
+    #: per pool with unasked ends in the window, how many (each pool has its own budget)
+    budget_by_pool: dict[str, int] = dataclasses.field(default_factory=dict)
     batch_errors: dict[str, BatchErrorInfo] = dataclasses.field(default_factory=dict)
     paused: tuple[str, ...] = ()
     #: per live block, its pool and its workers' ids

@@ -73,6 +73,10 @@ def started(state: AutoscalerState, now: float, n: int, pool: str = "default") -
         assert out == []
 
 
+def only(cmds: list[Command], kind: type) -> list[Any]:
+    return [c for c in cmds if isinstance(c, kind)]
+
+
 # ----------------------------------------------------------------------------- targets
 
 
@@ -201,7 +205,7 @@ def test_a_block_that_ends_unasked_is_reported_and_replaced() -> None:
         ReportGone("block-2", ("w-2",), "unknown", "completed"),
         StartBlock(4, "default", SPEC),
     ]
-    assert list(s.replacements) == [5.0, 6.0]
+    assert list(s.replacements["default"]) == [5.0, 6.0] and s.spent() == 2
 
 
 def test_the_replacement_budget_gives_up_and_a_new_target_restores_it() -> None:
@@ -224,6 +228,76 @@ def test_the_replacement_budget_gives_up_and_a_new_target_restores_it() -> None:
     assert list(s.replacements) == []
     assert run(s, TargetSet(101.0, "default", 1, SPEC)) == [StartBlock(4, "default", SPEC)]
     assert s.gave_up == set()
+
+
+def test_each_pool_has_its_own_replacement_budget() -> None:
+    """A pool that crash-loops gives up; another pool's first crash is replaced (before,
+    the budget was shared: the healthy pool gave up on its first crash)."""
+    s = make(max_replacements=3, window=60.0)
+    run(s, TargetSet(0.0, "gpu", 1, SPEC), TargetSet(0.0, "cpu", 1, SPEC))
+    run(s, BlockStarted(0.1, 1, "gpu-1", ("g1",)), BlockStarted(0.1, 2, "cpu-1", ("c1",)))
+    for i in range(1, 4):
+        (replaced,) = only(run(s, BlockEnded(float(i), f"gpu-{i}", "failed")), StartBlock)
+        run(s, BlockStarted(i + 0.5, replaced.request, f"gpu-{i + 1}", (f"g{i + 1}",)))
+    assert run(s, BlockEnded(4.0, "gpu-4", "failed")) == [
+        ReportGone("gpu-4", ("g4",), "crash", "failed"),
+        GaveUp("gpu", 4, 60.0),
+    ]
+    assert run(s, BlockEnded(10.0, "cpu-1", "failed")) == [
+        ReportGone("cpu-1", ("c1",), "crash", "failed"),
+        StartBlock(6, "cpu", SPEC),
+    ]
+    assert s.gave_up == {"gpu"}
+    assert (s.spent("gpu"), s.spent("cpu"), s.spent()) == (4, 1, 5)
+    run(s, Tick(100.0))  # the window slid past them all
+    assert (s.spent(), s.replacements) == (0, {})
+
+
+def test_a_block_requeued_while_being_scaled_in_is_stopped() -> None:
+    """Slurm requeued a block whose worker was draining: the new run's worker would
+    join afresh and take tasks, and nothing would drain it. It is stopped instead."""
+    s = make()
+    run(s, TargetSet(0.0, "default", 2, SPEC))
+    started(s, 1.0, 2)
+    assert run(s, TargetSet(2.0, "default", 1, SPEC)) == [DrainWorker("w-2", "block-2")]
+    assert run(s, DrainAnswered(2.1, "w-2", True)) == []
+    assert run(s, BlockRequeued(3.0, "block-2", 2, "preempted")) == [
+        ReportGone("block-2", ("w-2",), "preempted", "requeued"),
+        StopBlock("block-2"),
+    ]
+    # not being scaled in: a requeued block stays
+    assert run(s, BlockRequeued(4.0, "block-1", 2, "preempted")) == [
+        ReportGone("block-1", ("w-1",), "preempted", "requeued"),
+    ]
+
+
+def test_a_worker_unknown_when_drained_is_drained_once_it_joins() -> None:
+    """A block of two workers is scaled in while one of them has not joined yet: once
+    the scheduler's counts show it, it is asked to drain too (before, nothing ever
+    drained or stopped it, and it took tasks until the block's walltime)."""
+    s = make()
+    run(s, TargetSet(0.0, "p", 2, SPEC))
+    run(s, BlockStarted(1.0, 1, "b1", ("b1-w0", "b1-w1")))
+    run(s, BlockStarted(1.0, 2, "b2", ("b2-w0", "b2-w1")))
+    assert run(s, TargetSet(2.0, "p", 1, SPEC)) == [
+        DrainWorker("b2-w0", "b2"),
+        DrainWorker("b2-w1", "b2"),
+    ]
+    assert run(s, DrainAnswered(2.1, "b2-w0", True), DrainAnswered(2.1, "b2-w1", False)) == []
+    assert run(s, QueuesSeen(10.0, {"p": 5}, {"b1-w0": 1, "b1-w1": 1, "b2-w0": 0})) == []
+    seen = {"b1-w0": 1, "b1-w1": 1, "b2-w1": 0}
+    assert run(s, QueuesSeen(32.0, {"p": 5}, seen)) == [DrainWorker("b2-w1", "b2")]
+    assert run(s, QueuesSeen(33.0, {"p": 5}, seen)) == []  # asked once
+    assert run(s, DrainAnswered(33.1, "b2-w1", True)) == []
+    assert s.blocks["b2"].drained == {"b2-w0", "b2-w1"}
+
+
+def test_blocks_are_scaled_in_the_last_as_people_count_not_as_text_sorts() -> None:
+    s = make()
+    run(s, TargetSet(0.0, "default", 10, SPEC))
+    started(s, 1.0, 10)
+    # block-10 is the newest; as text it sorts before block-2
+    assert run(s, TargetSet(2.0, "default", 9, SPEC)) == [DrainWorker("w-10", "block-10")]
 
 
 def test_ends_spread_wider_than_the_window_are_always_replaced() -> None:
