@@ -144,7 +144,12 @@ def alerting_config(
     ):
         raise _problem("interval", f"must be a number of seconds > 0, got {interval!r}", source)
     resend = raw.get("resend", 60.0)
-    if isinstance(resend, bool) or not isinstance(resend, int | float) or not resend > 0:
+    if (
+        isinstance(resend, bool)
+        or not isinstance(resend, int | float)
+        or not math.isfinite(resend)
+        or not resend > 0
+    ):
         raise _problem("resend", f"must be a number of seconds > 0, got {resend!r}", source)
     default_rules = raw.get("default_rules", True)
     if not isinstance(default_rules, bool):

@@ -243,7 +243,12 @@ class AlertmanagerNotifier:
                 if self._queue:
                     batch = list(self._queue)
                     self._queue.clear()
-                    await self._send(session, batch)
+                    try:
+                        await self._send(session, batch)
+                    except Exception as exc:  # the sender goes on: this batch is lost, said
+                        self.given_up += len(batch)
+                        _log.error("Alertmanager notifier: alerts not delivered",
+                                   url=self.url, alerts=len(batch), error=repr(exc))  # fmt: skip
 
     async def _send(self, session: aiohttp.ClientSession, batch: list[AlertInfo]) -> None:
         for attempt in range(self.max_tries):
@@ -282,7 +287,8 @@ class AlertmanagerNotifier:
         not try again)."""
         try:
             async with session.post(self.url, json=body) as resp:
-                text = (await resp.text())[:200]
+                # Any bytes: a proxy's error page need not be UTF-8.
+                text = (await resp.text(errors="replace"))[:200]
                 if resp.status < 300:
                     return None
                 if resp.status >= 500 or resp.status == 429:

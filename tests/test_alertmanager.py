@@ -108,6 +108,8 @@ def test_the_latest_word_on_an_alert_replaces_a_queued_one() -> None:
 def test_alerting_settings_are_checked() -> None:
     with pytest.raises(AlertConfigError, match="interval"):
         alerting_config({"interval": 0})
+    with pytest.raises(AlertConfigError, match="resend"):
+        alerting_config({"resend": float("inf")})  # its alerts would end at no time
     with pytest.raises(AlertConfigError, match="is unknown"):
         alerting_config({"alertmanger": "http://x"})
     with pytest.raises(AlertConfigError, match="base URL"):
@@ -251,6 +253,47 @@ async def test_the_notifier_backs_off_while_alertmanager_is_down(tmp_path: Path)
 
 
 @pytest.mark.slow
+async def test_a_reply_that_is_not_utf8_is_a_failure_and_the_sender_goes_on() -> None:
+    """A proxy in front of Alertmanager answers 502 with a Latin-1 page: that try
+    failed (retried), and the sender goes on and delivers once Alertmanager is back.
+    Before, decoding the page raised out of the sender, which stopped for good."""
+    from aiohttp import web
+
+    bodies: list[Any] = []
+
+    async def handle(request: web.Request) -> web.Response:
+        bodies.append(await request.json())
+        if len(bodies) < 3:
+            page = "Passerelle indisponible, réessayez".encode("latin-1")
+            return web.Response(status=502, body=page, headers={"Content-Type": "text/html"})
+        return web.Response(status=200)
+
+    app = web.Application()
+    app.router.add_post("/api/v2/alerts", handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        with anyio.fail_after(LIMIT):
+            notifier = AlertmanagerNotifier(f"http://127.0.0.1:{port}", backoff=0.05)
+            async with anyio.create_task_group() as tg:
+                await tg.start(notifier.run)
+                labels = {"alertname": "R", "pool": "cpu"}
+                notifier.notify(AlertInfo("R", "firing", labels=labels, fired_at=1.0))
+                await wait_until(lambda: notifier.sent == 1, "the alert delivered")
+                assert [why[:8] for _, why in notifier.failures] == ["HTTP 502"] * 2
+                assert "r\ufffdessayez" in notifier.failures[0][1]  # replaced, not raised
+                resolved = AlertInfo("R", "resolved", labels=labels, fired_at=1.0, resolved_at=2.0)
+                notifier.notify(resolved)
+                await wait_until(lambda: notifier.sent == 2, "the resolve delivered")
+                assert len(bodies) == 4 and bodies[-1][0]["endsAt"] == rfc3339(2.0)
+                tg.cancel_scope.cancel()
+    finally:
+        await runner.cleanup()
+
+
 async def test_an_alertmanager_that_never_answers_does_not_hold_up_the_monitor() -> None:
     with socket.socket() as silent:  # accepts connections (the backlog), never answers
         silent.bind(("127.0.0.1", 0))
