@@ -53,6 +53,7 @@ triggered, always bounded. Every decision and every refusal is an :class:`Audit`
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import operator
 import re
@@ -95,7 +96,8 @@ MetricNames = Mapping[str, Collection[str]]
 
 #: how long a resolved alert stays visible by default (seconds)
 RESOLVED_FOR = 900.0
-#: samples kept per series for ``increase`` (evaluate at most every window / this)
+#: points kept per series for ``increase``: samples closer together than window / this
+#: are merged (their growth added up), so the window stays whole however often it is read
 MAX_HISTORY = 1000
 #: audit lines kept for the status
 MAX_AUDIT = 200
@@ -614,6 +616,13 @@ def parse_rule(raw: Mapping[str, Any], names: MetricNames, name: str | None = No
     labels = _strings(name, "labels", raw.get("labels", {}))
     if "alertname" in labels:
         raise AlertConfigError(name, "labels.alertname", "is the rule's name; leave it out")
+    for key in sorted(labels.keys() & _instance_labels(parsed, names)):
+        raise AlertConfigError(
+            name, f"labels.{key}",
+            f"is a label of the series the rule matches: each value of it is an alert of "
+            f"its own, which this label would make one; name it otherwise (e.g. "
+            f"'{key}_group')",
+        )  # fmt: skip
     action = raw.get("action")
     scale: ScaleOut | None = None
     if action is not None:
@@ -635,6 +644,18 @@ def parse_rule(raw: Mapping[str, Any], names: MetricNames, name: str | None = No
         action=scale,
         parsed=parsed,
     )
+
+
+def _instance_labels(e: Expr, names: MetricNames) -> set[str]:
+    """The labels an instance of expression ``e`` may carry (``and`` and ``or`` join
+    both sides')."""
+    if isinstance(e, BoolOp):
+        return _instance_labels(e.left, names) | _instance_labels(e.right, names)
+    v: Vector = e.vector
+    if isinstance(v, Sum):
+        return set(v.by or ())
+    selector = v.selector if isinstance(v, Increase) else v
+    return set(names.get(selector.name, ()))
 
 
 def parse_rules(
@@ -864,7 +885,9 @@ class AlertState:
         self.resolved_for = resolved_for
         self.audit: deque[Audit] = deque(maxlen=max_audit)  #: the latest audit lines
         self._alerts: dict[tuple[str, Labels], _Alert] = {}
-        self._history: dict[tuple[str, Labels], deque[tuple[float, float]]] = {}
+        #: per counter series ``increase`` reads: (time, value, growth since the point
+        #: before), oldest first
+        self._history: dict[tuple[str, Labels], deque[tuple[float, float, float]]] = {}
         #: per counter ``increase`` reads, when it was last recorded; and every series of
         #: them seen so far (a series first seen after a record counts from 0)
         self._watched: dict[str, float] = {}
@@ -872,6 +895,9 @@ class AlertState:
         self._last_scale: dict[str, float] = {}  #: pool -> when an action last scaled it
         #: pools scaled out by actions that restore: (target before, target set, by alerts)
         self._restore: dict[str, tuple[int, int, set[tuple[str, Labels]]]] = {}
+        #: pools whose restoring alert resolved while their target was unknown:
+        #: (target before, target set, rule, who), decided once the target is known
+        self._restore_due: dict[str, tuple[int, int, str, str]] = {}
         self._samples: Samples = {}  #: the latest evaluated
         self._out: list[Command] = []
         for rule in rules:
@@ -939,6 +965,10 @@ class AlertState:
                 continue  # the autoscaler did not answer: its series are unknown, not gone
             matches = self._expr(rule.parsed, by_name, now)
             self._step(rule, matches, now, samples)
+        # After the rules: a scale-out just made took a due restore over.
+        for pool, (before, set_to, rule_name, who) in list(self._restore_due.items()):
+            if self._restore_target(pool, before, set_to, rule_name, who, now):
+                del self._restore_due[pool]
         for key, a in list(self._alerts.items()):
             done = a.resolved_at is not None and now - a.resolved_at >= self.resolved_for
             if a.state == "resolved" and done:
@@ -990,17 +1020,36 @@ class AlertState:
                 continue  # another alert that scaled it still fires
             del self._restore[pool]
             who = f"alert {a.rule}{_show_labels(a.labels)}"
-            now_target = self._samples.get(("corral_blocks_target", (("pool", pool),)))
-            if now_target is not None and int(now_target) != set_to:
+            if not self._restore_target(pool, before, set_to, a.rule, who, now):
+                # The autoscaler did not answer this time: whether someone changed the
+                # target since is not known. Decide once it is.
+                self._restore_due[pool] = (before, set_to, a.rule, who)
                 self._audit(
-                    f"{who} resolved: pool {pool}'s target is {int(now_target)}, not the "
-                    f"{set_to} its scale-out set: left as it is",
+                    f"{who} resolved: pool {pool}'s target is unknown (no autoscaler "
+                    "answer): set back once it is known, unless someone changed it",
                     now,
                 )  # fmt: skip
-                continue
-            reason = f"resolved: back to the target before the scale-out ({set_to} -> {before})"
-            self._out.append(Scale(pool, before, a.rule, reason))
-            self._audit(f"{who} {reason}; blocks drain as the pool's scaling policy says", now)
+
+    def _restore_target(
+        self, pool: str, before: int, set_to: int, rule: str, who: str, now: float
+    ) -> bool:
+        """Set ``pool``'s target back to ``before`` unless it is no longer the
+        ``set_to`` a scale-out set (someone changed it since); False when the target is
+        unknown (nothing decided)."""
+        now_target = self._samples.get(("corral_blocks_target", (("pool", pool),)))
+        if now_target is None:
+            return False
+        if int(now_target) != set_to:
+            self._audit(
+                f"{who} resolved: pool {pool}'s target is {int(now_target)}, not the "
+                f"{set_to} its scale-out set: left as it is",
+                now,
+            )  # fmt: skip
+            return True
+        reason = f"resolved: back to the target before the scale-out ({set_to} -> {before})"
+        self._out.append(Scale(pool, before, rule, reason))
+        self._audit(f"{who} {reason}; blocks drain as the pool's scaling policy says", now)
+        return True
 
     def _notify(self, a: _Alert) -> None:
         self._out.append(Notify(self._info(a)))
@@ -1100,17 +1149,18 @@ class AlertState:
         for (name, labels), points in self._history.items():
             if name != v.selector.name or not v.selector.matches(labels):
                 continue
-            grown, prev = 0.0, None
-            for t, x in points:
-                if prev is not None and t > horizon:
-                    grown += x - prev if x >= prev else x
-                prev = x
-            out[labels] = grown
+            # each point's growth since the point before it; the first is the base
+            out[labels] = sum(g for t, _, g in itertools.islice(points, 1, None) if t > horizon)
         return out
 
     def _record(self, now: float, samples: Samples) -> None:
         """Keep the samples ``increase`` needs: per series, those within its window and
-        one just before it (the base). A series that appears after the counter was
+        one just before it (the base), each as ``(time, value, growth since the point
+        before)`` (a counter that went down restarted from 0: its value is its growth).
+        About :data:`MAX_HISTORY` points cover the window: while the latest point is
+        closer than window / MAX_HISTORY to the one before it, a sample is merged into
+        it (its growth added), so a long window evaluated often stays whole, to within
+        one such span at its start. A series that appears after the counter was
         recorded, and was never seen before, gets the base 0 at that record: Corral's
         counters appear at their first count (a task's first failure of a cause), so
         all of their value is growth (Prometheus would need two samples of it)."""
@@ -1125,12 +1175,21 @@ class AlertState:
             if name in windows:
                 points = self._history.get(key)
                 if points is None:
-                    points = self._history[key] = deque(maxlen=MAX_HISTORY)
+                    points = self._history[key] = deque()
                     since = self._watched.get(name)
                     if since is not None and key not in self._seen:
-                        points.append((since, 0.0))
+                        points.append((since, 0.0, 0.0))
                     self._seen.add(key)
-                points.append((now, x))
+                if not points:
+                    points.append((now, x, 0.0))
+                    continue
+                _, last, _ = points[-1]
+                grown = x - last if x >= last else x
+                step = windows[name] / (MAX_HISTORY - 2)
+                if len(points) >= 2 and points[-1][0] - points[-2][0] < step:
+                    points[-1] = (now, x, points[-1][2] + grown)
+                else:
+                    points.append((now, x, grown))
         self._watched = dict.fromkeys(windows, now)
         for key, points in list(self._history.items()):
             window = windows.get(key[0])
@@ -1233,17 +1292,27 @@ class AlertState:
         cap, cap_why = min(caps)
         new = min(wanted, cap)
         if wanted <= current:
-            refuse(f" of pool {pool}: its target {current} already covers it ({how})")
+            refuse(
+                f" of pool {pool}: its target {current} already covers it ({how})",
+                f"covered at {current}",
+            )  # once, not at each count of tasks
             return
         if new <= current:
-            refuse(f" of pool {pool} beyond {current} blocks: {cap_why}")
+            refuse(
+                f" of pool {pool} beyond {current} blocks: {cap_why}",
+                f"capped at {current}: {cap_why}",
+            )
             return
         capped = f", capped by {cap_why}" if new < wanted else ""
         reason = f"{how}{capped}: {why}"
         a.refused = ""
         self._last_scale[pool] = now
+        # A restore still due (its alert resolved while the target was unknown) and the
+        # target its scale-out set: this one restores to where that one would have.
+        due = self._restore_due.pop(pool, None)
         if act.restore:
-            before, _, by = self._restore.get(pool, (current, new, set()))
+            start = due[0] if due is not None and due[1] == current else current
+            before, _, by = self._restore.get(pool, (start, new, set()))
             by.add((rule.name, a.labels))
             self._restore[pool] = (before, new, by)
         elif pool in self._restore:

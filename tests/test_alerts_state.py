@@ -362,6 +362,28 @@ def test_a_counter_that_appears_counts_from_zero() -> None:
     assert (n.alert.labels["category"], n.alert.value) == ("x", 2.0)
 
 
+def test_increase_over_a_window_longer_than_its_points_stays_whole() -> None:
+    """A 2 h window read every 5 s: 1,440 samples, more than the points kept per series.
+    Close samples are merged, so the growth at the start still counts until the window
+    has passed it, restarts included. Before, the oldest samples fell off the end: the
+    alert resolved 37 minutes early."""
+    r = parse_rule({"name": "Fail2h", "expr": "increase(corral_blocks_failed_total[2h]) >= 3"},
+                   SAMPLE_LABELS)  # fmt: skip
+    st = AlertState([r])
+    st.handle(Evaluate(0.0, failed({"cpu": 0})))
+    said = [(5, n.alert.state) for n in only(st.handle(Evaluate(5.0, failed({"cpu": 3}))), Notify)]
+    for t in range(10, 7300, 5):
+        # the manager restarted at 1 h: its counter starts over, at 1 from then on
+        cmds = st.handle(Evaluate(float(t), failed({"cpu": 1 if t >= 3600 else 3})))
+        said += [(t, n.alert.state) for n in only(cmds, Notify)]
+        if t in (3595, 7200):
+            assert st.alerts()[0].value == (3.0 if t == 3595 else 4.0)
+    # 2 h after the 3 (to within one point's span, 7.2 s), not 37 minutes before
+    assert said[0] == (5, "firing") and said[1:] == [(7210, "resolved")]
+    points = st._history[("corral_blocks_failed_total", (("pool", "cpu"),))]
+    assert len(points) <= 1000
+
+
 def test_increase_keeps_bounded_history() -> None:
     (d,) = [d for d in DEFAULT_RULES if d["name"] == "CorralBlocksFailing"]
     st = AlertState([parse_rule(d, SAMPLE_LABELS)])
@@ -573,6 +595,49 @@ def test_restore_sets_the_target_back_once_the_alert_resolved() -> None:
     assert only(st.handle(Evaluate(10.0, queue(0, 0.0, **pool_blocks(3)))), Scale) == []
 
 
+def test_restore_waits_for_a_known_target() -> None:
+    """The alert resolves in a sample where the autoscaler did not answer (no target):
+    nothing is set back then; at the next sample with the target, it is set back if it
+    is still the scale-out's, and left if someone changed it. Before, the target was set
+    back blind, over an operator's change."""
+    st = AlertState([scaler(by=2, cooldown=60, max_blocks=9, restore=True)])
+    st.handle(Evaluate(0.0, queue(7, 100.0, **pool_blocks(1, running=1))))
+    cmds = st.handle(Evaluate(10.0, queue(0, 0.0)))  # no blocks: the autoscaler was busy
+    assert only(cmds, Scale) == []
+    assert "target is unknown (no autoscaler answer)" in only(cmds, Audit)[0].line
+    cmds = st.handle(Evaluate(15.0, queue(0, 0.0, **pool_blocks(8, running=3))))
+    assert only(cmds, Scale) == []
+    assert "pool cpu's target is 8, not the 3" in only(cmds, Audit)[0].line
+    assert st.handle(Evaluate(20.0, queue(0, 0.0, **pool_blocks(8, running=3)))) == []
+    # still the scale-out's target: set back then
+    st = AlertState([scaler(by=2, cooldown=60, max_blocks=9, restore=True)])
+    st.handle(Evaluate(0.0, queue(7, 100.0, **pool_blocks(1, running=1))))
+    st.handle(Evaluate(10.0, queue(0, 0.0)))
+    cmds = st.handle(Evaluate(15.0, queue(0, 0.0, **pool_blocks(3, running=3))))
+    assert [c.target for c in only(cmds, Scale)] == [1]
+    # scaled out again before the target was known: that one restores to the first's start
+    st = AlertState([scaler(by=2, cooldown=0, max_blocks=9, restore=True)])
+    st.handle(Evaluate(0.0, queue(7, 100.0, **pool_blocks(1, running=1))))
+    st.handle(Evaluate(10.0, queue(0, 0.0)))
+    cmds = st.handle(Evaluate(15.0, queue(7, 100.0, **pool_blocks(3, running=3))))
+    assert [c.target for c in only(cmds, Scale)] == [5]
+    cmds = st.handle(Evaluate(20.0, queue(0, 0.0, **pool_blocks(5, running=5))))
+    assert [c.target for c in only(cmds, Scale)] == [1]
+
+
+def test_a_fit_refusal_is_audited_once_while_the_counts_move() -> None:
+    st = AlertState([scaler(fit=True, cooldown=0, max_blocks=9)])
+    b = pool_blocks(4, running=4, slots_per_block=2)
+    lines = []
+    for t, running in enumerate((4, 5, 6, 7, 6)):
+        s = queue(1, 100.0, running=running, **b)
+        lines += [c.line for c in only(st.handle(Evaluate(float(t), s)), Audit)]
+    assert len(lines) == 1 and "its target 4 already covers it" in lines[0]
+    b = pool_blocks(2, running=2, slots_per_block=2)  # the target changed: said again
+    lines = [c.line for c in only(st.handle(Evaluate(9.0, queue(1, 100.0, running=1, **b))), Audit)]
+    assert len(lines) == 1 and "its target 2 already covers it" in lines[0]
+
+
 def test_unknown_blocks_refuse_and_a_failed_scale_is_audited() -> None:
     st = AlertState([scaler(by=1, max_blocks=9)])
     cmds = st.handle(Evaluate(0.0, queue(7, 100.0)))
@@ -693,6 +758,13 @@ E = "corral_queue_depth > 0"
         ({"name": "r", "expr": E, "labels": ["team"]}, "key 'labels' must be a table of texts"),
         ({"name": "r", "expr": E, "labels": {"alertname": "x"}},
          "key 'labels.alertname' is the rule's name"),
+        # every pool's alert would carry pool="ci": one alert instead of one per pool
+        ({"name": "r", "expr": E, "labels": {"pool": "ci"}},
+         "key 'labels.pool' is a label of the series the rule matches: each value of it is "
+         "an alert of its own, which this label would make one; name it otherwise (e.g. "
+         "'pool_group')"),
+        ({"name": "r", "expr": f"{E} and corral_workers > 0",
+          "labels": {"state": "x"}}, "key 'labels.state'"),
         ({"name": "r", "expr": E, "annotations": {"bad key": "x"}},
          "key 'annotations' names are letters"),
         ({"name": "r", "expr": "corral_queue_dept > 0"},
