@@ -374,23 +374,23 @@ class Autoscaler(Actor):
         if requeued or running:
             await self._handle(*requeued, *running)
         self._note_batch_errors()
-        if getattr(self.state.policy, "uses_queues", False):
-            try:
-                status = await self.scheduler.ask(StatusRequest(), timeout=self.tick)
-            except (ActorStopped, AskTimeout):
-                status = None
-            if isinstance(status, dict) and isinstance(status.get("queues"), dict):
-                processing = status.get("processing")
-                if not isinstance(processing, dict):
-                    processing = None
-                draining = frozenset(
-                    str(w) for k in ("draining", "retired") for w in status.get(k) or ()
-                )
-                upcoming = await self._upcoming()
-                await self._handle(
-                    QueuesSeen(now, status["queues"], processing, draining, upcoming)
-                )
-                return
+        # Whatever the policy: besides the queues, the core learns here which blocks'
+        # workers the scheduler drained (an end after that is free: walltime or drained)
+        # and which blocks are idle (scaled in first).
+        try:
+            status = await self.scheduler.ask(StatusRequest(), timeout=self.tick)
+        except (ActorStopped, AskTimeout):
+            status = None
+        if isinstance(status, dict) and isinstance(status.get("queues"), dict):
+            processing = status.get("processing")
+            if not isinstance(processing, dict):
+                processing = None
+            draining = frozenset(
+                str(w) for k in ("draining", "retired") for w in status.get(k) or ()
+            )
+            upcoming = await self._upcoming()
+            await self._handle(QueuesSeen(now, status["queues"], processing, draining, upcoming))
+            return
         await self._handle(Tick(now))
 
     async def _upcoming(self) -> dict[str, list[float]] | None:

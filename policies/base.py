@@ -497,6 +497,7 @@ class PoolView:
 class ScalingPolicy(Protocol):
     """Proposes how many blocks a pool should have; the autoscaler core checks the
     answer (a whole number from 0 to its ``max_blocks``) and keeps the replacement
-    budget. A policy with ``uses_queues = True`` gets ``PoolView.queued``."""
+    budget. ``PoolView.queued`` is there once the autoscaler has read the scheduler's
+    counts (every tick); ``uses_queues = True`` says that a policy reads it."""
 
     def desired(self, pool: PoolView) -> int: ...

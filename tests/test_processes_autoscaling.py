@@ -22,8 +22,10 @@ from typing import Any
 import anyio
 import pytest
 
+from actors.autoscaler import Autoscaler
 from actors.providers import BlockState
 from runtime import Cluster
+from runtime.messages import DrainRequest
 from runtime.node import serve_gateway
 from tests.helpers import wait_until
 
@@ -95,6 +97,52 @@ async def test_scaling_a_process_cluster_in_drains_its_busy_worker(tmp_path: Pat
             assert provider.blocks["block-1"].state is BlockState.RUNNING
             auto = (await cluster.status())["autoscaler"]
             assert (list(auto["blocks"]), auto["ended"]) == (["block-1"], 1)
+
+
+async def test_a_block_whose_worker_the_scheduler_drained_ends_free(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An operator drains a busy worker (the scheduler's drain, as before a walltime):
+    under the default ``fixed`` policy too, the autoscaler sees it drained, so its block
+    ending COMPLETED afterwards is cause ``drained``, free, and is replaced. Before,
+    only policies that read the queues learnt of drains: the end was ``unknown`` and
+    spent the replacement budget (with a walltime, every block's end did)."""
+    made: list[Autoscaler] = []
+    real_init = Autoscaler.__init__
+
+    def init(self: Autoscaler, *args: Any, **kwargs: Any) -> None:
+        real_init(self, *args, **kwargs)
+        made.append(self)
+
+    monkeypatch.setattr(Autoscaler, "__init__", init)
+    marks, gate = tmp_path / "marks", tmp_path / "gate"
+    marks.mkdir()
+    with anyio.fail_after(LIMIT):
+        async with Cluster(processes=2) as cluster:
+            await cluster.wait_for_workers(2, timeout=60)
+            (core,) = [a.state for a in made]
+            futs = cluster.map(gated, range(2), marks=str(marks), gate=str(gate))
+            await wait_until(
+                lambda: {p.name for p in marks.iterdir()} == {"worker-1", "worker-2"},
+                "a task running on each worker",
+                limit=GATE,
+            )
+            await cluster._plane.refs["scheduler"].ask(DrainRequest("worker-2"))
+            await wait_until(
+                lambda: core.blocks["block-2"].sched_drained, "the drain seen", limit=GATE
+            )
+            gate.touch()
+            assert await cluster.gather(futs) == [0, 1]
+
+            async def ended() -> dict[str, Any] | None:
+                auto = (await cluster.status())["autoscaler"]
+                return next((e for e in auto["ends"] if e["block"] == "block-2"), None)
+
+            end = await wait_until(ended, "block-2 ended", limit=GATE)
+            assert (end["state"], end["cause"], end["charged"]) == ("completed", "drained", False)
+            auto = (await cluster.status())["autoscaler"]
+            assert auto["budget_spent"] == 0
+            await cluster.wait_for_workers(2, timeout=60)  # replaced: the target is 2
 
 
 async def test_a_killed_worker_process_is_lost_at_once_not_after_the_grace() -> None:
