@@ -14,10 +14,13 @@ else, or a policy that raises, falls back to the target and counts in
 
 - too few: :class:`StartBlock` (a *request*, until :class:`BlockStarted` or
   :class:`BlockStartFailed` says how it went), unless the pool gave up (below);
-- too many: blocks are *retired*, those with no worker started (pending) first, then the
-  last by block id. A retired block with workers is never stopped while a worker of it
-  may be busy: each worker gets :class:`DrainWorker` (the scheduler's drain path: no new
-  tasks, ``RetireWorker`` once idle, and the worker exits). The block then ends by itself
+- too many: blocks are *retired*: idle ones first, then requests in flight are taken
+  back (``cancelled``: a request cannot be withdrawn before the provider answers, so
+  its block is retired as soon as it starts; asked for again meanwhile, it counts once
+  more), then those not running (pending, held), then the last by block id. A retired
+  block with workers is never stopped while a worker of it may be busy: each worker
+  gets :class:`DrainWorker` (the scheduler's drain path: no new tasks,
+  ``RetireWorker`` once idle, and the worker exits). The block then ends by itself
   (:class:`BlockEnded`) and its workers are reported gone as ``drained``. Only a block
   whose workers the scheduler does not know (``DrainAnswered(known=False)``: they never
   joined, so they run nothing), or that has no workers, is stopped (:class:`StopBlock`);
@@ -427,6 +430,9 @@ class AutoscalerState:
         self.pools: dict[str, PoolState] = {}  #: by name, in the order first set
         self.blocks: dict[str, BlockRecord] = {}  #: live blocks by id
         self.requests: dict[int, str] = {}  #: StartBlock requests in flight -> pool
+        #: requests in flight no longer wanted: their block is scaled in once it starts
+        #: (a request cannot be taken back before the provider answers it)
+        self.cancelled: set[int] = set()
         self.requested_at: dict[int, float] = {}  #: when each request in flight was made
         self.ended = 0  #: blocks that ended (asked or not)
         #: per pool, when its unasked ends within the window happened (its budget)
@@ -536,10 +542,14 @@ class AutoscalerState:
         self.errors.pop(pool, None)
         if self.closing:
             self._stop(self.blocks[ev.block])
+        elif ev.request in self.cancelled:
+            self.cancelled.discard(ev.request)
+            self._retire(self.blocks[ev.block])  # no longer wanted since it was asked for
 
     def _block_start_failed(self, ev: BlockStartFailed) -> None:
         pool = self.requests.pop(ev.request)
         self.requested_at.pop(ev.request, None)
+        self.cancelled.discard(ev.request)
         if not (ev.batch or ev.suspended):
             self.ended += 1
             self._unasked_end(pool)
@@ -825,10 +835,16 @@ class AutoscalerState:
             self._unstick(ps)
             live = self.live(ps.pool)
             ps.blocks = len(live)
-            ps.requested = sum(1 for p in self.requests.values() if p == ps.pool)
+            asked = sorted(r for r, p in self.requests.items() if p == ps.pool)
+            ps.requested = sum(1 for r in asked if r not in self.cancelled)
             ps.retiring = sum(1 for b in self.blocks.values() if b.pool == ps.pool and b.retiring)
             ps.desired = want = self._desired(ps)
             have = ps.blocks + ps.requested
+            for r in asked:  # wanted again: a cancelled request counts once more
+                if have < want and r in self.cancelled:
+                    self.cancelled.discard(r)
+                    ps.requested += 1
+                    have += 1
             while have < want and self._may_request(ps.pool):
                 request = next(self._ids)
                 self.requests[request] = ps.pool
@@ -836,11 +852,24 @@ class AutoscalerState:
                 self._out.append(StartBlock(request, ps.pool, ps.spec))
                 ps.requested += 1
                 have += 1
-            if ps.blocks > max(want - ps.requested, 0):
-                for b in _to_retire(live, ps.blocks - max(want - ps.requested, 0)):
-                    self._retire(b)
-                    ps.blocks -= 1
-                    ps.retiring += 1
+            if have <= want:
+                continue
+            # Too many: idle blocks first, then requests in flight (the latest first:
+            # their blocks are scaled in as they start), then pending and busy blocks.
+            excess = have - want
+            idle = [b for b in live if b.idle_since is not None]
+            retire = _to_retire(idle, min(excess, len(idle)))
+            excess -= len(retire)
+            for r in reversed(asked):
+                if excess and r not in self.cancelled:
+                    self.cancelled.add(r)
+                    ps.requested -= 1
+                    excess -= 1
+            rest = [b for b in live if b not in retire]
+            for b in retire + _to_retire(rest, excess):
+                self._retire(b)
+                ps.blocks -= 1
+                ps.retiring += 1
 
     # ----------------------------------------------------------------- invariants
 
@@ -872,15 +901,18 @@ class AutoscalerState:
         if self.closing:
             assert all(b.stopping for b in self.blocks.values()), "closing: a block not stopped"
             return
+        assert self.cancelled <= self.requests.keys(), (self.cancelled, self.requests)
         for pool, ps in self.pools.items():
-            live = len(self.live(pool)) + sum(1 for p in self.requests.values() if p == pool)
+            live = len(self.live(pool)) + sum(
+                1 for r, p in self.requests.items() if p == pool and r not in self.cancelled
+            )
             assert 0 <= ps.desired <= self._most(ps), ps
-            # Requests in flight cannot be taken back: beyond them, exactly the proposal
-            # (at most, once the pool gave up).
+            # Exactly the proposal (at most, once the pool may not ask): requests in
+            # flight beyond it are cancelled, their blocks scaled in as they start.
             if not self._may_request(pool):
-                assert live <= max(ps.desired, ps.requested), (pool, live, ps)
+                assert live <= ps.desired, (pool, live, ps)
             else:
-                assert live == max(ps.desired, ps.requested), (pool, live, ps)
+                assert live == ps.desired, (pool, live, ps)
             assert ps.blocks + ps.requested == live, (ps, live)
 
 

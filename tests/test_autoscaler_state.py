@@ -382,8 +382,31 @@ def test_a_proposal_out_of_bounds_is_clamped() -> None:
     ]
     assert s.policy_errors == 1
     run(s, PolicyChanged(1.0, Proposes(-4)))
-    assert s.pools["default"].desired == 0  # and the requests in flight stay
-    assert s.counts() == {"default": 2}
+    assert s.pools["default"].desired == 0  # the requests in flight are cancelled
+    assert s.counts() == {"default": 0} and s.cancelled == {1, 2}
+
+
+def test_a_scale_in_while_blocks_are_asked_for_takes_back_the_requests_first() -> None:
+    """scale(2), then scale(1) before the batch system answered: the request in flight
+    is cancelled (its block scaled in as it starts), the running block stays. Before,
+    the running block was drained and the pool waited a provisioning delay for the new
+    one."""
+    s = make()
+    run(s, TargetSet(0.0, "default", 1, SPEC))
+    started(s, 0.1, 1)
+    assert run(s, TargetSet(1.0, "default", 2, SPEC)) == [StartBlock(2, "default", SPEC)]
+    assert run(s, TargetSet(2.0, "default", 1, SPEC)) == []
+    assert s.cancelled == {2} and s.counts() == {"default": 1}
+    assert run(s, BlockStarted(3.0, 2, "block-2", ("w-2",), "pending")) == [
+        DrainWorker("w-2", "block-2")
+    ]
+    assert run(s, DrainAnswered(3.1, "w-2", False)) == [StopBlock("block-2")]
+    assert s.blocks["block-1"].state == "running" and not s.blocks["block-1"].retiring
+    # wanted again before its answer: the request counts once more, nothing asked twice
+    assert run(s, TargetSet(4.0, "default", 2, SPEC)) == [StartBlock(3, "default", SPEC)]
+    assert run(s, TargetSet(5.0, "default", 1, SPEC)) == []
+    assert run(s, TargetSet(6.0, "default", 2, SPEC)) == []
+    assert s.cancelled == set() and s.counts() == {"default": 2}
 
 
 def test_swapping_the_policy_takes_effect_on_the_event_that_swaps_it() -> None:
