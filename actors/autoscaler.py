@@ -87,7 +87,7 @@ class _BlockEnded(Message):
 
 
 @message(local=True)
-class _StartAnswered(Message):
+class _Answered(Message):
     """Autoscaler-internal: how a block request or a drain asked in the background
     went."""
 
@@ -259,7 +259,7 @@ class Autoscaler(Actor):
                 break
             pause = min(pause * 2, MAX_DRAIN_RETRY)
         with contextlib.suppress(ActorStopped):
-            self.ref.post(_StartAnswered(answer))
+            self.ref.post(_Answered(answer))
 
     def _slow(self, pool: str) -> bool:
         """``pool``'s provider may take long to start a block."""
@@ -271,7 +271,7 @@ class Autoscaler(Actor):
     async def _start_in_background(self, cmd: StartBlock) -> None:
         ev = await self._start(cmd)
         with contextlib.suppress(ActorStopped):
-            self.ref.post(_StartAnswered(ev))
+            self.ref.post(_Answered(ev))
 
     async def _start(self, cmd: StartBlock) -> Event:
         """Ask the provider for a block: the event that says how it went."""
@@ -351,8 +351,8 @@ class Autoscaler(Actor):
             block.state = BlockState(msg.state)
         await self._handle(BlockEnded(self.clock.now(), bid, msg.state))
 
-    @handles(_StartAnswered)
-    async def start_answered(self, msg: _StartAnswered) -> None:
+    @handles(_Answered)
+    async def answered(self, msg: _Answered) -> None:
         await self._handle(msg.event)
 
     @handles(_Tick)

@@ -98,6 +98,26 @@ async def wait_until(
         raise AssertionError(f"timed out after {limit} s waiting for {what}") from None
 
 
+def autoscalers_made(
+    monkeypatch: pytest.MonkeyPatch, wrap: Callable[[Any], Any] | None = None
+) -> list[Any]:
+    """The autoscaler actors made from now on (a ``Cluster`` makes its own), in order,
+    so a test can read its core; ``wrap`` replaces each one's scheduler reference."""
+    from actors.autoscaler import Autoscaler
+
+    made: list[Any] = []
+    real_init = Autoscaler.__init__
+
+    def init(self: Autoscaler, *args: Any, **kwargs: Any) -> None:
+        real_init(self, *args, **kwargs)
+        if wrap is not None:
+            self.scheduler = wrap(self.scheduler)
+        made.append(self)
+
+    monkeypatch.setattr(Autoscaler, "__init__", init)
+    return made
+
+
 async def worker_statuses(cluster: Any) -> list[Any]:
     """Each live worker's ``WorkerStatus`` (what it stores), asked of the worker itself
     (an embedded ``Cluster``'s in-process workers)."""

@@ -16,11 +16,10 @@ import anyio
 import pytest
 
 import actors.autoscaler
-from actors.autoscaler import Autoscaler
 from runtime import Cluster
 from runtime.errors import AskTimeout, UnknownPolicyError
 from runtime.messages import DrainRequest, PolicyInfo
-from tests.helpers import wait_until
+from tests.helpers import autoscalers_made, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -88,8 +87,6 @@ async def test_a_drain_the_scheduler_does_not_answer_in_time_is_asked_again(
     """The scheduler answers no drain within ``drain_timeout``: the autoscaler asks
     again (logged each time) and keeps the busy block, whose tasks finish there. Before,
     no answer counted as "worker not known": the block was stopped under its tasks."""
-    made: list[Autoscaler] = []
-    real_init = Autoscaler.__init__
     late = {"answers": 3}  # the scheduler's next three answers come too late
 
     class Busy:
@@ -109,12 +106,7 @@ async def test_a_drain_the_scheduler_does_not_answer_in_time_is_asked_again(
                 raise AskTimeout(self.ref.name, type(msg).__name__, 10.0)
             return await self.ref.ask(msg, **kwargs)
 
-    def init(self: Autoscaler, *args: Any, **kwargs: Any) -> None:
-        real_init(self, *args, **kwargs)
-        self.scheduler = Busy(self.scheduler)
-        made.append(self)
-
-    monkeypatch.setattr(Autoscaler, "__init__", init)
+    made = autoscalers_made(monkeypatch, Busy)
     monkeypatch.setattr(actors.autoscaler, "DRAIN_RETRY", 0.05)  # then 0.1, 0.2
     task = Gated()
     try:

@@ -22,12 +22,11 @@ from typing import Any
 import anyio
 import pytest
 
-from actors.autoscaler import Autoscaler
 from actors.providers import BlockState
 from runtime import Cluster
 from runtime.messages import DrainRequest
 from runtime.node import serve_gateway
-from tests.helpers import wait_until
+from tests.helpers import autoscalers_made, wait_until
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
@@ -107,14 +106,7 @@ async def test_a_block_whose_worker_the_scheduler_drained_ends_free(
     ending COMPLETED afterwards is cause ``drained``, free, and is replaced. Before,
     only policies that read the queues learnt of drains: the end was ``unknown`` and
     spent the replacement budget (with a walltime, every block's end did)."""
-    made: list[Autoscaler] = []
-    real_init = Autoscaler.__init__
-
-    def init(self: Autoscaler, *args: Any, **kwargs: Any) -> None:
-        real_init(self, *args, **kwargs)
-        made.append(self)
-
-    monkeypatch.setattr(Autoscaler, "__init__", init)
+    made = autoscalers_made(monkeypatch)
     marks, gate = tmp_path / "marks", tmp_path / "gate"
     marks.mkdir()
     with anyio.fail_after(LIMIT):
