@@ -374,24 +374,26 @@ class Autoscaler(Actor):
         if requeued or running:
             await self._handle(*requeued, *running)
         self._note_batch_errors()
-        # Whatever the policy: besides the queues, the core learns here which blocks'
-        # workers the scheduler drained (an end after that is free: walltime or drained)
-        # and which blocks are idle (scaled in first).
+        seen = await self._queues_seen(now)
+        await self._handle(seen if seen is not None else Tick(now))
+
+    async def _queues_seen(self, now: float) -> QueuesSeen | None:
+        """The scheduler's counts now (None: no answer within a tick). Whatever the
+        policy: besides the queues, the core learns here which blocks' workers the
+        scheduler drained (an end after that is free: walltime or drained) and which
+        blocks are idle (scaled in first)."""
         try:
             status = await self.scheduler.ask(StatusRequest(), timeout=self.tick)
         except (ActorStopped, AskTimeout):
-            status = None
-        if isinstance(status, dict) and isinstance(status.get("queues"), dict):
-            processing = status.get("processing")
-            if not isinstance(processing, dict):
-                processing = None
-            draining = frozenset(
-                str(w) for k in ("draining", "retired") for w in status.get(k) or ()
-            )
-            upcoming = await self._upcoming()
-            await self._handle(QueuesSeen(now, status["queues"], processing, draining, upcoming))
-            return
-        await self._handle(Tick(now))
+            return None
+        if not isinstance(status, dict) or not isinstance(status.get("queues"), dict):
+            return None
+        processing = status.get("processing")
+        if not isinstance(processing, dict):
+            processing = None
+        draining = frozenset(str(w) for k in ("draining", "retired") for w in status.get(k) or ())
+        upcoming = await self._upcoming()
+        return QueuesSeen(now, status["queues"], processing, draining, upcoming)
 
     async def _upcoming(self) -> dict[str, list[float]] | None:
         """The scheduler's next wave, if the strategy looks ahead (None: not asked, or
@@ -453,7 +455,14 @@ class Autoscaler(Actor):
             await self._handle(TargetRaised(now, msg.pool, msg.n, now + msg.hold))
             return self.state.counts()
         spec = ps.spec if ps is not None else BlockSpec(pool=msg.pool)
-        await self._handle(TargetSet(now, msg.pool, msg.n, spec))
+        events: list[Event] = []
+        if ps is not None and msg.n < len(self.state.live(msg.pool)):
+            # Scaling in picks idle blocks first: judge them by the counts now, not
+            # by the last tick's (a block idle then may have taken tasks since).
+            seen = await self._queues_seen(self.clock.now())
+            if seen is not None:
+                events.append(seen)
+        await self._handle(*events, TargetSet(self.clock.now(), msg.pool, msg.n, spec))
         return self.state.counts()
 
     @handles(SetPolicyRequest)

@@ -16,6 +16,7 @@ import anyio
 import pytest
 
 import actors.autoscaler
+from actors.autoscaler import _Tick
 from runtime import Cluster
 from runtime.errors import AskTimeout, UnknownPolicyError
 from runtime.messages import DrainRequest, PolicyInfo
@@ -79,6 +80,75 @@ async def test_scale_in_drains_a_busy_worker_instead_of_stopping_it() -> None:
                 assert list(auto["blocks"]) == ["block-1"]
     finally:
         task.gate.set()
+
+
+class GatedEach:
+    """A task function whose run ``i`` waits for its own gate."""
+
+    def __init__(self, n: int) -> None:
+        self.lock = threading.Lock()
+        self.runs: Counter[int] = Counter()
+        self.gates = [threading.Event() for _ in range(n)]
+
+    def __call__(self, i: int) -> int:
+        with self.lock:
+            self.runs[i] += 1
+        if not self.gates[i].wait(GATE):
+            raise TimeoutError("gate never opened")
+        return i
+
+    def open(self) -> None:
+        for gate in self.gates:
+            gate.set()
+
+
+async def test_scale_in_judges_idle_blocks_by_the_counts_now_not_the_last_ticks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The core last saw both blocks busy; since, one worker finished its task and the
+    other still runs one. An operator's scale-in retires the block idle now. Before,
+    it went by the last tick's counts (both busy) and drained the busy block (the last
+    by id), which also left the idle one running."""
+    monkeypatch.setattr(actors.autoscaler.Autoscaler, "_ticks", no_ticks)
+    made = autoscalers_made(monkeypatch)
+    task = GatedEach(2)
+    try:
+        with anyio.fail_after(BOUND):
+            async with Cluster(workers=2) as cluster:
+                await cluster.wait_for_workers(2)
+                (auto,) = made
+                state = cluster.scheduler_state
+                futs = cluster.map(task, range(2))
+                await wait_until(
+                    lambda: len(task.runs) == 2, "a task running on each worker", limit=BOUND
+                )
+                await auto.ref.ask(_Tick())  # the core sees both blocks running, busy
+                core = auto.state
+                assert [(b.state, b.idle_since) for b in core.blocks.values()] == [
+                    ("running", None),
+                    ("running", None),
+                ]
+                owner = {w: bid for bid, b in core.blocks.items() for w in b.workers}
+                first = state.workers["worker-1"]
+                (i,) = [ts.key for ts in first.processing]
+                task.gates[[f.key for f in futs].index(i)].set()
+                await wait_until(lambda: not first.processing, "worker-1 idle", limit=BOUND)
+                assert await cluster.scale(1) == {"default": 1}
+                idle, busy = core.blocks[owner["worker-1"]], core.blocks[owner["worker-2"]]
+                assert idle.retiring and not busy.retiring
+                assert not state.workers["worker-2"].draining
+                task.open()
+                assert sorted(await cluster.gather(futs)) == [0, 1]
+                await wait_until(
+                    lambda: "worker-1" not in state.workers, "worker-1 to leave", limit=BOUND
+                )
+                assert list((await cluster.status())["autoscaler"]["blocks"]) == [busy.block_id]
+    finally:
+        task.open()
+
+
+async def no_ticks(self: Any) -> None:
+    """In place of the autoscaler's ticks: the test ticks it when it chooses."""
 
 
 async def test_a_drain_the_scheduler_does_not_answer_in_time_is_asked_again(
