@@ -577,7 +577,18 @@ class AutoscalerState:
             return  # stopped on purpose (BlockStopped came first) or unknown
         self.ended += 1
         if b.retiring or self.closing:
-            self._ended(b, ev.state, "stuck" if b.stuck else "drained", False)
+            # Scaled in, or leaving: its place was given up already, so its end is
+            # not replaced and spends nothing; the cause says how it went.
+            # (A drained worker's block may read "failed" once it stopped: an
+            # in-process worker's does, so that is no crash here.)
+            told = ev.state == "completed" and b.sched_drained
+            if b.stuck:
+                cause = "stuck"
+            elif ev.state in ("preempted", "timeout") or told:
+                cause = self._cause(b, ev.state)[0]
+            else:
+                cause = "drained"
+            self._ended(b, ev.state, cause, False)
             return
         cause, charged = self._cause(b, ev.state)
         self._ended(b, ev.state, cause, charged)
@@ -663,6 +674,13 @@ class AutoscalerState:
             for b in self.blocks.values():
                 if not b.retiring and ev.draining.intersection(b.workers):
                     b.sched_drained = True
+                    if ev.draining.issuperset(b.workers):
+                        # Every worker of it leaves (its walltime is near, an operator
+                        # drained it, its node was told it goes): it no longer counts,
+                        # so its replacement is asked for now and comes up while they
+                        # finish their tasks, not a provisioning delay after.
+                        b.retiring = True
+                        b.drained.update(b.workers)
         if ev.processing is None:
             return
         self.processing = dict(ev.processing)

@@ -28,6 +28,7 @@ from actors.autoscaler_state import (
     BlockStarted,
     BlockStartFailed,
     Command,
+    DrainWorker,
     Event,
     GaveUp,
     QueuesSeen,
@@ -121,14 +122,57 @@ def test_walltime_ends_are_free_and_say_walltime() -> None:
         ReportGone(bid, ("w-1",), "walltime", "timeout"),
         StartBlock(2, "ckpt", SPEC),
     ]
-    # COMPLETED after the scheduler drained its worker before the walltime.
+    # COMPLETED after the scheduler drained its worker before the walltime. The
+    # replacement is asked for when the drain is seen, to come up while the worker
+    # finishes its task, not a provisioning delay after the block ended.
     bid = one_block(s, 182.0, 2)
-    run(s, QueuesSeen(300.0, {"ckpt": 0}, {"w-2": 1}, frozenset({"w-2"})))
-    assert run(s, BlockEnded(340.0, bid, "completed")) == [
-        ReportGone(bid, ("w-2",), "walltime", "completed"),
-        StartBlock(3, "ckpt", SPEC),
+    assert run(s, QueuesSeen(300.0, {"ckpt": 0}, {"w-2": 1}, frozenset({"w-2"}))) == [
+        StartBlock(3, "ckpt", SPEC)
     ]
+    assert s.counts() == {"ckpt": 1} and s.blocks[bid].retiring
+    assert run(s, BlockEnded(340.0, bid, "completed")) == [
+        ReportGone(bid, ("w-2",), "walltime", "completed")
+    ]
+    assert s.ends[-1] == BlockEnd(bid, "ckpt", "completed", "walltime", False, 340.0, 1)
     assert list(s.replacements) == [] and s.gave_up == set()
+
+
+def test_a_block_leaves_the_count_only_once_every_worker_of_it_is_drained() -> None:
+    """A block of two workers: one drained by the scheduler still leaves one at work,
+    so it counts; both drained, it no longer does and its replacement is asked for at
+    once. Preempted while they finish, it says so, spends nothing and is not replaced
+    a second time."""
+    s = make(max_replacements=0)
+    assert run(s, TargetSet(0.0, "p", 1, SPEC)) == [StartBlock(1, "p", SPEC)]
+    assert run(s, BlockStarted(1.0, 1, "b", ("w-a", "w-b"))) == []
+    busy = {"w-a": 1, "w-b": 1}
+    assert run(s, QueuesSeen(2.0, {}, busy, frozenset({"w-a"}))) == []
+    assert s.counts() == {"p": 1} and not s.blocks["b"].retiring
+    assert run(s, QueuesSeen(3.0, {}, busy, frozenset({"w-a", "w-b"}))) == [
+        StartBlock(2, "p", SPEC)
+    ]
+    assert s.blocks["b"].drained == {"w-a", "w-b"}
+    assert run(s, QueuesSeen(4.0, {}, busy, frozenset({"w-a", "w-b"}))) == []  # once
+    assert run(s, BlockEnded(5.0, "b", "preempted")) == [
+        ReportGone("b", ("w-a", "w-b"), "preempted", "preempted")
+    ]
+    assert s.ends[-1] == BlockEnd("b", "p", "preempted", "preempted", False, 5.0, 1)
+    assert s.counts() == {"p": 1} and list(s.replacements) == []
+
+
+def test_a_block_preempted_while_being_scaled_in_says_preempted() -> None:
+    s = make()
+    assert run(s, TargetSet(0.0, "p", 2, SPEC)) == [
+        StartBlock(1, "p", SPEC),
+        StartBlock(2, "p", SPEC),
+    ]
+    one_block(s, 1.0, 1, "p")
+    bid = one_block(s, 1.0, 2, "p")
+    assert run(s, TargetSet(2.0, "p", 1, SPEC)) == [DrainWorker("w-2", bid)]
+    assert run(s, BlockEnded(3.0, bid, "preempted")) == [
+        ReportGone(bid, ("w-2",), "preempted", "preempted")
+    ]
+    assert s.ends[-1].cause == "preempted" and s.counts() == {"p": 1}
 
 
 def test_completed_unasked_without_a_drain_spends_the_budget() -> None:

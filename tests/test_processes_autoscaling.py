@@ -102,10 +102,12 @@ async def test_a_block_whose_worker_the_scheduler_drained_ends_free(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An operator drains a busy worker (the scheduler's drain, as before a walltime):
-    under the default ``fixed`` policy too, the autoscaler sees it drained, so its block
-    ending COMPLETED afterwards is cause ``drained``, free, and is replaced. Before,
-    only policies that read the queues learnt of drains: the end was ``unknown`` and
-    spent the replacement budget (with a walltime, every block's end did)."""
+    under the default ``fixed`` policy too, the autoscaler sees it drained, asks for its
+    replacement at once (it comes up while the drained worker still runs its task), and
+    the block's end afterwards is cause ``drained``, free. Before, only policies that
+    read the queues learnt of drains: the end was ``unknown`` and spent the replacement
+    budget (with a walltime, every block's end did); and the replacement was asked for
+    only once the block had ended."""
     made = autoscalers_made(monkeypatch)
     marks, gate = tmp_path / "marks", tmp_path / "gate"
     marks.mkdir()
@@ -123,6 +125,10 @@ async def test_a_block_whose_worker_the_scheduler_drained_ends_free(
             await wait_until(
                 lambda: core.blocks["block-2"].sched_drained, "the drain seen", limit=GATE
             )
+            state = cluster.scheduler_state
+            await wait_until(lambda: "worker-3" in state.workers, "the replacement", limit=GATE)
+            assert state.workers["worker-2"].processing  # still at its task
+            assert "block-2" in core.blocks
             gate.touch()
             assert await cluster.gather(futs) == [0, 1]
 
