@@ -392,8 +392,9 @@ class Autoscaler(Actor):
         if not isinstance(processing, dict):
             processing = None
         draining = frozenset(str(w) for k in ("draining", "retired") for w in status.get(k) or ())
+        leaving = frozenset(str(w) for w in status.get("leaving") or ())
         upcoming = await self._upcoming()
-        return QueuesSeen(now, status["queues"], processing, draining, upcoming)
+        return QueuesSeen(now, status["queues"], processing, draining, upcoming, leaving)
 
     async def _upcoming(self) -> dict[str, list[float]] | None:
         """The scheduler's next wave, if the strategy looks ahead (None: not asked, or

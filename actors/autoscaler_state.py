@@ -245,12 +245,16 @@ class QueuesSeen(Event):
     tasks are active per pool (its ready tasks, those of any pool, and those its
     blocks run). ``upcoming``, if the strategy looks ahead: the scheduler's next wave
     per pool (``"*"``: any pool), the seconds until each of its tasks is expected to be
-    ready (``UpcomingRequest``)."""
+    ready (``UpcomingRequest``). ``leaving``: the workers among ``draining`` that
+    leave on their own (they said so: a preemption notice, a signal): a block all of
+    whose workers the scheduler drains stops counting at once, unless one of them
+    leaves on its own (such a block may be requeued and run again)."""
 
     queued: Mapping[str, int]
     processing: Mapping[str, int] | None = None
     draining: frozenset[str] = frozenset()  #: workers the scheduler drains (or retired)
     upcoming: Mapping[str, Sequence[float]] | None = None
+    leaving: frozenset[str] = frozenset()  #: of those, the ones leaving on their own
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -674,11 +678,13 @@ class AutoscalerState:
             for b in self.blocks.values():
                 if not b.retiring and ev.draining.intersection(b.workers):
                     b.sched_drained = True
-                    if ev.draining.issuperset(b.workers):
-                        # Every worker of it leaves (its walltime is near, an operator
-                        # drained it, its node was told it goes): it no longer counts,
-                        # so its replacement is asked for now and comes up while they
-                        # finish their tasks, not a provisioning delay after.
+                    if ev.draining.issuperset(b.workers) and ev.leaving.isdisjoint(b.workers):
+                        # The scheduler drains every worker of it (its walltime is
+                        # near, an operator drained it): it no longer counts, so its
+                        # replacement is asked for now and comes up while they finish
+                        # their tasks, not a provisioning delay after. (A worker that
+                        # leaves on its own, preempted, may come back: the batch
+                        # system may run its block again.)
                         b.retiring = True
                         b.drained.update(b.workers)
         if ev.processing is None:

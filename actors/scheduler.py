@@ -462,6 +462,7 @@ class Scheduler(Actor):
             "processing": {w: len(ws.processing) for w, ws in st.workers.items()},
             "draining": tuple(sorted(w for w, ws in st.workers.items() if ws.draining)),
             "retired": tuple(sorted(w for w, ws in st.workers.items() if ws.retired)),
+            "leaving": tuple(sorted(w for w, ws in st.workers.items() if ws.leaving)),
             "rss": dict(self.rss),
             "memory": dict(self.memory),
             "throttled": tuple(sorted(st.throttled)),

@@ -968,6 +968,7 @@ class StatusReply(Message):
     processing: dict[str, int] = dataclasses.field(default_factory=dict)
     draining: tuple[str, ...] = ()
     retired: tuple[str, ...] = ()
+    leaving: tuple[str, ...] = ()
     rss: dict[str, int] = dataclasses.field(default_factory=dict)
     memory: dict[str, WorkerMemoryReport] = dataclasses.field(default_factory=dict)
     throttled: tuple[str, ...] = ()
@@ -1009,7 +1010,7 @@ class StatusReply(Message):
         out["files"] = self.files.to_fields()
         out["replicas"] = self.replicas.to_fields()
         out["storage"] = self.storage.to_dict()
-        for name in ("draining", "retired", "throttled"):
+        for name in ("draining", "retired", "leaving", "throttled"):
             out[name] = list(out[name])
         busy, auto = out.pop("autoscaler_busy"), out.pop("autoscaler")
         if auto is not None:

@@ -160,6 +160,22 @@ def test_a_block_leaves_the_count_only_once_every_worker_of_it_is_drained() -> N
     assert s.counts() == {"p": 1} and list(s.replacements) == []
 
 
+def test_a_block_whose_worker_leaves_on_its_own_still_counts() -> None:
+    """A worker that said it leaves (a preemption notice) is draining in the
+    scheduler's eyes, but its block may be requeued and run again: it keeps counting,
+    nothing is asked for, and its requeue is the same block's next run."""
+    s = make()
+    assert run(s, TargetSet(0.0, "ckpt", 1, SPEC)) == [StartBlock(1, "ckpt", SPEC)]
+    bid = one_block(s, 1.0, 1)
+    gone = frozenset({"w-1"})
+    assert run(s, QueuesSeen(2.0, {}, {"w-1": 1}, gone, leaving=gone)) == []
+    assert not s.blocks[bid].retiring and s.counts() == {"ckpt": 1}
+    assert run(s, BlockRequeued(3.0, bid, 2, "preempted")) == [
+        ReportGone(bid, ("w-1",), "preempted", "requeued")
+    ]
+    assert s.counts() == {"ckpt": 1} and not s.blocks[bid].retiring
+
+
 def test_a_block_preempted_while_being_scaled_in_says_preempted() -> None:
     s = make()
     assert run(s, TargetSet(0.0, "p", 2, SPEC)) == [
