@@ -816,7 +816,8 @@ class AutoscalerState:
             n = target
         most = self._most(ps)
         if not 0 <= n <= most:
-            self.policy_errors += 1
+            if n != target:  # a target above max_blocks is the operator's, clamped
+                self.policy_errors += 1
             n = min(max(n, 0), most)
         return n
 

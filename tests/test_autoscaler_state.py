@@ -386,6 +386,20 @@ def test_a_proposal_out_of_bounds_is_clamped() -> None:
     assert s.counts() == {"default": 0} and s.cancelled == {1, 2}
 
 
+def test_a_target_above_max_blocks_is_clamped_and_is_no_policy_error() -> None:
+    """``scale(n)`` above ``max_blocks`` under ``fixed``: the pool gets ``max_blocks``;
+    the policy answered what it was asked, so no policy error is counted (before,
+    one was at every event, a counter that only grew)."""
+    s = AutoscalerState(AutoscalerConfig(max_blocks=2))
+    assert run(s, TargetSet(0.0, "default", 5, SPEC)) == [
+        StartBlock(1, "default", SPEC),
+        StartBlock(2, "default", SPEC),
+    ]
+    for now in (1.0, 2.0, 3.0):
+        assert run(s, Tick(now)) == []
+    assert s.policy_errors == 0 and s.pools["default"].desired == 2
+
+
 def test_a_scale_in_while_blocks_are_asked_for_takes_back_the_requests_first() -> None:
     """scale(2), then scale(1) before the batch system answered: the request in flight
     is cancelled (its block scaled in as it starts), the running block stays. Before,
