@@ -57,7 +57,7 @@ import itertools
 import math
 import operator
 import re
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from typing import Any, Literal
 
@@ -421,6 +421,33 @@ def compares(expr: Expr) -> list[Compare]:
     if isinstance(expr, Compare):
         return [expr]
     return compares(expr.left) + compares(expr.right)
+
+
+def _field_names(terms: Mapping[int, Compare]) -> dict[int, tuple[str, str, float, bool]]:
+    """Per comparison (by index): its max field, its threshold field, the scale of
+    both, and whether they are rounded. Comparisons of the same metric with the same
+    operator and threshold share their fields (one on each side of an ``or``, for
+    different labels); with another operator or threshold (``corral_queue_depth > 5
+    and corral_queue_depth < 100``) the later one's are numbered:
+    ``max_queue_size_2``, ``queue_size_threshold_2``."""
+    out: dict[int, tuple[str, str, float, bool]] = {}
+    taken: Counter[str] = Counter()
+    seen: dict[tuple[str, str, float], tuple[str, str, float, bool]] = {}
+    for i in sorted(terms):
+        v: Vector = terms[i].vector
+        while isinstance(v, Sum):
+            v = v.inner
+        name = v.selector.name if isinstance(v, Increase) else v.name
+        stem, scale, suffix = _FIELD_NAMES.get(name, (v.stem(), 1.0, ""))
+        if isinstance(v, Increase):
+            stem, scale, suffix = v.stem(), 1.0, ""
+        same = (stem, terms[i].op, terms[i].threshold)
+        if same not in seen:
+            taken[stem] += 1
+            n = f"_{taken[stem]}" if taken[stem] > 1 else ""
+            seen[same] = (f"max_{stem}{suffix}{n}", f"{stem}_threshold{n}", scale, scale != 1.0)
+        out[i] = seen[same]
+    return out
 
 
 def _vectors(expr: Expr) -> Iterable[Vector]:
@@ -978,6 +1005,7 @@ class AlertState:
         self, rule: AlertRule, matches: dict[Labels, _Match], now: float, samples: Samples
     ) -> None:
         terms = {c.index: c for c in compares(rule.parsed)}
+        names = _field_names(terms)
         for labels, m in matches.items():
             key = (rule.name, labels)
             a = self._alerts.get(key)
@@ -985,13 +1013,13 @@ class AlertState:
                 a = self._alerts[key] = _Alert(
                     rule.name, labels, "pending", rule.labels, rule.annotations, now
                 )
-                self._seed_fields(a, terms)
+                self._seed_fields(a, terms, names)
                 new = True
             else:
                 new = False
             a.value, a.last_true = m.value, now
             for i, v in m.terms.items():
-                self._field_max(a, terms[i], v)
+                self._field_max(a, names[i], v)
             if a.state == "pending" and now - a.active_since >= rule.for_:
                 a.state, a.fired_at = "firing", now
                 self._notify(a)
@@ -1076,27 +1104,18 @@ class AlertState:
     # ----------------------------------------------------------------- fields
 
     @staticmethod
-    def _field_names(c: Compare) -> tuple[str, str, float, bool]:
-        """(max field, threshold field, scale, round) of comparison ``c``."""
-        v: Vector = c.vector
-        while isinstance(v, Sum):
-            v = v.inner
-        name = v.selector.name if isinstance(v, Increase) else v.name
-        stem, scale, suffix = _FIELD_NAMES.get(name, (v.stem(), 1.0, ""))
-        if isinstance(v, Increase):
-            stem, scale, suffix = v.stem(), 1.0, ""
-        return f"max_{stem}{suffix}", f"{stem}_threshold", scale, scale != 1.0
-
-    def _seed_fields(self, a: _Alert, terms: Mapping[int, Compare]) -> None:
-        for c in terms.values():
-            _, thr, scale, rounded = self._field_names(c)
-            if thr not in a.fields:
-                value = c.threshold * scale
-                a.fields[thr] = round(value, 1) if rounded else value
+    def _seed_fields(
+        a: _Alert, terms: Mapping[int, Compare], names: Mapping[int, tuple[str, str, float, bool]]
+    ) -> None:
+        for i, c in terms.items():
+            _, thr, scale, rounded = names[i]
+            value = c.threshold * scale
+            a.fields[thr] = round(value, 1) if rounded else value
         a.fields["threshold_breached"] = 1.0
 
-    def _field_max(self, a: _Alert, c: Compare, v: float) -> None:
-        top, _, scale, rounded = self._field_names(c)
+    @staticmethod
+    def _field_max(a: _Alert, names: tuple[str, str, float, bool], v: float) -> None:
+        top, _, scale, rounded = names
         value = round(v * scale, 1) if rounded else v * scale
         if top not in a.fields or value > a.fields[top]:
             a.fields[top] = value

@@ -265,6 +265,23 @@ def test_and_with_a_term_without_labels_applies_to_every_instance() -> None:
     assert [(a.labels.get("pool"), a.value) for a in st.alerts()] == [("a", 0), ("b", 0)]
 
 
+def test_two_comparisons_of_one_metric_keep_their_own_fields() -> None:
+    """``queue_depth > 5 and queue_depth < 100``: each bound has its threshold and its
+    max field (before, both wrote one pair: the second threshold was lost)."""
+    r = rule(expr="corral_queue_depth > 5 and corral_queue_depth < 100", **{"for": 0})
+    st = AlertState([r])
+    st.handle(Evaluate(0.0, snap({"a": {"queue_depth": 7}})))
+    st.handle(Evaluate(10.0, snap({"a": {"queue_depth": 9}})))
+    (a,) = st.alerts()
+    assert a.fields == {
+        "max_queue_size": 9.0,
+        "queue_size_threshold": 5.0,
+        "max_queue_size_2": 9.0,
+        "queue_size_threshold_2": 100.0,
+        "threshold_breached": 1.0,
+    }
+
+
 def test_matchers_sum_without_by_and_parentheses() -> None:
     expr = (
         'sum(corral_workers{state="busy"}) >= 3 and (corral_queue_depth{pool!="gpu"} > 5 '
