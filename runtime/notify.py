@@ -152,13 +152,16 @@ class AlertmanagerNotifier:
 
     ``resend``: seconds between sends of an alert that keeps firing (its ``endsAt`` is
     ``4 * resend`` ahead, so Alertmanager resolves it by itself if Corral stops
-    sending). ``queue_size``: notifications waiting to be sent at most (the oldest go
-    first when it is full: :attr:`dropped`). A failed post (no connection, a timeout,
-    an HTTP 5xx or 429) is tried again after ``backoff * 2**n`` seconds (at most
-    ``max_backoff``) times a random factor from 0.8 to 1.2, up to ``max_tries`` tries;
-    then the batch is given up and logged (:attr:`given_up`). Other HTTP errors (4xx:
-    Alertmanager refused the alerts) are logged and not retried. ``timeout``: seconds
-    for one post."""
+    sending). ``queue_size``: notifications waiting to be sent at most; when it is
+    full the oldest firing one goes (:attr:`dropped`; it is sent again at the next
+    resend), a resolved one only when none firing is left to drop. A failed post (no
+    connection, a timeout, an HTTP 5xx or 429) is tried again after ``backoff * 2**n``
+    seconds (at most ``max_backoff``) times a random factor from 0.8 to 1.2, up to
+    ``max_tries`` tries; then the batch is given up and logged (:attr:`given_up`): its
+    firing alerts go again at the next resend as always, and so do its resolves, until
+    Alertmanager would have resolved them by itself (``4 * resend`` after they were
+    given up). Other HTTP errors (4xx: Alertmanager refused the alerts) are logged and
+    not retried. ``timeout``: seconds for one post."""
 
     def __init__(
         self,
@@ -181,7 +184,16 @@ class AlertmanagerNotifier:
         self.max_tries = max_tries
         self.timeout = timeout
         self.generator_url = generator_url
-        self._queue: collections.deque[AlertInfo] = collections.deque(maxlen=queue_size)
+        if queue_size < 1:
+            raise ValueError(f"queue_size must be at least 1, got {queue_size!r}")
+        self.queue_size = queue_size
+        #: notifications waiting, by alert (label set), oldest first: firing ones and
+        #: resolved ones apart, so a full queue drops a firing one first (sent again
+        #: at the next resend) and keeps a resolve (said once)
+        self._firing_q: dict[tuple[tuple[str, str], ...], AlertInfo] = {}
+        self._resolved_q: dict[tuple[tuple[str, str], ...], AlertInfo] = {}
+        #: resolves given up, sent again at each resend until their monotonic deadline
+        self._owed: dict[tuple[tuple[str, str], ...], tuple[AlertInfo, float]] = {}
         self._wake: anyio.Event | None = None  #: made by run (it needs an event loop)
         #: firing alerts by label set: sent again every ``resend`` seconds
         self.firing: dict[tuple[tuple[str, str], ...], AlertInfo] = {}
@@ -201,19 +213,23 @@ class AlertmanagerNotifier:
             self.firing.pop(key, None)
         else:
             return  # pending: Alertmanager hears of an alert once it fires
+        self._owed.pop(key, None)  # a newer word on it
         self._put(alert)
+
+    def queued(self) -> list[AlertInfo]:
+        """The notifications waiting to be sent, firing ones first, each oldest first."""
+        return [*self._firing_q.values(), *self._resolved_q.values()]
 
     def _put(self, alert: AlertInfo) -> None:
         """Queue ``alert`` in place of any queued word on the same alert (so a resolve
-        never goes out before a stale firing)."""
+        never goes out before a stale firing); constant time whatever the queue holds."""
         key = _identity(alert)
-        if any(_identity(a) == key for a in self._queue):
-            kept = [a for a in self._queue if _identity(a) != key]
-            self._queue.clear()
-            self._queue.extend(kept)
-        elif len(self._queue) == self._queue.maxlen:
+        known = self._firing_q.pop(key, None) or self._resolved_q.pop(key, None)
+        if known is None and len(self._firing_q) + len(self._resolved_q) >= self.queue_size:
             self.dropped += 1
-        self._queue.append(alert)
+            oldest = self._firing_q or self._resolved_q
+            del oldest[next(iter(oldest))]
+        (self._resolved_q if alert.state == "resolved" else self._firing_q)[key] = alert
         if self._wake is not None:
             self._wake.set()
 
@@ -230,27 +246,54 @@ class AlertmanagerNotifier:
             task_status.started()
             next_resend = time.monotonic() + self.resend
             while True:
-                if not self._queue:
+                if not (self._firing_q or self._resolved_q):
                     with anyio.move_on_after(max(0.0, next_resend - time.monotonic())):
                         await wake.wait()
                 if time.monotonic() >= next_resend:
                     next_resend = time.monotonic() + self.resend
-                    queued = {_identity(a) for a in self._queue}
                     for key, alert in list(self.firing.items()):
-                        if key not in queued:
+                        if key not in self._firing_q and key not in self._resolved_q:
                             self._put(alert)
+                    self._pay_owed()
                 self._wake = wake = anyio.Event()
-                if self._queue:
-                    batch = list(self._queue)
-                    self._queue.clear()
+                batch = self.queued()
+                if batch:
+                    self._firing_q.clear()
+                    self._resolved_q.clear()
                     try:
-                        await self._send(session, batch)
+                        delivered = await self._send(session, batch)
                     except Exception as exc:  # the sender goes on: this batch is lost, said
+                        delivered = False
                         self.given_up += len(batch)
                         _log.error("Alertmanager notifier: alerts not delivered",
                                    url=self.url, alerts=len(batch), error=repr(exc))  # fmt: skip
+                    if not delivered:
+                        self._owe(batch)
 
-    async def _send(self, session: aiohttp.ClientSession, batch: list[AlertInfo]) -> None:
+    def _owe(self, batch: list[AlertInfo]) -> None:
+        """Keep the resolves of a batch given up, to send at the next resends (a firing
+        alert is sent again anyway while it fires)."""
+        until = time.monotonic() + 4 * self.resend  # then Alertmanager resolved it
+        for alert in batch:
+            if alert.state == "resolved":
+                key = _identity(alert)
+                self._owed[key] = (alert, self._owed.get(key, (alert, until))[1])
+        while len(self._owed) > self.queue_size:
+            del self._owed[next(iter(self._owed))]
+
+    def _pay_owed(self) -> None:
+        """Queue the resolves owed, but those whose alert fires again (that word is
+        newer) or whose time is up."""
+        owed, self._owed = self._owed, {}
+        now = time.monotonic()
+        for key, (alert, until) in owed.items():
+            if key not in self.firing and now < until:
+                self._owed[key] = (alert, until)  # kept until sent: see _owe
+                if key not in self._firing_q and key not in self._resolved_q:
+                    self._put(alert)
+
+    async def _send(self, session: aiohttp.ClientSession, batch: list[AlertInfo]) -> bool:
+        """Post ``batch``, retrying; False when it was given up."""
         for attempt in range(self.max_tries):
             now = time.time()
             body = [
@@ -260,12 +303,15 @@ class AlertmanagerNotifier:
                 for a in batch
             ]
             why = await self._post(session, body)
-            if why is None:
-                self.sent += len(batch)
-                return
-            if why.startswith("refused"):
-                _log.error("Alertmanager refused alerts", url=self.url, why=why, alerts=len(batch))
-                return
+            if why is None or why.startswith("refused"):
+                for alert in batch:
+                    self._owed.pop(_identity(alert), None)
+                if why is None:
+                    self.sent += len(batch)
+                else:  # not to be tried again
+                    _log.error("Alertmanager refused alerts", url=self.url, why=why,
+                               alerts=len(batch))  # fmt: skip
+                return True
             self.failures.append((time.monotonic(), why))
             if attempt + 1 < self.max_tries:
                 delay = min(self.max_backoff, self.backoff * 2**attempt)
@@ -281,6 +327,7 @@ class AlertmanagerNotifier:
             tries=self.max_tries,
             why=self.failures[-1][1] if self.failures else "",
         )
+        return False
 
     async def _post(self, session: aiohttp.ClientSession, body: list[dict[str, Any]]) -> str | None:
         """None when Alertmanager took the alerts; else why not (``refused ...``: do

@@ -8,6 +8,7 @@ Also the payload's shape and the alerting configuration's checks, without a serv
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import json
@@ -16,6 +17,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -97,12 +99,24 @@ def test_the_latest_word_on_an_alert_replaces_a_queued_one() -> None:
     notifier.notify(AlertInfo("A", "pending", labels=labels))  # not sent: pending
     notifier.notify(firing)
     notifier.notify(dataclasses.replace(firing, state="resolved", resolved_at=2.0))
-    assert [a.state for a in notifier._queue] == ["resolved"]  # never after a stale firing
+    assert [a.state for a in notifier.queued()] == ["resolved"]  # never after a stale firing
     assert notifier.firing == {}
-    for pool in ("q", "r", "s"):  # a full queue drops its oldest, counted
+    for pool in ("q", "r", "s"):  # a full queue drops its oldest firing one, counted
         notifier.notify(AlertInfo("A", "firing", labels={**labels, "pool": pool}))
-    assert [a.labels["pool"] for a in notifier._queue] == ["r", "s"]
-    assert notifier.dropped == 2
+    # The resolve stays (said once); the firing ones dropped go again at the next
+    # resend (notifier.firing keeps them).
+    assert [(a.labels["pool"], a.state) for a in notifier.queued()] == [
+        ("s", "firing"),
+        ("p", "resolved"),
+    ]
+    assert notifier.dropped == 2 and sorted(k[-1][1] for k in notifier.firing) == ["q", "r", "s"]
+    # Only resolves queued: the oldest goes.
+    only = AlertmanagerNotifier("http://127.0.0.1:9", queue_size=2)
+    for pool in ("q", "r", "s"):
+        only.notify(AlertInfo("A", "resolved", labels={**labels, "pool": pool}))
+    assert [a.labels["pool"] for a in only.queued()] == ["r", "s"] and only.dropped == 1
+    with pytest.raises(ValueError, match="queue_size"):
+        AlertmanagerNotifier("http://127.0.0.1:9", queue_size=0)
 
 
 def test_alerting_settings_are_checked() -> None:
@@ -252,6 +266,23 @@ async def test_the_notifier_backs_off_while_alertmanager_is_down(tmp_path: Path)
             tg.cancel_scope.cancel()
 
 
+@contextlib.asynccontextmanager
+async def stub_alertmanager(handle: Any) -> AsyncIterator[str]:
+    """An HTTP server on 127.0.0.1 whose ``POST /api/v2/alerts`` is ``handle``: its
+    base URL, while the block runs."""
+    from aiohttp import web
+
+    app = web.Application()
+    app.router.add_post("/api/v2/alerts", handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()
+
+
 @pytest.mark.slow
 async def test_a_reply_that_is_not_utf8_is_a_failure_and_the_sender_goes_on() -> None:
     """A proxy in front of Alertmanager answers 502 with a Latin-1 page: that try
@@ -268,16 +299,9 @@ async def test_a_reply_that_is_not_utf8_is_a_failure_and_the_sender_goes_on() ->
             return web.Response(status=502, body=page, headers={"Content-Type": "text/html"})
         return web.Response(status=200)
 
-    app = web.Application()
-    app.router.add_post("/api/v2/alerts", handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    try:
+    async with stub_alertmanager(handle) as url:
         with anyio.fail_after(LIMIT):
-            notifier = AlertmanagerNotifier(f"http://127.0.0.1:{port}", backoff=0.05)
+            notifier = AlertmanagerNotifier(url, backoff=0.05)
             async with anyio.create_task_group() as tg:
                 await tg.start(notifier.run)
                 labels = {"alertname": "R", "pool": "cpu"}
@@ -290,8 +314,37 @@ async def test_a_reply_that_is_not_utf8_is_a_failure_and_the_sender_goes_on() ->
                 await wait_until(lambda: notifier.sent == 2, "the resolve delivered")
                 assert len(bodies) == 4 and bodies[-1][0]["endsAt"] == rfc3339(2.0)
                 tg.cancel_scope.cancel()
-    finally:
-        await runner.cleanup()
+
+
+async def test_a_resolve_given_up_is_sent_again_at_the_next_resend() -> None:
+    """Alertmanager is down while an alert fires and resolves: both posts are given up.
+    Once it is back, the next resend delivers the resolve, so the alert does not stay
+    firing there until its endsAt. Before, a resolve given up was never sent again."""
+    from aiohttp import web
+
+    bodies: list[Any] = []
+    up = anyio.Event()
+
+    async def handle(request: web.Request) -> web.Response:
+        bodies.append(await request.json())
+        return web.Response(status=200 if up.is_set() else 503)
+
+    async with stub_alertmanager(handle) as url:
+        with anyio.fail_after(LIMIT):
+            notifier = AlertmanagerNotifier(url, resend=0.5, max_tries=1)
+            async with anyio.create_task_group() as tg:
+                await tg.start(notifier.run)
+                labels = {"alertname": "R", "pool": "cpu"}
+                firing = AlertInfo("R", "firing", labels=labels, fired_at=1.0)
+                notifier.notify(firing)
+                await wait_until(lambda: notifier.given_up == 1, "the firing given up")
+                notifier.notify(dataclasses.replace(firing, state="resolved", resolved_at=2.0))
+                await wait_until(lambda: notifier.given_up == 2, "the resolve given up")
+                up.set()
+                await wait_until(lambda: notifier.sent == 1, "the resolve delivered")
+                assert bodies[-1] == [bodies[1][0]]  # the same resolve, sent again
+                assert bodies[-1][0]["endsAt"] == rfc3339(2.0)
+                tg.cancel_scope.cancel()
 
 
 async def test_an_alertmanager_that_never_answers_does_not_hold_up_the_monitor() -> None:
