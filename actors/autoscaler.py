@@ -63,6 +63,7 @@ from runtime.messages import (
     ScaleRequest,
     SetPolicyRequest,
     StatusRequest,
+    StoryRequest,
     UpcomingRequest,
     WorkerGone,
     message,
@@ -347,9 +348,29 @@ class Autoscaler(Actor):
     async def block_ended(self, msg: _BlockEnded) -> None:
         block: Block = msg.block
         bid = msg.bid or block.block_id
-        if bid in self.state.blocks:
+        drained = False
+        b = self.state.blocks.get(bid)
+        if b is not None:
             block.state = BlockState(msg.state)
-        await self._handle(BlockEnded(self.clock.now(), bid, msg.state))
+            if msg.state == "completed" and not (b.sched_drained or b.retiring):
+                drained = await self._drained_by_scheduler(b.workers)
+        await self._handle(BlockEnded(self.clock.now(), bid, msg.state, drained))
+
+    async def _drained_by_scheduler(self, workers: tuple[str, ...]) -> bool:
+        """Whether the scheduler drained one of ``workers`` (before a walltime, an
+        operator's drain), as their stories say: an idle worker is drained, retired
+        and gone within a tick, so no count may have shown it. False if the scheduler
+        does not answer within a tick."""
+        if not workers:
+            return False
+        try:
+            story = await self.scheduler.ask(StoryRequest(tuple(workers)), timeout=self.tick)
+        except (ActorStopped, AskTimeout):
+            return False
+        return any(
+            isinstance(e, (list, tuple)) and len(e) > 2 and str(e[2]).startswith("draining")
+            for e in story or ()
+        )
 
     @handles(_Answered)
     async def answered(self, msg: _Answered) -> None:

@@ -184,10 +184,13 @@ class BlockStartFailed(Event):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class BlockEnded(Event):
-    """The provider says ``block`` reached the final ``state``."""
+    """The provider says ``block`` reached the final ``state``. ``drained``: the
+    scheduler had drained a worker of it (its story says so), though no count showed
+    it (an idle worker drained, retired and gone between two ticks)."""
 
     block: str
     state: str
+    drained: bool = False
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -580,6 +583,7 @@ class AutoscalerState:
         if b is None:
             return  # stopped on purpose (BlockStopped came first) or unknown
         self.ended += 1
+        b.sched_drained = b.sched_drained or ev.drained
         if b.retiring or self.closing:
             # Scaled in, or leaving: its place was given up already, so its end is
             # not replaced and spends nothing; the cause says how it went.

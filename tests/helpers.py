@@ -118,6 +118,11 @@ def autoscalers_made(
     return made
 
 
+async def no_ticks(self: Any) -> None:
+    """In place of ``Autoscaler._ticks`` (monkeypatched): the autoscaler reads no count
+    of the scheduler by itself; a test ticks it when it chooses (``_Tick``), or never."""
+
+
 async def worker_statuses(cluster: Any) -> list[Any]:
     """Each live worker's ``WorkerStatus`` (what it stores), asked of the worker itself
     (an embedded ``Cluster``'s in-process workers)."""

@@ -20,7 +20,7 @@ from actors.autoscaler import _Tick
 from runtime import Cluster
 from runtime.errors import AskTimeout, UnknownPolicyError
 from runtime.messages import DrainRequest, PolicyInfo
-from tests.helpers import autoscalers_made, wait_until
+from tests.helpers import autoscalers_made, no_ticks, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -145,10 +145,6 @@ async def test_scale_in_judges_idle_blocks_by_the_counts_now_not_the_last_ticks(
                 assert list((await cluster.status())["autoscaler"]["blocks"]) == [busy.block_id]
     finally:
         task.open()
-
-
-async def no_ticks(self: Any) -> None:
-    """In place of the autoscaler's ticks: the test ticks it when it chooses."""
 
 
 async def test_a_drain_the_scheduler_does_not_answer_in_time_is_asked_again(

@@ -137,6 +137,21 @@ def test_walltime_ends_are_free_and_say_walltime() -> None:
     assert list(s.replacements) == [] and s.gave_up == set()
 
 
+def test_a_drain_no_count_showed_is_told_with_the_end() -> None:
+    """An idle worker drained before its walltime is retired and gone between two
+    ticks: the shell finds the drain in its story and says so with the end, which is
+    then ``walltime``, free, and replaced as usual."""
+    s = make(max_replacements=0)
+    limits = PoolLimits(min_blocks=1, max_blocks=1, init_blocks=1, walltime=180.0)
+    run(s, TargetSet(0.0, "ckpt", 1, SPEC, limits))
+    bid = one_block(s, 1.0, 1)
+    assert run(s, BlockEnded(170.0, bid, "completed", drained=True)) == [
+        ReportGone(bid, ("w-1",), "walltime", "completed"),
+        StartBlock(2, "ckpt", SPEC),
+    ]
+    assert list(s.replacements) == [] and s.gave_up == set()
+
+
 def test_a_block_leaves_the_count_only_once_every_worker_of_it_is_drained() -> None:
     """A block of two workers: one drained by the scheduler still leaves one at work,
     so it counts; both drained, it no longer does and its replacement is asked for at

@@ -22,11 +22,12 @@ from typing import Any
 import anyio
 import pytest
 
+from actors.autoscaler import Autoscaler
 from actors.providers import BlockState
 from runtime import Cluster
 from runtime.messages import DrainRequest
 from runtime.node import serve_gateway
-from tests.helpers import autoscalers_made, wait_until
+from tests.helpers import autoscalers_made, no_ticks, wait_until
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
@@ -141,6 +142,30 @@ async def test_a_block_whose_worker_the_scheduler_drained_ends_free(
             auto = (await cluster.status())["autoscaler"]
             assert auto["budget_spent"] == 0
             await cluster.wait_for_workers(2, timeout=60)  # replaced: the target is 2
+
+
+async def test_an_idle_worker_drained_between_two_ticks_ends_free(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The scheduler drains an idle worker process: it is retired and exits at once,
+    and its block ends before any count of the autoscaler could show the drain (its
+    ticks are off here, so none does). The autoscaler reads the drain in the worker's
+    story: the end is ``drained``, free. Before, it was ``unknown`` and spent the
+    replacement budget: with a walltime, every idle worker reaching it did, and a
+    pool whose blocks all started together gave up."""
+    monkeypatch.setattr(Autoscaler, "_ticks", no_ticks)
+    with anyio.fail_after(LIMIT):
+        async with Cluster(processes=2) as cluster:
+            await cluster.wait_for_workers(2, timeout=60)
+            await cluster._plane.refs["scheduler"].ask(DrainRequest("worker-2"))
+
+            async def ended() -> dict[str, Any] | None:
+                auto = (await cluster.status())["autoscaler"]
+                return next((e for e in auto["ends"] if e["block"] == "block-2"), None)
+
+            end = await wait_until(ended, "block-2 ended", limit=GATE)
+            assert (end["state"], end["cause"], end["charged"]) == ("completed", "drained", False)
+            assert (await cluster.status())["autoscaler"]["budget_spent"] == 0
 
 
 async def test_a_killed_worker_process_is_lost_at_once_not_after_the_grace() -> None:
