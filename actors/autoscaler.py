@@ -15,7 +15,7 @@ import contextlib
 import dataclasses
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -98,6 +98,24 @@ class _Answered(Message):
 @message(local=True)
 class _Tick(Message):
     """Autoscaler-internal: time passed."""
+
+
+def drained_since_joined(story: Iterable[Any], retired: bool = False) -> bool:
+    """Whether, in the scheduler's ``story`` of some workers (``(key, start, finish,
+    stimulus, time)`` entries, oldest first), one of them was drained since it last
+    joined (``retired``: retired, told to stop); what came before a worker's latest
+    join (an earlier run of a requeued block, under the same id) does not count."""
+    since: dict[str, list[str]] = {}
+    for e in story:
+        if not isinstance(e, (list, tuple)) or len(e) < 3:
+            continue
+        if (e[1], e[2]) == ("-", "joined"):
+            since[str(e[0])] = []
+        else:
+            since.setdefault(str(e[0]), []).append(str(e[2]))
+    if retired:
+        return any("retired" in seen for seen in since.values())
+    return any(s.startswith("draining") for seen in since.values() for s in seen)
 
 
 @dataclasses.dataclass(slots=True)
@@ -352,25 +370,27 @@ class Autoscaler(Actor):
         b = self.state.blocks.get(bid)
         if b is not None:
             block.state = BlockState(msg.state)
-            if msg.state == "completed" and not (b.sched_drained or b.retiring):
-                drained = await self._drained_by_scheduler(b.workers)
+            if msg.state in ("completed", "failed") and not (b.sched_drained or b.retiring):
+                # A failed end is the drain's only if the scheduler retired the worker
+                # (told it to stop: an in-process worker's block then reads failed);
+                # one that failed while draining, before that, crashed.
+                drained = await self._drained_by_scheduler(b.workers, msg.state == "failed")
         await self._handle(BlockEnded(self.clock.now(), bid, msg.state, drained))
 
-    async def _drained_by_scheduler(self, workers: tuple[str, ...]) -> bool:
-        """Whether the scheduler drained one of ``workers`` (before a walltime, an
-        operator's drain), as their stories say: an idle worker is drained, retired
-        and gone within a tick, so no count may have shown it. False if the scheduler
-        does not answer within a tick."""
+    async def _drained_by_scheduler(self, workers: tuple[str, ...], retired: bool) -> bool:
+        """Whether the scheduler drained (``retired``: and retired) one of ``workers``
+        since it last joined (before a walltime, an operator's drain), as their stories
+        say: an idle worker is drained, retired and gone within a tick, so no count may
+        have shown it. A drain of an earlier run of the block (Slurm requeues it under
+        the same worker ids) does not count. False if the scheduler does not answer
+        within a tick."""
         if not workers:
             return False
         try:
             story = await self.scheduler.ask(StoryRequest(tuple(workers)), timeout=self.tick)
         except (ActorStopped, AskTimeout):
             return False
-        return any(
-            isinstance(e, (list, tuple)) and len(e) > 2 and str(e[2]).startswith("draining")
-            for e in story or ()
-        )
+        return drained_since_joined(story or (), retired)
 
     @handles(_Answered)
     async def answered(self, msg: _Answered) -> None:
@@ -478,7 +498,7 @@ class Autoscaler(Actor):
             return self.state.counts()
         spec = ps.spec if ps is not None else BlockSpec(pool=msg.pool)
         events: list[Event] = []
-        if ps is not None and msg.n < len(self.state.live(msg.pool)):
+        if ps is not None and msg.n < self.state.counts().get(msg.pool, 0):
             # Scaling in picks idle blocks first: judge them by the counts now, not
             # by the last tick's (a block idle then may have taken tasks since).
             seen = await self._queues_seen(self.clock.now())

@@ -186,7 +186,8 @@ class BlockStartFailed(Event):
 class BlockEnded(Event):
     """The provider says ``block`` reached the final ``state``. ``drained``: the
     scheduler had drained a worker of it (its story says so), though no count showed
-    it (an idle worker drained, retired and gone between two ticks)."""
+    it (an idle worker drained, retired and gone between two ticks); with ``state``
+    ``failed``: it retired the worker (told it to stop), so the end is the drain's."""
 
     block: str
     state: str
@@ -598,7 +599,8 @@ class AutoscalerState:
                 cause = "drained"
             self._ended(b, ev.state, cause, False)
             return
-        cause, charged = self._cause(b, ev.state)
+        drain_end = ev.drained and ev.state in ("completed", "failed")
+        cause, charged = self._cause(b, "completed" if drain_end else ev.state)
         self._ended(b, ev.state, cause, charged)
         if charged:
             self._unasked_end(b.pool)

@@ -118,6 +118,18 @@ def autoscalers_made(
     return made
 
 
+async def block_end(cluster: Any, block: str, *, limit: float) -> dict[str, Any]:
+    """The autoscaler's record of ``block``'s end (``status()["autoscaler"]["ends"]``),
+    once there (an ``AssertionError`` after ``limit`` seconds)."""
+
+    async def ended() -> dict[str, Any] | None:
+        auto = (await cluster.status())["autoscaler"]
+        return next((e for e in auto["ends"] if e["block"] == block), None)
+
+    end: dict[str, Any] = await wait_until(ended, f"{block} ended", limit=limit)
+    return end
+
+
 async def no_ticks(self: Any) -> None:
     """In place of ``Autoscaler._ticks`` (monkeypatched): the autoscaler reads no count
     of the scheduler by itself; a test ticks it when it chooses (``_Tick``), or never."""

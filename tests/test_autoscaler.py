@@ -20,7 +20,7 @@ from actors.autoscaler import _Tick
 from runtime import Cluster
 from runtime.errors import AskTimeout, UnknownPolicyError
 from runtime.messages import DrainRequest, PolicyInfo
-from tests.helpers import autoscalers_made, no_ticks, wait_until
+from tests.helpers import autoscalers_made, block_end, no_ticks, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -145,6 +145,27 @@ async def test_scale_in_judges_idle_blocks_by_the_counts_now_not_the_last_ticks(
                 assert list((await cluster.status())["autoscaler"]["blocks"]) == [busy.block_id]
     finally:
         task.open()
+
+
+async def test_an_idle_in_process_worker_drained_ends_free() -> None:
+    """An operator drains an idle worker of an embedded cluster: the scheduler retires
+    it at once and its block reads ``failed`` (an in-process worker's block does once
+    its actor stopped). The worker's story says the scheduler retired it, so the end is
+    ``drained``, free, and the block is replaced. Before, it was a crash and spent the
+    replacement budget."""
+    with anyio.fail_after(BOUND):
+        async with Cluster(workers=2) as cluster:
+            await cluster.wait_for_workers(2)
+            await cluster._plane.refs["scheduler"].ask(DrainRequest("worker-2"))
+
+            end = await block_end(cluster, "block-2", limit=BOUND)
+            assert (end["state"], end["cause"], end["charged"]) == ("failed", "drained", False)
+            assert (await cluster.status())["autoscaler"]["budget_spent"] == 0
+            await wait_until(
+                lambda: "worker-3" in cluster.scheduler_state.workers,
+                "the replacement",
+                limit=BOUND,
+            )
 
 
 async def test_a_drain_the_scheduler_does_not_answer_in_time_is_asked_again(

@@ -17,7 +17,7 @@ from typing import Any
 import anyio
 import pytest
 
-from actors.autoscaler import PoolTarget
+from actors.autoscaler import PoolTarget, drained_since_joined
 from actors.autoscaler_state import (
     AutoscalerConfig,
     AutoscalerState,
@@ -39,6 +39,8 @@ from actors.autoscaler_state import (
     Tick,
 )
 from actors.providers import Block, BlockSpec, InProcessProvider
+from actors.scheduler_events import WorkerDraining, WorkerJoined, WorkerLeaving, WorkerLeft
+from actors.scheduler_state import SchedulerState
 from policies.scaling import PoolLimits
 from runtime.kernel import ActorSystem
 from runtime.messages import AutoscalerStatus, StatusRequest
@@ -150,6 +152,29 @@ def test_a_drain_no_count_showed_is_told_with_the_end() -> None:
         StartBlock(2, "ckpt", SPEC),
     ]
     assert list(s.replacements) == [] and s.gave_up == set()
+
+
+def test_a_drain_counts_from_the_workers_latest_join_in_their_story() -> None:
+    """The shell tells a drain no count showed from the scheduler's story (a real
+    ``SchedulerState``'s): a drain of a block's earlier run, whose workers joined again
+    under the same ids after a requeue, is not this run's; a failed end is the drain's
+    only once the worker was retired."""
+    sch = SchedulerState()
+    w = ("w.0", "w.1")
+    sch.handle(WorkerJoined("s1", 1.0, "w.0", 1, 0), WorkerJoined("s2", 1.0, "w.1", 1, 0))
+    assert not drained_since_joined(sch.story(*w))
+    sch.handle(WorkerDraining("s3", 2.0, "w.0"))  # idle: retired at once
+    assert drained_since_joined(sch.story(*w))
+    assert drained_since_joined(sch.story(*w), retired=True)
+    sch.handle(WorkerLeft("s4", 3.0, "w.0", "drained"))
+    sch.handle(
+        WorkerLeaving("s5", 4.0, "w.1", "preempted"), WorkerLeft("s6", 5.0, "w.1", "preempted")
+    )
+    assert drained_since_joined(sch.story(*w))
+    # The block is requeued; its second run's workers join under the same ids.
+    sch.handle(WorkerJoined("s7", 10.0, "w.0", 1, 0), WorkerJoined("s8", 10.0, "w.1", 1, 0))
+    assert not drained_since_joined(sch.story(*w))
+    assert not drained_since_joined(sch.story(*w), retired=True)
 
 
 def test_a_block_leaves_the_count_only_once_every_worker_of_it_is_drained() -> None:

@@ -27,7 +27,7 @@ from actors.providers import BlockState
 from runtime import Cluster
 from runtime.messages import DrainRequest
 from runtime.node import serve_gateway
-from tests.helpers import autoscalers_made, no_ticks, wait_until
+from tests.helpers import autoscalers_made, block_end, no_ticks, wait_until
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
@@ -133,11 +133,7 @@ async def test_a_block_whose_worker_the_scheduler_drained_ends_free(
             gate.touch()
             assert await cluster.gather(futs) == [0, 1]
 
-            async def ended() -> dict[str, Any] | None:
-                auto = (await cluster.status())["autoscaler"]
-                return next((e for e in auto["ends"] if e["block"] == "block-2"), None)
-
-            end = await wait_until(ended, "block-2 ended", limit=GATE)
+            end = await block_end(cluster, "block-2", limit=GATE)
             assert (end["state"], end["cause"], end["charged"]) == ("completed", "drained", False)
             auto = (await cluster.status())["autoscaler"]
             assert auto["budget_spent"] == 0
@@ -159,11 +155,7 @@ async def test_an_idle_worker_drained_between_two_ticks_ends_free(
             await cluster.wait_for_workers(2, timeout=60)
             await cluster._plane.refs["scheduler"].ask(DrainRequest("worker-2"))
 
-            async def ended() -> dict[str, Any] | None:
-                auto = (await cluster.status())["autoscaler"]
-                return next((e for e in auto["ends"] if e["block"] == "block-2"), None)
-
-            end = await wait_until(ended, "block-2 ended", limit=GATE)
+            end = await block_end(cluster, "block-2", limit=GATE)
             assert (end["state"], end["cause"], end["charged"]) == ("completed", "drained", False)
             assert (await cluster.status())["autoscaler"]["budget_spent"] == 0
 
