@@ -154,7 +154,8 @@ class AlertmanagerNotifier:
     ``4 * resend`` ahead, so Alertmanager resolves it by itself if Corral stops
     sending). ``queue_size``: notifications waiting to be sent at most; when it is
     full the oldest firing one goes (:attr:`dropped`; it is sent again at the next
-    resend), a resolved one only when none firing is left to drop. A failed post (no
+    resend); with only resolves queued, a new firing one waits for the resend and a
+    new resolve puts the oldest off to the resend. A failed post (no
     connection, a timeout, an HTTP 5xx or 429) is tried again after ``backoff * 2**n``
     seconds (at most ``max_backoff``) times a random factor from 0.8 to 1.2, up to
     ``max_tries`` tries; then the batch is given up and logged (:attr:`given_up`): its
@@ -227,8 +228,13 @@ class AlertmanagerNotifier:
         known = self._firing_q.pop(key, None) or self._resolved_q.pop(key, None)
         if known is None and len(self._firing_q) + len(self._resolved_q) >= self.queue_size:
             self.dropped += 1
-            oldest = self._firing_q or self._resolved_q
-            del oldest[next(iter(oldest))]
+            if self._firing_q:  # the oldest firing word goes: it is sent at the resend
+                del self._firing_q[next(iter(self._firing_q))]
+            elif alert.state != "resolved":
+                return  # only resolves queued: this firing one waits for the resend
+            else:  # the oldest resolve waits for the resend
+                oldest = next(iter(self._resolved_q))
+                self._owe([self._resolved_q.pop(oldest)])
         (self._resolved_q if alert.state == "resolved" else self._firing_q)[key] = alert
         if self._wake is not None:
             self._wake.set()
@@ -261,14 +267,12 @@ class AlertmanagerNotifier:
                     self._firing_q.clear()
                     self._resolved_q.clear()
                     try:
-                        delivered = await self._send(session, batch)
+                        if not await self._send(session, batch):
+                            self._owe(batch)  # given up after failed posts
                     except Exception as exc:  # the sender goes on: this batch is lost, said
-                        delivered = False
                         self.given_up += len(batch)
                         _log.error("Alertmanager notifier: alerts not delivered",
                                    url=self.url, alerts=len(batch), error=repr(exc))  # fmt: skip
-                    if not delivered:
-                        self._owe(batch)
 
     def _owe(self, batch: list[AlertInfo]) -> None:
         """Keep the resolves of a batch given up, to send at the next resends (a firing
@@ -293,15 +297,26 @@ class AlertmanagerNotifier:
                     self._put(alert)
 
     async def _send(self, session: aiohttp.ClientSession, batch: list[AlertInfo]) -> bool:
-        """Post ``batch``, retrying; False when it was given up."""
+        """Post ``batch``, retrying; False when it was given up. An alert that cannot
+        be put in Alertmanager's shape is left out (logged, given up), not the batch."""
         for attempt in range(self.max_tries):
             now = time.time()
-            body = [
-                alertmanager_payload(
-                    a, now=now, ends_in=4 * self.resend, generator_url=self.generator_url
-                )
-                for a in batch
-            ]
+            body, kept = [], []
+            for a in batch:
+                try:
+                    body.append(alertmanager_payload(
+                        a, now=now, ends_in=4 * self.resend, generator_url=self.generator_url
+                    ))  # fmt: skip
+                except (ValueError, OverflowError, OSError, TypeError) as exc:
+                    self.given_up += 1
+                    self._owed.pop(_identity(a), None)
+                    _log.error("Alertmanager notifier: an alert left out", alert=a.name,
+                               labels=dict(a.labels), error=repr(exc))  # fmt: skip
+                else:
+                    kept.append(a)
+            batch = kept
+            if not batch:
+                return True
             why = await self._post(session, body)
             if why is None or why.startswith("refused"):
                 for alert in batch:

@@ -110,11 +110,17 @@ def test_the_latest_word_on_an_alert_replaces_a_queued_one() -> None:
         ("p", "resolved"),
     ]
     assert notifier.dropped == 2 and sorted(k[-1][1] for k in notifier.firing) == ["q", "r", "s"]
-    # Only resolves queued: the oldest goes.
+    # Only resolves queued: a new firing word waits for the resend (it fires: it is
+    # in notifier.firing); a new resolve puts the oldest off to the resend, not lost.
     only = AlertmanagerNotifier("http://127.0.0.1:9", queue_size=2)
-    for pool in ("q", "r", "s"):
+    for pool in ("q", "r"):
         only.notify(AlertInfo("A", "resolved", labels={**labels, "pool": pool}))
-    assert [a.labels["pool"] for a in only.queued()] == ["r", "s"] and only.dropped == 1
+    only.notify(AlertInfo("A", "firing", labels={**labels, "pool": "t"}))
+    assert [a.labels["pool"] for a in only.queued()] == ["q", "r"] and only.dropped == 1
+    assert [k[-1][1] for k in only.firing] == ["t"]
+    only.notify(AlertInfo("A", "resolved", labels={**labels, "pool": "s"}))
+    assert [a.labels["pool"] for a in only.queued()] == ["r", "s"] and only.dropped == 2
+    assert [a.labels["pool"] for a, _ in only._owed.values()] == ["q"]
     with pytest.raises(ValueError, match="queue_size"):
         AlertmanagerNotifier("http://127.0.0.1:9", queue_size=0)
 
@@ -345,6 +351,33 @@ async def test_a_resolve_given_up_is_sent_again_at_the_next_resend() -> None:
                 assert bodies[-1] == [bodies[1][0]]  # the same resolve, sent again
                 assert bodies[-1][0]["endsAt"] == rfc3339(2.0)
                 tg.cancel_scope.cancel()
+
+
+async def test_an_alert_that_cannot_be_sent_is_left_out_not_its_batch() -> None:
+    """A resolve whose time cannot be written (year 3e12) is left out of the post,
+    counted and logged; the other alerts of the batch are delivered, and it is not
+    tried again at the resends. Before, the whole batch was lost with it."""
+    from aiohttp import web
+
+    bodies: list[Any] = []
+
+    async def handle(request: web.Request) -> web.Response:
+        bodies.append(await request.json())
+        return web.Response(status=200)
+
+    async with stub_alertmanager(handle) as url:
+        with anyio.fail_after(LIMIT):
+            notifier = AlertmanagerNotifier(url, resend=0.2)
+            bad = AlertInfo("B", "resolved", labels={"alertname": "B"}, resolved_at=1e20)
+            good = AlertInfo("G", "firing", labels={"alertname": "G"}, fired_at=1.0)
+            notifier.notify(bad)
+            notifier.notify(good)
+            async with anyio.create_task_group() as tg:
+                await tg.start(notifier.run)
+                await wait_until(lambda: notifier.sent >= 3, "the good alert and 2 resends")
+                tg.cancel_scope.cancel()
+            assert notifier.given_up == 1
+            assert {a["labels"]["alertname"] for body in bodies for a in body} == {"G"}
 
 
 async def test_an_alertmanager_that_never_answers_does_not_hold_up_the_monitor() -> None:
