@@ -153,6 +153,9 @@ class _CheckpointCopied(Message):
 #: bounded part by part by the worker's ``fetch_timeout``: this is a backstop, which a
 #: large copy on a slow link must not hit)
 REPLICATE_TIMEOUT = 600.0
+#: task categories the metrics label by name; later ones count under OTHER_CATEGORY
+MAX_METRIC_CATEGORIES = 500
+OTHER_CATEGORY = "(other)"
 COPY_RATE_FLOOR = 10 * 2**20
 
 
@@ -197,6 +200,11 @@ class Scheduler(Actor):
         self.infos: dict[str, WorkerInfo] = {}
         self.rss: dict[str, int] = {}  #: worker id -> its RSS after its latest task
         self.memory: dict[str, WorkerMemoryReport] = {}  #: worker id -> latest report
+        #: pool -> bytes its workers ever spilled, those gone included (a counter: a
+        #: worker that leaves keeps its share; one whose count starts again adds it)
+        self.spilled: dict[str, int] = {}
+        #: the categories the metrics label by name (see _metric_category)
+        self._metric_labels: set[str] = set()
         self._worker_waiters: list[tuple[int, anyio.Event]] = []
 
     async def on_start(self) -> None:
@@ -409,6 +417,12 @@ class Scheduler(Actor):
     def worker_memory(self, msg: WorkerMemoryReport) -> None:
         if msg.worker_id not in self.workers:
             return
+        before = self.memory.get(msg.worker_id)
+        grown = msg.spilled_total - (before.spilled_total if before is not None else 0)
+        ws = self.state.workers.get(msg.worker_id)
+        if ws is not None:  # a count lower than before started again: all of it is new
+            added = grown if grown >= 0 else msg.spilled_total
+            self.spilled[ws.pool] = self.spilled.get(ws.pool, 0) + added
         self.memory[msg.worker_id] = msg
         self.rss[msg.worker_id] = msg.rss
         # Disk used, as placement counts it: what the worker says is no longer free.
@@ -509,6 +523,18 @@ class Scheduler(Actor):
         sets: a bounded look at them, never a scan of every task)."""
         return self.state.upcoming(self.clock.now(), max(int(msg.most), 0))
 
+    def _metric_category(self, category: str) -> str:
+        """The label ``category`` has in the metrics: itself for the first
+        ``MAX_METRIC_CATEGORIES`` categories seen, ``"(other)"`` for the rest (keys that
+        make a category per task, ``part_0``, ``part_1``, ..., would make the series
+        grow without bound). Once given, a label stays: every counter only grows."""
+        if category in self._metric_labels:
+            return category
+        if len(self._metric_labels) < MAX_METRIC_CATEGORIES:
+            self._metric_labels.add(category)
+            return category
+        return OTHER_CATEGORY  # the set is full for good: the rest stay here
+
     @handles(MetricsRequest)
     def metrics(self, msg: MetricsRequest) -> dict[str, Any]:
         """The scheduler's fields of a ``MetricsReply``: from the core's counters, its
@@ -523,19 +549,26 @@ class Scheduler(Actor):
             m = pools[ws.pool]  # pool_metrics has every worker's pool
             m["memory_bytes"] = m.get("memory_bytes", 0) + report.memory_bytes
             m["spilled_bytes"] = m.get("spilled_bytes", 0) + report.spilled_bytes
-            m["spilled_total"] = m.get("spilled_total", 0) + report.spilled_total
+        for pool, total in self.spilled.items():
+            if pool in pools:
+                pools[pool]["spilled_total"] = total
+        categories: dict[str, CategoryMetrics] = {}
+        for c, s in st.stats.items():
+            name = self._metric_category(c)
+            was = categories.get(name) or CategoryMetrics()
+            categories[name] = CategoryMetrics(
+                was.finished + s.count, was.duration_sum + s.total_duration,
+                was.output_bytes + s.total_nbytes, was.input_bytes + s.consumed_nbytes,
+                max(was.peak_rss, s.peak_rss),
+            )  # fmt: skip
+        failures: dict[tuple[str, str, str], int] = {}
+        for (c, outcome, cause), n in st.failures.items():
+            key = (self._metric_category(c), outcome, cause)
+            failures[key] = failures.get(key, 0) + n
         out: dict[str, Any] = {
             "pools": {p: PoolMetrics(**m) for p, m in pools.items()},
-            "categories": {
-                c: CategoryMetrics(
-                    s.count, s.total_duration, s.total_nbytes, s.consumed_nbytes, s.peak_rss
-                )
-                for c, s in st.stats.items()
-            },
-            "failures": tuple(
-                FailureCount(c, outcome, cause, n)
-                for (c, outcome, cause), n in sorted(st.failures.items())
-            ),
+            "categories": categories,
+            "failures": tuple(FailureCount(*key, n) for key, n in sorted(failures.items())),
             "tasks_by_state": st.by_state,
             "tasks_created": st.created,
             "workers": len(st.workers),

@@ -23,7 +23,9 @@ from runtime.messages import (
     CategoryMetrics,
     FailureCount,
     MetricsReply,
+    MetricsRequest,
     PoolMetrics,
+    WorkerMemoryReport,
 )
 from runtime.metrics import render
 from tests.helpers import (
@@ -331,3 +333,99 @@ async def test_a_scrape_the_scheduler_cannot_answer_in_time_is_a_503_that_says_w
         assert (status, body.encode()) == (503, UNAVAILABLE)
     finally:
         await runner.cleanup()
+
+
+def scraped(text: str, name: str) -> dict[str, float]:
+    """The samples of metric ``name`` in an exposition ``text``, by their pool label."""
+    return {
+        s.labels.get("pool", ""): s.value
+        for fam in text_string_to_metric_families(text)
+        if fam.name == name
+        for s in fam.samples
+    }
+
+
+@pytest.mark.anyio
+async def test_the_spilled_bytes_counter_never_goes_down_when_workers_leave() -> None:
+    """Two workers report bytes spilled; one leaves, the other's count starts again
+    (its store restarted): ``corral_spilled_bytes_total`` keeps what was spilled.
+    Before, it was the sum of the current workers' reports: it fell by the leaver's
+    share (Prometheus' rate() reads that as a counter reset)."""
+    with anyio.fail_after(30):
+        async with Cluster(workers=2, pool="cpu") as c:
+            await c.wait_for_workers(2)
+
+            async def counter() -> float:
+                reply = await c._manager.ask(MetricsRequest())
+                return scraped(render(reply).decode(), "corral_spilled_bytes")["cpu"]
+
+            async def at(value: float) -> bool:
+                return await counter() == value
+
+            def report(worker: str, total: int) -> WorkerMemoryReport:
+                return WorkerMemoryReport(worker, False, 1 << 20, 1 << 30, 1 << 31,
+                                          spilled_total=total)  # fmt: skip
+
+            c._refs["scheduler"].post(report("worker-1", 1000))
+            c._refs["scheduler"].post(report("worker-2", 2000))
+            await wait_until(lambda: at(3000), "the reports", limit=10)
+            await c.scale(1)
+            await wait_until(
+                lambda: "worker-2" not in c.scheduler_state.workers, "worker-2 gone", limit=10
+            )
+            assert await counter() == 3000
+            c._refs["scheduler"].post(report("worker-1", 1500))
+            await wait_until(lambda: at(3500), "the growth counted", limit=10)
+            c._refs["scheduler"].post(report("worker-1", 200))  # started again from 0
+            await wait_until(lambda: at(3700), "the new count added", limit=10)
+
+
+def _twice(i: int) -> int:
+    if i == 5:
+        raise ValueError("five")
+    return 2 * i
+
+
+@pytest.mark.anyio
+async def test_categories_past_the_cap_count_under_other(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Keys that make a category per task (``part_0``, ``part_1``, ...): the first
+    ``MAX_METRIC_CATEGORIES`` are labelled by name, the rest count under ``(other)``,
+    failures too, so the series stay bounded. Before, each task added six series."""
+    import actors.scheduler
+
+    monkeypatch.setattr(actors.scheduler, "MAX_METRIC_CATEGORIES", 3)
+    with anyio.fail_after(30):
+        async with Cluster(workers=1) as c:
+            await c.wait_for_workers(1)
+            keys = [f"part_{i}" for i in range(6)]
+            futures = await c.submit_graph(
+                {k: (_twice, i) for i, k in enumerate(keys)}, keys, retries=0
+            )
+            for f in futures[:5]:
+                await f
+            with pytest.raises(ValueError, match="five"):
+                await futures[5]
+            text = render(await c._manager.ask(MetricsRequest())).decode()
+
+            def samples(name: str) -> list[tuple[dict[str, str], float]]:
+                return [
+                    (s.labels, s.value)
+                    for fam in text_string_to_metric_families(text)
+                    if fam.name == name
+                    for s in fam.samples
+                ]
+
+            finished = {labels["category"]: v for labels, v in samples("corral_tasks_finished")}
+            named = set(finished) - {"(other)"}
+            assert len(named) == 3 and named <= set(keys) and "(other)" in finished
+            assert sum(finished.values()) == 5
+            (failure,) = samples("corral_task_failures")
+            label = "part_5" if "part_5" in named else "(other)"
+            assert (failure[0]["category"], failure[0]["outcome"], failure[1]) == (
+                label,
+                "error",
+                1,
+            )
+            # A later scrape labels them the same way: each counter only grows.
+            again = render(await c._manager.ask(MetricsRequest())).decode()
+            assert again.count('category="(other)"') == text.count('category="(other)"')
