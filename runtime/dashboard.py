@@ -221,6 +221,8 @@ class DashboardFeed:
                 text = json.dumps(await self.snapshot(), separators=(",", ":"))
             except Exception as exc:  # the manager is stopping or busy: say so, go on
                 self.errors += 1
+                while isinstance(exc, ExceptionGroup) and exc.exceptions:  # the asks' group
+                    exc = exc.exceptions[0]
                 text = json.dumps({"error": f"no snapshot: {type(exc).__name__}: {exc}"})
             self.latest = text
             async with anyio.create_task_group() as tg:

@@ -561,3 +561,42 @@ def test_chromium_renders_alerts_from_an_alerts_reply(browser: Any, tmp_path: Pa
     assert "FIRING" in firing and "pool=cpu" in firing and "max_queue_size=7" in firing
     assert "dashboard: /" in firing
     assert queues == ["7 (2 held back)", "2"]  # cpu, then any pool (none held back)
+
+
+@pytest.mark.anyio
+async def test_a_page_is_told_why_there_is_no_snapshot() -> None:
+    """The manager does not answer in time: the page reads the real cause (the asks
+    run in a task group, whose ExceptionGroup said nothing of it before)."""
+    from runtime.dashboard import DashboardFeed, Sources
+    from runtime.errors import AskTimeout
+
+    async def metrics() -> MetricsReply:
+        raise AskTimeout("manager", "MetricsRequest", 10.0)
+
+    async def status() -> StatusReply:
+        return StatusReply()
+
+    async def alerts() -> AlertsReply:
+        return AlertsReply()
+
+    async def story(key: str) -> list[Any]:
+        return []
+
+    class Page:  # stands in for an open websocket
+        def __init__(self) -> None:
+            self.sent: list[str] = []
+
+        async def send_str(self, text: str) -> None:
+            self.sent.append(text)
+
+    page = Page()
+    feed = DashboardFeed(Sources(metrics, status, alerts, story), interval=0.05)
+    feed.pages.add(page)
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as tg:
+            await tg.start(feed.run)
+            await wait_until(lambda: page.sent, "a message to the page")
+            tg.cancel_scope.cancel()
+    error = json.loads(page.sent[0])["error"]
+    assert error.startswith("no snapshot: AskTimeout: "), error
+    assert "MetricsRequest" in error
