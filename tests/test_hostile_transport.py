@@ -29,7 +29,7 @@ from runtime import Cluster
 from runtime.codec import Frame, decode_batch, encode, encode_batch
 from runtime.messages import ErrorReply, Ping, StatusRequest
 from runtime.node import Hello
-from tests.helpers import Cli
+from tests.helpers import Cli, wait_until
 from transport.ws import SUBPROTOCOL, WINDOW_HEADER, WebSocketConnection, WebSocketListener
 
 pytestmark = pytest.mark.anyio
@@ -384,3 +384,42 @@ async def test_a_real_manager_closes_half_sent_requests_and_keeps_serving(
     assert len(closed_at) == n
     assert max(closed_at) < handshake_timeout + 5, max(closed_at)
     assert proc.poll() is None
+
+
+async def test_pages_being_served_are_not_counted_as_unfinished_handshakes() -> None:
+    """Three requests to a browser route that stay open (a dashboard page's feed) with
+    ``max_handshakes`` 2: they sent complete requests, so new connections (a client)
+    close none of them. Before, only the gateway's own upgrades were counted as
+    complete: each new connection closed the oldest open page."""
+    from aiohttp import web
+
+    release = anyio.Event()
+    serving: list[int] = []
+
+    async def page(request: web.Request, role: str) -> web.StreamResponse:
+        serving.append(1)
+        await release.wait()
+        return web.Response(text="done")
+
+    with anyio.fail_after(LIMIT):
+        async with await _listener(max_handshakes=2, web_routes={"/page": page}) as listener:
+            port = int(urlsplit(listener.address).port or 0)
+            url = f"http://127.0.0.1:{port}/page"
+            async with aiohttp.ClientSession() as session, anyio.create_task_group() as tg:
+                answers: list[int] = []
+
+                async def get() -> None:
+                    async with session.get(url) as resp:
+                        answers.append(resp.status)
+
+                for _ in range(3):
+                    tg.start_soon(get)
+                await wait_until(lambda: len(serving) == 3, "three pages served", limit=LIMIT)
+                assert listener.handshaking == 0
+                client = await transport.connect(listener.address, timeout=5)
+                async with client, await listener.accept() as server:
+                    await client.send(Frame(Ping(1)))
+                    assert (await server.receive()).msg == Ping(1)
+                assert listener.evicted == 0
+                release.set()
+            assert answers == [200, 200, 200]

@@ -68,6 +68,7 @@ SHA-256 digests, against every configured token.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import hashlib
 import hmac
@@ -77,7 +78,7 @@ import re
 import ssl
 import struct
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import Any, Final
 
 import aiohttp
@@ -1486,7 +1487,8 @@ class WebSocketListener(Listener):
         if transport is not None:
             self._browsing.add(transport)
         try:
-            return await self.web_routes[request.path](request, role)
+            with self._complete(request):  # an open dashboard page is no slowloris
+                return await self.web_routes[request.path](request, role)
         finally:
             self._browsing.discard(transport)
 
@@ -1500,18 +1502,27 @@ class WebSocketListener(Listener):
         if refusal is not None:
             return refusal
         route = self.http_routes[request.path]
-        status, body, content_type = await route(role)
+        with self._complete(request):
+            status, body, content_type = await route(role)
         return web.Response(status=status, body=body, headers={"Content-Type": content_type})
+
+    @contextlib.contextmanager
+    def _complete(self, request: web.Request) -> Iterator[None]:
+        """While ``request`` is served, its connection sent a complete HTTP request: it
+        does not count among the handshakes ``max_handshakes`` bounds (a slow or idle
+        client's), so an open dashboard page or a slow scrape is never closed for one."""
+        handler = request.protocol
+        self._upgrading.add(handler)
+        try:
+            yield
+        finally:
+            self._upgrading.discard(handler)
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         if request.path in self.web_routes and not _is_upgrade(request):
             return await self._web(request)  # a page at the websocket's own path
-        handler = request.protocol
-        self._upgrading.add(handler)  # its request is complete: not a slowloris
-        try:
+        with self._complete(request):
             return await self._serve(request)
-        finally:
-            self._upgrading.discard(handler)
 
     async def _serve(self, request: web.Request) -> web.StreamResponse:
         if self._closed:
