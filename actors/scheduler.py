@@ -569,7 +569,7 @@ class Scheduler(Actor):
             "pools": {p: PoolMetrics(**m) for p, m in pools.items()},
             "categories": categories,
             "failures": tuple(FailureCount(*key, n) for key, n in sorted(failures.items())),
-            "tasks_by_state": st.by_state,
+            "tasks_by_state": {**dict.fromkeys(_STATES, 0), **st.by_state},  # 0s stay
             "tasks_created": st.created,
             "workers": len(st.workers),
             "replicas": _replicas(st),

@@ -429,3 +429,24 @@ async def test_categories_past_the_cap_count_under_other(monkeypatch: pytest.Mon
             # A later scrape labels them the same way: each counter only grows.
             again = render(await c._manager.ask(MetricsRequest())).decode()
             assert again.count('category="(other)"') == text.count('category="(other)"')
+
+
+@pytest.mark.anyio
+async def test_a_task_state_that_empties_reads_zero() -> None:
+    """Once a graph is done no task is queued or processing: ``corral_tasks`` says 0
+    for those states rather than leaving them out of the scrape (a series that goes
+    missing reads as stale, not as none)."""
+    with anyio.fail_after(30):
+        async with Cluster(workers=1) as c:
+            await c.wait_for_workers(1)
+            (f,) = await c.submit_graph({"t-1": (_twice, 1)}, ["t-1"])
+            assert await f == 2
+            text = render(await c._manager.ask(MetricsRequest())).decode()
+            states = {
+                s.labels["state"]: s.value
+                for fam in text_string_to_metric_families(text)
+                if fam.name == "corral_tasks"
+                for s in fam.samples
+            }
+            assert states["queued"] == 0 and states["processing"] == 0, states
+            assert states["memory"] == 1, states
