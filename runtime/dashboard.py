@@ -29,6 +29,7 @@ import anyio
 from aiohttp import WSMsgType, web
 
 from policies import params_text
+from runtime.errors import ActorStopped, AskTimeout
 from runtime.messages import (
     AlertsReply,
     FailureGroupInfo,
@@ -298,8 +299,11 @@ def dashboard_routes(feed: DashboardFeed) -> dict[str, Any]:
         key = request.query.get("key", "")
         if not key:
             return web.Response(status=400, text="say which task: /dashboard/story?key=KEY\n")
-        rows = await feed.sources.story(key)
-        metrics = await feed.sources.metrics()
+        try:
+            rows = await feed.sources.story(key)
+            metrics = await feed.sources.metrics()
+        except (AskTimeout, ActorStopped) as exc:  # busy or stopping: try again later
+            return web.Response(status=503, text=f"the manager did not answer: {exc}\n")
         groups = [g for g in metrics.failure_groups if g.key == key]
         return web.Response(
             text=story_page(key, rows, groups),

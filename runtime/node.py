@@ -1232,7 +1232,8 @@ async def run_manager(
                         await runner.cleanup()
 
             await system.start_service(stop_metrics)
-            metrics_url = f"http://{metrics_at[0]}:{port_bound}/metrics"
+            host = f"[{metrics_at[0]}]" if ":" in metrics_at[0] else metrics_at[0]  # IPv6
+            metrics_url = f"http://{host}:{port_bound}/metrics"
             _log.warning("metrics listening (no authentication)", url=metrics_url)
         if on_gateway is not None:
             on_gateway(gateway)

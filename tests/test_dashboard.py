@@ -600,3 +600,22 @@ async def test_a_page_is_told_why_there_is_no_snapshot() -> None:
     error = json.loads(page.sent[0])["error"]
     assert error.startswith("no snapshot: AskTimeout: "), error
     assert "MetricsRequest" in error
+
+
+@pytest.mark.anyio
+async def test_a_story_the_manager_cannot_answer_in_time_is_a_503() -> None:
+    """The story page of a task while the manager is too busy to answer: 503 with the
+    reason (try again), not a 500 from an AskTimeout raised out of the handler."""
+    from aiohttp.test_utils import make_mocked_request
+
+    from runtime.dashboard import DashboardFeed, Sources, dashboard_routes
+    from runtime.errors import AskTimeout
+
+    async def busy(*args: Any) -> Any:
+        raise AskTimeout("manager", "StoryQuery", 10.0)
+
+    feed = DashboardFeed(Sources(busy, busy, busy, busy))
+    story = dashboard_routes(feed)[STORY_PATH]
+    with anyio.fail_after(30):
+        reply = await story(make_mocked_request("GET", STORY_PATH + "?key=t-1"), "read")
+    assert reply.status == 503 and "did not answer" in reply.text, (reply.status, reply.text)
