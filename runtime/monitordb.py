@@ -52,6 +52,7 @@ from runtime.errors import ActorStopped, AskTimeout, MonitoringDBError
 from runtime.kernel import Actor, ActorRef
 from runtime.log import get_logger
 from runtime.messages import (
+    AlertInfo,
     AlertsReply,
     AlertsRequest,
     AutoscalerStatus,
@@ -150,6 +151,10 @@ _SHED_ORDER = ("metric", "resource")
 #: one operation: (kind, SQL, parameter rows); ``kind`` is metric, resource or event
 Op = tuple[str, str, list[tuple[Any, ...]]]
 
+#: rows an operation is queued in at most (a tenth of ``max_rows`` if less): past
+#: ``max_rows``, the writer sheds what is over, not a whole graph's submission
+CHUNK = 10_000
+
 
 def default_path(root: str | os.PathLike[str] | None = None) -> Path:
     """Where a manager process writes its database when not told:
@@ -229,17 +234,21 @@ def open_db(path: str | os.PathLike[str]) -> sqlite3.Connection:
 class MonitorWriter:
     """Writes batches of rows to ``path`` from a thread of its own.
 
-    :meth:`submit` only queues (never blocks, never touches the disk); the thread
-    writes what is queued in one transaction, then waits for more. While more than
-    ``max_rows`` rows wait, the oldest metric samples are dropped first, then resource
-    samples, then the oldest events, each counted in ``dropped`` (by kind). A database
-    that is locked or slow keeps its batches queued and is retried every
-    ``retry`` seconds. :meth:`close` writes what is left and stops the thread."""
+    :meth:`submit` only queues (never blocks, never touches the disk), in pieces of at
+    most ``chunk`` rows; the thread writes what is queued in one transaction, then
+    waits for more. While more than ``max_rows`` rows wait, the oldest metric samples
+    are dropped first, then resource samples, then the oldest events, each counted in
+    ``dropped`` (by kind). A database that is locked, slow or full keeps its batches
+    queued and is retried every ``retry`` seconds. A row SQLite refuses (text it
+    cannot encode, a value it cannot store) is dropped and counted in ``dropped``; the
+    rest of its batch is written. :meth:`close` writes what is left and stops the
+    thread."""
 
     def __init__(self, path: str | os.PathLike[str], *, max_rows: int = 500_000) -> None:
         self.path = Path(path)
         _create(self.path)
         self.max_rows = max_rows
+        self.chunk = max(1, min(CHUNK, max_rows // 10))
         self.retry = 0.2
         self.dropped: Counter[str] = Counter()  #: rows dropped, by kind
         self.written = 0  #: rows written
@@ -249,6 +258,7 @@ class MonitorWriter:
         self._rows = 0  #: rows in _pending
         self._cond = threading.Condition()
         self._closing = False
+        self._deadline = float("inf")  #: monotonic time close() stops retrying at
         self._conn = _connect(str(self.path))
         self._conn.execute("PRAGMA synchronous = NORMAL")
         self._thread = threading.Thread(target=self._run, name="corral-monitordb", daemon=True)
@@ -264,10 +274,12 @@ class MonitorWriter:
         with self._cond:
             if self._closing:
                 return
-            for op in ops:
-                if op[2]:
-                    self._pending.append(op)
-                    self._rows += len(op[2])
+            chunk = self.chunk
+            for kind, sql, rows in ops:
+                for i in range(0, len(rows), chunk):
+                    part = rows if len(rows) <= chunk else rows[i : i + chunk]
+                    self._pending.append((kind, sql, part))
+                    self._rows += len(part)
             if self._rows > self.max_rows:
                 self._shed()
             self._cond.notify()
@@ -296,8 +308,9 @@ class MonitorWriter:
                     break
                 batch, self._pending = self._pending, deque()
                 n, self._rows = self._rows, 0
-            if self._write(batch):
-                self.written += n
+            written = self._write(batch)
+            if written is not None:
+                self.written += written
                 self.batches += 1
                 continue
             with self._cond:  # keep it, ahead of what came meanwhile; shed if too much
@@ -307,61 +320,116 @@ class MonitorWriter:
                 if self._rows > self.max_rows:
                     self._shed()
                 closing = self._closing
-            if closing:
-                break  # the database is unusable: what is left is lost
+                left = self._rows
+            if closing and time.monotonic() >= self._deadline:
+                _log.warning(
+                    "monitoring database: rows not written before close() gave up",
+                    path=str(self.path), rows=left,
+                )  # fmt: skip
+                break
             time.sleep(self.retry)
         with contextlib.suppress(sqlite3.Error):
             self._conn.close()
 
-    def _write(self, batch: Iterable[Op]) -> bool:
-        conn = self._conn
+    def _write(self, batch: deque[Op]) -> int | None:
+        """Write ``batch`` in one transaction; returns the rows written, or None when
+        the database did not take it (locked, full, broken: the caller keeps it). A
+        batch with rows SQLite refuses is written again row by row, without them."""
         try:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                for _, sql, rows in batch:
+            return self._transaction(batch, row_by_row=False)
+        except Exception as exc:
+            if not _refused_row(exc):
+                self._failed(exc)
+                return None
+        try:
+            return self._transaction(batch, row_by_row=True)
+        except Exception as exc:
+            self._failed(exc)
+            return None
+
+    def _transaction(self, batch: deque[Op], *, row_by_row: bool) -> int:
+        """``batch`` in one transaction; ``row_by_row``: rows SQLite refuses are left
+        out and counted in ``dropped``. Returns the rows written."""
+        conn = self._conn
+        refused: Counter[str] = Counter()
+        reason = ""
+        written = 0
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for kind, sql, rows in batch:
+                if not row_by_row:
                     conn.executemany(sql, rows)
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
+                    written += len(rows)
+                    continue
+                for row in rows:
+                    try:
+                        conn.execute(sql, row)
+                    except Exception as exc:
+                        if not _refused_row(exc):
+                            raise
+                        refused[kind] += 1
+                        reason = reason or f"{type(exc).__name__}: {exc}"
+                    else:
+                        written += 1
             conn.execute("COMMIT")
-        except sqlite3.Error as exc:
-            self.errors += 1
-            if self.errors == 1 or self.errors % 100 == 0:
-                _log.warning(
-                    "monitoring database: write failed", path=str(self.path), error=str(exc)
-                )
-            return False
-        return True
+        except BaseException:
+            with contextlib.suppress(sqlite3.Error):
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+            raise
+        if refused:
+            self.dropped.update(refused)
+            _log.warning(
+                "monitoring database: rows it cannot store dropped", path=str(self.path),
+                rows=sum(refused.values()), error=reason,
+            )  # fmt: skip
+        return written
+
+    def _failed(self, exc: Exception) -> None:
+        self.errors += 1
+        if self.errors == 1 or self.errors % 100 == 0:
+            _log.warning("monitoring database: write failed", path=str(self.path), error=str(exc))
 
     def close(self, timeout: float = 10.0) -> None:
-        """Write what is queued (if the database lets it within ``timeout``) and stop."""
+        """Write what is queued (retried until the database lets it, for at most
+        ``timeout`` seconds) and stop."""
         with self._cond:
+            self._deadline = time.monotonic() + timeout
             self._closing = True
             self._cond.notify()
         self._thread.join(timeout)
 
 
+def _refused_row(exc: Exception) -> bool:
+    """Whether ``exc`` is about a row (text UTF-8 cannot encode, a value SQLite cannot
+    store, a constraint), not about the database (locked, full, read-only, corrupt)."""
+    return not isinstance(exc, sqlite3.OperationalError) and type(exc) is not sqlite3.DatabaseError
+
+
 # ----------------------------------------------------------------------------- recording
 
 #: one row per task and poll, merged with what the table has: first times stay, the
-#: latest worker and state win, an end state stays until the task ends again
+#: latest worker and state win (a row of a try alone has none: the table's stay), an
+#: end state stays until the task ends again
 _TASK = (
     "INSERT INTO tasks (run_id, key, category, pool, submitted, ready, started, finished, "
     "state, worker, tries, duration, output_bytes) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?) "
     "ON CONFLICT (run_id, key) DO UPDATE SET "
-    "category = COALESCE(excluded.category, category), pool = excluded.pool, "
+    "category = COALESCE(excluded.category, category), pool = COALESCE(excluded.pool, pool), "
     "submitted = COALESCE(submitted, excluded.submitted), "
     "ready = COALESCE(ready, excluded.ready), started = COALESCE(started, excluded.started), "
     "worker = COALESCE(excluded.worker, worker), tries = MAX(tries, excluded.tries), "
     "duration = COALESCE(excluded.duration, duration), "
     "output_bytes = COALESCE(excluded.output_bytes, output_bytes), "
     "state = CASE WHEN excluded.finished IS NOT NULL OR finished IS NULL "
-    "THEN excluded.state ELSE state END, finished = COALESCE(excluded.finished, finished)"
+    "THEN COALESCE(excluded.state, state) ELSE state END, "
+    "finished = COALESCE(excluded.finished, finished)"
 )
 _TRY = "INSERT OR REPLACE INTO tries VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)"
 _WORKER_JOINED = (
-    "INSERT INTO workers (run_id, worker, pool, cores, memory, joined) VALUES (?,?,?,?,?,?) "
-    "ON CONFLICT (run_id, worker) DO UPDATE SET joins = joins + 1, left = NULL, cause = NULL"
+    "INSERT INTO workers (run_id, worker, pool, block, cores, memory, joined) "
+    "VALUES (?,?,?,?,?,?,?) ON CONFLICT (run_id, worker) DO UPDATE SET "
+    "joins = joins + 1, left = NULL, cause = NULL, block = COALESCE(excluded.block, block)"
 )
 _WORKER_LEFT = "UPDATE workers SET left = ?, cause = ? WHERE run_id = ? AND worker = ?"
 _RUN_END_WORKERS = (
@@ -380,13 +448,22 @@ _RUN_SEEN = "UPDATE runs SET last_seen = ?, feed_lost = ?, dropped_rows = ? WHER
 MIN_FEED_WAIT = 0.05  #: seconds: the feed is read at most this often
 FEED_EVERY = 0.25  #: seconds: the feed is read at least this often (an empty read is cheap)
 _TERMINAL = frozenset({"memory", "erred", "cancelled"})
+#: try outcomes the scheduler records on its own clock (``sent`` to when it knew),
+#: not the worker's: a try lost with its worker, a copy or try it cancelled
+_CORE_CLOCK = frozenset({"worker-lost", "cancelled"})
 _ERROR_CHARS = 2000  #: of an error's message kept
+
+
+def _safe(text: str) -> str:
+    """``text``, with what UTF-8 cannot encode escaped: a lone surrogate (what
+    ``os.fsdecode`` makes of a file name's undecodable byte) becomes ``\\udcff``."""
+    return text if text.isascii() else text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _text(error: Any) -> tuple[str | None, str | None]:
     if error is None:
         return None, None
-    return type(error).__name__, str(error)[:_ERROR_CHARS]
+    return _safe(type(error).__name__), _safe(str(error)[:_ERROR_CHARS])
 
 
 class _Rows:
@@ -436,7 +513,8 @@ class MonitorRecorder(Actor):
         self.polls = 0
         self._blocks: dict[str, tuple[str, str]] = {}  #: block -> (pool, state)
         self._worker_block: dict[str, str] = {}
-        self._alerts: dict[tuple[str, str], tuple[Any, ...]] = {}
+        #: (name, labels) -> (state, active_since, fired_at, resolved_at), the alert
+        self._alerts: dict[tuple[str, str], tuple[tuple[Any, ...], AlertInfo]] = {}
         #: key -> the columns of _TASK after it (category, pool, submitted, ready,
         #: started, finished, state, worker, tries, duration, output_bytes): what the
         #: feed said of each task since the last full poll, written then as one row
@@ -567,7 +645,8 @@ class MonitorRecorder(Actor):
         def task(k: str, category: str, at: float) -> list[Any]:
             t = tasks.get(k)
             if t is None:
-                t = tasks[k] = [category, None, at, None, None, None, None, None, 0, None, None]
+                t = [_safe(category), None, at, None, None, None, None, None, 0, None, None]
+                tasks[k] = t
             return t
 
         for now, records in reply.events:
@@ -577,7 +656,7 @@ class MonitorRecorder(Actor):
                 kind = rec[0]
                 if kind == "state":
                     _, key, finish, category, pool, worker = rec
-                    t = task(str(key), category, at)
+                    t = task(_safe(str(key)), category, at)
                     t[1] = pool
                     if finish in _TERMINAL:
                         t[5], t[6] = at, finish
@@ -592,32 +671,34 @@ class MonitorRecorder(Actor):
                 elif kind == "try":
                     (_, key, category, worker, number, sent, start, stop, outcome, cause,
                      error, nbytes) = rec  # fmt: skip
-                    k = str(key)
+                    k = _safe(str(key))
                     t = task(k, category, at)
-                    if outcome == "worker-lost":  # the core's clock: sent, lost
+                    if outcome in _CORE_CLOCK:  # the core's clock: sent, ended
                         start, stop = None, at
                     ok = outcome == "ok"
                     etype, emsg = _text(error)
                     rows.add(
                         "event", _TRY,
-                        (run, k, number, category, worker, sent + wall, start, stop, outcome,
-                         cause, etype, emsg, nbytes if ok else None),
+                        (run, k, number, _safe(category), worker, sent + wall, start, stop,
+                         outcome, cause, etype, emsg, nbytes if ok else None),
                     )  # fmt: skip
                     t[8] = max(t[8], number)
                     if ok and start is not None:
                         t[9], t[10] = max(stop - start, 0.0), nbytes
                 elif kind == "joined":
                     _, wid, pool, cores, memory = rec
-                    rows.add("event", _WORKER_JOINED, (run, wid, pool, cores, memory, at))
+                    block = self._worker_block.get(wid)  # when its block said it first
+                    rows.add("event", _WORKER_JOINED, (run, wid, pool, block, cores, memory, at))
                 elif kind == "left":
                     rows.add("event", _WORKER_LEFT, (at, rec[2], run, rec[1]))
                 elif kind == "transfer":
                     _, key, what, nbytes, source, target, took = rec
-                    rows.add("event", _TRANSFER, (run, at, str(key), what, nbytes, source or None,
-                                                  target, took))  # fmt: skip
+                    rows.add("event", _TRANSFER, (run, at, _safe(str(key)), what, nbytes,
+                                                  source or None, target, took))  # fmt: skip
                 elif kind == "recovery":
                     _, key, category, worker, how = rec
-                    rows.add("event", _RECOVERY, (run, at, str(key), category, worker, how))
+                    rows.add("event", _RECOVERY, (run, at, _safe(str(key)), _safe(category),
+                                                  worker, how))  # fmt: skip
         return n
 
     async def _poll_blocks(self, rows: _Rows, now: float) -> None:
@@ -632,8 +713,8 @@ class MonitorRecorder(Actor):
                 self._blocks[bid] = (pool, state)
                 rows.add("event", _BLOCK, (run, bid, pool, state, now, None))
             for wid in status.block_workers.get(bid, ()):
-                if self._worker_block.get(wid) != bid:
-                    self._worker_block[wid] = bid
+                if self._worker_block.get(wid) != bid:  # a worker not joined yet gets it
+                    self._worker_block[wid] = bid  # with its joined row
                     rows.add("event", _WORKER_BLOCK, (bid, run, wid))
         for bid in [b for b in self._blocks if b not in status.blocks]:
             pool, _ = self._blocks.pop(bid)
@@ -654,16 +735,25 @@ class MonitorRecorder(Actor):
                 rows.add("metric", _METRIC, (run, now, s.name, labels, s.value))
 
     async def _poll_alerts(self, rows: _Rows, now: float) -> None:
+        """A row per alert state change; an alert gone from the reply while pending (it
+        stopped holding before it fired) gets a row ``inactive``."""
         reply = await self._ask(self._manager(), AlertsRequest())
         if not isinstance(reply, AlertsReply):
             return
+        known, self._alerts = self._alerts, {}
         for a in reply.alerts:
             labels = json.dumps(a.labels, sort_keys=True)
             seen = (a.state, a.active_since, a.fired_at, a.resolved_at)
-            if self._alerts.get((a.name, labels)) == seen:
-                continue
-            self._alerts[(a.name, labels)] = seen
-            row = (self.run_id, now, a.name, a.state, labels,
-                   json.dumps(a.annotations, sort_keys=True), a.value, a.active_since,
-                   a.fired_at, a.resolved_at, json.dumps(a.fields, sort_keys=True))  # fmt: skip
-            rows.add("event", _ALERT, row)
+            last = known.pop((a.name, labels), None)
+            self._alerts[(a.name, labels)] = (seen, a)
+            if last is None or last[0] != seen:
+                rows.add("event", _ALERT, self._alert_row(now, a, a.state, labels))
+        for key, ((state, *_), a) in known.items():  # gone; a resolved one is forgotten
+            if state != "resolved":
+                rows.add("event", _ALERT, self._alert_row(now, a, "inactive", key[1]))
+
+    def _alert_row(self, now: float, a: AlertInfo, state: str, labels: str) -> tuple[Any, ...]:
+        value = a.value if state == a.state else None
+        return (self.run_id, now, a.name, state, labels,
+                json.dumps(a.annotations, sort_keys=True), value, a.active_since, a.fired_at,
+                a.resolved_at, json.dumps(a.fields, sort_keys=True))  # fmt: skip

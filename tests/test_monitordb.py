@@ -11,20 +11,52 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import pytest
 
+from actors.scheduler_events import Event, GraphSubmitted, TasksFinished, Tick, WorkerJoined
 from actors.scheduler_records import SchedulerConfig
 from actors.scheduler_state import SchedulerState
 from runtime import Cluster
 from runtime.errors import MonitoringDBError
-from runtime.monitordb import SCHEMA_VERSION, MonitorWriter, default_path, open_db
-from tests.helpers import Cli, chain, finish, join, only_running, submit, wait_until
+from runtime.messages import (
+    AlertInfo,
+    AlertsReply,
+    AlertsRequest,
+    AutoscalerStatus,
+    MonitorFeed,
+    MonitorFeedReply,
+)
+from runtime.monitordb import (
+    SCHEMA_VERSION,
+    MonitorRecorder,
+    MonitorWriter,
+    default_path,
+    open_db,
+)
+from runtime.report import _alert_spans, _Run
+from tests.helpers import (
+    GB,
+    Cli,
+    Factory,
+    chain,
+    finish,
+    join,
+    make_state,
+    only_running,
+    result,
+    specs_for,
+    submit,
+    wait_until,
+)
+
+__all__ = ["make_state"]
 
 LIMIT = 90
 
@@ -424,3 +456,285 @@ async def test_a_cluster_given_a_path_it_cannot_write_says_so_before_it_starts(
             pass  # pragma: no cover - it must not start
     with pytest.raises(ValueError, match="monitoring= is for an embedded cluster"):
         Cluster("ws://127.0.0.1:1", monitoring=tmp_path / "x.db")
+
+
+# ----------------------------------------------------------------------------- the recorder
+# A recorder fed by a scheduler core's own feed (its clock plus WALL for Unix time), with
+# stand-ins for the manager and the autoscaler: what it writes for each case, exactly.
+
+WALL = 1_700_000_000.0  #: added to the core's clock for Unix time
+T0 = 1000.0  #: the core's clock in these tests
+_n = iter(range(10**9))
+
+
+class _Ref:
+    """Stands for an actor: ``ask`` answers ``answer(msg)`` (None: no answer)."""
+
+    def __init__(self, answer: Callable[[Any], Any]) -> None:
+        self.answer = answer
+
+    async def ask(self, msg: Any, timeout: float | None = None) -> Any:  # noqa: ASYNC109
+        return self.answer(msg)
+
+
+def _recorder(
+    db: Path,
+    state: SchedulerState,
+    *,
+    manager: Callable[[Any], Any] = lambda msg: None,
+    autoscaler: Callable[[Any], Any] = lambda msg: None,
+    max_rows: int = 500_000,
+) -> tuple[MonitorRecorder, MonitorWriter]:
+    """A recorder of ``state``'s feed into a new database at ``db``, with its run row."""
+
+    def feed(msg: Any) -> MonitorFeedReply | None:
+        if not isinstance(msg, MonitorFeed):
+            return None
+        entries, nxt, lost = state.feed_since(msg.since, msg.limit)
+        return MonitorFeedReply(tuple(entries), nxt, lost, WALL, {}, state.config.feed_length)
+
+    writer = MonitorWriter(db, max_rows=max_rows)
+    scheduler, boss, scaler = _Ref(feed), _Ref(manager), _Ref(autoscaler)
+    recorder = MonitorRecorder(
+        writer, lambda: cast(Any, scheduler), lambda: cast(Any, boss), lambda: cast(Any, scaler)
+    )
+    run = (recorder.run_id, WALL, WALL, None, "host", 1, "[]", "3", 0, 0)
+    writer.submit([("event", "INSERT INTO runs VALUES (?,?,?,?,?,?,?,?,?,?)", [run])])
+    return recorder, writer
+
+
+def _at(s: SchedulerState, cls: type[Event], now: float, **fields: Any) -> None:
+    s.handle(cls(stimulus_id=f"{cls.__name__}-{next(_n)}", now=now, **fields))
+    s.validate()
+
+
+def _done(s: SchedulerState, worker: str, key: str, now: float, outcome: str = "ok",
+          **kw: Any) -> None:  # fmt: skip
+    """``key``'s try (or copy) on ``worker`` ran from ``now - 1`` to ``now``."""
+    res = result(key, outcome, start=now - 1.0, **kw)
+    _at(s, TasksFinished, now, worker=worker, results=(res,))
+
+
+def _straggler(make_state: Factory) -> SchedulerState:
+    """A monitored core: five ``t`` tasks done on w1 in 1 s each; ``t-5`` (pool
+    ``default``) runs on w1 since T0; w2 idles, so a tick past T0 + 2 sends it a copy."""
+    s = make_state(monitor=True)
+    _at(s, WorkerJoined, T0 - 100, worker="w1", cores=1, memory=GB)
+    keys = [f"t-{i}" for i in range(5)]
+    specs = specs_for(s, {k: [] for k in keys}, keys)
+    _at(s, GraphSubmitted, T0 - 99, specs=specs, wanted=tuple(keys))
+    now = T0 - 90
+    while running := [k for k in keys if s.tasks[k].state == "processing"]:
+        now += 1
+        _done(s, "w1", running[0], now)
+    specs = specs_for(s, {"t-5": []}, ["t-5"], attrs={"t-5": {"pool": "default"}})
+    _at(s, GraphSubmitted, T0, specs=specs, wanted=("t-5",))
+    _at(s, WorkerJoined, T0 + 0.1, worker="w2", cores=1, memory=GB)
+    assert s.tasks["t-5"].worker == "w1"
+    return s
+
+
+@pytest.mark.anyio
+async def test_a_key_or_error_with_a_lone_surrogate_is_written_escaped(
+    tmp_path: Path, make_state: Factory
+) -> None:
+    """A task failing on a file whose name is not UTF-8 (``os.fsdecode`` makes its bad
+    byte a lone surrogate, which SQLite cannot store): its rows are written, escaped."""
+    db = tmp_path / "monitoring.db"
+    s = make_state(monitor=True)
+    recorder, writer = _recorder(db, s)
+    key = "load-\udcff"
+    name = os.fsdecode(b"d-\xff")  # "d-\udcff"
+    _at(s, WorkerJoined, 1.0, worker="w1", cores=1, memory=GB)
+    _at(s, GraphSubmitted, 2.0, specs=specs_for(s, {key: []}, [key]), wanted=(key,))
+    _done(s, "w1", key, 3.0, "error", error=FileNotFoundError(f"no file {name}"))
+    with anyio.fail_after(LIMIT):
+        await recorder.poll()
+    writer.close()
+    assert _rows(db, "SELECT key, state FROM tasks") == [("load-\\udcff", "erred")]
+    assert _rows(db, "SELECT key, error_type, error_message FROM tries") == [
+        ("load-\\udcff", "FileNotFoundError", "no file d-\\udcff")
+    ]
+    assert not writer.dropped
+
+
+@pytest.mark.anyio
+async def test_a_row_sqlite_refuses_is_dropped_and_counted_and_the_rest_written(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "monitoring.db"
+    writer = MonitorWriter(db)
+    gap = "INSERT INTO gaps VALUES (?,?,?,?)"
+    writer.submit([
+        ("event", gap, [("r", 1.0, "a", 1), ("r", 2.0, "bad \udcff", 2), ("r", 3.0, "a", 3)]),
+        ("metric", gap, [("r", 4.0, None, 4)]),  # source is NOT NULL
+        ("event", gap, [("r", 5.0, "a", 5)]),
+    ])  # fmt: skip
+    with anyio.fail_after(LIMIT):
+        await wait_until(lambda: writer.written == 3, "the 3 good rows", limit=30)
+        writer.submit([("event", gap, [("r", 6.0, "a", 6)])])  # the writer goes on
+        await wait_until(lambda: writer.written == 4, "the row after", limit=30)
+    writer.close()
+    assert [r[0] for r in _rows(db, "SELECT lost FROM gaps ORDER BY lost")] == [1, 3, 5, 6]
+    assert writer.dropped == {"event": 1, "metric": 1}
+
+
+@pytest.mark.anyio
+async def test_close_retries_a_locked_database_until_its_timeout(tmp_path: Path) -> None:
+    """The database is locked when the run ends, and let go 1.5 s later: close(10)
+    writes what is queued."""
+    db = tmp_path / "monitoring.db"
+    writer = MonitorWriter(db)
+    locker = sqlite3.connect(db, isolation_level=None, check_same_thread=False)
+    locker.execute("BEGIN IMMEDIATE")
+    rows = [("r", 1.0, "a", i) for i in range(100)]
+    writer.submit([("event", "INSERT INTO gaps VALUES (?,?,?,?)", rows)])
+    await wait_until(lambda: writer.errors > 0, "the writer to meet the lock", limit=30)
+    free = threading.Timer(1.5, locker.execute, ("COMMIT",))
+    free.start()
+    t = time.monotonic()
+    try:
+        writer.close(timeout=10.0)  # blocks this loop: nothing else runs here
+    finally:
+        free.join(10)
+        locker.close()
+    assert time.monotonic() - t < 10.0
+    assert _count(db, "SELECT count(*) FROM gaps") == 100 and writer.written == 100
+
+
+@pytest.mark.anyio
+async def test_a_try_the_scheduler_cancelled_is_recorded_in_unix_time(
+    tmp_path: Path, make_state: Factory
+) -> None:
+    """``t-5``'s copy on w2 wins at T0 + 3: the first try, cancelled (superseded), was
+    sent at T0 and ended then, on the same clock as the others (Unix time)."""
+    db = tmp_path / "monitoring.db"
+    s = _straggler(make_state)
+    recorder, writer = _recorder(db, s)
+    _at(s, Tick, T0 + 2.1)
+    assert set(s.copies[s.tasks["t-5"]]) == {"w2"}
+    _done(s, "w2", "t-5", T0 + 3)
+    with anyio.fail_after(LIMIT):
+        await recorder.poll()
+    writer.close()
+    tries = _rows(db, "SELECT worker, outcome, cause, sent, started, ended FROM tries "
+                  "WHERE key = 't-5' ORDER BY try")  # fmt: skip
+    assert tries == [
+        ("w1", "cancelled", "superseded", WALL + T0, None, WALL + T0 + 3),
+        ("w2", "ok", "speculative", WALL + T0, T0 + 2, T0 + 3),  # the worker's clock: result()
+    ]
+
+
+@pytest.mark.anyio
+async def test_a_try_ending_alone_in_an_interval_keeps_its_tasks_state_and_pool(
+    tmp_path: Path, make_state: Factory
+) -> None:
+    """``t-5``'s copy fails while its first try runs on: the interval holds the copy's
+    try alone; the task stays ``processing`` in pool ``default``, then ends ``memory``."""
+    db = tmp_path / "monitoring.db"
+    s = _straggler(make_state)
+    recorder, writer = _recorder(db, s)
+    task = "SELECT state, pool, tries FROM tasks WHERE key = 't-5'"
+    with anyio.fail_after(LIMIT):
+        await recorder.poll()
+        await wait_until(lambda: _rows(db, task) == [("processing", "default", 0)], "t-5 runs",
+                         limit=30)  # fmt: skip
+        _at(s, Tick, T0 + 2.1)
+        _done(s, "w2", "t-5", T0 + 3, "error", error=RuntimeError("copy fails"))
+        await recorder.poll()
+        await wait_until(lambda: _count(db, "SELECT count(*) FROM tries") == 6, "the copy's try",
+                         limit=30)  # fmt: skip
+        assert _rows(db, task) == [("processing", "default", 1)]
+        _done(s, "w1", "t-5", T0 + 4)
+        await recorder.poll()
+    writer.close()
+    assert _rows(db, task) == [("memory", "default", 2)]
+
+
+@pytest.mark.anyio
+async def test_a_worker_its_block_names_before_it_joins_gets_the_block(
+    tmp_path: Path, make_state: Factory
+) -> None:
+    """Process and Slurm workers: the autoscaler names a block's workers when the block
+    starts, before they join; a worker named after it joined gets its block too."""
+    db = tmp_path / "monitoring.db"
+    s = make_state(monitor=True)
+    status = AutoscalerStatus(
+        blocks={"block-1": "running", "block-2": "running"},
+        block_pools={"block-1": "default", "block-2": "default"},
+        block_workers={"block-1": ("w1",), "block-2": ()},
+    )
+    recorder, writer = _recorder(db, s, autoscaler=lambda msg: status)
+    with anyio.fail_after(LIMIT):
+        await recorder.poll()  # w1 not joined yet
+        _at(s, WorkerJoined, 1.0, worker="w1", cores=1, memory=GB)
+        _at(s, WorkerJoined, 1.0, worker="w2", cores=1, memory=GB)
+        await recorder.poll()
+        status.block_workers["block-2"] = ("w2",)  # w2 named after it joined
+        await recorder.poll()
+    writer.close()
+    assert _rows(db, "SELECT worker, block FROM workers ORDER BY worker") == [
+        ("w1", "block-1"), ("w2", "block-2"),
+    ]  # fmt: skip
+
+
+@pytest.mark.anyio
+async def test_a_pending_alert_that_stops_holding_ends_in_the_table_and_the_report(
+    tmp_path: Path, make_state: Factory
+) -> None:
+    """``Busy`` goes pending, then stops holding before it fires (the alert monitor
+    forgets it); ``Slow`` fires, resolves and is forgotten later: ``Busy`` gets a row
+    ``inactive``, ``Slow`` none, and the report's pending span ends there."""
+    db = tmp_path / "monitoring.db"
+    alerts: list[AlertInfo] = []
+    reply = lambda msg: AlertsReply(tuple(alerts)) if isinstance(msg, AlertsRequest) else None  # noqa: E731
+    recorder, writer = _recorder(db, make_state(monitor=True), manager=reply)
+    busy = AlertInfo("Busy", "pending", {"alertname": "Busy"}, value=1.0, active_since=WALL)
+    slow = AlertInfo("Slow", "resolved", {"alertname": "Slow"}, fired_at=WALL, resolved_at=WALL)
+    with anyio.fail_after(LIMIT):
+        alerts[:] = [busy, slow]
+        await recorder.poll()
+        await recorder.poll()  # no change: no rows
+        alerts[:] = []
+        await recorder.poll()
+        await recorder.poll()
+    writer.close()
+    rows = _rows(db, "SELECT time, name, state, value, active_since FROM alerts ORDER BY rowid")
+    first, gone = rows[0][0], rows[-1][0]
+    assert rows == [
+        (first, "Busy", "pending", 1.0, WALL),
+        (first, "Slow", "resolved", 0.0, None),
+        (gone, "Busy", "inactive", None, WALL),
+    ]
+    assert first < gone
+    # the report draws Busy pending until then (not to the end of the run)
+    conn = open_db(db)
+    try:
+        conn.execute("UPDATE runs SET started = ?, ended = ?", (first - 1, gone + 100))
+        spans = _alert_spans(_Run(conn, None, lambda line: None))
+    finally:
+        conn.close()
+    assert spans == [(1.0, gone - first + 1.0, "pending", "Busy")]
+
+
+@pytest.mark.anyio
+async def test_a_graph_larger_than_max_rows_loses_only_what_is_over(
+    tmp_path: Path, make_state: Factory
+) -> None:
+    """A graph of 1,500 tasks submitted at once, to a writer that keeps 1,000 rows
+    waiting: the oldest rows over the limit go, the rest are written."""
+    db = tmp_path / "monitoring.db"
+    s = make_state(monitor=True)
+    recorder, writer = _recorder(db, s, max_rows=1_000)
+    _at(s, WorkerJoined, 1.0, worker="w1", cores=1, memory=GB)
+    keys = [f"t-{i}" for i in range(1500)]
+    _at(s, GraphSubmitted, 2.0, specs=specs_for(s, {k: [] for k in keys}, keys),
+        wanted=tuple(keys))  # fmt: skip
+    with anyio.fail_after(LIMIT):
+        await recorder.poll()
+    writer.close()
+    # Queued: the run's row, w1's, the tasks' (in pieces of writer.chunk), the run's
+    # update; past 1,000, the oldest pieces go until 1,000 rows at most are left.
+    kept = _count(db, "SELECT count(*) FROM tasks")
+    assert 800 <= kept < 1_000  # the newest, less at most a piece (a tenth of max_rows)
+    assert writer.dropped == {"event": 1503 - writer.written}
