@@ -28,6 +28,7 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from policies import ON_PURPOSE
 from runtime.errors import MonitoringDBError
 from runtime.monitordb import open_db
 
@@ -342,7 +343,8 @@ def _summary(run: _Run) -> str:
     ends = [t[6] for t in run.tasks if t[6] is not None]
     makespan = max(ends) - min(starts) if starts and ends else 0.0
     waits = sorted(t[5] - t[4] for t in run.tasks if t[4] is not None and t[5] is not None)
-    lost = sum(1 for w in run.workers if w[5] not in (None, "drained", "shutdown", "retired"))
+    # Lost unasked: left for any reason but on purpose (drained, walltime, shutdown).
+    lost = sum(1 for w in run.workers if w[5] is not None and w[5] not in ON_PURPOSE)
 
     def row(k: str, v: Any) -> str:
         return f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>"

@@ -136,3 +136,27 @@ async def test_alerts_in_the_database_are_drawn_over_the_time_plots(tmp_path: Pa
     assert "Alerts (none in this run)" not in page
     assert "QueueTooLong firing" in page and "QueueTooLong pending" in page
     assert page.count("rgba(214,39,40,0.15)") >= 4  # the firing band on each time plot
+
+
+@pytest.mark.anyio
+async def test_workers_that_left_on_purpose_are_not_counted_lost(tmp_path: Path) -> None:
+    """The summary's "lost unasked" counts workers that went for any reason but on
+    purpose: walltime, like drained and shutdown, is on purpose (before, a worker
+    that reached its walltime counted as lost)."""
+    db = tmp_path / "monitoring.db"
+    with anyio.fail_after(LIMIT):
+        async with Cluster(workers=1, monitoring=db, monitoring_interval=0.1) as cluster:
+            assert await cluster.gather(cluster.map(square, range(3))) == [0, 1, 4]
+    conn = open_db(db)
+    (run_id, t0) = conn.execute("SELECT run_id, started FROM runs").fetchone()
+    conn.close()
+    writer = MonitorWriter(db)
+    worker = "INSERT INTO workers (run_id, worker, pool, cores, memory, joined, left, cause) "
+    worker += "VALUES (?,?,?,?,?,?,?,?)"
+    gone = ("walltime", "drained", "preempted", "crash")
+    writer.submit([("event", worker, [
+        (run_id, f"w-{cause}", "default", 1, 0, t0, t0 + 1.0, cause) for cause in gone
+    ])])  # fmt: skip
+    writer.close()
+    page = build_report(db)
+    assert "<th>workers (lost unasked)</th><td>5 (2)</td>" in page
