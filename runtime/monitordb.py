@@ -513,6 +513,8 @@ class MonitorRecorder(Actor):
         self.polls = 0
         self._blocks: dict[str, tuple[str, str]] = {}  #: block -> (pool, state)
         self._worker_block: dict[str, str] = {}
+        #: the autoscaler's ends written: (block, incarnation, state, at)
+        self._ends: set[tuple[str, int, str, float]] = set()
         #: (name, labels) -> (state, active_since, fired_at, resolved_at), the alert
         self._alerts: dict[tuple[str, str], tuple[tuple[Any, ...], AlertInfo]] = {}
         #: key -> the columns of _TASK after it (category, pool, submitted, ready,
@@ -706,7 +708,15 @@ class MonitorRecorder(Actor):
         if not isinstance(status, AutoscalerStatus):
             return
         run = self.run_id
-        ends = {e.block: e for e in status.ends}
+        # Every end the autoscaler lists, once: one between two polls (a block asked
+        # for and failed, a requeue) has its row too, with its time and cause.
+        written, self._ends = self._ends, set()
+        for e in status.ends:
+            key = (e.block, e.incarnation, e.state, e.at)
+            self._ends.add(key)  # the list only drops its oldest: this set stays small
+            if key not in written:
+                rows.add("event", _BLOCK, (run, e.block, e.pool, e.state, e.at, e.cause))
+        ended = {e.block for e in status.ends if e.state != "requeued"}
         for bid, state in status.blocks.items():
             pool = status.block_pools.get(bid, "")
             if self._blocks.get(bid) != (pool, state):
@@ -718,10 +728,7 @@ class MonitorRecorder(Actor):
                     rows.add("event", _WORKER_BLOCK, (bid, run, wid))
         for bid in [b for b in self._blocks if b not in status.blocks]:
             pool, _ = self._blocks.pop(bid)
-            end = ends.get(bid)
-            if end is not None:
-                rows.add("event", _BLOCK, (run, bid, pool, end.state, end.at, end.cause))
-            else:
+            if bid not in ended:  # gone with no end listed (it rolled off the list)
                 rows.add("event", _BLOCK, (run, bid, pool, "ended", now, None))
 
     async def _poll_metrics(self, rows: _Rows, now: float) -> None:

@@ -30,6 +30,7 @@ from runtime.messages import (
     AlertsReply,
     AlertsRequest,
     AutoscalerStatus,
+    BlockEndInfo,
     MonitorFeed,
     MonitorFeedReply,
 )
@@ -738,3 +739,33 @@ async def test_a_graph_larger_than_max_rows_loses_only_what_is_over(
     kept = _count(db, "SELECT count(*) FROM tasks")
     assert 800 <= kept < 1_000  # the newest, less at most a piece (a tenth of max_rows)
     assert writer.dropped == {"event": 1503 - writer.written}
+
+
+@pytest.mark.anyio
+async def test_a_block_that_ends_between_two_polls_has_its_rows(
+    tmp_path: Path, make_state: Factory
+) -> None:
+    """Between two polls, block-2 is asked for and fails, and block-1 is requeued by a
+    preemption: both ends are written with their time and cause, from the autoscaler's
+    list of ends, once each. Before, only the states seen at polls were: block-2 left
+    no row and block-1 went from running to pending with no cause."""
+    db = tmp_path / "monitoring.db"
+    status = AutoscalerStatus(blocks={"block-1": "running"}, block_pools={"block-1": "cpu"})
+    recorder, writer = _recorder(db, make_state(monitor=True), autoscaler=lambda msg: status)
+    with anyio.fail_after(LIMIT):
+        await recorder.poll()
+        status = AutoscalerStatus(
+            blocks={"block-1": "pending"}, block_pools={"block-1": "cpu"},
+            incarnations={"block-1": 2},
+            ends=(BlockEndInfo("block-2", "cpu", "failed", "crash", True, WALL + 0.5),
+                  BlockEndInfo("block-1", "cpu", "requeued", "preempted", False, WALL + 1.0, 1)),
+        )  # fmt: skip
+        await recorder.poll()
+        await recorder.poll()  # the same ends: no rows again
+    writer.close()
+    rows = _rows(db, "SELECT block, state, time - ?, cause FROM blocks ORDER BY time", WALL)
+    assert [r for r in rows if r[1] in ("failed", "requeued")] == [
+        ("block-2", "failed", 0.5, "crash"),
+        ("block-1", "requeued", 1.0, "preempted"),
+    ]
+    assert sorted(r[1] for r in rows if r[0] == "block-1") == ["pending", "requeued", "running"]
