@@ -45,6 +45,11 @@ SECTIONS = (
     "Storage: disk per worker, transfers, recoveries",
 )
 MAX_BARS = 20_000  #: tries drawn on the timeline at most (the latest ones)
+#: points drawn per line at most: a longer series keeps each stretch's lowest and
+#: highest value (peaks stay), a duration CDF evenly spaced quantiles
+MAX_POINTS = 2_000
+#: points drawn per plot of one line per worker at most (200 workers: 500 each)
+FIGURE_POINTS = 100_000
 
 _OUTCOME_COLOR = {"error": "#d62728", "oom": "#9467bd", "timeout": "#8c564b",
                   "worker-lost": "#000000"}  # fmt: skip
@@ -225,6 +230,7 @@ def _queues(run: _Run) -> go.Figure:
         xs.append(at - run.t0)
         ys.append(value)
     for (name, pool), (xs, ys) in sorted(series.items()):
+        xs, ys = _thin(xs, ys)
         row = 1 if name == "corral_queue_depth" else 2
         label = "any pool" if pool == "*" else pool
         fig.add_trace(
@@ -290,9 +296,41 @@ def _memory(run: _Run) -> go.Figure:
         xs, ys = per[worker]
         xs.append(at - run.t0)
         ys.append((rss or 0) / 2**20)
+    most = _per_line(len(per))
     for worker, (xs, ys) in sorted(per.items()):
+        xs, ys = _thin(xs, ys, most)
         fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name=worker))
     return _over_time(fig, run, "RSS (MiB)", SECTIONS[3])
+
+
+def _per_line(lines: int) -> int:
+    """Points each of ``lines`` lines of one plot may have (``FIGURE_POINTS`` shared)."""
+    return max(100, min(MAX_POINTS, FIGURE_POINTS // max(lines, 1)))
+
+
+def _thin(
+    xs: list[float], ys: list[float], most: int = MAX_POINTS
+) -> tuple[list[float], list[float]]:
+    """``xs, ys`` with at most about ``most`` points: past that, each of ``most // 2``
+    stretches keeps its lowest and its highest point, in time order, so a line drawn
+    through them has every peak and dip of the whole series."""
+    n = len(xs)
+    if n <= most:
+        return xs, ys
+    stretches = max(most // 2, 1)
+    out_x: list[float] = []
+    out_y: list[float] = []
+    for k in range(stretches):
+        lo, hi = k * n // stretches, (k + 1) * n // stretches
+        if lo >= hi:
+            continue
+        part = range(lo, hi)
+        low = min(part, key=ys.__getitem__)
+        high = max(part, key=ys.__getitem__)
+        for i in sorted({low, high}):
+            out_x.append(xs[i])
+            out_y.append(ys[i])
+    return out_x, out_y
 
 
 def _cdf(run: _Run) -> go.Figure:
@@ -304,7 +342,12 @@ def _cdf(run: _Run) -> go.Figure:
     for cat, ds in sorted(per.items()):
         ds.sort()
         n = len(ds)
-        fig.add_trace(go.Scatter(x=ds, y=[(i + 1) / n for i in range(n)],
+        at = (
+            range(n)
+            if n <= MAX_POINTS
+            else sorted({k * (n - 1) // (MAX_POINTS - 1) for k in range(MAX_POINTS)})
+        )  # evenly spaced quantiles, the first and the last among them
+        fig.add_trace(go.Scatter(x=[ds[i] for i in at], y=[(i + 1) / n for i in at],
                                  mode="lines+markers" if n < 5 else "lines",
                                  line_shape="hv", name=f"{cat} ({n})"))  # fmt: skip
     fig.update_xaxes(title="duration of a successful try (s)", type="log")
@@ -399,7 +442,9 @@ def _storage(run: _Run) -> go.Figure:
         xs, ys = per[worker]
         xs.append(at - run.t0)
         ys.append(used / 2**20)
+    most = _per_line(len(per))
     for worker, (xs, ys) in sorted(per.items()):
+        xs, ys = _thin(xs, ys, most)
         fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name=f"disk {worker}"), row=1, col=1)
     kinds: dict[str, tuple[list[float], list[float]]] = defaultdict(lambda: ([], []))
     for at, _, kind, nbytes, _, _ in run.transfers:
@@ -407,6 +452,7 @@ def _storage(run: _Run) -> go.Figure:
         xs.append(at - run.t0)
         ys.append((ys[-1] if ys else 0.0) + nbytes / 2**20)
     for kind, (xs, ys) in sorted(kinds.items()):
+        xs, ys = _thin(xs, ys)
         fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", line_shape="hv",
                                  name=f"copied MiB: {kind}"), row=2, col=1)  # fmt: skip
     for how, symbol in (("recomputed", "x"), ("replica", "circle-open")):

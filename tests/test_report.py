@@ -160,3 +160,19 @@ async def test_workers_that_left_on_purpose_are_not_counted_lost(tmp_path: Path)
     writer.close()
     page = build_report(db)
     assert "<th>workers (lost unasked)</th><td>5 (2)</td>" in page
+
+
+def test_long_series_are_thinned_keeping_every_peak_and_dip() -> None:
+    """A series of 100,000 points is drawn with at most MAX_POINTS (about), and its
+    highest and lowest values, wherever they are, are among them."""
+    from runtime.report import MAX_POINTS, _thin
+
+    xs = [float(i) for i in range(100_000)]
+    ys = [float((i * 7919) % 1000) for i in range(100_000)]
+    ys[31_337], ys[77_777] = 5000.0, -5000.0  # one peak, one dip
+    tx, ty = _thin(xs, ys)
+    assert len(tx) == len(ty) <= MAX_POINTS
+    assert tx == sorted(tx) and set(tx) <= set(xs)
+    points = set(zip(tx, ty, strict=True))
+    assert (31_337.0, 5000.0) in points and (77_777.0, -5000.0) in points
+    assert _thin(xs[:10], ys[:10]) == (xs[:10], ys[:10])  # short: as it is
