@@ -165,6 +165,8 @@ class Autoscaler(Actor):
         self.drains_unanswered = 0  #: drains asked that got no answer in time (then again)
         #: per pool: the provider's latest watching failure and since when (Unix time)
         self._watch_errors: dict[str, tuple[Exception, float]] = {}
+        #: kinds of request the scheduler failed to answer (logged once each)
+        self._unreadable: set[str] = set()
 
     # -- views -----------------------------------------------------------------------
 
@@ -386,10 +388,7 @@ class Autoscaler(Actor):
         within a tick."""
         if not workers:
             return False
-        try:
-            story = await self.scheduler.ask(StoryRequest(tuple(workers)), timeout=self.tick)
-        except (ActorStopped, AskTimeout):
-            return False
+        story = await self._read(StoryRequest(tuple(workers)))
         return drained_since_joined(story or (), retired)
 
     @handles(_Answered)
@@ -423,10 +422,7 @@ class Autoscaler(Actor):
         policy: besides the queues, the core learns here which blocks' workers the
         scheduler drained (an end after that is free: walltime or drained) and which
         blocks are idle (scaled in first)."""
-        try:
-            status = await self.scheduler.ask(StatusRequest(), timeout=self.tick)
-        except (ActorStopped, AskTimeout):
-            return None
+        status = await self._read(StatusRequest())
         if not isinstance(status, dict) or not isinstance(status.get("queues"), dict):
             return None
         processing = status.get("processing")
@@ -442,11 +438,25 @@ class Autoscaler(Actor):
         no answer within a tick: the strategy then sees ready and running tasks only)."""
         if not getattr(self.state.policy, "uses_upcoming", False):
             return None
+        reply = await self._read(UpcomingRequest())
+        return reply if isinstance(reply, dict) else None
+
+    async def _read(self, msg: Message) -> Any:
+        """The scheduler's answer to ``msg`` (counts, stories: what the core is told,
+        never needed to go on), or None: no answer within a tick, or an error, logged
+        once per kind of request (a scheduler that cannot answer it, of another
+        version or a stand-in), so the autoscaler keeps scaling without it."""
         try:
-            reply = await self.scheduler.ask(UpcomingRequest(), timeout=self.tick)
+            return await self.scheduler.ask(msg, timeout=self.tick)
         except (ActorStopped, AskTimeout):
             return None
-        return reply if isinstance(reply, dict) else None
+        except Exception as exc:
+            kind = type(msg).__name__
+            if kind not in self._unreadable:
+                self._unreadable.add(kind)
+                self.log.warning("the scheduler could not answer; going on without it",
+                                 request=kind, error=repr(exc))  # fmt: skip
+            return None
 
     def _pool_providers(self) -> dict[str, Provider]:
         if self.providers is not None:
