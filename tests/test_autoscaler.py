@@ -44,17 +44,22 @@ class Gated:
         return i * 10
 
 
+async def running_on_both(cluster: Cluster, task: Gated | GatedEach, n: int) -> list[Any]:
+    """Map ``task`` over ``range(n)`` on a cluster of two workers once both joined;
+    return the futures once a task runs on each worker."""
+    await cluster.wait_for_workers(2)
+    futs = cluster.map(task, range(n))
+    await wait_until(lambda: len(task.runs) == 2, "a task running on each worker", limit=BOUND)
+    return futs
+
+
 async def test_scale_in_drains_a_busy_worker_instead_of_stopping_it() -> None:
     task = Gated()
     try:
         with anyio.fail_after(BOUND):
             async with Cluster(workers=2) as cluster:
-                await cluster.wait_for_workers(2)
                 state = cluster.scheduler_state
-                futs = cluster.map(task, range(4))
-                await wait_until(
-                    lambda: len(task.runs) == 2, "a task running on each worker", limit=BOUND
-                )
+                futs = await running_on_both(cluster, task, 4)
                 assert await cluster.scale(1) == {"default": 1}
                 # The newest block's worker drains: no new tasks, and it keeps the ones it
                 # has (the scheduler retires it only once they are done).
@@ -115,13 +120,9 @@ async def test_scale_in_judges_idle_blocks_by_the_counts_now_not_the_last_ticks(
     try:
         with anyio.fail_after(BOUND):
             async with Cluster(workers=2) as cluster:
-                await cluster.wait_for_workers(2)
                 (auto,) = made
                 state = cluster.scheduler_state
-                futs = cluster.map(task, range(2))
-                await wait_until(
-                    lambda: len(task.runs) == 2, "a task running on each worker", limit=BOUND
-                )
+                futs = await running_on_both(cluster, task, 2)
                 await auto.ref.ask(_Tick())  # the core sees both blocks running, busy
                 core = auto.state
                 assert [(b.state, b.idle_since) for b in core.blocks.values()] == [
@@ -199,13 +200,9 @@ async def test_a_drain_the_scheduler_does_not_answer_in_time_is_asked_again(
     try:
         with anyio.fail_after(BOUND):
             async with Cluster(workers=2) as cluster:
-                await cluster.wait_for_workers(2)
                 (auto,) = made
                 state = cluster.scheduler_state
-                futs = cluster.map(task, range(4))
-                await wait_until(
-                    lambda: len(task.runs) == 2, "a task running on each worker", limit=BOUND
-                )
+                futs = await running_on_both(cluster, task, 4)
                 assert await cluster.scale(1) == {"default": 1}
                 await wait_until(
                     lambda: auto.drains_unanswered == 2, "the drain asked again", limit=BOUND
