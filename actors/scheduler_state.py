@@ -1961,6 +1961,7 @@ class SchedulerState:
         """A speculative copy of ``ts`` ended on ``ws`` while its first try runs."""
         if res.outcome == "ok":  # it won: the first try (and other copies) are cancelled
             self.speculative["won"] += 1
+            copy_sent = self.copies[ts][ws.id][0]
             self._end_copy(ts, ws, "ok", None, record=False)
             if ts in self.copies:
                 self.speculative["lost"] += len(self.copies[ts])
@@ -1974,6 +1975,7 @@ class SchedulerState:
                     None,
                 )
             self._unassign(ts, cancel=True)  # cancels the other copies too
+            ts.sent = copy_sent  # the winning try's own, as its record says
             self._finished_ok(ts, ws, res, "speculative")
             return
         self.speculative["failed"] += 1

@@ -608,7 +608,8 @@ async def test_a_try_the_scheduler_cancelled_is_recorded_in_unix_time(
     tmp_path: Path, make_state: Factory
 ) -> None:
     """``t-5``'s copy on w2 wins at T0 + 3: the first try, cancelled (superseded), was
-    sent at T0 and ended then, on the same clock as the others (Unix time)."""
+    sent at T0 and ended then, on the same clock as the others (Unix time); the copy
+    that won was sent at T0 + 2.1, and its row says so."""
     db = tmp_path / "monitoring.db"
     s = _straggler(make_state)
     recorder, writer = _recorder(db, s)
@@ -622,7 +623,7 @@ async def test_a_try_the_scheduler_cancelled_is_recorded_in_unix_time(
                   "WHERE key = 't-5' ORDER BY try")  # fmt: skip
     assert tries == [
         ("w1", "cancelled", "superseded", WALL + T0, None, WALL + T0 + 3),
-        ("w2", "ok", "speculative", WALL + T0, T0 + 2, T0 + 3),  # the worker's clock: result()
+        ("w2", "ok", "speculative", WALL + T0 + 2.1, T0 + 2, T0 + 3),  # started, ended: result()
     ]
 
 
