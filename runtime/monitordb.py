@@ -75,10 +75,20 @@ __all__ = [
 
 _log = get_logger("corral.monitoring")
 
-SCHEMA_VERSION = 2  #: 2: storage over time (disk columns, transfers, recoveries)
+#: 2: storage over time (disk columns, transfers, recoveries); 3: a row per worker life
+SCHEMA_VERSION = 3
+#: versions the report reads (the columns it asks for are in each)
+READABLE_VERSIONS = frozenset({2, 3})
 
+#: the columns of ``workers``: one row per worker life
+_WORKERS = """
+    run_id TEXT NOT NULL, worker TEXT NOT NULL, life INTEGER NOT NULL DEFAULT 1, pool TEXT,
+    block TEXT, cores INTEGER, memory INTEGER, joined REAL, left REAL, cause TEXT,
+    joins INTEGER NOT NULL DEFAULT 1,
+    PRIMARY KEY (run_id, worker, life)
+"""
 #: one statement per table; times are Unix seconds (REAL), sizes bytes
-SCHEMA = """
+SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS runs (
     run_id TEXT PRIMARY KEY, started REAL NOT NULL, last_seen REAL, ended REAL,
@@ -97,11 +107,7 @@ CREATE TABLE IF NOT EXISTS tries (
     error_type TEXT, error_message TEXT, output_bytes INTEGER,
     PRIMARY KEY (run_id, key, try)
 );
-CREATE TABLE IF NOT EXISTS workers (
-    run_id TEXT NOT NULL, worker TEXT NOT NULL, pool TEXT, block TEXT, cores INTEGER,
-    memory INTEGER, joined REAL, left REAL, cause TEXT, joins INTEGER NOT NULL DEFAULT 1,
-    PRIMARY KEY (run_id, worker)
-);
+CREATE TABLE IF NOT EXISTS workers ({_WORKERS});
 CREATE TABLE IF NOT EXISTS blocks (
     run_id TEXT NOT NULL, block TEXT NOT NULL, pool TEXT, state TEXT NOT NULL,
     time REAL NOT NULL, cause TEXT
@@ -139,6 +145,17 @@ CREATE INDEX IF NOT EXISTS transfers_time ON transfers (run_id, time);
 CREATE INDEX IF NOT EXISTS recoveries_time ON recoveries (run_id, time);
 """
 
+#: a version 2 file's workers, one row per worker id, become lives 1 (see _create)
+_WORKERS_V2_TO_V3 = f"""
+ALTER TABLE workers RENAME TO workers_v2;
+CREATE TABLE workers ({_WORKERS});
+INSERT INTO workers (run_id, worker, life, pool, block, cores, memory, joined, left, cause,
+                     joins)
+    SELECT run_id, worker, 1, pool, block, cores, memory, joined, left, cause, joins
+    FROM workers_v2;
+DROP TABLE workers_v2;
+UPDATE schema_version SET version = 3;
+"""
 #: what an older database lacks, said when one is opened
 _OLDER = (
     " (an older Corral wrote it: it has no disk columns in resource_samples and no "
@@ -181,6 +198,7 @@ def _create(path: Path) -> None:
         raise MonitoringDBError(str(path), f"cannot create it: {exc}") from exc
     try:
         conn.execute("PRAGMA journal_mode = WAL")
+        _upgrade(conn)
         conn.executescript(SCHEMA)
         row = conn.execute("SELECT version FROM schema_version").fetchone()
         if row is None:
@@ -199,6 +217,27 @@ def _create(path: Path) -> None:
         conn.close()
 
 
+def _upgrade(conn: sqlite3.Connection) -> None:
+    """A file of version 2 (a row per worker id) becomes version 3 (a row per worker
+    life), its workers' rows kept as their first lives, in one transaction."""
+    tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
+    if "schema_version" not in tables:
+        return
+    row = conn.execute("SELECT version FROM schema_version").fetchone()
+    if row is None or row[0] != 2:
+        return
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        for statement in _WORKERS_V2_TO_V3.split(";"):
+            if statement.strip():
+                conn.execute(statement)
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+    _log.info("monitoring database: upgraded to schema version 3 (worker lives)")
+
+
 def open_db(path: str | os.PathLike[str]) -> sqlite3.Connection:
     """Open a monitoring database for reading (also while its run goes on). Raises
     :class:`~runtime.errors.MonitoringDBError` for a missing file, one that is not an
@@ -214,7 +253,7 @@ def open_db(path: str | os.PathLike[str]) -> sqlite3.Connection:
         if "schema_version" not in tables or "tasks" not in tables:
             raise MonitoringDBError(str(p), "an SQLite file, but not a Corral monitoring database")
         row = conn.execute("SELECT version FROM schema_version").fetchone()
-        if row is None or row[0] != SCHEMA_VERSION:
+        if row is None or row[0] not in READABLE_VERSIONS:
             have = "none" if row is None else row[0]
             older = _OLDER if row is not None and row[0] < SCHEMA_VERSION else ""
             raise MonitoringDBError(
@@ -426,16 +465,19 @@ _TASK = (
     "finished = COALESCE(excluded.finished, finished)"
 )
 _TRY = "INSERT OR REPLACE INTO tries VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)"
+#: a worker's life begins (its first join, or one after it left: a requeued block's
+#: worker comes back under its id), or it joins again within one (a reconnect)
 _WORKER_JOINED = (
-    "INSERT INTO workers (run_id, worker, pool, block, cores, memory, joined) "
-    "VALUES (?,?,?,?,?,?,?) ON CONFLICT (run_id, worker) DO UPDATE SET "
-    "joins = joins + 1, left = NULL, cause = NULL, block = COALESCE(excluded.block, block)"
+    "INSERT INTO workers (run_id, worker, life, pool, block, cores, memory, joined) "
+    "VALUES (?,?,?,?,?,?,?,?) ON CONFLICT (run_id, worker, life) DO UPDATE SET "
+    "joins = joins + 1, block = COALESCE(excluded.block, block)"
 )
-_WORKER_LEFT = "UPDATE workers SET left = ?, cause = ? WHERE run_id = ? AND worker = ?"
+_WORKER_LEFT = "UPDATE workers SET left = ?, cause = ? WHERE run_id = ? AND worker = ? AND life = ?"
 _RUN_END_WORKERS = (
     "UPDATE workers SET left = ?, cause = 'shutdown' WHERE run_id = ? AND left IS NULL"
 )
-_WORKER_BLOCK = "UPDATE workers SET block = ? WHERE run_id = ? AND worker = ?"
+#: its life under way, if any (else its next joined row carries the block)
+_WORKER_BLOCK = "UPDATE workers SET block = ? WHERE run_id = ? AND worker = ? AND left IS NULL"
 _BLOCK = "INSERT INTO blocks VALUES (?,?,?,?,?,?)"
 _RESOURCE = "INSERT INTO resource_samples VALUES (?,?,?,?,?,?,?,?)"
 _TRANSFER = "INSERT INTO transfers VALUES (?,?,?,?,?,?,?,?)"
@@ -513,6 +555,8 @@ class MonitorRecorder(Actor):
         self.polls = 0
         self._blocks: dict[str, tuple[str, str]] = {}  #: block -> (pool, state)
         self._worker_block: dict[str, str] = {}
+        #: worker -> its latest life's number, and whether that life goes on
+        self._lives: dict[str, tuple[int, bool]] = {}
         #: the autoscaler's ends written: (block, incarnation, state, at)
         self._ends: set[tuple[str, int, str, float]] = set()
         #: (name, labels) -> (state, active_since, fired_at, resolved_at), the alert
@@ -690,9 +734,16 @@ class MonitorRecorder(Actor):
                 elif kind == "joined":
                     _, wid, pool, cores, memory = rec
                     block = self._worker_block.get(wid)  # when its block said it first
-                    rows.add("event", _WORKER_JOINED, (run, wid, pool, block, cores, memory, at))
+                    life, going = self._lives.get(wid, (0, False))
+                    life += not going  # a join within a life going on: a reconnect
+                    self._lives[wid] = (life, True)
+                    rows.add("event", _WORKER_JOINED,
+                             (run, wid, life, pool, block, cores, memory, at))  # fmt: skip
                 elif kind == "left":
-                    rows.add("event", _WORKER_LEFT, (at, rec[2], run, rec[1]))
+                    _, wid, cause = rec
+                    life, _ = self._lives.get(wid, (1, True))
+                    self._lives[wid] = (life, False)
+                    rows.add("event", _WORKER_LEFT, (at, cause, run, wid, life))
                 elif kind == "transfer":
                     _, key, what, nbytes, source, target, took = rec
                     rows.add("event", _TRANSFER, (run, at, _safe(str(key)), what, nbytes,

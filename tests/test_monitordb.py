@@ -20,7 +20,14 @@ from typing import Any, cast
 import anyio
 import pytest
 
-from actors.scheduler_events import Event, GraphSubmitted, TasksFinished, Tick, WorkerJoined
+from actors.scheduler_events import (
+    Event,
+    GraphSubmitted,
+    TasksFinished,
+    Tick,
+    WorkerJoined,
+    WorkerLeft,
+)
 from actors.scheduler_records import SchedulerConfig
 from actors.scheduler_state import SchedulerState
 from runtime import Cluster
@@ -678,6 +685,61 @@ async def test_a_worker_its_block_names_before_it_joins_gets_the_block(
     assert _rows(db, "SELECT worker, block FROM workers ORDER BY worker") == [
         ("w1", "block-1"), ("w2", "block-2"),
     ]  # fmt: skip
+
+
+@pytest.mark.anyio
+async def test_a_worker_that_comes_back_under_its_id_gets_a_row_per_life(
+    tmp_path: Path, make_state: Factory
+) -> None:
+    """A requeued Slurm block's worker joins again under its id after it was lost: its
+    first life keeps its end and cause, the second is a row of its own; a reconnect
+    within a life (a join with no leaving before it) is counted in that life's joins."""
+    db = tmp_path / "monitoring.db"
+    s = make_state(monitor=True)
+    recorder, writer = _recorder(db, s)
+    with anyio.fail_after(LIMIT):
+        _at(s, WorkerJoined, T0, worker="w1", cores=1, memory=GB)
+        _at(s, WorkerJoined, T0 + 5, worker="w1", cores=1, memory=GB)  # a reconnect
+        await recorder.poll()
+        _at(s, WorkerLeft, T0 + 60, worker="w1", cause="preempted")
+        await recorder.poll()
+        _at(s, WorkerJoined, T0 + 300, worker="w1", cores=1, memory=GB)  # requeued
+        _at(s, WorkerJoined, T0 + 300, worker="w2", cores=1, memory=GB)
+        await recorder.poll()
+        _at(s, WorkerLeft, T0 + 400, worker="w1", cause="walltime")
+        await recorder.poll()
+    writer.close()
+    rows = _rows(db, "SELECT worker, life, joined, left, cause, joins FROM workers "
+                 "ORDER BY worker, life")  # fmt: skip
+    assert rows == [
+        ("w1", 1, WALL + T0, WALL + T0 + 60, "preempted", 2),
+        ("w1", 2, WALL + T0 + 300, WALL + T0 + 400, "walltime", 1),
+        ("w2", 1, WALL + T0 + 300, None, None, 1),
+    ]
+
+
+def test_a_version_2_file_is_upgraded_to_a_row_per_life_and_still_read(tmp_path: Path) -> None:
+    """A file an older Corral wrote (schema version 2, a row per worker id): the report
+    reads it as it is; a manager writing into it first makes each row a first life."""
+    db = tmp_path / "monitoring.db"
+    MonitorWriter(db).close()
+    old = sqlite3.connect(db)
+    old.executescript(
+        "DROP TABLE workers; CREATE TABLE workers (run_id TEXT NOT NULL, worker TEXT NOT NULL, "
+        "pool TEXT, block TEXT, cores INTEGER, memory INTEGER, joined REAL, left REAL, "
+        "cause TEXT, joins INTEGER NOT NULL DEFAULT 1, PRIMARY KEY (run_id, worker)); "
+        "INSERT INTO workers VALUES ('r', 'w1', 'cpu', 'b1', 2, 10, 1.0, 9.0, 'crash', 3); "
+        "UPDATE schema_version SET version = 2;"
+    )  # fmt: skip
+    old.close()
+    read = open_db(db)
+    assert read.execute("SELECT worker, joined, left FROM workers").fetchall() == [("w1", 1.0, 9.0)]
+    read.close()
+    MonitorWriter(db).close()
+    assert _rows(db, "SELECT version FROM schema_version") == [(SCHEMA_VERSION,)]
+    assert _rows(db, "SELECT * FROM workers") == [
+        ("r", "w1", 1, "cpu", "b1", 2, 10, 1.0, 9.0, "crash", 3)
+    ]
 
 
 @pytest.mark.anyio

@@ -216,7 +216,8 @@ def test_the_status_dict_has_storage_per_worker() -> None:
 # ----------------------------------------------------------------------------- database
 
 
-def test_a_database_of_the_version_before_is_refused_saying_what_it_lacks(tmp_path: Path) -> None:
+def test_a_database_of_version_1_is_refused_saying_what_it_lacks(tmp_path: Path) -> None:
+    """Version 1 came before storage over time; version 2 is upgraded (test_monitordb)."""
     old = tmp_path / "old.db"
     MonitorWriter(old).close()
     conn = sqlite3.connect(old)
@@ -229,7 +230,7 @@ def test_a_database_of_the_version_before_is_refused_saying_what_it_lacks(tmp_pa
         open_db(old)
     with pytest.raises(MonitoringDBError, match="give --monitoring another path"):
         MonitorWriter(old)
-    assert SCHEMA_VERSION == 2
+    assert SCHEMA_VERSION == 3
 
 
 # ----------------------------------------------------------------------------- processes
