@@ -449,7 +449,7 @@ def _refused_row(exc: Exception) -> bool:
 
 #: one row per task and poll, merged with what the table has: first times stay, the
 #: latest worker and state win (a row of a try alone has none: the table's stay), an
-#: end state stays until the task ends again
+#: end state stays until the task ends again, tries add up (over a key computed again)
 _TASK = (
     "INSERT INTO tasks (run_id, key, category, pool, submitted, ready, started, finished, "
     "state, worker, tries, duration, output_bytes) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?) "
@@ -457,14 +457,19 @@ _TASK = (
     "category = COALESCE(excluded.category, category), pool = COALESCE(excluded.pool, pool), "
     "submitted = COALESCE(submitted, excluded.submitted), "
     "ready = COALESCE(ready, excluded.ready), started = COALESCE(started, excluded.started), "
-    "worker = COALESCE(excluded.worker, worker), tries = MAX(tries, excluded.tries), "
+    "worker = COALESCE(excluded.worker, worker), tries = tries + excluded.tries, "
     "duration = COALESCE(excluded.duration, duration), "
     "output_bytes = COALESCE(excluded.output_bytes, output_bytes), "
     "state = CASE WHEN excluded.finished IS NOT NULL OR finished IS NULL "
     "THEN COALESCE(excluded.state, state) ELSE state END, "
     "finished = COALESCE(excluded.finished, finished)"
 )
-_TRY = "INSERT OR REPLACE INTO tries VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)"
+#: a try is numbered after the key's tries in the table: a key computed again after it
+#: was forgotten (submitted anew, its tries counted from 1 again) adds to its tries
+_TRY = (
+    "INSERT INTO tries VALUES (?1, ?2, (SELECT COALESCE(MAX(try), 0) + 1 FROM tries "
+    "WHERE run_id = ?1 AND key = ?2), ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)"
+)
 #: a worker's life begins (its first join, or one after it left: a requeued block's
 #: worker comes back under its id), or it joins again within one (a reconnect)
 _WORKER_JOINED = (
@@ -715,8 +720,8 @@ class MonitorRecorder(Actor):
                             t[4] = at if t[4] is None else t[4]
                             t[7] = worker
                 elif kind == "try":
-                    (_, key, category, worker, number, sent, start, stop, outcome, cause,
-                     error, nbytes) = rec  # fmt: skip
+                    (_, key, category, worker, _, sent, start, stop, outcome, cause, error,
+                     nbytes) = rec  # fmt: skip
                     k = _safe(str(key))
                     t = task(k, category, at)
                     if outcome in _CORE_CLOCK:  # the core's clock: sent, ended
@@ -725,10 +730,10 @@ class MonitorRecorder(Actor):
                     etype, emsg = _text(error)
                     rows.add(
                         "event", _TRY,
-                        (run, k, number, _safe(category), worker, sent + wall, start, stop,
-                         outcome, cause, etype, emsg, nbytes if ok else None),
+                        (run, k, _safe(category), worker, sent + wall, start, stop, outcome,
+                         cause, etype, emsg, nbytes if ok else None),
                     )  # fmt: skip
-                    t[8] = max(t[8], number)
+                    t[8] += 1  # tries ended in this interval: added to the row's
                     if ok and start is not None:
                         t[9], t[10] = max(stop - start, 0.0), nbytes
                 elif kind == "joined":

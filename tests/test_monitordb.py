@@ -22,7 +22,9 @@ import pytest
 
 from actors.scheduler_events import (
     Event,
+    FilesReleased,
     GraphSubmitted,
+    KeysReleased,
     TasksFinished,
     Tick,
     WorkerJoined,
@@ -685,6 +687,37 @@ async def test_a_worker_its_block_names_before_it_joins_gets_the_block(
     assert _rows(db, "SELECT worker, block FROM workers ORDER BY worker") == [
         ("w1", "block-1"), ("w2", "block-2"),
     ]  # fmt: skip
+
+
+@pytest.mark.anyio
+async def test_a_key_computed_again_after_it_was_forgotten_adds_to_its_tries(
+    tmp_path: Path, make_state: Factory
+) -> None:
+    """``a`` is computed, released (forgotten: the scheduler numbers its tries from 1
+    again), submitted anew and computed again, and fails: its two tries are rows 1 and
+    2 in the order they ended (before, the second replaced the first), and its task
+    row counts 2 and says how it ended last."""
+    db = tmp_path / "monitoring.db"
+    s = make_state(monitor=True)
+    recorder, writer = _recorder(db, s)
+    with anyio.fail_after(LIMIT):
+        _at(s, WorkerJoined, T0, worker="w1", cores=1, memory=GB)
+        _at(s, GraphSubmitted, T0, specs=specs_for(s, {"a": []}, ["a"]), wanted=("a",))
+        _done(s, "w1", "a", T0 + 1)
+        await recorder.poll()
+        _at(s, KeysReleased, T0 + 2, keys=("a",))
+        _at(s, FilesReleased, T0 + 2, keys=("a",))  # the registry drops its output
+        assert "a" not in s.tasks
+        _at(s, GraphSubmitted, T0 + 3, specs=specs_for(s, {"a": []}, ["a"]), wanted=("a",))
+        _done(s, "w1", "a", T0 + 4, outcome="error")
+        await recorder.poll()
+    writer.close()
+    assert _rows(db, "SELECT try, outcome, ended FROM tries WHERE key = 'a' ORDER BY try") == [
+        (1, "ok", T0 + 1), (2, "error", T0 + 4),
+    ]  # fmt: skip
+    assert _rows(db, "SELECT tries, state, finished FROM tasks WHERE key = 'a'") == [
+        (2, "erred", WALL + T0 + 4)
+    ]
 
 
 @pytest.mark.anyio
