@@ -16,12 +16,13 @@ plots.
 from __future__ import annotations
 
 import html
+import itertools
 import json
 import os
 import sqlite3
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -62,8 +63,89 @@ def _quiet(text: str) -> None:
     pass
 
 
+def _first(point: tuple[int, Any, Any]) -> int:
+    return point[0]
+
+
+def _nth(rows: Iterator[tuple[Any, ...]], n: int) -> tuple[Any, ...]:
+    """The row after the next ``n`` of ``rows``, those skipped at C speed."""
+    return next(itertools.islice(rows, n, None))
+
+
+def _table(conn: sqlite3.Connection, table: str, rid: tuple[str]) -> str:
+    """``table``, or ``table NOT INDEXED`` when the run has a quarter of its rows or
+    more: SQLite, which has no statistics, would look each row up through an index on
+    ``run_id``, several times slower than reading the table in order."""
+    (run,) = conn.execute(f"SELECT COUNT(*) FROM {table} WHERE run_id = ?", rid).fetchone()
+    (rows,) = conn.execute(f"SELECT COUNT(*) FROM {table}").fetchone()
+    return f"{table} NOT INDEXED" if 4 * run >= rows else table
+
+
+class _Thinned:
+    """The points :func:`_thin` keeps of a series of ``n`` points, taken one at a time in
+    order (:meth:`add`), without holding the series: past ``most`` points, each of
+    ``most // 2`` stretches keeps its lowest and its highest point (the first of equal
+    ones), in time order. :attr:`xs` and :attr:`ys` are whole after :meth:`done`."""
+
+    def __init__(self, n: int, most: int = MAX_POINTS) -> None:
+        self.xs: list[Any] = []
+        self.ys: list[Any] = []
+        self._n = n
+        self._all = n <= most
+        self._stretches = max(most // 2, 1)
+        self._k = -1  #: the stretch under way
+        self._i = 0  #: points taken
+        self._end = 0  #: the index the next stretch starts at
+        #: the stretch's lowest and highest points so far, (index, x, y), and their y
+        self._low: tuple[int, Any, Any] | None = None
+        self._high: tuple[int, Any, Any] | None = None
+        self._low_y: Any = None
+        self._high_y: Any = None
+
+    def add(self, x: Any, y: Any) -> None:
+        if self._all:
+            self.xs.append(x)
+            self.ys.append(y)
+            return
+        i = self._i
+        self._i = i + 1
+        if i >= self._end:
+            self._close()
+            while i >= self._end:  # (a stretch of no point: none while n > most)
+                self._k += 1
+                self._end = (self._k + 1) * self._n // self._stretches
+            self._low = self._high = (i, x, y)
+            self._low_y = self._high_y = y
+        elif y < self._low_y:
+            self._low = (i, x, y)
+            self._low_y = y
+        elif y > self._high_y:
+            self._high = (i, x, y)
+            self._high_y = y
+
+    def done(self) -> _Thinned:
+        """The last stretch's points added; ``self``."""
+        self._close()
+        return self
+
+    def _close(self) -> None:
+        low, high = self._low, self._high
+        if low is None or high is None:
+            return
+        for _, x, y in (low,) if low is high else sorted((low, high), key=_first):
+            self.xs.append(x)
+            self.ys.append(y)
+        self._low = self._high = None
+
+
 class _Run:
-    """The rows of one run, times in seconds from its start."""
+    """What the report shows of one run, times in seconds from its start.
+
+    Nothing is read whole: SQLite counts, groups and sorts (the task states, the failed
+    tries by cause, the median wait, each category's duration quantiles, the latest
+    tries), and each series is thinned as its rows go by (:class:`_Thinned`), so memory
+    does not grow with the number of tasks. The reads share one snapshot of the file,
+    which a manager may be writing to meanwhile."""
 
     def __init__(self, conn: sqlite3.Connection, run_id: str | None, progress: Progress) -> None:
         q = conn.execute
@@ -92,52 +174,177 @@ class _Run:
             progress(f"read {len(out)} {what} ({time.monotonic() - t:.1f} s)")
             return out
 
-        self.tasks = rows(
-            "SELECT key, category, pool, submitted, ready, started, finished, state, tries "
-            "FROM tasks WHERE run_id = ?", "tasks",
-        )  # fmt: skip
-        self.tries = rows(
-            "SELECT key, try, category, worker, sent, started, ended, outcome, cause, "
-            "error_type FROM tries WHERE run_id = ? ORDER BY ended", "tries",
-        )  # fmt: skip
-        self.workers = rows(
-            "SELECT worker, pool, block, joined, left, cause FROM workers WHERE run_id = ?",
-            "workers",
-        )
-        self.blocks = rows(
-            "SELECT block, pool, state, time, cause FROM blocks WHERE run_id = ? ORDER BY time",
-            "block changes",
-        )
-        self.resources = rows(
-            "SELECT time, worker, rss FROM resource_samples WHERE run_id = ? ORDER BY time",
-            "resource samples",
-        )
-        self.disks = rows(
-            "SELECT time, worker, spilled_bytes FROM resource_samples WHERE run_id = ? "
-            "AND spilled_bytes IS NOT NULL ORDER BY time", "disk samples",
-        )  # fmt: skip
-        self.transfers = rows(
-            "SELECT time, key, kind, bytes, source, target FROM transfers WHERE run_id = ? "
-            "ORDER BY time", "transfers",
-        )  # fmt: skip
-        self.recoveries = rows(
-            "SELECT time, key, worker, how FROM recoveries WHERE run_id = ? ORDER BY time",
-            "recoveries",
-        )
-        self.metrics = rows(
-            "SELECT time, name, labels, value FROM metric_samples WHERE run_id = ? AND name IN "
-            "('corral_queue_depth', 'corral_queue_oldest_wait_seconds') ORDER BY time",
-            "queue samples",
-        )
-        self.alerts = rows(
-            "SELECT time, name, state, labels, value, active_since, fired_at, resolved_at "
-            "FROM alerts WHERE run_id = ? ORDER BY time",
-            "alert changes",
-        )
-        self.gaps = q("SELECT COALESCE(SUM(lost), 0) FROM gaps WHERE run_id = ?", rid).fetchone()[0]
+        def step(read: Callable[[sqlite3.Connection, tuple[str]], int], what: str) -> None:
+            t = time.monotonic()
+            n = read(conn, rid)
+            progress(f"read {n} {what} ({time.monotonic() - t:.1f} s)")
+
+        snapshot = not conn.in_transaction
+        if snapshot:
+            q("BEGIN")  # one read transaction: every count agrees with the rows read
+        try:
+            step(self._read_tasks, "tasks")
+            step(self._read_tries, "tries")
+            self.workers = rows(
+                "SELECT worker, pool, block, joined, left, cause FROM workers WHERE run_id = ?",
+                "workers",
+            )
+            self.blocks = rows(
+                "SELECT block, pool, state, time, cause FROM blocks WHERE run_id = ? "
+                "ORDER BY time", "block changes",
+            )  # fmt: skip
+            step(self._read_resources, "resource samples")
+            step(self._read_transfers, "transfers")
+            self.recoveries = rows(
+                "SELECT time, key, worker, how FROM recoveries WHERE run_id = ? ORDER BY time",
+                "recoveries",
+            )
+            step(self._read_queues, "queue samples")
+            self.alerts = rows(
+                "SELECT time, name, state, labels, value, active_since, fired_at, resolved_at "
+                "FROM alerts WHERE run_id = ? ORDER BY time",
+                "alert changes",
+            )
+            self.gaps = q(
+                "SELECT COALESCE(SUM(lost), 0) FROM gaps WHERE run_id = ?", rid
+            ).fetchone()[0]
+        finally:
+            if snapshot:
+                q("ROLLBACK")  # it only read
 
     def t(self, at: float | None) -> float | None:
         return None if at is None else at - self.t0
+
+    def _read_tasks(self, conn: sqlite3.Connection, rid: tuple[str]) -> int:
+        """The summary's numbers of the tasks: how many in each state, the makespan
+        (first submitted to last finished) and the median wait from ready to running."""
+        tasks = _table(conn, "tasks", rid)
+        # per state: how many, the first submitted, the last finished, how many waited
+        groups = conn.execute(
+            "SELECT COALESCE(NULLIF(state, ''), '?'), COUNT(*), MIN(submitted), MAX(finished), "
+            f"COUNT(started - ready) FROM {tasks} WHERE run_id = ? GROUP BY 1", rid,
+        ).fetchall()  # fmt: skip
+        self.states: dict[str, int] = {state: n for state, n, *_ in groups}
+        firsts = [first for _, _, first, _, _ in groups if first is not None]
+        lasts = [last for _, _, _, last, _ in groups if last is not None]
+        waits = sum(waited for *_, waited in groups)
+        self.tasks: int = sum(self.states.values())
+        self.makespan = max(lasts) - min(firsts) if firsts and lasts else 0.0
+        self.median_wait: float | None = None
+        if waits:
+            # (SQLite sorts all and the cursor skips to it faster than a LIMIT 1 OFFSET)
+            sorted_waits = conn.execute(
+                f"SELECT started - ready AS wait FROM {tasks} WHERE run_id = ? AND ready IS "
+                "NOT NULL AND started IS NOT NULL ORDER BY wait", rid,
+            )  # fmt: skip
+            (self.median_wait,) = _nth(sorted_waits, waits // 2)
+        return self.tasks
+
+    def _read_tries(self, conn: sqlite3.Connection, rid: tuple[str]) -> int:
+        """The tries: failed ones by outcome and cause, the latest :data:`MAX_BARS` ended
+        ones for the timeline, and each category's duration quantiles for the CDF."""
+        tries = _table(conn, "tries", rid)
+        # by count, then in the order of their first try (by end; not ended: first)
+        groups = conn.execute(
+            "SELECT outcome, COALESCE(NULLIF(cause, ''), NULLIF(error_type, ''), ''), COUNT(*) "
+            f"FROM {tries} WHERE run_id = ? GROUP BY 1, 2 "
+            "ORDER BY 3 DESC, MAX(ended IS NULL) DESC, MIN(ended)", rid,
+        ).fetchall()  # fmt: skip
+        self.tries: int = sum(n for _, _, n in groups)
+        self.failures = [(o, c, n) for o, c, n in groups if o != "ok"]
+        # the latest ended, by end; at one end (a worker's tries lost with it) by worker,
+        # start and as written, as SQLite sorted them before (through index tries_worker)
+        latest = conn.execute(
+            "SELECT key, try, category, worker, sent, started, ended, outcome, cause, "
+            f"error_type FROM {tries} WHERE run_id = ? AND ended IS NOT NULL ORDER BY ended "
+            "DESC, worker DESC, started DESC, rowid DESC LIMIT ?", (*rid, MAX_BARS),
+        ).fetchall()  # fmt: skip
+        latest.reverse()
+        self.latest = latest
+        # Successful tries' durations by category: how many of each, then all of them in
+        # order (category, duration), of which only the quantiles drawn are fetched.
+        ok = (
+            "SELECT COALESCE(NULLIF(category, ''), '?') AS cat, MAX(ended - started, 0.0) AS "
+            f"duration FROM {tries} WHERE run_id = ? AND outcome = 'ok' AND started IS NOT "
+            "NULL AND ended IS NOT NULL"
+        )  # fmt: skip
+        counts = conn.execute(f"SELECT cat, COUNT(*) FROM ({ok}) GROUP BY cat ORDER BY cat", rid)
+        durations = conn.execute(f"{ok} ORDER BY cat, duration", rid)
+        self.durations: dict[str, tuple[int, list[float], list[float]]] = {}
+        for cat, n in counts.fetchall():
+            at = (
+                range(n)
+                if n <= MAX_POINTS
+                else sorted({k * (n - 1) // (MAX_POINTS - 1) for k in range(MAX_POINTS)})
+            )  # evenly spaced quantiles, the first and the last among them
+            xs, ys = [], []
+            done = 0  # of the category's durations, read or skipped
+            for i in at:
+                xs.append(_nth(durations, i - done)[1])
+                ys.append((i + 1) / n)
+                done = i + 1
+            if done < n:  # skip the rest of the category
+                _nth(durations, n - done - 1)
+            self.durations[cat] = (n, xs, ys)
+        return self.tries
+
+    def _read_resources(self, conn: sqlite3.Connection, rid: tuple[str]) -> int:
+        """Each worker's RSS (once reported: not 0) and bytes on disk over time, thinned
+        to :func:`_per_line` points a line, in one pass over the samples."""
+        counts = conn.execute(
+            "SELECT worker, SUM(rss IS NOT NULL AND rss != 0), COUNT(spilled_bytes), COUNT(*) "
+            "FROM resource_samples WHERE run_id = ? GROUP BY worker", rid,
+        ).fetchall()  # fmt: skip
+        most = _per_line(sum(1 for _, n, _, _ in counts if n))
+        rss = {w: _Thinned(n, most) for w, n, _, _ in counts if n}
+        most = _per_line(sum(1 for _, _, n, _ in counts if n))
+        disk = {w: _Thinned(n, most) for w, _, n, _ in counts if n}
+        for at, worker, used, spilled in conn.execute(
+            "SELECT time, worker, rss, spilled_bytes FROM resource_samples WHERE run_id = ? "
+            "ORDER BY time", rid,
+        ):  # fmt: skip
+            if used:  # else not reported yet
+                rss[worker].add(at - self.t0, used / 2**20)
+            if spilled is not None:
+                disk[worker].add(at - self.t0, spilled / 2**20)
+        self.rss = {w: line.done() for w, line in rss.items()}
+        self.disk = {w: line.done() for w, line in disk.items()}
+        return sum(n for *_, n in counts)
+
+    def _read_transfers(self, conn: sqlite3.Connection, rid: tuple[str]) -> int:
+        """The bytes copied between workers so far, per kind, over time (thinned)."""
+        counts = conn.execute(
+            "SELECT kind, COUNT(*) FROM transfers WHERE run_id = ? GROUP BY kind", rid
+        ).fetchall()
+        lines = {kind: _Thinned(n) for kind, n in counts}
+        so_far = dict.fromkeys(lines, 0.0)
+        for at, kind, nbytes in conn.execute(
+            "SELECT time, kind, bytes FROM transfers WHERE run_id = ? ORDER BY time", rid
+        ):
+            so_far[kind] += nbytes / 2**20
+            lines[kind].add(at - self.t0, so_far[kind])
+        self.copied = {kind: line.done() for kind, line in lines.items()}
+        return sum(n for _, n in counts)
+
+    def _read_queues(self, conn: sqlite3.Connection, rid: tuple[str]) -> int:
+        """Ready tasks and the oldest wait per pool over time (thinned)."""
+        names = "('corral_queue_depth', 'corral_queue_oldest_wait_seconds')"
+        pool_of: dict[str, str] = {}
+        counts: dict[tuple[str, str], int] = defaultdict(int)
+        for name, labels, n in conn.execute(
+            f"SELECT name, labels, COUNT(*) FROM metric_samples WHERE run_id = ? AND name IN "
+            f"{names} GROUP BY name, labels", rid,
+        ):  # fmt: skip
+            pool_of[labels] = json.loads(labels).get("pool", "?")
+            counts[(name, pool_of[labels])] += n
+        lines = {key: _Thinned(n) for key, n in counts.items()}
+        for at, name, labels, value in conn.execute(
+            f"SELECT time, name, labels, value FROM metric_samples WHERE run_id = ? AND name IN "
+            f"{names} ORDER BY time", rid,
+        ):  # fmt: skip
+            lines[(name, pool_of[labels])].add(at - self.t0, value)
+        self.queues = {key: line.done() for key, line in lines.items()}
+        return sum(counts.values())
 
 
 def _layout(fig: go.Figure, title: str, height: int = 420) -> go.Figure:
@@ -182,7 +389,7 @@ def _alert_spans(run: _Run) -> list[tuple[float, float, str, str]]:
 
 
 def _timeline(run: _Run) -> go.Figure:
-    tries = [r for r in run.tries if r[6] is not None][-MAX_BARS:]
+    tries = run.latest
     fig = go.Figure()
     by_cat: dict[str, list[tuple[Any, ...]]] = defaultdict(list)
     failed: list[tuple[Any, ...]] = []
@@ -215,26 +422,19 @@ def _timeline(run: _Run) -> go.Figure:
     _alert_bands(fig, run)
     n_workers = len({r[3] for r in tries})
     title = SECTIONS[0]
-    if len(run.tries) > len(tries):
-        title += f" (the latest {len(tries)} of {len(run.tries)} tries)"
+    if run.tries > len(tries):
+        title += f" (the latest {len(tries)} of {run.tries} tries)"
     return _layout(fig, title, height=max(300, min(1200, 120 + 22 * n_workers)))
 
 
 def _queues(run: _Run) -> go.Figure:
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
                         subplot_titles=("ready tasks", "oldest wait (s)"))  # fmt: skip
-    series: dict[tuple[str, str], tuple[list[float], list[float]]] = defaultdict(lambda: ([], []))
-    for at, name, labels, value in run.metrics:
-        pool = json.loads(labels).get("pool", "?")
-        xs, ys = series[(name, pool)]
-        xs.append(at - run.t0)
-        ys.append(value)
-    for (name, pool), (xs, ys) in sorted(series.items()):
-        xs, ys = _thin(xs, ys)
+    for (name, pool), line in sorted(run.queues.items()):
         row = 1 if name == "corral_queue_depth" else 2
         label = "any pool" if pool == "*" else pool
         fig.add_trace(
-            go.Scatter(x=xs, y=ys, mode="lines", line_shape="hv", name=f"{label}",
+            go.Scatter(x=line.xs, y=line.ys, mode="lines", line_shape="hv", name=f"{label}",
                        legendgroup=pool, showlegend=row == 1),
             row=row, col=1,
         )  # fmt: skip
@@ -289,17 +489,8 @@ def _fleet(run: _Run) -> go.Figure:
 
 def _memory(run: _Run) -> go.Figure:
     fig = go.Figure()
-    per: dict[str, tuple[list[float], list[float]]] = defaultdict(lambda: ([], []))
-    for at, worker, rss in run.resources:
-        if not rss:
-            continue  # not reported yet
-        xs, ys = per[worker]
-        xs.append(at - run.t0)
-        ys.append((rss or 0) / 2**20)
-    most = _per_line(len(per))
-    for worker, (xs, ys) in sorted(per.items()):
-        xs, ys = _thin(xs, ys, most)
-        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name=worker))
+    for worker, line in sorted(run.rss.items()):
+        fig.add_trace(go.Scatter(x=line.xs, y=line.ys, mode="lines", name=worker))
     return _over_time(fig, run, "RSS (MiB)", SECTIONS[3])
 
 
@@ -314,41 +505,20 @@ def _thin(
     """``xs, ys`` with at most about ``most`` points: past that, each of ``most // 2``
     stretches keeps its lowest and its highest point, in time order, so a line drawn
     through them has every peak and dip of the whole series."""
-    n = len(xs)
-    if n <= most:
+    if len(xs) <= most:
         return xs, ys
-    stretches = max(most // 2, 1)
-    out_x: list[float] = []
-    out_y: list[float] = []
-    for k in range(stretches):
-        lo, hi = k * n // stretches, (k + 1) * n // stretches
-        if lo >= hi:
-            continue
-        part = range(lo, hi)
-        low = min(part, key=ys.__getitem__)
-        high = max(part, key=ys.__getitem__)
-        for i in sorted({low, high}):
-            out_x.append(xs[i])
-            out_y.append(ys[i])
-    return out_x, out_y
+    line = _Thinned(len(xs), most)
+    for x, y in zip(xs, ys, strict=True):
+        line.add(x, y)
+    line.done()
+    return line.xs, line.ys
 
 
 def _cdf(run: _Run) -> go.Figure:
     fig = go.Figure()
-    per: dict[str, list[float]] = defaultdict(list)
-    for r in run.tries:
-        if r[7] == "ok" and r[5] is not None and r[6] is not None:
-            per[r[2] or "?"].append(max(r[6] - r[5], 0.0))
-    for cat, ds in sorted(per.items()):
-        ds.sort()
-        n = len(ds)
-        at = (
-            range(n)
-            if n <= MAX_POINTS
-            else sorted({k * (n - 1) // (MAX_POINTS - 1) for k in range(MAX_POINTS)})
-        )  # evenly spaced quantiles, the first and the last among them
-        fig.add_trace(go.Scatter(x=[ds[i] for i in at], y=[(i + 1) / n for i in at],
-                                 mode="lines+markers" if n < 5 else "lines",
+    # evenly spaced quantiles, the first and the last among them (_Run._read_tries)
+    for cat, (n, xs, ys) in sorted(run.durations.items()):
+        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines+markers" if n < 5 else "lines",
                                  line_shape="hv", name=f"{cat} ({n})"))  # fmt: skip
     fig.update_xaxes(title="duration of a successful try (s)", type="log")
     fig.update_yaxes(title="fraction of tries", range=[0, 1.02])
@@ -375,19 +545,10 @@ def _alerts_figure(run: _Run) -> go.Figure:
 
 
 def _summary(run: _Run) -> str:
-    states: dict[str, int] = defaultdict(int)
-    for t in run.tasks:
-        states[t[7] or "?"] += 1
-    failures: dict[tuple[str, str], int] = defaultdict(int)
-    for r in run.tries:
-        if r[7] != "ok":
-            failures[(r[7], r[8] or r[9] or "")] += 1
-    starts = [t[3] for t in run.tasks if t[3] is not None]
-    ends = [t[6] for t in run.tasks if t[6] is not None]
-    makespan = max(ends) - min(starts) if starts and ends else 0.0
-    waits = sorted(t[5] - t[4] for t in run.tasks if t[4] is not None and t[5] is not None)
-    # Lost unasked: left for any reason but on purpose (drained, walltime, shutdown).
+    # Lost unasked: left for any reason but on purpose (drained, walltime, shutdown),
+    # per life (a worker requeued under its id may be lost again).
     lost = sum(1 for w in run.workers if w[5] is not None and w[5] not in ON_PURPOSE)
+    workers = len({w[0] for w in run.workers})
 
     def row(k: str, v: Any) -> str:
         return f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>"
@@ -399,19 +560,20 @@ def _summary(run: _Run) -> str:
         row("started (UTC)", time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(run.t0))),
         row("recorded for", f"{run.end:.1f} s" + ("" if info["ended"] else " (still running, or "
             "it stopped without closing the database)")),
-        row("tasks", len(run.tasks)),
-        *(row(f"tasks {s}", n) for s, n in sorted(states.items())),
-        row("tries", len(run.tries)),
-        row("makespan (first submitted to last finished)", f"{makespan:.2f} s"),
-        row("median wait ready to running", f"{waits[len(waits) // 2]:.3f} s" if waits else "-"),
-        row("workers (lost unasked)", f"{len(run.workers)} ({lost})"),
+        row("tasks", run.tasks),
+        *(row(f"tasks {s}", n) for s, n in sorted(run.states.items())),
+        row("tries", run.tries),
+        row("makespan (first submitted to last finished)", f"{run.makespan:.2f} s"),
+        row("median wait ready to running",
+            "-" if run.median_wait is None else f"{run.median_wait:.3f} s"),
+        row("workers (lives lost unasked)", f"{workers} ({lost})"),
         row("blocks", len({b[0] for b in run.blocks})),
         row("monitoring: feed events lost, rows dropped", f"{run.gaps}, {info['dropped_rows']}"),
     ]  # fmt: skip
     fail = (
         "".join(
             f"<tr><td>{html.escape(o)}</td><td>{html.escape(c)}</td><td>{n}</td></tr>"
-            for (o, c), n in sorted(failures.items(), key=lambda kv: -kv[1])
+            for o, c, n in run.failures
         )
         or "<tr><td colspan=3>none</td></tr>"
     )
@@ -437,23 +599,11 @@ def _storage(run: _Run) -> go.Figure:
     so far per kind, and each recovery as a marker (its key and worker on hover)."""
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
                         subplot_titles=("bytes on disk", "transfers and recoveries"))  # fmt: skip
-    per: dict[str, tuple[list[float], list[float]]] = defaultdict(lambda: ([], []))
-    for at, worker, used in run.disks:
-        xs, ys = per[worker]
-        xs.append(at - run.t0)
-        ys.append(used / 2**20)
-    most = _per_line(len(per))
-    for worker, (xs, ys) in sorted(per.items()):
-        xs, ys = _thin(xs, ys, most)
-        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name=f"disk {worker}"), row=1, col=1)
-    kinds: dict[str, tuple[list[float], list[float]]] = defaultdict(lambda: ([], []))
-    for at, _, kind, nbytes, _, _ in run.transfers:
-        xs, ys = kinds[kind]
-        xs.append(at - run.t0)
-        ys.append((ys[-1] if ys else 0.0) + nbytes / 2**20)
-    for kind, (xs, ys) in sorted(kinds.items()):
-        xs, ys = _thin(xs, ys)
-        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", line_shape="hv",
+    for worker, line in sorted(run.disk.items()):
+        fig.add_trace(go.Scatter(x=line.xs, y=line.ys, mode="lines", name=f"disk {worker}"),
+                      row=1, col=1)  # fmt: skip
+    for kind, line in sorted(run.copied.items()):
+        fig.add_trace(go.Scatter(x=line.xs, y=line.ys, mode="lines", line_shape="hv",
                                  name=f"copied MiB: {kind}"), row=2, col=1)  # fmt: skip
     for how, symbol in (("recomputed", "x"), ("replica", "circle-open")):
         rs = [r for r in run.recoveries if r[3] == how]

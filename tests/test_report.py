@@ -140,9 +140,10 @@ async def test_alerts_in_the_database_are_drawn_over_the_time_plots(tmp_path: Pa
 
 @pytest.mark.anyio
 async def test_workers_that_left_on_purpose_are_not_counted_lost(tmp_path: Path) -> None:
-    """The summary's "lost unasked" counts workers that went for any reason but on
-    purpose: walltime, like drained and shutdown, is on purpose (before, a worker
-    that reached its walltime counted as lost)."""
+    """The summary's "lost unasked" counts worker lives that ended for any reason but
+    on purpose: walltime, like drained and shutdown, is on purpose (before, a worker
+    that reached its walltime counted as lost). A worker preempted, requeued under its
+    id and then crashed is one worker lost twice."""
     db = tmp_path / "monitoring.db"
     with anyio.fail_after(LIMIT):
         async with Cluster(workers=1, monitoring=db, monitoring_interval=0.1) as cluster:
@@ -157,9 +158,14 @@ async def test_workers_that_left_on_purpose_are_not_counted_lost(tmp_path: Path)
     writer.submit([("event", worker, [
         (run_id, f"w-{cause}", "default", 1, 0, t0, t0 + 1.0, cause) for cause in gone
     ])])  # fmt: skip
+    again = "INSERT INTO workers (run_id, worker, life, pool, joined, left, cause) "
+    again += "VALUES (?,?,?,?,?,?,?)"
+    writer.submit(
+        [("event", again, [(run_id, "w-preempted", 2, "default", t0 + 2, t0 + 3, "crash")])]
+    )
     writer.close()
     page = build_report(db)
-    assert "<th>workers (lost unasked)</th><td>5 (2)</td>" in page
+    assert "<th>workers (lives lost unasked)</th><td>5 (3)</td>" in page
 
 
 def test_long_series_are_thinned_keeping_every_peak_and_dip() -> None:

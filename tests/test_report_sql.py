@@ -1,0 +1,275 @@
+"""The report's numbers computed by SQLite and its series thinned as they are read
+(runtime/report.py reads no table whole): each equals what the rows, all in memory,
+give in plain Python (the report's way before), on databases of known rows."""
+
+from __future__ import annotations
+
+import random
+import sqlite3
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runtime import report
+from runtime.monitordb import MonitorWriter, open_db
+from runtime.report import _cdf, _memory, _Run, _summary, _thin, _Thinned, _timeline
+
+RUN = "run-1"
+T0 = 1_700_000_000.0
+TRY = (
+    "INSERT INTO tries (run_id, key, try, category, worker, sent, started, ended, outcome, "
+    "cause, error_type) VALUES (?,?,?,?,?,?,?,?,?,?,?)"
+)
+TASK = (
+    "INSERT INTO tasks (run_id, key, category, submitted, ready, started, finished, state) "
+    "VALUES (?,?,?,?,?,?,?,?)"
+)
+
+
+def _db(tmp_path: Path, tries: list[tuple[Any, ...]] = (), tasks: list[tuple[Any, ...]] = (),
+        samples: list[tuple[Any, ...]] = ()) -> Path:  # fmt: skip
+    """A monitoring database with run ``RUN`` (over 3,600 s) and these rows, and an
+    older run whose rows must not count."""
+    db = tmp_path / "monitoring.db"
+    MonitorWriter(db).close()  # the schema
+    conn = sqlite3.connect(db)
+    with conn:
+        conn.execute(
+            "INSERT INTO runs (run_id, started, ended, host, pid) VALUES (?,?,?,?,?)",
+            (RUN, T0, T0 + 3600.0, "host", 1),
+        )
+        conn.execute(
+            "INSERT INTO runs (run_id, started, ended, host, pid) VALUES (?,?,?,?,?)",
+            ("before", T0 - 9000.0, T0 - 8000.0, "host", 1),
+        )
+        conn.execute(TRY, ("before", "x-1", 1, "fit", "w", 0.0, T0 - 8500.0, T0 - 8100.0,
+                           "ok", None, None))  # fmt: skip
+        conn.execute(TASK, ("before", "x-1", "fit", T0 - 8999.0, T0 - 8999.0, T0 - 8500.0,
+                            T0 - 8100.0, "memory"))  # fmt: skip
+        conn.executemany(TRY, [(RUN, *r) for r in tries])
+        conn.executemany(TASK, [(RUN, *r) for r in tasks])
+        conn.executemany(
+            "INSERT INTO resource_samples (run_id, time, worker, rss) VALUES (?,?,?,?)",
+            [(RUN, *r) for r in samples],
+        )
+    conn.close()
+    return db
+
+
+def _run(db: Path, run_id: str | None = None) -> _Run:
+    conn = open_db(db)
+    try:
+        return _Run(conn, run_id, lambda line: None)
+    finally:
+        conn.close()
+
+
+def _traces(fig: Any) -> list[tuple[str, list[Any], list[Any]]]:
+    return [(t.name, list(t.x), list(t.y)) for t in fig.data]
+
+
+@pytest.mark.timeout(60)
+def test_duration_quantiles_per_category_from_sqlite_equal_those_sorted_in_python(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tries of known durations in categories of 1 to 500 successful tries (with 37
+    points a line at most, so most are thinned to evenly spaced quantiles): each
+    category's CDF has the very points the durations sorted in Python give. Failed
+    tries, tries not started or not ended, and the other run's tries are left out; a
+    negative duration (a clock step) counts as 0; no category, '' and '?' are one."""
+    most = 37
+    monkeypatch.setattr(report, "MAX_POINTS", most)
+    rnd = random.Random(5)
+    tries = []
+    for c, (cat, n) in enumerate([("fit", 500), ("load", 120), ("one", 1), ("two", 37),
+                                  (None, 20), ("", 18), ("?", 1), ("z", 38)]):  # fmt: skip
+        for i in range(n):
+            started = T0 + rnd.uniform(0, 3000)
+            duration = rnd.choice([rnd.expovariate(1.0), 0.5, 2.0, -0.25])  # ties, a step
+            tries.append((f"{cat}-{c}-{i}", 1, cat, f"w-{i % 7}", started, started,
+                          started + duration, "ok", None, None))  # fmt: skip
+        tries.append((f"{cat}-{c}-failed", 1, cat, "w-1", T0, T0 + 1, T0 + 99, "error",
+                      None, "KeyError"))  # fmt: skip
+        tries.append((f"{cat}-{c}-lost", 1, cat, "w-1", T0, None, T0 + 99, "ok", None, None))
+        tries.append((f"{cat}-{c}-running", 1, cat, "w-1", T0, T0 + 1, None, "ok", None, None))
+    run = _run(_db(tmp_path, tries=tries))
+
+    per: dict[str, list[float]] = defaultdict(list)
+    for _, _, cat, _, _, started, ended, outcome, _, _ in tries:
+        if outcome == "ok" and started is not None and ended is not None:
+            per[cat or "?"].append(max(ended - started, 0.0))
+    expected = []
+    for cat, ds in sorted(per.items()):
+        ds.sort()
+        n = len(ds)
+        at = (
+            range(n)
+            if n <= most
+            else sorted({k * (n - 1) // (most - 1) for k in range(most)})
+        )  # fmt: skip
+        expected.append((f"{cat} ({n})", [ds[i] for i in at], [(i + 1) / n for i in at]))
+    assert _traces(_cdf(run)) == expected
+    names = [name for name, _, _ in expected]
+    assert names == ["? (39)", "fit (500)", "load (120)", "one (1)", "two (37)", "z (38)"]
+    assert all(len(xs) <= most and xs[0] == 0.0 for _, xs, _ in expected[:2])  # thinned
+
+
+@pytest.mark.timeout(60)
+def test_the_summary_counted_by_sqlite_equals_the_rows_counted_in_python(
+    tmp_path: Path,
+) -> None:
+    """Tasks in states (none, '' and unknown ones), with and without their times, and
+    failed tries of causes of equal counts: the states, the makespan, the median wait
+    and the failures (by count, then by their first try's end, one not ended first)
+    are those of the rows counted in Python."""
+    rnd = random.Random(11)
+    tasks = []
+    for i in range(301):
+        submitted = T0 + rnd.uniform(0, 100) if i % 17 else None
+        ready = submitted + rnd.uniform(0, 5) if submitted is not None and i % 5 else None
+        started = ready + rnd.choice([0.0, 0.5, rnd.uniform(0, 9)]) if ready else None
+        finished = started + rnd.uniform(0, 60) if started and i % 3 else None
+        state = rnd.choice(["memory", "released", "erred", None, "", "?", "waiting"])
+        tasks.append((f"t-{i}", "t", submitted, ready, started, finished, state))
+    causes = [("error", None, "KeyError"), ("error", "", "ValueError"), ("oom", "oom", None),
+              ("worker-lost", "crash", None), ("timeout", None, None)]  # fmt: skip
+    tries = []
+    for i in range(60):
+        outcome, cause, error = causes[i % 5]  # 12 of each: a tie
+        ended = None if i == 0 else T0 + 1000 - 10 * i  # the later, the sooner it ended
+        tries.append((f"t-{i}", 1, "t", "w-1", T0, T0, ended, outcome, cause, error))
+    tries.append(("t-99", 1, "t", "w-1", T0, T0, T0 + 5000, "oom", "oom", None))  # 13 of it
+    tries += [(f"t-{i}", 2, "t", "w-1", T0, T0, T0 + 2000, "ok", None, None) for i in range(60)]
+    db = _db(tmp_path, tries=tries, tasks=tasks)
+    run = _run(db)
+
+    states: dict[str, int] = defaultdict(int)
+    for t in tasks:
+        states[t[6] or "?"] += 1
+    assert run.states == dict(states) and run.tasks == 301 and run.tries == 121
+    starts = [t[2] for t in tasks if t[2] is not None]
+    ends = [t[5] for t in tasks if t[5] is not None]
+    assert run.makespan == max(ends) - min(starts)
+    waits = sorted(t[4] - t[3] for t in tasks if t[3] is not None and t[4] is not None)
+    assert run.median_wait == waits[len(waits) // 2]
+    failures: dict[tuple[str, str], int] = defaultdict(int)
+    in_order = sorted(tries, key=lambda r: (r[6] is not None, r[6] or 0.0))  # ORDER BY ended
+    for r in in_order:
+        if r[7] != "ok":
+            failures[(r[7], r[8] or r[9] or "")] += 1
+    expected = [(o, c, n) for (o, c), n in sorted(failures.items(), key=lambda kv: -kv[1])]
+    assert run.failures == expected
+    # oom: 13; then 12 each: KeyError (a try not ended), timeout (ended first), ...
+    assert [(o, c) for o, c, _ in run.failures] == [
+        ("oom", "oom"), ("error", "KeyError"), ("timeout", ""), ("worker-lost", "crash"),
+        ("error", "ValueError"),
+    ]  # fmt: skip
+    page = _summary(run)
+    assert "<th>tasks</th><td>301</td>" in page and "<th>tries</th><td>121</td>" in page
+    assert f"<th>median wait ready to running</th><td>{waits[len(waits) // 2]:.3f} s" in page
+    # the other run, a few of the rows (read through the index on run_id)
+    before = _run(db, "before")
+    assert (before.tasks, before.states, before.tries, before.median_wait) == (
+        1, {"memory": 1}, 1, 499.0
+    )  # fmt: skip
+    assert before.makespan == 899.0 and before.durations == {"fit": (1, [400.0], [1.0])}
+
+
+@pytest.mark.timeout(60)
+def test_the_timeline_keeps_the_latest_tries_those_lost_together_as_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With room for 25 bars: the 25 tries that ended last, in order of end; tries that
+    ended at one time (lost with their worker) by worker, then start, then as written;
+    tries not ended are not drawn but counted in the title."""
+    monkeypatch.setattr(report, "MAX_BARS", 25)
+    tries = [(f"ok-{i}", 1, "fit", f"w-{i % 3}", T0, T0 + i, T0 + i + 1.5, "ok", None, None)
+             for i in range(40)]  # fmt: skip
+    lost = T0 + 30.25  # among the latest
+    for key, worker in [("lost-d", "w-9"), ("lost-c", "w-2"), ("lost-b", "w-9"),
+                        ("lost-a", "w-2")]:  # fmt: skip
+        tries.append((key, 1, "fit", worker, T0, None, lost, "worker-lost", "crash", None))
+    tries.append(("running", 1, "fit", "w-0", T0, T0 + 50, None, "ok", None, None))
+    run = _run(_db(tmp_path, tries=tries))
+    ended = sorted(
+        (r for r in tries if r[6] is not None),
+        key=lambda r: (r[6], r[3], r[5] is not None, r[5] or 0.0),  # then as written
+    )
+    assert [r[0] for r in run.latest] == [r[0] for r in ended[-25:]]
+    together = [r[0] for r in run.latest if r[0].startswith("lost")]
+    assert together == ["lost-c", "lost-a", "lost-d", "lost-b"]  # w-2's, then w-9's
+    fig = _timeline(run)
+    assert "(the latest 25 of 45 tries)" in fig.layout.title.text
+    assert sum(len(t.y) for t in fig.data) == 25
+
+
+def _old_thin(xs: list[float], ys: list[float], most: int) -> tuple[list[float], list[float]]:
+    """The report's thinning as it was, on a whole series in memory."""
+    n = len(xs)
+    if n <= most:
+        return xs, ys
+    stretches = max(most // 2, 1)
+    out_x: list[float] = []
+    out_y: list[float] = []
+    for k in range(stretches):
+        lo, hi = k * n // stretches, (k + 1) * n // stretches
+        if lo >= hi:
+            continue
+        part = range(lo, hi)
+        low = min(part, key=ys.__getitem__)
+        high = max(part, key=ys.__getitem__)
+        for i in sorted({low, high}):
+            out_x.append(xs[i])
+            out_y.append(ys[i])
+    return out_x, out_y
+
+
+@pytest.mark.timeout(60)
+def test_a_series_thinned_as_it_is_read_keeps_the_same_points_as_thinned_whole() -> None:
+    """Series of every length around the limit, of few distinct values (ties: the first
+    lowest and highest of a stretch stay): thinned point by point, the very points the
+    whole series thinned gives."""
+    rnd = random.Random(3)
+    for most in (2, 3, 10, 101, 2000):
+        for n in {0, 1, most - 1, most, most + 1, 2 * most - 1, 2 * most + 3, 7 * most + 5}:
+            xs = [float(i) for i in range(max(n, 0))]
+            ys = [float(rnd.randint(0, 4)) for _ in xs]
+            line = _Thinned(len(xs), most)
+            for x, y in zip(xs, ys, strict=True):
+                line.add(x, y)
+            line.done()
+            assert (line.xs, line.ys) == _old_thin(xs, ys, most), (most, n)
+            assert _thin(xs, ys, most) == _old_thin(xs, ys, most)
+
+
+@pytest.mark.timeout(60)
+def test_a_workers_memory_longer_than_its_share_of_points_keeps_its_peak(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two workers' RSS, 3,000 samples each (not reported yet: none, then 0), drawn
+    with at most 400 points a line: each line is its whole series thinned, its peak and
+    its dip among the points."""
+    monkeypatch.setattr(report, "FIGURE_POINTS", 800)
+    rnd = random.Random(7)
+    samples = []
+    series: dict[str, tuple[list[float], list[float]]] = {"w-a": ([], []), "w-b": ([], [])}
+    for i in range(3000):
+        for j, worker in enumerate(series):
+            rss = None if i == 0 else 0 if i == 1 else rnd.randint(2**27, 2**28)
+            if (i, j) in ((1234, 0), (2222, 1)):
+                rss = 2**33  # a peak
+            if (i, j) in ((2345, 0), (777, 1)):
+                rss = 2**20  # a dip
+            at = T0 + i + j / 10
+            samples.append((at, worker, rss))
+            if rss:
+                series[worker][0].append(at - T0)
+                series[worker][1].append(rss / 2**20)
+    rnd.shuffle(samples)  # written in any order: read in time order
+    fig = _memory(_run(_db(tmp_path, samples=samples)))
+    expected = [(w, *_old_thin(xs, ys, 400)) for w, (xs, ys) in sorted(series.items())]
+    assert _traces(fig) == expected
+    for _, xs, ys in expected:
+        assert len(xs) <= 400 and 8192.0 in ys and 1.0 in ys
