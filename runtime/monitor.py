@@ -233,7 +233,11 @@ class Monitor(Actor):
     interval, at least 1 s); ``autoscaler``: the autoscaler's reference, or None
     (a rule's scale action then fails, audited); ``notifiers``: default a
     :class:`~runtime.notify.LogNotifier`, plus an
-    :class:`~runtime.notify.AlertmanagerNotifier` when the configuration names one."""
+    :class:`~runtime.notify.AlertmanagerNotifier` when the configuration names one.
+    ``dashboard_wait``: at most this many seconds the first evaluation waits for the
+    dashboard's URL (:class:`DashboardAt`, once the manager's listener is up) when the
+    configuration names none, so that an alert that holds from the start carries its
+    link from its first notification on (0: it does not wait; no dashboard comes)."""
 
     def __init__(
         self,
@@ -244,8 +248,11 @@ class Monitor(Actor):
         notifiers: Sequence[Notifier] | None = None,
         fetch_timeout: float | None = None,
         scale_timeout: float = 10.0,
+        dashboard_wait: float = 0.0,
     ) -> None:
         self.config = config = config or AlertingConfig()
+        self.dashboard_wait = dashboard_wait
+        self._dashboard_known: anyio.Event | None = None
         self._metrics = metrics
         self._autoscaler = autoscaler
         self.interval = config.interval
@@ -264,12 +271,17 @@ class Monitor(Actor):
         self.failed = 0  #: evaluations that raised (logged; the next one runs as usual)
 
     async def on_start(self) -> None:
+        self._dashboard_known = anyio.Event()
         for notifier in self.notifiers:
             self.start_soon(notifier.run)
         self.start_soon(self._sample)
 
     async def _sample(self) -> None:
-        """Every ``interval`` seconds: a snapshot (bounded), handed to the actor."""
+        """Every ``interval`` seconds: a snapshot (bounded), handed to the actor; the
+        first once the dashboard's URL is known (at most ``dashboard_wait`` seconds)."""
+        if self.dashboard_wait > 0 and not self.dashboard_url and self._dashboard_known:
+            with anyio.move_on_after(self.dashboard_wait):
+                await self._dashboard_known.wait()
         while True:
             started = time.monotonic()
             snap: MetricsReply | None = None
@@ -361,6 +373,8 @@ class Monitor(Actor):
     def dashboard_at(self, msg: DashboardAt) -> None:
         if not self.config.dashboard_url:
             self.dashboard_url = msg.url
+        if self._dashboard_known is not None:
+            self._dashboard_known.set()
 
     @handles(AlertsRequest)
     def alerts(self, msg: AlertsRequest) -> AlertsReply:

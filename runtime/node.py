@@ -141,6 +141,9 @@ _log = get_logger("corral.node")
 #: declared dead (a worker then becomes lost, unless it reconnects in time).
 HEARTBEAT = 2.0
 DEAD_AFTER = 10.0
+#: seconds the alert monitor waits at most for the listener's URL (the dashboard's,
+#: each alert's link) before its first evaluation
+DASHBOARD_WAIT = 10.0
 
 
 # ----------------------------------------------------------------------------- control plane
@@ -194,13 +197,16 @@ async def start_control_plane(
     monitoring: str | os.PathLike[str] | None = None,
     monitoring_interval: float = 2.0,
     prune_depth: int = 1,
+    dashboard: bool = False,
 ) -> ControlPlane:
     """Spawn registry, scheduler, manager, the alert monitor (unless ``alerting`` is
     None; by default the default rules, logged) and, with a ``provider``, the
     autoscaler. ``stall_timeout``, ``drain_period``, ``prune_depth``: see
     :class:`~actors.scheduler_records.SchedulerConfig`. ``monitoring``: the path of a
     monitoring database to write every ``monitoring_interval`` seconds
-    (:class:`~runtime.monitordb.MonitorRecorder`, docs/monitoring.md).
+    (:class:`~runtime.monitordb.MonitorRecorder`, docs/monitoring.md). ``dashboard``:
+    a listener will serve the dashboard (its URL comes as :class:`DashboardAt`): the
+    alert monitor's first evaluation waits for it, so alerts carry their link.
 
     ``policies`` of kind ``scaling`` go to the autoscaler (started here or later by
     :func:`start_autoscaler`), the others to the scheduler; an unknown name or bad
@@ -238,7 +244,10 @@ async def start_control_plane(
             reply: MetricsReply = await refs["manager"].ask(MetricsRequest(), timeout=30.0)
             return reply
 
-        plane.monitor = Monitor(metrics, lambda: refs.get("autoscaler"), alerting)
+        plane.monitor = Monitor(
+            metrics, lambda: refs.get("autoscaler"), alerting,
+            dashboard_wait=DASHBOARD_WAIT if dashboard else 0.0,
+        )  # fmt: skip
         refs["monitor"] = await system.spawn(plane.monitor, "monitor")
     if provider is not None:
         await start_autoscaler(plane, provider(plane), targets or {})
@@ -1194,7 +1203,7 @@ async def run_manager(
         plane = await start_control_plane(
             system, policies=policies, drain_period=pool_drain_period(pools), alerting=alerting,
             monitoring=monitoring, monitoring_interval=monitoring_interval,
-            prune_depth=prune_depth,
+            prune_depth=prune_depth, dashboard=websockets,
         )  # fmt: skip
         from runtime.dashboard import DashboardFeed, dashboard_routes
         from runtime.metrics import metrics_route, serve_metrics

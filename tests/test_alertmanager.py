@@ -242,6 +242,33 @@ async def test_a_firing_alert_reaches_alertmanager_then_resolves(tmp_path: Path)
 
 
 @pytest.mark.slow
+async def test_an_alert_that_holds_from_the_start_carries_the_managers_page(
+    tmp_path: Path,
+) -> None:
+    """A manager process whose rule holds at its first evaluation (no worker yet, no
+    ``for``) and whose configuration names no dashboard: the alert's first post links
+    to the manager's own page, which its listener serves (before, the first evaluation
+    could come before the listener was up, and the alert went without its link)."""
+    with Cli(tmp_path / "home") as cli:
+        url = start_alertmanager(cli, tmp_path / "am")
+        config = tmp_path / "corral.toml"
+        config.write_text(
+            f'[alerting]\nalertmanager = "{url}"\ninterval = 0.1\ndefault_rules = false\n'
+            '[[alerts]]\nname = "NobodyYet"\nexpr = "corral_workers_connected == 0"\n'
+        )  # fmt: skip
+        _, address = cli.manager("--config", str(config))
+        page = address.replace("ws://", "http://", 1).rstrip("/") + "/"
+        with anyio.fail_after(LIMIT):
+            (alert,) = await wait_until(
+                lambda: anyio.to_thread.run_sync(_named, url, "NobodyYet"),
+                "the firing alert in Alertmanager",
+                step=0.1,
+            )
+        assert alert["annotations"]["dashboard"] == page
+        assert alert["generatorURL"] == page
+
+
+@pytest.mark.slow
 async def test_the_notifier_backs_off_while_alertmanager_is_down(tmp_path: Path) -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
