@@ -318,7 +318,8 @@ def build_parser() -> argparse.ArgumentParser:
         "Without COMMAND: an interactive shell (history, tab completion; `help` lists the "
         "commands). With one (e.g. `status`, `tasks --state erred`, `drain WORKER`): run "
         "it once and exit (1 on error). Commands: status, tasks, story, policy list, "
-        "policy set, drain, scale, cancel, help.",
+        "policy set, drain, scale, resume, cancel, alert list, alert watch, alert add, "
+        "alert remove, help.",
     )
     con.add_argument("address", metavar="ADDRESS", help="the manager, e.g. ws://127.0.0.1:8786")
     con.add_argument(

@@ -648,8 +648,14 @@ _ALERT_OPTIONS = ("--for", "--keep-firing-for", "--label", "--annotation", "--sc
 
 
 def _alert_rule(args: str) -> dict[str, Any]:
-    """The rule of ``alert add ...``: a JSON object as typed, or NAME EXPR and options."""
+    """The rule of ``alert add ...``: a JSON object as typed (or quoted as one word, as
+    the one-shot command line passes it on), or NAME EXPR and options."""
     text = args.strip()
+    if text[:1] in ("'", '"'):
+        with contextlib.suppress(ValueError):  # not one quoted word: parsed below
+            words = shlex.split(text)
+            if len(words) == 1 and words[0].lstrip().startswith("{"):
+                text = words[0].strip()
     if text.startswith("{"):
         try:
             given = json.loads(text)
@@ -1119,7 +1125,7 @@ def render_help() -> RenderableType:
     parts.append(
         Text(
             "\nAdd --json to any command for JSON. The read-only token allows status, tasks, "
-            "story and policy list."
+            "story, policy list, alert list and alert watch."
         )
     )
     return Group(*parts)

@@ -973,6 +973,17 @@ async def test_ws_one_shot_command_line_prints_tables_or_json(tokens: Tokens, ca
             )
             assert code == 0 and "round-robin" in capsys.readouterr().out
 
+            # a rule as one JSON word, as a shell passes it on (it was quoted again)
+            rule = '{"name": "ManyReady", "expr": "corral_queue_depth > 5"}'
+            code = await anyio.to_thread.run_sync(main, ["console", address, "alert", "add", rule])
+            added = capsys.readouterr()
+            assert code == 0 and "ManyReady" in added.out, added.err
+            code = await anyio.to_thread.run_sync(
+                main, ["console", address, "alert", "list", "--json"]
+            )
+            rules = json.loads(capsys.readouterr().out)["rules"]
+            assert code == 0 and "ManyReady" in [r["name"] for r in rules]
+
             code = await anyio.to_thread.run_sync(
                 main, ["console", address, "--token", "wrong", "status"]
             )
