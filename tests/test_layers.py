@@ -107,3 +107,23 @@ def test_the_user_api_is_still_importable_from_the_package() -> None:
         "assert (Cluster, Future, get) == (c.Cluster, c.Future, c.get)"
     )
     assert "runtime.client" in loaded
+
+
+def test_every_error_is_importable_from_the_package() -> None:
+    """docs/api.md: the errors are in ``runtime.errors``, also re-exported by ``runtime``
+    (all of them: ``from runtime import TaskTooLarge`` failed before)."""
+    import runtime
+    import runtime.errors as errors
+
+    mine = {
+        name
+        for name, value in vars(errors).items()
+        if isinstance(value, type)
+        and issubclass(value, BaseException)
+        and value.__module__ == errors.__name__
+    }
+    assert len(mine) > 40
+    assert {
+        name for name in mine if getattr(runtime, name, None) is not vars(errors)[name]
+    } == set()
+    assert mine <= set(runtime.__all__)
