@@ -558,7 +558,7 @@ def batch_script(
         "        rc=$?",
         '        kill -0 "$pid" 2>/dev/null || break  # else a signal interrupted the wait',
         "    done",
-        '    [ "$rc" -eq 0 ] || status=$rc',
+        '    [ "$rc" -eq 0 ] || [ "$status" -ne 0 ] || status=$rc  # the first failure',
         "done",
         'exit "$status"',
         "",

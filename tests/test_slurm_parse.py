@@ -476,6 +476,25 @@ def test_host_placeholder_becomes_the_nodes_address_and_the_rest_stays_quoted(
     assert args == ["--host", host, "--x", "a b;$(rm -rf ~)", f"{host}:1"]
 
 
+def test_the_job_exits_with_the_first_worker_failure(tmp_path: Path) -> None:
+    """Three workers exit 3, 0 and 5 (in start order): the job's exit status is 3, the
+    first non-zero one (docs/deployment.md), as Slurm then reports the job FAILED."""
+    text = batch_script(
+        block_id="block-1", job_name="j",
+        workers=[("w-1", ["sh", "-c", "exit 3"]), ("w-2", ["true"]),
+                 ("w-3", ["sh", "-c", "exit 5"])],
+        spec=BlockSpec(), options=SlurmOptions(), output=tmp_path / "o",
+        error=tmp_path / "e", env_file=None, script=tmp_path / "s.sh",
+    )  # fmt: skip
+    script = tmp_path / "s.sh"
+    script.write_text(text)
+    done = subprocess.run(
+        ["bash", str(script)], capture_output=True, text=True, timeout=30,
+        env={"PATH": os.environ["PATH"]},
+    )  # fmt: skip
+    assert done.returncode == 3, done.stderr
+
+
 # ----------------------------------------------------------------------------- the provider
 # SlurmProvider driven by stand-in Slurm commands (shell scripts on PATH that print what
 # a real Slurm printed and log how they were called): batching, vanished jobs, missing
