@@ -68,6 +68,37 @@ def _monitoring_options(parser: Any) -> None:
     group.add_argument("--no-monitoring", action="store_true", help="write no monitoring database")
 
 
+def _tls_options(parser: Any) -> None:
+    """``--tls-cert``, ``--tls-key``, ``--tls-ca`` (of the manager and the worker): set
+    ``CORRAL_TLS_*`` for this process and its children (``transport/tls.py``)."""
+    parser.add_argument(
+        "--tls-cert",
+        metavar="FILE",
+        help="PEM certificate chain to serve wss:// with (the manager's listener; a "
+        "worker's listener for its peers), its key too unless --tls-key (default: "
+        "$CORRAL_TLS_CERT; docs/security.md#tls)",
+    )
+    parser.add_argument(
+        "--tls-key", metavar="FILE", help="its private key, if in a file of its own"
+    )
+    parser.add_argument(
+        "--tls-ca",
+        metavar="FILE",
+        help="PEM CA certificates to verify the wss:// servers it connects to (for a "
+        "self-signed certificate: that certificate; default: $CORRAL_TLS_CA, else the "
+        "system's CAs)",
+    )
+
+
+def _apply_tls(args: argparse.Namespace) -> None:
+    from transport.tls import TLS_CA_ENV, TLS_CERT_ENV, TLS_KEY_ENV
+
+    for value, env in ((args.tls_cert, TLS_CERT_ENV), (args.tls_key, TLS_KEY_ENV),
+                       (args.tls_ca, TLS_CA_ENV)):  # fmt: skip
+        if value:
+            os.environ[env] = os.path.abspath(value)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The parser of ``python -m runtime``."""
     common = argparse.ArgumentParser(add_help=False)
@@ -202,6 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
         "docs/monitoring.md)",
     )
     _monitoring_options(mgr)
+    _tls_options(mgr)
     mgr.add_argument(
         "--monitoring-interval",
         type=float,
@@ -307,6 +339,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="time it has between a stop signal and being killed (default 5): it copies "
         "outputs other workers still need in all but the last second of it",
     )
+    _tls_options(wrk)
 
     con = sub.add_parser(
         "console",
@@ -485,6 +518,7 @@ def _cmd_manager(args: argparse.Namespace) -> int:
 
             print(f"dashboard on {dashboard_url(address, tokens.read)}", flush=True)
 
+    _apply_tls(args)
     token_file = Path(args.token_file) if args.token_file else None
     pools = load_config(args.config) if args.config else None  # refused before it starts
     if args.config:
@@ -533,6 +567,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 
     if args.cores < 1:
         raise ValueError("--cores must be at least 1")
+    _apply_tls(args)
     memory_options = _memory_options(args)
 
     def ready(worker_id: str) -> None:

@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime
 import functools
-import ipaddress
 import os
 import pickle
 import ssl
@@ -31,15 +29,12 @@ import anyio.lowlevel
 import orjson
 import pytest
 from aiohttp import WSMsgType, web
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 import transport
 from runtime.codec import KIND_FRAME, MAGIC, VERSION, Frame, decode_batch, encode
 from runtime.errors import CorralError, ProtocolError
 from runtime.messages import ErrorReply, Ping
+from tests.helpers import self_signed_pem
 from tests.transport_conformance import TransportConformance, ping, token
 from transport import (
     ConnectFailed,
@@ -70,35 +65,7 @@ TOKENS = {"secret-a": "admin", "secret-r": "read"}
 @functools.cache
 def tls_contexts() -> tuple[ssl.SSLContext, ssl.SSLContext, bytes]:
     """(server context, client context trusting it, certificate PEM), self-signed."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "corral test")])
-    now = datetime.datetime.now(datetime.UTC)
-    public = key.public_key()
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(public)
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName(
-                [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]
-            ),
-            critical=False,
-        )
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(public), critical=False)
-        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(public), critical=False)
-        .sign(key, hashes.SHA256())
-    )
-    cert_pem = cert.public_bytes(serialization.Encoding.PEM)
-    key_pem = key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    )
+    cert_pem, key_pem = self_signed_pem()
     server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     with tempfile.TemporaryDirectory() as tmp:
         cert_file, key_file = Path(tmp, "cert.pem"), Path(tmp, "key.pem")

@@ -98,6 +98,7 @@ from runtime.codec import (
 from runtime.errors import AuthenticationFailed, ProtocolError
 from runtime.log import get_logger
 from runtime.messages import UNREADABLE_REPLY, ErrorReply
+from transport import tls
 from transport.base import (
     DEFAULT_MAX_BUFFER,
     AddressInUse,
@@ -256,10 +257,14 @@ class _Options:
             raise ValueError(
                 "ssl_context was given for a ws:// address; use wss:// for TLS, or drop it"
             )
+        if scheme == "wss" and ctx is None:  # from the environment (transport/tls.py)
+            ctx = tls.server_context() if what == "listen" else tls.client_context()
         if scheme == "wss" and ctx is None and what == "listen":
             raise ValueError(
-                "listening on wss:// needs ssl_context=<ssl.SSLContext with the server's "
-                "certificate chain loaded> (see ssl.create_default_context(Purpose.CLIENT_AUTH))"
+                "listening on wss:// needs a certificate: --tls-cert FILE (and --tls-key) "
+                f"on the command line, ${tls.TLS_CERT_ENV} (and ${tls.TLS_KEY_ENV}), or "
+                "ssl_context=<ssl.SSLContext with the server's certificate chain loaded> "
+                "(see ssl.create_default_context(Purpose.CLIENT_AUTH))"
             )
         self.ssl_context: ssl.SSLContext | None = ctx
 

@@ -1,0 +1,103 @@
+"""A cluster over ``wss://`` from the command line: a manager process with
+``--tls-cert`` and ``--tls-key``, two worker processes (pools ``a`` and ``b``, so the
+worker of ``b`` fetches its input from the one of ``a`` over that worker's own TLS
+listener) with the same flags and ``--tls-ca``, and a client in this process trusting
+the certificate through ``CORRAL_TLS_CA``; a self-signed certificate for 127.0.0.1.
+Without a certificate the manager says what to give it; a client that does not trust
+the certificate cannot connect."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import anyio
+import pytest
+
+from runtime import Cluster
+from runtime.errors import ConnectFailed
+from tests.helpers import ROOT, Cli, self_signed_pem
+from transport.tls import TLS_CA_ENV
+
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
+LIMIT = 60  # seconds per test
+
+
+def _pem(tmp_path: Path) -> tuple[str, str]:
+    cert_pem, key_pem = self_signed_pem()
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    cert.write_bytes(cert_pem)
+    key.write_bytes(key_pem)
+    key.chmod(0o600)
+    return str(cert), str(key)
+
+
+def double(x: int) -> int:
+    return 2 * x
+
+
+async def test_a_cluster_runs_over_wss_from_the_command_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cert, key = _pem(tmp_path)
+    tls = ["--tls-cert", cert, "--tls-key", key, "--tls-ca", cert]
+    with Cli(tmp_path / "home") as cli:
+        _, address = cli.manager("--listen", "wss://127.0.0.1:0", *tls)
+        assert address.startswith("wss://127.0.0.1:")
+        cli.worker(address, "--pool", "a", *tls)
+        cli.worker(address, "--pool", "b", *tls)
+        with anyio.fail_after(LIMIT):
+            monkeypatch.delenv(TLS_CA_ENV, raising=False)
+            with pytest.raises(ConnectFailed, match="TLS"):  # the system's CAs only
+                async with Cluster(address):
+                    pass  # pragma: no cover - it must not connect
+            monkeypatch.setenv(TLS_CA_ENV, cert)
+            async with Cluster(address) as c:
+                (x,) = await c.submit_graph({"x": (double, 21)}, ["x"], pool="a")
+                assert await x == 42  # held: y's "x" is this key
+                (y,) = await c.submit_graph({"y": (double, "x")}, ["y"], pool="b")
+                assert await y == 84
+                status = await c.status()
+                # y ran in pool b, so its worker fetched x from pool a's, over TLS
+                assert sorted(w.pool for w in status["workers"]) == ["a", "b"]
+
+
+async def test_a_pools_workers_join_over_wss_with_the_managers_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The workers a manager's pool starts inherit its ``--tls-*`` files: they verify
+    the manager and serve their peers over TLS."""
+    cert, key = _pem(tmp_path)
+    config = tmp_path / "corral.toml"
+    config.write_text('[pools.cpu]\nprovider = "local"\nmin_blocks = 2\ninit_blocks = 2\n')
+    with Cli(tmp_path / "home") as cli:
+        _, address = cli.manager(
+            "--listen", "wss://127.0.0.1:0", "--config", str(config), "--tls-cert", cert,
+            "--tls-key", key, "--tls-ca", cert,
+        )  # fmt: skip
+        monkeypatch.setenv(TLS_CA_ENV, cert)
+        with anyio.fail_after(LIMIT):
+            async with Cluster(address) as c:
+                await c.wait_for_workers(2)
+                futures = c.map(double, range(20))
+                assert await c.gather(futures) == [2 * i for i in range(20)]
+
+
+def test_a_manager_on_wss_without_a_certificate_says_what_to_give(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_TLS_")}
+    env.update(CORRAL_HOME=str(tmp_path / "home"), PYTHONPATH=str(ROOT))
+    manager = [sys.executable, "-m", "runtime", "manager", "--listen", "wss://127.0.0.1:0",
+               "--no-monitoring"]  # fmt: skip
+    done = subprocess.run(manager, env=env, capture_output=True, text=True, timeout=LIMIT)
+    assert done.returncode == 1
+    assert "--tls-cert" in done.stderr and "CORRAL_TLS_CERT" in done.stderr
+    bad = tmp_path / "not-a-cert.pem"
+    bad.write_text("hello\n")
+    done = subprocess.run(
+        [*manager, "--tls-cert", str(bad)], env=env, capture_output=True, text=True,
+        timeout=LIMIT,
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert f"CORRAL_TLS_CERT={str(bad)!r}" in done.stderr and "PEM" in done.stderr
