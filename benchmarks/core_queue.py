@@ -56,6 +56,10 @@ def once(n: int, monitor: bool = False) -> float:
 
 
 if __name__ == "__main__":
+    if {"-h", "--help"} & set(sys.argv[1:]):
+        print("usage: python benchmarks/core_queue.py [N] [--monitor]\n"
+              "  N: tasks (default 20,000); --monitor: feed off against on, best of 5")  # fmt: skip
+        sys.exit(0)
     args = [a for a in sys.argv[1:] if a != "--monitor"]
     n = int(args[0]) if args else 20_000
     if "--monitor" in sys.argv:

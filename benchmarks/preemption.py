@@ -46,7 +46,7 @@ worker, so a preemption cuts at most the task that runs there).
     python benchmarks/preemption.py                   # the default size, seed 1
     python benchmarks/preemption.py --repeat 3        # seeds 1, 2, 3
     python benchmarks/preemption.py --quick --json    # small, machine-readable
-    python benchmarks/preemption.py --systems all     # with the two prototypes
+    python benchmarks/preemption.py --systems all     # with the prototype (corral-drain)
 
 Measured per system: makespan, core-hours lost to preemption (the work of tries cut
 short), tries cut, good tasks failed, tries spent on bad tasks (total and the most per
