@@ -32,11 +32,15 @@ TLS_CA_ENV = "CORRAL_TLS_CA"
 _loaded: dict[tuple[str, tuple[str, ...], tuple[float, ...]], ssl.SSLContext] = {}
 
 
-def _stamp(paths: tuple[str, ...], env: str) -> tuple[float, ...]:
-    try:
-        return tuple(os.stat(p).st_mtime for p in paths)
-    except OSError as exc:
-        raise ValueError(f"{env}={paths[0]!r}: cannot read it ({exc.strerror})") from None
+def _stamp(files: tuple[tuple[str, str], ...]) -> tuple[float, ...]:
+    """The modification times of ``files`` ((path, the variable naming it) each)."""
+    stamps = []
+    for path, env in files:
+        try:
+            stamps.append(os.stat(path).st_mtime)
+        except OSError as exc:
+            raise ValueError(f"{env}={path!r}: cannot read it ({exc.strerror})") from None
+    return tuple(stamps)
 
 
 def server_context() -> ssl.SSLContext | None:
@@ -46,8 +50,9 @@ def server_context() -> ssl.SSLContext | None:
     if not cert:
         return None
     key = os.environ.get(TLS_KEY_ENV, "")
-    paths = (cert, key) if key else (cert,)
-    stamp = _stamp(paths, TLS_CERT_ENV)
+    files = ((cert, TLS_CERT_ENV), (key, TLS_KEY_ENV)) if key else ((cert, TLS_CERT_ENV),)
+    paths = tuple(path for path, _ in files)
+    stamp = _stamp(files)
     ctx = _loaded.get(("server", paths, stamp))
     if ctx is None:
         ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
@@ -70,7 +75,7 @@ def client_context() -> ssl.SSLContext | None:
     if not ca:
         return None
     paths = (ca,)
-    stamp = _stamp(paths, TLS_CA_ENV)
+    stamp = _stamp(((ca, TLS_CA_ENV),))
     ctx = _loaded.get(("client", paths, stamp))
     if ctx is None:
         try:
