@@ -39,6 +39,10 @@ class ToRun:
     #: holder, nbytes)``, its bytes when the scheduler holds them (``holder`` ""), else
     #: None and the worker whose disk has the file (maybe the one it is sent to)
     checkpoint: tuple[int, bytes | None, str, int] | None = None
+    #: the scheduler's number for this try, unique in its run (0: not numbered); the
+    #: try's :class:`TaskResult` says it back, so a report of an earlier try of the key
+    #: (cancelled, then sent to the same worker again) is not taken for this one's
+    attempt: int = 0
 
     def with_pickled_node(self) -> ToRun:
         if isinstance(self.node, PickledNode):
@@ -47,7 +51,8 @@ class ToRun:
         return dataclasses.replace(self, node=node)
 
 
-@dataclasses.dataclass(slots=True)  # per task: not frozen (3x cheaper); never mutated
+# Per task: not frozen (3x cheaper); mutated once only, when ``attempt`` is stamped.
+@dataclasses.dataclass(slots=True)
 class TaskResult:
     """How one try ended on a worker.
 
@@ -76,6 +81,9 @@ class TaskResult:
     #: the output is a file output (``runtime/files.py``): ``nbytes`` on the worker's
     #: disk, none in its memory
     file: bool = False
+    #: the :class:`ToRun`'s ``attempt``, stamped by the worker's core when it reports
+    #: the try (0: not numbered)
+    attempt: int = 0
 
 
 class FileFact(NamedTuple):

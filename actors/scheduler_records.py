@@ -210,6 +210,7 @@ class TaskState:
     """One task as the scheduler sees it."""
 
     __slots__ = (
+        "attempt",
         "behind",
         "consumers",
         "dependents",
@@ -268,6 +269,7 @@ class TaskState:
         self.in_files = 0  #: the known size of its inputs that are file outputs
         self.worker: str | None = None  #: worker running it (while processing)
         self.sent = 0.0  #: when it was last sent to a worker
+        self.attempt = 0  #: the number of its running try (``ToRun.attempt``)
         self.generation = generation  #: submission it first came in with
         self.prio: tuple[float, ...] = ()  #: queue priority from the priority policy
         self.est = 0.0  #: estimated duration when it was assigned

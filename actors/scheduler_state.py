@@ -413,7 +413,9 @@ class SchedulerState:
         #: speculative copies (docs/files.md#speculative-copies): per running task, the
         #: workers running a copy of it besides ``TaskState.worker``, each with when the
         #: copy was sent and the disk reserved for it there
-        self.copies: dict[TaskState, dict[str, tuple[float, int]]] = {}
+        #: speculative copies running: task -> worker -> (sent, disk reserved, attempt)
+        self.copies: dict[TaskState, dict[str, tuple[float, int, int]]] = {}
+        self._attempts = 0  #: tries sent so far (each try's ``ToRun.attempt``)
         #: copies started, and how the ones that ended did: ``won`` (finished first),
         #: ``lost`` (cancelled: the other try finished first, or the task ended),
         #: ``failed`` (the copy failed or its worker was lost while the other try ran)
@@ -829,14 +831,19 @@ class SchedulerState:
                 and ts.worker != ev.worker
                 and ev.worker in self.copies.get(ts, ())
             )
-            stale = not copy and (
-                ts is None or ts.state != "processing" or ts.worker != ev.worker or ws is None
+            stale = (
+                ts is None
+                or ws is None
+                or ts.state != "processing"
+                or (not copy and ts.worker != ev.worker)
+                or (res.attempt and res.attempt != self._attempt_on(ts, ev.worker))
             )
             if stale:
-                # Stale: cancelled, retried elsewhere, from a worker we dropped, or a
-                # speculative copy (or first try) that lost the race.
+                # Stale: cancelled, retried elsewhere, from a worker we dropped, a
+                # speculative copy (or first try) that lost the race, or an earlier try
+                # on this worker (cancelled, the key sent here again since).
                 self._log(res.key, "stale", f"result:{res.outcome}")
-                if res.outcome == "ok":
+                if res.outcome == "ok" and not self._expected_on(ts, ev.worker):
                     untracked.append(res.key)
             if untracked and ws is not None:
                 self._out.append(DropData(self._stimulus, ev.worker, tuple(untracked)))
@@ -861,6 +868,22 @@ class SchedulerState:
                 error = self._try_failed(ts, ws, res, None)
                 if not self._promote_copy(ts):  # else a copy runs on: it may still do
                     self._after_failure(ts, res.outcome, None, error, ws.id)
+
+    def _attempt_on(self, ts: TaskState, wid: str) -> int:
+        """The number of the try of ``ts`` running on ``wid`` (its first, or a copy)."""
+        if ts.worker == wid:
+            return ts.attempt
+        copy = self.copies.get(ts, {}).get(wid)
+        return copy[2] if copy is not None else 0
+
+    def _expected_on(self, ts: TaskState | None, wid: str) -> bool:
+        """Whether ``wid`` holds ``ts``'s output, or runs a try of it that will: a stale
+        result's output there is then not dropped (it is, or will be, the output)."""
+        if ts is None:
+            return False
+        if wid in ts.who_has:
+            return True
+        return ts.state == "processing" and (ts.worker == wid or wid in self.copies.get(ts, ()))
 
     def _try_failed(
         self, ts: TaskState, ws: WorkerState, res: TaskResult, cause: str | None
@@ -1890,12 +1913,13 @@ class SchedulerState:
         if ws.disk:  # reserved as for a first try
             need = self._fetch_bytes(ts, ws) + self._expected_output(ts)[0]
             ws.disk_reserved += need
-        self.copies.setdefault(ts, {})[ws.id] = (self._now, need)
+        copies = self.copies.setdefault(ts, {})
+        copies[ws.id] = (self._now, need, 0)
         ws.copies.add(ts)
         self._update_free(ws)
         self.speculative["started"] += 1
         self._log(ts.key, "processing", f"speculative-copy:{ws.id}")
-        self._send(ts, ws)
+        copies[ws.id] = (self._now, need, self._send(ts, ws))
 
     def _end_copy(
         self,
@@ -1910,7 +1934,7 @@ class SchedulerState:
         """The copy of ``ts`` on ``ws`` ends: its slot and disk are free again; its try
         is recorded as ``outcome`` (``cause``); ``cancel``: tell the worker to stop it."""
         copies = self.copies[ts]
-        sent, need = copies.pop(ws.id)
+        sent, need, _ = copies.pop(ws.id)
         if not copies:
             del self.copies[ts]
         ws.copies.discard(ts)
@@ -1943,11 +1967,12 @@ class SchedulerState:
             return False
         wid = min(copies, key=lambda w: (copies[w][0], w))
         ws = self.workers[wid]
-        sent, need = copies[wid]
+        sent, need, attempt = copies[wid]
         self._end_copy(ts, ws, "ok", None, record=False)
         ws.disk_reserved += need  # moves with it: now the try's own reservation
         ts.worker = wid
         ts.sent = sent
+        ts.attempt = attempt
         ts.disk_need = need
         ts.est = self._estimate(ts)
         ws.occupancy += ts.est
@@ -2307,10 +2332,11 @@ class SchedulerState:
             ts.disk_need = self._fetch_bytes(ts, ws) + self._expected_output(ts)[0]
             ws.disk_reserved += ts.disk_need
         self._update_free(ws)
-        self._send(ts, ws)
+        ts.attempt = self._send(ts, ws)
 
-    def _send(self, ts: TaskState, ws: WorkerState) -> None:
-        """Add ``ts`` to the batch of tasks ``ws`` gets at the end of this event."""
+    def _send(self, ts: TaskState, ws: WorkerState) -> int:
+        """Add a try of ``ts`` to the batch of tasks ``ws`` gets at the end of this
+        event; return its number (``ToRun.attempt``)."""
         deps = tuple((d.key, tuple(d.who_has)) for d in ts.deps)
         sizes = tuple(d.nbytes for d in ts.deps) if deps else ()
         batch = self._execute.get(ws.id)
@@ -2320,9 +2346,10 @@ class SchedulerState:
         resume = None
         if cps:
             resume = self._resume_from(ts, cps[0], ws)
-        batch.append(
-            ToRun(ts.key, ts.spec.node, ts.spec.category, deps, ts.producer, sizes, resume)
-        )
+        self._attempts += 1
+        n, spec = self._attempts, ts.spec
+        batch.append(ToRun(ts.key, spec.node, spec.category, deps, ts.producer, sizes, resume, n))
+        return n
 
     # ----------------------------------------------------------------- checkpoints
 

@@ -311,6 +311,9 @@ class WorkerState:
         self._sent_at: dict[int, float] = {}  #: fetch request -> when it was sent
         self._now = 0.0  #: the time of the event being handled
         self.cancelled: set[Key] = set()  #: running tasks cancelled, their try not back
+        #: cancelled running tasks sent here again before their try came back: each
+        #: starts (as its newer try) once the cancelled one is back
+        self.reasked: dict[Key, ToRun] = {}
         self.wants: dict[Key, _Want] = {}
         self.copies: dict[int, _Copies] = {}  #: copy requests not settled
         self.to_fetch: dict[str, list[Key]] = {}  #: peer -> wanted keys to ask it for
@@ -369,6 +372,7 @@ class WorkerState:
             assert not seen & place.keys(), f"a task in two places: {seen & place.keys()}"
             seen |= place.keys()
         assert self.cancelled <= self.running.keys(), "cancelled but not running"
+        assert self.reasked.keys() <= self.cancelled, "sent again but not cancelled"
         assert self.on_disk <= self.held.keys(), "on disk but not held"
         assert set(self.deferred) == set(self.governor.deferred), "deferred != governor's"
         assert not self.queued or len(self.running) >= self.nthreads, "queued, thread free"
@@ -401,10 +405,19 @@ class WorkerState:
 
     def _assigned(self, task: ToRun, now: float, out: list[Command]) -> None:
         key = task.key
-        if key in self.fetching or key in self.deferred or key in self.queued:
-            return  # sent twice (a rejoin): it is here already
-        if key in self.running:
-            return  # the same (or its cancelled try has not come back yet)
+        if key in self.running and key in self.cancelled:
+            # Its cancelled try has not come back: this try starts once it has (one try
+            # of a key at a time here; the scheduler tells the two apart by ``attempt``).
+            self.reasked[key] = task
+            return
+        for place in (self.running, self.queued, self.deferred):
+            if key in place:  # sent twice (a rejoin): here already, as its newest try
+                place[key] = dataclasses.replace(place[key], attempt=task.attempt)
+                return
+        f = self.fetching.get(key)
+        if f is not None:
+            f.task = dataclasses.replace(f.task, attempt=task.attempt)
+            return
         held = self.held
         lacking: set[Key] = set()
         sizes = task.dep_nbytes or (0,) * len(task.deps)
@@ -416,7 +429,9 @@ class WorkerState:
                 holders = tuple(h for h in holders if h != self.worker_id)
                 if not holders:
                     self._abandon(key, lacking, out)
-                    out.append(ReportDone((TaskResult(key, "missing", missing=((dk, ""),)),)))
+                    missing = ((dk, ""),)
+                    result = TaskResult(key, "missing", missing=missing, attempt=task.attempt)
+                    out.append(ReportDone((result,)))
                     return
                 want = self.wants[dk] = _Want(nbytes, holders, [], {})
                 self.to_fetch.setdefault(holders[0], []).append(dk)
@@ -464,7 +479,9 @@ class WorkerState:
         running, held, peaks, copies = self.running, self.held, self._peaks, self.copied
         for res, value in ev.results:
             key = res.key
-            running.pop(key, None)
+            task = running.pop(key, None)
+            if task is not None and task.attempt:
+                res.attempt = task.attempt
             self.tasks_run += 1
             outcome = res.outcome
             peak = peaks.pop(key, 0) if peaks else 0
@@ -491,6 +508,9 @@ class WorkerState:
                 self.cancelled.discard(key)
                 if outcome != "error":
                     outcome, value = "cancelled", None
+                again = self.reasked.pop(key, None)
+                if again is not None:
+                    self._assigned(again, ev.now, out)
             if outcome == "ok":
                 held[key] = res.nbytes
                 self.on_disk.discard(key)
@@ -513,6 +533,7 @@ class WorkerState:
                     rss_peak=max(peak, rss) if peak else 0,
                     fetches=tuple(self.fetch_log.pop(key, ())),
                     file=res.file and outcome == "ok",
+                    attempt=res.attempt,
                 )
             )
         if results:
@@ -552,6 +573,8 @@ class WorkerState:
             self.governor.handle(mem.Finished(now, key))
         elif self.queued.pop(key, None) is not None:
             pass
+        elif self.reasked.pop(key, None) is not None:
+            pass  # its newer try never started: nothing to report; the older runs out
         elif key in self.running and key not in self.cancelled:
             # Process mode kills its process; thread mode hands the slot to a fresh
             # thread. Either way the try comes back ``cancelled`` and the slot is free.
@@ -700,6 +723,7 @@ class WorkerState:
     ) -> None:
         """A fetching task cannot run: report it (``error``, else ``missing``)."""
         f = self.fetching.pop(key)
+        attempt = f.task.attempt
         self._abandon(key, f.lacking, out)
         copied = self.copied.pop(key, None)
         fetched = tuple(k for k in copied if k in self.held) if copied else ()
@@ -713,6 +737,7 @@ class WorkerState:
             )
         else:
             result = TaskResult(key, "missing", missing=missing, fetched=fetched, fetches=fetches)
+        result.attempt = attempt
         out.append(ReportDone((result,)))
 
     def _abandon(self, key: Key, lacking: Iterable[Key], out: list[Command]) -> None:

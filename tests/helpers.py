@@ -509,6 +509,7 @@ def result(
     missing: tuple[tuple[Key, str], ...] = (),
     fetched: tuple[Key, ...] = (),
     fetches: tuple[tuple[Key, str, int, float], ...] = (),
+    attempt: int = 0,
 ) -> TaskResult:
     return TaskResult(
         key,
@@ -521,6 +522,7 @@ def result(
         missing=missing,
         fetched=fetched,
         fetches=fetches,
+        attempt=attempt,
     )
 
 

@@ -336,6 +336,30 @@ def test_resubmitting_a_cancelled_key_runs_it_again(make_state: Factory) -> None
     assert assigned(join(s, "w1")) == {"w1": ["a"]}
 
 
+def test_a_cancelled_try_reported_after_the_key_came_back_to_its_worker_is_stale(
+    make_state: Factory,
+) -> None:
+    """Cancelled on its worker, the key is submitted again and sent to the same worker
+    before the cancelled try's report is back: that report (``cancelled``, or an output
+    from before the cancel) is the earlier try's, told apart by its ``attempt``, and
+    neither ends the new try nor drops what it will make."""
+    s = make_state()
+    join(s, "w1")
+    first = of(submit(s, {"a": []}, ["a"]), Execute)[0].tasks[0]
+    cancel(s, "a")
+    again = of(submit(s, {"a": []}, ["a"]), Execute)[0].tasks[0]
+    assert (first.key, again.key) == ("a", "a") and again.attempt > first.attempt > 0
+    assert finish(s, "w1", "a", "cancelled", attempt=first.attempt) == []
+    assert finish(s, "w1", "a", "ok", attempt=first.attempt) == []  # kept: a will be
+    assert s.tasks["a"].state == "processing" and s.tasks["a"].worker == "w1"
+    assert ("a", "stale", "result:cancelled") in [e[:3] for e in s.story("a")]
+    cmds = finish(s, "w1", "a", "ok", attempt=again.attempt)
+    assert [(c.key, c.worker) for c in of(cmds, KeyDone)] == [("a", "w1")]
+    # Its output there is the task's now: a late report of the earlier try drops nothing.
+    assert finish(s, "w1", "a", "ok", attempt=first.attempt) == []
+    assert s.tasks["a"].who_has == {"w1"}
+
+
 def test_submitting_existing_keys_reuses_them(make_state: Factory) -> None:
     s = make_state(saturation=1.0)
     join(s, "w1")

@@ -351,6 +351,42 @@ def test_a_cancelled_running_task_is_reported_cancelled_whatever_it_returned() -
     assert s.held == {}
 
 
+def test_a_task_sent_again_before_its_cancelled_try_is_back_runs_after_it() -> None:
+    """One try of a key at a time: the newer starts once the cancelled one is back, and
+    each report names its own try (``attempt``)."""
+    s = state(nthreads=2)
+    first = ToRun("a", Task("a", noop), "cat", (), attempt=1)
+    again = ToRun("a", Task("a", noop), "cat", (), attempt=2)
+    feed(s, TasksAssigned(0.0, (first,)))
+    assert feed(s, CancelRequested(1.0, ("a",))) == [CancelRunning("a")]
+    assert feed(s, TasksAssigned(1.5, (again,))) == []
+    assert finish(s, "a") == [
+        Submit(again),
+        ReportDone((TaskResult("a", "cancelled", 1.0, 2.0, 0, 100, rss_before=90, attempt=1),)),
+        Sample(),
+    ]
+    assert finish(s, "a") == [Store("a", "v", 10), ReportDone((done("a", attempt=2),)), Sample()]
+
+
+def test_a_task_sent_again_then_cancelled_again_never_starts() -> None:
+    s = state()
+    feed(s, TasksAssigned(0.0, (ToRun("a", Task("a", noop), "cat", (), attempt=1),)))
+    feed(s, CancelRequested(1.0, ("a",)))
+    feed(s, TasksAssigned(1.5, (ToRun("a", Task("a", noop), "cat", (), attempt=2),)))
+    assert feed(s, CancelRequested(2.0, ("a",))) == []  # the newer had not started
+    cmds = finish(s, "a")
+    assert [type(c) for c in cmds] == [ReportDone, Sample]
+    assert cmds[0].results[0].attempt == 1 and s.active == ()
+
+
+def test_a_task_sent_twice_reports_its_newest_attempt() -> None:
+    """A rejoin may send a task the worker runs already: its report is the newest's."""
+    s = state()
+    feed(s, TasksAssigned(0.0, (ToRun("a", Task("a", noop), "cat", (), attempt=1),)))
+    assert feed(s, TasksAssigned(1.0, (ToRun("a", Task("a", noop), "cat", (), attempt=3),))) == []
+    assert finish(s, "a")[1] == ReportDone((done("a", attempt=3),))
+
+
 def test_dropped_outputs_are_forgotten() -> None:
     s = state()
     feed(s, TasksAssigned(0.0, (task("a"),)))
