@@ -60,7 +60,6 @@ import signal
 import sys
 import threading
 import time
-import traceback
 from collections.abc import Callable, Iterable
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -75,6 +74,7 @@ from runtime.errors import TaskProcessDied
 from runtime.files import discard_output, remove_tries, task_outputs
 from runtime.graph import Key, PickledNode
 from runtime.lifeline import LIFELINE_EXIT_CODE, die_with_parent
+from runtime.remote import pack_error
 from runtime.task import TaskContext, running
 
 __all__ = ["BaseExecutor", "Executor", "ProcessExecutor", "TaskProcessDied", "rss", "rss_of"]
@@ -521,20 +521,10 @@ def _watch_lifeline(lifeline: Connection) -> None:
 
 def _pack_error(exc: BaseException) -> tuple[list[memoryview], str]:
     """A task's exception pickled for the worker (checked to load again), and its
-    traceback text; an exception that does not survive pickling becomes a
-    RuntimeError that carries its repr and traceback."""
-    tb = "".join(traceback.format_exception(exc))
-    try:
-        parts = _dumps(exc)
-        unpickling.loads(parts[0], parts[1:])
-        return parts, tb
-    except Exception:
-        pass
-    substitute = RuntimeError(
-        f"the task raised {exc!r}, which cannot be pickled to send it back from its task "
-        f"process; its traceback there:\n{tb}"
-    )
-    return [memoryview(pickle.dumps(substitute, protocol=5))], tb
+    traceback text; an exception that does not survive the trip becomes a RuntimeError
+    that names it and carries its traceback (:func:`runtime.remote.pack_error`, the
+    check the worker's messages to the scheduler make too)."""
+    return pack_error(exc, "its task process", _dumps)
 
 
 def _child_context(conn: Connection, header: tuple[Any, ...]) -> TaskContext:

@@ -348,9 +348,10 @@ class RunTasks(Message):
 
     tasks: tuple[Any, ...]
 
-    def for_wire(self) -> RunTasks:
+    def for_wire(self, error: Callable[[BaseException], BaseException]) -> RunTasks:
         """The form that crosses a process boundary: each task's node pickled on its
-        own, so one task that cannot be loaded on the worker fails alone."""
+        own, so one task that cannot be loaded on the worker fails alone. (``error``:
+        see :meth:`TasksDone.for_wire`.)"""
         return RunTasks(tuple(t.with_pickled_node() for t in self.tasks))
 
 
@@ -360,6 +361,19 @@ class TasksDone(Message):
 
     worker_id: str
     results: tuple[Any, ...]
+
+    def for_wire(self, error: Callable[[BaseException], BaseException]) -> TasksDone:
+        """The form that crosses a process boundary: the error of each result that
+        carries one replaced by ``error(exc)`` (``runtime.remote.wire_error``: one
+        that always loads on the other side), so the scheduler learns how every try
+        ended. Results without an error (the usual case) are sent as they are."""
+        if all(r.error is None for r in self.results):
+            return self
+        results = tuple(
+            r if r.error is None else dataclasses.replace(r, error=error(r.error))
+            for r in self.results
+        )
+        return TasksDone(self.worker_id, results)
 
 
 @message(local=True)

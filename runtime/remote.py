@@ -17,6 +17,9 @@ Rules:
    is a tuple of wire messages, or made of JSON values only (that JSON gives back
    unchanged: no tuples), travels typed too (:class:`MessagesReply`,
    :class:`JsonReply`), so a peer that takes no pickles (a console) can read it.
+   A message with a ``for_wire(error)`` method is sent as what it returns (each task of
+   a ``RunTasks`` pickled on its own; each task error of a ``TasksDone`` made fit to
+   travel by :func:`wire_error`, so that the other side always loads the frame).
 2. An ask is a frame with a ``request_id``; its answer is a frame whose ``reply_to`` is
    that id: the handler's return value, or an ``ErrorReply`` carrying the exception
    (pickled when the connection allows it, so the asker re-raises the original type;
@@ -49,6 +52,7 @@ import contextlib
 import copy
 import itertools
 import math
+import traceback
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -80,9 +84,12 @@ __all__ = [
     "RemoteError",
     "RemoteRef",
     "from_wire",
+    "pack_error",
     "refusal_error",
     "refuse",
+    "substitute_error",
     "to_wire",
+    "wire_error",
 ]
 
 _log = get_logger("corral.remote")
@@ -135,8 +142,8 @@ def to_wire(msg: Any) -> Message:
     if _is_json(msg, _JSON_DEPTH):
         return JsonReply(msg)
     prepare = getattr(msg, "for_wire", None)
-    if prepare is not None:  # e.g. RunTasks: each task pickled on its own
-        msg = prepare()
+    if prepare is not None:  # RunTasks: each task pickled on its own; TasksDone: errors
+        msg = prepare(wire_error)
     name = getattr(type(msg), "wire_name", "") or type(msg).__name__
     return PickledMsg(name, cloudpickle.dumps(msg, protocol=5))
 
@@ -203,6 +210,103 @@ def from_wire(msg: Message, *, allow_pickle: bool) -> Any:
             type_name=msg.type_name,
         )
     return obj
+
+
+# -- task errors across processes
+
+
+def _describe(exc: BaseException) -> tuple[str, str, str]:
+    """The qualified name of ``exc``'s type, its text (``str``) and its ``repr``."""
+    cls = type(exc)
+    kind = (
+        cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+    )
+    try:
+        text = str(exc)
+    except Exception:
+        text = "<str() failed>"
+    try:
+        rep = repr(exc)
+    except Exception:
+        rep = kind
+    return kind, text, rep
+
+
+def substitute_error(kind: str, text: str, rep: str, tb: str, why: str) -> RuntimeError:
+    """The error that stands for a task's exception that cannot travel to the process
+    that reports it: a RuntimeError naming its type (``kind``, qualified), its text,
+    its ``repr``, ``why`` it stands in, and the traceback where it was raised."""
+    raised = f"{kind}: {text}" if text else kind
+    return RuntimeError(
+        f"the task raised {raised}\n(a RuntimeError stands for {rep}: {why}. To get the "
+        "exception itself, make it picklable: pass every argument of its __init__ on to "
+        "super().__init__, or give it a __reduce__.) Its traceback where it was raised:\n"
+        f"{tb}"
+    )
+
+
+def _pickle_in_band(obj: Any) -> list[memoryview]:
+    return [memoryview(cloudpickle.dumps(obj, protocol=5))]
+
+
+def pack_error(
+    exc: BaseException,
+    where: str,
+    dumps: Callable[[Any], list[memoryview]] = _pickle_in_band,
+) -> tuple[list[memoryview], str]:
+    """A task's exception pickled by ``dumps`` (the pickle, then its out-of-band
+    buffers), checked to load again as the other process will load it
+    (:mod:`runtime.unpickling`), and its traceback text. An exception that does not
+    survive the trip is replaced by :func:`substitute_error`, which always does;
+    ``where`` names the process it travels back from (for its message).
+
+    The one check for task errors: the task process's reply to its worker
+    (``actors/executor.py``) and the worker's ``TasksDone`` (:func:`wire_error`)."""
+    tb = "".join(traceback.format_exception(exc))
+    try:
+        parts = dumps(exc)
+        unpickling.loads(parts[0], parts[1:])
+        return parts, tb
+    except Exception as failure:
+        why = f"it cannot be pickled and loaded again ({failure!r}) to travel back from {where}"
+    return dumps(substitute_error(*_describe(exc), tb, why)), tb
+
+
+class _WireError(Exception):
+    """A task's exception on its way to another process inside a message (made by
+    :func:`wire_error`): its own pickle, loaded by :func:`_load_wire_error` there. So an
+    exception that does not load on that side (its module is not installed there, say)
+    becomes a substitute error instead of making the whole message unreadable."""
+
+    def __init__(self, payload: bytes, kind: str, text: str, rep: str, tb: str) -> None:
+        super().__init__(kind, text)
+        self.facts = (payload, kind, text, rep, tb)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_load_wire_error, self.facts)
+
+
+def _load_wire_error(payload: bytes, kind: str, text: str, rep: str, tb: str) -> BaseException:
+    """Undo :class:`_WireError`, on the receiving side, while its message is loaded: the
+    exception, or its substitute if it does not load here."""
+    try:
+        error = unpickling.loads(payload)
+        if isinstance(error, BaseException):
+            return error
+        why = f"its pickle holds a {type(error).__name__}"
+    except Exception as failure:  # never _NewImport: unpickling reruns the whole load
+        why = f"it cannot be loaded in this process ({failure!r})"
+    return substitute_error(kind, text, rep, tb, why)
+
+
+def wire_error(exc: BaseException) -> BaseException:
+    """``exc`` in the form that travels inside a pickled message to another process
+    (``TasksDone.for_wire`` calls it for each result that carries an error): checked
+    here to load again (:func:`pack_error`, a substitute otherwise), and pickled on its
+    own, so that the other side gets a substitute too if it cannot load it there. A
+    task's caller thus always gets an error, never a result that does not arrive."""
+    parts, tb = pack_error(exc, "its worker process")
+    return _WireError(bytes(parts[0]), *_describe(exc), tb)
 
 
 def _error_reply(exc: BaseException, allow_pickle: bool) -> ErrorReply:
