@@ -14,9 +14,12 @@ and is counted as a policy error).
 from __future__ import annotations
 
 import dataclasses
+import inspect
+import numbers
+import types
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Annotated, Any, Protocol, Union, get_args, get_origin, runtime_checkable
 
 from policies.survival import Survival
 from runtime.errors import PolicyParamsError, UnknownPolicyError
@@ -40,6 +43,7 @@ __all__ = [
     "SpeculationPolicy",
     "TaskView",
     "WorkerView",
+    "check_params",
     "params_of",
     "params_text",
     "register",
@@ -452,13 +456,145 @@ class PolicyRegistry:
         factory = self._factories[kind].get(name)
         if factory is None:
             raise UnknownPolicyError(kind, name, self._factories[kind])
+        checked = check_params(kind, name, factory, params or {})
         try:
-            policy = factory(**dict(params or {}))
+            policy = factory(**checked)
         except (TypeError, ValueError) as exc:
             raise PolicyParamsError(kind, name, str(exc)) from exc
         policy.name = name
-        policy.params = dict(params or {})
+        policy.params = checked
         return policy
+
+
+# ----------------------------------------------------------------------------- parameters
+
+#: the kinds of value a parameter's annotation may admit, and how a message names them:
+#: (the phrase when the parameter has no wording of its own, the type's name)
+_KINDS: dict[Any, tuple[str, str]] = {
+    bool: ("true or false (a bool)", "bool"),
+    int: ("a whole number (an int)", "int"),
+    float: ("a number (a float or an int)", "float or int"),
+    str: ("text (a str)", "str"),
+    Mapping: ("a mapping (a dict)", "dict"),
+    Sequence: ("a list", "list"),
+    None: ("None (null in the console)", "None"),
+}
+_MAPPINGS = (Mapping, dict)
+_SEQUENCES = (Sequence, list, tuple)
+
+
+def _admits(hint: Any) -> tuple[tuple[Any, ...], str | None] | None:
+    """The kinds of value (keys of :data:`_KINDS`) a parameter annotated ``hint`` takes,
+    in order, and its own wording (the first string of an ``Annotated``) or None; None
+    when the annotation is not one the registry checks (``Any``, a class, ...)."""
+    wording = None
+    if get_origin(hint) is Annotated:
+        wording = next((m for m in hint.__metadata__ if isinstance(m, str)), None)
+        hint = get_args(hint)[0]
+    members = get_args(hint) if get_origin(hint) in (Union, types.UnionType) else (hint,)
+    kinds: list[Any] = []
+    for member in members:
+        base = get_origin(member) or member
+        if base is None or base is type(None):
+            kind: Any = None
+        elif base in (bool, int, float, str):
+            kind = base
+        elif base in _MAPPINGS:
+            kind = Mapping
+        elif base in _SEQUENCES:
+            kind = Sequence
+        else:
+            return None
+        if kind not in kinds:
+            kinds.append(kind)
+    return tuple(kinds), wording
+
+
+def _admit(value: Any, kinds: tuple[Any, ...]) -> tuple[bool, Any]:
+    """Whether ``value`` is of one of ``kinds``, and the value to pass on: a whole
+    float (``3.0``) for an ``int`` becomes that int; a bool is only ever a bool."""
+    if value is None:
+        return None in kinds, value
+    if isinstance(value, bool):
+        return bool in kinds, value
+    if isinstance(value, numbers.Integral):
+        if int in kinds:
+            return True, int(value)
+        return float in kinds, value
+    if isinstance(value, numbers.Real):
+        if float in kinds:
+            return True, value
+        whole = int in kinds and float(value).is_integer()
+        return whole, int(float(value)) if whole else value
+    if isinstance(value, str):
+        return str in kinds, value
+    if isinstance(value, Mapping):
+        return Mapping in kinds, value
+    if isinstance(value, (list, tuple)):
+        return Sequence in kinds, value
+    return False, value
+
+
+def _wanted(param: str, value: Any, kinds: tuple[Any, ...], wording: str | None) -> str:
+    """What is wrong with ``value`` for ``param`` and what to give instead."""
+    if wording is not None:
+        wanted = f"{wording} ({' or '.join(_KINDS[k][1] for k in kinds)})"
+    else:
+        phrases = [_KINDS[k][0] for k in kinds]
+        wanted = ", ".join(phrases[:-1]) + (" or " if len(phrases) > 1 else "") + phrases[-1]
+    text = f"{param} must be {wanted}, got {value!r} ({type(value).__name__})"
+    if bool in kinds:
+        text += (
+            f": write {param}=true or {param}=false (JSON, lower case, in the console; "
+            "True or False in Python)"
+        )
+    return text
+
+
+def check_params(
+    kind: str, name: str, factory: Factory, params: Mapping[str, Any]
+) -> dict[str, Any]:
+    """``params`` checked against the annotations of ``factory``'s signature (the
+    class's ``__init__``), the one place every policy's parameters are checked by type.
+
+    ``bool`` takes only ``True``/``False`` (not ``"False"``, ``"no"``, 0 or 1); ``int``
+    an int or a whole float (passed on as an int), not a bool or text; ``float`` an int
+    or a float, not a bool or text; ``str`` text; ``Mapping``/``dict`` a mapping;
+    ``Sequence``/``list``/``tuple`` a list or tuple; ``None`` None; a union any of its
+    members. ``Annotated[int, "a whole number of blocks"]`` words the message. Other
+    annotations (``Any``, a class), parameters without one and names the signature does
+    not have are left to the factory. Range checks stay in the factory.
+
+    Returns the parameters to call ``factory`` with; raises :class:`PolicyParamsError`
+    naming every bad parameter, the value given and the type wanted.
+    """
+    out = dict(params)
+    if not out:
+        return out
+    try:
+        signature = inspect.signature(factory, eval_str=True)
+    except (TypeError, ValueError, NameError, AttributeError, SyntaxError):
+        return out  # no signature, or annotations that cannot be read: the factory checks
+    problems = []
+    for param, value in params.items():
+        declared = signature.parameters.get(param)
+        if declared is None or declared.kind not in (
+            inspect.Parameter.POSITIONAL_OR_KEYWORD,
+            inspect.Parameter.KEYWORD_ONLY,
+        ):
+            continue
+        if declared.annotation is inspect.Parameter.empty:
+            continue
+        admits = _admits(declared.annotation)
+        if admits is None:
+            continue
+        kinds, wording = admits
+        ok, out[param] = _admit(value, kinds)
+        if not ok:
+            problems.append(_wanted(param, value, kinds, wording))
+    if problems:
+        raise PolicyParamsError(kind, name, "; ".join(problems))
+    return out
 
 
 def params_of(policy: Any) -> dict[str, str]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import math
+from typing import Annotated
 
 from policies.base import REGISTRY, PoolView
 
@@ -187,9 +188,9 @@ class DemandBlocks:
 
     def __init__(
         self,
-        forecast: float | None = None,
+        forecast: Annotated[float | None, "a quantile in (0, 1] or None"] = None,
         max_headroom: int | None = None,
-        spare: int = 0,
+        spare: Annotated[int, "a whole number of blocks >= 0"] = 0,
         lookahead: float | str | None = "provisioning",
     ) -> None:
         if forecast is not None and (
