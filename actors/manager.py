@@ -19,7 +19,7 @@ from actors import transfer
 from actors.scheduler_events import KeyDone
 from actors.transfer import STREAM_BYTES, StreamInfo, UnknownStream
 from runtime.errors import ActorStopped, AskTimeout, FrameTooLarge
-from runtime.graph import Key, build_specs
+from runtime.graph import Key, build_specs, reject_collection
 from runtime.kernel import Actor, ActorRef, Later, handles
 from runtime.messages import (
     AlertRuleAdd,
@@ -155,6 +155,7 @@ class Manager(Actor):
                 pool=msg.pool,
             )
 
+        reject_collection(msg.graph)  # before len(): a 0-d array or Delayed has none
         size = len(msg.graph) if isinstance(msg.graph, Sized) else THREAD_THRESHOLD
         if size >= THREAD_THRESHOLD:  # a dask expression is materialized in the thread
             specs = await anyio.to_thread.run_sync(build)

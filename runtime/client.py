@@ -46,7 +46,7 @@ from runtime.errors import (
     WorkersTimeout,
 )
 from runtime.files import File
-from runtime.graph import Key, TaskOptions, make_task
+from runtime.graph import Key, TaskOptions, make_task, reject_collection
 from runtime.kernel import Actor, ActorRef, ActorSystem, handles
 from runtime.log import get_logger
 from runtime.messages import (
@@ -942,7 +942,10 @@ class Cluster:
             key = f"{funcname(func)}-{token}"
         client = self._client_actor
         fut = Future(key, self)
-        if key not in client.pending and fut._watch.update is None:
+        watch = fut._watch
+        if type(watch.update) is KeyCancelled:
+            watch.update = None  # the same call again after a cancel: it runs again
+        if key not in client.pending and watch.update is None:
             task = make_task(key, func, args, kwargs, self._key_of_future)
             client.pending[key] = (task, opts)
             if not client.flush_queued:
@@ -997,6 +1000,7 @@ class Cluster:
         resources: Mapping[str, float] | None = None,
         pool: str | None = None,
     ) -> None:
+        reject_collection(graph)  # here, not after pickling it off to a remote manager
         await self._manager.ask(
             SubmitGraphRequest(
                 graph,
@@ -1025,7 +1029,7 @@ class Cluster:
             client.watch(k).holders += 1
         try:
             await self._submit(graph, flat, **options)
-            values = await self._gather_keys(flat, root_errors=True)
+            values = await self._gather_keys(flat, root_errors=True, note=True)
         finally:
             for k in flat:
                 client.unhold(k)
@@ -1041,7 +1045,13 @@ class Cluster:
         self._require()
         return await self._gather_keys([f.key for f in futures], root_errors=root_errors)
 
-    async def _gather_keys(self, keys: Sequence[Key], *, root_errors: bool) -> list[Any]:
+    async def _gather_keys(
+        self, keys: Sequence[Key], *, root_errors: bool, note: bool = False
+    ) -> list[Any]:
+        """The values of ``keys``. ``root_errors``: a dependency's failure raises its
+        original exception, not :class:`DependencyFailed`. A task's own exception gets
+        the note ``(raised by task '<key>')`` when unwrapped so, and with ``note`` (what
+        ``compute`` promises) also when it is the requested key's own."""
         client = self._client_actor
         remaining = list(dict.fromkeys(keys))
         values: dict[Key, Any] = {}
@@ -1050,10 +1060,15 @@ class Cluster:
             if failed is not None:
                 upd = client.watches[failed].update
                 err = _error_of(upd)
+                unwrapped = False
                 if root_errors and isinstance(err, DependencyFailed) and err.__cause__:
-                    err = err.__cause__
-                    if isinstance(upd, KeyErred):
-                        _note(err, f"(raised by task {upd.root!r})")
+                    err, unwrapped = err.__cause__, True
+                # Not on Corral's own errors (WorkerLost, ManagerLost...): they were not
+                # raised by the task, name their key in their fields, and some are one
+                # object shared by many keys.
+                own = isinstance(upd, KeyErred) and not isinstance(err, CorralError)
+                if own and (note or unwrapped):
+                    _note(err, f"(raised by task {upd.root!r})")
                 raise err
             seen = {k: client.watches[k].update for k in remaining}  # what this try goes by
             result: GatherResult = await self._manager.ask(

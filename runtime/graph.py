@@ -44,6 +44,7 @@ __all__ = [
     "flatten_keys",
     "make_task",
     "normalize_graph",
+    "reject_collection",
 ]
 
 #: A task key: a string or a tuple of a string and indices, as in dask.
@@ -209,6 +210,19 @@ class _KnownKeys:
             return False
 
 
+def reject_collection(graph: object) -> None:
+    """Raise :class:`GraphError` for a dask collection (an array, a dataframe, a
+    ``Delayed``: anything with ``__dask_graph__`` that is neither a mapping nor a dask
+    expression) given where a graph belongs. Check it before anything else looks at the
+    graph: ``len()`` of a 0-d array or a ``Delayed`` raises ``TypeError``, and ``len()``
+    of a dataframe computes it."""
+    if not isinstance(graph, Mapping | Expr) and hasattr(graph, "__dask_graph__"):
+        raise GraphError(
+            "got a dask collection, not a graph: call dask.compute(x, scheduler=get) "
+            "or pass x.__dask_graph__()"
+        )
+
+
 def normalize_graph(
     graph: Mapping[Key, Any], known: Callable[[Key], bool] | None = None
 ) -> dict[Key, GraphNode]:
@@ -218,13 +232,9 @@ def normalize_graph(
     else a literal; ``known(key)`` adds keys that live on the cluster already, so a new
     graph can refer to the results of earlier ones.
     """
+    reject_collection(graph)
     if isinstance(graph, Expr):
         graph = graph.__dask_graph__()
-    if hasattr(graph, "__dask_graph__") and not isinstance(graph, Mapping):
-        raise GraphError(
-            "got a dask collection, not a graph: call dask.compute(x, scheduler=get) "
-            "or pass x.__dask_graph__()"
-        )
     plain = dict(graph)
     if all(isinstance(v, GraphNode) for v in plain.values()):
         return plain
