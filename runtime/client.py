@@ -46,7 +46,7 @@ from runtime.errors import (
     WorkersTimeout,
 )
 from runtime.files import File
-from runtime.graph import Key, TaskOptions, make_task, reject_collection
+from runtime.graph import Key, TaskOptions, make_task, reject_collection, unpicklable_error
 from runtime.kernel import Actor, ActorRef, ActorSystem, handles
 from runtime.log import get_logger
 from runtime.messages import (
@@ -397,18 +397,66 @@ class ClientActor(Actor):
             if not runs or runs[-1][0] != opts:
                 runs.append((opts, {}))
             runs[-1][1][key] = task
+        #: keys failed here, never sent: the task whose own failure it was, and its error
+        failed: dict[Key, tuple[Key, BaseException]] = {}
         for i, (opts, graph) in enumerate(runs):
-            request = SubmitGraphRequest(
-                graph, tuple(graph), self.name, opts.priority, opts.retries,
-                dict(opts.resources) or None, opts.pool,
-            )  # fmt: skip
+            self._fail_dependents(graph, failed)
+            while graph:
+                request = SubmitGraphRequest(
+                    graph, tuple(graph), self.name, opts.priority, opts.retries,
+                    dict(opts.resources) or None, opts.pool,
+                )  # fmt: skip
+                try:
+                    await self.manager.ask(request)
+                    break
+                except Exception as exc:
+                    # Not sent for a remote manager, as it does not pickle (nothing went):
+                    # the tasks that do not pickle fail alone, the rest go again.
+                    if not isinstance(exc, CorralError) and self._fail_unpicklable(graph, failed):
+                        self._fail_dependents(graph, failed)
+                        continue
+                    for _, later in runs[i:]:  # and the later graphs, which may need it
+                        for key in later:
+                            self.fail_local(key, exc)
+                    return
+
+    def _fail_unpicklable(
+        self, graph: dict[Key, Any], failed: dict[Key, tuple[Key, BaseException]]
+    ) -> bool:
+        """Fail (and take out of ``graph``) each task that does not pickle on its own,
+        with an error saying so; whether there was any."""
+        import cloudpickle
+
+        found = False
+        for key, task in list(graph.items()):
             try:
-                await self.manager.ask(request)
-            except CorralError as exc:  # and the later graphs, which may need this one
-                for _, later in runs[i:]:
-                    for key in later:
-                        self.fail_local(key, exc)
-                return
+                cloudpickle.dumps(task, protocol=5)
+            except Exception as exc:
+                error = unpicklable_error(key, exc)
+                error.__cause__ = exc
+                del graph[key]
+                failed[key] = (key, error)
+                self.fail_local(key, error)
+                found = True
+        return found
+
+    def _fail_dependents(
+        self, graph: dict[Key, Any], failed: dict[Key, tuple[Key, BaseException]]
+    ) -> None:
+        """Fail (and take out of ``graph``) the tasks that depend on a task failed here,
+        which the manager never saw, as the scheduler would (a task's inputs come first)."""
+        if not failed:
+            return
+        for key, task in list(graph.items()):
+            dep = next((d for d in getattr(task, "dependencies", ()) if d in failed), None)
+            if dep is None:
+                continue
+            root, root_error = failed[key] = failed[dep]
+            reason = f"{type(root_error).__name__}: {root_error}"
+            error = DependencyFailed(str(key), str(root), reason)
+            error.__cause__ = root_error
+            del graph[key]
+            self._settle(KeyErred("", key, error, root, root_error))
 
     def fail_local(self, key: Key, error: BaseException) -> None:
         self._settle(KeyErred("", key, error, key, error))

@@ -45,6 +45,7 @@ __all__ = [
     "make_task",
     "normalize_graph",
     "reject_collection",
+    "unpicklable_error",
 ]
 
 #: A task key: a string or a tuple of a string and indices, as in dask.
@@ -396,9 +397,52 @@ class PickledNode:
 
     @classmethod
     def of(cls, key: Key, node: GraphNode) -> PickledNode:
+        """``node`` pickled; never raises: a node that cannot be pickled (an argument
+        like a lock or an open connection) becomes one that fails its task alone, when
+        run, with :func:`unpicklable_error`, instead of the message carrying it."""
+        import pickle
+
         import cloudpickle
 
-        return cls(key, cloudpickle.dumps(node, protocol=5))
+        try:
+            return cls(key, cloudpickle.dumps(node, protocol=5))
+        except Exception as exc:
+            stand_in = _Unpicklable(key, _describe(exc))
+            return cls(key, pickle.dumps(stand_in, protocol=5))
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def unpicklable_error(key: Key, exc: BaseException | str) -> GraphError:
+    """The error of a task whose function or arguments cannot be pickled (``exc``: why),
+    so it cannot be sent to the process that would run it."""
+    why = exc if isinstance(exc, str) else _describe(exc)
+    return GraphError(
+        f"task {key!r} cannot be sent to a worker: its function or arguments cannot be "
+        f"pickled ({why}). Pass picklable arguments, or create the object (a lock, an "
+        "open file or connection...) inside the task.",
+        key=key,
+        reason=why,
+    )
+
+
+class _Unpicklable:
+    """What runs in place of a task node that could not be pickled: it raises
+    :func:`unpicklable_error` (a plain class of this module: it loads on any worker)."""
+
+    __slots__ = ("key", "reason")
+
+    def __init__(self, key: Key, reason: str) -> None:
+        self.key = key
+        self.reason = reason
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_Unpicklable, (self.key, self.reason))
+
+    def __call__(self, inputs: Any) -> Any:
+        raise unpicklable_error(self.key, self.reason)
 
 
 # Re-exported for modules that build nodes directly.
