@@ -46,7 +46,16 @@ from runtime.errors import (
     WorkersTimeout,
 )
 from runtime.files import File
-from runtime.graph import Key, TaskOptions, make_task, reject_collection, unpicklable_error
+from runtime.graph import (
+    SUBMISSION,
+    Key,
+    TaskOptions,
+    check_keys,
+    make_task,
+    reject_collection,
+    short_repr,
+    unpicklable_error,
+)
 from runtime.kernel import Actor, ActorRef, ActorSystem, handles
 from runtime.log import get_logger
 from runtime.messages import (
@@ -705,10 +714,7 @@ class Cluster:
         self.pool = pool
         self.saturation = saturation
         self._gc = GcTuning(gc_threshold)
-        self.initial_policies = {
-            kind: (spec, {}) if isinstance(spec, str) else (spec[0], dict(spec[1]))
-            for kind, spec in (policies or {}).items()
-        }
+        self.initial_policies = _initial_policies(policies)
         self.pools: dict[str, Any] = {}  #: configured pools by name (actors.pools)
         if pools is not None:
             self._configure_pools(pools, workers, processes)
@@ -1012,6 +1018,26 @@ class Cluster:
             for items in zip(*iterables, strict=False)
         ]
 
+    def _keys_of(self, futures: Any, method: str) -> list[Key]:
+        """The keys of ``futures``, a list of this cluster's futures; ``TypeError`` for
+        anything else (``CorralError`` for a future of another cluster)."""
+        if isinstance(futures, Future | str | bytes | Mapping) or not isinstance(futures, Iterable):
+            raise TypeError(
+                f"{method} takes a list of Futures, got {type(futures).__name__} "
+                f"{short_repr(futures)}{_TAKES_FUTURES[method]}"
+            )
+        keys = []
+        for f in futures:
+            if type(f) is not Future:
+                raise TypeError(
+                    f"{method} takes Futures (what submit, map and submit_graph return), "
+                    f"got {type(f).__name__} {short_repr(f)}{_TAKES_FUTURES[method]}"
+                )
+            if f._cluster is not self:
+                raise CorralError(f"future {f.key!r} belongs to another cluster")
+            keys.append(f.key)
+        return keys
+
     def _key_of_future(self, obj: Any) -> Key | None:
         if isinstance(obj, Future):
             if obj._cluster is not self:
@@ -1035,29 +1061,29 @@ class Cluster:
         anything runs.
         """
         self._require()
+        # Checked before any Future holds a key (and here, not after pickling the graph
+        # off to a remote manager): GraphError saying what each must be.
+        reject_collection(graph)
+        keys = check_keys(keys)
+        opts = TaskOptions.of(SUBMISSION, priority, retries, resources, pool)
         futures = [Future(k, self) for k in keys]
-        await self._submit(graph, keys, priority, retries, resources, pool)
+        await self._submit(graph, keys, opts)
         return futures
 
     async def _submit(
-        self,
-        graph: Mapping[Key, Any],
-        keys: Sequence[Key],
-        priority: float = 0,
-        retries: int = 0,
-        resources: Mapping[str, float] | None = None,
-        pool: str | None = None,
+        self, graph: Mapping[Key, Any], keys: Sequence[Key], opts: TaskOptions
     ) -> None:
-        reject_collection(graph)  # here, not after pickling it off to a remote manager
+        """Send a graph checked by the caller (:func:`reject_collection`, its keys
+        hashable, ``opts`` checked)."""
         await self._manager.ask(
             SubmitGraphRequest(
                 graph,
                 tuple(keys),
                 self._client_actor.name,
-                priority=priority,
-                retries=retries,
-                resources=dict(resources) if resources else None,
-                pool=pool,
+                priority=opts.priority,
+                retries=opts.retries,
+                resources=dict(opts.resources) or None,
+                pool=opts.pool,
             ),
             timeout=None,
         )
@@ -1071,12 +1097,20 @@ class Cluster:
         from runtime.graph import flatten_keys
 
         self._require()
+        unknown = options.keys() - _OPTIONS
+        if unknown:
+            raise TypeError(
+                f"compute got unknown option(s) {sorted(unknown)}; it takes "
+                f"{', '.join(sorted(_OPTIONS))}"
+            )
+        reject_collection(graph)  # GraphError for each, before any key is held
+        opts = TaskOptions.of(SUBMISSION, **options)
         flat = flatten_keys(keys)
         client = self._client_actor
         for k in flat:  # hold the keys without a Future object each (cheaper for big graphs)
             client.watch(k).holders += 1
         try:
-            await self._submit(graph, flat, **options)
+            await self._submit(graph, flat, opts)
             values = await self._gather_keys(flat, root_errors=True, note=True)
         finally:
             for k in flat:
@@ -1091,7 +1125,7 @@ class Cluster:
         dependency's original exception instead of :class:`DependencyFailed`.
         """
         self._require()
-        return await self._gather_keys([f.key for f in futures], root_errors=root_errors)
+        return await self._gather_keys(self._keys_of(futures, "gather"), root_errors=root_errors)
 
     async def _gather_keys(
         self, keys: Sequence[Key], *, root_errors: bool, note: bool = False
@@ -1224,8 +1258,9 @@ class Cluster:
 
     async def cancel(self, futures: Sequence[Future] | Future) -> None:
         """Cancel tasks; their futures raise :class:`~runtime.errors.CancelledError`."""
-        items = [futures] if isinstance(futures, Future) else list(futures)
-        await self._manager.tell(CancelRequest(tuple(f.key for f in items)))
+        self._require()
+        keys = self._keys_of([futures] if isinstance(futures, Future) else futures, "cancel")
+        await self._manager.tell(CancelRequest(tuple(keys)))
 
     async def set_policy(self, kind: str, name: str, **params: Any) -> Any:
         """Swap the ``kind`` policy (priority, placement, retry) for ``name`` at runtime."""
@@ -1237,6 +1272,16 @@ class Cluster:
         ``n`` for that long only, then back to the target set before (the scaling
         policy scales in the extra blocks as usual)."""
         self._require()
+        if isinstance(n, bool) or not isinstance(n, int):
+            raise TypeError(
+                f"scale(n): n is the number of workers to keep, a whole number (an int), "
+                f"got {type(n).__name__} {short_repr(n)}"
+            )
+        if hold is not None and (isinstance(hold, bool) or not isinstance(hold, int | float)):
+            raise TypeError(
+                f"scale(hold=...): hold is a number of seconds (an int or a float) or None, "
+                f"got {type(hold).__name__} {short_repr(hold)}"
+            )
         return await self._manager.ask(ScaleRequest(n, pool or self.pool, hold))
 
     async def status(self) -> dict[str, Any]:
@@ -1278,6 +1323,48 @@ class Cluster:
         if self.address is not None:
             raise CorralError("scheduler_state is only there for an embedded cluster")
         return self._scheduler_actor.state
+
+
+#: The options ``compute`` passes on to ``submit_graph``.
+_OPTIONS = frozenset({"priority", "retries", "resources", "pool"})
+
+#: What each method that takes futures says to do with something else.
+_TAKES_FUTURES = {
+    "gather": "; for one future, await it; for keys of a graph, use compute(graph, keys)",
+    "cancel": "; to cancel by key, use the console's `cancel KEY` (python -m runtime console)",
+}
+
+
+def _initial_policies(
+    policies: Mapping[str, str | tuple[str, dict[str, Any]]] | None,
+) -> dict[str, tuple[str, dict[str, Any]]]:
+    """``Cluster(policies=...)`` as ``{kind: (name, params)}``; ``TypeError`` saying what
+    an entry must be (a policy name, or a pair of a name and a dict of parameters)."""
+    if policies is None:
+        return {}
+    if not isinstance(policies, Mapping):
+        raise TypeError(
+            f"policies must be a dict of kind to policy, e.g. {{'retry': 'default'}}, got "
+            f"{type(policies).__name__} {short_repr(policies)}"
+        )
+    out: dict[str, tuple[str, dict[str, Any]]] = {}
+    for kind, spec in policies.items():
+        if isinstance(spec, str):
+            out[kind] = (spec, {})
+        elif (
+            isinstance(spec, tuple | list)
+            and len(spec) == 2
+            and isinstance(spec[0], str)
+            and isinstance(spec[1], Mapping)
+        ):
+            out[kind] = (spec[0], dict(spec[1]))
+        else:
+            raise TypeError(
+                f"policies[{kind!r}] is {short_repr(spec)}; it must be a policy name or a pair "
+                f"(name, params), e.g. 'default' or ('default', {{'max_lost': 2}}). "
+                "See docs/policies.md"
+            )
+    return out
 
 
 def _note(err: BaseException, text: str) -> None:

@@ -41,10 +41,12 @@ __all__ = [
     "TaskSpec",
     "build_specs",
     "category_of",
+    "check_keys",
     "flatten_keys",
     "make_task",
     "normalize_graph",
     "reject_collection",
+    "short_repr",
     "unpicklable_error",
 ]
 
@@ -90,14 +92,61 @@ def category_of(key: Key) -> str:
     return str(key_split(key))
 
 
+def short_repr(obj: object, limit: int = 60) -> str:
+    """``repr(obj)``, cut to ``limit`` characters: for error messages."""
+    text = repr(obj)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+#: What a key may be, for the errors that say so.
+KEYS_ARE = "a key is a string, or a tuple of a string and indices such as ('x', 0)"
+
+
+def _bad_key(key: object, where: str) -> GraphError:
+    return GraphError(
+        f"{where} got {type(key).__name__} {short_repr(key)} as a key; {KEYS_ARE}",
+        key=short_repr(key),
+    )
+
+
 def flatten_keys(keys: Any) -> list[Key]:
-    """All keys in a possibly nested list of keys, in order, without duplicates."""
+    """All keys in a possibly nested list of keys, in order, without duplicates.
+    :class:`GraphError` for a key that cannot be one (a dict, a set: unhashable)."""
     if isinstance(keys, list):
         out: dict[Key, None] = {}
         for k in flatten(keys):
-            out[k] = None
+            try:
+                out[k] = None
+            except TypeError:  # unhashable: not a key (no cost when all are keys)
+                raise _bad_key(k, "compute") from None
         return list(out)
+    try:
+        hash(keys)
+    except TypeError:
+        raise _bad_key(keys, "compute") from None
     return [keys]
+
+
+def check_keys(keys: Any) -> tuple[Key, ...]:
+    """``submit_graph``'s keys, a flat list (or tuple) of keys, as a tuple;
+    :class:`GraphError` saying what they must be otherwise."""
+    if isinstance(keys, str | bytes) or not isinstance(keys, Iterable):
+        raise GraphError(
+            f"submit_graph takes a list of keys, got {type(keys).__name__} {short_repr(keys)}: "
+            f"for one key pass [key]; {KEYS_ARE}"
+        )
+    out: tuple[Key, ...] = tuple(keys)
+    try:
+        dict.fromkeys(out)  # hashes every key, at C speed
+    except TypeError:
+        for k in out:
+            try:
+                hash(k)
+            except TypeError:
+                where = "submit_graph (a flat list of keys; nested lists are for compute)"
+                raise _bad_key(k, where) from None
+        raise
+    return out
 
 
 def _layer_annotations(graph: Any) -> dict[Key, dict[str, Any]]:
@@ -146,16 +195,26 @@ def _checked(key: Key, ann: Mapping[str, Any] | None, defaults: dict[str, Any]) 
         out["retries"] = int(out["retries"])
         out["resources"] = {str(r): float(v) for r, v in dict(out["resources"] or {}).items()}
     except (TypeError, ValueError) as exc:
+        given = ", ".join(f"{name}={out[name]!r}" for name in ("priority", "retries", "resources"))
         raise GraphError(
-            f"task {key!r} has an invalid annotation ({exc}): priority must be a number, "
-            "retries an integer and resources a mapping of names to numbers",
+            f"{_subject(key)} has an invalid setting ({given}: {exc}): priority must be a "
+            "number, retries an integer and resources a mapping of names to numbers, "
+            "e.g. resources={'gpu': 1}",
             key=key,
         ) from None
     if out["retries"] < 0:
-        raise GraphError(f"task {key!r} has retries={out['retries']}; it must be >= 0", key=key)
+        raise GraphError(f"{_subject(key)} has retries={out['retries']}; it must be >= 0", key=key)
     if out["pool"] is not None and not isinstance(out["pool"], str):
-        raise GraphError(f"task {key!r} has pool={out['pool']!r}; it must be a string", key=key)
+        raise GraphError(f"{_subject(key)} has pool={out['pool']!r}; it must be a string", key=key)
     return out
+
+
+#: The "key" of a whole submission's options, in :func:`_checked`'s errors.
+SUBMISSION = "(submission)"
+
+
+def _subject(key: Key) -> str:
+    return "the submission" if key == SUBMISSION else f"task {key!r}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -212,16 +271,24 @@ class _KnownKeys:
 
 
 def reject_collection(graph: object) -> None:
-    """Raise :class:`GraphError` for a dask collection (an array, a dataframe, a
-    ``Delayed``: anything with ``__dask_graph__`` that is neither a mapping nor a dask
-    expression) given where a graph belongs. Check it before anything else looks at the
-    graph: ``len()`` of a 0-d array or a ``Delayed`` raises ``TypeError``, and ``len()``
-    of a dataframe computes it."""
-    if not isinstance(graph, Mapping | Expr) and hasattr(graph, "__dask_graph__"):
+    """Raise :class:`GraphError` for anything given where a graph belongs that is not
+    one: a mapping (a dict, a ``HighLevelGraph``) or a dask expression. A dask
+    collection (an array, a dataframe, a ``Delayed``: anything with ``__dask_graph__``)
+    gets its own message. Check it before anything else looks at the graph: ``len()`` of
+    a 0-d array or a ``Delayed`` raises ``TypeError``, and ``len()`` of a dataframe
+    computes it."""
+    if isinstance(graph, Mapping | Expr):
+        return
+    if hasattr(graph, "__dask_graph__"):
         raise GraphError(
             "got a dask collection, not a graph: call dask.compute(x, scheduler=get) "
             "or pass x.__dask_graph__()"
         )
+    raise GraphError(
+        f"got {type(graph).__name__} {short_repr(graph)} as a graph; a graph is a dict of "
+        "keys to tasks, e.g. {'a': 1, 'b': (inc, 'a')}, a HighLevelGraph or a dask "
+        "expression (for a dask collection x, x.__dask_graph__())"
+    )
 
 
 def normalize_graph(
@@ -339,7 +406,7 @@ def build_specs(
     _check_acyclic(nodes)
     positions = _order(nodes)
     defaults = {"priority": priority, "retries": retries, "resources": resources, "pool": pool}
-    plain = _checked("(submission)", None, defaults)
+    plain = _checked(SUBMISSION, None, defaults)
     specs: dict[Key, TaskSpec] = {}
     for k, node in nodes.items():
         ann = annotations.get(k)

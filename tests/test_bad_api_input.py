@@ -1,0 +1,154 @@
+"""Bad input to the Cluster API: each bad call raises a typed error whose message says
+what the argument must be, and loses nothing: the same cluster then computes a good graph
+(and no key stays held by the client for the bad call).
+
+Every test is bounded with ``anyio.fail_after``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import pytest
+
+from runtime import Cluster
+from runtime.errors import CorralError, GraphError
+
+pytestmark = pytest.mark.anyio
+
+BOUND = 15  # seconds any single test may take (they take well under one)
+
+
+def inc(x: int) -> int:
+    return x + 1
+
+
+async def still_works(cluster: Cluster) -> None:
+    """The cluster computes a good graph, by ``compute`` and by ``submit``."""
+    assert await cluster.compute({"x": 1, "y": (inc, "x")}, "y") == 2
+    assert await cluster.submit(inc, 41) == 42
+
+
+def held_keys(cluster: Cluster) -> set[Any]:
+    return set(cluster._client_actor.watches)
+
+
+async def test_bad_resources_for_a_graph_are_a_graph_error() -> None:
+    """``resources`` that is not a mapping, given to ``submit_graph`` or ``compute``,
+    is a GraphError saying what resources must be, as from ``submit``."""
+    with anyio.fail_after(BOUND):
+        async with Cluster(workers=1) as cluster:
+            calls = [
+                lambda: cluster.submit_graph({"a": 1}, ["a"], resources=5),
+                lambda: cluster.compute({"a": 1}, "a", resources=5),
+                lambda: cluster.compute({"a": 1}, ["a"], resources="gpu"),
+            ]
+            for call in calls:
+                with pytest.raises(GraphError, match=r"resources a mapping of names to numbers"):
+                    await call()
+            with pytest.raises(GraphError, match=r"the submission has .*resources=5"):
+                await cluster.submit_graph({"a": 1}, ["a"], resources=5)
+            assert held_keys(cluster) == set()
+            await still_works(cluster)
+            # A good mapping still applies.
+            assert await cluster.compute({"a": (inc, 1)}, "a", resources={"cores": 1}) == 2
+
+
+async def test_unhashable_keys_are_a_graph_error() -> None:
+    """A key that cannot be one (a dict) in ``compute``'s or ``submit_graph``'s keys, or
+    a string where ``submit_graph`` wants a list of keys, is a GraphError saying what a
+    key is; no key stays held."""
+    with anyio.fail_after(BOUND):
+        async with Cluster(workers=1) as cluster:
+            with pytest.raises(GraphError, match=r"got dict \{'x': 1\} as a key; a key is"):
+                await cluster.compute({"a": 1}, [["a"], {"x": 1}])
+            with pytest.raises(GraphError, match=r"got dict \{'x': 1\} as a key; a key is"):
+                await cluster.compute({"a": 1}, {"x": 1})
+            with pytest.raises(GraphError, match=r"submit_graph .*got dict .* as a key"):
+                await cluster.submit_graph({"a": 1}, [{"x": 1}])
+            with pytest.raises(GraphError, match=r"nested lists are for compute"):
+                await cluster.submit_graph({"a": 1}, [["a"]])
+            with pytest.raises(GraphError, match=r"takes a list of keys, got str 'a'"):
+                await cluster.submit_graph({"a": 1}, "a")
+            assert held_keys(cluster) == set()
+            await still_works(cluster)
+
+
+async def test_what_is_not_a_graph_is_a_graph_error() -> None:
+    with anyio.fail_after(BOUND):
+        async with Cluster(workers=1) as cluster:
+            for graph, name in (([1, 2, 3], "list"), (None, "NoneType"), ("ab", "str")):
+                with pytest.raises(GraphError, match=rf"got {name} .* as a graph; a graph is"):
+                    await cluster.compute(graph, "a")  # type: ignore[arg-type]
+                with pytest.raises(GraphError, match=rf"got {name} .* as a graph"):
+                    await cluster.submit_graph(graph, ["a"])  # type: ignore[arg-type]
+            assert held_keys(cluster) == set()
+            await still_works(cluster)
+
+
+async def test_unknown_compute_option_is_a_type_error() -> None:
+    with anyio.fail_after(BOUND):
+        async with Cluster(workers=1) as cluster:
+            with pytest.raises(TypeError, match=r"compute got unknown option\(s\) \['bogus'\]"):
+                await cluster.compute({"a": 1}, "a", bogus=3)
+            assert held_keys(cluster) == set()
+            await still_works(cluster)
+
+
+async def test_gather_and_cancel_take_futures() -> None:
+    """Keys (or anything else that is not a Future) given to ``gather`` or ``cancel``
+    are a TypeError saying they take Futures; a future of another cluster is a
+    CorralError, as for ``submit``."""
+    with anyio.fail_after(BOUND):
+        async with Cluster(workers=1) as cluster:
+            fut = cluster.submit(inc, 1)
+            assert await fut == 2
+            with pytest.raises(TypeError, match=r"gather takes Futures .*got str 'a'"):
+                await cluster.gather(["a"])  # type: ignore[list-item]
+            with pytest.raises(TypeError, match=r"gather takes a list of Futures, got Future"):
+                await cluster.gather(fut)  # type: ignore[arg-type]
+            with pytest.raises(TypeError, match=r"cancel takes Futures .*got str 'nokey'"):
+                await cluster.cancel(["nokey"])  # type: ignore[list-item]
+            with pytest.raises(TypeError, match=r"cancel takes a list of Futures, got str"):
+                await cluster.cancel("nokey")  # type: ignore[arg-type]
+            async with Cluster(workers=1) as other:
+                theirs = other.submit(inc, 10)
+                with pytest.raises(CorralError, match=r"belongs to another cluster"):
+                    await cluster.gather([theirs])
+                with pytest.raises(CorralError, match=r"belongs to another cluster"):
+                    await cluster.cancel(theirs)
+                assert await theirs == 11
+            assert fut.status == "finished" and await cluster.gather([fut]) == [2]
+            await still_works(cluster)
+
+
+async def test_scale_takes_a_whole_number() -> None:
+    with anyio.fail_after(BOUND):
+        async with Cluster(workers=1) as cluster:
+            for n in ("2", 1.5, True, None):
+                with pytest.raises(TypeError, match=r"scale\(n\): n is .* whole number \(an int\)"):
+                    await cluster.scale(n)  # type: ignore[arg-type]
+            with pytest.raises(TypeError, match=r"hold is a number of seconds"):
+                await cluster.scale(2, hold="5")  # type: ignore[arg-type]
+            with pytest.raises(ValueError, match=r"cannot scale"):
+                await cluster.scale(-1)
+            assert await cluster.scale(1) == {"default": 1}
+            await still_works(cluster)
+
+
+async def test_a_policies_entry_is_a_name_or_a_name_and_params() -> None:
+    """``Cluster(policies=...)``: an entry that is neither a policy name nor a pair
+    (name, params) is a TypeError at construction saying what it must be."""
+    with anyio.fail_after(BOUND):
+        for bad in (5, None, ("default",), ("default", 5), ("default", {}, 3), (3, {})):
+            with pytest.raises(TypeError, match=r"policies\['retry'\] is .* a policy name or"):
+                Cluster(workers=1, policies={"retry": bad})  # type: ignore[dict-item]
+        with pytest.raises(TypeError, match=r"policies must be a dict of kind to policy"):
+            Cluster(workers=1, policies=["retry"])  # type: ignore[arg-type]
+        async with Cluster(
+            workers=1, policies={"retry": ("default", {"max_lost": 2}), "priority": "long-first"}
+        ) as cluster:
+            policies = (await cluster.status())["policies"]
+            assert (policies["retry"], policies["priority"]) == ("default", "long-first")
+            await still_works(cluster)
