@@ -366,11 +366,14 @@ class TasksDone(Message):
         """The form that crosses a process boundary: the error of each result that
         carries one replaced by ``error(exc)`` (``runtime.remote.wire_error``: one
         that always loads on the other side), so the scheduler learns how every try
-        ended. Results without an error (the usual case) are sent as they are."""
-        if all(r.error is None for r in self.results):
+        ended. Results without an error (the usual case) are sent as they are, and so
+        is anything that is not a result with an exception (the receiver refuses it)."""
+        if all(not isinstance(getattr(r, "error", None), BaseException) for r in self.results):
             return self
         results = tuple(
-            r if r.error is None else dataclasses.replace(r, error=error(r.error))
+            dataclasses.replace(r, error=error(r.error))
+            if isinstance(getattr(r, "error", None), BaseException)
+            else r
             for r in self.results
         )
         return TasksDone(self.worker_id, results)
