@@ -435,8 +435,7 @@ def _with_default_command(argv: list[str]) -> list[str]:
 
 def _one_line(exc: BaseException) -> str:
     """``Type: message (notes)`` on one line, from the innermost single exception."""
-    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-        exc = exc.exceptions[0]
+    exc = _innermost(exc)
     text = " ".join(str(exc).split()) or "(no message)"
     notes = " ".join(" ".join(n.split()) for n in getattr(exc, "__notes__", ()))
     return f"{type(exc).__name__}: {text}" + (f" {notes}" if notes else "")
@@ -560,10 +559,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _cmd_worker(args: argparse.Namespace) -> int:
-    import anyio
-
-    from runtime.client import parse_bytes
-    from runtime.node import run_worker
+    from runtime.errors import PermissionDenied
 
     if args.cores < 1:
         raise ValueError("--cores must be at least 1")
@@ -572,6 +568,33 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 
     def ready(worker_id: str) -> None:
         print(f"worker {worker_id} joined {args.address}", flush=True)
+
+    try:
+        _run_worker(args, memory_options, ready)
+    except Exception as exc:
+        refused = _innermost(exc)
+        if isinstance(refused, PermissionDenied) and getattr(refused, "what", "") == "worker id":
+            # Another worker holds this id (docs/deployment.md: names are unique).
+            refused.add_note(
+                "(Choose another --name: worker names must be unique among the manager's "
+                "workers; a name is free again once its worker has left.)"
+            )
+        raise
+    return 0
+
+
+def _innermost(exc: BaseException) -> BaseException:
+    """The exception inside single-exception groups (what ``_one_line`` prints)."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
+
+
+def _run_worker(args: argparse.Namespace, memory_options: dict[str, Any], ready: Any) -> None:
+    import anyio
+
+    from runtime.client import parse_bytes
+    from runtime.node import run_worker
 
     anyio.run(
         lambda: run_worker(
@@ -590,7 +613,6 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         ),
         backend="asyncio",
     )
-    return 0
 
 
 def _memory_options(args: argparse.Namespace) -> dict[str, Any]:

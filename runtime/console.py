@@ -46,6 +46,7 @@ from typing import Any, NoReturn
 import anyio
 import orjson
 from rich.console import Console, Group, RenderableType
+from rich.measure import Measurement
 from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
@@ -53,6 +54,7 @@ from rich.text import Text
 from policies import params_text
 from runtime.errors import (
     ActorStopped,
+    AuthenticationFailed,
     ConsoleError,
     CorralError,
     PermissionDenied,
@@ -121,7 +123,7 @@ COMMANDS: dict[str, tuple[str, str, bool]] = {
     ),
     "scale": (
         "scale POOL N",
-        "keep N workers in a pool (clusters with an autoscaler; admin)",
+        "keep N blocks of workers in a pool (clusters with an autoscaler; admin)",
         True,
     ),
     "resume": (
@@ -179,6 +181,23 @@ class Result:
         buf = io.StringIO()
         Console(file=buf, width=width, color_system=None, force_terminal=False).print(self.view)
         return buf.getvalue()
+
+
+#: the widest a view is printed off a terminal (characters)
+_WIDEST = 100_000
+
+
+def print_view(view: RenderableType, file: Any = None) -> None:
+    """Print ``view`` on ``file`` (default: stdout). On a terminal it fits the
+    terminal; elsewhere (a pipe, a file) it is as wide as it needs, at least 80
+    characters: no column is cut short and no line wrapped, so keys and ids can be copied
+    from it (rich would cut everything to 80 columns)."""
+    console = Console(file=file)
+    if not console.is_terminal:
+        probe = Console(file=io.StringIO(), width=_WIDEST, color_system=None)
+        need = Measurement.get(probe, probe.options, view).maximum
+        console = Console(file=file, width=min(max(need, 80), _WIDEST))
+    console.print(view)
 
 
 def jsonable(obj: Any) -> Any:
@@ -257,7 +276,11 @@ class ConsoleClient:
         stack = contextlib.AsyncExitStack()
         await stack.__aenter__()
         try:
-            conn = await connect(self.address, timeout=self.connect_timeout, **options)
+            try:
+                conn = await connect(self.address, timeout=self.connect_timeout, **options)
+            except AuthenticationFailed as exc:
+                exc.add_note(self._token_source())
+                raise
             stack.push_async_callback(conn.aclose)
             peer = Peer(
                 conn, None, name="manager", allow_pickle=False, heartbeat=HEARTBEAT,
@@ -273,6 +296,29 @@ class ConsoleClient:
         self._peer = peer
         self._stack = stack
         return self
+
+    def _token_source(self) -> str:
+        """Which token this console presented, and what to do about a refused one."""
+        from runtime.node import token_path
+
+        if self.token:
+            return (
+                "This console presented the token it was given (--token): pass the "
+                "manager's current admin token (or its read token, to look only)."
+            )
+        if os.environ.get("CORRAL_TOKEN"):
+            return (
+                "This console presented CORRAL_TOKEN from the environment (it wins over the "
+                "token file and --read-only): set it to the manager's current token, unset "
+                "it to use the token file, or pass --token."
+            )
+        role = "read" if self.read_only else "admin"
+        return (
+            f"This console presented the {role} token of {token_path(self.address)}: "
+            "stale if the manager was restarted since, or another manager's if it runs on "
+            "another machine; pass --token TOKEN (or set CORRAL_TOKEN) with a token from "
+            "the manager's current token file."
+        )
 
     async def __aexit__(self, *exc_info: Any) -> None:
         stack, self._stack = self._stack, None
@@ -337,8 +383,9 @@ class ConsoleClient:
         return dict(await self.ask(DrainRequest(worker)))
 
     async def scale(self, pool: str, n: int) -> dict[str, int]:
-        """Keep ``n`` workers in ``pool`` (admin; needs an autoscaler). Answer: workers
-        live per pool."""
+        """Keep ``n`` blocks of workers in ``pool`` (admin; needs an autoscaler; a block
+        is ``nodes_per_block`` x ``workers_per_node`` workers, one without pools). Answer,
+        per pool: its blocks started or asked for and not being scaled in."""
         return dict(await self.ask(ScaleRequest(n, pool)))
 
     async def resume(self, pool: str) -> dict[str, Any]:
@@ -485,8 +532,15 @@ class ConsoleClient:
             raise ConsoleError(f"scale: N must be >= 0, not {n}")
         live = jsonable(await self.scale(pool, n))
         data = {"pool": pool, "target": n, "live": live}
-        shown = ", ".join(f"{p}: {c}" for p, c in live.items())
-        return Result("scale", data, Text(f"pool {pool}: target {n} workers (live now: {shown})"))
+        # The autoscaler answers in blocks (a pool is sized in blocks), started or
+        # asked for and not being scaled in: not workers (a block may hold several, and
+        # a retiring block's workers stay in the status until they leave).
+        shown = ", ".join(f"{p}: {c}" for p, c in live.items()) or "none"
+        text = (
+            f"pool {pool}: target {n} block(s); blocks now (started or asked for, not "
+            f"being scaled in): {shown}"
+        )
+        return Result("scale", data, Text(text))
 
     async def _cmd_resume(self, rest: str) -> Result:
         words = _words(rest)
@@ -566,7 +620,7 @@ class ConsoleClient:
                 raise ConsoleError(f"unknown command {word!r}; type `help` for the list")
             usage, what, admin = COMMANDS[name]
             data = {name: {"usage": usage, "help": what, "admin": admin}}
-            view = Group(Text(usage, style="bold"), Padding(Text(what), (0, 0, 0, 4)))
+            view = Group(Text(usage, style="bold"), Padding(Text(what), (0, 0, 0, 4), expand=False))
             return Result("help", data, view)
         data = {n: {"usage": u, "help": w, "admin": a} for n, (u, w, a) in COMMANDS.items()}
         return Result("help", data, render_help())
@@ -823,7 +877,10 @@ def render_status(st: Mapping[str, Any]) -> RenderableType:
         p["running"] += processing.get(str(w.get("worker_id")), 0)
     lives: dict[str, dict[str, Any]] = dict(st.get("survival") or {})
     pt = Table(title="pools", title_justify="left")
-    pcols = ("pool", "workers", "cores", "running", "ready", "target", "lost/lives", "median life")
+    pcols = (
+        "pool", "workers", "cores", "running", "ready", "target blocks", "lost/lives",
+        "median life",
+    )  # fmt: skip
     for col in pcols:
         pt.add_column(col, justify="left" if col == "pool" else "right")
     for pool in sorted(set(pools) | set(queues) | set(targets) | set(lives)):
@@ -1121,7 +1178,7 @@ def render_help() -> RenderableType:
     parts: list[RenderableType] = []
     for usage, what, _ in COMMANDS.values():
         parts.append(Text(usage, style="bold"))
-        parts.append(Padding(Text(what), (0, 0, 0, 4)))
+        parts.append(Padding(Text(what), (0, 0, 0, 4), expand=False))
     parts.append(
         Text(
             "\nAdd --json to any command for JSON. The read-only token allows status, tasks, "
@@ -1143,7 +1200,8 @@ def _one_line(exc: BaseException) -> str:
     while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
         exc = exc.exceptions[0]
     text = " ".join(str(exc).split()) or "(no message)"
-    return f"{type(exc).__name__}: {text}"
+    notes = " ".join(" ".join(n.split()) for n in getattr(exc, "__notes__", ()))
+    return f"{type(exc).__name__}: {text}" + (f" {notes}" if notes else "")
 
 
 class ConsoleShell(cmd.Cmd):
@@ -1171,6 +1229,8 @@ class ConsoleShell(cmd.Cmd):
         self.client = client
         client.emit = self._emit
         self.call = call
+        #: print views fitted to their width off a terminal (the console is our own)
+        self._fit = console is None
         self.out = console or Console()
         self.intro = (
             f"Corral console on {client.address}"
@@ -1200,6 +1260,8 @@ class ConsoleShell(cmd.Cmd):
         self.learn(result)
         if result.as_json:
             self.out.print(result.json(), end="", markup=False, highlight=False, soft_wrap=True)
+        elif self._fit and not self.out.is_terminal:
+            print_view(result.view, self.out.file)
         else:
             self.out.print(result.view)
         return False
@@ -1399,7 +1461,7 @@ def main(
     if result.as_json:
         sys.stdout.write(result.json())
     else:
-        Console().print(result.view)
+        print_view(result.view)
     return 0
 
 

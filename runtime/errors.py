@@ -271,9 +271,13 @@ class AuthenticationFailed(ConnectFailed):
     def __init__(self, address: str, reason: str, status: int = 401) -> None:
         TransportError.__init__(
             self,
-            f"could not connect to {address}: {reason}. Pass connect(..., token=...) with "
-            "one of the tokens the listener was started with (listen(..., tokens={token: "
-            "role})); a manager prints its tokens or writes them to its token file.",
+            f"could not connect to {address}: {reason}. A manager keeps its admin and read "
+            "tokens in its token file (~/.corral/tokens/HOST_PORT.json on its machine, "
+            "CORRAL_HOME/tokens/ if set, or its --token-file; new ones at each start) and "
+            "prints only the read token, in its dashboard URL. Command line (console, "
+            "worker): --token TOKEN or CORRAL_TOKEN, else that file on this machine. "
+            "Python: token=... (Cluster(address, token=...), connect(..., token=...)), one "
+            "of the tokens the listener was started with (listen(..., tokens={token: role})).",
             address=address,
             reason=reason,
             status=status,

@@ -172,10 +172,11 @@ async def hosted(
     *,
     role: str = "admin",
     wrap: Callable[[InProcessProvider], Provider] | None = None,
+    workers_per_block: int = 1,
 ) -> AsyncIterator[tuple[str, Any]]:
     """A control plane with an autoscaler (in-process workers, through ``wrap`` if
-    given) behind a gateway on ``inproc://`` with the codec; every connection gets
-    ``role``."""
+    given; ``n_workers`` blocks of ``workers_per_block`` workers) behind a gateway on
+    ``inproc://`` with the codec; every connection gets ``role``."""
     from transport import listen
 
     async with ActorSystem() as system:
@@ -187,7 +188,9 @@ async def hosted(
         plane = await start_control_plane(
             system,
             provider=provider,
-            targets={"default": PoolTarget(n_workers, BlockSpec(1, 1, 0, 0, "default"))},
+            targets={
+                "default": PoolTarget(n_workers, BlockSpec(workers_per_block, 1, 0, 0, "default"))
+            },
         )
         gateway = Gateway(plane, reconnect_timeout=0.5)
         listener = await listen("inproc://", codec=True)
@@ -505,6 +508,25 @@ async def test_scale_changes_the_autoscaler_s_target() -> None:
                 lambda: _when(console.status(), lambda s: len(s["workers"]) == 2), "2 workers"
             )
             assert st["autoscaler"]["targets"] == {"default": 2}
+
+
+@pytest.mark.anyio
+async def test_scale_counts_blocks_and_says_so() -> None:
+    """A pool is sized in blocks: ``scale default 2`` with 2 workers a block keeps 2
+    blocks, 4 workers; the answer says blocks, and counts blocks."""
+    with anyio.fail_after(LIMIT):
+        async with (
+            hosted(1, workers_per_block=2) as (address, _),
+            ConsoleClient(address) as console,
+        ):
+            text = await console.run_command("scale default 2")
+            assert "target 2 block(s)" in text and "default: 2" in text, text
+            assert "worker" not in text, text
+            st = await wait_until(
+                lambda: _when(console.status(), lambda s: len(s["workers"]) == 4), "4 workers"
+            )
+            assert st["autoscaler"]["targets"] == {"default": 2}
+            assert "target blocks" in (await console.execute("status")).text(width=200)
 
 
 # ----------------------------------------------------------------------------- cancel
@@ -990,6 +1012,63 @@ async def test_ws_one_shot_command_line_prints_tables_or_json(tokens: Tokens, ca
             assert code == 1
             errors = _error_lines(capsys.readouterr().err)
             assert len(errors) == 1 and "AuthenticationFailed" in errors[0]
+            # what a command-line user does: where the tokens are, which one was sent
+            assert "--token TOKEN or CORRAL_TOKEN" in errors[0], errors[0]
+            assert "prints only the read token" in errors[0], errors[0]
+            assert "presented the token it was given (--token)" in errors[0], errors[0]
+            assert "connect(..., token=...)" in errors[0]  # and a library user
+
+            Tokens("stale-" + "s" * 20, "stale-read").write(token_path(address))
+            code = await anyio.to_thread.run_sync(main, ["console", address, "status"])
+            (err,) = _error_lines(capsys.readouterr().err)
+            assert code == 1 and f"the admin token of {token_path(address)}" in err, err
+            tokens.write(token_path(address))
+
+
+@pytest.mark.anyio
+async def test_one_shot_tables_off_a_terminal_are_not_cut_to_80_columns(
+    tokens: Tokens, capsys: Any, monkeypatch: Any
+) -> None:
+    """``console ADDR tasks | cat``: a long key stays whole on one line (it can be
+    copied into ``story``), and no column is cut short with an ellipsis."""
+    from runtime.__main__ import main
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    key = "load-" + "0123456789abcdef" * 8
+    with anyio.fail_after(LIMIT):
+        async with (
+            ws_nodes(1, tokens) as (address, _),
+            Cluster(address, token=tokens.admin) as cluster,
+        ):
+            held = cluster.submit(add, 1, 2, key=key)
+            assert await held == 3  # held: the key stays in memory
+            code = await anyio.to_thread.run_sync(main, ["console", address, "tasks"])
+            out = capsys.readouterr().out
+            assert code == 0
+            (line,) = [ln for ln in out.splitlines() if key in ln]
+            assert "memory" in line and "load" in line, out  # the state, whole, beside it
+            code = await anyio.to_thread.run_sync(main, ["console", address, "status"])
+            out = capsys.readouterr().out
+            assert code == 0
+            assert "\N{HORIZONTAL ELLIPSIS}" not in out, out
+            assert any("default" in ln and "active" in ln for ln in out.splitlines()), out
+
+
+@pytest.mark.anyio
+async def test_a_worker_whose_name_is_taken_is_told_to_choose_another(
+    tokens: Tokens, capsys: Any
+) -> None:
+    """``python -m runtime worker ADDR --name ID`` with the id of a worker already there
+    is refused, and told what to do about it (docs/deployment.md: names are unique)."""
+    from runtime.__main__ import main
+
+    with anyio.fail_after(LIMIT):
+        async with ws_nodes(1, tokens) as (address, (worker,)):
+            argv = ["worker", address, "--name", worker.id, "--token", tokens.admin]
+            code = await anyio.to_thread.run_sync(main, argv, abandon_on_cancel=True)
+            (err,) = _error_lines(capsys.readouterr().err)
+            assert code == 1 and "PermissionDenied" in err and worker.id in err, err
+            assert "Choose another --name" in err, err
 
 
 def _error_lines(err: str) -> list[str]:
