@@ -815,6 +815,8 @@ class SchedulerState:
             ts = self.tasks.get(res.key)
             untracked: list[Key] = []
             if ws is not None:
+                if res.rss:  # its RSS after its latest task (also between memory reports)
+                    ws.rss = res.rss
                 for dk, peer, nbytes, took in res.fetches:  # copies made for it
                     self._moved("fetch", dk, nbytes, peer, ws.id, took)
                 # Inputs the worker copied from peers: replicas if still wanted, else junk.

@@ -91,6 +91,23 @@ def test_queue_depth_oldest_wait_and_wait_quantiles_at_chosen_times() -> None:
     assert st.stats["a"].count == 1 and st.stats["a"].total_duration == 10.0
 
 
+def test_worker_rss_is_the_latest_task_result_s_or_memory_report_s() -> None:
+    """A worker that never throttles or spills sends no memory report: its RSS comes
+    from its tasks' results (the RSS after each), summed per pool."""
+    st = SchedulerState(SchedulerConfig(saturation=1.0))
+    _submit(st, ["a-0", "a-1"], 1.0)
+    st.handle(WorkerJoined("j1", 2.0, worker="w1", cores=1, memory=GB, pool="cpu"))
+    st.handle(WorkerJoined("j2", 2.0, worker="w2", cores=1, memory=GB, pool="cpu"))
+    assert st.pool_metrics(2.0)["cpu"]["rss_bytes"] == 0
+    on = {str(t.key): ws.id for ws in st.workers.values() for t in ws.processing}
+    for key, rss in (("a-0", 300), ("a-1", 500)):
+        res = result(key, start=2.0, rss=rss)
+        st.handle(TasksFinished("f", 3.0, worker=on[key], results=(res,)))
+    assert st.pool_metrics(3.0)["cpu"]["rss_bytes"] == 800
+    st.handle(WorkerLeft("l", 4.0, worker=on["a-0"], cause="drained"))
+    assert st.pool_metrics(4.0)["cpu"]["rss_bytes"] == 500
+
+
 def test_the_oldest_wait_follows_the_tasks_that_leave_the_queue() -> None:
     st = SchedulerState(SchedulerConfig(saturation=1.0))
     _submit(st, ["x-0"], 1.0, pool="gpu")
