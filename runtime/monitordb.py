@@ -765,10 +765,12 @@ class MonitorRecorder(Actor):
             return
         run = self.run_id
         # Every end the autoscaler lists, once: one between two polls (a block asked
-        # for and failed, a requeue) has its row too, with its time and cause.
+        # for and failed, a requeue) has its row too, with its time and cause. Known by
+        # which run of which block ended how, not by its time: the autoscaler gives its
+        # ends in Unix time worked out anew at each answer, a microsecond apart.
         written, self._ends = self._ends, set()
         for e in status.ends:
-            key = (e.block, e.incarnation, e.state, e.at)
+            key = (e.pool, e.block, e.incarnation, e.state)
             self._ends.add(key)  # the list only drops its oldest: this set stays small
             if key not in written:
                 rows.add("event", _BLOCK, (run, e.block, e.pool, e.state, e.at, e.cause))
