@@ -563,7 +563,7 @@ class MonitorRecorder(Actor):
         #: worker -> its latest life's number, and whether that life goes on
         self._lives: dict[str, tuple[int, bool]] = {}
         #: the autoscaler's ends written: (block, incarnation, state, at)
-        self._ends: set[tuple[str, int, str, float]] = set()
+        self._ends: set[tuple[str, str, int, str]] = set()
         #: (name, labels) -> (state, active_since, fired_at, resolved_at), the alert
         self._alerts: dict[tuple[str, str], tuple[tuple[Any, ...], AlertInfo]] = {}
         #: key -> the columns of _TASK after it (category, pool, submitted, ready,

@@ -366,10 +366,16 @@ def _over_time(fig: go.Figure, run: _Run, y: str, title: str) -> go.Figure:
 def _alert_bands(fig: go.Figure, run: _Run) -> None:
     """Firing (red) and pending (orange) spans of each alert, over the time plots."""
     for start, stop, state, name in _alert_spans(run):
+        # A label on firing spans only: any annotation option without a text makes
+        # plotly draw its placeholder, "new text".
+        label = (
+            {"annotation_text": f"{name} {state}", "annotation_position": "top left"}
+            if state == "firing"
+            else {}
+        )
         fig.add_vrect(
             x0=start, x1=stop, fillcolor=_ALERT_COLOR[state], line_width=0, layer="below",
-            annotation_text=f"{name} {state}" if state == "firing" else None,
-            annotation_position="top left",
+            **label,
         )  # fmt: skip
 
 

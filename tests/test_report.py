@@ -182,3 +182,18 @@ def test_long_series_are_thinned_keeping_every_peak_and_dip() -> None:
     points = set(zip(tx, ty, strict=True))
     assert (31_337.0, 5000.0) in points and (77_777.0, -5000.0) in points
     assert _thin(xs[:10], ys[:10]) == (xs[:10], ys[:10])  # short: as it is
+
+
+def test_only_firing_alert_spans_are_labelled(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pending spans are shaded without a label: an annotation option without its text
+    made plotly draw its placeholder, "new text", on each of them."""
+    import plotly.graph_objects as go
+
+    from runtime import report
+
+    spans = [(1.0, 5.0, "pending", "Slow"), (5.0, 9.0, "firing", "Slow")]
+    monkeypatch.setattr(report, "_alert_spans", lambda run: spans)
+    fig = go.Figure()
+    report._alert_bands(fig, None)  # type: ignore[arg-type]
+    assert len(fig.layout.shapes) == 2
+    assert [a.text for a in fig.layout.annotations] == ["Slow firing"]
