@@ -49,7 +49,7 @@ from actors.alerts_state import (
     parse_rules,
 )
 from actors.pools import read_config
-from runtime.errors import ActorStopped, AlertConfigError
+from runtime.errors import ActorStopped, AlertConfigError, did_you_mean
 from runtime.kernel import Actor, ActorRef, handles
 from runtime.messages import (
     AlertInfo,
@@ -134,7 +134,10 @@ def alerting_config(
     raw = dict(settings or {})
     for key in raw:
         if key not in ALERTING_KEYS:
-            raise _problem(key, f"is unknown; the keys are: {', '.join(ALERTING_KEYS)}", source)
+            keys = ", ".join(ALERTING_KEYS)
+            raise _problem(
+                key, f"is unknown{did_you_mean(key, ALERTING_KEYS)}; the keys are: {keys}", source
+            )
     interval = raw.get("interval", 5.0)
     if (
         isinstance(interval, bool)

@@ -562,7 +562,7 @@ class MonitorRecorder(Actor):
         self._worker_block: dict[str, str] = {}
         #: worker -> its latest life's number, and whether that life goes on
         self._lives: dict[str, tuple[int, bool]] = {}
-        #: the autoscaler's ends written: (block, incarnation, state, at)
+        #: the autoscaler's ends written: (pool, block, incarnation, state)
         self._ends: set[tuple[str, str, int, str]] = set()
         #: (name, labels) -> (state, active_since, fired_at, resolved_at), the alert
         self._alerts: dict[tuple[str, str], tuple[tuple[Any, ...], AlertInfo]] = {}
