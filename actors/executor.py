@@ -376,6 +376,11 @@ class Executor(BaseExecutor):
                 self._push(done)
             if job is None:
                 return
+            # Let go of the last inputs and output before waiting for the next job: held
+            # by this frame, they would stay in memory (spilled, sent, released, but
+            # never freed) until the next task came, and a worker they keep over its
+            # fence gets none.
+            del job, done, result, value
 
     def _execute(
         self, task: ToRun, inputs: dict[Key, Any], before: int
@@ -783,6 +788,7 @@ class ProcessExecutor(BaseExecutor):
                     now = time.time()
                     done = (TaskResult(job[0].key, "error", now, now, 0, 0, exc), None)
                 self._push([done])
+                del job, done  # not held while waiting for the next (see ThreadExecutor)
         finally:
             self._stop_child(slot)
 

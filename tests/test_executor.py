@@ -440,3 +440,49 @@ async def test_cancelling_a_running_process_task_kills_it(tmp_path: Path) -> Non
         result, (ran_in, _) = await delivered.get("next")
         assert result.outcome == "ok" and ran_in != pid  # a fresh task process
         await wait_until(lambda: gone(pid), limit=BOUND)
+
+
+class Payload:
+    """An output or input a weak reference can watch."""
+
+
+def make_payload() -> Payload:
+    return Payload()
+
+
+def read_payload(p: Payload) -> int:
+    return 1
+
+
+async def test_a_thread_lets_go_of_its_last_task_s_inputs_and_output_while_idle() -> None:
+    """Once delivered and dropped by everyone else, the last task's output and inputs are
+    freed with no further task. A thread's frame held them until its next job: a large
+    output spilled (or sent) stayed in memory, and a worker kept over its throttle fence
+    by it got no next job (MemoryStalled for ever)."""
+    import gc
+    import weakref
+
+    delivered = Delivered()
+    ex = Executor(1, "w4", delivered)
+    try:
+        ex.submit(job("make", make_payload), {})
+        result, value = await delivered.get("make")
+        assert result.outcome == "ok" and isinstance(value, Payload)
+        output = weakref.ref(value)
+        del value
+        given = Payload()
+        inputs = weakref.ref(given)
+        ex.submit(ToRun("read", Task("read", read_payload, TaskRef("x")), "test", ()), {"x": given})
+        del given
+        assert (await delivered.get("read"))[0].outcome == "ok"
+
+        def freed() -> bool:
+            gc.collect()
+            return output() is None and inputs() is None
+
+        # The thread's own progress after it delivered: a bounded poll.
+        await wait_until(freed, "the idle thread to let go of them", limit=BOUND, step=0.01)
+    finally:
+        ex.shutdown()
+        with anyio.fail_after(BOUND):
+            await anyio.to_thread.run_sync(ex.shutdown, True)
