@@ -502,14 +502,21 @@ class MemoryStalled(CorralError):
         waiting: int,
         stalled_for: float,
     ) -> None:
-        held = "; ".join(f"{c!r} {_gib(b)} in {n} outputs" for c, b, n in holding[:5]) or "none"
+        held = "; ".join(f"{c!r} {_gib(b)} in {n} outputs" for c, b, n in holding[:5])
+        advice = (
+            "Give workers more memory, allow spilling to disk (a spill fraction and disk "
+            "room), persist less at once, or release futures you no longer need."
+            if held
+            else "No output is in their memory: something else takes it (a task that keeps "
+            "data in a global or a cache, a library's memory pool, memory the process has "
+            "not given back). Restart those workers (drain them: the console's 'drain "
+            "WORKER', or scale the pool in and out), or give them more memory."
+        )
         super().__init__(
             f"memory stalled for {stalled_for:.1f} s: every worker is over its memory "
-            f"throttle fence and nothing that frees memory can run. Held in memory: {held}. "
-            f"The {waiting} producer tasks still to run need about {_gib(needed)}; "
-            f"{_gib(available)} is left under the throttle fences. Give workers more memory, "
-            "allow spilling to disk (a spill fraction and disk room), persist less at once, "
-            "or release futures you no longer need.",
+            "throttle fence and nothing that frees memory can run. Held in memory: "
+            f"{held or 'none'}. The {waiting} producer tasks still to run need about "
+            f"{_gib(needed)}; {_gib(available)} is left under the throttle fences. {advice}",
             holding=list(holding),
             needed=needed,
             available=available,

@@ -277,9 +277,20 @@ def test_the_watchdog_fails_a_stalled_run_with_a_clear_error(make_state: Factory
     assert "The 4 producer tasks still to run need about 1.17 GiB" in text
     assert "0.00 GiB is left under the throttle fences" in text
     assert err.holding == [("load", 600 * MB, 2)]
+    assert "release futures you no longer need" in text
+
     # Nothing is left running; the deferred tries were cancelled on the workers.
     assert not s.workers["w1"].processing and not s.workers["w2"].processing
     assert s.stalled_since is None
+
+
+def test_a_stall_with_no_output_held_says_something_else_takes_the_memory() -> None:
+    """Workers over their fence while holding no output (a task's global cache, memory
+    the process kept): releasing futures or spilling cannot help; restarting can."""
+    text = str(MemoryStalled([], needed=0, available=0, waiting=1, stalled_for=10.0))
+    assert "Held in memory: none" in text
+    assert "No output is in their memory: something else takes it" in text
+    assert "Restart those workers" in text and "release futures" not in text
 
 
 def test_progress_restarts_the_watchdogs_clock(make_state: Factory) -> None:
