@@ -278,7 +278,6 @@ def test_the_watchdog_fails_a_stalled_run_with_a_clear_error(make_state: Factory
     assert "0.00 GiB is left under the throttle fences" in text
     assert err.holding == [("load", 600 * MB, 2)]
     assert "release futures you no longer need" in text
-
     # Nothing is left running; the deferred tries were cancelled on the workers.
     assert not s.workers["w1"].processing and not s.workers["w2"].processing
     assert s.stalled_since is None
