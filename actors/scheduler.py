@@ -341,7 +341,6 @@ class Scheduler(Actor):
     @handles(RegisterWorker)
     def register(self, msg: RegisterWorker) -> None:
         info: WorkerInfo = msg.info
-        rejoined = info.worker_id in self.state.workers  # over a new connection
         self.workers[info.worker_id] = msg.ref
         self.infos[info.worker_id] = info
         self.log.info("worker joined", worker=info.worker_id, cores=info.cores, pool=info.pool)
@@ -360,8 +359,11 @@ class Scheduler(Actor):
                 info.disk,
             )
         )  # fmt: skip
-        if rejoined:  # what was in flight on the old connection is lost: ask what arrived
-            msg.ref.post(ConfirmHolds())
+        # Rejoined over a new connection: what was in flight on the old one is lost, so
+        # it is asked what arrived. Joined as new: it may be a worker declared lost that
+        # came back, holding outputs (files on its disk) nothing tracks now: asked too,
+        # and told to drop them (a fresh worker holds nothing: an empty answer).
+        msg.ref.post(ConfirmHolds())
 
     @handles(DataMissing)
     def data_missing(self, msg: DataMissing) -> None:

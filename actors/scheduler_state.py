@@ -709,7 +709,10 @@ class SchedulerState:
         that it neither has in hand nor holds the output of never reached it: ready
         again, free (no try is recorded: nothing ran). One whose output it holds
         finished, and the result was lost: done now. Outputs it holds of tasks that are
-        released or forgotten are junk (their DropKeys was lost): dropped."""
+        released or forgotten are junk (their DropKeys was lost): dropped. So are those
+        of tasks waiting or running elsewhere: a worker declared lost that joins again
+        as new kept its earlier outputs (its files count on its disk), which are being
+        made again. Outputs of tasks in memory elsewhere become replicas."""
         ws = self.workers.get(ev.worker)
         if ws is None:
             return
@@ -741,8 +744,13 @@ class SchedulerState:
                 continue
             if out is None or out.state in ("released", "erred", "cancelled"):
                 junk.append(key)
-            elif out.state == "memory" and ws.id not in out.who_has:
-                self._add_replica(out, ws)
+            elif out.state == "memory":
+                if ws.id not in out.who_has:
+                    self._add_replica(out, ws)
+            elif not self._expected_on(out, ws.id):
+                # Kept from before it was declared lost (it joined again as new): the
+                # task is being made again; its own report settles one running here.
+                junk.append(key)
         if junk:
             self._out.append(DropData(self._stimulus, ws.id, tuple(junk)))
 

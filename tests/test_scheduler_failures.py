@@ -665,3 +665,30 @@ def test_an_output_a_gather_did_not_find_is_made_again(make_state: Factory) -> N
     assert s.tasks["a"].who_has == set() and assigned(cmds) == {"w1": ["a"]}
     finish(s, "w1", "a")
     assert s.tasks["a"].state == "memory"
+
+
+def test_a_worker_declared_lost_that_joins_as_new_drops_outputs_made_again(
+    make_state: Factory,
+) -> None:
+    """w1 is declared lost holding a, b and c, and joins again as a new worker with
+    them still on its disk: a is in memory on w2 by then (w1's copy becomes a replica),
+    b is being made again on w2 and c was released (both dropped on w1); d, which w1
+    runs now, is left alone."""
+    s = make_state(saturation=1.0)
+    join(s, "w1")
+    for key in ("a", "b", "c"):
+        submit(s, {key: []}, [key])
+        finish(s, "w1", key)
+    release(s, "c")  # its DropData to w1 is lost with the connection
+    join(s, "w2")
+    leave(s, "w1", "crash")
+    assert on(s, "w2") == {"a"} and s.tasks["b"].state == "queued"
+    finish(s, "w2", "a")
+    assert on(s, "w2") == {"b"}
+    join(s, "w1")  # as new: the scheduler forgot it
+    submit(s, {"d": []}, ["d"])
+    assert on(s, "w1") == {"d"}
+    cmds = held(s, "w1", active=["d"], a=100, b=100, c=100)
+    assert [(c.worker, c.keys) for c in of(cmds, DropData)] == [("w1", ("b", "c"))]
+    assert s.tasks["a"].who_has == {"w1", "w2"}
+    assert on(s, "w1") == {"d"} and on(s, "w2") == {"b"}
