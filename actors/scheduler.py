@@ -56,7 +56,7 @@ from actors.scheduler_events import (
 )
 from actors.scheduler_records import ErrorRecord, FailureGroup, SchedulerConfig
 from actors.scheduler_state import SchedulerState
-from policies import REGISTRY, PolicyRegistry, params_of
+from policies import ON_PURPOSE, REGISTRY, PolicyRegistry, params_of
 from policies.survival import Survival
 from runtime.errors import ActorStopped, CorralError
 from runtime.kernel import Actor, ActorRef, Envelope, Later, current_causal_id, handles
@@ -380,9 +380,11 @@ class Scheduler(Actor):
         self.infos.pop(msg.worker_id, None)
         self.rss.pop(msg.worker_id, None)
         self.memory.pop(msg.worker_id, None)
-        # A drained worker left as asked; anything else is a loss worth a warning.
-        log = self.log.info if msg.cause == "drained" else self.log.warning
-        log("worker left" if msg.cause == "drained" else "worker lost",
+        # A worker drained, past its walltime or shut down with the cluster left as
+        # planned; anything else is a loss worth a warning.
+        planned = msg.cause in ON_PURPOSE
+        log = self.log.info if planned else self.log.warning
+        log("worker left" if planned else "worker lost",
             worker=msg.worker_id, cause=msg.cause)  # fmt: skip
         evacuated = self._evacuated.pop(msg.worker_id, ())
         self._handle(WorkerLeft(*self._ev(), msg.worker_id, msg.cause, evacuated))

@@ -223,3 +223,23 @@ def test_dask_collections_through_get_with_an_address(
     expected = (x + x.T).mean().compute(scheduler="sync")
     (got,) = dask.compute((x + x.T).mean(), scheduler=runtime.get, address=address, token=token)
     np.testing.assert_allclose(got, expected)
+
+
+@pytest.mark.anyio
+async def test_leaving_a_cluster_of_processes_warns_of_no_lost_worker(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Its workers stop with the cluster (cause ``shutdown``): 'worker left' at info,
+    not 'worker lost' at warning, which is for workers that end unplanned."""
+    import logging
+
+    caplog.set_level(logging.INFO, logger="corral")
+    with anyio.fail_after(LIMIT):
+        async with Cluster(processes=2) as c:
+            await c.wait_for_workers(2, timeout=LIMIT)
+            assert await c.submit(sum, [1, 2]) == 3
+    lost = [r.getMessage() for r in caplog.records if "worker lost" in r.getMessage()]
+    assert lost == []
+    left = [r for r in caplog.records if "event='worker left'" in r.getMessage()]
+    assert left and all("cause='shutdown'" in r.getMessage() for r in left), left
+    assert all(r.levelno == logging.INFO for r in left)
