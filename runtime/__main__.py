@@ -90,9 +90,25 @@ def _tls_options(parser: Any) -> None:
     )
 
 
-def _apply_tls(args: argparse.Namespace) -> None:
+def _apply_tls(args: argparse.Namespace, address: str, what: str) -> None:
+    """Set ``CORRAL_TLS_*`` from the ``--tls-*`` flags, which only a ``wss://``
+    ``address`` uses: with another one they are refused (:class:`ValueError`, before
+    anything starts), rather than ignored while the process speaks plaintext."""
     from transport.tls import TLS_CA_ENV, TLS_CERT_ENV, TLS_KEY_ENV
 
+    given = [f"--tls-{name}" for name in ("cert", "key", "ca") if getattr(args, f"tls_{name}")]
+    scheme = address.partition("://")[0].lower() if "://" in address else "ws"
+    if given and scheme != "wss":
+        it = "them" if len(given) > 1 else "it"
+        if args.command == "manager":
+            does, fix = "serve plaintext ws://", "Use --listen wss://HOST:PORT"
+        else:
+            does, fix = "join and serve its peers over plaintext ws://", "Join wss://HOST:PORT"
+        raise ValueError(
+            f"{' and '.join(given)} given, but {what}: the {args.command} would {does} "
+            f"(tokens in clear) and ignore {it}. {fix} for TLS, or drop the --tls-* flags "
+            "(docs/security.md#tls)"
+        )
     for value, env in ((args.tls_cert, TLS_CERT_ENV), (args.tls_key, TLS_KEY_ENV),
                        (args.tls_ca, TLS_CA_ENV)):  # fmt: skip
         if value:
@@ -510,30 +526,33 @@ def _cmd_manager(args: argparse.Namespace) -> int:
     from runtime.monitor import alerting_config, load_alerting
     from runtime.node import Tokens, run_manager
 
-    def ready(address: str, tokens: Tokens) -> None:
-        print(f"manager listening on {address}", flush=True)
-        if address.startswith(("ws://", "wss://")):
-            from runtime.dashboard import dashboard_url
-
-            print(f"dashboard on {dashboard_url(address, tokens.read)}", flush=True)
-
-    _apply_tls(args)
+    # Every option is checked before anything starts (run_manager checks the rest:
+    # --prune-depth, --listen, --metrics-listen); the monitoring database is only made,
+    # and printed, once the manager listens: one that cannot start leaves no run behind.
+    if args.monitoring_interval <= 0:
+        raise ValueError("--monitoring-interval must be positive")
+    listen = args.listen if "://" in args.listen else f"ws://{args.listen}"
+    _apply_tls(args, listen, f"--listen {args.listen} is not wss://")
     token_file = Path(args.token_file) if args.token_file else None
     pools = load_config(args.config) if args.config else None  # refused before it starts
     if args.config:
         alerting = load_alerting(args.config, alertmanager=args.alertmanager)
     else:
         alerting = alerting_config(alertmanager=args.alertmanager)
+    monitoring = _monitoring_path(args)  # a path: nothing is created yet
+
+    def ready(address: str, tokens: Tokens) -> None:
+        if monitoring is not None:
+            print(f"monitoring database: {monitoring}", flush=True)
+            print(f"  report: python -m runtime report {monitoring} -o report.html", flush=True)
+        print(f"manager listening on {address}", flush=True)
+        if address.startswith(("ws://", "wss://")):
+            from runtime.dashboard import dashboard_url
+
+            print(f"dashboard on {dashboard_url(address, tokens.read)}", flush=True)
 
     def metrics_ready(url: str) -> None:
         print(f"metrics on {url}", flush=True)
-
-    if args.monitoring_interval <= 0:
-        raise ValueError("--monitoring-interval must be positive")
-    monitoring = _monitoring_path(args)
-    if monitoring is not None:
-        print(f"monitoring database: {monitoring}", flush=True)
-        print(f"  report: python -m runtime report {monitoring} -o report.html", flush=True)
 
     anyio.run(
         lambda: run_manager(
@@ -563,7 +582,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 
     if args.cores < 1:
         raise ValueError("--cores must be at least 1")
-    _apply_tls(args)
+    _apply_tls(args, args.address, f"the manager's address {args.address} is not wss://")
     memory_options = _memory_options(args)
 
     def ready(worker_id: str) -> None:

@@ -59,9 +59,11 @@ from actors.worker import Leave, Worker
 from policies import REGISTRY
 from runtime.errors import (
     ActorStopped,
+    AddressInUse,
     AskTimeout,
     AuthenticationFailed,
     CorralError,
+    InvalidAddress,
     PermissionDenied,
     ProtocolError,
 )
@@ -126,6 +128,7 @@ __all__ = [
     "run_manager",
     "run_worker",
     "start_control_plane",
+    "start_recorder",
     "token_path",
     "worker_factory",
 ]
@@ -198,6 +201,7 @@ async def start_control_plane(
     monitoring_interval: float = 2.0,
     prune_depth: int = 1,
     dashboard: bool = False,
+    monitor_feed: bool = False,
 ) -> ControlPlane:
     """Spawn registry, scheduler, manager, the alert monitor (unless ``alerting`` is
     None; by default the default rules, logged) and, with a ``provider``, the
@@ -207,6 +211,9 @@ async def start_control_plane(
     (:class:`~runtime.monitordb.MonitorRecorder`, docs/monitoring.md). ``dashboard``:
     a listener will serve the dashboard (its URL comes as :class:`DashboardAt`): the
     alert monitor's first evaluation waits for it, so alerts carry their link.
+    ``monitor_feed``: keep the scheduler's monitoring feed from the start for a
+    recorder started later (:func:`start_recorder`; the manager process starts it once
+    its listeners are up, so a manager that cannot listen leaves no database).
 
     ``policies`` of kind ``scaling`` go to the autoscaler (started here or later by
     :func:`start_autoscaler`), the others to the scheduler; an unknown name or bad
@@ -216,7 +223,7 @@ async def start_control_plane(
     scaling = policies.pop("scaling", None)
     config = SchedulerConfig(
         saturation=saturation, stall_timeout=stall_timeout, drain_period=drain_period,
-        prune_depth=prune_depth, monitor=monitoring is not None,
+        prune_depth=prune_depth, monitor=monitor_feed or monitoring is not None,
     )  # fmt: skip
     plane = ControlPlane(system, refs, None, [])  # type: ignore[arg-type]
     if scaling is not None:
@@ -252,19 +259,30 @@ async def start_control_plane(
     if provider is not None:
         await start_autoscaler(plane, provider(plane), targets or {})
     if monitoring is not None:
-        from runtime.monitordb import MonitorRecorder, MonitorWriter
-
-        # MonitoringDBError (a bad path) from here, as itself
-        writer = await anyio.to_thread.run_sync(MonitorWriter, monitoring)
-        # Spawned after the scheduler: stopped before it (newest first), so its last
-        # poll still finds the scheduler.
-        recorder = MonitorRecorder(
-            writer, lambda: refs["scheduler"], lambda: refs["manager"],
-            lambda: refs.get("autoscaler"), interval=monitoring_interval,
-        )  # fmt: skip
-        refs["monitoring"] = await system.spawn(recorder, "monitoring")
-        plane.recorder = recorder
+        await start_recorder(plane, monitoring, monitoring_interval)
     return plane
+
+
+async def start_recorder(
+    plane: ControlPlane, monitoring: str | os.PathLike[str], interval: float = 2.0
+) -> MonitorRecorder:
+    """Create (or open) the monitoring database at ``monitoring`` and spawn its
+    recorder, writing every ``interval`` seconds; :class:`~runtime.errors.MonitoringDBError`
+    for a bad path. The scheduler must keep its feed (``SchedulerConfig.monitor``)."""
+    from runtime.monitordb import MonitorRecorder, MonitorWriter
+
+    refs = plane.refs
+    # MonitoringDBError (a bad path) from here, as itself
+    writer = await anyio.to_thread.run_sync(MonitorWriter, monitoring)
+    # Spawned after the scheduler: stopped before it (newest first), so its last
+    # poll still finds the scheduler.
+    recorder = MonitorRecorder(
+        writer, lambda: refs["scheduler"], lambda: refs["manager"],
+        lambda: refs.get("autoscaler"), interval=interval,
+    )  # fmt: skip
+    refs["monitoring"] = await plane.system.spawn(recorder, "monitoring")
+    plane.recorder = recorder
+    return recorder
 
 
 async def start_autoscaler(
@@ -1183,7 +1201,10 @@ async def run_manager(
         alerting = dataclasses.replace(alerting, alertmanager=alertmanager)
     if "scaling" in (policies or {}) and not pools:
         raise ValueError("a manager process has no autoscaler: it takes no scaling policy")
+    if monitoring is not None and not monitoring_interval > 0:
+        raise ValueError(f"--monitoring-interval must be positive, got {monitoring_interval}")
     address = listen if "://" in listen else f"ws://{listen}"
+    _check_listen_address(address)  # InvalidAddress before anything starts
     tokens = tokens or Tokens.generate()
     websockets = address.startswith(("ws://", "wss://"))
     stop = anyio.Event()
@@ -1196,17 +1217,18 @@ async def run_manager(
     metrics_url = ""
     if metrics_listen is not None:
         host, sep, port = metrics_listen.rpartition(":")
-        if not sep or not host or not port.isdigit():
+        if not sep or not host or not port.isdigit() or int(port) > 65535:
             raise ValueError(f"--metrics-listen takes HOST:PORT, got {metrics_listen!r}")
         metrics_at = (host.strip("[]"), int(port))
     async with ActorSystem() as system:
+        # The monitoring database is created once the listeners are up (below): a
+        # manager that cannot listen leaves no empty run behind.
         plane = await start_control_plane(
             system, policies=policies, drain_period=pool_drain_period(pools), alerting=alerting,
-            monitoring=monitoring, monitoring_interval=monitoring_interval,
-            prune_depth=prune_depth, dashboard=websockets,
+            prune_depth=prune_depth, dashboard=websockets, monitor_feed=monitoring is not None,
         )  # fmt: skip
         from runtime.dashboard import DashboardFeed, dashboard_routes
-        from runtime.metrics import metrics_route, serve_metrics
+        from runtime.metrics import metrics_route
 
         async def fetch() -> MetricsReply:
             reply = await plane.manager.ask(MetricsRequest(), timeout=10.0)
@@ -1220,15 +1242,22 @@ async def run_manager(
             feed = DashboardFeed(_dashboard_sources(plane))
             options.setdefault("web_routes", dashboard_routes(feed))
             await system.start_service(feed.run)
-        gateway, listener = await serve_gateway(
-            plane,
-            address,
-            tokens,
-            listen_options=options,
-            reconnect_timeout=reconnect_timeout,
-        )
+        try:
+            gateway, listener = await serve_gateway(
+                plane,
+                address,
+                tokens,
+                listen_options=options,
+                reconnect_timeout=reconnect_timeout,
+            )
+        except AddressInUse as exc:
+            exc.add_note(
+                f"(--listen {listen}: stop what listens there, or choose another port; 0 "
+                "picks a free one, printed as `manager listening on ADDRESS`)"
+            )
+            raise
         if metrics_at is not None:
-            runner, port_bound = await serve_metrics(*metrics_at, fetch)
+            runner, port_bound = await _serve_metrics(metrics_listen or "", metrics_at, fetch)
 
             async def stop_metrics(
                 *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
@@ -1244,6 +1273,8 @@ async def run_manager(
             host = f"[{metrics_at[0]}]" if ":" in metrics_at[0] else metrics_at[0]  # IPv6
             metrics_url = f"http://{host}:{port_bound}/metrics"
             _log.warning("metrics listening (no authentication)", url=metrics_url)
+        if monitoring is not None:  # MonitoringDBError (a bad path) from here
+            await start_recorder(plane, monitoring, monitoring_interval)
         if on_gateway is not None:
             on_gateway(gateway)
         if websockets:  # alerts link to the manager's page (served on its listener)
@@ -1273,6 +1304,44 @@ async def run_manager(
         await listener.aclose()
         for peer in list(gateway.peers.values()):
             await peer.aclose()
+
+
+def _check_listen_address(address: str) -> None:
+    """:class:`InvalidAddress` for an address a manager cannot listen on, before it
+    starts anything (a websocket address is parsed as its listener would)."""
+    from transport.base import backend_for
+    from transport.ws import SCHEMES, _parse
+
+    backend_for(address)  # a known scheme
+    if address.split("://", 1)[0].lower() in SCHEMES:
+        _parse(address, listening=True)
+
+
+async def _serve_metrics(
+    flag: str, at: tuple[str, int], fetch: Callable[[], Awaitable[MetricsReply]]
+) -> tuple[Any, int]:
+    """``serve_metrics`` on ``at`` (``--metrics-listen`` ``flag``): a port in use is
+    :class:`AddressInUse`, as on the manager's own address, and an address it cannot
+    listen on :class:`InvalidAddress`, each naming the flag."""
+    import errno
+
+    from runtime.metrics import serve_metrics
+
+    host = f"[{at[0]}]" if ":" in at[0] else at[0]  # IPv6
+    url = f"http://{host}:{at[1]}"
+    try:
+        return await serve_metrics(*at, fetch)
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            error: CorralError = AddressInUse(url)
+            error.add_note(
+                f"(--metrics-listen {flag}: stop what listens there, or choose another "
+                "port; 0 picks a free one, printed as `metrics on URL`)"
+            )
+        else:
+            error = InvalidAddress(url, f"cannot listen there ({exc.strerror or exc})", ["http"])
+            error.add_note(f"(--metrics-listen {flag}: give a HOST:PORT of this machine)")
+        raise error from None
 
 
 async def run_worker(

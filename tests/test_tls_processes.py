@@ -101,3 +101,38 @@ def test_a_manager_on_wss_without_a_certificate_says_what_to_give(tmp_path: Path
     )  # fmt: skip
     assert done.returncode == 1
     assert f"CORRAL_TLS_CERT={str(bad)!r}" in done.stderr and "PEM" in done.stderr
+
+
+def test_tls_flags_without_wss_are_refused_not_ignored(tmp_path: Path) -> None:
+    """``--tls-*`` with a ``ws://`` address would serve (and send tokens in) plaintext
+    whatever the file holds: the manager and the worker refuse them at once, saying to
+    use ``wss://``, and start nothing (no run directory, no token file)."""
+    cert, _ = _pem(tmp_path)
+    home = tmp_path / "home"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
+    env.update(CORRAL_HOME=str(home), PYTHONPATH=str(ROOT))
+
+    def run(*args: str) -> str:
+        try:
+            done = subprocess.run(
+                [sys.executable, "-m", "runtime", *args], env=env, capture_output=True,
+                text=True, timeout=LIMIT,
+            )  # fmt: skip
+        except subprocess.TimeoutExpired as exc:
+            raise AssertionError(f"it ran: {exc.stdout!r}") from None
+        assert done.returncode == 1
+        assert "listening" not in done.stdout and "joined" not in done.stdout
+        return done.stderr.strip().splitlines()[-1]
+
+    for flags in (["--tls-cert", cert], ["--tls-cert", str(tmp_path / "missing.pem")],
+                  ["--tls-ca", cert]):  # fmt: skip
+        err = run("manager", "--listen", "127.0.0.1:0", *flags)
+        assert err.startswith(f"error: ValueError: {flags[0]} given, but --listen 127.0.0.1:0")
+        assert "Use --listen wss://HOST:PORT for TLS, or drop the --tls-* flags" in err
+    err = run("manager", "--listen", "ws://127.0.0.1:0", "--tls-cert", cert, "--tls-key", cert)
+    assert "--tls-cert and --tls-key given, but --listen ws://127.0.0.1:0 is not wss://" in err
+    assert not home.exists()
+    # A worker of a ws:// manager would join it, and serve its peers, in plaintext.
+    err = run("worker", "ws://127.0.0.1:9", "--tls-cert", cert, "--tls-ca", cert)
+    assert "--tls-cert and --tls-ca given, but the manager's address ws://127.0.0.1:9" in err
+    assert "Join wss://HOST:PORT for TLS, or drop the --tls-* flags" in err

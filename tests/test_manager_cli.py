@@ -1,0 +1,92 @@
+"""``python -m runtime manager`` that cannot start: every listener it opens says which
+flag's address is taken (a typed ``AddressInUse``, as the main ``--listen``), and a
+start-up failure (an option out of range, a bad address, a port in use) prints no
+monitoring database nor report command and leaves no run directory or token file
+behind: the options are checked before anything starts, and the database is made once
+the manager listens."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import ROOT
+
+LIMIT = 60  # seconds per process: it fails at once (or, unfixed, runs until killed)
+
+
+@pytest.fixture
+def taken() -> Iterator[int]:
+    """A port of 127.0.0.1 something listens on."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        yield sock.getsockname()[1]
+
+
+def manager(home: Path, *flags: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
+    env.update(CORRAL_HOME=str(home), PYTHONPATH=str(ROOT))
+    try:
+        return subprocess.run(
+            [sys.executable, "-m", "runtime", "manager", *flags],
+            env=env, capture_output=True, text=True, timeout=LIMIT, cwd=ROOT,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError(f"the manager did not stop: {exc.stdout!r}") from None
+
+
+def assert_nothing_left(done: subprocess.CompletedProcess[str], home: Path) -> str:
+    """It failed (exit 1) before printing or creating anything; its one-line error."""
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "monitoring database" not in done.stdout and "report:" not in done.stdout
+    assert "manager listening" not in done.stdout
+    assert not (home / "runs").exists()  # no empty run directory, no database
+    assert not (home / "tokens").exists()
+    err = done.stderr.strip().splitlines()[-1]
+    assert err.startswith("error: ")
+    return err
+
+
+def test_a_metrics_port_in_use_is_address_in_use_naming_the_flag(
+    tmp_path: Path, taken: int
+) -> None:
+    home = tmp_path / "home"
+    done = manager(home, "--listen", "127.0.0.1:0", "--metrics-listen", f"127.0.0.1:{taken}")
+    err = assert_nothing_left(done, home)
+    assert err.startswith(f"error: AddressInUse: address http://127.0.0.1:{taken} is already")
+    assert f"(--metrics-listen 127.0.0.1:{taken}: stop what listens there" in err
+    assert "OSError" not in err and "Errno" not in err
+
+
+def test_the_listen_port_in_use_names_the_flag_and_leaves_no_run(
+    tmp_path: Path, taken: int
+) -> None:
+    home = tmp_path / "home"
+    err = assert_nothing_left(manager(home, "--listen", f"127.0.0.1:{taken}"), home)
+    assert err.startswith(f"error: AddressInUse: address ws://127.0.0.1:{taken} is already")
+    assert f"(--listen 127.0.0.1:{taken}: stop what listens there" in err
+
+
+@pytest.mark.parametrize(
+    ("flags", "error"),
+    [
+        (["--prune-depth", "-1"], "error: PruneDepthError: prune_depth must be"),
+        (["--listen", "nonsense"], "error: InvalidAddress: invalid transport address 'ws://"),
+        (["--listen", "foo://x"], "error: InvalidAddress: invalid transport address 'foo://x'"),
+        (["--metrics-listen", "127.0.0.1:99999"], "error: ValueError: --metrics-listen takes"),
+        (["--monitoring-interval", "0"], "error: ValueError: --monitoring-interval must be"),
+    ],
+)
+def test_a_bad_option_is_refused_before_anything_is_created(
+    tmp_path: Path, flags: list[str], error: str
+) -> None:
+    home = tmp_path / "home"
+    err = assert_nothing_left(manager(home, "--listen", "127.0.0.1:0", *flags), home)
+    assert err.startswith(error), err
