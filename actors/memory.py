@@ -85,6 +85,21 @@ class MemoryConfig:
     )
 
     def __post_init__(self) -> None:
+        for name in ("spill", "throttle", "terminate", "first_delay", "growth", "max_delay",
+                     "interval", "disk_limit"):  # fmt: skip
+            value = getattr(self, name)
+            off = name in ("spill", "terminate")
+            if value is None and off:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
+                also = (
+                    ', or None to turn it off ("off" is the command line\'s word for None)'
+                    if off
+                    else ""
+                )
+                raise MemoryConfigError(
+                    f"{name} must be a number{also}; got {value!r} ({type(value).__name__})"
+                )
         if self.limit <= 0:
             raise MemoryConfigError(f"the memory limit must be positive, got {self.limit}")
         if not 0 < self.throttle <= 1:

@@ -146,6 +146,18 @@ def test_bad_configuration_is_refused_with_a_clear_error(kw: dict[str, Any]) -> 
         MemoryConfig(LIMIT, **kw)
 
 
+def test_a_value_of_the_wrong_type_is_refused_naming_it() -> None:
+    """``terminate="off"`` (the command line's word) raised "'<' not supported"."""
+    with pytest.raises(MemoryConfigError, match=r"terminate must be a number, or None to turn"):
+        MemoryConfig.of(LIMIT, {"terminate": "off"})
+    with pytest.raises(MemoryConfigError, match=r"throttle must be a number; got '0.7' \(str\)"):
+        MemoryConfig.of(LIMIT, {"throttle": "0.7"})
+    with pytest.raises(MemoryConfigError, match="interval must be a number; got True"):
+        MemoryConfig.of(LIMIT, {"interval": True})
+    with pytest.raises(MemoryConfigError, match="spill must be a number"):
+        MemoryConfig.of(LIMIT, {"spill": float("nan")})
+
+
 def test_zero_limit_and_unknown_options_are_refused() -> None:
     with pytest.raises(MemoryConfigError, match="positive"):
         MemoryConfig(0)
