@@ -77,6 +77,8 @@ class LocalityPlacement(KeepsDataLocal):
     def __init__(self, bandwidth: float = 500e6, min_duration: float = 0.001) -> None:
         if bandwidth <= 0:
             raise ValueError("bandwidth must be positive")
+        if not min_duration >= 0:
+            raise ValueError(f"min_duration must be >= 0 seconds, got {min_duration!r}")
         self.bandwidth = float(bandwidth)
         self.min_duration = float(min_duration)
 

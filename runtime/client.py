@@ -18,6 +18,7 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import gc
+import math
 import os
 import threading
 import weakref
@@ -712,6 +713,15 @@ class Cluster:
         SchedulerConfig(prune_depth=prune_depth)  # PruneDepthError now, not at start
         self.prune_depth = prune_depth
         self.pool = pool
+        if (
+            isinstance(saturation, bool)
+            or not isinstance(saturation, int | float)
+            or not (0 < saturation < math.inf)
+        ):
+            raise ValueError(
+                f"saturation must be a number > 0 (tasks sent to a worker per thread), got "
+                f"{saturation!r}"
+            )
         self.saturation = saturation
         self._gc = GcTuning(gc_threshold)
         self.initial_policies = _initial_policies(policies)

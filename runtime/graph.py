@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any
 
@@ -204,6 +205,15 @@ def _checked(key: Key, ann: Mapping[str, Any] | None, defaults: dict[str, Any]) 
         ) from None
     if out["retries"] < 0:
         raise GraphError(f"{_subject(key)} has retries={out['retries']}; it must be >= 0", key=key)
+    if out["priority"] != out["priority"]:
+        raise GraphError(f"{_subject(key)} has priority=nan; it must be a number", key=key)
+    bad = {r: v for r, v in out["resources"].items() if not 0 <= v < math.inf}
+    if bad:
+        raise GraphError(
+            f"{_subject(key)} has resources {bad}: each amount must be a finite number >= 0 "
+            "(what one try of the task takes of a worker's resource), e.g. resources={'gpu': 1}",
+            key=key,
+        )
     if out["pool"] is not None and not isinstance(out["pool"], str):
         raise GraphError(f"{_subject(key)} has pool={out['pool']!r}; it must be a string", key=key)
     return out

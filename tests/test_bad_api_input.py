@@ -152,3 +152,24 @@ async def test_a_policies_entry_is_a_name_or_a_name_and_params() -> None:
             policies = (await cluster.status())["policies"]
             assert (policies["retry"], policies["priority"]) == ("default", "long-first")
             await still_works(cluster)
+
+
+async def test_negative_or_endless_amounts_and_a_nan_priority_are_refused() -> None:
+    """resources={'gpu': -1} was taken (a task asking for less than nothing), and so
+    were an infinite amount and a NaN priority, which orders nothing."""
+    with anyio.fail_after(BOUND):
+        async with Cluster(workers=1) as cluster:
+            for resources in ({"gpu": -1}, {"gpu": float("inf")}, {"gpu": float("nan")}):
+                with pytest.raises(GraphError, match=r"each amount must be a finite number >= 0"):
+                    cluster.submit(inc, 1, resources=resources)
+                with pytest.raises(GraphError, match=r"each amount must be a finite number >= 0"):
+                    await cluster.compute({"a": (inc, 1)}, "a", resources=resources)
+            with pytest.raises(GraphError, match=r"priority=nan; it must be a number"):
+                cluster.submit(inc, 1, priority=float("nan"))
+            await still_works(cluster)
+
+
+def test_saturation_must_be_a_positive_number() -> None:
+    for bad in (0, -1, float("inf"), "2", True):
+        with pytest.raises(ValueError, match=r"saturation must be a number > 0"):
+            Cluster(workers=1, saturation=bad)  # type: ignore[arg-type]

@@ -155,3 +155,8 @@ def test_any_registered_policy_is_checked_by_its_signature() -> None:
     assert "tries must be a whole number of tries (int), got '2' (str)" in text
     policy = registry.create("retry", "mine", {"loud": True, "anything": "x", "other": 1})
     assert policy.loud is True
+
+
+def test_a_negative_min_duration_is_refused() -> None:
+    with pytest.raises(PolicyParamsError, match=r"min_duration must be >= 0 seconds"):
+        REGISTRY.create("placement", "locality", {"min_duration": -1})
