@@ -58,6 +58,17 @@ def inc(x: int) -> int:
     return x + 1
 
 
+@pytest.fixture(autouse=True)
+def plain_pickling(monkeypatch: pytest.MonkeyPatch) -> None:
+    """MyError pickles as Python pickles it by default. Importing dask.distributed (other
+    tests do) installs tblib's reducer for every exception class then defined, which
+    makes it load again in this process: not the case this file is about."""
+    import copyreg
+
+    for cls in (MyError, Fine):
+        monkeypatch.delitem(copyreg.dispatch_table, cls, raising=False)
+
+
 def raised(func: Any, *args: Any) -> BaseException:
     """The exception ``func(*args)`` raises, with its traceback."""
     try:
