@@ -390,7 +390,8 @@ class DataMissing(Message):
 
 @message(local=True)
 class ConfirmHolds(Message):
-    """Scheduler -> worker that rejoined over a new connection: reply (as a tell) with
+    """Scheduler -> worker that registered (rejoined over a new connection, or joined
+    anew, maybe under an id it was declared lost with): reply (as a tell) with
     :class:`WorkerHolds`. Sent after everything the scheduler sent it before."""
 
 

@@ -1,0 +1,49 @@
+"""The scheduler asks every worker that registers what it holds (``ConfirmHolds``): one
+that rejoined over a new connection, and one that joins anew under an id it was declared
+lost with, which may still hold outputs (files on its disk) nothing tracks any more. The
+core's answer to what it holds is tested in tests/test_scheduler_failures.py; this is
+the shell's asking, with the real scheduler actor in an actor system."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from runtime.kernel import Actor, ActorSystem, handles
+from runtime.messages import ConfirmHolds, RegisterWorker, WorkerGone, WorkerInfo
+from runtime.node import start_control_plane
+from tests.helpers import GB
+
+pytestmark = pytest.mark.anyio
+LIMIT = 20
+
+
+class Probe(Actor):
+    """Stands for a worker: counts the times it is asked what it holds."""
+
+    def __init__(self) -> None:
+        self.asked = 0
+        self.changed = anyio.Event()
+
+    @handles(ConfirmHolds)
+    def confirm(self, msg: ConfirmHolds) -> None:
+        self.asked += 1
+        self.changed.set()
+        self.changed = anyio.Event()
+
+
+async def test_a_worker_is_asked_what_it_holds_when_it_joins_and_when_it_joins_anew() -> None:
+    with anyio.fail_after(LIMIT):
+        async with ActorSystem() as system:
+            plane = await start_control_plane(system, alerting=None)
+            scheduler = plane.refs["scheduler"]
+            probe = Probe()
+            ref = await system.spawn(probe, "probe")
+            info = WorkerInfo("w1", 1, GB)
+            for times in (1, 2):
+                waiting = probe.changed
+                scheduler.post(RegisterWorker(info, ref))
+                await waiting.wait()
+                assert probe.asked == times
+                # Declared lost (a stall past the grace): it comes back as a new worker.
+                scheduler.post(WorkerGone("w1", "unknown"))
