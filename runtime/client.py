@@ -1043,9 +1043,7 @@ class Cluster:
                     f"{method} takes Futures (what submit, map and submit_graph return), "
                     f"got {type(f).__name__} {short_repr(f)}{_TAKES_FUTURES[method]}"
                 )
-            if f._cluster is not self:
-                raise CorralError(f"future {f.key!r} belongs to another cluster")
-            keys.append(f.key)
+            keys.append(self._key_of_future(f))  # CorralError for another cluster's
         return keys
 
     def _key_of_future(self, obj: Any) -> Key | None:
