@@ -135,7 +135,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Run `python -m runtime demo --help` for the demo's options.",
         parents=[common],
     )
-    parser.set_defaults(log_level="WARNING")
+    # No ``set_defaults(log_level=...)`` here: the subcommands share the ``common``
+    # action, so a default set on it would overwrite a ``--log-level`` given before the
+    # command; ``main`` falls back to warning instead.
     sub = parser.add_subparsers(dest="command", title="commands", metavar="COMMAND")
 
     cpus = os.cpu_count() or 1
@@ -722,7 +724,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(_with_default_command(list(sys.argv[1:] if argv is None else argv)))
     from runtime.log import configure
 
-    configure(args.log_level, stream=_StderrProxy())
+    configure(getattr(args, "log_level", "WARNING"), stream=_StderrProxy())
     commands = {
         "demo": _cmd_demo,
         "manager": _cmd_manager,

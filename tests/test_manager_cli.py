@@ -30,12 +30,15 @@ def taken() -> Iterator[int]:
         yield sock.getsockname()[1]
 
 
-def manager(home: Path, *flags: str) -> subprocess.CompletedProcess[str]:
+def manager(
+    home: Path, *flags: str, before: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess[str]:
+    """``python -m runtime [BEFORE...] manager FLAGS...``, to its end."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
     env.update(CORRAL_HOME=str(home), PYTHONPATH=str(ROOT))
     try:
         return subprocess.run(
-            [sys.executable, "-m", "runtime", "manager", *flags],
+            [sys.executable, "-m", "runtime", *before, "manager", *flags],
             env=env, capture_output=True, text=True, timeout=LIMIT, cwd=ROOT,
         )  # fmt: skip
     except subprocess.TimeoutExpired as exc:
@@ -90,3 +93,24 @@ def test_a_bad_option_is_refused_before_anything_is_created(
     home = tmp_path / "home"
     err = assert_nothing_left(manager(home, "--listen", "127.0.0.1:0", *flags), home)
     assert err.startswith(error), err
+
+
+@pytest.mark.parametrize("where", ["before the command", "after it"])
+def test_log_level_counts_before_the_command_as_after_it(tmp_path: Path, where: str) -> None:
+    """``python -m runtime --log-level debug manager ...``, as docs/configuration.md
+    writes it, logs at debug as ``manager --log-level debug`` does: a failed start shows
+    its traceback. (The subcommands share the flag's action, and a default set on the
+    top-level parser once overwrote the level given before the command.)"""
+    home = tmp_path / "home"
+    flags = ("--listen", "127.0.0.1:99999")
+    level = ("--log-level", "debug")
+    if where == "before the command":
+        done = manager(home, *flags, before=level)
+    else:
+        done = manager(home, *flags, *level)
+    err = assert_nothing_left(done, home)
+    assert err.startswith("error: InvalidAddress"), err
+    assert "Traceback (most recent call last)" in done.stderr, done.stderr
+    quiet = manager(home, *flags)  # at warning, the default: the error line alone
+    assert assert_nothing_left(quiet, home) == err
+    assert "Traceback" not in quiet.stderr, quiet.stderr
