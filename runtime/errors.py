@@ -490,8 +490,10 @@ class MemoryStalled(CorralError):
     """Every worker is over its throttle fence and nothing that frees memory can run.
 
     ``holding`` lists ``(category, bytes, outputs)`` held in workers' memory, largest
-    first; ``needed`` estimates the bytes the producer tasks still to run will make, and
-    ``available`` the bytes left under the workers' throttle fences.
+    first; ``needed`` estimates the bytes the producer tasks still to run will make (0
+    when none of their categories has finished a task: not known), and ``available``
+    the bytes left under the workers' throttle fences; ``rss`` is the workers' RSS in
+    all, as last reported (0: not reported).
     """
 
     def __init__(
@@ -501,27 +503,42 @@ class MemoryStalled(CorralError):
         available: int,
         waiting: int,
         stalled_for: float,
+        rss: int = 0,
     ) -> None:
         held = "; ".join(f"{c!r} {_gib(b)} in {n} outputs" for c, b, n in holding[:5])
-        advice = (
-            "Give workers more memory, allow spilling to disk (a spill fraction and disk "
-            "room), persist less at once, or release futures you no longer need."
-            if held
-            else "No output is in their memory: something else takes it (a task that keeps "
-            "data in a global or a cache, a library's memory pool, memory the process has "
-            "not given back). Restart those workers (drain them: the console's 'drain "
-            "WORKER', or scale the pool in and out), or give them more memory."
+        held_bytes = sum(b for _, b, _ in holding)
+        other = (
+            "something else takes it (a task that keeps data in a global or a cache, a "
+            "library's memory pool, memory the process has not given back). Restart those "
+            "workers (drain them: the console's 'drain WORKER', or scale the pool in and "
+            "out), or give them more memory."
         )
+        if not held:
+            advice = f"No output is in their memory: {other}"
+        else:
+            advice = (
+                "Give workers more memory, allow spilling to disk (a spill fraction and "
+                "disk room), persist less at once, or release futures you no longer need. "
+                "An output that cannot be pickled cannot be spilled either (the workers' "
+                "logs name it)."
+            )
+            if rss and held_bytes < rss / 2:
+                advice += (
+                    f" The outputs held are {_gib(held_bytes)} of the workers' "
+                    f"{_gib(rss)} RSS: for the rest, {other}"
+                )
+        need = f"about {_gib(needed)}" if needed else "an amount not known yet"
         super().__init__(
             f"memory stalled for {stalled_for:.1f} s: every worker is over its memory "
             "throttle fence and nothing that frees memory can run. Held in memory: "
-            f"{held or 'none'}. The {waiting} producer tasks still to run need about "
-            f"{_gib(needed)}; {_gib(available)} is left under the throttle fences. {advice}",
+            f"{held or 'none'}. The {waiting} producer tasks still to run need {need}; "
+            f"{_gib(available)} is left under the throttle fences. {advice}",
             holding=list(holding),
             needed=needed,
             available=available,
             waiting=waiting,
             stalled_for=stalled_for,
+            rss=rss,
         )
 
 

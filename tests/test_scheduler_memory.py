@@ -292,6 +292,25 @@ def test_a_stall_with_no_output_held_says_something_else_takes_the_memory() -> N
     assert "Restart those workers" in text and "release futures" not in text
 
 
+def test_a_stall_whose_outputs_are_a_small_part_of_the_rss_says_so() -> None:
+    """Outputs of 0.08 GiB held by workers at 0.49 GiB RSS: releasing futures would not
+    be enough; the message says what the rest may be, and an unknown need is not
+    printed as 0.00 GiB."""
+    err = MemoryStalled(
+        [("load", 80 * MB, 4)], needed=0, available=0, waiting=3, stalled_for=10.0,
+        rss=500 * MB,
+    )  # fmt: skip
+    text = str(err)
+    assert "need an amount not known yet" in text and "need about" not in text
+    assert "release futures you no longer need" in text
+    assert "cannot be pickled cannot be spilled" in text
+    assert "The outputs held are 0.08 GiB of the workers' 0.49 GiB RSS" in text
+    assert "something else takes it" in text and err.rss == 500 * MB
+    # Outputs that make most of the RSS: no such note.
+    text = str(MemoryStalled([("load", 400 * MB, 4)], 0, 0, 3, 10.0, rss=500 * MB))
+    assert "something else takes it" not in text
+
+
 def test_progress_restarts_the_watchdogs_clock(make_state: Factory) -> None:
     s = stalled_state(make_state)
     tick(s, 103.0)
