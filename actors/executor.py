@@ -3,8 +3,10 @@
 What lives here:
 
 - :class:`BaseExecutor`: what every execution mode offers the worker (``submit``,
-  ``shutdown``, ``kill``, ``cancel``, ``total_rss``) and the one copy of the result
-  hand-over: finished tasks go back to the event loop in batches through ``deliver``.
+  ``shutdown``, ``kill``, ``cancel``, ``total_rss``, ``executing``: the tasks started
+  and not ended, which the worker's memory samples are attributed to) and the one copy
+  of the result hand-over: finished tasks go back to the event loop in batches through
+  ``deliver``.
 - :class:`Executor` (mode ``"thread"``, the default): ``n`` threads of the worker
   process run the tasks.
 - :class:`ProcessExecutor` (mode ``"process"``): ``n`` long-lived *task processes*,
@@ -184,6 +186,12 @@ class BaseExecutor(abc.ABC):
         """Threads still running a cancelled task (thread mode); 0 elsewhere."""
         return 0
 
+    @abc.abstractmethod
+    def executing(self) -> tuple[Key, ...]:
+        """The keys of the tasks executing now: started, not ended (not those queued
+        behind them, nor a cancelled one whose slot went to a fresh thread or process).
+        The worker samples it with its RSS, to tell whose peak a sample is."""
+
     def children_rss(self) -> int:
         """RSS of the processes this executor runs tasks in, besides this one (bytes)."""
         return 0
@@ -316,6 +324,10 @@ class Executor(BaseExecutor):
         with self._lock:
             return len(self._abandoned)
 
+    def executing(self) -> tuple[Key, ...]:
+        with self._lock:
+            return tuple(self._running)
+
     def submit(self, task: ToRun, inputs: dict[Key, Any]) -> None:
         self._jobs.put((task, inputs))
 
@@ -352,12 +364,16 @@ class Executor(BaseExecutor):
             # batches, a long task's result goes back as soon as it is ready. Back to
             # back, the RSS read after one task is the reading before the next.
             me = threading.current_thread()
+            running = self._running
             while job is not None:
                 with self._lock:
-                    self._running[job[0].key] = me
+                    running[job[0].key] = me
                 result, value, rss_now = self._execute(job[0], job[1], rss_now)
                 with self._lock:
-                    self._running.pop(job[0].key, None)
+                    # Not a newer try of the same key: cancelled, this thread was
+                    # abandoned and the key may have started again on a fresh one.
+                    if running.get(job[0].key) is me:
+                        del running[job[0].key]
                     abandoned = me in self._abandoned
                     self._abandoned.discard(me)
                 if abandoned:  # cancelled while it ran: reported already, a fresh
@@ -762,6 +778,9 @@ class ProcessExecutor(BaseExecutor):
         """Keys running now (not killed) -> pid of the task process running each."""
         with self._state:
             return {s.key: s.pid for s in self._slots if s.key is not None and s.killed is None}
+
+    def executing(self) -> tuple[Key, ...]:
+        return tuple(self.running())
 
     def pids(self) -> list[int]:
         """The pids of the live task processes, busy or idle."""

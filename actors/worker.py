@@ -23,7 +23,8 @@ all count in :meth:`Worker._disk_used`, and stopping removes the sandbox with th
 
 Per task the executor measures duration, output size (``dask.sizeof``) and process RSS
 right before and right after it; RSS is also sampled after every batch of finished tasks
-and every ``interval`` seconds, and the core keeps each running task's peak. The
+and every ``interval`` seconds, with the keys of the tasks executing at that moment (the
+executor's, not those waiting in its queue), and the core keeps each one's peak. The
 scheduler turns these into per-category statistics.
 
 Threads never touch actor state: a finished task is handed back to the event loop with
@@ -420,14 +421,25 @@ class Worker(Actor):
         return asyncio.get_running_loop().time()
 
     def _sample(self) -> None:
+        """Read memory, and who executes (not who waits in the executor's queue): the
+        core attributes the reading to those tasks' peaks."""
         ex = self.executor
         if ex is None:
             return
         tasks: tuple[tuple[Key, int], ...] = ()
+        executing: tuple[Key, ...] = ()
         if isinstance(ex, ProcessExecutor):
             tasks = tuple((k, rss_of(pid)) for k, pid in ex.running().items())
-        used = ex.total_rss() if self.probe is None else self.probe()
-        self._feed(ws.MemorySampled(time.time(), used, tasks))
+            used = ex.total_rss() if self.probe is None else self.probe()
+        else:
+            # The tasks executing both before and after the read ran at that RSS (one
+            # that ended or started in between is not credited with it).
+            before = ex.executing()
+            used = ex.total_rss() if self.probe is None else self.probe()
+            if before:
+                after = ex.executing()
+                executing = before if before == after else tuple(k for k in before if k in after)
+        self._feed(ws.MemorySampled(time.time(), used, tasks, executing))
 
     def _arm(self, at: float) -> None:
         """The core's timer: a :class:`_TimerFired` to self at wall time ``at``."""

@@ -17,7 +17,9 @@ A task handed to this worker is in exactly one place:
   so the governor holds it back for a growing interval.
 - ``queued``: its inputs are here, some spilled to disk, and no thread is free: the
   inputs are loaded only when one is, not for every queued task at once.
-- ``running``: handed to the executor.
+- ``running``: handed to the executor: executing, or waiting in its queue for a thread
+  (the scheduler sends up to ``saturation`` tasks per thread). Which ones execute, the
+  executor knows: each memory sample names them (:class:`MemorySampled`).
 
 A finished task's output is stored; copies of peers' outputs it read are kept while
 small or still needed here, and a large one nothing here needs is dropped at once (its
@@ -116,11 +118,19 @@ class TasksFinished(Event):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class MemorySampled(Event):
-    """The worker's RSS (with its task processes); ``tasks``: ``(key, RSS)`` of each
-    running task in a process of its own (the ones that can be killed)."""
+    """The worker's RSS (with its task processes), read at one moment, and the tasks
+    executing at that moment (started by the executor, not ended: not those handed over
+    and waiting in its queue). ``tasks``: ``(key, RSS)`` of each one executing in a
+    process of its own (the ones that can be killed); ``executing``: the keys executing
+    in the worker's threads, each of which ran at ``rss``.
+
+    A sample is an observation, like ``now``: the shell reads who executes from the
+    executor along with the RSS, so the core attributes it without knowing about
+    threads, and no event is owed per task start (none on the hot path)."""
 
     rss: int
     tasks: tuple[tuple[Key, int], ...] = ()
+    executing: tuple[Key, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -322,7 +332,8 @@ class WorkerState:
         self.tasks_run = 0
         self._fetch_ids = 0
         self._killed_at: dict[Key, int] = {}  #: killed task -> worker RSS at the kill
-        self._peaks: dict[Key, int] = {}  #: running task -> highest RSS sampled meanwhile
+        #: running task -> highest RSS sampled while it executed (kept when it is killed)
+        self._peaks: dict[Key, int] = {}
         self._over_terminate = False
 
     # -- the one mutator ---------------------------------------------------------------
@@ -376,6 +387,7 @@ class WorkerState:
         assert self.on_disk <= self.held.keys(), "on disk but not held"
         assert set(self.deferred) == set(self.governor.deferred), "deferred != governor's"
         assert not self.queued or len(self.running) >= self.nthreads, "queued, thread free"
+        assert self._peaks.keys() <= self.running.keys(), "a peak of a task not running"
         assert len(self.in_flight) <= self.max_fetches, "too many fetches in flight"
         for key, f in self.fetching.items():
             assert f.lacking, f"{key!r} fetching nothing"
@@ -762,16 +774,19 @@ class WorkerState:
     # -- memory ------------------------------------------------------------------------
 
     def _sampled(self, ev: MemorySampled, out: list[Command]) -> None:
-        peaks = self._peaks
+        # Each task's peak: the highest RSS sampled while it executed. Only the tasks
+        # the sample names were executing when it was read; those handed over but
+        # waiting in the executor's queue (``running`` holds up to ``saturation`` tasks
+        # per thread) were not, so it is not theirs. A key no longer running here (its
+        # try came back meanwhile) gets nothing: peaks are popped when a try ends.
+        peaks, running = self._peaks, self.running
         for k, r in ev.tasks:  # each task's own process
-            if r > peaks.get(k, 0):
+            if r > peaks.get(k, 0) and k in running:
                 peaks[k] = r
-        if not ev.tasks and 0 < len(self.running) <= self.nthreads:
-            # Threads: every task handed over is running (none waits in the executor's
-            # queue), so the process's RSS now is an RSS each of them ran at.
-            for k in self.running:
-                if ev.rss > peaks.get(k, 0):
-                    peaks[k] = ev.rss
+        rss = ev.rss
+        for k in ev.executing:  # tasks in the worker's threads: the process's RSS
+            if rss > peaks.get(k, 0) and k in running:
+                peaks[k] = rss
         cfg = self.governor.config
         over = cfg.terminate is not None and ev.rss >= cfg.at(cfg.terminate)
         if over and not self.killable and not self._over_terminate:

@@ -332,8 +332,14 @@ def test_threads_past_the_terminate_fence_are_warned_about_once() -> None:
 
 def test_rss_sampled_while_a_thread_task_runs_is_its_peak() -> None:
     s = state()
-    feed(s, TasksAssigned(0.0, (task("a"),)), MemorySampled(0.5, 400))
+    feed(s, TasksAssigned(0.0, (task("a"),)), MemorySampled(0.5, 400, executing=("a",)))
     assert finish(s, "a")[1] == ReportDone((done("a", rss_peak=400),))
+
+
+def test_rss_sampled_while_no_task_executes_is_no_ones_peak() -> None:
+    s = state()
+    feed(s, TasksAssigned(0.0, (task("a"),)), MemorySampled(0.5, 400))  # not started yet
+    assert finish(s, "a")[1] == ReportDone((done("a"),))
 
 
 # ----------------------------------------------------------------------------- cancel, drop
@@ -514,10 +520,14 @@ class WorkerMachine(RuleBasedStateMachine):
             res, value = TaskResult(key, "oom", 1.0, 2.0, 0, 100), None
         self.step(TasksFinished(self.tick(), ((res, value),)))
 
-    @rule(rss=st.integers(0, LIMIT))
-    def sample(self, rss: int) -> None:
-        tasks = tuple((k, rss // 2) for k in self.s.running)
-        self.step(MemorySampled(self.tick(), rss, tasks))
+    @rule(rss=st.integers(0, LIMIT), data=st.data())
+    def sample(self, rss: int, data: st.DataObject) -> None:
+        running = sorted(self.s.running, key=str)
+        tasks = tuple((k, rss // 2) for k in running)
+        # Some of them executing in threads (the rest waiting in the executor's queue),
+        # and a key whose try came back meanwhile.
+        executing = tuple(data.draw(st.lists(st.sampled_from([*running, "gone"]), unique=True)))
+        self.step(MemorySampled(self.tick(), rss, tasks, executing))
 
     @precondition(lambda self: self.s.timer is not None)
     @rule()
