@@ -242,6 +242,11 @@ class _Parser:
                 break
             m = _TOKEN.match(text, pos)
             if m is None or m.lastgroup is None:
+                at = len(text) - len(text[pos:].lstrip())
+                word = _NON_FINITE.match(text, at)
+                if word is not None:  # '-inf', '+nan': only a threshold could mean them
+                    kind, op, _ = self.tokens[-1] if self.tokens else ("", "", 0)
+                    raise _Syntax(_not_finite(word.group(), at, op if kind == "op" else ""))
                 raise _Syntax(f"cannot read {text[pos:].strip()[:20]!r} at character {pos}")
             start = m.start(m.lastgroup)
             self.tokens.append((m.lastgroup, m.group(m.lastgroup), start))
@@ -318,10 +323,16 @@ class _Parser:
                 f"expected a comparison (> >= < <= == !=) after {text!r} at character "
                 f"{pos}, got {_shown(kind, op)}"
             )
+        kind, num, pos = self.peek()
+        if kind == "name" and _NON_FINITE.fullmatch(num):
+            raise _Syntax(_not_finite(num, pos, op))
         num = self.need("number", "a number", f" after {op!r}")
+        threshold = float(num)
+        if not math.isfinite(threshold):  # 1e400: beyond a float's range
+            raise _Syntax(_not_finite(num, pos, op, threshold))
         index = self.compares
         self.compares += 1
-        return Compare(vector, op, float(num), index, text)
+        return Compare(vector, op, threshold, index, text)
 
     def vector(self) -> Vector:
         kind, word, _ = self.peek()
@@ -401,6 +412,20 @@ class _Parser:
         for name in vector.names():
             for label in labels:
                 self.check_label(name, label)
+
+
+#: the words Python's float() reads as a non-finite number
+_NON_FINITE = re.compile(r"[-+]?(?:inf(?:inity)?|nan)(?![\w.])", re.IGNORECASE)
+
+
+def _not_finite(text: str, pos: int, op: str = "", value: float | None = None) -> str:
+    """The problem of a threshold that is not a finite number (inf, -inf, nan)."""
+    after = f" after {op!r}" if op else ""
+    reads = f", which reads as {value}" if value is not None else ""
+    return (
+        f"the threshold{after} at character {pos} must be a finite number, got {text!r}"
+        f"{reads}; give a number such as 0, 60 or 1.5e3"
+    )
 
 
 def _shown(kind: str, value: str) -> str:

@@ -100,11 +100,9 @@ class _Tick(Message):
     """Autoscaler-internal: time passed."""
 
 
-def drained_since_joined(story: Iterable[Any], retired: bool = False) -> bool:
-    """Whether, in the scheduler's ``story`` of some workers (``(key, start, finish,
-    stimulus, time)`` entries, oldest first), one of them was drained since it last
-    joined (``retired``: retired, told to stop); what came before a worker's latest
-    join (an earlier run of a requeued block, under the same id) does not count."""
+def _since_joined(story: Iterable[Any]) -> dict[str, list[str]]:
+    """Per worker, the states its ``story`` (the scheduler's ``(key, start, finish,
+    stimulus, time)`` entries, oldest first) shows since it last joined."""
     since: dict[str, list[str]] = {}
     for e in story:
         if not isinstance(e, (list, tuple)) or len(e) < 3:
@@ -113,9 +111,26 @@ def drained_since_joined(story: Iterable[Any], retired: bool = False) -> bool:
             since[str(e[0])] = []
         else:
             since.setdefault(str(e[0]), []).append(str(e[2]))
+    return since
+
+
+def drained_since_joined(story: Iterable[Any], retired: bool = False) -> bool:
+    """Whether, in the scheduler's ``story`` of some workers (``(key, start, finish,
+    stimulus, time)`` entries, oldest first), one of them was drained since it last
+    joined (``retired``: retired, told to stop); what came before a worker's latest
+    join (an earlier run of a requeued block, under the same id) does not count."""
+    since = _since_joined(story)
     if retired:
         return any("retired" in seen for seen in since.values())
     return any(s.startswith("draining") for seen in since.values() for s in seen)
+
+
+def drained_for_walltime(story: Iterable[Any]) -> bool:
+    """Whether, in the scheduler's ``story`` of some workers, the scheduler drained one
+    of them since it last joined because its walltime was near (``draining:walltime
+    in N s``), not for an operator (``draining``)."""
+    since = _since_joined(story)
+    return any(s.startswith("draining:walltime") for seen in since.values() for s in seen)
 
 
 @dataclasses.dataclass(slots=True)
@@ -368,28 +383,43 @@ class Autoscaler(Actor):
     async def block_ended(self, msg: _BlockEnded) -> None:
         block: Block = msg.block
         bid = msg.bid or block.block_id
-        drained = False
+        drained = walltime = False
+        known = True
         b = self.state.blocks.get(bid)
         if b is not None:
             block.state = BlockState(msg.state)
-            if msg.state in ("completed", "failed") and not (b.sched_drained or b.retiring):
+            failed = msg.state == "failed"
+            unseen = not (b.sched_drained or b.retiring)  # no count showed a drain
+            if (
+                msg.state in ("completed", "failed")
+                and (unseen or (b.retiring and failed))
+                and not (b.stopping or self.state.closing)
+            ):
                 # A failed end is the drain's only if the scheduler retired the worker
                 # (told it to stop: an in-process worker's block then reads failed);
-                # one that failed while draining, before that, crashed.
-                drained = await self._drained_by_scheduler(b.workers, msg.state == "failed")
-        await self._handle(BlockEnded(self.clock.now(), bid, msg.state, drained))
+                # one that failed while draining, before that, crashed: asked of a
+                # block being scaled in or drained too.
+                seen = await self._drained_by_scheduler(b.workers, failed)
+                known = seen is not None
+                drained, walltime = seen or (False, False)
+        await self._handle(BlockEnded(self.clock.now(), bid, msg.state, drained, walltime, known))
 
-    async def _drained_by_scheduler(self, workers: tuple[str, ...], retired: bool) -> bool:
+    async def _drained_by_scheduler(
+        self, workers: tuple[str, ...], retired: bool
+    ) -> tuple[bool, bool] | None:
         """Whether the scheduler drained (``retired``: and retired) one of ``workers``
-        since it last joined (before a walltime, an operator's drain), as their stories
-        say: an idle worker is drained, retired and gone within a tick, so no count may
-        have shown it. A drain of an earlier run of the block (Slurm requeues it under
-        the same worker ids) does not count. False if the scheduler does not answer
-        within a tick."""
+        since it last joined (before a walltime, an operator's drain, a scale-in), as
+        their stories say: an idle worker is drained, retired and gone within a tick,
+        so no count may have shown it; and whether it drained one because its walltime
+        was near. A drain of an earlier run of the block (Slurm requeues it under the
+        same worker ids) does not count. None if the scheduler does not answer within
+        a tick."""
         if not workers:
-            return False
+            return False, False
         story = await self._read(StoryRequest(tuple(workers)))
-        return drained_since_joined(story or (), retired)
+        if story is None:
+            return None
+        return drained_since_joined(story, retired), drained_for_walltime(story)
 
     @handles(_Answered)
     async def answered(self, msg: _Answered) -> None:
@@ -430,8 +460,9 @@ class Autoscaler(Actor):
             processing = None
         draining = frozenset(str(w) for k in ("draining", "retired") for w in status.get(k) or ())
         leaving = frozenset(str(w) for w in status.get("leaving") or ())
+        walltime = frozenset(str(w) for w in status.get("walltime_draining") or ())
         upcoming = await self._upcoming()
-        return QueuesSeen(now, status["queues"], processing, draining, upcoming, leaving)
+        return QueuesSeen(now, status["queues"], processing, draining, upcoming, leaving, walltime)
 
     async def _upcoming(self) -> dict[str, list[float]] | None:
         """The scheduler's next wave, if the strategy looks ahead (None: not asked, or

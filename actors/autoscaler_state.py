@@ -31,7 +31,11 @@ else, or a policy that raises, falls back to the target and counts in
 A block that ends unasked is reported (:class:`ReportGone`) with the cause its end
 state says and replaced. Ends that cost nothing are expected: ``preempted`` (the batch
 system took the node back) and ``walltime`` (TIMEOUT, or COMPLETED after the scheduler
-drained its workers before their walltime; ``drained`` for another drain). A requeued
+drained its workers before their walltime, ``QueuesSeen.walltime`` or
+``BlockEnded.walltime``; ``drained`` for another drain: an operator's, a scale-in). A
+drain ends when the scheduler retires the worker: a block that FAILED before that
+(``BlockEnded.drained`` false: the workers' stories show no retirement) crashed while
+draining and is reported ``crash``, free if it was scaled in already. A requeued
 block (:class:`BlockRequeued`: same job, a new incarnation) is not an end: its workers
 are reported gone (``preempted`` if a preemption requeued it) and the block stays,
 unless it was being scaled in: then it is stopped (the new run's workers would join
@@ -185,13 +189,21 @@ class BlockStartFailed(Event):
 @dataclasses.dataclass(frozen=True, slots=True)
 class BlockEnded(Event):
     """The provider says ``block`` reached the final ``state``. ``drained``: the
-    scheduler had drained a worker of it (its story says so), though no count showed
-    it (an idle worker drained, retired and gone between two ticks); with ``state``
-    ``failed``: it retired the worker (told it to stop), so the end is the drain's."""
+    scheduler had drained a worker of it since it joined (its story says so), whether
+    or not a count showed it (an idle worker is drained, retired and gone between two
+    ticks); with ``state`` ``failed``: it retired the worker (told it to stop), so the
+    end is the drain's (a block that failed before that crashed, draining or not).
+    ``walltime``: that drain was the scheduler's own, because the worker's walltime
+    was near (not an operator's drain, nor a scale-in). ``known``: the shell read the
+    stories; False when the scheduler did not answer in time, so ``drained`` says
+    nothing (a block being scaled in that fails is then taken for the drain's end,
+    not for a crash: no crash is reported without the stories showing one)."""
 
     block: str
     state: str
     drained: bool = False
+    walltime: bool = False
+    known: bool = True
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -252,13 +264,17 @@ class QueuesSeen(Event):
     ready (``UpcomingRequest``). ``leaving``: the workers among ``draining`` that
     leave on their own (they said so: a preemption notice, a signal): a block all of
     whose workers the scheduler drains stops counting at once, unless one of them
-    leaves on its own (such a block may be requeued and run again)."""
+    leaves on its own (such a block may be requeued and run again). ``walltime``: the
+    workers among ``draining`` the scheduler drains because their walltime is near; the
+    others were drained by an operator (or for a scale-in): a drained block's end is
+    ``walltime`` or ``drained`` by this, not by whether its pool has a walltime."""
 
     queued: Mapping[str, int]
     processing: Mapping[str, int] | None = None
     draining: frozenset[str] = frozenset()  #: workers the scheduler drains (or retired)
     upcoming: Mapping[str, Sequence[float]] | None = None
     leaving: frozenset[str] = frozenset()  #: of those, the ones leaving on their own
+    walltime: frozenset[str] = frozenset()  #: of those, the ones drained for their walltime
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -388,6 +404,8 @@ class BlockRecord:
     idle_since: float | None = None  #: when its workers were first seen all idle
     incarnation: int = 1  #: the batch system's run of it (a requeue starts the next)
     sched_drained: bool = False  #: the scheduler was seen draining a worker of it
+    #: ... because that worker's walltime was near (not an operator's drain)
+    walltime: bool = False
     since: float = 0.0  #: when it started (or was requeued): its age while not running
     stuck: bool = False  #: scaled in because it was not running by its provisioning timeout
 
@@ -585,18 +603,24 @@ class AutoscalerState:
             return  # stopped on purpose (BlockStopped came first) or unknown
         self.ended += 1
         b.sched_drained = b.sched_drained or ev.drained
+        b.walltime = b.walltime or (ev.drained and ev.walltime)
         if b.retiring or self.closing:
             # Scaled in, or leaving: its place was given up already, so its end is
             # not replaced and spends nothing; the cause says how it went.
-            # (A drained worker's block may read "failed" once it stopped: an
-            # in-process worker's does, so that is no crash here.)
-            told = ev.state == "completed" and b.sched_drained
             if b.stuck:
                 cause = "stuck"
-            elif ev.state in ("preempted", "timeout") or told:
+            elif ev.state in ("preempted", "timeout"):
                 cause = self._cause(b, ev.state)[0]
+            elif (
+                ev.state == "failed" and ev.known and not (ev.drained or b.stopping or self.closing)
+            ):
+                # A drained worker's block may read "failed" once it stopped (an
+                # in-process worker's does): that is the drain's end only if the
+                # scheduler retired the worker (its story says so). Before that, it
+                # crashed while draining: its drain never finished.
+                cause = "crash"
             else:
-                cause = "drained"
+                cause = self._drain_cause(b)
             self._ended(b, ev.state, cause, False)
             return
         drain_end = ev.drained and ev.state in ("completed", "failed")
@@ -613,12 +637,16 @@ class AutoscalerState:
         if state == "timeout":
             return "walltime", False
         if state == "completed" and b.sched_drained:
-            ps = self.pools[b.pool]
-            walltime = ps.limits is not None and ps.limits.walltime is not None
-            return ("walltime" if walltime else "drained"), False
+            return self._drain_cause(b), False
         if state == "failed":
             return "crash", True
         return "unknown", True
+
+    def _drain_cause(self, b: BlockRecord) -> str:
+        """The cause of the end of block ``b``, drained: ``walltime`` when the scheduler
+        drained a worker of it because its walltime was near, else ``drained`` (an
+        operator's drain, or a scale-in)."""
+        return "walltime" if b.walltime else "drained"
 
     def _ended(self, b: BlockRecord, state: str, cause: str, charged: bool) -> None:
         self._out.append(ReportGone(b.block_id, b.workers, cause, state))
@@ -684,6 +712,7 @@ class AutoscalerState:
             for b in self.blocks.values():
                 if not b.retiring and ev.draining.intersection(b.workers):
                     b.sched_drained = True
+                    b.walltime = b.walltime or not ev.walltime.isdisjoint(b.workers)
                     if ev.draining.issuperset(b.workers) and ev.leaving.isdisjoint(b.workers):
                         # The scheduler drains every worker of it (its walltime is
                         # near, an operator drained it): it no longer counts, so its

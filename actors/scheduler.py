@@ -481,6 +481,9 @@ class Scheduler(Actor):
             "draining": tuple(sorted(w for w, ws in st.workers.items() if ws.draining)),
             "retired": tuple(sorted(w for w, ws in st.workers.items() if ws.retired)),
             "leaving": tuple(sorted(w for w, ws in st.workers.items() if ws.leaving)),
+            "walltime_draining": tuple(
+                sorted(w for w, ws in st.workers.items() if ws.walltime_drain)
+            ),
             "rss": dict(self.rss),
             "memory": dict(self.memory),
             "throttled": tuple(sorted(st.throttled)),

@@ -160,6 +160,7 @@ class WorkerState:
         "throttled",
         "unconfirmed",
         "view",
+        "walltime_drain",
     )
 
     def __init__(self, wid: str, cores: int, memory: int, pool: str, saturation: float) -> None:
@@ -178,6 +179,9 @@ class WorkerState:
         self.draining = False  #: gets no new tasks; retired once it runs none
         self.leaving = False  #: going by itself (WorkerLeaving): drained, never retired
         self.retired = False  #: told to stop (RetireWorker) after draining
+        #: drained by the core because its walltime is near (not by an operator's
+        #: drain, ``WorkerDraining``): its end is ``walltime``, not ``drained``
+        self.walltime_drain = False
         self.throttled = False  #: past its throttle fence: deferring producers
         self.rss = 0  #: its RSS as last reported
         self.throttle_at = 0  #: bytes where its throttle fence is (0: not reported)

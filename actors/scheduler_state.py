@@ -1094,7 +1094,7 @@ class SchedulerState:
             if ws.deadline is None or ws.draining or ws.deadline - self._now > margin:
                 continue
             left = ws.deadline - self._now
-            ws.draining = True
+            ws.draining = ws.walltime_drain = True
             self.draining.add(ws.id)
             self.free.pop(ws.id, None)
             self._log(ws.id, "joined", f"draining:walltime in {max(0.0, left):.0f} s")

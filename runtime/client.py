@@ -40,10 +40,13 @@ from runtime import unpickling
 from runtime.errors import (
     ActorStopped,
     AskTimeout,
+    ConnectFailed,
     CorralError,
     DependencyFailed,
     FileOutputError,
     ManagerLost,
+    PermissionDenied,
+    ProtocolError,
     WorkersTimeout,
 )
 from runtime.files import File
@@ -616,7 +619,10 @@ class Cluster:
 
     ``Cluster("ws://host:port")`` connects to a running manager instead (``python -m
     runtime manager``); the token comes from ``token=``, ``CORRAL_TOKEN`` or the token
-    file the manager wrote on this machine. The worker options do not apply then.
+    file the manager wrote on this machine, and must be the admin one: entering the
+    cluster waits for the manager's answer and raises its refusal
+    (:class:`~runtime.errors.PermissionDenied` for the read token, which is the
+    console's). The worker options do not apply then.
 
     ``Cluster(pools={"name": {...}})`` configures pools as data instead of ``workers``
     (docs/configuration.md#pools): each pool's blocks (``workers_per_node`` workers of
@@ -801,9 +807,10 @@ class Cluster:
             raise
 
     async def _connect(self, system: ActorSystem, address: str) -> None:
-        """Join a manager in another process as a client."""
-        from runtime.codec import Frame
-        from runtime.node import DEAD_AFTER, HEARTBEAT, Hello, find_token
+        """Join a manager in another process as a client: connected once its gateway
+        welcomed the client's Hello; a refusal (the read-only token, say) is raised
+        here, not at the first call."""
+        from runtime.node import DEAD_AFTER, HEARTBEAT, find_token
         from runtime.remote import Peer
         from transport import connect
 
@@ -812,6 +819,12 @@ class Cluster:
         if token and address.startswith(("ws://", "wss://")):
             options["token"] = token
         conn = await connect(address, **options)
+        try:
+            name = await self._hello(conn, address, DEAD_AFTER)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await conn.aclose()
+            raise
         # Liveness: heartbeats both ways; a closed connection, or DEAD_AFTER seconds of
         # silence, fails every pending future with ManagerLost (the on_close below).
         peer = Peer(
@@ -819,13 +832,69 @@ class Cluster:
             timeout=DEAD_AFTER, on_close=self._manager_closed,
         )  # fmt: skip
         manager = _RemoteManager(peer, address)
-        name = f"client-{os.urandom(6).hex()}"
         self._client_actor = ClientActor(manager)
         peer.target = await system.spawn(self._client_actor, name)
-        await conn.send(Frame(Hello("client", name)))
         await system.start_service(peer.run)
         self._manager = manager
         self._peer = peer
+
+    async def _hello(self, conn: Any, address: str, limit: float) -> str:
+        """Say ``Hello`` as a client on ``conn`` and wait, at most ``limit`` seconds, for
+        the gateway's ``Welcome``; return the client's name. Its ``Refused`` is raised: a
+        read token gets :class:`PermissionDenied` saying which token to pass instead,
+        and where it is."""
+        from runtime.codec import Frame
+        from runtime.node import Hello, Welcome
+        from runtime.remote import Refused, refusal_error
+        from transport import ConnectionClosed
+
+        name = f"client-{os.urandom(6).hex()}"
+        await conn.send(Frame(Hello("client", name)))
+        try:
+            with anyio.fail_after(limit):
+                answer = (await conn.receive()).msg
+        except TimeoutError:
+            raise ConnectFailed(
+                address, f"the manager did not answer this client's Hello within {limit:g} s"
+            ) from None
+        except ConnectionClosed as exc:
+            raise ConnectFailed(
+                address, f"the connection closed before the manager answered ({exc})"
+            ) from None
+        if isinstance(answer, Welcome):
+            return name
+        if not isinstance(answer, Refused):
+            raise ProtocolError(
+                f"expected the manager's Welcome, got {type(answer).__name__}: is {address} "
+                "a Corral manager of this version?"
+            )
+        error = refusal_error(answer, allow_pickle=True)
+        if getattr(error, "what", None) == "Hello as a client":  # the read-only token
+            raise PermissionDenied(
+                "Hello as a client", f"{error}. {self._read_token_source(address)}"
+            ) from None
+        raise error
+
+    def _read_token_source(self, address: str) -> str:
+        """Where the read token this client presented came from, and which to pass."""
+        from runtime.node import token_path
+
+        if self.token:
+            given = "This client presented the token it was given (token=...)"
+        elif os.environ.get("CORRAL_TOKEN"):
+            given = (
+                "This client presented CORRAL_TOKEN from the environment (it wins over the "
+                "token file)"
+            )
+        else:
+            given = "This client presented the manager's read token"
+        return (
+            f"{given}: pass the admin token instead, as token=... or CORRAL_TOKEN. It is "
+            f"the 'admin' entry of the manager's token file, {token_path(address)} on the "
+            "manager's machine (readable by its user only; or the file its --token-file "
+            "names), where the read token is the 'read' entry. To only look, use the "
+            f"console: python -m runtime console {address} --read-only"
+        )
 
     def _manager_closed(self, peer: Any) -> None:
         if self._system is None:

@@ -987,6 +987,8 @@ class StatusReply(Message):
     draining: tuple[str, ...] = ()
     retired: tuple[str, ...] = ()
     leaving: tuple[str, ...] = ()
+    #: of ``draining``, the workers the scheduler drains because their walltime is near
+    walltime_draining: tuple[str, ...] = ()
     rss: dict[str, int] = dataclasses.field(default_factory=dict)
     memory: dict[str, WorkerMemoryReport] = dataclasses.field(default_factory=dict)
     throttled: tuple[str, ...] = ()
@@ -1028,7 +1030,7 @@ class StatusReply(Message):
         out["files"] = self.files.to_fields()
         out["replicas"] = self.replicas.to_fields()
         out["storage"] = self.storage.to_dict()
-        for name in ("draining", "retired", "leaving", "throttled"):
+        for name in ("draining", "retired", "leaving", "walltime_draining", "throttled"):
             out[name] = list(out[name])
         busy, auto = out.pop("autoscaler_busy"), out.pop("autoscaler")
         if auto is not None:

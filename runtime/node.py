@@ -593,6 +593,15 @@ def token_path(address: str) -> Path:
     return base / "tokens" / f"{host}_{port}.json"
 
 
+#: why the gateway refuses a client (``Cluster``, ``runtime.get``) that presents the read
+#: token; the client adds where its token came from (``Cluster._hello``)
+READ_TOKEN_CLIENT = (
+    "this token is read-only; clients (Cluster, runtime.get) need the admin token: the read "
+    "token only looks (a console with --read-only, GET /metrics, the dashboard), and a "
+    "client submits work"
+)
+
+
 def find_token(address: str, token: str | None, role: str = "admin") -> str | None:
     """The token to present: given, else ``CORRAL_TOKEN``, else the local token file."""
     if token:
@@ -623,8 +632,9 @@ class Hello(Message):
 
 @message("corral.Welcome")
 class Welcome(Message):
-    """Gateway -> worker, the answer to its Hello: joined. ``secret`` is what the worker
-    must present (``Hello.secret``) to rejoin under its id."""
+    """Gateway -> worker or client, the answer to its Hello: joined. ``secret`` is what
+    the worker must present (``Hello.secret``) to rejoin under its id (a client's is
+    empty). A console gets none: it is answered by its first ask."""
 
     secret: str
 
@@ -890,10 +900,7 @@ class Gateway:
                 )
             return None
         if role != "admin" and hello.kind == "client":
-            return PermissionDenied(
-                "Hello as a client",
-                "this token is read-only; clients (Cluster, runtime.get) need the admin token",
-            )
+            return PermissionDenied("Hello as a client", READ_TOKEN_CLIENT)
         if (live is not None and not live.closed) or name in self._secrets:
             return PermissionDenied(
                 "name", f"the name {name!r} is in use by another connection; pick a unique one"
@@ -939,6 +946,12 @@ class Gateway:
                 return
         else:
             door = _Door(self, self.plane.manager, role, hello.name)
+            if hello.kind == "client":
+                # A client waits for this before it says it is connected: refused (the
+                # read token), it fails at connect, not at its first call. One gone
+                # already still has what it sent read, as any closing connection has.
+                with contextlib.suppress(CorralError):
+                    await conn.send(Frame(Welcome("")))
         generation = self._generation.get(hello.name, 0) + 1
         self._generation[hello.name] = generation
         back = self._returned.pop(hello.name, None)

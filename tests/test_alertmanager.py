@@ -171,6 +171,25 @@ def test_a_config_file_gives_rules_and_settings(tmp_path: Path) -> None:
         load_alerting(path)
 
 
+def test_a_config_file_with_a_threshold_beyond_a_float_is_refused(tmp_path: Path) -> None:
+    # TOML keeps the expression as text; 1e400 in it would read as infinity
+    path = tmp_path / "corral.toml"
+    for threshold, reads in (("1e400", ", which reads as inf"), ("nan", "")):
+        path.write_text(
+            f'[[alerts]]\nname = "Endless"\nexpr = "corral_queue_depth > {threshold}"\n'
+        )
+        with pytest.raises(AlertConfigError) as info:
+            load_alerting(path)
+        assert (info.value.rule, info.value.key, info.value.source) == (
+            "Endless", "expr", str(path)
+        )  # fmt: skip
+        assert str(info.value) == (
+            f"alert rule 'Endless' in {path}: key 'expr' the threshold after '>' at character "
+            f"21 must be a finite number, got {threshold!r}{reads}; give a number such as 0, "
+            "60 or 1.5e3. See docs/monitoring.md#alert-rules."
+        )
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("command", ["manager", "check"])
 def test_a_bad_rule_in_the_file_stops_the_manager_and_check_before_anything(

@@ -852,6 +852,50 @@ def test_a_rule_built_directly_checks_its_syntax() -> None:
         AlertRule("x", "corral_queue_depth > y")
 
 
+@pytest.mark.parametrize(
+    ("threshold", "problem"),
+    [
+        # beyond a float's range: float() reads these as infinity
+        ("1e400", "after '>' at character 62 must be a finite number, got '1e400', which "
+                  "reads as inf"),
+        ("-1e400", "after '>' at character 62 must be a finite number, got '-1e400', which "
+                   "reads as -inf"),
+        ("+1e309", "got '+1e309', which reads as inf"),
+        # the words float() reads as inf and nan
+        ("nan", "after '>' at character 62 must be a finite number, got 'nan'"),
+        ("NaN", "got 'NaN'"),
+        ("inf", "got 'inf'"),
+        ("-inf", "after '>' at character 62 must be a finite number, got '-inf'"),
+        ("+Infinity", "got '+Infinity'"),
+    ],
+    ids=lambda v: v if " " not in v else "",
+)  # fmt: skip
+def test_a_threshold_that_is_not_a_finite_number_is_refused(threshold: str, problem: str) -> None:
+    expr = f"corral_queue_depth > 0 and corral_queue_oldest_wait_seconds > {threshold}"
+    raw = {"name": "Endless", "expr": expr}
+    # a rule as data (a dict, a table of a TOML file keyed by name or in a list),
+    # and one built directly: the same typed error, naming the rule and the value
+    attempts: list[Any] = [
+        lambda: parse_rule(raw, SAMPLE_LABELS),
+        lambda: parse_rules([raw], SAMPLE_LABELS),
+        lambda: parse_rules({"Endless": {"expr": expr}}, SAMPLE_LABELS),
+        lambda: AlertRule("Endless", expr),
+    ]
+    for attempt in attempts:
+        with pytest.raises(AlertConfigError) as info:
+            attempt()
+        err = info.value
+        assert (err.rule, err.key) == ("Endless", "expr")
+        assert str(err).startswith("alert rule 'Endless': key 'expr' the threshold ")
+        assert problem in str(err)
+        assert str(err).endswith(
+            "; give a number such as 0, 60 or 1.5e3. See docs/monitoring.md#alert-rules."
+        )
+    # the largest finite float is a threshold like any other
+    big = parse_rule({"name": "Big", "expr": "corral_queue_depth > 1e308"}, SAMPLE_LABELS)
+    assert [c.threshold for c in compares(big.parsed)] == [1e308]
+
+
 # ----------------------------------------------------------------------------- metric names
 
 

@@ -43,7 +43,7 @@ from actors.scheduler_events import WorkerDraining, WorkerJoined, WorkerLeaving,
 from actors.scheduler_state import SchedulerState
 from policies.scaling import PoolLimits
 from runtime.kernel import ActorSystem
-from runtime.messages import AutoscalerStatus, StatusRequest
+from runtime.messages import AutoscalerStatus, DrainRequest, StatusRequest
 from runtime.node import start_control_plane, worker_factory
 from tests.helpers import wait_until
 
@@ -128,7 +128,8 @@ def test_walltime_ends_are_free_and_say_walltime() -> None:
     # replacement is asked for when the drain is seen, to come up while the worker
     # finishes its task, not a provisioning delay after the block ended.
     bid = one_block(s, 182.0, 2)
-    assert run(s, QueuesSeen(300.0, {"ckpt": 0}, {"w-2": 1}, frozenset({"w-2"}))) == [
+    w2 = frozenset({"w-2"})
+    assert run(s, QueuesSeen(300.0, {"ckpt": 0}, {"w-2": 1}, w2, walltime=w2)) == [
         StartBlock(3, "ckpt", SPEC)
     ]
     assert s.counts() == {"ckpt": 1} and s.blocks[bid].retiring
@@ -147,11 +148,94 @@ def test_a_drain_no_count_showed_is_told_with_the_end() -> None:
     limits = PoolLimits(min_blocks=1, max_blocks=1, init_blocks=1, walltime=180.0)
     run(s, TargetSet(0.0, "ckpt", 1, SPEC, limits))
     bid = one_block(s, 1.0, 1)
-    assert run(s, BlockEnded(170.0, bid, "completed", drained=True)) == [
+    assert run(s, BlockEnded(170.0, bid, "completed", drained=True, walltime=True)) == [
         ReportGone(bid, ("w-1",), "walltime", "completed"),
         StartBlock(2, "ckpt", SPEC),
     ]
     assert list(s.replacements) == [] and s.gave_up == set()
+
+
+def test_an_operators_drain_in_a_pool_with_a_walltime_ends_drained() -> None:
+    """A pool with a walltime, whose workers an operator drains (the console's
+    ``drain``, ``DrainRequest``), long before their walltime: their blocks' ends are
+    ``drained``. Only the scheduler's own drain before the walltime (its status's
+    ``walltime_draining``, or ``draining:walltime`` in the worker's story) is
+    ``walltime``. Before, every drained block of a pool with a walltime said
+    ``walltime``. Both are free."""
+    s = make(max_replacements=0)
+    limits = PoolLimits(min_blocks=1, max_blocks=2, init_blocks=1, walltime=3600.0)
+    run(s, TargetSet(0.0, "ckpt", 1, SPEC, limits))
+    # Seen draining in a count, for an operator (not among the walltime's).
+    bid = one_block(s, 1.0, 1)
+    w1 = frozenset({"w-1"})
+    assert run(s, QueuesSeen(10.0, {"ckpt": 0}, {"w-1": 1}, w1)) == [StartBlock(2, "ckpt", SPEC)]
+    assert run(s, BlockEnded(20.0, bid, "completed")) == [
+        ReportGone(bid, ("w-1",), "drained", "completed")
+    ]
+    assert s.ends[-1] == BlockEnd(bid, "ckpt", "completed", "drained", False, 20.0, 1)
+    # Drained, retired and gone between two ticks: told with the end, the same.
+    bid = one_block(s, 21.0, 2)
+    assert run(s, BlockEnded(30.0, bid, "completed", drained=True)) == [
+        ReportGone(bid, ("w-2",), "drained", "completed"),
+        StartBlock(3, "ckpt", SPEC),
+    ]
+    # An in-process worker's block reads failed once the scheduler retired it.
+    bid = one_block(s, 31.0, 3)
+    assert run(s, BlockEnded(40.0, bid, "failed", drained=True)) == [
+        ReportGone(bid, ("w-3",), "drained", "failed"),
+        StartBlock(4, "ckpt", SPEC),
+    ]
+    # The scheduler's own drain before the walltime, seen in a count: walltime.
+    bid = one_block(s, 41.0, 4)
+    w4 = frozenset({"w-4"})
+    assert run(s, QueuesSeen(50.0, {"ckpt": 0}, {"w-4": 0}, w4, walltime=w4)) == [
+        StartBlock(5, "ckpt", SPEC)
+    ]
+    assert run(s, BlockEnded(51.0, bid, "completed")) == [
+        ReportGone(bid, ("w-4",), "walltime", "completed")
+    ]
+    # ... or told with the end.
+    bid = one_block(s, 52.0, 5)
+    assert run(s, BlockEnded(60.0, bid, "failed", drained=True, walltime=True)) == [
+        ReportGone(bid, ("w-5",), "walltime", "failed"),
+        StartBlock(6, "ckpt", SPEC),
+    ]
+    assert [e.cause for e in s.ends] == ["drained"] * 3 + ["walltime"] * 2
+    assert list(s.replacements) == [] and s.gave_up == set()
+
+
+def test_a_worker_that_crashes_while_the_scheduler_drains_it_is_a_crash() -> None:
+    """The scheduler drains a busy worker (before its walltime, or an operator's
+    drain): its block stops counting and its replacement is asked for. The worker is
+    killed before it finished its task (SIGKILL, the OOM killer): the block fails and
+    the scheduler never retired it. Its end is ``crash``, not ``walltime`` nor
+    ``drained``: its drain did not finish, its tasks were lost. Already replaced, it
+    spends no budget. Once retired (its story says so), a failed end is the drain's."""
+    s = make(max_replacements=0)
+    limits = PoolLimits(min_blocks=1, max_blocks=2, init_blocks=1, walltime=3600.0)
+    run(s, TargetSet(0.0, "ckpt", 1, SPEC, limits))
+
+    def drained(now: float, n: int, walltime: bool) -> str:
+        """Block ``n`` starts and the scheduler is seen draining its busy worker."""
+        bid = one_block(s, now, n)
+        w = frozenset({f"w-{n}"})
+        why = w if walltime else frozenset()  # for its walltime, or an operator's
+        seen = QueuesSeen(now + 1, {"ckpt": 0}, {f"w-{n}": 1}, w, walltime=why)
+        assert run(s, seen) == [StartBlock(n + 1, "ckpt", SPEC)]
+        return bid
+
+    bid = drained(10.0, 1, walltime=True)
+    assert run(s, BlockEnded(12.0, bid, "failed")) == [ReportGone(bid, ("w-1",), "crash", "failed")]
+    assert s.ends[-1] == BlockEnd(bid, "ckpt", "failed", "crash", False, 12.0, 1)
+    bid = drained(20.0, 2, walltime=True)
+    assert run(s, BlockEnded(22.0, bid, "failed", drained=True, walltime=True)) == [
+        ReportGone(bid, ("w-2",), "walltime", "failed")
+    ]
+    bid = drained(30.0, 3, walltime=False)  # an operator's drain
+    assert run(s, BlockEnded(32.0, bid, "failed")) == [ReportGone(bid, ("w-3",), "crash", "failed")]
+    assert [e.cause for e in s.ends] == ["crash", "walltime", "crash"]
+    assert [e.charged for e in s.ends] == [False] * 3
+    assert list(s.replacements) == [] and s.gave_up == set() and s.counts() == {"ckpt": 1}
 
 
 def test_a_drain_counts_from_the_workers_latest_join_in_their_story() -> None:
@@ -371,3 +455,39 @@ async def test_the_shell_reports_a_requeue_and_keeps_the_block() -> None:
             # Its worker of the first run was reported gone, as preempted.
             assert "worker-1" not in scheduler.workers
             assert ("worker-1", "joined", "left:preempted") in [t[:3] for t in scheduler.story_log]
+
+
+@pytest.mark.anyio
+async def test_the_shell_reports_an_operators_drain_in_a_walltime_pool_as_drained() -> None:
+    """An operator drains the idle in-process worker of a pool with a walltime, an
+    hour before it: the scheduler retires it at once, its block ends (``failed``, as an
+    in-process block does once its worker stopped) before any count showed the drain,
+    and the shell reads in the worker's story that the drain was an operator's, and
+    finished. The end is ``drained``, free; before, any drained block of a pool with a
+    walltime ended ``walltime``."""
+    limits = PoolLimits(min_blocks=1, max_blocks=1, init_blocks=1, walltime=3600.0)
+    spec = BlockSpec(1, 1, 0, 0, "default")
+    with anyio.fail_after(20):
+        async with ActorSystem() as system:
+            plane = await start_control_plane(
+                system,
+                provider=lambda plane: InProcessProvider(
+                    plane.system, worker_factory(plane.refs["scheduler"])
+                ),
+                targets={"default": PoolTarget(1, spec, limits)},
+            )
+            autoscaler, scheduler = plane.refs["autoscaler"], plane.scheduler.state
+            await wait_until(lambda: "worker-1" in scheduler.workers, limit=10)
+            await plane.refs["scheduler"].ask(DrainRequest("worker-1"))
+
+            async def ended() -> AutoscalerStatus | None:
+                st: AutoscalerStatus = await autoscaler.ask(StatusRequest())
+                return st if st.ends else None
+
+            (end,) = (await wait_until(ended, "block-1 ended", limit=10)).ends
+            assert (end.block, end.state, end.cause, end.charged) == (
+                "block-1", "failed", "drained", False,
+            )  # fmt: skip
+            assert ("worker-1", "joined", "left:drained") in [t[:3] for t in scheduler.story_log]
+            # Replaced, as any drained block is: the pool keeps its one block.
+            await wait_until(lambda: "worker-2" in scheduler.workers, limit=10)

@@ -26,6 +26,7 @@ import policies
 from actors.autoscaler_state import (
     AutoscalerConfig,
     AutoscalerState,
+    BlockEnd,
     BlockEnded,
     BlockRequeued,
     BlockRunning,
@@ -123,12 +124,50 @@ def test_scale_in_drains_the_last_block_and_never_stops_it() -> None:
     assert run(s, DrainAnswered(1.1, "w-2", True)) == []
     assert run(s, Tick(5.0)) == []
     assert "block-2" in s.blocks
-    # It ends (an in-process worker's block reads "failed" once its actor stopped):
-    # drained, not a crash, and not replaced.
-    assert run(s, BlockEnded(6.0, "block-2", "failed")) == [
+    # It ends (an in-process worker's block reads "failed" once its actor stopped),
+    # and the shell read in its story that the scheduler retired it: drained, not a
+    # crash, and not replaced.
+    assert run(s, BlockEnded(6.0, "block-2", "failed", drained=True)) == [
         ReportGone("block-2", ("w-2",), "drained", "failed")
     ]
     assert list(s.replacements) == [] and s.ended == 1
+
+
+def test_a_worker_that_crashes_while_it_drains_for_a_scale_in_is_a_crash() -> None:
+    """A busy worker of a block being scaled in crashes (killed, SIGKILL or the OOM
+    killer) before it finished draining: the block fails and the scheduler never
+    retired it (the shell reads no retirement in its story, so the end comes without
+    ``drained``). Its end is ``crash``, not ``drained``: its tasks were lost, not
+    handed over. Its place was given up when the scale-in began, so it is not
+    replaced and spends no budget."""
+    s = make(max_replacements=0)
+    run(s, TargetSet(0.0, "default", 2, SPEC))
+    started(s, 0.1, 2)
+    assert run(s, TargetSet(1.0, "default", 1, SPEC)) == [DrainWorker("w-2", "block-2")]
+    assert run(s, DrainAnswered(1.1, "w-2", True)) == []
+    busy = {"w-1": 0, "w-2": 1}  # w-2 still at its task: draining, not retired
+    assert run(s, QueuesSeen(2.0, {}, busy, frozenset({"w-2"}))) == []
+    assert run(s, BlockEnded(3.0, "block-2", "failed")) == [
+        ReportGone("block-2", ("w-2",), "crash", "failed")
+    ]
+    assert s.ends[-1] == BlockEnd("block-2", "default", "failed", "crash", False, 3.0)
+    assert list(s.replacements) == [] and s.gave_up == set()
+    assert s.counts() == {"default": 1} and list(s.blocks) == ["block-1"]
+
+
+def test_a_failed_end_of_a_scale_in_without_the_stories_is_not_called_a_crash() -> None:
+    """The scheduler did not answer the shell's question about the workers' stories in
+    time (``known=False``): whether it retired the worker is not known, so the failed
+    end of a block being scaled in is the drain's, as an in-process block's always
+    reads: a crash is reported only when the stories show one."""
+    s = make(max_replacements=0)
+    run(s, TargetSet(0.0, "default", 2, SPEC))
+    started(s, 0.1, 2)
+    assert run(s, TargetSet(1.0, "default", 1, SPEC)) == [DrainWorker("w-2", "block-2")]
+    assert run(s, DrainAnswered(1.1, "w-2", True)) == []
+    assert run(s, BlockEnded(2.0, "block-2", "failed", known=False)) == [
+        ReportGone("block-2", ("w-2",), "drained", "failed")
+    ]
 
 
 def test_a_pending_block_goes_first_and_is_stopped_at_once() -> None:

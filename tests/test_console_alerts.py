@@ -100,6 +100,22 @@ async def test_alert_list_add_and_remove_live(tmp_path: Path) -> None:
 
                 with pytest.raises(ConsoleError, match="did you mean 'corral_queue_depth'"):
                     await console.run_command("alert add Bad 'corral_queue_dept > 0'")
+                # the threshold is read by the manager's parser, as from a file: a
+                # number beyond a float's range (infinity) or nan is refused there
+                for endless in ("1e400", "nan"):
+                    with pytest.raises(
+                        ConsoleError,
+                        match=rf"alert rule 'Endless': key 'expr' the threshold after '>' at "
+                        rf"character 21 must be a finite number, got '{endless}'",
+                    ):
+                        await console.run_command(
+                            f"alert add Endless 'corral_queue_depth > {endless}'"
+                        )
+                    with pytest.raises(ConsoleError, match="must be a finite number"):
+                        await console.run_command(
+                            "alert add "
+                            + json.dumps({"name": "Endless", "expr": f"corral_workers > {endless}"})
+                        )
                 with pytest.raises(ConsoleError, match="belong to --scale-out"):
                     await console.run_command("alert add X 'corral_queue_depth > 0' --pool cpu")
                 with pytest.raises(ConsoleError, match="no such rule"):

@@ -461,23 +461,67 @@ async def test_a_worker_with_the_read_token_exits_1_at_once_saying_why(site: Sit
 
 
 @pytest.mark.anyio
-async def test_a_client_with_the_read_token_gets_permission_denied(site: Site) -> None:
+async def test_a_client_with_the_read_token_is_refused_when_it_connects(
+    site: Site, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``Cluster(address, token=READ)`` fails at connect, not at its first call: the
+    gateway answers a client's Hello (``Welcome``, or ``Refused``) and the client waits
+    for it. The error says the token only reads and which token to pass, and where it
+    is; a console with the read token still looks."""
     import dask
 
     import runtime
+    from runtime.console import ConsoleClient
+    from runtime.node import token_path
 
     read = site.tokens["read"]
+    fix = (
+        ": pass the admin token instead, as token=... or CORRAL_TOKEN. It is the 'admin' "
+        f"entry of the manager's token file, {token_path(site.address)} on the manager's "
+        "machine (readable by its user only; or the file its --token-file names), where the "
+        "read token is the 'read' entry. To only look, use the console: python -m runtime "
+        f"console {site.address} --read-only"
+    )
+    refused = (
+        "this token is read-only; clients (Cluster, runtime.get) need the admin token: the "
+        "read token only looks (a console with --read-only, GET /metrics, the dashboard), "
+        "and a client submits work."
+    )
     with anyio.fail_after(LIMIT):
-        async with Cluster(site.address, token=read) as cluster:
-            with pytest.raises(PermissionDenied, match="read-only; clients"):
-                await cluster.submit(square, 3)
+        before = site.manager.count("refused a connection")
+        with pytest.raises(PermissionDenied) as info:
+            async with Cluster(site.address, token=read):
+                pytest.fail("connected with the read token")  # pragma: no cover
+        assert str(info.value) == (
+            f"{refused} This client presented the token it was given (token=...){fix}"
+        )
+        assert info.value.what == "Hello as a client"
+        # The gateway refused its Hello: nothing was asked of the manager.
+        await _until_logged(site.manager, "refused a connection", before + 1)
+
+        monkeypatch.setenv("CORRAL_TOKEN", read)
+        with pytest.raises(PermissionDenied) as info:
+            async with Cluster(site.address):
+                pytest.fail("connected with the read token")  # pragma: no cover
+        assert str(info.value) == (
+            f"{refused} This client presented CORRAL_TOKEN from the environment (it wins "
+            f"over the token file){fix}"
+        )
+        monkeypatch.delenv("CORRAL_TOKEN")
 
         def compute() -> Any:
             x = dask.delayed(square)(4)
             return dask.compute(x, scheduler=runtime.get, address=site.address, token=read)
 
-        with pytest.raises(PermissionDenied, match="this token is read-only"):
+        with pytest.raises(PermissionDenied, match="this token is read-only; clients"):
             await anyio.to_thread.run_sync(compute)
+
+        # What reads with the read token keeps working: a console.
+        async with ConsoleClient(site.address, token=read) as console:
+            assert site.worker_id in await console.run_command("status")
+        # An admin client is welcomed first (an empty secret: it has no id to keep).
+        async with raw(site.address, site.tokens["admin"], Hello("client", "c-hi")) as conn:
+            assert await _next(conn) == Welcome("")
         await _run_is_correct(site)
 
 

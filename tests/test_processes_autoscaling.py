@@ -160,6 +160,53 @@ async def test_an_idle_worker_drained_between_two_ticks_ends_free(
             assert (await cluster.status())["autoscaler"]["budget_spent"] == 0
 
 
+async def test_a_worker_killed_while_it_drains_is_lost_as_a_crash(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An operator drains a busy worker process, and it is killed (SIGKILL) before its
+    task finished, so before the scheduler retired it: it did not finish draining.
+    Its block's end is ``crash`` (free: the block was replaced when the drain was
+    seen), the scheduler records the worker ``left:crash`` and the task lost with it
+    as a crash, which runs again elsewhere. Before, the end said ``drained``: the
+    loss looked planned (its tasks no suspects, its life censored, not a death)."""
+    made = autoscalers_made(monkeypatch)
+    marks, gate = tmp_path / "marks", tmp_path / "gate"
+    marks.mkdir()
+    with anyio.fail_after(LIMIT):
+        async with Cluster(processes=2) as cluster:
+            await cluster.wait_for_workers(2, timeout=60)
+            (core,) = [a.state for a in made]
+            state = cluster.scheduler_state
+            provider = cluster._plane.provider
+            futs = cluster.map(gated, range(2), marks=str(marks), gate=str(gate))
+            await wait_until(
+                lambda: {p.name for p in marks.iterdir()} == {"worker-1", "worker-2"},
+                "a task running on each worker",
+                limit=GATE,
+            )
+            await cluster._plane.refs["scheduler"].ask(DrainRequest("worker-2"))
+            await wait_until(lambda: core.blocks["block-2"].retiring, "the drain seen", limit=GATE)
+            draining = state.workers["worker-2"]
+            assert draining.processing and not draining.retired  # at its task still
+            os.kill(provider.pids(provider.blocks["block-2"])["worker-2"], signal.SIGKILL)
+
+            end = await block_end(cluster, "block-2", limit=GATE)
+            assert (end["state"], end["cause"], end["charged"]) == ("failed", "crash", False)
+            await wait_until(lambda: "worker-2" not in state.workers, "worker-2 gone", limit=GATE)
+            story = [e[:3] for e in state.story("worker-2")]
+            assert story[-1] == ("worker-2", "joined", "left:crash"), story
+            gate.touch()
+            assert await cluster.gather(futs) == [0, 1]
+            lost = [
+                (t.worker, t.cause)
+                for f in futs
+                for t in state.tasks[f.key].tries
+                if t.outcome == "worker-lost"
+            ]
+            assert lost == [("worker-2", "crash")]
+            assert (await cluster.status())["autoscaler"]["budget_spent"] == 0
+
+
 async def test_a_killed_worker_process_is_lost_at_once_not_after_the_grace() -> None:
     assert GRACE >= 10.0
     with anyio.fail_after(LIMIT):

@@ -17,6 +17,7 @@ import anyio
 import psutil
 import pytest
 
+from actors.autoscaler import drained_for_walltime, drained_since_joined
 from actors.scheduler_events import (
     Command,
     Event,
@@ -24,6 +25,7 @@ from actors.scheduler_events import (
     RetireWorker,
     TasksFinished,
     Tick,
+    WorkerDraining,
     WorkerJoined,
 )
 from actors.scheduler_state import SchedulerState
@@ -80,6 +82,24 @@ def test_a_worker_is_drained_its_longest_task_plus_grace_before_its_walltime(
     assert of(out, RetireWorker) == [RetireWorker(f"Tick@{641}", "w")]
     (why,) = [e[2] for e in s.story("w") if e[1] == "joined" and e[2].startswith("draining")]
     assert why == "draining:walltime in 359 s"
+
+
+def test_the_scheduler_tells_its_walltime_drain_from_an_operators(make_state: Factory) -> None:
+    """Both workers of a pool with a walltime drain: ``v`` because an operator drained
+    it (``WorkerDraining``, the console's ``drain``), ``w`` because its walltime is
+    near. The core marks only ``w``'s as the walltime's (the status's
+    ``walltime_draining``), and their stories say which drain each was, so the
+    autoscaler reports the end of ``v``'s block ``drained`` and ``w``'s ``walltime``."""
+    s = make_state(drain_period=30.0)
+    join(s, 0, "w", deadline=100)
+    join(s, 0, "v", deadline=1000)
+    at(s, 10, WorkerDraining, worker="v")
+    at(s, 70, Tick)  # 30 s before w's walltime
+    assert s.workers["v"].draining and s.workers["w"].draining
+    assert (s.workers["v"].walltime_drain, s.workers["w"].walltime_drain) == (False, True)
+    assert not drained_for_walltime(s.story("v")) and drained_since_joined(s.story("v"))
+    assert drained_for_walltime(s.story("w")) and drained_since_joined(s.story("w"))
+    assert drained_for_walltime(s.story("v", "w"))  # a block of both: its walltime came
 
 
 def test_a_fixed_drain_period_wins(make_state: Factory) -> None:
@@ -175,6 +195,9 @@ async def test_a_worker_near_its_walltime_finishes_its_task_and_leaves_cleanly(
                 return any(e[2].startswith("draining:walltime") for e in story)
 
             await wait_until(drained, "the walltime drain", limit=LIMIT, step=0.2)
+            # The status says which drain it is: the scheduler's own, for the walltime.
+            status = await c.status()
+            assert (status["draining"], status["walltime_draining"]) == (["timed"], ["timed"])
             (second,) = await c.submit_graph({"u": (pid_after_gate, str(gate), "/dev/null")}, ["u"])
             in_timed, in_other = family(timed.pid), family(other.pid)
             gate.touch()
