@@ -1103,12 +1103,25 @@ async def _until_signalled(
     *,
     task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
+    """Call ``on_signal`` at the first SIGINT or SIGTERM, then keep the signals: a
+    batch system signals every process of a job, and the job script's trap passes the
+    signal on, so a worker gets SIGTERM twice as it starts to copy its outputs away; with
+    Python's default handler back, the second one would end it half-way. A second
+    SIGINT (Ctrl-C again) stops the process at once."""
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         task_status.started()
+        stopping = False
         async for signum in signals:
-            _log.info("stopping on signal", signal=signal.Signals(signum).name)
-            await on_signal()
-            return
+            name = signal.Signals(signum).name
+            if not stopping:
+                stopping = True
+                _log.info("stopping on signal", signal=name)
+                await on_signal()
+            elif signum == signal.SIGINT:
+                _log.warning("second interrupt: exiting now, without a graceful stop")
+                os._exit(130)
+            else:
+                _log.info("already stopping; signal ignored", signal=name)
 
 
 async def _lifeline(*, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:

@@ -59,15 +59,21 @@ def total(x: Any) -> float:
 
 
 @pytest.mark.anyio
-async def test_a_preempted_workers_needed_output_survives_on_another(tmp_path: Path) -> None:
+@pytest.mark.parametrize("signals", [1, 2])
+async def test_a_preempted_workers_needed_output_survives_on_another(
+    tmp_path: Path, signals: int
+) -> None:
+    """With ``signals=2`` the worker gets a second SIGTERM once it is leaving, as in a
+    Slurm job: the batch system signals every process of the job, and the job script's
+    trap passes the signal on. The second one must not end the copy half-way."""
     from runtime import Cluster
 
     log = tmp_path / "runs"
-    n = 2**20  # 8 MiB
+    n = 2**20 if signals == 1 else 2**23  # 8 MiB; 64 MiB: the copy outlasts the signal
     with Cli(tmp_path / "home") as cli, anyio.fail_after(LIMIT):
         _, address = cli.manager()
         cli.env["SLURM_JOB_ID"] = "4242"  # what the batch system sets inside a job
-        in_job = cli.worker(address, "--name", "in-job")
+        in_job = cli.worker(address, "--name", "in-job", "--log-level", "info")
         del cli.env["SLURM_JOB_ID"]
         async with Cluster(address) as c:
             await c.wait_for_workers(1)
@@ -76,6 +82,9 @@ async def test_a_preempted_workers_needed_output_survives_on_another(tmp_path: P
             cli.worker(address, "--name", "other")
             await c.wait_for_workers(2)
             in_job.send_signal(signal.SIGTERM)
+            if signals == 2:
+                cli.line_with(in_job, "leaving")  # the first signal was taken
+                in_job.send_signal(signal.SIGTERM)
             assert in_job.wait(LIMIT) == 0
             (y,) = await c.submit_graph({"y": (total, "x")}, ["y"])
             assert await y == float(np.arange(n).sum())
