@@ -445,9 +445,10 @@ class Scheduler(Actor):
     def tick(self, msg: _Tick) -> None:
         # The watchdog has nothing to watch unless a worker is throttled; the walltime
         # drain nothing unless a worker has a deadline; speculation nothing with one
-        # worker or when off; the held tasks nothing unless one backs off.
+        # worker or when off; the held tasks nothing unless one backs off; the disk
+        # watchdog nothing unless a task waits for disk.
         st = self.state
-        if st.throttled or st.deadlines or st.speculates or st.held:
+        if st.throttled or st.deadlines or st.speculates or st.held or st.disk_parked:
             self._handle(Tick(*self._ev()))
 
     @handles(CancelRequest)

@@ -93,6 +93,10 @@ story says so); one that no worker of its pool could hold even with an empty dis
 with :class:`~runtime.errors.TaskTooBigForDisk` (never for a guessed size). A try whose
 output did not fit anyway ends ``disk-full``; the category learns the size.
 
+The disk watchdog (``_watch_disk``): when every worker of a pool runs nothing while
+ready tasks of the pool wait for disk, for ``stall_timeout`` seconds, each idle worker
+takes one such task past its disk estimate until one fits again (docs/files.md).
+
 The watchdog: if every worker stays
 throttled, nothing but producers is active and nothing finishes for ``stall_timeout``
 seconds, every active task fails with :class:`~runtime.errors.MemoryStalled`.
@@ -349,6 +353,12 @@ class SchedulerState:
         #: tasks, per pool and over every pool (``None``); 0 (no limit) is ``inf``
         self.largest_disk: dict[str | None, float] = {}
         self.stalled_since: float | None = None  #: when the watchdog saw a stall begin
+        #: the disk watchdog (``_watch_disk``): pools with a ready task the latest
+        #: ``_fill`` kept waiting for disk; since when each such pool has run nothing;
+        #: the pools whose idle workers take a task past its disk estimate
+        self.disk_parked: set[str | None] = set()
+        self.disk_stalled_since: dict[str | None, float] = {}
+        self.disk_override: set[str | None] = set()
         self._flipped: set[str] = set()  #: categories whose class flipped this event
         self.policy_errors = 0  #: policy calls that raised or answered out of bounds
         #: the checkpoint registry (docs/files.md#checkpoints): per task that saved one
@@ -909,6 +919,8 @@ class SchedulerState:
         try_cause = cause
         if res.outcome == "oom":
             stat.oom += 1
+            # What it reached before the kill: the category's peak, the one that matters.
+            stat.peak_rss = max(stat.peak_rss, res.rss_peak)
         elif res.outcome == "disk-full":
             # Its output did not fit on the worker's disk: the category's outputs
             # are expected this large from now on, so the retry goes where one fits.
@@ -2033,6 +2045,7 @@ class SchedulerState:
         yields) a producer head ranks after every consumer head."""
         parked: list[tuple[tuple[str | None, bool], tuple[Any, ...]]] = []
         yields = self._yields()
+        self.disk_parked = set()
         while True:
             best: tuple[Any, ...] | None = None
             best_q: tuple[str | None, bool] = (None, False)
@@ -2073,8 +2086,10 @@ class SchedulerState:
             if isinstance(holder, WorkerState):
                 candidates.append(holder)  # busy, but it has every input
             if not candidates:
-                if self._short_of_disk and not self._waits_for_disk(ts, self._short_of_disk):
-                    continue  # no worker could ever hold it: failed
+                if self._short_of_disk:
+                    if not self._waits_for_disk(ts, self._short_of_disk):
+                        continue  # no worker could ever hold it: failed
+                    self.disk_parked.add(ts.spec.pool)
                 parked.append((best_q, entry))  # resources or disk: wait for a worker
                 continue
             ws = self._place(ts, candidates)
@@ -2101,13 +2116,33 @@ class SchedulerState:
             and (not producer or self._takes_producer(w))
         ]
         self._short_of_disk = []
+        past = False
         if cands and any(w.disk for w in cands):
             out = self._expected_output(ts)[0]
             fits = [w for w in cands if self._disk_fits(ts, w, out)]
-            if not fits:
+            if fits:
+                self.disk_override.discard(pool)  # room again: the estimates rule
+            elif pool in self.disk_override and any(not w.processing for w in cands):
+                fits, past = [self._most_disk_left(ts, cands, out)], True
+            else:
                 self._short_of_disk = cands
             cands = fits
-        return self._long_enough(ts, cands) if self.deadlines and cands else cands
+        if self.deadlines and cands:
+            cands = self._long_enough(ts, cands)
+        if past and cands:
+            ws = cands[0]
+            self._log(
+                ts.key, "queued",
+                f"past its disk estimate on {ws.id} (needs {self._fetch_bytes(ts, ws) + out}"
+                f" B, {max(0, int(ws.disk_free()))} B free): every worker of its pool ran "
+                "nothing, so waiting would not make room",
+            )  # fmt: skip
+        return cands
+
+    def _most_disk_left(self, ts: TaskState, cands: list[WorkerState], out: int) -> WorkerState:
+        """The idle worker of ``cands`` with the most disk left after ``ts``."""
+        idle = [w for w in cands if not w.processing]
+        return max(idle, key=lambda w: (w.disk_free() - self._fetch_bytes(ts, w) - out, w.id))
 
     # Disk-aware placement (the module docstring; docs/files.md, "Disks").
 
@@ -2652,7 +2687,9 @@ class SchedulerState:
             heapq.heapify(heap)
 
     def _watch(self) -> None:
-        """The stall watchdog: see the module docstring."""
+        """The stall watchdogs: see the module docstring."""
+        if self.disk_parked or self.disk_stalled_since or self.disk_override:
+            self._watch_disk()
         workers = self.workers
         if not workers or len(self.throttled) < len(workers):
             self.stalled_since = None
@@ -2678,6 +2715,36 @@ class SchedulerState:
             return
         self._fail_stalled(active, stalled_for)
 
+    def _watch_disk(self) -> None:
+        """The disk watchdog: a pool whose ready tasks wait for disk while every one of
+        its workers runs nothing for ``stall_timeout`` seconds would wait for ever (only
+        a task that runs frees disk: its inputs pruned, spilled outputs read back). Its
+        idle workers then take such tasks past their disk estimate (``_candidates``),
+        one each at a time, until a task fits again or none waits."""
+        for pool in list(self.disk_stalled_since):
+            if pool not in self.disk_parked or pool in self.disk_override:
+                del self.disk_stalled_since[pool]
+        self.disk_override = {
+            p for p in self.disk_override if any(h for q, h in self.queues.items() if q[0] == p)
+        }
+        for pool in self.disk_parked - self.disk_override:
+            if any(
+                ws.processing
+                for ws in self.workers.values()
+                if not ws.draining and (pool is None or ws.pool == pool)
+            ):
+                self.disk_stalled_since.pop(pool, None)  # a task runs: it may free disk
+                continue
+            since = self.disk_stalled_since.get(pool)
+            if since is None:
+                self.disk_stalled_since[pool] = self._now
+                self._log("-", "disk", f"stall-suspected in pool {pool or 'any'}")
+            elif self._now - since >= self.config.stall_timeout:
+                del self.disk_stalled_since[pool]
+                self.disk_override.add(pool)
+                self._log("-", "disk", f"stalled in pool {pool or 'any'}: placing past estimates")
+                self._fill()
+
     def _fail_stalled(self, active: list[TaskState], stalled_for: float) -> None:
         held: dict[str, list[int]] = {}
         for ts in self.tasks.values():
@@ -2692,7 +2759,8 @@ class SchedulerState:
             st = self.stats.get(ts.spec.category)
             needed += int(st.mean_nbytes) if st is not None else 0
         available = sum(max(0, ws.throttle_at - ws.rss) for ws in self.workers.values())
-        err = MemoryStalled(holding, needed, available, len(producers), stalled_for)
+        rss = sum(ws.rss for ws in self.workers.values())
+        err = MemoryStalled(holding, needed, available, len(producers), stalled_for, rss)
         self._log("-", "memory", "stalled")
         self.stalled_since = None
         for ts in active:

@@ -510,6 +510,7 @@ def result(
     fetched: tuple[Key, ...] = (),
     fetches: tuple[tuple[Key, str, int, float], ...] = (),
     attempt: int = 0,
+    rss_peak: int = 0,
 ) -> TaskResult:
     return TaskResult(
         key,
@@ -523,6 +524,7 @@ def result(
         fetched=fetched,
         fetches=fetches,
         attempt=attempt,
+        rss_peak=rss_peak,
     )
 
 

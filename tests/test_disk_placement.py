@@ -15,7 +15,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from actors.scheduler_events import Execute, KeyErred, WorkerDraining, WorkerJoined, WorkerMemory
+from actors.scheduler_events import (
+    Execute,
+    KeyErred,
+    Tick,
+    WorkerDraining,
+    WorkerJoined,
+    WorkerMemory,
+)
 from actors.scheduler_state import GUESSED_OUTPUT, SchedulerState
 from runtime.errors import DiskFull, TaskTooBigForDisk
 from tests.helpers import (
@@ -50,6 +57,16 @@ def disk_used(s: SchedulerState, worker: str, used: int) -> list[Any]:
 def disk(nbytes: int) -> dict[str, Any]:
     """Spec changes declaring an output of ``nbytes``."""
     return {"resources": {"disk": float(nbytes)}}
+
+
+def worker_of_key(s: SchedulerState, key: str) -> str:
+    worker = s.tasks[key].worker
+    assert worker is not None, (key, s.tasks[key].state)
+    return worker
+
+
+def tick(s: SchedulerState, now: float) -> list[Any]:
+    return run(s, Tick(stimulus_id=f"tick-{now}", now=now))
 
 
 def waits_for_disk(s: SchedulerState, key: str) -> list[str]:
@@ -322,3 +339,65 @@ def test_a_root_is_not_paired_onto_a_worker_without_the_disk(make_state: Factory
     ((first,),) = assigned(submit(t, table, ["both"], attrs=attrs)).values()
     second = "x-1" if first == "x-0" else "x-0"
     assert t.tasks[second].state == "queued"
+
+
+# ----------------------------------------------------------------------------- the disk watchdog
+
+
+def test_tasks_waiting_for_disk_in_an_idle_pool_go_past_their_estimate(
+    make_state: Factory,
+) -> None:
+    """Every worker of the pool runs nothing and a ready task waits for disk: no task
+    will run to free any (inputs are pruned, spilled outputs read back, only as tasks
+    run). After ``stall_timeout`` seconds of that, an idle worker takes it past its
+    disk estimate, the one with the most disk left after it, and its story says why.
+    Before that, it waits."""
+    s = make_state(saturation=1.0)
+    join(s, "w1", disk=40 * MB)
+    join(s, "w2", disk=40 * MB)
+    disk_used(s, "w1", 28 * MB)  # spilled outputs of earlier work: 12 MiB free
+    disk_used(s, "w2", 30 * MB)  # 10 MiB free
+    small = {"a": disk(MB), "b": disk(MB)}
+    submit(s, {"a": [], "b": [], "c": ["a", "b"]}, ["c"], attrs=small)
+    assert {worker_of_key(s, "a"), worker_of_key(s, "b")} == {"w1"}  # b is a's partner
+    for key in ("a", "b"):
+        finish(s, "w1", key, nbytes=4 * MB)
+    # c's output, guessed 16 MiB, fits neither disk: it waits, and the pool runs nothing.
+    assert s.tasks["c"].state == "queued"
+    assert waits_for_disk(s, "c") == [
+        "waiting for disk: needs 16777216 B, best worker w1 has 12582912 B free"
+    ]
+    start = s._now
+    assert s.disk_stalled_since == {None: start}  # (tasks of no pool in particular)
+    assert not assigned(tick(s, start + 9.9))  # not yet
+    cmds = tick(s, start + 10.0)
+    # w1 holds both inputs: 12 - 16 MiB left there, against 10 - 8 - 16 on w2.
+    assert assigned(cmds) == {"w1": ["c"]}
+    (line,) = [e[2] for e in s.story("c") if "past its disk estimate" in str(e[2])]
+    assert line == (
+        "past its disk estimate on w1 (needs 16777216 B, 12582912 B free): every "
+        "worker of its pool ran nothing, so waiting would not make room"
+    )
+    assert s.disk_override == {None}
+    # It ends, no task waits for disk any more: the watchdog lets go.
+    finish(s, "w1", "c", nbytes=MB)
+    assert s.tasks["c"].state == "memory"
+    assert not s.disk_override and not s.disk_stalled_since and not s.disk_parked
+
+
+def test_a_task_running_in_the_pool_keeps_the_others_waiting_for_disk(
+    make_state: Factory,
+) -> None:
+    s = make_state(saturation=1.0)
+    join(s, "w1", disk=40 * MB)
+    join(s, "w2", disk=40 * MB)
+    disk_used(s, "w1", 30 * MB)
+    disk_used(s, "w2", 30 * MB)
+    small = {"a": disk(MB), "long": disk(MB)}
+    submit(s, {"a": [], "long": [], "c": ["a"]}, ["c", "long"], attrs=small)
+    finish(s, worker_of_key(s, "a"), "a", nbytes=4 * MB)  # c is ready; "long" runs
+    assert s.tasks["c"].state == "queued" and s.tasks["long"].state == "processing"
+    start = s._now
+    for dt in (10.0, 60.0, 600.0):  # "long" may free disk when it ends: c waits
+        assert not assigned(tick(s, start + dt))
+    assert s.tasks["c"].state == "queued" and not s.disk_override

@@ -233,7 +233,8 @@ def test_an_oom_try_is_retried_once_then_the_task_fails_naming_the_limit(
     s = make_state()
     join(s, "w1", memory=GB)
     submit(s, {"big-0": []}, ["big-0"])
-    finish(s, "w1", "big-0", "oom", rss=int(0.96 * GB))
+    finish(s, "w1", "big-0", "oom", rss=int(0.96 * GB), rss_peak=int(0.98 * GB))
+    assert s.stats["big"].peak_rss == int(0.98 * GB)  # what it reached before the kill
     ts = s.tasks["big-0"]
     assert ts.state == "processing" and ts.behind  # free retry, behind fresh work
     assert s.stats["big"].oom == 1 and s.stats["big"].errors == 0
