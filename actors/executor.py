@@ -53,6 +53,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
+import math
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -292,6 +293,9 @@ class Executor(BaseExecutor):
         self._spawned = n
         self.max_abandoned = n if max_abandoned is None else max_abandoned
         self._running: dict[Key, threading.Thread] = {}  #: key -> the thread running it
+        #: seconds the latest task of each category took here: a batch waits for the
+        #: next task only if its kind ran within ``batch_delay`` (``_run``)
+        self._took: dict[str, float] = {}
         self._abandoned: set[threading.Thread] = set()  #: threads whose task was cancelled
         self._threads = [
             threading.Thread(target=self._run, name=f"{name}-{i}", daemon=True) for i in range(n)
@@ -364,11 +368,13 @@ class Executor(BaseExecutor):
             # batches, a long task's result goes back as soon as it is ready. Back to
             # back, the RSS read after one task is the reading before the next.
             me = threading.current_thread()
-            running = self._running
+            running, took = self._running, self._took
             while job is not None:
                 with self._lock:
                     running[job[0].key] = me
+                started = time.perf_counter()
                 result, value, rss_now = self._execute(job[0], job[1], rss_now)
+                took[job[0].category] = time.perf_counter() - started
                 with self._lock:
                     # Not a newer try of the same key: cancelled, this thread was
                     # abandoned and the key may have started again on a fresh one.
@@ -388,6 +394,13 @@ class Executor(BaseExecutor):
                     job = jobs.get_nowait()
                 except queue.Empty:
                     break
+                if job is not None and took.get(job[0].category, math.inf) > self.batch_delay:
+                    # The next task may run long (its kind did here, or has not run
+                    # here yet): hand over what is done first, not after it, so its
+                    # dependents need not wait for that one.
+                    self._push(done)
+                    done = []
+                    first = time.perf_counter()
             if done:
                 self._push(done)
             if job is None:

@@ -486,3 +486,40 @@ async def test_a_thread_lets_go_of_its_last_task_s_inputs_and_output_while_idle(
         ex.shutdown()
         with anyio.fail_after(BOUND):
             await anyio.to_thread.run_sync(ex.shutdown, True)
+
+
+async def test_a_short_result_is_not_held_behind_a_long_task_run_back_to_back(
+    tmp_path: Path,
+) -> None:
+    """A thread runs queued tasks back to back and hands their results over together,
+    but only while the next one's kind ran short here: a short task's result goes back
+    before a task that may run long starts (here one that waits at a gate), not when
+    that one ends, which would hold up everything that needs the short one."""
+    delivered = Delivered()
+    ex = Executor(1, "w1", delivered)
+    first, second = tmp_path / "first", tmp_path / "second"
+    try:
+        ex.submit(
+            ToRun(
+                "blocker",
+                Task("blocker", held_at_gate, str(first), str(tmp_path / "b")),
+                "gate",
+                (),
+            ),
+            {},
+        )
+        ex.submit(ToRun("short", Task("short", where), "short", ()), {})
+        long = Task("long", held_at_gate, str(second), str(tmp_path / "in"))
+        ex.submit(ToRun("long", long, "long", ()), {})
+        first.touch()  # blocker ends: short and long now run back to back
+        await delivered.get("blocker")
+        result, _ = await delivered.get("short")  # while long waits at its gate
+        assert result.outcome == "ok" and not second.exists()
+        await wait_until((tmp_path / "in").exists, limit=BOUND)
+        assert "long" not in delivered.results
+        second.touch()
+        assert (await delivered.get("long"))[0].outcome == "ok"
+    finally:
+        first.touch()
+        second.touch()
+        ex.shutdown(wait=True)
