@@ -1062,8 +1062,8 @@ def _render_blocks(auto: Mapping[str, Any]) -> list[RenderableType]:
             state = f"suspended until an operator runs `resume {pool}`"
         elif err.get("retry_in") is not None:
             state = f"asking again in {float(err['retry_in']):.0f} s"
-        else:
-            state = "retrying"
+        else:  # no back-off running: the pool asks when it next needs a block
+            state = "asked again when the pool needs a block"
         parts.append(
             Text(
                 f"pool {pool}: batch system error at {when} ({state}): "

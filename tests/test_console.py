@@ -14,6 +14,7 @@ opens; nothing sleeps and then asserts.
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import operator
 import threading
@@ -1075,3 +1076,23 @@ def _error_lines(err: str) -> list[str]:
     """The console's own error lines (the manager in this process may log to stderr)."""
     assert "Traceback" not in err
     return [line for line in err.splitlines() if line.startswith("error: ")]
+
+
+def test_a_batch_error_with_no_back_off_running_says_when_it_is_asked_again() -> None:
+    """A pool whose sbatch failed with no work waiting (``min_blocks = 0``) is asked
+    again only when it needs a block: not "retrying", which it is not."""
+    from rich.console import Console
+
+    from runtime.console import _render_blocks
+
+    def shown(retry_in: float | None, suspended: bool = False) -> str:
+        err = {"command": "sbatch", "error": "Invalid partition", "at": 0.0,
+               "suspended": suspended, "retry_in": retry_in}  # fmt: skip
+        out = Console(width=200, record=True, file=io.StringIO())
+        for part in _render_blocks({"batch_errors": {"nopart": err}}):
+            out.print(part)
+        return out.export_text()
+
+    assert "(asked again when the pool needs a block): sbatch: Invalid partition" in shown(None)
+    assert "(asking again in 4 s)" in shown(4.2)
+    assert "(suspended until an operator runs `resume nopart`)" in shown(None, suspended=True)
