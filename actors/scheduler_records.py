@@ -52,7 +52,8 @@ NO_LIMIT = float("inf")  #: the memory limit of a worker that reports none (0)
 class SchedulerConfig:
     """How much work the scheduler hands each worker ahead of time.
 
-    A worker always gets up to ``saturation`` tasks per core. Beyond that it gets more
+    A worker always gets up to ``saturation`` tasks per core (a task expected to run
+    longer than ``long_task`` seconds: one per core). Beyond that it gets more
     while the estimated run time of what it holds stays under ``backlog`` seconds per
     core, up to ``max_per_core`` tasks per core: short tasks travel in large batches,
     long ones are held back where they can still be placed well. Estimates are each
@@ -63,6 +64,11 @@ class SchedulerConfig:
     backlog: float = 0.05
     max_per_core: int = 500
     unknown_duration: float = 0.5
+    #: a task expected to run longer than this goes only to a worker with a core free
+    #: of tasks: the slots beyond one per core save a round trip (milliseconds), nothing
+    #: next to such a task, and a task queued on a worker behind another long one cannot
+    #: move to a worker that joins or frees up meanwhile (inf: off)
+    long_task: float = 5.0
     story_length: int = 100_000
     #: monitoring records kept unread for :meth:`SchedulerState.feed_since` (the
     #: newest; a reader that falls further behind is told how many entries it missed)

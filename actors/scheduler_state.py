@@ -2115,6 +2115,9 @@ class SchedulerState:
             and (w.memory >= need or not w.memory)
             and (not producer or self._takes_producer(w))
         ]
+        if cands and self._estimate(ts) > self.config.long_task:
+            # A long task: not queued behind another on its worker (SchedulerConfig).
+            cands = [w for w in cands if len(w.processing) < w.cores]
         self._short_of_disk = []
         past = False
         if cands and any(w.disk for w in cands):

@@ -32,6 +32,7 @@ from tests.helpers import (
     on,
     states,
     submit,
+    worker_of,
 )
 
 __all__ = ["make_state"]  # the autouse fixture, used by name
@@ -325,3 +326,37 @@ def test_long_tasks_get_no_backlog(make_state: Factory) -> None:
     for _ in range(4):
         finish(s, "w1", sorted(on(s, "w1"), key=str)[0], duration=2.0)
         assert s.workers["w1"].n_processing == 2
+
+
+# ----------------------------------------------------------------------------- long tasks
+
+
+def test_a_long_task_is_not_queued_behind_another_and_goes_to_a_worker_that_joins(
+    make_state: Factory,
+) -> None:
+    """A worker gets ``saturation`` (2) tasks per core, the second to start without a
+    round trip; a task whose category ran longer than ``long_task`` (5 s) gets a core
+    of its own instead. A block started for the work (seen with 30 s tasks on Slurm)
+    then takes the next one, which queued on a busy worker could not move."""
+    s = make_state()
+    join(s, "w1")
+    submit(s, {"job-0": []}, ["job-0"])
+    finish(s, "w1", "job-0", duration=30.0)  # the category runs 30 s
+    table = {f"job-{i}": [] for i in range(1, 4)}
+    cmds = submit(s, table, list(table))
+    ((first,),) = assigned(cmds).values()  # not two: its core is taken
+    assert assigned(cmds) == {"w1": [first]}
+    assert sorted(states(s)[k] for k in table) == ["processing", "queued", "queued"]
+    cmds = join(s, "w2")
+    ((second,),) = assigned(cmds).values()
+    assert assigned(cmds) == {"w2": [second]} and second != first
+    cmds = finish(s, "w1", first, duration=30.0)
+    (third,) = set(table) - {first, second}
+    assert assigned(cmds) == {"w1": [third]}
+    # Short tasks still go two per core, and more within the backlog.
+    finish(s, "w2", second, duration=30.0)
+    submit(s, {"a-0": []}, ["a-0"])
+    finish(s, worker_of(s, "a-0"), "a-0", duration=0.01)
+    short = {f"a-{i}": [] for i in range(1, 6)}
+    submit(s, short, list(short))
+    assert len(on(s, "w2")) >= 2
