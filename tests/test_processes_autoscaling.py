@@ -55,6 +55,18 @@ def both_marked(i: int, marks: str) -> int:
     return i
 
 
+async def one_running_on_each(cluster: Cluster, n: int, marks: Path, gate: Path) -> list[Any]:
+    """Submit ``n`` gated tasks; return their futures once one runs on each of the two
+    workers (the others wait behind them until the test opens the gate)."""
+    futs = cluster.map(gated, range(n), marks=str(marks), gate=str(gate))
+    await wait_until(
+        lambda: {p.name for p in marks.iterdir()} == {"worker-1", "worker-2"},
+        "a task running on each worker",
+        limit=GATE,
+    )
+    return futs
+
+
 def outcomes(state: Any, keys: list[Any]) -> dict[Any, list[str]]:
     """The outcome of every try of each of ``keys``."""
     return {k: [t.outcome for t in state.tasks[k].tries] for k in keys}
@@ -70,12 +82,7 @@ async def test_scaling_a_process_cluster_in_drains_its_busy_worker(tmp_path: Pat
             provider = cluster._plane.provider
             # The scheduler knows the workers by the ids their blocks record.
             assert {w for b in provider.blocks.values() for w in b.workers} == set(state.workers)
-            futs = cluster.map(gated, range(4), marks=str(marks), gate=str(gate))
-            await wait_until(
-                lambda: {p.name for p in marks.iterdir()} == {"worker-1", "worker-2"},
-                "a task running on each worker",
-                limit=GATE,
-            )
+            futs = await one_running_on_each(cluster, 4, marks, gate)
             assert await cluster.scale(1) == {"default": 1}
             # The newest block's worker drains: no new tasks; it finishes what it has.
             await wait_until(
@@ -116,12 +123,7 @@ async def test_a_block_whose_worker_the_scheduler_drained_ends_free(
         async with Cluster(processes=2) as cluster:
             await cluster.wait_for_workers(2, timeout=60)
             (core,) = [a.state for a in made]
-            futs = cluster.map(gated, range(2), marks=str(marks), gate=str(gate))
-            await wait_until(
-                lambda: {p.name for p in marks.iterdir()} == {"worker-1", "worker-2"},
-                "a task running on each worker",
-                limit=GATE,
-            )
+            futs = await one_running_on_each(cluster, 2, marks, gate)
             await cluster._plane.refs["scheduler"].ask(DrainRequest("worker-2"))
             await wait_until(
                 lambda: core.blocks["block-2"].sched_drained, "the drain seen", limit=GATE
@@ -178,12 +180,7 @@ async def test_a_worker_killed_while_it_drains_is_lost_as_a_crash(
             (core,) = [a.state for a in made]
             state = cluster.scheduler_state
             provider = cluster._plane.provider
-            futs = cluster.map(gated, range(2), marks=str(marks), gate=str(gate))
-            await wait_until(
-                lambda: {p.name for p in marks.iterdir()} == {"worker-1", "worker-2"},
-                "a task running on each worker",
-                limit=GATE,
-            )
+            futs = await one_running_on_each(cluster, 2, marks, gate)
             await cluster._plane.refs["scheduler"].ask(DrainRequest("worker-2"))
             await wait_until(lambda: core.blocks["block-2"].retiring, "the drain seen", limit=GATE)
             draining = state.workers["worker-2"]
