@@ -489,7 +489,8 @@ class TaskOutOfMemory(CorralError):
 class MemoryStalled(CorralError):
     """Every worker is over its throttle fence and nothing that frees memory can run.
 
-    ``holding`` lists ``(category, bytes, outputs)`` held in workers' memory, largest
+    ``holding`` lists ``(category, bytes, outputs)`` held by workers (in memory or
+    spilled to their disks: the scheduler does not tell them apart), largest
     first; ``needed`` estimates the bytes the producer tasks still to run will make (0
     when none of their categories has finished a task: not known), and ``available``
     the bytes left under the workers' throttle fences; ``rss`` is the workers' RSS in
@@ -524,13 +525,14 @@ class MemoryStalled(CorralError):
             )
             if rss and held_bytes < rss / 2:
                 advice += (
-                    f" The outputs held are {_gib(held_bytes)} of the workers' "
-                    f"{_gib(rss)} RSS: for the rest, {other}"
+                    f" The outputs held, spilled ones included, are {_gib(held_bytes)} "
+                    f"against the workers' {_gib(rss)} RSS: for the rest, {other}"
                 )
         need = f"about {_gib(needed)}" if needed else "an amount not known yet"
         super().__init__(
             f"memory stalled for {stalled_for:.1f} s: every worker is over its memory "
-            "throttle fence and nothing that frees memory can run. Held in memory: "
+            "throttle fence and nothing that frees memory can run. Outputs held (in memory "
+            "or spilled to disk): "
             f"{held or 'none'}. The {waiting} producer tasks still to run need {need}; "
             f"{_gib(available)} is left under the throttle fences. {advice}",
             holding=list(holding),

@@ -288,7 +288,7 @@ def test_a_stall_with_no_output_held_says_something_else_takes_the_memory() -> N
     """Workers over their fence while holding no output (a task's global cache, memory
     the process kept): releasing futures or spilling cannot help; restarting can."""
     text = str(MemoryStalled([], needed=0, available=0, waiting=1, stalled_for=10.0))
-    assert "Held in memory: none" in text
+    assert "Outputs held (in memory or spilled to disk): none" in text
     assert "No output is in their memory: something else takes it" in text
     assert "Restart those workers" in text and "release futures" not in text
 
@@ -305,7 +305,8 @@ def test_a_stall_whose_outputs_are_a_small_part_of_the_rss_says_so() -> None:
     assert "need an amount not known yet" in text and "need about" not in text
     assert "release futures you no longer need" in text
     assert "cannot be pickled cannot be spilled" in text
-    assert "The outputs held are 0.08 GiB of the workers' 0.49 GiB RSS" in text
+    held = "The outputs held, spilled ones included, are 0.08 GiB"
+    assert f"{held} against the workers' 0.49 GiB RSS" in text
     assert "something else takes it" in text and err.rss == 500 * MB
     # Outputs that make most of the RSS: no such note.
     text = str(MemoryStalled([("load", 400 * MB, 4)], 0, 0, 3, 10.0, rss=500 * MB))
