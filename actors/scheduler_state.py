@@ -2045,7 +2045,8 @@ class SchedulerState:
         yields) a producer head ranks after every consumer head."""
         parked: list[tuple[tuple[str | None, bool], tuple[Any, ...]]] = []
         yields = self._yields()
-        self.disk_parked = set()
+        if self.disk_parked:  # (no new set per fill: this runs after every event)
+            self.disk_parked.clear()
         while True:
             best: tuple[Any, ...] | None = None
             best_q: tuple[str | None, bool] = (None, False)
