@@ -778,6 +778,18 @@ DEFAULT_RULES: list[dict[str, Any]] = [
         },
     },
     {
+        "name": "CorralPoolSuspended",
+        "expr": "corral_pool_suspended > 0",
+        "labels": {"team": "corral", "priority": "P2"},
+        "annotations": {
+            "summary": "Pool {{ $labels.pool }} asks for no block until an operator resumes it",
+            "description": "Pool {{ $labels.pool }} stopped asking for blocks: its batch "
+            "system refused too many submissions, or its blocks kept ending. Its tasks wait "
+            "until then. The console's status shows the latest error; fix its cause, then "
+            "run `resume {{ $labels.pool }}` there.",
+        },
+    },
+    {
         "name": "CorralInputsUnreachable",
         "expr": 'increase(corral_task_failures_total{outcome="missing"}[10m]) > 0',
         "labels": {"team": "corral", "priority": "P2"},

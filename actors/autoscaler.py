@@ -559,9 +559,13 @@ class Autoscaler(Actor):
 
     @handles(MetricsRequest)
     def metrics(self, msg: MetricsRequest) -> dict[str, BlockMetrics]:
-        """Per pool, its blocks by state and the age of the oldest not running yet."""
+        """Per pool, its blocks by state, the age of the oldest not running yet, and
+        whether it is suspended (by the core, or by its provider)."""
         states = {b: self._handles[b].state.value for b in self.state.blocks}
         blocks = self.state.block_metrics(self.clock.now(), states)
+        for pool, provider in self._pool_providers().items():
+            if pool in blocks and provider.suspended():
+                blocks[pool]["suspended"] = 1
         stuck = self.state.stuck
         return {pool: BlockMetrics(**m, stuck=stuck.get(pool, 0)) for pool, m in blocks.items()}
 

@@ -513,10 +513,12 @@ class AutoscalerState:
         provider's word now, or the core's), and the age of the oldest block that is not
         running yet (requested, pending or held), counted from its request; the pool's
         size and ``max_blocks`` (0: not configured) and its blocks that failed or ended
-        unasked (those that spend the replacement budget), ever."""
+        unasked (those that spend the replacement budget), ever; whether it asks for no
+        block until resumed (``suspended``: paused, or it gave up)."""
         out: dict[str, dict[str, Any]] = {
             pool: {"states": {}, "oldest_pending": 0.0, "target": ps.target,
-                   "desired": ps.desired, **_size(ps), "failed": self.failed.get(pool, 0)}
+                   "desired": ps.desired, **_size(ps), "failed": self.failed.get(pool, 0),
+                   "suspended": int(pool in self.paused or pool in self.gave_up)}
             for pool, ps in self.pools.items()
         }  # fmt: skip
 

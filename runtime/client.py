@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import anyio
+import anyio.abc
 from dask.base import tokenize
 from dask.utils import funcname
 
@@ -645,6 +646,13 @@ class Cluster:
     memory and metric samples, alerts (docs/monitoring.md); ``python -m runtime report
     PATH`` makes an HTML report of it. ``None`` (the default): none is written.
 
+    ``manager_alerts``: with ``address``, every this many seconds (10) the client looks
+    at the manager's alerts and logs each one that fires (WARNING) or resolves (INFO),
+    with its summary and dashboard link, so a script waiting on its results says why
+    they wait (a pool suspended, no worker, a queue stuck); those already firing when it
+    connects are logged once. ``None``: it does not look. An embedded cluster's alert
+    monitor logs them in this process anyway.
+
     ``prune_depth`` (docs/files.md#pruning-depth): an output is dropped from the
     workers once the tasks that read it are done (1, the default), or once their own
     readers are done too (2), and so on; 0 never drops one.
@@ -673,7 +681,17 @@ class Cluster:
         monitoring: str | os.PathLike[str] | None = None,
         monitoring_interval: float = 2.0,
         prune_depth: int = 1,
+        manager_alerts: float | None = 10.0,
     ) -> None:
+        if manager_alerts is not None and (
+            isinstance(manager_alerts, bool)
+            or not isinstance(manager_alerts, int | float)
+            or not (0 < manager_alerts < math.inf)
+        ):
+            raise ValueError(
+                f"manager_alerts must be a number of seconds > 0, or None, got {manager_alerts!r}"
+            )
+        self.manager_alerts = manager_alerts
         if address is not None:
             from transport.base import split_address
 
@@ -837,6 +855,38 @@ class Cluster:
         await system.start_service(peer.run)
         self._manager = manager
         self._peer = peer
+        if self.manager_alerts is not None:
+            await system.start_service(self._log_manager_alerts, manager, self.manager_alerts)
+
+    async def _log_manager_alerts(
+        self,
+        manager: _RemoteManager,
+        every: float,
+        *,
+        task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Log the manager's alerts as they fire and resolve (pending ones are not
+        news yet), looking every ``every`` seconds while connected; at the first look,
+        only those firing."""
+        from runtime.notify import AlertChanges, LogNotifier
+
+        changes = AlertChanges()
+        log = LogNotifier(_log.bind(manager=self.address))
+        first = True
+        task_status.started()
+        while True:
+            try:
+                reply: AlertsReply = await manager.ask(AlertsRequest(), timeout=max(every, 5.0))
+            except ManagerLost:
+                return  # the client's futures say so
+            except (CorralError, TimeoutError) as exc:  # a busy manager: look again later
+                _log.debug("could not read the manager's alerts", error=str(exc))
+            else:
+                for alert in changes.changed(reply.alerts):
+                    if alert.state == "firing" or (alert.state == "resolved" and not first):
+                        log.notify(alert)
+                first = False
+            await anyio.sleep(every)
 
     async def _hello(self, conn: Any, address: str, limit: float) -> str:
         """Say ``Hello`` as a client on ``conn`` and wait, at most ``limit`` seconds, for

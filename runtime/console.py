@@ -80,6 +80,7 @@ from runtime.messages import (
     TaskRecord,
     TasksQuery,
 )
+from runtime.notify import AlertChanges
 
 __all__ = [
     "COMMANDS",
@@ -409,14 +410,11 @@ class ConsoleClient:
     ) -> AsyncGenerator[dict[str, Any], None]:
         """Each change of an alert's state seen within ``seconds`` (asking every
         ``interval`` seconds), as it is seen; first the states at the start."""
-        seen: dict[tuple[str, tuple[tuple[str, str], ...]], str] = {}
+        changes = AlertChanges()
         deadline = time.monotonic() + seconds
         while True:
-            for a in (await self.alerts()).alerts:
-                key = (a.name, tuple(sorted(a.labels.items())))
-                if seen.get(key) != a.state:
-                    seen[key] = a.state
-                    yield jsonable(a)
+            for a in changes.changed((await self.alerts()).alerts):
+                yield jsonable(a)
             if time.monotonic() + interval > deadline:
                 return
             await anyio.sleep(interval)

@@ -666,7 +666,9 @@ class BlockMetrics(Message):
     policy's latest proposal; its size (``slots_per_block``: tasks a block runs at once,
     ``workers_per_block``), its ``max_blocks`` (0: not configured), how many of its
     blocks ever failed or ended unasked (``failed``) and how many were ever found not
-    running by the pool's provisioning timeout and replaced (``stuck``)."""
+    running by the pool's provisioning timeout and replaced (``stuck``); ``suspended``:
+    1 while the pool asks for no block until an operator resumes it (its batch system
+    refused too many submissions, or its blocks kept ending), else 0."""
 
     states: dict[str, int] = dataclasses.field(default_factory=dict)
     oldest_pending: float = 0.0
@@ -677,6 +679,7 @@ class BlockMetrics(Message):
     workers_per_block: int = 0
     failed: int = 0
     stuck: int = 0
+    suspended: int = 0
 
 
 @message()

@@ -203,6 +203,11 @@ class SnapshotCollector(Collector):
         slots = _gauge("corral_pool_slots_per_block", "Tasks one block runs at once.", pool)
         per_block = _gauge("corral_pool_workers_per_block", "Workers in one block.", pool)
         most = _gauge("corral_pool_max_blocks", "The pool's max_blocks (0: not configured).", pool)
+        suspended = _gauge(
+            "corral_pool_suspended",
+            "1 while the pool asks for no block until an operator resumes it.",
+            pool,
+        )
         for name, b in sorted(snap.blocks.items()):
             for state, n in sorted(b.states.items()):
                 blocks.add_metric([name, state], n)
@@ -214,7 +219,19 @@ class SnapshotCollector(Collector):
             slots.add_metric([name], b.slots_per_block)
             per_block.add_metric([name], b.workers_per_block)
             most.add_metric([name], b.max_blocks)
-        yield from (blocks, pending, target, desired, failed, stuck, slots, per_block, most)
+            suspended.add_metric([name], b.suspended)
+        yield from (
+            blocks,
+            pending,
+            target,
+            desired,
+            failed,
+            stuck,
+            slots,
+            per_block,
+            most,
+            suspended,
+        )
         yield GaugeMetricFamily(
             "corral_autoscaler_busy",
             "1 when the autoscaler did not answer this scrape in time (blocks left out).",

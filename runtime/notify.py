@@ -31,6 +31,7 @@ import math
 import random
 import re
 import time
+from collections.abc import Iterable
 from typing import Any, Protocol
 
 import aiohttp
@@ -41,6 +42,7 @@ from runtime.log import get_logger
 from runtime.messages import AlertInfo
 
 __all__ = [
+    "AlertChanges",
     "AlertmanagerNotifier",
     "LogNotifier",
     "Notifier",
@@ -84,12 +86,33 @@ def _summary(alert: AlertInfo) -> dict[str, Any]:
         **{k: v for k, v in alert.labels.items() if k != "alertname"},
         "value": round(alert.value, 3),
         **{k: round(v, 3) for k, v in alert.fields.items()},
+        **{k: alert.annotations[k] for k in ("summary", "dashboard") if k in alert.annotations},
     }
+
+
+class AlertChanges:
+    """Which alerts changed state since the last look, for those that poll a manager's
+    alerts (the console's ``alert watch``, a client in another process): an alert is
+    known by its name and labels."""
+
+    def __init__(self) -> None:
+        self.seen: dict[tuple[str, tuple[tuple[str, str], ...]], str] = {}
+
+    def changed(self, alerts: Iterable[AlertInfo]) -> list[AlertInfo]:
+        """The alerts of ``alerts`` whose state is new since the last call."""
+        out = []
+        for a in alerts:
+            key = (a.name, tuple(sorted(a.labels.items())))
+            if self.seen.get(key) != a.state:
+                self.seen[key] = a.state
+                out.append(a)
+        return out
 
 
 class LogNotifier:
     """One log line per state change of an alert: ``alert firing`` (WARNING),
-    ``alert pending`` and ``alert resolved`` (INFO), with its labels and fields."""
+    ``alert pending`` and ``alert resolved`` (INFO), with its labels and fields, and
+    its ``summary`` and ``dashboard`` annotations when it has them."""
 
     def __init__(self, logger: Any = None) -> None:
         self.log = logger if logger is not None else _log

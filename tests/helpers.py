@@ -25,6 +25,7 @@ import inspect
 import ipaddress
 import itertools
 import json
+import logging
 import os
 import queue
 import shutil
@@ -199,6 +200,38 @@ async def nodes(n_workers: int = 2) -> AsyncIterator[tuple[str, list[anyio.Cance
 # ----------------------------------------------------------------------------- CLI processes
 
 ROOT = Path(__file__).resolve().parents[1]  #: this checkout
+
+
+class LogLines(logging.Handler):
+    """The rendered lines a stdlib logger writes, as they come (see :func:`log_lines`)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+    def with_(self, *parts: str) -> str | None:
+        """The first line holding every one of ``parts`` (None: none yet)."""
+        return next((ln for ln in self.lines if all(p in ln for p in parts)), None)
+
+    def has(self, *parts: str) -> bool:
+        return self.with_(*parts) is not None
+
+
+@contextmanager
+def log_lines(name: str = "corral", level: int = logging.INFO) -> Iterator[LogLines]:
+    """Collect what logger ``name`` writes at ``level`` and above while in the block."""
+    logger = logging.getLogger(name)
+    handler, old_level = LogLines(), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(level)
+    try:
+        yield handler
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old_level)
 
 
 class Cli:

@@ -344,6 +344,19 @@ def test_increase_over_the_samples_seen_with_counter_restarts() -> None:
     assert n.alert.state == "resolved"
 
 
+def test_a_suspended_pool_fires_at_once_and_says_what_to_do() -> None:
+    (d,) = [d for d in DEFAULT_RULES if d["name"] == "CorralPoolSuspended"]
+    st = AlertState([parse_rule(d, SAMPLE_LABELS)])
+    assert st.handle(Evaluate(0.0, snap(blocks={"ckpt": {}, "cpu": {}}))) == []
+    (n,) = only(st.handle(Evaluate(15.0, snap(blocks={"ckpt": {"suspended": 1}}))), Notify)
+    assert (n.alert.state, n.alert.labels["pool"], n.alert.labels["priority"]) == (
+        "firing", "ckpt", "P2"
+    )  # fmt: skip
+    assert "resume ckpt" in n.alert.annotations["description"]
+    (n,) = only(st.handle(Evaluate(30.0, snap(blocks={"ckpt": {"suspended": 0}}))), Notify)
+    assert n.alert.state == "resolved"
+
+
 def unreachable(counts: dict[str, int]) -> Samples:
     fails = tuple(FailureCount(c, "missing", "InputsUnreachable", n) for c, n in counts.items())
     return samples(MetricsReply(failures=fails))

@@ -173,3 +173,10 @@ def test_saturation_must_be_a_positive_number() -> None:
     for bad in (0, -1, float("inf"), "2", True):
         with pytest.raises(ValueError, match=r"saturation must be a number > 0"):
             Cluster(workers=1, saturation=bad)  # type: ignore[arg-type]
+
+
+def test_manager_alerts_must_be_positive_seconds_or_none() -> None:
+    for bad in (0, -1.0, float("inf"), float("nan"), "10", True):
+        with pytest.raises(ValueError, match=r"manager_alerts must be a number of seconds > 0"):
+            Cluster("ws://127.0.0.1:1", manager_alerts=bad)  # type: ignore[arg-type]
+    Cluster("ws://127.0.0.1:1", manager_alerts=None)  # it does not look

@@ -41,6 +41,7 @@ from runtime.console import (
 from runtime.errors import CancelledError, CorralError, SubmissionsSuspended
 from runtime.kernel import ActorSystem
 from runtime.messages import DrainRequest, PolicyInfo, StatusReply, StatusRequest, TaskRecord
+from runtime.monitor import alerting_config
 from runtime.node import (
     Gateway,
     PermissionDenied,
@@ -51,7 +52,7 @@ from runtime.node import (
     token_path,
     worker_factory,
 )
-from tests.helpers import wait_until
+from tests.helpers import log_lines, wait_until
 
 LIMIT = 20
 
@@ -174,10 +175,12 @@ async def hosted(
     role: str = "admin",
     wrap: Callable[[InProcessProvider], Provider] | None = None,
     workers_per_block: int = 1,
+    alerting: dict[str, Any] | None = None,
 ) -> AsyncIterator[tuple[str, Any]]:
     """A control plane with an autoscaler (in-process workers, through ``wrap`` if
     given; ``n_workers`` blocks of ``workers_per_block`` workers) behind a gateway on
-    ``inproc://`` with the codec; every connection gets ``role``."""
+    ``inproc://`` with the codec; every connection gets ``role``. ``alerting``: the
+    ``[alerting]`` settings of its alert monitor (the defaults otherwise)."""
     from transport import listen
 
     async with ActorSystem() as system:
@@ -192,6 +195,7 @@ async def hosted(
             targets={
                 "default": PoolTarget(n_workers, BlockSpec(workers_per_block, 1, 0, 0, "default"))
             },
+            **({} if alerting is None else {"alerting": alerting_config(alerting)}),
         )
         gateway = Gateway(plane, reconnect_timeout=0.5)
         listener = await listen("inproc://", codec=True)
@@ -680,6 +684,39 @@ async def test_a_suspended_pool_shows_its_error_and_resume_brings_its_blocks() -
             }  # fmt: skip
             with pytest.raises(ValueError, match="no pool 'nope'"):
                 await console.resume("nope")
+
+
+@pytest.mark.anyio
+async def test_a_client_of_the_manager_logs_that_its_pool_is_suspended() -> None:
+    """A script waiting on a task of a suspended pool says why it waits: its client
+    logs the manager's CorralPoolSuspended alert as it fires, and as it resolves once
+    an operator resumes the pool; the task then runs."""
+    made: list[SuspendedProvider] = []
+
+    def wrap(inner: InProcessProvider) -> Provider:
+        made.append(SuspendedProvider(inner))
+        return made[0]
+
+    with anyio.fail_after(LIMIT), log_lines("corral.client") as log:
+        async with (
+            hosted(1, wrap=wrap, alerting={"interval": 0.1}) as (address, _),
+            Cluster(address, manager_alerts=0.1) as cluster,
+        ):
+            fut = cluster.submit(operator.add, 1, 2)
+            fired = await wait_until(
+                lambda: log.with_("alert firing", "CorralPoolSuspended"), "the alert logged"
+            )
+            assert "pool='default'" in fired and "priority='P2'" in fired
+            assert "summary='Pool default asks for no block until an operator resumes it'" in fired
+            assert f"manager='{address}'" in fired
+            assert not fut.done()
+            async with ConsoleClient(address) as console:
+                await console.run_command("resume default")
+            assert await fut == 3
+            await wait_until(
+                lambda: log.with_("alert resolved", "CorralPoolSuspended"), "the alert resolved"
+            )
+            assert made[0].resumed == 1
 
 
 # ----------------------------------------------------------------------------- roles

@@ -33,7 +33,7 @@ from runtime.kernel import (
     new_causal_id,
 )
 from runtime.messages import Message, message
-from tests.helpers import wait_until
+from tests.helpers import log_lines, wait_until
 
 LIMIT = 5.0  # seconds; the bound on every test
 PENDING = 0.05  # seconds; how long "still pending" is checked
@@ -237,28 +237,11 @@ class FakeClock(Clock):
             self.exited += 1
 
 
-class _Lines(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
-
-
 @pytest.fixture
 def corral_log() -> Iterator[list[str]]:
     """Rendered lines written to the stdlib ``corral`` logger, at DEBUG and above."""
-    logger = logging.getLogger("corral")
-    handler = _Lines()
-    old_level = logger.level
-    logger.setLevel(logging.DEBUG)
-    logger.addHandler(handler)
-    try:
-        yield handler.lines
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(old_level)
+    with log_lines(level=logging.DEBUG) as lines:
+        yield lines.lines
 
 
 # ----------------------------------------------------------------------------- dispatch

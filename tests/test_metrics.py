@@ -13,7 +13,14 @@ import anyio
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from actors.autoscaler_state import AutoscalerState, BlockStarted, StartBlock, TargetSet
+from actors.autoscaler_state import (
+    AutoscalerState,
+    BlockStarted,
+    BlockStartFailed,
+    Resumed,
+    StartBlock,
+    TargetSet,
+)
 from actors.scheduler_events import Execute, GraphSubmitted, TasksFinished, WorkerJoined, WorkerLeft
 from actors.scheduler_records import SchedulerConfig
 from actors.scheduler_state import SchedulerState, quantile
@@ -152,6 +159,27 @@ def test_pending_blocks_count_apart_with_their_age() -> None:
     blocks = st.block_metrics(12.0, {"b1": "running", "b2": "running"})
     assert blocks["p"]["states"] == {"running": 2}
     assert blocks["p"]["oldest_pending"] == 0.0
+
+
+def test_a_paused_pool_is_suspended_until_resumed() -> None:
+    """A pool whose provider stopped submitting asks for no block: the gauge
+    ``corral_pool_suspended`` says so (the default rule CorralPoolSuspended reads it)
+    until an operator resumes the pool."""
+    st = AutoscalerState()
+    cmds = st.handle(TargetSet(0.0, "p", 1, "spec"))
+    (request,) = [c.request for c in cmds if isinstance(c, StartBlock)]
+    assert st.block_metrics(1.0, {})["p"]["suspended"] == 0
+    failed = BlockStartFailed(
+        1.0, request, "sbatch: error: Batch job submission failed", batch=True,
+        command="sbatch", suspended=True,
+    )  # fmt: skip
+    st.handle(failed)
+    blocks = st.block_metrics(2.0, {})
+    assert blocks["p"]["suspended"] == 1
+    text = render(MetricsReply(blocks={"p": BlockMetrics(**blocks["p"])})).decode()
+    assert _samples(text)[("corral_pool_suspended", (("pool", "p"),))] == 1.0
+    st.handle(Resumed(3.0, "p"))
+    assert st.block_metrics(3.0, {})["p"]["suspended"] == 0
 
 
 # ----------------------------------------------------------------------------- exposition

@@ -8,7 +8,6 @@ steps inside such a bound.
 
 from __future__ import annotations
 
-import logging
 import os
 import shutil
 import signal
@@ -35,7 +34,7 @@ from actors.providers import Block, BlockSpec, BlockState
 from runtime.kernel import Actor, ActorSystem, handles
 from runtime.lifeline import ORPHANED_EXIT_CODE, die_with_parent_preexec
 from runtime.messages import WorkerGone
-from tests.helpers import wait_until
+from tests.helpers import LogLines, log_lines, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -46,32 +45,10 @@ CHILD = [sys.executable, str(Path(__file__).with_name("helpers_child.py"))]
 # ----------------------------------------------------------------------------- helpers
 
 
-class Lines(logging.Handler):
-    """Collects the messages of the ``corral`` logger."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
-
-    def has(self, *parts: str) -> bool:
-        return any(all(p in line for p in parts) for line in self.lines)
-
-
 @pytest.fixture
-def corral_log() -> Iterator[Lines]:
-    logger = logging.getLogger("corral")
-    handler = Lines()
-    old_level = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    try:
-        yield handler
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(old_level)
+def corral_log() -> Iterator[LogLines]:
+    with log_lines() as lines:
+        yield lines
 
 
 def gone(pid: int) -> bool:
@@ -86,7 +63,7 @@ def sleeper(*flags: str) -> Callable[[str, int], list[str]]:
     return lambda block_id, index: [*CHILD, "sleep", *flags]
 
 
-async def wait_ready(log: Lines, provider: LocalProcessProvider, block: Block) -> dict[str, int]:
+async def wait_ready(log: LogLines, provider: LocalProcessProvider, block: Block) -> dict[str, int]:
     pids = provider.pids(block)
     await wait_until(lambda: all(log.has(f"ready {pid} {wid}") for wid, pid in pids.items()))
     return pids
@@ -146,7 +123,7 @@ def test_describe_exit() -> None:
 # ----------------------------------------------------------------------------- blocks
 
 
-async def test_block_runs_forwards_output_and_scales_in(corral_log: Lines) -> None:
+async def test_block_runs_forwards_output_and_scales_in(corral_log: LogLines) -> None:
     with anyio.fail_after(LIMIT):
         async with LocalProcessProvider(sleeper(), grace=5.0) as provider:
             block = await provider.start_block(BlockSpec(workers=2))
@@ -166,7 +143,7 @@ async def test_block_runs_forwards_output_and_scales_in(corral_log: Lines) -> No
             assert not any(psutil.pid_exists(pid) for pid in pids.values())
 
 
-async def test_exit_code_3_fails_the_block(corral_log: Lines) -> None:
+async def test_exit_code_3_fails_the_block(corral_log: LogLines) -> None:
     with anyio.fail_after(LIMIT):
         async with LocalProcessProvider(lambda b, i: [*CHILD, "exit", "3"]) as provider:
             block = await provider.start_block(BlockSpec())
@@ -185,7 +162,7 @@ async def test_exit_code_0_completes_the_block() -> None:
 
 
 async def test_a_provision_delay_holds_the_block_pending_then_starts_it(
-    corral_log: Lines,
+    corral_log: LogLines,
 ) -> None:
     delay = 0.5
     with anyio.fail_after(LIMIT):
@@ -228,7 +205,7 @@ async def test_processes_that_end_while_the_block_starts() -> None:
 
 
 async def test_sigkill_from_outside_fails_the_block_and_stops_the_rest(
-    corral_log: Lines,
+    corral_log: LogLines,
 ) -> None:
     with anyio.fail_after(LIMIT):
         async with LocalProcessProvider(sleeper(), grace=5.0) as provider:
@@ -265,7 +242,7 @@ async def test_output_to_files(tmp_path: Path) -> None:
 # ----------------------------------------------------------------------------- leaving
 
 
-async def test_leaving_kills_a_child_that_ignores_sigterm(corral_log: Lines) -> None:
+async def test_leaving_kills_a_child_that_ignores_sigterm(corral_log: LogLines) -> None:
     grace = 0.3
 
     def argv_for(block_id: str, index: int) -> list[str]:
@@ -287,7 +264,7 @@ async def test_leaving_kills_a_child_that_ignores_sigterm(corral_log: Lines) -> 
 
 
 async def test_an_error_in_the_body_stops_children_and_propagates_unwrapped(
-    corral_log: Lines,
+    corral_log: LogLines,
 ) -> None:
     with anyio.fail_after(LIMIT), pytest.raises(KeyError, match="boom"):
         async with LocalProcessProvider(sleeper()) as provider:
@@ -298,7 +275,7 @@ async def test_an_error_in_the_body_stops_children_and_propagates_unwrapped(
     assert block.state is BlockState.SCALED_IN
 
 
-async def test_cancelling_run_stops_children(corral_log: Lines) -> None:
+async def test_cancelling_run_stops_children(corral_log: LogLines) -> None:
     provider = LocalProcessProvider(sleeper())
     with anyio.fail_after(LIMIT):
         async with anyio.create_task_group() as tg:
@@ -324,7 +301,7 @@ class FakeScheduler(Actor):
         self.gone.append(msg)
 
 
-async def test_autoscaler_replaces_a_killed_worker(corral_log: Lines) -> None:
+async def test_autoscaler_replaces_a_killed_worker(corral_log: LogLines) -> None:
     scheduler = FakeScheduler()
     with anyio.fail_after(LIMIT):
         async with LocalProcessProvider(sleeper(), grace=5.0) as provider:
