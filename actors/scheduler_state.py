@@ -1257,7 +1257,7 @@ class SchedulerState:
                 ts, failed = self._to_fail.pop()
                 if ts.state in ACTIVE:
                     if ts.state == "processing":
-                        self._unassign(ts, cancel=True)
+                        self._unassign(ts, cancel=True, cause="dependency-failed")
                     self._fail_dependent(ts, failed)
             while self._to_cancel:
                 ts, reason = self._to_cancel.pop()
@@ -1594,14 +1594,16 @@ class SchedulerState:
         """Cancel ``ts``. ``unneeded``: not asked by a user, only nothing needs it now; it
         is then run again if something comes to need it."""
         if ts.state == "processing":
-            self._unassign(ts, cancel=True)
+            self._unassign(ts, cancel=True, cause="unneeded" if unneeded else "cancelled")
         ts.unneeded = unneeded
         ts.error = CancelledError(str(ts.key), reason)
         ts.root = (ts.key, ts.error)
         self._set(ts, "cancelled")
         self._terminal(ts)
 
-    def _unassign(self, ts: TaskState, *, cancel: bool) -> None:
+    def _unassign(self, ts: TaskState, *, cancel: bool, cause: str | None = None) -> None:
+        """``ts`` no longer runs where it was sent; ``cancel``: tell its worker to stop
+        it, and with a ``cause``, record its try as ``cancelled`` (``cause``)."""
         if ts in self.copies:  # the task ends (cancelled, failed): its copies too
             self.speculative["lost"] += len(self.copies[ts])
             self._cancel_copies(ts, "task-ended")
@@ -1612,6 +1614,9 @@ class SchedulerState:
             self._release_slot(ts, ws)
             if cancel:
                 self._out.append(CancelOnWorker(self._stimulus, ws.id, (ts.key,)))
+                if cause is not None:
+                    rec = TryRecord(str(ts.key), ws.id, ts.sent, self._now, "cancelled", cause)
+                    self._tried(ts, rec, None)
 
     def _output_lost(self, ts: TaskState, wid: str) -> None:
         """The last replica of ``ts``'s output is gone (last held by ``wid``)."""
@@ -2771,7 +2776,7 @@ class SchedulerState:
             if ts.state not in ACTIVE:
                 continue  # failed meanwhile
             if ts.state == "processing":
-                self._unassign(ts, cancel=True)
+                self._unassign(ts, cancel=True, cause="memory-stalled")
             ts.error = err
             ts.root = (ts.key, err)
             self._set(ts, "erred")

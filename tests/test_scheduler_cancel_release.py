@@ -107,6 +107,20 @@ def test_cancelling_a_processing_key_cancels_its_dependents(make_state: Factory)
     assert s.tasks["c"].root is not None and s.tasks["c"].root[0] == "a"
     assert states(s) == {"a": "cancelled", "b": "cancelled", "c": "cancelled"}
     assert "w1" in s.free
+    # the try that ran on w1 is kept, cancelled (the monitoring database's tries row,
+    # the dashboard's task stream); the tasks that never ran have none
+    (rec,) = s.tasks["a"].tries
+    assert (rec.worker, rec.outcome, rec.cause) == ("w1", "cancelled", "cancelled")
+    assert s.tasks["b"].tries == [] and s.tasks["c"].tries == []
+
+
+def test_a_running_task_nothing_needs_any_more_is_recorded_unneeded(make_state: Factory) -> None:
+    s = make_state()
+    join(s, "w1")
+    submit(s, {"a": [], "b": ["a"]}, ["b"])
+    cancel(s, "b")
+    (rec,) = s.tasks["a"].tries
+    assert (rec.worker, rec.outcome, rec.cause) == ("w1", "cancelled", "unneeded")
 
 
 def test_cancelling_keeps_upstream_work_another_task_needs(make_state: Factory) -> None:
