@@ -24,6 +24,7 @@ import itertools
 import os
 import shutil
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from typing import IO, Any
@@ -115,6 +116,8 @@ class TaskOutputs:
     sandbox: str | None
     key: Any
     directory: str | None = None
+    #: when the try began (ns since the epoch): a file modified since is the try's own
+    started: int = dataclasses.field(default_factory=time.time_ns)
 
     def path(self, name: str) -> str:
         if not _plain(name):
@@ -143,8 +146,10 @@ class TaskOutputs:
 
     def finish(self, value: Any) -> Any:
         """What the task returned, with a :class:`File` made the worker's: checked to
-        be a regular file in the sandbox, moved out of this try's directory (a file
-        elsewhere in the sandbox, such as an input's, is linked, not moved), measured.
+        be a regular file in the sandbox, moved among the outputs if this try wrote it
+        (in its directory, or elsewhere in the sandbox and modified since the try
+        began), else copied (an input's file returned unchanged: a copy of its own, so
+        that what is written at that path later does not change this output), measured.
         Raises :class:`FileOutputError` for a path outside the sandbox, and for a File
         of this try's directory inside a list, tuple or dict (its file would be removed
         with the directory, leaving the value pointing at nothing)."""
@@ -170,13 +175,10 @@ class TaskOutputs:
         mine = self.directory is not None and real.startswith(
             os.path.realpath(self.directory) + os.sep
         )
-        if mine:
+        if mine or os.stat(real).st_mtime_ns >= self.started:
             os.replace(real, dest)
         else:
-            try:
-                os.link(real, dest)
-            except OSError:
-                shutil.copyfile(real, dest)
+            shutil.copyfile(real, dest)
         try:
             size, checksum = digest(dest)
         except BaseException:

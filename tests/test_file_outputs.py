@@ -377,6 +377,32 @@ def test_bad_names_and_files_outside_the_sandbox_are_typed_errors(tmp_path: Path
         File("")
 
 
+def test_a_file_written_next_to_an_input_is_the_try_s_own(tmp_path: Path) -> None:
+    """Two skims write next to their input (``events.path + ".skim"``, in the sandbox
+    but not at ``output_path``): each output keeps its own bytes, and the path they
+    wrote at is not left behind; an input returned unchanged is a copy of its own."""
+    sandbox = tmp_path / "sandbox"
+    sandbox.mkdir()
+    events = sandbox / "0123456789ab-events.bin"
+    events.write_bytes(b"e" * 10)
+    old = time.time_ns() - 10**9  # the input was written before the tries began
+    os.utime(events, ns=(old, old))
+    done = []
+    for cut in (b"2", b"4"):
+        with task_outputs(str(sandbox), f"skim-{cut!r}") as out:
+            path = str(events) + ".skim"
+            Path(path).write_bytes(cut * 5)
+            done.append(out.finish(File(path)))
+    assert [read(d.path) for d in done] == [b"22222", b"44444"]
+    assert [d.checksum for d in done] == [hashlib.sha256(c * 5).hexdigest() for c in (b"2", b"4")]
+    assert not os.path.exists(str(events) + ".skim")
+    with task_outputs(str(sandbox), "same") as out:
+        same = out.finish(File(str(events)))
+    assert read(same.path) == b"e" * 10 and events.exists()
+    events.write_bytes(b"changed")  # what is written at the input's path later
+    assert read(same.path) == b"e" * 10  # does not change the output
+
+
 # ------------------------------------------------------------------ tasks that write files
 
 
