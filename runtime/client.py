@@ -18,8 +18,10 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import gc
+import itertools
 import math
 import os
+import tempfile
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -1219,7 +1221,10 @@ class Cluster:
         """Compute ``keys`` (a key or nested lists of keys) of a dask graph.
 
         Nested lists come back as nested tuples, like dask's ``get``. Raises the original
-        exception of the first task that failed. Results are released once returned.
+        exception of the first task that failed. Results are released once returned,
+        except file outputs: a :class:`~runtime.files.File` returned stays on its
+        worker's disk while the returned ``File`` object lives (as a Future's output
+        does), so that it can be opened (same machine) or downloaded.
         """
         from runtime.graph import flatten_keys
 
@@ -1236,12 +1241,19 @@ class Cluster:
         client = self._client_actor
         for k in flat:  # hold the keys without a Future object each (cheaper for big graphs)
             client.watch(k).holders += 1
+        values: list[Any] = []
         try:
             await self._submit(graph, flat, opts)
             values = await self._gather_keys(flat, root_errors=True, note=True)
         finally:
-            for k in flat:
-                client.unhold(k)
+            loop = asyncio.get_running_loop()
+            for i, (k, v) in enumerate(itertools.zip_longest(flat, values)):
+                if isinstance(v, File):  # held while the File object returned lives
+                    # its own object: the one gathered may be the worker's (in-process)
+                    values[i] = v = dataclasses.replace(v)
+                    weakref.finalize(v, _release_soon, loop, client, k)
+                else:
+                    client.unhold(k)
         return _pack(keys, dict(zip(flat, values, strict=True)))
 
     async def gather(self, futures: Sequence[Future], *, root_errors: bool = False) -> list[Any]:
@@ -1509,6 +1521,15 @@ def _pack(keys: Any, values: Mapping[Key, Any]) -> Any:
 # ----------------------------------------------------------------------------- dask get
 
 
+def _files_dir(files_to: str | os.PathLike[str] | None) -> str:
+    """Where :func:`get` copies file outputs: ``files_to`` (made if missing), or a new
+    directory in the system's temporary directory."""
+    if files_to is None:
+        return tempfile.mkdtemp(prefix="corral-files-")
+    os.makedirs(files_to, exist_ok=True)
+    return os.fspath(files_to)
+
+
 def get(
     dsk: Mapping[Key, Any],
     keys: Any,
@@ -1519,6 +1540,7 @@ def get(
     address: str | None = None,
     token: str | None = None,
     gc_threshold: int | None = None,
+    files_to: str | os.PathLike[str] | None = None,
     **options: Any,
 ) -> Any:
     """A synchronous dask scheduler: ``dask.compute(x, scheduler=get)``.
@@ -1529,6 +1551,11 @@ def get(
     in a helper thread with its own loop. ``gc_threshold`` is as for :class:`Cluster`.
     ``options`` go to :meth:`Cluster.submit_graph` (``priority``, ``retries``,
     ``resources``, ``pool``).
+
+    A result that is a file output (:class:`~runtime.files.File`) is copied, before the
+    cluster stops, to the directory ``files_to`` (made if missing; default a new
+    ``corral-files-*`` directory in the system's temporary directory), and its ``File``
+    there is returned: the worker's copy goes with the cluster.
     """
     allowed = {"priority", "retries", "resources", "pool"}
     unknown = set(options) - allowed
@@ -1548,7 +1575,18 @@ def get(
             gc_threshold=gc_threshold,
             token=token,
         ) as cluster:
-            return await cluster.compute(dsk, keys, **options)
+            from runtime.graph import flatten_keys
+
+            flat = flatten_keys(keys)
+            values = list(await cluster.compute(dsk, list(flat), **options))
+            where: str | None = None
+            for i, (key, value) in enumerate(zip(flat, values, strict=True)):
+                if isinstance(value, File):
+                    if where is None:
+                        where = _files_dir(files_to)
+                    dest = os.path.join(where, f"{i}-{value.name}")
+                    values[i] = await cluster.download(Future(key, cluster), dest)
+            return _pack(keys, dict(zip(flat, values, strict=True)))
 
     try:
         asyncio.get_running_loop()

@@ -45,7 +45,7 @@ __all__ = [
 _READ = 2**20
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(frozen=True, slots=True, weakref_slot=True)
 class File:
     """A file output: ``File(path)`` returned by a task makes the file at ``path`` (in
     its worker's sandbox: see :func:`output_path`) the task's output.

@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import functools
+import gc
 import hashlib
 import itertools
 import os
@@ -32,6 +33,8 @@ import pytest
 
 from actors.store import SpillStore
 from actors.transfer import StreamBroken, StreamInfo, StreamTable, fetch_file
+from runtime import Cluster
+from runtime.client import get
 from runtime.errors import AskTimeout, DiskFull, FileChecksumError, FileOutputError
 from runtime.files import File, TaskOutputs, digest, output_path, task_outputs
 from runtime.kernel import Actor, ActorRef, ActorSystem, handles
@@ -429,6 +432,36 @@ def skim(f: File, pause: float = 0.0) -> File:
     path = output_path("skim.root")
     Path(path).write_bytes(data[::2])
     return File(path)
+
+
+def exist(*paths: str) -> bool:
+    return all(os.path.exists(p) for p in paths)
+
+
+async def test_a_file_computed_stays_while_its_file_object_lives(tmp_path: Path) -> None:
+    """compute() releases its results once returned, but a File result stays on its
+    worker's disk while the returned File object lives; runtime.get() copies File
+    results here before its cluster stops."""
+    dsk = {"a": (load, 1, 4 * KiB), "b": (skim, "a")}
+    with anyio.fail_after(60):
+        async with Cluster(workers=1) as cluster:
+            a, b = await cluster.compute(dsk, ["a", "b"])
+            path = b.path
+            assert read(path) == payload(1, 4 * KiB)[::2]
+            # held while the object lives, past later work that prunes what is unheld
+            assert await cluster.compute({"c": (sum, [1, 2])}, "c") == 3
+            assert exist(path, a.path)
+            del b
+            gc.collect()
+            await wait_until(lambda: not exist(path), "the file removed", limit=30)
+            assert exist(a.path)
+    got = await anyio.to_thread.run_sync(
+        functools.partial(get, dsk, ["b", "a"], files_to=tmp_path / "here")
+    )
+    assert [os.path.dirname(f.path) for f in got] == [str(tmp_path / "here")] * 2
+    assert read(got[0].path) == payload(1, 4 * KiB)[::2]
+    assert read(got[1].path) == payload(1, 4 * KiB)
+    assert got[0].checksum == hashlib.sha256(payload(1, 4 * KiB)[::2]).hexdigest()
 
 
 def sandbox_of(path: str) -> str:
