@@ -993,12 +993,22 @@ class AlertState:
     # ----------------------------------------------------------------- rules
 
     def _add(self, rule: AlertRule, replace: bool, now: float) -> None:
-        if rule.name in self.rules:
+        old = self.rules.get(rule.name)
+        if old is not None:
             if not replace:
                 raise AlertConfigError(
                     rule.name, "name", "is a rule already; remove it first or replace it"
                 )
-            self._remove(rule.name, now)
+            if dict(old.labels) != dict(rule.labels):
+                self._remove(rule.name, now)  # other labels: other alerts (Alertmanager's)
+            else:
+                # The same alerts under the new rule: a firing one goes on firing (its
+                # scale-out, cooldown and restore with it) until the new expression no
+                # longer holds, as at any evaluation; a pending one counts from when it
+                # began, against the new ``for``.
+                for a in self._alerts.values():
+                    if a.rule == rule.name:
+                        a.annotations = rule.annotations
         self.rules[rule.name] = rule
 
     def _remove(self, name: str, now: float) -> None:

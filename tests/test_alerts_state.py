@@ -703,15 +703,49 @@ def test_rules_added_and_removed_live() -> None:
         st.handle(RuleRemoved("QueueTim"))
 
 
-def test_replacing_a_rule_resolves_its_alerts_and_starts_over() -> None:
+def test_replacing_a_rule_keeps_its_alerts_under_the_new_rule() -> None:
+    """``alert add`` of a rule that exists (an annotation changed, a threshold) tells
+    nobody its firing alert resolved while the queue is still there: the alert goes
+    on under the new rule, and resolves when the new expression no longer holds."""
     st = AlertState([rule(**{"for": 0})])
     st.handle(Evaluate(0.0, queue(7, 100.0)))
-    cmds = st.handle(RuleAdded(rule(**{"for": 60}), replace=True, now=5.0))
-    assert [n[:2] for n in notes(cmds)] == [("QueueTime", "resolved")]
+    new = rule(**{"for": 60, "annotations": {"summary": "{{ $value }} wait"}})
+    assert st.handle(RuleAdded(new, replace=True, now=5.0)) == []
     assert st.rules["QueueTime"].for_ == 60.0
+    (a,) = st.alerts()
+    assert (a.state, a.fired_at, a.annotations) == ("firing", 0.0, {"summary": "7 wait"})
+    assert st.handle(Evaluate(6.0, queue(7, 100.0))) == []
+    cmds = st.handle(RuleAdded(rule(expr="corral_queue_depth > 10"), replace=True, now=7.0))
+    assert cmds == []
+    assert [n[:2] for n in notes(st.handle(Evaluate(8.0, queue(7, 100.0))))] == [
+        ("QueueTime", "resolved")
+    ]
+
+
+def test_replacing_a_rule_with_other_labels_resolves_its_alerts_and_starts_over() -> None:
+    st = AlertState([rule(**{"for": 0})])
+    st.handle(Evaluate(0.0, queue(7, 100.0)))
+    other = rule(**{"for": 60, "labels": {"team": "ci", "priority": "P1"}})
+    cmds = st.handle(RuleAdded(other, replace=True, now=5.0))
+    assert [n[:2] for n in notes(cmds)] == [("QueueTime", "resolved")]
     assert [n[:2] for n in notes(st.handle(Evaluate(6.0, queue(7, 100.0))))] == [
         ("QueueTime", "pending")
     ]
+
+
+def test_replacing_a_scaling_rule_neither_restores_nor_restarts_its_cooldown() -> None:
+    st = AlertState([scaler(by=2, cooldown=60, max_blocks=9, restore=True)])
+    b = pool_blocks(1, running=1)
+    assert [c.target for c in only(st.handle(Evaluate(0.0, queue(7, 100.0, **b))), Scale)] == [3]
+    again = scaler(by=2, cooldown=60, max_blocks=9, restore=True)
+    assert st.handle(RuleAdded(again, replace=True, now=5.0)) == []  # no restore to 1
+    b = pool_blocks(3, running=3)
+    assert [c.target for c in only(st.handle(Evaluate(60.0, queue(7, 160.0, **b))), Scale)] == [5]
+    cmds = st.handle(Evaluate(70.0, queue(0, 0.0, **pool_blocks(5, running=5))))
+    assert [(c.target, c.reason[:8]) for c in only(cmds, Scale)] == [(1, "resolved")]
+
+
+def test_removing_an_unknown_rule_says_which_there_are() -> None:
     with pytest.raises(
         AlertConfigError,
         match="there is no such rule \\(the rules: QueueTim\\); did you mean 'QueueTim'",
