@@ -31,6 +31,7 @@ import os
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
+from urllib.parse import urlsplit
 
 import anyio
 
@@ -164,6 +165,13 @@ def alerting_config(
         raise _problem(
             "alertmanager",
             f"must be Alertmanager's base URL, e.g. 'http://127.0.0.1:9093', got {url!r}",
+            source,
+        )
+    if url is not None and "/api/" in urlsplit(url).path:
+        raise _problem(
+            "alertmanager",
+            f"must be Alertmanager's base URL, e.g. 'http://127.0.0.1:9093', got {url!r}: "
+            "leave out the API path (Corral posts to URL/api/v2/alerts)",
             source,
         )
     dashboard = raw.get("dashboard_url", "")

@@ -210,11 +210,20 @@ def _create(path: Path) -> None:
                 f"{_OLDER if row[0] < SCHEMA_VERSION else ''}: give --monitoring another path",
             )
     except sqlite3.DatabaseError as exc:
-        raise MonitoringDBError(
-            str(path), f"not an SQLite database Corral can write ({exc})"
-        ) from exc
+        raise MonitoringDBError(str(path), _why_not(exc, "Corral can write")) from exc
     finally:
         conn.close()
+
+
+def _why_not(exc: sqlite3.DatabaseError, what: str = "") -> str:
+    """Why a database could not be used: locked by another process (busy past the
+    connection's timeout), or not an SQLite database at all."""
+    if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
+        return (
+            f"locked by another process ({exc}): a program holds it locked (an exclusive "
+            "transaction or locking_mode); try again once it lets go, or read a copy"
+        )
+    return f"not an SQLite database{' ' + what if what else ''} ({exc})"
 
 
 def _upgrade(conn: sqlite3.Connection) -> None:
@@ -263,7 +272,7 @@ def open_db(path: str | os.PathLike[str]) -> sqlite3.Connection:
             )
     except sqlite3.DatabaseError as exc:
         conn.close()
-        raise MonitoringDBError(str(p), f"not an SQLite database ({exc})") from exc
+        raise MonitoringDBError(str(p), _why_not(exc)) from exc
     except BaseException:
         conn.close()
         raise

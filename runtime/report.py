@@ -217,7 +217,8 @@ class _Run:
 
     def _read_tasks(self, conn: sqlite3.Connection, rid: tuple[str]) -> int:
         """The summary's numbers of the tasks: how many in each state, the makespan
-        (first submitted to last finished) and the median wait from ready to running."""
+        (first submitted to last finished) and the median wait from ready to first sent to a
+        worker (what a task waited on its worker behind others is not in it)."""
         tasks = _table(conn, "tasks", rid)
         # per state: how many, the first submitted, the last finished, how many waited
         groups = conn.execute(
@@ -570,7 +571,7 @@ def _summary(run: _Run) -> str:
         *(row(f"tasks {s}", n) for s, n in sorted(run.states.items())),
         row("tries", run.tries),
         row("makespan (first submitted to last finished)", f"{run.makespan:.2f} s"),
-        row("median wait ready to running",
+        row("median wait ready to sent to a worker",
             "-" if run.median_wait is None else f"{run.median_wait:.3f} s"),
         row("workers (lives lost unasked)", f"{workers} ({lost})"),
         row("blocks", len({b[0] for b in run.blocks})),

@@ -136,6 +136,9 @@ def test_alerting_settings_are_checked() -> None:
         alerting_config({"intervall": 5})
     with pytest.raises(AlertConfigError, match="base URL"):
         alerting_config(alertmanager="127.0.0.1:9093")
+    with pytest.raises(AlertConfigError, match="leave out the API path"):  # 404 at each post
+        alerting_config({"alertmanager": "http://127.0.0.1:9093/api/v2/alerts"})
+    assert alerting_config(alertmanager="http://host:9093/am/").alertmanager  # a prefix is ok
     with pytest.raises(AlertConfigError, match="expr"):
         alerting_config(rules=[{"name": "x", "expr": "corral_queue_dept > 0"}])
     with pytest.raises(AlertConfigError):

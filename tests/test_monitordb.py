@@ -429,6 +429,17 @@ def test_a_missing_or_foreign_file_is_refused_with_what_to_do(tmp_path: Path) ->
     text.write_text("hello, not a database\n" * 100)
     with pytest.raises(MonitoringDBError, match="not an SQLite database"):
         open_db(text)
+    locked = tmp_path / "locked.db"
+    MonitorWriter(locked).close()
+    holder = sqlite3.connect(locked, isolation_level=None)
+    holder.execute("PRAGMA locking_mode = EXCLUSIVE")
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        with pytest.raises(MonitoringDBError, match="locked by another process"):
+            open_db(locked)
+    finally:
+        holder.close()
+    open_db(locked).close()  # let go of: readable again
     other = tmp_path / "other.db"
     sqlite3.connect(other).execute("CREATE TABLE t (x)").connection.close()
     with pytest.raises(MonitoringDBError, match="not a Corral monitoring database"):

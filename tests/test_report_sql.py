@@ -168,7 +168,8 @@ def test_the_summary_counted_by_sqlite_equals_the_rows_counted_in_python(
     ]  # fmt: skip
     page = _summary(run)
     assert "<th>tasks</th><td>301</td>" in page and "<th>tries</th><td>121</td>" in page
-    assert f"<th>median wait ready to running</th><td>{waits[len(waits) // 2]:.3f} s" in page
+    median = f"{waits[len(waits) // 2]:.3f} s"
+    assert f"<th>median wait ready to sent to a worker</th><td>{median}" in page
     # the other run, a few of the rows (read through the index on run_id)
     before = _run(db, "before")
     assert (before.tasks, before.states, before.tries, before.median_wait) == (
