@@ -86,12 +86,17 @@ Disk-aware placement (see docs/files.md, "Disks"): a worker that advertises a di
 inputs it must fetch there plus the task's expected output (``_disk_fits``). Free disk is
 its limit less the bytes it last reported on disk (``WorkerMemory.disk_used``) less what
 the core reserved for the tasks it sent there and that have not finished
-(``disk_reserved``). The expected output (``_expected_output``) is the largest output of
-the category so far (including tries that ended ``disk-full``), or a declared
-``resources={"disk": bytes}``, or a guess. A ready task that only lacks disk waits (its
-story says so); one that no worker of its pool could hold even with an empty disk fails
-with :class:`~runtime.errors.TaskTooBigForDisk` (never for a guessed size). A try whose
-output did not fit anyway ends ``disk-full``; the category learns the size.
+(``disk_reserved``). The expected output (``_expected_output``) is firm or an estimate.
+Firm: the largest output a try of this very task wrote that did not fit (``disk-full``,
+``disk_measured``), or a declared ``resources={"disk": bytes}`` (it replaces the
+category's estimate, smaller or larger), the larger of the two. Estimates: the largest
+output of the category so far (including tries that ended ``disk-full``), else a guess.
+A ready task that only lacks disk waits (its story says so). One that no worker of its
+pool could hold even with an empty disk fails with
+:class:`~runtime.errors.TaskTooBigForDisk` only for what is firm: its inputs to fetch plus
+a firm output. An estimate no worker could hold counts for nothing: the task is tried on
+the worker with the most disk left after its inputs (``_candidates``), and a try that
+does not fit ends ``disk-full``, which measures it.
 
 The disk watchdog (``_watch_disk``): when every worker of a pool runs nothing while
 ready tasks of the pool wait for disk, for ``stall_timeout`` seconds, each idle worker
@@ -221,7 +226,12 @@ __all__ = [
 #: where a task's expected output comes from (disk-aware placement; in its error)
 SEEN_OUTPUT = "the largest output of its category so far"
 DECLARED_OUTPUT = 'declared with resources={"disk": ...}'
+MEASURED_OUTPUT = "measured: a try of this task wrote that much and ended disk-full"
 GUESSED_OUTPUT = "a guess: no task of its category has finished yet"
+#: the firm sources: what the user declared for this task, what this very task was
+#: measured to write. Only a firm output (with the known sizes of the inputs) may
+#: refuse a task (TaskTooBigForDisk); an estimate (the category's, a guess) steers.
+FIRM_OUTPUTS = frozenset({DECLARED_OUTPUT, MEASURED_OUTPUT})
 MAX_LIVES = 1000  #: worker lives kept per pool for its survival estimate
 WAIT_QUANTILES = (0.5, 0.9, 0.99)  #: the wait quantiles the metrics give
 #: tasks of the next wave :meth:`SchedulerState.upcoming` looks at per pool, at most
@@ -359,6 +369,10 @@ class SchedulerState:
         self.disk_parked: set[str | None] = set()
         self.disk_stalled_since: dict[str | None, float] = {}
         self.disk_override: set[str | None] = set()
+        #: the largest output a try of each task wrote that did not fit on its worker's
+        #: disk (``disk-full``): what that very task needs, firm (``_expected_output``);
+        #: dropped when the task is forgotten
+        self.disk_measured: dict[TaskState, int] = {}
         self._flipped: set[str] = set()  #: categories whose class flipped this event
         self.policy_errors = 0  #: policy calls that raised or answered out of bounds
         #: the checkpoint registry (docs/files.md#checkpoints): per task that saved one
@@ -923,9 +937,11 @@ class SchedulerState:
             stat.peak_rss = max(stat.peak_rss, res.rss_peak)
         elif res.outcome == "disk-full":
             # Its output did not fit on the worker's disk: the category's outputs
-            # are expected this large from now on, so the retry goes where one fits.
+            # are estimated this large from now on (steering its other tasks)...
             stat.disk_full += 1
             stat.max_nbytes = max(stat.max_nbytes, res.nbytes)
+            # ... and this very task needs at least that much: firm, for its retries.
+            self.disk_measured[ts] = max(self.disk_measured.get(ts, 0), res.nbytes)
             try_cause = cause or "disk-full"
             if not isinstance(error, DiskFull):  # the worker's own names the room
                 room = max(0, ws.disk - ws.disk_used) if ws.disk else 0
@@ -1664,6 +1680,7 @@ class SchedulerState:
             ):
                 continue
             del self.tasks[t.key]
+            self.disk_measured.pop(t, None)
             self.forgotten[t.state] += 1
             self._forgotten.append(t.key)
             self._files[t.key] = t
@@ -2125,19 +2142,39 @@ class SchedulerState:
             # A long task: not queued behind another on its worker (SchedulerConfig).
             cands = [w for w in cands if len(w.processing) < w.cores]
         self._short_of_disk = []
-        past = False
+        past = tried = False
         if cands and any(w.disk for w in cands):
-            out = self._expected_output(ts)[0]
+            out, source = self._expected_output(ts)
             fits = [w for w in cands if self._disk_fits(ts, w, out)]
             if fits:
                 self.disk_override.discard(pool)  # room again: the estimates rule
             elif pool in self.disk_override and any(not w.processing for w in cands):
                 fits, past = [self._most_disk_left(ts, cands, out)], True
+            elif source not in FIRM_OUTPUTS and self._least_need(ts, out)[0] is not None:
+                # An estimate no worker of its pool could hold even with its disk empty
+                # says nothing of where the task fits: only its inputs are firm. It is
+                # tried where they fit, on the worker with the most disk left after them.
+                fits = [w for w in cands if self._disk_fits(ts, w, 0)]
+                tried = bool(fits)
+                if not tried:
+                    self._short_of_disk = cands
             else:
                 self._short_of_disk = cands
             cands = fits
         if self.deadlines and cands:
             cands = self._long_enough(ts, cands)
+        if tried and cands:
+            ws = self._most_disk_left(ts, cands, 0, idle=False)
+            cands = [ws]
+            why = (
+                f"past its disk estimate on {ws.id} (needs {self._fetch_bytes(ts, ws) + out}"
+                f" B, {max(0, int(ws.disk_free()))} B free): no worker of its pool could hold"
+                f" its expected output ({out} B, {source}), so it is tried where the most "
+                "disk is free"
+            )
+            if why != ts.disk_wait:  # once (a running task's copies ask again and again)
+                ts.disk_wait = why
+                self._log(ts.key, "queued", why)
         if past and cands:
             ws = cands[0]
             self._log(
@@ -2148,25 +2185,36 @@ class SchedulerState:
             )  # fmt: skip
         return cands
 
-    def _most_disk_left(self, ts: TaskState, cands: list[WorkerState], out: int) -> WorkerState:
-        """The idle worker of ``cands`` with the most disk left after ``ts``."""
-        idle = [w for w in cands if not w.processing]
-        return max(idle, key=lambda w: (w.disk_free() - self._fetch_bytes(ts, w) - out, w.id))
+    def _most_disk_left(
+        self, ts: TaskState, cands: list[WorkerState], out: int, *, idle: bool = True
+    ) -> WorkerState:
+        """The worker of ``cands`` (the idle ones, with ``idle``) with the most disk
+        left after ``ts``'s inputs to fetch plus ``out``."""
+        pick = [w for w in cands if not w.processing] if idle else cands
+        return max(pick, key=lambda w: (w.disk_free() - self._fetch_bytes(ts, w) - out, w.id))
 
     # Disk-aware placement (the module docstring; docs/files.md, "Disks").
 
     def _expected_output(self, ts: TaskState) -> tuple[int, str]:
-        """The output ``ts`` is expected to write, and where that figure comes from."""
+        """The output ``ts`` is expected to write, and where that figure comes from.
+
+        Firm (``FIRM_OUTPUTS``): the largest output a try of this very task wrote that
+        did not fit (``disk-full``), or its declared ``resources={"disk": ...}``,
+        whichever is larger: a declaration replaces the category's estimate, smaller
+        or larger. Else estimates: the largest output of its category so far, else a
+        guess (at most half of what the largest disk of its pool leaves beside its
+        inputs)."""
         declared = ts.spec.resources.get("disk")
-        st = self.stats.get(ts.spec.category)
-        if st is not None and (st.count or st.disk_full):
-            if declared is not None and declared > st.max_nbytes:
-                return int(declared), DECLARED_OUTPUT
-            return st.max_nbytes, SEEN_OUTPUT
+        measured = self.disk_measured.get(ts)
+        if measured is not None and (declared is None or measured >= declared):
+            return measured, MEASURED_OUTPUT
         if declared is not None:
             return max(0, int(declared)), DECLARED_OUTPUT
-        largest = self.largest_disk.get(ts.spec.pool, NO_LIMIT)
-        return int(min(self.config.unknown_output, largest / 2)), GUESSED_OUTPUT
+        st = self.stats.get(ts.spec.category)
+        if st is not None and (st.count or st.disk_full):
+            return st.max_nbytes, SEEN_OUTPUT
+        room = self.largest_disk.get(ts.spec.pool, NO_LIMIT) - ts.in_nbytes - ts.in_files
+        return int(max(0, min(self.config.unknown_output, room / 2))), GUESSED_OUTPUT
 
     @staticmethod
     def _fetch_bytes(ts: TaskState, ws: WorkerState) -> int:
@@ -2185,27 +2233,39 @@ class SchedulerState:
             return False
         return self._fetch_bytes(ts, ws) + out <= free
 
+    def _least_need(self, ts: TaskState, out: int) -> tuple[int | None, int]:
+        """``(None, 0)`` if some worker of ``ts``'s pool (taking new tasks) could hold
+        the inputs ``ts`` must fetch there plus ``out`` with its disk otherwise empty;
+        else the least disk it needs on any of them and the largest of their disks."""
+        pool = ts.spec.pool
+        if ts.in_nbytes + ts.in_files + out <= self.largest_disk.get(pool, NO_LIMIT):
+            return None, 0  # fits the largest disk even with every input to fetch
+        least_need: int | None = None
+        largest = 0
+        for w in self.workers.values():
+            if w.draining or (pool is not None and w.pool != pool):
+                continue
+            need = self._fetch_bytes(ts, w) + out
+            if not w.disk or need <= w.disk:
+                return None, 0  # it fits there once that disk has room
+            least_need = need if least_need is None else min(least_need, need)
+            largest = max(largest, w.disk)
+        return least_need, largest
+
     def _waits_for_disk(self, ts: TaskState, refused: list[WorkerState]) -> bool:
         """``ts`` is ready and the free workers in ``refused`` would take it but for
         their disk. If some worker of its pool (taking new tasks) could hold it with its
         disk otherwise empty, it waits, and its story says for what (the refused worker
         with the most disk to spare, when that changes); else it fails with
-        TaskTooBigForDisk. Returns whether it waits."""
+        TaskTooBigForDisk. Only what is firm refuses a task: the inputs it must fetch
+        and a firm output (``FIRM_OUTPUTS``); an estimate no worker could hold counts
+        for nothing (``_candidates`` tries the task where its inputs fit). Returns
+        whether it waits."""
         out, source = self._expected_output(ts)
-        pool = ts.spec.pool
-        least_need: int | None = None  # on the workers it can never fit
-        largest = 0
-        if ts.in_nbytes + ts.in_files + out > self.largest_disk.get(pool, NO_LIMIT):
-            # Maybe nowhere, even with every input already there: look at each worker.
-            for w in self.workers.values():
-                if w.draining or (pool is not None and w.pool != pool):
-                    continue
-                need = self._fetch_bytes(ts, w) + out
-                if not w.disk or need <= w.disk:
-                    least_need = None  # it fits there once that disk has room
-                    break
-                least_need = need if least_need is None else min(least_need, need)
-                largest = max(largest, w.disk)
+        least_need, largest = self._least_need(ts, out)
+        if least_need is not None and source not in FIRM_OUTPUTS:
+            out, source = 0, TaskTooBigForDisk.UNCOUNTED
+            least_need, largest = self._least_need(ts, 0)
         if least_need is None:
             best: tuple[float, str, int, float] | None = None  # (room after, id, need, free)
             for w in refused:
@@ -2220,7 +2280,13 @@ class SchedulerState:
                     ts.disk_wait = why
                     self._log(ts.key, "queued", f"waiting for disk: {why}")
             return True
-        err = TaskTooBigForDisk(str(ts.key), least_need, largest, pool, out, source)
+        last = ts.tries[-1] if ts.tries else None
+        err = TaskTooBigForDisk(
+            str(ts.key), least_need, largest, ts.spec.pool, out, source,
+            tries=len(ts.tries),
+            outcome=last.outcome if last is not None else "",
+            worker=last.worker if last is not None else "",
+        )  # fmt: skip
         self._log(ts.key, "disk", f"too big: needs {least_need} B > {largest} B")
         ts.error = err
         ts.root = (ts.key, err)
@@ -2935,6 +3001,8 @@ class SchedulerState:
         assert self.largest == largest, (self.largest, largest)
         disks = _largest_per_pool(self.workers.values(), "disk")
         assert self.largest_disk == disks, (self.largest_disk, disks)
+        for ts in self.disk_measured:
+            assert self.tasks.get(ts.key) is ts, (ts, "a measured output of a forgotten task")
         assert self._floor == min(largest.values(), default=NO_LIMIT), self._floor
         # No ready task may wait while a worker that could run it has a free slot.
         for ts in queued:

@@ -616,29 +616,88 @@ class TaskTooLarge(CorralError):
 
 class TaskTooBigForDisk(CorralError):
     """No worker that could run a task has the disk to hold it (disk-aware placement):
-    ``needed`` is the least disk it needs on any of them (its expected output plus the
-    inputs it would have to fetch there), ``largest`` the largest disk limit among the
-    workers of ``pool`` (``None``: any pool), ``expected`` its expected output and how
-    that was estimated (``source``)."""
+    ``needed`` is the least disk it needs on any of them (its output plus the inputs it
+    would have to fetch there), ``largest`` the largest disk limit among the workers of
+    ``pool`` (``None``: any pool), ``expected`` its output and where that size comes from
+    (``source``: declared, or measured by a try of this very task that ended
+    ``disk-full``; an estimate never refuses a task, so with :attr:`UNCOUNTED` and
+    ``expected`` 0 its inputs alone are too large). ``tries`` is how many times it ran
+    before (0: it was never started), ``outcome`` and ``worker`` its latest try's."""
+
+    #: ``source`` when only the inputs count: the output's size is an estimate
+    UNCOUNTED = "its output not counted: its size is only estimated"
 
     def __init__(
-        self, key: str, needed: int, largest: int, pool: str | None, expected: int, source: str
+        self,
+        key: str,
+        needed: int,
+        largest: int,
+        pool: str | None,
+        expected: int,
+        source: str,
+        *,
+        tries: int = 0,
+        outcome: str = "",
+        worker: str = "",
     ) -> None:
         where = "of any worker" if pool is None else f"of a worker in pool {pool!r}"
+        inputs = max(0, needed - expected)
+        need, limit, output, fetch = _disk_sizes(needed, largest, expected, inputs)
+        if source == self.UNCOUNTED:
+            what = f"for the inputs it must fetch alone ({source})"
+        else:
+            what = f"(an output of {output}, {source}"
+            what += f", plus {fetch} of inputs it must fetch)" if inputs else ")"
+        if not tries:
+            ran = "it was not started"
+        elif tries == 1:
+            ran = f"it ran once and ended {outcome} on worker {worker!r}; it is not tried again"
+        else:
+            ran = (
+                f"it ran {tries} times, the latest ending {outcome} on worker {worker!r}; it "
+                "is not tried again"
+            )
+        advice = [
+            "Start workers with a larger --disk (disk_per_worker)",
+            "free their disks (release futures you no longer need)",
+        ]
+        if source == self.UNCOUNTED:
+            advice.append("split the task so that it reads fewer inputs")
+        else:
+            advice.append("split the task's output into smaller chunks")
+            if "resources=" in source:  # declared: it may be overestimated
+                advice.append(
+                    'declare a smaller output with resources={"disk": bytes} if it is overestimated'
+                )
         super().__init__(
-            f"task {key!r} needs {_disk_size(needed)} of disk (an expected output of "
-            f"{_disk_size(expected)}, {source}, plus the inputs it must fetch), more than the "
-            f"largest disk {where} can hold ({_disk_size(largest)}); it was not started. Start "
-            "workers with a larger --disk (disk_per_worker), free their disks (release "
-            "futures you no longer need), split the task's output into smaller chunks, or "
-            'declare a smaller output with resources={"disk": bytes} if it is overestimated.',
+            f"task {key!r} needs {need} of disk {what}, more than the largest disk {where} "
+            f"can hold ({limit}); {ran}. {', '.join(advice[:-1])}, or {advice[-1]}.",
             key=key,
             needed=needed,
             largest=largest,
             pool=pool,
             expected=expected,
             source=source,
+            tries=tries,
+            outcome=outcome,
+            worker=worker,
         )
+
+
+def _disk_sizes(needed: int, largest: int, *others: int) -> list[str]:
+    """``needed``, ``largest`` and ``others`` in one unit, the one that suits the largest
+    of them: bytes below a MiB, else MiB (GiB from a GiB) to a tenth, or bytes for all
+    when ``needed`` and ``largest`` would read the same."""
+    sizes = (needed, largest, *others)
+    top = max(sizes)
+    scale, unit = (2**30, "GiB") if top >= 2**30 else (2**20, "MiB")
+    texts = [f"{n / scale:.1f} {unit}" for n in sizes]
+    if top < 2**20 or (texts[0] == texts[1] and needed != largest):
+        return [f"{int(n):,} bytes" for n in sizes]
+    return [
+        t if n == 0 or n >= scale / 20 else f"less than 0.1 {unit}"
+        for n, t in zip(sizes, texts, strict=True)
+    ]
 
 
 class DiskFull(CorralError):

@@ -5,10 +5,12 @@ commands and states out (the ``make_state`` fixture validates every state at the
 The rule (docs/files.md, "Disks"): a worker that advertises a disk gets a task only if
 its free disk (limit, less what it reported on disk, less what the core reserved for
 the tasks it sent there and that have not finished) holds the inputs the task must fetch
-there plus its expected output: the largest output of its category so far, else a
-declared ``resources={"disk": ...}``, else a guess. A task that only lacks disk waits,
-saying so in its story; one no worker could ever hold fails with TaskTooBigForDisk; a
-try whose output did not fit anyway ends ``disk-full`` and is retried where it fits.
+there plus its expected output: what a try of this very task wrote that did not fit, or
+a declared ``resources={"disk": ...}``, else the largest output of its category so far,
+else a guess. A task that only lacks disk waits, saying so in its story; one no worker
+could ever hold fails with TaskTooBigForDisk; a try whose output did not fit anyway ends
+``disk-full`` and is retried where it fits. (What estimates may and may not decide:
+tests/test_disk_estimates.py.)
 """
 
 from __future__ import annotations
@@ -23,7 +25,13 @@ from actors.scheduler_events import (
     WorkerJoined,
     WorkerMemory,
 )
-from actors.scheduler_state import GUESSED_OUTPUT, SchedulerState
+from actors.scheduler_state import (
+    DECLARED_OUTPUT,
+    GUESSED_OUTPUT,
+    MEASURED_OUTPUT,
+    SEEN_OUTPUT,
+    SchedulerState,
+)
 from runtime.errors import DiskFull, TaskTooBigForDisk
 from tests.helpers import (
     MB,
@@ -142,19 +150,26 @@ def test_what_was_sent_is_reserved_until_it_finishes(make_state: Factory) -> Non
     assert assigned(cmds) == {"w": [second]}
 
 
-def test_the_category_statistics_replace_the_declared_size(make_state: Factory) -> None:
+def test_a_declared_size_replaces_the_category_estimate_smaller_or_larger(
+    make_state: Factory,
+) -> None:
     s = make_state(saturation=1.0)
     join(s, "w", disk=100 * MB)
     submit(s, {"load-1": []}, ["load-1"], attrs={"load-1": disk(MB)})
     finish(s, "w", "load-1", nbytes=30 * MB)
-    assert s._expected_output(s.tasks["load-1"]) == (
-        30 * MB,
-        "the largest output of its category so far",
-    )
-    disk_used(s, "w", 75 * MB)  # 25 MiB free: the declared 1 MiB would fit, 30 MiB does not
-    submit(s, {"load-2": []}, ["load-2"], attrs={"load-2": disk(MB)})
-    assert s.tasks["load-2"].state == "queued"
-    assert waits_for_disk(s, "load-2") == [
+    disk_used(s, "w", 75 * MB)  # 25 MiB free: a declared 1 MiB fits, 30 MiB does not
+    # Declared smaller than the category's largest output: what the user knows counts.
+    cmds = submit(s, {"load-2": []}, ["load-2"], attrs={"load-2": disk(MB)})
+    assert s._expected_output(s.tasks["load-2"]) == (MB, DECLARED_OUTPUT)
+    assert assigned(cmds) == {"w": ["load-2"]}
+    finish(s, "w", "load-2", nbytes=MB)
+    table = {"load-3": [], "load-4": []}
+    submit(s, table, list(table), attrs={"load-4": disk(40 * MB)})
+    assert s._expected_output(s.tasks["load-3"]) == (30 * MB, SEEN_OUTPUT)  # undeclared
+    assert s._expected_output(s.tasks["load-4"]) == (40 * MB, DECLARED_OUTPUT)  # larger
+    # Both could be held by w's disk: they wait for room.
+    assert s.tasks["load-3"].state == s.tasks["load-4"].state == "queued"
+    assert waits_for_disk(s, "load-3") == [
         "waiting for disk: needs 31457280 B, best worker w has 26214400 B free"
     ]
 
@@ -247,7 +262,15 @@ def test_a_disk_full_try_with_nowhere_bigger_fails_with_the_sizes(make_state: Fa
     (erred,) = of(cmds, KeyErred)
     assert isinstance(erred.error, TaskTooBigForDisk)
     assert (erred.error.needed, erred.error.largest) == (30 * MB, 20 * MB)
-    assert erred.error.source == "the largest output of its category so far"
+    # What this very task wrote: firm. The error says it ran, in one unit.
+    assert erred.error.source == MEASURED_OUTPUT
+    assert (erred.error.tries, erred.error.outcome, erred.error.worker) == (1, "disk-full", "tight")
+    assert str(erred.error).startswith(
+        "task 'write' needs 30.0 MiB of disk (an output of 30.0 MiB, measured: a try of this "
+        "task wrote that much and ended disk-full), more than the largest disk of any worker "
+        "can hold (20.0 MiB); it ran once and ended disk-full on worker 'tight'; it is not "
+        "tried again."
+    )
 
 
 def test_disk_full_tries_are_retried_a_bounded_number_of_times(make_state: Factory) -> None:
