@@ -237,8 +237,27 @@ class Manager(Actor):
             self.release(ReleaseKeysRequest(held, msg.name))
 
     @handles(CancelRequest)
-    def cancel(self, msg: CancelRequest) -> None:
-        self._scheduler().post(msg)
+    def cancel(self, msg: CancelRequest) -> tuple[Key, ...]:
+        """A client's cancel (``Cluster.cancel``, ``Future.cancel``). A key that no other
+        client wants is cancelled, with everything that depends on it. A key that other
+        clients want too is not: the answer lists it, and the asking client ends its own
+        interest in it (its ``ReleaseKeysRequest``) and cancels its own futures of it,
+        while the task runs on for the others (as dask's ``Client.cancel`` without
+        ``force``).
+
+        The request does not name its client: "other clients" is "more than one client
+        holds the key". A client asks only for keys it holds, after its submission of
+        them went out (``ClientActor.cancel``), so when one client holds a key, that is
+        the asker. The console's ``cancel`` (:meth:`cancel_keys`) is an operator's and
+        cancels for every client."""
+        shared: list[Key] = []
+        cancel: list[Key] = []
+        for key in msg.keys:
+            ks = self.keys.get(key)
+            (shared if ks is not None and len(ks.clients) > 1 else cancel).append(key)
+        if cancel:
+            self._scheduler().post(CancelRequest(tuple(cancel), msg.reason))
+        return tuple(shared)
 
     @handles(CancelKeysRequest)
     def cancel_keys(self, msg: CancelKeysRequest) -> dict[str, Any]:
@@ -273,6 +292,8 @@ class Manager(Actor):
         reason = (
             f"cancelled from the console ({msg.run})" if msg.run else "cancelled from the console"
         )
+        # An operator's cancel: straight to the scheduler, for every client that wants
+        # these keys (a client's own cancel, cancel() above, spares the others').
         self._scheduler().post(CancelRequest(tuple(keys), reason))
         texts = [str(k) for k in keys]
         return {"run": msg.run, "count": len(texts), "keys": texts[:20]}

@@ -163,11 +163,18 @@ class GcTuning:
 class _KeyWatch:
     """Client-side state of one key: how many Future objects hold it, and its fate."""
 
-    __slots__ = ("holders", "update")
+    __slots__ = ("holders", "left", "update", "wants")
 
     def __init__(self) -> None:
         self.holders = 0  #: Future objects (and computes) holding the key
         self.update: Any = None  #: KeyDone / KeyErred / KeyCancelled, None while pending
+        #: times a Future (or a compute) took the key: a cancel asked before the latest
+        #: is for a submission made before it, and is dropped
+        self.wants = 0
+        #: cancelled for this client only (other clients want the key): this client no
+        #: longer wants it at the manager, and words on it that were on their way are
+        #: not for it. Until it is submitted again.
+        self.left = False
 
 
 class _Waiter:
@@ -294,6 +301,25 @@ class _FlushReleases(Message):
     """Client-internal: tell the manager about the keys let go since the last flush."""
 
 
+@message(local=True)
+class _Cancel(Message):
+    """Client-internal: cancel ``keys`` for this client (``Cluster.cancel``,
+    ``Future.cancel``). ``wants``: each key's :attr:`_KeyWatch.wants` when asked.
+    ``told``: nobody waits for the answer (``Future.cancel``), so a failure is logged."""
+
+    keys: tuple[Key, ...]
+    wants: tuple[int, ...]
+    reason: str
+    told: bool = False
+
+
+#: What a client's cancel says on its futures of a task other clients want too.
+SHARED_CANCEL = (
+    "{reason}, for this client only: other clients of the manager want this task too, "
+    "so it runs on for them (submit it again to want its result again)"
+)
+
+
 class ClientActor(Actor):
     """Receives key updates from the manager; batches ``submit`` calls into graphs."""
 
@@ -333,7 +359,9 @@ class ClientActor(Actor):
     @handles(KeyUpdates)
     def updates(self, msg: KeyUpdates) -> None:
         for upd in msg.updates:
-            self._settle(upd)
+            w = self.watches.get(upd.key)
+            if w is not None and not w.left:  # left: sent before our release came
+                self._settle(upd)
 
     def _settle(self, upd: Any) -> None:
         w = self.watches.get(upd.key)
@@ -351,7 +379,9 @@ class ClientActor(Actor):
         """
         waiter = _Waiter()
         for key in keys:
-            w = self.watches[key]
+            w = self.watches.get(key)
+            if w is None:  # every Future of it was released: nothing will come
+                return key
             if w.update is not None:
                 if not isinstance(w.update, KeyDone):
                     return key
@@ -478,6 +508,8 @@ class ClientActor(Actor):
         self._settle(KeyErred("", key, error, key, error))
 
     def watch(self, key: Key) -> _KeyWatch:
+        """The key's watch, for a Future (or a compute) being made: its key is being
+        submitted (again)."""
         w = self.watches.get(key)
         if w is None:
             w = self.watches[key] = _KeyWatch()
@@ -486,6 +518,10 @@ class ClientActor(Actor):
             # this actor) and drop the key that submission wants. The manager still
             # counts this client for the key and re-sends its state on resubmission.
             self.to_release.pop(key, None)
+        elif w.left:  # cancelled for this client only, now submitted again: wanted again
+            w.left = False
+            w.update = None
+        w.wants += 1
         return w
 
     def unhold(self, key: Key) -> None:
@@ -496,6 +532,10 @@ class ClientActor(Actor):
         if w.holders <= 0:
             del self.watches[key]
             self.pending.pop(key, None)
+            # A gather still waiting on it (a Future released while awaited): nothing
+            # will come for it now; it fails saying so.
+            for waiter in self.waiters.pop(key, ()):
+                waiter.settle(key, False)
             # Batched: every release made before the actor next runs goes as one message.
             self.to_release[key] = None
             if len(self.to_release) == 1 and not self.ref.stopped:
@@ -506,6 +546,50 @@ class ClientActor(Actor):
         keys, self.to_release = self.to_release, {}
         if keys and not self.manager.stopped:
             self.manager.post(ReleaseKeysRequest(tuple(keys), self.name))
+
+    @handles(_Cancel)
+    async def cancel(self, msg: _Cancel) -> None:
+        """Cancel keys for this client. Sent through this actor, so it reaches the
+        manager after the submissions made before it (``_Flush``): the manager then
+        counts this client among those that want each key. The manager cancels the keys
+        no other client wants (the scheduler's ``KeyCancelled`` comes back as usual) and
+        answers the others: for those this client alone is done (its futures raise
+        ``CancelledError`` saying the task runs on) and it stops wanting them there."""
+        asked = dict(zip(msg.keys, msg.wants, strict=True))
+        keys = tuple(k for k, wants in asked.items() if self._still_asked(k, wants))
+        if not keys:
+            return
+        try:
+            # the keys other clients want too (an older manager answers None)
+            shared = await self.manager.ask(CancelRequest(keys, msg.reason)) or ()
+        except Exception as exc:  # the manager gone, say
+            if not msg.told:
+                raise
+            self.log.warning("cancel failed", keys=[str(k) for k in keys[:5]], error=str(exc))
+            return
+        leave = []
+        for key in shared:
+            if not self._still_asked(key, asked[key]):
+                continue  # let go or submitted again while the manager answered
+            if self.watches[key].update is not None:
+                continue  # finished, failed or cancelled: a cancel changes nothing of it
+            self._settle(KeyCancelled("", key, SHARED_CANCEL.format(reason=msg.reason)))
+            self.watches[key].left = True
+            leave.append(key)
+        if leave and not self.manager.stopped:
+            self.manager.post(ReleaseKeysRequest(tuple(leave), self.name))
+
+    def _still_asked(self, key: Key, wants: int) -> bool:
+        """A cancel of ``key`` asked when its watch counted ``wants`` still applies: the
+        key is held, not cancelled for this client already, and not submitted again
+        since (that submission, made after the cancel, wants it)."""
+        w = self.watches.get(key)
+        return w is not None and not w.left and w.wants == wants
+
+    def cancel_request(self, keys: Sequence[Key], reason: str, *, told: bool) -> _Cancel:
+        """The :class:`_Cancel` for ``keys``, as their watches stand now."""
+        wants = tuple(w.wants if (w := self.watches.get(k)) else 0 for k in keys)
+        return _Cancel(tuple(keys), wants, reason, told)
 
 
 def _release_soon(loop: asyncio.AbstractEventLoop, client: ClientActor, key: Key) -> None:
@@ -539,18 +623,29 @@ class Future:
         return f"<Future {self.key!r} {self.status}>"
 
     @property
+    def released(self) -> bool:
+        """Whether :meth:`release` was called: this object no longer holds the result."""
+        return not self._finalizer.alive
+
+    @property
     def status(self) -> str:
+        if self.released:
+            return "released"
         upd = self._watch.update
         if upd is None:
             return "pending"
         return {KeyDone: "finished", KeyErred: "error", KeyCancelled: "cancelled"}[type(upd)]
 
     def done(self) -> bool:
-        return self._watch.update is not None
+        """Whether awaiting it would not wait: its task finished, failed or was
+        cancelled, or it was released (awaiting it then raises at once)."""
+        return self.released or self._watch.update is not None
 
     async def wait(self) -> None:
-        """Wait until the task finished, failed or was cancelled (raises nothing)."""
-        await self._client.wait_all([self.key])
+        """Wait until the task finished, failed or was cancelled, or the future was
+        released (raises nothing)."""
+        if not self.released:
+            await self._client.wait_all([self.key])
 
     async def result(self) -> Any:
         (value,) = await self._cluster.gather([self])
@@ -558,6 +653,8 @@ class Future:
 
     async def exception(self) -> BaseException | None:
         await self.wait()
+        if self.released:
+            return released_error(self.key, "awaited")
         upd = self._watch.update
         return _error_of(upd) if not isinstance(upd, KeyDone) else None
 
@@ -565,12 +662,30 @@ class Future:
         return self.result().__await__()
 
     def cancel(self) -> None:
-        """Ask the cluster to cancel this task (and whatever depends on it)."""
-        self._cluster._manager.post(CancelRequest((self.key,), "cancelled by the client"))
+        """Ask the cluster to cancel this task (and whatever depends on it) for this
+        client: a task other clients want too runs on for them. Nothing for a released
+        future."""
+        if self.released:
+            return
+        request = self._client.cancel_request([self.key], "cancelled by the client", told=True)
+        self._client.ref.post(request)
 
     def release(self) -> None:
-        """Let go of the result now instead of when this object is garbage collected."""
+        """Let go of the result now instead of when this object is garbage collected.
+        The future's status is then ``"released"``; awaiting it, gathering it or passing
+        it to ``submit`` raises :class:`~runtime.errors.CorralError`."""
         self._finalizer()
+
+
+def released_error(key: Key, what: str) -> CorralError:
+    """The error of a released future ``key`` that is ``what`` (awaited, ...)."""
+    return CorralError(
+        f"future {key!r} was released (Future.release()), so it cannot be {what}: it no "
+        "longer holds its task's result, which the cluster may have dropped already. Keep "
+        "a future until you have its value (and until the tasks that take it as an "
+        "argument are submitted), or submit its task again for a new future.",
+        key=key,
+    )
 
 
 def _error_of(upd: Any) -> BaseException:
@@ -1151,7 +1266,8 @@ class Cluster:
 
     def _keys_of(self, futures: Any, method: str) -> list[Key]:
         """The keys of ``futures``, a list of this cluster's futures; ``TypeError`` for
-        anything else (``CorralError`` for a future of another cluster)."""
+        anything else (``CorralError`` for a future of another cluster, and for a
+        released one, which ``cancel`` skips instead)."""
         if isinstance(futures, Future | str | bytes | Mapping) or not isinstance(futures, Iterable):
             raise TypeError(
                 f"{method} takes a list of Futures, got {type(futures).__name__} "
@@ -1164,13 +1280,18 @@ class Cluster:
                     f"{method} takes Futures (what submit, map and submit_graph return), "
                     f"got {type(f).__name__} {short_repr(f)}{_TAKES_FUTURES[method]}"
                 )
-            keys.append(self._key_of_future(f))  # CorralError for another cluster's
+            if method == "cancel" and f.released and f._cluster is self:
+                continue  # let go already: nothing of this client's to cancel
+            # CorralError for another cluster's future, or a released one
+            keys.append(self._key_of_future(f, _USES[method]))
         return keys
 
-    def _key_of_future(self, obj: Any) -> Key | None:
+    def _key_of_future(self, obj: Any, use: str = "passed to submit as an argument") -> Key | None:
         if isinstance(obj, Future):
             if obj._cluster is not self:
                 raise CorralError(f"future {obj.key!r} belongs to another cluster")
+            if obj.released:
+                raise released_error(obj.key, use)
             return obj.key
         return None
 
@@ -1279,7 +1400,10 @@ class Cluster:
         for attempt in range(1, 11):
             failed = await client.wait_all(remaining)
             if failed is not None:
-                upd = client.watches[failed].update
+                watch = client.watches.get(failed)
+                if watch is None:  # its last Future was released while we waited
+                    raise released_error(failed, "awaited or gathered")
+                upd = watch.update
                 err = _error_of(upd)
                 unwrapped = False
                 if root_errors and isinstance(err, DependencyFailed) and err.__cause__:
@@ -1291,7 +1415,8 @@ class Cluster:
                 if own and (note or unwrapped):
                     _note(err, f"(raised by task {upd.root!r})")
                 raise err
-            seen = {k: client.watches[k].update for k in remaining}  # what this try goes by
+            # what this try goes by (None: released meanwhile; the next wait says so)
+            seen = {k: w.update if (w := client.watches.get(k)) else None for k in remaining}
             result: GatherResult = await self._manager.ask(
                 GatherRequest(tuple(remaining), raw=self.address is not None), timeout=None
             )
@@ -1399,7 +1524,11 @@ class Cluster:
         """Cancel tasks; their futures raise :class:`~runtime.errors.CancelledError`."""
         self._require()
         keys = self._keys_of([futures] if isinstance(futures, Future) else futures, "cancel")
-        await self._manager.tell(CancelRequest(tuple(keys)))
+        if keys:
+            client = self._client_actor
+            await client.ref.ask(
+                client.cancel_request(keys, "cancelled by request", told=False), timeout=None
+            )
 
     async def set_policy(self, kind: str, name: str, **params: Any) -> Any:
         """Swap the ``kind`` policy (priority, placement, retry) for ``name`` at runtime."""
@@ -1472,6 +1601,9 @@ _TAKES_FUTURES = {
     "gather": "; for one future, await it; for keys of a graph, use compute(graph, keys)",
     "cancel": "; to cancel by key, use the console's `cancel KEY` (python -m runtime console)",
 }
+
+#: What each method that takes futures does with them, for the error of a released one.
+_USES = {"gather": "awaited or gathered", "cancel": "cancelled"}
 
 
 def _initial_policies(
