@@ -14,6 +14,7 @@ exception of the first failed task, as dask's own schedulers do.
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import contextlib
 import dataclasses
@@ -47,9 +48,12 @@ from runtime.errors import (
     CorralError,
     DependencyFailed,
     FileOutputError,
+    FrameTooLarge,
+    GraphError,
     ManagerLost,
     PermissionDenied,
     ProtocolError,
+    TaskArgumentsTooLarge,
     WorkersTimeout,
 )
 from runtime.files import File
@@ -445,7 +449,9 @@ class ClientActor(Actor):
             runs[-1][1][key] = task
         #: keys failed here, never sent: the task whose own failure it was, and its error
         failed: dict[Key, tuple[Key, BaseException]] = {}
-        for i, (opts, graph) in enumerate(runs):
+        todo = collections.deque(runs)
+        while todo:
+            opts, graph = todo.popleft()
             self._fail_dependents(graph, failed)
             while graph:
                 request = SubmitGraphRequest(
@@ -455,16 +461,54 @@ class ClientActor(Actor):
                 try:
                     await self.manager.ask(request)
                     break
+                except FrameTooLarge as exc:
+                    # More than one message to a remote manager may carry: in parts that
+                    # fit, in order (a task's inputs were submitted before it); a task
+                    # whose own arguments are too much fails alone.
+                    limit = int(exc.fields["limit"])
+                    parts = await self._parts(graph, limit, failed)
+                    todo.extendleft((opts, part) for part in reversed(parts))
+                    break
                 except Exception as exc:
                     # Not sent for a remote manager, as it does not pickle (nothing went):
                     # the tasks that do not pickle fail alone, the rest go again.
                     if not isinstance(exc, CorralError) and self._fail_unpicklable(graph, failed):
                         self._fail_dependents(graph, failed)
                         continue
-                    for _, later in runs[i:]:  # and the later graphs, which may need it
+                    for _, later in [(opts, graph), *todo]:  # and the later graphs
                         for key in later:
                             self.fail_local(key, exc)
                     return
+
+    async def _parts(
+        self, graph: dict[Key, Any], limit: int, failed: dict[Key, tuple[Key, BaseException]]
+    ) -> list[dict[Key, Any]]:
+        """``graph`` cut, in order, into graphs of at most 3/4 of ``limit`` bytes
+        pickled; a task whose own arguments pass ``limit`` fails here with
+        :class:`TaskArgumentsTooLarge`. The tasks are pickled in a thread, so that the
+        connection's heartbeats go on meanwhile."""
+        import cloudpickle
+
+        def sizes() -> list[int]:
+            return [len(cloudpickle.dumps(task, protocol=5)) for task in graph.values()]
+
+        parts: list[dict[Key, Any]] = [{}]
+        room = limit * 3 // 4
+        used = 0
+        for (key, task), n in zip(
+            graph.items(), await anyio.to_thread.run_sync(sizes), strict=True
+        ):
+            if n > limit - (1 << 20):  # with the request around it, it cannot go
+                error = TaskArgumentsTooLarge(str(key), n, limit)
+                failed[key] = (key, error)
+                self.fail_local(key, error)
+                continue
+            if parts[-1] and used + n > room:
+                parts.append({})
+                used = 0
+            parts[-1][key] = task
+            used += n
+        return [p for p in parts if p]
 
     def _fail_unpicklable(
         self, graph: dict[Key, Any], failed: dict[Key, tuple[Key, BaseException]]
@@ -1324,19 +1368,31 @@ class Cluster:
         self, graph: Mapping[Key, Any], keys: Sequence[Key], opts: TaskOptions
     ) -> None:
         """Send a graph checked by the caller (:func:`reject_collection`, its keys
-        hashable, ``opts`` checked)."""
-        await self._manager.ask(
-            SubmitGraphRequest(
-                graph,
-                tuple(keys),
-                self._client_actor.name,
-                priority=opts.priority,
-                retries=opts.retries,
-                resources=dict(opts.resources) or None,
-                pool=opts.pool,
-            ),
-            timeout=None,
-        )
+        hashable, ``opts`` checked). A graph more than one message to a remote manager
+        may carry is a :class:`GraphError` saying what to do."""
+        try:
+            await self._manager.ask(
+                SubmitGraphRequest(
+                    graph,
+                    tuple(keys),
+                    self._client_actor.name,
+                    priority=opts.priority,
+                    retries=opts.retries,
+                    resources=dict(opts.resources) or None,
+                    pool=opts.pool,
+                ),
+                timeout=None,
+            )
+        except FrameTooLarge as exc:
+            size, limit = exc.fields["size"], exc.fields["limit"]
+            raise GraphError(
+                f"the graph is {size / 2**20:.1f} MiB pickled, over the {limit / 2**20:.0f} "
+                "MiB one message to the manager may carry; nothing of it was sent. Its "
+                "arguments hold large data (a numpy array given to da.from_array, big "
+                "lists or bytes): make or load large data in tasks instead (np.load, "
+                "da.from_zarr, reading a file), whose outputs move in parts of any size.",
+                size=size, limit=limit,
+            ) from exc  # fmt: skip
 
     async def compute(self, graph: Mapping[Key, Any], keys: Any, **options: Any) -> Any:
         """Compute ``keys`` (a key or nested lists of keys) of a dask graph.

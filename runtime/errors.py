@@ -47,6 +47,7 @@ __all__ = [
     "ProtocolError",
     "RemoteError",
     "SubmissionsSuspended",
+    "TaskArgumentsTooLarge",
     "TaskCrashedWorkers",
     "TaskOutOfMemory",
     "TaskProcessDied",
@@ -454,13 +455,22 @@ class TaskCrashedWorkers(WorkerLost):
 
     def __init__(self, key: str, crashes: Sequence[tuple[str, str]]) -> None:
         took = "; ".join(f"{w!r} ({c})" for w, c in crashes)
+        silent = ""
+        if crashes and all(c == "unknown" for _, c in crashes):
+            silent = (
+                " Each went silent rather than dying: a task that holds Python's GIL for "
+                "long (one long call into compiled code: sum over a huge range, a slow "
+                "regular expression) stops its worker's heartbeats, and a worker silent for "
+                "10 s counts as lost; run such a task with execution 'process' (its own "
+                "process: the worker stays responsive)."
+            )
         CorralError.__init__(
             self,
             f"task {key!r} was running on {len(crashes)} workers that ended unexpectedly: "
             f"{took}. It may be what kills them (os._exit, a crash in compiled code, memory "
             "outside the worker's fences), so it is not retried on another. Run it alone to "
             "see, run workers with execution 'process' to contain it, or raise the retry "
-            "policy's max_crashes if the workers died for other reasons.",
+            f"policy's max_crashes if the workers died for other reasons.{silent}",
             key=key,
             crashes=list(crashes),
             worker=crashes[-1][0] if crashes else "",
@@ -552,6 +562,23 @@ def _disk_size(n: float) -> str:
 def _size(n: float) -> str:
     """Bytes for people: MiB below a GiB, GiB above."""
     return f"{n / 2**20:.1f} MiB" if n < 2**30 else _gib(n)
+
+
+class TaskArgumentsTooLarge(CorralError):
+    """A task's own arguments (the values in its graph node, not its inputs from other
+    tasks) pickled to ``size`` bytes, more than one message to a worker process may
+    carry (``limit``), so it could not be sent to a worker and did not run."""
+
+    def __init__(self, key: str, size: int, limit: int) -> None:
+        super().__init__(
+            f"task {key!r} could not be sent to a worker process: its arguments are "
+            f"{_size(size)} pickled ({size:,} bytes), over the {_size(limit)} one message "
+            "may carry. Large data should be the output of a task, which moves between "
+            "processes in parts of any size: make or load it in a task (np.load, "
+            "da.from_zarr, reading a file) instead of passing it as an argument (a "
+            "numpy array given to da.from_array, a big list or bytes).",
+            key=key, size=size, limit=limit,
+        )  # fmt: skip
 
 
 class InputsUnreachable(CorralError):

@@ -354,6 +354,11 @@ class RunTasks(Message):
         see :meth:`TasksDone.for_wire`.)"""
         return RunTasks(tuple(t.with_pickled_node() for t in self.tasks))
 
+    def split(self) -> list[RunTasks]:
+        """One message per task: what a connection sends when the whole is more than
+        one message may carry (``runtime.remote.Peer``)."""
+        return [RunTasks((t,)) for t in self.tasks]
+
 
 @message(local=True)
 class TasksDone(Message):

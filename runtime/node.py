@@ -51,6 +51,7 @@ import anyio.abc
 from actors.autoscaler import Autoscaler, PoolTarget
 from actors.manager import Manager
 from actors.pools import PoolConfig, load_config
+from actors.protocol import TaskResult
 from actors.providers import DISK_OFF, BlockSpec, Provider, WorkerFactory
 from actors.registry import FileRegistry
 from actors.scheduler import Scheduler
@@ -63,9 +64,11 @@ from runtime.errors import (
     AskTimeout,
     AuthenticationFailed,
     CorralError,
+    FrameTooLarge,
     InvalidAddress,
     PermissionDenied,
     ProtocolError,
+    TaskArgumentsTooLarge,
 )
 from runtime.kernel import ActorRef, ActorSystem
 from runtime.log import get_logger
@@ -90,6 +93,7 @@ from runtime.messages import (
     RegisterWorker,
     ReleaseKeysRequest,
     ResumeRequest,
+    RunTasks,
     ScaleRequest,
     SetPolicyRequest,
     StatusRequest,
@@ -144,6 +148,11 @@ _log = get_logger("corral.node")
 #: declared dead (a worker then becomes lost, unless it reconnects in time).
 HEARTBEAT = 2.0
 DEAD_AFTER = 10.0
+#: Seconds of silence before the manager drops a client: a client holds no work, and
+#: its event loop may be busy with the user's own code for a while (hashing large
+#: arguments to make their keys, say); a client process that dies closes its
+#: connection and is seen at once.
+CLIENT_DEAD_AFTER = 120.0
 #: seconds the alert monitor waits at most for the listener's URL (the dashboard's,
 #: each alert's link) before its first evaluation
 DASHBOARD_WAIT = 10.0
@@ -851,6 +860,7 @@ class Gateway:
         self.reconnect_timeout = reconnect_timeout
         self.heartbeat = heartbeat
         self.dead_after = dead_after
+        self.client_dead_after = max(dead_after, CLIENT_DEAD_AFTER)  #: clients, consoles
         self.peers: dict[str, Peer] = {}  #: live peers by name
         self._generation: dict[str, int] = {}  #: connections seen per name
         self._returned: dict[str, anyio.Event] = {}  #: set when a dropped worker is back
@@ -959,7 +969,9 @@ class Gateway:
             back.set()
         peer = Peer(
             conn, door, name=hello.name, allow_pickle=role == "admin",
-            heartbeat=self.heartbeat, timeout=self.dead_after,
+            heartbeat=self.heartbeat,
+            timeout=self.dead_after if hello.kind == "worker" else self.client_dead_after,
+            on_too_large=self._unsendable(hello.name) if hello.kind == "worker" else None,
         )  # fmt: skip
         door.peer = peer
         old = self.peers.get(hello.name)
@@ -991,6 +1003,38 @@ class Gateway:
                     if hello.kind == "client":
                         with contextlib.suppress(ActorStopped):  # the manager is stopping
                             await self.plane.manager.tell(ClientGone(hello.name))
+
+    def _unsendable(self, worker: str) -> Callable[[Any, FrameTooLarge], None]:
+        """What a worker's connection does with a message too large to send even on its
+        own: a task's fails with :class:`TaskArgumentsTooLarge` (reported to the
+        scheduler as the worker would), anything else is logged."""
+        scheduler = self.plane.refs["scheduler"]
+
+        def unsendable(msg: Any, exc: FrameTooLarge) -> None:
+            size, limit = int(exc.fields.get("size", 0)), int(exc.fields.get("limit", 0))
+            if not isinstance(msg, RunTasks):
+                _log.error(
+                    "message too large for a worker; dropped", worker=worker,
+                    message=type(msg).__name__, size=size, limit=limit,
+                )  # fmt: skip
+                return
+            results = tuple(
+                TaskResult(
+                    t.key,
+                    "error",
+                    error=TaskArgumentsTooLarge(str(t.key), size, limit),
+                    attempt=t.attempt,
+                )
+                for t in msg.tasks
+            )
+            _log.warning(
+                "task too large to send to a worker", worker=worker,
+                keys=[str(t.key) for t in msg.tasks], size=size, limit=limit,
+            )  # fmt: skip
+            with contextlib.suppress(ActorStopped):
+                scheduler.post(TasksDone(worker, results))
+
+        return unsendable
 
     async def _worker_dropped(self, name: str, generation: int, cause: str) -> None:
         """Give a worker ``reconnect_timeout`` seconds to come back, then report it."""

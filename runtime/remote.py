@@ -68,6 +68,7 @@ from runtime.errors import (
     AskTimeout,
     ConnectionClosed,
     CorralError,
+    FrameTooLarge,
     ProtocolError,
     RemoteError,
 )
@@ -377,6 +378,7 @@ class Peer:
         on_close: Callable[[Peer], None] | None = None,
         heartbeat: float | None = None,
         timeout: float | None = None,
+        on_too_large: Callable[[Any, FrameTooLarge], None] | None = None,
     ) -> None:
         self.conn = conn
         self.heartbeat = heartbeat
@@ -387,6 +389,8 @@ class Peer:
         self.name = name
         self.allow_pickle = allow_pickle
         self.on_close = on_close
+        #: told of a posted message too large to send (and to split); else it is logged
+        self.on_too_large = on_too_large
         self.ref = RemoteRef(self)
         self.closed = False
         self.bad_frames = 0
@@ -495,7 +499,36 @@ class Peer:
             frames = list(self._out)
             self._out.clear()
             self._last_out = anyio.current_time()
-            await self.conn.send_many(frames)
+            try:
+                await self.conn.send_many(frames)
+            except FrameTooLarge:  # too much at once: one at a time, a message apart
+                for frame in frames:
+                    await self._send_alone(frame)
+
+    async def _send_alone(self, frame: Frame) -> None:
+        """Send a posted ``frame`` on its own; one too large goes as its parts (a
+        message with ``split()``, such as RunTasks), and a part still too large is
+        handed to ``on_too_large`` (or logged): never lost without a word, and the
+        connection goes on."""
+        try:
+            await self.conn.send(frame)
+        except FrameTooLarge as exc:
+            msg: Any = frame.msg
+            if isinstance(msg, PickledMsg):  # ours, pickled here: read back (rare)
+                msg = cloudpickle.loads(msg.payload)
+            split = getattr(msg, "split", None)
+            parts = split() if split is not None else []
+            if len(parts) > 1:
+                for part in parts:
+                    await self._send_alone(Frame(to_wire(part), frame.causal_id))
+            elif self.on_too_large is not None:
+                self.on_too_large(msg, exc)
+            else:
+                _log.error(
+                    "message too large to send; dropped", peer=self.name,
+                    message=type(msg).__name__, size=exc.fields.get("size"),
+                    limit=exc.fields.get("limit"),
+                )  # fmt: skip
 
     async def _send_loop(self) -> None:
         while True:
