@@ -25,6 +25,14 @@ docs/memory.md for the picture):
   task processes can be killed: the shell reports per-task RSS for those only.
 
 ``None`` turns the spill or the terminate fence off.
+
+What the scheduler knows of a worker's memory (the bytes of outputs it holds in memory,
+its RSS, its spilled bytes: ``corral_memory_bytes``, ``status()["memory"]``, the
+monitoring database, the dashboard) is the worker's latest ``WorkerMemoryReport``. A
+worker reports when it starts or stops throttling (:class:`Throttled`), spills, its disk
+use moves, or a thread is abandoned; and, besides, when its bytes held in memory or its
+RSS moved though none of that happened: :class:`ReportPacing` says when, from the
+memory tick, never per task.
 """
 
 from __future__ import annotations
@@ -45,6 +53,7 @@ __all__ = [
     "MemoryConfigError",
     "MemoryGovernor",
     "Ready",
+    "ReportPacing",
     "Run",
     "Sampled",
     "Spill",
@@ -143,6 +152,61 @@ class MemoryConfig:
     def at(self, fraction: float) -> int:
         """Bytes at ``fraction`` of the limit."""
         return int(fraction * self.limit)
+
+
+# ----------------------------------------------------------------------------- reports
+
+#: seconds between two reports of a worker's memory that only moved, at least
+REPORT_EVERY = 1.0
+#: seconds after which a change of the bytes held too small to be a move is reported
+REPORT_SETTLE = 5.0
+#: a move: the bytes held or the RSS changed by this fraction of the memory limit...
+REPORT_STEP = 0.01
+#: ...or by this many bytes, whichever is more
+REPORT_MIN_STEP = 2**20
+
+
+@dataclasses.dataclass(slots=True)
+class ReportPacing:
+    """When a worker tells the scheduler its memory again though it crossed no fence:
+    what it last reported (the bytes of outputs held in memory, RSS) and when.
+
+    :meth:`due` says yes when the bytes held or the RSS moved by ``step`` (a hundredth
+    of the memory limit, at least a MiB) or more since the last report, at most every
+    ``every`` seconds; and for any other change of the bytes held, once ``settle``
+    seconds passed since the last report. So the scheduler's figures of a worker's
+    memory are at most ``every`` seconds and ``step`` bytes behind, its bytes held
+    exact within ``settle`` seconds, and a worker whose memory does not move sends
+    nothing (RSS moves of less than a step are not reported: every task's result
+    carries its RSS). The worker records each report it sends, whatever made it
+    (:meth:`sent`), and asks :meth:`due` on its memory tick: nothing per task."""
+
+    step: int
+    at: float = 0.0  #: when the last report was sent (the shell's clock)
+    memory_bytes: int = 0  #: the bytes held in memory it said
+    rss: int = 0  #: the RSS it said
+    every: float = REPORT_EVERY
+    settle: float = REPORT_SETTLE
+
+    @classmethod
+    def of(cls, limit: int, now: float, rss: int) -> ReportPacing:
+        """The pacing of a worker with memory ``limit`` that started at ``now`` with
+        ``rss``, holding nothing (as the scheduler first knows it)."""
+        return cls(max(REPORT_MIN_STEP, int(limit * REPORT_STEP)), now, 0, rss)
+
+    def sent(self, now: float, memory_bytes: int, rss: int) -> None:
+        """A report saying ``memory_bytes`` and ``rss`` was sent at ``now``."""
+        self.at, self.memory_bytes, self.rss = now, memory_bytes, rss
+
+    def due(self, now: float, memory_bytes: int, rss: int) -> bool:
+        """Whether to report now, holding ``memory_bytes`` in memory at ``rss``."""
+        since = now - self.at
+        if since < self.every:
+            return False
+        held = memory_bytes - self.memory_bytes
+        if abs(held) >= self.step or abs(rss - self.rss) >= self.step:
+            return True
+        return held != 0 and since >= self.settle
 
 
 # ----------------------------------------------------------------------------- events

@@ -284,6 +284,9 @@ class Worker(Actor):
         #: (bytes on disk, disk free) as the scheduler knows them: at first, from the
         #: registration (nothing on disk, all of ``disk`` free)
         self._reported_disk = (0, self._disk_free())
+        #: the bytes held in memory and RSS the scheduler knows, and when it was told:
+        #: whether the memory tick tells it again (set when the worker starts)
+        self._pacing = mem.ReportPacing.of(self.memory, 0.0, 0)
 
     @property
     def governor(self) -> mem.MemoryGovernor:
@@ -301,6 +304,10 @@ class Worker(Actor):
         self.executor = kind(self.nthreads, self.worker_id, self._deliver, sandbox=sandbox)
         self.executor.checkpoints = self.checkpoints
         self.executor.on_checkpoint = self._checkpoint
+        # The scheduler knows of nothing held at first; the RSS it learns with results.
+        self._pacing = mem.ReportPacing.of(
+            self.memory, self._now(), self.probe() if self.probe is not None else rss()
+        )
         if self.register:
             await self.scheduler.tell(RegisterWorker(self.info, self.ref))
         self.start_soon(self._monitor)
@@ -405,6 +412,10 @@ class Worker(Actor):
             moved = abs(self._disk_free() - self._reported_disk[1])
             if moved >= max(2**20, self.disk // 100):
                 self._report()
+        # Outputs stored or dropped, RSS moved, with no fence crossed: report that too,
+        # paced (ReportPacing), so the scheduler's figures of this memory stay fresh.
+        if self._pacing.due(self._now(), self.data.memory_bytes, self.state.governor.rss):
+            self._report()
         if self.streams:
             self.streams.expire(self._now())  # streams whose reader died
         if self._partials:  # broken copies nothing resumed
@@ -507,6 +518,7 @@ class Worker(Actor):
         cfg, store, governor = self.memory_config, self.data, self.state.governor
         free = self._disk_free()
         self._reported_disk = (self._disk_used(), free)
+        self._pacing.sent(self._now(), store.memory_bytes, governor.rss)
         disk_free = free if self.disk else None
         self.scheduler.post(
             WorkerMemoryReport(

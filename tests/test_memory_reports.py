@@ -1,0 +1,232 @@
+"""The scheduler's figures of a worker's memory stay fresh while it crosses no fence.
+
+``corral_memory_bytes``, ``status()["memory"]``, the monitoring database's
+``resource_samples`` and the dashboard read a worker's latest ``WorkerMemoryReport``.
+A worker used to send one only when it started or stopped throttling, spilled, its disk
+use moved or a thread was abandoned: a worker holding 100 MB of outputs in memory, far
+from every fence, showed 0 bytes held and the RSS of its last report. Now its memory
+tick also reports when the bytes it holds in memory or its RSS moved
+(:class:`actors.memory.ReportPacing`), at most once a second, and never per task.
+
+The pacing is a pure rule, tested with exact times and figures; the worker actor is
+tested with its RSS set by the test (``probe``) and a recorder for a scheduler; an
+embedded cluster end to end, through the metrics, the status, the dashboard's snapshot
+and the monitoring database. Every wait is bounded and gated on what was reported.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from dask._task_spec import Task
+from prometheus_client.parser import text_string_to_metric_families
+
+from actors.memory import REPORT_EVERY, REPORT_MIN_STEP, REPORT_SETTLE, ReportPacing
+from actors.protocol import ToRun
+from actors.worker import Worker
+from runtime import Cluster
+from runtime.dashboard import build_snapshot
+from runtime.kernel import Actor, ActorSystem, handles
+from runtime.messages import (
+    AlertsReply,
+    DropKeys,
+    MetricsRequest,
+    RegisterWorker,
+    RunTasks,
+    StatusReply,
+    StatusRequest,
+    TasksDone,
+    WorkerMemoryReport,
+)
+from runtime.metrics import render
+from tests.helpers import wait_until
+
+MB = 2**20
+GIB = 2**30
+
+
+# ----------------------------------------------------------------------------- the rule
+
+
+def test_a_move_of_a_step_is_reported_at_most_once_a_second() -> None:
+    pacing = ReportPacing.of(1000 * MB, now=100.0, rss=200 * MB)
+    assert pacing.step == 10 * MB  # a hundredth of the limit
+    assert (pacing.at, pacing.memory_bytes, pacing.rss) == (100.0, 0, 200 * MB)
+    # Nothing moved: never due, however long.
+    assert not pacing.due(100.0 + 3600, 0, 200 * MB)
+    # Outputs held: a step or more is a move, due once a second has passed.
+    assert not pacing.due(100.5, 50 * MB, 200 * MB)
+    assert pacing.due(100.0 + REPORT_EVERY, 50 * MB, 200 * MB)
+    pacing.sent(101.0, 50 * MB, 200 * MB)
+    assert not pacing.due(101.9, 0, 200 * MB)  # dropped, but a report went out just now
+    assert pacing.due(102.0, 0, 200 * MB)
+    # RSS alone: a move of a step up or down.
+    pacing.sent(102.0, 0, 200 * MB)
+    assert pacing.due(103.0, 0, 210 * MB) and pacing.due(103.0, 0, 190 * MB)
+    assert not pacing.due(103.0, 0, 209 * MB)
+    # A report sent for another reason (a spill, the disk) counts as the latest.
+    pacing.sent(103.5, 0, 230 * MB)
+    assert not pacing.due(104.0, 0, 230 * MB) and not pacing.due(105.0, 0, 235 * MB)
+
+
+def test_a_change_smaller_than_a_step_is_reported_once_it_settled() -> None:
+    pacing = ReportPacing.of(1000 * MB, now=0.0, rss=200 * MB)
+    assert not pacing.due(REPORT_EVERY, 3 * MB, 200 * MB)  # less than a step: not yet
+    assert not pacing.due(REPORT_SETTLE - 0.01, 3 * MB, 200 * MB)
+    assert pacing.due(REPORT_SETTLE, 3 * MB, 200 * MB)  # exact within settle seconds
+    pacing.sent(REPORT_SETTLE, 3 * MB, 200 * MB)
+    # RSS jitter under a step is never reported (results carry RSS anyway).
+    assert not pacing.due(REPORT_SETTLE + 3600, 3 * MB, 205 * MB)
+
+
+def test_the_step_is_at_least_a_mib() -> None:
+    assert ReportPacing.of(10 * MB, 0.0, 0).step == REPORT_MIN_STEP == MB
+    assert ReportPacing.of(64 * GIB, 0.0, 0).step == int(64 * GIB * 0.01)
+
+
+# ----------------------------------------------------------------------------- a worker
+
+
+class Recorder(Actor):
+    """The scheduler as far as a worker tells it: the tries that ended and every
+    memory report, in order."""
+
+    def __init__(self) -> None:
+        self.done: set[Any] = set()
+        self.reports: list[WorkerMemoryReport] = []
+        self.changed = anyio.Event()
+
+    def _wake(self) -> None:
+        self.changed.set()
+        self.changed = anyio.Event()
+
+    @handles(RegisterWorker)
+    def registered(self, msg: RegisterWorker) -> None:
+        pass
+
+    @handles(TasksDone)
+    def tasks_done(self, msg: TasksDone) -> None:
+        self.done.update(r.key for r in msg.results)
+        self._wake()
+
+    @handles(WorkerMemoryReport)
+    def memory(self, msg: WorkerMemoryReport) -> None:
+        self.reports.append(msg)
+        self._wake()
+
+    async def until(self, condition: Callable[[], Any]) -> None:
+        while not condition():
+            await self.changed.wait()
+
+
+def make(nbytes: int) -> bytes:
+    return b"m" * nbytes
+
+
+def run(key: str, func: Callable[..., Any], *args: Any) -> ToRun:
+    return ToRun(key, Task(key, func, *args), key.split("-")[0], ())
+
+
+@pytest.mark.anyio
+async def test_a_worker_reports_outputs_held_and_rss_that_move_below_every_fence(
+    tmp_path: Path,
+) -> None:
+    """1000 MB of memory, RSS at 100 MB: five outputs of 8 MB are held (no fence
+    near), then RSS grows to 300 MB (below the throttle fence, 700 MB), then the
+    outputs are dropped. Each move reaches the scheduler in a report, none of them
+    throttled. Before, none of them did: no report was sent at all."""
+    sched = Recorder()
+    rss = [100 * MB]
+    keys = tuple(f"make-{i}" for i in range(5))
+    with anyio.fail_after(30):
+        async with ActorSystem() as system:
+            sref = await system.spawn(sched, "scheduler")
+            w = Worker(
+                "w1", sref, lambda _: None, memory=1000 * MB, probe=lambda: rss[0],
+                memory_options={"spill_dir": str(tmp_path), "interval": 0.01},
+            )  # fmt: skip
+            ref = await system.spawn(w, "w1")
+            ref.post(RunTasks(tuple(run(k, make, 8 * MB) for k in keys)))
+            await sched.until(lambda: sched.done >= set(keys))
+            held = w.data.memory_bytes
+            assert held >= 40 * MB
+            await sched.until(lambda: any(r.memory_bytes == held for r in sched.reports))
+            rss[0] = 300 * MB
+            await sched.until(lambda: sched.reports[-1].rss == 300 * MB)
+            ref.post(DropKeys(keys))
+            await sched.until(lambda: sched.reports[-1].memory_bytes == 0)
+    assert not any(r.throttled or r.spilled_bytes for r in sched.reports)
+    assert sched.reports[-1].limit == 1000 * MB and sched.reports[-1].rss == 300 * MB
+
+
+# ----------------------------------------------------------------------------- a cluster
+
+
+def big(i: int) -> bytes:
+    return b"y" * 20_000_000
+
+
+def _scraped(text: str, name: str) -> dict[str, float]:
+    return {
+        s.labels.get("pool", ""): s.value
+        for fam in text_string_to_metric_families(text)
+        if fam.name == name
+        for s in fam.samples
+    }
+
+
+def _sampled(db: Path, worker: str) -> int:
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5) as con:
+        row = con.execute(
+            "SELECT memory_bytes FROM resource_samples WHERE worker = ? ORDER BY time DESC LIMIT 1",
+            (worker,),
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
+@pytest.mark.anyio
+async def test_outputs_held_in_memory_show_in_metrics_status_dashboard_and_database(
+    tmp_path: Path,
+) -> None:
+    """The audit's run, embedded: one worker with 1 GiB holds five outputs of 20 MB,
+    far below its fences. ``corral_memory_bytes``, ``status()["memory"]``, the
+    dashboard's worker and ``resource_samples`` all show the 100 MB, and the RSS the
+    scheduler shows is the worker's current one. Before, all of them read 0."""
+    db = tmp_path / "monitoring.db"
+    held = 5 * 20_000_000
+    with anyio.fail_after(60):
+        async with Cluster(
+            workers=1, memory_per_worker=GIB, monitoring=db, monitoring_interval=0.2
+        ) as c:
+            futures = [c.submit(big, i) for i in range(5)]
+            await c.wait_for_workers(1)
+            for f in futures:
+                await f
+            (wid,) = c.scheduler_state.workers
+
+            async def scraped() -> float:
+                text = render(await c._manager.ask(MetricsRequest())).decode()
+                return _scraped(text, "corral_memory_bytes").get("default", 0.0)
+
+            await wait_until(lambda: _at_least(scraped, held), "corral_memory_bytes", limit=20)
+            status: StatusReply = await c._manager.ask(StatusRequest())
+            report = status.memory[wid]
+            assert report.memory_bytes >= held and not report.throttled
+            assert report.rss > held  # the worker holds them: its RSS counts them
+            snap = build_snapshot(
+                await c._manager.ask(MetricsRequest(details=True)), status, AlertsReply(), 0.0
+            )
+            (shown,) = snap["workers"]
+            assert shown["memory_bytes"] == report.memory_bytes
+            assert shown["rss"] == report.rss
+            await wait_until(lambda: _sampled(db, wid) >= held, "resource_samples", limit=20)
+            del futures
+
+
+async def _at_least(value: Callable[[], Any], least: float) -> bool:
+    return bool(await value() >= least)
