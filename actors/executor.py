@@ -20,7 +20,11 @@ before and right after it, and runs it in its file outputs' context
 (:func:`runtime.files.task_outputs`: the worker's sandbox, given as ``sandbox``), which
 measures a returned ``File`` in the task's own thread or task process. A task process
 that dies under its task (killed, crashed) never ends that context: its try's directory
-is removed when the process is replaced (:func:`runtime.files.remove_tries`).
+is removed when the process is replaced (:func:`runtime.files.remove_tries`). A task
+that fails because the worker's disk filled up while it wrote (``ENOSPC`` on the
+sandbox's file system: :func:`out_of_disk`) ends ``disk-full``, not ``error``, with the
+bytes its try wrote as ``nbytes`` (measured before its try's directory is removed), so
+that the scheduler retries it where it fits.
 
 Which mode to pick: threads are the default because tasks share the worker's memory, so
 inputs and outputs are never copied, and numpy, pandas and most compiled code release
@@ -53,6 +57,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
+import errno
 import math
 import multiprocessing
 import multiprocessing.connection
@@ -60,9 +65,11 @@ import os
 import pickle
 import queue
 import signal
+import stat
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterable
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -80,7 +87,16 @@ from runtime.lifeline import LIFELINE_EXIT_CODE, die_with_parent
 from runtime.remote import pack_error
 from runtime.task import TaskContext, running
 
-__all__ = ["BaseExecutor", "Executor", "ProcessExecutor", "TaskProcessDied", "rss", "rss_of"]
+__all__ = [
+    "BaseExecutor",
+    "Executor",
+    "ProcessExecutor",
+    "TaskProcessDied",
+    "no_space",
+    "out_of_disk",
+    "rss",
+    "rss_of",
+]
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _PROC = psutil.Process()
@@ -119,8 +135,170 @@ def rss_of(pid: int) -> int:
         return 0
 
 
+# ----------------------------------------------------------------------------- disk full
+
+#: a task's ENOSPC that names no file is its worker's disk filling up when the sandbox's
+#: file system has this little free (or a hundredth of its size, if less) right after
+#: the task raised (:func:`out_of_disk`)
+FULL_SLACK = 64 * 2**20
+_MAX_CHAIN = 64  #: exceptions of a task's error (causes, contexts) looked at, at most
+_MAX_ENTRIES = 100_000  #: entries of a try's directory counted, at most
+
+
+def no_space(exc: BaseException) -> OSError | None:
+    """The ``OSError`` with errno ``ENOSPC`` that ``exc`` is, or that it was raised from
+    (its ``__cause__`` and ``__context__``, and an exception group's members, followed
+    up to :data:`_MAX_CHAIN` exceptions); None if there is none."""
+    todo: list[BaseException] = [exc]
+    seen: set[int] = set()
+    while todo and len(seen) < _MAX_CHAIN:
+        e = todo.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+            return e
+        if isinstance(e, BaseExceptionGroup):
+            todo.extend(reversed(e.exceptions))
+        todo.extend(x for x in (e.__context__, e.__cause__) if x is not None)
+    return None
+
+
+def _device(path: Any) -> int | None:
+    """The device (``st_dev``) of the file system holding ``path``, or its nearest
+    existing parent (a file that could not be made); of an open descriptor; None if
+    that cannot be told."""
+    try:
+        if isinstance(path, int):
+            return os.fstat(path).st_dev
+        where = os.path.abspath(os.fsdecode(path))
+        while True:
+            try:
+                return os.stat(where).st_dev
+            except (FileNotFoundError, NotADirectoryError):
+                parent = os.path.dirname(where)
+                if parent == where:
+                    return None
+                where = parent
+    except (OSError, TypeError, ValueError):
+        return None
+
+
+def sandbox_full(sandbox: str) -> bool:
+    """Whether the file system holding ``sandbox`` is full: less free (for this user)
+    than :data:`FULL_SLACK`, or than a hundredth of its size if that is less."""
+    try:
+        fs = os.statvfs(sandbox)
+    except OSError:
+        return False
+    free, size = fs.f_bavail * fs.f_frsize, fs.f_blocks * fs.f_frsize
+    return free <= min(FULL_SLACK, size // 100)
+
+
+def _tree_bytes(directory: str) -> int:
+    """Bytes of the regular files under ``directory`` (symbolic links not followed;
+    at most :data:`_MAX_ENTRIES` entries looked at)."""
+    total, seen, todo = 0, 0, [directory]
+    while todo and seen < _MAX_ENTRIES:
+        try:
+            entries = os.scandir(todo.pop())
+        except OSError:
+            continue
+        with entries:
+            for entry in entries:
+                seen += 1
+                with contextlib.suppress(OSError):
+                    if entry.is_dir(follow_symlinks=False):
+                        todo.append(entry.path)
+                    elif entry.is_file(follow_symlinks=False):
+                        total += entry.stat(follow_symlinks=False).st_size
+    return total
+
+
+def _let_go(exc: BaseException) -> None:
+    """Clear the locals of the finished frames in the tracebacks of ``exc`` and the
+    exceptions it was raised from: a file a task left open in one (written without a
+    ``with``) is closed, so its blocks go back to the full disk once its try's directory
+    is removed, not when the error (kept in the try's records) is."""
+    todo: list[BaseException] = [exc]
+    seen: set[int] = set()
+    while todo and len(seen) < _MAX_CHAIN:
+        e = todo.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        traceback.clear_frames(e.__traceback__)  # an executing frame is left as it is
+        todo.extend(x for x in (e.__context__, e.__cause__) if x is not None)
+
+
+#: nanoseconds a file's modification time may read before the try began and the file
+#: still count as the try's (file systems stamp times from a coarse clock)
+_MTIME_SLACK = 50_000_000
+
+
+def _remove_named(path: Any, sandbox: str, directory: str | None, since: int) -> int:
+    """The bytes of the file ``path`` if this try wrote it in the sandbox outside its
+    own directory (modified since ``since``, ns; not a checkpoint file), which is then
+    removed: the partial copy of an input that ``TaskOutputs.finish`` makes, a file
+    written next to an input. 0 for anything else, left alone."""
+    try:
+        real = os.path.realpath(os.fsdecode(path))
+        root = os.path.realpath(sandbox)
+        inside = (root + os.sep, os.path.join(root, "checkpoints") + os.sep)
+        if not real.startswith(inside[0]) or real.startswith(inside[1]):
+            return 0
+        if directory is not None and real.startswith(os.path.realpath(directory) + os.sep):
+            return 0  # counted with the try's directory, removed with it
+        st = os.lstat(real)
+        if not stat.S_ISREG(st.st_mode) or st.st_mtime_ns < since - _MTIME_SLACK:
+            return 0
+        os.unlink(real)
+    except (OSError, TypeError, ValueError):
+        return 0
+    return int(st.st_size)
+
+
+def out_of_disk(
+    exc: BaseException, sandbox: str | None, directory: str | None, since: int | None = None
+) -> int | None:
+    """Whether a task's error ``exc`` is its worker's disk filling up while the task
+    wrote: if so, the bytes its try left in its ``directory`` (0: none, or no
+    directory), measured before the directory is removed; else None (an ordinary error).
+    With ``since`` (when the try began, ns), the file the error names, if the try wrote
+    it elsewhere in the sandbox, is counted too, and removed (:func:`_remove_named`).
+
+    The rule (docs/files.md, "When the disk fills anyway"): ``exc`` is, or was raised
+    from, an ``OSError`` with errno ``ENOSPC`` (:func:`no_space`), and the file system
+    that refused is the one of the worker's ``sandbox``:
+
+    - the error names a file (``filename2``, the target of a copy, rename or link, else
+      ``filename``): that file (or its nearest existing parent directory, for one that
+      could not be made) is on the sandbox's file system (the same ``st_dev``);
+    - it names none (a ``write`` to an open file says no more): the sandbox's file
+      system is full now, before the try's files are removed (:func:`sandbox_full`).
+
+    So a task that fills a shared file system elsewhere (a path outside the worker's
+    disk) fails with its error as any other, its retries charged."""
+    if sandbox is None:
+        return None
+    err = no_space(exc)
+    if err is None:
+        return None
+    named = err.filename2 if err.filename2 is not None else err.filename
+    if named is not None:
+        dev = _device(named)
+        if dev is None or dev != _device(sandbox):
+            return None
+    elif not sandbox_full(sandbox):
+        return None
+    wrote = _tree_bytes(directory) if directory is not None else 0
+    if named is not None and since is not None:
+        wrote += _remove_named(named, sandbox, directory, since)
+    return wrote
+
+
 Results = list[tuple[TaskResult, Any]]
-_Outcome = Literal["ok", "error", "timeout", "cancelled", "missing", "oom"]
+_Outcome = Literal["ok", "error", "timeout", "cancelled", "missing", "oom", "disk-full"]
 _KILL_OUTCOMES: frozenset[str] = frozenset({"oom", "timeout", "cancelled", "error"})
 
 
@@ -418,17 +596,28 @@ class Executor(BaseExecutor):
         if task.key in self._cancelled:
             return TaskResult(task.key, "cancelled"), None, before
         start = time.time()
+        full: int | None = None  #: the bytes it wrote, if its disk filled up
         try:
             with running(self._context(task)), task_outputs(self.sandbox, task.key) as files:
-                node = task.node
-                if isinstance(node, PickledNode):
-                    node = _load_node(task.key, node.payload, "on a worker")
-                value = files.finish(node(inputs))  # a File is measured here
+                try:
+                    node = task.node
+                    if isinstance(node, PickledNode):
+                        node = _load_node(task.key, node.payload, "on a worker")
+                    value = files.finish(node(inputs))  # a File is measured here
+                except BaseException as exc:  # measured before its files are removed
+                    with contextlib.suppress(Exception):
+                        full = out_of_disk(exc, self.sandbox, files.directory, files.started)
+                    raise
         except BaseException as exc:
             stop = time.time()
+            if full is not None:
+                _let_go(exc)
             after = rss()
+            outcome: _Outcome = "error" if full is None else "disk-full"
             return (
-                TaskResult(task.key, "error", start, stop, 0, after, exc, rss_before=before),
+                TaskResult(
+                    task.key, outcome, start, stop, full or 0, after, exc, rss_before=before
+                ),
                 None,
                 after,
             )
@@ -596,13 +785,22 @@ def _run_job(
     # As in a thread: the RSS before the task counts its inputs, its time loading it.
     before = rss()
     start = time.time()
+    full: int | None = None  #: the bytes it wrote, if its disk filled up
     try:
         node = _load_node(key, node_bytes, "in a task process")
         with running(_child_context(conn, header)), task_outputs(_SANDBOX, key) as files:
-            value = files.finish(node(inputs))  # a File is measured here
+            try:
+                value = files.finish(node(inputs))  # a File is measured here
+            except BaseException as exc:  # measured before its files are removed
+                with contextlib.suppress(Exception):
+                    full = out_of_disk(exc, _SANDBOX, files.directory, files.started)
+                raise
     except BaseException as exc:
         stop = time.time()
         error, tb = _pack_error(exc)
+        if full is not None:
+            _let_go(exc)
+            return ("disk-full", start, stop, before, rss(), tb, full), error
         return ("error", start, stop, before, rss(), tb), error
     stop = time.time()
     after = rss()
@@ -900,8 +1098,9 @@ class ProcessExecutor(BaseExecutor):
     def _result(
         self, slot: _Slot, key: Key, header: tuple[Any, ...], parts: list[bytearray]
     ) -> tuple[TaskResult, Any]:
-        """The TaskResult and value of a task process's reply."""
-        outcome, start, stop, before, after, tb = header
+        """The TaskResult and value of a task process's reply (a ``disk-full`` one's
+        header ends with the bytes its try wrote)."""
+        outcome, start, stop, before, after, tb = header[:6]
         slot.idle_rss = after
         if outcome == "ok":
             try:
@@ -925,6 +1124,12 @@ class ProcessExecutor(BaseExecutor):
             )
         if tb and error.__cause__ is None:
             error.__cause__ = _RemoteTraceback(tb)
+        if outcome == "disk-full":
+            nbytes = header[6]
+            return (
+                TaskResult(key, "disk-full", start, stop, nbytes, after, error, rss_before=before),
+                None,
+            )
         return TaskResult(key, "error", start, stop, 0, after, error, rss_before=before), None
 
     def _lost(self, slot: _Slot, key: Key, start: float, failure: Exception) -> TaskResult:

@@ -13,13 +13,16 @@ events, carries out the core's commands, and feeds back what came of them.
 File outputs (``runtime/files.py``): tasks write them in the store's directory (the
 sandbox the executor hands them), the executor measures them, and the worker keeps
 them as the store's file entries, after checking that they fit on its disk
-(:meth:`Worker._keep_files`). Peers copy them as streams of their bytes into their own
-sandbox (:meth:`Worker._fetch_file`, :func:`actors.transfer.fetch_file`), resuming a
-broken copy from the bytes they have, from the same holder or the next one. Checkpoint
-files (``actors/checkpoints.py``) live in the ``checkpoints`` directory of the same
-sandbox and travel the same way (:meth:`Worker._fetch_checkpoint`). One sandbox, one
-disk budget: spilled outputs, file outputs, checkpoint files and the copies under way
-all count in :meth:`Worker._disk_used`, and stopping removes the sandbox with them all.
+(:meth:`Worker._keep_files`); a task whose writes fill the sandbox's file system
+(``ENOSPC``) ends its try ``disk-full``, retried where it fits, not ``error``
+(:meth:`Worker._task_disk_full`). Peers copy file outputs as streams of their bytes
+into their own sandbox (:meth:`Worker._fetch_file`, :func:`actors.transfer.fetch_file`),
+resuming a broken copy from the bytes they have, from the same holder or the next one.
+Checkpoint files (``actors/checkpoints.py``) live in the ``checkpoints`` directory of
+the same sandbox and travel the same way (:meth:`Worker._fetch_checkpoint`). One
+sandbox, one disk budget: spilled outputs, file outputs, checkpoint files and the copies
+under way all count in :meth:`Worker._disk_used`, and stopping removes the sandbox with
+them all.
 
 Per task the executor measures duration, output size (``dask.sizeof``) and process RSS
 right before and right after it; RSS is also sampled after every batch of finished tasks
@@ -783,11 +786,16 @@ class Worker(Actor):
         """File outputs among ``results`` (measured by the executor, in the sandbox):
         each is kept as a file entry of the store, its size as the try's ``nbytes``, if
         it fits in the disk left under ``--disk``; one that does not is removed and its
-        try ends ``disk-full``, as an output written to disk that does not fit."""
-        if not any(isinstance(value, File) for _, value in results):
+        try ends ``disk-full``, as an output written to disk that does not fit. A try
+        the executor ended ``disk-full`` (its task's writes filled the sandbox's file
+        system) gets its :class:`DiskFull` here (:meth:`_task_disk_full`)."""
+        if not any(isinstance(v, File) or r.outcome == "disk-full" for r, v in results):
             return results
-        out = []
+        out: list[tuple[TaskResult, Any]] = []
         for res, value in results:
+            if res.outcome == "disk-full":
+                out.append((self._task_disk_full(res), None))
+                continue
             if res.outcome != "ok" or not isinstance(value, File):
                 out.append((res, value))
                 continue
@@ -808,6 +816,28 @@ class Worker(Actor):
         if self._written:
             self._report()  # before the results: the scheduler sees the disk they take
         return tuple(out)
+
+    def _task_disk_full(self, res: TaskResult) -> TaskResult:
+        """A try whose task failed because the file system of this worker's disk was
+        full (``ENOSPC`` while it wrote on its sandbox's: the executor's
+        :func:`~actors.executor.out_of_disk`, which measured the bytes its try wrote
+        before its files were removed): it ends ``disk-full`` with a :class:`DiskFull`
+        naming this worker, those bytes and the room left, raised from the task's own
+        error. Its ``nbytes``, what its category and the task learn, is one more than it
+        wrote: its output is larger than what fitted, so its retry does not come back to
+        a disk with no more room than this one had (one that filled before the task
+        wrote a byte, say). The scheduler hears of this disk first."""
+        if isinstance(res.error, DiskFull):
+            return res
+        room = self._disk_free()
+        self.log.warning(
+            "task filled the disk", key=str(res.key), wrote=res.nbytes, room=room,
+            error=f"{type(res.error).__name__}: {res.error}",
+        )  # fmt: skip
+        error = DiskFull(str(res.key), self.worker_id, res.nbytes, room, self.disk)
+        error.__cause__ = res.error
+        self._report()  # before the result: placement sees this disk as it is now
+        return dataclasses.replace(res, nbytes=res.nbytes + 1, error=error)
 
     def _drop_partial(self, key: Key) -> None:
         partial = self._partials.pop(key, None)

@@ -129,6 +129,21 @@ def test_an_error_is_reported_and_nothing_is_stored() -> None:
     assert s.held == {}
 
 
+def test_a_try_whose_disk_filled_is_reported_disk_full_with_its_size() -> None:
+    """The executor ended it ``disk-full`` (its task hit ENOSPC on the worker's disk,
+    docs/files.md): reported as it came, the bytes written as ``nbytes`` and the error
+    kept, nothing stored."""
+    s = state()
+    feed(s, TasksAssigned(0.0, (task("a"),)))
+    full = OSError(28, "No space left on device")
+    res = TaskResult("a", "disk-full", 1.0, 2.0, 3 * MB, 100, full, rss_before=90)
+    assert feed(s, TasksFinished(3.0, ((res, None),))) == [
+        ReportDone((TaskResult("a", "disk-full", 1.0, 2.0, 3 * MB, 100, full, rss_before=90),)),
+        Sample(),
+    ]
+    assert s.held == {} and not s.active
+
+
 # ----------------------------------------------------------------------------- fetching
 
 

@@ -1,0 +1,562 @@
+"""A full disk under a task's own writes: its try ends ``disk-full``, not ``error``.
+
+A task that fails with ``OSError(ENOSPC)`` (raised as it is, or as the cause or context
+of what it raised) while it writes on its worker's disk (the file system of the
+worker's sandbox) ends its try ``disk-full``, with the bytes its try left in its try
+directory as the output's size; its files are removed; the scheduler retries it where
+it fits and its category learns the size. An ENOSPC on another file system stays an
+ordinary error (docs/files.md, "When the disk fills anyway").
+
+Most tests need no full file system: the task raises the ``OSError`` a full disk
+raises, naming the file it wrote (as ``open`` and the copies do), and the executor, the
+worker and a cluster are run for real around it. The tests marked so fill a real small
+file system (a tmpfs the test mounts: only as root, skipped otherwise). Every wait is
+bounded and gated on what the executor delivers or the worker reports.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import shutil
+import subprocess
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from dask._task_spec import Task
+
+from actors import executor as executor_module
+from actors.executor import (
+    BaseExecutor,
+    Executor,
+    ProcessExecutor,
+    no_space,
+    out_of_disk,
+)
+from actors.protocol import TaskResult, ToRun
+from actors.worker import Worker
+from runtime import Cluster, File, output_path
+from runtime.errors import DiskFull, TaskTooBigForDisk
+from runtime.graph import Key
+from runtime.kernel import Actor, ActorSystem, handles
+from runtime.messages import RegisterWorker, RunTasks, TasksDone, WorkerMemoryReport
+
+pytestmark = pytest.mark.anyio
+
+BOUND = 30  # seconds any test's waits may take (task processes start in about a second)
+MiB = 2**20
+NOSPACE = os.strerror(errno.ENOSPC)
+
+
+# ----------------------------------------------------------------------------- tasks
+
+
+def _write(name: str, nbytes: int) -> str:
+    path = output_path(name)
+    with open(path, "wb") as f:
+        f.write(b"x" * nbytes)
+    return path
+
+
+def fills_named(nbytes: int) -> File:
+    """Writes ``nbytes`` in its try's directory, then the disk is full: the error
+    ``open`` or a copy raises, naming the file."""
+    path = _write("out.bin", nbytes)
+    raise OSError(errno.ENOSPC, NOSPACE, path)
+
+
+def fills_then_raises_from(nbytes: int) -> File:
+    """A library that wraps the disk's error in its own (``raise ... from``)."""
+    path = _write("out.bin", nbytes)
+    try:
+        raise OSError(errno.ENOSPC, NOSPACE, path)
+    except OSError as exc:
+        raise RuntimeError("could not save the histogram") from exc
+
+
+def fills_then_fails_handling(nbytes: int) -> File:
+    """A failure while handling the disk's error: ENOSPC is its context."""
+    path = _write("out.bin", nbytes)
+    try:
+        raise OSError(errno.ENOSPC, NOSPACE, path)
+    except OSError:
+        raise ValueError("cleanup failed too")  # noqa: B904 - the context is the point
+
+
+def fills_in_a_subdirectory(nbytes: int) -> File:
+    """ENOSPC making a file in a directory that does not exist yet (named, missing)."""
+    _write("part-0.bin", nbytes)
+    raise OSError(errno.ENOSPC, NOSPACE, os.path.join(output_path("deeper"), "x", "y.bin"))
+
+
+def fills_elsewhere(path: str) -> None:
+    """ENOSPC on a path that is not on the worker's disk (shared storage, say)."""
+    _write("out.bin", MiB)
+    raise OSError(errno.ENOSPC, NOSPACE, path)
+
+
+def fills_nameless(nbytes: int) -> None:
+    """A ``write`` to an open file: the error names no file."""
+    _write("out.bin", nbytes)
+    raise OSError(errno.ENOSPC, NOSPACE)
+
+
+def fills_next_to(path: str, nbytes: int) -> None:
+    """Writes ``nbytes`` at ``path`` (in the sandbox, outside its try's directory: next
+    to an input, say), then the disk is full."""
+    with open(path, "wb") as f:
+        f.write(b"n" * nbytes)
+    raise OSError(errno.ENOSPC, NOSPACE, path)
+
+
+def renames_onto(path: str) -> None:
+    """A rename onto ``path`` (a file it did not write) refused for room."""
+    _write("out.bin", 1000)
+    raise OSError(errno.ENOSPC, NOSPACE, output_path("out.bin"), None, path)
+
+
+def returns(path: str) -> File:
+    """Returns a file of the sandbox it did not write (an input's): the worker copies it."""
+    return File(path)
+
+
+def denied(nbytes: int) -> None:
+    """Another OSError, naming a file in the sandbox: an ordinary error."""
+    path = _write("out.bin", nbytes)
+    raise OSError(errno.EACCES, os.strerror(errno.EACCES), path)
+
+
+def writes_past_the_disk(nbytes: int, left_open: bool = True) -> File:
+    """Writes ``nbytes`` for real, in 1 MiB writes, and returns it. ``left_open``: the
+    file is not closed when the disk fills (no ``with``): its frames must let it go."""
+    path = output_path("big.bin")
+    chunk = b"y" * MiB
+    if not left_open:
+        with open(path, "wb") as f:
+            for _ in range(nbytes // MiB):
+                f.write(chunk)
+        return File(path)
+    f = open(path, "wb")  # noqa: SIM115 - left open on purpose
+    for _ in range(nbytes // MiB):
+        f.write(chunk)
+    f.close()
+    return File(path)
+
+
+def writes_to(directory: str, nbytes: int) -> None:
+    """Writes ``nbytes`` for real in ``directory`` (not the worker's disk)."""
+    with open(os.path.join(directory, "scratch.bin"), "wb") as f:
+        f.write(b"z" * nbytes)
+
+
+def job(key: Key, func: Callable[..., Any], *args: Any) -> ToRun:
+    return ToRun(key, Task(key, func, *args), key.split("-")[0], ())
+
+
+# ----------------------------------------------------------------------------- harness
+
+
+class Delivered:
+    """What an executor delivered, by key; ``get`` waits for a key's result."""
+
+    def __init__(self) -> None:
+        self.results: dict[Key, tuple[TaskResult, Any]] = {}
+        self._changed = anyio.Event()
+
+    def __call__(self, batch: list[tuple[TaskResult, Any]]) -> None:
+        for result, value in batch:
+            self.results[result.key] = (result, value)
+        self._changed.set()
+
+    async def get(self, key: Key) -> TaskResult:
+        with anyio.fail_after(BOUND):
+            while key not in self.results:
+                self._changed = anyio.Event()
+                await self._changed.wait()
+        return self.results.pop(key)[0]
+
+
+@contextlib.asynccontextmanager
+async def executor(mode: str, sandbox: Path) -> AsyncIterator[tuple[BaseExecutor, Delivered]]:
+    delivered = Delivered()
+    kind = ProcessExecutor if mode == "process" else Executor
+    ex = kind(1, "w1", delivered, sandbox=str(sandbox))
+    try:
+        yield ex, delivered
+    finally:
+        with anyio.fail_after(BOUND):
+            await anyio.to_thread.run_sync(ex.shutdown, True)
+
+
+def tries_left(sandbox: Path) -> list[str]:
+    """The try directories (and what is in them) left in a sandbox."""
+    out = sandbox / "out"
+    return sorted(str(p.relative_to(out)) for p in out.rglob("*")) if out.exists() else []
+
+
+def other_file_system(than: Path) -> str | None:
+    """A directory on another file system than ``than``'s, if this machine has one."""
+    dev = os.stat(than).st_dev
+    for candidate in ("/dev/shm", "/proc", "/sys", "/dev", "/run"):
+        with contextlib.suppress(OSError):
+            if os.stat(candidate).st_dev != dev:
+                return candidate
+    return None
+
+
+# ----------------------------------------------------------------------------- the rule
+
+
+def test_no_space_finds_enospc_as_raised_caused_or_in_context_and_in_groups() -> None:
+    full = OSError(errno.ENOSPC, NOSPACE, "/x")
+    assert no_space(full) is full
+    wrapped = RuntimeError("save failed")
+    wrapped.__cause__ = full
+    assert no_space(wrapped) is full
+    handling = ValueError("cleanup")
+    handling.__context__ = wrapped
+    assert no_space(handling) is full
+    group = ExceptionGroup("tasks", [KeyError("k"), handling])
+    assert no_space(group) is full
+    looped = RuntimeError("a")  # a cycle of contexts ends
+    looped.__context__ = RuntimeError("b")
+    looped.__context__.__context__ = looped
+    assert no_space(looped) is None
+    assert no_space(OSError(errno.EACCES, "denied", "/x")) is None
+    assert no_space(OSError("no errno")) is None
+
+
+def test_out_of_disk_is_enospc_on_the_sandboxes_file_system(tmp_path: Path) -> None:
+    sandbox = tmp_path / "sandbox"
+    tried = sandbox / "out" / "try-1"
+    (tried / "sub").mkdir(parents=True)
+    (tried / "a.bin").write_bytes(b"a" * 3000)
+    (tried / "sub" / "b.bin").write_bytes(b"b" * 500)
+    os.symlink("/etc/hostname", tried / "link")  # not followed, not counted
+    here = str(tried / "a.bin")
+
+    def full(path: str | None) -> OSError:
+        if path is None:
+            return OSError(errno.ENOSPC, NOSPACE)
+        return OSError(errno.ENOSPC, NOSPACE, path)
+
+    assert out_of_disk(full(here), str(sandbox), str(tried)) == 3500
+    assert out_of_disk(full(here), str(sandbox), None) == 0  # no try directory made
+    # A file that could not be made: its nearest existing parent counts.
+    assert out_of_disk(full(str(tried / "no" / "such.bin")), str(sandbox), str(tried)) == 3500
+    # A copy's error names its source, then its target (filename2): the target counts.
+    copy = OSError(errno.ENOSPC, NOSPACE, str(other_file_system(sandbox)), None, here)
+    assert out_of_disk(copy, str(sandbox), str(tried)) == 3500
+    assert out_of_disk(OSError(errno.EIO, "io", here), str(sandbox), str(tried)) is None
+    assert out_of_disk(full(here), None, str(tried)) is None  # no sandbox: no disk
+    elsewhere = other_file_system(sandbox)
+    if elsewhere is not None:
+        missing = os.path.join(elsewhere, "corral-no-such-dir", "out.bin")
+        assert out_of_disk(full(missing), str(sandbox), str(tried)) is None
+        copy_out = OSError(errno.ENOSPC, NOSPACE, here, None, missing)  # from here to there
+        assert out_of_disk(copy_out, str(sandbox), str(tried)) is None
+    # No file named: whether the sandbox's file system is full now decides.
+    assert not executor_module.sandbox_full(str(sandbox))  # this test's disk has room
+    assert out_of_disk(full(None), str(sandbox), str(tried)) is None
+
+
+# ----------------------------------------------------------------------------- executors
+
+
+@pytest.mark.parametrize("mode", ["thread", "process"])
+@pytest.mark.parametrize("func", [fills_named, fills_then_raises_from, fills_then_fails_handling])
+async def test_a_task_whose_disk_fills_ends_disk_full_with_the_bytes_it_wrote(
+    tmp_path: Path, mode: str, func: Callable[[int], Any]
+) -> None:
+    """Before, each of these tries ended ``error`` with ``nbytes`` 0 (the OSError as it
+    was): the scheduler charged a retry and never learned the size."""
+    sandbox = tmp_path / "sandbox"
+    sandbox.mkdir()
+    async with executor(mode, sandbox) as (ex, delivered):
+        ex.submit(job("save-0", func, 3 * MiB + 7), {})
+        res = await delivered.get("save-0")
+    assert (res.outcome, res.nbytes) == ("disk-full", 3 * MiB + 7), res.error
+    assert res.error is not None and res.start <= res.stop
+    if mode == "thread":  # the task's own error, as raised (a process's is a copy)
+        assert no_space(res.error) is not None
+    assert tries_left(sandbox) == []  # its partial file went with its try's directory
+
+
+@pytest.mark.parametrize("mode", ["thread", "process"])
+async def test_enospc_making_a_file_in_a_missing_directory_of_the_sandbox(
+    tmp_path: Path, mode: str
+) -> None:
+    sandbox = tmp_path / "sandbox"
+    sandbox.mkdir()
+    async with executor(mode, sandbox) as (ex, delivered):
+        ex.submit(job("deep-0", fills_in_a_subdirectory, 5000), {})
+        res = await delivered.get("deep-0")
+    assert (res.outcome, res.nbytes) == ("disk-full", 5000)
+    assert tries_left(sandbox) == []
+
+
+@pytest.mark.parametrize("mode", ["thread", "process"])
+async def test_a_partial_file_the_try_wrote_elsewhere_in_the_sandbox_is_counted_and_removed(
+    tmp_path: Path, mode: str
+) -> None:
+    """A file the try wrote in the sandbox outside its own directory (next to an
+    input) that the disk refused is its partial output: counted and removed. A file it
+    did not write (older than the try) that its error names is left alone."""
+    sandbox = tmp_path / "sandbox"
+    sandbox.mkdir()
+    kept = sandbox / "0123456789ab-kept.bin"  # a stored output, written long ago
+    kept.write_bytes(b"k" * 100)
+    os.utime(kept, (1_000_000_000, 1_000_000_000))
+    async with executor(mode, sandbox) as (ex, delivered):
+        ex.submit(job("next-0", fills_next_to, str(sandbox / "next.bin"), 2000), {})
+        ex.submit(job("onto-0", renames_onto, str(kept)), {})
+        res = await delivered.get("next-0")
+        onto = await delivered.get("onto-0")
+    assert (res.outcome, res.nbytes) == ("disk-full", 2000)
+    assert (onto.outcome, onto.nbytes) == ("disk-full", 1000)  # its try's directory only
+    assert sorted(p.name for p in sandbox.iterdir()) == ["0123456789ab-kept.bin", "out"]
+    assert kept.read_bytes() == b"k" * 100 and tries_left(sandbox) == []
+
+
+@pytest.mark.parametrize("mode", ["thread", "process"])
+async def test_enospc_elsewhere_and_other_os_errors_stay_ordinary_errors(
+    tmp_path: Path, mode: str
+) -> None:
+    sandbox = tmp_path / "sandbox"
+    sandbox.mkdir()
+    elsewhere = other_file_system(sandbox)
+    async with executor(mode, sandbox) as (ex, delivered):
+        ex.submit(job("denied-0", denied, 1000), {})
+        ex.submit(job("nameless-0", fills_nameless, 1000), {})  # this disk has room
+        if elsewhere is not None:
+            path = os.path.join(elsewhere, "corral-no-such-dir", "out.bin")
+            ex.submit(job("shared-0", fills_elsewhere, path), {})
+        results = [await delivered.get("denied-0"), await delivered.get("nameless-0")]
+        if elsewhere is not None:
+            results.append(await delivered.get("shared-0"))
+    for res in results:
+        assert (res.outcome, res.nbytes) == ("error", 0), res.key
+        assert isinstance(res.error, OSError), res.error
+    assert tries_left(sandbox) == []
+
+
+async def test_a_nameless_enospc_is_disk_full_when_the_sandboxes_disk_is_full(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ``write`` to an open file names no file: the sandbox's file system, full when
+    the task raised (here said so; for real in the tmpfs tests below), decides."""
+    sandbox = tmp_path / "sandbox"
+    sandbox.mkdir()
+    seen: list[tuple[str, list[str]]] = []
+
+    def full(where: str) -> bool:
+        seen.append((where, tries_left(sandbox)))  # asked before the files go
+        return True
+
+    monkeypatch.setattr(executor_module, "sandbox_full", full)
+    async with executor("thread", sandbox) as (ex, delivered):
+        ex.submit(job("nameless-0", fills_nameless, 4096), {})
+        res = await delivered.get("nameless-0")
+    assert (res.outcome, res.nbytes) == ("disk-full", 4096)
+    ((where, files),) = seen
+    assert where == str(sandbox) and len(files) == 2 and files[1].endswith("out.bin")
+    assert tries_left(sandbox) == []
+
+
+# ----------------------------------------------------------------------------- a worker
+
+
+class Recorder(Actor):
+    """The scheduler as a worker tells it: the tries that ended and the memory reports,
+    in the order they came."""
+
+    def __init__(self) -> None:
+        self.done: dict[Any, TaskResult] = {}
+        self.messages: list[Any] = []
+        self.changed = anyio.Event()
+
+    def _wake(self) -> None:
+        self.changed.set()
+        self.changed = anyio.Event()
+
+    @handles(TasksDone)
+    def tasks_done(self, msg: TasksDone) -> None:
+        self.messages.append(msg)
+        self.done.update((r.key, r) for r in msg.results)
+        self._wake()
+
+    @handles(WorkerMemoryReport)
+    def memory_report(self, msg: WorkerMemoryReport) -> None:
+        self.messages.append(msg)
+        self._wake()
+
+    @handles(RegisterWorker)
+    def registered(self, msg: RegisterWorker) -> None:
+        pass
+
+    async def until(self, key: str) -> TaskResult:
+        while key not in self.done:
+            await self.changed.wait()
+        return self.done[key]
+
+
+@pytest.mark.parametrize("mode", ["thread", "process"])
+async def test_the_worker_reports_the_try_disk_full_with_its_disk_first(
+    tmp_path: Path, mode: str
+) -> None:
+    """The worker's report: outcome ``disk-full``, ``nbytes`` one more than the bytes
+    written (its output did not fit in them), a :class:`DiskFull` naming it, the bytes
+    written and its room (raised from the task's error, in a thread), after a memory
+    report that tells the scheduler of its disk now. Before, the scheduler got
+    ``error`` with the task's OSError."""
+    sched = Recorder()
+    disk = 64 * MiB
+    with anyio.fail_after(BOUND):
+        async with ActorSystem() as system:
+            sref = await system.spawn(sched, "scheduler")
+            w = Worker(
+                "w1", sref, lambda _: None, memory=2**30, disk=disk,
+                memory_options={"spill_dir": str(tmp_path), "execution": mode},
+            )  # fmt: skip
+            ref = await system.spawn(w, "w1")
+            ref.post(RunTasks((job("save-0", fills_named, 3 * MiB),)))
+            res = await sched.until("save-0")
+            sandbox = Path(w.data.sandbox())
+            assert tries_left(sandbox) == []
+    assert (res.outcome, res.nbytes, res.file) == ("disk-full", 3 * MiB + 1, False)
+    assert isinstance(res.error, DiskFull), res.error
+    assert (res.error.worker, res.error.nbytes, res.error.disk) == ("w1", 3 * MiB, disk)
+    assert 0 < res.error.room <= disk
+    if mode == "thread":
+        cause = res.error.__cause__
+        assert isinstance(cause, OSError) and cause.errno == errno.ENOSPC
+    kinds = [type(m).__name__ for m in sched.messages]
+    assert kinds.index("WorkerMemoryReport") < kinds.index("TasksDone"), kinds
+
+
+# ----------------------------------------------------------------------------- a cluster
+
+
+def fills_once(flag: str, nbytes: int) -> bytes:
+    """Its first try fills the disk (``nbytes`` written), the next one succeeds."""
+    if not os.path.exists(flag):
+        Path(flag).touch()
+        fills_named(nbytes)
+    return b"ok"
+
+
+async def test_a_cluster_retries_a_try_that_filled_the_disk_and_learns_its_size(
+    tmp_path: Path,
+) -> None:
+    """No retries asked for: the disk-full try is retried for free, the result comes,
+    the category counts one ``disk-full`` try, of more than the size written. Before,
+    the run failed with the task's ``OSError: [Errno 28] No space left on device``."""
+    flag = str(tmp_path / "filled")
+    with anyio.fail_after(60):
+        async with Cluster(workers=2) as cluster:
+            fut = cluster.submit(fills_once, flag, 2 * MiB, retries=0)
+            assert await fut == b"ok"
+            st = await cluster.status()
+            story = [row[1:3] for row in await cluster.story(fut.key)]
+    cat = st["categories"]["fills_once"]
+    assert (cat["disk_full"], cat["errors"], cat["max_nbytes"]) == (1, 0, 2 * MiB + 1)
+    assert ("processing", "queued") in story and ("processing", "memory") in story, story
+
+
+# ----------------------------------------------------------------------------- a real full disk
+
+
+@pytest.fixture
+def small_fs(tmp_path: Path) -> Iterator[Path]:
+    """A fresh 8 MiB tmpfs, mounted for the test (root only; skipped otherwise)."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("fills a real file system: needs root to mount an 8 MiB tmpfs")
+    where = tmp_path / "small"
+    where.mkdir()
+    made = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(where)],
+        capture_output=True, text=True, timeout=30, check=False,
+    )  # fmt: skip
+    if made.returncode != 0:
+        pytest.skip(f"fills a real file system: cannot mount a tmpfs ({made.stderr.strip()})")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], timeout=30, check=False)
+
+
+def free_bytes(path: Path) -> int:
+    return shutil.disk_usage(path).free
+
+
+# The task leaves its file open: once its frames let go of it, the file is closed by the
+# garbage collector, which warns of it (and of the buffered bytes it cannot write).
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.parametrize("mode", ["thread", "process"])
+async def test_a_task_filling_a_real_file_system_ends_disk_full_and_frees_it(
+    small_fs: Path, tmp_path: Path, mode: str
+) -> None:
+    """The sandbox on an 8 MiB tmpfs; a task writes 16 MiB (the file left open): its
+    try ends ``disk-full`` with what it wrote (about the tmpfs' size) and the tmpfs is
+    as empty as before once it is reported. A task on a sandbox elsewhere that fills
+    that tmpfs (not the worker's disk) fails with its OSError."""
+    sandbox = small_fs / "sandbox"
+    sandbox.mkdir()
+    empty = free_bytes(small_fs)
+    async with executor(mode, sandbox) as (ex, delivered):
+        ex.submit(job("big-0", writes_past_the_disk, 16 * MiB), {})
+        res = await delivered.get("big-0")
+        assert res.outcome == "disk-full", res.error
+        assert empty - MiB <= res.nbytes <= empty, (res.nbytes, empty)
+        assert tries_left(sandbox) == [] and free_bytes(small_fs) == empty
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    async with executor(mode, elsewhere) as (ex, delivered):
+        ex.submit(job("scratch-0", writes_to, str(small_fs), 16 * MiB), {})
+        res = await delivered.get("scratch-0")
+    assert (res.outcome, res.nbytes) == ("error", 0)
+    assert isinstance(res.error, OSError) and res.error.errno == errno.ENOSPC
+
+
+@pytest.mark.parametrize("mode", ["thread", "process"])
+async def test_the_copy_of_an_input_that_fills_a_real_disk_is_removed(
+    small_fs: Path, mode: str
+) -> None:
+    """A task returns a 5 MiB file of the sandbox it did not write (an input's): the
+    worker copies it (its own output), and the 8 MiB tmpfs refuses the copy. The try
+    ends ``disk-full`` with what was copied, and the partial copy, which is not in the
+    try's directory, is removed: the tmpfs holds the input alone again."""
+    sandbox = small_fs / "sandbox"
+    sandbox.mkdir()
+    source = sandbox / "0123456789ab-events.bin"
+    source.write_bytes(b"e" * 5 * MiB)
+    os.utime(source, (1_000_000_000, 1_000_000_000))  # written before the try
+    free = free_bytes(small_fs)
+    async with executor(mode, sandbox) as (ex, delivered):
+        ex.submit(job("keep-0", returns, str(source)), {})
+        res = await delivered.get("keep-0")
+    assert res.outcome == "disk-full", res.error
+    assert free - MiB <= res.nbytes <= free, (res.nbytes, free)
+    assert [p.name for p in sandbox.iterdir()] == [source.name]  # the copy went
+    assert free_bytes(small_fs) == free
+
+
+async def test_a_cluster_whose_only_disk_is_too_small_says_so(small_fs: Path) -> None:
+    """The audit's run: a worker whose sandbox is on a small file system, a task writing
+    more than it holds. The try ends ``disk-full`` and the task fails saying what it
+    needs, not with ``OSError: [Errno 28]`` after an ``error`` try."""
+    options = {"spill_dir": str(small_fs)}
+    with anyio.fail_after(60):
+        async with Cluster(workers=1, memory_options=options) as cluster:
+            fut = cluster.submit(writes_past_the_disk, 16 * MiB, False)
+            with pytest.raises((TaskTooBigForDisk, DiskFull)) as info:
+                await fut
+            st = await cluster.status()
+    cat = st["categories"]["writes_past_the_disk"]
+    assert (cat["disk_full"], cat["errors"]) == (1, 0), cat
+    assert 6 * MiB < cat["max_nbytes"] <= 8 * MiB + 1  # one more than it wrote
+    assert "Errno 28" not in str(info.value)
