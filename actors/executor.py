@@ -58,6 +58,7 @@ import abc
 import asyncio
 import contextlib
 import errno
+import inspect
 import math
 import multiprocessing
 import multiprocessing.connection
@@ -133,6 +134,16 @@ def rss_of(pid: int) -> int:
         return int(psutil.Process(pid).memory_info().rss)
     except (OSError, ValueError, IndexError, psutil.Error):
         return 0
+
+
+def _run_node(node: Any, inputs: Any) -> Any:
+    """Run a task's node on its inputs; an ``async def`` task's coroutine is run to its
+    end here, in the task's own thread or process, on an event loop of its own (as
+    dask's workers await one)."""
+    value = node(inputs)
+    if inspect.iscoroutine(value):
+        value = asyncio.run(value)
+    return value
 
 
 # ----------------------------------------------------------------------------- disk full
@@ -603,7 +614,7 @@ class Executor(BaseExecutor):
                     node = task.node
                     if isinstance(node, PickledNode):
                         node = _load_node(task.key, node.payload, "on a worker")
-                    value = files.finish(node(inputs))  # a File is measured here
+                    value = files.finish(_run_node(node, inputs))  # a File is measured here
                 except BaseException as exc:  # measured before its files are removed
                     with contextlib.suppress(Exception):
                         full = out_of_disk(exc, self.sandbox, files.directory, files.started)
@@ -790,7 +801,7 @@ def _run_job(
         node = _load_node(key, node_bytes, "in a task process")
         with running(_child_context(conn, header)), task_outputs(_SANDBOX, key) as files:
             try:
-                value = files.finish(node(inputs))  # a File is measured here
+                value = files.finish(_run_node(node, inputs))  # a File is measured here
             except BaseException as exc:  # measured before its files are removed
                 with contextlib.suppress(Exception):
                     full = out_of_disk(exc, _SANDBOX, files.directory, files.started)
