@@ -71,7 +71,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any, ClassVar, Literal, cast
@@ -156,10 +156,10 @@ _MAX_CHAIN = 64  #: exceptions of a task's error (causes, contexts) looked at, a
 _MAX_ENTRIES = 100_000  #: entries of a try's directory counted, at most
 
 
-def no_space(exc: BaseException) -> OSError | None:
-    """The ``OSError`` with errno ``ENOSPC`` that ``exc`` is, or that it was raised from
-    (its ``__cause__`` and ``__context__``, and an exception group's members, followed
-    up to :data:`_MAX_CHAIN` exceptions); None if there is none."""
+def _chain(exc: BaseException, *, groups: bool = False) -> Iterator[BaseException]:
+    """``exc`` and the exceptions it was raised from (its ``__cause__`` and
+    ``__context__``; with ``groups``, an exception group's members too), each once, up
+    to :data:`_MAX_CHAIN` of them."""
     todo: list[BaseException] = [exc]
     seen: set[int] = set()
     while todo and len(seen) < _MAX_CHAIN:
@@ -167,11 +167,18 @@ def no_space(exc: BaseException) -> OSError | None:
         if id(e) in seen:
             continue
         seen.add(id(e))
-        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
-            return e
-        if isinstance(e, BaseExceptionGroup):
+        yield e
+        if groups and isinstance(e, BaseExceptionGroup):
             todo.extend(reversed(e.exceptions))
         todo.extend(x for x in (e.__context__, e.__cause__) if x is not None)
+
+
+def no_space(exc: BaseException) -> OSError | None:
+    """The ``OSError`` with errno ``ENOSPC`` that ``exc`` is, or that it was raised from
+    (:func:`_chain`, exception groups' members included); None if there is none."""
+    for e in _chain(exc, groups=True):
+        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+            return e
     return None
 
 
@@ -231,15 +238,8 @@ def _let_go(exc: BaseException) -> None:
     exceptions it was raised from: a file a task left open in one (written without a
     ``with``) is closed, so its blocks go back to the full disk once its try's directory
     is removed, not when the error (kept in the try's records) is."""
-    todo: list[BaseException] = [exc]
-    seen: set[int] = set()
-    while todo and len(seen) < _MAX_CHAIN:
-        e = todo.pop()
-        if id(e) in seen:
-            continue
-        seen.add(id(e))
+    for e in _chain(exc):
         traceback.clear_frames(e.__traceback__)  # an executing frame is left as it is
-        todo.extend(x for x in (e.__context__, e.__cause__) if x is not None)
 
 
 #: nanoseconds a file's modification time may read before the try began and the file

@@ -65,7 +65,13 @@ from actors.scheduler_records import SchedulerConfig
 from actors.scheduler_state import SchedulerState
 from policies import REGISTRY
 from runtime.graph import Key, Task, TaskRef, build_specs
-from runtime.messages import StatusRequest
+from runtime.kernel import Actor, handles
+from runtime.messages import (
+    RegisterWorker,
+    StatusRequest,
+    TasksDone,
+    WorkerMemoryReport,
+)
 from runtime.node import Gateway, Tokens, run_manager, run_worker
 
 
@@ -200,6 +206,48 @@ async def nodes(n_workers: int = 2) -> AsyncIterator[tuple[str, list[anyio.Cance
 # ----------------------------------------------------------------------------- CLI processes
 
 ROOT = Path(__file__).resolve().parents[1]  #: this checkout
+
+
+class SchedulerRecorder(Actor):
+    """Stands for the scheduler of a worker actor under test: records what the worker
+    tells it (the tries that ended by key, its memory reports, every message in the
+    order it came) and wakes waiters on each."""
+
+    def __init__(self) -> None:
+        self.done: dict[Any, TaskResult] = {}
+        self.reports: list[WorkerMemoryReport] = []
+        self.messages: list[Any] = []
+        self.changed = anyio.Event()
+
+    def _wake(self) -> None:
+        self.changed.set()
+        self.changed = anyio.Event()
+
+    @handles(RegisterWorker)
+    def registered(self, msg: RegisterWorker) -> None:
+        self._wake()
+
+    @handles(TasksDone)
+    def tasks_done(self, msg: TasksDone) -> None:
+        self.messages.append(msg)
+        self.done.update((r.key, r) for r in msg.results)
+        self._wake()
+
+    @handles(WorkerMemoryReport)
+    def memory(self, msg: WorkerMemoryReport) -> None:
+        self.messages.append(msg)
+        self.reports.append(msg)
+        self._wake()
+
+    async def until(self, condition: Callable[[], Any]) -> None:
+        """Wait until ``condition()`` holds (the caller bounds the wait)."""
+        while not condition():
+            await self.changed.wait()
+
+    async def result(self, key: Any) -> TaskResult:
+        """How the try of ``key`` ended, once the worker says (the caller bounds it)."""
+        await self.until(lambda: key in self.done)
+        return self.done[key]
 
 
 class LogLines(logging.Handler):

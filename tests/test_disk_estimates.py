@@ -22,8 +22,6 @@ from actors.scheduler_events import (
     Execute,
     KeyErred,
     WorkerDraining,
-    WorkerJoined,
-    WorkerMemory,
 )
 from actors.scheduler_state import (
     DECLARED_OUTPUT,
@@ -34,32 +32,11 @@ from actors.scheduler_state import (
 )
 from runtime.errors import DiskFull, TaskTooBigForDisk
 from tests.helpers import MB, Factory, assigned, event, finish, make_state, of, on, run, submit
+from tests.test_disk_placement import disk, disk_used, join, worker_of_key
 
 __all__ = ["make_state"]  # the fixture, used by name
 
 PAST_ESTIMATE = "no worker of its pool could hold its expected output"
-
-
-def join(s: SchedulerState, worker: str, disk: int, cores: int = 1, **kw: Any) -> list[Any]:
-    return run(s, event(WorkerJoined, worker=worker, cores=cores, memory=0, disk=disk, **kw))
-
-
-def disk_used(s: SchedulerState, worker: str, used: int) -> list[Any]:
-    ev = event(
-        WorkerMemory, worker=worker, throttled=False, rss=0, throttle_at=0, limit=0,
-        disk_used=used,
-    )  # fmt: skip
-    return run(s, ev)
-
-
-def disk(nbytes: int) -> dict[str, Any]:
-    return {"resources": {"disk": float(nbytes)}}
-
-
-def worker_of_key(s: SchedulerState, key: str) -> str:
-    worker = s.tasks[key].worker
-    assert worker is not None, (key, s.tasks[key].state)
-    return worker
 
 
 def story_lines(s: SchedulerState, key: str, text: str) -> list[str]:

@@ -42,8 +42,9 @@ from actors.worker import Worker
 from runtime import Cluster, File, output_path
 from runtime.errors import DiskFull, TaskTooBigForDisk
 from runtime.graph import Key
-from runtime.kernel import Actor, ActorSystem, handles
-from runtime.messages import RegisterWorker, RunTasks, TasksDone, WorkerMemoryReport
+from runtime.kernel import ActorSystem
+from runtime.messages import RunTasks
+from tests.helpers import SchedulerRecorder
 
 pytestmark = pytest.mark.anyio
 
@@ -370,40 +371,6 @@ async def test_a_nameless_enospc_is_disk_full_when_the_sandboxes_disk_is_full(
 # ----------------------------------------------------------------------------- a worker
 
 
-class Recorder(Actor):
-    """The scheduler as a worker tells it: the tries that ended and the memory reports,
-    in the order they came."""
-
-    def __init__(self) -> None:
-        self.done: dict[Any, TaskResult] = {}
-        self.messages: list[Any] = []
-        self.changed = anyio.Event()
-
-    def _wake(self) -> None:
-        self.changed.set()
-        self.changed = anyio.Event()
-
-    @handles(TasksDone)
-    def tasks_done(self, msg: TasksDone) -> None:
-        self.messages.append(msg)
-        self.done.update((r.key, r) for r in msg.results)
-        self._wake()
-
-    @handles(WorkerMemoryReport)
-    def memory_report(self, msg: WorkerMemoryReport) -> None:
-        self.messages.append(msg)
-        self._wake()
-
-    @handles(RegisterWorker)
-    def registered(self, msg: RegisterWorker) -> None:
-        pass
-
-    async def until(self, key: str) -> TaskResult:
-        while key not in self.done:
-            await self.changed.wait()
-        return self.done[key]
-
-
 @pytest.mark.parametrize("mode", ["thread", "process"])
 async def test_the_worker_reports_the_try_disk_full_with_its_disk_first(
     tmp_path: Path, mode: str
@@ -413,7 +380,7 @@ async def test_the_worker_reports_the_try_disk_full_with_its_disk_first(
     written and its room (raised from the task's error, in a thread), after a memory
     report that tells the scheduler of its disk now. Before, the scheduler got
     ``error`` with the task's OSError."""
-    sched = Recorder()
+    sched = SchedulerRecorder()
     disk = 64 * MiB
     with anyio.fail_after(BOUND):
         async with ActorSystem() as system:
@@ -424,7 +391,7 @@ async def test_the_worker_reports_the_try_disk_full_with_its_disk_first(
             )  # fmt: skip
             ref = await system.spawn(w, "w1")
             ref.post(RunTasks((job("save-0", fills_named, 3 * MiB),)))
-            res = await sched.until("save-0")
+            res = await sched.result("save-0")
             sandbox = Path(w.data.sandbox())
             assert tries_left(sandbox) == []
     assert (res.outcome, res.nbytes, res.file) == ("disk-full", 3 * MiB + 1, False)

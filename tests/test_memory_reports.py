@@ -31,20 +31,17 @@ from actors.protocol import ToRun
 from actors.worker import Worker
 from runtime import Cluster
 from runtime.dashboard import build_snapshot
-from runtime.kernel import Actor, ActorSystem, handles
+from runtime.kernel import ActorSystem
 from runtime.messages import (
     AlertsReply,
     DropKeys,
     MetricsRequest,
-    RegisterWorker,
     RunTasks,
     StatusReply,
     StatusRequest,
-    TasksDone,
-    WorkerMemoryReport,
 )
 from runtime.metrics import render
-from tests.helpers import wait_until
+from tests.helpers import SchedulerRecorder, wait_until
 
 MB = 2**20
 GIB = 2**30
@@ -92,38 +89,6 @@ def test_the_step_is_at_least_a_mib() -> None:
 # ----------------------------------------------------------------------------- a worker
 
 
-class Recorder(Actor):
-    """The scheduler as far as a worker tells it: the tries that ended and every
-    memory report, in order."""
-
-    def __init__(self) -> None:
-        self.done: set[Any] = set()
-        self.reports: list[WorkerMemoryReport] = []
-        self.changed = anyio.Event()
-
-    def _wake(self) -> None:
-        self.changed.set()
-        self.changed = anyio.Event()
-
-    @handles(RegisterWorker)
-    def registered(self, msg: RegisterWorker) -> None:
-        pass
-
-    @handles(TasksDone)
-    def tasks_done(self, msg: TasksDone) -> None:
-        self.done.update(r.key for r in msg.results)
-        self._wake()
-
-    @handles(WorkerMemoryReport)
-    def memory(self, msg: WorkerMemoryReport) -> None:
-        self.reports.append(msg)
-        self._wake()
-
-    async def until(self, condition: Callable[[], Any]) -> None:
-        while not condition():
-            await self.changed.wait()
-
-
 def make(nbytes: int) -> bytes:
     return b"m" * nbytes
 
@@ -140,7 +105,7 @@ async def test_a_worker_reports_outputs_held_and_rss_that_move_below_every_fence
     near), then RSS grows to 300 MB (below the throttle fence, 700 MB), then the
     outputs are dropped. Each move reaches the scheduler in a report, none of them
     throttled. Before, none of them did: no report was sent at all."""
-    sched = Recorder()
+    sched = SchedulerRecorder()
     rss = [100 * MB]
     keys = tuple(f"make-{i}" for i in range(5))
     with anyio.fail_after(30):
@@ -152,7 +117,7 @@ async def test_a_worker_reports_outputs_held_and_rss_that_move_below_every_fence
             )  # fmt: skip
             ref = await system.spawn(w, "w1")
             ref.post(RunTasks(tuple(run(k, make, 8 * MB) for k in keys)))
-            await sched.until(lambda: sched.done >= set(keys))
+            await sched.until(lambda: sched.done.keys() >= set(keys))
             held = w.data.memory_bytes
             assert held >= 40 * MB
             await sched.until(lambda: any(r.memory_bytes == held for r in sched.reports))

@@ -19,16 +19,14 @@ import pytest
 from actors.protocol import ToRun
 from actors.worker import Worker, WorkerStatus
 from runtime.graph import Task, TaskRef
-from runtime.kernel import Actor, ActorRef, ActorSystem, handles
+from runtime.kernel import ActorRef, ActorSystem
 from runtime.messages import (
     DataReply,
     GetData,
-    RegisterWorker,
     RunTasks,
     StatusRequest,
-    TasksDone,
-    WorkerMemoryReport,
 )
+from tests.helpers import SchedulerRecorder
 
 pytestmark = pytest.mark.anyio
 LIMIT = 30  # seconds per test
@@ -36,43 +34,11 @@ MB = 2**20
 MEMORY = 1000 * MB
 
 
-class Scheduler(Actor):
-    """Records what the worker tells the scheduler; wakes waiters on every message."""
-
-    def __init__(self) -> None:
-        self.done: dict[Any, Any] = {}
-        self.reports: list[WorkerMemoryReport] = []
-        self.changed = anyio.Event()
-
-    def _wake(self) -> None:
-        self.changed.set()
-        self.changed = anyio.Event()
-
-    @handles(RegisterWorker)
-    def register(self, msg: RegisterWorker) -> None:
-        self._wake()
-
-    @handles(TasksDone)
-    def tasks_done(self, msg: TasksDone) -> None:
-        for res in msg.results:
-            self.done[res.key] = res
-        self._wake()
-
-    @handles(WorkerMemoryReport)
-    def memory(self, msg: WorkerMemoryReport) -> None:
-        self.reports.append(msg)
-        self._wake()
-
-    async def until(self, condition: Callable[[], bool]) -> None:
-        while not condition():
-            await self.changed.wait()
-
-
 @asynccontextmanager
 async def worker(
     tmp_path: Path, rss: list[int], **options: Any
-) -> AsyncIterator[tuple[Worker, ActorRef[Any], Scheduler]]:
-    sched = Scheduler()
+) -> AsyncIterator[tuple[Worker, ActorRef[Any], SchedulerRecorder]]:
+    sched = SchedulerRecorder()
     async with ActorSystem() as system:
         sref = await system.spawn(sched, "scheduler")
         w = Worker(
@@ -172,7 +138,7 @@ def test_bad_memory_options_fail_when_the_worker_is_made() -> None:
 
 
 async def test_a_large_copy_of_a_peers_output_is_dropped_once_used(tmp_path: Path) -> None:
-    sched = Scheduler()
+    sched = SchedulerRecorder()
     with anyio.fail_after(LIMIT):
         async with ActorSystem() as system:
             sref = await system.spawn(sched, "scheduler")
