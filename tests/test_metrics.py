@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+import urllib.error
 from pathlib import Path
 from typing import Any
 
@@ -311,7 +312,10 @@ async def test_prometheus_scrapes_the_queue_depth_of_a_running_graph(tmp_path: P
                     await wait_until(started.exists, "a task to start", limit=30)
 
                     def depth() -> float:
-                        status, body = http_get(f"{api}/query?query=corral_queue_depth")
+                        try:
+                            status, body = http_get(f"{api}/query?query=corral_queue_depth")
+                        except urllib.error.URLError:  # Prometheus not listening yet
+                            return 0.0
                         if status != 200:
                             return 0.0
                         result = json.loads(body)["data"]["result"]
