@@ -178,6 +178,11 @@ def test_disk_use_and_its_peak_per_worker(make_state: Factory) -> None:
     assert s.storage.disk_peak == {"w1": 50, "w2": 5}
     leave(s, "w1")
     assert s.storage.disk_used == {"w2": 5} and s.storage.disk_peak["w1"] == 50
+    join(s, "w1")  # a new worker under the old name: its own peak, not the old one's
+    assert "w1" not in s.storage.disk_peak
+    disk(s, "w1", 7)
+    join(s, "w1")  # the same worker registering again (a reconnect) keeps its peak
+    assert s.storage.disk_peak["w1"] == 7
 
 
 def test_without_a_reader_nothing_goes_on_the_feed_but_the_counts_are_kept(
