@@ -158,15 +158,18 @@ def _sampled(db: Path, worker: str) -> int:
 async def test_outputs_held_in_memory_show_in_metrics_status_dashboard_and_database(
     tmp_path: Path,
 ) -> None:
-    """The audit's run, embedded: one worker with 1 GiB holds five outputs of 20 MB,
+    """The audit's run: one worker process with 1 GiB holds five outputs of 20 MB,
     far below its fences. ``corral_memory_bytes``, ``status()["memory"]``, the
     dashboard's worker and ``resource_samples`` all show the 100 MB, and the RSS the
     scheduler shows is the worker's current one. Before, all of them read 0."""
     db = tmp_path / "monitoring.db"
     held = 5 * 20_000_000
     with anyio.fail_after(60):
+        # A worker process: an in-process worker's RSS is the test process's, which the
+        # tests before may have left past this worker's spill fence (its outputs would
+        # be spilled, not held).
         async with Cluster(
-            workers=1, memory_per_worker=GIB, monitoring=db, monitoring_interval=0.2
+            processes=1, memory_per_worker=GIB, monitoring=db, monitoring_interval=0.2
         ) as c:
             futures = [c.submit(big, i) for i in range(5)]
             await c.wait_for_workers(1)
