@@ -1004,20 +1004,17 @@ class Gateway:
                         with contextlib.suppress(ActorStopped):  # the manager is stopping
                             await self.plane.manager.tell(ClientGone(hello.name))
 
-    def _unsendable(self, worker: str) -> Callable[[Any, FrameTooLarge], None]:
+    def _unsendable(self, worker: str) -> Callable[[Any, FrameTooLarge], bool]:
         """What a worker's connection does with a message too large to send even on its
         own: a task's fails with :class:`TaskArgumentsTooLarge` (reported to the
-        scheduler as the worker would), anything else is logged."""
+        scheduler as the worker would); anything else it leaves to the peer, which logs
+        it as dropped."""
         scheduler = self.plane.refs["scheduler"]
 
-        def unsendable(msg: Any, exc: FrameTooLarge) -> None:
-            size, limit = int(exc.fields.get("size", 0)), int(exc.fields.get("limit", 0))
+        def unsendable(msg: Any, exc: FrameTooLarge) -> bool:
             if not isinstance(msg, RunTasks):
-                _log.error(
-                    "message too large for a worker; dropped", worker=worker,
-                    message=type(msg).__name__, size=size, limit=limit,
-                )  # fmt: skip
-                return
+                return False
+            size, limit = int(exc.fields.get("size", 0)), int(exc.fields.get("limit", 0))
             results = tuple(
                 TaskResult(
                     t.key,
@@ -1033,6 +1030,7 @@ class Gateway:
             )  # fmt: skip
             with contextlib.suppress(ActorStopped):
                 scheduler.post(TasksDone(worker, results))
+            return True
 
         return unsendable
 

@@ -378,7 +378,7 @@ class Peer:
         on_close: Callable[[Peer], None] | None = None,
         heartbeat: float | None = None,
         timeout: float | None = None,
-        on_too_large: Callable[[Any, FrameTooLarge], None] | None = None,
+        on_too_large: Callable[[Any, FrameTooLarge], bool] | None = None,
     ) -> None:
         self.conn = conn
         self.heartbeat = heartbeat
@@ -389,7 +389,8 @@ class Peer:
         self.name = name
         self.allow_pickle = allow_pickle
         self.on_close = on_close
-        #: told of a posted message too large to send (and to split); else it is logged
+        #: told of a posted message too large to send (and to split): whether it took it
+        #: (else it is logged as dropped)
         self.on_too_large = on_too_large
         self.ref = RemoteRef(self)
         self.closed = False
@@ -508,8 +509,8 @@ class Peer:
     async def _send_alone(self, frame: Frame) -> None:
         """Send a posted ``frame`` on its own; one too large goes as its parts (a
         message with ``split()``, such as RunTasks), and a part still too large is
-        handed to ``on_too_large`` (or logged): never lost without a word, and the
-        connection goes on."""
+        handed to ``on_too_large``, and logged unless that took it: never lost without a
+        word, and the connection goes on."""
         try:
             await self.conn.send(frame)
         except FrameTooLarge as exc:
@@ -521,9 +522,7 @@ class Peer:
             if len(parts) > 1:
                 for part in parts:
                     await self._send_alone(Frame(to_wire(part), frame.causal_id))
-            elif self.on_too_large is not None:
-                self.on_too_large(msg, exc)
-            else:
+            elif self.on_too_large is None or not self.on_too_large(msg, exc):
                 _log.error(
                     "message too large to send; dropped", peer=self.name,
                     message=type(msg).__name__, size=exc.fields.get("size"),

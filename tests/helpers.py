@@ -45,6 +45,7 @@ from urllib.parse import urlsplit
 
 import anyio
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from actors.protocol import FileFact, TaskResult
 from actors.registry import DropReplicas, FilesDropped, FileTable
@@ -208,6 +209,16 @@ async def nodes(n_workers: int = 2) -> AsyncIterator[tuple[str, list[anyio.Cance
 ROOT = Path(__file__).resolve().parents[1]  #: this checkout
 
 
+def scraped(text: str, name: str) -> dict[str, float]:
+    """The samples of metric ``name`` in an exposition ``text``, by their pool label."""
+    return {
+        s.labels.get("pool", ""): s.value
+        for fam in text_string_to_metric_families(text)
+        if fam.name == name
+        for s in fam.samples
+    }
+
+
 class SchedulerRecorder(Actor):
     """Stands for the scheduler of a worker actor under test: records what the worker
     tells it (the tries that ended by key, its memory reports, every message in the
@@ -243,6 +254,10 @@ class SchedulerRecorder(Actor):
         """Wait until ``condition()`` holds (the caller bounds the wait)."""
         while not condition():
             await self.changed.wait()
+
+    def latest(self, worker: str) -> WorkerMemoryReport | None:
+        """The latest memory report of ``worker`` (None: none yet)."""
+        return next((r for r in reversed(self.reports) if r.worker_id == worker), None)
 
     async def result(self, key: Any) -> TaskResult:
         """How the try of ``key`` ended, once the worker says (the caller bounds it)."""

@@ -37,7 +37,7 @@ from runtime import Cluster
 from runtime.client import get
 from runtime.errors import AskTimeout, DiskFull, FileChecksumError, FileOutputError
 from runtime.files import File, TaskOutputs, digest, output_path, task_outputs
-from runtime.kernel import Actor, ActorRef, ActorSystem, handles
+from runtime.kernel import ActorRef, ActorSystem, handles
 from runtime.messages import (
     CheckpointSaved,
     CopyFrom,
@@ -46,13 +46,10 @@ from runtime.messages import (
     GetCheckpoint,
     GetData,
     ReadStream,
-    RegisterWorker,
     RunTasks,
     StreamPart,
-    TasksDone,
-    WorkerMemoryReport,
 )
-from tests.helpers import load_bench, wait_until
+from tests.helpers import SchedulerRecorder, load_bench, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -797,38 +794,18 @@ async def test_a_replica_of_a_file_output_is_a_copy_of_its_file_on_another_worke
 # ------------------------------------------------------------------ workers, a broken link
 
 
-class Recorder(Actor):
-    """The scheduler, as far as workers tell it: the tries that ended, the checkpoints
-    saved and each worker's latest memory report."""
+class Recorder(SchedulerRecorder):
+    """The scheduler, as far as workers tell it (:class:`SchedulerRecorder`), and the
+    checkpoints saved."""
 
     def __init__(self) -> None:
-        self.done: dict[Any, Any] = {}
+        super().__init__()
         self.saved: list[CheckpointSaved] = []
-        self.reports: dict[str, WorkerMemoryReport] = {}
-        self.changed = anyio.Event()
-
-    def _wake(self) -> None:
-        self.changed.set()
-        self.changed = anyio.Event()
-
-    @handles(TasksDone)
-    def tasks_done(self, msg: TasksDone) -> None:
-        self.done.update((r.key, r) for r in msg.results)
-        self._wake()
 
     @handles(CheckpointSaved)
     def checkpoint_saved(self, msg: CheckpointSaved) -> None:
         self.saved.append(msg)
         self._wake()
-
-    @handles(WorkerMemoryReport)
-    def memory_report(self, msg: WorkerMemoryReport) -> None:
-        self.reports[msg.worker_id] = msg
-        self._wake()
-
-    @handles(RegisterWorker)
-    def other(self, msg: Any) -> None:
-        pass
 
     async def until(self, key: str) -> Any:
         while key not in self.done:
@@ -1189,11 +1166,12 @@ async def test_checkpoints_and_file_outputs_share_one_sandbox_and_one_disk_count
             used = nbytes + ckpt_bytes  # the file output and both checkpoint files
 
             async def reported(n: int) -> bool:
-                report = sched.reports.get("w1")
+                report = sched.latest("w1")
                 return report is not None and report.disk_used == n
 
             await wait_until(lambda: reported(used), "the disk use reported", limit=20)
-            report = sched.reports["w1"]
+            report = sched.latest("w1")
+            assert report is not None
             assert report.spilled_bytes == nbytes  # the store's bytes on disk
             assert report.disk_free is not None and report.disk_free <= disk - used
             st = await ref.ask(StatusRequest(), timeout=10)

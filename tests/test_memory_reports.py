@@ -24,7 +24,6 @@ from typing import Any
 import anyio
 import pytest
 from dask._task_spec import Task
-from prometheus_client.parser import text_string_to_metric_families
 
 from actors.memory import REPORT_EVERY, REPORT_MIN_STEP, REPORT_SETTLE, ReportPacing
 from actors.protocol import ToRun
@@ -41,7 +40,7 @@ from runtime.messages import (
     StatusRequest,
 )
 from runtime.metrics import render
-from tests.helpers import SchedulerRecorder, wait_until
+from tests.helpers import SchedulerRecorder, scraped, wait_until
 
 MB = 2**20
 GIB = 2**30
@@ -136,15 +135,6 @@ def big(i: int) -> bytes:
     return b"y" * 20_000_000
 
 
-def _scraped(text: str, name: str) -> dict[str, float]:
-    return {
-        s.labels.get("pool", ""): s.value
-        for fam in text_string_to_metric_families(text)
-        if fam.name == name
-        for s in fam.samples
-    }
-
-
 def _sampled(db: Path, worker: str) -> int:
     with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5) as con:
         row = con.execute(
@@ -177,11 +167,11 @@ async def test_outputs_held_in_memory_show_in_metrics_status_dashboard_and_datab
                 await f
             (wid,) = c.scheduler_state.workers
 
-            async def scraped() -> float:
+            async def memory_bytes() -> float:
                 text = render(await c._manager.ask(MetricsRequest())).decode()
-                return _scraped(text, "corral_memory_bytes").get("default", 0.0)
+                return scraped(text, "corral_memory_bytes").get("default", 0.0)
 
-            await wait_until(lambda: _at_least(scraped, held), "corral_memory_bytes", limit=20)
+            await wait_until(lambda: _at_least(memory_bytes, held), "corral_memory_bytes", limit=20)
             status: StatusReply = await c._manager.ask(StatusRequest())
             report = status.memory[wid]
             assert report.memory_bytes >= held and not report.throttled

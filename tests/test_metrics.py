@@ -44,6 +44,7 @@ from tests.helpers import (
     held_at_gate,
     http_get,
     result,
+    scraped,
     specs_for,
     wait_until,
 )
@@ -382,16 +383,6 @@ async def test_a_scrape_the_scheduler_cannot_answer_in_time_is_a_503_that_says_w
         assert (status, body.encode()) == (503, UNAVAILABLE)
     finally:
         await runner.cleanup()
-
-
-def scraped(text: str, name: str) -> dict[str, float]:
-    """The samples of metric ``name`` in an exposition ``text``, by their pool label."""
-    return {
-        s.labels.get("pool", ""): s.value
-        for fam in text_string_to_metric_families(text)
-        if fam.name == name
-        for s in fam.samples
-    }
 
 
 @pytest.mark.anyio
