@@ -237,27 +237,40 @@ class Manager(Actor):
             self.release(ReleaseKeysRequest(held, msg.name))
 
     @handles(CancelRequest)
-    def cancel(self, msg: CancelRequest) -> tuple[Key, ...]:
+    async def cancel(self, msg: CancelRequest) -> tuple[Key, ...]:
         """A client's cancel (``Cluster.cancel``, ``Future.cancel``). A key that no other
-        client wants is cancelled, with everything that depends on it. A key that other
-        clients want too is not: the answer lists it, and the asking client ends its own
-        interest in it (its ``ReleaseKeysRequest``) and cancels its own futures of it,
-        while the task runs on for the others (as dask's ``Client.cancel`` without
-        ``force``).
+        client wants is cancelled, with everything that depends on it, except what keys
+        other clients hold need (as dask's ``Client.cancel`` without ``force``). A key
+        that other clients want, or that a key they hold needs, is not: the answer lists
+        it, and the asking client ends its own interest in it (its
+        ``ReleaseKeysRequest``) and cancels its own futures of it, while the task runs
+        on for the others.
 
-        The request does not name its client: "other clients" is "more than one client
-        holds the key". A client asks only for keys it holds, after its submission of
-        them went out (``ClientActor.cancel``), so when one client holds a key, that is
-        the asker. The console's ``cancel`` (:meth:`cancel_keys`) is an operator's and
-        cancels for every client."""
+        A client asks only for keys it holds, after its submission of them went out
+        (``ClientActor.cancel``), so when one client holds a key, that is the asker
+        (``msg.client``, which older clients leave empty: then only keys more than one
+        client holds are spared). The console's ``cancel`` (:meth:`cancel_keys`) is an
+        operator's and cancels for every client."""
         shared: list[Key] = []
         cancel: list[Key] = []
         for key in msg.keys:
             ks = self.keys.get(key)
             (shared if ks is not None and len(ks.clients) > 1 else cancel).append(key)
-        if cancel:
+        if not cancel:
+            return tuple(shared)
+        others = self._held_by_others(msg.client) if msg.client else ()
+        if not others:
             self._scheduler().post(CancelRequest(tuple(cancel), msg.reason))
-        return tuple(shared)
+            return tuple(shared)
+        request = CancelRequest(tuple(cancel), msg.reason, spare=others)
+        spared = await self._scheduler().ask(request, timeout=self.gather_timeout)
+        return (*shared, *spared)
+
+    def _held_by_others(self, client: str) -> tuple[Key, ...]:
+        """The keys a client other than ``client`` holds (none while it is alone)."""
+        return tuple(
+            key for key, ks in self.keys.items() if len(ks.clients) > 1 or client not in ks.clients
+        )
 
     @handles(CancelKeysRequest)
     def cancel_keys(self, msg: CancelKeysRequest) -> dict[str, Any]:

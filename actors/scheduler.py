@@ -24,6 +24,7 @@ import anyio
 from actors.scheduler_events import (
     CancelOnWorker,
     CancelRequested,
+    CancelSpared,
     CheckpointCopied,
     Command,
     CopyCheckpoint,
@@ -452,8 +453,13 @@ class Scheduler(Actor):
             self._handle(Tick(*self._ev()))
 
     @handles(CancelRequest)
-    def cancel(self, msg: CancelRequest) -> None:
-        self._handle(CancelRequested(*self._ev(), msg.keys, msg.reason))
+    def cancel(self, msg: CancelRequest) -> tuple[Any, ...]:
+        """Cancel; answers the keys spared because keys in ``msg.spare`` need them."""
+        ev = CancelRequested(*self._ev(), msg.keys, msg.reason, frozenset(msg.spare))
+        commands = self.state.handle(ev)
+        spared = tuple(k for c in commands if type(c) is CancelSpared for k in c.keys)
+        self._execute([c for c in commands if type(c) is not CancelSpared])
+        return spared
 
     @handles(ReleaseKeysRequest)
     def release(self, msg: ReleaseKeysRequest) -> None:

@@ -15,6 +15,7 @@ from runtime.graph import Key, TaskSpec
 __all__ = [
     "CancelOnWorker",
     "CancelRequested",
+    "CancelSpared",
     "CheckpointCopied",
     "Command",
     "CopyCheckpoint",
@@ -132,8 +133,13 @@ class TasksFinished(Event):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class CancelRequested(Event):
+    """Cancel these keys and what depends on them, except what a key in ``spare`` (held
+    by other clients) needs: those run on (:class:`CancelSpared` names the keys asked
+    for that did)."""
+
     keys: tuple[Key, ...]
     reason: str = "cancelled by request"
+    spare: frozenset[Key] = frozenset()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -309,6 +315,14 @@ class KeyErred(Command):
 class KeyCancelled(Command):
     key: Key
     reason: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CancelSpared(Command):
+    """Keys a cancel asked for that run on, since keys other clients hold need them
+    (the answer to the canceller, not a word to every client)."""
+
+    keys: tuple[Key, ...]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

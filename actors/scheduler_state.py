@@ -139,6 +139,7 @@ from actors.protocol import FileFact, TaskResult, ToRun
 from actors.scheduler_events import (
     CancelOnWorker,
     CancelRequested,
+    CancelSpared,
     CheckpointCopied,
     Command,
     CopyCheckpoint,
@@ -962,11 +963,44 @@ class SchedulerState:
         return error
 
     def _cancel_requested(self, ev: CancelRequested) -> None:
+        spared: list[Key] = []
         for key in ev.keys:
             ts = self.tasks.get(key)
             if ts is None or ts.state not in ACTIVE:
                 continue
-            self._cancel(ts, ev.reason)
+            below, keep = self._kept_by(ts, ev.spare) if ev.spare else ((), set())
+            if not keep:
+                self._cancel(ts, ev.reason)
+                continue
+            # A key another client holds needs ``ts``: it runs on, and so does every
+            # task between them. What only the canceller's branches need is cancelled
+            # where it leaves them (what depends on that fails with it, as usual).
+            spared.append(ts.key)
+            for t in below:
+                if t not in keep and t.state in ACTIVE and any(d in keep for d in t.deps):
+                    self._cancel(t, ev.reason)
+        if spared:
+            self._out.append(CancelSpared(self._stimulus, tuple(spared)))
+
+    @staticmethod
+    def _kept_by(root: TaskState, spare: frozenset[Key]) -> tuple[list[TaskState], set[TaskState]]:
+        """``root``'s active dependents (transitively, ``root`` first) and, of those
+        and ``root``, the ones a task in ``spare`` is or needs. A worklist each way."""
+        below = [root]
+        seen = {root}
+        for t in below:  # grows while walked: breadth first
+            for d in t.dependents:
+                if d not in seen and d.state in ACTIVE:
+                    seen.add(d)
+                    below.append(d)
+        keep: set[TaskState] = set()
+        stack = [t for t in below if t.key in spare]
+        while stack:
+            t = stack.pop()
+            if t not in keep:
+                keep.add(t)
+                stack.extend(d for d in t.deps if d in seen)
+        return below, keep
 
     def _keys_released(self, ev: KeysReleased) -> None:
         for key in ev.keys:

@@ -319,8 +319,9 @@ class _Cancel(Message):
 
 #: What a client's cancel says on its futures of a task other clients want too.
 SHARED_CANCEL = (
-    "{reason}, for this client only: other clients of the manager want this task too, "
-    "so it runs on for them (submit it again to want its result again)"
+    "{reason}, for this client only: other clients of the manager want this task (or a "
+    "task that needs it) too, so it runs on for them (submit it again to want its result "
+    "again)"
 )
 
 
@@ -605,7 +606,7 @@ class ClientActor(Actor):
             return
         try:
             # the keys other clients want too (an older manager answers None)
-            shared = await self.manager.ask(CancelRequest(keys, msg.reason)) or ()
+            shared = await self.manager.ask(CancelRequest(keys, msg.reason, self.name)) or ()
         except Exception as exc:  # the manager gone, say
             if not msg.told:
                 raise

@@ -533,10 +533,15 @@ class ReleaseKeysRequest(Message):
 
 @message(local=True)
 class CancelRequest(Message):
-    """Client or console -> manager -> scheduler: cancel these keys."""
+    """Client or console -> manager -> scheduler: cancel these keys. ``client``: the
+    asking client (its cancel spares what other clients' keys need). ``spare`` (manager
+    -> scheduler): the keys other clients hold; the scheduler then cancels only what none
+    of them needs and answers the keys it spared."""
 
     keys: tuple[Any, ...]
     reason: str = "cancelled by request"
+    client: str = ""
+    spare: tuple[Any, ...] = ()
 
 
 @message(local=True)

@@ -643,8 +643,11 @@ def finish_all(state: SchedulerState, worker: str, keys: Iterable[Key], **kw: An
     return run(state, event(TasksFinished, worker=worker, results=results))
 
 
-def cancel(state: SchedulerState, *keys: Key, reason: str = "by test") -> list[Command]:
-    return run(state, event(CancelRequested, keys=keys, reason=reason))
+def cancel(
+    state: SchedulerState, *keys: Key, reason: str = "by test", spare: Iterable[Key] = ()
+) -> list[Command]:
+    """A cancel of ``keys``; ``spare``: the keys other clients hold."""
+    return run(state, event(CancelRequested, keys=keys, reason=reason, spare=frozenset(spare)))
 
 
 def release(state: SchedulerState, *keys: Key) -> list[Command]:

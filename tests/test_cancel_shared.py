@@ -134,6 +134,28 @@ async def test_a_cancel_of_a_task_no_other_client_wants_cancels_it_and_its_depen
             assert await theirs == 4
 
 
+async def test_a_cancel_spares_a_task_another_clients_task_needs(
+    gate: Callable[[str], threading.Event],
+) -> None:
+    """A holds ``base``; B holds only ``after``, which needs it (B's graph names
+    ``base`` too, as two dask collections share a key). A's cancel of ``base`` is A's
+    alone: A's future says it runs on, and B gets ``after``."""
+    opened = gate("base")
+    base = {"base-1": (gated, "base", 5)}
+    with anyio.fail_after(LIMIT):
+        async with nodes(1) as (address, _), Cluster(address) as a, Cluster(address) as b:
+            (fa,) = await a.submit_graph(base, ["base-1"])
+            await started("base")
+            (fb,) = await b.submit_graph({**base, "after-1": (add, "base-1", 1)}, ["after-1"])
+            await a.cancel([fa])
+            with pytest.raises(CancelledError, match="runs on for them"):
+                await fa
+            assert not fb.done()
+            opened.set()
+            assert await fb == 6
+            assert ("processing", "cancelled") not in await transitions(b, "base-1")
+
+
 async def test_the_consoles_cancel_cancels_for_every_client(
     gate: Callable[[str], threading.Event],
 ) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from actors.protocol import FileFact
 from actors.scheduler_events import (
     CancelOnWorker,
+    CancelSpared,
     DropData,
     Execute,
     FileFacts,
@@ -131,6 +132,33 @@ def test_cancelling_keeps_upstream_work_another_task_needs(make_state: Factory) 
     assert of(cmds, CancelOnWorker) == []
     assert s.tasks["a"].state == "processing" and s.tasks["a"].consumers == 1
     assert s.tasks["c"].state == "waiting"
+
+
+def test_a_cancel_spares_what_keys_other_clients_hold_need(make_state: Factory) -> None:
+    """One client cancels ``a``; another client holds ``c``, which needs ``a`` through
+    ``b``: ``a`` and ``b`` run on for it, and the answer says ``a`` was spared. The
+    canceller's own branch (``d``, and ``e`` it wants) is cancelled where it leaves
+    what runs on (as dask's ``Client.cancel`` without ``force``)."""
+    s = make_state()
+    join(s, "w1")
+    submit(s, {"a": [], "b": ["a"], "c": ["b"], "d": ["a"], "e": ["d"]}, ["a", "c", "e"])
+    cmds = cancel(s, "a", spare=["c"])
+    (spared,) = of(cmds, CancelSpared)
+    assert spared.keys == ("a",)
+    assert of(cmds, CancelOnWorker) == []  # a runs on
+    (kc,) = of(cmds, KeyCancelled)
+    assert kc.key == "e"
+    assert states(s) == {
+        "a": "processing", "b": "waiting", "c": "waiting", "d": "cancelled", "e": "cancelled",
+    }  # fmt: skip
+    # The same cancel with nothing held by others cancels it all, answering nothing.
+    t = make_state()
+    join(t, "w1")
+    submit(t, {"a": [], "b": ["a"], "c": ["b"]}, ["a", "c"])
+    cmds = cancel(t, "a", spare=["unrelated"])
+    assert of(cmds, CancelSpared) == []
+    assert sorted(c.key for c in of(cmds, KeyCancelled)) == ["a", "c"]
+    assert [(c.worker, c.keys) for c in of(cmds, CancelOnWorker)] == [("w1", ("a",))]
 
 
 def test_cancelling_finished_or_unknown_keys_does_nothing(make_state: Factory) -> None:
