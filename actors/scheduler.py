@@ -357,7 +357,7 @@ class Scheduler(Actor):
         self._handle(
             WorkerJoined(
                 *self._ev(), info.worker_id, info.cores, info.memory, info.pool, deadline,
-                info.disk,
+                info.disk, info.block,
             )
         )  # fmt: skip
         # Rejoined over a new connection: what was in flight on the old one is lost, so
@@ -394,7 +394,8 @@ class Scheduler(Actor):
     def leaving(self, msg: Leaving) -> None:
         """A worker about to go: no new tasks for it; its plan of copies goes back."""
         self.log.info("worker leaving", worker=msg.worker_id, cause=msg.cause)
-        self._handle(WorkerLeaving(*self._ev(), msg.worker_id, msg.cause))
+        executing = frozenset(msg.executing) if msg.executing is not None else None
+        self._handle(WorkerLeaving(*self._ev(), msg.worker_id, msg.cause, executing))
 
     @handles(Evacuated)
     def evacuated(self, msg: Evacuated) -> None:
@@ -765,7 +766,7 @@ def _failure_groups(st: SchedulerState, now: float) -> tuple[FailureGroupInfo, .
     out = []
     for (category, cause), g in latest:
         if g.error is None:
-            error = f"worker {g.worker} was lost ({cause}) while running {g.key!r}"
+            error = f"worker {g.worker} was lost ({cause}) with {g.key!r} sent to it"
             tb = ""
         else:
             error = g.error.summary
@@ -780,7 +781,7 @@ def _failure_groups(st: SchedulerState, now: float) -> tuple[FailureGroupInfo, .
 
 
 def _recent_try(r: TryRecord, category: str, ago: float) -> RecentTry:
-    duration = max(r.stop - r.start, 0.0)
+    duration = r.ran if r.ran is not None else max(r.stop - r.start, 0.0)
     return RecentTry(r.key, category, r.worker, r.outcome, duration, max(ago, 0.0), r.cause or "")
 
 

@@ -75,6 +75,9 @@ class WorkerJoined(Event):
     pool: str = "default"
     deadline: float | None = None
     disk: int = 0  #: bytes of disk it offers for outputs (0: no limit known)
+    #: the block it belongs to ("": unknown): the core plans no evacuation onto a
+    #: leaving worker's block siblings, which go with it
+    block: str = ""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -91,10 +94,13 @@ class WorkerLeft(Event):
 class WorkerLeaving(Event):
     """``worker`` is about to go (``cause``: preempted, walltime, shutdown) and has a
     short grace: give it no new tasks and say where its needed outputs should go
-    (:class:`Evacuate`)."""
+    (:class:`Evacuate`). ``executing``: the tasks it executes now (``str`` of their
+    keys); the others it has in hand never started, and when it goes their tries count
+    as having run 0 s (``TryRecord.ran``). ``None``: it did not say (from being sent)."""
 
     worker: str
     cause: str
+    executing: frozenset[str] | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -142,6 +142,7 @@ class WorkerState:
     """One worker as the scheduler sees it."""
 
     __slots__ = (
+        "block",
         "copies",
         "cores",
         "deadline",
@@ -149,6 +150,7 @@ class WorkerState:
         "disk_reserved",
         "disk_used",
         "draining",
+        "executing",
         "has_what",
         "id",
         "joined",
@@ -175,6 +177,7 @@ class WorkerState:
         self.cores = cores  #: cores it offers
         self.memory = memory  #: bytes of memory it offers
         self.pool = pool  #: the pool it belongs to
+        self.block = ""  #: the block it belongs to ("": unknown; WorkerJoined.block)
         self.joined = 0.0  #: when it joined (first registered)
         self.deadline: float | None = None  #: when its walltime ends (None: never)
         self.slots = max(1, round(cores * saturation))  #: tasks it always may hold
@@ -184,6 +187,9 @@ class WorkerState:
         self.has_what: set[TaskState] = set()  #: tasks whose output it holds
         self.draining = False  #: gets no new tasks; retired once it runs none
         self.leaving = False  #: going by itself (WorkerLeaving): drained, never retired
+        #: ``str`` of the keys it executed when it said it was leaving (None: not said):
+        #: the other tasks it has in hand when it goes never started
+        self.executing: frozenset[str] | None = None
         self.retired = False  #: told to stop (RetireWorker) after draining
         #: drained by the core because its walltime is near (not by an operator's
         #: drain, ``WorkerDraining``): its end is ``walltime``, not ``drained``
@@ -239,6 +245,7 @@ class TaskState:
         "nbytes",
         "prio",
         "producer",
+        "queued",
         "registered",
         "remake",
         "retries_left",
@@ -279,6 +286,8 @@ class TaskState:
         self.in_files = 0  #: the known size of its inputs that are file outputs
         self.worker: str | None = None  #: worker running it (while processing)
         self.sent = 0.0  #: when it was last sent to a worker
+        #: when it became ready for its running try (``TryRecord.queued``; None: a copy)
+        self.queued: float | None = None
         self.attempt = 0  #: the number of its running try (``ToRun.attempt``)
         self.generation = generation  #: submission it first came in with
         self.prio: tuple[float, ...] = ()  #: queue priority from the priority policy
@@ -430,7 +439,10 @@ class TaskStateView:
     @property
     def ran_for(self) -> float:
         tries = self._ts.tries
-        return max(0.0, tries[-1].stop - tries[-1].start) if tries else 0.0
+        if not tries:
+            return 0.0
+        last = tries[-1]
+        return last.ran if last.ran is not None else max(0.0, last.stop - last.start)
 
     @property
     def survival(self) -> Survival:

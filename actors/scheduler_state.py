@@ -517,9 +517,11 @@ class SchedulerState:
         one entry): ``(now, records)``, the records in the order things happened:
         ``("state", key, finish, category, pool, worker)`` per transition (``worker``:
         where it was sent, for ``processing``), ``("try", key, category, worker,
-        number, sent, start, stop, outcome, cause, error, nbytes)`` per try ended
+        number, sent, start, stop, outcome, cause, error, nbytes, queued)`` per try ended
         (``error``: the exception or None; ``start``, ``stop``: the worker's wall clock,
-        except for ``worker-lost``: ``sent`` and ``now``, this core's clock),
+        except for ``worker-lost``: ``sent`` and ``now``, this core's clock; ``queued``:
+        when the task became ready for this try, this core's clock, None for a
+        speculative copy: ``TryRecord.queued``),
         ``("joined", worker, pool, cores, memory)``, ``("left", worker, cause)``,
         ``("transfer", key, kind, nbytes, source, target, duration)`` per output copied
         between workers and ``("recovery", key, category, worker, how)`` per needed
@@ -552,7 +554,7 @@ class SchedulerState:
             return
         self._records.append(
             ("try", ts.key, ts.spec.category, rec.worker, len(ts.tries), ts.sent,
-             rec.start, rec.stop, rec.outcome, rec.cause, error, nbytes)
+             rec.start, rec.stop, rec.outcome, rec.cause, error, nbytes, rec.queued)
         )  # fmt: skip
 
     def count(self, state: str) -> int:
@@ -723,6 +725,7 @@ class SchedulerState:
             if ws.retired:  # its Stop may have been lost with the old connection
                 ws.retired = False
                 self.draining.add(ws.id)
+        ws.block = ev.block
         ws.limit = max(ws.slots, ev.cores * self.config.max_per_core)
         self._update_free(ws)
         self._log(ev.worker, "-", "joined")
@@ -812,10 +815,15 @@ class SchedulerState:
         for ts in sorted(ws.copies, key=_prio_key):  # the first try runs on: no retry
             self._end_copy(ts, ws, "worker-lost", ev.cause)
             self.speculative["failed"] += 1
+        # A leaving worker said which of its tasks it executed: the others never started
+        # (they ran 0 s: a preempted one is not long); else each ran since it was sent.
+        executing = ws.executing
         for ts in sorted(ws.processing, key=_prio_key):
-            self._tried(
-                ts, TryRecord(str(ts.key), ws.id, ts.sent, self._now, "worker-lost", ev.cause), None
+            ran = 0.0 if executing is not None and str(ts.key) not in executing else None
+            rec = TryRecord(
+                str(ts.key), ws.id, ts.sent, self._now, "worker-lost", ev.cause, ts.queued, ran
             )
+            self._tried(ts, rec, None)
             ts.lost_tries += 1
             self._stat(ts).lost += 1
             self._failed_try(ts, "worker-lost", ev.cause, None, ws.id)
@@ -954,7 +962,7 @@ class SchedulerState:
             failure = "disk-full"
         else:
             failure = type(error).__name__ if error is not None else res.outcome
-        rec = TryRecord(str(ts.key), ws.id, res.start, res.stop, outcome, try_cause)
+        rec = TryRecord(str(ts.key), ws.id, res.start, res.stop, outcome, try_cause, ts.queued)
         if outcome == "oom":  # this try counted with the earlier ones
             oom = ts.oom_tries + 1
             error = TaskOutOfMemory(str(ts.key), ws.id, res.rss, ws.memory, oom)
@@ -1054,6 +1062,8 @@ class SchedulerState:
             self._out.append(Evacuate(self._stimulus, ev.worker, ()))
             return
         self.storage.leaving(ws.id, self._now)
+        if ev.executing is not None:  # what it has in hand but does not execute: unstarted
+            ws.executing = ev.executing
         if self.checkpoints:  # copies of the checkpoints only its disk holds
             self._checkpoints_off(ws.id)
         if not ws.leaving:
@@ -1068,7 +1078,13 @@ class SchedulerState:
         needed = [
             ts for ts in ws.has_what if ts.who_has == {ws.id} and (ts.consumers > 0 or ts.wanted)
         ]
-        targets = [w for w in self.workers.values() if not w.draining]
+        # Not onto its block's other workers: they go with it (a preempted block's
+        # workers all leave at once), though their own Leaving may not be here yet.
+        targets = [
+            w
+            for w in self.workers.values()
+            if not w.draining and not (ws.block and (w.block, w.pool) == (ws.block, ws.pool))
+        ]
         if not targets:
             self._out.append(Evacuate(self._stimulus, ws.id, ()))
             return
@@ -1218,6 +1234,8 @@ class SchedulerState:
                 pw.since[ts] = self._now
             else:
                 at = pw.since.pop(ts, None)
+                if finish == "processing":  # its try's records say when it became ready
+                    ts.queued = at
                 if at is not None and finish == "processing":  # served: its wait counts
                     wait = self._now - at
                     pw.recent.append(wait)
@@ -1432,7 +1450,10 @@ class SchedulerState:
             self.speculative["lost"] += len(self.copies[ts])
             self._cancel_copies(ts, "superseded")
         self._tried(
-            ts, TryRecord(str(ts.key), ws.id, res.start, res.stop, "ok", cause), None, res.nbytes
+            ts,
+            TryRecord(str(ts.key), ws.id, res.start, res.stop, "ok", cause, ts.queued),
+            None,
+            res.nbytes,
         )
         # Not 0 only once per task, unless recomputed; file outputs count apart.
         grown = (0 if res.file else res.nbytes) - (0 if ts.file else ts.nbytes)
@@ -1666,7 +1687,9 @@ class SchedulerState:
             if cancel:
                 self._out.append(CancelOnWorker(self._stimulus, ws.id, (ts.key,)))
                 if cause is not None:
-                    rec = TryRecord(str(ts.key), ws.id, ts.sent, self._now, "cancelled", cause)
+                    rec = TryRecord(
+                        str(ts.key), ws.id, ts.sent, self._now, "cancelled", cause, ts.queued
+                    )
                     self._tried(ts, rec, None)
 
     def _output_lost(self, ts: TaskState, wid: str) -> None:
@@ -2051,6 +2074,7 @@ class SchedulerState:
         ws.disk_reserved += need  # moves with it: now the try's own reservation
         ts.worker = wid
         ts.sent = sent
+        ts.queued = None  # a copy: it did not wait in the queue (its task's try did)
         ts.attempt = attempt
         ts.disk_need = need
         ts.est = self._estimate(ts)
@@ -2073,13 +2097,12 @@ class SchedulerState:
             first = self.workers.get(ts.worker) if ts.worker is not None else None
             if first is not None:
                 self._log(ts.key, "processing", f"superseded:{first.id}")
-                self._tried(
-                    ts,
-                    TryRecord(str(ts.key), first.id, ts.sent, self._now, "cancelled", "superseded"),
-                    None,
-                )
+                rec = TryRecord(str(ts.key), first.id, ts.sent, self._now, "cancelled",
+                                "superseded", ts.queued)  # fmt: skip
+                self._tried(ts, rec, None)
             self._unassign(ts, cancel=True)  # cancels the other copies too
             ts.sent = copy_sent  # the winning try's own, as its record says
+            ts.queued = None  # a copy's: no wait of its own
             self._finished_ok(ts, ws, res, "speculative")
             return
         self.speculative["failed"] += 1

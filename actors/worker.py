@@ -207,7 +207,8 @@ class Worker(Actor):
     and :class:`WorkerMemoryReport`. ``memory`` is its memory limit in bytes (default:
     the machine's); ``memory_options`` the rest of its
     :class:`~actors.memory.MemoryConfig`. ``probe`` replaces what memory is governed by
-    (default: the RSS of this process and its task processes).
+    (default: the RSS of this process and its task processes). ``block``: the block it
+    belongs to ("": unknown), which its :class:`WorkerInfo` tells the scheduler.
     """
 
     def __init__(
@@ -227,6 +228,7 @@ class Worker(Actor):
         probe: Callable[[], int] | None = None,
         deadline: float = 0.0,
         grace: float = 5.0,
+        block: str = "",
     ) -> None:
         if nthreads < 1:
             raise ValueError(f"a worker needs at least one thread, got {nthreads}")
@@ -240,6 +242,7 @@ class Worker(Actor):
         self.pool = pool
         self.deadline = deadline  #: when its walltime ends (epoch seconds; 0: never)
         self.grace = grace  #: seconds it has to leave once told to (copies, goodbye)
+        self.block = block  #: the block it belongs to ("": unknown)
         self.fetch_timeout = fetch_timeout
         #: checkpoint files being measured for a peer (their sha256), set when done
         self._measuring: dict[tuple[Any, int], anyio.Event] = {}
@@ -298,8 +301,9 @@ class Worker(Actor):
     @property
     def info(self) -> WorkerInfo:
         return WorkerInfo(
-            self.worker_id, self.nthreads, self.memory, self.disk, self.pool, "", self.deadline
-        )
+            self.worker_id, self.nthreads, self.memory, self.disk, self.pool, "", self.deadline,
+            self.block,
+        )  # fmt: skip
 
     async def on_start(self) -> None:
         kind = ProcessExecutor if self.memory_config.execution == "process" else Executor
@@ -999,7 +1003,10 @@ class Worker(Actor):
         Bounded by the asker's timeout (the grace before the process must be gone)."""
         done, plan = anyio.Event(), list[tuple[Any, ...]]()
         self._plan = (done, plan)
-        self.scheduler.post(Leaving(self.worker_id, cause))
+        # What it executes now: the tasks it has in hand besides these never started.
+        ex = self.executor
+        executing = tuple(str(k) for k in ex.executing()) if ex is not None else ()
+        self.scheduler.post(Leaving(self.worker_id, cause, executing))
         await done.wait()
         (moves,) = plan
         by_target: dict[str, list[tuple[Key, int]]] = {}

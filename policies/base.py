@@ -244,7 +244,8 @@ class TaskView(Protocol):
 
     @property
     def ran_for(self) -> float:
-        """Seconds its latest try ran (from being sent to a worker to its end)."""
+        """Seconds its latest try ran (from being sent to a worker to its end; 0 for a
+        try lost with a leaving worker that had not started it)."""
         ...
 
     @property

@@ -144,6 +144,10 @@ class WorkerInfo(Message):
     pool: str = "default"
     address: str = ""
     deadline: float = 0.0  #: when its walltime ends, seconds since the epoch (0: never)
+    #: the block it belongs to (``CORRAL_BLOCK_ID``, set by the provider that started
+    #: it; "": unknown): the workers of a block go together, so none of them takes a
+    #: leaving sibling's outputs
+    block: str = ""
 
 
 @message()
@@ -191,6 +195,16 @@ class TryRecord(Message):
     stop: float
     outcome: Outcome
     cause: str | None = None
+    #: when its task became ready for this try (entered ``queued``), on the scheduler's
+    #: clock: the try waited from then until it was sent, in ``worker``'s pool. None for
+    #: a speculative copy, also one that became the task's try (it started while its
+    #: task ran elsewhere: no wait of its own)
+    queued: float | None = None
+    #: seconds it ran, when known otherwise than from ``start`` and ``stop``: 0.0 for a
+    #: try lost with a worker that said, as it left, that the task was not executing
+    #: (queued behind others, fetching inputs: it never started). None: ``stop -
+    #: start`` (for ``worker-lost``: from being sent to the loss)
+    ran: float | None = None
 
 
 # --------------------------------------------------------------------------------------
@@ -247,6 +261,10 @@ class Leaving(Message):
 
     worker_id: str
     cause: str
+    #: the tasks it executes now (``str`` of their keys): those it has in hand but
+    #: not among these (queued behind them, fetching inputs) never started (None: not
+    #: said; each counts as running since it was sent)
+    executing: tuple[str, ...] | None = None
 
 
 @message(local=True)

@@ -75,10 +75,12 @@ __all__ = [
 
 _log = get_logger("corral.monitoring")
 
-#: 2: storage over time (disk columns, transfers, recoveries); 3: a row per worker life
-SCHEMA_VERSION = 3
-#: versions the report reads (the columns it asks for are in each)
-READABLE_VERSIONS = frozenset({2, 3})
+#: 2: storage over time (disk columns, transfers, recoveries); 3: a row per worker life;
+#: 4: ``tries.queued`` (when the task became ready for the try: its wait)
+SCHEMA_VERSION = 4
+#: versions the report reads (the columns it asks for are in each; ``tries.queued``
+#: only when there: see runtime/report.py)
+READABLE_VERSIONS = frozenset({2, 3, 4})
 
 #: the columns of ``workers``: one row per worker life
 _WORKERS = """
@@ -104,7 +106,7 @@ CREATE TABLE IF NOT EXISTS tasks (
 CREATE TABLE IF NOT EXISTS tries (
     run_id TEXT NOT NULL, key TEXT NOT NULL, try INTEGER NOT NULL, category TEXT,
     worker TEXT, sent REAL, started REAL, ended REAL, outcome TEXT NOT NULL, cause TEXT,
-    error_type TEXT, error_message TEXT, output_bytes INTEGER,
+    error_type TEXT, error_message TEXT, output_bytes INTEGER, queued REAL,
     PRIMARY KEY (run_id, key, try)
 );
 CREATE TABLE IF NOT EXISTS workers ({_WORKERS});
@@ -155,6 +157,11 @@ INSERT INTO workers (run_id, worker, life, pool, block, cores, memory, joined, l
     FROM workers_v2;
 DROP TABLE workers_v2;
 UPDATE schema_version SET version = 3;
+"""
+#: a version 3 file's tries get ``queued``, empty in the rows it has (see _upgrade)
+_TRIES_V3_TO_V4 = """
+ALTER TABLE tries ADD COLUMN queued REAL;
+UPDATE schema_version SET version = 4;
 """
 #: what an older database lacks, said when one is opened
 _OLDER = (
@@ -227,24 +234,30 @@ def _why_not(exc: sqlite3.DatabaseError, what: str = "") -> str:
 
 
 def _upgrade(conn: sqlite3.Connection) -> None:
-    """A file of version 2 (a row per worker id) becomes version 3 (a row per worker
-    life), its workers' rows kept as their first lives, in one transaction."""
+    """A file of version 2 or 3 becomes version 4, in one transaction: from 2 (a row
+    per worker id) its workers' rows become their first lives (version 3); from 3, its
+    tries get the column ``queued``, empty in the rows they have (their waits were not
+    recorded: the report takes those runs' waits from ``tasks``)."""
     tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
     if "schema_version" not in tables:
         return
     row = conn.execute("SELECT version FROM schema_version").fetchone()
-    if row is None or row[0] != 2:
+    if row is None or row[0] not in (2, 3):
         return
+    script = _TRIES_V3_TO_V4 if row[0] == 3 else _WORKERS_V2_TO_V3 + _TRIES_V3_TO_V4
     conn.execute("BEGIN IMMEDIATE")
     try:
-        for statement in _WORKERS_V2_TO_V3.split(";"):
+        for statement in script.split(";"):
             if statement.strip():
                 conn.execute(statement)
     except BaseException:
         conn.execute("ROLLBACK")
         raise
     conn.execute("COMMIT")
-    _log.info("monitoring database: upgraded to schema version 3 (worker lives)")
+    _log.info(
+        "monitoring database: upgraded to schema version 4 (worker lives, try waits)",
+        was=row[0],
+    )
 
 
 def open_db(path: str | os.PathLike[str]) -> sqlite3.Connection:
@@ -477,7 +490,7 @@ _TASK = (
 #: was forgotten (submitted anew, its tries counted from 1 again) adds to its tries
 _TRY = (
     "INSERT INTO tries VALUES (?1, ?2, (SELECT COALESCE(MAX(try), 0) + 1 FROM tries "
-    "WHERE run_id = ?1 AND key = ?2), ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)"
+    "WHERE run_id = ?1 AND key = ?2), ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)"
 )
 #: a worker's life begins (its first join, or one after it left: a requeued block's
 #: worker comes back under its id), or it joins again within one (a reconnect)
@@ -730,7 +743,7 @@ class MonitorRecorder(Actor):
                             t[7] = worker
                 elif kind == "try":
                     (_, key, category, worker, _, sent, start, stop, outcome, cause, error,
-                     nbytes) = rec  # fmt: skip
+                     nbytes, queued) = rec  # fmt: skip
                     k = _safe(str(key))
                     t = task(k, category, at)
                     if outcome in _CORE_CLOCK:  # the core's clock: sent, ended
@@ -740,7 +753,8 @@ class MonitorRecorder(Actor):
                     rows.add(
                         "event", _TRY,
                         (run, k, _safe(category), worker, sent + wall, start, stop, outcome,
-                         cause, etype, emsg, nbytes if ok else None),
+                         cause, etype, emsg, nbytes if ok else None,
+                         None if queued is None else queued + wall),
                     )  # fmt: skip
                     t[8] += 1  # tries ended in this interval: added to the row's
                     if ok and start is not None:

@@ -321,7 +321,8 @@ def worker_factory(scheduler: ActorRef[Scheduler], **options: Any) -> WorkerFact
     ) -> Worker:
         return Worker(
             worker_id, scheduler, resolve, nthreads=spec.threads, memory=spec.memory,
-            disk=None if spec.disk == DISK_OFF else spec.disk, pool=spec.pool, **options,
+            disk=None if spec.disk == DISK_OFF else spec.disk, pool=spec.pool,
+            block=block_id, **options,
         )  # fmt: skip
 
     return make
@@ -1428,6 +1429,7 @@ async def run_worker(
     name: str | None = None,
     deadline: float | None = None,
     grace: float = 5.0,
+    block: str | None = None,
 ) -> None:
     """Run a worker process until SIGINT/SIGTERM, until the scheduler retires it, or
     until the manager stays unreachable for ``reconnect`` seconds.
@@ -1448,7 +1450,10 @@ async def run_worker(
     waits for the ``Welcome`` that carries its secret. If the connection drops it
     rejoins under the same id with that secret; what it sends meanwhile waits (see
     :class:`Link`). A peer whose id is not an address is looked up at the manager
-    (:class:`PeerQuery`).
+    (:class:`PeerQuery`). Its info also names its ``block`` (default:
+    ``CORRAL_BLOCK_ID``, which a process provider or a Slurm block's script sets; none
+    without it): the scheduler sends none of a leaving worker's outputs to the other
+    workers of its block, which go with it.
 
     Raises the manager's refusal (e.g. :class:`PermissionDenied` for the read-only
     token): a worker the manager will not take stops instead of retrying. A token the
@@ -1511,6 +1516,7 @@ async def run_worker(
                 worker_id, link, resolve, nthreads=cores, memory=memory, disk=disk, pool=pool,
                 register=False, on_retire=on_retire, memory_options=memory_options,
                 deadline=deadline or 0.0, grace=grace,
+                block=os.environ.get("CORRAL_BLOCK_ID", "") if block is None else block,
             )  # fmt: skip
             worker_ref["worker"] = await system.spawn(worker, "worker")
 

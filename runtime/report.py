@@ -217,8 +217,11 @@ class _Run:
 
     def _read_tasks(self, conn: sqlite3.Connection, rid: tuple[str]) -> int:
         """The summary's numbers of the tasks: how many in each state, the makespan
-        (first submitted to last finished) and the median wait from ready to first sent to a
-        worker (what a task waited on its worker behind others is not in it)."""
+        (first submitted to last finished) and the median wait from ready to sent to a
+        worker (what a task waited on its worker behind others is not in it): of the
+        tries ended (each wait after a retry or a lost worker counts); in a run whose
+        tries say no wait (an older Corral wrote it), of the tasks, from their first
+        ready to their first sent."""
         tasks = _table(conn, "tasks", rid)
         # per state: how many, the first submitted, the last finished, how many waited
         groups = conn.execute(
@@ -232,6 +235,18 @@ class _Run:
         self.tasks: int = sum(self.states.values())
         self.makespan = max(lasts) - min(firsts) if firsts and lasts else 0.0
         self.median_wait: float | None = None
+        if "queued" in {r[1] for r in conn.execute("PRAGMA table_info(tries)")}:
+            tries = _table(conn, "tries", rid)
+            (n,) = conn.execute(
+                f"SELECT COUNT(sent - queued) FROM {tries} WHERE run_id = ?", rid
+            ).fetchone()
+            if n:
+                sorted_waits = conn.execute(
+                    f"SELECT sent - queued AS wait FROM {tries} WHERE run_id = ? AND queued IS "
+                    "NOT NULL AND sent IS NOT NULL ORDER BY wait", rid,
+                )  # fmt: skip
+                (self.median_wait,) = _nth(sorted_waits, n // 2)
+                return self.tasks
         if waits:
             # (SQLite sorts all and the cursor skips to it faster than a LIMIT 1 OFFSET)
             sorted_waits = conn.execute(

@@ -506,21 +506,23 @@ def _recorder(
     manager: Callable[[Any], Any] = lambda msg: None,
     autoscaler: Callable[[Any], Any] = lambda msg: None,
     max_rows: int = 500_000,
+    wall: float = WALL,
 ) -> tuple[MonitorRecorder, MonitorWriter]:
-    """A recorder of ``state``'s feed into a new database at ``db``, with its run row."""
+    """A recorder of ``state``'s feed into a new database at ``db``, with its run row;
+    ``wall``: Unix time less the core's clock."""
 
     def feed(msg: Any) -> MonitorFeedReply | None:
         if not isinstance(msg, MonitorFeed):
             return None
         entries, nxt, lost = state.feed_since(msg.since, msg.limit)
-        return MonitorFeedReply(tuple(entries), nxt, lost, WALL, {}, state.config.feed_length)
+        return MonitorFeedReply(tuple(entries), nxt, lost, wall, {}, state.config.feed_length)
 
     writer = MonitorWriter(db, max_rows=max_rows)
     scheduler, boss, scaler = _Ref(feed), _Ref(manager), _Ref(autoscaler)
     recorder = MonitorRecorder(
         writer, lambda: cast(Any, scheduler), lambda: cast(Any, boss), lambda: cast(Any, scaler)
     )
-    run = (recorder.run_id, WALL, WALL, None, "host", 1, "[]", "3", 0, 0)
+    run = (recorder.run_id, wall, wall, None, "host", 1, "[]", "3", 0, 0)
     writer.submit([("event", "INSERT INTO runs VALUES (?,?,?,?,?,?,?,?,?,?)", [run])])
     return recorder, writer
 
@@ -629,8 +631,9 @@ async def test_a_try_the_scheduler_cancelled_is_recorded_in_unix_time(
     tmp_path: Path, make_state: Factory
 ) -> None:
     """``t-5``'s copy on w2 wins at T0 + 3: the first try, cancelled (superseded), was
-    sent at T0 and ended then, on the same clock as the others (Unix time); the copy
-    that won was sent at T0 + 2.1, and its row says so."""
+    sent at T0 and ended then, on the same clock as the others (Unix time), and waited
+    from T0 (queued); the copy that won was sent at T0 + 2.1, and its row says so, with
+    no wait (it did not queue)."""
     db = tmp_path / "monitoring.db"
     s = _straggler(make_state)
     recorder, writer = _recorder(db, s)
@@ -640,11 +643,12 @@ async def test_a_try_the_scheduler_cancelled_is_recorded_in_unix_time(
     with anyio.fail_after(LIMIT):
         await recorder.poll()
     writer.close()
-    tries = _rows(db, "SELECT worker, outcome, cause, sent, started, ended FROM tries "
+    tries = _rows(db, "SELECT worker, outcome, cause, sent, started, ended, queued FROM tries "
                   "WHERE key = 't-5' ORDER BY try")  # fmt: skip
     assert tries == [
-        ("w1", "cancelled", "superseded", WALL + T0, None, WALL + T0 + 3),
-        ("w2", "ok", "speculative", WALL + T0 + 2.1, T0 + 2, T0 + 3),  # started, ended: result()
+        ("w1", "cancelled", "superseded", WALL + T0, None, WALL + T0 + 3, WALL + T0),
+        # started, ended: result(); a copy did not wait: no queued
+        ("w2", "ok", "speculative", WALL + T0 + 2.1, T0 + 2, T0 + 3, None),
     ]
 
 
@@ -763,13 +767,106 @@ async def test_a_worker_that_comes_back_under_its_id_gets_a_row_per_life(
     ]
 
 
-def test_a_version_2_file_is_upgraded_to_a_row_per_life_and_still_read(tmp_path: Path) -> None:
-    """A file an older Corral wrote (schema version 2, a row per worker id): the report
-    reads it as it is; a manager writing into it first makes each row a first life."""
+def _doc_sql(question: str) -> str:
+    """The first SQL block after ``question`` in docs/monitoring.md, as it is there."""
+    text = (Path(__file__).parent.parent / "docs" / "monitoring.md").read_text()
+    at = text.index(question)
+    start = text.index("```sql\n", at) + len("```sql\n")
+    return text[start : text.index("```", start)]
+
+
+@pytest.mark.anyio
+async def test_the_documented_wait_query_counts_every_wait_in_the_pool_it_was_spent(
+    tmp_path: Path, make_state: Factory
+) -> None:
+    """``a`` (pool cpu) is ready at T0, c1 joins and is sent it 3 s later, then is
+    preempted: ``a`` is ready again and waits 75 s for c2. Its two tries' rows have
+    ``sent - queued`` 3 and 75; the doc's query for pool cpu over the last hour counts
+    both (and neither ``g``'s wait of 100 s in pool gpu nor ``old``'s of 50 s in cpu,
+    sent more than an hour ago). The report's median wait is over the tries (75 s; over
+    the tasks' first waits, 50 s). Before, the doc's query took the tasks' first ready
+    and first sent: 1 wait of 3 s."""
+    db = tmp_path / "monitoring.db"
+    s = make_state(monitor=True)
+    t0 = T0 + 4000  # ``a`` and ``g`` from here; ``old`` from T0
+    wall = float(int(time.time()) - int(t0) - 200)  # the run ended 100 s ago; exact sums
+    recorder, writer = _recorder(db, s, wall=wall)
+    cpu = {"pool": "cpu"}
+    with anyio.fail_after(LIMIT):
+        old = specs_for(s, {"old": []}, ["old"], attrs={"old": cpu})
+        _at(s, GraphSubmitted, T0, specs=old, wanted=("old",))
+        _at(s, WorkerJoined, T0 + 50, worker="c0", cores=1, memory=GB, pool="cpu")
+        _done(s, "c0", "old", T0 + 51)
+        _at(s, KeysReleased, T0 + 52, keys=("old",))
+        _at(s, FilesReleased, T0 + 52, keys=("old",))
+        _at(s, WorkerLeft, T0 + 600, worker="c0", cause="drained")
+        specs = specs_for(s, {"a": [], "g": []}, ["a", "g"],
+                          attrs={"a": cpu, "g": {"pool": "gpu"}})  # fmt: skip
+        _at(s, GraphSubmitted, t0, specs=specs, wanted=("a", "g"))
+        _at(s, WorkerJoined, t0 + 3, worker="c1", cores=1, memory=GB, pool="cpu")
+        assert s.tasks["a"].worker == "c1"
+        _at(s, WorkerLeft, t0 + 10, worker="c1", cause="preempted")
+        _at(s, WorkerJoined, t0 + 85, worker="c2", cores=1, memory=GB, pool="cpu")
+        _done(s, "c2", "a", t0 + 86)
+        _at(s, WorkerJoined, t0 + 100, worker="g1", cores=1, memory=GB, pool="gpu")
+        _done(s, "g1", "g", t0 + 101)
+        await recorder.poll()
+    writer.close()
+    rows = _rows(db, "SELECT worker, outcome, sent - queued FROM tries WHERE key = 'a' "
+                 "ORDER BY try")  # fmt: skip
+    assert rows == [("c1", "worker-lost", 3.0), ("c2", "ok", 75.0)]
+    others = _rows(db, "SELECT key, sent - queued FROM tries WHERE key != 'a' ORDER BY key")
+    assert others == [("g", 100.0), ("old", 50.0)]
+    sql = _doc_sql("How long did tasks wait in pool `cpu`")
+    assert _rows(db, sql) == [(2, 39.0, 75.0, 1)]  # waits, mean, max, over a minute
+    read = open_db(db)
+    try:
+        assert _Run(read, None, lambda line: None).median_wait == 75.0  # of 3, 50, 75, 100
+    finally:
+        read.close()
+
+
+def test_a_version_3_file_gets_the_tries_waits_column_and_is_still_read(tmp_path: Path) -> None:
+    """A file of schema version 3 (no ``tries.queued``): the report reads it as it is,
+    its median wait from the tasks (first ready to first sent); a manager writing into
+    it adds the column, empty in the rows it had, and the report still takes that run's
+    waits from its tasks."""
     db = tmp_path / "monitoring.db"
     MonitorWriter(db).close()
     old = sqlite3.connect(db)
     old.executescript(
+        "ALTER TABLE tries DROP COLUMN queued; UPDATE schema_version SET version = 3; "
+        "INSERT INTO runs (run_id, started) VALUES ('r', 100.0); "
+        "INSERT INTO tasks (run_id, key, ready, started, state) "
+        "VALUES ('r', 'a', 101, 104, 'memory'); "
+        "INSERT INTO tries VALUES ('r', 'a', 1, 'a', 'w1', 104.0, 104.5, 105.0, 'ok', NULL, "
+        "NULL, NULL, 8);"
+    )  # fmt: skip
+    old.close()
+
+    def median_wait() -> float | None:
+        read = open_db(db)
+        try:
+            return _Run(read, "r", lambda line: None).median_wait
+        finally:
+            read.close()
+
+    assert median_wait() == 3.0
+    MonitorWriter(db).close()
+    assert _rows(db, "SELECT version FROM schema_version") == [(4,)]
+    assert _rows(db, "SELECT try, sent, queued, output_bytes FROM tries") == [(1, 104.0, None, 8)]
+    assert median_wait() == 3.0
+
+
+def test_a_version_2_file_is_upgraded_to_a_row_per_life_and_still_read(tmp_path: Path) -> None:
+    """A file an older Corral wrote (schema version 2, a row per worker id): the report
+    reads it as it is; a manager writing into it first makes each row a first life (and
+    adds ``tries.queued``, version 4)."""
+    db = tmp_path / "monitoring.db"
+    MonitorWriter(db).close()
+    old = sqlite3.connect(db)
+    old.executescript(
+        "ALTER TABLE tries DROP COLUMN queued; "
         "DROP TABLE workers; CREATE TABLE workers (run_id TEXT NOT NULL, worker TEXT NOT NULL, "
         "pool TEXT, block TEXT, cores INTEGER, memory INTEGER, joined REAL, left REAL, "
         "cause TEXT, joins INTEGER NOT NULL DEFAULT 1, PRIMARY KEY (run_id, worker)); "
@@ -784,6 +881,9 @@ def test_a_version_2_file_is_upgraded_to_a_row_per_life_and_still_read(tmp_path:
     assert _rows(db, "SELECT version FROM schema_version") == [(SCHEMA_VERSION,)]
     assert _rows(db, "SELECT * FROM workers") == [
         ("r", "w1", 1, "cpu", "b1", 2, 10, 1.0, 9.0, "crash", 3)
+    ]
+    assert _rows(db, "SELECT name FROM pragma_table_info('tries') WHERE name = 'queued'") == [
+        ("queued",)
     ]
 
 

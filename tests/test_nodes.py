@@ -148,3 +148,20 @@ async def test_a_task_the_worker_cannot_load_fails_alone_with_the_reason() -> No
                 await bad
             assert any("installed on the workers" in n for n in info.value.__notes__)
             assert await cluster.gather(good) == [1, 2, 3, 4, 5]
+
+
+@pytest.mark.anyio
+async def test_a_worker_registers_the_block_its_environment_names(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A provider starts each worker with ``CORRAL_BLOCK_ID``: the worker's info carries
+    it (over the codec) and the scheduler's core keeps it, to plan no evacuation onto
+    a leaving worker's siblings."""
+    monkeypatch.setenv("CORRAL_BLOCK_ID", "block-7")
+    with anyio.fail_after(LIMIT):
+        async with nodes(1) as (address, _), Cluster(address) as cluster:
+            await cluster.wait_for_workers(1)
+            (info,) = (await cluster.status())["workers"]
+            assert info.block == "block-7"
+            core = GATEWAYS[-1].plane.scheduler.state
+            assert core.workers[info.worker_id].block == "block-7"

@@ -19,8 +19,10 @@ from actors.scheduler_events import (
     GraphSubmitted,
     TasksFinished,
     WorkerJoined,
+    WorkerLeaving,
     WorkerLeft,
 )
+from actors.scheduler_records import TaskStateView
 from actors.scheduler_state import SchedulerState
 from policies import REGISTRY
 from policies.survival import Survival, kaplan_meier
@@ -164,3 +166,39 @@ def test_a_task_lost_too_often_moves_to_the_fallback_instead_of_failing(
     out = at(s, 3, WorkerLeft, worker=w, cause="preempted")  # lost twice: past max_lost
     assert assigned(out) == {"o1": ["t"]}
     assert s.tasks["t"].state == "processing" and s.tasks["t"].spec.pool == "owner"
+
+
+def test_a_preempted_task_that_never_started_is_not_long(make_state: Factory) -> None:
+    """A worker holds more tasks than it runs at once: one queued behind a long task
+    when the worker is preempted never started, however long ago it was sent. Its
+    worker's Leaving said what executed: the queued one ran 0 s and stays in its pool
+    (a free retry); the long one moves."""
+    retry = REGISTRY.create("retry", "default", {"fallback": {"ckpt": "owner"}})
+    s = make_state(retry=retry, saturation=2.0)  # 1 core, 2 tasks at a time
+    for w in ("old1", "old2", "c1"):
+        at(s, 0, WorkerJoined, worker=w, cores=1, memory=2**30, pool="ckpt")
+    at(s, 0, WorkerJoined, worker="o1", cores=1, memory=2**30, pool="owner")
+    at(s, 100, WorkerLeft, worker="old1", cause="preempted")
+    at(s, 120, WorkerLeft, worker="old2", cause="preempted")
+    specs = specs_for(s, {"long": [], "flaky": []}, ["long", "flaky"], pool="ckpt")
+    out = at(s, 150, GraphSubmitted, specs=specs, wanted=("long", "flaky"))
+    assert sorted(assigned(out)["c1"]) == ["flaky", "long"]
+    # Preempted at 300, 150 s after both were sent: past the median life (120 s).
+    at(s, 300, WorkerLeaving, worker="c1", cause="preempted", executing=frozenset({"long"}))
+    out = at(s, 300.5, WorkerLeft, worker="c1", cause="preempted")
+    assert assigned(out) == {"o1": ["long"]}
+    flaky = s.tasks["flaky"]
+    assert flaky.state == "queued" and flaky.spec.pool == "ckpt"
+    assert flaky.retries_left == 0 and flaky.lost_tries == 1  # free
+    (try_,) = flaky.tries
+    assert (try_.start, try_.stop, try_.outcome, try_.ran) == (
+        T0 + 150, T0 + 300.5, "worker-lost", 0.0,
+    )  # fmt: skip
+    assert TaskStateView(flaky).ran_for == 0.0
+    assert [t[2] for t in s.story("flaky") if t[1] == "retry"] == [
+        "worker lost (preempted); free retry"
+    ]
+    assert ("pool", "ckpt->owner") not in [(t[1], t[2]) for t in s.story("flaky")]
+    long = s.tasks["long"]  # it executed: from being sent, as before
+    assert long.spec.pool == "owner" and long.tries[-1].ran is None
+    assert TaskStateView(long).ran_for == 150.5

@@ -19,12 +19,15 @@ import pytest
 
 from actors.protocol import FileFact
 from actors.scheduler_events import (
+    CancelRequested,
     DropData,
+    Event,
     Execute,
     GraphSubmitted,
     KeyDone,
     KeyErred,
     ReplicasMissing,
+    TasksFinished,
     Tick,
     WorkerHeld,
     WorkerJoined,
@@ -61,6 +64,7 @@ from tests.helpers import (
     on,
     only_running,
     release,
+    result,
     run,
     specs_for,
     states,
@@ -202,6 +206,49 @@ def test_a_lost_worker_s_tasks_are_retried_elsewhere_for_free(make_state: Factor
     assert (try_.worker, try_.outcome, try_.cause) == (wa, "worker-lost", "preempted")
     assert wa not in s.workers and wa not in s.free
     assert of(cmds, KeyErred) == []
+
+
+def test_each_try_says_when_its_task_became_ready_for_it(make_state: Factory) -> None:
+    """``a`` is ready at 10 with no worker; c1 joins at 13 and is sent it (waited 3),
+    then is preempted at 20: ``a`` is ready again, and c2, joining at 95, is sent it
+    (waited 75); it fails at 96 and is retried on c2 at once (waited 0). ``b``, ready at
+    96.5 behind it, is sent at 97 and cancelled at 98. Each try's record (and its
+    monitoring feed record) says when its wait began: ``sent - queued`` is each wait,
+    the ones after the lost worker and the error too."""
+    s = make_state(saturation=1.0, monitor=True)
+    n = iter(range(100))
+
+    def at(now: float, cls: type[Event], **fields: Any) -> None:
+        run(s, cls(stimulus_id=f"{cls.__name__}-{next(n)}", now=now, **fields))
+
+    def done(now: float, key: str, outcome: str = "ok") -> None:
+        res = result(key, outcome, start=now - 0.5, duration=0.5, error=None)
+        at(now, TasksFinished, worker="c2", results=(res,))
+
+    at(10.0, GraphSubmitted, specs=specs_for(s, {"a": []}, ["a"], retries=1), wanted=("a",))
+    at(13.0, WorkerJoined, worker="c1", cores=1, memory=GB, pool="cpu")
+    assert s.tasks["a"].worker == "c1"
+    at(20.0, WorkerLeft, worker="c1", cause="preempted")
+    assert s.tasks["a"].state == "queued"
+    at(95.0, WorkerJoined, worker="c2", cores=1, memory=GB, pool="cpu")
+    done(96.0, "a", "error")
+    assert s.tasks["a"].worker == "c2"  # retried at once
+    at(96.5, GraphSubmitted, specs=specs_for(s, {"b": []}, ["b"]), wanted=("b",))
+    assert s.tasks["b"].state == "queued"
+    done(97.0, "a")
+    assert s.tasks["b"].worker == "c2"
+    at(98.0, CancelRequested, keys=("b",))
+
+    tries = [(t.worker, t.outcome, t.queued) for t in s.tasks["a"].tries + s.tasks["b"].tries]
+    assert tries == [
+        ("c1", "worker-lost", 10.0), ("c2", "error", 20.0), ("c2", "ok", 96.0),
+        ("c2", "cancelled", 96.5),
+    ]  # fmt: skip
+    assert s.tasks["a"].tries[0].start == 13.0  # sent (the core's clock: its try was lost)
+    entries, _, _ = s.feed_since(0, 1000)
+    feed = [(r[1], r[5], r[-1]) for _, records in entries for r in records if r[0] == "try"]
+    # (key, sent, queued): the waits 3, 75, 0 and 0.5
+    assert feed == [("a", 13.0, 10.0), ("a", 95.0, 20.0), ("a", 96.0, 96.0), ("b", 97.0, 96.5)]
 
 
 def test_a_task_lost_too_often_fails_with_worker_lost(make_state: Factory) -> None:
