@@ -716,8 +716,16 @@ class Scheduler(Actor):
             known = ", ".join(sorted(self.state.workers)) or "none"
             raise ValueError(f"no worker {msg.worker!r} (known workers: {known})")
         self._handle(WorkerDraining(*self._ev(), msg.worker))
-        self.log.info("draining worker", worker=msg.worker, running=len(ws.processing))
-        return {"worker": msg.worker, "running": len(ws.processing), "retired": ws.retired}
+        keeping = len(ws.keeping or ())
+        self.log.info(
+            "draining worker", worker=msg.worker, running=len(ws.processing), keeping=keeping
+        )
+        return {
+            "worker": msg.worker,
+            "running": len(ws.processing),
+            "retired": ws.retired,
+            "keeping": keeping,
+        }
 
 
 #: What turning a story query's text back into a key may raise: it is then text only.

@@ -154,6 +154,7 @@ class WorkerState:
         "has_what",
         "id",
         "joined",
+        "keeping",
         "leaving",
         "limit",
         "memory",
@@ -191,6 +192,9 @@ class WorkerState:
         #: the other tasks it has in hand when it goes never started
         self.executing: frozenset[str] | None = None
         self.retired = False  #: told to stop (RetireWorker) after draining
+        #: drained and idle: the outputs only it holds, copied off before it is retired
+        #: while something needs them (None: not looked at yet)
+        self.keeping: set[TaskState] | None = None
         #: drained by the core because its walltime is near (not by an operator's
         #: drain, ``WorkerDraining``): its end is ``walltime``, not ``drained``
         self.walltime_drain = False

@@ -262,6 +262,21 @@ def quantile(ordered: list[float], q: float) -> float:
 
 State = Literal["waiting", "queued", "processing", "memory", "released", "erred", "cancelled"]
 ACTIVE: frozenset[str] = frozenset({"waiting", "queued", "processing"})
+#: events after which a draining worker keeping outputs only it holds may let them go
+#: (copied, released, lost) or find a worker to copy them to
+_KEEPING_EVENTS: frozenset[type[Event]] = frozenset(
+    {
+        ReplicasCopied,
+        ReplicasMissing,
+        TasksFinished,
+        KeysReleased,
+        FilesReleased,
+        WorkerJoined,
+        WorkerLeft,
+        WorkerHeld,
+        CancelRequested,
+    }
+)
 
 #: Allowed (start, finish) pairs. Anything else is a bug and raises InvalidTransition.
 TRANSITIONS: frozenset[tuple[str, str]] = frozenset(
@@ -427,6 +442,8 @@ class SchedulerState:
         #: copies asked for and not answered yet (:class:`Replicate`, until its
         #: :class:`ReplicasCopied`, or until the target is lost): key -> {target: bytes}
         self.copying: dict[Key, dict[str, int]] = {}
+        #: an event that may let a draining worker that keeps outputs go (``_retire_idle``)
+        self._keeping_changed = False
         #: per output in memory, the workers a copy of it failed to (not asked again)
         self.copy_failed: dict[TaskState, set[str]] = {}
         #: bytes of the outputs each worker holds (its ``has_what``), kept as they move
@@ -485,6 +502,7 @@ class SchedulerState:
                 self._fill()
             self._watch()
             if self.draining:
+                self._keeping_changed |= type(ev) in _KEEPING_EVENTS
                 self._retire_idle()
             self._flush()
             if self._records:
@@ -1100,14 +1118,68 @@ class SchedulerState:
         self._out.append(Evacuate(self._stimulus, ws.id, tuple(moves)))
 
     def _retire_idle(self) -> None:
-        """Retire the draining workers that run nothing any more."""
+        """Retire the draining workers that run nothing any more, but never the only
+        holder of an output still needed (a client holds it, or a task will read it):
+        such outputs are first copied to workers that take new tasks
+        (:meth:`_copy_off`); while none can take one, the worker stays, holding it,
+        until it is released, or copied once a worker joins. Looked at again only after
+        an event that may change that (``_keeping_changed``)."""
+        changed, self._keeping_changed = self._keeping_changed, False
         for wid in sorted(self.draining):
             ws = self.workers[wid]
-            if not ws.processing:
-                self.draining.discard(wid)
-                ws.retired = True
-                self._log(wid, "draining", "retired")
-                self._out.append(RetireWorker(self._stimulus, wid))
+            if ws.processing:
+                continue
+            if ws.keeping is None:  # idle now, and nothing new comes to it
+                ws.keeping = {ts for ts in ws.has_what if ts.who_has == {wid}}
+                if ws.keeping:
+                    n = len(ws.keeping)
+                    self._log(wid, "draining", f"keeping:{n}")
+            elif not changed:
+                continue
+            ws.keeping = {
+                ts
+                for ts in ws.keeping
+                if ts.who_has == {wid} and ts.state == "memory" and (ts.consumers or ts.wanted)
+            }
+            if ws.keeping:
+                self._copy_off(ws, ws.keeping)
+                continue
+            self.draining.discard(wid)
+            ws.retired = True
+            self._log(wid, "draining", "retired")
+            self._out.append(RetireWorker(self._stimulus, wid))
+
+    def _copy_off(self, ws: WorkerState, keys: set[TaskState]) -> None:
+        """Have each output in ``keys`` (held by ``ws`` alone) copied to a worker that
+        takes new tasks and has room for it, the one holding the fewest bytes; none
+        already being copied, none to a worker that failed a copy of it."""
+        targets = [w for w in self.workers.values() if not w.draining]
+        if not targets:
+            return
+        held = {w.id: self.held_bytes.get(w.id, 0) for w in targets}
+        for copies in self.copying.values():
+            for wid, nbytes in copies.items():
+                if wid in held:
+                    held[wid] += nbytes
+        for ts in sorted(keys, key=lambda t: (-t.nbytes, str(t.key))):
+            if self.copying.get(ts.key):
+                continue  # on its way
+            failed = self.copy_failed.get(ts, ())
+            fits = [
+                w
+                for w in targets
+                if w.id not in failed
+                and w.disk_free() >= ts.nbytes
+                and (not w.memory or ts.file or held[w.id] + ts.nbytes <= w.memory)
+            ]
+            if not fits:
+                continue
+            to = min(fits, key=lambda w: (held[w.id], w.id))
+            held[to.id] += ts.nbytes
+            self.copying.setdefault(ts.key, {})[to.id] = ts.nbytes
+            self.storage.copy_sent(ts.key, to.id, ws.id, self._now)
+            self._log(ts.key, "memory", f"replicate:{ws.id}->{to.id}")
+            self._out.append(Replicate(self._stimulus, to.id, ws.id, ((ts.key, ts.nbytes),)))
 
     def _policy_changed(self, ev: PolicyChanged) -> None:
         if ev.kind not in self.policies:
@@ -3045,7 +3117,12 @@ class SchedulerState:
             if ws.leaving:
                 assert ws.draining, (ws, "leaving but given tasks")
             elif ws.draining:
-                assert ws.retired == (not ws.processing), (ws, "draining but not retired")
+                # retired once it runs nothing and keeps no output only it holds that
+                # something needs (those are copied off first: ``_retire_idle``)
+                if ws.processing:
+                    assert not ws.retired, (ws, "retired while it runs tasks")
+                else:
+                    assert ws.retired or ws.keeping, (ws, "draining but not retired")
             else:
                 assert not ws.retired, ws
         assert self.draining <= self.workers.keys(), self.draining

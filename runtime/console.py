@@ -508,6 +508,12 @@ class ConsoleClient:
         data = jsonable(await self.drain(words[0]))
         if data.get("retired"):
             text = f"worker {words[0]} runs nothing: told to stop"
+        elif data.get("keeping") and not data.get("running"):
+            text = (
+                f"draining worker {words[0]}: no new tasks; it alone holds {data['keeping']} "
+                "output(s) still needed: it is stopped once they are copied to another "
+                "worker or released"
+            )
         else:
             text = (
                 f"draining worker {words[0]}: no new tasks; it is stopped once its "

@@ -20,6 +20,8 @@ from actors.scheduler_events import (
     Execute,
     KeyCancelled,
     KeyDone,
+    ReplicasCopied,
+    Replicate,
     RetireWorker,
     WorkerDraining,
 )
@@ -34,6 +36,7 @@ from tests.helpers import (
     leave,
     of,
     on,
+    release,
     run,
     states,
     submit,
@@ -91,13 +94,18 @@ def test_a_draining_worker_gets_no_new_tasks_and_is_retired_once_idle(make: Any)
     assert set(assigned(cmds)) == {"w2"} and retired(cmds) == []
     (c,) = assigned(cmds)["w2"]
 
-    # w1's task finishes: w1 gets nothing new and is told to stop, exactly once; the
-    # ready tasks wait for w2.
+    # w1's task finishes: w1 gets nothing new; the ready tasks wait for w2. Its
+    # output, which the client wants and only w1 holds, is copied to w2 first.
     cmds = finish(s, "w1", a)
+    sid = cmds[0].stimulus_id
     assert assigned(cmds) == {}
-    assert retired(cmds) == ["w1"]
-    assert of(cmds, KeyDone) == [KeyDone(cmds[0].stimulus_id, a, "w1", 100)]
+    assert retired(cmds) == []
+    assert of(cmds, KeyDone) == [KeyDone(sid, a, "w1", 100)]
+    assert of(cmds, Replicate) == [Replicate(sid, "w2", "w1", ((a, 100),))]
     assert s.tasks[a].who_has == {"w1"}  # its output stays fetchable until it leaves
+    # Copied: w1 is told to stop, exactly once.
+    cmds = run(s, event(ReplicasCopied, worker="w2", asked=(a,), got=(a,)))
+    assert retired(cmds) == ["w1"] and s.tasks[a].who_has == {"w1", "w2"}
     cmds = finish(s, "w2", c)
     assert set(assigned(cmds)) == {"w2"} and retired(cmds) == []
     assert s.count("queued") == 2
@@ -111,7 +119,9 @@ def test_draining_twice_or_an_unknown_worker_changes_nothing(make: Any) -> None:
     assert drain(s, "w1") == []
     assert drain(s, "nobody") == []
     cmds = finish(s, "w1", "x")
-    assert retired(cmds) == ["w1"]
+    # The client holds x, which only w1 holds, and no other worker could take it.
+    assert retired(cmds) == [] and of(cmds, Replicate) == []
+    assert retired(release(s, "x")) == ["w1"]  # let go: nothing keeps w1
     assert drain(s, "w1") == []  # retired already: no second RetireWorker
 
 
@@ -140,25 +150,47 @@ def test_work_waits_while_every_worker_drains_and_goes_to_a_new_one(make: Any) -
     assert assigned(cmds) == {"w2": ["x"]}
 
 
-def test_a_retired_worker_serves_its_outputs_until_it_leaves(make: Any) -> None:
+def test_a_draining_worker_keeps_an_output_a_task_needs_until_it_is_read(make: Any) -> None:
+    """The only holder of an output a waiting task needs is not retired while no other
+    worker could take a copy: scale-in never strands work (the task would have to
+    compute it again)."""
     s = make(saturation=1.0)
     join(s, "w1")
     submit(s, {"a": [], "b": ["a"]}, ["b"])
     assert on(s, "w1") == {"a"}
     assert drain(s, "w1") == []
     cmds = finish(s, "w1", "a")
-    assert retired(cmds) == ["w1"] and assigned(cmds) == {}
+    assert retired(cmds) == [] and assigned(cmds) == {}
     assert states(s) == {"a": "memory", "b": "queued"}
 
     cmds = join(s, "w2")
     (ex,) = of(cmds, Execute)
     assert ex.worker == "w2" and [t.key for t in ex.tasks] == ["b"]
-    assert ex.tasks[0].deps == (("a", ("w1",)),)  # fetched from the retired worker
-    finish(s, "w2", "b")
+    assert ex.tasks[0].deps == (("a", ("w1",)),)  # fetched from the draining worker
+    # and a copy of it on w2, so w1 can go
+    assert of(cmds, Replicate) == [Replicate(cmds[0].stimulus_id, "w2", "w1", (("a", 100),))]
+    cmds = finish(s, "w2", "b")
+    assert retired(cmds) == ["w1"]  # read: nothing needs it any more
 
     leave(s, "w1", cause="drained")
     assert "w1" not in s.workers and not s.draining
-    assert s.tasks["a"].state == "released"  # nothing needs it any more
+
+
+def test_a_retired_worker_serves_its_outputs_until_it_leaves(make: Any) -> None:
+    s = make(saturation=1.0)
+    join(s, "w1")
+    join(s, "w2")
+    submit(s, {"a": []}, ["a"])
+    (holder,) = [w for w in ("w1", "w2") if on(s, w)]
+    other = "w2" if holder == "w1" else "w1"
+    drain(s, holder)
+    cmds = finish(s, holder, "a")
+    assert of(cmds, Replicate) == [Replicate(cmds[0].stimulus_id, other, holder, (("a", 100),))]
+    cmds = run(s, event(ReplicasCopied, worker=other, asked=("a",), got=("a",)))
+    assert retired(cmds) == [holder]
+    assert s.tasks["a"].who_has == {holder, other}  # still fetchable from it until it leaves
+    leave(s, holder, cause="drained")
+    assert s.tasks["a"].who_has == {other} and s.tasks["a"].state == "memory"
 
 
 def test_a_retired_worker_that_registers_again_is_told_again(make: Any) -> None:
@@ -178,7 +210,8 @@ def test_a_draining_worker_that_registers_again_stays_draining(make: Any) -> Non
     assert drain(s, "w1") == []
     cmds = join(s, "w1", cores=4)  # more cores now, but draining: still nothing new
     assert cmds == [] and on(s, "w1") == {running}
-    assert retired(finish(s, "w1", running)) == ["w1"]
+    assert retired(finish(s, "w1", running)) == []  # the client holds its output
+    assert retired(release(s, running)) == ["w1"]
 
 
 def test_validate_catches_a_draining_worker_in_free(make: Any) -> None:

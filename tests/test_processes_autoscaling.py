@@ -96,14 +96,43 @@ async def test_scaling_a_process_cluster_in_drains_its_busy_worker(tmp_path: Pat
             await wait_until(lambda: block.state.terminal, "block-2 ended", limit=GATE)
             assert block.state in (BlockState.COMPLETED, BlockState.CANCELLED), block.detail
             await wait_until(lambda: "worker-2" not in state.workers, "worker-2 gone", limit=GATE)
-            # No try was lost with it. (Outputs it alone held, still wanted, may be
-            # computed again elsewhere once it left: more tries, every one "ok".)
+            # No try was lost with it, and nothing ran twice: the outputs it alone held,
+            # which this client still holds, were copied to worker-1 before it was
+            # retired (before, they were lost with it and computed again).
             tries = outcomes(state, [f.key for f in futs])
-            assert {o for per_key in tries.values() for o in per_key} == {"ok"}, tries
+            assert all(per_key == ["ok"] for per_key in tries.values()), tries
+            assert all(state.tasks[f.key].who_has == {"worker-1"} for f in futs)
             assert ("worker-2", "joined", "draining") in [e[:3] for e in state.story("worker-2")]
             assert provider.blocks["block-1"].state is BlockState.RUNNING
             auto = (await cluster.status())["autoscaler"]
             assert (list(auto["blocks"]), auto["ended"]) == (["block-1"], 1)
+
+
+def square(i: int) -> int:
+    return i * i
+
+
+async def test_scaling_in_keeps_the_only_holder_of_a_result_the_client_holds() -> None:
+    """Scaled to 0 while this client still holds a result only that worker has: the
+    worker drains but is not retired (its output would be lost and computed again, as
+    dask's adaptive scaling keeps such a worker); the result comes back from it, once;
+    released, nothing keeps the worker and its block ends."""
+    with anyio.fail_after(LIMIT):
+        async with Cluster(processes=1) as cluster:
+            await cluster.wait_for_workers(1, timeout=60)
+            state = cluster.scheduler_state
+            fut = cluster.submit(square, 7)
+            assert await fut.wait() is None
+            assert await cluster.scale(0) == {"default": 0}
+            ws = state.workers["worker-1"]
+            await wait_until(lambda: ws.draining, "worker-1 draining", limit=GATE)
+            assert not ws.retired and ws.keeping == {state.tasks[fut.key]}
+            assert ("worker-1", "draining", "keeping:1") in [e[:3] for e in state.story("worker-1")]
+            assert await fut == 49
+            assert [t.outcome for t in state.tasks[fut.key].tries] == ["ok"]
+            fut.release()
+            end = await block_end(cluster, "block-1", limit=GATE)
+            assert (end["state"], end["cause"]) == ("completed", "drained"), end
 
 
 async def test_a_block_whose_worker_the_scheduler_drained_ends_free(

@@ -22,6 +22,7 @@ from actors.scheduler_events import (
     Command,
     Event,
     GraphSubmitted,
+    KeysReleased,
     RetireWorker,
     TasksFinished,
     Tick,
@@ -75,6 +76,7 @@ def test_a_worker_is_drained_its_longest_task_plus_grace_before_its_walltime(
     join(s, 0, "w", deadline=1000)
     assert assigned(submit(s, 0, "long-1")) == {"w": ["long-1"]}
     learn(s, 300, "w", "long-1", 300)
+    at(s, 301, KeysReleased, keys=("long-1",))  # the client has it: nothing to keep
     assert s.drain_margin() == 360.0
     assert of(at(s, 630, Tick), RetireWorker) == []  # 370 s left: not yet
     assert not s.workers["w"].draining
