@@ -607,7 +607,10 @@ class Scheduler(Actor):
         for wid, ws in self.state.workers.items():
             report = self.memory.get(wid)
             if report is None:
-                workers[wid] = (self.rss.get(wid, 0), 0, 0, None, ws.disk)
+                rss = self.rss.get(wid, 0)
+                if not rss:
+                    continue  # not measured yet (it just joined or joined again): no sample
+                workers[wid] = (rss, 0, 0, None, ws.disk)
             else:
                 workers[wid] = (
                     self.rss.get(wid, 0), report.memory_bytes, report.spilled_bytes,

@@ -1069,6 +1069,8 @@ class Worker(Actor):
         held = tuple((key, store.nbytes(key)) for key in store)
         self.log.info("rejoined", active=len(active), held=len(held))
         self.scheduler.post(WorkerHolds(self.worker_id, active, held))
+        if self.state.governor.rss:  # measured: the scheduler has it from the start
+            self._report()
 
     @handles(DropKeys)
     def drop_keys(self, msg: DropKeys) -> None:

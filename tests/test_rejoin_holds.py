@@ -10,7 +10,14 @@ import anyio
 import pytest
 
 from runtime.kernel import Actor, ActorSystem, handles
-from runtime.messages import ConfirmHolds, RegisterWorker, WorkerGone, WorkerInfo
+from runtime.messages import (
+    ConfirmHolds,
+    MonitorFeed,
+    RegisterWorker,
+    WorkerGone,
+    WorkerInfo,
+    WorkerMemoryReport,
+)
 from runtime.node import start_control_plane
 from tests.helpers import GB
 
@@ -47,3 +54,24 @@ async def test_a_worker_is_asked_what_it_holds_when_it_joins_and_when_it_joins_a
                 assert probe.asked == times
                 # Declared lost (a stall past the grace): it comes back as a new worker.
                 scheduler.post(WorkerGone("w1", "unknown"))
+
+
+async def test_a_worker_has_no_resource_sample_until_its_memory_is_measured() -> None:
+    """The monitoring database's samples come from the scheduler's latest numbers per
+    worker: one that joined (or joined again, a requeued block's) and has not reported
+    its memory yet has no sample, rather than an RSS of 0 (which the report drew as a
+    drop to nothing)."""
+    with anyio.fail_after(LIMIT):
+        async with ActorSystem() as system:
+            plane = await start_control_plane(system, alerting=None)
+            scheduler = plane.refs["scheduler"]
+            probe = Probe()
+            ref = await system.spawn(probe, "probe")
+            waiting = probe.changed
+            scheduler.post(RegisterWorker(WorkerInfo("w1", 1, GB), ref))
+            await waiting.wait()
+            reply = await scheduler.ask(MonitorFeed())
+            assert "w1" not in reply.workers
+            scheduler.post(WorkerMemoryReport("w1", False, 300 * 2**20, GB, GB))
+            reply = await scheduler.ask(MonitorFeed())
+            assert reply.workers["w1"][0] == 300 * 2**20
