@@ -59,6 +59,7 @@ from runtime.messages import (
     Message,
     MetricsRequest,
     PolicyInfo,
+    PolicyQuery,
     ResumeRequest,
     ScaleRequest,
     SetPolicyRequest,
@@ -547,6 +548,12 @@ class Autoscaler(Actor):
                 events.append(seen)
         await self._handle(*events, TargetSet(self.clock.now(), msg.pool, msg.n, spec))
         return self.state.counts()
+
+    @handles(PolicyQuery)
+    def policy(self, msg: PolicyQuery) -> PolicyInfo:
+        """The scaling policy in use and the names one may switch to."""
+        name = getattr(self.state.policy, "name", type(self.state.policy).__name__)
+        return PolicyInfo("scaling", name, tuple(self.policy_registry.names("scaling")))
 
     @handles(SetPolicyRequest)
     async def set_policy(self, msg: SetPolicyRequest) -> PolicyInfo:

@@ -425,9 +425,19 @@ class Manager(Actor):
             return await autoscaler.ask(msg)
         return await self._scheduler().ask(msg)
 
-    @handles(StoryRequest, StoryQuery, TasksQuery, PolicyQuery, DrainRequest)
+    @handles(StoryRequest, StoryQuery, TasksQuery, DrainRequest)
     async def to_scheduler(self, msg: Any) -> Any:
         return await self._scheduler().ask(msg)
+
+    @handles(PolicyQuery)
+    async def policies(self, msg: PolicyQuery) -> tuple[Any, ...]:
+        """The scheduler's policies, and the autoscaler's ``scaling`` one when the
+        cluster has an autoscaler."""
+        infos = tuple(await self._scheduler().ask(msg))
+        autoscaler = self._autoscaler()
+        if autoscaler is not None:
+            infos += (await autoscaler.ask(msg),)
+        return infos
 
     @handles(WaitForWorkersRequest)
     def wait_for_workers(self, msg: WaitForWorkersRequest) -> Later:

@@ -19,7 +19,7 @@ import actors.autoscaler
 from actors.autoscaler import _Tick
 from runtime import Cluster
 from runtime.errors import AskTimeout, UnknownPolicyError
-from runtime.messages import DrainRequest, PolicyInfo
+from runtime.messages import DrainRequest, PolicyInfo, PolicyQuery
 from tests.helpers import autoscalers_made, block_end, no_ticks, wait_until
 
 pytestmark = pytest.mark.anyio
@@ -268,6 +268,9 @@ async def test_the_scaling_policy_is_swapped_at_runtime() -> None:
                 assert info == PolicyInfo("scaling", "queue", ("demand", "fixed", "queue"))
                 with pytest.raises(UnknownPolicyError):
                     await cluster.set_policy("scaling", "no-such-policy")
+                # What the console's `policy list` shows: the scaling row too.
+                infos = await cluster._plane.refs["manager"].ask(PolicyQuery())
+                assert infos[-1] == info and {i.kind for i in infos[:-1]} >= {"placement"}
                 # 40 ready tasks, 10 per block: the policy asks for 3 blocks (its maximum)
                 # at the autoscaler's next tick, above the target of 1.
                 futs = cluster.map(task, range(40))
