@@ -496,8 +496,9 @@ class ScaleOut:
     alert's ``pool`` label. Then wait ``cooldown`` seconds. Never above ``max_blocks``
     (None: the pool's own) nor ``max_cost`` worker-hours per hour (blocks x workers per
     block; None: no cap).
-    ``restore``: once the alerts that scaled the pool out resolved, set its target back
-    to what it was before (unless someone else changed it since)."""
+    ``restore`` (default): once the alerts that scaled the pool out resolved, set its
+    target back to what it was before (unless someone else changed it since); without
+    it the raised target stays, a floor, until someone lowers it."""
 
     by: int | None = None
     fit: bool = False
@@ -505,7 +506,7 @@ class ScaleOut:
     cooldown: float = 300.0
     max_blocks: int | None = None
     max_cost: float | None = None
-    restore: bool = False
+    restore: bool = True
 
     def __post_init__(self) -> None:
         if (self.by is None) != self.fit or (self.by is not None and self.by < 1):
@@ -521,8 +522,8 @@ class ScaleOut:
             d["max_blocks"] = self.max_blocks
         if self.max_cost is not None:
             d["max_cost"] = self.max_cost
-        if self.restore:
-            d["restore"] = True
+        if not self.restore:
+            d["restore"] = False
         return {"scale_out": d}
 
 
@@ -607,7 +608,7 @@ def _scale_out(rule: str, raw: object) -> ScaleOut:
     for k in raw:
         if k not in SCALE_OUT_KEYS:
             raise _unknown(rule, str(k), SCALE_OUT_KEYS, key + ".")
-    by, fit, restore = raw.get("by"), raw.get("fit", False), raw.get("restore", False)
+    by, fit, restore = raw.get("by"), raw.get("fit", False), raw.get("restore", True)
     for name, flag in (("fit", fit), ("restore", restore)):
         if not isinstance(flag, bool):
             raise AlertConfigError(rule, f"{key}.{name}", f"must be true or false, got {flag!r}")
@@ -765,6 +766,18 @@ DEFAULT_RULES: list[dict[str, Any]] = [
             "summary": "A block of pool {{ $labels.pool }} is not running after 10 minutes",
             "description": "The oldest block of pool {{ $labels.pool }} not running yet was "
             "requested {{ $value }} s ago: check the batch system's queue.",
+        },
+    },
+    {
+        "name": "CorralBlocksStuck",
+        "expr": "increase(corral_blocks_stuck_total[30m]) >= 2",
+        "labels": {"team": "corral", "priority": "P3"},
+        "annotations": {
+            "summary": "Blocks of pool {{ $labels.pool }} do not come up in time",
+            "description": "{{ $value }} blocks of pool {{ $labels.pool }} were not running "
+            "by the pool's provisioning_timeout in the latest 30 minutes; each was cancelled "
+            "and replaced. Check the batch system's queue (a partition with no free nodes, "
+            "a quota, an image that fails to start).",
         },
     },
     {
@@ -1367,6 +1380,18 @@ class AlertState:
             refuse(
                 f" of pool {pool} beyond {current} blocks: {cap_why}",
                 f"capped at {current}: {cap_why}",
+            )
+            return
+        desired = int(gauge("corral_blocks_desired") or 0)
+        if act.fit and new <= desired:
+            # The scaling policy wants these blocks already (it keeps or asks for them):
+            # a target of ``new`` would add none, only a floor that keeps them idle
+            # after the queue is gone. Audited once, however its count moves.
+            capped = f", capped by {cap_why}" if new < wanted else ""
+            refuse(
+                f" of pool {pool}: its scaling policy wants {desired} blocks already "
+                f"({how}{capped})",
+                "covered by the policy",
             )
             return
         capped = f", capped by {cap_why}" if new < wanted else ""

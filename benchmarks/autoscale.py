@@ -649,7 +649,7 @@ class CorralScaler(Scaler):
         if alerts is not None:
             raw = QUEUE_RULE
             if alerts != "restore":
-                action = {k: v for k, v in raw["action"]["scale_out"].items() if k != "restore"}
+                action = {**raw["action"]["scale_out"], "restore": False}
                 raw = {**raw, "action": {"scale_out": action}}
             rule = alerts_state.parse_rule(raw, SAMPLE_LABELS)
             assert rule.action is not None

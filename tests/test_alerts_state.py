@@ -344,6 +344,23 @@ def test_increase_over_the_samples_seen_with_counter_restarts() -> None:
     assert n.alert.state == "resolved"
 
 
+def test_blocks_replaced_at_their_provisioning_timeout_fire_the_stuck_rule() -> None:
+    """A pool whose blocks never come up is replaced every provisioning_timeout: the
+    oldest pending block is never old, so only the count of stuck blocks tells."""
+    (d,) = [d for d in DEFAULT_RULES if d["name"] == "CorralBlocksStuck"]
+    st = AlertState([parse_rule(d, SAMPLE_LABELS)])
+    stuck = lambda n: snap(blocks={"slow": {"stuck": n}})  # noqa: E731
+    assert st.handle(Evaluate(0.0, stuck(0))) == []
+    assert st.handle(Evaluate(360.0, stuck(1))) == []  # one: a slow start, say
+    (n,) = only(st.handle(Evaluate(720.0, stuck(2))), Notify)
+    assert (n.alert.state, n.alert.labels["pool"], n.alert.value) == ("firing", "slow", 2.0)
+    assert "provisioning_timeout" in n.alert.annotations["description"]
+    # They come up again: 30 minutes after the last one, it resolves.
+    assert st.handle(Evaluate(1800.0, stuck(2))) == []
+    (n,) = only(st.handle(Evaluate(2521.0, stuck(2))), Notify)
+    assert n.alert.state == "resolved"
+
+
 def test_a_suspended_pool_fires_at_once_and_says_what_to_do() -> None:
     (d,) = [d for d in DEFAULT_RULES if d["name"] == "CorralPoolSuspended"]
     st = AlertState([parse_rule(d, SAMPLE_LABELS)])
@@ -519,6 +536,35 @@ def test_fit_counts_pending_blocks_as_capacity_for_the_ready_tasks() -> None:
     assert [(c.pool, c.target) for c in only(cmds, Scale)] == [("cpu", 10)]
 
 
+def test_fit_asks_nothing_the_scaling_policy_wants_already() -> None:
+    """Under ``demand`` the policy wants blocks for the queue already (its desired count
+    follows it): a target there adds none, only a floor. Refused, audited once however
+    the count moves; a refusal for the cap is said as the cap's."""
+    st = AlertState([scaler(fit=True, max_blocks=50)])
+    lines = []
+    for i, depth in enumerate(range(10, 20)):
+        b = pool_blocks(2, running=2, pending=depth - 2, desired=depth, max_blocks=50,
+                        slots_per_block=1, workers_per_block=1)  # fmt: skip
+        cmds = st.handle(Evaluate(float(i * 10), queue(depth, 100.0 + i * 10, **b)))
+        assert only(cmds, Scale) == []
+        lines += [a.line for a in only(cmds, Audit)]
+    assert lines == [
+        "alert QueueTime{pool=cpu}: no scale-out of pool cpu: its scaling policy wants 10 "
+        "blocks already (fit 0 running and 10 ready tasks at 1 per block, with 2 running and "
+        "8 pending blocks) (corral_queue_depth = 10 > 0 and corral_queue_oldest_wait_seconds "
+        "= 100 > 60)"
+    ]
+    # the policy wants fewer than the work needs: the target is raised to what it needs
+    b = pool_blocks(2, running=2, desired=2, max_blocks=50, slots_per_block=1)
+    cmds = st.handle(Evaluate(400.0, queue(5, 500.0, **b)))
+    assert [(c.pool, c.target) for c in only(cmds, Scale)] == [("cpu", 5)]
+    # under `fixed` the policy wants the target: a cap at the target is the cap's refusal
+    st = AlertState([scaler(fit=True, max_blocks=4)])
+    b = pool_blocks(4, running=4, desired=4, max_blocks=20, slots_per_block=1)
+    (a,) = only(st.handle(Evaluate(0.0, queue(10, 100.0, **b))), Audit)
+    assert "no scale-out of pool cpu beyond 4 blocks: max_blocks 4" in a.line, a.line
+
+
 def test_fit_does_nothing_when_the_target_covers_the_work() -> None:
     st = AlertState([scaler(fit=True)])
     # the target is 6: ceil((1 + 4) / 4) = 2 are enough, never below the target
@@ -619,8 +665,8 @@ def test_restore_sets_the_target_back_once_the_alert_resolved() -> None:
         "alert QueueTime{pool=cpu} resolved: pool cpu's target is 8, not the 3 its scale-out "
         "set: left as it is"
     )
-    # without restore, the target stays where the action put it
-    st = AlertState([scaler(by=2, max_blocks=9)])
+    # with restore = false, the target stays where the action put it
+    st = AlertState([scaler(by=2, max_blocks=9, restore=False)])
     st.handle(Evaluate(0.0, queue(7, 100.0, **pool_blocks(1, running=1))))
     assert only(st.handle(Evaluate(10.0, queue(0, 0.0, **pool_blocks(3)))), Scale) == []
 
@@ -764,16 +810,16 @@ def test_handle_refuses_what_it_does_not_know() -> None:
 def test_rules_round_trip_through_their_data() -> None:
     rules = parse_rules(DEFAULT_RULES, SAMPLE_LABELS)
     rules.append(
-        scaler(fit=True, pool="cpu", cooldown="10m", max_blocks=8, max_cost=12.5, restore=True)
+        scaler(fit=True, pool="cpu", cooldown="10m", max_blocks=8, max_cost=12.5, restore=False)
     )
     rules.append(scaler(by=2))
     for r in rules:
         assert parse_rule(r.to_dict(), SAMPLE_LABELS) == r
     assert rules[-2].to_dict()["action"] == {
         "scale_out": {"fit": True, "pool": "cpu", "cooldown": 600.0, "max_blocks": 8,
-                      "max_cost": 12.5, "restore": True},
+                      "max_cost": 12.5, "restore": False},
     }  # fmt: skip
-    assert rules[-1].action == ScaleOut(by=2)
+    assert rules[-1].action == ScaleOut(by=2) and rules[-1].action.restore  # the default
     assert rules[0].to_dict() == {
         "name": "CorralQueueTime",
         "expr": DEFAULT_RULES[0]["expr"],
@@ -1082,7 +1128,7 @@ class _Pool:
 
 def test_a_burst_fires_the_queue_alert_scales_out_within_bounds_and_resolves() -> None:
     raw = dict(DEFAULT_RULES[0])
-    raw["action"] = {"scale_out": {"fit": True, "cooldown": "2m"}}
+    raw["action"] = {"scale_out": {"fit": True, "cooldown": "2m", "restore": False}}
     st = AlertState([parse_rule(raw, SAMPLE_LABELS)])
     pool = _Pool(blocks=1, tasks=20, delay=120.0)
     seen: list[tuple[float, str]] = []
@@ -1198,7 +1244,7 @@ def test_alerts_move_by_the_rules_and_actions_stay_bounded(
     keep: float,
 ) -> None:
     action: dict[str, Any] = {"fit": True} if fit else {"by": 2}
-    action.update(cooldown=100, max_blocks=max_blocks)
+    action.update(cooldown=100, max_blocks=max_blocks, restore=False)
     if max_cost is not None:
         action["max_cost"] = max_cost
     st = AlertState([rule(**{"keep_firing_for": keep, "action": {"scale_out": action}})])
