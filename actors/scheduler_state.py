@@ -262,21 +262,24 @@ def quantile(ordered: list[float], q: float) -> float:
 
 State = Literal["waiting", "queued", "processing", "memory", "released", "erred", "cancelled"]
 ACTIVE: frozenset[str] = frozenset({"waiting", "queued", "processing"})
-#: events after which a draining worker keeping outputs only it holds may let them go
-#: (copied, released, lost) or find a worker to copy them to
-_KEEPING_EVENTS: frozenset[type[Event]] = frozenset(
-    {
-        ReplicasCopied,
-        ReplicasMissing,
-        TasksFinished,
-        KeysReleased,
-        FilesReleased,
-        WorkerJoined,
-        WorkerLeft,
-        WorkerHeld,
-        CancelRequested,
-    }
-)
+#: after an event of the first kind a draining worker that keeps outputs only it holds
+#: may let some go (copied, released, no longer read) or find a worker to copy them to;
+#: after one of the second (a worker joined, went, drains or leaves, or said what it
+#: holds), what it keeps is counted again from what it holds
+_FILTER, _RECOUNT = 1, 2
+_KEEPING_EVENTS: dict[type[Event], int] = {
+    ReplicasCopied: _FILTER,
+    ReplicasMissing: _FILTER,
+    TasksFinished: _FILTER,
+    KeysReleased: _FILTER,
+    FilesReleased: _FILTER,
+    CancelRequested: _FILTER,
+    WorkerJoined: _RECOUNT,
+    WorkerLeft: _RECOUNT,
+    WorkerHeld: _RECOUNT,
+    WorkerDraining: _RECOUNT,
+    WorkerLeaving: _RECOUNT,
+}
 
 #: Allowed (start, finish) pairs. Anything else is a bug and raises InvalidTransition.
 TRANSITIONS: frozenset[tuple[str, str]] = frozenset(
@@ -442,8 +445,9 @@ class SchedulerState:
         #: copies asked for and not answered yet (:class:`Replicate`, until its
         #: :class:`ReplicasCopied`, or until the target is lost): key -> {target: bytes}
         self.copying: dict[Key, dict[str, int]] = {}
-        #: an event that may let a draining worker that keeps outputs go (``_retire_idle``)
-        self._keeping_changed = False
+        #: an event that may change what a draining worker keeps (``_retire_idle``): 0
+        #: none; ``_FILTER``: some of it may be let go; ``_RECOUNT``: a holder went
+        self._keeping_changed = 0
         #: per output in memory, the workers a copy of it failed to (not asked again)
         self.copy_failed: dict[TaskState, set[str]] = {}
         #: bytes of the outputs each worker holds (its ``has_what``), kept as they move
@@ -502,7 +506,7 @@ class SchedulerState:
                 self._fill()
             self._watch()
             if self.draining:
-                self._keeping_changed |= type(ev) in _KEEPING_EVENTS
+                self._keeping_changed = max(self._keeping_changed, _KEEPING_EVENTS.get(type(ev), 0))
                 self._retire_idle()
             self._flush()
             if self._records:
@@ -1094,7 +1098,11 @@ class SchedulerState:
             self._copies_off(ws, f"leaving:{ev.cause}")
             self._limits_changed()
         needed = [
-            ts for ts in ws.has_what if ts.who_has == {ws.id} and (ts.consumers > 0 or ts.wanted)
+            ts
+            for ts in ws.has_what
+            if ts.who_has == {ws.id}
+            and (ts.consumers > 0 or ts.wanted)
+            and not self._copy_landing(ts)
         ]
         # Not onto its block's other workers: they go with it (a preempted block's
         # workers all leave at once), though their own Leaving may not be here yet.
@@ -1124,23 +1132,22 @@ class SchedulerState:
         (:meth:`_copy_off`); while none can take one, the worker stays, holding it,
         until it is released, or copied once a worker joins. Looked at again only after
         an event that may change that (``_keeping_changed``)."""
-        changed, self._keeping_changed = self._keeping_changed, False
+        changed, self._keeping_changed = self._keeping_changed, 0
         for wid in sorted(self.draining):
             ws = self.workers[wid]
             if ws.processing:
                 continue
-            if ws.keeping is None:  # idle now, and nothing new comes to it
-                ws.keeping = {ts for ts in ws.has_what if ts.who_has == {wid}}
-                if ws.keeping:
-                    n = len(ws.keeping)
-                    self._log(wid, "draining", f"keeping:{n}")
-            elif not changed:
+            if ws.keeping is None or changed >= _RECOUNT:
+                # Idle now (nothing new comes to it), or a holder went or drains: what
+                # only it holds is counted again from what it holds.
+                first = ws.keeping is None
+                ws.keeping = {ts for ts in ws.has_what if self._keeps(ts, wid)}
+                if first and ws.keeping:
+                    self._log(wid, "draining", f"keeping:{len(ws.keeping)}")
+            elif changed:
+                ws.keeping = {ts for ts in ws.keeping if self._keeps(ts, wid)}
+            else:
                 continue
-            ws.keeping = {
-                ts
-                for ts in ws.keeping
-                if ts.who_has == {wid} and ts.state == "memory" and (ts.consumers or ts.wanted)
-            }
             if ws.keeping:
                 self._copy_off(ws, ws.keeping)
                 continue
@@ -1148,6 +1155,30 @@ class SchedulerState:
             ws.retired = True
             self._log(wid, "draining", "retired")
             self._out.append(RetireWorker(self._stimulus, wid))
+
+    def _copy_landing(self, ts: TaskState) -> bool:
+        """Whether a copy of ``ts``'s output is on its way to a worker that stays (a
+        drained worker's :meth:`_copy_off`): not planned a second time."""
+        for target in self.copying.get(ts.key, ()):
+            w = self.workers.get(target)
+            if w is not None and not w.draining:
+                return True
+        return False
+
+    def _keeps(self, ts: TaskState, wid: str) -> bool:
+        """Whether draining ``wid`` must keep ``ts``'s output before it is retired: it is
+        still needed (a client holds it, a task will read it) and no other holder will
+        stay with it. A holder stays unless it drains, leaves or was retired; of the
+        draining holders the lowest id keeps it (so one of them, not all, waits)."""
+        if ts.state != "memory" or not (ts.consumers or ts.wanted):
+            return False
+        for h in ts.who_has:
+            w = self.workers.get(h) if h != wid else None
+            if w is None or w.retired or w.leaving:
+                continue
+            if not w.draining or h < wid:
+                return False
+        return True
 
     def _copy_off(self, ws: WorkerState, keys: set[TaskState]) -> None:
         """Have each output in ``keys`` (held by ``ws`` alone) copied to a worker that

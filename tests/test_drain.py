@@ -17,13 +17,16 @@ import pytest
 from actors.scheduler_events import (
     CancelOnWorker,
     Command,
+    Evacuate,
     Execute,
     KeyCancelled,
     KeyDone,
     ReplicasCopied,
     Replicate,
     RetireWorker,
+    TasksFinished,
     WorkerDraining,
+    WorkerLeaving,
 )
 from actors.scheduler_records import SchedulerConfig
 from actors.scheduler_state import SchedulerState
@@ -37,6 +40,7 @@ from tests.helpers import (
     of,
     on,
     release,
+    result,
     run,
     states,
     submit,
@@ -225,3 +229,89 @@ def test_validate_catches_a_draining_worker_in_free(make: Any) -> None:
         s.validate()
     del s.free["w1"]
     s.validate()
+
+
+def copied(s: SchedulerState, worker: str, key: str) -> list[Command]:
+    return run(s, event(ReplicasCopied, worker=worker, asked=(key,), got=(key,)))
+
+
+def test_scaling_a_pool_to_zero_keeps_one_holder_of_a_held_result(make: Any) -> None:
+    """Both workers drained one after the other while the client holds ``a``: the one
+    that holds nothing is retired, the holder keeps ``a`` (its copy to the other lands
+    on a retired worker, which does not count as staying)."""
+    s = make(saturation=1.0)
+    join(s, "w1")
+    join(s, "w2")
+    submit(s, {"a": []}, ["a"])
+    (holder,) = [w for w in ("w1", "w2") if on(s, w)]
+    other = "w2" if holder == "w1" else "w1"
+    finish(s, holder, "a")
+    cmds = drain(s, holder)
+    assert of(cmds, Replicate) == [Replicate(cmds[0].stimulus_id, other, holder, (("a", 100),))]
+    assert retired(drain(s, other)) == [other]
+    assert retired(copied(s, other, "a")) == []
+    assert s.workers[holder].keeping == {s.tasks["a"]} and not s.workers[holder].retired
+    assert retired(release(s, "a")) == [holder]
+
+
+def test_of_two_drained_holders_of_a_held_result_one_keeps_it(make: Any) -> None:
+    s = make(saturation=1.0)
+    join(s, "w1")
+    submit(s, {"a": []}, ["a"])
+    finish(s, "w1", "a")
+    join(s, "w2")
+    copied(s, "w2", "a")  # a replica, as a replication policy makes
+    assert s.tasks["a"].who_has == {"w1", "w2"}
+    assert retired(drain(s, "w2")) == ["w2"]  # w1 stays with it
+    cmds = drain(s, "w1")  # w2 was retired: it does not count
+    assert retired(cmds) == [] and s.workers["w1"].keeping == {s.tasks["a"]}
+    # Both drained while busy, so both drain at once when idle: one of them (the lower
+    # id) keeps it, not both.
+    t = make(saturation=1.0)
+    join(t, "w1")
+    submit(t, {"a": []}, ["a"])
+    finish(t, "w1", "a")
+    join(t, "w2")
+    copied(t, "w2", "a")
+    cmds = submit(t, {"x": [], "y": []}, ["x", "y"])
+    where = {k: w for w, keys in assigned(cmds).items() for k in keys}
+    drain(t, "w1")
+    drain(t, "w2")
+    run(t, event(TasksFinished, worker=where["x"], results=(result("x"),)),
+        event(TasksFinished, worker=where["y"], results=(result("y"),)))  # fmt: skip
+    assert t.workers["w1"].keeping == {
+        t.tasks["a"],
+        t.tasks[next(k for k, w in where.items() if w == "w1")],
+    }
+    assert t.tasks["a"] not in t.workers["w2"].keeping
+
+
+def test_an_output_a_drained_worker_comes_to_hold_alone_is_kept_too(make: Any) -> None:
+    """w1 drains keeping ``a``; ``b`` is on w2 too. w2 is preempted: now w1 alone holds
+    ``b``, which it keeps as well; it is retired once both are copied to a new worker."""
+    s = make(saturation=1.0)
+    join(s, "w1", cores=2)
+    submit(s, {"a": [], "b": []}, ["a", "b"])
+    finish(s, "w1", "a")
+    finish(s, "w1", "b")
+    join(s, "w2")
+    copied(s, "w2", "b")
+    cmds = drain(s, "w1")
+    assert [r.keys for r in of(cmds, Replicate)] == [(("a", 100),)]
+    leave(s, "w2", cause="preempted")  # its copy of a was being made: it failed with it
+    assert s.workers["w1"].keeping == {s.tasks["a"], s.tasks["b"]}
+    cmds = join(s, "w3")
+    assert sorted(r.keys for r in of(cmds, Replicate)) == [(("a", 100),), (("b", 100),)]
+    assert retired(copied(s, "w3", "a")) == []
+    assert retired(copied(s, "w3", "b")) == ["w1"]
+
+
+def test_a_drained_worker_that_leaves_does_not_plan_a_copy_under_way_again(make: Any) -> None:
+    s = make(saturation=1.0)
+    join(s, "w1")
+    submit(s, {"a": []}, ["a"])
+    finish(s, "w1", "a")
+    join(s, "w2")
+    assert of(drain(s, "w1"), Replicate)  # a -> w2, under way
+    cmds = run(s, event(WorkerLeaving, worker="w1", cause="walltime"))
+    assert of(cmds, Evacuate) == [Evacuate(cmds[0].stimulus_id, "w1", ())]
