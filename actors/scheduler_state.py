@@ -1156,6 +1156,15 @@ class SchedulerState:
             self._log(wid, "draining", "retired")
             self._out.append(RetireWorker(self._stimulus, wid))
 
+    def _held_and_coming(self, workers: list[WorkerState]) -> dict[str, int]:
+        """Per worker of ``workers``, the bytes it holds and those being copied to it."""
+        held = {w.id: self.held_bytes.get(w.id, 0) for w in workers}
+        for copies in self.copying.values():
+            for wid, nbytes in copies.items():
+                if wid in held:
+                    held[wid] += nbytes
+        return held
+
     def _copy_landing(self, ts: TaskState) -> bool:
         """Whether a copy of ``ts``'s output is on its way to a worker that stays (a
         drained worker's :meth:`_copy_off`): not planned a second time."""
@@ -1187,11 +1196,7 @@ class SchedulerState:
         targets = [w for w in self.workers.values() if not w.draining]
         if not targets:
             return
-        held = {w.id: self.held_bytes.get(w.id, 0) for w in targets}
-        for copies in self.copying.values():
-            for wid, nbytes in copies.items():
-                if wid in held:
-                    held[wid] += nbytes
+        held = self._held_and_coming(targets)
         for ts in sorted(keys, key=lambda t: (-t.nbytes, str(t.key))):
             if self.copying.get(ts.key):
                 continue  # on its way
@@ -1960,11 +1965,7 @@ class SchedulerState:
         ]
         if not candidates:
             return
-        held = {w.id: self.held_bytes.get(w.id, 0) for w in candidates}
-        for copies in self.copying.values():
-            for wid, nbytes in copies.items():
-                if wid in held:
-                    held[wid] += nbytes
+        held = self._held_and_coming(candidates)
         source = min(ts.who_has)
         pools = self._reader_pools(ts, source)
         fits = sorted(
