@@ -30,14 +30,16 @@ from actors.protocol import ToRun
 from actors.worker import Worker
 from runtime import Cluster
 from runtime.dashboard import build_snapshot
-from runtime.kernel import ActorSystem
+from runtime.kernel import ActorSystem, handles
 from runtime.messages import (
     AlertsReply,
+    ConfirmHolds,
     DropKeys,
     MetricsRequest,
     RunTasks,
     StatusReply,
     StatusRequest,
+    WorkerHolds,
 )
 from runtime.metrics import render
 from tests.helpers import SchedulerRecorder, scraped, wait_until
@@ -126,6 +128,36 @@ async def test_a_worker_reports_outputs_held_and_rss_that_move_below_every_fence
             await sched.until(lambda: sched.reports[-1].memory_bytes == 0)
     assert not any(r.throttled or r.spilled_bytes for r in sched.reports)
     assert sched.reports[-1].limit == 1000 * MB and sched.reports[-1].rss == 300 * MB
+
+
+class HoldsRecorder(SchedulerRecorder):
+    """The scheduler stand-in, also taking the worker's answer to ConfirmHolds."""
+
+    @handles(WorkerHolds)
+    def holds(self, msg: WorkerHolds) -> None:
+        self.messages.append(msg)
+
+
+@pytest.mark.anyio
+async def test_a_worker_asked_what_it_holds_reports_its_memory(tmp_path: Path) -> None:
+    """The scheduler asks each worker that registers what it holds. A worker whose
+    memory does not move sends no report of its own, so the scheduler knew its RSS only
+    from its first task's result: a requeued block's idle worker showed 0 in the status,
+    the dashboard and the monitoring database. It answers with its memory too."""
+    sched = HoldsRecorder()
+    with anyio.fail_after(30):
+        async with ActorSystem() as system:
+            sref = await system.spawn(sched, "scheduler")
+            w = Worker(
+                "w1", sref, lambda _: None, memory=1000 * MB, probe=lambda: 100 * MB,
+                memory_options={"spill_dir": str(tmp_path), "interval": 0.01},
+            )  # fmt: skip
+            ref = await system.spawn(w, "w1")
+            await wait_until(lambda: w.state.governor.rss == 100 * MB, "a memory sample")
+            ref.post(ConfirmHolds())
+            await sched.until(lambda: any(isinstance(m, WorkerHolds) for m in sched.messages))
+            with anyio.fail_after(5):  # sent with the answer; a still worker sends no other
+                await sched.until(lambda: any(r.rss == 100 * MB for r in sched.reports))
 
 
 # ----------------------------------------------------------------------------- a cluster
