@@ -588,7 +588,7 @@ def _summary(run: _Run) -> str:
         row("makespan (first submitted to last finished)", f"{run.makespan:.2f} s"),
         row("median wait ready to sent to a worker",
             "-" if run.median_wait is None else f"{run.median_wait:.3f} s"),
-        row("workers (lives lost unasked)", f"{workers} ({lost})"),
+        row("workers", f"{workers} ({len(run.workers)} lives, {lost} ended unasked)"),
         row("blocks", len({b[0] for b in run.blocks})),
         row("monitoring: feed events lost, rows dropped", f"{run.gaps}, {info['dropped_rows']}"),
     ]  # fmt: skip

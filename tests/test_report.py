@@ -140,7 +140,7 @@ async def test_alerts_in_the_database_are_drawn_over_the_time_plots(tmp_path: Pa
 
 @pytest.mark.anyio
 async def test_workers_that_left_on_purpose_are_not_counted_lost(tmp_path: Path) -> None:
-    """The summary's "lost unasked" counts worker lives that ended for any reason but
+    """The summary's "ended unasked" counts worker lives that ended for any reason but
     on purpose: walltime, like drained and shutdown, is on purpose (before, a worker
     that reached its walltime counted as lost). A worker preempted, requeued under its
     id and then crashed is one worker lost twice."""
@@ -165,7 +165,7 @@ async def test_workers_that_left_on_purpose_are_not_counted_lost(tmp_path: Path)
     )
     writer.close()
     page = build_report(db)
-    assert "<th>workers (lives lost unasked)</th><td>5 (3)</td>" in page
+    assert "<th>workers</th><td>5 (6 lives, 3 ended unasked)</td>" in page
 
 
 def test_long_series_are_thinned_keeping_every_peak_and_dip() -> None:
