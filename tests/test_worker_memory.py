@@ -170,13 +170,20 @@ def _total(a: np.ndarray, b: np.ndarray) -> float:
     return float(a.sum() + b.sum())
 
 
+def _started_then_wait(started: threading.Event, release: threading.Event) -> bool:
+    started.set()
+    return release.wait(20)
+
+
 async def test_rss_sampled_while_a_task_runs_is_its_peak(tmp_path: Path) -> None:
     rss = [100 * MB]
-    release = threading.Event()
+    started, release = threading.Event(), threading.Event()
     with anyio.fail_after(LIMIT):
         async with worker(tmp_path, rss, spill=None) as (_, ref, sched):
-            ref.post(RunTasks((run("work-0", release.wait, 20),)))
-            await ref.ask(StatusRequest())  # handed to the executor
+            ref.post(RunTasks((run("work-0", _started_then_wait, started, release),)))
+            # Running (its RSS before it was read at its start), not only handed over:
+            # on a loaded machine its thread could start after the RSS below moved.
+            assert await anyio.to_thread.run_sync(started.wait, 10)
             rss[0] = 800 * MB  # while it runs: the monitor's next sample sees it
             await sched.until(lambda: any(r.throttled for r in sched.reports))
             rss[0] = 100 * MB
