@@ -67,6 +67,24 @@ def _first(point: tuple[int, Any, Any]) -> int:
     return point[0]
 
 
+def _median_wait(
+    conn: sqlite3.Connection, table: str, since: str, until: str, rid: tuple[str]
+) -> float | None:
+    """The median of ``until - since`` over ``table``'s rows of the run that have both
+    (None without one): the ready-to-sent wait of tries, or of tasks in an older file."""
+    wait = f"{until} - {since}"
+    (n,) = conn.execute(f"SELECT COUNT({wait}) FROM {table} WHERE run_id = ?", rid).fetchone()
+    if not n:
+        return None
+    # (SQLite sorts all and the cursor skips to it faster than a LIMIT 1 OFFSET)
+    ordered = conn.execute(
+        f"SELECT {wait} AS wait FROM {table} WHERE run_id = ? AND {since} IS NOT NULL "
+        f"AND {until} IS NOT NULL ORDER BY wait", rid,
+    )  # fmt: skip
+    (median,) = _nth(ordered, n // 2)
+    return float(median)
+
+
 def _nth(rows: Iterator[tuple[Any, ...]], n: int) -> tuple[Any, ...]:
     """The row after the next ``n`` of ``rows``, those skipped at C speed."""
     return next(itertools.islice(rows, n, None))
@@ -236,24 +254,11 @@ class _Run:
         self.makespan = max(lasts) - min(firsts) if firsts and lasts else 0.0
         self.median_wait: float | None = None
         if "queued" in {r[1] for r in conn.execute("PRAGMA table_info(tries)")}:
-            tries = _table(conn, "tries", rid)
-            (n,) = conn.execute(
-                f"SELECT COUNT(sent - queued) FROM {tries} WHERE run_id = ?", rid
-            ).fetchone()
-            if n:
-                sorted_waits = conn.execute(
-                    f"SELECT sent - queued AS wait FROM {tries} WHERE run_id = ? AND queued IS "
-                    "NOT NULL AND sent IS NOT NULL ORDER BY wait", rid,
-                )  # fmt: skip
-                (self.median_wait,) = _nth(sorted_waits, n // 2)
+            self.median_wait = _median_wait(conn, _table(conn, "tries", rid), "queued", "sent", rid)
+            if self.median_wait is not None:
                 return self.tasks
         if waits:
-            # (SQLite sorts all and the cursor skips to it faster than a LIMIT 1 OFFSET)
-            sorted_waits = conn.execute(
-                f"SELECT started - ready AS wait FROM {tasks} WHERE run_id = ? AND ready IS "
-                "NOT NULL AND started IS NOT NULL ORDER BY wait", rid,
-            )  # fmt: skip
-            (self.median_wait,) = _nth(sorted_waits, waits // 2)
+            self.median_wait = _median_wait(conn, tasks, "ready", "started", rid)
         return self.tasks
 
     def _read_tries(self, conn: sqlite3.Connection, rid: tuple[str]) -> int:
