@@ -190,8 +190,10 @@ class ReportPacing:
 
     @classmethod
     def of(cls, limit: int, now: float, rss: int) -> ReportPacing:
-        """The pacing of a worker with memory ``limit`` that started at ``now`` with
-        ``rss``, holding nothing (as the scheduler first knows it)."""
+        """The pacing of a worker with memory ``limit`` whose latest report (or its
+        start) was at ``now``, saying ``rss`` (0: none told yet, so the first measured
+        RSS is due once ``every`` passed) and holding nothing (as the scheduler first
+        knows it)."""
         return cls(max(REPORT_MIN_STEP, int(limit * REPORT_STEP)), now, 0, rss)
 
     def sent(self, now: float, memory_bytes: int, rss: int) -> None:
@@ -203,6 +205,8 @@ class ReportPacing:
         since = now - self.at
         if since < self.every:
             return False
+        if rss and not self.rss:  # a measured RSS the scheduler was never told: it shows 0
+            return True
         held = memory_bytes - self.memory_bytes
         if abs(held) >= self.step or abs(rss - self.rss) >= self.step:
             return True

@@ -311,10 +311,10 @@ class Worker(Actor):
         self.executor = kind(self.nthreads, self.worker_id, self._deliver, sandbox=sandbox)
         self.executor.checkpoints = self.checkpoints
         self.executor.on_checkpoint = self._checkpoint
-        # The scheduler knows of nothing held at first; the RSS it learns with results.
-        self._pacing = mem.ReportPacing.of(
-            self.memory, self._now(), self.probe() if self.probe is not None else rss()
-        )
+        # The scheduler knows of nothing held and no RSS at first: the first memory
+        # tick a second on reports the RSS measured (an idle worker, or one running a
+        # long first task, showed 0 until its first result came back).
+        self._pacing = mem.ReportPacing.of(self.memory, self._now(), 0)
         if self.register:
             await self.scheduler.tell(RegisterWorker(self.info, self.ref))
         self.start_soon(self._monitor)

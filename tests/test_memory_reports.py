@@ -82,6 +82,17 @@ def test_a_change_smaller_than_a_step_is_reported_once_it_settled() -> None:
     assert not pacing.due(REPORT_SETTLE + 3600, 3 * MB, 205 * MB)
 
 
+def test_the_first_measured_rss_is_due_however_small_against_the_step() -> None:
+    """A worker starts having told no RSS (0): the first one measured is due once a
+    second passed, even far below a step (64 GiB: a step of 655 MB), then paced."""
+    pacing = ReportPacing.of(64 * GIB, now=0.0, rss=0)
+    assert not pacing.due(REPORT_EVERY, 0, 0)  # not measured yet: nothing to say
+    assert not pacing.due(REPORT_EVERY - 0.01, 0, 67 * MB)
+    assert pacing.due(REPORT_EVERY, 0, 67 * MB)
+    pacing.sent(REPORT_EVERY, 0, 67 * MB)
+    assert not pacing.due(3600.0, 0, 70 * MB)  # told: moves under a step wait
+
+
 def test_the_step_is_at_least_a_mib() -> None:
     assert ReportPacing.of(10 * MB, 0.0, 0).step == REPORT_MIN_STEP == MB
     assert ReportPacing.of(64 * GIB, 0.0, 0).step == int(64 * GIB * 0.01)
@@ -96,6 +107,24 @@ def make(nbytes: int) -> bytes:
 
 def run(key: str, func: Callable[..., Any], *args: Any) -> ToRun:
     return ToRun(key, Task(key, func, *args), key.split("-")[0], ())
+
+
+@pytest.mark.anyio
+async def test_an_idle_worker_reports_its_rss_without_running_a_task(tmp_path: Path) -> None:
+    """A worker that joined and runs nothing tells its RSS (100 MB of a 64 GiB limit,
+    far below a step) within about a second. Before, the scheduler, the metrics and the
+    dashboard showed RSS 0 until its first result came back (an audit saw 90 s of 0)."""
+    sched = SchedulerRecorder()
+    with anyio.fail_after(30):
+        async with ActorSystem() as system:
+            sref = await system.spawn(sched, "scheduler")
+            w = Worker(
+                "w1", sref, lambda _: None, memory=64 * GIB, probe=lambda: 100 * MB,
+                memory_options={"spill_dir": str(tmp_path), "interval": 0.01},
+            )  # fmt: skip
+            await system.spawn(w, "w1")
+            await sched.until(lambda: bool(sched.reports))
+    assert sched.reports[0].rss == 100 * MB and not sched.done
 
 
 @pytest.mark.anyio
