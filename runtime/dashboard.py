@@ -5,7 +5,7 @@ story page per task (``GET /dashboard/story?key=...``).
 Served by the manager's own listener (its ``web_routes``, see ``transport/ws.py``) to
 the read and admin tokens. A browser cannot send an Authorization header, so the
 printed URL carries the read token once (``/?token=...``); the listener moves it into
-an HttpOnly, SameSite=Strict cookie and sends the browser back to ``/`` without it
+an HttpOnly, SameSite=Lax cookie and sends the browser back to ``/`` without it
 (docs/monitoring.md, "Live dashboard").
 
 One :class:`DashboardFeed` per manager builds the snapshot at most once per interval,

@@ -252,7 +252,7 @@ async def test_only_the_read_and_admin_tokens_open_the_dashboard(tmp_path: Path)
                                  allow_redirects=False) as r:  # fmt: skip
                     assert r.status == 303 and r.headers["Location"] == "/"
                     cookie = r.headers["Set-Cookie"]
-                    assert "HttpOnly" in cookie and "SameSite=Strict" in cookie
+                    assert "HttpOnly" in cookie and "SameSite=Lax" in cookie
                 async with s.get(f"{base}/") as r:  # the cookie now
                     assert r.status == 200 and "Corral dashboard" in await r.text()
                     assert "default-src 'none'" in r.headers["Content-Security-Policy"]
@@ -425,6 +425,52 @@ class Dashboard:
         if wanted:
             Path(wanted).mkdir(parents=True, exist_ok=True)
             shutil.copy(path, Path(wanted) / path.name)
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+@pytest.mark.timeout(120)
+async def test_a_dashboard_link_followed_from_another_site_opens_the_page(
+    browser: Any, tmp_path: Path
+) -> None:
+    """An alert's dashboard link is clicked in a chat, a mail or Alertmanager's page:
+    another site. In a browser that opened the printed URL once, the page opens. With
+    a ``SameSite=Strict`` cookie it did not (the browser kept the cookie back on a
+    navigation that began on another site, and the page answered 401)."""
+    from aiohttp import web
+
+    with Cli(tmp_path / "home") as cli:
+        proc, address = cli.manager()
+        url = cli.line_with(proc, "dashboard on").split("dashboard on", 1)[1].strip()
+        base = _base(address)  # http://127.0.0.1:PORT
+        app = web.Application()
+        page = f"<html><body><a id='go' href='{base}/'>dashboard</a></body></html>"
+
+        async def link(_: web.Request) -> web.Response:
+            return web.Response(text=page, content_type="text/html")
+
+        app.router.add_get("/", link)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        try:
+            port = runner.addresses[0][1]
+            await anyio.to_thread.run_sync(browser.get, url)  # the printed URL, once
+            assert browser.current_url == base + "/"
+            # another site: localhost is not 127.0.0.1
+            await anyio.to_thread.run_sync(browser.get, f"http://localhost:{port}/")
+            await anyio.to_thread.run_sync(lambda: browser.find_element("id", "go").click())
+            Dashboard(browser).wait(
+                f"return location.href === {json.dumps(base + '/')} && "
+                "document.readyState === 'complete'",
+                "the link's page to load",
+                30,
+            )
+            shown = browser.execute_script("return document.body.innerText.slice(0, 300)")
+            assert browser.title == "Corral dashboard", shown
+        finally:
+            await runner.cleanup()
 
 
 def parse_record(i: int) -> int:

@@ -1468,7 +1468,9 @@ class WebSocketListener(Listener):
         """A request to one of ``web_routes`` (for browsers): refused across origins (a
         page of another site or port may not use this browser's cookie), authenticated
         by header, ``?token=`` or cookie. A token in the URL is moved into an HttpOnly,
-        SameSite=Strict cookie and the browser sent back to the URL without it."""
+        SameSite=Lax cookie and the browser sent back to the URL without it (Lax: a link
+        to the page followed from another site, an alert's dashboard link in a chat or a
+        mail, opens it; that site's own requests, frames and websockets get no cookie)."""
         if self._closed:
             return self._refuse(503, "this Corral listener is closing")
         origin = request.headers.get("Origin")
@@ -1484,7 +1486,7 @@ class WebSocketListener(Listener):
                 status=303, headers={"Location": str(request.rel_url.with_query(rest))}
             )
             moved.set_cookie(
-                self.cookie_name, token, path="/", httponly=True, samesite="Strict",
+                self.cookie_name, token, path="/", httponly=True, samesite="Lax",
                 secure=self.scheme == "wss",
             )  # fmt: skip
             return moved
