@@ -186,6 +186,10 @@ def _expr_annotations(expr: Expr) -> dict[Key, dict[str, Any]]:
     return out
 
 
+#: the resources a task may ask for (``resources=``): what a worker announces
+RESOURCES = ("memory", "cores", "disk")
+
+
 def _checked(key: Key, ann: Mapping[str, Any] | None, defaults: dict[str, Any]) -> dict[str, Any]:
     """The annotations of one task over the submission's defaults, checked, so a bad
     value is a :class:`GraphError` naming the task rather than a scheduler failure."""
@@ -200,7 +204,7 @@ def _checked(key: Key, ann: Mapping[str, Any] | None, defaults: dict[str, Any]) 
         raise GraphError(
             f"{_subject(key)} has an invalid setting ({given}: {exc}): priority must be a "
             "number, retries an integer and resources a mapping of names to numbers, "
-            "e.g. resources={'gpu': 1}",
+            "e.g. resources={'memory': 4e9, 'cores': 2}",
             key=key,
         ) from None
     if out["retries"] < 0:
@@ -211,7 +215,18 @@ def _checked(key: Key, ann: Mapping[str, Any] | None, defaults: dict[str, Any]) 
     if bad:
         raise GraphError(
             f"{_subject(key)} has resources {bad}: each amount must be a finite number >= 0 "
-            "(what one try of the task takes of a worker's resource), e.g. resources={'gpu': 1}",
+            "(what one try of the task takes of a worker's resource), e.g. "
+            "resources={'memory': 4e9}",
+            key=key,
+        )
+    unknown = sorted(set(out["resources"]) - set(RESOURCES))
+    if unknown:
+        raise GraphError(
+            f"{_subject(key)} has resources {unknown}, which no worker announces: a worker "
+            f"has only {', '.join(RESOURCES)} (resources={{'memory': 4e9, 'cores': 2}}). To "
+            "send a task to workers of a kind, GPU nodes say, start those workers in a pool "
+            "of their own (`--pool gpu`, or a [pools.gpu] table) and give the task "
+            "pool='gpu'",
             key=key,
         )
     if out["pool"] is not None and not isinstance(out["pool"], str):

@@ -155,17 +155,32 @@ async def test_a_policies_entry_is_a_name_or_a_name_and_params() -> None:
 
 
 async def test_negative_or_endless_amounts_and_a_nan_priority_are_refused() -> None:
-    """resources={'gpu': -1} was taken (a task asking for less than nothing), and so
+    """resources={'memory': -1} was taken (a task asking for less than nothing), and so
     were an infinite amount and a NaN priority, which orders nothing."""
     with anyio.fail_after(BOUND):
         async with Cluster(workers=1) as cluster:
-            for resources in ({"gpu": -1}, {"gpu": float("inf")}, {"gpu": float("nan")}):
+            for resources in ({"memory": -1}, {"cores": float("inf")}, {"disk": float("nan")}):
                 with pytest.raises(GraphError, match=r"each amount must be a finite number >= 0"):
                     cluster.submit(inc, 1, resources=resources)
                 with pytest.raises(GraphError, match=r"each amount must be a finite number >= 0"):
                     await cluster.compute({"a": (inc, 1)}, "a", resources=resources)
             with pytest.raises(GraphError, match=r"priority=nan; it must be a number"):
                 cluster.submit(inc, 1, priority=float("nan"))
+            await still_works(cluster)
+
+
+async def test_a_resource_no_worker_announces_is_refused_with_the_way_to_a_pool() -> None:
+    """resources={'gpu': 1} (as dask's workers take it) was taken and ignored: the
+    "GPU" task ran on a CPU worker. Workers announce memory, cores and disk only; the
+    error says so and how to reach workers of a kind (a pool)."""
+    with anyio.fail_after(BOUND):
+        async with Cluster(workers=1) as cluster:
+            for resources in ({"gpu": 1}, {"GPU": 1, "memory": 1e6}):
+                with pytest.raises(GraphError, match=r"which no worker announces: .*pool='gpu'"):
+                    cluster.submit(inc, 1, resources=resources)
+                with pytest.raises(GraphError, match=r"a worker has only memory, cores, disk"):
+                    await cluster.compute({"a": (inc, 1)}, "a", resources=resources)
+            assert await cluster.submit(inc, 1, resources={"memory": 1e6, "cores": 1})
             await still_works(cluster)
 
 
