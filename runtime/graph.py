@@ -229,8 +229,12 @@ def _checked(key: Key, ann: Mapping[str, Any] | None, defaults: dict[str, Any]) 
             "pool='gpu'",
             key=key,
         )
-    if out["pool"] is not None and not isinstance(out["pool"], str):
-        raise GraphError(f"{_subject(key)} has pool={out['pool']!r}; it must be a string", key=key)
+    if out["pool"] is not None and (not isinstance(out["pool"], str) or not out["pool"]):
+        raise GraphError(
+            f"{_subject(key)} has pool={out['pool']!r}; it must be a pool's name (a "
+            "non-empty string), or None for any worker",
+            key=key,
+        )
     return out
 
 

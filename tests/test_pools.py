@@ -372,7 +372,8 @@ async def test_submit_takes_each_calls_pool_and_settings() -> None:
             # A bad setting is refused at the call, naming the task; nothing is sent.
             for bad, match in (
                 ({"retries": -1}, "retries=-1; it must be >= 0"),
-                ({"pool": 3}, "pool=3; it must be a string"),
+                ({"pool": 3}, "pool=3; it must be a pool's name"),
+                ({"pool": ""}, "pool=''; it must be a pool's name"),
                 ({"priority": "high"}, "priority must be a number"),
                 ({"resources": {"cores": "two"}}, "resources a mapping of names to numbers"),
             ):
