@@ -374,6 +374,11 @@ def read_config(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise PoolConfigError("", "", f"cannot read the file: {exc}", str(path)) from None
     except tomllib.TOMLDecodeError as exc:
         raise PoolConfigError("", "", f"is not valid TOML: {exc}", str(path)) from None
+    except UnicodeDecodeError as exc:  # TOML is UTF-8; a Latin-1 or UTF-16 file is not
+        raise PoolConfigError(
+            "", "", f"is not UTF-8 text, as TOML must be ({exc.reason} at byte {exc.start}): "
+            "save it as UTF-8 (e.g. `iconv -f latin1 -t utf-8`)", str(path)
+        ) from None  # fmt: skip
     for key in data:
         if key not in SECTIONS:
             raise PoolConfigError(

@@ -220,6 +220,12 @@ def test_a_file_is_refused_naming_the_file_pool_and_key(tmp_path: Path) -> None:
         load_config(path)
     with pytest.raises(PoolConfigError, match="cannot read the file"):
         load_config(tmp_path / "missing.toml")
+    # Latin-1 and UTF-16 files: a typed error naming the file, not UnicodeDecodeError
+    for encoding in ("latin-1", "utf-16"):
+        path.write_bytes('[pools.caf\u00e9]\nprovider = "local"\n'.encode(encoding))
+        with pytest.raises(PoolConfigError, match="is not UTF-8 text, as TOML must be") as info:
+            load_config(path)
+        assert str(path) in str(info.value)
 
 
 def test_a_local_pool_may_have_a_provision_delay(tmp_path: Path) -> None:
