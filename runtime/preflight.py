@@ -242,6 +242,55 @@ def check_local(pool: PoolConfig, timeout: float = 60.0) -> CheckResult:
     return _judge_probe(pool.name, report, f"local, {sys.executable}", done.stderr)
 
 
+#: local workers per CPU of this machine beyond which ``check_local_size`` warns
+LOCAL_WORKERS_PER_CPU = 4
+
+
+def check_local_size(pools: Mapping[str, PoolConfig]) -> CheckResult | None:
+    """The ``local`` pools at ``max_blocks`` (and ``init_blocks``, which may be more)
+    against this machine: worker processes per CPU (WARN past
+    :data:`LOCAL_WORKERS_PER_CPU`) and the memory they announce (WARN past the
+    machine's). None without a local pool."""
+    import psutil
+
+    local = [p for p in pools.values() if p.provider == "local"]
+    if not local:
+        return None
+    cpus = os.cpu_count() or 1
+    memory = int(psutil.virtual_memory().total)
+    workers = sum(p.workers_per_block * max(p.max_blocks, p.init_blocks) for p in local)
+    cores = sum(
+        p.workers_per_block * p.cores_per_worker * max(p.max_blocks, p.init_blocks) for p in local
+    )
+    announced = sum(
+        p.workers_per_block * p.memory_per_worker * max(p.max_blocks, p.init_blocks)
+        for p in local
+        if p.memory_per_worker
+    )
+    names = ", ".join(p.name for p in local)
+    seen = (
+        f"local pool(s) {names} at most: {workers} worker process(es) announcing {cores} "
+        f"core(s) and {_gib(announced) if announced else 'the machine memory each'}; this "
+        f"machine: {cpus} CPU(s), {_gib(memory)}"
+    )
+    advice = (
+        "Lower max_blocks (or init_blocks), workers_per_node, cores_per_worker or "
+        "memory_per_worker of the local pools, or put the work on a batch system's pool: "
+        "local workers all run on this machine."
+    )
+    if workers > LOCAL_WORKERS_PER_CPU * cpus:
+        return CheckResult(
+            ALL, "local size", WARN,
+            f"{seen}: more than {LOCAL_WORKERS_PER_CPU} worker processes per CPU", advice,
+        )  # fmt: skip
+    if announced > memory:
+        return CheckResult(
+            ALL, "local size", WARN, f"{seen}: they announce more memory than it has "
+            "(their fences would be past what it can give)", advice,
+        )  # fmt: skip
+    return CheckResult(ALL, "local size", PASS, seen)
+
+
 # ----------------------------------------------------------------------------- Slurm
 
 
@@ -730,6 +779,9 @@ def run_checks(
         answer, parts = check_batch_system(command_timeout)
         results.append(answer)
     to_probe: list[PoolConfig] = []
+    size = check_local_size(pools)
+    if size is not None:
+        results.append(size)
     for pool in pools.values():
         if pool.provider == "local":
             if probe:

@@ -93,7 +93,9 @@ def test_a_good_local_config_passes_with_the_managers_versions(tmp_path: Path) -
     room = next(line for line in lines if "spill directory" in line)
     assert room.startswith("PASS") and str(spill) in room and "will be created" in room
     assert not spill.exists()  # checking creates nothing
-    assert lines[-1] == "2 checks: 0 failed, 0 warnings"
+    size = next(line for line in lines if "local size" in line)
+    assert size.startswith("PASS") and "2 worker process(es) announcing 2 core(s)" in size
+    assert lines[-1] == "3 checks: 0 failed, 0 warnings"
 
 
 def test_a_spill_dir_that_cannot_be_created_fails_with_advice(tmp_path: Path) -> None:
@@ -117,14 +119,33 @@ def test_json_results_and_a_warning_for_too_little_room(tmp_path: Path) -> None:
     done = check(tmp_path, huge, "--json", "--output-dir", str(out), "--spill-dir", str(out))
     assert done.returncode == 0, done.stdout + done.stderr  # a WARN is no failure
     got = results(done)
-    assert set(got) == {("here", "probe"), ("*", "spill directory"), ("*", "output directory")}
+    assert set(got) == {
+        ("here", "probe"), ("*", "local size"), ("*", "spill directory"),
+        ("*", "output directory"),
+    }  # fmt: skip
     assert got[("here", "probe")]["status"] == PASS
+    size = got[("*", "local size")]  # 4 workers of 4000 TiB: more than this machine has
+    assert size["status"] == WARN and "announce more memory than it has" in size["detail"]
     for what in ("spill directory", "output directory"):
         r = got[("*", what)]
         assert r["status"] == WARN, r
         # 4000 TiB x 2 workers x 2 blocks = 16000 TiB
         assert "less than the 16384000.0 GiB the pools may spill" in r["detail"], r
         assert "memory_per_worker x workers" in r["advice"]
+
+
+def test_a_local_pool_far_beyond_this_machine_is_a_warning(tmp_path: Path) -> None:
+    """1000 blocks of 64 workers on this machine were taken without a word by `check`
+    (and by the manager, which would have started 64,000 processes)."""
+    huge = '[pools.here]\nprovider = "local"\ninit_blocks = 1000\nmax_blocks = 1000\n'
+    huge += "workers_per_node = 64\n"
+    done = check(tmp_path, huge, "--json", "--no-probe")
+    assert done.returncode == 0, done.stdout + done.stderr  # a WARN is no failure
+    size = results(done)[("*", "local size")]
+    assert size["status"] == WARN, size
+    assert "64000 worker process(es)" in size["detail"]
+    assert f"{os.cpu_count()} CPU(s)" in size["detail"] and "per CPU" in size["detail"]
+    assert "Lower max_blocks" in size["advice"]
 
 
 def test_missing_slurm_commands_are_a_clear_failure(tmp_path: Path) -> None:
@@ -173,6 +194,8 @@ def test_the_manager_starts_despite_a_check_and_says_why(tmp_path: Path) -> None
     config.write_text(LOCAL.replace('"64MiB"', '"4000TiB"') + "init_blocks = 0\n")
     with Cli(tmp_path / "home") as cli:
         proc = cli.start("manager", "--listen", "127.0.0.1:0", "--config", str(config))
+        warning = cli.line_with(proc, "pre-flight WARN")  # 8000 TiB on this machine
+        assert "local size" in warning and "announce more memory than it has" in warning
         warning = cli.line_with(proc, "pre-flight WARN")
         assert "spill directory" in warning and "the pools may spill" in warning
         cli.line_with(proc, "manager listening on")
@@ -403,4 +426,4 @@ def test_pools_from_dicts_checks_need_no_file() -> None:
     from runtime.preflight import run_checks
 
     rs = run_checks(pools, probe=False)
-    assert [(r.pool, r.check) for r in rs] == [("*", "spill directory")]
+    assert [(r.pool, r.check) for r in rs] == [("*", "local size"), ("*", "spill directory")]
