@@ -611,7 +611,7 @@ class AutoscalerState:
             # not replaced and spends nothing; the cause says how it went.
             if b.stuck:
                 cause = "stuck"
-            elif ev.state in ("preempted", "timeout"):
+            elif ev.state in ("preempted", "timeout", "oom"):
                 cause = self._cause(b, ev.state)[0]
             elif (
                 ev.state == "failed" and ev.known and not (ev.drained or b.stopping or self.closing)
@@ -642,6 +642,8 @@ class AutoscalerState:
             return self._drain_cause(b), False
         if state == "failed":
             return "crash", True
+        if state == "oom":  # killed for memory (Slurm's OUT_OF_MEMORY, the OOM killer)
+            return "oom", True  # the next block would be killed too: a loop is charged
         return "unknown", True
 
     def _drain_cause(self, b: BlockRecord) -> str:

@@ -436,6 +436,50 @@ def _open_output_files(log_dir: Path, wid: str) -> tuple[IO[bytes], IO[bytes]]:
         raise
 
 
+_CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+def _oom_events(pid: int) -> tuple[Path, int] | None:
+    """The file of process ``pid``'s memory cgroup that counts its OOM kills, and the
+    ``oom_kill`` count there now: cgroup v1's ``memory.oom_control`` of its ``memory``
+    hierarchy, else cgroup v2's ``memory.events`` (at ``/sys/fs/cgroup`` or, hybrid,
+    ``/sys/fs/cgroup/unified``). None where there is none to read (not Linux, no
+    memory controller, the process gone)."""
+    try:
+        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    candidates: list[Path] = []
+    for line in lines:
+        _, controllers, where = line.split(":", 2) if line.count(":") >= 2 else ("", "", "")
+        where = where.strip().rstrip("/")
+        if "memory" in controllers.split(","):
+            candidates.insert(0, _CGROUP_ROOT / f"memory{where}" / "memory.oom_control")
+        elif controllers == "":
+            candidates.append(_CGROUP_ROOT / where.lstrip("/") / "memory.events")
+            candidates.append(_CGROUP_ROOT / "unified" / where.lstrip("/") / "memory.events")
+    for path in candidates:
+        count = _oom_kills(path)
+        if count is not None:
+            return path, count
+    return None
+
+
+def _oom_kills(path: Path) -> int | None:
+    """The ``oom_kill`` count in a cgroup's ``memory.events`` (v2) or
+    ``memory.oom_control`` (v1): processes of the cgroup the kernel's OOM killer
+    killed; None if unreadable."""
+    try:
+        text = path.read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name == "oom_kill" and value.strip().isdigit():
+            return int(value)
+    return None
+
+
 @dataclasses.dataclass(slots=True, eq=False)
 class _Child:
     worker_id: str
@@ -444,6 +488,10 @@ class _Child:
         default_factory=lambda: anyio.CancelScope(shield=True)
     )
     outcome: str = ""  #: describe_exit(...) once it has exited
+    #: the file counting its memory cgroup's OOM kills and the count when it started
+    #: (None: none to read; see _oom_events)
+    oom_events: tuple[Path, int] | None = None
+    oom: bool = False  #: killed by SIGKILL while its cgroup counted an OOM kill
 
 
 @dataclasses.dataclass(slots=True, eq=False)
@@ -455,6 +503,9 @@ class _Record:
     stopping: bool = False  #: stop_block (or the provider's exit) asked it to end
     failure: str = ""  #: the first failure seen while not stopping
     failed_worker: str = ""  #: whose failure that was
+    #: the failure came while the block was starting: the rest of it was stopped
+    #: (otherwise the rest runs on; see LocalProcessProvider)
+    stopped_rest: bool = False
     live: int = 0  #: children not yet reaped and finished with
     #: while a pending block waits out the provision delay: cancel it to start nothing
     waiting: anyio.CancelScope | None = None
@@ -485,9 +536,22 @@ class LocalProcessProvider(Provider):
     a batch queue's wait, for demos and tests of provisioning); RUNNING while any of its
     processes runs; COMPLETED when all exited
     with 0; FAILED when one could not start, exited non-zero or was killed by a signal
-    while the block was not being stopped (the rest of the block is then stopped, so a
-    half-dead block is never counted as live); SCALED_IN when stopped on purpose.
-    ``block.detail`` says who exited how. Output of each child goes, line by line, to
+    while the block was not being stopped; OOM instead of FAILED when that first failure
+    was a SIGKILL while the memory cgroup of the process counted a kill by the kernel's
+    OOM killer (``oom_kill`` in ``memory.events``, or cgroup v1's ``memory.oom_control``,
+    went up while it lived; the count is the cgroup's, so another process of it killed
+    by the OOM killer meanwhile, one of its task processes say, counts as well);
+    SCALED_IN when stopped on purpose.
+    ``block.detail`` says who exited how.
+
+    One worker's failure does not stop its block-mates: they run on (their running
+    tasks finish, they take new ones), and the block ends, FAILED (or OOM), once the
+    last of them has exited (scaled in, drained, or stopped). The failed worker alone
+    is lost meanwhile: the manager reports it (cause ``crash``) when its connection
+    drops; its block-mates' running work is never thrown away for it. (The block
+    counts as live, at its full size, until then.) Only a failure while the block is
+    still starting (a process that could not start, or exited at once) stops the rest,
+    which have run nothing yet. Output of each child goes, line by line, to
     the ``corral`` logger (stdout at INFO, stderr at WARNING, with ``child=<worker id>``)
     or, with ``log_dir``, to ``<log_dir>/<worker id>.stdout`` and ``.stderr``.
     """
@@ -640,7 +704,7 @@ class LocalProcessProvider(Provider):
                     rec.failed_worker = wid
                     self._log.error("worker process could not start", worker=wid, error=str(exc))
                     break
-                child = _Child(wid, process)
+                child = _Child(wid, process, oom_events=_oom_events(process.pid))
                 rec.children.append(child)
                 rec.live += 1
                 if wid not in block.workers:
@@ -650,10 +714,12 @@ class LocalProcessProvider(Provider):
             rec.starting = False
             with anyio.CancelScope(shield=True):
                 rec.failure = rec.failure or "start_block was interrupted"
+                rec.stopped_rest = True
                 await self._terminate(rec)
             raise
         rec.starting = False
         if rec.failure:  # one could not start, or one failed already: stop the others
+            rec.stopped_rest = True
             await self._terminate(rec)
         else:
             block.state = BlockState.RUNNING
@@ -790,19 +856,32 @@ class LocalProcessProvider(Provider):
             child.outcome = describe_exit(rc)
             if process.killed_after is not None and rc == -signal.SIGKILL:
                 child.outcome += f" after ignoring SIGTERM for {process.killed_after:g} s"
+            elif rc == -signal.SIGKILL and child.oom_events is not None:
+                path, before = child.oom_events
+                after = _oom_kills(path)
+                if after is not None and after > before:
+                    child.oom = True
+                    child.outcome += (
+                        f" (the OOM killer: oom_kill in {path} went {before} -> {after})"
+                    )
         rec.live -= 1
         failed = rc != 0
         if failed and not rec.stopping and not rec.failure:
             rec.failure = f"{child.worker_id} failed: {child.outcome}"
             rec.failed_worker = child.worker_id
+            # Its block-mates run on: stopping them would throw their running tasks
+            # away for a failure that is not theirs (one bad task must not cost the
+            # work of seven healthy workers). The block ends when the last one exits.
+            runs_on = rec.live > 0 and not rec.starting  # (starting: _launch stops them)
+            if runs_on:  # what a status shows while the rest runs
+                rec.block.detail = f"{rec.failure}; the rest of the block runs on"
             self._log.warning(
-                "worker process failed",
+                "worker process failed" + ("; the rest of the block runs on" if runs_on else ""),
                 block=rec.block.block_id,
                 child=child.worker_id,
                 outcome=child.outcome,
+                running=[c.worker_id for c in rec.children if c.process.returncode is None],
             )
-            if rec.live and self._tg is not None:
-                self._tg.start_soon(self._terminate, rec)  # the rest of the block goes too
         self._finish_if_done(rec)
 
     def _finish_if_done(self, rec: _Record) -> None:
@@ -812,12 +891,13 @@ class LocalProcessProvider(Provider):
         block = rec.block
         outcomes = ", ".join(f"{c.worker_id} {c.outcome}" for c in rec.children)
         if rec.failure:
-            block.state = BlockState.FAILED
+            failed = [c for c in rec.children if c.worker_id == rec.failed_worker]
+            oom = bool(failed) and failed[0].oom
+            block.state = BlockState.OOM if oom else BlockState.FAILED
             others = [c for c in rec.children if c.worker_id != rec.failed_worker]
             rest = ", ".join(f"{c.worker_id} {c.outcome}" for c in others)
-            block.detail = rec.failure + (
-                f"; stopped the rest of the block: {rest}" if rest else ""
-            )
+            how = "stopped the rest of the block" if rec.stopped_rest else "the rest ran on"
+            block.detail = rec.failure + (f"; {how}: {rest}" if rest else "")
         elif rec.stopping:
             block.state = BlockState.SCALED_IN
             block.detail = f"stopped: {outcomes}"

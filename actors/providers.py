@@ -38,6 +38,10 @@ class BlockState(enum.Enum):
     """Its workers exited on their own, cleanly."""
     FAILED = "failed"
     """It could not start, or its workers crashed."""
+    OOM = "oom"
+    """Killed for memory: the batch system says so (Slurm's ``OUT_OF_MEMORY``), or the
+    kernel's OOM killer killed one of its worker processes (a local block whose cgroup
+    counted the kill). Its workers are lost with cause ``oom``."""
     CANCELLED = "cancelled"
     """Cancelled by the provider or an operator."""
     PREEMPTED = "preempted"

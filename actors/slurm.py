@@ -176,7 +176,7 @@ _STATES: Mapping[str, BlockState] = {
     "FAILED": BlockState.FAILED,
     "BOOT_FAIL": BlockState.FAILED,
     "NODE_FAIL": BlockState.FAILED,
-    "OUT_OF_MEMORY": BlockState.FAILED,
+    "OUT_OF_MEMORY": BlockState.OOM,  # its workers are lost with cause ``oom``
     "SPECIAL_EXIT": BlockState.FAILED,
     "DEADLINE": BlockState.TIMEOUT,
     "TIMEOUT": BlockState.TIMEOUT,
@@ -310,11 +310,12 @@ class JobRecord:
         if self.restarts:
             last = self.incarnations[-1].cause if self.incarnations else "requeued"
             what += f"; incarnation {self.restarts + 1} (Restarts={self.restarts}, last {last})"
-        if self.state in (BlockState.FAILED, BlockState.TIMEOUT) and info.exit_code:
-            what += f"; {exit_text(info.exit_code)}"
-        if self.state in (BlockState.FAILED, BlockState.TIMEOUT, BlockState.PREEMPTED) and (
-            stderr.strip()
+        if self.state in (BlockState.FAILED, BlockState.OOM, BlockState.TIMEOUT) and (
+            info.exit_code
         ):
+            what += f"; {exit_text(info.exit_code)}"
+        ended_badly = (BlockState.FAILED, BlockState.OOM, BlockState.TIMEOUT, BlockState.PREEMPTED)
+        if self.state in ended_badly and stderr.strip():
             what += f"; stderr:\n{head_tail(stderr)}"
         return what
 

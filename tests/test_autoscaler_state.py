@@ -247,6 +247,36 @@ def test_a_block_that_ends_unasked_is_reported_and_replaced() -> None:
     assert list(s.replacements["default"]) == [5.0, 6.0] and s.spent() == 2
 
 
+def test_a_block_killed_for_memory_loses_its_workers_with_cause_oom() -> None:
+    """Slurm ended the job OUT_OF_MEMORY (the provider's block state ``oom``): the
+    workers are lost with the documented cause ``oom``, not ``crash``; replaced, and
+    charged to the budget (the next block may be killed the same way: a loop)."""
+    s = make()
+    run(s, TargetSet(0.0, "default", 1, SPEC))
+    run(s, BlockStarted(0.1, 1, "block-1", ("w-1a", "w-1b")))
+    assert run(s, BlockEnded(5.0, "block-1", "oom")) == [
+        ReportGone("block-1", ("w-1a", "w-1b"), "oom", "oom"),
+        StartBlock(2, "default", SPEC),
+    ]
+    assert s.ends[-1] == BlockEnd("block-1", "default", "oom", "oom", True, 5.0)
+    assert s.spent() == 1
+
+
+def test_a_block_killed_for_memory_while_it_drains_is_oom() -> None:
+    """Being scaled in, its worker still busy: killed for memory before its drain
+    finished, its loss is ``oom`` (not ``drained``, nor ``crash``); not replaced."""
+    s = make()
+    run(s, TargetSet(0.0, "default", 2, SPEC))
+    started(s, 0.1, 2)
+    assert run(s, TargetSet(1.0, "default", 1, SPEC)) == [DrainWorker("w-2", "block-2")]
+    assert run(s, DrainAnswered(1.1, "w-2", True)) == []
+    assert run(s, BlockEnded(3.0, "block-2", "oom")) == [
+        ReportGone("block-2", ("w-2",), "oom", "oom")
+    ]
+    assert s.ends[-1] == BlockEnd("block-2", "default", "oom", "oom", False, 3.0)
+    assert list(s.replacements) == []
+
+
 def test_the_replacement_budget_gives_up_and_a_new_target_restores_it() -> None:
     s = make(max_replacements=2, window=10.0)
     run(s, TargetSet(0.0, "default", 1, SPEC))

@@ -204,18 +204,81 @@ async def test_processes_that_end_while_the_block_starts() -> None:
             assert not any(psutil.pid_exists(pid) for pid in provider.pids(block).values())
 
 
-async def test_sigkill_from_outside_fails_the_block_and_stops_the_rest(
+async def test_sigkill_of_one_worker_leaves_its_block_mates_running(
     corral_log: LogLines,
 ) -> None:
+    """One worker of a block is killed (SIGKILL, a bad task's crash): its block-mates
+    are not stopped (before, they were sent SIGTERM and left with cause ``shutdown``,
+    their running tasks thrown away). The block stays RUNNING, its detail says who
+    failed, and it ends FAILED only once the last of them has exited."""
     with anyio.fail_after(LIMIT):
         async with LocalProcessProvider(sleeper(), grace=5.0) as provider:
-            block = await provider.start_block(BlockSpec(workers=2))
+            block = await provider.start_block(BlockSpec(workers=3))
             pids = await wait_ready(corral_log, provider, block)
             os.kill(pids["worker-1.0"], signal.SIGKILL)
+            await wait_until(lambda: block.detail.startswith("worker-1.0 failed"))
+            assert block.detail == (
+                "worker-1.0 failed: killed by SIGKILL (signal 9); the rest of the block runs on"
+            )
+            # Bounded by LIMIT: the old provider had SIGTERMed them by now (at once).
+            await anyio.sleep(0.5)
+            assert provider.poll(block) is BlockState.RUNNING
+            assert not gone(pids["worker-1.1"]) and not gone(pids["worker-1.2"])
+            assert not corral_log.has("killed by SIGTERM")
+            # One block-mate ends on its own (e.g. drained and retired): still running.
+            os.kill(pids["worker-1.1"], signal.SIGTERM)
+            await wait_until(lambda: gone(pids["worker-1.1"]))
+            await anyio.sleep(0.2)
+            assert provider.poll(block) is BlockState.RUNNING
+            os.kill(pids["worker-1.2"], signal.SIGTERM)
             assert await provider.wait_ended(block) is BlockState.FAILED
-            assert block.detail.startswith("worker-1.0 failed: killed by SIGKILL (signal 9)")
-            assert "stopped the rest of the block: worker-1.1 killed by SIGTERM" in block.detail
-            assert not any(psutil.pid_exists(pid) for pid in pids.values())
+            assert block.detail == (
+                "worker-1.0 failed: killed by SIGKILL (signal 9); the rest ran on: "
+                "worker-1.1 killed by SIGTERM (signal 15), worker-1.2 killed by SIGTERM "
+                "(signal 15)"
+            )
+
+
+async def test_a_worker_killed_by_the_oom_killer_ends_its_block_oom(
+    corral_log: LogLines, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """SIGKILL while the worker's memory cgroup counted an OOM kill (``oom_kill`` in
+    ``memory.events`` went up): the block ends OOM (its workers lost with cause
+    ``oom``), not FAILED (``crash``). A SIGKILL without such a count stays FAILED."""
+    import actors.processes as processes
+
+    events = tmp_path / "memory.events"
+    events.write_text("low 0\nhigh 0\nmax 0\noom 0\noom_kill 2\n")
+    monkeypatch.setattr(processes, "_oom_events", lambda pid: (events, 2))
+    with anyio.fail_after(LIMIT):
+        async with LocalProcessProvider(sleeper(), grace=5.0) as provider:
+            plain = await provider.start_block(BlockSpec(workers=1))
+            pids = await wait_ready(corral_log, provider, plain)
+            os.kill(pids["worker-1"], signal.SIGKILL)
+            assert await provider.wait_ended(plain) is BlockState.FAILED
+            assert plain.detail == "worker-1 failed: killed by SIGKILL (signal 9)"
+
+            oom = await provider.start_block(BlockSpec(workers=1))
+            pids = await wait_ready(corral_log, provider, oom)
+            events.write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill 3\n")  # the kernel
+            os.kill(pids["worker-2"], signal.SIGKILL)
+            assert await provider.wait_ended(oom) is BlockState.OOM
+            assert oom.detail == (
+                f"worker-2 failed: killed by SIGKILL (signal 9) "
+                f"(the OOM killer: oom_kill in {events} went 2 -> 3)"
+            )
+
+
+def test_the_oom_kill_count_is_read_from_the_memory_cgroup(tmp_path: Path) -> None:
+    from actors.processes import _oom_events, _oom_kills
+
+    v2 = tmp_path / "memory.events"
+    v2.write_text("low 0\nhigh 0\nmax 5\noom 2\noom_kill 1\noom_group_kill 0\n")
+    v1 = tmp_path / "memory.oom_control"
+    v1.write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 4\n")
+    assert (_oom_kills(v2), _oom_kills(v1), _oom_kills(tmp_path / "none")) == (1, 4, None)
+    found = _oom_events(os.getpid())  # wherever this machine's memory cgroup is, if any
+    assert found is None or found[1] >= 0
 
 
 async def test_a_program_that_cannot_start_fails_the_block() -> None:
@@ -344,6 +407,39 @@ async def test_autoscaler_replaces_a_killed_worker(corral_log: LogLines) -> None
             # The actor system stopped the autoscaler, which scaled its blocks in.
             assert all(b.state is BlockState.SCALED_IN for b in live)
     assert not any(psutil.pid_exists(pid) for pid in pids.values())
+
+
+async def test_a_worker_the_oom_killer_killed_is_lost_with_cause_oom(
+    corral_log: LogLines, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """End to end through the autoscaler: the provider's block ends OOM (its cgroup
+    counted the kill), so the scheduler is told the worker is gone with the documented
+    cause ``oom``, not ``crash``; the block is replaced."""
+    import actors.processes as processes
+
+    events = tmp_path / "memory.events"
+    events.write_text("oom_kill 0\n")
+    monkeypatch.setattr(processes, "_oom_events", lambda pid: (events, 0))
+    scheduler = FakeScheduler()
+    with anyio.fail_after(LIMIT):
+        async with (
+            LocalProcessProvider(sleeper(), grace=5.0) as provider,
+            ActorSystem() as system,
+        ):
+            sched_ref = await system.spawn(scheduler, "scheduler")
+            autoscaler = Autoscaler(provider, sched_ref, {"default": PoolTarget(1, BlockSpec())})
+            await system.spawn(autoscaler, "autoscaler")
+            await provider.wait_blocks_started(1)
+            (victim,) = autoscaler.blocks.values()
+            pid = (await wait_ready(corral_log, provider, victim))["worker-1"]
+            events.write_text("oom_kill 1\n")
+            os.kill(pid, signal.SIGKILL)
+            await provider.wait_blocks_started(2)
+            assert victim.state is BlockState.OOM
+            await wait_until(lambda: scheduler.gone)
+            assert [(g.worker_id, g.cause) for g in scheduler.gone] == [("worker-1", "oom")]
+            (end,) = autoscaler.state.ends
+            assert (end.state, end.cause, end.charged) == ("oom", "oom", True)
 
 
 # ----------------------------------------------------------------------------- no orphans

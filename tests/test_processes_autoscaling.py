@@ -275,3 +275,69 @@ async def test_workers_named_by_their_block_fetch_inputs_from_each_other(
             assert {p.name for p in marks.iterdir()} == {"worker-1", "worker-2"}
             tries = outcomes(cluster.scheduler_state, list(dsk))
             assert all(per_key == ["ok"] for per_key in tries.values()), tries
+
+
+def worker_process(wid: str) -> int:
+    """The pid of worker process ``wid`` (started by this test's provider): the topmost
+    process under this one whose environment names it (its task processes have it
+    too)."""
+    import psutil
+
+    found = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if p.environ().get("CORRAL_WORKER_ID") == wid:
+                parent = p.parent()
+                if parent is None or parent.environ().get("CORRAL_WORKER_ID") != wid:
+                    found.append(p.pid)
+        except psutil.Error:
+            continue
+    assert len(found) == 1, found
+    return found[0]
+
+
+async def test_a_killed_worker_does_not_take_its_block_mates_work_down(tmp_path: Path) -> None:
+    """A local pool of blocks of two worker processes; a task runs on each; one worker
+    process is killed (SIGKILL: a bad task, the OOM killer). Its block-mate is not
+    stopped: its running task finishes there, on its first try, and the block stays
+    up. Before, the provider stopped the rest of the block too: the block-mate left
+    with cause ``shutdown`` and its running task was thrown away and run again."""
+    marks, gate = tmp_path / "marks", tmp_path / "gate"
+    marks.mkdir()
+    pools = {"local": {"workers_per_node": 2, "min_blocks": 1, "max_blocks": 1}}
+    with anyio.fail_after(LIMIT):
+        async with Cluster(pools=pools, processes=True) as cluster:
+            await cluster.wait_for_workers(2, timeout=60)
+            state = cluster.scheduler_state
+            futs = cluster.map(gated, range(2), marks=str(marks), gate=str(gate))
+            await wait_until(
+                lambda: {p.name for p in marks.iterdir()} == {"local-1.0", "local-1.1"},
+                "a task running on each worker",
+                limit=GATE,
+            )
+            os.kill(worker_process("local-1.0"), signal.SIGKILL)
+            # The killed worker is lost (the gateway reports it once its reconnection
+            # grace is over: its block lives on); its block-mate stays, busy.
+            await wait_until(
+                lambda: "local-1.0" not in state.workers, "local-1.0 lost", limit=GRACE + GATE
+            )
+            assert "local-1.1" in state.workers
+            assert state.workers["local-1.1"].processing
+            story = [e[:3] for e in state.story("local-1.1")]
+            assert not any(str(e[2]).startswith("left") for e in story), story
+            gate.touch()
+            assert await cluster.gather(futs) == [0, 1]
+            tries = {
+                f.key: [(t.worker, t.outcome, t.cause) for t in state.tasks[f.key].tries]
+                for f in futs
+            }
+            mate = [ts for ts in tries.values() if ts[0][0] == "local-1.1"]
+            killed = [ts for ts in tries.values() if ts[0][0] == "local-1.0"]
+            assert len(mate) == 1 and len(killed) == 1, tries
+            assert [o for _, o, _ in mate[0]] == ["ok"], tries  # not worker-lost|shutdown
+            assert killed[0][0][1:] == ("worker-lost", "crash"), tries
+            assert killed[0][-1][1] == "ok", tries
+            status = await cluster.status()
+            blocks = status["autoscaler"]["blocks"]
+            assert blocks == {"local/block-1": "running"}, blocks
+            assert "local-1.0 failed" in status["autoscaler"]["details"]["local/block-1"]

@@ -125,7 +125,8 @@ def test_parse_scontrol_of_an_unknown_job_is_none() -> None:
         ("FAILED", BlockState.FAILED),
         ("NODE_FAIL", BlockState.FAILED),
         ("NF", BlockState.FAILED),
-        ("OUT_OF_MEMORY", BlockState.FAILED),
+        ("OUT_OF_MEMORY", BlockState.OOM),
+        ("OOM", BlockState.OOM),
         ("BOOT_FAIL", BlockState.FAILED),
         ("TIMEOUT", BlockState.TIMEOUT),
         ("DEADLINE", BlockState.TIMEOUT),
@@ -143,6 +144,20 @@ def test_an_unknown_state_is_none_and_the_record_keeps_its_state() -> None:
     rec.observe(info("RUNNING"))
     assert rec.observe(info("WHATEVER")) is BlockState.RUNNING
     assert "WHATEVER" in rec.detail
+
+
+def test_an_out_of_memory_job_ends_the_block_oom() -> None:
+    # squeue -t all prints the job that the cgroup's OOM killer ended; the block ends
+    # OOM (its workers' loss cause is then ``oom``, see test_autoscaler_state), not
+    # FAILED (which would say ``crash``).
+    jobs = parse_squeue("9|OUT_OF_MEMORY|OutOfMemory|0|0:125|vm|\n")
+    rec = JobRecord("9")
+    rec.observe(info("RUNNING", job="9"))
+    assert rec.observe(jobs["9"]) is BlockState.OOM
+    assert BlockState.OOM.terminal
+    assert "OUT_OF_MEMORY" in rec.detail and "OutOfMemory" in rec.detail
+    short = parse_squeue("9|OOM|None|0|0:125|vm|\n")
+    assert JobRecord("9").observe(short["9"]) is BlockState.OOM
 
 
 def test_preempted_is_terminal() -> None:
