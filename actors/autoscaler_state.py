@@ -139,8 +139,8 @@ class TargetSet(Event):
     """Keep ``n`` blocks in ``pool``, each made from ``spec`` (opaque to the core: the
     shell hands it to the provider). Clears the pool's giving up. ``limits``: the
     pool's configured limits (min, max, init blocks, parallelism, idle time), which the
-    scaling policy sees and whose ``max_blocks`` the core enforces; None keeps those the
-    pool has (if any)."""
+    scaling policy sees and whose ``max_blocks`` the core enforces (``n`` is kept
+    within ``min_blocks`` and ``max_blocks``); None keeps those the pool has (if any)."""
 
     pool: str
     n: int
@@ -539,10 +539,14 @@ class AutoscalerState:
     def _target_set(self, ev: TargetSet) -> None:
         _check_blocks(ev.pool, ev.n)
         ps = self.pools.get(ev.pool)
+        limits = ev.limits if ev.limits is not None or ps is None else ps.limits
+        # a configured pool's target stays within its min_blocks and max_blocks (what
+        # status, the metrics and a `fit` action read as the target)
+        n = ev.n if limits is None else min(max(ev.n, limits.min_blocks), limits.max_blocks)
         if ps is None:
-            self.pools[ev.pool] = PoolState(ev.pool, ev.n, ev.spec, ev.limits)
+            self.pools[ev.pool] = PoolState(ev.pool, n, ev.spec, ev.limits)
         else:
-            ps.target, ps.spec = ev.n, ev.spec
+            ps.target, ps.spec = n, ev.spec
             if ev.limits is not None:
                 ps.limits = ev.limits
         self.gave_up.discard(ev.pool)

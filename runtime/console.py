@@ -535,14 +535,19 @@ class ConsoleClient:
         if n < 0:
             raise ConsoleError(f"scale: N must be >= 0, not {n}")
         live = jsonable(await self.scale(pool, n))
-        data = {"pool": pool, "target": n, "live": live}
+        # the target the autoscaler keeps: a configured pool's stays within its
+        # min_blocks and max_blocks
+        targets = ((await self.status()).get("autoscaler") or {}).get("targets") or {}
+        target = targets.get(pool, n)
+        data = {"pool": pool, "target": target, "asked": n, "live": live}
         # The autoscaler answers in blocks (a pool is sized in blocks), started or
         # asked for and not being scaled in: not workers (a block may hold several, and
         # a retiring block's workers stay in the status until they leave).
         shown = ", ".join(f"{p}: {c}" for p, c in live.items()) or "none"
+        kept = "" if target == n else f" (asked {n}: kept within its min_blocks and max_blocks)"
         text = (
-            f"pool {pool}: target {n} block(s); blocks now (started or asked for, not "
-            f"being scaled in): {shown}"
+            f"pool {pool}: target {target} block(s){kept}; blocks now (started or asked "
+            f"for, not being scaled in): {shown}"
         )
         return Result("scale", data, Text(text))
 

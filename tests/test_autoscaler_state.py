@@ -111,6 +111,22 @@ def test_a_negative_or_fractional_target_is_refused() -> None:
     assert s.pools == {} and s.requests == {}
 
 
+def test_a_configured_pools_target_stays_within_min_and_max_blocks() -> None:
+    """`scale cpu 99999999999` in a pool of max_blocks 2 was stored and shown (status,
+    corral_blocks_target, the floor a `fit` action keeps) as 99999999999; `scale cpu 0`
+    with min_blocks 1 as 0. The blocks were capped; now the target is too."""
+    s = make()
+    limits = PoolLimits(min_blocks=1, max_blocks=2, init_blocks=1)
+    assert run(s, TargetSet(0.0, "cpu", 1, SPEC, limits)) == [StartBlock(1, "cpu", SPEC)]
+    assert run(s, TargetSet(1.0, "cpu", 99_999_999_999, SPEC)) == [StartBlock(2, "cpu", SPEC)]
+    assert s.pools["cpu"].target == 2 and s.counts() == {"cpu": 2}
+    run(s, TargetSet(2.0, "cpu", 0, SPEC))
+    assert s.pools["cpu"].target == 1
+    # an unconfigured pool (no limits) keeps what it is given
+    run(s, TargetSet(3.0, "default", 3, SPEC))
+    assert s.pools["default"].target == 3
+
+
 # ----------------------------------------------------------------------------- scale in
 
 

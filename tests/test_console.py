@@ -30,6 +30,7 @@ import pytest
 from actors.autoscaler import PoolTarget
 from actors.providers import Block, BlockSpec, BlockState, InProcessProvider, Provider
 from policies import REGISTRY
+from policies.scaling import PoolLimits
 from runtime import Cluster
 from runtime.console import (
     COMMANDS,
@@ -176,11 +177,13 @@ async def hosted(
     wrap: Callable[[InProcessProvider], Provider] | None = None,
     workers_per_block: int = 1,
     alerting: dict[str, Any] | None = None,
+    limits: PoolLimits | None = None,
 ) -> AsyncIterator[tuple[str, Any]]:
     """A control plane with an autoscaler (in-process workers, through ``wrap`` if
     given; ``n_workers`` blocks of ``workers_per_block`` workers) behind a gateway on
     ``inproc://`` with the codec; every connection gets ``role``. ``alerting``: the
-    ``[alerting]`` settings of its alert monitor (the defaults otherwise)."""
+    ``[alerting]`` settings of its alert monitor (the defaults otherwise); ``limits``:
+    the pool's configured limits (none by default)."""
     from transport import listen
 
     async with ActorSystem() as system:
@@ -193,7 +196,9 @@ async def hosted(
             system,
             provider=provider,
             targets={
-                "default": PoolTarget(n_workers, BlockSpec(workers_per_block, 1, 0, 0, "default"))
+                "default": PoolTarget(
+                    n_workers, BlockSpec(workers_per_block, 1, 0, 0, "default"), limits
+                )
             },
             **({} if alerting is None else {"alerting": alerting_config(alerting)}),
         )
@@ -515,11 +520,25 @@ async def test_scale_changes_the_autoscaler_s_target() -> None:
         async with hosted(1) as (address, _), ConsoleClient(address) as console:
             assert await console.scale("default", 3) == {"default": 3}
             data = json.loads(await console.run_command("scale default 2 --json"))
-            assert data == {"pool": "default", "target": 2, "live": {"default": 2}}
+            assert data == {"pool": "default", "target": 2, "asked": 2, "live": {"default": 2}}
             st = await wait_until(
                 lambda: _when(console.status(), lambda s: len(s["workers"]) == 2), "2 workers"
             )
             assert st["autoscaler"]["targets"] == {"default": 2}
+
+
+@pytest.mark.anyio
+async def test_scale_keeps_a_configured_pools_target_within_its_limits() -> None:
+    """`scale cpu 99999999999` with max_blocks 2 answered `target 99999999999` and the
+    status and corral_blocks_target said so; `scale cpu 0` with min_blocks 1, 0."""
+    limits = PoolLimits(min_blocks=1, max_blocks=2, init_blocks=1)
+    with anyio.fail_after(LIMIT):
+        async with hosted(1, limits=limits) as (address, _), ConsoleClient(address) as console:
+            text = await console.run_command("scale default 99999999999")
+            assert "target 2 block(s) (asked 99999999999: kept within its min_blocks" in text
+            data = json.loads(await console.run_command("scale default 0 --json"))
+            assert (data["target"], data["asked"]) == (1, 0)
+            assert (await console.status())["autoscaler"]["targets"] == {"default": 1}
 
 
 @pytest.mark.anyio
