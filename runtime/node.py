@@ -571,14 +571,29 @@ class Tokens:
         return {self.admin: "admin", self.read: "read"}
 
     def write(self, path: Path) -> None:
-        """Write to ``path`` readable by this user only (0600), atomically."""
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        """Write to ``path`` readable by this user only (0600), atomically; a
+        :class:`CorralError` saying what to do if it cannot be (a directory there, no
+        permission), leaving nothing behind."""
+        if path.is_dir():
+            raise CorralError(
+                f"the token file {path} is a directory: give --token-file a file's path "
+                f"(e.g. {path / 'tokens.json'})"
+            )
         tmp = path.with_suffix(".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump({"admin": self.admin, "read": self.read}, f)
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, path)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                json.dump({"admin": self.admin, "read": self.read}, f)
+            os.chmod(tmp, 0o600)
+            os.replace(tmp, path)
+        except OSError as exc:
+            with contextlib.suppress(OSError):  # the admin token must not stay in a stray file
+                tmp.unlink()
+            raise CorralError(
+                f"cannot write the token file {path}: {exc.strerror or exc}; give "
+                "--token-file a path this user can write"
+            ) from None
 
     @classmethod
     def read_file(cls, path: Path) -> Tokens:

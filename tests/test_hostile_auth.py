@@ -30,7 +30,7 @@ import pytest
 
 from runtime import Cluster
 from runtime.codec import Frame
-from runtime.errors import ActorCrashed
+from runtime.errors import ActorCrashed, CorralError
 from runtime.kernel import Actor, ActorSystem, Later, handles
 from runtime.messages import (
     ClientGone,
@@ -44,7 +44,7 @@ from runtime.messages import (
     WorkerInfo,
     message,
 )
-from runtime.node import ALLOWED, MAX_REFUSED, Hello, PermissionDenied, Welcome, _Door
+from runtime.node import ALLOWED, MAX_REFUSED, Hello, PermissionDenied, Tokens, Welcome, _Door
 from runtime.remote import Refused, to_wire
 from tests.helpers import wait_until
 
@@ -574,3 +574,25 @@ def test_docs_security_md_lists_exactly_what_the_table_allows() -> None:
         if m:
             listed[m.group(1)] = set(re.findall(r"`(\w+)`", m.group(2)))
     assert listed == {role: {t.__name__ for t in kinds} for role, kinds in ALLOWED.items()}
+
+
+def test_a_token_file_that_cannot_be_written_is_a_clear_error_leaving_no_copy(
+    tmp_path: Path,
+) -> None:
+    """`--token-file DIR` stopped the manager with IsADirectoryError and left DIR.tmp
+    holding the admin token. Now: a CorralError saying to give a file's path, nothing
+    left behind; the same where the parent cannot be made (a file in the way)."""
+    tokens = Tokens.generate()
+    folder = tmp_path / "adir"
+    folder.mkdir()
+    with pytest.raises(CorralError, match=r"is a directory: give --token-file a file's path"):
+        tokens.write(folder)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    with pytest.raises(CorralError, match=r"cannot write the token file .*--token-file a path"):
+        tokens.write(blocker / "tokens.json")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "adir"]
+    assert not any(folder.iterdir())
+    tokens.write(tmp_path / "ok" / "tokens.json")  # a good path still works, 0600
+    assert (tmp_path / "ok" / "tokens.json").stat().st_mode & 0o777 == 0o600
+    assert Tokens.read_file(tmp_path / "ok" / "tokens.json") == tokens
