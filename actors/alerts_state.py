@@ -20,6 +20,11 @@ names and labels ``GET /metrics`` shows (``runtime.metrics.samples`` makes them 
              | "increase" "(" SELECTOR "[" DURATION "]" ")"
     SELECTOR:= name ["{" label ("=" | "!=") "text", ... "}"]
 
+An expression is at most :data:`MAX_EXPR_CHARS` characters, nests parentheses and
+``sum`` at most :data:`MAX_EXPR_NESTING` levels and joins at most
+:data:`MAX_EXPR_COMPARES` comparisons (refused at parse otherwise), so nothing that
+walks its tree recurses without a bound.
+
 A comparison keeps the instances (label sets, e.g. one per pool) whose value passes.
 ``a and b`` keeps the instances of ``a`` that agree with an instance of ``b`` on the
 labels both have (a term without labels agrees with all), ``a or b`` adds the instances
@@ -66,6 +71,9 @@ from runtime.messages import AlertInfo
 
 __all__ = [
     "DEFAULT_RULES",
+    "MAX_EXPR_CHARS",
+    "MAX_EXPR_COMPARES",
+    "MAX_EXPR_NESTING",
     "AlertRule",
     "AlertState",
     "Audit",
@@ -85,6 +93,7 @@ __all__ = [
     "parse_expr",
     "parse_rule",
     "parse_rules",
+    "pools_in",
 ]
 
 #: a label set, as sorted ``(label, value)`` pairs
@@ -101,6 +110,12 @@ RESOLVED_FOR = 900.0
 MAX_HISTORY = 1000
 #: audit lines kept for the status
 MAX_AUDIT = 200
+#: the bounds of an expression, far beyond any real rule's, so that neither parsing nor
+#: evaluating it recurses without a bound: its length in characters, how deep
+#: parentheses and ``sum(...)`` nest, and how many comparisons it joins
+MAX_EXPR_CHARS = 10_000
+MAX_EXPR_NESTING = 100
+MAX_EXPR_COMPARES = 200
 
 #: comparisons on these metrics give fields named as in the users' queue alert:
 #: metric -> (field stem, scale, suffix of the max field)
@@ -125,6 +140,8 @@ def parse_duration(value: object) -> float:
         if not math.isfinite(value) or value < 0:
             raise ValueError("a number of seconds >= 0 or a duration like '5m'")
         return float(value)
+    if isinstance(value, str) and value.strip().startswith("-"):
+        raise ValueError("a number of seconds >= 0 or a duration like '5m'")
     if isinstance(value, str) and _DURATION.fullmatch(value.strip()):
         return sum(float(n) * _UNITS[u] for n, u in _DURATION_PART.findall(value))
     raise ValueError("a number of seconds or a duration like '5m' (units ms, s, m, h, d)")
@@ -233,8 +250,14 @@ class _Parser:
     """Recursive descent over the tokens of one expression (grammar: module doc)."""
 
     def __init__(self, text: str, names: MetricNames | None) -> None:
+        if len(text) > MAX_EXPR_CHARS:
+            raise _Syntax(
+                f"is {len(text)} characters long, more than the {MAX_EXPR_CHARS} allowed; "
+                "split it into several rules"
+            )
         self.text = text
         self.names = names
+        self.depth = 0  #: how deep parentheses and sum(...) nest where the parser is
         self.tokens: list[tuple[str, str, int]] = []
         pos = 0
         while pos < len(text):
@@ -281,6 +304,15 @@ class _Parser:
         kind, got, _ = self.peek()
         return got == value and kind in ("name", "punct", "op")
 
+    def nest(self, pos: int) -> None:
+        """One level deeper (parentheses, ``sum(...)``), within :data:`MAX_EXPR_NESTING`."""
+        self.depth += 1
+        if self.depth > MAX_EXPR_NESTING:
+            raise _Syntax(
+                f"nests parentheses and sum(...) more than {MAX_EXPR_NESTING} levels deep "
+                f"(at character {pos}); flatten it or split it into several rules"
+            )
+
     # grammar
     def parse(self) -> Expr:
         if not self.tokens:
@@ -310,9 +342,10 @@ class _Parser:
 
     def term(self) -> Expr:
         if self.at("("):
-            self.take()
+            self.nest(self.take()[2])
             inner = self.or_()
             self.expect(")")
+            self.depth -= 1
             return inner
         start = self.peek()[2]
         vector = self.vector()
@@ -332,11 +365,17 @@ class _Parser:
             raise _Syntax(_not_finite(num, pos, op, threshold))
         index = self.compares
         self.compares += 1
+        if self.compares > MAX_EXPR_COMPARES:
+            raise _Syntax(
+                f"joins more than {MAX_EXPR_COMPARES} comparisons (the one at character "
+                f"{start} is one too many); split it into several rules"
+            )
         return Compare(vector, op, threshold, index, text)
 
     def vector(self) -> Vector:
-        kind, word, _ = self.peek()
+        kind, word, pos = self.peek()
         if kind == "name" and word == "sum":
+            self.nest(pos)
             self.take()
             by: tuple[str, ...] | None = None
             if self.at("by"):
@@ -352,6 +391,7 @@ class _Parser:
             self.expect("(")
             inner = self.vector()
             self.expect(")")
+            self.depth -= 1
             if by is not None:
                 self.check_labels(inner, by)
             return Sum(by, inner)
@@ -373,6 +413,10 @@ class _Parser:
         kind, name, pos = self.take()
         if kind != "name" or name in ("and", "or", "by"):
             raise _Syntax(f"expected a metric name at character {pos}, got {_shown(kind, name)}")
+        if (self.names is None or name not in self.names) and (
+            self.at("(") or self.at("by") or self.at("without")
+        ):
+            raise _Syntax(_no_function(name, pos))
         if self.names is not None and name not in self.names:
             if name + "_total" in self.names:
                 hint = f"; did you mean {name + '_total'!r}? (a counter's samples end in _total)"
@@ -414,6 +458,25 @@ class _Parser:
                 self.check_label(name, label)
 
 
+#: the functions of the expression language
+FUNCTIONS = "sum(...), sum by (label, ...) (...) and increase(metric[duration])"
+
+
+def _no_function(name: str, pos: int) -> str:
+    """The problem of a function the language does not have (PromQL's ``rate()``, ...)."""
+    if name in ("rate", "irate", "delta", "idelta"):
+        instead = (
+            f"; instead of {name}(x[5m]) > r write increase(x[5m]) > r * 300 (the growth "
+            "over the window), e.g. increase(corral_tasks_finished_total[5m]) > 0"
+        )
+    else:
+        instead = did_you_mean(name, ("sum", "increase"))
+    return (
+        f"uses {name}() at character {pos}, a function alert expressions do not support: "
+        f"the functions are {FUNCTIONS}{instead}"
+    )
+
+
 #: the words Python's float() reads as a non-finite number
 _NON_FINITE = re.compile(r"[-+]?(?:inf(?:inity)?|nan)(?![\w.])", re.IGNORECASE)
 
@@ -442,10 +505,17 @@ def parse_expr(text: str, names: MetricNames | None = None) -> Expr:
 
 
 def compares(expr: Expr) -> list[Compare]:
-    """The comparisons of ``expr``, left to right."""
-    if isinstance(expr, Compare):
-        return [expr]
-    return compares(expr.left) + compares(expr.right)
+    """The comparisons of ``expr``, left to right (without recursion: a long chain of
+    ``or`` is a deep tree)."""
+    out: list[Compare] = []
+    todo: list[Expr] = [expr]
+    while todo:
+        e = todo.pop()
+        if isinstance(e, Compare):
+            out.append(e)
+        else:
+            todo += (e.right, e.left)
+    return out
 
 
 def _field_names(terms: Mapping[int, Compare]) -> dict[int, tuple[str, str, float, bool]]:
@@ -601,7 +671,7 @@ def _seconds(rule: str, key: str, value: object) -> float:
         raise AlertConfigError(rule, key, f"must be {err}, got {value!r}") from None
 
 
-def _scale_out(rule: str, raw: object) -> ScaleOut:
+def _scale_out(rule: str, raw: object, pools: Collection[str] | None = None) -> ScaleOut:
     key = "action.scale_out"
     if not isinstance(raw, Mapping):
         raise AlertConfigError(rule, key, f"must be a table (by or fit, ...), got {raw!r}")
@@ -622,6 +692,8 @@ def _scale_out(rule: str, raw: object) -> ScaleOut:
     pool = raw.get("pool")
     if pool is not None and (not isinstance(pool, str) or not pool):
         raise AlertConfigError(rule, key + ".pool", f"must be a pool's name, got {pool!r}")
+    if pool is not None and pools is not None and pool not in pools:
+        raise AlertConfigError(rule, key + ".pool", _no_pool(pool, pools))
     cooldown = _seconds(rule, key + ".cooldown", raw.get("cooldown", 300.0))
     mb = raw.get("max_blocks")
     if mb is not None and (isinstance(mb, bool) or not isinstance(mb, int) or mb < 1):
@@ -639,11 +711,45 @@ def _scale_out(rule: str, raw: object) -> ScaleOut:
     return ScaleOut(by, fit, pool, cooldown, mb, None if cost is None else float(cost), restore)
 
 
-def parse_rule(raw: Mapping[str, Any], names: MetricNames, name: str | None = None) -> AlertRule:
+def _no_pool(pool: str, pools: Collection[str]) -> str:
+    """The problem of a scale-out of ``pool``, not one of ``pools``."""
+    known = list(pools)
+    listed = ", ".join(known) or "none"
+    return f"names no pool: {pool!r}{did_you_mean(pool, known, '.')} The pools are: {listed}"
+
+
+def _templates(
+    rule: str, annotations: Mapping[str, str], parsed: Expr, names: MetricNames,
+    labels: Mapping[str, str],
+) -> None:  # fmt: skip
+    """Refuse an annotation whose ``{{ $labels.x }}`` names a label no alert of the rule
+    carries (it would render empty)."""
+    can = sorted({"alertname", *_instance_labels(parsed, names), *labels})
+    for key, text in annotations.items():
+        for m in _TEMPLATE.finditer(text):
+            label = m.group(2)
+            if label is not None and label not in can:
+                raise AlertConfigError(
+                    rule, f"annotations.{key}",
+                    f"names the label {label!r}, which no alert of this rule carries (their "
+                    f"labels: {', '.join(can)}), so it would be empty"
+                    + did_you_mean(label, can),
+                )  # fmt: skip
+
+
+def parse_rule(
+    raw: Mapping[str, Any],
+    names: MetricNames,
+    name: str | None = None,
+    *,
+    pools: Collection[str] | None = None,
+) -> AlertRule:
     """A rule from its table (keys: ``name``, ``expr``, ``for``, ``keep_firing_for``,
     ``labels``, ``annotations``, ``action``). ``names``: the metrics an expression may
     name, with their labels (``runtime.metrics.SAMPLE_LABELS``); ``name``: the rule's
-    name when the table is keyed by it. Raises :class:`AlertConfigError`."""
+    name when the table is keyed by it; ``pools``: the cluster's pools, which a
+    scale-out action must name one of (None: not known, not checked). Raises
+    :class:`AlertConfigError`."""
     if name is None:
         name = raw.get("name") if isinstance(raw, Mapping) else None
     shown = name if isinstance(name, str) else ""
@@ -686,14 +792,16 @@ def parse_rule(raw: Mapping[str, Any], names: MetricNames, name: str | None = No
         for key in action:
             if key not in ACTION_KEYS:
                 raise _unknown(name, str(key), ACTION_KEYS, "action.")
-        scale = _scale_out(name, action["scale_out"])
+        scale = _scale_out(name, action["scale_out"], pools)
+    annotations = _strings(name, "annotations", raw.get("annotations", {}))
+    _templates(name, annotations, parsed, names, labels)
     return AlertRule(
         name=name,
         expr=expr,
         for_=_seconds(name, "for", raw.get("for", 0.0)),
         keep_firing_for=_seconds(name, "keep_firing_for", raw.get("keep_firing_for", 0.0)),
         labels=labels,
-        annotations=_strings(name, "annotations", raw.get("annotations", {})),
+        annotations=annotations,
         action=scale,
         parsed=parsed,
     )
@@ -702,27 +810,32 @@ def parse_rule(raw: Mapping[str, Any], names: MetricNames, name: str | None = No
 def _instance_labels(e: Expr, names: MetricNames) -> set[str]:
     """The labels an instance of expression ``e`` may carry (``and`` and ``or`` join
     both sides')."""
-    if isinstance(e, BoolOp):
-        return _instance_labels(e.left, names) | _instance_labels(e.right, names)
-    v: Vector = e.vector
-    if isinstance(v, Sum):
-        return set(v.by or ())
-    selector = v.selector if isinstance(v, Increase) else v
-    return set(names.get(selector.name, ()))
+    out: set[str] = set()
+    for c in compares(e):
+        v: Vector = c.vector
+        if isinstance(v, Sum):
+            out.update(v.by or ())
+        else:
+            selector = v.selector if isinstance(v, Increase) else v
+            out.update(names.get(selector.name, ()))
+    return out
 
 
 def parse_rules(
-    raw: Iterable[Mapping[str, Any]] | Mapping[str, Mapping[str, Any]], names: MetricNames
+    raw: Iterable[Mapping[str, Any]] | Mapping[str, Mapping[str, Any]],
+    names: MetricNames,
+    *,
+    pools: Collection[str] | None = None,
 ) -> list[AlertRule]:
     """Rules from a list of tables (``[[alerts.rules]]``, each with a ``name``) or a
     table of tables keyed by name (``[alerts.rules.QueueTime]``); two rules may not
-    share a name. Raises :class:`AlertConfigError`."""
+    share a name; ``pools`` as for :func:`parse_rule`. Raises :class:`AlertConfigError`."""
     if isinstance(raw, Mapping):
-        rules = [parse_rule(v, names, name=str(k)) for k, v in raw.items()]
+        rules = [parse_rule(v, names, name=str(k), pools=pools) for k, v in raw.items()]
     elif isinstance(raw, str | bytes) or not isinstance(raw, Iterable):
         raise AlertConfigError("", "", f"rules must be a list of tables, got {raw!r}")
     else:
-        rules = [parse_rule(r, names) for r in raw]
+        rules = [parse_rule(r, names, pools=pools) for r in raw]
     seen: set[str] = set()
     for r in rules:
         if r.name in seen:
@@ -1002,6 +1115,11 @@ class AlertState:
     def alerts(self) -> list[AlertInfo]:
         """The alerts pending, firing or resolved lately, by rule and labels."""
         return [self._info(a) for _, a in sorted(self._alerts.items())]
+
+    def pools(self) -> list[str]:
+        """The pools the latest evaluated samples give a block target for (none before
+        the first evaluation, when the autoscaler did not answer, or without one)."""
+        return pools_in(self._samples)
 
     # ----------------------------------------------------------------- rules
 
@@ -1320,7 +1438,14 @@ class AlertState:
 
         target = gauge("corral_blocks_target")
         if target is None:
-            refuse(f" of pool {pool}: its blocks are unknown (no autoscaler answer)")
+            known = pools_in(samples)
+            if known:  # the autoscaler answered, for other pools (this one was removed)
+                refuse(
+                    f" of pool {pool}: it is not one of the cluster's pools ({', '.join(known)})"
+                    + did_you_mean(pool, known)
+                )
+            else:
+                refuse(f" of pool {pool}: its blocks are unknown (no autoscaler answer)")
             return
         current = int(target)
         running = pending = 0
@@ -1415,6 +1540,14 @@ class AlertState:
         entry = Audit(line, now)
         self.audit.append(entry)
         self._out.append(entry)
+
+
+def pools_in(samples: Samples) -> list[str]:
+    """The pools ``samples`` give a block target for: the autoscaler's pools, when it
+    answered (none otherwise, or without an autoscaler)."""
+    return sorted(
+        dict(labels).get("pool", "") for name, labels in samples if name == "corral_blocks_target"
+    )
 
 
 def _agreeing(left: Iterable[Labels], right: Iterable[Labels]) -> Iterator[tuple[Labels, Labels]]:

@@ -710,6 +710,24 @@ _ALERT_OPTIONS = ("--for", "--keep-firing-for", "--label", "--annotation", "--sc
                   "--pool", "--max-blocks", "--max-cost", "--cooldown")  # fmt: skip
 
 
+def _option_values(words: list[str]) -> list[str]:
+    """``--for -5s`` as ``--for=-5s``: argparse takes a value that starts with '-' for
+    an option, so a negative duration would fail as "expected one argument" instead of
+    reaching the rule's own check (which says what a duration is)."""
+    out: list[str] = []
+    i = 0
+    while i < len(words):
+        w = words[i]
+        nxt = words[i + 1] if i + 1 < len(words) else ""
+        if w in _ALERT_OPTIONS and nxt.startswith("-") and not nxt.startswith("--"):
+            out.append(f"{w}={nxt}")
+            i += 2
+        else:
+            out.append(w)
+            i += 1
+    return out
+
+
 def _alert_rule(args: str) -> dict[str, Any]:
     """The rule of ``alert add ...``: a JSON object as typed (or quoted as one word, as
     the one-shot command line passes it on), or NAME EXPR and options."""
@@ -739,7 +757,7 @@ def _alert_rule(args: str) -> dict[str, Any]:
     parser.add_argument("--max-blocks", type=int)
     parser.add_argument("--max-cost", type=float)
     parser.add_argument("--cooldown")
-    a = parser.parse_args(_words(text))
+    a = parser.parse_args(_option_values(_words(text)))
     rule: dict[str, Any] = {"name": a.name, "expr": a.expr}
     if a.for_ is not None:
         rule["for"] = _duration(a.for_)
@@ -1157,14 +1175,16 @@ def render_alerts(data: Mapping[str, Any]) -> RenderableType:
         parts.append(Text("no alerts pending or firing"))
     rules = list(data.get("rules") or [])
     rt = Table(title="rules", title_justify="left")
-    for col in ("rule", "expr", "for", "labels", "action"):
+    for col in ("rule", "expr", "for", "keep firing", "labels", "annotations", "action"):
         rt.add_column(col, overflow="fold")
     rt.columns[0].no_wrap = True
     for r in rules:
         labels = ", ".join(f"{k}={v}" for k, v in (r.get("labels") or {}).items())
+        notes = "\n".join(r.get("annotations") or {}) or "-"  # their names: --json has all
         scale = dict((r.get("action") or {}).get("scale_out") or {})
         how = ", ".join(f"{k} {v}" for k, v in scale.items())
-        _row(rt, str(r.get("name")), str(r.get("expr")), f"{r.get('for', 0):g} s", labels,
+        _row(rt, str(r.get("name")), str(r.get("expr")), f"{r.get('for', 0):g} s",
+             f"{r.get('keep_firing_for', 0):g} s", labels, notes,
              f"scale out: {how}" if how else "-")  # fmt: skip
     parts.append(rt if rules else Text("no alert rules"))
     audit = list(data.get("audit") or [])

@@ -91,7 +91,8 @@ class AlertingConfig:
     evaluations; ``alertmanager``: the base URL of an Alertmanager to send alerts to
     (None: none); ``dashboard_url``: the link put in each alert's ``dashboard``
     annotation (empty: the manager's own page, when it has an HTTP listener);
-    ``resend``: seconds between sends of a firing alert to Alertmanager."""
+    ``resend``: seconds between sends of a firing alert to Alertmanager; ``pools``:
+    the cluster's pools, which a rule's scale-out must name one of (None: not known)."""
 
     rules: tuple[Mapping[str, Any], ...] = ()
     default_rules: bool = True
@@ -99,6 +100,7 @@ class AlertingConfig:
     alertmanager: str | None = None
     dashboard_url: str = ""
     resend: float = 60.0
+    pools: tuple[str, ...] | None = None
 
     def all_rules(self) -> list[AlertRule]:
         """The rules in force at start (the defaults, then these; one of these with a
@@ -108,7 +110,7 @@ class AlertingConfig:
         if self.default_rules:
             for rule in parse_rules(DEFAULT_RULES, SAMPLE_LABELS):
                 by_name[rule.name] = rule
-        for rule in parse_rules(list(self.rules), SAMPLE_LABELS):
+        for rule in parse_rules(list(self.rules), SAMPLE_LABELS, pools=self.pools):
             by_name[rule.name] = rule
         return list(by_name.values())
 
@@ -127,10 +129,12 @@ def alerting_config(
     *,
     alertmanager: str | None = None,
     source: str = "",
+    pools: Sequence[str] | None = None,
 ) -> AlertingConfig:
     """Check and build an :class:`AlertingConfig` from an ``[alerting]`` table
     (``settings``) and ``[[alerts]]`` tables (``rules``); ``alertmanager`` (the
-    manager's ``--alertmanager`` flag) overrides the table's. Raises
+    manager's ``--alertmanager`` flag) overrides the table's; ``pools``: the cluster's
+    pools, when known (a rule's scale-out of another pool is refused). Raises
     :class:`~runtime.errors.AlertConfigError` naming the key and what is allowed."""
     raw = dict(settings or {})
     for key in raw:
@@ -186,6 +190,7 @@ def alerting_config(
         alertmanager=url or None,
         dashboard_url=dashboard,
         resend=float(resend),
+        pools=None if pools is None else tuple(pools),
     )
     try:
         config.all_rules()  # every rule checked now, not at start
@@ -211,7 +216,11 @@ def load_alerting(
     settings = data.get("alerting", {})
     if not isinstance(settings, Mapping):
         raise AlertConfigError("", "alerting", "must be a table [alerting]", str(path))
-    return alerting_config(settings, rules, alertmanager=alertmanager, source=str(path))
+    pools = data.get("pools")  # none: a manager that scales nothing (not checked)
+    return alerting_config(
+        settings, rules, alertmanager=alertmanager, source=str(path),
+        pools=[str(p) for p in pools] if isinstance(pools, Mapping) else None,
+    )  # fmt: skip
 
 
 @message(local=True)
@@ -329,7 +338,7 @@ class Monitor(Actor):
                 raise TypeError(f"the monitor has no shell for {type(cmd).__name__}")
 
     def _notify(self, alert: AlertInfo) -> None:
-        if self.dashboard_url and "dashboard" not in alert.annotations:
+        if self.dashboard_url and not alert.annotations.get("dashboard", "").strip():
             alert = dataclasses.replace(
                 alert, annotations={**alert.annotations, "dashboard": self.dashboard_url}
             )
@@ -393,7 +402,7 @@ class Monitor(Actor):
         if self.dashboard_url:
             alerts = tuple(
                 a
-                if "dashboard" in a.annotations
+                if a.annotations.get("dashboard", "").strip()
                 else dataclasses.replace(
                     a, annotations={**a.annotations, "dashboard": self.dashboard_url}
                 )
@@ -406,7 +415,10 @@ class Monitor(Actor):
     def add_rule(self, msg: AlertRuleAdd) -> dict[str, Any]:
         if not isinstance(msg.rule, Mapping):
             raise AlertConfigError("", "", f"a rule is a table of settings, got {msg.rule!r}")
-        rule = parse_rule(dict(msg.rule), SAMPLE_LABELS)
+        pools = self.config.pools
+        if pools is None:  # not configured: the pools the autoscaler reports, if any
+            pools = tuple(self.state.pools()) or None
+        rule = parse_rule(dict(msg.rule), SAMPLE_LABELS, pools=pools)
         self._run(RuleAdded(rule, replace=True, now=time.time()))
         self.log.warning("alert rule added", rule=rule.name, expr=rule.expr)
         return rule.to_dict()

@@ -1,0 +1,143 @@
+"""The console's ``alert`` commands on the rules refused when made: ``alert list``'s rules
+table shows ``keep_firing_for`` and the annotations' names; ``alert add --for -5s``
+reaches the rule's own check (not argparse's "expected one argument"); against a real
+manager (``--config`` with a pool), an expression too deep, a scale-out of a pool the
+cluster does not have, ``rate()`` and an annotation naming a label no alert carries are
+each an ``AlertConfigError`` naming the rule and saying what to do."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import anyio
+import pytest
+from rich.console import Console
+
+from actors.alerts_state import parse_rule
+from runtime.console import ConsoleClient, ConsoleError, _alert_rule, render_alerts
+from runtime.errors import AlertConfigError
+from runtime.metrics import SAMPLE_LABELS
+from tests.helpers import Cli
+
+LIMIT = 60
+
+CONFIG = """
+[pools.ci]
+provider = "local"
+init_blocks = 0
+max_blocks = 1
+
+[alerting]
+interval = 0.2
+
+[[alerts]]
+name = "Held"
+expr = "corral_queue_depth > 5"
+keep_firing_for = "20s"
+annotations = {summary = "pool {{ $labels.pool }} waits", description = "long"}
+"""
+
+
+def _text(view: object) -> str:
+    console = Console(width=200, color_system=None, record=True)
+    console.print(view)
+    return console.export_text()
+
+
+@pytest.mark.timeout(30)
+def test_the_rules_table_shows_keep_firing_for_and_the_annotations() -> None:
+    rules = [
+        {"name": "Held", "expr": "corral_queue_depth > 5", "for": 0.0, "keep_firing_for": 20.0,
+         "labels": {}, "annotations": {"summary": "s", "description": "d"}},
+        {"name": "Bare", "expr": "corral_workers_connected == 0", "for": 60.0,
+         "keep_firing_for": 0.0, "labels": {}, "annotations": {}},
+    ]  # fmt: skip
+    text = _text(render_alerts({"alerts": [], "rules": rules, "audit": []}))
+    header = next(line for line in text.splitlines() if "rule" in line and "expr" in line)
+    assert "keep firing" in header and "annotations" in header
+    held = next(line for line in text.splitlines() if "Held" in line)
+    assert "20 s" in held and "summary" in held
+    bare = next(line for line in text.splitlines() if "Bare" in line)
+    assert "60 s" in bare and "0 s" in bare.split("60 s", 1)[1] and "-" in bare
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("flag", ["--for", "--keep-firing-for", "--cooldown"])
+def test_a_negative_duration_reaches_the_rules_check(flag: str) -> None:
+    line = f"Bad5 'corral_queue_depth > 0' {flag} -5s"
+    if flag == "--cooldown":
+        line += " --scale-out 1"
+    rule = _alert_rule(line)  # argparse would say "expected one argument"
+    with pytest.raises(AlertConfigError, match=r">= 0 or a duration like '5m', got '-5s'"):
+        parse_rule(rule, SAMPLE_LABELS)
+    with pytest.raises(AlertConfigError, match=r"must be a number of seconds >= 0"):
+        parse_rule(_alert_rule(line.replace("-5s", "-5")), SAMPLE_LABELS)
+    # an option given where its value should be is still argparse's error
+    with pytest.raises(ConsoleError, match="expected one argument"):
+        _alert_rule(f"Bad5 'corral_queue_depth > 0' {flag} --label a=b")
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+async def test_rules_refused_by_the_manager_say_what_to_do(tmp_path: Path) -> None:
+    config = tmp_path / "corral.toml"
+    config.write_text(CONFIG)
+    with Cli(tmp_path / "home") as cli:
+        _, address = cli.manager("--config", str(config))
+        with anyio.fail_after(LIMIT):
+            async with ConsoleClient(address) as console:
+                text = await console.run_command("alert list")
+                held = next(line for line in text.splitlines() if "Held" in line)
+                assert "20 s" in held and "summary" in held
+
+                deep = "(" * 1000 + "corral_queue_depth > 0" + ")" * 1000
+                with pytest.raises(
+                    ConsoleError,
+                    match=r"AlertConfigError: alert rule 'Deep': key 'expr' nests parentheses "
+                    r"and sum\(\.\.\.\) more than 100 levels deep",
+                ):
+                    await console.run_command(f"alert add Deep '{deep}'")
+                chain = " or ".join(["corral_queue_depth > 0"] * 1000)
+                with pytest.raises(ConsoleError, match="alert rule 'Long': key 'expr' is "):
+                    await console.run_command(
+                        "alert add " + json.dumps({"name": "Long", "expr": chain})
+                    )
+
+                with pytest.raises(
+                    ConsoleError,
+                    match=r"alert rule 'P': key 'action.scale_out.pool' names no pool: "
+                    r"'nosuch'. The pools are: ci",
+                ):
+                    await console.run_command(
+                        "alert add P 'corral_queue_depth > 0' --scale-out fit --pool nosuch "
+                        "--max-blocks 4"
+                    )
+                with pytest.raises(ConsoleError, match=r"did you mean 'ci'\?"):
+                    await console.run_command(
+                        "alert add P 'corral_queue_depth > 0' --scale-out 1 --pool cii"
+                    )
+
+                with pytest.raises(ConsoleError, match=r"uses rate\(\) at character 0") as info:
+                    await console.run_command(
+                        "alert add Bad10 'rate(corral_tasks_finished_total[5m]) > 0'"
+                    )
+                assert "increase(metric[duration])" in str(info.value)
+                assert "unknown metric" not in str(info.value)
+
+                with pytest.raises(
+                    ConsoleError,
+                    match=r"alert rule 'Bad11': key 'annotations.dashboard' names the label "
+                    r"'pol', .* did you mean 'pool'\?",
+                ):
+                    await console.run_command(
+                        "alert add Bad11 'corral_queue_depth > 0' "
+                        "--annotation 'dashboard={{ $labels.pol }}'"
+                    )
+                with pytest.raises(
+                    ConsoleError, match=r"key 'for' must be a number of seconds >= 0"
+                ):
+                    await console.run_command("alert add Bad5 'corral_queue_depth > 0' --for -5s")
+
+                rules = {r["name"] for r in (await console.alerts()).rules}
+                assert not rules & {"Deep", "Long", "P", "Bad10", "Bad11", "Bad5"}

@@ -1,0 +1,257 @@
+"""Alert rules refused when they are made, naming the rule and saying what to do: an
+expression too long or too deep (bounded, so nothing recurses without a bound: no raw
+RecursionError), a scale-out of a pool the cluster does not have, an annotation naming
+a label no alert of the rule carries, a PromQL function the language does not have, a
+negative duration. And at fire time: a pool that is gone is said to be no pool of the
+cluster's; a dashboard link that renders empty falls back to the manager's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from actors.alerts_state import (
+    DEFAULT_RULES,
+    MAX_EXPR_CHARS,
+    MAX_EXPR_COMPARES,
+    MAX_EXPR_NESTING,
+    AlertRule,
+    AlertState,
+    Audit,
+    Evaluate,
+    compares,
+    parse_duration,
+    parse_rule,
+    parse_rules,
+)
+from runtime.errors import AlertConfigError
+from runtime.log import get_logger
+from runtime.messages import (
+    AlertInfo,
+    AlertRuleAdd,
+    AlertsRequest,
+    BlockMetrics,
+    MetricsReply,
+    PoolMetrics,
+)
+from runtime.metrics import SAMPLE_LABELS, samples
+from runtime.monitor import AlertingConfig, Monitor, alerting_config, load_alerting
+
+pytestmark = pytest.mark.timeout(60)
+
+TERM = "corral_queue_depth > 0"
+
+
+def refused(raw: dict[str, Any], **kw: Any) -> AlertConfigError:
+    with pytest.raises(AlertConfigError) as info:
+        parse_rule(raw, SAMPLE_LABELS, **kw)
+    return info.value
+
+
+# ----------------------------------------------------------------------------- size bounds
+
+
+@pytest.mark.parametrize(
+    ("expr", "problem"),
+    [
+        ("(" * 1000 + TERM + ")" * 1000, f"more than {MAX_EXPR_NESTING} levels deep"),
+        ("sum(" * 300 + "corral_queue_depth" + ")" * 300 + " > 0", "levels deep"),
+        (" or ".join([TERM] * 1000), f"is {len(' or '.join([TERM] * 1000))} characters long"),
+        (" or ".join([TERM] * 300), f"joins more than {MAX_EXPR_COMPARES} comparisons"),
+        (" and ".join([TERM] * 3000), f"more than the {MAX_EXPR_CHARS} allowed"),
+    ],
+    ids=["parens", "sums", "long-or", "many-or", "huge-and"],
+)
+def test_an_expression_too_long_or_deep_is_refused_with_the_rule_and_the_limit(
+    expr: str, problem: str
+) -> None:
+    err = refused({"name": "Huge", "expr": expr})
+    assert (err.rule, err.key) == ("Huge", "expr")
+    assert problem in err.problem and "split it into several rules" in err.problem
+    assert str(err).startswith("alert rule 'Huge': key 'expr' ")
+    with pytest.raises(AlertConfigError, match="alert rule 'Huge'"):
+        AlertRule("Huge", expr)  # a rule built directly: the same bounds
+    with pytest.raises(AlertConfigError, match="alert rule 'Huge'"):
+        alerting_config({}, [{"name": "Huge", "expr": expr}])
+
+
+def test_a_deep_expression_in_a_config_file_names_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "corral.toml"
+    expr = "(" * 1000 + TERM + ")" * 1000
+    path.write_text(f'[pools.ci]\nprovider = "local"\n\n[[alerts]]\nname = "X"\nexpr = "{expr}"\n')
+    with pytest.raises(AlertConfigError) as info:
+        load_alerting(path)
+    assert info.value.source == str(path) and info.value.rule == "X"
+    assert f"more than {MAX_EXPR_NESTING} levels deep" in str(info.value)
+
+
+def test_expressions_at_the_bounds_parse_and_evaluate() -> None:
+    chain = " or ".join(f'corral_queue_depth{{pool="p{i}"}} > 0' for i in range(MAX_EXPR_COMPARES))
+    deep = "(" * MAX_EXPR_NESTING + TERM + ")" * MAX_EXPR_NESTING
+    sums = "sum(" * (MAX_EXPR_NESTING - 1) + "corral_queue_depth" + ")" * 99 + " > 0"
+    for expr in (chain, deep, sums):
+        assert len(expr) <= MAX_EXPR_CHARS
+        rule = parse_rule({"name": "Big", "expr": expr}, SAMPLE_LABELS)
+        st = AlertState([rule])
+        reply = MetricsReply(pools={"p7": PoolMetrics(queue_depth=3, oldest_wait=1.0)})
+        st.handle(Evaluate(0.0, samples(reply)))
+        assert [a.state for a in st.alerts()] == ["firing"]
+    assert len(compares(parse_rule({"name": "C", "expr": chain}, SAMPLE_LABELS).parsed)) == 200
+
+
+# ----------------------------------------------------------------------------- functions
+
+
+def test_rate_is_refused_as_a_function_the_language_lacks_with_what_to_use() -> None:
+    err = refused({"name": "Bad10", "expr": "rate(corral_tasks_finished_total[5m]) > 0"})
+    assert err.rule == "Bad10"
+    assert "uses rate()" in err.problem and "unknown metric" not in err.problem
+    assert "sum(...), sum by (label, ...) (...) and increase(metric[duration])" in err.problem
+    assert "increase(x[5m])" in err.problem
+    err = refused({"name": "Avg", "expr": "avg by (pool) (corral_queue_depth) > 0"})
+    assert "uses avg()" in err.problem and "increase(metric[duration])" in err.problem
+    err = refused({"name": "Typo", "expr": "increse(corral_blocks_failed_total[5m]) > 0"})
+    assert "did you mean 'increase'?" in err.problem
+
+
+# ----------------------------------------------------------------------------- pools
+
+
+def scaling(pool: str) -> dict[str, Any]:
+    return {"name": "Grow", "expr": TERM, "action": {"scale_out": {"fit": True, "pool": pool}}}
+
+
+def test_a_scale_out_of_an_unknown_pool_is_refused_with_the_closest_one() -> None:
+    err = refused(scaling("nosuch"), pools=["ci", "gpu"])
+    assert (err.rule, err.key) == ("Grow", "action.scale_out.pool")
+    assert err.problem == "names no pool: 'nosuch'. The pools are: ci, gpu"
+    err = refused(scaling("cii"), pools=["ci", "gpu"])
+    assert "names no pool: 'cii'; did you mean 'ci'? The pools are: ci, gpu" in err.problem
+    with pytest.raises(AlertConfigError, match="names no pool: 'cii'"):
+        parse_rules([scaling("cii")], SAMPLE_LABELS, pools=["ci"])
+    assert parse_rule(scaling("ci"), SAMPLE_LABELS, pools=["ci"]).action is not None
+    assert parse_rule(scaling("nosuch"), SAMPLE_LABELS).action is not None  # pools unknown
+
+
+def test_a_config_file_checks_the_scale_out_pool_against_its_pools(tmp_path: Path) -> None:
+    path = tmp_path / "corral.toml"
+    path.write_text(
+        '[pools.ci]\nprovider = "local"\n\n'
+        '[[alerts]]\nname = "X"\nexpr = "corral_queue_depth > 0"\n'
+        'action = {scale_out = {fit = true, pool = "cii"}}\n'
+    )
+    with pytest.raises(AlertConfigError) as info:
+        load_alerting(path)
+    assert info.value.source == str(path)
+    assert "names no pool: 'cii'; did you mean 'ci'? The pools are: ci" in str(info.value)
+    path.write_text(path.read_text().replace('"cii"', '"ci"'))
+    assert load_alerting(path).pools == ("ci",)
+    # a file without pools: their names are not known there, nothing is checked
+    path.write_text(path.read_text().split("\n\n", 1)[1])
+    assert load_alerting(path).pools is None
+
+
+def _monitor(config: AlertingConfig, *notifiers: Any) -> Monitor:
+    """A monitor driven by hand (no actor system): its handlers called directly."""
+    monitor = Monitor(_no_metrics, lambda: None, config, notifiers=list(notifiers))
+    monitor._log = get_logger("corral", actor="monitor")
+    return monitor
+
+
+def test_a_live_rule_is_checked_against_the_pools_of_the_config_or_of_the_samples() -> None:
+    monitor = _monitor(AlertingConfig(pools=("ci",)))
+    with pytest.raises(AlertConfigError, match=r"names no pool: 'nosuch'\. The pools are: ci"):
+        monitor.add_rule(AlertRuleAdd(scaling("nosuch")))
+    # without a config's pools: those the autoscaler reported, once it did
+    monitor = _monitor(AlertingConfig())
+    assert monitor.add_rule(AlertRuleAdd(scaling("nosuch")))["name"] == "Grow"
+    reply = MetricsReply(blocks={"ci": BlockMetrics(target=1)})
+    monitor._run(Evaluate(0.0, samples(reply)))
+    with pytest.raises(AlertConfigError, match="names no pool: 'cii'; did you mean 'ci'"):
+        monitor.add_rule(AlertRuleAdd({**scaling("cii"), "name": "Grow2"}))
+
+
+async def _no_metrics() -> MetricsReply:
+    return MetricsReply()
+
+
+def test_a_scale_out_of_a_pool_that_is_gone_says_it_is_no_pool_of_the_cluster() -> None:
+    rule = parse_rule(
+        {**scaling("cpu"), "action": {"scale_out": {"by": 1, "pool": "cpu", "max_blocks": 4}}},
+        SAMPLE_LABELS,
+    )
+    st = AlertState([rule])
+    reply = MetricsReply(
+        pools={"cpu": PoolMetrics(queue_depth=2)}, blocks={"ci": BlockMetrics(target=1)}
+    )
+    (line,) = [c.line for c in st.handle(Evaluate(0.0, samples(reply))) if isinstance(c, Audit)]
+    assert "no scale-out of pool cpu: it is not one of the cluster's pools (ci)" in line
+    assert "no autoscaler answer" not in line
+    assert st.pools() == ["ci"]
+
+
+# ----------------------------------------------------------------------------- templates
+
+
+def test_an_annotation_naming_a_label_no_alert_carries_is_refused() -> None:
+    err = refused(
+        {"name": "Bad11", "expr": TERM, "annotations": {"dashboard": "{{ $labels.pol }}"}}
+    )
+    assert (err.rule, err.key) == ("Bad11", "annotations.dashboard")
+    assert err.problem == (
+        "names the label 'pol', which no alert of this rule carries (their labels: "
+        "alertname, pool), so it would be empty; did you mean 'pool'?"
+    )
+    err = refused(
+        {"name": "Sum", "expr": "sum(corral_queue_depth) > 0",
+         "annotations": {"summary": "pool {{ $labels.pool }}"}}
+    )  # fmt: skip
+    assert "(their labels: alertname)" in err.problem
+    ok = parse_rule(
+        {"name": "Ok", "expr": "sum by (pool) (corral_workers) == 0", "labels": {"team": "ci"},
+         "annotations": {"summary": "{{ $labels.alertname }} {{ $labels.pool }} "
+                         "{{ $labels.team }} {{ $value }}"}},
+        SAMPLE_LABELS,
+    )  # fmt: skip
+    assert ok.annotations["summary"].startswith("{{ $labels.alertname }}")
+    assert len(parse_rules(DEFAULT_RULES, SAMPLE_LABELS)) == len(DEFAULT_RULES)
+
+
+class _Recorder:
+    def __init__(self) -> None:
+        self.alerts: list[AlertInfo] = []
+
+    def notify(self, alert: AlertInfo) -> None:
+        self.alerts.append(alert)
+
+    async def run(self) -> None:
+        pass
+
+
+def test_a_dashboard_link_that_renders_empty_falls_back_to_the_managers() -> None:
+    # the instance of the right side of the `or` has no pool label: its link is empty
+    rule = {
+        "name": "Link",
+        "expr": "corral_queue_depth > 0 or corral_workers_connected == 0",
+        "annotations": {"dashboard": "{{ $labels.pool }}"},
+    }
+    config = AlertingConfig(rules=(rule,), default_rules=False, dashboard_url="http://dash/")
+    recorder = _Recorder()
+    monitor = _monitor(config, recorder)
+    monitor._run(Evaluate(0.0, samples(MetricsReply(workers=0))))
+    (alert,) = recorder.alerts
+    assert alert.annotations["dashboard"] == "http://dash/"
+    (listed,) = monitor.alerts(AlertsRequest()).alerts
+    assert listed.annotations["dashboard"] == "http://dash/"
+
+
+# ----------------------------------------------------------------------------- durations
+
+
+def test_a_negative_duration_text_says_it_must_be_at_least_zero() -> None:
+    with pytest.raises(ValueError, match=">= 0"):
+        parse_duration("-5s")
+    err = refused({"name": "Neg", "expr": TERM, "for": "-5s"})
+    assert err.key == "for" and ">= 0" in err.problem and "'-5s'" in err.problem
