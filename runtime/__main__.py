@@ -272,7 +272,8 @@ def build_parser() -> argparse.ArgumentParser:
     rep_.add_argument("db", metavar="RUN.db", help="the monitoring database")
     rep_.add_argument(
         "-o", "--output", default="report.html", metavar="PATH",
-        help="the HTML file to write (default: report.html)",
+        help="the HTML file to write (default: report.html); an SQLite file there, the "
+        "database itself above all, is refused",
     )  # fmt: skip
     rep_.add_argument(
         "--run", default=None, metavar="RUN_ID",

@@ -5,8 +5,10 @@ What lives here: the schema (:data:`SCHEMA`, version :data:`SCHEMA_VERSION`),
 the event loop, in WAL mode), :class:`MonitorRecorder` (the actor in the manager's
 process that pulls what happened every ``interval`` seconds and hands it to the
 writer), :func:`default_path` (where a manager puts it by default) and
-:func:`open_db` (opens one for reading, with a :class:`~runtime.errors.MonitoringDBError`
-when it is not one).
+:func:`open_db` (opens one for reading, also one this user may only read, with a
+:class:`~runtime.errors.MonitoringDBError` when it is not one or cannot be read where it
+is). A writer looks at an existing file read-only first and refuses, leaving it as it
+was, one that is not empty and not a monitoring database of a version it writes.
 
 Where the rows come from:
 
@@ -35,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import socket
 import sqlite3
 import sys
@@ -190,32 +193,140 @@ def default_path(root: str | os.PathLike[str] | None = None) -> Path:
     return base / f"{stamp}-{uuid.uuid4().hex[:6]}" / "monitoring.db"
 
 
-def _connect(path: str) -> sqlite3.Connection:
-    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+def _connect(path: str, *, uri: bool = False) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, uri=uri)
     conn.execute("PRAGMA busy_timeout = 1000")
     return conn
 
 
+#: the tables Corral makes (see :data:`SCHEMA`)
+_TABLES = frozenset(re.findall(r"CREATE TABLE IF NOT EXISTS (\w+)", SCHEMA))
+#: the tables every version Corral writes or upgrades has
+_CORE = frozenset({"schema_version", "runs", "tasks", "tries", "workers"})
+#: the first bytes of every SQLite database file
+SQLITE_HEADER = b"SQLite format 3\0"
+#: what SQLite calls a file it may not write, or a -wal/-shm it may not make
+_READ_ONLY_ERRORS = ("SQLITE_READONLY", "SQLITE_CANTOPEN", "SQLITE_PERM", "SQLITE_AUTH")
+
+
+def _uri(path: Path, **params: str) -> str:
+    """``path`` as an SQLite URI (``file:///...``, its ``?`` and ``#`` escaped)."""
+    query = "&".join(f"{k}={v}" for k, v in params.items())
+    return f"{Path(os.path.abspath(path)).as_uri()}?{query}"
+
+
+def _no_wal(path: Path) -> bool:
+    """Whether no process can be writing ``path`` through a write-ahead log, so that
+    its main file is all of it: no ``-wal`` file, or an empty one with no ``-shm``
+    (every connection makes them and the last one to close deletes them)."""
+    wal, shm = Path(f"{path}-wal"), Path(f"{path}-shm")
+    try:
+        return wal.stat().st_size == 0 and not shm.exists()
+    except FileNotFoundError:
+        return True
+
+
+def _is_wal(path: Path) -> bool:
+    """Whether ``path``'s header says WAL mode (file format bytes 18-19 are 2)."""
+    try:
+        with path.open("rb") as f:
+            head = f.read(20)
+    except OSError:
+        return False
+    return head.startswith(SQLITE_HEADER) and head[18:20] == b"\x02\x02"
+
+
+def _peek(path: Path) -> sqlite3.Connection:
+    """A read-only connection to ``path`` that changes nothing: not the file, and no
+    ``-wal``/``-shm`` left behind (a read-only connection makes them for a WAL
+    database and cannot delete them: with none there, no one writes it, and the
+    main file is read as it is)."""
+    if _is_wal(path) and _no_wal(path):
+        return _connect(_uri(path, mode="ro", immutable="1"), uri=True)
+    return _connect(_uri(path, mode="ro"), uri=True)
+
+
+def _tables(conn: sqlite3.Connection) -> set[str]:
+    return {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+
+
+def _check_writable(conn: sqlite3.Connection, path: Path) -> None:
+    """Raise :class:`~runtime.errors.MonitoringDBError` unless Corral may write into
+    the database ``conn`` reads: an empty one, or a monitoring database of a schema
+    version it writes or upgrades. Reads only."""
+    tables = _tables(conn)
+    if not tables:
+        return
+    if "schema_version" in tables and "tasks" in tables:
+        row = conn.execute("SELECT version FROM schema_version").fetchone()
+        if row is None and tables <= _TABLES:
+            return  # made by a Corral stopped before it wrote its version
+        if row is not None and isinstance(row[0], int):
+            if row[0] in (2, 3, SCHEMA_VERSION) and tables >= _CORE:
+                return
+            if row[0] not in (2, 3, SCHEMA_VERSION):
+                raise MonitoringDBError(
+                    str(path),
+                    f"it has schema version {row[0]}, this Corral writes {SCHEMA_VERSION}"
+                    f"{_OLDER if row[0] < SCHEMA_VERSION else ''}: give --monitoring another "
+                    "path",
+                )
+    others = sorted(tables - _TABLES) or sorted(tables)
+    shown = ", ".join(others[:5]) + (f" and {len(others) - 5} more" if len(others) > 5 else "")
+    raise MonitoringDBError(
+        str(path),
+        f"an SQLite database of another program (tables: {shown}), not a Corral monitoring "
+        "database; it was left as it is: give --monitoring a new path (or the database of "
+        "an earlier Corral run)",
+    )
+
+
 def _create(path: Path) -> None:
-    """Create (or reopen) ``path`` with the schema, in WAL mode."""
+    """Create (or reopen) ``path`` with the schema, in WAL mode. An existing file is
+    looked at first, read-only: one that is not empty and not a monitoring database
+    of a version Corral writes is refused unchanged (no table, no WAL mode)."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise MonitoringDBError(str(path), f"cannot create it: {exc}") from exc
+    if path.is_dir():
+        raise MonitoringDBError(
+            str(path), f"a directory: give --monitoring a file, e.g. {path / 'monitoring.db'}"
+        )
+    try:
+        if path.exists() and path.stat().st_size > 0:
+            peek = _peek(path)
+            try:
+                _check_writable(peek, path)
+            finally:
+                peek.close()
+    except sqlite3.DatabaseError as exc:
+        raise MonitoringDBError(str(path), _why_not(exc, "Corral can write")) from exc
+    except OSError as exc:
+        raise MonitoringDBError(str(path), f"cannot read it: {exc}") from exc
+    try:
         conn = _connect(str(path))
     except (OSError, sqlite3.Error) as exc:
         raise MonitoringDBError(str(path), f"cannot create it: {exc}") from exc
     try:
-        conn.execute("PRAGMA journal_mode = WAL")
-        _upgrade(conn)
-        conn.executescript(SCHEMA)
-        row = conn.execute("SELECT version FROM schema_version").fetchone()
-        if row is None:
-            conn.execute("INSERT INTO schema_version VALUES (?)", (SCHEMA_VERSION,))
-        elif row[0] != SCHEMA_VERSION:
-            raise MonitoringDBError(
-                str(path),
-                f"it has schema version {row[0]}, this Corral writes {SCHEMA_VERSION}"
-                f"{_OLDER if row[0] < SCHEMA_VERSION else ''}: give --monitoring another path",
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            _check_writable(conn, path)  # again, in the transaction that changes it
+            _upgrade(conn)
+            for statement in SCHEMA.split(";"):
+                if statement.strip():
+                    conn.execute(statement)
+            conn.execute(
+                "INSERT INTO schema_version SELECT ? WHERE NOT EXISTS "
+                "(SELECT 1 FROM schema_version)",
+                (SCHEMA_VERSION,),
             )
+        except BaseException:
+            if conn.in_transaction:  # (SQLite ends it itself on some errors)
+                conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+        conn.execute("PRAGMA journal_mode = WAL")
     except sqlite3.DatabaseError as exc:
         raise MonitoringDBError(str(path), _why_not(exc, "Corral can write")) from exc
     finally:
@@ -224,54 +335,95 @@ def _create(path: Path) -> None:
 
 def _why_not(exc: sqlite3.DatabaseError, what: str = "") -> str:
     """Why a database could not be used: locked by another process (busy past the
-    connection's timeout), or not an SQLite database at all."""
+    connection's timeout), read-only for this user, or not an SQLite database at all."""
     if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
         return (
             f"locked by another process ({exc}): a program holds it locked (an exclusive "
             "transaction or locking_mode); try again once it lets go, or read a copy"
         )
+    if str(getattr(exc, "sqlite_errorname", "")).startswith(_READ_ONLY_ERRORS):
+        if what:  # to write
+            return (
+                f"read-only for this user ({exc}): give --monitoring a path in a directory "
+                "you can write"
+            )
+        return (
+            f"read-only for this user ({exc}), and SQLite must write beside it to read its "
+            "-wal file (left by a run that goes on or was killed): copy it (and its -wal) "
+            "somewhere writable and report the copy"
+        )
     return f"not an SQLite database{' ' + what if what else ''} ({exc})"
 
 
 def _upgrade(conn: sqlite3.Connection) -> None:
-    """A file of version 2 or 3 becomes version 4, in one transaction: from 2 (a row
-    per worker id) its workers' rows become their first lives (version 3); from 3, its
-    tries get the column ``queued``, empty in the rows they have (their waits were not
-    recorded: the report takes those runs' waits from ``tasks``)."""
-    tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
+    """A file of version 2 or 3 becomes version 4, in the caller's transaction: from 2
+    (a row per worker id) its workers' rows become their first lives (version 3); from
+    3, its tries get the column ``queued``, empty in the rows they have (their waits
+    were not recorded: the report takes those runs' waits from ``tasks``)."""
+    tables = _tables(conn)
     if "schema_version" not in tables:
         return
     row = conn.execute("SELECT version FROM schema_version").fetchone()
     if row is None or row[0] not in (2, 3):
         return
     script = _TRIES_V3_TO_V4 if row[0] == 3 else _WORKERS_V2_TO_V3 + _TRIES_V3_TO_V4
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        for statement in script.split(";"):
-            if statement.strip():
-                conn.execute(statement)
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
-    conn.execute("COMMIT")
+    for statement in script.split(";"):
+        if statement.strip():
+            conn.execute(statement)
     _log.info(
         "monitoring database: upgraded to schema version 4 (worker lives, try waits)",
         was=row[0],
     )
 
 
+def _open_reading(p: Path) -> tuple[sqlite3.Connection, set[str]]:
+    """A connection to ``p`` and the names in its schema. As any SQLite program
+    would, read-write when this user may write it (a reader then shares the run's
+    ``-shm``, live or not), else read-only. A WAL database in a directory this user
+    cannot write, with no ``-wal``/``-shm`` to share (its run is over: the last
+    connection deletes them), is opened ``immutable``: SQLite then reads the main file
+    as it is, which holds everything. With a ``-wal`` SQLite cannot read there (one
+    is left by a run killed, or one that goes on, and ``immutable`` would not read it),
+    :func:`_why_not` says to copy both."""
+
+    def names(conn: sqlite3.Connection) -> set[str]:
+        try:
+            return {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
+        except BaseException:
+            conn.close()
+            raise
+
+    try:
+        conn = _connect(str(p))
+        return conn, names(conn)
+    except sqlite3.DatabaseError as exc:
+        name = str(getattr(exc, "sqlite_errorname", ""))
+        if not (name.startswith(_READ_ONLY_ERRORS) and _no_wal(p)):
+            raise
+    conn = _connect(_uri(p, mode="ro", immutable="1"), uri=True)
+    return conn, names(conn)
+
+
 def open_db(path: str | os.PathLike[str]) -> sqlite3.Connection:
-    """Open a monitoring database for reading (also while its run goes on). Raises
+    """Open a monitoring database for reading (also while its run goes on, and one
+    this user may only read: see :func:`_open_reading`). Raises
     :class:`~runtime.errors.MonitoringDBError` for a missing file, one that is not an
-    SQLite database or not a monitoring database, or another schema version."""
+    SQLite database or not a monitoring database, another schema version, or one that
+    cannot be read where it is."""
     p = Path(path)
     if not p.is_file():
         raise MonitoringDBError(
             str(p), "no such file; a manager prints where it writes its database at start"
         )
-    conn = _connect(str(p))
+    if not os.access(p, os.R_OK):
+        raise MonitoringDBError(
+            str(p), "this user may not read it: ask its owner for a copy, or run as them"
+        )
     try:
-        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
+        conn, tables = _open_reading(p)
+    except sqlite3.DatabaseError as exc:
+        raise MonitoringDBError(str(p), _why_not(exc)) from exc
+    try:
         if "schema_version" not in tables or "tasks" not in tables:
             raise MonitoringDBError(str(p), "an SQLite file, but not a Corral monitoring database")
         row = conn.execute("SELECT version FROM schema_version").fetchone()

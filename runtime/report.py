@@ -15,12 +15,15 @@ plots.
 
 from __future__ import annotations
 
+import contextlib
 import html
 import itertools
 import json
 import os
 import sqlite3
+import stat
 import time
+import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -30,10 +33,10 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from policies import ON_PURPOSE
-from runtime.errors import MonitoringDBError
-from runtime.monitordb import open_db
+from runtime.errors import CorralError, MonitoringDBError
+from runtime.monitordb import SQLITE_HEADER, open_db
 
-__all__ = ["MAX_BARS", "SECTIONS", "build_report", "write_report"]
+__all__ = ["MAX_BARS", "SECTIONS", "ReportOutputError", "build_report", "write_report"]
 
 #: the report's plots, by title, in order
 SECTIONS = (
@@ -677,6 +680,122 @@ def build_report(
     )  # fmt: skip
 
 
+class ReportOutputError(CorralError, ValueError):
+    """The report cannot be written to ``path`` (``-o``): ``problem`` says why and what
+    to do. Said before the report is built; nothing is written at ``path``."""
+
+    path: str
+    problem: str
+
+    def __init__(self, path: str, problem: str) -> None:
+        super().__init__(
+            f"report output {path}: {problem}; nothing was written (see docs/monitoring.md#report)",
+            path=path,
+            problem=problem,
+        )
+
+
+#: the first bytes of an SQLite write-ahead log (``-wal``), either byte order
+_WAL_MAGIC = (b"\x37\x7f\x06\x82", b"\x37\x7f\x06\x83")
+
+
+def _temp_name(target: Path) -> Path:
+    return target.parent / f".{target.name}.{uuid.uuid4().hex[:12]}.tmp"
+
+
+def _output(db: str | os.PathLike[str], out: str | os.PathLike[str]) -> tuple[Path, bool]:
+    """Where the report of ``db`` goes for ``-o out``: the file (symlinks followed) and
+    whether it is written in place (an existing file that is not a regular one, such
+    as ``/dev/stdout``) rather than made beside it and renamed over it. Raises
+    :class:`ReportOutputError` for a directory, a directory that is missing or cannot
+    be written in, the database itself (or its ``-wal``, ``-shm``, ``-journal``), any
+    other SQLite database or log, and a file this user may not write."""
+    given = str(out)
+    target = Path(os.path.realpath(out))
+
+    def refuse(problem: str) -> ReportOutputError:
+        return ReportOutputError(given, problem)
+
+    if target.is_dir():
+        raise refuse(f"a directory: give -o a file in it, e.g. -o {Path(out) / 'report.html'}")
+    base = os.path.realpath(db)
+    for part in ("", "-wal", "-shm", "-journal"):
+        with contextlib.suppress(OSError):
+            if str(target) == base + part or os.path.samefile(target, f"{db}{part}"):
+                raise refuse(
+                    f"it is the {f'{part} file of the ' if part else ''}monitoring database "
+                    "being reported, which the report would replace (the run's record lost): "
+                    "give -o another path, e.g. -o report.html"
+                )
+    if target.exists():
+        if not target.is_file():
+            return target, True
+        try:
+            with target.open("rb") as f:
+                head = f.read(len(SQLITE_HEADER))
+        except OSError as exc:
+            raise refuse(
+                f"it exists and cannot be read to see what it is ({exc.strerror or exc}): "
+                "give -o another path"
+            ) from exc
+        if head.startswith(SQLITE_HEADER) or head[:4] in _WAL_MAGIC:
+            what = "an SQLite database" if head.startswith(SQLITE_HEADER) else "an SQLite log"
+            raise refuse(
+                f"{what} (a monitoring database?), which the report would replace: give -o "
+                "another path, e.g. -o report.html, or delete the file first if it should go"
+            )
+        if not os.access(target, os.W_OK):
+            raise refuse("it exists and this user may not write it: give -o another path")
+    parent = target.parent
+    if not parent.is_dir():
+        raise refuse(
+            f"no directory {parent}: make it first (mkdir -p {parent}) or give -o a path in "
+            "a directory that exists"
+        )
+    probe = _temp_name(target)  # a file made and removed: can one be made there at all?
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        os.unlink(probe)
+    except OSError as exc:
+        raise refuse(
+            f"cannot write in {parent} ({exc.strerror or exc}): give -o a path in a directory "
+            "you can write"
+        ) from exc
+    return target, False
+
+
+def _write(given: str | os.PathLike[str], target: Path, in_place: bool, text: str) -> None:
+    """``text`` into ``target``: into a new file beside it, then renamed over it (a
+    failure or a kill leaves ``target`` as it was, never half a report), keeping the
+    permissions of the file it replaces; in place when ``in_place``."""
+    data = text.encode("utf-8")
+    if in_place:
+        try:
+            with target.open("wb") as f:
+                f.write(data)
+        except OSError as exc:
+            raise ReportOutputError(str(given), f"cannot write it ({exc})") from exc
+        return
+    tmp = _temp_name(target)
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        with contextlib.suppress(FileNotFoundError):
+            os.chmod(tmp, stat.S_IMODE(target.stat().st_mode))
+        os.replace(tmp, target)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if isinstance(exc, OSError):
+            raise ReportOutputError(
+                str(given), f"cannot write it ({exc.strerror or exc}): give -o another path"
+            ) from exc
+        raise
+
+
 def write_report(
     db: str | os.PathLike[str],
     out: str | os.PathLike[str] = "report.html",
@@ -684,8 +803,12 @@ def write_report(
     run_id: str | None = None,
     progress: Progress = _quiet,
 ) -> Path:
-    """Write the report of ``db`` to ``out``; return its path."""
+    """Write the report of ``db`` to ``out``; return its path. ``out`` is checked
+    before the report is built (:class:`ReportOutputError`: see :func:`_output`),
+    and again before it is replaced, which is done at once (a new file renamed over
+    it)."""
+    _output(db, out)
     text = build_report(db, run_id=run_id, progress=progress)
-    path = Path(out)
-    path.write_text(text, encoding="utf-8")
-    return path
+    target, in_place = _output(db, out)  # again: it may have changed while reading
+    _write(out, target, in_place, text)
+    return Path(out)
