@@ -60,6 +60,7 @@ from typing import Any
 import anyio
 import anyio.abc
 import cloudpickle
+import tblib  # type: ignore[import-untyped]
 
 from runtime import unpickling
 from runtime.codec import Frame
@@ -257,20 +258,131 @@ def pack_error(
 ) -> tuple[list[memoryview], str]:
     """A task's exception pickled by ``dumps`` (the pickle, then its out-of-band
     buffers), checked to load again as the other process will load it
-    (:mod:`runtime.unpickling`), and its traceback text. An exception that does not
-    survive the trip is replaced by :func:`substitute_error`, which always does;
-    ``where`` names the process it travels back from (for its message).
+    (:mod:`runtime.unpickling`), and its traceback text. It travels with its traceback,
+    ``__cause__`` and ``__context__`` (:class:`_WithFrames`), which a pickle of an
+    exception leaves out. What of those does not survive the trip is left out: its
+    chain (a cause that does not load again, say), then its frames. An exception that
+    does not survive the trip even so is replaced by :func:`substitute_error`, which
+    always does; ``where`` names the process it travels back from (for its message).
 
     The one check for task errors: the task process's reply to its worker
     (``actors/executor.py``) and the worker's ``TasksDone`` (:func:`wire_error`)."""
     tb = "".join(traceback.format_exception(exc))
-    try:
-        parts = dumps(exc)
-        unpickling.loads(parts[0], parts[1:])
-        return parts, tb
-    except Exception as failure:
-        why = f"it cannot be pickled and loaded again ({failure!r}) to travel back from {where}"
+
+    def as_pickled() -> BaseException:  # (any reducer installed for its class decides)
+        return exc
+
+    tries: list[Callable[[], Any]] = [lambda: _WithFrames.of(exc, {})]  # frames, chain
+    if exc.__cause__ is not None or exc.__context__ is not None:
+        tries.append(lambda: _WithFrames(_bare(exc), (_frames(exc),)))  # frames only
+    tries += [as_pickled, lambda: _bare(exc)]  # itself only
+    failure: Exception | None = None
+    for make in tries:
+        try:
+            parts = dumps(make())
+            unpickling.loads(parts[0], parts[1:])
+            return parts, tb
+        except Exception as failed:
+            if failure is None or make is as_pickled:  # why the exception itself fails
+                failure = failed
+    why = f"it cannot be pickled and loaded again ({failure!r}) to travel back from {where}"
     return dumps(substitute_error(*_describe(exc), tb, why)), tb
+
+
+def _bare(exc: BaseException) -> BaseException:
+    """A copy of ``exc`` without traceback, cause and context: the exception alone,
+    even where a reducer pickles those (tblib's, which importing dask installs for the
+    classes defined then)."""
+    body = copy.copy(exc)
+    body.__traceback__ = body.__cause__ = body.__context__ = None
+    return body
+
+
+def _frames(exc: BaseException) -> list[Any]:
+    """``exc``'s traceback as tblib nodes (file and function names, line numbers), one
+    per frame, unlinked: a deep traceback (a RecursionError's) does not nest the pickle
+    a level per frame."""
+    frames: list[Any] = []
+    node = tblib.Traceback(exc.__traceback__) if exc.__traceback__ is not None else None
+    while node is not None:
+        frames.append(node)
+        node.tb_next, node = None, node.tb_next
+    return frames
+
+
+class _WithFrames:
+    """An exception as it travels from :func:`pack_error`: its ``body`` (the exception
+    without its traceback and chain, :func:`_bare`) pickled as any, and what a pickle of
+    it leaves out (:meth:`extras_of`): its traceback, its ``__cause__`` and ``__context__``
+    (each made to travel so too), ``__suppress_context__``, and those of the exceptions
+    of an exception group. It loads as the exception itself (:func:`_arrive`), whose
+    traceback formats as the original's did."""
+
+    __slots__ = ("body", "extras")
+
+    def __init__(self, body: BaseException, extras: tuple[Any, ...]) -> None:
+        self.body, self.extras = body, extras
+
+    @classmethod
+    def of(cls, exc: BaseException, made: dict[int, _WithFrames | None]) -> _WithFrames:
+        """``exc`` made to travel with its frames and chain. ``made``: the exceptions of
+        the chain made so far (one met twice, as both a ``__cause__`` and a
+        ``__context__``, travels once); a link back to one still being made (a cycle)
+        is left out."""
+        made[id(exc)] = None
+        made[id(exc)] = self = cls(_bare(exc), cls.extras_of(exc, made))
+        return self
+
+    @classmethod
+    def extras_of(cls, exc: BaseException, made: dict[int, _WithFrames | None]) -> tuple[Any, ...]:
+        """What :func:`_restore` gives back to ``exc`` as loaded: its frames
+        (:func:`_frames`), cause, context, ``__suppress_context__``, and the same of
+        each exception of a group."""
+
+        def link(other: BaseException | None) -> _WithFrames | None:
+            if other is None:
+                return None
+            if id(other) in made:
+                return made[id(other)]
+            return cls.of(other, made)
+
+        members: tuple[Any, ...] = ()
+        if isinstance(exc, BaseExceptionGroup):
+            members = tuple(cls.extras_of(e, made) for e in exc.exceptions)
+        cause, context = link(exc.__cause__), link(exc.__context__)
+        return (_frames(exc), cause, context, exc.__suppress_context__, members)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_arrive, (self.body, self.extras))
+
+
+def _arrive(exc: BaseException, extras: tuple[Any, ...]) -> BaseException:
+    """Undo :class:`_WithFrames`: ``exc`` with its traceback and chain again."""
+    _restore(exc, *extras)
+    return exc
+
+
+def _restore(
+    exc: BaseException,
+    frames: list[Any],
+    cause: BaseException | None = None,
+    context: BaseException | None = None,
+    suppress_context: bool = False,
+    members: tuple[Any, ...] = (),
+) -> None:
+    """Give ``exc`` its traceback (``frames``) and chain back, and those of its group's
+    exceptions (``members``). Frames that cannot be rebuilt here are left out: the
+    exception arrives all the same."""
+    if frames:
+        for node, below in itertools.pairwise(frames):
+            node.tb_next = below
+        with contextlib.suppress(Exception):
+            exc.__traceback__ = frames[0].as_traceback()
+    exc.__cause__, exc.__context__ = cause, context
+    exc.__suppress_context__ = suppress_context
+    if members and isinstance(exc, BaseExceptionGroup):
+        for member, extras in zip(exc.exceptions, members, strict=False):
+            _restore(member, *extras)
 
 
 class _WireError(Exception):

@@ -1,0 +1,284 @@
+"""A task that raises in another process gives its caller the exception's traceback.
+
+A pickle of an exception leaves out its ``__traceback__`` (and its ``__cause__`` and
+``__context__``): a task's exception used to reach ``await future``, ``compute`` and
+the dashboard's failure groups without a frame of the task, unless some import had
+happened to install tblib's reducers for its class (dask's multiprocessing module does,
+for the classes defined then). Now ``runtime.remote.pack_error`` sends the frames and
+the chain along (with tblib), on both hops: task process -> worker, worker -> scheduler.
+
+The cluster tests run real worker processes (``Cluster(processes=1)``, connected over
+websockets on 127.0.0.1), in thread and in process execution; every wait is bounded
+with ``anyio.fail_after``.
+"""
+
+from __future__ import annotations
+
+import copyreg
+import subprocess
+import sys
+import textwrap
+import threading
+import traceback
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from runtime import Cluster
+
+LIMIT = 60  # seconds for a cluster of worker processes to start
+PROMPT = 30  # seconds a failing task may take to raise
+ROOT = Path(__file__).resolve().parent.parent
+
+EXECUTIONS = pytest.mark.parametrize("execution", ["thread", "process"])
+
+
+def frames(err: BaseException | None) -> str:
+    """The frames of ``err``'s traceback, formatted (its text and chain left out)."""
+    assert err is not None
+    return "".join(traceback.format_tb(err.__traceback__))
+
+
+def plain_install() -> None:
+    """Make the process this runs in pickle exceptions as after a plain install
+    without tblib: drop the reducers that ``tblib.pickling_support.install()`` put in
+    ``copyreg`` (dask's multiprocessing module, which Corral imports, calls it when
+    tblib is installed, for the exception classes defined then), so that frames can
+    travel only as Corral itself sends them."""
+    for cls, reducer in list(copyreg.dispatch_table.items()):
+        module = getattr(getattr(reducer, "func", reducer), "__module__", None) or ""
+        if module.startswith("tblib"):
+            del copyreg.dispatch_table[cls]
+
+
+# -- tasks (each named so that its frame can be told in a traceback); the first thing
+# each does is plain_install() in the process it runs in.
+
+
+def deep_down(x: int) -> int:
+    raise ValueError(f"bad input {x}")
+
+
+def raises_value_error(x: int) -> int:
+    plain_install()
+    return deep_down(x) + 1
+
+
+def looks_up(table: dict[str, int]) -> int:
+    return table["missing"]
+
+
+def raises_chained() -> int:
+    plain_install()
+    try:
+        return looks_up({})
+    except KeyError as exc:
+        raise ValueError("could not look it up") from exc
+
+
+def raises_by_value() -> None:
+    """Raises an exception of a class made here, at run time: cloudpickle pickles it by
+    value, so no import on the worker, and no reducer installed before, knows it."""
+    plain_install()
+
+    def local_class() -> type[Exception]:
+        class TaskOwnError(Exception):
+            pass
+
+        return TaskOwnError
+
+    def raise_it_here() -> None:
+        raise local_class()("my own error")
+
+    raise_it_here()
+
+
+class DoesNotLoad(Exception):
+    """Pickles (as ``DoesNotLoad("7: seven")``) but does not load again."""
+
+    def __init__(self, code: int, detail: str) -> None:
+        super().__init__(f"{code}: {detail}")
+
+
+def raises_from_what_does_not_load() -> None:
+    # (tblib's reducers left in place: ValueError's pickle takes its cause along)
+    try:
+        raise DoesNotLoad(7, "seven")
+    except DoesNotLoad as exc:
+        raise ValueError("its cause cannot travel") from exc
+
+
+def raises_where_frames_do_not_pickle() -> None:
+    """Raises from a frame whose globals' ``__name__`` is a lock: its traceback cannot
+    be pickled, so the exception travels without frames."""
+    scope: dict[str, Any] = {"__name__": threading.Lock()}
+    exec("def strange_frame():\n    raise ValueError('no frames')\n", scope)
+    scope["strange_frame"]()
+
+
+# -- in one process, without dask
+
+
+def test_pack_error_keeps_frames_and_chain_without_dask() -> None:
+    """Nothing but Corral's remote module imported (no dask, whose import installs
+    tblib's reducers): a by-value class raised from another, each with its frames, and
+    an exception group's members with theirs, round trip."""
+    script = textwrap.dedent(
+        """
+        import sys, traceback
+        from runtime import unpickling
+        from runtime.remote import pack_error, wire_error
+        import cloudpickle
+
+        def make():
+            class Mine(Exception):
+                pass
+            return Mine
+
+        def inner():
+            raise make()("inner")
+
+        def task_function():
+            try:
+                inner()
+            except Exception as exc:
+                raise ValueError("outer") from exc
+
+        try:
+            task_function()
+        except ValueError as exc:
+            raised = exc
+        parts, _ = pack_error(raised, "a test")
+        back = unpickling.loads(parts[0], parts[1:])
+        again = cloudpickle.loads(cloudpickle.dumps(wire_error(back)))  # the second hop
+        assert "dask" not in sys.modules, sorted(m for m in sys.modules if "dask" in m)
+        for err in (back, again):
+            assert type(err) is ValueError and str(err) == "outer", repr(err)
+            assert "in task_function" in "".join(traceback.format_tb(err.__traceback__))
+            cause = err.__cause__
+            assert type(cause).__name__ == "Mine" and str(cause) == "inner", repr(cause)
+            assert "in inner" in "".join(traceback.format_tb(cause.__traceback__))
+            assert err.__suppress_context__
+
+        def group_task():
+            errors = []
+            for func in (inner, task_function):
+                try:
+                    func()
+                except Exception as exc:
+                    errors.append(exc)
+            raise ExceptionGroup("both", errors)
+
+        try:
+            group_task()
+        except ExceptionGroup as exc:
+            raised = exc
+        parts, _ = pack_error(raised, "a test")
+        back = unpickling.loads(parts[0], parts[1:])
+        assert "in group_task" in "".join(traceback.format_tb(back.__traceback__))
+        mine, outer = back.exceptions
+        assert "in inner" in "".join(traceback.format_tb(mine.__traceback__))
+        assert "in task_function" in "".join(traceback.format_tb(outer.__traceback__))
+        assert "in inner" in "".join(traceback.format_tb(outer.__cause__.__traceback__))
+        assert "dask" not in sys.modules
+        print("ok")
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=PROMPT,
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+# -- across processes
+
+
+def cluster(execution: str) -> Cluster:
+    return Cluster(processes=1, threads_per_worker=1, memory_options={"execution": execution})
+
+
+@pytest.mark.anyio
+@EXECUTIONS
+async def test_a_value_error_reaches_the_caller_with_its_frames(execution: str) -> None:
+    with anyio.fail_after(LIMIT):
+        async with cluster(execution) as c:
+            await c.wait_for_workers(1, timeout=LIMIT)
+            with anyio.fail_after(PROMPT), pytest.raises(ValueError, match="bad input 1"):
+                await c.submit(raises_value_error, 1)
+            with anyio.fail_after(PROMPT):
+                err = await c.submit(raises_value_error, 2).exception()
+            assert type(err) is ValueError
+            assert "in raises_value_error" in frames(err)
+            assert "in deep_down" in frames(err)
+            with anyio.fail_after(PROMPT), pytest.raises(ValueError, match="bad input 3") as info:
+                await c.compute({"x": (raises_value_error, 3)}, "x")
+            assert "in deep_down" in frames(info.value)
+
+
+@pytest.mark.anyio
+@EXECUTIONS
+async def test_an_exception_of_a_class_made_at_run_time_reaches_the_caller_with_its_frames(
+    execution: str,
+) -> None:
+    with anyio.fail_after(LIMIT):
+        async with cluster(execution) as c:
+            await c.wait_for_workers(1, timeout=LIMIT)
+            with anyio.fail_after(PROMPT):
+                err = await c.submit(raises_by_value).exception()
+            assert type(err).__name__ == "TaskOwnError" and str(err) == "my own error"
+            assert "in raises_by_value" in frames(err)
+            assert "in raise_it_here" in frames(err)
+
+
+@pytest.mark.anyio
+@EXECUTIONS
+async def test_a_chained_exception_reaches_the_caller_with_its_cause_and_frames(
+    execution: str,
+) -> None:
+    with anyio.fail_after(LIMIT):
+        async with cluster(execution) as c:
+            await c.wait_for_workers(1, timeout=LIMIT)
+            with anyio.fail_after(PROMPT):
+                err = await c.submit(raises_chained).exception()
+            assert type(err) is ValueError and str(err) == "could not look it up"
+            assert "in raises_chained" in frames(err)
+            assert isinstance(err.__cause__, KeyError)
+            assert "in looks_up" in frames(err.__cause__)
+            assert err.__suppress_context__
+            text = "".join(traceback.format_exception(err))
+            assert "The above exception was the direct cause" in text
+
+
+@pytest.mark.anyio
+@EXECUTIONS
+async def test_what_cannot_travel_is_left_out_and_the_exception_still_arrives(
+    execution: str,
+) -> None:
+    with anyio.fail_after(LIMIT):
+        async with cluster(execution) as c:
+            await c.wait_for_workers(1, timeout=LIMIT)
+            with anyio.fail_after(PROMPT):
+                # A cause that does not load again: the exception comes with its frames,
+                # without its cause (not as a substitute RuntimeError).
+                err = await c.submit(raises_from_what_does_not_load).exception()
+                assert type(err) is ValueError and str(err) == "its cause cannot travel"
+                assert "in raises_from_what_does_not_load" in frames(err)
+                if execution == "thread":
+                    assert err.__cause__ is None
+                else:  # the worker gives it the traceback text there as its cause
+                    assert type(err.__cause__).__name__ == "_RemoteTraceback"
+                    assert "DoesNotLoad: 7: seven" in str(err.__cause__)
+                # Frames that cannot be pickled: the exception comes without them.
+                err = await c.submit(raises_where_frames_do_not_pickle).exception()
+                assert type(err) is ValueError and str(err) == "no frames"
+                assert "strange_frame" not in frames(err)
+                if execution == "process":  # the worker gives it the text as its cause
+                    assert "in strange_frame" in str(err.__cause__)
+                # And the worker still runs tasks.
+                assert await c.submit(sum, [1, 2, 3]) == 6
