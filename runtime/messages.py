@@ -540,6 +540,27 @@ class KeyUpdates(Message):
 
     updates: tuple[Any, ...]
 
+    def for_wire(self, error: Callable[[BaseException], BaseException]) -> KeyUpdates:
+        """The form that crosses a process boundary (to a client in another process):
+        each exception an update carries (a ``KeyErred``'s ``error`` and
+        ``root_error``) replaced by ``error(exc)``, as :meth:`TasksDone.for_wire` does,
+        so it arrives with its traceback and chain, or as a substitute that loads.
+        Updates without one are sent as they are."""
+
+        def wired(update: Any) -> Any:
+            if not dataclasses.is_dataclass(update) or isinstance(update, type):
+                return update
+            changes = {
+                f.name: error(value)
+                for f in dataclasses.fields(update)
+                if isinstance(value := getattr(update, f.name), BaseException)
+            }
+            return dataclasses.replace(update, **changes) if changes else update
+
+        updates = tuple(wired(u) for u in self.updates)
+        same = all(a is b for a, b in zip(updates, self.updates, strict=True))
+        return self if same else KeyUpdates(updates)
+
 
 @message(local=True)
 class ReleaseKeysRequest(Message):

@@ -282,3 +282,49 @@ async def test_what_cannot_travel_is_left_out_and_the_exception_still_arrives(
                     assert "in strange_frame" in str(err.__cause__)
                 # And the worker still runs tasks.
                 assert await c.submit(sum, [1, 2, 3]) == 6
+
+
+# -- the last hop: manager -> a client of its own (another process, or the wire)
+
+
+def raises_its_own_class_on_a_node() -> None:
+    """Like :func:`raises_by_value`, without touching copyreg: it runs in this test's
+    process (an in-process worker node), whose reducers other tests rely on."""
+
+    class NodeOwnError(Exception):
+        pass
+
+    def raised_on_the_node() -> None:
+        raise NodeOwnError("mine, from the node")
+
+    raised_on_the_node()
+
+
+@pytest.mark.anyio
+async def test_a_client_connected_to_a_manager_gets_the_frames_of_its_own_class() -> None:
+    """The manager tells a client over a connection (``KeyUpdates``) how its keys
+    failed: that message was pickled plainly, so an exception of a class made at run
+    time arrived without frames, though it had them up to the manager. Now its errors
+    travel as a worker's do (``KeyUpdates.for_wire``)."""
+    from tests.helpers import nodes
+
+    with anyio.fail_after(LIMIT):
+        async with nodes(1) as (address, _), Cluster(address) as cluster:
+            fut = cluster.submit(raises_its_own_class_on_a_node, pure=False)
+            with pytest.raises(Exception, match="mine, from the node") as info:
+                await fut
+            assert type(info.value).__name__ == "NodeOwnError"
+            assert "in raised_on_the_node" in frames(info.value)
+            cause = ValueError("root")
+            dep = cluster.submit(raises_chained_here, cause, pure=False)
+            with pytest.raises(ValueError, match="could not finish") as chained:
+                await dep
+            assert "in raises_chained_here" in frames(chained.value)
+            assert chained.value.__cause__ is not None
+
+
+def raises_chained_here(cause: BaseException) -> None:
+    try:
+        raise cause
+    except ValueError as exc:
+        raise ValueError("could not finish") from exc
