@@ -65,6 +65,7 @@ import multiprocessing.connection
 import os
 import pickle
 import queue
+import re
 import signal
 import stat
 import sys
@@ -674,6 +675,13 @@ class _RemoteTraceback(Exception):
         return "\n" + self.tb
 
 
+#: what the text of a traceback says between the exceptions of a chain
+_CHAINED = re.compile(
+    r"^(The above exception was the direct cause of the following exception:"
+    r"|During handling of the above exception, another exception occurred:)$",
+    re.MULTILINE,
+)
+
 _CTX = multiprocessing.get_context("spawn")
 _START_LOCK = threading.Lock()  # one task process started at a time
 _STOP = pickle.dumps(None, protocol=5)
@@ -1133,7 +1141,16 @@ class ProcessExecutor(BaseExecutor):
                 f"the error of task {key!r} cannot be loaded from its task process ({exc!r}); "
                 f"its traceback there:\n{tb}"
             )
-        if tb and error.__cause__ is None:
+        if (
+            tb
+            and error.__cause__ is None
+            and (
+                error.__traceback__ is None  # its frames could not travel, or its chain
+                or (error.__context__ is None and _CHAINED.search(tb) is not None)
+            )
+        ):
+            # (pack_error sends them when they can) the text of its traceback there
+            # stands for what is missing, as concurrent.futures does
             error.__cause__ = _RemoteTraceback(tb)
         if outcome == "disk-full":
             nbytes = header[6]
