@@ -11,11 +11,19 @@ Served by the manager's own listener (``GET /metrics``, with the read or admin t
 :func:`metrics_route`) and, with ``--metrics-listen HOST:PORT``, by a separate
 unauthenticated HTTP server (:func:`serve_metrics`). docs/monitoring.md lists the
 metrics.
+
+Besides the snapshot, :class:`NotifierCollector` reads the alert monitor's Alertmanager
+notifiers (``runtime/notify.py``, handed in by ``runtime/node.py``) at scrape time: the
+``corral_notifications_*`` series, named after Prometheus' own
+``prometheus_notifications_*``, which say whether alerts reach Alertmanager
+(docs/monitoring.md, "Notifiers and Alertmanager"). Alert rules do not read them (they
+are not in :data:`SAMPLE_LABELS`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Protocol
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -38,6 +46,8 @@ from runtime.messages import (
 __all__ = [
     "READ_ROLES",
     "SAMPLE_LABELS",
+    "NotifierCollector",
+    "NotifierCounts",
     "SnapshotCollector",
     "metrics_route",
     "render",
@@ -239,6 +249,66 @@ class SnapshotCollector(Collector):
         )
 
 
+class NotifierCounts(Protocol):
+    """What :class:`NotifierCollector` reads of a notifier: the counters of
+    ``runtime.notify.AlertmanagerNotifier`` (not imported: the two modules are
+    siblings of one layer)."""
+
+    url: str
+    posted: int
+    errors: int
+    dropped: int
+    given_up: int
+    refused: int
+    queue_size: int
+
+    def queue_length(self) -> int: ...
+
+
+class NotifierCollector(Collector):
+    """The ``corral_notifications_*`` series of the Alertmanager notifiers
+    ``notifiers()`` gives (called at each scrape), labelled ``alertmanager`` (the URL
+    posted to), as Prometheus' ``prometheus_notifications_*``: ``sent_total`` counts
+    the alerts of every post tried, ``errors_total`` those of the posts that failed (so
+    ``sent - errors`` were delivered), ``dropped_total`` the alerts lost (a full queue,
+    given up after the last try, refused, left out)."""
+
+    def __init__(self, notifiers: Callable[[], Iterable[NotifierCounts]]) -> None:
+        self.notifiers = notifiers
+
+    def collect(self) -> Iterator[Metric]:
+        am = ["alertmanager"]
+        sent = _counter(
+            "corral_notifications_sent", "Alerts posted to Alertmanager, each try counted.", am
+        )
+        errors = _counter(
+            "corral_notifications_errors",
+            "Alerts in posts to Alertmanager that failed (no connection, timeout, HTTP error).",
+            am,
+        )
+        dropped = _counter(
+            "corral_notifications_dropped",
+            "Alert notifications lost: dropped from a full queue, given up after the last "
+            "try, refused by Alertmanager or left out.",
+            am,
+        )
+        length = _gauge(
+            "corral_notifications_queue_length",
+            "Alert notifications not delivered yet: queued, or in a post being tried.",
+            am,
+        )
+        capacity = _gauge(
+            "corral_notifications_queue_capacity", "The most notifications queued.", am
+        )
+        for n in self.notifiers():
+            sent.add_metric([n.url], n.posted)
+            errors.add_metric([n.url], n.errors)
+            dropped.add_metric([n.url], n.dropped + n.given_up + n.refused)
+            length.add_metric([n.url], n.queue_length())
+            capacity.add_metric([n.url], n.queue_size)
+        yield from (sent, errors, dropped, length, capacity)
+
+
 Sample = tuple[str, tuple[tuple[str, str], ...]]
 
 
@@ -273,10 +343,13 @@ def _every_sample() -> dict[str, frozenset[str]]:
 SAMPLE_LABELS: Mapping[str, frozenset[str]] = _every_sample()
 
 
-def render(snapshot: MetricsReply) -> bytes:
-    """``snapshot`` in the Prometheus text exposition format."""
+def render(snapshot: MetricsReply, extra: Sequence[Collector] = ()) -> bytes:
+    """``snapshot``, then the ``extra`` collectors' series (:class:`NotifierCollector`),
+    in the Prometheus text exposition format."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SnapshotCollector(snapshot))
+    for collector in extra:
+        registry.register(collector)
     return generate_latest(registry)
 
 
@@ -290,32 +363,37 @@ UNAVAILABLE = (
 )
 
 
-async def _scrape(fetch: Fetch) -> tuple[int, bytes, str]:
+async def _scrape(fetch: Fetch, extra: Sequence[Collector] = ()) -> tuple[int, bytes, str]:
     try:
-        return 200, render(await fetch()), CONTENT_TYPE_LATEST
+        return 200, render(await fetch(), extra), CONTENT_TYPE_LATEST
     except (AskTimeout, ActorStopped):
         return 503, UNAVAILABLE, "text/plain"
 
 
-def metrics_route(fetch: Fetch) -> Callable[[str | None], Awaitable[tuple[int, bytes, str]]]:
+def metrics_route(
+    fetch: Fetch, extra: Sequence[Collector] = ()
+) -> Callable[[str | None], Awaitable[tuple[int, bytes, str]]]:
     """The ``/metrics`` route of the manager's listener (its ``http_routes``): the
     read and admin tokens may read it (the listener refuses requests without a known
-    token before this runs)."""
+    token before this runs). ``extra``: collectors shown after the snapshot's."""
 
     async def route(role: str | None) -> tuple[int, bytes, str]:
         if role is not None and role not in READ_ROLES:
             return 403, b"this token may not read the metrics\n", "text/plain"
-        return await _scrape(fetch)
+        return await _scrape(fetch, extra)
 
     return route
 
 
-async def serve_metrics(host: str, port: int, fetch: Fetch) -> tuple[web.AppRunner, int]:
+async def serve_metrics(
+    host: str, port: int, fetch: Fetch, extra: Sequence[Collector] = ()
+) -> tuple[web.AppRunner, int]:
     """Serve ``GET /metrics`` without authentication on ``host:port`` (port 0: any free
-    one). Returns the runner (``await runner.cleanup()`` stops it) and the port."""
+    one), with the ``extra`` collectors' series too. Returns the runner (``await
+    runner.cleanup()`` stops it) and the port."""
 
     async def handle(request: web.Request) -> web.Response:
-        status, body, content_type = await _scrape(fetch)
+        status, body, content_type = await _scrape(fetch, extra)
         return web.Response(status=status, body=body, headers={"Content-Type": content_type})
 
     app = web.Application()

@@ -39,7 +39,7 @@ import os
 import secrets
 import signal
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
@@ -1312,7 +1312,12 @@ async def run_manager(
             prune_depth=prune_depth, dashboard=websockets, monitor_feed=monitoring is not None,
         )  # fmt: skip
         from runtime.dashboard import DashboardFeed, dashboard_routes
-        from runtime.metrics import metrics_route
+        from runtime.metrics import NotifierCollector, metrics_route
+        from runtime.notify import AlertmanagerNotifier
+
+        notifiers = plane.monitor.notifiers if plane.monitor else []  # corral_notifications_*
+        ams = [n for n in notifiers if isinstance(n, AlertmanagerNotifier)]
+        notifications = [NotifierCollector(lambda: ams)]
 
         async def fetch() -> MetricsReply:
             reply = await plane.manager.ask(MetricsRequest(), timeout=10.0)
@@ -1322,7 +1327,7 @@ async def run_manager(
         options = dict(listen_options or {})
         feed: DashboardFeed | None = None
         if websockets:
-            options.setdefault("http_routes", {"/metrics": metrics_route(fetch)})
+            options.setdefault("http_routes", {"/metrics": metrics_route(fetch, notifications)})
             feed = DashboardFeed(_dashboard_sources(plane))
             options.setdefault("web_routes", dashboard_routes(feed))
             await system.start_service(feed.run)
@@ -1341,7 +1346,9 @@ async def run_manager(
             )
             raise
         if metrics_at is not None:
-            runner, port_bound = await _serve_metrics(metrics_listen or "", metrics_at, fetch)
+            runner, port_bound = await _serve_metrics(
+                metrics_listen or "", metrics_at, fetch, notifications
+            )
 
             async def stop_metrics(
                 *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
@@ -1362,6 +1369,8 @@ async def run_manager(
         if on_gateway is not None:
             on_gateway(gateway)
         if websockets:  # alerts link to the manager's page (served on its listener)
+            for n in ams:  # and say which manager's they are (before the first evaluation)
+                n.instance = urlsplit(_http_url(listener.address)).netloc
             plane.refs["monitor"].post(DashboardAt(_http_url(listener.address) + "/"))
         path = token_file or token_path(listener.address)
         if websockets:
@@ -1402,7 +1411,10 @@ def _check_listen_address(address: str) -> None:
 
 
 async def _serve_metrics(
-    flag: str, at: tuple[str, int], fetch: Callable[[], Awaitable[MetricsReply]]
+    flag: str,
+    at: tuple[str, int],
+    fetch: Callable[[], Awaitable[MetricsReply]],
+    extra: Sequence[Any] = (),
 ) -> tuple[Any, int]:
     """``serve_metrics`` on ``at`` (``--metrics-listen`` ``flag``): a port in use is
     :class:`AddressInUse`, as on the manager's own address, and an address it cannot
@@ -1414,7 +1426,7 @@ async def _serve_metrics(
     host = f"[{at[0]}]" if ":" in at[0] else at[0]  # IPv6
     url = f"http://{host}:{at[1]}"
     try:
-        return await serve_metrics(*at, fetch)
+        return await serve_metrics(*at, fetch, extra)
     except OSError as exc:
         if exc.errno == errno.EADDRINUSE:
             error: CorralError = AddressInUse(url)

@@ -14,11 +14,17 @@ What lives here:
   ``endsAt`` its resolve time. Pending alerts are not sent. Posts go from a bounded
   queue (the oldest notifications are dropped, and counted, when it is full), with
   retries after exponential backoff with jitter, giving up on a batch after
-  ``max_tries`` and logging it.
+  ``max_tries`` and logging it. Each try sends the latest word on each alert of its
+  batch (a resolve that came while the post failed replaces the firing word: an alert
+  is never sent as firing once its resolve is known). Every alert carries the
+  notifier's ``instance`` label (the manager's ``host:port``), so the alerts of two
+  managers stay apart in one Alertmanager. Its counters (``posted``, ``errors``,
+  ``dropped``, ...) are the ``corral_notifications_*`` series of ``/metrics``
+  (``runtime/metrics.py``).
 - :func:`alertmanager_payload`: one alert in Alertmanager's shape: labels (``alertname``,
-  ``pool``, ``team``, ``priority``, ...), annotations (the rule's, the dashboard link and
-  the alert's fields as text, e.g. ``max_queue_size="7"``), ``startsAt``, ``endsAt``,
-  ``generatorURL``.
+  ``pool``, ``team``, ``priority``, ..., then the external labels such as ``instance``),
+  annotations (the rule's, the dashboard link and the alert's fields as text, e.g.
+  ``max_queue_size="7"``), ``startsAt``, ``endsAt``, ``generatorURL``.
 
 docs/monitoring.md ("Notifiers and Alertmanager") describes them for users.
 """
@@ -28,10 +34,12 @@ from __future__ import annotations
 import collections
 import datetime
 import math
+import os
 import random
 import re
+import socket
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
 import aiohttp
@@ -47,6 +55,7 @@ __all__ = [
     "LogNotifier",
     "Notifier",
     "alertmanager_payload",
+    "default_instance",
     "field_text",
     "rfc3339",
 ]
@@ -131,16 +140,25 @@ _LABEL = re.compile(r"[^A-Za-z0-9_]")
 
 
 def alertmanager_payload(
-    alert: AlertInfo, *, now: float, ends_in: float, generator_url: str = ""
+    alert: AlertInfo,
+    *,
+    now: float,
+    ends_in: float,
+    generator_url: str = "",
+    external_labels: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """``alert`` as one element of Alertmanager's ``POST /api/v2/alerts`` body.
 
-    Labels: the alert's (``alertname`` always), names made valid for Alertmanager.
-    Annotations: the alert's, then its fields as text (``max_queue_size: "7"``) and
-    ``value``. ``startsAt``: when it fired (else when it became active, else ``now``);
-    ``endsAt``: its resolve time when resolved, else ``now + ends_in``."""
+    Labels: the alert's (``alertname`` always), then ``external_labels`` (e.g. the
+    manager's ``instance``) that the alert has not (its own win, as in Prometheus), names
+    made valid for Alertmanager. Annotations: the alert's, then its fields as text
+    (``max_queue_size: "7"``) and ``value``. ``startsAt``: when it fired (else when it
+    became active, else ``now``); ``endsAt``: its resolve time when resolved, else
+    ``now + ends_in``."""
     labels = {_LABEL.sub("_", k): str(v) for k, v in alert.labels.items()}
     labels.setdefault("alertname", alert.name)
+    for k, v in (external_labels or {}).items():
+        labels.setdefault(_LABEL.sub("_", k), str(v))
     annotations = {_LABEL.sub("_", k): str(v) for k, v in alert.annotations.items()}
     for name, value in alert.fields.items():
         annotations[_LABEL.sub("_", name)] = field_text(value)
@@ -169,6 +187,12 @@ def _identity(alert: AlertInfo) -> tuple[tuple[str, str], ...]:
     return tuple(sorted(labels.items()))
 
 
+def default_instance() -> str:
+    """The ``instance`` label of a notifier not told the manager's address (an
+    in-process cluster, which has no listener): ``HOST/PID``."""
+    return f"{socket.gethostname()}/{os.getpid()}"
+
+
 class AlertmanagerNotifier:
     """Sends firing and resolved alerts to the Alertmanager at ``url`` (its base URL,
     e.g. ``http://127.0.0.1:9093``), from its own task (:meth:`run`).
@@ -185,7 +209,21 @@ class AlertmanagerNotifier:
     firing alerts go again at the next resend as always, and so do its resolves, until
     Alertmanager would have resolved them by itself (``4 * resend`` after they were
     given up). Other HTTP errors (4xx: Alertmanager refused the alerts) are logged and
-    not retried. ``timeout``: seconds for one post."""
+    not retried. ``timeout``: seconds for one post. Each try sends the latest word on
+    each alert of its batch: a newer word that came while it failed replaces the one in
+    flight, and an alert resolved since is never sent as firing. The first failed try of
+    an outage is logged at WARNING (the next ones at INFO), and the first success after
+    it too.
+
+    ``instance``: the ``instance`` label every alert gets unless it has one (the
+    manager's ``host:port``, set by ``runtime/node.py`` once its listener is up;
+    default :func:`default_instance`), so that the alerts of several managers stay
+    apart in one Alertmanager; ``external_labels``: more labels for every alert (they
+    win over ``instance``; an alert's own labels win over both).
+
+    Counters, read by ``/metrics`` (``corral_notifications_*``, ``runtime/metrics.py``):
+    :attr:`posted`, :attr:`errors`, :attr:`sent`, :attr:`dropped`, :attr:`given_up`,
+    :attr:`refused`; :meth:`queue_length`."""
 
     def __init__(
         self,
@@ -198,6 +236,8 @@ class AlertmanagerNotifier:
         max_tries: int = 8,
         timeout: float = 10.0,
         generator_url: str = "",
+        instance: str | None = None,
+        external_labels: Mapping[str, str] | None = None,
     ) -> None:
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"an Alertmanager URL starts with http:// or https://, got {url!r}")
@@ -208,6 +248,8 @@ class AlertmanagerNotifier:
         self.max_tries = max_tries
         self.timeout = timeout
         self.generator_url = generator_url
+        self.instance = instance if instance is not None else default_instance()
+        self.external_labels = dict(external_labels or {})
         if queue_size < 1:
             raise ValueError(f"queue_size must be at least 1, got {queue_size!r}")
         self.queue_size = queue_size
@@ -221,11 +263,18 @@ class AlertmanagerNotifier:
         self._wake: anyio.Event | None = None  #: made by run (it needs an event loop)
         #: firing alerts by label set: sent again every ``resend`` seconds
         self.firing: dict[tuple[tuple[str, str], ...], AlertInfo] = {}
+        #: the batch being posted (retried), while it is: see _latest
+        self._in_flight: list[AlertInfo] = []
+        self.posted = 0  #: alerts in posts tried, each try counted (as Prometheus' sent)
+        self.errors = 0  #: of those, the alerts in posts that failed (refused included)
         self.sent = 0  #: alerts Alertmanager accepted
         self.dropped = 0  #: notifications dropped from a full queue
-        self.given_up = 0  #: alerts given up after max_tries failed posts
+        self.given_up = 0  #: alerts given up after max_tries failed posts (or left out)
+        self.refused = 0  #: alerts Alertmanager refused (HTTP 4xx: not tried again)
         self.failures: collections.deque[tuple[float, str]] = collections.deque(maxlen=100)
         """the latest failed posts: (monotonic time, why)"""
+        #: monotonic time of the first failed post of the current outage (None: none)
+        self.failing_since: float | None = None
 
     # -- the caller's side: never waits --------------------------------------------------
 
@@ -243,6 +292,15 @@ class AlertmanagerNotifier:
     def queued(self) -> list[AlertInfo]:
         """The notifications waiting to be sent, firing ones first, each oldest first."""
         return [*self._firing_q.values(), *self._resolved_q.values()]
+
+    def queue_length(self) -> int:
+        """Notifications not delivered yet: those queued and those being posted."""
+        return len(self._firing_q) + len(self._resolved_q) + len(self._in_flight)
+
+    def labels(self) -> dict[str, str]:
+        """The labels every alert gets unless it has them: ``instance``, then the
+        external labels."""
+        return {"instance": self.instance, **self.external_labels}
 
     def _put(self, alert: AlertInfo) -> None:
         """Queue ``alert`` in place of any queued word on the same alert (so a resolve
@@ -289,13 +347,15 @@ class AlertmanagerNotifier:
                 if batch:
                     self._firing_q.clear()
                     self._resolved_q.clear()
+                    self._in_flight = batch
                     try:
-                        if not await self._send(session, batch):
-                            self._owe(batch)  # given up after failed posts
+                        self._owe(await self._send(session))  # given up after failed posts
                     except Exception as exc:  # the sender goes on: this batch is lost, said
-                        self.given_up += len(batch)
-                        _log.error("Alertmanager notifier: alerts not delivered",
-                                   url=self.url, alerts=len(batch), error=repr(exc))  # fmt: skip
+                        self.given_up += len(self._in_flight)
+                        _log.error("Alertmanager notifier: alerts not delivered", url=self.url,
+                                   alerts=len(self._in_flight), error=repr(exc))  # fmt: skip
+                    finally:
+                        self._in_flight = []
 
     def _owe(self, batch: list[AlertInfo]) -> None:
         """Keep the resolves of a batch given up, to send at the next resends (a firing
@@ -319,16 +379,43 @@ class AlertmanagerNotifier:
                 if key not in self._firing_q and key not in self._resolved_q:
                     self._put(alert)
 
-    async def _send(self, session: aiohttp.ClientSession, batch: list[AlertInfo]) -> bool:
-        """Post ``batch``, retrying; False when it was given up. An alert that cannot
-        be put in Alertmanager's shape is left out (logged, given up), not the batch."""
+    def _latest(self, batch: list[AlertInfo]) -> list[AlertInfo]:
+        """``batch`` with the latest word on each of its alerts: a newer one queued
+        since (taken from the queue), else the alert's firing word while it fires, else
+        its resolve. An alert in flight as firing that resolved since is never sent as
+        firing: its resolve goes instead (queued or owed), or nothing."""
+        out = []
+        for alert in batch:
+            key = _identity(alert)
+            newer = self._firing_q.pop(key, None) or self._resolved_q.pop(key, None)
+            if newer is None:
+                if key in self.firing:
+                    newer = self.firing[key]
+                elif alert.state == "resolved":
+                    newer = alert
+                elif key in self._owed:  # its resolve, put off to the resend
+                    newer = self._owed[key][0]
+                else:  # resolved since, and that word is gone (dropped): say nothing
+                    continue
+            out.append(newer)
+        return out
+
+    async def _send(self, session: aiohttp.ClientSession) -> list[AlertInfo]:
+        """Post the batch in flight (``_in_flight``), retrying, each try with the latest
+        word on each of its alerts; the alerts given up ([] when delivered, or refused).
+        An alert that cannot be put in Alertmanager's shape is left out (logged, given
+        up), not the batch."""
+        batch = self._in_flight
         for attempt in range(self.max_tries):
+            batch = self._in_flight = self._latest(batch)
             now = time.time()
             body, kept = [], []
+            labels = self.labels()
             for a in batch:
                 try:
                     body.append(alertmanager_payload(
-                        a, now=now, ends_in=4 * self.resend, generator_url=self.generator_url
+                        a, now=now, ends_in=4 * self.resend, generator_url=self.generator_url,
+                        external_labels=labels,
                     ))  # fmt: skip
                 except (ValueError, OverflowError, OSError, TypeError) as exc:
                     self.given_up += 1
@@ -337,25 +424,36 @@ class AlertmanagerNotifier:
                                labels=dict(a.labels), error=repr(exc))  # fmt: skip
                 else:
                     kept.append(a)
-            batch = kept
+            batch = self._in_flight = kept
             if not batch:
-                return True
+                return []
+            self.posted += len(batch)
             why = await self._post(session, body)
             if why is None or why.startswith("refused"):
+                self._recovered()  # it answered
                 for alert in batch:
                     self._owed.pop(_identity(alert), None)
                 if why is None:
                     self.sent += len(batch)
                 else:  # not to be tried again
+                    self.errors += len(batch)
+                    self.refused += len(batch)
                     _log.error("Alertmanager refused alerts", url=self.url, why=why,
                                alerts=len(batch))  # fmt: skip
-                return True
+                return []
+            self.errors += len(batch)
             self.failures.append((time.monotonic(), why))
+            first = self.failing_since is None
+            if first:
+                self.failing_since = time.monotonic()
             if attempt + 1 < self.max_tries:
                 delay = min(self.max_backoff, self.backoff * 2**attempt)
                 delay *= random.uniform(0.8, 1.2)
-                _log.info("Alertmanager post failed; retrying", url=self.url, why=why,
-                          retry_in=round(delay, 3), attempt=attempt + 1)  # fmt: skip
+                # the first failure of an outage stands out; the retries after it are noise
+                (_log.warning if first else _log.info)(
+                    "Alertmanager post failed; retrying", url=self.url, why=why,
+                    retry_in=round(delay, 3), attempt=attempt + 1, alerts=len(batch),
+                )  # fmt: skip
                 await anyio.sleep(delay)
         self.given_up += len(batch)
         _log.error(
@@ -365,7 +463,14 @@ class AlertmanagerNotifier:
             tries=self.max_tries,
             why=self.failures[-1][1] if self.failures else "",
         )
-        return False
+        return batch
+
+    def _recovered(self) -> None:
+        """Alertmanager answered a post: an outage, if there was one, is over (said)."""
+        if self.failing_since is not None:
+            _log.warning("Alertmanager reachable again", url=self.url,
+                         down_for=round(time.monotonic() - self.failing_since, 3))  # fmt: skip
+            self.failing_since = None
 
     async def _post(self, session: aiohttp.ClientSession, body: list[dict[str, Any]]) -> str | None:
         """None when Alertmanager took the alerts; else why not (``refused ...``: do

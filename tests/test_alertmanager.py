@@ -28,7 +28,12 @@ from runtime import Cluster
 from runtime.errors import AlertConfigError
 from runtime.messages import AlertInfo
 from runtime.monitor import alerting_config, load_alerting
-from runtime.notify import AlertmanagerNotifier, alertmanager_payload, rfc3339
+from runtime.notify import (
+    AlertmanagerNotifier,
+    alertmanager_payload,
+    default_instance,
+    rfc3339,
+)
 from tests.helpers import ROOT, Cli, free_port, http_get, start_alertmanager, wait_until
 
 pytestmark = pytest.mark.anyio
@@ -238,7 +243,7 @@ async def test_a_firing_alert_reaches_alertmanager_then_resolves(tmp_path: Path)
                 (alert,) = arrived
                 assert alert["labels"] == {
                     "alertname": "CorralQueueNonEmpty", "pool": "*", "team": "ci",
-                    "priority": "P2",
+                    "priority": "P2", "instance": default_instance(),  # an in-process cluster
                 }  # fmt: skip
                 notes = alert["annotations"]
                 assert notes["summary"] == "tasks of * wait"
