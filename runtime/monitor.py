@@ -28,6 +28,7 @@ import contextlib
 import dataclasses
 import math
 import os
+import re
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
@@ -80,7 +81,12 @@ __all__ = [
 AUDIT_LINES = 100
 
 #: the keys of ``[alerting]``
-ALERTING_KEYS = ("alertmanager", "interval", "default_rules", "dashboard_url", "resend")
+#: a Prometheus label name
+_LABEL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+ALERTING_KEYS = (
+    "alertmanager", "interval", "default_rules", "dashboard_url", "resend", "external_labels",
+)  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,6 +107,9 @@ class AlertingConfig:
     dashboard_url: str = ""
     resend: float = 60.0
     pools: tuple[str, ...] | None = None
+    #: labels added to every alert sent to Alertmanager (as Prometheus's
+    #: ``external_labels``), beside ``instance``; an alert's own label wins
+    external_labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     def all_rules(self) -> list[AlertRule]:
         """The rules in force at start (the defaults, then these; one of these with a
@@ -181,6 +190,17 @@ def alerting_config(
     dashboard = raw.get("dashboard_url", "")
     if not isinstance(dashboard, str):
         raise _problem("dashboard_url", f"must be a URL as a string, got {dashboard!r}", source)
+    external = raw.get("external_labels", {})
+    if not isinstance(external, Mapping) or not all(
+        isinstance(k, str) and _LABEL_NAME.fullmatch(k) and isinstance(v, str)
+        for k, v in external.items()
+    ):
+        raise _problem(
+            "external_labels",
+            "must be a table of label names to strings, e.g. external_labels = "
+            f'{{cluster = "hpc-east"}}, got {external!r}',
+            source,
+        )
     if not isinstance(rules, Sequence) or isinstance(rules, str | bytes):
         raise AlertConfigError("", "", f"must be a list of tables, got {rules!r}")
     config = AlertingConfig(
@@ -191,6 +211,7 @@ def alerting_config(
         dashboard_url=dashboard,
         resend=float(resend),
         pools=None if pools is None else tuple(pools),
+        external_labels=dict(external),
     )
     try:
         config.all_rules()  # every rule checked now, not at start
@@ -282,7 +303,13 @@ class Monitor(Actor):
         if notifiers is None:
             notifiers = [LogNotifier()]
             if config.alertmanager:
-                notifiers.append(AlertmanagerNotifier(config.alertmanager, resend=config.resend))
+                notifiers.append(
+                    AlertmanagerNotifier(
+                        config.alertmanager,
+                        resend=config.resend,
+                        external_labels=config.external_labels,
+                    )
+                )
         self.notifiers = list(notifiers)
         self.dashboard_url = config.dashboard_url
         self.audit: collections.deque[str] = collections.deque(maxlen=AUDIT_LINES)

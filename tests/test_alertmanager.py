@@ -27,7 +27,7 @@ import pytest
 from runtime import Cluster
 from runtime.errors import AlertConfigError
 from runtime.messages import AlertInfo
-from runtime.monitor import alerting_config, load_alerting
+from runtime.monitor import Monitor, alerting_config, load_alerting
 from runtime.notify import (
     AlertmanagerNotifier,
     alertmanager_payload,
@@ -177,6 +177,36 @@ def test_a_config_file_gives_rules_and_settings(tmp_path: Path) -> None:
     typo = r"corral.toml: key 'fo' is unknown; did you mean 'for'\?"
     with pytest.raises(AlertConfigError, match=typo):
         load_alerting(path)
+
+
+def test_external_labels_from_the_config_reach_every_alert_sent(tmp_path: Path) -> None:
+    """`[alerting] external_labels` (as Prometheus's): checked as label names to
+    strings, and carried by each alert the monitor's Alertmanager notifier posts,
+    beside `instance`; an alert's own label of the same name wins."""
+    for bad in ({"bad-name": "x"}, {"cluster": 1}, "cluster=x"):
+        with pytest.raises(AlertConfigError, match=r"external_labels.*table of label names"):
+            alerting_config({"external_labels": bad})
+    path = tmp_path / "corral.toml"
+    path.write_text(
+        '[alerting]\nalertmanager = "http://127.0.0.1:9"\n'
+        'external_labels = {cluster = "hpc-east", team = "ops"}\n'
+    )
+    config = load_alerting(path)
+    assert config.external_labels == {"cluster": "hpc-east", "team": "ops"}
+    monitor = Monitor(lambda: None, lambda: None, config)  # type: ignore[arg-type,return-value]
+    (notifier,) = [n for n in monitor.notifiers if isinstance(n, AlertmanagerNotifier)]
+    assert notifier.external_labels == {"cluster": "hpc-east", "team": "ops"}
+    notifier.instance = "m:1"
+    alert = AlertInfo(
+        "QueueTime", "firing", labels={"alertname": "QueueTime", "pool": "cpu", "team": "ci"},
+        fired_at=100.0,
+    )  # fmt: skip
+    labels = notifier.labels()
+    posted = alertmanager_payload(alert, now=160.0, ends_in=240.0, external_labels=labels)
+    assert posted["labels"] == {
+        "alertname": "QueueTime", "pool": "cpu", "team": "ci", "instance": "m:1",
+        "cluster": "hpc-east",
+    }  # fmt: skip
 
 
 def test_a_config_file_with_a_threshold_beyond_a_float_is_refused(tmp_path: Path) -> None:
