@@ -55,7 +55,14 @@ from actors.scheduler_events import (
     WorkerLeft,
     WorkerMemory,
 )
-from actors.scheduler_records import ErrorRecord, FailureGroup, SchedulerConfig
+from actors.scheduler_records import (
+    NOT_RUN,
+    ErrorRecord,
+    FailureGroup,
+    NotRunGroup,
+    SchedulerConfig,
+    dependency_failed_text,
+)
 from actors.scheduler_state import SchedulerState
 from policies import ON_PURPOSE, REGISTRY, PolicyRegistry, params_of
 from policies.survival import Survival
@@ -592,7 +599,7 @@ class Scheduler(Actor):
         }
         if msg.details:  # the dashboard's: not for every Prometheus scrape
             out["failure_groups"] = _failure_groups(st, now)
-            out["failure_groups_total"] = len(st.failure_groups)
+            out["failure_groups_total"] = len(st.failure_groups) + len(st.not_run_groups)
             out["recent_tries"] = tuple(
                 _recent_try(r, category, now - at) for r, category, at in st.recent_tries
             )
@@ -765,29 +772,45 @@ def format_error(record: ErrorRecord) -> str:
     return "".join(out)
 
 
-def _at(item: tuple[Any, FailureGroup]) -> float:
+def _at(item: tuple[tuple[str, str], FailureGroup | NotRunGroup]) -> float:
     return item[1].at
 
 
 def _failure_groups(st: SchedulerState, now: float) -> tuple[FailureGroupInfo, ...]:
     """The core's most recent failure groups (at most ``MAX_FAILURE_GROUPS_SHOWN``), the
     latest first, with their latest error as text (formatted here, at read time, never
-    when a try fails)."""
-    latest = heapq.nlargest(MAX_FAILURE_GROUPS_SHOWN, st.failure_groups.items(), key=_at)
+    when a try fails). The groups of failed tries, then those of tasks that erred with
+    no failed try of their own (outcome ``not-run``, counted in tasks, no worker): a
+    dependency failed (cause ``dependency-failed``: the error names the dependency and
+    says its failure, the traceback is that failure's), or the core found they cannot
+    run (cause the error's type)."""
+    groups: list[tuple[tuple[str, str], FailureGroup | NotRunGroup]] = [
+        *st.failure_groups.items(),
+        *st.not_run_groups.items(),
+    ]
+    latest = heapq.nlargest(MAX_FAILURE_GROUPS_SHOWN, groups, key=_at)
     out = []
     for (category, cause), g in latest:
-        if g.error is None:
-            error = f"worker {g.worker} was lost ({cause}) with {g.key!r} sent to it"
-            tb = ""
-        else:
-            error = g.error.summary
+        if isinstance(g, NotRunGroup):
+            worker, outcome = "", NOT_RUN
+            if g.dependency is not None and g.root is not None:
+                error = dependency_failed_text(g.dependency, g.root, g.error.summary)
+            else:
+                error = g.error.summary
             tb = format_error(g.error)[-MAX_TRACEBACK_TEXT:]
+        else:
+            worker, outcome = g.worker, g.outcome
+            if g.error is None:
+                error = f"worker {g.worker} was lost ({cause}) with {g.key!r} sent to it"
+                tb = ""
+            else:
+                error = g.error.summary
+                tb = format_error(g.error)[-MAX_TRACEBACK_TEXT:]
         out.append(
             FailureGroupInfo(
-                category, cause, g.n, str(g.key), g.worker, g.outcome,
-                max(now - g.at, 0.0), error, tb,
+                category, cause, g.n, str(g.key), worker, outcome, max(now - g.at, 0.0), error, tb
             )
-        )  # fmt: skip
+        )
     return tuple(out)
 
 

@@ -23,21 +23,26 @@ from runtime.graph import Key, TaskSpec
 from runtime.messages import TryRecord
 
 __all__ = [
+    "DEPENDENCY_FAILED",
+    "MAX_DEPENDENCY_NOTE",
     "MAX_ERROR_CHAIN",
     "MAX_ERROR_CHARS",
     "MAX_ERROR_FRAMES",
+    "NOT_RUN",
     "NO_LIMIT",
     "RECENT_WAITS",
     "Checkpoint",
     "ErrorRecord",
     "FailureGroup",
     "Frame",
+    "NotRunGroup",
     "PoolWaits",
     "SchedulerConfig",
     "TaskState",
     "TaskStateView",
     "WorkerState",
     "WorkerStateView",
+    "dependency_failed_text",
     "error_record",
 ]
 
@@ -607,3 +612,37 @@ class FailureGroup:
     outcome: str
     error: ErrorRecord | None
     at: float
+
+
+DEPENDENCY_FAILED = "dependency-failed"  #: a :class:`NotRunGroup`'s cause: a dependency failed
+NOT_RUN = "not-run"  #: a :class:`NotRunGroup`'s outcome on the dashboard (no try, no worker)
+MAX_DEPENDENCY_NOTE = 300  #: characters kept of the failure a story's note repeats
+
+
+@dataclasses.dataclass(slots=True)
+class NotRunGroup:
+    """The tasks of one category that erred for one cause without a failed try of
+    their own, so in no :class:`FailureGroup`: because a task they depend on failed
+    (cause :data:`DEPENDENCY_FAILED`, :class:`~runtime.errors.DependencyFailed`), or
+    because the core found they could not run (cause the error's type: TaskTooLarge,
+    TaskTooBigForDisk, MemoryStalled, MissingKeysError). How many (tasks, not tries),
+    and the latest of them: its task, its ``error`` (for a dependency's failure: that
+    failure's, the root's), the core's time and, for a dependency's failure, the
+    dependency whose failure it inherited (``dependency``) and the task that failed
+    first (``root``: that dependency, or one further up the graph). Updated as each
+    such task errs, never rebuilt from the tasks."""
+
+    n: int
+    key: Key
+    error: ErrorRecord
+    at: float
+    dependency: Key | None = None
+    root: Key | None = None
+
+
+def dependency_failed_text(dependency: Key, root: Key, summary: str) -> str:
+    """Why a task erred with DependencyFailed, in a line: the dependency that failed,
+    the task that failed first when that is another one, and its error (``summary``:
+    ``Type: text``). The story's note and the failure group's error both say it so."""
+    first = "" if root == dependency else f" because {root!r} failed"
+    return f"dependency {dependency!r} failed{first}: {summary}"

@@ -171,14 +171,19 @@ from actors.scheduler_events import (
     WorkerMemory,
 )
 from actors.scheduler_records import (
+    DEPENDENCY_FAILED,
+    MAX_DEPENDENCY_NOTE,
     NO_LIMIT,
     Checkpoint,
+    ErrorRecord,
     FailureGroup,
+    NotRunGroup,
     PoolWaits,
     SchedulerConfig,
     TaskState,
     TaskStateView,
     WorkerState,
+    dependency_failed_text,
     error_record,
 )
 from actors.storage_state import StorageLedger
@@ -436,6 +441,15 @@ class SchedulerState:
         self.failures: Counter[tuple[str, str, str]] = Counter()
         #: per (category, cause): the count and latest failed try (:class:`FailureGroup`)
         self.failure_groups: dict[tuple[str, str], FailureGroup] = {}
+        #: per (category, cause): the count and latest of its tasks that erred with no
+        #: failed try of their own (:class:`NotRunGroup`: a dependency failed, or the
+        #: core found they cannot run), so in neither ``failures`` nor ``failure_groups``
+        self.not_run_groups: dict[tuple[str, str], NotRunGroup] = {}
+        #: the failed task and root failure the latest dependent inherited, with what
+        #: was made of them (reason, story note, error record): a failure spreading to
+        #: many dependents formats and records its error once. Cleared once the
+        #: failures have spread, so it holds no task nor exception past that
+        self._inherited: tuple[TaskState, BaseException, str, str, ErrorRecord] | None = None
         #: the latest tries that ended: (record, category, core time it ended)
         self.recent_tries: deque[tuple[TryRecord, str, float]] = deque(maxlen=RECENT_TRIES)
         #: temporary replicas (docs/files.md#replicas): per output in memory, the
@@ -713,6 +727,7 @@ class SchedulerState:
                 self._set(ts, "waiting")
                 err = MissingKeysError([str(k) for k in broken[ts]], requested=True)
                 ts.error, ts.root = err, (ts.key, err)
+                self._not_run(ts, "MissingKeysError", error_record(err))
                 self._set(ts, "erred")
                 self._terminal(ts)
                 continue
@@ -1440,6 +1455,7 @@ class SchedulerState:
                 ts, reason = self._to_cancel.pop()
                 if ts.state in ACTIVE and ts.consumers == 0 and ts.wanted == 0:
                     self._cancel(ts, reason, unneeded=True)
+        self._inherited = None
 
     def _activate(self, ts: TaskState) -> None:
         """Put a new (or resubmitted) task in waiting or queued by its inputs' states."""
@@ -1489,6 +1505,7 @@ class SchedulerState:
         self._log(ts.key, "admission", f"too large: {ts.in_nbytes} > {int(largest)}")
         ts.error = err
         ts.root = (ts.key, err)
+        self._not_run(ts, "TaskTooLarge", error_record(err))
         self._set(ts, "erred")  # inputs it alone needed are cancelled as unneeded
         self._terminal(ts)
 
@@ -1740,16 +1757,62 @@ class SchedulerState:
         assert failed.root is not None
         root_key, root_err = failed.root
         ts.root = (root_key, root_err)
-        reason = f"{type(root_err).__name__}: {root_err}"
         if failed.state == "cancelled":
             ts.error = CancelledError(str(ts.key), f"dependency {failed.key!r} was cancelled")
             self._set(ts, "cancelled")
         else:
+            reason, note, record = self._inherit(failed, root_key, root_err)
             err = DependencyFailed(str(ts.key), str(root_key), reason)
             err.__cause__ = root_err
             ts.error = err
+            # Why, in its story and where the dashboard groups failures (as a task not
+            # run: no try, so not in the tries' counts): O(1), no scan.
+            self._log(ts.key, DEPENDENCY_FAILED, note)
+            self._not_run(ts, DEPENDENCY_FAILED, record, failed.key, root_key)
             self._set(ts, "erred")
         self._terminal(ts)
+
+    def _inherit(
+        self, failed: TaskState, root_key: Key, root_err: BaseException
+    ) -> tuple[str, str, ErrorRecord]:
+        """What a dependent of ``failed`` (whose failure came from ``root_key``) says
+        of it: the reason (``Type: text``), its story's note and the root's error
+        record, made once for all the dependents a failure spreads to in a row."""
+        known = self._inherited
+        if known is not None and known[0] is failed and known[1] is root_err:
+            return known[2], known[3], known[4]
+        reason = f"{type(root_err).__name__}: {root_err}"
+        note = dependency_failed_text(failed.key, root_key, reason)
+        if len(note) > MAX_DEPENDENCY_NOTE:
+            note = note[: MAX_DEPENDENCY_NOTE - 3] + "..."
+        record = error_record(root_err)
+        self._inherited = (failed, root_err, reason, note, record)
+        return reason, note, record
+
+    def _not_run(
+        self,
+        ts: TaskState,
+        cause: str,
+        record: ErrorRecord,
+        dependency: Key | None = None,
+        root: Key | None = None,
+    ) -> None:
+        """Count ``ts``, erring with no failed try of its own, in the
+        :class:`NotRunGroup` of its category and ``cause``, and keep it as the latest:
+        O(1), no scan (at most ``MAX_FAILURE_GROUPS`` groups, later new ones count
+        under category "(other)", by cause)."""
+        groups = self.not_run_groups
+        category = ts.spec.category
+        group = groups.get((category, cause))
+        if group is None:
+            if len(groups) >= MAX_FAILURE_GROUPS:
+                category = "(other)"  # bounded, whatever the categories
+                group = groups.get((category, cause))
+            if group is None:
+                group = groups[(category, cause)] = NotRunGroup(0, ts.key, record, self._now)
+        group.n += 1
+        group.key, group.error, group.at = ts.key, record, self._now
+        group.dependency, group.root = dependency, root
 
     def _terminal(self, ts: TaskState) -> None:
         """``ts`` just erred or was cancelled: tell the client, fail what depends on it."""
@@ -2452,6 +2515,7 @@ class SchedulerState:
         self._log(ts.key, "disk", f"too big: needs {least_need} B > {largest} B")
         ts.error = err
         ts.root = (ts.key, err)
+        self._not_run(ts, "TaskTooBigForDisk", error_record(err))
         self._set(ts, "erred")  # inputs it alone needed are cancelled as unneeded
         self._terminal(ts)
         return False
@@ -2998,6 +3062,7 @@ class SchedulerState:
         available = sum(max(0, ws.throttle_at - ws.rss) for ws in self.workers.values())
         rss = sum(ws.rss for ws in self.workers.values())
         err = MemoryStalled(holding, needed, available, len(producers), stalled_for, rss)
+        record = error_record(err)  # once for all the tasks it fails
         self._log("-", "memory", "stalled")
         self.stalled_since = None
         for ts in active:
@@ -3007,6 +3072,7 @@ class SchedulerState:
                 self._unassign(ts, cancel=True, cause="memory-stalled")
             ts.error = err
             ts.root = (ts.key, err)
+            self._not_run(ts, "MemoryStalled", record)
             self._set(ts, "erred")
             self._terminal(ts)
 

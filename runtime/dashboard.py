@@ -28,6 +28,7 @@ from urllib.parse import quote, urlsplit
 import anyio
 from aiohttp import WSMsgType, web
 
+from actors.scheduler_records import DEPENDENCY_FAILED, NOT_RUN
 from policies import params_text
 from runtime.errors import ActorStopped, AskTimeout
 from runtime.messages import (
@@ -339,11 +340,23 @@ def story_page(key: str, rows: list[list[str]], groups: list[FailureGroupInfo]) 
             )
         body.append("</table>")
     for g in groups:
-        body.append(
-            f"<h2>Latest failure of {e(g.category)} / {e(g.cause)} ({g.n} tries)</h2>"
-            f"<p>on worker <code>{e(g.worker)}</code>, {e(g.outcome)}, {g.ago:.0f} s ago</p>"
-            f"<pre class='error'>{e(g.error)}</pre><pre class='tb'>{e(g.traceback)}</pre>"
-        )
+        if g.outcome == NOT_RUN:  # erred with no failed try: no worker, tasks not tries
+            tasks = "task" if g.n == 1 else "tasks"
+            why = (
+                "a task it depends on failed"
+                if g.cause == DEPENDENCY_FAILED
+                else "the scheduler found it cannot run"
+            )
+            body.append(
+                f"<h2>Latest of {e(g.category)} / {e(g.cause)} ({g.n} {tasks} not run)</h2>"
+                f"<p>not run: {why}, {g.ago:.0f} s ago</p>"
+            )
+        else:
+            body.append(
+                f"<h2>Latest failure of {e(g.category)} / {e(g.cause)} ({g.n} tries)</h2>"
+                f"<p>on worker <code>{e(g.worker)}</code>, {e(g.outcome)}, {g.ago:.0f} s ago</p>"
+            )
+        body.append(f"<pre class='error'>{e(g.error)}</pre><pre class='tb'>{e(g.traceback)}</pre>")
     body.append(f"<p><a href='{DASHBOARD_PATH}'>back to the dashboard</a></p>")
     return (
         "<!doctype html><html><head><meta charset='utf-8'><title>Story of "
@@ -575,10 +588,17 @@ function renderFailures(s) {
   put("failures", more > 0 ? h("p", {class: "mute", text: "the " + s.failures.length +
     " most recent of " + s.failure_groups + " groups"}) : null,
     s.failures.map(g => h("div", {class: "failure", "data-category": g.category,
-      "data-cause": g.cause},
-    h("div", {}, h("b", {class: "count", text: g.n + " x"}), " ", h("b", {text: g.category}),
-      " · " + g.cause + " (" + g.outcome + ") · latest ", storyLink(g.key),
-      " on " + g.worker + ", " + secs(g.ago) + " ago"),
+      "data-cause": g.cause, "data-outcome": g.outcome},
+    g.outcome === "not-run"  // tasks that erred with no failed try of their own
+      ? h("div", {}, h("b", {class: "count", text: g.n + (g.n === 1 ? " task" : " tasks"),
+          title: "tasks that erred without a failed try of their own: a task they " +
+                 "depend on failed, or the scheduler found they cannot run (tasks, " +
+                 "not tries: they are not in the failure counts)"}), " ",
+          h("b", {text: g.category}), " · " + g.cause + " (not run) · latest ",
+          storyLink(g.key), ", " + secs(g.ago) + " ago")
+      : h("div", {}, h("b", {class: "count", text: g.n + " x", title: "failed tries"}), " ",
+          h("b", {text: g.category}), " · " + g.cause + " (" + g.outcome + ") · latest ",
+          storyLink(g.key), " on " + g.worker + ", " + secs(g.ago) + " ago"),
     h("div", {class: "err", text: g.error}),
     g.traceback ? h("details", {}, h("summary", {text: "traceback"}),
                     h("pre", {class: "tb", text: g.traceback})) : null)));
