@@ -85,6 +85,7 @@ from runtime.messages import (
     SubmitGraphRequest,
     WaitForWorkersRequest,
     message,
+    rejoin_causes,
 )
 
 __all__ = ["Cluster", "Future", "get", "parse_bytes"]
@@ -363,6 +364,7 @@ class ClientActor(Actor):
 
     @handles(KeyUpdates)
     def updates(self, msg: KeyUpdates) -> None:
+        rejoin_causes(msg.updates)  # (from another process: see KeyUpdates.for_wire)
         for upd in msg.updates:
             w = self.watches.get(upd.key)
             if w is not None and not w.left:  # left: sent before our release came

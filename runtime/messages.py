@@ -18,6 +18,7 @@ Rules:
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Callable
 from typing import Any, ClassVar, Literal, TypeVar, cast, dataclass_transform
@@ -545,21 +546,59 @@ class KeyUpdates(Message):
         each exception an update carries (a ``KeyErred``'s ``error`` and
         ``root_error``) replaced by ``error(exc)``, as :meth:`TasksDone.for_wire` does,
         so it arrives with its traceback and chain, or as a substitute that loads.
-        Updates without one are sent as they are."""
+
+        Each distinct exception is made over once per message, however many updates
+        share it: one failure spreads to every dependent, each a ``KeyErred`` whose
+        ``root_error`` is that failure, and whose ``error`` (the scheduler's
+        ``DependencyFailed``) has it as ``__cause__``. Such an ``error`` goes as a
+        copy without its cause (a pickle of it is small and always loads), and the
+        client sets the cause again from ``root_error`` (:func:`rejoin_causes`). So
+        the failure travels once, and every dependent gets the same object, as in the
+        scheduler. Updates without an exception are sent as they are."""
+        made: dict[int, BaseException] = {}
+
+        def once(exc: BaseException) -> BaseException:
+            done = made.get(id(exc))
+            if done is None:
+                done = made[id(exc)] = error(exc)
+            return done
 
         def wired(update: Any) -> Any:
             if not dataclasses.is_dataclass(update) or isinstance(update, type):
                 return update
-            changes = {
-                f.name: error(value)
-                for f in dataclasses.fields(update)
-                if isinstance(value := getattr(update, f.name), BaseException)
-            }
+            root = getattr(update, "root_error", None)
+            changes: dict[str, Any] = {}
+            for f in dataclasses.fields(update):
+                value = getattr(update, f.name)
+                if not isinstance(value, BaseException):
+                    continue
+                if value is not root and root is not None and value.__cause__ is root:
+                    bare = copy.copy(value)
+                    bare.__cause__ = bare.__context__ = None  # (tblib's reducer, if
+                    bare.__traceback__ = None  # installed, copies them: not sent)
+                    changes[f.name] = bare
+                else:
+                    changes[f.name] = once(value)
             return dataclasses.replace(update, **changes) if changes else update
 
         updates = tuple(wired(u) for u in self.updates)
         same = all(a is b for a, b in zip(updates, self.updates, strict=True))
         return self if same else KeyUpdates(updates)
+
+
+def rejoin_causes(updates: tuple[Any, ...]) -> None:
+    """Undo what :meth:`KeyUpdates.for_wire` left out, on arrival: an update's
+    ``error`` that has no cause and is not its ``root_error`` gets that root error as
+    its ``__cause__`` (a ``DependencyFailed`` and the failure it comes from)."""
+    for update in updates:
+        err, root = getattr(update, "error", None), getattr(update, "root_error", None)
+        if (
+            isinstance(err, BaseException)
+            and isinstance(root, BaseException)
+            and err is not root
+            and err.__cause__ is None
+        ):
+            err.__cause__ = root
 
 
 @message(local=True)
