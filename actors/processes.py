@@ -544,14 +544,10 @@ class LocalProcessProvider(Provider):
     SCALED_IN when stopped on purpose.
     ``block.detail`` says who exited how.
 
-    One worker's failure does not stop its block-mates: they run on (their running
-    tasks finish, they take new ones), and the block ends, FAILED (or OOM), once the
-    last of them has exited (scaled in, drained, or stopped). The failed worker alone
-    is lost meanwhile: the manager reports it (cause ``crash``) when its connection
-    drops; its block-mates' running work is never thrown away for it. (The block
-    counts as live, at its full size, until then.) Only a failure while the block is
-    still starting (a process that could not start, or exited at once) stops the rest,
-    which have run nothing yet. Output of each child goes, line by line, to
+    One worker's failure stops its block-mates (SIGTERM, then SIGKILL after the
+    grace), so a half-dead block is never counted as live: the block ends FAILED (or
+    OOM) and the autoscaler replaces it whole. Output of each child goes, line by
+    line, to
     the ``corral`` logger (stdout at INFO, stderr at WARNING, with ``child=<worker id>``)
     or, with ``log_dir``, to ``<log_dir>/<worker id>.stdout`` and ``.stderr``.
     """
@@ -869,19 +865,18 @@ class LocalProcessProvider(Provider):
         if failed and not rec.stopping and not rec.failure:
             rec.failure = f"{child.worker_id} failed: {child.outcome}"
             rec.failed_worker = child.worker_id
-            # Its block-mates run on: stopping them would throw their running tasks
-            # away for a failure that is not theirs (one bad task must not cost the
-            # work of seven healthy workers). The block ends when the last one exits.
-            runs_on = rec.live > 0 and not rec.starting  # (starting: _launch stops them)
-            if runs_on:  # what a status shows while the rest runs
-                rec.block.detail = f"{rec.failure}; the rest of the block runs on"
             self._log.warning(
-                "worker process failed" + ("; the rest of the block runs on" if runs_on else ""),
+                "worker process failed",
                 block=rec.block.block_id,
                 child=child.worker_id,
                 outcome=child.outcome,
-                running=[c.worker_id for c in rec.children if c.process.returncode is None],
             )
+            # The rest of the block goes too, so the autoscaler replaces it whole: a
+            # block that ran on short of a worker was counted at full size and not
+            # replaced (kept idle-less, at min_blocks never) while it ran short.
+            if rec.live and self._tg is not None:
+                rec.stopped_rest = True
+                self._tg.start_soon(self._terminate, rec)
         self._finish_if_done(rec)
 
     def _finish_if_done(self, rec: _Record) -> None:

@@ -296,12 +296,13 @@ def worker_process(wid: str) -> int:
     return found[0]
 
 
-async def test_a_killed_worker_does_not_take_its_block_mates_work_down(tmp_path: Path) -> None:
-    """A local pool of blocks of two worker processes; a task runs on each; one worker
-    process is killed (SIGKILL: a bad task, the OOM killer). Its block-mate is not
-    stopped: its running task finishes there, on its first try, and the block stays
-    up. Before, the provider stopped the rest of the block too: the block-mate left
-    with cause ``shutdown`` and its running task was thrown away and run again."""
+async def test_a_killed_worker_s_block_is_replaced_whole(tmp_path: Path) -> None:
+    """A local pool of one block of two worker processes; a task runs on each; one
+    worker process is killed (SIGKILL: a bad task, the OOM killer). The block ends, its
+    block-mate stopped too, and the autoscaler replaces it whole: the pool gets both
+    workers back and every task finishes. (A version that let the block-mate run on
+    left the pool short of a worker for good: the block counted at full size and was
+    never replaced, a review found.)"""
     marks, gate = tmp_path / "marks", tmp_path / "gate"
     marks.mkdir()
     pools = {"local": {"workers_per_node": 2, "min_blocks": 1, "max_blocks": 1}}
@@ -316,28 +317,13 @@ async def test_a_killed_worker_does_not_take_its_block_mates_work_down(tmp_path:
                 limit=GATE,
             )
             os.kill(worker_process("local-1.0"), signal.SIGKILL)
-            # The killed worker is lost (the gateway reports it once its reconnection
-            # grace is over: its block lives on); its block-mate stays, busy.
             await wait_until(
-                lambda: "local-1.0" not in state.workers, "local-1.0 lost", limit=GRACE + GATE
+                lambda: {"local-2.0", "local-2.1"} <= set(state.workers),
+                "the block replaced whole",
+                limit=GRACE + GATE,
             )
-            assert "local-1.1" in state.workers
-            assert state.workers["local-1.1"].processing
-            story = [e[:3] for e in state.story("local-1.1")]
-            assert not any(str(e[2]).startswith("left") for e in story), story
+            assert not {"local-1.0", "local-1.1"} & set(state.workers)
             gate.touch()
             assert await cluster.gather(futs) == [0, 1]
-            tries = {
-                f.key: [(t.worker, t.outcome, t.cause) for t in state.tasks[f.key].tries]
-                for f in futs
-            }
-            mate = [ts for ts in tries.values() if ts[0][0] == "local-1.1"]
-            killed = [ts for ts in tries.values() if ts[0][0] == "local-1.0"]
-            assert len(mate) == 1 and len(killed) == 1, tries
-            assert [o for _, o, _ in mate[0]] == ["ok"], tries  # not worker-lost|shutdown
-            assert killed[0][0][1:] == ("worker-lost", "crash"), tries
-            assert killed[0][-1][1] == "ok", tries
             status = await cluster.status()
-            blocks = status["autoscaler"]["blocks"]
-            assert blocks == {"local/block-1": "running"}, blocks
-            assert "local-1.0 failed" in status["autoscaler"]["details"]["local/block-1"]
+            assert status["autoscaler"]["blocks"] == {"local/block-2": "running"}
