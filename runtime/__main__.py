@@ -576,7 +576,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
         print(text, file=sys.stderr, flush=True)
 
     out = write_report(args.db, args.output, run_id=args.run, progress=progress)
-    print(f"report written to {out}")
+    # on stderr, as the progress: with -o /dev/stdout the report itself is on stdout
+    print(f"report written to {out}", file=sys.stderr)
     return 0
 
 

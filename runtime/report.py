@@ -22,6 +22,7 @@ import json
 import os
 import sqlite3
 import stat
+import sys
 import time
 import uuid
 from collections import defaultdict
@@ -711,6 +712,13 @@ def _output(db: str | os.PathLike[str], out: str | os.PathLike[str]) -> tuple[Pa
     be written in, the database itself (or its ``-wal``, ``-shm``, ``-journal``), any
     other SQLite database or log, and a file this user may not write."""
     given = str(out)
+    # A special file as given (/dev/stdout, a pipe, a terminal; its link resolves to
+    # /proc/PID/fd/pipe:[N], which is no path): written in place, through the path
+    # given, as a shell redirection (>>) of /dev/stdout to a file expects too.
+    with contextlib.suppress(OSError):
+        mode = os.stat(out).st_mode
+        if given.startswith(("/dev/", "/proc/")) or not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+            return Path(given), True
     target = Path(os.path.realpath(out))
 
     def refuse(problem: str) -> ReportOutputError:
@@ -728,8 +736,6 @@ def _output(db: str | os.PathLike[str], out: str | os.PathLike[str]) -> tuple[Pa
                     "give -o another path, e.g. -o report.html"
                 )
     if target.exists():
-        if not target.is_file():
-            return target, True
         try:
             with target.open("rb") as f:
                 head = f.read(len(SQLITE_HEADER))
@@ -764,6 +770,13 @@ def _output(db: str | os.PathLike[str], out: str | os.PathLike[str]) -> tuple[Pa
     return target, False
 
 
+#: -o paths that are this process's standard output or error: written to the stream
+_STD_STREAMS = {
+    "/dev/stdout": "stdout", "/dev/fd/1": "stdout", "/proc/self/fd/1": "stdout",
+    "/dev/stderr": "stderr", "/dev/fd/2": "stderr", "/proc/self/fd/2": "stderr",
+}  # fmt: skip
+
+
 def _write(given: str | os.PathLike[str], target: Path, in_place: bool, text: str) -> None:
     """``text`` into ``target``: into a new file beside it, then renamed over it (a
     failure or a kill leaves ``target`` as it was, never half a report), keeping the
@@ -771,6 +784,12 @@ def _write(given: str | os.PathLike[str], target: Path, in_place: bool, text: st
     data = text.encode("utf-8")
     if in_place:
         try:
+            stream = _STD_STREAMS.get(str(given))
+            if stream is not None:  # this process's own stdout or stderr, as it is open
+                out = getattr(sys, stream).buffer  # (reopened, a file it goes to would be
+                out.write(data)  # truncated: a `>>` redirection appends)
+                out.flush()
+                return
             with target.open("wb") as f:
                 f.write(data)
         except OSError as exc:

@@ -189,3 +189,27 @@ def test_a_write_that_fails_leaves_the_old_report_and_no_half_file(
     umask = os.umask(0)
     os.umask(umask)
     assert stat.S_IMODE(new.stat().st_mode) == 0o666 & ~umask
+
+
+def test_the_report_goes_to_stdout_through_a_pipe_and_appends_to_a_redirection(
+    tmp_path: Path,
+) -> None:
+    """`-o /dev/stdout | ...`: /dev/stdout resolves to /proc/PID/fd/pipe:[N], no path,
+    and the first version of the output checks refused it ("cannot write in
+    /proc/PID/fd"); redirected with >> to a file, it replaced the file (renamed over
+    it) instead of appending (a review found both). Both are written in place."""
+    db = _db(tmp_path / "run.db")
+    piped = _report(str(db), "-o", "/dev/stdout", cwd=tmp_path)
+    assert piped.returncode == 0, piped.stderr
+    assert "<html" in piped.stdout and piped.stdout.rstrip().endswith("</html>")
+    out = tmp_path / "log.html"
+    out.write_text("before\n")
+    with out.open("a") as f:
+        done = subprocess.run(
+            [sys.executable, "-m", "runtime", "report", str(db), "-o", "/dev/stdout"],
+            stdout=f, stderr=subprocess.PIPE, text=True, timeout=120, cwd=tmp_path,
+            env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    text = out.read_text()
+    assert text.startswith("before\n") and "<html" in text
