@@ -250,6 +250,22 @@ def _tables(conn: sqlite3.Connection) -> set[str]:
     return {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
 
 
+#: the indexes Corral makes (see :data:`SCHEMA`)
+_INDEXES = frozenset(re.findall(r"CREATE INDEX IF NOT EXISTS (\w+)", SCHEMA))
+#: seconds a manager waits, as it starts, for another's write to the same file to end
+CREATE_WAIT = 30.0
+
+
+def _current(conn: sqlite3.Connection) -> bool:
+    """Whether the database ``conn`` reads has this version's whole schema (nothing to
+    create or upgrade). Reads only."""
+    names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
+    if not (names >= _TABLES | _INDEXES):
+        return False
+    row = conn.execute("SELECT version FROM schema_version").fetchone()
+    return row is not None and row[0] == SCHEMA_VERSION
+
+
 def _check_writable(conn: sqlite3.Connection, path: Path) -> None:
     """Raise :class:`~runtime.errors.MonitoringDBError` unless Corral may write into
     the database ``conn`` reads: an empty one, or a monitoring database of a schema
@@ -298,6 +314,9 @@ def _create(path: Path) -> None:
             peek = _peek(path)
             try:
                 _check_writable(peek, path)
+                if _is_wal(path) and _current(peek):
+                    return  # nothing to make: no write lock to wait for (another
+                    # manager writing into it, sharing the path, goes on)
             finally:
                 peek.close()
     except sqlite3.DatabaseError as exc:
@@ -309,6 +328,7 @@ def _create(path: Path) -> None:
     except (OSError, sqlite3.Error) as exc:
         raise MonitoringDBError(str(path), f"cannot create it: {exc}") from exc
     try:
+        conn.execute(f"PRAGMA busy_timeout = {int(CREATE_WAIT * 1000)}")  # a writer's batch
         conn.execute("BEGIN IMMEDIATE")
         try:
             _check_writable(conn, path)  # again, in the transaction that changes it

@@ -256,3 +256,27 @@ def test_a_live_run_another_user_may_only_read_is_reported_with_its_latest_rows(
         assert conn.execute("SELECT count(*) FROM tasks").fetchone() == (3,)
     finally:
         conn.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_second_manager_starts_on_a_database_another_is_writing(tmp_path: Path) -> None:
+    """Two managers may share one --monitoring path. The first version of the checks
+    took the write lock at every start (to make the schema in one transaction), so a
+    manager starting while the other was writing a batch was refused after a second
+    ("locked by another process"; a review's repro). A database with the whole schema
+    of this version needs nothing made: the start takes no lock."""
+    path = tmp_path / "shared.db"
+    MonitorWriter(path).close()  # the first manager made it
+    busy = sqlite3.connect(path, isolation_level=None)
+    try:
+        busy.execute("BEGIN IMMEDIATE")  # the first manager, in the middle of a batch
+        busy.execute("INSERT INTO runs (run_id, started) VALUES ('a', 0)")
+        MonitorWriter(path).close()  # the second manager starts, at once
+    finally:
+        busy.execute("COMMIT")
+        busy.close()
+    conn = open_db(path)
+    try:
+        assert conn.execute("SELECT run_id FROM runs").fetchall() == [("a",)]
+    finally:
+        conn.close()
