@@ -1146,7 +1146,11 @@ class ProcessExecutor(BaseExecutor):
             and error.__cause__ is None
             and (
                 error.__traceback__ is None  # its frames could not travel, or its chain
-                or (error.__context__ is None and _CHAINED.search(tb) is not None)
+                or (
+                    error.__context__ is None
+                    and not isinstance(error, BaseExceptionGroup)  # (its members' chains)
+                    and _CHAINED.search(tb) is not None
+                )
             )
         ):
             # (pack_error sends them when they can) the text of its traceback there
