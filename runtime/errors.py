@@ -46,6 +46,7 @@ __all__ = [
     "PolicyParamsError",
     "ProtocolError",
     "RemoteError",
+    "ReportOutputError",
     "SubmissionsSuspended",
     "TaskArgumentsTooLarge",
     "TaskCrashedWorkers",
@@ -957,6 +958,21 @@ class MonitoringDBError(CorralError, ValueError):
     def __init__(self, path: str, problem: str) -> None:
         super().__init__(
             f"monitoring database {path}: {problem} (see docs/monitoring.md#monitoring-database)",
+            path=path,
+            problem=problem,
+        )
+
+
+class ReportOutputError(CorralError, ValueError):
+    """The report cannot be written to ``path`` (``-o``): ``problem`` says why and what
+    to do. Said before the report is built; nothing is written at ``path``."""
+
+    path: str
+    problem: str
+
+    def __init__(self, path: str, problem: str) -> None:
+        super().__init__(
+            f"report output {path}: {problem}; nothing was written (see docs/monitoring.md#report)",
             path=path,
             problem=problem,
         )

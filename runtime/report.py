@@ -34,9 +34,10 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from policies import ON_PURPOSE
-from runtime.errors import CorralError, MonitoringDBError
+from runtime.errors import MonitoringDBError, ReportOutputError
 from runtime.monitordb import SQLITE_HEADER, open_db
 
+# ReportOutputError is runtime.errors's, exported here too, where write_report raises it
 __all__ = ["MAX_BARS", "SECTIONS", "ReportOutputError", "build_report", "write_report"]
 
 #: the report's plots, by title, in order
@@ -679,21 +680,6 @@ def build_report(
         "alerts pending (orange) and firing (red).</p>"
         + _summary(run) + "".join(parts) + "</body></html>"
     )  # fmt: skip
-
-
-class ReportOutputError(CorralError, ValueError):
-    """The report cannot be written to ``path`` (``-o``): ``problem`` says why and what
-    to do. Said before the report is built; nothing is written at ``path``."""
-
-    path: str
-    problem: str
-
-    def __init__(self, path: str, problem: str) -> None:
-        super().__init__(
-            f"report output {path}: {problem}; nothing was written (see docs/monitoring.md#report)",
-            path=path,
-            problem=problem,
-        )
 
 
 #: the first bytes of an SQLite write-ahead log (``-wal``), either byte order
