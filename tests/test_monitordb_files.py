@@ -10,6 +10,7 @@ import hashlib
 import os
 import shutil
 import sqlite3
+import stat
 import subprocess
 import sys
 import tempfile
@@ -120,19 +121,36 @@ def test_an_empty_file_or_database_becomes_a_monitoring_database(tmp_path: Path)
 # ----------------------------------------------------------------------------- read-only
 
 
-def _another_user() -> list[str]:
+@pytest.fixture
+def another_user() -> Iterator[list[str]]:
     """The command prefix that runs a program as a user who cannot write what this
     one made: none when not root (the files' modes apply to this user), else setpriv
-    to nobody (skipped without it, with how to get it; with ``CI=true`` a failure)."""
+    to nobody (skipped without it, with how to get it; with ``CI=true`` a failure).
+    As nobody, this Python and this checkout must be reachable: a directory on their
+    way that others may not enter (CI's fresh venv and clone live in a ``mktemp -d``
+    directory, mode 700) is opened to them (o+rx) for the test, and closed again."""
     if os.geteuid() != 0:
-        return []
+        yield []
+        return
     setpriv = shutil.which("setpriv")
     if setpriv is None:
         why = "root is never refused a write: this test needs setpriv (util-linux) to be nobody"
         if os.environ.get("CI") == "true":
             pytest.fail(why + "; CI must run this test")
         pytest.skip(why)
-    return [setpriv, f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
+    closed: dict[Path, int] = {}
+    for start in (Path(sys.prefix), Path(sys.executable).parent, ROOT):
+        for d in (start, *start.parents):
+            mode = d.stat().st_mode
+            if d not in closed and (mode & 0o005) != 0o005:
+                closed[d] = stat.S_IMODE(mode)
+    try:
+        for d, mode in closed.items():
+            d.chmod(mode | 0o005)
+        yield [setpriv, f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
+    finally:
+        for d, mode in closed.items():
+            d.chmod(mode)
 
 
 @pytest.fixture
@@ -178,14 +196,14 @@ def _report_as(user: list[str], db: Path, out: Path) -> subprocess.CompletedProc
 
 
 def test_a_read_only_run_is_reported_and_one_that_needs_a_write_says_copy_it(
-    shared: Path,
+    shared: Path, another_user: list[str]
 ) -> None:
     """Another user's archived run: the file mode 444 in a directory mode 555. A
     finished run (no -wal) is reported (before: 'not an SQLite database (attempt to
     write a readonly database)'), and nothing is left beside it. A run killed (its
     -wal left, no -shm: SQLite would have to make one to read the log) is refused,
     saying to copy it and its -wal, not that it is no database."""
-    user = _another_user()
+    user = another_user
     out = shared / "out"
     out.mkdir()
     out.chmod(0o777)
@@ -221,12 +239,12 @@ def test_a_read_only_run_is_reported_and_one_that_needs_a_write_says_copy_it(
 
 
 def test_a_live_run_another_user_may_only_read_is_reported_with_its_latest_rows(
-    shared: Path,
+    shared: Path, another_user: list[str]
 ) -> None:
     """A run that goes on, in a directory the reader cannot write: its -wal and -shm
     are there (the writer's), and SQLite reads the log through them without writing.
     The report has the rows written so far, those still only in the -wal too."""
-    user = _another_user()
+    user = another_user
     out = shared / "out"
     out.mkdir()
     out.chmod(0o777)
