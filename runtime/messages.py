@@ -367,7 +367,7 @@ class RunTasks(Message):
 
     tasks: tuple[Any, ...]
 
-    def for_wire(self, error: Callable[[BaseException], BaseException]) -> RunTasks:
+    def for_wire(self, error: Callable[[BaseException], Any]) -> RunTasks:
         """The form that crosses a process boundary: each task's node pickled on its
         own, so one task that cannot be loaded on the worker fails alone. (``error``:
         see :meth:`TasksDone.for_wire`.)"""
@@ -386,7 +386,7 @@ class TasksDone(Message):
     worker_id: str
     results: tuple[Any, ...]
 
-    def for_wire(self, error: Callable[[BaseException], BaseException]) -> TasksDone:
+    def for_wire(self, error: Callable[[BaseException], Any]) -> TasksDone:
         """The form that crosses a process boundary: the error of each result that
         carries one replaced by ``error(exc)`` (``runtime.remote.wire_error``: one
         that always loads on the other side), so the scheduler learns how every try
@@ -541,7 +541,7 @@ class KeyUpdates(Message):
 
     updates: tuple[Any, ...]
 
-    def for_wire(self, error: Callable[[BaseException], BaseException]) -> KeyUpdates:
+    def for_wire(self, error: Callable[[BaseException], Any]) -> KeyUpdates:
         """The form that crosses a process boundary (to a client in another process):
         each exception an update carries (a ``KeyErred``'s ``error`` and
         ``root_error``) replaced by ``error(exc)``, as :meth:`TasksDone.for_wire` does,

@@ -385,15 +385,25 @@ def _restore(
             _restore(member, *extras)
 
 
-class _WireError(Exception):
+class _WireError:
     """A task's exception on its way to another process inside a message (made by
     :func:`wire_error`): its own pickle, loaded by :func:`_load_wire_error` there. So an
     exception that does not load on that side (its module is not installed there, say)
-    becomes a substitute error instead of making the whole message unreadable."""
+    becomes a substitute error instead of making the whole message unreadable.
+
+    Not an exception itself: ``tblib.pickling_support.install()`` (which dask's and
+    distributed's imports call, and a user may) registers tblib's reducer for every
+    exception class then defined, which pickle prefers to the class's own
+    ``__reduce__``; it would load this as the exception and then set that exception's
+    traceback to this stand-in's (none), dropping the frames it brought."""
+
+    __slots__ = ("facts",)
 
     def __init__(self, payload: bytes, kind: str, text: str, rep: str, tb: str) -> None:
-        super().__init__(kind, text)
         self.facts = (payload, kind, text, rep, tb)
+
+    def __repr__(self) -> str:
+        return f"<{self.facts[1]} on its way: {self.facts[2]!r}>"
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_load_wire_error, self.facts)
@@ -412,7 +422,7 @@ def _load_wire_error(payload: bytes, kind: str, text: str, rep: str, tb: str) ->
     return substitute_error(kind, text, rep, tb, why)
 
 
-def wire_error(exc: BaseException) -> BaseException:
+def wire_error(exc: BaseException) -> Any:
     """``exc`` in the form that travels inside a pickled message to another process
     (``TasksDone.for_wire`` calls it for each result that carries an error): checked
     here to load again (:func:`pack_error`, a substitute otherwise), and pickled on its

@@ -390,3 +390,36 @@ async def test_a_connected_clients_dependent_fails_with_the_root_error_as_its_ca
             cause = info.value.__cause__
             assert type(cause).__name__ == "NodeOwnError"
             assert "in raised_on_the_node" in frames(cause)
+
+
+def test_frames_survive_tblibs_reducers_installed_after_corral() -> None:
+    """``tblib.pickling_support.install()`` called after Corral's import (dask's and
+    distributed's imports call it; a user may) registers tblib's reducer for every
+    exception class then defined, the one that carried a task's error between
+    processes among them: pickle preferred it to that class's own ``__reduce__`` and
+    loaded the error with its frames dropped (CI saw it after tests/test_dask.py). In
+    a subprocess, so that this process's reducers stay as they are."""
+    script = textwrap.dedent(
+        """
+        import traceback, cloudpickle
+        from runtime.remote import wire_error
+        from tblib import pickling_support
+
+        def deep_down(x):
+            raise ValueError(x)
+
+        try:
+            deep_down(3)
+        except ValueError as exc:
+            raised = exc
+        pickling_support.install()  # after Corral's classes are defined
+        back = cloudpickle.loads(cloudpickle.dumps(wire_error(raised)))
+        assert type(back) is ValueError, type(back)
+        assert "in deep_down" in "".join(traceback.format_tb(back.__traceback__))
+        print("ok")
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=PROMPT
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
