@@ -503,8 +503,8 @@ class _Record:
     stopping: bool = False  #: stop_block (or the provider's exit) asked it to end
     failure: str = ""  #: the first failure seen while not stopping
     failed_worker: str = ""  #: whose failure that was
-    #: the failure came while the block was starting: the rest of it was stopped
-    #: (otherwise the rest runs on; see LocalProcessProvider)
+    #: the rest of the block was stopped because of the failure (False: the failed
+    #: worker was the last one left, the rest had ended before it)
     stopped_rest: bool = False
     live: int = 0  #: children not yet reaped and finished with
     #: while a pending block waits out the provision delay: cancel it to start nothing
@@ -891,7 +891,7 @@ class LocalProcessProvider(Provider):
             block.state = BlockState.OOM if oom else BlockState.FAILED
             others = [c for c in rec.children if c.worker_id != rec.failed_worker]
             rest = ", ".join(f"{c.worker_id} {c.outcome}" for c in others)
-            how = "stopped the rest of the block" if rec.stopped_rest else "the rest ran on"
+            how = "stopped the rest of the block" if rec.stopped_rest else "the rest had ended"
             block.detail = rec.failure + (f"; {how}: {rest}" if rest else "")
         elif rec.stopping:
             block.state = BlockState.SCALED_IN

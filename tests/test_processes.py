@@ -221,6 +221,25 @@ async def test_sigkill_from_outside_fails_the_block_and_stops_the_rest(
             assert not any(psutil.pid_exists(pid) for pid in pids.values())
 
 
+async def test_a_worker_failing_after_the_rest_ended_says_so(tmp_path: Path) -> None:
+    """The last worker of a block fails after the others ended on their own: nothing
+    is left to stop, and the block's detail says the rest had ended (not stopped)."""
+    true, sh = shutil.which("true"), shutil.which("sh")
+    assert true is not None and sh is not None
+    flag = tmp_path / "go"
+    last = [sh, "-c", f"until [ -e '{flag}' ]; do sleep 0.05; done; exit 3"]
+    with anyio.fail_after(LIMIT):
+        async with LocalProcessProvider(lambda b, i: [true] if i == 0 else last) as provider:
+            block = await provider.start_block(BlockSpec(workers=2))
+            rec = provider._record(block)
+            await wait_until(lambda: not rec.starting and rec.live == 1, "worker-1.0 to end")
+            flag.touch()
+            assert await provider.wait_ended(block) is BlockState.FAILED
+            assert block.detail == (
+                "worker-1.1 failed: exit code 3; the rest had ended: worker-1.0 exit code 0"
+            )
+
+
 async def test_a_worker_killed_by_the_oom_killer_ends_its_block_oom(
     corral_log: LogLines, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
