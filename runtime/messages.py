@@ -573,10 +573,7 @@ class KeyUpdates(Message):
                 if not isinstance(value, BaseException):
                     continue
                 if value is not root and root is not None and value.__cause__ is root:
-                    bare = copy.copy(value)
-                    bare.__cause__ = bare.__context__ = None  # (tblib's reducer, if
-                    bare.__traceback__ = None  # installed, copies them: not sent)
-                    changes[f.name] = bare
+                    changes[f.name] = bare_exception(value)
                 else:
                     changes[f.name] = once(value)
             return dataclasses.replace(update, **changes) if changes else update
@@ -584,6 +581,15 @@ class KeyUpdates(Message):
         updates = tuple(wired(u) for u in self.updates)
         same = all(a is b for a, b in zip(updates, self.updates, strict=True))
         return self if same else KeyUpdates(updates)
+
+
+def bare_exception(exc: BaseException) -> BaseException:
+    """A copy of ``exc`` without traceback, cause and context: the exception alone,
+    even where a reducer pickles those (tblib's, which importing dask installs for the
+    classes defined then)."""
+    body = copy.copy(exc)
+    body.__traceback__ = body.__cause__ = body.__context__ = None
+    return body
 
 
 def rejoin_causes(updates: tuple[Any, ...]) -> None:

@@ -75,7 +75,14 @@ from runtime.errors import (
 )
 from runtime.kernel import ActorRef, current_causal_id, new_causal_id
 from runtime.log import get_logger
-from runtime.messages import UNREADABLE_REPLY, ErrorReply, Message, Ping, message
+from runtime.messages import (
+    UNREADABLE_REPLY,
+    ErrorReply,
+    Message,
+    Ping,
+    bare_exception,
+    message,
+)
 
 __all__ = [
     "JsonReply",
@@ -274,8 +281,8 @@ def pack_error(
 
     tries: list[Callable[[], Any]] = [lambda: _WithFrames.of(exc, {})]  # frames, chain
     if exc.__cause__ is not None or exc.__context__ is not None:
-        tries.append(lambda: _WithFrames(_bare(exc), (_frames(exc),)))  # frames only
-    tries += [as_pickled, lambda: _bare(exc)]  # itself only
+        tries.append(lambda: _WithFrames(bare_exception(exc), (_frames(exc),)))  # frames only
+    tries += [as_pickled, lambda: bare_exception(exc)]  # itself only
     failure: Exception | None = None
     for make in tries:
         try:
@@ -287,15 +294,6 @@ def pack_error(
                 failure = failed
     why = f"it cannot be pickled and loaded again ({failure!r}) to travel back from {where}"
     return dumps(substitute_error(*_describe(exc), tb, why)), tb
-
-
-def _bare(exc: BaseException) -> BaseException:
-    """A copy of ``exc`` without traceback, cause and context: the exception alone,
-    even where a reducer pickles those (tblib's, which importing dask installs for the
-    classes defined then)."""
-    body = copy.copy(exc)
-    body.__traceback__ = body.__cause__ = body.__context__ = None
-    return body
 
 
 def _frames(exc: BaseException) -> list[Any]:
@@ -312,11 +310,12 @@ def _frames(exc: BaseException) -> list[Any]:
 
 class _WithFrames:
     """An exception as it travels from :func:`pack_error`: its ``body`` (the exception
-    without its traceback and chain, :func:`_bare`) pickled as any, and what a pickle of
-    it leaves out (:meth:`extras_of`): its traceback, its ``__cause__`` and ``__context__``
-    (each made to travel so too), ``__suppress_context__``, and those of the exceptions
-    of an exception group. It loads as the exception itself (:func:`_arrive`), whose
-    traceback formats as the original's did."""
+    without its traceback and chain, :func:`~runtime.messages.bare_exception`) pickled
+    as any, and what a pickle of it leaves out (:meth:`extras_of`): its traceback, its
+    ``__cause__`` and ``__context__`` (each made to travel so too),
+    ``__suppress_context__``, and those of the exceptions of an exception group. It
+    loads as the exception itself (:func:`_arrive`), whose traceback formats as the
+    original's did."""
 
     __slots__ = ("body", "extras")
 
@@ -330,7 +329,7 @@ class _WithFrames:
         ``__context__``, travels once); a link back to one still being made (a cycle)
         is left out."""
         made[id(exc)] = None
-        made[id(exc)] = self = cls(_bare(exc), cls.extras_of(exc, made))
+        made[id(exc)] = self = cls(bare_exception(exc), cls.extras_of(exc, made))
         return self
 
     @classmethod
