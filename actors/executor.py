@@ -675,7 +675,8 @@ class _RemoteTraceback(Exception):
         return "\n" + self.tb
 
 
-#: what the text of a traceback says between the exceptions of a chain
+#: what the text of a traceback says between the exceptions of a chain (at the start
+#: of a line: an exception group's members' chains are indented, and travel with them)
 _CHAINED = re.compile(
     r"^(The above exception was the direct cause of the following exception:"
     r"|During handling of the above exception, another exception occurred:)$",
@@ -1146,11 +1147,7 @@ class ProcessExecutor(BaseExecutor):
             and error.__cause__ is None
             and (
                 error.__traceback__ is None  # its frames could not travel, or its chain
-                or (
-                    error.__context__ is None
-                    and not isinstance(error, BaseExceptionGroup)  # (its members' chains)
-                    and _CHAINED.search(tb) is not None
-                )
+                or (error.__context__ is None and _CHAINED.search(tb) is not None)
             )
         ):
             # (pack_error sends them when they can) the text of its traceback there

@@ -95,6 +95,21 @@ def raises_by_value() -> None:
     raise_it_here()
 
 
+def raises_a_group() -> None:
+    """Raises an exception group whose member has a cause: the group's traceback text
+    says "The above exception was the direct cause" for that member's chain."""
+    plain_install()
+    members = []
+    try:
+        looks_up({})
+    except KeyError as exc:
+        try:
+            raise ValueError("member with a cause") from exc
+        except ValueError as member:
+            members.append(member)
+    raise ExceptionGroup("the group", members)  # (no cause, no context of its own)
+
+
 class DoesNotLoad(Exception):
     """Pickles (as ``DoesNotLoad("7: seven")``) but does not load again."""
 
@@ -253,6 +268,27 @@ async def test_a_chained_exception_reaches_the_caller_with_its_cause_and_frames(
             assert err.__suppress_context__
             text = "".join(traceback.format_exception(err))
             assert "The above exception was the direct cause" in text
+
+
+@pytest.mark.anyio
+@EXECUTIONS
+async def test_an_exception_group_arrives_with_its_members_chains_and_no_text_copy(
+    execution: str,
+) -> None:
+    """The chain in a group's traceback text is its members' (which travel with them):
+    the group does not get that text as a stand-in cause (``_RemoteTraceback``)."""
+    with anyio.fail_after(LIMIT):
+        async with cluster(execution) as c:
+            await c.wait_for_workers(1, timeout=LIMIT)
+            with anyio.fail_after(PROMPT):
+                err = await c.submit(raises_a_group).exception()
+            assert isinstance(err, ExceptionGroup) and str(err).startswith("the group")
+            assert err.__cause__ is None and err.__context__ is None
+            assert "in raises_a_group" in frames(err)
+            (member,) = err.exceptions
+            assert type(member) is ValueError and str(member) == "member with a cause"
+            assert isinstance(member.__cause__, KeyError)
+            assert "in looks_up" in frames(member.__cause__)
 
 
 @pytest.mark.anyio
