@@ -1,16 +1,18 @@
 """The manager actor: the cluster's front door for clients and the console.
 
 What lives here: :class:`Manager`. It validates submitted graphs (off the event loop
-for large ones), owns runs and the keys clients want, forwards key updates to the
-clients that want them, gathers results from the workers holding them, and routes
-commands (cancel, release, policy changes, status) to the actor that owns them.
+for large ones; a task asking for more than every worker of its configured pool has is
+refused: ``runtime.graph.check_pool_fit``), owns runs and the keys clients want,
+forwards key updates to the clients that want them, gathers results from the workers
+holding them, and routes commands (cancel, release, policy changes, status) to the
+actor that owns them.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Callable, Sized
+from collections.abc import Callable, Mapping, Sized
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -19,7 +21,7 @@ from actors import transfer
 from actors.scheduler_events import KeyDone
 from actors.transfer import STREAM_BYTES, StreamInfo, UnknownStream
 from runtime.errors import ActorStopped, AskTimeout, FrameTooLarge
-from runtime.graph import Key, build_specs, reject_collection
+from runtime.graph import Key, PoolShape, build_specs, check_pool_fit, reject_collection
 from runtime.kernel import Actor, ActorRef, Later, handles
 from runtime.messages import (
     AlertRuleAdd,
@@ -121,8 +123,12 @@ class Manager(Actor):
         max_runs: int = MAX_RUNS,
         max_run_keys: int = MAX_RUN_KEYS,
         monitor: Callable[[], ActorRef[Any] | None] = lambda: None,
+        pools: Mapping[str, PoolShape] | None = None,
     ) -> None:
         self._scheduler = scheduler
+        #: the configured pools' worker shapes (``runtime.node.pool_shapes``): a task of
+        #: one of them asking for more than its workers have is refused at submit
+        self.pools: dict[str, PoolShape] = dict(pools or {})
         self._monitor = monitor  #: the alert monitor, when the cluster runs one
         self._registry = registry
         self._autoscaler = autoscaler
@@ -143,9 +149,10 @@ class Manager(Actor):
     @handles(SubmitGraphRequest)
     async def submit(self, msg: SubmitGraphRequest) -> str:
         known = self.keys.__contains__
+        pools = self.pools
 
         def build() -> Any:
-            return build_specs(
+            specs = build_specs(
                 msg.graph,
                 msg.keys,
                 known=known,
@@ -154,6 +161,9 @@ class Manager(Actor):
                 resources=msg.resources,
                 pool=msg.pool,
             )
+            if pools:  # a task no worker of its configured pool could run: refused
+                check_pool_fit(specs.values(), pools)
+            return specs
 
         reject_collection(msg.graph)  # before len(): a 0-d array or Delayed has none
         size = len(msg.graph) if isinstance(msg.graph, Sized) else THREAD_THRESHOLD

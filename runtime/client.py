@@ -796,7 +796,11 @@ class Cluster:
     into the default retry policy. Pools are checked here
     (:class:`~runtime.errors.PoolConfigError`). Their workers are in-process actors, or,
     with ``processes=True``, worker processes on this machine. A ``slurm`` pool needs a
-    manager process (``python -m runtime manager --config FILE``).
+    manager process (``python -m runtime manager --config FILE``). A task of one of these
+    pools asking for more ``resources`` than its workers have (``cores_per_worker``, a
+    ``memory_per_worker`` or ``disk_per_worker`` given as a size) is refused at submit
+    (:class:`~runtime.errors.GraphError`), and an alert rule's scale-out must name one of
+    them (:class:`~runtime.errors.AlertConfigError`).
 
     Alerts (docs/monitoring.md): the default rules run, logged, unless ``alerting``
     says ``{"default_rules": False}``; ``alerts`` adds rules as data (``[{"name": ...,
@@ -923,8 +927,11 @@ class Cluster:
             )
         from runtime.monitor import alerting_config
 
-        #: the alert monitor's settings and rules (AlertConfigError now, not at start)
-        self.alerting = alerting_config(alerting, alerts, alertmanager=alertmanager)
+        #: the alert monitor's settings and rules (AlertConfigError now, not at start;
+        #: with pools, a rule's scale-out must name one of them, as in a config file)
+        self.alerting = alerting_config(
+            alerting, alerts, alertmanager=alertmanager, pools=list(self.pools) or None
+        )
         self._system: ActorSystem | None = None
         self._client_actor: ClientActor
         self._manager: ActorRef[Manager] | _RemoteManager
@@ -1193,7 +1200,7 @@ class Cluster:
             stall_timeout=self.stall_timeout, drain_period=pool_drain_period(self.pools),
             alerting=self.alerting,
             **self._monitoring(),
-            prune_depth=self.prune_depth,
+            prune_depth=self.prune_depth, pools=self.pools,
         )  # fmt: skip
         if self.processes:
             tokens = Tokens.generate()

@@ -33,16 +33,18 @@ from dask._task_spec import (
 )
 from dask.core import flatten
 from dask.order import order as dask_order
-from dask.utils import key_split
+from dask.utils import format_bytes, key_split
 
 from runtime.errors import CycleError, GraphError, MissingKeysError
 
 __all__ = [
     "Key",
+    "PoolShape",
     "TaskSpec",
     "build_specs",
     "category_of",
     "check_keys",
+    "check_pool_fit",
     "flatten_keys",
     "make_task",
     "normalize_graph",
@@ -452,6 +454,91 @@ def build_specs(
             pool=opts["pool"],
         )
     return specs
+
+
+#: What each worker of a configured pool has by its configuration: resource name (of
+#: :data:`RESOURCES`) -> (the amount, the pool's setting that sets it, e.g.
+#: ``"cores_per_worker"``). A resource left out is not known in advance (a worker's
+#: memory when it is the machine's, its disk when it is the free space): not checked.
+PoolShape = Mapping[str, tuple[float, str]]
+
+
+def check_pool_fit(specs: Iterable[TaskSpec], shapes: Mapping[str, PoolShape]) -> None:
+    """Refuse a submission one of whose tasks names a configured pool (one of
+    ``shapes``) and asks for more of a resource than every worker of that pool has by
+    its configuration: no worker of it could ever run the task, which would wait
+    forever. Raises :class:`GraphError` naming the first such task (``key``), what it
+    asks (``resource``, ``asked``), what the pool's workers have (``pool``, ``has``)
+    and the setting that says so (``setting``); ``count``: how many tasks of the
+    submission ask too much. A task of no pool, or of a pool not in ``shapes`` (workers
+    may join it by hand, ``--pool``), is not checked. One pass over the tasks."""
+    if not shapes:
+        return
+    first: tuple[TaskSpec, str, float, tuple[float, str]] | None = None
+    count = 0
+    for spec in specs:
+        if spec.pool is None or not spec.resources:
+            continue
+        shape = shapes.get(spec.pool)
+        if shape is None:
+            continue
+        for name, amount in spec.resources.items():
+            has = shape.get(name)
+            if has is not None and amount > has[0]:
+                count += 1
+                if first is None:
+                    first = (spec, name, amount, has)
+                break
+    if first is not None:
+        raise _too_big_for_pool(*first, shapes, count)
+
+
+def _amount(resource: str, value: float, how: str = "") -> str:
+    """``value`` of ``resource`` in words: "8 cores", "59.60 GiB of memory"; ``how``
+    "bytes": and "(64,000,000,000 bytes)"; "exact": "64,000,000,000 bytes of memory"."""
+    if resource == "cores":
+        return f"{value:g} core{'' if value == 1 else 's'}"
+    if how == "exact":
+        return f"{int(value):,} bytes of {resource}"
+    exact = f" ({int(value):,} bytes)" if how == "bytes" else ""
+    return f"{format_bytes(int(value))} of {resource}{exact}"
+
+
+def _too_big_for_pool(
+    spec: TaskSpec,
+    resource: str,
+    asked: float,
+    has: tuple[float, str],
+    shapes: Mapping[str, PoolShape],
+    count: int,
+) -> GraphError:
+    pool = spec.pool
+    limit, setting = has
+    where = f"[pools.{pool}]"
+    fits = [p for p, shape in shapes.items() if shape.get(resource, (-1.0, ""))[0] >= asked]
+    others = f" (configured so: {', '.join(map(repr, fits))})" if fits else ""
+    more = (
+        f" {count} tasks of this submission ask for more than their pool's workers have; "
+        "this is the first."
+        if count > 1
+        else ""
+    )
+    asks = _amount(resource, asked, "bytes")
+    return GraphError(
+        f"task {spec.key!r} asks for {asks} in pool {pool!r}, but each "
+        f"worker of that pool has {_amount(resource, limit)} ({setting} = {limit:.0f} in "
+        f"{where}), so none of them could ever run it: the submission was refused and "
+        f"nothing of it was run.{more} Ask for at most {_amount(resource, limit, 'exact')}, "
+        f"give the task a pool whose workers have enough{others}, or raise {setting} in "
+        f"{where}; then submit again.",
+        key=spec.key,
+        pool=pool,
+        resource=resource,
+        asked=asked,
+        has=limit,
+        setting=setting,
+        count=count,
+    )
 
 
 def _to_refs(obj: Any, is_future: Callable[[Any], Key | None]) -> Any:

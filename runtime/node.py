@@ -70,6 +70,7 @@ from runtime.errors import (
     ProtocolError,
     TaskArgumentsTooLarge,
 )
+from runtime.graph import PoolShape
 from runtime.kernel import ActorRef, ActorSystem
 from runtime.log import get_logger
 from runtime.messages import (
@@ -211,6 +212,7 @@ async def start_control_plane(
     prune_depth: int = 1,
     dashboard: bool = False,
     monitor_feed: bool = False,
+    pools: Mapping[str, PoolConfig] | None = None,
 ) -> ControlPlane:
     """Spawn registry, scheduler, manager, the alert monitor (unless ``alerting`` is
     None; by default the default rules, logged) and, with a ``provider``, the
@@ -223,6 +225,9 @@ async def start_control_plane(
     ``monitor_feed``: keep the scheduler's monitoring feed from the start for a
     recorder started later (:func:`start_recorder`; the manager process starts it once
     its listeners are up, so a manager that cannot listen leaves no database).
+    ``pools``: the configured pools, whose worker shapes (:func:`pool_shapes`) the
+    manager checks submissions against (a task asking for more than every worker of its
+    pool has is refused).
 
     ``policies`` of kind ``scaling`` go to the autoscaler (started here or later by
     :func:`start_autoscaler`), the others to the scheduler; an unknown name or bad
@@ -251,7 +256,7 @@ async def start_control_plane(
     refs["scheduler"] = await system.spawn(scheduler, "scheduler", max_restarts=0)
     manager = Manager(
         lambda: refs["scheduler"], lambda: refs["registry"], lambda: refs.get("autoscaler"),
-        plane.resolve, monitor=lambda: refs.get("monitor"),
+        plane.resolve, monitor=lambda: refs.get("monitor"), pools=pool_shapes(pools or {}),
     )  # fmt: skip
     refs["manager"] = await system.spawn(manager, "manager")
     if alerting is not None:
@@ -425,6 +430,25 @@ def pool_targets(pools: Mapping[str, PoolConfig]) -> dict[str, PoolTarget]:
         )
         for name, p in pools.items()
     }
+
+
+def pool_shapes(pools: Mapping[str, PoolConfig]) -> dict[str, PoolShape]:
+    """What every worker of each configured pool has by its configuration, as the
+    manager checks submissions against it (``runtime.graph.check_pool_fit``): its cores;
+    its memory, unless it is the machine's (``memory_per_worker = 0``: not known here
+    for a pool whose workers run elsewhere); its disk only when it is a number (not
+    ``0``, its file system's free space, nor ``"off"``). Pools do not change while the
+    cluster runs (a pool scaled that is not configured is refused), so this is taken
+    once, at start."""
+    shapes: dict[str, PoolShape] = {}
+    for name, p in pools.items():
+        shape = {"cores": (float(p.cores_per_worker), "cores_per_worker")}
+        if p.memory_per_worker > 0:
+            shape["memory"] = (float(p.memory_per_worker), "memory_per_worker")
+        if p.disk_per_worker > 0:  # DISK_OFF is negative
+            shape["disk"] = (float(p.disk_per_worker), "disk_per_worker")
+        shapes[name] = shape
+    return shapes
 
 
 def pool_policies(
@@ -1310,6 +1334,7 @@ async def run_manager(
         plane = await start_control_plane(
             system, policies=policies, drain_period=pool_drain_period(pools), alerting=alerting,
             prune_depth=prune_depth, dashboard=websockets, monitor_feed=monitoring is not None,
+            pools=pools,
         )  # fmt: skip
         from runtime.dashboard import DashboardFeed, dashboard_routes
         from runtime.metrics import NotifierCollector, metrics_route

@@ -1,0 +1,219 @@
+"""A task asking for more than every worker of its configured pool has is refused at
+submit (``runtime.graph.check_pool_fit``, called by the manager with the shapes
+``runtime.node.pool_shapes`` takes of the configured pools): a ``GraphError`` naming
+the task, what it asks, what the pool's workers have and the setting that says so, and
+what to do. Before, it was accepted, waited "for a worker" forever and scaled its pool
+to ``max_blocks``. Nothing of a refused submission is run or kept. Tasks of no pool,
+of a pool not configured, or asking for what the configuration leaves unknown (memory
+with ``memory_per_worker = 0``, disk not given as a size) are not checked. Also:
+``Cluster(pools=..., alerts=...)`` refuses a rule scaling out a pool it does not have,
+as a configuration file does.
+"""
+
+from __future__ import annotations
+
+import operator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from actors.pools import pools_from_dicts
+from runtime import Cluster
+from runtime.errors import AlertConfigError, GraphError
+from runtime.graph import DataNode, TaskSpec, check_pool_fit
+from runtime.node import Tokens, pool_shapes, run_manager
+
+#: one worker of 2 cores in ``cpu`` (started at once); ``big``: 8 cores, none started
+POOLS: dict[str, Any] = {
+    "cpu": {"min_blocks": 1, "max_blocks": 1, "cores_per_worker": 2},
+    "big": {"min_blocks": 0, "init_blocks": 0, "max_blocks": 1, "cores_per_worker": 8},
+}
+
+
+def refused_parts(err: GraphError, key: str) -> None:
+    """The parts every refusal of 8 cores in ``cpu`` (2 cores a worker) says."""
+    text = str(err)
+    assert f"task {key!r} asks for 8 cores in pool 'cpu'" in text
+    assert "each worker of that pool has 2 cores (cores_per_worker = 2 in [pools.cpu])" in text
+    assert "the submission was refused and nothing of it was run" in text
+    assert "Ask for at most 2 cores" in text
+    assert "give the task a pool whose workers have enough (configured so: 'big')" in text
+    assert "or raise cores_per_worker in [pools.cpu]" in text
+    fields = err.fields
+    assert (fields["key"], fields["pool"], fields["resource"]) == (key, "cpu", "cores")
+    assert (fields["asked"], fields["has"], fields["setting"]) == (8, 2, "cores_per_worker")
+
+
+@pytest.mark.anyio
+async def test_more_cores_than_the_pools_workers_have_is_refused_and_the_cluster_goes_on() -> None:
+    with anyio.fail_after(30):
+        async with Cluster(pools=POOLS) as cluster:
+            await cluster.wait_for_workers(1)
+            runs = (await cluster.status())["runs"]
+            fut = cluster.submit(
+                operator.add, 1, 2, key="add-8", resources={"cores": 8}, pool="cpu"
+            )
+            with pytest.raises(GraphError) as info:
+                await fut
+            refused_parts(info.value, "add-8")
+            # submit_graph: refused at once, the whole graph (its fitting task too)
+            graph: dict[Any, Any] = {"x": 1, "y": (operator.add, "x", 1)}
+            with pytest.raises(GraphError) as info:
+                await cluster.submit_graph(graph, ["y"], resources={"cores": 8}, pool="cpu")
+            assert "2 tasks of this submission ask for more" in str(info.value)
+            assert info.value.fields["count"] == 2
+            # nothing kept: no run, no task at the scheduler, no block asked for
+            status = await cluster.status()
+            assert status["runs"] == runs
+            assert not {"add-8", "x", "y"} & set(cluster.scheduler_state.tasks)
+            assert sorted(status["autoscaler"]["blocks"]) == ["cpu/block-1"]
+            # fixed, it runs on the same cluster (other settings: another key)
+            fits = cluster.submit(operator.add, 1, 2, resources={"cores": 2}, pool="cpu")
+            assert await fits == 3
+            (y,) = await cluster.submit_graph(graph, ["y"], resources={"cores": 1}, pool="cpu")
+            assert await y == 2
+
+
+@pytest.mark.anyio
+async def test_memory_and_disk_given_as_sizes_are_checked() -> None:
+    pools = {
+        "small": {"init_blocks": 0, "memory_per_worker": "1GB", "disk_per_worker": "2GB"},
+        "large": {"init_blocks": 0, "memory_per_worker": "8GB"},
+    }
+    with anyio.fail_after(30):
+        async with Cluster(pools=pools) as cluster:
+            graph: dict[Any, Any] = {"m": (operator.neg, 1)}
+            with pytest.raises(GraphError) as info:
+                await cluster.submit_graph(graph, ["m"], resources={"memory": 4e9}, pool="small")
+            text = str(info.value)
+            assert "task 'm' asks for 3.73 GiB of memory (4,000,000,000 bytes)" in text
+            assert "memory_per_worker = 1000000000 in [pools.small]" in text
+            assert "Ask for at most 1,000,000,000 bytes of memory" in text
+            assert "(configured so: 'large')" in text
+            assert info.value.fields["setting"] == "memory_per_worker"
+            with pytest.raises(
+                GraphError, match=r"disk_per_worker = 2000000000 in \[pools.small\]"
+            ):
+                await cluster.submit_graph(graph, ["m"], resources={"disk": 3e9}, pool="small")
+            assert (await cluster.status())["runs"] == 0
+            assert "m" not in cluster.scheduler_state.tasks
+
+
+@pytest.mark.anyio
+async def test_what_the_configuration_does_not_fix_is_not_checked() -> None:
+    """No pool, a pool not configured (workers may join it by hand), memory with
+    ``memory_per_worker = 0`` (the machine's) and disk not given as a size are accepted:
+    the tasks wait for a worker that has enough, as before."""
+    pools: dict[str, Any] = {
+        "cpu": {"init_blocks": 0, "cores_per_worker": 1},
+        "off": {"init_blocks": 0, "disk_per_worker": "off"},
+    }
+    asks: list[tuple[dict[str, float], str | None]] = [
+        ({"cores": 64}, None),
+        ({"cores": 64}, "gpu"),
+        ({"memory": 1e18}, "cpu"),
+        ({"disk": 1e18}, "cpu"),
+        ({"disk": 1e18}, "off"),
+    ]
+    with anyio.fail_after(30):
+        async with Cluster(pools=pools) as cluster:
+            futures = []
+            for i, (resources, pool) in enumerate(asks):
+                # submit_graph returns once the manager took the submission
+                task: dict[Any, Any] = {f"t-{i}": (operator.neg, i)}
+                futures += await cluster.submit_graph(
+                    task, [f"t-{i}"], resources=resources, pool=pool
+                )
+            # the manager posted them to the scheduler before it asks for this status
+            assert (await cluster.status())["wanted_keys"] == len(asks)
+            assert {f"t-{i}" for i in range(len(asks))} <= set(cluster.scheduler_state.tasks)
+            await cluster.cancel(futures)
+
+
+@pytest.mark.anyio
+async def test_a_manager_with_a_config_file_refuses_over_a_connection(tmp_path: Path) -> None:
+    """The manager process (``--config FILE``) refuses the same way; the error reaches a
+    remote client as itself."""
+    config = tmp_path / "corral.toml"
+    config.write_text(
+        "[pools.cpu]\ninit_blocks = 0\ncores_per_worker = 2\n\n"
+        "[pools.big]\ninit_blocks = 0\ncores_per_worker = 8\n"
+    )
+    where: dict[str, str] = {}
+    up = anyio.Event()
+
+    def ready(address: str, tokens: Tokens) -> None:
+        where["address"] = address
+        up.set()
+
+    with anyio.fail_after(60):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(
+                lambda: run_manager(
+                    "inproc://", ready=ready, listen_options={"codec": True}, config=config
+                )
+            )
+            await up.wait()
+            async with Cluster(where["address"]) as cluster:
+                fut = cluster.submit(
+                    operator.add, 1, 2, key="add-8", resources={"cores": 8}, pool="cpu"
+                )
+                with pytest.raises(GraphError) as info:
+                    await fut
+                refused_parts(info.value, "add-8")
+                assert (await cluster.status())["runs"] == 0
+            tg.cancel_scope.cancel()
+
+
+def test_the_check_reads_the_pools_shapes_in_one_pass() -> None:
+    """``pool_shapes``: cores always; memory and disk only as sizes. ``check_pool_fit``
+    counts every task that asks too much and names the first."""
+    pools = pools_from_dicts(
+        {
+            "a": {"cores_per_worker": 2, "memory_per_worker": "1GB", "disk_per_worker": "off"},
+            "b": {"disk_per_worker": "5GB"},
+        }
+    )
+    assert pool_shapes(pools) == {
+        "a": {"cores": (2.0, "cores_per_worker"), "memory": (1e9, "memory_per_worker")},
+        "b": {"cores": (1.0, "cores_per_worker"), "disk": (5e9, "disk_per_worker")},
+    }
+
+    def spec(key: str, pool: str | None, **resources: float) -> TaskSpec:
+        return TaskSpec(key, DataNode(key, 1), (), key, resources=resources, pool=pool)
+
+    shapes = pool_shapes(pools)
+    fine = [
+        spec("f1", "a", cores=2, memory=1e9),
+        spec("f2", None, cores=9),
+        spec("f3", "z", cores=9),
+    ]
+    check_pool_fit(fine, shapes)
+    check_pool_fit([spec("g", "a", cores=9)], {})  # no pool configured: nothing checked
+    bad = [*fine, spec("b1", "b", disk=6e9), spec("b2", "a", cores=3), spec("b3", "a", memory=2e9)]
+    with pytest.raises(GraphError) as info:
+        check_pool_fit(bad, shapes)
+    fields = info.value.fields
+    assert (fields["key"], fields["count"], fields["setting"]) == ("b1", 3, "disk_per_worker")
+    assert "3 tasks of this submission ask for more than their pool's workers have" in str(
+        info.value
+    )
+
+
+def test_an_alert_rule_scaling_out_a_pool_the_cluster_does_not_have_is_refused() -> None:
+    def rule(pool: str) -> dict[str, Any]:
+        return {
+            "name": "Grow",
+            "expr": "corral_queue_depth > 0",
+            "action": {"scale_out": {"fit": True, "pool": pool}},
+        }
+
+    with pytest.raises(AlertConfigError) as info:
+        Cluster(pools=POOLS, alerts=[rule("cpuu")])
+    assert (info.value.rule, info.value.key) == ("Grow", "action.scale_out.pool")
+    assert "names no pool: 'cpuu'; did you mean 'cpu'? The pools are: cpu, big" in str(info.value)
+    assert Cluster(pools=POOLS, alerts=[rule("big")]).alerting.pools == ("cpu", "big")
+    # without pools, the pools are not known here (workers may join any): not checked
+    Cluster(workers=0, alerts=[rule("anything")])
