@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from actors import transfer
+from actors.pools import check_fallback
 from actors.scheduler_events import KeyDone
 from actors.transfer import STREAM_BYTES, StreamInfo, UnknownStream
 from runtime.errors import ActorStopped, AskTimeout, FrameTooLarge
@@ -428,6 +429,7 @@ class Manager(Actor):
 
     @handles(SetPolicyRequest)
     async def set_policy(self, msg: SetPolicyRequest) -> Any:
+        check_fallback(msg.kind, msg.name, msg.params, self.pools)
         if msg.kind == "scaling":  # the autoscaler's policy; every other kind: scheduler
             autoscaler = self._autoscaler()
             if autoscaler is None:

@@ -24,13 +24,13 @@ import math
 import os
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
 from actors.providers import DISK_OFF, BlockSpec
 from policies.scaling import PoolLimits
-from runtime.errors import PoolConfigError, did_you_mean
+from runtime.errors import PolicyParamsError, PoolConfigError, did_you_mean
 
 __all__ = [
     "COMMON_KEYS",
@@ -38,6 +38,7 @@ __all__ = [
     "PROVIDERS",
     "SLURM_KEYS",
     "PoolConfig",
+    "check_fallback",
     "load_config",
     "parse_seconds",
     "pools_from_dicts",
@@ -356,6 +357,26 @@ def pools_from_dicts(pools: Mapping[str, Any], *, source: str = "") -> dict[str,
                 source,
             )  # fmt: skip
     return out
+
+
+def check_fallback(kind: str, name: str, params: Mapping[str, Any], pools: Collection[str]) -> None:
+    """A retry policy's ``fallback`` (``{pool: pool its long tasks move to}``) must name
+    configured pools, when the cluster has them: a task moved to a pool no block ever
+    serves would wait for good. Raises :class:`~runtime.errors.PolicyParamsError`
+    (``Cluster(policies=...)`` at start, ``policy set retry ...`` live). Without
+    configured pools (workers join by hand, ``--pool``) nothing is checked."""
+    fallback = params.get("fallback")
+    if kind != "retry" or not pools or not isinstance(fallback, Mapping):
+        return
+    known = list(pools)
+    for pool, to in fallback.items():
+        for which, named in (("from", pool), ("to", to)):
+            if isinstance(named, str) and named not in pools:
+                raise PolicyParamsError(
+                    kind, name,
+                    f"fallback {pool!r} -> {to!r}: {named!r} ({which}) is not a configured "
+                    f"pool{did_you_mean(named, known, ';')} the pools are: {', '.join(known)}",
+                )  # fmt: skip
 
 
 #: the top-level tables of a manager's configuration file

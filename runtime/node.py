@@ -50,7 +50,7 @@ import anyio.abc
 
 from actors.autoscaler import Autoscaler, PoolTarget
 from actors.manager import Manager
-from actors.pools import PoolConfig, load_config
+from actors.pools import PoolConfig, check_fallback, load_config
 from actors.protocol import TaskResult
 from actors.providers import DISK_OFF, BlockSpec, Provider, WorkerFactory
 from actors.registry import FileRegistry
@@ -234,6 +234,8 @@ async def start_control_plane(
     parameters raise here, before anything is spawned."""
     refs: dict[str, ActorRef[Any]] = {}
     policies = dict(policies or {})
+    if "retry" in policies and pools:
+        check_fallback("retry", *policies["retry"], pools)
     scaling = policies.pop("scaling", None)
     config = SchedulerConfig(
         saturation=saturation, stall_timeout=stall_timeout, drain_period=drain_period,

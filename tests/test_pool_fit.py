@@ -21,7 +21,7 @@ import pytest
 
 from actors.pools import pools_from_dicts
 from runtime import Cluster
-from runtime.errors import AlertConfigError, GraphError
+from runtime.errors import AlertConfigError, GraphError, PolicyParamsError
 from runtime.graph import DataNode, TaskSpec, check_pool_fit
 from runtime.node import Tokens, pool_shapes, run_manager
 
@@ -217,3 +217,26 @@ def test_an_alert_rule_scaling_out_a_pool_the_cluster_does_not_have_is_refused()
     assert Cluster(pools=POOLS, alerts=[rule("big")]).alerting.pools == ("cpu", "big")
     # without pools, the pools are not known here (workers may join any): not checked
     Cluster(workers=0, alerts=[rule("anything")])
+
+
+@pytest.mark.anyio
+async def test_a_retry_fallback_to_a_pool_the_cluster_does_not_have_is_refused() -> None:
+    """``fallback`` moves a pool's long tasks to another pool: with configured pools,
+    both must be among them (a task moved to a pool no block serves would wait for
+    good), at start (``Cluster(policies=...)``) and live (``policy set``); the policy in
+    force stays. Without configured pools nothing is checked."""
+    bad = ("default", {"fallback": {"cpu": "bgi"}})
+    with anyio.fail_after(30):
+        with pytest.raises(PolicyParamsError, match=r"'bgi' \(to\) is not a configured pool; "
+                           r"did you mean 'big'\? the pools are: cpu, big"):  # fmt: skip
+            async with Cluster(pools=POOLS, policies={"retry": bad}):
+                pass
+        async with Cluster(pools=POOLS) as cluster:
+            await cluster.wait_for_workers(1)
+            with pytest.raises(PolicyParamsError, match=r"'gpu' \(from\) is not a configured"):
+                await cluster.set_policy("retry", "default", fallback={"gpu": "cpu"})
+            info = await cluster.set_policy("retry", "default", fallback={"cpu": "big"})
+            assert info.name == "default"
+            assert await cluster.submit(operator.add, 1, 2, pool="cpu") == 3
+        async with Cluster(workers=1) as cluster:  # pools joined by hand: not checked
+            await cluster.set_policy("retry", "default", fallback={"cpu": "bgi"})
