@@ -302,7 +302,9 @@ class TaskState:
         self.prio: tuple[float, ...] = ()  #: queue priority from the priority policy
         self.est = 0.0  #: estimated duration when it was assigned
         self.disk_need = 0  #: disk reserved for it on its worker (while processing)
-        self.disk_wait = ""  #: why it waits for disk, as last told in its story
+        #: why it waits (for disk, or for a worker with the resources it asks for), as
+        #: last told in its story
+        self.disk_wait = ""
         self.unneeded = False  #: cancelled only because nothing needed it
         self.registered = False  #: the file registry knows its output
         #: estimated seconds of work to make its output again from the outputs that are

@@ -2338,6 +2338,8 @@ class SchedulerState:
                     if not self._waits_for_disk(ts, self._short_of_disk):
                         continue  # no worker could ever hold it: failed
                     self.disk_parked.add(ts.spec.pool)
+                elif ts.spec.resources and not ts.disk_wait:
+                    self._tell_resources_wait(ts)
                 parked.append((best_q, entry))  # resources or disk: wait for a worker
                 continue
             ws = self._place(ts, candidates)
@@ -2346,6 +2348,32 @@ class SchedulerState:
                 self._assign_partner(ts, ws, self.queues[best_q])
         for q, entry in parked:
             heapq.heappush(self.queues[q], entry)
+
+    def _tell_resources_wait(self, ts: TaskState) -> None:
+        """Say in ``ts``'s story, once, that no worker of its pool has the cores or
+        memory it asks for (a bigger one may join: it waits, and the queue-time alert
+        fires if none does). Nothing when one has them (it is busy) or none has joined."""
+        pool, res = ts.spec.pool, ts.spec.resources
+        mine = [w for w in self.workers.values() if pool is None or w.pool == pool]
+        if not mine:
+            return
+        short = []
+        cores, memory = res.get("cores", 0), res.get("memory", 0)
+        most_cores = max(w.cores for w in mine)
+        if cores > most_cores:
+            plural = "s" if most_cores != 1 else ""
+            short.append((f"{cores:g} cores", f"{most_cores:g} core{plural}"))
+        most_memory = max(w.memory or NO_LIMIT for w in mine)
+        if memory > most_memory:
+            short.append((f"{int(memory):,} B of memory", f"{int(most_memory):,} B"))
+        if short:
+            where = "worker" if pool is None else f"worker of pool {pool!r}"
+            ts.disk_wait = why = (
+                f"waiting for a worker with {' and '.join(a for a, _ in short)}: every "
+                f"{where} has less (at most {' and '.join(b for _, b in short)}); it runs "
+                "once one with enough joins"
+            )
+            self._log(ts.key, "queued", why)
 
     def _candidates(self, ts: TaskState) -> list[WorkerState]:
         pool = ts.spec.pool

@@ -141,6 +141,41 @@ def test_a_task_needing_more_memory_than_any_worker_waits_for_a_bigger_one(
     assert {w: sorted(ks) for w, ks in assigned(cmds).items()} == {"huge": ["big", "fat"]}
 
 
+def test_a_task_no_worker_has_the_resources_for_says_so_in_its_story_once(
+    make_state: Factory,
+) -> None:
+    """Why it waits: the most cores and memory a worker of its pool has (told once, not
+    on every look at the queue); nothing while a worker that has them is busy."""
+    s = make_state(saturation=1.0)
+    join(s, "small", cores=2, memory=GB)
+    join(s, "other", cores=16, memory=64 * GB, pool="gpu")  # not its pool
+    submit(
+        s,
+        {"big": [], "fat": [], "x": [], "y": []},
+        ["big", "fat", "x", "y"],
+        attrs={"big": {"resources": {"memory": 8 * GB, "cores": 4}, "pool": "default"},
+               "fat": {"resources": {"cores": 2}, "pool": "default"}},
+    )  # fmt: skip
+
+    def why(key: str) -> list[str]:
+        return [e[2] for e in s.story_log if e[0] == key and e[2].startswith("waiting")]
+
+    for _ in range(4):  # x and y run anywhere, fat on "small" (2 cores, it has 2)
+        for w in ("small", "other"):
+            finish_all(s, w, on(s, w))
+    assert s.tasks["fat"].state == "memory" and s.tasks["big"].state == "queued"
+    assert why("fat") == []  # it only waited for "small" to be free
+    assert why("big") == [
+        f"waiting for a worker with 4 cores and {8 * GB:,} B of memory: every worker of "
+        f"pool 'default' has less (at most 2 cores and {GB:,} B); it runs once one with "
+        "enough joins"
+    ]
+    join(s, "medium", cores=2, memory=4 * GB)  # another look: still too small
+    assert len(why("big")) == 1  # told once
+    cmds = join(s, "huge", cores=8, memory=16 * GB)
+    assert "big" in assigned(cmds)["huge"]
+
+
 def test_ready_tasks_run_by_user_priority_then_submission_then_graph_order(
     make_state: Factory,
 ) -> None:
