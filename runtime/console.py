@@ -835,6 +835,17 @@ def _seconds(s: Any) -> str:
     return f"{s:.2f} s"
 
 
+def _on_worker(sent: int, cores: int) -> tuple[int, int]:
+    """A worker's tasks (sent to it, not finished) as (running, queued there): it runs
+    at most one per core (running includes fetching its inputs)."""
+    running = min(sent, cores)
+    return running, sent - running
+
+
+def _running_text(running: int, queued: int) -> str:
+    return f"{running} (+{queued} queued)" if queued else str(running)
+
+
 def render_status(st: Mapping[str, Any]) -> RenderableType:
     """Tables of a status dict (as ``jsonable`` made it)."""
     workers: list[dict[str, Any]] = list(st.get("workers") or [])
@@ -853,11 +864,16 @@ def render_status(st: Mapping[str, Any]) -> RenderableType:
 
     parts: list[RenderableType] = []
     cores = sum(int(w.get("cores", 0)) for w in workers)
-    running = sum(processing.values())
+    # A worker is sent up to saturation x cores tasks: those past its cores wait there.
+    cores_of = {str(w.get("worker_id")): int(w.get("cores", 0)) for w in workers}
+    split = {wid: _on_worker(n, cores_of.get(wid, n)) for wid, n in processing.items()}
+    running = sum(r for r, _ in split.values())
+    waiting = sum(q for _, q in split.values())
     parts.append(
         Text(
-            f"{len(workers)} worker(s), {cores} core(s); {running} task(s) running, "
-            f"{sum(queues.values())} ready{_held_back(st)}; {st.get('runs', 0)} run(s), "
+            f"{len(workers)} worker(s), {cores} core(s); {running} task(s) running"
+            + (f" and {waiting} queued on workers" if waiting else "")
+            + f", {sum(queues.values())} ready{_held_back(st)}; {st.get('runs', 0)} run(s), "
             f"{st.get('wanted_keys', 0)} wanted key(s) ({st.get('wanted_pending', 0)} pending)"
         )
     )
@@ -887,7 +903,7 @@ def render_status(st: Mapping[str, Any]) -> RenderableType:
             str(w.get("pool", "")),
             str(w.get("cores", "")),
             _bytes(w.get("memory"), zero="all"),
-            str(processing.get(wid, 0)),
+            _running_text(*split.get(wid, (0, 0))),
             _bytes(stored.get(wid)),
             _bytes(spilled) if spilled else "-",
             disk_text,
@@ -901,7 +917,7 @@ def render_status(st: Mapping[str, Any]) -> RenderableType:
         p = pools.setdefault(str(w.get("pool")), {"workers": 0, "cores": 0, "running": 0})
         p["workers"] += 1
         p["cores"] += int(w.get("cores", 0))
-        p["running"] += processing.get(str(w.get("worker_id")), 0)
+        p["running"] += split.get(str(w.get("worker_id")), (0, 0))[0]
     lives: dict[str, dict[str, Any]] = dict(st.get("survival") or {})
     pt = Table(title="pools", title_justify="left")
     pcols = (
@@ -1032,8 +1048,12 @@ def render_status(st: Mapping[str, Any]) -> RenderableType:
     pol.add_column("policy")
     pol.add_column("parameters")
     given = dict(st.get("policy_params") or {})
-    for kind, name in sorted(dict(st.get("policies") or {}).items()):
-        _row(pol, kind, str(name), params_text(given.get(kind)))
+    rows = {k: (str(n), given.get(k)) for k, n in dict(st.get("policies") or {}).items()}
+    auto = st.get("autoscaler")
+    if isinstance(auto, Mapping) and auto.get("policy"):  # the autoscaler's: scaling
+        rows["scaling"] = (str(auto["policy"]), auto.get("policy_params"))
+    for kind, (name, params) in sorted(rows.items()):
+        _row(pol, kind, name, params_text(params))
     parts.append(pol)
     if st.get("policy_errors"):
         parts.append(Text(f"policy errors: {st['policy_errors']} (see the tasks' stories)"))

@@ -628,8 +628,11 @@ class Tokens:
             return cls(str(data["admin"]), str(data["read"]))
         except FileNotFoundError:
             raise CorralError(
-                f"no token file at {path}: start the manager on this machine first, or pass "
-                "--token (or set CORRAL_TOKEN) with the token the manager printed"
+                f"no token file at {path}: no manager at that address ran on this machine "
+                "as this user (one writes its tokens there). Start it here, or copy the "
+                "admin token from its token file on its machine (the same path there) and "
+                "pass it with --token (or set CORRAL_TOKEN); to look only, pass the read "
+                "token it printed (in its dashboard URL) the same way"
             ) from None
         except (ValueError, KeyError, TypeError) as exc:
             raise CorralError(f"token file {path} is not valid: {exc}") from exc

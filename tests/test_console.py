@@ -1159,3 +1159,39 @@ def test_a_batch_error_with_no_back_off_running_says_when_it_is_asked_again() ->
     assert "(asked again when the pool needs a block): sbatch: Invalid partition" in shown(None)
     assert "(asking again in 4 s)" in shown(4.2)
     assert "(suspended until an operator runs `resume nopart`)" in shown(None, suspended=True)
+
+
+def test_status_tells_tasks_queued_on_a_worker_from_those_it_runs() -> None:
+    """A worker is sent up to saturation x cores tasks: with 2 cores and 4 tasks sent,
+    2 run and 2 wait there; ``status`` said "4 running" (a user read it as
+    oversubscribed)."""
+    from tests.helpers import status_text
+
+    text = status_text(
+        {
+            "workers": [
+                {"worker_id": "w1", "pool": "p", "cores": 2},
+                {"worker_id": "w2", "pool": "p", "cores": 2},
+            ],
+            "processing": {"w1": 4, "w2": 1},
+            "queues": {"p": 3},
+        }
+    )
+    assert "4 core(s); 3 task(s) running and 2 queued on workers, 3 ready;" in text
+    rows = {line.split()[1]: line for line in text.splitlines() if line[2:4] == "w1"}
+    assert "2 (+2 queued)" in rows["w1"], text
+    pools = [line for line in text.splitlines() if "│ p " in line]
+    assert pools and pools[-1].split("│")[4].strip() == "3", text
+
+
+def test_no_token_file_says_to_copy_the_admin_token_not_the_printed_one(tmp_path: Path) -> None:
+    """A manager prints only its read token; the admin token is in its token file. The
+    error said to pass "the token the manager printed", which then failed on every
+    admin command (a user audit found it)."""
+    with pytest.raises(CorralError) as info:
+        Tokens.read_file(tmp_path / "127.0.0.1_8786.json")
+    text = str(info.value)
+    assert f"no token file at {tmp_path / '127.0.0.1_8786.json'}" in text
+    assert "copy the admin token from its token file on its machine" in text
+    assert "pass the read token it printed (in its dashboard URL)" in text
+    assert "the token the manager printed" not in text

@@ -9,6 +9,7 @@ graph on in-process workers of two pools.
 from __future__ import annotations
 
 import operator
+import re
 import threading
 import time
 from pathlib import Path
@@ -24,7 +25,7 @@ from runtime import Cluster
 from runtime.errors import GraphError, PoolConfigError
 from runtime.messages import StatusRequest
 from runtime.node import pool_drain_period, pool_policies, pool_targets
-from tests.helpers import wait_until
+from tests.helpers import status_text, wait_until
 
 EXAMPLE = """
 [pools.ckpt]
@@ -453,6 +454,9 @@ async def test_spare_blocks_come_up_idle_and_stay_beyond_the_busy_ones() -> None
             auto = (await cluster.status())["autoscaler"]
             assert auto["policy"] == "demand" and auto["desired"] == {"p": 2}
             assert auto["policy_params"] == {"spare": "2"}
+            st = await cluster.status()  # the console's policies table shows it too
+            text = status_text({k: st[k] for k in ("policies", "policy_params", "autoscaler")})
+            assert re.search(r"scaling\W+demand\W+spare=2", text), text
             started, release = threading.Event(), threading.Event()
 
             def hold() -> str:
