@@ -297,6 +297,9 @@ class Actor:
     #: handler name -> whether it is a coroutine function.
     _is_async: ClassVar[dict[str, bool]] = {}
 
+    #: seconds :meth:`ActorSystem.shutdown` waits for this actor to stop (its
+    #: ``on_stop`` may write out what it holds); None: the shutdown's own ``timeout``
+    stop_timeout: ClassVar[float | None] = None
     name: str
     ref: ActorRef[Self]  #: set by ActorSystem.spawn
     clock: Clock
@@ -432,11 +435,12 @@ class Ref(Protocol):
 class ActorRef(Generic[A]):
     """The address of a running actor: the only way to talk to it."""
 
-    __slots__ = ("_stopped", "dropped", "mailbox", "name", "remote_failures")
+    __slots__ = ("_stopped", "dropped", "mailbox", "name", "remote_failures", "stop_timeout")
 
     def __init__(self, name: str, mailbox: Mailbox) -> None:
         self.name = name
         self.mailbox = mailbox
+        self.stop_timeout: float | None = None  #: its actor's (Actor.stop_timeout)
         self.dropped = 0
         #: tells from other processes whose handler raised (rule 2's exception)
         self.remote_failures = 0
@@ -813,6 +817,7 @@ class ActorSystem:
         ref: ActorRef[A] = ActorRef(name, Mailbox(name, size))
         actor.name = name
         actor.ref = ref
+        ref.stop_timeout = actor.stop_timeout
         actor.clock = getattr(actor, "clock", None) or self.clock
         actor._log = get_logger("corral", actor=name)
         self._refs.pop(name, None)  # a reused name counts as the newest (shutdown order)
@@ -835,12 +840,14 @@ class ActorSystem:
     ) -> None:
         """Stop ``refs`` (default: every actor, newest first) and wait until they stop.
 
-        An actor that has not stopped within ``timeout`` seconds is cancelled.
+        An actor that has not stopped within ``timeout`` seconds (or its own
+        :attr:`Actor.stop_timeout`) is cancelled.
         """
         targets = list(refs) if refs is not None else list(reversed(self._refs.values()))
         for ref in targets:
             ref.stop("shutdown")
-            with anyio.move_on_after(timeout) as scope:
+            bound = timeout if ref.stop_timeout is None else ref.stop_timeout
+            with anyio.move_on_after(bound) as scope:
                 await ref.wait_stopped()
             if scope.cancelled_caught and self._tg is not None:
                 get_logger("corral").error("actor did not stop in time", actor=ref.name)

@@ -181,6 +181,7 @@ Op = tuple[str, str, list[tuple[Any, ...]]]
 #: rows an operation is queued in at most (a tenth of ``max_rows`` if less): past
 #: ``max_rows``, the writer sheds what is over, not a whole graph's submission
 CHUNK = 10_000
+FINAL_GRACE = 5.0  #: seconds past close()'s timeout its final rows are tried for
 
 
 def default_path(root: str | os.PathLike[str] | None = None) -> Path:
@@ -468,14 +469,17 @@ class MonitorWriter:
     """Writes batches of rows to ``path`` from a thread of its own.
 
     :meth:`submit` only queues (never blocks, never touches the disk), in pieces of at
-    most ``chunk`` rows; the thread writes what is queued in one transaction, then
-    waits for more. While more than ``max_rows`` rows wait, the oldest metric samples
+    most ``chunk`` rows; the thread writes what is queued in transactions of about
+    ``chunk`` rows (a backlog is committed piece by piece, so readers see it come in
+    and a process that ends loses at most the transaction under way), then waits for
+    more. While more than ``max_rows`` rows wait, the oldest metric samples
     are dropped first, then resource samples, then the oldest events, each counted in
     ``dropped`` (by kind). A database that is locked, slow or full keeps its batches
     queued and is retried every ``retry`` seconds. A row SQLite refuses (text it
     cannot encode, a value it cannot store) is dropped and counted in ``dropped``; the
     rest of its batch is written. :meth:`close` writes what is left and stops the
-    thread."""
+    thread; what it cannot write by its deadline is dropped, counted in ``dropped``,
+    and its ``final`` rows (the run's end, with that count) are written anyway."""
 
     def __init__(self, path: str | os.PathLike[str], *, max_rows: int = 500_000) -> None:
         self.path = Path(path)
@@ -491,7 +495,9 @@ class MonitorWriter:
         self._rows = 0  #: rows in _pending
         self._cond = threading.Condition()
         self._closing = False
-        self._deadline = float("inf")  #: monotonic time close() stops retrying at
+        self._deadline = float("inf")  #: monotonic time close() stops writing at
+        #: close()'s last rows, made once the rest is written or dropped
+        self._final: Callable[[], Iterable[Op]] | None = None
         self._conn = _connect(str(self.path))
         self._conn.execute("PRAGMA synchronous = NORMAL")
         self._thread = threading.Thread(target=self._run, name="corral-monitordb", daemon=True)
@@ -540,27 +546,51 @@ class MonitorWriter:
                 if not self._pending and self._closing:
                     break
                 batch, self._pending = self._pending, deque()
-                n, self._rows = self._rows, 0
-            written = self._write(batch)
-            if written is not None:
+                self._rows = 0
+            failed = False
+            while batch:  # a backlog goes in pieces of about ``chunk`` rows
+                piece: deque[Op] = deque()
+                k = 0
+                while batch and k < self.chunk:
+                    op = batch.popleft()
+                    piece.append(op)
+                    k += len(op[2])
+                written = self._write(piece)
+                if written is None:
+                    failed = True
+                    batch.extendleft(reversed(piece))
+                    break
                 self.written += written
                 self.batches += 1
-                continue
-            with self._cond:  # keep it, ahead of what came meanwhile; shed if too much
-                batch.extend(self._pending)
-                self._pending = batch
-                self._rows += n
-                if self._rows > self.max_rows:
-                    self._shed()
-                closing = self._closing
-                left = self._rows
-            if closing and time.monotonic() >= self._deadline:
-                _log.warning(
-                    "monitoring database: rows not written before close() gave up",
-                    path=str(self.path), rows=left,
-                )  # fmt: skip
+                if self._closing and time.monotonic() >= self._deadline:
+                    break
+            with self._cond:  # keep the rest, ahead of what came meanwhile
+                if batch:
+                    self._pending.extendleft(reversed(batch))
+                    self._rows += sum(len(op[2]) for op in batch)
+                    if self._rows > self.max_rows:
+                        self._shed()
+                given_up = self._closing and time.monotonic() >= self._deadline
+                left: deque[Op] = deque()
+                if given_up:
+                    left, self._pending, self._rows = self._pending, deque(), 0
+                    for kind, _, rows in left:
+                        self.dropped[kind] += len(rows)
+            if given_up:
+                if left:
+                    _log.warning(
+                        "monitoring database: rows not written before close() gave up "
+                        "(counted in runs.dropped_rows)",
+                        path=str(self.path), rows=sum(len(op[2]) for op in left),
+                    )  # fmt: skip
                 break
-            time.sleep(self.retry)
+            if failed:
+                time.sleep(self.retry)
+        final = self._final
+        if final is not None:  # retried a little: the database may be the trouble
+            last = deque(final())
+            while self._write(last) is None and time.monotonic() < self._deadline + FINAL_GRACE:
+                time.sleep(self.retry)
         with contextlib.suppress(sqlite3.Error):
             self._conn.close()
 
@@ -623,14 +653,16 @@ class MonitorWriter:
         if self.errors == 1 or self.errors % 100 == 0:
             _log.warning("monitoring database: write failed", path=str(self.path), error=str(exc))
 
-    def close(self, timeout: float = 10.0) -> None:
-        """Write what is queued (retried until the database lets it, for at most
-        ``timeout`` seconds) and stop."""
+    def close(self, timeout: float = 10.0, final: Callable[[], Iterable[Op]] | None = None) -> None:
+        """Write what is queued (retried until the database lets it) for at most
+        ``timeout`` seconds; drop and count what is left then; write ``final()``'s rows
+        (made then, so they may read ``dropped``); stop."""
         with self._cond:
             self._deadline = time.monotonic() + timeout
+            self._final = final
             self._closing = True
             self._cond.notify()
-        self._thread.join(timeout)
+        self._thread.join(timeout + FINAL_GRACE + 2.0)  # (+ the final rows' tries)
 
 
 def _refused_row(exc: Exception) -> bool:
@@ -686,6 +718,11 @@ _ALERT = "INSERT INTO alerts VALUES (?,?,?,?,?,?,?,?,?,?,?)"
 _GAP = "INSERT INTO gaps VALUES (?,?,?,?)"
 _RUN_SEEN = "UPDATE runs SET last_seen = ?, feed_lost = ?, dropped_rows = ? WHERE run_id = ?"
 
+#: seconds a stopping recorder gives its writer to write what the run queued (a fast
+#: run of 200,000 tasks may leave some 100,000 rows); what is left then is dropped and
+#: counted in runs.dropped_rows
+CLOSE_TIMEOUT = 60.0
+PROGRESS_EVERY = 5.0  #: seconds between two log lines of a stopping writer's progress
 MIN_FEED_WAIT = 0.05  #: seconds: the feed is read at most this often
 FEED_EVERY = 0.25  #: seconds: the feed is read at least this often (an empty read is cheap)
 _TERMINAL = frozenset({"memory", "erred", "cancelled"})
@@ -728,6 +765,9 @@ class MonitorRecorder(Actor):
     ``scheduler``, ``manager``, ``autoscaler``: how to reach them (the autoscaler may
     be absent, or start later). The polls run in a helper task: nothing here runs on
     another actor's turn, and the disk is the writer thread's."""
+
+    #: a shutdown waits this long for it: its last poll, then its writer's backlog
+    stop_timeout = 5.0 + CLOSE_TIMEOUT + 10.0
 
     def __init__(
         self,
@@ -808,15 +848,36 @@ class MonitorRecorder(Actor):
         with anyio.move_on_after(5.0):
             await self.poll()
         # What is still open ends with the run: workers and blocks the cluster stops.
-        now, run = time.time(), self.run_id
+        # Written last, once what is queued is written or, past CLOSE_TIMEOUT, dropped
+        # and counted (runs.dropped_rows), so a run always shows how it ended.
+        now, run, feed_lost = time.time(), self.run_id, self.feed_lost
         rows = _Rows()
         rows.add("event", _RUN_END_WORKERS, (now, run))
         for bid, (pool, _) in self._blocks.items():
             rows.add("event", _BLOCK, (run, bid, pool, "stopped", now, "shutdown"))
         rows.add("event", "UPDATE runs SET ended = ? WHERE run_id = ?", (now, run))
-        writer.submit(rows.ops)
+
+        def final() -> list[Op]:  # (in the writer's thread, once it is done)
+            dropped = sum(writer.dropped.values())
+            return [*rows.ops, ("event", _RUN_SEEN, [(now, feed_lost, dropped, run)])]
+
         self.writer = None
-        await anyio.to_thread.run_sync(writer.close)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._tell_progress, writer)
+            await anyio.to_thread.run_sync(writer.close, CLOSE_TIMEOUT, final)
+            tg.cancel_scope.cancel()
+
+    async def _tell_progress(self, writer: MonitorWriter) -> None:
+        """While a stopping recorder's writer catches up: how many rows are left, every
+        few seconds (a long wait says what it waits for)."""
+        start = time.monotonic()
+        while True:
+            await anyio.sleep(PROGRESS_EVERY)
+            _log.info(
+                "monitoring database: writing what the run queued before stopping",
+                path=str(writer.path), rows_left=writer.pending, written=writer.written,
+                gives_up_in_s=round(CLOSE_TIMEOUT - (time.monotonic() - start)),
+            )  # fmt: skip
 
     async def poll(self, *, full: bool = True) -> tuple[int, int]:
         """One round: the feed and, if ``full``, the workers' memory, the blocks, the

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import Callable, Iterator
 
 import anyio
@@ -1239,6 +1240,38 @@ async def test_shutdown_order_counts_a_reused_name_as_new() -> None:
             assert order == ["a"]
             await system.spawn(StopOrder(order), "a")  # the newest actor now
         assert order == ["a", "a", "b"]
+
+
+class SlowStop(StopOrder):
+    """An on_stop that takes longer than the shutdown's timeout: it writes out what it
+    holds (the monitoring recorder's writer does), so it says how long it needs."""
+
+    stop_timeout = 5.0
+
+    def __init__(self, log: list[str], release: threading.Event) -> None:
+        super().__init__(log)
+        self._release = release
+
+    async def on_stop(self) -> None:
+        await anyio.to_thread.run_sync(self._release.wait, 5.0)
+        self._order.append(self.name)
+
+
+@pytest.mark.anyio
+async def test_an_actors_own_stop_timeout_outlasts_the_shutdowns() -> None:
+    """shutdown(timeout=0.05) waits for an actor whose stop_timeout is 5 s (its on_stop
+    finishes once released, 0.3 s later); an actor without one gets the shutdown's."""
+    with anyio.fail_after(LIMIT):
+        order: list[str] = []
+        release = threading.Event()
+        async with ActorSystem() as system:
+            slow = await system.spawn(SlowStop(order, release), "slow")
+            assert slow.stop_timeout == 5.0
+            assert (await system.spawn(StopOrder(order), "plain")).stop_timeout is None
+            threading.Timer(0.3, release.set).start()
+            await system.shutdown([slow], timeout=0.05)
+            assert order == ["slow"] and release.is_set()
+            assert system.running  # not cancelled as an actor that did not stop in time
 
 
 @pytest.mark.anyio

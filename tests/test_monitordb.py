@@ -626,6 +626,57 @@ async def test_close_retries_a_locked_database_until_its_timeout(tmp_path: Path)
     assert _count(db, "SELECT count(*) FROM gaps") == 100 and writer.written == 100
 
 
+def test_a_backlog_is_committed_piece_by_piece(tmp_path: Path) -> None:
+    """450 rows queued at once with pieces of 100 (``max_rows`` 1,000): five
+    transactions, not one (a scale audit saw a backlog of 200,000 rows go in one
+    30-second transaction: nothing to read meanwhile, and lost whole if the process
+    ended then)."""
+    db = tmp_path / "monitoring.db"
+    writer = MonitorWriter(db, max_rows=1_000)
+    assert writer.chunk == 100
+    rows = [("r", 1.0, "a", i) for i in range(450)]
+    writer.submit([("event", "INSERT INTO gaps VALUES (?,?,?,?)", rows)])
+    writer.close(timeout=10.0)
+    assert writer.written == 450 and writer.batches == 5
+    assert _count(db, "SELECT count(*) FROM gaps") == 450
+
+
+@pytest.mark.anyio
+async def test_close_gives_up_counts_what_it_drops_and_writes_its_final_rows(
+    tmp_path: Path,
+) -> None:
+    """Locked past close()'s timeout: the queued rows are dropped and counted, and the
+    final rows (made then: they see the count) are written once the lock goes."""
+    db = tmp_path / "monitoring.db"
+    writer = MonitorWriter(db)
+    locker = sqlite3.connect(db, isolation_level=None, check_same_thread=False)
+    locker.execute("BEGIN IMMEDIATE")
+    rows = [("r", 1.0, "a", i) for i in range(100)]
+    writer.submit([("event", "INSERT INTO gaps VALUES (?,?,?,?)", rows)])
+    await wait_until(lambda: writer.errors > 0, "the writer to meet the lock", limit=30)
+
+    def final() -> list[Any]:
+        return [
+            (
+                "event",
+                "INSERT INTO gaps VALUES (?,?,?,?)",
+                [("end", 2.0, "b", sum(writer.dropped.values()))],
+            )
+        ]
+
+    closing = threading.Thread(target=writer.close, args=(0.3, final))
+    closing.start()
+    try:
+        await wait_until(lambda: writer.dropped, "close() to give up", limit=30)
+    finally:
+        locker.execute("COMMIT")  # the final rows wait for it (busy_timeout)
+        closing.join(30)
+        locker.close()
+    assert not closing.is_alive()
+    assert writer.dropped == {"event": 100}
+    assert _rows(db, "SELECT run_id, lost FROM gaps") == [("end", 100)]
+
+
 @pytest.mark.anyio
 async def test_a_try_the_scheduler_cancelled_is_recorded_in_unix_time(
     tmp_path: Path, make_state: Factory
