@@ -453,7 +453,7 @@ class Autoscaler(Actor):
         policy: besides the queues, the core learns here which blocks' workers the
         scheduler drained (an end after that is free: walltime or drained) and which
         blocks are idle (scaled in first)."""
-        status = await self._read(StatusRequest())
+        status = await self._read(StatusRequest(categories=False))  # (not used here)
         if not isinstance(status, dict) or not isinstance(status.get("queues"), dict):
             return None
         processing = status.get("processing")

@@ -506,7 +506,11 @@ class Scheduler(Actor):
             "queued": st.count("queued"),
             "queues": st.queued_by_pool(),  #: ready tasks per pool ("*": any pool)
             "held_back": sum(st.held_back().values()),
-            "categories": {c: CategoryStatus(**_stats(s)) for c, s in st.stats.items()},
+            "categories": (
+                {c: CategoryStatus(**_stats(s)) for c, s in st.stats.items()}
+                if msg.categories
+                else {}
+            ),
             "survival": {pool: _life(st.survival(pool)) for pool in st.pools()},
             "policies": {k: getattr(p, "name", type(p).__name__) for k, p in st.policies.items()},
             "policy_params": {k: ps for k, p in st.policies.items() if (ps := params_of(p))},

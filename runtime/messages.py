@@ -645,7 +645,11 @@ class StatusRequest(Message):
     with the file registry's and the autoscaler's folded in). Asked directly, the
     scheduler answers a dict of the scheduler's part of it (the fields of
     :class:`StatusReply` it fills), the registry a :class:`FilesStatus`, the autoscaler
-    an :class:`AutoscalerStatus` and a worker a ``WorkerStatus``."""
+    an :class:`AutoscalerStatus` and a worker a ``WorkerStatus``. ``categories``:
+    False leaves the per-category statistics out (empty): the dashboard asks every
+    second, and a run may have many thousands of categories."""
+
+    categories: bool = True
 
 
 @message()

@@ -1239,7 +1239,8 @@ def _dashboard_sources(plane: ControlPlane) -> Sources:
         return reply
 
     async def status() -> StatusReply:
-        reply = await plane.manager.ask(StatusRequest(), timeout=10.0)
+        # (the page shows no per-category statistics: a run may have many thousands)
+        reply = await plane.manager.ask(StatusRequest(categories=False), timeout=10.0)
         assert isinstance(reply, StatusReply)
         return reply
 
