@@ -723,6 +723,8 @@ _RUN_SEEN = "UPDATE runs SET last_seen = ?, feed_lost = ?, dropped_rows = ? WHER
 #: counted in runs.dropped_rows
 CLOSE_TIMEOUT = 60.0
 PROGRESS_EVERY = 5.0  #: seconds between two log lines of a stopping writer's progress
+#: seconds between two writes of the metric series that have a ``category`` label
+CATEGORY_SAMPLES_EVERY = 30.0
 MIN_FEED_WAIT = 0.05  #: seconds: the feed is read at most this often
 FEED_EVERY = 0.25  #: seconds: the feed is read at least this often (an empty read is cheap)
 _TERMINAL = frozenset({"memory", "erred", "cancelled"})
@@ -790,6 +792,8 @@ class MonitorRecorder(Actor):
         self.run_id = uuid.uuid4().hex[:12]
         self.writer: MonitorWriter | None = writer
         self.seq = 0  #: the next feed event to ask for
+        self._categories_due = 0.0  #: when the per-category series are written next
+        self._stopping = False  #: on_stop's last poll (writes every series)
         self.feed_lost = 0  #: feed events gone before they were read
         self.polls = 0
         self._blocks: dict[str, tuple[str, str]] = {}  #: block -> (pool, state)
@@ -845,6 +849,7 @@ class MonitorRecorder(Actor):
         writer = self.writer
         if writer is None:
             return
+        self._stopping = True
         with anyio.move_on_after(5.0):
             await self.poll()
         # What is still open ends with the run: workers and blocks the cluster stops.
@@ -1050,8 +1055,16 @@ class MonitorRecorder(Actor):
         if not isinstance(reply, MetricsReply):
             return
         run = self.run_id
+        # Series per category (up to 500 categories, a few series each: most of the
+        # rows) are written every CATEGORY_SAMPLES_EVERY seconds, and at the end; the
+        # others every interval.
+        categories = now >= self._categories_due or self._stopping
+        if categories:
+            self._categories_due = now + CATEGORY_SAMPLES_EVERY
         for family in SnapshotCollector(reply).collect():
             for s in family.samples:
+                if not categories and "category" in s.labels:
+                    continue
                 labels = json.dumps(s.labels, sort_keys=True)
                 rows.add("metric", _METRIC, (run, now, s.name, labels, s.value))
 
