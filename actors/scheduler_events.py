@@ -113,8 +113,9 @@ class ReplicasMissing(Event):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ReplicasCopied(Event):
-    """The answer to :class:`Replicate`: of the ``asked`` outputs, ``worker`` holds
-    ``got`` now (the others could not be copied)."""
+    """The answer to :class:`Replicate` (a replica, or a copy off a draining worker):
+    of the ``asked`` outputs, ``worker`` holds ``got`` now (the others could not be
+    copied)."""
 
     worker: str
     asked: tuple[Key, ...]
@@ -262,7 +263,9 @@ class Evacuate(Command):
 class Replicate(Command):
     """Temporary replicas: ``worker`` copies each output of ``keys``, ``(key, nbytes)``,
     from ``source`` and keeps it (the copy path of data evacuation); the answer comes
-    back as :class:`ReplicasCopied`."""
+    back as :class:`ReplicasCopied`. Also how the outputs only a draining ``source``
+    holds are copied off it before it is retired: those copies are evacuations, not
+    replicas (the core knows which is which)."""
 
     worker: str
     source: str

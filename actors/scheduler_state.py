@@ -41,7 +41,10 @@ lost holder of an output kept by its replicas triggers no recompute; a new repli
 replaces the lost copy while the output is needed (``_holder_gone``); so does one on
 another worker when a copy fails (never twice on one worker while its holders stay
 the same: ``copy_failed``). A copy
-whose target is lost stops counting as on its way at once (``_copies_lost``).
+whose target is lost stops counting as on its way at once (``_copies_lost``). The copies
+off a draining worker (``_copy_off``) go the same way but are evacuations, like those
+off a worker that leaves (``evacuating``, ``_evacuated``): no replicas, and a drained
+worker that leaves loses nothing, so its going spares no recompute.
 
 Speculative copies (docs/files.md#speculative-copies): on a :class:`Tick`, while a
 worker idles (free, running nothing: after ``_fill`` no ready task can go to it), the
@@ -459,6 +462,11 @@ class SchedulerState:
         #: copies asked for and not answered yet (:class:`Replicate`, until its
         #: :class:`ReplicasCopied`, or until the target is lost): key -> {target: bytes}
         self.copying: dict[Key, dict[str, int]] = {}
+        #: the copies of ``copying`` a draining worker's :meth:`_copy_off` asked for,
+        #: ``(key, target)``: evacuations, not replicas (no replication policy made them).
+        #: Kept until answered (the answer always comes), even when the target is lost
+        #: meanwhile, so that a late answer is not taken for a replica's
+        self.evacuating: set[tuple[Key, str]] = set()
         #: an event that may change what a draining worker keeps (``_retire_idle``): 0
         #: none; ``_FILTER``: some of it may be let go; ``_RECOUNT``: a holder went
         self._keeping_changed = 0
@@ -839,10 +847,7 @@ class SchedulerState:
             ts = self.tasks.get(key)
             to = self.workers.get(target)
             if ts is not None and to is not None and ws.id in ts.who_has:
-                if to.id not in ts.who_has:
-                    took = self.storage.left_after(ws.id, self._now)
-                    self._moved("evacuation", ts.key, ts.nbytes, ws.id, to.id, took)
-                self._add_replica(ts, to)  # copied before it went: not lost
+                self._evacuated(ts, ws.id, to, self.storage.left_after(ws.id, self._now))
         lives = self.lives.get(ws.pool)
         if lives is None:
             lives = self.lives[ws.pool] = deque(maxlen=MAX_LIVES)
@@ -875,7 +880,9 @@ class SchedulerState:
             self._files[ts.key] = ts
             self.copy_failed.pop(ts, None)  # they may have failed for want of this source
             if ts in self.replicas:
-                self._holder_gone(ts, ws.id)
+                # A retired worker (drained) lost nothing: what it alone held and was
+                # needed was copied off first (``_retire_idle``).
+                self._holder_gone(ts, ws.id, lost=not ws.retired)
             if not ts.who_has and ts.state == "memory":
                 self._output_lost(ts, ws.id)
             elif ts.wanted and ts.state == "memory":
@@ -1207,7 +1214,10 @@ class SchedulerState:
     def _copy_off(self, ws: WorkerState, keys: set[TaskState]) -> None:
         """Have each output in ``keys`` (held by ``ws`` alone) copied to a worker that
         takes new tasks and has room for it, the one holding the fewest bytes; none
-        already being copied, none to a worker that failed a copy of it."""
+        already being copied, none to a worker that failed a copy of it. The copy goes
+        as a :class:`Replicate` (the one copy path), but it is an *evacuation*
+        (``evacuating``): not a replica; it counts as an evacuation when it lands
+        (:meth:`_evacuated`), as are the copies off a worker that leaves."""
         targets = [w for w in self.workers.values() if not w.draining]
         if not targets:
             return
@@ -1228,8 +1238,9 @@ class SchedulerState:
             to = min(fits, key=lambda w: (held[w.id], w.id))
             held[to.id] += ts.nbytes
             self.copying.setdefault(ts.key, {})[to.id] = ts.nbytes
+            self.evacuating.add((ts.key, to.id))
             self.storage.copy_sent(ts.key, to.id, ws.id, self._now)
-            self._log(ts.key, "memory", f"replicate:{ws.id}->{to.id}")
+            self._log(ts.key, "memory", f"evacuate:{ws.id}->{to.id}")
             self._out.append(Replicate(self._stimulus, to.id, ws.id, ((ts.key, ts.nbytes),)))
 
     def _policy_changed(self, ev: PolicyChanged) -> None:
@@ -2062,6 +2073,8 @@ class SchedulerState:
                 del self.copying[key]
 
     def _replicas_copied(self, ev: ReplicasCopied) -> None:
+        """The answer to :class:`Replicate`: a temporary replica the replication policy
+        asked for, or (``evacuating``) a copy off a draining worker, an evacuation."""
         ws = self.workers.get(ev.worker)
         got = set(ev.got)
         junk = []
@@ -2072,15 +2085,21 @@ class SchedulerState:
                 inflight.pop(ev.worker, None)
                 if not inflight:
                     del self.copying[key]
+            evacuation = (key, ev.worker) in self.evacuating
+            self.evacuating.discard((key, ev.worker))
             source, took = self.storage.copy_ended(key, ev.worker, self._now)
             ts = self.tasks.get(key)
             if key not in got:
-                self.replicas_failed += 1
+                if not evacuation:
+                    self.replicas_failed += 1
                 if ts is not None and ts.state == "memory":
-                    # Tried again elsewhere if still needed; never on this worker.
+                    # Tried again elsewhere if still needed (a drained worker's copy:
+                    # by ``_retire_idle``, after this event); never on this worker.
                     self.copy_failed.setdefault(ts, set()).add(ev.worker)
-                    self._log(key, "memory", f"replica-failed:{ev.worker}")
-                    retry.append(ts)
+                    failed = "evacuation-failed" if evacuation else "replica-failed"
+                    self._log(key, "memory", f"{failed}:{ev.worker}")
+                    if not evacuation:
+                        retry.append(ts)
                 continue
             if ws is None:
                 continue  # gone, with the copy
@@ -2089,6 +2108,15 @@ class SchedulerState:
                 continue
             if ws.id in ts.who_has:
                 continue  # it fetched it meanwhile (an input of one of its tasks)
+            if evacuation:
+                if not (ts.wanted or self._holds(ts)):
+                    # Let go meanwhile: the registry drops (or dropped) it where it
+                    # knew it to be, without this copy, which is not kept either.
+                    junk.append(key)
+                    continue
+                self._evacuated(ts, source, ws, took)
+                self._log(key, "memory", f"evacuated:{ws.id}")
+                continue
             self._add_replica(ts, ws)
             self.replicas.setdefault(ts, set()).add(ws.id)
             self.replicas_made += 1
@@ -2100,6 +2128,15 @@ class SchedulerState:
         for ts in retry:
             if ts.state == "memory" and (ts.wanted or self._holds(ts)):
                 self._replicate(ts, self._inputs_remake(ts))
+
+    def _evacuated(self, ts: TaskState, source: str, to: WorkerState, took: float | None) -> None:
+        """``ts``'s output was copied off ``source`` (a worker leaving, or draining) to
+        ``to``: an evacuation (a transfer of that kind), not a replica. ``to`` holds it
+        as any holder does; no replication policy made it, so it is not in
+        ``replicas``, nor are its bytes ``replica_bytes``."""
+        if to.id not in ts.who_has:
+            self._moved("evacuation", ts.key, ts.nbytes, source, to.id, took)
+        self._add_replica(ts, to)
 
     def _moved(
         self, kind: str, key: Key, nbytes: int, source: str, target: str, took: float | None
@@ -2115,16 +2152,17 @@ class SchedulerState:
         if self.feed_on:
             self._records.append(rec)
 
-    def _holder_gone(self, ts: TaskState, wid: str) -> None:
-        """``wid`` no longer holds ``ts``'s output, which has replicas. If only
-        replicas hold it now and it is still needed, they spared a recompute; a needed
-        output gets new replicas to replace the lost copy."""
+    def _holder_gone(self, ts: TaskState, wid: str, *, lost: bool = True) -> None:
+        """``wid`` no longer holds ``ts``'s output, which has replicas. If ``wid`` was
+        lost (not a drained worker that left: ``lost`` false), only replicas hold it now
+        and it is still needed, they spared a recompute; a needed output gets new
+        replicas to replace the copy that went."""
         copies = self.replicas[ts]
         copies.discard(wid)
         if ts.state == "memory" and ts.who_has and (ts.wanted or self._holds(ts)):
             # Without them it would be made again now if a task or client needs it (an
             # output kept only by the pruning depth would just be released).
-            if ts.who_has <= copies and (ts.consumers or ts.wanted):
+            if lost and ts.who_has <= copies and (ts.consumers or ts.wanted):
                 self.recomputes_avoided += 1
                 self._recovered(ts, wid, "replica")
                 self._log(ts.key, "memory", f"kept-by-replica:{min(ts.who_has)}")
