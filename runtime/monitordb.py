@@ -493,6 +493,7 @@ class MonitorWriter:
         self.errors = 0  #: failed attempts (locked, disk errors)
         self._pending: deque[Op] = deque()
         self._rows = 0  #: rows in _pending
+        self._in_hand = 0  #: rows the thread took out of _pending and has not written yet
         self._cond = threading.Condition()
         self._closing = False
         self._deadline = float("inf")  #: monotonic time close() stops writing at
@@ -505,8 +506,8 @@ class MonitorWriter:
 
     @property
     def pending(self) -> int:
-        """Rows queued, not written yet."""
-        return self._rows
+        """Rows queued, not written yet (also those the thread has taken to write)."""
+        return self._rows + self._in_hand
 
     def submit(self, ops: Iterable[Op]) -> None:
         """Queue ``ops`` (``(kind, sql, rows)``); never blocks."""
@@ -546,7 +547,7 @@ class MonitorWriter:
                 if not self._pending and self._closing:
                     break
                 batch, self._pending = self._pending, deque()
-                self._rows = 0
+                self._in_hand, self._rows = self._rows, 0
             failed = False
             while batch:  # a backlog goes in pieces of about ``chunk`` rows
                 piece: deque[Op] = deque()
@@ -562,9 +563,11 @@ class MonitorWriter:
                     break
                 self.written += written
                 self.batches += 1
+                self._in_hand -= k
                 if self._closing and time.monotonic() >= self._deadline:
                     break
             with self._cond:  # keep the rest, ahead of what came meanwhile
+                self._in_hand = 0
                 if batch:
                     self._pending.extendleft(reversed(batch))
                     self._rows += sum(len(op[2]) for op in batch)
@@ -878,8 +881,9 @@ class MonitorRecorder(Actor):
         start = time.monotonic()
         while True:
             await anyio.sleep(PROGRESS_EVERY)
-            _log.info(
-                "monitoring database: writing what the run queued before stopping",
+            _log.warning(
+                "monitoring database: writing what the run queued before stopping (an "
+                "interrupt now ends the process and loses these rows)",
                 path=str(writer.path), rows_left=writer.pending, written=writer.written,
                 gives_up_in_s=round(CLOSE_TIMEOUT - (time.monotonic() - start)),
             )  # fmt: skip

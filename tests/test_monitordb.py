@@ -645,6 +645,29 @@ def test_a_backlog_is_committed_piece_by_piece(tmp_path: Path) -> None:
     assert _count(db, "SELECT count(*) FROM gaps") == 450
 
 
+def test_pending_counts_the_rows_the_thread_is_writing(tmp_path: Path) -> None:
+    """``pending`` (what a stopping recorder reports left) counts the rows the thread
+    took to write, not only those still queued: it read 0 while 60,000 were being
+    written (a review found it)."""
+    entered, go = threading.Event(), threading.Event()
+
+    class Held(MonitorWriter):
+        def _write(self, batch: Any) -> int | None:
+            entered.set()
+            if not go.wait(30):
+                raise TimeoutError("the test never let the writer go")
+            return super()._write(batch)
+
+    writer = Held(tmp_path / "monitoring.db", max_rows=1_000)
+    rows = [("r", 1.0, "a", i) for i in range(450)]
+    writer.submit([("event", "INSERT INTO gaps VALUES (?,?,?,?)", rows)])
+    assert entered.wait(30)
+    assert writer.pending == 450
+    go.set()
+    writer.close(timeout=10.0)
+    assert writer.pending == 0 and writer.written == 450
+
+
 @pytest.mark.anyio
 async def test_close_gives_up_counts_what_it_drops_and_writes_its_final_rows(
     tmp_path: Path,
