@@ -627,12 +627,22 @@ class Tokens:
             data = json.loads(path.read_text())
             return cls(str(data["admin"]), str(data["read"]))
         except FileNotFoundError:
+            port = path.stem.rpartition("_")[2]
+            others = sorted(p.name for p in path.parent.glob(f"*_{port}.json")) if port else []
+            here = (
+                f" This machine has token files for that port under other host names: "
+                f"{', '.join(others)} (a file is named after the address the manager "
+                "listened on: use that host in the address, or pass the admin token from "
+                "the file with --token)."
+                if others
+                else ""
+            )
             raise CorralError(
-                f"no token file at {path}: no manager at that address ran on this machine "
-                "as this user (one writes its tokens there). Start it here, or copy the "
-                "admin token from its token file on its machine (the same path there) and "
-                "pass it with --token (or set CORRAL_TOKEN); to look only, pass the read "
-                "token it printed (in its dashboard URL) the same way"
+                f"no token file at {path}: a manager writes its tokens there, named after "
+                "the address it listens on (or at its --token-file), on its machine, for "
+                f"its user.{here} Otherwise copy the admin token from that file on the "
+                "manager's machine and pass it with --token (or set CORRAL_TOKEN); to look "
+                "only, pass the read token it printed (in its dashboard URL) the same way"
             ) from None
         except (ValueError, KeyError, TypeError) as exc:
             raise CorralError(f"token file {path} is not valid: {exc}") from exc

@@ -1192,6 +1192,13 @@ def test_no_token_file_says_to_copy_the_admin_token_not_the_printed_one(tmp_path
         Tokens.read_file(tmp_path / "127.0.0.1_8786.json")
     text = str(info.value)
     assert f"no token file at {tmp_path / '127.0.0.1_8786.json'}" in text
-    assert "copy the admin token from its token file on its machine" in text
+    assert "copy the admin token from that file on the manager's machine" in text
     assert "pass the read token it printed (in its dashboard URL)" in text
     assert "the token the manager printed" not in text
+    assert "other host names" not in text
+    # A manager listening on 0.0.0.0 wrote its file under that name: it is named.
+    (tmp_path / "0.0.0.0_8786.json").write_text('{"admin": "a", "read": "r"}')
+    (tmp_path / "0.0.0.0_9999.json").write_text('{"admin": "a", "read": "r"}')
+    with pytest.raises(CorralError) as info:
+        Tokens.read_file(tmp_path / "127.0.0.1_8786.json")
+    assert "under other host names: 0.0.0.0_8786.json (a file is named" in str(info.value)
