@@ -874,9 +874,10 @@ class LocalProcessProvider(Provider):
             # The rest of the block goes too, so the autoscaler replaces it whole: a
             # block that ran on short of a worker was counted at full size and not
             # replaced (kept idle-less, at min_blocks never) while it ran short.
-            if rec.live and self._tg is not None:
+            if rec.live:  # (with the provider stopping, it stops them itself)
                 rec.stopped_rest = True
-                self._tg.start_soon(self._terminate, rec)
+                if self._tg is not None:
+                    self._tg.start_soon(self._terminate, rec)
         self._finish_if_done(rec)
 
     def _finish_if_done(self, rec: _Record) -> None:

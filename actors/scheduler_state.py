@@ -2332,6 +2332,7 @@ class SchedulerState:
         yields = self._yields()
         if self.disk_parked:  # (no new set per fill: this runs after every event)
             self.disk_parked.clear()
+        shapes: dict[str | None, tuple[int, float] | None] = {}  # _tell_resources_wait's
         while True:
             best: tuple[Any, ...] | None = None
             best_q: tuple[str | None, bool] = (None, False)
@@ -2377,7 +2378,7 @@ class SchedulerState:
                         continue  # no worker could ever hold it: failed
                     self.disk_parked.add(ts.spec.pool)
                 elif ts.spec.resources and not ts.disk_wait:
-                    self._tell_resources_wait(ts)
+                    self._tell_resources_wait(ts, shapes)
                 parked.append((best_q, entry))  # resources or disk: wait for a worker
                 continue
             ws = self._place(ts, candidates)
@@ -2387,21 +2388,35 @@ class SchedulerState:
         for q, entry in parked:
             heapq.heappush(self.queues[q], entry)
 
-    def _tell_resources_wait(self, ts: TaskState) -> None:
-        """Say in ``ts``'s story, once, that no worker of its pool has the cores or
-        memory it asks for (a bigger one may join: it waits, and the queue-time alert
-        fires if none does). Nothing when one has them (it is busy) or none has joined."""
+    def _tell_resources_wait(
+        self, ts: TaskState, shapes: dict[str | None, tuple[int, float] | None]
+    ) -> None:
+        """Say in ``ts``'s story, once, that no worker of its pool that takes tasks
+        (not draining) has the cores or memory it asks for (a bigger one may join: it
+        waits, and the queue-time alert fires if none does). Nothing when one has them
+        (it is busy) or none has joined. ``shapes``: per pool, the most cores and memory
+        of such a worker, found once per ``_fill`` (a fill may park many such tasks)."""
         pool, res = ts.spec.pool, ts.spec.resources
-        mine = [w for w in self.workers.values() if pool is None or w.pool == pool]
-        if not mine:
+        if pool not in shapes:
+            mine = [
+                w
+                for w in self.workers.values()
+                if (pool is None or w.pool == pool) and not w.draining
+            ]
+            shapes[pool] = (
+                (max(w.cores for w in mine), max(w.memory or NO_LIMIT for w in mine))
+                if mine
+                else None
+            )
+        shape = shapes[pool]
+        if shape is None:
             return
+        most_cores, most_memory = shape
         short = []
         cores, memory = res.get("cores", 0), res.get("memory", 0)
-        most_cores = max(w.cores for w in mine)
         if cores > most_cores:
             plural = "s" if most_cores != 1 else ""
             short.append((f"{cores:g} cores", f"{most_cores:g} core{plural}"))
-        most_memory = max(w.memory or NO_LIMIT for w in mine)
         if memory > most_memory:
             short.append((f"{int(memory):,} B of memory", f"{int(most_memory):,} B"))
         if short:

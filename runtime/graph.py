@@ -515,7 +515,12 @@ def _too_big_for_pool(
     pool = spec.pool
     limit, setting = has
     where = f"[pools.{pool}]"
-    fits = [p for p, shape in shapes.items() if shape.get(resource, (-1.0, ""))[0] >= asked]
+    fits = [  # enough of this resource, and of the others the task asks (or unknown)
+        p
+        for p, shape in shapes.items()
+        if shape.get(resource, (-1.0, ""))[0] >= asked
+        and all(shape.get(r, (math.inf, ""))[0] >= a for r, a in spec.resources.items())
+    ]
     others = f" (configured so: {', '.join(map(repr, fits))})" if fits else ""
     more = (
         f" {count} tasks of this submission ask for more than their pool's workers have; "

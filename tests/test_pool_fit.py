@@ -200,6 +200,15 @@ def test_the_check_reads_the_pools_shapes_in_one_pass() -> None:
     assert "3 tasks of this submission ask for more than their pool's workers have" in str(
         info.value
     )
+    # The pools suggested have enough of everything the task asks (or do not say).
+    wide = {
+        **shapes,
+        "big": {"cores": (8.0, "cores_per_worker"), "memory": (1e9, "memory_per_worker")},
+        "fat": {"cores": (8.0, "cores_per_worker"), "memory": (64e9, "memory_per_worker")},
+        "open": {"cores": (8.0, "cores_per_worker")},  # its memory: the machine's
+    }
+    with pytest.raises(GraphError, match=r"\(configured so: 'fat', 'open'\)"):
+        check_pool_fit([spec("c", "a", cores=8, memory=8e9)], wide)
 
 
 def test_an_alert_rule_scaling_out_a_pool_the_cluster_does_not_have_is_refused() -> None:
