@@ -389,6 +389,9 @@ class SchedulerState:
         #: disk-aware placement: the largest disk limit among the workers that take new
         #: tasks, per pool and over every pool (``None``); 0 (no limit) is ``inf``
         self.largest_disk: dict[str | None, float] = {}
+        #: the most cores of a worker that takes new tasks, the same way (the story of
+        #: a task none can run says so: ``_tell_resources_wait``)
+        self.largest_cores: dict[str | None, float] = {}
         self.stalled_since: float | None = None  #: when the watchdog saw a stall begin
         #: the disk watchdog (``_watch_disk``): pools with a ready task the latest
         #: ``_fill`` kept waiting for disk; since when each such pool has run nothing;
@@ -1535,6 +1538,7 @@ class SchedulerState:
         before, self.largest = self.largest, largest
         self._floor = min(largest.values(), default=NO_LIMIT)
         self.largest_disk = _largest_per_pool(self.workers.values(), "disk")
+        self.largest_cores = _largest_per_pool(self.workers.values(), "cores")
         if not any(limit < before.get(pool, NO_LIMIT) for pool, limit in largest.items()):
             return
         self._too_large.extend(
@@ -2332,7 +2336,6 @@ class SchedulerState:
         yields = self._yields()
         if self.disk_parked:  # (no new set per fill: this runs after every event)
             self.disk_parked.clear()
-        shapes: dict[str | None, tuple[int, float] | None] = {}  # _tell_resources_wait's
         while True:
             best: tuple[Any, ...] | None = None
             best_q: tuple[str | None, bool] = (None, False)
@@ -2378,7 +2381,7 @@ class SchedulerState:
                         continue  # no worker could ever hold it: failed
                     self.disk_parked.add(ts.spec.pool)
                 elif ts.spec.resources and not ts.disk_wait:
-                    self._tell_resources_wait(ts, shapes)
+                    self._tell_resources_wait(ts)
                 parked.append((best_q, entry))  # resources or disk: wait for a worker
                 continue
             ws = self._place(ts, candidates)
@@ -2388,30 +2391,16 @@ class SchedulerState:
         for q, entry in parked:
             heapq.heappush(self.queues[q], entry)
 
-    def _tell_resources_wait(
-        self, ts: TaskState, shapes: dict[str | None, tuple[int, float] | None]
-    ) -> None:
+    def _tell_resources_wait(self, ts: TaskState) -> None:
         """Say in ``ts``'s story, once, that no worker of its pool that takes tasks
         (not draining) has the cores or memory it asks for (a bigger one may join: it
         waits, and the queue-time alert fires if none does). Nothing when one has them
-        (it is busy) or none has joined. ``shapes``: per pool, the most cores and memory
-        of such a worker, found once per ``_fill`` (a fill may park many such tasks)."""
+        (it is busy) or none has joined. Reads ``largest`` and ``largest_cores``."""
         pool, res = ts.spec.pool, ts.spec.resources
-        if pool not in shapes:
-            mine = [
-                w
-                for w in self.workers.values()
-                if (pool is None or w.pool == pool) and not w.draining
-            ]
-            shapes[pool] = (
-                (max(w.cores for w in mine), max(w.memory or NO_LIMIT for w in mine))
-                if mine
-                else None
-            )
-        shape = shapes[pool]
-        if shape is None:
-            return
-        most_cores, most_memory = shape
+        most_memory = self.largest.get(pool)
+        if most_memory is None:
+            return  # no worker of its pool takes tasks
+        most_cores = self.largest_cores[pool]
         short = []
         cores, memory = res.get("cores", 0), res.get("memory", 0)
         if cores > most_cores:
@@ -3315,6 +3304,8 @@ class SchedulerState:
         assert self.largest == largest, (self.largest, largest)
         disks = _largest_per_pool(self.workers.values(), "disk")
         assert self.largest_disk == disks, (self.largest_disk, disks)
+        cores = _largest_per_pool(self.workers.values(), "cores")
+        assert self.largest_cores == cores, (self.largest_cores, cores)
         for ts in self.disk_measured:
             assert self.tasks.get(ts.key) is ts, (ts, "a measured output of a forgotten task")
         assert self._floor == min(largest.values(), default=NO_LIMIT), self._floor
@@ -3324,9 +3315,9 @@ class SchedulerState:
 
 
 def _largest_per_pool(
-    workers: Iterable[WorkerState], limit: Literal["memory", "disk"]
+    workers: Iterable[WorkerState], limit: Literal["memory", "disk", "cores"]
 ) -> dict[str | None, float]:
-    """The largest ``limit`` (memory or disk; 0 is no limit: ``inf``) among ``workers``
+    """The largest ``limit`` (memory, disk or cores; 0 is no limit: ``inf``) among ``workers``
     that take new tasks (not draining), per pool and over every pool (``None``)."""
     largest: dict[str | None, float] = {}
     for ws in workers:
