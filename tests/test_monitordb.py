@@ -607,17 +607,24 @@ async def test_a_row_sqlite_refuses_is_dropped_and_counted_and_the_rest_written(
     assert writer.dropped == {"event": 1, "metric": 1}
 
 
-@pytest.mark.anyio
-async def test_close_retries_a_locked_database_until_its_timeout(tmp_path: Path) -> None:
-    """The database is locked when the run ends, and let go 1.5 s later: close(10)
-    writes what is queued."""
-    db = tmp_path / "monitoring.db"
+async def _writer_meeting_a_lock(db: Path) -> tuple[MonitorWriter, sqlite3.Connection]:
+    """A writer of ``db`` with 100 rows of ``gaps`` queued, which has met the write lock
+    of the connection returned (in a transaction: COMMIT lets go)."""
     writer = MonitorWriter(db)
     locker = sqlite3.connect(db, isolation_level=None, check_same_thread=False)
     locker.execute("BEGIN IMMEDIATE")
     rows = [("r", 1.0, "a", i) for i in range(100)]
     writer.submit([("event", "INSERT INTO gaps VALUES (?,?,?,?)", rows)])
     await wait_until(lambda: writer.errors > 0, "the writer to meet the lock", limit=30)
+    return writer, locker
+
+
+@pytest.mark.anyio
+async def test_close_retries_a_locked_database_until_its_timeout(tmp_path: Path) -> None:
+    """The database is locked when the run ends, and let go 1.5 s later: close(10)
+    writes what is queued."""
+    db = tmp_path / "monitoring.db"
+    writer, locker = await _writer_meeting_a_lock(db)
     free = threading.Timer(1.5, locker.execute, ("COMMIT",))
     free.start()
     t = time.monotonic()
@@ -675,12 +682,7 @@ async def test_close_gives_up_counts_what_it_drops_and_writes_its_final_rows(
     """Locked past close()'s timeout: the queued rows are dropped and counted, and the
     final rows (made then: they see the count) are written once the lock goes."""
     db = tmp_path / "monitoring.db"
-    writer = MonitorWriter(db)
-    locker = sqlite3.connect(db, isolation_level=None, check_same_thread=False)
-    locker.execute("BEGIN IMMEDIATE")
-    rows = [("r", 1.0, "a", i) for i in range(100)]
-    writer.submit([("event", "INSERT INTO gaps VALUES (?,?,?,?)", rows)])
-    await wait_until(lambda: writer.errors > 0, "the writer to meet the lock", limit=30)
+    writer, locker = await _writer_meeting_a_lock(db)
 
     def final() -> list[Any]:
         return [
