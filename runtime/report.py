@@ -16,6 +16,7 @@ plots.
 from __future__ import annotations
 
 import contextlib
+import heapq
 import html
 import itertools
 import json
@@ -38,7 +39,14 @@ from runtime.errors import MonitoringDBError, ReportOutputError
 from runtime.monitordb import SQLITE_HEADER, open_db
 
 # ReportOutputError is runtime.errors's, exported here too, where write_report raises it
-__all__ = ["MAX_BARS", "SECTIONS", "ReportOutputError", "build_report", "write_report"]
+__all__ = [
+    "MAX_BARS",
+    "MAX_CATEGORIES",
+    "SECTIONS",
+    "ReportOutputError",
+    "build_report",
+    "write_report",
+]
 
 #: the report's plots, by title, in order
 SECTIONS = (
@@ -51,6 +59,10 @@ SECTIONS = (
     "Storage: disk per worker, transfers, recoveries",
 )
 MAX_BARS = 20_000  #: tries drawn on the timeline at most (the latest ones)
+#: categories drawn apart at most, on the duration CDF (those with the most successful
+#: tries) and in the timeline's colours (those with the most tries drawn); the others
+#: are gathered into one line, one colour, and the title says how many there are
+MAX_CATEGORIES = 20
 #: points drawn per line at most: a longer series keeps each stretch's lowest and
 #: highest value (peaks stay), a duration CDF evenly spaced quantiles
 MAX_POINTS = 2_000
@@ -70,6 +82,10 @@ def _quiet(text: str) -> None:
 
 def _first(point: tuple[int, Any, Any]) -> int:
     return point[0]
+
+
+def _second(row: tuple[Any, int]) -> int:
+    return row[1]
 
 
 def _median_wait(
@@ -93,6 +109,26 @@ def _median_wait(
 def _nth(rows: Iterator[tuple[Any, ...]], n: int) -> tuple[Any, ...]:
     """The row after the next ``n`` of ``rows``, those skipped at C speed."""
     return next(itertools.islice(rows, n, None))
+
+
+def _quantiles(rows: Iterator[tuple[Any, ...]], n: int) -> tuple[list[float], list[float]]:
+    """The CDF of the next ``n`` of ``rows``, ``(anything, value)`` in order of value:
+    all of them up to :data:`MAX_POINTS`, else that many evenly spaced quantiles, the
+    first and the last among them; only those are fetched, the rest skipped."""
+    at = (
+        range(n)
+        if n <= MAX_POINTS
+        else sorted({k * (n - 1) // (MAX_POINTS - 1) for k in range(MAX_POINTS)})
+    )
+    xs, ys = [], []
+    done = 0  # of the n rows, read or skipped
+    for i in at:
+        xs.append(_nth(rows, i - done)[1])
+        ys.append((i + 1) / n)
+        done = i + 1
+    if done < n:  # skip the rest of them
+        _nth(rows, n - done - 1)
+    return xs, ys
 
 
 def _table(conn: sqlite3.Connection, table: str, rid: tuple[str]) -> str:
@@ -165,10 +201,10 @@ class _Run:
     """What the report shows of one run, times in seconds from its start.
 
     Nothing is read whole: SQLite counts, groups and sorts (the task states, the failed
-    tries by cause, the median wait, each category's duration quantiles, the latest
-    tries), and each series is thinned as its rows go by (:class:`_Thinned`), so memory
-    does not grow with the number of tasks. The reads share one snapshot of the file,
-    which a manager may be writing to meanwhile."""
+    tries by cause, the median wait, the duration quantiles of each category drawn and
+    of the others together, the latest tries), and each series is thinned as its rows
+    go by (:class:`_Thinned`), so memory does not grow with the number of tasks. The
+    reads share one snapshot of the file, which a manager may be writing to meanwhile."""
 
     def __init__(self, conn: sqlite3.Connection, run_id: str | None, progress: Progress) -> None:
         q = conn.execute
@@ -268,7 +304,9 @@ class _Run:
 
     def _read_tries(self, conn: sqlite3.Connection, rid: tuple[str]) -> int:
         """The tries: failed ones by outcome and cause, the latest :data:`MAX_BARS` ended
-        ones for the timeline, and each category's duration quantiles for the CDF."""
+        ones for the timeline, and for the CDF the duration quantiles of each of the
+        :data:`MAX_CATEGORIES` categories with the most successful tries, and of the
+        others' tries together."""
         tries = _table(conn, "tries", rid)
         # by count, then in the order of their first try (by end; not ended: first)
         groups = conn.execute(
@@ -287,31 +325,42 @@ class _Run:
         ).fetchall()  # fmt: skip
         latest.reverse()
         self.latest = latest
-        # Successful tries' durations by category: how many of each, then all of them in
-        # order (category, duration), of which only the quantiles drawn are fetched.
+        # Successful tries' durations by category: how many of each (the categories
+        # with the most drawn apart, the others as one line), then those of the drawn
+        # categories in order (category, duration), of which only the quantiles drawn
+        # are fetched, then those of the others in order of duration.
         ok = (
             "SELECT COALESCE(NULLIF(category, ''), '?') AS cat, MAX(ended - started, 0.0) AS "
             f"duration FROM {tries} WHERE run_id = ? AND outcome = 'ok' AND started IS NOT "
             "NULL AND ended IS NOT NULL"
         )  # fmt: skip
-        counts = conn.execute(f"SELECT cat, COUNT(*) FROM ({ok}) GROUP BY cat ORDER BY cat", rid)
-        durations = conn.execute(f"{ok} ORDER BY cat, duration", rid)
+        counts = conn.execute(
+            f"SELECT cat, COUNT(*) FROM ({ok}) GROUP BY cat ORDER BY cat", rid
+        ).fetchall()  # a row per category
+        self.categories = len(counts)  #: categories with a successful try
+        ok_tries = sum(n for _, n in counts)
+        # drawn in order of name; of equal counts, the first by name are drawn
+        shown = sorted(heapq.nlargest(MAX_CATEGORIES, counts, key=_second))
+        marks = ", ".join("?" * len(shown))
+        names = tuple(cat for cat, _ in shown)
         self.durations: dict[str, tuple[int, list[float], list[float]]] = {}
-        for cat, n in counts.fetchall():
-            at = (
-                range(n)
-                if n <= MAX_POINTS
-                else sorted({k * (n - 1) // (MAX_POINTS - 1) for k in range(MAX_POINTS)})
-            )  # evenly spaced quantiles, the first and the last among them
-            xs, ys = [], []
-            done = 0  # of the category's durations, read or skipped
-            for i in at:
-                xs.append(_nth(durations, i - done)[1])
-                ys.append((i + 1) / n)
-                done = i + 1
-            if done < n:  # skip the rest of the category
-                _nth(durations, n - done - 1)
-            self.durations[cat] = (n, xs, ys)
+        if shown:
+            durations = conn.execute(
+                f"SELECT cat, duration FROM ({ok}) WHERE cat IN ({marks}) ORDER BY cat, "
+                "duration", (*rid, *names),
+            )  # fmt: skip
+            for cat, n in shown:
+                self.durations[cat] = (n, *_quantiles(durations, n))
+        #: the categories not drawn apart: how many, their successful tries, the CDF of
+        #: those tries' durations (``None``: every category is drawn)
+        self.others: tuple[int, int, list[float], list[float]] | None = None
+        if self.categories > len(shown):
+            n = ok_tries - sum(n for _, n in shown)
+            durations = conn.execute(
+                f"SELECT cat, duration FROM ({ok}) WHERE cat NOT IN ({marks}) ORDER BY "
+                "duration", (*rid, *names),
+            )  # fmt: skip
+            self.others = (self.categories - len(shown), n, *_quantiles(durations, n))
         return self.tries
 
     def _read_resources(self, conn: sqlite3.Connection, rid: tuple[str]) -> int:
@@ -374,9 +423,10 @@ class _Run:
 
 
 def _layout(fig: go.Figure, title: str, height: int = 420) -> go.Figure:
+    top = 80 if "<br>" in title else 60  # room for a note under the title (_note)
     fig.update_layout(
         title=title, height=height, template="plotly_white",
-        margin={"l": 70, "r": 20, "t": 60, "b": 50}, legend={"orientation": "h", "y": -0.15},
+        margin={"l": 70, "r": 20, "t": top, "b": 50}, legend={"orientation": "h", "y": -0.15},
     )  # fmt: skip
     return fig
 
@@ -435,15 +485,22 @@ def _timeline(run: _Run) -> go.Figure:
                 y=[r[3] for r in rs], base=starts,
                 x=[max(r[6] - run.t0 - (s or 0.0), 1e-3) for r, s in zip(rs, starts, strict=True)],
                 orientation="h", name=name,
-                customdata=[[r[0], r[1], r[7], r[8] or r[9] or ""] for r in rs],
-                hovertemplate="%{customdata[0]} try %{customdata[1]}<br>%{customdata[2]} "
-                "%{customdata[3]}<br>from %{base:.2f} s for %{x:.3f} s<extra></extra>",
+                customdata=[[r[0], r[1], r[7], r[8] or r[9] or "", r[2] or "?"] for r in rs],
+                hovertemplate="%{customdata[0]} try %{customdata[1]} (%{customdata[4]})<br>"
+                "%{customdata[2]} %{customdata[3]}<br>from %{base:.2f} s for %{x:.3f} s"
+                "<extra></extra>",
                 **style,
             )
         )  # fmt: skip
 
-    for cat in sorted(by_cat):
+    # The categories with the most tries drawn in a colour each, the others in grey.
+    shown = sorted(sorted(by_cat), key=lambda c: -len(by_cat[c]))[:MAX_CATEGORIES]
+    for cat in sorted(shown):
         bars(by_cat[cat], cat)
+    others = sorted(set(by_cat) - set(shown))
+    if others:
+        rest = [r for cat in others for r in by_cat[cat]]
+        bars(rest, f"the other {len(others)} categories", marker={"color": "#aaaaaa"})
     for outcome in sorted({r[7] for r in failed}):
         color = _OUTCOME_COLOR.get(outcome, "#d62728")
         bars([r for r in failed if r[7] == outcome], f"failed: {outcome}",
@@ -456,6 +513,11 @@ def _timeline(run: _Run) -> go.Figure:
     title = SECTIONS[0]
     if run.tries > len(tries):
         title += f" (the latest {len(tries)} of {run.tries} tries)"
+    if others:
+        title += _note(
+            f"{len(by_cat)} categories: the {len(shown)} with the most tries drawn in a "
+            f"colour each, the other {len(others)} in grey"
+        )
     return _layout(fig, title, height=max(300, min(1200, 120 + 22 * n_workers)))
 
 
@@ -552,9 +614,27 @@ def _cdf(run: _Run) -> go.Figure:
     for cat, (n, xs, ys) in sorted(run.durations.items()):
         fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines+markers" if n < 5 else "lines",
                                  line_shape="hv", name=f"{cat} ({n})"))  # fmt: skip
+    title = SECTIONS[4]
+    if run.others is not None:
+        rest, n, xs, ys = run.others
+        fig.add_trace(go.Scatter(
+            x=xs, y=ys, mode="lines+markers" if n < 5 else "lines", line_shape="hv",
+            line={"color": "#888888", "dash": "dash"}, name=f"the other {rest} categories ({n})",
+        ))  # fmt: skip
+        title += _note(
+            f"{run.categories} categories: the {len(run.durations)} with the most successful "
+            f"tries, the other {rest} as one line (dashed)"
+        )
+    elif not run.durations:
+        title += " (no successful try in this run)"
     fig.update_xaxes(title="duration of a successful try (s)", type="log")
     fig.update_yaxes(title="fraction of tries", range=[0, 1.02])
-    return _layout(fig, SECTIONS[4])
+    return _layout(fig, title)
+
+
+def _note(text: str) -> str:
+    """A second, smaller line of a plot's title."""
+    return f"<br><sup>{html.escape(text)}</sup>"
 
 
 def _alerts_figure(run: _Run) -> go.Figure:

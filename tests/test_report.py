@@ -7,10 +7,12 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import sqlite3
 import struct
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import anyio
 import pytest
@@ -18,7 +20,7 @@ import pytest
 from runtime import Cluster
 from runtime.errors import MonitoringDBError
 from runtime.monitordb import MonitorWriter, open_db
-from runtime.report import SECTIONS, build_report
+from runtime.report import SECTIONS, _cdf, _Run, _timeline, build_report
 from tests.helpers import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -197,3 +199,108 @@ def test_only_firing_alert_spans_are_labelled(monkeypatch: pytest.MonkeyPatch) -
     report._alert_bands(fig, None)  # type: ignore[arg-type]
     assert len(fig.layout.shapes) == 2
     assert [a.text for a in fig.layout.annotations] == ["Slow firing"]
+
+
+def _category_traces(fig: Any) -> list[tuple[str, int]]:
+    return [(t.name, len(t.y)) for t in fig.data]
+
+
+@pytest.mark.anyio
+async def test_a_run_of_many_categories_draws_the_busiest_and_gathers_the_rest(
+    tmp_path: Path,
+) -> None:
+    """60 categories: 20 of three tasks, 40 of one. The duration CDF draws a line for
+    each of the 20 with the most successful tries and one dashed line for the 40 others'
+    tries, and the timeline a colour for each of the 20 with the most tries drawn and
+    grey for the others; each title says so. Before, each plot had 60 entries (1,860 in
+    a survey's run, unreadable and heavy), and no title said how many there were."""
+    db = tmp_path / "monitoring.db"
+    graph: dict[str, Any] = {f"heavy{i:02d}-{j}": (square, j) for i in range(20) for j in range(3)}
+    graph.update({f"light{i:02d}-0": (square, i) for i in range(40)})
+    with anyio.fail_after(LIMIT):
+        async with Cluster(workers=2, monitoring=db, monitoring_interval=0.1) as cluster:
+            futures = await cluster.submit_graph(graph, list(graph))
+            assert len(await cluster.gather(futures)) == 100
+    conn = open_db(db)
+    try:
+        run = _Run(conn, None, lambda line: None)
+    finally:
+        conn.close()
+    assert run.categories == 60 and run.tries == 100
+
+    cdf = _cdf(run)
+    heavy = [(f"heavy{i:02d} (3)", 3) for i in range(20)]
+    assert _category_traces(cdf) == [*heavy, ("the other 40 categories (40)", 40)]
+    assert cdf.data[-1].y[-1] == 1.0  # the others' 40 tries make one whole CDF
+    note = "60 categories: the 20 with the most successful tries, the other 40 as one line"
+    assert note in cdf.layout.title.text
+
+    timeline = _timeline(run)
+    colours = [(f"heavy{i:02d}", 3) for i in range(20)]
+    assert _category_traces(timeline) == [*colours, ("the other 40 categories", 40)]
+    note = "60 categories: the 20 with the most tries drawn in a colour each, the other 40 in"
+    assert note in timeline.layout.title.text
+
+    page = build_report(db)
+    assert "the other 40 categories (40)" in page and '"name":"light' not in page
+
+
+def _many_categories_db(path: Path, categories: int) -> Path:
+    """A monitoring database of one run whose category ``c<i>`` has ``1 + i % 7``
+    successful tries of known durations."""
+    MonitorWriter(path).close()  # the schema
+    t0 = 1_700_000_000.0
+    conn = sqlite3.connect(path)
+    with conn:
+        conn.execute(
+            "INSERT INTO runs (run_id, started, ended, host, pid) VALUES (?,?,?,?,?)",
+            ("run-1", t0, t0 + 3600.0, "host", 1),
+        )
+        rows = [
+            ("run-1", f"c{i}-{j}", 1, f"c{i}", f"w-{j % 4}", t0 + i * 0.1, t0 + i * 0.1,
+             t0 + i * 0.1 + 0.01 * (i % 100 + j), "ok")
+            for i in range(categories)
+            for j in range(1 + i % 7)
+        ]  # fmt: skip
+        conn.executemany(
+            "INSERT INTO tries (run_id, key, try, category, worker, sent, started, ended, "
+            "outcome) VALUES (?,?,?,?,?,?,?,?,?)",
+            rows,
+        )
+    conn.close()
+    return path
+
+
+@pytest.mark.timeout(120)
+def test_thousands_of_categories_make_a_report_of_bounded_size(tmp_path: Path) -> None:
+    """3,000 categories: the CDF draws 21 lines (ties of count go to the first by name),
+    the gathered line is the CDF of every other category's tries, and the page holds a
+    line for none of the others."""
+    from runtime.report import MAX_POINTS
+
+    db = _many_categories_db(tmp_path / "monitoring.db", 3000)
+    conn = open_db(db)
+    try:
+        run = _Run(conn, None, lambda line: None)
+    finally:
+        conn.close()
+    assert run.categories == 3000
+    # 7 tries: the categories i with i % 7 == 6; the first 20 by name
+    busiest = sorted(f"c{i}" for i in range(3000) if i % 7 == 6)[:20]
+    assert sorted(run.durations) == busiest
+    assert run.others is not None
+    rest, n, xs, ys = run.others
+    durations = sorted(
+        0.01 * (i % 100 + j)
+        for i in range(3000)
+        if f"c{i}" not in busiest
+        for j in range(1 + i % 7)
+    )
+    assert (rest, n) == (2980, len(durations)) and n > MAX_POINTS
+    at = sorted({k * (n - 1) // (MAX_POINTS - 1) for k in range(MAX_POINTS)})
+    assert ys == [(i + 1) / n for i in at]
+    assert xs == pytest.approx([durations[i] for i in at])
+    page = build_report(db)
+    # the busiest 20 on each plot (on the timeline too, of its tries), the others gathered
+    assert page.count('"name":"c') == 40
+    assert "the other 2980 categories" in page
