@@ -27,7 +27,7 @@ import sys
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +86,13 @@ def _first(point: tuple[int, Any, Any]) -> int:
 
 def _second(row: tuple[Any, int]) -> int:
     return row[1]
+
+
+def _most(counts: Iterable[tuple[str, int]]) -> list[tuple[str, int]]:
+    """The :data:`MAX_CATEGORIES` ``(category, count)`` of ``counts`` with the highest
+    counts (of equal counts, the first by name), in order of name: the categories a
+    plot draws apart."""
+    return sorted(heapq.nlargest(MAX_CATEGORIES, sorted(counts), key=_second))
 
 
 def _median_wait(
@@ -339,8 +346,7 @@ class _Run:
         ).fetchall()  # a row per category
         self.categories = len(counts)  #: categories with a successful try
         ok_tries = sum(n for _, n in counts)
-        # drawn in order of name; of equal counts, the first by name are drawn
-        shown = sorted(heapq.nlargest(MAX_CATEGORIES, counts, key=_second))
+        shown = _most(counts)
         marks = ", ".join("?" * len(shown))
         names = tuple(cat for cat, _ in shown)
         self.durations: dict[str, tuple[int, list[float], list[float]]] = {}
@@ -494,8 +500,8 @@ def _timeline(run: _Run) -> go.Figure:
         )  # fmt: skip
 
     # The categories with the most tries drawn in a colour each, the others in grey.
-    shown = sorted(sorted(by_cat), key=lambda c: -len(by_cat[c]))[:MAX_CATEGORIES]
-    for cat in sorted(shown):
+    shown = [cat for cat, _ in _most((cat, len(rs)) for cat, rs in by_cat.items())]
+    for cat in shown:
         bars(by_cat[cat], cat)
     others = sorted(set(by_cat) - set(shown))
     if others:
