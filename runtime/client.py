@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import concurrent.futures
 import contextlib
 import dataclasses
 import gc
@@ -24,6 +23,7 @@ import math
 import os
 import tempfile
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -1728,11 +1728,89 @@ def _files_dir(files_to: str | os.PathLike[str] | None) -> str:
     return os.fspath(files_to)
 
 
+#: Seconds :func:`get`, interrupted inside a running event loop, waits for its helper
+#: thread to cancel the computation and stop its cluster before the interrupt goes on.
+_GET_STOP_LIMIT = 30.0
+#: Seconds between a waiting caller's checks for a signal: a signal the kernel gives to
+#: another thread (a worker's, the helper's) runs its handler in the main thread only
+#: when that thread next runs Python code, not while it sleeps in a lock.
+_GET_POLL = 0.05
+
+
+class _GetHelper:
+    """The thread :func:`get` computes in when its caller runs an event loop (a Jupyter
+    cell). The caller waits in short waits, so that Ctrl-C reaches it promptly, and
+    :meth:`cancel` ends the computation as Ctrl-C does outside a loop: its main task is
+    cancelled, so its tasks are cancelled and its cluster stops (or its connection
+    closes)."""
+
+    def __init__(self, main: Callable[[], Any]) -> None:
+        self._main = main
+        self._lock = threading.Lock()
+        self._task: tuple[asyncio.AbstractEventLoop, asyncio.Task[Any]] | None = None
+        self._cancelled = False
+        self._value: Any = None
+        self._error: BaseException | None = None
+        self._ended = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="corral-get", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._value = anyio.run(self._body, backend="asyncio")
+        except BaseException as exc:  # the caller raises it
+            self._error = exc
+        finally:
+            self._ended.set()
+
+    async def _body(self) -> Any:
+        with self._lock:
+            task = asyncio.current_task()
+            if self._cancelled or task is None:
+                raise asyncio.CancelledError
+            self._task = (asyncio.get_running_loop(), task)
+        return await self._main()
+
+    def wait(self, limit: float = math.inf) -> bool:
+        """Wait until the thread ends, at most ``limit`` seconds; whether it ended. What
+        interrupts the caller (KeyboardInterrupt) is raised from here. (Not in
+        ``Thread.join``: on Python 3.11, an interrupted join marks a running thread as
+        stopped.)"""
+        deadline = time.monotonic() + limit
+        while not self._ended.wait(min(_GET_POLL, max(deadline - time.monotonic(), 0))):
+            if time.monotonic() >= deadline:
+                return False
+        self._thread.join()  # it has only to return from _run
+        return True
+
+    def result(self) -> Any:
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+    def cancel(self) -> None:
+        with self._lock:
+            self._cancelled = True
+            started = self._task
+        if started is not None:
+            loop, task = started
+            with contextlib.suppress(RuntimeError):  # its loop has closed: it ended
+                loop.call_soon_threadsafe(task.cancel)
+
+
+def _in_running_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
 def get(
     dsk: Mapping[Key, Any],
     keys: Any,
     *,
-    workers: int = 1,
+    workers: int | None = None,
     threads_per_worker: int | None = None,
     num_workers: int | None = None,
     address: str | None = None,
@@ -1745,10 +1823,13 @@ def get(
 
     Starts an in-process Corral cluster (by default one worker with a thread per core;
     ``num_workers`` sets the threads, as for dask's threaded scheduler), computes
-    ``keys`` and stops it. Safe to call from inside a running event loop: it then runs
-    in a helper thread with its own loop. ``gc_threshold`` is as for :class:`Cluster`.
-    ``options`` go to :meth:`Cluster.submit_graph` (``priority``, ``retries``,
-    ``resources``, ``pool``).
+    ``keys`` and stops it. With ``address`` it computes on that manager's workers
+    instead, and ``workers``, ``threads_per_worker`` and ``num_workers`` raise
+    ``TypeError``. Safe to call from inside a running event loop: it then runs in a
+    helper thread with its own loop, and Ctrl-C (``KeyboardInterrupt``) cancels the
+    computation there before it reaches the caller, as it does outside a loop.
+    ``gc_threshold`` is as for :class:`Cluster`. ``options`` go to
+    :meth:`Cluster.submit_graph` (``priority``, ``retries``, ``resources``, ``pool``).
 
     A result that is a file output (:class:`~runtime.files.File`) is copied, before the
     cluster stops, to the directory ``files_to`` (made if missing; default a new
@@ -1760,15 +1841,37 @@ def get(
     if unknown:
         raise TypeError(
             f"runtime.get got unknown option(s) {sorted(unknown)}; it takes workers, "
-            f"threads_per_worker, num_workers, address, token, gc_threshold and "
+            f"threads_per_worker, num_workers, address, token, gc_threshold, files_to and "
             f"{sorted(allowed)}"
+        )
+    sizing = {"workers": workers, "threads_per_worker": threads_per_worker,
+              "num_workers": num_workers}  # fmt: skip
+    given = [name for name, value in sizing.items() if value is not None]
+    if address is not None and given:
+        names = " and ".join([", ".join(given[:-1]), given[-1]] if len(given) > 1 else given)
+        raise TypeError(
+            f"runtime.get got {names} with address={address!r}: "
+            f"{'they size' if len(given) > 1 else 'it sizes'} the cluster get starts for "
+            "the call, and with address= it computes on the workers of that manager "
+            f"instead. Leave {'them' if len(given) > 1 else 'it'} out; a manager's workers get "
+            "their threads where they are started (`python -m runtime worker ADDRESS "
+            "--cores N`, or its pools), see docs/deployment.md"
+        )
+    pool = options.get("pool")
+    if pool is not None and not isinstance(pool, str):
+        hint = "" if address is not None else " (set the threads with num_workers=)"
+        raise GraphError(
+            f"runtime.get got a {type(pool).__name__} as pool: in Corral, pool names a pool of "
+            "workers (a string, e.g. pool='gpu'; docs/configuration.md), and dask's "
+            "threaded scheduler's pool= (an executor) does not apply. Leave it out"
+            f"{hint}."
         )
     threads = threads_per_worker or num_workers or os.cpu_count() or 1
 
     async def main() -> Any:
         async with Cluster(
             address,
-            workers=workers,
+            workers=1 if workers is None else workers,
             threads_per_worker=threads,
             gc_threshold=gc_threshold,
             token=token,
@@ -1786,9 +1889,23 @@ def get(
                     values[i] = await cluster.download(Future(key, cluster), dest)
             return _pack(keys, dict(zip(flat, values, strict=True)))
 
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
+    if not _in_running_loop():
+        # Not inside the check's `except`: what this raises would have its RuntimeError
+        # as __context__, in place of the task's own.
         return anyio.run(main, backend="asyncio")
-    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="corral-get") as pool:
-        return pool.submit(anyio.run, main).result()
+    helper = _GetHelper(main)
+    try:
+        helper.wait()
+    except BaseException:  # Ctrl-C in the caller's thread: end the computation first
+        helper.cancel()
+        try:
+            stopped = helper.wait(_GET_STOP_LIMIT)
+        except KeyboardInterrupt:  # Ctrl-C again: do not wait any longer
+            stopped = False
+        if not stopped:
+            _log.warning(
+                "runtime.get was interrupted and its computation is still stopping in "
+                "the background", limit=_GET_STOP_LIMIT,
+            )  # fmt: skip
+        raise
+    return helper.result()
