@@ -370,7 +370,14 @@ class Manager(Actor):
                             GetData(keys, raw=msg.raw, stream_over=over, files=msg.files),
                             timeout=self.gather_timeout,
                         )
-                    except FrameTooLarge:  # sizes understated: every value as a stream
+                    except Exception as exc:
+                        # Sizes understated (FrameTooLarge), or a worker process whose
+                        # reply did not pickle (a value in it; the error names no key):
+                        # every value as a stream, serialized by the worker's handler,
+                        # which names one that does not pickle (ResultNotPicklable).
+                        unsent = over > 1 and not isinstance(exc, CorralError)
+                        if not (unsent or isinstance(exc, FrameTooLarge)):
+                            raise
                         reply = await ref.ask(
                             GetData(keys, raw=msg.raw, stream_over=1, files=msg.files),
                             timeout=self.gather_timeout,

@@ -63,7 +63,7 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, MutableMapping
 from types import TracebackType
-from typing import Any, BinaryIO, Self
+from typing import Any, BinaryIO, Self, TypeVar
 
 import cloudpickle
 from dask.sizeof import sizeof as _dask_sizeof
@@ -74,9 +74,10 @@ from runtime.files import File
 from runtime.graph import Key
 from runtime.log import get_logger
 
-__all__ = ["SpillStore", "sweep_orphans"]
+__all__ = ["SpillStore", "Unpicklable", "sweep_orphans"]
 
 _log = get_logger("corral.store", component="store")
+_T = TypeVar("_T")
 
 _MAGIC = b"CRSP"
 _VERSION = 1
@@ -96,12 +97,19 @@ class _WriteFailed(Exception):
         self.error = error
 
 
-class _Unpicklable(Exception):
-    """Internal: neither pickle nor cloudpickle could serialize the value."""
+class Unpicklable(TypeError):
+    """Neither pickle nor cloudpickle could serialize a value: it can be neither
+    spilled nor sent to another process. ``reason``: what pickling it raised, as text
+    (``TypeError: cannot pickle '_thread.lock' object``). A ``TypeError``, as what
+    pickling such a value raises mostly is."""
 
-    def __init__(self, error: Exception) -> None:
-        super().__init__(repr(error))
-        self.error = error
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+    @classmethod
+    def of(cls, error: BaseException) -> Unpicklable:
+        return cls(f"{type(error).__name__}: {error}")
 
 
 class _Sink:
@@ -133,7 +141,7 @@ class _Sink:
 def _dump_into(file: BinaryIO, value: Any, budget: int | None) -> int:
     """Write ``value`` to ``file`` in the spill format; return the bytes written.
 
-    Raises :class:`_Unpicklable`, :class:`_NoRoom` or :class:`_WriteFailed`; the file
+    Raises :class:`Unpicklable`, :class:`_NoRoom` or :class:`_WriteFailed`; the file
     then holds garbage and the caller removes it.
     """
     sink = _Sink(file, budget)
@@ -160,7 +168,7 @@ def _dump_into(file: BinaryIO, value: Any, budget: int | None) -> int:
         break
     else:
         assert first_error is not None
-        raise _Unpicklable(first_error)
+        raise Unpicklable.of(first_error)
     pickle_len = sink.written - _HEADER.size
     sink.write(b"".join(_LENGTH.pack(m.nbytes) for m in raws))
     for m in raws:
@@ -430,7 +438,8 @@ class SpillStore(MutableMapping[Key, Any]):
         self._disk: dict[Key, _OnDisk] = {}
         self._files: dict[Key, File] = {}  #: file outputs kept here as files
         self._sizes: dict[Key, int] = {}  #: recorded size of every key, memory or disk
-        self._unpicklable: set[Key] = set()  #: in-memory keys that failed to pickle
+        #: in-memory keys that failed to pickle -> what pickling raised (as text)
+        self._unpicklable: dict[Key, str] = {}
         self._dir: str | None = None
         self._finalizer: weakref.finalize[[str, int], SpillStore] | None = None
         self._seq = 0
@@ -539,14 +548,15 @@ class SpillStore(MutableMapping[Key, Any]):
         """A protocol-5 pickle of ``key``'s value, buffers in band, to send to a peer.
 
         Neither recency nor placement changes. A value in memory is pickled (pickle,
-        then cloudpickle; raises if both fail). For a spilled value without out-of-band
+        then cloudpickle; :class:`Unpicklable` if both fail, and the store remembers it:
+        :meth:`unpicklable_error`). For a spilled value without out-of-band
         buffers the pickle stream in its file is that pickle already and is returned as
         read, without unpickling. A spilled value with buffers (numpy, ...) is loaded
         from its file into a temporary object and pickled again in band; it stays on
         disk and the store's counters do not change.
         """
         if key in self._memory:
-            return _dumps_inband(self._memory[key])
+            return self._pickled(key, _dumps_inband)
         if key in self._files:  # the handle, not the file's bytes
             return _dumps_inband(self._files[key])
         where = self._disk[key]  # KeyError if missing altogether
@@ -564,9 +574,10 @@ class SpillStore(MutableMapping[Key, Any]):
         the pickle stream and its out-of-band buffers. A value in memory is pickled with
         its buffers as views of its own memory (no copy for numpy and the like); a
         spilled value's segments are read from its file as they are asked for, never
-        loaded. Neither recency nor placement changes."""
+        loaded. Neither recency nor placement changes. A value in memory that does not
+        pickle: :class:`Unpicklable`, as :meth:`get_raw`."""
         if key in self._memory:
-            return serialize(self._memory[key])
+            return self._pickled(key, serialize)
         if key in self._files:  # a file output: its bytes, one segment
             f = self._files[key]
             return FileSegments(f.path, [(0, self._sizes[key])])
@@ -583,6 +594,26 @@ class SpillStore(MutableMapping[Key, Any]):
             spans.append((offset, length))
             offset += length
         return FileSegments(where.path, spans)
+
+    def _pickled(self, key: Key, dumps: Callable[[Any], _T]) -> _T:
+        """``dumps`` of ``key``'s value in memory; :class:`Unpicklable` if it raises
+        (remembered: spilling skips the key, and :meth:`unpicklable_error` says why)."""
+        known = self._unpicklable.get(key)
+        if known is not None:
+            raise Unpicklable(known)
+        try:
+            return dumps(self._memory[key])
+        except MemoryError:  # not the value's fault: no memory for its pickle now
+            raise
+        except Exception as exc:
+            error = Unpicklable.of(exc)
+            self._unpicklable[key] = error.reason
+            raise error from None
+
+    def unpicklable_error(self, key: Key) -> str | None:
+        """What pickling ``key``'s value raised, if the store has tried and failed
+        (to spill it or to serialize it for another process); else None."""
+        return self._unpicklable.get(key)
 
     def keys_in_memory(self) -> Iterator[Key]:
         """Keys held in memory, least recently used first."""
@@ -685,13 +716,13 @@ class SpillStore(MutableMapping[Key, Any]):
                 file_bytes = _dump_into(file, value, budget)
             os.replace(tmp, final)
             tmp = None
-        except _Unpicklable as exc:
-            self._unpicklable.add(key)
+        except Unpicklable as exc:
+            self._unpicklable[key] = exc.reason
             _log.warning(
                 "value cannot be pickled; it stays in memory",
                 key=key,
                 type=type(value).__name__,
-                error=repr(exc.error),
+                error=exc.reason,
             )
             return 0
         except _NoRoom:
@@ -744,7 +775,7 @@ class SpillStore(MutableMapping[Key, Any]):
         if key in self._memory:
             del self._memory[key]
             self._memory_bytes -= size
-            self._unpicklable.discard(key)
+            self._unpicklable.pop(key, None)
         elif key in self._files:
             file = self._files.pop(key)
             self._disk_bytes -= size

@@ -61,7 +61,7 @@ from actors import worker_state as ws
 from actors.checkpoints import INLINE_BYTES, CheckpointFiles
 from actors.executor import Executor, ProcessExecutor, rss, rss_of
 from actors.protocol import TaskResult, ToRun
-from actors.store import SpillStore
+from actors.store import SpillStore, Unpicklable
 from actors.transfer import STREAM_BYTES, FileSegments, StreamBroken, StreamInfo, UnknownStream
 from actors.worker_state import WorkerState
 from runtime.errors import (
@@ -69,6 +69,7 @@ from runtime.errors import (
     DiskFull,
     FileChecksumError,
     FrameTooLarge,
+    ResultNotPicklable,
     ValueTooLarge,
 )
 from runtime.files import File, digest, discard_output
@@ -318,6 +319,14 @@ class Worker(Actor):
         if self.register:
             await self.scheduler.tell(RegisterWorker(self.info, self.ref))
         self.start_soon(self._monitor)
+
+    async def on_restart(self) -> None:
+        """After a failed told message or helper task (the kernel's rule 2): keep
+        everything. The outputs held here, the tasks running in the executor and the
+        core's record of both are what the scheduler counts on; dropping them (the
+        default restart, ``on_stop`` then ``on_start``) would lose results and tasks
+        without a word to the scheduler. Only the failed message is lost."""
+        self.log.warning("worker kept its outputs and tasks after a failed message")
 
     async def on_stop(self) -> None:
         if self._timer is not None:
@@ -868,6 +877,15 @@ class Worker(Actor):
                 missing = await self._fetch_keys(peer, cmd.keys, got, refused, cmd.peer)
         except (CorralError, UnknownStream) as exc:  # unreachable, gone, timed out
             failed = f"{type(exc).__name__}: {exc}"
+        except Exception as exc:
+            # Anything else (the holder's handler failed, a bug here): this fetch failed,
+            # not the worker. Raised on, it would restart the actor and the core would
+            # wait for this answer for ever; answered, the next holder is asked, or the
+            # tasks needing the inputs go back to the scheduler ("missing").
+            self.log.error(
+                "fetch failed unexpectedly", peer=cmd.peer, error=repr(exc), exc_info=True
+            )
+            failed = f"{type(exc).__name__}: {exc}"
         answer = ws.InputsFetched(
             time.time(), cmd.fetch, tuple(got), missing, tuple(refused), failed
         )
@@ -883,21 +901,47 @@ class Worker(Actor):
     ) -> tuple[Key, ...]:
         """One GetData of ``keys`` from ``peer``; values above ``STREAM_BYTES`` from a
         peer in another process come as streams, read here part by part. Returns the
-        keys the peer does not hold."""
+        keys the peer does not hold. An output the peer cannot pickle is ``refused``
+        with :class:`ResultNotPicklable` (the tasks needing it fail with it) and the
+        rest asked for again."""
         # A peer in this process hands over references: nothing to stream (but the
         # bytes of file outputs, copied here).
-        stream_over = 0 if isinstance(peer, ActorRef) else STREAM_BYTES
+        over = 0 if isinstance(peer, ActorRef) else STREAM_BYTES
         reply: DataReply
-        try:
-            reply = await peer.ask(
-                GetData(keys, stream_over=stream_over, files=True), timeout=self.fetch_timeout
-            )
-        except FrameTooLarge:
-            # The recorded sizes understated the values (dask.sizeof of an object it
-            # cannot see into): ask again with every value as a stream.
-            reply = await peer.ask(
-                GetData(keys, stream_over=1, files=True), timeout=self.fetch_timeout
-            )
+        while True:
+            try:
+                reply = await peer.ask(
+                    GetData(keys, stream_over=over, files=True), timeout=self.fetch_timeout
+                )
+                break
+            except ResultNotPicklable as exc:  # never comes again: the rest are asked for
+                if not any(str(k) == exc.key for k in keys):
+                    raise  # not one of ours: the fetch fails
+                error = ResultNotPicklable(
+                    exc.key, exc.reason, exc.worker,
+                    f"worker {self.worker_id!r}, as an input of a task there (which failed "
+                    "with this error)",
+                )  # fmt: skip
+                refused.extend((k, error) for k in keys if str(k) == exc.key)
+                keys = tuple(k for k in keys if str(k) != exc.key)
+                if not keys:
+                    return ()
+            except FrameTooLarge:
+                # The recorded sizes understated the values (dask.sizeof of an object
+                # it cannot see into): ask again with every value as a stream.
+                if over == 1:
+                    raise
+                over = 1
+            except CorralError:  # unreachable, gone, timed out
+                raise
+            except Exception:
+                # The peer could not send its reply (it is pickled after its handler
+                # returned, so the error names no key): mostly a value that does not
+                # pickle. Asked again with every value as a stream, it serializes each
+                # in its handler and names the one that does not (ResultNotPicklable).
+                if over <= 1:  # in this process (nothing pickled), or asked so already
+                    raise
+                over = 1
         got.extend((k, v, sizeof(v)) for k, v in reply.data.items())
         for info in reply.streams:
             if info.file is not None:
@@ -1078,27 +1122,49 @@ class Worker(Actor):
 
     @handles(GetData)
     def get_data(self, msg: GetData) -> DataReply:
+        """The values of ``msg.keys`` held here. For another process (``raw``, or
+        ``stream_over`` set) they are pickled: those pickled here (raw, streams) and one
+        the store knows does not pickle raise :class:`ResultNotPicklable` naming its
+        key (the streams opened for this reply are closed). One sent in the reply that
+        does not pickle fails the reply as it is sent (:class:`~runtime.remote.Peer`),
+        naming no key: the asker then asks again with ``stream_over=1``, every value
+        serialized here (:meth:`_fetch_keys`, the manager's gather)."""
         data: dict[Key, Any] = {}
         missing = []
-        streams = []
+        streams: list[StreamInfo] = []
         store = self.data
         over = msg.stream_over
-        for key in msg.keys:
-            if key not in store:
-                missing.append(key)
-            elif store.is_file(key):  # a file output: its bytes, or its handle
-                file = store.peek(key)
-                if msg.files:
-                    info = self.streams.start(key, store.segments(key), self._now())
-                    streams.append(info._replace(file=file))
+        # Outputs the store failed to pickle before (to spill or send them): mostly none.
+        known = bool(over and store.unpicklable)
+        key: Key = None
+        try:
+            for key in msg.keys:
+                if key not in store:
+                    missing.append(key)
+                elif store.is_file(key):  # a file output: its bytes, or its handle
+                    file = store.peek(key)
+                    if msg.files:
+                        info = self.streams.start(key, store.segments(key), self._now())
+                        streams.append(info._replace(file=file))
+                    else:
+                        data[key] = store.get_raw(key) if msg.raw else file
+                elif over and store.nbytes(key) >= over:  # a spilled one is read from disk
+                    streams.append(self.streams.start(key, store.segments(key), self._now()))
+                elif msg.raw:
+                    data[key] = store.get_raw(key)  # a spilled output stays on disk
                 else:
-                    data[key] = store.get_raw(key) if msg.raw else file
-            elif over and store.nbytes(key) >= over:  # a spilled one is read from disk
-                streams.append(self.streams.start(key, store.segments(key), self._now()))
-            elif msg.raw:
-                data[key] = store.get_raw(key)  # a spilled output stays on disk
-            else:
-                data[key] = store.peek(key)
+                    why = store.unpicklable_error(key) if known else None
+                    if why is not None:  # to another process, known not to pickle
+                        raise Unpicklable(why)
+                    data[key] = store.peek(key)
+        except Unpicklable as exc:
+            for info in streams:
+                self.streams.close(info.stream)
+            to = "a client (through the manager)" if msg.raw else "another process"
+            self.log.warning(
+                "output cannot be pickled to leave this worker", key=str(key), error=exc.reason
+            )
+            raise ResultNotPicklable(str(key), exc.reason, self.worker_id, to) from None
         return DataReply(data, tuple(missing), msg.raw, tuple(streams))
 
     @handles(ReadStream)

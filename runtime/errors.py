@@ -47,6 +47,7 @@ __all__ = [
     "ProtocolError",
     "RemoteError",
     "ReportOutputError",
+    "ResultNotPicklable",
     "SubmissionsSuspended",
     "TaskArgumentsTooLarge",
     "TaskCrashedWorkers",
@@ -761,6 +762,34 @@ class ValueTooLarge(CorralError):
             nbytes=nbytes,
             limit=limit,
             where=where,
+        )
+
+
+class ResultNotPicklable(CorralError, TypeError):
+    """The output of task ``key`` cannot be pickled (``reason``: what pickling it
+    raised), so it cannot leave worker ``worker`` for ``to``: another worker process
+    where a task needs it as an input (that task fails with this error), or a client
+    gathering it through a manager process. The task itself ended ok; its output stays
+    on its worker, and nothing else there is lost. Also a ``TypeError``, what pickling
+    such a value raises."""
+
+    key: str
+    reason: str
+    worker: str
+    to: str
+
+    def __init__(self, key: str, reason: str, worker: str, to: str) -> None:
+        super().__init__(
+            f"the output of task {key!r} cannot be pickled ({reason}), so it cannot go "
+            f"from worker {worker!r} to {to}. Return a value that pickles: open the "
+            "connection, lock or file handle in the task that uses it, and return what "
+            "opens it (a path, a URL, parameters) instead. Workers in one process (a "
+            "Cluster() with neither an address nor processes) hand outputs to each other "
+            "and to their client without pickling them.",
+            key=key,
+            reason=reason,
+            worker=worker,
+            to=to,
         )
 
 

@@ -14,7 +14,9 @@ Failure rules (docs/kernel.md repeats them for users):
    is logged and :meth:`Actor.on_failure` is
    called; the supervisor then restarts the actor (``on_restart``, by default
    ``on_stop`` then ``on_start`` on the same instance) and the actor continues with the
-   messages queued behind the failed one; only the failed message is lost. More than
+   messages queued behind the failed one. The failed message is lost, and so is what
+   ``on_restart`` drops (by default, what ``on_stop`` releases): an actor whose state
+   others count on overrides it to keep that state (the worker does). More than
    ``max_restarts`` failures within ``restart_window`` seconds stop the actor and, with
    ``escalate=True`` (the default), shut the actor system down with
    :class:`~runtime.errors.ActorCrashed`.
@@ -334,7 +336,8 @@ class Actor:
         """Called when the handler for a told ``msg`` raised ``error``."""
 
     async def on_restart(self) -> None:
-        """Restart after a failure. Default: ``on_stop`` then ``on_start``."""
+        """Restart after a failure. Default: ``on_stop`` then ``on_start``, so what
+        ``on_stop`` releases is lost; override to keep state others count on."""
         await self.on_stop()
         await self.on_start()
 
