@@ -1,8 +1,9 @@
 """The manager actor: the cluster's front door for clients and the console.
 
 What lives here: :class:`Manager`. It validates submitted graphs (off the event loop
-for large ones; a task asking for more than every worker of its configured pool has is
-refused: ``runtime.graph.check_pool_fit``), owns runs and the keys clients want,
+for large ones, while it goes on with other messages; a task asking for more than every
+worker of its configured pool has is refused: ``runtime.graph.check_pool_fit``) and cuts
+them into the pieces the scheduler takes them in by, owns runs and the keys clients want,
 forwards key updates to the clients that want them, gathers results from the workers
 holding them, and routes commands (cancel, release, policy changes, status) to the
 actor that owns them.
@@ -12,8 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Callable, Mapping, Sized
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Mapping, Sized
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import anyio
 
@@ -21,8 +22,17 @@ from actors import transfer
 from actors.pools import check_fallback
 from actors.scheduler_events import KeyDone
 from actors.transfer import STREAM_BYTES, StreamInfo, UnknownStream
-from runtime.errors import ActorStopped, AskTimeout, FrameTooLarge
-from runtime.graph import Key, PoolShape, build_specs, check_pool_fit, reject_collection
+from runtime.errors import ActorStopped, AskTimeout, CorralError, FrameTooLarge
+from runtime.graph import (
+    Key,
+    PoolShape,
+    SpecPiece,
+    TaskSpec,
+    build_specs,
+    check_pool_fit,
+    in_pieces,
+    reject_collection,
+)
 from runtime.kernel import Actor, ActorRef, Later, handles
 from runtime.messages import (
     AlertRuleAdd,
@@ -68,7 +78,7 @@ __all__ = ["GatherResult", "Manager"]
 
 #: Graphs with at least this many tasks (and dask expressions, whose size is unknown
 #: until they are materialized) are validated and ordered in a thread, so a big
-#: submission never stalls the event loop.
+#: submission never stalls the event loop, and the manager goes on meanwhile.
 THREAD_THRESHOLD = 2_000
 
 #: The manager remembers the keys of its latest runs (for the console's ``cancel RUN``
@@ -92,6 +102,31 @@ class _Gathered(Message):
 
     lost: tuple[tuple[Key, Any], ...]
     not_on: tuple[tuple[str, tuple[Key, ...]], ...]
+
+
+class _Graph(NamedTuple):
+    """A submitted graph validated (``Manager._build``)."""
+
+    specs: dict[Key, TaskSpec]
+    pieces: tuple[SpecPiece, ...]  #: how the scheduler takes it in
+    run_keys: tuple[Key, ...]  #: its tasks' keys, then the other keys it asks for
+
+
+@message(local=True)
+class _Built(Message):
+    """Manager-internal: a submission validated off the handlers, to be registered in
+    turn (:meth:`Manager.built`)."""
+
+    request: Any  #: the SubmitGraphRequest
+    graph: Any  #: its ``_Graph``
+
+
+@message(local=True)
+class _InTurn(Message):
+    """Manager-internal: a release, client gone or cancel that came while submissions
+    before it were being built, carried out in turn (:meth:`Manager.in_turn`)."""
+
+    request: Any
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -144,40 +179,70 @@ class Manager(Actor):
         #: run id -> every key of it (its tasks and the keys it wanted), latest runs only
         self.run_keys: dict[str, tuple[Key, ...]] = {}
         self._n_run_keys = 0  #: keys held in run_keys
+        #: set once the latest request taken in turn is done (None: none was): a
+        #: submission built off the handlers, and the submissions, releases, client
+        #: departures and cancels that came after it, each waits for the one before
+        #: (:meth:`_in_turn`), so they happen in the order they came
+        self._turn: anyio.Event | None = None
 
     # -- submissions -----------------------------------------------------------------
 
     @handles(SubmitGraphRequest)
-    async def submit(self, msg: SubmitGraphRequest) -> str:
-        known = self.keys.__contains__
-        pools = self.pools
-
-        def build() -> Any:
-            specs = build_specs(
-                msg.graph,
-                msg.keys,
-                known=known,
-                priority=msg.priority,
-                retries=msg.retries,
-                resources=msg.resources,
-                pool=msg.pool,
-            )
-            if pools:  # a task no worker of its configured pool could run: refused
-                check_pool_fit(specs.values(), pools)
-            return specs
-
+    def submit(self, msg: SubmitGraphRequest) -> str | Later:
+        """Validate, then register the run and hand the graph to the scheduler. A large
+        graph is validated in a thread while other messages are handled: its answer
+        comes later (:meth:`built`), and the requests that must follow it wait for it
+        (:meth:`_in_turn`). A refused graph (``GraphError``...) is refused whole: none of
+        it is kept."""
         reject_collection(msg.graph)  # before len(): a 0-d array or Delayed has none
         size = len(msg.graph) if isinstance(msg.graph, Sized) else THREAD_THRESHOLD
-        if size >= THREAD_THRESHOLD:  # a dask expression is materialized in the thread
-            specs = await anyio.to_thread.run_sync(build)
-        else:
-            specs = build()
+        if size < THREAD_THRESHOLD and self._settled():
+            return self._register(msg, self._build(msg))
+
+        async def build() -> str:
+            if size >= THREAD_THRESHOLD:  # a dask expression is materialized in the thread
+                built = await anyio.to_thread.run_sync(self._build, msg)
+            else:
+                built = self._build(msg)
+            run: str = await self.ref.ask(_Built(msg, built), timeout=None)
+            return run
+
+        return self._in_turn(build)
+
+    def _build(self, msg: SubmitGraphRequest) -> _Graph:
+        """The graph's specs validated, cut in the pieces the scheduler takes them in by.
+        In a thread for large graphs: it reads ``keys``, which only requests taken in
+        turn change."""
+        specs = build_specs(
+            msg.graph,
+            msg.keys,
+            known=self.keys.__contains__,
+            priority=msg.priority,
+            retries=msg.retries,
+            resources=msg.resources,
+            pool=msg.pool,
+        )
+        if self.pools:  # a task no worker of its configured pool could run: refused
+            check_pool_fit(specs.values(), self.pools)
+        run_keys = tuple(dict.fromkeys([*specs, *msg.keys]))
+        return _Graph(specs, in_pieces(specs, msg.keys), run_keys)
+
+    @handles(_Built)
+    def built(self, msg: _Built) -> str:
+        return self._register(msg.request, msg.graph)
+
+    def _register(self, msg: SubmitGraphRequest, graph: _Graph) -> str:
         run = f"run-{next(self._run_ids)}"
         self.runs += 1
-        self._remember_run(run, tuple(dict.fromkeys([*specs, *msg.keys])))
-        for key in specs:  # failed or cancelled keys submitted again are run again:
-            ks = self.keys.get(key)  # their last word is stale
-            if ks is not None and ks.update is not None and not isinstance(ks.update, KeyDone):
+        self._remember_run(run, graph.run_keys)
+        # Failed or cancelled keys submitted again are run again: their last word is
+        # stale. (The keys both wanted and in the graph: the fewer of the two walked.)
+        specs, keys = graph.specs, self.keys
+        for key in specs if len(specs) <= len(keys) else keys:
+            ks = keys.get(key)
+            if ks is None or key not in specs:
+                continue
+            if ks.update is not None and not isinstance(ks.update, KeyDone):
                 self._set_update(ks, None)
         wanted = []
         for key in dict.fromkeys(msg.keys):
@@ -190,8 +255,44 @@ class Manager(Actor):
                 wanted.append(key)
             elif ks.update is not None:  # known and not run again: tell the client again
                 self._send(msg.client, [ks.update])
-        self._scheduler().post(SubmitSpecs(run, specs, tuple(wanted)))
+        self._scheduler().post(SubmitSpecs(run, graph.pieces, tuple(wanted)))
         return run
+
+    def _settled(self) -> bool:
+        """No request taken in turn is under way."""
+        return self._turn is None or self._turn.is_set()
+
+    def _in_turn(self, work: Callable[[], Awaitable[Any]]) -> Later:
+        """``work()`` once every request taken in turn before it is done; its answer."""
+        before = self._turn
+        done = self._turn = anyio.Event()
+
+        async def turn() -> Any:
+            try:
+                if before is not None:
+                    await before.wait()
+                return await work()
+            finally:
+                done.set()
+
+        return Later(turn())
+
+    def _later_in_turn(self, msg: Message) -> Later | None:
+        """While requests taken in turn are under way: ``msg`` after them (``Later``)."""
+        if self._settled():
+            return None
+        return self._in_turn(lambda: self.ref.ask(_InTurn(msg), timeout=None))
+
+    @handles(_InTurn)
+    async def in_turn(self, msg: _InTurn) -> Any:
+        request = msg.request
+        if isinstance(request, ReleaseKeysRequest):
+            self._release(request)
+        elif isinstance(request, ClientGone):
+            self._client_gone(request)
+        else:
+            return await self._cancel(request)
+        return None
 
     def _remember_run(self, run: str, keys: tuple[Key, ...]) -> None:
         self.run_keys[run] = keys
@@ -226,7 +327,13 @@ class Manager(Actor):
             ref.post(KeyUpdates(tuple(updates)))
 
     @handles(ReleaseKeysRequest)
-    def release(self, msg: ReleaseKeysRequest) -> None:
+    def release(self, msg: ReleaseKeysRequest) -> Later | None:
+        later = self._later_in_turn(msg)
+        if later is None:
+            self._release(msg)
+        return later
+
+    def _release(self, msg: ReleaseKeysRequest) -> None:
         released = []
         for key in msg.keys:
             ks = self.keys.get(key)
@@ -241,14 +348,27 @@ class Manager(Actor):
             self._scheduler().post(ReleaseKeysRequest(tuple(released), msg.client))
 
     @handles(ClientGone)
-    def client_gone(self, msg: ClientGone) -> None:
-        """A client left without releasing its keys: release them for it."""
+    def client_gone(self, msg: ClientGone) -> Later | None:
+        """A client left without releasing its keys: release them for it (once its
+        submissions under way are registered: theirs too)."""
+        later = self._later_in_turn(msg)
+        if later is None:
+            self._client_gone(msg)
+        return later
+
+    def _client_gone(self, msg: ClientGone) -> None:
         held = tuple(k for k, ks in self.keys.items() if msg.name in ks.clients)
         if held:
-            self.release(ReleaseKeysRequest(held, msg.name))
+            self._release(ReleaseKeysRequest(held, msg.name))
 
     @handles(CancelRequest)
-    async def cancel(self, msg: CancelRequest) -> tuple[Key, ...]:
+    async def cancel(self, msg: CancelRequest) -> Any:
+        later = self._later_in_turn(msg)
+        if later is not None:
+            return later
+        return await self._cancel(msg)
+
+    async def _cancel(self, msg: CancelRequest) -> tuple[Key, ...]:
         """A client's cancel (``Cluster.cancel``, ``Future.cancel``). A key that no other
         client wants is cancelled, with everything that depends on it, except what keys
         other clients hold need (as dask's ``Client.cancel`` without ``force``). A key

@@ -16,10 +16,12 @@ import heapq
 import linecache
 import time
 import traceback
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 
 from actors.scheduler_events import (
     CancelOnWorker,
@@ -67,6 +69,7 @@ from actors.scheduler_state import SchedulerState
 from policies import ON_PURPOSE, REGISTRY, PolicyRegistry, params_of
 from policies.survival import Survival
 from runtime.errors import ActorStopped, CorralError
+from runtime.graph import SpecPiece
 from runtime.kernel import Actor, ActorRef, Envelope, Later, current_causal_id, handles
 from runtime.messages import (
     MAX_FAILURE_GROUPS_SHOWN,
@@ -147,6 +150,11 @@ class _Copied(Message):
 
 
 @message(local=True)
+class _Intake(Message):
+    """Scheduler-internal: take in the next piece of the graphs being taken in."""
+
+
+@message(local=True)
 class _CheckpointCopied(Message):
     """Scheduler-internal: how a :class:`CopyCheckpoint` command ended."""
 
@@ -214,6 +222,13 @@ class Scheduler(Actor):
         #: the categories the metrics label by name (see _metric_category)
         self._metric_labels: set[str] = set()
         self._worker_waiters: list[tuple[int, anyio.Event]] = []
+        #: what waits to be taken in, in the order it came: pieces of graphs, ``(piece,
+        #: the keys wanted of the submission or None: the piece's, continued,
+        #: stimulus)``, and the releases and cancels that came after them (callables
+        #: of the stimulus). One piece per :class:`_Intake`, so the messages that came
+        #: meanwhile go between pieces; while it is not empty, one ``_Intake`` is on
+        #: its way (:meth:`_take_in`)
+        self._intake: deque[Any] = deque()
 
     async def on_start(self) -> None:
         self.start_soon(self._ticks)
@@ -344,7 +359,74 @@ class Scheduler(Actor):
 
     @handles(SubmitSpecs)
     def submit(self, msg: SubmitSpecs) -> None:
-        self._handle(GraphSubmitted(*self._ev(), msg.specs, msg.wanted))
+        """Take in a graph: its pieces (``runtime.graph.in_pieces``, made by the
+        manager off the event loop) one per message handled, behind the graphs still
+        being taken in; a mapping of specs is one piece."""
+        stimulus = current_causal_id()
+        pieces: list[tuple[SpecPiece, frozenset[Any] | None, bool, str]]
+        if isinstance(msg.specs, tuple):
+            wanted = frozenset(msg.wanted)
+            pieces = [(p, wanted, i > 0, stimulus) for i, p in enumerate(msg.specs)]
+        else:
+            pieces = [(SpecPiece(msg.specs, msg.wanted), None, False, stimulus)]
+        idle = not self._intake
+        self._intake.extend(pieces)
+        if idle:
+            self._take_in()
+
+    @handles(_Intake)
+    async def intake(self, msg: _Intake) -> None:
+        # The actor yields to the event loop only every so many messages, and this one
+        # posts itself again: the other actors and connections run between pieces.
+        await anyio.lowlevel.checkpoint()
+        self._take_in()
+
+    def _take_in(self) -> None:
+        """Take in the next piece (and carry out the releases and cancels before it);
+        while anything is left, the next ``_Intake`` goes to the end of the mailbox."""
+        try:
+            while self._intake:
+                item = self._intake.popleft()
+                if callable(item):
+                    item()
+                    continue
+                piece, wanted, continued, stimulus = item
+                keys = piece.keys if wanted is None else tuple(k for k in piece.keys if k in wanted)
+                self._handle(
+                    GraphSubmitted(
+                        stimulus, self.clock.now(), piece.specs, keys, continued, piece.hold,
+                        piece.unhold,
+                    )
+                )  # fmt: skip
+                break
+        finally:  # (a failure is the handler's, and the rest is still taken in)
+            if self._intake and not self.ref.mailbox.closed:
+                self.ref.post(_Intake())
+
+    def _after_intake(self, apply: Callable[[str], Any]) -> Later | None:
+        """``apply(stimulus)`` now, or, while graphs are being taken in, once they are
+        (as the manager sent them: a release or cancel of their keys finds them whole);
+        ``Later`` of its answer then."""
+        stimulus = current_causal_id()
+        if not self._intake:
+            return apply(stimulus)  # type: ignore[no-any-return]
+        done = anyio.Event()
+        box: list[Any] = []
+
+        def run() -> None:
+            try:
+                box.append(apply(stimulus))
+            finally:
+                done.set()
+
+        async def answer() -> Any:
+            await done.wait()
+            if not box:
+                raise RuntimeError("the scheduler failed to carry out this request")
+            return box[0]
+
+        self._intake.append(run)
+        return Later(answer())
 
     @handles(RegisterWorker)
     def register(self, msg: RegisterWorker) -> None:
@@ -461,17 +543,24 @@ class Scheduler(Actor):
             self._handle(Tick(*self._ev()))
 
     @handles(CancelRequest)
-    def cancel(self, msg: CancelRequest) -> tuple[Any, ...]:
+    def cancel(self, msg: CancelRequest) -> Any:
         """Cancel; answers the keys spared because keys in ``msg.spare`` need them."""
-        ev = CancelRequested(*self._ev(), msg.keys, msg.reason, frozenset(msg.spare))
-        commands = self.state.handle(ev)
-        spared = tuple(k for c in commands if type(c) is CancelSpared for k in c.keys)
-        self._execute([c for c in commands if type(c) is not CancelSpared])
-        return spared
+
+        def apply(stimulus: str) -> tuple[Any, ...]:
+            spare = frozenset(msg.spare)
+            ev = CancelRequested(stimulus, self.clock.now(), msg.keys, msg.reason, spare)
+            commands = self.state.handle(ev)
+            spared = tuple(k for c in commands if type(c) is CancelSpared for k in c.keys)
+            self._execute([c for c in commands if type(c) is not CancelSpared])
+            return spared
+
+        return self._after_intake(apply)
 
     @handles(ReleaseKeysRequest)
-    def release(self, msg: ReleaseKeysRequest) -> None:
-        self._handle(KeysReleased(*self._ev(), msg.keys))
+    def release(self, msg: ReleaseKeysRequest) -> Any:
+        return self._after_intake(
+            lambda stimulus: self._handle(KeysReleased(stimulus, self.clock.now(), msg.keys))
+        )
 
     @handles(FilesReleasedMsg)
     def files_released(self, msg: FilesReleasedMsg) -> None:

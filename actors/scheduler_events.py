@@ -59,10 +59,21 @@ class Event:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class GraphSubmitted(Event):
-    """New tasks (``specs``) and the keys a client wants from them (or earlier ones)."""
+    """New tasks (``specs``) and the keys a client wants from them (or earlier ones).
+
+    A large graph comes as several, one per piece (``runtime.graph.in_pieces``): in
+    dependency order (a piece's tasks read earlier pieces' tasks, its own, or tasks
+    known before), each with the wanted keys among its tasks (the first also the
+    wanted keys known before). ``continued``: a later piece of the submission before
+    it (one submission for the priority policies: one generation). ``hold``: keys of
+    this piece a later piece reads, kept (counted as wanted) until ``unhold``, in the
+    piece that brings their last reader, lets them go."""
 
     specs: Mapping[Key, TaskSpec]
     wanted: tuple[Key, ...]
+    continued: bool = False
+    hold: tuple[Key, ...] = ()
+    unhold: tuple[Key, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

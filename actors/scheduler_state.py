@@ -561,7 +561,8 @@ class SchedulerState:
         (the next read says how many).
 
         One entry per handled event (so a graph of a million tasks submitted at once is
-        one entry): ``(now, records)``, the records in the order things happened:
+        one entry per piece it is taken in by, ``runtime.graph.INTAKE_PIECE`` tasks
+        each): ``(now, records)``, the records in the order things happened:
         ``("state", key, finish, category, pool, worker)`` per transition (``worker``:
         where it was sent, for ``processing``), ``("try", key, category, worker,
         number, sent, start, stop, outcome, cause, error, nbytes, queued)`` per try ended
@@ -681,7 +682,8 @@ class SchedulerState:
     # ----------------------------------------------------------------- event handlers
 
     def _graph_submitted(self, ev: GraphSubmitted) -> None:
-        self.generation += 1
+        if not ev.continued:  # every piece of one submission shares its generation
+            self.generation += 1
         gen = self.generation
         new: list[TaskState] = []
         resubmitted = False
@@ -728,6 +730,10 @@ class SchedulerState:
         for ts in wanted:
             ts.wanted += 1
             self._files[ts.key] = ts
+        for key in ev.hold:  # read by a later piece: kept for it as if wanted
+            ts = self.tasks[key]
+            ts.wanted += 1
+            self._files[key] = ts
         fresh = set(new)
         # Brand-new tasks may be placed in any order: a new input is not in memory yet,
         # so it counts as missing whichever comes first. Resubmitted ones (erred or
@@ -752,6 +758,8 @@ class SchedulerState:
                 self._notify_failed(ts)
             elif ts.state == "released":
                 self._recompute(ts)
+        if ev.unhold:  # their last readers came with this piece: held no more
+            self._unwant(ev.unhold)
 
     def _worker_joined(self, ev: WorkerJoined) -> None:
         ws = self.workers.get(ev.worker)
@@ -1058,7 +1066,11 @@ class SchedulerState:
         return below, keep
 
     def _keys_released(self, ev: KeysReleased) -> None:
-        for key in ev.keys:
+        self._unwant(ev.keys)
+
+    def _unwant(self, keys: Iterable[Key]) -> None:
+        """One want less of each of ``keys`` (a client's, or a piece's hold)."""
+        for key in keys:
             ts = self.tasks.get(key)
             if ts is None or ts.wanted == 0:
                 continue

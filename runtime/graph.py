@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import heapq
 import math
 from collections.abc import Callable, Hashable, Iterable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import dask._expr
 from dask._expr import Expr
@@ -38,14 +39,17 @@ from dask.utils import format_bytes, key_split
 from runtime.errors import CycleError, GraphError, MissingKeysError
 
 __all__ = [
+    "INTAKE_PIECE",
     "Key",
     "PoolShape",
+    "SpecPiece",
     "TaskSpec",
     "build_specs",
     "category_of",
     "check_keys",
     "check_pool_fit",
     "flatten_keys",
+    "in_pieces",
     "make_task",
     "normalize_graph",
     "reject_collection",
@@ -454,6 +458,116 @@ def build_specs(
             pool=opts["pool"],
         )
     return specs
+
+
+#: Tasks per piece a large graph is taken in by the scheduler (:func:`in_pieces`): a
+#: piece costs its core some tens of milliseconds, and other messages go between pieces.
+INTAKE_PIECE = 2_000
+
+
+class SpecPiece(NamedTuple):
+    """One piece of a graph to take in (:func:`in_pieces`)."""
+
+    #: its tasks: their inputs are earlier pieces' tasks, its own or keys known already
+    specs: dict[Key, TaskSpec]
+    keys: tuple[Key, ...] = ()  #: the requested keys among them
+    hold: tuple[Key, ...] = ()  #: of ``specs``, the ones a later piece reads: kept for it
+    #: of earlier pieces' tasks, the ones whose last reader is in ``specs``: let go
+    unhold: tuple[Key, ...] = ()
+
+
+def in_pieces(
+    specs: Mapping[Key, TaskSpec], keys: Iterable[Key], size: int | None = None
+) -> tuple[SpecPiece, ...]:
+    """``specs`` cut into pieces of at most ``size`` tasks in dependency order (every
+    task's inputs are in an earlier piece, its own, or not in ``specs``): in graph order
+    (``TaskSpec.order``) where that is one, so the tasks that would run first come
+    first. The requested ``keys`` go with the piece of their task; the ones not in
+    ``specs`` (known already) with the first. A graph of at most ``size`` tasks is one
+    piece, as given. ``size``: :data:`INTAKE_PIECE` when not given. Costs the graph's
+    tasks and edges once: run it where the specs are built (off the event loop)."""
+    size = size or INTAKE_PIECE
+    keys = tuple(dict.fromkeys(keys))
+    if len(specs) <= size:
+        return (SpecPiece(dict(specs), keys),)
+    ordered = sorted(specs.values(), key=_graph_order)
+    pos = {s.key: i for i, s in enumerate(ordered)}
+    #: the piece of a task's last reader, when later than the task's own
+    last: dict[Key, int] = {}
+    for i, s in enumerate(ordered):
+        for d in s.deps:
+            j = pos.get(d)
+            if j is None:
+                continue
+            if j >= i:  # graph order is not a dependency order here: make one
+                return _cut(_dependency_order(ordered, pos), keys, size)
+            if j // size < i // size:
+                last[d] = i // size
+    return _cut(ordered, keys, size, pos, last)
+
+
+def _graph_order(spec: TaskSpec) -> int:
+    return spec.order
+
+
+def _cut(
+    ordered: list[TaskSpec],
+    keys: tuple[Key, ...],
+    size: int,
+    pos: Mapping[Key, int] | None = None,
+    last: dict[Key, int] | None = None,
+) -> tuple[SpecPiece, ...]:
+    """:func:`in_pieces` of ``ordered``, a dependency order (``pos``: its positions;
+    ``last``: the piece of each task's last reader after its own, made if not given)."""
+    if pos is None or last is None:
+        pos = {s.key: i for i, s in enumerate(ordered)}
+        last = {}
+        for i, s in enumerate(ordered):
+            for d in s.deps:
+                j = pos.get(d)
+                if j is not None and j // size < i // size:
+                    last[d] = i // size
+    unhold: dict[int, list[Key]] = {}
+    for d, p in last.items():
+        unhold.setdefault(p, []).append(d)
+    wanted = set(keys)
+    pieces = []
+    for p, start in enumerate(range(0, len(ordered), size)):
+        part = {s.key: s for s in ordered[start : start + size]}
+        mine = tuple(k for k in keys if k not in pos) if p == 0 else ()
+        pieces.append(
+            SpecPiece(
+                part,
+                mine + tuple(k for k in part if k in wanted),
+                tuple(k for k in part if k in last),
+                tuple(unhold.get(p, ())),
+            )
+        )
+    return tuple(pieces)
+
+
+def _dependency_order(ordered: list[TaskSpec], pos: Mapping[Key, int]) -> list[TaskSpec]:
+    """``ordered`` (graph order) rearranged so that every task comes after its inputs:
+    each task as early as its inputs let it, ties in graph order (acyclic: checked)."""
+    waiting = [0] * len(ordered)
+    readers: list[list[int]] = [[] for _ in ordered]
+    for i, s in enumerate(ordered):
+        for d in s.deps:
+            j = pos.get(d)
+            if j is not None:
+                waiting[i] += 1
+                readers[j].append(i)
+    ready = [i for i, n in enumerate(waiting) if n == 0]
+    heapq.heapify(ready)
+    out: list[TaskSpec] = []
+    while ready:
+        i = heapq.heappop(ready)
+        out.append(ordered[i])
+        for r in readers[i]:
+            waiting[r] -= 1
+            if waiting[r] == 0:
+                heapq.heappush(ready, r)
+    return out
 
 
 #: What each worker of a configured pool has by its configuration: resource name (of

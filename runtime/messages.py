@@ -231,7 +231,10 @@ class SubmitGraphRequest(Message):
 
 @message(local=True)
 class SubmitSpecs(Message):
-    """Manager -> scheduler: validated task specs and the keys clients want."""
+    """Manager -> scheduler: validated task specs and the keys clients want. ``specs``:
+    the graph as a tuple of :class:`runtime.graph.SpecPiece` in dependency order
+    (:func:`runtime.graph.in_pieces`); the scheduler takes in one piece per turn, so
+    other messages go between the pieces of a large graph."""
 
     run: str
     specs: Any

@@ -1,0 +1,350 @@
+"""A large graph is taken in by pieces, with the event loop and other messages between
+them (before, a survey-scale submission stalled a manager's loop for seconds: the
+manager held its mailbox while it validated the graph in a thread, and the scheduler's
+core took the whole graph as one event).
+
+- The manager validates a large graph in a thread while it goes on with other messages;
+  the requests that must follow a submission (the next submission, releases, a client
+  gone, cancels) wait for it, in the order they came.
+- ``runtime.graph.in_pieces`` cuts the specs in dependency order; the scheduler takes
+  one piece per message, and a release or cancel that comes meanwhile is carried out
+  once the graph is whole. An output a later piece reads is kept for it (``hold``).
+- A refused graph (missing keys, cycles) is refused whole: nothing of it is kept.
+
+Core tests feed ``SchedulerState`` directly (the ``make_state`` fixture validates every
+state); cluster tests are gated on events and bounded by ``fail_after``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import operator
+import threading
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+import pytest
+
+import runtime.graph
+from actors.scheduler import Scheduler
+from actors.scheduler_events import Execute, GraphSubmitted, KeyDone
+from actors.scheduler_state import SchedulerState
+from runtime import Cluster
+from runtime.errors import CycleError, MissingKeysError
+from runtime.graph import Key, Task, TaskRef, build_specs, in_pieces
+from runtime.messages import (
+    CancelRequest,
+    ClientGone,
+    ReleaseKeysRequest,
+    StatusRequest,
+    SubmitGraphRequest,
+    SubmitSpecs,
+)
+from tests.helpers import (
+    Factory,
+    Loop,
+    chain,
+    event,
+    join,
+    make_state,
+    of,
+    specs_for,
+    wait_until,
+)
+
+__all__ = ["make_state"]  # the autouse fixture, used by name
+
+
+def inc(x: int) -> int:
+    return x + 1
+
+
+def chains(n: int, length: int) -> tuple[dict[Key, Any], list[Key]]:
+    """``n`` chains of ``length`` tasks (a legacy dask graph) and their last keys."""
+    dsk: dict[Key, Any] = {}
+    ends = []
+    for c in range(n):
+        dsk[f"c{c}-0"] = (inc, c)
+        for i in range(1, length):
+            dsk[f"c{c}-{i}"] = (inc, f"c{c}-{i - 1}")
+        ends.append(f"c{c}-{length - 1}")
+    return dsk, ends
+
+
+def feed(state: SchedulerState, specs: dict[Key, Any], wanted: list[Key], size: int) -> list[Any]:
+    """Take ``specs`` in as the scheduler's shell does, by pieces of ``size``."""
+    out = []
+    for i, piece in enumerate(in_pieces(specs, wanted, size)):
+        ev = event(
+            GraphSubmitted, specs=piece.specs, wanted=piece.keys, continued=i > 0,
+            hold=piece.hold, unhold=piece.unhold,
+        )  # fmt: skip
+        out += state.handle(ev)
+        state.validate()
+    return out
+
+
+# -- the pieces ------------------------------------------------------------------------
+
+
+def balanced(specs: dict[Key, Any], pieces: tuple[runtime.graph.SpecPiece, ...]) -> None:
+    """Every task in exactly one piece, its inputs in an earlier piece or its own, held
+    from its piece to the piece of its last reader in a later piece."""
+    seen: set[Key] = set()
+    held: set[Key] = set()
+    for piece in pieces:
+        for key, spec in piece.specs.items():
+            for d in spec.deps:
+                assert d in seen or d in piece.specs or d not in specs, (key, d)
+                if d in seen:
+                    assert d in held, (d, "read by a later piece but not held")
+        seen |= piece.specs.keys()
+        held |= set(piece.hold)
+        held -= set(piece.unhold)
+        assert set(piece.hold) <= piece.specs.keys()
+    assert not held and seen == specs.keys()
+
+
+def test_pieces_follow_the_graph_order_and_keep_what_later_pieces_read(
+    make_state: Factory,
+) -> None:
+    table = {**chain("a", 7), **chain("b", 5), "sum": ["a-6", "b-4"]}
+    specs = specs_for(make_state(), table, ["sum", "b-2"])
+    pieces = in_pieces(specs, ["sum", "b-2", "sum"], 3)
+    assert [len(p.specs) for p in pieces] == [3, 3, 3, 3, 1]
+    balanced(specs, pieces)
+    order = [k for p in pieces for k in p.specs]
+    assert order == sorted(specs, key=lambda k: specs[k].order)  # graph order: a dependency order
+    assert [k for p in pieces for k in p.keys] == ["b-2", "sum"]  # each once, with its task
+    # small enough: one piece, as given, every requested key with it (known ones too)
+    (whole,) = in_pieces(specs, ["sum", "old"], len(specs))
+    assert list(whole.specs) == list(specs) and whole.keys == ("sum", "old")
+    assert whole.hold == whole.unhold == ()
+
+
+def test_pieces_follow_the_dependencies_when_the_graph_order_does_not(
+    make_state: Factory,
+) -> None:
+    table = {**chain("a", 6), **chain("b", 6)}
+    specs = specs_for(make_state(), table, ["a-5", "b-5"])
+    n = len(specs)
+    backwards = {k: dataclasses.replace(s, order=n - s.order) for k, s in specs.items()}
+    pieces = in_pieces(backwards, ["a-5", "b-5"], 4)
+    balanced(backwards, pieces)
+    assert pieces[0].keys == ()
+    assert {k for p in pieces for k in p.keys} == {"a-5", "b-5"}
+
+
+# -- the core ----------------------------------------------------------------------------
+
+
+def test_a_graph_taken_in_by_pieces_ends_as_the_whole_graph_would(make_state: Factory) -> None:
+    table = {**chain("a", 9), **chain("b", 4), "c": ["a-3", "b-3"], "d": ["c", "a-8"]}
+    whole, pieced = make_state(), make_state()
+    specs = specs_for(whole, table, ["d", "b-1"])
+    whole.handle(event(GraphSubmitted, specs=specs, wanted=("d", "b-1")))
+    feed(pieced, specs, ["d", "b-1"], 2)
+    assert whole.generation == pieced.generation == 1  # one submission, all its pieces
+    for key, ts in whole.tasks.items():
+        other = pieced.tasks[key]
+        assert (other.state, other.wanted, other.waiting_on) == (ts.state, ts.wanted, ts.waiting_on)
+        assert other.generation == ts.generation
+    # queued tasks have the priorities the whole graph gives them (policy unchanged)
+    queued = {k: ts.prio for k, ts in whole.tasks.items() if ts.state == "queued"}
+    assert queued == {k: pieced.tasks[k].prio for k in queued}
+    # the next submission is the next generation, as after a whole graph
+    feed(pieced, specs_for(pieced, {"e": ["d"]}, ["e"]), ["e"], 2)
+    assert pieced.tasks["e"].generation == 2
+
+
+def test_an_output_a_later_piece_reads_is_kept_until_that_piece_comes(
+    make_state: Factory,
+) -> None:
+    """A task of one piece may finish before the pieces that read it come: its output,
+    which nothing known reads yet, is kept for them (without ``hold``, the registry
+    dropped it and the reader failed with MissingKeysError)."""
+    state = make_state()
+    loop = Loop(state)
+    join(state, "w")
+    table = chain("a", 3)
+    specs = specs_for(state, table, ["a-2"])
+    pieces = in_pieces(specs, ["a-2"], 1)
+    assert [p.hold for p in pieces] == [("a-0",), ("a-1",), ()]
+
+    def take(i: int) -> list[Any]:
+        p = pieces[i]
+        return loop.run(
+            event(
+                GraphSubmitted, specs=p.specs, wanted=p.keys, continued=i > 0, hold=p.hold,
+                unhold=p.unhold,
+            )
+        )  # fmt: skip
+
+    assert [t.key for c in of(take(0), Execute) for t in c.tasks] == ["a-0"]
+    loop.finish("w", "a-0")  # before a-1 is known
+    assert state.tasks["a-0"].state == "memory" and not loop.dropped
+    assert [t.key for c in of(take(1), Execute) for t in c.tasks] == ["a-1"]
+    assert state.tasks["a-0"].wanted == 0  # read by a-1 now: held no more
+    loop.finish("w", "a-1")
+    assert loop.dropped == ["a-0"]  # let go once its reader is done, as usual
+    take(2)
+    done = of(loop.finish("w", "a-2"), KeyDone)
+    assert [d.key for d in done] == ["a-2"]
+    assert {k: ts.state for k, ts in state.tasks.items() if ts.state != "released"} == {
+        "a-2": "memory"
+    }
+
+
+# -- the cluster -------------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_the_loop_and_other_messages_run_between_the_pieces(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(runtime.graph, "INTAKE_PIECE", 50)
+    dsk, ends = chains(60, 5)  # 300 tasks: 6 pieces
+    ticks = 0
+    at_piece: list[int] = []  #: the loop's ticks when each piece was taken in
+    at_status: list[int] = []  #: pieces taken in when the scheduler answered a status
+    handle = SchedulerState.handle
+    status = Scheduler.status
+
+    def counting(self: SchedulerState, *events: Any) -> Any:
+        for ev in events:
+            if isinstance(ev, GraphSubmitted):
+                at_piece.append(ticks)
+                if len(at_piece) == 1:  # a message that comes while the graph goes in
+                    cluster._scheduler_actor.ref.post(StatusRequest())
+        return handle(self, *events)
+
+    def noting(self: Scheduler, msg: StatusRequest) -> Any:
+        at_status.append(len(at_piece))
+        return status(self, msg)
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await anyio.lowlevel.checkpoint()
+
+    monkeypatch.setattr(SchedulerState, "handle", counting)
+    monkeypatch.setattr(Scheduler, "status", noting)
+    with anyio.fail_after(60):
+        async with Cluster(workers=1) as cluster, anyio.create_task_group() as tg:
+            tg.start_soon(tick)
+            assert await cluster.compute(dsk, ends) == tuple(c + 5 for c in range(60))
+            tg.cancel_scope.cancel()
+    assert len(at_piece) == 6
+    assert all(b > a for a, b in itertools.pairwise(at_piece)), at_piece
+    assert at_status[0] == 1  # handled after the first piece, before the second
+
+
+@pytest.mark.anyio
+async def test_the_manager_answers_while_a_large_graph_is_validated(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Status (and metrics) go through the manager: they are answered while it builds a
+    large graph in its thread (before, they waited for the whole build)."""
+    import actors.manager
+
+    building = threading.Event()
+    go_on = threading.Event()
+    build = actors.manager.build_specs
+
+    def held(*args: Any, **kwargs: Any) -> Any:
+        building.set()
+        assert go_on.wait(30), "the test did not let the build go on"
+        return build(*args, **kwargs)
+
+    monkeypatch.setattr(actors.manager, "build_specs", held)
+    dsk, ends = chains(500, 5)  # 2,500 tasks: built in the thread
+    with anyio.fail_after(60):
+        async with Cluster(workers=1) as cluster:
+            async with anyio.create_task_group() as tg:
+                results: list[Any] = []
+
+                async def compute() -> None:
+                    results.append(await cluster.compute(dsk, ends))
+
+                tg.start_soon(compute)
+                await anyio.to_thread.run_sync(building.wait, 30)
+                try:
+                    status = await cluster.status()  # the build waits for go_on
+                    assert status["runs"] == 0
+                finally:
+                    go_on.set()
+            assert results == [tuple(c + 5 for c in range(500))]
+
+
+@pytest.mark.anyio
+async def test_a_refused_large_graph_is_refused_whole() -> None:
+    dsk, ends = chains(500, 5)
+    missing = {**dsk, "last": Task("last", operator.add, TaskRef("c0-4"), TaskRef("nowhere"))}
+    cyclic = {**dsk, "x": (inc, "y"), "y": (inc, "x")}
+    with anyio.fail_after(60):
+        async with Cluster(workers=1) as cluster:
+            with pytest.raises(MissingKeysError):
+                await cluster.compute(missing, [*ends, "last"])
+            with pytest.raises(CycleError):
+                await cluster.compute(cyclic, [*ends, "y"])
+            status = await cluster.status()
+            assert status["runs"] == 0 and status["wanted_keys"] == 0
+            assert cluster._scheduler_actor.state.tasks == {}  # nothing of them kept
+            assert await cluster.compute(dsk, ends[:3]) == (5, 6, 7)  # and it goes on
+
+
+@pytest.mark.anyio
+async def test_a_client_gone_while_its_graph_is_validated_leaves_nothing_behind() -> None:
+    """The client's departure comes while its large graph is built in the manager's
+    thread: it is carried out after the graph is registered, so the graph is released
+    whole (not registered for a client that is gone, and run and kept for ever)."""
+    dsk, ends = chains(500, 5)
+    with anyio.fail_after(60):
+        async with Cluster(workers=0) as cluster:
+            manager = cluster._manager
+            manager.post(SubmitGraphRequest(dsk, tuple(ends), "gone"))
+            manager.post(ClientGone("gone"))
+            # asked after both: answered once they are carried out (in turn)
+            await manager.ask(ReleaseKeysRequest((), "gone"))
+            await settled(cluster, len(dsk))
+            assert cluster._scheduler_actor.state.tasks == {}
+            assert (await cluster.status())["wanted_keys"] == 0
+
+
+async def settled(cluster: Cluster, n: int) -> None:
+    """Once the scheduler has taken in ``n`` tasks and carried out everything that came
+    after them."""
+    sched = cluster._scheduler_actor
+    await wait_until(lambda: sched.state.created == n and not sched._intake, "the intake")
+
+
+@pytest.mark.parametrize("how", ["release", "cancel"])
+@pytest.mark.anyio
+async def test_a_release_or_cancel_during_the_intake_finds_the_graph_whole(
+    how: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Posted to the scheduler right behind a graph of several pieces (no worker: nothing
+    runs): carried out once every piece is in, so it reaches the keys of the later
+    pieces too (before any piece of theirs came, they would have been missed)."""
+    monkeypatch.setattr(runtime.graph, "INTAKE_PIECE", 50)
+    dsk, ends = chains(60, 5)
+    with anyio.fail_after(60):
+        async with Cluster(workers=0) as cluster:
+            sched = cluster._scheduler_actor
+            pieces = in_pieces(build_specs(dsk, ends), ends)
+            assert len(pieces) == 6
+            sched.ref.post(SubmitSpecs("run-x", pieces, tuple(ends)))
+            if how == "release":
+                sched.ref.post(ReleaseKeysRequest(tuple(ends), "c"))
+            else:
+                sched.ref.post(CancelRequest(tuple(ends), "by test"))
+            await settled(cluster, len(dsk))
+            tasks = sched.state.tasks
+            if how == "release":
+                assert tasks == {}  # no longer wanted: cancelled and forgotten
+            else:
+                assert {ts.state for ts in tasks.values()} == {"cancelled"}
+                assert set(ends) <= tasks.keys()
