@@ -172,6 +172,8 @@ REPLICATE_TIMEOUT = 600.0
 #: task categories the metrics label by name; later ones count under OTHER_CATEGORY
 MAX_METRIC_CATEGORIES = 500
 OTHER_CATEGORY = "(other)"
+#: tasks a ``worker lost`` log line names of those the worker was running (``more``: the rest)
+LOST_NAMES = 10
 COPY_RATE_FLOOR = 10 * 2**20
 
 
@@ -473,9 +475,16 @@ class Scheduler(Actor):
         # A worker drained, past its walltime or shut down with the cluster left as
         # planned; anything else is a loss worth a warning.
         planned = msg.cause in ON_PURPOSE
-        log = self.log.info if planned else self.log.warning
-        log("worker left" if planned else "worker lost",
-            worker=msg.worker_id, cause=msg.cause)  # fmt: skip
+        if planned:
+            self.log.info("worker left", worker=msg.worker_id, cause=msg.cause)
+        else:
+            # What it was running may be what killed it (a poison task): named here.
+            ws = self.state.workers.get(msg.worker_id)
+            running = sorted(str(ts.key) for ts in ws.processing) if ws is not None else []
+            self.log.warning(
+                "worker lost", worker=msg.worker_id, cause=msg.cause,
+                running=running[:LOST_NAMES], more=max(0, len(running) - LOST_NAMES),
+            )  # fmt: skip
         evacuated = self._evacuated.pop(msg.worker_id, ())
         self._handle(WorkerLeft(*self._ev(), msg.worker_id, msg.cause, evacuated))
 

@@ -8,6 +8,7 @@ autoscaler reports its block's worker), not after the gateway's reconnection gra
 from __future__ import annotations
 
 import inspect
+import logging
 import os
 import time
 
@@ -28,7 +29,10 @@ def poison() -> None:
     os._exit(1)
 
 
-async def test_a_task_that_kills_its_worker_fails_after_three_workers() -> None:
+async def test_a_task_that_kills_its_worker_fails_after_three_workers(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="corral")
     with anyio.fail_after(LIMIT):
         async with Cluster(processes=2) as c:
             await c.wait_for_workers(2, timeout=60)
@@ -41,6 +45,11 @@ async def test_a_task_that_kills_its_worker_fails_after_three_workers() -> None:
             crashes = err.value.crashes
             assert len(crashes) == 3 and len({w for w, _ in crashes}) == 3
             assert "poison" in str(err.value)
+            # Each loss's log line names the task the worker was running.
+            lost_lines = [r.getMessage() for r in caplog.records if "worker lost" in r.getMessage()]
+            assert len(lost_lines) == 3, lost_lines
+            key = err.value.key
+            assert all(f"running=[{key!r}]" in m and "more=0" in m for m in lost_lines), lost_lines
             st = await c.status()
             lost = sum(cat["lost"] for cat in st["categories"].values())
             assert lost == 3, st["categories"]  # no more workers than that went down
