@@ -18,11 +18,12 @@ import time
 import traceback
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import anyio
 import anyio.lowlevel
 
+import runtime.graph
 from actors.scheduler_events import (
     CancelOnWorker,
     CancelRequested,
@@ -149,6 +150,16 @@ class _Copied(Message):
     got: tuple[Any, ...]
 
 
+class _Turn(NamedTuple):
+    """A part of a request taken in a turn of its own (:meth:`Scheduler._take_in`)."""
+
+    apply: Callable[[str], Any]
+    stimulus: str
+
+    def run(self) -> None:
+        self.apply(self.stimulus)
+
+
 @message(local=True)
 class _Intake(Message):
     """Scheduler-internal: take in the next piece of the graphs being taken in."""
@@ -226,8 +237,9 @@ class Scheduler(Actor):
         self._worker_waiters: list[tuple[int, anyio.Event]] = []
         #: what waits to be taken in, in the order it came: pieces of graphs, ``(piece,
         #: the keys wanted of the submission or None: the piece's, continued,
-        #: stimulus)``, and the releases and cancels that came after them (callables
-        #: of the stimulus). One piece per :class:`_Intake`, so the messages that came
+        #: stimulus)``, the parts of a large release (:class:`_Turn`: one per turn, as a
+        #: piece), and the releases and cancels that came after them (callables of the
+        #: stimulus). One piece per :class:`_Intake`, so the messages that came
         #: meanwhile go between pieces; while it is not empty, one ``_Intake`` is on
         #: its way (:meth:`_take_in`)
         self._intake: deque[Any] = deque()
@@ -389,6 +401,9 @@ class Scheduler(Actor):
         try:
             while self._intake:
                 item = self._intake.popleft()
+                if isinstance(item, _Turn):
+                    item.run()
+                    break
                 if callable(item):
                     item()
                     continue
@@ -567,9 +582,26 @@ class Scheduler(Actor):
 
     @handles(ReleaseKeysRequest)
     def release(self, msg: ReleaseKeysRequest) -> Any:
-        return self._after_intake(
-            lambda stimulus: self._handle(KeysReleased(stimulus, self.clock.now(), msg.keys))
-        )
+        """Let go of keys; a release of more than ``INTAKE_PIECE`` keys (the end of a
+        large run) in parts of that many, one per turn as the pieces of a graph, so
+        that the messages meanwhile (results, status, metrics) go between them. The
+        answer comes after the last part, and what came after the release (a
+        submission, a cancel) waits for it."""
+        keys = tuple(msg.keys)
+        step = runtime.graph.INTAKE_PIECE
+        stimulus = current_causal_id()
+
+        def part(some: tuple[Any, ...]) -> Callable[[str], Any]:
+            return lambda stimulus: self._handle(KeysReleased(stimulus, self.clock.now(), some))
+
+        idle = not self._intake
+        last = max(0, (len(keys) - 1) // step * step)  # where the last part starts
+        for i in range(0, last, step):
+            self._intake.append(_Turn(part(keys[i : i + step]), stimulus))
+        answer = self._after_intake(part(keys[last:]))
+        if idle and self._intake:
+            self._take_in()
+        return answer
 
     @handles(FilesReleasedMsg)
     def files_released(self, msg: FilesReleasedMsg) -> None:

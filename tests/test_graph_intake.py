@@ -29,7 +29,7 @@ import pytest
 
 import runtime.graph
 from actors.scheduler import Scheduler
-from actors.scheduler_events import Execute, GraphSubmitted, KeyDone
+from actors.scheduler_events import Execute, GraphSubmitted, KeyDone, KeysReleased
 from actors.scheduler_state import SchedulerState
 from runtime import Cluster
 from runtime.errors import CycleError, MissingKeysError
@@ -348,3 +348,71 @@ async def test_a_release_or_cancel_during_the_intake_finds_the_graph_whole(
             else:
                 assert {ts.state for ts in tasks.values()} == {"cancelled"}
                 assert set(ends) <= tasks.keys()
+
+
+# -- a large release ---------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_a_large_release_goes_in_parts_with_other_messages_between(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The end of a large run lets go of every key at once: one part of ``INTAKE_PIECE``
+    keys per turn (before, one core event of 20-40k keys held the loop for seconds)."""
+    monkeypatch.setattr(runtime.graph, "INTAKE_PIECE", 50)
+    dsk, _ = chains(60, 5)
+    keys = list(dsk)  # 300 keys wanted: a release in 6 parts
+    parts: list[int] = []  #: the size of each part released
+    at_status: list[int] = []  #: parts released when the scheduler answered a status
+    handle = SchedulerState.handle
+    status = Scheduler.status
+
+    def counting(self: SchedulerState, *events: Any) -> Any:
+        for ev in events:
+            if isinstance(ev, KeysReleased):
+                parts.append(len(ev.keys))
+                if len(parts) == 1:  # a message that comes while the release goes on
+                    cluster._scheduler_actor.ref.post(StatusRequest())
+        return handle(self, *events)
+
+    def noting(self: Scheduler, msg: StatusRequest) -> Any:
+        at_status.append(len(parts))
+        return status(self, msg)
+
+    monkeypatch.setattr(SchedulerState, "handle", counting)
+    monkeypatch.setattr(Scheduler, "status", noting)
+    with anyio.fail_after(60):
+        async with Cluster(workers=0) as cluster:
+            sched = cluster._scheduler_actor
+            pieces = in_pieces(build_specs(dsk, keys), keys)
+            sched.ref.post(SubmitSpecs("run-x", pieces, tuple(keys)))
+            await settled(cluster, len(dsk))
+            await sched.ref.ask(ReleaseKeysRequest(tuple(keys), "c"))  # answered at the end
+            assert parts == [50] * 6
+            assert sched.state.tasks == {}  # no longer wanted: cancelled and forgotten
+    assert at_status == [1]  # handled after the first part, before the second
+
+
+@pytest.mark.anyio
+async def test_what_comes_after_a_large_release_waits_for_all_its_parts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The same graph submitted again right behind its release: the submission's wants
+    come after every part (had it gone between, the later parts would have taken its
+    wants away, and its tasks would have been cancelled)."""
+    monkeypatch.setattr(runtime.graph, "INTAKE_PIECE", 50)
+    dsk, _ = chains(60, 5)
+    keys = list(dsk)
+    with anyio.fail_after(60):
+        async with Cluster(workers=0) as cluster:
+            sched = cluster._scheduler_actor
+            specs = build_specs(dsk, keys)
+            sched.ref.post(SubmitSpecs("run-x", in_pieces(specs, keys), tuple(keys)))
+            await settled(cluster, len(dsk))
+            sched.ref.post(ReleaseKeysRequest(tuple(keys), "c"))
+            sched.ref.post(SubmitSpecs("run-y", in_pieces(specs, keys), tuple(keys)))
+            await wait_until(lambda: not sched._intake, "the release and the submission")
+            tasks = sched.state.tasks
+            assert tasks.keys() == dsk.keys()
+            waiting = {(1, "waiting"), (1, "queued")}  # wanted once, not cancelled
+            assert {(ts.wanted, ts.state) for ts in tasks.values()} <= waiting
