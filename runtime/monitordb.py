@@ -479,7 +479,8 @@ class MonitorWriter:
     cannot encode, a value it cannot store) is dropped and counted in ``dropped``; the
     rest of its batch is written. :meth:`close` writes what is left and stops the
     thread; what it cannot write by its deadline is dropped, counted in ``dropped``,
-    and its ``final`` rows (the run's end, with that count) are written anyway."""
+    and its ``final`` rows (the run's end, with that count) are written anyway.
+    :meth:`give_up` (a second interrupt) moves that deadline to now."""
 
     def __init__(self, path: str | os.PathLike[str], *, max_rows: int = 500_000) -> None:
         self.path = Path(path)
@@ -497,6 +498,8 @@ class MonitorWriter:
         self._cond = threading.Condition()
         self._closing = False
         self._deadline = float("inf")  #: monotonic time close() stops writing at
+        self._given_up = False  #: give_up() moved the deadline to its call
+        self.ended = False  #: the final rows are written
         #: close()'s last rows, made once the rest is written or dropped
         self._final: Callable[[], Iterable[Op]] | None = None
         self._conn = _connect(str(self.path))
@@ -582,7 +585,10 @@ class MonitorWriter:
             if given_up:
                 if left:
                     _log.warning(
-                        "monitoring database: rows not written before close() gave up "
+                        "monitoring database: rows not written, dropped on an interrupt "
+                        "(counted in runs.dropped_rows)"
+                        if self._given_up
+                        else "monitoring database: rows not written before close() gave up "
                         "(counted in runs.dropped_rows)",
                         path=str(self.path), rows=sum(len(op[2]) for op in left),
                     )  # fmt: skip
@@ -592,8 +598,17 @@ class MonitorWriter:
         final = self._final
         if final is not None:  # retried a little: the database may be the trouble
             last = deque(final())
-            while self._write(last) is None and time.monotonic() < self._deadline + FINAL_GRACE:
+            while not self.ended:
+                self.ended = self._write(last) is not None
+                if self.ended or time.monotonic() >= self._deadline + FINAL_GRACE:
+                    break
                 time.sleep(self.retry)
+            if not self.ended:
+                _log.warning(
+                    "monitoring database: the run's end not written (runs.ended stays "
+                    "empty): the database stayed locked or failing",
+                    path=str(self.path), tried_s=FINAL_GRACE,
+                )  # fmt: skip
         with contextlib.suppress(sqlite3.Error):
             self._conn.close()
 
@@ -661,11 +676,37 @@ class MonitorWriter:
         ``timeout`` seconds; drop and count what is left then; write ``final()``'s rows
         (made then, so they may read ``dropped``); stop."""
         with self._cond:
-            self._deadline = time.monotonic() + timeout
-            self._final = final
-            self._closing = True
+            if not self._closing:  # (else give_up() came first: its deadline holds)
+                self._deadline = time.monotonic() + timeout
+                self._final = final
+                self._closing = True
             self._cond.notify()
-        self._thread.join(timeout + FINAL_GRACE + 2.0)  # (+ the final rows' tries)
+            left = max(0.0, self._deadline - time.monotonic())
+        self._thread.join(left + FINAL_GRACE + 2.0)  # (+ the final rows' tries)
+
+    def give_up(self, final: Callable[[], Iterable[Op]] | None = None) -> bool:
+        """Stop writing what is queued, at once (a second interrupt while :meth:`close`
+        catches up): the thread ends the piece under way (a locked database holds it
+        up to its 1 s busy timeout), drops what is left, counted in ``dropped``, writes
+        the final rows (``close()``'s, else ``final``'s) as :meth:`close` does, tried
+        for :data:`FINAL_GRACE` seconds, and stops. Never blocks: :meth:`wait` for it.
+        Returns False if the thread had already stopped (nothing to give up)."""
+        with self._cond:
+            if not self._thread.is_alive():
+                return False
+            if not self._closing:
+                self._final = final
+                self._closing = True
+            self._deadline = min(self._deadline, time.monotonic())
+            self._given_up = True
+            self._cond.notify()
+        return True
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait up to ``timeout`` seconds for the thread to stop (after :meth:`close` or
+        :meth:`give_up`); returns whether it has."""
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
 
 
 def _refused_row(exc: Exception) -> bool:
@@ -794,6 +835,7 @@ class MonitorRecorder(Actor):
         self.page = page
         self.run_id = uuid.uuid4().hex[:12]
         self.writer: MonitorWriter | None = writer
+        self._ending: MonitorWriter | None = None  #: the writer on_stop closes
         self.seq = 0  #: the next feed event to ask for
         self._categories_due = 0.0  #: when the per-category series are written next
         self._stopping = False  #: on_stop's last poll (writes every series)
@@ -855,9 +897,20 @@ class MonitorRecorder(Actor):
         self._stopping = True
         with anyio.move_on_after(5.0):
             await self.poll()
-        # What is still open ends with the run: workers and blocks the cluster stops.
-        # Written last, once what is queued is written or, past CLOSE_TIMEOUT, dropped
-        # and counted (runs.dropped_rows), so a run always shows how it ended.
+        if self.writer is None:  # given up meanwhile (give_up): the run has ended
+            return
+        final = self._end(writer)
+        self.writer, self._ending = None, writer
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._tell_progress, writer)
+            await anyio.to_thread.run_sync(writer.close, CLOSE_TIMEOUT, final)
+            tg.cancel_scope.cancel()
+
+    def _end(self, writer: MonitorWriter) -> Callable[[], list[Op]]:
+        """The run's end, written last by ``writer``: what is still open ends with the
+        run (workers and blocks the cluster stops). Written once what is queued is
+        written or, past CLOSE_TIMEOUT or on a second interrupt, dropped and counted
+        (runs.dropped_rows), so a run always shows how it ended."""
         now, run, feed_lost = time.time(), self.run_id, self.feed_lost
         rows = _Rows()
         rows.add("event", _RUN_END_WORKERS, (now, run))
@@ -869,11 +922,28 @@ class MonitorRecorder(Actor):
             dropped = sum(writer.dropped.values())
             return [*rows.ops, ("event", _RUN_SEEN, [(now, feed_lost, dropped, run)])]
 
-        self.writer = None
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(self._tell_progress, writer)
-            await anyio.to_thread.run_sync(writer.close, CLOSE_TIMEOUT, final)
-            tg.cancel_scope.cancel()
+        return final
+
+    async def give_up(self) -> int | None:
+        """A second interrupt: drop the rows still queued (counted in
+        ``runs.dropped_rows``), write the run's end and wait for the writer to stop
+        (:meth:`MonitorWriter.give_up`). Called by the process's signal loop, not
+        through the mailbox (``on_stop`` may be under way: no message would be read).
+        Returns the rows dropped in all, or None with no writer running."""
+        writer = self._ending
+        final = None
+        if writer is None and self.writer is not None:  # not closing yet: end the run here
+            writer, self.writer = self.writer, None
+            final = self._end(writer)
+        if writer is None or not writer.give_up(final):
+            return None
+        _log.warning(
+            "monitoring database: second interrupt: dropping the rows still queued and "
+            "writing the run's end (another interrupt ends the process at once)",
+            path=str(writer.path), rows_left=writer.pending,
+        )  # fmt: skip
+        await anyio.to_thread.run_sync(writer.wait, FINAL_GRACE + 30.0, abandon_on_cancel=True)
+        return sum(writer.dropped.values())
 
     async def _tell_progress(self, writer: MonitorWriter) -> None:
         """While a stopping recorder's writer catches up: how many rows are left, every
@@ -882,8 +952,9 @@ class MonitorRecorder(Actor):
         while True:
             await anyio.sleep(PROGRESS_EVERY)
             _log.warning(
-                "monitoring database: writing what the run queued before stopping (an "
-                "interrupt now ends the process and loses these rows)",
+                "monitoring database: writing what the run queued before stopping (to a "
+                "manager process, a second interrupt drops these rows, counted, and ends "
+                "the run at once)",
                 path=str(writer.path), rows_left=writer.pending, written=writer.written,
                 gives_up_in_s=round(CLOSE_TIMEOUT - (time.monotonic() - start)),
             )  # fmt: skip

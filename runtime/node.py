@@ -1195,8 +1195,14 @@ class Link:
         return await peer.ref.ask(msg, timeout=timeout, causal_id=causal_id)
 
 
+#: seconds a second interrupt waits at most for ``give_up`` (the monitoring database's
+#: writer dropping its backlog and writing the run's end) before the process exits
+GIVE_UP_TIMEOUT = 10.0
+
+
 async def _until_signalled(
     on_signal: Callable[[], Awaitable[None]],
+    give_up: Callable[[], Awaitable[int | None]] | None = None,
     *,
     task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -1204,21 +1210,53 @@ async def _until_signalled(
     batch system signals every process of a job, and the job script's trap passes the
     signal on, so a worker gets SIGTERM twice as it starts to copy its outputs away; with
     Python's default handler back, the second one would end it half-way. A second
-    SIGINT (Ctrl-C again) stops the process at once."""
+    SIGINT (Ctrl-C again) stops the process with exit status 130: at once, or once
+    ``give_up`` has returned (a manager's monitoring database drops the rows it was
+    catching up on and writes the run's end: :meth:`MonitorRecorder.give_up
+    <runtime.monitordb.MonitorRecorder.give_up>`; the rows dropped in all, None when
+    there was nothing to give up), waited for at most :data:`GIVE_UP_TIMEOUT` seconds;
+    a third SIGINT meanwhile stops it at once."""
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         task_status.started()
-        stopping = False
-        async for signum in signals:
-            name = signal.Signals(signum).name
-            if not stopping:
-                stopping = True
-                _log.info("stopping on signal", signal=name)
-                await on_signal()
-            elif signum == signal.SIGINT:
-                _log.warning("second interrupt: exiting now, without a graceful stop")
-                os._exit(130)
-            else:
-                _log.info("already stopping; signal ignored", signal=name)
+        stopping = giving_up = False
+        async with anyio.create_task_group() as tg:
+            async for signum in signals:
+                name = signal.Signals(signum).name
+                if not stopping:
+                    stopping = True
+                    _log.info("stopping on signal", signal=name)
+                    await on_signal()
+                elif signum != signal.SIGINT:
+                    _log.info("already stopping; signal ignored", signal=name)
+                elif giving_up or give_up is None:
+                    _log.warning(
+                        "another interrupt: exiting now" if giving_up
+                        else "second interrupt: exiting now, without a graceful stop"
+                    )  # fmt: skip
+                    os._exit(130)
+                else:
+                    giving_up = True
+                    tg.start_soon(_give_up_then_exit, give_up)
+
+
+async def _give_up_then_exit(give_up: Callable[[], Awaitable[int | None]]) -> None:
+    """The second interrupt with something to give up: ``give_up()``, bounded, then
+    exit 130 (see :func:`_until_signalled`)."""
+    dropped: int | None = None
+    with anyio.move_on_after(GIVE_UP_TIMEOUT) as scope:
+        dropped = await give_up()
+    if scope.cancelled_caught:
+        _log.warning("second interrupt: giving up took too long; exiting now",
+                     limit_s=GIVE_UP_TIMEOUT)  # fmt: skip
+    elif dropped is None:
+        _log.warning("second interrupt: exiting now, without a graceful stop")
+    else:
+        _log.warning(
+            "second interrupt: exiting now; the monitoring database's backlog dropped "
+            "(runs.dropped_rows)",
+            dropped_rows=dropped,
+        )  # fmt: skip
+    os._exit(130)
 
 
 async def _lifeline(*, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
@@ -1422,7 +1460,10 @@ async def run_manager(
         async def on_signal() -> None:
             stop.set()
 
-        await system.start_service(_until_signalled, on_signal)
+        async def give_up() -> int | None:  # a second Ctrl-C while the database catches up
+            return None if plane.recorder is None else await plane.recorder.give_up()
+
+        await system.start_service(_until_signalled, on_signal, give_up)
         _log.warning(
             "manager listening",
             address=listener.address,
