@@ -24,6 +24,7 @@ interrupted.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
@@ -739,6 +740,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return commands[args.command or "demo"](args)
     except KeyboardInterrupt:
+        # The second Ctrl-C while an embedded cluster's monitoring database caught up
+        # (the first one stopped the cluster): drop the rest, counted, and end the run.
+        from runtime.monitordb import give_up_all
+
+        with contextlib.suppress(KeyboardInterrupt):  # a third: leave at once
+            dropped = give_up_all()
+            if dropped is not None:
+                print(f"interrupted; monitoring rows dropped: {dropped:,}", file=sys.stderr)
+                return 130
         print("interrupted", file=sys.stderr)
         return 130
     except Exception as exc:

@@ -44,6 +44,7 @@ import sys
 import threading
 import time
 import uuid
+import weakref
 from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -73,6 +74,7 @@ __all__ = [
     "MonitorRecorder",
     "MonitorWriter",
     "default_path",
+    "give_up_all",
     "open_db",
 ]
 
@@ -504,8 +506,11 @@ class MonitorWriter:
         self._final: Callable[[], Iterable[Op]] | None = None
         self._conn = _connect(str(self.path))
         self._conn.execute("PRAGMA synchronous = NORMAL")
+        #: makes the run's end, for :meth:`give_up` without one (set by its recorder)
+        self.ender: Callable[[], Callable[[], Iterable[Op]]] | None = None
         self._thread = threading.Thread(target=self._run, name="corral-monitordb", daemon=True)
         self._thread.start()
+        _WRITERS.add(self)
 
     @property
     def pending(self) -> int:
@@ -695,7 +700,7 @@ class MonitorWriter:
             if not self._thread.is_alive():
                 return False
             if not self._closing:
-                self._final = final
+                self._final = final if final is not None or self.ender is None else self.ender()
                 self._closing = True
             self._deadline = min(self._deadline, time.monotonic())
             self._given_up = True
@@ -707,6 +712,39 @@ class MonitorWriter:
         :meth:`give_up`); returns whether it has."""
         self._thread.join(timeout)
         return not self._thread.is_alive()
+
+
+#: every writer made in this process, while it lives (:func:`give_up_all`)
+_WRITERS: weakref.WeakSet[MonitorWriter] = weakref.WeakSet()
+
+
+def _give_up(writer: MonitorWriter) -> bool:
+    """:meth:`MonitorWriter.give_up` (the run's end from its ``ender``), said in the log."""
+    if not writer.give_up():
+        return False
+    _log.warning(
+        "monitoring database: second interrupt: dropping the rows still queued and "
+        "writing the run's end (another interrupt ends the process at once)",
+        path=str(writer.path), rows_left=writer.pending,
+    )  # fmt: skip
+    return True
+
+
+def give_up_all(timeout: float = 10.0) -> int | None:
+    """Every monitoring writer of this process still writing gives up (a second Ctrl-C
+    after an embedded cluster's event loop is gone: ``KeyboardInterrupt`` out of
+    ``anyio.run`` while a writer catches up in its thread): its queued rows dropped,
+    counted in ``runs.dropped_rows``, and the run's end written. Waits at most
+    ``timeout`` seconds in all; returns the rows they dropped, None when none was
+    writing. ``python -m runtime`` calls it on an interrupt; a script that embeds a
+    cluster with monitoring may call it in its own ``except KeyboardInterrupt``."""
+    writers = [w for w in list(_WRITERS) if _give_up(w)]
+    if not writers:
+        return None
+    deadline = time.monotonic() + timeout
+    for w in writers:
+        w.wait(max(0.0, deadline - time.monotonic()))
+    return sum(sum(w.dropped.values()) for w in writers)
 
 
 def _refused_row(exc: Exception) -> bool:
@@ -835,6 +873,7 @@ class MonitorRecorder(Actor):
         self.page = page
         self.run_id = uuid.uuid4().hex[:12]
         self.writer: MonitorWriter | None = writer
+        writer.ender = lambda: self._end(writer)  # (give_up_all, the loop gone)
         self._ending: MonitorWriter | None = None  #: the writer on_stop closes
         self.seq = 0  #: the next feed event to ask for
         self._categories_due = 0.0  #: when the per-category series are written next
@@ -931,17 +970,10 @@ class MonitorRecorder(Actor):
         through the mailbox (``on_stop`` may be under way: no message would be read).
         Returns the rows dropped in all, or None with no writer running."""
         writer = self._ending
-        final = None
         if writer is None and self.writer is not None:  # not closing yet: end the run here
             writer, self.writer = self.writer, None
-            final = self._end(writer)
-        if writer is None or not writer.give_up(final):
+        if writer is None or not _give_up(writer):
             return None
-        _log.warning(
-            "monitoring database: second interrupt: dropping the rows still queued and "
-            "writing the run's end (another interrupt ends the process at once)",
-            path=str(writer.path), rows_left=writer.pending,
-        )  # fmt: skip
         await anyio.to_thread.run_sync(writer.wait, FINAL_GRACE + 30.0, abandon_on_cancel=True)
         return sum(writer.dropped.values())
 
@@ -952,9 +984,8 @@ class MonitorRecorder(Actor):
         while True:
             await anyio.sleep(PROGRESS_EVERY)
             _log.warning(
-                "monitoring database: writing what the run queued before stopping (to a "
-                "manager process, a second interrupt drops these rows, counted, and ends "
-                "the run at once)",
+                "monitoring database: writing what the run queued before stopping (a "
+                "second interrupt drops these rows, counted, and ends the run at once)",
                 path=str(writer.path), rows_left=writer.pending, written=writer.written,
                 gives_up_in_s=round(CLOSE_TIMEOUT - (time.monotonic() - start)),
             )  # fmt: skip

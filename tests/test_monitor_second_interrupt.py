@@ -1,7 +1,8 @@
 """A second Ctrl-C while a stopping manager's monitoring database catches up: the
 writer drops what is queued (counted in ``runs.dropped_rows``), writes the run's end and
 the process exits 130; a third Ctrl-C, or a give-up that takes too long, exits at once
-(runtime/node.py ``_until_signalled``, runtime/monitordb.py ``MonitorWriter.give_up``).
+(runtime/node.py ``_until_signalled``, runtime/monitordb.py ``MonitorWriter.give_up``);
+the same for the demo's embedded cluster (``give_up_all``).
 Real processes, real signals; a real SQLite lock held by the test keeps the backlog."""
 
 from __future__ import annotations
@@ -78,6 +79,43 @@ def test_a_second_interrupt_drops_the_backlog_counted_and_writes_the_runs_end(
         ended, dropped = conn.execute("SELECT ended, dropped_rows FROM runs").fetchone()
         assert ended is not None and dropped == left
         assert conn.execute("SELECT count(*) FROM workers WHERE left IS NULL").fetchone() == (0,)
+    finally:
+        conn.close()
+
+
+@pytest.mark.slow
+def test_a_second_interrupt_to_the_demo_drops_the_backlog_counted_and_writes_the_runs_end(
+    cli: Cli, tmp_path: Path
+) -> None:
+    """The same with an embedded cluster (``python -m runtime``): the first Ctrl-C stops
+    the cluster, whose writer catches up in its thread; the second leaves the event loop
+    (KeyboardInterrupt) and ``give_up_all`` drops the rest, counted, and writes the
+    run's end. (Before: it printed "interrupted" and then waited without a word for
+    the writer, up to its 60 s; a third Ctrl-C then lost the rows and the run's end.)"""
+    db = tmp_path / "demo.db"
+    demo = cli.start("demo", "--datasets", "4", "--chunks", "3000", "--events", "500",
+                     "--monitoring", str(db), "--no-progress")  # fmt: skip
+    locker = _wait_for(db, "SELECT count(*) FROM tries", "try row", limit=LIMIT)
+    try:
+        locker.execute("BEGIN IMMEDIATE")
+        demo.send_signal(signal.SIGINT)
+        line = cli.line_with(demo, "rows_left=", limit=LIMIT)
+        left = int(re.search(r"rows_left=(\d+)", line).group(1))  # type: ignore[union-attr]
+        assert left > 0
+        demo.send_signal(signal.SIGINT)
+        line = cli.line_with(demo, "dropped on an interrupt", limit=LIMIT)
+        assert f"rows={left}" in line
+        locker.execute("COMMIT")
+        assert f"monitoring rows dropped: {left:,}" in cli.line_with(demo, "interrupted")
+        assert demo.wait(LIMIT) == 130
+    finally:
+        if locker.in_transaction:
+            locker.execute("ROLLBACK")
+        locker.close()
+    conn = sqlite3.connect(db)
+    try:
+        ended, dropped = conn.execute("SELECT ended, dropped_rows FROM runs").fetchone()
+        assert ended is not None and dropped == left
     finally:
         conn.close()
 
