@@ -180,9 +180,6 @@ class _CheckpointCopied(Message):
 #: bounded part by part by the worker's ``fetch_timeout``: this is a backstop, which a
 #: large copy on a slow link must not hit)
 REPLICATE_TIMEOUT = 600.0
-#: task categories the metrics label by name; later ones count under OTHER_CATEGORY
-MAX_METRIC_CATEGORIES = 500
-OTHER_CATEGORY = "(other)"
 #: tasks a ``worker lost`` log line names of those the worker was running (``more``: the rest)
 LOST_NAMES = 10
 COPY_RATE_FLOOR = 10 * 2**20
@@ -232,8 +229,6 @@ class Scheduler(Actor):
         #: pool -> bytes its workers ever spilled, those gone included (a counter: a
         #: worker that leaves keeps its share; one whose count starts again adds it)
         self.spilled: dict[str, int] = {}
-        #: the categories the metrics label by name (see _metric_category)
-        self._metric_labels: set[str] = set()
         self._worker_waiters: list[tuple[int, anyio.Event]] = []
         #: what waits to be taken in, in the order it came: pieces of graphs, ``(piece,
         #: the keys wanted of the submission or None: the piece's, continued,
@@ -679,18 +674,6 @@ class Scheduler(Actor):
         sets: a bounded look at them, never a scan of every task)."""
         return self.state.upcoming(self.clock.now(), max(int(msg.most), 0))
 
-    def _metric_category(self, category: str) -> str:
-        """The label ``category`` has in the metrics: itself for the first
-        ``MAX_METRIC_CATEGORIES`` categories seen, ``"(other)"`` for the rest (keys that
-        make a category per task, ``part_0``, ``part_1``, ..., would make the series
-        grow without bound). Once given, a label stays: every counter only grows."""
-        if category in self._metric_labels:
-            return category
-        if len(self._metric_labels) < MAX_METRIC_CATEGORIES:
-            self._metric_labels.add(category)
-            return category
-        return OTHER_CATEGORY  # the set is full for good: the rest stay here
-
     @handles(MetricsRequest)
     def metrics(self, msg: MetricsRequest) -> dict[str, Any]:
         """The scheduler's fields of a ``MetricsReply``: from the core's counters, its
@@ -708,23 +691,19 @@ class Scheduler(Actor):
         for pool, total in self.spilled.items():
             if pool in pools:
                 pools[pool]["spilled_total"] = total
-        categories: dict[str, CategoryMetrics] = {}
-        for c, s in st.stats.items():
-            name = self._metric_category(c)
-            was = categories.get(name) or CategoryMetrics()
-            categories[name] = CategoryMetrics(
-                was.finished + s.count, was.duration_sum + s.total_duration,
-                was.output_bytes + s.total_nbytes, was.input_bytes + s.consumed_nbytes,
-                max(was.peak_rss, s.peak_rss),
-            )  # fmt: skip
-        failures: dict[tuple[str, str, str], int] = {}
-        for (c, outcome, cause), n in st.failures.items():
-            key = (self._metric_category(c), outcome, cause)
-            failures[key] = failures.get(key, 0) + n
+        # Per label, as the core keeps them (at most MAX_METRIC_CATEGORIES + 1 labels):
+        # a scrape's cost does not grow with the number of categories.
+        categories = {
+            name: CategoryMetrics(
+                m.finished, m.duration_sum, m.output_bytes, m.input_bytes, m.peak_rss
+            )
+            for name, m in st.metric_totals.items()
+        }
+        failures = sorted(st.metric_failures.items())
         out: dict[str, Any] = {
             "pools": {p: PoolMetrics(**m) for p, m in pools.items()},
             "categories": categories,
-            "failures": tuple(FailureCount(*key, n) for key, n in sorted(failures.items())),
+            "failures": tuple(FailureCount(*key, n) for key, n in failures),
             "tasks_by_state": {**dict.fromkeys(_STATES, 0), **st.by_state},  # 0s stay
             "tasks_created": st.created,
             "workers": len(st.workers),

@@ -259,6 +259,9 @@ MAX_INPUTS_UNREACHABLE = 5
 INPUTS_BACKOFF = 0.5
 MAX_INPUTS_BACKOFF = 10.0
 MAX_FAILURE_GROUPS = 1000  #: failure groups kept; later new causes count under "(other)"
+#: task categories the metrics label by name; later ones count under OTHER_CATEGORY
+MAX_METRIC_CATEGORIES = 500
+OTHER_CATEGORY = "(other)"
 
 
 def quantile(ordered: list[float], q: float) -> float:
@@ -330,6 +333,18 @@ _QUEUED_DELTA: tuple[int, ...] = tuple(
 )
 
 
+@dataclasses.dataclass(slots=True)
+class MetricTotals:
+    """The counters of one metrics label (a ``CategoryMetrics``), added to as tries
+    end: tries finished ok, their seconds, output and input bytes, the highest RSS."""
+
+    finished: int = 0
+    duration_sum: float = 0.0
+    output_bytes: int = 0
+    input_bytes: int = 0
+    peak_rss: int = 0
+
+
 class SchedulerState:
     """The scheduler's state. Change it only through :meth:`handle`."""
 
@@ -358,6 +373,14 @@ class SchedulerState:
         #: an entry counts while its task is queued and ``held_until`` is ``until``)
         self.held: list[tuple[float, int, TaskState]] = []
         self.stats: dict[str, CategoryStats] = {}  #: per-category statistics
+        #: the metrics' per-category counters, kept as tries end so that a scrape reads
+        #: at most ``MAX_METRIC_CATEGORIES + 1`` of them, whatever the number of
+        #: categories: the categories labelled by name (the first ones with a try that
+        #: ended; a label once given stays, every counter only grows), the totals per
+        #: label (``OTHER_CATEGORY``: the rest), failed tries per (label, outcome, cause)
+        self.metric_labels: set[str] = set()
+        self.metric_totals: dict[str, MetricTotals] = {}
+        self.metric_failures: Counter[tuple[str, str, str]] = Counter()
         #: what policies see of them: a read-only view per category (made with its
         #: statistics, in ``_stat``) in a read-only mapping
         self._stat_views: dict[str, CategoryStatsView] = {}
@@ -1000,6 +1023,8 @@ class SchedulerState:
             stat.oom += 1
             # What it reached before the kill: the category's peak, the one that matters.
             stat.peak_rss = max(stat.peak_rss, res.rss_peak)
+            m = self._metric(ts.spec.category)
+            m.peak_rss = max(m.peak_rss, res.rss_peak)
         elif res.outcome == "disk-full":
             # Its output did not fit on the worker's disk: the category's outputs
             # are estimated this large from now on (steering its other tasks)...
@@ -1620,11 +1645,18 @@ class SchedulerState:
         stat.recent.append(duration)
         stat.total_nbytes += res.nbytes
         stat.max_nbytes = max(stat.max_nbytes, res.nbytes)
-        stat.consumed_nbytes += sum(d.nbytes for d in ts.deps)
+        consumed = sum(d.nbytes for d in ts.deps)
+        stat.consumed_nbytes += consumed
         stat.peak_rss = max(stat.peak_rss, res.rss, res.rss_peak)
         if res.rss_before:
             stat.max_rss_growth = max(stat.max_rss_growth, res.rss - res.rss_before)
         category = ts.spec.category
+        m = self._metric(category)
+        m.finished += 1
+        m.duration_sum += duration
+        m.output_bytes += res.nbytes
+        m.input_bytes += consumed
+        m.peak_rss = max(m.peak_rss, res.rss, res.rss_peak)
         known = self.classes.get(category)
         if known is not None and known != self._ask_producer(
             category, self._stat_views[category], not ts.deps
@@ -1738,6 +1770,7 @@ class SchedulerState:
         its (category, cause) group: O(1), no scan."""
         category = ts.spec.category
         self.failures[(category, outcome, cause)] += 1
+        self.metric_failures[(self._metric_label(category), outcome, cause)] += 1
         groups = self.failure_groups
         group = groups.get((category, cause))
         if group is None:
@@ -3197,7 +3230,29 @@ class SchedulerState:
         if st is None:
             st = self.stats[ts.spec.category] = CategoryStats()
             self._stat_views[ts.spec.category] = CategoryStatsView(st)
+            self._metric(ts.spec.category)  # its label, counting from 0 (in the metrics)
         return st
+
+    def _metric_label(self, category: str) -> str:
+        """The label ``category`` has in the metrics: itself for the first
+        ``MAX_METRIC_CATEGORIES`` categories with a try that ended, ``OTHER_CATEGORY``
+        for the rest (keys that make a category per task, ``part_0``, ``part_1``, ...,
+        would make the series grow without bound). O(1)."""
+        labels = self.metric_labels
+        if category in labels:
+            return category
+        if len(labels) < MAX_METRIC_CATEGORIES:
+            labels.add(category)
+            return category
+        return OTHER_CATEGORY  # the set is full for good: the rest stay here
+
+    def _metric(self, category: str) -> MetricTotals:
+        """The metrics' totals ``category`` counts in (made at its first use)."""
+        label = self._metric_label(category)
+        m = self.metric_totals.get(label)
+        if m is None:
+            m = self.metric_totals[label] = MetricTotals()
+        return m
 
     def _log(self, key: Any, start: str, finish: str) -> None:
         self.story_log.append((key, start, finish, self._stimulus, self._now))
@@ -3208,6 +3263,11 @@ class SchedulerState:
         """Check every invariant; raise AssertionError naming the first broken one."""
         actual = Counter(ts.state for ts in self.tasks.values())
         assert self.by_state == dict(actual), ("state counters", self.by_state, actual)
+        finished = sum(s.count for s in self.stats.values())
+        counted = sum(m.finished for m in self.metric_totals.values())
+        assert finished == counted, ("metric totals", finished, counted)
+        assert len(self.metric_labels) <= MAX_METRIC_CATEGORIES, "metric labels"
+        assert sum(self.failures.values()) == sum(self.metric_failures.values()), "metric failures"
         for key, cps in self.checkpoints.items():  # dropped when their task ends
             assert self.tasks[key].state in ACTIVE, ("checkpoint of an ended task", key)
             assert cps and len(cps) <= 2, ("checkpoints kept", key, cps)

@@ -431,9 +431,9 @@ async def test_categories_past_the_cap_count_under_other(monkeypatch: pytest.Mon
     """Keys that make a category per task (``part_0``, ``part_1``, ...): the first
     ``MAX_METRIC_CATEGORIES`` are labelled by name, the rest count under ``(other)``,
     failures too, so the series stay bounded. Before, each task added six series."""
-    import actors.scheduler
+    import actors.scheduler_state
 
-    monkeypatch.setattr(actors.scheduler, "MAX_METRIC_CATEGORIES", 3)
+    monkeypatch.setattr(actors.scheduler_state, "MAX_METRIC_CATEGORIES", 3)
     with anyio.fail_after(30):
         async with Cluster(workers=1) as c:
             await c.wait_for_workers(1)
