@@ -284,14 +284,14 @@ class Manager(Actor):
         return self._in_turn(lambda: self.ref.ask(_InTurn(msg), timeout=None))
 
     @handles(_InTurn)
-    async def in_turn(self, msg: _InTurn) -> Any:
+    def in_turn(self, msg: _InTurn) -> Any:
         request = msg.request
         if isinstance(request, ReleaseKeysRequest):
             self._release(request)
         elif isinstance(request, ClientGone):
             self._client_gone(request)
         else:
-            return await self._cancel(request)
+            return self._cancel(request)
         return None
 
     def _remember_run(self, run: str, keys: tuple[Key, ...]) -> None:
@@ -362,13 +362,13 @@ class Manager(Actor):
             self._release(ReleaseKeysRequest(held, msg.name))
 
     @handles(CancelRequest)
-    async def cancel(self, msg: CancelRequest) -> Any:
+    def cancel(self, msg: CancelRequest) -> Any:
         later = self._later_in_turn(msg)
         if later is not None:
             return later
-        return await self._cancel(msg)
+        return self._cancel(msg)
 
-    async def _cancel(self, msg: CancelRequest) -> tuple[Key, ...]:
+    def _cancel(self, msg: CancelRequest) -> tuple[Key, ...] | Later:
         """A client's cancel (``Cluster.cancel``, ``Future.cancel``). A key that no other
         client wants is cancelled, with everything that depends on it, except what keys
         other clients hold need (as dask's ``Client.cancel`` without ``force``). A key
@@ -381,7 +381,8 @@ class Manager(Actor):
         (``ClientActor.cancel``), so when one client holds a key, that is the asker
         (``msg.client``, which older clients leave empty: then only keys more than one
         client holds are spared). The console's ``cancel`` (:meth:`cancel_keys`) is an
-        operator's and cancels for every client."""
+        operator's and cancels for every client. A ``Later`` when the scheduler must
+        answer which keys it spared."""
         shared: list[Key] = []
         cancel: list[Key] = []
         for key in msg.keys:
@@ -393,9 +394,17 @@ class Manager(Actor):
         if not others:
             self._scheduler().post(CancelRequest(tuple(cancel), msg.reason))
             return tuple(shared)
+        # Sent now, in order with what comes next; answered by the scheduler once the
+        # graphs it is taking in are whole (seconds for a large one): meanwhile this
+        # mailbox goes on (status, metrics, gathers). No time limit: the scheduler is
+        # in this process, and its stop fails the ask (ActorStopped).
         request = CancelRequest(tuple(cancel), msg.reason, spare=others)
-        spared = await self._scheduler().ask(request, timeout=self.gather_timeout)
-        return (*shared, *spared)
+        answer = self._scheduler().post_ask(request, timeout=None)
+
+        async def spared() -> tuple[Key, ...]:
+            return (*shared, *(await answer))
+
+        return Later(spared())
 
     def _held_by_others(self, client: str) -> tuple[Key, ...]:
         """The keys a client other than ``client`` holds (none while it is alone)."""

@@ -497,10 +497,36 @@ class ActorRef(Generic[A]):
         reply = _Reply()
         env = Envelope(msg, causal_id or _causal.get() or new_causal_id(), reply)
         limit = math.inf if timeout is None else timeout
-        with anyio.move_on_after(limit) as scope:
+        with anyio.move_on_after(limit):
             await self.mailbox.put(env)
             await reply.done.wait()
-        if scope.cancelled_caught and not reply.done.is_set():
+        return self._answer(reply, msg, limit)
+
+    def post_ask(
+        self, msg: Message, *, timeout: float | None = 30.0, causal_id: str | None = None
+    ) -> Coroutine[Any, Any, Any]:
+        """Queue ``msg`` now, as :meth:`post` does (in order with what this caller sends
+        next), and return a coroutine that waits for the handler's answer as
+        :meth:`ask` does (``AskTimeout`` past ``timeout``): for a handler that must
+        send a request in its turn but not hold up its own mailbox for the answer
+        (return ``Later(ref.post_ask(...))``)."""
+        reply = _Reply()
+        self.mailbox.put_nowait(
+            Envelope(msg, causal_id or _causal.get() or new_causal_id(), reply), force=True
+        )
+        limit = math.inf if timeout is None else timeout
+
+        async def answer() -> Any:
+            with anyio.move_on_after(limit):
+                await reply.done.wait()
+            return self._answer(reply, msg, limit)
+
+        return answer()
+
+    def _answer(self, reply: _Reply, msg: Message, limit: float) -> Any:
+        """An ask's outcome once its wait ended: the answer, the handler's error, or
+        ``AskTimeout`` (no answer within ``limit`` seconds)."""
+        if not reply.done.is_set():
             raise AskTimeout(self.name, type(msg).__name__, limit)
         if reply.error is not None:
             raise reply.error

@@ -416,3 +416,36 @@ async def test_what_comes_after_a_large_release_waits_for_all_its_parts(
             assert tasks.keys() == dsk.keys()
             waiting = {(1, "waiting"), (1, "queued")}  # wanted once, not cancelled
             assert {(ts.wanted, ts.state) for ts in tasks.values()} <= waiting
+
+
+@pytest.mark.anyio
+async def test_a_cancel_sparing_other_clients_keys_does_not_hold_up_the_manager(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With another client connected, a cancel asks the scheduler which keys it spared,
+    and the scheduler answers once the graph it is taking in is whole. Meanwhile the
+    manager answers status (before, it waited in the cancel's handler, its mailbox held
+    until the whole intake was over)."""
+    monkeypatch.setattr(runtime.graph, "INTAKE_PIECE", 50)
+    left_at_status: list[int] = []  #: pieces still to take in when status was answered
+    status = Scheduler.status
+
+    def noting(self: Scheduler, msg: StatusRequest) -> Any:
+        left_at_status.append(len(self._intake))
+        return status(self, msg)
+
+    monkeypatch.setattr(Scheduler, "status", noting)
+    dsk, ends = chains(600, 5)  # 3,000 tasks: 60 pieces
+    with anyio.fail_after(60):
+        async with Cluster(workers=0) as cluster:
+            manager, sched = cluster._manager, cluster._scheduler_actor
+            await manager.ask(SubmitGraphRequest({"k": (inc, 1)}, ("k",), "b"))  # another client
+            await manager.ask(SubmitGraphRequest({"z": (inc, 1)}, ("z",), "a"))
+            manager.post(SubmitGraphRequest(dsk, tuple(ends), "a"))
+            await wait_until(lambda: len(sched._intake) > 1, "the intake under way")
+            cancelled = manager.post_ask(CancelRequest(("z",), "by test", "a"), timeout=None)
+            await manager.ask(StatusRequest(categories=False))
+            assert left_at_status and left_at_status[0] > 0, left_at_status
+            assert await cancelled == ()  # nothing spared: z is a's alone
+            assert sched.state.tasks["z"].state == "cancelled"
+            await settled(cluster, len(dsk) + 2)

@@ -690,6 +690,30 @@ async def test_ask_timeout_and_late_processing() -> None:
 
 
 @pytest.mark.anyio
+async def test_post_ask_queues_at_once_and_answers_later() -> None:
+    """``post_ask`` puts the request in the mailbox when called (ahead of what the
+    caller sends next, even a full mailbox: as ``post``), and its coroutine waits for
+    the answer, the handler's error, or ``AskTimeout``."""
+    with anyio.fail_after(LIMIT):
+        async with ActorSystem() as system:
+            gate = anyio.Event()
+            actor = Recorder(gate)
+            ref = await system.spawn(actor, "slow", capacity=1)
+            blocked = ref.post_ask(Block(1), timeout=None)
+            got = ref.post_ask(Get(), timeout=None)  # the mailbox is full: queued anyway
+            ref.post(Note(2))  # after both
+            late = ref.post_ask(Block(3), timeout=PENDING)
+            with pytest.raises(AskTimeout):
+                await late  # the gate holds Block(1)
+            gate.set()
+            assert await blocked == 1
+            assert await got == []  # before Note(2): in the order they were sent
+            assert await ref.ask(Get()) == [2]
+            with pytest.raises(ValueError, match="no"):
+                await ref.post_ask(Boom("no"))
+
+
+@pytest.mark.anyio
 async def test_ask_timeout_while_waiting_for_mailbox_room() -> None:
     with anyio.fail_after(LIMIT):
         async with ActorSystem() as system:
