@@ -1241,9 +1241,11 @@ async def _until_signalled(
 
 async def _give_up_then_exit(give_up: Callable[[], Awaitable[int | None]]) -> None:
     """The second interrupt with something to give up: ``give_up()``, bounded, then
-    exit 130 (see :func:`_until_signalled`)."""
+    exit 130 (see :func:`_until_signalled`). Shielded: the give-up lets the recorder's
+    stop end too, and the process's shutdown, which cancels this task, must not win the
+    race and leave with status 0."""
     dropped: int | None = None
-    with anyio.move_on_after(GIVE_UP_TIMEOUT) as scope:
+    with anyio.CancelScope(shield=True), anyio.move_on_after(GIVE_UP_TIMEOUT) as scope:
         dropped = await give_up()
     if scope.cancelled_caught:
         _log.warning("second interrupt: giving up took too long; exiting now",
