@@ -424,17 +424,20 @@ class Scheduler(Actor):
             return apply(stimulus)  # type: ignore[no-any-return]
         done = anyio.Event()
         box: list[Any] = []
+        failed: list[Exception] = []
 
         def run() -> None:
             try:
                 box.append(apply(stimulus))
+            except Exception as exc:  # the request's failure, its asker's to see (rule 1)
+                failed.append(exc)
             finally:
                 done.set()
 
         async def answer() -> Any:
             await done.wait()
-            if not box:
-                raise RuntimeError("the scheduler failed to carry out this request")
+            if failed:
+                raise failed[0]
             return box[0]
 
         self._intake.append(run)

@@ -29,7 +29,13 @@ import pytest
 
 import runtime.graph
 from actors.scheduler import Scheduler
-from actors.scheduler_events import Execute, GraphSubmitted, KeyDone, KeysReleased
+from actors.scheduler_events import (
+    CancelRequested,
+    Execute,
+    GraphSubmitted,
+    KeyDone,
+    KeysReleased,
+)
 from actors.scheduler_state import SchedulerState
 from runtime import Cluster
 from runtime.errors import CycleError, MissingKeysError
@@ -449,3 +455,38 @@ async def test_a_cancel_sparing_other_clients_keys_does_not_hold_up_the_manager(
             assert await cancelled == ()  # nothing spared: z is a's alone
             assert sched.state.tasks["z"].state == "cancelled"
             await settled(cluster, len(dsk) + 2)
+
+
+@pytest.mark.anyio
+async def test_a_request_that_fails_during_the_intake_fails_for_its_asker_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A cancel carried out after the graph is whole raises: its asker gets that error
+    (as a cancel asked outside an intake does), the scheduler is not restarted, and the
+    rest of the graph is taken in."""
+    monkeypatch.setattr(runtime.graph, "INTAKE_PIECE", 50)
+    handle = SchedulerState.handle
+    restarts: list[str] = []
+
+    def failing(self: SchedulerState, *events: Any) -> Any:
+        if any(isinstance(ev, CancelRequested) for ev in events):
+            raise LookupError("the core could not cancel")
+        return handle(self, *events)
+
+    async def on_restart(self: Scheduler) -> None:
+        restarts.append("restart")
+
+    monkeypatch.setattr(SchedulerState, "handle", failing)
+    monkeypatch.setattr(Scheduler, "on_restart", on_restart)
+    dsk, ends = chains(60, 5)  # 6 pieces
+    with anyio.fail_after(60):
+        async with Cluster(workers=0) as cluster:
+            sched = cluster._scheduler_actor
+            pieces = in_pieces(build_specs(dsk, ends), ends)
+            sched.ref.post(SubmitSpecs("run-x", pieces, tuple(ends)))
+            with pytest.raises(LookupError, match="could not cancel"):
+                await sched.ref.ask(CancelRequest(tuple(ends), "by test", spare=("c0-4",)))
+            await settled(cluster, len(dsk))
+            assert restarts == []
+            tasks = sched.state.tasks  # the whole graph, still wanted (nothing cancelled)
+            assert tasks.keys() == dsk.keys() and {tasks[k].wanted for k in ends} == {1}
