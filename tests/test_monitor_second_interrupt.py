@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import signal
 import sqlite3
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -44,6 +45,39 @@ def _wait_for(db: Path, sql: str, what: str, limit: float = 30) -> sqlite3.Conne
         time.sleep(0.05)
 
 
+def _interrupted_twice(cli: Cli, proc: subprocess.Popen[str], locker: sqlite3.Connection) -> int:
+    """With the database's write lock held by ``locker``: Ctrl-C, then, once the writer
+    says how many rows are left, Ctrl-C again; those rows, dropped (nothing was written
+    meanwhile: the lock holds). The lock then goes, so that the run's end (tried for
+    5 s) gets in. Returns how many rows were left."""
+    try:
+        locker.execute("BEGIN IMMEDIATE")
+        proc.send_signal(signal.SIGINT)
+        line = cli.line_with(proc, "rows_left=", limit=LIMIT)
+        left = int(re.search(r"rows_left=(\d+)", line).group(1))  # type: ignore[union-attr]
+        assert left > 0
+        proc.send_signal(signal.SIGINT)
+        line = cli.line_with(proc, "dropped on an interrupt", limit=LIMIT)
+        assert f"rows={left}" in line
+        locker.execute("COMMIT")
+        return left
+    finally:
+        if locker.in_transaction:
+            locker.execute("ROLLBACK")
+        locker.close()
+
+
+def _run_end(db: Path) -> tuple[float | None, int, int]:
+    """The run's ``ended`` and ``dropped_rows``, and how many workers never left."""
+    conn = sqlite3.connect(db)
+    try:
+        ended, dropped = conn.execute("SELECT ended, dropped_rows FROM runs").fetchone()
+        (open_workers,) = conn.execute("SELECT count(*) FROM workers WHERE left IS NULL").fetchone()
+        return ended, dropped, open_workers
+    finally:
+        conn.close()
+
+
 @pytest.mark.slow
 def test_a_second_interrupt_drops_the_backlog_counted_and_writes_the_runs_end(
     cli: Cli, tmp_path: Path
@@ -59,28 +93,10 @@ def test_a_second_interrupt_drops_the_backlog_counted_and_writes_the_runs_end(
     cli.worker(address, "--cores", "1")
     # The run's row and its worker's are in: from now on, hold the write lock.
     locker = _wait_for(db, "SELECT count(*) FROM workers", "worker row")
-    try:
-        locker.execute("BEGIN IMMEDIATE")
-        manager.send_signal(signal.SIGINT)
-        line = cli.line_with(manager, "rows_left=", limit=LIMIT)
-        left = int(re.search(r"rows_left=(\d+)", line).group(1))  # type: ignore[union-attr]
-        assert left > 0
-        manager.send_signal(signal.SIGINT)
-        line = cli.line_with(manager, "dropped on an interrupt", limit=LIMIT)
-        assert f"rows={left}" in line  # nothing written meanwhile: the lock holds
-        locker.execute("COMMIT")  # the run's end is tried for 5 s: let it in
-        assert manager.wait(LIMIT) == 130
-    finally:
-        if locker.in_transaction:
-            locker.execute("ROLLBACK")
-        locker.close()
-    conn = sqlite3.connect(db)
-    try:
-        ended, dropped = conn.execute("SELECT ended, dropped_rows FROM runs").fetchone()
-        assert ended is not None and dropped == left
-        assert conn.execute("SELECT count(*) FROM workers WHERE left IS NULL").fetchone() == (0,)
-    finally:
-        conn.close()
+    left = _interrupted_twice(cli, manager, locker)
+    assert manager.wait(LIMIT) == 130
+    ended, dropped, open_workers = _run_end(db)
+    assert ended is not None and dropped == left and open_workers == 0
 
 
 @pytest.mark.slow
@@ -96,28 +112,11 @@ def test_a_second_interrupt_to_the_demo_drops_the_backlog_counted_and_writes_the
     demo = cli.start("demo", "--datasets", "4", "--chunks", "3000", "--events", "500",
                      "--monitoring", str(db), "--no-progress")  # fmt: skip
     locker = _wait_for(db, "SELECT count(*) FROM tries", "try row", limit=LIMIT)
-    try:
-        locker.execute("BEGIN IMMEDIATE")
-        demo.send_signal(signal.SIGINT)
-        line = cli.line_with(demo, "rows_left=", limit=LIMIT)
-        left = int(re.search(r"rows_left=(\d+)", line).group(1))  # type: ignore[union-attr]
-        assert left > 0
-        demo.send_signal(signal.SIGINT)
-        line = cli.line_with(demo, "dropped on an interrupt", limit=LIMIT)
-        assert f"rows={left}" in line
-        locker.execute("COMMIT")
-        assert f"monitoring rows dropped: {left:,}" in cli.line_with(demo, "interrupted")
-        assert demo.wait(LIMIT) == 130
-    finally:
-        if locker.in_transaction:
-            locker.execute("ROLLBACK")
-        locker.close()
-    conn = sqlite3.connect(db)
-    try:
-        ended, dropped = conn.execute("SELECT ended, dropped_rows FROM runs").fetchone()
-        assert ended is not None and dropped == left
-    finally:
-        conn.close()
+    left = _interrupted_twice(cli, demo, locker)
+    assert f"monitoring rows dropped: {left:,}" in cli.line_with(demo, "interrupted")
+    assert demo.wait(LIMIT) == 130
+    ended, dropped, _ = _run_end(db)
+    assert ended is not None and dropped == left
 
 
 #: ``_until_signalled`` with a ``give_up`` that never returns (or, with "none", one
