@@ -151,13 +151,14 @@ class _Copied(Message):
 
 
 class _Turn(NamedTuple):
-    """A part of a request taken in a turn of its own (:meth:`Scheduler._take_in`)."""
+    """What waits in the scheduler's intake (:meth:`Scheduler._take_in`):
+    ``apply(stimulus)``. ``alone``: in a turn of its own (a piece of a graph, a part of a
+    large release); else carried out at once with what follows it (a release or cancel
+    that came after them)."""
 
     apply: Callable[[str], Any]
     stimulus: str
-
-    def run(self) -> None:
-        self.apply(self.stimulus)
+    alone: bool = True
 
 
 @message(local=True)
@@ -230,14 +231,11 @@ class Scheduler(Actor):
         #: worker that leaves keeps its share; one whose count starts again adds it)
         self.spilled: dict[str, int] = {}
         self._worker_waiters: list[tuple[int, anyio.Event]] = []
-        #: what waits to be taken in, in the order it came: pieces of graphs, ``(piece,
-        #: the keys wanted of the submission or None: the piece's, continued,
-        #: stimulus)``, the parts of a large release (:class:`_Turn`: one per turn, as a
-        #: piece), and the releases and cancels that came after them (callables of the
-        #: stimulus). One piece per :class:`_Intake`, so the messages that came
-        #: meanwhile go between pieces; while it is not empty, one ``_Intake`` is on
-        #: its way (:meth:`_take_in`)
-        self._intake: deque[Any] = deque()
+        #: what waits to be taken in, in the order it came: pieces of graphs and parts
+        #: of large releases (one per :class:`_Intake`, so the messages that came
+        #: meanwhile go between them), and the releases and cancels that came after
+        #: them; while it is not empty, one ``_Intake`` is on its way (:meth:`_take_in`)
+        self._intake: deque[_Turn] = deque()
 
     async def on_start(self) -> None:
         self.start_soon(self._ticks)
@@ -370,16 +368,20 @@ class Scheduler(Actor):
     def submit(self, msg: SubmitSpecs) -> None:
         """Take in a graph: its pieces (``runtime.graph.in_pieces``, made by the
         manager off the event loop) one per message handled, behind the graphs still
-        being taken in; a mapping of specs is one piece."""
+        being taken in."""
         stimulus = current_causal_id()
-        pieces: list[tuple[SpecPiece, frozenset[Any] | None, bool, str]]
-        if isinstance(msg.specs, tuple):
-            wanted = frozenset(msg.wanted)
-            pieces = [(p, wanted, i > 0, stimulus) for i, p in enumerate(msg.specs)]
-        else:
-            pieces = [(SpecPiece(msg.specs, msg.wanted), None, False, stimulus)]
+        wanted = frozenset(msg.wanted)
+
+        def piece(p: SpecPiece, continued: bool) -> Callable[[str], None]:
+            keys = tuple(k for k in p.keys if k in wanted)
+            return lambda stimulus: self._handle(
+                GraphSubmitted(
+                    stimulus, self.clock.now(), p.specs, keys, continued, p.hold, p.unhold
+                )
+            )
+
         idle = not self._intake
-        self._intake.extend(pieces)
+        self._intake.extend(_Turn(piece(p, i > 0), stimulus) for i, p in enumerate(msg.specs))
         if idle:
             self._take_in()
 
@@ -395,22 +397,10 @@ class Scheduler(Actor):
         while anything is left, the next ``_Intake`` goes to the end of the mailbox."""
         try:
             while self._intake:
-                item = self._intake.popleft()
-                if isinstance(item, _Turn):
-                    item.run()
+                turn = self._intake.popleft()
+                turn.apply(turn.stimulus)
+                if turn.alone:
                     break
-                if callable(item):
-                    item()
-                    continue
-                piece, wanted, continued, stimulus = item
-                keys = piece.keys if wanted is None else tuple(k for k in piece.keys if k in wanted)
-                self._handle(
-                    GraphSubmitted(
-                        stimulus, self.clock.now(), piece.specs, keys, continued, piece.hold,
-                        piece.unhold,
-                    )
-                )  # fmt: skip
-                break
         finally:  # (a failure is the handler's, and the rest is still taken in)
             if self._intake and not self.ref.mailbox.closed:
                 self.ref.post(_Intake())
@@ -426,7 +416,7 @@ class Scheduler(Actor):
         box: list[Any] = []
         failed: list[Exception] = []
 
-        def run() -> None:
+        def run(stimulus: str) -> None:
             try:
                 box.append(apply(stimulus))
             except Exception as exc:  # the request's failure, its asker's to see (rule 1)
@@ -440,7 +430,7 @@ class Scheduler(Actor):
                 raise failed[0]
             return box[0]
 
-        self._intake.append(run)
+        self._intake.append(_Turn(run, stimulus, alone=False))
         return Later(answer())
 
     @handles(RegisterWorker)
@@ -592,11 +582,10 @@ class Scheduler(Actor):
         def part(some: tuple[Any, ...]) -> Callable[[str], Any]:
             return lambda stimulus: self._handle(KeysReleased(stimulus, self.clock.now(), some))
 
-        idle = not self._intake
         last = max(0, (len(keys) - 1) // step * step)  # where the last part starts
-        for i in range(0, last, step):
-            self._intake.append(_Turn(part(keys[i : i + step]), stimulus))
-        answer = self._after_intake(part(keys[last:]))
+        idle = not self._intake
+        self._intake.extend(_Turn(part(keys[i : i + step]), stimulus) for i in range(0, last, step))
+        answer = self._after_intake(part(keys[last:]))  # the last part answers
         if idle and self._intake:
             self._take_in()
         return answer
