@@ -277,15 +277,19 @@ class Manager(Actor):
 
         return Later(turn())
 
-    def _later_in_turn(self, msg: Message) -> Later | None:
-        """While requests taken in turn are under way: ``msg`` after them (``Later``)."""
+    @handles(ReleaseKeysRequest, ClientGone, CancelRequest)
+    def in_order(self, msg: ReleaseKeysRequest | ClientGone | CancelRequest) -> Any:
+        """A release, a client gone or a cancel: at once or, while requests taken in
+        turn are under way, after them (``Later``)."""
         if self._settled():
-            return None
+            return self._carry_out(msg)
         return self._in_turn(lambda: self.ref.ask(_InTurn(msg), timeout=None))
 
     @handles(_InTurn)
     def in_turn(self, msg: _InTurn) -> Any:
-        request = msg.request
+        return self._carry_out(msg.request)
+
+    def _carry_out(self, request: ReleaseKeysRequest | ClientGone | CancelRequest) -> Any:
         if isinstance(request, ReleaseKeysRequest):
             self._release(request)
         elif isinstance(request, ClientGone):
@@ -326,13 +330,6 @@ class Manager(Actor):
         if ref is not None and not ref.stopped:
             ref.post(KeyUpdates(tuple(updates)))
 
-    @handles(ReleaseKeysRequest)
-    def release(self, msg: ReleaseKeysRequest) -> Later | None:
-        later = self._later_in_turn(msg)
-        if later is None:
-            self._release(msg)
-        return later
-
     def _release(self, msg: ReleaseKeysRequest) -> None:
         released = []
         for key in msg.keys:
@@ -347,26 +344,12 @@ class Manager(Actor):
         if released:
             self._scheduler().post(ReleaseKeysRequest(tuple(released), msg.client))
 
-    @handles(ClientGone)
-    def client_gone(self, msg: ClientGone) -> Later | None:
+    def _client_gone(self, msg: ClientGone) -> None:
         """A client left without releasing its keys: release them for it (once its
         submissions under way are registered: theirs too)."""
-        later = self._later_in_turn(msg)
-        if later is None:
-            self._client_gone(msg)
-        return later
-
-    def _client_gone(self, msg: ClientGone) -> None:
         held = tuple(k for k, ks in self.keys.items() if msg.name in ks.clients)
         if held:
             self._release(ReleaseKeysRequest(held, msg.name))
-
-    @handles(CancelRequest)
-    def cancel(self, msg: CancelRequest) -> Any:
-        later = self._later_in_turn(msg)
-        if later is not None:
-            return later
-        return self._cancel(msg)
 
     def _cancel(self, msg: CancelRequest) -> tuple[Key, ...] | Later:
         """A client's cancel (``Cluster.cancel``, ``Future.cancel``). A key that no other
