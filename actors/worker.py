@@ -1134,8 +1134,6 @@ class Worker(Actor):
         streams: list[StreamInfo] = []
         store = self.data
         over = msg.stream_over
-        # Outputs the store failed to pickle before (to spill or send them): mostly none.
-        known = bool(over and store.unpicklable)
         key: Key = None
         try:
             for key in msg.keys:
@@ -1153,8 +1151,10 @@ class Worker(Actor):
                 elif msg.raw:
                     data[key] = store.get_raw(key)  # a spilled output stays on disk
                 else:
-                    why = store.unpicklable_error(key) if known else None
-                    if why is not None:  # to another process, known not to pickle
+                    # To another process, and the store failed to pickle it before (to
+                    # spill or send it): it would fail the reply naming no key.
+                    why = store.unpicklable_error(key) if over else None
+                    if why is not None:
                         raise Unpicklable(why)
                     data[key] = store.peek(key)
         except Unpicklable as exc:
