@@ -718,27 +718,25 @@ class MonitorWriter:
 _WRITERS: weakref.WeakSet[MonitorWriter] = weakref.WeakSet()
 
 
-def _give_up(writer: MonitorWriter) -> bool:
-    """:meth:`MonitorWriter.give_up` (the run's end from its ``ender``), said in the log."""
-    if not writer.give_up():
-        return False
-    _log.warning(
-        "monitoring database: second interrupt: dropping the rows still queued and "
-        "writing the run's end (another interrupt ends the process at once)",
-        path=str(writer.path), rows_left=writer.pending,
-    )  # fmt: skip
-    return True
-
-
 def give_up_all(timeout: float = 10.0) -> int | None:
     """Every monitoring writer of this process still writing gives up (a second Ctrl-C
     after an embedded cluster's event loop is gone: ``KeyboardInterrupt`` out of
-    ``anyio.run`` while a writer catches up in its thread): its queued rows dropped,
+    ``anyio.run`` while a writer catches up in its thread; a manager process's second
+    Ctrl-C, from its signal loop): its queued rows dropped,
     counted in ``runs.dropped_rows``, and the run's end written. Waits at most
     ``timeout`` seconds in all; returns the rows they dropped, None when none was
     writing. ``python -m runtime`` calls it on an interrupt; a script that embeds a
     cluster with monitoring may call it in its own ``except KeyboardInterrupt``."""
-    writers = [w for w in list(_WRITERS) if _give_up(w)]
+    writers = []
+    for w in list(_WRITERS):
+        left = w.pending
+        if w.give_up():  # (the run's end: its ender's)
+            writers.append(w)
+            _log.warning(
+                "monitoring database: second interrupt: dropping the rows still queued "
+                "and writing the run's end (another interrupt ends the process at once)",
+                path=str(w.path), rows_left=left,
+            )  # fmt: skip
     if not writers:
         return None
     deadline = time.monotonic() + timeout
@@ -874,7 +872,6 @@ class MonitorRecorder(Actor):
         self.run_id = uuid.uuid4().hex[:12]
         self.writer: MonitorWriter | None = writer
         writer.ender = lambda: self._end(writer)  # (give_up_all, the loop gone)
-        self._ending: MonitorWriter | None = None  #: the writer on_stop closes
         self.seq = 0  #: the next feed event to ask for
         self._categories_due = 0.0  #: when the per-category series are written next
         self._stopping = False  #: on_stop's last poll (writes every series)
@@ -936,10 +933,8 @@ class MonitorRecorder(Actor):
         self._stopping = True
         with anyio.move_on_after(5.0):
             await self.poll()
-        if self.writer is None:  # given up meanwhile (give_up): the run has ended
-            return
-        final = self._end(writer)
-        self.writer, self._ending = None, writer
+        final = self._end(writer)  # (unused if give_up_all() came first: its end holds)
+        self.writer = None
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._tell_progress, writer)
             await anyio.to_thread.run_sync(writer.close, CLOSE_TIMEOUT, final)
@@ -962,20 +957,6 @@ class MonitorRecorder(Actor):
             return [*rows.ops, ("event", _RUN_SEEN, [(now, feed_lost, dropped, run)])]
 
         return final
-
-    async def give_up(self) -> int | None:
-        """A second interrupt: drop the rows still queued (counted in
-        ``runs.dropped_rows``), write the run's end and wait for the writer to stop
-        (:meth:`MonitorWriter.give_up`). Called by the process's signal loop, not
-        through the mailbox (``on_stop`` may be under way: no message would be read).
-        Returns the rows dropped in all, or None with no writer running."""
-        writer = self._ending
-        if writer is None and self.writer is not None:  # not closing yet: end the run here
-            writer, self.writer = self.writer, None
-        if writer is None or not _give_up(writer):
-            return None
-        await anyio.to_thread.run_sync(writer.wait, FINAL_GRACE + 30.0, abandon_on_cancel=True)
-        return sum(writer.dropped.values())
 
     async def _tell_progress(self, writer: MonitorWriter) -> None:
         """While a stopping recorder's writer catches up: how many rows are left, every

@@ -1212,8 +1212,8 @@ async def _until_signalled(
     Python's default handler back, the second one would end it half-way. A second
     SIGINT (Ctrl-C again) stops the process with exit status 130: at once, or once
     ``give_up`` has returned (a manager's monitoring database drops the rows it was
-    catching up on and writes the run's end: :meth:`MonitorRecorder.give_up
-    <runtime.monitordb.MonitorRecorder.give_up>`; the rows dropped in all, None when
+    catching up on and writes the run's end: :func:`runtime.monitordb.give_up_all`;
+    the rows dropped in all, None when
     there was nothing to give up), waited for at most :data:`GIVE_UP_TIMEOUT` seconds;
     a third SIGINT meanwhile stops it at once."""
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
@@ -1463,7 +1463,9 @@ async def run_manager(
             stop.set()
 
         async def give_up() -> int | None:  # a second Ctrl-C while the database catches up
-            return None if plane.recorder is None else await plane.recorder.give_up()
+            from runtime.monitordb import give_up_all
+
+            return await anyio.to_thread.run_sync(give_up_all, abandon_on_cancel=True)
 
         await system.start_service(_until_signalled, on_signal, give_up)
         _log.warning(
