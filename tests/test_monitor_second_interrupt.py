@@ -51,6 +51,9 @@ def _interrupted_twice(cli: Cli, proc: subprocess.Popen[str], locker: sqlite3.Co
     meanwhile: the lock holds). The lock then goes, so that the run's end (tried for
     5 s) gets in. Returns how many rows were left."""
     try:
+        # A busy writer takes the lock back between its pieces: wait longer than the
+        # default 5 s for a turn (SQLite's busy handler does not queue the waiters).
+        locker.execute(f"PRAGMA busy_timeout = {LIMIT * 1000}")
         locker.execute("BEGIN IMMEDIATE")
         proc.send_signal(signal.SIGINT)
         line = cli.line_with(proc, "rows_left=", limit=LIMIT)
