@@ -492,18 +492,31 @@ def in_pieces(
         return (SpecPiece(dict(specs), keys),)
     ordered = sorted(specs.values(), key=_graph_order)
     pos = {s.key: i for i, s in enumerate(ordered)}
-    #: the piece of a task's last reader, when later than the task's own
+    last = _last_readers(ordered, pos, size)
+    if last is None:  # graph order is not a dependency order here: make one
+        ordered = _dependency_order(ordered, pos)
+        pos = {s.key: i for i, s in enumerate(ordered)}
+        last = _last_readers(ordered, pos, size)
+        assert last is not None
+    return _cut(ordered, keys, size, pos, last)
+
+
+def _last_readers(
+    ordered: list[TaskSpec], pos: Mapping[Key, int], size: int
+) -> dict[Key, int] | None:
+    """The piece of each task's last reader, when later than the task's own; None if
+    ``ordered`` is not a dependency order (a task before one of its inputs)."""
     last: dict[Key, int] = {}
     for i, s in enumerate(ordered):
         for d in s.deps:
             j = pos.get(d)
             if j is None:
                 continue
-            if j >= i:  # graph order is not a dependency order here: make one
-                return _cut(_dependency_order(ordered, pos), keys, size)
+            if j >= i:
+                return None
             if j // size < i // size:
                 last[d] = i // size
-    return _cut(ordered, keys, size, pos, last)
+    return last
 
 
 def _graph_order(spec: TaskSpec) -> int:
@@ -514,19 +527,11 @@ def _cut(
     ordered: list[TaskSpec],
     keys: tuple[Key, ...],
     size: int,
-    pos: Mapping[Key, int] | None = None,
-    last: dict[Key, int] | None = None,
+    pos: Mapping[Key, int],
+    last: dict[Key, int],
 ) -> tuple[SpecPiece, ...]:
     """:func:`in_pieces` of ``ordered``, a dependency order (``pos``: its positions;
-    ``last``: the piece of each task's last reader after its own, made if not given)."""
-    if pos is None or last is None:
-        pos = {s.key: i for i, s in enumerate(ordered)}
-        last = {}
-        for i, s in enumerate(ordered):
-            for d in s.deps:
-                j = pos.get(d)
-                if j is not None and j // size < i // size:
-                    last[d] = i // size
+    ``last``: :func:`_last_readers`)."""
     unhold: dict[int, list[Key]] = {}
     for d, p in last.items():
         unhold.setdefault(p, []).append(d)
