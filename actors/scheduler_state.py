@@ -1946,6 +1946,9 @@ class SchedulerState:
                 ts.unneeded = False
             elif ts.state not in ("memory", "released"):
                 continue
+            # The registry hears it is made again ("pending"): it takes an output
+            # "created" after it released one for stale, and would never let it go.
+            self._files[ts.key] = ts
             stack.extend(self._wait_or_queue(ts))
             for dep in ts.dependents:
                 if dep.state in ("waiting", "queued"):
