@@ -590,6 +590,11 @@ class ClientActor(Actor):
 
     @handles(_FlushReleases)
     def flush_releases(self, msg: _FlushReleases) -> None:
+        self.send_releases()
+
+    def send_releases(self) -> None:
+        """Tell the manager now of the keys let go since the last time (on the loop's
+        thread): before a submission sent next, which must find them let go."""
         keys, self.to_release = self.to_release, {}
         if keys and not self.manager.stopped:
             self.manager.post(ReleaseKeysRequest(tuple(keys), self.name))
@@ -720,8 +725,13 @@ class Future:
     def release(self) -> None:
         """Let go of the result now instead of when this object is garbage collected.
         The future's status is then ``"released"``; awaiting it, gathering it or passing
-        it to ``submit`` raises :class:`~runtime.errors.CorralError`."""
-        self._finalizer()
+        it to ``submit`` raises :class:`~runtime.errors.CorralError`. On the event loop's
+        thread the release reaches the cluster before anything submitted after it."""
+        client = self._client
+        if threading.get_ident() == client.loop_thread and self._finalizer.detach():
+            client.unhold(self.key)
+        else:
+            self._finalizer()
 
 
 def released_error(key: Key, what: str) -> CorralError:
@@ -1380,6 +1390,7 @@ class Cluster:
         """Send a graph checked by the caller (:func:`reject_collection`, its keys
         hashable, ``opts`` checked). A graph more than one message to a remote manager
         may carry is a :class:`GraphError` saying what to do."""
+        self._client_actor.send_releases()  # the releases made before it go first
         try:
             await self._manager.ask(
                 SubmitGraphRequest(

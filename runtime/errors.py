@@ -331,7 +331,8 @@ class MissingKeysError(GraphError, KeyError):
             parts = [f"{dep!r} (needed by {_names(users, 3)})" for dep, users in missing.items()]
             text = (
                 f"the graph refers to key(s) it does not define: {'; '.join(parts[:8])}. "
-                "Add them to the graph or pass them as data."
+                "Add them to the graph or pass them as data. A key of an earlier "
+                "submission can be used only while a client holds a Future of it."
             )
             super().__init__(text, missing=missing, requested=False)
 

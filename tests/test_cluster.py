@@ -279,6 +279,23 @@ async def test_bad_graphs_are_rejected_before_anything_runs() -> None:
             assert not cluster.scheduler_state.tasks.keys() & {"a", "b", "c", "ok", "x"}
 
 
+async def test_a_key_of_an_earlier_submission_is_known_while_a_client_holds_it() -> None:
+    def echo(x: Any) -> Any:
+        return x
+
+    with anyio.fail_after(BOUND):
+        async with Cluster(workers=1) as cluster:
+            [held] = await cluster.submit_graph({"calib": (inc, 41)}, ["calib"])
+            assert await held == 42
+            assert await cluster.compute({"use": (echo, "calib")}, "use") == 42
+            held.release()
+            # As in dask: a string that names no key of the graph, and none a client
+            # holds, is data. A reference says it is one: missing, it is refused.
+            assert await cluster.compute({"use2": (echo, "calib")}, "use2") == "calib"
+            with pytest.raises(MissingKeysError, match="holds a Future of it"):
+                await cluster.compute({"use3": (echo, TaskRef("calib"))}, "use3")
+
+
 # ----------------------------------------------------------------------------- ordering
 
 

@@ -302,9 +302,12 @@ async def test_cluster_compute_notes_once_and_futures_not_at_all(execution: str)
                 with pytest.raises(Boom) as info:
                     await cluster.compute({"g": (_fails,)}, "g")
                 assert info.value.__notes__ == ["(raised by task 'g')"]
+            # A graph reading "g" by name while a Future holds it (compute let it go).
+            [held] = await cluster.submit_graph({"g": (_fails,)}, ["g"])
             with pytest.raises(Boom) as info:
                 await cluster.compute({"h": (str, "g")}, ["h"])
             assert info.value.__notes__ == ["(raised by task 'g')"]
+            held.release()
 
 
 # ----------------------------------------------------------------------------- not a graph
