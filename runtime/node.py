@@ -1055,6 +1055,7 @@ class Gateway:
                     await self._worker_dropped(hello.name, generation, cause)
                 else:
                     self.peers.pop(hello.name, None)
+                    self._generation.pop(hello.name, None)  # a name per session: forgotten
                     if hello.kind == "client":
                         with contextlib.suppress(ActorStopped):  # the manager is stopping
                             await self.plane.manager.tell(ClientGone(hello.name))
@@ -1097,6 +1098,7 @@ class Gateway:
         if self._generation.get(name) == generation:
             self._returned.pop(name, None)
             self.peers.pop(name, None)
+            self._generation.pop(name, None)
             self._secrets.pop(name, None)  # the id is free again
             self.infos.pop(name, None)
             link = self.links.pop(name, None)

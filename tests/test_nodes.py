@@ -15,7 +15,7 @@ import anyio
 import pytest
 
 from runtime import Cluster
-from tests.helpers import GATEWAYS, nodes
+from tests.helpers import GATEWAYS, nodes, wait_until
 
 LIMIT = 20
 
@@ -119,6 +119,23 @@ async def test_a_worker_whose_connection_drops_rejoins_and_keeps_its_work() -> N
             status = await cluster.status()
             assert [w.worker_id for w in status["workers"]] == [name]
             assert sum(c["lost"] for c in status["categories"].values()) == 0
+
+
+@pytest.mark.anyio
+async def test_the_gateway_forgets_the_connections_that_ended() -> None:
+    # A manager that runs for days sees a connection per client session and one per
+    # worker that came and went: it keeps a record of the live ones only (it kept one
+    # per connection ever made).
+    with anyio.fail_after(LIMIT):
+        async with nodes(2) as (address, scopes):
+            gateway = GATEWAYS[-1]
+            for _ in range(5):
+                async with Cluster(address) as cluster:
+                    await cluster.wait_for_workers(2)
+            scopes[0].cancel()  # a worker vanishes: lost once its 0.5 s to rejoin are up
+            await wait_until(lambda: len(gateway.peers) == 1, "the clients and worker gone")
+            assert len(gateway.infos) == 1
+            assert set(gateway._generation) == set(gateway.peers)
 
 
 def _load_only_on_the_main_thread() -> Any:
