@@ -793,7 +793,7 @@ class SchedulerState:
             ws.disk = max(0, ev.disk)
             self.deadlines += ev.deadline is not None
             self.workers[ev.worker] = ws
-            self.storage.disk_peak.pop(ev.worker, None)  # a new life: an old one's peak goes
+            self.storage.joined(ev.worker)  # a new life: an old one's peak goes
         else:  # a known worker re-registering (e.g. after a reconnect) keeps its work
             ws.unconfirmed = ws.processing | ws.copies  # until it says what reached it
             ws.cores, ws.memory, ws.pool = ev.cores, ev.memory, ev.pool

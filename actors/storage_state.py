@@ -24,6 +24,9 @@ from runtime.graph import Key
 
 __all__ = ["RECOVERY_KINDS", "TRANSFER_KINDS", "StorageLedger"]
 
+#: the workers that left whose counts and peak are kept (``status()`` lists them): the
+#: latest to leave; a manager that runs for days sees workers come and go by thousands
+DEPARTED_KEPT = 100
 TRANSFER_KINDS = ("fetch", "replica", "evacuation", "checkpoint")
 RECOVERY_KINDS = ("recomputed", "replica")
 
@@ -44,6 +47,7 @@ class StorageLedger:
         #: replica copies on their way: (key, receiver) -> (source, sent at)
         self._copies: dict[tuple[Key, str], tuple[str, float]] = {}
         self._leaving: dict[str, float] = {}  #: worker -> when it started leaving
+        self._departed: dict[str, None] = {}  #: the workers that left, the first first
 
     # ----------------------------------------------------------------- disks
 
@@ -53,12 +57,26 @@ class StorageLedger:
         if used > self.disk_peak.get(worker, -1):
             self.disk_peak[worker] = used
 
+    def joined(self, worker: str) -> None:
+        """``worker`` joined, a new life (a name may come back): an old life's peak goes."""
+        self.disk_peak.pop(worker, None)
+        self._departed.pop(worker, None)
+
     def forget(self, worker: str) -> None:
-        """``worker`` left: its current use is gone (its peak and counts stay)."""
+        """``worker`` left: its current use is gone. Its peak and counts stay, until
+        :data:`DEPARTED_KEPT` workers left after it (the totals per kind stay)."""
         self.disk_used.pop(worker, None)
         self._leaving.pop(worker, None)
         for k in [k for k in self._copies if k[1] == worker]:
             del self._copies[k]
+        self._departed.pop(worker, None)
+        self._departed[worker] = None
+        while len(self._departed) > DEPARTED_KEPT:
+            old = next(iter(self._departed))
+            del self._departed[old]
+            self.disk_peak.pop(old, None)
+            for counts in (self.bytes_in, self.bytes_out, self.lost_by_worker):
+                counts.pop(old, None)
 
     # ----------------------------------------------------------------- transfers
 

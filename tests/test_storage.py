@@ -19,7 +19,7 @@ from actors.memory import MemoryConfig
 from actors.protocol import TaskResult, ToRun
 from actors.scheduler_events import ReplicasCopied, WorkerLeaving, WorkerLeft, WorkerMemory
 from actors.scheduler_state import SchedulerState
-from actors.storage_state import StorageLedger
+from actors.storage_state import DEPARTED_KEPT, StorageLedger
 from actors.worker_state import WorkerState
 from policies import REGISTRY
 from runtime.errors import MonitoringDBError
@@ -183,6 +183,28 @@ def test_disk_use_and_its_peak_per_worker(make_state: Factory) -> None:
     disk(s, "w1", 7)
     join(s, "w1")  # the same worker registering again (a reconnect) keeps its peak
     assert s.storage.disk_peak["w1"] == 7
+
+
+def test_the_latest_workers_to_leave_are_kept_and_older_ones_let_go() -> None:
+    # A manager that runs for days: workers come and go by thousands under new names.
+    led = StorageLedger()
+    n = DEPARTED_KEPT + 5
+    for i in range(n):
+        w = f"w{i}"
+        led.joined(w)
+        led.disk(w, 10)
+        led.transfer("fetch", "k", 3, "w-src", w, None)
+        led.recovery("k", "c", w, "recomputed")
+        led.forget(w)
+    kept = {f"w{i}" for i in range(5, n)}
+    assert set(led.disk_peak) == kept and set(led.lost_by_worker) == kept
+    assert set(led.bytes_in) == kept and dict(led.bytes_out) == {"w-src": 3 * n}
+    assert led.transfers["fetch"] == n and led.recoveries["recomputed"] == n  # all of them
+    led.joined("w7")  # a name back, a new life: no longer among those that left
+    assert "w7" not in led.disk_peak and "w7" in led.bytes_in
+    led.forget("w0")
+    led.forget("w200")  # 101 left now: the first to leave goes, not w7, which is back
+    assert "w5" not in led.bytes_in and "w6" in led.bytes_in and "w7" in led.bytes_in
 
 
 def test_without_a_reader_nothing_goes_on_the_feed_but_the_counts_are_kept(
