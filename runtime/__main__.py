@@ -260,6 +260,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="how often the monitoring database is written (default: 2)",
     )
+    mgr.add_argument(
+        "--monitoring-keep",
+        metavar="DURATION",
+        help="keep this much history in the monitoring database, e.g. 7d or 12h (older "
+        "rows are deleted every 10 minutes; default: all of it); docs/monitoring.md",
+    )
     rep_ = sub.add_parser(
         "report",
         prog="python -m runtime report",
@@ -535,6 +541,19 @@ def _cmd_manager(args: argparse.Namespace) -> int:
     # and printed, once the manager listens: one that cannot start leaves no run behind.
     if args.monitoring_interval <= 0:
         raise ValueError("--monitoring-interval must be positive")
+    keep = None
+    if args.monitoring_keep is not None:
+        from actors.alerts_state import parse_duration
+
+        try:
+            try:  # seconds, or a duration
+                keep = parse_duration(float(args.monitoring_keep))
+            except ValueError:
+                keep = parse_duration(args.monitoring_keep)
+        except ValueError as exc:
+            raise ValueError(f"--monitoring-keep {args.monitoring_keep!r}: {exc}") from None
+        if keep <= 0:
+            raise ValueError(f"--monitoring-keep {args.monitoring_keep!r}: a positive duration")
     listen = args.listen if "://" in args.listen else f"ws://{args.listen}"
     _apply_tls(args, listen, f"--listen {args.listen} is not wss://")
     token_file = Path(args.token_file) if args.token_file else None
@@ -563,7 +582,7 @@ def _cmd_manager(args: argparse.Namespace) -> int:
             args.listen, token_file=token_file, ready=ready, config=pools,
             metrics_listen=args.metrics_listen, metrics_ready=metrics_ready, alerting=alerting,
             monitoring=monitoring, monitoring_interval=args.monitoring_interval,
-            prune_depth=args.prune_depth,
+            monitoring_keep=keep, prune_depth=args.prune_depth,
         ),
         backend="asyncio",
     )  # fmt: skip

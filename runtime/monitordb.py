@@ -76,6 +76,7 @@ __all__ = [
     "default_path",
     "give_up_all",
     "open_db",
+    "prune",
 ]
 
 _log = get_logger("corral.monitoring")
@@ -184,6 +185,43 @@ Op = tuple[str, str, list[tuple[Any, ...]]]
 #: ``max_rows``, the writer sheds what is over, not a whole graph's submission
 CHUNK = 10_000
 FINAL_GRACE = 5.0  #: seconds past close()'s timeout its final rows are tried for
+
+#: ``keep``: the rows older than it are deleted, by this time of theirs; a row whose
+#: time is NULL (a task not finished, a worker that has not left) stays. ``runs`` stay.
+PRUNED = {
+    "tasks": "finished", "tries": "COALESCE(ended, started, sent)", "workers": "left",
+    "blocks": "time", "resource_samples": "time", "transfers": "time",
+    "recoveries": "time", "metric_samples": "time", "alerts": "time", "gaps": "time",
+}  # fmt: skip
+PRUNE_EVERY = 600.0  #: seconds between two prunings of a writer with ``keep``
+PRUNE_PIECE = 20_000  #: rows deleted per transaction (readers and the writer go between)
+
+
+def prune(conn: sqlite3.Connection, before: float, piece: int = PRUNE_PIECE) -> Counter[str]:
+    """Delete the rows of :data:`PRUNED` whose time is before ``before`` (Unix seconds),
+    ``piece`` rows per transaction; returns the rows deleted per table. The oldest rows
+    come first in a table (rows are added as time goes), so each piece is found near
+    its start."""
+    deleted: Counter[str] = Counter()
+    for table, when in PRUNED.items():
+        sql = (
+            f"DELETE FROM {table} WHERE rowid IN "  # the names are PRUNED's
+            f"(SELECT rowid FROM {table} WHERE {when} < ? LIMIT ?)"
+        )
+        while True:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                n = conn.execute(sql, (before, piece)).rowcount
+                conn.execute("COMMIT")
+            except BaseException:
+                with contextlib.suppress(sqlite3.Error):
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK")
+                raise
+            deleted[table] += n
+            if n < piece:
+                break
+    return +deleted
 
 
 def default_path(root: str | os.PathLike[str] | None = None) -> Path:
@@ -482,12 +520,24 @@ class MonitorWriter:
     rest of its batch is written. :meth:`close` writes what is left and stops the
     thread; what it cannot write by its deadline is dropped, counted in ``dropped``,
     and its ``final`` rows (the run's end, with that count) are written anyway.
-    :meth:`give_up` (a second interrupt) moves that deadline to now."""
+    :meth:`give_up` (a second interrupt) moves that deadline to now.
 
-    def __init__(self, path: str | os.PathLike[str], *, max_rows: int = 500_000) -> None:
+    ``keep`` (seconds; None: for good): a service that runs for days keeps that much
+    history. Every :data:`PRUNE_EVERY` seconds, between batches, the thread deletes the
+    rows older than that (:func:`prune`), counted in ``pruned`` (by table); the file
+    stops growing, SQLite reusing the freed pages."""
+
+    def __init__(
+        self, path: str | os.PathLike[str], *, max_rows: int = 500_000, keep: float | None = None
+    ) -> None:
+        if keep is not None and not keep > 0:
+            raise ValueError(f"keep must be a positive number of seconds, got {keep!r}")
         self.path = Path(path)
         _create(self.path)
         self.max_rows = max_rows
+        self.keep = keep
+        self.pruned: Counter[str] = Counter()  #: rows deleted as older than ``keep``
+        self._prune_due = 0.0  #: monotonic time of the next pruning (at the first batch)
         self.chunk = max(1, min(CHUNK, max_rows // 10))
         self.retry = 0.2
         self.dropped: Counter[str] = Counter()  #: rows dropped, by kind
@@ -572,6 +622,8 @@ class MonitorWriter:
                 self.written += written
                 self.batches += 1
                 self._in_hand -= k
+                if self.keep is not None and time.monotonic() >= self._prune_due:
+                    self._prune()
                 if self._closing and time.monotonic() >= self._deadline:
                     break
             with self._cond:  # keep the rest, ahead of what came meanwhile
@@ -670,6 +722,23 @@ class MonitorWriter:
                 rows=sum(refused.values()), error=reason,
             )  # fmt: skip
         return written
+
+    def _prune(self) -> None:
+        """Delete the rows older than ``keep`` (in the writer's thread, between batches);
+        a failure (the database locked a while) is retried at the next pruning."""
+        assert self.keep is not None
+        self._prune_due = time.monotonic() + PRUNE_EVERY
+        try:
+            deleted = prune(self._conn, time.time() - self.keep)
+        except Exception as exc:
+            self._failed(exc)
+            return
+        self.pruned.update(deleted)
+        if deleted:
+            _log.info(
+                "monitoring database: rows older than the history kept deleted",
+                path=str(self.path), keep_s=self.keep, rows=dict(deleted),
+            )  # fmt: skip
 
     def _failed(self, exc: Exception) -> None:
         self.errors += 1

@@ -280,16 +280,20 @@ async def start_control_plane(
 
 
 async def start_recorder(
-    plane: ControlPlane, monitoring: str | os.PathLike[str], interval: float = 2.0
+    plane: ControlPlane,
+    monitoring: str | os.PathLike[str],
+    interval: float = 2.0,
+    keep: float | None = None,
 ) -> MonitorRecorder:
     """Create (or open) the monitoring database at ``monitoring`` and spawn its
-    recorder, writing every ``interval`` seconds; :class:`~runtime.errors.MonitoringDBError`
-    for a bad path. The scheduler must keep its feed (``SchedulerConfig.monitor``)."""
+    recorder, writing every ``interval`` seconds, keeping ``keep`` seconds of history
+    (None: all); :class:`~runtime.errors.MonitoringDBError` for a bad path. The
+    scheduler must keep its feed (``SchedulerConfig.monitor``)."""
     from runtime.monitordb import MonitorRecorder, MonitorWriter
 
     refs = plane.refs
     # MonitoringDBError (a bad path) from here, as itself
-    writer = await anyio.to_thread.run_sync(MonitorWriter, monitoring)
+    writer = await anyio.to_thread.run_sync(functools.partial(MonitorWriter, monitoring, keep=keep))
     # Spawned after the scheduler: stopped before it (newest first), so its last
     # poll still finds the scheduler.
     recorder = MonitorRecorder(
@@ -1325,6 +1329,7 @@ async def run_manager(
     alertmanager: str | None = None,
     monitoring: str | os.PathLike[str] | None = None,
     monitoring_interval: float = 2.0,
+    monitoring_keep: float | None = None,
     prune_depth: int = 1,
 ) -> None:
     """Run a manager process until SIGINT or SIGTERM: control plane + gateway on
@@ -1336,7 +1341,8 @@ async def run_manager(
     (``host:port``) serves them besides without authentication, and
     ``metrics_ready`` is called with its ``http://host:port/metrics`` URL.
     ``monitoring``: the path of the monitoring database it writes (None: none; the
-    command line's default is a new run directory, :func:`runtime.monitordb.default_path`).
+    command line's default is a new run directory, :func:`runtime.monitordb.default_path`);
+    ``monitoring_keep``: seconds of history it keeps (None: all; docs/monitoring.md).
 
     ``config``: configured pools (a TOML file, or pools from
     :func:`~actors.pools.pools_from_dicts`), checked before anything starts
@@ -1369,6 +1375,8 @@ async def run_manager(
         raise ValueError("a manager process has no autoscaler: it takes no scaling policy")
     if monitoring is not None and not monitoring_interval > 0:
         raise ValueError(f"--monitoring-interval must be positive, got {monitoring_interval}")
+    if monitoring_keep is not None and not monitoring_keep > 0:
+        raise ValueError(f"--monitoring-keep must be a positive duration, got {monitoring_keep}")
     address = listen if "://" in listen else f"ws://{listen}"
     _check_listen_address(address)  # InvalidAddress before anything starts
     tokens = tokens or Tokens.generate()
@@ -1448,7 +1456,7 @@ async def run_manager(
             metrics_url = f"http://{host}:{port_bound}/metrics"
             _log.warning("metrics listening (no authentication)", url=metrics_url)
         if monitoring is not None:  # MonitoringDBError (a bad path) from here
-            await start_recorder(plane, monitoring, monitoring_interval)
+            await start_recorder(plane, monitoring, monitoring_interval, monitoring_keep)
         if on_gateway is not None:
             on_gateway(gateway)
         if websockets:  # alerts link to the manager's page (served on its listener)

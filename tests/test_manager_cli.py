@@ -85,6 +85,8 @@ def test_the_listen_port_in_use_names_the_flag_and_leaves_no_run(
         (["--listen", "foo://x"], "error: InvalidAddress: invalid transport address 'foo://x'"),
         (["--metrics-listen", "127.0.0.1:99999"], "error: ValueError: --metrics-listen takes"),
         (["--monitoring-interval", "0"], "error: ValueError: --monitoring-interval must be"),
+        (["--monitoring-keep", "7 days"], "error: ValueError: --monitoring-keep '7 days': a "),
+        (["--monitoring-keep", "0"], "error: ValueError: --monitoring-keep '0': a positive"),
     ],
 )
 def test_a_bad_option_is_refused_before_anything_is_created(
