@@ -46,7 +46,7 @@ import time
 import uuid
 import weakref
 from collections import Counter, deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -197,6 +197,21 @@ PRUNE_EVERY = 600.0  #: seconds between two prunings of a writer with ``keep``
 PRUNE_PIECE = 20_000  #: rows deleted per transaction (readers and the writer go between)
 
 
+@contextlib.contextmanager
+def _immediate(conn: sqlite3.Connection) -> Iterator[None]:
+    """One write transaction (``BEGIN IMMEDIATE``): committed, or rolled back if the
+    block raises."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+        conn.execute("COMMIT")
+    except BaseException:
+        with contextlib.suppress(sqlite3.Error):
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+        raise
+
+
 def prune(conn: sqlite3.Connection, before: float, piece: int = PRUNE_PIECE) -> Counter[str]:
     """Delete the rows of :data:`PRUNED` whose time is before ``before`` (Unix seconds),
     ``piece`` rows per transaction; returns the rows deleted per table. The oldest rows
@@ -209,15 +224,8 @@ def prune(conn: sqlite3.Connection, before: float, piece: int = PRUNE_PIECE) -> 
             f"(SELECT rowid FROM {table} WHERE {when} < ? LIMIT ?)"
         )
         while True:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
+            with _immediate(conn):
                 n = conn.execute(sql, (before, piece)).rowcount
-                conn.execute("COMMIT")
-            except BaseException:
-                with contextlib.suppress(sqlite3.Error):
-                    if conn.in_transaction:
-                        conn.execute("ROLLBACK")
-                raise
             deleted[table] += n
             if n < piece:
                 break
@@ -692,8 +700,7 @@ class MonitorWriter:
         refused: Counter[str] = Counter()
         reason = ""
         written = 0
-        conn.execute("BEGIN IMMEDIATE")
-        try:
+        with _immediate(conn):
             for kind, sql, rows in batch:
                 if not row_by_row:
                     conn.executemany(sql, rows)
@@ -709,12 +716,6 @@ class MonitorWriter:
                         reason = reason or f"{type(exc).__name__}: {exc}"
                     else:
                         written += 1
-            conn.execute("COMMIT")
-        except BaseException:
-            with contextlib.suppress(sqlite3.Error):
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-            raise
         if refused:
             self.dropped.update(refused)
             _log.warning(
