@@ -92,6 +92,12 @@ MAX_RUN_KEYS = 1_000_000
 class _KeyState:
     clients: set[str]  #: clients that want it (each counts once at the scheduler)
     update: Any = None  #: the latest KeyDone / KeyErred / KeyCancelled
+    #: of ``clients``, those told their cancel is theirs alone: they let it go next
+    leaving: set[str] = dataclasses.field(default_factory=set)
+
+    def others(self, client: str) -> int:
+        """How many clients besides ``client`` want it and are not leaving it."""
+        return sum(c != client and c not in self.leaving for c in self.clients)
 
 
 @message(local=True)
@@ -253,7 +259,9 @@ class Manager(Actor):
             if msg.client not in ks.clients:
                 ks.clients.add(msg.client)
                 wanted.append(key)
-            elif ks.update is not None:  # known and not run again: tell the client again
+                continue
+            ks.leaving.discard(msg.client)  # wanted again since its cancel
+            if ks.update is not None:  # known and not run again: tell the client again
                 self._send(msg.client, [ks.update])
         self._scheduler().post(SubmitSpecs(run, graph.pieces, tuple(wanted)))
         return run
@@ -337,6 +345,7 @@ class Manager(Actor):
             if ks is None or msg.client not in ks.clients:
                 continue
             ks.clients.discard(msg.client)
+            ks.leaving.discard(msg.client)
             if not ks.clients:
                 del self.keys[key]
                 self.pending -= ks.update is None
@@ -370,7 +379,12 @@ class Manager(Actor):
         cancel: list[Key] = []
         for key in msg.keys:
             ks = self.keys.get(key)
-            (shared if ks is not None and len(ks.clients) > 1 else cancel).append(key)
+            # (a client told so before leaves it: two cancels at once stop the task)
+            if ks is not None and ks.others(msg.client) > (0 if msg.client else 1):
+                shared.append(key)
+                self._leaving(key, msg.client)
+            else:
+                cancel.append(key)
         if not cancel:
             return tuple(shared)
         others = self._held_by_others(msg.client) if msg.client else ()
@@ -385,15 +399,23 @@ class Manager(Actor):
         answer = self._scheduler().post_ask(request, timeout=None)
 
         async def spared() -> tuple[Key, ...]:
-            return (*shared, *(await answer))
+            kept = await answer
+            for key in kept:
+                self._leaving(key, msg.client)
+            return (*shared, *kept)
 
         return Later(spared())
 
+    def _leaving(self, key: Key, client: str) -> None:
+        """``client`` is told its cancel of ``key`` is its own: unless the task is done
+        (a cancel changes nothing of it), it lets the key go next."""
+        ks = self.keys.get(key)
+        if ks is not None and ks.update is None and client in ks.clients:
+            ks.leaving.add(client)
+
     def _held_by_others(self, client: str) -> tuple[Key, ...]:
         """The keys a client other than ``client`` holds (none while it is alone)."""
-        return tuple(
-            key for key, ks in self.keys.items() if len(ks.clients) > 1 or client not in ks.clients
-        )
+        return tuple(key for key, ks in self.keys.items() if ks.others(client))
 
     @handles(CancelKeysRequest)
     def cancel_keys(self, msg: CancelKeysRequest) -> dict[str, Any]:

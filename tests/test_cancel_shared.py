@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import anyio
 import pytest
@@ -110,6 +111,36 @@ async def test_a_cancel_of_a_task_other_clients_want_is_this_clients_only(
             # A cancel of a finished task changes nothing, shared or not.
             await a.cancel([fa])
             assert fa.status == "finished" and await fa == 20
+
+
+async def test_two_clients_cancelling_at_once_cancel_the_task_and_say_so(
+    gate: Callable[[str], threading.Event],
+) -> None:
+    # Each cancel came while the other client still held the task, so each was told it
+    # "runs on for them", and then both let it go: it stopped (a concurrent-clients
+    # audit). The second cancel now finds the first client leaving: it cancels.
+    gate("both")
+    graph = {"both-1": (gated, "both", 20)}
+    with anyio.fail_after(LIMIT):
+        async with nodes(1) as (address, _), Cluster(address) as a, Cluster(address) as b:
+            (fa,) = await a.submit_graph(graph, ["both-1"])
+            (fb,) = await b.submit_graph(graph, ["both-1"])
+            await started("both")
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(a.cancel, [fa])
+                tg.start_soon(b.cancel, [fb])
+            errors = [await fa.exception(), await fb.exception()]
+            assert all(isinstance(e, CancelledError) for e in errors), errors
+            said = ["runs on for them" in str(e) for e in errors]
+            assert said.count(True) <= 1, errors  # the last to cancel is told it stopped
+            await wait_until(
+                lambda: _has(transitions(a, "both-1"), ("processing", "cancelled")),
+                "the task cancelled",
+            )
+
+
+async def _has(story: Any, step: tuple[str, str]) -> bool:
+    return step in await story
 
 
 async def test_a_cancel_of_a_task_no_other_client_wants_cancels_it_and_its_dependents(
