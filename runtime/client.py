@@ -307,6 +307,12 @@ class _FlushReleases(Message):
 
 
 @message(local=True)
+class _SendReleases(Message):
+    """Client-internal, asked: tell the manager now of the keys let go so far, after
+    what this actor had to send before (the graphs of ``submit`` calls, answered)."""
+
+
+@message(local=True)
 class _Cancel(Message):
     """Client-internal: cancel ``keys`` for this client (``Cluster.cancel``,
     ``Future.cancel``). ``wants``: each key's :attr:`_KeyWatch.wants` when asked.
@@ -588,13 +594,12 @@ class ClientActor(Actor):
             if len(self.to_release) == 1 and not self.ref.stopped:
                 self.ref.post(_FlushReleases())
 
-    @handles(_FlushReleases)
-    def flush_releases(self, msg: _FlushReleases) -> None:
-        self.send_releases()
-
-    def send_releases(self) -> None:
-        """Tell the manager now of the keys let go since the last time (on the loop's
-        thread): before a submission sent next, which must find them let go."""
+    @handles(_FlushReleases, _SendReleases)
+    def flush_releases(self, msg: _FlushReleases | _SendReleases) -> None:
+        """Tell the manager of the keys let go since the last time. Asked
+        (``_SendReleases``) by ``Cluster.submit_graph`` before it sends a graph: in this
+        mailbox's order, after the ``submit`` graphs queued before it (which may read
+        those keys), and before that graph (which must find them let go)."""
         keys, self.to_release = self.to_release, {}
         if keys and not self.manager.stopped:
             self.manager.post(ReleaseKeysRequest(tuple(keys), self.name))
@@ -1390,7 +1395,8 @@ class Cluster:
         """Send a graph checked by the caller (:func:`reject_collection`, its keys
         hashable, ``opts`` checked). A graph more than one message to a remote manager
         may carry is a :class:`GraphError` saying what to do."""
-        self._client_actor.send_releases()  # the releases made before it go first
+        # the submit() graphs and the releases made before it go first, in that order
+        await self._client_actor.ref.ask(_SendReleases(), timeout=None)
         try:
             await self._manager.ask(
                 SubmitGraphRequest(

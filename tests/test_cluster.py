@@ -294,6 +294,14 @@ async def test_a_key_of_an_earlier_submission_is_known_while_a_client_holds_it()
             assert await cluster.compute({"use2": (echo, "calib")}, "use2") == "calib"
             with pytest.raises(MissingKeysError, match="holds a Future of it"):
                 await cluster.compute({"use3": (echo, TaskRef("calib"))}, "use3")
+            # A release does not overtake a submit() made before it, whose task reads
+            # the key (the graph of submit calls goes out first: a review found it).
+            x = cluster.submit(inc, 1)
+            assert await x == 2
+            y = cluster.submit(inc, x)
+            x.release()
+            assert await cluster.compute({"z": (inc, 10)}, "z") == 11
+            assert await y == 3
 
 
 # ----------------------------------------------------------------------------- ordering
