@@ -194,7 +194,7 @@ PRUNED = {
     "recoveries": "time", "metric_samples": "time", "alerts": "time", "gaps": "time",
 }  # fmt: skip
 PRUNE_EVERY = 600.0  #: seconds between two prunings of a writer with ``keep``
-PRUNE_PIECE = 20_000  #: rows deleted per transaction (readers and the writer go between)
+PRUNE_PIECE = 50_000  #: rowids gone through per transaction (readers and the writer go between)
 
 
 @contextlib.contextmanager
@@ -212,23 +212,30 @@ def _immediate(conn: sqlite3.Connection) -> Iterator[None]:
         raise
 
 
-def prune(conn: sqlite3.Connection, before: float, piece: int = PRUNE_PIECE) -> Counter[str]:
-    """Delete the rows of :data:`PRUNED` whose time is before ``before`` (Unix seconds),
-    ``piece`` rows per transaction; returns the rows deleted per table. The oldest rows
-    come first in a table (rows are added as time goes), so each piece is found near
-    its start."""
+def prune(
+    conn: sqlite3.Connection,
+    before: float,
+    piece: int = PRUNE_PIECE,
+    stop: Callable[[], bool] | None = None,
+) -> Counter[str]:
+    """Delete the rows of :data:`PRUNED` whose time is before ``before`` (Unix seconds);
+    returns the rows deleted per table. Each table is gone through in ranges of
+    ``piece`` rowids, one transaction each (nothing indexes these times, so a pruning
+    reads every row once, in SQLite: 0.4-0.7 s for three million rows with none to
+    delete on this project's test machine). ``stop()`` true between two ranges: it stops there (a
+    writer closing)."""
     deleted: Counter[str] = Counter()
     for table, when in PRUNED.items():
-        sql = (
-            f"DELETE FROM {table} WHERE rowid IN "  # the names are PRUNED's
-            f"(SELECT rowid FROM {table} WHERE {when} < ? LIMIT ?)"
-        )
-        while True:
+        first, last = conn.execute(f"SELECT min(rowid), max(rowid) FROM {table}").fetchone()
+        if first is None:
+            continue
+        # the names are PRUNED's
+        delete = f"DELETE FROM {table} WHERE rowid >= ? AND rowid < ? AND {when} < ?"
+        for start in range(first, last + 1, piece):
+            if stop is not None and stop():
+                return +deleted
             with _immediate(conn):
-                n = conn.execute(sql, (before, piece)).rowcount
-            deleted[table] += n
-            if n < piece:
-                break
+                deleted[table] += conn.execute(delete, (start, start + piece, before)).rowcount
     return +deleted
 
 
@@ -545,6 +552,7 @@ class MonitorWriter:
         self.max_rows = max_rows
         self.keep = keep
         self.pruned: Counter[str] = Counter()  #: rows deleted as older than ``keep``
+        self.prunings = 0  #: prunings done (a closing writer does not start one)
         self._prune_due = 0.0  #: monotonic time of the next pruning (at the first batch)
         self.chunk = max(1, min(CHUNK, max_rows // 10))
         self.retry = 0.2
@@ -630,7 +638,11 @@ class MonitorWriter:
                 self.written += written
                 self.batches += 1
                 self._in_hand -= k
-                if self.keep is not None and time.monotonic() >= self._prune_due:
+                if (
+                    self.keep is not None
+                    and not self._closing
+                    and time.monotonic() >= self._prune_due
+                ):
                     self._prune()
                 if self._closing and time.monotonic() >= self._deadline:
                     break
@@ -730,11 +742,12 @@ class MonitorWriter:
         assert self.keep is not None
         self._prune_due = time.monotonic() + PRUNE_EVERY
         try:
-            deleted = prune(self._conn, time.time() - self.keep)
+            deleted = prune(self._conn, time.time() - self.keep, stop=lambda: self._closing)
         except Exception as exc:
             self._failed(exc)
             return
         self.pruned.update(deleted)
+        self.prunings += 1
         if deleted:
             _log.info(
                 "monitoring database: rows older than the history kept deleted",

@@ -708,6 +708,21 @@ def test_prune_deletes_what_is_older_than_the_history_kept(tmp_path: Path) -> No
     conn.close()
 
 
+def test_prune_stops_between_two_pieces_when_told(tmp_path: Path) -> None:
+    """A writer closing stops its pruning there (it ran past close()'s timeout, and
+    the rows still queued were dropped: a review found it)."""
+    db = tmp_path / "monitoring.db"
+    MonitorWriter(db).close()
+    now = time.time()
+    _history(db, now - 7200, now - 60)
+    conn = open_db(db)
+    conn.isolation_level = None
+    answers = iter([False, True])  # on with the first piece, then told to stop
+    assert prune(conn, now - 3600, piece=3, stop=lambda: next(answers, True)) == {"tasks": 1}
+    assert _count(db, "SELECT count(*) FROM metric_samples") == 9  # not reached
+    conn.close()
+
+
 def test_a_writer_keeping_an_hour_prunes_as_it_writes(tmp_path: Path) -> None:
     db = tmp_path / "monitoring.db"
     with pytest.raises(ValueError, match="keep must be a positive number of seconds"):
@@ -717,7 +732,10 @@ def test_a_writer_keeping_an_hour_prunes_as_it_writes(tmp_path: Path) -> None:
     _history(db, now - 7200, now - 60)
     writer = MonitorWriter(db, keep=3600)
     writer.submit([("event", "INSERT INTO gaps VALUES (?,?,?,?)", [("r", now, "feed", 2)])])
-    writer.close(timeout=10.0)  # the first batch written, then the pruning
+    deadline = time.monotonic() + 30  # the first batch written, then the pruning
+    while writer.prunings == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    writer.close(timeout=10.0)
     assert writer.pruned["metric_samples"] == 7 and writer.pruned["gaps"] == 1
     assert _count(db, "SELECT count(*) FROM gaps") == 2  # the new one and the one written
     assert _count(db, "SELECT count(*) FROM metric_samples") == 2
