@@ -94,6 +94,7 @@ __all__ = [
     "parse_rule",
     "parse_rules",
     "pools_in",
+    "typed_duration",
 ]
 
 #: a label set, as sorted ``(label, value)`` pairs
@@ -129,6 +130,15 @@ _FIELD_NAMES: Mapping[str, tuple[str, float, str]] = {
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _DURATION = re.compile(r"(?:\d+(?:\.\d+)?(?:ms|s|m|h|d))+")
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+
+
+def typed_duration(text: str) -> float | str:
+    """A duration as typed (a command line): seconds as a number when it is one, else
+    the text (``5m``), for :func:`parse_duration`."""
+    try:
+        return float(text)
+    except ValueError:
+        return text
 
 
 def parse_duration(value: object) -> float:

@@ -543,13 +543,10 @@ def _cmd_manager(args: argparse.Namespace) -> int:
         raise ValueError("--monitoring-interval must be positive")
     keep = None
     if args.monitoring_keep is not None:
-        from actors.alerts_state import parse_duration
+        from actors.alerts_state import parse_duration, typed_duration
 
         try:
-            try:  # seconds, or a duration
-                keep = parse_duration(float(args.monitoring_keep))
-            except ValueError:
-                keep = parse_duration(args.monitoring_keep)
+            keep = parse_duration(typed_duration(args.monitoring_keep))
         except ValueError as exc:
             raise ValueError(f"--monitoring-keep {args.monitoring_keep!r}: {exc}") from None
         if keep <= 0:

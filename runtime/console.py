@@ -51,6 +51,7 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
+from actors.alerts_state import typed_duration
 from policies import params_text
 from runtime.errors import (
     ActorStopped,
@@ -688,14 +689,6 @@ def _params(items: Iterable[str]) -> dict[str, Any]:
     return params
 
 
-def _duration(text: str) -> float | str:
-    """A duration as typed: seconds as a number when it is one, else the text (``5m``)."""
-    try:
-        return float(text)
-    except ValueError:
-        return text
-
-
 def _pairs(items: Iterable[str], what: str) -> dict[str, str]:
     out: dict[str, str] = {}
     for item in items:
@@ -760,9 +753,9 @@ def _alert_rule(args: str) -> dict[str, Any]:
     a = parser.parse_args(_option_values(_words(text)))
     rule: dict[str, Any] = {"name": a.name, "expr": a.expr}
     if a.for_ is not None:
-        rule["for"] = _duration(a.for_)
+        rule["for"] = typed_duration(a.for_)
     if a.keep_firing_for is not None:
-        rule["keep_firing_for"] = _duration(a.keep_firing_for)
+        rule["keep_firing_for"] = typed_duration(a.keep_firing_for)
     if a.label:
         rule["labels"] = _pairs(a.label, "labels")
     if a.annotation:
@@ -779,7 +772,7 @@ def _alert_rule(args: str) -> dict[str, Any]:
                     f"alert add: --scale-out takes a number of blocks or 'fit', not {a.scale_out!r}"
                 ) from None
     extra = {"pool": a.pool, "max_blocks": a.max_blocks, "max_cost": a.max_cost,
-             "cooldown": None if a.cooldown is None else _duration(a.cooldown)}  # fmt: skip
+             "cooldown": None if a.cooldown is None else typed_duration(a.cooldown)}  # fmt: skip
     given = {k: v for k, v in extra.items() if v is not None}
     if given and not scale:
         raise ConsoleError(

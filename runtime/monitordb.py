@@ -222,8 +222,8 @@ def prune(
     returns the rows deleted per table. Each table is gone through in ranges of
     ``piece`` rowids, one transaction each (nothing indexes these times, so a pruning
     reads every row once, in SQLite: 0.4-0.7 s for three million rows with none to
-    delete on this project's test machine). ``stop()`` true between two ranges: it stops there (a
-    writer closing)."""
+    delete on this project's test machine). ``stop()`` true between two ranges: it
+    stops there (a writer closing)."""
     deleted: Counter[str] = Counter()
     for table, when in PRUNED.items():
         first, last = conn.execute(f"SELECT min(rowid), max(rowid) FROM {table}").fetchone()
