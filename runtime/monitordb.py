@@ -552,7 +552,6 @@ class MonitorWriter:
         self.max_rows = max_rows
         self.keep = keep
         self.pruned: Counter[str] = Counter()  #: rows deleted as older than ``keep``
-        self.prunings = 0  #: prunings done (a closing writer does not start one)
         self._prune_due = 0.0  #: monotonic time of the next pruning (at the first batch)
         self.chunk = max(1, min(CHUNK, max_rows // 10))
         self.retry = 0.2
@@ -747,7 +746,6 @@ class MonitorWriter:
             self._failed(exc)
             return
         self.pruned.update(deleted)
-        self.prunings += 1
         if deleted:
             _log.info(
                 "monitoring database: rows older than the history kept deleted",

@@ -730,11 +730,16 @@ def test_a_writer_keeping_an_hour_prunes_as_it_writes(tmp_path: Path) -> None:
     MonitorWriter(db).close()
     now = time.time()
     _history(db, now - 7200, now - 60)
-    writer = MonitorWriter(db, keep=3600)
+    pruned = threading.Event()
+
+    class Seen(MonitorWriter):
+        def _prune(self) -> None:
+            super()._prune()
+            pruned.set()
+
+    writer = Seen(db, keep=3600)
     writer.submit([("event", "INSERT INTO gaps VALUES (?,?,?,?)", [("r", now, "feed", 2)])])
-    deadline = time.monotonic() + 30  # the first batch written, then the pruning
-    while writer.prunings == 0 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    assert pruned.wait(30)  # the first batch written, then the pruning
     writer.close(timeout=10.0)
     assert writer.pruned["metric_samples"] == 7 and writer.pruned["gaps"] == 1
     assert _count(db, "SELECT count(*) FROM gaps") == 2  # the new one and the one written
