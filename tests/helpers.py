@@ -700,11 +700,14 @@ def worker_of(state: SchedulerState, key: Key) -> str:
 
 class Loop:
     """A scheduler core wired to the file registry's core, as the actors wire them:
-    FileFacts go to the FileTable, its FilesDropped come back as FilesReleased."""
+    FileFacts go to the FileTable, its FilesDropped come back as FilesReleased (with
+    ``hold``, only at :meth:`deliver`: what the scheduler may handle meanwhile)."""
 
-    def __init__(self, state: SchedulerState) -> None:
+    def __init__(self, state: SchedulerState, *, hold: bool = False) -> None:
         self.state = state
         self.table = FileTable()
+        self.hold = hold
+        self.answers: list[tuple[Key, ...]] = []  #: FilesDropped held back (``hold``)
         self.dropped: list[Key] = []  #: every key the registry released, in order
         #: every DropKeys the registry sent, ``(worker, keys)``, in order
         self.drops: list[tuple[str, tuple[Key, ...]]] = []
@@ -721,8 +724,16 @@ class Loop:
                         self.drops.append((rc.worker, rc.keys))
                     if isinstance(rc, FilesDropped):
                         self.dropped.extend(rc.keys)
-                        todo.append(event(FilesReleased, keys=rc.keys))
+                        if self.hold:
+                            self.answers.append(rc.keys)
+                        else:
+                            todo.append(event(FilesReleased, keys=rc.keys))
         return out
+
+    def deliver(self) -> list[Command]:
+        """The registry's answers held back (``hold``), in order."""
+        answers, self.answers = self.answers, []
+        return self.run(*(event(FilesReleased, keys=keys) for keys in answers))
 
     def finish(self, worker: str, key: Key, **kw: Any) -> list[Command]:
         res = result(key, **kw)

@@ -26,6 +26,7 @@ from actors.scheduler_events import (
 )
 from actors.scheduler_state import SchedulerState
 from runtime.graph import Task, TaskRef, build_specs
+from tests.helpers import Loop, event
 
 
 def fact(
@@ -279,37 +280,6 @@ def test_random_facts_keep_the_accounting_right(batches: list[tuple[FileFact, ..
                 assert info.consumers or info.wanted
 
 
-class _Wired:
-    """A scheduler core and the registry's core, with the registry's answers
-    (``FilesReleased``) held back until :meth:`deliver`: the order the actors may see."""
-
-    def __init__(self) -> None:
-        self.s = SchedulerState()
-        self.t = FileTable()
-        self.ids = itertools.count()
-        self.answers: list[tuple[Any, ...]] = []  #: FilesDropped keys not yet delivered
-        self.drops: list[tuple[str, tuple[Any, ...]]] = []  #: every DropReplicas
-
-    def feed(self, ev_cls: Any, **kw: Any) -> list[Any]:
-        cmds = self.s.handle(ev_cls(stimulus_id=f"s{next(self.ids)}", now=0.0, **kw))
-        self.s.validate()
-        for c in cmds:
-            if isinstance(c, FileFacts):
-                for rc in self.t.handle(c.facts):
-                    if isinstance(rc, FilesDropped):
-                        self.answers.append(rc.keys)
-                    else:
-                        self.drops.append((rc.worker, rc.keys))
-        return cmds
-
-    def deliver(self) -> None:
-        while self.answers:
-            self.feed(FilesReleased, keys=self.answers.pop(0))
-
-    def finish(self, worker: str, key: str) -> None:
-        self.feed(TasksFinished, worker=worker, results=(TaskResult(key, "ok", nbytes=8),))
-
-
 def _fn(*args: Any) -> int:
     return 1
 
@@ -319,42 +289,42 @@ def test_an_output_wanted_again_during_its_release_is_let_go_after_its_rerun() -
     # the other's submission arrives before the registry's answer. The scheduler runs it
     # again; once the second client lets it go too, its output must leave the worker
     # (it stayed there for good, the registry taking the new output's facts for stale).
-    w = _Wired()
-    w.feed(WorkerJoined, worker="w1", cores=1, memory=2**30)
-    w.feed(GraphSubmitted, specs=build_specs({"a": Task("a", _fn)}, ["a"]), wanted=("a",))
-    w.finish("w1", "a")
-    w.feed(KeysReleased, keys=("a",))  # the first client lets go: the registry decides
+    w = Loop(SchedulerState(), hold=True)
+    w.run(event(WorkerJoined, worker="w1", cores=1, memory=2**30))
+    w.run(event(GraphSubmitted, specs=build_specs({"a": Task("a", _fn)}, ["a"]), wanted=("a",)))
+    w.finish("w1", "a", nbytes=8)
+    w.run(event(KeysReleased, keys=("a",)))  # the first client lets go: the registry decides
     assert w.answers == [("a",)] and w.drops == [("w1", ("a",))]
-    w.feed(GraphSubmitted, specs={}, wanted=("a",))  # the second client, before the answer
+    w.run(event(GraphSubmitted, specs={}, wanted=("a",)))  # the second client, before the answer
     w.deliver()  # the output is gone: run again
-    assert w.s.tasks["a"].state == "processing"
-    assert w.t.files["a"].state == "pending"
-    w.finish("w1", "a")
-    assert w.t.files["a"].state == "created"
-    assert w.t.summary()["stored_bytes"] == {"w1": 8}
-    w.feed(KeysReleased, keys=("a",))  # the second client lets go
+    assert w.state.tasks["a"].state == "processing"
+    assert w.table.files["a"].state == "pending"
+    w.finish("w1", "a", nbytes=8)
+    assert w.table.files["a"].state == "created"
+    assert w.table.summary()["stored_bytes"] == {"w1": 8}
+    w.run(event(KeysReleased, keys=("a",)))  # the second client lets go
     assert w.drops == [("w1", ("a",)), ("w1", ("a",))]
-    assert w.t.summary()["stored_bytes"] == {"w1": 0}
+    assert w.table.summary()["stored_bytes"] == {"w1": 0}
     w.deliver()
-    assert "a" not in w.s.tasks
+    assert "a" not in w.state.tasks
 
 
 def test_an_input_released_then_run_again_for_a_lost_output_is_let_go_again() -> None:
     # a -> b, b wanted: a's output is released once b has it. b's worker is lost, so b
     # runs again, and a with it. Once b is done again, a's new output must be released
     # too (it stayed on the worker, the registry taking its facts for stale).
-    w = _Wired()
-    w.feed(WorkerJoined, worker="w1", cores=1, memory=2**30)
+    w = Loop(SchedulerState(), hold=True)
+    w.run(event(WorkerJoined, worker="w1", cores=1, memory=2**30))
     dsk = {"a": Task("a", _fn), "b": Task("b", _fn, TaskRef("a"))}
-    w.feed(GraphSubmitted, specs=build_specs(dsk, ["b"]), wanted=("b",))
-    w.finish("w1", "a")
-    w.finish("w1", "b")
+    w.run(event(GraphSubmitted, specs=build_specs(dsk, ["b"]), wanted=("b",)))
+    w.finish("w1", "a", nbytes=8)
+    w.finish("w1", "b", nbytes=8)
     w.deliver()
-    assert w.s.tasks["a"].state == "released" and w.drops == [("w1", ("a",))]
-    w.feed(WorkerJoined, worker="w2", cores=1, memory=2**30)
-    w.feed(WorkerLeft, worker="w1", cause="crash")
-    assert w.s.tasks["a"].state == "processing"
-    w.finish("w2", "a")
-    w.finish("w2", "b")
+    assert w.state.tasks["a"].state == "released" and w.drops == [("w1", ("a",))]
+    w.run(event(WorkerJoined, worker="w2", cores=1, memory=2**30))
+    w.run(event(WorkerLeft, worker="w1", cause="crash"))
+    assert w.state.tasks["a"].state == "processing"
+    w.finish("w2", "a", nbytes=8)
+    w.finish("w2", "b", nbytes=8)
     assert w.drops == [("w1", ("a",)), ("w2", ("a",))]
-    assert w.t.summary()["stored_bytes"] == {"w1": 0, "w2": 8}  # b's alone
+    assert w.table.summary()["stored_bytes"] == {"w1": 0, "w2": 8}  # b's alone
