@@ -759,6 +759,7 @@ class SlurmProvider(Provider):
             self.error = odd
             raise odd
         self.failures.record(anyio.current_time(), None)
+        self.error = None  # Slurm answered
         block = Block(block_id, spec, BlockState.PENDING, wids, f"Slurm job {job_id} submitted")
         self.blocks[block_id] = block
         self._jobs[block_id] = _Job(block, JobRecord(job_id), script, stdout, stderr)
@@ -920,10 +921,10 @@ class SlurmProvider(Provider):
                 await self._run("scancel", *(j.record.job_id for j in pending))
                 for j in pending:
                     j.cancel_pending = False
+                self.error = None  # Slurm answered
             watched = [j for j in live if not j.block.state.terminal]
             if not watched:
-                self.error = None
-                return True
+                return True  # no Slurm command ran: an error recorded stands
             ids = ",".join(j.record.job_id for j in watched)
             self.squeue_calls += 1
             text = await self._run("squeue", "-h", "-t", "all", "-j", ids, "-O", SQUEUE_FORMAT)
