@@ -5,6 +5,8 @@ What lives here:
 - :func:`spawn_child` starts one child process (an :class:`anyio.abc.Process`, here a
   :class:`ChildProcess`) tied to its parent twice over: ``PR_SET_PDEATHSIG`` on Linux,
   and a *lifeline* pipe whose write end only the parent holds.
+- :func:`run_command` runs a short command (``sbatch``, ``squeue``...) to its end with
+  :func:`spawn_child`, leaving nothing behind when cancelled.
 - :func:`watch_lifeline` is what the child program runs (in a task of its own) to exit
   as soon as the lifeline reaches end-of-file, i.e. as soon as the parent is gone.
 - :class:`LocalProcessProvider` implements :class:`~actors.providers.Provider` with
@@ -334,18 +336,22 @@ async def spawn_child(
     preexec = None if pdeathsig is None else die_with_parent_preexec(pdeathsig, os.getpid())
     loop = asyncio.get_running_loop()
     try:
-        transport, protocol = await loop.subprocess_exec(
-            lambda: _Protocol(loop),
-            *argv,
-            stdin=stdin,
-            stdout=stdout,
-            stderr=stderr,
-            env=child_env,
-            cwd=cwd,
-            pass_fds=() if read_fd is None else (read_fd,),
-            start_new_session=new_session,
-            preexec_fn=preexec,
-        )
+        # Shielded: asyncio abandons a child whose start is cancelled halfway (a pipe it
+        # connects after the cancellation is never closed, and the child is never reaped
+        # if the event loop ends first). Starting is a fork, an exec and three pipes.
+        with anyio.CancelScope(shield=True):
+            transport, protocol = await loop.subprocess_exec(
+                lambda: _Protocol(loop),
+                *argv,
+                stdin=stdin,
+                stdout=stdout,
+                stderr=stderr,
+                env=child_env,
+                cwd=cwd,
+                pass_fds=() if read_fd is None else (read_fd,),
+                start_new_session=new_session,
+                preexec_fn=preexec,
+            )
     except BaseException:
         if write_fd is not None:
             os.close(write_fd)
@@ -353,7 +359,37 @@ async def spawn_child(
     finally:
         if read_fd is not None:
             os.close(read_fd)
-    return ChildProcess(transport, protocol, lifeline_fd=write_fd, own_group=new_session)
+    child = ChildProcess(transport, protocol, lifeline_fd=write_fd, own_group=new_session)
+    try:
+        await anyio.lowlevel.checkpoint_if_cancelled()
+    except BaseException:
+        await child.aclose()  # cancelled while starting: nobody else will own the child
+        raise
+    return child
+
+
+async def run_command(
+    argv: Sequence[str], *, env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[bytes]:
+    """Run ``argv`` to its end: its exit status and whole stdout and stderr (no input).
+
+    Like ``anyio.run_process(argv, check=False)``, except that a cancellation at any
+    point (a timeout around it, a provider closing) leaves nothing behind: the child is
+    killed and reaped before the cancellation goes on. ``env`` is the whole environment
+    (None: this process's). Raises :class:`OSError` if the program cannot be started.
+    """
+    output = [b"", b""]
+
+    async def drain(stream: anyio.abc.ByteReceiveStream | None, index: int) -> None:
+        if stream is not None:
+            output[index] = b"".join([chunk async for chunk in stream])
+
+    child = await spawn_child(argv, env=env, lifeline=False)
+    async with child, anyio.create_task_group() as tg:
+        tg.start_soon(drain, child.stdout, 0)
+        tg.start_soon(drain, child.stderr, 1)
+        returncode = await child.wait()
+    return subprocess.CompletedProcess(list(argv), returncode, output[0], output[1])
 
 
 # ----------------------------------------------------------------------------- the child side

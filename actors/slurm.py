@@ -55,6 +55,7 @@ from typing import Any, Self
 import anyio
 import anyio.abc
 
+from actors.processes import run_command
 from actors.providers import Block, BlockSpec, BlockState, Provider
 from runtime.errors import BatchSystemError, SubmissionsSuspended
 from runtime.log import get_logger
@@ -880,7 +881,7 @@ class SlurmProvider(Provider):
         advice = _ADVICE.get(argv[0], "")
         try:
             with anyio.fail_after(self.command_timeout):
-                done = await anyio.run_process(list(argv), check=False, env=env)
+                done = await run_command(argv, env=env)
         except FileNotFoundError:
             raise BatchSystemError(
                 command, None, f"{argv[0]}: command not found",

@@ -8,11 +8,14 @@ steps inside such a bound.
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -28,6 +31,7 @@ from actors.processes import (
     LIFELINE_EXIT_CODE,
     LocalProcessProvider,
     describe_exit,
+    run_command,
     spawn_child,
 )
 from actors.providers import Block, BlockSpec, BlockState
@@ -96,6 +100,59 @@ async def test_a_child_without_lifeline_has_no_lifeline_variable() -> None:
             line = await BufferedByteReceiveStream(child.stdout).receive_until(b"\n", 100)
             assert line == b"none"
             assert await child.wait() == 0
+
+
+async def test_run_command_returns_status_and_both_outputs() -> None:
+    code = "import sys; print('out'); print('err', file=sys.stderr); sys.exit(3)"
+    with anyio.fail_after(LIMIT):
+        done = await run_command([sys.executable, "-c", code])
+    assert (done.returncode, done.stdout, done.stderr) == (3, b"out\n", b"err\n")
+    with pytest.raises(FileNotFoundError):
+        await run_command(["/no/such/program"])
+
+
+@pytest.mark.parametrize("start", ["run_command", "spawn_child"])
+def test_a_start_cancelled_halfway_leaves_no_child_behind(
+    start: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # asyncio starts a child in steps (fork and exec, then a task connecting its pipes);
+    # cancelled between them and then left by an event loop that ends, it abandoned the
+    # child: never reaped ("subprocess N is still running"), a pipe never closed. A
+    # Slurm provider closing while its squeue started did that. The cancellation here
+    # lands after the k-th turn of the loop, which covers every step; each run ends its
+    # loop at once, then the thread asyncio waits for the child with must have ended.
+    leaks: list[str] = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: leaks.append(repr(u.exc_value)))
+    pids: list[int] = []
+
+    async def cancelled_start(turns: int) -> None:
+        loop = asyncio.get_running_loop()
+        with anyio.CancelScope() as scope:
+
+            def after(n: int) -> None:
+                if n == 0:
+                    scope.cancel()
+                else:
+                    loop.call_soon(after, n - 1)
+
+            loop.call_soon(after, turns)
+            if start == "run_command":
+                await run_command(["sleep", "1"])
+            else:
+                async with await spawn_child(["sleep", "1"], lifeline=False) as child:
+                    pids.append(child.pid)  # started before the cancellation: owned here
+                    await anyio.sleep_forever()
+        assert scope.cancelled_caught
+
+    for turns in range(10):
+        anyio.run(cancelled_start, turns)
+        for thread in threading.enumerate():
+            if thread.name.startswith("waitpid-"):  # asyncio's ThreadedChildWatcher
+                thread.join(timeout=LIMIT)
+                assert not thread.is_alive(), f"{thread.name}: a child still runs"
+        gc.collect()
+        assert leaks == [], f"cancelled after {turns} turns"
+    assert all(gone(pid) for pid in pids)
 
 
 def test_a_child_whose_parent_died_before_prctl_exits_at_once() -> None:
