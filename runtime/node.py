@@ -1630,6 +1630,9 @@ async def run_worker(
 
             link = Link("manager")
             retired: list[bool] = []
+            #: set when the manager connection ends after the stop began: no evacuation
+            #: plan can come any more, so the worker does not wait out its grace for one
+            manager_gone = anyio.Event()
 
             def on_retire() -> None:
                 retired.append(True)
@@ -1687,6 +1690,7 @@ async def run_worker(
                     await peer.run()
                     link.detach()
                     if stop.is_set():
+                        manager_gone.set()
                         return
                     if peer.refusal is not None:  # the manager closed on us, saying why
                         _log.error("refused by the manager; stopping", worker=worker_id,
@@ -1758,9 +1762,24 @@ async def run_worker(
             connected = link.peer is not None and not link.peer.closed
             if cause != "drained" and connected:  # (retired: copied before it stopped)
                 # Copy needed outputs no one else holds to surviving workers first, in
-                # most of the grace: the WorkerGone that follows says they are safe.
-                with anyio.move_on_after(max(0.0, grace - 1.0)):
-                    await worker_ref["worker"].ask(Leave(cause), timeout=None)
+                # most of the grace: the WorkerGone that follows says they are safe. The
+                # plan and that report go through the manager: once its connection
+                # ends (stopped with us, as a terminal's Ctrl-C or a job's end stops
+                # both), neither can, so the worker stops waiting then.
+                evacuated = False
+                with anyio.move_on_after(max(0.0, grace - 1.0)) as leaving:
+                    async with anyio.create_task_group() as tg:
+                        tg.start_soon(_cancel_when, manager_gone, leaving)
+                        await worker_ref["worker"].ask(Leave(cause), timeout=None)
+                        evacuated = True
+                        tg.cancel_scope.cancel()
+                if not evacuated:
+                    _log.warning(
+                        "leaving before the needed outputs were copied to other workers",
+                        worker=worker_id,
+                        why="the manager went away" if manager_gone.is_set()
+                        else f"the grace ran out ({grace:g} s less one)",
+                    )  # fmt: skip
             with anyio.move_on_after(5):
                 if link.peer is not None and not link.peer.closed:
                     await link.tell(WorkerGone(worker_id, cause))
@@ -1770,6 +1789,12 @@ async def run_worker(
                 await own.aclose()
     if fatal:
         raise fatal[0]
+
+
+async def _cancel_when(event: anyio.Event, scope: anyio.CancelScope) -> None:
+    """Cancel ``scope`` once ``event`` is set."""
+    await event.wait()
+    scope.cancel()
 
 
 #: a stop signal this close to a worker's deadline is its walltime, not a preemption

@@ -159,6 +159,25 @@ def test_sigterm_stops_workers_and_the_manager_gracefully(
     assert _token_file(env, address)["admin"]
 
 
+def test_a_worker_whose_manager_goes_while_it_leaves_does_not_wait_out_its_grace(
+    cli: Cli,
+) -> None:
+    # The manager cannot answer (stopped) when the worker starts to leave, then dies:
+    # no evacuation plan can come any more. Before, the worker waited for one for all
+    # of its grace less one second (119 s here; 4 s by default, when a terminal's
+    # Ctrl-C stops a manager and its workers together).
+    manager, address = cli.manager()
+    worker = cli.start("worker", address, "--cores", "1", "--grace", "120", "--log-level", "info")
+    cli.line_with(worker, f" joined {address}")  # (not the info line 'rejoined')
+    manager.send_signal(signal.SIGSTOP)
+    worker.send_signal(signal.SIGTERM)
+    cli.line_with(worker, "event='leaving'")  # it asks for the plan now
+    manager.send_signal(signal.SIGKILL)  # its connection ends at once
+    assert worker.wait(LIMIT) == 0  # not after 119 s
+    line = cli.line_with(worker, "leaving before the needed outputs were copied")
+    assert "why='the manager went away'" in line, line
+
+
 @pytest.mark.parametrize("manager_and_workers", [0], indirect=True)
 def test_a_worker_with_a_wrong_token_is_refused_with_a_clear_reason(
     manager_and_workers: tuple[str, list[subprocess.Popen[str]]], cli: Cli
