@@ -1773,7 +1773,8 @@ async def run_worker(
                         await worker_ref["worker"].ask(Leave(cause), timeout=None)
                         evacuated = True
                         tg.cancel_scope.cancel()
-                if not evacuated:
+                # (A grace of a second or less leaves no time to copy: chosen, not news.)
+                if not evacuated and (manager_gone.is_set() or grace > 1.0):
                     _log.warning(
                         "leaving before the needed outputs were copied to other workers",
                         worker=worker_id,

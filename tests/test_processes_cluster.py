@@ -178,6 +178,21 @@ def test_a_worker_whose_manager_goes_while_it_leaves_does_not_wait_out_its_grace
     assert "why='the manager went away'" in line, line
 
 
+def test_a_worker_whose_grace_runs_out_while_it_leaves_says_so(cli: Cli) -> None:
+    # The manager is stopped, not gone: its connection stays up (it would be called
+    # dead after 10 s of silence), so the worker waits for the plan for its grace less
+    # one second, then leaves and says why.
+    manager, address = cli.manager()
+    worker = cli.start("worker", address, "--cores", "1", "--grace", "3")
+    cli.line_with(worker, f" joined {address}")
+    manager.send_signal(signal.SIGSTOP)
+    worker.send_signal(signal.SIGTERM)
+    line = cli.line_with(worker, "leaving before the needed outputs were copied")
+    assert "why='the grace ran out (3 s less one)'" in line, line
+    manager.send_signal(signal.SIGKILL)  # (its goodbye would wait 5 s for a stopped one)
+    assert worker.wait(LIMIT) == 0
+
+
 @pytest.mark.parametrize("manager_and_workers", [0], indirect=True)
 def test_a_worker_with_a_wrong_token_is_refused_with_a_clear_reason(
     manager_and_workers: tuple[str, list[subprocess.Popen[str]]], cli: Cli
