@@ -176,6 +176,7 @@ class Result:
     copied: int  #: bytes copied between workers (fetches, replicas, evacuations)
     killed: str | None
     status: dict[str, Any] = dataclasses.field(repr=False)
+    #: the monitoring database the caller gave (None: the run made one, and removed it)
     db: Path | None = None
     #: files left in the sandboxes of the workers that stopped with the cluster, once
     #: every output was released (should be none; not looked at with prune_depth=0)
@@ -281,8 +282,6 @@ async def run_workflow(
     # The survivors removed their sandboxes as they stopped, replacements the killed ones'.
     left = sorted(str(f) for sandbox, files in held.items() if not sandbox.exists() for f in files)
     stale = len(_sandboxes(spill))
-    if made_here:
-        shutil.rmtree(spill, ignore_errors=True)
     got = dict(zip(wf.wanted, values, strict=True))
     storage = status["storage"]
     peak = max((w["disk_peak"] for w in storage["workers"].values()), default=0)
@@ -295,11 +294,13 @@ async def run_workflow(
         ).fetchone()
     finally:
         conn.close()
+        if made_here:  # the database and the spill directory, all of this run's
+            shutil.rmtree(monitoring.parent, ignore_errors=True)
     return Result(
         makespan, got == expected, peak, int(peak_db), int(recomputes),
         dict(storage["recoveries"]), dict(storage["transfers"]),
         sum(storage["transfer_bytes"].values()), ",".join(killed) or None,
-        status, monitoring, left, stale,
+        status, None if made_here else monitoring, left, stale,
     )  # fmt: skip
 
 
@@ -398,9 +399,18 @@ async def run_tail(
     tail: Tail, *, workers: int = 3, speculation: bool = True, limit: float = 300.0
 ) -> TailResult:
     """Run the heavy-tailed mix once, with the default speculation policy or none."""
+    markers = tempfile.mkdtemp(prefix="corral-tail-")
+    try:
+        return await _run_tail(tail, markers, workers, speculation, limit)
+    finally:
+        shutil.rmtree(markers, ignore_errors=True)
+
+
+async def _run_tail(
+    tail: Tail, markers: str, workers: int, speculation: bool, limit: float
+) -> TailResult:
     from runtime import Cluster
 
-    markers = tempfile.mkdtemp(prefix="corral-tail-")
     mix = tail.mix()
     graph: dict[Hashable, Any] = {
         f"work-{i}": (work, i, seconds, slow, markers) for i, (seconds, slow) in enumerate(mix)
