@@ -94,7 +94,9 @@ Firm: the largest output a try of this very task wrote that did not fit (``disk-
 ``disk_measured``), or a declared ``resources={"disk": bytes}`` (it replaces the
 category's estimate, smaller or larger), the larger of the two. Estimates: the largest
 output of the category so far (including tries that ended ``disk-full``), else a guess.
-A ready task that only lacks disk waits (its story says so). One that no worker of its
+A ready task that only lacks disk waits (its story says so), and the worker it would
+have the most disk left on is kept for it from the producers after it in that ``_fill``
+(``disk_held``): they would fill the room it waits for. One that no worker of its
 pool could hold even with an empty disk fails with
 :class:`~runtime.errors.TaskTooBigForDisk` only for what is firm: its inputs to fetch plus
 a firm output. An estimate no worker could hold counts for nothing: the task is tried on
@@ -420,6 +422,10 @@ class SchedulerState:
         #: ``_fill`` kept waiting for disk; since when each such pool has run nothing;
         #: the pools whose idle workers take a task past its disk estimate
         self.disk_parked: set[str | None] = set()
+        #: the workers whose free disk the latest ``_fill`` kept for a task waiting for
+        #: it (each waiting task's best worker): producers that come after it in that
+        #: fill do not take their disk (``_candidates``)
+        self.disk_held: dict[str, Key] = {}
         self.disk_stalled_since: dict[str | None, float] = {}
         self.disk_override: set[str | None] = set()
         #: the largest output a try of each task wrote that did not fit on its worker's
@@ -2384,6 +2390,8 @@ class SchedulerState:
         yields = self._yields()
         if self.disk_parked:  # (no new set per fill: this runs after every event)
             self.disk_parked.clear()
+        if self.disk_held:
+            self.disk_held.clear()
         while True:
             best: tuple[Any, ...] | None = None
             best_q: tuple[str | None, bool] = (None, False)
@@ -2489,6 +2497,13 @@ class SchedulerState:
         if cands and any(w.disk for w in cands):
             out, source = self._expected_output(ts)
             fits = [w for w in cands if self._disk_fits(ts, w, out)]
+            if fits and producer and self.disk_held:
+                kept = [w for w in fits if w.id not in self.disk_held or not (
+                    out or self._fetch_bytes(ts, w))]  # fmt: skip
+                if not kept:
+                    self._tell_disk_held(ts, fits)
+                    return []
+                fits = kept
             if fits:
                 self.disk_override.discard(pool)  # room again: the estimates rule
             elif pool in self.disk_override and any(not w.processing for w in cands):
@@ -2527,6 +2542,18 @@ class SchedulerState:
                 "nothing, so waiting would not make room",
             )  # fmt: skip
         return cands
+
+    def _tell_disk_held(self, ts: TaskState, held: list[WorkerState]) -> None:
+        """Say in producer ``ts``'s story, once per change, that the disk of the workers
+        that would take it (``held``) is kept for tasks ahead of it that wait for it."""
+        ws = min(held, key=lambda w: w.id)
+        why = (
+            f"waiting for disk: {ws.id}'s free disk is kept for "
+            f"{self.disk_held[ws.id]!r}, which comes first and waits for it"
+        )
+        if why != ts.disk_wait:
+            ts.disk_wait = why
+            self._log(ts.key, "queued", why)
 
     def _most_disk_left(
         self, ts: TaskState, cands: list[WorkerState], out: int, *, idle: bool = True
@@ -2622,6 +2649,7 @@ class SchedulerState:
                 if why != ts.disk_wait:
                     ts.disk_wait = why
                     self._log(ts.key, "queued", f"waiting for disk: {why}")
+                self.disk_held.setdefault(wid, ts.key)
             return True
         last = ts.tries[-1] if ts.tries else None
         err = TaskTooBigForDisk(

@@ -408,6 +408,48 @@ def test_tasks_waiting_for_disk_in_an_idle_pool_go_past_their_estimate(
     assert not s.disk_override and not s.disk_stalled_since and not s.disk_parked
 
 
+def test_producers_after_a_task_waiting_for_disk_do_not_take_its_room(
+    make_state: Factory,
+) -> None:
+    """A consumer waits for disk on the worker that holds its input; roots submitted
+    after it (producers: they add to disks and free nothing) would fit in that room,
+    and taking it would leave the consumer, whose run prunes its input, waiting for
+    ever (loaders filling the disks their skims need). They do not: they go where no
+    task waits for the disk, or wait; the consumer's story says what it needs, theirs
+    what they wait for. Once it has gone, they take the room."""
+    s = make_state(saturation=1.0)
+    join(s, "w1", disk=10 * MB)
+    join(s, "w2", disk=10 * MB)
+    submit(s, {"a": [], "long": [], "c": ["a"]}, ["c", "long"], attrs={"c": disk(5 * MB)})
+    assert {worker_of_key(s, "a"), worker_of_key(s, "long")} == {"w1", "w2"}
+    holder = worker_of_key(s, "a")
+    busy = "w2" if holder == "w1" else "w1"
+    disk_used(s, holder, 6 * MB)  # a's output and earlier spills: 4 MiB free
+    finish(s, holder, "a", nbytes=2 * MB)
+    assert s.tasks["c"].state == "queued"
+    assert waits_for_disk(s, "c") == [
+        f"waiting for disk: needs 5242880 B, best worker {holder} has 4194304 B free"
+    ]
+    roots = {f"r{i}": [] for i in range(3)}
+    cmds = submit(s, roots, list(roots), attrs={k: disk(MB) for k in roots})
+    assert not of(cmds, Execute)  # 1 MiB fits in holder's 4, but c waits for them
+    for key in roots:
+        assert s.tasks[key].state == "queued"
+        assert waits_for_disk(s, key) == [
+            f"waiting for disk: {holder}'s free disk is kept for 'c', which comes "
+            "first and waits for it"
+        ]
+    # The busy worker frees up: c fits there (its input to fetch and its output), and
+    # with no task waiting for disk, the roots take the room on both.
+    cmds = finish(s, busy, "long", nbytes=100)
+    sent = assigned(cmds)
+    assert sent[busy] == ["c"] and sorted(sent) == sorted([busy, holder])
+    (first,) = sent[holder]
+    finish(s, busy, "c", nbytes=MB)
+    finish(s, holder, first, nbytes=MB)
+    assert {s.tasks[k].state for k in roots if k != first} == {"processing"}
+
+
 def test_a_task_running_in_the_pool_keeps_the_others_waiting_for_disk(
     make_state: Factory,
 ) -> None:

@@ -567,6 +567,27 @@ async def test_load_skim_merge_of_real_files_on_worker_processes(tmp_path: Path)
             )
 
 
+@pytest.mark.timeout(120)  # a backstop: the run is bounded below
+async def test_loads_do_not_fill_the_disks_their_skims_need() -> None:
+    """Small disks (8 MiB a worker), 2 MiB loads and their skims (1 MiB). A skim's
+    output is guessed (half a disk beside its input) until one has finished, so the
+    first skims wait for disk; the loads after them would fit in that room, and
+    before they were kept out of it they filled every disk: the skims, which prune
+    the loads they read, could never run, and the run failed with DiskFull."""
+    n, groups, nbytes = 24, 6, 2 * MiB
+    with anyio.fail_after(90):
+        async with Cluster(workers=2, disk_per_worker="8MiB") as cluster:
+            await cluster.wait_for_workers(2)
+            merges = [f"merge-{j}" for j in range(groups)]
+            futures = await cluster.submit_graph(graph(n, groups, nbytes), merges)
+            results = await cluster.gather(futures)
+            assert [r["sum"] for r in results] == expected_sums(n, groups, nbytes)
+            categories = (await cluster.status())["categories"]
+            assert {c: categories[c]["disk_full"] for c in ("load", "skim", "merge")} == {
+                "load": 0, "skim": 0, "merge": 0,
+            }  # fmt: skip
+
+
 @pytest.mark.timeout(200)
 async def test_a_worker_killed_mid_run_has_its_files_made_again(tmp_path: Path) -> None:
     bench = load_bench("files")
