@@ -846,6 +846,7 @@ class _Door:
         self.peer: Peer | None = None
         self.refused = 0  #: messages refused on this connection
         self.pace = _Pace(READS_PER_SECOND, READ_BURST)  #: this connection's reads
+        self.said_goodbye = False  #: a worker's WorkerGone came through (it left)
 
     def check(self, msg: Any) -> None:
         if type(msg) in self.allowed and (self.role != "worker" or _about_itself(msg, self.name)):
@@ -884,6 +885,8 @@ class _Door:
             await self._refused(msg, exc, asked=False)
             return
         await self._paced(msg)  # a paced tell holds up this connection's reading
+        if type(msg) is WorkerGone:
+            self.said_goodbye = True
         await self.target.tell(msg, causal_id=causal_id, origin=origin or self.name)
 
     async def ask(
@@ -1056,7 +1059,9 @@ class Gateway:
                     # goodbye (a graceful worker says WorkerGone first) is a crash.
                     cause = "unknown" if peer.closed_reason else "crash"
                     self.links[hello.name].detach()
-                    await self._worker_dropped(hello.name, generation, cause)
+                    await self._worker_dropped(
+                        hello.name, generation, cause, left=door.said_goodbye
+                    )
                 else:
                     self.peers.pop(hello.name, None)
                     self._generation.pop(hello.name, None)  # a name per session: forgotten
@@ -1094,8 +1099,12 @@ class Gateway:
 
         return unsendable
 
-    async def _worker_dropped(self, name: str, generation: int, cause: str) -> None:
-        """Give a worker ``reconnect_timeout`` seconds to come back, then report it."""
+    async def _worker_dropped(
+        self, name: str, generation: int, cause: str, *, left: bool = False
+    ) -> None:
+        """Give a worker ``reconnect_timeout`` seconds to come back, then report it
+        (``left``: it said WorkerGone first, so the scheduler knows already and its
+        connection's end is no loss)."""
         back = self._returned[name] = anyio.Event()
         with anyio.move_on_after(self.reconnect_timeout):
             await back.wait()
@@ -1108,7 +1117,10 @@ class Gateway:
             link = self.links.pop(name, None)
             if link is not None:
                 link.close()
-            _log.warning("worker connection lost", worker=name)
+            if left:
+                _log.info("worker connection closed after it left", worker=name)
+            else:
+                _log.warning("worker connection lost", worker=name)
             with contextlib.suppress(ActorStopped):  # the scheduler is stopping
                 await self.plane.refs["scheduler"].tell(WorkerGone(name, cause))
 

@@ -1000,6 +1000,22 @@ async def test_ws_read_only_token_can_look_but_not_change(gate: Any, tokens: Tok
 
 
 @pytest.mark.anyio
+async def test_a_worker_that_left_is_not_logged_as_a_lost_connection(tokens: Tokens) -> None:
+    """A drained worker says WorkerGone, then its connection closes: the manager logs
+    its end at info once the rejoin grace is over, not the warning of a lost worker
+    (before, every clean departure was followed by ``worker connection lost``)."""
+    with anyio.fail_after(LIMIT), log_lines("corral.node") as log:
+        async with ws_nodes(1, tokens) as (address, (worker,)):
+            async with ConsoleClient(address) as console:
+                await console.drain(worker.id)
+            await worker.ended.wait()
+            await wait_until(
+                lambda: log.has("worker connection closed after it left"), "the info line"
+            )
+        assert not log.has("worker connection lost")
+
+
+@pytest.mark.anyio
 async def test_the_console_unpickles_nothing_yet_gets_every_answer_over_ws(
     gate: Any, tokens: Tokens
 ) -> None:
