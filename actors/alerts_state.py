@@ -1084,7 +1084,9 @@ class AlertState:
         self.rules: dict[str, AlertRule] = {}  #: by name, in the order added
         self.resolved_for = resolved_for
         self.audit: deque[Audit] = deque(maxlen=max_audit)  #: the latest audit lines
-        self._alerts: dict[tuple[str, Labels], _Alert] = {}
+        #: by rule, labels and the rule's labels (as Alertmanager tells alerts apart):
+        #: a rule replaced by one of other labels leaves its resolved alerts listed
+        self._alerts: dict[tuple[str, Labels, Labels], _Alert] = {}
         #: per counter series ``increase`` reads: (time, value, growth since the point
         #: before), oldest first
         self._history: dict[tuple[str, Labels], deque[tuple[float, float, float]]] = {}
@@ -1195,7 +1197,7 @@ class AlertState:
         terms = {c.index: c for c in compares(rule.parsed)}
         names = _field_names(terms)
         for labels, m in matches.items():
-            key = (rule.name, labels)
+            key = (rule.name, labels, tuple(sorted(rule.labels.items())))
             a = self._alerts.get(key)
             if a is None or a.state == "resolved":
                 a = self._alerts[key] = _Alert(

@@ -779,6 +779,28 @@ def test_replacing_a_rule_with_other_labels_resolves_its_alerts_and_starts_over(
     ]
 
 
+def test_a_replaced_rules_resolved_alert_stays_listed_beside_the_new_one() -> None:
+    """``alert add`` of a rule of the same name with other labels: the old alert
+    (resolved) stays listed for ``resolved_for``, as a removed rule's does, beside the
+    new rule's (before, the new alert took its place at once)."""
+    st = AlertState([rule(**{"for": 0})], resolved_for=900.0)
+    st.handle(Evaluate(0.0, queue(7, 100.0)))
+    ops = rule(**{"for": 0, "labels": {"team": "ops"}})
+    st.handle(RuleAdded(ops, replace=True, now=5.0))
+    assert notes(st.handle(Evaluate(6.0, queue(7, 100.0)))) == [
+        ("QueueTime", "firing", {"alertname": "QueueTime", "pool": "cpu", "team": "ops"})
+    ]
+    listed = [(a.state, a.labels.get("team"), a.resolved_at) for a in st.alerts()]
+    assert sorted(listed, key=str) == [("firing", "ops", None), ("resolved", "ci", 5.0)]
+    st.handle(Evaluate(905.0, queue(7, 100.0)))  # 900 s after it resolved: forgotten
+    assert [(a.state, a.labels.get("team")) for a in st.alerts()] == [("firing", "ops")]
+    # replaced back: the ci alert starts over (one alert of those labels listed)
+    st.handle(RuleAdded(rule(**{"for": 0}), replace=True, now=906.0))
+    st.handle(Evaluate(907.0, queue(7, 100.0)))
+    listed = [(a.state, a.labels.get("team")) for a in st.alerts()]
+    assert sorted(listed) == [("firing", "ci"), ("resolved", "ops")]
+
+
 def test_replacing_a_scaling_rule_neither_restores_nor_restarts_its_cooldown() -> None:
     st = AlertState([scaler(by=2, cooldown=60, max_blocks=9, restore=True)])
     b = pool_blocks(1, running=1)
