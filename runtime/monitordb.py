@@ -24,7 +24,8 @@ and every ``interval``:
 - the autoscaler's status: a row in ``blocks`` per block state change;
 - the manager's ``MetricsReply`` (the numbers ``GET /metrics`` serves, under the same
   names): ``metric_samples``;
-- the manager's ``AlertsReply``: a row in ``alerts`` per alert state change.
+- the manager's ``AlertsReply``: a row in ``alerts`` per alert state change, at the
+  time the alert gives it.
 
 The writer never blocks its callers: :meth:`MonitorWriter.submit` queues the rows and
 returns. Past ``max_rows`` rows waiting (a slow or locked disk), it drops metric
@@ -876,6 +877,8 @@ _TRANSFER = "INSERT INTO transfers VALUES (?,?,?,?,?,?,?,?)"
 _RECOVERY = "INSERT INTO recoveries VALUES (?,?,?,?,?,?)"
 _METRIC = "INSERT INTO metric_samples VALUES (?,?,?,?,?)"
 _ALERT = "INSERT INTO alerts VALUES (?,?,?,?,?,?,?,?,?,?,?)"
+#: an alert's states in the order it goes through them
+_ALERT_STATES = ("pending", "firing", "resolved")
 _GAP = "INSERT INTO gaps VALUES (?,?,?,?)"
 _RUN_SEEN = "UPDATE runs SET last_seen = ?, feed_lost = ?, dropped_rows = ? WHERE run_id = ?"
 
@@ -1237,8 +1240,10 @@ class MonitorRecorder(Actor):
                 rows.add("metric", _METRIC, (run, now, s.name, labels, s.value))
 
     async def _poll_alerts(self, rows: _Rows, now: float) -> None:
-        """A row per alert state change; an alert gone from the reply while pending (it
-        stopped holding before it fired) gets a row ``inactive``."""
+        """A row per alert state change, at the time the alert gives it (``active_since``,
+        ``fired_at``, ``resolved_at``): a change between two polls, a pending span shorter
+        than an interval, has its row too. An alert gone from the reply while pending (it
+        stopped holding before it fired) gets a row ``inactive``, at this poll's time."""
         reply = await self._ask(self._manager(), AlertsRequest())
         if not isinstance(reply, AlertsReply):
             return
@@ -1248,14 +1253,29 @@ class MonitorRecorder(Actor):
             seen = (a.state, a.active_since, a.fired_at, a.resolved_at)
             last = known.pop((a.name, labels), None)
             self._alerts[(a.name, labels)] = (seen, a)
-            if last is None or last[0] != seen:
-                rows.add("event", _ALERT, self._alert_row(now, a, a.state, labels))
+            if last is not None and last[0] == seen:
+                continue
+            # The states it went through since the last poll: all of them for an alert
+            # not seen before (or a new one under the same labels).
+            was = last[0][0] if last is not None and last[0][1] == a.active_since else None
+            start = _ALERT_STATES.index(was) + 1 if was in _ALERT_STATES else 0
+            states = _ALERT_STATES[start : _ALERT_STATES.index(a.state) + 1] or (a.state,)
+            for state in states:
+                at = {"pending": a.active_since, "firing": a.fired_at}.get(state, a.resolved_at)
+                if state == "pending" and a.fired_at is not None and a.fired_at == at:
+                    continue  # fired at once (for = 0): never pending
+                if at is not None or state == a.state:
+                    at = now if at is None else at
+                    rows.add("event", _ALERT, self._alert_row(at, a, state, labels))
         for key, ((state, *_), a) in known.items():  # gone; a resolved one is forgotten
             if state != "resolved":
                 rows.add("event", _ALERT, self._alert_row(now, a, "inactive", key[1]))
 
-    def _alert_row(self, now: float, a: AlertInfo, state: str, labels: str) -> tuple[Any, ...]:
+    def _alert_row(self, at: float, a: AlertInfo, state: str, labels: str) -> tuple[Any, ...]:
         value = a.value if state == a.state else None
-        return (self.run_id, now, a.name, state, labels,
-                json.dumps(a.annotations, sort_keys=True), value, a.active_since, a.fired_at,
-                a.resolved_at, json.dumps(a.fields, sort_keys=True))  # fmt: skip
+        # a row of a state the alert has left (written late) has none of the later times
+        fired = None if state == "pending" else a.fired_at
+        resolved = a.resolved_at if state in ("resolved", "inactive") else None
+        return (self.run_id, at, a.name, state, labels,
+                json.dumps(a.annotations, sort_keys=True), value, a.active_since, fired,
+                resolved, json.dumps(a.fields, sort_keys=True))  # fmt: skip

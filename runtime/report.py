@@ -461,16 +461,32 @@ def _alert_bands(fig: go.Figure, run: _Run) -> None:
         )  # fmt: skip
 
 
+def _alert_time(row: tuple[Any, ...]) -> float:
+    """When the alert of an ``alerts`` row changed to its state: its ``active_since``,
+    ``fired_at`` or ``resolved_at`` (a file an older Corral wrote has the time of the
+    poll that saw the change in ``time``, up to an interval later), else ``time``."""
+    at, _, state, _, _, active_since, fired_at, resolved_at = row
+    real = {"pending": active_since, "firing": fired_at, "resolved": resolved_at}.get(state)
+    return float(at if real is None else real)
+
+
 def _alert_spans(run: _Run) -> list[tuple[float, float, str, str]]:
-    """(start, stop, state, name): pending then firing spans, from the state changes."""
+    """(start, stop, state, name): pending then firing spans, from the state changes at
+    the times the alert gives them; a firing alert whose pending no row has (an older
+    Corral's poll missed it) is drawn pending from ``active_since`` to ``fired_at``."""
     spans = []
     by_alert: dict[tuple[str, str], list[tuple[Any, ...]]] = defaultdict(list)
     for row in run.alerts:
         by_alert[(row[1], row[3])].append(row)
-    for (name, _), changes in by_alert.items():
-        for i, (at, _, state, *_rest) in enumerate(changes):
+    for (name, _), rows in by_alert.items():
+        changes = sorted(((_alert_time(row), row[2], row[5]) for row in rows), key=lambda c: c[0])
+        for i, (at, state, active_since) in enumerate(changes):
             if state not in _ALERT_COLOR:
                 continue
+            before = changes[i - 1][1:] if i else None
+            late = state == "firing" and active_since is not None and active_since < at
+            if late and before != ("pending", active_since):
+                spans.append((active_since - run.t0, at - run.t0, "pending", name))
             nxt = changes[i + 1][0] if i + 1 < len(changes) else run.t0 + run.end
             spans.append((at - run.t0, nxt - run.t0, state, name))
     return spans
@@ -652,7 +668,7 @@ def _alerts_figure(run: _Run) -> go.Figure:
             line={"width": 12, "color": "#d62728" if state == "firing" else "orange"},
             showlegend=False, hovertemplate=f"{name} {state}<br>%{{x:.1f}} s<extra></extra>",
         ))  # fmt: skip
-    resolved = [(r[0] - run.t0, r[1]) for r in run.alerts if r[2] == "resolved"]
+    resolved = [(_alert_time(r) - run.t0, r[1]) for r in run.alerts if r[2] == "resolved"]
     if resolved:
         fig.add_trace(go.Scatter(x=[t for t, _ in resolved], y=[n for _, n in resolved],
                                  mode="markers", marker={"symbol": "x", "size": 10,

@@ -1133,13 +1133,14 @@ async def test_a_pending_alert_that_stops_holding_ends_in_the_table_and_the_repo
 ) -> None:
     """``Busy`` goes pending, then stops holding before it fires (the alert monitor
     forgets it); ``Slow`` fires, resolves and is forgotten later: ``Busy`` gets a row
-    ``inactive``, ``Slow`` none, and the report's pending span ends there."""
+    ``inactive`` at the poll that found it gone, ``Slow`` none (its firing and resolve
+    have theirs, at their times), and the report's pending span ends there."""
     db = tmp_path / "monitoring.db"
     alerts: list[AlertInfo] = []
     reply = lambda msg: AlertsReply(tuple(alerts)) if isinstance(msg, AlertsRequest) else None  # noqa: E731
     recorder, writer = _recorder(db, make_state(monitor=True), manager=reply)
     busy = AlertInfo("Busy", "pending", {"alertname": "Busy"}, value=1.0, active_since=WALL)
-    slow = AlertInfo("Slow", "resolved", {"alertname": "Slow"}, fired_at=WALL, resolved_at=WALL)
+    slow = AlertInfo("Slow", "resolved", {"alertname": "Slow"}, fired_at=WALL, resolved_at=WALL + 1)
     with anyio.fail_after(LIMIT):
         alerts[:] = [busy, slow]
         await recorder.poll()
@@ -1149,21 +1150,92 @@ async def test_a_pending_alert_that_stops_holding_ends_in_the_table_and_the_repo
         await recorder.poll()
     writer.close()
     rows = _rows(db, "SELECT time, name, state, value, active_since FROM alerts ORDER BY rowid")
-    first, gone = rows[0][0], rows[-1][0]
+    gone = rows[-1][0]
     assert rows == [
-        (first, "Busy", "pending", 1.0, WALL),
-        (first, "Slow", "resolved", 0.0, None),
+        (WALL, "Busy", "pending", 1.0, WALL),
+        (WALL, "Slow", "firing", None, None),
+        (WALL + 1, "Slow", "resolved", 0.0, None),
         (gone, "Busy", "inactive", None, WALL),
     ]
-    assert first < gone
+    assert gone > WALL
     # the report draws Busy pending until then (not to the end of the run)
     conn = open_db(db)
     try:
-        conn.execute("UPDATE runs SET started = ?, ended = ?", (first - 1, gone + 100))
+        conn.execute("UPDATE runs SET started = ?, ended = ?", (WALL - 1, gone + 100))
         spans = _alert_spans(_Run(conn, None, lambda line: None))
     finally:
         conn.close()
-    assert spans == [(1.0, gone - first + 1.0, "pending", "Busy")]
+    assert sorted(spans) == [
+        (1.0, 2.0, "firing", "Slow"),
+        (1.0, gone - WALL + 1.0, "pending", "Busy"),
+    ]
+
+
+@pytest.mark.anyio
+async def test_alert_changes_between_two_polls_have_their_rows_at_their_times(
+    tmp_path: Path, make_state: Factory
+) -> None:
+    """``Burst`` goes pending and fires between two polls, then resolves before the
+    next: its three rows are at the times the alert gives (before, the poll saw it
+    firing and wrote only that, and the resolve, each at the poll's time, so the table
+    and the report had no pending span). ``Now`` fires at once (``for = 0``): no
+    pending row. The report draws the pending span from 0.5 s to 2 s."""
+    db = tmp_path / "monitoring.db"
+    alerts: list[AlertInfo] = []
+    reply = lambda msg: AlertsReply(tuple(alerts)) if isinstance(msg, AlertsRequest) else None  # noqa: E731
+    recorder, writer = _recorder(db, make_state(monitor=True), manager=reply)
+    burst = AlertInfo("Burst", "firing", {"alertname": "Burst"}, value=3.0,
+                      active_since=WALL + 0.5, fired_at=WALL + 2)  # fmt: skip
+    now = AlertInfo("Now", "firing", {"alertname": "Now"}, value=1.0, active_since=WALL + 1,
+                    fired_at=WALL + 1)  # fmt: skip
+    with anyio.fail_after(LIMIT):
+        await recorder.poll()
+        alerts[:] = [burst, now]
+        await recorder.poll()
+        alerts[:] = [dataclasses.replace(burst, state="resolved", resolved_at=WALL + 3), now]
+        await recorder.poll()
+    writer.close()
+    rows = _rows(db, "SELECT time, name, state, value, fired_at, resolved_at FROM alerts "
+                     "ORDER BY time, name")  # fmt: skip
+    assert rows == [
+        (WALL + 0.5, "Burst", "pending", None, None, None),
+        (WALL + 1, "Now", "firing", 1.0, WALL + 1, None),
+        (WALL + 2, "Burst", "firing", 3.0, WALL + 2, None),
+        (WALL + 3, "Burst", "resolved", 3.0, WALL + 2, WALL + 3),
+    ]
+    conn = open_db(db)
+    try:
+        conn.execute("UPDATE runs SET started = ?, ended = ?", (WALL, WALL + 10))
+        spans = _alert_spans(_Run(conn, None, lambda line: None))
+    finally:
+        conn.close()
+    assert sorted(spans) == [
+        (0.5, 2.0, "pending", "Burst"),
+        (1.0, 10.0, "firing", "Now"),
+        (2.0, 3.0, "firing", "Burst"),
+    ]
+
+
+def test_the_report_draws_alerts_at_their_own_times_from_an_older_file(tmp_path: Path) -> None:
+    """Rows an older Corral wrote, at the time of the poll that saw each change (up to
+    an interval late, the pending missed): the report draws the pending span from
+    ``active_since`` to ``fired_at`` and the firing one to ``resolved_at``."""
+    db = tmp_path / "monitoring.db"
+    writer = MonitorWriter(db)
+    writer.close()
+    conn = open_db(db)
+    try:
+        conn.execute("INSERT INTO runs (run_id, started, ended) VALUES ('r', ?, ?)",
+                     (WALL, WALL + 10))  # fmt: skip
+        labels = '{"alertname": "Burst"}'
+        changes = ((WALL + 2.8, "firing", None), (WALL + 4.1, "resolved", WALL + 3))
+        for at, state, resolved in changes:
+            conn.execute("INSERT INTO alerts VALUES ('r',?,'Burst',?,?,'{}',1.0,?,?,?,'{}')",
+                         (at, state, labels, WALL + 0.5, WALL + 2, resolved))  # fmt: skip
+        spans = _alert_spans(_Run(conn, "r", lambda line: None))
+    finally:
+        conn.close()
+    assert spans == [(0.5, 2.0, "pending", "Burst"), (2.0, 3.0, "firing", "Burst")]
 
 
 @pytest.mark.anyio
