@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -1013,6 +1014,60 @@ def _doc_sql(question: str) -> str:
     at = text.index(question)
     start = text.index("```sql\n", at) + len("```sql\n")
     return text[start : text.index("```", start)]
+
+
+def _top_level(sql: str, words: tuple[str, ...]) -> int | None:
+    """Where the first of ``words`` (SQL keywords) is in ``sql`` outside parentheses."""
+    depth = 0
+    for i, ch in enumerate(sql):
+        depth += (ch == "(") - (ch == ")")
+        if depth == 0 and sql[i].isspace():
+            rest = " ".join(sql[i + 1 :].split()).upper()
+            if rest.startswith(words):
+                return i
+    return None
+
+
+@pytest.mark.anyio
+async def test_every_documented_query_runs_and_keeps_to_the_latest_run_as_the_doc_says(
+    tmp_path: Path,
+) -> None:
+    """Each query of docs/monitoring.md's "Questions in SQL" runs on the database of two
+    short runs, as written and with the run filter the doc gives added as it says: after
+    the query's ``WHERE`` (``AND run_id = ...``), or, in one without (disk use,
+    recoveries, transfers), as ``WHERE run_id = ...`` before its ``GROUP BY`` or ``ORDER
+    BY``. Before, the doc said to add ``AND run_id = ...`` to every query, which those
+    four cannot take."""
+    db = tmp_path / "monitoring.db"
+    with anyio.fail_after(LIMIT):
+        for _ in range(2):
+            async with Cluster(workers=1, monitoring=db, monitoring_interval=0.1) as cluster:
+                assert await cluster.gather(cluster.map(inc, range(3))) == [1, 2, 3]
+    text = (Path(__file__).parent.parent / "docs" / "monitoring.md").read_text()
+    section = text[text.index("### Questions in SQL") : text.index("## Report")]
+    filters = re.findall(r"`((?:AND|WHERE) run_id = \(SELECT[^`]*\))`", " ".join(section.split()))
+    assert sorted({f.split()[0] for f in filters}) == ["AND", "WHERE"], filters
+    latest = filters[0].split(None, 1)[1]
+    blocks = re.findall(r"```sql\n(.*?)```", section, re.S)
+    queries = [q.strip() for block in blocks for q in block.split(";") if q.strip()]
+    assert len(queries) >= 10
+    conn = sqlite3.connect(db)
+    try:
+        (run_id,) = conn.execute("SELECT run_id FROM runs ORDER BY started DESC LIMIT 1").fetchone()
+        assert conn.execute(f"SELECT {latest.split(' = ', 1)[1]}").fetchone() == (run_id,)
+        for q in queries:
+            conn.execute(q).fetchall()
+            end = _top_level(q, ("GROUP BY", "ORDER BY", "LIMIT"))
+            end = len(q) if end is None else end
+            where = _top_level(q, ("WHERE",))
+            added = f" AND {latest}" if where is not None and where < end else f" WHERE {latest}"
+            conn.execute(q[:end] + added + q[end:]).fetchall()
+        every = "SELECT time, worker, spilled_bytes, disk_free FROM resource_samples"
+        assert any(q.startswith(every) for q in queries)
+        ours = conn.execute(every + f" WHERE {latest}").fetchall()
+        assert 0 < len(ours) < len(conn.execute(every).fetchall())
+    finally:
+        conn.close()
 
 
 @pytest.mark.anyio
