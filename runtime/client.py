@@ -830,7 +830,7 @@ class Cluster:
     PATH`` makes an HTML report of it. ``None`` (the default): none is written.
 
     ``manager_alerts``: with ``address``, every this many seconds (10) the client looks
-    at the manager's alerts and logs each one that fires (WARNING) or resolves (INFO),
+    at the manager's alerts and logs each one that fires or resolves (WARNING),
     with its summary and dashboard link, so a script waiting on its results says why
     they wait (a pool suspended, no worker, a queue stuck); those already firing when it
     connects are logged once. ``None``: it does not look. An embedded cluster's alert

@@ -6,7 +6,7 @@ What lives here:
   of an alert (pending, firing, resolved) and returns at once; a notifier that talks to
   the network does so in its own background task (``run``), never in the caller's.
 - :class:`LogNotifier`: one structured log line per state change (``alert firing``,
-  ``alert resolved``, ...), at WARNING for firing, else INFO.
+  ``alert resolved``, ...), at WARNING for firing and resolved, INFO for pending.
 - :class:`AlertmanagerNotifier`: Alertmanager's v2 API (``POST URL/api/v2/alerts``).
   Firing alerts are sent with ``endsAt`` a few resend periods ahead and sent again every
   ``resend`` seconds while they fire (as Prometheus does, so Alertmanager keeps them
@@ -119,15 +119,17 @@ class AlertChanges:
 
 
 class LogNotifier:
-    """One log line per state change of an alert: ``alert firing`` (WARNING),
-    ``alert pending`` and ``alert resolved`` (INFO), with its labels and fields, and
-    its ``summary`` and ``dashboard`` annotations when it has them."""
+    """One log line per state change of an alert: ``alert firing`` and ``alert
+    resolved`` (WARNING: a log at the manager's default level shows an alert end as it
+    showed it start; only a firing alert resolves), ``alert pending`` (INFO), with its
+    labels and fields, and its ``summary`` and ``dashboard`` annotations when it has
+    them."""
 
     def __init__(self, logger: Any = None) -> None:
         self.log = logger if logger is not None else _log
 
     def notify(self, alert: AlertInfo) -> None:
-        level = "warning" if alert.state == "firing" else "info"
+        level = "info" if alert.state == "pending" else "warning"
         getattr(self.log, level)(f"alert {alert.state}", **_summary(alert))
 
     async def run(

@@ -16,6 +16,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -417,3 +418,25 @@ async def _when(
 ) -> dict[str, float] | None:
     got = await value
     return got if condition(got) else None
+
+
+async def test_the_log_says_an_alert_resolved_at_the_level_it_said_it_fired(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """At the manager's default level (WARNING) the log has an alert's firing line and
+    its resolved line, not its pending one (before, resolved was INFO: an operator saw
+    it fire and never resolve)."""
+    from runtime.notify import LogNotifier
+
+    caplog.set_level(logging.WARNING, logger="corral")
+    pending = AlertInfo("NoWorkersYet", "pending", {"alertname": "NoWorkersYet"}, active_since=1.0)
+    firing = dataclasses.replace(pending, state="firing", fired_at=2.0)
+    resolved = dataclasses.replace(firing, state="resolved", resolved_at=3.0)
+    log = LogNotifier()
+    for alert in (pending, firing, resolved):
+        log.notify(alert)
+    lines = [(r.levelname, re.search("event='([^']*)'", r.getMessage())) for r in caplog.records]
+    assert [(level, m and m[1]) for level, m in lines] == [
+        ("WARNING", "alert firing"),
+        ("WARNING", "alert resolved"),
+    ]
