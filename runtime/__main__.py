@@ -599,10 +599,18 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _cmd_worker(args: argparse.Namespace) -> int:
-    from runtime.errors import PermissionDenied
+    from runtime.errors import MemoryConfigError, PermissionDenied
 
     if args.cores < 1:
         raise ValueError("--cores must be at least 1")
+    from runtime.client import parse_bytes
+
+    if parse_bytes(args.memory) < 0:  # named here: 0 is allowed (the machine's memory)
+        raise MemoryConfigError(
+            f"--memory must be >= 0 (0: the machine's memory), got {args.memory!r}"
+        )
+    if args.disk != "off" and parse_bytes(args.disk) < 0:
+        raise ValueError(f"--disk must be >= 0 or 'off', got {args.disk!r}")
     _apply_tls(args, args.address, f"the manager's address {args.address} is not wss://")
     memory_options = _memory_options(args)
 

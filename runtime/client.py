@@ -110,6 +110,13 @@ def parse_bytes(value: int | float | str | None) -> int:
     return int(float(num) * _UNITS[unit])
 
 
+def _whole(name: str, value: object, least: int, *, bool_ok: bool = False, also: str = "") -> int:
+    """``value`` if it is a whole number >= ``least``; a ValueError naming ``name``."""
+    if (isinstance(value, bool) and not bool_ok) or not isinstance(value, int) or value < least:
+        raise ValueError(f"{name} must be a whole number >= {least}{also}, got {value!r}")
+    return value
+
+
 # ----------------------------------------------------------------------------- gc
 
 #: The garbage collector's first-generation threshold to ask for on large graphs:
@@ -890,17 +897,20 @@ class Cluster:
         self.monitoring_interval = monitoring_interval
         self.address = address
         self.token = token
-        if processes is not None and processes < 0:
-            raise ValueError(f"processes must be >= 0, got {processes}")
+        if processes is not None:  # True: with pools=, worker processes
+            _whole("processes", processes, 0, bool_ok=True)
         self.processes = processes  #: worker processes on this machine, over websockets
-        n = (os.cpu_count() or 1) if workers is None else workers
-        if n < 0:
-            raise ValueError(f"workers must be >= 0, got {n}")
-        if threads_per_worker < 1:
-            raise ValueError(f"threads_per_worker must be >= 1, got {threads_per_worker}")
+        n = (os.cpu_count() or 1) if workers is None else _whole("workers", workers, 0)
         self.n_workers = n
-        self.threads_per_worker = threads_per_worker
+        self.threads_per_worker = _whole("threads_per_worker", threads_per_worker, 1)
         self.memory_per_worker = parse_bytes(memory_per_worker)
+        if self.memory_per_worker < 0:  # every worker would fail to start
+            from runtime.errors import MemoryConfigError
+
+            raise MemoryConfigError(
+                f"memory_per_worker must be >= 0 (None or 0: the machine's memory), got "
+                f"{memory_per_worker!r}"
+            )
         if disk_per_worker == "off":
             self.disk_per_worker = DISK_OFF  # not counted
         else:
@@ -930,6 +940,8 @@ class Cluster:
                 f"{saturation!r}"
             )
         self.saturation = saturation
+        if gc_threshold is not None:
+            _whole("gc_threshold", gc_threshold, 1, also=" or None")
         self._gc = GcTuning(gc_threshold)
         self.initial_policies = _initial_policies(policies)
         self.pools: dict[str, Any] = {}  #: configured pools by name (actors.pools)

@@ -195,3 +195,39 @@ def test_manager_alerts_must_be_positive_seconds_or_none() -> None:
         with pytest.raises(ValueError, match=r"manager_alerts must be a number of seconds > 0"):
             Cluster("ws://127.0.0.1:1", manager_alerts=bad)  # type: ignore[arg-type]
     Cluster("ws://127.0.0.1:1", manager_alerts=None)  # it does not look
+
+
+@pytest.mark.parametrize("bad", [-5, "-5MB", -1.5])
+def test_a_negative_memory_per_worker_is_refused_at_construction(bad: Any) -> None:
+    """``Cluster(workers=1, memory_per_worker=-5)`` was taken: every worker then failed
+    to start (the memory limit must be positive), the pool was suspended and a submit
+    never completed. It is a MemoryConfigError when the Cluster is made, as a negative
+    ``disk_per_worker`` is a ValueError."""
+    from runtime.errors import MemoryConfigError
+
+    with pytest.raises(MemoryConfigError, match=r"memory_per_worker must be >= 0 .*machine's"):
+        Cluster(workers=1, memory_per_worker=bad)
+    with pytest.raises(MemoryConfigError, match=r"memory_per_worker must be >= 0"):
+        Cluster(processes=1, memory_per_worker=bad)
+    assert Cluster(workers=1, memory_per_worker=0).memory_per_worker == 0  # the machine's
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "says"),
+    [
+        ({"workers": 1.5}, r"workers must be a whole number >= 0, got 1.5"),
+        ({"workers": "2"}, r"workers must be a whole number >= 0, got '2'"),
+        ({"threads_per_worker": 2.5}, r"threads_per_worker must be a whole number >= 1"),
+        ({"processes": 1.5}, r"processes must be a whole number >= 0"),
+        ({"gc_threshold": 0}, r"gc_threshold must be a whole number >= 1 or None, got 0"),
+        ({"gc_threshold": -3}, r"gc_threshold must be a whole number >= 1 or None"),
+    ],
+)
+def test_counts_that_are_not_whole_numbers_are_refused_at_construction(
+    kwargs: dict[str, Any], says: str
+) -> None:
+    """A count given as a fraction or a string (``workers=1.5``), or a gc_threshold
+    that is no threshold (0, negative: silently nothing), is a ValueError saying what it
+    must be, when the Cluster is made, not a failure once it starts."""
+    with pytest.raises(ValueError, match=says):
+        Cluster(**kwargs)

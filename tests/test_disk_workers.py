@@ -16,6 +16,8 @@ them through their own pools leaves ``a`` nearly full. Then, with no pool:
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -171,6 +173,13 @@ def test_bad_disk_settings_are_refused_with_what_to_write() -> None:
 
     with pytest.raises(ValueError, match="disk_per_worker must be >= 0"):
         Cluster(workers=1, disk_per_worker=-1)
+    # The worker command names its flag, before it looks for a token or a manager.
+    proc = subprocess.run(
+        [sys.executable, "-m", "runtime", "worker", "ws://127.0.0.1:9", "--disk=-1MB"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 1
+    assert "error: ValueError: --disk must be >= 0 or 'off', got '-1MB'" in proc.stderr
     with pytest.raises(PoolConfigError, match="disk_per_worker") as info:
         pools_from_dicts({"p": {"disk_per_worker": "lots"}})
     assert "file system's free space" in str(info.value)
