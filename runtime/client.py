@@ -1567,10 +1567,12 @@ class Cluster:
         through the manager in parts, written to ``dest`` part by part (never whole in
         memory), checked against the file's checksum, and a broken read resumes from
         the bytes written. Raises ``FileOutputError`` if the output is not a file, and
-        what ``await future`` raises if its task failed."""
+        what ``await future`` raises if its task failed, or if ``dest`` is a directory or
+        its directory does not exist (it is not made: a mistyped path would be)."""
         self._require()
         key = future.key
         target = os.fspath(dest)
+        _check_download_target(key, target)
         manager = self._manager
         remote = self.address is not None
 
@@ -1746,6 +1748,23 @@ def _pack(keys: Any, values: Mapping[Key, Any]) -> Any:
 
 
 # ----------------------------------------------------------------------------- dask get
+
+
+def _check_download_target(key: Key, target: str) -> None:
+    """A FileOutputError, now, for a ``download`` ``target`` no file can be written at."""
+    where = os.path.dirname(os.path.abspath(target))
+    problem = ""
+    if os.path.isdir(target):
+        problem = f"{target!r} is a directory; give the path of the file to write in it"
+    elif os.path.exists(where) and not os.path.isdir(where):
+        problem = f"{where!r} is not a directory"
+    elif not os.path.isdir(where):
+        problem = (
+            f"the directory {where!r} does not exist; create it first, e.g. "
+            f"os.makedirs({where!r}, exist_ok=True)"
+        )
+    if problem:
+        raise FileOutputError(f"download({key!r}) to {target!r}: {problem}.")
 
 
 def _files_dir(files_to: str | os.PathLike[str] | None) -> str:

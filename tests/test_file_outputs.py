@@ -749,6 +749,30 @@ async def test_a_task_returning_a_file_outside_its_sandbox_fails_with_what_to_do
                 await cluster.download(cluster.submit(blob, 10), tmp_path / "x")
 
 
+async def test_a_download_into_a_missing_directory_is_a_file_output_error(
+    tmp_path: Path,
+) -> None:
+    """``download(fut, "/tmp/x/nodir/got.bin")`` raised a bare FileNotFoundError naming
+    the ``.part`` file; a directory given as ``dest`` failed as obscurely. Both are a
+    FileOutputError saying what is wrong with ``dest``, nothing is created, and the same
+    output then downloads to a good path."""
+    from runtime import Cluster
+
+    with anyio.fail_after(60):
+        async with Cluster(workers=1) as cluster:
+            fut = cluster.submit(write, "got.bin", 1000)
+            dest = tmp_path / "nodir" / "got.bin"
+            with pytest.raises(FileOutputError, match="does not exist") as info:
+                await cluster.download(fut, dest)
+            assert f"the directory {str(dest.parent)!r} does not exist" in str(info.value)
+            assert "os.makedirs" in str(info.value)
+            with pytest.raises(FileOutputError, match=r"is a directory; give the path of the"):
+                await cluster.download(fut, tmp_path)
+            assert os.listdir(tmp_path) == []  # no directory made, no .part file left
+            got = await cluster.download(fut, tmp_path / "got.bin")
+            assert got.size == 1000 and (tmp_path / "got.bin").read_bytes() == b"f" * 1000
+
+
 # ------------------------------------------------------------------ the scheduler core
 
 
