@@ -995,7 +995,9 @@ class Worker(Actor):
                 if part:
                     with contextlib.suppress(OSError):
                         os.unlink(part)
-                raise DiskFull(str(key), self.worker_id, meta.size, max(0, room), self.disk)
+                raise DiskFull(
+                    "", self.worker_id, meta.size, max(0, room), self.disk, input=str(key)
+                )  # its readers' own: WorkerState names each (DiskFull.reading)
 
         async def reopen(at: int) -> StreamInfo | None:
             reply = await peer.ask(GetData((key,), files=True), timeout=self.fetch_timeout)
@@ -1020,8 +1022,9 @@ class Worker(Actor):
         except OSError as exc:
             if exc.errno == errno.ENOSPC:  # the file system filled up meanwhile
                 raise DiskFull(
-                    str(key), self.worker_id, meta.size, self._disk_free(), self.disk
-                ) from exc
+                    "", self.worker_id, meta.size, self._disk_free(), self.disk,
+                    input=str(key), partial=True,
+                ) from exc  # fmt: skip
             raise
         finally:
             self._incoming -= need

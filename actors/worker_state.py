@@ -688,7 +688,10 @@ class WorkerState:
         without it."""
         del self.wants[key]
         for t in list(want.waiters):
-            self._fail(t, now, out, error=error, missing=missing)
+            failed = error
+            if isinstance(error, DiskFull) and error.input:  # the copy's: each reader's
+                failed = error.reading(str(t))
+            self._fail(t, now, out, error=failed, missing=missing)
         self._settle_copies(key, want, False, out)
 
     def _settle_copies(self, key: Key, want: _Want, got: bool, out: list[Command]) -> None:

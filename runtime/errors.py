@@ -733,21 +733,68 @@ def _disk_sizes(needed: int, largest: int, *others: int) -> list[str]:
 class DiskFull(CorralError):
     """A task's output did not fit on its worker's disk (the try ended ``disk-full``),
     too often to retry: ``nbytes`` is the output's size, ``room`` the disk that was
-    left under the worker's limit ``disk``."""
+    left under the worker's limit ``disk``. With ``input``, task ``key`` wrote nothing:
+    its worker could not copy that file input (``nbytes`` its size), refused before a
+    byte was written, or stopped by the file system partway (``partial``)."""
 
-    def __init__(self, key: str, worker: str, nbytes: int, room: int, disk: int) -> None:
+    key: str
+    worker: str
+    nbytes: int
+    room: int
+    disk: int
+    input: str
+    partial: bool
+
+    def __init__(
+        self,
+        key: str,
+        worker: str,
+        nbytes: int,
+        room: int,
+        disk: int,
+        *,
+        input: str = "",
+        partial: bool = False,
+    ) -> None:
+        left = f"{_disk_size(room)} of disk left of its {_disk_size(disk)} limit"
+        if input:
+            kept = (
+                "the file system filled during the copy; its partial file was removed"
+                if partial
+                else "nothing was written: the copy was refused before its first byte"
+            )
+            message = (
+                f"{f'task {key!r}' if key else 'a task'} could not fetch its input "
+                f"{input!r} ({_disk_size(nbytes)}) to worker {worker!r}, which had {left}; "
+                f"{kept}. Start workers with a larger --disk (disk_per_worker), or hold "
+                "fewer outputs on their disks: release the futures you no longer need (a "
+                "prune_depth above 1 keeps outputs longer)."
+            )
+        else:
+            message = (
+                f"task {key!r} wrote an output of {_disk_size(nbytes)} on worker {worker!r}, "
+                f"which had {left}; the partial file was removed. Start workers with a "
+                "larger --disk (disk_per_worker), declare the output's size with resources="
+                '{"disk": bytes} so that it is placed where it fits, or make the output '
+                "smaller."
+            )
         super().__init__(
-            f"task {key!r} wrote an output of {_disk_size(nbytes)} on worker {worker!r}, which "
-            f"had {_disk_size(room)} of disk left of its {_disk_size(disk)} limit; the "
-            "partial file was removed. Start workers with a larger --disk "
-            '(disk_per_worker), declare the output\'s size with resources={"disk": bytes} '
-            "so that it is placed where it fits, or make the output smaller.",
+            message,
             key=key,
             worker=worker,
             nbytes=nbytes,
             room=room,
             disk=disk,
+            input=input,
+            partial=partial,
         )
+
+    def reading(self, key: str) -> DiskFull:
+        """This error of a file input's copy, for task ``key`` that waited for it."""
+        return DiskFull(
+            key, self.worker, self.nbytes, self.room, self.disk,
+            input=self.input, partial=self.partial,
+        )  # fmt: skip
 
 
 class ValueTooLarge(CorralError):

@@ -1008,9 +1008,21 @@ async def test_a_worker_without_the_disk_for_a_file_input_refuses_it_before_writ
             refs["w2"].post(RunTasks((to_run("read-0", checksum_of, dep),)))
             res = await sched.until("read-0")
             assert res.outcome == "disk-full" and isinstance(res.error, DiskFull)
-            assert "big-0" in str(res.error)
+            # It names the task whose fetch failed and the input, not the input's task
+            # as if that had written something here, and says what helps a fetch.
+            err = res.error
+            assert (err.key, err.input, err.worker, err.nbytes) == ("read-0", "big-0", "w2",
+                                                                     20 * MiB)  # fmt: skip
+            text = str(err)
+            assert text.startswith("task 'read-0' could not fetch its input 'big-0' (20.0 MiB)")
+            assert "nothing was written: the copy was refused before its first byte" in text
+            assert "larger --disk (disk_per_worker)" in text and "release the futures" in text
+            assert "wrote an output" not in text and 'resources={"disk"' not in text
             left = [p.name for p in (tmp_path / "w2").rglob("*") if p.is_file()]
             assert left == [".owner"]  # its sandbox's lock file only
+    # A copy the file system stopped partway (ENOSPC) says its partial file went.
+    text = str(DiskFull("read-0", "w2", 20 * MiB, 0, 4 * MiB, input="big-0", partial=True))
+    assert "the file system filled during the copy; its partial file was removed" in text
 
 
 def test_the_registry_counts_file_outputs_and_their_copies() -> None:

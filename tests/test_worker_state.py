@@ -51,7 +51,7 @@ from actors.worker_state import (
     TimerFired,
     WorkerState,
 )
-from runtime.errors import ValueTooLarge
+from runtime.errors import DiskFull, ValueTooLarge
 from runtime.graph import Key, Task
 
 MB = 1 << 20
@@ -202,6 +202,24 @@ def test_an_input_too_large_for_this_worker_fails_the_task_with_that_error() -> 
     error = ValueTooLarge("x", 2000, LIMIT, "worker 'w'")
     failed = TaskResult("t", "error", 3.0, 3.0, error=error)
     assert feed(s, InputsFetched(3.0, 1, refused=(("x", error),))) == [ReportDone((failed,))]
+
+
+def test_a_file_input_the_disk_cannot_hold_fails_each_reader_with_its_own_disk_full() -> None:
+    """The copy of file input ``x`` refused for want of disk: every task waiting for it
+    ends ``disk-full`` with a DiskFull naming that task and ``x`` (the shell's names no
+    task: it does not know the readers), not ``x``'s task as if it had written."""
+    s = state()
+    feed(s, TasksAssigned(0.0, (task("t1", {"x": ("p1",)}), task("t2", {"x": ("p1",)}))))
+    error = DiskFull("", "w", 20 * 2**20, 2**20, 4 * 2**20, input="x")
+    out = feed(s, InputsFetched(3.0, 1, refused=(("x", error),)))
+    assert all(isinstance(cmd, ReportDone) for cmd in out)
+    results = [r for cmd in out if isinstance(cmd, ReportDone) for r in cmd.results]
+    assert [(r.key, r.outcome) for r in results] == [("t1", "disk-full"), ("t2", "disk-full")]
+    for r in results:
+        assert isinstance(r.error, DiskFull)
+        assert (r.error.key, r.error.input, r.error.nbytes) == (r.key, "x", 20 * 2**20)
+        assert str(r.error).startswith(f"task {r.key!r} could not fetch its input 'x'")
+    assert not s.active and not s.wants
 
 
 def test_at_most_max_fetches_requests_are_in_flight() -> None:
