@@ -26,7 +26,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import anyio
 import anyio.abc
@@ -996,6 +996,18 @@ class Cluster:
     async def __aenter__(self) -> Cluster:
         await self.start()
         return self
+
+    def __enter__(self) -> NoReturn:
+        raise TypeError(
+            "a Cluster runs in an event loop: use `async with Cluster(...) as cluster:` "
+            "inside an async function (run by anyio.run or asyncio.run), not `with`. From "
+            "synchronous code, compute a dask collection or graph with runtime.get "
+            "(dask.compute(x, scheduler=runtime.get), or runtime.get(dsk, keys)). See "
+            "docs/api.md."
+        )
+
+    def __exit__(self, *exc: object) -> None:  # with needs it before it calls __enter__
+        pass
 
     async def start(self) -> None:
         """Start the cluster's actors (``async with Cluster()`` calls this).

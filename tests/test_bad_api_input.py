@@ -231,3 +231,15 @@ def test_counts_that_are_not_whole_numbers_are_refused_at_construction(
     must be, when the Cluster is made, not a failure once it starts."""
     with pytest.raises(ValueError, match=says):
         Cluster(**kwargs)
+
+
+def test_a_plain_with_says_to_use_async_with_or_get() -> None:
+    """``with Cluster(...)`` in synchronous code gave Python's bare "does not support
+    the context manager protocol"; the TypeError now says to use ``async with`` inside
+    async code, or ``runtime.get`` from synchronous code, and nothing is started."""
+    cluster = Cluster(workers=1)
+    says = r"use `async with Cluster\(\.\.\.\) as cluster:`"
+    with pytest.raises(TypeError, match=says) as info, cluster:
+        pass
+    assert "scheduler=runtime.get" in str(info.value) and "docs/api.md" in str(info.value)
+    assert cluster._system is None  # nothing started
