@@ -69,7 +69,7 @@ import anyio.abc
 from actors.providers import Block, BlockSpec, BlockState, Provider
 from runtime.errors import describe_exit
 from runtime.lifeline import LIFELINE_EXIT_CODE, die_with_parent_preexec
-from runtime.log import get_logger
+from runtime.log import JSON_LINES_ENV, get_logger, relayed
 
 __all__ = [
     "LIFELINE_ENV",
@@ -813,7 +813,8 @@ class LocalProcessProvider(Provider):
         env.update(self.env)
         env["CORRAL_WORKER_ID"] = wid
         env["CORRAL_BLOCK_ID"] = block_id
-        if self.log_dir is None:
+        if self.log_dir is None:  # relayed into our log: a Corral child writes JSON lines
+            env.setdefault(JSON_LINES_ENV, "1")
             return await spawn_child(argv, env=env, cwd=self.cwd, pdeathsig=self.pdeathsig)
         out, err = _open_output_files(self.log_dir, wid)
         with out, err:  # the child has its own copies; ours close once it is started
@@ -876,8 +877,16 @@ class LocalProcessProvider(Provider):
                 self._emit(wid, name, level, pending)
 
     def _emit(self, wid: str, name: str, level: int, line: bytes) -> None:
+        """Log one line of a child's ``name`` stream at ``level``; a Corral child's
+        record (:data:`~runtime.log.JSON_LINES_ENV`) at its own level, with its event
+        and fields."""
         text = line.decode("utf-8", errors="replace").rstrip("\r")
-        self._log.log(level, text, child=wid, stream=name)
+        record = relayed(text)
+        if record is None:
+            self._log.log(level, text, child=wid, stream=name)
+        else:
+            number, event, fields = record
+            self._log.log(number, event, **{**fields, "child": wid, "stream": name})
 
     def _child_ended(self, rec: _Record, child: _Child) -> None:
         process = child.process

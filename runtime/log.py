@@ -9,20 +9,55 @@ follow that application's logging settings (by default, warnings and above).
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from typing import Any
 
+import orjson
 import structlog
 
-__all__ = ["configure", "get_logger"]
+__all__ = ["JSON_LINES_ENV", "configure", "get_logger", "relayed"]
+
+#: set to "1" in a child process's environment by a parent that relays the child's
+#: output into its own log (actors/processes.py): the child then writes each record as
+#: one JSON object per line, which :func:`relayed` reads back, so the parent logs the
+#: child's event and fields as its own, not the child's whole line quoted in an event
+JSON_LINES_ENV = "CORRAL_LOG_JSON"
+
+
+def _render_json(_: Any, __: str, event_dict: dict[str, Any]) -> str:
+    return orjson.dumps(event_dict, default=repr).decode()
+
 
 _PROCESSORS: list[Any] = [
     structlog.stdlib.filter_by_level,
     structlog.stdlib.add_log_level,
     structlog.processors.TimeStamper(fmt="iso", utc=True),
     structlog.processors.format_exc_info,
-    structlog.processors.KeyValueRenderer(key_order=["timestamp", "level", "event"]),
+    _render_json
+    if os.environ.get(JSON_LINES_ENV) == "1"
+    else structlog.processors.KeyValueRenderer(key_order=["timestamp", "level", "event"]),
 ]
+
+
+def relayed(line: str) -> tuple[int, str, dict[str, Any]] | None:
+    """A line a child wrote with :data:`JSON_LINES_ENV` set, read back: its level (a
+    ``logging`` number), its event and its other fields (its timestamp left out: the
+    relaying logger stamps its own); None for any other line (a print, a traceback)."""
+    if not line.startswith("{"):
+        return None
+    try:
+        record = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(record, dict):
+        return None
+    event, level = record.pop("event", None), record.pop("level", None)
+    number = logging.getLevelName(level.upper()) if isinstance(level, str) else None
+    if not isinstance(event, str) or not isinstance(number, int):
+        return None
+    record.pop("timestamp", None)
+    return number, event, record
 
 
 def get_logger(name: str = "corral", **bound: Any) -> Any:

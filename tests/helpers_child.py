@@ -7,6 +7,8 @@ Modes:
   meanwhile (``--hook``: with a hook printing ``hook ran``). ``--ignore-term`` sets
   SIGTERM to SIG_IGN *before* printing ``ready``.
 - ``exit N``: print ``exiting N`` and exit with status ``N``.
+- ``log``: log a warning through Corral's logger (``disk nearly full``, with fields
+  ``free=12`` and ``where=['a b']``) to stderr, then exit with status 0.
 - ``parent pdeathsig|lifeline``: the intermediate parent of the no-orphans tests. It runs
   a :class:`~actors.processes.LocalProcessProvider` with one block of two ``sleep``
   grandchildren and prints ``pids <pid> <pid>``, then waits for ever (watching its own
@@ -71,6 +73,11 @@ def main(argv: list[str]) -> None:
     mode, args = argv[0], argv[1:]
     if mode == "sleep":
         sleep(args)
+    elif mode == "log":
+        from runtime.log import get_logger
+
+        configure("INFO")
+        get_logger("corral.child").warning("disk nearly full", free=12, where=["a b"])
     elif mode == "exit":
         say(f"exiting {args[0]}")
         sys.exit(int(args[0]))

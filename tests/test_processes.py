@@ -210,6 +210,24 @@ async def test_exit_code_3_fails_the_block(corral_log: LogLines) -> None:
             assert corral_log.has("exiting 3", "child='worker-1'")
 
 
+async def test_a_corral_childs_record_is_logged_with_its_own_event_and_fields(
+    corral_log: LogLines,
+) -> None:
+    """A Corral child (a worker) writes its records as JSON lines for the provider,
+    which logs each at the child's level with its event and fields, and the child's id:
+    before, the child's whole rendered line was quoted inside one event, with two
+    timestamps and nested quoting."""
+    with anyio.fail_after(LIMIT):
+        async with LocalProcessProvider(lambda b, i: [*CHILD, "log"]) as provider:
+            block = await provider.start_block(BlockSpec())
+            assert await provider.wait_ended(block) is BlockState.COMPLETED
+    line = corral_log.with_("disk nearly full")
+    assert line is not None
+    assert line.startswith("timestamp=") and line.count("timestamp=") == 1
+    assert "level='warning' event='disk nearly full'" in line
+    assert "free=12 where=['a b'] child='worker-1' stream='stderr'" in line
+
+
 async def test_exit_code_0_completes_the_block() -> None:
     with anyio.fail_after(LIMIT):
         async with LocalProcessProvider(lambda b, i: [*CHILD, "exit", "0"]) as provider:
