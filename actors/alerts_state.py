@@ -428,6 +428,12 @@ class _Parser:
         ):
             raise _Syntax(_no_function(name, pos))
         if self.names is not None and name not in self.names:
+            if name.startswith(_NOTIFICATIONS):
+                raise _Syntax(
+                    f"names {name!r} at character {pos}, which is one of the "
+                    f"{_NOTIFICATIONS}* metrics: alert rules cannot use them (an alert about "
+                    "Alertmanager would have to reach it); alert on them in Prometheus"
+                )
             if name + "_total" in self.names:
                 hint = f"; did you mean {name + '_total'!r}? (a counter's samples end in _total)"
             else:
@@ -467,6 +473,10 @@ class _Parser:
             for label in labels:
                 self.check_label(name, label)
 
+
+#: the prefix of the series on Alertmanager's notifiers (``runtime.metrics``), which
+#: ``/metrics`` shows and rules cannot read
+_NOTIFICATIONS = "corral_notifications_"
 
 #: the functions of the expression language
 FUNCTIONS = "sum(...), sum by (label, ...) (...) and increase(metric[duration])"

@@ -255,3 +255,19 @@ def test_a_negative_duration_text_says_it_must_be_at_least_zero() -> None:
         parse_duration("-5s")
     err = refused({"name": "Neg", "expr": TERM, "for": "-5s"})
     assert err.key == "for" and ">= 0" in err.problem and "'-5s'" in err.problem
+
+
+# ----------------------------------------------------------------------------- notifications
+
+
+def test_the_notification_metrics_are_refused_as_ones_rules_cannot_use() -> None:
+    err = refused({"name": "L10", "expr": "corral_notifications_sent_total > 0"})
+    assert (err.rule, err.key) == ("L10", "expr")
+    assert err.problem.startswith(
+        "names 'corral_notifications_sent_total' at character 0, which is one of the "
+        "corral_notifications_* metrics: alert rules cannot use them"
+    )
+    assert "alert rules cannot use them" in err.problem and "in Prometheus" in err.problem
+    assert "did you mean" not in err.problem and "unknown metric" not in err.problem
+    err = refused({"name": "Q", "expr": "increase(corral_notifications_dropped_total[5m]) > 0"})
+    assert "alert rules cannot use them" in err.problem
