@@ -763,18 +763,26 @@ def parse_rule(
     name: str | None = None,
     *,
     pools: Collection[str] | None = None,
+    position: int | None = None,
 ) -> AlertRule:
     """A rule from its table (keys: ``name``, ``expr``, ``for``, ``keep_firing_for``,
     ``labels``, ``annotations``, ``action``). ``names``: the metrics an expression may
     name, with their labels (``runtime.metrics.SAMPLE_LABELS``); ``name``: the rule's
     name when the table is keyed by it; ``pools``: the cluster's pools, which a
-    scale-out action must name one of (None: not known, not checked). Raises
+    scale-out action must name one of (None: not known, not checked); ``position``: the
+    rule's place in a list (from 1), for a message about a rule without a name. Raises
     :class:`AlertConfigError`."""
     if name is None:
         name = raw.get("name") if isinstance(raw, Mapping) else None
     shown = name if isinstance(name, str) else ""
+    at = "the rule" if position is None else f"the rule at position {position}"
     if not isinstance(raw, Mapping):
-        raise AlertConfigError(shown, "", f"must be a table of settings, got {raw!r}")
+        raise AlertConfigError(
+            shown, "",
+            f"{at} is {raw!r}, not a table: a rule is a table with a name and an expr, e.g. "
+            '{name = "QueueBusy", expr = "corral_queue_depth > 0"} (an [[alerts]] table in '
+            "a file, a dict in Python)",
+        )  # fmt: skip
     for key in raw:
         if key not in RULE_KEYS:
             raise _unknown(shown, str(key), RULE_KEYS)
@@ -855,7 +863,7 @@ def parse_rules(
     elif isinstance(raw, str | bytes) or not isinstance(raw, Iterable):
         raise AlertConfigError("", "", f"rules must be a list of tables, got {raw!r}")
     else:
-        rules = [parse_rule(r, names, pools=pools) for r in raw]
+        rules = [parse_rule(r, names, pools=pools, position=i) for i, r in enumerate(raw, 1)]
     seen: set[str] = set()
     for r in rules:
         if r.name in seen:

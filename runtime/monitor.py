@@ -203,6 +203,12 @@ def alerting_config(
         )
     if not isinstance(rules, Sequence) or isinstance(rules, str | bytes):
         raise AlertConfigError("", "", f"must be a list of tables, got {rules!r}")
+    try:
+        parse_rules(rules, SAMPLE_LABELS, pools=pools)  # every rule checked now, not at start
+    except AlertConfigError as err:
+        if source:
+            raise AlertConfigError(err.rule, err.key, err.problem, source) from None
+        raise
     config = AlertingConfig(
         rules=tuple(dict(r) for r in rules),
         default_rules=default_rules,
@@ -213,12 +219,6 @@ def alerting_config(
         pools=None if pools is None else tuple(pools),
         external_labels=dict(external),
     )
-    try:
-        config.all_rules()  # every rule checked now, not at start
-    except AlertConfigError as err:
-        if source:
-            raise AlertConfigError(err.rule, err.key, err.problem, source) from None
-        raise
     return config
 
 

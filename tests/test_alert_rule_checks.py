@@ -26,6 +26,7 @@ from actors.alerts_state import (
     parse_rule,
     parse_rules,
 )
+from runtime import Cluster
 from runtime.errors import AlertConfigError
 from runtime.log import get_logger
 from runtime.messages import (
@@ -271,3 +272,25 @@ def test_the_notification_metrics_are_refused_as_ones_rules_cannot_use() -> None
     assert "did you mean" not in err.problem and "unknown metric" not in err.problem
     err = refused({"name": "Q", "expr": "increase(corral_notifications_dropped_total[5m]) > 0"})
     assert "alert rules cannot use them" in err.problem
+
+
+# ----------------------------------------------------------------------------- rule shapes
+
+
+def test_a_rule_that_is_not_a_table_is_refused_with_its_position(tmp_path: Path) -> None:
+    path = tmp_path / "corral.toml"
+    path.write_text('alerts = ["corral_queue_depth > 0"]\n')
+    with pytest.raises(AlertConfigError) as info:
+        load_alerting(path)
+    assert info.value.source == str(path) and info.value.rule == ""
+    assert str(info.value).startswith(
+        f"the alerting configuration in {path}: the rule at position 1 is "
+        "'corral_queue_depth > 0', not a table: a rule is a table with a name and an expr"
+    )
+    path.write_text(f'alerts = [{{name = "Ok", expr = "{TERM}"}}, 1]\n')
+    with pytest.raises(AlertConfigError, match="the rule at position 2 is 1, not a table"):
+        load_alerting(path)
+    with pytest.raises(AlertConfigError, match="position 1 is 'corral_queue_depth > 0', not a"):
+        alerting_config({}, [TERM])  # type: ignore[list-item]
+    with pytest.raises(AlertConfigError, match="position 1 is 'corral_queue_depth > 0', not a"):
+        Cluster(alerts=[TERM])  # type: ignore[list-item]
