@@ -658,6 +658,7 @@ RULE_KEYS = ("name", "expr", "for", "keep_firing_for", "labels", "annotations", 
 ACTION_KEYS = ("scale_out",)
 SCALE_OUT_KEYS = ("by", "fit", "pool", "cooldown", "max_blocks", "max_cost", "restore")
 _RULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
+_NAME_CHARS = "letters, digits, '_', '.' and '-' (not first)"
 _LABEL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -788,11 +789,14 @@ def parse_rule(
             raise _unknown(shown, str(key), RULE_KEYS)
     if "name" in raw and raw["name"] != name:
         raise AlertConfigError(shown, "name", f"differs from the table's name {raw['name']!r}")
-    if not isinstance(name, str) or not _RULE_NAME.fullmatch(name):
+    if name is None:
+        expr = raw.get("expr")
+        of = f" (expr {expr!r})" if isinstance(expr, str) else ""
         raise AlertConfigError(
-            shown, "name",
-            f"a rule's name is letters, digits, '_', '.' and '-' (not first), got {name!r}",
-        )  # fmt: skip
+            "", "name", f"is missing from {at}{of}: give each rule a name: {_NAME_CHARS}"
+        )
+    if not isinstance(name, str) or not _RULE_NAME.fullmatch(name):
+        raise AlertConfigError(shown, "name", f"a rule's name is {_NAME_CHARS}, got {name!r}")
     expr = raw.get("expr")
     if not isinstance(expr, str):
         raise AlertConfigError(name, "expr", f"must be a text, got {expr!r}")

@@ -294,3 +294,20 @@ def test_a_rule_that_is_not_a_table_is_refused_with_its_position(tmp_path: Path)
         alerting_config({}, [TERM])  # type: ignore[list-item]
     with pytest.raises(AlertConfigError, match="position 1 is 'corral_queue_depth > 0', not a"):
         Cluster(alerts=[TERM])  # type: ignore[list-item]
+
+
+def test_a_rule_without_a_name_says_so_with_its_position_and_expr(tmp_path: Path) -> None:
+    path = tmp_path / "corral.toml"
+    path.write_text(
+        f'[[alerts]]\nname = "Ok"\nexpr = "{TERM}"\n\n[[alerts]]\nexpr = "{TERM}"\nfor = "1m"\n'
+    )
+    with pytest.raises(AlertConfigError) as info:
+        load_alerting(path)
+    assert (info.value.rule, info.value.key, info.value.source) == ("", "name", str(path))
+    assert info.value.problem == (
+        "is missing from the rule at position 2 (expr 'corral_queue_depth > 0'): give each "
+        "rule a name: letters, digits, '_', '.' and '-' (not first)"
+    )
+    assert "None" not in str(info.value)
+    err = refused({"expr": TERM})  # the console's `alert add {JSON}`: no position
+    assert err.problem.startswith("is missing from the rule (expr 'corral_queue_depth > 0'):")

@@ -884,7 +884,7 @@ E = "corral_queue_depth > 0"
         ({"name": "r", "expr": E, "keep_firing_for": -3},
          "key 'keep_firing_for' must be a number of seconds >= 0"),
         ({"name": "r"}, "key 'expr' must be a text, got None"),
-        ({"expr": E}, "the alerting configuration: key 'name' a rule's name is letters"),
+        ({"expr": E}, "the alerting configuration: key 'name' is missing from the rule (expr "),
         ({"name": "a b", "expr": E}, "key 'name' a rule's name is letters"),
         ({"name": "r", "expr": E, "labels": {"team": 3}}, "key 'labels.team' must be a text"),
         ({"name": "r", "expr": E, "labels": ["team"]}, "key 'labels' must be a table of texts"),
