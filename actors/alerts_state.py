@@ -825,6 +825,14 @@ def parse_rule(
             if key not in ACTION_KEYS:
                 raise _unknown(name, str(key), ACTION_KEYS, "action.")
         scale = _scale_out(name, action["scale_out"], pools)
+        if scale.pool is None and "pool" not in _instance_labels(parsed, names):
+            raise AlertConfigError(
+                name, "action.scale_out.pool",
+                "is needed: no alert of this rule carries a pool label (the series its "
+                "expression matches have none, or a sum(...) without by (pool) drops it), so "
+                "no scale-out could act; set scale_out.pool in the rule's action (--pool POOL "
+                "in the console)",
+            )  # fmt: skip
     annotations = _strings(name, "annotations", raw.get("annotations", {}))
     _templates(name, annotations, parsed, names, labels)
     return AlertRule(

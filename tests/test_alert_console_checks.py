@@ -118,6 +118,14 @@ async def test_rules_refused_by_the_manager_say_what_to_do(tmp_path: Path) -> No
                         "alert add P 'corral_queue_depth > 0' --scale-out 1 --pool cii"
                     )
 
+                with pytest.raises(
+                    ConsoleError,
+                    match=r"alert rule 'L7': key 'action.scale_out.pool' is needed: no alert",
+                ):
+                    await console.run_command(
+                        "alert add L7 'corral_workers_connected > 0' --scale-out 1 --max-blocks 2"
+                    )
+
                 with pytest.raises(ConsoleError, match=r"uses rate\(\) at character 0") as info:
                     await console.run_command(
                         "alert add Bad10 'rate(corral_tasks_finished_total[5m]) > 0'"
@@ -140,4 +148,4 @@ async def test_rules_refused_by_the_manager_say_what_to_do(tmp_path: Path) -> No
                     await console.run_command("alert add Bad5 'corral_queue_depth > 0' --for -5s")
 
                 rules = {r["name"] for r in (await console.alerts()).rules}
-                assert not rules & {"Deep", "Long", "P", "Bad10", "Bad11", "Bad5"}
+                assert not rules & {"Deep", "Long", "P", "L7", "Bad10", "Bad11", "Bad5"}

@@ -311,3 +311,34 @@ def test_a_rule_without_a_name_says_so_with_its_position_and_expr(tmp_path: Path
     assert "None" not in str(info.value)
     err = refused({"expr": TERM})  # the console's `alert add {JSON}`: no position
     assert err.problem.startswith("is missing from the rule (expr 'corral_queue_depth > 0'):")
+
+
+# ----------------------------------------------------------------------------- scale-out pools
+
+
+@pytest.mark.parametrize(
+    "expr", ["corral_workers_connected > 0", "sum(corral_queue_depth) > 0",
+             "sum by (state) (corral_workers) == 0 or corral_workers_connected == 0"],
+)  # fmt: skip
+def test_a_scale_out_that_could_name_no_pool_is_refused(expr: str) -> None:
+    act = {"scale_out": {"by": 1, "max_blocks": 2}}
+    err = refused({"name": "L7", "expr": expr, "action": act})
+    assert (err.rule, err.key) == ("L7", "action.scale_out.pool")
+    assert "no alert of this rule carries a pool label" in err.problem
+    assert "set scale_out.pool in the rule's action (--pool POOL in the console)" in err.problem
+    with pytest.raises(AlertConfigError, match="no alert of this rule carries a pool label"):
+        alerting_config({}, [{"name": "L7", "expr": expr, "action": act}])
+    named = {"scale_out": {"by": 1, "max_blocks": 2, "pool": "ci"}}
+    assert parse_rule({"name": "L7", "expr": expr, "action": named}, SAMPLE_LABELS).action
+
+
+@pytest.mark.parametrize(
+    "expr",
+    [TERM, 'corral_queue_depth{pool="ci"} > 0', "sum by (pool) (corral_workers) == 0",
+     "corral_workers_connected == 0 and corral_queue_depth > 0",
+     "corral_workers_connected == 0 or corral_queue_depth > 0",
+     "increase(corral_blocks_failed_total[5m]) > 0"],
+)  # fmt: skip
+def test_a_scale_out_whose_alerts_may_carry_a_pool_needs_none_named(expr: str) -> None:
+    rule = {"name": "L8", "expr": expr, "action": {"scale_out": {"fit": True}}}
+    assert parse_rule(rule, SAMPLE_LABELS).action is not None
