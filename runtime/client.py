@@ -957,8 +957,9 @@ class Cluster:
         #: the alert monitor's settings and rules (AlertConfigError now, not at start;
         #: with pools, a rule's scale-out must name one of them, as in a config file)
         self.alerting = alerting_config(
-            alerting, alerts, alertmanager=alertmanager, pools=list(self.pools) or None
-        )
+            alerting, alerts, alertmanager=alertmanager, pools=list(self.pools) or None,
+            flag="Cluster(alertmanager=...)",
+        )  # fmt: skip
         self._system: ActorSystem | None = None
         self._client_actor: ClientActor
         self._manager: ActorRef[Manager] | _RemoteManager

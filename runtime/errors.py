@@ -996,21 +996,26 @@ class AlertConfigError(CorralError, ValueError):
     the console, or a rule given as data) or an alerting setting was refused: ``key``
     of rule ``rule`` (either may be empty for a problem with the whole configuration)
     and what is wrong with it, with what is allowed and, for a misspelt name (key,
-    metric, label), the closest known one. ``source`` is the file, if any."""
+    metric, label), the closest known one. ``source`` is the file, if any; ``see``: the
+    section of docs/monitoring.md the message points to."""
 
     rule: str
     key: str
     problem: str
     source: str
+    see: str
 
-    def __init__(self, rule: str, key: str, problem: str, source: str = "") -> None:
+    def __init__(
+        self, rule: str, key: str, problem: str, source: str = "", see: str = "alert-rules"
+    ) -> None:
         where = f"alert rule {rule!r}" if rule else "the alerting configuration"
         super().__init__(
-            _refused(where, source, key, problem, "docs/monitoring.md#alert-rules"),
+            _refused(where, source, key, problem, f"docs/monitoring.md#{see}"),
             rule=rule,
             key=key,
             problem=problem,
             source=source,
+            see=see,
         )
 
 

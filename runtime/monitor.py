@@ -128,6 +128,10 @@ class AlertingConfig:
 DEFAULT_ALERTING = AlertingConfig()
 
 
+#: the section of docs/monitoring.md on notifiers (the ``alertmanager`` setting)
+_NOTIFIERS = "notifiers-and-alertmanager"
+
+
 def _problem(key: str, text: str, source: str) -> AlertConfigError:
     return AlertConfigError("", f"alerting.{key}", text, source)
 
@@ -139,12 +143,14 @@ def alerting_config(
     alertmanager: str | None = None,
     source: str = "",
     pools: Sequence[str] | None = None,
+    flag: str = "--alertmanager",
 ) -> AlertingConfig:
     """Check and build an :class:`AlertingConfig` from an ``[alerting]`` table
     (``settings``) and ``[[alerts]]`` tables (``rules``); ``alertmanager`` (the
-    manager's ``--alertmanager`` flag) overrides the table's; ``pools``: the cluster's
-    pools, when known (a rule's scale-out of another pool is refused). Raises
-    :class:`~runtime.errors.AlertConfigError` naming the key and what is allowed."""
+    manager's ``--alertmanager`` flag, named ``flag`` in an error) overrides the
+    table's; ``pools``: the cluster's pools, when known (a rule's scale-out of another
+    pool is refused). Raises :class:`~runtime.errors.AlertConfigError` naming the key
+    and what is allowed."""
     raw = dict(settings or {})
     for key in raw:
         if key not in ALERTING_KEYS:
@@ -172,21 +178,15 @@ def alerting_config(
     if not isinstance(default_rules, bool):
         raise _problem("default_rules", f"must be true or false, got {default_rules!r}", source)
     url = alertmanager if alertmanager is not None else raw.get("alertmanager")
-    if url is not None and (
-        not isinstance(url, str) or not url.startswith(("http://", "https://"))
-    ):
-        raise _problem(
-            "alertmanager",
-            f"must be Alertmanager's base URL, e.g. 'http://127.0.0.1:9093', got {url!r}",
-            source,
-        )
-    if url is not None and "/api/" in urlsplit(url).path:
-        raise _problem(
-            "alertmanager",
-            f"must be Alertmanager's base URL, e.g. 'http://127.0.0.1:9093', got {url!r}: "
-            "leave out the API path (Corral posts to URL/api/v2/alerts)",
-            source,
-        )
+    base = f"must be Alertmanager's base URL, e.g. 'http://127.0.0.1:9093', got {url!r}"
+    if url is not None and "/api/" in urlsplit(str(url)).path:
+        base += ": leave out the API path (Corral posts to URL/api/v2/alerts)"
+    elif isinstance(url, str) and url.startswith(("http://", "https://")):
+        base = ""
+    if url is not None and base:
+        if alertmanager is not None:  # the caller's, not the file's
+            raise AlertConfigError("", "", f"{flag} {base}", see=_NOTIFIERS)
+        raise AlertConfigError("", "alerting.alertmanager", base, source, see=_NOTIFIERS)
     dashboard = raw.get("dashboard_url", "")
     if not isinstance(dashboard, str):
         raise _problem("dashboard_url", f"must be a URL as a string, got {dashboard!r}", source)
@@ -207,7 +207,7 @@ def alerting_config(
         parse_rules(rules, SAMPLE_LABELS, pools=pools)  # every rule checked now, not at start
     except AlertConfigError as err:
         if source:
-            raise AlertConfigError(err.rule, err.key, err.problem, source) from None
+            raise AlertConfigError(err.rule, err.key, err.problem, source, err.see) from None
         raise
     config = AlertingConfig(
         rules=tuple(dict(r) for r in rules),

@@ -39,6 +39,7 @@ from runtime.messages import (
 )
 from runtime.metrics import SAMPLE_LABELS, samples
 from runtime.monitor import AlertingConfig, Monitor, alerting_config, load_alerting
+from tests.helpers import ROOT
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -342,3 +343,35 @@ def test_a_scale_out_that_could_name_no_pool_is_refused(expr: str) -> None:
 def test_a_scale_out_whose_alerts_may_carry_a_pool_needs_none_named(expr: str) -> None:
     rule = {"name": "L8", "expr": expr, "action": {"scale_out": {"fit": True}}}
     assert parse_rule(rule, SAMPLE_LABELS).action is not None
+
+
+# ----------------------------------------------------------------------------- --alertmanager
+
+
+def test_a_bad_alertmanager_url_names_the_flag_or_key_and_the_notifiers_section(
+    tmp_path: Path,
+) -> None:
+    see = "See docs/monitoring.md#notifiers-and-alertmanager."
+    headings = (ROOT / "docs" / "monitoring.md").read_text().splitlines()
+    assert "## Notifiers and Alertmanager" in headings  # the anchor's heading
+    with pytest.raises(AlertConfigError) as info:
+        alerting_config(alertmanager="notaurl")  # the manager's --alertmanager flag
+    assert str(info.value) == (
+        "the alerting configuration: --alertmanager must be Alertmanager's base URL, e.g. "
+        f"'http://127.0.0.1:9093', got 'notaurl'. {see}"
+    )
+    path = tmp_path / "corral.toml"
+    path.write_text('[alerting]\nalertmanager = "notaurl"\n')
+    with pytest.raises(AlertConfigError) as info:
+        load_alerting(path)
+    assert str(info.value).startswith(
+        f"the alerting configuration in {path}: key 'alerting.alertmanager' must be"
+    )
+    assert str(info.value).endswith(see)
+    path.write_text("[alerting]\ninterval = 5\n")
+    with pytest.raises(AlertConfigError) as info:
+        load_alerting(path, alertmanager="http://h:9093/api/v2/alerts")  # the flag, not the file
+    assert str(info.value).startswith("the alerting configuration: --alertmanager must be")
+    assert "leave out the API path" in str(info.value) and str(info.value).endswith(see)
+    with pytest.raises(AlertConfigError, match=r"^the alerting configuration: Cluster\(alertm"):
+        Cluster(alertmanager="notaurl")
