@@ -93,6 +93,7 @@ __all__ = [
     "parse_expr",
     "parse_rule",
     "parse_rules",
+    "pool_warnings",
     "pools_in",
     "typed_duration",
 ]
@@ -858,6 +859,28 @@ def _instance_labels(e: Expr, names: MetricNames) -> set[str]:
         else:
             selector = v.selector if isinstance(v, Increase) else v
             out.update(names.get(selector.name, ()))
+    return out
+
+
+def pool_warnings(rule: AlertRule, pools: Collection[str] | None) -> list[str]:
+    """What is valid in ``rule`` but likely a typo: a ``pool="X"`` matcher of its
+    expression naming none of the cluster's ``pools`` (None or none: not known, nothing
+    said). Not refused: workers may join later with ``--pool X``."""
+    if not pools:
+        return []
+    out: list[str] = []
+    for v in _vectors(rule.parsed):
+        selector = v.selector if isinstance(v, Increase) else v
+        for label, op, value in selector.matchers if isinstance(selector, Selector) else ():
+            if label != "pool" or op != "=" or value in ("*", "") or value in pools:
+                continue
+            text = (
+                f"no pool {value!r} is configured (pools: {', '.join(pools)})"
+                f"{did_you_mean(value, pools, ';')} the rule can fire only if workers join "
+                f"with --pool {value} or tasks ask for pool {value}"
+            )
+            if text not in out:
+                out.append(text)
     return out
 
 

@@ -710,17 +710,18 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
     from actors.pools import load_config
     from runtime.monitor import load_alerting
-    from runtime.preflight import exit_code, render, run_checks
+    from runtime.preflight import WARN, CheckResult, exit_code, render, run_checks
 
     if args.probe_timeout <= 0:
         raise ValueError("--probe-timeout must be more than 0")
     pools = load_config(args.config)
-    load_alerting(args.config)  # its alert rules and settings too: AlertConfigError
+    alerting = load_alerting(args.config)  # its alert rules and settings too: AlertConfigError
 
     def progress(text: str) -> None:
         print(text, file=sys.stderr, flush=True)
 
-    results = run_checks(
+    results = [CheckResult("*", "alert rule", WARN, line) for line in alerting.warnings()]
+    results += run_checks(
         pools,
         probe=not args.no_probe,
         probe_timeout=args.probe_timeout,

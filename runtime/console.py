@@ -422,7 +422,8 @@ class ConsoleClient:
 
     async def add_alert_rule(self, rule: Mapping[str, Any]) -> dict[str, Any]:
         """Add ``rule`` (its data; one of the same name is replaced) (admin). Answer:
-        the rule as the monitor holds it. A bad rule: :class:`ConsoleError` with the
+        the rule as the monitor holds it, with ``warnings`` (texts) when a ``pool="X"``
+        of it names no pool of the cluster's. A bad rule: :class:`ConsoleError` with the
         monitor's ``AlertConfigError`` text."""
         return dict(await self._alert_ask(AlertRuleAdd(dict(rule))))
 
@@ -601,6 +602,7 @@ class ConsoleClient:
         if word == "add":
             held = jsonable(await self.add_alert_rule(_alert_rule(args)))
             text = f"alert rule {held.get('name')} added: {held.get('expr')}"
+            text += "".join(f"\nwarning: {w}" for w in held.get("warnings") or ())
             return Result("alert", held, Text(text))
         _usage("alert")
 

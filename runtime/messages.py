@@ -941,8 +941,9 @@ class MonitorFeedReply(Message):
 class AlertRuleAdd(Message):
     """-> manager -> alert monitor (admin): add the alert rule ``rule`` (its data, as
     in a ``[[alerts]]`` table of the manager's configuration), or replace the rule of
-    the same name. Answer: the rule as the monitor holds it; a bad rule raises
-    :class:`~runtime.errors.AlertConfigError`."""
+    the same name. Answer: the rule as the monitor holds it, with ``warnings`` (texts)
+    when a ``pool="X"`` of its expression names no pool of the cluster's; a bad rule
+    raises :class:`~runtime.errors.AlertConfigError`."""
 
     rule: dict[str, Any]
 

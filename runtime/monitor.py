@@ -49,6 +49,7 @@ from actors.alerts_state import (
     ScaleDone,
     parse_rule,
     parse_rules,
+    pool_warnings,
 )
 from actors.pools import read_config
 from runtime.errors import ActorStopped, AlertConfigError, did_you_mean
@@ -122,6 +123,16 @@ class AlertingConfig:
         for rule in parse_rules(list(self.rules), SAMPLE_LABELS, pools=self.pools):
             by_name[rule.name] = rule
         return list(by_name.values())
+
+    def warnings(self) -> list[str]:
+        """What may keep a rule from ever firing though it is valid (a ``pool="X"`` of
+        no configured pool: :func:`~actors.alerts_state.pool_warnings`), a line each
+        naming the rule: the manager logs them as it starts, ``check --config`` shows them."""
+        return [
+            f"alert rule {rule.name!r}: {text}"
+            for rule in self.all_rules()
+            for text in pool_warnings(rule, self.pools)
+        ]
 
 
 #: what a cluster gets unless told otherwise: the default rules, logged
@@ -318,6 +329,8 @@ class Monitor(Actor):
         self.failed = 0  #: evaluations that raised (logged; the next one runs as usual)
 
     async def on_start(self) -> None:
+        for line in self.config.warnings():
+            self.log.warning(line)
         self._dashboard_known = anyio.Event()
         for notifier in self.notifiers:
             self.start_soon(notifier.run)
@@ -446,9 +459,11 @@ class Monitor(Actor):
         if pools is None:  # not configured: the pools the autoscaler reports, if any
             pools = tuple(self.state.pools()) or None
         rule = parse_rule(dict(msg.rule), SAMPLE_LABELS, pools=pools)
+        warnings = pool_warnings(rule, pools)
         self._run(RuleAdded(rule, replace=True, now=time.time()))
-        self.log.warning("alert rule added", rule=rule.name, expr=rule.expr)
-        return rule.to_dict()
+        self.log.warning("alert rule added", rule=rule.name, expr=rule.expr,
+                         **({"warnings": warnings} if warnings else {}))  # fmt: skip
+        return {**rule.to_dict(), "warnings": warnings} if warnings else rule.to_dict()
 
     @handles(AlertRuleRemove)
     def remove_rule(self, msg: AlertRuleRemove) -> list[str]:

@@ -149,3 +149,37 @@ async def test_rules_refused_by_the_manager_say_what_to_do(tmp_path: Path) -> No
 
                 rules = {r["name"] for r in (await console.alerts()).rules}
                 assert not rules & {"Deep", "Long", "P", "L7", "Bad10", "Bad11", "Bad5"}
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+async def test_a_rule_on_a_pool_not_configured_is_warned_of_at_start_and_when_added(
+    tmp_path: Path,
+) -> None:
+    """A rule on `pool="cii"` (the manager's file configures `ci`) was taken without a
+    word, at start and from `alert add`: it can fire only if workers join that pool."""
+    config = tmp_path / "corral.toml"
+    typo = 'corral_queue_depth{pool="cii"} > 0'
+    config.write_text(CONFIG + f"\n[[alerts]]\nname = \"Typo\"\nexpr = '{typo}'\n")
+    warning = (
+        "no pool 'cii' is configured (pools: ci); did you mean 'ci'? the rule can fire only "
+        "if workers join with --pool cii or tasks ask for pool cii"
+    )
+    with Cli(tmp_path / "home") as cli:
+        manager = cli.start("manager", "--listen", "127.0.0.1:0", "--config", str(config))
+        assert f"alert rule 'Typo': {warning}" in cli.line_with(manager, "alert rule 'Typo'")
+        address = cli.line_with(manager, "manager listening on").split(" on ", 1)[1].strip()
+        with anyio.fail_after(LIMIT):
+            async with ConsoleClient(address) as console:
+                result = await console.execute(f"alert add P2 '{typo}'")
+                assert result.text(width=1000).splitlines() == [
+                    f"alert rule P2 added: {typo}",
+                    f"warning: {warning}",
+                ]
+                assert result.data["warnings"] == [warning]
+                rules = {r["name"] for r in (await console.alerts()).rules}
+                assert {"Typo", "P2"} <= rules  # warned of, not refused
+                text = await console.run_command(
+                    "alert add Ok 'corral_queue_depth{pool=\"ci\"} > 0'"
+                )
+                assert "warning" not in text

@@ -25,6 +25,7 @@ from actors.alerts_state import (
     parse_duration,
     parse_rule,
     parse_rules,
+    pool_warnings,
 )
 from runtime import Cluster
 from runtime.errors import AlertConfigError
@@ -375,3 +376,45 @@ def test_a_bad_alertmanager_url_names_the_flag_or_key_and_the_notifiers_section(
     assert "leave out the API path" in str(info.value) and str(info.value).endswith(see)
     with pytest.raises(AlertConfigError, match=r"^the alerting configuration: Cluster\(alertm"):
         Cluster(alertmanager="notaurl")
+
+
+# ----------------------------------------------------------------------------- pool warnings
+
+
+def test_a_pool_label_of_no_configured_pool_is_a_warning_not_a_refusal(tmp_path: Path) -> None:
+    def warned(expr: str, pools: list[str] | None = ["ci", "gpu"]) -> list[str]:  # noqa: B006
+        return pool_warnings(parse_rule({"name": "P2", "expr": expr}, SAMPLE_LABELS), pools)
+
+    assert warned('corral_queue_depth{pool="cii"} > 0') == [
+        "no pool 'cii' is configured (pools: ci, gpu); did you mean 'ci'? the rule can fire "
+        "only if workers join with --pool cii or tasks ask for pool cii"
+    ]
+    (line,) = warned(
+        'increase(corral_blocks_failed_total{pool="zzz"}[5m]) > 0 and '
+        'sum by (pool) (corral_workers{pool="zzz"}) == 0'
+    )  # once per pool
+    assert line.startswith("no pool 'zzz' is configured (pools: ci, gpu); the rule can fire")
+    for expr in ('corral_queue_depth{pool="ci"} > 0', 'corral_queue_depth{pool="*"} > 0',
+                 'corral_queue_depth{pool!="cii"} > 0', TERM):  # fmt: skip
+        assert warned(expr) == [], expr
+    assert warned('corral_queue_depth{pool="cii"} > 0', None) == []  # pools not known
+    # a file with pools: the rule is kept, its warning is there to log and show
+    path = tmp_path / "corral.toml"
+    path.write_text(
+        '[pools.ci]\nprovider = "local"\n\n'
+        '[[alerts]]\nname = "P2"\nexpr = \'corral_queue_depth{pool="cii"} > 0\'\n'
+    )
+    config = load_alerting(path)
+    assert "P2" in [r.name for r in config.all_rules()]
+    assert config.warnings() == [
+        "alert rule 'P2': no pool 'cii' is configured (pools: ci); did you mean 'ci'? the rule "
+        "can fire only if workers join with --pool cii or tasks ask for pool cii"
+    ]
+    path.write_text(path.read_text().split("\n\n", 1)[1])
+    assert load_alerting(path).warnings() == []  # no pools in the file: nothing known
+    # a rule added live: its warnings come back with it
+    monitor = _monitor(AlertingConfig(pools=("ci", "gpu")))
+    rule = {"name": "P2", "expr": 'corral_queue_depth{pool="cii"} > 0'}
+    added = monitor.add_rule(AlertRuleAdd(rule))
+    assert added["warnings"] == warned(rule["expr"]) and "P2" in monitor.state.rules
+    assert "warnings" not in monitor.add_rule(AlertRuleAdd({**rule, "expr": TERM}))

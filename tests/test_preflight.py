@@ -98,6 +98,25 @@ def test_a_good_local_config_passes_with_the_managers_versions(tmp_path: Path) -
     assert lines[-1] == "3 checks: 0 failed, 0 warnings"
 
 
+def test_a_rule_on_a_pool_not_configured_is_a_warning(tmp_path: Path) -> None:
+    """`check --config` passed a rule on `pool="heer"` (only `here` is configured) without
+    a word: it can fire only if workers join with --pool heer."""
+    rule = """
+[[alerts]]
+name = "P2"
+expr = 'corral_queue_depth{pool="heer"} > 0 or corral_queue_depth{pool="here"} > 9'
+"""
+    done = check(tmp_path, LOCAL + rule, "--no-probe")
+    assert done.returncode == 0, done.stdout + done.stderr  # a warning, not a failure
+    line = next(line for line in done.stdout.splitlines() if "alert rule" in line)
+    assert line.startswith("WARN") and line.endswith(
+        "alert rule 'P2': no pool 'heer' is configured (pools: here); did you mean 'here'? "
+        "the rule can fire only if workers join with --pool heer or tasks ask for pool heer"
+    )
+    done = check(tmp_path, LOCAL + rule.replace('"heer"', '"here"'), "--no-probe", "--json")
+    assert ("*", "alert rule") not in results(done)
+
+
 def test_a_spill_dir_that_cannot_be_created_fails_with_advice(tmp_path: Path) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
