@@ -276,8 +276,8 @@ class Scheduler(Actor):
             elif type(cmd) is DropData:
                 self._to_worker(cmd.worker, DropKeys(cmd.keys))
             elif type(cmd) is RetireWorker:
-                self.log.info("retiring drained worker", worker=cmd.worker)
-                self._to_worker(cmd.worker, Stop("drained"))
+                self.log.info("retiring drained worker", worker=cmd.worker, cause=cmd.cause)
+                self._to_worker(cmd.worker, Stop(cmd.cause))
             elif type(cmd) is Evacuate:
                 self._to_worker(cmd.worker, EvacuationPlan(cmd.moves))
             elif type(cmd) is Replicate:

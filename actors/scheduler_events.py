@@ -308,9 +308,12 @@ class DropCheckpoints(Command):
 @dataclasses.dataclass(frozen=True, slots=True)
 class RetireWorker(Command):
     """A draining worker has finished its tasks: tell it to stop. It stays known (and
-    draining) until it leaves (:class:`WorkerLeft`)."""
+    draining) until it leaves (:class:`WorkerLeft`). ``cause``: why it was drained, the
+    cause it leaves with: ``walltime`` for the core's own drain before its walltime,
+    ``drained`` for any other (an operator's, a scale-in)."""
 
     worker: str
+    cause: str = "drained"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -1222,7 +1222,8 @@ class SchedulerState:
             self.draining.discard(wid)
             ws.retired = True
             self._log(wid, "draining", "retired")
-            self._out.append(RetireWorker(self._stimulus, wid))
+            cause = "walltime" if ws.walltime_drain else "drained"
+            self._out.append(RetireWorker(self._stimulus, wid, cause))
 
     def _held_and_coming(self, workers: list[WorkerState]) -> dict[str, int]:
         """Per worker of ``workers``, the bytes it holds and those being copied to it."""

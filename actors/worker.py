@@ -224,7 +224,7 @@ class Worker(Actor):
         pool: str = "default",
         fetch_timeout: float = 30.0,
         register: bool = True,
-        on_retire: Callable[[], None] | None = None,
+        on_retire: Callable[[str], None] | None = None,
         memory_options: Mapping[str, Any] | None = None,
         probe: Callable[[], int] | None = None,
         deadline: float = 0.0,
@@ -251,7 +251,8 @@ class Worker(Actor):
         #: dropped, or found gone)
         self._unservable: set[tuple[Any, int]] = set()
         self.register = register  #: tell the scheduler at start (False: a gateway does)
-        self.on_retire = on_retire  #: what a Stop from the scheduler does (default: stop)
+        #: what a Stop from the scheduler does, given its reason (default: stop)
+        self.on_retire = on_retire
         #: memory fences and intervals (MemoryConfigError here, not later, if bad)
         self.memory_config = cfg = mem.MemoryConfig.of(self.memory, memory_options)
         #: the directory its outputs go to on disk, and the disk it offers for them:
@@ -1180,16 +1181,16 @@ class Worker(Actor):
 
     @handles(Stop)
     def retire(self, msg: Stop) -> Later:
-        """The scheduler retires this worker (drained): copy the outputs others still
-        need and no other worker holds to the workers the scheduler names (within
-        ``grace`` seconds less one), then end."""
+        """The scheduler retires this worker (drained; the reason is why: ``walltime``
+        or ``drained``): copy the outputs others still need and no other worker holds to
+        the workers the scheduler names (within ``grace`` seconds less one), then end."""
         self.log.info("retired", reason=msg.reason)
 
         async def leave() -> None:
             with anyio.move_on_after(max(0.0, self.grace - 1.0)):
                 await self._evacuate("drained")
             if self.on_retire is not None:
-                self.on_retire()
+                self.on_retire(msg.reason)
             else:
                 self.stop(msg.reason)
 

@@ -1570,7 +1570,8 @@ async def run_worker(
     until the manager stays unreachable for ``reconnect`` seconds.
 
     When it stops it tells the scheduler why (:func:`leaving_cause`): ``drained`` when
-    the scheduler retired it, ``walltime`` when a signal came within a minute of its
+    the scheduler retired it (``walltime`` when it drained it because its walltime was
+    near), ``walltime`` when a signal came within a minute of its
     ``deadline`` (a wall-clock time, given by the provider that knows the block's
     walltime), ``preempted`` when the batch system took it back (a signal inside a
     Slurm job, any other time), ``shutdown`` when an operator stopped it. Unless it was
@@ -1641,13 +1642,13 @@ async def run_worker(
                 return peer.ref
 
             link = Link("manager")
-            retired: list[bool] = []
+            retired: list[str] = []  #: why the scheduler retired it (its Stop's reason)
             #: set when the manager connection ends after the stop began: no evacuation
             #: plan can come any more, so the worker does not wait out its grace for one
             manager_gone = anyio.Event()
 
-            def on_retire() -> None:
-                retired.append(True)
+            def on_retire(reason: str) -> None:
+                retired.append(reason)
                 stop.set()
 
             worker = Worker(
@@ -1769,10 +1770,12 @@ async def run_worker(
             await stop.wait()
             # Graceful: tell the scheduler we leave and why (it hands our running tasks
             # to others, free of charge), stop serving peers, close.
-            cause = leaving_cause(bool(retired), time.time(), deadline, os.environ)
+            cause = leaving_cause(
+                retired[0] if retired else None, time.time(), deadline, os.environ
+            )
             _log.info("leaving", worker=worker_id, cause=cause)
             connected = link.peer is not None and not link.peer.closed
-            if cause != "drained" and connected:  # (retired: copied before it stopped)
+            if not retired and connected:  # (retired: copied before it stopped)
                 # Copy needed outputs no one else holds to surviving workers first, in
                 # most of the grace: the WorkerGone that follows says they are safe. The
                 # plan and that report go through the manager: once its connection
@@ -1814,13 +1817,17 @@ async def _cancel_when(event: anyio.Event, scope: anyio.CancelScope) -> None:
 WALLTIME_MARGIN = 60.0
 
 
-def leaving_cause(retired: bool, now: float, deadline: float | None, env: Mapping[str, str]) -> str:
-    """Why a worker process is stopping: ``drained`` (the scheduler retired it),
-    ``walltime`` (a signal within :data:`WALLTIME_MARGIN` seconds of its deadline, or
-    after it), ``preempted`` (a signal inside a Slurm job at any other time: the batch
-    system took the node back) or ``shutdown`` (an operator's signal)."""
-    if retired:
-        return "drained"
+def leaving_cause(
+    retired: str | None, now: float, deadline: float | None, env: Mapping[str, str]
+) -> str:
+    """Why a worker process is stopping: the scheduler retired it (``retired``, its
+    Stop's reason): ``walltime`` when it drained the worker because its walltime was
+    near, else ``drained``; not retired (None): ``walltime`` (a signal within
+    :data:`WALLTIME_MARGIN` seconds of its deadline, or after it), ``preempted`` (a
+    signal inside a Slurm job at any other time: the batch system took the node back)
+    or ``shutdown`` (an operator's signal)."""
+    if retired is not None:
+        return "walltime" if retired == "walltime" else "drained"
     if deadline is not None and now >= deadline - WALLTIME_MARGIN:
         return "walltime"
     if env.get("SLURM_JOB_ID"):

@@ -26,12 +26,15 @@ SLURM = {"SLURM_JOB_ID": "4242"}
 
 def test_the_cause_of_leaving() -> None:
     deadline = 1000.0
-    assert leaving_cause(True, 999.0, deadline, SLURM) == "drained"
-    assert leaving_cause(False, deadline - WALLTIME_MARGIN, deadline, SLURM) == "walltime"
-    assert leaving_cause(False, deadline + 5, deadline, {}) == "walltime"
-    assert leaving_cause(False, deadline - WALLTIME_MARGIN - 1, deadline, SLURM) == "preempted"
-    assert leaving_cause(False, 5.0, None, SLURM) == "preempted"
-    assert leaving_cause(False, 5.0, None, {}) == "shutdown"
+    # Retired by the scheduler: the cause its Stop gives (its walltime drain's, walltime).
+    assert leaving_cause("drained", 999.0, deadline, SLURM) == "drained"
+    assert leaving_cause("walltime", 100.0, deadline, SLURM) == "walltime"
+    assert leaving_cause("", 999.0, deadline, SLURM) == "drained"
+    assert leaving_cause(None, deadline - WALLTIME_MARGIN, deadline, SLURM) == "walltime"
+    assert leaving_cause(None, deadline + 5, deadline, {}) == "walltime"
+    assert leaving_cause(None, deadline - WALLTIME_MARGIN - 1, deadline, SLURM) == "preempted"
+    assert leaving_cause(None, 5.0, None, SLURM) == "preempted"
+    assert leaving_cause(None, 5.0, None, {}) == "shutdown"
 
 
 @pytest.mark.anyio

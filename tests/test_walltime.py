@@ -81,7 +81,7 @@ def test_a_worker_is_drained_its_longest_task_plus_grace_before_its_walltime(
     assert of(at(s, 630, Tick), RetireWorker) == []  # 370 s left: not yet
     assert not s.workers["w"].draining
     out = at(s, 641, Tick)  # 359 s left: drained, and retired at once (it is idle)
-    assert of(out, RetireWorker) == [RetireWorker(f"Tick@{641}", "w")]
+    assert of(out, RetireWorker) == [RetireWorker(f"Tick@{641}", "w", "walltime")]
     (why,) = [e[2] for e in s.story("w") if e[1] == "joined" and e[2].startswith("draining")]
     assert why == "draining:walltime in 359 s"
 
@@ -102,6 +102,19 @@ def test_the_scheduler_tells_its_walltime_drain_from_an_operators(make_state: Fa
     assert not drained_for_walltime(s.story("v")) and drained_since_joined(s.story("v"))
     assert drained_for_walltime(s.story("w")) and drained_since_joined(s.story("w"))
     assert drained_for_walltime(s.story("v", "w"))  # a block of both: its walltime came
+
+
+def test_a_walltime_drain_retires_its_worker_with_cause_walltime(make_state: Factory) -> None:
+    """The worker the core drained for its walltime is retired with cause ``walltime``
+    (the Stop it gets, so the cause it leaves with); one an operator drained, with
+    ``drained``."""
+    s = make_state(drain_period=30.0)
+    join(s, 0, "w", deadline=100)
+    join(s, 0, "v", deadline=1000)
+    out = at(s, 10, WorkerDraining, worker="v")
+    assert of(out, RetireWorker) == [RetireWorker("WorkerDraining@10", "v", "drained")]
+    out = at(s, 70, Tick)
+    assert of(out, RetireWorker) == [RetireWorker("Tick@70", "w", "walltime")]
 
 
 def test_a_fixed_drain_period_wins(make_state: Factory) -> None:
@@ -207,3 +220,9 @@ async def test_a_worker_near_its_walltime_finishes_its_task_and_leaves_cleanly(
             # was copied to the other worker when it was retired, not computed again
             assert await second in in_other  # nothing new went to the drained worker
             assert timed.wait(LIMIT) == 0  # retired once idle: it exits cleanly
+
+            async def left() -> list[str]:
+                return [e[2] for e in await c.story("timed") if e[2].startswith("left:")]
+
+            # It left for its walltime, as the scheduler drained it: not "drained".
+            assert await wait_until(left, "its leave", limit=LIMIT, step=0.1) == ["left:walltime"]
