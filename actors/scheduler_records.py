@@ -83,9 +83,13 @@ class SchedulerConfig:
     #: seconds every worker may stay throttled with nothing but producers to run and
     #: nothing finishing, before the run fails with MemoryStalled
     stall_timeout: float = 10.0
-    #: seconds before its walltime a worker is drained (None: walltime_grace plus the
-    #: longest expected task, the largest p90 duration of any category)
+    #: seconds before its walltime a worker is drained, unless its pool has its own
+    #: (``drain_periods``). None: walltime_grace plus the longest expected task of its
+    #: pool (the largest p90 duration of the categories that finished on its pool's
+    #: workers), at most half the time from its joining to its walltime
     drain_period: float | None = None
+    #: per pool, the ``drain_period`` of its workers (a pool's ``drain_period`` key)
+    drain_periods: Mapping[str, float] = dataclasses.field(default_factory=dict)
     #: what a worker needs at the end of its walltime besides its last task (to leave)
     walltime_grace: float = 60.0
     #: disk-aware placement: the output expected of a task whose category has no

@@ -375,6 +375,9 @@ class SchedulerState:
         #: an entry counts while its task is queued and ``held_until`` is ``until``)
         self.held: list[tuple[float, int, TaskState]] = []
         self.stats: dict[str, CategoryStats] = {}  #: per-category statistics
+        #: per pool, the categories that finished on its workers: the tasks whose
+        #: length sets its workers' default drain margin (``drain_margin``)
+        self.pool_categories: dict[str, set[str]] = {}
         #: the metrics' per-category counters, kept as tries end so that a scrape reads
         #: at most ``MAX_METRIC_CATEGORIES + 1`` of them, whatever the number of
         #: categories: the categories labelled by name (the first ones with a try that
@@ -1338,22 +1341,37 @@ class SchedulerState:
         shell sends :class:`Tick` events for them to be considered."""
         return self._max_copies > 0 and len(self.workers) > 1
 
-    def drain_margin(self) -> float:
-        """How long before its walltime a worker is drained: ``drain_period`` if set,
-        else ``walltime_grace`` plus the longest expected task (the largest p90
-        duration of any category seen so far)."""
-        period = self.config.drain_period
+    def drain_margin(self, ws: WorkerState) -> float:
+        """How long before its walltime worker ``ws`` is drained: its pool's
+        ``drain_period`` (``drain_periods``), else ``drain_period`` if set, else
+        ``walltime_grace`` plus the longest expected task of its pool (the largest p90
+        duration of the categories that finished on its pool's workers), at most half
+        the time it had from joining to its walltime: so that one long task, or one
+        pool's, never drains a worker the moment it joins."""
+        return self._drain_margin(ws, {})
+
+    def _drain_margin(self, ws: WorkerState, longest: dict[str, float]) -> float:
+        """:meth:`drain_margin`; ``longest``: the longest expected task per pool, filled
+        as pools are met (one computation per pool for a pass over the workers)."""
+        period = self.config.drain_periods.get(ws.pool, self.config.drain_period)
         if period is not None:
             return period
-        longest = max((s.p90_duration for s in self.stats.values()), default=0.0)
-        return self.config.walltime_grace + longest
+        if ws.pool not in longest:
+            cats = self.pool_categories.get(ws.pool, ())
+            longest[ws.pool] = max((self.stats[c].p90_duration for c in cats), default=0.0)
+        margin = self.config.walltime_grace + longest[ws.pool]
+        if ws.deadline is not None:
+            margin = min(margin, (ws.deadline - ws.joined) / 2)
+        return margin
 
     def _drain_before_walltime(self) -> None:
-        margin = self.drain_margin()
+        longest: dict[str, float] = {}
         for ws in list(self.workers.values()):
-            if ws.deadline is None or ws.draining or ws.deadline - self._now > margin:
+            if ws.deadline is None or ws.draining:
                 continue
             left = ws.deadline - self._now
+            if left > self._drain_margin(ws, longest):
+                continue
             ws.draining = ws.walltime_drain = True
             self.draining.add(ws.id)
             self.free.pop(ws.id, None)
@@ -1646,6 +1664,7 @@ class SchedulerState:
         ts.file = res.file
         stat = self._stat(ts)
         duration = max(res.stop - res.start, 0.0)
+        self.pool_categories.setdefault(ws.pool, set()).add(ts.spec.category)
         stat.count += 1
         stat.total_duration += duration
         stat.max_duration = max(stat.max_duration, duration)

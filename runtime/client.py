@@ -1226,7 +1226,6 @@ class Cluster:
         processes with ``processes=True``) and the autoscaler over them."""
         from runtime.node import (
             Tokens,
-            pool_drain_period,
             pool_targets,
             serve_gateway,
             start_autoscaler,
@@ -1237,8 +1236,7 @@ class Cluster:
 
         plane = await start_control_plane(
             system, saturation=self.saturation, policies=self.initial_policies,
-            stall_timeout=self.stall_timeout, drain_period=pool_drain_period(self.pools),
-            alerting=self.alerting,
+            stall_timeout=self.stall_timeout, alerting=self.alerting,
             **self._monitoring(),
             prune_depth=self.prune_depth, pools=self.pools,
         )  # fmt: skip

@@ -205,7 +205,6 @@ async def start_control_plane(
     provider: Callable[[ControlPlane], Provider] | None = None,
     targets: dict[str, PoolTarget] | None = None,
     stall_timeout: float = 10.0,
-    drain_period: float | None = None,
     alerting: AlertingConfig | None = DEFAULT_ALERTING,
     monitoring: str | os.PathLike[str] | None = None,
     monitoring_interval: float = 2.0,
@@ -216,7 +215,7 @@ async def start_control_plane(
 ) -> ControlPlane:
     """Spawn registry, scheduler, manager, the alert monitor (unless ``alerting`` is
     None; by default the default rules, logged) and, with a ``provider``, the
-    autoscaler. ``stall_timeout``, ``drain_period``, ``prune_depth``: see
+    autoscaler. ``stall_timeout``, ``prune_depth``: see
     :class:`~actors.scheduler_records.SchedulerConfig`. ``monitoring``: the path of a
     monitoring database to write every ``monitoring_interval`` seconds
     (:class:`~runtime.monitordb.MonitorRecorder`, docs/monitoring.md). ``dashboard``:
@@ -227,7 +226,8 @@ async def start_control_plane(
     its listeners are up, so a manager that cannot listen leaves no database).
     ``pools``: the configured pools, whose worker shapes (:func:`pool_shapes`) the
     manager checks submissions against (a task asking for more than every worker of its
-    pool has is refused).
+    pool has is refused) and whose ``drain_period`` the scheduler drains their workers
+    by (:func:`pool_drain_periods`).
 
     ``policies`` of kind ``scaling`` go to the autoscaler (started here or later by
     :func:`start_autoscaler`), the others to the scheduler; an unknown name or bad
@@ -238,8 +238,9 @@ async def start_control_plane(
         check_fallback("retry", *policies["retry"], pools)
     scaling = policies.pop("scaling", None)
     config = SchedulerConfig(
-        saturation=saturation, stall_timeout=stall_timeout, drain_period=drain_period,
-        prune_depth=prune_depth, monitor=monitor_feed or monitoring is not None,
+        saturation=saturation, stall_timeout=stall_timeout,
+        drain_periods=pool_drain_periods(pools or {}), prune_depth=prune_depth,
+        monitor=monitor_feed or monitoring is not None,
     )  # fmt: skip
     plane = ControlPlane(system, refs, None, [])  # type: ignore[arg-type]
     if scaling is not None:
@@ -473,11 +474,11 @@ def pool_policies(
     return out
 
 
-def pool_drain_period(pools: Mapping[str, PoolConfig]) -> float | None:
-    """The scheduler's drain period with configured pools: the largest a pool sets (the
-    scheduler has one for every worker), or None (computed) if none sets one."""
-    periods = [p.drain_period for p in pools.values() if p.drain_period is not None]
-    return max(periods) if periods else None
+def pool_drain_periods(pools: Mapping[str, PoolConfig]) -> dict[str, float]:
+    """The drain period of each configured pool that sets one: its workers are drained
+    that long before their walltime (a pool that sets none: computed, see
+    :meth:`~actors.scheduler_state.SchedulerState.drain_margin`)."""
+    return {name: p.drain_period for name, p in pools.items() if p.drain_period is not None}
 
 
 def pool_worker_argv(
@@ -1410,7 +1411,7 @@ async def run_manager(
         # The monitoring database is created once the listeners are up (below): a
         # manager that cannot listen leaves no empty run behind.
         plane = await start_control_plane(
-            system, policies=policies, drain_period=pool_drain_period(pools), alerting=alerting,
+            system, policies=policies, alerting=alerting,
             prune_depth=prune_depth, dashboard=websockets, monitor_feed=monitoring is not None,
             pools=pools,
         )  # fmt: skip

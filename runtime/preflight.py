@@ -21,6 +21,9 @@ The checks:
   Corral's and dask's versions as JSON to its output file; a ``local`` pool runs the same
   code in a subprocess (``sys.executable -c``). A version that differs from the manager's
   (Python's major.minor, Corral's, dask's) is a FAIL naming both sides.
+- ``drain``: how long before its walltime each pool with one has its workers drained;
+  a WARN when, without a ``drain_period``, the default margin would be capped at half
+  a short walltime.
 - ``directory``: the run, spill and output directories exist or can be created, and have
   room: free space against the pools' ``memory_per_worker`` x workers (a conservative
   guess at what may be spilled).
@@ -49,6 +52,7 @@ import anyio.to_thread
 
 from actors.pools import PoolConfig
 from actors.providers import BlockSpec
+from actors.scheduler_records import SchedulerConfig
 from actors.slurm import (
     SQUEUE_FORMAT,
     SlurmOptions,
@@ -72,6 +76,7 @@ __all__ = [
     "Versions",
     "check_batch_system",
     "check_directories",
+    "check_drain",
     "check_local",
     "check_partition",
     "check_test_only",
@@ -240,6 +245,40 @@ def check_local(pool: PoolConfig, timeout: float = 60.0) -> CheckResult:
         )  # fmt: skip
     report = parse_probe_output(done.stdout)
     return _judge_probe(pool.name, report, f"local, {sys.executable}", done.stderr)
+
+
+def check_drain(pools: Mapping[str, PoolConfig]) -> list[CheckResult]:
+    """Each pool with a walltime: how long before it its workers are drained. Without
+    a ``drain_period`` the margin is the scheduler's ``walltime_grace`` plus the pool's
+    longest task, at most half the walltime: a WARN when the walltime is at most twice
+    that grace, so that the cap always applies and a block works half its walltime at
+    most."""
+    grace = SchedulerConfig().walltime_grace
+    results = []
+    for pool in pools.values():
+        walltime, period = pool.walltime, pool.drain_period
+        if walltime is None:
+            continue
+        if period is not None:
+            seen = f"workers drained {period:g} s before their walltime of {walltime:g} s"
+            results.append(CheckResult(pool.name, "drain", PASS, seen))
+        elif walltime <= 2 * grace:
+            results.append(CheckResult(
+                pool.name, "drain", WARN,
+                f"walltime {walltime:g} s and no drain_period: the default drain margin "
+                f"({grace:g} s plus the pool's longest task) is capped at half the walltime, "
+                f"so its workers are drained {walltime / 2:g} s after they start",
+                f"Set drain_period in [pools.{pool.name}] to what its workers need to "
+                "finish their last tasks and leave (less than the walltime), or give the "
+                "pool a longer walltime.",
+            ))  # fmt: skip
+        else:
+            seen = (
+                f"no drain_period: workers drained {grace:g} s plus the pool's longest task "
+                f"before their walltime of {walltime:g} s, at most half of it"
+            )
+            results.append(CheckResult(pool.name, "drain", PASS, seen))
+    return results
 
 
 #: local workers per CPU of this machine beyond which ``check_local_size`` warns
@@ -782,6 +821,7 @@ def run_checks(
     size = check_local_size(pools)
     if size is not None:
         results.append(size)
+    results += check_drain(pools)
     for pool in pools.values():
         if pool.provider == "local":
             if probe:

@@ -24,7 +24,7 @@ from policies.scaling import PoolLimits
 from runtime import Cluster
 from runtime.errors import GraphError, PoolConfigError
 from runtime.messages import StatusRequest
-from runtime.node import pool_drain_period, pool_policies, pool_targets
+from runtime.node import pool_drain_periods, pool_policies, pool_targets
 from tests.helpers import status_text, wait_until
 
 EXAMPLE = """
@@ -114,9 +114,9 @@ def test_a_cluster_with_pools_gets_demand_scaling_and_the_fallback_in_retry() ->
         "retry": ("default", {"max_lost": 2, "fallback": {"ckpt": "owner"}}),
     }
     assert pool_policies(pools, {"retry": ("never", {})})["retry"] == ("never", {})
-    # The scheduler has one drain period: the largest a pool asks for.
-    assert pool_drain_period(pools) == 90.0
-    assert pool_drain_period(pools_from_dicts({"a": {}})) is None
+    # Each pool's workers drain by its own drain_period (not the largest of them all).
+    assert pool_drain_periods(pools) == {"ckpt": 30.0, "owner": 90.0}
+    assert pool_drain_periods(pools_from_dicts({"a": {}})) == {}
     # The autoscaler starts with min_blocks as the floor and the limits.
     targets = pool_targets(pools)
     assert (targets["ckpt"].n, targets["ckpt"].limits) == (0, pools["ckpt"].limits())

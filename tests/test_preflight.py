@@ -446,3 +446,28 @@ def test_pools_from_dicts_checks_need_no_file() -> None:
 
     rs = run_checks(pools, probe=False)
     assert [(r.pool, r.check) for r in rs] == [("*", "local size"), ("*", "spill directory")]
+
+
+def test_a_short_walltime_without_drain_period_is_a_warning() -> None:
+    """A one-minute walltime and no drain_period passed `check` without a word, while
+    the default drain margin (a minute plus the longest task) drained every worker as
+    it joined. Now capped at half the walltime, and `check` (and the manager) says so;
+    a drain_period of the pool's own, or a walltime long enough, passes."""
+    from runtime.preflight import run_checks
+
+    pools = pools_from_dicts({
+        "short": {"walltime": "00:01:00"},
+        "set": {"walltime": "00:01:00", "drain_period": 10},
+        "long": {"walltime": "00:10:00"},
+        "none": {},
+    })  # fmt: skip
+    got = {(r.pool, r.check): r for r in run_checks(pools, probe=False)}
+    short = got[("short", "drain")]
+    assert short.status == WARN, short
+    assert "walltime 60 s and no drain_period" in short.detail
+    assert "drained 30 s after they start" in short.detail
+    assert "Set drain_period in [pools.short]" in short.advice
+    assert got[("set", "drain")].status == PASS
+    assert "drained 10 s before their walltime of 60 s" in got[("set", "drain")].detail
+    assert got[("long", "drain")].status == PASS
+    assert ("none", "drain") not in got

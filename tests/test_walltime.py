@@ -53,9 +53,11 @@ def at(state: SchedulerState, t: float, cls: type[Event], **fields: Any) -> list
     return run(state, cls(stimulus_id=f"{cls.__name__}@{t}", now=T0 + t, **fields))
 
 
-def join(s: SchedulerState, t: float, worker: str, deadline: float | None) -> list[Command]:
+def join(
+    s: SchedulerState, t: float, worker: str, deadline: float | None, pool: str = "default"
+) -> list[Command]:
     when = None if deadline is None else T0 + deadline
-    return at(s, t, WorkerJoined, worker=worker, cores=1, memory=2**30, deadline=when)
+    return at(s, t, WorkerJoined, worker=worker, cores=1, memory=2**30, deadline=when, pool=pool)
 
 
 def submit(s: SchedulerState, t: float, *keys: str) -> list[Command]:
@@ -77,7 +79,7 @@ def test_a_worker_is_drained_its_longest_task_plus_grace_before_its_walltime(
     assert assigned(submit(s, 0, "long-1")) == {"w": ["long-1"]}
     learn(s, 300, "w", "long-1", 300)
     at(s, 301, KeysReleased, keys=("long-1",))  # the client has it: nothing to keep
-    assert s.drain_margin() == 360.0
+    assert s.drain_margin(s.workers["w"]) == 360.0
     assert of(at(s, 630, Tick), RetireWorker) == []  # 370 s left: not yet
     assert not s.workers["w"].draining
     out = at(s, 641, Tick)  # 359 s left: drained, and retired at once (it is idle)
@@ -124,6 +126,53 @@ def test_a_fixed_drain_period_wins(make_state: Factory) -> None:
     assert not s.workers["w"].draining
     at(s, 70, Tick)
     assert s.workers["w"].draining
+
+
+def test_each_pool_drains_its_workers_by_its_own_drain_period(make_state: Factory) -> None:
+    """A pool's drain_period is its own workers': another pool's larger one (owner's 900
+    s, with a week of walltime) does not drain a 10-minute block the moment it starts.
+    A pool that sets none gets the default margin, a minute (no task finished yet)."""
+    s = make_state(drain_periods={"owner": 900.0})
+    join(s, 0, "c", deadline=600, pool="ckpt-cancel")
+    join(s, 0, "o", deadline=7 * 86400, pool="owner")
+    assert (s.drain_margin(s.workers["c"]), s.drain_margin(s.workers["o"])) == (60.0, 900.0)
+    at(s, 539, Tick)
+    assert not s.workers["c"].draining
+    at(s, 540, Tick)
+    assert s.workers["c"].draining and not s.workers["o"].draining
+    at(s, 7 * 86400 - 901, Tick)
+    assert not s.workers["o"].draining
+    at(s, 7 * 86400 - 900, Tick)
+    assert s.workers["o"].draining
+
+
+def test_the_default_margin_counts_the_tasks_of_the_workers_pool(make_state: Factory) -> None:
+    """The default margin is a minute plus the longest task that ran in the worker's own
+    pool: a 300 s task of another pool does not drain a 10-minute worker at 4 minutes."""
+    s = make_state(saturation=1.0)
+    join(s, 0, "l", deadline=None, pool="long")
+    submit(s, 0, "long-1")
+    learn(s, 300, "l", "long-1", 300)
+    join(s, 301, "w", deadline=901, pool="short")
+    at(s, 840, Tick)
+    assert not s.workers["w"].draining
+    at(s, 841, Tick)
+    assert s.workers["w"].draining
+
+
+def test_the_default_margin_is_at_most_half_the_walltime(make_state: Factory) -> None:
+    """A minute of walltime and no drain_period: the default margin (a minute plus the
+    longest task) would drain the worker as it joins; capped at half the time from its
+    joining to its walltime, it works 30 s first."""
+    s = make_state()
+    join(s, 0, "w", deadline=60)
+    at(s, 0.5, Tick)
+    at(s, 29, Tick)
+    assert not s.workers["w"].draining
+    at(s, 30, Tick)
+    assert s.workers["w"].draining
+    (why,) = [e[2] for e in s.story("w") if e[2].startswith("draining")]
+    assert why == "draining:walltime in 30 s"
 
 
 def test_a_task_waits_for_a_worker_with_time_rather_than_be_cut_short(
@@ -195,8 +244,9 @@ async def test_a_worker_near_its_walltime_finishes_its_task_and_leaves_cleanly(
     gate, started = tmp_path / "gate", tmp_path / "started"
     with Cli(tmp_path / "home") as cli, anyio.fail_after(LIMIT):
         _, address = cli.manager()
-        # Drained once fewer than walltime_grace (60 s) plus the longest task are left.
-        timed = cli.worker(address, "--name", "timed", "--deadline", str(time.time() + 64))
+        # Drained once fewer than walltime_grace (60 s) plus the longest task are left,
+        # but after half the time from its joining to its deadline at least: ~7 s here.
+        timed = cli.worker(address, "--name", "timed", "--deadline", str(time.time() + 16))
         async with Cluster(address) as c:
             await c.wait_for_workers(1)
             graph = {"t": (pid_after_gate, str(gate), str(started))}
