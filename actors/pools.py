@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from actors.providers import DISK_OFF, BlockSpec
+from actors.slurm import scheduler_options_problem
 from policies.scaling import PoolLimits
 from runtime.errors import PolicyParamsError, PoolConfigError, did_you_mean
 
@@ -318,6 +319,9 @@ def _checked(name: str, raw: Mapping[str, Any]) -> PoolConfig:
     if not isinstance(exclusive, bool):
         raise PoolConfigError(name, "exclusive", f"must be true or false, got {exclusive!r}")
     texts = {k: _text(name, k, raw.get(k, "")) for k in SLURM_KEYS if k != "exclusive"}
+    problem = scheduler_options_problem(texts["scheduler_options"])
+    if problem:
+        raise PoolConfigError(name, "scheduler_options", problem)
     return PoolConfig(
         name=name,
         provider=provider,

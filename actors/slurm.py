@@ -443,7 +443,8 @@ class SlurmOptions:
     mem_per_node: int = 0  #: bytes; 0: workers per node x the spec's memory (if set)
     walltime: float | str = 0  #: seconds or a Slurm time; 0: the partition's default
     exclusive: bool = False
-    scheduler_options: str = ""  #: lines put verbatim after the generated #SBATCH lines
+    #: ``#SBATCH`` lines (and ``#`` comments) put after the generated ones
+    scheduler_options: str = ""
     worker_init: str = ""  #: shell lines run before the workers start (modules, venvs)
     signal_warning: int = 0  #: seconds: --signal=B:TERM@N (0: none)
 
@@ -452,6 +453,40 @@ class SlurmOptions:
             raise ValueError(f"nodes_per_block must be >= 1, got {self.nodes_per_block}")
         if self.walltime:
             slurm_time(self.walltime)
+        problem = scheduler_options_problem(self.scheduler_options)
+        if problem:
+            raise ValueError(f"scheduler_options {problem}")
+
+
+_DIRECTIVE = re.compile(r"#SBATCH\s+\S")
+_NEAR_DIRECTIVE = re.compile(r"#\s*sbatch", re.IGNORECASE)
+
+
+def scheduler_options_problem(text: str) -> str:
+    """What is wrong with ``scheduler_options`` ("" for nothing). sbatch reads options
+    only from lines starting ``#SBATCH`` before the script's first command: any other
+    line would run as a shell command (and end the options), and a misspelt directive
+    is a comment, so either way the option would be silently dropped."""
+    for number, line in enumerate(text.splitlines(), 1):
+        stripped = line.strip()
+        if (
+            not stripped
+            or _DIRECTIVE.match(stripped)
+            or (stripped.startswith("#") and not _NEAR_DIRECTIVE.match(stripped))
+        ):
+            continue
+        near = _NEAR_DIRECTIVE.match(stripped)
+        option = stripped[near.end() :].strip() if near else stripped
+        fix = (
+            f"write '#SBATCH {option or '--option'}'"
+            if near or option.startswith("-")
+            else "put shell commands in worker_init"
+        )
+        return (
+            f"must be '#SBATCH ...' directives (or '#' comments), one a line: line {number}, "
+            f"{stripped!r}, is not, and sbatch would not apply it: {fix}"
+        )
+    return ""
 
 
 def batch_script(
@@ -505,8 +540,8 @@ def batch_script(
     if options.signal_warning:
         sb.append(f"--signal=B:TERM@{int(options.signal_warning)}")
     lines = ["#!/bin/bash", *(f"#SBATCH {s}" for s in sb)]
-    if options.scheduler_options.strip():
-        lines.append(options.scheduler_options.strip("\n"))
+    # Each line unindented: sbatch ignores an indented #SBATCH line (and those after it).
+    lines += [ln.strip() for ln in options.scheduler_options.splitlines() if ln.strip()]
     lines += [
         "",
         f"# Corral block {block_id}: {len(workers)} worker(s) on {nodes} node(s), written by",

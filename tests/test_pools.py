@@ -184,6 +184,23 @@ def test_a_misspelt_key_is_refused_with_the_closest_name() -> None:
         ({"exclusive": True}, "exclusive", "only for provider 'slurm'"),
         ({"provider": "slurm", "exclusive": "yes"}, "exclusive", "true or false"),
         ({"provider": "slurm", "qos": 1}, "qos", "must be a string"),
+        # sbatch reads only #SBATCH lines: anything else would run as a command instead.
+        (
+            {"provider": "slurm", "scheduler_options": "--exclusive"},
+            "scheduler_options",
+            "must be '#SBATCH ...' directives (or '#' comments), one a line: line 1, "
+            "'--exclusive', is not, and sbatch would not apply it: write '#SBATCH --exclusive'",
+        ),
+        (
+            {"provider": "slurm", "scheduler_options": "#SBATCH --x=1\n#sbatch --exclusive"},
+            "scheduler_options",
+            "line 2, '#sbatch --exclusive', is not",
+        ),
+        (
+            {"provider": "slurm", "scheduler_options": "module load gcc"},
+            "scheduler_options",
+            "put shell commands in worker_init",
+        ),
     ],
 )
 def test_a_bad_value_is_refused_naming_the_key(

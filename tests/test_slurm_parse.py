@@ -437,6 +437,20 @@ def test_batch_script_has_the_pool_options() -> None:
     assert "srun" not in text
 
 
+def test_scheduler_options_are_sbatch_directives_sbatch_reads() -> None:
+    # Not a directive: it would run as a command ("--exclusive: command not found").
+    for text in ("--exclusive", "#SBATCH --x=1\nmodule load gcc", "# SBATCH --exclusive"):
+        with pytest.raises(ValueError, match=r"must be '#SBATCH \.\.\.' directives"):
+            SlurmOptions(scheduler_options=text)
+    # Indented lines (a TOML multi-line string) come out unindented: sbatch would ignore
+    # an indented #SBATCH line, and every one after it.
+    text = _script(SlurmOptions(scheduler_options="\n  #SBATCH --constraint=a\n  # why\n"))
+    lines = text.splitlines()
+    assert "#SBATCH --constraint=a" in lines and "# why" in lines
+    first_command = next(i for i, ln in enumerate(lines[1:], 1) if ln and ln[0] not in "#")
+    assert lines.index("#SBATCH --constraint=a") < first_command
+
+
 def test_walltimes_in_seconds_and_the_workers_deadline() -> None:
     cases = {90: 90, "30": 1800, "1:30": 90, "01:30:00": 5400, "2-3": 183600,
              "2-03:04": 183840, "1-00:00:01": 86401, 59.5: 60}  # fmt: skip
