@@ -445,7 +445,8 @@ class SlurmOptions:
     exclusive: bool = False
     #: ``#SBATCH`` lines (and ``#`` comments) put after the generated ones
     scheduler_options: str = ""
-    worker_init: str = ""  #: shell lines run before the workers start (modules, venvs)
+    #: shell lines run (under ``set -e``) before the workers start: modules, variables
+    worker_init: str = ""
     signal_warning: int = 0  #: seconds: --signal=B:TERM@N (0: none)
 
     def __post_init__(self) -> None:
@@ -457,6 +458,9 @@ class SlurmOptions:
         if problem:
             raise ValueError(f"scheduler_options {problem}")
 
+
+#: what a block's stderr says when a command of its ``worker_init`` failed
+WORKER_INIT_FAILED = "corral: worker_init failed"
 
 _DIRECTIVE = re.compile(r"#SBATCH\s+\S")
 _NEAR_DIRECTIVE = re.compile(r"#\s*sbatch", re.IGNORECASE)
@@ -559,7 +563,16 @@ def batch_script(
         '$(( ${SLURM_RESTART_COUNT:-0} + 1 )), node ${SLURM_NODEID:-0} on $(hostname)" >&2',
     ]
     if options.worker_init.strip():
-        lines += ["# worker_init", options.worker_init.strip("\n")]
+        # A command of worker_init that fails ends the job (set -e) and says so: the
+        # block fails with its stderr rather than starting workers in the wrong setting.
+        lines += [
+            "# worker_init (set -e: a command that fails stops the block)",
+            f"trap 'echo \"{WORKER_INIT_FAILED} (exit status $?): no worker started\" >&2' EXIT",
+            "set -e",
+            options.worker_init.strip("\n"),
+            "set +e",
+            "trap - EXIT",
+        ]
     if env_file is not None:
         lines.append(f". {q(str(env_file))}  # CORRAL_TOKEN and the rest of env (mode 0600)")
     lines += [

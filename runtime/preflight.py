@@ -55,6 +55,7 @@ from actors.providers import BlockSpec
 from actors.scheduler_records import SchedulerConfig
 from actors.slurm import (
     SQUEUE_FORMAT,
+    WORKER_INIT_FAILED,
     SlurmOptions,
     batch_script,
     block_state,
@@ -206,18 +207,24 @@ _NAMES = (("python", "Python"), ("corral", "Corral"), ("dask", "dask"))
 def _judge_probe(pool: str, report: dict[str, Any] | None, where: str, log: str) -> CheckResult:
     """The probe check's result from what the probe printed (None: nothing)."""
     if report is None:
+        advice = (
+            "A command of the pool's worker_init failed on the node (its stderr above): "
+            "fix it, or end a command that may fail with `|| true`."
+            if WORKER_INIT_FAILED in log
+            else "The worker's Python does not start there: check that the manager's "
+            "Python path exists on the nodes, and what the pool's worker_init sets."
+        )
         return CheckResult(
             pool, "probe", FAIL,
             f"the probe printed no report ({where})" + (f":\n{head_tail(log)}" if log else ""),
-            "The worker's Python does not start there: check the pool's worker_init "
-            "(modules, virtualenv) and that the Python path exists on the nodes.",
+            advice,
         )  # fmt: skip
     if "error" in report:
         return CheckResult(
             pool, "probe", FAIL,
             f"{report.get('executable', '?')} could not import Corral: {report['error']}",
-            "Install Corral (the same version as the manager's) into the Python the "
-            "workers run, or activate it in worker_init.",
+            "Install Corral (the manager's version) into that Python, the manager's, "
+            "which the workers run, or put it on PYTHONPATH in worker_init.",
         )  # fmt: skip
     mine = Versions.here()
     wrong = compare_versions(mine, report)
@@ -226,7 +233,8 @@ def _judge_probe(pool: str, report: dict[str, Any] | None, where: str, log: str)
         return CheckResult(
             pool, "probe", FAIL, f"version mismatch: {'; '.join(wrong)} ({where})",
             "Workers must run the manager's versions: install the same Corral and dask "
-            "(and a Python of the same major.minor) where the workers run, or fix worker_init.",
+            "(and a Python of the same major.minor) where the workers run, or fix what "
+            "worker_init puts on PYTHONPATH.",
         )  # fmt: skip
     return CheckResult(pool, "probe", PASS, f"{seen}, as in the manager ({where})")
 

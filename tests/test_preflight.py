@@ -396,18 +396,24 @@ qos = "no-such-qos"
         assert "account 'no-such-account', qos 'no-such-qos'" in note["detail"]
 
 
-@pytest.mark.usefixtures("cluster_lock")
-def test_the_probe_job_reports_the_managers_versions(tmp_path: Path) -> None:
-    config = """
-[pools.ck]
+def probe_pool(tmp_path: Path, pool: str, worker_init: str) -> tuple[int, dict[str, str], str]:
+    """The check of one Slurm pool on partition ckpt with ``worker_init``: its exit code,
+    the probe's result and stderr."""
+    config = f"""
+[pools.{pool}]
 provider = "slurm"
 partition = "ckpt"
 walltime = "00:05:00"
-worker_init = "echo corral-probe-init >&2"
+worker_init = {json.dumps(worker_init)}
 """
     code, got, stderr = slurm_check(tmp_path, config, "--probe-timeout", "90")
-    assert code == 0, got
-    probe = got[("ck", "probe")]
+    return code, got[(pool, "probe")], stderr
+
+
+@pytest.mark.usefixtures("cluster_lock")
+def test_the_probe_job_reports_the_managers_versions(tmp_path: Path) -> None:
+    code, probe, stderr = probe_pool(tmp_path, "ck", "echo corral-probe-init >&2")
+    assert code == 0, probe
     assert probe["status"] == PASS, probe
     py = platform.python_version()
     assert (
@@ -424,19 +430,24 @@ def test_a_probe_reporting_another_version_fails(tmp_path: Path) -> None:
     fake = tmp_path / "fake"
     (fake / "dask").mkdir(parents=True)
     (fake / "dask" / "__init__.py").write_text('__version__ = "0.0.1+fake"\n')
-    config = f"""
-[pools.stale]
-provider = "slurm"
-partition = "ckpt"
-walltime = "00:05:00"
-worker_init = "export PYTHONPATH={fake}:$PYTHONPATH"
-"""
-    code, got, _stderr = slurm_check(tmp_path, config, "--probe-timeout", "90")
+    code, probe, _stderr = probe_pool(tmp_path, "stale", f"export PYTHONPATH={fake}:$PYTHONPATH")
     assert code == 1
-    probe = got[("stale", "probe")]
     assert probe["status"] == FAIL, probe
     assert f"dask 0.0.1+fake on the workers, {dask.__version__} in the manager" in (probe["detail"])
     assert "install the same Corral and dask" in probe["advice"]
+
+
+@pytest.mark.usefixtures("cluster_lock")
+def test_a_probe_whose_worker_init_fails_fails_with_its_stderr(tmp_path: Path) -> None:
+    # The workers run the manager's Python by its absolute path, so a failed worker_init
+    # used to go unseen: the probe passed and the blocks started in the wrong setting.
+    code, probe, _stderr = probe_pool(tmp_path, "broken", "source /nonexistent/bin/activate")
+    assert code == 1
+    assert probe["status"] == FAIL, probe
+    assert "FAILED, exit code 1" in probe["detail"]
+    assert "/nonexistent/bin/activate: No such file or directory" in probe["detail"]
+    assert "corral: worker_init failed (exit status 1): no worker started" in probe["detail"]
+    assert "A command of the pool's worker_init failed" in probe["advice"]
 
 
 def test_pools_from_dicts_checks_need_no_file() -> None:

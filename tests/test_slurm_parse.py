@@ -15,6 +15,7 @@ import pytest
 from actors.providers import BlockSpec, BlockState
 from actors.slurm import (
     SQUEUE_FORMAT,
+    WORKER_INIT_FAILED,
     FailureWindow,
     JobInfo,
     JobRecord,
@@ -522,6 +523,36 @@ def test_the_job_exits_with_the_first_worker_failure(tmp_path: Path) -> None:
         env={"PATH": os.environ["PATH"]},
     )  # fmt: skip
     assert done.returncode == 3, done.stderr
+
+
+def test_a_failing_worker_init_fails_the_block_and_says_so(tmp_path: Path) -> None:
+    """A command of worker_init that fails (a virtualenv that is not there) stops the
+    job with its status before any worker starts, and stderr says why; the commands
+    before it ran, and one that may fail is allowed with ``|| true``."""
+
+    def run(worker_init: str) -> subprocess.CompletedProcess[str]:
+        text = batch_script(
+            block_id="block-1", job_name="j", workers=[("w-1", ["echo", "worker started"])],
+            spec=BlockSpec(), options=SlurmOptions(worker_init=worker_init),
+            output=tmp_path / "o", error=tmp_path / "e", env_file=None,
+            script=tmp_path / "s.sh",
+        )  # fmt: skip
+        script = tmp_path / "s.sh"
+        script.write_text(text)
+        return subprocess.run(
+            ["bash", str(script)], capture_output=True, text=True, timeout=30,
+            env={"PATH": os.environ["PATH"]},
+        )  # fmt: skip
+
+    done = run("echo init ran >&2\nsource /nonexistent/bin/activate\necho not reached >&2")
+    assert done.returncode == 1, done
+    assert "worker started" not in done.stdout and "not reached" not in done.stderr
+    assert "init ran" in done.stderr
+    assert "/nonexistent/bin/activate: No such file or directory" in done.stderr
+    assert f"{WORKER_INIT_FAILED} (exit status 1): no worker started" in done.stderr
+    done = run("false || true\nexport X=1")
+    assert done.returncode == 0, done
+    assert done.stdout == "worker started\n" and WORKER_INIT_FAILED not in done.stderr
 
 
 # ----------------------------------------------------------------------------- the provider
