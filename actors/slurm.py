@@ -797,7 +797,7 @@ class SlurmProvider(Provider):
         except BatchSystemError as err:
             self.failures.record(anyio.current_time(), str(err))
             self.error = err
-            self._log.error("sbatch failed", block=block_id, error=str(err))
+            self._log.error("sbatch failed", pool=spec.pool, block=block_id, error=str(err))
             raise
         job_id = out.strip().split(";")[0]  # "ID" or "ID;cluster"
         if not job_id.isdigit():
@@ -812,7 +812,9 @@ class SlurmProvider(Provider):
         block = Block(block_id, spec, BlockState.PENDING, wids, f"Slurm job {job_id} submitted")
         self.blocks[block_id] = block
         self._jobs[block_id] = _Job(block, JobRecord(job_id), script, stdout, stderr)
-        self._log.info("block submitted", block=block_id, job=job_id, script=str(script))
+        self._log.info(
+            "block submitted", pool=spec.pool, block=block_id, job=job_id, script=str(script)
+        )
         return block
 
     async def stop_block(self, block: Block) -> None:
@@ -829,7 +831,10 @@ class SlurmProvider(Provider):
             self.error = err
             job.cancel_pending = True
             block.detail = f"Slurm job {job.record.job_id}: scancel failed, retrying: {err}"
-            self._log.error("scancel failed; will retry", block=block.block_id, error=str(err))
+            self._log.error(
+                "scancel failed; will retry", pool=block.spec.pool, block=block.block_id,
+                error=str(err),
+            )  # fmt: skip
         self._set(job, BlockState.SCALED_IN, f"Slurm job {job.record.job_id} cancelled by Corral")
 
     def poll(self, block: Block) -> BlockState:
@@ -911,8 +916,8 @@ class SlurmProvider(Provider):
             return
         if state != block.state or detail != block.detail:
             self._log.info(
-                "block state", block=block.block_id, job=job.record.job_id,
-                state=state.value, slurm=job.record.slurm_state,
+                "block state", pool=block.spec.pool, block=block.block_id,
+                job=job.record.job_id, state=state.value, slurm=job.record.slurm_state,
             )  # fmt: skip
         block.state, block.detail = state, detail
         job.record.state = state
@@ -1013,8 +1018,9 @@ class SlurmProvider(Provider):
             last = rec.incarnations[-1]
             job.block.incarnation, job.block.requeue_cause = rec.restarts + 1, last.cause
             self._log.warning(
-                "block requeued: a new incarnation", block=job.block.block_id,
-                job=rec.job_id, incarnation=rec.restarts + 1, cause=last.cause,
+                "block requeued: a new incarnation", pool=job.block.spec.pool,
+                block=job.block.block_id, job=rec.job_id, incarnation=rec.restarts + 1,
+                cause=last.cause,
             )  # fmt: skip
         self._set(job, state, rec.detail)
 

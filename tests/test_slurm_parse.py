@@ -5,6 +5,7 @@ stop on submission failures with a fake clock. No Slurm needed."""
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 from pathlib import Path
@@ -640,6 +641,45 @@ async def test_provider_batches_squeue_and_asks_scontrol_about_vanished_jobs(
         # Leaving cancels the live block.
         assert "scancel 102" in (state / "calls").read_text().splitlines()
         assert blocks[1].state is BlockState.SCALED_IN
+
+
+@pytest.mark.anyio
+async def test_the_providers_log_lines_name_the_pool(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each pool's provider numbers its blocks from block-1: its lines name the pool."""
+    caplog.set_level(logging.INFO, logger="corral")
+    state = tmp_path / "state"
+    state.mkdir()
+    _fake_slurm(tmp_path / "bin", state)
+    (tmp_path / "empty").mkdir()
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    put(state / "squeue.txt", "101|RUNNING|None|0|0|vm|\n102|RUNNING|None|0|0|vm|\n")
+    providers = {
+        pool: SlurmProvider(
+            lambda b, i: ["true"], run_dir=tmp_path / pool, status_interval=0.01, prefix=pool
+        )
+        for pool in ("ckpt", "owner")
+    }
+    with anyio.fail_after(30):
+        async with providers["ckpt"].running(), providers["owner"].running():
+            for pool, provider in providers.items():
+                block = await provider.start_block(BlockSpec(pool=pool))
+                while provider.poll(block) is not BlockState.RUNNING:
+                    await provider.wait_refreshed()
+            monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+            with pytest.raises(BatchSystemError):
+                await providers["owner"].start_block(BlockSpec(pool="owner"))
+    lines = [r.getMessage() for r in caplog.records]
+    for pool, job in (("ckpt", "101"), ("owner", "102")):
+        for event in ("block submitted", "block state"):
+            assert any(
+                f"event={event!r}" in ln and f"pool={pool!r} block='block-1' job={job!r}" in ln
+                for ln in lines
+            ), (pool, event, lines)
+    assert any(
+        "event='sbatch failed'" in ln and "pool='owner' block='block-2'" in ln for ln in lines
+    ), lines
 
 
 @pytest.mark.anyio
