@@ -360,11 +360,12 @@ class FailureWindow:
     def failures(self) -> int:
         return sum(self.outcomes)
 
-    def check(self, now: float) -> None:
+    def check(self, now: float, pool: str = "") -> None:
         """Raise if no submission may be made at ``now``: :class:`SubmissionsSuspended`
-        once tripped, :class:`BatchSystemError` while backing off."""
+        (naming ``pool``, the one to resume) once tripped, :class:`BatchSystemError` while
+        backing off."""
         if self.tripped:
-            raise SubmissionsSuspended(self.name, self.failures, self.window, self.last_error)
+            raise SubmissionsSuspended(self.name, self.failures, self.window, self.last_error, pool)
         if now < self.retry_at:
             raise BatchSystemError(
                 "sbatch",
@@ -772,7 +773,7 @@ class SlurmProvider(Provider):
             raise RuntimeError("SlurmProvider is not running; use `provider.running()` or run()")
         if spec.workers < 1:
             raise ValueError(f"a block needs at least one worker, got {spec.workers}")
-        self.failures.check(anyio.current_time())
+        self.failures.check(anyio.current_time(), spec.pool)
         self._ids += 1
         n = self._ids
         block_id = f"block-{n}"
@@ -795,7 +796,7 @@ class SlurmProvider(Provider):
         try:
             out = await self._run("sbatch", "--parsable", str(script))
         except BatchSystemError as err:
-            self.failures.record(anyio.current_time(), str(err))
+            self.failures.record(anyio.current_time(), err.failure)  # its advice: not now
             self.error = err
             self._log.error("sbatch failed", pool=spec.pool, block=block_id, error=str(err))
             raise
@@ -804,7 +805,7 @@ class SlurmProvider(Provider):
             odd = BatchSystemError(
                 "sbatch --parsable", 0, f"unexpected answer {out!r}", _ADVICE["sbatch"]
             )
-            self.failures.record(anyio.current_time(), str(odd))
+            self.failures.record(anyio.current_time(), odd.failure)
             self.error = odd
             raise odd
         self.failures.record(anyio.current_time(), None)

@@ -914,6 +914,7 @@ class BatchSystemError(CorralError):
     exit_code: int | None
     stderr: str
     advice: str
+    failure: str  #: the message without the advice: what failed and what it printed
 
     def __init__(self, command: str, exit_code: int | None, stderr: str, advice: str) -> None:
         if exit_code is not None:
@@ -922,34 +923,44 @@ class BatchSystemError(CorralError):
             how = "could not be run" if stderr.strip() else "was not run"
         said = stderr.strip()
         said = f": {said[-800:]}" if said else ""
+        failure = f"{command!r} {how}{said}"
         super().__init__(
-            f"{command!r} {how}{said}. {advice}",
+            f"{failure}. {advice}",
             command=command,
             exit_code=exit_code,
             stderr=stderr,
             advice=advice,
+            failure=failure,
         )
 
 
 class SubmissionsSuspended(CorralError):
     """A provider stopped submitting blocks: too many of its recent submissions failed
     (``failures`` of the last ``window``). It asks again only once an operator resumes
-    it (``resume()``), after fixing the cause (``last_error``)."""
+    its pool (``pool``, "" if not known): ``resume POOL`` in the console, or the
+    provider's ``resume()`` where it is driven from Python, after fixing the cause
+    (``last_error``)."""
 
     provider: str
     failures: int
     window: int
     last_error: str
+    pool: str
 
-    def __init__(self, provider: str, failures: int, window: int, last_error: str) -> None:
+    def __init__(
+        self, provider: str, failures: int, window: int, last_error: str, pool: str = ""
+    ) -> None:
+        which = f" for pool {pool}" if pool else ""
         super().__init__(
-            f"the {provider} provider stopped submitting blocks: {failures} of its last "
-            f"{window} submissions failed (the last: {last_error}). Fix the cause, then "
-            "resume the provider (its resume() method); until then no block is requested.",
+            f"the {provider} provider stopped submitting blocks{which}: "
+            f"{failures} of its last {window} submissions failed (the last: {last_error}). "
+            f"Fix the cause, then run `resume {pool or 'POOL'}` in the console (or call the "
+            "provider's resume() if you drive it from Python); until then no block is requested.",
             provider=provider,
             failures=failures,
             window=window,
             last_error=last_error,
+            pool=pool,
         )
 
 

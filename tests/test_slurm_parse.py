@@ -683,6 +683,34 @@ async def test_the_providers_log_lines_name_the_pool(
 
 
 @pytest.mark.anyio
+async def test_a_suspended_pool_says_to_resume_it_and_nothing_else(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three failed sbatch of five suspend the pool: the error names the pool and one way
+    to resume it, and quotes the last failure without its advice ("requested again
+    after a back-off", which a suspended pool is not)."""
+    (tmp_path / "empty").mkdir()
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    provider = SlurmProvider(lambda b, i: ["true"], run_dir=tmp_path / "run", backoff=0.0)
+    with anyio.fail_after(30):
+        async with provider.running():
+            for _ in range(3):
+                with pytest.raises(BatchSystemError, match="requested again after a back-off"):
+                    await provider.start_block(BlockSpec(pool="bad"))
+            with pytest.raises(SubmissionsSuspended) as caught:
+                await provider.start_block(BlockSpec(pool="bad"))
+    err = caught.value
+    last = "'sbatch --parsable' could not be run: sbatch: command not found"
+    assert str(err) == (
+        "the Slurm provider stopped submitting blocks for pool bad: 3 of its last 5 "
+        f"submissions failed (the last: {last}). Fix the cause, then run "
+        "`resume bad` in the console (or call the provider's resume() if you drive it from "
+        "Python); until then no block is requested."
+    )
+    assert (err.pool, err.last_error) == ("bad", last)
+
+
+@pytest.mark.anyio
 async def test_missing_slurm_commands_are_a_clear_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
