@@ -35,7 +35,9 @@ The rules:
   SIGKILL too. A store making its sandbox first sweeps its siblings (:func:`sweep_orphans`):
   a ``corral-spill-*`` directory whose lock nobody holds is an orphan (its worker was
   killed) and is removed. The ``.owner`` file is locked before it gets its name, so a
-  sandbox being made is never taken for an orphan.
+  sandbox being made is never taken for an orphan. A store removing its own sandbox
+  renames it first (nothing lands in it while it goes) and unlinks ``.owner`` last, so
+  what it cannot remove is an orphan for the next sweep (:func:`_remove_sandbox`).
 
 Spill file format (little-endian)::
 
@@ -52,6 +54,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import math
 import os
 import pickle
 import re
@@ -264,12 +267,45 @@ def _make_sandbox(parent: str | None) -> tuple[str, int]:
 
 
 def _remove_sandbox(path: str, fd: int) -> None:
-    """Remove a store's own sandbox, then let go of its lock."""
+    """Remove a store's own sandbox, then let go of its lock.
+
+    It is first renamed, to a new sandbox name beside it: no path in it resolves any
+    more, so a task still running in a thread (threads cannot be killed) that asks for
+    an output path, hands in its file output or writes a checkpoint then gets an error
+    and puts nothing there, and what is in the sandbox is all there is to remove. The
+    lock file goes last: what cannot be removed keeps it, and once the lock is let go
+    the next store's sweep takes that as a killed worker's (:func:`sweep_orphans`)."""
     try:
-        shutil.rmtree(path, ignore_errors=True)
+        with contextlib.suppress(FileNotFoundError):
+            path = _renamed(path)
+            _remove_within(path, math.inf, [0], top=True)
+    except OSError as exc:
+        _log.warning(
+            "cannot remove all of the sandbox; the next store made beside it sweeps the rest",
+            path=path,
+            error=repr(exc),
+        )
     finally:
         with contextlib.suppress(OSError):
             os.close(fd)
+
+
+def _renamed(path: str) -> str:
+    """Rename the sandbox ``path`` to a fresh sandbox name beside it; the new path (or
+    ``path`` if it cannot be renamed)."""
+    try:
+        new = tempfile.mkdtemp(prefix=_PREFIX, dir=os.path.dirname(path))
+    except OSError:
+        return path
+    try:
+        os.rename(path, new)  # over the empty directory just made
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.rmdir(new)
+        if not os.path.lexists(path):
+            raise
+        return path
+    return new
 
 
 class _OutOfTime(Exception):

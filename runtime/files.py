@@ -135,14 +135,19 @@ class TaskOutputs:
             try:
                 with contextlib.suppress(FileExistsError):
                     os.mkdir(parent)  # in the sandbox, never making it again
+                # named by the process, so that what a killed one left can be found
+                self.directory = tempfile.mkdtemp(prefix=f"try-{os.getpid()}-", dir=parent)
             except FileNotFoundError:
-                raise FileOutputError(
-                    f"task {self.key!r} has no sandbox any more ({self.sandbox}): its "
-                    "worker stopped while it ran. Its next try runs on another worker."
-                ) from None
-            # named by the process, so that what a killed one left can be found
-            self.directory = tempfile.mkdtemp(prefix=f"try-{os.getpid()}-", dir=parent)
+                raise self._no_sandbox() from None
+        elif not os.path.isdir(self.directory):  # its sandbox went meanwhile
+            raise self._no_sandbox()
         return os.path.join(self.directory, name)
+
+    def _no_sandbox(self) -> FileOutputError:
+        return FileOutputError(
+            f"task {self.key!r} has no sandbox any more ({self.sandbox}): its worker "
+            "stopped while it ran. Its next try runs on another worker."
+        )
 
     def finish(self, value: Any) -> Any:
         """What the task returned, with a :class:`File` made the worker's: checked to
@@ -166,6 +171,8 @@ class TaskOutputs:
                 "and return File of that path. To hand over a file on shared storage, "
                 "return its path as a str instead."
             )
+        if not os.path.isdir(sandbox):  # its worker stopped meanwhile
+            raise self._no_sandbox()
         if not os.path.isfile(real):
             raise FileOutputError(
                 f"task {self.key!r} returned File({value.path!r}), which is not a regular "

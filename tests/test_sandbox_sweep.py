@@ -10,12 +10,15 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from actors.store import LOCKLESS_AGE, SpillStore, sweep_orphans
+from runtime.errors import FileOutputError
+from runtime.files import File, TaskOutputs
+from tests.helpers import log_lines
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -207,3 +210,82 @@ def test_a_directory_of_sandboxes_without_a_lock_is_not_one(tmp_path: Path) -> N
 @pytest.mark.timeout(60)
 def test_a_missing_parent_is_logged_not_raised(tmp_path: Path) -> None:
     assert sweep_orphans(str(tmp_path / "gone")) == (0, 0)
+
+
+def _on_first_unlink(monkeypatch: pytest.MonkeyPatch, step: Callable[[], None]) -> None:
+    """Run ``step`` once, just before the first file is unlinked from now on: in the
+    middle of a sandbox's removal (it unlinks nothing before that)."""
+    unlink = os.unlink
+    pending = [step]
+
+    def first(*args: object, **kwargs: object) -> None:
+        while pending:
+            pending.pop()()
+        unlink(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "unlink", first)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("step", ["first output_path", "output_path again", "File returned"])
+def test_a_task_running_on_while_its_sandbox_goes_writes_nothing_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, step: str
+) -> None:
+    """A thread cannot be killed: a task still running when its worker stops may ask
+    for an output path, or return its file output, while the worker removes its
+    sandbox. Forced here in the order that lost before (the removal had begun, took
+    the lock file, then failed on what the task put there: a sandbox left without
+    ``.owner``, which no sweep took for 10 minutes): the task gets FileOutputError and
+    nothing is left."""
+    store = SpillStore(tmp_path)
+    store["k"] = b"x" * 4096
+    assert store.spill(1) == 4096
+    files = TaskOutputs(store.sandbox(), "skim-1")
+    if step != "first output_path":
+        Path(files.path("skim.bin")).write_bytes(b"s" * 500)  # before the stop
+    refused: list[str] = []
+
+    def task() -> None:
+        try:
+            if step == "File returned":
+                files.finish(File(files.path("skim.bin")))
+            else:
+                Path(files.path("events.bin")).write_bytes(b"e" * 100)
+        except FileOutputError as exc:
+            refused.append(str(exc))
+
+    _on_first_unlink(monkeypatch, task)
+    store.close()
+    monkeypatch.undo()
+    assert len(refused) == 1 and "'skim-1' has no sandbox any more" in refused[0], refused
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.timeout(60)
+def test_what_a_stopping_store_cannot_remove_keeps_its_lock_file_and_is_swept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file the store cannot remove (a task made it so) stays, with the lock file
+    beside it: once the store lets go of the lock, the next store's sweep takes it, as
+    a killed worker's (before, the lock file went first and the rest waited 10 minutes
+    for a sweep)."""
+    store = SpillStore(tmp_path)
+    Path(store.sandbox(), "stuck.bin").write_bytes(b"q" * 10)
+    unlink = os.unlink
+
+    def refuse(path: str, *args: object, **kwargs: object) -> None:
+        if os.path.basename(path) == "stuck.bin":
+            raise PermissionError(13, "Permission denied", path)
+        unlink(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "unlink", refuse)
+    with log_lines() as log:
+        store.close()
+    monkeypatch.undo()
+    assert log.has("level='warning'", "cannot remove all of the sandbox", "PermissionError")
+    (left,) = tmp_path.iterdir()
+    assert sorted(p.name for p in left.iterdir()) == [".owner", "stuck.bin"]
+    with SpillStore(tmp_path) as after:
+        mine = Path(after.sandbox())
+        assert [p.name for p in tmp_path.iterdir()] == [mine.name]
+    assert list(tmp_path.iterdir()) == []
