@@ -98,6 +98,7 @@ __all__ = [
     "out_of_disk",
     "rss",
     "rss_of",
+    "stop_resource_tracker",
 ]
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -1264,6 +1265,21 @@ class ProcessExecutor(BaseExecutor):
                 signal.pidfd_send_signal(slot.pidfd, sig)
             elif slot.pid:
                 os.kill(slot.pid, sig)
+
+
+def stop_resource_tracker() -> None:
+    """Stop multiprocessing's resource tracker, which the first task process started,
+    once no task process is left (each holds its pipe, which it waits on): for a worker
+    process about to exit, so that it leaves no process behind (a process provider
+    kills what is left in its process group, and warns of it)."""
+    from multiprocessing import resource_tracker
+
+    if multiprocessing.active_children():  # (it reaps the ended ones)
+        return
+    stop = getattr(resource_tracker._resource_tracker, "_stop", None)
+    if stop is not None:  # (a private method: skipped where a Python has none)
+        with contextlib.suppress(Exception):
+            stop()
 
 
 def _discard_reply(reply: tuple[Any, list[bytearray]]) -> None:

@@ -332,9 +332,11 @@ class Worker(Actor):
     async def on_stop(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
-        if self.executor is not None:
-            self.executor.shutdown()
-            self.executor = None
+        executor, self.executor = self.executor, None
+        if executor is not None:
+            executor.shutdown()
+            if executor.killable:  # its task processes end before the worker does
+                await anyio.to_thread.run_sync(executor.shutdown, True)
         self.streams.close_all()
         self.checkpoints.close()
         self.data.close()  # the sandbox: file outputs, spill files, partial copies

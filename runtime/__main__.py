@@ -641,26 +641,30 @@ def _innermost(exc: BaseException) -> BaseException:
 def _run_worker(args: argparse.Namespace, memory_options: dict[str, Any], ready: Any) -> None:
     import anyio
 
+    from actors.executor import stop_resource_tracker
     from runtime.client import parse_bytes
     from runtime.node import run_worker
 
-    anyio.run(
-        lambda: run_worker(
-            args.address,
-            cores=args.cores,
-            memory=parse_bytes(args.memory),
-            disk=None if args.disk == "off" else parse_bytes(args.disk),
-            pool=args.pool,
-            host=args.host,
-            token=args.token,
-            ready=ready,
-            memory_options=memory_options,
-            name=args.name,
-            deadline=args.deadline,
-            grace=args.grace,
-        ),
-        backend="asyncio",
-    )
+    try:
+        anyio.run(
+            lambda: run_worker(
+                args.address,
+                cores=args.cores,
+                memory=parse_bytes(args.memory),
+                disk=None if args.disk == "off" else parse_bytes(args.disk),
+                pool=args.pool,
+                host=args.host,
+                token=args.token,
+                ready=ready,
+                memory_options=memory_options,
+                name=args.name,
+                deadline=args.deadline,
+                grace=args.grace,
+            ),
+            backend="asyncio",
+        )
+    finally:
+        stop_resource_tracker()  # its task processes' (process execution): none is left
 
 
 def _memory_options(args: argparse.Namespace) -> dict[str, Any]:

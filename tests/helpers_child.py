@@ -9,6 +9,8 @@ Modes:
 - ``exit N``: print ``exiting N`` and exit with status ``N``.
 - ``log``: log a warning through Corral's logger (``disk nearly full``, with fields
   ``free=12`` and ``where=['a b']``) to stderr, then exit with status 0.
+- ``orphan``: start a ``sleep --no-lifeline`` grandchild (in its own process group),
+  print ``grandchild <pid>`` and exit 0 without stopping it.
 - ``parent pdeathsig|lifeline``: the intermediate parent of the no-orphans tests. It runs
   a :class:`~actors.processes.LocalProcessProvider` with one block of two ``sleep``
   grandchildren and prints ``pids <pid> <pid>``, then waits for ever (watching its own
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 
 import anyio
@@ -81,6 +84,9 @@ def main(argv: list[str]) -> None:
     elif mode == "exit":
         say(f"exiting {args[0]}")
         sys.exit(int(args[0]))
+    elif mode == "orphan":
+        grandchild = subprocess.Popen([sys.executable, __file__, "sleep", "--no-lifeline"])
+        say(f"grandchild {grandchild.pid}")
     elif mode == "parent":
         anyio.run(parent, args[0])
     else:

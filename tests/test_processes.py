@@ -402,6 +402,26 @@ async def test_leaving_kills_a_child_that_ignores_sigterm(corral_log: LogLines) 
     assert "worker-1.1 killed by SIGTERM" in block.detail
 
 
+async def test_processes_a_worker_leaves_behind_are_killed_with_a_warning(
+    corral_log: LogLines,
+) -> None:
+    """A child that exits leaving a process of its own behind (in its process group):
+    the provider kills it and says so at warning."""
+    with anyio.fail_after(LIMIT):
+        async with LocalProcessProvider(lambda b, i: [*CHILD, "orphan"]) as provider:
+            block = await provider.start_block(BlockSpec())
+            assert await provider.wait_ended(block) is BlockState.COMPLETED
+            line = corral_log.with_("grandchild ")
+            assert line is not None
+            pid = int(line.split("grandchild ")[1].split("'")[0])
+            assert corral_log.has(
+                "level='warning'",
+                "killed processes the worker left in its process group",
+                "child='worker-1'",
+            )
+            await wait_until(lambda: gone(pid))
+
+
 async def test_an_error_in_the_body_stops_children_and_propagates_unwrapped(
     corral_log: LogLines,
 ) -> None:

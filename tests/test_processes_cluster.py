@@ -277,3 +277,22 @@ async def test_leaving_a_cluster_of_processes_warns_of_no_lost_worker(
     left = [r for r in caplog.records if "event='worker left'" in r.getMessage()]
     assert left and all("cause='shutdown'" in r.getMessage() for r in left), left
     assert all(r.levelno == logging.INFO for r in left)
+
+
+@pytest.mark.anyio
+async def test_a_process_execution_worker_stops_its_task_processes_before_it_exits(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A worker process stops its task processes (and multiprocessing's resource
+    tracker, which the first one started) before it exits: a clean stop leaves nothing
+    in its process group for the provider to kill, so no warning of it (every clean
+    stop logged one before)."""
+    import logging
+
+    caplog.set_level(logging.INFO, logger="corral")
+    with anyio.fail_after(LIMIT):
+        async with Cluster(processes=1, memory_options={"execution": "process"}) as c:
+            assert await c.submit(len, "abc") == 3
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("event='worker left'" in m for m in messages)
+    assert not [m for m in messages if "left in its process group" in m]
