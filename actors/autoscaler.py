@@ -24,6 +24,7 @@ from actors.autoscaler_state import (
     AutoscalerConfig,
     AutoscalerState,
     BlockEnded,
+    BlockHeld,
     BlockRequeued,
     BlockRunning,
     BlockStarted,
@@ -35,6 +36,7 @@ from actors.autoscaler_state import (
     DrainWorker,
     Event,
     GaveUp,
+    HoldWorkers,
     PolicyChanged,
     QueuesSeen,
     ReportGone,
@@ -67,6 +69,7 @@ from runtime.messages import (
     StoryRequest,
     UpcomingRequest,
     WorkerGone,
+    WorkersSuspended,
     message,
 )
 
@@ -363,6 +366,15 @@ class Autoscaler(Actor):
                 with contextlib.suppress(ActorStopped):
                     await self.scheduler.tell(WorkerGone(wid, cmd.cause))
             return None
+        if type(cmd) is HoldWorkers:
+            self.log.warning(
+                "block suspended: its workers take no new tasks" if cmd.held
+                else "block resumed: its workers take tasks again",
+                block=cmd.block, workers=list(cmd.workers),
+            )  # fmt: skip
+            with contextlib.suppress(ActorStopped):
+                await self.scheduler.tell(WorkersSuspended(cmd.workers, cmd.held))
+            return None
         if type(cmd) is BlockStuck:
             self.log.warning(
                 "block not running by its provisioning timeout: scaling it in, replacing it",
@@ -442,8 +454,16 @@ class Autoscaler(Actor):
             and h.state is BlockState.RUNNING
             and h.incarnation <= b.incarnation
         ]
-        if requeued or running:
-            await self._handle(*requeued, *running)
+        held = [
+            BlockHeld(now, bid)
+            for bid, b in self.state.blocks.items()
+            if not b.suspended
+            and (h := self._handles.get(bid)) is not None
+            and h.state is BlockState.HELD
+            and h.incarnation <= b.incarnation
+        ]
+        if requeued or running or held:
+            await self._handle(*requeued, *running, *held)
         self._note_batch_errors()
         seen = await self._queues_seen(now)
         await self._handle(seen if seen is not None else Tick(now))

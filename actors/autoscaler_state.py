@@ -65,6 +65,12 @@ A pool that may not ask for a block now (gave up, paused, backing off) keeps its
 blocks: cancelling one would leave nothing in its place. The core learns that a block
 runs from :class:`BlockRunning` (the provider's word; the shell looks every tick).
 
+A block that ran and is held now (:class:`BlockHeld`: Slurm suspended it) is not an
+end: it still counts, is not stuck, and the scheduler is told (:class:`HoldWorkers`)
+to give its workers no new tasks; a worker of it that goes silent meanwhile is lost as
+``suspended``, a free loss. When it runs again (:class:`BlockRunning`) the scheduler
+is told so; workers back within the manager's grace rejoin as usual.
+
 The batch system not answering (:class:`BlockStartFailed` with ``batch=True``) spends
 no budget: the pool *backs off*, asking again at the provider's ``retry_at`` or after
 its own exponential back-off (``backoff`` doubled per failure in a row, up to
@@ -94,6 +100,7 @@ __all__ = [
     "BatchProblem",
     "BlockEnd",
     "BlockEnded",
+    "BlockHeld",
     "BlockRecord",
     "BlockRequeued",
     "BlockRunning",
@@ -106,6 +113,7 @@ __all__ = [
     "DrainWorker",
     "Event",
     "GaveUp",
+    "HoldWorkers",
     "PolicyChanged",
     "PoolState",
     "QueuesSeen",
@@ -226,6 +234,16 @@ class BlockRunning(Event):
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class BlockHeld(Event):
+    """The provider says ``block`` is held now. One that ran (seen running, or a worker
+    of it known to the scheduler) is suspended (Slurm's SUSPENDED: its processes are
+    stopped, they go silent and may come back when it resumes); one that never ran is
+    left as it was (not running yet)."""
+
+    block: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Resumed(Event):
     """An operator resumed ``pool``: ask for its blocks again now (clears its pause,
     its back-off and its giving up)."""
@@ -339,6 +357,17 @@ class ReportGone(Command):
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class HoldWorkers(Command):
+    """Tell the scheduler that ``block``'s ``workers`` are suspended (``held``: give them
+    no new tasks; one that goes silent meanwhile is lost as ``suspended``, a free
+    loss), or that they run again (``held`` False)."""
+
+    block: str
+    workers: tuple[str, ...]
+    held: bool
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class BatchProblem:
     """The latest failed submission of a pool: the ``command`` and its ``error``,
     ``at`` (the core's clock), whether the provider ``suspended`` submissions, and when
@@ -408,6 +437,7 @@ class BlockRecord:
     walltime: bool = False
     since: float = 0.0  #: when it started (or was requeued): its age while not running
     stuck: bool = False  #: scaled in because it was not running by its provisioning timeout
+    suspended: bool = False  #: held after it ran (the scheduler was told: HoldWorkers)
 
 
 @dataclasses.dataclass(slots=True)
@@ -522,16 +552,16 @@ class AutoscalerState:
             for pool, ps in self.pools.items()
         }  # fmt: skip
 
-        def count(pool: str, state: str, since: float) -> None:
+        def count(pool: str, state: str, since: float, ran: bool = False) -> None:
             m = out.setdefault(pool, {"states": {}, "oldest_pending": 0.0})
             m["states"][state] = m["states"].get(state, 0) + 1
-            if state != "running":
+            if state != "running" and not ran:
                 m["oldest_pending"] = max(m["oldest_pending"], now - since)
 
         for request, pool in self.requests.items():
             count(pool, "requested", self.requested_at.get(request, now))
         for b in self.blocks.values():
-            count(b.pool, states.get(b.block_id, b.state), b.since)
+            count(b.pool, states.get(b.block_id, b.state), b.since, b.suspended)
         return out
 
     # ----------------------------------------------------------------- handlers
@@ -669,6 +699,7 @@ class AutoscalerState:
         b.idle_since = None
         b.sched_drained = False
         b.state = "pending"
+        b.suspended = False  # its workers are reported gone: the scheduler forgets them
         b.since = self._now
         cause = "preempted" if ev.cause == "preempted" else "unknown"
         self._out.append(ReportGone(b.block_id, b.workers, cause, "requeued"))
@@ -700,9 +731,27 @@ class AutoscalerState:
     def _block_running(self, ev: BlockRunning) -> None:
         b = self.blocks.get(ev.block)
         if b is not None:
-            if b.state != "running" and not b.retiring:
+            if b.suspended:  # resumed: its workers take tasks again
+                b.suspended = False
+                self._out.append(HoldWorkers(b.block_id, b.workers, False))
+            elif b.state != "running" and not b.retiring:
                 self.pools[b.pool].provisioning.append(self._now - b.since)
             b.state = "running"
+
+    def _block_held(self, ev: BlockHeld) -> None:
+        b = self.blocks.get(ev.block)
+        if b is None or b.suspended:
+            return
+        # It ran: seen running, or a worker of it joined before the provider's
+        # latest look said so (a block held before it ever ran is not running yet).
+        joined = self.processing is not None and any(w in self.processing for w in b.workers)
+        if b.state == "running" or joined:
+            # Suspended: it still counts (it resumes where it was), is not stuck and
+            # not idle; its workers take no new tasks until it runs again.
+            b.state = "held"
+            b.suspended = True
+            b.idle_since = None
+            self._out.append(HoldWorkers(b.block_id, b.workers, True))
 
     def _drain_answered(self, ev: DrainAnswered) -> None:
         for b in self.blocks.values():
@@ -890,7 +939,7 @@ class AutoscalerState:
         if timeout is None or not self._may_request(ps.pool):
             return
         for b in sorted(self.live(ps.pool), key=lambda b: b.block_id):
-            if b.state != "running" and self._now - b.since >= timeout:
+            if b.state != "running" and not b.suspended and self._now - b.since >= timeout:
                 b.stuck = True
                 self.stuck[ps.pool] = self.stuck.get(ps.pool, 0) + 1
                 self._out.append(
@@ -947,6 +996,7 @@ class AutoscalerState:
             assert b.block_id == bid, b
             assert b.pool in self.pools, (b, "block of an unknown pool")
             assert b.state in LIVE_STATES, b
+            assert not b.suspended or b.state == "held", (b, "suspended but not held")
             assert b.draining | b.drained | b.unknown <= set(b.workers), b
             assert not (b.draining & b.drained or b.draining & b.unknown), b
             assert not (b.drained & b.unknown), b
@@ -1023,6 +1073,7 @@ _DISPATCH: dict[type, Any] = {
     BlockStopped: AutoscalerState._block_stopped,
     BlockRequeued: AutoscalerState._block_requeued,
     BlockRunning: AutoscalerState._block_running,
+    BlockHeld: AutoscalerState._block_held,
     Resumed: AutoscalerState._resumed,
     DrainAnswered: AutoscalerState._drain_answered,
     QueuesSeen: AutoscalerState._queues_seen,

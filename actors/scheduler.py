@@ -48,6 +48,7 @@ from actors.scheduler_events import (
     ReplicasMissing,
     Replicate,
     RetireWorker,
+    Suspended,
     TaskCheckpointed,
     TasksFinished,
     Tick,
@@ -128,6 +129,7 @@ from runtime.messages import (
     WorkerHolds,
     WorkerInfo,
     WorkerMemoryReport,
+    WorkersSuspended,
     WorkerStorage,
     message,
 )
@@ -468,10 +470,18 @@ class Scheduler(Actor):
     def worker_holds(self, msg: WorkerHolds) -> None:
         self._handle(WorkerHeld(*self._ev(), msg.worker_id, frozenset(msg.active), msg.held))
 
+    @handles(WorkersSuspended)
+    def workers_suspended(self, msg: WorkersSuspended) -> None:
+        """The batch system suspended (or resumed) a block: its workers take no new
+        tasks (or take them again)."""
+        self._handle(Suspended(*self._ev(), tuple(msg.workers), msg.suspended))
+
     @handles(WorkerGone)
     def worker_gone(self, msg: WorkerGone) -> None:
         if self.workers.pop(msg.worker_id, None) is None:
             return
+        # One that went silent while its block was suspended is lost as ``suspended``.
+        msg = WorkerGone(msg.worker_id, self.state.lost_cause(msg.worker_id, msg.cause))
         self.infos.pop(msg.worker_id, None)
         self.rss.pop(msg.worker_id, None)
         self.memory.pop(msg.worker_id, None)

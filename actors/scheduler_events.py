@@ -36,6 +36,7 @@ __all__ = [
     "ReplicasMissing",
     "Replicate",
     "RetireWorker",
+    "Suspended",
     "TaskCheckpointed",
     "TasksFinished",
     "Tick",
@@ -186,6 +187,17 @@ class WorkerDraining(Event):
     runs have finished. Its outputs stay available to peers until it leaves."""
 
     worker: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Suspended(Event):
+    """The batch system suspended the block of ``workers`` (``suspended``), or resumed
+    it (``suspended`` False). Suspended, they get no new tasks (what they run stays
+    theirs: it goes on when they resume), and one lost meanwhile with no cause
+    (``unknown``: it went silent) is lost as ``suspended``, a free loss."""
+
+    workers: tuple[str, ...]
+    suspended: bool = True
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

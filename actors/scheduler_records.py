@@ -174,6 +174,7 @@ class WorkerState:
         "retired",
         "rss",
         "slots",
+        "suspended",
         "throttle_at",
         "throttled",
         "unconfirmed",
@@ -208,6 +209,8 @@ class WorkerState:
         #: drain, ``WorkerDraining``): its end is ``walltime``, not ``drained``
         self.walltime_drain = False
         self.throttled = False  #: past its throttle fence: deferring producers
+        #: its block is suspended by the batch system: no new tasks until it resumes
+        self.suspended = False
         self.rss = 0  #: its RSS as last reported
         self.throttle_at = 0  #: bytes where its throttle fence is (0: not reported)
         self.n_producers = 0  #: producers among ``processing``

@@ -61,6 +61,13 @@ Draining: after :class:`WorkerDraining` a worker gets no new tasks (it is never 
 ``free``); once the tasks it runs have finished, one :class:`RetireWorker` command says
 to stop it. It stays known, serving its outputs, until :class:`WorkerLeft`.
 
+Suspended: after :class:`Suspended` (the batch system suspended its block) a worker
+gets no new tasks either (never in ``free``, no evacuation, copy or replica goes to
+it), but it is not retired: what it runs goes on when it resumes (``Suspended`` with
+``suspended`` False). Lost meanwhile for no known cause (``unknown``: a stopped
+process goes silent), it is lost as ``suspended`` (:meth:`SchedulerState.lost_cause`),
+a free loss like ``preempted``: its tasks are not suspects.
+
 Memory (see docs/memory.md): the memory policy marks categories as *producers* (their
 outputs are much larger than their inputs; before any has finished, tasks with no
 dependencies). Ready tasks wait in one heap per (pool, producer). A producer goes only to
@@ -165,6 +172,7 @@ from actors.scheduler_events import (
     ReplicasMissing,
     Replicate,
     RetireWorker,
+    Suspended,
     TaskCheckpointed,
     TasksFinished,
     Tick,
@@ -871,7 +879,25 @@ class SchedulerState:
         if junk:
             self._out.append(DropData(self._stimulus, ws.id, tuple(junk)))
 
+    def lost_cause(self, worker: str, cause: str) -> str:
+        """Why ``worker`` is lost, reported with ``cause``: ``suspended`` for one whose
+        block is suspended that went silent (``unknown``), else ``cause``."""
+        ws = self.workers.get(worker)
+        return "suspended" if cause == "unknown" and ws is not None and ws.suspended else cause
+
+    def _suspended(self, ev: Suspended) -> None:
+        for wid in ev.workers:
+            ws = self.workers.get(wid)
+            if ws is None or ws.suspended == ev.suspended:
+                continue  # not joined (or gone), or told already
+            ws.suspended = ev.suspended
+            self._log(wid, "joined", "suspended" if ev.suspended else "resumed")
+            self._update_free(ws)
+
     def _worker_left(self, ev: WorkerLeft) -> None:
+        cause = self.lost_cause(ev.worker, ev.cause)
+        if cause != ev.cause:
+            ev = dataclasses.replace(ev, cause=cause)
         ws = self.workers.pop(ev.worker, None)
         if ws is None:
             return
@@ -1180,7 +1206,7 @@ class SchedulerState:
         targets = [
             w
             for w in self.workers.values()
-            if not w.draining and not (ws.block and (w.block, w.pool) == (ws.block, ws.pool))
+            if _takes_new(w) and not (ws.block and (w.block, w.pool) == (ws.block, ws.pool))
         ]
         if not targets:
             self._out.append(Evacuate(self._stimulus, ws.id, ()))
@@ -1268,7 +1294,7 @@ class SchedulerState:
         as a :class:`Replicate` (the one copy path), but it is an *evacuation*
         (``evacuating``): not a replica; it counts as an evacuation when it lands
         (:meth:`_evacuated`), as are the copies off a worker that leaves."""
-        targets = [w for w in self.workers.values() if not w.draining]
+        targets = [w for w in self.workers.values() if _takes_new(w)]
         if not targets:
             return
         held = self._held_and_coming(targets)
@@ -2108,7 +2134,7 @@ class SchedulerState:
         candidates = [
             w
             for w in self.workers.values()
-            if not w.draining
+            if _takes_new(w)
             and w.id not in ts.who_has
             and w.id not in inflight
             and w.id not in failed
@@ -2728,7 +2754,7 @@ class SchedulerState:
             nxt.deps
             or not nxt.producer
             or ws.throttled
-            or ws.draining
+            or not _takes_new(ws)
             or ws.id not in self.workers
             or len(ws.processing) > ws.slots
             or len(ws.processing) >= ws.limit
@@ -2750,7 +2776,7 @@ class SchedulerState:
         draining, under its limit, allows ``ts`` (pool, resources, memory admission)
         and holds every input of it."""
         return (
-            not ws.draining
+            _takes_new(ws)
             and ws.id in self.workers
             and len(ws.processing) < ws.limit
             and self._takes_consumer_here(ts, ws)
@@ -2920,7 +2946,7 @@ class SchedulerState:
             for w in self.workers.values()
             if w.id not in cp.holders
             and w.pool == source.pool
-            and not w.draining
+            and _takes_new(w)
             and not w.leaving
             and w.disk_free() >= cp.nbytes
         ]
@@ -3036,7 +3062,7 @@ class SchedulerState:
         return total < ws.limit and ws.occupancy < ws.cores * self.config.backlog
 
     def _update_free(self, ws: WorkerState) -> None:
-        if ws.id in self.workers and not ws.draining and self._is_free(ws):
+        if ws.id in self.workers and _takes_new(ws) and self._is_free(ws):
             self.free[ws.id] = ws
         else:
             self.free.pop(ws.id, None)
@@ -3402,7 +3428,7 @@ class SchedulerState:
             held = sum(ts.nbytes for ts in ws.has_what)
             assert self.held_bytes.get(wid, 0) == held, (ws, self.held_bytes.get(wid), held)
             # A draining worker is never free, whatever its load.
-            assert (wid in self.free) == (not ws.draining and self._is_free(ws)), ws
+            assert (wid in self.free) == (_takes_new(ws) and self._is_free(ws)), ws
             # Draining: retired exactly once it runs nothing; retired: told to stop.
             assert (wid in self.draining) == (ws.draining and not ws.retired and not ws.leaving)
             if ws.leaving:
@@ -3476,6 +3502,12 @@ def _topological(tasks: Iterable[TaskState]) -> list[TaskState]:
     return out
 
 
+def _takes_new(ws: WorkerState) -> bool:
+    """``ws`` may be given new work (a task, a copy, an evacuated output): it neither
+    drains nor is suspended."""
+    return not (ws.draining or ws.suspended)
+
+
 def _prio_key(ts: TaskState) -> tuple[Any, ...]:
     return (ts.behind, ts.prio)
 
@@ -3494,6 +3526,7 @@ _DISPATCH: dict[type, Any] = {
     PolicyChanged: SchedulerState._policy_changed,
     WorkerDraining: SchedulerState._worker_draining,
     WorkerLeaving: SchedulerState._worker_leaving,
+    Suspended: SchedulerState._suspended,
     WorkerMemory: SchedulerState._worker_memory,
     TaskCheckpointed: SchedulerState._checkpoint_saved,
     CheckpointCopied: SchedulerState._checkpoint_copied,

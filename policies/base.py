@@ -189,10 +189,13 @@ class CategoryStatsView:
 
 
 #: causes of a worker loss that say nothing about the tasks it ran: it was drained
-#: (asked to leave), preempted (its batch job taken back), reached its walltime, or an
-#: operator stopped it (shutdown).
+#: (asked to leave), preempted (its batch job taken back), went silent while its batch
+#: job was suspended (suspended), reached its walltime, or an operator stopped it
+#: (shutdown).
 #: Other losses (a crash, a lost connection, an exit code) make its tasks suspects.
-BENIGN_LOSSES: frozenset[str] = frozenset({"drained", "preempted", "walltime", "shutdown"})
+BENIGN_LOSSES: frozenset[str] = frozenset(
+    {"drained", "preempted", "suspended", "walltime", "shutdown"}
+)
 
 #: Causes of a worker's end that were chosen, not suffered: its life is *censored* in
 #: the pool's survival estimate (``policies/survival.py``), not counted as a death.

@@ -78,7 +78,7 @@ def message(name: str | None = None, *, local: bool = False) -> Callable[[M], M]
 # --------------------------------------------------------------------------------------
 
 Outcome = Literal["ok", "error", "worker-lost", "cancelled", "timeout", "oom", "disk-full"]
-LostCause = Literal["preempted", "oom", "crash", "drained", "walltime", "unknown"]
+LostCause = Literal["preempted", "suspended", "oom", "crash", "drained", "walltime", "unknown"]
 
 
 @message()
@@ -255,6 +255,16 @@ class WorkerGone(Message):
 
     worker_id: str
     cause: str = "unknown"
+
+
+@message()
+class WorkersSuspended(Message):
+    """Autoscaler -> scheduler: the batch system suspended the block of ``workers``
+    (``suspended``: they take no new tasks, and one that goes silent meanwhile is lost
+    as ``suspended``, a free loss), or resumed it (``suspended`` False)."""
+
+    workers: tuple[str, ...]
+    suspended: bool = True
 
 
 @message()

@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
@@ -38,7 +40,7 @@ from actors.autoscaler_state import (
     TargetSet,
     Tick,
 )
-from actors.providers import Block, BlockSpec, InProcessProvider
+from actors.providers import Block, BlockSpec, BlockState, InProcessProvider
 from actors.scheduler_events import WorkerDraining, WorkerJoined, WorkerLeaving, WorkerLeft
 from actors.scheduler_state import SchedulerState
 from policies.scaling import PoolLimits
@@ -421,8 +423,11 @@ class Recording(InProcessProvider):
         return block
 
 
-@pytest.mark.anyio
-async def test_the_shell_reports_a_requeue_and_keeps_the_block() -> None:
+@asynccontextmanager
+async def one_recorded_block() -> AsyncIterator[tuple[Any, SchedulerState, Block]]:
+    """A control plane with one in-process block (``worker-1``, joined): the
+    autoscaler's ref, the scheduler's core and the block, for a test to play the batch
+    system on; bounded by 20 s."""
     made: list[Recording] = []
 
     def provider(plane: Any) -> Recording:
@@ -435,26 +440,51 @@ async def test_the_shell_reports_a_requeue_and_keeps_the_block() -> None:
                 system, provider=provider,
                 targets={"default": PoolTarget(1, BlockSpec(1, 1, 0, 0, "default"))},
             )  # fmt: skip
-            autoscaler, scheduler = plane.refs["autoscaler"], plane.scheduler.state
+            scheduler = plane.scheduler.state
             await wait_until(lambda: "worker-1" in scheduler.workers, limit=10)
             (block,) = made[0].started
-            # The batch system requeued it after a preemption: a new incarnation.
-            block.incarnation, block.requeue_cause = 2, "preempted"
+            yield plane.refs["autoscaler"], scheduler, block
 
-            async def requeue_reported() -> AutoscalerStatus | None:
-                st: AutoscalerStatus = await autoscaler.ask(StatusRequest())
-                return st if st.ends else None
 
-            st = await wait_until(requeue_reported, limit=10)
-            (end,) = st.ends
-            assert (end.block, end.state, end.cause, end.charged) == (
-                "block-1", "requeued", "preempted", False,
-            )  # fmt: skip
-            assert st.blocks == {"block-1": "running"} and st.incarnations == {"block-1": 2}
-            assert st.budget_spent == 0
-            # Its worker of the first run was reported gone, as preempted.
-            assert "worker-1" not in scheduler.workers
-            assert ("worker-1", "joined", "left:preempted") in [t[:3] for t in scheduler.story_log]
+@pytest.mark.anyio
+async def test_the_shell_reports_a_requeue_and_keeps_the_block() -> None:
+    async with one_recorded_block() as (autoscaler, scheduler, block):
+        # The batch system requeued it after a preemption: a new incarnation.
+        block.incarnation, block.requeue_cause = 2, "preempted"
+
+        async def requeue_reported() -> AutoscalerStatus | None:
+            st: AutoscalerStatus = await autoscaler.ask(StatusRequest())
+            return st if st.ends else None
+
+        st = await wait_until(requeue_reported, limit=10)
+        (end,) = st.ends
+        assert (end.block, end.state, end.cause, end.charged) == (
+            "block-1", "requeued", "preempted", False,
+        )  # fmt: skip
+        assert st.blocks == {"block-1": "running"} and st.incarnations == {"block-1": 2}
+        assert st.budget_spent == 0
+        # Its worker of the first run was reported gone, as preempted.
+        assert "worker-1" not in scheduler.workers
+        assert ("worker-1", "joined", "left:preempted") in [t[:3] for t in scheduler.story_log]
+
+
+@pytest.mark.anyio
+async def test_the_shell_tells_the_scheduler_a_block_is_suspended_and_resumed() -> None:
+    """The provider sees a running block held (Slurm's SUSPENDED): the scheduler holds
+    its worker (no new tasks; silent, it would be lost as ``suspended``) until the
+    provider sees it run again. Before, a held block was never passed on."""
+    async with one_recorded_block() as (autoscaler, scheduler, block):
+        block.state = BlockState.HELD
+        await wait_until(lambda: scheduler.workers["worker-1"].suspended, limit=10)
+        assert scheduler.lost_cause("worker-1", "unknown") == "suspended"
+        assert "worker-1" not in scheduler.free
+        st: AutoscalerStatus = await autoscaler.ask(StatusRequest())
+        assert st.blocks == {"block-1": "held"} and not st.ends
+        block.state = BlockState.RUNNING
+        await wait_until(lambda: not scheduler.workers["worker-1"].suspended, limit=10)
+        assert "worker-1" in scheduler.free
+        story = [t[2] for t in scheduler.story_log if t[:2] == ("worker-1", "joined")]
+        assert story == ["suspended", "resumed"]
 
 
 @pytest.mark.anyio

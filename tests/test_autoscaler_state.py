@@ -28,6 +28,7 @@ from actors.autoscaler_state import (
     AutoscalerState,
     BlockEnd,
     BlockEnded,
+    BlockHeld,
     BlockRequeued,
     BlockRunning,
     BlockStarted,
@@ -39,6 +40,7 @@ from actors.autoscaler_state import (
     DrainWorker,
     Event,
     GaveUp,
+    HoldWorkers,
     PolicyChanged,
     QueuesSeen,
     ReportGone,
@@ -338,6 +340,39 @@ def test_each_pool_has_its_own_replacement_budget() -> None:
     assert (s.spent(), s.replacements) == (0, {})
 
 
+def test_a_suspended_block_holds_its_workers_until_it_runs_again() -> None:
+    """Slurm suspended a running block (SUSPENDED: held): the scheduler is told to give
+    its workers no new tasks, and told again when it resumes. Meanwhile it counts as
+    before, is never stuck (its provisioning timeout counts from its request, long
+    past) and its resume is no provisioning delay."""
+    s = make()
+    limits = PoolLimits(0, 3, 1, provisioning_timeout=30.0)
+    run(s, TargetSet(0.0, "ckpt", 1, SPEC, limits))
+    run(s, BlockStarted(1.0, 1, "ckpt-2", ("ckpt-2.0", "ckpt-2.1")))
+    assert run(s, BlockHeld(100.0, "ckpt-2")) == [
+        HoldWorkers("ckpt-2", ("ckpt-2.0", "ckpt-2.1"), True)
+    ]
+    assert s.blocks["ckpt-2"].state == "held" and s.counts() == {"ckpt": 1}
+    assert run(s, BlockHeld(101.0, "ckpt-2"), Tick(200.0)) == []  # told once; not stuck
+    assert s.block_metrics(200.0, {})["ckpt"]["oldest_pending"] == 0.0
+    assert run(s, BlockRunning(228.0, "ckpt-2")) == [
+        HoldWorkers("ckpt-2", ("ckpt-2.0", "ckpt-2.1"), False)
+    ]
+    assert list(s.pools["ckpt"].provisioning) == [1.0]  # its start only, not its resume
+    # A block held before it ever ran (pending-like) is not the scheduler's business.
+    run(s, TargetSet(229.0, "ckpt", 2, SPEC))
+    assert run(s, BlockStarted(230.0, 2, "ckpt-3", ("ckpt-3.0",), "held")) == []
+    assert run(s, BlockHeld(230.5, "ckpt-3")) == []
+    assert run(s, BlockRunning(231.0, "ckpt-3")) == []
+    # Suspended before the provider saw it run, its workers joined already (the
+    # scheduler's counts show them): suspended all the same.
+    run(s, TargetSet(232.0, "ckpt", 3, SPEC))
+    run(s, BlockStarted(233.0, 3, "ckpt-4", ("ckpt-4.0",), "pending"))
+    assert run(s, BlockHeld(234.0, "ckpt-4")) == []  # none of its workers joined
+    run(s, QueuesSeen(235.0, {}, {"ckpt-2.0": 0, "ckpt-2.1": 0, "ckpt-4.0": 1}))
+    assert run(s, BlockHeld(236.0, "ckpt-4")) == [HoldWorkers("ckpt-4", ("ckpt-4.0",), True)]
+
+
 def test_a_block_requeued_while_being_scaled_in_is_stopped() -> None:
     """Slurm requeued a block whose worker was draining: the new run's worker would
     join afresh and take tasks, and nothing would drain it. It is stopped instead."""
@@ -596,6 +631,7 @@ class RandomCluster(RuleBasedStateMachine):
         self.drained: set[str] = set()  #: workers the scheduler drains
         self.reported: set[str] = set()  #: blocks reported gone
         self.running: set[str] = set()  #: blocks that run (their workers may join)
+        self.suspended: set[str] = set()  #: blocks whose workers the scheduler holds
         self.n = 0
 
     def feed(self, ev: Event) -> None:
@@ -610,14 +646,19 @@ class RandomCluster(RuleBasedStateMachine):
             elif isinstance(cmd, DrainWorker):
                 assert self.state.blocks[cmd.block].retiring
                 self.drains.append(cmd)
+            elif isinstance(cmd, HoldWorkers):
+                assert (cmd.block in self.suspended) != cmd.held, cmd  # once each way
+                (self.suspended.add if cmd.held else self.suspended.discard)(cmd.block)
             elif isinstance(cmd, ReportGone):
                 assert cmd.block not in self.reported, cmd
+                self.suspended.discard(cmd.block)  # its workers are forgotten
                 if cmd.state != "requeued":  # a requeued block lives on
                     self.reported.add(cmd.block)
                 self.joined -= set(cmd.workers)
             elif isinstance(cmd, BlockStuck):
                 b = self.state.blocks[cmd.block]
                 assert b.stuck and b.retiring and cmd.block not in self.running, cmd
+                assert cmd.block not in self.suspended, ("a suspended block is not stuck", cmd)
                 assert cmd.age >= cmd.timeout, cmd
             else:
                 assert isinstance(cmd, GaveUp), cmd
@@ -667,6 +708,13 @@ class RandomCluster(RuleBasedStateMachine):
         bid = bids[i % len(bids)]
         self.running.add(bid)
         self.feed(BlockRunning(self._later(), bid))
+
+    @precondition(lambda self: self.state.blocks)
+    @rule(i=st.integers(0, 7))
+    def block_held(self, i: int) -> None:
+        bid = sorted(self.state.blocks)[i % len(self.state.blocks)]
+        self.running.discard(bid)  # suspended (or held before it ran): block_runs resumes it
+        self.feed(BlockHeld(self._later(), bid))
 
     @precondition(lambda self: any(b.workers for b in self.state.blocks.values()))
     @rule(i=st.integers(0, 7))

@@ -27,6 +27,7 @@ from actors.scheduler_events import (
     KeyDone,
     KeyErred,
     ReplicasMissing,
+    Suspended,
     TasksFinished,
     Tick,
     WorkerHeld,
@@ -644,6 +645,72 @@ def test_max_crashes_is_a_retry_policy_parameter(make_state: Factory) -> None:
     assert ke.error.cause == "crash"  # one crash: nothing to compare it with
     with pytest.raises(PolicyParamsError):
         REGISTRY.create("retry", "default", {"max_crashes": 0})
+
+
+# ----------------------------------------------------------------------------- suspension
+
+
+def join_block(state: SchedulerState, block: str, n: int = 2) -> list[str]:
+    """``n`` one-core workers of ``block`` join: their ids, ``block.0`` ..."""
+    wids = [f"{block}.{i}" for i in range(n)]
+    for wid in wids:
+        run(state, event(WorkerJoined, worker=wid, cores=1, memory=GB, block=block))
+    return wids
+
+
+def suspend(state: SchedulerState, wids: Iterable[str], suspended: bool = True) -> Any:
+    return run(state, event(Suspended, workers=tuple(wids), suspended=suspended))
+
+
+def test_a_suspended_block_s_workers_take_no_task_and_their_silence_is_a_free_loss(
+    make_state: Factory,
+) -> None:
+    # The audit's repro: a block suspended long enough that its workers are lost
+    # (silent: ``unknown``). Before, the task went to the suspended sibling, was lost
+    # again at once, and three such losses failed it with TaskCrashedWorkers.
+    s = make_state()
+    submit(s, {"a": []}, ["a"])
+    for block in ("ckpt-2", "ckpt-3", "ckpt-4"):
+        wids = join_block(s, block)
+        (lost,) = (w for w in wids if on(s, w) == {"a"})
+        (sibling,) = (w for w in wids if w != lost)
+        assert suspend(s, wids) == []  # nothing moves: what they run goes on later
+        assert s.free.keys().isdisjoint(wids)
+        cmds = leave(s, lost, cause="unknown")  # silent past the manager's grace
+        assert assigned(cmds) == {}  # not onto the suspended sibling
+        assert s.tasks["a"].state == "queued"
+        cmds = leave(s, sibling, cause="unknown")
+        assert assigned(cmds) == {} and of(cmds, KeyErred) == []
+    ts = s.tasks["a"]
+    assert ts.state == "queued" and ts.crash_tries == 0
+    assert [t.cause for t in ts.tries] == ["suspended"] * 3
+    assert [e[2] for e in s.story("a") if e[1] == "retry"] == [
+        "worker lost (suspended); free retry"
+    ] * 3
+    assert [e[2] for e in s.story("ckpt-2.0") if e[1] == "joined"] == [
+        "suspended",
+        "left:suspended",
+    ]
+    assert assigned(join(s, "owner-1")) == {"owner-1": ["a"]}
+
+
+def test_a_resumed_block_s_workers_take_tasks_again_and_other_losses_keep_their_cause(
+    make_state: Factory,
+) -> None:
+    s = make_state()
+    wids = join_block(s, "ckpt-1")
+    suspend(s, wids)
+    assert assigned(submit(s, {"a": []}, ["a"])) == {}  # queued: no worker takes it
+    # Back within the manager's grace, a worker rejoins as usual: still suspended
+    # until the batch system says the block runs again.
+    run(s, event(WorkerJoined, worker=wids[0], cores=1, memory=GB, block="ckpt-1"))
+    assert s.workers[wids[0]].suspended and s.tasks["a"].state == "queued"
+    assert assigned(suspend(s, wids, suspended=False)) == {wids[0]: ["a"]}
+    assert s.lost_cause(wids[0], "unknown") == "unknown"  # resumed: silence is a loss
+    suspend(s, wids)
+    assert s.lost_cause(wids[0], "crash") == "crash"  # only silence is the suspension's
+    assert s.lost_cause(wids[0], "unknown") == "suspended"
+    assert s.lost_cause("nobody", "unknown") == "unknown"
 
 
 # ----------------------------------------------------------------------------- rejoining

@@ -45,6 +45,7 @@ from actors.scheduler_events import (
     KeyErred,
     KeysReleased,
     PolicyChanged,
+    Suspended,
     TasksFinished,
     Tick,
     WorkerJoined,
@@ -169,6 +170,7 @@ class RandomWorkload(RuleBasedStateMachine):
             elif isinstance(c, KeyCancelled):
                 self.note[c.key] = "cancelled"
             elif isinstance(c, Execute):
+                assert not self.state.workers[c.worker].suspended, ("sent to a suspended", c)
                 for t in c.tasks:
                     ts = self.state.tasks[t.key]
                     assert ts.worker == c.worker or c.worker in self.state.copies[ts]
@@ -231,11 +233,27 @@ class RandomWorkload(RuleBasedStateMachine):
         self.handle(event(WorkerJoined, worker=wid, cores=cores, memory=GB))
 
     @precondition(lambda m: m.state.workers)
-    @rule(seed=st.integers(0, 2**32 - 1), cause=st.sampled_from(["preempted", "oom", "crash"]))
+    @rule(
+        seed=st.integers(0, 2**32 - 1),
+        cause=st.sampled_from(["preempted", "oom", "crash", "unknown"]),
+    )
     def leave(self, seed: int, cause: str) -> None:
         wid = self.pick(random.Random(seed), self.state.workers)
         if wid is not None:
             self.handle(event(WorkerLeft, worker=wid, cause=cause))
+
+    @precondition(lambda m: m.state.workers)
+    @rule(seed=st.integers(0, 2**32 - 1), suspended=st.booleans())
+    def suspend(self, seed: int, suspended: bool) -> None:
+        """Slurm suspends (or resumes) a worker's block: suspended, it takes nothing new."""
+        wid = self.pick(random.Random(seed), self.state.workers)
+        if wid is None:
+            return
+        before = {k for k, ts in self.state.tasks.items() if ts.worker == wid}
+        cmds = self.handle(event(Suspended, workers=(wid,), suspended=suspended))
+        if suspended:
+            assert cmds == [] and wid not in self.state.free
+            assert {k for k, ts in self.state.tasks.items() if ts.worker == wid} == before
 
     @precondition(lambda m: m.state.workers)
     @rule(seed=st.integers(0, 2**32 - 1), cores=st.integers(1, 3))
@@ -371,6 +389,9 @@ class RandomWorkload(RuleBasedStateMachine):
             wid = f"w{self.n_workers}"
             self.n_workers += 1
             self.handle(event(WorkerJoined, worker=wid, cores=2, memory=GB))
+        suspended = tuple(w for w, ws in sorted(self.state.workers.items()) if ws.suspended)
+        if suspended:  # resumed: they take tasks again
+            self.handle(event(Suspended, workers=suspended, suspended=False))
         for _ in range(10_000):
             progressed = False
             if self.dropped:

@@ -14,6 +14,9 @@ checkpoint users: takes blocks back, ends them at their walltime, stops answerin
   (no replacement, no budget spent), and its worker rejoins.
 - ``slurmctld`` stopped mid-run is a clear error in the status; the run finishes once
   it is back.
+- A block suspended (``scontrol suspend``) long enough that its workers are lost: the
+  loss is ``suspended`` (free, no suspect), nothing goes to its suspended sibling, and
+  the task finishes once the block is resumed.
 
 Same rules as tests/test_slurm.py, whose fixtures these tests use: without a cluster
 that answers they skip (with ``CI=true`` they fail), and they hold the machine-wide
@@ -413,4 +416,60 @@ async def test_a_requeued_block_is_a_new_incarnation_of_the_same_block(
         assert lost and all("worker lost (preempted); free retry" in w for _, w in lost), lost
         st = await cluster.status()
         assert "erred" not in st["tasks_by_state"] and st["autoscaler"]["budget_spent"] == 0
+    print({k: round(v, 1) for k, v in marks.items()})
+
+
+SUSPEND = """
+[pools.ckpt]
+provider = "slurm"
+partition = "ckpt"
+walltime = "00:10:00"
+init_blocks = 1
+max_blocks = 1
+workers_per_node = 2
+cores_per_worker = 1
+"""
+
+
+async def test_a_suspended_block_s_lost_workers_cost_nothing_and_take_no_task(
+    slurm_conf: str, slurm: Callable[..., str], tmp_path: Path
+) -> None:
+    """The audit's repro: before, the provider saw the block held and nobody was told;
+    each worker was lost (``unknown``) 20 s into the suspension, the task went to the
+    suspended sibling and was lost again at once (two retries in 0.1 s), and losses
+    like these made it a suspect (TaskCrashedWorkers)."""
+    t0 = time.monotonic()
+    marks: dict[str, float] = {}
+    async with fleet(tmp_path, slurm_conf, SUSPEND, 2, 240) as (cluster, _):
+        (fut,) = await cluster.submit_graph(
+            {"long": (long_task, 15.0)}, ["long"], pool="ckpt", retries=0
+        )
+
+        async def running() -> bool:
+            return any(t[2] == "processing" for t in await cluster.story("long"))
+
+        await wait_until(running, step=0.1)
+        job = slurm("squeue", "-h", "-n", "corral-ckpt-1", "-o", "%i").strip()
+        slurm("scontrol", "suspend", job)
+        try:
+            await status_where(
+                cluster, lambda s: s["autoscaler"]["blocks"].get("ckpt/block-1") == "held"
+            )
+            marks["held"] = time.monotonic() - t0
+            # Silent past the heartbeat and the manager's grace: both workers lost.
+            await status_where(cluster, lambda s: not s["workers"])
+            marks["workers lost"] = time.monotonic() - t0
+            lost = await retry_lines(cluster, ["long"])
+            assert lost == [("long", "worker lost (suspended); free retry")], lost
+            story = [str(t[2]) for t in await cluster.story("long")]
+            assert story[-1] == "queued", story  # not sent to the suspended sibling
+        finally:
+            slurm("scontrol", "resume", job)
+        marks["resumed"] = time.monotonic() - t0
+        assert await fut == "slept 15 s"
+        marks["done"] = time.monotonic() - t0
+        assert len(await retry_lines(cluster, ["long"])) == 1
+        st = await cluster.status()
+        assert "erred" not in st["tasks_by_state"] and st["autoscaler"]["budget_spent"] == 0
+        assert st["autoscaler"]["blocks"] == {"ckpt/block-1": "running"}, st["autoscaler"]
     print({k: round(v, 1) for k, v in marks.items()})
