@@ -67,6 +67,14 @@ def sleeper(*flags: str) -> Callable[[str, int], list[str]]:
     return lambda block_id, index: [*CHILD, "sleep", *flags]
 
 
+async def one_child_block(mode: str) -> None:
+    """A block of one ``helpers_child.py MODE`` child, run until it completes."""
+    with anyio.fail_after(LIMIT):
+        async with LocalProcessProvider(lambda b, i: [*CHILD, mode]) as provider:
+            block = await provider.start_block(BlockSpec())
+            assert await provider.wait_ended(block) is BlockState.COMPLETED
+
+
 async def wait_ready(log: LogLines, provider: LocalProcessProvider, block: Block) -> dict[str, int]:
     pids = provider.pids(block)
     await wait_until(lambda: all(log.has(f"ready {pid} {wid}") for wid, pid in pids.items()))
@@ -217,10 +225,7 @@ async def test_a_corral_childs_record_is_logged_with_its_own_event_and_fields(
     which logs each at the child's level with its event and fields, and the child's id:
     before, the child's whole rendered line was quoted inside one event, with two
     timestamps and nested quoting."""
-    with anyio.fail_after(LIMIT):
-        async with LocalProcessProvider(lambda b, i: [*CHILD, "log"]) as provider:
-            block = await provider.start_block(BlockSpec())
-            assert await provider.wait_ended(block) is BlockState.COMPLETED
+    await one_child_block("log")
     line = corral_log.with_("disk nearly full")
     assert line is not None
     assert line.startswith("timestamp=") and line.count("timestamp=") == 1
@@ -407,19 +412,17 @@ async def test_processes_a_worker_leaves_behind_are_killed_with_a_warning(
 ) -> None:
     """A child that exits leaving a process of its own behind (in its process group):
     the provider kills it and says so at warning."""
+    await one_child_block("orphan")
+    line = corral_log.with_("grandchild ")
+    assert line is not None
+    pid = int(line.split("grandchild ")[1].split("'")[0])
+    assert corral_log.has(
+        "level='warning'",
+        "killed processes the worker left in its process group",
+        "child='worker-1'",
+    )
     with anyio.fail_after(LIMIT):
-        async with LocalProcessProvider(lambda b, i: [*CHILD, "orphan"]) as provider:
-            block = await provider.start_block(BlockSpec())
-            assert await provider.wait_ended(block) is BlockState.COMPLETED
-            line = corral_log.with_("grandchild ")
-            assert line is not None
-            pid = int(line.split("grandchild ")[1].split("'")[0])
-            assert corral_log.has(
-                "level='warning'",
-                "killed processes the worker left in its process group",
-                "child='worker-1'",
-            )
-            await wait_until(lambda: gone(pid))
+        await wait_until(lambda: gone(pid))
 
 
 async def test_an_error_in_the_body_stops_children_and_propagates_unwrapped(
