@@ -49,7 +49,7 @@ from actors.autoscaler_state import (
     Tick,
 )
 from actors.providers import Block, BlockSpec, BlockState, Provider
-from policies import REGISTRY, PolicyRegistry, params_of
+from policies import ON_PURPOSE, REGISTRY, PolicyRegistry, params_of
 from policies.scaling import PoolLimits
 from runtime.errors import ActorStopped, AskTimeout, BatchSystemError, SubmissionsSuspended
 from runtime.kernel import Actor, ActorRef, handles
@@ -358,9 +358,13 @@ class Autoscaler(Actor):
             if cmd.block not in self.state.blocks:  # ended (a requeued block lives on)
                 self._handles.pop(cmd.block, None)
                 self._owners.pop(cmd.block, None)
-            if cmd.cause != "drained":
+            if cmd.cause not in ON_PURPOSE:
                 self.log.warning(
                     "worker block ended unasked", block=cmd.block, state=cmd.state, cause=cmd.cause
+                )
+            elif cmd.cause != "drained":  # its walltime, or a shutdown: as planned
+                self.log.info(
+                    "worker block ended", block=cmd.block, state=cmd.state, cause=cmd.cause
                 )
             for wid in cmd.workers:
                 with contextlib.suppress(ActorStopped):

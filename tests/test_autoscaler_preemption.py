@@ -47,7 +47,7 @@ from policies.scaling import PoolLimits
 from runtime.kernel import ActorSystem
 from runtime.messages import AutoscalerStatus, DrainRequest, StatusRequest
 from runtime.node import start_control_plane, worker_factory
-from tests.helpers import wait_until
+from tests.helpers import log_lines, wait_until
 
 SPEC = "spec"
 
@@ -424,10 +424,10 @@ class Recording(InProcessProvider):
 
 
 @asynccontextmanager
-async def one_recorded_block() -> AsyncIterator[tuple[Any, SchedulerState, Block]]:
+async def one_recorded_block() -> AsyncIterator[tuple[Any, SchedulerState, Block, Recording]]:
     """A control plane with one in-process block (``worker-1``, joined): the
-    autoscaler's ref, the scheduler's core and the block, for a test to play the batch
-    system on; bounded by 20 s."""
+    autoscaler's ref, the scheduler's core, the block and its provider, for a test to
+    play the batch system on; bounded by 20 s."""
     made: list[Recording] = []
 
     def provider(plane: Any) -> Recording:
@@ -443,12 +443,12 @@ async def one_recorded_block() -> AsyncIterator[tuple[Any, SchedulerState, Block
             scheduler = plane.scheduler.state
             await wait_until(lambda: "worker-1" in scheduler.workers, limit=10)
             (block,) = made[0].started
-            yield plane.refs["autoscaler"], scheduler, block
+            yield plane.refs["autoscaler"], scheduler, block, made[0]
 
 
 @pytest.mark.anyio
 async def test_the_shell_reports_a_requeue_and_keeps_the_block() -> None:
-    async with one_recorded_block() as (autoscaler, scheduler, block):
+    async with one_recorded_block() as (autoscaler, scheduler, block, _):
         # The batch system requeued it after a preemption: a new incarnation.
         block.incarnation, block.requeue_cause = 2, "preempted"
 
@@ -473,7 +473,7 @@ async def test_the_shell_tells_the_scheduler_a_block_is_suspended_and_resumed() 
     """The provider sees a running block held (Slurm's SUSPENDED): the scheduler holds
     its worker (no new tasks; silent, it would be lost as ``suspended``) until the
     provider sees it run again. Before, a held block was never passed on."""
-    async with one_recorded_block() as (autoscaler, scheduler, block):
+    async with one_recorded_block() as (autoscaler, scheduler, block, _):
         block.state = BlockState.HELD
         await wait_until(lambda: scheduler.workers["worker-1"].suspended, limit=10)
         assert scheduler.lost_cause("worker-1", "unknown") == "suspended"
@@ -521,3 +521,26 @@ async def test_the_shell_reports_an_operators_drain_in_a_walltime_pool_as_draine
             assert ("worker-1", "joined", "left:drained") in [t[:3] for t in scheduler.story_log]
             # Replaced, as any drained block is: the pool keeps its one block.
             await wait_until(lambda: "worker-2" in scheduler.workers, limit=10)
+
+
+@pytest.mark.anyio
+async def test_a_block_at_its_walltime_ends_as_planned_not_unasked() -> None:
+    """A block that reached its walltime ends as its pool planned (cause ``walltime``):
+    logged at info, not as ``worker block ended unasked``, the warning for a block
+    that ended when nobody meant it to (before, any cause but ``drained`` was)."""
+    with log_lines("corral") as log:
+        async with one_recorded_block() as (autoscaler, _, block, provider):
+            block.state = BlockState.TIMEOUT
+            ref = provider.ref("worker-1")
+            assert ref is not None
+            ref.stop()
+
+            async def ended() -> AutoscalerStatus | None:
+                st: AutoscalerStatus = await autoscaler.ask(StatusRequest())
+                return st if st.ends else None
+
+            (end,) = (await wait_until(ended, "block-1 ended", limit=10)).ends
+            assert (end.block, end.state, end.cause) == ("block-1", "timeout", "walltime")
+        line = log.with_("worker block ended", "cause='walltime'")
+        assert line is not None and "level='info'" in line
+        assert not log.has("ended unasked", "block='block-1'")
