@@ -101,13 +101,22 @@ def parse_bytes(value: int | float | str | None) -> int:
     if value is None:
         return 0
     if isinstance(value, int | float):
-        return int(value)
-    text = value.strip().lower().replace(" ", "")
-    num = text.rstrip("abcdefghijklmnopqrstuvwxyz")
-    unit = text[len(num) :]
-    if unit not in _UNITS or not num:
-        raise ValueError(f"cannot read {value!r} as a size; write e.g. '4GiB' or '500MB'")
-    return int(float(num) * _UNITS[unit])
+        size = float(value)
+    else:
+        text = value.strip().lower().replace(" ", "")
+        num = text.rstrip("abcdefghijklmnopqrstuvwxyz")
+        unit = text[len(num) :]
+        try:
+            size = float(num) * _UNITS[unit]
+        except (KeyError, ValueError):
+            raise ValueError(
+                f"cannot read {value!r} as a size; write e.g. '4GiB' or '500MB'"
+            ) from None
+    if not math.isfinite(size):
+        raise ValueError(f"{value!r} is not a size: give a finite number of bytes, e.g. '4GiB'")
+    if 0 < size < 1:  # it would read as 0, which means "the machine's" where 0 is allowed
+        raise ValueError(f"{value!r} is less than one byte: give a size of at least 1 byte")
+    return int(value) if isinstance(value, int) else int(size)
 
 
 def _whole(name: str, value: object, least: int, *, bool_ok: bool = False, also: str = "") -> int:

@@ -243,3 +243,28 @@ def test_a_plain_with_says_to_use_async_with_or_get() -> None:
         pass
     assert "scheduler=runtime.get" in str(info.value) and "docs/api.md" in str(info.value)
     assert cluster._system is None  # nothing started
+
+
+@pytest.mark.parametrize(
+    ("size", "says"),
+    [
+        (float("inf"), "is not a size: give a finite number of bytes"),
+        (float("nan"), "is not a size: give a finite number of bytes"),
+        (0.5, "is less than one byte"),
+        ("0.4B", "is less than one byte"),
+        ("4 parsecs", "cannot read '4 parsecs' as a size"),
+    ],
+)
+def test_a_size_that_is_not_one_is_refused_not_read_as_zero_or_a_raw_error(
+    size: Any, says: str
+) -> None:
+    """Sizes (memory_per_worker, disk_per_worker, --memory, --disk): below one byte was
+    read as 0, which means "the machine's" where 0 is allowed, and inf or nan raised a
+    bare OverflowError or ValueError from int()."""
+    from runtime.client import parse_bytes
+
+    with pytest.raises(ValueError, match=says):
+        parse_bytes(size)
+    assert [parse_bytes(v) for v in (0, 1, "1B", "1.5KiB", "1e9", 2.9, None)] == [
+        0, 1, 1, 1536, 1_000_000_000, 2, 0,
+    ]  # fmt: skip
