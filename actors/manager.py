@@ -2,11 +2,12 @@
 
 What lives here: :class:`Manager`. It validates submitted graphs (off the event loop
 for large ones, while it goes on with other messages; a task asking for more than every
-worker of its configured pool has is refused: ``runtime.graph.check_pool_fit``) and cuts
-them into the pieces the scheduler takes them in by, owns runs and the keys clients want,
-forwards key updates to the clients that want them, gathers results from the workers
-holding them, and routes commands (cancel, release, policy changes, status) to the
-actor that owns them.
+worker of its configured pool has is refused: ``runtime.graph.check_pool_fit``; one
+naming a pool that is not configured and that no worker has joined is taken, and its
+client is told so in the answer) and cuts them into the pieces the scheduler takes them
+in by, owns runs and the keys clients want, forwards key updates to the clients that
+want them, gathers results from the workers holding them, and routes commands (cancel,
+release, policy changes, status) to the actor that owns them.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from actors import transfer
 from actors.pools import check_fallback
 from actors.scheduler_events import KeyDone
 from actors.transfer import STREAM_BYTES, StreamInfo, UnknownStream
-from runtime.errors import ActorStopped, AskTimeout, CorralError, FrameTooLarge
+from runtime.errors import ActorStopped, AskTimeout, CorralError, FrameTooLarge, did_you_mean
 from runtime.graph import (
     Key,
     PoolShape,
@@ -62,6 +63,7 @@ from runtime.messages import (
     StoryQuery,
     StoryRequest,
     SubmitGraphRequest,
+    SubmitReply,
     SubmitSpecs,
     TasksQuery,
     WaitForWorkersRequest,
@@ -116,6 +118,8 @@ class _Graph(NamedTuple):
     specs: dict[Key, TaskSpec]
     pieces: tuple[SpecPiece, ...]  #: how the scheduler takes it in
     run_keys: tuple[Key, ...]  #: its tasks' keys, then the other keys it asks for
+    #: the pools its tasks name that are not configured (none when no pool is)
+    unconfigured: tuple[str, ...] = ()
 
 
 @message(local=True)
@@ -194,7 +198,7 @@ class Manager(Actor):
     # -- submissions -----------------------------------------------------------------
 
     @handles(SubmitGraphRequest)
-    def submit(self, msg: SubmitGraphRequest) -> str | Later:
+    def submit(self, msg: SubmitGraphRequest) -> SubmitReply | Later:
         """Validate, then register the run and hand the graph to the scheduler. A large
         graph is validated in a thread while other messages are handled: its answer
         comes later (:meth:`built`), and the requests that must follow it wait for it
@@ -205,13 +209,13 @@ class Manager(Actor):
         if size < THREAD_THRESHOLD and self._settled():
             return self._register(msg, self._build(msg))
 
-        async def build() -> str:
+        async def build() -> SubmitReply:
             if size >= THREAD_THRESHOLD:  # a dask expression is materialized in the thread
                 built = await anyio.to_thread.run_sync(self._build, msg)
             else:
                 built = self._build(msg)
-            run: str = await self.ref.ask(_Built(msg, built), timeout=None)
-            return run
+            reply: SubmitReply = await self.ref.ask(_Built(msg, built), timeout=None)
+            return reply
 
         return self._in_turn(build)
 
@@ -228,16 +232,17 @@ class Manager(Actor):
             resources=msg.resources,
             pool=msg.pool,
         )
-        if self.pools:  # a task no worker of its configured pool could run: refused
-            check_pool_fit(specs.values(), self.pools)
+        # a task no worker of its configured pool could run: refused; the pools named
+        # that are not configured: the client is told of those no worker has joined
+        unconfigured = check_pool_fit(specs.values(), self.pools)
         run_keys = tuple(dict.fromkeys([*specs, *msg.keys]))
-        return _Graph(specs, in_pieces(specs, msg.keys), run_keys)
+        return _Graph(specs, in_pieces(specs, msg.keys), run_keys, unconfigured)
 
     @handles(_Built)
-    def built(self, msg: _Built) -> str:
+    def built(self, msg: _Built) -> SubmitReply | Later:
         return self._register(msg.request, msg.graph)
 
-    def _register(self, msg: SubmitGraphRequest, graph: _Graph) -> str:
+    def _register(self, msg: SubmitGraphRequest, graph: _Graph) -> SubmitReply | Later:
         run = f"run-{next(self._run_ids)}"
         self.runs += 1
         self._remember_run(run, graph.run_keys)
@@ -263,8 +268,36 @@ class Manager(Actor):
             ks.leaving.discard(msg.client)  # wanted again since its cancel
             if ks.update is not None:  # known and not run again: tell the client again
                 self._send(msg.client, [ks.update])
-        self._scheduler().post(SubmitSpecs(run, graph.pieces, tuple(wanted)))
-        return run
+        if not graph.unconfigured:
+            self._scheduler().post(SubmitSpecs(run, graph.pieces, tuple(wanted)))
+            return SubmitReply(run)
+        # A pool that is not configured: a worker may have joined it by hand (--pool),
+        # which the scheduler knows. It answers which no worker has joined as it gets
+        # the specs (not once they are taken in), in order with what comes next.
+        told = tuple((pool, self.not_configured(pool)) for pool in graph.unconfigured)
+        answer = self._scheduler().post_ask(
+            SubmitSpecs(run, graph.pieces, tuple(wanted), told), timeout=None
+        )
+
+        async def warnings() -> SubmitReply:
+            empty = await answer
+            return SubmitReply(run, tuple(
+                f"tasks of this submission ask for {why}: they wait until a worker joins "
+                f"with --pool {pool}"
+                for pool, why in told
+                if pool in empty
+            ))  # fmt: skip
+
+        return Later(warnings())
+
+    def not_configured(self, pool: str) -> str:
+        """What to say of ``pool``, which tasks name and which is not configured, once
+        no worker has joined it either (a misspelt name, most likely)."""
+        known = list(self.pools)
+        return (
+            f"pool {pool!r}, which is not configured (pools: {', '.join(known)}"
+            f"{did_you_mean(pool, known)}) and which no worker has joined"
+        )
 
     def _settled(self) -> bool:
         """No request taken in turn is under way."""

@@ -367,25 +367,31 @@ class Scheduler(Actor):
     # -- handlers --------------------------------------------------------------------
 
     @handles(SubmitSpecs)
-    def submit(self, msg: SubmitSpecs) -> None:
+    def submit(self, msg: SubmitSpecs) -> tuple[str, ...]:
         """Take in a graph: its pieces (``runtime.graph.in_pieces``, made by the
         manager off the event loop) one per message handled, behind the graphs still
-        being taken in."""
+        being taken in. The answer (to a manager that asks: its submission names pools
+        that are not configured) comes at once: those of ``msg.unconfigured`` that no
+        worker has joined."""
         stimulus = current_causal_id()
         wanted = frozenset(msg.wanted)
+        unconfigured = msg.unconfigured
 
         def piece(p: SpecPiece, continued: bool) -> Callable[[str], None]:
             keys = tuple(k for k in p.keys if k in wanted)
             return lambda stimulus: self._handle(
                 GraphSubmitted(
-                    stimulus, self.clock.now(), p.specs, keys, continued, p.hold, p.unhold
+                    stimulus, self.clock.now(), p.specs, keys, continued, p.hold, p.unhold,
+                    unconfigured,
                 )
-            )
+            )  # fmt: skip
 
+        empty = tuple(self.state.pools_without_worker(pool for pool, _ in unconfigured))
         idle = not self._intake
         self._intake.extend(_Turn(piece(p, i > 0), stimulus) for i, p in enumerate(msg.specs))
         if idle:
             self._take_in()
+        return empty
 
     @handles(_Intake)
     async def intake(self, msg: _Intake) -> None:

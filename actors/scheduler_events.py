@@ -68,13 +68,17 @@ class GraphSubmitted(Event):
     wanted keys known before). ``continued``: a later piece of the submission before
     it (one submission for the priority policies: one generation). ``hold``: keys of
     this piece a later piece reads, kept (counted as wanted) until ``unhold``, in the
-    piece that brings their last reader, lets them go."""
+    piece that brings their last reader, lets them go. ``unconfigured``: ``(pool,
+    why)`` for the pools the submission's tasks name that are not configured (the
+    manager's ``SubmitSpecs.unconfigured``): a new task of one that no worker has
+    joined says ``why`` in its story."""
 
     specs: Mapping[Key, TaskSpec]
     wanted: tuple[Key, ...]
     continued: bool = False
     hold: tuple[Key, ...] = ()
     unhold: tuple[Key, ...] = ()
+    unconfigured: tuple[tuple[str, str], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

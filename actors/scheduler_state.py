@@ -582,6 +582,12 @@ class SchedulerState:
 
     # ----------------------------------------------------------------- queries
 
+    def pools_without_worker(self, pools: Iterable[str]) -> list[str]:
+        """Those of ``pools`` that no worker connected now belongs to (draining ones
+        count), in their order."""
+        joined = {ws.pool for ws in self.workers.values()}
+        return [pool for pool in pools if pool not in joined]
+
     def story(self, *keys: Key) -> list[tuple[Any, ...]]:
         """Transitions of ``keys``: ``(key, start, finish, stimulus_id, now)``."""
         wanted = set(keys)
@@ -800,6 +806,25 @@ class SchedulerState:
                 self._recompute(ts)
         if ev.unhold:  # their last readers came with this piece: held no more
             self._unwant(ev.unhold)
+        if ev.unconfigured:
+            self._tell_no_worker(new, ev.unconfigured)
+
+    def _tell_no_worker(
+        self, new: list[TaskState], unconfigured: Iterable[tuple[str, str]]
+    ) -> None:
+        """Say in the story of each task of ``new`` that waits for a worker of a pool of
+        ``unconfigured`` (``(pool, why)``: not configured) that no worker has joined it,
+        and until when it waits."""
+        told = dict(unconfigured)
+        empty = set(self.pools_without_worker(told))
+        for ts in new:
+            pool = ts.spec.pool
+            if pool in empty and ts.state in ("waiting", "queued"):
+                self._log(
+                    ts.key, ts.state,
+                    f"waiting for a worker of {told[pool]}: it runs once a worker joins "
+                    f"with --pool {pool}",
+                )  # fmt: skip
 
     def _worker_joined(self, ev: WorkerJoined) -> None:
         ws = self.workers.get(ev.worker)

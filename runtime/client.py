@@ -83,6 +83,7 @@ from runtime.messages import (
     StatusRequest,
     StoryRequest,
     SubmitGraphRequest,
+    SubmitReply,
     WaitForWorkersRequest,
     message,
     rejoin_causes,
@@ -117,6 +118,15 @@ def parse_bytes(value: int | float | str | None) -> int:
     if 0 < size < 1:  # it would read as 0, which means "the machine's" where 0 is allowed
         raise ValueError(f"{value!r} is less than one byte: give a size of at least 1 byte")
     return int(value) if isinstance(value, int) else int(size)
+
+
+def _told_of(reply: object) -> None:
+    """Log, at WARNING, what the manager's answer to a submission says of it (its tasks
+    of a pool that is not configured and that no worker has joined wait until one
+    joins): a script waiting on their results says why they do not come."""
+    if isinstance(reply, SubmitReply):
+        for warning in reply.warnings:
+            _log.warning(warning, run=reply.run)
 
 
 def _whole(name: str, value: object, least: int, *, bool_ok: bool = False, also: str = "") -> int:
@@ -484,7 +494,7 @@ class ClientActor(Actor):
                     dict(opts.resources) or None, opts.pool,
                 )  # fmt: skip
                 try:
-                    await self.manager.ask(request)
+                    _told_of(await self.manager.ask(request))
                     break
                 except FrameTooLarge as exc:
                     # More than one message to a remote manager may carry: in parts that
@@ -1430,7 +1440,7 @@ class Cluster:
         # the submit() graphs and the releases made before it go first, in that order
         await self._client_actor.ref.ask(_SendReleases(), timeout=None)
         try:
-            await self._manager.ask(
+            reply = await self._manager.ask(
                 SubmitGraphRequest(
                     graph,
                     tuple(keys),
@@ -1452,6 +1462,7 @@ class Cluster:
                 "da.from_zarr, reading a file), whose outputs move in parts of any size.",
                 size=size, limit=limit,
             ) from exc  # fmt: skip
+        _told_of(reply)
 
     async def compute(self, graph: Mapping[Key, Any], keys: Any, **options: Any) -> Any:
         """Compute ``keys`` (a key or nested lists of keys) of a dask graph.

@@ -582,7 +582,7 @@ def _dependency_order(ordered: list[TaskSpec], pos: Mapping[Key, int]) -> list[T
 PoolShape = Mapping[str, tuple[float, str]]
 
 
-def check_pool_fit(specs: Iterable[TaskSpec], shapes: Mapping[str, PoolShape]) -> None:
+def check_pool_fit(specs: Iterable[TaskSpec], shapes: Mapping[str, PoolShape]) -> tuple[str, ...]:
     """Refuse a submission one of whose tasks names a configured pool (one of
     ``shapes``) and asks for more of a resource than every worker of that pool has by
     its configuration: no worker of it could ever run the task, which would wait
@@ -590,16 +590,24 @@ def check_pool_fit(specs: Iterable[TaskSpec], shapes: Mapping[str, PoolShape]) -
     asks (``resource``, ``asked``), what the pool's workers have (``pool``, ``has``)
     and the setting that says so (``setting``); ``count``: how many tasks of the
     submission ask too much. A task of no pool, or of a pool not in ``shapes`` (workers
-    may join it by hand, ``--pool``), is not checked. One pass over the tasks."""
+    may join it by hand, ``--pool``), is not checked. One pass over the tasks.
+
+    Returns the pools the tasks name that are not in ``shapes``, in the order first
+    named (none when ``shapes`` is empty: no pool is configured): a misspelt pool's
+    tasks wait for a worker of it, so the manager says so when none has joined."""
     if not shapes:
-        return
+        return ()
     first: tuple[TaskSpec, str, float, tuple[float, str]] | None = None
     count = 0
+    others: dict[str, None] = {}
     for spec in specs:
-        if spec.pool is None or not spec.resources:
+        if spec.pool is None:
             continue
         shape = shapes.get(spec.pool)
         if shape is None:
+            others[spec.pool] = None
+            continue
+        if not spec.resources:
             continue
         for name, amount in spec.resources.items():
             has = shape.get(name)
@@ -610,6 +618,7 @@ def check_pool_fit(specs: Iterable[TaskSpec], shapes: Mapping[str, PoolShape]) -
                 break
     if first is not None:
         raise _too_big_for_pool(*first, shapes, count)
+    return tuple(others)
 
 
 def _amount(resource: str, value: float, how: str = "") -> str:

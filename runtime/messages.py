@@ -218,7 +218,8 @@ class TryRecord(Message):
 
 @message(local=True)
 class SubmitGraphRequest(Message):
-    """Client -> manager: run ``graph`` and hand back ``keys``. Reply: the run id."""
+    """Client -> manager: run ``graph`` and hand back ``keys``. Reply:
+    :class:`SubmitReply`."""
 
     graph: Any
     keys: tuple[Any, ...]
@@ -239,6 +240,21 @@ class SubmitSpecs(Message):
     run: str
     specs: Any
     wanted: tuple[Any, ...]
+    #: ``(pool, why)``: the pools the tasks name that are not configured, each with
+    #: what to say of it (``Manager.not_configured``). Each new task of one that no
+    #: worker has joined says so in its story; asked (not posted), the scheduler
+    #: answers which of these pools no worker has joined
+    unconfigured: tuple[tuple[str, str], ...] = ()
+
+
+@message()
+class SubmitReply(Message):
+    """Manager -> client: a submission was taken as run ``run``. ``warnings``: what the
+    client logs of it at once, each a sentence (tasks of a pool that is not configured
+    and that no worker has joined: they wait until one joins)."""
+
+    run: str
+    warnings: tuple[str, ...] = ()
 
 
 @message(local=True)

@@ -7,11 +7,14 @@ to ``max_blocks``. Nothing of a refused submission is run or kept. Tasks of no p
 of a pool not configured, or asking for what the configuration leaves unknown (memory
 with ``memory_per_worker = 0``, disk not given as a size) are not checked. Also:
 ``Cluster(pools=..., alerts=...)`` refuses a rule scaling out a pool it does not have,
-as a configuration file does.
+as a configuration file does. A task naming a pool that is not configured and that no
+worker has joined (a misspelt pool, most likely) is taken, and the client is told at once
+(a warning in its log) and the task's story says so.
 """
 
 from __future__ import annotations
 
+import logging
 import operator
 from pathlib import Path
 from typing import Any
@@ -20,10 +23,24 @@ import anyio
 import pytest
 
 from actors.pools import pools_from_dicts
+from actors.scheduler_events import GraphSubmitted
 from runtime import Cluster
 from runtime.errors import AlertConfigError, GraphError, PolicyParamsError
 from runtime.graph import DataNode, TaskSpec, check_pool_fit
-from runtime.node import Tokens, pool_shapes, run_manager
+from runtime.node import Tokens, pool_shapes, run_manager, run_worker
+from tests.helpers import (
+    Factory,
+    assigned,
+    event,
+    join,
+    log_lines,
+    make_state,
+    run,
+    specs_for,
+    wait_until,
+)
+
+__all__ = ["make_state"]  # the autouse fixture, used by name
 
 #: one worker of 2 cores in ``cpu`` (started at once); ``big``: 8 cores, none started
 POOLS: dict[str, Any] = {
@@ -169,7 +186,8 @@ async def test_a_manager_with_a_config_file_refuses_over_a_connection(tmp_path: 
 
 def test_the_check_reads_the_pools_shapes_in_one_pass() -> None:
     """``pool_shapes``: cores always; memory and disk only as sizes. ``check_pool_fit``
-    counts every task that asks too much and names the first."""
+    counts every task that asks too much and names the first, and answers the pools
+    the tasks name that are not configured."""
     pools = pools_from_dicts(
         {
             "a": {"cores_per_worker": 2, "memory_per_worker": "1GB", "disk_per_worker": "off"},
@@ -190,8 +208,9 @@ def test_the_check_reads_the_pools_shapes_in_one_pass() -> None:
         spec("f2", None, cores=9),
         spec("f3", "z", cores=9),
     ]
-    check_pool_fit(fine, shapes)
-    check_pool_fit([spec("g", "a", cores=9)], {})  # no pool configured: nothing checked
+    assert check_pool_fit(fine, shapes) == ("z",)  # the pools named not configured
+    # no pool configured: nothing checked, nothing said
+    assert check_pool_fit([spec("g", "a", cores=9)], {}) == ()
     bad = [*fine, spec("b1", "b", disk=6e9), spec("b2", "a", cores=3), spec("b3", "a", memory=2e9)]
     with pytest.raises(GraphError) as info:
         check_pool_fit(bad, shapes)
@@ -249,3 +268,124 @@ async def test_a_retry_fallback_to_a_pool_the_cluster_does_not_have_is_refused()
             assert await cluster.submit(operator.add, 1, 2, pool="cpu") == 3
         async with Cluster(workers=1) as cluster:  # pools joined by hand: not checked
             await cluster.set_policy("retry", "default", fallback={"cpu": "bgi"})
+
+
+#: the pools of the misspelt-pool tests: none started (``ckpt`` when a task asks for it)
+TYPO_POOLS: dict[str, Any] = {
+    "ckpt": {"init_blocks": 0, "max_blocks": 1},
+    "owner": {"init_blocks": 0, "max_blocks": 1},
+}
+
+
+def not_joined(pool: str, pools: str, hint: str = "") -> str:
+    """What the manager says of ``pool``, not configured (``pools`` are) nor joined."""
+    return (
+        f"pool {pool!r}, which is not configured (pools: {pools}{hint}) and which no "
+        "worker has joined"
+    )
+
+
+def told(log: Any, pool: str) -> list[str]:
+    """The client's log lines about tasks of ``pool`` waiting for a worker of it."""
+    return [ln for ln in log.lines if f"ask for pool {pool!r}" in ln]
+
+
+@pytest.mark.anyio
+async def test_a_task_of_a_misspelt_pool_is_told_to_the_client_at_once_and_in_its_story() -> None:
+    """Before, ``submit(f, pool="ckpy")`` with pools ckpt and owner waited forever with
+    nothing in the client's log and only ``new -> queued`` in its story. It is still
+    taken (a worker may join ckpy by hand), but the client logs a warning at once, at
+    the default level, and the task's story says the same, once. Configured pools say
+    nothing."""
+    why = not_joined("ckpy", "ckpt, owner", "; did you mean 'ckpt'?")
+    with anyio.fail_after(30), log_lines("corral.client", logging.WARNING) as log:
+        async with Cluster(pools=TYPO_POOLS) as cluster:
+            fut = cluster.submit(operator.neg, 1, key="neg-1", pool="ckpy")
+            await wait_until(lambda: told(log, "ckpy"), "the client's warning", limit=10)
+            (line,) = told(log, "ckpy")
+            assert (
+                f"tasks of this submission ask for {why}: they wait until a worker joins "
+                "with --pool ckpy"
+            ) in line
+            notes = [e[2] for e in await cluster.story("neg-1") if "not configured" in e[2]]
+            assert notes == [f"waiting for a worker of {why}: it runs once a worker joins "
+                             "with --pool ckpy"]  # fmt: skip
+            # submit_graph is told the same, by the time it returns
+            await cluster.submit_graph({"neg-2": (operator.neg, 2)}, ["neg-2"], pool="ckpy")
+            assert len(told(log, "ckpy")) == 2
+            # configured pools: nothing said, and the task runs (ckpt's block starts)
+            before = list(log.lines)
+            assert await cluster.submit(operator.neg, 3, pool="ckpt") == -3
+            await cluster.submit_graph({"neg-4": (operator.neg, 4)}, ["neg-4"], pool="owner")
+            assert log.lines == before
+            await cluster.cancel([fut])
+
+
+@pytest.mark.anyio
+async def test_a_pool_a_worker_joined_by_hand_is_not_told_over_a_connection(
+    tmp_path: Path,
+) -> None:
+    """A manager with a pools file; a worker joined with ``--pool gpu`` by hand. A
+    task of gpu runs and nothing is said; one of ``gpux`` (no worker, not configured)
+    is told to the remote client (the manager's answer crosses the connection)."""
+    config = tmp_path / "corral.toml"
+    config.write_text("[pools.ckpt]\ninit_blocks = 0\n\n[pools.owner]\ninit_blocks = 0\n")
+    where: dict[str, str] = {}
+    up = anyio.Event()
+
+    def ready(address: str, tokens: Tokens) -> None:
+        where["address"] = address
+        up.set()
+
+    with anyio.fail_after(60), log_lines("corral.client", logging.WARNING) as log:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(
+                lambda: run_manager(
+                    "inproc://", ready=ready, listen_options={"codec": True}, config=config
+                )
+            )
+            await up.wait()
+            tg.start_soon(
+                lambda: run_worker(where["address"], pool="gpu", listen_options={"codec": True})
+            )
+            async with Cluster(where["address"]) as cluster:
+                await cluster.wait_for_workers(1)
+                assert await cluster.submit(operator.neg, 1, pool="gpu") == -1
+                assert told(log, "gpu") == []
+                (fut,) = await cluster.submit_graph({"x": (operator.neg, 2)}, ["x"], pool="gpux")
+                (line,) = told(log, "gpux")
+                assert f"ask for {not_joined('gpux', 'ckpt, owner')}: they wait" in line
+                await cluster.cancel([fut])
+            tg.cancel_scope.cancel()
+
+
+def test_a_new_task_of_a_pool_no_worker_joined_says_so_once_in_its_story(
+    make_state: Factory,
+) -> None:
+    """The core: of the pools the manager says are not configured, those no worker
+    belongs to now get a line in the story of each new task of theirs (waiting or
+    queued), once; a pool a worker joined by hand, and tasks of no pool, get none."""
+    s = make_state(saturation=1.0)
+    join(s, "w", cores=2, pool="gpu")
+    assert s.pools_without_worker(["ckpy", "gpu"]) == ["ckpy"]
+    specs = specs_for(
+        s, {"a": [], "b": [], "c": ["a"], "d": []}, ["b", "c", "d"],
+        attrs={"a": {"pool": "ckpy"}, "b": {"pool": "gpu"}, "c": {"pool": "ckpy"}},
+    )  # fmt: skip
+    unconfigured = (("ckpy", "WHY-ckpy"), ("gpu", "WHY-gpu"))
+    cmds = run(s, event(GraphSubmitted, specs=specs, wanted=("b", "c", "d"),
+                        unconfigured=unconfigured))  # fmt: skip
+    assert {w: sorted(keys) for w, keys in assigned(cmds).items()} == {"w": ["b", "d"]}
+
+    def notes(key: str) -> list[tuple[str, str]]:
+        return [(e[1], e[2]) for e in s.story_log if e[0] == key and "WHY" in e[2]]
+
+    waits = "waiting for a worker of WHY-ckpy: it runs once a worker joins with --pool ckpy"
+    assert notes("a") == [("queued", waits)]
+    assert notes("c") == [("waiting", waits)]
+    assert notes("b") == notes("d") == []
+    # the same keys again: no new task, nothing said again
+    run(s, event(GraphSubmitted, specs=specs, wanted=("c",), unconfigured=unconfigured))
+    assert notes("a") == [("queued", waits)] and notes("c") == [("waiting", waits)]
+    # once a worker joins ckpy by hand, its tasks run
+    assert assigned(join(s, "hand", pool="ckpy")) == {"hand": ["a"]}
