@@ -20,7 +20,6 @@ here (``runtime/node.py`` does that).
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import re
 import tomllib
@@ -29,9 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from actors.providers import DISK_OFF, BlockSpec
-from actors.slurm import scheduler_options_problem
+from actors.slurm import SlurmOptions, parse_seconds, parse_walltime, scheduler_options_problem
 from policies.scaling import PoolLimits
-from runtime.errors import PolicyParamsError, PoolConfigError, did_you_mean
+from runtime.errors import PolicyParamsError, PoolConfigError, WalltimeError, did_you_mean
 
 __all__ = [
     "COMMON_KEYS",
@@ -84,29 +83,10 @@ SLURM_KEYS: Mapping[str, Any] = {
 }
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
-_TIME = re.compile(r"(?:(\d+)-)?(\d+):(\d{1,2}):(\d{1,2})")
 _SIZE = re.compile(r"(\d+(?:\.\d*)?(?:e\d+)?)\s*([a-z]*)")
 _SIZE_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6,
                "g": 10**9, "gb": 10**9, "t": 10**12, "tb": 10**12, "kib": 2**10,
                "mib": 2**20, "gib": 2**30, "tib": 2**40}  # fmt: skip
-
-
-def parse_seconds(value: object) -> float:
-    """Seconds from a number (>= 0) or a time ``"HH:MM:SS"`` / ``"D-HH:MM:SS"``;
-    ValueError otherwise."""
-    if isinstance(value, bool):
-        raise ValueError("a number of seconds or 'HH:MM:SS'")
-    if isinstance(value, int | float):
-        if not math.isfinite(value) or value < 0:
-            raise ValueError("a number of seconds >= 0 or 'HH:MM:SS'")
-        return float(value)
-    if isinstance(value, str):
-        m = _TIME.fullmatch(value.strip())
-        if m is not None:
-            days, h, mins, secs = (int(g or 0) for g in m.groups())
-            if mins < 60 and secs < 60:
-                return float(((days * 24 + h) * 60 + mins) * 60 + secs)
-    raise ValueError("a number of seconds or a time 'HH:MM:SS' (or 'D-HH:MM:SS')")
 
 
 def _size_key(name: str, raw: Mapping[str, Any], key: str, zero: str) -> int:
@@ -178,6 +158,15 @@ class PoolConfig:
             self.disk_per_worker,
             self.name,
         )
+
+    def slurm_options(self) -> SlurmOptions:
+        """The ``#SBATCH`` options of this pool's blocks (a Slurm pool's)."""
+        return SlurmOptions(
+            partition=self.partition, account=self.account, qos=self.qos,
+            nodes_per_block=self.nodes_per_block, walltime=self.walltime,
+            exclusive=self.exclusive, scheduler_options=self.scheduler_options,
+            worker_init=self.worker_init,
+        )  # fmt: skip
 
     def limits(self) -> PoolLimits:
         """What the autoscaler and its ``demand`` strategy keep to."""
@@ -289,11 +278,11 @@ def _checked(name: str, raw: Mapping[str, Any]) -> PoolConfig:
             seconds[key] = None
             continue
         try:
-            seconds[key] = parse_seconds(value)
+            seconds[key] = (parse_walltime if key == "walltime" else parse_seconds)(value)
+        except WalltimeError as exc:
+            raise PoolConfigError(name, key, exc.problem) from None
         except ValueError as exc:
-            raise PoolConfigError(name, key, f"must be {exc}, got {value!r}") from None
-    if seconds["walltime"] == 0:
-        raise PoolConfigError(name, "walltime", "must be more than 0 (leave it out: no limit)")
+            raise PoolConfigError(name, key, str(exc)) from None
     if seconds["provisioning_timeout"] == 0:
         raise PoolConfigError(
             name, "provisioning_timeout",

@@ -9,8 +9,10 @@ What lives here:
 - The pure parts, tested by feeding them recorded output (``tests/test_slurm_parse.py``):
   :func:`batch_script` (the script), :func:`parse_squeue` and :func:`parse_scontrol_job`
   (what Slurm printed), :func:`block_state` (Slurm's job states as block states),
-  :class:`JobRecord.observe` (requeues as incarnations, vanished jobs, preemption) and
-  :class:`FailureWindow` (back-off and the windowed stop on submission failures).
+  :class:`JobRecord.observe` (requeues as incarnations, vanished jobs, preemption),
+  :class:`FailureWindow` (back-off and the windowed stop on submission failures) and
+  :func:`parse_walltime`, the one reader of a walltime (seconds, or the forms of
+  ``sbatch --time``; ``tests/test_walltime_format.py``).
 
 Like :class:`~actors.processes.LocalProcessProvider`, the provider does not know what a
 worker is: ``argv_for(block_id, index)`` gives the command line of each worker (``python
@@ -57,7 +59,7 @@ import anyio.abc
 
 from actors.processes import run_command
 from actors.providers import Block, BlockSpec, BlockState, Provider
-from runtime.errors import BatchSystemError, SubmissionsSuspended
+from runtime.errors import BatchSystemError, SubmissionsSuspended, WalltimeError
 from runtime.log import get_logger
 
 __all__ = [
@@ -74,8 +76,11 @@ __all__ = [
     "exit_text",
     "head_tail",
     "parse_scontrol_job",
+    "parse_seconds",
     "parse_squeue",
+    "parse_walltime",
     "slurm_time",
+    "walltime_seconds",
 ]
 
 _log = get_logger("corral", component="slurm")
@@ -399,37 +404,65 @@ class FailureWindow:
 # ----------------------------------------------------------------------------- the script
 
 
-def slurm_time(walltime: float | str) -> str:
-    """``--time`` from seconds (rounded up to whole minutes' seconds) or a Slurm time
-    string (``"1:30:00"``, ``"2-00:00:00"``, passed through once checked)."""
-    if isinstance(walltime, str):
-        if not re.fullmatch(r"(\d+-)?\d+(:\d{1,2}){0,2}", walltime.strip()):
-            raise ValueError(f"walltime {walltime!r} is not a Slurm time (D-HH:MM:SS)")
-        return walltime.strip()
-    if walltime <= 0:
-        raise ValueError(f"walltime must be positive, got {walltime!r}")
-    seconds = math.ceil(walltime)
-    days, rest = divmod(seconds, 86400)
+#: what a walltime may be (and any other duration of a pool's configuration)
+TIME_FORMS = (
+    "seconds (a number, e.g. 5400) or a Slurm time 'MM', 'MM:SS', 'HH:MM:SS', 'D-HH', "
+    "'D-HH:MM' or 'D-HH:MM:SS' (sbatch --time's forms: e.g. '90' is 90 minutes, "
+    "'1-12:00:00' a day and a half)"
+)
+
+# sbatch --time: "minutes", "minutes:seconds", "hours:minutes:seconds", "days-hours",
+# "days-hours:minutes", "days-hours:minutes:seconds" (man sbatch)
+_SLURM_TIME = re.compile(r"(?:([0-9]+)-)?([0-9]+)(?::([0-9]+))?(?::([0-9]+))?")
+
+
+def parse_seconds(value: object) -> float:
+    """Seconds of a duration: a number (>= 0), or a Slurm time string read as ``sbatch
+    --time`` reads it (:data:`TIME_FORMS`). Like Slurm, a field may be larger than its
+    unit ("00:90:00" is 90 minutes, "1-24" two days): each counts for what it is.
+    ValueError (what a duration may be, and the value) otherwise."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        if math.isfinite(value) and value >= 0:
+            return float(value)
+    elif isinstance(value, str):
+        m = _SLURM_TIME.fullmatch(value.strip())
+        if m is not None:
+            fields = [int(f) for f in m.groups()[1:] if f is not None]
+            if m.group(1) is None and len(fields) < 3:  # MM, MM:SS: no hours
+                fields.insert(0, 0)
+            h, mins, secs = fields + [0] * (3 - len(fields))  # D-HH, D-HH:MM: no seconds
+            return float(((int(m.group(1) or 0) * 24 + h) * 60 + mins) * 60 + secs)
+    raise ValueError(f"must be {TIME_FORMS}, got {value!r}")
+
+
+def parse_walltime(value: object) -> float:
+    """Seconds of a walltime (:func:`parse_seconds`, more than 0), wherever it comes
+    from: a pool's configuration, :class:`SlurmOptions`. WalltimeError otherwise."""
+    try:
+        seconds = parse_seconds(value)
+    except ValueError as exc:
+        raise WalltimeError(value, str(exc)) from None
+    if seconds == 0:
+        raise WalltimeError(
+            value,
+            "must be more than 0 (leave it out for no limit: on Slurm, the partition's "
+            f"default): {TIME_FORMS}, got {value!r}",
+        )
+    return seconds
+
+
+def walltime_seconds(walltime: object) -> int:
+    """Whole seconds of a walltime (:func:`parse_walltime`), rounded up."""
+    return math.ceil(parse_walltime(walltime))
+
+
+def slurm_time(walltime: object) -> str:
+    """``--time`` for a walltime (:func:`parse_walltime`): ``HH:MM:SS`` or
+    ``D-HH:MM:SS``, whole seconds rounded up (Slurm rounds them up to minutes)."""
+    days, rest = divmod(walltime_seconds(walltime), 86400)
     h, rest = divmod(rest, 3600)
     m, s = divmod(rest, 60)
     return f"{days}-{h:02d}:{m:02d}:{s:02d}" if days else f"{h:02d}:{m:02d}:{s:02d}"
-
-
-def walltime_seconds(walltime: float | str) -> int:
-    """Seconds of a walltime given as seconds or as a Slurm time (``MM``, ``MM:SS``,
-    ``HH:MM:SS``, ``D-HH``, ``D-HH:MM``, ``D-HH:MM:SS``)."""
-    text = slurm_time(walltime)
-    days = 0
-    if "-" in text:
-        d, text = text.split("-", 1)
-        days = int(d)
-        parts = [int(x) for x in text.split(":")]
-        parts += [0] * (3 - len(parts))  # D-HH, D-HH:MM
-    else:
-        parts = [int(x) for x in text.split(":")]
-        parts = {1: [0, parts[0], 0], 2: [0, *parts]}.get(len(parts), parts)  # MM, MM:SS
-    h, m, sec = parts
-    return ((days * 24 + h) * 60 + m) * 60 + sec
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -442,7 +475,8 @@ class SlurmOptions:
     nodes_per_block: int = 1
     cores_per_node: int = 0  #: 0: workers per node x threads per worker
     mem_per_node: int = 0  #: bytes; 0: workers per node x the spec's memory (if set)
-    walltime: float | str = 0  #: seconds or a Slurm time; 0: the partition's default
+    #: seconds or a Slurm time (:func:`parse_walltime`); None: the partition's default
+    walltime: float | str | None = None
     exclusive: bool = False
     #: ``#SBATCH`` lines (and ``#`` comments) put after the generated ones
     scheduler_options: str = ""
@@ -453,8 +487,8 @@ class SlurmOptions:
     def __post_init__(self) -> None:
         if self.nodes_per_block < 1:
             raise ValueError(f"nodes_per_block must be >= 1, got {self.nodes_per_block}")
-        if self.walltime:
-            slurm_time(self.walltime)
+        if self.walltime is not None:
+            parse_walltime(self.walltime)
         problem = scheduler_options_problem(self.scheduler_options)
         if problem:
             raise ValueError(f"scheduler_options {problem}")

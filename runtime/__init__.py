@@ -62,6 +62,7 @@ from runtime.errors import (
     UnknownPolicyError,
     UnknownStream,
     ValueTooLarge,
+    WalltimeError,
     WorkerLost,
     WorkersTimeout,
 )
@@ -152,6 +153,7 @@ __all__ = [
     "UnknownPolicyError",
     "UnknownStream",
     "ValueTooLarge",
+    "WalltimeError",
     "WorkerLost",
     "WorkersTimeout",
     "checkpoint",

@@ -989,6 +989,24 @@ class PoolConfigError(CorralError, ValueError):
         )
 
 
+class WalltimeError(CorralError, ValueError):
+    """A walltime (``SlurmOptions(walltime=...)``; a pool's ``walltime``, which
+    :class:`PoolConfigError` reports with the same ``problem``) that is not a time
+    Corral and Slurm's ``sbatch --time`` both read: ``value`` as given, ``problem``
+    what is wrong, with the forms a walltime takes and an example."""
+
+    value: object
+    problem: str
+
+    def __init__(self, value: object, problem: str) -> None:
+        super().__init__(
+            f"walltime {problem}. See docs/configuration.md#pools.", value=value, problem=problem
+        )
+
+
+__all__ += ["WalltimeError"]
+
+
 def _refused(where: str, source: str, key: str, problem: str, see: str) -> str:
     """The message of a refused configuration: where (in which file), which key, what is
     wrong, where to read more."""

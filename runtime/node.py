@@ -547,7 +547,7 @@ async def start_pools(
     import socket
 
     from actors.processes import LocalProcessProvider
-    from actors.slurm import SlurmOptions, SlurmProvider
+    from actors.slurm import SlurmProvider
 
     env = {"CORRAL_TOKEN": tokens.admin}
     if run_dir is None:  # one directory per run, one per pool in it: block ids repeat
@@ -566,14 +566,8 @@ async def start_pools(
             remote = address
             if parts.hostname in ("0.0.0.0", "::", ""):
                 remote = f"{parts.scheme}://{socket.getfqdn()}:{parts.port}"
-            options = SlurmOptions(
-                partition=pool.partition, account=pool.account, qos=pool.qos,
-                nodes_per_block=pool.nodes_per_block, walltime=pool.walltime or 0,
-                exclusive=pool.exclusive, scheduler_options=pool.scheduler_options,
-                worker_init=pool.worker_init,
-            )  # fmt: skip
             provider = SlurmProvider(
-                functools.partial(argv_for, remote), options, env=env,
+                functools.partial(argv_for, remote), pool.slurm_options(), env=env,
                 prefix=name, run_dir=run_dir / name,
             )  # fmt: skip
         await plane.system.start_service(provider.run)

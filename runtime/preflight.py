@@ -476,17 +476,6 @@ def check_partition(pool: PoolConfig, parts: Mapping[str, Partition]) -> CheckRe
     return CheckResult(pool.name, "partition", PASS, seen)
 
 
-def slurm_options(pool: PoolConfig, walltime: float | None = None) -> SlurmOptions:
-    """The pool's ``#SBATCH`` options (as the manager submits its blocks)."""
-    return SlurmOptions(
-        partition=pool.partition, account=pool.account, qos=pool.qos,
-        nodes_per_block=pool.nodes_per_block,
-        walltime=(pool.walltime if walltime is None else walltime) or 0,
-        exclusive=pool.exclusive, scheduler_options=pool.scheduler_options,
-        worker_init=pool.worker_init,
-    )  # fmt: skip
-
-
 def _script(pool: PoolConfig, base: Path, options: SlurmOptions, spec: BlockSpec) -> str:
     """A block script for ``pool`` whose workers run the probe code."""
     argv = [sys.executable, "-c", PROBE_CODE]
@@ -529,7 +518,7 @@ def check_test_only(pool: PoolConfig, timeout: float = 20.0) -> CheckResult:
     """``sbatch --test-only`` of the pool's block script: does Slurm accept the
     partition, account, QOS, walltime and shape?"""
     with tempfile.TemporaryDirectory(prefix="corral-check-") as tmp:
-        text = _script(pool, Path(tmp) / "block", slurm_options(pool), pool.block_spec())
+        text = _script(pool, Path(tmp) / "block", pool.slurm_options(), pool.block_spec())
         try:
             done = subprocess.run(
                 ["sbatch", "--test-only"], input=text, capture_output=True, text=True,
@@ -617,7 +606,7 @@ def probe_slurm_pools(
         base = run_dir / pool.name
         walltime = min(pool.walltime or 600.0, 600.0)
         spec = BlockSpec(1, pool.cores_per_worker, pool.memory_per_worker, 0, pool.name)
-        options = dataclasses.replace(slurm_options(pool, walltime), nodes_per_block=1)
+        options = dataclasses.replace(pool.slurm_options(), walltime=walltime, nodes_per_block=1)
         script = base.with_suffix(".sh")
         script.write_text(_script(pool, base, options, spec))
         script.chmod(0o700)

@@ -28,8 +28,6 @@ from actors.slurm import (
     head_tail,
     parse_scontrol_job,
     parse_squeue,
-    slurm_time,
-    walltime_seconds,
 )
 from runtime.errors import BatchSystemError, SubmissionsSuspended
 
@@ -377,16 +375,6 @@ def test_batch_system_error_names_command_exit_code_and_stderr() -> None:
 # ----------------------------------------------------------------------------- script
 
 
-def test_walltime() -> None:
-    assert slurm_time(90) == "00:01:30"
-    assert slurm_time(2 * 86400 + 3661) == "2-01:01:01"
-    assert slurm_time("1:30:00") == "1:30:00"
-    with pytest.raises(ValueError):
-        slurm_time("an hour")
-    with pytest.raises(ValueError):
-        SlurmOptions(walltime=-1)
-
-
 def _script(options: SlurmOptions, workers: int = 2, memory: int = 0) -> str:
     spec = BlockSpec(workers=workers, threads=2, memory=memory)
     return batch_script(
@@ -451,15 +439,6 @@ def test_scheduler_options_are_sbatch_directives_sbatch_reads() -> None:
     assert "#SBATCH --constraint=a" in lines and "# why" in lines
     first_command = next(i for i, ln in enumerate(lines[1:], 1) if ln and ln[0] not in "#")
     assert lines.index("#SBATCH --constraint=a") < first_command
-
-
-def test_walltimes_in_seconds_and_the_workers_deadline() -> None:
-    cases = {90: 90, "30": 1800, "1:30": 90, "01:30:00": 5400, "2-3": 183600,
-             "2-03:04": 183840, "1-00:00:01": 86401, 59.5: 60}  # fmt: skip
-    assert {w: walltime_seconds(w) for w in cases} == cases
-    text = _script(SlurmOptions(walltime="1:00:00"))
-    assert "export CORRAL_DEADLINE=$(( $(date +%s) + 3600 ))" in text.splitlines()
-    assert "CORRAL_DEADLINE" not in _script(SlurmOptions())
 
 
 def test_batch_script_without_options_asks_for_no_partition_or_time() -> None:
