@@ -1390,9 +1390,6 @@ async def run_manager(
     websockets = address.startswith(("ws://", "wss://"))
     stop = anyio.Event()
     if pools:
-        from runtime.preflight import log_quick_checks
-
-        await log_quick_checks(pools)  # warnings only: never blocks the start
         policies = pool_policies(pools, policies)
     metrics_at: tuple[str, int] | None = None
     metrics_url = ""
@@ -1490,6 +1487,10 @@ async def run_manager(
             address=listener.address,
             token_file=str(path) if websockets else "-",
         )
+        if pools:  # in the background: it only warns, and Slurm may take long to answer
+            from runtime.preflight import quick_checks_service
+
+            await system.start_service(quick_checks_service, pools)
         if ready is not None:
             ready(listener.address, tokens)
         if metrics_at is not None and metrics_ready is not None:

@@ -28,26 +28,33 @@ The checks:
   room: free space against the pools' ``memory_per_worker`` x workers (a conservative
   guess at what may be spilled).
 
-Synchronous (``subprocess``): the command runs them directly, the manager in a thread.
+Synchronous (``subprocess``): the command runs them directly; the manager runs them in a
+thread once it listens (:func:`log_quick_checks`), and stops a command still running when
+it stops. A command that does not answer within its time limit is killed (with what it
+started) and the check says which one, what it printed first and what to look at.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import platform
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.abc
 import anyio.to_thread
 
 from actors.pools import PoolConfig
@@ -87,6 +94,7 @@ __all__ = [
     "parse_probe_output",
     "parse_test_only",
     "probe_slurm_pools",
+    "quick_checks_service",
     "render",
     "run_checks",
 ]
@@ -351,24 +359,115 @@ class Partition:
     nodes: dict[str, int] = dataclasses.field(default_factory=dict)  #: node state -> count
 
 
-def _slurm(argv: Sequence[str], timeout: float, stdin: str | None = None) -> str:
+class _Stopped(Exception):
+    """The checks were stopped while a command ran (the manager stopping): the command
+    was killed."""
+
+
+_TICK = 0.1  #: how often a running command looks at its ``stop`` event (seconds)
+
+
+def _text(data: str | bytes | None) -> str:
+    return data.decode(errors="replace") if isinstance(data, bytes) else data or ""
+
+
+def _run(
+    argv: Sequence[str],
+    timeout: float,
+    *,
+    stdin: str | None = None,
+    cwd: str | None = None,
+    stop: threading.Event | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """Run ``argv`` in a session of its own and capture its output (text). When it has
+    not finished within ``timeout`` seconds it is killed with everything it started and
+    :class:`subprocess.TimeoutExpired` carries what it printed so far (text); when
+    ``stop`` is set meanwhile, the same and :class:`_Stopped`."""
+    proc = subprocess.Popen(
+        list(argv), cwd=cwd, text=True, start_new_session=True,
+        stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    deadline = time.monotonic() + timeout
+    finished = False
+    send = stdin
+    try:
+        while True:
+            try:
+                wait = max(0.01, min(_TICK, deadline - time.monotonic()))
+                out, err = proc.communicate(send, timeout=wait)
+            except subprocess.TimeoutExpired as exc:
+                send = None  # written once: communicate() goes on with it
+                if stop is not None and stop.is_set():
+                    raise _Stopped(" ".join(argv[:2])) from None
+                if time.monotonic() >= deadline:
+                    raise subprocess.TimeoutExpired(
+                        proc.args, timeout, _text(exc.output), _text(exc.stderr)
+                    ) from None
+                continue
+            finished = True
+            return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    finally:
+        if not finished:  # its session: a shell's children too, which hold its pipes
+            with contextlib.suppress(OSError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            for pipe in (proc.stdin, proc.stdout, proc.stderr):
+                if pipe is not None:
+                    pipe.close()
+
+
+#: How :func:`_slurm` starts what it says of a command that did not answer.
+_NO_ANSWER = "no answer within"
+
+
+def _no_answer(timeout: float, stderr: str | bytes | None) -> str:
+    """What to say of a command killed after ``timeout`` seconds without an answer: the
+    first distinct lines it printed on stderr (Slurm prints why it waits, e.g. a
+    configuration file it cannot read, and then retries for a minute)."""
+    lines = [" ".join(line.split()) for line in _text(stderr).splitlines()]
+    first = list(dict.fromkeys(line[:200] for line in lines if line))[:3]
+    said = f"; it printed: {' | '.join(first)}" if first else "; it printed nothing"
+    return f"{_NO_ANSWER} {timeout:g} s (killed){said}"
+
+
+def _no_answer_advice() -> str:
+    """Where to look when a Slurm command does not answer: which slurm.conf it reads
+    (SLURM_CONF) and whether the controller answers."""
+    conf = os.environ.get("SLURM_CONF")
+    which = (
+        f"SLURM_CONF={conf}: check that this file exists and is this cluster's slurm.conf"
+        if conf
+        else "SLURM_CONF is not set: Slurm reads its built-in default slurm.conf"
+    )
+    return (
+        f"The Slurm commands here read {which}. Check that the controller answers "
+        "(`scontrol ping`) and how long `sinfo` takes to answer, and what it prints."
+    )
+
+
+def _slurm(
+    argv: Sequence[str],
+    timeout: float,
+    stdin: str | None = None,
+    stop: threading.Event | None = None,
+) -> str:
     """Run a Slurm command; its stdout and stderr. :class:`BatchSystemError` when it is
-    missing, does not answer within ``timeout`` or exits non-zero."""
+    missing, does not answer within ``timeout`` (killed: the error quotes the first
+    lines it printed and names SLURM_CONF) or exits non-zero; :class:`_Stopped` when
+    ``stop`` is set while it runs."""
     command = " ".join(argv[:2])
     try:
-        done = subprocess.run(
-            list(argv), input=stdin, capture_output=True, text=True, timeout=timeout
-        )
+        done = _run(argv, timeout, stdin=stdin, stop=stop)
     except FileNotFoundError:
         raise BatchSystemError(
             command, None, f"{argv[0]}: command not found",
             "Install the Slurm client commands here or put them on PATH (`module load slurm`).",
         ) from None  # fmt: skip
-    except subprocess.TimeoutExpired:
+    except subprocess.TimeoutExpired as exc:
         raise BatchSystemError(
-            command, None, f"no answer within {timeout:g} s",
-            "The Slurm controller does not answer: `scontrol ping`.",
-        ) from None  # fmt: skip
+            command, None, _no_answer(timeout, exc.stderr), _no_answer_advice()
+        ) from None
     except OSError as exc:
         raise BatchSystemError(command, None, str(exc), "") from None
     if done.returncode != 0:
@@ -394,9 +493,14 @@ def parse_sinfo(text: str) -> dict[str, Partition]:
     return parts
 
 
-def check_batch_system(timeout: float = 20.0) -> tuple[CheckResult, dict[str, Partition] | None]:
+def check_batch_system(
+    timeout: float = 20.0, stop: threading.Event | None = None
+) -> tuple[CheckResult, dict[str, Partition] | None]:
     """The Slurm commands are here and the controller answers; the partitions it shows
-    (None when it does not answer)."""
+    (None when it does not answer). When ``sinfo`` fails, ``scontrol ping`` says
+    whether the controller is down; when ``sinfo`` does not answer at all, the result
+    says so, with what it printed, and nothing more is asked (``scontrol ping`` would
+    wait as long)."""
     missing = [c for c in ("sinfo", "squeue", "sbatch", "scontrol") if shutil.which(c) is None]
     if missing:
         return CheckResult(
@@ -406,11 +510,15 @@ def check_batch_system(timeout: float = 20.0) -> tuple[CheckResult, dict[str, Pa
             "(a login node), or put them on PATH (`module load slurm`).",
         ), None  # fmt: skip
     try:
-        text = _slurm(["sinfo", "-h", "-a", "-o", "%P|%a|%D|%T"], timeout)
+        text = _slurm(["sinfo", "-h", "-a", "-o", "%P|%a|%D|%T"], timeout, stop=stop)
     except BatchSystemError as err:
+        if err.exit_code is None and err.stderr.startswith(_NO_ANSWER):
+            return CheckResult(
+                ALL, "batch system", FAIL, f"`sinfo` gave {err.stderr}", err.advice
+            ), None  # fmt: skip
         down = ""
         try:
-            down = _slurm(["scontrol", "ping"], timeout)
+            down = _slurm(["scontrol", "ping"], timeout, stop=stop)
         except BatchSystemError as ping:
             down = ping.stderr
         return CheckResult(
@@ -514,19 +622,25 @@ def parse_test_only(returncode: int, output: str) -> tuple[bool, str]:
     return False, " ".join(output.split())[-400:] or f"exit code {returncode}, no message"
 
 
-def check_test_only(pool: PoolConfig, timeout: float = 20.0) -> CheckResult:
+def check_test_only(
+    pool: PoolConfig, timeout: float = 20.0, stop: threading.Event | None = None
+) -> CheckResult:
     """``sbatch --test-only`` of the pool's block script: does Slurm accept the
     partition, account, QOS, walltime and shape?"""
+    argv = ["sbatch", "--test-only"]
     with tempfile.TemporaryDirectory(prefix="corral-check-") as tmp:
         text = _script(pool, Path(tmp) / "block", pool.slurm_options(), pool.block_spec())
         try:
-            done = subprocess.run(
-                ["sbatch", "--test-only"], input=text, capture_output=True, text=True,
-                timeout=timeout, cwd=tmp,
-            )  # fmt: skip
-        except (OSError, subprocess.TimeoutExpired) as exc:
+            done = _run(argv, timeout, stdin=text, cwd=tmp, stop=stop)
+        except subprocess.TimeoutExpired as exc:
             return CheckResult(
-                pool.name, "test-only", FAIL, f"sbatch --test-only did not answer: {exc}",
+                pool.name, "test-only", FAIL,
+                f"sbatch --test-only gave {_no_answer(timeout, exc.stderr)}",
+                _no_answer_advice(),
+            )  # fmt: skip
+        except OSError as exc:
+            return CheckResult(
+                pool.name, "test-only", FAIL, f"sbatch --test-only did not run: {exc}",
                 "Check that the Slurm controller answers (`scontrol ping`).",
             )  # fmt: skip
     accepted, said = parse_test_only(done.returncode, done.stdout + done.stderr)
@@ -542,13 +656,15 @@ def check_test_only(pool: PoolConfig, timeout: float = 20.0) -> CheckResult:
     )  # fmt: skip
 
 
-def check_accounting(pool: PoolConfig, timeout: float = 20.0) -> CheckResult | None:
+def check_accounting(
+    pool: PoolConfig, timeout: float = 20.0, stop: threading.Event | None = None
+) -> CheckResult | None:
     """Whether this cluster checks the pool's account and QOS at all (None: the pool
     sets neither). Without ``AccountingStorageEnforce``, any name is accepted."""
     if not pool.account and not pool.qos:
         return None
     try:
-        config = _slurm(["scontrol", "show", "config"], timeout)
+        config = _slurm(["scontrol", "show", "config"], timeout, stop=stop)
     except BatchSystemError as err:
         return CheckResult(pool.name, "account/qos", WARN, f"not known: {err}", "")
     m = re.search(r"^AccountingStorageEnforce\s*=\s*(\S+)", config, re.MULTILINE)
@@ -804,15 +920,18 @@ def run_checks(
     output_dirs: Sequence[Path] = (),
     progress: Callable[[str], None] | None = None,
     command_timeout: float = 20.0,
+    stop: threading.Event | None = None,
 ) -> list[CheckResult]:
     """Every check, in order: the batch system (if a pool is on Slurm), then per pool its
     partition, ``--test-only``, account/QOS and (``probe``) its probe, then the
-    directories. A pool whose partition or ``--test-only`` failed gets no probe job."""
+    directories. A pool whose partition or ``--test-only`` failed gets no probe job.
+    ``stop`` set: a Slurm command still running is killed and :class:`_Stopped` raised
+    (the probes do not look at it)."""
     results: list[CheckResult] = []
     slurm_pools = [p for p in pools.values() if p.provider == "slurm"]
     parts: dict[str, Partition] | None = None
     if slurm_pools:
-        answer, parts = check_batch_system(command_timeout)
+        answer, parts = check_batch_system(command_timeout, stop)
         results.append(answer)
     to_probe: list[PoolConfig] = []
     size = check_local_size(pools)
@@ -828,8 +947,8 @@ def run_checks(
             continue
         mine = [check_partition(pool, parts)]
         if mine[0].status != FAIL:
-            mine.append(check_test_only(pool, command_timeout))
-            accounting = check_accounting(pool, command_timeout)
+            mine.append(check_test_only(pool, command_timeout, stop))
+            accounting = check_accounting(pool, command_timeout, stop)
             if accounting is not None:
                 mine.append(accounting)
         results += mine
@@ -851,21 +970,27 @@ def run_checks(
 async def log_quick_checks(
     pools: Mapping[str, PoolConfig], run_dir: Path | None = None, limit: float = 30.0
 ) -> list[CheckResult]:
-    """What the manager runs as it starts: the checks that submit nothing (no probe),
-    in a thread, each WARN or FAIL logged as a warning. Never raises, and waits at most
-    ``limit`` seconds: a start that would work is never blocked by a check."""
+    """What the manager runs once it listens (:func:`quick_checks_service`): the checks
+    that submit nothing (no probe), in a thread, each WARN or FAIL logged as a warning.
+    Never raises, and runs at most ``limit`` seconds; a Slurm command still running
+    then, or when this is cancelled (the manager stops), is killed."""
     results: list[CheckResult] | None = None
+    stop = threading.Event()
     try:
         with anyio.move_on_after(limit):
             results = await anyio.to_thread.run_sync(
-                lambda: run_checks(pools, probe=False, run_dir=run_dir, command_timeout=10.0),
+                lambda: run_checks(
+                    pools, probe=False, run_dir=run_dir, command_timeout=10.0, stop=stop
+                ),
                 abandon_on_cancel=True,
             )
     except Exception as exc:
         _log.warning("pre-flight checks could not run", error=repr(exc))
         return []
+    finally:
+        stop.set()  # the abandoned thread kills its command and ends at once
     if results is None:
-        _log.warning(f"pre-flight checks did not finish within {limit:g} s: not waiting")
+        _log.warning(f"pre-flight checks did not finish within {limit:g} s: stopped")
         return []
     for r in results:
         if r.status != PASS:
@@ -873,3 +998,16 @@ async def log_quick_checks(
                 f"pre-flight {r.status}: {r.detail}", pool=r.pool, check=r.check, advice=r.advice
             )
     return results
+
+
+async def quick_checks_service(
+    pools: Mapping[str, PoolConfig],
+    *,
+    task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """:func:`log_quick_checks` as a service of the manager's actor system (started
+    once it listens): started at once, it logs the results when they come while the
+    manager answers, and is cancelled (its command killed) when the manager stops.
+    Nothing waits for it: the checks only warn."""
+    task_status.started()
+    await log_quick_checks(pools)

@@ -19,7 +19,9 @@ import sys
 import time
 from pathlib import Path
 
+import anyio
 import dask
+import psutil
 import pytest
 
 import runtime
@@ -213,13 +215,125 @@ def test_the_manager_starts_despite_a_check_and_says_why(tmp_path: Path) -> None
     config.write_text(LOCAL.replace('"64MiB"', '"4000TiB"') + "init_blocks = 0\n")
     with Cli(tmp_path / "home") as cli:
         proc = cli.start("manager", "--listen", "127.0.0.1:0", "--config", str(config))
+        cli.line_with(proc, "manager listening on")  # then the checks, in the background
         warning = cli.line_with(proc, "pre-flight WARN")  # 8000 TiB on this machine
         assert "local size" in warning and "announce more memory than it has" in warning
         warning = cli.line_with(proc, "pre-flight WARN")
         assert "spill directory" in warning and "the pools may spill" in warning
-        cli.line_with(proc, "manager listening on")
         assert proc.poll() is None
         cli.stop([proc])
+
+
+def held_slurm(bin_dir: Path, marks: Path) -> None:
+    """Stand-in Slurm commands in ``bin_dir``: ``sinfo`` writes its pid to
+    ``marks/sinfo.pid`` and answers (partition ckpt, one idle node) only once
+    ``marks/release`` exists; ``sbatch --test-only`` refuses the account; the others
+    answer nothing."""
+    bin_dir.mkdir()
+    marks.mkdir()
+    said = {
+        "sinfo": f'echo $$ > "{marks}/pid.tmp" && mv "{marks}/pid.tmp" "{marks}/sinfo.pid"\n'
+        f'while [ ! -e "{marks}/release" ]; do sleep 0.05; done\n'
+        "echo 'ckpt|up|1|idle'",
+        "sbatch": "cat > /dev/null\necho 'sbatch: error: Batch job submission failed: "
+        "Invalid account or account/partition combination specified' >&2\nexit 1",
+        "squeue": "exit 0",
+        "scontrol": "exit 1",
+    }
+    for command, body in said.items():
+        (bin_dir / command).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / command).chmod(0o755)
+
+
+def held_manager(tmp_path: Path, cli: Cli) -> tuple[subprocess.Popen[str], str, int]:
+    """A manager with a Slurm pool whose pre-flight ``sinfo`` (:func:`held_slurm`) does
+    not answer: the manager, its address and the waiting ``sinfo``'s pid, once it runs."""
+    held_slurm(tmp_path / "bin", tmp_path / "marks")
+    cli.env["PATH"] = f"{tmp_path / 'bin'}{os.pathsep}{cli.env['PATH']}"
+    config = tmp_path / "corral.toml"
+    config.write_text('[pools.hpc]\nprovider = "slurm"\npartition = "ckpt"\ninit_blocks = 0\n')
+    proc, address = cli.manager("--config", str(config))
+    pid_file = tmp_path / "marks" / "sinfo.pid"
+    deadline = time.monotonic() + 30
+    while not pid_file.exists():  # the pre-flight asks Slurm (bounded)
+        assert time.monotonic() < deadline, "the pre-flight's sinfo did not start"
+        assert proc.poll() is None, "the manager ended"
+        time.sleep(0.05)
+    return proc, address, int(pid_file.read_text())
+
+
+@pytest.mark.anyio
+async def test_the_manager_answers_while_its_pre_flight_waits_for_slurm(tmp_path: Path) -> None:
+    """With Slurm not answering (SLURM_CONF=/nonexistent), the manager listened only
+    once its pre-flight checks had given up (10 s per command): a console got
+    ConnectFailed meanwhile. It now listens at once and checks in the background,
+    logging what it found when Slurm answers."""
+    from runtime import Cluster
+
+    with Cli(tmp_path / "home") as cli:
+        proc, address, sinfo = held_manager(tmp_path, cli)
+        with anyio.fail_after(60):
+            async with Cluster(address) as cluster:
+                status = await cluster.status()
+        assert "hpc" in status["autoscaler"]["targets"]
+        # Answered while the pre-flight still waits for sinfo (it gives up after 10 s).
+        assert psutil.pid_exists(sinfo), "sinfo was killed before the status answered"
+        (tmp_path / "marks" / "release").touch()
+        line = cli.line_with(proc, "pre-flight FAIL")  # the checks go on with its answer
+        assert "Slurm refuses a block: Invalid account" in line, line
+        cli.stop([proc])
+        assert proc.returncode == 0
+
+
+def test_a_manager_stopped_during_its_pre_flight_kills_the_waiting_command(
+    tmp_path: Path,
+) -> None:
+    with Cli(tmp_path / "home") as cli:
+        proc, _address, sinfo = held_manager(tmp_path, cli)
+        started = time.monotonic()
+        cli.stop([proc])  # SIGTERM; SIGKILL after 10 s
+        assert proc.returncode == 0
+        assert time.monotonic() - started < 8  # not held by the check's thread
+        assert not psutil.pid_exists(sinfo), "the pre-flight's sinfo outlived the manager"
+
+
+def test_a_slurm_command_that_does_not_answer_says_what_to_look_at(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`check` with SLURM_CONF=/nonexistent said only 'no answer within 20 s', after
+    40 s (sinfo, then scontrol ping). It now names the command, what it printed first,
+    SLURM_CONF and `scontrol ping`, and asks nothing more of a Slurm that does not
+    answer."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    retry = (
+        "sinfo: error: s_p_parse_file: cannot stat file /nonexistent: No such file or "
+        "directory, retrying in 1sec up to 60sec"
+    )
+    said = {
+        "sinfo": f"echo '{retry}' >&2\necho '{retry}' >&2\nsleep 60",  # Slurm's own words
+        "scontrol": f"touch '{tmp_path}/pinged'\nsleep 60",
+        "squeue": "exit 1",
+        "sbatch": "exit 1",
+    }
+    for command, body in said.items():
+        (fake / command).write_text(f"#!/bin/sh\n{body}\n")
+        (fake / command).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("SLURM_CONF", "/nonexistent")
+    from runtime.preflight import check_batch_system
+
+    started = time.monotonic()
+    result, parts = check_batch_system(timeout=1.0)
+    assert time.monotonic() - started < 10  # one command's time, its `sleep` killed with it
+    assert parts is None and result.status == FAIL
+    assert result.detail == f"`sinfo` gave no answer within 1 s (killed); it printed: {retry}"
+    assert "SLURM_CONF=/nonexistent: check that this file exists" in result.advice
+    assert "`scontrol ping`" in result.advice
+    assert not (tmp_path / "pinged").exists()  # it would not answer either
+    monkeypatch.delenv("SLURM_CONF")
+    result, _ = check_batch_system(timeout=0.5)
+    assert "SLURM_CONF is not set" in result.advice
 
 
 @pytest.mark.anyio
