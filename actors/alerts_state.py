@@ -1249,8 +1249,9 @@ class AlertState:
     ) -> None:
         terms = {c.index: c for c in compares(rule.parsed)}
         names = _field_names(terms)
+        own = tuple(sorted(rule.labels.items()))  # the rule's labels: part of each key
         for labels, m in matches.items():
-            key = (rule.name, labels, tuple(sorted(rule.labels.items())))
+            key = (rule.name, labels, own)
             a = self._alerts.get(key)
             if a is None or a.state == "resolved":
                 a = self._alerts[key] = _Alert(

@@ -508,13 +508,11 @@ def scheduler_options_problem(text: str) -> str:
     is a comment, so either way the option would be silently dropped."""
     for number, line in enumerate(text.splitlines(), 1):
         stripped = line.strip()
-        if (
-            not stripped
-            or _DIRECTIVE.match(stripped)
-            or (stripped.startswith("#") and not _NEAR_DIRECTIVE.match(stripped))
-        ):
+        if not stripped or _DIRECTIVE.match(stripped):
             continue
         near = _NEAR_DIRECTIVE.match(stripped)
+        if stripped.startswith("#") and not near:
+            continue  # a comment
         option = stripped[near.end() :].strip() if near else stripped
         fix = (
             f"write '#SBATCH {option or '--option'}'"

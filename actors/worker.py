@@ -334,9 +334,10 @@ class Worker(Actor):
             self._timer.cancel()
         executor, self.executor = self.executor, None
         if executor is not None:
-            executor.shutdown()
             if executor.killable:  # its task processes end before the worker does
                 await anyio.to_thread.run_sync(executor.shutdown, True)
+            else:
+                executor.shutdown()
         self.streams.close_all()
         self.checkpoints.close()
         self.data.close()  # the sandbox: file outputs, spill files, partial copies
