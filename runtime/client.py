@@ -129,6 +129,13 @@ def _told_of(reply: object) -> None:
             _log.warning(warning, run=reply.run)
 
 
+#: What ``processes=True`` (or False) without ``pools=`` should have been.
+_PROCESSES_BOOL = (
+    " (True only with pools=, whose blocks say how many: give processes=N for N worker "
+    "processes, or None for in-process workers)"
+)
+
+
 def _whole(name: str, value: object, least: int, *, bool_ok: bool = False, also: str = "") -> int:
     """``value`` if it is a whole number >= ``least``; a ValueError naming ``name``."""
     if (isinstance(value, bool) and not bool_ok) or not isinstance(value, int) or value < least:
@@ -917,7 +924,7 @@ class Cluster:
         self.address = address
         self.token = token
         if processes is not None:  # True: with pools=, worker processes
-            _whole("processes", processes, 0, bool_ok=True)
+            _whole("processes", processes, 0, bool_ok=pools is not None, also=_PROCESSES_BOOL)
         self.processes = processes  #: worker processes on this machine, over websockets
         n = (os.cpu_count() or 1) if workers is None else _whole("workers", workers, 0)
         self.n_workers = n

@@ -219,6 +219,8 @@ def test_a_negative_memory_per_worker_is_refused_at_construction(bad: Any) -> No
         ({"workers": "2"}, r"workers must be a whole number >= 0, got '2'"),
         ({"threads_per_worker": 2.5}, r"threads_per_worker must be a whole number >= 1"),
         ({"processes": 1.5}, r"processes must be a whole number >= 0"),
+        ({"processes": True}, r"processes must .*True only with pools=.*processes=N.*got True"),
+        ({"processes": False}, r"processes must .*True only with pools=.*got False"),
         ({"gc_threshold": 0}, r"gc_threshold must be a whole number >= 1 or None, got 0"),
         ({"gc_threshold": -3}, r"gc_threshold must be a whole number >= 1 or None"),
     ],
