@@ -35,7 +35,6 @@ from typing import Any
 __all__ = ["build_parser", "main"]
 
 COMMANDS = ("demo", "manager", "worker", "console", "check", "report", "version")
-LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 class _StderrProxy:
@@ -50,10 +49,12 @@ class _StderrProxy:
 
 
 def _level(text: str) -> str:
-    level = text.upper()
-    if level not in LEVELS:
-        raise argparse.ArgumentTypeError(f"choose from {', '.join(LEVELS).lower()}")
-    return level
+    from runtime.log import level_name
+
+    try:
+        return level_name(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _monitoring_options(parser: Any) -> None:
@@ -371,7 +372,8 @@ def build_parser() -> argparse.ArgumentParser:
         "console",
         prog="python -m runtime console",
         parents=[common],
-        usage="%(prog)s [-h] [--token TOKEN] [--read-only] [--json] ADDRESS [COMMAND ...]",
+        usage="%(prog)s [-h] [--log-level LEVEL] [--token TOKEN] [--read-only] [--json] "
+        "ADDRESS [COMMAND ...]",
         help="the control console of a running manager (a shell, or one command)",
         description="Look at and steer the cluster whose manager listens at ADDRESS. "
         "Without COMMAND: an interactive shell (history, tab completion; `help` lists the "

@@ -1444,19 +1444,26 @@ class ConsoleShell(cmd.Cmd):
 
 
 def split_cli_options(words: Sequence[str]) -> tuple[list[str], dict[str, Any]]:
-    """Pull the console's own options (``--token T``, ``--token=T``, ``--read-only``,
-    ``--json``) out of the words after the address."""
+    """Pull the console's own options (``--token T``, ``--token=T``, ``--log-level L``,
+    ``--log-level=L``, ``--read-only``, ``--json``) out of the words after the address."""
+    from runtime.log import level_name
+
     out: list[str] = []
     found: dict[str, Any] = {}
     it = iter(words)
     for w in it:
-        if w == "--token":
-            value = next(it, None)
+        flag, eq, given = w.partition("=")
+        if flag in ("--token", "--log-level"):
+            value = given if eq else next(it, None)
             if value is None:
-                raise ConsoleError("--token needs a value")
-            found["token"] = value
-        elif w.startswith("--token="):
-            found["token"] = w.partition("=")[2]
+                raise ConsoleError(f"{flag} needs a value")
+            if flag == "--token":
+                found["token"] = value
+                continue
+            try:
+                found["log_level"] = level_name(value)
+            except ValueError as exc:
+                raise ConsoleError(f"--log-level: {exc}") from None
         elif w == "--read-only":
             found["read_only"] = True
         elif w == "--json":
@@ -1483,6 +1490,10 @@ def main(
     except ConsoleError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    if "log_level" in found:  # after the address: python -m runtime configured the rest
+        from runtime.log import configure
+
+        configure(found["log_level"])
     token = found.get("token", token)
     read_only = found.get("read_only", read_only)
     as_json = found.get("as_json", as_json)

@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 import structlog
 
-__all__ = ["JSON_LINES_ENV", "configure", "get_logger", "relayed"]
+__all__ = ["JSON_LINES_ENV", "LEVELS", "configure", "get_logger", "level_name", "relayed"]
 
 #: set to "1" in a child process's environment by a parent that relays the child's
 #: output into its own log (actors/processes.py): the child then writes each record as
@@ -67,6 +67,18 @@ def get_logger(name: str = "corral", **bound: Any) -> Any:
         processors=_PROCESSORS,
         wrapper_class=structlog.stdlib.BoundLogger,
     ).bind(**bound)
+
+
+#: The levels ``--log-level`` takes (in any case).
+LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def level_name(text: str) -> str:
+    """``text`` as one of :data:`LEVELS`; a ValueError listing them if it is none."""
+    level = text.upper()
+    if level not in LEVELS:
+        raise ValueError(f"choose from {', '.join(LEVELS).lower()}")
+    return level
 
 
 def configure(level: str | int = "WARNING", stream: Any = None) -> None:

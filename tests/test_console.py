@@ -949,6 +949,39 @@ def test_the_command_line_parses_options_before_and_after_the_address() -> None:
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["console", "inproc://nobody-listens-here", "--log-level", "debug", "status"],
+        ["console", "inproc://nobody-listens-here", "status", "--log-level=DEBUG"],
+        ["console", "--log-level", "debug", "inproc://nobody-listens-here", "status"],
+    ],
+)
+async def test_log_level_goes_before_or_after_the_address(capsys: Any, argv: list[str]) -> None:
+    """``--log-level`` is taken where --token, --read-only and --json are: before the
+    address, after it, or after the command; not read as a command or its argument."""
+    import logging
+
+    from runtime.__main__ import main
+
+    logger = logging.getLogger("corral")
+    before = logger.level
+    try:
+        with anyio.fail_after(LIMIT):
+            code = await anyio.to_thread.run_sync(main, argv)
+        assert logger.level == logging.DEBUG
+    finally:
+        logger.setLevel(before)
+    err = capsys.readouterr().err
+    assert code == 1 and "nobody-listens-here" in err.splitlines()[-1], err
+    assert "--log-level" not in err and "takes no arguments" not in err
+    with pytest.raises(ConsoleError, match=r"--log-level: choose from debug, info"):
+        split_cli_options(["status", "--log-level", "loud"])
+    with pytest.raises(ConsoleError, match=r"--log-level needs a value"):
+        split_cli_options(["status", "--log-level"])
+
+
+@pytest.mark.anyio
 async def test_one_shot_errors_print_one_line_and_exit_1(capsys: Any) -> None:
     from runtime.__main__ import main
 
