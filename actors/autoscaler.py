@@ -47,6 +47,7 @@ from actors.autoscaler_state import (
     TargetRaised,
     TargetSet,
     Tick,
+    check_blocks,
 )
 from actors.providers import Block, BlockSpec, BlockState, Provider
 from policies import ON_PURPOSE, REGISTRY, PolicyRegistry, params_of
@@ -549,8 +550,7 @@ class Autoscaler(Actor):
 
     @handles(ScaleRequest)
     async def scale(self, msg: ScaleRequest) -> dict[str, int]:
-        if msg.n < 0:
-            raise ValueError(f"cannot scale pool {msg.pool!r} to {msg.n} workers")
+        check_blocks(msg.pool, msg.n)
         if self.providers is not None:
             self.provider_for(msg.pool)  # a pool that was not configured: ValueError
         ps = self.state.pools.get(msg.pool)

@@ -125,6 +125,7 @@ __all__ = [
     "TargetRaised",
     "TargetSet",
     "Tick",
+    "check_blocks",
 ]
 
 #: block states (``BlockState`` values in ``actors/providers.py``) that are not final
@@ -567,7 +568,7 @@ class AutoscalerState:
     # ----------------------------------------------------------------- handlers
 
     def _target_set(self, ev: TargetSet) -> None:
-        _check_blocks(ev.pool, ev.n)
+        check_blocks(ev.pool, ev.n)
         ps = self.pools.get(ev.pool)
         limits = ev.limits if ev.limits is not None or ps is None else ps.limits
         # a configured pool's target stays within its min_blocks and max_blocks (what
@@ -582,7 +583,7 @@ class AutoscalerState:
         self.gave_up.discard(ev.pool)
 
     def _target_raised(self, ev: TargetRaised) -> None:
-        _check_blocks(ev.pool, ev.n)
+        check_blocks(ev.pool, ev.n)
         ps = self.pools.get(ev.pool)
         if ps is None:
             raise ValueError(f"there is no pool {ev.pool!r}")
@@ -1034,10 +1035,13 @@ class AutoscalerState:
             assert ps.blocks + ps.requested == live, (ps, live)
 
 
-def _check_blocks(pool: str, n: object) -> None:
-    """ValueError unless ``n`` is a whole number of blocks >= 0."""
+def check_blocks(pool: str, n: object) -> None:
+    """ValueError unless ``n`` is a whole number of blocks >= 0 (a pool is sized in
+    blocks: what ``scale(n)`` keeps)."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-        raise ValueError(f"cannot scale pool {pool!r} to {n!r} workers")
+        raise ValueError(
+            f"cannot scale pool {pool!r} to {n!r} blocks: give a whole number of blocks >= 0"
+        )
 
 
 def _to_retire(live: list[BlockRecord], m: int) -> list[BlockRecord]:

@@ -1677,7 +1677,7 @@ class Cluster:
         self._require()
         if isinstance(n, bool) or not isinstance(n, int):
             raise TypeError(
-                f"scale(n): n is the number of workers to keep, a whole number (an int), "
+                f"scale(n): n is the number of blocks of workers to keep, a whole number (an int), "
                 f"got {type(n).__name__} {short_repr(n)}"
             )
         if hold is not None and (isinstance(hold, bool) or not isinstance(hold, int | float)):

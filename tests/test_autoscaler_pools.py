@@ -294,7 +294,7 @@ def test_a_raised_target_is_checked() -> None:
     run(s, TargetSet(0.0, "p", 0, SPEC, limits()))
     with pytest.raises(ValueError, match="no pool 'q'"):
         s.handle(TargetRaised(1.0, "q", 2, 10.0))
-    with pytest.raises(ValueError, match="cannot scale"):
+    with pytest.raises(ValueError, match=r"cannot scale pool 'p' to -1 blocks"):
         s.handle(TargetRaised(1.0, "p", -1, 10.0))
 
 

@@ -127,11 +127,11 @@ async def test_scale_takes_a_whole_number() -> None:
     with anyio.fail_after(BOUND):
         async with Cluster(workers=1) as cluster:
             for n in ("2", 1.5, True, None):
-                with pytest.raises(TypeError, match=r"scale\(n\): n is .* whole number \(an int\)"):
+                with pytest.raises(TypeError, match=r"scale\(n\): n is the number of blocks of"):
                     await cluster.scale(n)  # type: ignore[arg-type]
             with pytest.raises(TypeError, match=r"hold is a number of seconds"):
                 await cluster.scale(2, hold="5")  # type: ignore[arg-type]
-            with pytest.raises(ValueError, match=r"cannot scale"):
+            with pytest.raises(ValueError, match=r"cannot scale pool 'default' to -1 blocks: give"):
                 await cluster.scale(-1)
             assert await cluster.scale(1) == {"default": 1}
             await still_works(cluster)
