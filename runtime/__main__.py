@@ -57,7 +57,7 @@ def _level(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _monitoring_options(parser: Any) -> None:
+def _monitoring_options(parser: Any, prog: str) -> None:
     """``--monitoring PATH`` or ``--no-monitoring`` (of the demo and the manager)."""
     group = parser.add_mutually_exclusive_group()
     group.add_argument(
@@ -65,7 +65,7 @@ def _monitoring_options(parser: Any) -> None:
         metavar="PATH",
         help="write the monitoring database (SQLite) to PATH (default: "
         "~/.corral/runs/<time>-<id>/monitoring.db, or under $CORRAL_RUNS_DIR; printed); "
-        "`python -m runtime report PATH` makes a report of it",
+        f"`{prog} report PATH` makes a report of it",
     )
     group.add_argument("--no-monitoring", action="store_true", help="write no monitoring database")
 
@@ -117,8 +117,20 @@ def _apply_tls(args: argparse.Namespace, address: str, what: str) -> None:
             os.environ[env] = os.path.abspath(value)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The parser of ``python -m runtime``."""
+#: The program's name when it is run as ``python -m runtime`` (or from a test).
+MODULE_PROG = "python -m runtime"
+
+
+def _prog(argv0: str) -> str:
+    """The name the command line was invoked as: ``corral`` for the installed script,
+    else ``python -m runtime``."""
+    name = os.path.basename(argv0)
+    return MODULE_PROG if name in ("", "__main__.py") or name.startswith("python") else name
+
+
+def build_parser(prog: str = MODULE_PROG) -> argparse.ArgumentParser:
+    """The parser of ``python -m runtime`` (``prog``: the name it was invoked as, which
+    its usage lines and help show)."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "--log-level",
@@ -130,22 +142,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     parser = argparse.ArgumentParser(
-        prog="python -m runtime",
+        prog=prog,
         usage="%(prog)s [-h] [--log-level LEVEL] [COMMAND] [OPTIONS]",
         description="Corral: run task graphs on workers that come and go. "
         "With no command, runs `demo`.",
-        epilog="Run `python -m runtime demo --help` for the demo's options.",
+        epilog=f"Run `{prog} demo --help` for the demo's options.",
         parents=[common],
     )
     # No ``set_defaults(log_level=...)`` here: the subcommands share the ``common``
     # action, so a default set on it would overwrite a ``--log-level`` given before the
     # command; ``main`` falls back to warning instead.
-    sub = parser.add_subparsers(dest="command", title="commands", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", title="commands", metavar="COMMAND", prog=prog)
 
     cpus = os.cpu_count() or 1
     demo = sub.add_parser(
         "demo",
-        prog="python -m runtime demo",
         parents=[common],
         help="run a demo workflow (a physics skim on synthetic events) in-process",
         description="Run a physics skim on synthetic collision events on an in-process "
@@ -193,7 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
     out.add_argument(
         "--no-progress", action="store_true", help="do not show the live progress display"
     )
-    _monitoring_options(out)
+    _monitoring_options(out, prog)
     out.add_argument(
         "--check",
         action="store_true",
@@ -203,11 +214,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     mgr = sub.add_parser(
         "manager",
-        prog="python -m runtime manager",
         parents=[common],
         help="run a manager process that workers, clients and consoles join",
         description="Run the control plane (scheduler, file registry, manager) and a "
-        "websocket gateway. Workers join with `python -m runtime worker ws://HOST:PORT`, "
+        f"websocket gateway. Workers join with `{prog} worker ws://HOST:PORT`, "
         "clients with Cluster('ws://HOST:PORT'). Stops gracefully on SIGINT/SIGTERM.",
     )
     mgr.add_argument(
@@ -252,7 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: only on the manager's own address, with the read or admin token; "
         "docs/monitoring.md)",
     )
-    _monitoring_options(mgr)
+    _monitoring_options(mgr, prog)
     _tls_options(mgr)
     mgr.add_argument(
         "--monitoring-interval",
@@ -269,7 +279,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rep_ = sub.add_parser(
         "report",
-        prog="python -m runtime report",
         parents=[common],
         help="make an HTML report of a monitoring database",
         description="Make one self-contained HTML file (it opens offline) of a monitoring "
@@ -289,7 +298,6 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     wrk = sub.add_parser(
         "worker",
-        prog="python -m runtime worker",
         parents=[common],
         help="run a worker process that joins a manager",
         description="Join the manager at ADDRESS and run its tasks. The worker listens on "
@@ -370,7 +378,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     con = sub.add_parser(
         "console",
-        prog="python -m runtime console",
         parents=[common],
         usage="%(prog)s [-h] [--log-level LEVEL] [--token TOKEN] [--read-only] [--json] "
         "ADDRESS [COMMAND ...]",
@@ -400,7 +407,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     chk = sub.add_parser(
         "check",
-        prog="python -m runtime check",
         parents=[common],
         help="check a pools file before submitting anything (Slurm, versions, disk)",
         description="Pre-flight check of the pools in --config, before anything is "
@@ -446,18 +452,31 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser(
         "version",
-        prog="python -m runtime version",
         parents=[common],
         help="print the versions of Corral, Python and dask",
     )
     return parser
 
 
-def _with_default_command(argv: list[str]) -> list[str]:
+def _with_default_command(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
     """``demo`` is the default command: insert it unless a command (or a request for the
-    top-level help) is already there."""
+    top-level help) is already there. A first word that is no option and no command
+    (after a ``--log-level LEVEL``) is an unknown command: a usage error (exit 2)
+    listing the commands, not an unknown argument of the demo."""
     if any(a in COMMANDS for a in argv) or any(a in ("-h", "--help") for a in argv):
         return argv
+    first = (
+        2
+        if argv[:1] == ["--log-level"]
+        else 1
+        if argv[:1] and argv[0].startswith("--log-level=")
+        else 0
+    )
+    if first < len(argv) and not argv[first].startswith("-"):
+        parser.error(
+            f"unknown command {argv[first]!r}; the commands are {', '.join(COMMANDS)} "
+            f"(`{parser.prog} --help` says what each does)"
+        )
     return ["demo", *argv]
 
 
@@ -566,7 +585,7 @@ def _cmd_manager(args: argparse.Namespace) -> int:
     def ready(address: str, tokens: Tokens) -> None:
         if monitoring is not None:
             print(f"monitoring database: {monitoring}", flush=True)
-            print(f"  report: python -m runtime report {monitoring} -o report.html", flush=True)
+            print(f"  report: {args.prog} report {monitoring} -o report.html", flush=True)
         print(f"manager listening on {address}", flush=True)
         if address.startswith(("ws://", "wss://")):
             from runtime.dashboard import dashboard_url
@@ -754,8 +773,11 @@ def _cmd_console(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit code."""
-    parser = build_parser()
-    args = parser.parse_args(_with_default_command(list(sys.argv[1:] if argv is None else argv)))
+    parser = build_parser(MODULE_PROG if argv is not None else _prog(sys.argv[0]))
+    args = parser.parse_args(
+        _with_default_command(parser, list(sys.argv[1:] if argv is None else argv))
+    )
+    args.prog = parser.prog
     from runtime.log import configure
 
     configure(getattr(args, "log_level", "WARNING"), stream=_StderrProxy())
