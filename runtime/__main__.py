@@ -18,7 +18,8 @@ script). Commands:
 
 Exit codes: 0 on success; 1 when the run failed or an option is out of range (one line
 on stderr says why); 2 for command-line usage errors (argparse's convention); 130 when
-interrupted.
+interrupted; 141 (128 + SIGPIPE), quietly, when what its output went to closed early
+(``... | head``).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import argparse
 import contextlib
 import logging
 import os
+import signal
 import sys
 import traceback
 from collections.abc import Sequence
@@ -804,6 +806,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return 130
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # What stdout went to closed early (`console ADDRESS tasks | head`): end quietly,
+        # as cat or grep do, with the status of a death by SIGPIPE (128 + 13); the rest
+        # of stdout goes to /dev/null, so the flush at exit finds no broken pipe either.
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
     except Exception as exc:
         if logging.getLogger("corral").isEnabledFor(logging.DEBUG):
             traceback.print_exception(exc)

@@ -32,6 +32,7 @@ import argparse
 import cmd
 import contextlib
 import dataclasses
+import errno
 import io
 import json
 import os
@@ -194,12 +195,21 @@ def print_view(view: RenderableType, file: Any = None) -> None:
     terminal; elsewhere (a pipe, a file) it is as wide as it needs, at least 80
     characters: no column is cut short and no line wrapped, so keys and ids can be copied
     from it (rich would cut everything to 80 columns)."""
-    console = Console(file=file)
+    console = _Console(file=file)
     if not console.is_terminal:
         probe = Console(file=io.StringIO(), width=_WIDEST, color_system=None)
         need = Measurement.get(probe, probe.options, view).maximum
-        console = Console(file=file, width=min(max(need, 80), _WIDEST))
+        console = _Console(file=file, width=min(max(need, 80), _WIDEST))
     console.print(view)
+
+
+class _Console(Console):
+    """A rich console that lets a closed pipe's ``BrokenPipeError`` through (to end
+    ``python -m runtime`` as a closed pipe ends cat), rather than exit 1 itself."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True  # nothing more to write
+        raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
 
 
 def jsonable(obj: Any) -> Any:
@@ -480,7 +490,7 @@ class ConsoleClient:
             raise ConsoleError("--offset must be >= 0")
         records = await self.tasks(args.state, args.category, args.limit, args.offset)
         data = [jsonable(r) for r in records]
-        return Result("tasks", data, render_tasks(data, args.limit))
+        return Result("tasks", data, render_tasks(data, args.limit, args.offset))
 
     async def _cmd_story(self, rest: str) -> Result:
         key = _key_text(rest)
@@ -1116,9 +1126,14 @@ def _render_blocks(auto: Mapping[str, Any]) -> list[RenderableType]:
     return parts
 
 
-def render_tasks(records: Sequence[Mapping[str, Any]], limit: int = 0) -> RenderableType:
+def render_tasks(
+    records: Sequence[Mapping[str, Any]], limit: int = 0, offset: int = 0
+) -> RenderableType:
+    """The tasks listed (``limit``: the page asked for, 0 the largest; ``offset``: the
+    matching tasks skipped before it), with a footer saying which rows these are when
+    there may be more or some were skipped."""
     if not records:
-        return Text("no tasks match")
+        return Text(f"no tasks match after the first {offset}" if offset else "no tasks match")
     t = Table()
     for col in ("key", "state", "category", "worker", "tries"):
         t.add_column(col, justify="right" if col == "tries" else "left", overflow="fold")
@@ -1126,9 +1141,14 @@ def render_tasks(records: Sequence[Mapping[str, Any]], limit: int = 0) -> Render
     for r in records:
         cells = (r["key"], r["state"], r["category"], r["worker"] or "-", r["tries"])
         _row(t, *(str(c) for c in cells))
-    if limit and len(records) >= limit:
-        return Group(t, Text(f"(first {limit}; --limit N shows more, --offset N the next ones)"))
-    return t
+    last = offset + len(records)
+    if len(records) >= (limit or MAX_LISTING):  # a full page: maybe more after it
+        more = f"; --offset {last} shows the next ones, --limit N more at once"
+    elif offset:
+        more = ""
+    else:
+        return t  # all of them
+    return Group(t, Text(f"(rows {offset + 1}-{last}{more})"))
 
 
 def render_story(key: str, entries: Sequence[Sequence[str]]) -> RenderableType:
@@ -1240,9 +1260,15 @@ def history_path() -> Path:
     return Path(os.environ.get("CORRAL_HOME", Path.home() / ".corral")) / "console_history"
 
 
-def _one_line(exc: BaseException) -> str:
+def _innermost(exc: BaseException) -> BaseException:
+    """The exception inside single-exception groups."""
     while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
         exc = exc.exceptions[0]
+    return exc
+
+
+def _one_line(exc: BaseException) -> str:
+    exc = _innermost(exc)
     text = " ".join(str(exc).split()) or "(no message)"
     notes = " ".join(" ".join(n.split()) for n in getattr(exc, "__notes__", ()))
     return f"{type(exc).__name__}: {text}" + (f" {notes}" if notes else "")
@@ -1511,6 +1537,8 @@ def main(
     try:
         result = anyio.run(once, backend="asyncio")
     except Exception as exc:
+        if isinstance(closed := _innermost(exc), BrokenPipeError):
+            raise closed from None  # `alert watch | head`: python -m runtime ends quietly
         print(f"error: {_one_line(exc)}", file=sys.stderr)
         return 1
     if result.as_json:

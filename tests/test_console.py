@@ -17,6 +17,9 @@ import contextlib
 import io
 import json
 import operator
+import os
+import subprocess
+import sys
 import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -53,7 +56,7 @@ from runtime.node import (
     token_path,
     worker_factory,
 )
-from tests.helpers import log_lines, wait_until
+from tests.helpers import ROOT, log_lines, wait_until
 
 LIMIT = 20
 
@@ -345,7 +348,7 @@ async def test_tasks_lists_filters_and_limits_and_story_shows_transitions(gate: 
             assert await console.tasks(state="erred") == []
 
             text = await console.run_command("tasks --state memory --category add --limit 3")
-            assert text.count("memory") == 3 and "first 3" in text
+            assert text.count("memory") == 3 and "(rows 1-3; --offset 3 shows the next" in text
             data = json.loads(await console.run_command("tasks --state processing --json"))
             assert data == [
                 {"key": blocked.key, "state": "processing", "category": "gated",
@@ -362,6 +365,12 @@ async def test_tasks_lists_filters_and_limits_and_story_shows_transitions(gate: 
             page2 = await console.tasks(category="add", limit=3, offset=3)
             assert len(page1) == 3 and len(page2) == 2
             assert {r.key for r in page1 + page2} == {f.key for f in done}
+            # the footer says which rows a page holds, not "first N"
+            text = await console.run_command("tasks --category add --offset 2 --limit 2")
+            assert text.count("memory") == 2 and "(rows 3-4; --offset 4 shows the next" in text
+            assert "(rows 4-5)" in await console.run_command("tasks --category add --offset 3")
+            text = await console.run_command("tasks --category add --offset 5")
+            assert text.strip() == "no tasks match after the first 5"
 
             # story: by the key's text as `tasks` shows it, tuple keys typed as they are.
             story = await console.story("('x', 1)")
@@ -1005,6 +1014,37 @@ def tokens(tmp_path: Path, monkeypatch: Any) -> Tokens:
     monkeypatch.setenv("CORRAL_HOME", str(tmp_path))
     monkeypatch.delenv("CORRAL_TOKEN", raising=False)
     return Tokens("admin-" + "a" * 20, "read-" + "r" * 20)
+
+
+@pytest.mark.anyio
+async def test_a_closed_pipe_ends_the_console_quietly(tokens: Tokens) -> None:
+    """``console ADDRESS tasks | head -4``: once what stdout goes to is closed, the
+    console ends as cat or grep do (exit 141, 128 + SIGPIPE) and prints nothing on
+    stderr, not ``error: BrokenPipeError`` (nor Python's complaint at exit), tables and
+    JSON alike."""
+
+    def console(address: str, *words: str) -> subprocess.CompletedProcess[str]:
+        read, write = os.pipe()
+        os.close(read)  # the reader is gone before the first line is written
+        try:
+            return subprocess.run(
+                [sys.executable, "-m", "runtime", "console", address, *words],
+                stdout=write, stderr=subprocess.PIPE, text=True, timeout=LIMIT, cwd=ROOT,
+                env={**os.environ, "PYTHONPATH": str(ROOT)},
+            )  # fmt: skip
+        finally:
+            os.close(write)
+
+    with anyio.fail_after(2 * LIMIT):
+        async with (
+            ws_nodes(1, tokens) as (address, _),
+            Cluster(address, token=tokens.admin) as cluster,
+        ):
+            assert await cluster.gather(cluster.map(operator.neg, range(5))) == [0, -1, -2, -3, -4]
+            table = await anyio.to_thread.run_sync(console, address, "tasks")
+            as_json = await anyio.to_thread.run_sync(console, address, "tasks", "--json")
+    assert (table.returncode, table.stderr) == (141, "")
+    assert (as_json.returncode, as_json.stderr) == (141, "")
 
 
 @pytest.mark.anyio
