@@ -1067,9 +1067,10 @@ class BatchErrorInfo(Message):
 
 @message()
 class AutoscalerStatus(Message):
-    """The autoscaler's state: target and desired workers per pool, live blocks and
-    their state, the ones retiring, blocks ended so far, pools it gave up on (their
-    workers kept ending), its policy and the policy's refused answers; per live block
+    """The autoscaler's state: target and desired blocks per pool, live blocks and
+    their state (their pools and workers: ``block_pools``, ``block_workers``), the
+    ones retiring, blocks ended so far, pools it gave up on (their workers kept
+    ending), its policy and the policy's refused answers; per live block
     its incarnation when the batch system requeued it (``incarnations``) and the
     provider's words (``details``); the latest ends (``ends``); the unasked ends
     that spent the replacement budget in its window (``budget_spent``, summed, and
@@ -1187,9 +1188,9 @@ class StoryRequest(Message):
 
 @message()
 class ScaleRequest(Message):
-    """-> autoscaler: keep ``n`` workers in ``pool``; with ``hold`` (seconds), only for
-    that long, then back to the target set before (a scale-out that leaves scaling in
-    to the scaling policy)."""
+    """-> autoscaler: keep ``n`` blocks of workers in ``pool``; with ``hold`` (seconds),
+    only for that long, then back to the target set before (a scale-out that leaves
+    scaling in to the scaling policy)."""
 
     n: int
     pool: str = "default"
