@@ -50,7 +50,7 @@ class IdleTail:
 
     def copy(self, task: TaskView, running_for: float, idle: int) -> bool:
         stats = task.stats
-        if stats is None or stats.count < max(1, self.min_finished):
+        if stats is None or stats.count < max(1, self.min_finished):  # 0: as 1, a p90 needs one
             return False
         p90 = stats.p90_duration
         return running_for > max(p90 * self.factor, p90 + self.min_excess)
