@@ -391,7 +391,12 @@ def build_parser(prog: str = MODULE_PROG) -> argparse.ArgumentParser:
         "policy set, drain, scale, resume, cancel, alert list, alert watch, alert add, "
         "alert remove, help.",
     )
-    con.add_argument("address", metavar="ADDRESS", help="the manager, e.g. ws://127.0.0.1:8786")
+    # Optional to argparse, so that a console with nothing after it is told the one
+    # argument it lacks: with REMAINDER after it, argparse calls COMMAND required too.
+    con.add_argument(
+        "address", metavar="ADDRESS", nargs="?", help="the manager, e.g. ws://127.0.0.1:8786"
+    )
+    con.set_defaults(usage_error=con.error)
     con.add_argument(
         "--token",
         default=None,
@@ -768,6 +773,11 @@ def _cmd_check(args: argparse.Namespace) -> int:
 def _cmd_console(args: argparse.Namespace) -> int:
     from runtime.console import main as console_main
 
+    if args.address is None:
+        args.usage_error(
+            "the following argument is required: ADDRESS (the manager's, e.g. "
+            "ws://127.0.0.1:8786); COMMAND is optional: without one the console is a shell"
+        )
     return console_main(
         args.address, args.words, token=args.token, read_only=args.read_only, as_json=args.json
     )

@@ -54,3 +54,19 @@ def test_the_usage_names_the_program_as_invoked(
     with pytest.raises(SystemExit):
         main()
     assert f"`{prog} --help`" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [["console"], ["console", "--json"]])
+def test_a_console_without_an_address_asks_for_the_address_only(
+    capsys: Any, argv: list[str]
+) -> None:
+    """Before: 'the following arguments are required: ADDRESS, COMMAND', though without
+    a COMMAND the console is a shell."""
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith(
+        "python -m runtime console: error: the following argument is required: ADDRESS"
+    ), err
+    assert "COMMAND is optional" in err
