@@ -638,7 +638,7 @@ class Manager(Actor):
 
     @handles(MetricsRequest)
     async def metrics(self, msg: MetricsRequest) -> MetricsReply:
-        sched = await self._scheduler().ask(msg)
+        sched = await self._scheduler().ask(dataclasses.replace(msg, pools=tuple(self.pools)))
         blocks, busy = {}, False
         autoscaler = self._autoscaler()
         if autoscaler is not None:

@@ -688,7 +688,7 @@ class Scheduler(Actor):
         workers and their latest memory reports (never a scan of the tasks)."""
         st = self.state
         now = self.clock.now()
-        pools = st.pool_metrics(now)
+        pools = st.pool_metrics(now, msg.pools)
         for wid, report in self.memory.items():
             ws = st.workers.get(wid)
             if ws is None:

@@ -230,7 +230,7 @@ from runtime.errors import (
     TaskTooLarge,
     WorkerLost,
 )
-from runtime.graph import Key
+from runtime.graph import Key, TaskSpec
 from runtime.messages import Outcome, TryRecord
 
 __all__ = [
@@ -478,10 +478,14 @@ class SchedulerState:
         self.created = 0
         self.forgotten: Counter[str] = Counter()
         self.queued_counts: Counter[str] = Counter()
+        #: tasks known (not forgotten) per pool ("*": any pool): a pool with none, no
+        #: worker and no configuration leaves the metrics (:meth:`pool_metrics`)
+        self.pool_tasks: Counter[str] = Counter()
         #: the next wave, per pool (``"*"``: any pool): waiting tasks none of whose
         #: inputs waits (each is being made, queued or done), in the order they joined
         self.next_wave: dict[str, dict[TaskState, None]] = {}
-        #: per pool ("*": any pool): its ready tasks' waits (:class:`PoolWaits`)
+        #: per pool ("*": any pool): its ready tasks (``since``) and, per pool of the
+        #: workers that took them, the waits served (:class:`PoolWaits`)
         self.pool_waits: dict[str, PoolWaits] = {}
         #: failed tries per (category, outcome, cause)
         self.failures: Counter[tuple[str, str, str]] = Counter()
@@ -686,9 +690,11 @@ class SchedulerState:
         recent = sorted(pw.recent) if pw is not None else []
         return {str(q): quantile(recent, q) for q in WAIT_QUANTILES} if recent else {}
 
-    def pool_metrics(self, now: float) -> dict[str, dict[str, Any]]:
+    def pool_metrics(self, now: float, configured: Iterable[str] = ()) -> dict[str, dict[str, Any]]:
         """Per pool, the numbers of a ``PoolMetrics`` at ``now``: from the counters and
-        the workers, never from the tasks."""
+        the workers, never from the tasks. The pools are those with a task (``"*"``:
+        tasks any pool may run), a worker, or ``configured``: a pool that has none of
+        them any more (a misspelt pool's tasks, released) leaves the metrics."""
         out: dict[str, dict[str, Any]] = {}
 
         def of(pool: str) -> dict[str, Any]:
@@ -701,8 +707,11 @@ class SchedulerState:
                 }  # fmt: skip
             return m
 
-        for pool, pw in self.pool_waits.items():
+        for pool in {*self.pool_tasks, *configured, *(ws.pool for ws in self.workers.values())}:
             m = of(pool)
+            pw = self.pool_waits.get(pool)
+            if pw is None:
+                continue
             m["queue_depth"] = self.queued_counts[pool]
             m["oldest_wait"] = self.oldest_wait(pool, now)
             m["wait_quantiles"] = self.wait_quantiles(pool)
@@ -739,11 +748,12 @@ class SchedulerState:
                 ts = TaskState(spec, gen)
                 self.tasks[key] = ts
                 self.created += 1
+                self.pool_tasks[spec.pool or "*"] += 1
                 new.append(ts)
             elif ts.state in ("erred", "cancelled"):
                 # Resubmitting a failed key runs it again with the new spec.
                 resubmitted = True
-                ts.spec = spec
+                self._repool(ts, spec)
                 ts.generation = gen
                 ts.retries_left = spec.retries
                 ts.lost_tries = 0
@@ -1486,11 +1496,8 @@ class SchedulerState:
                 at = pw.since.pop(ts, None)
                 if finish == "processing":  # its try's records say when it became ready
                     ts.queued = at
-                if at is not None and finish == "processing":  # served: its wait counts
-                    wait = self._now - at
-                    pw.recent.append(wait)
-                    pw.n += 1
-                    pw.total += wait
+                if at is not None and finish == "processing":  # served: its wait counts,
+                    self._served(ts, self._now - at)  # in the pool of the worker taking it
         self.story_log.append((ts.key, start, finish, self._stimulus, self._now))
         if self.feed_on:
             self._records.append(
@@ -1500,6 +1507,32 @@ class SchedulerState:
             for d in ts.deps:
                 if d.consumers == 0 and d.wanted == 0 and d.state in ACTIVE:
                     self._to_cancel.append((d, f"only needed by {ts.key!r}, which is {finish}"))
+
+    def _served(self, ts: TaskState, wait: float) -> None:
+        """``ts``, ready for ``wait`` seconds, is sent to ``ts.worker``: the wait counts
+        in that worker's pool (as the monitoring database's ``tries`` and ``workers``
+        rows count it: docs/monitoring.md), not in ``"*"`` for a task any pool may run."""
+        ws = self.workers.get(ts.worker) if ts.worker is not None else None
+        pool = ws.pool if ws is not None else ts.spec.pool or "*"
+        pw = self.pool_waits.get(pool)
+        if pw is None:
+            pw = self.pool_waits[pool] = PoolWaits()
+        pw.recent.append(wait)
+        pw.n += 1
+        pw.total += wait
+
+    def _repool(self, ts: TaskState, spec: TaskSpec) -> None:
+        """``ts`` takes ``spec``, whose pool may differ (a resubmission, a fallback)."""
+        old, new = ts.spec.pool or "*", spec.pool or "*"
+        ts.spec = spec
+        if old != new:
+            self.pool_tasks[new] += 1
+            self._pool_task_gone(old)
+
+    def _pool_task_gone(self, pool: str) -> None:
+        self.pool_tasks[pool] -= 1
+        if not self.pool_tasks[pool]:
+            del self.pool_tasks[pool]
 
     def _estimate(self, ts: TaskState) -> float:
         """Seconds ``ts`` is expected to run: its category's mean duration so far
@@ -1874,7 +1907,7 @@ class SchedulerState:
             self._log(ts.key, "retry", decision.reason)
             if decision.pool is not None and decision.pool != ts.spec.pool:
                 self._log(ts.key, "pool", f"{ts.spec.pool or '*'}->{decision.pool}")
-                ts.spec = dataclasses.replace(ts.spec, pool=decision.pool)
+                self._repool(ts, dataclasses.replace(ts.spec, pool=decision.pool))
             self._back_to_ready(ts)
             return
         if outcome == "worker-lost":
@@ -2049,6 +2082,7 @@ class SchedulerState:
             ):
                 continue
             del self.tasks[t.key]
+            self._pool_task_gone(t.spec.pool or "*")
             self.disk_measured.pop(t, None)
             self.forgotten[t.state] += 1
             self._forgotten.append(t.key)
@@ -3379,6 +3413,8 @@ class SchedulerState:
         assert self.checkpoint_held == held, ("checkpoint bytes", self.checkpoint_held, held)
         pools = Counter(ts.spec.pool or "*" for ts in self.tasks.values() if ts.state == "queued")
         assert self.queued_by_pool() == dict(pools), ("queue counters", self.queued_counts, pools)
+        pools = Counter(ts.spec.pool or "*" for ts in self.tasks.values())
+        assert self.pool_tasks == pools, ("pool task counters", self.pool_tasks, pools)
         for key, ts in self.tasks.items():
             assert ts.key == key
             assert ts.state in ACTIVE | {"memory", "released", "erred", "cancelled"}, ts

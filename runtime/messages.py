@@ -687,9 +687,12 @@ class MetricsRequest(Message):
     exposes (docs/monitoring.md). Asked directly, the scheduler answers a dict of its
     fields of the reply and the autoscaler a dict of ``blocks``. With ``details`` (the
     dashboard) the reply also has the latest failure groups with their tracebacks and
-    the latest tries that ended; without, those stay empty."""
+    the latest tries that ended; without, those stay empty. ``pools`` (manager ->
+    scheduler): the configured pools, whose series stay while they have no task and no
+    worker (another pool's go then)."""
 
     details: bool = False
+    pools: tuple[str, ...] = ()
 
 
 @message()

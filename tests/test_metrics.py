@@ -22,7 +22,15 @@ from actors.autoscaler_state import (
     StartBlock,
     TargetSet,
 )
-from actors.scheduler_events import Execute, GraphSubmitted, TasksFinished, WorkerJoined, WorkerLeft
+from actors.scheduler_events import (
+    CancelRequested,
+    Execute,
+    GraphSubmitted,
+    KeysReleased,
+    TasksFinished,
+    WorkerJoined,
+    WorkerLeft,
+)
 from actors.scheduler_records import SchedulerConfig
 from actors.scheduler_state import SchedulerState, quantile
 from runtime import Cluster
@@ -84,7 +92,10 @@ def test_queue_depth_oldest_wait_and_wait_quantiles_at_chosen_times() -> None:
     pools = st.pool_metrics(30.0)
     assert pools["*"]["queue_depth"] == 3
     assert pools["*"]["oldest_wait"] == 20.0  # the third a-*, ready since 10
-    assert pools["*"]["waits"] == 2 and pools["*"]["wait_sum"] == 40.0
+    # served waits count in the pool of the worker that took them, as the monitoring
+    # database's tries and workers rows count them (docs/monitoring.md)
+    assert pools["cpu"]["waits"] == 2 and pools["cpu"]["wait_sum"] == 40.0
+    assert pools["*"]["waits"] == 0
     assert pools["cpu"]["running"] == 2
     assert pools["cpu"]["workers"] == {"idle": 0, "busy": 1, "draining": 0}
 
@@ -95,8 +106,9 @@ def test_queue_depth_oldest_wait_and_wait_quantiles_at_chosen_times() -> None:
     assert pools["*"]["queue_depth"] == 2
     assert pools["*"]["oldest_wait"] == 25.0  # b-*, ready since 20
     # waits served: 20, 20, 30
-    assert pools["*"]["waits"] == 3 and pools["*"]["wait_sum"] == 70.0
-    assert pools["*"]["wait_quantiles"] == {"0.5": 20.0, "0.9": 30.0, "0.99": 30.0}
+    assert pools["cpu"]["waits"] == 3 and pools["cpu"]["wait_sum"] == 70.0
+    assert pools["cpu"]["wait_quantiles"] == {"0.5": 20.0, "0.9": 30.0, "0.99": 30.0}
+    assert pools["*"]["waits"] == 0 and pools["*"]["wait_quantiles"] == {}
     assert st.stats["a"].count == 1 and st.stats["a"].total_duration == 10.0
 
 
@@ -127,6 +139,54 @@ def test_the_oldest_wait_follows_the_tasks_that_leave_the_queue() -> None:
     assert pools["gpu"]["queue_depth"] == 1
     assert pools["gpu"]["oldest_wait"] == 3.0  # y-0 now, ready since 3
     assert pools["gpu"]["wait_quantiles"] == {"0.5": 4.0, "0.9": 4.0, "0.99": 4.0}
+
+
+def test_waits_count_in_the_pool_of_the_worker_that_took_the_task() -> None:
+    """Tasks any pool may run (``*``) wait in that queue, but a served wait counts in
+    the pool of the worker that took it: the waits the monitoring database's documented
+    query gives (``tries.sent - tries.queued`` joined to the worker's pool)."""
+    st = SchedulerState(SchedulerConfig(saturation=1.0, monitor=True))
+    _submit(st, ["a-0", "a-1", "a-2"], 1.0)
+    _submit(st, ["s-0"], 2.0, pool="small")
+    st.handle(WorkerJoined("j1", 4.0, worker="d", cores=2, memory=GB, pool="default"))
+    st.handle(WorkerJoined("j2", 7.0, worker="s", cores=2, memory=GB, pool="small"))
+    on = {str(t.key): ws.id for ws in st.workers.values() for t in ws.processing}
+    assert sorted(on.values()) == ["d", "d", "s", "s"]  # an a-* ran on the small worker
+    for key, wid in on.items():
+        st.handle(TasksFinished("f", 9.0, worker=wid, results=(result(key, start=8.0),)))
+    pools = st.pool_metrics(10.0)
+    assert pools["default"]["waits"] == 2 and pools["default"]["wait_sum"] == 6.0
+    assert pools["small"]["waits"] == 2 and pools["small"]["wait_sum"] == 5.0 + 6.0
+    assert pools["*"]["waits"] == 0 and pools["*"]["queue_depth"] == 0
+    # the database's side: each ended try's wait, in its worker's pool
+    items, _, _ = st.feed_since(0, 1_000)
+    records = [r for _, rs in items for r in rs]
+    pool_of = {r[1]: r[2] for r in records if r[0] == "joined"}
+    waits: dict[str, list[float]] = {}
+    for r in records:
+        if r[0] == "try":
+            waits.setdefault(pool_of[r[3]], []).append(r[5] - r[12])
+    for pool, ws in waits.items():
+        assert (pools[pool]["waits"], pools[pool]["wait_sum"]) == (len(ws), sum(ws)), pool
+
+
+def test_a_pool_with_no_task_no_worker_and_no_configuration_leaves_the_metrics() -> None:
+    """A misspelt pool's task, released: the pool's series go, unless it is configured
+    (the manager names its configured pools)."""
+    st = SchedulerState(SchedulerConfig(saturation=1.0))
+    _submit(st, ["x-0"], 1.0, pool="smal")
+    assert st.pool_metrics(2.0)["smal"]["queue_depth"] == 1
+    st.handle(CancelRequested("c", 3.0, keys=("x-0",)))
+    assert st.pool_metrics(4.0)["smal"]["queue_depth"] == 0  # the task is still known
+    st.handle(KeysReleased("r", 5.0, keys=("x-0",)))
+    assert "smal" not in st.pool_metrics(6.0)
+    assert "*" not in st.pool_metrics(6.0)
+    assert st.pool_metrics(6.0, ("smal", "gpu"))["smal"]["queue_depth"] == 0
+    assert st.pool_metrics(6.0, ("smal", "gpu"))["gpu"]["waits"] == 0
+    text = render(
+        MetricsReply(pools={p: PoolMetrics(**m) for p, m in st.pool_metrics(6.0).items()})
+    )
+    assert b'pool="smal"' not in text
 
 
 def test_failures_by_outcome_and_cause() -> None:

@@ -1121,6 +1121,37 @@ async def test_the_documented_wait_query_counts_every_wait_in_the_pool_it_was_sp
         read.close()
 
 
+@pytest.mark.anyio
+async def test_the_documented_wait_query_gives_the_waits_of_the_metrics(
+    tmp_path: Path, make_state: Factory
+) -> None:
+    """Tasks any pool may run (``*``) and one of pool small, with a worker of pool
+    default and one of pool small (the audit's run): the doc's query gives, per pool, the
+    count and sum of ``corral_queue_wait_seconds``. Before, the metrics counted the
+    ``*`` tasks' waits under ``pool="*"`` (and none under default)."""
+    db = tmp_path / "monitoring.db"
+    s = make_state(monitor=True, saturation=1.0)
+    wall = float(int(time.time()) - int(T0) - 200)
+    recorder, writer = _recorder(db, s, wall=wall)
+    with anyio.fail_after(LIMIT):
+        specs = specs_for(s, {"a": [], "b": [], "c": [], "s": []}, ["a", "b", "c", "s"],
+                          attrs={"s": {"pool": "small"}})  # fmt: skip
+        _at(s, GraphSubmitted, T0, specs=specs, wanted=("a", "b", "c", "s"))
+        _at(s, WorkerJoined, T0 + 4, worker="d", cores=2, memory=GB, pool="default")
+        _at(s, WorkerJoined, T0 + 7, worker="m", cores=2, memory=GB, pool="small")
+        for t in [*s.workers["d"].processing, *s.workers["m"].processing]:
+            _done(s, str(t.worker), str(t.key), T0 + 9)
+        await recorder.poll()
+    writer.close()
+    metrics = s.pool_metrics(T0 + 10)
+    sql = _doc_sql("How long did tasks wait in pool `cpu`")
+    for pool, want in (("default", (2, 8.0)), ("small", (2, 14.0))):
+        ((waits, mean, _, _),) = _rows(db, sql.replace("'cpu'", f"'{pool}'"))
+        assert (waits, waits * mean) == want, pool
+        assert (metrics[pool]["waits"], metrics[pool]["wait_sum"]) == want, pool
+    assert metrics["*"]["waits"] == 0
+
+
 def test_a_version_3_file_gets_the_tries_waits_column_and_is_still_read(tmp_path: Path) -> None:
     """A file of schema version 3 (no ``tries.queued``): the report reads it as it is,
     its median wait from the tasks (first ready to first sent); a manager writing into
