@@ -65,6 +65,7 @@ from actors.scheduler_records import (
     FailureGroup,
     NotRunGroup,
     SchedulerConfig,
+    WorkerState,
     dependency_failed_text,
 )
 from actors.scheduler_state import SchedulerState
@@ -125,6 +126,7 @@ from runtime.messages import (
     TryRecord,
     UpcomingRequest,
     WaitForWorkersRequest,
+    WorkerDiskMetrics,
     WorkerGone,
     WorkerHolds,
     WorkerInfo,
@@ -699,6 +701,7 @@ class Scheduler(Actor):
         for pool, total in self.spilled.items():
             if pool in pools:
                 pools[pool]["spilled_total"] = total
+        disks = {wid: self._disk_metrics(ws) for wid, ws in st.workers.items()}
         # Per label, as the core keeps them (at most MAX_METRIC_CATEGORIES + 1 labels):
         # a scrape's cost does not grow with the number of categories.
         categories = {
@@ -715,6 +718,7 @@ class Scheduler(Actor):
             "tasks_by_state": {**dict.fromkeys(_STATES, 0), **st.by_state},  # 0s stay
             "tasks_created": st.created,
             "workers": len(st.workers),
+            "disks": disks,
             "replicas": _replicas(st),
             "speculative": dict(st.speculative),
         }
@@ -725,6 +729,16 @@ class Scheduler(Actor):
                 _recent_try(r, category, now - at) for r, category, at in st.recent_tries
             )
         return out
+
+    def _disk_metrics(self, ws: WorkerState) -> WorkerDiskMetrics:
+        """``ws``'s disk as the core and its latest report have it (no task scanned):
+        before its first report, a worker with a limit has that limit less what the
+        core counts used."""
+        report = self.memory.get(ws.id)
+        free = report.disk_free if report is not None else None
+        if free is None and ws.disk:
+            free = max(0, ws.disk - ws.disk_used)
+        return WorkerDiskMetrics(ws.pool, ws.disk, ws.disk_used, free)
 
     @handles(MonitorFeed)
     def monitor_feed(self, msg: MonitorFeed) -> MonitorFeedReply:

@@ -732,6 +732,21 @@ class PoolMetrics(Message):
 
 
 @message()
+class WorkerDiskMetrics(Message):
+    """One connected worker's disk, from the scheduler's state: its ``pool``, its disk
+    limit (``disk``, 0: not counted), the bytes on it that placement counts used
+    (``used``: outputs, checkpoint files and copies under way, or more when its file
+    system has less free) and its disk left as it last reported (``free``: the limit
+    less ``used``, or less when the file system has less; None: no limit, not
+    measured)."""
+
+    pool: str
+    disk: int = 0
+    used: int = 0
+    free: int | None = None
+
+
+@message()
 class CategoryMetrics(Message):
     """One task category: tries finished ok, their seconds (sum), the output bytes they
     produced and the input bytes they read, the highest worker RSS seen while one ran."""
@@ -868,7 +883,8 @@ class StorageStatus(Message):
 @message()
 class MetricsReply(Message):
     """The manager's answer to :class:`MetricsRequest`: per pool (``"*"``: tasks any
-    pool may run), per category, failures by cause, tasks by state, and per pool the
+    pool may run), per category, failures by cause, tasks by state, per worker its disk
+    (``disks``), and per pool the
     autoscaler's blocks (empty without an autoscaler, or when it did not answer in
     time: ``autoscaler_busy``). Asked with ``details``, besides: failures grouped by
     category and cause with the latest of each (``failure_groups``, the most recent
@@ -881,6 +897,8 @@ class MetricsReply(Message):
     tasks_by_state: dict[str, int] = dataclasses.field(default_factory=dict)
     tasks_created: int = 0
     workers: int = 0
+    #: per connected worker, its disk (``corral_worker_disk_*``)
+    disks: dict[str, WorkerDiskMetrics] = dataclasses.field(default_factory=dict)
     replicas: ReplicasStatus = dataclasses.field(default_factory=ReplicasStatus)
     #: speculative copies (docs/files.md#speculative-copies): ``started``, and those
     #: that ended ``won``, ``lost`` or ``failed``

@@ -41,6 +41,7 @@ from runtime.messages import (
     FailureCount,
     MetricsReply,
     PoolMetrics,
+    WorkerDiskMetrics,
 )
 
 __all__ = [
@@ -160,6 +161,7 @@ class SnapshotCollector(Collector):
             "corral_tasks_submitted", "Tasks submitted.", value=snap.tasks_created
         )
         yield GaugeMetricFamily("corral_workers_connected", "Workers known.", value=snap.workers)
+        yield from _disk_families(snap)
 
         rep = snap.replicas
         yield CounterMetricFamily(
@@ -249,6 +251,33 @@ class SnapshotCollector(Collector):
         )
 
 
+def _disk_families(snap: MetricsReply) -> tuple[Metric, ...]:
+    """Per connected worker (labels ``pool``, ``worker``): its disk limit, the bytes on
+    it counted used and, for a worker with a limit, its disk left."""
+    wk = ["pool", "worker"]
+    limit = _gauge(
+        "corral_worker_disk_bytes", "The worker's disk limit for outputs (0: not counted).", wk
+    )
+    used = _gauge(
+        "corral_worker_disk_used_bytes",
+        "Bytes on the worker's disk counted used: outputs, checkpoint files, copies under "
+        "way (more when its file system has less free).",
+        wk,
+    )
+    free = _gauge(
+        "corral_worker_disk_free_bytes",
+        "The worker's disk left for outputs as it last reported (workers with a limit).",
+        wk,
+    )
+    for wid, d in sorted(snap.disks.items()):
+        labels = [d.pool, wid]
+        limit.add_metric(labels, d.disk)
+        used.add_metric(labels, d.used)
+        if d.free is not None:
+            free.add_metric(labels, d.free)
+    return limit, used, free
+
+
 class NotifierCounts(Protocol):
     """What :class:`NotifierCollector` reads of a notifier: the counters of
     ``runtime.notify.AlertmanagerNotifier`` (not imported: the two modules are
@@ -332,6 +361,7 @@ def _every_sample() -> dict[str, frozenset[str]]:
         failures=(FailureCount("c", "error", "E", 1),),
         tasks_by_state={"ready": 1},
         blocks={"p": BlockMetrics(states={"running": 1})},
+        disks={"w": WorkerDiskMetrics("p", free=0)},
     )
     labels: dict[str, set[str]] = {}
     for name, pairs in samples(snap):

@@ -1227,14 +1227,15 @@ class MonitorRecorder(Actor):
             return
         run = self.run_id
         # Series per category (up to 500 categories, a few series each: most of the
-        # rows) are written every CATEGORY_SAMPLES_EVERY seconds, and at the end; the
-        # others every interval.
+        # rows) are written every CATEGORY_SAMPLES_EVERY seconds, and at the end; series
+        # per worker (its disk) not at all: resource_samples has them; the others every
+        # interval.
         categories = now >= self._categories_due or self._stopping
         if categories:
             self._categories_due = now + CATEGORY_SAMPLES_EVERY
         for family in SnapshotCollector(reply).collect():
             for s in family.samples:
-                if not categories and "category" in s.labels:
+                if "worker" in s.labels or (not categories and "category" in s.labels):
                     continue
                 labels = json.dumps(s.labels, sort_keys=True)
                 rows.add("metric", _METRIC, (run, now, s.name, labels, s.value))

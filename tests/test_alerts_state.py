@@ -50,6 +50,7 @@ from runtime.messages import (
     FailureCount,
     MetricsReply,
     PoolMetrics,
+    WorkerDiskMetrics,
 )
 from runtime.metrics import SAMPLE_LABELS, SnapshotCollector, render, samples
 
@@ -316,6 +317,30 @@ def test_or_keeps_both_sides_and_precedence_binds_and_tighter() -> None:
     assert [a.labels["pool"] for a in st.alerts()] == ["a"]
     st.handle(Evaluate(1.0, snap({"a": {"queue_depth": 11}, "b": {"queue_depth": 1}})))
     assert [a.labels["pool"] for a in st.alerts()] == ["a", "b"]
+
+
+def test_a_rule_on_a_worker_s_free_disk_fires_for_that_worker() -> None:
+    """``corral_worker_disk_free_bytes`` (per worker, labels pool and worker) is a known
+    metric: the audit's DiskLow rule is accepted, and fires after its ``for`` for the
+    worker whose disk is low only. Before, the rule was refused (unknown metric)."""
+    summary = "{{ $labels.worker }} has {{ $value }} bytes left"
+    d = {"name": "DiskLow", "expr": "corral_worker_disk_free_bytes < 1000000", "for": "1m",
+         "annotations": {"summary": summary}}  # fmt: skip
+    st = AlertState([parse_rule(d, SAMPLE_LABELS)])
+
+    def disks(free: int) -> Samples:
+        low = WorkerDiskMetrics("cpu", 1 << 30, (1 << 30) - free, free)
+        ok = WorkerDiskMetrics("cpu", 1 << 30, 0, 1 << 30)
+        return samples(MetricsReply(disks={"w1": low, "w2": ok}))
+
+    labels = {"alertname": "DiskLow", "pool": "cpu", "worker": "w1"}
+    assert notes(st.handle(Evaluate(0.0, disks(500_000)))) == [("DiskLow", "pending", labels)]
+    (n,) = only(st.handle(Evaluate(61.0, disks(400_000))), Notify)
+    assert (n.alert.state, n.alert.value) == ("firing", 400_000.0)
+    assert (n.alert.labels["worker"], n.alert.labels["pool"]) == ("w1", "cpu")
+    assert n.alert.annotations["summary"] == "w1 has 400000 bytes left"
+    (n,) = only(st.handle(Evaluate(62.0, disks(5_000_000))), Notify)
+    assert n.alert.state == "resolved"
 
 
 def failed(pool_counts: dict[str, int]) -> Samples:

@@ -550,3 +550,38 @@ async def test_a_task_state_that_empties_reads_zero() -> None:
             }
             assert states["queued"] == 0 and states["processing"] == 0, states
             assert states["memory"] == 1, states
+
+
+@pytest.mark.anyio
+async def test_each_worker_s_disk_is_a_gauge_labelled_by_pool_and_worker() -> None:
+    """A worker with a disk limit: its limit, the bytes counted used and its disk left,
+    as its latest memory report says. Before, /metrics had no disk series."""
+    gib = 1 << 30
+    with anyio.fail_after(30):
+        async with Cluster(workers=1, pool="cpu", disk_per_worker=10 * gib) as c:
+            await c.wait_for_workers(1)
+            (wid,) = c.scheduler_state.workers
+
+            async def disk() -> dict[str, dict[tuple[str, str], float]]:
+                text = render(await c._manager.ask(MetricsRequest())).decode()
+                return {
+                    fam.name: {(s.labels["pool"], s.labels["worker"]): s.value for s in fam.samples}
+                    for fam in text_string_to_metric_families(text)
+                    if fam.name.startswith("corral_worker_disk")
+                }
+
+            got = await disk()
+            assert got["corral_worker_disk_bytes"] == {("cpu", wid): 10 * gib}
+            assert 0 < got["corral_worker_disk_free_bytes"][("cpu", wid)] <= 10 * gib
+            report = WorkerMemoryReport(wid, False, 1 << 20, 1 << 30, 1 << 31,
+                                        disk_free=500_000, disk_used=3 * gib)  # fmt: skip
+            c._refs["scheduler"].post(report)
+
+            async def reported() -> bool:
+                got = await disk()
+                # used: what the worker says is no longer free, as placement counts it
+                return got["corral_worker_disk_free_bytes"] == {("cpu", wid): 500_000} and (
+                    got["corral_worker_disk_used_bytes"] == {("cpu", wid): 10 * gib - 500_000}
+                )
+
+            await wait_until(reported, "the report's disk", limit=10)
