@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import json
 import os
 import platform
@@ -848,9 +849,31 @@ def _gib(n: int) -> str:
     return f"{n / 2**30:.1f} GiB"
 
 
+def _a(noun: str) -> str:
+    """``noun`` with its indefinite article: "an output directory", "a run directory"."""
+    return f"{'an' if noun[:1] in 'aeiou' else 'a'} {noun}"
+
+
+def _cannot_create_in(directory: Path) -> str | None:
+    """Why nothing can be created in ``directory``, or None: a probe directory was made
+    there and removed. A real write, not ``os.access``, which says yes to root anywhere
+    (``/proc`` too) and knows nothing of read-only mounts. A full file system is not
+    this (None): the free space says so."""
+    try:
+        probe = tempfile.mkdtemp(prefix=".corral-check-", dir=directory)
+    except OSError as exc:
+        if exc.errno == errno.ENOSPC:
+            return None
+        return exc.strerror or type(exc).__name__
+    with contextlib.suppress(OSError):
+        os.rmdir(probe)
+    return None
+
+
 def check_directory(what: str, path: Path, needed: int) -> CheckResult:
-    """``path`` is a directory or can be created, is writable, and has ``needed`` bytes
-    free (WARN below it; FAIL when the file system is full)."""
+    """``path`` is a directory or can be created, is writable (a probe directory is
+    made in it, or in the nearest existing parent, and removed), and has ``needed``
+    bytes free (WARN below it; FAIL when the file system is full)."""
     path = path.absolute()
     existing = path
     while not existing.exists() and existing != existing.parent:
@@ -860,10 +883,13 @@ def check_directory(what: str, path: Path, needed: int) -> CheckResult:
             ALL, what, FAIL, f"{path} cannot be created: {existing} is not a directory",
             f"Choose another {what}, or remove or rename {existing}.",
         )  # fmt: skip
-    if not os.access(existing, os.W_OK | os.X_OK):
+    why = _cannot_create_in(existing)
+    if why is not None:
         return CheckResult(
-            ALL, what, FAIL, f"{path}: {existing} is not writable by this user",
-            f"Choose a {what} you can write, or fix the permissions of {existing}.",
+            ALL, what, FAIL,
+            f"{path}: {existing} is not writable (creating a directory there: {why})",
+            f"Choose {_a(what)} you can write, on a disk (not /proc, /sys or a read-only "
+            f"mount), or fix the permissions of {existing}.",
         )  # fmt: skip
     free = shutil.disk_usage(existing).free
     made = "" if existing == path else f" (will be created in {existing})"
@@ -871,7 +897,7 @@ def check_directory(what: str, path: Path, needed: int) -> CheckResult:
     if free < _FULL:
         return CheckResult(
             ALL, what, FAIL, f"{seen}: the file system is full",
-            f"Free space there, or choose a {what} on another file system.",
+            f"Free space there, or choose {_a(what)} on another file system.",
         )  # fmt: skip
     if free < needed:
         return CheckResult(

@@ -133,6 +133,38 @@ def test_a_spill_dir_that_cannot_be_created_fails_with_advice(tmp_path: Path) ->
     assert not any(" probe " in line for line in lines)  # --no-probe
 
 
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs /proc")
+def test_an_output_dir_that_cannot_be_written_fails_as_not_writable(tmp_path: Path) -> None:
+    """``--output-dir /proc/nope``: /proc takes no new directory (whatever os.access
+    tells root); it is not full. Before: "0.0 GiB free: the file system is full" and
+    "choose a output directory"."""
+    done = check(tmp_path, LOCAL, "--output-dir", "/proc/nope", "--no-probe")
+    assert done.returncode == 1, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    at = next(i for i, line in enumerate(lines) if "output directory" in line)
+    assert lines[at].startswith("FAIL")
+    assert "/proc/nope: /proc is not writable (creating a directory there: " in lines[at]
+    assert "full" not in lines[at]
+    assert "-> Choose an output directory you can write" in lines[at + 1]
+
+
+def test_a_writable_but_full_file_system_is_full(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A directory that can be written on a file system with no room left: full, and
+    the advice says "an output directory"; the probe leaves nothing behind."""
+    monkeypatch.setattr(
+        shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(1 << 30, 1 << 30, 0)
+    )  # type: ignore[attr-defined]
+    r = check_directory("output directory", tmp_path / "out", needed=0)
+    assert (r.status, r.detail) == (
+        FAIL, f"{tmp_path / 'out'} (will be created in {tmp_path}): 0.0 GiB free: "
+        "the file system is full",
+    )  # fmt: skip
+    assert r.advice == "Free space there, or choose an output directory on another file system."
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_json_results_and_a_warning_for_too_little_room(tmp_path: Path) -> None:
     out = tmp_path / "out"
     out.mkdir()
