@@ -1308,6 +1308,8 @@ class ConsoleShell(cmd.Cmd):
         )
         #: Words for completion, learned from the answers: workers, pools, keys, ...
         self.known: dict[str, list[str]] = {"kinds": ["placement", "priority", "retry"]}
+        #: what ``python -m runtime console`` exits with: 1 once the connection is lost
+        self.exit_code = 0
 
     # -- running lines -------------------------------------------------------------------
 
@@ -1342,6 +1344,7 @@ class ConsoleShell(cmd.Cmd):
     def postcmd(self, stop: bool, line: str) -> bool:
         if not stop and self.client.closed:
             self.out.print("the connection to the manager closed; leaving")
+            self.exit_code = 1  # a failure, not a quit
             return True
         return stop
 
@@ -1434,8 +1437,9 @@ class ConsoleShell(cmd.Cmd):
             return
         readline.set_completer_delims(" \t\n")
 
-    def loop(self, history: Path | None = None) -> None:
-        """Run until quit/exit/Ctrl-D; keep the readline history in ``history``."""
+    def loop(self, history: Path | None = None) -> int:
+        """Run until quit/exit/Ctrl-D (0) or the connection to the manager is lost (1);
+        keep the readline history in ``history``. Returns that exit code."""
         readline: Any = None
         if history is not None:
             with contextlib.suppress(ImportError):  # no readline on this platform
@@ -1452,7 +1456,7 @@ class ConsoleShell(cmd.Cmd):
             while True:
                 try:
                     self.cmdloop(intro)
-                    return
+                    return self.exit_code
                 except KeyboardInterrupt:
                     self.out.print("^C")
                     intro = ""
@@ -1559,8 +1563,7 @@ def _interactive(client: ConsoleClient) -> int:
             print(f"error: {_one_line(exc)}", file=sys.stderr)
             return 1
         try:
-            ConsoleShell(client, portal.call).loop(history_path())
+            return ConsoleShell(client, portal.call).loop(history_path())
         finally:
             with contextlib.suppress(Exception):
                 connection.__exit__(None, None, None)
-    return 0

@@ -924,8 +924,24 @@ async def test_the_shell_leaves_when_the_manager_goes_away() -> None:
                     console, anyio.from_thread.run, console=Console(file=buf, width=120)
                 )
                 assert await anyio.to_thread.run_sync(shell.onecmd, "status") is False
+
+                def looped(lines: str) -> ConsoleShell:
+                    return ConsoleShell(
+                        console, anyio.from_thread.run, console=Console(file=io.StringIO()),
+                        stdin=io.StringIO(lines), stdout=io.StringIO(),
+                    )  # fmt: skip
+
+                # quit (or Ctrl-D) is exit code 0
+                assert await anyio.to_thread.run_sync(looped("status\nquit\n").loop) == 0
+                assert await anyio.to_thread.run_sync(looped("status\n").loop) == 0  # EOF
                 manager.cancel()  # the manager goes away
                 await wait_until(lambda: _true(console.closed), "closed")
+                # a lost connection is a failure: exit code 1 (before, 0)
+                lost = looped("status\nstatus\n")
+                assert await anyio.to_thread.run_sync(lost.loop) == 1
+                assert lost.out.file.getvalue().endswith(
+                    "the connection to the manager closed; leaving\n"
+                )
                 buf.seek(0)
                 buf.truncate()
                 stop = await anyio.to_thread.run_sync(shell.onecmd, "status")
@@ -933,6 +949,7 @@ async def test_the_shell_leaves_when_the_manager_goes_away() -> None:
                 assert "connection to the manager" in buf.getvalue()
                 assert shell.postcmd(stop, "status") is True
                 assert buf.getvalue().endswith("the connection to the manager closed; leaving\n")
+                assert shell.exit_code == 1
 
 
 async def _true(value: bool) -> bool:
