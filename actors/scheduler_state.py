@@ -2708,24 +2708,37 @@ class SchedulerState:
             return False
         return self._fetch_bytes(ts, ws) + out <= free
 
-    def _least_need(self, ts: TaskState, out: int) -> tuple[int | None, int]:
-        """``(None, 0)`` if some worker of ``ts``'s pool (taking new tasks) could hold
-        the inputs ``ts`` must fetch there plus ``out`` with its disk otherwise empty;
-        else the least disk it needs on any of them and the largest of their disks."""
+    @staticmethod
+    def _held_files(ts: TaskState, ws: WorkerState) -> int:
+        """Bytes of ``ts``'s file inputs that ``ws`` holds: on its disk, and they stay
+        there while ``ts`` needs them."""
+        wid = ws.id
+        return sum(d.nbytes for d in ts.deps if d.file and wid in d.who_has)
+
+    def _least_need(self, ts: TaskState, out: int) -> tuple[int | None, int, int]:
+        """``(None, 0, 0)`` if some worker of ``ts``'s pool (taking new tasks) could
+        hold the inputs ``ts`` must fetch there plus ``out`` with its disk otherwise
+        empty: all but ``ts``'s file inputs that it holds already (they stay while
+        ``ts`` waits for them). Else the least disk it needs on any of them (those
+        file inputs counted), the largest of their disks, and the bytes of file inputs
+        held on the worker it needs least on."""
         pool = ts.spec.pool
         if ts.in_nbytes + ts.in_files + out <= self.largest_disk.get(pool, NO_LIMIT):
-            return None, 0  # fits the largest disk even with every input to fetch
-        least_need: int | None = None
+            return None, 0, 0  # fits the largest disk even with every input to fetch
+        least: tuple[int, int] | None = None  # (need, of which held)
         largest = 0
         for w in self.workers.values():
             if w.draining or (pool is not None and w.pool != pool):
                 continue
-            need = self._fetch_bytes(ts, w) + out
+            held = self._held_files(ts, w)
+            need = self._fetch_bytes(ts, w) + held + out
             if not w.disk or need <= w.disk:
-                return None, 0  # it fits there once that disk has room
-            least_need = need if least_need is None else min(least_need, need)
+                return None, 0, 0  # it fits there once that disk has room
+            least = (need, held) if least is None else min(least, (need, held))
             largest = max(largest, w.disk)
-        return least_need, largest
+        if least is None:
+            return None, largest, 0
+        return least[0], largest, least[1]
 
     def _waits_for_disk(self, ts: TaskState, refused: list[WorkerState]) -> bool:
         """``ts`` is ready and the free workers in ``refused`` would take it but for
@@ -2737,10 +2750,10 @@ class SchedulerState:
         for nothing (``_candidates`` tries the task where its inputs fit). Returns
         whether it waits."""
         out, source = self._expected_output(ts)
-        least_need, largest = self._least_need(ts, out)
+        least_need, largest, held = self._least_need(ts, out)
         if least_need is not None and source not in FIRM_OUTPUTS:
             out, source = 0, TaskTooBigForDisk.UNCOUNTED
-            least_need, largest = self._least_need(ts, 0)
+            least_need, largest, held = self._least_need(ts, 0)
         if least_need is None:
             best: tuple[float, str, int, float] | None = None  # (room after, id, need, free)
             for w in refused:
@@ -2759,6 +2772,7 @@ class SchedulerState:
         last = ts.tries[-1] if ts.tries else None
         err = TaskTooBigForDisk(
             str(ts.key), least_need, largest, ts.spec.pool, out, source,
+            held=held,
             tries=len(ts.tries),
             outcome=last.outcome if last is not None else "",
             worker=last.worker if last is not None else "",

@@ -289,6 +289,10 @@ class Worker(Actor):
         #: when nothing fetched it again for ``transfer.IDLE_SECONDS``
         self._partials: dict[Key, tuple[str, int, File, float]] = {}
         self._incoming = 0  #: disk set aside for the file copies under way
+        #: bytes of the file copies that have landed but that the store does not hold
+        #: yet: the core hears of a fetch's copies (and stores them) when all of them
+        #: are done (:meth:`fetched_inputs`)
+        self._landed = 0
         #: (bytes on disk, disk free) as the scheduler knows them: at first, from the
         #: registration (nothing on disk, all of ``disk`` free)
         self._reported_disk = (0, self._disk_free())
@@ -514,8 +518,9 @@ class Worker(Actor):
     def _disk_used(self) -> int:
         """Bytes this worker has on disk, or has set aside there: spilled outputs and
         file outputs (the store's), checkpoint files (and room reserved for one being
-        written or copied), and the file copies under way (their ``.part`` files)."""
-        return self.data.disk_bytes + self.checkpoints.nbytes + self._incoming
+        written or copied), and the file copies under way (their ``.part`` files) or
+        landed and not stored yet."""
+        return self.data.disk_bytes + self.checkpoints.nbytes + self._incoming + self._landed
 
     def _disk_free(self, written: int = 0) -> int:
         """Disk left for anything new (an output, a file copy, a checkpoint): the limit
@@ -1009,7 +1014,7 @@ class Worker(Actor):
 
         self._incoming += need
         try:
-            return await transfer.fetch_file(
+            file = await transfer.fetch_file(
                 lambda p: peer.ask(p, timeout=self.fetch_timeout),
                 info,
                 os.path.join(self.data.sandbox(), f"{uuid.uuid4().hex[:12]}-{meta.name}"),
@@ -1032,9 +1037,13 @@ class Worker(Actor):
             raise
         finally:
             self._incoming -= need
+        self._landed += file.size or 0  # on disk, not in the store yet: counted until it is
+        return file
 
     @handles(_Fetched)
     def fetched_inputs(self, msg: _Fetched) -> None:
+        # The copies that landed leave _landed as the core stores them (or they go).
+        self._landed -= sum(v.size or 0 for _, v, _ in msg.answer.got if isinstance(v, File))
         self._feed(msg.answer)
         for key, value, _ in msg.answer.got:  # file copies the core did not keep
             if isinstance(value, File) and not (

@@ -651,8 +651,10 @@ class TaskTooBigForDisk(CorralError):
     ``pool`` (``None``: any pool), ``expected`` its output and where that size comes from
     (``source``: declared, or measured by a try of this very task that ended
     ``disk-full``; an estimate never refuses a task, so with :attr:`UNCOUNTED` and
-    ``expected`` 0 its inputs alone are too large). ``tries`` is how many times it ran
-    before (0: it was never started), ``outcome`` and ``worker`` its latest try's."""
+    ``expected`` 0 its inputs alone are too large). ``held``: the bytes of its file
+    inputs already on the disk of the worker it needs least on, part of ``needed`` (they
+    stay there while it waits for them). ``tries`` is how many times it ran before (0:
+    it was never started), ``outcome`` and ``worker`` its latest try's."""
 
     #: ``source`` when only the inputs count: the output's size is an estimate
     UNCOUNTED = "its output not counted: its size is only estimated"
@@ -666,18 +668,24 @@ class TaskTooBigForDisk(CorralError):
         expected: int,
         source: str,
         *,
+        held: int = 0,
         tries: int = 0,
         outcome: str = "",
         worker: str = "",
     ) -> None:
         where = "of any worker" if pool is None else f"of a worker in pool {pool!r}"
-        inputs = max(0, needed - expected)
-        need, limit, output, fetch = _disk_sizes(needed, largest, expected, inputs)
-        if source == self.UNCOUNTED:
+        inputs = max(0, needed - expected - held)
+        need, limit, output, fetch, kept = _disk_sizes(needed, largest, expected, inputs, held)
+        on_disk = f"{kept} of its file inputs already on that worker's disk"
+        if source == self.UNCOUNTED and held:
+            what = f"for its inputs alone ({fetch} to fetch there plus {on_disk}; {source})"
+        elif source == self.UNCOUNTED:
             what = f"for the inputs it must fetch alone ({source})"
         else:
             what = f"(an output of {output}, {source}"
-            what += f", plus {fetch} of inputs it must fetch)" if inputs else ")"
+            if inputs:
+                what += f", plus {fetch} of inputs it must fetch"
+            what += f", plus {on_disk})" if held else ")"
         if not tries:
             ran = "it was not started"
         elif tries == 1:
@@ -708,6 +716,7 @@ class TaskTooBigForDisk(CorralError):
             pool=pool,
             expected=expected,
             source=source,
+            held=held,
             tries=tries,
             outcome=outcome,
             worker=worker,

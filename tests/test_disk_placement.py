@@ -17,9 +17,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from actors.protocol import TaskResult
 from actors.scheduler_events import (
     Execute,
     KeyErred,
+    TasksFinished,
     Tick,
     WorkerDraining,
     WorkerJoined,
@@ -213,6 +215,43 @@ def test_a_task_no_worker_could_ever_hold_fails_with_the_sizes(make_state: Facto
     text = str(e)
     assert "'big' needs 50.0 MiB of disk" in text and "(30.0 MiB)" in text
     assert "--disk" in text and "resources=" in text
+
+
+def test_file_inputs_a_worker_holds_count_on_its_disk_when_no_worker_could_hold_them(
+    make_state: Factory,
+) -> None:
+    """Ten 5 MiB file outputs on two 40 MiB disks, then a task reading all ten. Each
+    worker holds some of them on its disk, and they stay there while the task waits:
+    on either worker the ten need 50 MiB. It fails at once with TaskTooBigForDisk
+    saying so, instead of waiting, then going past its estimate to a worker with 20
+    MiB free for the 30 MiB it must fetch there (the file inputs it held counted as
+    if its disk could be emptied)."""
+    s = make_state(saturation=1.0)
+    join(s, "wa", disk=40 * MB)
+    join(s, "wb", disk=40 * MB)
+    cals = {f"cal-{i}": [] for i in range(10)}
+    submit(s, {**cals, "stack": list(cals)}, ["stack"], attrs={k: disk(5 * MB) for k in cals})
+    used = {"wa": 0, "wb": 0}
+    while running := [(w, k) for w in used for k in on(s, w)]:
+        for w, key in running:
+            used[w] += 5 * MB
+            disk_used(s, w, used[w])
+            res = TaskResult(key, "ok", 0.0, 1.0, 5 * MB, file=True)
+            run(s, event(TasksFinished, worker=w, results=(res,)))
+    assert sorted(used.values()) == [20 * MB, 30 * MB]  # the placement of the ten
+    stack = s.tasks["stack"]
+    assert stack.state == "erred" and not stack.tries
+    err = stack.error
+    assert isinstance(err, TaskTooBigForDisk)
+    assert (err.needed, err.largest, err.expected, err.held) == (50 * MB, 40 * MB, 0, 20 * MB)
+    assert err.source == TaskTooBigForDisk.UNCOUNTED
+    assert str(err).startswith(
+        "task 'stack' needs 50.0 MiB of disk for its inputs alone (30.0 MiB to fetch there "
+        "plus 20.0 MiB of its file inputs already on that worker's disk; its output not "
+        "counted"
+    )
+    assert "split the task so that it reads fewer inputs" in str(err)
+    assert not assigned(tick(s, s._now + 60.0))  # the watchdog sends it nowhere
 
 
 def test_a_busy_worker_with_room_is_waited_for_not_failed(make_state: Factory) -> None:

@@ -922,6 +922,18 @@ async def start_worker(
     return w, await system.spawn(w, wid)
 
 
+async def holder_and_small_disk(
+    system: ActorSystem, sched: ActorRef[Any], tmp_path: Path, disk: int
+) -> tuple[dict[str, Any], dict[str, ActorRef[Any]]]:
+    """Workers w1 (no disk limit: it makes the files) and w2 (a ``disk`` limit), each
+    reaching the other (actors, references)."""
+    refs: dict[str, ActorRef[Any]] = {}
+    workers: dict[str, Any] = {}
+    for wid, limit in (("w1", 0), ("w2", disk)):
+        workers[wid], refs[wid] = await start_worker(system, sched, wid, tmp_path, refs.get, limit)
+    return workers, refs
+
+
 async def three_workers(
     system: ActorSystem, sched: ActorRef[Any], tmp_path: Path
 ) -> tuple[dict[str, Any], dict[str, ActorRef[Any]], dict[str, BrokenLink]]:
@@ -999,9 +1011,7 @@ async def test_a_worker_without_the_disk_for_a_file_input_refuses_it_before_writ
     with anyio.fail_after(60):
         async with ActorSystem() as system:
             sref = await system.spawn(sched, "scheduler")
-            refs: dict[str, Any] = {}
-            for wid, disk in (("w1", 0), ("w2", 4 * MiB)):
-                _, refs[wid] = await start_worker(system, sref, wid, tmp_path, refs.get, disk)
+            _, refs = await holder_and_small_disk(system, sref, tmp_path, 4 * MiB)
             refs["w1"].post(RunTasks((to_run("big-0", big_file),)))
             assert (await sched.until("big-0")).outcome == "ok"
             dep = ("big-0", ("w1",), 20 * MiB)
@@ -1023,6 +1033,55 @@ async def test_a_worker_without_the_disk_for_a_file_input_refuses_it_before_writ
     # A copy the file system stopped partway (ENOSPC) says its partial file went.
     text = str(DiskFull("read-0", "w2", 20 * MiB, 0, 4 * MiB, input="big-0", partial=True))
     assert "the file system filled during the copy; its partial file was removed" in text
+
+
+def sized_file(i: int, nbytes: int) -> File:
+    """A file output of ``nbytes`` random bytes."""
+    path = output_path(f"part-{i}.root")
+    Path(path).write_bytes(payload(i, nbytes))
+    return File(path)
+
+
+def sizes(*files: File) -> int:
+    return sum(os.path.getsize(f.path) for f in files)
+
+
+async def test_file_inputs_copied_in_one_batch_count_until_the_store_has_them(
+    tmp_path: Path,
+) -> None:
+    """w2 (a 5 MiB --disk) runs a task reading three 2 MiB file outputs of w1, copied
+    one after the other in one fetch. A copy that has landed is on w2's disk before its
+    batch ends and the store counts it: the third copy, which would take w2 to 6 MiB,
+    is refused before its first byte, not made (each copy used to see only the copies
+    still under way, and the task ran with 6 MiB on a 5 MiB disk)."""
+    from actors.protocol import ToRun
+    from runtime.graph import Task
+
+    sched = Recorder()
+    with anyio.fail_after(60):
+        async with ActorSystem() as system:
+            sref = await system.spawn(sched, "scheduler")
+            workers, refs = await holder_and_small_disk(system, sref, tmp_path, 5 * MiB)
+            keys = [f"part-{i}" for i in range(3)]
+            made = tuple(
+                ToRun(k, Task(k, sized_file, i, 2 * MiB), "part", (), False, ())
+                for i, k in enumerate(keys)
+            )
+            refs["w1"].post(RunTasks(made))
+            for k in keys:
+                assert (await sched.until(k)).outcome == "ok"
+            deps = [(k, ("w1",), 2 * MiB) for k in keys]
+            refs["w2"].post(RunTasks((to_run("all-0", sizes, *deps),)))
+            res = await sched.until("all-0")
+            assert res.outcome == "disk-full" and isinstance(res.error, DiskFull), res
+            err = res.error
+            assert (err.key, err.worker, err.nbytes) == ("all-0", "w2", 2 * MiB)
+            assert err.input in keys and err.room < 2 * MiB
+            assert "nothing was written" in str(err)
+            held = sum(p.stat().st_size for p in (tmp_path / "w2").rglob("*") if p.is_file())
+            assert held <= 5 * MiB
+            w2 = workers["w2"]
+            assert w2._disk_used() <= 5 * MiB and w2._incoming == 0
 
 
 def test_the_registry_counts_file_outputs_and_their_copies() -> None:
