@@ -246,11 +246,13 @@ __all__ = [
 SEEN_OUTPUT = "the largest output of its category so far"
 DECLARED_OUTPUT = 'declared with resources={"disk": ...}'
 MEASURED_OUTPUT = "measured: a try of this task wrote that much and ended disk-full"
+#: measured by a try the file system stopped partway (ENOSPC): the output is larger
+MEASURED_AT_LEAST = TaskTooBigForDisk.AT_LEAST
 GUESSED_OUTPUT = "a guess: no task of its category has finished yet"
 #: the firm sources: what the user declared for this task, what this very task was
 #: measured to write. Only a firm output (with the known sizes of the inputs) may
 #: refuse a task (TaskTooBigForDisk); an estimate (the category's, a guess) steers.
-FIRM_OUTPUTS = frozenset({DECLARED_OUTPUT, MEASURED_OUTPUT})
+FIRM_OUTPUTS = frozenset({DECLARED_OUTPUT, MEASURED_OUTPUT, MEASURED_AT_LEAST})
 MAX_LIVES = 1000  #: worker lives kept per pool for its survival estimate
 WAIT_QUANTILES = (0.5, 0.9, 0.99)  #: the wait quantiles the metrics give
 #: tasks of the next wave :meth:`SchedulerState.upcoming` looks at per pool, at most
@@ -440,9 +442,10 @@ class SchedulerState:
         self.disk_stalled_since: dict[str | None, float] = {}
         self.disk_override: set[str | None] = set()
         #: the largest output a try of each task wrote that did not fit on its worker's
-        #: disk (``disk-full``): what that very task needs, firm (``_expected_output``);
-        #: dropped when the task is forgotten
-        self.disk_measured: dict[TaskState, int] = {}
+        #: disk (``disk-full``): what that very task needs, firm (``_expected_output``),
+        #: and whether it is a lower bound (the file system stopped that try's write
+        #: partway, ENOSPC: its output is larger); dropped when the task is forgotten
+        self.disk_measured: dict[TaskState, tuple[int, bool]] = {}
         self._flipped: set[str] = set()  #: categories whose class flipped this event
         self.policy_errors = 0  #: policy calls that raised or answered out of bounds
         #: the checkpoint registry (docs/files.md#checkpoints): per task that saved one
@@ -1100,8 +1103,12 @@ class SchedulerState:
             # are estimated this large from now on (steering its other tasks)...
             stat.disk_full += 1
             stat.max_nbytes = max(stat.max_nbytes, res.nbytes)
-            # ... and this very task needs at least that much: firm, for its retries.
-            self.disk_measured[ts] = max(self.disk_measured.get(ts, 0), res.nbytes)
+            # ... and this very task needs at least that much: firm, for its retries;
+            # only a lower bound if the file system stopped its write (ENOSPC).
+            cut = isinstance(error, DiskFull) and error.partial and not error.input
+            before = self.disk_measured.get(ts, (0, False))
+            if res.nbytes > before[0] or (res.nbytes == before[0] and not cut):
+                self.disk_measured[ts] = (res.nbytes, cut)
             try_cause = cause or "disk-full"
             if not isinstance(error, DiskFull):  # the worker's own names the room
                 room = max(0, ws.disk - ws.disk_used) if ws.disk else 0
@@ -2680,9 +2687,9 @@ class SchedulerState:
         guess (at most half of what the largest disk of its pool leaves beside its
         inputs)."""
         declared = ts.spec.resources.get("disk")
-        measured = self.disk_measured.get(ts)
+        measured, at_least = self.disk_measured.get(ts, (None, False))
         if measured is not None and (declared is None or measured >= declared):
-            return measured, MEASURED_OUTPUT
+            return measured, MEASURED_AT_LEAST if at_least else MEASURED_OUTPUT
         if declared is not None:
             return max(0, int(declared)), DECLARED_OUTPUT
         st = self.stats.get(ts.spec.category)

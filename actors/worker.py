@@ -522,22 +522,59 @@ class Worker(Actor):
         landed and not stored yet."""
         return self.data.disk_bytes + self.checkpoints.nbytes + self._incoming + self._landed
 
-    def _disk_free(self, written: int = 0) -> int:
-        """Disk left for anything new (an output, a file copy, a checkpoint): the limit
-        less :meth:`_disk_used`, or what the file system has free less the margin,
-        whichever is less; with no limit (``--disk off``), what the file system has
-        free. ``written``: bytes on that file system already that are not counted yet
-        (a file output just made), which are room for themselves."""
+    def _disk_rooms(self, written: int = 0) -> tuple[int | None, int | None]:
+        """The disk left under the limit (:meth:`_disk_used` counted; None: no limit)
+        and what the file system holding the spill directory has free less the margin
+        (None: that directory's file system went away), each as it is. ``written``:
+        bytes on that file system already that are not counted yet (a file output just
+        made), which are room for themselves."""
         room = self.disk - self._disk_used() if self.disk else None
         try:
             fs = disk_free(self.disk_dir) + written - self.disk_margin
         except OSError:  # the directory's file system went away
             fs = None
+        return room, fs
+
+    def _disk_free(self, written: int = 0) -> int:
+        """Disk left for anything new (an output, a file copy, a checkpoint): the limit
+        less :meth:`_disk_used`, or what the file system has free less the margin,
+        whichever is less; with no limit (``--disk off``), what the file system has
+        free (:meth:`_disk_rooms`)."""
+        room, fs = self._disk_rooms(written)
         if room is None:
             room = fs or 0
         elif fs is not None:
             room = min(room, fs)
         return max(0, room)
+
+    def _disk_full_error(
+        self,
+        key: Key,
+        nbytes: int,
+        *,
+        enospc: bool = False,
+        input: Key = None,
+        partial: bool = False,
+    ) -> DiskFull:
+        """The :class:`DiskFull` of ``key`` (``""``: its readers', for the copy of
+        file input ``input``) that did not fit here (``nbytes``), with the room left
+        now. When the file system holding the spill directory is what had no room
+        (``enospc``: it refused a write; or it has less free than the limit leaves),
+        the error names it and its free bytes: a larger ``--disk`` cannot help.
+        ``partial``: a write the file system stopped partway (``nbytes`` written)."""
+        room, fs = self._disk_rooms()
+        if enospc or (fs is not None and (room is None or fs < room)):
+            try:
+                where, fs_free = self.disk_dir, disk_free(self.disk_dir)
+            except OSError:  # the directory's file system went away
+                where, fs_free = self.disk_dir, 0
+        else:
+            where, fs_free = "", 0
+        return DiskFull(
+            str(key), self.worker_id, nbytes, self._disk_free(), self.disk,
+            input="" if input is None else str(input), partial=partial,
+            filesystem=where, fs_free=fs_free,
+        )  # fmt: skip
 
     def _report(self) -> None:
         cfg, store, governor = self.memory_config, self.data, self.state.governor
@@ -798,7 +835,7 @@ class Worker(Actor):
             self.log.warning(
                 "output did not fit on disk", key=str(res.key), nbytes=res.nbytes, room=room
             )
-            error = DiskFull(str(res.key), self.worker_id, res.nbytes, room, self.disk)
+            error = self._disk_full_error(res.key, res.nbytes)
             out.append((dataclasses.replace(res, outcome="disk-full", error=error), None))
         if self._written:
             self._report()  # before the results: the scheduler sees the disk they take
@@ -829,7 +866,7 @@ class Worker(Actor):
                 self.log.warning(
                     "file output did not fit on disk", key=str(res.key), nbytes=size, room=room
                 )
-                error = DiskFull(str(res.key), self.worker_id, size, max(0, room), self.disk)
+                error = self._disk_full_error(res.key, size)
                 out.append((dataclasses.replace(res, outcome="disk-full", error=error), None))
                 continue
             self.data.put_file(res.key, value)
@@ -856,7 +893,7 @@ class Worker(Actor):
             "task filled the disk", key=str(res.key), wrote=res.nbytes, room=room,
             error=f"{type(res.error).__name__}: {res.error}",
         )  # fmt: skip
-        error = DiskFull(str(res.key), self.worker_id, res.nbytes, room, self.disk)
+        error = self._disk_full_error(res.key, res.nbytes, enospc=True, partial=True)
         error.__cause__ = res.error
         self._report()  # before the result: placement sees this disk as it is now
         return dataclasses.replace(res, nbytes=res.nbytes + 1, error=error)
@@ -1004,9 +1041,8 @@ class Worker(Actor):
                 if part:
                     with contextlib.suppress(OSError):
                         os.unlink(part)
-                raise DiskFull(
-                    "", self.worker_id, meta.size, max(0, room), self.disk, input=str(key)
-                )  # its readers' own: WorkerState names each (DiskFull.reading)
+                # its readers' own: WorkerState names each (DiskFull.reading)
+                raise self._disk_full_error("", meta.size, input=key)
 
         async def reopen(at: int) -> StreamInfo | None:
             reply = await peer.ask(GetData((key,), files=True), timeout=self.fetch_timeout)
@@ -1030,10 +1066,11 @@ class Worker(Actor):
             raise
         except OSError as exc:
             if exc.errno == errno.ENOSPC:  # the file system filled up meanwhile
-                raise DiskFull(
-                    "", self.worker_id, meta.size, self._disk_free(), self.disk,
-                    input=str(key), partial=True,
-                ) from exc  # fmt: skip
+                self._incoming -= need  # its partial file went: the room it had is free
+                need = 0
+                raise self._disk_full_error(
+                    "", meta.size, enospc=True, input=key, partial=True
+                ) from exc
             raise
         finally:
             self._incoming -= need

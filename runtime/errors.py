@@ -658,6 +658,12 @@ class TaskTooBigForDisk(CorralError):
 
     #: ``source`` when only the inputs count: the output's size is an estimate
     UNCOUNTED = "its output not counted: its size is only estimated"
+    #: ``source`` of an output measured by a try that the file system stopped partway
+    #: (``ENOSPC``): what it wrote by then, so the task needs at least that much
+    AT_LEAST = (
+        "measured: a try of this task wrote that much before the file system filled and "
+        "ended disk-full"
+    )
 
     def __init__(
         self,
@@ -677,12 +683,13 @@ class TaskTooBigForDisk(CorralError):
         inputs = max(0, needed - expected - held)
         need, limit, output, fetch, kept = _disk_sizes(needed, largest, expected, inputs, held)
         on_disk = f"{kept} of its file inputs already on that worker's disk"
+        least = "at least " if source == self.AT_LEAST else ""
         if source == self.UNCOUNTED and held:
             what = f"for its inputs alone ({fetch} to fetch there plus {on_disk}; {source})"
         elif source == self.UNCOUNTED:
             what = f"for the inputs it must fetch alone ({source})"
         else:
-            what = f"(an output of {output}, {source}"
+            what = f"(an output of {least}{output}, {source}"
             if inputs:
                 what += f", plus {fetch} of inputs it must fetch"
             what += f", plus {on_disk})" if held else ")"
@@ -708,7 +715,7 @@ class TaskTooBigForDisk(CorralError):
                     'declare a smaller output with resources={"disk": bytes} if it is overestimated'
                 )
         super().__init__(
-            f"task {key!r} needs {need} of disk {what}, more than the largest disk {where} "
+            f"task {key!r} needs {least}{need} of disk {what}, more than the largest disk {where} "
             f"can hold ({limit}); {ran}. {', '.join(advice[:-1])}, or {advice[-1]}.",
             key=key,
             needed=needed,
@@ -744,7 +751,12 @@ class DiskFull(CorralError):
     too often to retry: ``nbytes`` is the output's size, ``room`` the disk that was
     left under the worker's limit ``disk``. With ``input``, task ``key`` wrote nothing:
     its worker could not copy that file input (``nbytes`` its size), refused before a
-    byte was written, or stopped by the file system partway (``partial``)."""
+    byte was written, or stopped by the file system partway (``partial``). Without it,
+    ``partial``: the file system stopped the task's own write (``ENOSPC``) after
+    ``nbytes``, so its output is larger. ``filesystem``: the worker's spill directory,
+    when the file system holding it is what had no room (it refused a write, or had
+    less free than the limit left), with ``fs_free`` free bytes there: a larger
+    ``--disk`` cannot help then."""
 
     key: str
     worker: str
@@ -753,6 +765,8 @@ class DiskFull(CorralError):
     disk: int
     input: str
     partial: bool
+    filesystem: str
+    fs_free: int
 
     def __init__(
         self,
@@ -764,8 +778,37 @@ class DiskFull(CorralError):
         *,
         input: str = "",
         partial: bool = False,
+        filesystem: str = "",
+        fs_free: int = 0,
     ) -> None:
-        left = f"{_disk_size(room)} of disk left of its {_disk_size(disk)} limit"
+        if filesystem:
+            fs = f"the file system holding its spill directory {filesystem!r}"
+            free = _disk_size(fs_free)
+            if partial:  # it refused a write (ENOSPC)
+                left = (
+                    f"{fs} ran out of space before its --disk of {_disk_size(disk)} was "
+                    f"reached ({free} free there now)"
+                    if disk
+                    else f"{fs} ran out of space ({free} free there now; the worker has "
+                    "no --disk limit)"
+                )
+            else:
+                spare = f" (it keeps {_disk_size(fs_free - room)} of that spare)"
+                left = f"{fs} has {free} free{spare if fs_free > room else ''}" + (
+                    f", less than its --disk of {_disk_size(disk)} leaves"
+                    if disk
+                    else "; the worker has no --disk limit"
+                )
+            left = f"{_disk_size(room)} of disk left: {left}"
+            advice = (
+                "A larger --disk cannot help: free space on that file system, give the "
+                "worker a spill directory (--spill-dir) on a larger file system, or a "
+                "--disk no larger than that file system's free space (so that tasks are "
+                "placed where the room is)."
+            )
+        else:
+            left = f"{_disk_size(room)} of disk left of its {_disk_size(disk)} limit"
+            advice = ""
         if input:
             kept = (
                 "the file system filled during the copy; its partial file was removed"
@@ -775,17 +818,30 @@ class DiskFull(CorralError):
             message = (
                 f"{f'task {key!r}' if key else 'a task'} could not fetch its input "
                 f"{input!r} ({_disk_size(nbytes)}) to worker {worker!r}, which had {left}; "
-                f"{kept}. Start workers with a larger --disk (disk_per_worker), or hold "
-                "fewer outputs on their disks: release the futures you no longer need (a "
-                "prune_depth above 1 keeps outputs longer)."
+                f"{kept}. "
+                + (
+                    advice
+                    or "Start workers with a larger --disk (disk_per_worker), or hold "
+                    "fewer outputs on their disks: release the futures you no longer need "
+                    "(a prune_depth above 1 keeps outputs longer)."
+                )
             )
         else:
+            wrote = (
+                f"filled the file system after writing {_disk_size(nbytes)} of its output "
+                "(the output is larger)"
+                if partial
+                else f"wrote an output of {_disk_size(nbytes)}"
+            )
             message = (
-                f"task {key!r} wrote an output of {_disk_size(nbytes)} on worker {worker!r}, "
-                f"which had {left}; the partial file was removed. Start workers with a "
-                "larger --disk (disk_per_worker), declare the output's size with resources="
-                '{"disk": bytes} so that it is placed where it fits, or make the output '
-                "smaller."
+                f"task {key!r} {wrote} on worker {worker!r}, which had {left}; the partial "
+                "file was removed. "
+                + (
+                    advice
+                    or "Start workers with a larger --disk (disk_per_worker), declare the "
+                    'output\'s size with resources={"disk": bytes} so that it is placed '
+                    "where it fits, or make the output smaller."
+                )
             )
         super().__init__(
             message,
@@ -796,6 +852,8 @@ class DiskFull(CorralError):
             disk=disk,
             input=input,
             partial=partial,
+            filesystem=filesystem,
+            fs_free=fs_free,
         )
 
     def reading(self, key: str) -> DiskFull:
@@ -803,6 +861,7 @@ class DiskFull(CorralError):
         return DiskFull(
             key, self.worker, self.nbytes, self.room, self.disk,
             input=self.input, partial=self.partial,
+            filesystem=self.filesystem, fs_free=self.fs_free,
         )  # fmt: skip
 
 

@@ -30,6 +30,7 @@ from actors.scheduler_events import (
 from actors.scheduler_state import (
     DECLARED_OUTPUT,
     GUESSED_OUTPUT,
+    MEASURED_AT_LEAST,
     MEASURED_OUTPUT,
     SEEN_OUTPUT,
     SchedulerState,
@@ -310,6 +311,44 @@ def test_a_disk_full_try_with_nowhere_bigger_fails_with_the_sizes(make_state: Fa
         "can hold (20.0 MiB); it ran once and ended disk-full on worker 'tight'; it is not "
         "tried again."
     )
+
+
+def test_a_try_the_file_system_stopped_measures_at_least_what_it_wrote(
+    make_state: Factory,
+) -> None:
+    """A try that filled the file system (ENOSPC: the worker's DiskFull is ``partial``)
+    wrote 20 MiB of a 40 MiB output before it stopped: the task needs at least that,
+    and TaskTooBigForDisk says so ("needs at least", "an output of at least"), naming
+    where the figure comes from; before, it said the task needs 20 MiB, as if that
+    were the output's size. A later try that writes its whole output is exact again."""
+    s = make_state(saturation=1.0)
+    join(s, "tight", disk=18 * MB)
+    submit(s, {"write": []}, ["write"], attrs={"write": disk(MB)})
+    err = DiskFull("write", "tight", 20 * MB, 0, 18 * MB, partial=True, filesystem="/s")
+    cmds = finish(s, "tight", "write", outcome="disk-full", nbytes=20 * MB + 1, error=err)
+    (erred,) = of(cmds, KeyErred)
+    e = erred.error
+    assert isinstance(e, TaskTooBigForDisk)
+    assert (e.needed, e.expected, e.source) == (20 * MB + 1, 20 * MB + 1, MEASURED_AT_LEAST)
+    assert str(e).startswith(
+        "task 'write' needs at least 20.0 MiB of disk (an output of at least 20.0 MiB, "
+        "measured: a try of this task wrote that much before the file system filled and "
+        "ended disk-full), more than the largest disk of any worker can hold (18.0 MiB)"
+    )
+    # The same measure from a whole output (not cut short) is exact; a smaller cut
+    # one does not make it a lower bound again.
+    t = make_state(saturation=1.0)
+    join(t, "w", disk=100 * MB)
+    submit(t, {"write": []}, ["write"], attrs={"write": disk(MB)})
+    ts = t.tasks["write"]
+    for nbytes, partial, expected in (
+        (20 * MB, True, (20 * MB, MEASURED_AT_LEAST)),
+        (20 * MB, False, (20 * MB, MEASURED_OUTPUT)),
+        (10 * MB, True, (20 * MB, MEASURED_OUTPUT)),
+    ):
+        err = DiskFull("write", "w", nbytes, 0, 100 * MB, partial=partial)
+        finish(t, "w", "write", outcome="disk-full", nbytes=nbytes, error=err)
+        assert t._expected_output(ts) == expected, (nbytes, partial)
 
 
 def test_disk_full_tries_are_retried_a_bounded_number_of_times(make_state: Factory) -> None:

@@ -405,6 +405,85 @@ async def test_the_worker_reports_the_try_disk_full_with_its_disk_first(
     assert kinds.index("WorkerMemoryReport") < kinds.index("TasksDone"), kinds
 
 
+def a_small_file_system(monkeypatch: pytest.MonkeyPatch, root: Path, size: int) -> None:
+    """The worker's free-space probe sees the file system of ``root`` as ``size`` bytes
+    holding only what is under ``root``: its free space is the rest."""
+    from actors import worker as worker_module
+
+    def free(directory: str) -> int:
+        held = sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
+        return max(0, size - held)
+
+    monkeypatch.setattr(worker_module, "disk_free", free)
+
+
+def writes_a_file(nbytes: int) -> File:
+    path = _write("out.bin", nbytes)
+    return File(path)
+
+
+async def test_a_full_file_system_below_the_disk_limit_is_named_not_the_limit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker with --disk 200 MiB whose spill directory is on a 6 MiB file system: a
+    task that the file system stops (ENOSPC) after 4.7 MiB, and a 5.6 MiB file output
+    that fits the limit but not the file system less the worker's margin (0.6 MiB).
+    Each DiskFull says the file system holding the spill directory is what is full,
+    with its path and free bytes, and what helps; not "a larger --disk", which cannot.
+    The stopped write is what was written before it filled: the output is larger
+    (``partial``). Before, both said "... of disk left of its 200.0 MiB limit ... Start
+    workers with a larger --disk"."""
+    spill = tmp_path / "spill"
+    a_small_file_system(monkeypatch, spill, 6 * MiB)
+    sched = SchedulerRecorder()
+    disk = 200 * MiB
+    wrote, big = 4 * MiB + 700 * 1024, 5 * MiB + 600 * 1024
+    with anyio.fail_after(BOUND):
+        async with ActorSystem() as system:
+            sref = await system.spawn(sched, "scheduler")
+            w = Worker(
+                "w1", sref, lambda _: None, memory=2**30, disk=disk,
+                memory_options={"spill_dir": str(spill), "execution": "thread"},
+            )  # fmt: skip
+            ref = await system.spawn(w, "w1")
+            ref.post(RunTasks((job("save-0", fills_named, wrote),)))
+            filled = await sched.result("save-0")
+            ref.post(RunTasks((job("keep-0", writes_a_file, big),)))
+            refused = await sched.result("keep-0")
+    for res in (filled, refused):
+        err = res.error
+        assert res.outcome == "disk-full" and isinstance(err, DiskFull), res
+        assert (err.filesystem, err.fs_free, err.disk) == (str(spill), 6 * MiB, disk)
+        text = str(err)
+        assert f"the file system holding its spill directory {str(spill)!r} " in text
+        assert (
+            "A larger --disk cannot help: free space on that file system, give the worker "
+            "a spill directory (--spill-dir) on a larger file system, or a --disk no "
+            "larger than that file system's free space"
+        ) in text, text
+        assert "Start workers with a larger --disk" not in text
+    assert filled.error.partial and filled.error.nbytes == wrote
+    assert str(filled.error).startswith(
+        "task 'save-0' filled the file system after writing 4.7 MiB of its output (the "
+        "output is larger) on worker 'w1'"
+    )
+    assert "ran out of space before its --disk of 200.0 MiB was reached (6.0 MiB free " in str(
+        filled.error
+    )
+    assert not refused.error.partial and refused.error.nbytes == big
+    margin = 6 * MiB // 10
+    assert refused.error.room == 6 * MiB - margin
+    assert (
+        f"has 6.0 MiB free (it keeps {margin:,} bytes of that spare), less than its --disk of "
+        "200.0 MiB leaves"
+    ) in str(refused.error)
+    assert str(refused.error).startswith("task 'keep-0' wrote an output of 5.6 MiB on worker")
+    # Where --disk is what is short, the error says so as before.
+    full = DiskFull("k", "w1", 5 * MiB, MiB, 4 * MiB)
+    assert "of disk left of its 4.0 MiB limit" in str(full) and not full.filesystem
+    assert "Start workers with a larger --disk" in str(full)
+
+
 # ----------------------------------------------------------------------------- a cluster
 
 
