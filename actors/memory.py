@@ -115,6 +115,13 @@ class MemoryConfig:
             raise MemoryConfigError(f"throttle must be in (0, 1], got {self.throttle}")
         if self.spill is not None and not 0 < self.spill <= 1:
             raise MemoryConfigError(f"spill must be in (0, 1] or None, got {self.spill}")
+        if self.spill is not None and self.spill > self.throttle:
+            raise MemoryConfigError(
+                f"spill ({self.spill}) is above throttle ({self.throttle}): spilling comes "
+                "before throttling (docs/memory.md), or a worker throttles with outputs it "
+                f"could have moved to disk. Lower spill to at most {self.throttle}, raise "
+                "throttle, or turn spilling off (None; 'off' on the command line)"
+            )
         if self.terminate is not None and not self.throttle < self.terminate <= 1:
             raise MemoryConfigError(
                 f"terminate must be above throttle ({self.throttle}) and at most 1, or "

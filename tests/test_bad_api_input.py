@@ -212,6 +212,21 @@ def test_a_negative_memory_per_worker_is_refused_at_construction(bad: Any) -> No
     assert Cluster(workers=1, memory_per_worker=0).memory_per_worker == 0  # the machine's
 
 
+def test_a_spill_fence_above_the_throttle_fence_is_refused_at_construction() -> None:
+    """``Cluster(memory_options={"spill": 0.9, "throttle": 0.7})`` was taken: a worker
+    then throttled before it spilled, and a persist larger than the fences stalled with
+    MemoryStalled advising to "allow spilling", which was on. Refused now, saying
+    what to change."""
+    from runtime.errors import MemoryConfigError
+
+    options = {"spill": 0.9, "throttle": 0.7}
+    with pytest.raises(MemoryConfigError, match=r"spill \(0\.9\) is above throttle \(0\.7\)"):
+        Cluster(workers=1, memory_options=options)
+    with pytest.raises(MemoryConfigError, match=r"Lower spill to at most 0\.7"):
+        Cluster(processes=1, memory_options=options)
+    Cluster(workers=1, memory_options={"spill": 0.7, "throttle": 0.7})  # equal: fine
+
+
 @pytest.mark.parametrize(
     ("kwargs", "says"),
     [

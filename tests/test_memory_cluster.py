@@ -115,6 +115,7 @@ def test_get_data_requests_are_cut_by_size() -> None:
         (["--memory-options", '{"thrtle": 1}'], "unknown option(s) thrtle; known: spill"),
         (["--memory-options", "[1]"], "--memory-options must be a JSON object"),
         (["--throttle", "0.99", "--terminate", "0.9"], "terminate must be above throttle"),
+        (["--spill", "0.9", "--throttle", "0.7"], "spill (0.9) is above throttle (0.7)"),
         (["--memory=-5MB"], "--memory must be >= 0 (0: the machine's memory), got '-5MB'"),
     ],
 )

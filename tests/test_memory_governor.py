@@ -133,6 +133,8 @@ def test_a_finished_task_forgets_its_deferral() -> None:
         {"throttle": 0.0},
         {"spill": 0.0},
         {"spill": 1.2},
+        {"spill": 0.9, "throttle": 0.7},  # spilling comes before throttling
+        {"throttle": 0.5},  # under the default spill fence (0.6)
         {"first_delay": 0.0},
         {"growth": 0.5},
         {"max_delay": 0.01, "first_delay": 0.1},
@@ -163,7 +165,7 @@ def test_zero_limit_and_unknown_options_are_refused() -> None:
         MemoryConfig(0)
     with pytest.raises(MemoryConfigError, match=r"unknown option.*thrtle.*known: spill"):
         MemoryConfig.of(LIMIT, {"thrtle": 0.5})
-    cfg = MemoryConfig.of(LIMIT, {"throttle": 0.5, "execution": "process"})
+    cfg = MemoryConfig.of(LIMIT, {"throttle": 0.65, "execution": "process"})
     assert MemoryConfig.of(LIMIT, cfg.options()) == cfg
 
 
