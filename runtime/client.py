@@ -808,7 +808,8 @@ class Cluster:
     :meth:`set_policy`.
 
     Memory (docs/memory.md): ``memory_per_worker`` is each worker's limit (default: the
-    machine's memory); ``memory_options`` sets its fences and execution mode, e.g.
+    machine's memory, shared evenly by ``processes=N`` worker processes:
+    :meth:`worker_memory`); ``memory_options`` sets its fences and execution mode, e.g.
     ``{"spill": 0.6, "throttle": 0.7, "terminate": 0.95, "execution": "process"}`` (see
     :class:`~actors.memory.MemoryConfig`). If every worker stays throttled with nothing
     that frees memory able to run for ``stall_timeout`` seconds, the run fails with
@@ -991,6 +992,19 @@ class Cluster:
         self._manager: ActorRef[Manager] | _RemoteManager
         self._scheduler_actor: Scheduler
         self._provider: InProcessProvider
+
+    def worker_memory(self) -> int:
+        """Each worker's memory limit (bytes) in an embedded cluster without pools:
+        ``memory_per_worker``, or by default the machine's total memory (psutil), which
+        ``processes=N`` worker processes share evenly (each gets a ``1/N`` share, as
+        dask's ``LocalCluster`` does) and in-process workers each watch whole (they
+        share this process's RSS: docs/memory.md#in-process-workers)."""
+        if self.memory_per_worker:
+            return self.memory_per_worker
+        import psutil
+
+        total = int(psutil.virtual_memory().total)
+        return total // self.processes if self.processes else total
 
     def _configure_pools(
         self, pools: Mapping[str, Mapping[str, Any]], workers: int | None, processes: int | None
@@ -1213,7 +1227,7 @@ class Cluster:
                 plane,
                 n=self.processes,
                 threads=self.threads_per_worker,
-                memory=self.memory_per_worker,
+                memory=self.worker_memory(),
                 pool=self.pool,
                 memory_options=self.memory_options,
                 disk=self.disk_per_worker,

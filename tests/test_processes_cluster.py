@@ -296,3 +296,20 @@ async def test_a_process_execution_worker_stops_its_task_processes_before_it_exi
     messages = [r.getMessage() for r in caplog.records]
     assert any("event='worker left'" in m for m in messages)
     assert not [m for m in messages if "left in its process group" in m]
+
+
+@pytest.mark.anyio
+async def test_worker_processes_share_the_machines_memory_by_default() -> None:
+    """``Cluster(processes=2)`` gave each worker process the whole machine's memory
+    (``--memory 0``): two of them could reach twice the RAM before any fence acted.
+    By default each now gets half of it (as dask's LocalCluster splits memory among
+    its workers); ``memory_per_worker`` still sets it, and in-process workers, which
+    share one process's RSS, each watch the whole machine's."""
+    total = psutil.virtual_memory().total
+    with anyio.fail_after(LIMIT):
+        async with Cluster(processes=2) as c:
+            await c.wait_for_workers(2, timeout=LIMIT)
+            workers = (await c.status())["workers"]
+    assert [w.memory for w in workers] == [total // 2] * 2
+    assert Cluster(processes=2, memory_per_worker="1GiB").worker_memory() == 1 << 30
+    assert Cluster(workers=2).worker_memory() == total
