@@ -2,12 +2,14 @@
 
 What lives here: :class:`Manager`. It validates submitted graphs (off the event loop
 for large ones, while it goes on with other messages; a task asking for more than every
-worker of its configured pool has is refused: ``runtime.graph.check_pool_fit``; one
-naming a pool that is not configured and that no worker has joined is taken, and its
-client is told so in the answer) and cuts them into the pieces the scheduler takes them
-in by, owns runs and the keys clients want, forwards key updates to the clients that
-want them, gathers results from the workers holding them, and routes commands (cancel,
-release, policy changes, status) to the actor that owns them.
+worker of its configured pool has (or, with no pool configured, than an embedded
+cluster's workers have) is refused: ``runtime.graph.check_pool_fit``; one naming a pool
+that is not configured and that no worker has joined is taken, and its client is told so
+in the answer, unless no other worker can ever join: ``runtime.get``'s cluster) and cuts
+them into the pieces the scheduler takes them in by, owns runs and the keys clients
+want, forwards key updates to the clients that want them, gathers results from the
+workers holding them, and routes commands (cancel, release, policy changes, status) to
+the actor that owns them.
 """
 
 from __future__ import annotations
@@ -23,7 +25,14 @@ from actors import transfer
 from actors.pools import check_fallback
 from actors.scheduler_events import KeyDone
 from actors.transfer import STREAM_BYTES, StreamInfo, UnknownStream
-from runtime.errors import ActorStopped, AskTimeout, CorralError, FrameTooLarge, did_you_mean
+from runtime.errors import (
+    ActorStopped,
+    AskTimeout,
+    CorralError,
+    FrameTooLarge,
+    GraphError,
+    did_you_mean,
+)
 from runtime.graph import (
     Key,
     PoolShape,
@@ -170,11 +179,21 @@ class Manager(Actor):
         max_run_keys: int = MAX_RUN_KEYS,
         monitor: Callable[[], ActorRef[Any] | None] = lambda: None,
         pools: Mapping[str, PoolShape] | None = None,
+        sizing: str = "",
+        closed: str = "",
     ) -> None:
         self._scheduler = scheduler
-        #: the configured pools' worker shapes (``runtime.node.pool_shapes``): a task of
-        #: one of them asking for more than its workers have is refused at submit
+        #: the configured pools' worker shapes (``runtime.node.pool_shapes``), or an
+        #: embedded cluster's one pool's: a task of one of them asking for more than its
+        #: workers have is refused at submit
         self.pools: dict[str, PoolShape] = dict(pools or {})
+        #: where the shapes' settings are given: "" for configured pools
+        #: (``[pools.NAME]``), else an embedded cluster's arguments (``"Cluster(...)"``),
+        #: whose one pool ``pools`` holds while no pool is configured
+        self.sizing = sizing
+        #: who runs this cluster (``"runtime.get"``) when no worker but its own can ever
+        #: join it: a task naming a pool it does not have is refused (""; it waits)
+        self.closed = closed
         self._monitor = monitor  #: the alert monitor, when the cluster runs one
         self._registry = registry
         self._autoscaler = autoscaler
@@ -234,7 +253,9 @@ class Manager(Actor):
         )
         # a task no worker of its configured pool could run: refused; the pools named
         # that are not configured: the client is told of those no worker has joined
-        unconfigured = check_pool_fit(specs.values(), self.pools)
+        unconfigured = check_pool_fit(specs.values(), self.pools, self.sizing)
+        if unconfigured and self.closed:
+            raise self._never_served(unconfigured[0])
         run_keys = tuple(dict.fromkeys([*specs, *msg.keys]))
         return _Graph(specs, in_pieces(specs, msg.keys), run_keys, unconfigured)
 
@@ -294,9 +315,29 @@ class Manager(Actor):
         """What to say of ``pool``, which tasks name and which is not configured, once
         no worker has joined it either (a misspelt name, most likely)."""
         known = list(self.pools)
+        if self.sizing:  # an embedded cluster's workers, in its one pool
+            return (
+                f"pool {pool!r}, which no worker has joined (no pool is configured: this "
+                f"cluster's workers are in pool {', '.join(map(repr, known))}"
+                f"{did_you_mean(pool, known)})"
+            )
         return (
             f"pool {pool!r}, which is not configured (pools: {', '.join(known)}"
             f"{did_you_mean(pool, known)}) and which no worker has joined"
+        )
+
+    def _never_served(self, pool: str) -> GraphError:
+        """The refusal of tasks naming ``pool``, which no worker of this closed cluster
+        is in nor can ever join."""
+        own = ", ".join(map(repr, self.pools))
+        return GraphError(
+            f"tasks of this submission ask for pool {pool!r}, but {self.closed} runs a "
+            f"cluster of its own whose workers are all in pool {own} and which no other "
+            "worker can join, so they could never run: the submission was refused and "
+            f"nothing of it was run. Leave pool out (or name {own}), or compute on a "
+            f"manager with workers in pool {pool!r} ({self.closed}(..., address=ADDRESS), "
+            f"with `python -m runtime worker ADDRESS --pool {pool}`; docs/deployment.md).",
+            pool=pool,
         )
 
     def _settled(self) -> bool:
@@ -603,7 +644,8 @@ class Manager(Actor):
 
     @handles(SetPolicyRequest)
     async def set_policy(self, msg: SetPolicyRequest) -> Any:
-        check_fallback(msg.kind, msg.name, msg.params, self.pools)
+        # configured pools only: an embedded cluster's workers may be scaled in others
+        check_fallback(msg.kind, msg.name, msg.params, () if self.sizing else self.pools)
         if msg.kind == "scaling":  # the autoscaler's policy; every other kind: scheduler
             autoscaler = self._autoscaler()
             if autoscaler is None:

@@ -831,6 +831,13 @@ class Cluster:
     joined to this process over loopback websockets (``threads_per_worker`` threads each);
     a crashed one is replaced, and none outlives this process.
 
+    Without pools, the cluster's workers (in ``pool``) have ``threads_per_worker``
+    cores, :meth:`worker_memory` and a ``disk_per_worker`` given as a size: a task of
+    that pool or of none asking for more ``resources`` is refused at submit
+    (:class:`~runtime.errors.GraphError`, naming the argument to raise), and one naming
+    a pool no worker has joined is taken with a warning to the client, as with
+    configured pools (docs/configuration.md#pools).
+
     ``Cluster("ws://host:port")`` connects to a running manager instead (``python -m
     runtime manager``); the token comes from ``token=``, ``CORRAL_TOKEN`` or the token
     file the manager wrote on this machine, and must be the admin one: entering the
@@ -970,6 +977,9 @@ class Cluster:
         if gc_threshold is not None:
             _whole("gc_threshold", gc_threshold, 1, also=" or None")
         self._gc = GcTuning(gc_threshold)
+        #: who runs this cluster when no worker but its own can ever join it
+        #: (``runtime.get``): a task naming another pool is refused at submit
+        self._closed = ""
         self.initial_policies = _initial_policies(policies)
         self.pools: dict[str, Any] = {}  #: configured pools by name (actors.pools)
         if pools is not None:
@@ -1208,11 +1218,25 @@ class Cluster:
 
     async def _start(self, system: ActorSystem) -> None:
         """Start the control plane and in-process workers in ``system``."""
-        from runtime.node import start_control_plane, start_local_processes, worker_factory
+        from runtime.node import (
+            start_control_plane,
+            start_local_processes,
+            worker_factory,
+            worker_shape,
+        )
 
         if self.pools:
             await self._start_pools(system)
             return
+        # its one pool's workers, as a task's resources are checked against at submit
+        shape = worker_shape(
+            self.threads_per_worker, self.worker_memory(), self.disk_per_worker,
+            "threads_per_worker",
+        )  # fmt: skip
+        fixed: dict[str, Any] = {
+            "fixed": (self.pool, shape, "Cluster(...)"),
+            "closed": self._closed,
+        }
         if self.processes is not None:
             plane = await start_control_plane(
                 system,
@@ -1222,6 +1246,7 @@ class Cluster:
                 alerting=self.alerting,
                 **self._monitoring(),
                 prune_depth=self.prune_depth,
+                **fixed,
             )
             self.gateway_address = await start_local_processes(
                 plane,
@@ -1253,6 +1278,7 @@ class Cluster:
             alerting=self.alerting,
             **self._monitoring(),
             prune_depth=self.prune_depth,
+            **fixed,
         )
         await self._finish_start(system, plane)
 
@@ -1930,6 +1956,9 @@ def get(
     computation there before it reaches the caller, as it does outside a loop.
     ``gc_threshold`` is as for :class:`Cluster`. ``options`` go to
     :meth:`Cluster.submit_graph` (``priority``, ``retries``, ``resources``, ``pool``).
+    No other worker can join its cluster: a task naming another pool than its own
+    (``"default"``), or asking for more ``resources`` than its worker has, raises
+    :class:`~runtime.errors.GraphError` at once instead of waiting forever.
 
     A result that is a file output (:class:`~runtime.files.File`) is copied, before the
     cluster stops, to the directory ``files_to`` (made if missing; default a new
@@ -1969,13 +1998,16 @@ def get(
     threads = threads_per_worker or num_workers or os.cpu_count() or 1
 
     async def main() -> Any:
-        async with Cluster(
+        cluster = Cluster(
             address,
             workers=1 if workers is None else workers,
             threads_per_worker=threads,
             gc_threshold=gc_threshold,
             token=token,
-        ) as cluster:
+        )
+        if address is None:  # its own cluster: tasks of another pool could never run
+            cluster._closed = "runtime.get"
+        async with cluster:
             from runtime.graph import flatten_keys
 
             flat = flatten_keys(keys)

@@ -582,30 +582,38 @@ def _dependency_order(ordered: list[TaskSpec], pos: Mapping[Key, int]) -> list[T
 PoolShape = Mapping[str, tuple[float, str]]
 
 
-def check_pool_fit(specs: Iterable[TaskSpec], shapes: Mapping[str, PoolShape]) -> tuple[str, ...]:
+def check_pool_fit(
+    specs: Iterable[TaskSpec], shapes: Mapping[str, PoolShape], where: str = ""
+) -> tuple[str, ...]:
     """Refuse a submission one of whose tasks names a configured pool (one of
     ``shapes``) and asks for more of a resource than every worker of that pool has by
     its configuration: no worker of it could ever run the task, which would wait
     forever. Raises :class:`GraphError` naming the first such task (``key``), what it
     asks (``resource``, ``asked``), what the pool's workers have (``pool``, ``has``)
     and the setting that says so (``setting``); ``count``: how many tasks of the
-    submission ask too much. A task of no pool, or of a pool not in ``shapes`` (workers
-    may join it by hand, ``--pool``), is not checked. One pass over the tasks.
+    submission ask too much. A task of a pool not in ``shapes`` (workers may join it by
+    hand, ``--pool``) is not checked, nor, with configured pools (``where`` ""; their
+    settings are in ``[pools.NAME]``), one of no pool. ``where`` given: ``shapes`` is
+    an embedded cluster's one pool, whose settings are the arguments ``where`` names
+    (``"Cluster(...)"``), and a task of no pool runs in it, so is checked too. One
+    pass over the tasks.
 
     Returns the pools the tasks name that are not in ``shapes``, in the order first
     named (none when ``shapes`` is empty: no pool is configured): a misspelt pool's
     tasks wait for a worker of it, so the manager says so when none has joined."""
     if not shapes:
         return ()
-    first: tuple[TaskSpec, str, float, tuple[float, str]] | None = None
+    first: tuple[TaskSpec, str, str, float, tuple[float, str]] | None = None
     count = 0
     others: dict[str, None] = {}
+    own = next(iter(shapes)) if where else None  # where a task of no pool runs
     for spec in specs:
-        if spec.pool is None:
+        pool = own if spec.pool is None else spec.pool
+        if pool is None:
             continue
-        shape = shapes.get(spec.pool)
+        shape = shapes.get(pool)
         if shape is None:
-            others[spec.pool] = None
+            others[pool] = None
             continue
         if not spec.resources:
             continue
@@ -614,10 +622,10 @@ def check_pool_fit(specs: Iterable[TaskSpec], shapes: Mapping[str, PoolShape]) -
             if has is not None and amount > has[0]:
                 count += 1
                 if first is None:
-                    first = (spec, name, amount, has)
+                    first = (spec, pool, name, amount, has)
                 break
     if first is not None:
-        raise _too_big_for_pool(*first, shapes, count)
+        raise _too_big_for_pool(*first, shapes, count, where)
     return tuple(others)
 
 
@@ -634,15 +642,15 @@ def _amount(resource: str, value: float, how: str = "") -> str:
 
 def _too_big_for_pool(
     spec: TaskSpec,
+    pool: str,
     resource: str,
     asked: float,
     has: tuple[float, str],
     shapes: Mapping[str, PoolShape],
     count: int,
+    where: str,
 ) -> GraphError:
-    pool = spec.pool
     limit, setting = has
-    where = f"[pools.{pool}]"
     fits = [  # enough of this resource, and of the others the task asks (or unknown)
         p
         for p, shape in shapes.items()
@@ -650,6 +658,9 @@ def _too_big_for_pool(
         and all(shape.get(r, (math.inf, ""))[0] >= a for r, a in spec.resources.items())
     ]
     others = f" (configured so: {', '.join(map(repr, fits))})" if fits else ""
+    # another pool for the task: configured pools only (an embedded cluster has one)
+    elsewhere = "" if where else f"give the task a pool whose workers have enough{others}, "
+    where = where or f"[pools.{pool}]"
     more = (
         f" {count} tasks of this submission ask for more than their pool's workers have; "
         "this is the first."
@@ -662,8 +673,7 @@ def _too_big_for_pool(
         f"worker of that pool has {_amount(resource, limit)} ({setting} = {limit:.0f} in "
         f"{where}), so none of them could ever run it: the submission was refused and "
         f"nothing of it was run.{more} Ask for at most {_amount(resource, limit, 'exact')}, "
-        f"give the task a pool whose workers have enough{others}, or raise {setting} in "
-        f"{where}; then submit again.",
+        f"{elsewhere}or raise {setting} in {where}; then submit again.",
         key=spec.key,
         pool=pool,
         resource=resource,

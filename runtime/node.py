@@ -212,6 +212,8 @@ async def start_control_plane(
     dashboard: bool = False,
     monitor_feed: bool = False,
     pools: Mapping[str, PoolConfig] | None = None,
+    fixed: tuple[str, PoolShape, str] | None = None,
+    closed: str = "",
 ) -> ControlPlane:
     """Spawn registry, scheduler, manager, the alert monitor (unless ``alerting`` is
     None; by default the default rules, logged) and, with a ``provider``, the
@@ -227,7 +229,12 @@ async def start_control_plane(
     ``pools``: the configured pools, whose worker shapes (:func:`pool_shapes`) the
     manager checks submissions against (a task asking for more than every worker of its
     pool has is refused) and whose ``drain_period`` the scheduler drains their workers
-    by (:func:`pool_drain_periods`).
+    by (:func:`pool_drain_periods`). ``fixed``: with no ``pools``, an embedded
+    cluster's one pool, the shape of its workers (:func:`worker_shape`) and where that
+    is set (``"Cluster(...)"``): checked the same, and a task naming another pool that
+    no worker has joined is told to its client. ``closed``: who runs this cluster
+    (``"runtime.get"``) when no worker but its own can ever join it: a task naming
+    another pool is refused at submit (``Manager.closed``).
 
     ``policies`` of kind ``scaling`` go to the autoscaler (started here or later by
     :func:`start_autoscaler`), the others to the scheduler; an unknown name or bad
@@ -259,7 +266,9 @@ async def start_control_plane(
     refs["scheduler"] = await system.spawn(scheduler, "scheduler", max_restarts=0)
     manager = Manager(
         lambda: refs["scheduler"], lambda: refs["registry"], lambda: refs.get("autoscaler"),
-        plane.resolve, monitor=lambda: refs.get("monitor"), pools=pool_shapes(pools or {}),
+        plane.resolve, monitor=lambda: refs.get("monitor"),
+        pools=pool_shapes(pools or {}) if pools or fixed is None else {fixed[0]: fixed[1]},
+        sizing="" if pools or fixed is None else fixed[2], closed=closed,
     )  # fmt: skip
     refs["manager"] = await system.spawn(manager, "manager")
     if alerting is not None:
@@ -447,15 +456,25 @@ def pool_shapes(pools: Mapping[str, PoolConfig]) -> dict[str, PoolShape]:
     ``0``, its file system's free space, nor ``"off"``). Pools do not change while the
     cluster runs (a pool scaled that is not configured is refused), so this is taken
     once, at start."""
-    shapes: dict[str, PoolShape] = {}
-    for name, p in pools.items():
-        shape = {"cores": (float(p.cores_per_worker), "cores_per_worker")}
-        if p.memory_per_worker > 0:
-            shape["memory"] = (float(p.memory_per_worker), "memory_per_worker")
-        if p.disk_per_worker > 0:  # DISK_OFF is negative
-            shape["disk"] = (float(p.disk_per_worker), "disk_per_worker")
-        shapes[name] = shape
-    return shapes
+    return {
+        name: worker_shape(p.cores_per_worker, p.memory_per_worker, p.disk_per_worker)
+        for name, p in pools.items()
+    }
+
+
+def worker_shape(
+    cores: int, memory: int, disk: int, cores_setting: str = "cores_per_worker"
+) -> PoolShape:
+    """What each worker of a pool has, as ``check_pool_fit`` takes it: its ``cores``
+    (set by ``cores_setting``), its ``memory`` and ``disk`` when they are known
+    amounts (> 0: not the machine's, the file system's free space nor ``DISK_OFF``),
+    set by ``memory_per_worker`` and ``disk_per_worker``."""
+    shape = {"cores": (float(cores), cores_setting)}
+    if memory > 0:
+        shape["memory"] = (float(memory), "memory_per_worker")
+    if disk > 0:  # DISK_OFF is negative
+        shape["disk"] = (float(disk), "disk_per_worker")
+    return shape
 
 
 def pool_policies(

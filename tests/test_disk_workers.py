@@ -24,7 +24,7 @@ from typing import Any
 import anyio
 import pytest
 
-from runtime.errors import TaskTooBigForDisk
+from runtime.errors import GraphError, TaskTooBigForDisk
 from tests.helpers import MB, Cli, wait_until
 
 pytestmark = pytest.mark.anyio
@@ -254,9 +254,9 @@ async def test_an_embedded_cluster_counts_the_disk_per_worker_it_was_given() -> 
                 {"fits-1": (make, MB)}, ["fits-1"], resources={"disk": 2 * MB}
             )
             assert len((await ok.result())[1]) == MB
-            (big,) = await cluster.submit_graph(
-                {"big-1": (make, 10)}, ["big-1"], resources={"disk": 4 * MB}
-            )
-            with pytest.raises(TaskTooBigForDisk) as info:
-                await big.result()
-            assert (info.value.needed, info.value.largest) == (4 * MB, 3 * MB)
+            # declared bigger than every worker's disk: refused at submit (GraphError)
+            with pytest.raises(GraphError, match=r"raise disk_per_worker in Cluster") as info:
+                await cluster.submit_graph(
+                    {"big-1": (make, 10)}, ["big-1"], resources={"disk": 4 * MB}
+                )
+            assert (info.value.fields["asked"], info.value.fields["has"]) == (4 * MB, 3 * MB)

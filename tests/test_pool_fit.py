@@ -389,3 +389,99 @@ def test_a_new_task_of_a_pool_no_worker_joined_says_so_once_in_its_story(
     assert notes("a") == [("queued", waits)] and notes("c") == [("waiting", waits)]
     # once a worker joins ckpy by hand, its tasks run
     assert assigned(join(s, "hand", pool="ckpy")) == {"hand": ["a"]}
+
+
+# -- an embedded cluster without configured pools: its one pool's workers are known ----
+
+
+@pytest.mark.anyio
+async def test_an_embedded_cluster_refuses_a_task_bigger_than_its_workers() -> None:
+    """``Cluster(workers=N, threads_per_worker=..., memory_per_worker=...)`` knows its
+    workers: a task (of its pool, or of none) asking more cores, memory or disk than
+    they have waited forever, silently. It is refused at submit now, as for configured
+    pools, naming the ``Cluster`` argument to raise; what fits runs."""
+    with anyio.fail_after(30):
+        async with Cluster(
+            workers=1, threads_per_worker=2, memory_per_worker="1GiB", disk_per_worker="1GiB"
+        ) as cluster:
+            with pytest.raises(GraphError) as info:
+                await cluster.submit(operator.neg, 1, key="cores", resources={"cores": 3})
+            fields, text = info.value.fields, str(info.value)
+            assert (fields["pool"], fields["asked"], fields["has"]) == ("default", 3, 2)
+            assert fields["setting"] == "threads_per_worker"
+            assert "each worker of that pool has 2 cores (threads_per_worker = 2 in " in text
+            assert "Ask for at most 2 cores, or raise threads_per_worker in Cluster(...)" in text
+            assert "give the task a pool" not in text  # it has no other
+            for resource, setting in (("memory", "memory_per_worker"), ("disk", "disk_per_worker")):
+                with pytest.raises(GraphError) as info:
+                    await cluster.submit_graph(
+                        {"x": (operator.neg, 1)}, ["x"], resources={resource: 2 << 30},
+                        pool="default",
+                    )  # fmt: skip
+                assert info.value.fields["setting"] == setting
+                assert f"raise {setting} in Cluster(...)" in str(info.value)
+            fits = {"cores": 2, "memory": 1 << 30, "disk": 1 << 30}
+            assert await cluster.submit(operator.neg, 1, resources=fits) == -1
+
+
+@pytest.mark.anyio
+async def test_an_embedded_clusters_task_of_a_pool_no_worker_joined_is_told() -> None:
+    """``Cluster(workers=2).submit(f, pool="gpu")`` stayed pending with nothing said;
+    the client is told now, as with configured pools, in words that fit a cluster
+    with none configured. Its own pool is never told, not even while its workers are
+    still joining."""
+    why = (
+        "pool 'gpu', which no worker has joined (no pool is configured: this cluster's "
+        "workers are in pool 'default')"
+    )
+    with anyio.fail_after(30), log_lines("corral.client", logging.WARNING) as log:
+        async with Cluster(workers=2) as cluster:
+            own = cluster.submit(operator.neg, 1, pool="default")  # before any joined
+            fut = cluster.submit(operator.neg, 1, key="neg-gpu", pool="gpu")
+            await wait_until(lambda: told(log, "gpu"), "the client's warning", limit=10)
+            (line,) = told(log, "gpu")
+            assert f"tasks of this submission ask for {why}: they wait" in line
+            assert await own == -1
+            assert told(log, "default") == []
+            assert (await cluster.status())["queues"] == {"gpu": 1}
+            await cluster.cancel([fut])
+
+
+@pytest.mark.anyio
+async def test_worker_processes_of_an_embedded_cluster_are_checked_the_same() -> None:
+    """``Cluster(processes=N)``: the same refusal (its workers have the machine's
+    memory shared among them), and no warning for its own pool while its worker
+    process has not joined yet."""
+    with anyio.fail_after(60), log_lines("corral.client", logging.WARNING) as log:
+        async with Cluster(processes=1, threads_per_worker=1) as cluster:
+            with pytest.raises(GraphError, match=r"raise memory_per_worker in Cluster\(\.\.\.\)"):
+                await cluster.submit(sum, [1], resources={"memory": cluster.worker_memory() + 1})
+            assert await cluster.submit(sum, [1, 2], pool="default") == 3
+            assert told(log, "default") == []
+
+
+@pytest.mark.timeout(60)
+def test_runtime_get_refuses_what_its_own_cluster_could_never_run() -> None:
+    """``runtime.get(dsk, key, pool="gpu")`` and a ``resources`` larger than its one
+    worker hung forever: its cluster is its own, and no other worker can join it. Both
+    raise GraphError at once now, saying what to do; its own pool runs."""
+    import dask
+
+    from runtime import get
+
+    with pytest.raises(GraphError) as info:
+        get({"a": 1}, "a", pool="gpu")
+    text = str(info.value)
+    assert info.value.fields["pool"] == "gpu"
+    assert "runtime.get runs a cluster of its own whose workers are all in pool 'default'" in text
+    assert "Leave pool out" in text and "--pool gpu" in text
+    task = dask.delayed(sum)([1, 2])
+    with pytest.raises(GraphError, match=r"asks for 64 cores in pool 'default'"):
+        dask.compute(task, scheduler=get, resources={"cores": 64}, num_workers=2)
+    with pytest.raises(GraphError, match=r"raise memory_per_worker"):
+        dask.compute(task, scheduler=get, resources={"memory": 10e12})
+    with dask.annotate(pool="gpu"):
+        annotated = dask.delayed(sum)([1, 2])
+    with pytest.raises(GraphError, match="pool 'gpu'"):
+        dask.compute(annotated, scheduler=get)
+    assert get({"a": 1}, "a", pool="default") == 1
