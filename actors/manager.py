@@ -321,6 +321,11 @@ class Manager(Actor):
                 f"cluster's workers are in pool {', '.join(map(repr, known))}"
                 f"{did_you_mean(pool, known)})"
             )
+        if not known:  # hand-started workers only: each joins the pool its --pool names
+            return (
+                f"pool {pool!r}, which no worker has joined (this manager configures no "
+                "pool: the pools are those its workers' --pool name)"
+            )
         return (
             f"pool {pool!r}, which is not configured (pools: {', '.join(known)}"
             f"{did_you_mean(pool, known)}) and which no worker has joined"

@@ -599,10 +599,10 @@ def check_pool_fit(
     pass over the tasks.
 
     Returns the pools the tasks name that are not in ``shapes``, in the order first
-    named (none when ``shapes`` is empty: no pool is configured): a misspelt pool's
-    tasks wait for a worker of it, so the manager says so when none has joined."""
+    named (with no pool configured, ``shapes`` empty, every pool named): a misspelt
+    pool's tasks wait for a worker of it, so the manager says so when none has joined."""
     if not shapes:
-        return ()
+        return tuple(dict.fromkeys(spec.pool for spec in specs if spec.pool is not None))
     first: tuple[TaskSpec, str, str, float, tuple[float, str]] | None = None
     count = 0
     others: dict[str, None] = {}

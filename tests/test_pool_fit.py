@@ -209,8 +209,8 @@ def test_the_check_reads_the_pools_shapes_in_one_pass() -> None:
         spec("f3", "z", cores=9),
     ]
     assert check_pool_fit(fine, shapes) == ("z",)  # the pools named not configured
-    # no pool configured: nothing checked, nothing said
-    assert check_pool_fit([spec("g", "a", cores=9)], {}) == ()
+    # no pool configured: nothing checked, and every pool named is said
+    assert check_pool_fit([spec("g", "a", cores=9), spec("h", None)], {}) == ("a",)
     bad = [*fine, spec("b1", "b", disk=6e9), spec("b2", "a", cores=3), spec("b3", "a", memory=2e9)]
     with pytest.raises(GraphError) as info:
         check_pool_fit(bad, shapes)
@@ -322,14 +322,19 @@ async def test_a_task_of_a_misspelt_pool_is_told_to_the_client_at_once_and_in_it
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("configured", [True, False], ids=["pools", "no-pools"])
 async def test_a_pool_a_worker_joined_by_hand_is_not_told_over_a_connection(
-    tmp_path: Path,
+    tmp_path: Path, configured: bool
 ) -> None:
     """A manager with a pools file; a worker joined with ``--pool gpu`` by hand. A
     task of gpu runs and nothing is said; one of ``gpux`` (no worker, not configured)
-    is told to the remote client (the manager's answer crosses the connection)."""
+    is told to the remote client (the manager's answer crosses the connection). Without
+    configured pools (workers started by hand, each in its ``--pool``) the same: before,
+    a manager with no pools said nothing of ``gpux``."""
     config = tmp_path / "corral.toml"
-    config.write_text("[pools.ckpt]\ninit_blocks = 0\n\n[pools.owner]\ninit_blocks = 0\n")
+    config.write_text(
+        "[pools.ckpt]\ninit_blocks = 0\n\n[pools.owner]\ninit_blocks = 0\n" if configured else ""
+    )
     where: dict[str, str] = {}
     up = anyio.Event()
 
@@ -341,7 +346,10 @@ async def test_a_pool_a_worker_joined_by_hand_is_not_told_over_a_connection(
         async with anyio.create_task_group() as tg:
             tg.start_soon(
                 lambda: run_manager(
-                    "inproc://", ready=ready, listen_options={"codec": True}, config=config
+                    "inproc://",
+                    ready=ready,
+                    listen_options={"codec": True},
+                    config=config if configured else None,
                 )
             )
             await up.wait()
@@ -354,7 +362,13 @@ async def test_a_pool_a_worker_joined_by_hand_is_not_told_over_a_connection(
                 assert told(log, "gpu") == []
                 (fut,) = await cluster.submit_graph({"x": (operator.neg, 2)}, ["x"], pool="gpux")
                 (line,) = told(log, "gpux")
-                assert f"ask for {not_joined('gpux', 'ckpt, owner')}: they wait" in line
+                why = (
+                    not_joined("gpux", "ckpt, owner")
+                    if configured
+                    else "pool 'gpux', which no worker has joined (this manager configures no "
+                    "pool: the pools are those its workers' --pool name)"
+                )
+                assert f"ask for {why}: they wait" in line
                 await cluster.cancel([fut])
             tg.cancel_scope.cancel()
 
