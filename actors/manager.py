@@ -23,7 +23,7 @@ import anyio
 
 from actors import transfer
 from actors.pools import check_fallback
-from actors.scheduler_events import KeyDone
+from actors.scheduler_events import KeyDone, KeyTaken
 from actors.transfer import STREAM_BYTES, StreamInfo, UnknownStream
 from runtime.errors import (
     ActorStopped,
@@ -277,6 +277,11 @@ class Manager(Actor):
             if ks.update is not None and not isinstance(ks.update, KeyDone):
                 self._set_update(ks, None)
         wanted = []
+        #: wanted by the client already: what it was told of them may be older than this
+        #: submission (a cancel's word still on its way when it submits again), so the
+        #: scheduler says, in order with its other words, where each stands once the
+        #: graph is in (a KeyTaken after it); the client knows from the answer to wait
+        echo = []
         for key in dict.fromkeys(msg.keys):
             ks = self.keys.get(key)
             if ks is None:
@@ -287,18 +292,17 @@ class Manager(Actor):
                 wanted.append(key)
                 continue
             ks.leaving.discard(msg.client)  # wanted again since its cancel
-            if ks.update is not None:  # known and not run again: tell the client again
-                self._send(msg.client, [ks.update])
-        if not graph.unconfigured:
-            self._scheduler().post(SubmitSpecs(run, graph.pieces, tuple(wanted)))
-            return SubmitReply(run)
+            echo.append(key)
+        echoed = tuple(echo)
+        told = tuple((pool, self.not_configured(pool)) for pool in graph.unconfigured)
+        request = SubmitSpecs(run, graph.pieces, tuple(wanted), told, echoed, msg.client)
+        if not told:
+            self._scheduler().post(request)
+            return SubmitReply(run, echoed=echoed)
         # A pool that is not configured: a worker may have joined it by hand (--pool),
         # which the scheduler knows. It answers which no worker has joined as it gets
         # the specs (not once they are taken in), in order with what comes next.
-        told = tuple((pool, self.not_configured(pool)) for pool in graph.unconfigured)
-        answer = self._scheduler().post_ask(
-            SubmitSpecs(run, graph.pieces, tuple(wanted), told), timeout=None
-        )
+        answer = self._scheduler().post_ask(request, timeout=None)
 
         async def warnings() -> SubmitReply:
             empty = await answer
@@ -307,7 +311,7 @@ class Manager(Actor):
                 f"with --pool {pool}"
                 for pool, why in told
                 if pool in empty
-            ))  # fmt: skip
+            ), echoed)  # fmt: skip
 
         return Later(warnings())
 
@@ -405,6 +409,12 @@ class Manager(Actor):
         for upd in msg.updates:
             ks = self.keys.get(upd.key)
             if ks is None:
+                continue
+            if type(upd) is KeyTaken:  # for the client whose submission it was
+                if upd.pending:  # runs (again): a failure or cancel said before is stale
+                    self._set_update(ks, None)
+                if upd.client in ks.clients:
+                    per_client.setdefault(upd.client, []).append(upd)
                 continue
             self._set_update(ks, upd)
             for client in ks.clients:

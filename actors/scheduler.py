@@ -43,6 +43,7 @@ from actors.scheduler_events import (
     KeyDone,
     KeyErred,
     KeysReleased,
+    KeyTaken,
     PolicyChanged,
     ReplicasCopied,
     ReplicasMissing,
@@ -273,7 +274,7 @@ class Scheduler(Actor):
                 self._to_worker(cmd.worker, RunTasks(cmd.tasks))
             elif type(cmd) is FileFacts:
                 self._registry().post(FileFactsMsg(cmd.facts))
-            elif type(cmd) in (KeyDone, KeyErred, KeyCancelled):
+            elif type(cmd) in (KeyDone, KeyErred, KeyCancelled, KeyTaken):
                 updates.append(cmd)
             elif type(cmd) is CancelOnWorker:
                 self._to_worker(cmd.worker, CancelTasks(cmd.keys))
@@ -379,18 +380,21 @@ class Scheduler(Actor):
         wanted = frozenset(msg.wanted)
         unconfigured = msg.unconfigured
 
-        def piece(p: SpecPiece, continued: bool) -> Callable[[str], None]:
+        last = len(msg.specs) - 1
+
+        def piece(p: SpecPiece, i: int) -> Callable[[str], None]:
             keys = tuple(k for k in p.keys if k in wanted)
+            echo = msg.echo if i == last else ()  # once the whole graph is in
             return lambda stimulus: self._handle(
                 GraphSubmitted(
-                    stimulus, self.clock.now(), p.specs, keys, continued, p.hold, p.unhold,
-                    unconfigured,
+                    stimulus, self.clock.now(), p.specs, keys, i > 0, p.hold, p.unhold,
+                    unconfigured, echo, msg.client,
                 )
             )  # fmt: skip
 
         empty = tuple(self.state.pools_without_worker(pool for pool, _ in unconfigured))
         idle = not self._intake
-        self._intake.extend(_Turn(piece(p, i > 0), stimulus) for i, p in enumerate(msg.specs))
+        self._intake.extend(_Turn(piece(p, i), stimulus) for i, p in enumerate(msg.specs))
         if idle:
             self._take_in()
         return empty

@@ -30,6 +30,7 @@ __all__ = [
     "KeyCancelled",
     "KeyDone",
     "KeyErred",
+    "KeyTaken",
     "KeysReleased",
     "PolicyChanged",
     "ReplicasCopied",
@@ -71,7 +72,9 @@ class GraphSubmitted(Event):
     piece that brings their last reader, lets them go. ``unconfigured``: ``(pool,
     why)`` for the pools the submission's tasks name that are not configured (the
     manager's ``SubmitSpecs.unconfigured``): a new task of one that no worker has
-    joined says ``why`` in its story."""
+    joined says ``why`` in its story. ``echo``: keys the submitting client,
+    ``echo_to``, wanted already (the last piece's): once the submission is in, the core
+    says where each stands (:class:`KeyTaken`)."""
 
     specs: Mapping[Key, TaskSpec]
     wanted: tuple[Key, ...]
@@ -79,6 +82,8 @@ class GraphSubmitted(Event):
     hold: tuple[Key, ...] = ()
     unhold: tuple[Key, ...] = ()
     unconfigured: tuple[tuple[str, str], ...] = ()
+    echo: tuple[Key, ...] = ()
+    echo_to: str = ""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -354,6 +359,19 @@ class KeyErred(Command):
 class KeyCancelled(Command):
     key: Key
     reason: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class KeyTaken(Command):
+    """A submission of ``key`` by ``client``, which wanted it already, was taken in:
+    what was said of the key before this is older than that submission. ``pending``:
+    the key runs (again: it had failed or been cancelled, and the submission runs it
+    again); else the ``KeyDone``/``KeyErred``/``KeyCancelled`` right before this says
+    again where it stands. For ``client`` alone (the manager sends it to no other)."""
+
+    key: Key
+    pending: bool
+    client: str
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

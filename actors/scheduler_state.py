@@ -167,6 +167,7 @@ from actors.scheduler_events import (
     KeyDone,
     KeyErred,
     KeysReleased,
+    KeyTaken,
     PolicyChanged,
     ReplicasCopied,
     ReplicasMissing,
@@ -809,18 +810,27 @@ class SchedulerState:
                 continue
             self._activate(ts)
         for ts in wanted:
-            if ts in fresh:
-                continue  # told through the normal path when it settles
-            if ts.state == "memory":
-                self._out.append(KeyDone(self._stimulus, ts.key, next(iter(ts.who_has)), ts.nbytes))
-            elif ts.state in ("erred", "cancelled"):
-                self._notify_failed(ts)
-            elif ts.state == "released":
-                self._recompute(ts)
+            if ts not in fresh:  # (a fresh one is told through the normal path)
+                self._tell_where(ts)
         if ev.unhold:  # their last readers came with this piece: held no more
             self._unwant(ev.unhold)
+        for key in ev.echo:  # wanted by the client already: where each stands now
+            ts = self.tasks.get(key)
+            if ts is not None:  # (not forgotten while wanted)
+                self._tell_where(ts)
+                self._out.append(KeyTaken(self._stimulus, key, ts.state in ACTIVE, ev.echo_to))
         if ev.unconfigured:
             self._tell_no_worker(new, ev.unconfigured)
+
+    def _tell_where(self, ts: TaskState) -> None:
+        """Tell the clients of a wanted task that is done or failed so, again; one whose
+        output was dropped is made again."""
+        if ts.state == "memory":
+            self._out.append(KeyDone(self._stimulus, ts.key, next(iter(ts.who_has)), ts.nbytes))
+        elif ts.state in ("erred", "cancelled"):
+            self._notify_failed(ts)
+        elif ts.state == "released":
+            self._recompute(ts)
 
     def _tell_no_worker(
         self, new: list[TaskState], unconfigured: Iterable[tuple[str, str]]

@@ -38,7 +38,7 @@ from actors.autoscaler import PoolTarget
 from actors.manager import GatherResult, Manager
 from actors.providers import DISK_OFF, BlockSpec, InProcessProvider
 from actors.scheduler import Scheduler
-from actors.scheduler_events import KeyCancelled, KeyDone, KeyErred
+from actors.scheduler_events import KeyCancelled, KeyDone, KeyErred, KeyTaken
 from actors.transfer import READ_TIMEOUT, StreamInfo, UnknownStream
 from runtime import unpickling
 from runtime.errors import (
@@ -201,7 +201,7 @@ class GcTuning:
 class _KeyWatch:
     """Client-side state of one key: how many Future objects hold it, and its fate."""
 
-    __slots__ = ("holders", "left", "update", "wants")
+    __slots__ = ("fence", "held", "holders", "left", "update", "wants")
 
     def __init__(self) -> None:
         self.holders = 0  #: Future objects (and computes) holding the key
@@ -213,6 +213,14 @@ class _KeyWatch:
         #: longer wants it at the manager, and words on it that were on their way are
         #: not for it. Until it is submitted again.
         self.left = False
+        #: submissions of the key under way: sent, and either not answered yet or
+        #: answered that a ``KeyTaken`` comes. Meanwhile a failure or cancel said of it
+        #: may be older than the submission (a cancel's word still on its way when the
+        #: key was submitted again): it is held, not told, until the answer (then it is
+        #: newer) or the ``KeyTaken`` (then it is stale, and what comes before the
+        #: ``KeyTaken`` says again where the key stands)
+        self.fence = 0
+        self.held: Any = None  #: the latest such failure or cancel
 
 
 class _Waiter:
@@ -406,8 +414,35 @@ class ClientActor(Actor):
         rejoin_causes(msg.updates)  # (from another process: see KeyUpdates.for_wire)
         for upd in msg.updates:
             w = self.watches.get(upd.key)
-            if w is not None and not w.left:  # left: sent before our release came
+            if w is None or w.left:  # left: sent before our release came
+                continue
+            if type(upd) is KeyTaken:
+                if upd.pending:  # runs (again): what was held or told before is stale
+                    w.held = w.update = None
+                self._unfence(w)
+            elif w.fence and not isinstance(upd, KeyDone):
+                w.held = upd
+            else:
+                w.held = None
                 self._settle(upd)
+
+    def _unfence(self, w: _KeyWatch) -> None:
+        """One submission of ``w``'s key is answered, taken in, or failed before it went:
+        once none is under way, what was held is told."""
+        if w.fence:
+            w.fence -= 1
+        if not w.fence and w.held is not None:
+            upd, w.held = w.held, None
+            self._settle(upd)
+
+    def sent(self, keys: Iterable[Key], reply: object) -> None:
+        """A submission of ``keys`` was answered (``reply``) or failed (None): the keys
+        no ``KeyTaken`` comes of are no longer under way."""
+        echoed = set(reply.echoed) if isinstance(reply, SubmitReply) else set()
+        for key in keys:
+            w = self.watches.get(key)
+            if w is not None and key not in echoed:
+                self._unfence(w)
 
     def _settle(self, upd: Any) -> None:
         w = self.watches.get(upd.key)
@@ -501,7 +536,9 @@ class ClientActor(Actor):
                     dict(opts.resources) or None, opts.pool,
                 )  # fmt: skip
                 try:
-                    _told_of(await self.manager.ask(request))
+                    reply = await self.manager.ask(request)
+                    self.sent(graph, reply)
+                    _told_of(reply)
                     break
                 except FrameTooLarge as exc:
                     # More than one message to a remote manager may carry: in parts that
@@ -588,14 +625,18 @@ class ClientActor(Actor):
             error = DependencyFailed(str(key), str(root), reason)
             error.__cause__ = root_error
             del graph[key]
+            self.sent((key,), None)
             self._settle(KeyErred("", key, error, root, root_error))
 
     def fail_local(self, key: Key, error: BaseException) -> None:
+        """``key`` failed here, before its submission went."""
+        self.sent((key,), None)
         self._settle(KeyErred("", key, error, key, error))
 
     def watch(self, key: Key) -> _KeyWatch:
         """The key's watch, for a Future (or a compute) being made: its key is being
-        submitted (again)."""
+        submitted (again). A key that failed or was cancelled runs again: its futures,
+        old and new, wait for that run."""
         w = self.watches.get(key)
         if w is None:
             w = self.watches[key] = _KeyWatch()
@@ -606,6 +647,8 @@ class ClientActor(Actor):
             self.to_release.pop(key, None)
         elif w.left:  # cancelled for this client only, now submitted again: wanted again
             w.left = False
+            w.update = None
+        elif w.update is not None and type(w.update) is not KeyDone:
             w.update = None
         w.wants += 1
         return w
@@ -1399,13 +1442,12 @@ class Cluster:
                 token = tokenize(func, args, kwargs, dataclasses.astuple(opts))
             key = f"{funcname(func)}-{token}"
         client = self._client_actor
-        fut = Future(key, self)
+        fut = Future(key, self)  # (failed or cancelled: pending again, to run again)
         watch = fut._watch
-        if type(watch.update) is KeyCancelled:
-            watch.update = None  # the same call again after a cancel: it runs again
         if key not in client.pending and watch.update is None:
             task = make_task(key, func, args, kwargs, self._key_of_future)
             client.pending[key] = (task, opts)
+            watch.fence += 1
             if not client.flush_queued:
                 client.flush_queued = True
                 client.ref.post(_Flush())
@@ -1484,9 +1526,14 @@ class Cluster:
         """Send a graph checked by the caller (:func:`reject_collection`, its keys
         hashable, ``opts`` checked). A graph more than one message to a remote manager
         may carry is a :class:`GraphError` saying what to do."""
-        # the submit() graphs and the releases made before it go first, in that order
-        await self._client_actor.ref.ask(_SendReleases(), timeout=None)
+        client = self._client_actor
+        under_way = tuple(dict.fromkeys(keys))
+        for key in under_way:  # see _KeyWatch.fence
+            client.watches[key].fence += 1
+        reply = None
         try:
+            # the submit() graphs and the releases made before it go first, in that order
+            await client.ref.ask(_SendReleases(), timeout=None)
             reply = await self._manager.ask(
                 SubmitGraphRequest(
                     graph,
@@ -1509,6 +1556,8 @@ class Cluster:
                 "da.from_zarr, reading a file), whose outputs move in parts of any size.",
                 size=size, limit=limit,
             ) from exc  # fmt: skip
+        finally:
+            client.sent(under_way, reply)
         _told_of(reply)
 
     async def compute(self, graph: Mapping[Key, Any], keys: Any, **options: Any) -> Any:

@@ -245,16 +245,23 @@ class SubmitSpecs(Message):
     #: worker has joined says so in its story; asked (not posted), the scheduler
     #: answers which of these pools no worker has joined
     unconfigured: tuple[tuple[str, str], ...] = ()
+    #: the keys the submitting client (``client``) wanted already: once the graph is
+    #: in, the scheduler says where each stands (``KeyTaken``, after what it says again)
+    echo: tuple[Any, ...] = ()
+    client: str = ""
 
 
 @message()
 class SubmitReply(Message):
     """Manager -> client: a submission was taken as run ``run``. ``warnings``: what the
     client logs of it at once, each a sentence (tasks of a pool that is not configured
-    and that no worker has joined: they wait until one joins)."""
+    and that no worker has joined: they wait until one joins). ``echoed``: the keys the
+    client wanted already, of which a ``KeyTaken`` comes (``SubmitSpecs.echo``): what
+    came of those before it is older than this submission."""
 
     run: str
     warnings: tuple[str, ...] = ()
+    echoed: tuple[Any, ...] = ()
 
 
 @message(local=True)
@@ -566,7 +573,8 @@ class FilesReleasedMsg(Message):
 @message(local=True)
 class KeyUpdates(Message):
     """Scheduler -> manager -> client: wanted keys finished, failed or were cancelled
-    (``KeyDone``/``KeyErred``/``KeyCancelled`` objects)."""
+    (``KeyDone``/``KeyErred``/``KeyCancelled`` objects), or a submission of them by a
+    client that wanted them already was taken in (``KeyTaken``)."""
 
     updates: tuple[Any, ...]
 

@@ -23,6 +23,7 @@ from actors.scheduler_events import (
     KeyDone,
     KeyErred,
     KeysReleased,
+    KeyTaken,
     WorkerJoined,
 )
 from policies import REGISTRY
@@ -376,6 +377,37 @@ def test_resubmitting_a_cancelled_key_runs_it_again(make_state: Factory) -> None
     submit(s, {"a": []}, ["a"])
     assert s.tasks["a"].state == "queued"
     assert assigned(join(s, "w1")) == {"w1": ["a"]}
+
+
+def test_a_submission_of_keys_its_client_wanted_already_says_where_each_stands(
+    make_state: Factory,
+) -> None:
+    """``echo``: the keys the submitting client wanted already. Once the graph is in,
+    each gets a ``KeyTaken`` for that client, in order after everything said of it
+    before: pending when it runs (run again after its cancel, or still running), else
+    right after its ``KeyDone``/``KeyErred`` said again."""
+    s = make_state()
+    join(s, "w1")
+    submit(s, {"a": [], "b": [], "c": []}, ["a", "b", "c"])
+    finish(s, "w1", "b")
+    boom = ValueError()
+    finish(s, "w1", "c", "error", error=boom)
+    cancel(s, "a")
+    specs = specs_for(s, {"a": []}, ["a"])
+    echo = ("a", "b", "c")
+    cmds = run(s, event(GraphSubmitted, specs=specs, wanted=(), echo=echo, echo_to="cl"))
+    assert s.tasks["a"].state == "processing"  # run again
+    said = [(type(c).__name__, c.key) for c in cmds if type(c) in (KeyDone, KeyErred, KeyTaken)]
+    assert said == [
+        ("KeyTaken", "a"), ("KeyDone", "b"), ("KeyTaken", "b"), ("KeyErred", "c"),
+        ("KeyTaken", "c"),
+    ]  # fmt: skip
+    assert [(c.pending, c.client) for c in of(cmds, KeyTaken)] == [
+        (True, "cl"),
+        (False, "cl"),
+        (False, "cl"),
+    ]
+    assert [c.error for c in of(cmds, KeyErred)] == [boom]
 
 
 def test_a_cancelled_try_reported_after_the_key_came_back_to_its_worker_is_stale(
