@@ -1946,13 +1946,18 @@ class _GetHelper:
             self._task = (asyncio.get_running_loop(), task)
         return await self._main()
 
-    def wait(self, limit: float = math.inf) -> bool:
+    def wait(self, limit: float = math.inf, *, caller: asyncio.Task[Any] | None = None) -> bool:
         """Wait until the thread ends, at most ``limit`` seconds; whether it ended. What
         interrupts the caller (KeyboardInterrupt) is raised from here. (Not in
         ``Thread.join``: on Python 3.11, an interrupted join marks a running thread as
-        stopped.)"""
+        stopped.) ``caller``: the task :func:`get` was called in, whose cancel asked
+        meanwhile (``asyncio.run``'s Ctrl-C: its SIGINT handler cancels its main task
+        instead of raising) raises ``asyncio.CancelledError`` here."""
         deadline = time.monotonic() + limit
+        asked = caller.cancelling() if caller is not None else 0
         while not self._ended.wait(min(_GET_POLL, max(deadline - time.monotonic(), 0))):
+            if caller is not None and caller.cancelling() > asked:
+                raise asyncio.CancelledError
             if time.monotonic() >= deadline:
                 return False
         self._thread.join()  # it has only to return from _run
@@ -2002,7 +2007,9 @@ def get(
     instead, and ``workers``, ``threads_per_worker`` and ``num_workers`` raise
     ``TypeError``. Safe to call from inside a running event loop: it then runs in a
     helper thread with its own loop, and Ctrl-C (``KeyboardInterrupt``) cancels the
-    computation there before it reaches the caller, as it does outside a loop.
+    computation there before it reaches the caller, as it does outside a loop; under
+    ``asyncio.run``, whose Ctrl-C cancels its main task instead, the computation is
+    cancelled and then ``asyncio.CancelledError`` raised in the task.
     ``gc_threshold`` is as for :class:`Cluster`. ``options`` go to
     :meth:`Cluster.submit_graph` (``priority``, ``retries``, ``resources``, ``pool``).
     No other worker can join its cluster: a task naming another pool than its own
@@ -2076,7 +2083,7 @@ def get(
         return anyio.run(main, backend="asyncio")
     helper = _GetHelper(main)
     try:
-        helper.wait()
+        helper.wait(caller=asyncio.current_task())
     except BaseException:  # Ctrl-C in the caller's thread: end the computation first
         helper.cancel()
         try:

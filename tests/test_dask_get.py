@@ -26,8 +26,9 @@ from tests.helpers import Cli, wait_until
 
 LIMIT = 90  # seconds a Ctrl-C test may take in all (a manager and a worker start)
 
-#: The cell: ``python cell.py MARKS embedded|ADDRESS``. Each task touches
-#: MARKS/started-I, waits (at most two minutes) for MARKS/gate, then touches MARKS/ended-I.
+#: The cell: ``python cell.py MARKS embedded|ADDRESS loop|run``, in a loop of its own (as
+#: in ipykernel) or in ``asyncio.run``. Each task touches MARKS/started-I, waits (at most
+#: two minutes) for MARKS/gate, then touches MARKS/ended-I.
 CELL = """
 import asyncio, pathlib, signal, sys, threading, time
 
@@ -53,22 +54,35 @@ async def cell():
     options = {"address": address} if address else {"num_workers": 2}
     try:
         return dask.compute(total, scheduler=runtime.get, **options)
-    except KeyboardInterrupt:
+    except BaseException as exc:
         left = [t.name for t in threading.enumerate() if t.name == "corral-get"]
-        print(f"KeyboardInterrupt reached the cell; helper threads left: {left}", flush=True)
+        name = type(exc).__name__
+        print(f"{name} reached the cell; helper threads left: {left}", flush=True)
         raise
 
 
 signal.signal(signal.SIGINT, signal.default_int_handler)  # as ipykernel has it
-print(asyncio.new_event_loop().run_until_complete(cell()), flush=True)
+if sys.argv[3] == "run":  # its SIGINT handler cancels the cell's task, raising nothing
+    print(asyncio.run(cell()), flush=True)
+else:
+    print(asyncio.new_event_loop().run_until_complete(cell()), flush=True)
 """
 
 ACTIVE = ("waiting", "queued", "processing")
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize("where", ["embedded", "manager"])
-async def test_ctrl_c_in_a_running_loop_cancels_the_computation(tmp_path: Path, where: str) -> None:
+@pytest.mark.parametrize(
+    ("where", "runner"), [("embedded", "loop"), ("manager", "loop"), ("embedded", "run")]
+)
+async def test_ctrl_c_in_a_running_loop_cancels_the_computation(
+    tmp_path: Path, where: str, runner: str
+) -> None:
+    """Ctrl-C in a cell that waits in ``runtime.get`` ends the computation, then reaches
+    the cell: as ``KeyboardInterrupt`` in a loop of its own (ipykernel's), and under
+    ``asyncio.run`` (whose SIGINT handler cancels its main task, raising nothing) as the
+    task's ``CancelledError``, which ``asyncio.run`` turns into ``KeyboardInterrupt``
+    (get went on to its end, and the interrupt came after it)."""
     marks = tmp_path / "marks"
     marks.mkdir()
     script = tmp_path / "cell.py"
@@ -80,7 +94,7 @@ async def test_ctrl_c_in_a_running_loop_cancels_the_computation(tmp_path: Path, 
                 if where == "manager":
                     _, target = cli.manager("--no-monitoring")
                     cli.worker(target, "--cores", "2")
-                cell = cli.spawn([sys.executable, str(script), str(marks), target])
+                cell = cli.spawn([sys.executable, str(script), str(marks), target, runner])
                 # Another process's progress shows only in the filesystem: bounded polls.
                 await wait_until(lambda: any(marks.glob("started-*")), "a task to start",
                                  limit=60)  # fmt: skip
@@ -90,7 +104,8 @@ async def test_ctrl_c_in_a_running_loop_cancels_the_computation(tmp_path: Path, 
                 await wait_until(lambda: cell.poll() is not None, "the cell to end", limit=30)
                 # The helper thread (with the cluster or the connection) had ended by
                 # the time the interrupt reached the cell.
-                line = cli.line_with(cell, "KeyboardInterrupt reached the cell")
+                reached = "CancelledError" if runner == "run" else "KeyboardInterrupt"
+                line = cli.line_with(cell, f"{reached} reached the cell")
                 assert line.rstrip().endswith("helper threads left: []"), line
                 cli.line_with(cell, "KeyboardInterrupt")  # the traceback's last line
                 assert cell.returncode != 0
