@@ -650,10 +650,11 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     except Exception as exc:
         refused = _innermost(exc)
         if isinstance(refused, PermissionDenied) and getattr(refused, "what", "") == "worker id":
-            # Another worker holds this id (docs/deployment.md: names are unique).
+            # Another worker holds this id (docs/deployment.md: names are unique); the
+            # refusal says whether it is joined or held for a rejoin, and until when.
             refused.add_note(
-                "(Choose another --name: worker names must be unique among the manager's "
-                "workers; a name is free again once its worker has left.)"
+                "(Worker names are unique among the manager's workers: wait as said above, "
+                "or choose another --name.)"
             )
         raise
     return 0

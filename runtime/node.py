@@ -35,6 +35,7 @@ import dataclasses
 import functools
 import hmac
 import json
+import math
 import os
 import secrets
 import signal
@@ -940,6 +941,8 @@ class Gateway:
         self.peers: dict[str, Peer] = {}  #: live peers by name
         self._generation: dict[str, int] = {}  #: connections seen per name
         self._returned: dict[str, anyio.Event] = {}  #: set when a dropped worker is back
+        #: a dropped worker's id -> when (wall clock) its rejoin grace ends: held till then
+        self._held_until: dict[str, float] = {}
         self.links: dict[str, Link] = {}  #: the scheduler's reference to each worker
         self._secrets: dict[str, str] = {}  #: worker id -> the secret it rejoins with
         self.infos: dict[str, WorkerInfo] = {}  #: joined workers (answers PeerQuery)
@@ -979,11 +982,7 @@ class Gateway:
             if secret is not None and not hmac.compare_digest(
                 hello.secret.encode(), secret.encode()
             ):
-                return PermissionDenied(
-                    "worker id",
-                    f"worker id {name!r} belongs to a registered worker; rejoining under it "
-                    "needs the secret that worker was given when it registered",
-                )
+                return PermissionDenied("worker id", self._held(name))
             return None
         if role != "admin" and hello.kind == "client":
             return PermissionDenied("Hello as a client", READ_TOKEN_CLIENT)
@@ -992,6 +991,26 @@ class Gateway:
                 "name", f"the name {name!r} is in use by another connection; pick a unique one"
             )
         return None
+
+    def _held(self, name: str) -> str:
+        """Why the worker id ``name`` is not free: its worker is joined, or it dropped
+        and its id is kept for its rejoin until its grace ends (then free)."""
+        needs = "rejoining under it needs the secret that worker was given when it registered"
+        until = self._held_until.get(name)
+        if until is None:
+            return (
+                f"worker id {name!r} belongs to a registered worker, connected now; {needs}. "
+                "The id is free again as soon as that worker has left"
+            )
+        left = max(0.0, until - time.time())
+        at = time.strftime("%H:%M:%S", time.gmtime(until))
+        return (
+            f"worker id {name!r} is held for a rejoin: its worker's connection dropped "
+            f"without a goodbye, and the manager keeps the id and the worker's work for "
+            f"{self.reconnect_timeout:g} s (its reconnect timeout) in case it comes back; "
+            f"{needs}. The id is free at {at} UTC: wait {math.ceil(left):g} s and start "
+            "again, or use another id"
+        )
 
     async def handle(self, conn: Any) -> None:
         """Serve one connection (a listener's ``serve`` handler)."""
@@ -1041,6 +1060,7 @@ class Gateway:
         generation = self._generation.get(hello.name, 0) + 1
         self._generation[hello.name] = generation
         back = self._returned.pop(hello.name, None)
+        self._held_until.pop(hello.name, None)
         if back is not None:
             back.set()
         peer = Peer(
@@ -1116,27 +1136,48 @@ class Gateway:
     async def _worker_dropped(
         self, name: str, generation: int, cause: str, *, left: bool = False
     ) -> None:
-        """Give a worker ``reconnect_timeout`` seconds to come back, then report it
-        (``left``: it said WorkerGone first, so the scheduler knows already and its
-        connection's end is no loss)."""
-        back = self._returned[name] = anyio.Event()
-        with anyio.move_on_after(self.reconnect_timeout):
-            await back.wait()
-        if self._generation.get(name) == generation:
-            self._returned.pop(name, None)
-            self.peers.pop(name, None)
-            self._generation.pop(name, None)
-            self._secrets.pop(name, None)  # the id is free again
-            self.infos.pop(name, None)
-            link = self.links.pop(name, None)
+        """Give a worker ``reconnect_timeout`` seconds to come back, then report it. One
+        that ``left`` (it said WorkerGone first, so the scheduler knows already and its
+        connection's end is no loss) is not waited for: its id is free at once."""
+        if left:
+            link = self._forget_worker(name)
+            _log.info("worker connection closed after it left", worker=name)
+            # Its link ends later: the scheduler may send to it until it reads the
+            # goodbye, and a send that fails would report the worker lost (by name:
+            # by then, maybe a new worker under that id).
+            await anyio.sleep(self.reconnect_timeout)
             if link is not None:
                 link.close()
-            if left:
-                _log.info("worker connection closed after it left", worker=name)
-            else:
-                _log.warning("worker connection lost", worker=name)
-            with contextlib.suppress(ActorStopped):  # the scheduler is stopping
-                await self.plane.refs["scheduler"].tell(WorkerGone(name, cause))
+            return
+        back = self._returned[name] = anyio.Event()
+        until = self._held_until[name] = time.time() + self.reconnect_timeout
+        _log.warning(
+            "worker connection dropped; its id is held for its rejoin", worker=name,
+            seconds=self.reconnect_timeout, until=time.strftime("%H:%M:%S UTC", time.gmtime(until)),
+        )  # fmt: skip
+        with anyio.move_on_after(self.reconnect_timeout):
+            await back.wait()
+        if self._generation.get(name) != generation:
+            return  # back in time (or a newer connection serves the id)
+        _log.warning("worker connection lost", worker=name)
+        # Told before the id is free: a new worker under it registers after this.
+        with contextlib.suppress(ActorStopped):  # the scheduler is stopping
+            await self.plane.refs["scheduler"].tell(WorkerGone(name, cause))
+        if self._generation.get(name) == generation:
+            link = self._forget_worker(name)
+            if link is not None:
+                link.close()
+
+    def _forget_worker(self, name: str) -> Link | None:
+        """The worker ``name`` is gone for good: its id is free again. Returns its link
+        (the scheduler's reference to it), for the caller to close."""
+        self._returned.pop(name, None)
+        self._held_until.pop(name, None)
+        self.peers.pop(name, None)
+        self._generation.pop(name, None)
+        self._secrets.pop(name, None)
+        self.infos.pop(name, None)
+        return self.links.pop(name, None)
 
 
 # ----------------------------------------------------------------------------- processes

@@ -1092,7 +1092,7 @@ async def test_ws_read_only_token_can_look_but_not_change(gate: Any, tokens: Tok
 @pytest.mark.anyio
 async def test_a_worker_that_left_is_not_logged_as_a_lost_connection(tokens: Tokens) -> None:
     """A drained worker says WorkerGone, then its connection closes: the manager logs
-    its end at info once the rejoin grace is over, not the warning of a lost worker
+    its end at info at once (its id is free then), not the warning of a lost worker
     (before, every clean departure was followed by ``worker connection lost``)."""
     with anyio.fail_after(LIMIT), log_lines("corral.node") as log:
         async with ws_nodes(1, tokens) as (address, (worker,)):
@@ -1238,7 +1238,8 @@ async def test_a_worker_whose_name_is_taken_is_told_to_choose_another(
             code = await anyio.to_thread.run_sync(main, argv, abandon_on_cancel=True)
             (err,) = _error_lines(capsys.readouterr().err)
             assert code == 1 and "PermissionDenied" in err and worker.id in err, err
-            assert "Choose another --name" in err, err
+            assert "belongs to a registered worker, connected now" in err, err
+            assert "wait as said above, or choose another --name" in err, err
 
 
 def _error_lines(err: str) -> list[str]:
