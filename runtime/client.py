@@ -1224,15 +1224,26 @@ class Cluster:
             )
         error = refusal_error(answer, allow_pickle=True)
         if getattr(error, "what", None) == "Hello as a client":  # the read-only token
+            where = getattr(error, "token_file", "")  # as the manager tells it
             raise PermissionDenied(
-                "Hello as a client", f"{error}. {self._read_token_source(address)}"
+                "Hello as a client",
+                f"{error}. {self._read_token_source(address, where)}",
+                token_file=where,
             ) from None
         raise error
 
-    def _read_token_source(self, address: str) -> str:
-        """Where the read token this client presented came from, and which to pass."""
-        from runtime.node import token_path
-
+    def _read_token_source(self, address: str, token_file: str) -> str:
+        """Where the read token this client presented came from, and which to pass:
+        the admin token of the manager's ``token_file`` (its path on the manager's
+        machine, as the manager told it; "" if it did not: then where a manager keeps
+        it, as no path built here is the manager's)."""
+        where = (
+            f"{token_file} on the manager's machine"
+            if token_file
+            else "$CORRAL_HOME/tokens/HOST_PORT.json of the manager's user on its machine "
+            "(CORRAL_HOME is ~/.corral unless set; HOST and PORT those of the address it "
+            "listens on; or the file its --token-file names)"
+        )
         if self.token:
             given = "This client presented the token it was given (token=...)"
         elif os.environ.get("CORRAL_TOKEN"):
@@ -1244,9 +1255,8 @@ class Cluster:
             given = "This client presented the manager's read token"
         return (
             f"{given}: pass the admin token instead, as token=... or CORRAL_TOKEN. It is "
-            f"the 'admin' entry of the manager's token file, {token_path(address)} on the "
-            "manager's machine (readable by its user only; or the file its --token-file "
-            "names), where the read token is the 'read' entry. To only look, use the "
+            f"the 'admin' entry of the manager's token file, {where} (readable by that "
+            "user only), where the read token is the 'read' entry. To only look, use the "
             f"console: python -m runtime console {address} --read-only"
         )
 

@@ -290,10 +290,11 @@ class AuthenticationFailed(ConnectFailed):
 class PermissionDenied(CorralError):
     """This connection's role may not do that (see :data:`ALLOWED`, docs/security.md)."""
 
-    def __init__(self, what: str, message: str = "") -> None:
+    def __init__(self, what: str, message: str = "", **fields: Any) -> None:
         super().__init__(
             message or f"{what} needs the admin token; this connection has the read-only one",
             what=what,
+            **fields,
         )
 
 

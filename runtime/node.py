@@ -950,6 +950,9 @@ class Gateway:
         self.refused_messages = 0  #: messages refused at the door (all connections)
         self.closed_for_refusals = 0  #: connections closed for sending refused messages
         self.paced_reads = 0  #: reads that waited their turn (a connection over its pace)
+        #: the manager's token file (its absolute path; "" if it has none), told to a
+        #: client refused for the read token: where the admin token is
+        self.token_file = ""
         plane.resolvers.append(self.resolve)
 
     def resolve(self, name: str) -> RemoteRef | None:
@@ -985,7 +988,9 @@ class Gateway:
                 return PermissionDenied("worker id", self._held(name))
             return None
         if role != "admin" and hello.kind == "client":
-            return PermissionDenied("Hello as a client", READ_TOKEN_CLIENT)
+            return PermissionDenied(
+                "Hello as a client", READ_TOKEN_CLIENT, token_file=self.token_file
+            )
         if (live is not None and not live.closed) or name in self._secrets:
             return PermissionDenied(
                 "name", f"the name {name!r} is in use by another connection; pick a unique one"
@@ -1530,6 +1535,7 @@ async def run_manager(
         path = token_file or token_path(listener.address)
         if websockets:
             tokens.write(path)
+            gateway.token_file = str(path.absolute())
         if pools:
             await start_pools(plane, pools, listener.address, tokens)
 

@@ -472,15 +472,19 @@ async def test_a_client_with_the_read_token_is_refused_when_it_connects(
 
     import runtime
     from runtime.console import ConsoleClient
-    from runtime.node import token_path
 
     read = site.tokens["read"]
+    # The manager's own token file, as the manager tells it: not one under this
+    # client's CORRAL_HOME, which names no file of the manager's.
+    monkeypatch.setenv("CORRAL_HOME", str(site.tmp / "clienthome"))
+    port = site.address.rpartition(":")[2]
+    manager_file = site.tmp / "home" / "tokens" / f"127.0.0.1_{port}.json"
+    assert manager_file.is_file()
     fix = (
         ": pass the admin token instead, as token=... or CORRAL_TOKEN. It is the 'admin' "
-        f"entry of the manager's token file, {token_path(site.address)} on the manager's "
-        "machine (readable by its user only; or the file its --token-file names), where the "
-        "read token is the 'read' entry. To only look, use the console: python -m runtime "
-        f"console {site.address} --read-only"
+        f"entry of the manager's token file, {manager_file} on the manager's machine "
+        "(readable by that user only), where the read token is the 'read' entry. To only "
+        f"look, use the console: python -m runtime console {site.address} --read-only"
     )
     refused = (
         "this token is read-only; clients (Cluster, runtime.get) need the admin token: the "
@@ -496,6 +500,8 @@ async def test_a_client_with_the_read_token_is_refused_when_it_connects(
             f"{refused} This client presented the token it was given (token=...){fix}"
         )
         assert info.value.what == "Hello as a client"
+        assert info.value.token_file == str(manager_file)
+        assert "clienthome" not in str(info.value)
         # The gateway refused its Hello: nothing was asked of the manager.
         await _until_logged(site.manager, "refused a connection", before + 1)
 
@@ -523,6 +529,22 @@ async def test_a_client_with_the_read_token_is_refused_when_it_connects(
         async with raw(site.address, site.tokens["admin"], Hello("client", "c-hi")) as conn:
             assert await _next(conn) == Welcome("")
         await _run_is_correct(site)
+
+
+def test_a_client_not_told_the_token_file_says_where_a_manager_keeps_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A manager that tells no token file (an embedded one has none): the client says
+    where a manager keeps it, not a path built from its own CORRAL_HOME."""
+    monkeypatch.setenv("CORRAL_HOME", str(tmp_path / "clienthome"))
+    address = "ws://127.0.0.1:28800"
+    text = Cluster(address, token="0" * 64)._read_token_source(address, "")
+    assert (
+        "the manager's token file, $CORRAL_HOME/tokens/HOST_PORT.json of the manager's user "
+        "on its machine (CORRAL_HOME is ~/.corral unless set; HOST and PORT those of the "
+        "address it listens on; or the file its --token-file names)"
+    ) in text, text
+    assert "clienthome" not in text and "127.0.0.1_28800" not in text, text
 
 
 def _free_port() -> int:
