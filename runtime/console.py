@@ -257,7 +257,7 @@ class ConsoleClient:
         token: str | None = None,
         read_only: bool = False,
         timeout: float = 30.0,
-        connect_timeout: float = 10.0,
+        connect_timeout: float | None = None,  #: None: transport.connect's default
     ) -> None:
         self.address = address
         self.token = token

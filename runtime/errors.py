@@ -215,18 +215,24 @@ class ConnectionClosed(TransportError):
         )
 
 
+#: what a :class:`ConnectFailed` says to do unless its cause says better
+CHECK_LISTENER = "Check that a listener is running at that address and is reachable."
+
+
 class ConnectFailed(TransportError):
-    """No connection could be made: nothing listens there, it refused, or it timed out."""
+    """No connection could be made: nothing listens there, it refused, or it timed out.
+    ``hint`` says what to do (default :data:`CHECK_LISTENER`)."""
 
     address: str
     reason: str
+    hint: str
 
-    def __init__(self, address: str, reason: str) -> None:
+    def __init__(self, address: str, reason: str, hint: str = CHECK_LISTENER) -> None:
         super().__init__(
-            f"could not connect to {address}: {reason}. Check that a listener is running at "
-            "that address and is reachable, or raise the connect timeout.",
+            f"could not connect to {address}: {reason}. {hint}",
             address=address,
             reason=reason,
+            hint=hint,
         )
 
 
@@ -272,19 +278,19 @@ class AuthenticationFailed(ConnectFailed):
     status: int
 
     def __init__(self, address: str, reason: str, status: int = 401) -> None:
-        TransportError.__init__(
+        ConnectFailed.__init__(
             self,
-            f"could not connect to {address}: {reason}. A manager keeps its admin and read "
+            address,
+            reason,
+            "A manager keeps its admin and read "
             "tokens in its token file (~/.corral/tokens/HOST_PORT.json on its machine, "
             "CORRAL_HOME/tokens/ if set, or its --token-file; new ones at each start) and "
             "prints only the read token, in its dashboard URL. Command line (console, "
             "worker): --token TOKEN or CORRAL_TOKEN, else that file on this machine. "
             "Python: token=... (Cluster(address, token=...), connect(..., token=...)), one "
             "of the tokens the listener was started with (listen(..., tokens={token: role})).",
-            address=address,
-            reason=reason,
-            status=status,
         )
+        self.status = self.fields["status"] = status
 
 
 class PermissionDenied(CorralError):

@@ -1675,6 +1675,7 @@ async def run_worker(
             listen_options["tokens"] = tokens_map
             connect_options["token"] = token
         own_address = f"{scheme}://{host}:0" if scheme in ("ws", "wss") else "inproc://"
+        _check_peer_tls(address, listen_options)
         own = await listen(own_address, **listen_options)
         try:
             worker_id = name or own.address
@@ -1867,6 +1868,25 @@ async def run_worker(
                 await own.aclose()
     if fatal:
         raise fatal[0]
+
+
+def _check_peer_tls(address: str, listen_options: Mapping[str, Any]) -> None:
+    """A worker of a ``wss://`` manager serves its peers over ``wss://`` too, which
+    needs a certificate: without one, a :class:`ValueError` that says so, and that the
+    manager may not be TLS at all (nothing has reached it yet)."""
+    from transport.tls import TLS_CERT_ENV
+
+    if not address.startswith("wss://") or listen_options.get("ssl_context"):
+        return
+    if os.environ.get(TLS_CERT_ENV):
+        return
+    raise ValueError(
+        f"this worker joins {address} over TLS, so it serves its peers over wss:// too, "
+        f"which needs a certificate: --tls-cert FILE (and --tls-key) or ${TLS_CERT_ENV}, "
+        "naming the host its peers reach it on (--host; docs/security.md#tls). If that "
+        "manager is not TLS (it printed `manager listening on ws://...`), join it with "
+        f"ws://{address.removeprefix('wss://')}"
+    )
 
 
 async def _cancel_when(event: anyio.Event, scope: anyio.CancelScope) -> None:

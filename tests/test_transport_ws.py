@@ -930,3 +930,115 @@ async def test_a_reply_that_cannot_be_read_fails_its_ask_at_once() -> None:
             await ws.send_bytes(encode(ping(9)))
             assert token(await server.receive()) == 9
             assert server.bad_frames == 2
+
+
+# ----------------------------------------------------------------------------- connect errors
+
+
+async def test_an_unknown_host_is_said_to_be_unresolved_not_refused() -> None:
+    with anyio.fail_after(TIMEOUT), pytest.raises(ConnectFailed) as info:
+        await transport.connect("ws://no-such-corral-host.invalid:8786")
+    text = str(info.value)
+    assert "the host name 'no-such-corral-host.invalid' could not be resolved (" in text, text
+    assert "Check the host's name (and this machine's DNS), or give its IP address." in text
+    assert "nothing accepted" not in text and "connect timeout" not in text, text
+
+
+async def test_every_invalid_address_names_the_same_known_schemes() -> None:
+    """One list, the registered schemes, whichever backend (or none) refused the
+    address, listening or connecting, and the manager's --listen check too."""
+    from runtime.node import _check_listen_address
+
+    known = "known schemes: " + ", ".join(f"{s}://" for s in transport.registered_schemes())
+    assert "inproc://" in known and "wss://" in known
+    listens = ["http://127.0.0.1:1", "ws://127.0.0.1", "ws://[::1:1", "inproc://bad name"]
+    connects = ["no-scheme", "ws://127.0.0.1:0", "inproc://", "wss://user@127.0.0.1:1"]
+    texts: list[str] = []
+    with anyio.fail_after(TIMEOUT):
+        for address in listens:
+            with pytest.raises(InvalidAddress) as info:
+                await transport.listen(address)
+            texts.append(str(info.value))
+            if not address.startswith("inproc"):  # (it checks websocket addresses only)
+                with pytest.raises(InvalidAddress) as info:
+                    _check_listen_address(address)
+                texts.append(str(info.value))
+        for address in connects:
+            with pytest.raises(InvalidAddress) as info:
+                await transport.connect(address)
+            texts.append(str(info.value))
+    for text in texts:
+        assert text.endswith(f"; {known}."), text
+
+
+async def test_tls_against_a_plain_listener_and_back_says_which_scheme_to_use() -> None:
+    """A wss:// client of a plain ws:// listener: the listener answers its TLS hello in
+    plain text (HTTP 400), which OpenSSL reports as a wrong version number; a ws://
+    client of a wss:// listener: the listener closes without an answer."""
+    server_ctx, client_ctx, _ = tls_contexts()
+    with anyio.fail_after(TIMEOUT), failed_tls_handshakes_expected():
+        async with await transport.listen("ws://127.0.0.1:0") as plain:
+            tls_uri = plain.address.replace("ws://", "wss://")
+            with pytest.raises(ConnectFailed) as info:
+                await transport.connect(tls_uri, ssl_context=client_ctx)
+        text = str(info.value)
+        assert "the server answered in plain text, not TLS ([SSL: WRONG_VERSION_NUMBER])" in text
+        assert f"connect with {plain.address};" in text, text
+        async with await transport.listen("wss://127.0.0.1:0", ssl_context=server_ctx) as tls:
+            plain_uri = tls.address.replace("wss://", "ws://")
+            with pytest.raises(ConnectFailed) as info:
+                await transport.connect(plain_uri)
+        text = str(info.value)
+        assert "closed the connection without answering the websocket handshake" in text
+        assert (
+            f"A wss:// (TLS) listener does that to a plain ws:// request: if it is one, "
+            f"connect with {tls.address}" in text
+        ), text
+
+
+async def test_a_connect_timeout_says_how_to_give_it_longer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A port that takes the TCP connection but never answers the upgrade: the timeout
+    is CORRAL_CONNECT_TIMEOUT's, and the error names it."""
+    import socket
+
+    monkeypatch.setenv("CORRAL_CONNECT_TIMEOUT", "0.3")
+    with socket.socket() as mute, anyio.fail_after(5):  # the default (10 s) would not do
+        mute.bind(("127.0.0.1", 0))
+        mute.listen(8)  # never accepted: the kernel completes the TCP handshake only
+        uri = f"ws://127.0.0.1:{mute.getsockname()[1]}"
+        with pytest.raises(ConnectFailed) as info:
+            await transport.connect(uri)
+    text = str(info.value)
+    assert "no websocket connection within 0.3 s" in text, text
+    assert (
+        "CORRAL_CONNECT_TIMEOUT=SECONDS in the environment of the worker, console or "
+        "client (default 10), or transport.connect(..., timeout=SECONDS)." in text
+    ), text
+    with socket.socket() as refusing:
+        refusing.bind(("127.0.0.1", 0))
+        port = refusing.getsockname()[1]  # bound, not listening: refused
+        with anyio.fail_after(5), pytest.raises(ConnectFailed) as info:
+            await transport.connect(f"ws://127.0.0.1:{port}")
+    assert "nothing accepted the connection" in str(info.value)
+    assert "CORRAL_CONNECT_TIMEOUT" not in str(info.value)  # no timeout: no such advice
+    monkeypatch.setenv("CORRAL_CONNECT_TIMEOUT", "soon")
+    with pytest.raises(ValueError, match="CORRAL_CONNECT_TIMEOUT='soon' is not a number"):
+        await transport.connect(uri)
+
+
+async def test_a_wss_worker_without_a_certificate_says_the_manager_may_not_be_tls(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from runtime.node import run_worker
+
+    monkeypatch.delenv("CORRAL_TLS_CERT", raising=False)
+    with anyio.fail_after(TIMEOUT), pytest.raises(ValueError) as info:
+        await run_worker("wss://127.0.0.1:8786", token="0" * 64)
+    text = str(info.value)
+    assert "this worker joins wss://127.0.0.1:8786 over TLS, so it serves its peers" in text
+    assert (
+        "If that manager is not TLS (it printed `manager listening on ws://...`), join "
+        "it with ws://127.0.0.1:8786" in text
+    ), text

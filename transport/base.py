@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import math
+import os
 import re
 from collections.abc import Awaitable, Callable, Sequence
 from types import TracebackType
@@ -31,6 +33,7 @@ import anyio.abc
 
 from runtime.codec import Frame
 from runtime.errors import (
+    CHECK_LISTENER,
     AddressInUse,
     ConnectFailed,
     ConnectionClosed,
@@ -39,6 +42,7 @@ from runtime.errors import (
 )
 
 __all__ = [
+    "CONNECT_TIMEOUT_ENV",
     "DEFAULT_CONNECT_TIMEOUT",
     "DEFAULT_MAX_BUFFER",
     "AddressInUse",
@@ -52,18 +56,55 @@ __all__ = [
     "TransportError",
     "backend_for",
     "connect",
+    "connect_timeout",
+    "invalid_address",
     "listen",
     "register_backend",
     "registered_schemes",
     "split_address",
+    "timed_out",
 ]
 
 #: Frames a connection may have in flight (sent, not yet read by the peer) before
 #: ``send`` waits. Backends take it as the ``max_buffer`` option of listen/connect.
 DEFAULT_MAX_BUFFER = 1024
 
-#: Seconds :func:`connect` waits for a connection before raising :class:`ConnectFailed`.
+#: Seconds :func:`connect` waits for a connection before raising :class:`ConnectFailed`,
+#: unless its caller or :data:`CONNECT_TIMEOUT_ENV` says otherwise.
 DEFAULT_CONNECT_TIMEOUT = 10.0
+#: The environment variable that sets :func:`connect`'s default timeout (seconds), for
+#: every process that connects: workers, consoles, clients.
+CONNECT_TIMEOUT_ENV = "CORRAL_CONNECT_TIMEOUT"
+
+
+def connect_timeout() -> float:
+    """:func:`connect`'s default timeout: ``$CORRAL_CONNECT_TIMEOUT`` seconds if set, else
+    :data:`DEFAULT_CONNECT_TIMEOUT`; a :class:`ValueError` saying so for a bad value."""
+    text = os.environ.get(CONNECT_TIMEOUT_ENV, "").strip()
+    if not text:
+        return DEFAULT_CONNECT_TIMEOUT
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(
+            f"{CONNECT_TIMEOUT_ENV}={text!r} is not a number of seconds > 0: set it to one "
+            f"(such as 30), or unset it for the default {DEFAULT_CONNECT_TIMEOUT:g} s"
+        )
+    return value
+
+
+def timed_out(uri: str, what: str, timeout: float) -> ConnectFailed:
+    """The :class:`ConnectFailed` of a connection not made within ``timeout`` seconds:
+    it says how to give it longer."""
+    return ConnectFailed(
+        uri,
+        f"{what} within {timeout:g} s",
+        f"{CHECK_LISTENER.removesuffix('.')}, or give the connection longer: "
+        f"{CONNECT_TIMEOUT_ENV}=SECONDS in the environment of the worker, console or client "
+        f"(default {DEFAULT_CONNECT_TIMEOUT:g}), or transport.connect(..., timeout=SECONDS).",
+    )
 
 
 # ----------------------------------------------------------------------------- interface
@@ -271,13 +312,19 @@ def registered_schemes() -> list[str]:
     return sorted(_BACKENDS)
 
 
+def invalid_address(uri: str, reason: str) -> InvalidAddress:
+    """The :class:`InvalidAddress` for ``uri``: every backend's says the same known
+    schemes, those registered (:func:`registered_schemes`)."""
+    return InvalidAddress(uri, reason, registered_schemes())
+
+
 def split_address(uri: str) -> tuple[str, str]:
     """``"scheme://rest"`` -> ``("scheme", "rest")``; :class:`InvalidAddress` if malformed."""
     if not isinstance(uri, str):
-        raise InvalidAddress(repr(uri), "the address must be a str", registered_schemes())
+        raise invalid_address(repr(uri), "the address must be a str")
     scheme, sep, rest = uri.partition("://")
     if not sep or not _SCHEME.fullmatch(scheme.lower()):
-        raise InvalidAddress(uri, "it has no scheme:// prefix", registered_schemes())
+        raise invalid_address(uri, "it has no scheme:// prefix")
     return scheme.lower(), rest
 
 
@@ -287,9 +334,7 @@ def backend_for(uri: str) -> Backend:
     try:
         return _BACKENDS[scheme]
     except KeyError:
-        raise InvalidAddress(
-            uri, f"no transport backend for scheme {scheme!r}", registered_schemes()
-        ) from None
+        raise invalid_address(uri, f"no transport backend for scheme {scheme!r}") from None
 
 
 async def listen(uri: str, **options: Any) -> Listener:
@@ -303,14 +348,17 @@ async def listen(uri: str, **options: Any) -> Listener:
 async def connect(
     uri: str,
     *,
-    timeout: float = DEFAULT_CONNECT_TIMEOUT,  # noqa: ASYNC109 (the interface takes it)
+    timeout: float | None = None,  # noqa: ASYNC109 (the interface takes it)
     **options: Any,
 ) -> Connection:
     """Connect to ``uri`` with the backend of its scheme; see :class:`Connection`.
 
     Raises :class:`ConnectFailed` if no connection is made within ``timeout`` seconds
-    (at once if nothing listens there). ``options`` go to the backend.
+    (None: :func:`connect_timeout`; at once if nothing listens there). ``options`` go to
+    the backend.
     """
+    if timeout is None:
+        timeout = connect_timeout()
     if not timeout > 0:
         raise ValueError(f"connect timeout must be > 0 seconds, got {timeout!r}")
     return await backend_for(uri).connect(uri, timeout=timeout, **options)

@@ -48,10 +48,10 @@ from transport.base import (
     ConnectFailed,
     Connection,
     ConnectionClosed,
-    InvalidAddress,
     Listener,
-    registered_schemes,
+    invalid_address,
     split_address,
+    timed_out,
 )
 
 __all__ = [
@@ -464,12 +464,10 @@ DEFAULT_HUB = InProcHub()
 def _parse(uri: str) -> str:
     scheme, name = split_address(uri)
     if scheme != SCHEME:
-        raise InvalidAddress(uri, f"the inproc backend serves {SCHEME}:// only", [SCHEME])
+        raise invalid_address(uri, f"the inproc backend serves {SCHEME}:// only")
     if not _NAME.fullmatch(name):
-        raise InvalidAddress(
-            uri,
-            "an inproc name may hold only letters, digits and _ . ~ : / @ + -",
-            registered_schemes(),
+        raise invalid_address(
+            uri, "an inproc name may hold only letters, digits and _ . ~ : / @ + -"
         )
     return name
 
@@ -526,7 +524,7 @@ class InProcBackend(Backend):
         name = _parse(uri)
         max_buffer = _positive_int("max_buffer", options.get("max_buffer", DEFAULT_MAX_BUFFER))
         if not name:
-            raise InvalidAddress(uri, "connect needs a name (only listen picks one)", [SCHEME])
+            raise invalid_address(uri, "connect needs a name (only listen picks one)")
         hub = self.hub
         with anyio.move_on_after(timeout):
             while True:
@@ -545,6 +543,4 @@ class InProcBackend(Backend):
             )
             listener._enqueue(server)
             return client
-        raise ConnectFailed(
-            uri, f"the listener's backlog stayed full for {timeout:g} s (nobody accepts)"
-        )
+        raise timed_out(uri, "no room in the listener's backlog (nobody accepts)", timeout)

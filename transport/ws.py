@@ -75,6 +75,7 @@ import hmac
 import ipaddress
 import math
 import re
+import socket
 import ssl
 import struct
 from collections import deque
@@ -106,8 +107,9 @@ from transport.base import (
     ConnectFailed,
     Connection,
     ConnectionClosed,
-    InvalidAddress,
     Listener,
+    invalid_address,
+    timed_out,
 )
 
 __all__ = [
@@ -351,43 +353,37 @@ def _token_digest(token: str) -> bytes:
 def _parse(uri: str, *, listening: bool) -> tuple[str, str, int, str]:
     """``ws://host:port/path`` -> (scheme, host, port, path); :class:`InvalidAddress` if bad."""
     if not isinstance(uri, str):
-        raise InvalidAddress(repr(uri), "the address must be a str", SCHEMES)
+        raise invalid_address(repr(uri), "the address must be a str")
     scheme, sep, rest = uri.partition("://")
     scheme = scheme.lower()
     if not sep or scheme not in SCHEMES:
-        raise InvalidAddress(uri, "the websocket backend serves ws:// and wss:// only", SCHEMES)
+        raise invalid_address(uri, "the websocket backend serves ws:// and wss:// only")
     hostport, slash, path = rest.partition("/")
     path = slash + path
     if any(c in rest for c in "?#@ \t\r\n\\"):
-        raise InvalidAddress(
-            uri,
-            "a ws address is scheme://host:port[/path] without user, query or fragment",
-            SCHEMES,
+        raise invalid_address(
+            uri, "a ws address is scheme://host:port[/path] without user, query or fragment"
         )
     if hostport.startswith("["):
         host, bracket, port_text = hostport[1:].partition("]")
         if not bracket or not port_text.startswith(":"):
-            raise InvalidAddress(uri, "an IPv6 address needs the form [addr]:port", SCHEMES)
+            raise invalid_address(uri, "an IPv6 address needs the form [addr]:port")
         port_text = port_text[1:]
         try:
             ipaddress.IPv6Address(host)
         except ValueError:
-            raise InvalidAddress(uri, f"{host!r} is not an IPv6 address", SCHEMES) from None
+            raise invalid_address(uri, f"{host!r} is not an IPv6 address") from None
     else:
         host, colon, port_text = hostport.rpartition(":")
         if not colon or ":" in host:
-            raise InvalidAddress(
-                uri, "a ws address needs an explicit :port (0 picks a free one)", SCHEMES
-            )
+            raise invalid_address(uri, "a ws address needs an explicit :port (0 picks a free one)")
     if not host:
-        raise InvalidAddress(uri, "a ws address needs a host, such as 127.0.0.1", SCHEMES)
+        raise invalid_address(uri, "a ws address needs a host, such as 127.0.0.1")
     if not (port_text.isascii() and port_text.isdigit()) or int(port_text) > 65535:
-        raise InvalidAddress(uri, f"port {port_text!r} is not a number in 0..65535", SCHEMES)
+        raise invalid_address(uri, f"port {port_text!r} is not a number in 0..65535")
     port = int(port_text)
     if port == 0 and not listening:
-        raise InvalidAddress(
-            uri, "connect needs the real port (only listen picks one with :0)", SCHEMES
-        )
+        raise invalid_address(uri, "connect needs the real port (only listen picks one with :0)")
     return scheme, host, port, path
 
 
@@ -1349,8 +1345,8 @@ class WebSocketListener(Listener):
             await runner.cleanup()
             if exc.errno == errno.EADDRINUSE:
                 raise AddressInUse(self.address) from None
-            raise InvalidAddress(
-                self.address, f"cannot listen there ({exc.strerror or exc})", SCHEMES
+            raise invalid_address(
+                self.address, f"cannot listen there ({exc.strerror or exc})"
             ) from None
         except BaseException:
             await runner.cleanup()
@@ -1737,7 +1733,7 @@ class WebSocketBackend(Backend):
                     max_msg_size=opts.max_message_bytes + _CHUNK.size + 1,
                 )
             if ws is None:
-                raise ConnectFailed(uri, f"no websocket connection within {timeout:g} s")
+                raise timed_out(uri, "no websocket connection", timeout)
             if ws.protocol != SUBPROTOCOL:
                 await ws.close()
                 raise ConnectFailed(
@@ -1749,7 +1745,7 @@ class WebSocketBackend(Backend):
             with anyio.CancelScope(shield=True):
                 await session.close()
             if isinstance(exc, aiohttp.ClientError | OSError):
-                raise _connect_error(uri, exc, token is not None) from None
+                raise _connect_error(uri, exc, token is not None, host, timeout) from None
             raise
         # The listener's max_buffer (absent from a listener that is not Corral's: the
         # default). aiohttp keeps the handshake response only as a private attribute.
@@ -1773,7 +1769,15 @@ class WebSocketBackend(Backend):
         return conn
 
 
-def _connect_error(uri: str, exc: BaseException, had_token: bool) -> ConnectFailed:
+#: how OpenSSL reports a server that answered a TLS hello with something else (a plain
+#: HTTP listener answers ``400 Bad Request``, in plain text)
+_NOT_TLS = "WRONG_VERSION_NUMBER"
+
+
+def _connect_error(
+    uri: str, exc: BaseException, had_token: bool, host: str, timeout: float
+) -> ConnectFailed:
+    plain = uri.startswith("ws://")
     if isinstance(exc, aiohttp.WSServerHandshakeError):
         status = exc.status
         if status == 401:
@@ -1792,7 +1796,32 @@ def _connect_error(uri: str, exc: BaseException, had_token: bool) -> ConnectFail
             return ConnectFailed(uri, "the listener is closing or its backlog is full (HTTP 503)")
         return ConnectFailed(uri, f"the websocket handshake failed (HTTP {status}: {exc.message})")
     if isinstance(exc, aiohttp.ClientConnectorCertificateError | aiohttp.ClientSSLError):
+        if getattr(getattr(exc, "os_error", None), "reason", None) == _NOT_TLS:
+            return ConnectFailed(
+                uri,
+                f"the TLS handshake failed: the server answered in plain text, not TLS "
+                f"([SSL: {_NOT_TLS}]), as a plain ws:// listener answers a TLS hello",
+                f"If it is a plain ws:// listener (a manager whose --listen is not wss://), "
+                f"connect with {'ws' + uri.removeprefix('wss')}; for TLS, start it with "
+                "wss:// and a certificate (--tls-cert, docs/security.md#tls).",
+            )
         return ConnectFailed(uri, f"the TLS handshake failed ({exc})")
     if isinstance(exc, aiohttp.ClientConnectorError):
+        if isinstance(exc.os_error, socket.gaierror):
+            return ConnectFailed(
+                uri,
+                f"the host name {host!r} could not be resolved ({exc.strerror or exc})",
+                "Check the host's name (and this machine's DNS), or give its IP address.",
+            )
         return ConnectFailed(uri, f"nothing accepted the connection ({exc.strerror or exc})")
+    if isinstance(exc, aiohttp.ServerTimeoutError):  # aiohttp's connect timeout
+        return timed_out(uri, "no websocket connection", timeout)
+    if isinstance(exc, aiohttp.ServerDisconnectedError) and plain:
+        return ConnectFailed(
+            uri,
+            "the server closed the connection without answering the websocket handshake",
+            f"A wss:// (TLS) listener does that to a plain ws:// request: if it is one, "
+            f"connect with {'wss' + uri.removeprefix('ws')} (trusting its certificate: "
+            "--tls-ca or CORRAL_TLS_CA); else check that a Corral listener runs there.",
+        )
     return ConnectFailed(uri, f"{type(exc).__name__}: {exc}")
