@@ -380,15 +380,57 @@ def _check_acyclic(nodes: Mapping[Key, GraphNode]) -> None:
         path.append(nxt)
 
 
-def _order(nodes: Mapping[Key, GraphNode]) -> dict[Key, int]:
-    """Graph-structure ordering (``dask.order``): lower runs first.
+def _order(nodes: Mapping[Key, GraphNode], wanted: Iterable[Key] = ()) -> dict[Key, int]:
+    """Graph-structure ordering of ``nodes`` (culled to ``wanted``, when given): lower
+    runs first.
 
-    A graph without edges has no structure to order by: its tasks keep the order they
-    were given in, and the (costly) ordering pass is skipped.
+    The parts of the graph that share no task (the tasks of one ``map``, a batch of
+    ``submit`` calls, independent delayeds) run in the order they were asked for: each
+    part in the order of its first key in ``wanted``, then (parts with none) of its first
+    task in ``nodes``. Within a part, ``dask.order``'s order: finish branches before
+    starting new ones. A graph without edges has no structure to order by: the (costly)
+    ordering pass is skipped.
     """
-    if len(nodes) > 1 and any(node.dependencies for node in nodes.values()):
+    asked = dict.fromkeys(k for k in wanted if k in nodes)
+    if len(asked) == 1 and len(nodes) > 1:  # culled to one key's inputs: one part
         return dict(dask_order(nodes))
-    return {k: i for i, k in enumerate(nodes)}
+    asked.update(dict.fromkeys(nodes))  # the keys not asked for after, in graph order
+    part = _parts_of(nodes)
+    if not part:  # no edges: each task is a part
+        return {k: i for i, k in enumerate(asked)}
+    graph = dask_order(nodes)
+    rank: dict[Key, int] = {}
+    for k in asked:
+        rank.setdefault(part.get(k, k), len(rank))
+    if len(rank) == 1:
+        return dict(graph)
+    ordered = sorted(nodes, key=lambda k: (rank[part.get(k, k)], graph[k]))
+    return {k: i for i, k in enumerate(ordered)}
+
+
+def _parts_of(nodes: Mapping[Key, GraphNode]) -> dict[Key, Key]:
+    """For each task of ``nodes`` with a dependency or a dependent in ``nodes``, the
+    task that names its part: tasks linked by dependencies within ``nodes``, either way,
+    are one part (a dependency outside ``nodes`` links nothing). Empty when no task is
+    linked to another."""
+    parent: dict[Key, Key] = {}
+
+    def find(k: Key) -> Key:
+        root = k
+        while (up := parent.get(root, root)) != root:
+            root = up
+        while k != root:  # point the path walked at the root
+            parent[k], k = root, parent[k]
+        return root
+
+    for k, node in nodes.items():
+        for d in node.dependencies:
+            if d in nodes:
+                a, b = find(k), find(d)
+                if a != b:
+                    parent[a] = b
+                parent.setdefault(b, b)
+    return {k: find(k) for k in parent}
 
 
 def _cull(nodes: Mapping[Key, GraphNode], wanted: Iterable[Key]) -> dict[Key, GraphNode]:
@@ -439,7 +481,7 @@ def build_specs(
         raise MissingKeysError({str(d): [str(u) for u in users] for d, users in missing.items()})
     nodes = _cull(nodes, [k for k in wanted if k in nodes]) if wanted else nodes
     _check_acyclic(nodes)
-    positions = _order(nodes)
+    positions = _order(nodes, wanted)
     defaults = {"priority": priority, "retries": retries, "resources": resources, "pool": pool}
     plain = _checked(SUBMISSION, None, defaults)
     specs: dict[Key, TaskSpec] = {}

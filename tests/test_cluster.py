@@ -13,7 +13,7 @@ from __future__ import annotations
 import operator
 import threading
 import traceback
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import aiohttp
@@ -319,68 +319,76 @@ async def _block_single_worker(cluster: Cluster, rec: Recorder) -> tuple[threadi
     return go, gate
 
 
-async def test_user_priority_runs_first_on_one_thread() -> None:
+async def _ran_behind_a_gate(
+    submit: Callable[[Cluster, Recorder], Awaitable[list[Any]]],
+) -> list[Any]:
+    """What one worker with one thread ran, in order, of the futures ``submit`` made
+    while a gate task kept the thread busy (all queued before any started)."""
     rec = Recorder()
     go = threading.Event()
     try:
         with anyio.fail_after(BOUND):
             async with Cluster(workers=1, threads_per_worker=1, saturation=1) as cluster:
                 go, gate = await _block_single_worker(cluster, rec)
-                low = {f"low-{i}": (rec, ("low", i)) for i in range(5)}
-                high = {f"high-{i}": (rec, ("high", i)) for i in range(5)}
-                mid = {f"mid-{i}": (rec, ("mid", i)) for i in range(3)}
-                f_low = await cluster.submit_graph(low, list(low))
-                f_high = await cluster.submit_graph(high, list(high), priority=10)
-                # Annotations on the layers of a HighLevelGraph work per task.
-                hlg = HighLevelGraph(
-                    {"m": MaterializedLayer(mid, annotations={"priority": 5})},
-                    {"m": set()},
-                )
-                f_mid = await cluster.submit_graph(hlg, list(mid))
+                futs = await submit(cluster, rec)
                 go.set()
-                await cluster.gather([gate, *f_low, *f_high, *f_mid])
-                expected = ["high"] * 5 + ["mid"] * 3 + ["low"] * 5
-                assert [n[0] for n in rec.order[1:]] == expected, rec.order
+                await cluster.gather([gate, *futs])
+                return rec.order[1:]
     finally:
         go.set()
+
+
+async def test_user_priority_runs_first_on_one_thread() -> None:
+    async def submit(cluster: Cluster, rec: Recorder) -> list[Any]:
+        low = {f"low-{i}": (rec, ("low", i)) for i in range(5)}
+        high = {f"high-{i}": (rec, ("high", i)) for i in range(5)}
+        mid = {f"mid-{i}": (rec, ("mid", i)) for i in range(3)}
+        f_low = await cluster.submit_graph(low, list(low))
+        f_high = await cluster.submit_graph(high, list(high), priority=10)
+        # Annotations on the layers of a HighLevelGraph work per task.
+        hlg = HighLevelGraph(
+            {"m": MaterializedLayer(mid, annotations={"priority": 5})},
+            {"m": set()},
+        )
+        f_mid = await cluster.submit_graph(hlg, list(mid))
+        return [*f_low, *f_high, *f_mid]
+
+    ran = await _ran_behind_a_gate(submit)
+    assert [n[0] for n in ran] == ["high"] * 5 + ["mid"] * 3 + ["low"] * 5, ran
 
 
 async def test_dask_annotate_priority_in_one_graph() -> None:
-    rec = Recorder()
-    go = threading.Event()
-    lows = [dask.delayed(rec, pure=False)(("low", i)) for i in range(4)]
-    with dask.annotate(priority=3):
-        highs = [dask.delayed(rec, pure=False)(("high", i)) for i in range(4)]
-    graph = dask.delayed(list)([*lows, *highs]).__dask_graph__()
-    keys = [x.key for x in (*lows, *highs)]
-    try:
-        with anyio.fail_after(BOUND):
-            async with Cluster(workers=1, threads_per_worker=1, saturation=1) as cluster:
-                go, gate = await _block_single_worker(cluster, rec)
-                futs = await cluster.submit_graph(graph, keys)
-                go.set()
-                await cluster.gather([gate, *futs])
-                assert [n[0] for n in rec.order[1:]] == ["high"] * 4 + ["low"] * 4, rec.order
-    finally:
-        go.set()
+    async def submit(cluster: Cluster, rec: Recorder) -> list[Any]:
+        lows = [dask.delayed(rec, pure=False)(("low", i)) for i in range(4)]
+        with dask.annotate(priority=3):
+            highs = [dask.delayed(rec, pure=False)(("high", i)) for i in range(4)]
+        graph = dask.delayed(list)([*lows, *highs]).__dask_graph__()
+        return await cluster.submit_graph(graph, [x.key for x in (*lows, *highs)])
+
+    ran = await _ran_behind_a_gate(submit)
+    assert [n[0] for n in ran] == ["high"] * 4 + ["low"] * 4, ran
 
 
 async def test_fifo_between_submissions() -> None:
-    rec = Recorder()
-    go = threading.Event()
-    try:
-        with anyio.fail_after(BOUND):
-            async with Cluster(workers=1, threads_per_worker=1, saturation=1) as cluster:
-                go, gate = await _block_single_worker(cluster, rec)
-                futs = []
-                for batch in "abc":
-                    dsk = {f"{batch}-{i}": (rec, (batch, i)) for i in range(4)}
-                    futs += await cluster.submit_graph(dsk, list(dsk))
-                go.set()
-                await cluster.gather([gate, *futs])
-                assert [n[0] for n in rec.order[1:]] == list("aaaabbbbcccc"), rec.order
-    finally:
-        go.set()
+    async def submit(cluster: Cluster, rec: Recorder) -> list[Any]:
+        futs = []
+        for batch in "abc":
+            dsk = {f"{batch}-{i}": (rec, (batch, i)) for i in range(4)}
+            futs += await cluster.submit_graph(dsk, list(dsk))
+        return futs
+
+    ran = await _ran_behind_a_gate(submit)
+    assert [n[0] for n in ran] == list("aaaabbbbcccc"), ran
+
+
+async def test_map_and_submits_run_in_the_order_made() -> None:
+    # They used to run backwards: the graph of a batch was culled into reverse order.
+    async def submit(cluster: Cluster, rec: Recorder) -> list[Any]:
+        mapped = cluster.map(rec, [("map", i) for i in range(6)])
+        return [*mapped, *(cluster.submit(rec, ("submit", i)) for i in range(6))]
+
+    ran = await _ran_behind_a_gate(submit)
+    assert ran == [("map", i) for i in range(6)] + [("submit", i) for i in range(6)]
 
 
 # ----------------------------------------------------------------------------- state

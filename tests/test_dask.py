@@ -53,6 +53,19 @@ class Counter:
             return self.n
 
 
+class Recorder:
+    """A task function that records, thread-safely, the values it was called with."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.order: list[Any] = []
+
+    def __call__(self, value: Any) -> Any:
+        with self._lock:
+            self.order.append(value)
+        return value
+
+
 def both(x: Any) -> tuple[Any, Any]:
     """``x`` computed by dask's synchronous scheduler and by Corral."""
     (expected,) = dask.compute(x, scheduler="sync")
@@ -178,21 +191,22 @@ def test_retries_option_applies_to_every_task() -> None:
 
 
 def test_priority_annotation_orders_ready_tasks() -> None:
-    order: list[str] = []
-    lock = threading.Lock()
-
-    def record(name: str) -> str:
-        with lock:
-            order.append(name)
-        return name
-
+    record = Recorder()
     lows = [dask.delayed(record, pure=False)(f"low-{i}") for i in range(5)]
     with dask.annotate(priority=10):
         highs = [dask.delayed(record, pure=False)(f"high-{i}") for i in range(5)]
     # lows come first in graph order; the annotation must still put highs first.
     got = dask.compute(*lows, *highs, scheduler=runtime.get, num_workers=1)
     assert sorted(got) == sorted([f"low-{i}" for i in range(5)] + [f"high-{i}" for i in range(5)])
-    assert all(name.startswith("high") for name in order[:5]), order
+    assert all(name.startswith("high") for name in record.order[:5]), record.order
+
+
+def test_independent_delayeds_run_in_the_order_given() -> None:
+    # They used to run backwards: the graph was culled into reverse order.
+    record = Recorder()
+    values = [dask.delayed(record, pure=False)(i) for i in range(8)]
+    assert dask.compute(*values, scheduler=runtime.get, num_workers=1) == tuple(range(8))
+    assert record.order == list(range(8))
 
 
 # ----------------------------------------------------------------------------- calling get

@@ -93,7 +93,7 @@ def test_roots_feeding_one_consumer_pair_up_with_the_default_hooks(make_state: F
     join(s, "w1")
     join(s, "w2")
     cmds = submit(s, pairs(2), ["add-0", "add-1"])
-    assert assigned(cmds) == {"w1": ["x-3", "x-2"], "w2": ["x-1", "x-0"]}
+    assert assigned(cmds) == {"w1": ["x-1", "x-0"], "w2": ["x-3", "x-2"]}
 
 
 def test_a_policy_without_the_hooks_places_roots_without_pairing(make_state: Factory) -> None:
@@ -101,7 +101,7 @@ def test_a_policy_without_the_hooks_places_roots_without_pairing(make_state: Fac
     join(s, "w1")
     join(s, "w2")
     cmds = submit(s, pairs(2), ["add-0", "add-1"])
-    assert assigned(cmds) == {"w1": ["x-3"], "w2": ["x-2"]}
+    assert assigned(cmds) == {"w1": ["x-1"], "w2": ["x-0"]}
     assert s.policy_errors == 0
 
 
@@ -126,7 +126,7 @@ def test_one_hook_set_to_none_drops_that_rule_alone(make_state: Factory) -> None
     s = make_state(saturation=1.0, placement=NoPartner())
     join(s, "w1")
     join(s, "w2")
-    assert assigned(submit(s, pairs(2), ["add-0", "add-1"])) == {"w1": ["x-3"], "w2": ["x-2"]}
+    assert assigned(submit(s, pairs(2), ["add-0", "add-1"])) == {"w1": ["x-1"], "w2": ["x-0"]}
     t = make_state(saturation=1.0, placement=NoPartner())
     busy_consumer(t)
     assert assigned(finish(t, "w1", "a", nbytes=32 * MB)) == {"w1": ["b"]}  # still stays
@@ -137,7 +137,7 @@ def test_swapping_the_placement_policy_at_runtime_swaps_its_hooks(make_state: Fa
     join(s, "w1")
     join(s, "w2")
     run(s, event(PolicyChanged, kind="placement", policy=FirstCandidate()))
-    assert assigned(submit(s, pairs(2), ["add-0", "add-1"])) == {"w1": ["x-3"], "w2": ["x-2"]}
+    assert assigned(submit(s, pairs(2), ["add-0", "add-1"])) == {"w1": ["x-1"], "w2": ["x-0"]}
 
 
 def test_a_queued_consumer_joins_a_busy_holder_only_with_the_hook(make_state: Factory) -> None:
@@ -177,10 +177,10 @@ def test_the_documented_example_keeps_some_rules_and_drops_one(make_state: Facto
     submit(t, {key: ["r"] for key in consumers}, consumers)
     join(t, "w2")  # idle
     # Four consumers stay with r's output on w1 (stay_factor 4, in priority order); of
-    # the others, c-1 goes to idle w2 (least loaded), c-0 to w1, the holder, once w2
+    # the others, c-4 goes to idle w2 (least loaded), c-5 to w1, the holder, once w2
     # has no free slot.
     cmds = finish(t, "w1", "r", nbytes=100)
-    assert assigned(cmds) == {"w1": ["c-5", "c-4", "c-3", "c-2", "c-0"], "w2": ["c-1"]}
+    assert assigned(cmds) == {"w1": ["c-0", "c-1", "c-2", "c-3", "c-5"], "w2": ["c-4"]}
 
 
 # ----------------------------------------------------------------------------- the core checks
@@ -317,9 +317,9 @@ def test_a_partner_answer_that_is_not_a_bool_or_raises_is_refused(
     join(s, "w1")
     join(s, "w2")
     cmds = submit(s, pairs(2), ["add-0", "add-1"])
-    assert assigned(cmds) == {"w1": ["x-3"], "w2": ["x-2"]}  # no pairs
+    assert assigned(cmds) == {"w1": ["x-1"], "w2": ["x-0"]}  # no pairs
     assert s.policy_errors == 2
-    assert "placement.partner" in errors(s, "x-1")[0]
+    assert "placement.partner" in errors(s, "x-3")[0]
 
 
 # ----------------------------------------------------------------------------- read-only views
@@ -483,5 +483,5 @@ def test_pairs_then_consumers_stay_where_both_inputs_are(make_state: Factory) ->
     join(s, "w1")
     join(s, "w2")
     submit(s, pairs(2), ["add-0", "add-1"])
-    cmds = finish_all(s, "w1", ["x-3", "x-2"], nbytes=32 * MB)
-    assert assigned(cmds) == {"w1": ["add-1"]}
+    cmds = finish_all(s, "w1", ["x-1", "x-0"], nbytes=32 * MB)
+    assert assigned(cmds) == {"w1": ["add-0"]}

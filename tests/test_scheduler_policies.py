@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import dask.order
 import pytest
 
 from actors.scheduler_events import KeyErred, PolicyChanged
@@ -21,13 +22,16 @@ from policies.priority import GraphPriority
 from runtime.errors import (
     UnknownPolicyError,
 )
+from runtime.graph import build_specs
 from tests.helpers import (
     GB,
     Factory,
     assigned,
     by_order,
+    chain,
     event,
     finish,
+    graph,
     join,
     leave,
     make_state,
@@ -253,3 +257,53 @@ def test_a_policy_change_of_an_unknown_kind_is_refused(make_state: Factory) -> N
     s = make_state()
     with pytest.raises(KeyError):
         s.handle(event(PolicyChanged, kind="mood", policy=Reversed()))
+
+
+# ----------------------------------------------------------------------------- graph order
+
+
+def _sent(make_state: Factory, table: dict[str, list[str]], wanted: list[str]) -> list[str]:
+    """What is sent to one single-slot worker, in order, of ``table`` submitted as one
+    graph asking for ``wanted`` (after ``base``, a result held), the tasks finishing
+    one at a time in the order sent."""
+    s = make_state(saturation=1.0)
+    join(s, "w1")
+    submit(s, {"base": []}, ["base"])
+    finish(s, "w1", "base")
+    sent = assigned(submit(s, table, wanted)).get("w1", [])
+    for key in sent:
+        sent.extend(assigned(finish(s, "w1", key)).get("w1", []))
+    assert sorted(sent) == sorted(table)
+    return sent
+
+
+def test_independent_tasks_of_one_graph_run_in_the_order_asked_for(make_state: Factory) -> None:
+    # One map or a batch of submits: tasks sharing nothing, asked for in this order (the
+    # culling walk used to hand them to the ordering backwards).
+    keys = [f"job-{i}" for i in range(12)]
+    assert _sent(make_state, {k: [] for k in keys}, keys) == keys
+    # With a dependency each on an earlier result (a map over futures): dask.order
+    # used to order them by key.
+    keys = ["job-b", "job-a", "job-d", "job-c"]
+    assert _sent(make_state, {k: ["base"] for k in keys}, keys) == keys
+
+
+def test_independent_branches_run_one_after_another_in_the_order_asked_for(
+    make_state: Factory,
+) -> None:
+    # dask.compute(*[fin(load(i)) for i in ...]): each branch finished before the next
+    # starts, the branches in the order of their requested keys.
+    table: dict[str, list[str]] = {}
+    for i in "badc":
+        table[f"load-{i}"] = []
+        table[f"fin-{i}"] = [f"load-{i}"]
+    wanted = [f"fin-{i}" for i in "badc"]
+    expected = [k for i in "badc" for k in (f"load-{i}", f"fin-{i}")]
+    assert _sent(make_state, table, wanted) == expected
+
+
+def test_one_connected_graph_keeps_dask_order(make_state: Factory) -> None:
+    table = {**chain("a", 3), **chain("b", 3), "sum": ["a-2", "b-2"]}
+    specs = build_specs(graph(table), ["sum"])
+    expected = dask.order.order(graph(table))
+    assert {k: s.order for k, s in specs.items()} == expected

@@ -170,8 +170,9 @@ def test_the_copy_runs_on_when_the_first_tries_worker_is_lost(make_state: Factor
     s = straggler(make_state)
     at(s, Tick, T0 + 3)
     out = at(s, WorkerLeft, T0 + 3.5, worker="w1", cause="crash")
-    # No retry: the copy on w2 is the try now (t-4, whose output was on w1, is remade).
-    assert sent(out) == [("w2", "t-4")]
+    # No retry: the copy on w2 is the try now (t-0, whose output was on w1, is remade
+    # first: the lost outputs in the order they were asked for).
+    assert sent(out) == [("w2", "t-0")]
     ts = s.tasks["t-5"]
     assert ts.state == "processing" and ts.worker == "w2" and ts not in s.copies
     assert tries(s, "t-5") == [("w1", "worker-lost", "crash")]
