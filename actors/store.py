@@ -13,7 +13,8 @@ The rules:
   leaves the value in memory, sets :attr:`SpillStore.disk_full` and stops the spill.
   A spilled value whose file cannot be read back raises and stays on disk.
 - Least recently used first. Storing or reading a value makes it the most recently
-  used; ``get_raw`` (serving a peer) and ``nbytes`` do not change recency.
+  used; ``get_raw`` (serving a peer) and ``nbytes`` do not change recency. The caller
+  may name values to keep in memory and values to move last (:meth:`SpillStore.spill_keys`).
 - Values that cannot be pickled (pickle protocol 5, then cloudpickle) stay in memory;
   each is logged once and skipped by later spills until it is overwritten or deleted.
 - Sizes are the *recorded* sizes (``nbytes=`` as given, else ``sizeof``, else 0):
@@ -64,7 +65,7 @@ import tempfile
 import time
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, MutableMapping
+from collections.abc import Callable, Collection, Container, Iterator, MutableMapping
 from types import TracebackType
 from typing import Any, BinaryIO, Self, TypeVar
 
@@ -718,13 +719,21 @@ class SpillStore(MutableMapping[Key, Any]):
             return False
         return True
 
-    def spill_keys(self, nbytes: int) -> list[Key]:
-        """As :meth:`spill`, returning the keys moved (least recently used first)."""
+    def spill_keys(
+        self, nbytes: int, keep: Container[Key] = (), last: Collection[Key] = ()
+    ) -> list[Key]:
+        """As :meth:`spill`, returning the keys moved (least recently used first). The
+        values of ``keep`` stay in memory; those of ``last`` move only once every
+        other value that can has moved."""
         moved: list[Key] = []
         total = 0
         if nbytes <= 0:
             return moved
-        for key in list(self._memory):
+        memory = self._memory
+        order = [k for k in memory if k not in keep and k not in last]
+        if last:
+            order += [k for k in memory if k in last and k not in keep]
+        for key in order:
             if key in self._unpicklable:
                 continue
             outcome = self._spill_one(key)

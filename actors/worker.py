@@ -373,7 +373,7 @@ class Worker(Actor):
             elif isinstance(cmd, ws.Sample):
                 self._sample()
             elif isinstance(cmd, ws.Spill):
-                self._spill(cmd.nbytes)
+                self._spill(cmd)
             elif isinstance(cmd, ws.ReportMemory):
                 self._report()
             elif isinstance(cmd, ws.StartTimer):
@@ -490,9 +490,9 @@ class Worker(Actor):
         delay = max(0.0, at - time.time())
         self._timer = asyncio.get_running_loop().call_later(delay, fire)
 
-    def _spill(self, nbytes: int) -> None:
+    def _spill(self, cmd: ws.Spill) -> None:
         store = self.data
-        moved = store.spill_keys(nbytes)
+        moved = store.spill_keys(cmd.nbytes, cmd.in_use, cmd.read_soon)
         now = self._now()
         if moved or now - self._trimmed >= 0.5:
             # Over the fence with nothing (more) to spill: freed inputs and copies may

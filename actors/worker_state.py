@@ -216,9 +216,14 @@ class Forget(Command):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Spill(Command):
-    """Move at least ``nbytes`` of outputs to disk; answer with :class:`Spilled`."""
+    """Move at least ``nbytes`` of outputs to disk, least recently used first; answer
+    with :class:`Spilled`. Not ``in_use``: inputs of tasks handed to the executor, which
+    holds them until the task ends (writing them frees no memory); ``read_soon`` last:
+    inputs of tasks waiting here (each would be read back from disk)."""
 
     nbytes: int
+    in_use: frozenset[Key] = frozenset()
+    read_soon: frozenset[Key] = frozenset()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -822,7 +827,10 @@ class WorkerState:
                 out.append(Log("info", event, (("rss", cmd.rss),)))
                 out.append(ReportMemory())
             elif isinstance(cmd, mem.Spill):
-                out.append(Spill(cmd.nbytes))
+                waiting = (*self.deferred.values(), *self.queued.values())
+                waiting += tuple(f.task for f in self.fetching.values())
+                in_use = _inputs(self.running.values())
+                out.append(Spill(cmd.nbytes, in_use, _inputs(waiting) - in_use))
             elif isinstance(cmd, mem.Kill) and cmd.key in self.running:
                 self._killed_at[cmd.key] = cmd.rss
                 out.append(Kill(cmd.key, cmd.rss))
@@ -833,3 +841,8 @@ class WorkerState:
             return
         self.timer = at
         out.append(StartTimer(at))
+
+
+def _inputs(tasks: Iterable[ToRun]) -> frozenset[Key]:
+    """The keys ``tasks`` read."""
+    return frozenset(dk for task in tasks for dk, _ in task.deps)

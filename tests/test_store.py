@@ -67,6 +67,16 @@ def test_spills_least_recently_used_first_and_access_refreshes(tmp_path: Path) -
         assert list(store.keys_on_disk()) == ["d", "e"]
 
 
+def test_values_kept_stay_and_values_read_soon_go_last(tmp_path: Path) -> None:
+    with SpillStore(tmp_path) as store:
+        for key in "abcde":
+            store.put(key, key * 10, nbytes=100)
+        # a: an input of a running task (writing it frees nothing); b: of a waiting one.
+        assert store.spill_keys(250, keep={"a"}, last={"b"}) == ["c", "d", "e"]
+        assert store.spill_keys(10**6, keep={"a"}, last={"b"}) == ["b"]
+        assert list(store.keys_in_memory()) == ["a"]
+
+
 def test_get_raw_and_nbytes_leave_recency_alone(tmp_path: Path) -> None:
     with SpillStore(tmp_path) as store:
         store.put("a", 1, nbytes=10)

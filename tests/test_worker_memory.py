@@ -111,6 +111,38 @@ async def test_past_the_spill_fence_outputs_go_to_disk_and_come_back(tmp_path: P
             assert status.spilled == 4  # nothing came back to memory, nor was written twice
 
 
+def gated_sum(started: threading.Event, go: threading.Event, x: np.ndarray) -> float:
+    started.set()
+    if not go.wait(LIMIT):
+        raise TimeoutError("the test never released the gate")
+    return float(x.sum())
+
+
+async def test_a_spill_leaves_the_inputs_of_a_running_task_in_memory(tmp_path: Path) -> None:
+    # Writing them out frees nothing (the task holds them until it ends), and they are
+    # often dropped once it has: the load-then-reduce runs spilled them for nothing.
+    rss = [100 * MB]
+    started, go = threading.Event(), threading.Event()
+    try:
+        with anyio.fail_after(LIMIT):
+            async with worker(tmp_path, rss) as (w, ref, sched):
+                keys = [f"load-{i}" for i in range(3)]
+                ref.post(RunTasks(tuple(run(k, load, 10 * MB) for k in keys)))
+                await sched.until(lambda: all(k in sched.done for k in keys))
+                use = run("use-0", gated_sum, started, go, TaskRef("load-0"))
+                ref.post(RunTasks((use,)))
+                await anyio.to_thread.run_sync(started.wait, LIMIT)
+                rss[0] = 650 * MB  # past spill (0.6): at least 110 MB, all it may move
+                await sched.until(lambda: any(r.spilled_bytes for r in sched.reports))
+                assert sorted(w.data.keys_on_disk()) == ["load-1", "load-2"]
+                assert list(w.data.keys_in_memory()) == ["load-0"]
+                go.set()
+                await sched.until(lambda: "use-0" in sched.done)
+                assert sched.done["use-0"].outcome == "ok"
+    finally:
+        go.set()
+
+
 async def test_a_deferred_producer_can_be_cancelled(tmp_path: Path) -> None:
     from runtime.messages import CancelTasks
 

@@ -325,6 +325,21 @@ def test_a_throttled_worker_defers_producers_and_runs_them_when_memory_falls() -
     ]
 
 
+def test_a_spill_spares_the_inputs_of_running_tasks_and_puts_waiting_ones_last() -> None:
+    s = state()
+    for key in ("x", "y", "z"):
+        feed(s, TasksAssigned(0.0, (task(key),)))
+        finish(s, key)
+    a = task("a", {"x": ("w",)})
+    b = task("b", {"y": ("w",), "x": ("w",)}, producer=True)
+    feed(s, TasksAssigned(1.0, (a,)))  # runs: the executor holds x until it ends
+    assert feed(s, MemorySampled(1.1, 800))[0] == Spill(800 - 540, frozenset({"x"}))
+    feed(s, TasksAssigned(1.2, (b,)))  # throttled: deferred, y will be read soon
+    assert s.deferred == {"b": b}
+    cmds = feed(s, MemorySampled(1.3, 800))
+    assert cmds[0] == Spill(800 - 540, frozenset({"x"}), frozenset({"y"}))
+
+
 def test_a_deferred_producer_can_be_cancelled() -> None:
     s = state()
     feed(s, MemorySampled(0.0, 800))
