@@ -323,7 +323,7 @@ class Manager(Actor):
             return (
                 f"pool {pool!r}, which no worker has joined (no pool is configured: this "
                 f"cluster's workers are in pool {', '.join(map(repr, known))}"
-                f"{did_you_mean(pool, known)})"
+                f"{did_you_mean(pool, known)}; scale(n, pool={pool!r}) starts workers in it)"
             )
         if not known:  # hand-started workers only: each joins the pool its --pool names
             return (

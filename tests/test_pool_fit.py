@@ -446,7 +446,7 @@ async def test_an_embedded_clusters_task_of_a_pool_no_worker_joined_is_told() ->
     still joining."""
     why = (
         "pool 'gpu', which no worker has joined (no pool is configured: this cluster's "
-        "workers are in pool 'default')"
+        "workers are in pool 'default'; scale(n, pool='gpu') starts workers in it)"
     )
     with anyio.fail_after(30), log_lines("corral.client", logging.WARNING) as log:
         async with Cluster(workers=2) as cluster:
@@ -458,7 +458,8 @@ async def test_an_embedded_clusters_task_of_a_pool_no_worker_joined_is_told() ->
             assert await own == -1
             assert told(log, "default") == []
             assert (await cluster.status())["queues"] == {"gpu": 1}
-            await cluster.cancel([fut])
+            await cluster.scale(1, "gpu")  # what the warning says to do
+            assert await fut == -1
 
 
 @pytest.mark.anyio
