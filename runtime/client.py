@@ -1282,10 +1282,10 @@ class Cluster:
             await self._start_pools(system)
             return
         # its one pool's workers, as a task's resources are checked against at submit
+        memory = self.worker_memory()
         shape = worker_shape(
-            self.threads_per_worker, self.worker_memory(), self.disk_per_worker,
-            "threads_per_worker",
-        )  # fmt: skip
+            self.threads_per_worker, memory, self.disk_per_worker, "threads_per_worker"
+        )
         fixed: dict[str, Any] = {
             "fixed": (self.pool, shape, "Cluster(...)"),
             "closed": self._closed,
@@ -1305,7 +1305,7 @@ class Cluster:
                 plane,
                 n=self.processes,
                 threads=self.threads_per_worker,
-                memory=self.worker_memory(),
+                memory=memory,
                 pool=self.pool,
                 memory_options=self.memory_options,
                 disk=self.disk_per_worker,
