@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import anyio
 
 from actors import transfer
-from actors.pools import check_fallback
+from actors.pools import check_fallback, pool_fallbacks
 from actors.scheduler_events import KeyDone, KeyTaken
 from actors.transfer import STREAM_BYTES, StreamInfo, UnknownStream
 from runtime.errors import (
@@ -181,8 +181,12 @@ class Manager(Actor):
         pools: Mapping[str, PoolShape] | None = None,
         sizing: str = "",
         closed: str = "",
+        fallback: Mapping[str, str] | None = None,
     ) -> None:
         self._scheduler = scheduler
+        #: the configured pools' ``fallback`` (``{pool: its fallback}``): put in the
+        #: default retry policy whenever it is set without one (``pool_fallbacks``)
+        self.fallback: dict[str, str] = dict(fallback or {})
         #: the configured pools' worker shapes (``runtime.node.pool_shapes``), or an
         #: embedded cluster's one pool's: a task of one of them asking for more than its
         #: workers have is refused at submit
@@ -659,6 +663,9 @@ class Manager(Actor):
 
     @handles(SetPolicyRequest)
     async def set_policy(self, msg: SetPolicyRequest) -> Any:
+        if self.fallback:  # a retry policy set again keeps the pools' fallbacks
+            params = pool_fallbacks(msg.kind, msg.name, msg.params, self.fallback)
+            msg = dataclasses.replace(msg, params=params)
         # configured pools only: an embedded cluster's workers may be scaled in others
         check_fallback(msg.kind, msg.name, msg.params, () if self.sizing else self.pools)
         if msg.kind == "scaling":  # the autoscaler's policy; every other kind: scheduler

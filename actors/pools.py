@@ -41,6 +41,7 @@ __all__ = [
     "check_fallback",
     "load_config",
     "parse_seconds",
+    "pool_fallbacks",
     "pools_from_dicts",
     "read_config",
 ]
@@ -370,6 +371,19 @@ def check_fallback(kind: str, name: str, params: Mapping[str, Any], pools: Colle
                     f"fallback {pool!r} -> {to!r}: {named!r} ({which}) is not a configured "
                     f"pool{did_you_mean(named, known, ';')} the pools are: {', '.join(known)}",
                 )  # fmt: skip
+
+
+def pool_fallbacks(
+    kind: str, name: str, params: Mapping[str, Any], fallback: Mapping[str, str]
+) -> dict[str, Any]:
+    """The parameters of a policy of ``kind`` and ``name`` with the configured pools'
+    ``fallback`` map (``{pool: its fallback}``) put in: the default retry policy's
+    ``fallback``, at start and whenever it is set again (``policy set retry default
+    max_lost=3`` keeps the pools' fallbacks), unless the parameters give one. Any other
+    policy's parameters are returned as they are."""
+    if fallback and kind == "retry" and name == "default" and "fallback" not in params:
+        return {**params, "fallback": dict(fallback)}
+    return dict(params)
 
 
 #: the top-level tables of a manager's configuration file

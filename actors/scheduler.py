@@ -623,7 +623,8 @@ class Scheduler(Actor):
         policy = self.policy_registry.create(msg.kind, msg.name, msg.params)
         self._handle(PolicyChanged(*self._ev(), msg.kind, policy))
         self.log.info("policy changed", kind=msg.kind, name=msg.name, params=msg.params)
-        return PolicyInfo(msg.kind, msg.name, tuple(self.policy_registry.names(msg.kind)))
+        names = tuple(self.policy_registry.names(msg.kind))
+        return PolicyInfo(msg.kind, msg.name, names, params_of(policy))
 
     @handles(StatusRequest)
     def status(self, msg: StatusRequest) -> dict[str, Any]:
@@ -853,6 +854,7 @@ class Scheduler(Actor):
                 kind,
                 getattr(policy, "name", type(policy).__name__),
                 tuple(self.policy_registry.names(kind)),
+                params_of(policy),
             )
             for kind, policy in self.state.policies.items()
         )

@@ -509,8 +509,10 @@ class ConsoleClient:
         kind, name = words[1], words[2]
         params = _params(words[3:])
         info = jsonable(await self.set_policy(kind, name, params))
-        info["params"] = params
-        view = Text(f"{kind} policy is now {name}" + (f" {params}" if params else ""))
+        # the parameters in force, as the policy has them (a default retry policy keeps
+        # the pools' fallback: configuration.md)
+        given = params_text(info.get("params"))
+        view = Text(f"{kind} policy is now {name}" + (f" ({given})" if given else ""))
         return Result("policy", info, view)
 
     async def _cmd_drain(self, rest: str) -> Result:
@@ -1231,10 +1233,11 @@ def render_alerts(data: Mapping[str, Any]) -> RenderableType:
 
 def render_policies(infos: Sequence[Mapping[str, Any]]) -> RenderableType:
     t = Table()
-    for col in ("kind", "in use", "available"):
+    for col in ("kind", "in use", "parameters", "available"):
         t.add_column(col)
     for i in infos:
-        _row(t, str(i["kind"]), str(i["name"]), ", ".join(i.get("available") or ()))
+        given = params_text(i.get("params"))
+        _row(t, str(i["kind"]), str(i["name"]), given, ", ".join(i.get("available") or ()))
     return t
 
 

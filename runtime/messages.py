@@ -129,9 +129,14 @@ class SetPolicyRequest(Message):
 
 @message()
 class PolicyInfo(Message):
+    """A policy in force: its kind, name, the names one may switch to, and the
+    parameters it was made with (``policies.params_of``: each value's repr; empty for
+    its defaults)."""
+
     kind: str
     name: str
     available: tuple[str, ...] = ()
+    params: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 @message()

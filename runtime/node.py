@@ -51,7 +51,7 @@ import anyio.abc
 
 from actors.autoscaler import Autoscaler, PoolTarget
 from actors.manager import Manager
-from actors.pools import PoolConfig, check_fallback, load_config
+from actors.pools import PoolConfig, check_fallback, load_config, pool_fallbacks
 from actors.protocol import TaskResult
 from actors.providers import DISK_OFF, BlockSpec, Provider, WorkerFactory
 from actors.registry import FileRegistry
@@ -270,6 +270,7 @@ async def start_control_plane(
         plane.resolve, monitor=lambda: refs.get("monitor"),
         pools=pool_shapes(pools or {}) if pools or fixed is None else {fixed[0]: fixed[1]},
         sizing="" if pools or fixed is None else fixed[2], closed=closed,
+        fallback=fallbacks(pools or {}),
     )  # fmt: skip
     refs["manager"] = await system.spawn(manager, "manager")
     if alerting is not None:
@@ -487,11 +488,16 @@ def pool_policies(
     ``fallback``)."""
     out = dict(policies or {})
     out.setdefault("scaling", ("demand", {}))
-    fallback = {name: p.fallback for name, p in pools.items() if p.fallback is not None}
-    name, params = out.get("retry", ("default", {}))
-    if fallback and name == "default" and "fallback" not in params:
-        out["retry"] = (name, {**params, "fallback": fallback})
+    fallback = fallbacks(pools)
+    if fallback:
+        name, params = out.get("retry", ("default", {}))
+        out["retry"] = (name, pool_fallbacks("retry", name, params, fallback))
     return out
+
+
+def fallbacks(pools: Mapping[str, PoolConfig]) -> dict[str, str]:
+    """Each configured pool's ``fallback``, of those that have one."""
+    return {name: p.fallback for name, p in pools.items() if p.fallback is not None}
 
 
 def pool_drain_periods(pools: Mapping[str, PoolConfig]) -> dict[str, float]:

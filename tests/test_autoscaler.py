@@ -265,7 +265,10 @@ async def test_the_scaling_policy_is_swapped_at_runtime() -> None:
             async with Cluster(workers=1) as cluster:
                 await cluster.wait_for_workers(1)
                 info = await cluster.set_policy("scaling", "queue", tasks_per_block=10, maximum=3)
-                assert info == PolicyInfo("scaling", "queue", ("demand", "fixed", "queue"))
+                assert info == PolicyInfo(
+                        "scaling", "queue", ("demand", "fixed", "queue"),
+                        {"maximum": "3", "tasks_per_block": "10"},
+                    )  # fmt: skip
                 with pytest.raises(UnknownPolicyError):
                     await cluster.set_policy("scaling", "no-such-policy")
                 # What the console's `policy list` shows: the scaling row too.

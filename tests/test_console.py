@@ -417,9 +417,13 @@ async def test_policy_list_and_set() -> None:
                     "policy set retry default max_lost=2 charge_lost=true --json"
                 )
             )
+            # the parameters in force, as the status shows them (each value's repr)
             assert data["name"] == "default" and data["params"] == {
-                "max_lost": 2, "charge_lost": True,
+                "max_lost": "2", "charge_lost": "True",
             }  # fmt: skip
+            assert "retry policy is now default (charge_lost=True, max_lost=2)" in (
+                await console.run_command("policy set retry default max_lost=2 charge_lost=true")
+            )
             text = await console.run_command("policy set placement least-loaded")
             assert "placement policy is now least-loaded" in text
             text = await console.run_command("policy set memory blind")

@@ -270,6 +270,27 @@ async def test_a_retry_fallback_to_a_pool_the_cluster_does_not_have_is_refused()
             await cluster.set_policy("retry", "default", fallback={"cpu": "bgi"})
 
 
+@pytest.mark.anyio
+async def test_a_default_retry_policy_set_again_keeps_the_pools_fallback() -> None:
+    """A pool's ``fallback`` lives in the default retry policy; setting that policy
+    again (``policy set retry default max_lost=3``) keeps it, as the policy's
+    parameters in force then show; a ``fallback`` given, or another retry policy,
+    is taken as it is."""
+    pools = {**POOLS, "cpu": {**POOLS["cpu"], "fallback": "big"}}
+    with anyio.fail_after(30):
+        async with Cluster(pools=pools) as cluster:
+            await cluster.wait_for_workers(1)
+            kept = {"fallback": "{'cpu': 'big'}", "max_lost": "3"}
+            info = await cluster.set_policy("retry", "default", max_lost=3)
+            assert (info.name, info.params) == ("default", kept)
+            assert (await cluster.status())["policy_params"]["retry"] == kept
+            info = await cluster.set_policy("retry", "default", fallback={})
+            assert info.params == {"fallback": "{}"}
+            info = await cluster.set_policy("retry", "never")
+            assert info.params == {}
+            assert await cluster.submit(operator.add, 1, 2, pool="cpu") == 3
+
+
 #: the pools of the misspelt-pool tests: none started (``ckpt`` when a task asks for it)
 TYPO_POOLS: dict[str, Any] = {
     "ckpt": {"init_blocks": 0, "max_blocks": 1},
