@@ -523,6 +523,10 @@ provider = "slurm"
 partition = "ckpt"
 account = "no-such-account"
 qos = "no-such-qos"
+[pools.feat]
+provider = "slurm"
+partition = "ckpt"
+scheduler_options = "#SBATCH --constraint=haswell"
 """
     code, got, _stderr = slurm_check(tmp_path, config, "--no-probe")
     assert code == 1
@@ -531,6 +535,12 @@ qos = "no-such-qos"
     assert (
         "Slurm refuses a block: Requested node configuration is not available" in (huge["detail"])
     )
+    assert "scheduler_options" not in huge["advice"]  # it sets none
+    # A feature no node has: the advice names the pool's own #SBATCH line.
+    feat = got[("feat", "test-only")]
+    assert feat["status"] == FAIL
+    assert "Invalid feature specification" in feat["detail"], feat
+    assert "scheduler_options (#SBATCH --constraint=haswell: " in feat["advice"], feat
     acct = got[("acct", "test-only")]
     if acct["status"] == FAIL:  # a cluster that enforces associations
         assert "Invalid account" in acct["detail"] or "Invalid qos" in acct["detail"], acct
