@@ -540,6 +540,18 @@ def _local_address(address: str) -> str:
     return address
 
 
+def _loopback(host: str | None) -> bool:
+    """Whether ``host`` is this machine's loopback (a name or an address)."""
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host or "").is_loopback
+    except ValueError:
+        return False
+
+
 def _http_url(address: str) -> str:
     """The http(s) URL of a websocket listener's ``address``, reachable from other
     machines (a wildcard host becomes this machine's name)."""
@@ -592,6 +604,14 @@ async def start_pools(
             remote = address
             if parts.hostname in ("0.0.0.0", "::", ""):
                 remote = f"{parts.scheme}://{socket.getfqdn()}:{parts.port}"
+            elif _loopback(parts.hostname):
+                _log.warning(
+                    "Slurm workers will dial this machine's loopback address",
+                    pool=name, address=remote,
+                    hint="they join only if Slurm runs them on this machine; for compute "
+                    "nodes, start the manager with --listen 0.0.0.0:PORT (workers then dial "
+                    "this machine's name) or --listen on an address the nodes reach",
+                )  # fmt: skip
             provider = SlurmProvider(
                 functools.partial(argv_for, remote), pool.slurm_options(), env=env,
                 prefix=name, run_dir=run_dir / name,

@@ -25,7 +25,7 @@ from runtime import Cluster
 from runtime.errors import GraphError, PoolConfigError
 from runtime.messages import StatusRequest
 from runtime.node import pool_drain_periods, pool_policies, pool_targets
-from tests.helpers import status_text, wait_until
+from tests.helpers import log_lines, status_text, wait_until
 
 EXAMPLE = """
 [pools.ckpt]
@@ -395,6 +395,36 @@ async def test_submit_takes_each_calls_pool_and_settings() -> None:
                 with pytest.raises(GraphError, match=match):
                     cluster.submit(operator.neg, 1, key="bad-1", **bad)
             assert "bad-1" not in tasks and not cluster._client_actor.pending
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("listen", "warned"),
+    [("ws://127.0.0.1:8786", True), ("ws://localhost:8786", True), ("ws://[::1]:8786", True),
+     ("ws://0.0.0.0:8786", False), ("ws://10.1.2.3:8786", False)],
+)  # fmt: skip
+async def test_slurm_workers_told_to_dial_loopback_are_warned_of(
+    tmp_path: Path, listen: str, warned: bool
+) -> None:
+    """A manager listening on loopback gives its Slurm pools' workers that address,
+    which compute nodes cannot reach: it says so when it starts the pool, and how to
+    listen instead (local pools are fine on loopback)."""
+    from runtime.kernel import ActorSystem
+    from runtime.node import Tokens, start_control_plane, start_pools
+
+    pools = pools_from_dicts(
+        {"ckpt": {"provider": "slurm", "init_blocks": 0}, "here": {"init_blocks": 0}}
+    )
+    with anyio.fail_after(30), log_lines("corral.node") as log:
+        async with ActorSystem() as system:
+            plane = await start_control_plane(system)
+            await start_pools(plane, pools, listen, Tokens.generate(), run_dir=tmp_path)
+    line = log.with_("Slurm workers will dial this machine's loopback address")
+    if not warned:
+        assert line is None, line
+        return
+    assert line is not None and "pool='ckpt'" in line and f"address='{listen}'" in line, line
+    assert "--listen 0.0.0.0:PORT" in line and "pool='here'" not in " ".join(log.lines)
 
 
 @pytest.mark.anyio
