@@ -1170,8 +1170,8 @@ class Cluster:
         task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
         """Log the manager's alerts as they fire and resolve (pending ones are not
-        news yet), looking every ``every`` seconds while connected; at the first look,
-        only those firing."""
+        news yet; one that fired and resolved between two looks, both), looking every
+        ``every`` seconds while connected; at the first look, only those firing."""
         from runtime.notify import AlertChanges, LogNotifier
 
         changes = AlertChanges()
@@ -1186,9 +1186,8 @@ class Cluster:
             except (CorralError, TimeoutError) as exc:  # a busy manager: look again later
                 _log.debug("could not read the manager's alerts", error=str(exc))
             else:
-                for alert in changes.changed(reply.alerts):
-                    if alert.state == "firing" or (alert.state == "resolved" and not first):
-                        log.notify(alert)
+                for alert in changes.news(reply.alerts, first=first):
+                    log.notify(alert)
                 first = False
             await anyio.sleep(every)
 

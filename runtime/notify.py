@@ -32,6 +32,7 @@ docs/monitoring.md ("Notifiers and Alertmanager") describes them for users.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import datetime
 import math
 import os
@@ -109,12 +110,30 @@ class AlertChanges:
 
     def changed(self, alerts: Iterable[AlertInfo]) -> list[AlertInfo]:
         """The alerts of ``alerts`` whose state is new since the last call."""
+        return [a for _, a in self._changes(alerts)]
+
+    def news(self, alerts: Iterable[AlertInfo], *, first: bool) -> list[AlertInfo]:
+        """What one who polls logs of the changes (a client of a manager): alerts that
+        fire, and alerts that resolve, except at the ``first`` look (an old end is not
+        news). An alert that fired and resolved between two looks comes twice: as it
+        fired (state ``firing``, no ``resolved_at``), then as it resolved, so no
+        resolution is logged whose firing was not."""
+        out = []
+        for was, a in self._changes(alerts):
+            if a.state == "resolved" and not first and was != "firing" and a.fired_at:
+                out.append(dataclasses.replace(a, state="firing", resolved_at=None))
+            if a.state == "firing" or (a.state == "resolved" and not first):
+                out.append(a)
+        return out
+
+    def _changes(self, alerts: Iterable[AlertInfo]) -> list[tuple[str | None, AlertInfo]]:
         out = []
         for a in alerts:
             key = (a.name, tuple(sorted(a.labels.items())))
-            if self.seen.get(key) != a.state:
+            was = self.seen.get(key)
+            if was != a.state:
                 self.seen[key] = a.state
-                out.append(a)
+                out.append((was, a))
         return out
 
 

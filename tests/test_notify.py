@@ -440,3 +440,30 @@ async def test_the_log_says_an_alert_resolved_at_the_level_it_said_it_fired(
         ("WARNING", "alert firing"),
         ("WARNING", "alert resolved"),
     ]
+
+
+async def test_a_poller_logs_an_alert_that_fired_and_resolved_between_two_looks() -> None:
+    """``AlertChanges.news``, what a client of a manager logs as it polls: an alert it
+    saw pending that has resolved by the next look fired in between, so it comes as
+    firing, then as resolved (a log with a resolution whose firing it never showed
+    would be a riddle); one seen firing resolves once; the first look shows only what
+    fires; a pending alert is not news."""
+    from runtime.notify import AlertChanges
+
+    def alert(state: str, pool: str = "cpu", **times: float) -> AlertInfo:
+        return AlertInfo("CorralNoWorkers", state, {"pool": pool}, **times)  # type: ignore[arg-type]
+
+    changes = AlertChanges()
+    old_end = alert("resolved", "gpu", fired_at=5.0, resolved_at=9.0)
+    assert changes.news([alert("pending", active_since=10.0), old_end], first=True) == []
+    gone = alert("resolved", active_since=10.0, fired_at=15.0, resolved_at=20.0)
+    assert changes.news([gone, old_end], first=False) == [
+        alert("firing", active_since=10.0, fired_at=15.0), gone,
+    ]  # fmt: skip
+    assert changes.news([gone, old_end], first=False) == []  # nothing new
+    firing = alert("firing", active_since=30.0, fired_at=35.0)
+    assert changes.news([firing], first=False) == [firing]
+    again = alert("resolved", active_since=30.0, fired_at=35.0, resolved_at=40.0)
+    assert changes.news([again], first=False) == [again]
+    # the first look: what fires only
+    assert AlertChanges().news([firing, old_end], first=True) == [firing]
