@@ -422,18 +422,27 @@ class WorkerState:
 
     def _assigned(self, task: ToRun, now: float, out: list[Command]) -> None:
         key = task.key
-        if key in self.running and key in self.cancelled:
+        running = self.running
+        if key in running and key in self.cancelled:
             # Its cancelled try has not come back: this try starts once it has (one try
             # of a key at a time here; the scheduler tells the two apart by ``attempt``).
             self.reasked[key] = task
             return
-        for place in (self.running, self.queued, self.deferred):
-            if key in place:  # sent twice (a rejoin): here already, as its newest try
-                place[key] = dataclasses.replace(place[key], attempt=task.attempt)
-                return
+        place = (
+            running if key in running
+            else self.queued if key in self.queued
+            else self.deferred if key in self.deferred
+            else None
+        )  # fmt: skip
+        if place is not None:  # sent twice (a rejoin): here already, as its newest try
+            place[key] = dataclasses.replace(place[key], attempt=task.attempt)
+            return
         f = self.fetching.get(key)
         if f is not None:
             f.task = dataclasses.replace(f.task, attempt=task.attempt)
+            return
+        if not task.deps and not task.dep_nbytes:  # nothing to fetch (the common case)
+            self._ready(task, now, out)
             return
         held = self.held
         lacking: set[Key] = set()
@@ -492,26 +501,27 @@ class WorkerState:
 
     def _finished(self, ev: TasksFinished, out: list[Command]) -> None:
         results = []
-        killed = self.governor.killed
+        killed, cancelled, on_disk = self.governor.killed, self.cancelled, self.on_disk
         running, held, peaks, copies = self.running, self.held, self._peaks, self.copied
+        self.tasks_run += len(ev.results)
         for res, value in ev.results:
             key = res.key
             task = running.pop(key, None)
             if task is not None and task.attempt:
                 res.attempt = task.attempt
-            self.tasks_run += 1
             outcome = res.outcome
             peak = peaks.pop(key, 0) if peaks else 0
             if (
                 outcome == "ok"
                 and peak <= res.rss
                 and not (copies and key in copies)
-                and not (self.cancelled and key in self.cancelled)
+                and not (cancelled and key in cancelled)
                 and not (killed and key in killed)
             ):
                 # The common case: the executor's result is the report, as it is.
                 held[key] = res.nbytes
-                self.on_disk.discard(key)
+                if on_disk:
+                    on_disk.discard(key)
                 out.append(Store(key, value, res.nbytes))
                 results.append(res)
                 continue
