@@ -424,7 +424,7 @@ class ClientActor(Actor):
                 w.held = upd
             else:
                 w.held = None
-                self._settle(upd)
+                self._tell(w, upd)
 
     def _unfence(self, w: _KeyWatch) -> None:
         """One submission of ``w``'s key is answered, taken in, or failed before it went:
@@ -446,11 +446,17 @@ class ClientActor(Actor):
 
     def _settle(self, upd: Any) -> None:
         w = self.watches.get(upd.key)
-        if w is None:
-            return
+        if w is not None:
+            self._tell(w, upd)
+
+    def _tell(self, w: _KeyWatch, upd: Any) -> None:
+        """``upd`` is the word on ``w``'s key: the watch keeps it, its waiters hear."""
         w.update = upd
-        for waiter in self.waiters.pop(upd.key, ()):
-            waiter.settle(upd.key, isinstance(upd, KeyDone))
+        waiters = self.waiters.pop(upd.key, None)
+        if waiters:
+            ok = isinstance(upd, KeyDone)
+            for waiter in waiters:
+                waiter.settle(upd.key, ok)
 
     async def wait_all(self, keys: Sequence[Key]) -> Key | None:
         """Wait until every key is done or one failed; return the failed key, if any.
@@ -1878,8 +1884,8 @@ def _note(err: BaseException, text: str) -> None:
 
 
 def _pack(keys: Any, values: Mapping[Key, Any]) -> Any:
-    if isinstance(keys, list):
-        return tuple(_pack(k, values) for k in keys)
+    if isinstance(keys, list):  # a key, not a call, per item that is no list
+        return tuple([_pack(k, values) if isinstance(k, list) else values[k] for k in keys])
     return values[keys]
 
 
