@@ -384,6 +384,13 @@ class BaseExecutor(abc.ABC):
         behind them, nor a cancelled one whose slot went to a fresh thread or process).
         The worker samples it with its RSS, to tell whose peak a sample is."""
 
+    @abc.abstractmethod
+    def executing_for(self) -> dict[Key, float]:
+        """The tasks executing now (as :meth:`executing`), each with the seconds it
+        has executed: a leaving worker says so (``Leaving.executed``), and the
+        scheduler tells a task that had its worker's whole life from one that started
+        late in it."""
+
     def children_rss(self) -> int:
         """RSS of the processes this executor runs tasks in, besides this one (bytes)."""
         return 0
@@ -484,6 +491,7 @@ class Executor(BaseExecutor):
         self._spawned = n
         self.max_abandoned = n if max_abandoned is None else max_abandoned
         self._running: dict[Key, threading.Thread] = {}  #: key -> the thread running it
+        self._began: dict[Key, float] = {}  #: key -> when it started (time.monotonic)
         #: seconds the latest task of each category took here: a batch waits for the
         #: next task only if its kind ran within ``batch_delay`` (``_run``)
         self._took: dict[str, float] = {}
@@ -505,6 +513,7 @@ class Executor(BaseExecutor):
                 return
             self._abandoned.add(thread)
             del self._running[key]
+            self._began.pop(key, None)
             fresh = threading.Thread(
                 target=self._run, name=f"{self._name}-{self._spawned}", daemon=True
             )
@@ -522,6 +531,11 @@ class Executor(BaseExecutor):
     def executing(self) -> tuple[Key, ...]:
         with self._lock:
             return tuple(self._running)
+
+    def executing_for(self) -> dict[Key, float]:
+        now = time.monotonic()
+        with self._lock:
+            return {k: now - self._began.get(k, now) for k in self._running}
 
     def submit(self, task: ToRun, inputs: dict[Key, Any]) -> None:
         self._jobs.put((task, inputs))
@@ -559,10 +573,11 @@ class Executor(BaseExecutor):
             # batches, a long task's result goes back as soon as it is ready. Back to
             # back, the RSS read after one task is the reading before the next.
             me = threading.current_thread()
-            running, took = self._running, self._took
+            running, took, began = self._running, self._took, self._began
             while job is not None:
                 with self._lock:
                     running[job[0].key] = me
+                    began[job[0].key] = time.monotonic()
                 started = time.perf_counter()
                 result, value, rss_now = self._execute(job[0], job[1], rss_now)
                 took[job[0].category] = time.perf_counter() - started
@@ -571,6 +586,7 @@ class Executor(BaseExecutor):
                     # abandoned and the key may have started again on a fresh one.
                     if running.get(job[0].key) is me:
                         del running[job[0].key]
+                        began.pop(job[0].key, None)
                     abandoned = me in self._abandoned
                     self._abandoned.discard(me)
                 if abandoned:  # cancelled while it ran: reported already, a fresh
@@ -895,6 +911,7 @@ class _Slot:
         "pid",
         "pidfd",
         "process",
+        "since",
         "start_error",
     )
 
@@ -906,6 +923,7 @@ class _Slot:
         self.pid = 0
         self.pidfd: int | None = None  #: signals reach this process, never a pid reuser
         self.key: Key | None = None  #: the task running in it
+        self.since = 0.0  #: when that task started (time.monotonic)
         self.killed: str | None = None  #: the outcome :meth:`ProcessExecutor.kill` gave it
         self.kill_rss = 0  #: the child's RSS when it was killed
         self.idle_rss = 0  #: the child's RSS after its last task
@@ -1014,6 +1032,13 @@ class ProcessExecutor(BaseExecutor):
     def executing(self) -> tuple[Key, ...]:
         return tuple(self.running())
 
+    def executing_for(self) -> dict[Key, float]:
+        now = time.monotonic()
+        with self._state:
+            return {
+                s.key: now - s.since for s in self._slots if s.key is not None and s.killed is None
+            }
+
     def pids(self) -> list[int]:
         """The pids of the live task processes, busy or idle."""
         with self._state:
@@ -1070,7 +1095,7 @@ class ProcessExecutor(BaseExecutor):
         with self._state:
             if self._closing:  # shutdown() came while the job was being pickled
                 return TaskResult(key, "cancelled"), None
-            slot.key, slot.killed = key, None
+            slot.key, slot.killed, slot.since = key, None, time.monotonic()
         reply: tuple[Any, list[bytearray]] | None = None
         failure: Exception | None = None
         try:

@@ -188,6 +188,15 @@ class _CheckpointCopied(Message):
 REPLICATE_TIMEOUT = 600.0
 #: tasks a ``worker lost`` log line names of those the worker was running (``more``: the rest)
 LOST_NAMES = 10
+
+
+def _executed(ws: WorkerState) -> list[str]:
+    """The keys of the tasks ``ws`` executed as it left (all it has in hand when it did
+    not say), sorted."""
+    keys = (str(ts.key) for ts in ws.processing)
+    return sorted(k for k in keys if ws.executing is None or k in ws.executing)
+
+
 COPY_RATE_FLOOR = 10 * 2**20
 
 
@@ -502,6 +511,15 @@ class Scheduler(Actor):
         planned = msg.cause in ON_PURPOSE
         if planned:
             self.log.info("worker left", worker=msg.worker_id, cause=msg.cause)
+            ws = self.state.workers.get(msg.worker_id)
+            # The tasks it executed, cut short by its walltime: each is retried, or
+            # fails if it is too long for the walltime (TaskLongerThanWalltime).
+            cut = [] if ws is None or msg.cause != "walltime" else _executed(ws)
+            if ws is not None and cut:
+                self.log.warning(
+                    "tasks ran into the walltime", worker=msg.worker_id, pool=ws.pool,
+                    running=cut[:LOST_NAMES], more=max(0, len(cut) - LOST_NAMES),
+                )  # fmt: skip
         else:
             # What it was running may be what killed it (a poison task): named here.
             ws = self.state.workers.get(msg.worker_id)
@@ -518,7 +536,8 @@ class Scheduler(Actor):
         """A worker about to go: no new tasks for it; its plan of copies goes back."""
         self.log.info("worker leaving", worker=msg.worker_id, cause=msg.cause)
         executing = frozenset(msg.executing) if msg.executing is not None else None
-        self._handle(WorkerLeaving(*self._ev(), msg.worker_id, msg.cause, executing))
+        executed = tuple(zip(msg.executing or (), msg.executed or (), strict=False))
+        self._handle(WorkerLeaving(*self._ev(), msg.worker_id, msg.cause, executing, executed))
 
     @handles(Evacuated)
     def evacuated(self, msg: Evacuated) -> None:

@@ -117,11 +117,15 @@ class WorkerLeaving(Event):
     short grace: give it no new tasks and say where its needed outputs should go
     (:class:`Evacuate`). ``executing``: the tasks it executes now (``str`` of their
     keys); the others it has in hand never started, and when it goes their tries count
-    as having run 0 s (``TryRecord.ran``). ``None``: it did not say (from being sent)."""
+    as having run 0 s (``TryRecord.ran``). ``None``: it did not say (from being sent).
+    ``executed``: ``(key, seconds it has executed)`` of those it said (empty: not said);
+    a try lost to the walltime after executing about its worker's whole life is too
+    long for its pool (``policies.WalltimeLoss``)."""
 
     worker: str
     cause: str
     executing: frozenset[str] | None = None
+    executed: tuple[tuple[str, float], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

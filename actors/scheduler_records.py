@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from policies import (
     BENIGN_LOSSES,
     CategoryStatsView,
+    WalltimeLoss,
 )
 from policies.survival import Survival
 from runtime.errors import (
@@ -159,6 +160,7 @@ class WorkerState:
         "disk_reserved",
         "disk_used",
         "draining",
+        "executed",
         "executing",
         "has_what",
         "id",
@@ -201,6 +203,9 @@ class WorkerState:
         #: ``str`` of the keys it executed when it said it was leaving (None: not said):
         #: the other tasks it has in hand when it goes never started
         self.executing: frozenset[str] | None = None
+        #: ``str`` of the keys it executed when it said it was leaving -> when each
+        #: began executing, on the scheduler's clock (what it said it had executed)
+        self.executed: dict[str, float] = {}
         self.retired = False  #: told to stop (RetireWorker) after draining
         #: drained and idle: the outputs only it holds, copied off before it is retired
         #: while something needs them (None: not looked at yet)
@@ -378,20 +383,23 @@ class TaskStateView:
     collections come as frozensets and tuples, and no public attribute leads back to
     the core's objects."""
 
-    __slots__ = ("_stats", "_survival", "_ts")
+    __slots__ = ("_loss", "_stats", "_survival", "_ts")
     _ts: TaskState
     _survival: Callable[[str | None], Survival] | None
     _stats: Mapping[str, CategoryStatsView] | None
+    _loss: WalltimeLoss | None
 
     def __init__(
         self,
         ts: TaskState,
         survival: Callable[[str | None], Survival] | None = None,
         stats: Mapping[str, CategoryStatsView] | None = None,
+        walltime_loss: WalltimeLoss | None = None,
     ) -> None:
         object.__setattr__(self, "_ts", ts)
         object.__setattr__(self, "_survival", survival)
         object.__setattr__(self, "_stats", stats)
+        object.__setattr__(self, "_loss", walltime_loss)
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"a task view is read-only (cannot set {name!r})")
@@ -466,6 +474,10 @@ class TaskStateView:
     def survival(self) -> Survival:
         survival = self._survival
         return survival(self._ts.spec.pool) if survival is not None else Survival()
+
+    @property
+    def walltime_loss(self) -> WalltimeLoss | None:
+        return self._loss
 
     @property
     def stats(self) -> CategoryStatsView | None:
@@ -655,3 +667,26 @@ def dependency_failed_text(dependency: Key, root: Key, summary: str) -> str:
     ``Type: text``). The story's note and the failure group's error both say it so."""
     first = "" if root == dependency else f" because {root!r} failed"
     return f"dependency {dependency!r} failed{first}: {summary}"
+
+
+def walltime_loss(
+    ts: TaskState, ws: WorkerState, workers: Iterable[WorkerState], drain: float, now: float
+) -> WalltimeLoss | None:
+    """How ``ts``'s try on ``ws``, lost to ``ws``'s walltime at ``now``, stands against
+    the walltime of the workers that could run it (those of its pool; any worker for a
+    task of no pool): None when that is not known (``ws`` did not say how long it had
+    executed it, or has no deadline) or no wall (one of those ``workers`` has no
+    walltime: it could give the task longer). ``walltime``: the longest life, from
+    joining to its deadline, of ``ws`` and ``workers``; ``drain``: ``ws``'s drain
+    margin."""
+    began = ws.executed.get(str(ts.key))
+    if began is None or ws.deadline is None:
+        return None
+    pool = ts.spec.pool
+    life = ws.deadline - ws.joined
+    for w in workers:
+        if pool is None or w.pool == pool:
+            if w.deadline is None:
+                return None
+            life = max(life, w.deadline - w.joined)
+    return WalltimeLoss(max(0.0, now - began), life, drain, ws.pool)

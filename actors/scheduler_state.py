@@ -199,6 +199,7 @@ from actors.scheduler_records import (
     WorkerState,
     dependency_failed_text,
     error_record,
+    walltime_loss,
 )
 from actors.storage_state import StorageLedger
 from policies import (
@@ -215,6 +216,7 @@ from policies import (
     RetryDecision,
     RetryPolicy,
     SpeculationPolicy,
+    WalltimeLoss,
 )
 from policies.survival import Survival, kaplan_meier
 from runtime.errors import (
@@ -226,6 +228,7 @@ from runtime.errors import (
     MemoryStalled,
     MissingKeysError,
     TaskCrashedWorkers,
+    TaskLongerThanWalltime,
     TaskOutOfMemory,
     TaskTooBigForDisk,
     TaskTooLarge,
@@ -453,6 +456,9 @@ class SchedulerState:
         #: and has not ended, its latest checkpoint first and, when that one has no copy
         #: off its worker yet, the newest one that has; dropped when the task ends
         self.checkpoints: dict[Key, list[Checkpoint]] = {}
+        #: the tries being lost to their worker's walltime (``_worker_left``), while
+        #: their retry is decided: how long each ran against its pool's walltime
+        self._walltime_losses: dict[TaskState, WalltimeLoss] = {}
         self.checkpoint_held = 0  #: bytes of checkpoints the scheduler holds
         #: per task with checkpoints, the workers that may have files of them (owners,
         #: copy holders, workers that fetched one to resume): told to drop them at the end
@@ -988,8 +994,11 @@ class SchedulerState:
             self._failed_try(ts, "worker-lost", ev.cause, None, ws.id)
             ts.worker = None
             ts.disk_need = 0
+            if ev.cause == "walltime":
+                self._walltime_lost(ts, ws)
             if not self._promote_copy(ts):  # else a copy runs on: no retry
                 self._after_failure(ts, "worker-lost", ev.cause, None, ws.id)
+            self._walltime_losses.pop(ts, None)
         ws.processing.clear()
         ws.n_producers = 0
         for ts in list(ws.has_what):
@@ -1235,6 +1244,8 @@ class SchedulerState:
         self.storage.leaving(ws.id, self._now)
         if ev.executing is not None:  # what it has in hand but does not execute: unstarted
             ws.executing = ev.executing
+        if ev.executed:  # when each began, by what it says it has executed
+            ws.executed = {key: self._now - ran for key, ran in ev.executed}
         if self.checkpoints:  # copies of the checkpoints only its disk holds
             self._checkpoints_off(ws.id)
         if not ws.leaving:
@@ -1441,6 +1452,22 @@ class SchedulerState:
         if ws.deadline is not None:
             margin = min(margin, (ws.deadline - ws.joined) / 2)
         return margin
+
+    def _walltime_lost(self, ts: TaskState, ws: WorkerState) -> None:
+        """``ts``'s try is lost with ``ws``, which reached its walltime: how long it had
+        run against the walltime of its pool, for its retry's decision
+        (``WalltimeLoss``), unless a checkpoint of it lets a retry resume. Its story
+        says how long it ran."""
+        if ts.key in self.checkpoints:
+            return
+        loss = walltime_loss(ts, ws, self.workers.values(), self._drain_margin(ws, {}), self._now)
+        if loss is None:
+            return
+        self._walltime_losses[ts] = loss
+        self._log(
+            ts.key, "processing",
+            f"walltime:ran {loss.ran:.0f} s of {loss.walltime:.0f} s (drain {loss.drain:.0f} s)",
+        )  # fmt: skip
 
     def _drain_before_walltime(self) -> None:
         longest: dict[str, float] = {}
@@ -1929,8 +1956,13 @@ class SchedulerState:
             return
         if outcome == "worker-lost":
             crashes = ts.crashes()
+            loss = self._walltime_losses.get(ts) if cause == "walltime" else None
             if len(crashes) > 1 and cause not in BENIGN_LOSSES:  # it may be what kills them
                 err: BaseException = TaskCrashedWorkers(str(ts.key), crashes)
+            elif loss is not None and loss.whole_life:
+                err = TaskLongerThanWalltime(
+                    str(ts.key), wid, loss.pool, loss.ran, loss.walltime, loss.drain, len(ts.tries)
+                )
             else:
                 err = WorkerLost(str(ts.key), wid, cause or "unknown", len(ts.tries))
         else:
@@ -3188,7 +3220,7 @@ class SchedulerState:
         return kaplan_meier(lives)
 
     def _retry_decision(self, ts: TaskState, outcome: str, cause: str | None) -> RetryDecision:
-        view = TaskStateView(ts, self.survival, self._stats_view)
+        view = TaskStateView(ts, self.survival, self._stats_view, self._walltime_losses.get(ts))
         try:
             decision = self.policies["retry"].decide(view, outcome, cause)
             if isinstance(decision, RetryDecision):

@@ -1102,8 +1102,9 @@ class Worker(Actor):
         self._plan = (done, plan)
         # What it executes now: the tasks it has in hand besides these never started.
         ex = self.executor
-        executing = tuple(str(k) for k in ex.executing()) if ex is not None else ()
-        self.scheduler.post(Leaving(self.worker_id, cause, executing))
+        running = ex.executing_for() if ex is not None else {}
+        executing = tuple(str(k) for k in running)
+        self.scheduler.post(Leaving(self.worker_id, cause, executing, tuple(running.values())))
         await done.wait()
         (moves,) = plan
         by_target: dict[str, list[tuple[Key, int]]] = {}

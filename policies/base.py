@@ -42,6 +42,7 @@ __all__ = [
     "ScalingPolicy",
     "SpeculationPolicy",
     "TaskView",
+    "WalltimeLoss",
     "WorkerView",
     "check_params",
     "params_of",
@@ -202,6 +203,29 @@ BENIGN_LOSSES: frozenset[str] = frozenset(
 ON_PURPOSE: frozenset[str] = frozenset({"drained", "walltime", "shutdown"})
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class WalltimeLoss:
+    """A try lost to its worker's walltime (cause ``walltime``), and the room its pool
+    gives: it had executed ``ran`` seconds (its worker said so as it left); a worker
+    of its pool lives at most ``walltime`` seconds (from joining to its deadline, the
+    longest of its pool's workers the scheduler knows) and is drained ``drain`` seconds
+    before its deadline. ``whole_life``: it executed at least ``walltime - drain`` (and
+    at least half the walltime): it started in the first ``drain`` seconds of its
+    worker's life, the most any try gets in this pool short of an idle fresh worker's
+    first second, and did not finish. A try that started later in its worker's life
+    (behind other tasks, on a worker that had worked a while) is not ``whole_life``:
+    a fresh worker may give it the time."""
+
+    ran: float
+    walltime: float
+    drain: float
+    pool: str
+
+    @property
+    def whole_life(self) -> bool:
+        return self.ran >= max(self.walltime - self.drain, self.walltime / 2)
+
+
 class TaskView(Protocol):
     """Read-only view of a task for policies."""
 
@@ -254,6 +278,13 @@ class TaskView(Protocol):
     @property
     def survival(self) -> Survival:
         """How long the workers of its pool live (Kaplan-Meier; empty when unknown)."""
+        ...
+
+    @property
+    def walltime_loss(self) -> WalltimeLoss | None:
+        """Its latest try's loss to its worker's walltime (None: not lost so, or it is
+        not known how long it executed, or a worker that could run it has no walltime,
+        or it left a checkpoint that a retry resumes from)."""
         ...
 
     @property

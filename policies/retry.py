@@ -34,7 +34,15 @@ class DefaultRetry:
     off the checkpoint partition, onto the owners' nodes). While the median is unknown
     (fewer than half of the pool's workers seen dying), nothing moves for being long;
     but a task lost more than ``max_lost`` times in a pool with a fallback moves there
-    instead of failing."""
+    instead of failing.
+
+    A try lost to its worker's walltime after executing about the whole life a worker
+    of its pool gets (:attr:`~policies.WalltimeLoss.whole_life`: from the first drain
+    period of its worker's life to the walltime) cannot fit in that pool: it moves to
+    its pool's ``fallback`` if there is one, else it is not retried and fails with
+    :class:`~runtime.errors.TaskLongerThanWalltime`. A try lost to the walltime after
+    starting later in its worker's life gets its free retry (a fresh worker may give it
+    the time)."""
 
     name = "default"
 
@@ -74,6 +82,9 @@ class DefaultRetry:
                 return RetryDecision(
                     False, reason=f"running when {task.crash_tries} workers crashed: a suspect"
                 )
+            too_long = self._too_long(task, cause)
+            if too_long is not None:
+                return too_long
             if task.lost_tries > self.max_lost:
                 to = self.fallback.get(task.pool) if task.pool is not None else None
                 if to is not None and cause == "preempted":
@@ -104,6 +115,21 @@ class DefaultRetry:
                 return RetryDecision(True, charge=True, reason=f"{outcome}; retry budget left")
             return RetryDecision(False, reason=f"{outcome}; no retry budget left")
         return RetryDecision(False, reason=outcome)
+
+    def _too_long(self, task: TaskView, cause: str | None) -> RetryDecision | None:
+        """For a try lost to the walltime after its worker's whole life: a move to the
+        fallback pool, else no retry (None: not such a try)."""
+        loss = task.walltime_loss if cause == "walltime" else None
+        if loss is None or not loss.whole_life:
+            return None
+        why = (
+            f"lost to the walltime after running {loss.ran:.0f} s of the {loss.walltime:.0f} s "
+            f"a worker of {loss.pool!r} lives: longer than its walltime"
+        )
+        to = self.fallback.get(task.pool) if task.pool is not None else None
+        if to is not None:
+            return RetryDecision(True, charge=False, reason=f"{why}, moved to {to!r}", pool=to)
+        return RetryDecision(False, reason=why)
 
     def _long(self, task: TaskView, cause: str | None) -> RetryDecision | None:
         """A free retry in the fallback pool for a task too long for its own."""

@@ -51,6 +51,7 @@ __all__ = [
     "SubmissionsSuspended",
     "TaskArgumentsTooLarge",
     "TaskCrashedWorkers",
+    "TaskLongerThanWalltime",
     "TaskOutOfMemory",
     "TaskProcessDied",
     "TaskTooBigForDisk",
@@ -408,6 +409,52 @@ class WorkerLost(CorralError):
             worker=worker,
             cause=cause,
             tries=tries,
+        )
+
+
+def _span(seconds: float) -> str:
+    """``"90 s"``, ``"2 min 30 s"``, ``"4 h"``: a duration as people read it."""
+    whole = max(0, round(seconds))
+    if whole < 120:
+        return f"{whole} s"
+    big, small, units = (60, 1, ("min", "s")) if whole < 7200 else (3600, 60, ("h", "min"))
+    rest = whole % big // small
+    return f"{whole // big} {units[0]}" + (f" {rest} {units[1]}" if rest else "")
+
+
+class TaskLongerThanWalltime(WorkerLost):
+    """A task that cannot fit in its pool's walltime: its try was lost to the walltime
+    after executing about the whole life a worker of its pool gets (``ran`` seconds of
+    ``walltime``, its workers drained ``drain`` seconds before it), so another worker
+    of the pool would cut it short again."""
+
+    def __init__(
+        self,
+        key: str,
+        worker: str,
+        pool: str,
+        ran: float,
+        walltime: float,
+        drain: float,
+        tries: int,
+    ) -> None:
+        CorralError.__init__(
+            self,
+            f"task {key!r} ran {_span(ran)} on worker {worker!r} and was still running when "
+            f"the walltime of pool {pool!r} ended it: its workers live {_span(walltime)} "
+            f"(drained {_span(drain)} before the end), and it had about all of that, so "
+            "it is not retried into the same wall. Raise the pool's walltime, split the "
+            "task into shorter ones, have it checkpoint (runtime.checkpoint) so that a "
+            "retry resumes, or send it to a pool without a walltime (pool=, or the retry "
+            "policy's fallback for this pool).",
+            key=key,
+            worker=worker,
+            cause="walltime",
+            tries=tries,
+            pool=pool,
+            ran=ran,
+            walltime=walltime,
+            drain=drain,
         )
 
 

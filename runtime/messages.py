@@ -307,6 +307,8 @@ class Leaving(Message):
     #: not among these (queued behind them, fetching inputs) never started (None: not
     #: said; each counts as running since it was sent)
     executing: tuple[str, ...] | None = None
+    #: seconds each of ``executing`` has executed (in its order; None: not said)
+    executed: tuple[float, ...] | None = None
 
 
 @message(local=True)
