@@ -74,6 +74,7 @@ __all__ = [
     "MAX_EXPR_CHARS",
     "MAX_EXPR_COMPARES",
     "MAX_EXPR_NESTING",
+    "NOTES",
     "AlertRule",
     "AlertState",
     "Audit",
@@ -749,6 +750,13 @@ def _templates(
     can = sorted({"alertname", *_instance_labels(parsed, names), *labels})
     for key, text in annotations.items():
         for m in _TEMPLATE.finditer(text):
+            note = m.group(3)
+            if note is not None and note not in NOTES:
+                raise AlertConfigError(
+                    rule, f"annotations.{key}",
+                    f"names the note {note!r}, which is not one Corral gives (the notes: "
+                    f"{', '.join(NOTES)})" + did_you_mean(note, list(NOTES)),
+                )  # fmt: skip
             label = m.group(2)
             if label is not None and label not in can:
                 raise AlertConfigError(
@@ -963,7 +971,7 @@ DEFAULT_RULES: list[dict[str, Any]] = [
         "annotations": {
             "summary": "Blocks of pool {{ $labels.pool }} keep failing",
             "description": "{{ $value }} blocks of pool {{ $labels.pool }} failed or ended "
-            "unasked in the latest 10 minutes.",
+            "unasked in the latest 10 minutes. The latest: {{ $notes.last_block_failure }}",
         },
     },
     {
@@ -976,6 +984,19 @@ DEFAULT_RULES: list[dict[str, Any]] = [
             "system refused too many submissions, or its blocks kept ending. Its tasks wait "
             "until then. The console's status shows the latest error; fix its cause, then "
             "run `resume {{ $labels.pool }}` there.",
+        },
+    },
+    {
+        "name": "CorralSubmissionsFailing",
+        "expr": "corral_pool_submit_failures >= 3 and corral_pool_suspended == 0",
+        "labels": {"team": "corral", "priority": "P2"},
+        "annotations": {
+            "summary": "Pool {{ $labels.pool }} cannot submit blocks to its batch system",
+            "description": "{{ $value }} block submissions of pool {{ $labels.pool }} failed "
+            "in a row (its batch system does not answer, or refuses them). The pool asks "
+            "again after a "
+            "back-off and goes on by itself once a submission goes through; its tasks wait "
+            "until then. The console's status shows the latest error.",
         },
     },
     {
@@ -1016,10 +1037,14 @@ class Event:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Evaluate(Event):
-    """Evaluate every rule at ``now`` (wall-clock seconds) on ``samples``."""
+    """Evaluate every rule at ``now`` (wall-clock seconds) on ``samples``. ``notes``:
+    texts by name and labels, as samples are (e.g. ``("last_block_failure", (("pool",
+    "ckpt"),))``, the latest failed block of a pool and why), which an annotation shows
+    with ``{{ $notes.NAME }}`` (:data:`NOTES`)."""
 
     now: float
     samples: Samples
+    notes: Mapping[tuple[str, Labels], str] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -1111,7 +1136,16 @@ class _Alert:
     refused: str = ""  #: the latest refusal audited (said once until it changes)
 
 
-_TEMPLATE = re.compile(r"\{\{\s*\$(labels\.([A-Za-z_][A-Za-z0-9_]*)|value)\s*\}\}")
+_TEMPLATE = re.compile(
+    r"\{\{\s*\$(labels\.([A-Za-z_][A-Za-z0-9_]*)|value|notes\.([A-Za-z_][A-Za-z0-9_]*))\s*\}\}"
+)
+
+#: the notes an annotation may show (``{{ $notes.NAME }}``, :class:`Evaluate`), with
+#: what each says: the one whose labels the alert has too, "" when there is none
+NOTES: Mapping[str, str] = {
+    "last_block_failure": "per pool: its latest block that failed or ended unasked, and "
+    "why (Slurm's state and exit code, the last lines of its stderr and where that file is)",
+}
 
 
 def _number(v: float) -> str:
@@ -1154,6 +1188,7 @@ class AlertState:
         #: (target before, target set, rule, who), decided once the target is known
         self._restore_due: dict[str, tuple[int, int, str, str]] = {}
         self._samples: Samples = {}  #: the latest evaluated
+        self._notes: Mapping[tuple[str, Labels], str] = {}  #: the latest notes given
         self._out: list[Command] = []
         for rule in rules:
             self._add(rule, False, 0.0)
@@ -1164,6 +1199,7 @@ class AlertState:
         """Apply ``events`` in order; return the commands to carry out."""
         for ev in events:
             if isinstance(ev, Evaluate):
+                self._notes = ev.notes
                 self._evaluate(ev.now, ev.samples)
             elif isinstance(ev, RuleAdded):
                 self._add(ev.rule, ev.replace, ev.now)
@@ -1331,6 +1367,8 @@ class AlertState:
         value = _number(a.value)
 
         def fill(m: re.Match[str]) -> str:
+            if m.group(3) is not None:
+                return self._note(m.group(3), labels)
             return value if m.group(2) is None else labels.get(m.group(2), "")
 
         return AlertInfo(
@@ -1344,6 +1382,13 @@ class AlertState:
             resolved_at=a.resolved_at,
             fields=dict(a.fields),
         )
+
+    def _note(self, name: str, labels: Mapping[str, str]) -> str:
+        """The note ``name`` whose labels ``labels`` has too ("" if none)."""
+        for (n, pairs), text in self._notes.items():
+            if n == name and all(labels.get(k) == v for k, v in pairs):
+                return text
+        return ""
 
     # ----------------------------------------------------------------- fields
 

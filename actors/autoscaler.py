@@ -326,6 +326,12 @@ class Autoscaler(Actor):
                 self.clock.now(), cmd.request, str(exc), command="sbatch", suspended=True
             )
         except BatchSystemError as exc:
+            if provider.suspended():  # this refusal stopped its submissions: pause now
+                self.log.error("the batch system refused too often: pool paused until resumed",
+                               pool=cmd.pool, error=str(exc))  # fmt: skip
+                return BlockStartFailed(
+                    self.clock.now(), cmd.request, str(exc), command=exc.command, suspended=True
+                )
             wait = provider.retry_in()
             self.log.error("the batch system did not take a block; backing off",
                            pool=cmd.pool, error=str(exc), retry_in=wait)  # fmt: skip
@@ -359,13 +365,22 @@ class Autoscaler(Actor):
             if cmd.block not in self.state.blocks:  # ended (a requeued block lives on)
                 self._handles.pop(cmd.block, None)
                 self._owners.pop(cmd.block, None)
-            if cmd.cause not in ON_PURPOSE:
+            why = {"detail": cmd.detail} if cmd.detail else {}
+            if cmd.state == "requeued":  # not an end: the same job runs again
+                # a preemption's requeue is expected (and free); another is an operator's
+                log = self.log.info if cmd.cause == "preempted" else self.log.warning
+                log(
+                    "worker block requeued: its workers are gone, the block comes back",
+                    block=cmd.block, cause=cmd.cause, incarnation=cmd.incarnation,
+                )  # fmt: skip
+            elif cmd.cause not in ON_PURPOSE:
                 self.log.warning(
-                    "worker block ended unasked", block=cmd.block, state=cmd.state, cause=cmd.cause
-                )
+                    "worker block ended unasked", block=cmd.block, state=cmd.state,
+                    cause=cmd.cause, **why,
+                )  # fmt: skip
             elif cmd.cause != "drained":  # its walltime, or a shutdown: as planned
                 self.log.info(
-                    "worker block ended", block=cmd.block, state=cmd.state, cause=cmd.cause
+                    "worker block ended", block=cmd.block, state=cmd.state, cause=cmd.cause, **why
                 )
             for wid in cmd.workers:
                 with contextlib.suppress(ActorStopped):
@@ -390,7 +405,7 @@ class Autoscaler(Actor):
         if type(cmd) is GaveUp:
             self.log.error(
                 "workers keep ending; not replacing them any more",
-                pool=cmd.pool, ended=cmd.ended, window=cmd.window,
+                pool=cmd.pool, ended=cmd.ended, window=cmd.window, latest=cmd.latest,
             )  # fmt: skip
             return None
         raise TypeError(f"autoscaler has no shell for {type(cmd).__name__}")  # pragma: no cover
@@ -420,7 +435,9 @@ class Autoscaler(Actor):
                 seen = await self._drained_by_scheduler(b.workers, failed)
                 known = seen is not None
                 drained, walltime = seen or (False, False)
-        await self._handle(BlockEnded(self.clock.now(), bid, msg.state, drained, walltime, known))
+        await self._handle(
+            BlockEnded(self.clock.now(), bid, msg.state, drained, walltime, known, block.detail)
+        )
 
     async def _drained_by_scheduler(
         self, workers: tuple[str, ...], retired: bool
@@ -614,7 +631,7 @@ class Autoscaler(Actor):
             if problem is not None:
                 errors[pool] = BatchErrorInfo(
                     problem.command, problem.error, wall - (now - problem.at), suspended,
-                    st.waiting(pool), problem.failures,
+                    st.waiting(pool), problem.failures, pool in st.requests.values(),
                 )  # fmt: skip
             elif pool in self._watch_errors:
                 err, at = self._watch_errors[pool]
@@ -644,4 +661,5 @@ class Autoscaler(Actor):
             paused=tuple(sorted(st.paused)),
             block_pools={b: r.pool for b, r in st.blocks.items()},
             block_workers={b: tuple(r.workers) for b, r in st.blocks.items()},
+            last_failures=dict(st.last_failure),
         )

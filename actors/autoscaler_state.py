@@ -78,6 +78,12 @@ its own exponential back-off (``backoff`` doubled per failure in a row, up to
 pool until :class:`Resumed`. The latest error of each pool is kept for the status
 (:attr:`AutoscalerState.errors`) until a block of it starts again.
 
+Each end keeps the provider's words on it (``BlockEnded.detail``: for Slurm its state,
+exit code and stderr; cut to :data:`MAX_DETAIL`), in the status's ends, the
+:class:`ReportGone` the shell logs and, for an end that spent the budget, the pool's
+:attr:`AutoscalerState.last_failure`, which :class:`GaveUp` and the metrics (the
+``CorralBlocksFailing`` alert) carry.
+
 :class:`Shutdown` stops every block (no replacements afterwards).
 """
 
@@ -125,6 +131,8 @@ __all__ = [
     "TargetRaised",
     "TargetSet",
     "Tick",
+    "bounded_detail",
+    "brief_detail",
     "check_blocks",
 ]
 
@@ -133,6 +141,29 @@ LIVE_STATES = frozenset({"pending", "running", "held"})
 
 #: how many ended blocks the core remembers for the status
 MAX_ENDS = 50
+
+#: the most characters of a block's detail (the provider's words: Slurm's state, exit
+#: code, the head and tail of its stderr) the core keeps with an end
+MAX_DETAIL = 4000
+
+
+def bounded_detail(detail: str, most: int = MAX_DETAIL) -> str:
+    """``detail`` cut to at most ``most`` characters, keeping its head and tail (where
+    a failure says why: the first lines of a stderr and its last)."""
+    if len(detail) <= most:
+        return detail
+    mark = f"\n[... {len(detail) - most} characters ...]\n"
+    keep = max(most - len(mark), 0)
+    return detail[: keep // 2] + mark + detail[len(detail) - (keep - keep // 2) :]
+
+
+def brief_detail(detail: str, tail: int = 2) -> str:
+    """A block's detail in a few lines: its first (Slurm's state and exit code, where
+    its stderr is) and its last ``tail`` (where a failure usually says why)."""
+    rows = [r for r in detail.splitlines() if r.strip()]
+    if len(rows) <= tail + 1:
+        return "\n".join(rows)
+    return "\n".join([rows[0], *rows[-tail:]])
 
 
 # ----------------------------------------------------------------------------- events
@@ -213,6 +244,9 @@ class BlockEnded(Event):
     drained: bool = False
     walltime: bool = False
     known: bool = True
+    #: the provider's words on how it ended (Slurm's state, exit code, the head and tail
+    #: of its stderr and where that file is); kept with the end, cut to MAX_DETAIL
+    detail: str = ""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -349,12 +383,16 @@ class DrainWorker(Command):
 @dataclasses.dataclass(frozen=True, slots=True)
 class ReportGone(Command):
     """Tell the scheduler that ``block``'s workers are gone, with ``cause``; ``state`` is
-    how the block ended."""
+    how the block ended (``requeued``: it did not end, the batch system runs it again as
+    run ``incarnation``); ``detail``: the provider's words on it (bounded). The last
+    two are for the log: two reports are equal without them."""
 
     block: str
     workers: tuple[str, ...]
     cause: str
     state: str
+    detail: str = dataclasses.field(default="", compare=False)
+    incarnation: int = dataclasses.field(default=1, compare=False)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -399,11 +437,13 @@ class BlockStuck(Command):
 @dataclasses.dataclass(frozen=True, slots=True)
 class GaveUp(Command):
     """``pool``'s workers keep ending (``ended`` in ``window`` seconds): no more
-    replacements until its target is set again."""
+    replacements until its target is set again. ``latest``: the latest of those ends
+    and why (:attr:`AutoscalerState.last_failure`; for the log: not compared)."""
 
     pool: str
     ended: int
     window: float
+    latest: str = dataclasses.field(default="", compare=False)
 
 
 # ----------------------------------------------------------------------------- state
@@ -495,6 +535,9 @@ class AutoscalerState:
         #: per pool, when its unasked ends within the window happened (its budget)
         self.replacements: dict[str, deque[float]] = {}
         self.failed: dict[str, int] = {}  #: per pool, unasked ends ever (a counter)
+        #: per pool, the latest end that spent its budget and why: ``"<block> ended
+        #: <state> (<cause>): <detail>"``, or the failed start's error (bounded)
+        self.last_failure: dict[str, str] = {}
         self.gave_up: set[str] = set()  #: pools whose workers kept ending
         self.paused: set[str] = set()  #: pools whose provider stopped submitting
         self.retry_at: dict[str, float] = {}  #: pools backing off: no request before then
@@ -544,12 +587,16 @@ class AutoscalerState:
         provider's word now, or the core's), and the age of the oldest block that is not
         running yet (requested, pending or held), counted from its request; the pool's
         size and ``max_blocks`` (0: not configured) and its blocks that failed or ended
-        unasked (those that spend the replacement budget), ever; whether it asks for no
-        block until resumed (``suspended``: paused, or it gave up)."""
+        unasked (those that spend the replacement budget), ever, and the latest of them
+        and why (``last_failure``); whether it asks for no block until resumed
+        (``suspended``: paused, or it gave up); its failed submissions in a row
+        (``submit_failures``: 0 once a block of it started)."""
         out: dict[str, dict[str, Any]] = {
             pool: {"states": {}, "oldest_pending": 0.0, "target": ps.target,
                    "desired": ps.desired, **_size(ps), "failed": self.failed.get(pool, 0),
-                   "suspended": int(pool in self.paused or pool in self.gave_up)}
+                   "suspended": int(pool in self.paused or pool in self.gave_up),
+                   "last_failure": self.last_failure.get(pool, ""),
+                   "submit_failures": e.failures if (e := self.errors.get(pool)) else 0}
             for pool, ps in self.pools.items()
         }  # fmt: skip
 
@@ -615,7 +662,7 @@ class AutoscalerState:
         self.cancelled.discard(ev.request)
         if not (ev.batch or ev.suspended):
             self.ended += 1
-            self._unasked_end(pool)
+            self._unasked_end(pool, f"a block could not start: {ev.error}")
             return
         # The batch system did not answer or refused: not the workers' fault.
         before = self.errors.get(pool)
@@ -658,13 +705,14 @@ class AutoscalerState:
                 cause = "crash"
             else:
                 cause = self._drain_cause(b)
-            self._ended(b, ev.state, cause, False)
+            self._ended(b, ev.state, cause, False, ev.detail)
             return
         drain_end = ev.drained and ev.state in ("completed", "failed")
         cause, charged = self._cause(b, "completed" if drain_end else ev.state)
-        self._ended(b, ev.state, cause, charged)
+        end = self._ended(b, ev.state, cause, charged, ev.detail)
         if charged:
-            self._unasked_end(b.pool)
+            why = f"{b.block_id} ended {ev.state} ({cause})"
+            self._unasked_end(b.pool, f"{why}: {end.detail}" if end.detail else why)
 
     def _cause(self, b: BlockRecord, state: str) -> tuple[str, bool]:
         """Why block ``b`` ended in ``state`` unasked, and whether that spends the
@@ -687,10 +735,14 @@ class AutoscalerState:
         operator's drain, or a scale-in)."""
         return "walltime" if b.walltime else "drained"
 
-    def _ended(self, b: BlockRecord, state: str, cause: str, charged: bool) -> None:
-        self._out.append(ReportGone(b.block_id, b.workers, cause, state))
-        end = BlockEnd(b.block_id, b.pool, state, cause, charged, self._now, b.incarnation)
+    def _ended(
+        self, b: BlockRecord, state: str, cause: str, charged: bool, detail: str = ""
+    ) -> BlockEnd:
+        detail = bounded_detail(detail)
+        self._out.append(ReportGone(b.block_id, b.workers, cause, state, detail, b.incarnation))
+        end = BlockEnd(b.block_id, b.pool, state, cause, charged, self._now, b.incarnation, detail)
         self.ends.append(end)
+        return end
 
     def _block_requeued(self, ev: BlockRequeued) -> None:
         b = self.blocks.get(ev.block)
@@ -703,7 +755,9 @@ class AutoscalerState:
         b.suspended = False  # its workers are reported gone: the scheduler forgets them
         b.since = self._now
         cause = "preempted" if ev.cause == "preempted" else "unknown"
-        self._out.append(ReportGone(b.block_id, b.workers, cause, "requeued"))
+        self._out.append(
+            ReportGone(b.block_id, b.workers, cause, "requeued", incarnation=ev.incarnation)
+        )
         self.ends.append(
             BlockEnd(b.block_id, b.pool, "requeued", cause, False, self._now, ev.incarnation - 1)
         )
@@ -824,14 +878,17 @@ class AutoscalerState:
 
     # ----------------------------------------------------------------- internals
 
-    def _unasked_end(self, pool: str) -> None:
+    def _unasked_end(self, pool: str, why: str) -> None:
         self.failed[pool] = self.failed.get(pool, 0) + 1
+        self.last_failure[pool] = bounded_detail(why)
         ends = self.replacements.setdefault(pool, deque())
         ends.append(self._now)
         self._prune()
         if len(ends) > self.config.max_replacements and pool not in self.gave_up:
             self.gave_up.add(pool)
-            self._out.append(GaveUp(pool, len(ends), self.config.replacement_window))
+            self._out.append(
+                GaveUp(pool, len(ends), self.config.replacement_window, self.last_failure[pool])
+            )
 
     def _prune(self) -> None:
         horizon = self._now - self.config.replacement_window

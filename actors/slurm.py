@@ -35,9 +35,11 @@ Slurm unreachable (``slurmctld`` down, a command missing, ``sbatch`` refusing) i
 :class:`~runtime.errors.BatchSystemError` naming the command, its exit code and stderr:
 ``start_block`` raises it; the refresher records it (:attr:`SlurmProvider.error`) and
 backs off; nothing here crashes whoever drives the provider (``stop_block`` retries a
-failed ``scancel`` later instead of raising). After ``max_failures`` failed submissions
+failed ``scancel`` later instead of raising). After ``max_failures`` refused submissions
 among the last ``window`` the provider stops submitting
-(:class:`~runtime.errors.SubmissionsSuspended`) until :meth:`SlurmProvider.resume`.
+(:class:`~runtime.errors.SubmissionsSuspended`) until :meth:`SlurmProvider.resume`; a
+controller that cannot be reached (:func:`unreachable`: connection failures, no answer
+in time) is no refusal: the provider backs off and submits again, however long it lasts.
 """
 
 from __future__ import annotations
@@ -80,6 +82,7 @@ __all__ = [
     "parse_squeue",
     "parse_walltime",
     "slurm_time",
+    "unreachable",
     "walltime_seconds",
 ]
 
@@ -220,13 +223,43 @@ def exit_text(raw: str) -> str:
     return f"killed by signal {signum}" if signum else f"exit code {status}"
 
 
-def head_tail(text: str, lines: int = 10) -> str:
-    """The first and last ``lines`` lines of ``text`` (all of it when short)."""
-    rows = text.rstrip("\n").splitlines()
+def head_tail(text: str, lines: int = 10, width: int = 300) -> str:
+    """The first and last ``lines`` lines of ``text`` (all of it when short), each cut
+    to ``width`` characters."""
+    rows = [
+        r if len(r) <= width else f"{r[:width]} [... {len(r) - width} characters]"
+        for r in text.rstrip("\n").splitlines()
+    ]
     if len(rows) <= 2 * lines:
         return "\n".join(rows)
     skipped = len(rows) - 2 * lines
     return "\n".join([*rows[:lines], f"[... {skipped} lines ...]", *rows[-lines:]])
+
+
+#: what Slurm's commands print when the controller cannot be reached or is too busy to
+#: answer (lower case): a failure that passes by itself, unlike a refusal
+UNREACHABLE = (
+    "unable to contact slurm controller",
+    "connect failure",
+    "connection refused",
+    "connection timed out",
+    "socket timed out",
+    "zero bytes were transmitted or received",
+    "backup controller in standby mode",
+    "resource temporarily unavailable",
+)
+
+
+def unreachable(exit_code: int | None, stderr: str) -> bool:
+    """Whether a Slurm command that failed with ``exit_code`` (None: it did not run or
+    did not answer in time) and printed ``stderr`` failed because the controller could
+    not be reached (down, restarting, too busy: it may answer the next time), rather
+    than because it refused the request (a partition, account or QOS that does not
+    exist or does not take the job) or the command is missing."""
+    said = stderr.lower()
+    if exit_code is None:
+        return said.startswith("no answer within")
+    return any(mark in said for mark in UNREACHABLE)
 
 
 def _preemptions(stderr: str, job_id: str) -> int:
@@ -261,6 +294,7 @@ class JobRecord:
     stopping: bool = False  #: we cancelled it (scancel): it ends SCALED_IN
     incarnations: list[Incarnation] = dataclasses.field(default_factory=list)
     detail: str = ""
+    stderr_path: str = ""  #: the job's stderr file, named in the detail of a bad end
 
     def observe(self, info: JobInfo | None, stderr: str = "") -> BlockState:
         """Apply what Slurm says of the job: ``info`` from ``squeue`` or, for a job that
@@ -321,8 +355,13 @@ class JobRecord:
         ):
             what += f"; {exit_text(info.exit_code)}"
         ended_badly = (BlockState.FAILED, BlockState.OOM, BlockState.TIMEOUT, BlockState.PREEMPTED)
-        if self.state in ended_badly and stderr.strip():
-            what += f"; stderr:\n{head_tail(stderr)}"
+        if self.state not in ended_badly:
+            return what
+        where = f" ({self.stderr_path})" if self.stderr_path else ""
+        if stderr.strip():
+            what += f"; stderr{where}:\n{head_tail(stderr)}"
+        elif where:
+            what += f"; stderr{where} is empty"
         return what
 
 
@@ -335,8 +374,10 @@ class FailureWindow:
 
     Each submission's outcome is recorded; after a failure the next one waits
     ``backoff`` seconds, doubled after each further failure in a row up to
-    ``max_backoff``. When ``max_failures`` of the last ``window`` outcomes are failures
-    the window *trips*: no submission until :meth:`resume`.
+    ``max_backoff``. When ``max_failures`` of the last ``window`` outcomes are refusals
+    the window *trips*: no submission until :meth:`resume`. A failure that is no
+    refusal (``transient``: the batch system could not be reached) backs off the same
+    way but never trips it: the next submission that goes through ends it.
     """
 
     def __init__(
@@ -380,9 +421,11 @@ class FailureWindow:
                 f"{self.streak} failed submission(s) in a row (the last: {self.last_error})",
             )
 
-    def record(self, now: float, error: str | None) -> None:
-        """A submission at ``now`` succeeded (``error`` None) or failed with ``error``."""
-        self.outcomes.append(error is not None)
+    def record(self, now: float, error: str | None, transient: bool = False) -> None:
+        """A submission at ``now`` succeeded (``error`` None) or failed with ``error``:
+        refused, or (``transient``) not answered."""
+        if not transient:
+            self.outcomes.append(error is not None)
         if error is None:
             self.streak = 0
             self.retry_at = -math.inf
@@ -677,9 +720,9 @@ class _Job:
 
 
 _ADVICE = {
-    "sbatch": "Check that the Slurm controller answers (`scontrol ping`, `sinfo`) and that "
-    "the partition, account and QOS of the pool exist and accept this job "
-    "(`sbatch --test-only`); the pool's blocks are requested again after a back-off.",
+    "sbatch": "The Slurm controller does not answer (check `scontrol ping`, `sinfo`): the "
+    "pool's blocks are requested again after a back-off, and the run goes on once it "
+    "answers.",
     "squeue": "The Slurm controller does not answer (`scontrol ping`); block states are "
     "the last ones seen until it does. Asking again after a back-off.",
     "scancel": "The job will be cancelled again once the controller answers.",
@@ -800,7 +843,8 @@ class SlurmProvider(Provider):
         """Write the block's script and submit it; return the block, PENDING.
 
         Raises :class:`BatchSystemError` when ``sbatch`` fails (or while backing off
-        after failures) and :class:`SubmissionsSuspended` once too many failed."""
+        after failures) and :class:`SubmissionsSuspended` once too many were refused
+        (:class:`FailureWindow`; not answered is no refusal)."""
         if self._tg is None:
             raise RuntimeError("SlurmProvider is not running; use `provider.running()` or run()")
         if spec.workers < 1:
@@ -828,14 +872,16 @@ class SlurmProvider(Provider):
         try:
             out = await self._run("sbatch", "--parsable", str(script))
         except BatchSystemError as err:
-            self.failures.record(anyio.current_time(), err.failure)  # its advice: not now
+            self.failures.record(  # its advice: not now
+                anyio.current_time(), err.failure, unreachable(err.exit_code, err.stderr)
+            )
             self.error = err
             self._log.error("sbatch failed", pool=spec.pool, block=block_id, error=str(err))
             raise
         job_id = out.strip().split(";")[0]  # "ID" or "ID;cluster"
         if not job_id.isdigit():
             odd = BatchSystemError(
-                "sbatch --parsable", 0, f"unexpected answer {out!r}", _ADVICE["sbatch"]
+                "sbatch --parsable", 0, f"unexpected answer {out!r}", self._sbatch_advice(False)
             )
             self.failures.record(anyio.current_time(), odd.failure)
             self.error = odd
@@ -844,7 +890,8 @@ class SlurmProvider(Provider):
         self.error = None  # Slurm answered
         block = Block(block_id, spec, BlockState.PENDING, wids, f"Slurm job {job_id} submitted")
         self.blocks[block_id] = block
-        self._jobs[block_id] = _Job(block, JobRecord(job_id), script, stdout, stderr)
+        record = JobRecord(job_id, stderr_path=str(stderr))
+        self._jobs[block_id] = _Job(block, record, script, stdout, stderr)
         self._log.info(
             "block submitted", pool=spec.pool, block=block_id, job=job_id, script=str(script)
         )
@@ -965,6 +1012,8 @@ class SlurmProvider(Provider):
             env = dict(os.environ, SLURM_CONF=self.slurm_conf)
         command = " ".join(argv[:2]) if argv[0] == "sbatch" else argv[0]
         advice = _ADVICE.get(argv[0], "")
+        if argv[0] == "sbatch":
+            advice = self._sbatch_advice(False)
         try:
             with anyio.fail_after(self.command_timeout):
                 done = await run_command(argv, env=env)
@@ -976,8 +1025,9 @@ class SlurmProvider(Provider):
             ) from None  # fmt: skip
         except TimeoutError:
             raise BatchSystemError(
-                command, None, f"no answer within {self.command_timeout:g} s", advice
-            ) from None
+                command, None, f"no answer within {self.command_timeout:g} s",
+                self._sbatch_advice(True) if argv[0] == "sbatch" else advice,
+            ) from None  # fmt: skip
         except OSError as exc:
             raise BatchSystemError(command, None, str(exc), advice) from None
         out = done.stdout.decode(errors="replace")
@@ -985,8 +1035,24 @@ class SlurmProvider(Provider):
         if done.returncode != 0:
             if argv[0] in ("squeue", "scontrol") and _INVALID_JOB in out + err:
                 return out + err  # the ids asked about are all unknown: not a failure
+            if argv[0] == "sbatch":
+                advice = self._sbatch_advice(unreachable(done.returncode, err))
             raise BatchSystemError(command, done.returncode, err, advice)
         return out
+
+    def _sbatch_advice(self, transient: bool) -> str:
+        """What to do about a failed ``sbatch``, and what happens next: the controller
+        not answering passes by itself; a refusal stops the pool after a few."""
+        if transient:
+            return _ADVICE["sbatch"]
+        f = self.failures
+        return (
+            "Check that the partition, account and QOS of the pool exist and accept this "
+            "job (`sbatch --test-only`); the pool's blocks are requested again after a "
+            f"back-off, until {f.max_failures} refusals among its last {f.window} "
+            "submissions stop them until an operator resumes the pool (`resume POOL` in "
+            "the console)."
+        )
 
     async def _refresher(self) -> None:
         interval = self.status_interval

@@ -53,6 +53,7 @@ from rich.table import Table
 from rich.text import Text
 
 from actors.alerts_state import typed_duration
+from actors.autoscaler_state import brief_detail
 from policies import params_text
 from runtime.errors import (
     ActorStopped,
@@ -1087,9 +1088,14 @@ def _render_blocks(auto: Mapping[str, Any]) -> list[RenderableType]:
             _row(bt, bid, shown, str(incarnations.get(bid, 1)), "-", "-", detail)
         for e in ends[-10:]:
             charged = "spent" if e.get("charged") else "free"
+            run = int(e.get("incarnation") or 1)
+            if e.get("state") == "requeued":  # not an end: the same job runs again
+                shown, charged = f"requeued: back as run {run + 1}", "-"
+            else:
+                shown = f"ended {e.get('state')}"
             _row(
-                bt, str(e.get("block")), f"ended {e.get('state')}" if e.get("state") != "requeued"
-                else "requeued", str(e.get("incarnation", 1)), str(e.get("cause")), charged, "",
+                bt, str(e.get("block")), shown, str(run), str(e.get("cause")), charged,
+                brief_detail(str(e.get("detail") or "")),
             )  # fmt: skip
         parts.append(bt)
     budget = auto.get("budget")
@@ -1109,6 +1115,9 @@ def _render_blocks(auto: Mapping[str, Any]) -> list[RenderableType]:
         err = errors.get(pool)
         if err is None:
             what = "paused" if pool in paused else "gave up: its workers kept ending"
+            latest = str(dict(auto.get("last_failures") or {}).get(pool) or "")
+            if pool in gave_up and latest:
+                what += f" (the latest: {brief_detail(latest)})"
             parts.append(Text(f"pool {pool}: {what}; `resume {pool}` asks again", style="bold"))
             continue
         when = time.strftime("%H:%M:%S", time.localtime(float(err.get("at") or 0)))
@@ -1116,6 +1125,8 @@ def _render_blocks(auto: Mapping[str, Any]) -> list[RenderableType]:
             state = f"suspended until an operator runs `resume {pool}`"
         elif err.get("retry_in") is not None:
             state = f"asking again in {float(err['retry_in']):.0f} s"
+        elif err.get("asking"):
+            state = "asking again now"
         else:  # no back-off running: the pool asks when it next needs a block
             state = "asked again when the pool needs a block"
         parts.append(

@@ -828,7 +828,10 @@ class BlockMetrics(Message):
     blocks ever failed or ended unasked (``failed``) and how many were ever found not
     running by the pool's provisioning timeout and replaced (``stuck``); ``suspended``:
     1 while the pool asks for no block until an operator resumes it (its batch system
-    refused too many submissions, or its blocks kept ending), else 0."""
+    refused too many submissions, or its blocks kept ending), else 0; ``last_failure``:
+    the latest of its blocks that failed or ended unasked and why (its detail), "" with
+    none; ``submit_failures``: its failed submissions in a row, refused or not answered
+    (0 once one goes through)."""
 
     states: dict[str, int] = dataclasses.field(default_factory=dict)
     oldest_pending: float = 0.0
@@ -840,6 +843,8 @@ class BlockMetrics(Message):
     failed: int = 0
     stuck: int = 0
     suspended: int = 0
+    last_failure: str = ""
+    submit_failures: int = 0
 
 
 @message()
@@ -1074,7 +1079,9 @@ class BlockEndInfo(Message):
     the same job again as its next incarnation): its final ``state``, the ``cause`` its
     workers were reported gone with (``preempted``, ``walltime``, ``drained``, ``crash``,
     ``unknown``), whether it spent the replacement budget (``charged``), when (``at``,
-    Unix time) and which run of it ended (``incarnation``, from 1)."""
+    Unix time), which run of it ended (``incarnation``, from 1) and the provider's words
+    on it (``detail``: for a Slurm block, its state, exit code, the head and tail of its
+    stderr and that file's path; at most 4000 characters)."""
 
     block: str
     pool: str
@@ -1083,6 +1090,7 @@ class BlockEndInfo(Message):
     charged: bool
     at: float
     incarnation: int = 1
+    detail: str = ""
 
 
 @message()
@@ -1091,7 +1099,8 @@ class BatchErrorInfo(Message):
     --parsable``, ``squeue``, ...) and its ``error`` (what it printed and what to do),
     ``at`` (Unix time), ``suspended`` (the pool asks for no block until an operator
     resumes it: console ``resume POOL``), ``retry_in`` (seconds until it asks again,
-    None: not backing off) and ``failures`` (failed submissions in a row)."""
+    None: not backing off), ``failures`` (failed submissions in a row) and ``asking``
+    (a submission of the pool is under way now)."""
 
     command: str
     error: str
@@ -1099,6 +1108,7 @@ class BatchErrorInfo(Message):
     suspended: bool = False
     retry_in: float | None = None
     failures: int = 0
+    asking: bool = False
 
 
 @message()
@@ -1111,8 +1121,9 @@ class AutoscalerStatus(Message):
     provider's words (``details``); the latest ends (``ends``); the unasked ends
     that spent the replacement budget in its window (``budget_spent``, summed, and
     ``budget_by_pool``; each pool gives up past ``budget``); per pool the batch
-    system's latest error (``batch_errors``) and the pools paused until resumed
-    (``paused``)."""
+    system's latest error (``batch_errors``), the pools paused until resumed
+    (``paused``) and the latest of its blocks that failed or ended unasked, and why
+    (``last_failures``: what a pool that gave up last saw)."""
 
     targets: dict[str, int] = dataclasses.field(default_factory=dict)
     desired: dict[str, int] = dataclasses.field(default_factory=dict)
@@ -1136,6 +1147,7 @@ class AutoscalerStatus(Message):
     #: per live block, its pool and its workers' ids
     block_pools: dict[str, str] = dataclasses.field(default_factory=dict)
     block_workers: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    last_failures: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 @message()

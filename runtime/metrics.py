@@ -34,6 +34,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from actors.autoscaler_state import bounded_detail, brief_detail
 from runtime.errors import ActorStopped, AskTimeout
 from runtime.messages import (
     BlockMetrics,
@@ -51,6 +52,7 @@ __all__ = [
     "NotifierCounts",
     "SnapshotCollector",
     "metrics_route",
+    "notes",
     "render",
     "samples",
     "serve_metrics",
@@ -220,6 +222,12 @@ class SnapshotCollector(Collector):
             "1 while the pool asks for no block until an operator resumes it.",
             pool,
         )
+        submit = _gauge(
+            "corral_pool_submit_failures",
+            "The pool's failed block submissions in a row, refused or not answered (0 once "
+            "one goes through).",
+            pool,
+        )
         for name, b in sorted(snap.blocks.items()):
             for state, n in sorted(b.states.items()):
                 blocks.add_metric([name, state], n)
@@ -232,6 +240,7 @@ class SnapshotCollector(Collector):
             per_block.add_metric([name], b.workers_per_block)
             most.add_metric([name], b.max_blocks)
             suspended.add_metric([name], b.suspended)
+            submit.add_metric([name], b.submit_failures)
         yield from (
             blocks,
             pending,
@@ -243,6 +252,7 @@ class SnapshotCollector(Collector):
             per_block,
             most,
             suspended,
+            submit,
         )
         yield GaugeMetricFamily(
             "corral_autoscaler_busy",
@@ -349,6 +359,23 @@ def samples(snapshot: MetricsReply) -> dict[Sample, float]:
     for family in SnapshotCollector(snapshot).collect():
         for s in family.samples:
             out[(s.name, tuple(sorted(s.labels.items())))] = float(s.value)
+    return out
+
+
+#: the most characters of a note (:func:`notes`) an alert's annotation shows
+NOTE_CHARS = 1000
+
+
+def notes(snapshot: MetricsReply) -> dict[Sample, str]:
+    """The texts alert annotations may show beside the samples (``{{ $notes.NAME }}``,
+    ``actors.alerts_state.NOTES``), by name and labels as samples are: per pool its
+    latest block that failed or ended unasked, and why (``last_block_failure``: the
+    first line of its detail and its last two, at most :data:`NOTE_CHARS`)."""
+    out: dict[Sample, str] = {}
+    for pool, b in sorted(snapshot.blocks.items()):
+        if b.last_failure:
+            text = brief_detail(b.last_failure).replace("\n", " / ")
+            out[("last_block_failure", (("pool", pool),))] = bounded_detail(text, NOTE_CHARS)
     return out
 
 

@@ -65,7 +65,7 @@ from runtime.messages import (
     ScaleRequest,
     message,
 )
-from runtime.metrics import SAMPLE_LABELS, samples
+from runtime.metrics import SAMPLE_LABELS, notes, samples
 from runtime.notify import AlertmanagerNotifier, LogNotifier, Notifier
 
 __all__ = [
@@ -267,6 +267,7 @@ class DashboardAt(Message):
 class _Sampled(Message):
     now: float
     samples: Any
+    notes: Any = None
 
 
 @message(local=True)
@@ -356,7 +357,7 @@ class Monitor(Actor):
                 if snap is None:
                     self.skipped += 1
                 else:
-                    self.ref.post(_Sampled(time.time(), samples(snap)))
+                    self.ref.post(_Sampled(time.time(), samples(snap), notes(snap)))
             except ActorStopped:
                 return
             except Exception as exc:  # a snapshot that cannot be read: the next one may
@@ -418,7 +419,7 @@ class Monitor(Actor):
     def sampled(self, msg: _Sampled) -> None:
         self.evaluations += 1
         try:
-            self._run(Evaluate(msg.now, msg.samples))
+            self._run(Evaluate(msg.now, msg.samples, msg.notes or {}))
         except Exception as exc:  # alerting must never take the cluster down
             self.failed += 1
             self.log.error("alert evaluation failed", error=repr(exc), exc_info=True)

@@ -91,12 +91,16 @@ def rfc3339(t: float) -> str:
 
 
 def _summary(alert: AlertInfo) -> dict[str, Any]:
+    # a firing alert says why too (its description: e.g. the latest failed block's
+    # stderr); its other changes, what it is
+    said = ("summary", "description", "dashboard") if alert.state == "firing" else (
+        "summary", "dashboard")  # fmt: skip
     return {
         "alert": alert.name,
         **{k: v for k, v in alert.labels.items() if k != "alertname"},
         "value": round(alert.value, 3),
         **{k: round(v, 3) for k, v in alert.fields.items()},
-        **{k: alert.annotations[k] for k in ("summary", "dashboard") if k in alert.annotations},
+        **{k: alert.annotations[k] for k in said if k in alert.annotations},
     }
 
 
@@ -142,7 +146,7 @@ class LogNotifier:
     resolved`` (WARNING: a log at the manager's default level shows an alert end as it
     showed it start; only a firing alert resolves), ``alert pending`` (INFO), with its
     labels and fields, and its ``summary`` and ``dashboard`` annotations when it has
-    them."""
+    them (firing: its ``description`` too)."""
 
     def __init__(self, logger: Any = None) -> None:
         self.log = logger if logger is not None else _log

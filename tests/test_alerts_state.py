@@ -369,6 +369,59 @@ def test_increase_over_the_samples_seen_with_counter_restarts() -> None:
     assert n.alert.state == "resolved"
 
 
+def test_blocks_failing_says_why_the_latest_failed() -> None:
+    """A user audit: CorralBlocksFailing said only that blocks of the pool keep failing;
+    the reason (a worker_init that failed) was in a .err file nothing named. Its
+    description now ends with the latest failed block, its first line (the .err path)
+    and its last two (the stderr's tail), bounded."""
+    from runtime.metrics import NOTE_CHARS
+    from runtime.metrics import notes as block_notes
+
+    (d,) = [d for d in DEFAULT_RULES if d["name"] == "CorralBlocksFailing"]
+    st = AlertState([parse_rule(d, SAMPLE_LABELS)])
+    why = (
+        "audbi/block-3 ended failed (crash): Slurm job 42 FAILED (NonZeroExitCode); exit "
+        "code 127; stderr (/run/block-3.err):\ncorral: block block-3\n"
+        "/run/block-3.sh: line 12: module: command not found\n"
+        "corral: worker_init failed (exit status 127): no worker started"
+    )
+
+    def reply(n: int, last: str) -> MetricsReply:
+        return MetricsReply(blocks={"audbi": BlockMetrics(failed=n, last_failure=last),
+                                    "cpu": BlockMetrics(failed=0)})  # fmt: skip
+
+    first = reply(0, "")
+    assert st.handle(Evaluate(0.0, samples(first), block_notes(first))) == []
+    later = reply(3, why)
+    (n,) = only(st.handle(Evaluate(60.0, samples(later), block_notes(later))), Notify)
+    assert n.alert.annotations["description"] == (
+        "3 blocks of pool audbi failed or ended unasked in the latest 10 minutes. The latest: "
+        "audbi/block-3 ended failed (crash): Slurm job 42 FAILED (NonZeroExitCode); exit "
+        "code 127; stderr (/run/block-3.err): / /run/block-3.sh: line 12: module: command "
+        "not found / corral: worker_init failed (exit status 127): no worker started"
+    )
+    huge = reply(3, why + "x" * 10 * NOTE_CHARS)
+    assert len(block_notes(huge)[("last_block_failure", (("pool", "audbi"),))]) <= NOTE_CHARS
+    assert block_notes(first) == {}
+    with pytest.raises(AlertConfigError, match="names the note 'last_block_failur'"):
+        rule(annotations={"description": "{{ $notes.last_block_failur }}"})
+
+
+def test_submissions_failing_fires_while_the_pool_backs_off_not_once_suspended() -> None:
+    """A Slurm controller out of reach no longer suspends the pool (it goes on by
+    itself once a submission goes through): CorralSubmissionsFailing tells meanwhile."""
+    (d,) = [d for d in DEFAULT_RULES if d["name"] == "CorralSubmissionsFailing"]
+    st = AlertState([parse_rule(d, SAMPLE_LABELS)])
+    assert st.handle(Evaluate(0.0, snap(blocks={"ckpt": {"submit_failures": 2}}))) == []
+    (n,) = only(st.handle(Evaluate(5.0, snap(blocks={"ckpt": {"submit_failures": 3}}))), Notify)
+    assert (n.alert.state, n.alert.labels["pool"]) == ("firing", "ckpt")
+    assert "goes on by itself" in n.alert.annotations["description"]
+    (n,) = only(st.handle(Evaluate(10.0, snap(blocks={"ckpt": {"submit_failures": 0}}))), Notify)
+    assert n.alert.state == "resolved"
+    suspended = {"submit_failures": 3, "suspended": 1}  # CorralPoolSuspended's, then
+    assert st.handle(Evaluate(15.0, snap(blocks={"ckpt": suspended}))) == []
+
+
 def test_blocks_replaced_at_their_provisioning_timeout_fire_the_stuck_rule() -> None:
     """A pool whose blocks never come up is replaced every provisioning_timeout: the
     oldest pending block is never old, so only the count of stuck blocks tells."""

@@ -446,6 +446,23 @@ async def one_recorded_block() -> AsyncIterator[tuple[Any, SchedulerState, Block
             yield plane.refs["autoscaler"], scheduler, block, made[0]
 
 
+async def with_ends(autoscaler: Any) -> AutoscalerStatus | None:
+    """The autoscaler's status once it lists an end (or a requeue), else None."""
+    st: AutoscalerStatus = await autoscaler.ask(StatusRequest())
+    return st if st.ends else None
+
+
+async def ended_as(autoscaler: Any, block: Block, provider: Recording, state: BlockState) -> Any:
+    """End the one block of :func:`one_recorded_block` in ``state`` (its worker stops,
+    the provider reads ``state``): its end, once the status lists it."""
+    block.state = state
+    ref = provider.ref("worker-1")
+    assert ref is not None
+    ref.stop()
+    (end,) = (await wait_until(lambda: with_ends(autoscaler), "block-1 ended", limit=10)).ends
+    return end
+
+
 @pytest.mark.anyio
 async def test_the_shell_reports_a_requeue_and_keeps_the_block() -> None:
     async with one_recorded_block() as (autoscaler, scheduler, block, _):
@@ -530,17 +547,41 @@ async def test_a_block_at_its_walltime_ends_as_planned_not_unasked() -> None:
     that ended when nobody meant it to (before, any cause but ``drained`` was)."""
     with log_lines("corral") as log:
         async with one_recorded_block() as (autoscaler, _, block, provider):
-            block.state = BlockState.TIMEOUT
-            ref = provider.ref("worker-1")
-            assert ref is not None
-            ref.stop()
-
-            async def ended() -> AutoscalerStatus | None:
-                st: AutoscalerStatus = await autoscaler.ask(StatusRequest())
-                return st if st.ends else None
-
-            (end,) = (await wait_until(ended, "block-1 ended", limit=10)).ends
+            end = await ended_as(autoscaler, block, provider, BlockState.TIMEOUT)
             assert (end.block, end.state, end.cause) == ("block-1", "timeout", "walltime")
         line = log.with_("worker block ended", "cause='walltime'")
         assert line is not None and "level='info'" in line
         assert not log.has("ended unasked", "block='block-1'")
+
+
+@pytest.mark.anyio
+async def test_a_requeue_is_logged_as_a_requeue_not_as_an_end() -> None:
+    """A user audit: a REQUEUE preemption logged ``worker block ended unasked ...
+    state='requeued'`` at warning level, though the block comes back. It is logged (at
+    info: a preemption's requeue is expected) as what it is."""
+    with log_lines("corral") as log:
+        async with one_recorded_block() as (autoscaler, _, block, _):
+            block.incarnation, block.requeue_cause = 2, "preempted"
+            await wait_until(lambda: with_ends(autoscaler), "the requeue reported", limit=10)
+        line = log.with_("worker block requeued", "block='block-1'")
+        assert line is not None and "level='info'" in line, line
+        assert "cause='preempted'" in line and "incarnation=2" in line
+        # (an in-process block then ends: its worker stops once reported gone)
+        assert not log.has("ended unasked", "state='requeued'")
+
+
+@pytest.mark.anyio
+async def test_a_block_that_ended_unasked_logs_why() -> None:
+    """A user audit: ``worker block ended unasked ... state='failed' cause='crash'``
+    and nothing else; the provider's detail (for Slurm: its state, exit code and
+    stderr, and where the .err file is) was dropped with the block. It is in the log
+    line, and in the status's end."""
+    why = "Slurm job 42 FAILED; stderr (/run/block-1.err):\nmodule: command not found"
+    with log_lines("corral") as log:
+        async with one_recorded_block() as (autoscaler, _, block, provider):
+            block.detail = why
+            end = await ended_as(autoscaler, block, provider, BlockState.FAILED)
+            assert (end.state, end.cause, end.detail) == ("failed", "crash", why)
+        line = log.with_("worker block ended unasked", "block='block-1'")
+        assert line is not None and "/run/block-1.err" in line, line
+        assert "module: command not found" in line

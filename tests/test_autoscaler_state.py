@@ -813,3 +813,62 @@ def test_random_clusters_keep_the_invariants() -> None:
             suppress_health_check=list(HealthCheck),
         ),
     )
+
+
+def test_a_failed_blocks_detail_stays_with_its_end_and_the_give_up_names_the_latest() -> None:
+    """A user audit: blocks whose worker_init failed ended ``failed`` with nothing to
+    say why: the end, the report (logged), the pool's giving up and its metrics (the
+    CorralBlocksFailing alert) had no detail, and the block's own was gone with it.
+    Now each keeps the provider's words, bounded."""
+    from actors.autoscaler_state import MAX_DETAIL
+
+    s = make(max_replacements=1, window=60.0)
+    run(s, TargetSet(0.0, "ckpt", 1, SPEC))
+    why = (
+        "Slurm job 42 FAILED (NonZeroExitCode); exit code 127; stderr (/run/block-1.err):\n"
+        "corral: block block-1, Slurm job 42\n"
+        "/run/block-1.sh: line 12: module: command not found\n"
+        "corral: worker_init failed (exit status 127): no worker started"
+    )
+    run(s, BlockStarted(1.0, 1, "block-1", ("w-1",)))
+    out = run(s, BlockEnded(2.0, "block-1", "failed", detail=why))
+    (gone,) = only(out, ReportGone)
+    assert gone.detail == why
+    assert s.ends[-1].detail == why and s.ends[-1].cause == "crash"
+    assert s.last_failure["ckpt"] == f"block-1 ended failed (crash): {why}"
+    assert s.block_metrics(2.0, {})["ckpt"]["last_failure"] == s.last_failure["ckpt"]
+    # The second failure gives up: the give-up names it, cut to a bound.
+    (request,) = [r for r, p in s.requests.items() if p == "ckpt"]
+    run(s, BlockStarted(3.0, request, "block-2", ("w-2",)))
+    long = why + "\n" + "x" * (3 * MAX_DETAIL) + "\nthe last line"
+    (gave_up,) = only(run(s, BlockEnded(4.0, "block-2", "failed", detail=long)), GaveUp)
+    assert gave_up.latest.startswith("block-2 ended failed (crash): Slurm job 42 FAILED")
+    assert gave_up.latest.endswith("the last line") and len(gave_up.latest) <= MAX_DETAIL
+    assert len(s.ends[-1].detail) <= MAX_DETAIL and s.ends[-1].detail.endswith("the last line")
+    # A free end (preempted) keeps its detail but is no failure of the pool.
+    run(s, TargetSet(5.0, "ckpt", 1, SPEC))
+    (request,) = [r for r, p in s.requests.items() if p == "ckpt"]
+    run(s, BlockStarted(6.0, request, "block-3", ("w-3",)))
+    run(s, BlockEnded(7.0, "block-3", "preempted", detail="Slurm job 44 PREEMPTED"))
+    assert s.ends[-1].detail == "Slurm job 44 PREEMPTED"
+    assert s.last_failure["ckpt"].startswith("block-2 ended failed")
+
+
+def test_failed_submissions_in_a_row_are_in_the_metrics_until_one_goes_through() -> None:
+    """The CorralSubmissionsFailing alert reads them: a controller that cannot be
+    reached backs the pool off without pausing it, and the next block started clears
+    them."""
+    s = make()
+    run(s, TargetSet(0.0, "ckpt", 1, SPEC))
+    now = 0.0
+    for n in range(1, 5):
+        (request,) = list(s.requests)
+        run(s, BlockStartFailed(now, request, "connect failure", batch=True, command="sbatch"))
+        assert s.block_metrics(now, {})["ckpt"]["submit_failures"] == n
+        assert s.block_metrics(now, {})["ckpt"]["suspended"] == 0
+        now = s.retry_at["ckpt"]
+        run(s, Tick(now))
+    (request,) = list(s.requests)
+    run(s, BlockStarted(now, request, "block-1", ("w-1",)))
+    assert s.block_metrics(now, {})["ckpt"]["submit_failures"] == 0
+    assert s.errors == {} and s.paused == set()

@@ -1272,6 +1272,60 @@ def test_a_batch_error_with_no_back_off_running_says_when_it_is_asked_again() ->
     assert "(suspended until an operator runs `resume nopart`)" in shown(None, suspended=True)
 
 
+def test_a_pool_asking_now_says_so() -> None:
+    """A user audit: a pool with ready tasks whose sbatch was under way (a controller
+    down takes 12 s to fail it) read "asked again when the pool needs a block"."""
+    from rich.console import Console
+
+    from runtime.console import _render_blocks
+
+    err = {"command": "sbatch", "error": "Unable to contact slurm controller", "at": 0.0,
+           "suspended": False, "retry_in": None, "asking": True}  # fmt: skip
+    out = Console(width=200, record=True, file=io.StringIO())
+    for part in _render_blocks({"batch_errors": {"ckpt": err}}):
+        out.print(part)
+    text = out.export_text()
+    assert "(asking again now): sbatch: Unable to contact slurm controller" in text
+    assert "when the pool needs a block" not in text
+
+
+def test_ended_blocks_show_why_and_a_requeue_is_no_end() -> None:
+    """A user audit: every ``ended failed`` row's detail was empty, a pool that gave up
+    said only that its workers kept ending, and a requeued block (which comes back)
+    was listed among the ends as ``requeued ... free``."""
+    from tests.helpers import status_text
+
+    why = (
+        "Slurm job 42 FAILED (NonZeroExitCode); exit code 127; stderr (/run/block-2.err):\n"
+        "corral: block block-2, Slurm job 42, incarnation 1, node 0 on vm\n"
+        "/run/block-2.sh: line 12: module: command not found\n"
+        "corral: worker_init failed (exit status 127): no worker started"
+    )
+    end = {"pool": "aud", "charged": True, "at": 0.0, "incarnation": 1}
+    text = status_text({"autoscaler": {
+        "blocks": {"aud/block-1": "pending"}, "incarnations": {"aud/block-1": 2},
+        "ends": [
+            {**end, "block": "aud/block-1", "state": "requeued", "cause": "preempted",
+             "charged": False},
+            {**end, "block": "aud/block-2", "state": "failed", "cause": "crash",
+             "detail": why},
+        ],
+        "gave_up": ["aud"], "last_failures": {"aud": f"aud/block-2 ended failed (crash): {why}"},
+    }})  # fmt: skip
+    rows = text.splitlines()
+    (failed,) = [r for r in rows if r.startswith("│ aud/block-2")]
+    assert "ended failed" in failed and "Slurm job 42 FAILED (NonZeroExitCode)" in failed
+    at = rows.index(failed)
+    assert "module: command not found" in rows[at + 1]
+    assert "worker_init failed (exit status 127)" in rows[at + 2]
+    (requeued,) = [r for r in rows if r.startswith("│ aud/block-1") and "requeued" in r]
+    assert "requeued: back as run 2" in requeued and "free" not in requeued, requeued
+    assert "pool aud: gave up: its workers kept ending (the latest: aud/block-2 ended failed" in (
+        text
+    )
+    assert "module: command not found" in text.split("pool aud: gave up")[1]
+
+
 def test_status_tells_tasks_queued_on_a_worker_from_those_it_runs() -> None:
     """A worker is sent up to saturation x cores tasks: with 2 cores and 4 tasks sent,
     2 run and 2 wait there; ``status`` said "4 running" (a user read it as

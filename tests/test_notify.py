@@ -467,3 +467,23 @@ async def test_a_poller_logs_an_alert_that_fired_and_resolved_between_two_looks(
     assert changes.news([again], first=False) == [again]
     # the first look: what fires only
     assert AlertChanges().news([firing, old_end], first=True) == [firing]
+
+
+def test_a_firing_alerts_log_line_says_why(caplog: pytest.LogCaptureFixture) -> None:
+    """A user audit: a client logged ``CorralBlocksFailing ... summary='Blocks of pool
+    audbi keep failing'`` and nothing of why; the firing line carries the alert's
+    description (for that rule, the latest failed block and its stderr's tail), the
+    others only what the alert is."""
+    from runtime.notify import LogNotifier
+
+    caplog.set_level(logging.INFO, logger="corral")
+    said = {"summary": "Blocks of pool audbi keep failing",
+            "description": "The latest: module: command not found"}  # fmt: skip
+    firing = AlertInfo("CorralBlocksFailing", "firing", {"pool": "audbi"}, said, fired_at=2.0)
+    resolved = dataclasses.replace(firing, state="resolved", resolved_at=3.0)
+    log = LogNotifier()
+    for alert in (firing, resolved):
+        log.notify(alert)
+    fired, ended = (r.getMessage() for r in caplog.records)
+    assert "description='The latest: module: command not found'" in fired
+    assert "summary='Blocks of pool audbi keep failing'" in ended and "description" not in ended

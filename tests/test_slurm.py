@@ -321,6 +321,22 @@ async def test_failed_block_shows_its_stderr(cli: Cli, slurm_conf: str, tmp_path
             assert "exit code 3" in block.detail
 
 
+async def test_a_failed_worker_init_says_why_and_where_its_stderr_is(
+    cli: Cli, slurm_conf: str, tmp_path: Path
+) -> None:
+    """The user audit's pool: a ``module`` command the nodes do not have. The failed
+    block's detail names its .err file and quotes the failure from it."""
+    options = SlurmOptions(partition="ckpt", worker_init="echo setting up\nno-such-module-cmd x")
+    with anyio.fail_after(60):
+        async with provider_for(cli, slurm_conf, tmp_path / "run", options) as (provider, _):
+            block = await provider.start_block(BlockSpec())
+            assert await provider.wait_ended(block) is BlockState.FAILED
+    err = tmp_path / "run" / "block-1.err"
+    assert f"stderr ({err}):" in block.detail.splitlines()[0], block.detail
+    assert "no-such-module-cmd: command not found" in block.detail
+    assert "corral: worker_init failed (exit status 127): no worker started" in block.detail
+
+
 async def test_rejected_submissions_back_off_then_stop_until_resumed(
     cli: Cli, slurm_conf: str, tmp_path: Path
 ) -> None:

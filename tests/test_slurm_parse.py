@@ -287,6 +287,70 @@ def test_failed_block_shows_stderr_head_and_tail() -> None:
     assert "line 50" not in rec.detail and "[... 80 lines ...]" in rec.detail
 
 
+def test_a_failed_blocks_detail_names_its_stderr_file_and_bounds_its_lines() -> None:
+    """A user audit found a failed block's reason nowhere but in its .err file, whose
+    path nothing named: the detail says where it is (and that it is empty, when it
+    is), with the head and tail of it, each line cut to a bound."""
+    stderr = (
+        "corral: block block-1, Slurm job 8, incarnation 1, node 0 on vm\n"
+        "/run/block-1.sh: line 12: module: command not found\n" + "x" * 5000 + "\n"
+        "corral: worker_init failed (exit status 127): no worker started\n"
+    )
+    rec = JobRecord("8", stderr_path="/run/block-1.err")
+    rec.observe(info("RUNNING", job="8"))
+    rec.observe(JobInfo("8", "FAILED", "NonZeroExitCode", 0, "127:0"), stderr)
+    first, *rest = rec.detail.splitlines()
+    assert first == (
+        "Slurm job 8 FAILED (NonZeroExitCode); exit code 127; stderr (/run/block-1.err):"
+    )
+    assert rest[1] == "/run/block-1.sh: line 12: module: command not found"
+    assert rest[-1] == "corral: worker_init failed (exit status 127): no worker started"
+    assert rest[2] == "x" * 300 + " [... 4700 characters]"
+    quiet = JobRecord("9", stderr_path="/run/block-2.err")
+    quiet.observe(JobInfo("9", "FAILED", "NonZeroExitCode", 0, "1:0"), "")
+    assert quiet.detail.endswith("exit code 1; stderr (/run/block-2.err) is empty")
+
+
+def test_a_controller_out_of_reach_is_no_refusal() -> None:
+    """What Slurm 22.05's sbatch printed with slurmctld stopped, and when it refused,
+    told apart: only a refusal (or a missing command) may suspend a pool."""
+    from actors.slurm import unreachable
+
+    down = (
+        "sbatch: error: Batch job submission failed: Unable to contact slurm controller "
+        "(connect failure)\n"
+    )
+    assert unreachable(1, down)
+    assert unreachable(1, "sbatch: error: Socket timed out on send/recv operation\n")
+    assert unreachable(None, "no answer within 30 s")
+    assert not unreachable(
+        1, "sbatch: error: Batch job submission failed: Invalid partition name specified\n"
+    )
+    assert not unreachable(
+        1, "sbatch: error: Batch job submission failed: Invalid account or account/partition "
+        "combination specified\n",
+    )  # fmt: skip
+    assert not unreachable(None, "sbatch: command not found")
+
+
+def test_failures_to_reach_the_controller_back_off_but_never_trip_the_window() -> None:
+    """A controller down for longer than three submissions (the audit: 39 s) suspended
+    the pool until an operator resumed it; now it backs off, bounded, and the first
+    submission that goes through ends it. Refusals still trip it."""
+    w = FailureWindow(max_failures=3, window=5, backoff=1.0, max_backoff=4.0)
+    for n in range(10):
+        w.check(float(n * 10))
+        w.record(float(n * 10), "connect failure", transient=True)
+        assert not w.tripped
+        assert w.retry_at - n * 10 == min(2.0**n, 4.0)
+    w.check(100.0)
+    w.record(100.0, None)
+    assert (w.streak, w.retry_at, w.failures) == (0, float("-inf"), 0)
+    for n in range(3):
+        w.record(200.0 + 10 * n, "Invalid partition name specified")
+    assert w.tripped
+
+
 def test_exit_text_reads_both_forms() -> None:
     assert exit_text("3:0") == "exit code 3"  # scontrol
     assert exit_text("0:15") == "killed by signal 15"
