@@ -229,7 +229,7 @@ class AlertmanagerNotifier:
     resend); with only resolves queued, a new firing one waits for the resend and a
     new resolve puts the oldest off to the resend. A failed post (no
     connection, a timeout, an HTTP 5xx or 429) is tried again after ``backoff * 2**n``
-    seconds (at most ``max_backoff``) times a random factor from 0.8 to 1.2, up to
+    seconds (at most ``max_backoff``), that times a random factor from 0.8 to 1.2, up to
     ``max_tries`` tries; then the batch is given up and logged (:attr:`given_up`): its
     firing alerts go again at the next resend as always, and so do its resolves, until
     Alertmanager would have resolved them by itself (``4 * resend`` after they were
