@@ -1588,6 +1588,11 @@ async def run_manager(
         if metrics_at is not None and metrics_ready is not None:
             metrics_ready(metrics_url)
         await stop.wait()
+        autoscaler = plane.refs.get("autoscaler")
+        if autoscaler is not None:
+            # The pools' workers first, while the manager still listens: they leave
+            # (drained, their ids freed) rather than lose their manager.
+            await system.shutdown([autoscaler])
         if feed is not None:
             await feed.close()
         await listener.aclose()

@@ -372,6 +372,22 @@ class Cli:
             if needle in line:
                 return line
 
+    def rest(self, proc: subprocess.Popen[str], limit: float = 10) -> list[str]:
+        """The lines of ``proc``'s output not read yet, up to its end (it has ended, or
+        ends within ``limit`` seconds)."""
+        lines = self._lines[proc.pid]
+        deadline = time.monotonic() + limit
+        out: list[str] = []
+        while True:
+            try:
+                line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError(f"output not ended within {limit} s: {out[-20:]}") from None
+            if line is None:
+                lines.put(None)
+                return out
+            out.append(line)
+
     def manager(self, *flags: str) -> tuple[subprocess.Popen[str], str]:
         """A manager on a free port of 127.0.0.1; returns it and its address."""
         proc = self.start("manager", "--listen", "127.0.0.1:0", *flags)

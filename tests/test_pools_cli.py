@@ -87,6 +87,11 @@ async def test_a_manager_with_a_local_pool_runs_a_graph_and_drains_the_idle_bloc
         pids = [int(p.read_text()) for p in marks.iterdir()]
         cli.stop([manager])
         assert manager.returncode == 0
+        # A clean stop: its workers leave before it stops listening, so neither side
+        # logs a lost connection (warnings that would page whoever watches the log).
+        said = "".join(cli.rest(manager))
+        assert "worker connection dropped" not in said, said
+        assert "lost the manager" not in said, said
         # The manager's worker processes do not outlive it.
         await wait_until(
             lambda: not any(psutil.pid_exists(p) for p in pids), "workers gone", limit=20
