@@ -347,6 +347,21 @@ _MOVES: dict[tuple[str, str], int] = {m: i for i, m in enumerate(sorted(TRANSITI
 _QUEUED_DELTA: tuple[int, ...] = tuple(
     (finish == "queued") - (start == "queued") for start, finish in sorted(TRANSITIONS)
 )
+#: per allowed move, what ``SchedulerState._set`` needs of it, worked out once here
+#: rather than on every move: its ``_MOVES`` index, whether it leaves and enters an
+#: active state, whether it enters or leaves ``waiting`` (either), whether it ends the
+#: task's try for good (``_ENDED``), and its ``_QUEUED_DELTA``
+_MOVE_FACTS: dict[tuple[str, str], tuple[int, bool, bool, bool, bool, int]] = {
+    (start, finish): (
+        i,
+        start in ACTIVE,
+        finish in ACTIVE,
+        (start == "waiting") != (finish == "waiting"),
+        finish in _ENDED,
+        _QUEUED_DELTA[i],
+    )
+    for (start, finish), i in _MOVES.items()
+}
 
 
 @dataclasses.dataclass(slots=True)
@@ -1509,25 +1524,24 @@ class SchedulerState:
 
     def _set(self, ts: TaskState, finish: str) -> None:
         start = ts.state
-        move = _MOVES.get((start, finish))
-        if move is None:
+        facts = _MOVE_FACTS.get((start, finish))
+        if facts is None:
             raise InvalidTransition(ts.key, start, finish, self.story(ts.key))
-        was_active = start in ACTIVE
-        now_active = finish in ACTIVE
+        move, was_active, now_active, wave, ended, queued = facts
         if was_active != now_active:
             delta = 1 if now_active else -1
+            files = self._files
             for d in ts.deps:
                 d.consumers += delta
-                self._files[d.key] = d
+                files[d.key] = d
             if self._depth > 1:
                 self._upstream_changed(ts)
         ts.state = finish
-        if (start == "waiting") != (finish == "waiting"):
+        if wave:
             self._wave_moved(ts, finish == "waiting")
         self.moves[move] += 1
-        if finish in _ENDED and ts.key in self.checkpoint_workers:
+        if ended and self.checkpoint_workers and ts.key in self.checkpoint_workers:
             self._prune_all_checkpoints(ts.key)
-        queued = _QUEUED_DELTA[move]
         if queued:
             pool = ts.spec.pool or "*"
             self.queued_counts[pool] += queued
