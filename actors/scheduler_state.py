@@ -415,6 +415,8 @@ class SchedulerState:
         self.metric_labels: set[str] = set()
         self.metric_totals: dict[str, MetricTotals] = {}
         self.metric_failures: Counter[tuple[str, str, str]] = Counter()
+        #: per category, the ``metric_totals`` entry it counts in (``_metric``)
+        self._category_totals: dict[str, MetricTotals] = {}
         #: what policies see of them: a read-only view per category (made with its
         #: statistics, in ``_stat``) in a read-only mapping
         self._stat_views: dict[str, CategoryStatsView] = {}
@@ -1806,25 +1808,30 @@ class SchedulerState:
         ts.file = res.file
         stat = self._stat(ts)
         duration = max(res.stop - res.start, 0.0)
-        self.pool_categories.setdefault(ws.pool, set()).add(ts.spec.category)
+        category = ts.spec.category
+        pool_categories = self.pool_categories.get(ws.pool)
+        if pool_categories is None:
+            pool_categories = self.pool_categories[ws.pool] = set()
+        pool_categories.add(category)
+        nbytes = res.nbytes
+        rss = max(res.rss, res.rss_peak)
         stat.count += 1
         stat.total_duration += duration
         stat.max_duration = max(stat.max_duration, duration)
         stat.recent.append(duration)
-        stat.total_nbytes += res.nbytes
-        stat.max_nbytes = max(stat.max_nbytes, res.nbytes)
-        consumed = sum(d.nbytes for d in ts.deps)
+        stat.total_nbytes += nbytes
+        stat.max_nbytes = max(stat.max_nbytes, nbytes)
+        consumed = sum(d.nbytes for d in ts.deps) if ts.deps else 0
         stat.consumed_nbytes += consumed
-        stat.peak_rss = max(stat.peak_rss, res.rss, res.rss_peak)
+        stat.peak_rss = max(stat.peak_rss, rss)
         if res.rss_before:
             stat.max_rss_growth = max(stat.max_rss_growth, res.rss - res.rss_before)
-        category = ts.spec.category
         m = self._metric(category)
         m.finished += 1
         m.duration_sum += duration
-        m.output_bytes += res.nbytes
+        m.output_bytes += nbytes
         m.input_bytes += consumed
-        m.peak_rss = max(m.peak_rss, res.rss, res.rss_peak)
+        m.peak_rss = max(m.peak_rss, rss)
         known = self.classes.get(category)
         if known is not None and known != self._ask_producer(
             category, self._stat_views[category], not ts.deps
@@ -3439,11 +3446,12 @@ class SchedulerState:
             self._forgotten = []
 
     def _stat(self, ts: TaskState) -> CategoryStats:
-        st = self.stats.get(ts.spec.category)
+        category = ts.spec.category
+        st = self.stats.get(category)
         if st is None:
-            st = self.stats[ts.spec.category] = CategoryStats()
-            self._stat_views[ts.spec.category] = CategoryStatsView(st)
-            self._metric(ts.spec.category)  # its label, counting from 0 (in the metrics)
+            st = self.stats[category] = CategoryStats()
+            self._stat_views[category] = CategoryStatsView(st)
+            self._metric(category)  # its label, counting from 0 (in the metrics)
         return st
 
     def _metric_label(self, category: str) -> str:
@@ -3460,11 +3468,16 @@ class SchedulerState:
         return OTHER_CATEGORY  # the set is full for good: the rest stay here
 
     def _metric(self, category: str) -> MetricTotals:
-        """The metrics' totals ``category`` counts in (made at its first use)."""
-        label = self._metric_label(category)
-        m = self.metric_totals.get(label)
+        """The metrics' totals ``category`` counts in (made at its first use). A
+        category's label never changes once given (``_metric_label``), so the totals
+        it counts in are kept per category: one lookup per finished try."""
+        m = self._category_totals.get(category)
         if m is None:
-            m = self.metric_totals[label] = MetricTotals()
+            label = self._metric_label(category)
+            m = self.metric_totals.get(label)
+            if m is None:
+                m = self.metric_totals[label] = MetricTotals()
+            self._category_totals[category] = m
         return m
 
     def _log(self, key: Any, start: str, finish: str) -> None:
