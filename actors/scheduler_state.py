@@ -1763,10 +1763,11 @@ class SchedulerState:
             return False
         ts.prio = self._priority(ts)
         ts.producer = self._is_producer(ts)
-        heapq.heappush(
-            self.queues.setdefault((ts.spec.pool, ts.producer), []),
-            (ts.behind, ts.prio, next(self._seq), ts),
-        )
+        q = (ts.spec.pool, ts.producer)
+        heap = self.queues.get(q)
+        if heap is None:  # (not setdefault: no list made per task)
+            heap = self.queues[q] = []
+        heapq.heappush(heap, (ts.behind, ts.prio, next(self._seq), ts))
         return True
 
     def held_back(self) -> dict[str, int]:
@@ -2584,7 +2585,7 @@ class SchedulerState:
                     (pool is not None or producer)
                     and not any(
                         (pool is None or w.pool == pool)
-                        and (not producer or self._takes_producer(w))
+                        and (not producer or (not w.throttled and len(w.processing) < w.slots))
                         for w in self.free.values()
                     )
                 )
@@ -2662,14 +2663,21 @@ class SchedulerState:
             and w.memory >= mem
             and w.cores >= cores
             and (w.memory >= need or not w.memory)
-            and (not producer or self._takes_producer(w))
+            # _takes_producer, inline: this runs per free worker per task placed
+            and (not producer or (not w.throttled and len(w.processing) < w.slots))
         ]
         if cands and self._estimate(ts) > self.config.long_task:
             # A long task: not queued behind another on its worker (SchedulerConfig).
             cands = [w for w in cands if len(w.processing) < w.cores]
-        self._short_of_disk = []
+        if self._short_of_disk:  # (an empty one stays: no list made per call)
+            self._short_of_disk = []
         past = tried = False
-        if cands and any(w.disk for w in cands):
+        some_disk = False
+        for w in cands:
+            if w.disk:
+                some_disk = True
+                break
+        if some_disk:
             out, source = self._expected_output(ts)
             fits = [w for w in cands if self._disk_fits(ts, w, out)]
             if fits and producer and self.disk_held:
@@ -2993,12 +3001,13 @@ class SchedulerState:
             self._log(ts.key, "policy-error", f"placement raised {exc!r}")
             return candidates[0]
         wid = getattr(chosen, "id", chosen)
-        ws = next((w for w in candidates if w.id == wid), None) if isinstance(wid, str) else None
-        if ws is None:
-            self.policy_errors += 1
-            self._log(ts.key, "policy-error", f"placement chose {wid!r}, not a candidate")
-            return candidates[0]
-        return ws
+        if isinstance(wid, str):
+            for ws in candidates:
+                if ws.id == wid:
+                    return ws
+        self.policy_errors += 1
+        self._log(ts.key, "policy-error", f"placement chose {wid!r}, not a candidate")
+        return candidates[0]
 
     def _assign(self, ts: TaskState, ws: WorkerState) -> None:
         ts.worker = ws.id  # first: the transition's monitoring record names it
@@ -3018,8 +3027,11 @@ class SchedulerState:
     def _send(self, ts: TaskState, ws: WorkerState) -> int:
         """Add a try of ``ts`` to the batch of tasks ``ws`` gets at the end of this
         event; return its number (``ToRun.attempt``)."""
-        deps = tuple((d.key, tuple(d.who_has)) for d in ts.deps)
-        sizes = tuple(d.nbytes for d in ts.deps) if deps else ()
+        if ts.deps:
+            deps = tuple((d.key, tuple(d.who_has)) for d in ts.deps)
+            sizes = tuple(d.nbytes for d in ts.deps)
+        else:
+            deps = sizes = ()
         batch = self._execute.get(ws.id)
         if batch is None:
             batch = self._execute[ws.id] = []
@@ -3205,7 +3217,8 @@ class SchedulerState:
         return total < ws.limit and ws.occupancy < ws.cores * self.config.backlog
 
     def _update_free(self, ws: WorkerState) -> None:
-        if ws.id in self.workers and _takes_new(ws) and self._is_free(ws):
+        # (_takes_new inline: this runs twice per task)
+        if not (ws.draining or ws.suspended) and ws.id in self.workers and self._is_free(ws):
             self.free[ws.id] = ws
         else:
             self.free.pop(ws.id, None)
