@@ -1067,7 +1067,11 @@ class SchedulerState:
                 or ws is None
                 or ts.state != "processing"
                 or (not copy and ts.worker != ev.worker)
-                or (res.attempt and res.attempt != self._attempt_on(ts, ev.worker))
+                or (
+                    res.attempt
+                    and res.attempt
+                    != (ts.attempt if ts.worker == ev.worker else self._attempt_on(ts, ev.worker))
+                )
             )
             if stale:
                 # Stale: cancelled, retried elsewhere, from a worker we dropped, a
@@ -2142,6 +2146,8 @@ class SchedulerState:
             self._set(ts, "waiting")
 
     def _maybe_forget(self, ts: TaskState) -> None:
+        if ts.wanted or ts.dependents or ts.state not in ("released", "erred", "cancelled"):
+            return  # (the loop's first test, before a stack is made: most calls end here)
         stack = [ts]
         while stack:
             t = stack.pop()
@@ -3434,6 +3440,7 @@ class SchedulerState:
         if self._files:
             facts = []
             forgotten = set(self._forgotten)
+            depth1 = self._depth == 1
             for key, ts in self._files.items():
                 state: Literal["pending", "created", "released", "forgotten"]
                 if key in forgotten:
@@ -3448,7 +3455,7 @@ class SchedulerState:
                     if state != "created":
                         continue
                     ts.registered = True
-                holds = ts.consumers if self._depth == 1 else self._holds(ts)
+                holds = ts.consumers if depth1 else self._holds(ts)
                 facts.append(
                     FileFact(
                         key, state, ts.nbytes, tuple(ts.who_has), holds, ts.wanted > 0, ts.file
