@@ -396,10 +396,12 @@ class TaskStateView:
         stats: Mapping[str, CategoryStatsView] | None = None,
         walltime_loss: WalltimeLoss | None = None,
     ) -> None:
-        object.__setattr__(self, "_ts", ts)
-        object.__setattr__(self, "_survival", survival)
-        object.__setattr__(self, "_stats", stats)
-        object.__setattr__(self, "_loss", walltime_loss)
+        # Through the slots' own descriptors (bound below the class), not
+        # object.__setattr__ by name: a view is made per policy call, several per task.
+        _set_ts(self, ts)
+        _set_survival(self, survival)
+        _set_stats(self, stats)
+        _set_loss(self, walltime_loss)
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"a task view is read-only (cannot set {name!r})")
@@ -487,6 +489,12 @@ class TaskStateView:
     @property
     def dependents(self) -> tuple[TaskStateView, ...]:
         return tuple(TaskStateView(d) for d in self._ts.dependents)
+
+
+_set_ts = vars(TaskStateView)["_ts"].__set__
+_set_survival = vars(TaskStateView)["_survival"].__set__
+_set_stats = vars(TaskStateView)["_stats"].__set__
+_set_loss = vars(TaskStateView)["_loss"].__set__
 
 
 class WorkerStateView:
