@@ -1698,7 +1698,7 @@ class SchedulerState:
         )
         if too_large:
             self._too_large.append(ts)  # failed in _spread_failures, once it is waiting or queued
-        missing = [d for d in ts.deps if d.state != "memory"]
+        missing = [d for d in ts.deps if d.state != "memory"] if ts.deps else []
         ts.waiting_on = len(missing)
         if not missing:
             self._set(ts, "queued")
@@ -1844,7 +1844,7 @@ class SchedulerState:
             self._flipped.add(category)
         self._set(ts, "memory")
         self._add_replica(ts, ws)
-        inputs = self._inputs_remake(ts)
+        inputs = self._inputs_remake(ts) if ts.deps else 0.0
         ts.remake = duration + inputs
         if len(self.workers) > 1 and stat.mean_duration + inputs >= self._min_cost:
             self._replicate(ts, inputs)
@@ -2609,8 +2609,14 @@ class SchedulerState:
             entry = heapq.heappop(self.queues[best_q])
             ts: TaskState = entry[3]
             candidates = self._candidates(ts)
-            # Asked in the scan already (nothing changed since), or asked now.
-            holder = self._data_holder(ts) if best_holder is False else best_holder
+            # Asked in the scan already (nothing changed since), or asked now (_data_holder's
+            # first test inline: a producer, a task without inputs, no hook: none).
+            if best_holder is not False:
+                holder = best_holder
+            elif ts.producer or not ts.deps or self._holder is None:
+                holder = None
+            else:
+                holder = self._data_holder(ts)
             if isinstance(holder, WorkerState):
                 candidates.append(holder)  # busy, but it has every input
             if not candidates:
