@@ -1233,8 +1233,9 @@ class SchedulerState:
                 if ws is not None:
                     self._unheld(ts, ws)
             ts.who_has.clear()
-            self.copy_failed.pop(ts, None)
-            copies = self.replicas.pop(ts, None)
+            if self.copy_failed:
+                self.copy_failed.pop(ts, None)
+            copies = self.replicas.pop(ts, None) if self.replicas else None
             if copies:
                 # The registry may have decided before it heard of them: drop them too.
                 for wid in sorted(copies):
@@ -1812,31 +1813,41 @@ class SchedulerState:
         ts.nbytes = res.nbytes
         ts.file = res.file
         stat = self._stat(ts)
-        duration = max(res.stop - res.start, 0.0)
+        # Comparisons below, not max(): each is what max(old, new) does (new replaces old
+        # only if greater), without a builtin call; a finish makes seven of them.
+        duration = res.stop - res.start
+        if duration < 0.0:
+            duration = 0.0
         category = ts.spec.category
         pool_categories = self.pool_categories.get(ws.pool)
         if pool_categories is None:
             pool_categories = self.pool_categories[ws.pool] = set()
         pool_categories.add(category)
         nbytes = res.nbytes
-        rss = max(res.rss, res.rss_peak)
+        rss = res.rss_peak if res.rss_peak > res.rss else res.rss
         stat.count += 1
         stat.total_duration += duration
-        stat.max_duration = max(stat.max_duration, duration)
+        if duration > stat.max_duration:
+            stat.max_duration = duration
         stat.recent.append(duration)
         stat.total_nbytes += nbytes
-        stat.max_nbytes = max(stat.max_nbytes, nbytes)
+        if nbytes > stat.max_nbytes:
+            stat.max_nbytes = nbytes
         consumed = sum(d.nbytes for d in ts.deps) if ts.deps else 0
         stat.consumed_nbytes += consumed
-        stat.peak_rss = max(stat.peak_rss, rss)
+        if rss > stat.peak_rss:
+            stat.peak_rss = rss
         if res.rss_before:
-            stat.max_rss_growth = max(stat.max_rss_growth, res.rss - res.rss_before)
+            growth = res.rss - res.rss_before
+            if growth > stat.max_rss_growth:
+                stat.max_rss_growth = growth
         m = self._metric(category)
         m.finished += 1
         m.duration_sum += duration
         m.output_bytes += nbytes
         m.input_bytes += consumed
-        m.peak_rss = max(m.peak_rss, rss)
+        if rss > m.peak_rss:
+            m.peak_rss = rss
         known = self.classes.get(category)
         if known is not None and known != self._ask_producer(
             category, self._stat_views[category], not ts.deps
@@ -2160,7 +2171,8 @@ class SchedulerState:
                 continue
             del self.tasks[t.key]
             self._pool_task_gone(t.spec.pool or "*")
-            self.disk_measured.pop(t, None)
+            if self.disk_measured:
+                self.disk_measured.pop(t, None)
             self.forgotten[t.state] += 1
             self._forgotten.append(t.key)
             self._files[t.key] = t
@@ -3047,7 +3059,7 @@ class SchedulerState:
         batch = self._execute.get(ws.id)
         if batch is None:
             batch = self._execute[ws.id] = []
-        cps = self.checkpoints.get(ts.key)
+        cps = self.checkpoints.get(ts.key) if self.checkpoints else None
         resume = None
         if cps:
             resume = self._resume_from(ts, cps[0], ws)
