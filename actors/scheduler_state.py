@@ -2782,9 +2782,10 @@ class SchedulerState:
         guess (at most half of what the largest disk of its pool leaves beside its
         inputs)."""
         declared = ts.spec.resources.get("disk")
-        measured, at_least = self.disk_measured.get(ts, (None, False))
-        if measured is not None and (declared is None or measured >= declared):
-            return measured, MEASURED_AT_LEAST if at_least else MEASURED_OUTPUT
+        if self.disk_measured:  # (usually empty: no lookup then)
+            measured, at_least = self.disk_measured.get(ts, (None, False))
+            if measured is not None and (declared is None or measured >= declared):
+                return measured, MEASURED_AT_LEAST if at_least else MEASURED_OUTPUT
         if declared is not None:
             return max(0, int(declared)), DECLARED_OUTPUT
         st = self.stats.get(ts.spec.category)
@@ -3228,7 +3229,8 @@ class SchedulerState:
             ws.n_producers -= ts.producer
             ws.disk_reserved -= ts.disk_need
         ts.disk_need = 0
-        ws.occupancy = max(0.0, ws.occupancy - ts.est) if ws.processing else 0.0
+        left = ws.occupancy - ts.est  # (max(0.0, left) by a comparison: no builtin call)
+        ws.occupancy = left if ws.processing and left > 0.0 else 0.0
         ts.worker = None
         self._update_free(ws)
 
