@@ -2603,7 +2603,7 @@ class SchedulerState:
                     (pool is not None or producer)
                     and not any(
                         (pool is None or w.pool == pool)
-                        and (not producer or (not w.throttled and len(w.processing) < w.slots))
+                        and (not producer or self._takes_producer(w))
                         for w in self.free.values()
                     )
                 )
@@ -2687,8 +2687,7 @@ class SchedulerState:
             and w.memory >= mem
             and w.cores >= cores
             and (w.memory >= need or not w.memory)
-            # _takes_producer, inline: this runs per free worker per task placed
-            and (not producer or (not w.throttled and len(w.processing) < w.slots))
+            and (not producer or self._takes_producer(w))
         ]
         if cands and self._estimate(ts) > self.config.long_task:
             # A long task: not queued behind another on its worker (SchedulerConfig).
@@ -3243,8 +3242,7 @@ class SchedulerState:
         return total < ws.limit and ws.occupancy < ws.cores * self.config.backlog
 
     def _update_free(self, ws: WorkerState) -> None:
-        # (_takes_new inline: this runs twice per task)
-        if not (ws.draining or ws.suspended) and ws.id in self.workers and self._is_free(ws):
+        if ws.id in self.workers and _takes_new(ws) and self._is_free(ws):
             self.free[ws.id] = ws
         else:
             self.free.pop(ws.id, None)
