@@ -36,7 +36,9 @@ the counter, counted from 0).
 once it held for ``for`` seconds (at once with ``for = 0``), *resolved* when it no longer
 holds (``keep_firing_for``: that long after it stopped holding). A pending alert whose
 condition stops holding is dropped without a notification. A resolved alert stays
-visible for ``resolved_for`` seconds, then is forgotten. Each change is a
+visible for ``resolved_for`` seconds, then is forgotten; if its condition holds again
+meanwhile, the new alert is listed after it while pending (a pending span that ends
+leaves the resolved one listed), and replaces it once it fires. Each change is a
 :class:`Notify`. When the samples say the autoscaler did not answer
 (``corral_autoscaler_busy`` 1), a rule that reads a metric missing from them is not
 evaluated that time: its alerts keep their state.
@@ -1174,6 +1176,11 @@ class AlertState:
         #: by rule, labels and the rule's labels (as Alertmanager tells alerts apart):
         #: a rule replaced by one of other labels leaves its resolved alerts listed
         self._alerts: dict[tuple[str, Labels, Labels], _Alert] = {}
+        #: by the same key: a resolved alert whose labels hold again, kept (listed before
+        #: the new one) while the new one is pending, for its ``resolved_for`` at most: a
+        #: pending span that ends before it fires leaves it listed, one that fires
+        #: replaces it (the firing alert is what those labels are now)
+        self._before: dict[tuple[str, Labels, Labels], _Alert] = {}
         #: per counter series ``increase`` reads: (time, value, growth since the point
         #: before), oldest first
         self._history: dict[tuple[str, Labels], deque[tuple[float, float, float]]] = {}
@@ -1214,8 +1221,15 @@ class AlertState:
         return out
 
     def alerts(self) -> list[AlertInfo]:
-        """The alerts pending, firing or resolved lately, by rule and labels."""
-        return [self._info(a) for _, a in sorted(self._alerts.items())]
+        """The alerts pending, firing or resolved lately, by rule and labels; a pending
+        one whose labels resolved lately comes after that resolved one."""
+        out = []
+        for key, a in sorted(self._alerts.items()):
+            before = self._before.get(key)
+            if before is not None:
+                out.append(self._info(before))
+            out.append(self._info(a))
+        return out
 
     def pools(self) -> list[str]:
         """The pools the latest evaluated samples give a block target for (none before
@@ -1238,7 +1252,7 @@ class AlertState:
                 # scale-out, cooldown and restore with it) until the new expression no
                 # longer holds, as at any evaluation; a pending one counts from when it
                 # began, against the new ``for``.
-                for a in self._alerts.values():
+                for a in itertools.chain(self._alerts.values(), self._before.values()):
                     if a.rule == rule.name:
                         a.annotations = rule.annotations
         self.rules[rule.name] = rule
@@ -1253,7 +1267,7 @@ class AlertState:
             if a.rule != name:
                 continue
             if a.state == "pending":
-                del self._alerts[key]
+                self._drop_pending(key)
             elif a.state == "firing":
                 self._resolve(a, now)
 
@@ -1275,10 +1289,11 @@ class AlertState:
         for pool, (before, set_to, rule_name, who) in list(self._restore_due.items()):
             if self._restore_target(pool, before, set_to, rule_name, who, now):
                 del self._restore_due[pool]
-        for key, a in list(self._alerts.items()):
-            done = a.resolved_at is not None and now - a.resolved_at >= self.resolved_for
-            if a.state == "resolved" and done:
-                del self._alerts[key]
+        for alerts in (self._alerts, self._before):
+            for key, a in list(alerts.items()):
+                done = a.resolved_at is not None and now - a.resolved_at >= self.resolved_for
+                if a.state == "resolved" and done:
+                    del alerts[key]
 
     def _step(
         self, rule: AlertRule, matches: dict[Labels, _Match], now: float, samples: Samples
@@ -1290,6 +1305,8 @@ class AlertState:
             key = (rule.name, labels, own)
             a = self._alerts.get(key)
             if a is None or a.state == "resolved":
+                if a is not None:
+                    self._before[key] = a  # listed until the new one fires
                 a = self._alerts[key] = _Alert(
                     rule.name, labels, "pending", rule.labels, rule.annotations, now
                 )
@@ -1302,6 +1319,7 @@ class AlertState:
                 self._field_max(a, names[i], v)
             if a.state == "pending" and now - a.active_since >= rule.for_:
                 a.state, a.fired_at = "firing", now
+                self._before.pop(key, None)
                 self._notify(a)
             elif new:
                 self._notify(a)
@@ -1311,9 +1329,18 @@ class AlertState:
             if a.rule != rule.name or a.labels in matches:
                 continue
             if a.state == "pending":
-                del self._alerts[key]
+                self._drop_pending(key)
             elif a.state == "firing" and now - a.last_true >= rule.keep_firing_for:
                 self._resolve(a, now)
+
+    def _drop_pending(self, key: tuple[str, Labels, Labels]) -> None:
+        """A pending alert stopped holding (or its rule went): gone, without a
+        notification; the resolved one of its labels it followed stays listed."""
+        before = self._before.pop(key, None)
+        if before is None:
+            del self._alerts[key]
+        else:
+            self._alerts[key] = before
 
     def _resolve(self, a: _Alert, now: float) -> None:
         a.state, a.resolved_at = "resolved", now

@@ -967,8 +967,11 @@ class MonitorRecorder(Actor):
         self._lives: dict[str, tuple[int, bool]] = {}
         #: the autoscaler's ends written: (pool, block, incarnation, state)
         self._ends: set[tuple[str, str, int, str]] = set()
-        #: (name, labels) -> (state, active_since, fired_at, resolved_at), the alert
-        self._alerts: dict[tuple[str, str], tuple[tuple[Any, ...], AlertInfo]] = {}
+        #: (name, labels, active_since) -> (state, active_since, fired_at, resolved_at),
+        #: the alert (a resolved one is listed beside a new one of its labels that is
+        #: pending: active_since tells them apart)
+        self._alerts: dict[tuple[str, str, float | None], tuple[tuple[Any, ...], AlertInfo]]
+        self._alerts = {}
         #: key -> the columns of _TASK after it (category, pool, submitted, ready,
         #: started, finished, state, worker, tries, duration, output_bytes): what the
         #: feed said of each task since the last full poll, written then as one row
@@ -1252,13 +1255,14 @@ class MonitorRecorder(Actor):
         for a in reply.alerts:
             labels = json.dumps(a.labels, sort_keys=True)
             seen = (a.state, a.active_since, a.fired_at, a.resolved_at)
-            last = known.pop((a.name, labels), None)
-            self._alerts[(a.name, labels)] = (seen, a)
+            key = (a.name, labels, a.active_since)
+            last = known.pop(key, None)
+            self._alerts[key] = (seen, a)
             if last is not None and last[0] == seen:
                 continue
             # The states it went through since the last poll: all of them for an alert
-            # not seen before (or a new one under the same labels).
-            was = last[0][0] if last is not None and last[0][1] == a.active_since else None
+            # not seen before.
+            was = last[0][0] if last is not None else None
             start = _ALERT_STATES.index(was) + 1 if was in _ALERT_STATES else 0
             states = _ALERT_STATES[start : _ALERT_STATES.index(a.state) + 1] or (a.state,)
             for state in states:

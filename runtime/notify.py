@@ -107,10 +107,12 @@ def _summary(alert: AlertInfo) -> dict[str, Any]:
 class AlertChanges:
     """Which alerts changed state since the last look, for those that poll a manager's
     alerts (the console's ``alert watch``, a client in another process): an alert is
-    known by its name and labels."""
+    known by its name, labels and ``active_since`` (a resolved alert stays listed beside
+    a new one of its labels while that one is pending). Only the alerts of the latest
+    look are remembered."""
 
     def __init__(self) -> None:
-        self.seen: dict[tuple[str, tuple[tuple[str, str], ...]], str] = {}
+        self.seen: dict[tuple[str, tuple[tuple[str, str], ...], float | None], str] = {}
 
     def changed(self, alerts: Iterable[AlertInfo]) -> list[AlertInfo]:
         """The alerts of ``alerts`` whose state is new since the last call."""
@@ -132,11 +134,12 @@ class AlertChanges:
 
     def _changes(self, alerts: Iterable[AlertInfo]) -> list[tuple[str | None, AlertInfo]]:
         out = []
+        seen, self.seen = self.seen, {}
         for a in alerts:
-            key = (a.name, tuple(sorted(a.labels.items())))
-            was = self.seen.get(key)
+            key = (a.name, tuple(sorted(a.labels.items())), a.active_since)
+            was = seen.get(key)
+            self.seen[key] = a.state
             if was != a.state:
-                self.seen[key] = a.state
                 out.append((was, a))
         return out
 

@@ -199,6 +199,71 @@ def test_a_resolved_alert_that_holds_again_starts_over() -> None:
     assert n.alert.resolved_at is None
 
 
+CI_QUEUE = {
+    "name": "CIQueueTime",
+    "expr": 'corral_queue_depth{pool="ci"} > 0 and '
+    'corral_queue_oldest_wait_seconds{pool="ci"} > 10',
+    "for": "15s",
+}
+
+
+def test_a_resolved_alert_stays_listed_while_its_labels_go_pending_again() -> None:
+    """A user audit: CIQueueTime fired and resolved twice, then went pending and stopped
+    holding before it fired; ``alert list`` no longer listed it, 4 minutes after it last
+    fired (the resolved alert had been replaced by the pending one, then dropped with it).
+    The resolved alert stays listed its 15 minutes: while a new one of its labels is
+    pending, both (the resolved one first); once the new one fires, that one. The
+    notifications are as before: the pending span that ends says nothing."""
+    st = AlertState([rule(CI_QUEUE)])
+
+    def at(t: float, depth: int, wait: float) -> list[tuple[str, str, float | None]]:
+        cmds = st.handle(Evaluate(t, queue(depth, wait, pool="ci")))
+        return [(c.alert.state, c.alert.name, c.alert.active_since) for c in only(cmds, Notify)]
+
+    def listed() -> list[tuple[str, float | None, float | None, float | None]]:
+        return [(a.state, a.active_since, a.fired_at, a.resolved_at) for a in st.alerts()]
+
+    assert at(30.0, 2, 11.0) == [("pending", "CIQueueTime", 30.0)]
+    assert at(45.0, 2, 26.0) == [("firing", "CIQueueTime", 30.0)]
+    assert at(68.0, 0, 0.0) == [("resolved", "CIQueueTime", 30.0)]
+    # holds again: the new alert pending, listed after the resolved one
+    assert at(139.0, 1, 12.0) == [("pending", "CIQueueTime", 139.0)]
+    assert listed() == [("resolved", 30.0, 45.0, 68.0), ("pending", 139.0, None, None)]
+    # it fires: it is what those labels are now
+    assert at(154.0, 1, 27.0) == [("firing", "CIQueueTime", 139.0)]
+    assert listed() == [("firing", 139.0, 154.0, None)]
+    assert at(168.0, 0, 0.0) == [("resolved", "CIQueueTime", 139.0)]
+    # a third burst: pending, and it stops holding before it fires (no notification)
+    assert at(306.0, 3, 11.0) == [("pending", "CIQueueTime", 306.0)]
+    assert listed() == [("resolved", 139.0, 154.0, 168.0), ("pending", 306.0, None, None)]
+    assert at(319.0, 0, 0.0) == []
+    assert listed() == [("resolved", 139.0, 154.0, 168.0)]
+    assert at(560.0, 0, 0.0) == []  # 4 minutes after it last fired: still listed
+    assert listed() == [("resolved", 139.0, 154.0, 168.0)]
+    assert at(1067.9, 0, 0.0) == []
+    assert len(st.alerts()) == 1
+    assert at(1068.0, 0, 0.0) == []  # its 15 minutes are over
+    assert st.alerts() == []
+
+
+def test_a_resolved_alert_kept_beside_a_pending_one_ends_on_time() -> None:
+    """The resolved alert kept beside a pending one of its labels is forgotten at its
+    own time; a pending one dropped with its rule leaves it listed."""
+    st = AlertState([rule(CI_QUEUE)], resolved_for=100.0)
+    st.handle(Evaluate(0.0, queue(1, 11.0, pool="ci")), Evaluate(15.0, queue(1, 26.0, pool="ci")))
+    st.handle(Evaluate(20.0, queue(0, 0.0, pool="ci")))  # resolved at 20
+    st.handle(Evaluate(110.0, queue(1, 11.0, pool="ci")))  # pending at 110
+    assert [a.state for a in st.alerts()] == ["resolved", "pending"]
+    assert st.handle(Evaluate(120.0, queue(1, 21.0, pool="ci"))) == []  # 100 s since 20
+    assert [(a.state, a.active_since) for a in st.alerts()] == [("pending", 110.0)]
+
+    st = AlertState([rule(CI_QUEUE)])
+    st.handle(Evaluate(0.0, queue(1, 11.0, pool="ci")), Evaluate(15.0, queue(1, 26.0, pool="ci")))
+    st.handle(Evaluate(20.0, queue(0, 0.0, pool="ci")), Evaluate(30.0, queue(1, 11.0, pool="ci")))
+    assert st.handle(RuleRemoved("CIQueueTime", 31.0)) == []
+    assert [(a.state, a.resolved_at) for a in st.alerts()] == [("resolved", 20.0)]
+
+
 def test_one_alert_per_pool() -> None:
     st = AlertState([rule(**{"for": 0})])
     workers = {"idle": 0, "busy": 1, "draining": 0}
@@ -1350,6 +1415,7 @@ def test_alerts_move_by_the_rules_and_actions_stay_bounded(
     st = AlertState([rule(**{"keep_firing_for": keep, "action": {"scale_out": action}})])
     target, now, state = 1, 0.0, "inactive"
     last_scale: float | None = None
+    resolved_at: float | None = None  # the resolved alert listed, until one fires again
     allowed = {  # the notifications each state may be followed by
         "inactive": {"pending"},
         "pending": {"firing"},  # a pending alert that clears is dropped quietly
@@ -1367,6 +1433,10 @@ def test_alerts_move_by_the_rules_and_actions_stay_bounded(
                 assert c.alert.state in allowed[state], (state, c.alert.state)
                 state = c.alert.state
                 assert c.alert.fields["threshold_breached"] == (state != "resolved")
+                if state == "resolved":
+                    resolved_at = c.alert.resolved_at
+                elif state == "firing":
+                    resolved_at = None
             elif isinstance(c, Scale):
                 assert holds and state == "firing"
                 assert target < c.target <= min(max_blocks, 10)
@@ -1376,10 +1446,15 @@ def test_alerts_move_by_the_rules_and_actions_stay_bounded(
                 last_scale, target = now, c.target
         if state == "pending" and not holds:
             state = "inactive"
+        if resolved_at is not None and now - resolved_at >= 900:  # forgotten
+            resolved_at = None
+            state = "inactive" if state == "resolved" else state
         alerts = st.alerts()
         if state in ("inactive", "resolved") and holds:
             raise AssertionError("the condition holds but no alert is pending or firing")
-        assert [a.state for a in alerts] == ([] if state == "inactive" else [state])
+        # a resolved alert stays listed its 15 minutes, before a pending one of its labels
+        kept = ["resolved"] if resolved_at is not None and state != "resolved" else []
+        assert [a.state for a in alerts] == kept + ([] if state == "inactive" else [state])
 
 
 def test_the_error_crosses_processes_with_its_fields() -> None:

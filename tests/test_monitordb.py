@@ -1258,6 +1258,38 @@ async def test_a_pending_alert_that_stops_holding_ends_in_the_table_and_the_repo
 
 
 @pytest.mark.anyio
+async def test_a_resolved_alert_listed_beside_a_pending_one_of_its_labels(
+    tmp_path: Path, make_state: Factory
+) -> None:
+    """The alert monitor lists a resolved alert beside a new one of its labels while
+    that one is pending (a user audit: CIQueueTime resolved, went pending again and
+    stopped holding): each keeps its own rows, none written twice; the pending one that
+    stops holding ends ``inactive``, the resolved one is forgotten without a row."""
+    db = tmp_path / "monitoring.db"
+    alerts: list[AlertInfo] = []
+    reply = lambda msg: AlertsReply(tuple(alerts)) if isinstance(msg, AlertsRequest) else None  # noqa: E731
+    recorder, writer = _recorder(db, make_state(monitor=True), manager=reply)
+    labels = {"alertname": "CIQueueTime", "pool": "ci"}
+    done = AlertInfo("CIQueueTime", "resolved", labels, value=38.0, active_since=WALL,
+                     fired_at=WALL + 15, resolved_at=WALL + 38)  # fmt: skip
+    again = AlertInfo("CIQueueTime", "pending", labels, value=2.0, active_since=WALL + 100)
+    with anyio.fail_after(LIMIT):
+        for listed in ([done], [done, again], [done, again], [done], [done], []):
+            alerts[:] = listed
+            await recorder.poll()
+    writer.close()
+    rows = _rows(db, "SELECT time, state, active_since FROM alerts ORDER BY rowid")
+    gone = rows[-1][0]
+    assert rows == [
+        (WALL, "pending", WALL),
+        (WALL + 15, "firing", WALL),
+        (WALL + 38, "resolved", WALL),
+        (WALL + 100, "pending", WALL + 100),
+        (gone, "inactive", WALL + 100),
+    ]
+
+
+@pytest.mark.anyio
 async def test_alert_changes_between_two_polls_have_their_rows_at_their_times(
     tmp_path: Path, make_state: Factory
 ) -> None:

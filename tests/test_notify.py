@@ -469,6 +469,34 @@ async def test_a_poller_logs_an_alert_that_fired_and_resolved_between_two_looks(
     assert AlertChanges().news([firing, old_end], first=True) == [firing]
 
 
+def test_a_resolved_alert_beside_a_pending_one_of_its_labels_changes_nothing() -> None:
+    """The alert monitor lists a resolved alert beside a new one of its labels while
+    that one is pending: a poller sees the pending one come once, and nothing of the
+    resolved one (which has not changed) at any look, nor when the pending one stops
+    holding or fires."""
+    from runtime.notify import AlertChanges
+
+    labels = {"alertname": "CIQueueTime", "pool": "ci"}
+    done = AlertInfo("CIQueueTime", "resolved", labels, active_since=30.0, fired_at=45.0,
+                     resolved_at=68.0)  # fmt: skip
+    again = AlertInfo("CIQueueTime", "pending", labels, active_since=139.0)
+    fired = dataclasses.replace(again, state="firing", fired_at=154.0)
+    watch, poll = AlertChanges(), AlertChanges()
+    assert watch.changed([done]) == [done]
+    assert poll.news([done], first=True) == []
+    assert watch.changed([done, again]) == [again]
+    assert poll.news([done, again], first=False) == []  # pending: not news
+    assert watch.changed([done, again]) == []
+    assert poll.news([done, again], first=False) == []
+    assert watch.changed([done]) == []  # the pending one stopped holding
+    assert poll.news([done], first=False) == []
+    assert watch.changed([done, again]) == [again]  # (as if again: its own instance)
+    assert poll.news([done, again], first=False) == []
+    assert watch.changed([fired]) == [fired]  # it fires: the resolved one is not listed
+    assert poll.news([fired], first=False) == [fired]
+    assert len(watch.seen) == len(poll.seen) == 1  # only the latest look's alerts
+
+
 def test_a_firing_alerts_log_line_says_why(caplog: pytest.LogCaptureFixture) -> None:
     """A user audit: a client logged ``CorralBlocksFailing ... summary='Blocks of pool
     audbi keep failing'`` and nothing of why; the firing line carries the alert's
