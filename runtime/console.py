@@ -421,12 +421,23 @@ class ConsoleClient:
         self, seconds: float, interval: float = 1.0
     ) -> AsyncGenerator[dict[str, Any], None]:
         """Each change of an alert's state seen within ``seconds`` (asking every
-        ``interval`` seconds), as it is seen; first the states at the start."""
+        ``interval`` seconds), as it is seen; first the states at the start. The
+        alerts of one look come in the order of their states' times."""
+        async for _, change in self._alert_changes(seconds, interval):
+            yield change
+
+    async def _alert_changes(
+        self, seconds: float, interval: float
+    ) -> AsyncGenerator[tuple[bool, dict[str, Any]], None]:
+        """:meth:`watch_alerts`, each with whether it is a state at the start."""
         changes = AlertChanges()
         deadline = time.monotonic() + seconds
+        start = True
         while True:
-            for a in changes.changed((await self.alerts()).alerts):
-                yield jsonable(a)
+            seen = [jsonable(a) for a in changes.changed((await self.alerts()).alerts)]
+            for a in sorted(seen, key=lambda a: _state_since(a) or 0.0):
+                yield start, a
+            start = False
             if time.monotonic() + interval > deadline:
                 return
             await anyio.sleep(interval)
@@ -629,13 +640,17 @@ class ConsoleClient:
             raise ConsoleError(f"alert watch: SECONDS is a number, not {words[0]!r}") from None
         if not 0 < seconds <= 86400:
             raise ConsoleError("alert watch: SECONDS must be more than 0 and at most 86400")
-        changes = []
-        async for change in self.watch_alerts(seconds):
-            changes.append(change)
+        at_start: list[dict[str, Any]] = []
+        changes: list[dict[str, Any]] = []
+        async for start, change in self._alert_changes(seconds, 1.0):
+            (at_start if start else changes).append(change)
             if self.emit is not None:
                 self.emit(alert_line(change))
-        text = f"watched alerts for {seconds:g} s: {len(changes)} change(s)"
-        return Result("alert", {"changes": changes}, Text(text))
+        text = (
+            f"watched alerts for {seconds:g} s: {len(changes)} change(s) "
+            f"({len(at_start)} alert(s) at the start)"
+        )
+        return Result("alert", {"start": at_start, "changes": changes}, Text(text))
 
     async def _cmd_help(self, rest: str) -> Result:
         word = rest.strip()
@@ -1185,14 +1200,20 @@ def _float(text: str) -> float:
 
 def alert_line(a: Mapping[str, Any]) -> str:
     """One alert's state as a line: time, STATE, name, labels, value, fields."""
-    since = {"pending": a.get("active_since"), "firing": a.get("fired_at"),
-             "resolved": a.get("resolved_at")}.get(str(a.get("state")))  # fmt: skip
+    since = _state_since(a)
     labels = " ".join(f"{k}={v}" for k, v in (a.get("labels") or {}).items() if k != "alertname")
     fields = " ".join(f"{k}={v:g}" for k, v in (a.get("fields") or {}).items())
     return (
         f"{_when(since)} {str(a.get('state')).upper():8} {a.get('name')} {labels} "
         f"value={a.get('value', 0):g} {fields}"
     ).rstrip()
+
+
+def _state_since(a: Mapping[str, Any]) -> Any:
+    """Since when an alert (as data) is in its state: ``active_since`` while pending,
+    ``fired_at`` firing, ``resolved_at`` resolved (None if unknown)."""
+    return {"pending": a.get("active_since"), "firing": a.get("fired_at"),
+            "resolved": a.get("resolved_at")}.get(str(a.get("state")))  # fmt: skip
 
 
 def _when(t: Any) -> str:
@@ -1211,10 +1232,8 @@ def render_alerts(data: Mapping[str, Any]) -> RenderableType:
         for a in alerts:
             shown = {k: v for k, v in (a.get("labels") or {}).items() if k != "alertname"}
             fields = "\n".join(f"{k}={v:g}" for k, v in (a.get("fields") or {}).items())
-            since = {"pending": a.get("active_since"), "firing": a.get("fired_at"),
-                     "resolved": a.get("resolved_at")}.get(str(a["state"]))  # fmt: skip
             _row(
-                at, str(a["name"]), str(a["state"]).upper(), _when(since),
+                at, str(a["name"]), str(a["state"]).upper(), _when(_state_since(a)),
                 "\n".join(f"{k}={v}" for k, v in shown.items()), f"{a.get('value', 0):g}",
                 fields,
             )  # fmt: skip

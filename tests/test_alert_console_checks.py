@@ -17,6 +17,7 @@ from rich.console import Console
 from actors.alerts_state import parse_rule
 from runtime.console import ConsoleClient, ConsoleError, _alert_rule, render_alerts
 from runtime.errors import AlertConfigError
+from runtime.messages import AlertInfo, AlertsReply
 from runtime.metrics import SAMPLE_LABELS
 from tests.helpers import Cli
 
@@ -76,6 +77,53 @@ def test_a_negative_duration_reaches_the_rules_check(flag: str) -> None:
     # an option given where its value should be is still argparse's error
     with pytest.raises(ConsoleError, match="expected one argument"):
         _alert_rule(f"Bad5 'corral_queue_depth > 0' {flag} --label a=b")
+
+
+def _watched(looks: list[list[AlertInfo]]) -> ConsoleClient:
+    """A console (not connected) whose manager answers ``looks``, one per ask (the last
+    again after)."""
+    console = ConsoleClient("ws://127.0.0.1:1")
+    answers = iter(looks)
+    last: list[AlertInfo] = []
+
+    async def alerts() -> AlertsReply:
+        nonlocal last
+        last = next(answers, last)
+        return AlertsReply(tuple(last))
+
+    console.alerts = alerts  # type: ignore[method-assign]
+    return console
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(30)
+async def test_alert_watch_counts_only_changes_and_shows_the_start_in_time_order() -> None:
+    """A user audit: ``alert watch 1`` printed the two alerts resolved before it began,
+    the later one first (01:05:18, then 01:04:09), and said ``2 change(s)`` though
+    nothing changed. The states at the start come in the order of their times and are
+    not counted; a change seen later is."""
+    labels = {"alertname": "CIQueueTime", "pool": "ci"}
+    late = AlertInfo("QueueSlow", "resolved", {"alertname": "QueueSlow", "pool": "ci"},
+                     active_since=3850.0, fired_at=3880.0, resolved_at=3918.0)  # fmt: skip
+    early = AlertInfo("CIQueueTime", "resolved", labels, active_since=3800.0, fired_at=3815.0,
+                      resolved_at=3849.0)  # fmt: skip
+    lines: list[str] = []
+    console = _watched([[late, early]])
+    console.emit = lines.append
+    with anyio.fail_after(LIMIT):
+        result = await console.execute("alert watch 1")
+    assert [a["resolved_at"] for a in result.data["start"]] == [3849.0, 3918.0]
+    assert result.data["changes"] == []
+    assert result.text().strip() == "watched alerts for 1 s: 0 change(s) (2 alert(s) at the start)"
+    assert [line.split()[2] for line in lines] == ["CIQueueTime", "QueueSlow"]
+
+    again = AlertInfo("CIQueueTime", "pending", labels, active_since=3930.0)
+    console = _watched([[late, early], [late, early, again]])
+    with anyio.fail_after(LIMIT):
+        result = await console.execute("alert watch 1.5")  # two looks, a second apart
+    assert [a["state"] for a in result.data["start"]] == ["resolved", "resolved"]
+    assert [(a["name"], a["state"]) for a in result.data["changes"]] == [("CIQueueTime", "pending")]
+    assert "1 change(s) (2 alert(s) at the start)" in result.text()
 
 
 @pytest.mark.slow
