@@ -1156,6 +1156,14 @@ def _number(v: float) -> str:
     return f"{v:g}" if v != int(v) or abs(v) >= 1e15 else str(int(v))
 
 
+def _duration(seconds: float) -> str:
+    """A duration as an audit line says it: whole seconds, one decimal under 10 s
+    (``31``, ``2``, ``2.5``), not a clock's digits (``2.00211``)."""
+    if not math.isfinite(seconds):
+        return str(seconds)
+    return _number(round(seconds, 1) if abs(seconds) < 10 else float(round(seconds)))
+
+
 def _show_labels(labels: Labels) -> str:
     return "{" + ", ".join(f"{k}={v}" for k, v in labels) + "}" if labels else ""
 
@@ -1565,8 +1573,8 @@ class AlertState:
         last = self._last_scale.get(pool)
         if last is not None and now - last < act.cooldown:
             refuse(
-                f" of pool {pool}: cooldown, scaled {_number(now - last)} s ago, waits "
-                f"{_number(act.cooldown)} s",
+                f" of pool {pool}: cooldown, scaled {_duration(now - last)} s ago, waits "
+                f"{_duration(act.cooldown)} s",
                 "cooldown",
             )
             return

@@ -630,6 +630,22 @@ def test_scale_by_n_with_cooldown_and_level_triggered_repeat() -> None:
     assert len(st.audit) == 3
 
 
+@pytest.mark.parametrize(
+    ("after", "cooldown", "said"),
+    [(2.00211, 30, "scaled 2 s ago, waits 30 s"), (2.56, 7.5, "scaled 2.6 s ago, waits 7.5 s"),
+     (12.6, 30, "scaled 13 s ago, waits 30 s"), (9.96, 90.4, "scaled 10 s ago, waits 90 s")],
+)  # fmt: skip
+def test_the_cooldown_audit_says_its_seconds_without_a_clock_s_digits(
+    after: float, cooldown: float, said: str
+) -> None:
+    """A user audit: "cooldown, scaled 2.00211 s ago, waits 30 s". Durations in an audit
+    line are whole seconds, with one decimal under 10 s."""
+    st = AlertState([scaler(by=1, cooldown=cooldown, max_blocks=10)])
+    st.handle(Evaluate(100.0, queue(7, 3720.0, **pool_blocks(2, running=2))))
+    (a,) = only(st.handle(Evaluate(100.0 + after, queue(7, 3730.0, **pool_blocks(3)))), Audit)
+    assert f"no scale-out of pool cpu: cooldown, {said} (" in a.line
+
+
 def test_no_action_once_the_condition_stops_holding_even_while_still_firing() -> None:
     st = AlertState([rule(**{"for": 0, "keep_firing_for": 600,
                              "action": {"scale_out": {"by": 1, "cooldown": 0}}})])  # fmt: skip
