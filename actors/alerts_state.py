@@ -43,6 +43,10 @@ leaves the resolved one listed), and replaces it once it fires. Each change is a
 (``corral_autoscaler_busy`` 1), a rule that reads a metric missing from them is not
 evaluated that time: its alerts keep their state.
 
+An alert's value is the expression's at the latest evaluation where it held: a resolved
+alert keeps the last one, past its threshold (as Prometheus keeps a resolved alert's
+value).
+
 Each alert carries ``fields``: per comparison the largest value seen while the alert
 was active and its threshold, and ``threshold_breached`` (1 while pending or firing, 0
 once resolved); for the queue metrics they have the names of the users' own alert

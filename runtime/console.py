@@ -1199,13 +1199,16 @@ def _float(text: str) -> float:
 
 
 def alert_line(a: Mapping[str, Any]) -> str:
-    """One alert's state as a line: time, STATE, name, labels, value, fields."""
+    """One alert's state as a line: time, STATE, name, labels, value, fields. A resolved
+    alert's value is the last while its rule held (``value_while_held=``), as
+    Prometheus keeps it."""
     since = _state_since(a)
     labels = " ".join(f"{k}={v}" for k, v in (a.get("labels") or {}).items() if k != "alertname")
     fields = " ".join(f"{k}={v:g}" for k, v in (a.get("fields") or {}).items())
+    value = "value_while_held" if a.get("state") == "resolved" else "value"
     return (
         f"{_when(since)} {str(a.get('state')).upper():8} {a.get('name')} {labels} "
-        f"value={a.get('value', 0):g} {fields}"
+        f"{value}={a.get('value', 0):g} {fields}"
     ).rstrip()
 
 
@@ -1232,10 +1235,12 @@ def render_alerts(data: Mapping[str, Any]) -> RenderableType:
         for a in alerts:
             shown = {k: v for k, v in (a.get("labels") or {}).items() if k != "alertname"}
             fields = "\n".join(f"{k}={v:g}" for k, v in (a.get("fields") or {}).items())
+            value = f"{a.get('value', 0):g}"
+            if a["state"] == "resolved":  # the last while it held, above its threshold
+                value += "\n(while held)"
             _row(
                 at, str(a["name"]), str(a["state"]).upper(), _when(_state_since(a)),
-                "\n".join(f"{k}={v}" for k, v in shown.items()), f"{a.get('value', 0):g}",
-                fields,
+                "\n".join(f"{k}={v}" for k, v in shown.items()), value, fields,
             )  # fmt: skip
         parts.append(at)
     else:

@@ -941,7 +941,9 @@ class AlertInfo(Message):
     (it fired and the condition no longer holds). ``labels``: the rule's labels and the
     instance's (``alertname``, ``pool``, ``team``, ``priority``); ``annotations``: the
     rule's (description, summary, dashboard URL). ``value``: the expression's value at
-    the latest evaluation. Times are wall-clock seconds: ``active_since`` (the condition
+    the latest evaluation where it held: for a resolved alert, the last value before it
+    stopped holding (past its threshold; as Prometheus keeps a resolved alert's value and
+    sends it to Alertmanager). Times are wall-clock seconds: ``active_since`` (the condition
     began to hold), ``fired_at``, ``resolved_at``. ``fields``: the numbers a notification
     carries (for a queue rule ``max_queue_size``, ``max_queue_time_mins``,
     ``queue_size_threshold``, ``queue_time_threshold``, ``threshold_breached``)."""

@@ -14,8 +14,15 @@ import anyio
 import pytest
 from rich.console import Console
 
-from actors.alerts_state import parse_rule
-from runtime.console import ConsoleClient, ConsoleError, _alert_rule, render_alerts
+from actors.alerts_state import AlertState, Evaluate, parse_rule
+from runtime.console import (
+    ConsoleClient,
+    ConsoleError,
+    _alert_rule,
+    alert_line,
+    jsonable,
+    render_alerts,
+)
 from runtime.errors import AlertConfigError
 from runtime.messages import AlertInfo, AlertsReply
 from runtime.metrics import SAMPLE_LABELS
@@ -77,6 +84,31 @@ def test_a_negative_duration_reaches_the_rules_check(flag: str) -> None:
     # an option given where its value should be is still argparse's error
     with pytest.raises(ConsoleError, match="expected one argument"):
         _alert_rule(f"Bad5 'corral_queue_depth > 0' {flag} --label a=b")
+
+
+@pytest.mark.timeout(30)
+def test_a_resolved_alert_s_value_is_shown_as_the_last_while_its_rule_held() -> None:
+    """A user audit: ``RESOLVED QueueSlow pool=ci ... value=38.8245
+    queue_time_threshold=0.1 threshold_breached=0`` for a rule ``> 5`` s. A resolved
+    alert keeps the last value while its rule held (as Prometheus does, and as it goes
+    to Alertmanager); the console says so: ``value_while_held=`` in a line, ``(while
+    held)`` in the table. A firing alert's value is its value."""
+    rule = parse_rule(
+        {"name": "QueueSlow", "expr": 'corral_queue_oldest_wait_seconds{pool="ci"} > 5'},
+        SAMPLE_LABELS,
+    )
+    st = AlertState([rule])
+    wait = ("corral_queue_oldest_wait_seconds", (("pool", "ci"),))
+    (fired,) = [c.alert for c in st.handle(Evaluate(10.0, {wait: 38.8245}))]
+    (resolved,) = [c.alert for c in st.handle(Evaluate(20.0, {wait: 0.0}))]
+    assert (resolved.state, resolved.value) == ("resolved", 38.8245)  # the last while held
+    line = alert_line(jsonable(resolved))
+    assert "RESOLVED QueueSlow pool=ci value_while_held=38.8245 " in line
+    assert "threshold_breached=0" in line
+    assert "FIRING   QueueSlow pool=ci value=38.8245 " in alert_line(jsonable(fired))
+    table = _text(render_alerts({"alerts": [jsonable(resolved)], "rules": [], "audit": []}))
+    row = next(line for line in table.splitlines() if "QueueSlow" in line)
+    assert "38.8245" in row and "(while held)" in table
 
 
 def _watched(looks: list[list[AlertInfo]]) -> ConsoleClient:
