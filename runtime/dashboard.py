@@ -11,15 +11,19 @@ an HttpOnly, SameSite=Lax cookie and sends the browser back to ``/`` without it
 One :class:`DashboardFeed` per manager builds the snapshot at most once per interval,
 from the same answers as ``/metrics`` (:class:`MetricsReply`), the status
 (:class:`StatusReply`) and the alerts (:class:`AlertsReply`), and sends the same text to
-every page that is open; with no page open it asks nothing. :func:`build_snapshot` is
-a plain function of those three answers.
+every page that is open; with no page open it asks the scheduler for the queue depth
+only (its counters, once per interval), so that it always holds the last two minutes of
+the queue depth (:attr:`DashboardFeed.depths`), which a page gets when it connects.
+:func:`build_snapshot` is a plain function of those three answers.
 """
 
 from __future__ import annotations
 
+import contextlib
 import html
 import json
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -58,6 +62,8 @@ INTERVAL = 1.0  #: seconds between snapshots
 SEND_TIMEOUT = 5.0  #: a page that takes longer to take a snapshot is closed
 MAX_STREAM = 300  #: tries in the task stream
 MAX_AUDIT = 20  #: latest audit lines of the alert monitor shown
+HISTORY = 120.0  #: seconds of queue depth samples the feed keeps for the page's line
+MAX_DEPTHS = 1000  #: and at most this many samples, whatever the interval
 
 
 def dashboard_url(address: str, token: str) -> str:
@@ -171,11 +177,17 @@ class Sources:
     status: Callable[[], Awaitable[StatusReply]]
     alerts: Callable[[], Awaitable[AlertsReply]]
     story: Callable[[str], Awaitable[list[list[str]]]]
+    #: the total queue depth alone, asked once per interval while no page is open
+    #: (None: the feed samples it only in the snapshots it builds)
+    depth: Callable[[], Awaitable[int]] | None = None
 
 
 class DashboardFeed:
     """Builds one snapshot per interval while some page is open and sends it to all of
-    them: the cost does not grow with the pages (``builds`` counts snapshots built)."""
+    them: the cost does not grow with the pages (``builds`` counts snapshots built).
+    While no page is open it asks only the queue depth (``sources.depth``), once per
+    interval; either way it keeps the last :data:`HISTORY` seconds of the total queue
+    depth (``depths``), which a page gets in its first snapshot (``depth_history``)."""
 
     def __init__(
         self,
@@ -191,6 +203,10 @@ class DashboardFeed:
         self.builds = 0
         self.errors = 0  #: snapshots that could not be built (the manager did not answer)
         self.latest: str | None = None  #: the latest snapshot as sent
+        self._latest: dict[str, Any] | None = None  #: and as built
+        self._fresh: set[web.WebSocketResponse] = set()  #: pages that have no snapshot yet
+        #: (time, total queue depth) of the last HISTORY seconds, oldest first
+        self.depths: deque[tuple[float, int]] = deque(maxlen=MAX_DEPTHS)
         self._opened = anyio.Event()
 
     async def snapshot(self) -> dict[str, Any]:
@@ -207,7 +223,31 @@ class DashboardFeed:
         self.builds += 1
         snap = build_snapshot(got["metrics"], got["status"], got["alerts"], self.clock())
         snap["seq"] = self.builds  # the same number on every page: built once for all
+        self.record_depth(snap["time"], snap["queue_depth"])
         return snap
+
+    def _with_history(self, snap: dict[str, Any]) -> str:
+        """A page's first snapshot: with the queue depth of the last HISTORY seconds."""
+        history = [[at, depth] for at, depth in self.depths]
+        return json.dumps({**snap, "depth_history": history}, separators=(",", ":"))
+
+    def record_depth(self, at: float, depth: int) -> None:
+        """Keep one sample of the total queue depth; forget those older than HISTORY."""
+        self.depths.append((at, depth))
+        while self.depths[0][0] < at - HISTORY:
+            self.depths.popleft()
+
+    async def _sample_depths(self) -> None:
+        """With no page open: one queue depth sample per interval until a page opens."""
+        ask = self.sources.depth
+        while not self._opened.is_set():
+            if ask is not None:
+                with contextlib.suppress(Exception):  # stopping or busy: a gap in the line
+                    self.record_depth(self.clock(), await ask())
+                with anyio.move_on_after(self.interval):
+                    await self._opened.wait()
+            else:
+                await self._opened.wait()
 
     async def run(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
@@ -216,20 +256,28 @@ class DashboardFeed:
         task_status.started()
         while True:
             if not self.pages:
-                self.latest = None  # stale by the time a page opens
+                self.latest = self._latest = None  # stale by the time a page opens
                 self._opened = anyio.Event()
-                await self._opened.wait()
+                await self._sample_depths()
+            first: str | None = None
+            fresh: set[web.WebSocketResponse] = set()
             try:
-                text = json.dumps(await self.snapshot(), separators=(",", ":"))
+                self._latest = snap = await self.snapshot()
+                text = json.dumps(snap, separators=(",", ":"))
             except Exception as exc:  # the manager is stopping or busy: say so, go on
                 self.errors += 1
+                self._latest = None
                 while isinstance(exc, ExceptionGroup) and exc.exceptions:  # the asks' group
                     exc = exc.exceptions[0]
                 text = json.dumps({"error": f"no snapshot: {type(exc).__name__}: {exc}"})
+            else:
+                fresh, self._fresh = self._fresh, set()
+                if fresh:
+                    first = self._with_history(snap)
             self.latest = text
             async with anyio.create_task_group() as tg:
                 for page in list(self.pages):
-                    tg.start_soon(self._send, page, text)
+                    tg.start_soon(self._send, page, first if first and page in fresh else text)
             await anyio.sleep(self.interval)
 
     async def close(self) -> None:
@@ -250,19 +298,26 @@ class DashboardFeed:
             await page.close(message=b"too slow")
 
     async def serve_page(self, request: web.Request) -> web.WebSocketResponse:
-        """One open page: it gets the latest snapshot at once, then every new one."""
+        """One open page: it gets the latest snapshot at once (else the next one), with
+        the queue depth of the last HISTORY seconds, then every new snapshot."""
         ws = web.WebSocketResponse(heartbeat=30.0, max_msg_size=4096)
         await ws.prepare(request)
+        latest, text = self._latest, self.latest
+        if latest is None:
+            self._fresh.add(ws)
         self.pages.add(ws)
         self._opened.set()
         try:
-            if self.latest is not None:
-                await ws.send_str(self.latest)
+            if latest is not None:
+                await ws.send_str(self._with_history(latest))
+            elif text is not None:  # why there is no snapshot
+                await ws.send_str(text)
             async for msg in ws:  # the page sends nothing; this sees its close
                 if msg.type == WSMsgType.ERROR:
                     break
         finally:
             self.pages.discard(ws)
+            self._fresh.discard(ws)
         return ws
 
 
@@ -476,16 +531,28 @@ function bar(used, total, opts) {
   }
   return svg;
 }
-const depthHistory = [];
-function sparkline(svg, values) {
+const HISTORY = 120;  // seconds of queue depth on the line
+let depthHistory = [];  // [time, depth]: the feed's history, then the snapshots
+function addDepths(samples) {
+  const seen = new Set(depthHistory.map(p => p[0]));
+  depthHistory.push(...samples.filter(p => !seen.has(p[0])));
+  depthHistory.sort((a, b) => a[0] - b[0]);
+  const end = depthHistory.length ? depthHistory[depthHistory.length - 1][0] : 0;
+  depthHistory = depthHistory.filter(p => p[0] >= end - HISTORY);
+  sparkline(document.getElementById("depth-spark"), depthHistory);
+}
+function sparkline(svg, samples) {
   svg.replaceChildren();
-  const w = svg.clientWidth || 400, hgt = 46, n = 120, max = Math.max(1, ...values);
-  const pts = values.map((v, i) =>
-    ((w * (i + n - values.length)) / (n - 1)).toFixed(1) + "," +
+  const w = svg.clientWidth || 400, hgt = 46;
+  const top = Math.max(0, ...samples.map(p => p[1])), max = Math.max(1, top);
+  const end = samples.length ? samples[samples.length - 1][0] : 0;
+  const pts = samples.map(([t, v]) =>
+    (w * (1 - (end - t) / HISTORY)).toFixed(1) + "," +
     (hgt - 4 - ((hgt - 12) * v) / max).toFixed(1));
+  svg.setAttribute("data-max", top);
   svg.append(h("svg:polyline", {points: pts.join(" "), fill: "none",
                                 stroke: "var(--busy)", "stroke-width": 1.5}));
-  svg.append(h("svg:text", {x: 2, y: 10, text: "queue depth, last 2 min (max " + max + ")"}));
+  svg.append(h("svg:text", {x: 2, y: 10, text: "queue depth, last 2 min (max " + top + ")"}));
 }
 function renderPools(s) {
   if (!s.pools.length) return put("pools", empty("no pool yet: no worker and no task"));
@@ -638,8 +705,7 @@ function render(s) {
   if (s.error) { document.getElementById("when").textContent = s.error; return; }
   const total = document.getElementById("queue-depth-total");
   total.textContent = s.queue_depth; total.dataset.value = s.queue_depth;
-  depthHistory.push(s.queue_depth); if (depthHistory.length > 120) depthHistory.shift();
-  sparkline(document.getElementById("depth-spark"), depthHistory);
+  addDepths([...(s.depth_history || []), [s.time, s.queue_depth]]);
   const states = Object.entries(s.tasks_by_state).filter(([, n]) => n)
     .map(([k, n]) => n + " " + k).join(", ");
   document.getElementById("summary").textContent =

@@ -1376,7 +1376,7 @@ async def _lifeline(*, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STAT
 def _dashboard_sources(plane: ControlPlane) -> Sources:
     """What the dashboard asks the manager (runtime/dashboard.py): the metrics (those
     of ``/metrics``, with the failure groups and the latest tries), the status, the
-    alerts and a task's story."""
+    alerts, a task's story, and the total queue depth alone (while no page is open)."""
     from runtime.dashboard import Sources
     from runtime.messages import (
         AlertsReply,
@@ -1407,7 +1407,12 @@ def _dashboard_sources(plane: ControlPlane) -> Sources:
         rows = await plane.manager.ask(StoryQuery((key,)), timeout=10.0)
         return [[str(x) for x in row] for row in rows]
 
-    return Sources(metrics, status, alerts, story)
+    async def depth() -> int:
+        # The scheduler's own answer (its counters, never the tasks): no autoscaler ask.
+        reply = await plane.refs["scheduler"].ask(MetricsRequest(), timeout=10.0)
+        return sum(p.queue_depth for p in reply["pools"].values())
+
+    return Sources(metrics, status, alerts, story, depth)
 
 
 async def run_manager(

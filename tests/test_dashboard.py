@@ -14,7 +14,7 @@ import re
 import shutil
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -665,3 +665,122 @@ async def test_a_story_the_manager_cannot_answer_in_time_is_a_503() -> None:
     with anyio.fail_after(30):
         reply = await story(make_mocked_request("GET", STORY_PATH + "?key=t-1"), "read")
     assert reply.status == 503 and "did not answer" in reply.text, (reply.status, reply.text)
+
+
+# ----------------------------------------------------------------------------- the line's history
+
+
+def test_the_feed_keeps_two_minutes_of_queue_depth() -> None:
+    """The feed's samples of the total queue depth, by time (a virtual clock): the
+    last HISTORY seconds, oldest first, whatever the interval."""
+    from runtime.dashboard import HISTORY, MAX_DEPTHS, DashboardFeed, Sources
+
+    async def never(*args: Any) -> Any:
+        raise AssertionError("nothing is asked")
+
+    feed = DashboardFeed(Sources(never, never, never, never))
+    for t in range(300):  # one sample a second: a burst of 28 from 200 to 230 s
+        feed.record_depth(float(t), 28 if 200 <= t < 230 else 0)
+    assert [t for t, _ in feed.depths] == [float(t) for t in range(179, 300)]  # 120 s
+    assert max(d for _, d in feed.depths) == 28
+    feed.record_depth(299.5, 3)
+    assert feed.depths[0] == (180.0, 0) and feed.depths[-1] == (299.5, 3)
+    feed.record_depth(500.0, 0)  # after a gap: the old samples go
+    assert list(feed.depths) == [(500.0, 0)]
+    for i in range(3 * MAX_DEPTHS):  # many samples in a short time: bounded
+        feed.record_depth(600.0 + i * HISTORY / (3 * MAX_DEPTHS), 1)
+    assert len(feed.depths) == MAX_DEPTHS
+
+
+@pytest.mark.anyio
+async def test_with_no_page_open_the_feed_samples_only_the_queue_depth() -> None:
+    """No page open: no snapshot is built, the feed asks the queue depth once per
+    interval and keeps it (a page that opens gets them in its first snapshot)."""
+    from runtime.dashboard import DashboardFeed, Sources
+
+    depths = iter([0, 21, 28, 5, 0, 0, 0, 0, 0, 0, 0, 0])
+    clock = itertools.count(1000.0)  # a virtual clock: one second a call
+
+    async def depth() -> int:
+        return next(depths)
+
+    async def never(*args: Any) -> Any:
+        raise AssertionError("no snapshot without a page")
+
+    feed = DashboardFeed(
+        Sources(never, never, never, never, depth), interval=0.001, clock=lambda: next(clock)
+    )
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as tg:
+            await tg.start(feed.run)
+            await wait_until(lambda: len(feed.depths) >= 6, "six samples")
+            tg.cancel_scope.cancel()
+    assert feed.builds == 0 and feed.errors == 0
+    assert [d for _, d in feed.depths][:6] == [0, 21, 28, 5, 0, 0]
+    assert [t for t, _ in feed.depths][:6] == [1000.0 + i for i in range(6)]
+
+
+async def _depth_history(address: str, read: str) -> list[list[float]]:
+    """The queue depth history a page gets with its first snapshot, less that
+    snapshot's own sample (a page opened for it: it made the feed build one)."""
+    base = _base(address)
+    async with _session() as s:
+        async with s.get(f"{base}/", params={"token": read}) as r:
+            assert r.status == 200
+        async with s.ws_connect(base + FEED_PATH) as ws:
+            first = await ws.receive_json()
+    history: list[list[float]] = first["depth_history"]
+    assert history[-1] == [first["time"], first["queue_depth"]]
+    return history[:-1]
+
+
+async def _depth_history_until(
+    address: str, read: str, ok: Callable[[list[int]], bool]
+) -> list[int]:
+    """The depths of :func:`_depth_history` once ``ok`` of them (asked every 0.2 s)."""
+    while True:
+        depths = [int(d) for _, d in await _depth_history(address, read)]
+        if ok(depths):
+            return depths
+        await anyio.sleep(0.2)
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+@pytest.mark.timeout(180)
+async def test_a_page_opened_after_a_burst_shows_it_on_the_line(
+    browser: Any, tmp_path: Path
+) -> None:
+    """The audit: an alert's dashboard link followed after the queue had drained. The
+    line of the last two minutes shows the burst (it began when the page opened, so it
+    read 'max 1' with the queue at 0 all along)."""
+    gate, started = tmp_path / "gate", tmp_path / "started"
+    page = Dashboard(browser)
+    with Cli(tmp_path / "home") as cli:
+        proc, address = cli.manager()
+        url = cli.line_with(proc, "dashboard on").split("dashboard on", 1)[1].strip()
+        read = cli.tokens(address)["read"]
+        cli.worker(address, "--cores", "1")
+        with anyio.fail_after(120):
+            async with Cluster(address) as c:
+                burst = [
+                    c.submit(held_at_gate, str(gate), str(started), pure=False) for _ in range(8)
+                ]
+                await wait_until(started.exists, "a task of the burst to start", limit=30)
+                # No page open: the feed samples the queue by itself.
+                seen = await _depth_history_until(address, read, lambda ds: any(ds))
+                peak = max(seen)
+                gate.touch()
+                assert [await f for f in burst] == ["opened"] * 8
+                # The queue is back to 0, and the feed has sampled it so.
+                await _depth_history_until(address, read, lambda ds: ds[-1:] == [0])
+            await anyio.to_thread.run_sync(browser.get, url)
+            top = await anyio.to_thread.run_sync(
+                page.wait, "const s = document.getElementById('depth-spark');"
+                "return document.body.dataset.snapshots >= 1 && s.dataset.max;",
+                "the page's first snapshot and line",
+            )  # fmt: skip
+            assert page.queue_depth() == 0
+            label = browser.find_element("css selector", "#depth-spark text").text
+    assert peak > 0 and int(top) >= peak, (peak, label)
+    assert label == f"queue depth, last 2 min (max {top})"
