@@ -72,6 +72,12 @@ FIGURE_POINTS = 100_000
 _OUTCOME_COLOR = {"error": "#d62728", "oom": "#9467bd", "timeout": "#8c564b",
                   "worker-lost": "#000000"}  # fmt: skip
 _ALERT_COLOR = {"firing": "rgba(214,39,40,0.15)", "pending": "rgba(255,165,0,0.12)"}
+#: rows of the firing spans' labels over the time plots: each label one row below the
+#: one before it (in time), so labels of alerts that fired together do not overlap
+LABEL_ROWS = 4
+LABEL_ROW_PX = 14  #: the height of a row of labels, in pixels
+#: the summary's name of a task state where the state's own name says little
+_STATE_NAME = {"memory": "finished, output held (memory)"}
 
 Progress = Callable[[str], None]
 
@@ -437,24 +443,40 @@ def _layout(fig: go.Figure, title: str, height: int = 420) -> go.Figure:
     return fig
 
 
+def _time_axis(fig: go.Figure, run: _Run, **where: Any) -> None:
+    """The x axis of a plot over the run's time: from its start to its end, the same on
+    every such plot, so they line up whatever the data (tries begin when the first
+    worker has joined; the metric samples at the start)."""
+    fig.update_xaxes(range=[0, max(run.end, 1.0)])
+    fig.update_xaxes(title="seconds since the run started", **where)
+
+
 def _over_time(fig: go.Figure, run: _Run, y: str, title: str) -> go.Figure:
     """A plot over the run's time: axes titled, alerts drawn, laid out."""
-    fig.update_xaxes(title="seconds since the run started")
+    _time_axis(fig, run)
     fig.update_yaxes(title=y)
     _alert_bands(fig, run)
     return _layout(fig, title)
 
 
 def _alert_bands(fig: go.Figure, run: _Run) -> None:
-    """Firing (red) and pending (orange) spans of each alert, over the time plots."""
-    for start, stop, state, name in _alert_spans(run):
+    """Firing (red) and pending (orange) spans of each alert, over the time plots; the
+    labels of the firing ones in LABEL_ROWS rows, in turn by start time."""
+    spans = _alert_spans(run)
+    firing = sorted((s for s in spans if s[2] == "firing"), key=lambda s: (s[0], s[3]))
+    row_of = {span: i % LABEL_ROWS for i, span in enumerate(firing)}
+    for span in spans:
+        start, stop, state, name = span
         # A label on firing spans only: any annotation option without a text makes
         # plotly draw its placeholder, "new text".
         label = (
-            {"annotation_text": f"{name} {state}", "annotation_position": "top left"}
+            {
+                "annotation_text": f"{name} {state}", "annotation_position": "top left",
+                "annotation_yshift": -LABEL_ROW_PX * row_of[span],
+            }
             if state == "firing"
             else {}
-        )
+        )  # fmt: skip
         fig.add_vrect(
             x0=start, x1=stop, fillcolor=_ALERT_COLOR[state], line_width=0, layer="below",
             **label,
@@ -528,7 +550,7 @@ def _timeline(run: _Run) -> go.Figure:
         bars([r for r in failed if r[7] == outcome], f"failed: {outcome}",
              marker={"color": color, "pattern": {"shape": "x"}})  # fmt: skip
     fig.update_layout(barmode="overlay", bargap=0.3)
-    fig.update_xaxes(title="seconds since the run started")
+    _time_axis(fig, run)
     fig.update_yaxes(title="worker", categoryorder="category ascending")
     _alert_bands(fig, run)
     n_workers = len({r[3] for r in tries})
@@ -554,7 +576,7 @@ def _queues(run: _Run) -> go.Figure:
                        legendgroup=pool, showlegend=row == 1),
             row=row, col=1,
         )  # fmt: skip
-    fig.update_xaxes(title="seconds since the run started", row=2, col=1)
+    _time_axis(fig, run, row=2, col=1)
     _alert_bands(fig, run)
     return _layout(fig, SECTIONS[1], height=520)
 
@@ -673,7 +695,7 @@ def _alerts_figure(run: _Run) -> go.Figure:
         fig.add_trace(go.Scatter(x=[t for t, _ in resolved], y=[n for _, n in resolved],
                                  mode="markers", marker={"symbol": "x", "size": 10,
                                  "color": "green"}, name="resolved"))  # fmt: skip
-    fig.update_xaxes(title="seconds since the run started", range=[0, max(run.end, 1.0)])
+    _time_axis(fig, run)
     title = SECTIONS[5] + ("" if spans or resolved else " (none in this run)")
     return _layout(fig, title, height=260 + 30 * len({s[3] for s in spans}))
 
@@ -695,7 +717,7 @@ def _summary(run: _Run) -> str:
         row("recorded for", f"{run.end:.1f} s" + ("" if info["ended"] else " (still running, or "
             "it stopped without closing the database)")),
         row("tasks", run.tasks),
-        *(row(f"tasks {s}", n) for s, n in sorted(run.states.items())),
+        *(row(f"tasks {_STATE_NAME.get(s, s)}", n) for s, n in sorted(run.states.items())),
         row("tries", run.tries),
         row("makespan (first submitted to last finished)", f"{run.makespan:.2f} s"),
         row("median wait ready to sent to a worker",
@@ -749,7 +771,7 @@ def _storage(run: _Run) -> go.Figure:
             ), row=2, col=1)  # fmt: skip
     fig.update_yaxes(title="MiB", row=1, col=1)
     fig.update_yaxes(title="MiB copied", row=2, col=1)
-    fig.update_xaxes(title="seconds since the run started", row=2, col=1)
+    _time_axis(fig, run, row=2, col=1)
     _alert_bands(fig, run)
     return _layout(fig, SECTIONS[6], height=560)
 

@@ -201,6 +201,63 @@ def test_only_firing_alert_spans_are_labelled(monkeypatch: pytest.MonkeyPatch) -
     assert [a.text for a in fig.layout.annotations] == ["Slow firing"]
 
 
+def test_labels_of_alerts_that_fire_together_are_in_rows_of_their_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two alerts that fire within a second: their labels, both at the top left of
+    their spans, were drawn over each other ("QueueSlow firingCIQueueTime firing").
+    Each label is one row below the one before it, LABEL_ROWS rows in turn."""
+    import plotly.graph_objects as go
+
+    from runtime import report
+
+    spans = [(0.0, 50.0, "pending", "QueueSlow"), (50.0, 90.0, "firing", "QueueSlow"),
+             (50.4, 90.0, "firing", "CIQueueTime"), (51.0, 60.0, "firing", "NoWorkers"),
+             (52.0, 60.0, "firing", "Stuck"), (70.0, 80.0, "firing", "Later")]  # fmt: skip
+    monkeypatch.setattr(report, "_alert_spans", lambda run: spans)
+    fig = go.Figure()
+    report._alert_bands(fig, None)  # type: ignore[arg-type]
+    rows = [(a.text, a.yshift) for a in fig.layout.annotations]
+    assert rows == [
+        ("QueueSlow firing", 0),
+        ("CIQueueTime firing", -report.LABEL_ROW_PX),
+        ("NoWorkers firing", -2 * report.LABEL_ROW_PX),
+        ("Stuck firing", -3 * report.LABEL_ROW_PX),
+        ("Later firing", 0),  # LABEL_ROWS rows, then the first again
+    ]
+    assert report.LABEL_ROWS == 4
+
+
+@pytest.mark.anyio
+async def test_every_time_plot_spans_the_run_from_its_start_to_its_end(tmp_path: Path) -> None:
+    """The plots over time line up: each x axis goes from 0 to the run's end (the task
+    timeline's began at the first try, 40 s into the audit's run, the others at 0).
+    The summary names the tasks by what their state means."""
+    from runtime import report
+
+    db = tmp_path / "monitoring.db"
+    with anyio.fail_after(LIMIT):
+        async with Cluster(workers=1, monitoring=db, monitoring_interval=0.1) as cluster:
+            assert await cluster.gather(cluster.map(square, range(5))) == [0, 1, 4, 9, 16]
+    conn = open_db(db)
+    try:
+        run = _Run(conn, None, lambda _: None)
+    finally:
+        conn.close()
+    assert run.end > 0 and run.latest
+    end = max(run.end, 1.0)  # (a run shorter than a second: 1 s)
+    over_time = (report._timeline, report._queues, report._fleet, report._memory,
+                 report._alerts_figure, report._storage)  # fmt: skip
+    for make in over_time:
+        fig = make(run)
+        ranges = [tuple(axis.range or ()) for axis in fig.select_xaxes()]
+        assert ranges and set(ranges) == {(0, end)}, (make.__name__, ranges)
+    run.states = {"memory": 3, "erred": 1}
+    page = report._summary(run)
+    assert "<th>tasks finished, output held (memory)</th><td>3</td>" in page
+    assert "<th>tasks erred</th><td>1</td>" in page and "tasks memory" not in page
+
+
 def _category_traces(fig: Any) -> list[tuple[str, int]]:
     return [(t.name, len(t.y)) for t in fig.data]
 
