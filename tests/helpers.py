@@ -357,36 +357,37 @@ class Cli:
 
     def line_with(self, proc: subprocess.Popen[str], needle: str, limit: float = 30) -> str:
         """The next line of ``proc``'s output that contains ``needle`` (bounded)."""
-        lines = self._lines[proc.pid]
-        deadline = time.monotonic() + limit
         seen: list[str] = []
-        while True:
-            try:
-                line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                raise AssertionError(f"no {needle!r} within {limit} s: {seen[-20:]}") from None
-            if line is None:
-                lines.put(None)
-                raise AssertionError(f"process ended before printing {needle!r}: {seen[-20:]}")
-            seen.append(line)
+        for line in self._lines_of(proc, limit, f"no {needle!r} within {limit} s", seen):
             if needle in line:
                 return line
+        raise AssertionError(f"process ended before printing {needle!r}: {seen[-20:]}")
 
     def rest(self, proc: subprocess.Popen[str], limit: float = 10) -> list[str]:
         """The lines of ``proc``'s output not read yet, up to its end (it has ended, or
         ends within ``limit`` seconds)."""
+        out: list[str] = []
+        for _ in self._lines_of(proc, limit, f"output not ended within {limit} s", out):
+            pass
+        return out
+
+    def _lines_of(
+        self, proc: subprocess.Popen[str], limit: float, late: str, seen: list[str]
+    ) -> Iterator[str]:
+        """``proc``'s next lines as they come, each also put in ``seen``, up to the end
+        of its output; ``AssertionError(late)`` when none comes within ``limit`` s."""
         lines = self._lines[proc.pid]
         deadline = time.monotonic() + limit
-        out: list[str] = []
         while True:
             try:
                 line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
-                raise AssertionError(f"output not ended within {limit} s: {out[-20:]}") from None
+                raise AssertionError(f"{late}: {seen[-20:]}") from None
             if line is None:
                 lines.put(None)
-                return out
-            out.append(line)
+                return
+            seen.append(line)
+            yield line
 
     def manager(self, *flags: str) -> tuple[subprocess.Popen[str], str]:
         """A manager on a free port of 127.0.0.1; returns it and its address."""
