@@ -473,9 +473,6 @@ class SchedulerState:
         #: and has not ended, its latest checkpoint first and, when that one has no copy
         #: off its worker yet, the newest one that has; dropped when the task ends
         self.checkpoints: dict[Key, list[Checkpoint]] = {}
-        #: the tries being lost to their worker's walltime (``_worker_left``), while
-        #: their retry is decided: how long each ran against its pool's walltime
-        self._walltime_losses: dict[TaskState, WalltimeLoss] = {}
         self.checkpoint_held = 0  #: bytes of checkpoints the scheduler holds
         #: per task with checkpoints, the workers that may have files of them (owners,
         #: copy holders, workers that fetched one to resume): told to drop them at the end
@@ -1011,11 +1008,9 @@ class SchedulerState:
             self._failed_try(ts, "worker-lost", ev.cause, None, ws.id)
             ts.worker = None
             ts.disk_need = 0
-            if ev.cause == "walltime":
-                self._walltime_lost(ts, ws)
+            loss = self._walltime_lost(ts, ws) if ev.cause == "walltime" else None
             if not self._promote_copy(ts):  # else a copy runs on: no retry
-                self._after_failure(ts, "worker-lost", ev.cause, None, ws.id)
-            self._walltime_losses.pop(ts, None)
+                self._after_failure(ts, "worker-lost", ev.cause, None, ws.id, loss)
         ws.processing.clear()
         ws.n_producers = 0
         for ts in list(ws.has_what):
@@ -1475,21 +1470,21 @@ class SchedulerState:
             margin = min(margin, (ws.deadline - ws.joined) / 2)
         return margin
 
-    def _walltime_lost(self, ts: TaskState, ws: WorkerState) -> None:
+    def _walltime_lost(self, ts: TaskState, ws: WorkerState) -> WalltimeLoss | None:
         """``ts``'s try is lost with ``ws``, which reached its walltime: how long it had
         run against the walltime of its pool, for its retry's decision
-        (``WalltimeLoss``), unless a checkpoint of it lets a retry resume. Its story
-        says how long it ran."""
+        (``WalltimeLoss``), unless a checkpoint of it lets a retry resume (None). Its
+        story says how long it ran."""
         if ts.key in self.checkpoints:
-            return
+            return None
         loss = walltime_loss(ts, ws, self.workers.values(), self._drain_margin(ws, {}), self._now)
         if loss is None:
-            return
-        self._walltime_losses[ts] = loss
+            return None
         self._log(
             ts.key, "processing",
             f"walltime:ran {loss.ran:.0f} s of {loss.walltime:.0f} s (drain {loss.drain:.0f} s)",
         )  # fmt: skip
+        return loss
 
     def _drain_before_walltime(self) -> None:
         longest: dict[str, float] = {}
@@ -1978,9 +1973,17 @@ class SchedulerState:
         group.at = self._now
 
     def _after_failure(
-        self, ts: TaskState, outcome: str, cause: str | None, error: BaseException | None, wid: str
+        self,
+        ts: TaskState,
+        outcome: str,
+        cause: str | None,
+        error: BaseException | None,
+        wid: str,
+        loss: WalltimeLoss | None = None,
     ) -> None:
-        decision = self._retry_decision(ts, outcome, cause)
+        """Retry ``ts`` or fail it, as the retry policy decides; ``loss``: how long a
+        try lost to its worker's walltime ran against the pool's (``_walltime_lost``)."""
+        decision = self._retry_decision(ts, outcome, cause, loss)
         if decision.retry:
             if decision.charge:
                 ts.retries_left -= 1
@@ -1993,7 +1996,6 @@ class SchedulerState:
             return
         if outcome == "worker-lost":
             crashes = ts.crashes()
-            loss = self._walltime_losses.get(ts) if cause == "walltime" else None
             if len(crashes) > 1 and cause not in BENIGN_LOSSES:  # it may be what kills them
                 err: BaseException = TaskCrashedWorkers(str(ts.key), crashes)
             elif loss is not None and loss.whole_life:
@@ -3277,8 +3279,10 @@ class SchedulerState:
         )
         return kaplan_meier(lives)
 
-    def _retry_decision(self, ts: TaskState, outcome: str, cause: str | None) -> RetryDecision:
-        view = TaskStateView(ts, self.survival, self._stats_view, self._walltime_losses.get(ts))
+    def _retry_decision(
+        self, ts: TaskState, outcome: str, cause: str | None, loss: WalltimeLoss | None = None
+    ) -> RetryDecision:
+        view = TaskStateView(ts, self.survival, self._stats_view, loss)
         try:
             decision = self.policies["retry"].decide(view, outcome, cause)
             if isinstance(decision, RetryDecision):
