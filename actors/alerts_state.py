@@ -988,8 +988,8 @@ DEFAULT_RULES: list[dict[str, Any]] = [
             "summary": "Pool {{ $labels.pool }} asks for no block until an operator resumes it",
             "description": "Pool {{ $labels.pool }} stopped asking for blocks: its batch "
             "system refused too many submissions, or its blocks kept ending. Its tasks wait "
-            "until then. The console's status shows the latest error; fix its cause, then "
-            "run `resume {{ $labels.pool }}` there.",
+            "until then. Fix its cause, then run `resume {{ $labels.pool }}` in the console "
+            "(its status shows the latest error). Why: {{ $notes.suspended_why }}",
         },
     },
     {
@@ -1151,6 +1151,8 @@ _TEMPLATE = re.compile(
 NOTES: Mapping[str, str] = {
     "last_block_failure": "per pool: its latest block that failed or ended unasked, and "
     "why (Slurm's state and exit code, the last lines of its stderr and where that file is)",
+    "suspended_why": "per pool, while it asks for no block until resumed: why (its batch "
+    "system's latest refusal, or the latest of the blocks that kept ending)",
 }
 
 

@@ -589,12 +589,14 @@ class AutoscalerState:
         size and ``max_blocks`` (0: not configured) and its blocks that failed or ended
         unasked (those that spend the replacement budget), ever, and the latest of them
         and why (``last_failure``); whether it asks for no block until resumed
-        (``suspended``: paused, or it gave up); its failed submissions in a row
-        (``submit_failures``: 0 once a block of it started)."""
+        (``suspended``: paused, or it gave up) and why (``suspended_why``: the batch
+        system's latest refusal, or the latest of the blocks that kept ending); its failed
+        submissions in a row (``submit_failures``: 0 once a block of it started)."""
         out: dict[str, dict[str, Any]] = {
             pool: {"states": {}, "oldest_pending": 0.0, "target": ps.target,
                    "desired": ps.desired, **_size(ps), "failed": self.failed.get(pool, 0),
                    "suspended": int(pool in self.paused or pool in self.gave_up),
+                   "suspended_why": self._suspended_why(pool),
                    "last_failure": self.last_failure.get(pool, ""),
                    "submit_failures": e.failures if (e := self.errors.get(pool)) else 0}
             for pool, ps in self.pools.items()
@@ -655,6 +657,22 @@ class AutoscalerState:
         elif ev.request in self.cancelled:
             self.cancelled.discard(ev.request)
             self._retire(self.blocks[ev.block])  # no longer wanted since it was asked for
+
+    def _suspended_why(self, pool: str) -> str:
+        """Why ``pool`` asks for no block until resumed, "" while it asks: its batch
+        system's latest refusal (paused), or the latest of the blocks that kept ending
+        (gave up)."""
+        if pool in self.paused:
+            e = self.errors.get(pool)
+            return f"its batch system refused its submissions: {e.error}" if e else (
+                "its batch system refused its submissions"
+            )  # fmt: skip
+        if pool in self.gave_up:
+            latest = self.last_failure.get(pool)
+            return f"its blocks kept ending; the latest: {latest}" if latest else (
+                "its blocks kept ending"
+            )  # fmt: skip
+        return ""
 
     def _block_start_failed(self, ev: BlockStartFailed) -> None:
         pool = self.requests.pop(ev.request)

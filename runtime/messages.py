@@ -831,7 +831,8 @@ class BlockMetrics(Message):
     refused too many submissions, or its blocks kept ending), else 0; ``last_failure``:
     the latest of its blocks that failed or ended unasked and why (its detail), "" with
     none; ``submit_failures``: its failed submissions in a row, refused or not answered
-    (0 once one goes through)."""
+    (0 once one goes through); ``suspended_why``: while ``suspended``, why (the batch
+    system's latest refusal, or the latest of the blocks that kept ending), else ""."""
 
     states: dict[str, int] = dataclasses.field(default_factory=dict)
     oldest_pending: float = 0.0
@@ -845,6 +846,7 @@ class BlockMetrics(Message):
     suspended: int = 0
     last_failure: str = ""
     submit_failures: int = 0
+    suspended_why: str = ""
 
 
 @message()

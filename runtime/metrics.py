@@ -370,12 +370,15 @@ def notes(snapshot: MetricsReply) -> dict[Sample, str]:
     """The texts alert annotations may show beside the samples (``{{ $notes.NAME }}``,
     ``actors.alerts_state.NOTES``), by name and labels as samples are: per pool its
     latest block that failed or ended unasked, and why (``last_block_failure``: the
-    first line of its detail and its last two, at most :data:`NOTE_CHARS`)."""
+    first line of its detail and its last two), and while it asks for no block until
+    resumed, why (``suspended_why``); each at most :data:`NOTE_CHARS`, on one line."""
     out: dict[Sample, str] = {}
     for pool, b in sorted(snapshot.blocks.items()):
-        if b.last_failure:
-            text = brief_detail(b.last_failure).replace("\n", " / ")
-            out[("last_block_failure", (("pool", pool),))] = bounded_detail(text, NOTE_CHARS)
+        texts = (("last_block_failure", b.last_failure), ("suspended_why", b.suspended_why))
+        for name, text in texts:
+            if text:
+                one_line = brief_detail(text).replace("\n", " / ")
+                out[(name, (("pool", pool),))] = bounded_detail(one_line, NOTE_CHARS)
     return out
 
 

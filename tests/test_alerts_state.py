@@ -517,6 +517,25 @@ def test_a_suspended_pool_fires_at_once_and_says_what_to_do() -> None:
     assert n.alert.state == "resolved"
 
 
+def test_a_suspended_pool_alert_says_why() -> None:
+    """A user audit: CorralPoolSuspended said to look in the console for the error;
+    its description now ends with why the pool stopped asking, on one line, bounded."""
+    from runtime.metrics import NOTE_CHARS
+    from runtime.metrics import notes as block_notes
+
+    (d,) = [d for d in DEFAULT_RULES if d["name"] == "CorralPoolSuspended"]
+    st = AlertState([parse_rule(d, SAMPLE_LABELS)])
+    why = "its blocks kept ending; the latest: ckpt/block-3 ended failed\nfirst\nmid\nlast"
+    reply = MetricsReply(blocks={"ckpt": BlockMetrics(suspended=1, suspended_why=why)})
+    (n,) = only(st.handle(Evaluate(0.0, samples(reply), block_notes(reply))), Notify)
+    assert n.alert.annotations["description"].endswith(
+        "(its status shows the latest error). Why: its blocks kept ending; the latest: "
+        "ckpt/block-3 ended failed / mid / last"
+    )
+    huge = MetricsReply(blocks={"ckpt": BlockMetrics(suspended=1, suspended_why="x" * 5000)})
+    assert len(block_notes(huge)[("suspended_why", (("pool", "ckpt"),))]) <= NOTE_CHARS
+
+
 def unreachable(counts: dict[str, int]) -> Samples:
     fails = tuple(FailureCount(c, "missing", "InputsUnreachable", n) for c, n in counts.items())
     return samples(MetricsReply(failures=fails))

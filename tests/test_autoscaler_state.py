@@ -431,6 +431,35 @@ def test_ends_spread_wider_than_the_window_are_always_replaced() -> None:
     assert s.gave_up == set()
 
 
+def test_a_suspended_pool_says_why_in_its_metrics() -> None:
+    """CorralPoolSuspended's description reads ``suspended_why``: the batch system's
+    latest refusal for a paused pool, the latest failed block for one that gave up; ""
+    while the pool asks, and again once it is resumed or its target set."""
+    s = make(max_replacements=1)
+    run(s, TargetSet(0.0, "default", 1, SPEC))
+    assert s.block_metrics(0.0, {})["default"]["suspended_why"] == ""
+    run(s, BlockStartFailed(0.1, 1, "RuntimeError('no python')"))
+    run(s, BlockStarted(0.2, 2, "block-2", ("w-2",)))
+    run(s, BlockEnded(0.3, "block-2", "failed", detail="exit 127\nmodule: command not found"))
+    assert s.gave_up == {"default"}
+    assert s.block_metrics(0.3, {})["default"]["suspended_why"] == (
+        "its blocks kept ending; the latest: block-2 ended failed (crash): exit 127\n"
+        "module: command not found"
+    )
+    run(s, TargetSet(1.0, "default", 1, SPEC))
+    assert s.block_metrics(1.0, {})["default"]["suspended_why"] == ""
+    (request,) = list(s.requests)
+    run(s, BlockStartFailed(1.1, request, "sbatch: Invalid account", command="sbatch",
+                            suspended=True))  # fmt: skip
+    metrics = s.block_metrics(1.1, {})["default"]
+    assert metrics["suspended"] == 1
+    assert metrics["suspended_why"] == (
+        "its batch system refused its submissions: sbatch: Invalid account"
+    )
+    run(s, Resumed(2.0, "default"))
+    assert s.block_metrics(2.0, {})["default"]["suspended_why"] == ""
+
+
 def test_a_failed_start_counts_against_the_budget() -> None:
     s = make(max_replacements=1)
     assert run(s, TargetSet(0.0, "default", 1, SPEC)) == [StartBlock(1, "default", SPEC)]

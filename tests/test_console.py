@@ -750,6 +750,16 @@ async def test_a_client_of_the_manager_logs_that_its_pool_is_suspended() -> None
             assert f"manager='{address}'" in fired
             assert not fut.done()
             async with ConsoleClient(address) as console:
+                listed = json.loads(await console.run_command("alert list --json"))["alerts"]
+                (alert,) = [a for a in listed if a["name"] == "CorralPoolSuspended"]
+                assert alert["annotations"]["description"].endswith(
+                    "Why: its batch system refused its submissions: the Slurm provider stopped "
+                    "submitting blocks: 3 of its last 5 submissions failed (the last: 'sbatch "
+                    "--parsable' failed with exit code 1: sbatch: error: Batch job submission "
+                    "failed: Unable to contact slurm controller). Fix the cause, then run "
+                    "`resume POOL` in the console (or call the provider's resume() if you drive "
+                    "it from Python); until then no block is requested."
+                )
                 await console.run_command("resume default")
             assert await fut == 3
             await wait_until(
