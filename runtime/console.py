@@ -1116,11 +1116,11 @@ def _render_blocks(auto: Mapping[str, Any]) -> list[RenderableType]:
     budget = auto.get("budget")
     if budget:
         by_pool = dict(auto.get("budget_by_pool") or {})
-        spent = ", ".join(f"{p} {n}" for p, n in sorted(by_pool.items())) or "0"
+        spent = ", ".join(f"{p} {n}" for p, n in sorted(by_pool.items())) or "none"
         parts.append(
             Text(
-                f"replacement budget per pool: {spent} of {budget} unasked ends spent in its "
-                "window (preemption and walltime ends are free)"
+                f"unasked ends in each pool's replacement window: {spent}; a pool gives up "
+                f"at more than {budget} (preemption and walltime ends are free)"
             )
         )
     paused = set(auto.get("paused") or ())

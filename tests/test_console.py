@@ -1321,6 +1321,7 @@ def test_ended_blocks_show_why_and_a_requeue_is_no_end() -> None:
              "detail": why},
         ],
         "gave_up": ["aud"], "last_failures": {"aud": f"aud/block-2 ended failed (crash): {why}"},
+        "budget": 10, "budget_by_pool": {"aud": 11},
     }})  # fmt: skip
     rows = text.splitlines()
     (failed,) = [r for r in rows if r.startswith("│ aud/block-2")]
@@ -1334,6 +1335,12 @@ def test_ended_blocks_show_why_and_a_requeue_is_no_end() -> None:
         text
     )
     assert "module: command not found" in text.split("pool aud: gave up")[1]
+    # 11 ends gave the pool up at a budget of 10: said as such, not "11 of 10 spent"
+    budget = (
+        "unasked ends in each pool's replacement window: aud 11; a pool gives up at more "
+        "than 10 (preemption and walltime ends are free)"
+    )
+    assert budget in " ".join(text.split())
 
 
 def test_status_tells_tasks_queued_on_a_worker_from_those_it_runs() -> None:
