@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from policies import (
@@ -352,9 +352,8 @@ class TaskState:
         return self.spec.priority
 
     @property
-    def dep_locations(self) -> Iterator[tuple[frozenset[str], int]]:
-        for d in self.deps:
-            yield frozenset(d.who_has), d.nbytes
+    def dep_locations(self) -> tuple[tuple[frozenset[str], int], ...]:
+        return tuple((frozenset(d.who_has), d.nbytes) for d in self.deps)
 
     @property
     def oom_tries(self) -> int:
@@ -457,7 +456,7 @@ class TaskStateView:
         return self._ts.producer
 
     @property
-    def dep_locations(self) -> Iterator[tuple[frozenset[str], int]]:
+    def dep_locations(self) -> tuple[tuple[frozenset[str], int], ...]:
         return self._ts.dep_locations
 
     @property

@@ -18,7 +18,7 @@ import inspect
 import numbers
 import types
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Annotated, Any, Protocol, Union, get_args, get_origin, runtime_checkable
 
 from policies.survival import Survival
@@ -293,8 +293,8 @@ class TaskView(Protocol):
         ...
 
     @property
-    def dep_locations(self) -> Iterable[tuple[frozenset[str], int]]:
-        """(workers holding it, bytes) for each dependency."""
+    def dep_locations(self) -> tuple[tuple[frozenset[str], int], ...]:
+        """(workers holding it, bytes) for each dependency, in a tuple."""
         ...
 
     @property

@@ -90,7 +90,7 @@ class LocalityPlacement(KeepsDataLocal):
     ) -> WorkerView:
         if len(candidates) == 1:
             return candidates[0]
-        deps = list(task.dep_locations)
+        deps = task.dep_locations
         st = stats.get(task.category)
         duration = max(st.mean_duration if st else 0.0, self.min_duration)
         best = candidates[0]
