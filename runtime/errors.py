@@ -141,6 +141,10 @@ class MailboxFull(CorralError):
 class ActorCrashed(CorralError):
     """An actor failed more often than its restart budget allows."""
 
+    actor: str
+    restarts: int
+    cause: str
+
     def __init__(self, actor: str, restarts: int, cause: str) -> None:
         super().__init__(
             f"actor {actor!r} crashed after {restarts} restart(s); last error: {cause}. "

@@ -885,4 +885,12 @@ class ActorSystem:
 
 
 def _ignore(crash: ActorCrashed) -> None:
-    get_logger("corral").error("actor crashed (not escalated)", error=str(crash))
+    """An actor spawned with ``escalate=False`` spent its restart budget: it stays
+    stopped and the rest of the system goes on (not what ``str(crash)`` says, which is
+    the escalated crash's text)."""
+    get_logger("corral").error(
+        "actor crashed (not escalated)", actor=crash.actor, restarts=crash.restarts,
+        cause=crash.cause,
+        advice="it stays stopped and the other actors go on; fix the handler or raise "
+        "its restart budget",
+    )  # fmt: skip

@@ -461,7 +461,7 @@ async def test_crash_during_shutdown_still_raises_actor_crashed() -> None:
 
 
 @pytest.mark.anyio
-async def test_crash_without_escalation_answers_queued_asks() -> None:
+async def test_crash_without_escalation_answers_queued_asks(corral_log: list[str]) -> None:
     with anyio.fail_after(LIMIT):
         async with ActorSystem() as system:
             gate = anyio.Event()
@@ -493,6 +493,10 @@ async def test_crash_without_escalation_answers_queued_asks() -> None:
             assert set(system.actors) == {"good"}
             with pytest.raises(ActorStopped):
                 bad.tell_nowait(Note())
+            # Its log line does not say the system was shut down (a user audit: it did)
+            (crashed,) = [ln for ln in corral_log if "actor crashed (not escalated)" in ln]
+            assert "actor='bad'" in crashed and "the other actors go on" in crashed
+            assert "shut down" not in crashed
             with pytest.raises(ActorStopped):
                 await bad.ask(Get())
 
