@@ -258,6 +258,16 @@ def build_parser(prog: str = MODULE_PROG) -> argparse.ArgumentParser:
         "(docs/files.md#pruning-depth)",
     )
     mgr.add_argument(
+        "--policy-module",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="import MODULE (a dotted name on the manager's sys.path: its working "
+        "directory and PYTHONPATH; or a path to a .py file) before the manager starts, "
+        "so that the policies it registers (policies.register) can be set by clients; "
+        "repeatable (docs/policies.md#writing-and-registering-your-own)",
+    )
+    mgr.add_argument(
         "--metrics-listen",
         metavar="HOST:PORT",
         help="also serve Prometheus metrics (GET /metrics) on HOST:PORT without a token "
@@ -582,6 +592,8 @@ def _cmd_manager(args: argparse.Namespace) -> int:
     listen = args.listen if "://" in args.listen else f"ws://{args.listen}"
     _apply_tls(args, listen, f"--listen {args.listen} is not wss://")
     token_file = Path(args.token_file) if args.token_file else None
+    for module in args.policy_module:  # their policies.register calls run now
+        _import_policy_module(module)
     pools = load_config(args.config) if args.config else None  # refused before it starts
     if args.config:
         alerting = load_alerting(args.config, alertmanager=args.alertmanager)
@@ -612,6 +624,45 @@ def _cmd_manager(args: argparse.Namespace) -> int:
         backend="asyncio",
     )  # fmt: skip
     return 0
+
+
+def _import_policy_module(spec: str) -> None:
+    """Import ``--policy-module`` ``spec``: a dotted module name, or the path of a
+    ``.py`` file (imported under its file's stem). ``ImportError`` naming the module
+    and what its import raised, if it raised anything."""
+    import importlib
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(spec)
+    try:
+        if spec.endswith(".py") or os.sep in spec:
+            found = importlib.util.spec_from_file_location(path.stem, path)
+            if found is None or found.loader is None:
+                raise ImportError(f"{spec} is not a Python file")
+            module = importlib.util.module_from_spec(found)
+            sys.modules[path.stem] = module
+            try:
+                found.loader.exec_module(module)
+            except BaseException:
+                del sys.modules[path.stem]
+                raise
+        else:
+            importlib.import_module(spec)
+    except Exception as exc:
+        hint = ""
+        if isinstance(exc, ModuleNotFoundError) and exc.name and spec.startswith(exc.name):
+            hint = (
+                ". A module name is looked up on the manager's sys.path (its working "
+                "directory and PYTHONPATH): add the module's directory to PYTHONPATH, or "
+                "give the path of its .py file"
+            )
+        elif isinstance(exc, FileNotFoundError):
+            hint = ". Give the path of an existing .py file, or an importable module name"
+        raise ImportError(
+            f"--policy-module {spec!r} could not be imported: {type(exc).__name__}: {exc}{hint}",
+            name=spec,
+        ) from exc
 
 
 def _cmd_report(args: argparse.Namespace) -> int:

@@ -353,14 +353,36 @@ class MissingKeysError(GraphError, KeyError):
 
 
 class UnknownPolicyError(CorralError, KeyError):
-    def __init__(self, kind: str, name: str, available: Iterable[str]) -> None:
+    """No policy of that kind has that name. ``in_manager``: the request came from
+    another process (a client or console of a manager process), where registering the
+    policy does not make it known to the manager."""
+
+    kind: str
+    name: str
+    available: list[str]
+    in_manager: bool
+
+    def __init__(
+        self, kind: str, name: str, available: Iterable[str], *, in_manager: bool = False
+    ) -> None:
         avail = sorted(available)
+        where, fix = "", "Register it with policies.register() or pick one of these."
+        if in_manager:
+            where = " in the manager process"
+            fix = (
+                "Policies run in the manager's scheduler, so a policy must be registered "
+                "in the manager's process, not in the client's: start the manager with "
+                "`python -m runtime manager --policy-module MODULE` (MODULE: the "
+                "module, or .py file, whose import calls policies.register()), or pick "
+                "one of these."
+            )
         super().__init__(
-            f"no {kind} policy named {name!r}; available: {', '.join(avail) or 'none'}. "
-            "Register it with policies.register() or pick one of these.",
+            f"no {kind} policy named {name!r}{where}; available: {', '.join(avail) or 'none'}. "
+            f"{fix}",
             kind=kind,
             name=name,
             available=avail,
+            in_manager=in_manager,
         )
 
     def __str__(self) -> str:

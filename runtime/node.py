@@ -58,7 +58,7 @@ from actors.registry import FileRegistry
 from actors.scheduler import Scheduler
 from actors.scheduler_records import SchedulerConfig
 from actors.worker import Leave, Worker
-from policies import REGISTRY
+from policies import KINDS, REGISTRY
 from runtime.errors import (
     ActorStopped,
     AddressInUse,
@@ -70,6 +70,7 @@ from runtime.errors import (
     PermissionDenied,
     ProtocolError,
     TaskArgumentsTooLarge,
+    UnknownPolicyError,
 )
 from runtime.graph import PoolShape
 from runtime.kernel import ActorRef, ActorSystem
@@ -945,7 +946,13 @@ class _Door:
             await self._refused(msg, exc, asked=True)
             raise
         await self._paced(msg)
-        return await self.target.ask(msg, timeout=timeout, causal_id=causal_id)
+        try:
+            return await self.target.ask(msg, timeout=timeout, causal_id=causal_id)
+        except UnknownPolicyError as exc:
+            if exc.kind not in KINDS:  # no such kind anywhere: nothing to register
+                raise
+            # Registered in the asker's process, perhaps: it must be in this one.
+            raise UnknownPolicyError(exc.kind, exc.name, exc.available, in_manager=True) from None
 
 
 class Gateway:
