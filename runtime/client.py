@@ -892,7 +892,11 @@ class Cluster:
     file the manager wrote on this machine, and must be the admin one: entering the
     cluster waits for the manager's answer and raises its refusal
     (:class:`~runtime.errors.PermissionDenied` for the read token, which is the
-    console's). The worker options do not apply then.
+    console's). The worker options do not apply then, and the options that set what
+    the manager holds for all its clients (``policies``, ``pools``, ``saturation``,
+    ``stall_timeout``, ``prune_depth``, ``monitoring``, ``monitoring_interval``,
+    ``alerts``, ``alertmanager``, ``alerting``) raise ``ValueError`` here, saying where
+    the manager takes them from; ``set_policy`` changes its policies for every client.
 
     ``Cluster(pools={"name": {...}})`` configures pools as data instead of ``workers``
     (docs/configuration.md#pools): each pool's blocks (``workers_per_node`` workers of
@@ -969,11 +973,18 @@ class Cluster:
             from transport.base import split_address
 
             split_address(address)  # InvalidAddress now, not at start
-            if monitoring is not None:
-                raise ValueError(
-                    "monitoring= is for an embedded cluster; a manager process writes its "
-                    "own database (python -m runtime manager --monitoring PATH)"
-                )
+            _refuse_manager_settings(
+                policies=policies is not None,
+                pools=pools is not None,
+                saturation=saturation != 2.0,
+                stall_timeout=stall_timeout != 10.0,
+                prune_depth=prune_depth != 1,
+                monitoring=monitoring is not None,
+                monitoring_interval=monitoring_interval != 2.0,
+                alerts=bool(alerts),
+                alertmanager=alertmanager is not None,
+                alerting=alerting is not None,
+            )
         if monitoring_interval <= 0:
             raise ValueError(f"monitoring_interval must be positive, got {monitoring_interval}")
         self.monitoring = monitoring
@@ -1033,11 +1044,6 @@ class Cluster:
         self.pools: dict[str, Any] = {}  #: configured pools by name (actors.pools)
         if pools is not None:
             self._configure_pools(pools, workers, processes)
-        if address is not None and (alerts or alertmanager or alerting):
-            raise ValueError(
-                "a manager process has its own alerting: give it --config FILE ([[alerts]], "
-                "[alerting]) or --alertmanager URL, not Cluster(address, alerts=...)"
-            )
         from runtime.monitor import alerting_config
 
         #: the alert monitor's settings and rules (AlertConfigError now, not at start;
@@ -1843,6 +1849,52 @@ _TAKES_FUTURES = {
 
 #: What each method that takes futures does with them, for the error of a released one.
 _USES = {"gather": "awaited or gathered", "cancel": "cancelled"}
+
+
+#: What a manager process holds for all its clients, by the ``Cluster`` options that
+#: set it in an embedded cluster; and where a manager process takes it from instead.
+_MANAGER_SETTINGS: tuple[tuple[tuple[str, ...], str], ...] = (
+    (
+        ("policies",),
+        "a manager process has its own policies, which all its clients share, and a "
+        "client does not change them by connecting: once connected, `await "
+        "cluster.set_policy(kind, name, **params)` changes one for every client (as the "
+        "console's `policy set` does), and a policy of your own must be registered in "
+        "the manager's process (python -m runtime manager --policy-module MODULE)",
+    ),
+    (("pools",), "a manager process has its own pools: give it --config FILE ([pools.NAME])"),
+    (
+        ("saturation", "stall_timeout"),
+        "a manager process's scheduler keeps its own for all its clients (saturation "
+        "2.0, stall_timeout 10 s)",
+    ),
+    (("prune_depth",), "a manager process has its own: python -m runtime manager --prune-depth N"),
+    (
+        ("monitoring", "monitoring_interval"),
+        "a manager process writes its own database (python -m runtime manager "
+        "--monitoring PATH --monitoring-interval SECONDS)",
+    ),
+    (
+        ("alerts", "alertmanager", "alerting"),
+        "a manager process has its own alerting: give it --config FILE ([[alerts]], "
+        "[alerting]) or --alertmanager URL",
+    ),
+)
+
+
+def _refuse_manager_settings(**given: bool) -> None:
+    """``ValueError`` for ``Cluster(address, ...)`` given an option that sets what a
+    manager process holds for all its clients (``given``: option name to whether it was
+    given, other than its default), rather than ignoring it; says where the manager
+    takes it from."""
+    for names, where in _MANAGER_SETTINGS:
+        named = [f"{name}=" for name in names if given[name]]
+        if named:
+            raise ValueError(
+                f"{' and '.join(named)} {'is' if len(named) == 1 else 'are'} for an embedded "
+                f"cluster; with an address, {where}. Leave {'it' if len(named) == 1 else 'them'} "
+                "out (docs/configuration.md)"
+            )
 
 
 def _initial_policies(

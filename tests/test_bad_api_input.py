@@ -7,6 +7,7 @@ Every test is bounded with ``anyio.fail_after``.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import anyio
@@ -195,6 +196,33 @@ def test_manager_alerts_must_be_positive_seconds_or_none() -> None:
         with pytest.raises(ValueError, match=r"manager_alerts must be a number of seconds > 0"):
             Cluster("ws://127.0.0.1:1", manager_alerts=bad)  # type: ignore[arg-type]
     Cluster("ws://127.0.0.1:1", manager_alerts=None)  # it does not look
+
+
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        ({"policies": {"priority": "long-first"}}, "policies= is for an embedded cluster"),
+        ({"policies": {"priority": "nope"}}, "set_policy(kind, name, **params)"),
+        ({"pools": {"cpu": {}}}, "pools= is for an embedded cluster; with an address, a "
+         "manager process has its own pools: give it --config FILE"),
+        ({"saturation": 4.0}, "saturation= is for an embedded cluster"),
+        ({"stall_timeout": 60.0, "saturation": 1.0}, "saturation= and stall_timeout= are"),
+        ({"prune_depth": 2}, "manager --prune-depth N"),
+        ({"monitoring_interval": 5.0}, "--monitoring-interval SECONDS"),
+        ({"alertmanager": "http://127.0.0.1:9093"}, "alertmanager= is for an embedded"),
+    ],
+)  # fmt: skip
+def test_a_client_is_refused_what_the_manager_holds_for_all_clients(
+    options: dict[str, Any], says: str
+) -> None:
+    """With an address, an option that sets what a manager process holds for all its
+    clients (its policies, pools, scheduler settings, monitoring, alerting) raises
+    ValueError saying where the manager takes it from, when the Cluster is made; it
+    was ignored without a word (a user's policies={"priority": "nope"} too)."""
+    with pytest.raises(ValueError, match=re.escape(says)):
+        Cluster("ws://127.0.0.1:1", **options)
+    # The worker options, and the defaults given again, do not apply: no error.
+    Cluster("ws://127.0.0.1:1", workers=2, threads_per_worker=2, saturation=2.0)
 
 
 @pytest.mark.parametrize("bad", [-5, "-5MB", -1.5])
