@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Annotated, Any, Protocol, Union, get_args, get_origin, runtime_checkable
 
 from policies.survival import Survival
-from runtime.errors import PolicyParamsError, UnknownPolicyError
+from runtime.errors import PolicyParamsError, UnknownPolicyError, did_you_mean
 
 __all__ = [
     "KINDS",
@@ -597,8 +597,10 @@ def check_params(
     or a float, not a bool or text; ``str`` text; ``Mapping``/``dict`` a mapping;
     ``Sequence``/``list``/``tuple`` a list or tuple; ``None`` None; a union any of its
     members. ``Annotated[int, "a whole number of blocks"]`` words the message. Other
-    annotations (``Any``, a class), parameters without one and names the signature does
-    not have are left to the factory. Range checks stay in the factory.
+    annotations (``Any``, a class) and parameters without one are left to the factory,
+    and so are names the signature does not have when it takes ``**kwargs``; without
+    it such a name is refused here, with the closest parameter it has and the list of
+    them. Range checks stay in the factory.
 
     Returns the parameters to call ``factory`` with; raises :class:`PolicyParamsError`
     naming every bad parameter, the value given and the type wanted.
@@ -611,8 +613,17 @@ def check_params(
     except (TypeError, ValueError, NameError, AttributeError, SyntaxError):
         return out  # no signature, or annotations that cannot be read: the factory checks
     problems = []
+    named = [
+        p.name for p in signature.parameters.values()
+        if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    ]  # fmt: skip
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in signature.parameters.values())
     for param, value in params.items():
         declared = signature.parameters.get(param)
+        if declared is None and not takes_any:
+            which = f"its parameters: {', '.join(named)}" if named else "it takes none"
+            problems.append(f"no parameter {param!r}{did_you_mean(param, named)} ({which})")
+            continue
         if declared is None or declared.kind not in (
             inspect.Parameter.POSITIONAL_OR_KEYWORD,
             inspect.Parameter.KEYWORD_ONLY,

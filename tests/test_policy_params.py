@@ -131,9 +131,23 @@ def test_range_checks_keep_their_messages() -> None:
     assert "max_lost must be >= 0" in refused("retry", "default", {"max_lost": -1})
     assert "bandwidth must be positive" in refused("placement", "locality", {"bandwidth": 0})
     assert "ratio must be > 0" in refused("memory", "producers-yield", {"ratio": 0})
-    assert "unexpected keyword argument 'colour'" in refused(
-        "placement", "locality", {"colour": "red"}
+
+
+def test_an_unknown_parameter_is_named_with_the_closest_and_the_list() -> None:
+    """A user audit: `policy set retry default max_lots=3` answered with the Python of
+    DefaultRetry.__init__() and no list of the parameters there are."""
+    assert refused("retry", "default", {"max_lots": 3}) == (
+        "bad parameters for retry policy 'default': no parameter 'max_lots'; did you mean "
+        "'max_lost'? (its parameters: max_lost, charge_lost, max_oom, max_crashes, "
+        "fallback, max_disk_full). See docs/policies.md for the parameters each policy "
+        "takes."
     )
+    text = refused("placement", "locality", {"colour": "red"})
+    assert "no parameter 'colour' (its parameters: bandwidth, min_duration)" in text
+    assert "no parameter 'extra' (it takes none)" in refused("priority", "long-first", {"extra": 1})
+    # with a bad value beside it, both are named at once
+    text = refused("retry", "default", {"max_lots": 3, "max_lost": "abc"})
+    assert "no parameter 'max_lots'" in text and "max_lost must be" in text
 
 
 def test_any_registered_policy_is_checked_by_its_signature() -> None:
