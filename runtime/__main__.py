@@ -268,6 +268,16 @@ def build_parser(prog: str = MODULE_PROG) -> argparse.ArgumentParser:
         "repeatable (docs/policies.md#writing-and-registering-your-own)",
     )
     mgr.add_argument(
+        "--worker-timeout",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="count a worker silent for longer than this as lost (default: 10). A task "
+        "that holds Python's GIL (one long call into compiled code) silences its worker "
+        "meanwhile: raise this above its longest such call, or run it with execution "
+        "'process' (docs/deployment.md#when-workers-come-and-go)",
+    )
+    mgr.add_argument(
         "--metrics-listen",
         metavar="HOST:PORT",
         help="also serve Prometheus metrics (GET /metrics) on HOST:PORT without a token "
@@ -572,11 +582,12 @@ def _cmd_manager(args: argparse.Namespace) -> int:
 
     from actors.pools import load_config
     from runtime.monitor import alerting_config, load_alerting
-    from runtime.node import Tokens, run_manager
+    from runtime.node import Tokens, check_worker_timeout, run_manager
 
     # Every option is checked before anything starts (run_manager checks the rest:
     # --prune-depth, --listen, --metrics-listen); the monitoring database is only made,
     # and printed, once the manager listens: one that cannot start leaves no run behind.
+    check_worker_timeout(args.worker_timeout, "--worker-timeout")
     if args.monitoring_interval <= 0:
         raise ValueError("--monitoring-interval must be positive")
     keep = None
@@ -620,6 +631,7 @@ def _cmd_manager(args: argparse.Namespace) -> int:
             metrics_listen=args.metrics_listen, metrics_ready=metrics_ready, alerting=alerting,
             monitoring=monitoring, monitoring_interval=args.monitoring_interval,
             monitoring_keep=keep, prune_depth=args.prune_depth,
+            worker_timeout=args.worker_timeout,
         ),
         backend="asyncio",
     )  # fmt: skip

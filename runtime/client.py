@@ -895,8 +895,9 @@ class Cluster:
     console's). The worker options do not apply then, and the options that set what
     the manager holds for all its clients (``policies``, ``pools``, ``saturation``,
     ``stall_timeout``, ``prune_depth``, ``monitoring``, ``monitoring_interval``,
-    ``alerts``, ``alertmanager``, ``alerting``) raise ``ValueError`` here, saying where
-    the manager takes them from; ``set_policy`` changes its policies for every client.
+    ``alerts``, ``alertmanager``, ``alerting``, ``worker_timeout``) raise
+    ``ValueError`` here, saying where the manager takes them from; ``set_policy``
+    changes its policies for every client.
 
     ``Cluster(pools={"name": {...}})`` configures pools as data instead of ``workers``
     (docs/configuration.md#pools): each pool's blocks (``workers_per_node`` workers of
@@ -933,6 +934,10 @@ class Cluster:
     ``prune_depth`` (docs/files.md#pruning-depth): an output is dropped from the
     workers once the tasks that read it are done (1, the default), or once their own
     readers are done too (2), and so on; 0 never drops one.
+
+    ``worker_timeout``: with worker processes, the seconds one may be silent before it
+    counts as lost (default 10; a task that holds the GIL silences its worker). A
+    manager process takes ``--worker-timeout`` instead.
     """
 
     def __init__(
@@ -959,6 +964,7 @@ class Cluster:
         monitoring_interval: float = 2.0,
         prune_depth: int = 1,
         manager_alerts: float | None = 10.0,
+        worker_timeout: float | None = None,
     ) -> None:
         if manager_alerts is not None and (
             isinstance(manager_alerts, bool)
@@ -984,7 +990,14 @@ class Cluster:
                 alerts=bool(alerts),
                 alertmanager=alertmanager is not None,
                 alerting=alerting is not None,
+                worker_timeout=worker_timeout is not None,
             )
+        from runtime.node import DEAD_AFTER, check_worker_timeout
+
+        #: seconds a worker process may be silent before it counts as lost
+        self.worker_timeout = (
+            DEAD_AFTER if worker_timeout is None else check_worker_timeout(worker_timeout)
+        )
         if monitoring_interval <= 0:
             raise ValueError(f"monitoring_interval must be positive, got {monitoring_interval}")
         self.monitoring = monitoring
@@ -1320,6 +1333,7 @@ class Cluster:
                 pool=self.pool,
                 memory_options=self.memory_options,
                 disk=self.disk_per_worker,
+                worker_timeout=self.worker_timeout,
             )
             await self._finish_start(system, plane)
             return
@@ -1372,7 +1386,9 @@ class Cluster:
         )  # fmt: skip
         if self.processes:
             tokens = Tokens.generate()
-            _, listener = await serve_gateway(plane, "ws://127.0.0.1:0", tokens)
+            _, listener = await serve_gateway(
+                plane, "ws://127.0.0.1:0", tokens, worker_timeout=self.worker_timeout
+            )
             self.gateway_address = listener.address
             await start_pools(
                 plane, self.pools, listener.address, tokens, memory_options=self.memory_options
@@ -1869,6 +1885,10 @@ _MANAGER_SETTINGS: tuple[tuple[tuple[str, ...], str], ...] = (
         "2.0, stall_timeout 10 s)",
     ),
     (("prune_depth",), "a manager process has its own: python -m runtime manager --prune-depth N"),
+    (
+        ("worker_timeout",),
+        "a manager process has its own: python -m runtime manager --worker-timeout SECONDS",
+    ),
     (
         ("monitoring", "monitoring_interval"),
         "a manager process writes its own database (python -m runtime manager "

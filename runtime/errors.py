@@ -544,8 +544,10 @@ class TaskCrashedWorkers(WorkerLost):
                 " Each went silent rather than dying: a task that holds Python's GIL for "
                 "long (one long call into compiled code: sum over a huge range, a slow "
                 "regular expression) stops its worker's heartbeats, and a worker silent for "
-                "10 s counts as lost; run such a task with execution 'process' (its own "
-                "process: the worker stays responsive)."
+                "longer than the manager's worker timeout (10 s by default) counts as lost; "
+                "run such a task with execution 'process' (its own process: the worker "
+                "stays responsive), or give the workers longer: python -m runtime manager "
+                "--worker-timeout SECONDS, or Cluster(worker_timeout=SECONDS)."
             )
         CorralError.__init__(
             self,

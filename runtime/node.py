@@ -55,7 +55,7 @@ from actors.pools import PoolConfig, check_fallback, load_config, pool_fallbacks
 from actors.protocol import TaskResult
 from actors.providers import DISK_OFF, BlockSpec, Provider, WorkerFactory
 from actors.registry import FileRegistry
-from actors.scheduler import Scheduler
+from actors.scheduler import LOST_NAMES, Scheduler
 from actors.scheduler_records import SchedulerConfig
 from actors.worker import Leave, Worker
 from policies import KINDS, REGISTRY
@@ -132,6 +132,7 @@ __all__ = [
     "PermissionDenied",
     "Tokens",
     "Welcome",
+    "check_worker_timeout",
     "run_manager",
     "run_worker",
     "start_control_plane",
@@ -148,9 +149,14 @@ if TYPE_CHECKING:
 _log = get_logger("corral.node")
 
 #: Seconds between heartbeats on an idle connection, and of silence before a peer is
-#: declared dead (a worker then becomes lost, unless it reconnects in time).
+#: declared dead (a worker then becomes lost, unless it reconnects in time). The
+#: manager's limit for its workers is its ``worker_timeout`` (``--worker-timeout``),
+#: this by default.
 HEARTBEAT = 2.0
 DEAD_AFTER = 10.0
+#: Seconds a worker's event loop may be blocked (a task holding the GIL) before the
+#: worker warns that it was (``event loop blocked``)
+LOOP_BLOCKED_WARN = 5.0
 #: Seconds of silence before the manager drops a client: a client holds no work, and
 #: its event loop may be busy with the user's own code for a while (hashing large
 #: arguments to make their keys, say); a client process that dies closes its
@@ -159,6 +165,18 @@ CLIENT_DEAD_AFTER = 120.0
 #: seconds the alert monitor waits at most for the listener's URL (the dashboard's,
 #: each alert's link) before its first evaluation
 DASHBOARD_WAIT = 10.0
+
+
+def check_worker_timeout(value: object, name: str = "worker_timeout") -> float:
+    """``value`` as the seconds a worker may be silent before the manager counts it
+    lost: a :class:`ValueError` naming ``name`` unless it is a finite number > 0."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
+        raise ValueError(
+            f"{name} must be a number of seconds > 0: how long a worker may be silent "
+            f"(as while one of its tasks holds the GIL) before the manager counts it lost; "
+            f"default {DEAD_AFTER:g}; got {value!r}"
+        )
+    return float(value)
 
 
 # ----------------------------------------------------------------------------- control plane
@@ -359,16 +377,22 @@ async def serve_gateway(
     *,
     listen_options: dict[str, Any] | None = None,
     reconnect_timeout: float = 10.0,
+    worker_timeout: float = DEAD_AFTER,
 ) -> tuple[Gateway, Listener]:
     """Listen on ``address`` (websockets require ``tokens``) and serve a gateway to
     ``plane`` as a service of its actor system; the listener closes with the system.
-    Returns the gateway and the listener (whose ``address`` has the real port)."""
+    Returns the gateway and the listener (whose ``address`` has the real port).
+    ``worker_timeout``: seconds of silence before a worker is counted lost (the
+    websocket heartbeat, 30 s by default, is made at least as long, so that it does not
+    drop a silent worker sooner)."""
     from transport import listen as listen_on
+    from transport.ws import DEFAULT_HEARTBEAT
 
-    gateway = Gateway(plane, reconnect_timeout=reconnect_timeout)
+    gateway = Gateway(plane, reconnect_timeout=reconnect_timeout, dead_after=worker_timeout)
     options = dict(listen_options or {})
     if address.startswith(("ws://", "wss://")):
         options["tokens"] = tokens.roles()
+        options.setdefault("heartbeat", max(DEFAULT_HEARTBEAT, worker_timeout))
     listener = await listen_on(address, **options)
 
     async def serve(*, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
@@ -393,16 +417,18 @@ async def start_local_processes(
     tokens: Tokens | None = None,
     memory_options: Mapping[str, Any] | None = None,
     disk: int = 0,
+    worker_timeout: float = DEAD_AFTER,
 ) -> str:
     """Serve a gateway on ``listen`` and keep ``n`` worker processes on this machine
     joined to ``plane`` (replaced when they crash; stopped with the plane's system, and
     never outliving this process however it ends). Returns the gateway's address.
-    ``disk``: each worker's ``--disk`` (0: measured by the worker; ``DISK_OFF``: off)."""
+    ``disk``: each worker's ``--disk`` (0: measured by the worker; ``DISK_OFF``: off).
+    ``worker_timeout``: the gateway's (:func:`serve_gateway`)."""
 
     from actors.processes import LocalProcessProvider
 
     tokens = tokens or Tokens.generate()
-    _, listener = await serve_gateway(plane, listen, tokens)
+    _, listener = await serve_gateway(plane, listen, tokens, worker_timeout=worker_timeout)
     address = listener.address
 
     def argv_for(block_id: str, index: int) -> list[str]:
@@ -1441,9 +1467,13 @@ async def run_manager(
     monitoring_interval: float = 2.0,
     monitoring_keep: float | None = None,
     prune_depth: int = 1,
+    worker_timeout: float = DEAD_AFTER,
 ) -> None:
     """Run a manager process until SIGINT or SIGTERM: control plane + gateway on
     ``listen`` (``host:port``, ``ws://host:port`` or any transport address).
+
+    ``worker_timeout``: seconds a worker may be silent (its heartbeats stop while a task
+    holds the GIL) before the manager counts it lost (:func:`check_worker_timeout`).
 
     Metrics (docs/monitoring.md): a websocket gateway also answers ``GET /metrics``
     (Prometheus' text format) and serves the live dashboard (``GET /``,
@@ -1471,6 +1501,7 @@ async def run_manager(
     ``prune_depth``: how far downstream an output's readers must be done before it is
     dropped (docs/files.md#pruning-depth)."""
     SchedulerConfig(prune_depth=prune_depth)  # PruneDepthError before anything starts
+    worker_timeout = check_worker_timeout(worker_timeout)
     pools: Mapping[str, PoolConfig] = {}
     if config is not None:
         pools = config if isinstance(config, Mapping) else load_config(config)
@@ -1536,6 +1567,7 @@ async def run_manager(
                 tokens,
                 listen_options=options,
                 reconnect_timeout=reconnect_timeout,
+                worker_timeout=worker_timeout,
             )
         except AddressInUse as exc:
             exc.add_note(
@@ -1785,7 +1817,23 @@ async def run_worker(
                 secret[0] = answer.secret
                 return Peer(
                     conn, worker_ref["worker"], name="manager", allow_pickle=True,
-                    heartbeat=HEARTBEAT, timeout=DEAD_AFTER,
+                    heartbeat=HEARTBEAT, timeout=DEAD_AFTER, on_stall=blocked,
+                )  # fmt: skip
+
+            def blocked(seconds: float) -> None:
+                """Our event loop was blocked (the manager connection's watchdog came
+                ``seconds`` late): warn, once per stall, when it was for long."""
+                if seconds < LOOP_BLOCKED_WARN:
+                    return
+                running = sorted(str(key) for key in worker.state.running)
+                _log.warning(
+                    "event loop blocked", worker=worker_id, seconds=round(seconds, 1),
+                    running=running[:LOST_NAMES], more=max(0, len(running) - LOST_NAMES),
+                    why="no heartbeats went out meanwhile: a task that holds Python's GIL "
+                    "(one long call into compiled code) does this, and the manager counts "
+                    "a worker silent for longer than its --worker-timeout (10 s by default) "
+                    "as lost; run such a task with execution 'process', or raise the "
+                    "manager's --worker-timeout (Cluster(worker_timeout=...))",
                 )  # fmt: skip
 
             try:

@@ -33,7 +33,9 @@ Rules:
 5. Liveness: with ``heartbeat=T``, a side that has sent nothing for ``T`` seconds sends
    a ``Ping``; a side that has received nothing for ``timeout`` seconds (default 3 T)
    closes the connection as dead (``closed_reason`` says so), which rule 4 turns into
-   failures on both sides.
+   failures on both sides. Silence is not counted while this side's own event loop was
+   stalled (a task holding the GIL, say: its check came more than ``T`` late), as it
+   could not read meanwhile; ``on_stall`` (if given) is told how late.
 6. Refusal: a side that will not serve the other (a gateway refusing a ``Hello``, a
    token or a connection that keeps sending refused messages) says why with a
    :class:`Refused` frame and closes (:meth:`Peer.refuse`). The other side keeps that
@@ -500,6 +502,7 @@ class Peer:
         heartbeat: float | None = None,
         timeout: float | None = None,
         on_too_large: Callable[[Any, FrameTooLarge], bool] | None = None,
+        on_stall: Callable[[float], None] | None = None,
     ) -> None:
         self.conn = conn
         self.heartbeat = heartbeat
@@ -513,6 +516,8 @@ class Peer:
         #: told of a posted message too large to send (and to split): whether it took it
         #: (else it is logged as dropped)
         self.on_too_large = on_too_large
+        #: told the seconds this side's event loop was stalled (rule 5), once per stall
+        self.on_stall = on_stall
         self.ref = RemoteRef(self)
         self.closed = False
         self.bad_frames = 0
@@ -592,8 +597,14 @@ class Peer:
     async def _heartbeat_loop(self) -> None:
         assert self.heartbeat is not None and self.timeout is not None
         while True:
+            due = anyio.current_time() + self.heartbeat / 2
             await anyio.sleep(self.heartbeat / 2)
             now = anyio.current_time()
+            late = now - due
+            if late > self.heartbeat:  # our own loop was stalled: we could not read
+                self._last_in = min(now, self._last_in + late)
+                if self.on_stall is not None:
+                    self.on_stall(late)
             # A transport that sees parts of a frame (ws chunks) says when it last heard
             # anything, so a large frame on the wire does not look like silence.
             heard = getattr(self.conn, "last_received", None)

@@ -623,7 +623,8 @@ def test_a_task_running_on_three_workers_that_crashed_is_a_suspect(make_state: F
     assert s.tasks["a"].crash_tries == 3
     assert "holds Python's GIL" not in str(err)  # some died: not a silent worker's hint
     silent = TaskCrashedWorkers("a", [("w0", "unknown"), ("w1", "unknown")])
-    assert "holds Python's GIL for long" in str(silent) and "silent for 10 s" in str(silent)
+    assert "holds Python's GIL for long" in str(silent) and "--worker-timeout" in str(silent)
+    assert "Cluster(worker_timeout=SECONDS)" in str(silent)
 
 
 def test_drained_preempted_and_walltime_losses_make_no_suspect(make_state: Factory) -> None:

@@ -1,0 +1,119 @@
+"""A task that holds Python's GIL stops its worker's event loop, and so its heartbeats:
+the manager counts a worker silent for longer than its worker timeout as lost (10 s by
+default; ``Cluster(worker_timeout=...)``, ``python -m runtime manager --worker-timeout``).
+With a longer timeout the task's worker is kept: neither side closes the connection (the
+worker does not count the manager's silence while its own loop was blocked), and the
+worker warns once that its loop was blocked, naming the task. Worker processes on
+127.0.0.1; a hold of 12 s each."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import math
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+import pytest
+
+from runtime import Cluster
+from runtime.kernel import ActorSystem
+from runtime.node import DEAD_AFTER, Tokens, run_manager, serve_gateway, start_control_plane
+from tests.helpers import wait_until
+
+pytestmark = pytest.mark.slow
+LIMIT = 60
+HOLD = 12  #: seconds a task holds the GIL: more than the default timeout, less than 30
+
+
+def hold_gil(seconds: int) -> int:
+    """Sleep in libc with the GIL held (a long call into compiled code)."""
+    ctypes.PyDLL(None).sleep(seconds)
+    return seconds
+
+
+def lines(caplog: pytest.LogCaptureFixture, needle: str) -> list[str]:
+    return [r.getMessage() for r in caplog.records if needle in r.getMessage()]
+
+
+@contextlib.asynccontextmanager
+async def one_worker_process(
+    caplog: pytest.LogCaptureFixture, **options: Any
+) -> AsyncIterator[Cluster]:
+    """A cluster of one worker process, joined (the whole test bounded by LIMIT), its
+    logs (the worker's relayed) in ``caplog``."""
+    caplog.set_level(logging.INFO, logger="corral")
+    with anyio.fail_after(LIMIT):
+        async with Cluster(processes=1, **options) as c:
+            await c.wait_for_workers(1, timeout=LIMIT)
+            yield c
+
+
+@pytest.mark.anyio
+async def test_a_longer_worker_timeout_keeps_a_worker_whose_task_holds_the_gil(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async with one_worker_process(caplog, worker_timeout=30) as c:
+        start = time.monotonic()
+        fut = c.submit(hold_gil, HOLD)
+        assert await fut == HOLD
+        assert time.monotonic() - start < HOLD + 5
+        # The worker warned once, when its loop ran again, naming the task.
+        (blocked,) = await wait_until(lambda: lines(caplog, "event loop blocked"))
+        assert f"running=[{fut.key!r}]" in blocked and "--worker-timeout" in blocked
+        seconds = float(blocked.split("seconds=")[1].split()[0])
+        assert HOLD - 2 < seconds <= HOLD, blocked
+        assert await c.submit(sum, [1, 2]) == 3  # the same connection still serves
+    for gone in ("peer silent", "worker connection dropped", "worker lost", "lost the manager"):
+        assert lines(caplog, gone) == [], gone
+    assert len(lines(caplog, "event loop blocked")) == 1
+
+
+@pytest.mark.anyio
+async def test_by_default_a_worker_whose_task_holds_the_gil_is_dropped(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async with one_worker_process(caplog) as c:
+        assert c.worker_timeout == DEAD_AFTER == 10
+        fut = c.submit(hold_gil, HOLD)
+        (silent,) = await wait_until(lambda: lines(caplog, "peer silent"))
+        assert "peer='worker-1'" in silent  # the manager's side: the worker is dropped
+        await wait_until(lambda: lines(caplog, "worker connection dropped"))
+        fut.cancel()
+
+
+@pytest.mark.parametrize("bad", [0, -1, math.nan, math.inf, "30", True])
+def test_a_bad_worker_timeout_is_a_value_error(bad: object) -> None:
+    with pytest.raises(ValueError, match="worker_timeout must be a number of seconds > 0"):
+        Cluster(processes=1, worker_timeout=bad)  # type: ignore[arg-type]
+
+
+def test_a_worker_timeout_is_the_manager_process_own() -> None:
+    with pytest.raises(ValueError, match="--worker-timeout SECONDS"):
+        Cluster("ws://127.0.0.1:1", worker_timeout=30)
+
+
+@pytest.mark.anyio
+async def test_run_manager_refuses_a_bad_worker_timeout() -> None:
+    with anyio.fail_after(LIMIT), pytest.raises(ValueError, match="worker_timeout must be"):
+        await run_manager("ws://127.0.0.1:0", worker_timeout=0)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(("seconds", "heartbeat"), [(DEAD_AFTER, 30.0), (60.0, 60.0)])
+async def test_the_websocket_heartbeat_is_no_shorter_than_the_worker_timeout(
+    seconds: float, heartbeat: float
+) -> None:
+    """aiohttp's ping (after 30 s of silence, a pong due within half that) would drop a
+    worker silent for 45 s whatever the worker timeout: it waits as long instead."""
+    with anyio.fail_after(LIMIT):
+        async with ActorSystem() as system:
+            plane = await start_control_plane(system)
+            gateway, listener = await serve_gateway(
+                plane, "ws://127.0.0.1:0", Tokens.generate(), worker_timeout=seconds
+            )
+            assert gateway.dead_after == seconds
+            assert listener.options.heartbeat == heartbeat  # type: ignore[attr-defined]
