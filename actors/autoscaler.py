@@ -561,7 +561,7 @@ class Autoscaler(Actor):
             "gave_up": msg.pool in self.state.gave_up,
         }
         provider.resume()
-        self.log.warning("pool resumed by an operator", pool=msg.pool, **was)
+        self.log.info("pool resumed by an operator", pool=msg.pool, **was)
         await self._handle(Resumed(self.clock.now(), msg.pool))
         return {"pool": msg.pool, **was, "blocks": self.state.counts().get(msg.pool, 0)}
 

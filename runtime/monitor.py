@@ -462,8 +462,11 @@ class Monitor(Actor):
         rule = parse_rule(dict(msg.rule), SAMPLE_LABELS, pools=pools)
         warnings = pool_warnings(rule, pools)
         self._run(RuleAdded(rule, replace=True, now=time.time()))
-        self.log.warning("alert rule added", rule=rule.name, expr=rule.expr,
-                         **({"warnings": warnings} if warnings else {}))  # fmt: skip
+        # an operator's change: info, unless the rule may not do what it says
+        (self.log.warning if warnings else self.log.info)(
+            "alert rule added", rule=rule.name, expr=rule.expr,
+            **({"warnings": warnings} if warnings else {}),
+        )  # fmt: skip
         return {**rule.to_dict(), "warnings": warnings} if warnings else rule.to_dict()
 
     @handles(AlertRuleRemove)
@@ -474,5 +477,5 @@ class Monitor(Actor):
                 msg.name, "", f"there is no such rule; the rules are: {', '.join(names) or 'none'}"
             )
         self._run(RuleRemoved(msg.name, now=time.time()))
-        self.log.warning("alert rule removed", rule=msg.name)
+        self.log.info("alert rule removed", rule=msg.name)
         return list(self.state.rules)

@@ -246,7 +246,9 @@ async def test_a_rule_on_a_pool_not_configured_is_warned_of_at_start_and_when_ad
         "if workers join with --pool cii or tasks ask for pool cii"
     )
     with Cli(tmp_path / "home") as cli:
-        manager = cli.start("manager", "--listen", "127.0.0.1:0", "--config", str(config))
+        manager = cli.start(
+            "manager", "--listen", "127.0.0.1:0", "--config", str(config), "--log-level", "info"
+        )
         assert f"alert rule 'Typo': {warning}" in cli.line_with(manager, "alert rule 'Typo'")
         address = cli.line_with(manager, "manager listening on").split(" on ", 1)[1].strip()
         with anyio.fail_after(LIMIT):
@@ -263,3 +265,16 @@ async def test_a_rule_on_a_pool_not_configured_is_warned_of_at_start_and_when_ad
                     "alert add Ok 'corral_queue_depth{pool=\"ci\"} > 0'"
                 )
                 assert "warning" not in text
+                # An operator's routine changes are logged at info, a rule added with
+                # a warning at warning (a user audit: every alert add/remove and resume
+                # was a WARNING, paging whoever alerts on them)
+                added = cli.line_with(manager, "event='alert rule added'")
+                assert "rule='P2'" in added and "level='warning'" in added
+                added = cli.line_with(manager, "event='alert rule added'")
+                assert "rule='Ok'" in added and "level='info'" in added
+                await console.run_command("alert remove Ok")
+                removed = cli.line_with(manager, "event='alert rule removed'")
+                assert "level='info'" in removed
+                await console.run_command("resume ci")
+                resumed = cli.line_with(manager, "event='pool resumed by an operator'")
+                assert "level='info'" in resumed
