@@ -42,6 +42,7 @@ Failure rules (docs/kernel.md repeats them for users):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import inspect
 import itertools
@@ -755,7 +756,15 @@ class ActorSystem:
 
         self._host = asyncio.get_running_loop().create_task(host(), name="corral-actors")
         ready_task = asyncio.ensure_future(ready.wait())
-        done, _ = await asyncio.wait({self._host, ready_task}, return_when=asyncio.FIRST_COMPLETED)
+        try:
+            done, _ = await asyncio.wait(
+                {self._host, ready_task}, return_when=asyncio.FIRST_COMPLETED
+            )
+        except BaseException:  # cancelled while starting: no host task outlives the call
+            ready_task.cancel()
+            with contextlib.suppress(Exception):
+                await self.stop()
+            raise
         if self._host in done:  # it ended before it was ready: raise why
             ready_task.cancel()
             host_task, self._host = self._host, None
@@ -772,7 +781,10 @@ class ActorSystem:
             return
         assert self._stop_hosted is not None
         self._stop_hosted.set()
-        await asyncio.shield(host)  # finish the shutdown even if our caller is cancelled
+        # A cancelled caller still waits for the shutdown (bounded by its per-actor
+        # timeouts): its return means every actor has stopped.
+        with anyio.CancelScope(shield=True):
+            await asyncio.shield(host)
 
     @property
     def running(self) -> bool:

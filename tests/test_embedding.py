@@ -77,6 +77,47 @@ async def test_hosted_system_starts_in_one_task_and_stops_in_another() -> None:
             await ref.ask(Ping(1))
 
 
+class SlowToStop(Actor):
+    """An actor whose ``on_stop`` waits (it flushes, says goodbye) before it is done."""
+
+    def __init__(self) -> None:
+        self.done = False
+
+    async def on_stop(self) -> None:
+        await anyio.sleep(0.05)
+        self.done = True
+
+
+@pytest.mark.anyio
+async def test_a_hosted_system_stopped_in_a_cancelled_scope_has_stopped_when_it_returns() -> None:
+    """``stop()`` went on with the shutdown in the background when its caller was
+    cancelled, and returned before the actors had stopped."""
+    with anyio.fail_after(LIMIT):
+        system = ActorSystem()
+        await system.start()
+        actor = SlowToStop()
+        ref = await system.spawn(actor, "slow")
+        with anyio.CancelScope() as scope:
+            scope.cancel()
+            await system.stop()
+    assert ref.stopped and actor.done
+    assert not system.running
+
+
+@pytest.mark.anyio
+async def test_a_cluster_entered_in_a_cancelled_scope_leaves_nothing_running() -> None:
+    """A deadline already passed when the block is entered: the actor system's own
+    task, started before ``start()`` saw the cancellation, was left waiting for ever."""
+    before = set(asyncio.all_tasks())
+    with anyio.fail_after(LIMIT):
+        with anyio.CancelScope() as scope:
+            scope.cancel()
+            async with Cluster(workers=1):
+                pytest.fail("the block ran in a cancelled scope")  # pragma: no cover
+    assert scope.cancelled_caught
+    assert set(asyncio.all_tasks()) - before - {asyncio.current_task()} == set()
+
+
 @pytest.mark.anyio
 async def test_a_failing_helper_task_restarts_the_actor_and_the_system_lives_on() -> None:
     with anyio.fail_after(LIMIT):
