@@ -850,7 +850,8 @@ class Cluster:
 
     ``async with Cluster(workers=2) as cluster:`` starts a manager, scheduler, file
     registry, autoscaler and ``workers`` in-process workers (``threads_per_worker``
-    threads each) as actors in the caller's event loop. Leaving the block stops them.
+    threads each) as actors in the caller's event loop. Leaving the block stops them,
+    also when a cancellation leaves it (a timeout around it, a failing sibling task).
 
     ``policies`` picks the initial policies, e.g. ``{"placement": "round-robin"}`` or
     ``{"retry": ("default", {"max_lost": 2})}``; swap them later with
@@ -1416,6 +1417,8 @@ class Cluster:
     async def close(self) -> None:
         """Stop every actor of the cluster, gracefully: no new work, then the workers
         (through the autoscaler, so it does not replace them), then the control actors.
+        A cancelled caller does not cut it short: the stop is shielded and bounded by
+        the shutdown's timeouts (an actor past its own has the rest cancelled).
 
         Raises :class:`~runtime.errors.ActorCrashed` if one of them crashed for good.
         """
@@ -1427,12 +1430,21 @@ class Cluster:
         # the actors its last poll asks
         order = [client.name if client else "", "autoscaler", "monitoring", "manager",
                  "scheduler", "registry"]  # fmt: skip
-        if system.running:
-            await system.shutdown([system.actors[n] for n in order if n in system.actors])
-        try:
-            await system.stop()
-        finally:
-            self._gc.exit()
+        # Shielded: a cancelled caller (a timeout around the block, a failing sibling
+        # task) would cancel the shutdown at its first wait and leave every actor, the
+        # listener, the worker processes and the connection to a manager running, with
+        # this cluster already marked closed. The wait is bounded by the shutdown's own:
+        # an actor not stopped within its bound is logged and the rest cancelled (worker
+        # processes killed, connections closed).
+        with anyio.CancelScope(shield=True):
+            try:
+                if system.running:
+                    await system.shutdown([system.actors[n] for n in order if n in system.actors])
+            finally:
+                try:
+                    await system.stop()
+                finally:
+                    self._gc.exit()
 
     def _require(self) -> None:
         if self._system is None:
