@@ -1508,6 +1508,7 @@ class Cluster:
         """``submit(func, *items, **kwargs)`` for each tuple of items of ``iterables``
         (``priority``, ``retries``, ``resources`` and ``pool`` among ``kwargs`` are the
         tasks' settings, as in :meth:`submit`)."""
+        self._require()  # also with nothing to map
         return [
             self.submit(func, *items, pure=pure, **kwargs)
             for items in zip(*iterables, strict=False)
@@ -1861,6 +1862,7 @@ class Cluster:
     def scheduler_state(self) -> Any:
         """The scheduler's core state, read-only (for statistics and tests). Only for
         an embedded cluster: a remote one answers ``status()`` instead."""
+        self._require()
         if self.address is not None:
             raise CorralError("scheduler_state is only there for an embedded cluster")
         return self._scheduler_actor.state

@@ -2,15 +2,17 @@
 does (docs/api.md#cluster): a cancel scope cancelled around it, a deadline (``fail_after``,
 ``move_on_after``) passing, a sibling task failing in the same task group. Nothing is left
 behind: no actor task, no worker process, no listening port, no connection to a manager
-(which then no longer wants the client's keys)."""
+(which then no longer wants the client's keys). And a cluster that is not running raises
+``CorralError`` from every public method."""
 
 from __future__ import annotations
 
 import asyncio
 import errno
+import inspect
 import socket
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -199,3 +201,45 @@ async def test_cancelling_a_client_block_releases_its_keys_on_the_manager(
 
 async def _zero(address: str) -> bool:
     return await _wanted(address) == 0
+
+
+# ----------------------------------------------------------------------------- not running
+
+#: Arguments for each public method of Cluster (a new one must be added here).
+_CALLS: dict[str, Callable[[Cluster], Any]] = {
+    "submit": lambda c: c.submit(sum, [1]),
+    "map": lambda c: c.map(abs, []),
+    "submit_graph": lambda c: c.submit_graph({"a": 1}, ["a"]),
+    "compute": lambda c: c.compute({"a": 1}, "a"),
+    "gather": lambda c: c.gather([]),
+    "download": lambda c: c.download(None, "x"),  # type: ignore[arg-type]
+    "cancel": lambda c: c.cancel([]),
+    "set_policy": lambda c: c.set_policy("placement", "round-robin"),
+    "scale": lambda c: c.scale(1),
+    "status": lambda c: c.status(),
+    "alerts": lambda c: c.alerts(),
+    "story": lambda c: c.story("a"),
+    "wait_for_workers": lambda c: c.wait_for_workers(1),
+    "scheduler_state": lambda c: c.scheduler_state,
+}
+#: Those that need no running cluster: starting and stopping it, reading its settings.
+_ANY_TIME = {"start", "close", "worker_memory"}
+
+
+async def test_every_method_of_a_cluster_that_is_not_running_raises_corral_error() -> None:
+    """``scheduler_state`` raised ``AttributeError`` on a cluster never started (and read
+    the stale state of a closed one), ``map`` of nothing returned ``[]``: docs/api.md
+    says every method raises ``CorralError`` then."""
+    public = {n for n, _ in inspect.getmembers(Cluster) if not n.startswith("_")}
+    assert public == set(_CALLS) | _ANY_TIME
+    with anyio.fail_after(LIMIT):
+        started = Cluster(workers=1)
+        await started.start()
+        await started.close()
+        for cluster in (Cluster(workers=1), Cluster("ws://127.0.0.1:9"), started):
+            for name, call in _CALLS.items():
+                with pytest.raises(CorralError, match="not running"):
+                    result = call(cluster)
+                    if inspect.isawaitable(result):
+                        await result
+                    pytest.fail(f"{name} on a cluster not running returned {result!r}")
