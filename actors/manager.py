@@ -45,6 +45,7 @@ from runtime.graph import (
 )
 from runtime.kernel import Actor, ActorRef, Later, handles
 from runtime.messages import (
+    GET_DATA_BYTES,
     AlertRuleAdd,
     AlertRuleRemove,
     AlertsReply,
@@ -54,6 +55,7 @@ from runtime.messages import (
     ClientGone,
     CloseStream,
     DataMissing,
+    DataReply,
     DrainRequest,
     GatherRequest,
     GetData,
@@ -161,6 +163,9 @@ class GatherResult:
     #: ``transfer.StreamInfo`` of large values (raw only): read them through the manager
     #: with ``ReadStream(..., worker=info.worker)``
     streams: tuple[Any, ...] = ()
+    #: not fetched: this answer holds as much inline as one frame should (raw only).
+    #: Still where they were: ask for them now
+    later: tuple[Key, ...] = ()
 
 
 class Manager(Actor):
@@ -572,7 +577,12 @@ class Manager(Actor):
     ) -> GatherResult:
         """Fetch the values of ``found`` from their workers. Runs beside the handlers:
         it reads and writes none of the manager's state, and what it learned about
-        keys goes through :meth:`gathered` before the answer goes out."""
+        keys goes through :meth:`gathered` before the answer goes out.
+
+        The answer to a client in another process (``raw``) is one frame: it carries at
+        most ``GET_DATA_BYTES`` of values inline, by their recorded sizes, as one
+        ``GetData`` does. The keys of the ``GetData`` batches past that are not asked
+        for: they are the answer's ``later``, which the client asks for next."""
         by_worker: dict[str, list[tuple[Key, int]]] = {}
         for key, upd in found.items():
             by_worker.setdefault(upd.worker, []).append((key, upd.nbytes))
@@ -581,6 +591,8 @@ class Manager(Actor):
         unreachable: list[Key] = []
         streams: list[StreamInfo] = []
         data: dict[Key, Any] = {}
+        later: list[Key] = []  #: not asked for: the answer is full (raw)
+        inline = 0  #: bytes of the pickles in ``data`` (raw)
         for wid, sized in by_worker.items():
             ref = self._resolve(wid)
             if ref is None:  # gone: the scheduler recomputes what it held
@@ -590,25 +602,27 @@ class Manager(Actor):
             # client reads them through us (ReadStream relayed), a local one gets them
             # read here.
             over = 0 if isinstance(ref, ActorRef) else STREAM_BYTES
+            nbytes = dict(sized)
             for keys in get_data_batches(sized):
+                recorded = sum(nbytes[k] for k in keys if not over or nbytes[k] < over)
+                if msg.raw and data and inline + recorded > GET_DATA_BYTES:
+                    later.extend(keys)
+                    continue
                 try:
-                    try:
-                        reply = await ref.ask(
-                            GetData(keys, raw=msg.raw, stream_over=over, files=msg.files),
-                            timeout=self.gather_timeout,
-                        )
-                    except Exception as exc:
-                        # Sizes understated (FrameTooLarge), or a worker process whose
-                        # reply did not pickle (a value in it; the error names no key):
-                        # every value as a stream, serialized by the worker's handler,
-                        # which names one that does not pickle (ResultNotPicklable).
-                        unsent = over > 1 and not isinstance(exc, CorralError)
-                        if not (unsent or isinstance(exc, FrameTooLarge)):
-                            raise
-                        reply = await ref.ask(
-                            GetData(keys, raw=msg.raw, stream_over=1, files=msg.files),
-                            timeout=self.gather_timeout,
-                        )
+                    reply = await self._get_data(ref, msg, keys, over)
+                    if msg.raw:
+                        got = sum(map(len, reply.data.values()))
+                        if inline + got > 2 * GET_DATA_BYTES:
+                            # Far more than recorded (sizes dask.sizeof cannot see):
+                            # these too as streams, so the answer stays a frame.
+                            again = await self._get_data(ref, msg, tuple(reply.data), 1)
+                            reply = dataclasses.replace(
+                                again,
+                                missing=(*reply.missing, *again.missing),
+                                streams=(*reply.streams, *again.streams),
+                            )
+                            got = sum(map(len, reply.data.values()))
+                        inline += got
                     data.update(reply.data)
                     if reply.missing:
                         lost.extend(reply.missing)
@@ -625,7 +639,33 @@ class Manager(Actor):
             await self.ref.ask(
                 _Gathered(tuple((k, found[k]) for k in lost), tuple(not_on)), timeout=None
             )
-        return GatherResult(data, (*missing, *lost), msg.raw, tuple(unreachable), tuple(streams))
+        return GatherResult(
+            data, (*missing, *lost), msg.raw, tuple(unreachable), tuple(streams), tuple(later)
+        )
+
+    async def _get_data(
+        self, ref: Any, msg: GatherRequest, keys: tuple[Key, ...], over: int
+    ) -> DataReply:
+        """``GetData(keys)`` of the worker ``ref``, values of ``over`` bytes or more as
+        streams; asked again with every value as a stream if its reply could not come."""
+        try:
+            reply: DataReply = await ref.ask(
+                GetData(keys, raw=msg.raw, stream_over=over, files=msg.files),
+                timeout=self.gather_timeout,
+            )
+        except Exception as exc:
+            # Sizes understated (FrameTooLarge), or a worker process whose reply did not
+            # pickle (a value in it; the error names no key): every value as a stream,
+            # serialized by the worker's handler, which names one that does not pickle
+            # (ResultNotPicklable).
+            unsent = over > 1 and not isinstance(exc, CorralError)
+            if not (unsent or isinstance(exc, FrameTooLarge)):
+                raise
+            reply = await ref.ask(
+                GetData(keys, raw=msg.raw, stream_over=1, files=msg.files),
+                timeout=self.gather_timeout,
+            )
+        return reply
 
     @handles(_Gathered)
     def gathered(self, msg: _Gathered) -> None:

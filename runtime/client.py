@@ -1689,23 +1689,15 @@ class Cluster:
                 raise err
             # what this try goes by (None: released meanwhile; the next wait says so)
             seen = {k: w.update if (w := client.watches.get(k)) else None for k in remaining}
-            result: GatherResult = await self._manager.ask(
-                GatherRequest(tuple(remaining), raw=self.address is not None), timeout=None
-            )
-            if result.raw:  # pickled once by the worker, opened only here
-                values.update({k: unpickling.loads(v) for k, v in result.data.items()})
-            else:
-                values.update(result.data)
-            unread = await self._read_streams(result.streams, values)
-            if not result.missing and not result.unreachable and not unread:
+            missing, again = await self._fetch(remaining, values)
+            if not missing and not again:
                 break
             # Lost meanwhile: wait for the recomputation. Not lost (as far as anyone
             # knows): ask again soon. The client actor's handler decides, as updates
             # that came while this gather waited may have made the answer stale.
-            again = [*result.unreachable, *unread]
             wake = await client.ref.ask(
                 _Regather(
-                    tuple((k, seen[k]) for k in result.missing),
+                    tuple((k, seen[k]) for k in missing),
                     tuple((k, seen[k]) for k in again),
                     RETRY_DELAY * attempt,
                 ),
@@ -1713,13 +1705,38 @@ class Cluster:
             )
             if wake is not None:
                 await wake.wait()
-            remaining = [*result.missing, *again]
+            remaining = [*missing, *again]
         else:
             raise CorralError(
                 f"could not gather {remaining[:5]}: their data kept disappearing "
                 "(workers lost while gathering). Check the workers' health."
             )
         return [values[k] for k in keys]
+
+    async def _fetch(
+        self, keys: Sequence[Key], values: dict[Key, Any]
+    ) -> tuple[list[Key], list[Key]]:
+        """Ask the manager for the values of ``keys``, put into ``values``, in as many
+        answers as it takes: an answer to a client in another process holds at most
+        64 MiB of values inline, and names the keys it left for the next
+        (``GatherResult.later``). Returns the keys missing (lost: made again) and those
+        to ask for again (their worker did not answer, or a stream read failed)."""
+        missing: list[Key] = []
+        again: list[Key] = []
+        ask = tuple(keys)
+        while ask:
+            result: GatherResult = await self._manager.ask(
+                GatherRequest(ask, raw=self.address is not None), timeout=None
+            )
+            if result.raw:  # pickled once by the worker, opened only here
+                values.update({k: unpickling.loads(v) for k, v in result.data.items()})
+            else:
+                values.update(result.data)
+            unread = await self._read_streams(result.streams, values)
+            missing.extend(result.missing)
+            again.extend([*result.unreachable, *unread])
+            ask = result.later
+        return missing, again
 
     async def _read_streams(
         self, streams: Sequence[StreamInfo], values: dict[Key, Any]

@@ -1,9 +1,12 @@
-"""Single values larger than a frame, between real processes over real websockets.
+"""Values larger than a frame, alone or together, between real processes over real
+websockets.
 
 A manager process and two worker processes (pools ``a`` and ``b``, so a task in pool
 ``b`` must fetch its input from the worker of pool ``a``) started through the CLI, and a
 client in this process. The frame cap (``runtime.codec.MAX_FRAME_BYTES``, 256 MiB) is
-what these values are larger than; they travel as streams (actors/transfer.py).
+what these values are larger than; they travel as streams (actors/transfer.py). Values
+under 32 MiB travel inline, and a result of many of them, larger in all than a frame,
+reaches a remote client in several answers (``GatherResult.later``).
 """
 
 from __future__ import annotations
@@ -171,3 +174,80 @@ async def test_a_local_client_of_worker_processes_gets_a_value_past_the_frame_ca
             await c.wait_for_workers(1, timeout=60)
             value = await c.submit(make, N)
     assert value.shape == (N,) and value[-1] == N - 1 and value.flags.writeable
+
+
+def part(i: int) -> Any:
+    """A 1 MiB array filled with ``i``: a value that travels inline (under 32 MiB)."""
+    import numpy as np
+
+    return np.full(2**20 // 8, float(i))
+
+
+def held_part(i: int) -> Holder:
+    """1 MiB (filled with ``i % 256``) that dask.sizeof records as a few dozen bytes."""
+    import numpy as np
+
+    return Holder(np.full(2**20, i % 256, dtype=np.uint8))
+
+
+def manager_and_workers(cli: Cli, *pools: str) -> tuple[subprocess.Popen[str], str]:
+    """A manager (and its address) with a worker of one core in each of ``pools``
+    ("": in none)."""
+    manager, address = cli.manager()
+    for pool in pools:
+        cli.worker(address, "--cores", "1", *(["--pool", pool] if pool else []))
+    return manager, address
+
+
+def unsent_replies(cli: Cli, manager: subprocess.Popen[str]) -> list[str]:
+    """The manager's lines saying a reply could not be sent (it is stopped to read them)."""
+    cli.stop([manager])
+    return [line for line in cli.rest(manager) if "could not send a reply" in line]
+
+
+async def test_inline_values_past_the_frame_cap_in_all_reach_a_remote_client(
+    tmp_path: Path,
+) -> None:
+    """Many values under 32 MiB, 288 MiB in all: more than one frame may carry. The
+    manager answers with at most 64 MiB of them at a time; the client asks for the rest
+    (``GatherResult.later``)."""
+    n = MAX_FRAME_BYTES // 2**20 + 32
+    with Cli(tmp_path / "home") as cli:
+        manager, address = manager_and_workers(cli, "", "")
+        with anyio.fail_after(LIMIT):
+            async with Cluster(address) as c:
+                await c.wait_for_workers(2)
+                keys = [("part", i) for i in range(n)]
+                values = await c.compute({k: (part, k[1]) for k in keys}, keys)
+                assert len(values) == n
+                for i, v in enumerate(values):
+                    assert v.shape == (2**17,) and v[0] == v[-1] == i
+                # and the futures' way
+                keys = [("neg", i) for i in range(n)]
+                futures = await c.submit_graph({k: (part, -k[1]) for k in keys}, keys)
+                got = await c.gather(futures)
+                assert [float(v[7]) for v in got] == [-float(i) for i in range(n)]
+        assert unsent_replies(cli, manager) == []
+
+
+async def test_inline_values_whose_size_dask_cannot_see_reach_a_remote_client(
+    tmp_path: Path,
+) -> None:
+    """40 MiB of arrays on one worker, then 220 MiB of values recorded at a few dozen
+    bytes on the other: together past the frame cap, though each worker's reply fits
+    in a frame. The manager finds the second far larger than recorded and asks for it
+    again as streams."""
+    arrays = {("a", i): (part, i) for i in range(40)}
+    held = {("h", i): (held_part, i) for i in range(220)}
+    with Cli(tmp_path / "home") as cli:
+        manager, address = manager_and_workers(cli, "a", "b")
+        with anyio.fail_after(LIMIT):
+            async with Cluster(address) as c:
+                await c.wait_for_workers(2)
+                first = await c.submit_graph(arrays, list(arrays), pool="a")
+                then = await c.submit_graph(held, list(held), pool="b")
+                values = await c.gather([*first, *then])
+        assert unsent_replies(cli, manager) == []
+    assert [float(v[0]) for v in values[:40]] == [float(i) for i in range(40)]
+    assert [int(h.array[-1]) for h in values[40:]] == [i % 256 for i in range(220)]
+    assert all(h.array.nbytes == 2**20 for h in values[40:])
