@@ -438,7 +438,7 @@ class ClientActor(Actor):
     def sent(self, keys: Iterable[Key], reply: object) -> None:
         """A submission of ``keys`` was answered (``reply``) or failed (None): the keys
         no ``KeyTaken`` comes of are no longer under way."""
-        echoed = set(reply.echoed) if isinstance(reply, SubmitReply) else set()
+        echoed = {_wire_key(k) for k in reply.echoed} if isinstance(reply, SubmitReply) else set()
         for key in keys:
             w = self.watches.get(key)
             if w is not None and key not in echoed:
@@ -1984,6 +1984,12 @@ def _note(err: BaseException, text: str) -> None:
     notes = getattr(err, "__notes__", [])
     if text not in notes:
         err.add_note(text)
+
+
+def _wire_key(key: Any) -> Key:
+    """``key`` as it was before it crossed the wire as JSON (a ``SubmitReply``'s
+    ``echoed``), which makes tuples (dask's ``("part", 3)``) lists: tuples again."""
+    return tuple(_wire_key(k) for k in key) if isinstance(key, list) else key
 
 
 def _pack(keys: Any, values: Mapping[Key, Any]) -> Any:

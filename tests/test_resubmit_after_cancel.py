@@ -158,3 +158,19 @@ async def test_a_known_failed_key_asked_for_again_without_its_task_says_its_erro
                 await new
             assert await j == 2
             assert TRIES["b"] == 1
+
+
+@pytest.mark.parametrize("where", ["local", "remote"])
+async def test_tuple_keys_held_and_submitted_again_give_their_results(where: str) -> None:
+    """dask's keys are tuples: submitted again while the client holds them, the
+    manager's answer names them (``SubmitReply.echoed``), which crossed the wire as
+    lists, and the client raised ``TypeError: unhashable type: 'list'`` (a helper
+    session hit it gathering partitions twice)."""
+    graph = {("part", i): (int, str(i)) for i in range(3)}
+    keys = list(graph)
+    with anyio.fail_after(LIMIT):
+        async with cluster(where) as c:
+            first = await c.submit_graph(graph, keys)
+            assert await c.gather(first) == [0, 1, 2]
+            again = await c.submit_graph(graph, keys)
+            assert await c.gather(again) == [0, 1, 2]
