@@ -517,42 +517,57 @@ class Manager(Actor):
 
     @handles(CancelKeysRequest)
     def cancel_keys(self, msg: CancelKeysRequest) -> dict[str, Any]:
-        """Cancel keys given as text (``str(key)``) and/or every key of a run."""
+        """Cancel keys given as text (``str(key)``) and/or every key of a run; or what
+        ``key_or_run`` names, a run or a key, refused when it names both."""
         keys: dict[Key, None] = {}
-        if msg.run:
-            run_keys = self.run_keys.get(msg.run)
-            if run_keys is None:
-                known = list(self.run_keys)[-5:]
-                raise ValueError(
-                    f"no run {msg.run!r} known to the manager (latest: "
-                    f"{', '.join(known) or 'none'})"
-                )
-            keys.update(dict.fromkeys(run_keys))
-        if msg.keys:
-            by_text: dict[str, Key] = {}
-            for run_keys in self.run_keys.values():
-                for key in run_keys:
+        by_text: dict[str, Key] = {}
+        if msg.keys or msg.key_or_run:
+            for held in self.run_keys.values():
+                for key in held:
                     by_text[str(key)] = key
             for key in self.keys:
                 by_text[str(key)] = key
-            unknown = [text for text in msg.keys if text not in by_text]
+        run, texts = msg.run, msg.keys
+        if msg.key_or_run:
+            text = msg.key_or_run
+            if text in self.run_keys and text in by_text:
+                raise ValueError(
+                    f"{text!r} is both a run id (run {text}: "
+                    f"{len(self.run_keys[text])} key(s)) and the key of a task: nothing "
+                    f"was cancelled; say which you mean: `cancel --run {text}` for every "
+                    f"task of the run, `cancel --key {text}` for that task"
+                )
+            if text in by_text:
+                texts = (*texts, text)
+            else:
+                run = text  # a run, or neither: the error says there is no such run
+        if run:
+            run_keys = self.run_keys.get(run)
+            if run_keys is None:
+                known = list(self.run_keys)[-5:]
+                raise ValueError(
+                    f"no run {run!r} known to the manager (latest: "
+                    f"{', '.join(known) or 'none'})"
+                    + (", and no key of that text" if msg.key_or_run else "")
+                )
+            keys.update(dict.fromkeys(run_keys))
+        if texts:
+            unknown = [text for text in texts if text not in by_text]
             if unknown:
                 raise ValueError(
                     f"unknown key{'s' if len(unknown) > 1 else ''} "
                     f"{', '.join(repr(t) for t in unknown[:5])}: give keys as `tasks` shows "
                     "them, or a run id"
                 )
-            keys.update(dict.fromkeys(by_text[text] for text in msg.keys))
+            keys.update(dict.fromkeys(by_text[text] for text in texts))
         if not keys:
             raise ValueError("nothing to cancel: give keys or a run id")
-        reason = (
-            f"cancelled from the console ({msg.run})" if msg.run else "cancelled from the console"
-        )
+        reason = f"cancelled from the console ({run})" if run else "cancelled from the console"
         # An operator's cancel: straight to the scheduler, for every client that wants
         # these keys (a client's own cancel, cancel() above, spares the others').
         self._scheduler().post(CancelRequest(tuple(keys), reason))
-        texts = [str(k) for k in keys]
-        return {"run": msg.run, "count": len(texts), "keys": texts[:20]}
+        cancelled = [str(k) for k in keys]
+        return {"run": run, "count": len(cancelled), "keys": cancelled[:20]}
 
     # -- results ---------------------------------------------------------------------
 

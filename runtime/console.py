@@ -407,9 +407,13 @@ class ConsoleClient:
         off or given up, and its blocks now."""
         return dict(await self.ask(ResumeRequest(pool)))
 
-    async def cancel(self, keys: Sequence[str] = (), run: str = "") -> dict[str, Any]:
-        """Cancel keys (as text) and/or every key of ``run`` (admin)."""
-        return dict(await self.ask(CancelKeysRequest(tuple(keys), run)))
+    async def cancel(
+        self, keys: Sequence[str] = (), run: str = "", key_or_run: str = ""
+    ) -> dict[str, Any]:
+        """Cancel keys (as text) and/or every key of ``run`` (admin); or what
+        ``key_or_run`` names, a run or a key: the manager refuses it (``ValueError``,
+        nothing cancelled) when it is both a run id and a key's text."""
+        return dict(await self.ask(CancelKeysRequest(tuple(keys), run, key_or_run)))
 
     async def alerts(self) -> AlertsReply:
         """The alerts (pending, firing, lately resolved), the rules as data and the
@@ -588,8 +592,7 @@ class ConsoleClient:
         return Result("resume", data, Text(text))
 
     async def _cmd_cancel(self, rest: str) -> Result:
-        run = ""
-        key = ""
+        run = key = either = ""
         if rest.startswith("--run"):
             run = _key_text(rest[len("--run") :])
         elif rest.startswith("--key"):
@@ -597,13 +600,15 @@ class ConsoleClient:
         else:
             text = _key_text(rest)
             if _RUN.fullmatch(text):
-                run = text
+                # A run id, or a task's key of that text: the manager knows which, and
+                # refuses it when it is both (decided where the cancel is made: no race).
+                either = text
             else:
                 key = text
-        if not run and not key:
+        if not (run or key or either):
             _usage("cancel")
-        data = jsonable(await self.cancel((key,) if key else (), run))
-        what = f"run {run}" if run else f"key {key}"
+        data = jsonable(await self.cancel((key,) if key else (), run, either))
+        what = f"run {data['run']}" if data.get("run") else f"key {key or either}"
         return Result("cancel", data, Text(f"cancel requested for {what}: {data['count']} key(s)"))
 
     async def _cmd_alert(self, rest: str) -> Result:

@@ -1324,8 +1324,10 @@ class DrainRequest(Message):
 @message()
 class CancelKeysRequest(Message):
     """Console -> manager: cancel the keys whose text is in ``keys`` and, with ``run``,
-    every key of that run. The manager maps the texts to keys and sends a
-    ``CancelRequest``. Admin only."""
+    every key of that run; with ``key_or_run``, the run of that id or the key of that
+    text, whichever it names (a text that names both is refused, nothing cancelled).
+    The manager maps the texts to keys and sends a ``CancelRequest``. Admin only."""
 
     keys: tuple[str, ...] = ()
     run: str = ""
+    key_or_run: str = ""

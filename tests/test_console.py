@@ -576,14 +576,21 @@ async def test_scale_counts_blocks_and_says_so() -> None:
 # ----------------------------------------------------------------------------- cancel
 
 
+@asynccontextmanager
+async def cluster_and_console() -> AsyncIterator[tuple[Cluster, ConsoleClient]]:
+    """A manager with one worker (:func:`nodes`), a client and a console of it."""
+    async with (
+        nodes(1) as (address, _),
+        Cluster(address) as cluster,
+        ConsoleClient(address) as console,
+    ):
+        yield cluster, console
+
+
 @pytest.mark.anyio
 async def test_cancel_a_key_or_a_whole_run(gate: Any) -> None:
     with anyio.fail_after(LIMIT):
-        async with (
-            nodes(1) as (address, _),
-            Cluster(address) as cluster,
-            ConsoleClient(address) as console,
-        ):
+        async with cluster_and_console() as (cluster, console):
             opened = gate("cancel")
             blocked = cluster.submit(gated, "cancel", 1)
             after = cluster.submit(add, blocked, 1)
@@ -627,6 +634,47 @@ async def test_cancel_a_key_or_a_whole_run(gate: Any) -> None:
                 await console.execute("cancel")
             # Cluster still healthy.
             assert await cluster.submit(add, 2, 2) == 4
+
+
+@pytest.mark.anyio
+async def test_cancel_of_a_text_that_is_a_run_and_a_key_is_refused(gate: Any) -> None:
+    """A user audit: with a task whose key is another run's id, `cancel run-N`
+    cancelled that run (another user's task) and left the task shown as run-N running,
+    without a word. Now the manager, which knows both, refuses it and cancels nothing;
+    `cancel --key` and `cancel --run` say which."""
+    with anyio.fail_after(LIMIT):
+        async with cluster_and_console() as (cluster, console):
+            opened = gate("both")
+            (alice,) = await cluster.submit_graph({"alice-1": (gated, "both", 1)}, ["alice-1"])
+            run = list((await console.status())["recent_runs"])[-1]
+            (named,) = await cluster.submit_graph({run: (gated, "both", 2)}, [run])
+            with pytest.raises(ValueError, match=rf"'{run}' is both a run id") as refused:
+                await console.execute(f"cancel {run}")
+            assert f"`cancel --run {run}`" in str(refused.value)
+            assert f"`cancel --key {run}`" in str(refused.value)
+            # nothing was cancelled (the scheduler answers in order after the manager)
+            states = {r.key: r.state for r in await console.tasks(limit=0)}
+            assert "cancelled" not in (states["alice-1"], states[run]), states
+            assert not alice.done() and not named.done()
+
+            text = await console.run_command(f"cancel --key {run}")
+            assert f"cancel requested for key {run}: 1 key(s)" in text
+            with pytest.raises(CancelledError):
+                await named
+            assert not alice.done()
+            data = json.loads(await console.run_command(f"cancel --run {run} --json"))
+            assert data["run"] == run and data["keys"] == ["alice-1"]
+            with pytest.raises(CancelledError):
+                await alice
+            opened.set()
+            # a text that is only a run id (or only a key) needs no flag
+            gate("only-run")
+            (last,) = await cluster.submit_graph({"r-x": (gated, "only-run", 3)}, ["r-x"])
+            only_run = list((await console.status())["recent_runs"])[-1]
+            text = await console.run_command(f"cancel {only_run}")
+            assert f"cancel requested for run {only_run}: 1 key(s)" in text
+            with pytest.raises(CancelledError):
+                await last
 
 
 def test_the_manager_remembers_the_latest_runs_within_bounds() -> None:
