@@ -513,6 +513,11 @@ class ConsoleClient:
         if not key:
             _usage("story")
         entries = await self.story(key)
+        if not entries:
+            raise ConsoleError(
+                f"no transitions recorded for {key!r}: give a key as `tasks` shows it, or a "
+                "worker id"
+            )
         return Result("story", {"key": key, "transitions": entries}, render_story(key, entries))
 
     async def _cmd_policy(self, rest: str) -> Result:
@@ -1186,7 +1191,7 @@ def render_tasks(
 
 def render_story(key: str, entries: Sequence[Sequence[str]]) -> RenderableType:
     if not entries:
-        return Text(f"no transitions recorded for {key!r} (is it the key as `tasks` shows it?)")
+        return Text(f"no transitions recorded for {key!r}")
     t = Table(title=Text(f"story of {key}"), title_justify="left")
     for col in ("time", "from", "to", "stimulus"):
         t.add_column(col, justify="right" if col == "time" else "left", overflow="fold")
@@ -1548,6 +1553,18 @@ def split_cli_options(words: Sequence[str]) -> tuple[list[str], dict[str, Any]]:
     return out, found
 
 
+def one_shot_line(words: Sequence[str]) -> str:
+    """The command line that the words after the address make. The rest of a
+    ``story`` or ``cancel`` line is a key's text: the words joined by a space, as the
+    user meant them (``story ('y', 2)`` unquoted, split by the shell), not each word
+    quoted; the other commands' words are quoted one by one (``alert add NAME 'EXPR'``)."""
+    name, rest = words[0], list(words[1:])
+    flags = [rest.pop(0)] if name == "cancel" and rest[:1] in (["--key"], ["--run"]) else []
+    if name not in ("story", "cancel") or not rest:
+        return shlex.join(words)
+    return f"{shlex.join([name, *flags])} {shlex.quote(' '.join(rest))}"
+
+
 def main(
     address: str,
     words: Sequence[str] = (),
@@ -1573,7 +1590,7 @@ def main(
     client = ConsoleClient(address, token=token, read_only=read_only)
     if not cmd_words:
         return _interactive(client)
-    line = shlex.join(cmd_words) + (" --json" if as_json else "")
+    line = one_shot_line(cmd_words) + (" --json" if as_json else "")
     if not as_json:
         client.emit = lambda text: print(text, flush=True)
 

@@ -384,7 +384,8 @@ async def test_tasks_lists_filters_and_limits_and_story_shows_transitions(gate: 
             # A worker id has a story too: when it joined.
             assert [e[2] for e in await console.story(worker.id)][:1] == ["joined"]
             assert await console.story("no-such-key") == []
-            assert "no transitions recorded" in await console.run_command("story no-such-key")
+            with pytest.raises(ConsoleError, match="no transitions recorded for 'no-such-key'"):
+                await console.execute("story no-such-key")
             with pytest.raises(ConsoleError, match="usage: story KEY"):
                 await console.execute("story")
 
@@ -819,7 +820,7 @@ async def test_a_client_of_the_manager_logs_that_its_pool_is_suspended() -> None
 # ----------------------------------------------------------------------------- roles
 
 
-READ_ONLY_COMMANDS = ("status", "tasks", "story x", "policy list", "policy", "help")
+READ_ONLY_COMMANDS = ("status", "tasks", "story {key}", "policy list", "policy", "help")
 MUTATING_COMMANDS = (
     "policy set placement round-robin",
     "drain {worker}",
@@ -831,7 +832,8 @@ MUTATING_COMMANDS = (
 
 async def _check_read_only(console: ConsoleClient, worker: str, key: str) -> None:
     """Read commands work; mutating ones fail with PermissionDenied and change nothing."""
-    for line in READ_ONLY_COMMANDS:
+    for command in READ_ONLY_COMMANDS:
+        line = command.format(key=key)
         await console.execute(line)
         json.loads(await console.run_command(f"{line} --json"))
     before = await console.status()
@@ -1255,6 +1257,52 @@ async def test_ws_one_shot_command_line_prints_tables_or_json(tokens: Tokens, ca
             (err,) = _error_lines(capsys.readouterr().err)
             assert code == 1 and f"the admin token of {token_path(address)}" in err, err
             tokens.write(token_path(address))
+
+
+@pytest.mark.anyio
+async def test_one_shot_story_takes_a_split_key_and_fails_for_an_unknown_one(
+    tokens: Tokens, capsys: Any
+) -> None:
+    """A user audit: `console ADDR story typo-key` exited 0 (cancel and drain of an
+    unknown name exit 1), and `console ADDR story "('y'," "2)"` (a key the shell split
+    in two words) looked up the words quoted again and echoed them garbled. The words
+    are the key joined by a space; a key with no story is an error, exit 1."""
+    from runtime.__main__ import main
+
+    with anyio.fail_after(LIMIT):
+        async with (
+            ws_nodes(1, tokens) as (address, _),
+            Cluster(address, token=tokens.admin) as cluster,
+        ):
+            (y,) = await cluster.submit_graph({("y", 2): (operator.neg, 2)}, [("y", 2)])
+            assert await y == -2
+            capsys.readouterr()
+            code = await anyio.to_thread.run_sync(
+                main, ["console", address, "story", "('y',", "2)"]
+            )
+            out = capsys.readouterr().out
+            assert code == 0 and "story of ('y', 2)" in out and "memory" in out, out
+            code = await anyio.to_thread.run_sync(
+                main, ["console", address, "story", "('y', 2)", "--json"]
+            )
+            assert code == 0 and json.loads(capsys.readouterr().out)["key"] == "('y', 2)"
+
+            for words in (["story", "typo-key"], ["story", "typo-key", "--json"]):
+                code = await anyio.to_thread.run_sync(main, ["console", address, *words])
+                got = capsys.readouterr()
+                (err,) = _error_lines(got.err)
+                assert code == 1 and got.out == "", got
+                assert err.startswith("error: ConsoleError: no transitions recorded for 'typo-key'")
+            code = await anyio.to_thread.run_sync(
+                main, ["console", address, "story", "('y',", "3)"]
+            )
+            (err,) = _error_lines(capsys.readouterr().err)
+            assert code == 1 and "no transitions recorded for \"('y', 3)\"" in err, err
+            # cancel's key is the rest of the line too
+            words = ["cancel", "--key", "('y',", "2)"]
+            code = await anyio.to_thread.run_sync(main, ["console", address, *words])
+            out = capsys.readouterr().out
+            assert code == 0 and "cancel requested for key ('y', 2)" in out, out
 
 
 @pytest.mark.anyio
