@@ -140,7 +140,7 @@ def build_parser(prog: str = MODULE_PROG) -> argparse.ArgumentParser:
         default=argparse.SUPPRESS,
         metavar="LEVEL",
         help="log Corral's records at LEVEL and above to stderr "
-        "(debug, info, warning, error, critical; default: warning)",
+        "(debug, info, warning, error, critical; default: warning; error in the console)",
     )
 
     parser = argparse.ArgumentParser(
@@ -843,8 +843,9 @@ def _cmd_console(args: argparse.Namespace) -> int:
             "ws://127.0.0.1:8786); COMMAND is optional: without one the console is a shell"
         )
     return console_main(
-        args.address, args.words, token=args.token, read_only=args.read_only, as_json=args.json
-    )
+        args.address, args.words, token=args.token, read_only=args.read_only, as_json=args.json,
+        log_level=getattr(args, "log_level", None),  # absent: not given before the address
+    )  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> int:

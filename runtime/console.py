@@ -14,6 +14,8 @@ What lives here:
   completion of commands and their words). Its ``onecmd`` runs one line; it calls the
   client through ``call`` (a blocking portal's ``call`` in the command line tool,
   ``anyio.from_thread.run`` in tests), so the shell itself never touches the event loop.
+  In the command line tool a thread waits for the connection to end and wakes the
+  prompt (a SIGINT to the main thread), so the shell leaves at once.
 - :func:`main`: what ``python -m runtime console`` runs (one-shot when a command follows
   the address, else the shell).
 
@@ -38,13 +40,16 @@ import json
 import os
 import re
 import shlex
+import signal
 import sys
+import threading
 import time
-from collections.abc import AsyncGenerator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
 import anyio
+import anyio.abc
 import orjson
 from rich.console import Console, Group, RenderableType
 from rich.measure import Measurement
@@ -267,6 +272,7 @@ class ConsoleClient:
         self.connect_timeout = connect_timeout
         self.name = f"console-{os.urandom(6).hex()}"
         self._peer: Any = None
+        self._ended: anyio.Event | None = None  #: set once the connection has ended
         self._stack: contextlib.AsyncExitStack | None = None
         #: where a command that reports as it goes (``alert watch``) prints each line
         self.emit: Callable[[str], None] | None = None
@@ -275,6 +281,26 @@ class ConsoleClient:
     def closed(self) -> bool:
         """The connection to the manager has ended."""
         return self._peer is None or bool(self._peer.closed)
+
+    @property
+    def closed_reason(self) -> str:
+        """Why the connection to the manager ended, when that is known: the manager's
+        refusal (``PermissionDenied: closed after 11 refused messages ...``) or its
+        silence (``no message for 10.5 s (dead peer)``); empty otherwise, and while it
+        is open."""
+        peer = self._peer
+        if peer is None or not peer.closed:
+            return ""
+        if peer.refusal is not None:
+            kind = getattr(peer.refusal, "kind", type(peer.refusal).__name__)
+            return f"{kind}: {getattr(peer.refusal, 'text', peer.refusal)}"
+        return str(peer.closed_reason)
+
+    async def wait_closed(self) -> None:
+        """Return once the connection to the manager has ended (at once if it never
+        opened)."""
+        if self._ended is not None:
+            await self._ended.wait()
 
     async def __aenter__(self) -> ConsoleClient:
         from runtime.codec import Frame
@@ -301,12 +327,21 @@ class ConsoleClient:
             )  # fmt: skip
             await conn.send(Frame(Hello("console", self.name)))
             tg = await stack.enter_async_context(anyio.create_task_group())
-            await tg.start(peer.run)
+            ended = anyio.Event()
+
+            async def serve(*, task_status: anyio.abc.TaskStatus[None]) -> None:
+                try:
+                    await peer.run(task_status=task_status)
+                finally:
+                    ended.set()
+
+            await tg.start(serve)
             stack.push_async_callback(peer.aclose)  # runs first: ends peer.run, then tg
         except BaseException:
             await stack.aclose()
             raise
         self._peer = peer
+        self._ended = ended
         self._stack = stack
         return self
 
@@ -354,7 +389,11 @@ class ConsoleClient:
                 raise _BUILTIN_ERRORS[kind](getattr(exc, "text", str(exc))) from None
             raise
         except ActorStopped:
-            raise CorralError(f"the connection to the manager at {self.address} closed") from None
+            why = self.closed_reason
+            raise CorralError(
+                f"the connection to the manager at {self.address} closed"
+                + (f": {why}" if why else "")
+            ) from None
 
     # -- commands as data ----------------------------------------------------------------
 
@@ -1322,6 +1361,11 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" + (f" {notes}" if notes else "")
 
 
+class _ConnectionLost(BaseException):
+    """Raised in the shell's main thread, waiting at the prompt, when the connection to
+    the manager has ended (:meth:`ConsoleShell._interrupted`)."""
+
+
 class ConsoleShell(cmd.Cmd):
     """The interactive console. ``onecmd(line)`` runs one line and returns ``True`` when
     the shell should end; errors print one line and the shell goes on.
@@ -1358,6 +1402,13 @@ class ConsoleShell(cmd.Cmd):
         self.known: dict[str, list[str]] = {"kinds": ["placement", "priority", "retry"]}
         #: what ``python -m runtime console`` exits with: 1 once the connection is lost
         self.exit_code = 0
+        #: the shell waits for a line at the prompt (no command runs)
+        self._at_prompt = False
+        #: a thread waits for the connection to end, to wake the prompt (loop())
+        self._watching = False
+        #: that thread's SIGINT is on its way (not the user's Ctrl-C)
+        self._woken = False
+        self._watch_lock = threading.Lock()
 
     # -- running lines -------------------------------------------------------------------
 
@@ -1371,9 +1422,10 @@ class ConsoleShell(cmd.Cmd):
         try:
             result: Result = self.call(self.client.execute, line)
         except Exception as exc:
-            self.out.print(
-                f"error: {_one_line(exc)}", markup=False, highlight=False, soft_wrap=True
-            )
+            if not self.client.closed:  # else postcmd says so, in one line
+                self.out.print(
+                    f"error: {_one_line(exc)}", markup=False, highlight=False, soft_wrap=True
+                )
             return False
         if result.quit:
             return True
@@ -1389,12 +1441,29 @@ class ConsoleShell(cmd.Cmd):
     def _emit(self, line: str) -> None:
         self.out.print(line, markup=False, highlight=False, soft_wrap=True)
 
+    def precmd(self, line: str) -> str:
+        self._at_prompt = False
+        return line
+
     def postcmd(self, stop: bool, line: str) -> bool:
-        if not stop and self.client.closed:
-            self.out.print("the connection to the manager closed; leaving")
-            self.exit_code = 1  # a failure, not a quit
+        if stop:
             return True
-        return stop
+        self._at_prompt = True  # then look: the connection may end from here on
+        if self.client.closed:
+            self._at_prompt = False
+            self._leave()
+            return True
+        return False
+
+    def _leave(self) -> None:
+        """Say that the connection to the manager ended (and why, when it is known);
+        the shell then ends with exit code 1."""
+        why = self.client.closed_reason
+        self.out.print(
+            f"the connection to the manager closed{f': {why}' if why else ''}; leaving",
+            markup=False, highlight=False, soft_wrap=True,
+        )  # fmt: skip
+        self.exit_code = 1  # a failure, not a quit
 
     def refresh(self) -> None:
         """Learn workers, pools, categories and policy names for completion (quietly)."""
@@ -1479,11 +1548,13 @@ class ConsoleShell(cmd.Cmd):
     # -- the loop ------------------------------------------------------------------------
 
     def preloop(self) -> None:
-        try:
+        with contextlib.suppress(ImportError):  # no readline on this platform
             import readline
-        except ImportError:  # pragma: no cover - no readline on this platform
-            return
-        readline.set_completer_delims(" \t\n")
+
+            readline.set_completer_delims(" \t\n")
+        self._at_prompt = True  # then look: the connection may end from here on
+        if self.client.closed:
+            raise _ConnectionLost
 
     def loop(self, history: Path | None = None) -> int:
         """Run until quit/exit/Ctrl-D (0) or the connection to the manager is lost (1);
@@ -1501,13 +1572,20 @@ class ConsoleShell(cmd.Cmd):
         self.refresh()
         intro: str | None = self.intro
         try:
-            while True:
+            with self._connection_watched():
                 try:
-                    self.cmdloop(intro)
+                    while True:
+                        try:
+                            self.cmdloop(intro)
+                            return self.exit_code
+                        except KeyboardInterrupt:
+                            self._at_prompt = False
+                            self.out.print("^C")
+                            intro = ""
+                except _ConnectionLost:
+                    self.out.print()  # off the prompt's line
+                    self._leave()
                     return self.exit_code
-                except KeyboardInterrupt:
-                    self.out.print("^C")
-                    intro = ""
         finally:
             if readline is not None and history is not None:
                 with contextlib.suppress(OSError):
@@ -1516,6 +1594,55 @@ class ConsoleShell(cmd.Cmd):
 
     def emptyline(self) -> bool:
         return False
+
+    @contextlib.contextmanager
+    def _connection_watched(self) -> Iterator[None]:
+        """While the shell reads lines in the main thread (the command line tool): a
+        thread waits for the connection to end and then sends the main thread a SIGINT,
+        which :meth:`_interrupted` turns into :class:`_ConnectionLost` at the prompt, so
+        the shell leaves at once, not at the next line typed. (A command that runs then
+        fails, and ``postcmd`` leaves.) Elsewhere (tests drive the shell from a worker
+        thread, with their own input) nothing is watched: ``postcmd`` looks after each
+        line."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = signal.signal(signal.SIGINT, self._interrupted)
+        self._watching = True
+        main = threading.get_ident()
+        threading.Thread(
+            target=self._watch, args=(main,), name="console-connection", daemon=True
+        ).start()
+        try:
+            yield
+        finally:
+            self._at_prompt = False
+            with self._watch_lock:  # no SIGINT from the watcher after this
+                self._watching = False
+            # (a SIGINT still pending is handled by _interrupted, before the swap)
+            signal.signal(
+                signal.SIGINT, signal.default_int_handler if previous is None else previous
+            )
+
+    def _watch(self, main: int) -> None:
+        """The watching thread: wait for the connection to end, then wake the main
+        thread (:meth:`_connection_watched`)."""
+        with contextlib.suppress(Exception):  # the portal stopped: the shell has ended
+            self.call(self.client.wait_closed)
+        with self._watch_lock:
+            if self._watching:
+                self._woken = True
+                signal.pthread_kill(main, signal.SIGINT)
+
+    def _interrupted(self, signum: int, frame: Any) -> None:
+        """SIGINT in the shell's main thread: the user's Ctrl-C (``KeyboardInterrupt``:
+        the line is abandoned), or the watcher's word that the connection ended."""
+        woken, self._woken = self._woken, False
+        if self._at_prompt and self.client.closed:
+            self._at_prompt = False  # once
+            raise _ConnectionLost
+        if not woken:
+            raise KeyboardInterrupt
 
 
 # ----------------------------------------------------------------------------- entry point
@@ -1572,18 +1699,21 @@ def main(
     token: str | None = None,
     read_only: bool = False,
     as_json: bool = False,
+    log_level: str | None = None,
 ) -> int:
     """``python -m runtime console``: run ``words`` once (exit 0, or 1 after one line on
-    stderr), or the interactive shell when there are none."""
+    stderr), or the interactive shell when there are none. Corral's records are logged
+    at ``--log-level`` (``log_level``, given before the address, or in ``words``), by
+    default at error: the console says what went wrong in its own one line, and a
+    transport's warning (``peer silent; closing``) would only come between its lines."""
     try:
         cmd_words, found = split_cli_options(words)
     except ConsoleError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    if "log_level" in found:  # after the address: python -m runtime configured the rest
-        from runtime.log import configure
+    from runtime.log import configure
 
-        configure(found["log_level"])
+    configure(found.get("log_level") or log_level or "ERROR")
     token = found.get("token", token)
     read_only = found.get("read_only", read_only)
     as_json = found.get("as_json", as_json)

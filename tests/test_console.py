@@ -18,9 +18,11 @@ import io
 import json
 import operator
 import os
+import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -47,6 +49,7 @@ from runtime.kernel import ActorSystem
 from runtime.messages import DrainRequest, PolicyInfo, StatusReply, StatusRequest, TaskRecord
 from runtime.monitor import alerting_config
 from runtime.node import (
+    DEAD_AFTER,
     Gateway,
     PermissionDenied,
     Tokens,
@@ -56,7 +59,7 @@ from runtime.node import (
     token_path,
     worker_factory,
 )
-from tests.helpers import ROOT, log_lines, wait_until
+from tests.helpers import ROOT, Cli, log_lines, wait_until
 
 LIMIT = 20
 
@@ -1008,16 +1011,118 @@ async def test_the_shell_leaves_when_the_manager_goes_away() -> None:
                 )
                 buf.seek(0)
                 buf.truncate()
+                # a command the lost connection fails: one line, the leaving one (it
+                # was an `error: CorralError: ...closed` line, then that one)
                 stop = await anyio.to_thread.run_sync(shell.onecmd, "status")
-                assert stop is False and buf.getvalue().startswith("error: ")
-                assert "connection to the manager" in buf.getvalue()
+                assert stop is False and buf.getvalue() == ""
                 assert shell.postcmd(stop, "status") is True
-                assert buf.getvalue().endswith("the connection to the manager closed; leaving\n")
+                assert buf.getvalue() == "the connection to the manager closed; leaving\n"
                 assert shell.exit_code == 1
 
 
 async def _true(value: bool) -> bool:
     return value
+
+
+class PtyShell:
+    """``python -m runtime console ADDRESS`` as an operator runs it: the interactive
+    shell on a terminal (a pty: readline reads the lines), started with ``cli``'s
+    environment. :meth:`until` reads what it printed up to a text, bounded."""
+
+    def __init__(self, cli: Cli, address: str, *flags: str) -> None:
+        import pty
+
+        self.fd, terminal = pty.openpty()
+        env = {k: v for k, v in cli.env.items() if k != "CORRAL_TOKEN"}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "runtime", "console", address, *flags],
+            stdin=terminal, stdout=terminal, stderr=terminal, env=env, cwd=ROOT,
+        )  # fmt: skip
+        os.close(terminal)
+        cli.procs.append(self.proc)  # ended with the others (SIGTERM) if still running
+        self.seen = ""  #: everything it printed so far
+        self.read = 0  #: how much of it until() returned
+
+    def until(self, text: str, limit: float = LIMIT) -> str:
+        """What it printed after what the last call returned, up to and with ``text``."""
+        import select
+
+        deadline = time.monotonic() + limit
+        while text not in self.seen[self.read :]:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self.fd], [], [], left)[0]:
+                raise AssertionError(f"no {text!r} within {limit} s: {self.seen[-2000:]!r}")
+            try:
+                chunk = os.read(self.fd, 4096)
+            except OSError:  # EIO: the shell has ended and closed the terminal
+                chunk = b""
+            if not chunk:
+                raise AssertionError(f"ended before {text!r}: {self.seen[-2000:]!r}")
+            self.seen += chunk.decode(errors="replace").replace("\r\n", "\n")
+        start, self.read = self.read, self.seen.index(text, self.read) + len(text)
+        return self.seen[start : self.read]
+
+    def line(self, line: str) -> str:
+        """Type ``line``; what it printed up to the next prompt."""
+        os.write(self.fd, line.encode() + b"\r")
+        return self.until("corral> ")
+
+    def ended(self, limit: float = LIMIT) -> int:
+        """Its exit code, once it has ended (within ``limit`` s)."""
+        code = self.proc.wait(limit)
+        os.close(self.fd)
+        return code
+
+
+def test_the_shell_leaves_at_the_prompt_when_the_manager_goes_away(tmp_path: Path) -> None:
+    """A user audit: the shell waiting at `corral>` stayed silent after the manager
+    was stopped (SIGTERM) until a command was typed. It says so at once, at the prompt,
+    and ends with exit code 1. A read-only shell that the manager closes after too
+    many refused commands says why, in one line: no transport log line, no error line
+    besides."""
+    with Cli(tmp_path) as cli:
+        manager, address = cli.manager()
+        admin = PtyShell(cli, address)
+        admin.until("corral> ")
+        looker = PtyShell(cli, address, "--read-only")
+        looker.until("corral> ")
+        for _ in range(10):  # MAX_REFUSED: refused, and the shell goes on
+            assert "error: PermissionDenied: DrainRequest needs" in looker.line("drain w")
+        os.write(looker.fd, b"drain w\r")
+        said = looker.until("; leaving\n")
+        assert looker.ended() == 1
+        lines = [line for line in said.splitlines() if line.strip()]
+        assert lines[0].endswith("drain w") and len(lines) == 2, said  # the echo, one line
+        assert lines[1].startswith(
+            "the connection to the manager closed: PermissionDenied: closed after 11 "
+            "refused messages"
+        ), said
+        assert "level=" not in looker.seen and "error:" not in lines[1], looker.seen
+
+        assert "worker" in admin.line("status")
+        cli.stop([manager])  # SIGTERM; the shell waits at the prompt
+        said = admin.until("the connection to the manager closed; leaving\n")
+        assert admin.ended() == 1
+        assert [line for line in said.splitlines() if line.strip()] == [
+            "the connection to the manager closed; leaving"
+        ], said
+
+
+def test_the_shell_leaves_a_frozen_manager_in_one_line(tmp_path: Path) -> None:
+    """A user audit: with the manager frozen (SIGSTOP), the shell printed the
+    transport's `peer silent; closing` log line, then `error: CorralError: ...closed`,
+    then the leaving line. It says one line, with the reason, once the manager has
+    been silent for DEAD_AFTER (10 s), and ends with exit code 1."""
+    with Cli(tmp_path) as cli:
+        manager, address = cli.manager()
+        shell = PtyShell(cli, address)
+        shell.until("corral> ")
+        manager.send_signal(signal.SIGSTOP)
+        said = shell.until("; leaving\n", limit=DEAD_AFTER + LIMIT)
+        assert shell.ended() == 1
+        (line,) = [line for line in said.splitlines() if line.strip()]
+        assert line.startswith("the connection to the manager closed: no message for "), said
+        assert line.endswith(" s (dead peer); leaving") and "level=" not in shell.seen, said
 
 
 # ----------------------------------------------------------------------------- the CLI
