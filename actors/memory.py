@@ -44,6 +44,7 @@ from typing import Any, Literal
 from runtime.errors import MemoryConfigError
 
 __all__ = [
+    "MIN_LIMIT",
     "Command",
     "Defer",
     "Event",
@@ -59,7 +60,35 @@ __all__ = [
     "Spill",
     "Throttled",
     "Tick",
+    "limit_too_small",
 ]
+
+#: The smallest memory limit a worker takes (64 MiB), 0 (the machine's memory) aside. A
+#: worker process alone takes about 65-75 MiB of RSS with numpy loaded (docs/memory.md),
+#: so under a smaller limit it is past every fence before its first task and every
+#: producer ends ``MemoryStalled``: such a limit is a size missing its unit
+#: (``--memory 512`` is 512 bytes), refused where it is given.
+MIN_LIMIT = 64 * 2**20
+
+
+def limit_too_small(given: object, limit: int) -> str | None:
+    """What is wrong with the memory limit ``limit`` (bytes) read from ``given``: None
+    for 0 (the machine's memory) or at least :data:`MIN_LIMIT`; else what was read and
+    the unit it likely lacks, to follow the setting's name (``"is 512 bytes; did you
+    mean 512MiB? ..."``)."""
+    if limit == 0 or limit >= MIN_LIMIT:
+        return None
+    number = str(given).strip().rstrip("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+    try:
+        unit = "MiB" if float(number) * 2**20 >= MIN_LIMIT else "GiB"
+        meant = f"; did you mean {number.strip()}{unit}?"
+    except ValueError:
+        meant = "."
+    return (
+        f"is {limit:,} byte{'' if limit == 1 else 's'}{meant} A worker's memory limit is at "
+        "least 64 MiB (a worker process alone takes about 65-75 MiB), or 0 for the "
+        "machine's memory"
+    )
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

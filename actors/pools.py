@@ -27,6 +27,7 @@ from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
+from actors.memory import limit_too_small
 from actors.providers import DISK_OFF, BlockSpec
 from actors.slurm import SlurmOptions, parse_seconds, parse_walltime, scheduler_options_problem
 from policies.scaling import PoolLimits
@@ -295,6 +296,11 @@ def _checked(name: str, raw: Mapping[str, Any]) -> PoolConfig:
             name, "drain_period", f"must be shorter than walltime ({walltime:g} s), got {drain:g}"
         )
     memory = _size_key(name, raw, "memory_per_worker", "the machine's memory")
+    too_small = limit_too_small(raw.get("memory_per_worker"), memory)
+    if too_small:  # a size without its unit: every producer of the pool would stall
+        raise PoolConfigError(
+            name, "memory_per_worker", f"= {raw['memory_per_worker']!r} {too_small}"
+        )
     disk = (
         DISK_OFF
         if raw.get("disk_per_worker") == "off"

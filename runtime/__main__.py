@@ -694,12 +694,17 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 
     if args.cores < 1:
         raise ValueError("--cores must be at least 1")
+    from actors.memory import limit_too_small
     from runtime.client import parse_bytes
 
-    if parse_bytes(args.memory) < 0:  # named here: 0 is allowed (the machine's memory)
+    memory = parse_bytes(args.memory)
+    if memory < 0:  # named here: 0 is allowed (the machine's memory)
         raise MemoryConfigError(
             f"--memory must be >= 0 (0: the machine's memory), got {args.memory!r}"
         )
+    too_small = limit_too_small(args.memory, memory)
+    if too_small:
+        raise MemoryConfigError(f"--memory {args.memory} {too_small}")
     if args.disk != "off" and parse_bytes(args.disk) < 0:
         raise ValueError(f"--disk must be >= 0 or 'off', got {args.disk!r}")
     _apply_tls(args, args.address, f"the manager's address {args.address} is not wss://")

@@ -36,6 +36,7 @@ from dask.utils import funcname
 from actors import transfer
 from actors.autoscaler import PoolTarget
 from actors.manager import GatherResult, Manager
+from actors.memory import limit_too_small
 from actors.providers import DISK_OFF, BlockSpec, InProcessProvider
 from actors.scheduler import Scheduler
 from actors.scheduler_events import KeyCancelled, KeyDone, KeyErred, KeyTaken
@@ -1019,6 +1020,11 @@ class Cluster:
                 f"memory_per_worker must be >= 0 (None or 0: the machine's memory), got "
                 f"{memory_per_worker!r}"
             )
+        too_small = limit_too_small(memory_per_worker, self.memory_per_worker)
+        if too_small:  # a size without its unit: every producer would stall
+            from runtime.errors import MemoryConfigError
+
+            raise MemoryConfigError(f"memory_per_worker={memory_per_worker!r} {too_small}")
         if disk_per_worker == "off":
             self.disk_per_worker = DISK_OFF  # not counted
         else:

@@ -293,6 +293,30 @@ def test_a_plain_with_says_to_use_async_with_or_get() -> None:
 @pytest.mark.parametrize(
     ("size", "says"),
     [
+        (512, r"memory_per_worker=512 is 512 bytes; did you mean 512MiB\?"),
+        (1.5, r"memory_per_worker=1\.5 is 1 byte; did you mean 1\.5GiB\?"),
+        ("300KB", r"memory_per_worker='300KB' is 300,000 bytes; did you mean 300MiB\?"),
+    ],
+)
+def test_a_memory_limit_below_a_worker_alone_is_refused_naming_the_unit(
+    size: object, says: str
+) -> None:
+    """``memory_per_worker=1.5`` (GiB meant) was 1 byte: every producer then failed with
+    ``MemoryStalled``, whose message never named the limit. A limit under 64 MiB (less
+    than a worker process alone) is refused when the Cluster is made; 64 MiB and 0 (the
+    machine's memory) are taken."""
+    from runtime.errors import MemoryConfigError
+
+    for kwargs in ({"workers": 1}, {"processes": 2}):
+        with pytest.raises(MemoryConfigError, match=says) as info:
+            Cluster(**kwargs, memory_per_worker=size)  # type: ignore[arg-type]
+        assert "at least 64 MiB" in str(info.value)
+    assert Cluster(workers=1, memory_per_worker="64MiB").memory_per_worker == 64 * 2**20
+
+
+@pytest.mark.parametrize(
+    ("size", "says"),
+    [
         (float("inf"), "is not a size: give a finite number of bytes"),
         (float("nan"), "is not a size: give a finite number of bytes"),
         (0.5, "is less than one byte"),

@@ -91,10 +91,10 @@ def test_the_documented_example_reads_as_written(tmp_path: Path) -> None:
 def test_a_pool_is_a_block_shape_and_limits() -> None:
     ckpt = pools_from_dicts(
         {"ckpt": {"provider": "slurm", "nodes_per_block": 2, "workers_per_node": 3,
-                  "cores_per_worker": 4, "memory_per_worker": 1000, "max_blocks": 5,
+                  "cores_per_worker": 4, "memory_per_worker": 2**30, "max_blocks": 5,
                   "parallelism": 0.25, "max_idletime": "00:01:30"}}
     )["ckpt"]  # fmt: skip
-    assert ckpt.block_spec() == BlockSpec(6, 4, 1000, 0, "ckpt")
+    assert ckpt.block_spec() == BlockSpec(6, 4, 2**30, 0, "ckpt")
     assert ckpt.limits() == PoolLimits(0, 5, 1, 0.25, 24, 90.0)
 
 
@@ -162,6 +162,13 @@ def test_a_misspelt_key_is_refused_with_the_closest_name() -> None:
         ({"nodes_per_block": 2}, "nodes_per_block", "a local block is this machine"),
         ({"memory_per_worker": "lots"}, "memory_per_worker", "'4GiB'"),
         ({"memory_per_worker": -5}, "memory_per_worker", "whole number >= 0"),
+        # A size without its unit was taken as bytes: every producer stalled.
+        (
+            {"memory_per_worker": 512},
+            "memory_per_worker",
+            "= 512 is 512 bytes; did you mean 512MiB?",
+        ),
+        ({"memory_per_worker": "2"}, "memory_per_worker", "= '2' is 2 bytes; did you mean 2GiB?"),
         ({"parallelism": 1.5}, "parallelism", "from 0 to 1"),
         ({"parallelism": "all"}, "parallelism", "from 0 to 1"),
         ({"walltime": "1h"}, "walltime", "'HH:MM:SS'"),
