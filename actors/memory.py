@@ -16,10 +16,25 @@ docs/memory.md for the picture):
   it so) is deferred for a short interval that grows each time the same task is
   deferred again (``first_delay`` x ``growth``^k, at most ``max_delay``); consumers and
   everything else keep running, so memory can come down. The worker is *throttled* and
-  says so (:class:`Throttled`), so the scheduler stops sending it producers. Deferred
-  tasks run at once when a sample is under the fence: nothing waits for its timer then.
-  (In the users' thread of seed 003 a full pause deadlocked clusters: here nothing but
-  producers ever waits, and the scheduler's watchdog fails a run that cannot move.)
+  says so (:class:`Throttled`), so the scheduler stops sending it producers. It resumes
+  only once a sample is under the *resume mark*, ``hysteresis`` [0.1] of the limit
+  under the fence (never under the spill fence, from which spilling acts): one sample
+  just under the fence releases nothing. Deferred tasks then run without waiting for
+  their timers, oldest first, as long as the output each is expected to make fits
+  under the fence (see below). (In the users' thread of seed 003 a full pause
+  deadlocked clusters: here nothing but producers ever waits, and the scheduler's
+  watchdog fails a run that cannot move.)
+
+  A producer's *expected output* is the largest output a producer of its category made
+  on this worker (0 until one finished: not known). One starts only if the RSS plus
+  the expected outputs of the producers started and not finished plus its own stays
+  under the fence; else it is deferred: until those running end, or, with none
+  running, the worker throttles, even under the fence. So released producers do not
+  take memory past the fence in a flood, in thread execution too, where nothing else
+  would stop them. Except that a worker under the resume mark running no producer
+  starts one whose expected output fits under the terminate fence (the limit, with
+  that fence off): a task larger than the room under the throttle fence still runs,
+  alone.
 - ``terminate`` [0.95]: at or above it, the running task whose process is largest is
   killed (:class:`Kill`; its try ends ``oom``), not the worker. Only tasks that run in
   task processes can be killed: the shell reports per-task RSS for those only.
@@ -103,6 +118,9 @@ class MemoryConfig:
     first_delay: float = 0.05  #: first deferral of a producer
     growth: float = 2.0  #: each further deferral of the same task is this much longer
     max_delay: float = 2.0  #: longest deferral
+    #: a throttled worker resumes producers once RSS is this fraction of the limit
+    #: under the throttle fence (never under the spill fence)
+    hysteresis: float = 0.1
     interval: float = 0.05  #: RSS is sampled this often, besides after every task
     execution: Literal["thread", "process"] = "thread"  #: where tasks run
     spill_dir: str | None = None  #: parent directory for spill files (None: system temp)
@@ -116,6 +134,7 @@ class MemoryConfig:
         "first_delay",
         "growth",
         "max_delay",
+        "hysteresis",
         "interval",
         "execution",
         "spill_dir",
@@ -124,7 +143,7 @@ class MemoryConfig:
 
     def __post_init__(self) -> None:
         for name in ("spill", "throttle", "terminate", "first_delay", "growth", "max_delay",
-                     "interval", "disk_limit"):  # fmt: skip
+                     "hysteresis", "interval", "disk_limit"):  # fmt: skip
             value = getattr(self, name)
             off = name in ("spill", "terminate")
             if value is None and off:
@@ -161,6 +180,11 @@ class MemoryConfig:
                 "deferrals need first_delay > 0, growth >= 1 and max_delay >= first_delay; "
                 f"got {self.first_delay}, {self.growth}, {self.max_delay}"
             )
+        if not 0 <= self.hysteresis < self.throttle:
+            raise MemoryConfigError(
+                f"hysteresis must be at least 0 and under throttle ({self.throttle}), got "
+                f"{self.hysteresis}"
+            )
         if self.interval <= 0:
             raise MemoryConfigError(f"interval must be positive, got {self.interval}")
         if self.execution not in ("thread", "process"):
@@ -188,6 +212,19 @@ class MemoryConfig:
     def at(self, fraction: float) -> int:
         """Bytes at ``fraction`` of the limit."""
         return int(fraction * self.limit)
+
+    @property
+    def resume_at(self) -> int:
+        """The resume mark, bytes: a throttled worker resumes producers under it;
+        ``hysteresis`` under the throttle fence, never under the spill fence."""
+        mark = self.at(self.throttle) - self.at(self.hysteresis)
+        return max(mark, self.at(self.spill)) if self.spill is not None else mark
+
+    @property
+    def ceiling(self) -> int:
+        """Bytes a producer's expected output may take an idle worker to, at most: the
+        terminate fence (the limit with it off)."""
+        return self.at(self.terminate) if self.terminate is not None else self.limit
 
 
 # ----------------------------------------------------------------------------- reports
@@ -268,17 +305,21 @@ class Sampled(Event):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Ready(Event):
-    """A task whose inputs are all here wants to start."""
+    """A task whose inputs are all here wants to start; ``category``: its category
+    (a producer's expected output is its category's, as learnt here)."""
 
     key: Any
     producer: bool
+    category: str = ""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Finished(Event):
-    """A task ended (however), or was cancelled before it ran."""
+    """A task ended (however), or was cancelled before it ran; ``nbytes``: the size of
+    the output it left in memory (0: none, it failed, or a file output)."""
 
     key: Any
+    nbytes: int = 0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -344,6 +385,11 @@ class MemoryGovernor:
         self.deferred: dict[Any, float] = {}  #: producer -> not before this time
         self.deferrals: dict[Any, int] = {}  #: producer -> times deferred so far
         self.killed: set[Any] = set()  #: kills asked for, not finished yet
+        #: producers started and not finished -> the output each is expected to make
+        self.producing: dict[Any, int] = {}
+        self.categories: dict[Any, str] = {}  #: deferred or producing key -> its category
+        #: category -> the largest output a producer of it made here (its expected output)
+        self.outputs: dict[str, int] = {}
         self._throttle_at = config.at(config.throttle)
 
     # -- the one mutator ---------------------------------------------------------------
@@ -356,9 +402,7 @@ class MemoryGovernor:
             elif isinstance(ev, Ready):
                 self._ready(ev, out)
             elif isinstance(ev, Finished):
-                self.killed.discard(ev.key)
-                self.deferrals.pop(ev.key, None)
-                self.deferred.pop(ev.key, None)
+                self._finished(ev)
             elif isinstance(ev, Tick):
                 self._tick(ev, out)
             else:
@@ -372,10 +416,20 @@ class MemoryGovernor:
         """RSS as a fraction of the limit."""
         return self.rss / self.config.limit
 
-    def admits(self, producer: bool) -> bool:
-        """Whether a task may start now without asking (the shell's fast path): the
-        same answer :class:`Ready` would give with a :class:`Run`."""
-        return not producer or not self.throttled
+    def expected(self, key: Any) -> int:
+        """The output producer ``key`` is expected to make (0: not known)."""
+        return self.outputs.get(self.categories.get(key, ""), 0)
+
+    def fits(self, key: Any) -> bool:
+        """Whether producer ``key`` may start as far as memory goes: its expected output
+        and those of the producers running fit under the throttle fence; or, on a worker
+        under the resume mark running no producer, its own fits under the terminate
+        fence (the limit with that fence off): a task larger than the room under the
+        throttle fence runs, alone."""
+        need, cfg = self.expected(key), self.config
+        if self.rss + sum(self.producing.values()) + need < self._throttle_at:
+            return True
+        return not self.producing and self.rss < cfg.resume_at and self.rss + need < cfg.ceiling
 
     # -- handlers ----------------------------------------------------------------------
 
@@ -385,13 +439,8 @@ class MemoryGovernor:
         if cfg.spill is not None and rss >= cfg.at(cfg.spill):
             out.append(Spill(rss - cfg.at(cfg.spill * 0.9)))
         if rss < self._throttle_at:
-            if self.throttled:
-                self.throttled = False
-                out.append(Throttled(False, rss))
-            for key in sorted(self.deferred, key=self.deferred.__getitem__):
-                out.append(Run(key))  # memory fell: nothing waits for its timer
-                self.deferrals.pop(key, None)
-            self.deferred.clear()
+            if not self.throttled or rss < cfg.resume_at:
+                self._resume(out)
             return
         if not self.throttled:
             self.throttled = True
@@ -404,20 +453,66 @@ class MemoryGovernor:
                 self.killed.add(worst)
                 out.append(Kill(worst, rss, cfg.limit))
 
+    def _resume(self, out: list[Command]) -> None:
+        """Under the throttle fence (and, once throttled, under the resume mark): run
+        the deferred producers, oldest first, while their expected outputs fit (nothing
+        waits for its timer). A throttled worker stops throttling once none is left
+        deferred; one that is not starts when the next would not fit even with no
+        producer running."""
+        runs: list[Command] = []
+        for key in sorted(self.deferred, key=self.deferred.__getitem__):
+            if not self.fits(key):
+                break
+            del self.deferred[key]
+            self.deferrals.pop(key, None)
+            self._start(key, runs)
+        if self.throttled and not self.deferred:
+            self.throttled = False
+            out.append(Throttled(False, self.rss))
+        elif not self.throttled and self.deferred and not self.producing:
+            self.throttled = True
+            out.append(Throttled(True, self.rss))
+        out += runs
+
     def _ready(self, ev: Ready, out: list[Command]) -> None:
-        if not ev.producer or not self.throttled:
+        if not ev.producer:
             self.deferred.pop(ev.key, None)
             out.append(Run(ev.key))
             return
+        self.categories[ev.key] = ev.category
+        if not self.throttled and not self.deferred and self.fits(ev.key):
+            self._start(ev.key, out)
+            return
+        # Throttled, or its expected output does not fit: it waits. While producers run,
+        # the worker waits for them to end (a sample after they do runs it if it fits);
+        # with none running, it would not fit alone: the worker throttles.
+        if not self.throttled and not self.producing:
+            self.throttled = True
+            out.append(Throttled(True, self.rss))
         self._defer(ev.key, ev.now, out)
+
+    def _finished(self, ev: Finished) -> None:
+        key = ev.key
+        self.killed.discard(key)
+        self.deferrals.pop(key, None)
+        self.deferred.pop(key, None)
+        self.producing.pop(key, None)
+        category = self.categories.pop(key, None)
+        if category is not None and ev.nbytes > self.outputs.get(category, 0):
+            self.outputs[category] = ev.nbytes
+
+    def _start(self, key: Any, out: list[Command]) -> None:
+        self.producing[key] = self.expected(key)
+        out.append(Run(key))
 
     def _tick(self, ev: Tick, out: list[Command]) -> None:
         due = sorted(
             (k for k, until in self.deferred.items() if until <= ev.now),
             key=self.deferred.__getitem__,
         )
-        # Still deferred means memory is still high (a sample under the fence would have
-        # run them all): wait again, a little longer.
+        # Still deferred means memory is still high, or their outputs do not fit (a
+        # sample under the resume mark would have run those that fit): wait again, a
+        # little longer.
         for key in due:
             del self.deferred[key]
             self._defer(key, ev.now, out)

@@ -391,6 +391,8 @@ class WorkerState:
         assert self.reasked.keys() <= self.cancelled, "sent again but not cancelled"
         assert self.on_disk <= self.held.keys(), "on disk but not held"
         assert set(self.deferred) == set(self.governor.deferred), "deferred != governor's"
+        producing = self.governor.producing.keys()
+        assert producing <= self.running.keys() | self.queued.keys(), "producing, not started"
         assert not self.queued or len(self.running) >= self.nthreads, "queued, thread free"
         assert self._peaks.keys() <= self.running.keys(), "a peak of a task not running"
         assert len(self.in_flight) <= self.max_fetches, "too many fetches in flight"
@@ -470,12 +472,13 @@ class WorkerState:
 
     def _ready(self, task: ToRun, now: float, out: list[Command]) -> None:
         """Its inputs are here: run it, unless the governor defers it (a producer while
-        the worker is throttled)."""
-        if self.governor.admits(task.producer):
+        the worker is throttled, or whose expected output does not fit)."""
+        if not task.producer:
             self._run(task, out)
             return
         self.deferred[task.key] = task
-        self._govern(self.governor.handle(mem.Ready(now, task.key, task.producer)), now, out)
+        ready = mem.Ready(now, task.key, True, task.category)
+        self._govern(self.governor.handle(ready), now, out)
 
     def _run(self, task: ToRun, out: list[Command]) -> None:
         on_disk = self.on_disk
@@ -510,6 +513,10 @@ class WorkerState:
             if task is not None and task.attempt:
                 res.attempt = task.attempt
             outcome = res.outcome
+            if (task is not None and task.producer) or (killed and key in killed):
+                # Its output (held in memory) is what its category's next ones expect.
+                held_bytes = res.nbytes if outcome == "ok" and not res.file else 0
+                self.governor.handle(mem.Finished(ev.now, key, held_bytes))
             peak = peaks.pop(key, 0) if peaks else 0
             if (
                 outcome == "ok"
@@ -525,8 +532,6 @@ class WorkerState:
                 out.append(Store(key, value, res.nbytes))
                 results.append(res)
                 continue
-            if killed and key in killed:
-                self.governor.handle(mem.Finished(ev.now, key))
             killed_rss = self._killed_at.pop(key, None)
             rss = killed_rss if outcome == "oom" and killed_rss is not None else res.rss
             copied = copies.pop(key, None)
@@ -596,10 +601,8 @@ class WorkerState:
             self._abandon(key, f.lacking, out)
             self.copied.pop(key, None)
             self.fetch_log.pop(key, None)
-        elif self.deferred.pop(key, None) is not None:
-            self.governor.handle(mem.Finished(now, key))
-        elif self.queued.pop(key, None) is not None:
-            pass
+        elif self.deferred.pop(key, None) is not None or self.queued.pop(key, None) is not None:
+            self.governor.handle(mem.Finished(now, key))  # deferred, or released and queued
         elif self.reasked.pop(key, None) is not None:
             pass  # its newer try never started: nothing to report; the older runs out
         elif key in self.running and key not in self.cancelled:
@@ -808,6 +811,9 @@ class WorkerState:
         cfg = self.governor.config
         over = cfg.terminate is not None and ev.rss >= cfg.at(cfg.terminate)
         if over and not self.killable and not self._over_terminate:
+            # Once each time memory climbs past it from under the throttle fence: not
+            # for every sample that moves around the terminate fence.
+            self._over_terminate = True
             out.append(
                 Log(
                     "warning",
@@ -817,7 +823,8 @@ class WorkerState:
                     (("rss", ev.rss), ("limit", cfg.limit)),
                 )
             )
-        self._over_terminate = over
+        elif ev.rss < cfg.at(cfg.throttle):
+            self._over_terminate = False
         cmds = self.governor.handle(mem.Sampled(ev.now, ev.rss, ev.tasks))
         if self.governor.deferred:
             cmds += self.governor.handle(mem.Tick(ev.now))

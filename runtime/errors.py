@@ -582,7 +582,8 @@ class TaskOutOfMemory(CorralError):
 
 
 class MemoryStalled(CorralError):
-    """Every worker is over its throttle fence and nothing that frees memory can run.
+    """Every worker is throttled (over its throttle fence, or too near it for its next
+    producer's expected output) and nothing that frees memory can run.
 
     ``holding`` lists ``(category, bytes, outputs)`` held by workers (in memory or
     spilled to their disks: the scheduler does not tell them apart), largest
@@ -626,7 +627,8 @@ class MemoryStalled(CorralError):
         need = f"about {_gib(needed)}" if needed else "an amount not known yet"
         super().__init__(
             f"memory stalled for {stalled_for:.1f} s: every worker is over its memory "
-            "throttle fence and nothing that frees memory can run. Outputs held (in memory "
+            "throttle fence (or too near it for its next producer's expected output) and "
+            "nothing that frees memory can run. Outputs held (in memory "
             "or spilled to disk): "
             f"{held or 'none'}. The {waiting} producer tasks still to run need {need}; "
             f"{_gib(available)} is left under the throttle fences. {advice}",

@@ -33,13 +33,13 @@ def test_below_the_fences_everything_runs() -> None:
     assert g.handle(Sampled(0.0, 100)) == []
     assert g.handle(Ready(0.0, "load-1", producer=True)) == [Run("load-1")]
     assert g.handle(Ready(0.0, "sum-1", producer=False)) == [Run("sum-1")]
-    assert g.admits(True) and g.admits(False)
+    assert not g.throttled and g.producing == {"load-1": 0}  # its output: not known yet
 
 
 def test_past_the_throttle_producers_wait_a_growing_bit_and_consumers_run() -> None:
     g = gov(spill=None, throttle=0.6, first_delay=0.1, growth=2.0, max_delay=0.3)
     assert g.handle(Sampled(1.0, 650)) == [Throttled(True, 650)]
-    assert not g.admits(True) and g.admits(False)
+    assert g.throttled
     assert g.handle(Ready(1.0, "load-1", producer=True)) == [Defer("load-1", 1.1)]
     assert g.handle(Ready(1.0, "sum-1", producer=False)) == [Run("sum-1")]
     # Not yet due: nothing happens.
@@ -50,7 +50,7 @@ def test_past_the_throttle_producers_wait_a_growing_bit_and_consumers_run() -> N
     assert g.handle(Tick(1.6)) == [Defer("load-1", pytest.approx(1.9))]
 
 
-def test_memory_falling_resumes_every_deferred_producer_at_once() -> None:
+def test_memory_falling_resumes_every_deferred_producer_of_unknown_size_at_once() -> None:
     g = gov(spill=None, first_delay=0.5)
     g.handle(Sampled(0.0, 700))
     assert g.handle(Ready(0.0, "a", True), Ready(0.1, "b", True)) == [
@@ -64,6 +64,94 @@ def test_memory_falling_resumes_every_deferred_producer_at_once() -> None:
     # Throttled again later: deferrals start short again.
     g.handle(Sampled(1.0, 710))
     assert g.handle(Ready(1.0, "c", True)) == [Defer("c", 1.5)]
+
+
+def test_a_throttled_worker_resumes_only_under_the_resume_mark() -> None:
+    """One sample just under the throttle fence released every deferred producer (a
+    user audit: 'throttled' and 'unthrottled' alternated 5 times in 0.3 s, RSS 293,
+    273, 298 MB... about a 294 MB fence, and the worker went past its limit). A
+    throttled worker now resumes only under the resume mark, ``hysteresis`` (0.1) of
+    the limit under the fence: 600 of 1000 here."""
+    g = gov(spill=None, first_delay=0.5)
+    g.handle(Sampled(0.0, 710))
+    assert g.handle(Ready(0.0, "a", True)) == [Defer("a", 0.5)]
+    for t, rss in ((0.1, 690), (0.2, 650), (0.3, 600), (0.4, 705)):
+        assert g.handle(Sampled(t, rss)) == [], rss  # under the fence: still throttled
+    assert g.throttled and "a" in g.deferred
+    assert g.handle(Sampled(0.5, 599)) == [Throttled(False, 599), Run("a")]
+    assert g.config.resume_at == 600
+
+
+def test_the_resume_mark_is_never_under_the_spill_fence() -> None:
+    """Spilling acts from the spill fence down: a resume mark under it could leave a
+    throttled worker stuck between the two with outputs it could move to disk."""
+    assert MemoryConfig(LIMIT, spill=0.6, throttle=0.7, hysteresis=0.3).resume_at == 600
+    assert MemoryConfig(LIMIT, spill=None, throttle=0.7, hysteresis=0.3).resume_at == 400
+    assert MemoryConfig(LIMIT, spill=0.7, throttle=0.7).resume_at == 700
+    assert MemoryConfig(LIMIT, spill=0.4, throttle=0.5, hysteresis=0.0).resume_at == 500
+
+
+def learnt(g: MemoryGovernor, category: str, nbytes: int) -> None:
+    """``g`` ran one producer of ``category`` whose output was ``nbytes``."""
+    assert g.handle(Ready(0.0, f"{category}-0", True, category)) == [Run(f"{category}-0")]
+    g.handle(Finished(0.0, f"{category}-0", nbytes))
+
+
+def test_released_producers_stay_under_the_fence_by_their_expected_output() -> None:
+    """Under the resume mark, deferred producers run oldest first only while the RSS
+    plus the expected outputs of those running and its own stays under the throttle
+    fence: released together, they do not take memory past it."""
+    g = gov(spill=None, first_delay=0.5)
+    learnt(g, "load", 100)  # a load makes 100 bytes here
+    assert g.outputs == {"load": 100} and not g.producing
+    assert g.handle(Sampled(1.0, 710)) == [Throttled(True, 710)]
+    deferred = g.handle(*(Ready(1.0, k, True, "load") for k in "bcd"))
+    assert deferred == [Defer(k, 1.5) for k in "bcd"]
+    # 450 + 100 + 100 < 700, a third would reach 750: b and c run, d waits (throttled).
+    assert g.handle(Sampled(1.1, 450)) == [Run("b"), Run("c")]
+    assert g.producing == {"b": 100, "c": 100} and list(g.deferred) == ["d"]
+    assert g.throttled
+    g.handle(Finished(1.2, "b", 100), Finished(1.2, "c", 100))
+    assert g.handle(Sampled(1.3, 650)) == []  # above the resume mark: nothing more
+    assert g.handle(Sampled(1.4, 590)) == [Throttled(False, 590), Run("d")]
+
+
+def test_a_producer_whose_output_would_cross_the_fence_waits_for_those_running() -> None:
+    """Not throttled: a producer whose expected output would take memory past the fence
+    with those running waits (without throttling) for them to end; once they ended, a
+    sample under the fence runs it if it fits."""
+    g = gov(spill=None)
+    learnt(g, "load", 200)
+    g.handle(Sampled(1.0, 100))
+    assert g.handle(*(Ready(1.0, k, True, "load") for k in "abc")) == [
+        Run("a"),
+        Run("b"),
+        Defer("c", pytest.approx(1.05)),  # 100 + 3 x 200 = 700: at the fence
+    ]
+    assert not g.throttled
+    g.handle(Finished(1.1, "a", 200))
+    assert g.handle(Sampled(1.1, 290)) == [Run("c")]  # 290 + 200 (b) + 200 < 700
+    assert not g.throttled
+
+
+def test_a_worker_running_no_producer_starts_one_that_fits_under_the_terminate_fence() -> None:
+    """A producer larger than the room under the throttle fence still runs, alone,
+    while its expected output fits under the terminate fence (the limit with it off);
+    one that fits nowhere waits and the worker throttles (the scheduler's watchdog
+    fails the run if nothing frees memory)."""
+    g = gov(spill=None)
+    learnt(g, "big", 500)
+    g.handle(Sampled(1.0, 400))
+    assert g.handle(Ready(1.0, "b1", True, "big")) == [Run("b1")]  # 900 < 950
+    assert g.handle(Ready(1.0, "b2", True, "big")) == [Defer("b2", pytest.approx(1.05))]
+    assert not g.throttled  # b1 runs: b2 waits for it
+    g.handle(Finished(1.2, "b1", 500))
+    assert g.handle(Sampled(1.2, 460)) == [Throttled(True, 460)]  # 960: not even alone
+    assert g.handle(Sampled(1.3, 440)) == [Throttled(False, 440), Run("b2")]  # 940
+    g = gov(spill=None, terminate=None)
+    learnt(g, "big", 500)
+    g.handle(Sampled(1.0, 499))
+    assert g.handle(Ready(1.0, "b", True, "big")) == [Run("b")]  # 999 < the limit
 
 
 def test_a_consumer_arriving_while_throttled_runs_at_once() -> None:
@@ -141,6 +229,8 @@ def test_a_finished_task_forgets_its_deferral() -> None:
         {"interval": 0},
         {"execution": "fiber"},
         {"disk_limit": -1},
+        {"hysteresis": -0.1},
+        {"hysteresis": 0.7},  # as much as the throttle fence
     ],
 )
 def test_bad_configuration_is_refused_with_a_clear_error(kw: dict[str, Any]) -> None:

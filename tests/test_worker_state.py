@@ -378,6 +378,38 @@ def test_threads_past_the_terminate_fence_are_warned_about_once() -> None:
     assert not [c for c in feed(s, MemorySampled(1.1, 970)) if isinstance(c, Log)]
 
 
+def test_threads_around_the_terminate_fence_are_warned_about_once_per_climb() -> None:
+    """RSS that moves around the terminate fence logged the warning at every crossing
+    (a user audit: 15 times in a few seconds); it comes again only after memory was
+    back under the throttle fence."""
+    s = state()
+    feed(s, TasksAssigned(0.0, (task("a"),)))
+
+    def warned(t: float, rss: int) -> int:
+        return len([c for c in feed(s, MemorySampled(t, rss)) if isinstance(c, Log)
+                    and c.level == "warning"])  # fmt: skip
+
+    samples = [(1.0, 960), (1.1, 940), (1.2, 970), (1.3, 800), (1.4, 955), (1.5, 699)]
+    assert [warned(t, rss) for t, rss in samples] == [1, 0, 0, 0, 0, 0]
+    assert warned(1.6, 951) == 1  # climbed again from under the throttle fence
+
+
+def test_a_producer_expects_the_output_its_category_made_here() -> None:
+    """The worker's core tells the governor each producer's category and the output it
+    left in memory: a released producer then counts its category's output."""
+    s = state(spill=None)
+    p0, p1, p2 = (task(k, producer=True) for k in ("p0", "p1", "p2"))
+    assert feed(s, TasksAssigned(0.0, (p0,))) == [Submit(p0)]
+    finish(s, "p0", nbytes=300)
+    assert s.governor.outputs == {"cat": 300}
+    feed(s, MemorySampled(0.5, 100))
+    assert feed(s, TasksAssigned(1.0, (p1, p2)))[0] == Submit(p1)  # 100 + 300 + 300
+    assert s.governor.producing == {"p1": 300} and set(s.deferred) == {"p2"}
+    finish(s, "p1", nbytes=350)
+    assert s.governor.outputs == {"cat": 350} and not s.governor.producing
+    assert Submit(p2) in feed(s, MemorySampled(1.5, 300))  # 300 + 350 < 700
+
+
 def test_rss_sampled_while_a_thread_task_runs_is_its_peak() -> None:
     s = state()
     feed(s, TasksAssigned(0.0, (task("a"),)), MemorySampled(0.5, 400, executing=("a",)))
