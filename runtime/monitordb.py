@@ -354,18 +354,39 @@ def _check_writable(conn: sqlite3.Connection, path: Path) -> None:
     )
 
 
+def _private_dir(directory: Path) -> None:
+    """Make ``directory`` and its missing parents readable by their owner only (0700),
+    as the token directory is: a monitoring database holds every task's key, worker
+    addresses and error messages, what the read token shows. Existing ones are left
+    as they are."""
+    missing = []
+    while not directory.exists():
+        missing.append(directory)
+        if directory.parent == directory:
+            break
+        directory = directory.parent
+    for d in reversed(missing):
+        d.mkdir(mode=0o700, exist_ok=True)
+
+
 def _create(path: Path) -> None:
     """Create (or reopen) ``path`` with the schema, in WAL mode. An existing file is
     looked at first, read-only: one that is not empty and not a monitoring database
     of a version Corral writes is refused unchanged (no table, no WAL mode)."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        _private_dir(path.parent)
     except OSError as exc:
         raise MonitoringDBError(str(path), f"cannot create it: {exc}") from exc
     if path.is_dir():
         raise MonitoringDBError(
             str(path), f"a directory: give --monitoring a file, e.g. {path / 'monitoring.db'}"
         )
+    try:  # a new database is its owner's alone (SQLite gives its -wal, -shm the same)
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise MonitoringDBError(str(path), f"cannot create it: {exc}") from exc
     try:
         if path.exists() and path.stat().st_size > 0:
             peek = _peek(path)

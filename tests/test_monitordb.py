@@ -417,12 +417,38 @@ def test_a_manager_writes_to_a_run_directory_by_default_and_not_with_no_monitori
     path = Path(line.split(":", 1)[1].strip())
     assert path.parent.parent == cli.home / "runs" and path.name == "monitoring.db"
     cli.line_with(manager, "manager listening on")
+    # its owner's alone, as the tokens are (a user audit found 755 and 644: any user
+    # of a login node read every task key and error the read token guards)
+    for made, mode in ((cli.home / "runs", 0o700), (path.parent, 0o700), (path, 0o600)):
+        assert made.stat().st_mode & 0o777 == mode, made
     cli.stop([manager])
     assert open_db(path).execute("SELECT ended FROM runs").fetchone()[0] is not None
     quiet = cli.start("manager", "--listen", "127.0.0.1:0", "--no-monitoring")
     cli.line_with(quiet, "manager listening on")
     cli.stop([quiet])
     assert len(list((cli.home / "runs").iterdir())) == 1
+
+
+def test_a_new_database_and_its_directories_are_their_owners_alone(tmp_path: Path) -> None:
+    """Whatever the umask: the directories made for it are 0700, the database and its
+    WAL 0600; a directory that was there is left as it is."""
+    db = tmp_path / "shared" / "runs" / "today" / "monitoring.db"
+    before = tmp_path.stat().st_mode & 0o777
+    old = os.umask(0o022)
+    try:
+        writer = MonitorWriter(db)
+    finally:
+        os.umask(old)
+    try:
+        sides = list(db.parent.glob("monitoring.db-*"))  # -wal, -shm while it is open
+        assert sides
+        for made in (db, *sides):
+            assert made.stat().st_mode & 0o777 == 0o600, made
+    finally:
+        writer.close()
+    for made in (tmp_path / "shared", tmp_path / "shared" / "runs", db.parent):
+        assert made.stat().st_mode & 0o777 == 0o700, made
+    assert tmp_path.stat().st_mode & 0o777 == before
 
 
 # ----------------------------------------------------------------------------- bad input
