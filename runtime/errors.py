@@ -38,6 +38,8 @@ __all__ = [
     "InvalidTransition",
     "MailboxFull",
     "ManagerLost",
+    "ManagerStopping",
+    "ManagerUnreachable",
     "MemoryConfigError",
     "MemoryStalled",
     "MissingKeysError",
@@ -1021,6 +1023,31 @@ class ManagerLost(CorralError):
             "gone with it; once a manager is running again, submit the work again.",
             address=address,
             reason=reason,
+        )
+
+
+class ManagerStopping(CorralError):
+    """The manager stops on purpose (SIGINT/SIGTERM): the last word it sends each
+    connection (a ``Refused`` frame) before it closes it. A worker told so leaves, and
+    does not try to rejoin."""
+
+    def __init__(self, address: str) -> None:
+        super().__init__(
+            f"the manager at {address} stopped on purpose (SIGINT or SIGTERM)", address=address
+        )
+
+
+class ManagerUnreachable(CorralError):
+    """A worker lost its manager without being told it was stopping (a crash, a
+    ``kill -9``, the network) and could not rejoin it within its reconnect time."""
+
+    def __init__(self, address: str, seconds: float) -> None:
+        super().__init__(
+            f"lost the manager at {address} without its goodbye (it crashed, was killed or "
+            f"the network failed) and could not rejoin it for {seconds:g} s; start the "
+            "worker again once the manager is back",
+            address=address,
+            seconds=seconds,
         )
 
 

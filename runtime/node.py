@@ -67,6 +67,8 @@ from runtime.errors import (
     CorralError,
     FrameTooLarge,
     InvalidAddress,
+    ManagerStopping,
+    ManagerUnreachable,
     PermissionDenied,
     ProtocolError,
     TaskArgumentsTooLarge,
@@ -162,6 +164,9 @@ LOOP_BLOCKED_WARN = 5.0
 #: arguments to make their keys, say); a client process that dies closes its
 #: connection and is seen at once.
 CLIENT_DEAD_AFTER = 120.0
+#: Seconds a stopping manager gives its connections to take its goodbye and close
+#: (:meth:`Gateway.say_goodbye`); those not closed by then are closed without it
+GOODBYE_TIMEOUT = 5.0
 #: seconds the alert monitor waits at most for the listener's URL (the dashboard's,
 #: each alert's link) before its first evaluation
 DASHBOARD_WAIT = 10.0
@@ -1012,6 +1017,9 @@ class Gateway:
         #: the manager's token file (its absolute path; "" if it has none), told to a
         #: client refused for the read token: where the admin token is
         self.token_file = ""
+        #: the manager stops on purpose (:meth:`say_goodbye`): connections that end now
+        #: are not drops, and no worker id is held for a rejoin
+        self.stopping = False
         plane.resolvers.append(self.resolve)
 
     def resolve(self, name: str) -> RemoteRef | None:
@@ -1157,15 +1165,33 @@ class Gateway:
                     # goodbye (a graceful worker says WorkerGone first) is a crash.
                     cause = "unknown" if peer.closed_reason else "crash"
                     self.links[hello.name].detach()
-                    await self._worker_dropped(
-                        hello.name, generation, cause, left=door.said_goodbye
-                    )
+                    if self.stopping:  # closed by us, told why: it leaves, not rejoins
+                        _log.info("worker connection closed: the manager is stopping",
+                                  worker=hello.name)  # fmt: skip
+                    else:
+                        await self._worker_dropped(
+                            hello.name, generation, cause, left=door.said_goodbye
+                        )
                 else:
                     self.peers.pop(hello.name, None)
                     self._generation.pop(hello.name, None)  # a name per session: forgotten
                     if hello.kind == "client":
                         with contextlib.suppress(ActorStopped):  # the manager is stopping
                             await self.plane.manager.tell(ClientGone(hello.name))
+
+    async def say_goodbye(self, address: str) -> None:
+        """The manager stops on purpose: tell every connection so
+        (:class:`ManagerStopping` in a ``Refused`` frame: its workers leave rather than
+        try to rejoin) and close it, all at once, within :data:`GOODBYE_TIMEOUT`."""
+        self.stopping = True
+        goodbye = ManagerStopping(address)
+        with anyio.move_on_after(GOODBYE_TIMEOUT):
+            async with anyio.create_task_group() as tg:
+                for peer in list(self.peers.values()):
+                    if not peer.closed:
+                        tg.start_soon(peer.refuse, goodbye)
+        for peer in list(self.peers.values()):  # what did not close in time
+            await peer.aclose()
 
     def _unsendable(self, worker: str) -> Callable[[Any, FrameTooLarge], bool]:
         """What a worker's connection does with a message too large to send even on its
@@ -1640,8 +1666,7 @@ async def run_manager(
         if feed is not None:
             await feed.close()
         await listener.aclose()
-        for peer in list(gateway.peers.values()):
-            await peer.aclose()
+        await gateway.say_goodbye(listener.address)
 
 
 def _check_listen_address(address: str) -> None:
@@ -1703,8 +1728,11 @@ async def run_worker(
     grace: float = 5.0,
     block: str | None = None,
 ) -> None:
-    """Run a worker process until SIGINT/SIGTERM, until the scheduler retires it, or
-    until the manager stays unreachable for ``reconnect`` seconds.
+    """Run a worker process until SIGINT/SIGTERM, until the scheduler retires it, until
+    the manager says it stops (:class:`ManagerStopping`: the worker leaves at once,
+    without trying to rejoin, and returns), or until the manager, lost without that
+    word (a crash, the network), stays unreachable for ``reconnect`` seconds (then it
+    raises :class:`ManagerUnreachable`: the command line exits 1).
 
     When it stops it tells the scheduler why (:func:`leaving_cause`): ``drained`` when
     the scheduler retired it (``walltime`` when it drained it because its walltime was
@@ -1859,6 +1887,12 @@ async def run_worker(
                     if stop.is_set():
                         manager_gone.set()
                         return
+                    if peer.farewell is not None:  # stopped on purpose: nothing to rejoin
+                        _log.info("the manager stopped; leaving", worker=worker_id,
+                                  manager=address)  # fmt: skip
+                        manager_gone.set()
+                        stop.set()
+                        return
                     if peer.refusal is not None:  # the manager closed on us, saying why
                         _log.error("refused by the manager; stopping", worker=worker_id,
                                    reason=str(peer.refusal))  # fmt: skip
@@ -1906,8 +1940,10 @@ async def run_worker(
                             _log.error("refused by the manager; stopping", worker=worker_id,
                                        reason=str(refused))  # fmt: skip
                             fatal.append(refused)
-                        else:
-                            _log.error("manager unreachable; stopping", worker=worker_id)
+                        else:  # no goodbye: a crash; exit 1, for a service manager
+                            _log.error("manager unreachable; stopping", worker=worker_id,
+                                       manager=address, seconds=reconnect)  # fmt: skip
+                            fatal.append(ManagerUnreachable(address, reconnect))
                         stop.set()
                         return
 

@@ -40,7 +40,10 @@ Rules:
    token or a connection that keeps sending refused messages) says why with a
    :class:`Refused` frame and closes (:meth:`Peer.refuse`). The other side keeps that
    error (``refusal``, and ``closed_reason`` says it) and raises it, instead of
-   ``ActorStopped``, from pending and later asks and tells.
+   ``ActorStopped``, from pending and later asks and tells. A manager that stops on
+   purpose says so the same way, with :class:`~runtime.errors.ManagerStopping`: that is
+   a goodbye, not a refusal (kept as ``farewell``, logged at info, ``closed_reason`` its
+   text; asks and tells fail with ``ActorStopped`` as on any close).
 7. Remote input is the message's problem, not the actor's: tells are delivered with
    ``tell(msg, origin=<peer name>)``, so a handler that raises on one is logged and
    counted by the kernel, and never restarts or crashes the actor (kernel rule 2). An
@@ -72,6 +75,7 @@ from runtime.errors import (
     ConnectionClosed,
     CorralError,
     FrameTooLarge,
+    ManagerStopping,
     ProtocolError,
     RemoteError,
 )
@@ -523,6 +527,8 @@ class Peer:
         self.bad_frames = 0
         #: why the other side refused us (its Refused frame), raised instead of ActorStopped
         self.refusal: BaseException | None = None
+        #: the other side's goodbye (a manager stopping on purpose: ManagerStopping)
+        self.farewell: BaseException | None = None
         self._ids = itertools.count(1)
         self._pending: dict[int, _Pending] = {}
         self._out: deque[Frame] = deque()
@@ -683,6 +689,12 @@ class Peer:
                 continue  # a heartbeat: its arrival is all it says
             if frame.reply_to:
                 self._resolve(frame)
+                continue
+            if type(frame.msg) is Refused and frame.msg.kind == ManagerStopping.__name__:
+                # Not a refusal: a goodbye from a manager that stops on purpose.
+                self.farewell = refusal_error(frame.msg, allow_pickle=self.allow_pickle)
+                self.closed_reason = frame.msg.text
+                _log.info("the peer is stopping", peer=self.name, reason=frame.msg.text)
                 continue
             if type(frame.msg) is Refused:  # the other side closes on us, and says why
                 self.refusal = refusal_error(frame.msg, allow_pickle=self.allow_pickle)

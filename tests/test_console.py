@@ -1076,10 +1076,10 @@ class PtyShell:
 
 def test_the_shell_leaves_at_the_prompt_when_the_manager_goes_away(tmp_path: Path) -> None:
     """A user audit: the shell waiting at `corral>` stayed silent after the manager
-    was stopped (SIGTERM) until a command was typed. It says so at once, at the prompt,
-    and ends with exit code 1. A read-only shell that the manager closes after too
-    many refused commands says why, in one line: no transport log line, no error line
-    besides."""
+    was stopped (SIGTERM) until a command was typed. It says so at once, at the prompt
+    (with the manager's word that it stopped on purpose), and ends with exit code 1. A
+    read-only shell that the manager closes after too many refused commands says why,
+    in one line: no transport log line, no error line besides."""
     with Cli(tmp_path) as cli:
         manager, address = cli.manager()
         admin = PtyShell(cli, address)
@@ -1101,10 +1101,11 @@ def test_the_shell_leaves_at_the_prompt_when_the_manager_goes_away(tmp_path: Pat
 
         assert "worker" in admin.line("status")
         cli.stop([manager])  # SIGTERM; the shell waits at the prompt
-        said = admin.until("the connection to the manager closed; leaving\n")
+        said = admin.until("; leaving\n")
         assert admin.ended() == 1
         assert [line for line in said.splitlines() if line.strip()] == [
-            "the connection to the manager closed; leaving"
+            f"the connection to the manager closed: the manager at {address} "
+            "stopped on purpose (SIGINT or SIGTERM); leaving"
         ], said
 
 

@@ -555,9 +555,10 @@ def _free_port() -> int:
 
 @pytest.mark.anyio
 async def test_a_worker_refused_with_403_says_so_backs_off_and_exits_1(tmp_path: Path) -> None:
-    """The manager restarts on the same port with new tokens: the worker's token is now
-    unknown (HTTP 403). It logs that (not "unreachable"), retries with backoff within
-    its reconnect window (10 s), then exits 1 with the reason."""
+    """The manager crashes and restarts on the same port with new tokens: the worker's
+    token is now unknown (HTTP 403). It logs that (not "unreachable"), retries with
+    backoff within its reconnect window (10 s), then exits 1 with the reason. (A manager
+    stopped on purpose would tell it so, and it would leave instead of rejoining.)"""
     env = _env(tmp_path / "home")
     port = _free_port()
     first, address = _manager(tmp_path, env, f"127.0.0.1:{port}")
@@ -567,8 +568,8 @@ async def test_a_worker_refused_with_403_says_so_backs_off_and_exits_1(tmp_path:
         procs.append(worker)
         _line_with(worker, "joined")
         with anyio.fail_after(LIMIT):
-            first.popen.send_signal(signal.SIGTERM)
-            assert await anyio.to_thread.run_sync(first.popen.wait, 20) == 0
+            first.popen.kill()  # a crash: no goodbye, so the worker tries to rejoin
+            await anyio.to_thread.run_sync(first.popen.wait, 20)
             second, again = _manager(tmp_path, env, f"127.0.0.1:{port}")  # new tokens
             procs.append(second)
             assert again == address
