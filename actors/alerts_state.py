@@ -1016,7 +1016,8 @@ DEFAULT_RULES: list[dict[str, Any]] = [
             "the latest 10 minutes with InputsUnreachable: their inputs could not be fetched "
             "from workers still connected, for two minutes. Check that the workers can reach "
             "each other (each worker's --host, the address its peers reach it on; a firewall "
-            "between hosts or pools); the workers' logs say why each fetch failed.",
+            "between hosts or pools; over wss://, each worker's certificate must name its "
+            "--host); the workers' logs say why each fetch failed.",
         },
     },
     {

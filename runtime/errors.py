@@ -693,9 +693,10 @@ class InputsUnreachable(CorralError):
             f"{times} times in a row over {seconds:.0f} s, from workers still connected; "
             "it was not started. "
             "Check that the workers can reach each other (each worker's --host, the "
-            "address its peers reach it on; a firewall between hosts or pools): the "
-            "worker's log says why each fetch failed ('fetch failed'). Then submit it "
-            "again.",
+            "address its peers reach it on; a firewall between hosts or pools; over "
+            "wss://, each worker's certificate must name its --host: "
+            "docs/security.md#tls): the worker's log says why each fetch failed ('fetch "
+            "failed'). Then submit it again.",
             key=key,
             worker=worker,
             inputs=inputs,

@@ -464,9 +464,13 @@ def free_port() -> int:
 
 
 @functools.cache
-def self_signed_pem() -> tuple[bytes, bytes]:
-    """A self-signed certificate for 127.0.0.1 and localhost (a day long) and its key,
-    PEM (its own CA: a client trusts it by loading it as one)."""
+def self_signed_pem(
+    names: tuple[str, ...] = ("127.0.0.1", "localhost"), *, expired: bool = False
+) -> tuple[bytes, bytes]:
+    """A self-signed certificate for ``names`` (IP addresses and DNS names; by default
+    127.0.0.1 and localhost), valid for a day from five minutes ago (``expired``: it
+    ended a day ago), and its key, PEM (its own CA: a client trusts it by loading it as
+    one)."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -482,14 +486,9 @@ def self_signed_pem() -> tuple[bytes, bytes]:
         .issuer_name(name)
         .public_key(public)
         .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName(
-                [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]
-            ),
-            critical=False,
-        )
+        .not_valid_before(now - datetime.timedelta(days=2 if expired else 0, minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=-1 if expired else 1))
+        .add_extension(x509.SubjectAlternativeName([_san(n) for n in names]), critical=False)
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(public), critical=False)
         .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(public), critical=False)
@@ -501,6 +500,16 @@ def self_signed_pem() -> tuple[bytes, bytes]:
         serialization.NoEncryption(),
     )
     return cert.public_bytes(serialization.Encoding.PEM), key_pem
+
+
+def _san(name: str) -> Any:
+    """A subjectAltName entry for ``name``: an IP address entry, else a DNS name."""
+    from cryptography import x509
+
+    try:
+        return x509.IPAddress(ipaddress.ip_address(name))
+    except ValueError:
+        return x509.DNSName(name)
 
 
 def start_alertmanager(cli: Cli, workdir: Path, port: int | None = None) -> str:

@@ -554,6 +554,8 @@ def test_a_counter_that_appears_counts_from_zero() -> None:
                               "cause": "InputsUnreachable", "outcome": "missing",
                               "team": "corral", "priority": "P2"}  # fmt: skip
     assert "--host" in n.alert.annotations["description"]
+    description = n.alert.annotations["description"]
+    assert "over wss://, each worker's certificate must name its --host" in description
     assert n.alert.annotations["summary"].startswith("Tasks of test fail")
     assert st.handle(Evaluate(10.0, unreachable({"build": 5, "test": 1})))[0].alert.labels[
         "category"] == "build"  # fmt: skip

@@ -424,6 +424,9 @@ def test_inputs_a_connected_holder_never_hands_over_fail_the_task(make_state: Fa
         f"could not get its inputs on worker 'w2' ('a' from 'w1') {err.times} times in a row "
         f"over {err.seconds:.0f} s" in str(err)
     )
+    # What to check, TLS included: a worker's certificate that does not name its --host.
+    assert "each worker's --host" in str(err)
+    assert "over wss://, each worker's certificate must name its --host" in str(err)
     assert assigned(cmds) == {}  # a is not made again: nothing needs it now
     assert s.tasks["b"].state == "erred"
     # Counted and grouped with the other failures (metrics, the dashboard's "why").

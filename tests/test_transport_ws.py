@@ -32,7 +32,7 @@ from aiohttp import WSMsgType, web
 
 import transport
 from runtime.codec import KIND_FRAME, MAGIC, VERSION, Frame, decode_batch, encode
-from runtime.errors import CorralError, ProtocolError
+from runtime.errors import CHECK_LISTENER, CorralError, ProtocolError
 from runtime.messages import ErrorReply, Ping
 from tests.helpers import self_signed_pem
 from tests.transport_conformance import TransportConformance, ping, token
@@ -62,18 +62,28 @@ TOKENS = {"secret-a": "admin", "secret-r": "read"}
 # ----------------------------------------------------------------------------- TLS
 
 
-@functools.cache
-def tls_contexts() -> tuple[ssl.SSLContext, ssl.SSLContext, bytes]:
-    """(server context, client context trusting it, certificate PEM), self-signed."""
-    cert_pem, key_pem = self_signed_pem()
-    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+def server_context(names: tuple[str, ...], *, expired: bool = False) -> ssl.SSLContext:
+    """A listener's context serving a self-signed certificate for ``names``."""
+    cert_pem, key_pem = self_signed_pem(names, expired=expired)
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     with tempfile.TemporaryDirectory() as tmp:
         cert_file, key_file = Path(tmp, "cert.pem"), Path(tmp, "key.pem")
         cert_file.write_bytes(cert_pem)
         key_file.write_bytes(key_pem)
-        server.load_cert_chain(cert_file, key_file)
-    client = ssl.create_default_context(cadata=cert_pem.decode())
-    return server, client, cert_pem
+        ctx.load_cert_chain(cert_file, key_file)
+    return ctx
+
+
+def trusting(names: tuple[str, ...], *, expired: bool = False) -> ssl.SSLContext:
+    """A client context that trusts the certificate of :func:`server_context`."""
+    return ssl.create_default_context(cadata=self_signed_pem(names, expired=expired)[0].decode())
+
+
+@functools.cache
+def tls_contexts() -> tuple[ssl.SSLContext, ssl.SSLContext, bytes]:
+    """(server context, client context trusting it, certificate PEM), self-signed."""
+    names = ("127.0.0.1", "localhost")
+    return server_context(names), trusting(names), self_signed_pem(names)[0]
 
 
 # ----------------------------------------------------------------------------- conformance
@@ -796,6 +806,52 @@ async def test_wss_needs_a_trusted_certificate() -> None:
             ):
                 await client.send(ping(1))
                 assert token(await server.receive()) == 1
+
+
+@pytest.mark.parametrize(
+    ("served", "trusted", "advice"),
+    [
+        pytest.param(
+            server_context(("127.0.0.1",)), trusting(("localhost",)),
+            "give the CA certificate that signed it (for a self-signed certificate, the "
+            "certificate itself) with --tls-ca FILE or CORRAL_TLS_CA=FILE",
+            id="wrong CA",
+        ),
+        pytest.param(
+            server_context(("127.0.0.1",)), None,
+            "without them only the system's CAs are trusted", id="no CA",
+        ),
+        pytest.param(
+            server_context(("127.0.0.1",), expired=True), trusting(("127.0.0.1",), expired=True),
+            "its certificate is outside its validity dates", id="expired",
+        ),
+        pytest.param(
+            server_context(("127.0.0.2",)), trusting(("127.0.0.2",)),
+            "its certificate does not name '127.0.0.1', the host dialled: its subjectAltName "
+            "(SAN) must carry it", id="not naming the host",
+        ),
+    ],
+)  # fmt: skip
+async def test_a_refused_certificate_says_what_to_do(
+    served: ssl.SSLContext,
+    trusted: ssl.SSLContext | None,
+    advice: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A listener is there and answers TLS, but the client refuses its certificate: the
+    error says what to do about it (the CA, the dates, the names), not to check that a
+    listener runs."""
+    monkeypatch.delenv("CORRAL_TLS_CA", raising=False)
+    options = {} if trusted is None else {"ssl_context": trusted}
+    with anyio.fail_after(TIMEOUT), failed_tls_handshakes_expected():
+        async with await transport.listen("wss://127.0.0.1:0", ssl_context=served) as listener:
+            with pytest.raises(ConnectFailed) as info:
+                await transport.connect(listener.address, **options)
+    text = str(info.value)
+    assert "this side did not accept the server's certificate" in info.value.reason
+    assert advice in text
+    assert "The listener is there" in text and "docs/security.md#tls" in text
+    assert CHECK_LISTENER not in text
 
 
 # ----------------------------------------------------------------------------- options
