@@ -34,7 +34,7 @@ import transport
 from runtime.codec import KIND_FRAME, MAGIC, VERSION, Frame, decode_batch, encode
 from runtime.errors import CHECK_LISTENER, CorralError, ProtocolError
 from runtime.messages import ErrorReply, Ping
-from tests.helpers import self_signed_pem
+from tests.helpers import log_lines, self_signed_pem
 from tests.transport_conformance import TransportConformance, ping, token
 from transport import (
     ConnectFailed,
@@ -572,8 +572,10 @@ async def test_too_many_bad_messages_close_with_1008_and_listener_goes_on() -> N
 
 
 async def test_oversized_message_is_refused_with_1009() -> None:
+    """A message over the limit closes the connection with 1009 and a close reason that
+    names the limit, and the listening side logs it (peer, role, limit)."""
     limit = 4096
-    with anyio.fail_after(TIMEOUT):
+    with anyio.fail_after(TIMEOUT), log_lines("corral.transport.ws") as logged:
         async with await transport.listen(
             "ws://127.0.0.1:0/c", max_message_bytes=limit
         ) as listener:
@@ -582,17 +584,23 @@ async def test_oversized_message_is_refused_with_1009() -> None:
                 await ws.send_bytes(encode(Frame(ErrorReply("Blob", "x", b"x" * 2 * limit))))
                 msg = await ws.receive()
                 assert (msg.type, msg.data) == (WSMsgType.CLOSE, 1009)
+                assert msg.extra == "message too big: over max_message_bytes=4096"
                 with pytest.raises(ConnectionClosed) as info:
                     await server.receive()
                 assert "max_message_bytes=4096" in info.value.reason
+            peer = server.peer_address
+            assert logged.has("a message over its size limit", peer, "max_message_bytes=4096")
             # chunks announcing more than the limit
             async with raw_pair(listener) as (ws, server):
                 await ws.send_bytes(struct.pack(">BQ", 2, 10 * limit) + b"\xc7" * 100)
                 msg = await ws.receive()
                 assert (msg.type, msg.data) == (WSMsgType.CLOSE, 1009)
+                assert msg.extra == "message too big: over max_message_bytes=4096"
                 with pytest.raises(ConnectionClosed) as info:
                     await server.receive()
                 assert "announced" in info.value.reason
+            peer = server.peer_address
+            assert logged.has("a message over its size limit", peer, str(10 * limit))
             # a Corral client learns why the peer closed
             async with (
                 await transport.connect(listener.address) as client,
@@ -602,6 +610,35 @@ async def test_oversized_message_is_refused_with_1009() -> None:
                 with pytest.raises(ConnectionClosed) as info:
                     await client.receive()
                 assert "1009" in info.value.reason
+
+
+async def test_an_oversized_message_names_the_limit_of_its_role() -> None:
+    """Over a listener with tokens, one websocket message over the limit of the
+    connection's role (a read token: one chunk's worth; admin: max_message_bytes) is
+    closed with 1009, a reason naming that limit, and a warning naming the role."""
+    # small limits, so that the whole message is sent before the listener closes
+    limit, small = 8192, 1024
+    cases = [("secret-r", "read", 4 * small, f"this connection's limit of {small} bytes "
+              f"(max_message_bytes={limit})"),
+             ("secret-a", "admin", 2 * limit, f"max_message_bytes={limit}")]  # fmt: skip
+    with anyio.fail_after(TIMEOUT), log_lines("corral.transport.ws") as logged:
+        async with await transport.listen(
+            "ws://127.0.0.1:0/c", tokens=TOKENS, max_message_bytes=limit,
+            chunk_size=small, initial_max_message_bytes=small,
+        ) as listener:  # fmt: skip
+            for secret, role, size, what in cases:
+                headers = {"Authorization": f"Bearer {secret}"}
+                async with raw_pair(listener, headers) as (ws, server):
+                    await ws.send_bytes(b"\xc7" * size)
+                    msg = await ws.receive()
+                    assert (msg.type, msg.data, msg.extra) == (
+                        WSMsgType.CLOSE, 1009, f"message too big: over {what}"
+                    )  # fmt: skip
+                    with pytest.raises(ConnectionClosed) as info:
+                        await server.receive()
+                    assert what in info.value.reason
+                line = logged.with_("a message over its size limit", server.peer_address)
+                assert line is not None and f"role='{role}'" in line and what in line, line
 
 
 async def test_sender_refuses_a_frame_over_its_own_max_message_bytes() -> None:

@@ -41,7 +41,10 @@ writer. The application never touches the socket:
   credits) is counted in ``bad_frames``, answered with an ``ErrorReply`` error message
   and dropped; the connection stays open until ``max_bad_frames``, when it is closed
   with websocket code 1008 (policy violation). A message over ``max_message_bytes``
-  closes it with code 1009 (message too big).
+  (or the connection's lower limit) closes it with code 1009 (message too big), a close
+  reason naming the limit, and a warning logged. aiohttp refuses a websocket message
+  over its ``max_msg_size`` and closes by itself, without a reason: our subclasses of
+  its websocket classes give that close the reason.
 * Credits are enforced on receive: the handshake carries each end's ``max_buffer``
   (``Corral-Max-Buffer``), and a peer that sends more frames than it has credits for
   is closed with code 1008. A batch larger than ``max_buffer`` is written in pieces as
@@ -460,6 +463,7 @@ class WebSocketConnection(Connection):
         session: aiohttp.ClientSession | None = None,
         peer_window: int = DEFAULT_MAX_BUFFER,
         initial_limit: int | None = None,
+        message_limit: int | None = None,
     ) -> None:
         self.local_address = local_address
         self.peer_address = peer_address
@@ -489,6 +493,11 @@ class WebSocketConnection(Connection):
         self.max_bad_frames = options.max_bad_frames
         self.close_timeout = options.close_timeout
         self._ws = ws  # aiohttp WebSocketResponse or ClientWebSocketResponse
+        # The most one websocket message may carry (aiohttp refuses a larger one before
+        # we see it, and closes with 1009: ``too_big_reason`` is that close's reason).
+        self.message_limit = options.max_message_bytes if message_limit is None else message_limit
+        if isinstance(ws, _ServerWebSocket | _ClientWebSocket):
+            ws.too_big_reason = f"message too big: over {self._limit_text(self.message_limit)}"
         self._session = session
         # sending
         self._credit = options.max_buffer  # frames we may still send before the peer reads
@@ -988,9 +997,10 @@ class WebSocketConnection(Connection):
     def _error_reason(self, exc: object) -> str:
         code = getattr(exc, "code", None)
         if code == CLOSE_MESSAGE_TOO_BIG:
+            self._log_too_big(self.message_limit, None)
             return (
                 f"closed by this side: the peer {self.peer_address} sent a message over "
-                f"max_message_bytes={self.max_message_bytes} (websocket close code 1009, "
+                f"{self._limit_text(self.message_limit)} (websocket close code 1009, "
                 "message too big)"
             )
         if isinstance(exc, TimeoutError):  # aiohttp's heartbeat: no pong in time
@@ -1174,22 +1184,34 @@ class WebSocketConnection(Connection):
             return self._bad("a chunked message that is not a data message")
         return self._deliver(asm, credited=True)
 
+    def _limit_text(self, limit: int) -> str:
+        """The receive limit ``limit`` in words: which setting it is, and its value."""
+        if limit == self.max_message_bytes:
+            return f"max_message_bytes={limit}"
+        return (
+            f"this connection's limit of {limit} bytes (max_message_bytes={self.max_message_bytes})"
+        )
+
+    def _log_too_big(self, limit: int, size: int | None) -> None:
+        _log.warning(
+            "closed a websocket connection: a message over its size limit (code 1009)",
+            local=self.local_address,
+            peer=self.peer_address,
+            role=self.role,
+            limit=self._limit_text(limit),
+            **({} if size is None else {"size": size}),
+        )
+
     def _too_big(self, size: int) -> None:
         self.bad_frames += 1
-        limit = self.receive_limit
-        if limit == self.max_message_bytes:
-            what = f"max_message_bytes={limit}"
-        else:
-            what = (
-                f"this connection's limit of {limit} bytes (set_limits; "
-                f"max_message_bytes={self.max_message_bytes})"
-            )
+        what = self._limit_text(self.receive_limit)
+        self._log_too_big(self.receive_limit, size)
         reason = (
             f"closed by this side: the peer {self.peer_address} announced a {size}-byte message, "
             f"over {what} (websocket close code 1009)"
         )
         self._recv_reason = self._recv_reason or reason
-        self._request_close(CLOSE_MESSAGE_TOO_BIG, "message too big", reason)
+        self._request_close(CLOSE_MESSAGE_TOO_BIG, f"message too big: over {what}", reason)
 
     def _bad(self, problem: str, *, reply: bool = True) -> bool:
         """Count a malformed message, answer it, and close after ``max_bad_frames``."""
@@ -1222,6 +1244,38 @@ class WebSocketConnection(Connection):
             CLOSE_POLICY_VIOLATION, f"policy violation: {n} malformed messages", reason
         )
         return False
+
+
+# ----------------------------------------------------------------------------- aiohttp
+
+
+def _close_text(ws: _ServerWebSocket | _ClientWebSocket, code: int, message: bytes) -> bytes:
+    """The close text to send: aiohttp closes by itself, with no text, on a message over
+    its ``max_msg_size``; that close gets ``ws.too_big_reason`` (at most 123 bytes)."""
+    if code == CLOSE_MESSAGE_TOO_BIG and not message:
+        return ws.too_big_reason.encode()[:123]
+    return message
+
+
+class _ServerWebSocket(web.WebSocketResponse):
+    """aiohttp's server websocket, whose close on a message too big says why."""
+
+    too_big_reason = ""
+
+    async def close(
+        self, *, code: int = CLOSE_NORMAL, message: bytes = b"", drain: bool = True
+    ) -> bool:
+        message = _close_text(self, code, message)
+        return await super().close(code=code, message=message, drain=drain)
+
+
+class _ClientWebSocket(aiohttp.ClientWebSocketResponse):
+    """aiohttp's client websocket, whose close on a message too big says why."""
+
+    too_big_reason = ""
+
+    async def close(self, *, code: int = CLOSE_NORMAL, message: bytes = b"") -> bool:
+        return await super().close(code=code, message=_close_text(self, code, message))
 
 
 # ----------------------------------------------------------------------------- listener
@@ -1555,7 +1609,7 @@ class WebSocketListener(Listener):
         ws_limit = options.max_message_bytes
         if not trusted:
             ws_limit = min(ws_limit, max(options.chunk_size, self.guard.initial_max_message_bytes))
-        ws = web.WebSocketResponse(
+        ws = _ServerWebSocket(
             timeout=options.close_timeout,
             autoclose=True,
             autoping=True,
@@ -1578,6 +1632,7 @@ class WebSocketListener(Listener):
             role=role,
             peer_window=window,
             initial_limit=initial,
+            message_limit=ws_limit,
         )
         self.connections += 1
         self._live.add(conn)
@@ -1715,7 +1770,9 @@ class WebSocketBackend(Backend):
             headers["Authorization"] = f"Bearer {_check_token(token, 'token')}"
         url = _format(scheme, host, port, path or "/")
         session = aiohttp.ClientSession(
-            timeout=aiohttp.ClientTimeout(total=None, connect=timeout), trust_env=False
+            timeout=aiohttp.ClientTimeout(total=None, connect=timeout),
+            trust_env=False,
+            ws_response_class=_ClientWebSocket,
         )
         ws: Any = None
         try:
