@@ -1780,6 +1780,8 @@ async def run_worker(
         own_address = f"{scheme}://{host}:0" if scheme in ("ws", "wss") else "inproc://"
         _check_peer_tls(address, listen_options)
         own = await listen(own_address, **listen_options)
+        if scheme == "wss":
+            _check_served_certificate(host, listen_options)
         try:
             worker_id = name or own.address
 
@@ -2014,6 +2016,29 @@ def _check_peer_tls(address: str, listen_options: Mapping[str, Any]) -> None:
         "manager is not TLS (it printed `manager listening on ws://...`), join it with "
         f"ws://{address.removeprefix('wss://')}"
     )
+
+
+def _check_served_certificate(host: str, listen_options: Mapping[str, Any]) -> None:
+    """Warn, as a ``wss://`` worker starts, when its peers would refuse the certificate
+    it serves them: verified as this worker verifies its own peers (``CORRAL_TLS_CA``,
+    else the system's CAs), dialled at ``host`` (its ``--host``). It joins anyway (the
+    manager does not verify it), but every fetch of its outputs would fail."""
+    import ssl
+
+    from transport import tls
+
+    server = listen_options.get("ssl_context") or tls.server_context()
+    if server is None:
+        return
+    client = tls.client_context() or ssl.create_default_context()
+    refused = tls.refused_certificate(server, client, host)
+    if refused is not None:
+        _log.warning(
+            "peers would refuse this worker's certificate: they cannot fetch its outputs",
+            host=host,
+            reason=refused.verify_message,
+            hint=tls.certificate_hint(refused.verify_code, host),
+        )
 
 
 async def _cancel_when(event: anyio.Event, scope: anyio.CancelScope) -> None:

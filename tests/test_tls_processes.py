@@ -85,6 +85,24 @@ async def test_a_pools_workers_join_over_wss_with_the_managers_files(
                 assert await c.gather(futures) == [2 * i for i in range(20)]
 
 
+def test_a_worker_warns_at_start_when_its_certificate_does_not_name_its_host(
+    tmp_path: Path,
+) -> None:
+    """A worker whose certificate does not name its --host joins (the manager verifies
+    nothing of it), but its peers would refuse it: it says so as it starts, with what
+    to do, instead of its peers' fetches failing later."""
+    cert, key = _pem(tmp_path)  # for 127.0.0.1 and localhost
+    tls = ["--tls-cert", cert, "--tls-key", key, "--tls-ca", cert]
+    with Cli(tmp_path / "home") as cli:
+        _, address = cli.manager("--listen", "wss://127.0.0.1:0", *tls)
+        proc = cli.start("worker", address, "--host", "127.0.0.2", *tls)
+        line = cli.line_with(proc, "peers would refuse this worker's certificate", LIMIT)
+        assert "127.0.0.2" in line and "IP address mismatch" in line
+        assert "does not name '127.0.0.2', the host dialled" in line
+        assert "a worker's certificate must name its --host" in line
+        cli.line_with(proc, "joined", LIMIT)
+
+
 def test_a_manager_on_wss_without_a_certificate_says_what_to_give(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_TLS_")}
     env.update(CORRAL_HOME=str(tmp_path / "home"), PYTHONPATH=str(ROOT))

@@ -44,6 +44,7 @@ from transport import (
     Listener,
     TransportError,
 )
+from transport.tls import certificate_hint, refused_certificate
 from transport.ws import (
     SUBPROTOCOL,
     AuthenticationFailed,
@@ -889,6 +890,24 @@ async def test_a_refused_certificate_says_what_to_do(
     assert advice in text
     assert "The listener is there" in text and "docs/security.md#tls" in text
     assert CHECK_LISTENER not in text
+
+
+def test_a_certificate_is_checked_as_a_connection_would_without_a_socket() -> None:
+    """``tls.refused_certificate``: what a worker checks its own certificate with as it
+    starts (dialled at its --host, verified with its CAs), by an in-memory handshake."""
+    ok = server_context(("127.0.0.1", "localhost"))
+    assert refused_certificate(ok, trusting(("127.0.0.1", "localhost")), "127.0.0.1") is None
+    assert refused_certificate(ok, trusting(("127.0.0.1", "localhost")), "localhost") is None
+    cases = [
+        (ok, trusting(("127.0.0.1", "localhost")), "127.0.0.2", "its certificate does not name"),
+        (ok, trusting(("localhost",)), "127.0.0.1", "--tls-ca FILE or CORRAL_TLS_CA=FILE"),
+        (server_context(("127.0.0.1",), expired=True), trusting(("127.0.0.1",), expired=True),
+         "127.0.0.1", "outside its validity dates"),
+    ]  # fmt: skip
+    for served, client, host, advice in cases:
+        refused = refused_certificate(served, client, host)
+        assert refused is not None, host
+        assert advice in certificate_hint(refused.verify_code, host)
 
 
 # ----------------------------------------------------------------------------- options

@@ -12,6 +12,11 @@ transport calls when it was given no ``ssl_context``:
   process connects to (a self-signed certificate, or a private CA's); without it, the
   system's CAs. ``--tls-ca`` sets it.
 
+:func:`certificate_hint` says what to do about a certificate a connection refused
+(OpenSSL's verify code), and :func:`refused_certificate` tells, without a socket,
+whether a connection would refuse the certificate a context serves (a worker checks its
+own, dialled at its ``--host``, as it starts).
+
 Contexts are loaded once per file (again when the file changes). A file that cannot be
 read, or does not hold what it should, raises :class:`ValueError` naming the variable.
 See docs/security.md.
@@ -21,12 +26,31 @@ from __future__ import annotations
 
 import os
 import ssl
+from typing import Final
 
-__all__ = ["TLS_CA_ENV", "TLS_CERT_ENV", "TLS_KEY_ENV", "client_context", "server_context"]
+__all__ = [
+    "TLS_CA_ENV",
+    "TLS_CERT_ENV",
+    "TLS_KEY_ENV",
+    "certificate_hint",
+    "client_context",
+    "refused_certificate",
+    "server_context",
+]
 
 TLS_CERT_ENV = "CORRAL_TLS_CERT"
 TLS_KEY_ENV = "CORRAL_TLS_KEY"
 TLS_CA_ENV = "CORRAL_TLS_CA"
+
+#: OpenSSL's verify codes (``ssl.SSLCertVerificationError.verify_code``) for a
+#: certificate whose issuer this side does not trust: unknown or self-signed
+_UNTRUSTED_ISSUER: Final = frozenset({2, 18, 19, 20, 21, 27})
+#: ... for a certificate outside its validity dates (not yet valid, expired)
+_OUT_OF_DATE: Final = frozenset({9, 10})
+#: ... for a certificate that does not name the host dialled (host name, IP address)
+_NAME_MISMATCH: Final = frozenset({62, 64})
+#: rounds of an in-memory handshake (TLS 1.3 takes 2, 1.2 three): past them, give up
+_HANDSHAKE_ROUNDS: Final = 8
 
 #: (purpose, files, their modification times) -> the context made from them
 _loaded: dict[tuple[str, tuple[str, ...], tuple[float, ...]], ssl.SSLContext] = {}
@@ -87,3 +111,63 @@ def client_context() -> ssl.SSLContext | None:
             ) from None
         _loaded[("client", paths, stamp)] = ctx
     return ctx
+
+
+def certificate_hint(code: int, host: str) -> str:
+    """What to do about a server certificate this side refused (OpenSSL's ``code``),
+    dialling ``host``."""
+    if code in _UNTRUSTED_ISSUER:
+        return (
+            "The listener is there, but this side does not trust its certificate's issuer: "
+            "give the CA certificate that signed it (for a self-signed certificate, the "
+            "certificate itself) with --tls-ca FILE or CORRAL_TLS_CA=FILE (Python: "
+            "ssl_context=...); without them only the system's CAs are trusted "
+            "(docs/security.md#tls)."
+        )
+    if code in _OUT_OF_DATE:
+        return (
+            "The listener is there, but its certificate is outside its validity dates "
+            "(openssl x509 -noout -dates -in CERT shows them; check both machines' clocks): "
+            "give it a valid certificate (its --tls-cert) and restart it "
+            "(docs/security.md#tls)."
+        )
+    if code in _NAME_MISMATCH:
+        return (
+            f"The listener is there, but its certificate does not name {host!r}, the host "
+            "dialled: its subjectAltName (SAN) must carry it (an IP address as an IP entry, "
+            "a host name as a DNS entry). Connect by a name the certificate carries, or "
+            "give the listener a certificate that names it; a worker's certificate must "
+            "name its --host (docs/security.md#tls)."
+        )
+    return (
+        "The listener is there, but this side could not verify its certificate: check "
+        "the CA given with --tls-ca or CORRAL_TLS_CA (else the system's CAs), and the "
+        "certificate the listener serves (its --tls-cert) (docs/security.md#tls)."
+    )
+
+
+def refused_certificate(
+    server: ssl.SSLContext, client: ssl.SSLContext, host: str
+) -> ssl.SSLCertVerificationError | None:
+    """Why a connection verifying with ``client`` and dialling ``host`` would refuse the
+    certificate ``server`` serves (None: it would accept it, or the handshake fails for
+    another reason): a TLS handshake between the two in memory, no socket, with the
+    checks a real connection makes (the chain against the CAs, the dates, the names)."""
+    to_server, to_client = ssl.MemoryBIO(), ssl.MemoryBIO()
+    dialler = client.wrap_bio(to_client, to_server, server_hostname=host)
+    listener = server.wrap_bio(to_server, to_client, server_side=True)
+    for _ in range(_HANDSHAKE_ROUNDS):
+        finished = 0
+        for side in (dialler, listener):
+            try:
+                side.do_handshake()
+                finished += 1
+            except ssl.SSLWantReadError:
+                pass
+            except ssl.SSLCertVerificationError as exc:
+                return exc
+            except ssl.SSLError:
+                return None
+        if finished == 2:
+            break
+    return None

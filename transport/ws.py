@@ -1831,54 +1831,12 @@ class WebSocketBackend(Backend):
 _NOT_TLS = "WRONG_VERSION_NUMBER"
 
 
-#: OpenSSL's verify codes (``ssl.SSLCertVerificationError.verify_code``) for a
-#: certificate whose issuer this side does not trust: unknown or self-signed
-_UNTRUSTED_ISSUER: Final = frozenset({2, 18, 19, 20, 21, 27})
-#: ... for a certificate outside its validity dates (not yet valid, expired)
-_OUT_OF_DATE: Final = frozenset({9, 10})
-#: ... for a certificate that does not name the host dialled (host name, IP address)
-_NAME_MISMATCH: Final = frozenset({62, 64})
-
-
 def _verify_error(exc: BaseException) -> ssl.SSLCertVerificationError | None:
     """The certificate verification failure behind an aiohttp TLS error, if it is one."""
     for inner in (getattr(exc, "certificate_error", None), getattr(exc, "os_error", None)):
         if isinstance(inner, ssl.SSLCertVerificationError):
             return inner
     return None
-
-
-def _certificate_hint(code: int, host: str) -> str:
-    """What to do about a server certificate this side refused (OpenSSL's ``code``),
-    dialling ``host``."""
-    if code in _UNTRUSTED_ISSUER:
-        return (
-            "The listener is there, but this side does not trust its certificate's issuer: "
-            "give the CA certificate that signed it (for a self-signed certificate, the "
-            "certificate itself) with --tls-ca FILE or CORRAL_TLS_CA=FILE (Python: "
-            "ssl_context=...); without them only the system's CAs are trusted "
-            "(docs/security.md#tls)."
-        )
-    if code in _OUT_OF_DATE:
-        return (
-            "The listener is there, but its certificate is outside its validity dates "
-            "(openssl x509 -noout -dates -in CERT shows them; check both machines' clocks): "
-            "give it a valid certificate (its --tls-cert) and restart it "
-            "(docs/security.md#tls)."
-        )
-    if code in _NAME_MISMATCH:
-        return (
-            f"The listener is there, but its certificate does not name {host!r}, the host "
-            "dialled: its subjectAltName (SAN) must carry it (an IP address as an IP entry, "
-            "a host name as a DNS entry). Connect by a name the certificate carries, or "
-            "give the listener a certificate that names it; a worker's certificate must "
-            "name its --host (docs/security.md#tls)."
-        )
-    return (
-        "The listener is there, but this side could not verify its certificate: check "
-        "the CA given with --tls-ca or CORRAL_TLS_CA (else the system's CAs), and the "
-        "certificate the listener serves (its --tls-cert) (docs/security.md#tls)."
-    )
 
 
 def _connect_error(
@@ -1918,7 +1876,7 @@ def _connect_error(
                 uri,
                 f"the TLS handshake failed: this side did not accept the server's certificate "
                 f"({verify.verify_message or verify})",
-                _certificate_hint(verify.verify_code, host),
+                tls.certificate_hint(verify.verify_code, host),
             )
         return ConnectFailed(
             uri,
