@@ -852,12 +852,12 @@ async def test_wss_needs_a_trusted_certificate() -> None:
         pytest.param(
             server_context(("127.0.0.1",)), trusting(("localhost",)),
             "give the CA certificate that signed it (for a self-signed certificate, the "
-            "certificate itself) with --tls-ca FILE or CORRAL_TLS_CA=FILE",
+            "certificate itself) in CORRAL_TLS_CA=FILE (a manager or worker: --tls-ca FILE",
             id="wrong CA",
         ),
         pytest.param(
             server_context(("127.0.0.1",)), None,
-            "without them only the system's CAs are trusted", id="no CA",
+            "without it only the system's CAs are trusted", id="no CA",
         ),
         pytest.param(
             server_context(("127.0.0.1",), expired=True), trusting(("127.0.0.1",), expired=True),
@@ -900,7 +900,7 @@ def test_a_certificate_is_checked_as_a_connection_would_without_a_socket() -> No
     assert refused_certificate(ok, trusting(("127.0.0.1", "localhost")), "localhost") is None
     cases = [
         (ok, trusting(("127.0.0.1", "localhost")), "127.0.0.2", "its certificate does not name"),
-        (ok, trusting(("localhost",)), "127.0.0.1", "--tls-ca FILE or CORRAL_TLS_CA=FILE"),
+        (ok, trusting(("localhost",)), "127.0.0.1", "in CORRAL_TLS_CA=FILE"),
         (server_context(("127.0.0.1",), expired=True), trusting(("127.0.0.1",), expired=True),
          "127.0.0.1", "outside its validity dates"),
     ]  # fmt: skip
