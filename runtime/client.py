@@ -982,18 +982,11 @@ class Cluster:
 
             split_address(address)  # InvalidAddress now, not at start
             _refuse_manager_settings(
-                policies=policies is not None,
-                pools=pools is not None,
-                saturation=saturation != 2.0,
-                stall_timeout=stall_timeout != 10.0,
-                prune_depth=prune_depth != 1,
-                monitoring=monitoring is not None,
-                monitoring_interval=monitoring_interval != 2.0,
-                alerts=bool(alerts),
-                alertmanager=alertmanager is not None,
-                alerting=alerting is not None,
-                worker_timeout=worker_timeout is not None,
-            )
+                policies=policies, pools=pools, saturation=saturation,
+                stall_timeout=stall_timeout, prune_depth=prune_depth, monitoring=monitoring,
+                monitoring_interval=monitoring_interval, alerts=alerts,
+                alertmanager=alertmanager, alerting=alerting, worker_timeout=worker_timeout,
+            )  # fmt: skip
         from runtime.node import DEAD_AFTER, check_worker_timeout
 
         #: seconds a worker process may be silent before it counts as lost
@@ -1939,13 +1932,23 @@ _MANAGER_SETTINGS: tuple[tuple[tuple[str, ...], str], ...] = (
 )
 
 
-def _refuse_manager_settings(**given: bool) -> None:
+def _refuse_manager_settings(**values: Any) -> None:
     """``ValueError`` for ``Cluster(address, ...)`` given an option that sets what a
-    manager process holds for all its clients (``given``: option name to whether it was
-    given, other than its default), rather than ignoring it; says where the manager
-    takes it from."""
+    manager process holds for all its clients (``values``: option name to its value; it
+    counts as given when it is not its default in ``Cluster``'s signature, nor None nor
+    empty), rather than ignoring it; says where the manager takes it from."""
+    import inspect
+
+    defaults = inspect.signature(Cluster.__init__).parameters
+
+    def given(name: str) -> bool:
+        value = values[name]
+        if value is None or (isinstance(value, list | tuple | dict) and not value):
+            return False
+        return bool(value != defaults[name].default)
+
     for names, where in _MANAGER_SETTINGS:
-        named = [f"{name}=" for name in names if given[name]]
+        named = [f"{name}=" for name in names if given(name)]
         if named:
             raise ValueError(
                 f"{' and '.join(named)} {'is' if len(named) == 1 else 'are'} for an embedded "
