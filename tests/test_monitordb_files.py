@@ -252,6 +252,7 @@ def test_a_live_run_another_user_may_only_read_is_reported_with_its_latest_rows(
     run.mkdir()
     db = run / "monitoring.db"
     _run_db(db)
+    db.chmod(0o644)  # its owner shares it: a new database is its owner's alone (0600)
     writer = sqlite3.connect(db, isolation_level=None)  # the manager's connection, open
     try:
         writer.execute("PRAGMA wal_autocheckpoint = 0")  # the new rows stay in the -wal
