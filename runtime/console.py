@@ -1229,8 +1229,7 @@ def render_tasks(
 
 
 def render_story(key: str, entries: Sequence[Sequence[str]]) -> RenderableType:
-    if not entries:
-        return Text(f"no transitions recorded for {key!r}")
+    """The transitions of ``key`` (at least one: ``story`` refuses a key with none)."""
     t = Table(title=Text(f"story of {key}"), title_justify="left")
     for col in ("time", "from", "to", "stimulus"):
         t.add_column(col, justify="right" if col == "time" else "left", overflow="fold")
