@@ -370,7 +370,17 @@ def build_parser(prog: str = MODULE_PROG) -> argparse.ArgumentParser:
         "--host", default="127.0.0.1", help="address its peers reach it on (default: 127.0.0.1)"
     )
     wrk.add_argument(
-        "--token", default=None, help="the cluster token (default: CORRAL_TOKEN or the token file)"
+        "--token",
+        default=None,
+        help="the admin token (default: CORRAL_TOKEN, else the manager's token file on this "
+        "machine); ps shows it to every user: prefer --token-file",
+    )
+    wrk.add_argument(
+        "--token-file",
+        default=None,
+        metavar="PATH",
+        help="read the admin token from PATH (mode 0600: one token, or the manager's own "
+        "token file); wins over CORRAL_TOKEN; not with --token",
     )
     wrk.add_argument(
         "--name",
@@ -401,8 +411,8 @@ def build_parser(prog: str = MODULE_PROG) -> argparse.ArgumentParser:
     con = sub.add_parser(
         "console",
         parents=[common],
-        usage="%(prog)s [-h] [--log-level LEVEL] [--token TOKEN] [--read-only] [--json] "
-        "ADDRESS [COMMAND ...]",
+        usage="%(prog)s [-h] [--log-level LEVEL] [--token TOKEN | --token-file PATH] "
+        "[--read-only] [--json] ADDRESS [COMMAND ...]",
         help="the control console of a running manager (a shell, or one command)",
         description="Look at and steer the cluster whose manager listens at ADDRESS. "
         "Without COMMAND: an interactive shell (history, tab completion; `help` lists the "
@@ -420,12 +430,20 @@ def build_parser(prog: str = MODULE_PROG) -> argparse.ArgumentParser:
     con.add_argument(
         "--token",
         default=None,
-        help="the token (default: CORRAL_TOKEN or the manager's token file on this machine)",
+        help="the token (default: CORRAL_TOKEN or the manager's token file on this machine); "
+        "ps shows it to every user: prefer --token-file",
+    )
+    con.add_argument(
+        "--token-file",
+        default=None,
+        metavar="PATH",
+        help="read the token from PATH (mode 0600: one token, or the manager's own token "
+        "file, whose read entry --read-only takes); wins over CORRAL_TOKEN; not with --token",
     )
     con.add_argument(
         "--read-only",
         action="store_true",
-        help="use the read-only token from the token file (look, do not change)",
+        help="use the read-only token of the token file (look, do not change)",
     )
     con.add_argument("--json", action="store_true", help="print JSON instead of tables")
     con.add_argument(
@@ -709,6 +727,11 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         raise ValueError(f"--disk must be >= 0 or 'off', got {args.disk!r}")
     _apply_tls(args, args.address, f"the manager's address {args.address} is not wss://")
     memory_options = _memory_options(args)
+    if args.token_file is not None:  # read now: a bad file stops it before it starts
+        from runtime.node import check_one_token, read_token_file
+
+        check_one_token(args.token, args.token_file)
+        args.token = read_token_file(args.token_file)
 
     def ready(worker_id: str) -> None:
         print(f"worker {worker_id} joined {args.address}", flush=True)
@@ -848,7 +871,8 @@ def _cmd_console(args: argparse.Namespace) -> int:
             "ws://127.0.0.1:8786); COMMAND is optional: without one the console is a shell"
         )
     return console_main(
-        args.address, args.words, token=args.token, read_only=args.read_only, as_json=args.json,
+        args.address, args.words, token=args.token, token_file=args.token_file,
+        read_only=args.read_only, as_json=args.json,
         log_level=getattr(args, "log_level", None),  # absent: not given before the address
     )  # fmt: skip
 

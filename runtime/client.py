@@ -890,8 +890,11 @@ class Cluster:
     configured pools (docs/configuration.md#pools).
 
     ``Cluster("ws://host:port")`` connects to a running manager instead (``python -m
-    runtime manager``); the token comes from ``token=``, ``CORRAL_TOKEN`` or the token
-    file the manager wrote on this machine, and must be the admin one: entering the
+    runtime manager``); the token comes from ``token=`` or the file ``token_file=``
+    (one token, or a manager's own token file: its admin entry; not both,
+    :class:`~runtime.errors.TokenFileError`, which a file that is missing, empty or
+    readable by other users raises too), else ``CORRAL_TOKEN``, else the token file
+    the manager wrote on this machine, and must be the admin one: entering the
     cluster waits for the manager's answer and raises its refusal
     (:class:`~runtime.errors.PermissionDenied` for the read token, which is the
     console's). The worker options do not apply then, and the options that set what
@@ -954,6 +957,7 @@ class Cluster:
         saturation: float = 2.0,
         gc_threshold: int | None = None,
         token: str | None = None,
+        token_file: str | os.PathLike[str] | None = None,
         processes: int | None = None,
         memory_options: Mapping[str, Any] | None = None,
         stall_timeout: float = 10.0,
@@ -987,6 +991,15 @@ class Cluster:
                 monitoring_interval=monitoring_interval, alerts=alerts,
                 alertmanager=alertmanager, alerting=alerting, worker_timeout=worker_timeout,
             )  # fmt: skip
+            from runtime.node import check_one_token
+
+            check_one_token(token, token_file)  # TokenFileError now, not at start
+        elif token_file is not None:
+            raise ValueError(
+                "token_file= is for Cluster(address, ...): the token of a manager in another "
+                "process. An embedded cluster has no token; give the manager's address, or "
+                "leave token_file out"
+            )
         from runtime.node import DEAD_AFTER, check_worker_timeout
 
         #: seconds a worker process may be silent before it counts as lost
@@ -999,6 +1012,7 @@ class Cluster:
         self.monitoring_interval = monitoring_interval
         self.address = address
         self.token = token
+        self.token_file = token_file
         if processes is not None:  # True: with pools=, worker processes
             _whole("processes", processes, 0, bool_ok=pools is not None, also=_PROCESSES_BOOL)
         self.processes = processes  #: worker processes on this machine, over websockets
@@ -1162,7 +1176,7 @@ class Cluster:
         from transport import connect
 
         options: dict[str, Any] = {}
-        token = find_token(address, self.token)
+        token = find_token(address, self.token, token_file=self.token_file)
         if token and address.startswith(("ws://", "wss://")):
             options["token"] = token
         conn = await connect(address, **options)
@@ -1270,6 +1284,8 @@ class Cluster:
         )
         if self.token:
             given = "This client presented the token it was given (token=...)"
+        elif self.token_file is not None:
+            given = f"This client presented the token of its token_file={self.token_file!r}"
         elif os.environ.get("CORRAL_TOKEN"):
             given = (
                 "This client presented CORRAL_TOKEN from the environment (it wins over the "
@@ -2128,6 +2144,7 @@ def get(
     num_workers: int | None = None,
     address: str | None = None,
     token: str | None = None,
+    token_file: str | os.PathLike[str] | None = None,
     gc_threshold: int | None = None,
     files_to: str | os.PathLike[str] | None = None,
     **options: Any,
@@ -2143,7 +2160,7 @@ def get(
     computation there before it reaches the caller, as it does outside a loop; under
     ``asyncio.run``, whose Ctrl-C cancels its main task instead, the computation is
     cancelled and then ``asyncio.CancelledError`` raised in the task.
-    ``gc_threshold`` is as for :class:`Cluster`. ``options`` go to
+    ``gc_threshold``, ``token`` and ``token_file`` are as for :class:`Cluster`. ``options`` go to
     :meth:`Cluster.submit_graph` (``priority``, ``retries``, ``resources``, ``pool``).
     No other worker can join its cluster: a task naming another pool than its own
     (``"default"``), or asking for more ``resources`` than its worker has, raises
@@ -2159,8 +2176,8 @@ def get(
     if unknown:
         raise TypeError(
             f"runtime.get got unknown option(s) {sorted(unknown)}; it takes workers, "
-            f"threads_per_worker, num_workers, address, token, gc_threshold, files_to and "
-            f"{sorted(allowed)}"
+            "threads_per_worker, num_workers, address, token, token_file, gc_threshold, "
+            f"files_to and {sorted(allowed)}"
         )
     sizing = {"workers": workers, "threads_per_worker": threads_per_worker,
               "num_workers": num_workers}  # fmt: skip
@@ -2193,6 +2210,7 @@ def get(
             threads_per_worker=threads,
             gc_threshold=gc_threshold,
             token=token,
+            token_file=token_file,
         )
         if address is None:  # its own cluster: tasks of another pool could never run
             cluster._closed = "runtime.get"

@@ -250,10 +250,12 @@ class ConsoleClient:
     """A console's connection to the manager at ``address``.
 
     Use as ``async with ConsoleClient(address) as console:``. The token is ``token``,
-    else ``CORRAL_TOKEN``, else the manager's token file on this machine (its read-only
-    token with ``read_only=True``). Every command is an async method returning data;
-    errors raise (:class:`runtime.node.PermissionDenied` when a command needs the admin
-    token and this connection has the read-only one).
+    or the one in ``token_file`` (not both: :class:`~runtime.errors.TokenFileError`; a
+    manager's own token file gives its admin entry, its read entry with
+    ``read_only=True``), else ``CORRAL_TOKEN``, else the manager's token file on this
+    machine (its read-only token with ``read_only=True``). Every command is an async
+    method returning data; errors raise (:class:`runtime.node.PermissionDenied` when a
+    command needs the admin token and this connection has the read-only one).
     """
 
     def __init__(
@@ -263,10 +265,12 @@ class ConsoleClient:
         token: str | None = None,
         read_only: bool = False,
         timeout: float = 30.0,
+        token_file: str | os.PathLike[str] | None = None,
         connect_timeout: float | None = None,  #: None: transport.connect's default
     ) -> None:
         self.address = address
         self.token = token
+        self.token_file = token_file
         self.read_only = read_only
         self.timeout = timeout
         self.connect_timeout = connect_timeout
@@ -309,7 +313,8 @@ class ConsoleClient:
         from transport import connect
 
         options: dict[str, Any] = {}
-        token = find_token(self.address, self.token, role="read" if self.read_only else "admin")
+        role = "read" if self.read_only else "admin"
+        token = find_token(self.address, self.token, role, token_file=self.token_file)
         if token and self.address.startswith(("ws://", "wss://")):
             options["token"] = token
         stack = contextlib.AsyncExitStack()
@@ -353,6 +358,13 @@ class ConsoleClient:
             return (
                 "This console presented the token it was given (--token): pass the "
                 "manager's current admin token (or its read token, to look only)."
+            )
+        if self.token_file is not None:
+            return (
+                f"This console presented the token of --token-file {self.token_file} (its "
+                f"{'read' if self.read_only else 'admin'} entry, if it is a manager's token "
+                "file): write the manager's current admin token (or its read token, to "
+                "look only) in it; a manager makes new tokens each time it starts."
             )
         if os.environ.get("CORRAL_TOKEN"):
             return (
@@ -1648,8 +1660,9 @@ class ConsoleShell(cmd.Cmd):
 
 
 def split_cli_options(words: Sequence[str]) -> tuple[list[str], dict[str, Any]]:
-    """Pull the console's own options (``--token T``, ``--token=T``, ``--log-level L``,
-    ``--log-level=L``, ``--read-only``, ``--json``) out of the words after the address."""
+    """Pull the console's own options (``--token T``, ``--token=T``, ``--token-file P``,
+    ``--token-file=P``, ``--log-level L``, ``--log-level=L``, ``--read-only``,
+    ``--json``) out of the words after the address."""
     from runtime.log import level_name
 
     out: list[str] = []
@@ -1657,12 +1670,12 @@ def split_cli_options(words: Sequence[str]) -> tuple[list[str], dict[str, Any]]:
     it = iter(words)
     for w in it:
         flag, eq, given = w.partition("=")
-        if flag in ("--token", "--log-level"):
+        if flag in ("--token", "--token-file", "--log-level"):
             value = given if eq else next(it, None)
             if value is None:
                 raise ConsoleError(f"{flag} needs a value")
-            if flag == "--token":
-                found["token"] = value
+            if flag != "--log-level":
+                found[flag[2:].replace("-", "_")] = value
                 continue
             try:
                 found["log_level"] = level_name(value)
@@ -1699,6 +1712,7 @@ def main(
     read_only: bool = False,
     as_json: bool = False,
     log_level: str | None = None,
+    token_file: str | None = None,
 ) -> int:
     """``python -m runtime console``: run ``words`` once (exit 0, or 1 after one line on
     stderr), or the interactive shell when there are none. Corral's records are logged
@@ -1714,9 +1728,10 @@ def main(
 
     configure(found.get("log_level") or log_level or "ERROR")
     token = found.get("token", token)
+    token_file = found.get("token_file", token_file)
     read_only = found.get("read_only", read_only)
     as_json = found.get("as_json", as_json)
-    client = ConsoleClient(address, token=token, read_only=read_only)
+    client = ConsoleClient(address, token=token, token_file=token_file, read_only=read_only)
     if not cmd_words:
         return _interactive(client)
     line = one_shot_line(cmd_words) + (" --json" if as_json else "")

@@ -58,6 +58,7 @@ __all__ = [
     "TaskProcessDied",
     "TaskTooBigForDisk",
     "TaskTooLarge",
+    "TokenFileError",
     "TransportError",
     "UnknownPolicyError",
     "UnknownStream",
@@ -1050,6 +1051,21 @@ class ManagerUnreachable(CorralError):
             address=address,
             seconds=seconds,
         )
+
+
+class TokenFileError(CorralError, ValueError):
+    """The token file given (``--token-file PATH`` of a worker or console,
+    ``Cluster(address, token_file=PATH)``) cannot be used: missing, a directory, empty,
+    open to other users (group or others may read or change it: as ssh refuses a
+    private key, until ``chmod 600 PATH``), not a token, or given together with a token
+    (``--token``, ``token=``). ``problem`` says which and what to do; it never quotes
+    the file's text."""
+
+    path: str
+    problem: str
+
+    def __init__(self, path: str, problem: str) -> None:
+        super().__init__(f"token file {path}: {problem}", path=path, problem=problem)
 
 
 # ----------------------------------------------------------------------------- console

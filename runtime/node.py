@@ -72,6 +72,7 @@ from runtime.errors import (
     PermissionDenied,
     ProtocolError,
     TaskArgumentsTooLarge,
+    TokenFileError,
     UnknownPolicyError,
 )
 from runtime.graph import PoolShape
@@ -135,6 +136,7 @@ __all__ = [
     "Tokens",
     "Welcome",
     "check_worker_timeout",
+    "read_token_file",
     "run_manager",
     "run_worker",
     "start_control_plane",
@@ -743,8 +745,17 @@ READ_TOKEN_CLIENT = (
 )
 
 
-def find_token(address: str, token: str | None, role: str = "admin") -> str | None:
-    """The token to present: given, else ``CORRAL_TOKEN``, else the local token file."""
+def find_token(
+    address: str,
+    token: str | None,
+    role: str = "admin",
+    token_file: str | os.PathLike[str] | None = None,
+) -> str | None:
+    """The token to present: given (``token``, or the one in ``token_file``: not both,
+    :class:`TokenFileError`), else ``CORRAL_TOKEN``, else the local token file."""
+    check_one_token(token, token_file)
+    if token_file is not None:
+        return read_token_file(token_file, role)
     if token:
         return token
     if os.environ.get("CORRAL_TOKEN"):
@@ -753,6 +764,115 @@ def find_token(address: str, token: str | None, role: str = "admin") -> str | No
         return None
     tokens = Tokens.read_file(token_path(address))
     return tokens.admin if role == "admin" else tokens.read
+
+
+#: the most a token file (``--token-file``) may hold: a token is 64 characters, the
+#: manager's own token file about 150; anything far larger is the wrong file
+TOKEN_FILE_LIMIT = 64 * 1024
+
+
+def check_one_token(token: str | None, token_file: str | os.PathLike[str] | None) -> None:
+    """:class:`TokenFileError` when both a token and a token file are given."""
+    if token and token_file is not None:
+        raise TokenFileError(
+            os.fspath(token_file),
+            "given together with a token (--token, token=): give one of them, the file "
+            "rather than the token itself (a --token on a command line is shown by ps to "
+            "every user of the machine)",
+        )
+
+
+def read_token_file(path: str | os.PathLike[str], role: str = "admin") -> str:
+    """The token in the file at ``path`` (``--token-file`` of a worker or console,
+    ``Cluster(address, token_file=...)``; ``~`` is expanded): its text less the
+    whitespace around it, one word; or, from a manager's own token file
+    (``Tokens.write``: JSON with ``admin`` and ``read`` entries, e.g. on a shared file
+    system), its ``role`` entry.
+
+    :class:`TokenFileError`, saying what to do, for a file that is missing, a
+    directory, unreadable, open to other users (any permission for group or others:
+    ``chmod 600``, as ssh asks of a private key), empty, more than one word, larger
+    than :data:`TOKEN_FILE_LIMIT`, or JSON without that entry. The error never quotes
+    the file's text."""
+    import shlex
+    import stat
+
+    shown = os.fspath(path)
+    quoted = shlex.quote(shown)
+    fix = (
+        f"write the manager's {role} token in it (the {role!r} entry of the manager's own "
+        "token file, ~/.corral/tokens/HOST_PORT.json on its machine), readable by you "
+        f"only (chmod 600 {quoted})"
+    )
+
+    def refuse(problem: str) -> TokenFileError:
+        return TokenFileError(shown, problem)
+
+    try:
+        # Non-blocking: a FIFO without a writer would hang open() (refused below).
+        fd = os.open(os.path.expanduser(path), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as f:
+            mode = os.fstat(fd).st_mode
+            if stat.S_ISDIR(mode):
+                raise IsADirectoryError(path)
+            if not stat.S_ISREG(mode):
+                raise refuse(f"is not a regular file ({stat.filemode(mode)}); {fix}")
+            if mode & 0o077:
+                raise refuse(
+                    f"its permissions ({stat.filemode(mode)}) let other users read or change "
+                    "it, and a token in it is theirs to use; as ssh does with a private key "
+                    f"that is too open, it is not used. Make it yours only: chmod 600 {quoted}"
+                )
+            data = f.read(TOKEN_FILE_LIMIT + 1)
+    except FileNotFoundError:
+        where = (
+            ""
+            if os.path.isabs(os.path.expanduser(shown))
+            else f" (from the working directory {os.getcwd()})"
+        )
+        raise refuse(f"no such file{where}; {fix}") from None
+    except IsADirectoryError:
+        raise refuse(
+            "is a directory: give the path of the file that holds the token (one line, "
+            "the token; or the manager's own token file)"
+        ) from None
+    except PermissionError:
+        raise refuse(
+            "this user may not read it: it must be readable by the user the process runs "
+            f"as (its owner, chmod 600 {quoted})"
+        ) from None
+    except OSError as exc:
+        raise refuse(f"cannot be read: {exc.strerror or exc}") from None
+    if len(data) > TOKEN_FILE_LIMIT:
+        raise refuse(
+            f"holds more than {TOKEN_FILE_LIMIT // 1024} KiB: not a token file (a token is "
+            f"one word, 64 characters); {fix}"
+        )
+    try:
+        text = data.decode("ascii").strip()
+    except UnicodeDecodeError:
+        raise refuse(f"is not text (a token is 64 hexadecimal characters); {fix}") from None
+    if not text:
+        raise refuse(f"is empty; {fix}")
+    if text.startswith("{"):
+        try:
+            entry = json.loads(text).get(role)
+        except (ValueError, AttributeError):
+            entry = None
+        if not isinstance(entry, str) or not entry.strip():
+            raise refuse(
+                f"is not one token, nor a manager's token file with the {role!r} entry "
+                f"(JSON with 'admin' and 'read' entries); {fix}"
+            )
+        return entry.strip()
+    if len(text.split()) > 1:
+        raise refuse(
+            "holds more than one word: a token file holds one token (or is the manager's "
+            f"own token file); {fix}"
+        )
+    if not text.isprintable():
+        raise refuse(f"holds control characters, which a token never has; {fix}")
+    return text
 
 
 # ----------------------------------------------------------------------------- gateway

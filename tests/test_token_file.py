@@ -1,0 +1,307 @@
+"""``--token-file PATH`` of a worker and a console, ``Cluster(address, token_file=...)``:
+the token read from a file (a ``--token`` shows in ``ps`` to every user of a login node;
+docs/security.md#tokens-on-another-machine).
+
+The file is one token, whitespace around it stripped, or the manager's own token file
+(JSON): a worker and a client take its admin entry, a console too, or its read entry
+with ``--read-only``. It wins over ``CORRAL_TOKEN``, as ``--token`` does. A file that is
+missing, a directory, empty, open to group or others, not one token, or given with a
+token too is a :class:`TokenFileError` saying what to do (unit tests below); the real
+processes show the token taken from it: a manager, workers and consoles on
+127.0.0.1 whose ``CORRAL_HOME`` is elsewhere (no token file to find, as on another
+machine) and whose ``CORRAL_TOKEN`` is wrong."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import anyio
+import pytest
+
+import runtime.node as node
+from runtime import Cluster, PermissionDenied, TokenFileError
+from runtime.__main__ import main
+from tests.helpers import Cli
+
+LIMIT = 60
+run = anyio.to_thread.run_sync
+WRONG = "0" * 64  #: a CORRAL_TOKEN the manager does not know
+SECRET = "c0ffee" * 10  #: a token the errors must never quote
+
+
+def token_file(path: Path, text: str | bytes, mode: int = 0o600) -> Path:
+    path.write_bytes(text.encode() if isinstance(text, str) else text)
+    path.chmod(mode)
+    return path
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+def test_the_token_is_the_file_s_text_stripped(tmp_path: Path) -> None:
+    path = token_file(tmp_path / "token", f"  \n{SECRET}\r\n\n")
+    assert node.read_token_file(path) == SECRET
+    assert node.read_token_file(str(path), "read") == SECRET  # one token: the role is not asked
+
+
+def test_a_leading_tilde_is_the_home_directory(tmp_path: Path, monkeypatch: Any) -> None:
+    """``Cluster(address, token_file="~/...")``: no shell expands it there."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    token_file(tmp_path / "t", SECRET)
+    assert node.read_token_file("~/t") == SECRET
+
+
+def test_the_manager_s_own_token_file_gives_its_admin_or_read_entry(tmp_path: Path) -> None:
+    """Pointed at the file a manager writes (``Tokens.write``, e.g. on a shared file
+    system): a worker or client takes its admin token, a --read-only console its read
+    token."""
+    tokens = node.Tokens.generate()
+    path = tmp_path / "h_1.json"
+    tokens.write(path)
+    assert node.read_token_file(path) == tokens.admin
+    assert node.read_token_file(path, "read") == tokens.read
+    assert node.find_token("ws://h:1", None, "read", token_file=path) == tokens.read
+
+
+def test_the_file_wins_over_corral_token(tmp_path: Path, monkeypatch: Any) -> None:
+    monkeypatch.setenv("CORRAL_TOKEN", WRONG)
+    path = token_file(tmp_path / "token", SECRET)
+    assert node.find_token("ws://h:1", None, token_file=path) == SECRET
+    assert node.find_token("ws://h:1", None) == WRONG  # without it, the environment, as before
+
+
+# ----------------------------------------------------------------------------- refusals
+
+
+def refusal(path: Path | str, role: str = "admin") -> str:
+    with pytest.raises(TokenFileError) as caught:
+        node.read_token_file(path, role)
+    text = str(caught.value)
+    assert caught.value.path == os.fspath(path) and text.startswith(f"token file {path}: ")
+    assert SECRET not in text, text  # never the file's text
+    assert isinstance(caught.value, ValueError)
+    return text
+
+
+def test_a_missing_file_is_refused_saying_what_to_put_there(tmp_path: Path) -> None:
+    text = refusal(tmp_path / "nope")
+    assert "no such file; write the manager's admin token in it" in text, text
+    assert f"chmod 600 {tmp_path / 'nope'}" in text, text
+
+
+def test_a_relative_missing_path_names_the_working_directory(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    text = refusal("nope")
+    assert f"no such file (from the working directory {tmp_path})" in text, text
+
+
+def test_a_directory_is_refused(tmp_path: Path) -> None:
+    assert "is a directory: give the path of the file that holds the token" in refusal(tmp_path)
+
+
+@pytest.mark.parametrize("text", ["", " \n\t\n"])
+def test_an_empty_file_is_refused(tmp_path: Path, text: str) -> None:
+    assert ": is empty; write the manager's admin token" in refusal(
+        token_file(tmp_path / "t", text)
+    )
+
+
+@pytest.mark.parametrize("mode", [0o640, 0o604, 0o644, 0o620, 0o660, 0o601], ids=oct)
+def test_a_file_open_to_group_or_others_is_refused_with_the_chmod_that_fixes_it(
+    tmp_path: Path, mode: int
+) -> None:
+    """As ssh refuses a private key that is too open: any permission for group or
+    others, read or write, even when the token in it is right."""
+    path = token_file(tmp_path / "my token", SECRET, mode)
+    text = refusal(path)
+    assert "let other users read or change it" in text, text
+    assert text.endswith(f"Make it yours only: chmod 600 '{path}'"), text  # shell-quoted
+    path.chmod(0o600)
+    assert node.read_token_file(path) == SECRET  # fixed as it says
+    path.chmod(0o400)
+    assert node.read_token_file(path) == SECRET  # read-only for the owner is fine too
+
+
+@pytest.mark.parametrize(
+    "text, says",
+    [
+        (f"{SECRET} {SECRET}", "holds more than one word"),
+        (f"{SECRET}\n{SECRET}\n", "holds more than one word"),
+        (f"{SECRET}\x00", "holds control characters"),
+        (b"\xff\xfe" + SECRET.encode(), "is not text"),
+        ('{"read": "' + SECRET + '"}', "nor a manager's token file with the 'admin' entry"),
+        ("{" + SECRET, "nor a manager's token file with the 'admin' entry"),
+        ("x" * (64 * 1024 + 1), "holds more than 64 KiB"),
+    ],
+)
+def test_a_file_that_is_not_one_token_is_refused(
+    tmp_path: Path, text: str | bytes, says: str
+) -> None:
+    assert says in refusal(token_file(tmp_path / "t", text)), says
+
+
+def test_a_fifo_is_refused_at_once_not_waited_on(tmp_path: Path) -> None:
+    """A named pipe with no writer would block an open(): refused without waiting."""
+    os.mkfifo(tmp_path / "fifo", 0o600)
+    assert "is not a regular file" in refusal(tmp_path / "fifo")
+
+
+def test_an_unreadable_file_is_refused(tmp_path: Path) -> None:
+    """Another user's file, mode 0600. Root reads any file, so as root the test reads
+    it as ``nobody`` (its effective user id, for the call only)."""
+    if os.geteuid() != 0:
+        assert "this user may not read it" in refusal(token_file(tmp_path / "t", SECRET, 0))
+        return
+    with tempfile.TemporaryDirectory() as where:
+        os.chmod(where, 0o755)  # nobody may look in it, not read the file
+        path = token_file(Path(where) / "t", SECRET)
+        os.seteuid(65534)
+        try:
+            text = refusal(path)
+        finally:
+            os.seteuid(0)
+    assert "this user may not read it" in text, text
+
+
+def test_a_token_and_a_token_file_together_are_refused(tmp_path: Path) -> None:
+    path = token_file(tmp_path / "t", SECRET)
+    with pytest.raises(TokenFileError, match=r"given together with a token .*give one of them"):
+        node.find_token("ws://h:1", SECRET, token_file=path)
+    with pytest.raises(TokenFileError, match="given together with a token"):
+        Cluster("ws://h:1", token=SECRET, token_file=path)  # at once, not at connect
+
+
+def test_token_file_without_an_address_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=re.escape("token_file= is for Cluster(address, ...)")):
+        Cluster(token_file=tmp_path / "t")
+
+
+def test_the_worker_command_refuses_a_bad_file_before_it_starts(
+    tmp_path: Path, capsys: Any
+) -> None:
+    """Exit 1 and one line saying what to do, before it listens or dials anything (no
+    manager listens at the address: it never gets that far)."""
+    path = token_file(tmp_path / "t", SECRET, 0o644)
+    assert main(["worker", "ws://127.0.0.1:9", "--token-file", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: TokenFileError: token file {path}: its permissions"), err
+    assert err.rstrip().endswith(f"chmod 600 {path}") and SECRET not in err, err
+    argv = ["worker", "ws://127.0.0.1:9", "--token", SECRET, "--token-file", str(path)]
+    assert main(argv) == 1
+    assert "given together with a token" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "where",
+    [["--token", "T", "ws://127.0.0.1:9", "status"], ["ws://127.0.0.1:9", "status", "--token=T"]],
+)
+def test_the_console_refuses_a_token_and_a_token_file_together(
+    tmp_path: Path, capsys: Any, where: list[str]
+) -> None:
+    """--token and --token-file, before or after the address: exit 1, nothing dialled."""
+    path = token_file(tmp_path / "t", SECRET)
+    assert main(["console", *where, "--token-file", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: TokenFileError: token file {path}: given together"), err
+
+
+def test_the_console_takes_token_file_before_or_after_the_address() -> None:
+    from runtime.__main__ import build_parser
+    from runtime.console import split_cli_options
+
+    args = build_parser().parse_args(["console", "--token-file", "/p", "ws://h:1", "status"])
+    assert args.token_file == "/p" and args.words == ["status"]
+    words, found = split_cli_options(["status", "--token-file=/q", "--read-only"])
+    assert words == ["status"] and found == {"token_file": "/q", "read_only": True}
+
+
+# ----------------------------------------------------------------------------- processes
+
+
+def inc(x: int) -> int:
+    return x + 1
+
+
+@pytest.mark.anyio
+async def test_workers_consoles_and_a_client_take_the_token_from_a_file(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """A manager; everything else runs as on another machine (``CORRAL_HOME`` empty:
+    no token file to find) with a wrong ``CORRAL_TOKEN``, which ``--token-file`` wins
+    over. A worker reads a file of one token, another the manager's own file (its admin
+    entry); a one-shot console sees both; a read-only console given the manager's file
+    presents its read token and may not drain; a ``Cluster(address, token_file=...)``
+    runs a task on them; a console with the manager's file drains a worker, which
+    leaves with status 0."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    with Cli(tmp_path / "home") as cli, anyio.fail_after(LIMIT):
+        manager, address = await run(cli.manager)
+        parts = urlsplit(address)
+        tokens_json = cli.home / "tokens" / f"{parts.hostname}_{parts.port}.json"
+        plain = token_file(tmp_path / "admin.token", f"{cli.tokens(address)['admin']}\n")
+        cli.env = dict(cli.env, CORRAL_HOME=str(elsewhere), CORRAL_TOKEN=WRONG)
+
+        def once(*words: str) -> tuple[int, str]:
+            proc = cli.start("console", address, *words)
+            out = "".join(cli.rest(proc, LIMIT))
+            return proc.wait(LIMIT), out
+
+        a = await run(cli.worker, address, "--name", "a", "--token-file", str(plain))
+        b = await run(cli.worker, address, "--name", "b", "--token-file", str(tokens_json))
+
+        code, out = await run(once, "--token-file", str(plain), "status", "--json")
+        assert code == 0, out
+        assert {w["worker_id"] for w in json.loads(out)["workers"]} == {"a", "b"}, out
+
+        code, out = await run(once, "drain", "a", "--token-file", str(tokens_json), "--read-only")
+        assert code == 1 and "PermissionDenied: DrainRequest needs the admin token" in out, out
+
+        monkeypatch.setenv("CORRAL_HOME", str(elsewhere))
+        monkeypatch.setenv("CORRAL_TOKEN", WRONG)
+        async with Cluster(address, token_file=plain, manager_alerts=None) as cluster:
+            assert await cluster.submit(inc, 1) == 2
+        read = token_file(tmp_path / "read.token", cli.tokens(address)["read"])
+        with pytest.raises(PermissionDenied) as refused:
+            async with Cluster(address, token_file=read, manager_alerts=None):
+                pass
+        assert f"This client presented the token of its token_file={read!r}" in str(refused.value)
+
+        code, out = await run(once, "--token-file", str(tokens_json), "drain", "b")
+        assert code == 0, out
+        assert await run(b.wait, LIMIT) == 0  # drained: it leaves, status 0
+        assert a.poll() is None and manager.poll() is None
+
+
+@pytest.mark.anyio
+async def test_a_token_the_manager_does_not_know_is_refused_saying_where_it_came_from(
+    tmp_path: Path,
+) -> None:
+    """The other half of the test above: the same console, without ``--token-file``,
+    presents the wrong ``CORRAL_TOKEN`` and is refused (HTTP 403), saying so; with a
+    file of a token the manager does not know, it says it presented that file's."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    with Cli(tmp_path / "home") as cli, anyio.fail_after(LIMIT):
+        _, address = await run(cli.manager)
+        cli.env = dict(cli.env, CORRAL_HOME=str(elsewhere), CORRAL_TOKEN=WRONG)
+        proc: subprocess.Popen[str] = cli.start("console", address, "status")
+        out = "".join(await run(cli.rest, proc, LIMIT))
+        assert await run(proc.wait, LIMIT) == 1
+        assert "AuthenticationFailed" in out and "HTTP 403" in out, out
+        assert "presented CORRAL_TOKEN from the environment" in out, out
+
+        stale = token_file(tmp_path / "stale.token", "f" * 64)  # a restarted manager's, say
+        proc = cli.start("console", address, "status", "--token-file", str(stale))
+        out = "".join(await run(cli.rest, proc, LIMIT))
+        assert await run(proc.wait, LIMIT) == 1
+        assert "HTTP 403" in out and f"presented the token of --token-file {stale}" in out, out
