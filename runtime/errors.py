@@ -294,8 +294,9 @@ class AuthenticationFailed(ConnectFailed):
             "tokens in its token file (~/.corral/tokens/HOST_PORT.json on its machine, "
             "CORRAL_HOME/tokens/ if set, or its --token-file; new ones at each start) and "
             "prints only the read token, in its dashboard URL. Command line (console, "
-            "worker): --token TOKEN or CORRAL_TOKEN, else that file on this machine. "
-            "Python: token=... (Cluster(address, token=...), connect(..., token=...)), one "
+            "worker): --token-file PATH (a file holding the token, mode 0600) or --token "
+            "TOKEN or CORRAL_TOKEN, else that file on this machine. Python: "
+            "Cluster(address, token_file=... or token=...), connect(..., token=...): one "
             "of the tokens the listener was started with (listen(..., tokens={token: role})).",
         )
         self.status = self.fields["status"] = status
