@@ -266,15 +266,17 @@ async def test_workers_consoles_and_a_client_take_the_token_from_a_file(
         code, out = await run(once, "drain", "a", "--token-file", str(tokens_json), "--read-only")
         assert code == 1 and "PermissionDenied: DrainRequest needs the admin token" in out, out
 
-        monkeypatch.setenv("CORRAL_HOME", str(elsewhere))
-        monkeypatch.setenv("CORRAL_TOKEN", WRONG)
-        async with Cluster(address, token_file=plain, manager_alerts=None) as cluster:
-            assert await cluster.submit(inc, 1) == 2
         read = token_file(tmp_path / "read.token", cli.tokens(address)["read"])
-        with pytest.raises(PermissionDenied) as refused:
-            async with Cluster(address, token_file=read, manager_alerts=None):
-                pass
-        assert f"This client presented the token of its token_file={read!r}" in str(refused.value)
+        with monkeypatch.context() as env:  # undone before Cli restores CORRAL_HOME
+            env.setenv("CORRAL_HOME", str(elsewhere))
+            env.setenv("CORRAL_TOKEN", WRONG)
+            async with Cluster(address, token_file=plain, manager_alerts=None) as cluster:
+                assert await cluster.submit(inc, 1) == 2
+            with pytest.raises(PermissionDenied) as refused:
+                async with Cluster(address, token_file=read, manager_alerts=None):
+                    pass
+        said = str(refused.value)
+        assert f"This client presented the token of its token_file={read!r}" in said, said
 
         code, out = await run(once, "--token-file", str(tokens_json), "drain", "b")
         assert code == 0, out
