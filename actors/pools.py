@@ -9,12 +9,14 @@ corral.toml``), and what a pool turns into: its :class:`~actors.providers.BlockS
 The keys are Parsl's where they mean the same (``min_blocks``, ``max_blocks``,
 ``init_blocks``, ``nodes_per_block``, ``workers_per_node``, ``cores_per_worker``,
 ``parallelism``, ``walltime``, ``max_idletime``, ``provisioning_timeout``,
-``partition``, ...); ``spare_blocks`` is GitLab Runner's ``IdleCount``. Everything is
-checked before anything starts: an unknown key, a value of the wrong type or out of
-range, a key that belongs to another provider and a reference to a pool that does not
-exist raise :class:`~runtime.errors.PoolConfigError` naming the pool and the key, with
-what is allowed and, for a typo, the closest known name. Pure: no provider is built
-here (``runtime/node.py`` does that).
+``partition``, ...); ``spare_blocks`` is GitLab Runner's ``IdleCount``;
+``tasks_per_worker`` (fresh workers: each runs that many tasks, then is drained and its
+block ends) is Corral's own. Everything is checked before anything starts: an unknown
+key, a value of the wrong type or out of range, a key that belongs to another provider
+and a reference to a pool that does not exist raise
+:class:`~runtime.errors.PoolConfigError` naming the pool and the key, with what is
+allowed and, for a typo, the closest known name. Pure: no provider is built here
+(``runtime/node.py`` does that).
 """
 
 from __future__ import annotations
@@ -66,6 +68,7 @@ COMMON_KEYS: Mapping[str, Any] = {
     "max_idletime": 120.0,
     "provisioning_timeout": None,
     "spare_blocks": 0,
+    "tasks_per_worker": None,  # no limit: a worker takes tasks until it is drained
     "fallback": None,
 }
 
@@ -138,6 +141,9 @@ class PoolConfig:
     #: seconds a block may take from its request to running before it is replaced
     #: (None: it counts as capacity until it runs)
     provisioning_timeout: float | None = None
+    #: tasks each worker runs (tries sent to it) before it is drained and its block
+    #: ends (None: no limit)
+    tasks_per_worker: int | None = None
     fallback: str | None = None  #: the pool long preempted tasks move to
     partition: str = ""
     account: str = ""
@@ -191,6 +197,25 @@ def _whole(pool: str, key: str, value: object, least: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < least:
         raise PoolConfigError(pool, key, f"must be a whole number >= {least}, got {value!r}")
     return value
+
+
+def _task_limit(pool: str, value: object) -> int | None:
+    """Pool ``pool``'s ``tasks_per_worker``: None (no limit) or a whole number >= 1; a
+    number written as text or with a fraction of zero gets the number it meant."""
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        return value
+    meant = ""
+    if isinstance(value, str) and value.strip().isdigit() and int(value) >= 1:
+        meant = f"; did you mean tasks_per_worker = {int(value)} (a number, not a string)?"
+    elif isinstance(value, float) and value.is_integer() and value >= 1:
+        meant = f"; did you mean tasks_per_worker = {int(value)}?"
+    raise PoolConfigError(
+        pool, "tasks_per_worker",
+        "must be a whole number >= 1, the tasks each worker runs before it is drained and "
+        f"its block ends (leave it out: no limit), got {value!r}{meant}",
+    )  # fmt: skip
 
 
 def _text(pool: str, key: str, value: object) -> str:
@@ -335,6 +360,7 @@ def _checked(name: str, raw: Mapping[str, Any]) -> PoolConfig:
         max_idletime=seconds["max_idletime"] or 0.0,
         provisioning_timeout=seconds["provisioning_timeout"],
         spare_blocks=spare,
+        tasks_per_worker=_task_limit(name, raw.get("tasks_per_worker")),
         fallback=fallback,
         exclusive=exclusive,
         provision_delay=seconds["provision_delay"] or 0.0,

@@ -335,7 +335,7 @@ class RetireWorker(Command):
     """A draining worker has finished its tasks: tell it to stop. It stays known (and
     draining) until it leaves (:class:`WorkerLeft`). ``cause``: why it was drained, the
     cause it leaves with: ``walltime`` for the core's own drain before its walltime,
-    ``drained`` for any other (an operator's, a scale-in)."""
+    ``drained`` for any other (an operator's, a scale-in, its pool's ``tasks_per_worker``)."""
 
     worker: str
     cause: str = "drained"

@@ -91,6 +91,10 @@ class SchedulerConfig:
     drain_period: float | None = None
     #: per pool, the ``drain_period`` of its workers (a pool's ``drain_period`` key)
     drain_periods: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    #: per pool, the tasks each of its workers runs (tries sent to it, speculative
+    #: copies among them) before it is drained, so that its block ends and a fresh one
+    #: replaces it (a pool's ``tasks_per_worker`` key); a pool not named: no limit
+    tasks_per_worker: Mapping[str, int] = dataclasses.field(default_factory=dict)
     #: what a worker needs at the end of its walltime besides its last task (to leave)
     walltime_grace: float = 60.0
     #: disk-aware placement: the output expected of a task whose category has no
@@ -119,6 +123,11 @@ class SchedulerConfig:
         depth = self.prune_depth
         if isinstance(depth, bool) or not isinstance(depth, int) or depth < 0:
             raise PruneDepthError(depth)
+        for pool, n in self.tasks_per_worker.items():
+            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+                raise ValueError(
+                    f"tasks_per_worker of pool {pool!r} must be a whole number >= 1, got {n!r}"
+                )
         if not self.unreachable_for >= 0:
             raise ValueError(
                 f"unreachable_for must be seconds >= 0 (inf: never), got {self.unreachable_for!r}"
@@ -177,6 +186,7 @@ class WorkerState:
         "rss",
         "slots",
         "suspended",
+        "tasks_sent",
         "throttle_at",
         "throttled",
         "unconfirmed",
@@ -213,6 +223,9 @@ class WorkerState:
         #: drained by the core because its walltime is near (not by an operator's
         #: drain, ``WorkerDraining``): its end is ``walltime``, not ``drained``
         self.walltime_drain = False
+        #: tries sent to it, speculative copies among them (its pool's
+        #: ``tasks_per_worker`` drains it once they reach that many)
+        self.tasks_sent = 0
         self.throttled = False  #: past its throttle fence: deferring producers
         #: its block is suspended by the batch system: no new tasks until it resumes
         self.suspended = False

@@ -59,7 +59,11 @@ worker cancels its copies; a task that ends cancels all of them (``_unassign``).
 
 Draining: after :class:`WorkerDraining` a worker gets no new tasks (it is never in
 ``free``); once the tasks it runs have finished, one :class:`RetireWorker` command says
-to stop it. It stays known, serving its outputs, until :class:`WorkerLeft`.
+to stop it. It stays known, serving its outputs, until :class:`WorkerLeft`. The core
+drains a worker by itself too: before its walltime (``_drain_before_walltime``), and
+once it was sent its pool's ``tasks_per_worker`` tries (``SchedulerConfig``; counted in
+``_send``, drained in ``_assign`` with the last one: fresh workers, each block ending
+after so many tasks, docs/deployment.md).
 
 Suspended: after :class:`Suspended` (the batch system suspended its block) a worker
 gets no new tasks either (never in ``free``, no evacuation, copy or replica goes to
@@ -1246,10 +1250,18 @@ class SchedulerState:
         ws = self.workers.get(ev.worker)
         if ws is None or ws.draining:
             return  # unknown (gone meanwhile) or draining already
+        self._drain(ws, "draining")
+
+    def _drain(self, ws: WorkerState, why: str) -> None:
+        """Give ``ws`` no new tasks from now on, and retire it once it runs none
+        (:meth:`_retire_idle`); ``why``: its story's line (``draining``, for an
+        operator's drain or a scale-in; ``draining:walltime in N s``;
+        ``draining:tasks_per_worker N``, its pool's limit reached). The speculative
+        copies it runs are cancelled."""
         ws.draining = True
         self.draining.add(ws.id)
         self.free.pop(ws.id, None)
-        self._log(ws.id, "joined", "draining")
+        self._log(ws.id, "joined", why)
         self._copies_off(ws, "drained")
         self._limits_changed()
 
@@ -1494,12 +1506,8 @@ class SchedulerState:
             left = ws.deadline - self._now
             if left > self._drain_margin(ws, longest):
                 continue
-            ws.draining = ws.walltime_drain = True
-            self.draining.add(ws.id)
-            self.free.pop(ws.id, None)
-            self._log(ws.id, "joined", f"draining:walltime in {max(0.0, left):.0f} s")
-            self._copies_off(ws, "drained")
-            self._limits_changed()
+            ws.walltime_drain = True
+            self._drain(ws, f"draining:walltime in {max(0.0, left):.0f} s")
 
     def _long_enough(self, ts: TaskState, cands: list[WorkerState]) -> list[WorkerState]:
         """Workers whose walltime leaves room for ``ts`` (its category's p90 duration),
@@ -2439,7 +2447,13 @@ class SchedulerState:
         """Offer each idle worker (not draining, running nothing: after ``_fill`` no
         ready task can go to it) a copy of a task running elsewhere, the longest
         running first, as the speculation policy proposes."""
-        idle = {wid: w for wid, w in self.free.items() if not w.processing and not w.copies}
+        # Not to a worker whose pool's tasks_per_worker leaves it one task or none: that
+        # one is for a first try (a copy would drain it, and draining cancels copies).
+        idle = {
+            wid: w
+            for wid, w in self.free.items()
+            if not w.processing and not w.copies and self._tasks_left(w) > 1
+        }
         if not idle:
             return
         now = self._now
@@ -3049,10 +3063,22 @@ class SchedulerState:
             ws.disk_reserved += ts.disk_need
         self._update_free(ws)
         ts.attempt = self._send(ts, ws)
+        most = self.config.tasks_per_worker.get(ws.pool)
+        if most is not None and ws.tasks_sent >= most and not ws.draining:
+            # Its last task: no other comes to it, and it is retired once that one is
+            # done (its block ends, and the autoscaler starts a fresh one if needed).
+            self._drain(ws, f"draining:tasks_per_worker {most}")
+
+    def _tasks_left(self, ws: WorkerState) -> float:
+        """How many more tries ``ws`` may be sent before its pool's
+        ``tasks_per_worker`` drains it (``inf``: no limit)."""
+        most = self.config.tasks_per_worker.get(ws.pool)
+        return NO_LIMIT if most is None else most - ws.tasks_sent
 
     def _send(self, ts: TaskState, ws: WorkerState) -> int:
         """Add a try of ``ts`` to the batch of tasks ``ws`` gets at the end of this
-        event; return its number (``ToRun.attempt``)."""
+        event; return its number (``ToRun.attempt``). Counted in ``ws.tasks_sent``."""
+        ws.tasks_sent += 1
         if ts.deps:
             deps = tuple((d.key, tuple(d.who_has)) for d in ts.deps)
             sizes = tuple(d.nbytes for d in ts.deps)
@@ -3635,6 +3661,8 @@ class SchedulerState:
                     assert ws.retired or ws.keeping, (ws, "draining but not retired")
             else:
                 assert not ws.retired, ws
+            # Sent its pool's tasks_per_worker tries: it takes no other.
+            assert self._tasks_left(ws) > 0 or ws.draining, (ws, "past tasks_per_worker")
         assert self.draining <= self.workers.keys(), self.draining
         for ts, copies in self.replicas.items():
             assert ts.state == "memory" and copies and copies <= ts.who_has, (ts, copies)

@@ -256,7 +256,8 @@ async def start_control_plane(
     ``pools``: the configured pools, whose worker shapes (:func:`pool_shapes`) the
     manager checks submissions against (a task asking for more than every worker of its
     pool has is refused) and whose ``drain_period`` the scheduler drains their workers
-    by (:func:`pool_drain_periods`). ``fixed``: with no ``pools``, an embedded
+    by (:func:`pool_drain_periods`), and after their ``tasks_per_worker`` tasks
+    (:func:`pool_tasks_per_worker`). ``fixed``: with no ``pools``, an embedded
     cluster's one pool, the shape of its workers (:func:`worker_shape`) and where that
     is set (``"Cluster(...)"``): checked the same, and a task naming another pool that
     no worker has joined is told to its client. ``closed``: who runs this cluster
@@ -274,6 +275,7 @@ async def start_control_plane(
     config = SchedulerConfig(
         saturation=saturation, stall_timeout=stall_timeout,
         drain_periods=pool_drain_periods(pools or {}), prune_depth=prune_depth,
+        tasks_per_worker=pool_tasks_per_worker(pools or {}),
         monitor=monitor_feed or monitoring is not None,
     )  # fmt: skip
     plane = ControlPlane(system, refs, None, [])  # type: ignore[arg-type]
@@ -539,6 +541,12 @@ def pool_drain_periods(pools: Mapping[str, PoolConfig]) -> dict[str, float]:
     that long before their walltime (a pool that sets none: computed, see
     :meth:`~actors.scheduler_state.SchedulerState.drain_margin`)."""
     return {name: p.drain_period for name, p in pools.items() if p.drain_period is not None}
+
+
+def pool_tasks_per_worker(pools: Mapping[str, PoolConfig]) -> dict[str, int]:
+    """The ``tasks_per_worker`` of each configured pool that sets one: the scheduler
+    drains each of its workers once it was sent that many tasks."""
+    return {n: p.tasks_per_worker for n, p in pools.items() if p.tasks_per_worker is not None}
 
 
 def pool_worker_argv(
