@@ -10,6 +10,10 @@ checkpoint users: takes blocks back, ends them at their walltime, stops answerin
   ``owner``.
 - A block with a 3-minute walltime is drained before it and ends COMPLETED, no task
   killed.
+- A pool with ``tasks_per_worker = 1`` (fresh, short-lived blocks where preemption
+  grows likelier with a job's age): each task runs in a Slurm job of its own, each job
+  ends COMPLETED once its task is done and its result fetched, ``drained`` and free,
+  and the next task in line gets a new job.
 - A block on a requeueing partition comes back as a new incarnation of the same block
   (no replacement, no budget spent), and its worker rejoins.
 - ``slurmctld`` stopped mid-run is a clear error in the status, and never suspends the
@@ -288,6 +292,54 @@ async def test_a_block_drains_before_its_walltime_and_ends_completed(
             e["block"] == "short/block-2" for e in st["autoscaler"]["ends"]
         )
     print(f"block-1 ended COMPLETED (walltime drain) after {ended:.1f} s")
+
+
+FRESH = """
+[pools.fresh]
+provider = "slurm"
+partition = "ckpt"
+max_blocks = 2
+init_blocks = 1
+workers_per_node = 1
+cores_per_worker = 1
+walltime = "00:10:00"
+tasks_per_worker = 1          # each job runs one task, then ends; a new one runs the next
+"""
+
+
+def where_run(i: int) -> tuple[int, str]:
+    return i, os.environ["CORRAL_WORKER_ID"]
+
+
+async def test_one_task_per_block_each_in_a_job_of_its_own(
+    slurm_conf: str, slurm: Callable[..., str], tmp_path: Path
+) -> None:
+    async with fleet(tmp_path, slurm_conf, FRESH, 1, 240) as (cluster, _):
+        t0 = time.monotonic()
+        futures = await cluster.submit_graph(
+            {f"w-{i}": (where_run, i) for i in range(4)}, [f"w-{i}" for i in range(4)]
+        )
+        results = []
+        for f in futures:  # fetched, then released: nothing keeps its worker after
+            results.append(await f)
+            f.release()
+        done = time.monotonic() - t0
+        assert [i for i, _ in results] == [0, 1, 2, 3]
+        workers = [w for _, w in results]
+        assert len(set(workers)) == 4, workers  # four workers, one task each
+        blocks = {f"fresh/block-{w.rsplit('-', 1)[1]}" for w in workers}
+        st = await status_where(
+            cluster, lambda s: blocks <= {e["block"] for e in s["autoscaler"]["ends"]}
+        )
+        ends = [e for e in st["autoscaler"]["ends"] if e["block"] in blocks]
+        assert {(e["state"], e["cause"], e["charged"]) for e in ends} == {
+            ("completed", "drained", False)
+        }, ends
+        assert st["autoscaler"]["budget_spent"] == 0
+        for w in workers:  # each block a Slurm job of its own, COMPLETED
+            job = slurm("squeue", "-h", "-t", "all", "-n", f"corral-{w}", "-o", "%T").split()
+            assert job[-1] == "COMPLETED", (w, job)
+    print(f"4 one-task blocks: every result back {done:.1f} s after submitting")
 
 
 CTLD = """
