@@ -125,6 +125,29 @@ def test_a_worker_gets_one_task_is_drained_with_it_and_retired_once_it_is_not_ne
     assert s.draining == {"w2"}
 
 
+def test_an_input_a_drained_worker_alone_holds_is_kept_until_its_reader_has_it(
+    make_state: Factory,
+) -> None:
+    """a -> b, tasks_per_worker 1: w1 runs a and stays (``keeping:1``) while b waits
+    for a fresh worker; w2 runs b, fetching a from w1; once b is done nothing needs a
+    and w1 is retired. Nothing is computed twice."""
+    s = make_state(tasks_per_worker={"fresh": 1})
+    joined(s, "w1")
+    assert assigned(submit(s, {"a": [], "b": ["a"]}, ["b"])) == {"w1": ["a"]}
+    cmds = finish(s, "w1", "a")
+    assert [type(c) for c in cmds] == [FileFacts]
+    assert ("w1", "draining", "keeping:1") in lines(s, "w1")
+    (cmd,) = joined(s, "w2")
+    assert isinstance(cmd, Execute) and [(t.key, t.deps) for t in cmd.tasks] == [
+        ("b", (("a", ("w1",)),))
+    ]
+    cmds = finish(s, "w2", "b", fetched=("a",))
+    sid = cmds[0].stimulus_id
+    assert of(cmds, KeyDone) == [KeyDone(sid, "b", "w2", 100)]
+    assert of(cmds, RetireWorker) == [RetireWorker(sid, "w1", "drained")]
+    assert [len(s.tasks[k].tries) for k in "ab"] == [1, 1]
+
+
 def test_a_worker_is_sent_its_n_tasks_at_once_and_drained_with_the_last(
     make_state: Factory,
 ) -> None:
