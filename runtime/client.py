@@ -1433,7 +1433,8 @@ class Cluster:
         """Stop every actor of the cluster, gracefully: no new work, then the workers
         (through the autoscaler, so it does not replace them), then the control actors.
         A cancelled caller does not cut it short: the stop is shielded and bounded by
-        the shutdown's timeouts (an actor past its own has the rest cancelled).
+        the shutdown's timeouts (an actor past its own is cancelled alone, a hung
+        ``on_stop`` is cut, and the others still stop in order).
 
         Raises :class:`~runtime.errors.ActorCrashed` if one of them crashed for good.
         """
@@ -1449,8 +1450,8 @@ class Cluster:
         # task) would cancel the shutdown at its first wait and leave every actor, the
         # listener, the worker processes and the connection to a manager running, with
         # this cluster already marked closed. The wait is bounded by the shutdown's own:
-        # an actor not stopped within its bound is logged and the rest cancelled (worker
-        # processes killed, connections closed).
+        # an actor not stopped within its bound (or whose on_stop hangs) is logged and
+        # cancelled alone, and the others still stop (workers leave, ports are freed).
         with anyio.CancelScope(shield=True):
             try:
                 if system.running:

@@ -47,6 +47,7 @@ import contextvars
 import inspect
 import itertools
 import math
+import os
 from collections import deque
 from collections.abc import Callable, Coroutine, Iterable
 from typing import Any, ClassVar, Generic, Protocol, Self, TypeVar
@@ -439,7 +440,10 @@ class Ref(Protocol):
 class ActorRef(Generic[A]):
     """The address of a running actor: the only way to talk to it."""
 
-    __slots__ = ("_stopped", "dropped", "mailbox", "name", "remote_failures", "stop_timeout")
+    __slots__ = (
+        "_on_stop_bound", "_scope", "_stopped", "_stopping", "_task", "dropped", "mailbox",
+        "name", "remote_failures", "stop_timeout",
+    )  # fmt: skip
 
     def __init__(self, name: str, mailbox: Mailbox) -> None:
         self.name = name
@@ -449,6 +453,11 @@ class ActorRef(Generic[A]):
         #: tells from other processes whose handler raised (rule 2's exception)
         self.remote_failures = 0
         self._stopped = anyio.Event()
+        #: seconds its on_stop may take (its stop_timeout, else the shutdown's timeout)
+        self._on_stop_bound = STOP_TIMEOUT
+        self._scope: anyio.CancelScope | None = None  #: cancels this actor alone
+        self._task: asyncio.Task[Any] | None = None  #: the task that runs it
+        self._stopping = False  #: in its on_stop
 
     def __repr__(self) -> str:
         state = "stopped" if self.mailbox.closed else "running"
@@ -542,6 +551,64 @@ class ActorRef(Generic[A]):
 # ----------------------------------------------------------------------------- runner
 
 _BATCH = 256  # messages handled before the actor yields to the event loop
+#: Seconds a shutdown gives each actor to stop, and its ``on_stop`` to finish, unless the
+#: actor's own :attr:`Actor.stop_timeout` or the ``timeout`` of
+#: :meth:`ActorSystem.shutdown` says otherwise.
+STOP_TIMEOUT = 10.0
+#: Where asyncio's and anyio's own code lives: left out of "where it waits" in the logs.
+_LIBRARIES = (os.path.dirname(asyncio.__file__), os.path.dirname(anyio.__file__), __file__)
+
+
+def _where(frames: Iterable[tuple[Any, int]]) -> str:
+    """The innermost frames (up to 3) of ``frames`` (outermost first) that are neither
+    asyncio's, anyio's nor the kernel's: where an actor waits, for a log line."""
+    mine = [
+        f"{getattr(f.f_code, 'co_qualname', f.f_code.co_name)} ({f.f_code.co_filename}:{line})"
+        for f, line in frames
+        if not f.f_code.co_filename.startswith(_LIBRARIES)
+    ]
+    return " > ".join(mine[-3:]) or "-"
+
+
+def _awaiting(task: asyncio.Task[Any] | None) -> Iterable[tuple[Any, int]]:
+    """The frames a suspended ``task`` waits in, outermost first (its await chain)."""
+    coro: Any = task.get_coro() if task is not None else None
+    while coro is not None:
+        frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
+        if frame is not None:
+            yield frame, frame.f_lineno
+        coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
+
+
+def _raised_in(tb: Any) -> Iterable[tuple[Any, int]]:
+    """The frames an exception came through, outermost first."""
+    while tb is not None:
+        yield tb.tb_frame, tb.tb_lineno
+        tb = tb.tb_next
+
+
+async def _stop_actor(actor: Actor) -> None:
+    """Run ``actor.on_stop()`` once, shielded from its caller's cancellation and bounded
+    by the actor's stop bound: past it the hook is cancelled and an error names the
+    actor and where its ``on_stop`` waited, so a hung hook never holds up a shutdown."""
+    ref = actor.ref
+    bound = ref._on_stop_bound
+    where = "-"
+    ref._stopping = True
+    with anyio.CancelScope(shield=True), anyio.move_on_after(bound) as scope:
+        try:
+            await actor.on_stop()
+        except _cancelled() as exc:
+            if scope.cancel_called:
+                where = _where(_raised_in(exc.__traceback__))
+            raise
+    if scope.cancelled_caught:
+        actor._log.error(
+            "on_stop did not finish in time; cancelled", doing="on_stop", at=where,
+            seconds=bound,
+            advice="what it had still to release or write out may be left; bound the "
+            "waits of its on_stop, or give the actor a longer stop_timeout",
+        )  # fmt: skip
 
 
 class _Supervisor:
@@ -575,64 +642,67 @@ async def _run_actor(
     is_async = type(actor)._is_async
     stop_reason = ""
     crashed: ActorCrashed | None = None
+    ref._task = asyncio.current_task()
+    scope = ref._scope = anyio.CancelScope()  # ActorSystem.shutdown's cut of this actor
     try:
-        async with anyio.create_task_group() as tg:
-            actor._tg = tg
-            await actor.on_start()
-            task_status.started()
-            running = True
-            while running:
-                await mailbox.wait()
-                handled = 0
-                while handled < _BATCH:
-                    env = mailbox.get_nowait()
-                    if env is None:
-                        break
-                    handled += 1
-                    msg = env.msg
-                    if type(msg) is _StopSignal:
-                        stop_reason = msg.reason
-                        running = False
-                        break
-                    token = _causal.set(env.causal_id)
-                    try:
-                        name = handlers.get(type(msg)) or actor.handler_for(type(msg))
-                        if name is None:
-                            _unhandled(actor, env)
-                            continue
-                        result = getattr(actor, name)(msg)
-                        if is_async[name]:
-                            result = await result
-                        if type(result) is Later:
-                            actor.start_soon(
-                                _answer_later, actor, result, env.reply, env.origin, type(msg)
-                            )
-                        elif env.reply is not None:
-                            env.reply.set(result)
-                    except Exception as exc:
-                        if env.reply is not None:
-                            env.reply.fail(exc)
-                            continue
-                        if env.origin:  # another process's bad input, not our fault
-                            _remote_failed(actor, type(msg), env.origin, exc)
-                            continue
-                        actor.log.error(
-                            "handler failed", message=type(msg).__name__, error=repr(exc)
-                        )
-                        await actor.on_failure(exc, msg)
-                        if supervisor.allow(actor.clock.now()):
-                            supervisor.restarts += 1
-                            actor.log.warning("restarting actor", restarts=supervisor.restarts)
-                            await actor.on_restart()
-                        else:
-                            crashed = ActorCrashed(actor.name, supervisor.restarts, repr(exc))
+        with scope:
+            async with anyio.create_task_group() as tg:
+                actor._tg = tg
+                await actor.on_start()
+                task_status.started()
+                running = True
+                while running:
+                    await mailbox.wait()
+                    handled = 0
+                    while handled < _BATCH:
+                        env = mailbox.get_nowait()
+                        if env is None:
+                            break
+                        handled += 1
+                        msg = env.msg
+                        if type(msg) is _StopSignal:
+                            stop_reason = msg.reason
                             running = False
                             break
-                    finally:
-                        _causal.reset(token)
-                if running and handled >= _BATCH:
-                    await checkpoint()
-            tg.cancel_scope.cancel()
+                        token = _causal.set(env.causal_id)
+                        try:
+                            name = handlers.get(type(msg)) or actor.handler_for(type(msg))
+                            if name is None:
+                                _unhandled(actor, env)
+                                continue
+                            result = getattr(actor, name)(msg)
+                            if is_async[name]:
+                                result = await result
+                            if type(result) is Later:
+                                actor.start_soon(
+                                    _answer_later, actor, result, env.reply, env.origin, type(msg)
+                                )
+                            elif env.reply is not None:
+                                env.reply.set(result)
+                        except Exception as exc:
+                            if env.reply is not None:
+                                env.reply.fail(exc)
+                                continue
+                            if env.origin:  # another process's bad input, not our fault
+                                _remote_failed(actor, type(msg), env.origin, exc)
+                                continue
+                            actor.log.error(
+                                "handler failed", message=type(msg).__name__, error=repr(exc)
+                            )
+                            await actor.on_failure(exc, msg)
+                            if supervisor.allow(actor.clock.now()):
+                                supervisor.restarts += 1
+                                actor.log.warning("restarting actor", restarts=supervisor.restarts)
+                                await actor.on_restart()
+                            else:
+                                crashed = ActorCrashed(actor.name, supervisor.restarts, repr(exc))
+                                running = False
+                                break
+                        finally:
+                            _causal.reset(token)
+                    if running and handled >= _BATCH:
+                        await checkpoint()
+                tg.cancel_scope.cancel()
     finally:
         left = mailbox.close()
         for env in left:
@@ -641,10 +711,10 @@ async def _run_actor(
             elif not isinstance(env.msg, _StopSignal):
                 ref.dropped += 1
         try:
-            with anyio.CancelScope(shield=True):
-                await actor.on_stop()
+            await _stop_actor(actor)
         finally:
             actor._tg = None
+            ref._task = ref._scope = None  # (what a stopped actor's reference keeps)
             ref._stopped.set()
             actor._log.debug("actor stopped", reason=stop_reason, crashed=crashed is not None)
     if crashed is not None:
@@ -859,6 +929,7 @@ class ActorSystem:
         actor.name = name
         actor.ref = ref
         ref.stop_timeout = actor.stop_timeout
+        ref._on_stop_bound = STOP_TIMEOUT if actor.stop_timeout is None else actor.stop_timeout
         actor.clock = getattr(actor, "clock", None) or self.clock
         actor._log = get_logger("corral", actor=name)
         self._refs.pop(name, None)  # a reused name counts as the newest (shutdown order)
@@ -877,21 +948,44 @@ class ActorSystem:
         self,
         refs: Iterable[ActorRef[Any]] | None = None,
         *,
-        timeout: float = 10.0,  # noqa: ASYNC109 - per actor, then it is cancelled
+        timeout: float = STOP_TIMEOUT,  # noqa: ASYNC109 - per actor, then it is cancelled
     ) -> None:
         """Stop ``refs`` (default: every actor, newest first) and wait until they stop.
 
-        An actor that has not stopped within ``timeout`` seconds (or its own
-        :attr:`Actor.stop_timeout`) is cancelled.
+        Each actor has ``timeout`` seconds (or its own :attr:`Actor.stop_timeout`) to
+        handle what was queued before the stop, and its ``on_stop`` as long again. Past
+        the first, an error names it and where it waits and it is cancelled alone (its
+        ``on_stop`` still runs); past the second its ``on_stop`` is cancelled. Either
+        way the shutdown goes on with the next actor. Only an actor that ignores even
+        that cancellation (a shielded wait) has the rest of the system cancelled.
         """
         targets = list(refs) if refs is not None else list(reversed(self._refs.values()))
         for ref in targets:
-            ref.stop("shutdown")
             bound = timeout if ref.stop_timeout is None else ref.stop_timeout
-            with anyio.move_on_after(bound) as scope:
+            if not ref.stopped:
+                ref._on_stop_bound = bound
+            ref.stop("shutdown")
+            with anyio.move_on_after(bound):
                 await ref.wait_stopped()
-            if scope.cancelled_caught and self._tg is not None:
-                get_logger("corral").error("actor did not stop in time", actor=ref.name)
+            if ref._stopped.is_set():
+                continue
+            if not ref._stopping and ref._scope is not None:
+                get_logger("corral").error(
+                    "actor did not stop in time; cancelled", actor=ref.name,
+                    doing="handling its messages", at=_where(_awaiting(ref._task)),
+                    seconds=bound,
+                    advice="a handler or on_start that waits without a bound holds up its "
+                    "actor; the other actors go on stopping",
+                )  # fmt: skip
+                ref._scope.cancel()
+            # Now in its on_stop, which ends within its bound (_stop_actor).
+            with anyio.move_on_after(bound + 1.0):
+                await ref.wait_stopped()
+            if not ref._stopped.is_set() and self._tg is not None:
+                get_logger("corral").error(
+                    "actor ignores cancellation; cancelling the actor system", actor=ref.name,
+                    at=_where(_awaiting(ref._task)),
+                )  # fmt: skip
                 self._tg.cancel_scope.cancel()
                 return
 

@@ -1302,6 +1302,88 @@ async def test_an_actors_own_stop_timeout_outlasts_the_shutdowns() -> None:
             assert system.running  # not cancelled as an actor that did not stop in time
 
 
+class HungStop(StopOrder):
+    """An on_stop that never returns by itself (a wait without a bound)."""
+
+    stop_timeout = 0.3
+
+    async def on_stop(self) -> None:
+        await self.wait_for_ever()
+
+    async def wait_for_ever(self) -> None:
+        await anyio.Event().wait()
+
+
+class Stuck(StopOrder):
+    """A handler that never returns by itself; its on_stop still records the stop."""
+
+    stop_timeout = 0.3
+
+    @handles(Block)
+    async def block(self, msg: Block) -> None:
+        await anyio.Event().wait()
+
+
+class Counting(StopOrder):
+    """Counts the Notes it handled before its on_stop."""
+
+    def __init__(self, log: list[str]) -> None:
+        super().__init__(log)
+        self.notes = 0
+
+    @handles(Note)
+    def note(self, msg: Note) -> None:
+        self.notes += 1
+
+    async def on_stop(self) -> None:
+        self._order.append(f"{self.name}:{self.notes}")
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(30)  # the old kernel waited for ever, shielded: only this could end it
+async def test_a_hung_on_stop_is_cut_at_its_bound_and_the_others_still_stop() -> None:
+    """ActorSystem.stop() with an actor whose on_stop hangs: the hook is cancelled after
+    the actor's stop_timeout, an error names the actor and where the hook waited, and
+    the older actor still stops in order, after the messages queued for it."""
+    order: list[str] = []
+    with log_lines() as logs, anyio.fail_after(LIMIT):
+        system = ActorSystem()
+        await system.start()
+        first = await system.spawn(Counting(order), "first")
+        await system.spawn(HungStop(order), "hung")
+        await system.spawn(StopOrder(order), "last")
+        for _ in range(3):
+            first.post(Note())
+        await system.stop()  # shielded: returns once every actor has stopped
+        assert order == ["last", "first:3"], order
+    line = logs.with_("on_stop did not finish in time", "hung")
+    assert line is not None, logs.lines
+    assert "doing='on_stop'" in line and "HungStop.wait_for_ever" in line, line
+    assert "test_kernel.py" in line, line
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(30)
+async def test_a_stuck_handler_is_cut_alone_and_the_shutdown_goes_on() -> None:
+    """A shutdown whose actor is stuck in a handler past its bound cancels that actor
+    alone (its on_stop still runs) and says where it waited; the actors after it still
+    stop in order, each after the messages queued for it (not cancelled with it)."""
+    order: list[str] = []
+    with log_lines() as logs, anyio.fail_after(LIMIT):
+        async with ActorSystem() as system:
+            first = await system.spawn(Counting(order), "first")
+            stuck = await system.spawn(Stuck(order), "stuck")
+            stuck.post(Block())
+            for _ in range(3):
+                first.post(Note())
+            await system.shutdown([stuck, first])
+            assert order == ["stuck", "first:3"], order
+            assert system.running  # nothing else was cancelled
+    line = logs.with_("actor did not stop in time; cancelled", "stuck")
+    assert line is not None, logs.lines
+    assert "Stuck.block" in line and "test_kernel.py" in line, line
+
+
 @pytest.mark.anyio
 async def test_explicit_shutdown_of_some_actors() -> None:
     with anyio.fail_after(LIMIT):

@@ -313,3 +313,46 @@ async def test_worker_processes_share_the_machines_memory_by_default() -> None:
     assert [w.memory for w in workers] == [total // 2] * 2
     assert Cluster(processes=2, memory_per_worker="1GiB").worker_memory() == 1 << 30
     assert Cluster(workers=2).worker_memory() == total
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(90)  # the old close waited for ever, shielded: only this ended it
+async def test_close_with_a_hung_on_stop_is_bounded_and_still_releases_everything(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Cluster.close() while the first actor it stops (the client's) hangs in its
+    on_stop: the hook is cut at the actor's stop bound with an error naming it and where
+    it waited, and the close goes on: the workers still leave in order (cause
+    ``shutdown``), their processes end and the gateway's port is free."""
+    import logging
+    import socket
+    from urllib.parse import urlsplit
+
+    from runtime.client import ClientActor
+
+    async def hangs(self: ClientActor) -> None:
+        await anyio.Event().wait()  # a wait without a bound
+
+    monkeypatch.setattr(ClientActor, "on_stop", hangs)
+    monkeypatch.setattr(ClientActor, "stop_timeout", 1.0)
+    caplog.set_level(logging.INFO, logger="corral")
+    with anyio.fail_after(LIMIT):
+        async with Cluster(processes=1) as c:
+            await c.wait_for_workers(1, timeout=LIMIT)
+            assert await c.submit(sum, [1, 2]) == 3
+            client = c._client_actor.name
+            kids = psutil.Process().children(recursive=True)
+            port = urlsplit(c.gateway_address).port
+        # close() returned: every actor stopped
+    messages = [r.getMessage() for r in caplog.records]
+    cut = [m for m in messages if "on_stop did not finish in time" in m]
+    assert len(cut) == 1 and f"actor='{client}'" in cut[0] and "hangs" in cut[0], cut
+    left = [m for m in messages if "event='worker left'" in m]
+    assert left and all("cause='shutdown'" in m for m in left), messages
+    assert not [m for m in messages if "did not stop in time" in m and client not in m]
+    gone = psutil.wait_procs(kids, timeout=10)[1]
+    assert gone == [], f"still running: {gone}"
+    with socket.socket() as s:  # nothing listens there any more (TIME_WAIT aside)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", port or 0))
+        s.listen()
