@@ -52,6 +52,7 @@ from runtime.errors import (
     FrameTooLarge,
     GraphError,
     ManagerLost,
+    ManagerStopping,
     PermissionDenied,
     ProtocolError,
     TaskArgumentsTooLarge,
@@ -314,6 +315,10 @@ class _RemoteManager:
         return bool(self.ref.stopped)
 
     def lost(self) -> ManagerLost:
+        """What the calls raise once the connection is gone: the manager's goodbye
+        (:class:`ManagerStopping`) when it stopped on purpose, else ManagerLost."""
+        if self.peer.farewell is not None:
+            return ManagerStopping(self.address)
         return ManagerLost(self.address, self.peer.closed_reason or "the connection closed")
 
     def post(self, msg: Message, *, causal_id: str | None = None) -> None:
@@ -1305,7 +1310,10 @@ class Cluster:
             return  # closed on purpose
         manager = self._manager
         err = manager.lost() if isinstance(manager, _RemoteManager) else None
-        _log.warning("lost the manager", address=self.address, reason=peer.closed_reason)
+        if isinstance(err, ManagerStopping):  # its goodbye: on purpose, no loss to warn of
+            _log.info("the manager stopped", address=self.address, reason=str(err))
+        else:
+            _log.warning("lost the manager", address=self.address, reason=peer.closed_reason)
         with contextlib.suppress(ActorStopped):
             self._client_actor.ref.post(_ManagerGone(err))
 

@@ -1029,14 +1029,22 @@ class ManagerLost(CorralError):
         )
 
 
-class ManagerStopping(CorralError):
-    """The manager stops on purpose (SIGINT/SIGTERM): the last word it sends each
-    connection (a ``Refused`` frame) before it closes it. A worker told so leaves, and
-    does not try to rejoin."""
+class ManagerStopping(ManagerLost):
+    """The manager stops on purpose (SIGINT/SIGTERM, or its embedding program cancelled
+    it): the last word it sends each connection (a ``Refused`` frame) before it closes
+    it. A worker told so leaves, and does not try to rejoin; a client's pending calls
+    and later ones raise it (a :class:`ManagerLost`, so code that catches that still
+    does)."""
 
     def __init__(self, address: str) -> None:
-        super().__init__(
-            f"the manager at {address} stopped on purpose (SIGINT or SIGTERM)", address=address
+        reason = "it stopped on purpose (SIGINT or SIGTERM)"
+        CorralError.__init__(
+            self,
+            f"the manager at {address} stopped on purpose (SIGINT or SIGTERM). Results that "
+            "were still pending are gone with it; once a manager is running again, submit "
+            "the work again.",
+            address=address,
+            reason=reason,
         )
 
 

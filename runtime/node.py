@@ -1317,7 +1317,7 @@ class Gateway:
             async with anyio.create_task_group() as tg:
                 for peer in list(self.peers.values()):
                     if not peer.closed:
-                        tg.start_soon(peer.refuse, goodbye)
+                        tg.start_soon(peer.say_goodbye, goodbye)
         for peer in list(self.peers.values()):  # what did not close in time
             await peer.aclose()
 

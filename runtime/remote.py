@@ -41,9 +41,11 @@ Rules:
    :class:`Refused` frame and closes (:meth:`Peer.refuse`). The other side keeps that
    error (``refusal``, and ``closed_reason`` says it) and raises it, instead of
    ``ActorStopped``, from pending and later asks and tells. A manager that stops on
-   purpose says so the same way, with :class:`~runtime.errors.ManagerStopping`: that is
-   a goodbye, not a refusal (kept as ``farewell``, logged at info, ``closed_reason`` its
-   text; asks and tells fail with ``ActorStopped`` as on any close).
+   purpose says so the same way, with :class:`~runtime.errors.ManagerStopping`
+   (:meth:`Peer.say_goodbye`; a websocket then closes with code 1001, going away, not a
+   refusal's 1008): that is a goodbye, not a refusal (kept as ``farewell``, logged at
+   info, ``closed_reason`` its text; asks and tells fail with ``ActorStopped`` as on any
+   close).
 7. Remote input is the message's problem, not the actor's: tells are delivered with
    ``tell(msg, origin=<peer name>)``, so a handler that raises on one is logged and
    counted by the kernel, and never restarts or crashes the actor (kernel rule 2). An
@@ -460,16 +462,19 @@ def _error_from(reply: ErrorReply | Refused, allow_pickle: bool) -> BaseExceptio
     return RemoteError(reply.kind, reply.text)
 
 
-async def refuse(conn: Any, error: BaseException) -> None:
+async def refuse(conn: Any, error: BaseException, *, going_away: bool = False) -> None:
     """Send ``error`` as a :class:`Refused` frame (pickled too, for a side that opens
-    pickles from us) and close ``conn``: the other side learns why, not just that."""
+    pickles from us) and close ``conn``: the other side learns why, not just that.
+    ``going_away``: a goodbye (this side stops on purpose), not a refusal: the close
+    says so too (a websocket's code 1001, not 1008)."""
     try:
         pickled = cloudpickle.dumps(error, protocol=5)
     except Exception:
         pickled = None
     with contextlib.suppress(CorralError):  # closed meanwhile: nobody to tell
         await conn.send(Frame(Refused(type(error).__name__, str(error), pickled)))
-    await conn.aclose(reason=str(error))  # and in the close, for any websocket client
+    # and in the close, for any websocket client
+    await conn.aclose(reason=str(error), going_away=going_away)
 
 
 def refusal_error(refused: Refused, *, allow_pickle: bool) -> BaseException:
@@ -560,6 +565,13 @@ class Peer:
         """Tell the other side why we will not serve it, then close (:func:`refuse`)."""
         self.closed_reason = f"refused: {error}"
         await refuse(self.conn, error)
+
+    async def say_goodbye(self, error: BaseException) -> None:
+        """This side stops on purpose: tell the other side so (``error`` in a
+        :class:`Refused` frame, which it keeps as its ``farewell``) and close, with a
+        websocket's code 1001 (going away) rather than a refusal's 1008."""
+        self.closed_reason = str(error)
+        await refuse(self.conn, error, going_away=True)
 
     def _gone(self, what: str) -> BaseException:
         """The error for using a closed connection: the refusal, if we were refused."""

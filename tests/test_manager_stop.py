@@ -60,3 +60,73 @@ async def test_a_worker_that_loses_its_manager_untold_exits_1_after_its_retries(
         assert f"manager='{address}'" in line, line
         said = await run(cli.rest, worker)
         assert [x for x in said if "error: ManagerUnreachable" in x], said
+
+
+@pytest.mark.anyio
+async def test_the_goodbye_closes_with_going_away_not_policy_violation(tmp_path: Path) -> None:
+    """SIGTERM: a connection gets the ManagerStopping goodbye, then a websocket close
+    with code 1001 (going away), not 1008 (policy violation: a refusal's)."""
+    from runtime.codec import Frame
+    from runtime.node import Hello, Welcome
+    from runtime.remote import Refused
+    from transport import ConnectionClosed, connect
+
+    with Cli(tmp_path / "home") as cli, anyio.fail_after(LIMIT):
+        manager, address = await run(cli.manager)
+        conn = await connect(address, token=cli.tokens(address)["admin"])
+        async with conn:
+            await conn.send(Frame(Hello("client", "bare-client")))
+            assert isinstance((await conn.receive()).msg, Welcome)
+            manager.send_signal(signal.SIGTERM)
+            goodbye = (await conn.receive()).msg
+            assert isinstance(goodbye, Refused) and goodbye.kind == "ManagerStopping", goodbye
+            with pytest.raises(ConnectionClosed):
+                await conn.receive()
+            reason = conn.close_reason or ""
+            assert "websocket close code 1001" in reason, reason
+            assert "stopped on purpose" in reason, reason
+        assert await run(manager.wait, 10) == 0
+
+
+@pytest.mark.anyio
+async def test_a_clients_pending_calls_raise_manager_stopping_on_the_goodbye(
+    tmp_path: Path,
+) -> None:
+    """SIGTERM to the manager while a client waits on a future (no worker: it never
+    runs) and on wait_for_workers: both raise ManagerStopping (a ManagerLost) at once,
+    as do later calls; the client logs at info that the manager stopped, and no
+    `lost the manager` warning."""
+    from runtime import Cluster
+    from runtime.errors import ManagerLost, ManagerStopping
+    from tests.helpers import log_lines
+
+    with Cli(tmp_path / "home") as cli, log_lines() as logs, anyio.fail_after(LIMIT):
+        manager, address = await run(cli.manager)
+        async with Cluster(address) as c:
+            fut = c.submit(sum, [1, 2])
+            outcome: dict[str, BaseException] = {}
+
+            async def waits() -> None:
+                try:
+                    await c.wait_for_workers(1, timeout=LIMIT)
+                except BaseException as exc:
+                    outcome["wait_for_workers"] = exc
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(waits)
+                await c.status()  # after the graph and the wait, on the same connection
+                manager.send_signal(signal.SIGTERM)
+                with anyio.fail_after(10):  # the goodbye comes at once
+                    with pytest.raises(ManagerStopping) as err:
+                        await fut
+            assert isinstance(err.value, ManagerLost)
+            assert err.value.address == address
+            assert "stopped on purpose" in str(err.value), err.value
+            assert isinstance(outcome.get("wait_for_workers"), ManagerStopping), outcome
+            with pytest.raises(ManagerStopping):
+                await c.status()
+        assert await run(manager.wait, 10) == 0
+    said = logs.with_("event='the manager stopped'", address)
+    assert said is not None and "level='info'" in said, logs.lines
+    assert not logs.has("lost the manager"), logs.lines
+

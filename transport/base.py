@@ -150,10 +150,12 @@ class Connection(abc.ABC):
         """The next frame; :class:`ConnectionClosed` once closed and drained."""
 
     @abc.abstractmethod
-    async def aclose(self, reason: str = "") -> None:
+    async def aclose(self, reason: str = "", *, going_away: bool = False) -> None:
         """Close both directions. Idempotent; the peer can still drain what we sent.
         ``reason``: why, for the peer (its ``close_reason`` says it); empty for a
-        normal close."""
+        normal close. ``going_away``: this side stops on purpose (a deliberate
+        shutdown), which ``reason`` is not a complaint about the peer: a websocket
+        closes with code 1001 (going away) instead of 1008 (policy violation)."""
 
     @property
     @abc.abstractmethod

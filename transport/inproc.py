@@ -316,7 +316,7 @@ class InProcConnection(Connection):
 
     # -- closing ------------------------------------------------------------------
 
-    async def aclose(self, reason: str = "") -> None:
+    async def aclose(self, reason: str = "", *, going_away: bool = False) -> None:
         self.close(reason)
 
     def close(self, reason: str = "") -> None:

@@ -695,9 +695,10 @@ class WebSocketConnection(Connection):
 
     # -- closing ------------------------------------------------------------------
 
-    async def aclose(self, reason: str = "") -> None:
+    async def aclose(self, reason: str = "", *, going_away: bool = False) -> None:
         """Close; with ``reason`` the close is code 1008 (policy violation) carrying the
-        reason's first 123 bytes, which the peer's ``close_reason`` shows."""
+        reason's first 123 bytes, which the peer's ``close_reason`` shows; with
+        ``going_away`` too (this side stops on purpose), code 1001 (going away)."""
         if not self._closed_here:
             self._closed_here = True
             self._inbox.clear()  # never read now; the peer learns of the close instead
@@ -710,7 +711,8 @@ class WebSocketConnection(Connection):
                 self._recv_reason = ours
             if reason:
                 text = reason.encode()[:123].decode(errors="ignore")
-                self._request_close(CLOSE_POLICY_VIOLATION, text, ours)
+                code = CLOSE_GOING_AWAY if going_away else CLOSE_POLICY_VIOLATION
+                self._request_close(code, text, ours)
             else:
                 self._request_close(CLOSE_NORMAL, "closed by the peer", ours)
         await self._done.wait()
