@@ -146,7 +146,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from runtime.dashboard import Sources
+    from runtime.dashboard import DashboardFeed, Sources
     from runtime.monitordb import MonitorRecorder
     from transport.base import Listener
 
@@ -1624,7 +1624,9 @@ async def run_manager(
     worker_timeout: float = DEAD_AFTER,
 ) -> None:
     """Run a manager process until SIGINT or SIGTERM: control plane + gateway on
-    ``listen`` (``host:port``, ``ws://host:port`` or any transport address).
+    ``listen`` (``host:port``, ``ws://host:port`` or any transport address). Cancelled
+    (an embedding program's cancel scope), it stops as on SIGTERM, shielded and bounded
+    (:func:`_stop_manager`, then every actor in order), and the cancellation goes on.
 
     ``worker_timeout``: seconds a worker may be silent (its heartbeats stop while a task
     holds the GIL) before the manager counts it lost (:func:`check_worker_timeout`).
@@ -1785,16 +1787,43 @@ async def run_manager(
             ready(listener.address, tokens)
         if metrics_at is not None and metrics_ready is not None:
             metrics_ready(metrics_url)
-        await stop.wait()
-        autoscaler = plane.refs.get("autoscaler")
-        if autoscaler is not None:
-            # The pools' workers first, while the manager still listens: they leave
-            # (drained, their ids freed) rather than lose their manager.
-            await system.shutdown([autoscaler])
-        if feed is not None:
-            await feed.close()
-        await listener.aclose()
-        await gateway.say_goodbye(listener.address)
+        cancelled = True
+        try:
+            await stop.wait()
+            cancelled = False
+        finally:
+            # The same orderly stop for a signal and for a cancelled run_manager (an
+            # embedding program's cancel scope): shielded, so that the cancellation
+            # cannot cut it short, and bounded by each step's own timeout.
+            with anyio.CancelScope(shield=True):
+                await _stop_manager(system, plane, feed, listener, gateway)
+                if cancelled:
+                    # As leaving the block normally does (then the cancellation goes
+                    # on): every actor stopped in order, the monitoring database's
+                    # recorder writing out its rows and the run's end.
+                    await system.shutdown()
+
+
+async def _stop_manager(
+    system: ActorSystem,
+    plane: ControlPlane,
+    feed: DashboardFeed | None,
+    listener: Listener,
+    gateway: Gateway,
+) -> None:
+    """A manager process's orderly stop, before its actors stop: the pools' workers
+    first, while the manager still listens (they leave, drained, their ids freed,
+    rather than lose their manager); the dashboard's pages; the listening socket (the
+    port is free); then the goodbye to every connection (:meth:`Gateway.say_goodbye`).
+    Each step is bounded: the autoscaler by its stop bound, the goodbye by
+    :data:`GOODBYE_TIMEOUT`, closes by the transport's ``close_timeout``."""
+    autoscaler = plane.refs.get("autoscaler")
+    if autoscaler is not None:
+        await system.shutdown([autoscaler])
+    if feed is not None:
+        await feed.close()
+    await listener.aclose()
+    await gateway.say_goodbye(listener.address)
 
 
 def _check_listen_address(address: str) -> None:

@@ -130,3 +130,46 @@ async def test_a_clients_pending_calls_raise_manager_stopping_on_the_goodbye(
     assert said is not None and "level='info'" in said, logs.lines
     assert not logs.has("lost the manager"), logs.lines
 
+
+@pytest.mark.anyio
+async def test_a_cancelled_run_manager_stops_as_on_sigterm(tmp_path: Path) -> None:
+    """An embedding program cancels the scope around run_manager: the same orderly stop
+    as SIGTERM (its worker gets the goodbye and leaves with status 0, the monitoring
+    database has the run's end and is closed, the port is free), and the cancellation
+    then goes on."""
+    import socket
+    import sqlite3
+    from urllib.parse import urlsplit
+
+    from runtime.node import Tokens, run_manager
+
+    db = tmp_path / "run.db"
+    where: list[str] = []
+    listening = anyio.Event()
+
+    def ready(address: str, tokens: Tokens) -> None:
+        where.append(address)
+        listening.set()
+
+    with Cli(tmp_path / "home") as cli, anyio.fail_after(LIMIT):
+        with anyio.CancelScope() as scope:  # the embedding program's
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(
+                    lambda: run_manager(
+                        "127.0.0.1:0", ready=ready, monitoring=db, monitoring_interval=0.2
+                    )
+                )
+                await listening.wait()
+                worker = await run(cli.worker, where[0], "--log-level", "info")
+                scope.cancel()
+        assert scope.cancelled_caught
+        line = await run(cli.line_with, worker, "the manager stopped; leaving", 15)
+        assert f"manager='{where[0]}'" in line, line
+        assert await run(worker.wait, 10) == 0
+        with socket.socket() as s:  # nothing listens there any more (TIME_WAIT aside)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(("127.0.0.1", urlsplit(where[0]).port or 0))
+            s.listen()
+        with contextlib.closing(sqlite3.connect(db)) as con:
+            ended = con.execute("SELECT ended FROM runs").fetchall()
+        assert len(ended) == 1 and ended[0][0] is not None, ended
