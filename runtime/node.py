@@ -391,9 +391,13 @@ async def serve_gateway(
     """Listen on ``address`` (websockets require ``tokens``) and serve a gateway to
     ``plane`` as a service of its actor system; the listener closes with the system.
     Returns the gateway and the listener (whose ``address`` has the real port).
-    ``worker_timeout``: seconds of silence before a worker is counted lost (the
-    websocket heartbeat, 30 s by default, is made at least as long, so that it does not
-    drop a silent worker sooner)."""
+    ``worker_timeout``: seconds of silence before a worker is counted lost. The
+    websocket heartbeat (30 s by default; aiohttp closes a connection that has not
+    answered its ping within half of it more) is made at least as long as the longest
+    silence the gateway allows a connection (a client's or console's
+    :data:`CLIENT_DEAD_AFTER`, or the worker timeout if longer), so it never drops a
+    silent peer before the gateway's own liveness check would: that check does not count
+    time when the manager's event loop did not run, and says why it closed."""
     from transport import listen as listen_on
     from transport.ws import DEFAULT_HEARTBEAT
 
@@ -401,7 +405,7 @@ async def serve_gateway(
     options = dict(listen_options or {})
     if address.startswith(("ws://", "wss://")):
         options["tokens"] = tokens.roles()
-        options.setdefault("heartbeat", max(DEFAULT_HEARTBEAT, worker_timeout))
+        options.setdefault("heartbeat", max(DEFAULT_HEARTBEAT, gateway.client_dead_after))
     listener = await listen_on(address, **options)
 
     async def serve(*, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:

@@ -61,3 +61,62 @@ async def test_pending_futures_fail_with_manager_lost_within_the_bound(
                 await c.status()
             with pytest.raises(ManagerLost):
                 await c.submit(sum, [1, 2])
+
+
+async def test_the_websocket_heartbeat_does_not_cut_a_silent_client_before_its_allowance(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A client whose event loop is busy (here: a bare websocket client that neither
+    sends nor answers pings) keeps its connection for the gateway's whole client
+    allowance, and the gateway's own liveness check is what closes it then ("peer
+    silent"), not aiohttp's heartbeat ping, which, at max(30 s, worker timeout), cut it
+    after 45 s where the allowance is 120 s. Scaled down: a heartbeat of 0.5 s, an
+    allowance of 4 s, a worker timeout of 1 s (the old heartbeat: 1 s, a cut at 1.5 s)."""
+    import aiohttp
+    from aiohttp import WSMsgType
+
+    import runtime.node
+    import transport.ws
+    from runtime.codec import Frame, encode
+    from runtime.node import Hello, Tokens, run_manager
+    from tests.helpers import log_lines
+    from transport.ws import SUBPROTOCOL, WINDOW_HEADER
+
+    allowance = 4.0
+    monkeypatch.setattr(transport.ws, "DEFAULT_HEARTBEAT", 0.5)
+    monkeypatch.setattr(runtime.node, "CLIENT_DEAD_AFTER", allowance)
+    where: list[tuple[str, Tokens]] = []
+    listening = anyio.Event()
+
+    def ready(address: str, tokens: Tokens) -> None:
+        where.append((address, tokens))
+        listening.set()
+
+    with log_lines() as logs, anyio.fail_after(LIMIT):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(
+                lambda: run_manager(
+                    "127.0.0.1:0",
+                    ready=ready,
+                    worker_timeout=1.0,
+                    token_file=tmp_path / "tokens.json",
+                )
+            )
+            await listening.wait()
+            address, tokens = where[0]
+            headers = {"Authorization": f"Bearer {tokens.admin}", WINDOW_HEADER: "1024"}
+            async with aiohttp.ClientSession() as session:
+                ws = await session.ws_connect(
+                    address, protocols=(SUBPROTOCOL,), headers=headers, autoping=False
+                )
+                await ws.send_bytes(encode(Frame(Hello("client", "busy-client"))))
+                start = time.monotonic()
+                while True:  # read what comes (Welcome, heartbeats, pings: unanswered)
+                    msg = await ws.receive()
+                    if msg.type in (WSMsgType.CLOSE, WSMsgType.CLOSED, WSMsgType.ERROR):
+                        break
+                took = time.monotonic() - start
+                await ws.close()
+            tg.cancel_scope.cancel()
+    assert took >= allowance, f"closed after {took:.1f} s, before the {allowance} s allowance"
+    assert logs.has("peer silent; closing", "busy-client"), logs.lines

@@ -103,12 +103,16 @@ async def test_run_manager_refuses_a_bad_worker_timeout() -> None:
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize(("seconds", "heartbeat"), [(DEAD_AFTER, 30.0), (60.0, 60.0)])
-async def test_the_websocket_heartbeat_is_no_shorter_than_the_worker_timeout(
+@pytest.mark.parametrize(
+    ("seconds", "heartbeat"), [(DEAD_AFTER, 120.0), (60.0, 120.0), (300.0, 300.0)]
+)
+async def test_the_websocket_heartbeat_is_no_shorter_than_the_longest_allowance(
     seconds: float, heartbeat: float
 ) -> None:
     """aiohttp's ping (after 30 s of silence, a pong due within half that) would drop a
-    worker silent for 45 s whatever the worker timeout: it waits as long instead."""
+    worker or client silent for 45 s whatever the worker timeout and the clients' 120 s:
+    it waits as long as the longest of them instead (tests/test_client_liveness.py has
+    a client kept for its whole allowance)."""
     with anyio.fail_after(LIMIT):
         async with ActorSystem() as system:
             plane = await start_control_plane(system)
