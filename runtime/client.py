@@ -317,8 +317,9 @@ class _RemoteManager:
     def lost(self) -> ManagerLost:
         """What the calls raise once the connection is gone: the manager's goodbye
         (:class:`ManagerStopping`) when it stopped on purpose, else ManagerLost."""
-        if self.peer.farewell is not None:
-            return ManagerStopping(self.address)
+        farewell = self.peer.farewell
+        if farewell is not None:
+            return ManagerStopping(self.address, getattr(farewell, "how", "SIGINT or SIGTERM"))
         return ManagerLost(self.address, self.peer.closed_reason or "the connection closed")
 
     def post(self, msg: Message, *, causal_id: str | None = None) -> None:

@@ -1036,15 +1036,14 @@ class ManagerStopping(ManagerLost):
     and later ones raise it (a :class:`ManagerLost`, so code that catches that still
     does)."""
 
-    def __init__(self, address: str) -> None:
-        reason = "it stopped on purpose (SIGINT or SIGTERM)"
+    def __init__(self, address: str, how: str = "SIGINT or SIGTERM") -> None:
+        # The text consoles and workers show as the reason the connection ended.
         CorralError.__init__(
             self,
-            f"the manager at {address} stopped on purpose (SIGINT or SIGTERM). Results that "
-            "were still pending are gone with it; once a manager is running again, submit "
-            "the work again.",
+            f"the manager at {address} stopped on purpose ({how})",
             address=address,
-            reason=reason,
+            reason=f"it stopped on purpose ({how})",
+            how=how,
         )
 
 

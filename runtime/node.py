@@ -169,6 +169,8 @@ CLIENT_DEAD_AFTER = 120.0
 #: Seconds a stopping manager gives its connections to take its goodbye and close
 #: (:meth:`Gateway.say_goodbye`); those not closed by then are closed without it
 GOODBYE_TIMEOUT = 5.0
+#: How a cancelled run_manager's goodbye says it stopped (ManagerStopping's ``how``)
+CANCELLED = "cancelled by the program that runs it"
 #: seconds the alert monitor waits at most for the listener's URL (the dashboard's,
 #: each alert's link) before its first evaluation
 DASHBOARD_WAIT = 10.0
@@ -1311,12 +1313,12 @@ class Gateway:
                         with contextlib.suppress(ActorStopped):  # the manager is stopping
                             await self.plane.manager.tell(ClientGone(hello.name))
 
-    async def say_goodbye(self, address: str) -> None:
-        """The manager stops on purpose: tell every connection so
+    async def say_goodbye(self, address: str, how: str = "SIGINT or SIGTERM") -> None:
+        """The manager stops on purpose (``how``): tell every connection so
         (:class:`ManagerStopping` in a ``Refused`` frame: its workers leave rather than
         try to rejoin) and close it, all at once, within :data:`GOODBYE_TIMEOUT`."""
         self.stopping = True
-        goodbye = ManagerStopping(address)
+        goodbye = ManagerStopping(address, how)
         with anyio.move_on_after(GOODBYE_TIMEOUT):
             async with anyio.create_task_group() as tg:
                 for peer in list(self.peers.values()):
@@ -1800,7 +1802,8 @@ async def run_manager(
             # embedding program's cancel scope): shielded, so that the cancellation
             # cannot cut it short, and bounded by each step's own timeout.
             with anyio.CancelScope(shield=True):
-                await _stop_manager(system, plane, feed, listener, gateway)
+                how = CANCELLED if cancelled else "SIGINT or SIGTERM"
+                await _stop_manager(system, plane, feed, listener, gateway, how)
                 if cancelled:
                     # As leaving the block normally does (then the cancellation goes
                     # on): every actor stopped in order, the monitoring database's
@@ -1814,11 +1817,13 @@ async def _stop_manager(
     feed: DashboardFeed | None,
     listener: Listener,
     gateway: Gateway,
+    how: str,
 ) -> None:
     """A manager process's orderly stop, before its actors stop: the pools' workers
     first, while the manager still listens (they leave, drained, their ids freed,
     rather than lose their manager); the dashboard's pages; the listening socket (the
-    port is free); then the goodbye to every connection (:meth:`Gateway.say_goodbye`).
+    port is free); then the goodbye to every connection (:meth:`Gateway.say_goodbye`,
+    saying ``how`` the manager was stopped).
     Each step is bounded: the autoscaler by its stop bound, the goodbye by
     :data:`GOODBYE_TIMEOUT`, closes by the transport's ``close_timeout``."""
     autoscaler = plane.refs.get("autoscaler")
@@ -1827,7 +1832,7 @@ async def _stop_manager(
     if feed is not None:
         await feed.close()
     await listener.aclose()
-    await gateway.say_goodbye(listener.address)
+    await gateway.say_goodbye(listener.address, how)
 
 
 def _check_listen_address(address: str) -> None:
