@@ -155,6 +155,12 @@ class Autoscaler(Actor):
     a provider per pool (``{pool: provider}``, configured pools): then the core knows
     each block as ``<pool>/<block id>`` (two providers may both have a ``block-1``)."""
 
+    #: a shutdown gives its on_stop this long: it stops every block, one after the
+    #: other, each within its provider's own bounds (a local block: SIGTERM, 5 s,
+    #: SIGKILL, 5 s more), so that a block that needs SIGKILL is not left running by
+    #: the kernel's default bound (10 s) cutting the stop short
+    stop_timeout = 60.0
+
     def __init__(
         self,
         provider: Provider | Mapping[str, Provider],
