@@ -118,6 +118,10 @@ class SchedulerConfig:
     #: once the first of those tries is this many seconds old: long enough for a
     #: worker that was killed, stopped or cut off to be declared lost or to come back
     unreachable_for: float = 120.0
+    #: per configured pool, the memory limit of each of its workers when known
+    #: (``memory_per_worker``; an embedded cluster's one pool): a task killed for
+    #: memory waits for a worker with a larger limit while such a pool may start one
+    pool_memory: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         depth = self.prune_depth
@@ -277,6 +281,7 @@ class TaskState:
         "key",
         "lost_tries",
         "nbytes",
+        "ooms",
         "prio",
         "producer",
         "queued",
@@ -339,6 +344,10 @@ class TaskState:
         self.producer = False  #: a memory producer (as of its latest enqueue)
         self.retries_left = spec.retries  #: user retry budget left
         self.lost_tries = 0  #: tries lost with their worker
+        #: its tries killed at a worker's terminate fence, oldest first: ``(worker, its
+        #: memory limit, the peak RSS seen)``; a retry goes only to a worker whose limit
+        #: is above every one of these (``oom_floor``)
+        self.ooms: tuple[tuple[str, int, int], ...] = ()
         #: times its inputs could not be had from workers still connected (in a row)
         self.unreachable = 0
         self.unreachable_since = 0.0  #: when the first of those tries ended
@@ -371,6 +380,16 @@ class TaskState:
     @property
     def oom_tries(self) -> int:
         return sum(1 for t in self.tries if t.outcome == "oom")
+
+    @property
+    def oom_floor(self) -> float:
+        """The memory limit a worker must pass to run ``ts`` again: the largest limit
+        (or peak RSS seen) of its tries killed for memory; ``NO_LIMIT`` if one was on
+        a worker without a limit (none is larger), -1.0 if none was killed."""
+        floor = -1.0
+        for _, limit, peak in self.ooms:
+            floor = max(floor, float(limit) if limit > 0 else NO_LIMIT, float(peak))
+        return floor
 
     @property
     def disk_full_tries(self) -> int:

@@ -136,6 +136,16 @@ only some workers fit, only they are candidates (``_candidates``,
 ``_takes_consumer_here``). The failed task's inputs that nothing else needs are
 cancelled as unneeded, as for any failure (``_set``); its dependents fail as usual.
 
+Retries after a kill for memory (docs/memory.md): a try that ended ``oom`` adds
+``(worker, limit, peak)`` to ``TaskState.ooms``; the retry policy says whether the task
+runs again, the core where: only on a worker whose limit is above ``oom_floor``
+(``_roomier``, in ``_candidates``, ``_takes_consumer_here`` and ``_assign_partner``). The
+retry waits while such a worker of its pool takes tasks or a configured pool's workers
+have more (``SchedulerConfig.pool_memory``), and otherwise fails at once with
+:class:`~runtime.errors.TaskOutOfMemory` naming every such try (``_no_larger_worker``:
+after the retry decision, and for a waiting retry when the limits fall, like memory
+admission). A resubmitted task starts afresh.
+
 File outputs (``TaskState.file``) count apart: ``in_nbytes`` leaves them out and
 ``in_files`` is the known size of a task's inputs that are file outputs, read from disk
 and never held in memory; disk-aware placement counts both.
@@ -575,6 +585,8 @@ class SchedulerState:
         self._to_fail: list[tuple[TaskState, TaskState]] = []
         self._to_cancel: list[tuple[TaskState, str]] = []
         self._too_large: list[TaskState] = []  #: to check (and fail) for admission
+        #: tasks killed for memory to check (and fail) for a larger worker
+        self._oom_stuck: list[TaskState] = []
         #: the free workers the last ``_candidates`` call refused for their disk alone
         #: (empty unless disk was all that kept the task from every free worker)
         self._short_of_disk: list[WorkerState] = []
@@ -785,6 +797,7 @@ class SchedulerState:
                 ts.generation = gen
                 ts.retries_left = spec.retries
                 ts.lost_tries = 0
+                ts.ooms = ()  # a fresh start: any worker may run it again
                 ts.behind = False
                 ts.unneeded = False
                 ts.error = ts.root = None
@@ -1160,8 +1173,9 @@ class SchedulerState:
             failure = type(error).__name__ if error is not None else res.outcome
         rec = TryRecord(str(ts.key), ws.id, res.start, res.stop, outcome, try_cause, ts.queued)
         if outcome == "oom":  # this try counted with the earlier ones
-            oom = ts.oom_tries + 1
-            error = TaskOutOfMemory(str(ts.key), ws.id, res.rss, ws.memory, oom)
+            ts.ooms += ((ws.id, ws.memory, max(res.rss_peak, res.rss)),)
+            tries = len(ts.tries) + 1
+            error = TaskOutOfMemory(str(ts.key), ws.id, res.rss, ws.memory, tries, ts.ooms)
         self._tried(ts, rec, error)
         self._failed_try(ts, outcome, failure, error, ws.id)
         return error
@@ -1670,9 +1684,13 @@ class SchedulerState:
         Kept as worklists, not recursion, so a chain of any length is safe. (Not to be
         confused with draining a worker: see ``draining`` and ``_retire_idle``.)
         """
-        while self._to_fail or self._to_cancel or self._too_large:
+        while self._to_fail or self._to_cancel or self._too_large or self._oom_stuck:
             while self._too_large:
                 self._admit(self._too_large.pop())
+            while self._oom_stuck:
+                ts = self._oom_stuck.pop()
+                if ts.state in ("waiting", "queued"):
+                    self._no_larger_worker(ts, ts.spec.pool)
             while self._to_fail:
                 ts, failed = self._to_fail.pop()
                 if ts.state in ACTIVE:
@@ -1737,9 +1755,53 @@ class SchedulerState:
         self._set(ts, "erred")  # inputs it alone needed are cancelled as unneeded
         self._terminal(ts)
 
+    def _no_larger_worker(self, ts: TaskState, pool: str | None) -> bool:
+        """``ts`` was killed for memory (``ts.ooms``): its next try goes only to a
+        worker of ``pool`` (any, for None) whose limit is above ``ts.oom_floor``
+        (``_roomier``). It waits for one (False) while one takes new tasks there (busy
+        or not), a configured pool it may run in gives its workers more (the autoscaler
+        may start one), or no worker of its pool is there and none is known to come
+        (nothing is decided, as for memory admission). Else it fails now with
+        TaskOutOfMemory naming every try killed for memory (True)."""
+        floor = ts.oom_floor
+        largest = self.largest.get(pool)
+        if largest is not None and largest > floor:
+            return False
+        shapes = self.config.pool_memory
+        if any(m > floor for p, m in shapes.items() if pool is None or p == pool):
+            return False
+        if largest is None:
+            if pool is None or pool not in shapes:
+                return False  # no worker of its pool, none known to come: nothing decided
+            size = shapes[pool] / 2**30
+            has = f"pool {pool!r} has no worker that takes tasks (its workers have {size:.2f} GiB)"
+        else:
+            where = "worker" if pool is None else f"worker of pool {pool!r}"
+            has = f"the largest {where} that takes tasks has {largest / 2**30:.2f} GiB"
+        configured = "" if not shapes else ", and no pool is configured to start larger workers"
+        nowhere = (
+            f"a retry goes only to a worker with a memory limit above {floor / 2**30:.2f} "
+            f"GiB, and {has}{configured}"
+        )
+        wid, limit, peak = ts.ooms[-1]
+        err = TaskOutOfMemory(str(ts.key), wid, peak, limit, len(ts.tries), ts.ooms, nowhere)
+        self._log(ts.key, "oom", f"not retried: {nowhere}")
+        ts.error = err
+        ts.root = (ts.key, err)
+        self._set(ts, "erred")
+        self._terminal(ts)
+        return True
+
+    def _roomier(self, ts: TaskState, ws: WorkerState) -> bool:
+        """``ws``'s memory limit is above every one ``ts`` was killed for memory under
+        (no limit is above any); True for a task never killed so."""
+        return not ts.ooms or not ws.memory or ws.memory > ts.oom_floor
+
     def _limits_changed(self) -> None:
         """Workers came, went or started draining: recompute the largest limit per pool;
-        where it fell (or a pool got its first worker), check every task not placed."""
+        where it fell (or a pool got its first worker, or lost its last), check every
+        task not placed: for memory admission, and a retry after a kill for memory for a
+        larger worker (``_no_larger_worker``)."""
         largest: dict[str | None, float] = {}
         for ws in self.workers.values():
             if ws.draining:
@@ -1753,15 +1815,16 @@ class SchedulerState:
         self._floor = min(largest.values(), default=NO_LIMIT)
         self.largest_disk = _largest_per_pool(self.workers.values(), "disk")
         self.largest_cores = _largest_per_pool(self.workers.values(), "cores")
-        if not any(limit < before.get(pool, NO_LIMIT) for pool, limit in largest.items()):
+        fell = any(limit < before.get(pool, NO_LIMIT) for pool, limit in largest.items())
+        if not fell and before.keys() <= largest.keys():
             return
-        self._too_large.extend(
-            ts
-            for ts in self.tasks.values()
-            if ts.in_nbytes
-            and ts.state in ("waiting", "queued")
-            and ts.in_nbytes > largest.get(ts.spec.pool, NO_LIMIT)
-        )
+        for ts in self.tasks.values():
+            if ts.state not in ("waiting", "queued"):
+                continue
+            if ts.in_nbytes and ts.in_nbytes > largest.get(ts.spec.pool, NO_LIMIT):
+                self._too_large.append(ts)
+            elif ts.ooms:  # killed for memory: a larger worker may have been the last
+                self._oom_stuck.append(ts)
 
     def _enqueue(self, ts: TaskState) -> bool:
         """Put queued ``ts`` in its ready heap; or, while it backs off, among the held
@@ -1993,6 +2056,8 @@ class SchedulerState:
         try lost to its worker's walltime ran against the pool's (``_walltime_lost``)."""
         decision = self._retry_decision(ts, outcome, cause, loss)
         if decision.retry:
+            if ts.ooms and self._no_larger_worker(ts, decision.pool or ts.spec.pool):
+                return  # failed: no worker with more memory is there or can come
             if decision.charge:
                 ts.retries_left -= 1
             ts.behind = ts.behind or decision.behind
@@ -2652,6 +2717,8 @@ class SchedulerState:
                     if not self._waits_for_disk(ts, self._short_of_disk):
                         continue  # no worker could ever hold it: failed
                     self.disk_parked.add(ts.spec.pool)
+                elif ts.ooms and not ts.disk_wait:
+                    self._tell_oom_wait(ts)
                 elif ts.spec.resources and not ts.disk_wait:
                     self._tell_resources_wait(ts)
                 parked.append((best_q, entry))  # resources or disk: wait for a worker
@@ -2662,6 +2729,17 @@ class SchedulerState:
                 self._assign_partner(ts, ws, self.queues[best_q])
         for q, entry in parked:
             heapq.heappush(self.queues[q], entry)
+
+    def _tell_oom_wait(self, ts: TaskState) -> None:
+        """Say in ``ts``'s story, once per wait, that it waits for a worker with a
+        larger memory limit than those it was killed for memory under."""
+        wid, limit, _ = ts.ooms[-1]
+        ts.disk_wait = why = (
+            f"waiting for a worker with a memory limit above {ts.oom_floor / 2**30:.2f} GiB: "
+            f"killed for memory on {wid!r} ({limit / 2**30:.2f} GiB), it runs again only "
+            "on a larger one"
+        )
+        self._log(ts.key, "queued", why)
 
     def _tell_resources_wait(self, ts: TaskState) -> None:
         """Say in ``ts``'s story, once, that no worker of its pool that takes tasks
@@ -2704,6 +2782,7 @@ class SchedulerState:
             and w.cores >= cores
             and (w.memory >= need or not w.memory)
             and (not producer or self._takes_producer(w))
+            and (not ts.ooms or self._roomier(ts, w))
         ]
         if cands and self._estimate(ts) > self.config.long_task:
             # A long task: not queued behind another on its worker (SchedulerConfig).
@@ -2954,6 +3033,8 @@ class SchedulerState:
         res = nxt.spec.resources
         if ws.memory < res.get("memory", 0) or ws.cores < res.get("cores", 0):
             return
+        if nxt.ooms and not self._roomier(nxt, ws):
+            return
         if ws.disk and not self._disk_fits(nxt, ws, self._expected_output(nxt)[0]):
             return
         views = (TaskStateView(ts), ws.view, TaskStateView(nxt))
@@ -2988,6 +3069,8 @@ class SchedulerState:
         if ts.spec.pool is not None and ts.spec.pool != ws.pool:
             return False
         if ws.memory and ws.memory < ts.in_nbytes:
+            return False
+        if ts.ooms and not self._roomier(ts, ws):
             return False
         res = ts.spec.resources
         if ws.memory < res.get("memory", 0) or ws.cores < res.get("cores", 0):

@@ -19,8 +19,10 @@ class DefaultRetry:
     preempted) is a suspect, a *poison task* that may be what kills them: it fails with
     :class:`~runtime.errors.TaskCrashedWorkers` instead of taking another worker. A try
     killed at its worker's memory terminate fence (``oom``) is retried for free up to
-    ``max_oom`` times (memory others held may be free by then); then the task fails with
-    :class:`~runtime.errors.TaskOutOfMemory`. A try whose output did not fit on its
+    ``max_oom`` times; then the task fails with :class:`~runtime.errors.TaskOutOfMemory`.
+    The scheduler core sends such a retry only to a worker with a larger memory limit
+    than every one the task was killed on, waits for one while one may come, and fails
+    the task at once when none can (docs/memory.md). A try whose output did not fit on its
     worker's disk (``disk-full``) is retried for free up to ``max_disk_full`` times: the
     scheduler now expects outputs that large and places the retry on a worker with the
     room (or it waits for one); then the task fails with

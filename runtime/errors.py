@@ -569,19 +569,45 @@ class TaskCrashedWorkers(WorkerLost):
 
 
 class TaskOutOfMemory(CorralError):
-    """A task was killed at its worker's terminate fence too often to retry it."""
+    """A task was killed at its worker's terminate fence too often to retry it, or no
+    worker with a larger memory limit than those it was killed on is there or can come.
 
-    def __init__(self, key: str, worker: str, rss: int, limit: int, tries: int) -> None:
+    ``worker``, ``rss``, ``limit``: its last try's; ``tries``: its tries in all;
+    ``ooms``: every try killed for memory, oldest first, as ``(worker, limit, peak)``
+    (the worker's memory limit and the highest RSS seen while the task ran there);
+    ``nowhere``: why it was not retried when a retry was allowed ("" otherwise)."""
+
+    def __init__(
+        self,
+        key: str,
+        worker: str,
+        rss: int,
+        limit: int,
+        tries: int,
+        ooms: Sequence[tuple[str, int, int]] = (),
+        nowhere: str = "",
+    ) -> None:
+        ooms = tuple(ooms) or ((worker, limit, rss),)
+        each = ", then ".join(
+            f"on {w!r} (limit {_gib(lim) if lim else 'none'}, peak {_gib(peak)})"
+            for w, lim, peak in ooms
+        )
+        times = "once" if len(ooms) == 1 else f"{len(ooms)} times"
+        why = f" Not retried: {nowhere}." if nowhere else ""
+        n_tries = f"{tries} {'try' if tries == 1 else 'tries'}"
         super().__init__(
             f"task {key!r} was killed for memory on worker {worker!r}: the worker used "
             f"{_gib(rss)} of its {_gib(limit)} limit while the task ran, past the terminate "
-            f"fence ({tries} tries). Give workers more memory (--memory), make the task's "
-            "chunks smaller, or raise the terminate fraction.",
+            f"fence ({n_tries}). Killed for memory {times}: {each}.{why} Give workers "
+            "more memory (--memory, a pool's memory_per_worker), make the task's chunks "
+            "smaller, or raise the terminate fraction.",
             key=key,
             worker=worker,
             rss=rss,
             limit=limit,
             tries=tries,
+            ooms=ooms,
+            nowhere=nowhere,
         )
 
 

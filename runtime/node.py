@@ -274,11 +274,13 @@ async def start_control_plane(
     if "retry" in policies and pools:
         check_fallback("retry", *policies["retry"], pools)
     scaling = policies.pop("scaling", None)
+    shapes = pool_shapes(pools or {}) if pools or fixed is None else {fixed[0]: fixed[1]}
     config = SchedulerConfig(
         saturation=saturation, stall_timeout=stall_timeout,
         drain_periods=pool_drain_periods(pools or {}), prune_depth=prune_depth,
         tasks_per_worker=pool_tasks_per_worker(pools or {}),
         monitor=monitor_feed or monitoring is not None,
+        pool_memory={p: int(s["memory"][0]) for p, s in shapes.items() if "memory" in s},
     )  # fmt: skip
     plane = ControlPlane(system, refs, None, [])  # type: ignore[arg-type]
     if scaling is not None:
@@ -298,7 +300,7 @@ async def start_control_plane(
     manager = Manager(
         lambda: refs["scheduler"], lambda: refs["registry"], lambda: refs.get("autoscaler"),
         plane.resolve, monitor=lambda: refs.get("monitor"),
-        pools=pool_shapes(pools or {}) if pools or fixed is None else {fixed[0]: fixed[1]},
+        pools=shapes,
         sizing="" if pools or fixed is None else fixed[2], closed=closed,
         fallback=fallbacks(pools or {}),
     )  # fmt: skip

@@ -10,10 +10,12 @@ from typing import Any
 import pytest
 
 from actors.scheduler_events import (
+    Execute,
     KeyErred,
     PolicyChanged,
     TasksFinished,
     Tick,
+    WorkerDraining,
     WorkerLeft,
     WorkerMemory,
 )
@@ -227,22 +229,131 @@ def test_producer_thresholds_are_parameters_of_the_policy() -> None:
 # ----------------------------------------------------------------------------- oom
 
 
-def test_an_oom_try_is_retried_once_then_the_task_fails_naming_the_limit(
+def test_an_oom_try_is_retried_once_on_a_larger_worker_then_fails_naming_every_try(
     make_state: Factory,
 ) -> None:
     s = make_state()
     join(s, "w1", memory=GB)
-    submit(s, {"big-0": []}, ["big-0"])
-    finish(s, "w1", "big-0", "oom", rss=int(0.96 * GB), rss_peak=int(0.98 * GB))
+    assert assigned(submit(s, {"big-0": []}, ["big-0"])) == {"w1": ["big-0"]}
+    join(s, "w2", memory=2 * GB)
+    cmds = finish(s, "w1", "big-0", "oom", rss=int(0.96 * GB), rss_peak=int(0.98 * GB))
     assert s.stats["big"].peak_rss == int(0.98 * GB)  # what it reached before the kill
     ts = s.tasks["big-0"]
-    assert ts.state == "processing" and ts.behind  # free retry, behind fresh work
+    # The free retry goes to the larger worker, though w1 (1 GiB) is free again.
+    assert assigned(cmds) == {"w2": ["big-0"]} and ts.behind  # behind fresh work
     assert s.stats["big"].oom == 1 and s.stats["big"].errors == 0
-    cmds = finish(s, "w1", "big-0", "oom", rss=int(0.97 * GB))
+    cmds = finish(s, "w2", "big-0", "oom", rss=int(1.9 * GB), rss_peak=int(1.95 * GB))
     (erred,) = of(cmds, KeyErred)
-    assert isinstance(erred.error, TaskOutOfMemory)
-    assert "0.97 GiB of its 1.00 GiB limit" in str(erred.error)
+    assert assigned(cmds) == {}
+    err = erred.error
+    assert isinstance(err, TaskOutOfMemory)
+    assert "1.90 GiB of its 2.00 GiB limit" in str(err)
+    assert (
+        "Killed for memory 2 times: on 'w1' (limit 1.00 GiB, peak 0.98 GiB), then on "
+        "'w2' (limit 2.00 GiB, peak 1.95 GiB)." in str(err)
+    )
+    assert err.ooms == (("w1", GB, int(0.98 * GB)), ("w2", 2 * GB, int(1.95 * GB)))
+    assert err.tries == 2 and not err.nowhere  # the policy's max_oom: not for want of room
     assert [t.outcome for t in s.tasks["big-0"].tries] == ["oom", "oom"]
+
+
+def test_an_oom_try_is_not_retried_on_a_smaller_or_equal_worker_it_fails_at_once(
+    make_state: Factory,
+) -> None:
+    """The user audit: a task killed at 0.95 GiB on a 1 GiB worker got its free retry
+    on a 512 MiB one and failed there, although the scheduler knew its category's peak
+    and that 1 GiB had failed. No worker takes tasks with more than 1 GiB and no pool
+    can start one: it fails at once, naming the try, and nothing else is sent."""
+    s = make_state()
+    join(s, "w-cpu-1", cores=2, memory=GB, pool="cpu")
+    join(s, "w-cpu-2", cores=1, memory=512 * MB, pool="cpu")
+    join(s, "w-idle", cores=2, memory=2 * GB, pool="idle")  # another pool's: no help
+    cmds = submit(s, {"hog-0": []}, ["hog-0"], pool="cpu")
+    assert assigned(cmds) == {"w-cpu-1": ["hog-0"]}
+    cmds = finish(s, "w-cpu-1", "hog-0", "oom", rss=int(0.95 * GB), rss_peak=1022287872)
+    assert [type(c) for c in cmds] == [KeyErred]
+    (erred,) = cmds
+    err = erred.error
+    assert isinstance(err, TaskOutOfMemory) and erred.root == "hog-0"
+    assert (err.worker, err.limit, err.tries) == ("w-cpu-1", GB, 1)
+    assert err.ooms == (("w-cpu-1", GB, 1022287872),)
+    assert err.nowhere == (
+        "a retry goes only to a worker with a memory limit above 1.00 GiB, and the largest "
+        "worker of pool 'cpu' that takes tasks has 1.00 GiB"
+    )
+    assert (
+        "(1 try). Killed for memory once: on 'w-cpu-1' (limit 1.00 GiB, peak 0.95 GiB)"
+        ". Not retried: a retry goes only" in str(err)
+    )
+    assert s.tasks["hog-0"].state == "erred"
+    assert s.story("hog-0")[-2][1:3] == ("oom", "not retried: " + err.nowhere)
+
+
+def test_an_oom_retry_waits_for_a_busy_larger_worker_and_runs_there(make_state: Factory) -> None:
+    s = make_state(saturation=1.0)
+    join(s, "small", memory=GB)
+    join(s, "large", memory=2 * GB)
+    submit(s, {"busy-0": []}, ["busy-0"], attrs={"busy-0": {"resources": {"memory": 1.5 * GB}}})
+    assert on(s, "large") == {"busy-0"}
+    cmds = submit(s, {"hog-0": []}, ["hog-0"])
+    assert assigned(cmds) == {"small": ["hog-0"]}
+    cmds = finish(s, "small", "hog-0", "oom", rss=int(0.96 * GB), rss_peak=int(0.97 * GB))
+    assert of(cmds, Execute) == [] and of(cmds, KeyErred) == []  # small is free: not there
+    assert s.tasks["hog-0"].state == "queued" and "small" in s.free
+    assert s.story("hog-0")[-1][1:3] == (
+        "queued",
+        "waiting for a worker with a memory limit above 1.00 GiB: killed for memory on "
+        "'small' (1.00 GiB), it runs again only on a larger one",
+    )
+    cmds = submit(s, {"inc-0": []}, ["inc-0"])  # fresh work still runs on small
+    assert assigned(cmds) == {"small": ["inc-0"]}
+    cmds = finish(s, "large", "busy-0")
+    assert assigned(cmds) == {"large": ["hog-0"]}
+    finish(s, "large", "hog-0")
+    assert s.tasks["hog-0"].state == "memory"
+
+
+def test_an_oom_retry_waits_for_a_pool_that_can_start_a_larger_worker(
+    make_state: Factory,
+) -> None:
+    """A configured pool whose workers have more (memory_per_worker) may get a block
+    from the autoscaler: the retry waits for it, and runs on its worker."""
+    s = make_state(pool_memory={"cpu": GB, "big": 8 * GB})
+    join(s, "w1", memory=GB, pool="cpu")
+    submit(s, {"hog-0": []}, ["hog-0"])
+    cmds = finish(s, "w1", "hog-0", "oom", rss=int(0.96 * GB))
+    assert cmds == [] and s.tasks["hog-0"].state == "queued"
+    cmds = join(s, "w2", memory=8 * GB, pool="big")
+    assert assigned(cmds) == {"w2": ["hog-0"]}
+
+
+def test_an_oom_retry_of_a_pool_whose_workers_have_no_more_fails_at_once(
+    make_state: Factory,
+) -> None:
+    s = make_state(pool_memory={"cpu": GB, "big": 8 * GB})
+    join(s, "w1", memory=GB, pool="cpu")
+    submit(s, {"hog-0": []}, ["hog-0"], pool="cpu")
+    (erred,) = of(finish(s, "w1", "hog-0", "oom", rss=int(0.96 * GB)), KeyErred)
+    assert erred.error.nowhere == (
+        "a retry goes only to a worker with a memory limit above 1.00 GiB, and the largest "
+        "worker of pool 'cpu' that takes tasks has 1.00 GiB, and no pool is configured to "
+        "start larger workers"
+    )
+
+
+def test_an_oom_retry_fails_when_the_only_larger_worker_leaves(make_state: Factory) -> None:
+    s = make_state(saturation=1.0)
+    join(s, "small", memory=GB)
+    join(s, "large", memory=2 * GB)
+    submit(s, {"busy-0": []}, ["busy-0"], attrs={"busy-0": {"resources": {"memory": 1.5 * GB}}})
+    submit(s, {"hog-0": []}, ["hog-0"])
+    finish(s, "small", "hog-0", "oom", rss=int(0.96 * GB))
+    assert s.tasks["hog-0"].state == "queued"
+    cmds = run(s, event(WorkerDraining, worker="large"))
+    (erred,) = of(cmds, KeyErred)
+    assert erred.key == "hog-0" and isinstance(erred.error, TaskOutOfMemory)
+    assert "the largest worker that takes tasks has 1.00 GiB" in erred.error.nowhere
+    assert assigned(cmds) == {}
 
 
 # ----------------------------------------------------------------------------- watchdog
@@ -458,3 +569,20 @@ def test_consumers_queue_on_the_worker_holding_their_big_inputs(make_state: Fact
     cmds = submit(s, sums, list(sums))
     assert sorted(assigned(cmds)["w1"]) == sorted(sums)
     assert s.workers["w1"].n_processing == 5 > 2 * s.workers["w1"].slots
+
+
+def test_an_oom_retry_fails_when_its_pool_has_no_worker_and_starts_none_larger(
+    make_state: Factory,
+) -> None:
+    """Its worker drained while it ran: no worker of its pool takes tasks, and the
+    pool's configured workers have no more than the one it was killed on."""
+    s = make_state(pool_memory={"cpu": GB})
+    join(s, "w1", memory=GB, pool="cpu")
+    submit(s, {"hog-0": []}, ["hog-0"], pool="cpu")
+    run(s, event(WorkerDraining, worker="w1"))
+    (erred,) = of(finish(s, "w1", "hog-0", "oom", rss=int(0.96 * GB)), KeyErred)
+    assert erred.error.nowhere == (
+        "a retry goes only to a worker with a memory limit above 1.00 GiB, and pool 'cpu' has "
+        "no worker that takes tasks (its workers have 1.00 GiB), and no pool is configured to "
+        "start larger workers"
+    )

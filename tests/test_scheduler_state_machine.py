@@ -224,13 +224,15 @@ class RandomWorkload(RuleBasedStateMachine):
         self.handle(event(GraphSubmitted, specs={key: spec}, wanted=(key,)))
         self.wants[key] += 1
 
-    @rule(cores=st.integers(1, 3))
-    def join(self, cores: int) -> None:
+    @rule(cores=st.integers(1, 3), large=st.booleans())
+    def join(self, cores: int, large: bool = False) -> None:
+        """A worker joins, with 1 GiB (or 2 GiB: an oom retry's larger worker)."""
         if len(self.state.workers) >= 5:
             return
         wid = f"w{self.n_workers}"
         self.n_workers += 1
-        self.handle(event(WorkerJoined, worker=wid, cores=cores, memory=GB))
+        memory = 2 * GB if large else GB
+        self.handle(event(WorkerJoined, worker=wid, cores=cores, memory=memory))
 
     @precondition(lambda m: m.state.workers)
     @rule(
@@ -265,7 +267,7 @@ class RandomWorkload(RuleBasedStateMachine):
     @precondition(lambda m: m.with_state("processing"))
     @rule(
         seed=st.integers(0, 2**32 - 1),
-        outcome=st.sampled_from(["ok", "ok", "ok", "ok", "error", "timeout", "missing"]),
+        outcome=st.sampled_from(["ok", "ok", "ok", "ok", "error", "timeout", "missing", "oom"]),
     )
     def finish(self, seed: int, outcome: str) -> None:
         rnd = random.Random(seed)
