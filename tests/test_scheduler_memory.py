@@ -586,3 +586,15 @@ def test_an_oom_retry_fails_when_its_pool_has_no_worker_and_starts_none_larger(
         "no worker that takes tasks (its workers have 1.00 GiB), and no pool is configured to "
         "start larger workers"
     )
+
+
+def test_a_task_failed_for_memory_and_submitted_again_starts_afresh(make_state: Factory) -> None:
+    """Submitted again (the user gave it smaller chunks, or freed memory), it may run
+    on a worker of the same limit: the kills stay in its tries and story."""
+    s = make_state()
+    join(s, "w1", memory=GB)
+    submit(s, {"hog-0": []}, ["hog-0"])
+    assert [type(c) for c in finish(s, "w1", "hog-0", "oom", rss=int(0.96 * GB))] == [KeyErred]
+    cmds = submit(s, {"hog-0": []}, ["hog-0"])
+    assert assigned(cmds) == {"w1": ["hog-0"]}
+    assert s.tasks["hog-0"].ooms == () and s.tasks["hog-0"].oom_tries == 1
