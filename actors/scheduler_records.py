@@ -281,6 +281,7 @@ class TaskState:
         "key",
         "lost_tries",
         "nbytes",
+        "oom_alone",
         "ooms",
         "prio",
         "producer",
@@ -348,6 +349,9 @@ class TaskState:
         #: memory limit, the peak RSS seen)``; a retry goes only to a worker whose limit
         #: is above every one of these (``oom_floor``)
         self.ooms: tuple[tuple[str, int, int], ...] = ()
+        #: for each of ``ooms``, whether it ran alone on its worker: then only a larger
+        #: limit may do; a try that shared its worker with others may go to one as large
+        self.oom_alone: tuple[bool, ...] = ()
         #: times its inputs could not be had from workers still connected (in a row)
         self.unreachable = 0
         self.unreachable_since = 0.0  #: when the first of those tries ended
@@ -383,13 +387,41 @@ class TaskState:
 
     @property
     def oom_floor(self) -> float:
-        """The memory limit a worker must pass to run ``ts`` again: the largest limit
-        (or peak RSS seen) of its tries killed for memory; ``NO_LIMIT`` if one was on
-        a worker without a limit (none is larger), -1.0 if none was killed."""
-        floor = -1.0
-        for _, limit, peak in self.ooms:
-            floor = max(floor, float(limit) if limit > 0 else NO_LIMIT, float(peak))
-        return floor
+        """The memory limit a worker must reach to run ``ts`` again: the largest limit
+        (or, for a try that ran alone, peak RSS seen) of its tries killed for memory;
+        ``NO_LIMIT`` if one was on a worker without a limit (none is larger), -1.0 if
+        none was killed. Reaching it does only if none of those tries ran alone at it
+        (``oom_strict``); else the limit must be above it."""
+        return max(self._oom_bounds(), default=(-1.0, False))[0]
+
+    @property
+    def oom_strict(self) -> bool:
+        """A worker must have more than ``oom_floor`` (a try killed at it ran alone on
+        its worker), not just as much (the tries killed there shared their worker with
+        other tasks, whose memory counted too)."""
+        return max(self._oom_bounds(), default=(-1.0, False))[1]
+
+    def _oom_bounds(self) -> list[tuple[float, bool]]:
+        out = []
+        for (_, limit, peak), alone in zip(self.ooms, self.oom_alone, strict=True):
+            bound = float(limit) if limit > 0 else NO_LIMIT
+            out.append((max(bound, float(peak)), True) if alone else (bound, False))
+        return out
+
+    def oom_fits(self, memory: float) -> bool:
+        """A worker with ``memory`` as its limit (0: none) may run ``ts`` again after
+        its kills for memory (:attr:`oom_floor`, :attr:`oom_strict`)."""
+        if not self.ooms or not memory:
+            return True
+        floor, strict = max(self._oom_bounds())
+        return memory > floor or (memory == floor and not strict)
+
+    @property
+    def oom_need(self) -> str:
+        """What :meth:`oom_fits` asks, in words: ``above 1.00 GiB`` or ``of 1.00 GiB
+        or more``."""
+        size = f"{self.oom_floor / 2**30:.2f} GiB"
+        return f"above {size}" if self.oom_strict else f"of {size} or more"
 
     @property
     def disk_full_tries(self) -> int:

@@ -138,7 +138,7 @@ cancelled as unneeded, as for any failure (``_set``); its dependents fail as usu
 
 Retries after a kill for memory (docs/memory.md): a try that ended ``oom`` adds
 ``(worker, limit, peak)`` to ``TaskState.ooms``; the retry policy says whether the task
-runs again, the core where: only on a worker whose limit is above ``oom_floor``
+runs again, the core where: only on a worker whose limit passes ``oom_floor``
 (``_roomier``, in ``_candidates``, ``_takes_consumer_here`` and ``_assign_partner``). The
 retry waits while such a worker of its pool takes tasks or a configured pool's workers
 have more (``SchedulerConfig.pool_memory``), and otherwise fails at once with
@@ -797,7 +797,7 @@ class SchedulerState:
                 ts.generation = gen
                 ts.retries_left = spec.retries
                 ts.lost_tries = 0
-                ts.ooms = ()  # a fresh start: any worker may run it again
+                ts.ooms = ts.oom_alone = ()  # a fresh start: any worker may run it again
                 ts.behind = False
                 ts.unneeded = False
                 ts.error = ts.root = None
@@ -1174,6 +1174,9 @@ class SchedulerState:
         rec = TryRecord(str(ts.key), ws.id, res.start, res.stop, outcome, try_cause, ts.queued)
         if outcome == "oom":  # this try counted with the earlier ones
             ts.ooms += ((ws.id, ws.memory, max(res.rss_peak, res.rss)),)
+            # Alone on its worker, the kill was its own; beside other tasks, theirs
+            # counted too, and a worker as large may do when it runs it with fewer.
+            ts.oom_alone += (not any(t is not ts for t in ws.processing),)
             tries = len(ts.tries) + 1
             error = TaskOutOfMemory(str(ts.key), ws.id, res.rss, ws.memory, tries, ts.ooms)
         self._tried(ts, rec, error)
@@ -1757,18 +1760,17 @@ class SchedulerState:
 
     def _no_larger_worker(self, ts: TaskState, pool: str | None) -> bool:
         """``ts`` was killed for memory (``ts.ooms``): its next try goes only to a
-        worker of ``pool`` (any, for None) whose limit is above ``ts.oom_floor``
-        (``_roomier``). It waits for one (False) while one takes new tasks there (busy
+        worker of ``pool`` (any, for None) whose limit passes ``ts.oom_floor``
+        (``TaskState.oom_fits``). It waits for one (False) while one takes new tasks there (busy
         or not), a configured pool it may run in gives its workers more (the autoscaler
         may start one), or no worker of its pool is there and none is known to come
         (nothing is decided, as for memory admission). Else it fails now with
         TaskOutOfMemory naming every try killed for memory (True)."""
-        floor = ts.oom_floor
         largest = self.largest.get(pool)
-        if largest is not None and largest > floor:
+        if largest is not None and ts.oom_fits(largest):
             return False
         shapes = self.config.pool_memory
-        if any(m > floor for p, m in shapes.items() if pool is None or p == pool):
+        if any(ts.oom_fits(m) for p, m in shapes.items() if pool is None or p == pool):
             return False
         if largest is None:
             if pool is None or pool not in shapes:
@@ -1780,8 +1782,8 @@ class SchedulerState:
             has = f"the largest {where} that takes tasks has {largest / 2**30:.2f} GiB"
         configured = "" if not shapes else ", and no pool is configured to start larger workers"
         nowhere = (
-            f"a retry goes only to a worker with a memory limit above {floor / 2**30:.2f} "
-            f"GiB, and {has}{configured}"
+            f"a retry goes only to a worker with a memory limit {ts.oom_need}, and "
+            f"{has}{configured}"
         )
         wid, limit, peak = ts.ooms[-1]
         err = TaskOutOfMemory(str(ts.key), wid, peak, limit, len(ts.tries), ts.ooms, nowhere)
@@ -1793,9 +1795,9 @@ class SchedulerState:
         return True
 
     def _roomier(self, ts: TaskState, ws: WorkerState) -> bool:
-        """``ws``'s memory limit is above every one ``ts`` was killed for memory under
-        (no limit is above any); True for a task never killed so."""
-        return not ts.ooms or not ws.memory or ws.memory > ts.oom_floor
+        """``ws``'s memory limit passes every one ``ts`` was killed for memory under
+        (``TaskState.oom_fits``; no limit passes any); True for a task never killed so."""
+        return ts.oom_fits(ws.memory)
 
     def _limits_changed(self) -> None:
         """Workers came, went or started draining: recompute the largest limit per pool;
@@ -2735,9 +2737,9 @@ class SchedulerState:
         larger memory limit than those it was killed for memory under."""
         wid, limit, _ = ts.ooms[-1]
         ts.disk_wait = why = (
-            f"waiting for a worker with a memory limit above {ts.oom_floor / 2**30:.2f} GiB: "
-            f"killed for memory on {wid!r} ({limit / 2**30:.2f} GiB), it runs again only "
-            "on a larger one"
+            f"waiting for a worker with a memory limit {ts.oom_need}: killed for memory "
+            f"on {wid!r} ({limit / 2**30:.2f} GiB), it runs again only on a "
+            + ("larger one" if ts.oom_strict else "worker at least as large")
         )
         self._log(ts.key, "queued", why)
 

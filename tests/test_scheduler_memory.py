@@ -289,6 +289,26 @@ def test_an_oom_try_is_not_retried_on_a_smaller_or_equal_worker_it_fails_at_once
     assert s.story("hog-0")[-2][1:3] == ("oom", "not retried: " + err.nowhere)
 
 
+def test_an_oom_try_that_shared_its_worker_is_retried_on_one_as_large(
+    make_state: Factory,
+) -> None:
+    """A kill while other tasks ran on the same worker counted their memory too: the
+    retry may go to a worker with the same limit (not a smaller one), where it may run
+    with fewer beside it. A try that ran alone needs a larger one (the test above)."""
+    s = make_state()
+    join(s, "w1", cores=2, memory=GB)
+    cmds = submit(s, {"hog-0": [], "other-0": []}, ["hog-0", "other-0"])
+    assert assigned(cmds) == {"w1": ["hog-0", "other-0"]}
+    join(s, "w-small", cores=2, memory=512 * MB)
+    join(s, "w2", cores=2, memory=GB)
+    cmds = finish(s, "w1", "hog-0", "oom", rss=int(0.96 * GB), rss_peak=int(0.97 * GB))
+    assert s.tasks["hog-0"].oom_alone == (False,)  # other-0 ran beside it
+    assert of(cmds, KeyErred) == []
+    (target,) = assigned(cmds)  # to a worker of 1 GiB, never the 512 MiB one
+    assert target in ("w1", "w2")
+    assert s.tasks["hog-0"].oom_need == "of 1.00 GiB or more"
+
+
 def test_an_oom_retry_waits_for_a_busy_larger_worker_and_runs_there(make_state: Factory) -> None:
     s = make_state(saturation=1.0)
     join(s, "small", memory=GB)
