@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import dataclasses
 import heapq
 import linecache
 import time
@@ -31,6 +32,8 @@ from actors.scheduler_events import (
     CheckpointCopied,
     Command,
     CopyCheckpoint,
+    DiskStallBegan,
+    DiskStallEnded,
     DropCheckpoints,
     DropData,
     Evacuate,
@@ -68,6 +71,7 @@ from actors.scheduler_records import (
     SchedulerConfig,
     WorkerState,
     dependency_failed_text,
+    disk_stall_parts,
 )
 from actors.scheduler_state import SchedulerState
 from policies import ON_PURPOSE, REGISTRY, PolicyRegistry, params_of
@@ -300,6 +304,19 @@ class Scheduler(Actor):
                 self.start_soon(self._copy_checkpoint, cmd)
             elif type(cmd) is DropCheckpoints:
                 self._to_worker(cmd.worker, DropCheckpointsMsg(cmd.items))
+            elif type(cmd) is DiskStallBegan:
+                pool = "any" if cmd.stall.pool == "*" else cmd.stall.pool
+                self.log.warning(
+                    f"disk stall in pool {pool}: its workers ran nothing for "
+                    f"{self.state.config.stall_timeout:g} s while tasks wait for disk",
+                    pool=cmd.stall.pool, **disk_stall_parts(cmd.stall),
+                )  # fmt: skip
+            elif type(cmd) is DiskStallEnded:
+                pool = "any" if cmd.stall.pool == "*" else cmd.stall.pool
+                self.log.info(
+                    f"disk stall in pool {pool} ended", pool=cmd.stall.pool,
+                    seconds=round(cmd.lasted, 1),
+                )  # fmt: skip
             else:  # pragma: no cover - a new command without a shell is a bug
                 raise TypeError(f"scheduler has no shell for {type(cmd).__name__}")
         if updates:
@@ -649,6 +666,7 @@ class Scheduler(Actor):
     def status(self, msg: StatusRequest) -> dict[str, Any]:
         """The scheduler's fields of a ``StatusReply``, by name (typed values)."""
         st = self.state  # counters kept by the core: no scan of the tasks
+        now = self.clock.now()
         return {
             "workers": tuple(self.infos.values()),
             "processing": {w: len(ws.processing) for w, ws in st.workers.items()},
@@ -678,6 +696,11 @@ class Scheduler(Actor):
             "storage": self._storage(),
             "speculative": dict(st.speculative),
             "checkpoints": _checkpoints(st),
+            "disk_stalls": tuple(
+                dataclasses.replace(d, stalled_for=now - d.since) for d in st.disk_stalls.values()
+            ),
+            "disk_full_tries": st.disk_full_tries,
+            "disk_full_failed": st.disk_full_failed,
         }
 
     def _storage(self) -> StorageStatus:

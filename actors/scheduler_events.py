@@ -11,6 +11,7 @@ from typing import Any
 
 from actors.protocol import FileFact, TaskResult, ToRun
 from runtime.graph import Key, TaskSpec
+from runtime.messages import DiskStallInfo
 
 __all__ = [
     "CancelOnWorker",
@@ -19,6 +20,8 @@ __all__ = [
     "CheckpointCopied",
     "Command",
     "CopyCheckpoint",
+    "DiskStallBegan",
+    "DiskStallEnded",
     "DropCheckpoints",
     "DropData",
     "Evacuate",
@@ -389,3 +392,20 @@ class CancelSpared(Command):
 @dataclasses.dataclass(frozen=True, slots=True)
 class FileFacts(Command):
     facts: tuple[FileFact, ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DiskStallBegan(Command):
+    """The disk watchdog found a pool stalled (``stall``: which, its workers, what
+    fills their disks and what waits): for the log, once per stall."""
+
+    stall: DiskStallInfo
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DiskStallEnded(Command):
+    """A pool's disk stall ended after ``lasted`` seconds: a task of the pool fits a
+    disk again, or none waits for one."""
+
+    stall: DiskStallInfo
+    lasted: float

@@ -19,9 +19,10 @@ from policies import (
 from policies.survival import Survival
 from runtime.errors import (
     PruneDepthError,
+    disk_size,
 )
 from runtime.graph import Key, TaskSpec
-from runtime.messages import TryRecord
+from runtime.messages import DiskStallInfo, TryRecord
 
 __all__ = [
     "DEPENDENCY_FAILED",
@@ -761,3 +762,36 @@ def walltime_loss(
                 return None
             life = max(life, w.deadline - w.joined)
     return WalltimeLoss(max(0.0, now - began), life, drain, ws.pool)
+
+
+#: what to do about a disk stall (the manager's log, the console's status, the alert)
+DISK_STALL_ADVICE = (
+    "Give the workers a larger --disk (disk_per_worker), run consumers first "
+    "(policy set priority consumers-first), or release the futures you no longer need; "
+    "meanwhile each idle worker takes a waiting task past its disk estimate"
+)
+
+
+def disk_stall_parts(stall: DiskStallInfo) -> dict[str, str]:
+    """A disk stall for people, in parts (the manager's log line has them as fields,
+    the console's status joins them): ``workers``, ``disk`` (used of the limit),
+    ``holding`` (the file outputs on those disks by category, and the rest),
+    ``waiting`` (the ready tasks by category) and ``advice``."""
+    files = sum(b for _, b, _ in stall.holding)
+    held = [f"{c} {disk_size(b)} in {n}" for c, b, n in stall.holding[:5]]
+    if len(stall.holding) > 5:
+        held.append(f"{len(stall.holding) - 5} more categories")
+    rest = max(0, stall.disk_used - files)
+    holding = (f"file outputs: {', '.join(held)}; " if held else "no file outputs; ") + (
+        f"{disk_size(rest)} spilled outputs, checkpoint files and copies under way"
+    )
+    waiting = ", ".join(f"{c} {n}" for c, n in stall.waiting[:5])
+    if len(stall.waiting) > 5:
+        waiting += f", {len(stall.waiting) - 5} more categories"
+    return {
+        "workers": ", ".join(stall.workers) or "none",
+        "disk": f"{disk_size(stall.disk_used)} used of {disk_size(stall.disk)}",
+        "holding": holding,
+        "waiting": f"{stall.queued} ready tasks wait for disk ({waiting})",
+        "advice": DISK_STALL_ADVICE,
+    }

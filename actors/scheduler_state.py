@@ -169,6 +169,8 @@ from actors.scheduler_events import (
     CheckpointCopied,
     Command,
     CopyCheckpoint,
+    DiskStallBegan,
+    DiskStallEnded,
     DropCheckpoints,
     DropData,
     Evacuate,
@@ -249,7 +251,7 @@ from runtime.errors import (
     WorkerLost,
 )
 from runtime.graph import Key, TaskSpec
-from runtime.messages import Outcome, TryRecord
+from runtime.messages import DiskStallInfo, Outcome, TryRecord
 
 __all__ = [
     "TRANSITIONS",
@@ -476,6 +478,13 @@ class SchedulerState:
         self.disk_held: dict[str, Key] = {}
         self.disk_stalled_since: dict[str | None, float] = {}
         self.disk_override: set[str | None] = set()
+        #: the stalls the watchdog declared and that have not ended (a pool leaves when
+        #: it leaves ``disk_override``), for the log, the status and the metrics; and
+        #: how many each pool ever had (its metric's key: ``"*"`` for any pool)
+        self.disk_stalls: dict[str | None, DiskStallInfo] = {}
+        self.disk_stall_count: Counter[str] = Counter()
+        self.disk_full_tries = 0  #: tries that ended ``disk-full``
+        self.disk_full_failed = 0  #: tasks that failed with ``DiskFull``
         #: the largest output a try of each task wrote that did not fit on its worker's
         #: disk (``disk-full``): what that very task needs, firm (``_expected_output``),
         #: and whether it is a lower bound (the file system stopped that try's write
@@ -744,6 +753,7 @@ class SchedulerState:
                     "queue_depth": 0, "oldest_wait": 0.0, "wait_quantiles": {}, "waits": 0,
                     "wait_sum": 0.0, "running": 0, "workers": {"idle": 0, "busy": 0,
                     "draining": 0}, "throttled": 0, "rss_bytes": 0, "held_back": 0,
+                    "disk_stalled": 0, "disk_stalls": 0,
                 }  # fmt: skip
             return m
 
@@ -759,6 +769,10 @@ class SchedulerState:
             m["wait_sum"] = pw.total
         for pool, n in self.held_back().items():
             of(pool)["held_back"] = n
+        for name, n in self.disk_stall_count.items():
+            of(name)["disk_stalls"] = n
+        for stall in self.disk_stalls.values():
+            of(stall.pool)["disk_stalled"] = 1
         for ws in self.workers.values():
             m = of(ws.pool)
             n = len(ws.processing)
@@ -1154,6 +1168,7 @@ class SchedulerState:
             # Its output did not fit on the worker's disk: the category's outputs
             # are estimated this large from now on (steering its other tasks)...
             stat.disk_full += 1
+            self.disk_full_tries += 1
             stat.max_nbytes = max(stat.max_nbytes, res.nbytes)
             # ... and this very task needs at least that much: firm, for its retries;
             # only a lower bound if the file system stopped its write (ENOSPC).
@@ -2081,6 +2096,8 @@ class SchedulerState:
                 err = WorkerLost(str(ts.key), wid, cause or "unknown", len(ts.tries))
         else:
             err = error or RuntimeError(f"task {ts.key!r} failed ({outcome})")
+            if outcome == "disk-full":
+                self.disk_full_failed += 1
         ts.error = err
         ts.root = (ts.key, err)
         self._set(ts, "erred")
@@ -3478,6 +3495,8 @@ class SchedulerState:
         """The stall watchdogs: see the module docstring."""
         if self.disk_parked or self.disk_stalled_since or self.disk_override:
             self._watch_disk()
+        if self.disk_stalls:
+            self._disk_stalls_ended()
         workers = self.workers
         if not workers or len(self.throttled) < len(workers):
             self.stalled_since = None
@@ -3531,16 +3550,70 @@ class SchedulerState:
                 del self.disk_stalled_since[pool]
                 self.disk_override.add(pool)
                 self._log("-", "disk", f"stalled in pool {pool or 'any'}: placing past estimates")
+                self._disk_stall_began(pool)
                 self._fill()
 
-    def _fail_stalled(self, active: list[TaskState], stalled_for: float) -> None:
+    def _holding(self, on: set[str] | None = None) -> list[tuple[str, int, int]]:
+        """What the workers hold, by category: ``(category, bytes, outputs)``, largest
+        first (a stall's account: ``MemoryStalled.holding``, ``DiskStallInfo.holding``).
+        Every output in memory or spilled; with ``on``, the file outputs on those workers'
+        disks, a copy on each holder counting. One pass over the tasks, made only
+        when a stall is declared."""
         held: dict[str, list[int]] = {}
         for ts in self.tasks.values():
-            if ts.state == "memory":
-                h = held.setdefault(ts.spec.category, [0, 0])
-                h[0] += ts.nbytes
-                h[1] += 1
-        holding = sorted(((c, b, n) for c, (b, n) in held.items()), key=lambda x: -x[1])
+            if ts.state != "memory":
+                continue
+            copies = 1
+            if on is not None:
+                if not ts.file:
+                    continue
+                copies = len(ts.who_has & on)
+                if not copies:
+                    continue
+            h = held.setdefault(ts.spec.category, [0, 0])
+            h[0] += ts.nbytes * copies
+            h[1] += copies
+        return sorted(((c, b, n) for c, (b, n) in held.items()), key=lambda x: -x[1])
+
+    def _disk_stall_began(self, pool: str | None) -> None:
+        """The watchdog found ``pool`` stalled for disk: keep its account (its workers,
+        what fills their disks, what waits) and tell the shell, once per stall."""
+        workers = [
+            ws for ws in self.workers.values()
+            if not ws.draining and (pool is None or ws.pool == pool)
+        ]  # fmt: skip
+        ready = {  # (a heap may hold a stale entry of a task queued again)
+            entry[3]
+            for (p, _), heap in self.queues.items()
+            if p == pool
+            for entry in heap
+            if entry[3].state == "queued"
+        }
+        waiting = Counter(ts.spec.category for ts in ready)
+        stall = DiskStallInfo(
+            pool="*" if pool is None else pool,
+            since=self._now,
+            workers=tuple(sorted(ws.id for ws in workers)),
+            disk_used=sum(ws.disk_used for ws in workers),
+            disk=sum(ws.disk for ws in workers),
+            holding=tuple(self._holding({ws.id for ws in workers})),
+            waiting=tuple(waiting.most_common()),
+            queued=sum(waiting.values()),
+        )
+        self.disk_stalls[pool] = stall
+        self.disk_stall_count[stall.pool] += 1
+        self._out.append(DiskStallBegan(self._stimulus, stall))
+
+    def _disk_stalls_ended(self) -> None:
+        """A pool the watchdog no longer finds stalled (it left ``disk_override``: a
+        task of it fits a disk again, or none waits) ends its stall."""
+        for pool in [p for p in self.disk_stalls if p not in self.disk_override]:
+            stall = self.disk_stalls.pop(pool)
+            self._log("-", "disk", f"stall in pool {pool or 'any'} ended")
+            self._out.append(DiskStallEnded(self._stimulus, stall, self._now - stall.since))
+
+    def _fail_stalled(self, active: list[TaskState], stalled_for: float) -> None:
+        holding = self._holding()
         producers = [ts for ts in active if ts.producer]
         needed = 0
         for ts in producers:

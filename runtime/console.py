@@ -59,6 +59,7 @@ from rich.text import Text
 
 from actors.alerts_state import typed_duration
 from actors.autoscaler_state import brief_detail
+from actors.scheduler_records import disk_stall_parts
 from policies import params_text
 from runtime.errors import (
     ActorStopped,
@@ -75,6 +76,7 @@ from runtime.messages import (
     AlertsReply,
     AlertsRequest,
     CancelKeysRequest,
+    DiskStallInfo,
     DrainRequest,
     Message,
     PolicyInfo,
@@ -930,6 +932,35 @@ def _running_text(running: int, queued: int) -> str:
     return f"{running} (+{queued} queued)" if queued else str(running)
 
 
+def _disk_stall_lines(st: Mapping[str, Any]) -> list[Text]:
+    """A line per pool the disk watchdog finds stalled, and the tries that ended
+    ``disk-full`` and the tasks that failed with ``DiskFull`` (none when there were
+    none)."""
+    lines = []
+    for d in st.get("disk_stalls") or ():
+        stall = DiskStallInfo(**d)
+        p = disk_stall_parts(stall)
+        pool = "any" if stall.pool == "*" else stall.pool
+        lines.append(
+            Text(
+                f"disk stalled in pool {pool} for {stall.stalled_for:.0f} s: workers "
+                f"{p['workers']} ran nothing, {p['disk']}; {p['holding']}; {p['waiting']}. "
+                f"{p['advice']}.",
+                style="red",
+            )
+        )
+    tries, failed = int(st.get("disk_full_tries") or 0), int(st.get("disk_full_failed") or 0)
+    if tries or failed:
+        lines.append(
+            Text(
+                f"disk full: {tries} tries ended disk-full (retried where they fit, up to the "
+                f"retry policy's max_disk_full), "
+                f"{failed} task(s) failed with DiskFull"
+            )
+        )
+    return lines
+
+
 def render_status(st: Mapping[str, Any]) -> RenderableType:
     """Tables of a status dict (as ``jsonable`` made it)."""
     workers: list[dict[str, Any]] = list(st.get("workers") or [])
@@ -961,6 +992,7 @@ def render_status(st: Mapping[str, Any]) -> RenderableType:
             f"{st.get('wanted_keys', 0)} wanted key(s) ({st.get('wanted_pending', 0)} pending)"
         )
     )
+    parts.extend(_disk_stall_lines(st))
 
     wt = Table(title="workers", title_justify="left")
     cols = (

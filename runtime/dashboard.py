@@ -131,6 +131,7 @@ def build_snapshot(
                 "running": m.running if m is not None else 0,
                 "workers": dict(m.workers) if m is not None else {},
                 "throttled": m.throttled if m is not None else 0,
+                "disk_stalled": m.disk_stalled if m is not None else 0,
                 "cores": sum(w["cores"] for w in mine),
                 "cores_busy": sum(min(w["running"], w["cores"]) for w in mine),
                 "memory_limit": sum(w["limit"] for w in mine),
@@ -591,7 +592,8 @@ function renderCapacity(s) {
           " " + bytes(p.rss) + " / " + (p.memory_limit ? bytes(p.memory_limit) : "no limit")),
         h("td", {text: (w.idle || 0) + " idle, " + (w.busy || 0) + " busy" +
           (w.draining ? ", " + w.draining + " draining" : "") +
-          (p.throttled ? ", " + p.throttled + " throttled" : "")}),
+          (p.throttled ? ", " + p.throttled + " throttled" : "") +
+          (p.disk_stalled ? ", disk stalled: tasks wait for disk" : "")}),
         h("td", {text: blocks + (p.blocks_pending ? " (the oldest asked for " +
           secs(p.oldest_pending) + " ago)" : "") +
           (p.target !== null ? "; target " + p.target : "") +

@@ -671,7 +671,7 @@ class MemoryStalled(CorralError):
         )
 
 
-def _disk_size(n: float) -> str:
+def disk_size(n: float) -> str:
     """Bytes for people, exact below a MiB (small disks in tests and tight limits)."""
     return f"{int(n):,} bytes" if n < 2**20 else _size(n)
 
@@ -898,23 +898,23 @@ class DiskFull(CorralError):
     ) -> None:
         if filesystem:
             fs = f"the file system holding its spill directory {filesystem!r}"
-            free = _disk_size(fs_free)
+            free = disk_size(fs_free)
             if partial:  # it refused a write (ENOSPC)
                 left = (
-                    f"{fs} ran out of space before its --disk of {_disk_size(disk)} was "
+                    f"{fs} ran out of space before its --disk of {disk_size(disk)} was "
                     f"reached ({free} free there now)"
                     if disk
                     else f"{fs} ran out of space ({free} free there now; the worker has "
                     "no --disk limit)"
                 )
             else:
-                spare = f" (it keeps {_disk_size(fs_free - room)} of that spare)"
+                spare = f" (it keeps {disk_size(fs_free - room)} of that spare)"
                 left = f"{fs} has {free} free{spare if fs_free > room else ''}" + (
-                    f", less than its --disk of {_disk_size(disk)} leaves"
+                    f", less than its --disk of {disk_size(disk)} leaves"
                     if disk
                     else "; the worker has no --disk limit"
                 )
-            left = f"{_disk_size(room)} of disk left: {left}"
+            left = f"{disk_size(room)} of disk left: {left}"
             advice = (
                 "A larger --disk cannot help: free space on that file system, give the "
                 "worker a spill directory (--spill-dir) on a larger file system, or a "
@@ -922,7 +922,7 @@ class DiskFull(CorralError):
                 "placed where the room is)."
             )
         else:
-            left = f"{_disk_size(room)} of disk left of its {_disk_size(disk)} limit"
+            left = f"{disk_size(room)} of disk left of its {disk_size(disk)} limit"
             advice = ""
         if input:
             kept = (
@@ -932,7 +932,7 @@ class DiskFull(CorralError):
             )
             message = (
                 f"{f'task {key!r}' if key else 'a task'} could not fetch its input "
-                f"{input!r} ({_disk_size(nbytes)}) to worker {worker!r}, which had {left}; "
+                f"{input!r} ({disk_size(nbytes)}) to worker {worker!r}, which had {left}; "
                 f"{kept}. "
                 + (
                     advice
@@ -943,10 +943,10 @@ class DiskFull(CorralError):
             )
         else:
             wrote = (
-                f"filled the file system after writing {_disk_size(nbytes)} of its output "
+                f"filled the file system after writing {disk_size(nbytes)} of its output "
                 "(the output is larger)"
                 if partial
-                else f"wrote an output of {_disk_size(nbytes)}"
+                else f"wrote an output of {disk_size(nbytes)}"
             )
             message = (
                 f"task {key!r} {wrote} on worker {worker!r}, which had {left}; the partial "

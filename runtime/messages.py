@@ -744,6 +744,10 @@ class PoolMetrics(Message):
     spilled_total: int = 0
     #: of ``queue_depth``, the tasks held back after failed fetches (a backoff)
     held_back: int = 0
+    #: 1 while the disk watchdog finds the pool stalled (``DiskStallInfo``), else 0
+    disk_stalled: int = 0
+    #: disk stalls the pool ever had (each one the watchdog declared)
+    disk_stalls: int = 0
 
 
 @message()
@@ -1155,6 +1159,31 @@ class AutoscalerStatus(Message):
 
 
 @message()
+class DiskStallInfo(Message):
+    """A disk stall of one pool (``"*"``: the tasks any pool may run), as the
+    scheduler's disk watchdog declared it: every worker of the pool (``workers``) ran
+    nothing for ``stall_timeout`` seconds while ready tasks of the pool waited for disk
+    (docs/files.md#disks). ``since``: when it was declared (the scheduler's clock);
+    ``stalled_for``: seconds since then, at the status. ``disk_used`` and ``disk``: the
+    bytes those workers' disks use and their limits, summed; ``holding``: what fills
+    them that the scheduler knows by category, ``(category, bytes, outputs)`` of the
+    file outputs on them (a copy on each holder counts), largest first; the rest of
+    ``disk_used`` is spilled outputs, checkpoint files and copies under way.
+    ``waiting``: the pool's ready tasks by category, ``(category, tasks)``, most
+    first, ``queued`` of them in all."""
+
+    pool: str
+    since: float
+    workers: tuple[str, ...] = ()
+    disk_used: int = 0
+    disk: int = 0
+    holding: tuple[tuple[str, int, int], ...] = ()
+    waiting: tuple[tuple[str, int], ...] = ()
+    queued: int = 0
+    stalled_for: float = 0.0
+
+
+@message()
 class StatusReply(Message):
     """The cluster's status, the manager's answer to :class:`StatusRequest`: typed
     records only, so it crosses processes without a pickle. ``to_dict()`` gives the
@@ -1195,6 +1224,11 @@ class StatusReply(Message):
     #: checkpoints (docs/files.md#checkpoints): ``held`` now (and ``held_bytes``), and
     #: ever ``saved``, ``resumed`` (tries started from one), ``pruned``
     checkpoints: dict[str, int] = dataclasses.field(default_factory=dict)
+    #: pools the disk watchdog finds stalled now (docs/files.md#disks), by pool
+    disk_stalls: tuple[DiskStallInfo, ...] = ()
+    #: tries that ended ``disk-full``, and tasks that failed with ``DiskFull`` (ever)
+    disk_full_tries: int = 0
+    disk_full_failed: int = 0
     runs: int = 0
     recent_runs: dict[str, int] = dataclasses.field(default_factory=dict)
     wanted_keys: int = 0
@@ -1214,6 +1248,7 @@ class StatusReply(Message):
         out["files"] = self.files.to_fields()
         out["replicas"] = self.replicas.to_fields()
         out["storage"] = self.storage.to_dict()
+        out["disk_stalls"] = [s.to_fields() for s in self.disk_stalls]
         for name in ("draining", "retired", "leaving", "walltime_draining", "throttled"):
             out[name] = list(out[name])
         busy, auto = out.pop("autoscaler_busy"), out.pop("autoscaler")

@@ -110,6 +110,12 @@ class SnapshotCollector(Collector):
         held = _gauge("corral_memory_bytes", "Task outputs held in workers' memory.", pool)
         spill = _gauge("corral_spill_bytes", "Task outputs spilled to disk now.", pool)
         spilled = _counter("corral_spilled_bytes", "Bytes ever spilled to disk.", pool)
+        disk_stalled = _gauge(
+            "corral_disk_stalled",
+            "1 while every worker of the pool runs nothing and its ready tasks wait for disk.",
+            pool,
+        )
+        disk_stalls = _counter("corral_disk_stalls", "Disk stalls the pool had.", pool)
         for name, m in sorted(snap.pools.items()):
             depth.add_metric([name], m.queue_depth)
             held_back.add_metric([name], m.held_back)
@@ -126,8 +132,10 @@ class SnapshotCollector(Collector):
             held.add_metric([name], m.memory_bytes)
             spill.add_metric([name], m.spilled_bytes)
             spilled.add_metric([name], m.spilled_total)
+            disk_stalled.add_metric([name], m.disk_stalled)
+            disk_stalls.add_metric([name], m.disk_stalls)
         yield from (depth, held_back, oldest, wait, running, workers, throttled, rss, held)
-        yield from (spill, spilled)
+        yield from (spill, spilled, disk_stalled, disk_stalls)
 
         cat = ["category"]
         duration = _summary(

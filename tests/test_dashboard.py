@@ -140,7 +140,7 @@ def test_failure_groups_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
 def _answers() -> tuple[MetricsReply, StatusReply, AlertsReply]:
     metrics = MetricsReply(
         pools={
-            "*": PoolMetrics(queue_depth=2, oldest_wait=4.0),
+            "*": PoolMetrics(queue_depth=2, oldest_wait=4.0, disk_stalled=1, disk_stalls=1),
             "cpu": PoolMetrics(
                 queue_depth=7,
                 oldest_wait=62.0,
@@ -193,6 +193,7 @@ def test_the_snapshot_shows_pools_capacity_workers_failures_alerts_policies() ->
     assert cpu["blocks"] == {"running": 2, "pending": 1} and cpu["blocks_pending"] == 1
     assert (cpu["oldest_pending"], cpu["target"], cpu["desired"]) == (40.0, 3, 4)
     assert snap["pools"][1]["label"] == "any pool"
+    assert (cpu["disk_stalled"], snap["pools"][1]["disk_stalled"]) == (0, 1)  # the page says so
     w1, w2 = snap["workers"]
     assert (w1["rss"], w1["limit"], w1["throttle_at"]) == (3 * GB, 4 * GB, 2 * GB)
     assert w1["throttled"] and not w2["throttled"]
