@@ -112,6 +112,15 @@ __all__ = ["Executor", "Worker", "WorkerStatus", "disk_free", "rss"]
 #: the most of its file system's free space a worker leaves unused when it measures
 #: its disk (no ``--disk``): a tenth of the free space, at most this
 DISK_MARGIN = 2**30
+#: what comes of a try whose output did not fit on this worker's disk (it ends
+#: ``disk-full``): the worker logs it at info, since the scheduler handles it. The
+#: default retry policy retries it for free where it fits (docs/files.md#disks); a
+#: task that keeps not fitting fails with ``DiskFull``, which says what to give; and
+#: when every worker of a pool is full, the manager warns of a disk stall.
+DISK_FULL_THEN = (
+    "the scheduler retries it on a worker with the room (free, up to the retry policy's "
+    "max_disk_full); if this repeats, give workers a larger --disk"
+)
 
 
 def disk_free(directory: str) -> int:
@@ -832,9 +841,10 @@ class Worker(Actor):
                 self._written.add(res.key)
                 out.append((res, value))
                 continue
-            self.log.warning(
-                "output did not fit on disk", key=str(res.key), nbytes=res.nbytes, room=room
-            )
+            self.log.info(  # the scheduler retries it where it fits: see DISK_FULL_THEN
+                "output did not fit on disk", key=str(res.key), nbytes=res.nbytes, room=room,
+                then=DISK_FULL_THEN,
+            )  # fmt: skip
             error = self._disk_full_error(res.key, res.nbytes)
             out.append((dataclasses.replace(res, outcome="disk-full", error=error), None))
         if self._written:
@@ -863,9 +873,10 @@ class Worker(Actor):
             room = self._disk_free(written=size) if self.disk else None
             if room is not None and size > room:
                 discard_output(value)
-                self.log.warning(
-                    "file output did not fit on disk", key=str(res.key), nbytes=size, room=room
-                )
+                self.log.info(
+                    "file output did not fit on disk", key=str(res.key), nbytes=size,
+                    room=room, then=DISK_FULL_THEN,
+                )  # fmt: skip
                 error = self._disk_full_error(res.key, size)
                 out.append((dataclasses.replace(res, outcome="disk-full", error=error), None))
                 continue

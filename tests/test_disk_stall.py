@@ -24,7 +24,7 @@ from actors.scheduler_records import disk_stall_parts
 from actors.scheduler_state import SchedulerState
 from runtime import Cluster, File, output_path
 from runtime.console import jsonable
-from runtime.errors import DiskFull
+from runtime.errors import DiskFull, TaskTooBigForDisk
 from runtime.messages import DiskStallInfo, MetricsReply, PoolMetrics, StatusReply
 from runtime.metrics import SAMPLE_LABELS, samples
 from tests.helpers import (
@@ -244,3 +244,27 @@ async def test_worker_processes_with_small_disks_stall_and_the_status_and_log_sa
     assert "disk stalled in pool any for" in text and "Give the workers" in text
     warned = [r for r in caplog.records if "disk stall in pool any:" in r.getMessage()]
     assert warned and all(r.levelno == logging.WARNING for r in warned)
+
+
+def big_file() -> File:
+    path = output_path("big.bin")
+    with open(path, "wb") as f:
+        f.write(b"x" * (5 * MB))
+    return File(path)
+
+
+@pytest.mark.anyio
+async def test_a_file_output_that_does_not_fit_is_told_at_info_with_what_comes_of_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The worker's line is no warning: the scheduler handles the try (a free retry
+    where it fits; a task that cannot fit fails with an error that says what to give),
+    and the line says so."""
+    caplog.set_level(logging.INFO, logger="corral")
+    with anyio.fail_after(60):
+        async with Cluster(workers=1, disk_per_worker="4MiB") as c:
+            with pytest.raises(TaskTooBigForDisk):
+                await c.submit(big_file)
+    (line,) = [r for r in caplog.records if "file output did not fit on disk" in r.getMessage()]
+    assert line.levelno == logging.INFO
+    assert "the scheduler retries it on a worker with the room" in line.getMessage()
