@@ -782,8 +782,9 @@ def disk_stall_parts(stall: DiskStallInfo) -> dict[str, str]:
     if len(stall.holding) > 5:
         held.append(f"{len(stall.holding) - 5} more categories")
     rest = max(0, stall.disk_used - files)
+    others = "spilled outputs, checkpoint files and copies under way"
     holding = (f"file outputs: {', '.join(held)}; " if held else "no file outputs; ") + (
-        f"{disk_size(rest)} spilled outputs, checkpoint files and copies under way"
+        f"{disk_size(rest)} {others}" if rest else f"no {others}"
     )
     waiting = ", ".join(f"{c} {n}" for c, n in stall.waiting[:5])
     if len(stall.waiting) > 5:

@@ -125,6 +125,10 @@ def test_the_account_reads_as_the_log_and_the_console_show_it() -> None:
         "checkpoint files and copies under way"
     )
     assert parts["waiting"] == "136 ready tasks wait for disk (skim 120, merge 16)"
+    full_of_files = dataclasses.replace(stall, disk_used=29 * MB)
+    assert disk_stall_parts(full_of_files)["holding"].endswith(
+        "; no spilled outputs, checkpoint files and copies under way"
+    )
     assert "larger --disk" in parts["advice"] and "consumers-first" in parts["advice"]
     reply = StatusReply(disk_stalls=(stall,), disk_full_tries=7, disk_full_failed=1)
     text = " ".join(status_text(reply.to_dict()).split())  # (rich wraps long lines)
