@@ -38,6 +38,7 @@ from actors.autoscaler_state import (
     GaveUp,
     HoldWorkers,
     PolicyChanged,
+    PolicyFailed,
     QueuesSeen,
     ReportGone,
     Resumed,
@@ -62,6 +63,7 @@ from runtime.messages import (
     Message,
     MetricsRequest,
     PolicyInfo,
+    PolicyNote,
     PolicyQuery,
     ResumeRequest,
     ScaleRequest,
@@ -408,6 +410,19 @@ class Autoscaler(Actor):
                 provisioning_timeout=cmd.timeout,
             )  # fmt: skip
             return None
+        if type(cmd) is PolicyFailed:
+            self.log.error(
+                "the scaling policy failed: the pool keeps its last good proposal",
+                pool=cmd.pool, policy=cmd.policy, problem=cmd.problem, kept=cmd.kept,
+                errors=cmd.errors,
+            )  # fmt: skip
+            note = (
+                f"scaling policy {cmd.policy!r}, pool {cmd.pool!r}: {cmd.problem}; "
+                f"kept {cmd.kept} block(s) ({cmd.errors} error(s) in the pool)"
+            )
+            with contextlib.suppress(ActorStopped):
+                await self.scheduler.tell(PolicyNote(note))
+            return None
         if type(cmd) is GaveUp:
             self.log.error(
                 "workers keep ending; not replacing them any more",
@@ -653,6 +668,8 @@ class Autoscaler(Actor):
             policy=getattr(st.policy, "name", type(st.policy).__name__),
             policy_params=params_of(st.policy),
             policy_errors=st.policy_errors,
+            policy_errors_by=dict(st.policy_errors_by),
+            policy_problems=dict(st.policy_problem),
             incarnations={
                 b: self._handles[b].incarnation
                 for b in st.blocks

@@ -9,8 +9,10 @@ feeds back what happened as events. A virtual-clock simulation drives it the sam
 Per pool there is a *target* (``TargetSet``, from ``ScaleRequest``) and a block spec.
 The scaling policy (``policies/scaling.py``) proposes how many blocks each pool should
 have; the core checks the proposal (a whole number from 0 to ``max_blocks``; anything
-else, or a policy that raises, falls back to the target and counts in
-``policy_errors``) and converges on it:
+else, or a policy that raises, is a policy error: the pool keeps its last good proposal,
+or before any the blocks it has, at least its target, counted per pool in
+``policy_errors_by`` and told, once per distinct problem and pool, or again after
+:data:`POLICY_ERROR_EVERY` seconds, as :class:`PolicyFailed`) and converges on it:
 
 - too few: :class:`StartBlock` (a *request*, until :class:`BlockStarted` or
   :class:`BlockStartFailed` says how it went), unless the pool gave up (below);
@@ -121,6 +123,7 @@ __all__ = [
     "GaveUp",
     "HoldWorkers",
     "PolicyChanged",
+    "PolicyFailed",
     "PoolState",
     "QueuesSeen",
     "ReportGone",
@@ -141,6 +144,10 @@ LIVE_STATES = frozenset({"pending", "running", "held"})
 
 #: how many ended blocks the core remembers for the status
 MAX_ENDS = 50
+
+#: seconds before a scaling policy's error already told (:class:`PolicyFailed`) is told
+#: again, with the count since, while the same error goes on
+POLICY_ERROR_EVERY = 60.0
 
 #: the most characters of a block's detail (the provider's words: Slurm's state, exit
 #: code, the head and tail of its stderr) the core keeps with an end
@@ -446,6 +453,21 @@ class GaveUp(Command):
     latest: str = dataclasses.field(default="", compare=False)
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class PolicyFailed(Command):
+    """The scaling policy failed for ``pool``: ``problem`` (it raised, with the text, or
+    what it answered); the pool keeps ``kept`` blocks instead; ``errors``: the pool's
+    policy errors so far. Once per distinct problem of a pool, and again every
+    :data:`POLICY_ERROR_EVERY` seconds while it goes on. For the log and the cluster's
+    story: nothing to carry out."""
+
+    pool: str
+    problem: str
+    kept: int
+    errors: int
+    policy: str = ""
+
+
 # ----------------------------------------------------------------------------- state
 
 
@@ -491,6 +513,9 @@ class PoolState:
     spec: Any
     limits: PoolLimits | None = None  #: configured limits (None: not configured)
     desired: int = 0  #: the latest proposal, as checked by the core
+    #: the latest proposal the policy made that was a whole number (clamped): what the
+    #: pool keeps while the policy fails (None: it never made one)
+    good: int | None = None
     blocks: int = 0  #: live blocks not retiring
     requested: int = 0  #: StartBlock sent, no answer yet
     retiring: int = 0  #: blocks being scaled in
@@ -545,7 +570,12 @@ class AutoscalerState:
         #: the latest ends and requeues (``at``: the core's clock)
         self.ends: deque[BlockEnd] = deque(maxlen=MAX_ENDS)
         self.closing = False
-        self.policy_errors = 0
+        self.policy_errors = 0  #: over all pools
+        self.policy_errors_by: dict[str, int] = {}  #: per pool
+        #: per pool, the latest policy error as text (for the status)
+        self.policy_problem: dict[str, str] = {}
+        #: per pool, the policy error told last (PolicyFailed) and when
+        self._told: dict[str, tuple[str, float]] = {}
         self.stuck: dict[str, int] = {}  #: per pool: blocks found stuck (BlockStuck), ever
         self.queued: Mapping[str, int] | None = None
         self.processing: Mapping[str, int] | None = None  #: tasks in hand per worker
@@ -884,6 +914,7 @@ class AutoscalerState:
 
     def _policy_changed(self, ev: PolicyChanged) -> None:
         self.policy = ev.policy
+        self._told.clear()  # a new policy's errors are told afresh
 
     def _tick(self, ev: Tick) -> None:
         pass  # time moved: the budget window slides, the policy is asked again
@@ -961,8 +992,9 @@ class AutoscalerState:
         return tuple(self._now - t for t in since)
 
     def _desired(self, ps: PoolState) -> int:
-        """The policy's proposal for ``ps``, checked: the target if it is not a whole
-        number, or raises; clamped to 0..max_blocks (and the pool's own max_blocks)."""
+        """The policy's proposal for ``ps``, checked: clamped to 0..max_blocks (and the
+        pool's own max_blocks); if it is not a whole number, or the policy raises, a
+        policy error: the pool's last good proposal (:meth:`_policy_failed`)."""
         queued = None
         if self.queued is not None:
             queued = self.queued.get(ps.pool, 0) + self.queued.get("*", 0)
@@ -975,19 +1007,41 @@ class AutoscalerState:
                 ps.limits, active, self.idle_for(ps.pool), self._now,
                 tuple(ps.arrivals), tuple(ps.provisioning), self.upcoming_in(ps.pool),
             )  # fmt: skip
+        most = self._most(ps)
         try:
             n = self.policy.desired(view)
-        except Exception:
-            n = None
+        except Exception as exc:
+            return self._policy_failed(ps, f"desired raised {exc!r}", target, most)
         if isinstance(n, bool) or not isinstance(n, int):
-            self.policy_errors += 1
-            n = target
-        most = self._most(ps)
+            problem = f"desired returned {n!r} ({type(n).__name__}), not a whole number"
+            return self._policy_failed(ps, problem, target, most)
         if not 0 <= n <= most:
-            if n != target:  # a target above max_blocks is the operator's, clamped
-                self.policy_errors += 1
-            n = min(max(n, 0), most)
+            asked, n = n, min(max(n, 0), most)
+            if asked != target:  # a target above max_blocks is the operator's, clamped
+                self._policy_error(ps.pool, f"desired returned {asked}, not within 0..{most}", n)
+        ps.good = n
         return n
+
+    def _policy_failed(self, ps: PoolState, problem: str, target: int, most: int) -> int:
+        """The policy gave no number for ``ps``: it keeps its last good proposal (before
+        any, the blocks it has), at least its target: a failing policy neither drains a
+        busy pool nor grows one."""
+        kept = ps.good if ps.good is not None else ps.blocks + ps.requested
+        kept = min(max(kept, target, 0), most)
+        self._policy_error(ps.pool, problem, kept)
+        return kept
+
+    def _policy_error(self, pool: str, problem: str, kept: int) -> None:
+        """Count a policy error of ``pool``; tell it (:class:`PolicyFailed`) when it is
+        new for the pool, or every POLICY_ERROR_EVERY seconds while it goes on."""
+        self.policy_errors += 1
+        errors = self.policy_errors_by[pool] = self.policy_errors_by.get(pool, 0) + 1
+        self.policy_problem[pool] = problem
+        told = self._told.get(pool)
+        if told is None or told[0] != problem or self._now - told[1] >= POLICY_ERROR_EVERY:
+            self._told[pool] = (problem, self._now)
+            name = str(getattr(self.policy, "name", type(self.policy).__name__))
+            self._out.append(PolicyFailed(pool, problem, kept, errors, name))
 
     def _may_request(self, pool: str) -> bool:
         """``pool`` may ask for a block now: it did not give up, is not paused and is

@@ -726,7 +726,13 @@ class Manager(Actor):
         if msg.kind == "scaling":  # the autoscaler's policy; every other kind: scheduler
             autoscaler = self._autoscaler()
             if autoscaler is None:
-                raise RuntimeError("this cluster has no autoscaler; workers are managed outside")
+                raise RuntimeError(
+                    "this cluster has no autoscaler, so no scaling policy: its workers are "
+                    "managed outside (they join by themselves). A manager process gets an "
+                    "autoscaler from the pools of its configuration file: start it with "
+                    "--config FILE with [pools.NAME] tables (docs/configuration.md#pools); "
+                    "an embedded Cluster has one with workers= or processes="
+                )
             return await autoscaler.ask(msg)
         return await self._scheduler().ask(msg)
 

@@ -48,6 +48,7 @@ from actors.scheduler_events import (
     KeysReleased,
     KeyTaken,
     PolicyChanged,
+    PolicyNoted,
     ReplicasCopied,
     ReplicasMissing,
     Replicate,
@@ -110,6 +111,7 @@ from runtime.messages import (
     MonitorFeed,
     MonitorFeedReply,
     PolicyInfo,
+    PolicyNote,
     PolicyQuery,
     PoolLife,
     PoolMetrics,
@@ -513,6 +515,11 @@ class Scheduler(Actor):
         """The batch system suspended (or resumed) a block: its workers take no new
         tasks (or take them again)."""
         self._handle(Suspended(*self._ev(), tuple(msg.workers), msg.suspended))
+
+    @handles(PolicyNote)
+    def policy_note(self, msg: PolicyNote) -> None:
+        """The autoscaler's scaling policy failed: a line in the cluster's story."""
+        self._handle(PolicyNoted(*self._ev(), msg.problem))
 
     @handles(WorkerGone)
     def worker_gone(self, msg: WorkerGone) -> None:

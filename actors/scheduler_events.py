@@ -36,6 +36,7 @@ __all__ = [
     "KeyTaken",
     "KeysReleased",
     "PolicyChanged",
+    "PolicyNoted",
     "ReplicasCopied",
     "ReplicasMissing",
     "Replicate",
@@ -203,6 +204,15 @@ class WorkerDraining(Event):
     runs have finished. Its outputs stay available to peers until it leaves."""
 
     worker: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PolicyNoted(Event):
+    """A policy that is not the scheduler's (the autoscaler's scaling policy) failed:
+    ``problem`` goes into the cluster's story (key ``"-"``) as a ``policy-error``; it
+    is counted where it happened, not in the scheduler's ``policy_errors``."""
+
+    problem: str
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -48,6 +48,10 @@ __all__ = [
     "error_record",
 ]
 
+#: retries of one task a retry policy may make beyond the task's ``retries=`` budget
+#: (``SchedulerConfig.max_free_retries``): a policy that always answers retry would
+#: otherwise run a failing task in a hot loop for good
+MAX_FREE_RETRIES = 100
 RECENT_WAITS = 1000  #: the latest waits served kept per pool, for the wait quantiles
 NO_LIMIT = float("inf")  #: the memory limit of a worker that reports none (0)
 
@@ -123,6 +127,14 @@ class SchedulerConfig:
     #: (``memory_per_worker``; an embedded cluster's one pool): a task killed for
     #: memory waits for a worker with a larger limit while such a pool may start one
     pool_memory: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    #: retries of one task the retry policy may make beyond its ``retries=`` budget
+    #: (free, or charged to a budget spent already); past it the task fails with
+    #: RetryPolicyLoop. The default retry policy's limits stay far below it
+    #: (``max_lost`` 5 + ``max_oom`` 1 + ``max_disk_full`` 2)
+    max_free_retries: int = MAX_FREE_RETRIES
+    #: the configured pools (and an embedded cluster's own pool): a retry policy may
+    #: move a task to one of them, or to a pool a worker has joined
+    pools: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         depth = self.prune_depth
@@ -275,6 +287,7 @@ class TaskState:
         "error",
         "est",
         "file",
+        "free_retries",
         "generation",
         "held_until",
         "in_files",
@@ -353,6 +366,9 @@ class TaskState:
         #: for each of ``ooms``, whether it ran alone on its worker: then only a larger
         #: limit may do; a try that shared its worker with others may go to one as large
         self.oom_alone: tuple[bool, ...] = ()
+        #: retries beyond its budget (free, or charged with none left): at most
+        #: ``SchedulerConfig.max_free_retries``
+        self.free_retries = 0
         #: times its inputs could not be had from workers still connected (in a row)
         self.unreachable = 0
         self.unreachable_since = 0.0  #: when the first of those tries ended

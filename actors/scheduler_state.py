@@ -185,6 +185,7 @@ from actors.scheduler_events import (
     KeysReleased,
     KeyTaken,
     PolicyChanged,
+    PolicyNoted,
     ReplicasCopied,
     ReplicasMissing,
     Replicate,
@@ -243,12 +244,14 @@ from runtime.errors import (
     InvalidTransition,
     MemoryStalled,
     MissingKeysError,
+    RetryPolicyLoop,
     TaskCrashedWorkers,
     TaskLongerThanWalltime,
     TaskOutOfMemory,
     TaskTooBigForDisk,
     TaskTooLarge,
     WorkerLost,
+    did_you_mean,
 )
 from runtime.graph import Key, TaskSpec
 from runtime.messages import DiskStallInfo, Outcome, TryRecord
@@ -390,6 +393,10 @@ class MetricTotals:
     output_bytes: int = 0
     input_bytes: int = 0
     peak_rss: int = 0
+
+
+class _NotATuple(Exception):
+    """A priority policy answered text: what it answered, for the story."""
 
 
 class SchedulerState:
@@ -812,6 +819,7 @@ class SchedulerState:
                 ts.retries_left = spec.retries
                 ts.lost_tries = 0
                 ts.ooms = ts.oom_alone = ()  # a fresh start: any worker may run it again
+                ts.free_retries = 0
                 ts.behind = False
                 ts.unneeded = False
                 ts.error = ts.root = None
@@ -983,6 +991,9 @@ class SchedulerState:
         block is suspended that went silent (``unknown``), else ``cause``."""
         ws = self.workers.get(worker)
         return "suspended" if cause == "unknown" and ws is not None and ws.suspended else cause
+
+    def _policy_noted(self, ev: PolicyNoted) -> None:
+        self._log("-", "policy-error", ev.problem)
 
     def _suspended(self, ev: Suspended) -> None:
         for wid in ev.workers:
@@ -2072,22 +2083,35 @@ class SchedulerState:
         """Retry ``ts`` or fail it, as the retry policy decides; ``loss``: how long a
         try lost to its worker's walltime ran against the pool's (``_walltime_lost``)."""
         decision = self._retry_decision(ts, outcome, cause, loss)
-        if decision.retry:
+        looping = False
+        if decision.retry and not (decision.charge and ts.retries_left > 0):  # beyond budget
+            ts.free_retries += 1
+            looping = ts.free_retries > self.config.max_free_retries
+        if decision.retry and not looping:
             if ts.ooms and self._no_larger_worker(ts, decision.pool or ts.spec.pool):
                 return  # failed: no worker with more memory is there or can come
             if decision.charge:
                 ts.retries_left -= 1
             ts.behind = ts.behind or decision.behind
             self._log(ts.key, "retry", decision.reason)
-            if decision.pool is not None and decision.pool != ts.spec.pool:
-                self._log(ts.key, "pool", f"{ts.spec.pool or '*'}->{decision.pool}")
-                self._repool(ts, dataclasses.replace(ts.spec, pool=decision.pool))
+            pool = decision.pool
+            if pool is not None and pool != ts.spec.pool and self._serves(ts, pool):
+                self._log(ts.key, "pool", f"{ts.spec.pool or '*'}->{pool}")
+                self._repool(ts, dataclasses.replace(ts.spec, pool=pool))
             self._back_to_ready(ts)
             return
-        if outcome == "worker-lost":
+        if looping:
+            policy = self.policies["retry"]
+            name = str(getattr(policy, "name", type(policy).__name__))
+            err: BaseException = RetryPolicyLoop(
+                str(ts.key), name, ts.free_retries - 1, len(ts.tries), decision.reason
+            )
+            err.__cause__ = error
+            self._log(ts.key, "retry", f"refused: {ts.free_retries - 1} retries beyond its budget")
+        elif outcome == "worker-lost":
             crashes = ts.crashes()
             if len(crashes) > 1 and cause not in BENIGN_LOSSES:  # it may be what kills them
-                err: BaseException = TaskCrashedWorkers(str(ts.key), crashes)
+                err = TaskCrashedWorkers(str(ts.key), crashes)
             elif loss is not None and loss.whole_life:
                 err = TaskLongerThanWalltime(
                     str(ts.key), wid, loss.pool, loss.ran, loss.walltime, loss.drain, len(ts.tries)
@@ -2102,6 +2126,30 @@ class SchedulerState:
         ts.root = (ts.key, err)
         self._set(ts, "erred")
         self._terminal(ts)
+
+    def _serves(self, ts: TaskState, pool: str) -> bool:
+        """Whether a retry policy may move ``ts`` to ``pool``: a configured pool, or one
+        a worker has joined (now or before). Any other (a misspelt name) would keep the
+        task waiting for good, unseen: a policy error, and the task stays in its pool
+        (the words are those a submission naming such a pool gets)."""
+        if pool in self.config.pools or pool in self.lives:
+            return True
+        if any(ws.pool == pool for ws in self.workers.values()):
+            return True
+        known = sorted({*self.config.pools, *self.lives, *(w.pool for w in self.workers.values())})
+        where = (
+            f"which is not configured (pools: {', '.join(known)}"
+            f"{did_you_mean(pool, known)}) and which no worker has joined"
+            if known
+            else "which no worker has joined"
+        )
+        self.policy_errors += 1
+        self._log(
+            ts.key, "policy-error",
+            f"retry moved the task to pool {pool!r}, {where}: it would wait for good; "
+            f"it stays in pool {ts.spec.pool or '*'}",
+        )  # fmt: skip
+        return False
 
     def _fail_dependent(self, ts: TaskState, failed: TaskState) -> None:
         assert failed.root is not None
@@ -3379,7 +3427,12 @@ class SchedulerState:
 
     def _priority(self, ts: TaskState) -> tuple[float, ...]:
         try:
-            prio = tuple(self.policies["priority"].priority(TaskStateView(ts), self._stats_view))
+            answer = self.policies["priority"].priority(TaskStateView(ts), self._stats_view)
+            if isinstance(answer, (str, bytes)):  # (a tuple of its letters otherwise)
+                raise _NotATuple(f"a {type(answer).__name__} ({answer!r})")
+            prio = tuple(answer)
+        except _NotATuple as what:
+            problem = f"priority returned {what}, not a tuple of numbers"
         except Exception as exc:
             problem = f"priority raised {exc!r}"
         else:
@@ -3906,6 +3959,7 @@ _DISPATCH: dict[type, Any] = {
     WorkerDraining: SchedulerState._worker_draining,
     WorkerLeaving: SchedulerState._worker_leaving,
     Suspended: SchedulerState._suspended,
+    PolicyNoted: SchedulerState._policy_noted,
     WorkerMemory: SchedulerState._worker_memory,
     TaskCheckpointed: SchedulerState._checkpoint_saved,
     CheckpointCopied: SchedulerState._checkpoint_copied,

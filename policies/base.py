@@ -22,10 +22,17 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Annotated, Any, Protocol, Union, get_args, get_origin, runtime_checkable
 
 from policies.survival import Survival
-from runtime.errors import PolicyParamsError, UnknownPolicyError, did_you_mean
+from runtime.errors import (
+    PolicyCreateError,
+    PolicyKindError,
+    PolicyParamsError,
+    UnknownPolicyError,
+    did_you_mean,
+)
 
 __all__ = [
     "KINDS",
+    "METHODS",
     "REGISTRY",
     "CategoryStats",
     "CategoryStatsView",
@@ -44,6 +51,7 @@ __all__ = [
     "TaskView",
     "WalltimeLoss",
     "WorkerView",
+    "check_kind",
     "check_params",
     "params_of",
     "params_text",
@@ -461,6 +469,29 @@ class SpeculationPolicy(Protocol):
 
 Factory = Callable[..., Any]
 
+#: the method(s) a policy of each kind must have (optional hooks are not listed): a
+#: policy lacking one is refused when it is set (:class:`PolicyKindError`)
+METHODS: dict[str, tuple[str, ...]] = {
+    "priority": ("priority",),
+    "placement": ("choose",),
+    "retry": ("decide",),
+    "memory": ("producer", "yields"),
+    "replication": ("replicas",),
+    "scaling": ("desired",),
+    "speculation": ("copy",),
+}
+
+
+def check_kind(kind: str, name: str, policy: Any) -> None:
+    """:class:`PolicyKindError` unless ``policy`` has every method of ``kind``
+    (:data:`METHODS`), naming those it lacks and the other kinds' methods it has."""
+    missing = [m for m in METHODS.get(kind, ()) if not callable(getattr(policy, m, None))]
+    if missing:
+        has = sorted(
+            {m for ms in METHODS.values() for m in ms if callable(getattr(policy, m, None))}
+        )
+        raise PolicyKindError(kind, name, missing, has)
+
 
 class PolicyRegistry:
     """Policies by kind and name. ``create`` builds one from its name and parameters."""
@@ -496,6 +527,9 @@ class PolicyRegistry:
             policy = factory(**checked)
         except (TypeError, ValueError) as exc:
             raise PolicyParamsError(kind, name, str(exc)) from exc
+        except Exception as exc:  # the policy's own trouble: say which policy, and how
+            raise PolicyCreateError(kind, name, checked, f"{type(exc).__name__}: {exc}") from exc
+        check_kind(kind, name, policy)
         policy.name = name
         policy.params = checked
         return policy

@@ -658,24 +658,31 @@ def _cmd_manager(args: argparse.Namespace) -> int:
 
 def _import_policy_module(spec: str) -> None:
     """Import ``--policy-module`` ``spec``: a dotted module name, or the path of a
-    ``.py`` file (imported under its file's stem). ``ImportError`` naming the module
-    and what its import raised, if it raised anything."""
+    ``.py`` file, imported under a private name of its own
+    (``_corral_policy_module_<stem>_<hash of its path>``), so that a file named like a
+    module Corral imports (``policies.py``) does not replace it. ``ImportError`` naming
+    the module and what its import raised, if it raised anything."""
+    import hashlib
     import importlib
     import importlib.util
+    import re
     from pathlib import Path
 
     path = Path(spec)
     try:
         if spec.endswith(".py") or os.sep in spec:
-            found = importlib.util.spec_from_file_location(path.stem, path)
+            digest = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:10]
+            stem = re.sub(r"\W", "_", path.stem)
+            name = f"_corral_policy_module_{stem}_{digest}"
+            found = importlib.util.spec_from_file_location(name, path)
             if found is None or found.loader is None:
                 raise ImportError(f"{spec} is not a Python file")
             module = importlib.util.module_from_spec(found)
-            sys.modules[path.stem] = module
+            sys.modules[name] = module
             try:
                 found.loader.exec_module(module)
             except BaseException:
-                del sys.modules[path.stem]
+                del sys.modules[name]
                 raise
         else:
             importlib.import_module(spec)

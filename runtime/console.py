@@ -1173,6 +1173,18 @@ def render_status(st: Mapping[str, Any]) -> RenderableType:
     parts.append(pol)
     if st.get("policy_errors"):
         parts.append(Text(f"policy errors: {st['policy_errors']} (see the tasks' stories)"))
+    if isinstance(auto, Mapping) and auto.get("policy_errors"):
+        problems = dict(auto.get("policy_problems") or {})
+        by_pool = dict(auto.get("policy_errors_by") or {})
+        parts.append(
+            Text(
+                f"scaling policy errors: {auto['policy_errors']} (see story -)"
+                + "".join(
+                    f"\n  pool {pool}: {by_pool.get(pool, 0)}, latest: {problem}"
+                    for pool, problem in sorted(problems.items())
+                )
+            )
+        )
     return Group(*parts)
 
 

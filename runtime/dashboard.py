@@ -162,7 +162,9 @@ def build_snapshot(
         "alert_rules": len(alerts.rules),
         "audit": list(alerts.audit[-MAX_AUDIT:]),
         "policies": policies,
-        "policy_errors": status.policy_errors,
+        # the scheduler's policies' errors and the autoscaler's scaling policy's
+        "policy_errors": status.policy_errors
+        + (status.autoscaler.policy_errors if status.autoscaler is not None else 0),
         "autoscaler_busy": metrics.autoscaler_busy or status.autoscaler_busy,
     }
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import difflib
 import signal
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from typing import Any
 
 __all__ = [
@@ -45,11 +45,14 @@ __all__ = [
     "MissingKeysError",
     "MonitoringDBError",
     "PermissionDenied",
+    "PolicyCreateError",
+    "PolicyKindError",
     "PolicyParamsError",
     "ProtocolError",
     "RemoteError",
     "ReportOutputError",
     "ResultNotPicklable",
+    "RetryPolicyLoop",
     "SubmissionsSuspended",
     "TaskArgumentsTooLarge",
     "TaskCrashedWorkers",
@@ -371,6 +374,17 @@ class UnknownPolicyError(CorralError, KeyError):
     ) -> None:
         avail = sorted(available)
         where, fix = "", "Register it with policies.register() or pick one of these."
+        if kind == "kind of":  # the kinds are Corral's: none can be registered
+            super().__init__(
+                f"no kind of policy named {name!r}{did_you_mean(name, avail)}; the kinds "
+                f"are: {', '.join(avail)} (a kind cannot be registered: "
+                "policies.register(kind, name) registers a policy of one of these kinds).",
+                kind=kind,
+                name=name,
+                available=avail,
+                in_manager=in_manager,
+            )
+            return
         if in_manager:
             where = " in the manager process"
             fix = (
@@ -401,6 +415,62 @@ class PolicyParamsError(CorralError, TypeError):
             kind=kind,
             name=name,
             error=error,
+        )
+
+
+class PolicyKindError(CorralError, TypeError):
+    """A policy given for ``kind`` lacks that kind's method(s) (``missing``): an object
+    of another kind, or registered under the wrong kind. Refused when it is set."""
+
+    def __init__(self, kind: str, name: str, missing: Iterable[str], has: Iterable[str]) -> None:
+        missing, has = list(missing), list(has)
+        others = f" (it has {', '.join(has)}: a policy of another kind?)" if has else ""
+        super().__init__(
+            f"{kind} policy {name!r} has no method {', '.join(missing)}{others}: a {kind} "
+            f"policy must define {', '.join(missing)}. Register it under the kind whose "
+            "method it has, or add the method (docs/policies.md#writing-and-registering-"
+            "your-own lists each kind's).",
+            kind=kind,
+            name=name,
+            missing=missing,
+        )
+
+
+class PolicyCreateError(CorralError, RuntimeError):
+    """A policy's constructor raised something other than ``ValueError`` or
+    ``TypeError`` (which are :class:`PolicyParamsError`): ``error`` is what it
+    raised, as text."""
+
+    def __init__(self, kind: str, name: str, params: Mapping[str, Any], error: str) -> None:
+        given = ", ".join(f"{k}={v!r}" for k, v in params.items()) or "none"
+        super().__init__(
+            f"{kind} policy {name!r} could not be created (parameters: {given}): its "
+            f"constructor raised {error}. Fix what it needs (or its parameters), or pick "
+            "another policy; nothing was changed.",
+            kind=kind,
+            name=name,
+            error=error,
+        )
+
+
+class RetryPolicyLoop(CorralError):
+    """The retry policy kept retrying a task past the core's ceiling: ``free`` retries
+    beyond the task's ``retries=`` budget (``MAX_FREE_RETRIES``)."""
+
+    def __init__(self, key: str, policy: str, free: int, tries: int, reason: str) -> None:
+        said = f" (its latest reason: {reason!r})" if reason else ""
+        super().__init__(
+            f"task {key!r} failed {tries} tries: retry policy {policy!r} kept answering "
+            f"retry{said}, {free} times beyond the task's retries= budget, the most the "
+            "scheduler allows, so it stopped retrying. Have the policy answer "
+            "RetryDecision(False) at some point (bound its free retries, e.g. by "
+            "task.lost_tries, or charge them to the task's budget), or use the default "
+            "retry policy; the task's own error is this one's __cause__.",
+            key=key,
+            policy=policy,
+            free=free,
+            tries=tries,
+            reason=reason,
         )
 
 

@@ -295,6 +295,15 @@ class WorkersSuspended(Message):
     suspended: bool = True
 
 
+@message(local=True)
+class PolicyNote(Message):
+    """Autoscaler -> scheduler: the scaling policy failed (``problem``): a
+    ``policy-error`` line in the cluster's story (``story -``), beside the scheduler's
+    own policies' errors. The autoscaler counts it (its status's ``policy_errors``)."""
+
+    problem: str
+
+
 @message()
 class Leaving(Message):
     """Worker -> scheduler: I am about to go (``cause``: preempted, walltime, shutdown);
@@ -1143,6 +1152,9 @@ class AutoscalerStatus(Message):
     #: the parameters the policy was given (``repr`` of each; none: its defaults)
     policy_params: dict[str, str] = dataclasses.field(default_factory=dict)
     policy_errors: int = 0
+    #: per pool: its policy errors, and the latest as text (what it raised or answered)
+    policy_errors_by: dict[str, int] = dataclasses.field(default_factory=dict)
+    policy_problems: dict[str, str] = dataclasses.field(default_factory=dict)
     incarnations: dict[str, int] = dataclasses.field(default_factory=dict)
     details: dict[str, str] = dataclasses.field(default_factory=dict)
     ends: tuple[BlockEndInfo, ...] = ()

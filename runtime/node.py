@@ -281,6 +281,7 @@ async def start_control_plane(
         tasks_per_worker=pool_tasks_per_worker(pools or {}),
         monitor=monitor_feed or monitoring is not None,
         pool_memory={p: int(s["memory"][0]) for p, s in shapes.items() if "memory" in s},
+        pools=tuple(pools) if pools else (fixed[0],) if fixed is not None else (),
     )  # fmt: skip
     plane = ControlPlane(system, refs, None, [])  # type: ignore[arg-type]
     if scaling is not None:

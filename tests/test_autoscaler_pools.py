@@ -30,6 +30,7 @@ from actors.autoscaler_state import (
     DrainAnswered,
     DrainWorker,
     Event,
+    PolicyFailed,
     QueuesSeen,
     ReportGone,
     Resumed,
@@ -135,7 +136,8 @@ def test_max_blocks_is_a_ceiling_whatever_the_policy_says() -> None:
 
     s = make(Greedy())
     assert run(s, TargetSet(0.0, "p", 0, SPEC, limits(max_blocks=3))) == [
-        StartBlock(i, "p", SPEC) for i in (1, 2, 3)
+        PolicyFailed("p", "desired returned 50, not within 0..3", 3, 1, "greedy"),
+        *(StartBlock(i, "p", SPEC) for i in (1, 2, 3)),
     ]
     assert s.policy_errors == 1  # the proposal beyond the pool's max counts as refused
 

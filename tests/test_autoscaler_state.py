@@ -42,6 +42,7 @@ from actors.autoscaler_state import (
     GaveUp,
     HoldWorkers,
     PolicyChanged,
+    PolicyFailed,
     QueuesSeen,
     ReportGone,
     Resumed,
@@ -514,18 +515,34 @@ def test_the_policy_proposes_and_the_core_starts_what_it_asks() -> None:
     assert s.policy_errors == 0
 
 
-@pytest.mark.parametrize("answer", [RuntimeError("boom"), "3", 2.0, None, True])
-def test_a_policy_that_raises_or_answers_no_whole_number_falls_back_to_the_target(
-    answer: Any,
+@pytest.mark.parametrize(
+    ("answer", "problem"),
+    [
+        (RuntimeError("boom"), "desired raised RuntimeError('boom')"),
+        ("3", "desired returned '3' (str), not a whole number"),
+        (2.0, "desired returned 2.0 (float), not a whole number"),
+        (None, "desired returned None (NoneType), not a whole number"),
+        (True, "desired returned True (bool), not a whole number"),
+    ],
+)
+def test_a_policy_that_raises_or_answers_no_whole_number_keeps_the_target_at_first(
+    answer: Any, problem: str
 ) -> None:
+    """Before any good answer the pool keeps its target (or the blocks it has, if
+    more); the problem is told with its text (tests/test_policy_guards.py: after a good
+    answer, the pool keeps that one)."""
     s = make(policy=Proposes(answer))
-    assert run(s, TargetSet(0.0, "default", 1, SPEC)) == [StartBlock(1, "default", SPEC)]
-    assert s.policy_errors == 1
+    assert run(s, TargetSet(0.0, "default", 1, SPEC)) == [
+        PolicyFailed("default", problem, 1, 1, "proposes"),
+        StartBlock(1, "default", SPEC),
+    ]
+    assert s.policy_errors == 1 and s.policy_errors_by == {"default": 1}
 
 
 def test_a_proposal_out_of_bounds_is_clamped() -> None:
     s = AutoscalerState(AutoscalerConfig(max_blocks=2), Proposes(50))
     assert run(s, TargetSet(0.0, "default", 1, SPEC)) == [
+        PolicyFailed("default", "desired returned 50, not within 0..2", 2, 1, "proposes"),
         StartBlock(1, "default", SPEC),
         StartBlock(2, "default", SPEC),
     ]
@@ -689,6 +706,8 @@ class RandomCluster(RuleBasedStateMachine):
                 assert b.stuck and b.retiring and cmd.block not in self.running, cmd
                 assert cmd.block not in self.suspended, ("a suspended block is not stuck", cmd)
                 assert cmd.age >= cmd.timeout, cmd
+            elif isinstance(cmd, PolicyFailed):  # told once per problem, kept in bounds
+                assert 0 <= cmd.kept == self.state.pools[cmd.pool].desired, cmd
             else:
                 assert isinstance(cmd, GaveUp), cmd
         self.state.validate()

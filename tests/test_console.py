@@ -527,6 +527,9 @@ async def test_scale_without_an_autoscaler_is_a_clear_error() -> None:
         async with nodes(1) as (address, _), ConsoleClient(address) as console:
             with pytest.raises(RuntimeError, match="no autoscaler"):
                 await console.scale("default", 3)
+            # a scaling policy needs pools, which come from the manager's --config
+            with pytest.raises(RuntimeError, match=r"--config FILE .*configuration.md#pools"):
+                await console.set_policy("scaling", "queue")
             with pytest.raises(ConsoleError, match="whole number"):
                 await console.execute("scale default many")
 

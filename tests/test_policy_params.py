@@ -162,7 +162,7 @@ def test_any_registered_policy_is_checked_by_its_signature() -> None:
         anything: Any = None,
         **extra: Any,
     ) -> Any:
-        return type("Mine", (), {"loud": loud, "tries": tries})()
+        return type("Mine", (), {"loud": loud, "tries": tries, "decide": print})()
 
     assert "loud must be true or false" in refused("retry", "mine", {"loud": "yes"}, registry)
     text = refused("retry", "mine", {"tries": "2"}, registry)
