@@ -32,8 +32,16 @@ from typing import Any
 from actors.memory import limit_too_small
 from actors.providers import DISK_OFF, BlockSpec
 from actors.slurm import SlurmOptions, parse_seconds, parse_walltime, scheduler_options_problem
+from policies import KINDS, PolicyRegistry
 from policies.scaling import PoolLimits
-from runtime.errors import PolicyParamsError, PoolConfigError, WalltimeError, did_you_mean
+from runtime.errors import (
+    CorralError,
+    PolicyConfigError,
+    PolicyParamsError,
+    PoolConfigError,
+    WalltimeError,
+    did_you_mean,
+)
 
 __all__ = [
     "COMMON_KEYS",
@@ -43,6 +51,7 @@ __all__ = [
     "PoolConfig",
     "check_fallback",
     "load_config",
+    "load_policies",
     "parse_seconds",
     "pool_fallbacks",
     "pools_from_dicts",
@@ -419,7 +428,7 @@ def pool_fallbacks(
 
 
 #: the top-level tables of a manager's configuration file
-SECTIONS = ("pools", "alerting", "alerts")
+SECTIONS = ("pools", "alerting", "alerts", "policies")
 
 
 def read_config(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -444,9 +453,55 @@ def read_config(path: str | os.PathLike[str]) -> dict[str, Any]:
             raise PoolConfigError(
                 "", key, f"is not a setting{did_you_mean(key, list(SECTIONS), '.')} Pools go "
                 "under [pools.<name>], alert rules under [[alerts]], their settings under "
-                "[alerting]", str(path)
+                "[alerting], the policies to start with under [policies]", str(path)
             )  # fmt: skip
     return data
+
+
+def load_policies(
+    path: str | os.PathLike[str], registry: PolicyRegistry | None = None
+) -> dict[str, tuple[str, dict[str, Any]]]:
+    """The ``[policies]`` table of a manager's configuration file: ``{kind: (name,
+    params)}``, the policies it starts with. Each key is a kind; its value the policy's
+    name (``priority = "long-first"``), or a table with ``name`` and the policy's
+    parameters (``[policies.retry]``, ``name = "default"``, ``max_lost = 2``). With a
+    ``registry`` every policy is made once, so an unknown name, bad parameters or a
+    policy of the wrong kind are refused here (the registry's words); a scaling policy
+    needs pools. :class:`~runtime.errors.PolicyConfigError` for anything refused."""
+    data = read_config(path)
+    table = data.get("policies", {})
+    source = str(path)
+    if not isinstance(table, Mapping):
+        raise PolicyConfigError("", "must be a table: [policies], one key per kind", source)
+    out: dict[str, tuple[str, dict[str, Any]]] = {}
+    for kind, value in table.items():
+        if kind not in KINDS:
+            raise PolicyConfigError(
+                kind, f"is not a kind of policy{did_you_mean(kind, KINDS, ';')} the kinds "
+                f"are: {', '.join(KINDS)}", source,
+            )  # fmt: skip
+        if isinstance(value, str):
+            name, params = value, {}
+        elif isinstance(value, Mapping) and isinstance(value.get("name"), str):
+            params = {k: v for k, v in value.items() if k != "name"}
+            name = value["name"]
+        else:
+            raise PolicyConfigError(
+                kind, f"must be a policy's name (text), or a table with its name (name = "
+                f'"...") and its parameters, got {value!r}', source,
+            )  # fmt: skip
+        if kind == "scaling" and not data.get("pools"):
+            raise PolicyConfigError(
+                kind, "needs pools: a manager without [pools.<name>] tables has no "
+                "autoscaler, so no scaling policy (docs/configuration.md#pools)", source,
+            )  # fmt: skip
+        if registry is not None:
+            try:
+                registry.create(kind, name, params)
+            except CorralError as exc:
+                raise PolicyConfigError(kind, f"is refused: {exc}".rstrip("."), source) from exc
+        out[kind] = (name, params)
+    return out
 
 
 def load_config(path: str | os.PathLike[str]) -> dict[str, PoolConfig]:

@@ -598,7 +598,8 @@ def _cmd_manager(args: argparse.Namespace) -> int:
 
     import anyio
 
-    from actors.pools import load_config
+    from actors.pools import load_config, load_policies
+    from policies import REGISTRY
     from runtime.monitor import alerting_config, load_alerting
     from runtime.node import Tokens, check_worker_timeout, run_manager
 
@@ -624,7 +625,9 @@ def _cmd_manager(args: argparse.Namespace) -> int:
     for module in args.policy_module:  # their policies.register calls run now
         _import_policy_module(module)
     pools = load_config(args.config) if args.config else None  # refused before it starts
-    if args.config:
+    policies = None
+    if args.config:  # its [policies], once the --policy-module ones are registered
+        policies = load_policies(args.config, REGISTRY)
         alerting = load_alerting(args.config, alertmanager=args.alertmanager)
     else:
         alerting = alerting_config(alertmanager=args.alertmanager)
@@ -645,7 +648,7 @@ def _cmd_manager(args: argparse.Namespace) -> int:
 
     anyio.run(
         lambda: run_manager(
-            args.listen, token_file=token_file, ready=ready, config=pools,
+            args.listen, token_file=token_file, ready=ready, config=pools, policies=policies,
             metrics_listen=args.metrics_listen, metrics_ready=metrics_ready, alerting=alerting,
             monitoring=monitoring, monitoring_interval=args.monitoring_interval,
             monitoring_keep=keep, prune_depth=args.prune_depth,

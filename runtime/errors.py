@@ -1320,6 +1320,28 @@ def _refused(where: str, source: str, key: str, problem: str, see: str) -> str:
 __all__ += ["PoolConfigError"]
 
 
+class PolicyConfigError(CorralError, ValueError):
+    """The ``[policies]`` table of a manager's configuration file was refused before
+    anything started: ``key`` (a kind, or ``kind.parameter``) and what is wrong with it
+    (an unknown kind or policy, bad parameters: the registry's own words).
+    ``source`` is the file."""
+
+    key: str
+    problem: str
+    source: str
+
+    def __init__(self, key: str, problem: str, source: str = "") -> None:
+        super().__init__(
+            _refused("[policies]", source, key, problem, "docs/configuration.md#policies"),
+            key=key,
+            problem=problem,
+            source=source,
+        )
+
+
+__all__ += ["PolicyConfigError"]
+
+
 class AlertConfigError(CorralError, ValueError):
     """An alert rule (``[[alerts]]`` of the manager's configuration, ``alert add`` in
     the console, or a rule given as data) or an alerting setting was refused: ``key``

@@ -51,7 +51,7 @@ import anyio.abc
 
 from actors.autoscaler import Autoscaler, PoolTarget
 from actors.manager import Manager
-from actors.pools import PoolConfig, check_fallback, load_config, pool_fallbacks
+from actors.pools import PoolConfig, check_fallback, load_config, load_policies, pool_fallbacks
 from actors.protocol import TaskResult
 from actors.providers import DISK_OFF, BlockSpec, Provider, WorkerFactory
 from actors.registry import FileRegistry
@@ -1670,6 +1670,8 @@ async def run_manager(
     pools: Mapping[str, PoolConfig] = {}
     if config is not None:
         pools = config if isinstance(config, Mapping) else load_config(config)
+    if config is not None and not isinstance(config, Mapping):  # its [policies] too
+        policies = {**load_policies(config, REGISTRY), **(policies or {})}
     if alerting is None:
         if config is not None and not isinstance(config, Mapping):
             alerting = load_alerting(config, alertmanager=alertmanager)

@@ -374,3 +374,41 @@ async def test_a_cluster_keeps_its_blocks_and_says_why_when_the_scaling_policy_r
             assert lines[0].startswith(said)
     told = [line for line in logs.lines if "the scaling policy failed" in line]
     assert len(told) == 1 and "boom in scaling" in told[0]
+
+
+# ----------------------------------------------------------------------------- [policies]
+
+
+def test_a_config_files_policies_table_is_read_and_checked(tmp_path: Path) -> None:
+    from actors.pools import load_policies
+    from runtime.errors import PolicyConfigError
+
+    path = tmp_path / "corral.toml"
+    path.write_text(
+        '[policies]\npriority = "long-first"\n\n[policies.retry]\nname = "default"\nmax_lost = 2\n'
+    )
+    assert load_policies(path, REGISTRY) == {
+        "priority": ("long-first", {}),
+        "retry": ("default", {"max_lost": 2}),
+    }
+
+    def refused(text: str) -> str:
+        path.write_text(text)
+        with pytest.raises(PolicyConfigError) as info:
+            load_policies(path, REGISTRY)
+        assert isinstance(info.value, ValueError) and info.value.source == str(path)
+        return str(info.value)
+
+    assert refused('[policies]\nprioirty = "graph"\n').startswith(
+        f"[policies] in {path}: key 'prioirty' is not a kind of policy; did you mean "
+        "'priority'? the kinds are: priority, placement,"
+    )
+    assert "no priority policy named 'fastest'" in refused('[policies]\npriority = "fastest"\n')
+    text = refused('[policies.retry]\nname = "default"\nmax_lots = 2\n')
+    assert "no parameter 'max_lots'; did you mean 'max_lost'?" in text
+    assert text.endswith("See docs/configuration.md#policies.")
+    assert "must be a policy's name" in refused("[policies]\nretry = 3\n")
+    assert "needs pools" in refused('[policies]\nscaling = "queue"\n')
+    # with pools, a scaling policy is taken
+    path.write_text('[pools.cpu]\nmax_blocks = 2\n\n[policies]\nscaling = "queue"\n')
+    assert load_policies(path, REGISTRY) == {"scaling": ("queue", {})}

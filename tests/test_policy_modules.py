@@ -124,3 +124,32 @@ def test_a_policy_module_that_does_not_import_stops_the_manager(tmp_path: Path) 
         f"error: ImportError: --policy-module {str(broken)!r} could not be imported: "
         "RuntimeError: no GPU here"
     ), err
+
+
+@pytest.mark.anyio
+async def test_a_managers_config_file_sets_the_policies_it_starts_with(tmp_path: Path) -> None:
+    """``[policies]`` in ``--config``: a policy of a ``--policy-module`` named there is
+    in force from the start; a bad one stops the manager before it listens."""
+    module = tmp_path / "lowest.py"
+    module.write_text(LOWEST_FIRST)
+    config = tmp_path / "corral.toml"
+    config.write_text(
+        '[policies]\npriority = "test-lowest-first"\n\n[policies.retry]\nname = "default"\n'
+        "max_lost = 2\n"
+    )
+    with Cli(tmp_path / "home") as cli, anyio.fail_after(LIMIT):
+        _, address = cli.manager(
+            "--no-monitoring", "--policy-module", str(module), "--config", str(config)
+        )
+        async with Cluster(address) as cluster:
+            status = await cluster.status()
+            assert status["policies"]["priority"] == "test-lowest-first"
+            assert status["policy_params"]["retry"] == {"max_lost": "2"}
+    config.write_text('[policies.retry]\nname = "default"\nmax_lots = 2\n')
+    home = tmp_path / "home2"
+    err = assert_nothing_left(manager(home, "--config", str(config)), home)
+    assert err.startswith(
+        f"error: PolicyConfigError: [policies] in {config}: key 'retry' is refused: bad "
+        "parameters for "
+        "retry policy 'default': no parameter 'max_lots'; did you mean 'max_lost'?"
+    ), err
