@@ -901,12 +901,17 @@ class SchedulerState:
         empty = set(self.pools_without_worker(told))
         for ts in new:
             pool = ts.spec.pool
-            if pool in empty and ts.state in ("waiting", "queued"):
-                self._log(
-                    ts.key, ts.state,
-                    f"waiting for a worker of {told[pool]}: it runs once a worker joins "
-                    f"with --pool {pool}",
-                )  # fmt: skip
+            if pool in empty:
+                self._no_worker_note(ts, pool, told[pool])
+
+    def _no_worker_note(self, ts: TaskState, pool: str, why: str) -> None:
+        """Say in ``ts``'s story that it waits for a worker of ``pool`` (``why``: what
+        that pool is, which no worker has joined), and until when."""
+        if ts.state in ("waiting", "queued"):
+            self._log(
+                ts.key, ts.state,
+                f"waiting for a worker of {why}: it runs once a worker joins with --pool {pool}",
+            )  # fmt: skip
 
     def _worker_joined(self, ev: WorkerJoined) -> None:
         ws = self.workers.get(ev.worker)
@@ -2095,10 +2100,13 @@ class SchedulerState:
             ts.behind = ts.behind or decision.behind
             self._log(ts.key, "retry", decision.reason)
             pool = decision.pool
-            if pool is not None and pool != ts.spec.pool and self._serves(ts, pool):
+            served = pool is not None and pool != ts.spec.pool and self._serves(ts, pool)
+            if pool is not None and served:
                 self._log(ts.key, "pool", f"{ts.spec.pool or '*'}->{pool}")
                 self._repool(ts, dataclasses.replace(ts.spec, pool=pool))
             self._back_to_ready(ts)
+            if pool is not None and isinstance(served, str):  # a pool no worker joined yet
+                self._no_worker_note(ts, pool, served)
             return
         if looping:
             policy = self.policies["retry"]
@@ -2127,21 +2135,28 @@ class SchedulerState:
         self._set(ts, "erred")
         self._terminal(ts)
 
-    def _serves(self, ts: TaskState, pool: str) -> bool:
-        """Whether a retry policy may move ``ts`` to ``pool``: a configured pool, or one
-        a worker has joined (now or before). Any other (a misspelt name) would keep the
-        task waiting for good, unseen: a policy error, and the task stays in its pool
-        (the words are those a submission naming such a pool gets)."""
+    def _serves(self, ts: TaskState, pool: str) -> bool | str:
+        """Whether a retry policy may move ``ts`` to ``pool``: True for a configured
+        pool, or one a worker has joined (now or before). Without configured pools
+        (workers started by hand, each in the pool its ``--pool`` names) any pool may be
+        joined later: the move is made, and the answer is what to say of the pool in
+        the task's story (as a submission naming it is told). With configured pools,
+        any other pool (a misspelt name) would keep the task waiting for good, as
+        ``check_fallback`` refuses for the default policy's ``fallback``: a policy
+        error, and the task stays in its pool (False)."""
         if pool in self.config.pools or pool in self.lives:
             return True
         if any(ws.pool == pool for ws in self.workers.values()):
             return True
+        if not self.config.pools:
+            return (
+                f"pool {pool!r}, which no worker has joined (this manager configures no "
+                "pool: the pools are those its workers' --pool name)"
+            )
         known = sorted({*self.config.pools, *self.lives, *(w.pool for w in self.workers.values())})
         where = (
             f"which is not configured (pools: {', '.join(known)}"
             f"{did_you_mean(pool, known)}) and which no worker has joined"
-            if known
-            else "which no worker has joined"
         )
         self.policy_errors += 1
         self._log(

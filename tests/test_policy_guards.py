@@ -229,6 +229,25 @@ def test_a_retry_moving_a_task_to_a_pool_nobody_serves_is_a_policy_error(
     )
 
 
+def test_without_configured_pools_a_retry_move_waits_and_says_so(make_state: Factory) -> None:
+    """Workers started by hand: one may yet join any pool, so the move is made, and the
+    task's story says what a submission naming that pool is told."""
+    s = make_state(retry=ToPool("gpu-typo"))
+    join(s, "w1", pool="cpu")
+    submit(s, {"a": []}, ["a"], retries=1, pool="cpu")
+    assert assigned(finish(s, "w1", "a", "error", error=ValueError())) == {}
+    assert s.tasks["a"].spec.pool == "gpu-typo" and s.policy_errors == 0
+    assert [e[1:3] for e in s.story("a")][-2:] == [
+        ("processing", "queued"),
+        (
+            "queued",
+            "waiting for a worker of pool 'gpu-typo', which no worker has joined (this "
+            "manager configures no pool: the pools are those its workers' --pool name): it "
+            "runs once a worker joins with --pool gpu-typo",
+        ),
+    ]
+
+
 def test_a_retry_may_move_a_task_to_a_configured_pool_without_workers_yet(
     make_state: Factory,
 ) -> None:
