@@ -71,8 +71,9 @@ from actors.scheduler_records import (
     NotRunGroup,
     SchedulerConfig,
     WorkerState,
-    dependency_failed_text,
     disk_stall_parts,
+    lost_worker_text,
+    not_run_text,
 )
 from actors.scheduler_state import SchedulerState
 from policies import ON_PURPOSE, REGISTRY, PolicyRegistry, params_of
@@ -143,7 +144,7 @@ from runtime.messages import (
     message,
 )
 
-__all__ = ["Scheduler"]
+__all__ = ["MAX_TRACEBACK_TEXT", "Scheduler", "format_error", "traceback_text"]
 
 
 @message(local=True)
@@ -935,8 +936,8 @@ _NOT_A_LITERAL = (ValueError, SyntaxError, TypeError, MemoryError, RecursionErro
 _STATES = ("waiting", "queued", "processing", "memory", "released", "erred", "cancelled")
 
 
-#: The most characters of a traceback a failure group shows (it keeps its end: the
-#: frame that raised and the error).
+#: The most characters of a traceback a failure group shows and the monitoring
+#: database keeps per failed try (it keeps its end: the frame that raised and the error)
 MAX_TRACEBACK_TEXT = 8_000
 
 _RELATIONS = {
@@ -962,6 +963,17 @@ def format_error(record: ErrorRecord) -> str:
     return "".join(out)
 
 
+def traceback_text(record: ErrorRecord, limit: int = MAX_TRACEBACK_TEXT) -> str:
+    """:func:`format_error` of ``record``, cut to its last ``limit`` characters (the
+    frame that raised and the error), a first line saying how many were cut: what the
+    dashboard's failure groups show and the monitoring database keeps."""
+    text = format_error(record)
+    if len(text) <= limit:
+        return text
+    cut = len(text) - limit
+    return f"(traceback cut: its first {cut} characters are left out)\n...{text[cut:]}"
+
+
 def _at(item: tuple[tuple[str, str], FailureGroup | NotRunGroup]) -> float:
     return item[1].at
 
@@ -983,19 +995,16 @@ def _failure_groups(st: SchedulerState, now: float) -> tuple[FailureGroupInfo, .
     for (category, cause), g in latest:
         if isinstance(g, NotRunGroup):
             worker, outcome = "", NOT_RUN
-            if g.dependency is not None and g.root is not None:
-                error = dependency_failed_text(g.dependency, g.root, g.error.summary)
-            else:
-                error = g.error.summary
-            tb = format_error(g.error)[-MAX_TRACEBACK_TEXT:]
+            error = not_run_text(g.error, g.dependency, g.root)
+            tb = traceback_text(g.error)
         else:
             worker, outcome = g.worker, g.outcome
             if g.error is None:
-                error = f"worker {g.worker} was lost ({cause}) with {g.key!r} sent to it"
+                error = lost_worker_text(g.worker, cause, g.key)
                 tb = ""
             else:
                 error = g.error.summary
-                tb = format_error(g.error)[-MAX_TRACEBACK_TEXT:]
+                tb = traceback_text(g.error)
         out.append(
             FailureGroupInfo(
                 category, cause, g.n, str(g.key), worker, outcome, max(now - g.at, 0.0), error, tb

@@ -46,6 +46,8 @@ __all__ = [
     "WorkerStateView",
     "dependency_failed_text",
     "error_record",
+    "lost_worker_text",
+    "not_run_text",
 ]
 
 #: retries of one task a retry policy may make beyond the task's ``retries=`` budget
@@ -755,6 +757,22 @@ def dependency_failed_text(dependency: Key, root: Key, summary: str) -> str:
     ``Type: text``). The story's note and the failure group's error both say it so."""
     first = "" if root == dependency else f" because {root!r} failed"
     return f"dependency {dependency!r} failed{first}: {summary}"
+
+
+def not_run_text(error: ErrorRecord, dependency: Key | None, root: Key | None) -> str:
+    """Why a task erred with no failed try of its own, in a line, as the dashboard's
+    failure group and the monitoring database's ``tasks.error`` say it: for a
+    dependency's failure, :func:`dependency_failed_text` of it (``error``: that
+    failure's, the root's); else the error itself (``Type: text``)."""
+    if dependency is not None and root is not None:
+        return dependency_failed_text(dependency, root, error.summary)
+    return error.summary
+
+
+def lost_worker_text(worker: str, cause: str | None, key: Key) -> str:
+    """What a try lost with its worker says instead of an error, as the dashboard's
+    failure group and the monitoring database's ``tries.error_message`` say it."""
+    return f"worker {worker} was lost ({cause or 'unknown'}) with {key!r} sent to it"
 
 
 def walltime_loss(

@@ -670,12 +670,20 @@ class SchedulerState:
         one entry per piece it is taken in by, ``runtime.graph.INTAKE_PIECE`` tasks
         each): ``(now, records)``, the records in the order things happened:
         ``("state", key, finish, category, pool, worker)`` per transition (``worker``:
-        where it was sent, for ``processing``), ``("try", key, category, worker,
-        number, sent, start, stop, outcome, cause, error, nbytes, queued)`` per try ended
-        (``error``: the exception or None; ``start``, ``stop``: the worker's wall clock,
-        except for ``worker-lost``: ``sent`` and ``now``, this core's clock; ``queued``:
-        when the task became ready for this try, this core's clock, None for a
-        speculative copy: ``TryRecord.queued``),
+        where it was sent, for ``processing``; ``released``: its output was released,
+        nothing needs it), ``("try", key, category, worker, number, sent, start, stop,
+        outcome, cause, error, nbytes, queued, failure)`` per try ended (``error``: the
+        exception or None; ``start``, ``stop``: the worker's wall clock, except for
+        ``worker-lost``: ``sent`` and ``now``, this core's clock; ``queued``: when the
+        task became ready for this try, this core's clock, None for a speculative copy:
+        ``TryRecord.queued``; ``failure``: for a try that failed with an error, out of
+        memory, by timeout or for its disk, the cause it is counted under in the
+        failure counts and groups, the metrics' ``cause``, else None), ``("not-run",
+        key, category, cause, error, dependency, root)`` per task erring with no failed
+        try of its own, before its ``erred`` transition (its :class:`NotRunGroup`'s
+        cause; ``error``: an :class:`ErrorRecord`, for a dependency's failure the
+        root's; ``dependency``, ``root``: the dependency whose failure it inherited and
+        the task that failed first, or None),
         ``("joined", worker, pool, cores, memory)``, ``("left", worker, cause)``,
         ``("transfer", key, kind, nbytes, source, target, duration)`` per output copied
         between workers and ``("recovery", key, category, worker, how)`` per needed
@@ -698,18 +706,31 @@ class SchedulerState:
             self.feed_held -= len(self.feed.popleft()[1])  # unread: lost
 
     def _tried(
-        self, ts: TaskState, rec: TryRecord, error: BaseException | None, nbytes: int = 0
-    ) -> None:
+        self,
+        ts: TaskState,
+        rec: TryRecord,
+        error: BaseException | None,
+        nbytes: int = 0,
+        failure: str | None = None,
+    ) -> ErrorRecord | None:
         """A try ended: kept with its task, in the ring of recent tries (the dashboard)
-        and, while a monitoring database reads the feed, as a feed record."""
+        and, while a monitoring database reads the feed, as a feed record; ``failure``:
+        the cause a failed try is counted under (:meth:`_failed_try`), when it is not
+        the record's own. The feed gets ``error`` as an :class:`ErrorRecord`, made now:
+        the exception's frames, as a failure group keeps them (an embedded cluster's
+        client raises the very exception later, adding its own frames to it). Returns
+        that record (None: none made), for :meth:`_failed_try`."""
         ts.tries.append(rec)
         self.recent_tries.append((rec, ts.spec.category, self._now))
         if not self.feed_on:
-            return
+            return None
+        record = error_record(error) if error is not None else None
         self._records.append(
             ("try", ts.key, ts.spec.category, rec.worker, len(ts.tries), ts.sent,
-             rec.start, rec.stop, rec.outcome, rec.cause, error, nbytes, rec.queued)
+             rec.start, rec.stop, rec.outcome, rec.cause, record, nbytes, rec.queued,
+             failure)
         )  # fmt: skip
+        return record
 
     def count(self, state: str) -> int:
         return self.by_state.get(state, 0)
@@ -1210,8 +1231,8 @@ class SchedulerState:
             ts.oom_alone += (not any(t is not ts for t in ws.processing),)
             tries = len(ts.tries) + 1
             error = TaskOutOfMemory(str(ts.key), ws.id, res.rss, ws.memory, tries, ts.ooms)
-        self._tried(ts, rec, error)
-        self._failed_try(ts, outcome, failure, error, ws.id)
+        record = self._tried(ts, rec, error, failure=failure)
+        self._failed_try(ts, outcome, failure, error, ws.id, record)
         return error
 
     def _cancel_requested(self, ev: CancelRequested) -> None:
@@ -2054,10 +2075,17 @@ class SchedulerState:
             self._recompute(d)
 
     def _failed_try(
-        self, ts: TaskState, outcome: str, cause: str, error: BaseException | None, wid: str
+        self,
+        ts: TaskState,
+        outcome: str,
+        cause: str,
+        error: BaseException | None,
+        wid: str,
+        record: ErrorRecord | None = None,
     ) -> None:
         """Count a failed try by (category, outcome, cause) and keep it as the latest of
-        its (category, cause) group: O(1), no scan."""
+        its (category, cause) group: O(1), no scan. ``record``: ``error``'s, if made
+        already (:meth:`_tried`)."""
         category = ts.spec.category
         self.failures[(category, outcome, cause)] += 1
         self.metric_failures[(self._metric_label(category), outcome, cause)] += 1
@@ -2073,7 +2101,9 @@ class SchedulerState:
                 )
         group.n += 1
         group.key, group.worker, group.outcome = ts.key, wid, outcome
-        group.error = error_record(error) if error is not None else None
+        if record is None and error is not None:
+            record = error_record(error)
+        group.error = record
         group.at = self._now
 
     def _after_failure(
@@ -2226,6 +2256,9 @@ class SchedulerState:
         group.n += 1
         group.key, group.error, group.at = ts.key, record, self._now
         group.dependency, group.root = dependency, root
+        if self.feed_on:
+            self._records.append(("not-run", ts.key, ts.spec.category, cause, record,
+                                  dependency, root))  # fmt: skip
 
     def _terminal(self, ts: TaskState) -> None:
         """``ts`` just erred or was cancelled: tell the client, fail what depends on it."""

@@ -1004,7 +1004,7 @@ class MonitorFeed(Message):
 @message(local=True)
 class MonitorFeedReply(Message):
     """The scheduler's monitoring entries (``(now, records)`` per handled event, ``now``
-    on its clock; the records may carry keys and exceptions), the number to ask from
+    on its clock; the records may carry keys and errors as ErrorRecords), the number to ask from
     next, how many entries were gone before they were read (``lost``: a gap), ``wall``:
     what to add to the scheduler's clock for Unix time, per worker its latest ``(rss,
     bytes held in memory, bytes on disk now, free disk or None, disk limit or 0)``, and

@@ -53,6 +53,8 @@ from typing import Any
 
 import anyio
 
+from actors.scheduler import traceback_text
+from actors.scheduler_records import ErrorRecord, lost_worker_text, not_run_text
 from runtime.errors import ActorStopped, AskTimeout, MonitoringDBError
 from runtime.kernel import Actor, ActorRef
 from runtime.log import get_logger
@@ -83,11 +85,17 @@ __all__ = [
 _log = get_logger("corral.monitoring")
 
 #: 2: storage over time (disk columns, transfers, recoveries); 3: a row per worker life;
-#: 4: ``tries.queued`` (when the task became ready for the try: its wait)
-SCHEMA_VERSION = 4
-#: versions the report reads (the columns it asks for are in each; ``tries.queued``
-#: only when there: see runtime/report.py)
-READABLE_VERSIONS = frozenset({2, 3, 4})
+#: 4: ``tries.queued`` (when the task became ready for the try: its wait); 5: why tries
+#: and tasks failed: ``tries.traceback``, ``tasks.released`` (an output released:
+#: state ``released``), ``tasks.cause``, ``tasks.error`` and ``tasks.root`` (a task
+#: that erred with no failed try of its own), and the failure causes of the metrics
+SCHEMA_VERSION = 5
+#: older versions a writer upgrades to :data:`SCHEMA_VERSION` (see :func:`_upgrade`)
+UPGRADED_VERSIONS = (2, 3, 4)
+#: versions the report reads (the columns it asks for are in each; ``tries.queued``,
+#: ``tries.traceback`` and the columns of version 5 in ``tasks`` only when there: see
+#: runtime/report.py)
+READABLE_VERSIONS = frozenset({*UPGRADED_VERSIONS, SCHEMA_VERSION})
 
 #: the columns of ``workers``: one row per worker life
 _WORKERS = """
@@ -108,12 +116,13 @@ CREATE TABLE IF NOT EXISTS tasks (
     run_id TEXT NOT NULL, key TEXT NOT NULL, category TEXT, pool TEXT,
     submitted REAL, ready REAL, started REAL, finished REAL, state TEXT, worker TEXT,
     tries INTEGER NOT NULL DEFAULT 0, duration REAL, output_bytes INTEGER,
+    released REAL, cause TEXT, error TEXT, root TEXT,
     PRIMARY KEY (run_id, key)
 );
 CREATE TABLE IF NOT EXISTS tries (
     run_id TEXT NOT NULL, key TEXT NOT NULL, try INTEGER NOT NULL, category TEXT,
     worker TEXT, sent REAL, started REAL, ended REAL, outcome TEXT NOT NULL, cause TEXT,
-    error_type TEXT, error_message TEXT, output_bytes INTEGER, queued REAL,
+    error_type TEXT, error_message TEXT, output_bytes INTEGER, queued REAL, traceback TEXT,
     PRIMARY KEY (run_id, key, try)
 );
 CREATE TABLE IF NOT EXISTS workers ({_WORKERS});
@@ -170,6 +179,22 @@ _TRIES_V3_TO_V4 = """
 ALTER TABLE tries ADD COLUMN queued REAL;
 UPDATE schema_version SET version = 4;
 """
+#: a version 4 file's tries get ``traceback``, its tasks ``released``, ``cause``,
+#: ``error`` and ``root``, empty in the rows it has (see _upgrade)
+_FAILURES_V4_TO_V5 = """
+ALTER TABLE tries ADD COLUMN traceback TEXT;
+ALTER TABLE tasks ADD COLUMN released REAL;
+ALTER TABLE tasks ADD COLUMN cause TEXT;
+ALTER TABLE tasks ADD COLUMN error TEXT;
+ALTER TABLE tasks ADD COLUMN root TEXT;
+UPDATE schema_version SET version = 5;
+"""
+#: what upgrades a file of each older version to :data:`SCHEMA_VERSION`
+_UPGRADES = {
+    2: _WORKERS_V2_TO_V3 + _TRIES_V3_TO_V4 + _FAILURES_V4_TO_V5,
+    3: _TRIES_V3_TO_V4 + _FAILURES_V4_TO_V5,
+    4: _FAILURES_V4_TO_V5,
+}
 #: what an older database lacks, said when one is opened
 _OLDER = (
     " (an older Corral wrote it: it has no disk columns in resource_samples and no "
@@ -335,9 +360,9 @@ def _check_writable(conn: sqlite3.Connection, path: Path) -> None:
         if row is None and tables <= _TABLES:
             return  # made by a Corral stopped before it wrote its version
         if row is not None and isinstance(row[0], int):
-            if row[0] in (2, 3, SCHEMA_VERSION) and tables >= _CORE:
+            if row[0] in (*UPGRADED_VERSIONS, SCHEMA_VERSION) and tables >= _CORE:
                 return
-            if row[0] not in (2, 3, SCHEMA_VERSION):
+            if row[0] not in (*UPGRADED_VERSIONS, SCHEMA_VERSION):
                 raise MonitoringDBError(
                     str(path),
                     f"it has schema version {row[0]}, this Corral writes {SCHEMA_VERSION}"
@@ -454,22 +479,24 @@ def _why_not(exc: sqlite3.DatabaseError, what: str = "") -> str:
 
 
 def _upgrade(conn: sqlite3.Connection) -> None:
-    """A file of version 2 or 3 becomes version 4, in the caller's transaction: from 2
-    (a row per worker id) its workers' rows become their first lives (version 3); from
-    3, its tries get the column ``queued``, empty in the rows they have (their waits
-    were not recorded: the report takes those runs' waits from ``tasks``)."""
+    """A file of version 2, 3 or 4 becomes version 5, in the caller's transaction: from
+    2 (a row per worker id) its workers' rows become their first lives (version 3);
+    from 3, its tries get the column ``queued``, empty in the rows they have (their
+    waits were not recorded: the report takes those runs' waits from ``tasks``); from
+    4, its tries get ``traceback`` and its tasks ``released``, ``cause``, ``error`` and
+    ``root``, empty in the rows they have (not recorded: the report says so)."""
     tables = _tables(conn)
     if "schema_version" not in tables:
         return
     row = conn.execute("SELECT version FROM schema_version").fetchone()
-    if row is None or row[0] not in (2, 3):
+    if row is None or row[0] not in _UPGRADES:
         return
-    script = _TRIES_V3_TO_V4 if row[0] == 3 else _WORKERS_V2_TO_V3 + _TRIES_V3_TO_V4
-    for statement in script.split(";"):
+    for statement in _UPGRADES[row[0]].split(";"):
         if statement.strip():
             conn.execute(statement)
     _log.info(
-        "monitoring database: upgraded to schema version 4 (worker lives, try waits)",
+        f"monitoring database: upgraded to schema version {SCHEMA_VERSION} (worker lives, "
+        "try waits, tracebacks, released outputs, why tasks that did not run erred)",
         was=row[0],
     )
 
@@ -858,10 +885,13 @@ def _refused_row(exc: Exception) -> bool:
 
 #: one row per task and poll, merged with what the table has: first times stay, the
 #: latest worker and state win (a row of a try alone has none: the table's stay), an
-#: end state stays until the task ends again, tries add up (over a key computed again)
+#: end state stays until the task ends again or its output is released (``released``),
+#: tries add up (over a key computed again); an end clears the release and the
+#: not-run columns (``cause``, ``error``, ``root``) its own row does not set
 _TASK = (
     "INSERT INTO tasks (run_id, key, category, pool, submitted, ready, started, finished, "
-    "state, worker, tries, duration, output_bytes) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?) "
+    "state, worker, tries, duration, output_bytes, released, cause, error, root) "
+    "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) "
     "ON CONFLICT (run_id, key) DO UPDATE SET "
     "category = COALESCE(excluded.category, category), pool = COALESCE(excluded.pool, pool), "
     "submitted = COALESCE(submitted, excluded.submitted), "
@@ -870,14 +900,24 @@ _TASK = (
     "duration = COALESCE(excluded.duration, duration), "
     "output_bytes = COALESCE(excluded.output_bytes, output_bytes), "
     "state = CASE WHEN excluded.finished IS NOT NULL OR finished IS NULL "
-    "THEN COALESCE(excluded.state, state) ELSE state END, "
+    "OR excluded.released IS NOT NULL THEN COALESCE(excluded.state, state) ELSE state END, "
+    "released = CASE WHEN excluded.finished IS NOT NULL THEN excluded.released "
+    "ELSE COALESCE(excluded.released, released) END, "
+    "cause = CASE WHEN excluded.finished IS NOT NULL THEN excluded.cause "
+    "ELSE COALESCE(excluded.cause, cause) END, "
+    "error = CASE WHEN excluded.finished IS NOT NULL THEN excluded.error "
+    "ELSE COALESCE(excluded.error, error) END, "
+    "root = CASE WHEN excluded.finished IS NOT NULL THEN excluded.root "
+    "ELSE COALESCE(excluded.root, root) END, "
     "finished = COALESCE(excluded.finished, finished)"
 )
 #: a try is numbered after the key's tries in the table: a key computed again after it
 #: was forgotten (submitted anew, its tries counted from 1 again) adds to its tries
 _TRY = (
-    "INSERT INTO tries VALUES (?1, ?2, (SELECT COALESCE(MAX(try), 0) + 1 FROM tries "
-    "WHERE run_id = ?1 AND key = ?2), ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)"
+    "INSERT INTO tries (run_id, key, try, category, worker, sent, started, ended, outcome, "
+    "cause, error_type, error_message, output_bytes, queued, traceback) "
+    "VALUES (?1, ?2, (SELECT COALESCE(MAX(try), 0) + 1 FROM tries "
+    "WHERE run_id = ?1 AND key = ?2), ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)"
 )
 #: a worker's life begins (its first join, or one after it left: a requeued block's
 #: worker comes back under its id), or it joins again within one (a reconnect)
@@ -916,7 +956,6 @@ _TERMINAL = frozenset({"memory", "erred", "cancelled"})
 #: try outcomes the scheduler records on its own clock (``sent`` to when it knew),
 #: not the worker's: a try lost with its worker, a copy or try it cancelled
 _CORE_CLOCK = frozenset({"worker-lost", "cancelled"})
-_ERROR_CHARS = 2000  #: of an error's message kept
 
 
 def _safe(text: str) -> str:
@@ -925,10 +964,15 @@ def _safe(text: str) -> str:
     return text if text.isascii() else text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-def _text(error: Any) -> tuple[str | None, str | None]:
+def _text(error: ErrorRecord | None) -> tuple[str | None, str | None, str | None]:
+    """A failed try's error (as the scheduler's feed gives it, made when the try
+    failed): its type's name, its text (its first ``MAX_ERROR_CHARS``) and its
+    traceback as the dashboard shows it (:func:`traceback_text`: its last
+    ``MAX_TRACEBACK_TEXT`` characters, saying so when it is cut)."""
     if error is None:
-        return None, None
-    return _safe(type(error).__name__), _safe(str(error)[:_ERROR_CHARS])
+        return None, None, None
+    name, text, _, _ = error.chain[-1]
+    return _safe(name), _safe(text), _safe(traceback_text(error))
 
 
 class _Rows:
@@ -994,8 +1038,9 @@ class MonitorRecorder(Actor):
         self._alerts: dict[tuple[str, str, float | None], tuple[tuple[Any, ...], AlertInfo]]
         self._alerts = {}
         #: key -> the columns of _TASK after it (category, pool, submitted, ready,
-        #: started, finished, state, worker, tries, duration, output_bytes): what the
-        #: feed said of each task since the last full poll, written then as one row
+        #: started, finished, state, worker, tries, duration, output_bytes, released,
+        #: cause, error, root): what the feed said of each task since the last full
+        #: poll, written then as one row
         self._tasks: dict[str, list[Any]] = {}
         self._lock = anyio.Lock()
 
@@ -1151,7 +1196,8 @@ class MonitorRecorder(Actor):
         def task(k: str, category: str, at: float) -> list[Any]:
             t = tasks.get(k)
             if t is None:
-                t = [_safe(category), None, at, None, None, None, None, None, 0, None, None]
+                t = [_safe(category), None, at, None, None, None, None, None, 0, None, None,
+                     None, None, None, None]  # fmt: skip
                 tasks[k] = t
             return t
 
@@ -1165,9 +1211,13 @@ class MonitorRecorder(Actor):
                     t = task(_safe(str(key)), category, at)
                     t[1] = pool
                     if finish in _TERMINAL:
-                        t[5], t[6] = at, finish
+                        t[5], t[6], t[11] = at, finish, None  # (its output held again)
+                        if finish != "erred":  # (a not-run row comes before its erred)
+                            t[12] = t[13] = t[14] = None
+                    elif finish == "released":  # its output released: nothing needs it
+                        t[6], t[11] = finish, at
                     elif finish in ("waiting", "queued", "processing"):
-                        if t[5] is None:
+                        if t[5] is None and t[11] is None:
                             t[6] = finish
                         if finish == "queued" and t[3] is None:
                             t[3] = at
@@ -1176,22 +1226,31 @@ class MonitorRecorder(Actor):
                             t[7] = worker
                 elif kind == "try":
                     (_, key, category, worker, _, sent, start, stop, outcome, cause, error,
-                     nbytes, queued) = rec  # fmt: skip
+                     nbytes, queued, failure) = rec  # fmt: skip
                     k = _safe(str(key))
                     t = task(k, category, at)
                     if outcome in _CORE_CLOCK:  # the core's clock: sent, ended
                         start, stop = None, at
                     ok = outcome == "ok"
-                    etype, emsg = _text(error)
+                    etype, emsg, tb = _text(error)
+                    if error is None and outcome == "worker-lost":  # as the dashboard says
+                        emsg = _safe(lost_worker_text(worker, cause, key))
+                    why = failure or cause  # a failed try's: the metrics' and the groups'
                     rows.add(
                         "event", _TRY,
                         (run, k, _safe(category), worker, sent + wall, start, stop, outcome,
-                         cause, etype, emsg, nbytes if ok else None,
-                         None if queued is None else queued + wall),
+                         _safe(why) if why else None, etype, emsg, nbytes if ok else None,
+                         None if queued is None else queued + wall, tb),
                     )  # fmt: skip
                     t[8] += 1  # tries ended in this interval: added to the row's
                     if ok and start is not None:
                         t[9], t[10] = max(stop - start, 0.0), nbytes
+                elif kind == "not-run":  # erred with no failed try of its own
+                    _, key, category, cause, record, dependency, root = rec
+                    t = task(_safe(str(key)), category, at)
+                    t[12] = _safe(cause)
+                    t[13] = _safe(not_run_text(record, dependency, root))
+                    t[14] = None if root is None else _safe(str(root))
                 elif kind == "joined":
                     _, wid, pool, cores, memory = rec
                     block = self._worker_block.get(wid)  # when its block said it first

@@ -10,7 +10,8 @@ The numbers come from the database only (:func:`runtime.monitordb.open_db`): tri
 the timeline and the durations, the metric samples for the queues, the workers and
 blocks tables for the fleet, the resource samples for memory and disk, the transfers
 and recoveries tables for storage, the alerts table for the bands drawn over the time
-plots.
+plots, the failed tries and the tasks that erred without one for the table of failures
+grouped as the live dashboard groups them ("Why tasks failed", after the summary).
 """
 
 from __future__ import annotations
@@ -34,12 +35,15 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from actors.scheduler_records import NOT_RUN
 from policies import ON_PURPOSE
 from runtime.errors import MonitoringDBError, ReportOutputError
+from runtime.messages import MAX_FAILURE_GROUPS_SHOWN
 from runtime.monitordb import SQLITE_HEADER, open_db
 
 # ReportOutputError is runtime.errors's, exported here too, where write_report raises it
 __all__ = [
+    "FAILURES_TITLE",
     "MAX_BARS",
     "MAX_CATEGORIES",
     "SECTIONS",
@@ -77,7 +81,15 @@ _ALERT_COLOR = {"firing": "rgba(214,39,40,0.15)", "pending": "rgba(255,165,0,0.1
 LABEL_ROWS = 4
 LABEL_ROW_PX = 14  #: the height of a row of labels, in pixels
 #: the summary's name of a task state where the state's own name says little
-_STATE_NAME = {"memory": "finished, output held (memory)"}
+_STATE_NAME = {
+    "memory": "finished, output held (memory)",
+    "released": "finished, output released since (released)",
+}
+#: the name of ``memory`` in a file of schema version 4 or older, which has no
+#: ``tasks.released``: the release of an output was not recorded then
+_OLD_MEMORY = "finished (memory: output held, or released since: this file does not say)"
+#: the report's table of failure groups, after the summary
+FAILURES_TITLE = "Why tasks failed"
 
 Progress = Callable[[str], None]
 
@@ -142,6 +154,11 @@ def _quantiles(rows: Iterator[tuple[Any, ...]], n: int) -> tuple[list[float], li
     if done < n:  # skip the rest of them
         _nth(rows, n - done - 1)
     return xs, ys
+
+
+def _columns(conn: sqlite3.Connection, table: str) -> set[str]:
+    """The names of ``table``'s columns (a file of an older schema version lacks some)."""
+    return {r[1] for r in conn.execute(f"PRAGMA table_info({table})")}
 
 
 def _table(conn: sqlite3.Connection, table: str, rid: tuple[str]) -> str:
@@ -257,6 +274,7 @@ class _Run:
         try:
             step(self._read_tasks, "tasks")
             step(self._read_tries, "tries")
+            step(self._read_failures, "failure groups")
             self.workers = rows(
                 "SELECT worker, pool, block, joined, left, cause FROM workers WHERE run_id = ?",
                 "workers",
@@ -301,13 +319,15 @@ class _Run:
             f"COUNT(started - ready) FROM {tasks} WHERE run_id = ? GROUP BY 1", rid,
         ).fetchall()  # fmt: skip
         self.states: dict[str, int] = {state: n for state, n, *_ in groups}
+        #: whether the file says when outputs were released (schema version 5 on)
+        self.releases = "released" in _columns(conn, "tasks")
         firsts = [first for _, _, first, _, _ in groups if first is not None]
         lasts = [last for _, _, _, last, _ in groups if last is not None]
         waits = sum(waited for *_, waited in groups)
         self.tasks: int = sum(self.states.values())
         self.makespan = max(lasts) - min(firsts) if firsts and lasts else 0.0
         self.median_wait: float | None = None
-        if "queued" in {r[1] for r in conn.execute("PRAGMA table_info(tries)")}:
+        if "queued" in _columns(conn, "tries"):
             self.median_wait = _median_wait(conn, _table(conn, "tries", rid), "queued", "sent", rid)
             if self.median_wait is not None:
                 return self.tasks
@@ -374,6 +394,65 @@ class _Run:
             )  # fmt: skip
             self.others = (self.categories - len(shown), n, *_quantiles(durations, n))
         return self.tries
+
+    def _read_failures(self, conn: sqlite3.Connection, rid: tuple[str]) -> int:
+        """The failure groups, as the dashboard's "Why tasks fail" groups them: the
+        failed tries (every outcome but ``ok`` and ``cancelled``) of one category and
+        one cause (the cause the scheduler counted each under: the database's
+        ``tries.cause``; in a file of schema version 4 or older, the error's type for a
+        task that raised), and the tasks of one category that erred with no failed try
+        of their own for one cause (``tasks.cause``: outcome ``not-run``). SQLite groups
+        them, the latest try or task of each found by ``max()``; of the
+        :data:`MAX_FAILURE_GROUPS_SHOWN` latest groups, their latest row is read (its
+        key, worker, error and traceback; for a task not run, the traceback of the
+        latest failed try of the task that failed first). Returns the groups."""
+        tries = _table(conn, "tries", rid)
+        tb = "traceback" if "traceback" in _columns(conn, "tries") else "NULL"
+        # (SQLite takes the bare rowid from the row of the group's max(): its latest)
+        found: list[tuple[float, str, str, int, str, int]] = [
+            (at if at is not None else -1.0, cat, why, n, "tries", row)
+            for cat, why, n, at, row in conn.execute(
+                "SELECT COALESCE(NULLIF(category, ''), '?'), COALESCE(NULLIF(cause, ''), "
+                "NULLIF(error_type, ''), outcome), COUNT(*), MAX(ended), rowid "
+                f"FROM {tries} WHERE run_id = ? AND outcome NOT IN ('ok', 'cancelled') "
+                "GROUP BY 1, 2", rid,
+            )
+        ]  # fmt: skip
+        if "cause" in _columns(conn, "tasks"):
+            found += [
+                (at if at is not None else -1.0, cat, why, n, "tasks", row)
+                for cat, why, n, at, row in conn.execute(
+                    "SELECT COALESCE(NULLIF(category, ''), '?'), cause, COUNT(*), "
+                    f"MAX(finished), rowid FROM {_table(conn, 'tasks', rid)} "
+                    "WHERE run_id = ? AND cause IS NOT NULL GROUP BY 1, 2", rid,
+                )
+            ]  # fmt: skip
+        self.failure_groups = len(found)
+        #: the latest groups, the latest first: (category, cause, outcome, count, key,
+        #: worker, error, traceback)
+        self.why_failed: list[tuple[str, str, str, int, str, str, str, str]] = []
+        for _, cat, why, n, table, row in heapq.nlargest(MAX_FAILURE_GROUPS_SHOWN, found):
+            if table == "tries":
+                key, worker, outcome, etype, emsg, trace = conn.execute(
+                    f"SELECT key, worker, outcome, error_type, error_message, {tb} FROM tries "
+                    "WHERE rowid = ?", (row,),
+                ).fetchone()  # fmt: skip
+                error = f"{etype}: {emsg}" if etype and emsg else etype or emsg or ""
+            else:
+                key, error, root = conn.execute(
+                    "SELECT key, error, root FROM tasks WHERE rowid = ?", (row,)
+                ).fetchone()
+                worker, outcome, trace = "", NOT_RUN, None
+                if root is not None:
+                    first = conn.execute(
+                        f"SELECT {tb} FROM tries WHERE run_id = ? AND key = ? AND outcome "
+                        "NOT IN ('ok', 'cancelled') ORDER BY try DESC LIMIT 1", (*rid, root),
+                    ).fetchone()  # fmt: skip
+                    trace = first[0] if first is not None else None
+            self.why_failed.append(
+                (cat, why, outcome, n, key, worker or "", error or "", trace or "")
+            )
+        return self.failure_groups
 
     def _read_resources(self, conn: sqlite3.Connection, rid: tuple[str]) -> int:
         """Each worker's RSS (once reported: not 0) and bytes on disk over time, thinned
@@ -705,6 +784,7 @@ def _summary(run: _Run) -> str:
     # per life (a worker requeued under its id may be lost again).
     lost = sum(1 for w in run.workers if w[5] is not None and w[5] not in ON_PURPOSE)
     workers = len({w[0] for w in run.workers})
+    names = _STATE_NAME if run.releases else {**_STATE_NAME, "memory": _OLD_MEMORY}
 
     def row(k: str, v: Any) -> str:
         return f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>"
@@ -717,7 +797,7 @@ def _summary(run: _Run) -> str:
         row("recorded for", f"{run.end:.1f} s" + ("" if info["ended"] else " (still running, or "
             "it stopped without closing the database)")),
         row("tasks", run.tasks),
-        *(row(f"tasks {_STATE_NAME.get(s, s)}", n) for s, n in sorted(run.states.items())),
+        *(row(f"tasks {names.get(s, s)}", n) for s, n in sorted(run.states.items())),
         row("tries", run.tries),
         row("makespan (first submitted to last finished)", f"{run.makespan:.2f} s"),
         row("median wait ready to sent to a worker",
@@ -740,6 +820,43 @@ def _summary(run: _Run) -> str:
     )  # fmt: skip
 
 
+def _why_failed(run: _Run) -> str:
+    """The table of failure groups (:meth:`_Run._read_failures`), the latest first, as
+    the dashboard's "Why tasks fail" shows them: how many failed tries (tasks, for
+    those not run), the category, cause and outcome, the latest key and its worker, its
+    error and, collapsed, its traceback."""
+    e = html.escape
+    head = f"<h2>{e(FAILURES_TITLE)}</h2>"
+    if not run.why_failed:
+        return head + "<p>No task failed.</p>"
+    shown = len(run.why_failed)
+    note = (
+        f"the {shown} most recent of {run.failure_groups} groups; "
+        if run.failure_groups > shown else ""
+    )  # fmt: skip
+    rows = []
+    for cat, cause, outcome, n, key, worker, error, trace in run.why_failed:
+        count = f"{n} task{'s' if n != 1 else ''}" if outcome == NOT_RUN else f"{n} x"
+        tb = (
+            f"<details><summary>traceback</summary><pre class=tb>{e(trace)}</pre></details>"
+            if trace else ""
+        )  # fmt: skip
+        rows.append(
+            f"<tr class=failure data-category='{e(cat)}' data-cause='{e(cause)}' "
+            f"data-outcome='{e(outcome)}'><td class=count>{e(count)}</td><td>{e(cat)}</td>"
+            f"<td>{e(cause)} ({e(outcome)})</td><td>{e(key)}</td><td>{e(worker)}</td>"
+            f"<td><div class=err>{e(error)}</div>{tb}</td></tr>"
+        )
+    return (
+        f"{head}<p>{e(note)}failed tries grouped by category and cause, as the live "
+        "dashboard groups them, the group whose latest failure is the most recent first; "
+        "tasks that erred without a failed try of their own (a dependency failed) are "
+        "counted in tasks, outcome not-run.</p><table class=failures><tr><th>failed</th>"
+        "<th>category</th><th>cause (outcome)</th><th>latest key</th><th>worker</th>"
+        "<th>error</th></tr>" + "".join(rows) + "</table>"
+    )
+
+
 _STYLE = """
 body { font-family: system-ui, sans-serif; margin: 1.5em; color: #222; }
 h1 { margin-bottom: 0.2em; }
@@ -747,6 +864,10 @@ h1 { margin-bottom: 0.2em; }
 table { border-collapse: collapse; font-size: 14px; }
 th, td { border: 1px solid #ddd; padding: 3px 8px; text-align: left; }
 th { background: #f5f5f5; font-weight: 600; }
+.err { font-family: ui-monospace, monospace; color: #b00; white-space: pre-wrap;
+       word-break: break-word; }
+pre.tb { white-space: pre-wrap; word-break: break-word; font-size: 12px; max-height: 300px;
+         overflow: auto; background: #fafafa; border: 1px solid #ddd; padding: 6px; }
 """
 
 
@@ -802,7 +923,7 @@ def build_report(
         f"<style>{_STYLE}</style></head><body><h1>{html.escape(title)}</h1>"
         f"<p>From {html.escape(str(db))}. Times are seconds since the run started; shaded: "
         "alerts pending (orange) and firing (red).</p>"
-        + _summary(run) + "".join(parts) + "</body></html>"
+        + _summary(run) + _why_failed(run) + "".join(parts) + "</body></html>"
     )  # fmt: skip
 
 

@@ -57,7 +57,7 @@ from runtime.monitordb import (
     open_db,
     prune,
 )
-from runtime.report import _alert_spans, _Run
+from runtime.report import _alert_spans, _Run, build_report
 from tests.helpers import (
     GB,
     Cli,
@@ -72,6 +72,7 @@ from tests.helpers import (
     submit,
     wait_until,
 )
+from tests.test_report_sql import _run
 
 __all__ = ["make_state"]
 
@@ -140,9 +141,11 @@ async def test_a_task_is_one_row_write_per_interval_however_many_feed_reads_it_s
             )
             assert _count(db, "SELECT count(*) FROM tasks") == 0
     assert sorted(r[0] for r in _rows(db, "SELECT key FROM task_writes")) == sorted(map(str, dsk))
-    rows = _rows(db, "SELECT state, ready, started, finished, tries FROM tasks")
+    rows = _rows(db, "SELECT state, ready, started, finished, released, tries FROM tasks")
     assert len(rows) == 4
-    assert all(s == "memory" and r <= st <= f and t == 1 for s, r, st, f, t in rows)
+    # each output released once consumed (nap-3's once compute had it): the end state
+    # and the release are in the one row write
+    assert all(s == "released" and r <= st <= f <= rel and t == 1 for s, r, st, f, rel, t in rows)
 
 
 @pytest.mark.anyio
@@ -389,13 +392,25 @@ async def test_a_manager_process_records_a_lost_worker_and_survives_kill_9(
     lost_worker, _, cause, started, ended = lost[0]
     assert cause == "crash" and started is None and ended is not None
     assert _rows(db, "SELECT cause FROM workers WHERE worker = ?", lost_worker) == [("crash",)]
-    assert _rows(db, "SELECT outcome, error_type FROM tries WHERE category = 'boom'") == [
-        ("error", "ValueError")
-    ]
+    # What the dashboard said of the lost try (before, error_message was empty), and the
+    # error's traceback from the worker process (before, none was kept).
+    said = f"worker {lost_worker} was lost (crash) with 'held' sent to it"
+    assert _rows(db, "SELECT error_type, error_message, traceback FROM tries "
+                 "WHERE key = 'held' AND try = 1") == [(None, said, None)]  # fmt: skip
+    ((outcome, error_type, cause, tb),) = _rows(
+        db, "SELECT outcome, error_type, cause, traceback FROM tries WHERE category = 'boom'"
+    )
+    assert (outcome, error_type, cause) == ("error", "ValueError", "ValueError")
+    assert "in boom" in tb and tb.rstrip().endswith("ValueError: boom 3")
+    groups = _run(db).why_failed
+    assert ("held", "crash", "worker-lost", 1, "held", lost_worker, said, "") in groups
     # kill -9 of the manager: what it wrote up to its last poll stays, and opens.
+    # The client gone, the manager released what it held: no output is held, as the
+    # metrics say (before, the 11 stayed 'memory').
+    released = "SELECT count(*) FROM tasks WHERE state = 'released' AND released >= finished"
     await wait_until(
-        lambda: _count(db, "SELECT count(*) FROM tasks WHERE state = 'memory'") == 11,
-        "the held task done in the database",
+        lambda: _count(db, released) == 11,
+        "the held task done, and every output released, in the database",
         limit=30,
     )
     manager.send_signal(signal.SIGKILL)
@@ -1178,36 +1193,81 @@ async def test_the_documented_wait_query_gives_the_waits_of_the_metrics(
     assert metrics["*"]["waits"] == 0
 
 
+#: makes a new database one of schema version 4, as an older Corral wrote it
+_TO_VERSION_4 = (
+    "ALTER TABLE tries DROP COLUMN traceback; ALTER TABLE tasks DROP COLUMN released; "
+    "ALTER TABLE tasks DROP COLUMN cause; ALTER TABLE tasks DROP COLUMN error; "
+    "ALTER TABLE tasks DROP COLUMN root; UPDATE schema_version SET version = 4; "
+)
+
+
+def _older(db: Path, script: str) -> None:
+    """A database at ``db`` made as this Corral makes one, then changed by ``script``
+    (into one of an older schema version, with its rows)."""
+    MonitorWriter(db).close()
+    old = sqlite3.connect(db)
+    old.executescript(script)
+    old.close()
+
+
+def test_a_version_4_file_gets_the_failure_columns_and_is_still_read(tmp_path: Path) -> None:
+    """A file of schema version 4 (no traceback, no release, no reason for a task that
+    did not run): the report reads it as it is, saying its ``memory`` count may hold
+    outputs released since, its failure groups without traceback; a manager writing
+    into it adds the columns, empty in the rows it had (one transaction), and the
+    report then names ``memory`` as held."""
+    db = tmp_path / "monitoring.db"
+    _older(
+        db,
+        _TO_VERSION_4 + "INSERT INTO runs (run_id, started) VALUES ('r', 100.0); "
+        "INSERT INTO tasks (run_id, key, category, finished, state, tries) "
+        "VALUES ('r', 'a', 'a', 105, 'memory', 1), ('r', 'b', 'b', 106, 'erred', 1); "
+        "INSERT INTO tries VALUES ('r', 'a', 1, 'a', 'w1', 104.0, 104.5, 105.0, 'ok', NULL, "
+        "NULL, NULL, 8, 103.0), ('r', 'b', 1, 'b', 'w1', 104.0, 104.5, 106.0, 'error', "
+        "NULL, 'ValueError', 'bad row', NULL, 103.0);",
+    )  # fmt: skip
+    before = _run(db, "r")
+    assert not before.releases and before.states == {"memory": 1, "erred": 1}
+    assert before.why_failed == [("b", "ValueError", "error", 1, "b", "w1", "ValueError: bad row",
+                                  "")]  # fmt: skip
+    assert "finished (memory: output held, or released since: this file does not say)" in (
+        build_report(db, run_id="r")
+    )
+    MonitorWriter(db).close()
+    assert _rows(db, "SELECT version FROM schema_version") == [(SCHEMA_VERSION,)]
+    assert _rows(db, "SELECT key, state, released, cause, error, root FROM tasks ORDER BY key") == [
+        ("a", "memory", None, None, None, None), ("b", "erred", None, None, None, None)
+    ]  # fmt: skip
+    assert _rows(db, "SELECT key, queued, traceback FROM tries ORDER BY key") == [
+        ("a", 103.0, None),
+        ("b", 103.0, None),
+    ]
+    after = _run(db, "r")
+    assert after.releases and after.why_failed == before.why_failed
+    assert "finished, output held (memory)</th><td>1<" in build_report(db, run_id="r")
+
+
 def test_a_version_3_file_gets_the_tries_waits_column_and_is_still_read(tmp_path: Path) -> None:
     """A file of schema version 3 (no ``tries.queued``): the report reads it as it is,
     its median wait from the tasks (first ready to first sent); a manager writing into
     it adds the column, empty in the rows it had, and the report still takes that run's
     waits from its tasks."""
     db = tmp_path / "monitoring.db"
-    MonitorWriter(db).close()
-    old = sqlite3.connect(db)
-    old.executescript(
-        "ALTER TABLE tries DROP COLUMN queued; UPDATE schema_version SET version = 3; "
+    _older(
+        db,
+        _TO_VERSION_4 + "ALTER TABLE tries DROP COLUMN queued; "
+        "UPDATE schema_version SET version = 3; "
         "INSERT INTO runs (run_id, started) VALUES ('r', 100.0); "
         "INSERT INTO tasks (run_id, key, ready, started, state) "
         "VALUES ('r', 'a', 101, 104, 'memory'); "
         "INSERT INTO tries VALUES ('r', 'a', 1, 'a', 'w1', 104.0, 104.5, 105.0, 'ok', NULL, "
-        "NULL, NULL, 8);"
+        "NULL, NULL, 8);",
     )  # fmt: skip
-    old.close()
-
-    def median_wait() -> float | None:
-        read = open_db(db)
-        try:
-            return _Run(read, "r", lambda line: None).median_wait
-        finally:
-            read.close()
-
-    assert median_wait() == 3.0
+    assert _run(db, "r").median_wait == 3.0
     MonitorWriter(db).close()
-    assert _rows(db, "SELECT version FROM schema_version") == [(4,)]
+    assert _rows(db, "SELECT version FROM schema_version") == [(SCHEMA_VERSION,)]
     assert _rows(db, "SELECT try, sent, queued, output_bytes FROM tries") == [(1, 104.0, None, 8)]
-    assert median_wait() == 3.0
+    assert _run(db, "r").median_wait == 3.0
 
 
 def test_a_version_2_file_is_upgraded_to_a_row_per_life_and_still_read(tmp_path: Path) -> None:
@@ -1215,17 +1275,15 @@ def test_a_version_2_file_is_upgraded_to_a_row_per_life_and_still_read(tmp_path:
     reads it as it is; a manager writing into it first makes each row a first life (and
     adds ``tries.queued``, version 4)."""
     db = tmp_path / "monitoring.db"
-    MonitorWriter(db).close()
-    old = sqlite3.connect(db)
-    old.executescript(
-        "ALTER TABLE tries DROP COLUMN queued; "
+    _older(
+        db,
+        _TO_VERSION_4 + "ALTER TABLE tries DROP COLUMN queued; "
         "DROP TABLE workers; CREATE TABLE workers (run_id TEXT NOT NULL, worker TEXT NOT NULL, "
         "pool TEXT, block TEXT, cores INTEGER, memory INTEGER, joined REAL, left REAL, "
         "cause TEXT, joins INTEGER NOT NULL DEFAULT 1, PRIMARY KEY (run_id, worker)); "
         "INSERT INTO workers VALUES ('r', 'w1', 'cpu', 'b1', 2, 10, 1.0, 9.0, 'crash', 3); "
-        "UPDATE schema_version SET version = 2;"
+        "UPDATE schema_version SET version = 2;",
     )  # fmt: skip
-    old.close()
     read = open_db(db)
     assert read.execute("SELECT worker, joined, left FROM workers").fetchall() == [("w1", 1.0, 9.0)]
     read.close()

@@ -53,11 +53,11 @@ def _make(db: Path, script: str, *, wal: bool = False) -> Path:
 
 def test_a_database_of_another_program_or_schema_is_refused_unchanged(tmp_path: Path) -> None:
     """The audit's files: another program's (its own ``users``; its own ``tasks``;
-    one in WAL mode) and one of schema version 5, of a Corral to come (its own
+    one in WAL mode) and one of the next schema version, of a Corral to come (its own
     ``tasks`` columns). Each refused for what it is (not 'no such column'), its
     bytes, journal mode, tables and neighbours as they were: no Corral table, no WAL
-    mode, no -wal/-shm. Before, each got 13 tables and WAL mode, and version 5 the
-    wrong reason."""
+    mode, no -wal/-shm. Before, each got 13 tables and WAL mode, and the next version
+    the wrong reason."""
     users = "CREATE TABLE users (id INTEGER, name TEXT); INSERT INTO users VALUES (1, 'alice');"
     cases = {
         "foreign.db": (users, False, "another program \\(tables: users\\)"),
@@ -69,10 +69,10 @@ def test_a_database_of_another_program_or_schema_is_refused_unchanged(tmp_path: 
         "foreign_wal.db": (users, True, "another program \\(tables: users\\)"),
         "future.db": (
             "CREATE TABLE schema_version (version INTEGER NOT NULL);"
-            "INSERT INTO schema_version VALUES (5);"
+            f"INSERT INTO schema_version VALUES ({SCHEMA_VERSION + 1});"
             "CREATE TABLE tasks (run_id TEXT, key TEXT, newcol TEXT);",
             False,
-            "it has schema version 5, this Corral writes 4",
+            f"it has schema version {SCHEMA_VERSION + 1}, this Corral writes {SCHEMA_VERSION}",
         ),
     }
     for name, (script, wal, why) in cases.items():

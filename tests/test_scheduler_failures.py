@@ -247,7 +247,7 @@ def test_each_try_says_when_its_task_became_ready_for_it(make_state: Factory) ->
     ]  # fmt: skip
     assert s.tasks["a"].tries[0].start == 13.0  # sent (the core's clock: its try was lost)
     entries, _, _ = s.feed_since(0, 1000)
-    feed = [(r[1], r[5], r[-1]) for _, records in entries for r in records if r[0] == "try"]
+    feed = [(r[1], r[5], r[12]) for _, records in entries for r in records if r[0] == "try"]
     # (key, sent, queued): the waits 3, 75, 0 and 0.5
     assert feed == [("a", 13.0, 10.0), ("a", 95.0, 20.0), ("a", 96.0, 96.0), ("b", 97.0, 96.5)]
 

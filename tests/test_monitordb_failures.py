@@ -1,0 +1,154 @@
+"""Why tasks failed, in the monitoring database and its report, after the manager is
+gone: each failed try's traceback (bounded, saying when it was cut), the cause the
+metrics and the dashboard count it under, why a task that never ran erred (its
+dependency failed), outputs released, and the report's "Why tasks failed" table,
+grouped as the dashboard groups failures.
+
+A user audit (a run of a manager and workers: tasks raising, an out-of-memory task, a
+worker killed with kill -9, a task whose dependency failed) found the database had no
+traceback, nothing at all for the task whose dependency failed, an empty
+``error_message`` for the try lost with its worker, an empty ``cause`` for the
+out-of-memory try (the metrics said ``oom``), and ``tasks.state = 'memory'`` for 25
+tasks whose outputs were released (the metrics said 0 held).
+
+A real run: a worker process (killable task processes, a memory limit) on loopback
+websockets, every wait bounded. The worker lost with kill -9 is in
+tests/test_monitordb.py (a manager process and its worker processes).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+import pytest
+
+from actors.scheduler import MAX_TRACEBACK_TEXT
+from runtime import Cluster
+from runtime.errors import DependencyFailed, TaskOutOfMemory
+from runtime.messages import MetricsReply, MetricsRequest
+from runtime.report import FAILURES_TITLE, build_report
+from tests.helpers import wait_until
+from tests.test_memory_cluster import MEMORY, hog
+from tests.test_monitordb import _doc_sql, _rows
+from tests.test_report_sql import _run
+
+pytestmark = pytest.mark.anyio
+LIMIT = 120  # seconds for the run
+
+
+# -- tasks (named, so that their frames can be told in a traceback)
+
+
+def read_row(i: int) -> int:
+    return parse_row(i)
+
+
+def parse_row(i: int) -> int:
+    raise ValueError(f"bad row {i}")
+
+
+def layered(i: int) -> int:
+    """Raises a chain of five errors, each with a long text: a traceback of more than
+    MAX_TRACEBACK_TEXT characters."""
+    try:
+        try:
+            try:
+                try:
+                    raise KeyError("a" * 1900)
+                except KeyError as exc:
+                    raise OSError("b" * 1900) from exc
+            except OSError as exc:
+                raise LookupError("c" * 1900) from exc
+        except LookupError as exc:
+            raise TypeError("d" * 1900) from exc
+    except TypeError as exc:
+        raise RuntimeError(f"layer {i} " + "e" * 1900) from exc
+
+
+def total(x: int) -> int:
+    return x
+
+
+def square(x: int) -> int:
+    return x * x
+
+
+async def test_a_run_s_failures_are_in_the_database_and_report_as_on_the_dashboard(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "monitoring.db"
+    options = {"execution": "process", "spill": None}
+    with anyio.fail_after(LIMIT):
+        async with Cluster(processes=1, memory_per_worker=MEMORY, memory_options=options,
+                           monitoring=db, monitoring_interval=0.2) as c:  # fmt: skip
+            await c.wait_for_workers(1, timeout=60)
+            squares = c.map(square, range(6))
+            assert await c.gather(squares) == [0, 1, 4, 9, 16, 25]
+            for f in squares[:4]:  # their outputs released; the last two held
+                f.release()
+            bad = c.submit(read_row, 3, key="read-3")
+            after = c.submit(total, bad, key="summary-0")
+            deep = c.submit(layered, 1, key="layered-1")
+            with pytest.raises(ValueError, match="bad row 3"):
+                await bad
+            with pytest.raises(DependencyFailed):
+                await after
+            with pytest.raises(RuntimeError, match="layer 1"):
+                await deep
+            with pytest.raises(TaskOutOfMemory):
+                await c.submit(hog, MEMORY, key="hog-0")
+            await wait_until(
+                lambda: _rows(db, "SELECT count(*) FROM tasks WHERE state = 'released'") == [(4,)],
+                "the released outputs in the database",
+                limit=30,
+            )
+            metrics: MetricsReply = await c._manager.ask(MetricsRequest(details=True))
+            held = (await c.status())["tasks_by_state"].get("memory", 0)
+    # 1. each failed try's traceback, its end kept; a long one cut, saying so
+    (tb,) = _rows(db, "SELECT traceback FROM tries WHERE key = 'read-3'")[0]
+    assert "in read_row" in tb and "in parse_row" in tb
+    assert tb.rstrip().endswith("ValueError: bad row 3")
+    (tb,) = _rows(db, "SELECT traceback FROM tries WHERE key = 'layered-1'")[0]
+    assert tb.startswith("(traceback cut: its first ")
+    assert tb.rstrip().endswith("e" * 100) and "in layered" in tb
+    assert len(tb) < MAX_TRACEBACK_TEXT + 100
+    # 2. the task that never ran says why: its dependency and that one's error
+    why_not = _rows(db, "SELECT state, tries, cause, error, root FROM tasks WHERE key = ?",
+                    "summary-0")  # fmt: skip
+    reason = "dependency 'read-3' failed: ValueError: bad row 3"
+    assert why_not == [("erred", 0, "dependency-failed", reason, "read-3")]
+    # 4. the causes of the metrics, out of memory's ("oom") too
+    causes = _rows(db, "SELECT category, outcome, cause, count(*) FROM tries "
+                   "WHERE outcome != 'ok' GROUP BY 1, 2, 3 ORDER BY 1")  # fmt: skip
+    assert causes == sorted((f.category, f.outcome, f.cause, f.n) for f in metrics.failures)
+    ooms = sum(f.n for f in metrics.failures if f.category == "hog")  # (1 or 2 tries)
+    assert ooms and [c for c in causes if c[0] == "hog"] == [("hog", "oom", "oom", ooms)]
+    why = {r[:3]: r[3] for r in _rows(db, _doc_sql("Failures by cause"))}
+    assert why[("hog", "oom", "oom")] == ooms
+    assert why[("summary", "not-run", "dependency-failed")] == 1
+    # 5. released outputs are not counted held
+    assert _rows(db, "SELECT count(*) FROM tasks WHERE state = 'memory'") == [(held,)]
+    assert held == 2
+    released = _rows(db, "SELECT finished <= released FROM tasks WHERE state = 'released'")
+    assert released == [(1,)] * 4
+    # 6. the report's groups are the dashboard's: count, latest key and worker, error
+    # and traceback
+    run = _run(db)
+    assert run.states["memory"] == 2 and run.states["released"] == 4
+    dashboard = sorted(
+        (g.category, g.cause, g.outcome, g.n, g.key, g.worker, g.error, g.traceback)
+        for g in metrics.failure_groups
+    )
+    assert sorted(run.why_failed) == dashboard
+    assert {g[1] for g in dashboard} == {"ValueError", "RuntimeError", "oom",
+                                          "dependency-failed"}  # fmt: skip
+    page = build_report(db)
+    start = page.index(f"<h2>{FAILURES_TITLE}</h2>")
+    table = page[start : page.index("</table>", start)]
+    assert table.count("<tr class=failure") == 4
+    assert "data-cause='dependency-failed' data-outcome='not-run'" in table
+    assert "1 task</td>" in table and f"{ooms} x</td>" in table
+    assert "<details><summary>traceback</summary>" in table and "in parse_row" in table
+    assert "finished, output held (memory)</th><td>2<" in page
+    assert "finished, output released since (released)</th><td>4<" in page
