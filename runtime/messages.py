@@ -1189,8 +1189,10 @@ class DiskStallInfo(Message):
     workers: tuple[str, ...] = ()
     disk_used: int = 0
     disk: int = 0
-    holding: tuple[tuple[str, int, int], ...] = ()
-    waiting: tuple[tuple[str, int], ...] = ()
+    #: ``(category, bytes, outputs)`` each (``Any``: the codec's fast path types no
+    #: fixed-length tuple, rule 1)
+    holding: tuple[Any, ...] = ()
+    waiting: tuple[Any, ...] = ()  #: ``(category, tasks)`` each
     queued: int = 0
     stalled_for: float = 0.0
 
