@@ -25,6 +25,7 @@ import anyio
 import anyio.lowlevel
 
 import runtime.graph
+from actors.host_memory import overcommit_text
 from actors.scheduler_events import (
     CancelOnWorker,
     CancelRequested,
@@ -42,6 +43,8 @@ from actors.scheduler_events import (
     FileFacts,
     FilesReleased,
     GraphSubmitted,
+    HostOvercommitCleared,
+    HostOvercommitted,
     KeyCancelled,
     KeyDone,
     KeyErred,
@@ -252,6 +255,8 @@ class Scheduler(Actor):
         #: worker that leaves keeps its share; one whose count starts again adds it)
         self.spilled: dict[str, int] = {}
         self._worker_waiters: list[tuple[int, anyio.Event]] = []
+        #: host -> the warning in force that its workers claim more memory than it has
+        self.host_warnings: dict[str, str] = {}
         #: what waits to be taken in, in the order it came: pieces of graphs and parts
         #: of large releases (one per :class:`_Intake`, so the messages that came
         #: meanwhile go between them), and the releases and cancels that came after
@@ -319,6 +324,20 @@ class Scheduler(Actor):
                 self.log.info(
                     f"disk stall in pool {pool} ended", pool=cmd.stall.pool,
                     seconds=round(cmd.lasted, 1),
+                )  # fmt: skip
+            elif type(cmd) is HostOvercommitted:
+                text = overcommit_text(cmd)
+                self.host_warnings[cmd.host] = text
+                self.log.warning(
+                    "workers claim more memory than their host has", host=cmd.host,
+                    workers=[w for w, _ in cmd.workers], claimed=cmd.claimed,
+                    host_memory=cmd.host_memory, warning=text,
+                )  # fmt: skip
+            elif type(cmd) is HostOvercommitCleared:
+                self.host_warnings.pop(cmd.host, None)
+                self.log.warning(  # as an alert's resolution: where its firing was seen
+                    "workers no longer claim more memory than their host has",
+                    host=cmd.host, workers=list(cmd.workers),
                 )  # fmt: skip
             else:  # pragma: no cover - a new command without a shell is a bug
                 raise TypeError(f"scheduler has no shell for {type(cmd).__name__}")
@@ -494,7 +513,7 @@ class Scheduler(Actor):
         self._handle(
             WorkerJoined(
                 *self._ev(), info.worker_id, info.cores, info.memory, info.pool, deadline,
-                info.disk, info.block,
+                info.disk, info.block, info.host, info.host_memory, info.pid,
             )
         )  # fmt: skip
         # Rejoined over a new connection: what was in flight on the old one is lost, so
@@ -617,7 +636,10 @@ class Scheduler(Actor):
         # worker or when off; the held tasks nothing unless one backs off; the disk
         # watchdog nothing unless a task waits for disk.
         st = self.state
-        if st.throttled or st.deadlines or st.speculates or st.held or st.disk_parked:
+        if (
+            st.throttled or st.deadlines or st.speculates or st.held or st.disk_parked
+            or st.hosts.pending
+        ):  # fmt: skip
             self._handle(Tick(*self._ev()))
 
     @handles(CancelRequest)
@@ -709,6 +731,7 @@ class Scheduler(Actor):
             ),
             "disk_full_tries": st.disk_full_tries,
             "disk_full_failed": st.disk_full_failed,
+            "warnings": tuple(self.host_warnings[h] for h in sorted(self.host_warnings)),
         }
 
     def _storage(self) -> StorageStatus:

@@ -30,6 +30,8 @@ __all__ = [
     "FileFacts",
     "FilesReleased",
     "GraphSubmitted",
+    "HostOvercommitCleared",
+    "HostOvercommitted",
     "KeyCancelled",
     "KeyDone",
     "KeyErred",
@@ -103,6 +105,12 @@ class WorkerJoined(Event):
     #: the block it belongs to ("": unknown): the core plans no evacuation onto a
     #: leaving worker's block siblings, which go with it
     block: str = ""
+    #: the machine it runs on and that machine's memory (bytes), and its process id
+    #: ("", 0: not told, an older worker): the limits of one machine's workers are
+    #: added up (``actors.host_memory``), those of workers in one process once
+    host: str = ""
+    host_memory: int = 0
+    process: int = 0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -276,6 +284,31 @@ class Tick(Event):
 @dataclasses.dataclass(frozen=True, slots=True)
 class Command:
     stimulus_id: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class HostOvercommitted(Command):
+    """The workers connected on ``host`` claim more memory than it has: ``claimed``
+    bytes, the sum of their limits (``workers``: ``(worker, limit)``, in id order; those
+    sharing one process count once), against its ``host_memory``; so none of their
+    fences acts before the machine runs out. ``processes``: how many worker processes
+    share it. Said again when the set of its workers (or their limits) changes while it
+    holds."""
+
+    host: str
+    host_memory: int
+    claimed: int
+    workers: tuple[tuple[str, int], ...]
+    processes: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class HostOvercommitCleared(Command):
+    """The workers on ``host`` no longer claim more than its memory (some left, or
+    joined again with smaller limits); ``workers``: those connected on it now."""
+
+    host: str
+    workers: tuple[str, ...]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

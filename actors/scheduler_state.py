@@ -161,6 +161,7 @@ from collections.abc import Callable, Iterable
 from types import MappingProxyType
 from typing import Any, Literal
 
+from actors.host_memory import HostLedger
 from actors.protocol import FileFact, TaskResult, ToRun
 from actors.scheduler_events import (
     CancelOnWorker,
@@ -522,6 +523,8 @@ class SchedulerState:
         self.feed_on = self.config.monitor
         #: disks, transfers and recoveries over time (docs/files.md, "Storage over time")
         self.storage = StorageLedger()
+        #: the workers of each machine and whether their limits pass its memory
+        self.hosts = HostLedger()
         self.feed_next = 0
         self.feed_held = 0
         self._records: list[tuple[Any, ...]] = []
@@ -955,6 +958,7 @@ class SchedulerState:
                 ws.retired = False
                 self.draining.add(ws.id)
         ws.block = ev.block
+        self.hosts.joined(ev.worker, ev.host, ev.host_memory, ev.memory, ev.process, self._now)
         ws.limit = max(ws.slots, ev.cores * self.config.max_per_core)
         self._update_free(ws)
         self._log(ev.worker, "-", "joined")
@@ -1038,6 +1042,7 @@ class SchedulerState:
         if ws is None:
             return
         self.deadlines -= ws.deadline is not None
+        self.hosts.left(ev.worker, self._now)
         self.free.pop(ev.worker, None)
         self.draining.discard(ev.worker)
         self.throttled.discard(ev.worker)
@@ -1521,6 +1526,8 @@ class SchedulerState:
             self._drain_before_walltime()
         if self._max_copies:
             self._speculate()
+        if self.hosts.pending:  # workers of a machine came or went: their memory
+            self._out.extend(self.hosts.check(self._now, self._stimulus))
 
     @property
     def speculates(self) -> bool:

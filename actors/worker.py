@@ -42,6 +42,7 @@ import contextlib
 import ctypes
 import dataclasses
 import errno
+import functools
 import inspect
 import os
 import shutil
@@ -121,6 +122,27 @@ DISK_FULL_THEN = (
     "the scheduler retries it on a worker with the room (free, up to the retry policy's "
     "max_disk_full); if this repeats, give workers a larger --disk"
 )
+
+
+@functools.cache
+def host_identity() -> tuple[str, int]:
+    """This machine as workers tell the scheduler (``WorkerInfo.host``, ``host_memory``):
+    its host name and the first 12 characters of /etc/machine-id (else of the boot id,
+    else nothing), so that two machines of one name, or containers sharing a host name,
+    are told apart; and its total memory in bytes. Read once per process."""
+    import socket
+
+    tag = ""
+    for path in ("/etc/machine-id", "/proc/sys/kernel/random/boot_id"):
+        try:
+            with open(path) as f:
+                tag = f.read().strip().replace("-", "")[:12]
+        except OSError:
+            continue
+        if tag:
+            break
+    name = socket.gethostname() or "localhost"
+    return (f"{name}/{tag}" if tag else name), int(psutil.virtual_memory().total)
 
 
 def disk_free(directory: str) -> int:
@@ -246,7 +268,7 @@ class Worker(Actor):
         self.scheduler = scheduler
         self.resolve = resolve
         self.nthreads = nthreads
-        self.memory = memory or int(psutil.virtual_memory().total)
+        self.memory = memory or host_identity()[1]
         if disk is not None and disk < 0:
             raise ValueError(f"disk must be >= 0 bytes (or None: not counted), got {disk}")
         self.pool = pool
@@ -315,9 +337,10 @@ class Worker(Actor):
 
     @property
     def info(self) -> WorkerInfo:
+        host, host_memory = host_identity()
         return WorkerInfo(
             self.worker_id, self.nthreads, self.memory, self.disk, self.pool, "", self.deadline,
-            self.block,
+            self.block, host, host_memory, os.getpid(),
         )  # fmt: skip
 
     async def on_start(self) -> None:

@@ -1185,6 +1185,8 @@ def render_status(st: Mapping[str, Any]) -> RenderableType:
                 )
             )
         )
+    for warning in st.get("warnings") or ():
+        parts.append(Text(f"warning: {warning}", style="bold yellow"))
     return Group(*parts)
 
 

@@ -166,6 +166,7 @@ def build_snapshot(
         "policy_errors": status.policy_errors
         + (status.autoscaler.policy_errors if status.autoscaler is not None else 0),
         "autoscaler_busy": metrics.autoscaler_busy or status.autoscaler_busy,
+        "warnings": list(status.warnings),
     }
 
 
@@ -463,6 +464,7 @@ font-style:italic}
 .badge{display:inline-block;padding:0 7px;border-radius:9px;color:#fff;font-size:12px}
 .alert{margin:2px 0 10px}
 .firing{background:var(--err)}.pending{background:var(--warn)}.resolved{background:var(--ok)}
+.warning{border-left:4px solid var(--warn);padding:4px 8px;margin:6px 0;background:#fff6ec}
 .failure{border-left:4px solid var(--err);padding:4px 8px;margin:6px 0;background:#fdf3f3}
 .failure .err{font-family:ui-monospace,monospace;color:var(--err);white-space:pre-wrap;
 word-break:break-word}
@@ -580,7 +582,8 @@ function renderPools(s) {
 function renderCapacity(s) {
   const pools = s.pools.filter(p => p.name !== "*");
   if (!pools.length) return put("capacity", empty("no workers and no blocks"));
-  put("capacity", h("table", {},
+  const warned = (s.warnings || []).map(w => h("p", {class: "warning", text: "\u26a0 " + w}));
+  put("capacity", h("div", {}, ...warned, h("table", {},
     h("tr", {}, h("th", {text: "pool"}), h("th", {text: "CPUs busy / total"}),
       h("th", {text: "memory RSS / limit"}), h("th", {text: "workers"}),
       h("th", {text: "blocks"})),
@@ -600,7 +603,7 @@ function renderCapacity(s) {
           secs(p.oldest_pending) + " ago)" : "") +
           (p.target !== null ? "; target " + p.target : "") +
           (p.desired !== null && p.desired !== p.target ? ", policy wants " + p.desired : "")}));
-    })));
+    }))));
 }
 function renderWorkers(s) {
   if (!s.workers.length) return put("workers", empty("no worker has joined"));

@@ -154,6 +154,14 @@ class WorkerInfo(Message):
     #: it; "": unknown): the workers of a block go together, so none of them takes a
     #: leaving sibling's outputs
     block: str = ""
+    #: the machine it runs on: its host name and, where the system has one, a piece of
+    #: /etc/machine-id (or of the boot id), since every worker's ``address`` may be
+    #: 127.0.0.1 ("": an older worker, not told; docs/memory.md#workers-sharing-a-machine)
+    host: str = ""
+    host_memory: int = 0  #: that machine's total memory, bytes (0: not told)
+    #: its process id: workers in one process (``Cluster(workers=N)``) share its RSS,
+    #: so their limits count once on their host (0: not told)
+    pid: int = 0
 
 
 @message()
@@ -1249,6 +1257,9 @@ class StatusReply(Message):
     wanted_pending: int = 0
     autoscaler: AutoscalerStatus | None = None
     autoscaler_busy: bool = False
+    #: what the scheduler warns of now, as texts (the workers of one machine that
+    #: together claim more memory than it has: docs/memory.md#workers-sharing-a-machine)
+    warnings: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """The status as the documented dict: each field by name, the nested records
@@ -1263,7 +1274,8 @@ class StatusReply(Message):
         out["replicas"] = self.replicas.to_fields()
         out["storage"] = self.storage.to_dict()
         out["disk_stalls"] = [s.to_fields() for s in self.disk_stalls]
-        for name in ("draining", "retired", "leaving", "walltime_draining", "throttled"):
+        lists = ("draining", "retired", "leaving", "walltime_draining", "throttled", "warnings")
+        for name in lists:
             out[name] = list(out[name])
         busy, auto = out.pop("autoscaler_busy"), out.pop("autoscaler")
         if auto is not None:

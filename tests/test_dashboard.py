@@ -6,6 +6,7 @@ task's story), which saves a screenshot."""
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import itertools
 import json
@@ -167,6 +168,7 @@ def _answers() -> tuple[MetricsReply, StatusReply, AlertsReply]:
         memory={"w1": WorkerMemoryReport("w1", True, 3 * GB, 2 * GB, 4 * GB, spilled_bytes=5)},
         rss={"w2": GB},
         throttled=("w1",),
+        warnings=("host box/1: too much",),
         policies={"placement": "spread", "retry": "default"},
         policy_params={"placement": {"bandwidth": "200000000.0"}},
         autoscaler=AutoscalerStatus(
@@ -183,6 +185,7 @@ def _answers() -> tuple[MetricsReply, StatusReply, AlertsReply]:
 def test_the_snapshot_shows_pools_capacity_workers_failures_alerts_policies() -> None:
     snap = build_snapshot(*_answers(), now=1000.0)
     json.dumps(snap)  # what the feed sends
+    assert snap["warnings"] == ["host box/1: too much"]  # the capacity panel shows them
     assert snap["time"] == 1000.0 and snap["queue_depth"] == 9
     assert [p["name"] for p in snap["pools"]] == ["cpu", "*"]  # "any pool" last
     cpu = snap["pools"][0]
@@ -589,6 +592,7 @@ def test_chromium_renders_alerts_from_an_alerts_reply(browser: Any, tmp_path: Pa
             AlertInfo("NoWorkers", "resolved", resolved_at=1.0),
         )
         alerts = AlertsReply(alerts=(*more, *alerts.alerts), audit=("scaled cpu out by 2",))
+        status = dataclasses.replace(status, warnings=("host box/1: m1, m2 add up to 47.1 GiB",))
         snap = build_snapshot(metrics, status, alerts, now=1000.0)
         shown = browser.execute_script(
             "render(arguments[0]);"
@@ -599,6 +603,9 @@ def test_chromium_renders_alerts_from_an_alerts_reply(browser: Any, tmp_path: Pa
         queues = browser.execute_script(
             "return [...document.querySelectorAll('.queue-depth')].map(q => q.innerText);"
         )
+        warned = browser.execute_script(
+            "return [...document.querySelectorAll('#capacity .warning')].map(w => w.innerText);"
+        )
     assert [(n, s) for n, s, _ in shown] == [
         ("QueueTimeHigh", "firing"),  # firing first
         ("StuckBlocks", "pending"),
@@ -608,6 +615,8 @@ def test_chromium_renders_alerts_from_an_alerts_reply(browser: Any, tmp_path: Pa
     assert "FIRING" in firing and "pool=cpu" in firing and "max_queue_size=7" in firing
     assert "dashboard: /" in firing
     assert queues == ["7 (2 held back)", "2"]  # cpu, then any pool (none held back)
+    # the scheduler's warnings, above the capacity table (docs/memory.md)
+    assert len(warned) == 1 and "m1, m2 add up to 47.1 GiB" in warned[0]
 
 
 @pytest.mark.anyio

@@ -1,0 +1,126 @@
+"""Workers sharing a machine: whether their memory limits, added up, pass the memory
+the machine has (docs/memory.md#workers-sharing-a-machine).
+
+Each worker's fences act on its own limit (``--memory``; by default the machine's
+memory). Two workers started by hand on one machine without ``--memory`` each claim the
+whole of it: together they may take twice what it has before either fence acts, and the
+dashboard shows twice its memory as capacity. :class:`HostLedger`, kept by the scheduler
+core (``SchedulerState.hosts``), adds up the limits of the workers connected on each
+machine (``WorkerJoined.host``, ``host_memory``; workers in one process share its RSS and
+count once, with the largest of their limits) and says so with
+:class:`~actors.scheduler_events.HostOvercommitted` when the sum passes the machine's
+memory, and with :class:`~actors.scheduler_events.HostOvercommitCleared` once it no
+longer does.
+
+A machine is looked at once its workers stopped changing for :data:`SETTLE` seconds (or
+:data:`MOST_WAIT` after the first change not looked at): a dozen workers starting
+together give one warning, not one per join. It is said again only when the workers on
+it (or their limits) changed since it was last said. Pure: times come in as data.
+"""
+
+from __future__ import annotations
+
+from actors.scheduler_events import Command, HostOvercommitCleared, HostOvercommitted
+
+__all__ = ["MOST_WAIT", "SETTLE", "HostLedger", "overcommit_text"]
+
+SETTLE = 1.0  #: seconds without a join or leave on a machine before it is looked at
+MOST_WAIT = 10.0  #: and at most this long after its first change not looked at
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+def overcommit_text(cmd: HostOvercommitted) -> str:
+    """What the manager logs and shows (status, dashboard) of ``cmd``: which workers, the
+    sum, the machine's memory and what to do."""
+    names = ", ".join(f"{w} ({_gib(limit)})" for w, limit in cmd.workers)
+    share = cmd.host_memory // max(cmd.processes, 1)
+    return (
+        f"host {cmd.host}: the memory limits of its workers {names} add up to "
+        f"{_gib(cmd.claimed)}, more than the machine's {_gib(cmd.host_memory)}; no memory "
+        f"fence acts before the machine runs out. Give each worker its share: --memory "
+        f"{share // 2**20}MiB (the machine's memory / {cmd.processes} worker processes), or "
+        f"start them with Cluster(processes={cmd.processes}) or a local pool, which divide "
+        f"the machine's memory among their workers"
+    )
+
+
+class HostLedger:
+    """The workers connected on each machine, their limits, and the warnings in force."""
+
+    def __init__(self) -> None:
+        #: host -> worker -> (limit, process id; 0: not told)
+        self.workers: dict[str, dict[str, tuple[int, int]]] = {}
+        self.memory: dict[str, int] = {}  #: host -> its memory (bytes), as last told
+        self.where: dict[str, str] = {}  #: worker -> its host
+        #: host -> (first, latest) time of its changes not looked at yet
+        self.changed: dict[str, tuple[float, float]] = {}
+        #: host -> the claims of the warning in force, ``((worker, limit), ...)``
+        self.warned: dict[str, tuple[tuple[str, int], ...]] = {}
+
+    @property
+    def pending(self) -> bool:
+        """A machine's workers changed and it was not looked at since: the shell ticks."""
+        return bool(self.changed)
+
+    def joined(
+        self, worker: str, host: str, host_memory: int, limit: int, process: int, now: float
+    ) -> None:
+        """``worker`` joined (or joined again) on ``host`` with memory ``limit``. A worker
+        that did not say its host (an older one) is not counted."""
+        self.left(worker, now)
+        if not host:
+            return
+        self.where[worker] = host
+        self.workers.setdefault(host, {})[worker] = (limit, process)
+        if host_memory > 0:
+            self.memory[host] = host_memory
+        self._changed(host, now)
+
+    def left(self, worker: str, now: float) -> None:
+        host = self.where.pop(worker, None)
+        if host is None:
+            return
+        on = self.workers.get(host, {})
+        on.pop(worker, None)
+        if not on:
+            self.workers.pop(host, None)
+        self._changed(host, now)
+
+    def _changed(self, host: str, now: float) -> None:
+        first, _ = self.changed.get(host, (now, now))
+        self.changed[host] = (first, now)
+
+    def claimed(self, host: str) -> tuple[int, int]:
+        """The bytes ``host``'s workers claim (each process once, with its largest
+        limit; a worker without a process id is a process of its own) and how many
+        processes that is."""
+        per: dict[object, int] = {}
+        for worker, (limit, process) in self.workers.get(host, {}).items():
+            key: object = process if process else ("worker", worker)
+            per[key] = max(per.get(key, 0), limit)
+        return sum(per.values()), len(per)
+
+    def check(self, now: float, stimulus: str) -> list[Command]:
+        """Look at the machines whose workers settled; a command for each whose
+        warning starts, changes or ends."""
+        out: list[Command] = []
+        for host, (first, last) in sorted(self.changed.items()):
+            if now - last < SETTLE and now - first < MOST_WAIT:
+                continue
+            del self.changed[host]
+            on = self.workers.get(host, {})
+            total = self.memory.get(host, 0)
+            claimed, processes = self.claimed(host)
+            claims = tuple(sorted((w, limit) for w, (limit, _) in on.items()))
+            if total and claimed > total:
+                if self.warned.get(host) != claims:
+                    self.warned[host] = claims
+                    out.append(HostOvercommitted(stimulus, host, total, claimed, claims, processes))
+            elif self.warned.pop(host, None) is not None:
+                out.append(HostOvercommitCleared(stimulus, host, tuple(w for w, _ in claims)))
+            if not on:
+                self.memory.pop(host, None)
+        return out

@@ -1,0 +1,166 @@
+"""Workers sharing a machine (docs/memory.md#workers-sharing-a-machine): the scheduler
+core warns when the memory limits of one machine's workers add up to more than it has
+(``actors/host_memory.py``), once per change of the set, and clears the warning when it
+no longer holds; the manager logs it and its status shows it; and the local and Slurm
+pools give each of a machine's workers its share by default.
+
+A user audit: two ``python -m runtime worker ... --pool manual --cores 1`` started by
+hand on one 23.5 GiB machine without ``--memory`` each claimed all of it (``limit``
+25276203008), so the pool showed 47 GiB and no fence could act before the machine ran
+out; nothing warned."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import psutil
+
+from actors.host_memory import MOST_WAIT, SETTLE, overcommit_text
+from actors.scheduler_events import (
+    HostOvercommitCleared,
+    HostOvercommitted,
+    Tick,
+    WorkerJoined,
+    WorkerLeft,
+)
+from actors.scheduler_state import SchedulerState
+from tests.helpers import Cli, Factory, make_state, run
+
+__all__ = ["make_state"]  # the fixture, used by name
+
+MACHINE = 25276203008  #: the audit's machine: 23.5 GiB
+HOST = "box/0123456789ab"
+LIMIT = 60.0  #: seconds, at most, of each wait in the tests with processes
+
+
+_PIDS: dict[str, int] = {}  #: a process id of its own for each worker named
+
+
+def joined(
+    worker: str, now: float, *, host: str = HOST, memory: int = MACHINE, pid: int = 0
+) -> WorkerJoined:
+    process = pid or _PIDS.setdefault(worker, len(_PIDS) + 100)
+    return WorkerJoined(
+        f"join-{worker}-{now}", now, worker, 1, memory, "manual",
+        host=host, host_memory=MACHINE, process=process,
+    )  # fmt: skip
+
+
+def tick(s: SchedulerState, now: float) -> list[object]:
+    return [c for c in run(s, Tick(f"tick-{now}", now)) if "Host" in type(c).__name__]
+
+
+def test_two_workers_claiming_the_whole_machine_are_warned_of_once_and_cleared(
+    make_state: Factory,
+) -> None:
+    s = make_state()
+    assert run(s, joined("m1", 0.0)) == [] and run(s, joined("m2", 0.2)) == []
+    assert s.hosts.pending
+    assert tick(s, 0.2 + SETTLE / 2) == []  # not settled yet: a join storm may go on
+    warned = HostOvercommitted(
+        f"tick-{0.2 + SETTLE}", HOST, MACHINE, 2 * MACHINE, (("m1", MACHINE), ("m2", MACHINE)), 2
+    )
+    assert tick(s, 0.2 + SETTLE) == [warned]
+    assert not s.hosts.pending
+    assert tick(s, 5.0) == []  # said once
+    text = overcommit_text(warned)
+    for part in ("m1 (23.5 GiB), m2 (23.5 GiB)", "47.1 GiB", "machine's 23.5 GiB",
+                 f"--memory {MACHINE // 2 // 2**20}MiB", "Cluster(processes=2)"):  # fmt: skip
+        assert part in text, (part, text)
+
+    # m1 joins again under its id (a reconnection), same limit: the set did not change
+    assert run(s, joined("m1", 6.0)) == []
+    assert tick(s, 6.0 + SETTLE) == []
+
+    # a third worker: the set changed while it holds, said again with the three
+    run(s, joined("m3", 8.0, memory=MACHINE // 4))
+    assert tick(s, 8.0 + SETTLE) == [
+        HostOvercommitted(
+            f"tick-{8.0 + SETTLE}", HOST, MACHINE, 2 * MACHINE + MACHINE // 4,
+            (("m1", MACHINE), ("m2", MACHINE), ("m3", MACHINE // 4)), 3,
+        )
+    ]  # fmt: skip
+
+    # m2 leaves: m1 and m3 still claim more than the machine (1.25x): said again
+    run(s, WorkerLeft("left-m2", 10.0, "m2", "drained"))
+    (again,) = tick(s, 10.0 + SETTLE)
+    assert isinstance(again, HostOvercommitted) and again.workers == (
+        ("m1", MACHINE),
+        ("m3", MACHINE // 4),
+    )
+    # m3 leaves: m1 alone claims the machine, no more: cleared, naming who is left
+    run(s, WorkerLeft("left-m3", 12.0, "m3", "drained"))
+    assert tick(s, 12.0 + SETTLE) == [HostOvercommitCleared(f"tick-{12.0 + SETTLE}", HOST, ("m1",))]
+    assert tick(s, 20.0) == []
+
+
+def test_a_join_storm_gives_one_warning(make_state: Factory) -> None:
+    """Ten workers joining a tenth of a second apart, ticked in between: one warning,
+    once they stopped joining; a storm that never stops is looked at after MOST_WAIT."""
+    s = make_state()
+    out: list[object] = []
+    for i in range(10):
+        run(s, joined(f"w{i}", i * 0.1))
+        out += tick(s, i * 0.1 + 0.05)
+    assert out == []
+    (warned,) = tick(s, 1.0 + SETTLE)
+    assert isinstance(warned, HostOvercommitted) and len(warned.workers) == 10
+    assert warned.processes == 10 and warned.claimed == 10 * MACHINE
+
+    t = 100.0
+    run(s, joined("w10", t))
+    seen: list[object] = []
+    while t < 100.0 + MOST_WAIT:  # one joins (and leaves) every half second, for ever
+        t += SETTLE / 2
+        run(s, joined(f"x{t}", t))
+        run(s, WorkerLeft(f"left-{t}", t, f"x{t}", "drained"))
+        seen += tick(s, t)
+    assert len(seen) == 1 and isinstance(seen[0], HostOvercommitted)
+
+
+def test_what_does_not_count(make_state: Factory) -> None:
+    """Workers in one process (``Cluster(workers=N)``) share its RSS: they count once.
+    Other machines are apart. A worker that does not say its host (an older one) is
+    not counted. Workers whose limits fit say nothing."""
+    s = make_state()
+    run(s, joined("a", 0.0, pid=7), joined("b", 0.0, pid=7))  # one process
+    run(s, joined("c", 0.0, host="other/1"))
+    run(s, WorkerJoined("old", 0.0, "old", 1, MACHINE, "manual"))  # no host told
+    run(s, joined("d", 0.0, host="half/2", memory=MACHINE // 2))
+    run(s, joined("e", 0.0, host="half/2", memory=MACHINE // 2))
+    assert tick(s, SETTLE) == []
+    assert s.hosts.claimed(HOST) == (MACHINE, 1)
+    assert not s.hosts.pending
+
+
+def test_two_hand_started_workers_without_memory_are_warned_of(tmp_path: Path) -> None:
+    """The audit, with real processes over 127.0.0.1: a manager and two workers started
+    by hand without --memory (each takes the whole machine). The manager logs the
+    warning (the test waits for that line, bounded), and the console's status shows
+    it; when one worker stops, the warning is cleared."""
+    with Cli(tmp_path) as cli:
+        manager, address = cli.manager("--no-monitoring")
+        flags = ("--pool", "manual", "--cores", "1")
+        m1 = cli.worker(address, "--name", "m1", *flags)
+        cli.worker(address, "--name", "m2", *flags)
+        line = cli.line_with(manager, "workers claim more memory than their host has", LIMIT)
+        assert "warning" in line and "m1" in line and "m2" in line, line
+        total = psutil.virtual_memory().total
+        assert f"claimed={2 * total}" in line and f"host_memory={total}" in line, line
+
+        status = cli.start("console", address, "status", "--json")
+        st = json.loads("".join(cli.rest(status, LIMIT)))
+        assert status.wait(LIMIT) == 0
+        assert {w["worker_id"]: w["memory"] for w in st["workers"]} == {"m1": total, "m2": total}
+        (host,) = {w["host"] for w in st["workers"]}
+        assert host and all(w["host_memory"] == total for w in st["workers"])
+        (warning,) = st["warnings"]
+        assert f"host {host}:" in warning and "m1" in warning and "--memory" in warning
+
+        text = cli.start("console", address, "status")
+        assert any("warning: host" in ln for ln in cli.rest(text, LIMIT))
+
+        cli.stop([m1])
+        line = cli.line_with(manager, "no longer claim more memory than their host has", LIMIT)
+        assert "m2" in line
