@@ -52,6 +52,7 @@ __all__ = [
     "check_fallback",
     "load_config",
     "load_policies",
+    "local_workers",
     "parse_seconds",
     "pool_fallbacks",
     "pools_from_dicts",
@@ -138,7 +139,9 @@ class PoolConfig:
     nodes_per_block: int = 1
     workers_per_node: int = 1
     cores_per_worker: int = 1
-    memory_per_worker: int = 0  #: bytes; 0: the machine's memory
+    #: bytes; 0: a share of the machine's memory (a local pool's worker: the machine's
+    #: over :func:`local_workers`; a Slurm pool's: the node's over ``workers_per_node``)
+    memory_per_worker: int = 0
     #: bytes of disk each worker offers for outputs; 0: its file system's free space;
     #: ``DISK_OFF`` (``"off"``): not counted
     disk_per_worker: int = 0
@@ -374,6 +377,18 @@ def _checked(name: str, raw: Mapping[str, Any]) -> PoolConfig:
         exclusive=exclusive,
         provision_delay=seconds["provision_delay"] or 0.0,
         **texts,
+    )
+
+
+def local_workers(pools: Mapping[str, PoolConfig]) -> int:
+    """The most worker processes the ``local`` pools run at once on this machine: each
+    pool's workers per block at ``max_blocks`` (or ``init_blocks``, if more). A local
+    worker whose pool sets no ``memory_per_worker`` takes this share of the machine's
+    memory (``--memory-share``), so that together they cannot claim more than it has."""
+    return sum(
+        p.workers_per_block * max(p.max_blocks, p.init_blocks)
+        for p in pools.values()
+        if p.provider == "local"
     )
 
 

@@ -329,7 +329,19 @@ def build_parser(prog: str = MODULE_PROG) -> argparse.ArgumentParser:
     wrk.add_argument("address", metavar="ADDRESS", help="the manager, e.g. ws://127.0.0.1:8786")
     wrk.add_argument("--cores", type=int, default=1, metavar="N", help="task threads (default: 1)")
     wrk.add_argument(
-        "--memory", default="0", metavar="SIZE", help="memory it offers, e.g. 4GiB (default: all)"
+        "--memory",
+        default="0",
+        metavar="SIZE",
+        help="memory it offers, e.g. 4GiB (default: the machine's, or its share: "
+        "--memory-share); give each of several workers on one machine its share",
+    )
+    wrk.add_argument(
+        "--memory-share",
+        type=int,
+        default=1,
+        metavar="N",
+        help="without --memory: offer 1/N of the machine's memory, as one of N workers "
+        "sharing it (local and Slurm pools pass it; default: 1, the whole machine)",
     )
     wrk.add_argument(
         "--disk",
@@ -717,6 +729,25 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _memory_share(n: int) -> int:
+    """An ``n``th of this machine's memory (bytes), for ``--memory-share n``; a
+    :class:`MemoryConfigError` saying what to do when it is under a worker's least."""
+    from actors.memory import MIN_LIMIT
+    from actors.worker import host_identity
+    from runtime.errors import MemoryConfigError
+
+    total = host_identity()[1]
+    share = total // n
+    if share < MIN_LIMIT:
+        raise MemoryConfigError(
+            f"--memory-share {n}: an {n}th of this machine's {total // 2**20} MiB is "
+            f"{share // 2**20} MiB, under a worker's least ({MIN_LIMIT // 2**20} MiB); run "
+            "fewer workers here (a local pool's max_blocks or workers_per_node) or give "
+            "each a --memory (memory_per_worker)"
+        )
+    return share
+
+
 def _cmd_worker(args: argparse.Namespace) -> int:
     from runtime.errors import MemoryConfigError, PermissionDenied
 
@@ -733,6 +764,13 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     too_small = limit_too_small(args.memory, memory)
     if too_small:
         raise MemoryConfigError(f"--memory {args.memory} {too_small}")
+    if args.memory_share < 1:
+        raise MemoryConfigError(
+            f"--memory-share must be a whole number >= 1 (the workers sharing this "
+            f"machine's memory), got {args.memory_share}"
+        )
+    if not memory and args.memory_share > 1:
+        args.memory = str(_memory_share(args.memory_share))
     if args.disk != "off" and parse_bytes(args.disk) < 0:
         raise ValueError(f"--disk must be >= 0 or 'off', got {args.disk!r}")
     _apply_tls(args, args.address, f"the manager's address {args.address} is not wss://")

@@ -51,7 +51,14 @@ import anyio.abc
 
 from actors.autoscaler import Autoscaler, PoolTarget
 from actors.manager import Manager
-from actors.pools import PoolConfig, check_fallback, load_config, load_policies, pool_fallbacks
+from actors.pools import (
+    PoolConfig,
+    check_fallback,
+    load_config,
+    load_policies,
+    local_workers,
+    pool_fallbacks,
+)
 from actors.protocol import TaskResult
 from actors.providers import DISK_OFF, BlockSpec, Provider, WorkerFactory
 from actors.registry import FileRegistry
@@ -467,13 +474,18 @@ def worker_argv(
     memory_options: Mapping[str, Any] | None = None,
     deadline: float | None = None,
     disk: int = 0,
+    share: int = 1,
 ) -> list[str]:
     """The command line of a worker process joining ``address`` (``disk`` 0: no
-    ``--disk``, the worker measures its disk; ``DISK_OFF``: ``--disk off``)."""
+    ``--disk``, the worker measures its disk; ``DISK_OFF``: ``--disk off``). With
+    ``memory`` 0 and ``share`` N > 1, ``--memory-share N``: the worker takes an Nth of
+    its machine's memory, one of N workers there."""
     import sys
 
     argv = [sys.executable, "-m", "runtime", "worker", address, "--cores", str(threads)]
     argv += ["--memory", str(memory), "--pool", pool]
+    if not memory and share > 1:
+        argv += ["--memory-share", str(share)]
     if memory_options:
         argv += ["--memory-options", json.dumps(dict(memory_options))]
     if deadline is not None:
@@ -561,6 +573,7 @@ def pool_tasks_per_worker(pools: Mapping[str, PoolConfig]) -> dict[str, int]:
 def pool_worker_argv(
     pool: PoolConfig,
     memory_options: Mapping[str, Any] | None,
+    share: int,
     address: str,
     block_id: str,
     index: int,
@@ -568,7 +581,10 @@ def pool_worker_argv(
     """A worker of ``pool`` joining ``address``: its cores, memory, pool and, for a
     local pool with a walltime, its deadline (a Slurm job's is its batch system's). A
     Slurm worker listens on its node's address (``{host}``, which the batch script
-    expands), so its peers on other nodes reach it."""
+    expands), so its peers on other nodes reach it. Without ``memory_per_worker``, it
+    takes a ``share`` of its machine's memory (``--memory-share``): a local worker, one
+    of all the local pools' workers (:func:`actors.pools.local_workers`); a Slurm worker,
+    one of its node's ``workers_per_node``."""
     from actors.slurm import HOST_PLACEHOLDER
 
     deadline = None
@@ -576,7 +592,7 @@ def pool_worker_argv(
         deadline = time.time() + pool.walltime
     argv = worker_argv(
         address, pool.cores_per_worker, pool.memory_per_worker, pool.name, memory_options,
-        deadline, disk=pool.disk_per_worker,
+        deadline, disk=pool.disk_per_worker, share=share,
     )  # fmt: skip
     if pool.provider == "slurm":
         argv += ["--host", HOST_PLACEHOLDER]
@@ -643,8 +659,10 @@ async def start_pools(
         stamp = time.strftime("%Y%m%d-%H%M%S")
         run_dir = Path.cwd() / "corral-slurm" / f"run-{stamp}-{os.getpid()}"
     providers: dict[str, Provider] = {}
+    here = local_workers(pools)  #: the local pools' workers share this machine
     for name, pool in pools.items():
-        argv_for = functools.partial(pool_worker_argv, pool, memory_options)
+        share = here if pool.provider == "local" else pool.workers_per_node
+        argv_for = functools.partial(pool_worker_argv, pool, memory_options, share)
         if pool.provider == "local":
             local = functools.partial(argv_for, _local_address(address))
             provider: Any = LocalProcessProvider(

@@ -58,7 +58,7 @@ import anyio
 import anyio.abc
 import anyio.to_thread
 
-from actors.pools import PoolConfig
+from actors.pools import PoolConfig, local_workers
 from actors.providers import BlockSpec
 from actors.scheduler_records import SchedulerConfig
 from actors.slurm import (
@@ -314,7 +314,7 @@ def check_local_size(pools: Mapping[str, PoolConfig]) -> CheckResult | None:
         return None
     cpus = os.cpu_count() or 1
     memory = int(psutil.virtual_memory().total)
-    workers = sum(p.workers_per_block * max(p.max_blocks, p.init_blocks) for p in local)
+    workers = local_workers(pools)
     cores = sum(
         p.workers_per_block * p.cores_per_worker * max(p.max_blocks, p.init_blocks) for p in local
     )
@@ -326,7 +326,7 @@ def check_local_size(pools: Mapping[str, PoolConfig]) -> CheckResult | None:
     names = ", ".join(p.name for p in local)
     seen = (
         f"local pool(s) {names} at most: {workers} worker process(es) announcing {cores} "
-        f"core(s) and {_gib(announced) if announced else 'the machine memory each'}; this "
+        f"core(s) and {_gib(announced) if announced else 'an equal share of its memory'}; this "
         f"machine: {cpus} CPU(s), {_gib(memory)}"
     )
     advice = (

@@ -12,11 +12,16 @@ out; nothing warned."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import psutil
+import pytest
 
 from actors.host_memory import MOST_WAIT, SETTLE, overcommit_text
+from actors.pools import pools_from_dicts
 from actors.scheduler_events import (
     HostOvercommitCleared,
     HostOvercommitted,
@@ -25,7 +30,9 @@ from actors.scheduler_events import (
     WorkerLeft,
 )
 from actors.scheduler_state import SchedulerState
-from tests.helpers import Cli, Factory, make_state, run
+from runtime import Cluster
+from runtime.node import pool_worker_argv
+from tests.helpers import ROOT, Cli, Factory, make_state, run
 
 __all__ = ["make_state"]  # the fixture, used by name
 
@@ -164,3 +171,47 @@ def test_two_hand_started_workers_without_memory_are_warned_of(tmp_path: Path) -
         cli.stop([m1])
         line = cli.line_with(manager, "no longer claim more memory than their host has", LIMIT)
         assert "m2" in line
+
+
+def test_local_pool_workers_share_the_machine_by_default() -> None:
+    """A local pool without memory_per_worker: each of its workers takes its share of
+    the machine (the machine's memory over the local pools' workers), not all of it;
+    a Slurm pool's worker its node's over workers_per_node; a pool that sets
+    memory_per_worker keeps it."""
+    pools = pools_from_dicts(
+        {
+            "a": {"max_blocks": 2, "workers_per_node": 2},
+            "b": {"max_blocks": 1, "memory_per_worker": "1GiB"},
+            "s": {"provider": "slurm", "workers_per_node": 4, "nodes_per_block": 2},
+        }
+    )
+    argv = pool_worker_argv(pools["a"], None, 5, "ws://127.0.0.1:1", "block-1", 0)
+    assert argv[argv.index("--memory-share") + 1] == "5"
+    assert "--memory-share" not in pool_worker_argv(pools["b"], None, 5, "ws://h:1", "b", 0)
+
+
+@pytest.mark.anyio
+async def test_a_cluster_of_local_pool_processes_divides_the_machine() -> None:
+    """``Cluster(pools=..., processes=True)`` (what a manager's ``--config`` local pool
+    runs too): two worker processes of a pool without memory_per_worker each offer
+    half the machine, and nothing is warned of."""
+    import anyio
+
+    total = psutil.virtual_memory().total
+    with anyio.fail_after(LIMIT):
+        pools = {"p": {"min_blocks": 2, "max_blocks": 2, "init_blocks": 2}}
+        async with Cluster(pools=pools, processes=True) as cluster:
+            await cluster.wait_for_workers(2)
+            st = await cluster.status()
+    assert [w.memory for w in st["workers"]] == [total // 2, total // 2]
+    assert st["warnings"] == []
+
+
+def test_memory_share_is_checked() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "runtime", "worker", "ws://127.0.0.1:9", "--memory-share", "0"],
+        capture_output=True, text=True, timeout=60, cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    assert done.returncode != 0
+    assert "--memory-share must be a whole number >= 1" in done.stderr + done.stdout

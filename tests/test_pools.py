@@ -473,7 +473,10 @@ async def test_each_pool_gets_its_provider_with_the_pools_options(tmp_path: Path
             argv = ckpt.argv_for("block-1", 0)
             assert argv[3:7] == ["worker", argv[4], "--cores", "3"]
             assert argv[4].endswith(":8786") and "0.0.0.0" not in argv[4]
-            assert argv[-4:] == ["--pool", "ckpt", "--host", HOST_PLACEHOLDER]
+            # no memory_per_worker: each of a node's 2 workers takes half the node's
+            assert argv[-6:] == [
+                "--pool", "ckpt", "--memory-share", "2", "--host", HOST_PLACEHOLDER,
+            ]  # fmt: skip
             # A local worker reaches a wildcard listener on loopback, and knows its
             # deadline when its pool has a walltime.
             local = here.argv_for("block-1", 0)
