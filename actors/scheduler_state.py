@@ -493,6 +493,17 @@ class SchedulerState:
         self.disk_stall_count: Counter[str] = Counter()
         self.disk_full_tries = 0  #: tries that ended ``disk-full``
         self.disk_full_failed = 0  #: tasks that failed with ``DiskFull``
+        #: the stall breaker (``_break_disk_stall``): when it last dropped an output in
+        #: each pool past its estimates, and how many outputs it dropped in all
+        self.disk_broken_at: dict[str | None, float] = {}
+        self.disk_dropped = 0
+        #: pools where the stall breaker found nothing to drop: the disk watchdog then
+        #: tries tasks past their estimates anyway (the run ends with DiskFull rather
+        #: than waits for ever)
+        self.disk_last_resort: set[str | None] = set()
+        #: the disk watchdog's picks in the running ``_fill``, per pool: each idle
+        #: worker's ready task that frees the most there (``_pick_past``)
+        self._past_picks: dict[str | None, dict[str, tuple[TaskState, int]]] = {}
         #: the largest output a try of each task wrote that did not fit on its worker's
         #: disk (``disk-full``): what that very task needs, firm (``_expected_output``),
         #: and whether it is a lower bound (the file system stopped that try's write
@@ -1222,6 +1233,7 @@ class SchedulerState:
             if not isinstance(error, DiskFull):  # the worker's own names the room
                 room = max(0, ws.disk - ws.disk_used) if ws.disk else 0
                 error = DiskFull(str(ts.key), ws.id, res.nbytes, room, ws.disk)
+            error = self._disk_full_context(ts, ws, error)
         else:
             stat.errors += 1
         if res.outcome == "disk-full":
@@ -1239,6 +1251,27 @@ class SchedulerState:
         record = self._tried(ts, rec, error, failure=failure)
         self._failed_try(ts, outcome, failure, error, ws.id, record)
         return error
+
+    def _disk_full_context(self, ts: TaskState, ws: WorkerState, error: DiskFull) -> DiskFull:
+        """``error``, told what filled ``ws``'s disk when other tasks' outputs did (the
+        output or input that did not fit would fit on that disk empty: the disk was not
+        too small for it, but full), and whether ``ts`` declared its output's size, so
+        that its message advises what helps (docs/files.md)."""
+        declared = "disk" in ts.spec.resources
+        filled: dict[str, list[int]] = {}
+        if ws.disk and not error.filesystem and error.nbytes <= ws.disk:
+            for t in ws.has_what:
+                if t is ts or not t.nbytes:
+                    continue
+                entry = filled.setdefault(t.spec.category, [0, 0])
+                entry[0] += t.nbytes
+                entry[1] += 1
+        if sum(b for b, _ in filled.values()) < error.nbytes - error.room:
+            filled = {}  # not what kept it out: nothing known fills that disk
+        if not filled and declared == getattr(error, "declared", False):
+            return error  # nothing to add: the worker's own
+        top = sorted(filled.items(), key=lambda kv: (-kv[1][0], kv[0]))[:4]
+        return error.with_context(tuple((c, b, n) for c, (b, n) in top), declared)
 
     def _cancel_requested(self, ev: CancelRequested) -> None:
         spared: list[Key] = []
@@ -2135,7 +2168,13 @@ class SchedulerState:
             if decision.charge:
                 ts.retries_left -= 1
             ts.behind = ts.behind or decision.behind
-            self._log(ts.key, "retry", decision.reason)
+            reason = decision.reason
+            if isinstance(error, DiskFull) and error.input:  # its output never began
+                reason = reason.replace(
+                    "output did not fit on disk",
+                    f"input {error.input!r} could not be copied to {wid}: no room on its disk",
+                )
+            self._log(ts.key, "retry", reason)
             pool = decision.pool
             served = pool is not None and pool != ts.spec.pool and self._serves(ts, pool)
             if pool is not None and served:
@@ -2787,6 +2826,8 @@ class SchedulerState:
         yields = self._yields()
         if self.disk_parked:  # (no new set per fill: this runs after every event)
             self.disk_parked.clear()
+        if self._past_picks:
+            self._past_picks.clear()
         if self.disk_held:
             self.disk_held.clear()
         while True:
@@ -2919,7 +2960,10 @@ class SchedulerState:
                 break
         if some_disk:
             out, source = self._expected_output(ts)
-            fits = [w for w in cands if self._disk_fits(ts, w, out)]
+            # A producer keeps room for its consumer's output beside its own: disks
+            # filled with producers' outputs leave their consumers no room to run.
+            keep = self._consumer_room(ts) if producer else 0
+            fits = [w for w in cands if self._disk_fits(ts, w, out + keep)]
             if fits and producer and self.disk_held:
                 kept = [w for w in fits if w.id not in self.disk_held or not (
                     out or self._fetch_bytes(ts, w))]  # fmt: skip
@@ -2929,7 +2973,9 @@ class SchedulerState:
                 fits = kept
             if fits:
                 self.disk_override.discard(pool)  # room again: the estimates rule
-            elif pool in self.disk_override and any(not w.processing for w in cands):
+            elif pool in self.disk_override and (pick := self._past_pick(ts, cands)):
+                fits, past = [pick], True
+            elif pool in self.disk_last_resort and any(not w.processing for w in cands):
                 fits, past = [self._most_disk_left(ts, cands, out)], True
             elif source not in FIRM_OUTPUTS and self._least_need(ts, out)[0] is not None:
                 # An estimate no worker of its pool could hold even with its disk empty
@@ -2958,13 +3004,102 @@ class SchedulerState:
                 self._log(ts.key, "queued", why)
         if past and cands:
             ws = cands[0]
+            frees = self._frees(ts, ws)
             self._log(
                 ts.key, "queued",
                 f"past its disk estimate on {ws.id} (needs {self._fetch_bytes(ts, ws) + out}"
                 f" B, {max(0, int(ws.disk_free()))} B free): every worker of its pool ran "
-                "nothing, so waiting would not make room",
+                "nothing, so waiting would not make room; "
+                + (
+                    f"its run frees {frees} B of inputs there"
+                    if frees
+                    else "no stored output could be dropped to make room, so it is tried"
+                ),
             )  # fmt: skip
         return cands
+
+    def _consumer_room(self, ts: TaskState) -> int:
+        """The disk producer ``ts`` keeps free for the output of its consumer step
+        beside its own: the largest expected output of its active dependents, where
+        known (declared, or their category's largest so far); 0 while none is."""
+        room = 0
+        for d in ts.dependents:
+            if d.state not in ACTIVE:
+                continue
+            declared = d.spec.resources.get("disk")
+            if declared is not None:
+                room = max(room, int(declared))
+                continue
+            st = self.stats.get(d.spec.category)
+            if st is not None and (st.count or st.disk_full):
+                room = max(room, st.max_nbytes)
+        return room
+
+    def _frees(self, ts: TaskState, ws: WorkerState) -> int:
+        """Bytes of ``ts``'s inputs on ``ws`` that its run lets go there: read by no
+        other active task and wanted by no client, so pruned once it is done (with
+        ``prune_depth`` 1; deeper, nothing is pruned by its run alone)."""
+        if self._depth != 1:
+            return 0
+        wid = ws.id
+        return sum(
+            d.nbytes for d in set(ts.deps) if wid in d.who_has and d.consumers <= 1 and not d.wanted
+        )
+
+    def _past_fits(self, ts: TaskState, ws: WorkerState) -> int:
+        """What ``ts`` frees on idle ``ws`` when the disk watchdog may place it there
+        past its disk estimate, else 0: only a task whose run frees disk there (inputs
+        pruned), and only where its known output and the file inputs it must copy there
+        fit in the free disk now (a guessed output may be smaller: it is tried)."""
+        if ws.processing:
+            return 0
+        frees = self._frees(ts, ws)
+        if not frees:
+            return 0
+        out, source = self._expected_output(ts)
+        wid = ws.id
+        must = sum(d.nbytes for d in ts.deps if d.file and wid not in d.who_has)
+        if source != GUESSED_OUTPUT:
+            must += out
+        return frees if must <= ws.disk_free() else 0
+
+    def _past_pick(self, ts: TaskState, cands: list[WorkerState]) -> WorkerState | None:
+        """The idle worker of ``cands`` on which the disk watchdog places ``ts`` past its
+        disk estimate: one where, of the ready tasks of its pool, ``ts`` frees the most
+        (``_past_fits``; ties: the first in priority), the most freed first; ``None``
+        if there is none (it waits: placing it would free nothing or overflow)."""
+        picks = self._past_picks.get(ts.spec.pool)
+        if picks is None:
+            picks = self._past_picks[ts.spec.pool] = self._pick_past(ts.spec.pool, ts)
+        mine = [w for w in cands if picks.get(w.id, (None, 0))[0] is ts and not w.processing]
+        if not mine:
+            return None
+        return max(mine, key=lambda w: (picks[w.id][1], w.id))
+
+    def _pick_past(self, pool: str | None, head: TaskState) -> dict[str, tuple[TaskState, int]]:
+        """For each idle worker of ``pool`` with a disk, the ready task of the pool that
+        frees the most there among those the watchdog may place on it (``_past_fits``),
+        the first in priority among equals, with what it frees. ``head``: the task
+        ``_fill`` took off its heap, first in priority."""
+        idle = [
+            w for w in self.free.values()
+            if w.disk and not w.processing and (pool is None or w.pool == pool)
+        ]  # fmt: skip
+        picks: dict[str, tuple[TaskState, int]] = {}
+        if not idle:
+            return picks
+        ready = [head]
+        for q, heap in self.queues.items():
+            if q[0] == pool:
+                ready.extend(entry[3] for entry in sorted(heap))
+        for t in ready:
+            if t.state != "queued" or not t.deps:
+                continue
+            for w in idle:
+                frees = self._past_fits(t, w)
+                if frees and frees > picks.get(w.id, (t, 0))[1]:
+                    picks[w.id] = (t, frees)
+        return picks
 
     def _tell_disk_held(self, ts: TaskState, held: list[WorkerState]) -> None:
         """Say in producer ``ts``'s story, once per change, that the disk of the workers
@@ -3074,17 +3209,24 @@ class SchedulerState:
             out, source = 0, TaskTooBigForDisk.UNCOUNTED
             least_need, largest, held = self._least_need(ts, 0)
         if least_need is None:
+            keep = self._consumer_room(ts) if ts.producer else 0
             best: tuple[float, str, int, float] | None = None  # (room after, id, need, free)
             for w in refused:
-                need = self._fetch_bytes(ts, w) + out
+                need = self._fetch_bytes(ts, w) + out + keep
                 free = w.disk_free()
                 if best is None or (free - need, w.id) > (best[0], best[1]):
                     best = (free - need, w.id, need, free)
             if best is not None:
                 _, wid, need, free = best
-                why = f"needs {need} B, best worker {wid} has {max(0, int(free))} B free"
-                if why != ts.disk_wait:
-                    ts.disk_wait = why
+                # Told once per change of what it needs (its output, the room it keeps),
+                # not per change of the free bytes or of the best worker: those move
+                # with every report while it waits.
+                mark = f"waiting for disk: {out} {source} {keep}"
+                if mark != ts.disk_wait:
+                    ts.disk_wait = mark
+                    why = f"needs {need} B, best worker {wid} has {max(0, int(free))} B free"
+                    if keep:
+                        why += f" (of which {keep} B kept for its consumer's output)"
                     self._log(ts.key, "queued", f"waiting for disk: {why}")
                 self.disk_held.setdefault(wid, ts.key)
             return True
@@ -3157,7 +3299,9 @@ class SchedulerState:
             return
         if nxt.ooms and not self._roomier(nxt, ws):
             return
-        if ws.disk and not self._disk_fits(nxt, ws, self._expected_output(nxt)[0]):
+        if ws.disk and not self._disk_fits(
+            nxt, ws, self._expected_output(nxt)[0] + self._consumer_room(nxt)
+        ):
             return
         views = (TaskStateView(ts), ws.view, TaskStateView(nxt))
         if not self._ask_yes(nxt.key, "placement.partner", self._partner, *views):
@@ -3601,7 +3745,7 @@ class SchedulerState:
 
     def _watch(self) -> None:
         """The stall watchdogs: see the module docstring."""
-        if self.disk_parked or self.disk_stalled_since or self.disk_override:
+        if self.disk_parked or self.disk_stalled_since or self.disk_override or self.disk_broken_at:
             self._watch_disk()
         if self.disk_stalls:
             self._disk_stalls_ended()
@@ -3660,6 +3804,153 @@ class SchedulerState:
                 self._log("-", "disk", f"stalled in pool {pool or 'any'}: placing past estimates")
                 self._disk_stall_began(pool)
                 self._fill()
+        # The stall breaker: a pool past its estimates whose workers still run nothing
+        # (no ready task frees disk where it could run) drops a stored output that can
+        # be made again, at once and then once per stall_timeout while that lasts.
+        for pool in list(self.disk_broken_at):
+            if pool not in self.disk_override:
+                del self.disk_broken_at[pool]
+        self.disk_last_resort &= self.disk_override
+        for pool in sorted(self.disk_override & self.disk_parked, key=str):
+            if self._pool_runs(pool):
+                self.disk_broken_at.pop(pool, None)
+                continue
+            at = self.disk_broken_at.get(pool)
+            if at is not None and self._now - at < self.config.stall_timeout:
+                continue
+            self.disk_broken_at[pool] = self._now
+            if self._break_disk_stall(pool):
+                self._fill()
+
+    def _pool_runs(self, pool: str | None) -> bool:
+        """Some worker of ``pool`` (not draining) runs a task."""
+        return any(
+            ws.processing
+            for ws in self.workers.values()
+            if not ws.draining and (pool is None or ws.pool == pool)
+        )
+
+    def _break_disk_stall(self, pool: str | None) -> bool:
+        """Every worker of ``pool`` is stuck on disk and nothing can run: drop stored
+        outputs that can be had again (another copy, or made again from their spec:
+        lineage) and whose readers have not started, to make room. For the first task
+        in priority that waits for disk (a task that reads inputs first: its run frees
+        them), on the worker where that costs least: copies held elsewhere too, then
+        the cheapest to make again (``remake``), the largest first among equals, never
+        its own inputs, until it fits. Without such a task, the one output cheapest to
+        make again anywhere in the pool. Their stories say so; what is gone is made
+        again when its readers' turn comes. Returns whether anything was dropped."""
+        ready = sorted(
+            (e for q, heap in self.queues.items() if q[0] == pool for e in heap),
+            key=lambda e: (not e[3].deps, e),
+        )
+        for entry in ready:
+            t: TaskState = entry[3]
+            if t.state != "queued":
+                continue
+            plan = self._room_plan(t, pool)
+            if plan is not None:
+                ws, drops = plan
+                for d in drops:
+                    self._drop_for_room(d, ws, pool, t)
+                return True
+        best: tuple[tuple[Any, ...], TaskState, WorkerState] | None = None
+        for ws in self._pool_disks(pool):
+            for d in ws.has_what:
+                if self._droppable(d):
+                    rank = (not d.file, *self._drop_rank(d))
+                    if best is None or rank < best[0]:
+                        best = (rank, d, ws)
+        if best is None:
+            self.disk_last_resort.add(pool)
+            self._log("-", "disk", f"stalled in pool {pool or 'any'}: nothing to drop")
+            return False
+        self._drop_for_room(best[1], best[2], pool, None)
+        return True
+
+    def _pool_disks(self, pool: str | None) -> list[WorkerState]:
+        """The workers of ``pool`` with a disk limit, not draining."""
+        return [
+            w for w in self.workers.values()
+            if w.disk and not w.draining and (pool is None or w.pool == pool)
+        ]  # fmt: skip
+
+    def _droppable(self, d: TaskState) -> bool:
+        """The stall breaker may drop ``d``'s output: stored, wanted by no client, read
+        by active tasks none of which has started (it would be reading it), and with
+        no temporary replicas (those are kept for a reason)."""
+        return (
+            d.state == "memory"
+            and not d.wanted
+            and d.consumers > 0
+            and d not in self.replicas
+            and not any(r.state == "processing" for r in d.dependents)
+        )
+
+    @staticmethod
+    def _drop_rank(d: TaskState) -> tuple[float, int, str]:
+        """What dropping one copy of ``d`` costs, least first: nothing when another
+        worker holds it too, else the work to make it again; the most bytes first."""
+        return (0.0 if len(d.who_has) > 1 else d.remake, -d.nbytes, str(d.key))
+
+    def _room_plan(
+        self, ts: TaskState, pool: str | None
+    ) -> tuple[WorkerState, list[TaskState]] | None:
+        """The worker where dropping file outputs (``_droppable``, not ``ts``'s inputs)
+        makes room for ``ts`` at the least cost, and those outputs; ``None`` if no
+        worker can be made to hold it."""
+        out = self._expected_output(ts)[0]
+        own = set(ts.deps)
+        best: tuple[tuple[float, int, str], WorkerState, list[TaskState]] | None = None
+        for ws in self._pool_disks(pool):
+            short = self._fetch_bytes(ts, ws) + out - ws.disk_free()
+            if short <= 0:
+                continue
+            drops: list[TaskState] = []
+            freed = cost = 0.0
+            for d in sorted(
+                (d for d in ws.has_what if d.file and d not in own and self._droppable(d)),
+                key=self._drop_rank,
+            ):
+                drops.append(d)
+                freed += d.nbytes
+                cost += self._drop_rank(d)[0]
+                if freed >= short:
+                    break
+            if freed < short:
+                continue
+            rank = (cost, len(drops), ws.id)
+            if best is None or rank < best[0]:
+                best = (rank, ws, drops)
+        return None if best is None else (best[1], best[2])
+
+    def _drop_for_room(
+        self, d: TaskState, ws: WorkerState, pool: str | None, waiter: TaskState | None
+    ) -> None:
+        """Drop ``d``'s copy on ``ws`` to make room (the stall breaker); with no copy
+        left, it is made again from its spec when its readers need it."""
+        d.who_has.discard(ws.id)
+        self._unheld(d, ws)
+        if d.file:  # off its disk now; its next report says the rest
+            ws.disk_used = max(0, ws.disk_used - d.nbytes)
+        self._out.append(DropData(self._stimulus, ws.id, (d.key,)))
+        self._files[d.key] = d
+        self.copy_failed.pop(d, None)
+        self.disk_dropped += 1
+        again = (
+            f"another copy stays on {', '.join(sorted(d.who_has))}"
+            if d.who_has
+            else f"it is made again (about {d.remake:.3g} s of work) when its readers run"
+        )
+        why = f" for {waiter.key!r}" if waiter is not None else ""
+        self._log(
+            d.key, "disk",
+            f"dropped from {ws.id} to make room{why}: every worker of pool {pool or 'any'} "
+            f"was stuck on disk with nothing to run; {d.nbytes} B freed, {again}",
+        )  # fmt: skip
+        self._log("-", "disk", f"stall broken in pool {pool or 'any'}: dropped {d.key!r}")
+        if not d.who_has:
+            self._recompute(d)
 
     def _holding(self, on: set[str] | None = None) -> list[tuple[str, int, int]]:
         """What the workers hold, by category: ``(category, bytes, outputs)``, largest

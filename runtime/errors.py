@@ -941,7 +941,12 @@ class DiskFull(CorralError):
     ``nbytes``, so its output is larger. ``filesystem``: the worker's spill directory,
     when the file system holding it is what had no room (it refused a write, or had
     less free than the limit left), with ``fs_free`` free bytes there: a larger
-    ``--disk`` cannot help then."""
+    ``--disk`` cannot help then. ``filled_by``: what the scheduler knew to fill that
+    disk with other tasks' outputs, ``(category, bytes, outputs)`` by most bytes first:
+    given when it was full of them rather than the output or input too large for it
+    (it would fit on that disk empty); the advice is then about running their
+    consumers first. ``declared``: the task declared its output's size already (so
+    declaring one is not advised)."""
 
     key: str
     worker: str
@@ -952,6 +957,8 @@ class DiskFull(CorralError):
     partial: bool
     filesystem: str
     fs_free: int
+    filled_by: tuple[tuple[str, int, int], ...]
+    declared: bool
 
     def __init__(
         self,
@@ -965,7 +972,10 @@ class DiskFull(CorralError):
         partial: bool = False,
         filesystem: str = "",
         fs_free: int = 0,
+        filled_by: tuple[tuple[str, int, int], ...] = (),
+        declared: bool = False,
     ) -> None:
+        filled_by = tuple(filled_by)
         if filesystem:
             fs = f"the file system holding its spill directory {filesystem!r}"
             free = disk_size(fs_free)
@@ -990,6 +1000,22 @@ class DiskFull(CorralError):
                 "worker a spill directory (--spill-dir) on a larger file system, or a "
                 "--disk no larger than that file system's free space (so that tasks are "
                 "placed where the room is)."
+            )
+        elif filled_by:
+            what = ", ".join(
+                f"{category}: {n} output{'s' if n != 1 else ''}, {disk_size(b)}"
+                for category, b, n in filled_by
+            )
+            left = (
+                f"{disk_size(room)} of disk left of its {disk_size(disk)} limit: the "
+                f"disk was full of other tasks' outputs waiting for their consumers "
+                f"({what}), not too small for this {'input' if input else 'output'}"
+            )
+            advice = (
+                'Run consumers before new producers (set_policy("priority", '
+                '"consumers-first")), give the tasks that gather many outputs fewer '
+                "inputs each (a smaller fan-in), or start workers with a larger --disk "
+                "(disk_per_worker)."
             )
         else:
             left = f"{disk_size(room)} of disk left of its {disk_size(disk)} limit"
@@ -1023,9 +1049,14 @@ class DiskFull(CorralError):
                 "file was removed. "
                 + (
                     advice
-                    or "Start workers with a larger --disk (disk_per_worker), declare the "
-                    'output\'s size with resources={"disk": bytes} so that it is placed '
-                    "where it fits, or make the output smaller."
+                    or (
+                        "Start workers with a larger --disk (disk_per_worker), or make "
+                        "the output smaller (its declared size is what it was placed by)."
+                        if declared
+                        else "Start workers with a larger --disk (disk_per_worker), "
+                        'declare the output\'s size with resources={"disk": bytes} so '
+                        "that it is placed where it fits, or make the output smaller."
+                    )
                 )
             )
         super().__init__(
@@ -1039,7 +1070,19 @@ class DiskFull(CorralError):
             partial=partial,
             filesystem=filesystem,
             fs_free=fs_free,
+            filled_by=filled_by,
+            declared=declared,
         )
+
+    def with_context(self, filled_by: tuple[tuple[str, int, int], ...], declared: bool) -> DiskFull:
+        """This error, told what filled the disk (``filled_by``) and whether the task
+        declared its output's size (``declared``)."""
+        return DiskFull(
+            self.key, self.worker, self.nbytes, self.room, self.disk,
+            input=self.input, partial=self.partial,
+            filesystem=self.filesystem, fs_free=self.fs_free,
+            filled_by=filled_by, declared=declared,
+        )  # fmt: skip
 
     def reading(self, key: str) -> DiskFull:
         """This error of a file input's copy, for task ``key`` that waited for it."""
@@ -1047,6 +1090,7 @@ class DiskFull(CorralError):
             key, self.worker, self.nbytes, self.room, self.disk,
             input=self.input, partial=self.partial,
             filesystem=self.filesystem, fs_free=self.fs_free,
+            filled_by=getattr(self, "filled_by", ()), declared=getattr(self, "declared", False),
         )  # fmt: skip
 
 

@@ -477,7 +477,8 @@ def test_tasks_waiting_for_disk_in_an_idle_pool_go_past_their_estimate(
     (line,) = [e[2] for e in s.story("c") if "past its disk estimate" in str(e[2])]
     assert line == (
         "past its disk estimate on w1 (needs 16777216 B, 12582912 B free): every "
-        "worker of its pool ran nothing, so waiting would not make room"
+        "worker of its pool ran nothing, so waiting would not make room; its run frees "
+        "8388608 B of inputs there"
     )
     assert s.disk_override == {None}
     # It ends, no task waits for disk any more: the watchdog lets go.
