@@ -3853,6 +3853,8 @@ class SchedulerState:
                 ws, drops = plan
                 for d in drops:
                     self._drop_for_room(d, ws, pool, t)
+                if ws in self._candidates(t):  # the room goes to the task it was made for
+                    self._assign(t, ws)
                 return True
         best: tuple[tuple[Any, ...], TaskState, WorkerState] | None = None
         for ws in self._pool_disks(pool):

@@ -1002,7 +1002,7 @@ class DiskFull(CorralError):
                 "placed where the room is)."
             )
         elif filled_by:
-            what = ", ".join(
+            what = "; ".join(
                 f"{category}: {n} output{'s' if n != 1 else ''}, {disk_size(b)}"
                 for category, b, n in filled_by
             )
