@@ -114,9 +114,18 @@ a firm output. An estimate no worker could hold counts for nothing: the task is 
 the worker with the most disk left after its inputs (``_candidates``), and a try that
 does not fit ends ``disk-full``, which measures it.
 
+A producer also keeps room for its consumer step's expected output beside its own
+(``_consumer_room``): loads do not fill a disk their skims then cannot write on.
+
 The disk watchdog (``_watch_disk``): when every worker of a pool runs nothing while
 ready tasks of the pool wait for disk, for ``stall_timeout`` seconds, each idle worker
-takes one such task past its disk estimate until one fits again (docs/files.md).
+takes one such task past its disk estimate until one fits again: only a task whose run
+frees inputs there (``_frees``), the one freeing the most (``_pick_past``), and only
+where its known output fits. If that places nothing, the stall breaker
+(``_break_disk_stall``) drops stored outputs that can be had again and whose readers
+have not started, cheapest first, to make room for the first waiting task; only with
+nothing to drop are tasks tried past their estimates regardless (``disk_last_resort``),
+so the run ends with DiskFull rather than hangs (docs/files.md).
 
 The watchdog: if every worker stays
 throttled, nothing but producers is active and nothing finishes for ``stall_timeout``
