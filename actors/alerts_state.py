@@ -1040,10 +1040,11 @@ DEFAULT_RULES: list[dict[str, Any]] = [
             "summary": "Tasks of pool {{ $labels.pool }} wait for disk that nothing frees",
             "description": "Every worker of pool {{ $labels.pool }} ran nothing while its "
             "ready tasks waited for disk (their disks are full of outputs that only those "
-            "tasks would free), for a minute or three times in 15 minutes. Corral tries "
-            "tasks past their disk estimates meanwhile, and tries that do not fit end "
-            "disk-full. Give the workers a larger --disk (disk_per_worker), run consumers "
-            "first (`policy set priority consumers-first` in the console), or release the "
+            "tasks would free), for a minute or three times in 15 minutes. Corral runs "
+            "the waiting tasks whose run frees disk meanwhile and drops outputs it can "
+            "make again to make room, which costs their work once more. Give the "
+            "workers a larger --disk (disk_per_worker), run consumers first (`policy set "
+            "priority consumers-first` in the console), or release the "
             "futures you no longer need. The manager's log names the workers, what fills "
             "their disks and what waits; the console's status shows the stall.",
         },

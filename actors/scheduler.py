@@ -731,6 +731,8 @@ class Scheduler(Actor):
             ),
             "disk_full_tries": st.disk_full_tries,
             "disk_full_failed": st.disk_full_failed,
+            "disk_stalls_total": dict(st.disk_stall_count),
+            "disk_dropped": st.disk_dropped,
             "warnings": tuple(self.host_warnings[h] for h in sorted(self.host_warnings)),
         }
 

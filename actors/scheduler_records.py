@@ -802,7 +802,8 @@ def walltime_loss(
 DISK_STALL_ADVICE = (
     "Give the workers a larger --disk (disk_per_worker), run consumers first "
     "(policy set priority consumers-first), or release the futures you no longer need; "
-    "meanwhile each idle worker takes a waiting task past its disk estimate"
+    "meanwhile idle workers take waiting tasks whose run frees disk, and outputs that "
+    "can be made again are dropped to make room"
 )
 
 

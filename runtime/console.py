@@ -949,6 +949,18 @@ def _disk_stall_lines(st: Mapping[str, Any]) -> list[Text]:
                 style="red",
             )
         )
+    totals = dict(st.get("disk_stalls_total") or {})
+    dropped = int(st.get("disk_dropped") or 0)
+    if totals or dropped:
+        had = ", ".join(
+            f"pool {'any' if pool == '*' else pool} {n}" for pool, n in sorted(totals.items())
+        )
+        lines.append(
+            Text(
+                f"disk stalls so far: {had or 'none'}; outputs dropped to make room: {dropped} "
+                "(made again when their readers run)"
+            )
+        )
     tries, failed = int(st.get("disk_full_tries") or 0), int(st.get("disk_full_failed") or 0)
     if tries or failed:
         lines.append(

@@ -1251,6 +1251,10 @@ class StatusReply(Message):
     #: tries that ended ``disk-full``, and tasks that failed with ``DiskFull`` (ever)
     disk_full_tries: int = 0
     disk_full_failed: int = 0
+    #: disk stalls each pool had (ever; ``"*"``: any pool), and the stored outputs the
+    #: stall breaker dropped to make room (made again when their readers run)
+    disk_stalls_total: dict[str, int] = dataclasses.field(default_factory=dict)
+    disk_dropped: int = 0
     runs: int = 0
     recent_runs: dict[str, int] = dataclasses.field(default_factory=dict)
     wanted_keys: int = 0

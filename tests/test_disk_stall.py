@@ -237,15 +237,19 @@ async def test_worker_processes_with_small_disks_stall_and_the_status_and_log_sa
 
             async def stalled() -> Any:
                 st = await c.status()
-                return st if st["disk_stalls"] else None
+                return st if st["disk_stalls"] or st["disk_stalls_total"] else None
 
             status = jsonable(await wait_until(stalled, "a disk stall in the status", step=0.1))
             del merges
-    (stall,) = status["disk_stalls"]
-    assert stall["pool"] == "*" and len(stall["workers"]) == 3
-    assert stall["queued"] > 0 and stall["waiting"]
+    # The stall breaker may end a stall as soon as it is declared: the status has it
+    # while it lasts, and counts it in any case.
+    assert status["disk_stalls_total"].get("*", 0) >= 1
     text = " ".join(status_text(status).split())
-    assert "disk stalled in pool any for" in text and "Give the workers" in text
+    assert "disk stalls so far: pool any" in text
+    for stall in status["disk_stalls"]:
+        assert stall["pool"] == "*" and len(stall["workers"]) == 3
+        assert stall["queued"] > 0 and stall["waiting"]
+        assert "disk stalled in pool any for" in text and "Give the workers" in text
     warned = [r for r in caplog.records if "disk stall in pool any:" in r.getMessage()]
     assert warned and all(r.levelno == logging.WARNING for r in warned)
 
