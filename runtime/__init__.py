@@ -76,7 +76,7 @@ from runtime.errors import (
 )
 from runtime.files import File, output_path
 from runtime.kernel import Actor, ActorRef, ActorSystem, Clock, handles
-from runtime.messages import Message, message
+from runtime.messages import CORRAL_VERSION, Message, message
 from runtime.task import checkpoint, checkpoint_file, restore, restore_path
 
 if TYPE_CHECKING:
@@ -102,7 +102,7 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'runtime' has no attribute {name!r}")
 
 
-__version__ = "0.1.0"
+__version__ = CORRAL_VERSION
 
 __all__ = [
     "Actor",

@@ -54,7 +54,6 @@ from runtime.errors import (
     ManagerLost,
     ManagerStopping,
     PermissionDenied,
-    ProtocolError,
     TaskArgumentsTooLarge,
     WorkersTimeout,
 )
@@ -1243,7 +1242,7 @@ class Cluster:
         and where it is."""
         from runtime.codec import Frame
         from runtime.node import Hello, Welcome
-        from runtime.remote import Refused, refusal_error
+        from runtime.remote import Refused, not_welcomed, refusal_error
         from transport import ConnectionClosed
 
         name = f"client-{os.urandom(6).hex()}"
@@ -1262,10 +1261,7 @@ class Cluster:
         if isinstance(answer, Welcome):
             return name
         if not isinstance(answer, Refused):
-            raise ProtocolError(
-                f"expected the manager's Welcome, got {type(answer).__name__}: is {address} "
-                "a Corral manager of this version?"
-            )
+            raise not_welcomed(answer, address, "client")
         error = refusal_error(answer, allow_pickle=True)
         if getattr(error, "what", None) == "Hello as a client":  # the read-only token
             where = getattr(error, "token_file", "")  # as the manager tells it

@@ -71,7 +71,7 @@ import msgspec.inspect
 import orjson
 
 from runtime.errors import FrameTooLarge, ProtocolError
-from runtime.messages import MESSAGE_TYPES, Message
+from runtime.messages import CORRAL_VERSION, MESSAGE_TYPES, Message
 
 __all__ = [
     "KIND_BATCH",
@@ -128,7 +128,7 @@ _SEND_ADVICE = (
 )
 _RECV_ADVICE = (
     "The peer sent a malformed or incompatible frame; make sure both ends run the same "
-    "Corral version."
+    f"Corral version (this side runs Corral {CORRAL_VERSION})."
 )
 
 _Buffer = bytes | bytearray | memoryview

@@ -96,6 +96,12 @@ class Pong(Message):
     token: int = 0
 
 
+#: The Corral release this code is (``runtime.__version__``; pyproject.toml's version).
+#: Defined here, at the base, so the codec can name it in its advice about an
+#: incompatible peer: a refusal then says which version the refusing side runs.
+CORRAL_VERSION = "0.1.0"
+
+
 #: The ``kind`` of the :class:`ErrorReply` a transport hands its reader in place of a
 #: reply it could not decode (transport/ws.py): the ask fails with ``ProtocolError`` at
 #: once instead of waiting out its timeout.

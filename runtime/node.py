@@ -130,7 +130,7 @@ from runtime.monitor import (
     alerting_config,
     load_alerting,
 )
-from runtime.remote import Peer, Refused, RemoteRef, refusal_error, refuse
+from runtime.remote import Peer, Refused, RemoteRef, not_welcomed, refusal_error, refuse
 
 __all__ = [
     "ALLOWED",
@@ -2032,7 +2032,7 @@ async def run_worker(
                     await conn.aclose()
                     if isinstance(answer, Refused):
                         raise _WorkerRefused(refusal_error(answer, allow_pickle=True))
-                    raise ProtocolError(f"expected a Welcome, got {type(answer).__name__}")
+                    raise _WorkerRefused(not_welcomed(answer, address, "worker"))
                 secret[0] = answer.secret
                 return Peer(
                     conn, worker_ref["worker"], name="manager", allow_pickle=True,

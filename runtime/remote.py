@@ -84,6 +84,7 @@ from runtime.errors import (
 from runtime.kernel import ActorRef, current_causal_id, new_causal_id
 from runtime.log import get_logger
 from runtime.messages import (
+    CORRAL_VERSION,
     UNREADABLE_REPLY,
     ErrorReply,
     Message,
@@ -101,6 +102,7 @@ __all__ = [
     "RemoteError",
     "RemoteRef",
     "from_wire",
+    "not_welcomed",
     "pack_error",
     "refusal_error",
     "refuse",
@@ -481,6 +483,32 @@ def refusal_error(refused: Refused, *, allow_pickle: bool) -> BaseException:
     """The error a :class:`Refused` frame carries: itself when pickled and
     ``allow_pickle`` (the other side is trusted), else :class:`RemoteError`."""
     return _error_from(refused, allow_pickle)
+
+
+#: What a refusal's text says when the refusing side could not read a message of this
+#: version: a field, message type or wire format it does not know (runtime/codec.py).
+_VERSION_SIGNS = ("unknown field", "unknown message type", "unsupported wire format version")
+
+
+def not_welcomed(answer: object, address: str, who: str) -> ProtocolError:
+    """The error for ``answer``, which came in place of the manager's ``Welcome`` to
+    the Hello of a ``who`` ("worker", "client"). An :class:`ErrorReply` (the manager's
+    transport could not read the Hello) carries the manager's reason, which is said;
+    when the reason is a field or message the manager does not know, the two ends run
+    different Corral versions, and the error says what to do about it."""
+    if not isinstance(answer, ErrorReply):
+        return ProtocolError(
+            f"the manager at {address} answered this {who}'s Hello with a "
+            f"{type(answer).__name__}, not a Welcome: is it a Corral manager of this "
+            f"version ({CORRAL_VERSION})?"
+        )
+    text = f"the manager at {address} refused this {who}'s Hello: {answer.text}"
+    if any(sign in answer.text for sign in _VERSION_SIGNS):
+        text = text.rstrip(".") + (
+            f". The manager runs another Corral version (this {who} runs Corral "
+            f"{CORRAL_VERSION}): upgrade the manager first (or run the same version on both)"
+        )
+    return ProtocolError(text)
 
 
 class _Pending:
