@@ -63,6 +63,7 @@ from runtime.messages import (
     Message,
     MetricsReply,
     MetricsRequest,
+    OperatorCancel,
     PolicyQuery,
     ReadStream,
     ReleaseKeysRequest,
@@ -516,7 +517,7 @@ class Manager(Actor):
         return tuple(key for key, ks in self.keys.items() if ks.others(client))
 
     @handles(CancelKeysRequest)
-    def cancel_keys(self, msg: CancelKeysRequest) -> dict[str, Any]:
+    def cancel_keys(self, msg: CancelKeysRequest) -> Later:
         """Cancel keys given as text (``str(key)``) and/or every key of a run; or what
         ``key_or_run`` names, a run or a key, refused when it names both."""
         keys: dict[Key, None] = {}
@@ -565,9 +566,18 @@ class Manager(Actor):
         reason = f"cancelled from the console ({run})" if run else "cancelled from the console"
         # An operator's cancel: straight to the scheduler, for every client that wants
         # these keys (a client's own cancel, cancel() above, spares the others').
-        self._scheduler().post(CancelRequest(tuple(keys), reason))
-        cancelled = [str(k) for k in keys]
-        return {"run": run, "count": len(cancelled), "keys": cancelled[:20]}
+        # The scheduler counts the keys still to do in the turn it cancels them: the
+        # rest (finished, or forgotten long ago) are not affected. Sent now, in order
+        # with what comes next; no time limit: the scheduler is in this process, and
+        # its stop fails the ask (ActorStopped).
+        answer = self._scheduler().post_ask(OperatorCancel(tuple(keys), reason), timeout=None)
+        named = [str(k) for k in keys]
+
+        async def counted() -> dict[str, Any]:
+            to_do = await answer
+            return {"run": run, "count": len(named), "to_do": to_do, "keys": named[:20]}
+
+        return Later(counted())
 
     # -- results ---------------------------------------------------------------------
 

@@ -114,6 +114,7 @@ from runtime.messages import (
     MetricsRequest,
     MonitorFeed,
     MonitorFeedReply,
+    OperatorCancel,
     PolicyInfo,
     PolicyNote,
     PolicyQuery,
@@ -645,16 +646,26 @@ class Scheduler(Actor):
     @handles(CancelRequest)
     def cancel(self, msg: CancelRequest) -> Any:
         """Cancel; answers the keys spared because keys in ``msg.spare`` need them."""
+        return self._after_intake(lambda stimulus: self._cancel_now(msg, stimulus)[0])
 
-        def apply(stimulus: str) -> tuple[Any, ...]:
-            spare = frozenset(msg.spare)
-            ev = CancelRequested(stimulus, self.clock.now(), msg.keys, msg.reason, spare)
-            commands = self.state.handle(ev)
-            spared = tuple(k for c in commands if type(c) is CancelSpared for k in c.keys)
-            self._execute([c for c in commands if type(c) is not CancelSpared])
-            return spared
+    @handles(OperatorCancel)
+    def operator_cancel(self, msg: OperatorCancel) -> Any:
+        """The console's cancel; answers how many of its keys were still to do (what
+        it cancelled), counted in the same turn as the cancel."""
+        return self._after_intake(lambda stimulus: self._cancel_now(msg, stimulus)[1])
 
-        return self._after_intake(apply)
+    def _cancel_now(
+        self, msg: CancelRequest | OperatorCancel, stimulus: str
+    ) -> tuple[tuple[Any, ...], int]:
+        """Cancel ``msg.keys``: the keys spared (what keys in ``msg.spare`` need) and
+        how many of the keys were still to do."""
+        spare = frozenset(msg.spare) if isinstance(msg, CancelRequest) else frozenset()
+        to_do = self.state.count_active(msg.keys)
+        ev = CancelRequested(stimulus, self.clock.now(), msg.keys, msg.reason, spare)
+        commands = self.state.handle(ev)
+        spared = tuple(k for c in commands if type(c) is CancelSpared for k in c.keys)
+        self._execute([c for c in commands if type(c) is not CancelSpared])
+        return spared, to_do
 
     @handles(ReleaseKeysRequest)
     def release(self, msg: ReleaseKeysRequest) -> Any:

@@ -1282,6 +1282,12 @@ class SchedulerState:
         top = sorted(filled.items(), key=lambda kv: (-kv[1][0], kv[0]))[:4]
         return error.with_context(tuple((c, b, n) for c, (b, n) in top), declared)
 
+    def count_active(self, keys: Iterable[Key]) -> int:
+        """How many of ``keys`` are still to do (waiting, queued or running): what a
+        cancel of them would stop. A query: it changes nothing."""
+        tasks = self.tasks
+        return sum(1 for key in keys if (ts := tasks.get(key)) is not None and ts.state in ACTIVE)
+
     def _cancel_requested(self, ev: CancelRequested) -> None:
         spared: list[Key] = []
         for key in ev.keys:

@@ -248,6 +248,19 @@ _BUILTIN_ERRORS: dict[str, type[Exception]] = {
 }
 
 
+def cancel_text(what: str, data: dict[str, Any]) -> str:
+    """The console's line for a cancel's answer ``data`` (of ``what``: "run run-1",
+    "key x"): how many of the keys named were still to do and so were cancelled
+    (finished ones are not affected). A manager older than ``to_do`` says only how
+    many keys it named."""
+    count = data["count"]
+    if "to_do" not in data:
+        return f"cancel requested for {what}: {count} key(s)"
+    to_do = data["to_do"]
+    done = "nothing cancelled" if not to_do else f"cancelled {to_do} (and what depends on them)"
+    return f"{what}: {to_do} of {count} key(s) still to do; {done}"
+
+
 class ConsoleClient:
     """A console's connection to the manager at ``address``.
 
@@ -667,7 +680,7 @@ class ConsoleClient:
             _usage("cancel")
         data = jsonable(await self.cancel((key,) if key else (), run, either))
         what = f"run {data['run']}" if data.get("run") else f"key {key or either}"
-        return Result("cancel", data, Text(f"cancel requested for {what}: {data['count']} key(s)"))
+        return Result("cancel", data, Text(cancel_text(what, data)))
 
     async def _cmd_alert(self, rest: str) -> Result:
         word, _, args = rest.strip().partition(" ")

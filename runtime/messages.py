@@ -696,6 +696,17 @@ class CancelRequest(Message):
 
 
 @message(local=True)
+class OperatorCancel(Message):
+    """Manager -> scheduler: the console's cancel of these keys, for every client that
+    wants them. Answered with how many of ``keys`` were still to do (waiting, queued or
+    running) and so were cancelled, each with everything that depends on it; finished
+    or forgotten keys are not affected."""
+
+    keys: tuple[Any, ...]
+    reason: str
+
+
+@message(local=True)
 class GatherRequest(Message):
     """Client -> manager: the values of these finished keys (``raw``: as the workers'
     pickles, for a client in another process). ``files``: file outputs as streams of

@@ -603,7 +603,7 @@ async def test_cancel_a_key_or_a_whole_run(gate: Any) -> None:
             after = cluster.submit(add, blocked, 1)
             await wait_until(lambda: console.tasks(state="processing"), "running")
             text = await console.run_command(f"cancel {blocked.key}")
-            assert "cancel requested for key" in text and "1 key(s)" in text
+            assert f"key {blocked.key}: 1 of 1 key(s) still to do; cancelled 1" in text
             with pytest.raises(CancelledError):
                 await blocked
             with pytest.raises(CancelledError):
@@ -622,7 +622,7 @@ async def test_cancel_a_key_or_a_whole_run(gate: Any) -> None:
             run = list(st["recent_runs"])[-1]
             assert st["recent_runs"][run] == 3
             data = json.loads(await console.run_command(f"cancel {run} --json"))
-            assert data["run"] == run and data["count"] == 3
+            assert data["run"] == run and data["count"] == 3 and data["to_do"] == 3
             assert sorted(data["keys"]) == ["r-a", "r-b", "r-c"]
             for f in futures:
                 with pytest.raises(CancelledError):
@@ -641,6 +641,39 @@ async def test_cancel_a_key_or_a_whole_run(gate: Any) -> None:
                 await console.execute("cancel")
             # Cluster still healthy.
             assert await cluster.submit(add, 2, 2) == 4
+
+
+@pytest.mark.anyio
+async def test_cancel_of_a_finished_run_says_nothing_was_left_to_cancel() -> None:
+    """A soak audit: `cancel run-1` on a run finished long ago said "cancel requested
+    for run run-1: 201 key(s)", though every task had finished. Now the scheduler
+    counts, in the turn it cancels, the keys still to do, and the console says so."""
+    with anyio.fail_after(LIMIT):
+        async with cluster_and_console() as (cluster, console):
+            graph = {"f-a": (add, 1, 1), "f-b": (add, "f-a", 1), "f-c": (add, "f-b", 1)}
+            futures = await cluster.submit_graph(graph, ["f-b", "f-c"])
+            assert [await f for f in futures] == [3, 4]
+            run = list((await console.status())["recent_runs"])[-1]
+            text = await console.run_command(f"cancel {run}")
+            assert f"run {run}: 0 of 3 key(s) still to do; nothing cancelled" in text, text
+            data = json.loads(await console.run_command(f"cancel --run {run} --json"))
+            assert data["count"] == 3 and data["to_do"] == 0
+            assert [await f for f in futures] == [3, 4]  # finished tasks are not affected
+
+
+def test_the_cancel_line_says_what_was_still_to_do() -> None:
+    from runtime.console import cancel_text
+
+    data: dict[str, Any] = {"run": "run-1", "count": 201, "to_do": 0}
+    assert cancel_text("run run-1", data) == (
+        "run run-1: 0 of 201 key(s) still to do; nothing cancelled"
+    )
+    data["to_do"] = 5
+    assert cancel_text("run run-1", data) == (
+        "run run-1: 5 of 201 key(s) still to do; cancelled 5 (and what depends on them)"
+    )
+    # a manager older than the count says only how many keys it named
+    assert cancel_text("key x", {"count": 1}) == "cancel requested for key x: 1 key(s)"
 
 
 @pytest.mark.anyio
@@ -665,7 +698,7 @@ async def test_cancel_of_a_text_that_is_a_run_and_a_key_is_refused(gate: Any) ->
             assert not alice.done() and not named.done()
 
             text = await console.run_command(f"cancel --key {run}")
-            assert f"cancel requested for key {run}: 1 key(s)" in text
+            assert f"key {run}: 1 of 1 key(s) still to do; cancelled 1" in text
             with pytest.raises(CancelledError):
                 await named
             assert not alice.done()
@@ -679,7 +712,7 @@ async def test_cancel_of_a_text_that_is_a_run_and_a_key_is_refused(gate: Any) ->
             (last,) = await cluster.submit_graph({"r-x": (gated, "only-run", 3)}, ["r-x"])
             only_run = list((await console.status())["recent_runs"])[-1]
             text = await console.run_command(f"cancel {only_run}")
-            assert f"cancel requested for run {only_run}: 1 key(s)" in text
+            assert f"run {only_run}: 1 of 1 key(s) still to do; cancelled 1" in text
             with pytest.raises(CancelledError):
                 await last
 
@@ -1309,7 +1342,7 @@ async def test_the_console_unpickles_nothing_yet_gets_every_answer_over_ws(
             with pytest.raises(RuntimeError, match="no autoscaler"):
                 await console.scale("default", 2)
             done = await console.cancel([blocked.key])
-            assert done == {"run": "", "count": 1, "keys": [blocked.key]}
+            assert done == {"run": "", "count": 1, "to_do": 1, "keys": [blocked.key]}
             with pytest.raises(CancelledError):
                 await blocked
             opened.set()
@@ -1411,7 +1444,7 @@ async def test_one_shot_story_takes_a_split_key_and_fails_for_an_unknown_one(
             words = ["cancel", "--key", "('y',", "2)"]
             code = await anyio.to_thread.run_sync(main, ["console", address, *words])
             out = capsys.readouterr().out
-            assert code == 0 and "cancel requested for key ('y', 2)" in out, out
+            assert code == 0 and "key ('y', 2): " in out and "still to do" in out, out
 
 
 @pytest.mark.anyio
