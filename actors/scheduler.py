@@ -707,7 +707,8 @@ class Scheduler(Actor):
     def status(self, msg: StatusRequest) -> dict[str, Any]:
         """The scheduler's fields of a ``StatusReply``, by name (typed values)."""
         st = self.state  # counters kept by the core: no scan of the tasks
-        now = self.clock.now()
+        stalls = st.disk_stalls.values()
+        now = self.clock.now() if stalls else 0.0  # (a bare core in tests has no clock)
         return {
             "workers": tuple(self.infos.values()),
             "processing": {w: len(ws.processing) for w, ws in st.workers.items()},
@@ -737,9 +738,7 @@ class Scheduler(Actor):
             "storage": self._storage(),
             "speculative": dict(st.speculative),
             "checkpoints": _checkpoints(st),
-            "disk_stalls": tuple(
-                dataclasses.replace(d, stalled_for=now - d.since) for d in st.disk_stalls.values()
-            ),
+            "disk_stalls": tuple(dataclasses.replace(d, stalled_for=now - d.since) for d in stalls),
             "disk_full_tries": st.disk_full_tries,
             "disk_full_failed": st.disk_full_failed,
             "disk_stalls_total": dict(st.disk_stall_count),
