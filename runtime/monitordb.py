@@ -23,7 +23,8 @@ and every ``interval``:
 - each worker's latest memory numbers: ``resource_samples``;
 - the autoscaler's status: a row in ``blocks`` per block state change;
 - the manager's ``MetricsReply`` (the numbers ``GET /metrics`` serves, under the same
-  names): ``metric_samples``;
+  names): ``metric_samples``, a row per series when its value changed, and at least
+  every :data:`METRIC_HEARTBEAT` seconds (a reader holds a series' last value);
 - the manager's ``AlertsReply``: a row in ``alerts`` per alert state change, at the
   time the alert gives it.
 
@@ -950,6 +951,11 @@ CLOSE_TIMEOUT = 60.0
 PROGRESS_EVERY = 5.0  #: seconds between two log lines of a stopping writer's progress
 #: seconds between two writes of the metric series that have a ``category`` label
 CATEGORY_SAMPLES_EVERY = 30.0
+#: seconds: a metric series gets a row when its value changed since its last row, and at
+#: least this often when it did not (and at the run's end), so "its value at time t" is
+#: the latest row at or before t, never more than this old (an idle manager's series
+#: are then about 12 rows an hour each, not 1,800)
+METRIC_HEARTBEAT = 300.0
 MIN_FEED_WAIT = 0.05  #: seconds: the feed is read at most this often
 FEED_EVERY = 0.25  #: seconds: the feed is read at least this often (an empty read is cheap)
 _TERMINAL = frozenset({"memory", "erred", "cancelled"})
@@ -1023,6 +1029,8 @@ class MonitorRecorder(Actor):
         writer.ender = lambda: self._end(writer)  # (give_up_all, the loop gone)
         self.seq = 0  #: the next feed event to ask for
         self._categories_due = 0.0  #: when the per-category series are written next
+        #: (name, labels) -> (value, time) of each metric series' latest row
+        self._metric_rows: dict[tuple[str, str], tuple[float, float]] = {}
         self._stopping = False  #: on_stop's last poll (writes every series)
         self.feed_lost = 0  #: feed events gone before they were read
         self.polls = 0
@@ -1124,16 +1132,17 @@ class MonitorRecorder(Actor):
                 gives_up_in_s=round(CLOSE_TIMEOUT - (time.monotonic() - start)),
             )  # fmt: skip
 
-    async def poll(self, *, full: bool = True) -> tuple[int, int]:
+    async def poll(self, *, full: bool = True, now: float | None = None) -> tuple[int, int]:
         """One round: the feed and, if ``full``, the workers' memory, the blocks, the
         metrics, the alerts; then hand the rows to the writer. Returns the feed events
-        read and the size of the feed's ring."""
+        read and the size of the feed's ring. ``now``: the Unix time of its rows (a
+        test's; by default the time now)."""
         writer = self.writer
         if writer is None:
             return 0, 0
         async with self._lock:
             rows = _Rows()
-            now = time.time()
+            now = time.time() if now is None else now
             read, capacity = await self._feed(rows, now, full)
             if full:
                 self._flush_tasks(rows)
@@ -1312,15 +1321,27 @@ class MonitorRecorder(Actor):
         # Series per category (up to 500 categories, a few series each: most of the
         # rows) are written every CATEGORY_SAMPLES_EVERY seconds, and at the end; series
         # per worker (its disk) not at all: resource_samples has them; the others every
-        # interval.
+        # interval. Of those, a series gets a row only when its value changed since its
+        # last row, or that row is METRIC_HEARTBEAT old, or the run ends: an idle
+        # manager's unchanged series are not written anew every interval.
         categories = now >= self._categories_due or self._stopping
         if categories:
             self._categories_due = now + CATEGORY_SAMPLES_EVERY
+        written = self._metric_rows
         for family in SnapshotCollector(reply).collect():
             for s in family.samples:
                 if "worker" in s.labels or (not categories and "category" in s.labels):
                     continue
                 labels = json.dumps(s.labels, sort_keys=True)
+                last = written.get((s.name, labels))
+                if (
+                    last is not None
+                    and not self._stopping
+                    and now - last[1] < METRIC_HEARTBEAT
+                    and (last[0] == s.value or (last[0] != last[0] and s.value != s.value))
+                ):
+                    continue  # unchanged (NaN as NaN), and its last row recent enough
+                written[(s.name, labels)] = (s.value, now)
                 rows.add("metric", _METRIC, (run, now, s.name, labels, s.value))
 
     async def _poll_alerts(self, rows: _Rows, now: float) -> None:

@@ -510,6 +510,10 @@ class _Run:
         ):  # fmt: skip
             lines[(name, pool_of[labels])].add(at - self.t0, value)
         self.queues = {key: line.done() for key, line in lines.items()}
+        for line in self.queues.values():  # a series has a row when it changes: its last
+            if line.xs and line.xs[-1] < self.end:  # value holds to the run's last write
+                line.xs.append(self.end)
+                line.ys.append(line.ys[-1])
         return sum(counts.values())
 
 

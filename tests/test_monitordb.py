@@ -50,6 +50,7 @@ from runtime.messages import (
     PoolMetrics,
 )
 from runtime.monitordb import (
+    METRIC_HEARTBEAT,
     SCHEMA_VERSION,
     MonitorRecorder,
     MonitorWriter,
@@ -883,13 +884,18 @@ async def test_per_category_series_are_written_every_30_s_and_at_the_end(
     interval, about 0.9 GB an hour) are written once per CATEGORY_SAMPLES_EVERY, and by
     the last poll; the others at every poll."""
     db = tmp_path / "monitoring.db"
-    reply = MetricsReply(
-        pools={"p": PoolMetrics(queue_depth=3, oldest_wait=1.0)},
-        categories={f"c{i}": CategoryMetrics(finished=i) for i in range(20)},
-    )
-    recorder, writer = _recorder(
-        db, make_state(), manager=lambda m: reply if isinstance(m, MetricsRequest) else None
-    )
+    asked = iter(range(10**6))
+
+    def metrics(msg: Any) -> MetricsReply | None:
+        if not isinstance(msg, MetricsRequest):
+            return None
+        n = next(asked)  # every series changes at every poll (an unchanged one is not
+        return MetricsReply(  # written again: the test below)
+            pools={"p": PoolMetrics(queue_depth=3 + n, oldest_wait=1.0)},
+            categories={f"c{i}": CategoryMetrics(finished=i + n) for i in range(20)},
+        )
+
+    recorder, writer = _recorder(db, make_state(), manager=metrics)
 
     def counts() -> tuple[int, int]:
         q = "SELECT count(*) FROM metric_samples WHERE labels LIKE '%\"category\"%'"
@@ -906,6 +912,63 @@ async def test_per_category_series_are_written_every_30_s_and_at_the_end(
         assert counts()[0] == first
         await recorder.on_stop()  # its last poll writes them all
     assert counts() == (2 * first, 3)
+
+
+@pytest.mark.anyio
+async def test_an_unchanged_metric_series_is_written_once_per_heartbeat_and_the_report_holds_it(
+    tmp_path: Path, make_state: Factory
+) -> None:
+    """A soak audit found an idle manager's database growing about 170 MB a day: every
+    series written at every poll (2 s), unchanged. Now 50 polls of unchanged metrics
+    write one row per series; a change writes a row of that series alone; an unchanged
+    series is written again METRIC_HEARTBEAT after its last row, and at the end. The
+    report of the run so far draws the queue depth held at its last value up to the
+    run's last write, and the documented "latest value" query gives it."""
+    db = tmp_path / "monitoring.db"
+    depth = {"p": 4}
+
+    def metrics(msg: Any) -> MetricsReply | None:
+        if not isinstance(msg, MetricsRequest):
+            return None
+        return MetricsReply(pools={"p": PoolMetrics(queue_depth=depth["p"], oldest_wait=2.5)})
+
+    recorder, writer = _recorder(db, make_state(), manager=metrics)
+
+    def per_series() -> dict[tuple[str, str], int]:
+        q = "SELECT name, labels, count(*) FROM metric_samples GROUP BY name, labels"
+        return {(n, lb): c for n, lb, c in _rows(db, q)}
+
+    async def polls(times: Iterator[float]) -> dict[tuple[str, str], int]:
+        for t in times:
+            await recorder.poll(now=WALL + t)
+        await wait_until(lambda: writer.pending == 0, "the rows written")
+        return per_series()
+
+    with anyio.fail_after(LIMIT):
+        first = await polls(iter(2.0 * i for i in range(50)))  # 98 s, nothing changes
+        assert len(first) >= 5 and set(first.values()) == {1}, first
+        depth["p"] = 7  # a change: that series' row, no other
+        changed = await polls(iter([100.0, 102.0, 104.0]))
+        depth_p = ("corral_queue_depth", '{"pool": "p"}')
+        assert changed == {**first, depth_p: 2}
+        # the run so far, read as a live run: the depth held at 7 up to its last write
+        run = _run(db)
+        line = run.queues[("corral_queue_depth", "p")]
+        xs, ys = line.xs, line.ys
+        assert (xs[-2:], ys) == ([100.0, 104.0], [4, 7, 7]), (xs, ys)
+        assert run.queues[("corral_queue_oldest_wait_seconds", "p")].ys == [2.5, 2.5]
+        latest = _rows(
+            db,
+            "SELECT value FROM metric_samples WHERE name = 'corral_queue_depth' "
+            "AND json_extract(labels, '$.pool') = 'p' ORDER BY time DESC LIMIT 1",
+        )
+        assert latest == [(7.0,)]
+        # 300 s after their last row, the unchanged series have one more; the depth,
+        # written at 100 s, not yet
+        beat = await polls(iter([METRIC_HEARTBEAT - 2.0, METRIC_HEARTBEAT]))
+        assert beat == {**{k: n + 1 for k, n in changed.items()}, depth_p: 2}, beat
+        await recorder.on_stop()  # the end: every series once more
+    assert per_series() == {k: n + 1 for k, n in beat.items()}
 
 
 @pytest.mark.anyio
