@@ -257,16 +257,10 @@ def build_parser(prog: str = MODULE_PROG) -> argparse.ArgumentParser:
         "the default), once their readers are done too (2), ...; 0 never "
         "(docs/files.md#pruning-depth)",
     )
-    mgr.add_argument(
-        "--policy-module",
-        action="append",
-        default=[],
-        metavar="MODULE",
-        help="import MODULE (a dotted name on the manager's sys.path: its working "
-        "directory and PYTHONPATH; or a path to a .py file) before the manager starts, "
-        "so that the policies it registers (policies.register) can be set by clients; "
-        "repeatable (docs/policies.md#writing-and-registering-your-own)",
-    )
+    _policy_module_option(
+        mgr, "before the manager starts, so that the policies it registers "
+        "(policies.register) can be set by clients and named in --config's [policies]"
+    )  # fmt: skip
     mgr.add_argument(
         "--worker-timeout",
         type=float,
@@ -472,7 +466,9 @@ def build_parser(prog: str = MODULE_PROG) -> argparse.ArgumentParser:
         "limits); a short probe job per pool (a local pool: a subprocess) reports the "
         "Python, Corral and dask versions the workers would run, which must match this "
         "manager's; the run, spill and output directories exist or can be created and "
-        "have room. Prints PASS / WARN / FAIL per check with what to do; exit 1 when a "
+        "have room; the [policies] table is what the manager accepts (a policy that is "
+        "not built in needs --policy-module). Prints PASS / WARN / FAIL per check with "
+        "what to do; exit 1 when a "
         "check fails.",
     )
     chk.add_argument("--config", required=True, metavar="PATH", help="the TOML file of pools")
@@ -506,6 +502,10 @@ def build_parser(prog: str = MODULE_PROG) -> argparse.ArgumentParser:
         metavar="DIR",
         help="a directory the run writes its outputs to (repeatable)",
     )
+    _policy_module_option(
+        chk, "before checking --config's [policies], as the manager does: a policy it "
+        "registers can then be checked (without it, a name that is not built in cannot be)"
+    )  # fmt: skip
 
     sub.add_parser(
         "version",
@@ -513,6 +513,20 @@ def build_parser(prog: str = MODULE_PROG) -> argparse.ArgumentParser:
         help="print the versions of Corral, Python and dask",
     )
     return parser
+
+
+def _policy_module_option(parser: argparse.ArgumentParser, why: str) -> None:
+    """``--policy-module``, the same for the manager and the check: imported by
+    :func:`_import_policy_module`."""
+    parser.add_argument(
+        "--policy-module",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help=f"import MODULE (a dotted name on sys.path: the working directory and "
+        f"PYTHONPATH; or a path to a .py file) {why}; repeatable "
+        "(docs/policies.md#writing-and-registering-your-own)",
+    )
 
 
 def _with_default_command(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
@@ -881,8 +895,17 @@ def _cmd_check(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from actors.pools import load_config
+    from policies import REGISTRY
     from runtime.monitor import load_alerting
-    from runtime.preflight import WARN, CheckResult, exit_code, render, run_checks
+    from runtime.preflight import (
+        FAIL,
+        WARN,
+        CheckResult,
+        check_policies,
+        exit_code,
+        render,
+        run_checks,
+    )
 
     if args.probe_timeout <= 0:
         raise ValueError("--probe-timeout must be more than 0")
@@ -893,6 +916,14 @@ def _cmd_check(args: argparse.Namespace) -> int:
         print(text, file=sys.stderr, flush=True)
 
     results = [CheckResult("*", "alert rule", WARN, line) for line in alerting.warnings()]
+    for module in args.policy_module:  # as the manager: then its [policies] are checked
+        try:
+            _import_policy_module(module)
+        except ImportError as exc:
+            results.append(CheckResult("*", "policy module", FAIL, str(exc), _MODULE_ADVICE))
+    policies = check_policies(args.config, REGISTRY, args.policy_module)
+    if policies is not None:
+        results.append(policies)
     results += run_checks(
         pools,
         probe=not args.no_probe,
@@ -908,6 +939,12 @@ def _cmd_check(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(render(results))
     return code
+
+
+_MODULE_ADVICE = (
+    "the manager would stop with this error: fix the module, or give its .py file or a "
+    "module name on PYTHONPATH (docs/policies.md#with-a-manager-process)"
+)
 
 
 def _cmd_console(args: argparse.Namespace) -> int:

@@ -24,6 +24,10 @@ The checks:
 - ``drain``: how long before its walltime each pool with one has its workers drained;
   a WARN when, without a ``drain_period``, the default margin would be capped at half
   a short walltime.
+- ``policies``: the ``[policies]`` table, loaded as the manager loads it
+  (:func:`actors.pools.load_policies`: each policy made once, with its parameters); a
+  name that is not built in cannot be checked without the ``--policy-module`` that
+  registers it, and fails saying so.
 - ``directory``: the run, spill and output directories exist or can be created, and have
   room: free space against the pools' ``memory_per_worker`` x workers (a conservative
   guess at what may be spilled).
@@ -58,7 +62,7 @@ import anyio
 import anyio.abc
 import anyio.to_thread
 
-from actors.pools import PoolConfig, local_workers
+from actors.pools import PoolConfig, load_policies, local_workers
 from actors.providers import BlockSpec
 from actors.scheduler_records import SchedulerConfig
 from actors.slurm import (
@@ -72,7 +76,8 @@ from actors.slurm import (
     parse_scontrol_job,
     parse_squeue,
 )
-from runtime.errors import BatchSystemError
+from policies.base import PolicyRegistry
+from runtime.errors import BatchSystemError, PolicyConfigError, UnknownPolicyError
 from runtime.log import get_logger
 
 __all__ = [
@@ -88,6 +93,7 @@ __all__ = [
     "check_drain",
     "check_local",
     "check_partition",
+    "check_policies",
     "check_test_only",
     "compare_versions",
     "exit_code",
@@ -941,6 +947,45 @@ def check_directories(
     results.append(spill)
     results += [check_directory("output directory", d, needed) for d in output_dirs]
     return results
+
+
+# ----------------------------------------------------------------------------- policies
+
+
+def check_policies(
+    path: str | os.PathLike[str], registry: PolicyRegistry, modules: Sequence[str] = ()
+) -> CheckResult | None:
+    """The ``[policies]`` table of the configuration file at ``path``, checked by the
+    manager's own :func:`~actors.pools.load_policies` against ``registry`` (the built-in
+    policies and those the ``modules``, the check's ``--policy-module``s, registered).
+    None when the file has no such table."""
+    given = f" (with --policy-module {', '.join(modules)})" if modules else ""
+    try:
+        chosen = load_policies(path, registry)
+    except PolicyConfigError as exc:
+        cause = exc.__cause__
+        if isinstance(cause, UnknownPolicyError) and cause.kind != "kind of" and not modules:
+            return CheckResult(
+                ALL, "policies", FAIL,
+                f"[policies] {exc.key}: {cause.name!r} is not a built-in {cause.kind} "
+                "policy, so it cannot be verified without the module that registers it "
+                f"(built in: {', '.join(cause.available) or 'none'})",
+                "check it with the manager's module: python -m runtime check --config "
+                f"{path} --policy-module MODULE; or pick a built-in policy "
+                "(docs/policies.md#with-a-manager-process)",
+            )  # fmt: skip
+        return CheckResult(
+            ALL, "policies", FAIL, exc.message,
+            f"fix [policies] in {path}: a manager started with it stops with this error",
+        )  # fmt: skip
+    if not chosen:
+        return None
+    said = ", ".join(
+        f"{kind} = {name}" + (f" ({', '.join(f'{k}={v!r}' for k, v in params.items())})"
+                              if params else "")
+        for kind, (name, params) in chosen.items()
+    )  # fmt: skip
+    return CheckResult(ALL, "policies", PASS, f"{said}{given}")
 
 
 # ----------------------------------------------------------------------------- all of them

@@ -1,0 +1,100 @@
+"""``python -m runtime check --config FILE`` checks the ``[policies]`` table as the
+manager loads it (``actors.pools.load_policies``, each policy made once): before, the
+check passed a table that then stopped the manager with ``PolicyConfigError``. A name
+that is not built in cannot be checked without the module that registers it: the check
+takes ``--policy-module``, as the manager does. Each run is a real ``check`` process,
+bounded (tests/test_preflight.py's ``check``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.test_preflight import check, results
+
+pytestmark = pytest.mark.timeout(180)
+
+MINE = """
+import policies
+from policies.base import RetryDecision
+
+@policies.register("retry", "test-mine")
+class Mine:
+    def __init__(self, tries: int = 3) -> None:
+        self.tries = tries
+
+    def decide(self, task, outcome, cause):
+        return RetryDecision(False)
+"""
+
+
+def test_a_bad_parameter_of_a_built_in_policy_fails_the_check(tmp_path: Path) -> None:
+    config = '[policies.retry]\nname = "default"\nmax_lots = 2\n'
+    done = check(tmp_path, config, "--no-probe", "--json")
+    assert done.returncode == 1, done.stdout + done.stderr
+    r = results(done)[("*", "policies")]
+    assert r["status"] == "FAIL", r
+    assert r["detail"].startswith(
+        f"[policies] in {tmp_path / 'corral.toml'}: key 'retry' is refused: bad parameters "
+        "for retry policy 'default': no parameter 'max_lots'; did you mean 'max_lost'?"
+    ), r
+    assert "a manager started with it stops with this error" in r["advice"], r
+    text = check(tmp_path, config, "--no-probe")  # the same, as a line of the table
+    assert text.returncode == 1 and "FAIL  *  policies" in text.stdout, text.stdout
+
+
+def test_a_policy_that_is_not_built_in_fails_the_check_saying_why(tmp_path: Path) -> None:
+    done = check(tmp_path, '[policies]\nretry = "test-mine"\n', "--no-probe", "--json")
+    assert done.returncode == 1, done.stdout + done.stderr
+    r = results(done)[("*", "policies")]
+    assert r["status"] == "FAIL", r
+    assert r["detail"] == (
+        "[policies] retry: 'test-mine' is not a built-in retry policy, so it cannot be "
+        "verified without the module that registers it (built in: default, never)"
+    ), r
+    assert "--policy-module MODULE" in r["advice"], r
+
+
+def test_a_good_table_passes(tmp_path: Path) -> None:
+    config = (
+        '[policies]\npriority = "long-first"\n\n[policies.retry]\nname = "default"\nmax_lost = 2\n'
+    )
+    done = check(tmp_path, config, "--no-probe", "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    r = results(done)[("*", "policies")]
+    assert (r["status"], r["detail"]) == (
+        "PASS", "priority = long-first, retry = default (max_lost=2)"
+    ), r  # fmt: skip
+
+
+def test_a_policy_of_a_policy_module_passes_with_it(tmp_path: Path) -> None:
+    module = tmp_path / "mine.py"
+    module.write_text(MINE)
+    config = '[policies.retry]\nname = "test-mine"\ntries = 5\n'
+    done = check(tmp_path, config, "--no-probe", "--json", "--policy-module", str(module))
+    assert done.returncode == 0, done.stdout + done.stderr
+    r = results(done)[("*", "policies")]
+    assert (r["status"], r["detail"]) == (
+        "PASS", f"retry = test-mine (tries=5) (with --policy-module {module})"
+    ), r  # fmt: skip
+    # its parameters are checked as the manager checks them
+    bad = '[policies.retry]\nname = "test-mine"\ntries = "five"\n'
+    done = check(tmp_path, bad, "--no-probe", "--json", "--policy-module", str(module))
+    assert done.returncode == 1, done.stdout + done.stderr
+    r = results(done)[("*", "policies")]
+    assert r["status"] == "FAIL", r
+    assert (
+        "retry policy 'test-mine': tries must be a whole number (an int), got 'five'"
+        in (r["detail"])
+    ), r
+    # a module that does not import: a FAIL of its own, as the manager would stop
+    broken = tmp_path / "broken.py"
+    broken.write_text("raise RuntimeError('no GPU here')\n")
+    done = check(tmp_path, config, "--no-probe", "--json", "--policy-module", str(broken))
+    assert done.returncode == 1, done.stdout + done.stderr
+    r = results(done)[("*", "policy module")]
+    assert r["status"] == "FAIL", r
+    assert r["detail"] == (
+        f"--policy-module {str(broken)!r} could not be imported: RuntimeError: no GPU here"
+    ), r
