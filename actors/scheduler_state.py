@@ -102,9 +102,10 @@ its limit less the bytes it last reported on disk (``WorkerMemory.disk_used``) l
 the core reserved for the tasks it sent there and that have not finished
 (``disk_reserved``). The expected output (``_expected_output``) is firm or an estimate.
 Firm: the largest output a try of this very task wrote that did not fit (``disk-full``,
-``disk_measured``), or a declared ``resources={"disk": bytes}`` (it replaces the
-category's estimate, smaller or larger), the larger of the two. Estimates: the largest
-output of the category so far (including tries that ended ``disk-full``), else a guess.
+``disk_measured``; a refused input copy, ``DiskFull.input``, measures nothing), or a
+declared ``resources={"disk": bytes}`` (it replaces the category's estimate, smaller or
+larger), the larger of the two. Estimates: the largest output of the category so far
+(including tries whose output ended ``disk-full``), else a guess.
 A ready task that only lacks disk waits (its story says so), and the worker it would
 have the most disk left on is kept for it from the producers after it in that ``_fill``
 (``disk_held``): they would fill the room it waits for. One that no worker of its
@@ -1227,17 +1228,21 @@ class SchedulerState:
             m = self._metric(ts.spec.category)
             m.peak_rss = max(m.peak_rss, res.rss_peak)
         elif res.outcome == "disk-full":
-            # Its output did not fit on the worker's disk: the category's outputs
-            # are estimated this large from now on (steering its other tasks)...
-            stat.disk_full += 1
             self.disk_full_tries += 1
-            stat.max_nbytes = max(stat.max_nbytes, res.nbytes)
-            # ... and this very task needs at least that much: firm, for its retries;
-            # only a lower bound if the file system stopped its write (ENOSPC).
-            cut = isinstance(error, DiskFull) and error.partial and not error.input
-            before = self.disk_measured.get(ts, (0, False))
-            if res.nbytes > before[0] or (res.nbytes == before[0] and not cut):
-                self.disk_measured[ts] = (res.nbytes, cut)
+            # A refused copy of a file input (``error.input``): ``nbytes`` is that
+            # input's, known to placement already; the task wrote nothing, so nothing
+            # is learnt of its output, or its category's.
+            if not (isinstance(error, DiskFull) and error.input):
+                # Its output did not fit on the worker's disk: the category's outputs
+                # are estimated this large from now on (steering its other tasks)...
+                stat.disk_full += 1
+                stat.max_nbytes = max(stat.max_nbytes, res.nbytes)
+                # ... and this very task needs at least that much: firm, for its
+                # retries; only a lower bound if the file system stopped its write.
+                cut = isinstance(error, DiskFull) and error.partial
+                before = self.disk_measured.get(ts, (0, False))
+                if res.nbytes > before[0] or (res.nbytes == before[0] and not cut):
+                    self.disk_measured[ts] = (res.nbytes, cut)
             try_cause = cause or "disk-full"
             if not isinstance(error, DiskFull):  # the worker's own names the room
                 room = max(0, ws.disk - ws.disk_used) if ws.disk else 0

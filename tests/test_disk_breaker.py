@@ -216,6 +216,30 @@ def test_a_retry_after_a_refused_input_copy_says_so(make_state: Factory) -> None
     ]
 
 
+def test_a_refused_input_copy_teaches_nothing_of_the_output(make_state: Factory) -> None:
+    """A try that ends disk-full because its worker refused to copy a file input wrote
+    nothing: the size it reports is the input's (3 MiB), known to placement already.
+    It is not the task's measured output, nor its category's largest: the retry is
+    placed on the category's estimate (1 MiB, from skim-0), so it fits in the 2 MiB
+    free. Before, both became 3 MiB and the retry waited for disk."""
+    s = make_state(saturation=1.0)
+    join(s, "w1", disk=10 * MB)
+    known_sizes(s, "w1")
+    submit(s, {"load-1": [], "skim-1": ["load-1"]}, ["skim-1"])
+    wrote(s, "w1", "load-1", 3 * MB)
+    disk_used(s, "w1", 8 * MB)
+    err = DiskFull("skim-1", "w1", 3 * MB, 0, 10 * MB, input="load-1")
+    cmds = run(s, event(TasksFinished, worker="w1", results=(
+        result("skim-1", "disk-full", nbytes=3 * MB, error=err),
+    )))  # fmt: skip
+    assert assigned(cmds) == {"w1": ["skim-1"]}
+    assert s.disk_measured == {}
+    stat = s.stats["skim"]
+    assert (stat.max_nbytes, stat.disk_full, stat.count) == (MB, 0, 1)
+    assert s.disk_full_tries == 1
+    assert not lines(s, "skim-1", "waiting for disk")
+
+
 # ---------------------------------------------------------------- the error
 
 
