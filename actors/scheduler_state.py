@@ -121,12 +121,13 @@ A producer also keeps room for its consumer step's expected output beside its ow
 The disk watchdog (``_watch_disk``): when every worker of a pool runs nothing while
 ready tasks of the pool wait for disk, for ``stall_timeout`` seconds, each idle worker
 takes one such task past its disk estimate until one fits again: only a task whose run
-frees inputs there (``_frees``), the one freeing the most (``_pick_past``), and only
-where its known output fits. If that places nothing, the stall breaker
-(``_break_disk_stall``) drops stored outputs that can be had again and whose readers
-have not started, cheapest first, to make room for the first waiting task; only with
-nothing to drop are tasks tried past their estimates regardless (``disk_last_resort``),
-so the run ends with DiskFull rather than hangs (docs/files.md).
+frees outputs there (``_frees``, by the pruning rule ``_holds`` at ``prune_depth``), the
+one freeing the most (``_pick_past``), and only where its known output fits. If that
+places nothing, the stall breaker (``_break_disk_stall``) drops stored outputs that can
+be had again and whose readers have not started, cheapest first, to make room for the
+first waiting task; only with nothing to drop are tasks tried past their estimates
+regardless (``disk_last_resort``), so the run ends with DiskFull rather than hangs
+(docs/files.md).
 
 The watchdog: if every worker stays
 throttled, nothing but producers is active and nothing finishes for ``stall_timeout``
@@ -2456,33 +2457,37 @@ class SchedulerState:
 
     # ----------------------------------------------------------------- pruning depth
 
-    def _holds(self, ts: TaskState) -> int:
+    def _holds(self, ts: TaskState, done: TaskState | None = None) -> int:
         """What keeps ``ts``'s output, as the file registry's ``consumers``: its own
         ``consumers`` (active readers), else 1 if a task within ``prune_depth`` steps
         downstream of it is still active (found breadth first: the search stops at the
-        first), else 0. Depth 0 never lets it go."""
-        if ts.consumers or self._depth == 1:
-            return ts.consumers
+        first), else 0. Depth 0 never lets it go. With ``done`` (an active task): what
+        would keep it once ``done`` is done (``_frees``)."""
+        consumers = ts.consumers
+        if done is not None:
+            consumers -= done.deps.count(ts)  # as ``_set`` counts it
+        if consumers or self._depth == 1:
+            return consumers
         if self._depth == 0:
             return 1
         seen: set[TaskState] = set()
-        level = list(ts.dependents)  # none active: they are the readers, all done
+        level = list(ts.dependents)  # none active (but ``done``): the readers, all done
         for _ in range(self._depth - 1):
             below = []
             for t in level:
                 for d in t.dependents:
                     if d in seen:
                         continue
-                    if d.state in ACTIVE:
+                    if d.state in ACTIVE and d is not done:
                         return 1
                     seen.add(d)
                     below.append(d)
             level = below
         return 0
 
-    def _upstream_changed(self, ts: TaskState) -> None:
-        """``ts`` became active or stopped being: with ``prune_depth`` > 1 the outputs up
-        to that many steps upstream may be kept or dropped now (facts sent again)."""
+    def _upstream(self, ts: TaskState) -> set[TaskState]:
+        """The tasks up to ``prune_depth`` steps upstream of ``ts``: those whose outputs
+        ``ts`` being active may keep (``_holds``)."""
         seen: set[TaskState] = set()
         level = ts.deps
         for _ in range(self._depth):
@@ -2490,9 +2495,16 @@ class SchedulerState:
             for t in level:
                 if t not in seen:
                     seen.add(t)
-                    self._files[t.key] = t
                     above.extend(t.deps)
             level = above
+        return seen
+
+    def _upstream_changed(self, ts: TaskState) -> None:
+        """``ts`` became active or stopped being: with ``prune_depth`` > 1 the outputs up
+        to that many steps upstream may be kept or dropped now (facts sent again)."""
+        files = self._files
+        for t in self._upstream(ts):
+            files[t.key] = t
 
     # ----------------------------------------------------------------- replicas
 
@@ -3056,14 +3068,18 @@ class SchedulerState:
         return room
 
     def _frees(self, ts: TaskState, ws: WorkerState) -> int:
-        """Bytes of ``ts``'s inputs on ``ws`` that its run lets go there: read by no
-        other active task and wanted by no client, so pruned once it is done (with
-        ``prune_depth`` 1; deeper, nothing is pruned by its run alone)."""
-        if self._depth != 1:
+        """Bytes of outputs on ``ws`` that ``ts``'s run lets go there: those the pruning
+        rule (``_holds``, at ``prune_depth``) keeps now, and no longer once ``ts`` is
+        done, that no client wants. With depth 1, its inputs no other active task
+        reads; deeper, outputs up to that many steps upstream; with 0, none."""
+        if self._depth == 0:
             return 0
         wid = ws.id
+        ups = set(ts.deps) if self._depth == 1 else self._upstream(ts)
         return sum(
-            d.nbytes for d in set(ts.deps) if wid in d.who_has and d.consumers <= 1 and not d.wanted
+            d.nbytes
+            for d in ups
+            if wid in d.who_has and not d.wanted and self._holds(d) and not self._holds(d, ts)
         )
 
     def _past_fits(self, ts: TaskState, ws: WorkerState) -> int:

@@ -36,7 +36,18 @@ from actors.scheduler_events import (
 )
 from actors.scheduler_state import SchedulerState
 from runtime.errors import DiskFull
-from tests.helpers import MB, Factory, assigned, event, make_state, of, result, run, submit
+from tests.helpers import (
+    MB,
+    Factory,
+    assigned,
+    event,
+    facts,
+    make_state,
+    of,
+    result,
+    run,
+    submit,
+)
 from tests.test_disk_placement import disk_used, join, tick
 
 __all__ = ["make_state"]  # the fixture, used by name
@@ -153,6 +164,33 @@ def test_the_stall_breaker_drops_a_recomputable_output_instead_of_failing(
     # The run goes on: skim-2 prunes load-2, and load-1 and skim-1 run again.
     assert assigned(wrote(s, "w1", "skim-2", MB)) == {"w1": ["load-3"]}
     run(s, event(FilesReleased, keys=("load-2",)))
+
+
+def test_the_watchdog_counts_what_a_run_frees_at_prune_depth_2(make_state: Factory) -> None:
+    """With ``prune_depth=2`` an output is kept until its readers' readers are done:
+    the chain load-1 -> skim-1 -> fin-1 keeps load-1 (3 MiB) and skim-1 (1 MiB) until
+    fin-1 is done. fin-1 waits for disk on a full, idle worker: the watchdog places it,
+    as its run frees both there. Before, ``_frees`` counted nothing above depth 1: the
+    watchdog placed nothing, and the stall breaker dropped skim-1, to make it again."""
+    s = make_state(saturation=1.0, memory="blind", prune_depth=2)
+    join(s, "w1", disk=9 * MB)
+    submit(s, {"load-1": [], "skim-1": ["load-1"], "fin-1": ["skim-1"]}, ["fin-1"])
+    wrote(s, "w1", "load-1", 3 * MB)
+    disk_used(s, "w1", 9 * MB)  # full: fin-1's guessed output does not fit
+    assert not assigned(wrote(s, "w1", "skim-1", MB))
+    assert s.tasks["fin-1"].state == "queued"
+    start = s._now
+    assert not assigned(tick(s, start))
+    cmds = tick(s, start + 10.0)
+    assert assigned(cmds) == {"w1": ["fin-1"]}
+    assert not dropped(cmds) and s.disk_dropped == 0
+    (line,) = lines(s, "fin-1", "past its disk estimate")
+    assert line.endswith("its run frees 4194304 B of inputs there")
+    # Once fin-1 is done, depth 2 lets both go.
+    cmds = wrote(s, "w1", "fin-1", MB)
+    assert {k: f.consumers for k, f in facts(cmds).items()} == {
+        "load-1": 0, "skim-1": 0, "fin-1": 0,
+    }  # fmt: skip
 
 
 # ---------------------------------------------------------------- admission
