@@ -336,12 +336,16 @@ async def test_close_with_a_hung_on_stop_is_bounded_and_still_releases_everythin
     monkeypatch.setattr(ClientActor, "on_stop", hangs)
     monkeypatch.setattr(ClientActor, "stop_timeout", 1.0)
     caplog.set_level(logging.INFO, logger="corral")
+    # Only this cluster's processes: earlier tests' (a session's Prometheus, say) may
+    # still run under this one.
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
     with anyio.fail_after(LIMIT):
         async with Cluster(processes=1) as c:
             await c.wait_for_workers(1, timeout=LIMIT)
             assert await c.submit(sum, [1, 2]) == 3
             client = c._client_actor.name
-            kids = psutil.Process().children(recursive=True)
+            kids = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+            assert kids  # the worker process
             port = urlsplit(c.gateway_address).port
         # close() returned: every actor stopped
     messages = [r.getMessage() for r in caplog.records]
