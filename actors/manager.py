@@ -808,6 +808,7 @@ class Manager(Actor):
             "recent_runs": {r: len(k) for r, k in list(self.run_keys.items())[-10:]},
             "wanted_keys": len(self.keys),
             "wanted_pending": pending,
+            "process": process_figures(),
         }
         auto, busy = None, False
         autoscaler = self._autoscaler()
@@ -817,3 +818,28 @@ class Manager(Actor):
             except (ActorStopped, AskTimeout):
                 busy = True
         return StatusReply(**sched, files=files, autoscaler=auto, autoscaler_busy=busy, **mine)
+
+
+def process_figures() -> dict[str, int]:
+    """The process that runs the manager, for ``status()["process"]``: its ``pid``, its
+    ``rss`` (bytes), ``threads``, open file descriptors (``fds``; -1 where the system
+    does not say) and the asyncio tasks of its event loop: what tells a long-lived
+    manager filling its bounded stores from one that leaks (docs/deployment.md)."""
+    import asyncio
+    import os
+
+    import psutil
+
+    me = psutil.Process()
+    with me.oneshot():
+        rss, threads = me.memory_info().rss, me.num_threads()
+        try:
+            fds = me.num_fds()
+        except (AttributeError, psutil.Error):  # not on every system
+            fds = -1
+    try:
+        tasks = len(asyncio.all_tasks())
+    except RuntimeError:  # no running loop (a test's bare call)
+        tasks = 0
+    return {"pid": os.getpid(), "rss": rss, "threads": threads, "fds": fds,
+            "asyncio_tasks": tasks}  # fmt: skip

@@ -1212,6 +1212,17 @@ def render_status(st: Mapping[str, Any]) -> RenderableType:
         )
     for warning in st.get("warnings") or ():
         parts.append(Text(f"warning: {warning}", style="bold yellow"))
+    proc = st.get("process")
+    if isinstance(proc, Mapping) and proc.get("pid"):
+        fds = int(proc.get("fds", -1))
+        parts.append(
+            Text(
+                f"manager process {proc['pid']}: RSS {_bytes(proc.get('rss'))}, "
+                f"{proc.get('threads', 0)} thread(s), "
+                + (f"{fds} open file(s), " if fds >= 0 else "")
+                + f"{proc.get('asyncio_tasks', 0)} asyncio task(s)"
+            )
+        )
     return Group(*parts)
 
 

@@ -1276,6 +1276,9 @@ class StatusReply(Message):
     recent_runs: dict[str, int] = dataclasses.field(default_factory=dict)
     wanted_keys: int = 0
     wanted_pending: int = 0
+    #: the manager's process: ``pid``, ``rss`` (bytes), ``threads``, ``fds`` (-1: not
+    #: known), ``asyncio_tasks`` (actors/manager.py ``process_figures``)
+    process: dict[str, int] = dataclasses.field(default_factory=dict)
     autoscaler: AutoscalerStatus | None = None
     autoscaler_busy: bool = False
     #: what the scheduler warns of now, as texts (the workers of one machine that

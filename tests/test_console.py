@@ -288,8 +288,14 @@ async def test_status_shows_workers_pools_tasks_categories_memory_and_policies()
             assert st["draining"] == [] and st["queues"] == {}
             assert st["files"]["files"] == 10 and st["runs"] == 2
             assert "autoscaler" not in st  # a manager process has none
+            # The manager's process (here this one): what tells a long-lived manager
+            # filling its bounded stores from one that leaks.
+            proc = st["process"]
+            assert proc["pid"] == os.getpid() and proc["rss"] > 2**20
+            assert proc["threads"] >= 1 and proc["fds"] > 0 and proc["asyncio_tasks"] > 0
 
             text = await console.run_command("status")
+            assert f"manager process {os.getpid()}: RSS " in text and "asyncio task(s)" in text
             for word in ("workers", "pools", "tasks", "categories", "memory", "policies"):
                 assert word in text
             for w in workers:
