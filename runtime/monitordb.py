@@ -20,7 +20,8 @@ Where the rows come from:
 
 and every ``interval``:
 
-- each worker's latest memory numbers: ``resource_samples``;
+- each worker's latest memory and disk numbers: ``resource_samples``, a row per worker
+  when they changed, and at least every :data:`METRIC_HEARTBEAT` seconds;
 - the autoscaler's status: a row in ``blocks`` per block state change;
 - the manager's ``MetricsReply`` (the numbers ``GET /metrics`` serves, under the same
   names): ``metric_samples``, a row per series when its value changed, and at least
@@ -1031,6 +1032,8 @@ class MonitorRecorder(Actor):
         self._categories_due = 0.0  #: when the per-category series are written next
         #: (name, labels) -> (value, time) of each metric series' latest row
         self._metric_rows: dict[tuple[str, str], tuple[float, float]] = {}
+        #: worker -> its last resource_samples row's numbers and time
+        self._resource_rows: dict[str, tuple[tuple[Any, ...], float]] = {}
         self._stopping = False  #: on_stop's last poll (writes every series)
         self.feed_lost = 0  #: feed events gone before they were read
         self.polls = 0
@@ -1182,9 +1185,34 @@ class MonitorRecorder(Actor):
         if last is None:
             return 0, 0
         if samples:
+            # A worker's row only when its numbers changed, or at the heartbeat: an
+            # idle worker's memory and disk stay the same for hours.
+            kept = self._resource_rows
+            for wid in kept.keys() - last.workers.keys():
+                # Left: its last numbers once more, so its lines run to its end.
+                sample, at = kept.pop(wid)
+                if at < now:
+                    rows.add("resource", _RESOURCE, (self.run_id, now, wid, *sample))
             for wid, sample in last.workers.items():
-                rows.add("resource", _RESOURCE, (self.run_id, now, wid, *sample))
+                if self._due(kept, wid, tuple(sample), now):
+                    rows.add("resource", _RESOURCE, (self.run_id, now, wid, *sample))
         return read, last.capacity
+
+    def _due(self, written: dict[Any, tuple[Any, float]], key: Any, value: Any, now: float) -> bool:
+        """Whether a series' ``value`` gets a row now, and if so, notes it in
+        ``written`` (key -> its last row's value and time): when it changed since its
+        last row (NaN equals NaN), or that row is :data:`METRIC_HEARTBEAT` old, or the
+        run ends."""
+        last = written.get(key)
+        if (
+            last is not None
+            and not self._stopping
+            and now - last[1] < METRIC_HEARTBEAT
+            and (last[0] == value or (last[0] != last[0] and value != value))
+        ):
+            return False
+        written[key] = (value, now)
+        return True
 
     def _flush_tasks(self, rows: _Rows) -> None:
         """One ``tasks`` row per task touched since the last full poll."""
@@ -1333,16 +1361,8 @@ class MonitorRecorder(Actor):
                 if "worker" in s.labels or (not categories and "category" in s.labels):
                     continue
                 labels = json.dumps(s.labels, sort_keys=True)
-                last = written.get((s.name, labels))
-                if (
-                    last is not None
-                    and not self._stopping
-                    and now - last[1] < METRIC_HEARTBEAT
-                    and (last[0] == s.value or (last[0] != last[0] and s.value != s.value))
-                ):
-                    continue  # unchanged (NaN as NaN), and its last row recent enough
-                written[(s.name, labels)] = (s.value, now)
-                rows.add("metric", _METRIC, (run, now, s.name, labels, s.value))
+                if self._due(written, (s.name, labels), s.value, now):
+                    rows.add("metric", _METRIC, (run, now, s.name, labels, s.value))
 
     async def _poll_alerts(self, rows: _Rows, now: float) -> None:
         """A row per alert state change, at the time the alert gives it (``active_since``,

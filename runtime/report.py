@@ -711,7 +711,8 @@ def _fleet(run: _Run) -> go.Figure:
 def _memory(run: _Run) -> go.Figure:
     fig = go.Figure()
     for worker, line in sorted(run.rss.items()):
-        fig.add_trace(go.Scatter(x=line.xs, y=line.ys, mode="lines", name=worker))
+        fig.add_trace(go.Scatter(x=line.xs, y=line.ys, mode="lines", line_shape="hv",
+                                 name=worker))  # fmt: skip
     return _over_time(fig, run, "RSS (MiB)", SECTIONS[3])
 
 
@@ -881,8 +882,8 @@ def _storage(run: _Run) -> go.Figure:
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
                         subplot_titles=("bytes on disk", "transfers and recoveries"))  # fmt: skip
     for worker, line in sorted(run.disk.items()):
-        fig.add_trace(go.Scatter(x=line.xs, y=line.ys, mode="lines", name=f"disk {worker}"),
-                      row=1, col=1)  # fmt: skip
+        fig.add_trace(go.Scatter(x=line.xs, y=line.ys, mode="lines", line_shape="hv",
+                                 name=f"disk {worker}"), row=1, col=1)  # fmt: skip
     for kind, line in sorted(run.copied.items()):
         fig.add_trace(go.Scatter(x=line.xs, y=line.ys, mode="lines", line_shape="hv",
                                  name=f"copied MiB: {kind}"), row=2, col=1)  # fmt: skip

@@ -555,15 +555,18 @@ def _recorder(
     autoscaler: Callable[[Any], Any] = lambda msg: None,
     max_rows: int = 500_000,
     wall: float = WALL,
+    workers: dict[str, tuple[int, int, int, int | None, int]] | None = None,
 ) -> tuple[MonitorRecorder, MonitorWriter]:
     """A recorder of ``state``'s feed into a new database at ``db``, with its run row;
-    ``wall``: Unix time less the core's clock."""
+    ``wall``: Unix time less the core's clock; ``workers``: the workers' memory numbers
+    the feed gives (read at each poll: a test changes them between polls)."""
 
     def feed(msg: Any) -> MonitorFeedReply | None:
         if not isinstance(msg, MonitorFeed):
             return None
         entries, nxt, lost = state.feed_since(msg.since, msg.limit)
-        return MonitorFeedReply(tuple(entries), nxt, lost, wall, {}, state.config.feed_length)
+        sampled = dict(workers or {})
+        return MonitorFeedReply(tuple(entries), nxt, lost, wall, sampled, state.config.feed_length)
 
     writer = MonitorWriter(db, max_rows=max_rows)
     scheduler, boss, scaler = _Ref(feed), _Ref(manager), _Ref(autoscaler)
@@ -969,6 +972,48 @@ async def test_an_unchanged_metric_series_is_written_once_per_heartbeat_and_the_
         assert beat == {**{k: n + 1 for k, n in changed.items()}, depth_p: 2}, beat
         await recorder.on_stop()  # the end: every series once more
     assert per_series() == {k: n + 1 for k, n in beat.items()}
+
+
+@pytest.mark.anyio
+async def test_an_idle_worker_s_memory_is_written_once_per_heartbeat(
+    tmp_path: Path, make_state: Factory
+) -> None:
+    """An idle manager's database grew by about 3.8 MB a day per worker: a
+    ``resource_samples`` row per worker every poll (2 s), the same numbers each time. Now
+    a worker's row is written when its numbers change, METRIC_HEARTBEAT after its last
+    row, at the end, and once more when it leaves (its numbers held to then)."""
+    db = tmp_path / "monitoring.db"
+    mib = 2**20
+    workers = {"w1": (100 * mib, 0, 0, 5000 * mib, 0), "w2": (80 * mib, 0, 0, None, 0)}
+    recorder, writer = _recorder(db, make_state(), workers=workers)
+
+    def per_worker() -> dict[str, list[tuple[float, int]]]:
+        q = "SELECT worker, time, rss FROM resource_samples ORDER BY worker, time"
+        rows: dict[str, list[tuple[float, int]]] = {}
+        for w, at, rss in _rows(db, q):
+            rows.setdefault(w, []).append((at - WALL, rss // mib))
+        return rows
+
+    async def polls(*times: float) -> dict[str, list[tuple[float, int]]]:
+        for t in times:
+            await recorder.poll(now=WALL + t)
+        await wait_until(lambda: writer.pending == 0, "the rows written")
+        return per_worker()
+
+    with anyio.fail_after(LIMIT):
+        idle = await polls(*(2.0 * i for i in range(50)))  # 98 s, nothing changes
+        assert idle == {"w1": [(0.0, 100)], "w2": [(0.0, 80)]}
+        workers["w1"] = (120 * mib, 0, 0, 5000 * mib, 0)  # w1 ran a task
+        grew = await polls(100.0, 102.0)
+        assert grew == {"w1": [(0.0, 100), (100.0, 120)], "w2": [(0.0, 80)]}
+        beat = await polls(METRIC_HEARTBEAT - 2.0, METRIC_HEARTBEAT)  # w2's heartbeat
+        assert beat == {"w1": [(0.0, 100), (100.0, 120)], "w2": [(0.0, 80), (300.0, 80)]}
+        del workers["w2"]  # w2 left: its numbers once more, at the poll that saw it gone
+        left = await polls(310.0, 312.0)
+        assert left["w2"] == [(0.0, 80), (300.0, 80), (310.0, 80)]
+        await recorder.on_stop()  # the end: w1 once more
+    assert [at for at, _ in per_worker()["w1"]][:2] == [0.0, 100.0]
+    assert len(per_worker()["w1"]) == 3 and len(per_worker()["w2"]) == 3
 
 
 @pytest.mark.anyio
