@@ -25,6 +25,7 @@ from runtime.graph import Key, TaskSpec
 from runtime.messages import DiskStallInfo, TryRecord
 
 __all__ = [
+    "ACTIVE",
     "DEPENDENCY_FAILED",
     "MAX_DEPENDENCY_NOTE",
     "MAX_ERROR_CHAIN",
@@ -56,6 +57,9 @@ __all__ = [
 MAX_FREE_RETRIES = 100
 RECENT_WAITS = 1000  #: the latest waits served kept per pool, for the wait quantiles
 NO_LIMIT = float("inf")  #: the memory limit of a worker that reports none (0)
+#: the states of an active task: it still needs its inputs, so it counts in each
+#: dependency's ``consumers`` (the scheduler core's docstring)
+ACTIVE: frozenset[str] = frozenset({"waiting", "queued", "processing"})
 
 
 # ----------------------------------------------------------------------------- state

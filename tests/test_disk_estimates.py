@@ -1,6 +1,7 @@
 """What disk-aware placement may conclude from each kind of output size (the scheduler
-core, actors/scheduler_state.py; docs/files.md, "Disks"). Pure-core tests: events in,
-exact commands and states out (the ``make_state`` fixture validates every state).
+core's disk part, actors/scheduler_disk.py; docs/files.md, "Disks"). Pure-core tests:
+events in, exact commands and states out (the ``make_state`` fixture validates every
+state).
 
 A declared ``resources={"disk": ...}`` is what the user knows: it replaces the
 category's estimate for that task, smaller or larger. Only firm needs refuse a task

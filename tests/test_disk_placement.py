@@ -1,4 +1,4 @@
-"""Disk-aware placement in the scheduler core (actors/scheduler_state.py) and the
+"""Disk-aware placement in the scheduler core (actors/scheduler_disk.py) and the
 ``consumers-first`` priority (policies/priority.py). Pure-core tests: events in, exact
 commands and states out (the ``make_state`` fixture validates every state at the end).
 

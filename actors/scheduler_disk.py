@@ -1,0 +1,614 @@
+"""The scheduler core's disks: disk-aware placement, the disk watchdog, its stall breaker.
+
+What lives here: :class:`DiskPlacement`, the part of the scheduler's pure core that
+decides whether a worker's disk holds a task and what to do when a pool is stuck on
+disk, with the state only it keeps (``_init_disk``), and the sources of a task's
+expected output (``SEEN_OUTPUT`` ... ``FIRM_OUTPUTS``, named in its errors).
+:class:`~actors.scheduler_state.SchedulerState` (``actors/scheduler_state.py``, the
+rest of the core) inherits it: ``_candidates`` and ``_fill`` ask it where a task's disk
+fits, ``_watch`` runs its watchdog, and it places, fails and recomputes tasks through
+the core's own methods. Those, and the core's attributes it reads, are declared (not
+defined) in one block of the class; this module imports nothing of
+``actors/scheduler_state.py`` (no two modules import each other: tests/test_layers.py).
+Pure like the rest of the core: no anyio, no sockets, no clock, no threads.
+
+Disk-aware placement (see docs/files.md, "Disks"): a worker that advertises a disk
+(``WorkerJoined.disk``, 0: no limit known) gets a task only if its free disk holds the
+inputs it must fetch there plus the task's expected output (``_disk_fits``). Free disk is
+its limit less the bytes it last reported on disk (``WorkerMemory.disk_used``) less what
+the core reserved for the tasks it sent there and that have not finished
+(``disk_reserved``). The expected output (``_expected_output``) is firm or an estimate.
+Firm: the largest output a try of this very task wrote that did not fit (``disk-full``,
+``disk_measured``; a refused input copy, ``DiskFull.input``, measures nothing), or a
+declared ``resources={"disk": bytes}`` (it replaces the category's estimate, smaller or
+larger), the larger of the two. Estimates: the largest output of the category so far
+(including tries whose output ended ``disk-full``), else a guess.
+A ready task that only lacks disk waits (its story says so), and the worker it would
+have the most disk left on is kept for it from the producers after it in that ``_fill``
+(``disk_held``): they would fill the room it waits for. One that no worker of its
+pool could hold even with an empty disk fails with
+:class:`~runtime.errors.TaskTooBigForDisk` only for what is firm: its inputs to fetch plus
+a firm output. An estimate no worker could hold counts for nothing: the task is tried on
+the worker with the most disk left after its inputs (``_candidates``), and a try that
+does not fit ends ``disk-full``, which measures it.
+
+A producer also keeps room for its consumer step's expected output beside its own
+(``_consumer_room``): loads do not fill a disk their skims then cannot write on.
+
+The disk watchdog (``_watch_disk``): when every worker of a pool runs nothing while
+ready tasks of the pool wait for disk, for ``stall_timeout`` seconds, each idle worker
+takes one such task past its disk estimate until one fits again: only a task whose run
+frees outputs there (``_frees``, by the pruning rule ``_holds`` at ``prune_depth``), the
+one freeing the most (``_pick_past``), and only where its known output fits. If that
+places nothing, the stall breaker (``_break_disk_stall``) drops stored outputs that can
+be had again and whose readers have not started, cheapest first, to make room for the
+first waiting task; only with nothing to drop are tasks tried past their estimates
+regardless (``disk_last_resort``), so the run ends with DiskFull rather than hangs
+(docs/files.md).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import TYPE_CHECKING, Any
+
+from actors.scheduler_events import Command, DiskStallBegan, DiskStallEnded, DropData
+from actors.scheduler_records import (
+    ACTIVE,
+    NO_LIMIT,
+    ErrorRecord,
+    SchedulerConfig,
+    TaskState,
+    WorkerState,
+    error_record,
+)
+from policies import CategoryStats
+from runtime.errors import TaskTooBigForDisk
+from runtime.graph import Key
+from runtime.messages import DiskStallInfo
+
+__all__ = [
+    "DECLARED_OUTPUT",
+    "FIRM_OUTPUTS",
+    "GUESSED_OUTPUT",
+    "MEASURED_AT_LEAST",
+    "MEASURED_OUTPUT",
+    "SEEN_OUTPUT",
+    "DiskPlacement",
+]
+
+#: where a task's expected output comes from (disk-aware placement; in its error)
+SEEN_OUTPUT = "the largest output of its category so far"
+DECLARED_OUTPUT = 'declared with resources={"disk": ...}'
+MEASURED_OUTPUT = "measured: a try of this task wrote that much and ended disk-full"
+#: measured by a try the file system stopped partway (ENOSPC): the output is larger
+MEASURED_AT_LEAST = TaskTooBigForDisk.AT_LEAST
+GUESSED_OUTPUT = "a guess: no task of its category has finished yet"
+#: the firm sources: what the user declared for this task, what this very task was
+#: measured to write. Only a firm output (with the known sizes of the inputs) may
+#: refuse a task (TaskTooBigForDisk); an estimate (the category's, a guess) steers.
+FIRM_OUTPUTS = frozenset({DECLARED_OUTPUT, MEASURED_OUTPUT, MEASURED_AT_LEAST})
+
+
+class DiskPlacement:
+    """Disk-aware placement, the disk watchdog and its stall breaker (the module
+    docstring): the scheduler core's disk part, a mixin of
+    :class:`~actors.scheduler_state.SchedulerState`."""
+
+    if TYPE_CHECKING:
+        # What the core (SchedulerState) provides and the disk part uses: its state...
+        config: SchedulerConfig
+        workers: dict[str, WorkerState]
+        free: dict[str, WorkerState]
+        queues: dict[tuple[str | None, bool], list[tuple[Any, ...]]]
+        stats: dict[str, CategoryStats]
+        replicas: dict[TaskState, set[str]]
+        copy_failed: dict[TaskState, set[str]]
+        _depth: int
+        _out: list[Command]
+        _files: dict[Key, TaskState]
+        _stimulus: str
+        _now: float
+
+        # ... and its methods.
+        def _log(self, key: Any, start: str, finish: str) -> None: ...
+        def _fill(self) -> None: ...
+        def _candidates(self, ts: TaskState) -> list[WorkerState]: ...
+        def _assign(self, ts: TaskState, ws: WorkerState) -> None: ...
+        def _set(self, ts: TaskState, finish: str) -> None: ...
+        def _terminal(self, ts: TaskState) -> None: ...
+        def _not_run(self, ts: TaskState, cause: str, record: ErrorRecord) -> None: ...
+        def _recompute(self, root: TaskState) -> None: ...
+        def _unheld(self, ts: TaskState, ws: WorkerState) -> None: ...
+        def _holds(self, ts: TaskState, done: TaskState | None = None) -> int: ...
+        def _upstream(self, ts: TaskState) -> set[TaskState]: ...
+        def _holding(self, on: set[str] | None = None) -> list[tuple[str, int, int]]: ...
+
+    def _init_disk(self) -> None:
+        """The disk part's own state (the core's ``__init__`` calls this). The core
+        writes some of it too: ``_limits_changed`` sets ``largest_disk``, ``_try_failed``
+        records ``disk_measured`` (``_maybe_forget`` drops it), and each ``_fill``
+        starts by clearing ``disk_parked``, ``disk_held`` and ``_past_picks``."""
+        #: disk-aware placement: the largest disk limit among the workers that take new
+        #: tasks, per pool and over every pool (``None``); 0 (no limit) is ``inf``
+        self.largest_disk: dict[str | None, float] = {}
+        #: the disk watchdog (``_watch_disk``): pools with a ready task the latest
+        #: ``_fill`` kept waiting for disk; since when each such pool has run nothing;
+        #: the pools whose idle workers take a task past its disk estimate
+        self.disk_parked: set[str | None] = set()
+        #: the workers whose free disk the latest ``_fill`` kept for a task waiting for
+        #: it (each waiting task's best worker): producers that come after it in that
+        #: fill do not take their disk (``_candidates``)
+        self.disk_held: dict[str, Key] = {}
+        self.disk_stalled_since: dict[str | None, float] = {}
+        self.disk_override: set[str | None] = set()
+        #: the stalls the watchdog declared and that have not ended (a pool leaves when
+        #: it leaves ``disk_override``), for the log, the status and the metrics; and
+        #: how many each pool ever had (its metric's key: ``"*"`` for any pool)
+        self.disk_stalls: dict[str | None, DiskStallInfo] = {}
+        self.disk_stall_count: Counter[str] = Counter()
+        #: the stall breaker (``_break_disk_stall``): when it last dropped an output in
+        #: each pool past its estimates, and how many outputs it dropped in all
+        self.disk_broken_at: dict[str | None, float] = {}
+        self.disk_dropped = 0
+        #: pools where the stall breaker found nothing to drop: the disk watchdog then
+        #: tries tasks past their estimates anyway (the run ends with DiskFull rather
+        #: than waits for ever)
+        self.disk_last_resort: set[str | None] = set()
+        #: the disk watchdog's picks in the running ``_fill``, per pool: each idle
+        #: worker's ready task that frees the most there (``_pick_past``)
+        self._past_picks: dict[str | None, dict[str, tuple[TaskState, int]]] = {}
+        #: the largest output a try of each task wrote that did not fit on its worker's
+        #: disk (``disk-full``): what that very task needs, firm (``_expected_output``),
+        #: and whether it is a lower bound (the file system stopped that try's write
+        #: partway, ENOSPC: its output is larger); dropped when the task is forgotten
+        self.disk_measured: dict[TaskState, tuple[int, bool]] = {}
+
+    def _consumer_room(self, ts: TaskState) -> int:
+        """The disk producer ``ts`` keeps free for the output of its consumer step
+        beside its own: the largest expected output of its active dependents, where
+        known (declared, or their category's largest so far); 0 while none is."""
+        room = 0
+        for d in ts.dependents:
+            if d.state not in ACTIVE:
+                continue
+            declared = d.spec.resources.get("disk")
+            if declared is not None:
+                room = max(room, int(declared))
+                continue
+            st = self.stats.get(d.spec.category)
+            if st is not None and (st.count or st.disk_full):
+                room = max(room, st.max_nbytes)
+        return room
+
+    def _frees(self, ts: TaskState, ws: WorkerState) -> int:
+        """Bytes of outputs on ``ws`` that ``ts``'s run lets go there: those the pruning
+        rule (``_holds``, at ``prune_depth``) keeps now, and no longer once ``ts`` is
+        done, that no client wants. With depth 1, its inputs no other active task
+        reads; deeper, outputs up to that many steps upstream; with 0, none."""
+        if self._depth == 0:
+            return 0
+        wid = ws.id
+        ups = set(ts.deps) if self._depth == 1 else self._upstream(ts)
+        return sum(
+            d.nbytes
+            for d in ups
+            if wid in d.who_has and not d.wanted and self._holds(d) and not self._holds(d, ts)
+        )
+
+    def _past_fits(self, ts: TaskState, ws: WorkerState) -> int:
+        """What ``ts`` frees on idle ``ws`` when the disk watchdog may place it there
+        past its disk estimate, else 0: only a task whose run frees disk there (inputs
+        pruned), and only where its known output and the file inputs it must copy there
+        fit in the free disk now (a guessed output may be smaller: it is tried)."""
+        if ws.processing:
+            return 0
+        frees = self._frees(ts, ws)
+        if not frees:
+            return 0
+        out, source = self._expected_output(ts)
+        wid = ws.id
+        must = sum(d.nbytes for d in ts.deps if d.file and wid not in d.who_has)
+        if source != GUESSED_OUTPUT:
+            must += out
+        return frees if must <= ws.disk_free() else 0
+
+    def _past_pick(self, ts: TaskState, cands: list[WorkerState]) -> WorkerState | None:
+        """The idle worker of ``cands`` on which the disk watchdog places ``ts`` past its
+        disk estimate: one where, of the ready tasks of its pool, ``ts`` frees the most
+        (``_past_fits``; ties: the first in priority), the most freed first; ``None``
+        if there is none (it waits: placing it would free nothing or overflow)."""
+        picks = self._past_picks.get(ts.spec.pool)
+        if picks is None:
+            picks = self._past_picks[ts.spec.pool] = self._pick_past(ts.spec.pool, ts)
+        mine = [w for w in cands if picks.get(w.id, (None, 0))[0] is ts and not w.processing]
+        if not mine:
+            return None
+        return max(mine, key=lambda w: (picks[w.id][1], w.id))
+
+    def _pick_past(self, pool: str | None, head: TaskState) -> dict[str, tuple[TaskState, int]]:
+        """For each idle worker of ``pool`` with a disk, the ready task of the pool that
+        frees the most there among those the watchdog may place on it (``_past_fits``),
+        the first in priority among equals, with what it frees. ``head``: the task
+        ``_fill`` took off its heap, first in priority."""
+        idle = [
+            w for w in self.free.values()
+            if w.disk and not w.processing and (pool is None or w.pool == pool)
+        ]  # fmt: skip
+        picks: dict[str, tuple[TaskState, int]] = {}
+        if not idle:
+            return picks
+        ready = [head]
+        for q, heap in self.queues.items():
+            if q[0] == pool:
+                ready.extend(entry[3] for entry in sorted(heap))
+        for t in ready:
+            if t.state != "queued" or not t.deps:
+                continue
+            for w in idle:
+                frees = self._past_fits(t, w)
+                if frees and frees > picks.get(w.id, (t, 0))[1]:
+                    picks[w.id] = (t, frees)
+        return picks
+
+    def _tell_disk_held(self, ts: TaskState, held: list[WorkerState]) -> None:
+        """Say in producer ``ts``'s story, once per change, that the disk of the workers
+        that would take it (``held``) is kept for tasks ahead of it that wait for it."""
+        ws = min(held, key=lambda w: w.id)
+        why = (
+            f"waiting for disk: {ws.id}'s free disk is kept for "
+            f"{self.disk_held[ws.id]!r}, which comes first and waits for it"
+        )
+        if why != ts.disk_wait:
+            ts.disk_wait = why
+            self._log(ts.key, "queued", why)
+
+    def _most_disk_left(
+        self, ts: TaskState, cands: list[WorkerState], out: int, *, idle: bool = True
+    ) -> WorkerState:
+        """The worker of ``cands`` (the idle ones, with ``idle``) with the most disk
+        left after ``ts``'s inputs to fetch plus ``out``."""
+        pick = [w for w in cands if not w.processing] if idle else cands
+        return max(pick, key=lambda w: (w.disk_free() - self._fetch_bytes(ts, w) - out, w.id))
+
+    # Disk-aware placement (the module docstring; docs/files.md, "Disks").
+
+    def _expected_output(self, ts: TaskState) -> tuple[int, str]:
+        """The output ``ts`` is expected to write, and where that figure comes from.
+
+        Firm (``FIRM_OUTPUTS``): the largest output a try of this very task wrote that
+        did not fit (``disk-full``), or its declared ``resources={"disk": ...}``,
+        whichever is larger: a declaration replaces the category's estimate, smaller
+        or larger. Else estimates: the largest output of its category so far, else a
+        guess (at most half of what the largest disk of its pool leaves beside its
+        inputs)."""
+        declared = ts.spec.resources.get("disk")
+        if self.disk_measured:  # (usually empty: no lookup then)
+            measured, at_least = self.disk_measured.get(ts, (None, False))
+            if measured is not None and (declared is None or measured >= declared):
+                return measured, MEASURED_AT_LEAST if at_least else MEASURED_OUTPUT
+        if declared is not None:
+            return max(0, int(declared)), DECLARED_OUTPUT
+        st = self.stats.get(ts.spec.category)
+        if st is not None and (st.count or st.disk_full):
+            return st.max_nbytes, SEEN_OUTPUT
+        room = self.largest_disk.get(ts.spec.pool, NO_LIMIT) - ts.in_nbytes - ts.in_files
+        return int(max(0, min(self.config.unknown_output, room / 2))), GUESSED_OUTPUT
+
+    @staticmethod
+    def _fetch_bytes(ts: TaskState, ws: WorkerState) -> int:
+        """Bytes of ``ts``'s inputs that ``ws`` does not hold (it must fetch them)."""
+        wid = ws.id
+        return sum(d.nbytes for d in ts.deps if wid not in d.who_has)
+
+    def _disk_fits(self, ts: TaskState, ws: WorkerState, out: int) -> bool:
+        """``ws``'s free disk holds the inputs ``ts`` must fetch there plus ``out``."""
+        if not ws.disk:
+            return True
+        free = ws.disk - ws.disk_used - ws.disk_reserved
+        if ts.in_nbytes + ts.in_files + out <= free:
+            return True  # even with every input to fetch
+        if out > free:
+            return False
+        return self._fetch_bytes(ts, ws) + out <= free
+
+    @staticmethod
+    def _held_files(ts: TaskState, ws: WorkerState) -> int:
+        """Bytes of ``ts``'s file inputs that ``ws`` holds: on its disk, and they stay
+        there while ``ts`` needs them."""
+        wid = ws.id
+        return sum(d.nbytes for d in ts.deps if d.file and wid in d.who_has)
+
+    def _least_need(self, ts: TaskState, out: int) -> tuple[int | None, int, int]:
+        """``(None, 0, 0)`` if some worker of ``ts``'s pool (taking new tasks) could
+        hold the inputs ``ts`` must fetch there plus ``out`` with its disk otherwise
+        empty: all but ``ts``'s file inputs that it holds already (they stay while
+        ``ts`` waits for them). Else the least disk it needs on any of them (those
+        file inputs counted), the largest of their disks, and the bytes of file inputs
+        held on the worker it needs least on."""
+        pool = ts.spec.pool
+        if ts.in_nbytes + ts.in_files + out <= self.largest_disk.get(pool, NO_LIMIT):
+            return None, 0, 0  # fits the largest disk even with every input to fetch
+        least: tuple[int, int] | None = None  # (need, of which held)
+        largest = 0
+        for w in self.workers.values():
+            if w.draining or (pool is not None and w.pool != pool):
+                continue
+            held = self._held_files(ts, w)
+            need = self._fetch_bytes(ts, w) + held + out
+            if not w.disk or need <= w.disk:
+                return None, 0, 0  # it fits there once that disk has room
+            least = (need, held) if least is None else min(least, (need, held))
+            largest = max(largest, w.disk)
+        if least is None:
+            return None, largest, 0
+        return least[0], largest, least[1]
+
+    def _waits_for_disk(self, ts: TaskState, refused: list[WorkerState]) -> bool:
+        """``ts`` is ready and the free workers in ``refused`` would take it but for
+        their disk. If some worker of its pool (taking new tasks) could hold it with its
+        disk otherwise empty, it waits, and its story says for what (the refused worker
+        with the most disk to spare, when that changes); else it fails with
+        TaskTooBigForDisk. Only what is firm refuses a task: the inputs it must fetch
+        and a firm output (``FIRM_OUTPUTS``); an estimate no worker could hold counts
+        for nothing (``_candidates`` tries the task where its inputs fit). Returns
+        whether it waits."""
+        out, source = self._expected_output(ts)
+        least_need, largest, held = self._least_need(ts, out)
+        if least_need is not None and source not in FIRM_OUTPUTS:
+            out, source = 0, TaskTooBigForDisk.UNCOUNTED
+            least_need, largest, held = self._least_need(ts, 0)
+        if least_need is None:
+            keep = self._consumer_room(ts) if ts.producer else 0
+            best: tuple[float, str, int, float] | None = None  # (room after, id, need, free)
+            for w in refused:
+                need = self._fetch_bytes(ts, w) + out + keep
+                free = w.disk_free()
+                if best is None or (free - need, w.id) > (best[0], best[1]):
+                    best = (free - need, w.id, need, free)
+            if best is not None:
+                _, wid, need, free = best
+                # Told once per change of what it needs (its output, the room it keeps),
+                # not per change of the free bytes or of the best worker: those move
+                # with every report while it waits.
+                mark = f"waiting for disk: {out} {source} {keep}"
+                if mark != ts.disk_wait:
+                    ts.disk_wait = mark
+                    why = f"needs {need} B, best worker {wid} has {max(0, int(free))} B free"
+                    if keep:
+                        why += f" (of which {keep} B kept for its consumer's output)"
+                    self._log(ts.key, "queued", f"waiting for disk: {why}")
+                self.disk_held.setdefault(wid, ts.key)
+            return True
+        last = ts.tries[-1] if ts.tries else None
+        err = TaskTooBigForDisk(
+            str(ts.key), least_need, largest, ts.spec.pool, out, source,
+            held=held,
+            tries=len(ts.tries),
+            outcome=last.outcome if last is not None else "",
+            worker=last.worker if last is not None else "",
+        )  # fmt: skip
+        self._log(ts.key, "disk", f"too big: needs {least_need} B > {largest} B")
+        ts.error = err
+        ts.root = (ts.key, err)
+        self._not_run(ts, "TaskTooBigForDisk", error_record(err))
+        self._set(ts, "erred")  # inputs it alone needed are cancelled as unneeded
+        self._terminal(ts)
+        return False
+
+    def _watch_disk(self) -> None:
+        """The disk watchdog: a pool whose ready tasks wait for disk while every one of
+        its workers runs nothing for ``stall_timeout`` seconds would wait for ever (only
+        a task that runs frees disk: its inputs pruned, spilled outputs read back). Its
+        idle workers then take such tasks past their disk estimate (``_candidates``),
+        one each at a time, until a task fits again or none waits."""
+        for pool in list(self.disk_stalled_since):
+            if pool not in self.disk_parked or pool in self.disk_override:
+                del self.disk_stalled_since[pool]
+        self.disk_override = {
+            p for p in self.disk_override if any(h for q, h in self.queues.items() if q[0] == p)
+        }
+        for pool in self.disk_parked - self.disk_override:
+            if any(
+                ws.processing
+                for ws in self.workers.values()
+                if not ws.draining and (pool is None or ws.pool == pool)
+            ):
+                self.disk_stalled_since.pop(pool, None)  # a task runs: it may free disk
+                continue
+            since = self.disk_stalled_since.get(pool)
+            if since is None:
+                self.disk_stalled_since[pool] = self._now
+                self._log("-", "disk", f"stall-suspected in pool {pool or 'any'}")
+            elif self._now - since >= self.config.stall_timeout:
+                del self.disk_stalled_since[pool]
+                self.disk_override.add(pool)
+                self._log("-", "disk", f"stalled in pool {pool or 'any'}: placing past estimates")
+                self._disk_stall_began(pool)
+                self._fill()
+        # The stall breaker: a pool past its estimates whose workers still run nothing
+        # (no ready task frees disk where it could run) drops a stored output that can
+        # be made again, at once and then once per stall_timeout while that lasts.
+        for pool in list(self.disk_broken_at):
+            if pool not in self.disk_override:
+                del self.disk_broken_at[pool]
+        self.disk_last_resort &= self.disk_override
+        for pool in sorted(self.disk_override & self.disk_parked, key=str):
+            if self._pool_runs(pool):
+                self.disk_broken_at.pop(pool, None)
+                continue
+            at = self.disk_broken_at.get(pool)
+            if at is not None and self._now - at < self.config.stall_timeout:
+                continue
+            self.disk_broken_at[pool] = self._now
+            if self._break_disk_stall(pool):
+                self._fill()
+
+    def _pool_runs(self, pool: str | None) -> bool:
+        """Some worker of ``pool`` (not draining) runs a task."""
+        return any(
+            ws.processing
+            for ws in self.workers.values()
+            if not ws.draining and (pool is None or ws.pool == pool)
+        )
+
+    def _break_disk_stall(self, pool: str | None) -> bool:
+        """Every worker of ``pool`` is stuck on disk and nothing can run: drop stored
+        outputs that can be had again (another copy, or made again from their spec:
+        lineage) and whose readers have not started, to make room. For the first task
+        in priority that waits for disk (a task that reads inputs first: its run frees
+        them), on the worker where that costs least: copies held elsewhere too, then
+        the cheapest to make again (``remake``), the largest first among equals, never
+        its own inputs, until it fits. Without such a task, the one output cheapest to
+        make again anywhere in the pool. Their stories say so; what is gone is made
+        again when its readers' turn comes. Returns whether anything was dropped."""
+        ready = sorted(
+            (e for q, heap in self.queues.items() if q[0] == pool for e in heap),
+            key=lambda e: (not e[3].deps, e),
+        )
+        for entry in ready:
+            t: TaskState = entry[3]
+            if t.state != "queued":
+                continue
+            plan = self._room_plan(t, pool)
+            if plan is not None:
+                ws, drops = plan
+                for d in drops:
+                    self._drop_for_room(d, ws, pool, t)
+                if ws in self._candidates(t):  # the room goes to the task it was made for
+                    self._assign(t, ws)
+                return True
+        best: tuple[tuple[Any, ...], TaskState, WorkerState] | None = None
+        for ws in self._pool_disks(pool):
+            for d in ws.has_what:
+                if self._droppable(d):
+                    rank = (not d.file, *self._drop_rank(d))
+                    if best is None or rank < best[0]:
+                        best = (rank, d, ws)
+        if best is None:
+            self.disk_last_resort.add(pool)
+            self._log("-", "disk", f"stalled in pool {pool or 'any'}: nothing to drop")
+            return False
+        self._drop_for_room(best[1], best[2], pool, None)
+        return True
+
+    def _pool_disks(self, pool: str | None) -> list[WorkerState]:
+        """The workers of ``pool`` with a disk limit, not draining."""
+        return [
+            w for w in self.workers.values()
+            if w.disk and not w.draining and (pool is None or w.pool == pool)
+        ]  # fmt: skip
+
+    def _droppable(self, d: TaskState) -> bool:
+        """The stall breaker may drop ``d``'s output: stored, wanted by no client, read
+        by active tasks none of which has started (it would be reading it), and with
+        no temporary replicas (those are kept for a reason)."""
+        return (
+            d.state == "memory"
+            and not d.wanted
+            and d.consumers > 0
+            and d not in self.replicas
+            and not any(r.state == "processing" for r in d.dependents)
+        )
+
+    @staticmethod
+    def _drop_rank(d: TaskState) -> tuple[float, int, str]:
+        """What dropping one copy of ``d`` costs, least first: nothing when another
+        worker holds it too, else the work to make it again; the most bytes first."""
+        return (0.0 if len(d.who_has) > 1 else d.remake, -d.nbytes, str(d.key))
+
+    def _room_plan(
+        self, ts: TaskState, pool: str | None
+    ) -> tuple[WorkerState, list[TaskState]] | None:
+        """The worker where dropping file outputs (``_droppable``, not ``ts``'s inputs)
+        makes room for ``ts`` at the least cost, and those outputs; ``None`` if no
+        worker can be made to hold it."""
+        out = self._expected_output(ts)[0]
+        own = set(ts.deps)
+        best: tuple[tuple[float, int, str], WorkerState, list[TaskState]] | None = None
+        for ws in self._pool_disks(pool):
+            short = self._fetch_bytes(ts, ws) + out - ws.disk_free()
+            if short <= 0:
+                continue
+            drops: list[TaskState] = []
+            freed = cost = 0.0
+            for d in sorted(
+                (d for d in ws.has_what if d.file and d not in own and self._droppable(d)),
+                key=self._drop_rank,
+            ):
+                drops.append(d)
+                freed += d.nbytes
+                cost += self._drop_rank(d)[0]
+                if freed >= short:
+                    break
+            if freed < short:
+                continue
+            rank = (cost, len(drops), ws.id)
+            if best is None or rank < best[0]:
+                best = (rank, ws, drops)
+        return None if best is None else (best[1], best[2])
+
+    def _drop_for_room(
+        self, d: TaskState, ws: WorkerState, pool: str | None, waiter: TaskState | None
+    ) -> None:
+        """Drop ``d``'s copy on ``ws`` to make room (the stall breaker); with no copy
+        left, it is made again from its spec when its readers need it."""
+        d.who_has.discard(ws.id)
+        self._unheld(d, ws)
+        if d.file:  # off its disk now; its next report says the rest
+            ws.disk_used = max(0, ws.disk_used - d.nbytes)
+        self._out.append(DropData(self._stimulus, ws.id, (d.key,)))
+        self._files[d.key] = d
+        self.copy_failed.pop(d, None)
+        self.disk_dropped += 1
+        again = (
+            f"another copy stays on {', '.join(sorted(d.who_has))}"
+            if d.who_has
+            else f"it is made again (about {d.remake:.3g} s of work) when its readers run"
+        )
+        why = f" for {waiter.key!r}" if waiter is not None else ""
+        self._log(
+            d.key, "disk",
+            f"dropped from {ws.id} to make room{why}: every worker of pool {pool or 'any'} "
+            f"was stuck on disk with nothing to run; {d.nbytes} B freed, {again}",
+        )  # fmt: skip
+        self._log("-", "disk", f"stall broken in pool {pool or 'any'}: dropped {d.key!r}")
+        if not d.who_has:
+            self._recompute(d)
+
+    def _disk_stall_began(self, pool: str | None) -> None:
+        """The watchdog found ``pool`` stalled for disk: keep its account (its workers,
+        what fills their disks, what waits) and tell the shell, once per stall."""
+        workers = [
+            ws for ws in self.workers.values()
+            if not ws.draining and (pool is None or ws.pool == pool)
+        ]  # fmt: skip
+        ready = {  # (a heap may hold a stale entry of a task queued again)
+            entry[3]
+            for (p, _), heap in self.queues.items()
+            if p == pool
+            for entry in heap
+            if entry[3].state == "queued"
+        }
+        waiting = Counter(ts.spec.category for ts in ready)
+        stall = DiskStallInfo(
+            pool="*" if pool is None else pool,
+            since=self._now,
+            workers=tuple(sorted(ws.id for ws in workers)),
+            disk_used=sum(ws.disk_used for ws in workers),
+            disk=sum(ws.disk for ws in workers),
+            holding=tuple(self._holding({ws.id for ws in workers})),
+            waiting=tuple(waiting.most_common()),
+            queued=sum(waiting.values()),
+        )
+        self.disk_stalls[pool] = stall
+        self.disk_stall_count[stall.pool] += 1
+        self._out.append(DiskStallBegan(self._stimulus, stall))
+
+    def _disk_stalls_ended(self) -> None:
+        """A pool the watchdog no longer finds stalled (it left ``disk_override``: a
+        task of it fits a disk again, or none waits) ends its stall."""
+        for pool in [p for p in self.disk_stalls if p not in self.disk_override]:
+            stall = self.disk_stalls.pop(pool)
+            self._log("-", "disk", f"stall in pool {pool or 'any'} ended")
+            self._out.append(DiskStallEnded(self._stimulus, stall, self._now - stall.since))
