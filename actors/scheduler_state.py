@@ -589,7 +589,7 @@ class SchedulerState(DiskPlacement):
             if self.held and self.held[0][0] <= self._now:
                 self._release_held()
             self._fill()
-            while self._to_fail or self._to_cancel or self._too_large:
+            while self._to_fail or self._to_cancel or self._too_large or self._oom_stuck:
                 self._spread_failures()  # a task placement failed (TaskTooBigForDisk)
                 self._fill()
             self._watch()
@@ -1885,6 +1885,8 @@ class SchedulerState(DiskPlacement):
         if ts.held_until > self._now:
             heapq.heappush(self.held, (ts.held_until, next(self._seq), ts))
             return False
+        if ts.ooms:  # a larger worker may have left since it was killed (_spread_failures)
+            self._oom_stuck.append(ts)
         ts.prio = self._priority(ts)
         ts.producer = self._is_producer(ts)
         q = (ts.spec.pool, ts.producer)

@@ -376,6 +376,34 @@ def test_an_oom_retry_fails_when_the_only_larger_worker_leaves(make_state: Facto
     assert assigned(cmds) == {}
 
 
+def test_an_oom_task_recomputed_after_the_larger_worker_left_fails_rather_than_waits(
+    make_state: Factory,
+) -> None:
+    """Found by the random-workload state machine: a task killed for memory on a 1 GiB
+    worker ran on a 2 GiB one; that worker left with its output, still needed, so the
+    task ran again with only 1 GiB workers left. It waited for ever for a larger worker
+    (queued, its story saying so, nothing to start one). Now it fails with
+    TaskOutOfMemory saying why, as a retry does when the larger worker leaves."""
+    s = make_state(saturation=1.0)
+    join(s, "small", memory=GB)
+    join(s, "large", memory=2 * GB)
+    submit(s, {"busy-0": []}, ["busy-0"], attrs={"busy-0": {"resources": {"memory": 1.5 * GB}}})
+    submit(s, {"hog-0": [], "use-0": ["hog-0"]}, ["use-0"])
+    assert on(s, "small") == {"hog-0"}
+    finish(s, "small", "hog-0", "oom", rss=int(0.96 * GB))
+    finish(s, "large", "busy-0")
+    assert on(s, "large") == {"hog-0"}
+    finish(s, "large", "hog-0")
+    assert on(s, "large") == {"use-0"}  # with its input
+    cmds = run(s, event(WorkerLeft, worker="large"))  # hog-0's only copy with it
+    (erred,) = of(cmds, KeyErred)  # the key asked for, failed by hog-0's error
+    assert (erred.key, erred.root) == ("use-0", "hog-0")
+    err = s.tasks["hog-0"].error
+    assert isinstance(err, TaskOutOfMemory) and "TaskOutOfMemory" in str(erred.error)
+    assert "the largest worker that takes tasks has 1.00 GiB" in err.nowhere
+    assert s.tasks["hog-0"].state == "erred" and assigned(cmds) == {}
+
+
 # ----------------------------------------------------------------------------- watchdog
 
 
