@@ -72,7 +72,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any, ClassVar, Literal, cast
@@ -81,12 +81,19 @@ import psutil
 from dask.sizeof import sizeof
 
 from actors.protocol import TaskResult, ToRun
+from actors.store import Unpicklable
 from runtime import unpickling
-from runtime.errors import TaskProcessDied
+from runtime.errors import ResultNotPicklable, TaskProcessDied
 from runtime.files import discard_output, remove_tries, task_outputs
 from runtime.graph import Key, PickledNode
 from runtime.lifeline import LIFELINE_EXIT_CODE, die_with_parent
-from runtime.remote import pack_error
+from runtime.remote import (
+    DEFAULT_MAX_TASK_ERROR_BYTES,
+    bound_error,
+    exception_chain,
+    pack_error,
+    task_error_limit,
+)
 from runtime.task import TaskContext, running
 
 __all__ = [
@@ -158,27 +165,11 @@ _MAX_CHAIN = 64  #: exceptions of a task's error (causes, contexts) looked at, a
 _MAX_ENTRIES = 100_000  #: entries of a try's directory counted, at most
 
 
-def _chain(exc: BaseException, *, groups: bool = False) -> Iterator[BaseException]:
-    """``exc`` and the exceptions it was raised from (its ``__cause__`` and
-    ``__context__``; with ``groups``, an exception group's members too), each once, up
-    to :data:`_MAX_CHAIN` of them."""
-    todo: list[BaseException] = [exc]
-    seen: set[int] = set()
-    while todo and len(seen) < _MAX_CHAIN:
-        e = todo.pop()
-        if id(e) in seen:
-            continue
-        seen.add(id(e))
-        yield e
-        if groups and isinstance(e, BaseExceptionGroup):
-            todo.extend(reversed(e.exceptions))
-        todo.extend(x for x in (e.__context__, e.__cause__) if x is not None)
-
-
 def no_space(exc: BaseException) -> OSError | None:
     """The ``OSError`` with errno ``ENOSPC`` that ``exc`` is, or that it was raised from
-    (:func:`_chain`, exception groups' members included); None if there is none."""
-    for e in _chain(exc, groups=True):
+    (:func:`~runtime.remote.exception_chain`, exception groups' members included); None
+    if there is none."""
+    for e in exception_chain(exc, groups=True, most=_MAX_CHAIN):
         if isinstance(e, OSError) and e.errno == errno.ENOSPC:
             return e
     return None
@@ -240,7 +231,7 @@ def _let_go(exc: BaseException) -> None:
     exceptions it was raised from: a file a task left open in one (written without a
     ``with``) is closed, so its blocks go back to the full disk once its try's directory
     is removed, not when the error (kept in the try's records) is."""
-    for e in _chain(exc):
+    for e in exception_chain(exc, most=_MAX_CHAIN):
         traceback.clear_frames(e.__traceback__)  # an executing frame is left as it is
 
 
@@ -340,6 +331,8 @@ class BaseExecutor(abc.ABC):
         sandbox: str | None = None,
     ) -> None:
         self.batch_delay = batch_delay
+        #: the most bytes a task's exception may take (:func:`runtime.remote.bound_error`)
+        self.error_limit = task_error_limit()
         #: where tasks write their file outputs (``runtime/files.py``): the worker's store
         self.sandbox = sandbox
         self._deliver = deliver
@@ -643,9 +636,10 @@ class Executor(BaseExecutor):
                 _let_go(exc)
             after = rss()
             outcome: _Outcome = "error" if full is None else "disk-full"
+            error = bound_error(exc, task.key, self.error_limit)
             return (
                 TaskResult(
-                    task.key, outcome, start, stop, full or 0, after, exc, rss_before=before
+                    task.key, outcome, start, stop, full or 0, after, error, rss_before=before
                 ),
                 None,
                 after,
@@ -779,12 +773,14 @@ def _watch_lifeline(lifeline: Connection) -> None:
     os._exit(LIFELINE_EXIT_CODE)
 
 
-def _pack_error(exc: BaseException) -> tuple[list[memoryview], str]:
-    """A task's exception pickled for the worker (checked to load again), and its
-    traceback text; an exception that does not survive the trip becomes a RuntimeError
-    that names it and carries its traceback (:func:`runtime.remote.pack_error`, the
-    check the worker's messages to the scheduler make too)."""
-    return pack_error(exc, "its task process", _dumps)
+def _pack_error(exc: BaseException, key: Key) -> tuple[list[memoryview], str]:
+    """Task ``key``'s exception pickled for the worker (checked to load again), and its
+    traceback text; one too large to travel is replaced by the error that stands for it
+    (:func:`runtime.remote.bound_error`, as a thread of the worker does), and one that
+    does not survive the trip by a RuntimeError that names it and carries its
+    traceback (:func:`runtime.remote.pack_error`, the check the worker's messages to the
+    scheduler make too)."""
+    return pack_error(bound_error(exc, key, _ERROR_LIMIT), "its task process", _dumps)
 
 
 def _child_context(conn: Connection, header: tuple[Any, ...]) -> TaskContext:
@@ -816,7 +812,7 @@ def _run_job(
         inputs = unpickling.loads(inputs_bytes, buffers)
     except BaseException as exc:
         now, after = time.time(), rss()
-        error, tb = _pack_error(exc)
+        error, tb = _pack_error(exc, key)
         return ("error", now, now, after, after, tb), error
     del inputs_bytes, buffers
     # As in a thread: the RSS before the task counts its inputs, its time loading it.
@@ -834,7 +830,7 @@ def _run_job(
                 raise
     except BaseException as exc:
         stop = time.time()
-        error, tb = _pack_error(exc)
+        error, tb = _pack_error(exc, key)
         if full is not None:
             _let_go(exc)
             return ("disk-full", start, stop, before, rss(), tb, full), error
@@ -845,26 +841,37 @@ def _run_job(
     try:
         out = _dumps(value)
     except Exception as exc:
-        exc.add_note(
-            f"(while pickling the result of task {key!r} ({type(value).__name__}) to send it "
-            "back from its task process: return a picklable value, or run in thread mode)"
-        )
-        error, tb = _pack_error(exc)
+        reason = Unpicklable.of(exc).reason
+        error, tb = _pack_error(ResultNotPicklable(str(key), reason, _WORKER, _BACK), key)
         return ("error", start, stop, before, after, tb), error
     return ("ok", start, stop, before, after, ""), out
 
 
 #: the worker's sandbox for file outputs, in a task process (``_task_process_main``)
 _SANDBOX: str | None = None
+#: the id of the worker a task process runs tasks for, and the most bytes a task's
+#: exception may take there (:attr:`BaseExecutor.error_limit`)
+_WORKER = ""
+_ERROR_LIMIT = DEFAULT_MAX_TASK_ERROR_BYTES
+#: where an output that does not pickle could not go (:class:`ResultNotPicklable`)
+_BACK = (
+    "that worker's own process, out of the task process that ran it (execution "
+    '"process" pickles every output; execution "thread" keeps it unpickled)'
+)
 
 
 def _task_process_main(
-    conn: Connection, lifeline: Connection, parent_pid: int, sandbox: str | None = None
+    conn: Connection,
+    lifeline: Connection,
+    parent_pid: int,
+    sandbox: str | None = None,
+    worker: str = "",
+    error_limit: int = _ERROR_LIMIT,
 ) -> None:
     """What a task process runs: jobs from ``conn``, one at a time, until told to stop
     or until the parent is gone."""
-    global _SANDBOX
-    _SANDBOX = sandbox
+    global _SANDBOX, _WORKER, _ERROR_LIMIT
+    _SANDBOX, _WORKER, _ERROR_LIMIT = sandbox, worker, error_limit
     # SIGKILL when the thread that started us ends; exit now if it has.
     die_with_parent(signal.SIGKILL, parent_pid)
     # Ctrl-C in a terminal reaches the whole process group: the worker stops its task
@@ -1236,7 +1243,7 @@ class ProcessExecutor(BaseExecutor):
             raise
         process = _CTX.Process(
             target=_task_process_main,
-            args=(theirs, life_r, os.getpid(), self.sandbox),
+            args=(theirs, life_r, os.getpid(), self.sandbox, self.name, self.error_limit),
             name=f"{self.name}-task-{index}",
             daemon=True,
         )

@@ -56,6 +56,7 @@ __all__ = [
     "SubmissionsSuspended",
     "TaskArgumentsTooLarge",
     "TaskCrashedWorkers",
+    "TaskErrorTooLarge",
     "TaskLongerThanWalltime",
     "TaskOutOfMemory",
     "TaskProcessDied",
@@ -765,6 +766,27 @@ class TaskArgumentsTooLarge(CorralError):
             "da.from_zarr, reading a file) instead of passing it as an argument (a "
             "numpy array given to da.from_array, a big list or bytes).",
             key=key, size=size, limit=limit,
+        )  # fmt: skip
+
+
+class TaskErrorTooLarge(CorralError):
+    """A task raised an exception too large to carry back to its caller, and this
+    error stands for it: the exception's message (with those of its cause, context and
+    notes) or its pickle is ``size`` bytes, more than ``limit``, the most a task's
+    error may take (``CORRAL_MAX_TASK_ERROR_BYTES``, 1 MiB by default; or the most one
+    message from a worker process may carry, when the report of the try is larger
+    than that). ``kind`` names the exception's type, ``head`` is the start of its
+    message. It has the exception's traceback where it can."""
+
+    def __init__(self, key: str, kind: str, size: int, limit: int, head: str) -> None:
+        super().__init__(
+            f"task {key!r} raised {kind}, whose message or pickle is {disk_size(size)} "
+            f"({size:,} bytes), more than the {disk_size(limit)} a task's error may carry "
+            f"back; this error stands for it. Its message began: {head!r}. Raise errors "
+            "with short messages: write large details (data, logs) to a file or to "
+            "storage and name it in the message, or return them as the task's output "
+            "(CORRAL_MAX_TASK_ERROR_BYTES in the workers' environment raises the limit).",
+            key=key, kind=kind, size=size, limit=limit, head=head,
         )  # fmt: skip
 
 

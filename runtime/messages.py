@@ -468,6 +468,12 @@ class TasksDone(Message):
         )
         return TasksDone(self.worker_id, results)
 
+    def split(self) -> list[TasksDone]:
+        """One message per try: what a connection sends when the whole is more than one
+        message may carry (``runtime.remote.Peer``; a try whose report alone is too
+        large fails with ``TaskErrorTooLarge``: ``runtime.node.unsendable_tries``)."""
+        return [TasksDone(self.worker_id, (r,)) for r in self.results]
+
 
 @message(local=True)
 class DataMissing(Message):

@@ -79,6 +79,7 @@ from runtime.errors import (
     PermissionDenied,
     ProtocolError,
     TaskArgumentsTooLarge,
+    TaskErrorTooLarge,
     TokenFileError,
     UnknownPolicyError,
 )
@@ -130,7 +131,15 @@ from runtime.monitor import (
     alerting_config,
     load_alerting,
 )
-from runtime.remote import Peer, Refused, RemoteRef, not_welcomed, refusal_error, refuse
+from runtime.remote import (
+    Peer,
+    Refused,
+    RemoteRef,
+    not_welcomed,
+    refusal_error,
+    refuse,
+    too_large_error,
+)
 
 __all__ = [
     "ALLOWED",
@@ -1059,6 +1068,70 @@ class _Pace:
             return wait
 
 
+def unsendable_tries(
+    worker: str, post: Callable[[TasksDone], Any]
+) -> Callable[[Any, FrameTooLarge], bool]:
+    """What a worker's connection does with a message of tries too large to send even on
+    its own (a :class:`~runtime.remote.Peer`'s ``on_too_large``), on either side: each
+    try in it fails with a typed error, reported to the scheduler in a ``TasksDone``
+    given to ``post`` (the scheduler's ``post`` on the manager's side, the connection's
+    own on the worker's), so no try stays running for want of a report. A task of a
+    ``RunTasks`` (to ``worker``) fails with :class:`TaskArgumentsTooLarge`; a try of a
+    ``TasksDone`` (from ``worker``) with :class:`TaskErrorTooLarge`, standing for its
+    error (its other fields kept, but the fetch timings). Anything else, or a report
+    of such failures that is still too large, it leaves to the peer, which logs it as
+    dropped."""
+
+    def unsendable(msg: Any, exc: FrameTooLarge) -> bool:
+        size, limit = int(exc.fields.get("size", 0)), int(exc.fields.get("limit", 0))
+        results: tuple[TaskResult, ...]
+        if isinstance(msg, RunTasks):
+            event = "task too large to send to a worker"
+            results = tuple(
+                TaskResult(
+                    t.key,
+                    "error",
+                    error=TaskArgumentsTooLarge(str(t.key), size, limit),
+                    attempt=t.attempt,
+                )
+                for t in msg.tasks
+            )
+        elif isinstance(msg, TasksDone) and not all(
+            isinstance(r.error, TaskErrorTooLarge) for r in msg.results
+        ):
+            event = "report of a try too large to send to the manager"
+            results = tuple(
+                dataclasses.replace(
+                    r,
+                    outcome="error",
+                    nbytes=0,
+                    file=False,
+                    fetches=(),
+                    error=_stand_in(r, size, limit),
+                )
+                for r in msg.results
+            )
+        else:
+            return False
+        _log.warning(
+            event, worker=worker, keys=[str(r.key) for r in results], size=size, limit=limit
+        )
+        with contextlib.suppress(CorralError):
+            post(TasksDone(worker, results))
+        return True
+
+    return unsendable
+
+
+def _stand_in(result: TaskResult, size: int, limit: int) -> TaskErrorTooLarge:
+    """The error that stands for how ``result`` ended, whose report was ``size`` bytes,
+    more than the ``limit`` a message may carry: it names its error, if it has one."""
+    error = result.error or RuntimeError(
+        f"its try ended {result.outcome}, but the report of it was too large to send"
+    )
+    return too_large_error(error, result.key, size, limit)
+
+
 class _Door:
     """The actor a connection reaches, as its role allows: every message is checked
     against :data:`ALLOWED` before it is handed on. A refused ask raises
@@ -1294,7 +1367,11 @@ class Gateway:
             conn, door, name=hello.name, allow_pickle=role == "admin",
             heartbeat=self.heartbeat,
             timeout=self.dead_after if hello.kind == "worker" else self.client_dead_after,
-            on_too_large=self._unsendable(hello.name) if hello.kind == "worker" else None,
+            on_too_large=(
+                unsendable_tries(hello.name, self.plane.refs["scheduler"].post)
+                if hello.kind == "worker"
+                else None
+            ),
         )  # fmt: skip
         door.peer = peer
         old = self.peers.get(hello.name)
@@ -1347,36 +1424,6 @@ class Gateway:
                         tg.start_soon(peer.say_goodbye, goodbye)
         for peer in list(self.peers.values()):  # what did not close in time
             await peer.aclose()
-
-    def _unsendable(self, worker: str) -> Callable[[Any, FrameTooLarge], bool]:
-        """What a worker's connection does with a message too large to send even on its
-        own: a task's fails with :class:`TaskArgumentsTooLarge` (reported to the
-        scheduler as the worker would); anything else it leaves to the peer, which logs
-        it as dropped."""
-        scheduler = self.plane.refs["scheduler"]
-
-        def unsendable(msg: Any, exc: FrameTooLarge) -> bool:
-            if not isinstance(msg, RunTasks):
-                return False
-            size, limit = int(exc.fields.get("size", 0)), int(exc.fields.get("limit", 0))
-            results = tuple(
-                TaskResult(
-                    t.key,
-                    "error",
-                    error=TaskArgumentsTooLarge(str(t.key), size, limit),
-                    attempt=t.attempt,
-                )
-                for t in msg.tasks
-            )
-            _log.warning(
-                "task too large to send to a worker", worker=worker,
-                keys=[str(t.key) for t in msg.tasks], size=size, limit=limit,
-            )  # fmt: skip
-            with contextlib.suppress(ActorStopped):
-                scheduler.post(TasksDone(worker, results))
-            return True
-
-        return unsendable
 
     async def _worker_dropped(
         self, name: str, generation: int, cause: str, *, left: bool = False
@@ -2034,10 +2081,12 @@ async def run_worker(
                         raise _WorkerRefused(refusal_error(answer, allow_pickle=True))
                     raise _WorkerRefused(not_welcomed(answer, address, "worker"))
                 secret[0] = answer.secret
-                return Peer(
+                peer = Peer(
                     conn, worker_ref["worker"], name="manager", allow_pickle=True,
                     heartbeat=HEARTBEAT, timeout=DEAD_AFTER, on_stall=blocked,
                 )  # fmt: skip
+                peer.on_too_large = unsendable_tries(worker_id, lambda m: peer.post(m, ""))
+                return peer
 
             def blocked(seconds: float) -> None:
                 """Our event loop was blocked (the manager connection's watchdog came

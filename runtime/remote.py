@@ -59,9 +59,10 @@ import contextlib
 import copy
 import itertools
 import math
+import os
 import traceback
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import anyio
@@ -80,6 +81,7 @@ from runtime.errors import (
     ManagerStopping,
     ProtocolError,
     RemoteError,
+    TaskErrorTooLarge,
 )
 from runtime.kernel import ActorRef, current_causal_id, new_causal_id
 from runtime.log import get_logger
@@ -94,6 +96,9 @@ from runtime.messages import (
 )
 
 __all__ = [
+    "DEFAULT_MAX_TASK_ERROR_BYTES",
+    "ERROR_HEAD_CHARS",
+    "MAX_TASK_ERROR_ENV",
     "JsonReply",
     "MessagesReply",
     "Peer",
@@ -101,13 +106,17 @@ __all__ = [
     "Refused",
     "RemoteError",
     "RemoteRef",
+    "bound_error",
+    "exception_chain",
     "from_wire",
     "not_welcomed",
     "pack_error",
     "refusal_error",
     "refuse",
     "substitute_error",
+    "task_error_limit",
     "to_wire",
+    "too_large_error",
     "wire_error",
 ]
 
@@ -236,19 +245,142 @@ def from_wire(msg: Message, *, allow_pickle: bool) -> Any:
 
 def _describe(exc: BaseException) -> tuple[str, str, str]:
     """The qualified name of ``exc``'s type, its text (``str``) and its ``repr``."""
-    cls = type(exc)
-    kind = (
-        cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
-    )
-    try:
-        text = str(exc)
-    except Exception:
-        text = "<str() failed>"
+    kind = _kind(exc)
     try:
         rep = repr(exc)
     except Exception:
         rep = kind
-    return kind, text, rep
+    return kind, _text(exc), rep
+
+
+def _kind(exc: BaseException) -> str:
+    """The qualified name of ``exc``'s type (without ``builtins.``)."""
+    cls = type(exc)
+    return (
+        cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+    )
+
+
+def _text(exc: BaseException) -> str:
+    """``str(exc)``, or a placeholder when that raises."""
+    try:
+        return str(exc)
+    except Exception:
+        return "<str() failed>"
+
+
+#: The most bytes a task's exception may take (its messages, or its pickle) to travel
+#: back to its caller, unless :data:`MAX_TASK_ERROR_ENV` says otherwise: a larger one
+#: is replaced where it is caught by a :class:`~runtime.errors.TaskErrorTooLarge`
+#: (:func:`bound_error`).
+DEFAULT_MAX_TASK_ERROR_BYTES = 1 << 20
+#: The environment variable that sets that limit (bytes), read by each worker.
+MAX_TASK_ERROR_ENV = "CORRAL_MAX_TASK_ERROR_BYTES"
+#: How much of a too-large exception's message its stand-in keeps (characters).
+ERROR_HEAD_CHARS = 500
+
+
+def task_error_limit() -> int:
+    """The most bytes a task's exception may take: ``$CORRAL_MAX_TASK_ERROR_BYTES`` if
+    set, else :data:`DEFAULT_MAX_TASK_ERROR_BYTES`; a :class:`ValueError` saying so for a
+    bad value (a worker reads it as it starts)."""
+    text = os.environ.get(MAX_TASK_ERROR_ENV, "").strip()
+    if not text:
+        return DEFAULT_MAX_TASK_ERROR_BYTES
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(
+            f"{MAX_TASK_ERROR_ENV}={text!r} is not a whole number of bytes > 0: set it to "
+            f"one (such as {4 << 20}), or unset it for the default "
+            f"{DEFAULT_MAX_TASK_ERROR_BYTES:,} bytes"
+        )
+    return value
+
+
+class _Over(Exception):
+    """Raised by :class:`_Meter` once more than its limit was written."""
+
+
+class _Meter:
+    """A file that counts what is written to it, and stops a pickle past ``limit``."""
+
+    __slots__ = ("limit", "n")
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.n = limit, 0
+
+    def write(self, data: Any) -> int:
+        size = memoryview(data).nbytes
+        self.n += size
+        if self.n > self.limit:
+            raise _Over
+        return size
+
+
+def exception_chain(
+    exc: BaseException, *, groups: bool = False, most: int | None = None
+) -> Iterator[BaseException]:
+    """``exc`` and the exceptions it was raised from (its ``__cause__`` and
+    ``__context__``; with ``groups``, an exception group's members too), each once, up
+    to ``most`` of them (None: all)."""
+    todo: list[BaseException] = [exc]
+    seen: set[int] = set()
+    while todo and (most is None or len(seen) < most):
+        e = todo.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        yield e
+        if groups and isinstance(e, BaseExceptionGroup):
+            todo.extend(reversed(e.exceptions))
+        todo.extend(x for x in (e.__context__, e.__cause__) if x is not None)
+
+
+def _error_size(exc: BaseException, limit: int) -> int:
+    """The bytes ``exc`` would take to travel, measured up to just past ``limit``: its
+    chain's messages and notes, then (if those fit) its chain's pickles; 0 for one that
+    does not pickle (:func:`pack_error` makes a small substitute of it)."""
+    chain = list(exception_chain(exc, groups=True))
+    size = 0
+    for one in chain:
+        size += len(_text(one))
+        size += sum(len(str(n)) for n in getattr(one, "__notes__", None) or ())
+        if size > limit:
+            return size  # never pickled: a message past the limit says enough
+    meter = _Meter(limit)
+    try:
+        for one in chain:
+            cloudpickle.CloudPickler(meter, protocol=5).dump(bare_exception(one))
+    except _Over:
+        return meter.n
+    except Exception:
+        return 0
+    return meter.n
+
+
+def bound_error(exc: BaseException, key: Any, limit: int) -> BaseException:
+    """``exc``, a task's exception, if it takes at most ``limit`` bytes to travel back
+    to its caller; else the :class:`~runtime.errors.TaskErrorTooLarge` that stands for
+    it (its type, size, the start of its message and what to do), with its traceback.
+
+    Called where a task's exception is caught, in the thread or task process that ran
+    the task (never on an event loop: measuring a large one takes time), so that one
+    never grows the worker's report past what a message may carry, nor blocks its
+    loop while it is sent. Measuring stops just past ``limit``."""
+    size = _error_size(exc, limit)
+    return exc if size <= limit else too_large_error(exc, key, size, limit)
+
+
+def too_large_error(exc: BaseException, key: Any, size: int, limit: int) -> TaskErrorTooLarge:
+    """The :class:`~runtime.errors.TaskErrorTooLarge` that stands for task ``key``'s
+    exception ``exc`` of ``size`` bytes, over ``limit``: its type, the start of its
+    message, and its traceback (frames only: bounded, unlike its messages)."""
+    head = _text(exc)[:ERROR_HEAD_CHARS]
+    error = TaskErrorTooLarge(str(key), _kind(exc), size, limit, head)
+    return error.with_traceback(exc.__traceback__)
 
 
 def substitute_error(kind: str, text: str, rep: str, tb: str, why: str) -> RuntimeError:

@@ -37,6 +37,7 @@ from actors.executor import (
     rss,
 )
 from actors.protocol import TaskResult, ToRun
+from runtime.errors import ResultNotPicklable
 from runtime.graph import Key
 from tests.helpers import held_at_gate, wait_until
 
@@ -212,11 +213,12 @@ async def test_a_raising_task_reports_the_original_exception() -> None:
         assert result.outcome == "error"
         assert type(result.error) is RuntimeError
         assert "Stubborn('1 and 2')" in str(result.error)
-        # So does a result that cannot be pickled, with a note that says so.
+        # A result that cannot be pickled fails its task with ResultNotPicklable, as
+        # an output that cannot leave its worker does in thread execution.
         result, _ = await delivered.get("u")
         assert result.outcome == "error"
-        assert "pickle" in str(result.error)
-        assert any("result of task 'u'" in n for n in result.error.__notes__)
+        assert isinstance(result.error, ResultNotPicklable)
+        assert result.error.key == "u" and "pickle" in result.error.reason
         # None of this harmed the task process.
         result, (pid, _) = await delivered.get("ok")
         assert result.outcome == "ok"
