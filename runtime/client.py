@@ -1048,6 +1048,10 @@ class Cluster:
             from actors.memory import MemoryConfig
 
             MemoryConfig.of(self.memory_per_worker or 1 << 30, self.memory_options)
+        if address is None:  # its workers read it: ValueError now, not in each later
+            from runtime.remote import task_error_limit
+
+            task_error_limit()  # a bad CORRAL_MAX_TASK_ERROR_BYTES
         if stall_timeout <= 0:
             raise ValueError(f"stall_timeout must be positive, got {stall_timeout}")
         self.stall_timeout = stall_timeout

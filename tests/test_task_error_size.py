@@ -180,3 +180,14 @@ async def test_a_report_too_large_for_one_message_fails_its_try_and_the_rest_arr
         await peer.aclose()
         await listener.aclose()
         tg.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-5", "1.5"])
+def test_a_bad_limit_is_a_value_error_when_the_cluster_is_made(
+    monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    """Not in each worker process as it starts (each would exit, and be replaced, while
+    the client waits for workers): at once, from Cluster()."""
+    monkeypatch.setenv(MAX_TASK_ERROR_ENV, value)
+    with pytest.raises(ValueError, match=r"CORRAL_MAX_TASK_ERROR_BYTES=.* is not a whole number"):
+        Cluster(processes=1)
