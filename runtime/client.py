@@ -62,6 +62,7 @@ from runtime.graph import (
     SUBMISSION,
     Key,
     TaskOptions,
+    check_key,
     check_keys,
     make_task,
     reject_collection,
@@ -1503,6 +1504,8 @@ class Cluster:
         self._require()
         if not callable(func):
             raise TypeError(f"submit needs a callable, got {type(func).__name__}")
+        if key is not None:
+            check_key(key, "submit")  # as any deployment would refuse it: here, at the call
         if priority == 0 and retries == 0 and resources is None and pool is None:
             opts = _DEFAULTS  # the common case: nothing to check
         else:

@@ -46,10 +46,13 @@ __all__ = [
     "TaskSpec",
     "build_specs",
     "category_of",
+    "check_graph_keys",
+    "check_key",
     "check_keys",
     "check_pool_fit",
     "flatten_keys",
     "in_pieces",
+    "is_key",
     "make_task",
     "normalize_graph",
     "reject_collection",
@@ -57,7 +60,7 @@ __all__ = [
     "unpicklable_error",
 ]
 
-#: A task key: a string or a tuple of a string and indices, as in dask.
+#: A task key: a string or a tuple of a string and indices, as in dask (:func:`is_key`).
 Key = Hashable
 
 #: Annotations a dask ``HighLevelGraph`` layer may carry that Corral honours.
@@ -106,32 +109,64 @@ def short_repr(obj: object, limit: int = 60) -> str:
 
 
 #: What a key may be, for the errors that say so.
-KEYS_ARE = "a key is a string, or a tuple of a string and indices such as ('x', 0)"
+KEYS_ARE = (
+    "a key is a str, bytes, int or float (not NaN), or a tuple of those such as ('x', 0), "
+    "as in dask: a key of another type (an object(), a class of your own) may not be equal "
+    "to its copy in a worker process or a manager, where the task would then never be found"
+)
 
 
-def _bad_key(key: object, where: str) -> GraphError:
+def is_key(key: object) -> bool:
+    """Whether ``key`` can be a task key: a str, bytes, int or float other than NaN, or a
+    tuple of keys (dask's keys, ``dask.typing.Key``). Exactly these types, not
+    subclasses: a key crosses process boundaries (to worker processes, to and from a
+    manager) as a copy, and these are the types whose copy is always equal to it."""
+    t = type(key)
+    if t is str or t is int or t is bytes:
+        return True
+    if t is tuple:
+        return all(is_key(k) for k in key)  # type: ignore[attr-defined]
+    return t is float and key == key  # NaN is not equal to itself, nor to its copy
+
+
+def _what_is_wrong(key: object) -> str:
+    """Why ``key`` (one :func:`is_key` refuses) is not a key: its type, or the item of a
+    tuple that is not one."""
+    if type(key) is tuple:
+        for i, item in enumerate(key):
+            if not is_key(item):
+                return f"its item {i} is not a key: {_what_is_wrong(item)}"
+    if type(key) is float:
+        return "NaN is not equal to itself"
+    return f"{type(key).__name__} is not a key type"
+
+
+def _bad_key(key: object, where: str, verb: str = "got") -> GraphError:
     return GraphError(
-        f"{where} got {type(key).__name__} {short_repr(key)} as a key; {KEYS_ARE}",
+        f"{where} {verb} {type(key).__name__} {short_repr(key)} as a key ({_what_is_wrong(key)}); "
+        f"{KEYS_ARE}",
         key=short_repr(key),
     )
 
 
+def check_key(key: object, where: str) -> None:
+    """:class:`GraphError` naming what is wrong if ``key`` (given to ``where``) cannot be
+    a key (:func:`is_key`)."""
+    if not is_key(key):
+        raise _bad_key(key, where)
+
+
 def flatten_keys(keys: Any) -> list[Key]:
     """All keys in a possibly nested list of keys, in order, without duplicates.
-    :class:`GraphError` for a key that cannot be one (a dict, a set: unhashable)."""
-    if isinstance(keys, list):
-        out: dict[Key, None] = {}
-        for k in flatten(keys):
-            try:
-                out[k] = None
-            except TypeError:  # unhashable: not a key (no cost when all are keys)
-                raise _bad_key(k, "compute") from None
-        return list(out)
-    try:
-        hash(keys)
-    except TypeError:
-        raise _bad_key(keys, "compute") from None
-    return [keys]
+    :class:`GraphError` for a key that cannot be one (:func:`is_key`)."""
+    if not isinstance(keys, list):
+        check_key(keys, "compute")
+        return [keys]
+    out: dict[Key, None] = {}
+    for k in flatten(keys):
+        check_key(k, "compute")
+        out[k] = None
+    return list(out)
 
 
 def check_keys(keys: Any) -> tuple[Key, ...]:
@@ -143,17 +178,17 @@ def check_keys(keys: Any) -> tuple[Key, ...]:
             f"for one key pass [key]; {KEYS_ARE}"
         )
     out: tuple[Key, ...] = tuple(keys)
-    try:
-        dict.fromkeys(out)  # hashes every key, at C speed
-    except TypeError:
-        for k in out:
-            try:
-                hash(k)
-            except TypeError:
-                where = "submit_graph (a flat list of keys; nested lists are for compute)"
-                raise _bad_key(k, where) from None
-        raise
+    for k in out:
+        check_key(k, "submit_graph (a flat list of keys; nested lists are for compute)")
     return out
+
+
+def check_graph_keys(graph: Mapping[Key, Any]) -> None:
+    """:class:`GraphError` for the first key of ``graph`` that cannot be one
+    (:func:`is_key`): checked where a graph is taken in, embedded or remote alike."""
+    for k in graph:
+        if type(k) is not str and not is_key(k):
+            raise _bad_key(k, "the graph", "has")
 
 
 def _layer_annotations(graph: Any) -> dict[Key, dict[str, Any]]:
@@ -467,6 +502,7 @@ def build_specs(
     when it raises.
     """
     graph, annotations = _materialize(graph)
+    check_graph_keys(graph)
     nodes = normalize_graph(graph, known)
     wanted = list(wanted)
     unknown = [k for k in wanted if k not in nodes and not known(k)]

@@ -62,9 +62,15 @@ async def test_unhashable_keys_are_a_graph_error() -> None:
     key is; no key stays held."""
     with anyio.fail_after(BOUND):
         async with Cluster(workers=1) as cluster:
-            with pytest.raises(GraphError, match=r"got dict \{'x': 1\} as a key; a key is"):
+            with pytest.raises(
+                GraphError,
+                match=r"got dict \{'x': 1\} as a key \(dict is not a key type\); a key is",
+            ):
                 await cluster.compute({"a": 1}, [["a"], {"x": 1}])
-            with pytest.raises(GraphError, match=r"got dict \{'x': 1\} as a key; a key is"):
+            with pytest.raises(
+                GraphError,
+                match=r"got dict \{'x': 1\} as a key \(dict is not a key type\); a key is",
+            ):
                 await cluster.compute({"a": 1}, {"x": 1})
             with pytest.raises(GraphError, match=r"submit_graph .*got dict .* as a key"):
                 await cluster.submit_graph({"a": 1}, [{"x": 1}])
@@ -73,6 +79,40 @@ async def test_unhashable_keys_are_a_graph_error() -> None:
             with pytest.raises(GraphError, match=r"takes a list of keys, got str 'a'"):
                 await cluster.submit_graph({"a": 1}, "a")
             assert held_keys(cluster) == set()
+            await still_works(cluster)
+
+
+class _Token:
+    """A hashable key of the user's own type: equal only to itself, so its copy in a
+    worker process or a manager is another key."""
+
+
+async def test_keys_that_cannot_cross_processes_are_a_graph_error_everywhere() -> None:
+    """A hashable key whose copy in another process is not equal to it (an object(), a
+    class of one's own, NaN, a tuple holding one) is a GraphError at the call, in-process
+    as with worker processes or a manager (where it hung for ever): ``submit``'s key=,
+    ``compute``'s keys and a graph's own keys. The keys dask allows all work."""
+    bad: list[tuple[object, str]] = [
+        (object(), r"object is not a key type"),
+        (_Token(), r"_Token is not a key type"),
+        (float("nan"), r"NaN is not equal to itself"),
+        (("x", object()), r"its item 1 is not a key: object is not a key type"),
+        (frozenset({1}), r"frozenset is not a key type"),
+    ]
+    with anyio.fail_after(BOUND):
+        async with Cluster(workers=1) as cluster:
+            for key, why in bad:
+                with pytest.raises(GraphError, match=rf"submit got .* as a key \({why}\); a key"):
+                    cluster.submit(inc, 1, key=key)  # at the call, no await
+                with pytest.raises(GraphError, match=rf"compute got .* as a key \({why}\)"):
+                    await cluster.compute({key: (inc, 1)}, key)
+            assert held_keys(cluster) == set()
+            for key, why in bad:  # refused where the graph is taken in (also a manager)
+                with pytest.raises(GraphError, match=rf"the graph has .* as a key \({why}\)"):
+                    await cluster.submit_graph({key: (inc, 1), "b": (inc, 2)}, ["b"])
+            good = [b"raw", 7, 2.5, ("x", 0), ("x", (1, 2.5), b"y"), ""]
+            for i, key in enumerate(good):
+                assert await cluster.submit(inc, i, key=key) == i + 1
             await still_works(cluster)
 
 
