@@ -70,7 +70,7 @@ import msgspec
 import msgspec.inspect
 import orjson
 
-from runtime.errors import FrameTooLarge, ProtocolError
+from runtime.errors import FrameTooLarge, ProtocolError, TooManyFrames
 from runtime.messages import CORRAL_VERSION, MESSAGE_TYPES, Message
 
 __all__ = [
@@ -240,11 +240,12 @@ def reply_ids(
         return []
 
 
-def _too_many_frames(n: int, max_frames: int) -> ProtocolError:
-    return ProtocolError(
+def _too_many_frames(n: int, max_frames: int) -> TooManyFrames:
+    return TooManyFrames(
         f"the data holds {n} frame(s), over the limit of {max_frames} (max_frames): the "
         "sender spent more credits than it had. " + _RECV_ADVICE,
-        field="n",
+        frames=n,
+        limit=max_frames,
     )
 
 

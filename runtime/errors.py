@@ -63,6 +63,7 @@ __all__ = [
     "TaskTooBigForDisk",
     "TaskTooLarge",
     "TokenFileError",
+    "TooManyFrames",
     "TransportError",
     "UnknownPolicyError",
     "UnknownStream",
@@ -178,6 +179,16 @@ class FrameTooLarge(ProtocolError):
 
     def __init__(self, message: str, size: int, limit: int) -> None:
         CorralError.__init__(self, message, field="", type_name="", size=size, limit=limit)
+
+
+class TooManyFrames(ProtocolError):
+    """Received data holds more frames than its sender had credits for (the codec's
+    ``max_frames``): a flow-control violation, which a transport closes the connection
+    for, unlike a malformed message (a plain :class:`ProtocolError`), which it answers
+    and drops."""
+
+    def __init__(self, message: str, frames: int, limit: int) -> None:
+        CorralError.__init__(self, message, field="", type_name="", frames=frames, limit=limit)
 
 
 class RemoteError(CorralError):

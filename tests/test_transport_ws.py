@@ -492,6 +492,14 @@ BAD_MESSAGES = [
     ("truncated frame", encode(ping(1))[:-3], "truncated"),
     ("unknown message type", codec_bytes({"t": "NoSuchMessage", "f": {}}), "NoSuchMessage"),
     ("wrong field type", codec_bytes({"t": "Ping", "f": {"token": "seven"}}), "Ping.token"),
+    # a message's own field named "n", like the batch's frame list: malformed, not a
+    # flow-control violation (which closes with 1008 "more frames than credits")
+    ("field n missing", codec_bytes({"t": "ScaleRequest", "f": {}}), "ScaleRequest.n: required"),
+    (
+        "field n of a wrong type",
+        codec_bytes({"t": "ScaleRequest", "f": {"n": "x"}}),
+        "ScaleRequest.n",
+    ),
     ("empty binary message", b"", "empty message"),
     ("credit grant out of thin air", struct.pack(">BI", 1, 5), "credit grant of 5"),
     ("chunk without data", struct.pack(">BQ", 2, 100), "chunk message without data"),

@@ -99,7 +99,7 @@ from runtime.codec import (
     encode_batch,
     reply_ids,
 )
-from runtime.errors import AuthenticationFailed, ProtocolError
+from runtime.errors import AuthenticationFailed, ProtocolError, TooManyFrames
 from runtime.log import get_logger
 from runtime.messages import UNREADABLE_REPLY, ErrorReply
 from transport import tls
@@ -1076,10 +1076,10 @@ class WebSocketConnection(Connection):
         room = self.peer_window - self._peer_in_flight if credited else None
         try:
             frames = decode_batch(data, max_bytes=self.receive_limit, max_frames=room)
-        except ProtocolError as exc:
-            if room is not None and exc.fields.get("field") == "n":  # more frames than credits
-                self._over_credit(exc.message)
-                return False
+        except TooManyFrames as exc:  # more frames than credits: flow control broken
+            self._over_credit(exc.message)
+            return False
+        except ProtocolError as exc:  # a malformed message (a field "n" of its own too)
             self._fail_replies(data, exc.message)
             return self._bad(exc.message, reply=credited)
         except Exception as exc:  # decode_batch promises ProtocolError; be safe anyway
