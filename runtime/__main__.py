@@ -26,10 +26,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime
 import logging
+import math
 import os
 import signal
 import sys
+import time
 import traceback
 from collections.abc import Sequence
 from typing import Any
@@ -762,6 +765,32 @@ def _memory_share(n: int) -> int:
     return share
 
 
+def _check_deadline(deadline: float, now: float) -> None:
+    """``ValueError`` for a ``--deadline`` that is not a time to come (at least a second
+    ahead of ``now``): the worker would join only to retire at once and exit 0. A
+    duration given where the epoch time belongs (``--deadline 3600``) is the likely
+    mistake, and the message says how to write one."""
+    if not math.isfinite(deadline):
+        raise ValueError(
+            f"--deadline must be a time, in seconds since the epoch, got {deadline}; "
+            "leave it out for a worker without a walltime"
+        )
+    if deadline >= now + 1:
+        return
+    try:
+        when = datetime.datetime.fromtimestamp(deadline, datetime.UTC)
+        date = f"{when:%Y-%m-%d %H:%M:%S} UTC, "
+    except (OverflowError, ValueError, OSError):  # out of the calendar's range
+        date = ""
+    ago = f"{now - deadline:,.0f} s ago" if deadline <= now else "under a second from now"
+    raise ValueError(
+        f"--deadline {deadline:.0f} (or CORRAL_DEADLINE) is {date}{ago}: the worker would "
+        "retire as it joined. It is the time its walltime ends, in seconds since the "
+        "epoch, not a duration: for an hour from now pass "
+        "--deadline $(( $(date +%s) + 3600 ))"
+    )
+
+
 def _cmd_worker(args: argparse.Namespace) -> int:
     from runtime.errors import MemoryConfigError, PermissionDenied
 
@@ -787,6 +816,15 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         args.memory = str(_memory_share(args.memory_share))
     if args.disk != "off" and parse_bytes(args.disk) < 0:
         raise ValueError(f"--disk must be >= 0 or 'off', got {args.disk!r}")
+    if not args.pool.strip():
+        raise ValueError("--pool must name a pool, got ''; leave it out for the default pool")
+    if not args.grace >= 0:  # NaN too
+        raise ValueError(
+            f"--grace must be >= 0 (the seconds between a stop signal and being killed), "
+            f"got {args.grace:g}"
+        )
+    if args.deadline is not None:
+        _check_deadline(args.deadline, time.time())
     _apply_tls(args, args.address, f"the manager's address {args.address} is not wss://")
     memory_options = _memory_options(args)
     if args.token_file is not None:  # read now: a bad file stops it before it starts

@@ -5,6 +5,7 @@ it was invoked."""
 from __future__ import annotations
 
 import sys
+import time
 from typing import Any
 
 import pytest
@@ -70,3 +71,37 @@ def test_a_console_without_an_address_asks_for_the_address_only(
         "python -m runtime console: error: the following argument is required: ADDRESS"
     ), err
     assert "COMMAND is optional" in err
+
+
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        (["--deadline", "3600"], "--deadline 3600 (or CORRAL_DEADLINE) is 1970-01-01 01:00:00 UTC"),
+        (["--deadline", "-5"], "is 1969-12-31 23:59:55 UTC, "),
+        (["--deadline", "nan"], "--deadline must be a time, in seconds since the epoch, got nan"),
+        (["--grace", "-1"], "--grace must be >= 0 (the seconds between a stop signal"),
+        (["--pool", ""], "--pool must name a pool, got ''"),
+        (["--pool", " "], "--pool must name a pool"),
+    ],
+)
+def test_a_worker_refuses_a_bad_deadline_grace_or_pool_before_it_joins(
+    capsys: Any, monkeypatch: Any, flags: list[str], said: str
+) -> None:
+    """A deadline that has passed (a duration given for the epoch time, ``--deadline
+    3600``) made the worker join, retire at once and exit 0 without a word; a negative
+    grace and an empty pool were taken too. Each is an error, exit 1, before joining."""
+    joined: list[Any] = []
+    monkeypatch.setattr("runtime.__main__._run_worker", lambda *a: joined.append(a))
+    monkeypatch.delenv("CORRAL_DEADLINE", raising=False)
+    assert main(["worker", "ws://127.0.0.1:9", "--memory", "1GiB", *flags]) == 1
+    err = capsys.readouterr().err
+    assert said in err, err
+    if flags[1] in ("3600", "-5"):
+        assert "seconds since the epoch, not a duration" in err
+        assert "--deadline $(( $(date +%s) + 3600 ))" in err
+    assert joined == []
+    # A deadline to come, no grace and a named pool are fine: the worker would join.
+    soon = str(time.time() + 3600)
+    good = ["--deadline", soon, "--grace", "0", "--pool", "gpu"]
+    assert main(["worker", "ws://127.0.0.1:9", "--memory", "1GiB", *good]) == 0
+    assert len(joined) == 1
