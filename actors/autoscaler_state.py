@@ -103,6 +103,7 @@ from policies.scaling import DELAYS_KEPT, HISTORY, LoadView, PoolLimits
 from runtime.messages import BlockEndInfo as BlockEnd
 
 __all__ = [
+    "MAX_BLOCKS",
     "AutoscalerConfig",
     "AutoscalerState",
     "BatchProblem",
@@ -1164,12 +1165,18 @@ class AutoscalerState:
             assert ps.blocks + ps.requested == live, (ps, live)
 
 
+#: the most blocks ``scale(n)`` takes: what one message (``ScaleRequest.n``) carries
+MAX_BLOCKS = 2**63 - 1
+
+
 def check_blocks(pool: str, n: object) -> None:
-    """ValueError unless ``n`` is a whole number of blocks >= 0 (a pool is sized in
-    blocks: what ``scale(n)`` keeps)."""
-    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+    """ValueError unless ``n`` is a whole number of blocks from 0 to :data:`MAX_BLOCKS`
+    (a pool is sized in blocks: what ``scale(n)`` keeps). Checked where it is asked
+    (``Cluster.scale``, the console's ``scale``) and where it is done, alike."""
+    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_BLOCKS:
         raise ValueError(
-            f"cannot scale pool {pool!r} to {n!r} blocks: give a whole number of blocks >= 0"
+            f"cannot scale pool {pool!r} to {n!r} blocks: give a whole number of blocks "
+            f"from 0 to {MAX_BLOCKS:,} (2**63 - 1)"
         )
 
 

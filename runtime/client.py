@@ -35,12 +35,14 @@ from dask.utils import funcname
 
 from actors import transfer
 from actors.autoscaler import PoolTarget
+from actors.autoscaler_state import check_blocks
 from actors.manager import GatherResult, Manager
 from actors.memory import limit_too_small
 from actors.providers import DISK_OFF, BlockSpec, InProcessProvider
 from actors.scheduler import Scheduler
 from actors.scheduler_events import KeyCancelled, KeyDone, KeyErred, KeyTaken
 from actors.transfer import READ_TIMEOUT, StreamInfo, UnknownStream
+from policies import KINDS, REGISTRY
 from runtime import unpickling
 from runtime.errors import (
     ActorStopped,
@@ -55,6 +57,7 @@ from runtime.errors import (
     ManagerStopping,
     PermissionDenied,
     TaskArgumentsTooLarge,
+    UnknownPolicyError,
     WorkersTimeout,
 )
 from runtime.files import File
@@ -1852,6 +1855,11 @@ class Cluster:
     async def set_policy(self, kind: str, name: str, **params: Any) -> Any:
         """Swap the ``kind`` policy (priority, placement, retry) for ``name`` at runtime."""
         self._require()
+        # What the manager refuses, refused here too: a message cannot carry these.
+        if not isinstance(kind, str):
+            raise UnknownPolicyError("kind of", kind, KINDS)
+        if not isinstance(name, str):
+            raise UnknownPolicyError(kind, name, REGISTRY.names(kind))
         return await self._manager.ask(SetPolicyRequest(kind, name, params))
 
     async def scale(self, n: int, pool: str | None = None, *, hold: float | None = None) -> Any:
@@ -1869,6 +1877,7 @@ class Cluster:
                 f"scale(hold=...): hold is a number of seconds (an int or a float) or None, "
                 f"got {type(hold).__name__} {short_repr(hold)}"
             )
+        check_blocks(pool or self.pool, n)  # here too: a message cannot carry a larger n
         return await self._manager.ask(ScaleRequest(n, pool or self.pool, hold))
 
     async def status(self) -> dict[str, Any]:

@@ -58,7 +58,7 @@ from rich.table import Table
 from rich.text import Text
 
 from actors.alerts_state import typed_duration
-from actors.autoscaler_state import brief_detail
+from actors.autoscaler_state import brief_detail, check_blocks
 from actors.scheduler_records import disk_stall_parts
 from policies import params_text
 from runtime.errors import (
@@ -633,8 +633,10 @@ class ConsoleClient:
             n = int(n_text)
         except ValueError:
             raise ConsoleError(f"scale: N must be a whole number, not {n_text!r}") from None
-        if n < 0:
-            raise ConsoleError(f"scale: N must be >= 0, not {n}")
+        try:
+            check_blocks(pool, n)  # as Cluster.scale: a message cannot carry a larger N
+        except ValueError as exc:
+            raise ConsoleError(f"scale: {exc}") from None
         live = jsonable(await self.scale(pool, n))
         # the target the autoscaler keeps: a configured pool's stays within its
         # min_blocks and max_blocks

@@ -407,8 +407,8 @@ class UnknownPolicyError(CorralError, KeyError):
                 "one of these."
             )
         super().__init__(
-            f"no {kind} policy named {name!r}{where}; available: {', '.join(avail) or 'none'}. "
-            f"{fix}",
+            f"no {kind} policy named {name!r}{where}{did_you_mean(name, avail)}; available: "
+            f"{', '.join(avail) or 'none'}. {fix}",
             kind=kind,
             name=name,
             available=avail,
@@ -1447,9 +1447,12 @@ class AlertConfigError(CorralError, ValueError):
         )
 
 
-def did_you_mean(word: str, choices: Iterable[str], otherwise: str = "") -> str:
+def did_you_mean(word: object, choices: Iterable[str], otherwise: str = "") -> str:
     """The text "; did you mean 'x'?" for the choice closest to ``word`` (else
-    ``otherwise``): for errors about a misspelt name."""
+    ``otherwise``): for errors about a misspelt name (a ``word`` that is no string, say
+    None, is no misspelling: ``otherwise``)."""
+    if not isinstance(word, str):
+        return otherwise
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
     return f"; did you mean {close[0]!r}?" if close else otherwise
 

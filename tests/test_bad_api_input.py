@@ -14,7 +14,7 @@ import anyio
 import pytest
 
 from runtime import Cluster
-from runtime.errors import CorralError, GraphError
+from runtime.errors import CorralError, GraphError, UnknownPolicyError
 
 pytestmark = pytest.mark.anyio
 
@@ -174,7 +174,31 @@ async def test_scale_takes_a_whole_number() -> None:
                 await cluster.scale(2, hold="5")  # type: ignore[arg-type]
             with pytest.raises(ValueError, match=r"cannot scale pool 'default' to -1 blocks: give"):
                 await cluster.scale(-1)
+            # more than a message carries: refused at the call, in every deployment (a
+            # manager's codec said "see runtime/messages.py"; in-process it hung)
+            with pytest.raises(ValueError, match=r"blocks from 0 to 9,223,372,036,854,775,807"):
+                await cluster.scale(2**70)
             assert await cluster.scale(1) == {"default": 1}
+            await still_works(cluster)
+
+
+async def test_set_policy_names_a_bad_kind_or_name_and_the_one_likely_meant() -> None:
+    """``set_policy(None, ...)`` was a bare ``TypeError: 'NoneType' object is not
+    iterable``; a misspelt policy name listed the names but, unlike a misspelt kind or
+    parameter, did not say which was likely meant."""
+    with anyio.fail_after(BOUND):
+        async with Cluster(workers=1) as cluster:
+            with pytest.raises(UnknownPolicyError, match=r"no kind of policy named None; the"):
+                await cluster.set_policy(None, "default")  # type: ignore[arg-type]
+            with pytest.raises(UnknownPolicyError, match=r"no priority policy named 3; avail"):
+                await cluster.set_policy("priority", 3)  # type: ignore[arg-type]
+            with pytest.raises(UnknownPolicyError) as info:
+                await cluster.set_policy("placement", "round-robn")
+            assert str(info.value).startswith(
+                "no placement policy named 'round-robn'; did you mean 'round-robin'?; "
+                "available: least-loaded, locality, round-robin."
+            ), str(info.value)
+            assert (await cluster.status())["policies"]["placement"] != "round-robn"
             await still_works(cluster)
 
 

@@ -538,6 +538,9 @@ async def test_scale_without_an_autoscaler_is_a_clear_error() -> None:
                 await console.set_policy("scaling", "queue")
             with pytest.raises(ConsoleError, match="whole number"):
                 await console.execute("scale default many")
+            # more than a message carries: the range, not the codec's "see messages.py"
+            with pytest.raises(ConsoleError, match=r"scale: .* blocks from 0 to 9,223,372,"):
+                await console.execute("scale default 99999999999999999999999")
 
 
 @pytest.mark.anyio
