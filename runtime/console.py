@@ -1780,8 +1780,17 @@ def one_shot_line(words: Sequence[str]) -> str:
     """The command line that the words after the address make. The rest of a
     ``story`` or ``cancel`` line is a key's text: the words joined by a space, as the
     user meant them (``story ('y', 2)`` unquoted, split by the shell), not each word
-    quoted; the other commands' words are quoted one by one (``alert add NAME 'EXPR'``)."""
+    quoted; the other commands' words are quoted one by one (``alert add NAME 'EXPR'``).
+    A first word that holds several (``console ADDRESS "status --bogus"``: the command
+    quoted as one argument) is a :class:`ConsoleError` saying so, not an unknown command
+    ``"'status"`` with the quote its joining added."""
     name, rest = words[0], list(words[1:])
+    if len(name.split()) > 1:
+        raise ConsoleError(
+            f'unknown command "{name}": the command and its words came as one quoted '
+            "argument; pass them as separate words, without the quotes around them "
+            f"(console ADDRESS {name})"
+        )
     flags = [rest.pop(0)] if name == "cancel" and rest[:1] in (["--key"], ["--run"]) else []
     if name not in ("story", "cancel") or not rest:
         return shlex.join(words)

@@ -1235,6 +1235,27 @@ async def test_one_shot_errors_print_one_line_and_exit_1(capsys: Any) -> None:
     assert err.startswith("error: ") and err.count("\n") == 1 and "nobody-listens-here" in err
 
 
+@pytest.mark.anyio
+async def test_a_one_shot_command_quoted_as_one_argument_is_said_to_be(capsys: Any) -> None:
+    """``console ADDRESS "status --bogus"`` said ``unknown command "'status"``, the quote
+    that joining the words added hiding the real mistake (the quoting). It names the
+    command as typed and says to pass its words unquoted, before connecting."""
+    from runtime.__main__ import main
+
+    for words in (["status --bogus"], ["tasks --limit 5", "--json"]):
+        with anyio.fail_after(LIMIT):
+            code = await anyio.to_thread.run_sync(
+                main, ["console", "inproc://nobody-listens-here", *words]
+            )
+        assert code == 1
+        err = capsys.readouterr().err
+        assert err.startswith(
+            f'error: ConsoleError: unknown command "{words[0]}": the command and its words '
+            "came as one quoted argument; pass them as separate words"
+        ), err
+        assert f"(console ADDRESS {words[0]})" in err and "nobody-listens-here" not in err
+
+
 # ----------------------------------------------------------------------------- websockets
 # Over the websocket transport (transport/ws.py) with real tokens and the token file.
 
