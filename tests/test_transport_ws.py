@@ -323,6 +323,46 @@ async def test_raw_handshakes_get_401_or_403_and_no_frame_is_read() -> None:
                 assert token(await server.receive()) == 3
 
 
+async def test_a_handshake_offering_only_another_version_is_refused_as_a_mismatch() -> None:
+    """A client that offers websocket subprotocols, none of them ``corral.v1`` (a client
+    of another version), is refused at the handshake with "version mismatch", naming
+    what each side speaks; before, it was accepted and its frames failed one by one. A
+    handshake offering none (a browser's page) or ``corral.v1`` among others is taken."""
+    with anyio.fail_after(TIMEOUT):
+        async with (
+            await transport.listen("ws://127.0.0.1:0/c", tokens=TOKENS) as listener,
+            aiohttp.ClientSession() as session,
+        ):
+            assert isinstance(listener, WebSocketListener)
+            auth = {"Authorization": "Bearer secret-a"}
+            with pytest.raises(aiohttp.WSServerHandshakeError) as info:
+                await session.ws_connect(listener.address, protocols=("corral.v99",), headers=auth)
+            assert info.value.status == 400
+            assert (listener.refused, listener.connections) == (1, 0)
+            async with session.get(
+                listener.address.replace("ws://", "http://"),
+                headers={
+                    **auth, "Connection": "Upgrade", "Upgrade": "websocket",
+                    "Sec-WebSocket-Version": "13", "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
+                    "Sec-WebSocket-Protocol": "corral.v99, corral.v100",
+                },
+            ) as response:  # fmt: skip
+                assert response.status == 400
+                assert (await response.text()).startswith(
+                    "version mismatch: the client offers websocket subprotocol corral.v99, "
+                    f"corral.v100; this listener speaks {SUBPROTOCOL} (Corral "
+                )
+            for protocols in ((), ("corral.v99", SUBPROTOCOL)):
+                async with session.ws_connect(
+                    listener.address, protocols=protocols, headers=auth
+                ) as ws:
+                    server = await listener.accept()
+                    await ws.send_bytes(encode(ping(4)))
+                    assert token(await server.receive()) == 4
+                    await ws.close()
+                    await server.aclose()
+
+
 async def test_role_per_token_and_none_without_auth() -> None:
     with anyio.fail_after(TIMEOUT):
         async with await transport.listen("ws://127.0.0.1:0", tokens=TOKENS) as listener:

@@ -101,7 +101,7 @@ from runtime.codec import (
 )
 from runtime.errors import AuthenticationFailed, ProtocolError, TooManyFrames
 from runtime.log import get_logger
-from runtime.messages import UNREADABLE_REPLY, ErrorReply
+from runtime.messages import CORRAL_VERSION, UNREADABLE_REPLY, ErrorReply
 from transport import tls
 from transport.base import (
     DEFAULT_MAX_BUFFER,
@@ -1595,6 +1595,20 @@ class WebSocketListener(Listener):
                 status=refusal.status,
             )
             return refusal
+        offered = _offered_subprotocols(request)
+        if offered and SUBPROTOCOL not in offered:  # a client of another version
+            _log.warning(
+                "refused a websocket handshake: version mismatch",
+                address=self.address,
+                peer=request.remote,
+                offered=", ".join(offered),
+            )
+            return self._refuse(
+                400,
+                f"version mismatch: the client offers websocket subprotocol "
+                f"{', '.join(offered)}; this listener speaks {SUBPROTOCOL} (Corral "
+                f"{CORRAL_VERSION}). Run the same Corral version on both ends.",
+            )
         if len(self._pending) >= self.backlog:
             return self._refuse(503, "this Corral listener's backlog is full (nobody accepts)")
         window = _parse_window(request.headers.get(WINDOW_HEADER))
@@ -1655,6 +1669,18 @@ class WebSocketListener(Listener):
         finally:
             self._live.discard(conn)
         return ws
+
+
+def _offered_subprotocols(request: web.Request) -> list[str]:
+    """The websocket subprotocols a handshake offers (``Sec-WebSocket-Protocol``, comma
+    separated, in one header or several): Corral's clients offer :data:`SUBPROTOCOL`,
+    a browser's page none."""
+    return [
+        p.strip()
+        for header in request.headers.getall("Sec-WebSocket-Protocol", ())
+        for p in header.split(",")
+        if p.strip()
+    ]
 
 
 def _is_upgrade(request: web.Request) -> bool:
