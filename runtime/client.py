@@ -30,7 +30,7 @@ from typing import Any, NoReturn
 
 import anyio
 import anyio.abc
-from dask.base import tokenize
+from dask.base import normalize_token, tokenize
 from dask.utils import funcname
 
 from actors import transfer
@@ -285,6 +285,44 @@ class _RetryDue(Message):
 
 
 _DEFAULTS = TaskOptions()  #: a ``submit`` call's settings when it gives none
+
+
+def _task_options(
+    func: Callable[..., Any],
+    key: Key | None,
+    priority: float = 0,
+    retries: int = 0,
+    resources: Mapping[str, float] | None = None,
+    pool: str | None = None,
+) -> TaskOptions:
+    """The settings of ``submit(func, ..., key=key, priority=...)``, checked;
+    ``TypeError`` if ``func`` is not callable."""
+    if not callable(func):
+        raise TypeError(f"submit needs a callable, got {type(func).__name__}")
+    if key is not None:
+        check_key(key, "submit")  # as any deployment would refuse it: here, at the call
+    if priority == 0 and retries == 0 and resources is None and pool is None:
+        return _DEFAULTS  # the common case: nothing to check
+    return TaskOptions.of(key or funcname(func), priority, retries, resources, pool)
+
+
+class _FuncToken:
+    """``func`` normalized for :func:`~dask.base.tokenize` once, to stand in for it in
+    each of :meth:`Cluster.map`'s tokens: ``tokenize(_FuncToken(f), a)`` is
+    ``tokenize(f, a)``, without pickling ``f`` again for every item (a function of the
+    script, ``__main__``, is pickled by value to be tokenized)."""
+
+    __slots__ = ("token",)
+
+    def __init__(self, func: Callable[..., Any]) -> None:
+        self.token = normalize_token(func)
+
+    def __dask_tokenize__(self) -> Any:
+        return self.token
+
+
+#: ``submit``'s own keyword arguments, the rest being ``func``'s
+_SUBMIT_SETTINGS = ("key", "priority", "retries", "resources", "pool")
 
 
 @message(local=True)
@@ -770,6 +808,11 @@ class Future:
 
     def __repr__(self) -> str:
         return f"<Future {self.key!r} {self.status}>"
+
+    def __dask_tokenize__(self) -> tuple[str, Key]:
+        """A future stands for its task, so it tokenizes as its key: a pure call taking
+        it gets the same key each time, without pickling anything (as dask's)."""
+        return ("corral.Future", self.key)
 
     @property
     def released(self) -> bool:
@@ -1505,21 +1548,28 @@ class Cluster:
         manager as one graph (one per run of calls with the same settings).
         """
         self._require()
-        if not callable(func):
-            raise TypeError(f"submit needs a callable, got {type(func).__name__}")
-        if key is not None:
-            check_key(key, "submit")  # as any deployment would refuse it: here, at the call
-        if priority == 0 and retries == 0 and resources is None and pool is None:
-            opts = _DEFAULTS  # the common case: nothing to check
-        else:
-            opts = TaskOptions.of(key or funcname(func), priority, retries, resources, pool)
+        opts = _task_options(func, key, priority, retries, resources, pool)
+        return self._submit_call(func, func, args, kwargs, key, pure, opts)
+
+    def _submit_call(
+        self,
+        func: Callable[..., Any],
+        named: Any,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        key: Key | None,
+        pure: bool,
+        opts: TaskOptions,
+    ) -> Future:
+        """:meth:`submit` with its settings checked (``opts``), ``named`` tokenized in
+        place of ``func`` (``func`` itself or its :class:`_FuncToken`)."""
         if key is None:
             if not pure:
                 token = os.urandom(16).hex()
             elif opts is _DEFAULTS:
-                token = tokenize(func, args, kwargs)
+                token = tokenize(named, args, kwargs)
             else:  # the same call with other settings is another task, with its own
-                token = tokenize(func, args, kwargs, dataclasses.astuple(opts))
+                token = tokenize(named, args, kwargs, dataclasses.astuple(opts))
             key = f"{funcname(func)}-{token}"
         client = self._client_actor
         fut = Future(key, self)  # (failed or cancelled: pending again, to run again)
@@ -1538,12 +1588,19 @@ class Cluster:
     ) -> list[Future]:
         """``submit(func, *items, **kwargs)`` for each tuple of items of ``iterables``
         (``priority``, ``retries``, ``resources`` and ``pool`` among ``kwargs`` are the
-        tasks' settings, as in :meth:`submit`)."""
+        tasks' settings, as in :meth:`submit`). The keys are those ``submit`` gives; the
+        function is tokenized once for them all, not once per item."""
         self._require()  # also with nothing to map
-        return [
-            self.submit(func, *items, pure=pure, **kwargs)
-            for items in zip(*iterables, strict=False)
-        ]
+        settings = {k: kwargs.pop(k) for k in _SUBMIT_SETTINGS if k in kwargs}
+        key = settings.pop("key", None)
+        named: Any = None
+        futures = []
+        for items in zip(*iterables, strict=False):
+            if named is None:  # once, and not for an empty map (nor tokenized if impure)
+                opts = _task_options(func, key, **settings)
+                named = _FuncToken(func) if pure else func
+            futures.append(self._submit_call(func, named, items, kwargs, key, pure, opts))
+        return futures
 
     def _keys_of(self, futures: Any, method: str) -> list[Key]:
         """The keys of ``futures``, a list of this cluster's futures; ``TypeError`` for

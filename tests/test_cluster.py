@@ -118,6 +118,53 @@ async def test_submit_map_gather_and_await() -> None:
             assert await cluster.gather(impure) == [2, 2]
 
 
+class CountedPickles:
+    """A callable that counts how often it is pickled (``pickled``): tokenizing it for a
+    key pickles it, as dask tokenizes a function of the user's script."""
+
+    pickled = 0
+
+    def __call__(self, x: int) -> int:
+        return x + 1
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        CountedPickles.pickled += 1
+        return (CountedPickles, ())
+
+
+async def test_a_pure_call_on_futures_has_one_key_however_often_submitted() -> None:
+    """A future tokenizes as its key: the same pure call on the same futures is the same
+    task (it used to get a random key each time, the future not being picklable), and
+    on other futures another one."""
+    with anyio.fail_after(BOUND):
+        async with Cluster(workers=1) as cluster:
+            a, b = cluster.submit(inc, 1), cluster.submit(inc, 2)
+            first = cluster.submit(sum, [a, b])
+            assert cluster.submit(sum, [a, b]).key == first.key
+            assert cluster.submit(sum, [b, a]).key != first.key
+            assert cluster.submit(sum, [a]).key != first.key
+            assert await first == 5
+
+
+async def test_map_tokenizes_its_function_once_with_the_keys_submit_gives() -> None:
+    """``map`` tokenizes (pickles) its function once per call, not once per item, and
+    its keys are still those of ``submit`` of each item."""
+    with anyio.fail_after(BOUND):
+        async with Cluster(workers=1) as cluster:
+            func = CountedPickles()
+            CountedPickles.pickled = 0
+            cluster.submit(func, -1)
+            per_call = CountedPickles.pickled
+            CountedPickles.pickled = 0
+            futs = cluster.map(func, range(50))
+            assert CountedPickles.pickled <= per_call
+            assert [f.key for f in futs] == [cluster.submit(func, i).key for i in range(50)]
+            assert [f.key for f in cluster.map(func, range(3), retries=1)] == [
+                cluster.submit(func, i, retries=1).key for i in range(3)
+            ]
+            assert await cluster.gather(futs[:3]) == [1, 2, 3]
+
+
 async def test_waiting_for_more_workers_than_join_says_how_many_did() -> None:
     """``wait_for_workers`` past its timeout raises WorkersTimeout, a TimeoutError that
     says how many joined and where to look; the cluster goes on as before."""
