@@ -88,10 +88,11 @@ just placed, one task past the worker's slots (``_assign_partner``); ``stays_wit
 may run a consumer that just became ready on the worker holding all its inputs, past
 its slots (``_stays_with_its_data``); ``data_holder`` picks a busy worker holding all
 the inputs of the consumer to place, which joins ``choose``'s candidates
-(``_data_holder``). The core asks only where the move is allowed (``_may_stay``: the
-worker is known, not draining, under its limit, allows the task's pool, resources and
-memory admission; a partner also needs a worker not throttled and at most at its
-slots) and checks the answer; a missing hook is a rule that is off; a hook that raises
+(``_data_holder``; as the only candidate, only where ``stays_with_data`` agrees too).
+The core asks only where the move is allowed (``_may_stay``: the worker is known, not
+draining, under its limit, allows the task's pool, resources and memory admission; a
+partner also needs a worker not throttled and at most at its slots) and checks the
+answer; a missing hook is a rule that is off; a hook that raises
 or answers out of bounds is a policy error and nothing moves. Policies see
 :class:`TaskStateView` and :class:`WorkerStateView`, never the core's objects.
 
@@ -2828,7 +2829,7 @@ class SchedulerState(DiskPlacement):
                 if no_free_worker:
                     if producer:
                         continue
-                    holder = self._data_holder(heap[0][3])
+                    holder = self._data_holder(heap[0][3], alone=True)
                     if holder is None:
                         continue
                 best, best_q, best_holder = rank, q, holder
@@ -2844,7 +2845,7 @@ class SchedulerState(DiskPlacement):
             elif ts.producer or not ts.deps or self._holder is None:
                 holder = None
             else:
-                holder = self._data_holder(ts)
+                holder = self._data_holder(ts, alone=not candidates)
             if isinstance(holder, WorkerState):
                 candidates.append(holder)  # busy, but it has every input
             if not candidates:
@@ -3066,12 +3067,13 @@ class SchedulerState(DiskPlacement):
         )
 
     def _stays_with_its_data(self, ts: TaskState, ws: WorkerState) -> bool:
-        """Consumer ``ts`` just became ready on ``ws``'s result: where it may stay
-        (``_may_stay``), the placement policy's ``stays_with_data`` says whether it
-        runs there now (the default: up to twice its slots)."""
-        if ts.producer or not ts.deps or not self._may_stay(ts, ws):
-            return False
+        """Consumer ``ts`` just became ready on ``ws``'s result, or ``ws`` holding its
+        inputs is the only worker it could go to now: where it may stay (``_may_stay``),
+        the placement policy's ``stays_with_data`` says whether it runs there now (the
+        default: up to twice its slots; no hook: no)."""
         stays = self._stays
+        if stays is None or ts.producer or not ts.deps or not self._may_stay(ts, ws):
+            return False
         return self._ask_yes(ts.key, "placement.stays_with_data", stays, TaskStateView(ts), ws.view)
 
     def _takes_consumer_here(self, ts: TaskState, ws: WorkerState) -> bool:
@@ -3087,11 +3089,17 @@ class SchedulerState(DiskPlacement):
             return False
         return not ws.disk or self._disk_fits(ts, ws, self._expected_output(ts)[0])
 
-    def _data_holder(self, ts: TaskState) -> WorkerState | None:
+    def _data_holder(self, ts: TaskState, alone: bool = False) -> WorkerState | None:
         """A busy worker (not free) holding every input of consumer ``ts`` that may
         take it past its slots (``_may_stay``), as the placement policy's
         ``data_holder`` prefers among them; ``None`` if there is none. It only becomes
-        a candidate: ``choose`` weighs its load against moving the inputs."""
+        a candidate: ``choose`` weighs its load against moving the inputs.
+
+        ``alone``: no other worker is a candidate, so nothing weighs its load: the
+        holder chosen runs ``ts`` past its slots only as a consumer that stays with its
+        data would (``_stays_with_its_data``, the default twice its slots). Otherwise,
+        while the others are busy, every queued consumer of a fan-out would go to it at
+        once."""
         if ts.producer or not ts.deps or self._holder is None:
             return None
         common = set(ts.deps[0].who_has)
@@ -3117,6 +3125,8 @@ class SchedulerState(DiskPlacement):
         chosen = next((w for w in holders if w.id == wid), None) if isinstance(wid, str) else None
         if chosen is None:
             self._hook_error(ts.key, f"placement.data_holder chose {wid!r}, not a holder")
+        elif alone and not self._stays_with_its_data(ts, chosen):
+            return None
         return chosen
 
     @staticmethod

@@ -389,7 +389,9 @@ class DataLocality(Protocol):
     def data_holder(self, task: TaskView, holders: Sequence[WorkerView]) -> WorkerView | None:
         """Consumer ``task`` is next to place; ``holders`` (by id; never empty) are busy
         workers with no free slot that hold every input of it. The one returned joins
-        the candidates given to ``choose``; ``None``: it waits for a free slot."""
+        the candidates given to ``choose``; ``None``: it waits for a free slot. When it
+        would be the only candidate, it takes ``task`` only if ``stays_with_data``
+        agrees too."""
         ...
 
 

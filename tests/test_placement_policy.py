@@ -177,10 +177,11 @@ def test_the_documented_example_keeps_some_rules_and_drops_one(make_state: Facto
     submit(t, {key: ["r"] for key in consumers}, consumers)
     join(t, "w2")  # idle
     # Four consumers stay with r's output on w1 (stay_factor 4, in priority order); of
-    # the others, c-4 goes to idle w2 (least loaded), c-5 to w1, the holder, once w2
-    # has no free slot.
+    # the others, c-4 goes to idle w2 (least loaded), and c-5 waits for a free slot:
+    # w1, the holder, is at four times its slots too.
     cmds = finish(t, "w1", "r", nbytes=100)
-    assert assigned(cmds) == {"w1": ["c-0", "c-1", "c-2", "c-3", "c-5"], "w2": ["c-4"]}
+    assert assigned(cmds) == {"w1": ["c-0", "c-1", "c-2", "c-3"], "w2": ["c-4"]}
+    assert t.tasks["c-5"].state == "queued"
 
 
 # ----------------------------------------------------------------------------- the core checks
