@@ -59,6 +59,7 @@ from actors.scheduler_events import (
     Suspended,
     TaskCheckpointed,
     TasksFinished,
+    TasksRunning,
     Tick,
     WorkerDraining,
     WorkerHeld,
@@ -135,6 +136,7 @@ from runtime.messages import (
     TaskRecord,
     TasksDone,
     TasksQuery,
+    TasksStarted,
     TryRecord,
     UpcomingRequest,
     WaitForWorkersRequest,
@@ -605,6 +607,10 @@ class Scheduler(Actor):
             if rss:
                 self.rss[msg.worker_id] = rss
         self._handle(TasksFinished(*self._ev(), msg.worker_id, msg.results))
+
+    @handles(TasksStarted)
+    def tasks_started(self, msg: TasksStarted) -> None:
+        self._handle(TasksRunning(*self._ev(), msg.worker_id, msg.started))
 
     @handles(WorkerMemoryReport)
     def worker_memory(self, msg: WorkerMemoryReport) -> None:

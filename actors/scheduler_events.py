@@ -46,6 +46,7 @@ __all__ = [
     "Suspended",
     "TaskCheckpointed",
     "TasksFinished",
+    "TasksRunning",
     "Tick",
     "WorkerDraining",
     "WorkerHeld",
@@ -173,6 +174,15 @@ class WorkerHeld(Event):
 class TasksFinished(Event):
     worker: str
     results: tuple[TaskResult, ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TasksRunning(Event):
+    """Tries on ``worker`` that have executed a while: ``(key, attempt, seconds
+    executed)`` each (``attempt`` 0: not said)."""
+
+    worker: str
+    started: tuple[tuple[Key, int, float], ...]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -312,6 +312,7 @@ class TaskState:
         "root",
         "sent",
         "spec",
+        "started",
         "state",
         "tries",
         "unneeded",
@@ -346,6 +347,9 @@ class TaskState:
         self.in_files = 0  #: the known size of its inputs that are file outputs
         self.worker: str | None = None  #: worker running it (while processing)
         self.sent = 0.0  #: when it was last sent to a worker
+        #: when its running try began to execute on its worker, as the worker said
+        #: (``TasksStarted``, once it has executed a while); None: not known to
+        self.started: float | None = None
         #: when it became ready for its running try (``TryRecord.queued``; None: a copy)
         self.queued: float | None = None
         self.attempt = 0  #: the number of its running try (``ToRun.attempt``)

@@ -183,6 +183,7 @@ from actors.scheduler_events import (
     Suspended,
     TaskCheckpointed,
     TasksFinished,
+    TasksRunning,
     Tick,
     WorkerDraining,
     WorkerHeld,
@@ -548,6 +549,8 @@ class SchedulerState(DiskPlacement):
         #: copy was sent and the disk reserved for it there
         #: speculative copies running: task -> worker -> (sent, disk reserved, attempt)
         self.copies: dict[TaskState, dict[str, tuple[float, int, int]]] = {}
+        #: (task, worker) -> when a copy there began to execute (``TasksRunning``)
+        self.copy_started: dict[tuple[TaskState, str], float] = {}
         self._attempts = 0  #: tries sent so far (each try's ``ToRun.attempt``)
         #: copies started, and how the ones that ended did: ``won`` (finished first),
         #: ``lost`` (cancelled: the other try finished first, or the task ended),
@@ -1132,6 +1135,25 @@ class SchedulerState(DiskPlacement):
                 error = self._try_failed(ts, ws, res, None)
                 if not self._promote_copy(ts):  # else a copy runs on: it may still do
                     self._after_failure(ts, res.outcome, None, error, ws.id)
+
+    def _tasks_running(self, ev: TasksRunning) -> None:
+        """The worker says these tries have executed for a while: each one's running
+        time (what speculation weighs) counts from its start there, not from when it
+        was sent (it may have waited in the worker's queue)."""
+        if ev.worker not in self.workers:
+            return
+        now, wid = self._now, ev.worker
+        for key, attempt, seconds in ev.started:
+            ts = self.tasks.get(key)
+            if ts is None or ts.state != "processing":
+                continue
+            if attempt and attempt != self._attempt_on(ts, wid):
+                continue  # an earlier try of it there (cancelled, sent again since)
+            if ts.worker == wid:
+                ts.started = max(ts.sent, now - seconds)
+            elif wid in self.copies.get(ts, ()):
+                sent = self.copies[ts][wid][0]
+                self.copy_started[(ts, wid)] = max(sent, now - seconds)
 
     def _attempt_on(self, ts: TaskState, wid: str) -> int:
         """The number of the try of ``ts`` running on ``wid`` (its first, or a copy)."""
@@ -2644,8 +2666,10 @@ class SchedulerState(DiskPlacement):
 
     def _speculate(self) -> None:
         """Offer each idle worker (not draining, running nothing: after ``_fill`` no
-        ready task can go to it) a copy of a task running elsewhere, the longest
-        running first, as the speculation policy proposes."""
+        ready task can go to it) a copy of a task executing elsewhere, the longest
+        running first, as the speculation policy proposes. A try runs from when its
+        worker says it began to execute (``TasksRunning``), not from when it was sent:
+        one waiting in its worker's queue is never copied."""
         # Not to a worker whose pool's tasks_per_worker leaves it one task or none: that
         # one is for a first try (a copy would drain it, and draining cancels copies).
         idle = {
@@ -2656,15 +2680,22 @@ class SchedulerState(DiskPlacement):
         if not idle:
             return
         now = self._now
+        # Running: a try its worker said executes. One sent but waiting in its worker's
+        # queue behind others (or fetching its inputs) has not started: no copy of it.
         running = sorted(
-            (ts for w in self.workers.values() for ts in w.processing),
-            key=lambda t: (t.sent, t.spec.order, str(t.key)),
+            (
+                (ts.started, ts.spec.order, str(ts.key), ts)
+                for w in self.workers.values()
+                for ts in w.processing
+                if ts.started is not None
+            ),
+            key=lambda t: t[:3],
         )
         policy = self.policies["speculation"]
-        for ts in running:
+        for started, _, _, ts in running:
             while idle and len(self.copies.get(ts, ())) < self._max_copies:
                 view = TaskStateView(ts, self.survival, self._stats_view)
-                ran = max(0.0, now - ts.sent)
+                ran = max(0.0, now - started)
                 if not self._ask_yes(ts.key, "speculation.copy", policy.copy, view, ran, len(idle)):
                     break
                 copies = self.copies.get(ts, {})
@@ -2711,6 +2742,8 @@ class SchedulerState(DiskPlacement):
         sent, need, _ = copies.pop(ws.id)
         if not copies:
             del self.copies[ts]
+        if self.copy_started:
+            self.copy_started.pop((ts, ws.id), None)
         ws.copies.discard(ts)
         ws.disk_reserved -= need
         self._update_free(ws)
@@ -2742,6 +2775,7 @@ class SchedulerState(DiskPlacement):
         wid = min(copies, key=lambda w: (copies[w][0], w))
         ws = self.workers[wid]
         sent, need, attempt = copies[wid]
+        ts.started = self.copy_started.get((ts, wid))  # (None: not known to run yet)
         self._end_copy(ts, ws, "ok", None, record=False)
         ws.disk_reserved += need  # moves with it: now the try's own reservation
         ts.worker = wid
@@ -3156,6 +3190,7 @@ class SchedulerState(DiskPlacement):
         ts.worker = ws.id  # first: the transition's monitoring record names it
         self._set(ts, "processing")
         ts.sent = self._now
+        ts.started = None  # until the worker says it executes
         ts.est = self._estimate(ts)
         ws.occupancy += ts.est
         ws.processing.add(ts)
@@ -3721,6 +3756,8 @@ class SchedulerState(DiskPlacement):
         for ts in self.tasks.values():
             if ts.state == "queued":
                 assert ts in queued or ts in holding, (ts, "queued but in no ready queue")
+        for ts, wid in self.copy_started:
+            assert wid in self.copies.get(ts, ()), (ts, wid, "start of no copy")
         for ts, running in self.copies.items():
             # Speculative copies: of running tasks only, never where the try runs.
             assert ts.state == "processing" and running, (ts, running)
@@ -3838,6 +3875,7 @@ _DISPATCH: dict[type, Any] = {
     ReplicasMissing: SchedulerState._replicas_missing,
     ReplicasCopied: SchedulerState._replicas_copied,
     TasksFinished: SchedulerState._tasks_finished,
+    TasksRunning: SchedulerState._tasks_running,
     CancelRequested: SchedulerState._cancel_requested,
     KeysReleased: SchedulerState._keys_released,
     FilesReleased: SchedulerState._files_released,

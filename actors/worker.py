@@ -102,6 +102,7 @@ from runtime.messages import (
     Stop,
     StreamPart,
     TasksDone,
+    TasksStarted,
     WorkerHolds,
     WorkerInfo,
     WorkerMemoryReport,
@@ -408,6 +409,8 @@ class Worker(Actor):
                 self._spill(cmd)
             elif isinstance(cmd, ws.ReportMemory):
                 self._report()
+            elif isinstance(cmd, ws.ReportStarted):
+                self.scheduler.post(TasksStarted(self.worker_id, cmd.started))
             elif isinstance(cmd, ws.StartTimer):
                 self._arm(cmd.at)
             elif isinstance(cmd, ws.CancelRunning):
@@ -506,7 +509,8 @@ class Worker(Actor):
             if before:
                 after = ex.executing()
                 executing = before if before == after else tuple(k for k in before if k in after)
-        self._feed(ws.MemorySampled(time.time(), used, tasks, executing))
+        executed = tuple(ex.executing_for().items())
+        self._feed(ws.MemorySampled(time.time(), used, tasks, executing, executed))
 
     def _arm(self, at: float) -> None:
         """The core's timer: a :class:`_TimerFired` to self at wall time ``at``."""

@@ -40,6 +40,7 @@ from runtime.messages import get_data_batches
 
 __all__ = [
     "KEEP_REPLICA_BYTES",
+    "STARTED_AFTER",
     "CancelRequested",
     "CancelRunning",
     "Command",
@@ -55,6 +56,7 @@ __all__ = [
     "MemorySampled",
     "ReportDone",
     "ReportMemory",
+    "ReportStarted",
     "Sample",
     "Spill",
     "Spilled",
@@ -69,6 +71,10 @@ __all__ = [
 
 #: a copy of a peer's output at least this large is dropped once nothing here needs it
 KEEP_REPLICA_BYTES = 1 << 20
+
+#: seconds a try executes before the scheduler is told it started (:class:`ReportStarted`):
+#: short tasks owe no message; a speculative copy needs a longer run than this
+STARTED_AFTER = 0.5
 
 # ----------------------------------------------------------------------------- events
 
@@ -126,11 +132,14 @@ class MemorySampled(Event):
 
     A sample is an observation, like ``now``: the shell reads who executes from the
     executor along with the RSS, so the core attributes it without knowing about
-    threads, and no event is owed per task start (none on the hot path)."""
+    threads, and no event is owed per task start (none on the hot path).
+    ``executed``: ``(key, seconds it has executed)`` of every task executing, in a
+    thread or a process (the executor's ``executing_for``)."""
 
     rss: int
     tasks: tuple[tuple[Key, int], ...] = ()
     executing: tuple[Key, ...] = ()
+    executed: tuple[tuple[Key, float], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -231,6 +240,16 @@ class ReportDone(Command):
     """Tell the scheduler these tries ended."""
 
     results: tuple[TaskResult, ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ReportStarted(Command):
+    """Tell the scheduler these tries have executed for ``STARTED_AFTER`` seconds or
+    more: ``(key, attempt, seconds executed)``, once per try. The scheduler counts a
+    try's running time from its start here, not from when it was sent (speculative
+    copies are made of tries that run long, never of ones waiting in this queue)."""
+
+    started: tuple[tuple[Key, int, float], ...]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -340,6 +359,8 @@ class WorkerState:
         #: running task -> highest RSS sampled while it executed (kept when it is killed)
         self._peaks: dict[Key, int] = {}
         self._over_terminate = False
+        #: running task -> the attempt the scheduler was told has started (ReportStarted)
+        self.told_started: dict[Key, int] = {}
 
     # -- the one mutator ---------------------------------------------------------------
 
@@ -808,6 +829,8 @@ class WorkerState:
         for k in ev.executing:  # tasks in the worker's threads: the process's RSS
             if rss > peaks.get(k, 0) and k in running:
                 peaks[k] = rss
+        if ev.executed:
+            self._tell_started(ev.executed, out)
         cfg = self.governor.config
         over = cfg.terminate is not None and ev.rss >= cfg.at(cfg.terminate)
         if over and not self.killable and not self._over_terminate:
@@ -829,6 +852,21 @@ class WorkerState:
         if self.governor.deferred:
             cmds += self.governor.handle(mem.Tick(ev.now))
         self._govern(cmds, ev.now, out)
+
+    def _tell_started(self, executed: tuple[tuple[Key, float], ...], out: list[Command]) -> None:
+        """Tell the scheduler, once per try, of each one executing for ``STARTED_AFTER``
+        seconds or more (the tries that ended are forgotten here)."""
+        running, told = self.running, self.told_started
+        for k in [k for k in told if k not in running]:
+            del told[k]
+        started = []
+        for k, seconds in executed:
+            task = running.get(k)
+            if task is not None and seconds >= STARTED_AFTER and told.get(k) != task.attempt:
+                told[k] = task.attempt
+                started.append((k, task.attempt, seconds))
+        if started:
+            out.append(ReportStarted(tuple(started)))
 
     def _govern(self, cmds: list[mem.Command], now: float, out: list[Command]) -> None:
         """Carry the governor's commands into this core's."""

@@ -457,7 +457,9 @@ class SpeculationPolicy(Protocol):
     ``policies/speculation.py``). ``copy`` is asked about a running task only while
     some worker is idle (``idle`` of them: they run nothing and no ready task can go to
     them) and the task has fewer than ``max_copies`` copies running; ``running_for`` is
-    how many seconds its first try has run. True proposes one more copy.
+    how many seconds its first try has executed on its worker (asked only once its
+    worker said it executes: never of a try waiting in a worker's queue). True
+    proposes one more copy.
 
     The core decides: a copy goes only to an idle worker that may run the task (pool,
     resources, memory admission, free disk), never to one running it already. The

@@ -5,7 +5,8 @@ try still runs; the first to finish well wins, the other is cancelled and its ou
 if one arrives, dropped. Copies pay off in the tail of a run, when workers would idle
 anyway while a few stragglers (a slow disk, a busy host) hold up the end.
 
-The scheduler asks ``copy(task, running_for, idle)`` about a running task only when
+The scheduler asks ``copy(task, running_for, idle)`` about a running task (one its
+worker says executes, ``running_for`` seconds since it began there) only when
 some worker is idle (it runs nothing and no ready task could go to it) and the task has
 fewer than the policy's ``max_copies`` copies; see :class:`policies.base.SpeculationPolicy`.
 The answer is a proposal: the core places a copy only on an idle worker that may run

@@ -446,6 +446,17 @@ class RunTasks(Message):
 
 
 @message(local=True)
+class TasksStarted(Message):
+    """Worker -> scheduler: these tries have executed a while (``actors.worker_state.
+    STARTED_AFTER`` seconds or more), ``(key, attempt, seconds executed)``, each said
+    once: the scheduler counts a try's running time from its start, not from when it
+    was sent (a try waiting in the worker's queue gets no speculative copy)."""
+
+    worker_id: str
+    started: tuple[Any, ...]
+
+
+@message(local=True)
 class TasksDone(Message):
     """Worker -> scheduler: how tries ended (``TaskResult`` objects)."""
 

@@ -116,6 +116,7 @@ from runtime.messages import (
     SubmitGraphRequest,
     TasksDone,
     TasksQuery,
+    TasksStarted,
     WaitForWorkersRequest,
     WorkerGone,
     WorkerHolds,
@@ -1001,6 +1002,7 @@ ALLOWED: Mapping[str, frozenset[type[Message]]] = MappingProxyType(
         "worker": frozenset(
             {
                 TasksDone,
+                TasksStarted,
                 WorkerMemoryReport,
                 WorkerGone,
                 WorkerHolds,

@@ -28,6 +28,7 @@ from actors.scheduler_events import (
     GraphSubmitted,
     KeysReleased,
     TasksFinished,
+    TasksRunning,
     Tick,
     WorkerJoined,
     WorkerLeft,
@@ -592,7 +593,8 @@ def _done(s: SchedulerState, worker: str, key: str, now: float, outcome: str = "
 
 def _straggler(make_state: Factory) -> SchedulerState:
     """A monitored core: five ``t`` tasks done on w1 in 1 s each; ``t-5`` (pool
-    ``default``) runs on w1 since T0; w2 idles, so a tick past T0 + 2 sends it a copy."""
+    ``default``) runs on w1 since T0 (w1 says so); w2 idles, so a tick past T0 + 2
+    sends it a copy."""
     s = make_state(monitor=True)
     _at(s, WorkerJoined, T0 - 100, worker="w1", cores=1, memory=GB)
     keys = [f"t-{i}" for i in range(5)]
@@ -606,6 +608,7 @@ def _straggler(make_state: Factory) -> SchedulerState:
     _at(s, GraphSubmitted, T0, specs=specs, wanted=("t-5",))
     _at(s, WorkerJoined, T0 + 0.1, worker="w2", cores=1, memory=GB)
     assert s.tasks["t-5"].worker == "w1"
+    _at(s, TasksRunning, T0 + 0.6, worker="w1", started=(("t-5", 0, 0.6),))
     return s
 
 

@@ -47,6 +47,7 @@ from actors.scheduler_events import (
     PolicyChanged,
     Suspended,
     TasksFinished,
+    TasksRunning,
     Tick,
     WorkerJoined,
     WorkerLeft,
@@ -298,6 +299,25 @@ class RandomWorkload(RuleBasedStateMachine):
             fetched=fetched if outcome == "ok" else (),
         )
         self.handle(event(TasksFinished, worker=wid, results=(res,)))
+
+    @rule(seed=st.integers(0, 2**32 - 1), stale=st.booleans())
+    def running(self, seed: int, stale: bool) -> None:
+        """A worker says a try (a first try or a copy) has executed a while (``stale``:
+        of an earlier try there: nothing changes)."""
+        rnd = random.Random(seed)
+        busy = [ts for ts in self.state.tasks.values() if ts.state == "processing"]
+        ts = self.pick(rnd, busy)
+        if ts is None:
+            return
+        wid = self.pick(rnd, [ts.worker, *self.state.copies.get(ts, ())])
+        attempt = self.state._attempt_on(ts, wid)
+        before = ts.started
+        said = ((ts.key, attempt + 1 if stale else attempt, rnd.random() * 3),)
+        self.handle(event(TasksRunning, worker=wid, started=said))
+        if stale:
+            assert ts.started == before
+        elif wid == ts.worker:
+            assert ts.started is not None and ts.sent <= ts.started
 
     @rule(fresh=st.booleans())
     def tick(self, fresh: bool) -> None:

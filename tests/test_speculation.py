@@ -26,6 +26,7 @@ from actors.scheduler_events import (
     KeyDone,
     KeyErred,
     TasksFinished,
+    TasksRunning,
     Tick,
     WorkerDraining,
     WorkerHeld,
@@ -67,9 +68,15 @@ def tries(s: SchedulerState, key: Key) -> list[tuple[str, str, str | None]]:
     return [(t.worker, t.outcome, t.cause) for t in s.tasks[key].tries]
 
 
+def running(s: SchedulerState, worker: str, now: float, *started: tuple[Key, float]) -> list[Any]:
+    """``worker`` says at ``now`` that these tries have executed so many seconds."""
+    ran = tuple((k, s._attempt_on(s.tasks[k], worker), secs) for k, secs in started)
+    return at(s, TasksRunning, now, worker=worker, started=ran)
+
+
 def straggler(make_state: Factory, workers: int = 2, **policy: Any) -> SchedulerState:
     """Five ``t`` tasks finished on w1 in 1 s each (p90 1 s); ``t-5`` runs on w1 since
-    T0; workers w2.. joined after it, idle."""
+    T0 (as w1 says at T0 + 0.6); workers w2.. joined after it, idle."""
     spec = REGISTRY.create("speculation", "idle-tail", policy) if policy else None
     s = make_state(speculation=spec)
     at(s, WorkerJoined, T0 - 100, worker="w1", cores=1, memory=2**30)
@@ -86,6 +93,8 @@ def straggler(make_state: Factory, workers: int = 2, **policy: Any) -> Scheduler
     assert sent(at(s, GraphSubmitted, T0, specs=specs, wanted=("t-5",))) == [("w1", "t-5")]
     for i in range(2, workers + 1):
         assert at(s, WorkerJoined, T0 + 0.1, worker=f"w{i}", cores=1, memory=2**30) == []
+    assert running(s, "w1", T0 + 0.6, ("t-5", 0.6)) == []
+    assert s.tasks["t-5"].started == T0
     return s
 
 
@@ -104,6 +113,68 @@ def test_a_copy_goes_to_the_idle_worker_only_past_the_margin_over_p90(make_state
     # At most one copy per task by default: more ticks send nothing.
     assert at(s, Tick, T0 + 10) == []
     assert s.tasks["t-5"].worker == "w1" and s.copies[s.tasks["t-5"]].keys() == {"w2"}
+
+
+def test_a_try_waiting_in_its_workers_queue_is_never_copied(make_state: Factory) -> None:
+    """The audit's D2: tries sent to a worker's two slots, one executing and one queued
+    behind it, counted as running from when they were sent, so idle workers ran copies
+    of queued tasks (a copy began before the original did). Running time counts from
+    the start its worker reports."""
+    s = make_state(saturation=2.0)
+    at(s, WorkerJoined, T0 - 100, worker="w1", cores=1, memory=2**30)
+    keys = [f"t-{i}" for i in range(7)]
+    specs = specs_for(s, {k: [] for k in keys}, keys)
+    out = at(s, GraphSubmitted, T0 - 99, specs=specs, wanted=tuple(keys))
+    now = T0 - 90
+    for k in keys[:5]:  # p90 1 s
+        now += 1
+        out = done(s, "w1", k, now, duration=1.0)
+    assert {t for w, t in sent(out)} <= {"t-5", "t-6"}
+    assert {ts.key for ts in s.workers["w1"].processing} == {"t-5", "t-6"}
+    for w in ("w2", "w3"):
+        at(s, WorkerJoined, now + 0.1, worker=w, cores=1, memory=2**30)
+    # Nothing said yet: neither is known to run, however long ago they were sent.
+    assert at(s, Tick, T0 + 50) == []
+    # w1 says t-5 has executed 0.6 s (t-6 waits behind it): only t-5 runs, since
+    # T0 + 99.4, and it gets a copy once past 2 s of that; t-6 gets none, however
+    # long it waits and however many workers idle.
+    running(s, "w1", T0 + 100, ("t-5", 0.6))
+    assert at(s, Tick, T0 + 101.3) == []
+    assert sent(at(s, Tick, T0 + 101.5)) == [("w2", "t-5")]
+    assert at(s, Tick, T0 + 500) == []
+    assert s.tasks["t-6"].started is None and s.tasks["t-6"] not in s.copies
+    # t-5 ends; t-6 starts, as w1 says 0.5 s later: its running time counts from then.
+    done(s, "w1", "t-5", T0 + 501)
+    running(s, "w1", T0 + 501.5, ("t-6", 0.5))
+    assert s.tasks["t-6"].started == T0 + 501
+    assert at(s, Tick, T0 + 502.9) == []
+    assert sent(at(s, Tick, T0 + 503.1)) == [("w2", "t-6")]
+
+
+def test_a_start_said_of_another_try_or_worker_counts_for_nothing(make_state: Factory) -> None:
+    s = straggler(make_state)
+    ts = s.tasks["t-5"]
+    at(s, TasksRunning, T0 + 1, worker="w2", started=(("t-5", 0, 30.0),))  # not there
+    at(s, TasksRunning, T0 + 1, worker="w1", started=(("t-5", ts.attempt + 7, 30.0),))
+    at(s, TasksRunning, T0 + 1, worker="w9", started=(("t-5", 0, 30.0),))  # unknown
+    at(s, TasksRunning, T0 + 1, worker="w1", started=(("nothing", 0, 30.0),))
+    assert ts.started == T0  # as w1 said of this try
+    # A start never goes before the try was sent (the clocks, the message's way).
+    running(s, "w1", T0 + 1, ("t-5", 30.0))
+    assert ts.started == T0 == ts.sent
+
+
+def test_a_copy_that_becomes_the_try_keeps_its_own_start(make_state: Factory) -> None:
+    s = straggler(make_state, workers=3)
+    assert sent(at(s, Tick, T0 + 3)) == [("w2", "t-5")]
+    running(s, "w2", T0 + 3.6, ("t-5", 0.5))  # the copy executes since T0 + 3.1
+    done(s, "w1", "t-5", T0 + 4, "error", error=ValueError("bad node"))
+    ts = s.tasks["t-5"]
+    assert ts.worker == "w2" and ts.started == T0 + 3.1
+    assert not s.copy_started
+    # It runs past the margin from its own start: a copy on idle w1 or w3 then.
+    assert at(s, Tick, T0 + 5.0) == []
+    assert [k for _, k in sent(at(s, Tick, T0 + 5.2))] == ["t-5"]
 
 
 def test_no_copy_while_no_worker_idles(make_state: Factory) -> None:

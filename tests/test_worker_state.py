@@ -8,6 +8,7 @@ No event loop, no threads, no clock: ``now`` is a number the test picks.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from typing import Any
 
@@ -40,6 +41,7 @@ from actors.worker_state import (
     MemorySampled,
     ReportDone,
     ReportMemory,
+    ReportStarted,
     Sample,
     Spill,
     Spilled,
@@ -420,6 +422,27 @@ def test_rss_sampled_while_no_task_executes_is_no_ones_peak() -> None:
     s = state()
     feed(s, TasksAssigned(0.0, (task("a"),)), MemorySampled(0.5, 400))  # not started yet
     assert finish(s, "a")[1] == ReportDone((done("a"),))
+
+
+def test_a_try_executing_a_while_is_said_to_have_started_once() -> None:
+    """The scheduler counts a try's running time (for speculative copies) from its
+    start here: each try executing ``STARTED_AFTER`` (0.5 s) or more is told once, a
+    short one or one waiting in the executor's queue never."""
+    s = state()
+    a, b = dataclasses.replace(task("a"), attempt=7), dataclasses.replace(task("b"), attempt=8)
+    feed(s, TasksAssigned(0.0, (a, b)))  # b waits behind a (one thread)
+    assert feed(s, MemorySampled(0.3, 100, executed=(("a", 0.3),))) == []
+    out = feed(s, MemorySampled(0.6, 100, executed=(("a", 0.6),)))
+    assert [c for c in out if isinstance(c, ReportStarted)] == [ReportStarted((("a", 7, 0.6),))]
+    assert not [c for c in feed(s, MemorySampled(0.7, 100, executed=(("a", 0.7),)))
+                if isinstance(c, ReportStarted)]  # fmt: skip
+    finish(s, "a")
+    out = feed(s, MemorySampled(2.0, 100, executed=(("b", 0.9), ("gone", 5.0))))
+    assert [c for c in out if isinstance(c, ReportStarted)] == [ReportStarted((("b", 8, 0.9),))]
+    assert s.told_started == {"b": 8}
+    finish(s, "b")
+    feed(s, MemorySampled(3.0, 100, executed=(("x", 1.0),)))  # not here: nothing told
+    assert s.told_started == {}
 
 
 # ----------------------------------------------------------------------------- cancel, drop
