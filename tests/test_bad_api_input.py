@@ -196,8 +196,7 @@ async def test_set_policy_names_a_bad_kind_or_name_and_the_one_likely_meant() ->
                 await cluster.set_policy("placement", "round-robn")
             # (the available names as registered: other test modules register their own)
             assert str(info.value).startswith(
-                "no placement policy named 'round-robn'; did you mean 'round-robin'?; "
-                "available: "
+                "no placement policy named 'round-robn'; did you mean 'round-robin'?; available: "
             ), str(info.value)
             assert "least-loaded, locality, round-robin" in str(info.value)
             assert (await cluster.status())["policies"]["placement"] != "round-robn"
