@@ -38,6 +38,12 @@ during dask's.
 
     python benchmarks/throughput.py --mode distributed --repeat 3
 
+``--categories N`` (in-process mode) names the ``independent`` workload's keys in ``N``
+task categories, about ``n / N`` tasks each (the scheduler keeps statistics and a
+producer/consumer class per category):
+
+    python benchmarks/throughput.py --categories 5000 --repeat 1
+
 ``--monitoring`` (in-process mode) also runs ``corral-cluster`` with a monitoring
 database (``Cluster(monitoring=PATH)``: the scheduler core's feed, the recorder and the
 writer thread) and prints its rates against the same cluster without one, the two
@@ -72,8 +78,13 @@ def noop(*args: Any) -> None:
     return None
 
 
-def independent(n: int, run: int = 0) -> tuple[dict[Any, Any], Any]:
-    dsk = {(f"noop-{run}", i): (noop, i) for i in range(n)}
+def independent(n: int, run: int = 0, categories: int = 0) -> tuple[dict[Any, Any], Any]:
+    """``categories``: the keys are named in that many task categories, round robin
+    (``noop17-<run>``: category ``noop17``), as keys named by field or sample are."""
+    if categories:
+        dsk = {(f"noop{i % categories}-{run}", i): (noop, i) for i in range(n)}
+    else:
+        dsk = {(f"noop-{run}", i): (noop, i) for i in range(n)}
     return dsk, list(dsk)
 
 
@@ -300,6 +311,12 @@ def main(argv: list[str] | None = None) -> int:
         help="also time corral-cluster writing a monitoring database (in-process mode)",
     )
     parser.add_argument(
+        "--categories",
+        type=int,
+        default=0,
+        help="name the independent workload's keys in this many task categories (in-process)",
+    )
+    parser.add_argument(
         "--no-gc-tuning",
         action="store_true",
         help="run Corral with Python's default garbage-collector threshold",
@@ -313,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
         args.n = 20_000
     threads = args.threads
     builders: dict[str, Callable[[int], tuple[dict[Any, Any], Any]]] = {
-        "independent": lambda run: independent(args.n, run),
+        "independent": lambda run: independent(args.n, run, args.categories),
         "tree": lambda run: tree(args.n, run),
         "chain": lambda run: chain(args.chain, run),
     }
@@ -325,6 +342,7 @@ def main(argv: list[str] | None = None) -> int:
         f"python {sys.version.split()[0]}, dask {dask.__version__}, {os.cpu_count()} cores, "
         f"{threads} threads per scheduler, best of {args.repeat}, Corral's gc threshold: "
         f"{gc_threshold or 'Python default'}"
+        + (f", independent in {args.categories} categories" if args.categories else "")
     )
 
     async def run_cluster(db: str | None = None) -> dict[str, float]:

@@ -130,6 +130,83 @@ def test_a_non_root_category_that_turns_out_to_produce_is_requeued_as_producer(
         assert any(e[3] is t for e in s.queues[(None, True)])
 
 
+class Traversals(list):  # type: ignore[type-arg]
+    """A ready heap that counts the entries read by walking it (``for e in heap``);
+    heapq's pushes and pops do not walk."""
+
+    walked = 0
+
+    def __iter__(self) -> Any:
+        for entry in super().__iter__():
+            Traversals.walked += 1
+            yield entry
+
+
+def test_a_class_flip_moves_its_own_tasks_without_walking_the_ready_heaps(
+    make_state: Factory,
+) -> None:
+    # 2,000 ready roots of "big" and 3 of "tiny", all producers (unknown roots). One
+    # tiny finishes with a tiny output: "tiny" flips to consumer. The flip must cost
+    # tiny's tasks, not every ready task: a run in 5,000 categories flips 5,000 times.
+    s = make_state(saturation=1.0, backlog=0.0)
+    join(s, "w1")
+    tiny = [f"tiny-{i}" for i in range(4)]
+    big = [f"big-{i}" for i in range(2000)]
+    submit(s, dict.fromkeys(tiny + big, ()), tiny + big)
+    assert on(s, "w1") == {"tiny-0"}
+    heap = s.queues[(None, True)]
+    assert len(heap) == 2003
+    s.queues[(None, True)] = Traversals(heap)
+    Traversals.walked = 0
+    finish(s, "w1", "tiny-0", nbytes=8, check=False)
+    assert Traversals.walked == 0  # the old code walked all 2,003 entries
+    s.validate()
+    assert s.classes["tiny"] is False
+    assert [e[2] for e in s.story_log if e[1] == "memory"] == ["tiny is a consumer"]
+    # tiny's ready tasks are consumers now, in the consumer heap, in their order.
+    assert on(s, "w1") == {"tiny-1"}
+    consumers = {e[3].key for e in s.queues[(None, False)] if e[3].state == "queued"}
+    assert consumers == {"tiny-2", "tiny-3"}
+    assert all(s.tasks[k].producer and s.tasks[k].state == "queued" for k in big)
+
+
+def test_a_category_flipping_back_and_forth_runs_each_ready_task_once(
+    make_state: Factory,
+) -> None:
+    # A flip leaves stale entries in the heap it left; flipping back pushes the same
+    # entry again. Every task still runs once, and the heaps stay consistent.
+    answers = iter([False, True, False, True, True, False] + [False] * 20)
+
+    class Fickle:
+        """Roots are producers until known; then each finish asks the next answer."""
+
+        name = "fickle"
+
+        def producer(self, category: str, stats: Any, root: bool) -> bool:
+            return root if stats is None or stats.count == 0 else next(answers)
+
+        def yields(self, pressure: bool) -> bool:
+            return pressure
+
+    s = make_state(saturation=1.0, backlog=0.0, memory=Fickle())
+    join(s, "w1", cores=2)
+    keys = [f"flip-{i}" for i in range(12)]
+    submit(s, dict.fromkeys(keys, ()), keys)
+    started: list[str] = []
+    while True:
+        running = sorted(on(s, "w1"))
+        if not running:
+            break
+        started += running
+        for key in running:
+            finish(s, "w1", key)
+    assert sorted(started) == sorted(keys)  # each once
+    flips = [e[2] for e in s.story_log if e[1] == "memory"]
+    assert len(flips) >= 3, flips
+    assert all(ts.state == "memory" for ts in s.tasks.values())
+    assert not s.ready_entries
+
+
 # ----------------------------------------------------------------------------- throttle
 
 
