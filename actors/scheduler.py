@@ -732,10 +732,11 @@ class Scheduler(Actor):
             "queues": st.queued_by_pool(),  #: ready tasks per pool ("*": any pool)
             "held_back": sum(st.held_back().values()),
             "categories": (
-                {c: CategoryStatus(**_stats(s)) for c, s in st.stats.items()}
+                {c: CategoryStatus(**_stats(s)) for c, s in _top(st.stats, msg.top_categories)}
                 if msg.categories
                 else {}
             ),
+            "categories_known": len(st.stats),
             "survival": {pool: _life(st.survival(pool)) for pool in st.pools()},
             "policies": {k: getattr(p, "name", type(p).__name__) for k, p in st.policies.items()},
             "policy_params": {k: ps for k, p in st.policies.items() if (ps := params_of(p))},
@@ -1078,6 +1079,15 @@ def _checkpoints(st: SchedulerState) -> dict[str, int]:
 
 def _life(s: Survival) -> PoolLife:
     return PoolLife(s.lives, s.deaths, s.median, s.at(3600.0))
+
+
+def _top(stats: dict[str, Any], n: int) -> list[tuple[str, Any]]:
+    """``stats``' categories (all for ``n`` 0), else the ``n`` with the most task time,
+    then the most tasks, in that order: O(categories x log n)."""
+    items = list(stats.items())
+    if n <= 0 or n >= len(items):
+        return items
+    return heapq.nlargest(n, items, key=lambda kv: (kv[1].total_duration, kv[1].count))
 
 
 def _stats(s: Any) -> dict[str, Any]:

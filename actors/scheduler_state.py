@@ -282,6 +282,13 @@ MAX_INPUTS_BACKOFF = 10.0
 MAX_FAILURE_GROUPS = 1000  #: failure groups kept; later new causes count under "(other)"
 #: task categories the metrics label by name; later ones count under OTHER_CATEGORY
 MAX_METRIC_CATEGORIES = 500
+#: the most task categories whose statistics the scheduler keeps (``stats``, and with
+#: them the class, the policies' views, the pools' lists): a new one past it makes it
+#: forget the category finished least recently that has no task it knows; a
+#: long-lived manager sees ever new categories, run after run
+MAX_CATEGORIES = 2_000
+#: categories looked at per forgetting, oldest first (those with tasks go to the back)
+FORGET_SCAN = 8
 OTHER_CATEGORY = "(other)"
 
 
@@ -415,7 +422,13 @@ class SchedulerState(DiskPlacement):
         #: queued tasks backing off, ``(until, seq, task)`` (stale entries are skipped:
         #: an entry counts while its task is queued and ``held_until`` is ``until``)
         self.held: list[tuple[float, int, TaskState]] = []
-        self.stats: dict[str, CategoryStats] = {}  #: per-category statistics
+        #: per-category statistics, the category finished least recently first; at
+        #: most ``MAX_CATEGORIES`` of them but those with known tasks (``_stat``)
+        self.stats: dict[str, CategoryStats] = {}
+        #: per category, how many tasks of it ``tasks`` holds (categories with none left out)
+        self.category_tasks: dict[str, int] = {}
+        self.categories_forgotten = 0  #: categories whose statistics were forgotten
+        self._forgotten_finished = 0  #: tasks finished ok of the forgotten categories
         #: per pool, the categories that finished on its workers: the tasks whose
         #: length sets its workers' default drain margin (``drain_margin``)
         self.pool_categories: dict[str, set[str]] = {}
@@ -800,6 +813,8 @@ class SchedulerState(DiskPlacement):
             if ts is None:
                 ts = TaskState(spec, gen)
                 self.tasks[key] = ts
+                counts = self.category_tasks
+                counts[spec.category] = counts.get(spec.category, 0) + 1
                 self.created += 1
                 self.pool_tasks[spec.pool or "*"] += 1
                 new.append(ts)
@@ -2403,6 +2418,7 @@ class SchedulerState(DiskPlacement):
                 continue
             del self.tasks[t.key]
             self._pool_task_gone(t.spec.pool or "*")
+            self._category_task_gone(t.spec.category)
             if self.disk_measured:
                 self.disk_measured.pop(t, None)
             self.forgotten[t.state] += 1
@@ -3525,6 +3541,8 @@ class SchedulerState(DiskPlacement):
         (a run of 5,000 categories flipped 5,000 times over 20,000 ready tasks)."""
         flipped, self._flipped = self._flipped, set()
         for category in flipped:
+            if category not in self.classes:
+                continue  # forgotten meanwhile: no task of it is left
             producer = self.classes[category] = not self.classes[category]
             kind = "producer" if producer else "consumer"
             self._log("-", "memory", f"{category} is a {kind}")
@@ -3651,13 +3669,54 @@ class SchedulerState(DiskPlacement):
             self._forgotten = []
 
     def _stat(self, ts: TaskState) -> CategoryStats:
+        """``ts``'s category's statistics, made now if new, now the most recent."""
         category = ts.spec.category
-        st = self.stats.get(category)
+        stats = self.stats
+        st = stats.pop(category, None)
         if st is None:
-            st = self.stats[category] = CategoryStats()
+            if len(stats) >= MAX_CATEGORIES:
+                self._forget_categories()
+            st = CategoryStats()
             self._stat_views[category] = CategoryStatsView(st)
             self._metric(category)  # its label, counting from 0 (in the metrics)
+        stats[category] = st  # (re-inserted: the last is the most recent)
         return st
+
+    def _forget_categories(self) -> None:
+        """Below ``MAX_CATEGORIES`` again: forget the categories finished least recently
+        that have no task in ``tasks``. At most ``FORGET_SCAN`` looked at (O(1) per new
+        category); one with tasks goes to the back, so the next look meets others. What
+        is learnt again if the category comes back: its statistics, its class (asked
+        of the memory policy), its place in its pools' drain margin."""
+        stats = self.stats
+        for category in list(itertools.islice(stats, FORGET_SCAN)):
+            if len(stats) < MAX_CATEGORIES:
+                return
+            if self.category_tasks.get(category):
+                stats[category] = stats.pop(category)
+                continue
+            self._forgotten_finished += stats.pop(category).count
+            del self._stat_views[category]
+            self.classes.pop(category, None)
+            self._category_totals.pop(category, None)  # (its metrics label stays)
+            for cats in self.pool_categories.values():
+                cats.discard(category)
+            self.categories_forgotten += 1
+
+    def _category_task_gone(self, category: str) -> None:
+        """A task of ``category`` left ``tasks``. With none left, a category without
+        statistics (no try ended) forgets its class too, and past ``MAX_CATEGORIES``
+        (a graph of more categories than that) some are forgotten."""
+        counts = self.category_tasks
+        n = counts[category] - 1
+        if n:
+            counts[category] = n
+            return
+        del counts[category]
+        if category not in self.stats:
+            self.classes.pop(category, None)
+        elif len(self.stats) > MAX_CATEGORIES:
+            self._forget_categories()  # over the cap while their tasks were known
 
     def _metric_label(self, category: str) -> str:
         """The label ``category`` has in the metrics: itself for the first
@@ -3694,9 +3753,12 @@ class SchedulerState(DiskPlacement):
         """Check every invariant; raise AssertionError naming the first broken one."""
         actual = Counter(ts.state for ts in self.tasks.values())
         assert self.by_state == dict(actual), ("state counters", self.by_state, actual)
-        finished = sum(s.count for s in self.stats.values())
+        finished = sum(s.count for s in self.stats.values()) + self._forgotten_finished
         counted = sum(m.finished for m in self.metric_totals.values())
         assert finished == counted, ("metric totals", finished, counted)
+        assert self.stats.keys() == self._stat_views.keys(), "category views"
+        tasks_per_category = Counter(ts.spec.category for ts in self.tasks.values())
+        assert self.category_tasks == dict(tasks_per_category), "tasks per category"
         assert len(self.metric_labels) <= MAX_METRIC_CATEGORIES, "metric labels"
         assert sum(self.failures.values()) == sum(self.metric_failures.values()), "metric failures"
         for key, cps in self.checkpoints.items():  # dropped when their task ends

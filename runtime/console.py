@@ -107,12 +107,17 @@ __all__ = [
 #: Task states, for ``tasks --state`` and its completion.
 STATES = ("waiting", "queued", "processing", "memory", "released", "erred", "cancelled")
 
+#: ``status`` shows this many categories, those with the most task time (a manager may
+#: know many thousands: drawing them all took seconds); ``--categories N|all``.
+STATUS_CATEGORIES = 20
+
 #: Every command: (usage, what it does, admin only).
 COMMANDS: dict[str, tuple[str, str, bool]] = {
     "status": (
-        "status",
+        "status [--categories N|all]",
         "workers (cores, memory, pool, running tasks, RSS), pools and their queues, tasks "
-        "by state, per-category statistics, stored outputs and policies",
+        f"by state, the {STATUS_CATEGORIES} categories with the most task time (--categories "
+        "N: N of them; all: every one), stored outputs and policies",
         False,
     ),
     "tasks": (
@@ -424,10 +429,12 @@ class ConsoleClient:
 
     # -- commands as data ----------------------------------------------------------------
 
-    async def status(self) -> dict[str, Any]:
+    async def status(self, categories: int = 0) -> dict[str, Any]:
         """The manager's status: scheduler, file registry and (if any) autoscaler, as the
-        dict ``status --json`` shows (``StatusReply.to_dict()``)."""
-        reply: StatusReply = await self.ask(StatusRequest())
+        dict ``status --json`` shows (``StatusReply.to_dict()``). ``categories``: 0
+        every category's statistics, ``n`` those of the ``n`` with the most task time
+        (``categories_known`` counts them all)."""
+        reply: StatusReply = await self.ask(StatusRequest(top_categories=categories))
         return reply.to_dict()
 
     async def tasks(
@@ -555,8 +562,13 @@ class ConsoleClient:
         return result
 
     async def _cmd_status(self, rest: str) -> Result:
-        _no_args("status", rest)
-        data = jsonable(await self.status())
+        parser = _Parser("status")
+        parser.add_argument("--categories", default=str(STATUS_CATEGORIES))
+        args = parser.parse_args(_words(rest))
+        top = 0 if args.categories == "all" else _count(args.categories)
+        if top is None:
+            _usage("status")
+        data = jsonable(await self.status(top))
         return Result("status", data, render_status(data))
 
     async def _cmd_tasks(self, rest: str) -> Result:
@@ -892,6 +904,11 @@ def _alert_rule(args: str) -> dict[str, Any]:
     return rule
 
 
+def _count(word: str) -> int | None:
+    """``word`` as a count of at least 1, else None."""
+    return int(word) if word.isdigit() and int(word) > 0 else None
+
+
 def _no_args(name: str, rest: str) -> None:
     if rest.strip():
         raise ConsoleError(f"{name} takes no arguments; usage: {COMMANDS[name][0]}")
@@ -986,6 +1003,13 @@ def _disk_stall_lines(st: Mapping[str, Any]) -> list[Text]:
             )
         )
     return lines
+
+
+def _category_rank(name: str, c: Mapping[str, Any]) -> tuple[float, int, str]:
+    """The categories' order in ``status``: most task time first (as the manager picks
+    the top ones), then most tasks, then by name."""
+    count = int(c.get("count", 0))
+    return (-count * float(c.get("mean_duration") or 0.0), -count, name)
 
 
 def render_status(st: Mapping[str, Any]) -> RenderableType:
@@ -1106,7 +1130,7 @@ def render_status(st: Mapping[str, Any]) -> RenderableType:
         )  # fmt: skip
         for col in ccols:
             ct.add_column(col, justify="left" if col == "category" else "right")
-        for name in sorted(cats):
+        for name in sorted(cats, key=lambda n: _category_rank(n, cats[n])):
             c = cats[name]
             _row(
                 ct,
@@ -1122,6 +1146,14 @@ def render_status(st: Mapping[str, Any]) -> RenderableType:
                 _bytes(c.get("peak_rss")),
             )
         parts.append(ct)
+        more = int(st.get("categories_known") or 0) - len(cats)
+        if more > 0:
+            parts.append(
+                Text(
+                    f"categories: {len(cats):,} with the most task time shown, {more:,} more "
+                    "(status --categories all, or --categories N)"
+                )
+            )
 
     runs: dict[str, int] = dict(st.get("recent_runs") or {})
     if runs:
@@ -1604,6 +1636,8 @@ class ConsoleShell(cmd.Cmd):
         name, args = _ALIASES.get(words[0], words[0]), words[1:]
         if name == "help":
             return list(COMMANDS) if not args else []
+        if name == "status":
+            return ["all"] if args and args[-1] == "--categories" else ["--categories", "--json"]
         if name == "tasks":
             if args and args[-1] == "--state":
                 return list(STATES)

@@ -742,9 +742,13 @@ class StatusRequest(Message):
     :class:`StatusReply` it fills), the registry a :class:`FilesStatus`, the autoscaler
     an :class:`AutoscalerStatus` and a worker a ``WorkerStatus``. ``categories``:
     False leaves the per-category statistics out (empty): the dashboard asks every
-    second, and a run may have many thousands of categories."""
+    second, and a run may have many thousands of categories. ``top_categories``: 0
+    sends every category's statistics; ``n`` only the ``n`` with the most task time
+    (tasks finished ok times their mean duration), then the most tasks (the console's
+    ``status`` asks 20); ``StatusReply.categories_known`` says how many there are."""
 
     categories: bool = True
+    top_categories: int = 0
 
 
 @message()
@@ -1267,6 +1271,9 @@ class StatusReply(Message):
     #: of the queued, those held back after failing to get their inputs (a backoff)
     held_back: int = 0
     categories: dict[str, CategoryStatus] = dataclasses.field(default_factory=dict)
+    #: categories the scheduler keeps statistics for (``categories`` may hold fewer:
+    #: ``StatusRequest.top_categories``)
+    categories_known: int = 0
     survival: dict[str, PoolLife] = dataclasses.field(default_factory=dict)
     policies: dict[str, str] = dataclasses.field(default_factory=dict)
     #: per kind, the parameters its policy was given (``repr`` of each; none: defaults)

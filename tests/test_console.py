@@ -39,6 +39,7 @@ from policies.scaling import PoolLimits
 from runtime import Cluster
 from runtime.console import (
     COMMANDS,
+    STATUS_CATEGORIES,
     ConsoleClient,
     ConsoleError,
     ConsoleShell,
@@ -306,6 +307,51 @@ async def test_status_shows_workers_pools_tasks_categories_memory_and_policies()
             assert {w["worker_id"] for w in data["workers"]} == {w.id for w in workers}
             assert data["tasks_by_state"]["memory"] == 10
             assert data["categories"]["add"]["count"] == 10
+
+
+@asynccontextmanager
+async def cluster_and_console() -> AsyncIterator[tuple[Cluster, ConsoleClient]]:
+    """A manager with one worker (:func:`nodes`), a client and a console of it."""
+    async with (
+        nodes(1) as (address, _),
+        Cluster(address) as cluster,
+        ConsoleClient(address) as console,
+    ):
+        yield cluster, console
+
+
+def nap(x: int, s: float = 0.0) -> int:
+    time.sleep(s)
+    return x
+
+
+@pytest.mark.anyio
+async def test_status_shows_the_categories_with_the_most_task_time_and_counts_the_rest() -> None:
+    # A manager may know many thousands of categories: drawing them all took 8 s for
+    # 5,260. status shows 20, those with the most task time, and says how many more.
+    with anyio.fail_after(LIMIT):
+        async with cluster_and_console() as (cluster, console):
+            await cluster.wait_for_workers(1)
+            futures = [cluster.submit(nap, i, key=f"cat{i:02d}x-{i}") for i in range(30)]
+            futures.append(cluster.submit(nap, 99, 0.3, key="slowest-1"))
+            await cluster.gather(futures)
+
+            text = await console.run_command("status")
+            shown = [c for c in ("slowest", *(f"cat{i:02d}x" for i in range(30))) if c in text]
+            assert len(shown) == STATUS_CATEGORIES and shown[0] == "slowest"
+            assert text.index("slowest") < text.index(shown[1])  # most task time first
+            assert "11 more (status --categories all, or --categories N)" in text
+
+            every = await console.run_command("status --categories all")
+            assert all(f"cat{i:02d}x" in every for i in range(30)) and "more" not in every
+            five = await console.run_command("status --categories 5")
+            assert "26 more" in five
+            data = json.loads(await console.run_command("status --json"))
+            assert len(data["categories"]) == STATUS_CATEGORIES
+            assert data["categories_known"] == 31 and "slowest" in data["categories"]
+            assert len((await console.status())["categories"]) == 31  # the API's: every one
+            with pytest.raises(ConsoleError, match="usage: status"):
+                await console.run_command("status --categories none")
 
 
 @pytest.mark.anyio
@@ -590,17 +636,6 @@ async def test_scale_counts_blocks_and_says_so() -> None:
 
 
 # ----------------------------------------------------------------------------- cancel
-
-
-@asynccontextmanager
-async def cluster_and_console() -> AsyncIterator[tuple[Cluster, ConsoleClient]]:
-    """A manager with one worker (:func:`nodes`), a client and a console of it."""
-    async with (
-        nodes(1) as (address, _),
-        Cluster(address) as cluster,
-        ConsoleClient(address) as console,
-    ):
-        yield cluster, console
 
 
 @pytest.mark.anyio

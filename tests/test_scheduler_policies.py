@@ -16,6 +16,7 @@ from typing import Any
 import dask.order
 import pytest
 
+from actors import scheduler_state
 from actors.scheduler_events import KeyErred, PolicyChanged
 from policies import REGISTRY, PolicyParamsError, RetryDecision
 from policies.priority import GraphPriority
@@ -30,6 +31,7 @@ from tests.helpers import (
     by_order,
     chain,
     event,
+    files_released,
     finish,
     graph,
     join,
@@ -37,6 +39,7 @@ from tests.helpers import (
     make_state,
     of,
     on,
+    release,
     run,
     states,
     submit,
@@ -307,3 +310,46 @@ def test_one_connected_graph_keeps_dask_order(make_state: Factory) -> None:
     specs = build_specs(graph(table), ["sum"])
     expected = dask.order.order(graph(table))
     assert {k: s.order for k, s in specs.items()} == expected
+
+
+# ----------------------------------------------------------------------------- categories
+
+
+def test_past_the_cap_the_categories_used_least_recently_without_tasks_are_forgotten(
+    make_state: Factory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A long-lived manager sees new categories run after run; their statistics were
+    # kept for ever (5,260 then 10,265 categories; RSS 74 MiB -> 650 MiB, never back).
+    monkeypatch.setattr(scheduler_state, "MAX_CATEGORIES", 4, raising=False)
+    s = make_state()
+    join(s, "w1", cores=2)
+    submit(s, {"keep-0": []}, ["keep-0"])  # finished, and its output still wanted
+    finish(s, "w1", "keep-0")
+    for i in range(10):
+        for key in (f"run{i}-0", f"often-{i}"):  # "often" finishes in every run
+            submit(s, {key: []}, [key])
+            finish(s, "w1", key)
+            release(s, key)
+            files_released(s, key)  # the registry dropped its output: forgotten
+    assert set(s.tasks) == {"keep-0"}
+    # The cap holds; "keep" (a task is known) and "often" (finished recently) stay.
+    assert list(s.stats) == ["keep", "run8", "run9", "often"]
+    assert s.categories_forgotten == 8 and s.stats["often"].count == 10
+    for gone in (f"run{i}" for i in range(8)):
+        assert gone not in s.classes and gone not in s.pool_categories["default"]
+    # The metrics' counters, made for scrapes, keep counting every finish.
+    assert sum(m.finished for m in s.metric_totals.values()) == 21
+    submit(s, {"run0-1": []}, ["run0-1"])  # a forgotten category comes back: learnt anew
+    finish(s, "w1", "run0-1")
+    assert s.stats["run0"].count == 1 and len(s.stats) == 4
+    # A graph of more categories than the cap: kept while their tasks are known, then
+    # forgotten down to the cap as they go.
+    wide = {f"wide{i}-0": [] for i in range(6)}
+    submit(s, wide, list(wide))
+    while on(s, "w1"):
+        for key in sorted(on(s, "w1")):
+            finish(s, "w1", key)
+    assert list(s.stats) == ["keep", "run0", *(f"wide{i}" for i in range(6))]  # 8 > 4
+    release(s, *wide)
+    files_released(s, *wide)
+    assert len(s.stats) == 4 and {"keep", "run0"} <= set(s.stats)
