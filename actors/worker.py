@@ -382,52 +382,83 @@ class Worker(Actor):
     # -- the core and its commands -----------------------------------------------------
 
     def _feed(self, *events: ws.Event) -> None:
-        """Hand events to the core and carry out its commands (which may feed more)."""
+        """Hand events to the core and carry out its commands (which may feed more).
+
+        A command that fails does not stop the rest (the tries reported among them
+        still go to the scheduler), and a task that could not be handed to the
+        executor ends its try (:meth:`_not_submitted`): the core counts it as running,
+        and nothing else would ever end it. The failure is logged."""
         commands = self.state.handle(*events)
         done: list[TaskResult] = []
         for cmd in commands:
-            if isinstance(cmd, ws.Submit):
-                self._submit(cmd.task)
-            elif isinstance(cmd, ws.ReportDone):
-                done.extend(cmd.results)
-            elif isinstance(cmd, ws.Store):
-                if cmd.key in self._written:  # on disk already (_write_outputs)
-                    self._written.discard(cmd.key)
-                elif isinstance(cmd.value, File):  # a file output copied from a peer
-                    self.data.put_file(cmd.key, cmd.value)
-                else:
-                    self.data.put(cmd.key, cmd.value, cmd.nbytes)
-            elif isinstance(cmd, ws.Fetch):
-                self.start_soon(self._fetch, cmd)
-            elif isinstance(cmd, ws.Forget):
-                for key in cmd.keys:
-                    self.data.pop(key, None)
-                    self._drop_partial(key)
-            elif isinstance(cmd, ws.Sample):
-                self._sample()
-            elif isinstance(cmd, ws.Spill):
-                self._spill(cmd)
-            elif isinstance(cmd, ws.ReportMemory):
-                self._report()
-            elif isinstance(cmd, ws.ReportStarted):
-                self.scheduler.post(TasksStarted(self.worker_id, cmd.started))
-            elif isinstance(cmd, ws.StartTimer):
-                self._arm(cmd.at)
-            elif isinstance(cmd, ws.CancelRunning):
-                self._cancel_running(cmd.key)
-            elif isinstance(cmd, ws.Kill):
-                self._kill(cmd.key, cmd.rss)
-            elif isinstance(cmd, ws.CopiesDone):
-                waiter = self._copies.pop(cmd.request, None)
-                if waiter is not None:
-                    waiter[1].append(cmd.got)
-                    waiter[0].set()
-            elif isinstance(cmd, ws.Log):
-                getattr(self.log, cmd.level)(cmd.event, **dict(cmd.fields))
+            try:
+                self._carry_out(cmd, done)
+            except Exception as exc:
+                self.log.error(
+                    "command failed", command=type(cmd).__name__, error=repr(exc), exc_info=True
+                )
+                if isinstance(cmd, ws.Submit):
+                    self._not_submitted(cmd.task, exc)
         if done:
             self.scheduler.post(TasksDone(self.worker_id, tuple(done)))
         if self._disk_used() != self._reported_disk[0]:
             self._report()  # placement counts this worker's free disk
+
+    def _carry_out(self, cmd: ws.Command, done: list[TaskResult]) -> None:
+        """One command of the core (a :class:`~actors.worker_state.ReportDone`'s tries
+        are gathered in ``done``, to go in one message)."""
+        if isinstance(cmd, ws.Submit):
+            self._submit(cmd.task)
+        elif isinstance(cmd, ws.ReportDone):
+            done.extend(cmd.results)
+        elif isinstance(cmd, ws.Store):
+            if cmd.key in self._written:  # on disk already (_write_outputs)
+                self._written.discard(cmd.key)
+            elif isinstance(cmd.value, File):  # a file output copied from a peer
+                self.data.put_file(cmd.key, cmd.value)
+            else:
+                self.data.put(cmd.key, cmd.value, cmd.nbytes)
+        elif isinstance(cmd, ws.Fetch):
+            self.start_soon(self._fetch, cmd)
+        elif isinstance(cmd, ws.Forget):
+            for key in cmd.keys:
+                self.data.pop(key, None)
+                self._drop_partial(key)
+        elif isinstance(cmd, ws.Sample):
+            self._sample()
+        elif isinstance(cmd, ws.Spill):
+            self._spill(cmd)
+        elif isinstance(cmd, ws.ReportMemory):
+            self._report()
+        elif isinstance(cmd, ws.ReportStarted):
+            self.scheduler.post(TasksStarted(self.worker_id, cmd.started))
+        elif isinstance(cmd, ws.StartTimer):
+            self._arm(cmd.at)
+        elif isinstance(cmd, ws.CancelRunning):
+            self._cancel_running(cmd.key)
+        elif isinstance(cmd, ws.Kill):
+            self._kill(cmd.key, cmd.rss)
+        elif isinstance(cmd, ws.CopiesDone):
+            waiter = self._copies.pop(cmd.request, None)
+            if waiter is not None:
+                waiter[1].append(cmd.got)
+                waiter[0].set()
+        elif isinstance(cmd, ws.Log):
+            getattr(self.log, cmd.level)(cmd.event, **dict(cmd.fields))
+
+    def _not_submitted(self, task: ToRun, exc: Exception) -> None:
+        """``task`` could not be handed to the executor (``exc``): its try ends as if
+        the executor had ended it, through :meth:`finished`. An input the store does
+        not hold (``KeyError``) ends it ``missing`` (it did not start; the scheduler
+        sends it again, to fetch that input), anything else ``error``."""
+        key = exc.args[0] if isinstance(exc, KeyError) and exc.args else None
+        if key is not None and key not in self.data and any(dk == key for dk, _ in task.deps):
+            result = TaskResult(task.key, "missing", missing=((key, self.worker_id),))
+        else:
+            now = time.time()
+            result = TaskResult(task.key, "error", now, now, error=exc)
+        result.attempt = task.attempt
+        self._deliver([(result, None)])
 
     def _submit(self, task: ToRun) -> None:
         """Hand ``task`` to the executor. A spilled input is read for this task only and

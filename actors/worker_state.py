@@ -386,7 +386,7 @@ class WorkerState:
                 for key in ev.keys:
                     self._cancel(key, ev.now, out)
             elif isinstance(ev, DropRequested):
-                self._drop(ev.keys, out)
+                self._drop_requested(ev.keys, out)
             elif isinstance(ev, Spilled):
                 self.on_disk.update(k for k in ev.keys if k in self.held)
             else:
@@ -417,8 +417,13 @@ class WorkerState:
         assert not self.queued or len(self.running) >= self.nthreads, "queued, thread free"
         assert self._peaks.keys() <= self.running.keys(), "a peak of a task not running"
         assert len(self.in_flight) <= self.max_fetches, "too many fetches in flight"
+        for waiting in (*self.deferred.values(), *self.queued.values()):
+            for dk, _ in waiting.deps:  # a task waiting here is handed over with its inputs
+                assert dk in self.held, f"{waiting.key!r} waits without {dk!r}"
         for key, f in self.fetching.items():
             assert f.lacking, f"{key!r} fetching nothing"
+            for dk, _ in f.task.deps:
+                assert dk in self.held or dk in f.lacking, f"{key!r} lost {dk!r}"
             for dk in f.lacking:
                 assert key in self.wants[dk].waiters, f"{key!r} not waiting for {dk!r}"
                 assert dk not in self.held, f"{dk!r} held yet lacking"
@@ -631,6 +636,34 @@ class WorkerState:
             # thread. Either way the try comes back ``cancelled`` and the slot is free.
             self.cancelled.add(key)
             out.append(CancelRunning(key))
+
+    def _drop_requested(self, keys: tuple[Key, ...], out: list[Command]) -> None:
+        """The scheduler releases these outputs here. One that a task waiting here
+        (fetching its other inputs, deferred or queued) reads stays until that task is
+        handed over: it was held when the task came, so nothing fetches it for the
+        task, and the task would start without it. The scheduler sends such a drop when
+        it takes the output for junk: a try it cancelled that had ended ``ok`` here
+        meanwhile (a speculative copy won), whose dependent it sent here just before.
+        The output becomes that task's copy, as if fetched for it: the task's report
+        names it (``fetched``: the scheduler counts the replica, or drops it again) or,
+        a large one nothing here needs any more, it is dropped when the task ends."""
+        held = self.held
+        readers: dict[Key, Key] = {}
+        if any(k in held for k in keys):
+            for place in (self.fetching, self.deferred, self.queued):
+                for key, t in place.items():
+                    deps = t.task.deps if isinstance(t, _Fetching) else t.deps
+                    for dk, _ in deps:
+                        if dk in held:
+                            readers.setdefault(dk, key)
+        kept = [k for k in keys if k in readers]
+        for k in kept:
+            copied = self.copied.setdefault(readers[k], [])
+            if k not in copied:
+                copied.append(k)
+        rest = tuple(k for k in keys if k not in readers) if kept else keys
+        if rest:
+            self._drop(rest, out)
 
     def _drop(self, keys: Iterable[Key], out: list[Command]) -> None:
         held, on_disk = self.held, self.on_disk
