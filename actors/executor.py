@@ -366,6 +366,15 @@ class BaseExecutor(abc.ABC):
         with self._lock:
             self._cancelled.add(key)
 
+    def settled(self, keys: Iterable[Key]) -> None:
+        """The worker has these keys' tries back: a cancel of one that came after its
+        try was delivered (the cancel and the result crossed) is let go. Kept, it
+        would cancel the key's next try here before it ran. No other try of a key is
+        handed over before its last one is back (the worker runs one at a time)."""
+        with self._lock:
+            if self._cancelled:
+                self._cancelled.difference_update(keys)
+
     @property
     def abandoned(self) -> int:
         """Threads still running a cancelled task (thread mode); 0 elsewhere."""

@@ -862,6 +862,8 @@ class Worker(Actor):
     def finished(self, msg: _Finished) -> None:
         cfg, governor = self.memory_config, self.state.governor
         results = msg.results
+        if self.executor is not None:
+            self.executor.settled(res.key for res, _ in results)
         if self.checkpoints.pending:  # a try killed mid-checkpoint: its room comes back
             for res, _ in results:
                 self.checkpoints.settle(res.key)
