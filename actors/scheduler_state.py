@@ -1744,9 +1744,10 @@ class SchedulerState(DiskPlacement):
     def upcoming(self, now: float, most: int = UPCOMING_MOST) -> dict[str, list[float]]:
         """Per pool (``"*"``: any pool), the seconds until each task of the next wave is
         expected to be ready, shortest first: the longest of its inputs' expected times
-        left (done: 0; running: its category's mean duration from when it was sent, at
-        least 0; otherwise not started: a whole mean duration; ``unknown_duration``
-        before any of its category has finished, as for placement). A task is left out
+        left (done: 0; running: its category's mean duration from when it began, as its
+        worker said (``TasksRunning``), else from when it was sent, at least 0;
+        otherwise not started: a whole mean duration; ``unknown_duration`` before any
+        of its category has finished, as for placement). A task is left out
         while an input runs past twice that (late: nothing says when it ends, and the
         blocks asked for it would wait idle). At most ``most`` tasks per pool are looked
         at, the earliest to join the wave first, and at most :data:`UPCOMING_INPUTS`
@@ -1765,7 +1766,10 @@ class SchedulerState(DiskPlacement):
                     if d.state == "memory":
                         continue
                     mean = self._estimate(d)
-                    t = d.sent + mean - now if d.state == "processing" else mean
+                    if d.state == "processing":  # from its start, once its worker said it
+                        t = (d.sent if d.started is None else d.started) + mean - now
+                    else:
+                        t = mean
                     if t < -mean:
                         break  # running past twice its mean: late
                     left = max(left, t)

@@ -21,6 +21,7 @@ from actors.autoscaler_state import (
     StartBlock,
     TargetSet,
 )
+from actors.scheduler_events import TasksRunning
 from policies import PolicyParamsError
 from policies.scaling import LOOKAHEAD, LoadView, PoolLimits
 from tests.helpers import Factory, cancel, finish, join, leave, make_state, submit
@@ -74,6 +75,33 @@ def test_the_next_wave_is_the_waiting_tasks_whose_inputs_are_all_under_way(
     assert s.upcoming(sent + 1.1) == {"*": [4.0]}
     assert s.upcoming(sent + 0.2) == {"*": [0.5, 4.0]}
     assert s.upcoming(sent + 0.2, most=1) == {"*": [0.5]}  # a bounded look, oldest first
+
+
+def test_an_input_s_time_left_counts_from_its_start_once_its_worker_says_it_began(
+    make_state: Factory,
+) -> None:
+    """A try sent to a worker may wait there behind others: once the worker says it
+    executes (``TasksRunning``), its time left counts from that start, not from when
+    it was sent (which made its dependents look due, then late, too soon)."""
+    s = make_state(saturation=1.0, unknown_duration=0.5)
+    join(s, "w1")
+    submit(s, {"build-9": []}, ["build-9"])
+    finish(s, "w1", "build-9", duration=4.0)  # builds take 4 s
+    submit(s, {"build-0": [], "test-0": ["build-0"]}, ["test-0"])
+    ts = s.tasks["build-0"]
+    assert ts.state == "processing" and ts.started is None
+    sent = ts.sent
+    assert s.upcoming(sent + 3.0) == {"*": [1.0]}  # not known to run: from when sent
+    # The worker says it has executed 0.5 s, 2.5 s after it was sent: it began at +2 s.
+    began = TasksRunning(
+        stimulus_id="running", now=sent + 2.5, worker="w1", started=(("build-0", 0, 0.5),)
+    )
+    s.handle(began)
+    s.validate()
+    assert ts.started == sent + 2.0
+    assert s.upcoming(sent + 3.0) == {"*": [3.0]}
+    assert s.upcoming(sent + 8.5) == {"*": [0.0]}  # overdue, not yet late
+    assert s.upcoming(sent + 10.5) == {}  # past twice its mean from its start: late
 
 
 def test_a_chain_shows_one_wave_at_a_time_and_a_lost_input_takes_its_dependents_back(
