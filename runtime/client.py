@@ -361,7 +361,13 @@ class _RemoteManager:
         farewell = self.peer.farewell
         if farewell is not None:
             return ManagerStopping(self.address, getattr(farewell, "how", "SIGINT or SIGTERM"))
-        return ManagerLost(self.address, self.peer.closed_reason or "the connection closed")
+        return ManagerLost(self.address, self.peer.why_closed())
+
+    @property
+    def gone(self) -> bool:
+        """The connection is closed, or closing (a send found it so before the peer
+        finished reading what was left)."""
+        return bool(self.peer.closed or self.peer.conn.closed)
 
     def post(self, msg: Message, *, causal_id: str | None = None) -> None:
         try:
@@ -385,7 +391,7 @@ class _RemoteManager:
         try:
             return await self.ref.ask(msg, timeout=timeout, causal_id=causal_id)
         except ActorStopped as exc:
-            if self.peer.closed:
+            if self.gone:
                 raise self.lost() from exc
             raise
 

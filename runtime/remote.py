@@ -32,10 +32,13 @@ Rules:
    reports ``stopped``; ``on_close`` (if given) is called once.
 5. Liveness: with ``heartbeat=T``, a side that has sent nothing for ``T`` seconds sends
    a ``Ping``; a side that has received nothing for ``timeout`` seconds (default 3 T)
-   closes the connection as dead (``closed_reason`` says so), which rule 4 turns into
-   failures on both sides. Silence is not counted while this side's own event loop was
-   stalled (a task holding the GIL, say: its check came more than ``T`` late), as it
-   could not read meanwhile; ``on_stall`` (if given) is told how late.
+   closes the connection as dead (``closed_reason`` says so, and so does the close,
+   for the other side's ``close_reason``), which rule 4 turns into failures on both
+   sides. Once closed, :meth:`Peer.why_closed` is that reason, the other side's, and
+   this side's own stall just before, if any (a paused process). Silence is not
+   counted while this side's own event loop was stalled (a task holding the GIL, say:
+   its check came more than ``T`` late), as it could not read meanwhile; ``on_stall``
+   (if given) is told how late.
 6. Refusal: a side that will not serve the other (a gateway refusing a ``Hello``, a
    token or a connection that keeps sending refused messages) says why with a
    :class:`Refused` frame and closes (:meth:`Peer.refuse`). The other side keeps that
@@ -678,6 +681,10 @@ class Peer:
         self.timeout = timeout if timeout is not None else (3 * heartbeat if heartbeat else None)
         self.closed_reason = ""
         self._last_in = self._last_out = anyio.current_time()
+        #: when the heartbeat loop's next check is due (None: no heartbeat loop yet)
+        self._due: float | None = None
+        #: the last stall of this side's event loop: (seconds, when it ended)
+        self._stall: tuple[float, float] | None = None
         self.target = target
         self.name = name
         self.allow_pickle = allow_pickle
@@ -733,6 +740,36 @@ class Peer:
         self.closed_reason = str(error)
         await refuse(self.conn, error, going_away=True)
 
+    def why_closed(self) -> str:
+        """Why the connection ended, as far as this side knows: its own reason (the
+        other side silent, refused, a goodbye), else the transport's (the other side's
+        close, with its reason if it gave one); and, when this side's event loop had not
+        run for longer than a heartbeat just before (the process was paused, SIGSTOP, or
+        its loop blocked), that too: the other side heard nothing from it meanwhile."""
+        reason = self.closed_reason or str(getattr(self.conn, "close_reason", None) or "")
+        reason = reason or "the connection closed"
+        stalled = self._stalled()
+        if stalled:
+            reason += (
+                f"; this side's event loop had not run for {stalled:.1f} s just before (its "
+                "process paused, SIGSTOP or a suspended terminal, or its loop blocked), so "
+                "the other side heard nothing from it meanwhile"
+            )
+        return reason
+
+    def _stalled(self) -> float:
+        """Seconds this side's event loop has just been stalled (0: it was not): a stall
+        the heartbeat loop has not seen yet (its check is overdue), or one that ended
+        within the last heartbeat."""
+        if not self.heartbeat or self._due is None:
+            return 0.0
+        now = anyio.current_time()
+        if now - self._due > self.heartbeat:
+            return now - self._due
+        if self._stall is not None and now - self._stall[1] <= self.heartbeat:
+            return self._stall[0]
+        return 0.0
+
     def _gone(self, what: str) -> BaseException:
         """The error for using a closed connection: the refusal, if we were refused."""
         if self.refusal is not None:
@@ -775,11 +812,12 @@ class Peer:
     async def _heartbeat_loop(self) -> None:
         assert self.heartbeat is not None and self.timeout is not None
         while True:
-            due = anyio.current_time() + self.heartbeat / 2
+            due = self._due = anyio.current_time() + self.heartbeat / 2
             await anyio.sleep(self.heartbeat / 2)
             now = anyio.current_time()
             late = now - due
             if late > self.heartbeat:  # our own loop was stalled: we could not read
+                self._stall = (late, now)
                 self._last_in = min(now, self._last_in + late)
                 if self.on_stall is not None:
                     self.on_stall(late)
@@ -789,9 +827,14 @@ class Peer:
             if isinstance(heard, float) and heard > self._last_in:
                 self._last_in = heard
             if now - self._last_in > self.timeout:
-                self.closed_reason = f"no message for {now - self._last_in:.1f} s (dead peer)"
+                silent = now - self._last_in
+                self.closed_reason = f"no message for {silent:.1f} s (dead peer)"
                 _log.warning("peer silent; closing", peer=self.name, reason=self.closed_reason)
-                await self.conn.aclose()
+                # The other side learns why, should it be alive (its process was paused):
+                await self.conn.aclose(
+                    reason=f"no message from you for {silent:.1f} s, over the "
+                    f"{self.timeout:g} s allowed (dead peer)"
+                )
                 return
             if now - self._last_out >= self.heartbeat:
                 self.post(Ping(), "")
@@ -952,6 +995,7 @@ class Peer:
         if self.closed:
             return
         self.closed = True
+        self.closed_reason = self.why_closed()
         for pending in self._pending.values():
             pending.error = self._gone("reply")
             pending.done.set()

@@ -120,3 +120,58 @@ async def test_the_websocket_heartbeat_does_not_cut_a_silent_client_before_its_a
             tg.cancel_scope.cancel()
     assert took >= allowance, f"closed after {took:.1f} s, before the {allowance} s allowance"
     assert logs.has("peer silent; closing", "busy-client"), logs.lines
+
+
+CLIENT = """
+import sys, anyio
+from runtime import Cluster
+
+async def main():
+    async with Cluster(sys.argv[1], manager_alerts=None) as c:
+        fut = c.submit(sum, [1, 2])  # no worker: it stays pending
+        print("connected", flush=True)
+        try:
+            await fut
+        except Exception as exc:
+            print("raised", type(exc).__name__, exc, flush=True)
+
+anyio.run(main)
+"""
+
+#: A manager whose client allowance is 6 s (its worker timeout's floor, 1 s, below
+#: it): the allowance is a constant, so it is set before main runs. The client sends
+#: every HEARTBEAT (2 s) and checks its loop every 1 s, so its pause is then over 3 s,
+#: more than the HEARTBEAT its loop must miss to count as stalled.
+SHORT_ALLOWANCE_MANAGER = (
+    "import sys, runtime.node; runtime.node.CLIENT_DEAD_AFTER = 6.0; "
+    "from runtime.__main__ import main; sys.exit(main(sys.argv[1:]))"
+)
+
+
+def test_a_client_paused_past_its_allowance_gets_manager_lost_saying_why(
+    tmp_path: Path,
+) -> None:
+    """A client process stopped (SIGSTOP) for longer than the manager's client allowance
+    is dropped by the manager ("peer silent"); on SIGCONT its pending future fails with
+    ManagerLost naming the address, the manager's reason for closing and this client's
+    own pause, not with ActorStopped or a ManagerLost of reason ''."""
+    import sys
+
+    script = tmp_path / "client.py"
+    script.write_text(CLIENT)
+    with Cli(tmp_path / "home") as cli:
+        argv = ["manager", "--listen", "127.0.0.1:0", "--worker-timeout", "1"]
+        mgr = cli.spawn([sys.executable, "-c", SHORT_ALLOWANCE_MANAGER, *argv])
+        address = cli.line_with(mgr, "manager listening on").split("listening on", 1)[1].strip()
+        client = cli.spawn([sys.executable, str(script), address])
+        cli.line_with(client, "connected", limit=LIMIT)
+        client.send_signal(signal.SIGSTOP)
+        try:
+            cli.line_with(mgr, "peer silent; closing", limit=LIMIT)
+        finally:
+            client.send_signal(signal.SIGCONT)
+        line = cli.line_with(client, "raised", limit=LIMIT)
+    assert "raised ManagerLost" in line, line
+    assert address in line, line
+    assert "no message from you for" in line, line  # the manager's reason
+    assert "this side's event loop had not run for" in line, line  # and the pause
