@@ -1001,6 +1001,13 @@ class Cluster:
     ``worker_timeout``: with worker processes, the seconds one may be silent before it
     counts as lost (default 10; a task that holds the GIL silences its worker). A
     manager process takes ``--worker-timeout`` instead.
+
+    ``manager_timeout``: with ``address``, the seconds the manager may be silent
+    (heartbeats run every 2 s) before this client gives up on it: every pending future
+    fails with :class:`~runtime.errors.ManagerLost` (``None``: 10). Raise it to ride out
+    longer manager stalls (swapping, a long garbage collection, a SIGSTOP): the
+    manager's workers ride out about 25 s, and the manager waits 120 s for a client. A
+    manager that dies closes the connection and is seen at once, whatever this is.
     """
 
     def __init__(
@@ -1029,16 +1036,28 @@ class Cluster:
         prune_depth: int = 1,
         manager_alerts: float | None = 10.0,
         worker_timeout: float | None = None,
+        manager_timeout: float | None = None,
     ) -> None:
-        if manager_alerts is not None and (
-            isinstance(manager_alerts, bool)
-            or not isinstance(manager_alerts, int | float)
-            or not (0 < manager_alerts < math.inf)
-        ):
-            raise ValueError(
-                f"manager_alerts must be a number of seconds > 0, or None, got {manager_alerts!r}"
-            )
+        if manager_alerts is not None:
+            _seconds("manager_alerts", manager_alerts, ", or None")
         self.manager_alerts = manager_alerts
+        from runtime.node import DEAD_AFTER
+
+        #: seconds the manager may be silent before this client gives up on it
+        self.manager_timeout = DEAD_AFTER
+        if manager_timeout is not None:
+            if address is None:
+                raise ValueError(
+                    "manager_timeout= is for Cluster(address, ...): how long the manager of "
+                    "another process may be silent. An embedded cluster's manager is this "
+                    "process; leave it out"
+                )
+            self.manager_timeout = _seconds(
+                "manager_timeout",
+                manager_timeout,
+                f" (how long the manager may be silent before this client gives up on it, "
+                f"ManagerLost; default {DEAD_AFTER:g})",
+            )
         if address is not None:
             from transport.base import split_address
 
@@ -1058,7 +1077,7 @@ class Cluster:
                 "process. An embedded cluster has no token; give the manager's address, or "
                 "leave token_file out"
             )
-        from runtime.node import DEAD_AFTER, check_worker_timeout
+        from runtime.node import check_worker_timeout
 
         #: seconds a worker process may be silent before it counts as lost
         self.worker_timeout = (
@@ -1233,7 +1252,7 @@ class Cluster:
         """Join a manager in another process as a client: connected once its gateway
         welcomed the client's Hello; a refusal (the read-only token, say) is raised
         here, not at the first call."""
-        from runtime.node import DEAD_AFTER, HEARTBEAT, find_token
+        from runtime.node import HEARTBEAT, find_token
         from runtime.remote import Peer
         from transport import connect
 
@@ -1243,16 +1262,16 @@ class Cluster:
             options["token"] = token
         conn = await connect(address, **options)
         try:
-            name = await self._hello(conn, address, DEAD_AFTER)
+            name = await self._hello(conn, address, self.manager_timeout)
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await conn.aclose()
             raise
-        # Liveness: heartbeats both ways; a closed connection, or DEAD_AFTER seconds of
-        # silence, fails every pending future with ManagerLost (the on_close below).
+        # Liveness: heartbeats both ways; a closed connection, or manager_timeout seconds
+        # of silence, fails every pending future with ManagerLost (the on_close below).
         peer = Peer(
             conn, None, name="manager", allow_pickle=True, heartbeat=HEARTBEAT,
-            timeout=DEAD_AFTER, on_close=self._manager_closed,
+            timeout=self.manager_timeout, on_close=self._manager_closed,
         )  # fmt: skip
         manager = _RemoteManager(peer, address)
         self._client_actor = ClientActor(manager)
@@ -2031,6 +2050,14 @@ _MANAGER_SETTINGS: tuple[tuple[tuple[str, ...], str], ...] = (
         "[alerting]) or --alertmanager URL",
     ),
 )
+
+
+def _seconds(name: str, value: object, what: str = "") -> float:
+    """``value`` as a number of seconds: a :class:`ValueError` naming ``name`` (and
+    saying ``what``) unless it is a finite number > 0."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
+        raise ValueError(f"{name} must be a number of seconds > 0{what}, got {value!r}")
+    return float(value)
 
 
 def _refuse_manager_settings(**values: Any) -> None:

@@ -175,3 +175,42 @@ def test_a_client_paused_past_its_allowance_gets_manager_lost_saying_why(
     assert address in line, line
     assert "no message from you for" in line, line  # the manager's reason
     assert "this side's event loop had not run for" in line, line  # and the pause
+
+
+async def test_a_client_rides_out_a_manager_stall_shorter_than_its_manager_timeout(
+    manager: tuple[str, subprocess.Popen[str]], tmp_path: Path
+) -> None:
+    """The manager stalls (SIGSTOP) for DEAD_AFTER + 3 s: a client with the default
+    manager timeout gets ManagerLost at about DEAD_AFTER, while one given
+    ``manager_timeout=30`` keeps its pending future, which completes once the manager
+    runs again (its worker rejoins too). The stall's length is the stimulus here."""
+    address, mgr = manager
+    mark, gate = tmp_path / "started", tmp_path / "gate"
+    with anyio.fail_after(LIMIT):
+        async with Cluster(address) as hasty, Cluster(address, manager_timeout=30) as patient:
+            await patient.wait_for_workers(1)
+            running = patient.submit(held_at_gate, str(gate), str(mark))
+            await wait_until(mark.exists, "the task to start", limit=30)
+            queued = hasty.submit(held_at_gate, str(gate), str(tmp_path / "second"))
+            mgr.send_signal(signal.SIGSTOP)
+            stopped = time.monotonic()
+            try:
+                with pytest.raises(ManagerLost, match="no message for"):
+                    await queued
+                lost_after = time.monotonic() - stopped
+                await anyio.sleep(DEAD_AFTER + 3 - lost_after)
+            finally:
+                mgr.send_signal(signal.SIGCONT)
+            gate.touch()
+            assert await running == "opened"
+    assert DEAD_AFTER - 3 <= lost_after < DEAD_AFTER + HEARTBEAT + 2, lost_after
+
+
+def test_manager_timeout_is_a_number_of_seconds_for_a_client_of_a_manager() -> None:
+    for bad in (0, -1, float("inf"), True, "10"):
+        with pytest.raises(ValueError, match="manager_timeout must be a number of seconds"):
+            Cluster("ws://127.0.0.1:1", manager_timeout=bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="manager_timeout= is for Cluster"):
+        Cluster(manager_timeout=30)
+    assert Cluster("ws://127.0.0.1:1", manager_timeout=45).manager_timeout == 45.0
+    assert Cluster("ws://127.0.0.1:1").manager_timeout == DEAD_AFTER
