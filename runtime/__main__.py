@@ -389,7 +389,17 @@ def build_parser(prog: str = MODULE_PROG) -> argparse.ArgumentParser:
         default=None,
         metavar="PATH",
         help="read the admin token from PATH (mode 0600: one token, or the manager's own "
-        "token file); wins over CORRAL_TOKEN; not with --token",
+        "token file); wins over CORRAL_TOKEN; not with --token; read again at each try to "
+        "reach the manager (after its restart, the new token)",
+    )
+    wrk.add_argument(
+        "--connect-retry",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="keep trying to reach the manager for this long, when it starts (a manager "
+        "not up yet) and each time it loses it (a manager restarting), with backoff and a "
+        "log line per try (default: one try at start, 10 s after a loss)",
     )
     wrk.add_argument(
         "--name",
@@ -827,11 +837,17 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         _check_deadline(args.deadline, time.time())
     _apply_tls(args, args.address, f"the manager's address {args.address} is not wss://")
     memory_options = _memory_options(args)
+    if not args.connect_retry >= 0:  # NaN too
+        raise ValueError(
+            f"--connect-retry must be >= 0 (the seconds it keeps trying to reach the "
+            f"manager), got {args.connect_retry:g}"
+        )
     if args.token_file is not None:  # read now: a bad file stops it before it starts
         from runtime.node import check_one_token, read_token_file
 
         check_one_token(args.token, args.token_file)
-        args.token = read_token_file(args.token_file)
+        if not args.connect_retry:  # (else: tried again until the manager wrote it)
+            read_token_file(args.token_file)
 
     def ready(worker_id: str) -> None:
         print(f"worker {worker_id} joined {args.address}", flush=True)
@@ -863,7 +879,7 @@ def _run_worker(args: argparse.Namespace, memory_options: dict[str, Any], ready:
 
     from actors.executor import stop_resource_tracker
     from runtime.client import parse_bytes
-    from runtime.node import run_worker
+    from runtime.node import RECONNECT, run_worker
 
     try:
         anyio.run(
@@ -875,11 +891,14 @@ def _run_worker(args: argparse.Namespace, memory_options: dict[str, Any], ready:
                 pool=args.pool,
                 host=args.host,
                 token=args.token,
+                token_file=args.token_file,
                 ready=ready,
                 memory_options=memory_options,
                 name=args.name,
                 deadline=args.deadline,
                 grace=args.grace,
+                connect_retry=args.connect_retry,
+                reconnect=args.connect_retry or RECONNECT,
             ),
             backend="asyncio",
         )

@@ -175,6 +175,9 @@ _log = get_logger("corral.node")
 #: this by default.
 HEARTBEAT = 2.0
 DEAD_AFTER = 10.0
+#: Seconds a worker that lost its manager (without its goodbye) keeps trying to rejoin
+#: before it exits 1 (``run_worker``'s ``reconnect``; a worker's ``--connect-retry``)
+RECONNECT = 10.0
 #: Seconds a worker's event loop may be blocked (a task holding the GIL) before the
 #: worker warns that it was (``event loop blocked``)
 LOOP_BLOCKED_WARN = 5.0
@@ -1959,12 +1962,14 @@ async def run_worker(
     token: str | None = None,
     ready: Callable[[str], None] | None = None,
     listen_options: dict[str, Any] | None = None,
-    reconnect: float = 10.0,
+    reconnect: float = RECONNECT,
     memory_options: Mapping[str, Any] | None = None,
     name: str | None = None,
     deadline: float | None = None,
     grace: float = 5.0,
     block: str | None = None,
+    token_file: str | os.PathLike[str] | None = None,
+    connect_retry: float = 0.0,
 ) -> None:
     """Run a worker process until SIGINT/SIGTERM, until the scheduler retires it, until
     the manager says it stops (:class:`ManagerStopping`: the worker leaves at once,
@@ -1997,12 +2002,23 @@ async def run_worker(
     Raises the manager's refusal (e.g. :class:`PermissionDenied` for the read-only
     token): a worker the manager will not take stops instead of retrying. A token the
     manager no longer knows (HTTP 403: it restarted with new tokens) is retried with
-    backoff for ``reconnect`` seconds, then raised.
+    backoff for ``reconnect`` seconds, then raised. With ``token_file`` (not with
+    ``token``) the token is read from that file again at each try, so a worker whose
+    file is the manager's own token file (a shared file system) joins the restarted
+    manager with its new token. ``connect_retry``: seconds the first join keeps trying
+    a manager that is not there yet (not listening, its token file not written, its
+    token not the one presented) before it raises the last error (0: one try), with a
+    backoff of 0.05 s doubled up to 1 s, 5 s after the first 10 s of trying, and a log
+    line per failed try.
     """
     from runtime.codec import Frame
     from transport import ConnectionClosed, connect, listen
 
-    token = find_token(address, token)
+    check_one_token(token, token_file)
+    #: a token given as such, not read from a file (which may change: read at each try)
+    fixed = token_file is None and (token or os.environ.get("CORRAL_TOKEN"))
+    if fixed or connect_retry <= 0:  # read now: a bad file stops it at once
+        token = find_token(address, token, token_file=token_file)
     scheme = urlsplit(address).scheme
     stop = anyio.Event()
     fatal: list[BaseException] = []  #: why the worker had to stop, raised at the end
@@ -2011,10 +2027,12 @@ async def run_worker(
         worker_ref: dict[str, ActorRef[Worker]] = {}
         listen_options = dict(listen_options or {})
         connect_options: dict[str, Any] = {}
-        if token and scheme in ("ws", "wss"):
-            tokens_map = {token: "admin"}
-            listen_options["tokens"] = tokens_map
-            connect_options["token"] = token
+        if scheme in ("ws", "wss"):
+            # Its peers present the manager's admin token, as it does: its file may not
+            # be there yet (a manager not started): a placeholder until then.
+            listen_options["tokens"] = {token or secrets.token_hex(32): "admin"}
+            if token:
+                connect_options["token"] = token
         own_address = f"{scheme}://{host}:0" if scheme in ("ws", "wss") else "inproc://"
         _check_peer_tls(address, listen_options)
         own = await listen(own_address, **listen_options)
@@ -2068,7 +2086,19 @@ async def run_worker(
             info = WorkerInfo(**{**worker.info.to_fields(), "address": own.address})
             secret = [""]  #: given by the manager at the first Welcome
 
+            def read_token() -> None:
+                """Present the token of its file (``token_file``, else the manager's
+                token file on this machine) as it is now (the manager may have restarted
+                with a new one), and take it from peers too."""
+                if fixed or scheme not in ("ws", "wss"):
+                    return
+                new = find_token(address, None, token_file=token_file)
+                if new and new != connect_options.get("token"):
+                    connect_options["token"] = new
+                    own.set_tokens({new: "admin"})
+
             async def join() -> Peer:
+                read_token()
                 conn = await connect(address, **connect_options)
                 try:
                     await conn.send(Frame(Hello("worker", worker_id, info, secret[0])))
@@ -2106,8 +2136,63 @@ async def run_worker(
                     "manager's --worker-timeout (Cluster(worker_timeout=...))",
                 )  # fmt: skip
 
+            async def reach(window: float, *, rejoin: bool) -> Peer:
+                """Join, trying again for ``window`` seconds after a failed try (with
+                backoff, logged), and raise the last try's error then: a refusal as
+                :class:`_WorkerRefused` at once; a token the manager does not know
+                (HTTP 403), retried, as ``_WorkerRefused`` too on a ``rejoin``."""
+                delay, began = 0.05, anyio.current_time()
+                deadline = began + window
+                last: BaseException | None = None
+                while True:
+                    bound = math.inf if last is None and window <= 0 else deadline
+                    with anyio.move_on_after(bound - anyio.current_time()) as scope:
+                        try:
+                            return await join()
+                        except AuthenticationFailed as exc:
+                            # It answers, but does not know our token (restarted with new
+                            # tokens?): slower tries, each with the token read again.
+                            last = exc
+                            if rejoin:
+                                last = _WorkerRefused(
+                                    AuthenticationFailed(
+                                        address,
+                                        f"the manager refused this worker's token (HTTP "
+                                        f"{exc.status}); was it restarted with new tokens? "
+                                        "Start the worker again with its current admin token"
+                                        + ("" if token_file is None else f" (in {token_file})"),
+                                        exc.status,
+                                    )
+                                )
+                            delay = max(delay, 0.5)
+                            if window > 0:
+                                _log.error(
+                                    "the manager refused our token; retrying",
+                                    worker=worker_id, status=exc.status, retry_in=delay,
+                                    reason=exc.reason, token_file=os.fspath(token_file or ""),
+                                )  # fmt: skip
+                        except CorralError as exc:  # not there (yet), or not answering
+                            last = exc
+                            if window > 0:  # the quick first tries at info
+                                (_log.warning if delay >= 1.0 else _log.info)(
+                                    "could not reach the manager; retrying",
+                                    worker=worker_id, manager=address, error=str(exc),
+                                    retry_in=delay,
+                                    left=round(max(0.0, deadline - anyio.current_time()), 1),
+                                )  # fmt: skip
+                    if scope.cancelled_caught and last is None:  # the first try, cut short
+                        last = CorralError(f"the manager at {address} did not answer")
+                    now = anyio.current_time()
+                    if now >= deadline:
+                        assert last is not None  # a try that was not cut short failed
+                        raise last
+                    await anyio.sleep(min(delay, deadline - now))
+                    # (a token refused: slower, as a new one is written once, if ever)
+                    slow = isinstance(last, AuthenticationFailed | _WorkerRefused)
+                    delay = min(delay * 2, 5.0 if slow or now - began >= 10 else 1.0)
+
             try:
-                first = await join()
+                first = await reach(connect_retry, rejoin=False)
             except _WorkerRefused as exc:
                 raise exc.error from None
 
@@ -2147,36 +2232,12 @@ async def run_worker(
                         await anyio.sleep(min(0.05 * 2**short, 2.0))
                     peer = None
                     refused: BaseException | None = None
-                    with anyio.move_on_after(reconnect):
-                        delay = 0.05
-                        while peer is None:
-                            try:
-                                peer = await join()
-                            except _WorkerRefused as exc:
-                                refused = exc.error
-                                break
-                            except AuthenticationFailed as exc:
-                                # Not "unreachable": it answers, but no longer knows our
-                                # token (restarted with new tokens?). Slower retries.
-                                refused = AuthenticationFailed(
-                                    address,
-                                    f"the manager refused this worker's token (HTTP "
-                                    f"{exc.status}); was it restarted with new tokens? Start "
-                                    "the worker again with its current admin token",
-                                    exc.status,
-                                )
-                                delay = max(delay, 0.5)
-                                _log.error(
-                                    "the manager refused our token; retrying",
-                                    worker=worker_id, status=exc.status, retry_in=delay,
-                                    reason=exc.reason,
-                                )  # fmt: skip
-                                await anyio.sleep(delay)
-                                delay = min(delay * 2, 5.0)
-                            except CorralError:
-                                refused = None
-                                await anyio.sleep(delay)
-                                delay = min(delay * 2, 1.0)
+                    try:
+                        peer = await reach(reconnect, rejoin=True)
+                    except _WorkerRefused as exc:
+                        refused = exc.error
+                    except CorralError:
+                        pass
                     if peer is None:
                         if refused is not None:
                             _log.error("refused by the manager; stopping", worker=worker_id,

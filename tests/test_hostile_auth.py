@@ -556,15 +556,18 @@ def _free_port() -> int:
 @pytest.mark.anyio
 async def test_a_worker_refused_with_403_says_so_backs_off_and_exits_1(tmp_path: Path) -> None:
     """The manager crashes and restarts on the same port with new tokens: the worker's
-    token is now unknown (HTTP 403). It logs that (not "unreachable"), retries with
-    backoff within its reconnect window (10 s), then exits 1 with the reason. (A manager
-    stopped on purpose would tell it so, and it would leave instead of rejoining.)"""
+    token, given as such (CORRAL_TOKEN; one read from a file is read again, and the new
+    one joins: tests/test_token_file.py), is now unknown (HTTP 403). It logs that (not
+    "unreachable"), retries with backoff within its reconnect window (10 s), then exits
+    1 with the reason. (A manager stopped on purpose would tell it so, and it would
+    leave instead of rejoining.)"""
     env = _env(tmp_path / "home")
     port = _free_port()
     first, address = _manager(tmp_path, env, f"127.0.0.1:{port}")
     procs = [first]
     try:
-        worker = _start(["worker", address, "--cores", "1"], env, tmp_path / "w.log")
+        given = dict(env, CORRAL_TOKEN=_tokens(tmp_path / "home", address)["admin"])
+        worker = _start(["worker", address, "--cores", "1"], given, tmp_path / "w.log")
         procs.append(worker)
         _line_with(worker, "joined")
         with anyio.fail_after(LIMIT):

@@ -307,3 +307,58 @@ async def test_a_token_the_manager_does_not_know_is_refused_saying_where_it_came
         out = "".join(await run(cli.rest, proc, LIMIT))
         assert await run(proc.wait, LIMIT) == 1
         assert "HTTP 403" in out and f"presented the token of --token-file {stale}" in out, out
+
+
+@pytest.mark.anyio
+async def test_a_worker_rejoins_a_restarted_manager_with_the_new_token_of_its_file(
+    tmp_path: Path,
+) -> None:
+    """The manager crashes (kill -9) and restarts on the same port, writing a new
+    token into its --token-file, which the worker's --token-file names: the worker
+    reads the file again at each try and rejoins, and runs the next client's task; it
+    retried the old token and exited 1 after 10 s before."""
+    from tests.helpers import free_port
+
+    tokens = tmp_path / "tokens.json"
+    listen = ["manager", "--listen", f"127.0.0.1:{free_port()}", "--token-file", str(tokens)]
+    with Cli(tmp_path / "home") as cli, anyio.fail_after(LIMIT):
+        first = cli.start(*listen)
+        line = await run(cli.line_with, first, "manager listening on")
+        address = line.split("manager listening on", 1)[1].strip()
+        old = json.loads(tokens.read_text())["admin"]
+        worker = await run(cli.worker, address, "--name", "w", "--token-file", str(tokens))
+        first.kill()
+        await run(first.wait, LIMIT)
+        second = cli.start(*listen)
+        await run(cli.line_with, second, "manager listening on")
+        assert json.loads(tokens.read_text())["admin"] != old
+        async with Cluster(address, token_file=tokens, manager_alerts=None) as cluster:
+            await cluster.wait_for_workers(1)
+            assert await cluster.submit(inc, 1) == 2
+        assert worker.poll() is None
+
+
+@pytest.mark.anyio
+async def test_a_worker_with_connect_retry_waits_for_a_manager_started_after_it(
+    tmp_path: Path,
+) -> None:
+    """``--connect-retry 60``: a worker started before its manager (no one listens, its
+    --token-file not written yet) logs each failed try and joins once the manager is
+    up; without it, it exited 1 at once."""
+    from tests.helpers import free_port
+
+    tokens = tmp_path / "tokens.json"
+    port = free_port()
+    with Cli(tmp_path / "home") as cli, anyio.fail_after(LIMIT):
+        worker = cli.start(
+            "worker", f"ws://127.0.0.1:{port}", "--token-file", str(tokens),
+            "--connect-retry", "60",
+        )  # fmt: skip
+        await run(cli.line_with, worker, "could not reach the manager; retrying")
+        manager = cli.start("manager", "--listen", f"127.0.0.1:{port}", "--token-file", str(tokens))
+        line = await run(cli.line_with, manager, "manager listening on")
+        address = line.split("manager listening on", 1)[1].strip()
+        await run(cli.line_with, worker, f"joined {address}")
+        async with Cluster(address, token_file=tokens, manager_alerts=None) as cluster:
+            await cluster.wait_for_workers(1)
+            assert await cluster.submit(inc, 1) == 2

@@ -24,7 +24,7 @@ import contextlib
 import math
 import os
 import re
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self
 
@@ -222,6 +222,11 @@ class Listener(abc.ABC):
     @abc.abstractmethod
     def closed(self) -> bool:
         """True once :meth:`aclose` was called."""
+
+    def set_tokens(self, tokens: Mapping[str, str]) -> None:  # noqa: B027
+        """Take ``tokens`` (token -> role) from now on, in place of those it was made
+        with (the manager restarted with new ones, say); connections already made stay.
+        A backend without tokens ignores it."""
 
     async def serve(
         self,

@@ -1290,6 +1290,16 @@ class WebSocketListener(Listener):
     refused: authentication, backlog full, closing, not a websocket request).
     """
 
+    def set_tokens(self, tokens: Mapping[str, str]) -> None:
+        """Accept ``tokens`` (token -> role) from now on, in place of the others (a
+        listener made without tokens takes none: it stays open)."""
+        if self.auth_required:
+            for token in tokens:
+                _check_token(token, "every token in tokens")
+            self._tokens: list[tuple[bytes, str]] = [
+                (_token_digest(t), role) for t, role in tokens.items()
+            ]
+
     def __init__(
         self,
         scheme: str,
@@ -1317,7 +1327,9 @@ class WebSocketListener(Listener):
         self.max_buffer = options.max_buffer
         self.backlog = backlog
         self.auth_required = tokens is not None
-        self._tokens = [(_token_digest(t), role) for t, role in (tokens or {}).items()]
+        self._tokens = []
+        if tokens is not None:
+            self.set_tokens(tokens)
         self.guard = guard
         self._runner: web.AppRunner | None = None
         self._site: web.TCPSite | None = None
