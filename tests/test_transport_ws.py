@@ -34,7 +34,7 @@ import transport
 from runtime.codec import KIND_FRAME, MAGIC, VERSION, Frame, decode_batch, encode
 from runtime.errors import CHECK_LISTENER, CorralError, ProtocolError
 from runtime.messages import ErrorReply, Ping
-from tests.helpers import log_lines, self_signed_pem
+from tests.helpers import log_lines, self_signed_pem, wait_until
 from tests.transport_conformance import TransportConformance, ping, token
 from transport import (
     ConnectFailed,
@@ -1202,3 +1202,32 @@ async def test_a_wss_worker_without_a_certificate_says_the_manager_may_not_be_tl
         "If that manager is not TLS (it printed `manager listening on ws://...`), join "
         "it with ws://127.0.0.1:8786" in text
     ), text
+
+
+async def test_a_handshake_its_client_abandoned_is_one_log_line_not_a_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A client sends its handshake and closes before the listener answers (as workers
+    whose connects timed out while the manager was paused did): the listener logs one
+    line, and aiohttp no traceback ('Error handling request ... Cannot write to closing
+    transport'). The request and the close reach the listener together: they are made
+    with blocking calls while its event loop (this one) cannot run."""
+    import socket
+    from urllib.parse import urlsplit
+
+    from transport.ws import WINDOW_HEADER
+
+    with anyio.fail_after(TIMEOUT), log_lines("corral.transport") as logs:
+        async with await transport.listen("ws://127.0.0.1:0/c", tokens=TOKENS) as listener:
+            url = urlsplit(listener.address)
+            request = (
+                f"GET /c HTTP/1.1\r\nHost: {url.netloc}\r\nUpgrade: websocket\r\n"
+                "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+                f"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Protocol: {SUBPROTOCOL}\r\n"
+                f"Authorization: Bearer secret-a\r\n{WINDOW_HEADER}: 64\r\n\r\n"
+            ).encode()
+            with socket.create_connection((url.hostname, url.port)) as sock:
+                sock.sendall(request)
+                sock.shutdown(socket.SHUT_WR)  # blocking, all of it: the loop is held
+                await wait_until(lambda: logs.has("websocket handshake abandoned"), "its line")
+    assert not [r for r in caplog.records if "Error handling request" in r.getMessage()]

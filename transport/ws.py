@@ -1649,7 +1649,16 @@ class WebSocketListener(Listener):
         if not ws.can_prepare(request).ok:
             return self._refuse(400, "this is a Corral websocket endpoint: connect with ws://")
         ws.headers[WINDOW_HEADER] = str(options.max_buffer)
-        await ws.prepare(request)
+        try:
+            await ws.prepare(request)
+        except ConnectionError as exc:  # aiohttp would log its traceback
+            # The client closed before its answer was written (gave up waiting for a
+            # listener whose process was paused, say): one line, not a traceback.
+            _log.info(
+                "websocket handshake abandoned: the client closed its connection first",
+                address=self.address, peer=request.remote, error=str(exc),
+            )  # fmt: skip
+            return web.Response(status=400)  # (not sent: aiohttp ignores its failure)
         transport = request.transport
         peer = transport.get_extra_info("peername") if transport is not None else None
         conn = WebSocketConnection(
