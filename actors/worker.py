@@ -266,6 +266,8 @@ class Worker(Actor):
         if nthreads < 1:
             raise ValueError(f"a worker needs at least one thread, got {nthreads}")
         self.worker_id = worker_id
+        #: times the scheduler asked what it holds: once per (re)join
+        self.joins = 0
         self.scheduler = scheduler
         self.resolve = resolve
         self.nthreads = nthreads
@@ -1231,12 +1233,14 @@ class Worker(Actor):
 
     @handles(ConfirmHolds)
     def confirm_holds(self, msg: ConfirmHolds) -> None:
-        """The scheduler asks after a rejoin; everything it sent before has been handled
-        by now (one connection, one mailbox: in order), so this is what reached us."""
+        """The scheduler asks as the worker joins, and after each rejoin; everything it
+        sent before has been handled by now (one connection, one mailbox: in order), so
+        this is what reached us."""
         active = self.state.active
         store = self.data
         held = tuple((key, store.nbytes(key)) for key in store)
-        self.log.info("rejoined", active=len(active), held=len(held))
+        self.log.info("rejoined" if self.joins else "joined", active=len(active), held=len(held))
+        self.joins += 1
         self.scheduler.post(WorkerHolds(self.worker_id, active, held))
         if self.state.governor.rss:  # measured: the scheduler has it from the start
             self._report()

@@ -2120,20 +2120,40 @@ async def run_worker(
                 peer.on_too_large = unsendable_tries(worker_id, lambda m: peer.post(m, ""))
                 return peer
 
+            continued = [-math.inf]  #: when this process was last continued (SIGCONT)
+
             def blocked(seconds: float) -> None:
                 """Our event loop was blocked (the manager connection's watchdog came
-                ``seconds`` late): warn, once per stall, when it was for long."""
+                ``seconds`` late): warn, once per stall, when it was for long, saying
+                what did it as far as it can tell."""
                 if seconds < LOOP_BLOCKED_WARN:
                     return
                 running = sorted(str(key) for key in worker.state.running)
+                lost = (
+                    "no heartbeats went out meanwhile, and the manager counts a worker "
+                    "silent for longer than its --worker-timeout (10 s by default) as lost"
+                )
+                if continued[0] >= time.monotonic() - seconds - 1:
+                    why = (
+                        f"the process was stopped (SIGSTOP, a suspended job or terminal) "
+                        f"and continued (SIGCONT), not blocked by a task: {lost}"
+                    )
+                elif not running:
+                    why = (
+                        f"no task was running: the process was paused or starved of CPU "
+                        f"(an overloaded machine, swapping, a suspended virtual machine): {lost}"
+                    )
+                else:
+                    why = (
+                        f"{lost}: a task that holds Python's GIL (one long call into "
+                        "compiled code) does this; run such a task with execution "
+                        "'process', or raise the manager's --worker-timeout "
+                        "(Cluster(worker_timeout=...))"
+                    )
                 _log.warning(
                     "event loop blocked", worker=worker_id, seconds=round(seconds, 1),
                     running=running[:LOST_NAMES], more=max(0, len(running) - LOST_NAMES),
-                    why="no heartbeats went out meanwhile: a task that holds Python's GIL "
-                    "(one long call into compiled code) does this, and the manager counts "
-                    "a worker silent for longer than its --worker-timeout (10 s by default) "
-                    "as lost; run such a task with execution 'process', or raise the "
-                    "manager's --worker-timeout (Cluster(worker_timeout=...))",
+                    why=why,
                 )  # fmt: skip
 
             async def reach(window: float, *, rejoin: bool) -> Peer:
@@ -2251,6 +2271,7 @@ async def run_worker(
                         return
 
             await system.start_service(stay_joined)
+            await system.start_service(_note_continued, continued)
             await system.start_service(own.serve, serve_peer)
 
             async def on_signal() -> None:
@@ -2340,6 +2361,30 @@ def _check_served_certificate(host: str, listen_options: Mapping[str, Any]) -> N
             reason=refused.verify_message,
             hint=tls.certificate_hint(refused.verify_code, host),
         )
+
+
+async def _note_continued(
+    continued: list[float],
+    *,
+    task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """Keep in ``continued[0]`` when this process was last continued (SIGCONT, after a
+    SIGSTOP or a suspended job), by ``time.monotonic()``, until cancelled; then put the
+    signal's handler back. Not known outside the main thread."""
+
+    def note(signum: int, frame: Any) -> None:
+        continued[0] = time.monotonic()
+
+    try:
+        previous = signal.signal(signal.SIGCONT, note)
+    except ValueError:  # not the main thread
+        task_status.started()
+        return
+    try:
+        task_status.started()
+        await anyio.sleep_forever()
+    finally:
+        signal.signal(signal.SIGCONT, previous)
 
 
 async def _cancel_when(event: anyio.Event, scope: anyio.CancelScope) -> None:

@@ -75,3 +75,17 @@ async def test_a_worker_has_no_resource_sample_until_its_memory_is_measured() ->
             scheduler.post(WorkerMemoryReport("w1", False, 300 * 2**20, GB, GB))
             reply = await scheduler.ask(MonitorFeed())
             assert reply.workers["w1"][0] == 300 * 2**20
+
+
+async def test_a_worker_logs_joined_at_its_first_join_not_rejoined() -> None:
+    """The worker's answer to the ConfirmHolds of its first join is logged as 'joined'
+    (it said 'rejoined', before any rejoin); later ones say 'rejoined'."""
+    from runtime import Cluster
+    from tests.helpers import log_lines, wait_until
+
+    with anyio.fail_after(LIMIT), log_lines("corral") as logs:
+        async with Cluster(workers=1) as cluster:
+            await cluster.wait_for_workers(1)
+            await wait_until(lambda: logs.has("joined", "held=0"), "the worker's join line")
+            assert logs.has("event='joined'", "held=0"), logs.lines
+            assert not logs.has("rejoined"), logs.lines

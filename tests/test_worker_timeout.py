@@ -21,7 +21,14 @@ import pytest
 
 from runtime import Cluster
 from runtime.kernel import ActorSystem
-from runtime.node import DEAD_AFTER, Tokens, run_manager, serve_gateway, start_control_plane
+from runtime.node import (
+    DEAD_AFTER,
+    LOOP_BLOCKED_WARN,
+    Tokens,
+    run_manager,
+    serve_gateway,
+    start_control_plane,
+)
 from tests.helpers import wait_until
 
 pytestmark = pytest.mark.slow
@@ -121,3 +128,27 @@ async def test_the_websocket_heartbeat_is_no_shorter_than_the_longest_allowance(
             )
             assert gateway.dead_after == seconds
             assert listener.options.heartbeat == heartbeat  # type: ignore[attr-defined]
+
+
+@pytest.mark.anyio
+async def test_a_stopped_and_continued_worker_says_so_not_that_a_task_held_the_gil(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A worker process stopped (SIGSTOP) for 7 s and continued warns `event loop
+    blocked` saying the process was stopped and continued; it blamed a task holding
+    the GIL, and told to run it with execution 'process'. The stop's length is the
+    stimulus."""
+    import os
+    import signal
+
+    async with one_worker_process(caplog, worker_timeout=30) as c:
+        pid = await c.submit(os.getpid)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            await anyio.sleep(LOOP_BLOCKED_WARN + 2)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        (blocked,) = await wait_until(lambda: lines(caplog, "event loop blocked"))
+        assert "the process was stopped (SIGSTOP" in blocked, blocked
+        assert "holds Python's GIL" not in blocked, blocked
+        assert await c.submit(sum, [1, 2]) == 3
