@@ -1386,7 +1386,7 @@ class Cluster:
         if isinstance(err, ManagerStopping):  # its goodbye: on purpose, no loss to warn of
             _log.info("the manager stopped", address=self.address, reason=str(err))
         else:
-            _log.warning("lost the manager", address=self.address, reason=peer.closed_reason)
+            _log.warning("lost the manager", address=self.address, reason=peer.why_closed())
         with contextlib.suppress(ActorStopped):
             self._client_actor.ref.post(_ManagerGone(err))
 

@@ -685,6 +685,7 @@ class Peer:
         self._due: float | None = None
         #: the last stall of this side's event loop: (seconds, when it ended)
         self._stall: tuple[float, float] | None = None
+        self._why: str | None = None  #: :meth:`why_closed`, as it was at the close
         self.target = target
         self.name = name
         self.allow_pickle = allow_pickle
@@ -746,6 +747,8 @@ class Peer:
         close, with its reason if it gave one); and, when this side's event loop had not
         run for longer than a heartbeat just before (the process was paused, SIGSTOP, or
         its loop blocked), that too: the other side heard nothing from it meanwhile."""
+        if self._why is not None:
+            return self._why
         reason = self.closed_reason or str(getattr(self.conn, "close_reason", None) or "")
         reason = reason or "the connection closed"
         stalled = self._stalled()
@@ -995,7 +998,7 @@ class Peer:
         if self.closed:
             return
         self.closed = True
-        self.closed_reason = self.why_closed()
+        self._why = self.why_closed()
         for pending in self._pending.values():
             pending.error = self._gone("reply")
             pending.done.set()
