@@ -1852,11 +1852,7 @@ class SchedulerState(DiskPlacement):
             return  # a worker that fits it joined meanwhile
         err = TaskTooLarge(str(ts.key), ts.in_nbytes, int(largest), ts.spec.pool)
         self._log(ts.key, "admission", f"too large: {ts.in_nbytes} > {int(largest)}")
-        ts.error = err
-        ts.root = (ts.key, err)
-        self._not_run(ts, "TaskTooLarge", error_record(err))
-        self._set(ts, "erred")  # inputs it alone needed are cancelled as unneeded
-        self._terminal(ts)
+        self._fail(ts, err, error_record(err))
 
     def _no_larger_worker(self, ts: TaskState, pool: str | None) -> bool:
         """``ts`` was killed for memory (``ts.ooms``): its next try goes only to a
@@ -1888,10 +1884,7 @@ class SchedulerState(DiskPlacement):
         wid, limit, peak = ts.ooms[-1]
         err = TaskOutOfMemory(str(ts.key), wid, peak, limit, len(ts.tries), ts.ooms, nowhere)
         self._log(ts.key, "oom", f"not retried: {nowhere}")
-        ts.error = err
-        ts.root = (ts.key, err)
-        self._set(ts, "erred")
-        self._terminal(ts)
+        self._fail(ts, err)
         return True
 
     def _roomier(self, ts: TaskState, ws: WorkerState) -> bool:
@@ -2086,10 +2079,7 @@ class SchedulerState(DiskPlacement):
             self._log(ts.key, "unreachable", f"{ts.unreachable} times: {pairs}")
             # Why it failed, where failures are counted and grouped (metrics, dashboard).
             self._failed_try(ts, "missing", "InputsUnreachable", err, wid)
-            ts.error = err
-            ts.root = (ts.key, err)
-            self._set(ts, "erred")
-            self._terminal(ts)
+            self._fail(ts, err)
         for dk, holder in res.missing:
             self._not_on(dk, holder)
         if not give_up and not self._promote_copy(ts):
@@ -2221,10 +2211,7 @@ class SchedulerState(DiskPlacement):
             err = error or RuntimeError(f"task {ts.key!r} failed ({outcome})")
             if outcome == "disk-full":
                 self.disk_full_failed += 1
-        ts.error = err
-        ts.root = (ts.key, err)
-        self._set(ts, "erred")
-        self._terminal(ts)
+        self._fail(ts, err)
 
     def _serves(self, ts: TaskState, pool: str) -> bool | str:
         """Whether a retry policy may move ``ts`` to ``pool``: True for a configured
@@ -2320,6 +2307,18 @@ class SchedulerState(DiskPlacement):
         if self.feed_on:
             self._records.append(("not-run", ts.key, ts.spec.category, cause, record,
                                   dependency, root))  # fmt: skip
+
+    def _fail(self, ts: TaskState, err: BaseException, not_run: ErrorRecord | None = None) -> None:
+        """``ts`` fails with ``err``, its own error (the root its dependents name); with
+        ``not_run`` (``err``'s record), it failed without a try of its own and counts
+        in the not-run groups under ``err``'s type. Erred, then the client and its
+        dependents are told (inputs it alone needed are cancelled as unneeded)."""
+        ts.error = err
+        ts.root = (ts.key, err)
+        if not_run is not None:
+            self._not_run(ts, type(err).__name__, not_run)
+        self._set(ts, "erred")
+        self._terminal(ts)
 
     def _terminal(self, ts: TaskState) -> None:
         """``ts`` just erred or was cancelled: tell the client, fail what depends on it."""
@@ -3631,11 +3630,7 @@ class SchedulerState(DiskPlacement):
                 continue  # failed meanwhile
             if ts.state == "processing":
                 self._unassign(ts, cancel=True, cause="memory-stalled")
-            ts.error = err
-            ts.root = (ts.key, err)
-            self._not_run(ts, "MemoryStalled", record)
-            self._set(ts, "erred")
-            self._terminal(ts)
+            self._fail(ts, err, record)
 
     # ----------------------------------------------------------------- output
 
