@@ -580,6 +580,10 @@ class SchedulerState(DiskPlacement):
         # Per-handle scratch, flushed into commands at the end of handle().
         self._out: list[Command] = []
         self._execute: dict[str, list[ToRun]] = {}
+        #: the tries in ``_execute``: (worker, key) -> attempt; and the attempts taken
+        #: back before ``_flush`` sent them (``_cancel_on``)
+        self._unsent: dict[tuple[str, Key], int] = {}
+        self._withdrawn: set[int] = set()
         self._files: dict[Key, TaskState] = {}
         self._forgotten: list[Key] = []
         self._to_fail: list[tuple[TaskState, TaskState]] = []
@@ -2362,7 +2366,7 @@ class SchedulerState(DiskPlacement):
         if ws is not None:
             self._release_slot(ts, ws)
             if cancel:
-                self._out.append(CancelOnWorker(self._stimulus, ws.id, (ts.key,)))
+                self._cancel_on(ws, ts)
                 if cause is not None:
                     rec = TryRecord(
                         str(ts.key), ws.id, ts.sent, self._now, "cancelled", cause, ts.queued
@@ -2779,7 +2783,7 @@ class SchedulerState(DiskPlacement):
         ws.disk_reserved -= need
         self._update_free(ws)
         if cancel and ws.id in self.workers:
-            self._out.append(CancelOnWorker(self._stimulus, ws.id, (ts.key,)))
+            self._cancel_on(ws, ts)
         if record:
             rec = TryRecord(str(ts.key), ws.id, sent, self._now, outcome, cause)
             self._tried(ts, rec, None)
@@ -3263,7 +3267,19 @@ class SchedulerState(DiskPlacement):
         self._attempts += 1
         n, spec = self._attempts, ts.spec
         batch.append(ToRun(ts.key, spec.node, spec.category, deps, ts.producer, sizes, resume, n))
+        self._unsent[(ws.id, ts.key)] = n
         return n
+
+    def _cancel_on(self, ws: WorkerState, ts: TaskState) -> None:
+        """Stop ``ts``'s try (or copy) on ``ws``. One sent in this same event, whose
+        ``Execute`` waits for ``_flush``, is taken back instead: the worker would get
+        the cancel first, then the task, and run it for nothing."""
+        n = self._unsent.pop((ws.id, ts.key), None)
+        if n is None:
+            self._out.append(CancelOnWorker(self._stimulus, ws.id, (ts.key,)))
+        else:
+            self._withdrawn.add(n)
+            ws.tasks_sent -= 1  # never sent: it uses none of tasks_per_worker
 
     # ----------------------------------------------------------------- checkpoints
 
@@ -3636,9 +3652,12 @@ class SchedulerState(DiskPlacement):
 
     def _flush(self) -> None:
         if self._execute:
+            withdrawn = self._withdrawn
             for wid, batch in self._execute.items():
-                self._out.append(Execute(self._stimulus, wid, tuple(batch)))
-            self._execute = {}
+                runs = tuple(r for r in batch if r.attempt not in withdrawn) if withdrawn else batch
+                if runs:
+                    self._out.append(Execute(self._stimulus, wid, tuple(runs)))
+            self._execute, self._unsent, self._withdrawn = {}, {}, set()
         if self._files:
             facts = []
             forgotten = set(self._forgotten)

@@ -24,6 +24,7 @@ from actors.scheduler_events import (
     KeyErred,
     KeysReleased,
     KeyTaken,
+    TasksFinished,
     WorkerJoined,
 )
 from policies import REGISTRY
@@ -52,6 +53,7 @@ from tests.helpers import (
     of,
     on,
     release,
+    result,
     run,
     specs_for,
     states,
@@ -62,6 +64,28 @@ __all__ = ["make_state"]  # the autouse fixture, used by name
 
 
 # ----------------------------------------------------------------------------- cancel
+
+
+def test_a_task_sent_and_cancelled_in_one_event_is_neither_sent_nor_cancelled_there(
+    make_state: Factory,
+) -> None:
+    """Found by the random-workload state machine: in one event a consumer was sent to
+    the worker holding its input (it stays with its data) and then cancelled, its only
+    reader having failed. The commands said CancelOnWorker first and Execute after (a
+    worker's tasks go out at the end of the event), so the worker ran a cancelled task.
+    Now a try not sent yet is taken back: no Execute of it, no cancel."""
+    s = make_state()
+    join(s, "w1", cores=2)
+    submit(s, {"a-0": [], "b-0": [], "x-0": ["a-0"], "c-0": ["x-0", "b-0"]}, ["c-0"],
+           retries=0)  # fmt: skip
+    assert on(s, "w1") == {"a-0", "b-0"}
+    results = (result("a-0"), result("b-0", "error", error=ValueError("boom")))
+    cmds = run(s, event(TasksFinished, worker="w1", results=results))
+    assert s.tasks["x-0"].state == "cancelled" and s.tasks["c-0"].state == "erred"
+    sent = [t.key for c in of(cmds, Execute) for t in c.tasks]
+    stopped = [k for c in of(cmds, CancelOnWorker) for k in c.keys]
+    assert "x-0" not in sent and "x-0" not in stopped, cmds
+    assert s.workers["w1"].tasks_sent == 2  # a-0 and b-0: x-0 was never sent
 
 
 def test_cancelling_a_waiting_key_cancels_upstream_work_nothing_else_needs(
