@@ -647,21 +647,20 @@ class WorkerState:
         The output becomes that task's copy, as if fetched for it: the task's report
         names it (``fetched``: the scheduler counts the replica, or drops it again) or,
         a large one nothing here needs any more, it is dropped when the task ends."""
-        held = self.held
-        readers: dict[Key, Key] = {}
-        if any(k in held for k in keys):
+        dropping = {k for k in keys if k in self.held}
+        readers: dict[Key, Key] = {}  #: output dropped -> the first waiting task reading it
+        if dropping:
             for place in (self.fetching, self.deferred, self.queued):
                 for key, t in place.items():
                     deps = t.task.deps if isinstance(t, _Fetching) else t.deps
                     for dk, _ in deps:
-                        if dk in held:
+                        if dk in dropping:
                             readers.setdefault(dk, key)
-        kept = [k for k in keys if k in readers]
-        for k in kept:
-            copied = self.copied.setdefault(readers[k], [])
+        for k, reader in readers.items():
+            copied = self.copied.setdefault(reader, [])
             if k not in copied:
                 copied.append(k)
-        rest = tuple(k for k in keys if k not in readers) if kept else keys
+        rest = tuple(k for k in keys if k not in readers) if readers else keys
         if rest:
             self._drop(rest, out)
 
