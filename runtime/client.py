@@ -437,8 +437,9 @@ class ClientActor(Actor):
         self.pending: dict[Key, tuple[Any, TaskOptions]] = {}
         self.flush_queued = False
         self.to_release: dict[Key, None] = {}  #: keys no Future holds any more, not yet sent
-        #: gathers waiting on each key (its update, or its retry)
-        self.waiters: dict[Key, list[_Waiter | _Wake]] = {}
+        #: gathers waiting on each key (its update, or its retry), and as_completed
+        #: iterators
+        self.waiters: dict[Key, list[_Waiter | _Wake | _Arrivals]] = {}
         self.wakes: set[_Wake] = set()  #: gathers waiting to ask again
         self.loop_thread = threading.get_ident()  #: the event loop's thread
 
@@ -899,6 +900,109 @@ def _error_of(upd: Any) -> BaseException:
 
         return CancelledError(str(upd.key), upd.reason)
     raise AssertionError(upd)
+
+
+class _Arrivals:
+    """The waiter (as a gather's, in ``ClientActor.waiters``) of one
+    :class:`AsCompleted`: a key's update hands its futures over to it. It holds the
+    iterator weakly, so one left mid-way (a ``break``, a cancel) lets go of its futures;
+    its entries go with the keys' next updates, as a cancelled gather's do."""
+
+    __slots__ = ("owner",)
+
+    def __init__(self, owner: AsCompleted) -> None:
+        self.owner = weakref.ref(owner)
+
+    def settle(self, key: Key, ok: bool) -> None:
+        owner = self.owner()
+        if owner is not None:
+            owner._arrived(key)
+
+
+class AsCompleted:
+    """``async for fut in cluster.as_completed(futures)``: each future as soon as it is
+    done (finished, failed or cancelled), in the order they got done. See
+    :meth:`Cluster.as_completed`.
+
+    Nothing runs in the background: the futures' updates, as the client actor takes
+    them in, put them in line here (:class:`_Arrivals`), and ``__anext__`` waits on an
+    event they set. Leaving the loop early, or being cancelled in it, leaves no task.
+    """
+
+    def __init__(
+        self, cluster: Cluster, futures: Iterable[Future], with_results: bool, raise_errors: bool
+    ) -> None:
+        self._cluster = cluster
+        self._with_results = with_results
+        self._raise_errors = raise_errors
+        self._waiting: dict[Key, list[Future]] = {}  #: futures not done, by key
+        self._done: collections.deque[Future] = collections.deque()  #: in the order done
+        self._changed = anyio.Event()  #: set when a future gets done
+        self._arrivals = _Arrivals(self)
+        self.update(futures)
+
+    def update(self, futures: Iterable[Future]) -> None:
+        """Add ``futures`` (a list of this cluster's futures) to the iteration, also
+        while it runs; one already done comes next, after those done before it."""
+        self._cluster._require()
+        checked = self._cluster._futures_of(futures, "as_completed")
+        client = self._cluster._client_actor
+        for f in checked:
+            if f.done():
+                self._done.append(f)
+            elif f.key in self._waiting:
+                self._waiting[f.key].append(f)
+            else:
+                self._waiting[f.key] = [f]
+                client.waiters.setdefault(f.key, []).append(self._arrivals)
+        if self._done:
+            self._changed.set()
+
+    def add(self, future: Future) -> None:
+        """Add one future to the iteration, also while it runs."""
+        self.update([future])
+
+    def count(self) -> int:
+        """How many futures are still to come (done or not)."""
+        return len(self._done) + sum(map(len, self._waiting.values()))
+
+    def is_empty(self) -> bool:
+        return not self.count()
+
+    def _arrived(self, key: Key) -> None:
+        futures = self._waiting.pop(key, None)
+        if futures:
+            self._done.extend(futures)
+            self._changed.set()
+
+    def __aiter__(self) -> AsCompleted:
+        return self
+
+    async def __anext__(self) -> Any:
+        while not self._done:
+            if not self._waiting:
+                raise StopAsyncIteration
+            if self._changed.is_set():
+                self._changed = anyio.Event()
+            await self._changed.wait()
+        future = self._done.popleft()
+        if not self._with_results:
+            return future
+        try:
+            value = await future.result()
+        except Exception as exc:
+            if self._raise_errors:
+                raise
+            return future, exc
+        except BaseException:  # cancelled while getting its value: it stays next in line
+            self._done.appendleft(future)
+            raise
+        return future, value
+
+    def __iter__(self) -> NoReturn:
+        raise TypeError(
+            "as_completed is asynchronous: use `async for future in cluster.as_completed(futures)`"
+        )
 
 
 # ----------------------------------------------------------------------------- cluster
@@ -1628,15 +1732,19 @@ class Cluster:
         return futures
 
     def _keys_of(self, futures: Any, method: str) -> list[Key]:
-        """The keys of ``futures``, a list of this cluster's futures; ``TypeError`` for
-        anything else (``CorralError`` for a future of another cluster, and for a
-        released one, which ``cancel`` skips instead)."""
+        """The keys of ``futures``, as :meth:`_futures_of` checks them."""
+        return [f.key for f in self._futures_of(futures, method)]
+
+    def _futures_of(self, futures: Any, method: str) -> list[Future]:
+        """``futures``, a list of this cluster's futures; ``TypeError`` for anything
+        else (``CorralError`` for a future of another cluster, and for a released one,
+        which ``cancel`` skips instead)."""
         if isinstance(futures, Future | str | bytes | Mapping) or not isinstance(futures, Iterable):
             raise TypeError(
                 f"{method} takes a list of Futures, got {type(futures).__name__} "
                 f"{short_repr(futures)}{_TAKES_FUTURES[method]}"
             )
-        keys = []
+        checked = []
         for f in futures:
             if type(f) is not Future:
                 raise TypeError(
@@ -1646,8 +1754,9 @@ class Cluster:
             if method == "cancel" and f.released and f._cluster is self:
                 continue  # let go already: nothing of this client's to cancel
             # CorralError for another cluster's future, or a released one
-            keys.append(self._key_of_future(f, _USES[method]))
-        return keys
+            self._key_of_future(f, _USES[method])
+            checked.append(f)
+        return checked
 
     def _key_of_future(self, obj: Any, use: str = "passed to submit as an argument") -> Key | None:
         if isinstance(obj, Future):
@@ -1771,6 +1880,26 @@ class Cluster:
         """
         self._require()
         return await self._gather_keys(self._keys_of(futures, "gather"), root_errors=root_errors)
+
+    def as_completed(
+        self,
+        futures: Iterable[Future] = (),
+        *,
+        with_results: bool = False,
+        raise_errors: bool = True,
+    ) -> AsCompleted:
+        """Iterate over ``futures`` as they get done: ``async for fut in
+        cluster.as_completed(futures)`` gives each one as soon as its task finished,
+        failed or was cancelled, in that order (await it for its value or its error; a
+        failure does not end the loop). ``add(future)`` adds one while iterating.
+
+        With ``with_results=True`` it gives ``(future, value)`` pairs, the value got as
+        ``await future`` gets it (a result lost meanwhile is waited for while it is made
+        again, as in :meth:`gather`); a failed task's error is raised there, or, with
+        ``raise_errors=False``, given as the value. Not a coroutine: the futures are
+        checked at the call, as ``gather`` checks them.
+        """
+        return AsCompleted(self, futures, with_results, raise_errors)
 
     async def _gather_keys(
         self, keys: Sequence[Key], *, root_errors: bool, note: bool = False
@@ -2011,10 +2140,11 @@ _OPTIONS = frozenset({"priority", "retries", "resources", "pool"})
 _TAKES_FUTURES = {
     "gather": "; for one future, await it; for keys of a graph, use compute(graph, keys)",
     "cancel": "; to cancel by key, use the console's `cancel KEY` (python -m runtime console)",
+    "as_completed": "; add one future with add(future)",
 }
 
 #: What each method that takes futures does with them, for the error of a released one.
-_USES = {"gather": "awaited or gathered", "cancel": "cancelled"}
+_USES = {"gather": "awaited or gathered", "cancel": "cancelled", "as_completed": "waited for"}
 
 
 #: What a manager process holds for all its clients, by the ``Cluster`` options that

@@ -10,6 +10,7 @@ test never leaves a thread blocked for long).
 
 from __future__ import annotations
 
+import asyncio
 import operator
 import threading
 import traceback
@@ -29,6 +30,7 @@ from policies import PolicyParamsError
 from runtime import Cluster
 from runtime.errors import (
     CancelledError,
+    CorralError,
     CycleError,
     DependencyFailed,
     GraphError,
@@ -195,6 +197,172 @@ async def test_futures_as_arguments_also_nested() -> None:
             assert await nested == 2 + 3 + 10 + 5 + 2 + 3
             assert await kw == 6
             assert await c == 5
+
+
+# ----------------------------------------------------------------------------- as_completed
+
+
+def gated_boom(started: threading.Event, go: threading.Event) -> Any:
+    gated(started, go)
+    raise Boom("gated boom")
+
+
+class Gates:
+    """``n`` gated tasks on one worker with a thread each, all running (so the test
+    decides, one gate at a time, the order they finish); task ``fail`` raises ``Boom``."""
+
+    def __init__(self, cluster: Cluster, n: int, fail: int = -1) -> None:
+        self.started = [threading.Event() for _ in range(n)]
+        self.go = [threading.Event() for _ in range(n)]
+        self.futures = [
+            cluster.submit(gated_boom, s, g, pure=False)
+            if i == fail
+            else cluster.submit(gated, s, g, i, pure=False)
+            for i, (s, g) in enumerate(zip(self.started, self.go, strict=True))
+        ]
+
+    async def running(self) -> None:
+        for s in self.started:
+            await wait_until(s.is_set, "a gated task to start", limit=GATE)
+
+    def open_all(self) -> None:
+        for g in self.go:
+            g.set()
+
+
+async def test_as_completed_gives_futures_in_the_order_they_finish() -> None:
+    """Finish order 2, 0 (fails), 3, 1: the futures come in that order, the failed one
+    among them (not raised: awaiting it raises), and the loop ends after the last."""
+    with anyio.fail_after(BOUND):
+        async with Cluster(workers=1, threads_per_worker=4) as cluster:
+            gates = Gates(cluster, 4, fail=0)
+            try:
+                await gates.running()
+                seen = []
+                order = iter([2, 0, 3, 1])
+                gates.go[next(order)].set()
+                async for fut in cluster.as_completed(gates.futures):
+                    assert fut.done()
+                    seen.append(gates.futures.index(fut))
+                    gates.go[next(order, 0)].set()  # only now may the next one finish
+                assert seen == [2, 0, 3, 1]
+                with pytest.raises(Boom):
+                    await gates.futures[0]
+                assert await gates.futures[2] == 2
+            finally:
+                gates.open_all()
+
+
+async def test_as_completed_with_results_raises_or_gives_the_error() -> None:
+    with anyio.fail_after(BOUND):
+        async with Cluster(workers=1, threads_per_worker=3) as cluster:
+            gates = Gates(cluster, 3, fail=1)
+            try:
+                await gates.running()
+                it = cluster.as_completed(gates.futures, with_results=True)
+                gates.go[2].set()
+                assert await anext(it) == (gates.futures[2], 2)
+                gates.go[1].set()
+                with pytest.raises(Boom):  # as gather raises it
+                    await anext(it)
+                gates.go[0].set()
+                assert [pair async for pair in it] == [(gates.futures[0], 0)]
+                # raise_errors=False: the error is the value; futures already done come
+                # in the order given
+                pairs = [
+                    pair
+                    async for pair in cluster.as_completed(
+                        gates.futures, with_results=True, raise_errors=False
+                    )
+                ]
+                assert [f for f, _ in pairs] == gates.futures
+                assert isinstance(pairs[1][1], Boom) and pairs[2][1] == 2
+            finally:
+                gates.open_all()
+
+
+async def test_as_completed_takes_futures_added_while_it_iterates() -> None:
+    with anyio.fail_after(BOUND):
+        async with Cluster(workers=1, threads_per_worker=3) as cluster:  # one for inc
+            gates = Gates(cluster, 2)
+            try:
+                await gates.running()
+                first, second = gates.futures
+                done = cluster.submit(inc, 1)
+                await done.wait()
+                it = cluster.as_completed([first])
+                seen = []
+                gates.go[0].set()
+                async for fut in it:
+                    seen.append(fut)
+                    if fut is first:
+                        it.add(second)  # pending: comes when it finishes
+                        it.update([done])  # done already: comes next
+                        assert it.count() == 2
+                    elif fut is done:
+                        gates.go[1].set()
+                assert seen == [first, done, second] and it.is_empty()
+            finally:
+                gates.open_all()
+
+
+def started_since(before: set[asyncio.Task[Any]]) -> list[asyncio.Task[Any]]:
+    """The tasks running now that were not in ``before``, but for the actors' own
+    (started by the kernel, as timers come and go; anyio names a task by its function)."""
+    return [
+        t for t in asyncio.all_tasks() - before if not t.get_name().startswith("runtime.kernel.")
+    ]
+
+
+async def test_as_completed_left_early_or_cancelled_leaves_nothing_behind() -> None:
+    """A break, or a cancel while it waits: no task of its own is left running, and the
+    iterator, dropped, holds none of its futures (their results are let go)."""
+    with anyio.fail_after(BOUND):
+        async with Cluster(workers=1, threads_per_worker=3) as cluster:
+            gates = Gates(cluster, 3)
+            client = cluster._client_actor
+            try:
+                await gates.running()
+                before = asyncio.all_tasks()
+                gates.go[0].set()
+                async for fut in cluster.as_completed(gates.futures):
+                    assert fut is gates.futures[0]
+                    break
+                with anyio.move_on_after(0.05) as scope:  # cancelled while waiting
+                    async for _ in cluster.as_completed(gates.futures[1:]):
+                        raise AssertionError("no future was done")
+                assert scope.cancelled_caught
+                assert not started_since(before)
+                keys = [f.key for f in gates.futures]
+                del fut
+                gates.futures.clear()
+                await wait_until(lambda: not client.watches.keys() & set(keys),
+                                 "the dropped futures to be let go", limit=GATE)  # fmt: skip
+            finally:
+                gates.open_all()
+            assert await cluster.submit(inc, 41) == 42  # and the cluster is fine
+
+
+async def test_as_completed_refuses_what_gather_refuses() -> None:
+    with anyio.fail_after(BOUND):
+        async with Cluster(workers=1) as cluster, Cluster(workers=1) as other:
+            fut = cluster.submit(inc, 1)
+            for bad in (3, fut, "x", {fut: 1}, [fut, 2]):
+                with pytest.raises(TypeError, match="as_completed takes"):
+                    cluster.as_completed(bad)  # type: ignore[arg-type]
+            it = cluster.as_completed([fut])
+            with pytest.raises(TypeError, match="as_completed takes Futures"):
+                it.add("x")  # type: ignore[arg-type]
+            with pytest.raises(CorralError, match="another cluster"):
+                it.add(other.submit(inc, 1))
+            with pytest.raises(TypeError, match="async for"):
+                for _ in it:
+                    pass
+            gone = cluster.submit(inc, 2)
+            gone.release()
+            with pytest.raises(CorralError, match="released"):
+                cluster.as_completed([gone])
+            assert [f async for f in it] == [fut]  # the refused ones were not taken
 
 
 # ----------------------------------------------------------------------------- errors

@@ -212,6 +212,7 @@ _CALLS: dict[str, Callable[[Cluster], Any]] = {
     "submit_graph": lambda c: c.submit_graph({"a": 1}, ["a"]),
     "compute": lambda c: c.compute({"a": 1}, "a"),
     "gather": lambda c: c.gather([]),
+    "as_completed": lambda c: c.as_completed([]),
     "download": lambda c: c.download(None, "x"),  # type: ignore[arg-type]
     "cancel": lambda c: c.cancel([]),
     "set_policy": lambda c: c.set_policy("placement", "round-robin"),

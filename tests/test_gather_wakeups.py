@@ -172,6 +172,47 @@ async def test_a_missing_key_waits_for_the_scheduler_s_next_word() -> None:
             assert await wanted_pending(cluster) == 0
 
 
+async def test_as_completed_with_results_waits_for_a_lost_result_as_gather_does() -> None:
+    """A future done on a worker that lost its value: ``as_completed(with_results=True)``
+    gives it once, with the value made again, as gather does; it does not fail."""
+    with anyio.fail_after(BOUND):
+        async with Cluster(workers=0) as cluster:
+            fut = await start(cluster)
+            old = await spawn(cluster, "fake-1", FakeWorker({}))
+            await spawn(cluster, "fake-2", FakeWorker({KEY: 2}))
+            it = cluster.as_completed([fut], with_results=True)
+            await scheduler_says(cluster, done("fake-1"))
+            async with anyio.create_task_group() as tg:
+                got: list[Any] = []
+
+                async def take() -> None:
+                    got.extend([pair async for pair in it])
+
+                tg.start_soon(take)
+                await old.asked.wait()
+                await wait_until(lambda: fut.status == "pending", "the future to wait again")
+                await scheduler_says(cluster, done("fake-2"))
+            assert got == [(fut, 2)]
+
+
+async def test_as_completed_cancelled_while_getting_a_value_gives_it_next_time() -> None:
+    """Cancelled while it reads a done future's value: that future stays next in line
+    (nothing of the iterator runs on meanwhile), and the next ``anext`` gives it."""
+    with anyio.fail_after(BOUND):
+        async with Cluster(workers=0) as cluster:
+            fut = await start(cluster)
+            worker = await spawn(cluster, "fake-1", FakeWorker({KEY: 2}, gated=True))
+            it = cluster.as_completed([fut], with_results=True)
+            await scheduler_says(cluster, done("fake-1"))
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(anext, it)
+                await worker.asked.wait()
+                tg.cancel_scope.cancel()
+            assert it.count() == 1
+            worker.gate.set()
+            assert [pair async for pair in it] == [(fut, 2)]
+
+
 async def test_an_unreachable_worker_is_asked_again() -> None:
     """A worker that does not answer (yet) keeps its key: the gather asks it again, and
     the future stays finished meanwhile."""
