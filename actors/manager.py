@@ -260,6 +260,7 @@ class Manager(Actor):
             retries=msg.retries,
             resources=msg.resources,
             pool=msg.pool,
+            timeout=msg.timeout,
         )
         # a task no worker of its configured pool could run: refused; the pools named
         # that are not configured: the client is told of those no worker has joined

@@ -43,6 +43,9 @@ class ToRun:
     #: try's :class:`TaskResult` says it back, so a report of an earlier try of the key
     #: (cancelled, then sent to the same worker again) is not taken for this one's
     attempt: int = 0
+    #: seconds this try may execute on the worker (``timeout=``; None: no limit): past
+    #: it the worker stops it and reports ``timeout`` (:class:`runtime.errors.TaskTimeout`)
+    timeout: float | None = None
 
     def with_pickled_node(self) -> ToRun:
         if isinstance(self.node, PickledNode):

@@ -1235,8 +1235,11 @@ class SchedulerState(DiskPlacement):
             error = self._disk_full_context(ts, ws, error)
         else:
             stat.errors += 1
-        if res.outcome == "disk-full":
-            failure = "disk-full"
+            if outcome == "timeout":  # stopped past its timeout= (TaskTimeout)
+                try_cause = cause or "timeout"
+        failure: str
+        if outcome == "disk-full" or outcome == "timeout":
+            failure = outcome
         else:
             failure = type(error).__name__ if error is not None else res.outcome
         rec = TryRecord(str(ts.key), ws.id, res.start, res.stop, outcome, try_cause, ts.queued)
@@ -3266,7 +3269,11 @@ class SchedulerState(DiskPlacement):
             resume = self._resume_from(ts, cps[0], ws)
         self._attempts += 1
         n, spec = self._attempts, ts.spec
-        batch.append(ToRun(ts.key, spec.node, spec.category, deps, ts.producer, sizes, resume, n))
+        batch.append(
+            ToRun(
+                ts.key, spec.node, spec.category, deps, ts.producer, sizes, resume, n, spec.timeout
+            )
+        )
         self._unsent[(ws.id, ts.key)] = n
         return n
 

@@ -484,6 +484,14 @@ class Worker(Actor):
         self.executor.cancel(key)
         if self.executor.abandoned != before:
             self._report()  # the scheduler's status shows the abandoned thread
+        elif key in self.executor.executing():  # no room for another abandoned thread
+            self.log.warning(
+                "a running task could not be stopped: its thread cannot be abandoned (as "
+                "many are already as this worker has threads); it keeps its slot until it "
+                "ends. Run tasks that may hang with execution 'process'",
+                key=str(key),
+                abandoned=self.executor.abandoned,
+            )
 
     # -- memory ------------------------------------------------------------------------
 

@@ -21,6 +21,16 @@ A task handed to this worker is in exactly one place:
   (the scheduler sends up to ``saturation`` tasks per thread). Which ones execute, the
   executor knows: each memory sample names them (:class:`MemorySampled`).
 
+A running task with a ``timeout`` has a deadline in ``deadlines``: until a sample shows
+it executing, the earliest it could end (handed over, or not executing at the latest
+sample, plus its timeout); once one does, when it began (the sample's ``now`` less the
+seconds it had executed) plus its timeout. The one timer (:class:`StartTimer`) is armed
+for the earliest deadline. At a deadline the core asks for a sample if it has not seen
+the try begin, or stops it as a cancel does (:class:`CancelRunning`) and, when its try
+comes back ``cancelled``, reports it ``timeout`` with a
+:class:`~runtime.errors.TaskTimeout` (a try that came back ``ok`` or with its own error
+meanwhile is reported as it ended).
+
 A finished task's output is stored; copies of peers' outputs it read are kept while
 small or still needed here, and a large one nothing here needs is dropped at once (its
 owner still has it). Every try ends in exactly one :class:`TaskResult`, built once.
@@ -34,7 +44,7 @@ from typing import Any, Literal
 
 from actors import memory as mem
 from actors.protocol import TaskResult, ToRun
-from runtime.errors import DiskFull
+from runtime.errors import DiskFull, TaskTimeout
 from runtime.graph import Key
 from runtime.messages import get_data_batches
 
@@ -361,6 +371,11 @@ class WorkerState:
         self._over_terminate = False
         #: running task -> the attempt the scheduler was told has started (ReportStarted)
         self.told_started: dict[Key, int] = {}
+        #: running task with a timeout -> when to look at it next (see the module's doc)
+        self.deadlines: dict[Key, float] = {}
+        self.began: dict[Key, float] = {}  #: of those, when a sample saw each begin
+        #: running tasks stopped past their timeout -> seconds each had executed
+        self.timed_out: dict[Key, float] = {}
 
     # -- the one mutator ---------------------------------------------------------------
 
@@ -391,6 +406,8 @@ class WorkerState:
                 self.on_disk.update(k for k in ev.keys if k in self.held)
             else:
                 raise TypeError(f"WorkerState cannot handle {type(ev).__name__}")
+        if self.deadlines:
+            self._watch(out)
         self._pump(out)
         return out
 
@@ -416,6 +433,11 @@ class WorkerState:
         assert producing <= self.running.keys() | self.queued.keys(), "producing, not started"
         assert not self.queued or len(self.running) >= self.nthreads, "queued, thread free"
         assert self._peaks.keys() <= self.running.keys(), "a peak of a task not running"
+        assert self.deadlines.keys() <= self.running.keys() - self.cancelled, "deadline"
+        assert self.began.keys() <= self.deadlines.keys(), "began, without a deadline"
+        assert self.timed_out.keys() <= self.cancelled, "timed out, not being stopped"
+        for key in self.deadlines:
+            assert self.running[key].timeout is not None, f"{key!r} has no timeout"
         assert len(self.in_flight) <= self.max_fetches, "too many fetches in flight"
         for waiting in (*self.deferred.values(), *self.queued.values()):
             for dk, _ in waiting.deps:  # a task waiting here is handed over with its inputs
@@ -518,26 +540,35 @@ class WorkerState:
             self.queued[task.key] = task
             self._start_queued(out)
             return
-        self.running[task.key] = task
-        out.append(Submit(task))
+        self._submit(task, out)
 
     def _start_queued(self, out: list[Command]) -> None:
         queued, running = self.queued, self.running
         while queued and len(running) < self.nthreads:
-            task = queued.pop(next(iter(queued)))
-            running[task.key] = task
-            out.append(Submit(task))
+            self._submit(queued.pop(next(iter(queued))), out)
+
+    def _submit(self, task: ToRun, out: list[Command]) -> None:
+        """Hand ``task`` to the executor; with a timeout, look at it again when it
+        could end at the earliest (it begins executing now or later)."""
+        self.running[task.key] = task
+        out.append(Submit(task))
+        if task.timeout is not None:
+            self.deadlines[task.key] = self._now + task.timeout
 
     def _finished(self, ev: TasksFinished, out: list[Command]) -> None:
         results = []
         killed, cancelled, on_disk = self.governor.killed, self.cancelled, self.on_disk
         running, held, peaks, copies = self.running, self.held, self._peaks, self.copied
         self.tasks_run += len(ev.results)
+        deadlines = self.deadlines
         for res, value in ev.results:
             key = res.key
             task = running.pop(key, None)
             if task is not None and task.attempt:
                 res.attempt = task.attempt
+            if deadlines and key in deadlines:
+                del deadlines[key]
+                self.began.pop(key, None)
             outcome = res.outcome
             if (task is not None and task.producer) or (killed and key in killed):
                 # Its output (held in memory) is what its category's next ones expect.
@@ -562,9 +593,16 @@ class WorkerState:
             rss = killed_rss if outcome == "oom" and killed_rss is not None else res.rss
             copied = copies.pop(key, None)
             fetched = self._keep_copies(copied, out) if copied else res.fetched
+            timeout_error = None
             if key in self.cancelled:
                 self.cancelled.discard(key)
-                if outcome != "error":
+                ran = self.timed_out.pop(key, None) if self.timed_out else None
+                if ran is not None:  # stopped past its timeout
+                    if outcome == "cancelled" and task is not None and task.timeout:
+                        outcome = "timeout"
+                        timeout_error = TaskTimeout(key, self.worker_id, task.timeout, ran)
+                    # else it ended by itself (or was killed for memory) first: as it ended
+                elif outcome != "error":
                     outcome, value = "cancelled", None
                 again = self.reasked.pop(key, None)
                 if again is not None:
@@ -575,7 +613,7 @@ class WorkerState:
                 out.append(Store(key, value, res.nbytes))
             # A disk-full try reports the size its output turned out to be (and why).
             nbytes = res.nbytes if outcome in ("ok", "disk-full") else 0
-            error = res.error if outcome in ("error", "disk-full") else None
+            error = res.error if outcome in ("error", "disk-full") else timeout_error
             results.append(
                 TaskResult(
                     key,
@@ -631,11 +669,46 @@ class WorkerState:
             self.governor.handle(mem.Finished(now, key))  # deferred, or released and queued
         elif self.reasked.pop(key, None) is not None:
             pass  # its newer try never started: nothing to report; the older runs out
+        elif key in self.timed_out:
+            del self.timed_out[key]  # being stopped for its timeout: now a cancel's
         elif key in self.running and key not in self.cancelled:
-            # Process mode kills its process; thread mode hands the slot to a fresh
-            # thread. Either way the try comes back ``cancelled`` and the slot is free.
-            self.cancelled.add(key)
-            out.append(CancelRunning(key))
+            self._stop(key, out)
+
+    def _stop(self, key: Key, out: list[Command]) -> None:
+        """Stop running task ``key``: process mode kills its process; thread mode hands
+        the slot to a fresh thread. Either way the try comes back ``cancelled`` and the
+        slot is free."""
+        self.cancelled.add(key)
+        if self.deadlines.pop(key, None) is not None:
+            self.began.pop(key, None)
+        out.append(CancelRunning(key))
+
+    def _watch(self, out: list[Command]) -> None:
+        """The tries past their deadline: stopped if a sample saw them begin that long
+        ago, else a sample is asked for (it says whether, and since when, they execute);
+        the timer armed for the next deadline."""
+        now, deadlines, began = self._now, self.deadlines, self.began
+        due = [k for k, at in deadlines.items() if at <= now]
+        sample = False
+        for key in due:
+            timeout = self.running[key].timeout
+            assert timeout is not None
+            start = began.get(key)
+            if start is None:  # not seen executing yet: look again when a sample says
+                deadlines[key] = now + timeout
+                sample = True
+                continue
+            ran = now - start
+            self._stop(key, out)
+            self.timed_out[key] = ran
+            out.append(
+                Log("warning", "task timed out", (("key", str(key)), ("timeout", timeout),
+                                                  ("ran", round(ran, 3))))
+            )  # fmt: skip
+        if sample:
+            out.append(Sample())
+        if deadlines:
+            self._arm(min(deadlines.values()), out)
 
     def _drop_requested(self, keys: tuple[Key, ...], out: list[Command]) -> None:
         """The scheduler releases these outputs here. One that a task waiting here
@@ -863,6 +936,8 @@ class WorkerState:
                 peaks[k] = rss
         if ev.executed:
             self._tell_started(ev.executed, out)
+        if self.deadlines:
+            self._began(ev, running)
         cfg = self.governor.config
         over = cfg.terminate is not None and ev.rss >= cfg.at(cfg.terminate)
         if over and not self.killable and not self._over_terminate:
@@ -899,6 +974,24 @@ class WorkerState:
                 started.append((k, task.attempt, seconds))
         if started:
             out.append(ReportStarted(tuple(started)))
+
+    def _began(self, ev: MemorySampled, running: dict[Key, ToRun]) -> None:
+        """A sample's word on the tries with a timeout: one it shows executing began
+        ``seconds`` before it (its deadline is then that plus its timeout); one it does
+        not show has not begun (it can end no earlier than its timeout from now)."""
+        deadlines, began = self.deadlines, self.began
+        executed = dict(ev.executed)
+        for key in deadlines:
+            if key in began:
+                continue
+            timeout = running[key].timeout
+            assert timeout is not None
+            seconds = executed.get(key)
+            if seconds is None:
+                deadlines[key] = max(deadlines[key], ev.now + timeout)
+            else:
+                began[key] = ev.now - seconds
+                deadlines[key] = began[key] + timeout
 
     def _govern(self, cmds: list[mem.Command], now: float, out: list[Command]) -> None:
         """Carry the governor's commands into this core's."""

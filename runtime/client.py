@@ -294,6 +294,7 @@ def _task_options(
     retries: int = 0,
     resources: Mapping[str, float] | None = None,
     pool: str | None = None,
+    timeout: float | None = None,
 ) -> TaskOptions:
     """The settings of ``submit(func, ..., key=key, priority=...)``, checked;
     ``TypeError`` if ``func`` is not callable."""
@@ -301,9 +302,9 @@ def _task_options(
         raise TypeError(f"submit needs a callable, got {type(func).__name__}")
     if key is not None:
         check_key(key, "submit")  # as any deployment would refuse it: here, at the call
-    if priority == 0 and retries == 0 and resources is None and pool is None:
+    if priority == 0 and retries == 0 and resources is None and pool is None and timeout is None:
         return _DEFAULTS  # the common case: nothing to check
-    return TaskOptions.of(key or funcname(func), priority, retries, resources, pool)
+    return TaskOptions.of(key or funcname(func), priority, retries, resources, pool, timeout)
 
 
 class _FuncToken:
@@ -322,7 +323,7 @@ class _FuncToken:
 
 
 #: ``submit``'s own keyword arguments, the rest being ``func``'s
-_SUBMIT_SETTINGS = ("key", "priority", "retries", "resources", "pool")
+_SUBMIT_SETTINGS = ("key", "priority", "retries", "resources", "pool", "timeout")
 
 
 @message(local=True)
@@ -594,7 +595,7 @@ class ClientActor(Actor):
             while graph:
                 request = SubmitGraphRequest(
                     graph, tuple(graph), self.name, opts.priority, opts.retries,
-                    dict(opts.resources) or None, opts.pool,
+                    dict(opts.resources) or None, opts.pool, opts.timeout,
                 )  # fmt: skip
                 try:
                     reply = await self.manager.ask(request)
@@ -1663,12 +1664,15 @@ class Cluster:
         retries: int = 0,
         resources: Mapping[str, float] | None = None,
         pool: str | None = None,
+        timeout: float | None = None,
         **kwargs: Any,
     ) -> Future:
         """Run ``func(*args, **kwargs)`` on the cluster; futures in the arguments (also
         inside lists, tuples and dicts) become dependencies. Returns a :class:`Future`.
 
-        ``priority``, ``retries``, ``resources`` and ``pool`` are the task's settings, as
+        ``priority``, ``retries``, ``resources``, ``pool`` and ``timeout`` (seconds each
+        try may execute on its worker, past which it fails with
+        :class:`~runtime.errors.TaskTimeout`; None: no limit) are the task's settings, as
         :meth:`submit_graph` takes them (not passed to ``func``); a bad one raises
         :class:`~runtime.errors.GraphError` here. A pure call's key is its function's
         name and a hash of the function, the arguments and the settings other than the
@@ -1677,7 +1681,7 @@ class Cluster:
         manager as one graph (one per run of calls with the same settings).
         """
         self._require()
-        opts = _task_options(func, key, priority, retries, resources, pool)
+        opts = _task_options(func, key, priority, retries, resources, pool, timeout)
         return self._submit_call(func, func, args, kwargs, key, pure, opts)
 
     def _submit_call(
@@ -1716,7 +1720,7 @@ class Cluster:
         self, func: Callable[..., Any], *iterables: Iterable[Any], pure: bool = True, **kwargs: Any
     ) -> list[Future]:
         """``submit(func, *items, **kwargs)`` for each tuple of items of ``iterables``
-        (``priority``, ``retries``, ``resources`` and ``pool`` among ``kwargs`` are the
+        (``priority``, ``retries``, ``resources``, ``pool`` and ``timeout`` among ``kwargs`` are the
         tasks' settings, as in :meth:`submit`). The keys are those ``submit`` gives; the
         function is tokenized once for them all, not once per item."""
         self._require()  # also with nothing to map
@@ -1776,18 +1780,22 @@ class Cluster:
         retries: int = 0,
         resources: Mapping[str, float] | None = None,
         pool: str | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 - the tasks' setting, not the call's
     ) -> list[Future]:
         """Submit a dask graph; return futures for ``keys`` (a flat list of keys).
 
-        Raises :class:`~runtime.errors.GraphError` (missing keys, cycles) before
-        anything runs.
+        The settings are every task's (a dask annotation of the same name overrides
+        them for its tasks); ``timeout``: seconds each try may execute on its worker,
+        past which it fails with :class:`~runtime.errors.TaskTimeout` (None: no limit).
+        Raises :class:`~runtime.errors.GraphError` (missing keys, cycles, a bad
+        setting) before anything runs.
         """
         self._require()
         # Checked before any Future holds a key (and here, not after pickling the graph
         # off to a remote manager): GraphError saying what each must be.
         reject_collection(graph)
         keys = check_keys(keys)
-        opts = TaskOptions.of(SUBMISSION, priority, retries, resources, pool)
+        opts = TaskOptions.of(SUBMISSION, priority, retries, resources, pool, timeout)
         futures = [Future(k, self) for k in keys]
         await self._submit(graph, keys, opts)
         return futures
@@ -1815,6 +1823,7 @@ class Cluster:
                     retries=opts.retries,
                     resources=dict(opts.resources) or None,
                     pool=opts.pool,
+                    timeout=opts.timeout,
                 ),
                 timeout=None,
             )
@@ -2134,7 +2143,7 @@ class Cluster:
 
 
 #: The options ``compute`` passes on to ``submit_graph``.
-_OPTIONS = frozenset({"priority", "retries", "resources", "pool"})
+_OPTIONS = frozenset({"priority", "retries", "resources", "pool", "timeout"})
 
 #: What each method that takes futures says to do with something else.
 _TAKES_FUTURES = {
@@ -2403,7 +2412,8 @@ def get(
     ``asyncio.run``, whose Ctrl-C cancels its main task instead, the computation is
     cancelled and then ``asyncio.CancelledError`` raised in the task.
     ``gc_threshold``, ``token`` and ``token_file`` are as for :class:`Cluster`. ``options`` go to
-    :meth:`Cluster.submit_graph` (``priority``, ``retries``, ``resources``, ``pool``).
+    :meth:`Cluster.submit_graph` (``priority``, ``retries``, ``resources``, ``pool``,
+    ``timeout``).
     No other worker can join its cluster: a task naming another pool than its own
     (``"default"``), or asking for more ``resources`` than its worker has, raises
     :class:`~runtime.errors.GraphError` at once instead of waiting forever.
@@ -2413,7 +2423,7 @@ def get(
     ``corral-files-*`` directory in the system's temporary directory), and its ``File``
     there is returned: the worker's copy goes with the cluster.
     """
-    allowed = {"priority", "retries", "resources", "pool"}
+    allowed = _OPTIONS
     unknown = set(options) - allowed
     if unknown:
         raise TypeError(

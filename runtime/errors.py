@@ -60,6 +60,7 @@ __all__ = [
     "TaskLongerThanWalltime",
     "TaskOutOfMemory",
     "TaskProcessDied",
+    "TaskTimeout",
     "TaskTooBigForDisk",
     "TaskTooLarge",
     "TokenFileError",
@@ -600,6 +601,29 @@ class TaskProcessDied(CorralError):
             key=key,
             pid=pid,
             exitcode=exitcode,
+        )
+
+
+class TaskTimeout(CorralError):
+    """A try of a task executed longer than its ``timeout=`` on its worker and was
+    stopped there as a cancel stops a running try (process execution kills its task
+    process; thread execution leaves its thread behind and a fresh one takes the
+    slot). It counts as a failed try: ``retries=`` applies as for any exception.
+
+    ``timeout``: the task's setting (seconds); ``ran``: how long the try had executed
+    when it was stopped (from when it began on the worker, not its wait in a queue)."""
+
+    def __init__(self, key: Hashable, worker: str, timeout: float, ran: float) -> None:
+        super().__init__(
+            f"task {key!r} ran {ran:.3g} s on worker {worker!r}, past its timeout of "
+            f"{timeout:.3g} s, and was stopped there. If it needs longer, raise its "
+            "timeout= (submit, submit_graph or the dask annotation); if it should not, "
+            "look at why it hangs (a deadlocked lock, a network read that never returns, "
+            "a call waiting for input).",
+            key=key,
+            worker=worker,
+            timeout=timeout,
+            ran=ran,
         )
 
 

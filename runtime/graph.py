@@ -64,7 +64,7 @@ __all__ = [
 Key = Hashable
 
 #: Annotations a dask ``HighLevelGraph`` layer may carry that Corral honours.
-ANNOTATIONS = ("priority", "retries", "resources", "pool")
+ANNOTATIONS = ("priority", "retries", "resources", "pool", "timeout")
 
 #: What dask's annotation lookups return for a key that is not annotated.
 _Tombstone: Any = getattr(dask._expr, "_AnnotationsTombstone", ())
@@ -76,7 +76,9 @@ class TaskSpec:
 
     ``order`` is the position from graph-structure ordering (lower runs first);
     ``priority`` is the user's priority (higher runs first); ``retries`` is the user's
-    retry budget for errors raised by the task itself.
+    retry budget for errors raised by the task itself; ``timeout`` the seconds each try
+    may execute on its worker (None: no limit), past which it fails with
+    :class:`~runtime.errors.TaskTimeout`.
     """
 
     key: Key
@@ -88,6 +90,7 @@ class TaskSpec:
     retries: int = 0
     resources: dict[str, float] = dataclasses.field(default_factory=dict)
     pool: str | None = None
+    timeout: float | None = None
 
 
 @functools.lru_cache(maxsize=65_536)
@@ -276,7 +279,27 @@ def _checked(key: Key, ann: Mapping[str, Any] | None, defaults: dict[str, Any]) 
             "non-empty string), or None for any worker",
             key=key,
         )
+    out["timeout"] = _timeout(key, out.get("timeout"))
     return out
+
+
+def _timeout(key: Key, value: Any) -> float | None:
+    """A task's ``timeout=``: None, or seconds as a positive finite float;
+    :class:`GraphError` naming the task otherwise."""
+    if value is None:
+        return None
+    try:  # a number (numpy's too); not a string, not True
+        seconds = math.nan if isinstance(value, str | bytes | bool) else float(value)
+    except (TypeError, ValueError):
+        seconds = math.nan
+    if not 0 < seconds < math.inf:
+        raise GraphError(
+            f"{_subject(key)} has timeout={short_repr(value)}; it must be a number of seconds "
+            "> 0 and finite (how long each try may execute on its worker), or None for no "
+            "limit, e.g. timeout=600",
+            key=key,
+        )
+    return seconds
 
 
 #: The "key" of a whole submission's options, in :func:`_checked`'s errors.
@@ -296,6 +319,7 @@ class TaskOptions:
     retries: int = 0
     resources: tuple[tuple[str, float], ...] = ()
     pool: str | None = None
+    timeout: float | None = None
 
     @classmethod
     def of(
@@ -305,15 +329,16 @@ class TaskOptions:
         retries: int = 0,
         resources: Mapping[str, float] | None = None,
         pool: str | None = None,
+        timeout: float | None = None,
     ) -> TaskOptions:
         """Checked as a graph's options are: :class:`GraphError` naming ``key``."""
         opts = _checked(
             key, None, {"priority": priority, "retries": retries, "resources": resources,
-                        "pool": pool}
+                        "pool": pool, "timeout": timeout}
         )  # fmt: skip
         return cls(
             opts["priority"], opts["retries"], tuple(sorted(opts["resources"].items())),
-            opts["pool"],
+            opts["pool"], opts["timeout"],
         )  # fmt: skip
 
 
@@ -491,6 +516,7 @@ def build_specs(
     retries: int = 0,
     resources: Mapping[str, float] | None = None,
     pool: str | None = None,
+    timeout: float | None = None,
 ) -> dict[Key, TaskSpec]:
     """Validate a graph and build the specs of the tasks needed for ``wanted``.
 
@@ -498,7 +524,7 @@ def build_specs(
     (a result of an earlier submission); such keys are dependencies, not missing keys.
     Raises :class:`MissingKeysError` (a ``KeyError``) for unknown requested keys or
     dependencies, :class:`CycleError` for cycles, :class:`GraphError` for invalid
-    priorities, retries, resources or pools (options or annotations). Nothing is run
+    priorities, retries, resources, pools or timeouts (options or annotations). Nothing is run
     when it raises.
     """
     graph, annotations = _materialize(graph)
@@ -518,7 +544,10 @@ def build_specs(
     nodes = _cull(nodes, [k for k in wanted if k in nodes]) if wanted else nodes
     _check_acyclic(nodes)
     positions = _order(nodes, wanted)
-    defaults = {"priority": priority, "retries": retries, "resources": resources, "pool": pool}
+    defaults = {
+        "priority": priority, "retries": retries, "resources": resources, "pool": pool,
+        "timeout": timeout,
+    }  # fmt: skip
     plain = _checked(SUBMISSION, None, defaults)
     specs: dict[Key, TaskSpec] = {}
     for k, node in nodes.items():
@@ -534,6 +563,7 @@ def build_specs(
             retries=opts["retries"],
             resources=dict(opts["resources"]),
             pool=opts["pool"],
+            timeout=opts["timeout"],
         )
     return specs
 

@@ -247,6 +247,7 @@ class SubmitGraphRequest(Message):
     retries: int = 0
     resources: dict[str, float] | None = None
     pool: str | None = None
+    timeout: float | None = None  #: seconds each try may execute (None: no limit)
 
 
 @message(local=True)

@@ -168,6 +168,36 @@ def held_at_gate(gate: str, started: str, limit: float = 60.0) -> str:
     return "opened"
 
 
+#: Cluster options of one worker with one slot, by execution mode (thread, process)
+ONE_SLOT = {
+    "thread": {"workers": 1, "threads_per_worker": 1},
+    "process": {
+        "processes": 1,
+        "threads_per_worker": 1,
+        "memory_options": {"execution": "process"},
+    },
+}
+
+
+@asynccontextmanager
+async def gated_cluster(
+    tmp_path: Path, limit: float, **options: Any
+) -> AsyncIterator[tuple[Any, Path, Path]]:
+    """A ``Cluster(**options)`` with its worker joined, and the gate and started files
+    of :func:`held_at_gate` tasks (in ``tmp_path``), all within ``limit`` seconds; the
+    gate is opened on the way out, whatever happened, so no task waits on it after."""
+    from runtime import Cluster
+
+    gate, started = tmp_path / "gate", tmp_path / "started"
+    try:
+        with anyio.fail_after(limit):
+            async with Cluster(**options) as c:
+                await c.wait_for_workers(1, timeout=60)
+                yield c, gate, started
+    finally:
+        gate.touch()
+
+
 GATEWAYS: list[Gateway] = []  #: every gateway :func:`nodes` started, newest last
 
 

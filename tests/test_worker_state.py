@@ -53,7 +53,7 @@ from actors.worker_state import (
     TimerFired,
     WorkerState,
 )
-from runtime.errors import DiskFull, ValueTooLarge
+from runtime.errors import DiskFull, TaskTimeout, ValueTooLarge
 from runtime.graph import Key, Task
 
 MB = 1 << 20
@@ -445,6 +445,98 @@ def test_a_try_executing_a_while_is_said_to_have_started_once() -> None:
     assert s.told_started == {}
 
 
+# ----------------------------------------------------------------------------- timeouts
+
+
+def timed(key: Key, timeout: float, attempt: int = 1) -> ToRun:
+    return dataclasses.replace(task(key), timeout=timeout, attempt=attempt)
+
+
+def stopped(key: Key, at: float) -> TasksFinished:
+    """The executor's report of a try stopped (as a cancel stops one) at ``at``."""
+    return TasksFinished(at, ((TaskResult(key, "cancelled", at, at), None),))
+
+
+def test_a_try_past_its_timeout_is_stopped_and_reported_timeout() -> None:
+    """Its time counts from when a sample saw it begin (not from when it was handed
+    over); the one timer goes off at the earliest deadline; past it the try is stopped
+    as a cancel stops one and reported ``timeout`` with a TaskTimeout."""
+    s = state()
+    a = timed("a", 2.0, attempt=4)
+    # handed over at 10: it cannot end before 12
+    assert feed(s, TasksAssigned(10.0, (a,))) == [Submit(a), StartTimer(12.0)]
+    # a sample at 10.5 sees it executing for 0.25 s: it began at 10.25, ends at 12.25
+    assert feed(s, MemorySampled(10.5, 100, executing=("a",), executed=(("a", 0.25),))) == []
+    assert s.deadlines == {"a": 12.25} and s.began == {"a": 10.25}
+    assert feed(s, TimerFired(12.0)) == [StartTimer(12.25)]
+    assert feed(s, TimerFired(12.25)) == [
+        CancelRunning("a"),
+        Log("warning", "task timed out", (("key", "a"), ("timeout", 2.0), ("ran", 2.0))),
+    ]
+    assert feed(s, CancelRequested(12.3, ())) == [] and s.deadlines == {}
+    (report, sample) = feed(s, stopped("a", 12.4))
+    assert sample == Sample() and isinstance(report, ReportDone)
+    (res,) = report.results
+    assert (res.key, res.outcome, res.attempt, res.nbytes) == ("a", "timeout", 4, 0)
+    assert isinstance(res.error, TaskTimeout)
+    assert (res.error.key, res.error.worker, res.error.timeout, res.error.ran) == (
+        "a", "w", 2.0, 2.0,
+    )  # fmt: skip
+    assert "timeout of 2 s" in str(res.error) and "raise its timeout=" in str(res.error)
+    assert s.active == () and s.timed_out == {} and s.cancelled == set()
+
+
+def test_a_try_waiting_in_the_executors_queue_is_not_timed_until_it_begins() -> None:
+    """Handed over behind another, it waits in the executor's queue: a sample that
+    does not show it executing moves its deadline on; at a deadline whose try no
+    sample saw begin, a sample is asked for first."""
+    s = state()
+    a, b = timed("a", 1.0), timed("b", 1.0)
+    assert feed(s, TasksAssigned(0.0, (a, b))) == [Submit(a), Submit(b), StartTimer(1.0)]
+    feed(s, MemorySampled(0.5, 100, executing=("a",), executed=(("a", 0.5),)))
+    assert s.deadlines == {"a": 1.0, "b": 1.5}
+    assert feed(s, TimerFired(1.0)) == [
+        CancelRunning("a"),
+        Log("warning", "task timed out", (("key", "a"), ("timeout", 1.0), ("ran", 1.0))),
+        StartTimer(1.5),
+    ]
+    assert [r.outcome for r in feed(s, stopped("a", 1.0))[0].results] == ["timeout"]
+    # b began after the latest sample: at 1.5 the core asks whether it executes
+    assert feed(s, TimerFired(1.5)) == [Sample(), StartTimer(2.5)]
+    assert feed(s, MemorySampled(1.5, 100, executing=("b",), executed=(("b", 0.25),))) == [
+        StartTimer(2.25)
+    ]
+    out = feed(s, TimerFired(2.25))
+    assert out[0] == CancelRunning("b") and s.timed_out == {"b": 1.0}
+
+
+def test_a_try_that_ends_in_time_or_first_is_reported_as_it_ended() -> None:
+    """Ended before its deadline: nothing is stopped (the timer going off later does
+    nothing). Ended by itself while being stopped: as it ended. Cancelled by the
+    scheduler while being stopped: ``cancelled``, as any cancel."""
+    s = state(nthreads=3)
+    a, b, c = timed("a", 1.0), timed("b", 1.0), timed("c", 1.0)
+    feed(s, TasksAssigned(0.0, (a, b, c)))
+    feed(s, MemorySampled(0.1, 100, executing=("a", "b", "c"),
+                          executed=(("a", 0.1), ("b", 0.1), ("c", 0.1))))  # fmt: skip
+    assert finish(s, "a") == [Store("a", "v", 10), ReportDone((done("a", attempt=1),)), Sample()]
+    out = feed(s, TimerFired(1.0))
+    assert {c.key for c in out if isinstance(c, CancelRunning)} == {"b", "c"}
+    assert feed(s, CancelRequested(1.1, ("c",))) == []  # being stopped already
+    ended = ReportDone((done("b", attempt=1, rss_peak=100),))
+    assert finish(s, "b")[:2] == [Store("b", "v", 10), ended]
+    (report, _) = feed(s, stopped("c", 1.2))
+    assert [(r.outcome, r.error) for r in report.results] == [("cancelled", None)]
+    assert s.active == () and s.deadlines == s.began == s.timed_out == {}
+
+
+def test_a_task_without_a_timeout_is_never_timed() -> None:
+    s = state()
+    assert feed(s, TasksAssigned(0.0, (task("a"),))) == [Submit(task("a"))]
+    feed(s, MemorySampled(1e6, 100, executing=("a",), executed=(("a", 1e6),)))
+    assert s.deadlines == {} and s.timer is None
+
+
 # ----------------------------------------------------------------------------- cancel, drop
 
 
@@ -618,7 +710,9 @@ class WorkerMachine(RuleBasedStateMachine):
                     deps[r] = tuple(data.draw(st.lists(st.sampled_from(PEERS), unique=True)))
             producer = data.draw(st.booleans())
             sizes = tuple(data.draw(st.sampled_from([1, 2 * MB])) for _ in deps)
-            tasks.append(task(key, deps, producer=producer, sizes=sizes))
+            t = task(key, deps, producer=producer, sizes=sizes)
+            timeout = data.draw(st.sampled_from([None, None, 0.02, 0.1]))
+            tasks.append(dataclasses.replace(t, timeout=timeout))
             self.assigned.add(key)
         self.step(TasksAssigned(self.tick(), tuple(tasks)))
 
@@ -655,7 +749,10 @@ class WorkerMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def finish(self, data: st.DataObject) -> None:
         key = data.draw(st.sampled_from(sorted(self.s.running, key=str)))
-        if data.draw(st.integers(0, 3)):
+        fate = data.draw(st.integers(0, 4))
+        if key in self.s.cancelled and fate >= 2:  # stopped (cancelled, or timed out)
+            res, value = TaskResult(key, "cancelled", 1.0, 2.0), None
+        elif fate:
             res, value = TaskResult(key, "ok", 1.0, 2.0, 10, 100), "v"
         else:
             res, value = TaskResult(key, "oom", 1.0, 2.0, 0, 100), None
@@ -668,7 +765,8 @@ class WorkerMachine(RuleBasedStateMachine):
         # Some of them executing in threads (the rest waiting in the executor's queue),
         # and a key whose try came back meanwhile.
         executing = tuple(data.draw(st.lists(st.sampled_from([*running, "gone"]), unique=True)))
-        self.step(MemorySampled(self.tick(), rss, tasks, executing))
+        executed = tuple((k, data.draw(st.sampled_from([0.0, 0.01, 0.05]))) for k in executing)
+        self.step(MemorySampled(self.tick(), rss, tasks, executing, executed))
 
     @precondition(lambda self: self.s.timer is not None)
     @rule()
