@@ -8,6 +8,7 @@ report) is tested with virtual time in test_worker_state.py.
 
 from __future__ import annotations
 
+import logging
 import math
 import pickle
 from pathlib import Path
@@ -20,7 +21,7 @@ from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 from runtime import Cluster
 from runtime.errors import GraphError, TaskTimeout
 from runtime.graph import SUBMISSION, TaskOptions, build_specs, category_of
-from tests.helpers import ONE_SLOT, gated_cluster, held_at_gate
+from tests.helpers import ONE_SLOT, gated_cluster, held_at_gate, log_lines, wait_until
 
 pytestmark = pytest.mark.anyio
 LIMIT = 60  # seconds a test may take (task processes start in about a second)
@@ -89,6 +90,29 @@ async def test_a_timed_out_try_is_retried_and_the_retry_succeeds(tmp_path: Path,
                 assert any(row[1] == "retry" for row in await c.story(key))
     finally:
         gate.touch()
+
+
+async def test_a_timed_out_thread_that_cannot_be_abandoned_is_said_and_reported_when_it_ends(
+    tmp_path: Path,
+) -> None:
+    """Thread execution abandons at most as many threads as the worker has: a second
+    hung task on a one-thread worker keeps its thread past its timeout, the worker logs
+    a warning saying so, and its try fails with TaskTimeout once its task ends."""
+    second = tmp_path / "second"
+    with log_lines("corral", logging.WARNING) as log:
+        async with gated_cluster(tmp_path, LIMIT, **ONE_SLOT["thread"]) as (c, gate, started):
+            first = c.submit(held_at_gate, str(gate), str(started), timeout=0.5)
+            with pytest.raises(TaskTimeout):
+                await first  # its thread abandoned
+            stuck = c.submit(held_at_gate, str(second), str(tmp_path / "s"), timeout=0.5)
+            await wait_until(
+                lambda: log.has("could not be stopped"), "the warning", limit=30, step=0.01
+            )
+            assert log.has("task timed out", stuck.key)
+            second.touch()  # its task ends: its try is reported
+            with pytest.raises(TaskTimeout) as info:
+                await stuck
+            assert info.value.ran >= 0.5
 
 
 BAD = [0, -1, math.nan, math.inf, "5", True, [1]]
