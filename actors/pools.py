@@ -39,6 +39,7 @@ from runtime.errors import (
     PolicyConfigError,
     PolicyParamsError,
     PoolConfigError,
+    Refusals,
     WalltimeError,
     did_you_mean,
 )
@@ -236,29 +237,33 @@ def _text(pool: str, key: str, value: object) -> str:
     return value
 
 
-def _pool(name: object, raw: object, source: str) -> PoolConfig:
+def _pool(name: object, raw: object, source: str, refuse: Refusals) -> PoolConfig | None:
+    """The pool, or None when ``refuse`` kept what is wrong with it."""
     if not isinstance(name, str) or not _NAME.fullmatch(name):
-        raise PoolConfigError(
+        refuse(PoolConfigError(
             str(name), "name",
             f"a pool name is letters, digits, '_', '.' and '-' (not first), got {name!r}",
             source,
-        )  # fmt: skip
+        ))  # fmt: skip
+        return None
     if not isinstance(raw, Mapping):
-        raise PoolConfigError(name, "", f"must be a table of settings, got {raw!r}", source)
+        refuse(PoolConfigError(name, "", f"must be a table of settings, got {raw!r}", source))
+        return None
     known = [*COMMON_KEYS, *LOCAL_KEYS, *SLURM_KEYS]
-    for key in raw:
-        if key not in known:
-            raise PoolConfigError(
-                name, str(key),
-                f"is unknown{did_you_mean(str(key), known, '.')} The keys are: {', '.join(known)}",
-                source,
-            )  # fmt: skip
+    if refuse.unknown(raw, known, lambda key: PoolConfigError(
+        name, key,
+        f"is unknown{did_you_mean(key, known, '.')} The keys are: {', '.join(known)}",
+        source,
+    )):  # fmt: skip
+        return None
     try:
         return _checked(name, raw)
     except PoolConfigError as err:
         if source and not err.source:
-            raise PoolConfigError(err.pool, err.key, err.problem, source) from None
-        raise
+            refuse(PoolConfigError(err.pool, err.key, err.problem, source))
+        else:
+            refuse(err)
+        return None
 
 
 def _checked(name: str, raw: Mapping[str, Any]) -> PoolConfig:
@@ -392,20 +397,27 @@ def local_workers(pools: Mapping[str, PoolConfig]) -> int:
     )
 
 
-def pools_from_dicts(pools: Mapping[str, Any], *, source: str = "") -> dict[str, PoolConfig]:
+def pools_from_dicts(
+    pools: Mapping[str, Any], *, source: str = "", refuse: Refusals | None = None
+) -> dict[str, PoolConfig]:
     """Check ``{pool name: {key: value}}`` and return the pools by name, in order.
-    Raises :class:`~runtime.errors.PoolConfigError` for the first problem."""
+    Raises :class:`~runtime.errors.PoolConfigError` for the first problem; with a
+    ``refuse`` that keeps them, every unknown key of every pool (and each other pool's
+    first problem) is kept there and the pools without one are returned."""
+    refuse = refuse or Refusals()
     if not isinstance(pools, Mapping) or not pools:
-        raise PoolConfigError("", "pools", f"must name at least one pool, got {pools!r}", source)
-    out = {str(name): _pool(name, raw, source) for name, raw in pools.items()}
+        refuse(PoolConfigError("", "pools", f"must name at least one pool, got {pools!r}", source))
+        return {}
+    made = {str(name): _pool(name, raw, source, refuse) for name, raw in pools.items()}
+    out = {name: pool for name, pool in made.items() if pool is not None}
     for pool in out.values():
-        if pool.fallback is not None and pool.fallback not in out:
-            raise PoolConfigError(
+        if pool.fallback is not None and pool.fallback not in made:
+            refuse(PoolConfigError(
                 pool.name, "fallback",
-                f"names no pool: {pool.fallback!r}{did_you_mean(pool.fallback, list(out), '.')} "
-                f"The pools are: {', '.join(out)}",
+                f"names no pool: {pool.fallback!r}{did_you_mean(pool.fallback, list(made), '.')} "
+                f"The pools are: {', '.join(made)}",
                 source,
-            )  # fmt: skip
+            ))  # fmt: skip
     return out
 
 
@@ -446,10 +458,11 @@ def pool_fallbacks(
 SECTIONS = ("pools", "alerting", "alerts", "policies")
 
 
-def read_config(path: str | os.PathLike[str]) -> dict[str, Any]:
+def read_config(path: str | os.PathLike[str], refuse: Refusals | None = None) -> dict[str, Any]:
     """A manager's configuration file as TOML data: its tables ``[pools.<name>]``,
-    ``[alerting]`` and ``[[alerts]]`` (any other top-level key raises
-    :class:`~runtime.errors.PoolConfigError`); checks nothing inside them."""
+    ``[alerting]``, ``[[alerts]]`` and ``[policies]`` (any other top-level key raises
+    :class:`~runtime.errors.PoolConfigError`, or each is kept by a ``refuse`` that keeps
+    them); checks nothing inside them. A file that cannot be read as TOML raises."""
     path = Path(path)
     try:
         with path.open("rb") as f:
@@ -463,18 +476,18 @@ def read_config(path: str | os.PathLike[str]) -> dict[str, Any]:
             "", "", f"is not UTF-8 text, as TOML must be ({exc.reason} at byte {exc.start}): "
             "save it as UTF-8 (e.g. `iconv -f latin1 -t utf-8`)", str(path)
         ) from None  # fmt: skip
-    for key in data:
-        if key not in SECTIONS:
-            raise PoolConfigError(
-                "", key, f"is not a setting{did_you_mean(key, list(SECTIONS), '.')} Pools go "
-                "under [pools.<name>], alert rules under [[alerts]], their settings under "
-                "[alerting], the policies to start with under [policies]", str(path)
-            )  # fmt: skip
+    (refuse or Refusals()).unknown(data, SECTIONS, lambda key: PoolConfigError(
+        "", key, f"is not a setting{did_you_mean(key, list(SECTIONS), '.')} Pools go "
+        "under [pools.<name>], alert rules under [[alerts]], their settings under "
+        "[alerting], the policies to start with under [policies]", str(path)
+    ))  # fmt: skip
     return data
 
 
 def load_policies(
-    path: str | os.PathLike[str], registry: PolicyRegistry | None = None
+    path: str | os.PathLike[str],
+    registry: PolicyRegistry | None = None,
+    refuse: Refusals | None = None,
 ) -> dict[str, tuple[str, dict[str, Any]]]:
     """The ``[policies]`` table of a manager's configuration file: ``{kind: (name,
     params)}``, the policies it starts with. Each key is a kind; its value the policy's
@@ -482,47 +495,59 @@ def load_policies(
     parameters (``[policies.retry]``, ``name = "default"``, ``max_lost = 2``). With a
     ``registry`` every policy is made once, so an unknown name, bad parameters or a
     policy of the wrong kind are refused here (the registry's words); a scaling policy
-    needs pools. :class:`~runtime.errors.PolicyConfigError` for anything refused."""
-    data = read_config(path)
+    needs pools. :class:`~runtime.errors.PolicyConfigError` for the first thing refused,
+    or, with a ``refuse`` that keeps them, each kind's refusal kept there (the others
+    returned)."""
+    refuse = refuse or Refusals()
+    data = read_config(path, refuse)
     table = data.get("policies", {})
     source = str(path)
     if not isinstance(table, Mapping):
-        raise PolicyConfigError("", "must be a table: [policies], one key per kind", source)
+        refuse(PolicyConfigError("", "must be a table: [policies], one key per kind", source))
+        return {}
+    refuse.unknown(table, KINDS, lambda kind: PolicyConfigError(
+        kind, f"is not a kind of policy{did_you_mean(kind, KINDS, ';')} the kinds "
+        f"are: {', '.join(KINDS)}", source,
+    ))  # fmt: skip
     out: dict[str, tuple[str, dict[str, Any]]] = {}
     for kind, value in table.items():
         if kind not in KINDS:
-            raise PolicyConfigError(
-                kind, f"is not a kind of policy{did_you_mean(kind, KINDS, ';')} the kinds "
-                f"are: {', '.join(KINDS)}", source,
-            )  # fmt: skip
+            continue
         if isinstance(value, str):
             name, params = value, {}
         elif isinstance(value, Mapping) and isinstance(value.get("name"), str):
             params = {k: v for k, v in value.items() if k != "name"}
             name = value["name"]
         else:
-            raise PolicyConfigError(
+            refuse(PolicyConfigError(
                 kind, f"must be a policy's name (text), or a table with its name (name = "
                 f'"...") and its parameters, got {value!r}', source,
-            )  # fmt: skip
+            ))  # fmt: skip
+            continue
         if kind == "scaling" and not data.get("pools"):
-            raise PolicyConfigError(
+            refuse(PolicyConfigError(
                 kind, "needs pools: a manager without [pools.<name>] tables has no "
                 "autoscaler, so no scaling policy (docs/configuration.md#pools)", source,
-            )  # fmt: skip
+            ))  # fmt: skip
+            continue
         if registry is not None:
             try:
                 registry.create(kind, name, params)
             except CorralError as exc:
-                raise PolicyConfigError(kind, f"is refused: {exc}".rstrip("."), source) from exc
+                refused = PolicyConfigError(kind, f"is refused: {exc}".rstrip("."), source)
+                refused.__cause__ = exc
+                refuse(refused)
+                continue
         out[kind] = (name, params)
     return out
 
 
-def load_config(path: str | os.PathLike[str]) -> dict[str, PoolConfig]:
+def load_config(
+    path: str | os.PathLike[str], refuse: Refusals | None = None
+) -> dict[str, PoolConfig]:
     """The pools of a TOML file: one table per pool under ``[pools.<name>]`` (none if
-    the file has only alerting settings)."""
-    data = read_config(path)
+    the file has only alerting settings); ``refuse`` as for :func:`pools_from_dicts`."""
+    data = read_config(path, refuse)
     if "pools" not in data and data:
         return {}
-    return pools_from_dicts(data.get("pools", {}), source=str(path))
+    return pools_from_dicts(data.get("pools", {}), source=str(path), refuse=refuse)

@@ -953,6 +953,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
     from actors.pools import load_config
     from policies import REGISTRY
+    from runtime.errors import AlertConfigError, Refusals
     from runtime.monitor import load_alerting
     from runtime.preflight import (
         FAIL,
@@ -960,25 +961,32 @@ def _cmd_check(args: argparse.Namespace) -> int:
         CheckResult,
         check_policies,
         exit_code,
+        refused,
         render,
         run_checks,
     )
 
     if args.probe_timeout <= 0:
         raise ValueError("--probe-timeout must be more than 0")
-    pools = load_config(args.config)
-    alerting = load_alerting(args.config)  # its alert rules and settings too: AlertConfigError
+    refuse = Refusals(keep=True)  # every section's refusals, each reported: not the first
+    pools = load_config(args.config, refuse)
+    results = []
+    try:
+        alerting = load_alerting(args.config, refuse=refuse)  # its alert rules and settings
+        results += [CheckResult("*", "alert rule", WARN, line) for line in alerting.warnings()]
+    except AlertConfigError as exc:
+        refuse(exc)
 
     def progress(text: str) -> None:
         print(text, file=sys.stderr, flush=True)
 
-    results = [CheckResult("*", "alert rule", WARN, line) for line in alerting.warnings()]
     for module in args.policy_module:  # as the manager: then its [policies] are checked
         try:
             _import_policy_module(module)
         except ImportError as exc:
             results.append(CheckResult("*", "policy module", FAIL, str(exc), _MODULE_ADVICE))
-    policies = check_policies(args.config, REGISTRY, args.policy_module)
+    policies = check_policies(args.config, REGISTRY, args.policy_module, refuse)
+    results += refused(refuse.errors, args.config, args.policy_module)
     if policies is not None:
         results.append(policies)
     results += run_checks(

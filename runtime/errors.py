@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import difflib
 import signal
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import Any
 
 __all__ = [
@@ -1482,6 +1482,39 @@ def did_you_mean(word: object, choices: Iterable[str], otherwise: str = "") -> s
 
 
 __all__ += ["AlertConfigError", "did_you_mean"]
+
+
+class Refusals:
+    """Where a configuration loader (:func:`actors.pools.read_config`,
+    ``pools_from_dicts``, ``load_policies``, ``runtime.monitor.alerting_config``) puts
+    what it refuses. By default (``keep=False``) the first refusal is raised, as a
+    manager starting with the file does; with ``keep=True`` each is kept in ``errors``
+    and the loader goes on with the next key, table or section, so ``python -m runtime
+    check`` reports every one in one run. A refusal already kept (the same message: a
+    file's unknown top-level key, which each section's loader sees) is kept once."""
+
+    def __init__(self, keep: bool = False) -> None:
+        self.keep = keep
+        self.errors: list[CorralError] = []
+
+    def __call__(self, error: CorralError) -> None:
+        if not self.keep:
+            raise error from error.__cause__
+        if all(str(e) != str(error) for e in self.errors):
+            self.errors.append(error)
+
+    def unknown(
+        self, keys: Iterable[object], known: Sequence[str], error: Callable[[str], CorralError]
+    ) -> bool:
+        """Refuse ``error(key)`` for each of ``keys`` not in ``known`` (each error says
+        its own did-you-mean); whether there was one."""
+        bad = [str(k) for k in keys if k not in known]
+        for key in bad:
+            self(error(key))
+        return bool(bad)
+
+
+__all__ += ["Refusals"]
 
 
 class MonitoringDBError(CorralError, ValueError):

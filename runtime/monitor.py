@@ -52,7 +52,7 @@ from actors.alerts_state import (
     pool_warnings,
 )
 from actors.pools import read_config
-from runtime.errors import ActorStopped, AlertConfigError, did_you_mean
+from runtime.errors import ActorStopped, AlertConfigError, Refusals, did_you_mean
 from runtime.kernel import Actor, ActorRef, handles
 from runtime.messages import (
     AlertInfo,
@@ -155,20 +155,20 @@ def alerting_config(
     source: str = "",
     pools: Sequence[str] | None = None,
     flag: str = "--alertmanager",
+    refuse: Refusals | None = None,
 ) -> AlertingConfig:
     """Check and build an :class:`AlertingConfig` from an ``[alerting]`` table
     (``settings``) and ``[[alerts]]`` tables (``rules``); ``alertmanager`` (the
     manager's ``--alertmanager`` flag, named ``flag`` in an error) overrides the
     table's; ``pools``: the cluster's pools, when known (a rule's scale-out of another
     pool is refused). Raises :class:`~runtime.errors.AlertConfigError` naming the key
-    and what is allowed."""
+    and what is allowed; a ``refuse`` that keeps them keeps every unknown key of
+    ``settings`` instead (the rest is checked as without it)."""
     raw = dict(settings or {})
-    for key in raw:
-        if key not in ALERTING_KEYS:
-            keys = ", ".join(ALERTING_KEYS)
-            raise _problem(
-                key, f"is unknown{did_you_mean(key, ALERTING_KEYS)}; the keys are: {keys}", source
-            )
+    keys = ", ".join(ALERTING_KEYS)
+    (refuse or Refusals()).unknown(raw, ALERTING_KEYS, lambda key: _problem(
+        key, f"is unknown{did_you_mean(key, ALERTING_KEYS)}; the keys are: {keys}", source
+    ))  # fmt: skip
     interval = raw.get("interval", 5.0)
     if (
         isinstance(interval, bool)
@@ -234,12 +234,16 @@ def alerting_config(
 
 
 def load_alerting(
-    path: str | os.PathLike[str], *, alertmanager: str | None = None
+    path: str | os.PathLike[str],
+    *,
+    alertmanager: str | None = None,
+    refuse: Refusals | None = None,
 ) -> AlertingConfig:
     """The alerting of a manager's configuration file (its ``[alerting]`` table and
     ``[[alerts]]`` tables; the defaults without them), checked; ``alertmanager`` (the
-    ``--alertmanager`` flag) overrides the file's."""
-    data = read_config(path)
+    ``--alertmanager`` flag) overrides the file's; ``refuse`` as for
+    :func:`alerting_config`."""
+    data = read_config(path, refuse)
     rules = data.get("alerts", [])
     if not isinstance(rules, list):
         raise AlertConfigError(
@@ -251,7 +255,7 @@ def load_alerting(
     pools = data.get("pools")  # none: a manager that scales nothing (not checked)
     return alerting_config(
         settings, rules, alertmanager=alertmanager, source=str(path),
-        pools=[str(p) for p in pools] if isinstance(pools, Mapping) else None,
+        pools=[str(p) for p in pools] if isinstance(pools, Mapping) else None, refuse=refuse,
     )  # fmt: skip
 
 

@@ -77,7 +77,15 @@ from actors.slurm import (
     parse_squeue,
 )
 from policies.base import PolicyRegistry
-from runtime.errors import BatchSystemError, PolicyConfigError, UnknownPolicyError
+from runtime.errors import (
+    AlertConfigError,
+    BatchSystemError,
+    CorralError,
+    PolicyConfigError,
+    PoolConfigError,
+    Refusals,
+    UnknownPolicyError,
+)
 from runtime.log import get_logger
 
 __all__ = [
@@ -102,6 +110,7 @@ __all__ = [
     "parse_test_only",
     "probe_slurm_pools",
     "quick_checks_service",
+    "refused",
     "render",
     "run_checks",
 ]
@@ -953,31 +962,18 @@ def check_directories(
 
 
 def check_policies(
-    path: str | os.PathLike[str], registry: PolicyRegistry, modules: Sequence[str] = ()
+    path: str | os.PathLike[str],
+    registry: PolicyRegistry,
+    modules: Sequence[str] = (),
+    refuse: Refusals | None = None,
 ) -> CheckResult | None:
     """The ``[policies]`` table of the configuration file at ``path``, checked by the
     manager's own :func:`~actors.pools.load_policies` against ``registry`` (the built-in
-    policies and those the ``modules``, the check's ``--policy-module``s, registered).
-    None when the file has no such table."""
+    policies and those the ``modules``, the check's ``--policy-module``s, registered):
+    a PASS naming the policies it takes, None when it takes none. What it refuses goes
+    to ``refuse`` (:func:`refused` makes them results); without one the first raises."""
     given = f" (with --policy-module {', '.join(modules)})" if modules else ""
-    try:
-        chosen = load_policies(path, registry)
-    except PolicyConfigError as exc:
-        cause = exc.__cause__
-        if isinstance(cause, UnknownPolicyError) and cause.kind != "kind of" and not modules:
-            return CheckResult(
-                ALL, "policies", FAIL,
-                f"[policies] {exc.key}: {cause.name!r} is not a built-in {cause.kind} "
-                "policy, so it cannot be verified without the module that registers it "
-                f"(built in: {', '.join(cause.available) or 'none'})",
-                "check it with the manager's module: python -m runtime check --config "
-                f"{path} --policy-module MODULE; or pick a built-in policy "
-                "(docs/policies.md#with-a-manager-process)",
-            )  # fmt: skip
-        return CheckResult(
-            ALL, "policies", FAIL, exc.message,
-            f"fix [policies] in {path}: a manager started with it stops with this error",
-        )  # fmt: skip
+    chosen = load_policies(path, registry, refuse)
     if not chosen:
         return None
     said = ", ".join(
@@ -986,6 +982,46 @@ def check_policies(
         for kind, (name, params) in chosen.items()
     )  # fmt: skip
     return CheckResult(ALL, "policies", PASS, f"{said}{given}")
+
+
+def _policy_refused(
+    exc: PolicyConfigError, path: str | os.PathLike[str], modules: Sequence[str]
+) -> CheckResult:
+    cause = exc.__cause__
+    if isinstance(cause, UnknownPolicyError) and cause.kind != "kind of" and not modules:
+        return CheckResult(
+            ALL, "policies", FAIL,
+            f"[policies] {exc.key}: {cause.name!r} is not a built-in {cause.kind} "
+            "policy, so it cannot be verified without the module that registers it "
+            f"(built in: {', '.join(cause.available) or 'none'})",
+            "check it with the manager's module: python -m runtime check --config "
+            f"{path} --policy-module MODULE; or pick a built-in policy "
+            "(docs/policies.md#with-a-manager-process)",
+        )  # fmt: skip
+    return CheckResult(
+        ALL, "policies", FAIL, exc.message,
+        f"fix [policies] in {path}: a manager started with it stops with this error",
+    )  # fmt: skip
+
+
+def refused(
+    errors: Sequence[CorralError], path: str | os.PathLike[str], modules: Sequence[str] = ()
+) -> list[CheckResult]:
+    """A FAIL for each thing the loaders of the configuration file at ``path`` refused
+    (a :class:`~runtime.errors.Refusals` that keeps them): every unknown key of every
+    section, with its did-you-mean, so that one run of the check shows them all."""
+    out = []
+    for exc in errors:
+        if isinstance(exc, PolicyConfigError):
+            out.append(_policy_refused(exc, path, modules))
+            continue
+        pool = exc.pool if isinstance(exc, PoolConfigError) and exc.pool else ALL
+        check = "alerting" if isinstance(exc, AlertConfigError) else "config"
+        out.append(CheckResult(
+            pool, check, FAIL, exc.message,
+            f"fix it in {path}: a manager started with it stops with this error",
+        ))  # fmt: skip
+    return out
 
 
 # ----------------------------------------------------------------------------- all of them

@@ -7,6 +7,7 @@ bounded (tests/test_preflight.py's ``check``)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -98,3 +99,32 @@ def test_a_policy_of_a_policy_module_passes_with_it(tmp_path: Path) -> None:
     assert r["detail"] == (
         f"--policy-module {str(broken)!r} could not be imported: RuntimeError: no GPU here"
     ), r
+
+
+def test_every_unknown_key_of_every_section_is_reported_in_one_run(tmp_path: Path) -> None:
+    """Three typos are three FAILs of one run, each with its did-you-mean, not three runs:
+    the loaders keep each refusal (``runtime.errors.Refusals``) and go on."""
+    config = (
+        "polices = 1\n"
+        "[pools.cpu]\nmax_blockz = 2\nworkers_per_nod = 2\n"
+        "[pools.gpu]\ncores_per_workr = 4\n"
+        "[pools.ok]\nmax_blocks = 2\n"
+        '[policies]\npriorty = "long-first"\nretri = "default"\nplacement = "nope"\n'
+        "[alerting]\nintervall = 5\n"
+    )
+    done = check(tmp_path, config, "--no-probe", "--json")
+    assert done.returncode == 1, done.stdout + done.stderr
+    details = [r["detail"] for r in json.loads(done.stdout)["results"] if r["status"] == "FAIL"]
+    for wanted in (
+        "key 'polices' is not a setting; did you mean 'policies'?",
+        "pool 'cpu' in", "key 'max_blockz' is unknown; did you mean 'max_blocks'?",
+        "key 'workers_per_nod' is unknown; did you mean 'workers_per_node'?",
+        "pool 'gpu' in", "key 'cores_per_workr' is unknown; did you mean 'cores_per_worker'?",
+        "key 'priorty' is not a kind of policy; did you mean 'priority'?",
+        "key 'retri' is not a kind of policy; did you mean 'retry'?",
+        "'nope' is not a built-in placement policy",
+        "key 'alerting.intervall' is unknown; did you mean 'interval'?",
+    ):  # fmt: skip
+        assert sum(wanted in d for d in details) >= 1, (wanted, details)
+    assert len(details) == 8, details  # each once: 'polices' is seen by every section
+    assert not any("pool 'ok'" in d for d in details), details
