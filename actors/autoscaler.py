@@ -175,6 +175,7 @@ class Autoscaler(Actor):
         policies: PolicyRegistry = REGISTRY,
         tick: float = 1.0,
         drain_timeout: float = 10.0,
+        max_unconfigured: int | None = None,
     ) -> None:
         self.providers: dict[str, Provider] | None = None  #: by pool, if one per pool
         if isinstance(provider, Provider):
@@ -183,7 +184,9 @@ class Autoscaler(Actor):
             self.provider, self.providers = None, dict(provider)
         self.scheduler = scheduler
         self.policy_registry = policies
-        config = AutoscalerConfig(max_replacements, replacement_window)
+        config = AutoscalerConfig(
+            max_replacements, replacement_window, max_unconfigured=max_unconfigured
+        )
         self.state = AutoscalerState(config, policy)
         self._initial = dict(targets)
         self._handles: dict[str, Block] = {}  #: provider's block objects by core id

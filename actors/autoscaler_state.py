@@ -477,6 +477,11 @@ class AutoscalerConfig:
     max_replacements: int = 10  #: unasked ends tolerated within the window
     replacement_window: float = 60.0  #: seconds
     max_blocks: int = 1024  #: per pool: the most any proposal may ask for
+    #: the most blocks of a pool without limits of its own (None: ``max_blocks``): the
+    #: pool of ``Cluster(workers=N)`` or ``Cluster(processes=N)``, whose workers all run
+    #: on this machine; a target above it is refused (ValueError), nothing started
+    #: (None: such a target is kept, its blocks capped at ``max_blocks``)
+    max_unconfigured: int | None = None
     backoff: float = 2.0  #: seconds after a first batch-system failure, doubled per failure
     max_backoff: float = 120.0  #: seconds, the longest back-off
 
@@ -651,6 +656,7 @@ class AutoscalerState:
         check_blocks(ev.pool, ev.n)
         ps = self.pools.get(ev.pool)
         limits = ev.limits if ev.limits is not None or ps is None else ps.limits
+        self._within_machine(ev.pool, ev.n, limits)
         # a configured pool's target stays within its min_blocks and max_blocks (what
         # status, the metrics and a `fit` action read as the target)
         n = ev.n if limits is None else min(max(ev.n, limits.min_blocks), limits.max_blocks)
@@ -667,7 +673,24 @@ class AutoscalerState:
         ps = self.pools.get(ev.pool)
         if ps is None:
             raise ValueError(f"there is no pool {ev.pool!r}")
+        self._within_machine(ev.pool, ev.n, ps.limits)
         ps.raised, ps.raised_until = ev.n, ev.until
+
+    def _within_machine(self, pool: str, n: int, limits: PoolLimits | None) -> None:
+        """ValueError, before anything changes, for a target of ``n`` blocks of a pool
+        without limits of its own (its workers run on this machine) above
+        ``max_unconfigured``; a configured pool's target is kept within its limits (and
+        without ``max_unconfigured``, an unconfigured one's blocks within ``max_blocks``)."""
+        most = self.config.max_unconfigured
+        if limits is None and most is not None and n > most:
+            raise ValueError(
+                f"scale({n}) of pool {pool!r}: a pool without max_blocks of its own (the "
+                "pool of Cluster(workers=N) or Cluster(processes=N), whose workers all run "
+                f"on this machine) takes at most {most} blocks here; ask for at most {most}, "
+                "or give the cluster configured pools, each with the max_blocks it may "
+                f"reach (Cluster(pools={{{pool!r}: {{'max_blocks': N}}}}), "
+                "docs/configuration.md#pools)"
+            )
 
     def target(self, pool: str) -> int:
         """``pool``'s target now: the one set, or a raised one while it is in force."""
@@ -1059,9 +1082,14 @@ class AutoscalerState:
 
     def _most(self, ps: PoolState) -> int:
         """The most blocks ``ps`` may have."""
-        if ps.limits is None:
-            return self.config.max_blocks
-        return min(ps.limits.max_blocks, self.config.max_blocks)
+        return self._most_of(ps.limits)
+
+    def _most_of(self, limits: PoolLimits | None) -> int:
+        """The most blocks a pool with ``limits`` (None: not configured) may have."""
+        if limits is None:
+            return min(self.config.max_unconfigured or self.config.max_blocks,
+                       self.config.max_blocks)  # fmt: skip
+        return min(limits.max_blocks, self.config.max_blocks)
 
     def _unstick(self, ps: PoolState) -> None:
         """Scale in ``ps``'s blocks not running by its provisioning timeout (only when

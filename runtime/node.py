@@ -40,7 +40,7 @@ import os
 import secrets
 import signal
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
@@ -370,6 +370,16 @@ async def start_recorder(
     return recorder
 
 
+def machine_blocks(started: Iterable[int] = ()) -> int:
+    """The most blocks (of one worker) ``scale`` may ask of a pool without limits of its
+    own: :data:`~runtime.preflight.LOCAL_WORKERS_PER_CPU` workers per CPU of this
+    machine, the bound past which ``python -m runtime check`` warns of a local pool, or
+    the blocks the pool ``started`` with, if more."""
+    from runtime.preflight import LOCAL_WORKERS_PER_CPU
+
+    return max(LOCAL_WORKERS_PER_CPU * (os.cpu_count() or 1), *started, 1)
+
+
 async def start_autoscaler(
     plane: ControlPlane,
     provider: Provider | Mapping[str, Provider],
@@ -377,8 +387,13 @@ async def start_autoscaler(
 ) -> ActorRef[Autoscaler]:
     """Spawn the autoscaler (with the plane's scaling policy); it starts the blocks that
     policy wants (by default the targets) at once. ``provider``: one for every pool, or
-    one per pool (``{pool: provider}``)."""
-    autoscaler = Autoscaler(provider, plane.refs["scheduler"], dict(targets), policy=plane.scaling)
+    one per pool (``{pool: provider}``). A pool without limits (the pool of an embedded
+    cluster, whose workers run on this machine) may be scaled to :func:`machine_blocks`
+    blocks, no more."""
+    autoscaler = Autoscaler(
+        provider, plane.refs["scheduler"], dict(targets), policy=plane.scaling,
+        max_unconfigured=machine_blocks(t.n for t in targets.values() if t.limits is None),
+    )  # fmt: skip
     if isinstance(provider, Provider):
         plane.provider = provider
     else:

@@ -8,6 +8,7 @@ test is bounded; waits poll a condition under a deadline.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import Counter
 from typing import Any
@@ -20,6 +21,7 @@ from actors.autoscaler import _Tick
 from runtime import Cluster
 from runtime.errors import AskTimeout, UnknownPolicyError
 from runtime.messages import DrainRequest, PolicyInfo, PolicyQuery
+from runtime.preflight import LOCAL_WORKERS_PER_CPU
 from tests.helpers import autoscalers_made, block_end, no_ticks, wait_until
 
 pytestmark = pytest.mark.anyio
@@ -318,3 +320,28 @@ async def test_a_bad_scaling_policy_at_construction_fails_the_start() -> None:
     with anyio.fail_after(BOUND), pytest.raises(UnknownPolicyError, match="queue"):
         async with Cluster(workers=1, policies={"scaling": "no-such-policy"}):
             pass
+
+
+async def test_scaling_an_embedded_pool_past_this_machine_is_refused_before_anything_starts() -> (
+    None
+):
+    """``Cluster(workers=1)`` then ``scale(2**40)`` started 1024 workers (the core's cap,
+    silently) and kept 2**40 as the target. A pool without max_blocks of its own runs its
+    workers on this machine: past ``runtime.node.machine_blocks()`` the call is refused
+    saying what to do, with or without ``hold``, and nothing starts or changes."""
+    most = LOCAL_WORKERS_PER_CPU * (os.cpu_count() or 1)  # runtime.node.machine_blocks
+    with anyio.fail_after(BOUND):
+        async with Cluster(workers=1) as cluster:
+            await cluster.wait_for_workers(1)
+            for hold in (None, 5.0):
+                with pytest.raises(ValueError) as err:
+                    await cluster.scale(2**40, hold=hold)
+                said = str(err.value)
+                assert f"takes at most {most} blocks here" in said, said
+                assert "'max_blocks'" in said and "docs/configuration.md#pools" in said, said
+            with pytest.raises(ValueError, match=f"scale\\({most + 1}\\) of pool 'default'"):
+                await cluster.scale(most + 1)
+            status = await cluster.status()
+            assert status["autoscaler"]["targets"] == {"default": 1}, status["autoscaler"]
+            assert len(status["workers"]) == 1 and len(status["autoscaler"]["blocks"]) == 1
+            assert await cluster.scale(2) == {"default": 2}  # within it: as before

@@ -130,6 +130,29 @@ def test_a_configured_pools_target_stays_within_min_and_max_blocks() -> None:
     assert s.pools["default"].target == 3
 
 
+def test_an_unconfigured_pools_target_past_max_unconfigured_is_refused_with_nothing_changed() -> (
+    None
+):
+    """The pool of an embedded cluster (no limits: its workers run on this machine) with
+    ``max_unconfigured`` set: a target above it, set or raised for a while, is refused
+    saying what to do, and the pool keeps its target and blocks; a configured pool's
+    target is still kept within its own max_blocks."""
+    s = AutoscalerState(AutoscalerConfig(max_unconfigured=4))
+    assert run(s, TargetSet(0.0, "default", 1, SPEC)) == [StartBlock(1, "default", SPEC)]
+    for ev in (TargetSet(1.0, "default", 2**40, SPEC), TargetRaised(1.0, "default", 5, 9.0)):
+        with pytest.raises(ValueError, match="takes at most 4 blocks here; ask for at most 4"):
+            s.handle(ev)
+    assert s.pools["default"].target == 1 and s.target("default") == 1
+    assert s.counts() == {"default": 1} and list(s.requests) == [1]
+    assert run(s, TargetSet(2.0, "default", 4, SPEC)) == [
+        StartBlock(2, "default", SPEC), StartBlock(3, "default", SPEC),
+        StartBlock(4, "default", SPEC),
+    ]  # fmt: skip
+    limits = PoolLimits(min_blocks=0, max_blocks=2, init_blocks=0)
+    run(s, TargetSet(3.0, "cpu", 2**40, SPEC, limits))
+    assert s.pools["cpu"].target == 2
+
+
 # ----------------------------------------------------------------------------- scale in
 
 
