@@ -617,9 +617,7 @@ class Autoscaler(Actor):
     @handles(PolicyQuery)
     def policy(self, msg: PolicyQuery) -> PolicyInfo:
         """The scaling policy in use and the names one may switch to."""
-        name = getattr(self.state.policy, "name", type(self.state.policy).__name__)
-        names = tuple(self.policy_registry.names("scaling"))
-        return PolicyInfo("scaling", name, names, params_of(self.state.policy))
+        return self.policy_registry.info("scaling", self.state.policy)
 
     @handles(SetPolicyRequest)
     async def set_policy(self, msg: SetPolicyRequest) -> PolicyInfo:
@@ -628,8 +626,7 @@ class Autoscaler(Actor):
         policy = self.policy_registry.create(msg.kind, msg.name, msg.params)
         await self._handle(PolicyChanged(self.clock.now(), policy))
         self.log.info("policy changed", kind=msg.kind, name=msg.name, params=msg.params)
-        names = tuple(self.policy_registry.names(msg.kind))
-        return PolicyInfo(msg.kind, msg.name, names, params_of(policy))
+        return self.policy_registry.info(msg.kind, policy)
 
     @handles(MetricsRequest)
     def metrics(self, msg: MetricsRequest) -> dict[str, BlockMetrics]:

@@ -706,8 +706,7 @@ class Scheduler(Actor):
         policy = self.policy_registry.create(msg.kind, msg.name, msg.params)
         self._handle(PolicyChanged(*self._ev(), msg.kind, policy))
         self.log.info("policy changed", kind=msg.kind, name=msg.name, params=msg.params)
-        names = tuple(self.policy_registry.names(msg.kind))
-        return PolicyInfo(msg.kind, msg.name, names, params_of(policy))
+        return self.policy_registry.info(msg.kind, policy)
 
     @handles(StatusRequest)
     def status(self, msg: StatusRequest) -> dict[str, Any]:
@@ -942,13 +941,7 @@ class Scheduler(Actor):
     def policy_query(self, msg: PolicyQuery) -> tuple[PolicyInfo, ...]:
         """Per kind: the policy in use and the names one may switch to."""
         return tuple(
-            PolicyInfo(
-                kind,
-                getattr(policy, "name", type(policy).__name__),
-                tuple(self.policy_registry.names(kind)),
-                params_of(policy),
-            )
-            for kind, policy in self.state.policies.items()
+            self.policy_registry.info(kind, policy) for kind, policy in self.state.policies.items()
         )
 
     @handles(DrainRequest)

@@ -29,6 +29,7 @@ from runtime.errors import (
     UnknownPolicyError,
     did_you_mean,
 )
+from runtime.messages import PolicyInfo
 
 __all__ = [
     "KINDS",
@@ -53,6 +54,7 @@ __all__ = [
     "WorkerView",
     "check_kind",
     "check_params",
+    "defaults_of",
     "params_of",
     "params_text",
     "register",
@@ -519,6 +521,21 @@ class PolicyRegistry:
             raise UnknownPolicyError("kind of", kind, KINDS)
         return sorted(self._factories[kind])
 
+    def defaults(self, kind: str) -> dict[str, dict[str, str]]:
+        """Per name of ``kind``, its parameters with their defaults (:func:`defaults_of`):
+        what ``set_policy`` with no parameters makes, and what a parameter given
+        changes. ``policy list`` shows them; ``PolicyInfo.defaults`` carries them."""
+        return {name: defaults_of(self._factories[kind][name]) for name in self.names(kind)}
+
+    def info(self, kind: str, policy: Any) -> PolicyInfo:
+        """What ``policy list`` and ``set_policy`` answer of ``policy``, in force as the
+        ``kind`` policy: its name and parameters, the names one may switch to and each
+        one's parameters with their defaults."""
+        name = getattr(policy, "name", type(policy).__name__)
+        return PolicyInfo(
+            kind, name, tuple(self.names(kind)), params_of(policy), self.defaults(kind)
+        )
+
     def create(self, kind: str, name: str, params: Mapping[str, Any] | None = None) -> Any:
         """A new policy instance; typed errors for an unknown kind, name or parameters."""
         if kind not in self._factories:
@@ -679,6 +696,25 @@ def check_params(
     if problems:
         raise PolicyParamsError(kind, name, "; ".join(problems))
     return out
+
+
+#: what :func:`defaults_of` shows for a parameter that has no default (it must be given)
+REQUIRED = "(required)"
+
+
+def defaults_of(factory: Factory) -> dict[str, str]:
+    """The parameters ``factory`` takes by name, in its signature's order, each with its
+    default's ``repr`` (:data:`REQUIRED` if it has none); empty when it takes none, or
+    its signature cannot be read (then its parameters are not known here either)."""
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):
+        return {}
+    return {
+        p.name: REQUIRED if p.default is inspect.Parameter.empty else repr(p.default)
+        for p in signature.parameters.values()
+        if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    }
 
 
 def params_of(policy: Any) -> dict[str, str]:

@@ -1443,12 +1443,20 @@ def render_alerts(data: Mapping[str, Any]) -> RenderableType:
 
 
 def render_policies(infos: Sequence[Mapping[str, Any]]) -> RenderableType:
+    """Per kind: the policy in use, the parameters it was given (blank: its defaults),
+    and each available policy on a line of its own with its parameters' defaults (what
+    ``policy set KIND NAME`` makes, and what each ``key=value`` changes)."""
     t = Table()
-    for col in ("kind", "in use", "parameters", "available"):
+    for col in ("kind", "in use", "parameters", "available (defaults)"):
         t.add_column(col)
     for i in infos:
         given = params_text(i.get("params"))
-        _row(t, str(i["kind"]), str(i["name"]), given, ", ".join(i.get("available") or ()))
+        defaults = dict(i.get("defaults") or {})
+        available = "\n".join(
+            f"{name} ({params_text(defaults[name])})" if defaults.get(name) else str(name)
+            for name in i.get("available") or ()
+        )
+        _row(t, str(i["kind"]), str(i["name"]), given, available)
     return t
 
 

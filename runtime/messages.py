@@ -135,14 +135,16 @@ class SetPolicyRequest(Message):
 
 @message()
 class PolicyInfo(Message):
-    """A policy in force: its kind, name, the names one may switch to, and the
-    parameters it was made with (``policies.params_of``: each value's repr; empty for
-    its defaults)."""
+    """A policy in force: its kind, name, the names one may switch to, the parameters
+    it was made with (``policies.params_of``: each value's repr; empty for its
+    defaults), and per name one may switch to its parameters with their defaults
+    (``PolicyRegistry.defaults``: each default's repr, ``(required)`` for none)."""
 
     kind: str
     name: str
     available: tuple[str, ...] = ()
     params: dict[str, str] = dataclasses.field(default_factory=dict)
+    defaults: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)
 
 
 @message()

@@ -18,6 +18,7 @@ import pytest
 
 import actors.autoscaler
 from actors.autoscaler import _Tick
+from policies import REGISTRY
 from runtime import Cluster
 from runtime.errors import AskTimeout, UnknownPolicyError
 from runtime.messages import DrainRequest, PolicyInfo, PolicyQuery
@@ -269,8 +270,9 @@ async def test_the_scaling_policy_is_swapped_at_runtime() -> None:
                 info = await cluster.set_policy("scaling", "queue", tasks_per_block=10, maximum=3)
                 assert info == PolicyInfo(
                         "scaling", "queue", ("demand", "fixed", "queue"),
-                        {"maximum": "3", "tasks_per_block": "10"},
+                        {"maximum": "3", "tasks_per_block": "10"}, REGISTRY.defaults("scaling"),
                     )  # fmt: skip
+                assert info.defaults["queue"] == {"tasks_per_block": "100", "maximum": "16"}
                 with pytest.raises(UnknownPolicyError):
                     await cluster.set_policy("scaling", "no-such-policy")
                 # What the console's `policy list` shows: the scaling row too.

@@ -452,13 +452,51 @@ async def test_tasks_lists_filters_and_limits_and_story_shows_transitions(gate: 
 
 
 @pytest.mark.anyio
+async def test_policy_list_shows_each_available_policys_parameters_with_their_defaults() -> None:
+    """``policy list`` showed the names one may switch to, not what their parameters are
+    by default: a user could not see what ``policy set`` with a ``key=value`` changes.
+    Now each name comes with its parameters' defaults (``PolicyInfo.defaults``), in the
+    table, in ``--json``, and in ``set_policy``'s answer."""
+    with anyio.fail_after(LIMIT):
+        async with nodes(1) as (address, _), ConsoleClient(address) as console:
+            infos = {i.kind: i for i in await console.policies()}
+            retry = infos["retry"].defaults
+            assert retry["never"] == {} and retry["default"]["max_lost"] == "5", retry
+            assert retry["default"]["charge_lost"] == "False", retry
+            assert set(infos["retry"].defaults) == set(infos["retry"].available)
+            placement = infos["placement"].defaults["locality"]
+            assert placement == {"bandwidth": "500000000.0", "min_duration": "0.001"}
+            table = await console.run_command("policy list")
+            assert "available (defaults)" in table, table
+            for line in ("locality (bandwidth=500000000.0, min_duration=0.001)",
+                         "default (max_lost=5, charge_lost=False,", "round-robin"):  # fmt: skip
+                assert line in table, (line, table)
+            data = json.loads(await console.run_command("policy list --json"))
+            by_kind = {d["kind"]: d for d in data}
+            assert by_kind["memory"]["defaults"]["producers-yield"] == {
+                "ratio": "2.0", "min_nbytes": "1048576",
+            }  # fmt: skip
+            info = await console.set_policy("retry", "default", {"max_lost": 2})
+            assert info.params == {"max_lost": "2"} and info.defaults == REGISTRY.defaults("retry")
+
+
+def test_a_parameter_without_a_default_is_listed_as_required() -> None:
+    from policies.base import defaults_of
+
+    def factory(ratio: float, limit: int = 3, *, mode: str = "x", **extra: object) -> None: ...
+
+    assert defaults_of(factory) == {"ratio": "(required)", "limit": "3", "mode": "'x'"}
+
+
+@pytest.mark.anyio
 async def test_policy_list_and_set() -> None:
     with anyio.fail_after(LIMIT):
         async with nodes(1) as (address, _), ConsoleClient(address) as console:
             infos = {i.kind: i for i in await console.policies()}
             assert infos["placement"] == PolicyInfo(
-                "placement", "locality", tuple(REGISTRY.names("placement"))
-            )
+                "placement", "locality", tuple(REGISTRY.names("placement")),
+                defaults=REGISTRY.defaults("placement"),
+            )  # fmt: skip
             assert {"least-loaded", "locality", "round-robin"} <= set(infos["placement"].available)
             assert infos["priority"].name == "graph" and "long-first" in infos["priority"].available
             assert infos["retry"].name == "default" and "never" in infos["retry"].available
