@@ -283,7 +283,8 @@ MAX_FAILURE_GROUPS = 1000  #: failure groups kept; later new causes count under 
 #: task categories the metrics label by name; later ones count under OTHER_CATEGORY
 MAX_METRIC_CATEGORIES = 500
 #: the most task categories whose statistics the scheduler keeps (``stats``, and with
-#: them the class, the policies' views, the pools' lists): a new one past it makes it
+#: them the class, the policies' views, the pools' lists, the counts of failed tries
+#: ``failures``): a new one past it makes it
 #: forget the category finished least recently that has no task it knows; a
 #: long-lived manager sees ever new categories, run after run
 MAX_CATEGORIES = 2_000
@@ -523,8 +524,11 @@ class SchedulerState(DiskPlacement):
         #: per pool ("*": any pool): its ready tasks (``since``) and, per pool of the
         #: workers that took them, the waits served (:class:`PoolWaits`)
         self.pool_waits: dict[str, PoolWaits] = {}
-        #: failed tries per (category, outcome, cause)
-        self.failures: Counter[tuple[str, str, str]] = Counter()
+        #: failed tries per category, per (outcome, cause): kept with the category's
+        #: statistics and forgotten with them (``_forget_categories``, past
+        #: ``MAX_CATEGORIES``); the metrics' counters (``metric_failures``) keep counting
+        self.failures: dict[str, Counter[tuple[str, str]]] = {}
+        self._forgotten_failures = 0  #: failed tries of the forgotten categories
         #: per (category, cause): the count and latest failed try (:class:`FailureGroup`)
         self.failure_groups: dict[tuple[str, str], FailureGroup] = {}
         #: per (category, cause): the count and latest of its tasks that erred with no
@@ -2126,6 +2130,12 @@ class SchedulerState(DiskPlacement):
         for d in self._wait_or_queue(ts):
             self._recompute(d)
 
+    def failure_counts(self) -> dict[tuple[str, str, str], int]:
+        """Failed tries per (category, outcome, cause) of the categories kept (``failures``
+        flattened)."""
+        return {(c, o, cause): n for c, counts in self.failures.items()
+                for (o, cause), n in counts.items()}  # fmt: skip
+
     def _failed_try(
         self,
         ts: TaskState,
@@ -2139,7 +2149,12 @@ class SchedulerState(DiskPlacement):
         its (category, cause) group: O(1), no scan. ``record``: ``error``'s, if made
         already (:meth:`_tried`)."""
         category = ts.spec.category
-        self.failures[(category, outcome, cause)] += 1
+        counts = self.failures.get(category)
+        if counts is None:
+            if category not in self.stats:
+                self._stat(ts)  # among the categories kept: forgotten with them
+            counts = self.failures[category] = Counter()
+        counts[(outcome, cause)] += 1
         self.metric_failures[(self._metric_label(category), outcome, cause)] += 1
         groups = self.failure_groups
         group = groups.get((category, cause))
@@ -3721,6 +3736,7 @@ class SchedulerState(DiskPlacement):
                 stats[category] = stats.pop(category)
                 continue
             self._forgotten_finished += stats.pop(category).count
+            self._forgotten_failures += sum(self.failures.pop(category, {}).values())
             del self._stat_views[category]
             self.classes.pop(category, None)
             self._category_totals.pop(category, None)  # (its metrics label stays)
@@ -3785,7 +3801,10 @@ class SchedulerState(DiskPlacement):
         tasks_per_category = Counter(ts.spec.category for ts in self.tasks.values())
         assert self.category_tasks == dict(tasks_per_category), "tasks per category"
         assert len(self.metric_labels) <= MAX_METRIC_CATEGORIES, "metric labels"
-        assert sum(self.failures.values()) == sum(self.metric_failures.values()), "metric failures"
+        failed = sum(n for c in self.failures.values() for n in c.values())
+        failed += self._forgotten_failures
+        assert failed == sum(self.metric_failures.values()), ("metric failures", failed)
+        assert self.failures.keys() <= self.stats.keys(), "failures of forgotten categories"
         for key, cps in self.checkpoints.items():  # dropped when their task ends
             assert self.tasks[key].state in ACTIVE, ("checkpoint of an ended task", key)
             assert cps and len(cps) <= 2, ("checkpoints kept", key, cps)

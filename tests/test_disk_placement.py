@@ -285,7 +285,7 @@ def test_a_disk_full_try_is_recorded_and_retried_where_the_output_fits(
     ts = s.tasks["write"]
     (tried,) = ts.tries
     assert (tried.worker, tried.outcome, tried.cause) == ("tight", "disk-full", "disk-full")
-    assert s.failures[("write", "disk-full", "disk-full")] == 1
+    assert s.failures["write"][("disk-full", "disk-full")] == 1
     stat = s.stats["write"]
     assert (stat.disk_full, stat.max_nbytes, stat.errors) == (1, 30 * MB, 0)
     # Free, and only where 30 MiB fit.

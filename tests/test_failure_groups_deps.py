@@ -80,7 +80,7 @@ def test_dependents_that_erred_are_grouped_and_their_story_says_why(
         ["load-0", "parse-0", "summary-0", "load-1", "parse-1"], "erred"
     )
     # The tries' counts and groups are as before: two failed tries, of load.
-    assert dict(s.failures) == {("load", "error", "ValueError"): 2}
+    assert s.failure_counts() == {("load", "error", "ValueError"): 2}
     assert {k: g.n for k, g in s.failure_groups.items()} == {("load", "ValueError"): 2}
     assert [r.key for r, _, _ in s.recent_tries] == ["load-0", "load-1"]
 
@@ -174,7 +174,7 @@ def test_dependency_groups_do_not_count_as_tries_and_are_bounded(
     assert len(groups) == 2 and sum(g.n for g in groups.values()) == 3
     (first,) = set(groups) - {("(other)", "dependency-failed")}
     assert groups[first].n == 1 and groups[("(other)", "dependency-failed")].n == 2
-    assert dict(s.failures) == {("load", "error", "ValueError"): 1}
+    assert s.failure_counts() == {("load", "error", "ValueError"): 1}
 
 
 def test_tasks_the_scheduler_fails_unrun_are_grouped_too(make_state: Factory) -> None:
@@ -189,7 +189,7 @@ def test_tasks_the_scheduler_fails_unrun_are_grouped_too(make_state: Factory) ->
         finish(s, "w1", key, nbytes=600 * MB)
     submit(s, {"sum-0": ["x", "y"], "plot-0": ["sum-0"]}, ["plot-0"])
     assert (s.tasks["sum-0"].state, s.tasks["plot-0"].state) == ("erred", "erred")
-    assert dict(s.failures) == {} and s.failure_groups == {}  # no try failed
+    assert s.failure_counts() == {} and s.failure_groups == {}  # no try failed
     assert {k: g.n for k, g in s.not_run_groups.items()} == {
         ("sum", "TaskTooLarge"): 1,
         ("plot", "dependency-failed"): 1,

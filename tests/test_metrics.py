@@ -197,7 +197,7 @@ def test_failures_by_outcome_and_cause() -> None:
     res = result("bad-0", "error", start=2.0, error=ValueError("no"))
     st.handle(TasksFinished("f", 3.0, worker="w", results=(res,)))
     st.handle(WorkerLeft("l", 4.0, worker="w", cause="preempted"))
-    assert dict(st.failures) == {
+    assert st.failure_counts() == {
         ("bad", "error", "ValueError"): 1,
         ("lost", "worker-lost", "preempted"): 1,
     }

@@ -430,7 +430,7 @@ def test_inputs_a_connected_holder_never_hands_over_fail_the_task(make_state: Fa
     assert assigned(cmds) == {}  # a is not made again: nothing needs it now
     assert s.tasks["b"].state == "erred"
     # Counted and grouped with the other failures (metrics, the dashboard's "why").
-    assert s.failures[("b", "missing", "InputsUnreachable")] == 1
+    assert s.failures["b"][("missing", "InputsUnreachable")] == 1
     group = s.failure_groups[("b", "InputsUnreachable")]
     assert (group.n, group.key, group.worker, group.outcome) == (1, "b", "w2", "missing")
     assert group.error is not None and group.error.summary.startswith("InputsUnreachable: ")

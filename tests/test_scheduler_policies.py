@@ -315,6 +315,30 @@ def test_one_connected_graph_keeps_dask_order(make_state: Factory) -> None:
 # ----------------------------------------------------------------------------- categories
 
 
+def test_failure_counts_of_forgotten_categories_are_forgotten_with_them(
+    make_state: Factory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``failures`` (failed tries per category, outcome and cause) grew with every new
+    category that failed, for ever. It is kept per category with the category's
+    statistics (``MAX_CATEGORIES``, least recently used forgotten first): a category
+    forgotten takes its counts along; the metrics' counters keep counting."""
+    monkeypatch.setattr(scheduler_state, "MAX_CATEGORIES", 4, raising=False)
+    s = make_state()
+    join(s, "w1", cores=2)
+    for i in range(12):  # more failing categories than the cap, each with no task left
+        key = f"bad{i}-0"
+        submit(s, {key: []}, [key])
+        finish(s, "w1", key, "error", error=ValueError(f"boom {i}"))
+        assert s.tasks[key].state == "erred"
+        release(s, key)
+    assert not s.tasks and len(s.failures) <= 4, s.failures
+    assert set(s.failures) <= set(s.stats) and "bad11" in s.failures
+    assert s.failures["bad11"] == {("error", "ValueError"): 1}
+    assert "bad0" not in s.failures and s.categories_forgotten >= 8
+    assert sum(s.metric_failures.values()) == 12  # every failed try, still counted
+    s.validate()
+
+
 def test_past_the_cap_the_categories_used_least_recently_without_tasks_are_forgotten(
     make_state: Factory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
