@@ -55,7 +55,7 @@ async def test_a_hung_task_times_out_and_its_slot_is_freed(tmp_path: Path, execu
         # One thread, one slot: the next task runs while the gate is still shut.
         assert await c.submit(sum, [1, 2, 3]) == 6
         state = c.scheduler_state
-        assert state.failures[(category_of(hung.key), "timeout", "timeout")] == 1
+        assert state.failures[category_of(hung.key)][("timeout", "timeout")] == 1
         (tried,) = state.tasks[hung.key].tries
         assert (tried.outcome, tried.cause) == ("timeout", "timeout")
         st = await c.status()
