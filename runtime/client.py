@@ -1357,12 +1357,12 @@ class Cluster:
         """Join a manager in another process as a client: connected once its gateway
         welcomed the client's Hello; a refusal (the read-only token, say) is raised
         here, not at the first call."""
-        from runtime.node import HEARTBEAT, find_token
+        from runtime.node import HEARTBEAT, find_token_there
         from runtime.remote import Peer
         from transport import connect
 
         options: dict[str, Any] = {}
-        token = find_token(address, self.token, token_file=self.token_file)
+        token = await find_token_there(address, self.token, token_file=self.token_file)
         if token and address.startswith(("ws://", "wss://")):
             options["token"] = token
         conn = await connect(address, **options)

@@ -328,13 +328,15 @@ class ConsoleClient:
 
     async def __aenter__(self) -> ConsoleClient:
         from runtime.codec import Frame
-        from runtime.node import DEAD_AFTER, HEARTBEAT, Hello, find_token
+        from runtime.node import DEAD_AFTER, HEARTBEAT, Hello, find_token_there
         from runtime.remote import Peer
         from transport import connect
 
         options: dict[str, Any] = {}
         role = "read" if self.read_only else "admin"
-        token = find_token(self.address, self.token, role, token_file=self.token_file)
+        token = await find_token_there(
+            self.address, self.token, role, self.token_file, self.connect_timeout
+        )
         if token and self.address.startswith(("ws://", "wss://")):
             options["token"] = token
         stack = contextlib.AsyncExitStack()

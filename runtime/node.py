@@ -71,6 +71,7 @@ from runtime.errors import (
     AddressInUse,
     AskTimeout,
     AuthenticationFailed,
+    ConnectFailed,
     CorralError,
     FrameTooLarge,
     InvalidAddress,
@@ -823,10 +824,53 @@ def find_token(
         return token
     if os.environ.get("CORRAL_TOKEN"):
         return os.environ["CORRAL_TOKEN"]
-    if not address.startswith(("ws://", "wss://")):
+    path = local_token_file(address, token, token_file)
+    if path is None:
         return None
-    tokens = Tokens.read_file(token_path(address))
+    tokens = Tokens.read_file(path)
     return tokens.admin if role == "admin" else tokens.read
+
+
+def local_token_file(
+    address: str, token: str | None, token_file: str | os.PathLike[str] | None
+) -> Path | None:
+    """The manager's token file on this machine that :func:`find_token` reads for
+    ``address``: none when a token or token file is given, ``CORRAL_TOKEN`` is set, or
+    the address takes no token (not ``ws://`` or ``wss://``)."""
+    if token_file is not None or token or os.environ.get("CORRAL_TOKEN"):
+        return None
+    return token_path(address) if address.startswith(("ws://", "wss://")) else None
+
+
+async def find_token_there(
+    address: str,
+    token: str | None,
+    role: str = "admin",
+    token_file: str | os.PathLike[str] | None = None,
+    timeout: float | None = None,  # noqa: ASYNC109 (transport.connect's)
+) -> str | None:
+    """:func:`find_token`, for a worker, console or client about to connect: where it
+    would read a manager's token file on this machine that is not there, it first tries
+    the address, and raises its :class:`ConnectFailed` when nothing accepts the
+    connection (a wrong port, a manager not up yet: not a token to copy); only when
+    something answers, the missing token file."""
+    path = local_token_file(address, token, token_file)
+    if path is not None and not path.exists():
+        from transport import connect
+
+        try:
+            conn = await connect(address, timeout=timeout)
+        except AuthenticationFailed:
+            pass  # a listener that wants a token: the token file is what is missing
+        except ConnectFailed as exc:
+            exc.add_note(
+                f"(Nor is there a token file for that address on this machine, at {path}: "
+                "a manager on this machine listening there writes its tokens there.)"
+            )
+            raise
+        else:
+            await conn.aclose()
+    return find_token(address, token, role, token_file)
 
 
 #: the most a token file (``--token-file``) may hold: a token is 64 characters, the
@@ -2033,7 +2077,7 @@ async def run_worker(
     #: a token given as such, not read from a file (which may change: read at each try)
     fixed = token_file is None and (token or os.environ.get("CORRAL_TOKEN"))
     if fixed or connect_retry <= 0:  # read now: a bad file stops it at once
-        token = find_token(address, token, token_file=token_file)
+        token = await find_token_there(address, token, token_file=token_file)
     scheme = urlsplit(address).scheme
     stop = anyio.Event()
     fatal: list[BaseException] = []  #: why the worker had to stop, raised at the end
@@ -2101,19 +2145,19 @@ async def run_worker(
             info = WorkerInfo(**{**worker.info.to_fields(), "address": own.address})
             secret = [""]  #: given by the manager at the first Welcome
 
-            def read_token() -> None:
+            async def read_token() -> None:
                 """Present the token of its file (``token_file``, else the manager's
                 token file on this machine) as it is now (the manager may have restarted
                 with a new one), and take it from peers too."""
                 if fixed or scheme not in ("ws", "wss"):
                     return
-                new = find_token(address, None, token_file=token_file)
+                new = await find_token_there(address, None, token_file=token_file)
                 if new and new != connect_options.get("token"):
                     connect_options["token"] = new
                     own.set_tokens({new: "admin"})
 
             async def join() -> Peer:
-                read_token()
+                await read_token()
                 conn = await connect(address, **connect_options)
                 try:
                     await conn.send(Frame(Hello("worker", worker_id, info, secret[0])))

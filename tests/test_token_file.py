@@ -362,3 +362,95 @@ async def test_a_worker_with_connect_retry_waits_for_a_manager_started_after_it(
         async with Cluster(address, token_file=tokens, manager_alerts=None) as cluster:
             await cluster.wait_for_workers(1)
             assert await cluster.submit(inc, 1) == 2
+
+
+# ----------------------------------------------------------------------------- no one there
+
+
+def _nothing_listens(text: str, home: Path, port: int) -> None:
+    """``text`` says that nothing listens at 127.0.0.1:``port`` (the real cause), and
+    where its token file would be, not that a token is to be copied."""
+    assert f"could not connect to ws://127.0.0.1:{port}: nothing accepted the connection" in (
+        " ".join(text.split())
+    ), text
+    assert "Check that a listener is running at that address" in text, text
+    assert f"Nor is there a token file for that address on this machine, at {home / 'tokens'}" in (
+        text
+    ), text
+    assert "copy the admin token" not in text, text
+
+
+@pytest.mark.anyio
+async def test_a_client_at_a_port_where_nothing_listens_is_told_so_not_to_copy_a_token(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """``Cluster("ws://127.0.0.1:PORT")`` with no token and no token file for it: a
+    wrong port, or a manager not up yet, is ``ConnectFailed`` (nothing accepted the
+    connection), not "no token file ... copy the admin token" (a user audit found it)."""
+    from runtime import ConnectFailed
+    from tests.helpers import free_port
+
+    monkeypatch.setenv("CORRAL_HOME", str(tmp_path))
+    monkeypatch.delenv("CORRAL_TOKEN", raising=False)
+    port = free_port()
+    with anyio.fail_after(LIMIT), pytest.raises(ConnectFailed) as info:
+        async with Cluster(f"ws://127.0.0.1:{port}", manager_alerts=None):
+            pass
+    _nothing_listens(str(info.value) + " ".join(info.value.__notes__), tmp_path, port)
+
+
+@pytest.mark.anyio
+async def test_a_console_and_a_worker_at_a_port_where_nothing_listens_say_so(
+    tmp_path: Path,
+) -> None:
+    """The console and a worker (one try) exit 1 with ``ConnectFailed``; a console at a
+    manager that listens there but wrote its tokens elsewhere (--token-file) is told of
+    the missing token file, as before."""
+    from tests.helpers import free_port
+
+    port = free_port()
+    home = tmp_path / "home"
+    with Cli(home) as cli, anyio.fail_after(LIMIT):
+        cli.env.pop("CORRAL_TOKEN", None)
+        for argv in (["console", f"ws://127.0.0.1:{port}", "status"],
+                     ["worker", f"ws://127.0.0.1:{port}"]):  # fmt: skip
+            proc = cli.start(*argv)
+            out = "".join(await run(cli.rest, proc, LIMIT))
+            assert proc.wait(LIMIT) == 1, out
+            assert "error: ConnectFailed:" in out, out
+            _nothing_listens(out, home, port)
+        manager = cli.start(
+            "manager", "--listen", f"127.0.0.1:{port}", "--token-file", str(tmp_path / "t.json")
+        )
+        await run(cli.line_with, manager, "manager listening on")
+        proc = cli.start("console", f"ws://127.0.0.1:{port}", "status")
+        out = "".join(await run(cli.rest, proc, LIMIT))
+        assert proc.wait(LIMIT) == 1, out
+        assert f"error: CorralError: no token file at {home / 'tokens'}" in out, out
+        assert "copy the admin token" in out, out
+
+
+@pytest.mark.anyio
+async def test_a_worker_with_connect_retry_waits_for_a_manager_whose_token_file_is_not_written(
+    tmp_path: Path,
+) -> None:
+    """``--connect-retry`` on a fresh ``CORRAL_HOME`` with no token flag: nothing listens
+    and the manager's token file on this machine is not written yet. The worker logs
+    each failed try as nothing listening, and joins once the manager is up and has
+    written the file (docs/deployment.md#as-systemd-services)."""
+    from tests.helpers import free_port
+
+    port = free_port()
+    with Cli(tmp_path / "home") as cli, anyio.fail_after(LIMIT):
+        cli.env.pop("CORRAL_TOKEN", None)
+        worker = cli.start("worker", f"ws://127.0.0.1:{port}", "--connect-retry", "60")
+        line = await run(cli.line_with, worker, "could not reach the manager; retrying")
+        assert "nothing accepted the connection" in line, line
+        assert not (tmp_path / "home" / "tokens").exists()
+        manager = cli.start("manager", "--listen", f"127.0.0.1:{port}")
+        line = await run(cli.line_with, manager, "manager listening on")
+        address = line.split("manager listening on", 1)[1].strip()
+        await run(cli.line_with, worker, f"joined {address}")
+        async with Cluster(address, manager_alerts=None) as cluster:
+            await cluster.wait_for_workers(1)
+            assert await cluster.submit(inc, 1) == 2
