@@ -1181,7 +1181,7 @@ async def test_a_connect_timeout_says_how_to_give_it_longer(
         port = refusing.getsockname()[1]  # bound, not listening: refused
         with anyio.fail_after(5), pytest.raises(ConnectFailed) as info:
             await transport.connect(f"ws://127.0.0.1:{port}")
-    assert "nothing accepted the connection" in str(info.value)
+    assert "nothing accepted the connection (Connection refused)" in str(info.value)
     assert "CORRAL_CONNECT_TIMEOUT" not in str(info.value)  # no timeout: no such advice
     monkeypatch.setenv("CORRAL_CONNECT_TIMEOUT", "soon")
     with pytest.raises(ValueError, match="CORRAL_CONNECT_TIMEOUT='soon' is not a number"):

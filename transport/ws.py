@@ -77,6 +77,7 @@ import hashlib
 import hmac
 import ipaddress
 import math
+import os
 import re
 import socket
 import ssl
@@ -1940,7 +1941,11 @@ def _connect_error(
                 f"the host name {host!r} could not be resolved ({exc.strerror or exc})",
                 "Check the host's name (and this machine's DNS), or give its IP address.",
             )
-        return ConnectFailed(uri, f"nothing accepted the connection ({exc.strerror or exc})")
+        # The errno's own words ("Connection refused"), not asyncio's "Connect call
+        # failed ('127.0.0.1', PORT)", which repeats the address and says nothing more
+        code = exc.os_error.errno
+        why = os.strerror(code) if code else exc.strerror or str(exc)
+        return ConnectFailed(uri, f"nothing accepted the connection ({why})")
     if isinstance(exc, aiohttp.ServerTimeoutError):  # aiohttp's connect timeout
         return timed_out(uri, "no websocket connection", timeout)
     if isinstance(exc, aiohttp.ServerDisconnectedError) and plain:
