@@ -757,7 +757,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _memory_share(n: int) -> int:
-    """An ``n``th of this machine's memory (bytes), for ``--memory-share n``; a
+    """1/``n`` of this machine's memory (bytes), for ``--memory-share n``; a
     :class:`MemoryConfigError` saying what to do when it is under a worker's least."""
     from actors.memory import MIN_LIMIT
     from actors.worker import host_identity
@@ -767,7 +767,7 @@ def _memory_share(n: int) -> int:
     share = total // n
     if share < MIN_LIMIT:
         raise MemoryConfigError(
-            f"--memory-share {n}: an {n}th of this machine's {total // 2**20} MiB is "
+            f"--memory-share {n}: 1/{n} of this machine's {total // 2**20} MiB is "
             f"{share // 2**20} MiB, under a worker's least ({MIN_LIMIT // 2**20} MiB); run "
             "fewer workers here (a local pool's max_blocks or workers_per_node) or give "
             "each a --memory (memory_per_worker)"

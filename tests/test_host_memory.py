@@ -215,3 +215,23 @@ def test_memory_share_is_checked() -> None:
     )  # fmt: skip
     assert done.returncode != 0
     assert "--memory-share must be a whole number >= 1" in done.stderr + done.stdout
+
+
+@pytest.mark.parametrize("n", [2, 3, 8, 11, 1000])
+def test_a_memory_share_under_the_least_says_which_fraction_in_words_right_for_any_n(
+    n: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--memory-share 1000`` said "an 1000th" (a user audit found it), and 2 or 3
+    would have said "an 2th", "an 3th": the fraction is written 1/N."""
+    import actors.worker
+    from runtime.__main__ import _memory_share
+    from runtime.errors import MemoryConfigError
+
+    total = 24105 * 2**20 if n == 1000 else 100 * 2**20  # each share under 64 MiB
+    monkeypatch.setattr(actors.worker, "host_identity", lambda: ("h", total))
+    with pytest.raises(MemoryConfigError) as info:
+        _memory_share(n)
+    share = total // n // 2**20
+    assert f"--memory-share {n}: 1/{n} of this machine's {total // 2**20} MiB is {share} MiB," in (
+        str(info.value)
+    ), info.value
