@@ -1060,12 +1060,14 @@ class Cluster:
     the manager wrote on this machine, and must be the admin one: entering the
     cluster waits for the manager's answer and raises its refusal
     (:class:`~runtime.errors.PermissionDenied` for the read token, which is the
-    console's). The worker options do not apply then, and the options that set what
-    the manager holds for all its clients (``policies``, ``pools``, ``saturation``,
-    ``stall_timeout``, ``prune_depth``, ``monitoring``, ``monitoring_interval``,
-    ``alerts``, ``alertmanager``, ``alerting``, ``worker_timeout``) raise
-    ``ValueError`` here, saying where the manager takes them from; ``set_policy``
-    changes its policies for every client.
+    console's). The worker options (``workers``, ``processes``, ``threads_per_worker``,
+    ``memory_per_worker``, ``disk_per_worker``, ``memory_options``: workers join a
+    manager process on their own, ``python -m runtime worker ADDRESS``) and the
+    options that set what the manager holds for all its clients (``policies``,
+    ``pools``, ``saturation``, ``stall_timeout``, ``prune_depth``, ``monitoring``,
+    ``monitoring_interval``, ``alerts``, ``alertmanager``, ``alerting``,
+    ``worker_timeout``) raise ``ValueError`` here, saying where the manager takes them
+    from; ``set_policy`` changes its policies for every client.
 
     ``Cluster(pools={"name": {...}})`` configures pools as data instead of ``workers``
     (docs/configuration.md#pools): each pool's blocks (``workers_per_node`` workers of
@@ -1168,6 +1170,9 @@ class Cluster:
 
             split_address(address)  # InvalidAddress now, not at start
             _refuse_manager_settings(
+                workers=workers, processes=processes, threads_per_worker=threads_per_worker,
+                memory_per_worker=memory_per_worker, disk_per_worker=disk_per_worker,
+                memory_options=memory_options,
                 policies=policies, pools=pools, saturation=saturation,
                 stall_timeout=stall_timeout, prune_depth=prune_depth, monitoring=monitoring,
                 monitoring_interval=monitoring_interval, alerts=alerts,
@@ -2156,9 +2161,22 @@ _TAKES_FUTURES = {
 _USES = {"gather": "awaited or gathered", "cancel": "cancelled", "as_completed": "waited for"}
 
 
+#: The ``Cluster`` options of its workers, which a client does not start.
+_WORKER_OPTIONS = (
+    "workers", "processes", "threads_per_worker", "memory_per_worker", "disk_per_worker",
+    "memory_options",
+)  # fmt: skip
+
 #: What a manager process holds for all its clients, by the ``Cluster`` options that
-#: set it in an embedded cluster; and where a manager process takes it from instead.
+#: set it in an embedded cluster (its workers among them); and where a manager process
+#: takes it from instead.
 _MANAGER_SETTINGS: tuple[tuple[tuple[str, ...], str], ...] = (
+    (
+        _WORKER_OPTIONS,
+        "a manager process's workers are started on their own: python -m runtime worker "
+        "ADDRESS (--cores, --memory, --disk, --memory-options; docs/deployment.md), or by "
+        "the manager's pools (--config FILE), and a client does not start any",
+    ),
     (
         ("policies",),
         "a manager process has its own policies, which all its clients share, and a "
@@ -2201,9 +2219,10 @@ def _seconds(name: str, value: object, what: str = "") -> float:
 
 def _refuse_manager_settings(**values: Any) -> None:
     """``ValueError`` for ``Cluster(address, ...)`` given an option that sets what a
-    manager process holds for all its clients (``values``: option name to its value; it
-    counts as given when it is not its default in ``Cluster``'s signature, nor None nor
-    empty), rather than ignoring it; says where the manager takes it from."""
+    manager process holds for all its clients, its workers among them (``values``:
+    option name to its value; it counts as given when it is not its default in
+    ``Cluster``'s signature, nor None nor empty), rather than ignoring it; says where
+    the manager takes it from."""
     import inspect
 
     defaults = inspect.signature(Cluster.__init__).parameters

@@ -275,6 +275,12 @@ def test_manager_alerts_must_be_positive_seconds_or_none() -> None:
         ({"prune_depth": 2}, "manager --prune-depth N"),
         ({"monitoring_interval": 5.0}, "--monitoring-interval SECONDS"),
         ({"alertmanager": "http://127.0.0.1:9093"}, "alertmanager= is for an embedded"),
+        ({"workers": 3}, "workers= is for an embedded cluster; with an address, a manager "
+         "process's workers are started on their own: python -m runtime worker ADDRESS"),
+        ({"processes": 2, "threads_per_worker": 2}, "processes= and threads_per_worker= are"),
+        ({"memory_per_worker": "1GiB"}, "memory_per_worker= is for an embedded cluster"),
+        ({"disk_per_worker": "off"}, "disk_per_worker= is for an embedded cluster"),
+        ({"memory_options": {"spill": None}}, "memory_options= is for an embedded cluster"),
     ],
 )  # fmt: skip
 def test_a_client_is_refused_what_the_manager_holds_for_all_clients(
@@ -283,11 +289,14 @@ def test_a_client_is_refused_what_the_manager_holds_for_all_clients(
     """With an address, an option that sets what a manager process holds for all its
     clients (its policies, pools, scheduler settings, monitoring, alerting) raises
     ValueError saying where the manager takes it from, when the Cluster is made; it
-    was ignored without a word (a user's policies={"priority": "nope"} too)."""
+    was ignored without a word (a user's policies={"priority": "nope"} too). So do the
+    worker options (workers=3 was ignored too: a client starts no worker)."""
     with pytest.raises(ValueError, match=re.escape(says)):
         Cluster("ws://127.0.0.1:1", **options)
-    # The worker options, and the defaults given again, do not apply: no error.
-    Cluster("ws://127.0.0.1:1", workers=2, threads_per_worker=2, saturation=2.0)
+    # The defaults given again set nothing: no error.
+    Cluster(
+        "ws://127.0.0.1:1", workers=None, threads_per_worker=1, memory_options={}, saturation=2.0
+    )
 
 
 @pytest.mark.parametrize("bad", [-5, "-5MB", -1.5])
