@@ -119,6 +119,9 @@ async def test_with_spilling_off_thread_workers_stay_under_their_limit_when_they
             finally:
                 done.set()
                 sampler.join()
+    # The figure docs/memory.md quotes (run with -s to see it): until the stall, not
+    # while the cluster closes after it (the sampler stops at the stall).
+    print("worker RSS peaks until the stall (MiB):", sorted(v >> 20 for v in peaks.values()))
     # Past the fence by at most a load on its way to the client: under the terminate
     # fence (0.95), which threads cannot enforce, so under the limit.
     assert peaks and max(peaks.values()) < 0.95 * MEMORY, sorted(v >> 20 for v in peaks.values())
