@@ -2475,15 +2475,16 @@ def get(
     threads = threads_per_worker or num_workers or os.cpu_count() or 1
 
     async def main() -> Any:
+        own = address is None  # else the manager's workers: no sizing to give
         cluster = Cluster(
             address,
-            workers=1 if workers is None else workers,
-            threads_per_worker=threads,
+            workers=(1 if workers is None else workers) if own else None,
+            threads_per_worker=threads if own else 1,
             gc_threshold=gc_threshold,
             token=token,
             token_file=token_file,
         )
-        if address is None:  # its own cluster: tasks of another pool could never run
+        if own:  # its own cluster: tasks of another pool could never run
             cluster._closed = "runtime.get"
         async with cluster:
             from runtime.graph import flatten_keys
