@@ -22,7 +22,8 @@ measures a returned ``File`` in the task's own thread or task process. A task pr
 that dies under its task (killed, crashed) never ends that context: its try's directory
 is removed when the process is replaced (:func:`runtime.files.remove_tries`). A task
 that fails because the worker's disk filled up while it wrote (``ENOSPC`` on the
-sandbox's file system: :func:`out_of_disk`) ends ``disk-full``, not ``error``, with the
+sandbox's file system, or an ``OSError`` without an errno while that file system is full:
+:func:`out_of_disk`) ends ``disk-full``, not ``error``, with the
 bytes its try wrote as ``nbytes`` (measured before its try's directory is removed), so
 that the scheduler retries it where it fits.
 
@@ -165,12 +166,36 @@ _MAX_CHAIN = 64  #: exceptions of a task's error (causes, contexts) looked at, a
 _MAX_ENTRIES = 100_000  #: entries of a try's directory counted, at most
 
 
+#: ``OSError`` subclasses that are never a write refused for room, even without an
+#: errno (a socket's timeout, a refused connection, ...): :func:`unsaid_os_error`
+_NOT_STORAGE: tuple[type[OSError], ...] = (
+    ConnectionError,
+    TimeoutError,
+    InterruptedError,
+    BlockingIOError,
+    ChildProcessError,
+    ProcessLookupError,
+)
+
+
 def no_space(exc: BaseException) -> OSError | None:
     """The ``OSError`` with errno ``ENOSPC`` that ``exc`` is, or that it was raised from
     (:func:`~runtime.remote.exception_chain`, exception groups' members included); None
     if there is none."""
     for e in exception_chain(exc, groups=True, most=_MAX_CHAIN):
         if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+            return e
+    return None
+
+
+def unsaid_os_error(exc: BaseException) -> OSError | None:
+    """The ``OSError`` without an errno that ``exc`` is, or that it was raised from (as
+    :func:`no_space` looks), one of :data:`_NOT_STORAGE` excepted; None if there is
+    none. Writers that do their own I/O say a full disk so: numpy's ``tofile``
+    (``OSError('Not enough free space to write ...')``, ``OSError('problem writing
+    element ...')``), h5py's ``OSError`` naming HDF5's own error."""
+    for e in exception_chain(exc, groups=True, most=_MAX_CHAIN):
+        if isinstance(e, OSError) and e.errno is None and not isinstance(e, _NOT_STORAGE):
             return e
     return None
 
@@ -195,15 +220,35 @@ def _device(path: Any) -> int | None:
         return None
 
 
-def sandbox_full(sandbox: str) -> bool:
-    """Whether the file system holding ``sandbox`` is full: less free (for this user)
-    than :data:`FULL_SLACK`, or than a hundredth of its size if that is less."""
+def _free_and_size(sandbox: str) -> tuple[int, int] | None:
+    """The bytes free (for this user) on the file system holding ``sandbox``, and its
+    size; None if that cannot be told."""
     try:
         fs = os.statvfs(sandbox)
     except OSError:
-        return False
-    free, size = fs.f_bavail * fs.f_frsize, fs.f_blocks * fs.f_frsize
-    return free <= min(FULL_SLACK, size // 100)
+        return None
+    return fs.f_bavail * fs.f_frsize, fs.f_blocks * fs.f_frsize
+
+
+def sandbox_full(sandbox: str) -> bool:
+    """Whether the file system holding ``sandbox`` is full: less free (for this user)
+    than :data:`FULL_SLACK`, or than a hundredth of its size if that is less."""
+    got = _free_and_size(sandbox)
+    return got is not None and got[0] <= min(FULL_SLACK, got[1] // 100)
+
+
+#: numpy's ``tofile`` asks the file system for the room first (``fallocate``) and says
+#: so when it is refused, with no errno and before writing a byte
+_NUMPY_NO_ROOM = re.compile(r"Not enough free space to write (\d+) bytes")
+
+
+def _cannot_fit(err: OSError, sandbox: str) -> bool:
+    """Whether ``err`` (an ``OSError`` without an errno) says a write of more bytes than
+    the file system holding ``sandbox`` has free now was refused for room (numpy's
+    ``Not enough free space to write N bytes``)."""
+    said = _NUMPY_NO_ROOM.search(str(err))
+    got = _free_and_size(sandbox) if said is not None else None
+    return said is not None and got is not None and int(said.group(1)) > got[0]
 
 
 def _tree_bytes(directory: str) -> int:
@@ -281,19 +326,29 @@ def out_of_disk(
     - it names none (a ``write`` to an open file says no more): the sandbox's file
       system is full now, before the try's files are removed (:func:`sandbox_full`).
 
+    An ``OSError`` without an errno (:func:`unsaid_os_error`: numpy's ``tofile`` on a
+    full disk) counts only when the sandbox's file system is full now
+    (:func:`sandbox_full`), or it says a write of more bytes than that file system has
+    free now was refused (:func:`_cannot_fit`), whether it names a file or not (and one
+    it names must be on that file system): with room there, it is an ordinary error.
     So a task that fills a shared file system elsewhere (a path outside the worker's
     disk) fails with its error as any other, its retries charged."""
     if sandbox is None:
         return None
-    err = no_space(exc)
+    enospc = no_space(exc)
+    err = enospc if enospc is not None else unsaid_os_error(exc)
     if err is None:
         return None
+    unsaid = enospc is None
     named = err.filename2 if err.filename2 is not None else err.filename
     if named is not None:
         dev = _device(named)
         if dev is None or dev != _device(sandbox):
             return None
-    elif not sandbox_full(sandbox):
+    if unsaid:
+        if not sandbox_full(sandbox) and not _cannot_fit(err, sandbox):
+            return None
+    elif named is None and not sandbox_full(sandbox):
         return None
     wrote = _tree_bytes(directory) if directory is not None else 0
     if named is not None and since is not None:

@@ -36,6 +36,7 @@ from actors.executor import (
     ProcessExecutor,
     no_space,
     out_of_disk,
+    unsaid_os_error,
 )
 from actors.protocol import TaskResult, ToRun
 from actors.worker import Worker
@@ -104,6 +105,30 @@ def fills_nameless(nbytes: int) -> None:
     """A ``write`` to an open file: the error names no file."""
     _write("out.bin", nbytes)
     raise OSError(errno.ENOSPC, NOSPACE)
+
+
+def numpy_says_no_room(nbytes: int) -> None:
+    """What numpy's ``tofile`` raises when the disk fills: an ``OSError`` without an
+    errno (here with room on the disk: an ordinary error)."""
+    _write("out.bin", nbytes)
+    raise OSError(f"Not enough free space to write {4 * nbytes} bytes after offset 0")
+
+
+def tofile_past_the_disk(nbytes: int, filled: bool = False) -> File:
+    """numpy's ``tofile`` of ``nbytes`` for real. ``filled``: the file system fills
+    up under it after numpy got its room (another worker on the same file system, in
+    the audit), which numpy says with ``problem writing element N to file``: here the
+    task fills it itself, then raises numpy's error."""
+    import numpy as np
+
+    path = output_path("big.npy")
+    if filled:
+        with contextlib.suppress(OSError), open(path, "wb") as f:
+            for _ in range(nbytes // MiB):
+                f.write(b"s" * MiB)
+        raise OSError("problem writing element 1130496 to file")
+    np.zeros(nbytes, dtype=np.uint8).tofile(path)
+    return File(path)
 
 
 def fills_next_to(path: str, nbytes: int) -> None:
@@ -265,6 +290,46 @@ def test_out_of_disk_is_enospc_on_the_sandboxes_file_system(tmp_path: Path) -> N
     assert out_of_disk(full(None), str(sandbox), str(tried)) is None
 
 
+def test_an_os_error_without_errno_is_disk_full_only_when_the_sandbox_is_full(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """numpy's ``tofile`` says a full disk with an ``OSError`` without an errno: it is
+    the worker's disk filling up when the sandbox's file system is full now (named or
+    not; a file it names must be there), or numpy asked it for more room than it has
+    free; never while that file system has room. Socket errors without an errno never
+    are."""
+    sandbox = tmp_path / "sandbox"
+    tried = sandbox / "out" / "try-1"
+    tried.mkdir(parents=True)
+    (tried / "a.npy").write_bytes(b"a" * 3000)
+    numpy = OSError("Not enough free space to write 83886080 bytes after offset 0")
+    wrapped = RuntimeError("could not write the skim")
+    wrapped.__cause__ = numpy
+    timeout = TimeoutError("timed out")
+    named = OSError(None, "HDF5 write failed", str(tried / "a.npy"))
+    assert unsaid_os_error(numpy) is numpy and unsaid_os_error(wrapped) is numpy
+    assert unsaid_os_error(timeout) is None and unsaid_os_error(ConnectionResetError()) is None
+    assert unsaid_os_error(OSError(errno.EACCES, "denied")) is None
+    # This test's disk has room (for numpy's 80 MiB too): each is an ordinary error.
+    assert not executor_module.sandbox_full(str(sandbox))
+    assert shutil.disk_usage(sandbox).free > 83886080
+    for exc in (numpy, wrapped, named):
+        assert out_of_disk(exc, str(sandbox), str(tried)) is None
+    # numpy refused room for more than that file system has free: the worker's disk.
+    huge = OSError(f"Not enough free space to write {2**62} bytes after offset 0")
+    assert out_of_disk(huge, str(sandbox), str(tried)) == 3000
+    assert out_of_disk(OSError(f"cannot write {2**62} bytes"), str(sandbox), str(tried)) is None
+    monkeypatch.setattr(executor_module, "sandbox_full", lambda where: True)
+    for exc in (numpy, wrapped, named):
+        assert out_of_disk(exc, str(sandbox), str(tried)) == 3000
+    assert out_of_disk(timeout, str(sandbox), str(tried)) is None
+    assert out_of_disk(RuntimeError("not an OSError"), str(sandbox), str(tried)) is None
+    elsewhere = other_file_system(sandbox)
+    if elsewhere is not None:  # names a file elsewhere: not the worker's disk
+        there = OSError(None, "write failed", os.path.join(elsewhere, "x.h5"))
+        assert out_of_disk(there, str(sandbox), str(tried)) is None
+
+
 # ----------------------------------------------------------------------------- executors
 
 
@@ -333,10 +398,11 @@ async def test_enospc_elsewhere_and_other_os_errors_stay_ordinary_errors(
     async with executor(mode, sandbox) as (ex, delivered):
         ex.submit(job("denied-0", denied, 1000), {})
         ex.submit(job("nameless-0", fills_nameless, 1000), {})  # this disk has room
+        ex.submit(job("numpy-0", numpy_says_no_room, 1000), {})  # and no errno
         if elsewhere is not None:
             path = os.path.join(elsewhere, "corral-no-such-dir", "out.bin")
             ex.submit(job("shared-0", fills_elsewhere, path), {})
-        results = [await delivered.get("denied-0"), await delivered.get("nameless-0")]
+        results = [await delivered.get(k) for k in ("denied-0", "nameless-0", "numpy-0")]
         if elsewhere is not None:
             results.append(await delivered.get("shared-0"))
     for res in results:
@@ -576,6 +642,33 @@ async def test_a_task_filling_a_real_file_system_ends_disk_full_and_frees_it(
 
 
 @pytest.mark.parametrize("mode", ["thread", "process"])
+@pytest.mark.parametrize("filled", [False, True], ids=["no-room", "filled"])
+async def test_numpy_tofile_filling_a_real_file_system_ends_disk_full(
+    small_fs: Path, mode: str, filled: bool
+) -> None:
+    """numpy's ``tofile`` past an 8 MiB tmpfs raises an ``OSError`` without an errno:
+    ``Not enough free space to write 16777216 bytes`` before writing a byte (it asks
+    for the room first), or ``problem writing element N to file`` when the file system
+    fills up under it (filled here by the task itself). Either way the try ends
+    ``disk-full`` with what it wrote, and the tmpfs is as empty as before. Before, it
+    ended ``error``."""
+    sandbox = small_fs / "sandbox"
+    sandbox.mkdir()
+    empty = free_bytes(small_fs)
+    async with executor(mode, sandbox) as (ex, delivered):
+        ex.submit(job("skim-0", tofile_past_the_disk, 16 * MiB, filled), {})
+        res = await delivered.get("skim-0")
+    assert res.outcome == "disk-full", res.error
+    if mode == "thread":  # the task's own error, as numpy raised it
+        assert isinstance(res.error, OSError) and res.error.errno is None, res.error
+    if filled:
+        assert empty - MiB <= res.nbytes <= empty, (res.nbytes, empty)
+    else:
+        assert res.nbytes == 0  # refused before its first byte
+    assert tries_left(sandbox) == [] and free_bytes(small_fs) == empty
+
+
+@pytest.mark.parametrize("mode", ["thread", "process"])
 async def test_the_copy_of_an_input_that_fills_a_real_disk_is_removed(
     small_fs: Path, mode: str
 ) -> None:
@@ -613,3 +706,21 @@ async def test_a_cluster_whose_only_disk_is_too_small_says_so(small_fs: Path) ->
     assert (cat["disk_full"], cat["errors"]) == (1, 0), cat
     assert 6 * MiB < cat["max_nbytes"] <= 8 * MiB + 1  # one more than it wrote
     assert "Errno 28" not in str(info.value)
+
+
+async def test_a_cluster_whose_numpy_task_fills_its_disk_says_so(small_fs: Path) -> None:
+    """The audit's numpy run: ``ndarray.tofile`` of more than the worker's file system
+    holds. Its tries end ``disk-full`` (retried for free), and the task fails with a
+    ``DiskFull`` saying a larger --disk cannot help, not with numpy's ``OSError`` after
+    an ``error`` try."""
+    options = {"spill_dir": str(small_fs)}
+    with anyio.fail_after(60):
+        async with Cluster(workers=1, disk_per_worker="300MiB", memory_options=options) as cluster:
+            fut = cluster.submit(tofile_past_the_disk, 16 * MiB)
+            with pytest.raises((TaskTooBigForDisk, DiskFull)) as info:
+                await fut
+            st = await cluster.status()
+    cat = st["categories"]["tofile_past_the_disk"]
+    assert cat["errors"] == 0 and cat["disk_full"] >= 1, cat
+    assert "Not enough free space" not in str(info.value).splitlines()[0]
+    assert "larger --disk cannot help" in str(info.value), info.value
