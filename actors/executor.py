@@ -102,6 +102,7 @@ __all__ = [
     "Executor",
     "ProcessExecutor",
     "TaskProcessDied",
+    "device_of",
     "no_space",
     "out_of_disk",
     "rss",
@@ -200,7 +201,7 @@ def unsaid_os_error(exc: BaseException) -> OSError | None:
     return None
 
 
-def _device(path: Any) -> int | None:
+def device_of(path: Any) -> int | None:
     """The device (``st_dev``) of the file system holding ``path``, or its nearest
     existing parent (a file that could not be made); of an open descriptor; None if
     that cannot be told."""
@@ -342,8 +343,8 @@ def out_of_disk(
     unsaid = enospc is None
     named = err.filename2 if err.filename2 is not None else err.filename
     if named is not None:
-        dev = _device(named)
-        if dev is None or dev != _device(sandbox):
+        dev = device_of(named)
+        if dev is None or dev != device_of(sandbox):
             return None
     if unsaid:
         if not sandbox_full(sandbox) and not _cannot_fit(err, sandbox):

@@ -25,7 +25,7 @@ import anyio
 import anyio.lowlevel
 
 import runtime.graph
-from actors.host_memory import overcommit_text
+from actors.host_memory import HostLedger, overcommit_text
 from actors.scheduler_events import (
     CancelOnWorker,
     CancelRequested,
@@ -80,6 +80,7 @@ from actors.scheduler_records import (
     not_run_text,
 )
 from actors.scheduler_state import SchedulerState
+from actors.shared_disk import disk_claim, disk_key, shared_disk_text
 from policies import ON_PURPOSE, REGISTRY, PolicyRegistry, params_of
 from policies.survival import Survival
 from runtime.errors import ActorStopped, CorralError
@@ -258,8 +259,14 @@ class Scheduler(Actor):
         #: worker that leaves keeps its share; one whose count starts again adds it)
         self.spilled: dict[str, int] = {}
         self._worker_waiters: list[tuple[int, anyio.Event]] = []
-        #: host -> the warning in force that its workers claim more memory than it has
+        #: host -> the warning in force that its workers claim more memory than it has;
+        #: file system (:func:`~actors.shared_disk.disk_key`) -> that its workers count
+        #: more of its free space than it has
         self.host_warnings: dict[str, str] = {}
+        #: the workers on each file system and their disk budgets: the shell's, since
+        #: only the manager's log and status say it (docs/files.md, "Workers sharing a
+        #: file system")
+        self.disks = HostLedger()
         #: what waits to be taken in, in the order it came: pieces of graphs and parts
         #: of large releases (one per :class:`_Intake`, so the messages that came
         #: meanwhile go between them), and the releases and cancels that came after
@@ -328,20 +335,8 @@ class Scheduler(Actor):
                     f"disk stall in pool {pool} ended", pool=cmd.stall.pool,
                     seconds=round(cmd.lasted, 1),
                 )  # fmt: skip
-            elif type(cmd) is HostOvercommitted:
-                text = overcommit_text(cmd)
-                self.host_warnings[cmd.host] = text
-                self.log.warning(
-                    "workers claim more memory than their host has", host=cmd.host,
-                    workers=[w for w, _ in cmd.workers], claimed=cmd.claimed,
-                    host_memory=cmd.host_memory, warning=text,
-                )  # fmt: skip
-            elif type(cmd) is HostOvercommitCleared:
-                self.host_warnings.pop(cmd.host, None)
-                self.log.warning(  # as an alert's resolution: where its firing was seen
-                    "workers no longer claim more memory than their host has",
-                    host=cmd.host, workers=list(cmd.workers),
-                )  # fmt: skip
+            elif type(cmd) in (HostOvercommitted, HostOvercommitCleared):
+                self._overcommit(cmd, disk=False)
             else:  # pragma: no cover - a new command without a shell is a bug
                 raise TypeError(f"scheduler has no shell for {type(cmd).__name__}")
         if updates:
@@ -519,6 +514,12 @@ class Scheduler(Actor):
                 info.disk, info.block, info.host, info.host_memory, info.pid,
             )
         )  # fmt: skip
+        key = disk_key(info)
+        if key:  # what that file system has free: the most one of its workers saw
+            free = max(i.disk_fs_free for i in self.infos.values() if disk_key(i) == key)
+            self.disks.joined(
+                info.worker_id, key, free, disk_claim(info), info.pid, self.clock.now()
+            )
         # Rejoined over a new connection: what was in flight on the old one is lost, so
         # it is asked what arrived. Joined as new: it may be a worker declared lost that
         # came back, holding outputs (files on its disk) nothing tracks now: asked too,
@@ -551,6 +552,7 @@ class Scheduler(Actor):
         # One that went silent while its block was suspended is lost as ``suspended``.
         msg = WorkerGone(msg.worker_id, self.state.lost_cause(msg.worker_id, msg.cause))
         self.infos.pop(msg.worker_id, None)
+        self.disks.left(msg.worker_id, self.clock.now())
         self.rss.pop(msg.worker_id, None)
         self.memory.pop(msg.worker_id, None)
         # A worker drained, past its walltime or shut down with the cluster left as
@@ -648,6 +650,34 @@ class Scheduler(Actor):
             or st.hosts.pending
         ):  # fmt: skip
             self._handle(Tick(*self._ev()))
+        if self.disks.pending:
+            for cmd in self.disks.check(self.clock.now(), current_causal_id()):
+                self._overcommit(cmd, disk=True)
+
+    def _overcommit(self, cmd: Command, disk: bool) -> None:
+        """Log at WARNING and show (``status()["warnings"]``) a machine whose workers
+        claim more memory than it has (the core's ``HostLedger``), or with ``disk`` a
+        file system whose workers count more of its free space than it has
+        (:attr:`disks`); or the end of that warning, as an alert's resolution."""
+        where, total, said = (
+            ("filesystem", "free", "count more disk than their file system has free")
+            if disk
+            else ("host", "host_memory", "claim more memory than their host has")
+        )
+        if isinstance(cmd, HostOvercommitted):
+            text = shared_disk_text(cmd) if disk else overcommit_text(cmd)
+            self.host_warnings[cmd.host] = text
+            workers = [w for w, _ in cmd.workers]
+            self.log.warning(
+                f"workers {said}",
+                **{where: cmd.host, "workers": workers, "claimed": cmd.claimed},
+                **{total: cmd.host_memory, "warning": text},
+            )
+        elif isinstance(cmd, HostOvercommitCleared):
+            self.host_warnings.pop(cmd.host, None)
+            self.log.warning(
+                f"workers no longer {said}", **{where: cmd.host, "workers": list(cmd.workers)}
+            )
 
     @handles(CancelRequest)
     def cancel(self, msg: CancelRequest) -> Any:

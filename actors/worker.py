@@ -60,7 +60,7 @@ from actors import memory as mem
 from actors import transfer
 from actors import worker_state as ws
 from actors.checkpoints import INLINE_BYTES, CheckpointFiles
-from actors.executor import Executor, ProcessExecutor, rss, rss_of
+from actors.executor import Executor, ProcessExecutor, device_of, rss, rss_of
 from actors.protocol import TaskResult, ToRun
 from actors.store import SpillStore, Unpicklable
 from actors.transfer import STREAM_BYTES, FileSegments, StreamBroken, StreamInfo, UnknownStream
@@ -341,9 +341,13 @@ class Worker(Actor):
     @property
     def info(self) -> WorkerInfo:
         host, host_memory = host_identity()
+        try:
+            fs_free = disk_free(self.disk_dir)
+        except OSError:  # its file system went away: not told
+            fs_free = 0
         return WorkerInfo(
             self.worker_id, self.nthreads, self.memory, self.disk, self.pool, "", self.deadline,
-            self.block, host, host_memory, os.getpid(),
+            self.block, host, host_memory, os.getpid(), device_of(self.disk_dir) or 0, fs_free,
         )  # fmt: skip
 
     async def on_start(self) -> None:

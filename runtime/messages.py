@@ -170,6 +170,12 @@ class WorkerInfo(Message):
     #: its process id: workers in one process (``Cluster(workers=N)``) share its RSS,
     #: so their limits count once on their host (0: not told)
     pid: int = 0
+    #: the file system its outputs go to: the ``st_dev`` of its disk directory (the
+    #: spill directory; 0: not told, an older worker) and that file system's free bytes
+    #: when it joined, so that workers sharing one are told of it
+    #: (docs/files.md#workers-sharing-a-file-system)
+    disk_device: int = 0
+    disk_fs_free: int = 0
 
 
 @message()

@@ -1,0 +1,94 @@
+"""Workers sharing a file system (docs/files.md#workers-sharing-a-file-system): worker
+processes whose spill directories are on one file system each count its free space, so
+the manager warns when their disk budgets add up to more than it has free, and clears
+the warning when they no longer do.
+
+A user audit: two workers (``--disk 300MiB``) sharing a 60 MB tmpfs spill directory
+each reported 54 MiB free, so the scheduler counted 108 MB; tries ended disk-full, and
+nothing said why."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+from actors.host_memory import SETTLE, HostLedger
+from actors.scheduler_events import HostOvercommitCleared, HostOvercommitted
+from actors.shared_disk import disk_claim, disk_key, shared_disk_text
+from runtime.messages import WorkerInfo
+from tests.helpers import Cli
+
+LIMIT = 60.0  #: seconds, at most, of each wait
+MiB = 2**20
+
+
+def info(
+    worker: str, disk: int, *, dev: int = 42, free: int = 54 * MiB, pid: int = 0
+) -> WorkerInfo:
+    return WorkerInfo(
+        worker, 1, 2**30, disk, host="box/1", pid=pid or sum(map(ord, worker)),
+        disk_device=dev, disk_fs_free=free,
+    )  # fmt: skip
+
+
+def test_a_worker_claims_its_budget_at_most_its_file_systems_free_space() -> None:
+    assert disk_claim(info("a", 300 * MiB)) == 54 * MiB  # --disk past the file system
+    assert disk_claim(info("a", 20 * MiB)) == 20 * MiB
+    assert disk_claim(info("a", 0)) == 54 * MiB  # --disk off: places as if all of it
+    assert disk_key(info("a", 1)) == "box/1 dev 42"
+    assert disk_key(info("a", 1, dev=0)) == ""  # an older worker: not told
+    assert disk_key(WorkerInfo("old", 1, 2**30, 1)) == ""
+
+
+def test_the_ledger_warns_of_one_file_system_counted_twice_and_clears() -> None:
+    """The audit's numbers: two workers, --disk 300MiB, on a file system with 54 MiB
+    free: 108 MiB claimed. Another file system, budgets that fit, and workers of one
+    process (one Cluster's, counted once) say nothing."""
+    ledger = HostLedger()
+    for i in (info("t1", 300 * MiB), info("t2", 300 * MiB)):
+        ledger.joined(i.worker_id, disk_key(i), i.disk_fs_free, disk_claim(i), i.pid, 0.0)
+    for i in (info("f1", 20 * MiB, dev=7), info("f2", 20 * MiB, dev=7)):  # 40 of 54: fits
+        ledger.joined(i.worker_id, disk_key(i), i.disk_fs_free, disk_claim(i), i.pid, 0.0)
+    for i in (info("c1", 0, dev=9, pid=5), info("c2", 0, dev=9, pid=5)):  # one process
+        ledger.joined(i.worker_id, disk_key(i), i.disk_fs_free, disk_claim(i), i.pid, 0.0)
+    (cmd,) = ledger.check(SETTLE, "tick")
+    assert isinstance(cmd, HostOvercommitted) and cmd.host == "box/1 dev 42"
+    assert (cmd.claimed, cmd.host_memory, cmd.processes) == (108 * MiB, 54 * MiB, 2)
+    text = shared_disk_text(cmd)
+    assert text.startswith("host box/1: 2 worker processes keep their outputs on one file")
+    assert "t1 (54.0 MiB), t2 (54.0 MiB) add up to 108.0 MiB" in text, text
+    assert "more than the 54.0 MiB it has free" in text and "--disk 27MiB" in text, text
+    ledger.left("t2", 2 * SETTLE)
+    (cleared,) = ledger.check(3 * SETTLE, "tick")
+    assert isinstance(cleared, HostOvercommitCleared) and cleared.workers == ("t1",)
+
+
+def test_two_worker_processes_on_one_spill_directory_are_warned_of(tmp_path: Path) -> None:
+    """The audit, with real processes over 127.0.0.1: a manager and two workers started
+    by hand on one spill directory, each with a --disk of three quarters of its file
+    system's free space. The manager logs the warning (the test waits for that line,
+    bounded), naming the --disk that fits; the console's status shows it; when one
+    worker stops, it is cleared."""
+    spill = tmp_path / "spill"
+    spill.mkdir()
+    disk = str(shutil.disk_usage(spill).free * 3 // 4)
+    with Cli(tmp_path) as cli:
+        manager, address = cli.manager("--no-monitoring")
+        flags = ("--pool", "manual", "--cores", "1", "--memory", "256MiB")
+        w1 = cli.worker(address, "--name", "w1", *flags, "--disk", disk, "--spill-dir", str(spill))
+        cli.worker(address, "--name", "w2", *flags, "--disk", disk, "--spill-dir", str(spill))
+        line = cli.line_with(manager, "workers count more disk than their file system has", LIMIT)
+        assert "warning" in line and "'w1'" in line and "'w2'" in line, line
+        assert f"dev {os.stat(spill).st_dev}" in line and "--disk" in line, line
+
+        status = cli.start("console", address, "status", "--json")
+        st = json.loads("".join(cli.rest(status, LIMIT)))
+        assert status.wait(LIMIT) == 0
+        (warning,) = st["warnings"]
+        assert "keep their outputs on one file system" in warning and "w2" in warning
+
+        cli.stop([w1])
+        line = cli.line_with(manager, "no longer count more disk than their file system", LIMIT)
+        assert "w2" in line
