@@ -135,7 +135,9 @@ PROBE_CODE = (
     f"print({PROBE_MARK!r} + json.dumps(out), flush=True)\n"
 )
 
-_FULL = 100 * 2**20  #: less free space than this: the file system is full
+#: less free space than this, or than a hundredth of its size if that is less: the file
+#: system is full (a small file system with room is not: it may be too small, a WARN)
+_FULL = 100 * 2**20
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -874,6 +876,11 @@ def _gib(n: int) -> str:
     return f"{n / 2**30:.1f} GiB"
 
 
+def _space(n: int) -> str:
+    """Bytes of a disk: GiB, or MiB below one (a small file system is not "0.1 GiB")."""
+    return _gib(n) if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
 def _a(noun: str) -> str:
     """``noun`` with its indefinite article: "an output directory", "a run directory"."""
     return f"{'an' if noun[:1] in 'aeiou' else 'a'} {noun}"
@@ -898,7 +905,9 @@ def _cannot_create_in(directory: Path) -> str | None:
 def check_directory(what: str, path: Path, needed: int) -> CheckResult:
     """``path`` is a directory or can be created, is writable (a probe directory is
     made in it, or in the nearest existing parent, and removed), and has ``needed``
-    bytes free (WARN below it; FAIL when the file system is full)."""
+    bytes free (WARN below it, saying so of the file system's size when that is less;
+    FAIL when the file system is full: less free than :data:`_FULL`, or than a
+    hundredth of its size if that is less)."""
     path = path.absolute()
     existing = path
     while not existing.exists() and existing != existing.parent:
@@ -916,22 +925,28 @@ def check_directory(what: str, path: Path, needed: int) -> CheckResult:
             f"Choose {_a(what)} you can write, on a disk (not /proc, /sys or a read-only "
             f"mount), or fix the permissions of {existing}.",
         )  # fmt: skip
-    free = shutil.disk_usage(existing).free
+    usage = shutil.disk_usage(existing)
+    free, size = usage.free, usage.total
     made = "" if existing == path else f" (will be created in {existing})"
-    seen = f"{path}{made}: {_gib(free)} free"
-    if free < _FULL:
+    seen = f"{path}{made}: {_space(free)} free"
+    if free < min(_FULL, size // 100):
         return CheckResult(
-            ALL, what, FAIL, f"{seen}: the file system is full",
+            ALL, what, FAIL,
+            f"{seen}: the file system is full ({_space(usage.used)} used of "
+            f"{_space(size)})",
             f"Free space there, or choose {_a(what)} on another file system.",
         )  # fmt: skip
     if free < needed:
+        small = f" (the file system is {_space(size)} in all: too small for them)"
         return CheckResult(
-            ALL, what, WARN, f"{seen}, less than the {_gib(needed)} the pools may spill",
+            ALL, what, WARN,
+            f"{seen}, less than the {_space(needed)} the pools may spill"
+            + (small if size < needed else ""),
             f"Free space, or choose another {what} on a larger file system (the estimate is "
             "memory_per_worker x workers of every block at max_blocks, or disk_per_worker x "
             "workers where a pool sets it).",
         )  # fmt: skip
-    return CheckResult(ALL, what, PASS, seen + (f" (needs {_gib(needed)})" if needed else ""))
+    return CheckResult(ALL, what, PASS, seen + (f" (needs {_space(needed)})" if needed else ""))
 
 
 def check_directories(

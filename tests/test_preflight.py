@@ -43,6 +43,7 @@ from runtime.preflight import (
     render,
 )
 from tests.helpers import ROOT, Cli
+from tests.test_enospc import small_fs  # noqa: F401  (the fixture: an 8 MiB tmpfs, root)
 from tests.test_pools_slurm import CONF as SLURM_CONF
 from tests.test_pools_slurm import cluster_lock  # noqa: F401  (the fixture: skip or lock)
 from tests.test_slurm import slurm_conf  # noqa: F401  (cluster_lock needs it)
@@ -158,11 +159,52 @@ def test_a_writable_but_full_file_system_is_full(
     )  # type: ignore[attr-defined]
     r = check_directory("output directory", tmp_path / "out", needed=0)
     assert (r.status, r.detail) == (
-        FAIL, f"{tmp_path / 'out'} (will be created in {tmp_path}): 0.0 GiB free: "
-        "the file system is full",
+        FAIL, f"{tmp_path / 'out'} (will be created in {tmp_path}): 0.0 MiB free: "
+        "the file system is full (1.0 GiB used of 1.0 GiB)",
     )  # fmt: skip
     assert r.advice == "Free space there, or choose an output directory on another file system."
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_small_file_system_with_room_is_too_small_not_full(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The audit: an empty 60 MB file system for two workers of disk_per_worker 300MiB
+    is too small for them (WARN, naming both sizes), not "full" (FAIL: "0.1 GiB free:
+    the file system is full", from any file system with less than 100 MiB free). Full
+    is less free than 100 MiB or a hundredth of its size, if that is less: 0.5 MiB of
+    an almost used 60 MB one."""
+    size = 60 * 10**6
+    usage = {"now": shutil._ntuple_diskusage(size, 0, size)}  # type: ignore[attr-defined]
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage["now"])
+    r = check_directory("spill directory", tmp_path, needed=600 * 2**20)
+    assert (r.status, r.detail) == (
+        WARN, f"{tmp_path}: 57.2 MiB free, less than the 600.0 MiB the pools may spill "
+        "(the file system is 57.2 MiB in all: too small for them)",
+    )  # fmt: skip
+    assert check_directory("spill directory", tmp_path, needed=0).status == PASS
+    usage["now"] = shutil._ntuple_diskusage(size, size - 2**20, 2**20)  # type: ignore[attr-defined]
+    assert check_directory("spill directory", tmp_path, needed=0).status == PASS  # 1 MiB: room
+    usage["now"] = shutil._ntuple_diskusage(size, size - 2**19, 2**19)  # type: ignore[attr-defined]
+    full = check_directory("spill directory", tmp_path, needed=600 * 2**20)
+    assert (full.status, full.detail) == (
+        FAIL, f"{tmp_path}: 0.5 MiB free: the file system is full (56.7 MiB used of 57.2 MiB)"
+    )  # fmt: skip
+
+
+def test_check_on_a_real_small_empty_file_system_says_it_is_too_small(
+    tmp_path: Path,
+    small_fs: Path,  # noqa: F811  (the fixture imported above)
+) -> None:
+    """The audit's command on a real empty 8 MiB tmpfs: a WARN (exit 0) that it is too
+    small for the pool's 2 x 300 MiB, never "full"."""
+    config = LOCAL.replace('memory_per_worker = "64MiB"', 'disk_per_worker = "300MiB"')
+    done = check(tmp_path, config, "--spill-dir", str(small_fs), "--no-probe")
+    assert done.returncode == 0, done.stdout + done.stderr
+    (line,) = [ln for ln in done.stdout.splitlines() if "spill directory  " in ln]
+    assert line.startswith("WARN") and "full" not in line, line
+    assert "8.0 MiB free, less than the 600.0 MiB the pools may spill" in line, line
+    assert "(the file system is 8.0 MiB in all: too small for them)" in line, line
 
 
 def test_json_results_and_a_warning_for_too_little_room(tmp_path: Path) -> None:
