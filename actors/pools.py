@@ -405,6 +405,16 @@ def pools_from_dicts(
     ``refuse`` that keeps them, every unknown key of every pool (and each other pool's
     first problem) is kept there and the pools without one are returned."""
     refuse = refuse or Refusals()
+    if isinstance(pools, list) and all(isinstance(p, Mapping) for p in pools):
+        named = next((str(p["name"]) for p in pools if "name" in p), "NAME")
+        refuse(PoolConfigError(
+            "", "pools",
+            f"is a list of tables ([[pools]]), got {pools!r}; write [pools.NAME] tables, one "
+            f"per pool, its name in the header and without a name key (e.g. [pools.{named}]); "
+            "in Python, a dict {name: {key: value}}",
+            source,
+        ))  # fmt: skip
+        return {}
     if not isinstance(pools, Mapping) or not pools:
         refuse(PoolConfigError("", "pools", f"must name at least one pool, got {pools!r}", source))
         return {}

@@ -231,6 +231,15 @@ def test_a_file_is_refused_naming_the_file_pool_and_key(tmp_path: Path) -> None:
     path.write_text('[pool.ckpt]\nprovider = "slurm"\n')
     with pytest.raises(PoolConfigError, match="did you mean 'pools'"):
         load_config(path)
+    # The audit: [[pools]] with a name key (what architecture.md said) is a list.
+    path.write_text('[[pools]]\nname = "cpu"\nprovider = "local"\n')
+    with pytest.raises(PoolConfigError) as info:
+        load_config(path)
+    assert (info.value.key, info.value.source) == ("pools", str(path))
+    assert "is a list of tables ([[pools]])" in str(info.value)
+    assert "write [pools.NAME] tables" in str(info.value) and "[pools.cpu]" in str(info.value)
+    path.write_text('[pools.cpu]\nprovider = "local"\n')  # what it says to write works
+    assert list(load_config(path)) == ["cpu"]
     path.write_text("[pools.ckpt\n")
     with pytest.raises(PoolConfigError, match="not valid TOML"):
         load_config(path)
