@@ -132,6 +132,8 @@ class _Graph(NamedTuple):
     run_keys: tuple[Key, ...]  #: its tasks' keys, then the other keys it asks for
     #: the pools its tasks name that are not configured (none when no pool is)
     unconfigured: tuple[str, ...] = ()
+    #: what the client is told of the graph (annotations dask's optimization changed)
+    notes: tuple[str, ...] = ()
 
 
 @message(local=True)
@@ -252,6 +254,7 @@ class Manager(Actor):
         """The graph's specs validated, cut in the pieces the scheduler takes them in by.
         In a thread for large graphs: it reads ``keys``, which only requests taken in
         turn change."""
+        notes: list[str] = []
         specs = build_specs(
             msg.graph,
             msg.keys,
@@ -261,6 +264,7 @@ class Manager(Actor):
             resources=msg.resources,
             pool=msg.pool,
             timeout=msg.timeout,
+            notes=notes,
         )
         # a task no worker of its configured pool could run: refused; the pools named
         # that are not configured: the client is told of those no worker has joined
@@ -268,7 +272,7 @@ class Manager(Actor):
         if unconfigured and self.closed:
             raise self._never_served(unconfigured[0])
         run_keys = tuple(dict.fromkeys([*specs, *msg.keys]))
-        return _Graph(specs, in_pieces(specs, msg.keys), run_keys, unconfigured)
+        return _Graph(specs, in_pieces(specs, msg.keys), run_keys, unconfigured, tuple(notes))
 
     @handles(_Built)
     def built(self, msg: _Built) -> SubmitReply | Later:
@@ -309,7 +313,7 @@ class Manager(Actor):
         request = SubmitSpecs(run, graph.pieces, tuple(wanted), told, echoed, msg.client)
         if not told:
             self._scheduler().post(request)
-            return SubmitReply(run, echoed=echoed)
+            return SubmitReply(run, graph.notes, echoed)
         # A pool that is not configured: a worker may have joined it by hand (--pool),
         # which the scheduler knows. It answers which no worker has joined as it gets
         # the specs (not once they are taken in), in order with what comes next.
@@ -317,7 +321,7 @@ class Manager(Actor):
 
         async def warnings() -> SubmitReply:
             empty = await answer
-            return SubmitReply(run, tuple(
+            return SubmitReply(run, graph.notes + tuple(
                 f"tasks of this submission ask for {why}: they wait until a worker joins "
                 f"with --pool {pool}"
                 for pool, why in told

@@ -21,6 +21,7 @@ import math
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any, NamedTuple
 
+import dask
 import dask._expr
 from dask._expr import Expr
 from dask._task_spec import (
@@ -29,6 +30,7 @@ from dask._task_spec import (
     GraphNode,
     Task,
     TaskRef,
+    _execute_subgraph,
     convert_legacy_graph,
     parse_input,
 )
@@ -342,11 +344,147 @@ class TaskOptions:
         )  # fmt: skip
 
 
-def _materialize(graph: Any) -> tuple[Mapping[Key, Any], dict[Key, dict[str, Any]]]:
-    """The graph as a mapping, and its per-key annotations."""
-    if isinstance(graph, Expr):
+def _materialize(
+    graph: Any, notes: list[str] | None = None
+) -> tuple[Mapping[Key, Any], dict[Key, dict[str, Any]]]:
+    """The graph as a mapping, and its per-key annotations.
+
+    A dask expression whose graphs carry annotations Corral honours (``dask.annotate``)
+    is optimized keeping them: without dask's low-level linear fusion, which drops every
+    layer's annotations (blockwise fusion, which combines them, is kept), and the tasks
+    fused all the same (a bag's, a delayed's with ``optimization.fuse.delayed``) take the
+    annotations of the tasks they carry out (:func:`_carried`). What cannot be kept is
+    said in ``notes``."""
+    if not isinstance(graph, Expr):
+        return graph, _layer_annotations(graph)
+    given = _given_annotations(graph)
+    if not given:
         return graph.__dask_graph__(), _expr_annotations(graph)
-    return graph, _layer_annotations(graph)
+    # (dask's config is the process's: dask code in other threads meanwhile sees it too)
+    with dask.config.set({"optimization.fuse.active": False}):
+        dsk = graph.__dask_graph__()  # optimized (once: dask caches it) without it
+        annotations = _expr_annotations(graph)
+    return dsk, _carried(dsk, annotations, given, notes)
+
+
+def _given_annotations(expr: Expr) -> dict[Key, dict[str, Any]]:
+    """The annotations the user gave (the layers of the not yet optimized graphs of
+    ``expr``'s collections) that Corral honours, per key."""
+    out: dict[Key, dict[str, Any]] = {}
+    stack, seen = [expr], set()
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, dask._expr.HLGExpr):
+            if node.low_level_optimizer is not None:  # optimized: what it may drop
+                out.update(_layer_annotations(node.hlg))
+            continue
+        stack.extend(op for op in node.operands if isinstance(op, Expr))
+    return out
+
+
+def _inner_keys(node: Any) -> Iterable[Key]:
+    """The keys of the tasks a task fused by dask (``_execute_subgraph``) runs."""
+    if not (isinstance(node, Task) and node.func is _execute_subgraph and node.args):
+        return
+    inner = node.args[0]
+    inner = inner.value if isinstance(inner, DataNode) else inner
+    if isinstance(inner, Mapping):
+        for k, sub in inner.items():
+            yield k
+            yield from _inner_keys(sub)
+
+
+def _carried(
+    dsk: Mapping[Key, Any],
+    annotations: dict[Key, dict[str, Any]],
+    given: Mapping[Key, dict[str, Any]],
+    notes: list[str] | None,
+) -> dict[Key, dict[str, Any]]:
+    """``annotations`` (what dask kept) with the ``given`` annotations of the tasks each
+    task of ``dsk`` carries out: its own key's and, for a task dask fused, those of the
+    tasks fused into it, combined (:func:`_combined`). An annotation given that no task
+    of ``dsk`` carries is said in ``notes``."""
+    out = dict(annotations)
+    bounded: list[Key] = []  # fused tasks with a timeout: it now bounds all their work
+    for k, node in dsk.items():
+        carried = list(dict.fromkeys((k, *_inner_keys(node))))
+        parts = [given[i] for i in carried if i in given]
+        if not parts:
+            continue
+        own = annotations.get(k)
+        out[k] = ann = _combined(k, [own, *parts] if own and k not in given else parts)
+        if len(carried) > 1 and ann.get("timeout") is not None:
+            bounded.append(k)
+    if bounded:
+        _note(
+            notes,
+            f"dask's graph optimization fused tasks, some with timeout= (dask.annotate), "
+            f"into {_some(bounded)}: the timeout bounds each try of the fused task, all its "
+            "work. Compute with optimize_graph=False to have it bound their own work only",
+        )
+    kept = {name for ann in out.values() for name in ann}
+    for name in sorted({name for ann in given.values() for name in ann} - kept):
+        keys = [k for k, ann in given.items() if name in ann]
+        _note(
+            notes,
+            f"the annotation {name}= (dask.annotate) of {_some(keys)} applies to no task: "
+            "dask's graph optimization dropped it. Compute with optimize_graph=False to "
+            "have it apply",
+        )
+    return out
+
+
+def _some(keys: list[Key], most: int = 3) -> str:
+    shown = ", ".join(repr(k) for k in keys[:most])
+    return f"task(s) {shown}" + (f" and {len(keys) - most} more" if len(keys) > most else "")
+
+
+def _note(notes: list[str] | None, text: str) -> None:
+    if notes is not None and text not in notes:
+        notes.append(text)
+
+
+def _combined(key: Key, parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """The annotations of task ``key``, into which dask fused tasks annotated ``parts``:
+    what is safe for all of them (the most retries, the highest priority, of each
+    resource the most, the longest timeout). Different pools are a :class:`GraphError`."""
+    if len(parts) == 1:
+        return parts[0]
+    out: dict[str, Any] = {}
+    for name in ANNOTATIONS:
+        values = [p[name] for p in parts if name in p]
+        if not values:
+            continue
+        if name == "resources":
+            merged: dict[str, Any] = {}
+            for r in values:
+                for res, amount in dict(r or {}).items():
+                    merged[res] = amount if res not in merged else max(merged[res], amount)
+            out[name] = merged
+        elif name == "pool":
+            pools = list(dict.fromkeys(values))
+            if len(pools) > 1:
+                raise GraphError(
+                    f"task {key!r} runs the work of tasks annotated with different pools "
+                    f"({', '.join(map(repr, pools))}): dask's graph optimization fused them "
+                    "into one task, which runs in one pool. Compute with "
+                    "optimize_graph=False, or give them the same pool",
+                    key=key,
+                )
+            out[name] = pools[0]
+        else:
+            try:
+                out[name] = (
+                    max(v for v in values if v is not None) if name == "timeout" else max(values)
+                )
+            except ValueError:  # every timeout None
+                out[name] = None
+            except TypeError:  # not comparable: the odd one out, for _checked to refuse
+                out[name] = next((v for v in values if not isinstance(v, int | float)), None)
+    return out
 
 
 class _KnownKeys:
@@ -517,6 +655,7 @@ def build_specs(
     resources: Mapping[str, float] | None = None,
     pool: str | None = None,
     timeout: float | None = None,
+    notes: list[str] | None = None,
 ) -> dict[Key, TaskSpec]:
     """Validate a graph and build the specs of the tasks needed for ``wanted``.
 
@@ -525,9 +664,10 @@ def build_specs(
     Raises :class:`MissingKeysError` (a ``KeyError``) for unknown requested keys or
     dependencies, :class:`CycleError` for cycles, :class:`GraphError` for invalid
     priorities, retries, resources, pools or timeouts (options or annotations). Nothing is run
-    when it raises.
+    when it raises. ``notes`` gets what the client is to be told of it: annotations
+    dask's graph optimization made apply otherwise, or dropped (:func:`_materialize`).
     """
-    graph, annotations = _materialize(graph)
+    graph, annotations = _materialize(graph, notes)
     check_graph_keys(graph)
     nodes = normalize_graph(graph, known)
     wanted = list(wanted)
