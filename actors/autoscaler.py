@@ -528,8 +528,11 @@ class Autoscaler(Actor):
         draining = frozenset(str(w) for k in ("draining", "retired") for w in status.get(k) or ())
         leaving = frozenset(str(w) for w in status.get("leaving") or ())
         walltime = frozenset(str(w) for w in status.get("walltime_draining") or ())
+        spent = frozenset(str(w) for w in status.get("spent_draining") or ())
         upcoming = await self._upcoming()
-        return QueuesSeen(now, status["queues"], processing, draining, upcoming, leaving, walltime)
+        return QueuesSeen(
+            now, status["queues"], processing, draining, upcoming, leaving, walltime, spent
+        )
 
     async def _upcoming(self) -> dict[str, list[float]] | None:
         """The scheduler's next wave, if the strategy looks ahead (None: not asked, or

@@ -30,6 +30,16 @@ or before any the blocks it has, at least its target, counted per pool in
   heard that the block runs; a worker the scheduler did not know when asked, seen
   later in its counts (it joined since), is asked to drain then.
 
+A pool never has more than ``max_blocks`` blocks at work: live blocks and requests,
+and also the blocks drained because their workers were sent the pool's
+``tasks_per_worker`` tries (``QueuesSeen.spent``) while a task still runs there
+(:meth:`AutoscalerState.spent_at_work`): a replacement for such a block is asked for
+when it ends (or its last task is done), or earlier only if the pool has room. Without
+this, each one-task block would stop counting as its task was sent, and a pool of
+``max_blocks = 2`` would hold a new block for every task in line. Other drained blocks
+(before their walltime, an operator's drain) stop counting at once: their
+replacements come up while they finish, for a drain period on top of ``max_blocks``.
+
 A block that ends unasked is reported (:class:`ReportGone`) with the cause its end
 state says and replaced. Ends that cost nothing are expected: ``preempted`` (the batch
 system took the node back) and ``walltime`` (TIMEOUT, or COMPLETED after the scheduler
@@ -328,7 +338,9 @@ class QueuesSeen(Event):
     leaves on its own (such a block may be requeued and run again). ``walltime``: the
     workers among ``draining`` the scheduler drains because their walltime is near; the
     others were drained by an operator (or for a scale-in): a drained block's end is
-    ``walltime`` or ``drained`` by this, not by whether its pool has a walltime."""
+    ``walltime`` or ``drained`` by this, not by whether its pool has a walltime.
+    ``spent``: the workers among ``draining`` drained because they were sent their
+    pool's ``tasks_per_worker`` tries (:meth:`AutoscalerState.spent_at_work`)."""
 
     queued: Mapping[str, int]
     processing: Mapping[str, int] | None = None
@@ -336,6 +348,9 @@ class QueuesSeen(Event):
     upcoming: Mapping[str, Sequence[float]] | None = None
     leaving: frozenset[str] = frozenset()  #: of those, the ones leaving on their own
     walltime: frozenset[str] = frozenset()  #: of those, the ones drained for their walltime
+    #: of those, the ones drained because they were sent their pool's tasks_per_worker
+    #: tries: their block still counts against max_blocks while a task runs there
+    spent: frozenset[str] = frozenset()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -507,6 +522,9 @@ class BlockRecord:
     since: float = 0.0  #: when it started (or was requeued): its age while not running
     stuck: bool = False  #: scaled in because it was not running by its provisioning timeout
     suspended: bool = False  #: held after it ran (the scheduler was told: HoldWorkers)
+    #: drained because its workers were sent their pool's ``tasks_per_worker`` tries:
+    #: it counts against max_blocks while a task runs there (``spent_at_work``)
+    spent: bool = False
 
 
 @dataclasses.dataclass(slots=True)
@@ -906,6 +924,7 @@ class AutoscalerState:
                         # system may run its block again.)
                         b.retiring = True
                         b.drained.update(b.workers)
+                        b.spent = not ev.spent.isdisjoint(b.workers)
         if ev.processing is None:
             return
         self.processing = dict(ev.processing)
@@ -1002,6 +1021,19 @@ class AutoscalerState:
             return None
         running = sum(self.processing.get(w, 0) for b in self.live(pool) for w in b.workers)
         return self.queued.get(pool, 0) + self.queued.get("*", 0) + running
+
+    def spent_at_work(self, pool: str) -> int:
+        """Blocks of ``pool`` drained because their workers were sent the pool's
+        ``tasks_per_worker`` tries that still run a task (or whose tasks are not
+        counted yet): unlike other drained blocks, they count against ``max_blocks``,
+        so a pool of one-task blocks never has more blocks at work than that."""
+        return sum(
+            1
+            for b in self.blocks.values()
+            if b.pool == pool
+            and b.spent
+            and (self.processing is None or any(self.processing.get(w, 0) for w in b.workers))
+        )
 
     def upcoming_in(self, pool: str) -> tuple[float, ...]:
         """The next wave ``pool`` may run (its own and any pool's), as last seen: the
@@ -1116,12 +1148,15 @@ class AutoscalerState:
             ps.retiring = sum(1 for b in self.blocks.values() if b.pool == ps.pool and b.retiring)
             ps.desired = want = self._desired(ps)
             have = ps.blocks + ps.requested
+            # At most max_blocks at work: the blocks spent by tasks_per_worker that
+            # still run a task count too (their replacements wait for them to end).
+            room = self._most(ps) - self.spent_at_work(ps.pool)
             for r in asked:  # wanted again: a cancelled request counts once more
                 if have < want and r in self.cancelled:
                     self.cancelled.discard(r)
                     ps.requested += 1
                     have += 1
-            while have < want and self._may_request(ps.pool):
+            while have < min(want, room) and self._may_request(ps.pool):
                 request = next(self._ids)
                 self.requests[request] = ps.pool
                 self.requested_at[request] = self._now
@@ -1186,10 +1221,12 @@ class AutoscalerState:
             assert 0 <= ps.desired <= self._most(ps), ps
             # Exactly the proposal (at most, once the pool may not ask): requests in
             # flight beyond it are cancelled, their blocks scaled in as they start.
+            # ... and at most max_blocks with the spent blocks that still run a task.
+            room = self._most(ps) - self.spent_at_work(pool)
             if not self._may_request(pool):
                 assert live <= ps.desired, (pool, live, ps)
             else:
-                assert live == ps.desired, (pool, live, ps)
+                assert live == ps.desired or (live < ps.desired and live >= room), (pool, live, ps)
             assert ps.blocks + ps.requested == live, (ps, live)
 
 

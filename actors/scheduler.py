@@ -753,6 +753,7 @@ class Scheduler(Actor):
             "walltime_draining": tuple(
                 sorted(w for w, ws in st.workers.items() if ws.walltime_drain)
             ),
+            "spent_draining": tuple(sorted(w for w, ws in st.workers.items() if st.spent(ws))),
             "rss": dict(self.rss),
             "memory": dict(self.memory),
             "throttled": tuple(sorted(st.throttled)),

@@ -2728,7 +2728,7 @@ class SchedulerState(DiskPlacement):
         idle = {
             wid: w
             for wid, w in self.free.items()
-            if not w.processing and not w.copies and self._tasks_left(w) > 1
+            if not w.processing and not w.copies and self.tasks_left(w) > 1
         }
         if not idle:
             return
@@ -3260,7 +3260,13 @@ class SchedulerState(DiskPlacement):
             # done (its block ends, and the autoscaler starts a fresh one if needed).
             self._drain(ws, f"draining:tasks_per_worker {most}")
 
-    def _tasks_left(self, ws: WorkerState) -> float:
+    def spent(self, ws: WorkerState) -> bool:
+        """``ws`` is drained because it was sent its pool's ``tasks_per_worker`` tries
+        (not leaving on its own): its block counts against ``max_blocks`` while it runs
+        a task (the scheduler's status ``spent_draining``)."""
+        return ws.draining and not ws.leaving and self.tasks_left(ws) <= 0
+
+    def tasks_left(self, ws: WorkerState) -> float:
         """How many more tries ``ws`` may be sent before its pool's
         ``tasks_per_worker`` drains it (``inf``: no limit)."""
         most = self.config.tasks_per_worker.get(ws.pool)
@@ -3912,7 +3918,7 @@ class SchedulerState(DiskPlacement):
             else:
                 assert not ws.retired, ws
             # Sent its pool's tasks_per_worker tries: it takes no other.
-            assert self._tasks_left(ws) > 0 or ws.draining, (ws, "past tasks_per_worker")
+            assert self.tasks_left(ws) > 0 or ws.draining, (ws, "past tasks_per_worker")
         assert self.draining <= self.workers.keys(), self.draining
         for ts, copies in self.replicas.items():
             assert ts.state == "memory" and copies and copies <= ts.who_has, (ts, copies)

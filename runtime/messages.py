@@ -1271,6 +1271,10 @@ class StatusReply(Message):
     leaving: tuple[str, ...] = ()
     #: of ``draining``, the workers the scheduler drains because their walltime is near
     walltime_draining: tuple[str, ...] = ()
+    #: of ``draining``, the workers drained because they were sent their pool's
+    #: ``tasks_per_worker`` tries: their blocks count against ``max_blocks`` while a
+    #: task runs there
+    spent_draining: tuple[str, ...] = ()
     rss: dict[str, int] = dataclasses.field(default_factory=dict)
     memory: dict[str, WorkerMemoryReport] = dataclasses.field(default_factory=dict)
     throttled: tuple[str, ...] = ()
@@ -1331,7 +1335,10 @@ class StatusReply(Message):
         out["replicas"] = self.replicas.to_fields()
         out["storage"] = self.storage.to_dict()
         out["disk_stalls"] = [s.to_fields() for s in self.disk_stalls]
-        lists = ("draining", "retired", "leaving", "walltime_draining", "throttled", "warnings")
+        lists = (
+            "draining", "retired", "leaving", "walltime_draining", "spent_draining",
+            "throttled", "warnings",
+        )  # fmt: skip
         for name in lists:
             out[name] = list(out[name])
         busy, auto = out.pop("autoscaler_busy"), out.pop("autoscaler")

@@ -13,16 +13,21 @@ until the queue is empty or its walltime is reached.
 - The autoscaler's pure core: such drains, seen in a count or told with the end (read
   from a real scheduler core's story, as the shell reads it), end blocks as
   ``drained``, each one replaced, and none spends the replacement budget, however
-  many end within its window.
+  many end within its window. A block drained with its last task counts against
+  ``max_blocks`` while that task runs: its replacement waits for room.
 - The pool key is checked like every other: a typed error, with the number meant.
 - End to end, real worker processes of a local pool: with ``tasks_per_worker = 1``,
   four tasks run on four workers, one block each, and every result comes back.
+  With ``max_blocks = 2``, six tasks held at a gate: two blocks, two tasks at once.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import time
 from collections import Counter
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +47,7 @@ from actors.autoscaler_state import (
     StartBlock,
     TargetSet,
 )
+from actors.autoscaler_state import Tick as Waited
 from actors.pools import pools_from_dicts
 from actors.scheduler_events import (
     Execute,
@@ -72,6 +78,7 @@ from tests.helpers import (
     run,
     specs_for,
     submit,
+    wait_until,
 )
 from tests.test_scheduler_state_machine import RandomWorkload
 from tests.test_speculation import T0, at, sent, straggler
@@ -265,11 +272,68 @@ def test_random_workloads_on_fresh_workers_keep_the_invariants_and_finish() -> N
 # ----------------------------------------------------------------------------- autoscaler core
 
 
+def blocks_at_work(s: AutoscalerState, pool: str) -> int:
+    """Blocks of ``pool`` at work as max_blocks counts them: live, requested, and
+    spent by tasks_per_worker while a task runs there."""
+    return s.counts()[pool] + s.spent_at_work(pool)
+
+
+def test_spent_blocks_count_against_max_blocks_while_their_task_runs() -> None:
+    """max_blocks 2, tasks_per_worker 1, six tasks ready: the scheduler drains each
+    worker as it is sent its one task (``spent``). The exact commands: two blocks are
+    asked for, and a third only once a spent block's task is done (its worker keeps an
+    output: it stays, idle, and no longer counts) or its block ends; never more than
+    two at work. An operator's drain keeps its allowance: its replacement is asked for
+    at once."""
+    s = AutoscalerState(AutoscalerConfig(max_replacements=2))
+    limits = PoolLimits(min_blocks=0, max_blocks=2, init_blocks=2)
+    assert s.handle(TargetSet(0.0, "fresh", 2, "spec", limits)) == [
+        StartBlock(1, "fresh", "spec"),
+        StartBlock(2, "fresh", "spec"),
+    ]
+    assert s.handle(BlockStarted(1.0, 1, "fresh/block-1", ("w1",))) == []
+    assert s.handle(BlockStarted(1.0, 2, "fresh/block-2", ("w2",))) == []
+    both = frozenset({"w1", "w2"})
+    # Each is sent its one task and drained with it; four tasks wait.
+    seen = QueuesSeen(2.0, {"fresh": 4}, {"w1": 1, "w2": 1}, both, spent=both)
+    assert s.handle(seen) == []  # old: two more StartBlock, four blocks at work
+    assert s.spent_at_work("fresh") == 2 and blocks_at_work(s, "fresh") == 2
+    s.validate()
+    assert (
+        s.handle(Waited(3.0), QueuesSeen(4.0, {"fresh": 4}, {"w1": 1, "w2": 1}, both, spent=both))
+        == []
+    )
+    # w1's task is done; it keeps its output (the client holds it): it is idle, its
+    # block no longer counts, and one block is asked for in its place.
+    seen = QueuesSeen(5.0, {"fresh": 4}, {"w1": 0, "w2": 1}, both, spent=both)
+    assert s.handle(seen) == [StartBlock(3, "fresh", "spec")]
+    assert blocks_at_work(s, "fresh") == 2
+    # w2's block ends: one more.
+    assert s.handle(BlockEnded(6.0, "fresh/block-2", "completed")) == [
+        ReportGone("fresh/block-2", ("w2",), "drained", "completed"),
+        StartBlock(4, "fresh", "spec"),
+    ]
+    assert blocks_at_work(s, "fresh") == 2
+    s.validate()
+    assert s.handle(BlockStarted(7.0, 3, "fresh/block-3", ("w3",))) == []
+    assert s.handle(BlockStarted(7.0, 4, "fresh/block-4", ("w4",))) == []
+    # An operator drains w3 (not spent): its allowance, a replacement at once.
+    seen = QueuesSeen(
+        8.0, {"fresh": 2}, {"w1": 0, "w3": 1, "w4": 1}, frozenset({"w1", "w3", "w4"}),
+        spent=frozenset({"w1", "w4"}),
+    )  # fmt: skip
+    assert s.handle(seen) == [StartBlock(5, "fresh", "spec")]
+    assert s.spent_at_work("fresh") == 1 and s.counts()["fresh"] == 1
+    s.validate()
+    assert s.spent("fresh") == 0
+
+
 def test_one_task_blocks_end_drained_are_replaced_and_spend_no_budget() -> None:
     """Twelve one-task blocks end within a minute, with a budget of two unasked ends:
     each end is ``drained`` (the drain seen in a count, or told with the end, read
-    from the scheduler core's story as the shell reads it), free, and replaced; the
-    pool never gives up. Were they charged as unasked ends, the third would have
+    from the scheduler core's story as the shell reads it), free, and replaced as it
+    ends (a spent block counts against max_blocks while its task runs); the pool never
+    gives up. Were they charged as unasked ends, the third would have
     stopped its replacements."""
     sched = SchedulerState(SchedulerConfig(tasks_per_worker={"fresh": 1}))
     s = AutoscalerState(AutoscalerConfig(max_replacements=2, replacement_window=60.0))
@@ -289,11 +353,15 @@ def test_one_task_blocks_end_drained_are_replaced_and_spend_no_budget() -> None:
         assert assigned(cmds) == {wid: [key]}
         story = sched.story(wid)
         assert drained_since_joined(story) and not drained_for_walltime(story)
-        if n % 2:  # seen draining in a count: its replacement is asked for at once
-            seen = QueuesSeen(now + 1, {"fresh": 0}, {wid: 1}, frozenset({wid}))
-            assert s.handle(seen) == [StartBlock(n + 1, "fresh", "spec")]
+        if n % 2:  # seen draining in a count, spent by its one task: it counts while
+            # that task runs (max_blocks 1), so its replacement comes as it ends
+            seen = QueuesSeen(
+                now + 1, {"fresh": 1}, {wid: 1}, frozenset({wid}), spent=frozenset({wid})
+            )
+            assert s.handle(seen) == []
             assert s.handle(BlockEnded(now + 2, bid, "completed")) == [
-                ReportGone(bid, (wid,), "drained", "completed")
+                ReportGone(bid, (wid,), "drained", "completed"),
+                StartBlock(n + 1, "fresh", "spec"),
             ]
         else:  # drained, retired and gone between two counts: told with the end
             assert s.handle(BlockEnded(now + 2, bid, "completed", drained=True)) == [
@@ -352,6 +420,21 @@ def test_a_misspelt_key_gets_the_closest_name(tmp_path: Path) -> None:
 LIMIT = 120  # seconds the test may take: four worker processes start one after another
 
 
+@contextlib.asynccontextmanager
+async def fresh_pool(
+    tmp_path: Path, fn: Any, n: int, *, init_blocks: int
+) -> AsyncIterator[tuple[Cluster, Path, list[Any]]]:
+    """A cluster of one local pool of worker processes, ``tasks_per_worker = 1`` and
+    ``max_blocks = 2``, running ``fn(i, marks)`` for ``i`` in ``range(n)`` (``marks``: a
+    fresh directory the tasks mark), all within ``LIMIT`` seconds."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    pools = {"fresh": {"tasks_per_worker": 1, "max_blocks": 2, "init_blocks": init_blocks}}
+    with anyio.fail_after(LIMIT):
+        async with Cluster(pools=pools, processes=True) as cluster:
+            yield cluster, marks, cluster.map(fn, range(n), marks=str(marks))
+
+
 def marked(i: int, marks: str) -> int:
     """Record which worker ran this task (one file per task, named by the worker)."""
     Path(marks, f"{os.environ['CORRAL_WORKER_ID']}-{i}").touch()
@@ -364,31 +447,65 @@ async def test_four_tasks_run_on_four_fresh_workers_one_block_each(tmp_path: Pat
     """A local pool of worker processes with tasks_per_worker 1 and at most two
     blocks at work: four tasks run on four distinct workers, each of its own block,
     one task each; every result comes back; each block ends ``drained``, free."""
-    marks = tmp_path / "marks"
-    marks.mkdir()
-    pools = {"fresh": {"tasks_per_worker": 1, "max_blocks": 2, "init_blocks": 1}}
-    with anyio.fail_after(LIMIT):
-        async with Cluster(pools=pools, processes=True) as cluster:
-            futures = cluster.map(marked, range(4), marks=str(marks))
-            assert await cluster.gather(futures) == [0, 10, 20, 30]
-            ran = sorted(p.name.rsplit("-", 1) for p in marks.iterdir())
-            workers = [w for w, _ in ran]
-            assert len(ran) == 4 and len(set(workers)) == 4, ran
-            state = cluster.scheduler_state
-            tries = {
-                f.key: [(t.worker, t.outcome) for t in state.tasks[f.key].tries] for f in futures
-            }
-            assert sorted(w for per_key in tries.values() for w, _ in per_key) == sorted(workers)
-            assert all(len(per_key) == 1 and per_key[0][1] == "ok" for per_key in tries.values())
-            for w in workers:
-                assert "draining:tasks_per_worker 1" in [e[2] for e in state.story(w)]
-            # Released, no worker keeps a result: every block ends, drained, free.
-            for f in futures:
-                f.release()
-            for w in workers:
-                block = f"fresh/block-{w.rsplit('-', 1)[1]}"
-                end = await block_end(cluster, block, limit=LIMIT / 2)
-                assert (end["state"], end["cause"], end["charged"]) == (
-                    "completed", "drained", False,
-                ), end  # fmt: skip
-            assert (await cluster.status())["autoscaler"]["budget_spent"] == 0
+    async with fresh_pool(tmp_path, marked, 4, init_blocks=1) as (cluster, marks, futures):
+        assert await cluster.gather(futures) == [0, 10, 20, 30]
+        ran = sorted(p.name.rsplit("-", 1) for p in marks.iterdir())
+        workers = [w for w, _ in ran]
+        assert len(ran) == 4 and len(set(workers)) == 4, ran
+        state = cluster.scheduler_state
+        tries = {f.key: [(t.worker, t.outcome) for t in state.tasks[f.key].tries] for f in futures}
+        assert sorted(w for per_key in tries.values() for w, _ in per_key) == sorted(workers)
+        assert all(len(per_key) == 1 and per_key[0][1] == "ok" for per_key in tries.values())
+        for w in workers:
+            assert "draining:tasks_per_worker 1" in [e[2] for e in state.story(w)]
+        # Released, no worker keeps a result: every block ends, drained, free.
+        for f in futures:
+            f.release()
+        for w in workers:
+            block = f"fresh/block-{w.rsplit('-', 1)[1]}"
+            end = await block_end(cluster, block, limit=LIMIT / 2)
+            assert (end["state"], end["cause"], end["charged"]) == (
+                "completed", "drained", False,
+            ), end  # fmt: skip
+        assert (await cluster.status())["autoscaler"]["budget_spent"] == 0
+
+
+def gated(i: int, marks: str) -> int:
+    """Mark this task running (``run-<i>``) and how many run with it as it starts
+    (``seen-<i>-<n>``); wait for the test's gate (``go``), then end."""
+    d = Path(marks)
+    (d / f"run-{i}").touch()
+    (d / f"seen-{i}-{len(list(d.glob('run-*')))}").touch()
+    while not (d / "go").exists():  # the gate: the test opens it (in a worker process)
+        time.sleep(0.02)
+    (d / f"run-{i}").unlink()
+    return i
+
+
+@pytest.mark.anyio
+@pytest.mark.slow
+async def test_max_blocks_caps_one_task_blocks_and_tasks_running(tmp_path: Path) -> None:
+    """max_blocks 2, tasks_per_worker 1, six tasks held at a gate: once the two blocks'
+    workers run a task each (drained with it), the pool holds back: two blocks, two
+    tasks running, no third block asked for (before the fix every drained block was
+    replaced at once: six blocks, six tasks running). Gate open: all six finish, never
+    more than two of them running at once."""
+    async with fresh_pool(tmp_path, gated, 6, init_blocks=2) as (cluster, marks, futures):
+
+        async def at_peak() -> tuple[list[str], list[str]] | None:
+            """The tasks started and the pool's blocks once two tasks run and the
+            pool holds back (both blocks spent), or once more have started."""
+            started = sorted(p.name for p in marks.glob("seen-*"))
+            auto = (await cluster.status())["autoscaler"]
+            blocks = sorted(b for b, p in auto["block_pools"].items() if p == "fresh")
+            held = len(started) == 2 and set(blocks) <= set(auto["retiring"])
+            if held or len(started) > 2 or len(blocks) > 2:
+                return started, blocks
+            return None
+
+        started, blocks = await wait_until(at_peak, "two tasks running")
+        assert len(started) == 2 and len(blocks) == 2, (started, blocks)
+        (marks / "go").touch()
+        assert sorted(await cluster.gather(futures)) == list(range(6))
+        seen = [int(p.name.rsplit("-", 1)[1]) for p in marks.glob("seen-*")]
+        assert len(seen) == 6 and max(seen) <= 2, seen
