@@ -97,6 +97,10 @@ exit code and stderr; cut to :data:`MAX_DETAIL`), in the status's ends, the
 ``CorralBlocksFailing`` alert) carry.
 
 :class:`Shutdown` stops every block (no replacements afterwards).
+
+Every end is listed (:attr:`AutoscalerState.ends`) with its cause, a block the core
+stops itself (:class:`BlockStopped`) included: ``stuck``, ``shutdown`` while closing,
+else the drain's (``drained``: scaled in, or requeued while it was drained).
 """
 
 from __future__ import annotations
@@ -867,11 +871,14 @@ class AutoscalerState:
     def _block_stopped(self, ev: BlockStopped) -> None:
         b = self.blocks.pop(ev.block, None)
         if b is not None:
+            # Every end is listed with its cause: stopped because it was not running by
+            # its provisioning timeout, because the cluster shuts down, or scaled in
+            # (no worker of it joined, or requeued while it was being drained).
             self.ended += 1
-            if b.stuck:
-                self.ends.append(
-                    BlockEnd(b.block_id, b.pool, ev.state, "stuck", False, self._now, b.incarnation)
-                )
+            cause = "stuck" if b.stuck else "shutdown" if self.closing else self._drain_cause(b)
+            self.ends.append(
+                BlockEnd(b.block_id, b.pool, ev.state, cause, False, self._now, b.incarnation)
+            )
 
     def _block_running(self, ev: BlockRunning) -> None:
         b = self.blocks.get(ev.block)

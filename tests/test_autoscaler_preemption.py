@@ -29,14 +29,18 @@ from actors.autoscaler_state import (
     BlockRequeued,
     BlockStarted,
     BlockStartFailed,
+    BlockStopped,
     Command,
+    DrainAnswered,
     DrainWorker,
     Event,
     GaveUp,
     QueuesSeen,
     ReportGone,
     Resumed,
+    Shutdown,
     StartBlock,
+    StopBlock,
     TargetSet,
     Tick,
 )
@@ -315,6 +319,44 @@ def test_a_block_preempted_while_being_scaled_in_says_preempted() -> None:
         ReportGone(bid, ("w-2",), "preempted", "preempted")
     ]
     assert s.ends[-1].cause == "preempted" and s.counts() == {"p": 1}
+
+
+def test_every_block_the_core_stops_is_listed_with_its_cause() -> None:
+    """A block requeued after its worker was drained with its one task
+    (tasks_per_worker) is stopped: its end is listed, ``drained``, after its
+    ``requeued`` row (it had none: the monitoring DB wrote ``ended`` with no cause);
+    a block scaled in before a worker of it joined ends ``drained``, one stopped
+    because the cluster shuts down ``shutdown``. None spends the budget."""
+    s = make(max_replacements=0)
+    limits = PoolLimits(min_blocks=0, max_blocks=2, init_blocks=2)
+    run(s, TargetSet(0.0, "condo", 2, SPEC, limits))
+    used, idle = one_block(s, 1.0, 1, "condo"), one_block(s, 1.0, 2, "condo")
+    seen = QueuesSeen(2.0, {"condo": 1}, {"w-1": 1, "w-2": 0}, frozenset({"w-1"}),
+                      spent=frozenset({"w-1"}))  # fmt: skip
+    assert run(s, seen) == []
+    assert run(s, BlockRequeued(3.0, used, 2, "preempted")) == [
+        ReportGone(used, ("w-1",), "preempted", "requeued"),
+        StopBlock(used),
+    ]
+    assert run(s, BlockStopped(3.5, used, "cancelled")) == [StartBlock(3, "condo", SPEC)]
+    assert [(e.block, e.state, e.cause, e.charged) for e in s.ends] == [
+        (used, "requeued", "preempted", False),
+        (used, "cancelled", "drained", False),
+    ]
+    # Scaled in: its worker never joined (the scheduler does not know it): stopped.
+    assert run(s, TargetSet(4.0, "condo", 1, SPEC)) == [DrainWorker("w-2", idle)]
+    assert run(s, DrainAnswered(4.1, "w-2", False)) == [StopBlock(idle)]
+    assert run(s, BlockStopped(4.2, idle, "cancelled")) == []
+    # The cluster shuts down: the block asked for is stopped as it starts.
+    assert run(s, Shutdown(5.0), BlockStarted(5.1, 3, "condo/block-3", ("w-3",))) == [
+        StopBlock("condo/block-3")
+    ]
+    s.handle(BlockStopped(5.2, "condo/block-3", "cancelled"))
+    assert [(e.block, e.cause, e.charged) for e in s.ends][2:] == [
+        (idle, "drained", False),
+        ("condo/block-3", "shutdown", False),
+    ]
+    assert s.spent("condo") == 0
 
 
 def test_completed_unasked_without_a_drain_spends_the_budget() -> None:
