@@ -72,6 +72,7 @@ from runtime.messages import (
     StoryRequest,
     UpcomingRequest,
     WorkerGone,
+    WorkersStopping,
     WorkersSuspended,
     message,
 )
@@ -364,6 +365,12 @@ class Autoscaler(Actor):
 
     async def _carry_out(self, cmd: Command) -> Event | None:
         if type(cmd) is StopBlock:
+            b = self.state.blocks.get(cmd.block)
+            if self.state.closing and b is not None and b.workers:
+                # Stopped because the cluster shuts down: its workers leave as
+                # ``shutdown`` (a Slurm job's stop signal reads as a preemption to them).
+                with contextlib.suppress(ActorStopped):
+                    await self.scheduler.tell(WorkersStopping(b.workers))
             block = self._handles.pop(cmd.block)
             await self._owners.pop(cmd.block).stop_block(block)
             return BlockStopped(self.clock.now(), cmd.block, block.state.value)

@@ -56,6 +56,7 @@ from actors.scheduler_events import (
     ReplicasMissing,
     Replicate,
     RetireWorker,
+    StoppedWithCluster,
     Suspended,
     TaskCheckpointed,
     TasksFinished,
@@ -146,6 +147,7 @@ from runtime.messages import (
     WorkerHolds,
     WorkerInfo,
     WorkerMemoryReport,
+    WorkersStopping,
     WorkersSuspended,
     WorkerStorage,
     message,
@@ -539,6 +541,12 @@ class Scheduler(Actor):
         """The batch system suspended (or resumed) a block: its workers take no new
         tasks (or take them again)."""
         self._handle(Suspended(*self._ev(), tuple(msg.workers), msg.suspended))
+
+    @handles(WorkersStopping)
+    def workers_stopping(self, msg: WorkersStopping) -> None:
+        """The autoscaler stops these workers' blocks because the cluster shuts down:
+        they leave as ``shutdown``, not as the preemption their stop signal reads as."""
+        self._handle(StoppedWithCluster(*self._ev(), tuple(msg.workers)))
 
     @handles(PolicyNote)
     def policy_note(self, msg: PolicyNote) -> None:

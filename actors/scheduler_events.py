@@ -43,6 +43,7 @@ __all__ = [
     "ReplicasMissing",
     "Replicate",
     "RetireWorker",
+    "StoppedWithCluster",
     "Suspended",
     "TaskCheckpointed",
     "TasksFinished",
@@ -242,6 +243,16 @@ class Suspended(Event):
 
     workers: tuple[str, ...]
     suspended: bool = True
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StoppedWithCluster(Event):
+    """The cluster shuts down and the autoscaler stops the blocks of ``workers``: each
+    is lost as ``shutdown`` whatever cause its end is reported with (not a loss: its
+    life does not count as ended unasked in its pool's survival), unless it leaves
+    on purpose anyway (drained, walltime)."""
+
+    workers: tuple[str, ...]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

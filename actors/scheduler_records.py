@@ -215,6 +215,7 @@ class WorkerState:
         "unconfirmed",
         "view",
         "walltime_drain",
+        "with_cluster",
     )
 
     def __init__(self, wid: str, cores: int, memory: int, pool: str, saturation: float) -> None:
@@ -246,6 +247,9 @@ class WorkerState:
         #: drained by the core because its walltime is near (not by an operator's
         #: drain, ``WorkerDraining``): its end is ``walltime``, not ``drained``
         self.walltime_drain = False
+        #: its block is stopped because the cluster shuts down: it leaves as
+        #: ``shutdown``, whatever its end says (``StoppedWithCluster``)
+        self.with_cluster = False
         #: tries sent to it, speculative copies among them (its pool's
         #: ``tasks_per_worker`` drains it once they reach that many)
         self.tasks_sent = 0

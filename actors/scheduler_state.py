@@ -71,6 +71,9 @@ it), but it is not retired: what it runs goes on when it resumes (``Suspended`` 
 ``suspended`` False). Lost meanwhile for no known cause (``unknown``: a stopped
 process goes silent), it is lost as ``suspended`` (:meth:`SchedulerState.lost_cause`),
 a free loss like ``preempted``: its tasks are not suspects.
+After :class:`StoppedWithCluster` (the autoscaler stops its block because the cluster
+shuts down) a worker is lost as ``shutdown`` whatever its end says (inside a Slurm job
+the stop signal reads as ``preempted`` to it), unless it left on purpose anyway.
 
 Memory (see docs/memory.md): the memory policy marks categories as *producers* (their
 outputs are much larger than their inputs; before any has finished, tasks with no
@@ -180,6 +183,7 @@ from actors.scheduler_events import (
     ReplicasMissing,
     Replicate,
     RetireWorker,
+    StoppedWithCluster,
     Suspended,
     TaskCheckpointed,
     TasksFinished,
@@ -1008,10 +1012,21 @@ class SchedulerState(DiskPlacement):
             self._out.append(DropData(self._stimulus, ws.id, tuple(junk)))
 
     def lost_cause(self, worker: str, cause: str) -> str:
-        """Why ``worker`` is lost, reported with ``cause``: ``suspended`` for one whose
-        block is suspended that went silent (``unknown``), else ``cause``."""
+        """Why ``worker`` is lost, reported with ``cause``: ``shutdown`` for one whose
+        block is stopped because the cluster shuts down (:class:`StoppedWithCluster`;
+        its stop signal reads as a preemption inside a Slurm job) unless it left on
+        purpose anyway; ``suspended`` for one whose block is suspended that went silent
+        (``unknown``); else ``cause``."""
         ws = self.workers.get(worker)
+        if ws is not None and ws.with_cluster and cause not in ON_PURPOSE:
+            return "shutdown"
         return "suspended" if cause == "unknown" and ws is not None and ws.suspended else cause
+
+    def _stopped_with_cluster(self, ev: StoppedWithCluster) -> None:
+        for wid in ev.workers:
+            ws = self.workers.get(wid)
+            if ws is not None:  # one not joined (or gone) has no end to record
+                ws.with_cluster = True
 
     def _policy_noted(self, ev: PolicyNoted) -> None:
         self._log("-", "policy-error", ev.problem)
@@ -4013,6 +4028,7 @@ _DISPATCH: dict[type, Any] = {
     WorkerDraining: SchedulerState._worker_draining,
     WorkerLeaving: SchedulerState._worker_leaving,
     Suspended: SchedulerState._suspended,
+    StoppedWithCluster: SchedulerState._stopped_with_cluster,
     PolicyNoted: SchedulerState._policy_noted,
     WorkerMemory: SchedulerState._worker_memory,
     TaskCheckpointed: SchedulerState._checkpoint_saved,

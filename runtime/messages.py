@@ -318,6 +318,15 @@ class WorkersSuspended(Message):
     suspended: bool = True
 
 
+@message()
+class WorkersStopping(Message):
+    """Autoscaler -> scheduler: the cluster shuts down and the autoscaler stops the
+    blocks of ``workers``: however each goes now (a stop signal inside a Slurm job
+    reads as a preemption to the worker), it leaves as ``shutdown``."""
+
+    workers: tuple[str, ...]
+
+
 @message(local=True)
 class PolicyNote(Message):
     """Autoscaler -> scheduler: the scaling policy failed (``problem``): a

@@ -49,7 +49,7 @@ from actors.scheduler_events import WorkerDraining, WorkerJoined, WorkerLeaving,
 from actors.scheduler_state import SchedulerState
 from policies.scaling import PoolLimits
 from runtime.kernel import ActorSystem
-from runtime.messages import AutoscalerStatus, DrainRequest, StatusRequest
+from runtime.messages import AutoscalerStatus, DrainRequest, StatusRequest, WorkerGone
 from runtime.node import start_control_plane, worker_factory
 from tests.helpers import log_lines, wait_until
 
@@ -458,6 +458,7 @@ class Recording(InProcessProvider):
     def __init__(self, *args: Any, **kw: Any) -> None:
         super().__init__(*args, **kw)
         self.started: list[Block] = []
+        self.scheduler: Any = None  #: the scheduler's ref
 
     async def start_block(self, spec: BlockSpec) -> Block:
         block = await super().start_block(spec)
@@ -465,15 +466,29 @@ class Recording(InProcessProvider):
         return block
 
 
+class SignalledAsPreempted(Recording):
+    """Stopping a block reads to its worker as a preemption, as the stop signal
+    (``scancel``'s SIGTERM) does to a worker inside a Slurm job: it leaves
+    ``preempted``, then stops."""
+
+    async def stop_block(self, block: Block) -> None:
+        for wid in block.workers:
+            await self.scheduler.tell(WorkerGone(wid, "preempted"))
+        await super().stop_block(block)
+
+
 @asynccontextmanager
-async def one_recorded_block() -> AsyncIterator[tuple[Any, SchedulerState, Block, Recording]]:
-    """A control plane with one in-process block (``worker-1``, joined): the
-    autoscaler's ref, the scheduler's core, the block and its provider, for a test to
-    play the batch system on; bounded by 20 s."""
+async def one_recorded_block(
+    kind: type[Recording] = Recording,
+) -> AsyncIterator[tuple[Any, SchedulerState, Block, Recording]]:
+    """A control plane with one in-process block (``worker-1``, joined) of a ``kind``
+    of provider: the autoscaler's ref, the scheduler's core, the block and its
+    provider, for a test to play the batch system on; bounded by 20 s."""
     made: list[Recording] = []
 
     def provider(plane: Any) -> Recording:
-        made.append(Recording(plane.system, worker_factory(plane.refs["scheduler"])))
+        made.append(kind(plane.system, worker_factory(plane.refs["scheduler"])))
+        made[0].scheduler = plane.refs["scheduler"]
         return made[0]
 
     with anyio.fail_after(20):
@@ -503,6 +518,19 @@ async def ended_as(autoscaler: Any, block: Block, provider: Recording, state: Bl
     ref.stop()
     (end,) = (await wait_until(lambda: with_ends(autoscaler), "block-1 ended", limit=10)).ends
     return end
+
+
+@pytest.mark.anyio
+async def test_workers_whose_blocks_the_autoscaler_stops_at_shutdown_leave_as_shutdown() -> None:
+    """The manager stops: the autoscaler stops its blocks, and their workers read the
+    stop signal as a preemption. The scheduler is told first, so the worker's end is
+    ``shutdown`` (its story, its pool's survival), not ``preempted``."""
+    async with one_recorded_block(SignalledAsPreempted) as (autoscaler, scheduler, _, _):
+        autoscaler.stop()
+        await wait_until(lambda: "worker-1" not in scheduler.workers, "worker-1 gone", limit=10)
+        left = [t[2] for t in scheduler.story_log if t[:2] == ("worker-1", "joined")]
+        assert left[-1] == "left:shutdown", left
+        assert [unasked for _, unasked in scheduler.lives["default"]] == [False]
 
 
 @pytest.mark.anyio

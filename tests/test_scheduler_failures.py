@@ -27,6 +27,7 @@ from actors.scheduler_events import (
     KeyDone,
     KeyErred,
     ReplicasMissing,
+    StoppedWithCluster,
     Suspended,
     TasksFinished,
     Tick,
@@ -715,6 +716,34 @@ def test_a_resumed_block_s_workers_take_tasks_again_and_other_losses_keep_their_
     assert s.lost_cause(wids[0], "crash") == "crash"  # only silence is the suspension's
     assert s.lost_cause(wids[0], "unknown") == "suspended"
     assert s.lost_cause("nobody", "unknown") == "unknown"
+
+
+def test_workers_stopped_with_the_cluster_leave_as_shutdown_not_preempted(
+    make_state: Factory,
+) -> None:
+    """The manager stops: the autoscaler stops the blocks (scancel), and a worker
+    inside a Slurm job reads its stop signal as a preemption. Told first
+    (``StoppedWithCluster``), the scheduler records its end ``shutdown``: its try's
+    cause, its story, and its pool's survival (a life not ended unasked). A worker of
+    another block, preempted meanwhile, stays ``preempted``; one retired on purpose
+    keeps its own cause."""
+    s = make_state()
+    submit(s, {"a": []}, ["a"])
+    stopped, other = join_block(s, "ckpt-1", n=1), join_block(s, "ckpt-2", n=1)
+    (running,) = (w for w in stopped + other if on(s, w) == {"a"})
+    assert run(s, event(StoppedWithCluster, workers=(*stopped, "not-joined"))) == []
+    assert s.lost_cause(stopped[0], "drained") == "drained"
+    leave(s, stopped[0], cause="preempted")
+    leave(s, other[0], cause="preempted")
+    assert ("ckpt-1.0", "joined", "left:shutdown") in lines_of(s, "ckpt-1.0")
+    assert ("ckpt-2.0", "joined", "left:preempted") in lines_of(s, "ckpt-2.0")
+    causes = {stopped[0]: "shutdown", other[0]: "preempted"}
+    assert s.tasks["a"].tries[0].cause == causes[running]  # the first loss: its worker's
+    assert sorted(unasked for _, unasked in s.lives["default"]) == [False, True]
+
+
+def lines_of(s: SchedulerState, worker: str) -> list[tuple[Any, ...]]:
+    return [e[:3] for e in s.story(worker)]
 
 
 # ----------------------------------------------------------------------------- rejoining
