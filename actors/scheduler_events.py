@@ -356,7 +356,8 @@ class DropData(Command):
 class Evacuate(Command):
     """The answer to :class:`WorkerLeaving`: copy each output ``key`` (``nbytes``) that
     is still needed and held only by ``worker`` to ``target``, ``(key, target, nbytes)``,
-    largest first."""
+    largest first. Later, more of the plan: a target named for ``key`` said it leaves
+    too while the copy was on its way, and ``key`` goes to another as well."""
 
     worker: str
     moves: tuple[tuple[Key, str, int], ...]

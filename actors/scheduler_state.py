@@ -558,6 +558,11 @@ class SchedulerState(DiskPlacement):
         #: Kept until answered (the answer always comes), even when the target is lost
         #: meanwhile, so that a late answer is not taken for a replica's
         self.evacuating: set[tuple[Key, str]] = set()
+        #: the copies a leaving worker's plan (:class:`Evacuate`) sends, per target:
+        #: target -> {key: the leaving source}, until the source's :class:`WorkerLeft`
+        #: says which were made. A target that says it leaves meanwhile has them
+        #: copied from the source to a survivor instead (:meth:`_worker_leaving`)
+        self.evac_planned: dict[str, dict[Key, str]] = {}
         #: an event that may change what a draining worker keeps (``_retire_idle``): 0
         #: none; ``_FILTER``: some of it may be let go; ``_RECOUNT``: a holder went
         self._keeping_changed = 0
@@ -1059,11 +1064,18 @@ class SchedulerState(DiskPlacement):
             self._records.append(("left", ws.id, ev.cause))
         if self.checkpoint_workers:  # before its tasks are sent again: what survived
             self._checkpoints_lost(ws.id)
+        # Its plan's copies are made or not, as it says: none is on its way any more.
+        self.evac_planned.pop(ws.id, None)
+        for planned in self.evac_planned.values():
+            for key in [k for k, source in planned.items() if source == ws.id]:
+                del planned[key]
+        onward = []  # copies that landed on a worker that said it leaves meanwhile
         for key, target in ev.evacuated:
             ts = self.tasks.get(key)
             to = self.workers.get(target)
             if ts is not None and to is not None and ws.id in ts.who_has:
                 self._evacuated(ts, ws.id, to, self.storage.left_after(ws.id, self._now))
+                onward.append((ts, to))
         lives = self.lives.get(ws.pool)
         if lives is None:
             lives = self.lives[ws.pool] = deque(maxlen=MAX_LIVES)
@@ -1110,6 +1122,8 @@ class SchedulerState(DiskPlacement):
         ws.has_what.clear()
         self.held_bytes.pop(ws.id, None)
         self.storage.forget(ws.id)
+        for ts, to in onward:
+            self._pass_on(ts, to, ws)
 
     def _tasks_finished(self, ev: TasksFinished) -> None:
         ws = self.workers.get(ev.worker)
@@ -1420,6 +1434,7 @@ class SchedulerState(DiskPlacement):
                 self._log(ws.id, "joined", f"leaving:{ev.cause}")
             self._copies_off(ws, f"leaving:{ev.cause}")
             self._limits_changed()
+        self._redirect_planned(ws)
         needed = [
             ts
             for ts in ws.has_what
@@ -1427,17 +1442,18 @@ class SchedulerState(DiskPlacement):
             and (ts.consumers > 0 or ts.wanted)
             and not self._copy_landing(ts)
         ]
-        # Not onto its block's other workers: they go with it (a preempted block's
-        # workers all leave at once), though their own Leaving may not be here yet.
-        targets = [
-            w
-            for w in self.workers.values()
-            if _takes_new(w) and not (ws.block and (w.block, w.pool) == (ws.block, ws.pool))
-        ]
+        self._out.append(Evacuate(self._stimulus, ws.id, self._plan_moves(ws, needed, ws)))
+
+    def _plan_moves(
+        self, ws: WorkerState, needed: Iterable[TaskState], *going: WorkerState
+    ) -> tuple[tuple[Key, str, int], ...]:
+        """Where leaving ``ws`` copies each output of ``needed``: largest first, each to
+        the survivor of ``going`` (:meth:`_survivors`) that will then hold the fewest
+        bytes; one it would not fit is computed again instead. Each move is planned
+        (``evac_planned``) until ``ws`` says which copies it made."""
+        targets = self._survivors(*going)
         if not targets:
-            self._out.append(Evacuate(self._stimulus, ws.id, ()))
-            return
-        # Largest first, each to the target that will then hold the fewest bytes.
+            return ()
         held = {w.id: sum(t.nbytes for t in w.has_what) for w in targets}
         moves = []
         for ts in sorted(needed, key=lambda t: (-t.nbytes, str(t.key))):
@@ -1446,7 +1462,52 @@ class SchedulerState(DiskPlacement):
                 continue  # it would not fit anywhere better: recompute it instead
             held[target.id] += ts.nbytes
             moves.append((ts.key, target.id, ts.nbytes))
-        self._out.append(Evacuate(self._stimulus, ws.id, tuple(moves)))
+            self.evac_planned.setdefault(target.id, {})[ts.key] = ws.id
+        return tuple(moves)
+
+    def _survivors(self, *going: WorkerState) -> list[WorkerState]:
+        """The workers that may take the outputs of the leaving workers ``going``: they
+        take new work (so none that said it leaves), and none is of the block of one of
+        ``going``: a preempted block's workers all leave at once, though their own
+        Leaving may not be here yet."""
+        blocks = {(g.block, g.pool) for g in going if g.block}
+        return [
+            w for w in self.workers.values() if _takes_new(w) and (w.block, w.pool) not in blocks
+        ]
+
+    def _only_leaving_hold(self, ts: TaskState) -> bool:
+        """``ts``'s output is still needed (a client holds it, a task will read it) and
+        every worker holding it is leaving: it is lost unless copied on."""
+        if ts.state != "memory" or not (ts.consumers or ts.wanted) or not ts.who_has:
+            return False
+        return all((w := self.workers.get(h)) is None or w.leaving for h in ts.who_has)
+
+    def _redirect_planned(self, ws: WorkerState) -> None:
+        """``ws`` is leaving, and may be the target of another leaving worker's plan
+        (chosen before its own Leaving came: both of a preemption that took several
+        blocks at once). What that plan copies to ``ws`` would go with it: each such
+        output still needed and only held by leaving workers is copied by its source,
+        which holds it until it goes, to a survivor instead: more of the source's plan
+        (a second :class:`Evacuate`), which it carries out with the first."""
+        by_source: dict[str, list[TaskState]] = {}
+        for key, source in self.evac_planned.pop(ws.id, {}).items():
+            ts = self.tasks.get(key)
+            if ts is not None and source in self.workers and self._only_leaving_hold(ts):
+                by_source.setdefault(source, []).append(ts)
+        for source, needed in sorted(by_source.items()):
+            src = self.workers[source]
+            moves = self._plan_moves(src, needed, src, ws)
+            for key, target, _ in moves:
+                self._log(key, "memory", f"evacuate:{source}->{target}")
+            if moves:
+                self._out.append(Evacuate(self._stimulus, source, moves))
+
+    def _pass_on(self, ts: TaskState, to: WorkerState, source: WorkerState | None) -> None:
+        """An evacuated copy of ``ts`` landed on ``to``, which says it is leaving too
+        (its Leaving came while the copy was on its way): copied on to a survivor,
+        unless one holds it or a copy of it is on its way."""
+        if to.leaving and self._only_leaving_hold(ts):
+            self._copy_off(to, {ts}, going=(to,) if source is None else (to, source))
 
     def _retire_idle(self) -> None:
         """Retire the draining workers that run nothing any more, but never the only
@@ -1513,14 +1574,17 @@ class SchedulerState(DiskPlacement):
                 return False
         return True
 
-    def _copy_off(self, ws: WorkerState, keys: set[TaskState]) -> None:
+    def _copy_off(
+        self, ws: WorkerState, keys: set[TaskState], going: tuple[WorkerState, ...] = ()
+    ) -> None:
         """Have each output in ``keys`` (held by ``ws`` alone) copied to a worker that
         takes new tasks and has room for it, the one holding the fewest bytes; none
         already being copied, none to a worker that failed a copy of it. The copy goes
         as a :class:`Replicate` (the one copy path), but it is an *evacuation*
         (``evacuating``): not a replica; it counts as an evacuation when it lands
-        (:meth:`_evacuated`), as are the copies off a worker that leaves."""
-        targets = [w for w in self.workers.values() if _takes_new(w)]
+        (:meth:`_evacuated`), as are the copies off a worker that leaves. ``going``:
+        leaving workers whose blocks' workers take none of them (:meth:`_survivors`)."""
+        targets = self._survivors(*going)
         if not targets:
             return
         held = self._held_and_coming(targets)
@@ -2667,6 +2731,7 @@ class SchedulerState(DiskPlacement):
                     continue
                 self._evacuated(ts, source, ws, took)
                 self._log(key, "memory", f"evacuated:{ws.id}")
+                self._pass_on(ts, ws, self.workers.get(source))
                 continue
             self._add_replica(ts, ws)
             self.replicas.setdefault(ts, set()).add(ws.id)

@@ -314,7 +314,10 @@ class Worker(Actor):
         self._timer: asyncio.TimerHandle | None = None  #: the core's one timer
         self._copies: dict[int, tuple[anyio.Event, list[tuple[Key, ...]]]] = {}
         self._copy_ids = 0
+        #: while leaving, until its copies start: set once a plan came, and the plans
         self._plan: tuple[anyio.Event, list[tuple[Any, ...]]] | None = None
+        #: while its copies are made: starts those of more of its plan
+        self._more_moves: Callable[[tuple[Any, ...]], None] | None = None
         self._trimmed = 0.0  #: when the heap was last trimmed
         self._disk_full = False  #: warned that spilling has no disk room
         self._written: set[Key] = set()  #: outputs just written to disk, for the core
@@ -1182,20 +1185,20 @@ class Worker(Actor):
     async def _evacuate(self, cause: str) -> tuple[tuple[Key, str], ...]:
         """Ask the scheduler where this worker's needed outputs should go, have each
         target copy its share (all targets at once), tell the scheduler what was copied.
-        Bounded by the asker's timeout (the grace before the process must be gone)."""
-        done, plan = anyio.Event(), list[tuple[Any, ...]]()
-        self._plan = (done, plan)
+        More of the plan may come while the copies are made (a target said it leaves
+        too: its share goes to another): those copies start at once, and are waited for
+        as well. Bounded by the asker's timeout (the grace before the process must be
+        gone)."""
+        done, plans = anyio.Event(), list[tuple[Any, ...]]()
+        self._plan = (done, plans)
         # What it executes now: the tasks it has in hand besides these never started.
         ex = self.executor
         running = ex.executing_for() if ex is not None else {}
         executing = tuple(str(k) for k in running)
         self.scheduler.post(Leaving(self.worker_id, cause, executing, tuple(running.values())))
         await done.wait()
-        (moves,) = plan
-        by_target: dict[str, list[tuple[Key, int]]] = {}
-        for key, target, nbytes in moves:
-            by_target.setdefault(target, []).append((key, nbytes))
         copied: list[tuple[Key, str]] = []
+        planned = 0
 
         async def copy_to(target: str, keys: list[tuple[Key, int]]) -> None:
             try:
@@ -1210,20 +1213,35 @@ class Worker(Actor):
                 return
             copied.extend((k, target) for k in reply.got)
 
-        async with anyio.create_task_group() as tg:
-            for target, keys in by_target.items():
-                tg.start_soon(copy_to, target, keys)
-        self.log.info("evacuated", cause=cause, copies=len(copied), planned=len(moves))
+        try:
+            async with anyio.create_task_group() as tg:
+
+                def start(moves: tuple[Any, ...]) -> None:
+                    nonlocal planned
+                    planned += len(moves)
+                    by_target: dict[str, list[tuple[Key, int]]] = {}
+                    for key, target, nbytes in moves:
+                        by_target.setdefault(target, []).append((key, nbytes))
+                    for target, keys in by_target.items():
+                        tg.start_soon(copy_to, target, keys)
+
+                for moves in plans:
+                    start(moves)
+                self._plan, self._more_moves = None, start
+        finally:
+            self._more_moves = None
+        self.log.info("evacuated", cause=cause, copies=len(copied), planned=planned)
         self.scheduler.post(Evacuated(self.worker_id, tuple(copied)))
         return tuple(copied)
 
     @handles(EvacuationPlan)
     def evacuation_plan(self, msg: EvacuationPlan) -> None:
-        if self._plan is not None:
-            done, plan = self._plan
-            self._plan = None
-            plan.append(msg.moves)
+        if self._plan is not None:  # before the copies start: all of them start together
+            done, plans = self._plan
+            plans.append(msg.moves)
             done.set()
+        elif self._more_moves is not None:  # while they are made: these start now
+            self._more_moves(msg.moves)
 
     @handles(CopyFrom)
     def copy_from(self, msg: CopyFrom) -> Later:

@@ -355,7 +355,8 @@ class Leaving(Message):
 @message(local=True)
 class EvacuationPlan(Message):
     """Scheduler -> a leaving worker: copy each output to a worker,
-    ``(key, target worker, nbytes)``."""
+    ``(key, target worker, nbytes)``. One that comes while its copies are made is more
+    of the plan (a target said it leaves meanwhile): those start too."""
 
     moves: tuple[Any, ...]
 

@@ -5,7 +5,11 @@ before it leaves, so nothing is computed again.
 The scheduler's core is fed events (which outputs go where, and that a copy made
 before the loss keeps the output); then real worker processes: one inside a (Slurm)
 job environment is SIGTERMed holding the only copy of a wanted output, and the output
-is gathered from the other worker without its task running a second time.
+is gathered from the other worker without its task running a second time. Two
+workers preempted together (one the target of the other's plan, its Leaving a few ms
+later): the core moves the copy to a survivor (exact commands), the leaving worker
+carries out the plan's second part, and on worker processes the output ends on the
+survivor.
 """
 
 from __future__ import annotations
@@ -19,11 +23,19 @@ import numpy as np
 import pytest
 
 from actors.protocol import ToRun
-from actors.scheduler_events import Evacuate, WorkerJoined, WorkerLeaving, WorkerLeft
+from actors.scheduler_events import (
+    Evacuate,
+    Execute,
+    ReplicasCopied,
+    Replicate,
+    WorkerJoined,
+    WorkerLeaving,
+    WorkerLeft,
+)
 from actors.worker import Leave, Worker
 from runtime.graph import Task
-from runtime.kernel import ActorSystem, handles
-from runtime.messages import Evacuated, EvacuationPlan, Leaving, RunTasks
+from runtime.kernel import Actor, ActorSystem, Later, handles
+from runtime.messages import CopiesReply, CopyFrom, Evacuated, EvacuationPlan, Leaving, RunTasks
 from tests.helpers import (
     Cli,
     Factory,
@@ -111,6 +123,48 @@ async def test_a_preempted_workers_needed_output_survives_on_another(
         assert log.read_text() == "ran\n"  # computed once: the copy was used
 
 
+@pytest.mark.anyio
+async def test_two_workers_preempted_together_leave_the_needed_output_on_the_survivor(
+    tmp_path: Path,
+) -> None:
+    """Audit D2 on worker processes: a and b (each its own block, inside a job) are sent
+    SIGTERM together, a first; a holds the only copy of a wanted output, and its plan
+    names b (c, the survivor, holds more). b's Leaving comes while that copy is made:
+    the output must end on c and be used from there, never computed again."""
+    from runtime import Cluster
+
+    log = tmp_path / "runs"
+    n = 2**23  # 64 MiB: the copy to b outlasts b's signal
+    with Cli(tmp_path / "home") as cli, anyio.fail_after(LIMIT):
+        _, address = cli.manager()
+        cli.env["SLURM_JOB_ID"] = "4242"  # what the batch system sets inside a job
+        going = {}
+        for name in ("a", "b"):
+            cli.env["CORRAL_BLOCK_ID"] = f"block-{name}"
+            going[name] = cli.worker(
+                address, "--name", name, "--pool", f"p{name}", "--log-level", "info"
+            )
+        del cli.env["SLURM_JOB_ID"]
+        cli.env["CORRAL_BLOCK_ID"] = "block-c"
+        cli.worker(address, "--name", "c", "--pool", "pc")
+        async with Cluster(address) as c:
+            await c.wait_for_workers(3)
+            (x,) = await c.submit_graph({"x": (produce, str(log), n)}, ["x"], pool="pa")
+            (w,) = await c.submit_graph(
+                {"w": (produce, str(tmp_path / "w"), 2 * n)}, ["w"], pool="pc"
+            )
+            await x.wait()
+            await w.wait()
+            going["a"].send_signal(signal.SIGTERM)
+            cli.line_with(going["a"], "leaving")  # its Leaving is on its way: b's next
+            going["b"].send_signal(signal.SIGTERM)
+            assert going["a"].wait(LIMIT) == 0 and going["b"].wait(LIMIT) == 0
+            cli.worker(address, "--name", "d", "--pool", "pa")  # where x would run again
+            (y,) = await c.submit_graph({"y": (total, "x")}, ["y"], pool="pc")
+            assert await y == float(np.arange(n).sum())
+        assert log.read_text() == "ran\n"  # computed once: the copy on c was used
+
+
 def joined(s: Any, worker: str, block: str, pool: str = "default") -> None:
     run(s, event(WorkerJoined, worker=worker, cores=1, memory=2**30, pool=pool, block=block))
 
@@ -142,6 +196,72 @@ def test_the_core_plans_no_copy_onto_a_worker_of_the_leaving_workers_block(
     assert [(p.worker, p.moves) for p in of(out, Evacuate)] == [("a", ())]
     out = run(s, event(WorkerLeft, worker="a", cause="preempted"))
     assert s.tasks["x"].state != "memory" and s.tasks["x"].who_has == set()
+
+
+def copies(out: Any) -> list[tuple[str, str, Any]]:
+    """The copies the core asks for: ``(target, source, keys)``."""
+    return [(r.worker, r.source, r.keys) for r in of(out, Replicate)]
+
+
+def two_blocks_preempted(s: Any) -> None:
+    """Four blocks of one worker each; ``x`` (wanted) on ``a``, ``y`` (read by ``z``)
+    on ``b``. One preemption takes blocks 1 and 3: ``a`` says it leaves first, its plan
+    sends ``x`` to ``c`` (the emptiest), and ``c``'s own Leaving comes a few ms later,
+    while that copy is on its way."""
+    joined(s, "a", "block-1")
+    joined(s, "b", "block-2")
+    submit(s, {"x": [], "y": [], "z": ["y"]}, ["x", "z"])
+    assert (s.tasks["x"].worker, s.tasks["y"].worker) == ("a", "b")
+    finish(s, "a", "x", nbytes=100)
+    finish(s, "b", "y", nbytes=300)
+    joined(s, "c", "block-3")
+    joined(s, "d", "block-4")
+    assert (s.tasks["x"].who_has, s.tasks["y"].who_has) == ({"a"}, {"b"})
+    out = run(s, event(WorkerLeaving, worker="a", cause="preempted"))
+    assert [(p.worker, p.moves) for p in of(out, Evacuate)] == [("a", (("x", "c", 100),))]
+    out = run(s, event(WorkerLeaving, worker="c", cause="preempted"))
+    # More of a's plan: a, which holds x until it goes, copies it to d, the survivor:
+    # not to c (leaving), nor to b (it holds more). c has nothing of its own to copy.
+    assert [(p.worker, p.moves) for p in of(out, Evacuate)] == [
+        ("a", (("x", "d", 100),)),
+        ("c", ()),
+    ]
+    assert copies(out) == []
+
+
+def test_a_copy_planned_onto_a_worker_that_then_says_it_leaves_goes_to_a_survivor(
+    make_state: Factory,
+) -> None:
+    """Audit D2: two blocks preempted by one job; the first worker's plan chose the
+    other, whose Leaving came 36 ms later: its copies went with it and were computed
+    again though other workers survived."""
+    s = make_state(saturation=1.0)
+    two_blocks_preempted(s)
+    # No later plan chooses c, which said it leaves: b's y goes to d.
+    out = run(s, event(WorkerLeaving, worker="b", cause="preempted"))
+    assert [(p.worker, p.moves) for p in of(out, Evacuate)] == [("b", (("y", "d", 300),))]
+    # a made both copies (c's too, before c went); then a and c go: x stays on d.
+    evacuated = (("x", "c"), ("x", "d"))
+    out = run(s, event(WorkerLeft, worker="a", cause="preempted", evacuated=evacuated))
+    assert copies(out) == [] and s.tasks["x"].who_has == {"c", "d"}
+    out = run(s, event(WorkerLeft, worker="c", cause="preempted"))
+    assert s.tasks["x"].state == "memory" and s.tasks["x"].who_has == {"d"}
+    assert of(out, Execute) == [] and s.storage.recoveries == {}
+
+
+def test_a_copy_that_landed_on_a_leaving_worker_is_passed_on(make_state: Factory) -> None:
+    """The source had made its copies and gone before more of its plan came (the
+    target's Leaving came late), so only the planned copy to the leaving target landed:
+    once the source says so, that copy is passed on to a survivor before the target
+    goes."""
+    s = make_state(saturation=1.0)
+    two_blocks_preempted(s)
+    out = run(s, event(WorkerLeft, worker="a", cause="preempted", evacuated=(("x", "c"),)))
+    assert copies(out) == [("d", "c", (("x", 100),))]
+    run(s, event(ReplicasCopied, worker="d", asked=("x",), got=("x",)))
+    out = run(s, event(WorkerLeft, worker="c", cause="preempted"))
+    assert s.tasks["x"].state == "memory" and s.tasks["x"].who_has == {"d"}
+    assert of(out, Execute) == [] and s.storage.recoveries == {}
 
 
 class LeavingRecorder(SchedulerRecorder):
@@ -185,3 +305,71 @@ async def test_a_leaving_worker_says_which_of_its_tasks_execute(tmp_path: Path) 
             assert (msg.worker_id, msg.cause, msg.executing) == ("w1", "preempted", ("busy",))
             gate.touch()
             await sched.until(lambda: {"busy", "behind"} <= set(sched.done))
+
+
+class Target(Actor):
+    """Stands for a worker an evacuation copies to: records each CopyFrom and answers
+    that it holds the keys, once ``release`` is set."""
+
+    def __init__(self, release: anyio.Event) -> None:
+        self.release = release
+        self.asked: list[CopyFrom] = []
+        self.changed = anyio.Event()
+
+    @handles(CopyFrom)
+    def copy_from(self, msg: CopyFrom) -> Later:
+        self.asked.append(msg)
+        self.changed.set()
+
+        async def answer() -> CopiesReply:
+            await self.release.wait()
+            return CopiesReply(tuple(key for key, _ in msg.keys))
+
+        return Later(answer())
+
+
+class FirstPlan(LeavingRecorder):
+    """Answers the Leaving with ``x`` to ``t1``."""
+
+    @handles(Leaving)
+    def on_leaving(self, msg: Leaving) -> None:
+        self.leaving.append(msg)
+        self.worker.post(EvacuationPlan((("x", "t1", 10),)))
+
+    @handles(Evacuated)
+    def on_evacuated(self, msg: Evacuated) -> None:
+        self.messages.append(msg)
+        self._wake()
+
+
+@pytest.mark.anyio
+async def test_more_of_the_plan_while_the_copies_are_made_is_copied_too(tmp_path: Path) -> None:
+    """t1, the first plan's target, said it leaves while x was being copied to it: the
+    scheduler sends more of the plan (x to t2). The leaving worker starts that copy and
+    waits for it as well before it says what it copied (it used to drop it)."""
+    sched = FirstPlan()
+    slow, now = anyio.Event(), anyio.Event()
+    now.set()
+    t1, t2 = Target(slow), Target(now)
+    with anyio.fail_after(LIMIT):
+        async with ActorSystem() as system:
+            sref = await system.spawn(sched, "scheduler")
+            refs = {"t1": await system.spawn(t1, "t1"), "t2": await system.spawn(t2, "t2")}
+            w = Worker("w1", sref, refs.get, memory_options={"spill_dir": str(tmp_path)})
+            sched.worker = await system.spawn(w, "w1")
+            copied: list[Any] = []
+
+            async def leave() -> None:
+                copied.append(await sched.worker.ask(Leave("preempted"), timeout=LIMIT))
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(leave)
+                await t1.changed.wait()  # the copy to t1 is under way
+                sched.worker.post(EvacuationPlan((("x", "t2", 10),)))
+                await t2.changed.wait()
+                assert [m.keys for m in t2.asked] == [(("x", 10),)]
+                slow.set()
+            assert sorted(copied[0]) == [("x", "t1"), ("x", "t2")]
+            await sched.until(lambda: any(isinstance(m, Evacuated) for m in sched.messages))
+            (ev,) = [m for m in sched.messages if isinstance(m, Evacuated)]
+            assert sorted(ev.moves) == [("x", "t1"), ("x", "t2")]
