@@ -1116,7 +1116,9 @@ class SlurmProvider(Provider):
         if rec.restarts != before:
             last = rec.incarnations[-1]
             job.block.incarnation, job.block.requeue_cause = rec.restarts + 1, last.cause
-            self._log.warning(
+            # At debug: the autoscaler's `worker block requeued` is the line an operator
+            # reads (info for a preemption's requeue, expected; warning for another).
+            self._log.debug(
                 "block requeued: a new incarnation", pool=job.block.spec.pool,
                 block=job.block.block_id, job=rec.job_id, incarnation=rec.restarts + 1,
                 cause=last.cause,

@@ -769,3 +769,33 @@ async def test_missing_slurm_commands_are_a_clear_error(
     assert "sbatch: command not found" in str(err)
     assert "Install the Slurm client commands" in str(err)
     assert provider.error is err and provider.blocks == {}
+
+
+@pytest.mark.anyio
+async def test_a_requeue_is_no_warning_of_the_provider(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A user audit: every preemption on a requeueing partition logged the provider's
+    ``block requeued: a new incarnation`` at warning, the only line shown at the default
+    level, though a preemption's requeue is expected. The operator's line is the
+    autoscaler's ``worker block requeued`` (info for a preemption, warning for another;
+    tests/test_autoscaler_preemption.py); the provider's is a detail, at debug."""
+    caplog.set_level(logging.DEBUG, logger="corral")
+    state = tmp_path / "state"
+    state.mkdir()
+    _fake_slurm(tmp_path / "bin", state)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    put(state / "squeue.txt", "101|RUNNING|None|0|0|vm|\n")
+    provider = SlurmProvider(lambda b, i: ["true"], run_dir=tmp_path / "run", status_interval=0.01)
+    with anyio.fail_after(30):
+        async with provider.running():
+            block = await provider.start_block(BlockSpec(pool="ckpt"))
+            while provider.poll(block) is not BlockState.RUNNING:
+                await provider.wait_refreshed()
+            put(state / "squeue.txt", "101|PENDING|BeginTime|1|0||\n")  # requeued
+            while block.incarnation != 2:
+                await provider.wait_refreshed()
+    requeued = [r for r in caplog.records if "a new incarnation" in r.getMessage()]
+    assert [r.levelno for r in requeued] == [logging.DEBUG], [r.getMessage() for r in requeued]
+    assert "pool='ckpt' block='block-1' job='101' incarnation=2" in requeued[0].getMessage()
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
