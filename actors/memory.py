@@ -75,6 +75,7 @@ __all__ = [
     "Spill",
     "Throttled",
     "Tick",
+    "Trim",
     "limit_too_small",
 ]
 
@@ -233,6 +234,8 @@ class MemoryConfig:
 REPORT_EVERY = 1.0
 #: seconds after which a change of the bytes held too small to be a move is reported
 REPORT_SETTLE = 5.0
+#: seconds between two :class:`Trim` asks, at least (each runs ``gc.collect()``)
+TRIM_EVERY = 10.0
 #: a move: the bytes held or the RSS changed by this fraction of the memory limit...
 REPORT_STEP = 0.01
 #: ...or by this many bytes, whichever is more
@@ -297,10 +300,13 @@ class Event:
 @dataclasses.dataclass(frozen=True, slots=True)
 class Sampled(Event):
     """The worker's RSS (with its task processes), read after a task finished or on the
-    periodic tick; ``tasks``: ``(key, RSS)`` of each running task that can be killed."""
+    periodic tick; ``tasks``: ``(key, RSS)`` of each running task that can be killed;
+    ``idle``: the worker runs no task and holds no output in memory (all it holds is on
+    disk), so nothing it could spill or end would lower its RSS."""
 
     rss: int
     tasks: tuple[tuple[Any, int], ...] = ()
+    idle: bool = False
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -364,6 +370,13 @@ class Spill(Command):
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class Trim(Command):
+    """Give freed memory back to the OS (``gc.collect()``, then glibc's
+    ``malloc_trim(0)`` where there is one): the worker is idle over its resume mark
+    with nothing left to spill. The next idle sample says what is left."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Kill(Command):
     """Kill the running task ``key``: memory crossed the terminate fence."""
 
@@ -391,6 +404,8 @@ class MemoryGovernor:
         #: category -> the largest output a producer of it made here (its expected output)
         self.outputs: dict[str, int] = {}
         self._throttle_at = config.at(config.throttle)
+        self._trim_at = -TRIM_EVERY  #: when a Trim was last asked for
+        self._trimming = False  #: a Trim asked for, its idle sample not seen yet
 
     # -- the one mutator ---------------------------------------------------------------
 
@@ -436,6 +451,10 @@ class MemoryGovernor:
     def _sampled(self, ev: Sampled, out: list[Command]) -> None:
         cfg = self.config
         self.rss = rss = ev.rss
+        if ev.idle:
+            self._idle(ev, out)
+        else:
+            self._trimming = False  # a task or an output came: what a trim left is unknown
         if cfg.spill is not None and rss >= cfg.at(cfg.spill):
             out.append(Spill(rss - cfg.at(cfg.spill * 0.9)))
         if rss < self._throttle_at:
@@ -452,6 +471,18 @@ class MemoryGovernor:
                 worst = max(enumerate(candidates), key=lambda ikr: (ikr[1][1], ikr[0]))[1][0]
                 self.killed.add(worst)
                 out.append(Kill(worst, rss, cfg.limit))
+
+    def _idle(self, ev: Sampled, out: list[Command]) -> None:
+        """An idle sample (no task runs, no output in memory): over the resume mark,
+        nothing is left to spill, so ask the shell to give freed memory back
+        (:class:`Trim`), at most once every ``TRIM_EVERY`` seconds; the next sample
+        decides."""
+        if self._trimming:
+            self._trimming = False
+        elif ev.rss >= self.config.resume_at and ev.now - self._trim_at >= TRIM_EVERY:
+            self._trim_at = ev.now
+            self._trimming = True
+            out.append(Trim())
 
     def _resume(self, out: list[Command]) -> None:
         """Under the throttle fence (and, once throttled, under the resume mark): run

@@ -43,6 +43,7 @@ import ctypes
 import dataclasses
 import errno
 import functools
+import gc
 import inspect
 import os
 import shutil
@@ -223,6 +224,18 @@ def _malloc_trim() -> Callable[[int], int] | None:
 #: lowers RSS only after a trim; without one, the governor would see no relief and
 #: spill everything.
 MALLOC_TRIM = _malloc_trim()
+
+
+def trim_memory() -> bool:
+    """Give freed memory back to the OS: collect Python's garbage (cycles holding
+    frames, dataframes), then glibc's ``malloc_trim(0)``; False where the C library has
+    none (the collection still ran)."""
+    gc.collect()
+    if MALLOC_TRIM is None:
+        return False
+    MALLOC_TRIM(0)
+    return True
+
 
 #: seconds a peer's ask for a checkpoint not measured yet waits for its sha256 before the
 #: answer says "measuring" (the asker then asks again: a large file is not read within
@@ -437,6 +450,9 @@ class Worker(Actor):
             self._sample()
         elif isinstance(cmd, ws.Spill):
             self._spill(cmd)
+        elif isinstance(cmd, ws.Trim):
+            self._trimmed = self._now()
+            trim_memory()
         elif isinstance(cmd, ws.ReportMemory):
             self._report()
         elif isinstance(cmd, ws.ReportStarted):

@@ -76,6 +76,7 @@ __all__ = [
     "TasksAssigned",
     "TasksFinished",
     "TimerFired",
+    "Trim",
     "WorkerState",
 ]
 
@@ -274,6 +275,13 @@ class CopiesDone(Command):
 @dataclasses.dataclass(frozen=True, slots=True)
 class ReportMemory(Command):
     """Tell the scheduler the worker's memory state (throttled, RSS, spilled)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Trim(Command):
+    """Give freed memory back to the OS (``gc.collect()``, glibc's ``malloc_trim``):
+    idle over the resume mark with nothing left to spill (the governor's
+    :class:`~actors.memory.Trim`)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -955,7 +963,9 @@ class WorkerState:
             )
         elif ev.rss < cfg.at(cfg.throttle):
             self._over_terminate = False
-        cmds = self.governor.handle(mem.Sampled(ev.now, ev.rss, ev.tasks))
+        # Idle: no task here and every output held on disk (on_disk is a subset of held).
+        idle = not running and not self.queued and len(self.on_disk) == len(self.held)
+        cmds = self.governor.handle(mem.Sampled(ev.now, ev.rss, ev.tasks, idle))
         if self.governor.deferred:
             cmds += self.governor.handle(mem.Tick(ev.now))
         self._govern(cmds, ev.now, out)
@@ -1011,6 +1021,8 @@ class WorkerState:
                 waiting += tuple(f.task for f in self.fetching.values())
                 in_use = _inputs(self.running.values())
                 out.append(Spill(cmd.nbytes, in_use, _inputs(waiting) - in_use))
+            elif isinstance(cmd, mem.Trim):
+                out.append(Trim())
             elif isinstance(cmd, mem.Kill) and cmd.key in self.running:
                 self._killed_at[cmd.key] = cmd.rss
                 out.append(Kill(cmd.key, cmd.rss))

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from actors.memory import (
+    TRIM_EVERY,
     Defer,
     Finished,
     Kill,
@@ -19,6 +20,7 @@ from actors.memory import (
     Spill,
     Throttled,
     Tick,
+    Trim,
 )
 
 LIMIT = 1000
@@ -262,3 +264,22 @@ def test_zero_limit_and_unknown_options_are_refused() -> None:
 def test_unknown_events_are_refused() -> None:
     with pytest.raises(TypeError, match="cannot handle"):
         gov().handle(object())  # type: ignore[arg-type]
+
+
+# ----------------------------------------------------------------------------- trim
+
+
+def test_idle_over_the_resume_mark_asks_for_one_trim_and_the_next_sample_decides() -> None:
+    g = gov()  # spill and resume at 600, throttle at 700
+    # Idle (no task, no output in memory) over the resume mark: nothing to spill, so
+    # give memory back, once; the next sample is what is left.
+    assert g.handle(Sampled(0.0, 650, idle=True)) == [Trim(), Spill(650 - 540)]
+    assert g.handle(Sampled(0.05, 640, idle=True)) == [Spill(640 - 540)]
+    assert g.handle(Sampled(0.1, 640, idle=True)) == [Spill(640 - 540)]  # not again...
+    assert g.handle(Sampled(TRIM_EVERY, 640, idle=True)) == [Trim(), Spill(640 - 540)]  # ...soon
+
+
+def test_no_trim_while_tasks_run_or_under_the_resume_mark() -> None:
+    g = gov()
+    assert g.handle(Sampled(0.0, 650)) == [Spill(650 - 540)]  # not idle: spilling acts
+    assert g.handle(Sampled(1.0, 590, idle=True)) == []  # under the mark: nothing stuck

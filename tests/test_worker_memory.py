@@ -230,3 +230,16 @@ async def test_rss_sampled_while_a_task_runs_is_its_peak(
             await sched.until(lambda: "work-0" in sched.done)
     res = sched.done["work-0"]
     assert res.outcome == "ok" and res.rss_peak == 800 * MB
+
+
+def test_trim_gives_memory_back_and_is_a_collection_only_without_malloc_trim(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import actors.worker as worker_mod
+
+    assert worker_mod.trim_memory() is (worker_mod.MALLOC_TRIM is not None)
+    monkeypatch.setattr(worker_mod, "MALLOC_TRIM", None)  # not glibc: gc.collect() only
+    collected: list[int] = []
+    monkeypatch.setattr(worker_mod.gc, "collect", lambda: collected.append(1) or 0)
+    assert worker_mod.trim_memory() is False
+    assert collected == [1]

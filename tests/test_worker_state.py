@@ -51,6 +51,7 @@ from actors.worker_state import (
     TasksAssigned,
     TasksFinished,
     TimerFired,
+    Trim,
     WorkerState,
 )
 from runtime.errors import DiskFull, TaskTimeout, ValueTooLarge
@@ -310,6 +311,7 @@ def test_a_copy_and_a_task_share_one_fetch() -> None:
 def test_a_throttled_worker_defers_producers_and_runs_them_when_memory_falls() -> None:
     s = state(first_delay=0.25)
     assert feed(s, MemorySampled(0.0, 800)) == [
+        Trim(),  # idle, nothing to spill: give memory back first
         Spill(800 - 540),
         Log("info", "throttled", (("rss", 800),)),
         ReportMemory(),
@@ -325,6 +327,17 @@ def test_a_throttled_worker_defers_producers_and_runs_them_when_memory_falls() -
         ReportMemory(),
         Submit(p),
     ]
+
+
+def test_an_idle_worker_over_the_resume_mark_holding_only_spilled_outputs_trims() -> None:
+    s = state()
+    feed(s, TasksAssigned(0.0, (task("x"),)))
+    finish(s, "x")
+    assert Trim() not in feed(s, MemorySampled(0.5, 650))  # x in memory: spilling acts
+    feed(s, Spilled(0.6, ("x",)))
+    assert feed(s, MemorySampled(0.7, 650)) == [Trim(), Spill(650 - 540, frozenset())]
+    feed(s, TasksAssigned(20.0, (task("a"),)))  # a task runs: not idle
+    assert Trim() not in feed(s, MemorySampled(20.1, 650))
 
 
 def test_a_spill_spares_the_inputs_of_running_tasks_and_puts_waiting_ones_last() -> None:
