@@ -64,6 +64,7 @@ __all__ = [
     "Defer",
     "Event",
     "Finished",
+    "Floor",
     "Kill",
     "MemoryConfig",
     "MemoryConfigError",
@@ -234,8 +235,10 @@ class MemoryConfig:
 REPORT_EVERY = 1.0
 #: seconds after which a change of the bytes held too small to be a move is reported
 REPORT_SETTLE = 5.0
-#: seconds between two :class:`Trim` asks, at least (each runs ``gc.collect()``)
-TRIM_EVERY = 10.0
+#: seconds between two :class:`Trim` asks, at least (each runs ``gc.collect()``): well
+#: under the scheduler's ``stall_timeout`` (10 s), so that a floor that rose is measured
+#: again before the watchdog takes the wait for a stall
+TRIM_EVERY = 2.0
 #: a move: the bytes held or the RSS changed by this fraction of the memory limit...
 REPORT_STEP = 0.01
 #: ...or by this many bytes, whichever is more
@@ -377,6 +380,19 @@ class Trim(Command):
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class Floor(Command):
+    """The worker's floor (``floor``: its RSS idle after a trim, holding no output in
+    memory) is at or past its resume mark: memory that is not outputs, which nothing
+    the worker can do frees. It resumes producers under ``resume`` and throttles at
+    ``throttle`` now (bytes), instead of staying throttled for good. Said once per
+    rise of the floor past the mark (a warning)."""
+
+    floor: int
+    resume: int
+    throttle: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Kill(Command):
     """Kill the running task ``key``: memory crossed the terminate fence."""
 
@@ -403,9 +419,17 @@ class MemoryGovernor:
         self.categories: dict[Any, str] = {}  #: deferred or producing key -> its category
         #: category -> the largest output a producer of it made here (its expected output)
         self.outputs: dict[str, int] = {}
-        self._throttle_at = config.at(config.throttle)
         self._trim_at = -TRIM_EVERY  #: when a Trim was last asked for
         self._trimming = False  #: a Trim asked for, its idle sample not seen yet
+        #: the worker's floor: its RSS at the idle sample after a trim, lowered by any
+        #: idle sample under it (0: not measured). Memory that is not outputs.
+        self.floor = 0
+        self._warned = 0  #: the floor last said (Floor) while past the resume mark
+        #: the marks in force: the configured ones, moved up past a floor (:meth:`_mark`)
+        self.resume_at = config.resume_at
+        self.throttle_at = config.at(config.throttle)
+        #: the gap kept over a floor: half the hysteresis, at least 2% of the limit
+        self.margin = max(config.at(config.hysteresis) // 2, config.limit // 50)
 
     # -- the one mutator ---------------------------------------------------------------
 
@@ -442,9 +466,9 @@ class MemoryGovernor:
         fence (the limit with that fence off): a task larger than the room under the
         throttle fence runs, alone."""
         need, cfg = self.expected(key), self.config
-        if self.rss + sum(self.producing.values()) + need < self._throttle_at:
+        if self.rss + sum(self.producing.values()) + need < self.throttle_at:
             return True
-        return not self.producing and self.rss < cfg.resume_at and self.rss + need < cfg.ceiling
+        return not self.producing and self.rss < self.resume_at and self.rss + need < cfg.ceiling
 
     # -- handlers ----------------------------------------------------------------------
 
@@ -457,8 +481,8 @@ class MemoryGovernor:
             self._trimming = False  # a task or an output came: what a trim left is unknown
         if cfg.spill is not None and rss >= cfg.at(cfg.spill):
             out.append(Spill(rss - cfg.at(cfg.spill * 0.9)))
-        if rss < self._throttle_at:
-            if not self.throttled or rss < cfg.resume_at:
+        if rss < self.throttle_at:
+            if not self.throttled or rss < self.resume_at:
                 self._resume(out)
             return
         if not self.throttled:
@@ -476,13 +500,40 @@ class MemoryGovernor:
         """An idle sample (no task runs, no output in memory): over the resume mark,
         nothing is left to spill, so ask the shell to give freed memory back
         (:class:`Trim`), at most once every ``TRIM_EVERY`` seconds; the next sample
-        decides."""
+        decides: what is left is the worker's floor (:meth:`_mark`)."""
         if self._trimming:
             self._trimming = False
-        elif ev.rss >= self.config.resume_at and ev.now - self._trim_at >= TRIM_EVERY:
+            self._mark(ev.rss, out)
+        elif self.floor and ev.rss < self.floor:
+            self._mark(ev.rss, out)  # less is not outputs than measured: marks move down
+        elif ev.rss >= self.resume_at and ev.now - self._trim_at >= TRIM_EVERY:
             self._trim_at = ev.now
             self._trimming = True
             out.append(Trim())
+
+    def _mark(self, floor: int, out: list[Command]) -> None:
+        """The floor is ``floor``. Memory that is not outputs and that a trim did not
+        free must not throttle the worker for good: with the floor at or past the
+        configured resume mark, the worker resumes under ``floor + margin`` and
+        throttles no lower than ``margin`` above that (at most the terminate fence, the
+        limit with it off); so an idle worker at its floor takes producers again, and a
+        sample must climb ``margin`` over the new mark to throttle it (no flapping). A
+        floor under the mark changes nothing: the configured marks hold. The first time
+        the floor is past the mark, and whenever it rose ``margin`` since it was last
+        said, :class:`Floor`."""
+        cfg, margin = self.config, self.margin
+        self.floor = floor
+        resume, throttle = cfg.resume_at, cfg.at(cfg.throttle)
+        if floor < resume:
+            self._warned = 0  # under the mark: a later rise past it is said again
+        else:
+            resume = floor + margin
+            throttle = max(throttle, min(resume + margin, cfg.ceiling))
+            resume = min(resume, throttle)
+        self.resume_at, self.throttle_at = resume, throttle
+        if floor >= cfg.resume_at and (not self._warned or floor >= self._warned + margin):
+            self._warned = floor
+            out.append(Floor(floor, resume, throttle))
 
     def _resume(self, out: list[Command]) -> None:
         """Under the throttle fence (and, once throttled, under the resume mark): run

@@ -687,7 +687,7 @@ class Worker(Actor):
                 self.worker_id,
                 governor.throttled,
                 governor.rss,
-                cfg.at(cfg.throttle),
+                governor.throttle_at,
                 cfg.limit,
                 store.memory_bytes,
                 store.disk_bytes,
@@ -695,6 +695,7 @@ class Worker(Actor):
                 self.executor.abandoned if self.executor is not None else 0,
                 disk_free,
                 self._reported_disk[0],  # and checkpoint files and copies under way
+                governor.floor if governor.floor >= cfg.resume_at else 0,
             )
         )
 

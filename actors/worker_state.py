@@ -44,11 +44,12 @@ from typing import Any, Literal
 
 from actors import memory as mem
 from actors.protocol import TaskResult, ToRun
-from runtime.errors import DiskFull, TaskTimeout
+from runtime.errors import DiskFull, TaskTimeout, floor_warning
 from runtime.graph import Key
 from runtime.messages import get_data_batches
 
 __all__ = [
+    "FLOOR_EVENT",
     "KEEP_REPLICA_BYTES",
     "STARTED_AFTER",
     "CancelRequested",
@@ -82,6 +83,10 @@ __all__ = [
 
 #: a copy of a peer's output at least this large is dropped once nothing here needs it
 KEEP_REPLICA_BYTES = 1 << 20
+
+#: the warning a worker logs when its floor (memory that is not outputs) is at or past its
+#: resume mark, with the marks it goes by instead (docs/memory.md#the-floor)
+FLOOR_EVENT = "memory that is not outputs keeps the worker past its resume mark; marks moved up"
 
 #: seconds a try executes before the scheduler is told it started (:class:`ReportStarted`):
 #: short tasks owe no message; a speculative copy needs a longer run than this
@@ -1023,6 +1028,13 @@ class WorkerState:
                 out.append(Spill(cmd.nbytes, in_use, _inputs(waiting) - in_use))
             elif isinstance(cmd, mem.Trim):
                 out.append(Trim())
+            elif isinstance(cmd, mem.Floor):
+                cfg = self.governor.config
+                warning = floor_warning(cmd.floor, cfg.resume_at, cfg.at(cfg.throttle), cfg.limit)
+                fields = (("floor", cmd.floor), ("resume", cmd.resume),
+                          ("throttle", cmd.throttle), ("warning", warning))  # fmt: skip
+                out.append(Log("warning", FLOOR_EVENT, fields))
+                out.append(ReportMemory())
             elif isinstance(cmd, mem.Kill) and cmd.key in self.running:
                 self._killed_at[cmd.key] = cmd.rss
                 out.append(Kill(cmd.key, cmd.rss))

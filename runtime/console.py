@@ -1062,6 +1062,7 @@ def render_status(st: Mapping[str, Any]) -> RenderableType:
         if wid in throttled and state == "active":
             state = "throttled"
         spilled = memory.get(wid, {}).get("spilled_bytes")
+        floor = memory.get(wid, {}).get("floor")  # its marks moved up over it
         disk, free = w.get("disk"), memory.get(wid, {}).get("disk_free")
         if free is None:  # no report yet: all of it
             free = disk
@@ -1076,7 +1077,7 @@ def render_status(st: Mapping[str, Any]) -> RenderableType:
             _bytes(stored.get(wid)),
             _bytes(spilled) if spilled else "-",
             disk_text,
-            _bytes(rss.get(wid)),
+            _bytes(rss.get(wid)) + (f" (floor {_bytes(floor)})" if floor else ""),
             state,
         )
     parts.append(wt)

@@ -634,6 +634,40 @@ def _gib(n: float) -> str:
     return f"{n / 2**30:.2f} GiB"
 
 
+def memory_sizes(*sizes: float, top: float = 0) -> list[str]:
+    """``sizes`` of memory in one unit: GiB to a hundredth when ``top`` (default: the
+    largest of them; a worker's limit, where one is named) is a GiB or more, else MiB to
+    a tenth (a 400 MiB worker's 0.39 GiB said nothing of how near its limit it was)."""
+    if max(top, *sizes, 0) >= 2**30:
+        return [_gib(n) for n in sizes]
+    return [f"{n / 2**20:.1f} MiB" for n in sizes]
+
+
+#: What to do about a worker's floor (its RSS holding no output in memory and running
+#: no task: libraries, task processes, memory the allocator keeps) at its memory marks.
+FLOOR_ADVICE = (
+    "give the worker more memory (--memory, a pool's memory_per_worker); with execution "
+    "'process', run fewer task processes (fewer --cores) or execution 'thread' (each task "
+    "process holds its own copy of the libraries)"
+)
+
+
+def floor_warning(floor: int, resume_at: int, throttle_at: int, limit: int) -> str:
+    """Say that a worker's floor ``floor`` (bytes) is at or past its resume mark
+    ``resume_at`` (its throttle fence ``throttle_at``, limit ``limit``), and what to do."""
+    f, r, t, lim = memory_sizes(floor, resume_at, throttle_at, limit, top=limit)
+    return (
+        f"memory that is not outputs is {f} (the worker's floor: its RSS holding no output "
+        "in memory and running no task, after a trim: libraries, task processes, memory "
+        f"the allocator keeps), at or past its resume mark {r} (throttle fence {t}, limit "
+        f"{lim}), so spilling cannot bring it under that mark and outputs have little "
+        f"room; {FLOOR_ADVICE}"
+    )
+
+
+__all__ += ["FLOOR_ADVICE", "floor_warning", "memory_sizes"]
+
+
 class MemoryConfigError(CorralError, ValueError):
     def __init__(self, problem: str) -> None:
         super().__init__(

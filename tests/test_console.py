@@ -1725,3 +1725,23 @@ def test_no_token_file_says_to_copy_the_admin_token_not_the_printed_one(tmp_path
     with pytest.raises(CorralError) as info:
         Tokens.read_file(tmp_path / "127.0.0.1_8786.json")
     assert "under other host names: 0.0.0.0_8786.json (a file is named" in str(info.value)
+
+
+def test_status_shows_a_workers_floor_beside_its_rss() -> None:
+    """A worker whose floor (memory that is not outputs) moved its marks up says so in
+    the workers table; one whose configured marks hold shows its RSS alone."""
+    from tests.helpers import status_text
+
+    text = status_text(
+        {
+            "workers": [
+                {"worker_id": "w1", "pool": "p", "cores": 2},
+                {"worker_id": "w2", "pool": "p", "cores": 2},
+            ],
+            "rss": {"w1": 240 * 2**20, "w2": 100 * 2**20},
+            "memory": {"w1": {"floor": 240 * 2**20}, "w2": {"floor": 0}},
+        }
+    )
+    rows = {line.split()[1]: line for line in text.splitlines() if line[2:3] == "w"}
+    assert "(floor 240" in rows["w1"], text
+    assert "floor" not in rows["w2"], text

@@ -10,6 +10,7 @@ from actors.memory import (
     TRIM_EVERY,
     Defer,
     Finished,
+    Floor,
     Kill,
     MemoryConfig,
     MemoryConfigError,
@@ -274,12 +275,75 @@ def test_idle_over_the_resume_mark_asks_for_one_trim_and_the_next_sample_decides
     # Idle (no task, no output in memory) over the resume mark: nothing to spill, so
     # give memory back, once; the next sample is what is left.
     assert g.handle(Sampled(0.0, 650, idle=True)) == [Trim(), Spill(650 - 540)]
-    assert g.handle(Sampled(0.05, 640, idle=True)) == [Spill(640 - 540)]
-    assert g.handle(Sampled(0.1, 640, idle=True)) == [Spill(640 - 540)]  # not again...
-    assert g.handle(Sampled(TRIM_EVERY, 640, idle=True)) == [Trim(), Spill(640 - 540)]  # ...soon
+    assert g.handle(Sampled(0.05, 640, idle=True)) == [Floor(640, 690, 740), Spill(640 - 540)]
+    assert g.handle(Sampled(0.1, 700, idle=True)) == [Spill(700 - 540)]  # not again...
+    assert g.handle(Sampled(TRIM_EVERY, 700, idle=True)) == [Trim(), Spill(700 - 540)]  # ...soon
 
 
 def test_no_trim_while_tasks_run_or_under_the_resume_mark() -> None:
     g = gov()
     assert g.handle(Sampled(0.0, 650)) == [Spill(650 - 540)]  # not idle: spilling acts
     assert g.handle(Sampled(1.0, 590, idle=True)) == []  # under the mark: nothing stuck
+
+
+# ----------------------------------------------------------------------------- the floor
+
+
+def test_an_idle_floor_past_the_resume_mark_unthrottles_the_worker_and_is_said_once() -> None:
+    g = gov(first_delay=0.5)  # resume at 600, throttle at 700; margin max(50, 20) = 50
+    g.handle(Sampled(0.0, 720))  # a run took it past the throttle fence
+    assert g.throttled
+    assert g.handle(Ready(0.1, "load", True)) == [Defer("load", 0.6)]
+    # Idle, everything spilled: a trim first; what is left is not outputs (the floor).
+    assert g.handle(Sampled(1.0, 640, idle=True)) == [Trim(), Spill(640 - 540)]
+    assert g.handle(Sampled(1.05, 630, idle=True)) == [
+        Floor(630, 680, 730),
+        Spill(630 - 540),
+        Throttled(False, 630),
+        Run("load"),
+    ]
+    assert (g.floor, g.resume_at, g.throttle_at) == (630, 680, 730)
+    # No flapping: it throttles again only past floor + 2 margins, and resumes under
+    # floor + margin; the floor is said once.
+    assert g.handle(Sampled(1.1, 720)) == [Spill(720 - 540)]
+    assert g.handle(Sampled(1.2, 735)) == [Spill(735 - 540), Throttled(True, 735)]
+    assert g.handle(Sampled(1.3, 690, idle=True)) == [Spill(690 - 540)]  # over 680: no trim yet
+    assert g.handle(Sampled(1.4, 660, idle=True)) == [Spill(660 - 540), Throttled(False, 660)]
+    assert g.handle(Sampled(1.5, 640, idle=True)) == [Spill(640 - 540)]  # no Floor again
+
+
+def test_a_floor_that_rose_is_measured_again_after_a_trim_and_said_again() -> None:
+    g = gov()
+    g.handle(Sampled(0.0, 640, idle=True), Sampled(0.05, 630, idle=True))
+    assert (g.resume_at, g.throttle_at) == (680, 730)
+    assert g.handle(Sampled(1.0, 700, idle=True)) == [Spill(700 - 540)]  # trimmed 1 s ago
+    assert g.handle(Sampled(TRIM_EVERY, 700, idle=True)) == [Trim(), Spill(700 - 540)]
+    assert g.handle(Sampled(TRIM_EVERY + 0.05, 690, idle=True)) == [
+        Floor(690, 740, 790),
+        Spill(690 - 540),
+    ]
+    # An idle sample under the floor lowers it; under the resume mark, the marks are back.
+    assert g.handle(Sampled(TRIM_EVERY + 1, 500, idle=True)) == []
+    assert (g.floor, g.resume_at, g.throttle_at) == (500, 600, 700)
+
+
+def test_a_floor_under_the_resume_mark_leaves_the_old_behaviour() -> None:
+    g = gov(first_delay=0.5)
+    g.handle(Sampled(0.0, 720))
+    g.handle(Ready(0.1, "load", True))
+    assert g.handle(Sampled(1.0, 650, idle=True)) == [Trim(), Spill(650 - 540)]
+    # The trim freed enough: under the mark, the configured marks hold, nothing is said.
+    assert g.handle(Sampled(1.05, 590, idle=True)) == [
+        Throttled(False, 590),
+        Run("load"),
+    ]
+    assert (g.resume_at, g.throttle_at) == (600, 700)
+    assert g.handle(Sampled(1.1, 690)) == [Spill(690 - 540)]
+    assert g.handle(Sampled(1.2, 700)) == [Spill(700 - 540), Throttled(True, 700)]
+    assert g.handle(Sampled(1.3, 610)) == [Spill(610 - 540)]  # not idle: no trim, throttled
+
+
+def test_a_floor_near_the_terminate_fence_moves_the_throttle_fence_no_higher() -> None:
+    g = gov()  # terminate at 950
+    g.handle(Sampled(0.0, 930, idle=True))
+    assert g.handle(Sampled(0.05, 920, idle=True))[0] == Floor(920, 950, 950)

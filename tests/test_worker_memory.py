@@ -146,11 +146,16 @@ async def test_a_spill_leaves_the_inputs_of_a_running_task_in_memory(tmp_path: P
 async def test_a_deferred_producer_can_be_cancelled(tmp_path: Path) -> None:
     from runtime.messages import CancelTasks
 
-    rss = [900 * MB]
+    rss = [100 * MB]
     ran = threading.Event()
     with anyio.fail_after(LIMIT):
         async with worker(tmp_path, rss, spill=None) as (w, ref, sched):
-            await sched.until(lambda: bool(sched.reports))  # throttled from the start
+            # An output in memory (spilling off): what memory there is may be outputs,
+            # so the worker stays throttled (an idle one holding nothing would not).
+            ref.post(RunTasks((run("keep-0", load, MB),)))
+            await sched.until(lambda: "keep-0" in sched.done)
+            rss[0] = 900 * MB
+            await sched.until(lambda: bool(sched.reports) and sched.reports[-1].throttled)
             ref.post(RunTasks((run("load-0", lambda: ran.set(), producer=True),)))
             await ref.ask(StatusRequest())  # the RunTasks was handled
             assert "load-0" in w.state.deferred
@@ -243,3 +248,23 @@ def test_trim_gives_memory_back_and_is_a_collection_only_without_malloc_trim(
     monkeypatch.setattr(worker_mod.gc, "collect", lambda: collected.append(1) or 0)
     assert worker_mod.trim_memory() is False
     assert collected == [1]
+
+
+async def test_an_idle_worker_whose_floor_is_past_the_resume_mark_takes_producers_again(
+    tmp_path: Path,
+) -> None:
+    # The user audit's D1: RSS that is not outputs (libraries, allocator residue) kept an
+    # idle worker holding nothing throttled for good; its next run stalled.
+    rss = [800 * MB]  # spill and resume at 600 MB, throttle at 700 MB: throttled
+    with anyio.fail_after(LIMIT):
+        async with worker(tmp_path, rss) as (_, ref, sched):
+            await sched.until(lambda: any(r.throttled for r in sched.reports))
+            # Nothing to spill, a trim frees nothing: 800 MB is the worker's floor.
+            ref.post(RunTasks((run("load-0", load, MB, producer=True),)))
+            with anyio.fail_after(5):  # before: deferred for good
+                await sched.until(
+                    lambda: "load-0" in sched.done and not sched.reports[-1].throttled
+                )
+            report = sched.reports[-1]
+            assert not report.throttled and report.floor == 800 * MB
+            assert report.throttle_at == 900 * MB  # floor + 2 x 50 MB, under terminate

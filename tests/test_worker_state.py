@@ -26,6 +26,7 @@ from hypothesis.stateful import (
 from actors.memory import MemoryConfig
 from actors.protocol import TaskResult, ToRun
 from actors.worker_state import (
+    FLOOR_EVENT,
     CancelRequested,
     CancelRunning,
     Command,
@@ -54,7 +55,7 @@ from actors.worker_state import (
     Trim,
     WorkerState,
 )
-from runtime.errors import DiskFull, TaskTimeout, ValueTooLarge
+from runtime.errors import DiskFull, TaskTimeout, ValueTooLarge, floor_warning
 from runtime.graph import Key, Task
 
 MB = 1 << 20
@@ -338,6 +339,26 @@ def test_an_idle_worker_over_the_resume_mark_holding_only_spilled_outputs_trims(
     assert feed(s, MemorySampled(0.7, 650)) == [Trim(), Spill(650 - 540, frozenset())]
     feed(s, TasksAssigned(20.0, (task("a"),)))  # a task runs: not idle
     assert Trim() not in feed(s, MemorySampled(20.1, 650))
+
+
+def test_an_idle_floor_past_the_resume_mark_is_a_warning_and_the_worker_resumes() -> None:
+    s = state()  # resume at 600, throttle at 700; margin 50
+    feed(s, TasksAssigned(0.0, (task("c"),)))
+    assert Trim() not in feed(s, MemorySampled(0.1, 800))  # a task runs: throttled
+    feed(s, TasksAssigned(0.2, (task("p", producer=True),)))
+    assert s.deferred
+    finish(s, "c")
+    feed(s, Spilled(0.3, ("c",)))  # idle: nothing runs, nothing in memory
+    assert feed(s, MemorySampled(1.0, 650))[0] == Trim()
+    assert feed(s, MemorySampled(1.05, 640)) == [
+        Log("warning", FLOOR_EVENT, (("floor", 640), ("resume", 690), ("throttle", 740),
+                                     ("warning", floor_warning(640, 600, 700, LIMIT)))),
+        ReportMemory(),
+        Spill(640 - 540),
+        Log("info", "unthrottled", (("rss", 640),)),
+        ReportMemory(),
+        Submit(task("p", producer=True)),
+    ]  # fmt: skip
 
 
 def test_a_spill_spares_the_inputs_of_running_tasks_and_puts_waiting_ones_last() -> None:
