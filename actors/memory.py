@@ -56,7 +56,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from runtime.errors import MemoryConfigError
+from runtime.errors import MemoryConfigError, floor_warning
 
 __all__ = [
     "MIN_LIMIT",
@@ -77,6 +77,7 @@ __all__ = [
     "Throttled",
     "Tick",
     "Trim",
+    "floor_at_start",
     "limit_too_small",
 ]
 
@@ -227,6 +228,15 @@ class MemoryConfig:
         """Bytes a producer's expected output may take an idle worker to, at most: the
         terminate fence (the limit with it off)."""
         return self.at(self.terminate) if self.terminate is not None else self.limit
+
+
+def floor_at_start(config: MemoryConfig, rss: int) -> str | None:
+    """What to warn of when a worker that has just started (its task processes up, no
+    task run) measures ``rss``: None under its resume mark; else that its floor is past
+    the mark before any output, with the numbers and what to do (docs/memory.md#the-floor)."""
+    if rss < config.resume_at:
+        return None
+    return floor_warning(rss, config.resume_at, config.at(config.throttle), config.limit)
 
 
 # ----------------------------------------------------------------------------- reports

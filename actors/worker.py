@@ -237,6 +237,12 @@ def trim_memory() -> bool:
     return True
 
 
+#: seconds a worker waits for its task processes to start before it measures its memory
+#: at start (:meth:`Worker._floor_at_start`)
+START_SETTLE = 10.0
+#: the warning a worker logs when its memory at start is at or past its resume mark
+FLOOR_AT_START = "the worker's memory at start is past its resume mark"
+
 #: seconds a peer's ask for a checkpoint not measured yet waits for its sha256 before the
 #: answer says "measuring" (the asker then asks again: a large file is not read within
 #: one ask's timeout, and a peer that answers is alive)
@@ -332,6 +338,9 @@ class Worker(Actor):
         #: while its copies are made: starts those of more of its plan
         self._more_moves: Callable[[tuple[Any, ...]], None] | None = None
         self._trimmed = 0.0  #: when the heap was last trimmed
+        self._started = 0.0  #: when it started (the loop's clock)
+        self._up = 0.0  #: when its task processes were seen up (0: not yet)
+        self._start_checked = False  #: its memory at start was looked at
         self._disk_full = False  #: warned that spilling has no disk room
         self._written: set[Key] = set()  #: outputs just written to disk, for the core
         #: file copies that broke: key -> (.part file, bytes in it, the holder's File,
@@ -376,6 +385,8 @@ class Worker(Actor):
         # tick a second on reports the RSS measured (an idle worker, or one running a
         # long first task, showed 0 until its first result came back).
         self._pacing = mem.ReportPacing.of(self.memory, self._now(), 0)
+        self._started = self._now()
+        self._floor_at_start(self.executor)  # with task processes: from the memory tick
         if self.register:
             await self.scheduler.tell(RegisterWorker(self.info, self.ref))
         self.start_soon(self._monitor)
@@ -527,9 +538,34 @@ class Worker(Actor):
                 return
             self.ref.mailbox.put_nowait(tick, force=True)
 
+    def _floor_at_start(self, ex: Executor | ProcessExecutor) -> None:
+        """Once, at start (when it starts; with task processes, from the memory tick):
+        warn when the worker's RSS, its task processes up (waited for ``START_SETTLE``
+        seconds at most, then given a second to load), is already at or past its resume
+        mark: a floor no spilling can bring under it (docs/memory.md#the-floor). Not
+        once a task has run or runs: its memory is no longer the worker's at start."""
+        now = self._now()
+        if self.state.tasks_run or self.state.running:
+            self._start_checked = True
+            return
+        if isinstance(ex, ProcessExecutor):
+            if not self._up:
+                if len(ex.pids()) < self.nthreads and now - self._started < START_SETTLE:
+                    return
+                self._up = now
+            if now - self._up < 1.0:
+                return
+        self._start_checked = True
+        used = ex.total_rss() if self.probe is None else self.probe()
+        warning = mem.floor_at_start(self.memory_config, used)
+        if warning is not None:
+            self.log.warning(FLOOR_AT_START, rss=used, warning=warning)
+
     @handles(_MemoryTick)
     def memory_tick(self, msg: _MemoryTick) -> None:
         self._sample()
+        if not self._start_checked and self.executor is not None:
+            self._floor_at_start(self.executor)
         # Others may fill (or free) the file system: report a move of 1% of the disk.
         if self.disk:
             moved = abs(self._disk_free() - self._reported_disk[1])

@@ -658,8 +658,8 @@ def floor_warning(floor: int, resume_at: int, throttle_at: int, limit: int) -> s
     f, r, t, lim = memory_sizes(floor, resume_at, throttle_at, limit, top=limit)
     return (
         f"memory that is not outputs is {f} (the worker's floor: its RSS holding no output "
-        "in memory and running no task, after a trim: libraries, task processes, memory "
-        f"the allocator keeps), at or past its resume mark {r} (throttle fence {t}, limit "
+        "in memory and running no task: libraries, task processes, memory the allocator "
+        f"keeps), at or past its resume mark {r} (throttle fence {t}, limit "
         f"{lim}), so spilling cannot bring it under that mark and outputs have little "
         f"room; {FLOOR_ADVICE}"
     )

@@ -27,7 +27,7 @@ from runtime.messages import (
     RunTasks,
     StatusRequest,
 )
-from tests.helpers import SchedulerRecorder
+from tests.helpers import SchedulerRecorder, wait_until
 
 pytestmark = pytest.mark.anyio
 LIMIT = 30  # seconds per test
@@ -268,3 +268,40 @@ async def test_an_idle_worker_whose_floor_is_past_the_resume_mark_takes_producer
             report = sched.reports[-1]
             assert not report.throttled and report.floor == 800 * MB
             assert report.throttle_at == 900 * MB  # floor + 2 x 50 MB, under terminate
+
+
+async def test_a_worker_whose_memory_at_start_is_past_its_resume_mark_warns_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The user audit's D2: a process-execution worker on 400 MiB sat at its resume mark
+    # before its first task, and nothing said so until a run failed.
+    import logging
+
+    from actors.worker import FLOOR_AT_START
+
+    caplog.set_level(logging.WARNING, logger="corral")
+    rss = [650 * MB]  # resume at 600 MB
+    with anyio.fail_after(LIMIT):
+        async with worker(tmp_path, rss, execution="process"):
+            # Measured once its task processes are up, before any task ran.
+
+            (line,) = await wait_until(
+                lambda: [r.getMessage() for r in caplog.records if FLOOR_AT_START in r.getMessage()]
+            )
+            assert "650.0 MiB" in line and "resume mark 600.0 MiB" in line
+            assert "fewer task processes" in line
+
+
+def test_the_start_warning_says_the_floor_the_marks_and_what_to_do() -> None:
+    from actors.memory import MemoryConfig, floor_at_start
+    from runtime.errors import FLOOR_ADVICE
+
+    cfg = MemoryConfig(400 * MB)  # resume 240 MiB, throttle 280 MiB
+    assert floor_at_start(cfg, 239 * MB) is None
+    assert floor_at_start(cfg, 250 * MB) == (
+        "memory that is not outputs is 250.0 MiB (the worker's floor: its RSS holding no "
+        "output in memory and running no task: libraries, task processes, memory the "
+        "allocator keeps), at or past its resume mark 240.0 MiB (throttle fence 280.0 MiB, "
+        "limit 400.0 MiB), so spilling cannot bring it under that mark and outputs have "
+        f"little room; {FLOOR_ADVICE}"
+    )
