@@ -642,7 +642,7 @@ class Scheduler(Actor):
         self._handle(
             WorkerMemory(
                 *self._ev(), msg.worker_id, msg.throttled, msg.rss, msg.throttle_at, msg.limit,
-                used,
+                used, msg.memory_bytes,
             )
         )  # fmt: skip
 

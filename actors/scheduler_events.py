@@ -284,7 +284,8 @@ class CheckpointCopied(Event):
 class WorkerMemory(Event):
     """A worker's memory state: ``throttled`` (deferring producers: past its throttle
     fence), its ``rss`` and where its throttle fence is (``throttle_at`` bytes) out of
-    its ``limit``; ``disk_used``: bytes of its outputs on disk now."""
+    its ``limit``; ``disk_used``: bytes of its outputs on disk now; ``memory_bytes``:
+    bytes of outputs in its memory (-1: not told)."""
 
     worker: str
     throttled: bool
@@ -292,6 +293,7 @@ class WorkerMemory(Event):
     throttle_at: int
     limit: int
     disk_used: int = 0
+    memory_bytes: int = -1
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -201,6 +201,7 @@ class WorkerState:
         "leaving",
         "limit",
         "memory",
+        "memory_bytes",
         "n_producers",
         "occupancy",
         "pool",
@@ -258,6 +259,7 @@ class WorkerState:
         self.suspended = False
         self.rss = 0  #: its RSS as last reported
         self.throttle_at = 0  #: bytes where its throttle fence is (0: not reported)
+        self.memory_bytes = -1  #: bytes of outputs in its memory, as last reported (-1: not)
         self.n_producers = 0  #: producers among ``processing``
         self.disk = 0  #: bytes of disk it offers (0: no limit known)
         self.disk_used = 0  #: bytes of outputs it holds on disk, as last reported

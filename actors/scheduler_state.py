@@ -1629,7 +1629,7 @@ class SchedulerState(DiskPlacement):
         ws = self.workers.get(ev.worker)
         if ws is None:
             return
-        ws.rss, ws.throttle_at = ev.rss, ev.throttle_at
+        ws.rss, ws.throttle_at, ws.memory_bytes = ev.rss, ev.throttle_at, ev.memory_bytes
         ws.disk_used = max(0, ev.disk_used)
         self.storage.disk(ws.id, ws.disk_used)
         if ev.throttled == ws.throttled:
@@ -3745,7 +3745,12 @@ class SchedulerState(DiskPlacement):
             needed += int(st.mean_nbytes) if st is not None else 0
         available = sum(max(0, ws.throttle_at - ws.rss) for ws in self.workers.values())
         rss = sum(ws.rss for ws in self.workers.values())
-        err = MemoryStalled(holding, needed, available, len(producers), stalled_for, rss)
+        told = [ws.memory_bytes for ws in self.workers.values()]
+        in_memory = None if any(n < 0 for n in told) else sum(told)
+        limit = max((ws.memory for ws in self.workers.values()), default=0)
+        err = MemoryStalled(
+            holding, needed, available, len(producers), stalled_for, rss, in_memory, limit
+        )
         record = error_record(err)  # once for all the tasks it fails
         self._log("-", "memory", "stalled")
         self.stalled_since = None

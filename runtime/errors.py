@@ -646,7 +646,7 @@ def memory_sizes(*sizes: float, top: float = 0) -> list[str]:
 #: What to do about a worker's floor (its RSS holding no output in memory and running
 #: no task: libraries, task processes, memory the allocator keeps) at its memory marks.
 FLOOR_ADVICE = (
-    "give the worker more memory (--memory, a pool's memory_per_worker); with execution "
+    "give workers more memory (--memory, a pool's memory_per_worker); with execution "
     "'process', run fewer task processes (fewer --cores) or execution 'thread' (each task "
     "process holds its own copy of the libraries)"
 )
@@ -728,8 +728,13 @@ class TaskOutOfMemory(CorralError):
         nowhere: str = "",
     ) -> None:
         ooms = tuple(ooms) or ((worker, limit, rss),)
+        top = max(limit, *(lim for _, lim, _ in ooms))  # MiB on workers under a GiB
+
+        def size(n: int) -> str:
+            return memory_sizes(n, top=top)[0]
+
         each = ", then ".join(
-            f"on {w!r} (limit {_gib(lim) if lim else 'none'}, peak {_gib(peak)})"
+            f"on {w!r} (limit {size(lim) if lim else 'none'}, peak {size(peak)})"
             for w, lim, peak in ooms
         )
         times = "once" if len(ooms) == 1 else f"{len(ooms)} times"
@@ -737,7 +742,7 @@ class TaskOutOfMemory(CorralError):
         n_tries = f"{tries} {'try' if tries == 1 else 'tries'}"
         super().__init__(
             f"task {key!r} was killed for memory on worker {worker!r}: the worker used "
-            f"{_gib(rss)} of its {_gib(limit)} limit while the task ran, past the terminate "
+            f"{size(rss)} of its {size(limit)} limit while the task ran, past the terminate "
             f"fence ({n_tries}). Killed for memory {times}: {each}.{why} Give workers "
             "more memory (--memory, a pool's memory_per_worker), make the task's chunks "
             "smaller, or raise the terminate fraction.",
@@ -760,7 +765,10 @@ class MemoryStalled(CorralError):
     first; ``needed`` estimates the bytes the producer tasks still to run will make (0
     when none of their categories has finished a task: not known), and ``available``
     the bytes left under the workers' throttle fences; ``rss`` is the workers' RSS in
-    all, as last reported (0: not reported).
+    all, as last reported (0: not reported); ``in_memory`` the bytes of outputs in
+    their memory, as they last reported (None: not known; 0 with outputs held: all
+    spilled, so their RSS is memory that is not outputs, their floor); ``limit`` the
+    largest worker's memory limit (0: not known), which says the unit (MiB under a GiB).
     """
 
     def __init__(
@@ -771,9 +779,16 @@ class MemoryStalled(CorralError):
         waiting: int,
         stalled_for: float,
         rss: int = 0,
+        in_memory: int | None = None,
+        limit: int = 0,
     ) -> None:
-        held = "; ".join(f"{c!r} {_gib(b)} in {n} outputs" for c, b, n in holding[:5])
         held_bytes = sum(b for _, b, _ in holding)
+        top = limit or max(rss, held_bytes, needed, available)
+
+        def size(n: int) -> str:
+            return memory_sizes(n, top=top)[0]
+
+        held = "; ".join(f"{c!r} {size(b)} in {n} outputs" for c, b, n in holding[:5])
         other = (
             "something else takes it (a task that keeps data in a global or a cache, a "
             "library's memory pool, memory the process has not given back). Restart those "
@@ -782,6 +797,13 @@ class MemoryStalled(CorralError):
         )
         if not held:
             advice = f"No output is in their memory: {other}"
+        elif in_memory == 0:  # spilling was on and moved everything: allow it says nothing
+            advice = (
+                "None of those outputs is in the workers' memory (all of them are spilled "
+                f"to disk): their {size(rss)} of RSS is memory that is not outputs (their "
+                "floor: libraries, task processes, memory the allocator keeps), which no "
+                f"spilling lowers. {FLOOR_ADVICE[0].upper()}{FLOOR_ADVICE[1:]}."
+            )
         else:
             advice = (
                 "Give workers more memory, allow spilling to disk (a spill fraction and "
@@ -791,23 +813,25 @@ class MemoryStalled(CorralError):
             )
             if rss and held_bytes < rss / 2:
                 advice += (
-                    f" The outputs held, spilled ones included, are {_gib(held_bytes)} "
-                    f"against the workers' {_gib(rss)} RSS: for the rest, {other}"
+                    f" The outputs held, spilled ones included, are {size(held_bytes)} "
+                    f"against the workers' {size(rss)} RSS: for the rest, {other}"
                 )
-        need = f"about {_gib(needed)}" if needed else "an amount not known yet"
+        need = f"about {size(needed)}" if needed else "an amount not known yet"
         super().__init__(
             f"memory stalled for {stalled_for:.1f} s: every worker is over its memory "
             "throttle fence (or too near it for its next producer's expected output) and "
             "nothing that frees memory can run. Outputs held (in memory "
             "or spilled to disk): "
             f"{held or 'none'}. The {waiting} producer tasks still to run need {need}; "
-            f"{_gib(available)} is left under the throttle fences. {advice}",
+            f"{size(available)} is left under the throttle fences. {advice}",
             holding=list(holding),
             needed=needed,
             available=available,
             waiting=waiting,
             stalled_for=stalled_for,
             rss=rss,
+            in_memory=in_memory,
+            limit=limit,
         )
 
 

@@ -21,7 +21,7 @@ from actors.scheduler_events import (
 )
 from actors.scheduler_state import SchedulerState
 from policies import REGISTRY
-from runtime.errors import MemoryStalled, TaskOutOfMemory
+from runtime.errors import FLOOR_ADVICE, MemoryStalled, TaskOutOfMemory
 from tests.helpers import (
     GB,
     MB,
@@ -530,9 +530,9 @@ def test_a_stall_with_no_output_held_says_something_else_takes_the_memory() -> N
 
 
 def test_a_stall_whose_outputs_are_a_small_part_of_the_rss_says_so() -> None:
-    """Outputs of 0.08 GiB held by workers at 0.49 GiB RSS: releasing futures would not
+    """Outputs of 80 MiB held by workers at 500 MiB RSS: releasing futures would not
     be enough; the message says what the rest may be, and an unknown need is not
-    printed as 0.00 GiB."""
+    printed as 0.0 MiB. Under a GiB, in MiB (0.08 GiB and 0.49 GiB said little)."""
     err = MemoryStalled(
         [("load", 80 * MB, 4)], needed=0, available=0, waiting=3, stalled_for=10.0,
         rss=500 * MB,
@@ -541,12 +541,60 @@ def test_a_stall_whose_outputs_are_a_small_part_of_the_rss_says_so() -> None:
     assert "need an amount not known yet" in text and "need about" not in text
     assert "release futures you no longer need" in text
     assert "cannot be pickled cannot be spilled" in text
-    held = "The outputs held, spilled ones included, are 0.08 GiB"
-    assert f"{held} against the workers' 0.49 GiB RSS" in text
+    held = "The outputs held, spilled ones included, are 80.0 MiB"
+    assert f"{held} against the workers' 500.0 MiB RSS" in text
     assert "something else takes it" in text and err.rss == 500 * MB
     # Outputs that make most of the RSS: no such note.
     text = str(MemoryStalled([("load", 400 * MB, 4)], 0, 0, 3, 10.0, rss=500 * MB))
     assert "something else takes it" not in text
+
+
+def test_a_stall_with_every_output_spilled_says_the_rest_is_the_workers_floor() -> None:
+    """The user audit's D2: spilling was on and had moved every output to disk, yet the
+    advice was to allow spilling; the RSS left is memory that is not outputs."""
+    err = MemoryStalled(
+        [("random_sample", 230 * MB, 15)], needed=1210 * MB, available=220 * MB, waiting=81,
+        stalled_for=10.9, rss=514 * MB, in_memory=0, limit=400 * MB,
+    )  # fmt: skip
+    text = str(err)
+    assert "allow spilling" not in text and "release futures" not in text
+    assert "'random_sample' 230.0 MiB in 15 outputs" in text
+    assert "need about 1.18 GiB; 220.0 MiB is left under the throttle fences" in text
+    assert (
+        "None of those outputs is in the workers' memory (all of them are spilled to "
+        "disk): their 514.0 MiB of RSS is memory that is not outputs (their floor: "
+        "libraries, task processes, memory the allocator keeps), which no spilling "
+        f"lowers. {FLOOR_ADVICE[0].upper()}{FLOOR_ADVICE[1:]}."
+    ) in text
+    assert err.in_memory == 0 and err.limit == 400 * MB
+    # Outputs in memory (or not told): the advice to spill and release stays.
+    for in_memory in (None, 10 * MB):
+        text = str(MemoryStalled([("load", 400 * MB, 4)], 0, 0, 3, 10.0, 500 * MB, in_memory))
+        assert "allow spilling to disk" in text and "not outputs" not in text
+
+
+def test_the_watchdog_tells_a_stall_whose_outputs_are_all_spilled(make_state: Factory) -> None:
+    s = stalled_state(make_state)
+    for w in ("w1", "w2"):  # the workers say every output they hold is on disk
+        run(s, WorkerMemory(stimulus_id=f"m-{w}", now=100.0, worker=w, throttled=True,
+                            rss=int(0.75 * GB), throttle_at=int(0.7 * GB), limit=GB,
+                            memory_bytes=0))  # fmt: skip
+    err = of(tick(s, 105.0), KeyErred)[0].error
+    assert isinstance(err, MemoryStalled) and err.in_memory == 0
+    assert "None of those outputs is in the workers' memory" in str(err)
+    assert "allow spilling" not in str(err)
+
+
+def test_a_kill_on_a_worker_under_a_gib_is_told_in_mib() -> None:
+    """The user audit's D6: 'used 0.39 GiB of its 0.39 GiB limit' on a 400 MiB worker."""
+    text = str(
+        TaskOutOfMemory("t", "w2", 485978112, 400 * MB, 2,
+                        ooms=(("w2", 400 * MB, 398 * MB), ("w2", 400 * MB, 485978112)))
+    )  # fmt: skip
+    assert "the worker used 463.5 MiB of its 400.0 MiB limit" in text
+    assert (
+        "(limit 400.0 MiB, peak 398.0 MiB), then on 'w2' (limit 400.0 MiB, peak 463.5 MiB)" in text
+    )
 
 
 def test_progress_restarts_the_watchdogs_clock(make_state: Factory) -> None:
