@@ -120,6 +120,11 @@ later with a larger limit helps the tasks still waiting, not those that failed. 
 only some workers fit, only they are candidates (``_candidates``,
 ``_takes_consumer_here``). The failed task's inputs that nothing else needs are
 cancelled as unneeded, as for any failure (``_set``); its dependents fail as usual.
+Besides, a task whose category is known to raise RSS while it runs (``_rise``: its
+``max_rss_growth``) goes only to a worker whose last told RSS plus the rises of the
+tries that may run beside it there plus its own stay under the terminate fence, or to
+one with none beside it (``_rss_fits``, in ``_candidates``, ``_takes_consumer_here``
+and ``_assign_partner``); otherwise it waits in its ready heap.
 
 Retries after a kill for memory (docs/memory.md): a try that ended ``oom`` adds
 ``(worker, limit, peak)`` to ``TaskState.ooms``; the retry policy says whether the task
@@ -292,6 +297,12 @@ MAX_METRIC_CATEGORIES = 500
 #: forget the category finished least recently that has no task it knows; a
 #: long-lived manager sees ever new categories, run after run
 MAX_CATEGORIES = 2_000
+#: a worker's terminate fence, as a fraction of its memory limit: the default of
+#: ``MemoryConfig.terminate`` (a worker does not tell its own); memory admission by RSS
+#: rise keeps the tries running on a worker under it (``_rss_fits``)
+TERMINATE = 0.95
+#: a category's RSS rise under this many bytes is noise (pages, allocator slack): not held
+MIN_RISE = 2**20
 #: categories looked at per forgetting, oldest first (those with tasks go to the back)
 FORGET_SCAN = 8
 OTHER_CATEGORY = "(other)"
@@ -2096,7 +2107,9 @@ class SchedulerState(DiskPlacement):
         if rss > stat.peak_rss:
             stat.peak_rss = rss
         if res.rss_before:
-            growth = res.rss - res.rss_before
+            # From right before it to its peak (sampled while it ran, or right after
+            # it): a burst it frees before it ends counts (memory admission, _rss_fits).
+            growth = rss - res.rss_before
             if growth > stat.max_rss_growth:
                 stat.max_rss_growth = growth
         m = self._metric(category)
@@ -3024,6 +3037,8 @@ class SchedulerState(DiskPlacement):
                     self._tell_oom_wait(ts)
                 elif ts.spec.resources and not ts.disk_wait:
                     self._tell_resources_wait(ts)
+                elif not ts.disk_wait and (rise := self._rise(ts)):
+                    self._tell_rss_wait(ts, rise)
                 parked.append((best_q, entry))  # resources or disk: wait for a worker
                 continue
             ws = self._place(ts, candidates)
@@ -3032,6 +3047,39 @@ class SchedulerState(DiskPlacement):
                 self._assign_partner(ts, ws, self.queues[best_q])
         for q, entry in parked:
             heapq.heappush(self.queues[q], entry)
+
+    def _rise(self, ts: TaskState) -> int:
+        """How much ``ts`` is expected to raise its worker's RSS while it runs: its
+        category's ``max_rss_growth`` (0: no try of it finished yet, or under
+        ``MIN_RISE``: not known to matter)."""
+        stat = self.stats.get(ts.spec.category)
+        rise = stat.max_rss_growth if stat is not None else 0
+        return rise if rise >= MIN_RISE else 0
+
+    def _rss_fits(self, rise: int, ws: WorkerState) -> bool:
+        """Memory admission by RSS rise (docs/memory.md): a task expected to raise its
+        worker's RSS by ``rise`` starts on ``ws`` only if the RSS ``ws`` last told, plus
+        the rises of the tries that may run beside it there (the largest of its
+        ``processing``, at most ``cores - 1`` of them, counted whole: the RSS may hold
+        part of them already), plus ``rise``, stays under its terminate fence. Else it
+        waits, or goes to another worker. A worker with nothing to run beside it (none
+        sent, or one core) always takes it: a task larger than the limit ends as
+        before (killed for memory, ``TaskOutOfMemory``), and nothing deadlocks."""
+        beside = min(len(ws.processing), int(ws.cores) - 1)
+        if beside <= 0 or not ws.memory:
+            return True
+        rises = sorted((self._rise(t) for t in ws.processing), reverse=True)
+        return ws.rss + sum(rises[:beside]) + rise < ws.memory * TERMINATE
+
+    def _tell_rss_wait(self, ts: TaskState, rise: int) -> None:
+        """Say in ``ts``'s story, once per wait, that memory admission holds it back:
+        its RSS rise does not fit beside the tries running on the workers free now."""
+        ts.disk_wait = why = (
+            f"waiting: its category raised a worker's RSS by up to {rise / 2**20:.0f} MiB, "
+            "more than fits under the terminate fence beside the tries running on the "
+            "workers free for it; it starts once some of them end"
+        )
+        self._log(ts.key, "admission", why)
 
     def _tell_oom_wait(self, ts: TaskState) -> None:
         """Say in ``ts``'s story, once per wait, that it waits for a worker with a
@@ -3077,6 +3125,7 @@ class SchedulerState(DiskPlacement):
         cores = res.get("cores", 0)
         producer = ts.producer
         need = ts.in_nbytes  # memory admission: its inputs fit under the limit (0: none)
+        rise = self._rise(ts)  # ... and its RSS rise beside the tries running there
         cands = [
             w
             for w in self.free.values()
@@ -3086,6 +3135,7 @@ class SchedulerState(DiskPlacement):
             and (w.memory >= need or not w.memory)
             and (not producer or self._takes_producer(w))
             and (not ts.ooms or self._roomier(ts, w))
+            and (not rise or self._rss_fits(rise, w))
         ]
         if cands and self._estimate(ts) > self.config.long_task:
             # A long task: not queued behind another on its worker (SchedulerConfig).
@@ -3211,6 +3261,9 @@ class SchedulerState(DiskPlacement):
             return
         if nxt.ooms and not self._roomier(nxt, ws):
             return
+        rise = self._rise(nxt)
+        if rise and not self._rss_fits(rise, ws):
+            return
         if ws.disk and not self._disk_fits(
             nxt, ws, self._expected_output(nxt)[0] + self._consumer_room(nxt)
         ):
@@ -3253,6 +3306,9 @@ class SchedulerState(DiskPlacement):
             return False
         res = ts.spec.resources
         if ws.memory < res.get("memory", 0) or ws.cores < res.get("cores", 0):
+            return False
+        rise = self._rise(ts)
+        if rise and not self._rss_fits(rise, ws):
             return False
         return not ws.disk or self._disk_fits(ts, ws, self._expected_output(ts)[0])
 

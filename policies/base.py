@@ -79,7 +79,10 @@ class CategoryStats:
     consumed_nbytes: int = 0  #: input bytes (consumed), over ok tries
     #: highest worker RSS seen while (sampled) or right after a task of this category ran
     peak_rss: int = 0
-    max_rss_growth: int = 0  #: largest RSS growth across one task (after - before)
+    #: largest rise of the worker's RSS while one ran: its peak (sampled while it ran,
+    #: or right after it) less its RSS right before (memory admission holds a task of
+    #: the category back from a worker with too little room beside its running tries)
+    max_rss_growth: int = 0
     #: largest output seen: of ok tries and of tries whose output did not fit on their
     #: worker's disk (``disk-full``); disk-aware placement expects outputs this large
     max_nbytes: int = 0

@@ -663,6 +663,7 @@ def result(
     fetches: tuple[tuple[Key, str, int, float], ...] = (),
     attempt: int = 0,
     rss_peak: int = 0,
+    rss_before: int = 0,
 ) -> TaskResult:
     return TaskResult(
         key,
@@ -677,6 +678,7 @@ def result(
         fetches=fetches,
         attempt=attempt,
         rss_peak=rss_peak,
+        rss_before=rss_before,
     )
 
 

@@ -6,6 +6,7 @@ fence. Seed 003's case is here: persisting more than the workers' throttle fence
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -14,11 +15,13 @@ import anyio
 import dask
 import dask.array as da
 import numpy as np
+import psutil
 import pytest
 
 from runtime import Cluster
 from runtime.errors import MemoryStalled, TaskOutOfMemory
 from runtime.messages import get_data_batches
+from tests.helpers import wait_until
 
 pytestmark = pytest.mark.anyio
 LIMIT = 90  # seconds per test
@@ -192,3 +195,66 @@ def test_the_worker_command_refuses_bad_memory_settings_before_joining(
     assert proc.returncode == 1
     assert "MemoryConfigError" in proc.stderr and message in proc.stderr
     assert "docs/memory.md" in proc.stderr
+
+
+# A task of a category known to raise its worker's RSS by most of the limit never runs
+# beside another such on its worker (thread execution, where nothing else would stop
+# them): memory admission by RSS rise (docs/memory.md). Each ``burst`` holds 60% of the
+# limit until the test opens its gate, and counts the bursts running at once.
+RISE_LIMIT = 768 * 2**20
+BURST = int(0.6 * RISE_LIMIT)
+_gates: dict[int, threading.Event] = {}
+_bursts = {"running": 0, "most": 0}
+_entered: list[int] = []
+_lock = threading.Lock()
+
+
+def burst(i: int, nbytes: int) -> int:
+    with _lock:
+        _bursts["running"] += 1
+        _bursts["most"] = max(_bursts["most"], _bursts["running"])
+        _entered.append(i)
+    try:
+        held = np.ones(nbytes // 8)  # touched: resident
+        _gates[i].wait(LIMIT)
+        return i if held[0] == 1.0 else -1
+    finally:
+        with _lock:
+            _bursts["running"] -= 1
+
+
+async def test_thread_workers_never_run_two_bursts_together_once_their_rise_is_known() -> None:
+    _gates.update({i: threading.Event() for i in range(3)})
+    _bursts.update(running=0, most=0)
+    _entered.clear()
+    base = psutil.Process().memory_info().rss  # in-process workers share this process's
+    try:
+        with anyio.fail_after(LIMIT):
+            async with Cluster(workers=1, threads_per_worker=2, memory_per_worker=RISE_LIMIT) as c:
+                await c.wait_for_workers(1, timeout=60)
+                (ws,) = c.scheduler_state.workers.values()
+                # The first burst teaches its category's rise: held until a sample of the
+                # worker's RSS (which its memory report carries) saw it running.
+                first = c.submit(burst, 0, BURST, key="burst-0")
+                await wait_until(lambda: ws.rss > base + BURST // 2)
+                _gates[0].set()
+                assert await first == 0
+                st = await c.status()
+                assert st["categories"]["burst"]["max_rss_growth"] > BURST // 2
+                # Two more together: one starts, the other waits for it to end.
+                futures = [c.submit(burst, i, BURST, key=f"burst-{i}") for i in (1, 2)]
+                await wait_until(lambda: len(_entered) >= 2)
+                started = _entered[1]
+                other = 3 - started
+                assert c.scheduler_state.tasks[f"burst-{other}"].state == "queued"
+                story = await c.story(f"burst-{other}")
+                assert any(e[1] == "admission" for e in story)
+                _gates[started].set()
+                await wait_until(lambda: len(_entered) == 3)
+                assert _entered[2] == other
+                _gates[other].set()
+                assert sorted(await c.gather(futures)) == [1, 2]
+    finally:
+        for gate in _gates.values():
+            gate.set()
+    assert _bursts["most"] == 1

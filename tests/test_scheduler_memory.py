@@ -481,6 +481,75 @@ def test_an_oom_task_recomputed_after_the_larger_worker_left_fails_rather_than_w
     assert s.tasks["hog-0"].state == "erred" and assigned(cmds) == {}
 
 
+# ----------------------------------------------------------------------------- RSS rise
+
+
+def burst_known(s: SchedulerState, worker: str, rise: int, rss: int = 100 * MB) -> None:
+    """One ``burst`` task ran on ``worker`` alone: its RSS rose by ``rise`` while it ran
+    (a peak sample) and fell back once it freed the burst; it returned 8 bytes."""
+    submit(s, {"burst-0": []}, ["burst-0"])
+    assert assigned_keys(s, "burst-0") == worker
+    finish(s, worker, "burst-0", nbytes=8, rss_before=rss, rss_peak=rss + rise, rss=rss + MB)
+    assert s.stats["burst"].max_rss_growth == rise  # the peak's rise, not after - before
+
+
+def assigned_keys(s: SchedulerState, key: str) -> str | None:
+    ts = s.tasks[key]
+    return ts.worker if ts.state == "processing" else None
+
+
+def test_a_burst_task_waits_while_one_runs_on_its_worker_and_starts_when_it_ends(
+    make_state: Factory,
+) -> None:
+    # The user audit's case: bursts of 400 MB on a 400 MiB worker with two threads.
+    s = make_state()
+    join(s, "w1", cores=2, memory=400 * 2**20)
+    burst_known(s, "w1", 400 * MB)
+    cmds = submit(s, {"burst-1": [], "burst-2": []}, ["burst-1", "burst-2"])
+    assert assigned(cmds) == {"w1": ["burst-1"]}  # alone on its worker: it starts
+    assert s.tasks["burst-2"].state == "queued"
+    assert ("burst-2", "admission") in [e[:2] for e in s.story_log]
+    cmds = finish(
+        s, "w1", "burst-1", nbytes=8, rss_before=101 * MB, rss_peak=501 * MB, rss=101 * MB
+    )
+    assert assigned(cmds) == {"w1": ["burst-2"]}
+
+
+def test_a_burst_task_goes_to_a_worker_running_none_beside_it(make_state: Factory) -> None:
+    s = make_state()
+    join(s, "w1", cores=2, memory=GB)
+    burst_known(s, "w1", 600 * MB)
+    join(s, "w2", cores=2, memory=GB)
+    cmds = submit(
+        s, {"burst-1": [], "burst-2": [], "burst-3": []}, ["burst-1", "burst-2", "burst-3"]
+    )
+    placed = assigned(cmds)
+    assert sorted(placed) == ["w1", "w2"] and all(len(keys) == 1 for keys in placed.values())
+    assert s.tasks["burst-3"].state == "queued"
+
+
+def test_tasks_of_an_unknown_or_small_rise_are_not_held(make_state: Factory) -> None:
+    s = make_state()
+    join(s, "w1", cores=2, memory=400 * 2**20)
+    # No try of "blob" has finished: its rise is not known, nothing changes.
+    cmds = submit(s, {"blob-1": [], "blob-2": []}, ["blob-1", "blob-2"])
+    assert assigned(cmds) == {"w1": ["blob-1", "blob-2"]}
+    finish_all(s, "w1", ["blob-1", "blob-2"], nbytes=8)
+    # Known to rise by 50 MB: two fit beside each other under the fence.
+    submit(s, {"small-0": []}, ["small-0"])
+    finish(s, "w1", "small-0", nbytes=8, rss_before=100 * MB, rss_peak=150 * MB, rss=100 * MB)
+    cmds = submit(s, {"small-1": [], "small-2": []}, ["small-1", "small-2"])
+    assert assigned(cmds) == {"w1": ["small-1", "small-2"]}
+
+
+def test_a_task_rising_past_the_limit_still_starts_alone(make_state: Factory) -> None:
+    s = make_state()
+    join(s, "w1", cores=2, memory=400 * 2**20)
+    burst_known(s, "w1", 2 * GB)  # larger than the limit: the terminate fence deals with it
+    cmds = submit(s, {"burst-1": []}, ["burst-1"])
+    assert assigned(cmds) == {"w1": ["burst-1"]}
+
+
 # ----------------------------------------------------------------------------- watchdog
 
 
