@@ -428,6 +428,9 @@ class SchedulerState(DiskPlacement):
         self.lives: dict[str, deque[tuple[float, bool]]] = {}
         self.deadlines = 0  #: workers with a walltime deadline
         self.free: dict[str, WorkerState] = {}  #: workers with a free slot
+        #: (category, pool) of tasks that memory admission by RSS rise held back in this
+        #: fill, since its latest placement: the next of them wait without being asked
+        self._rise_held: set[tuple[str, str | None]] = set()
         self.draining: set[str] = set()  #: draining workers not yet retired
         #: ready heaps by (pool, producer); an entry ``(behind, prio, seq, task)`` is
         #: stale once its task is not queued or is of the other class (``_live``)
@@ -2983,6 +2986,9 @@ class SchedulerState(DiskPlacement):
             self._past_picks.clear()
         if self.disk_held:
             self.disk_held.clear()
+        held = self._rise_held
+        if held:
+            held.clear()
         while True:
             best: tuple[Any, ...] | None = None
             best_q: tuple[str | None, bool] = (None, False)
@@ -3017,6 +3023,13 @@ class SchedulerState(DiskPlacement):
                 break
             entry = heapq.heappop(self.queues[best_q])
             ts: TaskState = entry[3]
+            if held and (ts.spec.category, ts.spec.pool) in held:
+                # Another of its category found no room and nothing was placed since:
+                # the same answer (thousands of held bursts cost one look per fill).
+                if not ts.disk_wait:
+                    self._tell_rss_wait(ts, self._rise(ts))
+                parked.append((best_q, entry))
+                continue
             candidates = self._candidates(ts)
             # Asked in the scan already (nothing changed since), or asked now (_data_holder's
             # first test inline: a producer, a task without inputs, no hook: none).
@@ -3037,12 +3050,17 @@ class SchedulerState(DiskPlacement):
                     self._tell_oom_wait(ts)
                 elif ts.spec.resources and not ts.disk_wait:
                     self._tell_resources_wait(ts)
-                elif not ts.disk_wait and (rise := self._rise(ts)):
-                    self._tell_rss_wait(ts, rise)
+                elif rise := self._rise(ts):
+                    if not ts.ooms and not ts.spec.resources:
+                        held.add((ts.spec.category, ts.spec.pool))
+                    if not ts.disk_wait:
+                        self._tell_rss_wait(ts, rise)
                 parked.append((best_q, entry))  # resources or disk: wait for a worker
                 continue
             ws = self._place(ts, candidates)
             self._assign(ts, ws)
+            if held:
+                held.clear()  # a worker's room changed: ask again
             if ts.producer and not ts.deps and self._partner is not None:
                 self._assign_partner(ts, ws, self.queues[best_q])
         for q, entry in parked:

@@ -498,23 +498,6 @@ def assigned_keys(s: SchedulerState, key: str) -> str | None:
     return ts.worker if ts.state == "processing" else None
 
 
-def test_a_burst_task_waits_while_one_runs_on_its_worker_and_starts_when_it_ends(
-    make_state: Factory,
-) -> None:
-    # The user audit's case: bursts of 400 MB on a 400 MiB worker with two threads.
-    s = make_state()
-    join(s, "w1", cores=2, memory=400 * 2**20)
-    burst_known(s, "w1", 400 * MB)
-    cmds = submit(s, {"burst-1": [], "burst-2": []}, ["burst-1", "burst-2"])
-    assert assigned(cmds) == {"w1": ["burst-1"]}  # alone on its worker: it starts
-    assert s.tasks["burst-2"].state == "queued"
-    assert ("burst-2", "admission") in [e[:2] for e in s.story_log]
-    cmds = finish(
-        s, "w1", "burst-1", nbytes=8, rss_before=101 * MB, rss_peak=501 * MB, rss=101 * MB
-    )
-    assert assigned(cmds) == {"w1": ["burst-2"]}
-
-
 def test_a_burst_task_goes_to_a_worker_running_none_beside_it(make_state: Factory) -> None:
     s = make_state()
     join(s, "w1", cores=2, memory=GB)
@@ -526,6 +509,28 @@ def test_a_burst_task_goes_to_a_worker_running_none_beside_it(make_state: Factor
     placed = assigned(cmds)
     assert sorted(placed) == ["w1", "w2"] and all(len(keys) == 1 for keys in placed.values())
     assert s.tasks["burst-3"].state == "queued"
+
+
+def test_a_burst_task_waits_while_one_runs_on_its_worker_and_starts_when_it_ends(
+    make_state: Factory,
+) -> None:
+    # The user audit's case: bursts of 400 MB on a 400 MiB worker with two threads. Held
+    # bursts start one at a time, and hold back no task of another category.
+    s = make_state()
+    join(s, "w1", cores=2, memory=400 * 2**20)
+    burst_known(s, "w1", 400 * MB)
+    keys = [f"burst-{i}" for i in range(1, 6)]
+    table: dict[str, list[str]] = {key: [] for key in keys}
+    table["other-1"] = []  # behind the bursts in graph order, of no known rise
+    cmds = submit(s, table, [*keys, "other-1"])
+    assert assigned(cmds) == {"w1": ["burst-1", "other-1"]}
+    held = [k for k in keys if s.tasks[k].state == "queued"]
+    assert held == keys[1:]
+    assert {e[0] for e in s.story_log if e[1] == "admission"} == set(held)
+    finish(s, "w1", "other-1", nbytes=8)
+    for i, key in enumerate(keys[:-1]):
+        cmds = finish(s, "w1", key, nbytes=8, rss_before=100 * MB, rss_peak=500 * MB, rss=100 * MB)
+        assert assigned(cmds) == {"w1": [keys[i + 1]]}
 
 
 def test_tasks_of_an_unknown_or_small_rise_are_not_held(make_state: Factory) -> None:
