@@ -14,7 +14,8 @@ Pure like the rest of the core: no anyio, no sockets, no clock, no threads.
 
 Disk-aware placement (see docs/files.md, "Disks"): a worker that advertises a disk
 (``WorkerJoined.disk``, 0: no limit known) gets a task only if its free disk holds the
-inputs it must fetch there plus the task's expected output (``_disk_fits``). Free disk is
+file inputs it must copy there plus the task's expected output (``_disk_fits``): only
+what lands on the disk (inputs in memory are fetched into memory). Free disk is
 its limit less the bytes it last reported on disk (``WorkerMemory.disk_used``) less what
 the core reserved for the tasks it sent there and that have not finished
 (``disk_reserved``). The expected output (``_expected_output``) is firm or an estimate.
@@ -22,7 +23,9 @@ Firm: the largest output a try of this very task wrote that did not fit (``disk-
 ``disk_measured``; a refused input copy, ``DiskFull.input``, measures nothing), or a
 declared ``resources={"disk": bytes}`` (it replaces the category's estimate, smaller or
 larger), the larger of the two. Estimates: the largest output of the category so far
-(including tries whose output ended ``disk-full``), else a guess.
+(including tries whose output ended ``disk-full``), or 0 if all its outputs so far
+stayed in memory (none a file output, none ``disk-full``: ``_seen_output``), else a
+guess.
 A ready task that only lacks disk waits (its story says so), and the worker it would
 have the most disk left on is kept for it from the producers after it in that ``_fill``
 (``disk_held``): they would fill the room it waits for. One that no worker of its
@@ -73,12 +76,15 @@ __all__ = [
     "GUESSED_OUTPUT",
     "MEASURED_AT_LEAST",
     "MEASURED_OUTPUT",
+    "MEMORY_OUTPUT",
     "SEEN_OUTPUT",
     "DiskPlacement",
 ]
 
 #: where a task's expected output comes from (disk-aware placement; in its error)
 SEEN_OUTPUT = "the largest output of its category so far"
+#: a category whose outputs so far all stayed in memory: nothing counts on disk
+MEMORY_OUTPUT = "none: the outputs of its category so far stayed in memory"
 DECLARED_OUTPUT = 'declared with resources={"disk": ...}'
 MEASURED_OUTPUT = "measured: a try of this task wrote that much and ended disk-full"
 #: measured by a try the file system stopped partway (ENOSPC): the output is larger
@@ -163,6 +169,9 @@ class DiskPlacement:
         #: and whether it is a lower bound (the file system stopped that try's write
         #: partway, ENOSPC: its output is larger); dropped when the task is forgotten
         self.disk_measured: dict[TaskState, tuple[int, bool]] = {}
+        #: the categories a finished try of which wrote a file output (the core adds
+        #: them): only their outputs are expected on disk (``_seen_output``)
+        self.file_categories: set[str] = set()
 
     def _consumer_room(self, ts: TaskState) -> int:
         """The disk producer ``ts`` keeps free for the output of its consumer step
@@ -176,9 +185,9 @@ class DiskPlacement:
             if declared is not None:
                 room = max(room, int(declared))
                 continue
-            st = self.stats.get(d.spec.category)
-            if st is not None and (st.count or st.disk_full):
-                room = max(room, st.max_nbytes)
+            seen = self._seen_output(d.spec.category)
+            if seen is not None:
+                room = max(room, seen[0])
         return room
 
     def _frees(self, ts: TaskState, ws: WorkerState) -> int:
@@ -207,8 +216,7 @@ class DiskPlacement:
         if not frees:
             return 0
         out, source = self._expected_output(ts)
-        wid = ws.id
-        must = sum(d.nbytes for d in ts.deps if d.file and wid not in d.who_has)
+        must = self._fetch_bytes(ts, ws)
         if source != GUESSED_OUTPUT:
             must += out
         return frees if must <= ws.disk_free() else 0
@@ -279,9 +287,9 @@ class DiskPlacement:
         Firm (``FIRM_OUTPUTS``): the largest output a try of this very task wrote that
         did not fit (``disk-full``), or its declared ``resources={"disk": ...}``,
         whichever is larger: a declaration replaces the category's estimate, smaller
-        or larger. Else estimates: the largest output of its category so far, else a
-        guess (at most half of what the largest disk of its pool leaves beside its
-        inputs)."""
+        or larger. Else estimates: what its category put on disk so far
+        (``_seen_output``), else a guess (at most half of what the largest disk of
+        its pool leaves beside its file inputs)."""
         declared = ts.spec.resources.get("disk")
         if self.disk_measured:  # (usually empty: no lookup then)
             measured, at_least = self.disk_measured.get(ts, (None, False))
@@ -289,24 +297,39 @@ class DiskPlacement:
                 return measured, MEASURED_AT_LEAST if at_least else MEASURED_OUTPUT
         if declared is not None:
             return max(0, int(declared)), DECLARED_OUTPUT
-        st = self.stats.get(ts.spec.category)
-        if st is not None and (st.count or st.disk_full):
-            return st.max_nbytes, SEEN_OUTPUT
-        room = self.largest_disk.get(ts.spec.pool, NO_LIMIT) - ts.in_nbytes - ts.in_files
+        seen = self._seen_output(ts.spec.category)
+        if seen is not None:
+            return seen
+        room = self.largest_disk.get(ts.spec.pool, NO_LIMIT) - ts.in_files
         return int(max(0, min(self.config.unknown_output, room / 2))), GUESSED_OUTPUT
+
+    def _seen_output(self, category: str) -> tuple[int, str] | None:
+        """What a task of ``category`` is expected to put on disk from what its tasks
+        wrote so far (``None``: none finished). Only file outputs land on a disk for
+        sure: a category whose outputs all stayed in memory (none a file output, none
+        ended ``disk-full``) counts 0. A worker spills an in-memory output only up to
+        its ``--disk``, and one that does not fit there ends ``disk-full``: from then
+        on its category's largest output counts."""
+        st = self.stats.get(category)
+        if st is None or not (st.count or st.disk_full):
+            return None
+        if st.disk_full or category in self.file_categories:
+            return st.max_nbytes, SEEN_OUTPUT
+        return 0, MEMORY_OUTPUT
 
     @staticmethod
     def _fetch_bytes(ts: TaskState, ws: WorkerState) -> int:
-        """Bytes of ``ts``'s inputs that ``ws`` does not hold (it must fetch them)."""
+        """Bytes of ``ts``'s file inputs that ``ws`` does not hold: it must copy them
+        to its disk (inputs in memory are fetched into memory, not onto its disk)."""
         wid = ws.id
-        return sum(d.nbytes for d in ts.deps if wid not in d.who_has)
+        return sum(d.nbytes for d in ts.deps if d.file and wid not in d.who_has)
 
     def _disk_fits(self, ts: TaskState, ws: WorkerState, out: int) -> bool:
-        """``ws``'s free disk holds the inputs ``ts`` must fetch there plus ``out``."""
+        """``ws``'s free disk holds the file inputs ``ts`` must fetch there plus ``out``."""
         if not ws.disk:
             return True
         free = ws.disk - ws.disk_used - ws.disk_reserved
-        if ts.in_nbytes + ts.in_files + out <= free:
+        if ts.in_files + out <= free:
             return True  # even with every input to fetch
         if out > free:
             return False
@@ -327,7 +350,7 @@ class DiskPlacement:
         file inputs counted), the largest of their disks, and the bytes of file inputs
         held on the worker it needs least on."""
         pool = ts.spec.pool
-        if ts.in_nbytes + ts.in_files + out <= self.largest_disk.get(pool, NO_LIMIT):
+        if ts.in_files + out <= self.largest_disk.get(pool, NO_LIMIT):
             return None, 0, 0  # fits the largest disk even with every input to fetch
         least: tuple[int, int] | None = None  # (need, of which held)
         largest = 0

@@ -159,6 +159,7 @@ from actors.scheduler_disk import (
     GUESSED_OUTPUT,
     MEASURED_AT_LEAST,
     MEASURED_OUTPUT,
+    MEMORY_OUTPUT,
     SEEN_OUTPUT,
     DiskPlacement,
 )
@@ -262,6 +263,7 @@ __all__ = [
     "GUESSED_OUTPUT",
     "MEASURED_AT_LEAST",
     "MEASURED_OUTPUT",
+    "MEMORY_OUTPUT",
     "SEEN_OUTPUT",
     "TRANSITIONS",
     "FileFact",
@@ -2095,6 +2097,8 @@ class SchedulerState(DiskPlacement):
         if pool_categories is None:
             pool_categories = self.pool_categories[ws.pool] = set()
         pool_categories.add(category)
+        if res.file:
+            self.file_categories.add(category)
         nbytes = res.nbytes
         rss = res.rss_peak if res.rss_peak > res.rss else res.rss
         stat.count += 1

@@ -664,6 +664,7 @@ def result(
     attempt: int = 0,
     rss_peak: int = 0,
     rss_before: int = 0,
+    file: bool = False,
 ) -> TaskResult:
     return TaskResult(
         key,
@@ -679,6 +680,7 @@ def result(
         attempt=attempt,
         rss_peak=rss_peak,
         rss_before=rss_before,
+        file=file,
     )
 
 

@@ -116,7 +116,7 @@ def test_an_old_maximum_from_an_earlier_run_fails_nothing(make_state: Factory) -
     s = make_state(saturation=1.0)
     join(s, "large", disk=200 * MB)
     submit(s, {"load-99": []}, ["load-99"])
-    finish(s, "large", "load-99", nbytes=100 * MB)
+    finish(s, "large", "load-99", nbytes=100 * MB, file=True)
     run(s, event(WorkerDraining, worker="large"))
     join(s, "w1", disk=12 * MB)
     join(s, "w2", disk=12 * MB)
@@ -130,12 +130,12 @@ def test_an_old_maximum_from_an_earlier_run_fails_nothing(make_state: Factory) -
 
 
 def inputs_on_a_draining_worker(s: SchedulerState, **sizes: int) -> None:
-    """Tasks ``sizes`` finish on worker ``h`` (no disk limit) with outputs that large;
+    """Tasks ``sizes`` finish on worker ``h`` (no disk limit) with file outputs that large;
     ``h`` then drains: it keeps serving them, and a task reading them must fetch them."""
     join(s, "h", disk=0, cores=len(sizes))
     submit(s, {key: [] for key in sizes}, list(sizes))
     for key, nbytes in sizes.items():
-        finish(s, "h", key, nbytes=nbytes)
+        finish(s, "h", key, nbytes=nbytes, file=True)
     run(s, event(WorkerDraining, worker="h"))
 
 
@@ -176,7 +176,7 @@ def test_a_guess_leaves_room_for_the_inputs_and_never_fails_a_task(
     submit(s, loads, list(loads))
     while running := {k for w in ("w1", "w2", "w3") for k in on(s, w)}:
         for key in sorted(running):
-            finish(s, worker_of_key(s, key), key, nbytes=1_400_000)
+            finish(s, worker_of_key(s, key), key, nbytes=1_400_000, file=True)
     held = {w: sum(ts.nbytes for ts in s.workers[w].has_what) for w in ("w1", "w2", "w3")}
     assert held == dict.fromkeys(("w1", "w2", "w3"), 2_800_000)
     for w in held:

@@ -32,6 +32,7 @@ from actors.scheduler_state import (
     GUESSED_OUTPUT,
     MEASURED_AT_LEAST,
     MEASURED_OUTPUT,
+    MEMORY_OUTPUT,
     SEEN_OUTPUT,
     SchedulerState,
 )
@@ -123,7 +124,7 @@ def test_the_inputs_to_fetch_count_and_the_task_waits_until_room_frees(
     other = "w2" if worker == "w1" else "w1"
     run(s, event(WorkerDraining, worker=worker))  # c cannot stay with its input
     disk_used(s, other, 28 * MB)  # 12 MiB free: the 8 MiB output fits, not with the input
-    cmds = finish(s, worker, "a", nbytes=8 * MB)
+    cmds = finish(s, worker, "a", nbytes=8 * MB, file=True)
     assert not of(cmds, Execute)
     assert s.tasks["c"].state == "queued"
     assert waits_for_disk(s, "c") == [
@@ -136,6 +137,38 @@ def test_the_inputs_to_fetch_count_and_the_task_waits_until_room_frees(
     assert s.workers[other].disk_reserved == 16 * MB
     finish(s, other, "c", nbytes=8 * MB)
     assert s.workers[other].disk_reserved == 0
+
+
+def test_only_what_lands_on_the_disk_counts_a_small_in_memory_output_does_not(
+    make_state: Factory,
+) -> None:
+    """A user audit: a merge waited a full stall_timeout because its worker was 32 B
+    short: its four 20 MiB skims (file outputs) to fetch plus its int result, which
+    stays in memory. A task's need is the file inputs it must copy to the disk plus its
+    output only if its category writes file outputs: a merge whose disk has exactly the
+    room for its file inputs runs at once, and an input in memory costs no disk."""
+    s = make_state(saturation=1.0)
+    skims = {f"skim-{i}": 20 * MB for i in range(4)}
+    roots: dict[str, list[str]] = {key: [] for key in [*skims, "count-0"]}
+    join(s, "h", disk=0, cores=5)
+    submit(s, roots, list(roots))
+    for key, nbytes in skims.items():
+        finish(s, "h", key, nbytes=nbytes, file=True)
+    finish(s, "h", "count-0", nbytes=2 * MB)  # an input in memory
+    run(s, event(WorkerDraining, worker="h"))  # serves them; the merges must fetch
+    join(s, "v", disk=100 * MB)
+    submit(s, {"merge-0": list(skims)}, ["merge-0"])
+    finish(s, "v", "merge-0", nbytes=32)  # merges return a small int, in memory
+    assert s._expected_output(s.tasks["merge-0"]) == (0, MEMORY_OUTPUT)
+    disk_used(s, "v", 20 * MB)  # 80 MiB free: exactly the four skims to fetch
+    cmds = submit(s, {**roots, "merge-1": list(roots)}, ["merge-1"])
+    assert assigned(cmds) == {"v": ["merge-1"]}
+    assert not waits_for_disk(s, "merge-1")
+    assert s.tasks["merge-1"].disk_need == 80 * MB
+    # A category that writes file outputs counts its largest one as before.
+    finish(s, "v", "merge-1", nbytes=32)
+    submit(s, {"skim-9": []}, ["skim-9"])
+    assert s._expected_output(s.tasks["skim-9"]) == (20 * MB, SEEN_OUTPUT)
 
 
 def test_what_was_sent_is_reserved_until_it_finishes(make_state: Factory) -> None:
@@ -159,7 +192,7 @@ def test_a_declared_size_replaces_the_category_estimate_smaller_or_larger(
     s = make_state(saturation=1.0)
     join(s, "w", disk=100 * MB)
     submit(s, {"load-1": []}, ["load-1"], attrs={"load-1": disk(MB)})
-    finish(s, "w", "load-1", nbytes=30 * MB)
+    finish(s, "w", "load-1", nbytes=30 * MB, file=True)
     disk_used(s, "w", 75 * MB)  # 25 MiB free: a declared 1 MiB fits, 30 MiB does not
     # Declared smaller than the category's largest output: what the user knows counts.
     cmds = submit(s, {"load-2": []}, ["load-2"], attrs={"load-2": disk(MB)})
