@@ -47,7 +47,9 @@ places nothing, the stall breaker (``_break_disk_stall``) drops stored outputs t
 be had again and whose readers have not started, cheapest first, to make room for the
 first waiting task; only with nothing to drop are tasks tried past their estimates
 regardless (``disk_last_resort``), so the run ends with DiskFull rather than hangs
-(docs/files.md).
+(docs/files.md). Never past a firm need: in that last resort a task whose firm need
+fits no worker's free disk fails with TaskTooBigForDisk (``_least_need_now``), its pool
+having nothing that runs or can be dropped to free disk.
 """
 
 from __future__ import annotations
@@ -367,6 +369,33 @@ class DiskPlacement:
             return None, largest, 0
         return least[0], largest, least[1]
 
+    def _least_need_now(self, ts: TaskState, out: int) -> tuple[int | None, int, int]:
+        """As ``_least_need``, but against the disk the workers of ``ts``'s pool have
+        free now, for a pool stuck on disk with nothing to drop (``disk_last_resort``:
+        none of them runs a task, no stored output can be made again elsewhere): what
+        is free now is all they will have, so a firm need larger than every free disk
+        cannot be met by waiting. ``(None, 0, 0)`` while some worker of the pool runs
+        a task (it may free disk) or some worker has the room."""
+        pool = ts.spec.pool
+        workers = [
+            w for w in self.workers.values()
+            if not w.draining and (pool is None or w.pool == pool)
+        ]  # fmt: skip
+        if any(w.processing for w in workers):
+            return None, 0, 0
+        least: tuple[int, int] | None = None  # (need, of which held)
+        largest = 0
+        for w in workers:
+            free = w.disk_free()
+            need = self._fetch_bytes(ts, w) + out
+            if need <= free:
+                return None, 0, 0
+            least = (need, 0) if least is None else min(least, (need, 0))
+            largest = max(largest, int(free))
+        if least is None:
+            return None, 0, 0
+        return least[0], largest, least[1]
+
     def _waits_for_disk(self, ts: TaskState, refused: list[WorkerState]) -> bool:
         """``ts`` is ready and the free workers in ``refused`` would take it but for
         their disk. If some worker of its pool (taking new tasks) could hold it with its
@@ -378,6 +407,8 @@ class DiskPlacement:
         whether it waits."""
         out, source = self._expected_output(ts)
         least_need, largest, held = self._least_need(ts, out)
+        if least_need is None and source in FIRM_OUTPUTS and ts.spec.pool in self.disk_last_resort:
+            least_need, largest, held = self._least_need_now(ts, out)
         if least_need is not None and source not in FIRM_OUTPUTS:
             out, source = 0, TaskTooBigForDisk.UNCOUNTED
             least_need, largest, held = self._least_need(ts, 0)

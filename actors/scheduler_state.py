@@ -3187,7 +3187,11 @@ class SchedulerState(DiskPlacement):
                 self.disk_override.discard(pool)  # room again: the estimates rule
             elif pool in self.disk_override and (pick := self._past_pick(ts, cands)):
                 fits, past = [pick], True
-            elif pool in self.disk_last_resort and any(not w.processing for w in cands):
+            elif (
+                pool in self.disk_last_resort
+                and source not in FIRM_OUTPUTS  # a firm need is never tried where too big
+                and any(not w.processing for w in cands)
+            ):
                 fits, past = [self._most_disk_left(ts, cands, out)], True
             elif source not in FIRM_OUTPUTS and self._least_need(ts, out)[0] is not None:
                 # An estimate no worker of its pool could hold even with its disk empty

@@ -578,3 +578,47 @@ def test_a_task_running_in_the_pool_keeps_the_others_waiting_for_disk(
     for dt in (10.0, 60.0, 600.0):  # "long" may free disk when it ends: c waits
         assert not assigned(tick(s, start + dt))
     assert s.tasks["c"].state == "queued" and not s.disk_override
+
+
+def test_a_measured_output_is_never_forced_onto_a_disk_known_too_small(
+    make_state: Factory,
+) -> None:
+    """A user audit: a loader (it frees nothing) measured by a try that ended
+    ``disk-full`` at 50 MiB was sent twice more, after a stall each time, to the one
+    worker with 45 MiB free, its file system smaller than its ``--disk``. A firm need
+    is never tried where it does not fit: the task waits while something in its pool
+    runs (that may free disk), and once the pool is stuck with nothing to drop, what
+    is free now is all there will be: it fails with TaskTooBigForDisk, after one try."""
+    s = make_state(saturation=1.0)
+    join(s, "w", disk=300 * MB)
+    join(s, "v", disk=300 * MB)
+    disk_used(s, "w", 255 * MB)  # 45 MiB free: other programs fill its file system
+    disk_used(s, "v", 260 * MB)  # 40 MiB free
+    submit(s, {"busy": []}, ["busy"], attrs={"busy": disk(30 * MB)})
+    assert worker_of_key(s, "busy") == "w"
+    cmds = submit(s, {"load-0": []}, ["load-0"], attrs={"load-0": disk(MB)})
+    assert assigned(cmds) == {"v": ["load-0"]}
+    err = DiskFull("load-0", "v", 50 * MB, 40 * MB, 300 * MB)
+    finish(s, "v", "load-0", outcome="disk-full", nbytes=50 * MB, error=err)
+    assert s._expected_output(s.tasks["load-0"]) == (50 * MB, MEASURED_OUTPUT)
+    # While "busy" runs on w, it waits: w may free disk; no stall is declared.
+    start = s._now
+    for now in (start + 10.0, start + 20.0, start + 40.0):
+        assert not assigned(tick(s, now))
+    assert s.tasks["load-0"].state == "queued"
+    cmds = finish(s, "w", "busy", nbytes=MB)  # w's disk: 45 MiB free again
+    assert s.tasks["load-0"].state == "queued"
+    # The pool runs nothing now; the watchdog finds nothing to free or drop: the task is
+    # never sent past its measured need, it fails (not after two more disk-full tries).
+    for now in (start + 50.0, start + 60.0, start + 70.0, start + 80.0):
+        cmds = tick(s, now)
+        assert not assigned(cmds)
+    ts = s.tasks["load-0"]
+    assert ts.state == "erred" and len(ts.tries) == 1
+    assert not any("past its disk estimate" in str(e[2]) for e in s.story("load-0"))
+    e = ts.error
+    assert isinstance(e, TaskTooBigForDisk)
+    assert (e.needed, e.largest, e.expected, e.source) == (
+        50 * MB, 45 * MB, 50 * MB, MEASURED_OUTPUT,
+    )  # fmt: skip
+    assert "it ran once and ended disk-full on worker 'v'" in str(e)
