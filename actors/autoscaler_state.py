@@ -100,7 +100,9 @@ exit code and stderr; cut to :data:`MAX_DETAIL`), in the status's ends, the
 
 Every end is listed (:attr:`AutoscalerState.ends`) with its cause, a block the core
 stops itself (:class:`BlockStopped`) included: ``stuck``, ``shutdown`` while closing,
-else the drain's (``drained``: scaled in, or requeued while it was drained).
+else the drain's (``drained``: scaled in, or requeued while it was drained). Each end
+and requeue is also counted per pool and cause, ever (:attr:`AutoscalerState.ended_by`,
+the ``corral_block_ends_total`` metric).
 """
 
 from __future__ import annotations
@@ -597,6 +599,8 @@ class AutoscalerState:
         self.errors: dict[str, BatchProblem] = {}  #: the latest failed submission per pool
         #: the latest ends and requeues (``at``: the core's clock)
         self.ends: deque[BlockEnd] = deque(maxlen=MAX_ENDS)
+        #: per pool, per cause: the ends and requeues listed in ``ends``, ever
+        self.ended_by: dict[str, dict[str, int]] = {}
         self.closing = False
         self.policy_errors = 0  #: over all pools
         self.policy_errors_by: dict[str, int] = {}  #: per pool
@@ -649,10 +653,12 @@ class AutoscalerState:
         and why (``last_failure``); whether it asks for no block until resumed
         (``suspended``: paused, or it gave up) and why (``suspended_why``: the batch
         system's latest refusal, or the latest of the blocks that kept ending); its failed
-        submissions in a row (``submit_failures``: 0 once a block of it started)."""
+        submissions in a row (``submit_failures``: 0 once a block of it started); its
+        ends and requeues ever, by cause (``ends``)."""
         out: dict[str, dict[str, Any]] = {
             pool: {"states": {}, "oldest_pending": 0.0, "target": ps.target,
                    "desired": ps.desired, **_size(ps), "failed": self.failed.get(pool, 0),
+                   "ends": dict(self.ended_by.get(pool, {})),
                    "suspended": int(pool in self.paused or pool in self.gave_up),
                    "suspended_why": self._suspended_why(pool),
                    "last_failure": self.last_failure.get(pool, ""),
@@ -835,8 +841,14 @@ class AutoscalerState:
         detail = bounded_detail(detail)
         self._out.append(ReportGone(b.block_id, b.workers, cause, state, detail, b.incarnation))
         end = BlockEnd(b.block_id, b.pool, state, cause, charged, self._now, b.incarnation, detail)
-        self.ends.append(end)
+        self._list_end(end)
         return end
+
+    def _list_end(self, end: BlockEnd) -> None:
+        """List ``end`` (an end or a requeue) and count it under its pool and cause."""
+        self.ends.append(end)
+        causes = self.ended_by.setdefault(end.pool, {})
+        causes[end.cause] = causes.get(end.cause, 0) + 1
 
     def _block_requeued(self, ev: BlockRequeued) -> None:
         b = self.blocks.get(ev.block)
@@ -852,7 +864,7 @@ class AutoscalerState:
         self._out.append(
             ReportGone(b.block_id, b.workers, cause, "requeued", incarnation=ev.incarnation)
         )
-        self.ends.append(
+        self._list_end(
             BlockEnd(b.block_id, b.pool, "requeued", cause, False, self._now, ev.incarnation - 1)
         )
         if b.retiring and not b.stopping:
@@ -876,7 +888,7 @@ class AutoscalerState:
             # (no worker of it joined, or requeued while it was being drained).
             self.ended += 1
             cause = "stuck" if b.stuck else "shutdown" if self.closing else self._drain_cause(b)
-            self.ends.append(
+            self._list_end(
                 BlockEnd(b.block_id, b.pool, ev.state, cause, False, self._now, b.incarnation)
             )
 

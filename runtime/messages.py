@@ -914,7 +914,9 @@ class BlockMetrics(Message):
     the latest of its blocks that failed or ended unasked and why (its detail), "" with
     none; ``submit_failures``: its failed submissions in a row, refused or not answered
     (0 once one goes through); ``suspended_why``: while ``suspended``, why (the batch
-    system's latest refusal, or the latest of the blocks that kept ending), else ""."""
+    system's latest refusal, or the latest of the blocks that kept ending), else "";
+    ``ends``: its blocks' ends and requeues ever, by cause (``preempted``, ``walltime``,
+    ``drained``, ...: the causes the autoscaler lists them with)."""
 
     states: dict[str, int] = dataclasses.field(default_factory=dict)
     oldest_pending: float = 0.0
@@ -929,6 +931,7 @@ class BlockMetrics(Message):
     last_failure: str = ""
     submit_failures: int = 0
     suspended_why: str = ""
+    ends: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
 @message()

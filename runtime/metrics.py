@@ -222,6 +222,11 @@ class SnapshotCollector(Collector):
             "Blocks not running by the pool's provisioning timeout, scaled in and replaced.",
             pool,
         )
+        ends = _counter(
+            "corral_block_ends",
+            "Block ends and requeues by cause (preempted, walltime, drained, crash, ...).",
+            ["pool", "cause"],
+        )
         slots = _gauge("corral_pool_slots_per_block", "Tasks one block runs at once.", pool)
         per_block = _gauge("corral_pool_workers_per_block", "Workers in one block.", pool)
         most = _gauge("corral_pool_max_blocks", "The pool's max_blocks (0: not configured).", pool)
@@ -244,6 +249,8 @@ class SnapshotCollector(Collector):
             desired.add_metric([name], b.desired)
             failed.add_metric([name], b.failed)
             stuck.add_metric([name], b.stuck)
+            for cause, n in sorted(b.ends.items()):
+                ends.add_metric([name, cause], n)
             slots.add_metric([name], b.slots_per_block)
             per_block.add_metric([name], b.workers_per_block)
             most.add_metric([name], b.max_blocks)
@@ -256,6 +263,7 @@ class SnapshotCollector(Collector):
             desired,
             failed,
             stuck,
+            ends,
             slots,
             per_block,
             most,

@@ -16,6 +16,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from actors.autoscaler_state import (
     AutoscalerState,
+    BlockEnded,
+    BlockRequeued,
     BlockStarted,
     BlockStartFailed,
     Resumed,
@@ -242,6 +244,26 @@ def test_a_paused_pool_is_suspended_until_resumed() -> None:
     assert _samples(text)[("corral_pool_suspended", (("pool", "p"),))] == 1.0
     st.handle(Resumed(3.0, "p"))
     assert st.block_metrics(3.0, {})["p"]["suspended"] == 0
+
+
+def test_block_ends_are_counted_per_pool_and_cause() -> None:
+    """``corral_block_ends_total{pool, cause}``: each end and requeue the autoscaler
+    lists counts under its cause, so an operator can graph how often the batch system's
+    owners preempt a pool's blocks (a requeue and an end both count as ``preempted``)."""
+    st = AutoscalerState()
+    cmds = st.handle(TargetSet(0.0, "p", 2, "spec"))
+    requests = [c.request for c in cmds if isinstance(c, StartBlock)]
+    st.handle(BlockStarted(1.0, requests[0], "b1", ("w1",), "running"))
+    st.handle(BlockStarted(1.0, requests[1], "b2", ("w2",), "running"))
+    assert st.block_metrics(2.0, {})["p"]["ends"] == {}
+    st.handle(BlockRequeued(3.0, "b1", 2, "preempted"))
+    st.handle(BlockEnded(4.0, "b2", "preempted"))
+    st.handle(BlockEnded(5.0, "b1", "failed"))
+    blocks = st.block_metrics(6.0, {})
+    text = render(MetricsReply(blocks={"p": BlockMetrics(**blocks["p"])})).decode()
+    got = _samples(text)
+    assert got[("corral_block_ends_total", (("cause", "preempted"), ("pool", "p")))] == 2
+    assert got[("corral_block_ends_total", (("cause", "crash"), ("pool", "p")))] == 1
 
 
 # ----------------------------------------------------------------------------- exposition
