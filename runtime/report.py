@@ -9,7 +9,8 @@ says what each shows.
 The numbers come from the database only (:func:`runtime.monitordb.open_db`): tries for
 the timeline and the durations, the metric samples for the queues, the workers and
 blocks tables for the fleet, the resource samples for memory and disk, the transfers
-and recoveries tables for storage, the alerts table for the bands drawn over the time
+and recoveries tables for storage (the recoveries and the blocks' ends also in the
+summary), the alerts table for the bands drawn over the time
 plots, the failed tries and the tasks that erred without one for the table of failures
 grouped as the live dashboard groups them ("Why tasks failed", after the summary).
 """
@@ -90,6 +91,9 @@ _STATE_NAME = {
 _OLD_MEMORY = "finished (memory: output held, or released since: this file does not say)"
 #: the report's table of failure groups, after the summary
 FAILURES_TITLE = "Why tasks failed"
+#: the states of a block in the ``blocks`` table while it lives; the others are its
+#: ends and requeues (``completed``, ``requeued``, ``stopped``, ...)
+_BLOCK_LIVE = ("pending", "running", "requested", "held")
 
 Progress = Callable[[str], None]
 
@@ -700,11 +704,21 @@ def _fleet(run: _Run) -> go.Figure:
         counts[(pool, state)].append((t, 1))
         state_of[block] = state
     for (pool, state), changes in sorted(counts.items()):
-        if state not in ("pending", "running", "requested", "held"):
+        if state not in _BLOCK_LIVE:
             continue  # ends: a block that ended is no longer counted
         xs, ys = _steps(changes, run.end)
         fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", line_shape="hv",
                                  line={"dash": "dot"}, name=f"blocks {pool} {state}"))  # fmt: skip
+    requeues: dict[str, list[tuple[float, str]]] = defaultdict(list)
+    for block, pool, state, at, cause in run.blocks:
+        if state == "requeued":
+            requeues[pool].append((at - run.t0, f"{block} requeued ({cause or 'no cause'})"))
+    for pool, marks in sorted(requeues.items()):
+        fig.add_trace(go.Scatter(
+            x=[t for t, _ in marks], y=[0] * len(marks), mode="markers",
+            marker={"symbol": "triangle-down", "size": 10}, name=f"requeued {pool}",
+            text=[why for _, why in marks], hovertemplate="%{text}<br>%{x:.1f} s<extra></extra>",
+        ))  # fmt: skip
     return _over_time(fig, run, "count", SECTIONS[2])
 
 
@@ -811,18 +825,46 @@ def _summary(run: _Run) -> str:
         row("blocks", len({b[0] for b in run.blocks})),
         row("monitoring: feed events lost, rows dropped", f"{run.gaps}, {info['dropped_rows']}"),
     ]  # fmt: skip
-    fail = (
-        "".join(
-            f"<tr><td>{html.escape(o)}</td><td>{html.escape(c)}</td><td>{n}</td></tr>"
-            for o, c, n in run.failures
-        )
-        or "<tr><td colspan=3>none</td></tr>"
-    )
     return (
         "<h2>Summary</h2><div class=tables><table>" + "".join(head) + "</table>"
-        "<table><tr><th>failed tries: outcome</th><th>cause</th><th>n</th></tr>"
-        + fail + "</table></div>"
+        + _counts(("failed tries: outcome", "cause", "n"), run.failures)
+        + _counts(("block ends: state", "cause", "n"), _block_ends(run))
+        + _counts(("outputs lost with a worker: how they came back", "outputs", "workers"),
+                  _recoveries(run))
+        + "</div>"
     )  # fmt: skip
+
+
+def _counts(head: tuple[str, ...], rows: Iterable[tuple[Any, ...]]) -> str:
+    """A table of the summary: ``head``, then ``rows`` (or a row saying none)."""
+    e = html.escape
+    cells = (
+        "".join("<tr>" + "".join(f"<td>{e(str(v))}</td>" for v in r) + "</tr>" for r in rows)
+        or f"<tr><td colspan={len(head)}>none</td></tr>"
+    )
+    return "<table><tr>" + "".join(f"<th>{e(h)}</th>" for h in head) + "</tr>" + cells + "</table>"
+
+
+def _block_ends(run: _Run) -> list[tuple[str, str, int]]:
+    """The run's block ends and requeues by state and cause, the most first (a row
+    with no cause says ``-``)."""
+    n: dict[tuple[str, str], int] = defaultdict(int)
+    for _, _, state, _, cause in run.blocks:
+        if state not in _BLOCK_LIVE:
+            n[(state, cause or "-")] += 1
+    return [(state, cause, k) for (state, cause), k in sorted(n.items(), key=lambda r: -r[1])]
+
+
+def _recoveries(run: _Run) -> list[tuple[str, int, int]]:
+    """Outputs still needed that were lost with their worker, by how they came back
+    (``recomputed``: their task ran again; ``replica``: a replica kept them): how many,
+    and from how many workers."""
+    keys: dict[str, int] = defaultdict(int)
+    workers: dict[str, set[str]] = defaultdict(set)
+    for _, _, worker, how in run.recoveries:
+        keys[how] += 1
+        workers[how].add(worker)
+    return [(how, n, len(workers[how])) for how, n in sorted(keys.items(), key=lambda r: -r[1])]
 
 
 def _why_failed(run: _Run) -> str:

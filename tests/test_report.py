@@ -302,17 +302,25 @@ async def test_a_run_of_many_categories_draws_the_busiest_and_gathers_the_rest(
     assert "the other 40 categories (40)" in page and '"name":"light' not in page
 
 
-def _many_categories_db(path: Path, categories: int) -> Path:
-    """A monitoring database of one run whose category ``c<i>`` has ``1 + i % 7``
-    successful tries of known durations."""
+def _one_run_db(path: Path, length: float) -> tuple[sqlite3.Connection, float]:
+    """A monitoring database at ``path`` holding one run, ``run-1``, of ``length``
+    seconds (and nothing else yet): a connection to it and the run's start."""
     MonitorWriter(path).close()  # the schema
     t0 = 1_700_000_000.0
     conn = sqlite3.connect(path)
     with conn:
         conn.execute(
             "INSERT INTO runs (run_id, started, ended, host, pid) VALUES (?,?,?,?,?)",
-            ("run-1", t0, t0 + 3600.0, "host", 1),
+            ("run-1", t0, t0 + length, "host", 1),
         )
+    return conn, t0
+
+
+def _many_categories_db(path: Path, categories: int) -> Path:
+    """A monitoring database of one run whose category ``c<i>`` has ``1 + i % 7``
+    successful tries of known durations."""
+    conn, t0 = _one_run_db(path, 3600.0)
+    with conn:
         rows = [
             ("run-1", f"c{i}-{j}", 1, f"c{i}", f"w-{j % 4}", t0 + i * 0.1, t0 + i * 0.1,
              t0 + i * 0.1 + 0.01 * (i % 100 + j), "ok")
@@ -361,3 +369,39 @@ def test_thousands_of_categories_make_a_report_of_bounded_size(tmp_path: Path) -
     # the busiest 20 on each plot (on the timeline too, of its tries), the others gathered
     assert page.count('"name":"c') == 40
     assert "the other 2980 categories" in page
+
+
+@pytest.mark.timeout(60)
+def test_the_report_shows_block_ends_requeues_and_outputs_recomputed(tmp_path: Path) -> None:
+    """The cost of preemption: the summary counts the blocks' ends and requeues by state
+    and cause, and the outputs lost with a worker by how they came back; the blocks
+    plot marks each requeue (its block and cause under the pointer)."""
+    db = tmp_path / "monitoring.db"
+    conn, t0 = _one_run_db(db, 100.0)
+    with conn:
+        conn.executemany(
+            "INSERT INTO blocks VALUES ('run-1',?,'ckpt',?,?,?)",
+            [("block-1", "running", t0 + 1, None), ("block-2", "running", t0 + 1, None),
+             ("block-1", "requeued", t0 + 10, "preempted"),
+             ("block-2", "requeued", t0 + 12, "preempted"),
+             ("block-1", "running", t0 + 20, None),
+             ("block-1", "completed", t0 + 50, "walltime"),
+             ("block-2", "stopped", t0 + 90, "shutdown")],
+        )  # fmt: skip
+        conn.executemany(
+            "INSERT INTO recoveries VALUES ('run-1',?,?,'sim','ckpt-1',?)",
+            [(t0 + 10, "sim-a", "recomputed"), (t0 + 10, "sim-b", "recomputed"),
+             (t0 + 12, "sim-c", "replica")],
+        )  # fmt: skip
+    conn.close()
+    page = build_report(db)
+    ends = page[page.index("block ends: state") : page.index("</table>", page.index("block ends"))]
+    assert "<td>requeued</td><td>preempted</td><td>2</td>" in ends
+    assert "<td>completed</td><td>walltime</td><td>1</td>" in ends
+    assert "<td>stopped</td><td>shutdown</td><td>1</td>" in ends
+    assert "running" not in ends
+    lost = page[page.index("outputs lost with a worker") :]
+    assert "<td>recomputed</td><td>2</td><td>1</td>" in lost
+    assert "<td>replica</td><td>1</td><td>1</td>" in lost
+    assert '"name":"requeued ckpt"' in page
+    assert "block-2 requeued (preempted)" in page
