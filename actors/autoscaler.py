@@ -142,6 +142,27 @@ def drained_for_walltime(story: Iterable[Any]) -> bool:
 
 
 @dataclasses.dataclass(slots=True)
+class _WatchFailures:
+    """A run of a pool's provider's failures while watching its blocks (a failing
+    ``squeue``), until it answers again: the latest ``error`` and when it was seen
+    (``at``), when the first of the run was seen (``since``; Unix times) and how many
+    failures were seen (each new error the provider reports counts one)."""
+
+    error: Exception
+    since: float
+    at: float
+    failures: int = 1
+
+
+def batch_operation(command: str) -> str:
+    """What a batch system's ``command`` was doing, by which the status words when it
+    is tried again: ``submit`` (``sbatch``), ``cancel`` (``scancel``), else ``poll``
+    (watching the blocks: ``squeue``, ``scontrol``)."""
+    word = command.split(" ", 1)[0]
+    return {"sbatch": "submit", "scancel": "cancel"}.get(word, "poll")
+
+
+@dataclasses.dataclass(slots=True)
 class PoolTarget:
     """A pool's blocks at start: ``n`` (the target) made from ``spec``; ``limits`` are
     a configured pool's (``actors/pools.py``): min, max and init blocks, parallelism,
@@ -195,8 +216,8 @@ class Autoscaler(Actor):
         self.tick = tick  #: seconds between ticks of the core
         self.drain_timeout = drain_timeout  #: seconds to wait for a drain's answer
         self.drains_unanswered = 0  #: drains asked that got no answer in time (then again)
-        #: per pool: the provider's latest watching failure and since when (Unix time)
-        self._watch_errors: dict[str, tuple[Exception, float]] = {}
+        #: per pool: the provider's run of failures while watching its blocks
+        self._watch_errors: dict[str, _WatchFailures] = {}
         #: kinds of request the scheduler failed to answer (logged once each)
         self._unreadable: set[str] = set()
 
@@ -573,14 +594,19 @@ class Autoscaler(Actor):
         return {p: self.provider for p in self.state.pools}
 
     def _note_batch_errors(self) -> None:
-        """Remember since when each pool's provider reports a failure of the batch
-        system while watching its blocks (squeue, scontrol)."""
+        """Remember each pool's provider's run of failures of the batch system while
+        watching its blocks (squeue, scontrol): since when it fails (the first failure
+        of the run, kept while new ones come), the latest and how many were seen."""
+        now = time.time()
         for pool, provider in self._pool_providers().items():
             err = provider.batch_error()
+            run = self._watch_errors.get(pool)
             if err is None:
                 self._watch_errors.pop(pool, None)
-            elif pool not in self._watch_errors or self._watch_errors[pool][0] is not err:
-                self._watch_errors[pool] = (err, time.time())
+            elif run is None:
+                self._watch_errors[pool] = _WatchFailures(err, now, now)
+            elif run.error is not err:
+                run.error, run.at, run.failures = err, now, run.failures + 1
 
     @handles(ResumeRequest)
     async def resume(self, msg: ResumeRequest) -> dict[str, object]:
@@ -663,11 +689,14 @@ class Autoscaler(Actor):
                 errors[pool] = BatchErrorInfo(
                     problem.command, problem.error, wall - (now - problem.at), suspended,
                     st.waiting(pool), problem.failures, pool in st.requests.values(),
+                    wall - (now - problem.since), "submit",
                 )  # fmt: skip
-            elif pool in self._watch_errors:
-                err, at = self._watch_errors[pool]
-                command = getattr(err, "command", "") or type(err).__name__
-                errors[pool] = BatchErrorInfo(command, str(err), at, suspended)
+            elif (run := self._watch_errors.get(pool)) is not None:
+                command = getattr(run.error, "command", "") or type(run.error).__name__
+                errors[pool] = BatchErrorInfo(
+                    command, str(run.error), run.at, suspended, failures=run.failures,
+                    since=run.since, operation=batch_operation(command),
+                )  # fmt: skip
         return AutoscalerStatus(
             targets={p: s.target for p, s in st.pools.items()},
             desired={p: s.desired for p, s in st.pools.items()},

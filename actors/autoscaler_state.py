@@ -439,7 +439,8 @@ class HoldWorkers(Command):
 class BatchProblem:
     """The latest failed submission of a pool: the ``command`` and its ``error``,
     ``at`` (the core's clock), whether the provider ``suspended`` submissions, and when
-    the pool asks again (``retry_at``; None while suspended)."""
+    the pool asks again (``retry_at``; None while suspended); ``since``: when the first
+    of the failures in a row was (the core's clock)."""
 
     command: str
     error: str
@@ -447,6 +448,7 @@ class BatchProblem:
     suspended: bool
     retry_at: float | None
     failures: int = 1  #: in a row
+    since: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -777,8 +779,9 @@ class AutoscalerState:
             )
             retry_at = ev.retry_at if ev.retry_at is not None and ev.retry_at > self._now else own
             self.retry_at[pool] = retry_at
+        since = before.since if before is not None else self._now
         self.errors[pool] = BatchProblem(
-            ev.command, ev.error, self._now, pool in self.paused, retry_at, failures
+            ev.command, ev.error, self._now, pool in self.paused, retry_at, failures, since
         )
 
     def _block_ended(self, ev: BlockEnded) -> None:

@@ -1315,23 +1315,41 @@ def _render_blocks(auto: Mapping[str, Any]) -> list[RenderableType]:
                 what += f" (the latest: {brief_detail(latest)})"
             parts.append(Text(f"pool {pool}: {what}; `resume {pool}` asks again", style="bold"))
             continue
-        when = time.strftime("%H:%M:%S", time.localtime(float(err.get("at") or 0)))
-        if err.get("suspended") or pool in paused:
-            state = f"suspended until an operator runs `resume {pool}`"
-        elif err.get("retry_in") is not None:
-            state = f"asking again in {float(err['retry_in']):.0f} s"
-        elif err.get("asking"):
-            state = "asking again now"
-        else:  # no back-off running: the pool asks when it next needs a block
-            state = "asked again when the pool needs a block"
-        parts.append(
-            Text(
-                f"pool {pool}: batch system error at {when} ({state}): "
-                f"{err.get('command')}: {err.get('error')}",
-                style="bold",
-            )
-        )
+        parts.append(Text(_batch_error_line(pool, err, pool in paused), style="bold"))
     return parts
+
+
+#: when a failed operation of the batch system is tried again, with no back-off running
+_TRIED_AGAIN = {
+    "submit": "asked again when the pool needs a block",
+    "poll": "the blocks' states are asked again at the next poll",
+    "cancel": "the cancel is tried again at the next poll",
+}
+
+
+def _batch_error_line(pool: str, err: Mapping[str, Any], paused: bool) -> str:
+    """The status's line of ``pool``'s batch system error ``err`` (a ``BatchErrorInfo``'s
+    fields): when the failures in a row began (the latest's time and their count when
+    there were more), when it is tried again, and the latest error."""
+
+    def clock(at: Any) -> str:
+        return time.strftime("%H:%M:%S", time.localtime(float(at or 0)))
+
+    if err.get("suspended") or paused:
+        state = f"suspended until an operator runs `resume {pool}`"
+    elif err.get("retry_in") is not None:
+        state = f"asking again in {float(err['retry_in']):.0f} s"
+    elif err.get("asking"):
+        state = "asking again now"
+    else:  # no back-off running: said per operation
+        state = _TRIED_AGAIN.get(str(err.get("operation") or "submit"), _TRIED_AGAIN["submit"])
+    failures = int(err.get("failures") or 0)
+    if failures > 1 and err.get("since"):
+        when = f"failing since {clock(err['since'])} ({failures} failures in a row, the latest "
+        when += f"at {clock(err.get('at'))}; {state})"
+    else:
+        when = f"error at {clock(err.get('at'))} ({state})"
+    return f"pool {pool}: batch system {when}: {err.get('command')}: {err.get('error')}"
 
 
 def render_tasks(

@@ -1188,8 +1188,12 @@ class BatchErrorInfo(Message):
     --parsable``, ``squeue``, ...) and its ``error`` (what it printed and what to do),
     ``at`` (Unix time), ``suspended`` (the pool asks for no block until an operator
     resumes it: console ``resume POOL``), ``retry_in`` (seconds until it asks again,
-    None: not backing off), ``failures`` (failed submissions in a row) and ``asking``
-    (a submission of the pool is under way now)."""
+    None: not backing off), ``failures`` (failures in a row: submissions, or those
+    seen while watching the blocks), ``asking`` (a submission of the pool is under way
+    now), ``since`` (Unix time of the first of those failures in a row: when the
+    outage began; 0: not known) and ``operation`` (what failed, which says when it is
+    tried again: ``submit``, a block asked for; ``poll``, the blocks' states asked for
+    (``squeue``); ``cancel``, a block stopped)."""
 
     command: str
     error: str
@@ -1198,6 +1202,8 @@ class BatchErrorInfo(Message):
     retry_in: float | None = None
     failures: int = 0
     asking: bool = False
+    since: float = 0.0
+    operation: str = "submit"
 
 
 @message()

@@ -383,7 +383,9 @@ def test_sbatch_failing_backs_off_to_the_providers_retry_at_and_spends_nothing()
         command="sbatch --parsable", retry_at=9.0,
     )  # fmt: skip
     assert run(s, failed) == []  # not every tick: it waits
-    assert s.errors["ckpt"] == BatchProblem("sbatch --parsable", failed.error, 1.0, False, 9.0, 1)
+    assert s.errors["ckpt"] == BatchProblem(
+        "sbatch --parsable", failed.error, 1.0, False, 9.0, 1, since=1.0
+    )
     assert s.waiting("ckpt") == 8.0
     for now in (2.0, 5.0, 8.9):
         assert run(s, Tick(now)) == []
@@ -395,6 +397,7 @@ def test_sbatch_failing_backs_off_to_the_providers_retry_at_and_spends_nothing()
     assert run(s, Tick(13.5)) == [StartBlock(3, "ckpt", SPEC)]
     assert run(s, BlockStartFailed(14.0, 3, "x", batch=True, command="sbatch")) == []
     assert s.errors["ckpt"].retry_at == 14.0 + 8.0
+    assert (s.errors["ckpt"].at, s.errors["ckpt"].since) == (14.0, 1.0)  # the outage's start
     assert list(s.replacements) == [] and s.gave_up == set() and s.ended == 0
     # Slurm answers: the error goes, the back-off is reset.
     assert run(s, Tick(22.0)) == [StartBlock(4, "ckpt", SPEC)]

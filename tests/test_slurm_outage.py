@@ -42,15 +42,17 @@ REFUSED = "sbatch: error: Batch job submission failed: Invalid partition name sp
 
 def _stand_ins(bin_dir: Path, state: Path) -> None:
     """sbatch prints ``state/fail`` on stderr and exits 1 while that file exists, else
-    answers job ids 101, 102, ...; squeue prints ``state/squeue.txt``. Each sbatch call
-    is appended to ``state/calls``."""
+    answers job ids 101, 102, ...; squeue prints ``state/squeue.txt``, or while
+    ``state/squeue_fail`` exists prints it on stderr, exits 1 and appends a line to
+    ``state/squeue_calls``. Each sbatch call is appended to ``state/calls``."""
     bin_dir.mkdir()
     (state / "squeue.txt").write_text("")
     scripts = {
         "sbatch": 'echo sbatch >> "$S/calls"; if [ -e "$S/fail" ]; then cat "$S/fail" >&2; '
         'exit 1; fi; n=$(( $(cat "$S/next" 2>/dev/null || echo 100) + 1 )); '
         'echo $n > "$S/next"; echo $n',
-        "squeue": 'cat "$S/squeue.txt"',
+        "squeue": 'if [ -e "$S/squeue_fail" ]; then echo squeue >> "$S/squeue_calls"; '
+        'cat "$S/squeue_fail" >&2; exit 1; fi; cat "$S/squeue.txt"',
         "scontrol": 'echo "slurm_load_jobs error: Invalid job id specified" >&2; exit 1',
         "scancel": "true",
     }
@@ -117,8 +119,10 @@ async def test_a_controller_out_of_reach_backs_the_pool_off_and_it_goes_on_by_it
             assert not err.suspended and st.paused == () and st.gave_up == ()
             assert "resume" not in err.error  # nothing for an operator to do
             line = _shown(st)
-            assert "pool ckpt: batch system error at" in line
-            assert "(asking again in" in line or "(asking again now)" in line, line
+            # The outage's start is kept while failures come (before, the time moved).
+            assert err.since < err.at and "pool ckpt: batch system failing since" in line
+            assert f"({err.failures} failures in a row, the latest at" in line, line
+            assert "asking again in" in line or "asking again now)" in line, line
             metrics = await autoscaler.ref.ask(MetricsRequest())
             assert metrics["ckpt"].submit_failures >= 3 and metrics["ckpt"].suspended == 0
 
@@ -159,3 +163,46 @@ async def test_a_refusal_that_suspends_submissions_pauses_the_pool_at_once(
 async def _when(status: Any, test: Any) -> Any:
     st = await status
     return st if test(st) else None
+
+
+SQUEUE_DOWN = "slurm_load_jobs error: Unable to contact slurm controller (connect failure)"
+
+
+async def test_a_failing_squeue_keeps_when_the_outage_began_and_says_it_polls_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A user audit: while the controller was down, the status's ``batch system error
+    at T`` moved T with each failed ``squeue`` and said "(asked again when the pool
+    needs a block)", which is about submissions. Now it keeps when the failures began,
+    with the latest error and how many, and says the states are asked again."""
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    with anyio.fail_after(LIMIT):
+        async with _pool(tmp_path, DOWN, max_status_interval=0.1) as (autoscaler, state):
+            (state / "squeue.txt").write_text("101|RUNNING|None|0|0|vm|\n")
+            (state / "fail").unlink()  # the block is submitted, then runs
+            await wait_until(lambda: autoscaler.state.blocks, "a block of the pool")
+            (state / "squeue_fail").write_text(SQUEUE_DOWN + " (1)\n")
+            await wait_until(lambda: (state / "squeue_calls").exists(), "a failed squeue")
+
+            async def failed(n: int) -> AutoscalerStatus:
+                async def seen() -> AutoscalerStatus | None:
+                    st = await _status(autoscaler)
+                    err = st.batch_errors.get("ckpt")
+                    return st if err is not None and err.failures >= n else None
+
+                return await wait_until(seen, f"{n} failed squeue calls seen")
+
+            first = (await failed(1)).batch_errors["ckpt"]
+            (state / "squeue_fail").write_text(SQUEUE_DOWN + " (2)\n")
+            st = await failed(3)
+            err = st.batch_errors["ckpt"]
+            assert err.operation == "poll" and err.command.startswith("squeue"), err
+            assert err.since == first.since < err.at, (first, err)
+            assert "(2)" in err.error  # the latest error's text
+            line = _shown(st)
+            assert "pool ckpt: batch system failing since" in line, line
+            assert "the blocks' states are asked again at the next poll" in line, line
+            assert "when the pool needs a block" not in line, line
+
+            (state / "squeue_fail").unlink()  # the controller is back
+            await wait_until(lambda: not autoscaler._watch_errors, "the failures in a row to end")
