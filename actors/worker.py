@@ -732,6 +732,7 @@ class Worker(Actor):
                 disk_free,
                 self._reported_disk[0],  # and checkpoint files and copies under way
                 governor.floor if governor.floor >= cfg.resume_at else 0,
+                store.file_bytes,
             )
         )
 

@@ -84,16 +84,30 @@ def _worker(
     info: Any, running: int, report: WorkerMemoryReport | None, status: StatusReply
 ) -> dict[str, Any]:
     rss = report.rss if report is not None else status.rss.get(info.worker_id, 0)
+    on_disk, files = (report.spilled_bytes, report.file_bytes) if report else (0, 0)
     return {
         "id": info.worker_id, "pool": info.pool, "cores": info.cores, "running": running,
         "rss": rss, "limit": report.limit if report is not None else info.memory,
         "throttle_at": report.throttle_at if report is not None else 0,
         "memory_bytes": report.memory_bytes if report is not None else 0,
-        "spilled_bytes": report.spilled_bytes if report is not None else 0,
+        "spilled_bytes": on_disk - files,  # spill files only
+        "file_bytes": files,  # file outputs held
         "spilled_total": report.spilled_total if report is not None else 0,
+        **_disk(info, report),
         "throttled": info.worker_id in status.throttled,
         "draining": info.worker_id in status.draining,
     }  # fmt: skip
+
+
+def _disk(info: Any, report: WorkerMemoryReport | None) -> dict[str, Any]:
+    """A worker's disk as the page shows it: ``disk_used`` (every byte on it: outputs,
+    checkpoint files, copies under way) and ``disk_limit``, used plus free (None: not
+    counted, ``--disk off``); before its first report, its ``--disk`` and nothing used."""
+    if report is None:
+        return {"disk_used": 0, "disk_free": info.disk or None, "disk_limit": info.disk or None}
+    free = report.disk_free
+    limit = None if free is None else report.disk_used + free
+    return {"disk_used": report.disk_used, "disk_free": free, "disk_limit": limit}
 
 
 def described(name: str, params: Mapping[str, str] | None) -> str:
@@ -612,7 +626,12 @@ function renderWorkers(s) {
       h("th", {class: "num", text: "tasks / cores",
                title: "tasks it has in hand (running, or ready to start next) / its cores"}),
       h("th", {text: "memory (RSS vs limit)"}),
+      h("th", {text: "disk (used vs limit)",
+               title: "every byte on its disk (outputs, checkpoint files, copies under " +
+                      "way) vs used plus free: its --disk, or less if its file system " +
+                      "has less free"}),
       h("th", {class: "num", text: "in memory"}), h("th", {class: "num", text: "spilled"}),
+      h("th", {class: "num", text: "file outputs"}),
       h("th", {text: "state"})),
     s.workers.map(w => h("tr", {class: "worker", "data-worker": w.id},
       h("td", {text: w.id}), h("td", {text: w.pool}),
@@ -620,8 +639,14 @@ function renderWorkers(s) {
       h("td", {}, bar(w.rss, w.limit, {fence: w.throttle_at,
         color: w.throttled ? "var(--err)" : "var(--ok)"}),
         " " + bytes(w.rss) + (w.limit ? " / " + bytes(w.limit) : "")),
+      h("td", {class: "disk", "data-used": w.disk_used, "data-limit": w.disk_limit},
+        w.disk_limit === null ? null : bar(w.disk_used, w.disk_limit,
+          {cls: "bar disk-bar", color: w.disk_free === 0 ? "var(--err)" : "var(--pend)"}),
+        " " + bytes(w.disk_used) +
+          (w.disk_limit === null ? " (not counted)" : " / " + bytes(w.disk_limit))),
       h("td", {class: "num", text: bytes(w.memory_bytes)}),
       h("td", {class: "num", text: bytes(w.spilled_bytes)}),
+      h("td", {class: "num", text: bytes(w.file_bytes)}),
       h("td", {text: w.throttled ? "throttled" : w.draining ? "draining" :
                      w.running ? "busy" : "idle"})))));
 }

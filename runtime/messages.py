@@ -204,6 +204,9 @@ class WorkerMemoryReport(Message):
     #: is at or past its resume mark, which moved up over it (docs/memory.md#the-floor),
     #: with ``throttle_at`` the fence it throttles at now; 0: the configured marks hold
     floor: int = 0
+    #: of ``spilled_bytes``, the bytes of the file outputs it holds (the rest are spill
+    #: files)
+    file_bytes: int = 0
 
 
 @message()

@@ -31,6 +31,7 @@ from actors.scheduler_records import SchedulerConfig, error_record
 from actors.scheduler_state import SchedulerState
 from runtime import Cluster
 from runtime.dashboard import FEED_PATH, STORY_PATH, build_snapshot, dashboard_url
+from runtime.files import File, output_path
 from runtime.messages import (
     AlertInfo,
     AlertsReply,
@@ -214,6 +215,55 @@ def test_the_snapshot_shows_pools_capacity_workers_failures_alerts_policies() ->
     }
 
 
+def test_the_snapshot_shows_each_workers_disk_and_its_file_outputs_apart() -> None:
+    """Disk used and its limit per worker (used plus free; None: not counted), and of
+    its bytes on disk the file outputs apart from the spill files: before, only
+    ``spilled_bytes``, file outputs counted as spilled."""
+    metrics, status, alerts = _answers()
+    workers = (
+        WorkerInfo("w1", 1, GB, disk=10 * GB), WorkerInfo("w2", 1, GB, disk=0),
+        WorkerInfo("w3", 1, GB, disk=5 * GB),
+    )  # fmt: skip
+    memory = {
+        # 3 GB on disk, 1 GB of it file outputs; its file system has 2 GB free
+        "w1": WorkerMemoryReport(
+            "w1", False, GB, GB, GB, spilled_bytes=3 * GB, disk_used=3 * GB,
+            disk_free=2 * GB, file_bytes=GB,
+        ),
+        "w2": WorkerMemoryReport("w2", False, GB, GB, GB, spilled_bytes=7, disk_free=None),
+    }  # fmt: skip
+    status = dataclasses.replace(status, workers=workers, memory=memory, throttled=())
+    snap = json.loads(json.dumps(build_snapshot(metrics, status, alerts, now=1.0)))
+    w1, w2, w3 = snap["workers"]
+    assert (w1["disk_used"], w1["disk_limit"], w1["disk_free"]) == (3 * GB, 5 * GB, 2 * GB)
+    assert (w1["spilled_bytes"], w1["file_bytes"]) == (2 * GB, GB)
+    assert (w2["disk_used"], w2["disk_limit"], w2["spilled_bytes"]) == (0, None, 7)  # off
+    assert (w3["disk_used"], w3["disk_limit"]) == (0, 5 * GB)  # no report yet: its --disk
+
+
+def file_output(nbytes: int) -> File:
+    path = output_path("part.bin")
+    Path(path).write_bytes(b"x" * nbytes)
+    return File(path)
+
+
+@pytest.mark.anyio
+async def test_a_workers_memory_report_counts_its_file_outputs_apart() -> None:
+    """What the page's file outputs come from: the worker's report says which of its
+    bytes on disk are file outputs (before, they were all "spilled")."""
+    with anyio.fail_after(60):
+        async with Cluster(workers=1, disk_per_worker="64MiB") as c:
+            await c.submit(file_output, 100_000)
+
+            async def reported() -> Any:
+                (mem,) = (await c.status())["memory"].values()
+                return mem if mem["file_bytes"] else None
+
+            mem = await wait_until(reported, "a report with the file output", limit=30)
+            assert (mem["file_bytes"], mem["spilled_bytes"]) == (100_000, 100_000)
+            assert mem["disk_used"] >= 100_000 and mem["disk_free"] is not None
+
+
 def test_the_dashboard_url_carries_the_token() -> None:
     assert dashboard_url("ws://127.0.0.1:8786", "ab") == "http://127.0.0.1:8786/?token=ab"
     assert dashboard_url("wss://h:1/", "a b") == "https://h:1/?token=a%20b"
@@ -286,7 +336,7 @@ async def test_only_the_read_and_admin_tokens_open_the_dashboard(tmp_path: Path)
 async def test_one_snapshot_per_interval_is_shared_by_every_page(tmp_path: Path) -> None:
     with Cli(tmp_path) as cli:
         manager, address = cli.manager()
-        cli.worker(address)
+        cli.worker(address, "--disk", "64MiB")
         base, read = _base(address), cli.tokens(address)["read"]
         async with _session() as s:
             async with s.get(f"{base}/", params={"token": read}) as r:
@@ -298,7 +348,10 @@ async def test_one_snapshot_per_interval_is_shared_by_every_page(tmp_path: Path)
                     for ws in pages:
                         snaps = [await ws.receive_json() for _ in range(4)]
                         seen.append([(snap["seq"], snap["time"]) for snap in snaps])
-                        assert len(snaps[-1]["workers"]) == 1
+                        (worker,) = snaps[-1]["workers"]
+                        # its disk: nothing on it yet, and its --disk as the limit
+                        assert (worker["disk_used"], worker["disk_limit"]) == (0, 64 << 20)
+                        assert (worker["spilled_bytes"], worker["file_bytes"]) == (0, 0)
                 # Each page got the same snapshots (same number, same time), one by one.
                 common = set.intersection(*(set(s) for s in seen))
                 assert len(common) >= 2, seen
@@ -521,6 +574,14 @@ async def test_the_dashboard_in_chromium_follows_a_real_run(browser: Any, tmp_pa
             "document.querySelectorAll('tr.worker').length === 2", "the page to go live",
         )  # fmt: skip
         assert page.queue_depth() == 0
+        # Each worker's disk: a bar beside its memory bar, used / its limit.
+        disks = await in_browser(
+            page.wait, "const c = [...document.querySelectorAll('tr.worker td.disk')];"
+            "return c.length === 2 && c.every(d => d.querySelector('svg.disk-bar') && "
+            "Number(d.dataset.limit) > 0) ? c.map(d => d.innerText) : false;",
+            "each worker's disk bar",
+        )  # fmt: skip
+        assert all(re.fullmatch(r"\s*0 B / [\d.]+ [KMGT]iB", t) for t in disks), disks
 
         with anyio.fail_after(200):
             async with Cluster(address) as c:
