@@ -320,7 +320,8 @@ def build_parser(prog: str = MODULE_PROG) -> argparse.ArgumentParser:
         parents=[common],
         help="run a worker process that joins a manager",
         description="Join the manager at ADDRESS and run its tasks. The worker listens on "
-        "a free port of --host for its peers (they fetch inputs from each other directly). "
+        "a free port of --host for its peers (they fetch inputs from each other directly; "
+        "--port or --port-range to choose it). "
         "Stops gracefully on SIGINT/SIGTERM: its running tasks go back to the scheduler.",
     )
     wrk.add_argument("address", metavar="ADDRESS", help="the manager, e.g. ws://127.0.0.1:8786")
@@ -377,6 +378,22 @@ def build_parser(prog: str = MODULE_PROG) -> argparse.ArgumentParser:
     )
     wrk.add_argument(
         "--host", default="127.0.0.1", help="address its peers reach it on (default: 127.0.0.1)"
+    )
+    ports = wrk.add_mutually_exclusive_group()
+    ports.add_argument(
+        "--port",
+        type=int,
+        default=0,
+        metavar="PORT",
+        help="the port of --host it listens on for its peers (default: 0, a free one); in "
+        "use: exit 1 (AddressInUse)",
+    )
+    ports.add_argument(
+        "--port-range",
+        default=None,
+        metavar="LO-HI",
+        help="listen for its peers on the first free port from LO to HI (for a firewall "
+        "that opens only those; several workers on one machine take one each)",
     )
     wrk.add_argument(
         "--token",
@@ -835,6 +852,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         )
     if args.deadline is not None:
         _check_deadline(args.deadline, time.time())
+    args.peer_port = _peer_port(args.port, args.port_range)
     _apply_tls(args, args.address, f"the manager's address {args.address} is not wss://")
     memory_options = _memory_options(args)
     if not args.connect_retry >= 0:  # NaN too
@@ -874,6 +892,26 @@ def _innermost(exc: BaseException) -> BaseException:
     return exc
 
 
+def _peer_port(port: int, port_range: str | None) -> int | tuple[int, int]:
+    """The worker's ``--port`` or ``--port-range LO-HI``, checked: ``ValueError`` before
+    it starts for a port out of 1..65535 (0: a free one) or a range that is not one."""
+    if port_range is None:
+        if not 0 <= port <= 65535:
+            raise ValueError(f"--port must be a port from 1 to 65535 (0: a free one), got {port}")
+        return port
+    lo, dash, hi = port_range.partition("-")
+    try:
+        low, high = int(lo), int(hi)
+    except ValueError:
+        low = high = -1
+    if not dash or not 1 <= low <= high <= 65535:
+        raise ValueError(
+            f"--port-range takes LO-HI, two ports from 1 to 65535 with LO <= HI, e.g. "
+            f"9000-9009, got {port_range!r}"
+        )
+    return (low, high)
+
+
 def _run_worker(args: argparse.Namespace, memory_options: dict[str, Any], ready: Any) -> None:
     import anyio
 
@@ -890,6 +928,7 @@ def _run_worker(args: argparse.Namespace, memory_options: dict[str, Any], ready:
                 disk=None if args.disk == "off" else parse_bytes(args.disk),
                 pool=args.pool,
                 host=args.host,
+                port=args.peer_port,
                 token=args.token,
                 token_file=args.token_file,
                 ready=ready,

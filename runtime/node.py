@@ -2010,6 +2010,33 @@ async def _serve_metrics(
         raise error from None
 
 
+async def _listen_for_peers(base: str, port: int | tuple[int, int], options: dict[str, Any]) -> Any:
+    """A worker's listener for its peers at ``base`` (``ws://HOST``) on ``port`` (its
+    ``--port``, 0: a free one) or on the first free port of a ``(lo, hi)`` range (its
+    ``--port-range``): :class:`AddressInUse` naming the flag when there is none."""
+    from transport import listen
+
+    if isinstance(port, int):
+        try:
+            return await listen(f"{base}:{port}", **options)
+        except AddressInUse as exc:
+            exc.add_note(
+                f"(--port {port}: stop what listens there, or choose another port; without "
+                "--port the worker takes a free one, --port-range LO-HI the first free of those)"
+            )
+            raise
+    lo, hi = port
+    for each in range(lo, hi + 1):
+        with contextlib.suppress(AddressInUse):
+            return await listen(f"{base}:{each}", **options)
+    error = AddressInUse(f"{base}:{lo}-{hi}")
+    error.add_note(
+        f"(--port-range {lo}-{hi}: every port of it is in use: widen the range, or stop "
+        "what listens there)"
+    )
+    raise error
+
+
 async def run_worker(
     address: str,
     *,
@@ -2018,6 +2045,7 @@ async def run_worker(
     disk: int | None = 0,
     pool: str = "default",
     host: str = "127.0.0.1",
+    port: int | tuple[int, int] = 0,
     token: str | None = None,
     ready: Callable[[str], None] | None = None,
     listen_options: dict[str, Any] | None = None,
@@ -2046,7 +2074,10 @@ async def run_worker(
     worker to the workers the scheduler names (data evacuation), within ``grace``
     seconds less one (what a batch system leaves between its signal and its kill).
 
-    The worker listens on ``host`` (a free port) for its peers; its id is ``name`` or,
+    The worker listens on ``host`` for its peers, on ``port`` (0: a free one; a
+    ``(lo, hi)`` pair: the first of those ports that is free; a port in use, or a range
+    with none free, is :class:`AddressInUse` naming ``--port`` or ``--port-range``;
+    ignored for an ``inproc://`` manager); its id is ``name`` or,
     without one, that address. (A :class:`~actors.processes.LocalProcessProvider` names
     its workers, so the autoscaler knows which block each one belongs to.) It connects
     to the manager at ``address``, says ``Hello`` (its info carries the address) and
@@ -2092,9 +2123,11 @@ async def run_worker(
             listen_options["tokens"] = {token or secrets.token_hex(32): "admin"}
             if token:
                 connect_options["token"] = token
-        own_address = f"{scheme}://{host}:0" if scheme in ("ws", "wss") else "inproc://"
         _check_peer_tls(address, listen_options)
-        own = await listen(own_address, **listen_options)
+        if scheme in ("ws", "wss"):
+            own = await _listen_for_peers(f"{scheme}://{host}", port, listen_options)
+        else:
+            own = await listen("inproc://", **listen_options)
         if scheme == "wss":
             _check_served_certificate(host, listen_options)
         try:
