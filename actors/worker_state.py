@@ -381,7 +381,8 @@ class WorkerState:
         self.timer: float | None = None  #: when the armed timer fires
         self.tasks_run = 0
         self._fetch_ids = 0
-        self._killed_at: dict[Key, int] = {}  #: killed task -> worker RSS at the kill
+        #: killed task -> the worker's highest RSS from the kill's sample until it ended
+        self._killed_at: dict[Key, int] = {}
         #: running task -> highest RSS sampled while it executed (kept when it is killed)
         self._peaks: dict[Key, int] = {}
         self._over_terminate = False
@@ -950,6 +951,10 @@ class WorkerState:
         for k in ev.executing:  # tasks in the worker's threads: the process's RSS
             if rss > peaks.get(k, 0) and k in running:
                 peaks[k] = rss
+        killed_at = self._killed_at
+        for k, at in killed_at.items():  # killed, not ended yet: still its try's
+            if rss > at and k in running:
+                killed_at[k] = rss
         if ev.executed:
             self._tell_started(ev.executed, out)
         if self.deadlines:

@@ -659,6 +659,22 @@ def test_the_watchdog_tells_a_stall_whose_outputs_are_all_spilled(make_state: Fa
     assert "allow spilling" not in str(err)
 
 
+def test_a_kill_past_the_limit_is_told_with_the_worker_rss_at_the_kill_as_its_peak(
+    make_state: Factory,
+) -> None:
+    """The user audit's D6: its worker log said rss=502857728 for a kill on a 400 MiB
+    worker; the error says that RSS, as the worker used and as the try's peak, though
+    the task's own process peaked lower."""
+    s = make_state()
+    join(s, "w2", memory=400 * MB)
+    submit(s, {"burst-5": []}, ["burst-5"])
+    cmds = finish(s, "w2", "burst-5", "oom", rss=502857728, rss_peak=502857728)
+    (erred,) = of(cmds, KeyErred)  # no larger worker to retry it on
+    text = str(erred.error)
+    assert "the worker used 479.6 MiB of its 400.0 MiB limit" in text
+    assert "on 'w2' (limit 400.0 MiB, peak 479.6 MiB)" in text
+
+
 def test_a_kill_on_a_worker_under_a_gib_is_told_in_mib() -> None:
     """The user audit's D6: 'used 0.39 GiB of its 0.39 GiB limit' on a 400 MiB worker."""
     text = str(

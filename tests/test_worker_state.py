@@ -408,6 +408,21 @@ def test_past_the_terminate_fence_the_largest_task_process_is_killed() -> None:
     )
 
 
+def test_a_killed_try_reports_the_highest_rss_from_its_kill_until_it_ends() -> None:
+    """The user audit's D6 asked for the error's peak to include the RSS at the kill
+    (it did: 'peak 0.47 GiB' for the kill at 502857728); a sample taken after the kill
+    while the task process still ran, higher still, counts too."""
+    s = state(killable=True, spill=None)
+    feed(s, TasksAssigned(0.0, (task("b"),)))
+    assert feed(s, MemorySampled(1.0, 960, (("b", 500),)))[-1] == Kill("b", 960)
+    assert feed(s, MemorySampled(1.05, 990, (("b", 520),))) == []  # not gone yet: no kill
+    feed(s, MemorySampled(1.1, 400))  # gone: lower samples change nothing
+    oom = TaskResult("b", "oom", 1.0, 2.0, 0, 123)
+    assert feed(s, TasksFinished(2.0, ((oom, None),)))[0] == ReportDone(
+        (TaskResult("b", "oom", 1.0, 2.0, 0, 990, rss_peak=990),)
+    )
+
+
 def test_threads_past_the_terminate_fence_are_warned_about_once() -> None:
     s = state()
     feed(s, TasksAssigned(0.0, (task("a"),)))
