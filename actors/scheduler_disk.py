@@ -407,8 +407,10 @@ class DiskPlacement:
         whether it waits."""
         out, source = self._expected_output(ts)
         least_need, largest, held = self._least_need(ts, out)
+        stuck = False  # largest: the most disk free now, not the largest limit
         if least_need is None and source in FIRM_OUTPUTS and ts.spec.pool in self.disk_last_resort:
             least_need, largest, held = self._least_need_now(ts, out)
+            stuck = least_need is not None
         if least_need is not None and source not in FIRM_OUTPUTS:
             out, source = 0, TaskTooBigForDisk.UNCOUNTED
             least_need, largest, held = self._least_need(ts, 0)
@@ -441,6 +443,7 @@ class DiskPlacement:
             tries=len(ts.tries),
             outcome=last.outcome if last is not None else "",
             worker=last.worker if last is not None else "",
+            stuck=stuck,
         )  # fmt: skip
         self._log(ts.key, "disk", f"too big: needs {least_need} B > {largest} B")
         self._fail(ts, err, error_record(err))

@@ -3900,7 +3900,8 @@ class SchedulerState(DiskPlacement):
         that have no task in ``tasks``. At most ``FORGET_SCAN`` looked at (O(1) per new
         category); one with tasks goes to the back, so the next look meets others. What
         is learnt again if the category comes back: its statistics, its class (asked
-        of the memory policy), its place in its pools' drain margin."""
+        of the memory policy), its place in its pools' drain margin, whether its outputs
+        are files."""
         stats = self.stats
         for category in list(itertools.islice(stats, FORGET_SCAN)):
             if len(stats) < MAX_CATEGORIES:
@@ -3912,6 +3913,7 @@ class SchedulerState(DiskPlacement):
             self._forgotten_failures += sum(self.failures.pop(category, {}).values())
             del self._stat_views[category]
             self.classes.pop(category, None)
+            self.file_categories.discard(category)
             self._category_totals.pop(category, None)  # (its metrics label stays)
             for cats in self.pool_categories.values():
                 cats.discard(category)
@@ -3978,6 +3980,7 @@ class SchedulerState(DiskPlacement):
         failed += self._forgotten_failures
         assert failed == sum(self.metric_failures.values()), ("metric failures", failed)
         assert self.failures.keys() <= self.stats.keys(), "failures of forgotten categories"
+        assert self.file_categories <= self.stats.keys(), "file outputs of forgotten categories"
         for key, cps in self.checkpoints.items():  # dropped when their task ends
             assert self.tasks[key].state in ACTIVE, ("checkpoint of an ended task", key)
             assert cps and len(cps) <= 2, ("checkpoints kept", key, cps)

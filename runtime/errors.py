@@ -954,7 +954,10 @@ class TaskTooBigForDisk(CorralError):
     ``expected`` 0 its inputs alone are too large). ``held``: the bytes of its file
     inputs already on the disk of the worker it needs least on, part of ``needed`` (they
     stay there while it waits for them). ``tries`` is how many times it ran before (0:
-    it was never started), ``outcome`` and ``worker`` its latest try's."""
+    it was never started), ``outcome`` and ``worker`` its latest try's. ``stuck``: refused
+    in a pool stuck on disk with nothing to drop and nothing running, where what is free
+    now is all there will be; ``largest`` is then the most disk free now on one of its
+    workers, not the largest limit."""
 
     #: ``source`` when only the inputs count: the output's size is an estimate
     UNCOUNTED = "its output not counted: its size is only estimated"
@@ -978,6 +981,7 @@ class TaskTooBigForDisk(CorralError):
         tries: int = 0,
         outcome: str = "",
         worker: str = "",
+        stuck: bool = False,
     ) -> None:
         where = "of any worker" if pool is None else f"of a worker in pool {pool!r}"
         inputs = max(0, needed - expected - held)
@@ -1014,9 +1018,18 @@ class TaskTooBigForDisk(CorralError):
                 advice.append(
                     'declare a smaller output with resources={"disk": bytes} if it is overestimated'
                 )
+        if stuck:  # largest: the most disk free now, in a pool that cannot free more
+            than = (
+                f"more than the most disk free now on any worker"
+                f"{'' if pool is None else f' in pool {pool!r}'} ({limit}), with "
+                "nothing running there that could free more and nothing stored there that "
+                "can be made again elsewhere"
+            )
+        else:
+            than = f"more than the largest disk {where} can hold ({limit})"
         super().__init__(
-            f"task {key!r} needs {least}{need} of disk {what}, more than the largest disk {where} "
-            f"can hold ({limit}); {ran}. {', '.join(advice[:-1])}, or {advice[-1]}.",
+            f"task {key!r} needs {least}{need} of disk {what}, {than}; {ran}. "
+            f"{', '.join(advice[:-1])}, or {advice[-1]}.",
             key=key,
             needed=needed,
             largest=largest,
@@ -1027,6 +1040,7 @@ class TaskTooBigForDisk(CorralError):
             tries=tries,
             outcome=outcome,
             worker=worker,
+            stuck=stuck,
         )
 
 

@@ -622,3 +622,7 @@ def test_a_measured_output_is_never_forced_onto_a_disk_known_too_small(
         50 * MB, 45 * MB, 50 * MB, MEASURED_OUTPUT,
     )  # fmt: skip
     assert "it ran once and ended disk-full on worker 'v'" in str(e)
+    # 45 MiB is the most disk free now, not a limit: the message says which it is.
+    assert e.stuck and "more than the most disk free now on any worker (45.0 MiB)" in str(e)
+    assert "nothing running there that could free more" in str(e)
+    assert "more than the largest disk" not in str(e)

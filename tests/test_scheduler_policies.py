@@ -339,6 +339,26 @@ def test_failure_counts_of_forgotten_categories_are_forgotten_with_them(
     s.validate()
 
 
+def test_the_file_output_categories_of_forgotten_categories_are_forgotten_with_them(
+    make_state: Factory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``file_categories`` (whose outputs disk placement expects on disk) grew with every
+    category that ever wrote a file output. It goes with the category's statistics past
+    ``MAX_CATEGORIES``, and is learnt again if the category comes back."""
+    monkeypatch.setattr(scheduler_state, "MAX_CATEGORIES", 4, raising=False)
+    s = make_state()
+    join(s, "w1", cores=2)
+    for i in range(12):
+        key = f"write{i}-0"
+        submit(s, {key: []}, [key])
+        finish(s, "w1", key, file=True)
+        release(s, key)
+        files_released(s, key)
+    assert len(s.file_categories) <= 4 and s.file_categories <= set(s.stats)
+    assert "write11" in s.file_categories and "write0" not in s.file_categories
+    s.validate()
+
+
 def test_past_the_cap_the_categories_used_least_recently_without_tasks_are_forgotten(
     make_state: Factory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
