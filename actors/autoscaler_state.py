@@ -941,9 +941,12 @@ class AutoscalerState:
                         # The scheduler drains every worker of it (its walltime is
                         # near, an operator drained it): it no longer counts, so its
                         # replacement is asked for now and comes up while they finish
-                        # their tasks, not a provisioning delay after. (A worker that
-                        # leaves on its own, preempted, may come back: the batch
-                        # system may run its block again.)
+                        # their tasks, not a provisioning delay after. A block drained
+                        # because its workers used their tasks_per_worker (``spent``)
+                        # still counts against max_blocks while a task runs there
+                        # (``spent_at_work``). (A worker that leaves on its own,
+                        # preempted, may come back: the batch system may run its block
+                        # again.)
                         b.retiring = True
                         b.drained.update(b.workers)
                         b.spent = not ev.spent.isdisjoint(b.workers)

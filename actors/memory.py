@@ -455,6 +455,7 @@ class MemoryGovernor:
         #: bytes of outputs kept in memory over the floor when spilling (None: no bound,
         #: the floor is under the configured spill target)
         self.keep: int | None = None
+        self.moved = False  #: the floor moved some mark up (:meth:`_mark`)
         #: the gap kept over a floor: half the hysteresis, at least 2% of the limit
         self.margin = max(config.at(config.hysteresis) // 2, config.limit // 50)
 
@@ -575,6 +576,7 @@ class MemoryGovernor:
         past_resume = floor >= resume
         past_spill = spill is not None and target is not None and floor >= target
         self.keep = None
+        self.moved = past_resume or past_spill  #: the floor moved some mark up
         if not past_resume:
             self._warned = 0  # under the mark: a later rise past it is said again
         if past_resume or past_spill:

@@ -732,7 +732,7 @@ class Worker(Actor):
                 self.executor.abandoned if self.executor is not None else 0,
                 disk_free,
                 self._reported_disk[0],  # and checkpoint files and copies under way
-                governor.floor if governor.floor >= cfg.resume_at else 0,
+                governor.floor if governor.moved else 0,
                 store.file_bytes,
             )
         )

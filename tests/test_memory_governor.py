@@ -337,6 +337,7 @@ def test_a_floor_under_the_spill_target_leaves_the_old_behaviour() -> None:
         Run("load"),
     ]
     assert (g.resume_at, g.throttle_at, g.spill_at, g.spill_to) == (600, 700, 600, 540)
+    assert not g.moved  # its reports say floor 0
     assert g.handle(Sampled(1.1, 690, memory_bytes=10)) == [Spill(690 - 540)]
     assert g.handle(Sampled(1.2, 700)) == [Spill(700 - 540), Throttled(True, 700)]
     assert g.handle(Sampled(1.3, 610)) == [Spill(610 - 540)]  # not idle: no trim, throttled
@@ -357,6 +358,7 @@ def test_a_floor_past_the_spill_target_moves_the_spill_fence_and_keeps_a_working
     assert g.handle(Sampled(0.0, 580, idle=True)) == [Trim()]  # idle past the spill target
     assert g.handle(Sampled(0.05, 570, idle=True)) == []  # under the resume mark: no Floor
     assert (g.spill_at, g.spill_to, g.resume_at, g.throttle_at) == (620, 595, 620, 700)
+    assert g.moved  # the worker's reports carry the floor: its marks moved with it
     assert g.handle(Sampled(1.0, 615, memory_bytes=40)) == []  # under the moved fence
     # Past it, with outputs in memory within the half margin: none goes to disk.
     assert g.handle(Sampled(1.1, 650, memory_bytes=20)) == []
