@@ -433,6 +433,10 @@ class SchedulerState(DiskPlacement):
         #: (category, pool) of tasks that memory admission by RSS rise held back in this
         #: fill, since its latest placement: the next of them wait without being asked
         self._rise_held: set[tuple[str, str | None]] = set()
+        #: the largest RSS rise of any category ever seen (never lowered): a bound that
+        #: lets ``_rss_fits`` say yes without looking at a worker's tries, far from its
+        #: fence (which is nearly always)
+        self.max_rise = 0
         self.draining: set[str] = set()  #: draining workers not yet retired
         #: ready heaps by (pool, producer); an entry ``(behind, prio, seq, task)`` is
         #: stale once its task is not queued or is of the other class (``_live``)
@@ -2119,6 +2123,8 @@ class SchedulerState(DiskPlacement):
             growth = rss - res.rss_before
             if growth > stat.max_rss_growth:
                 stat.max_rss_growth = growth
+                if growth > self.max_rise:
+                    self.max_rise = growth
         m = self._metric(category)
         m.finished += 1
         m.duration_sum += duration
@@ -3090,8 +3096,11 @@ class SchedulerState(DiskPlacement):
         beside = min(len(ws.processing), int(ws.cores) - 1)
         if beside <= 0 or not ws.memory:
             return True
-        rises = sorted((self._rise(t) for t in ws.processing), reverse=True)
-        return ws.rss + sum(rises[:beside]) + rise < ws.memory * TERMINATE
+        fence = ws.memory * TERMINATE
+        if ws.rss + beside * self.max_rise + rise < fence:
+            return True  # whatever runs beside it: no need to look (O(1))
+        rises = heapq.nlargest(beside, map(self._rise, ws.processing))
+        return ws.rss + sum(rises) + rise < fence
 
     def _tell_rss_wait(self, ts: TaskState, rise: int) -> None:
         """Say in ``ts``'s story, once per wait, that memory admission holds it back:
@@ -3981,6 +3990,7 @@ class SchedulerState(DiskPlacement):
         assert failed == sum(self.metric_failures.values()), ("metric failures", failed)
         assert self.failures.keys() <= self.stats.keys(), "failures of forgotten categories"
         assert self.file_categories <= self.stats.keys(), "file outputs of forgotten categories"
+        assert all(st.max_rss_growth <= self.max_rise for st in self.stats.values()), "max_rise"
         for key, cps in self.checkpoints.items():  # dropped when their task ends
             assert self.tasks[key].state in ACTIVE, ("checkpoint of an ended task", key)
             assert cps and len(cps) <= 2, ("checkpoints kept", key, cps)
