@@ -406,7 +406,7 @@ def _every_sample() -> dict[str, frozenset[str]]:
         categories={"c": CategoryMetrics()},
         failures=(FailureCount("c", "error", "E", 1),),
         tasks_by_state={"ready": 1},
-        blocks={"p": BlockMetrics(states={"running": 1})},
+        blocks={"p": BlockMetrics(states={"running": 1}, ends={"preempted": 1})},
         disks={"w": WorkerDiskMetrics("p", free=0)},
     )
     labels: dict[str, set[str]] = {}
