@@ -9,9 +9,7 @@ The fences, as fractions of the worker's memory ``limit`` (defaults in brackets;
 docs/memory.md for the picture):
 
 - ``spill`` [0.6]: at or above it, the worker moves stored outputs to disk, least
-  recently used first, down to 90% of the fence (:class:`Spill` says how many bytes);
-  a floor past that target moves both up and bounds what moves by the outputs in
-  memory (:meth:`MemoryGovernor._mark`).
+  recently used first, down to 90% of the fence (:class:`Spill` says how many bytes).
   Spilling comes first so that a worker holding more results than fit (a persist larger
   than memory) keeps going instead of stopping.
 - ``throttle`` [0.7]: at or above it, a task that *produces* memory (the scheduler marks
@@ -322,8 +320,6 @@ class Sampled(Event):
     rss: int
     tasks: tuple[tuple[Any, int], ...] = ()
     idle: bool = False
-    #: bytes of outputs held in memory at that moment (what spilling could move)
-    memory_bytes: int = 0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -418,14 +414,6 @@ class Kill(Command):
 # ----------------------------------------------------------------------------- core
 
 
-def _spill_marks(config: MemoryConfig) -> tuple[int | None, int | None]:
-    """The configured spill fence and spill target (90% of the fence), bytes; None
-    with spilling off."""
-    if config.spill is None:
-        return None, None
-    return config.at(config.spill), config.at(config.spill * 0.9)
-
-
 class MemoryGovernor:
     """Decides, for one worker, what may start and when memory needs action."""
 
@@ -450,11 +438,6 @@ class MemoryGovernor:
         #: the marks in force: the configured ones, moved up past a floor (:meth:`_mark`)
         self.resume_at = config.resume_at
         self.throttle_at = config.at(config.throttle)
-        #: the spill fence and the spill target in force (None: spilling off)
-        self.spill_at, self.spill_to = _spill_marks(config)
-        #: bytes of outputs kept in memory over the floor when spilling (None: no bound,
-        #: the floor is under the configured spill target)
-        self.keep: int | None = None
         self.moved = False  #: the floor moved some mark up (:meth:`_mark`)
         #: the gap kept over a floor: half the hysteresis, at least 2% of the limit
         self.margin = max(config.at(config.hysteresis) // 2, config.limit // 50)
@@ -507,13 +490,8 @@ class MemoryGovernor:
             self._idle(ev, out)
         else:
             self._trimming = False  # a task or an output came: what a trim left is unknown
-        spill_at, spill_to = self.spill_at, self.spill_to
-        if spill_at is not None and spill_to is not None and rss >= spill_at:
-            nbytes = rss - spill_to
-            if self.keep is not None:  # past the floor only outputs move, and not all
-                nbytes = min(nbytes, ev.memory_bytes - self.keep)
-            if nbytes > 0:
-                out.append(Spill(nbytes))
+        if cfg.spill is not None and rss >= cfg.at(cfg.spill):
+            out.append(Spill(rss - cfg.at(cfg.spill * 0.9)))
         if rss < self.throttle_at:
             if not self.throttled or rss < self.resume_at:
                 self._resume(out)
@@ -539,16 +517,10 @@ class MemoryGovernor:
             self._mark(ev.rss, out)
         elif self.floor and ev.rss < self.floor:
             self._mark(ev.rss, out)  # less is not outputs than measured: marks move down
-        elif ev.rss >= self._trim_from and ev.now - self._trim_at >= TRIM_EVERY:
+        elif ev.rss >= self.resume_at and ev.now - self._trim_at >= TRIM_EVERY:
             self._trim_at = ev.now
             self._trimming = True
             out.append(Trim())
-
-    @property
-    def _trim_from(self) -> int:
-        """An idle sample at or over this asks for a trim: the resume mark, or the
-        spill target when it is lower (a floor past it is what makes spilling thrash)."""
-        return self.resume_at if self.spill_to is None else min(self.resume_at, self.spill_to)
 
     def _mark(self, floor: int, out: list[Command]) -> None:
         """The floor is ``floor``. Memory that is not outputs and that a trim did not
@@ -556,45 +528,21 @@ class MemoryGovernor:
         configured resume mark, the worker resumes under ``floor + margin`` and
         throttles no lower than ``margin`` above that (at most the terminate fence, the
         limit with it off); so an idle worker at its floor takes producers again, and a
-        sample must climb ``margin`` over the new mark to throttle it (no flapping).
-
-        Nor must it make spilling thrash: with the floor at or past the configured
-        spill target (which spilling can then never reach), the worker spills from
-        ``floor + margin`` (never lower than the configured fence) down to ``floor +
-        margin / 2``, and only the outputs in memory past that half margin
-        (:attr:`keep`): a working set of outputs stays in memory instead of each new
-        one going to disk. The resume mark is never under the spill fence (spilling
-        can always bring a throttled worker back under it). A floor under the spill
-        target (and the resume mark) changes nothing: the configured marks hold.
-
-        The first time the floor is past the resume mark, and whenever it rose
-        ``margin`` since it was last said, :class:`Floor`."""
+        sample must climb ``margin`` over the new mark to throttle it (no flapping). A
+        floor under the mark changes nothing: the configured marks hold. The first time
+        the floor is past the mark, and whenever it rose ``margin`` since it was last
+        said, :class:`Floor`."""
         cfg, margin = self.config, self.margin
         self.floor = floor
         resume, throttle = cfg.resume_at, cfg.at(cfg.throttle)
-        spill, target = _spill_marks(cfg)
-        past_resume = floor >= resume
-        past_spill = spill is not None and target is not None and floor >= target
-        self.keep = None
-        self.moved = past_resume or past_spill  #: the floor moved some mark up
-        if not past_resume:
+        self.moved = floor >= resume  #: the floor moved the marks up
+        if floor < resume:
             self._warned = 0  # under the mark: a later rise past it is said again
-        if past_resume or past_spill:
-            if past_resume:
-                resume = floor + margin
-            if past_spill:
-                assert spill is not None
-                spill, target = max(spill, floor + margin), floor + margin // 2
-                resume = max(resume, spill)  # never under the spill fence
+        else:
+            resume = floor + margin
             throttle = max(throttle, min(resume + margin, cfg.ceiling))
             resume = min(resume, throttle)
-            if past_spill:
-                assert spill is not None and target is not None
-                spill = min(spill, resume)
-                target = min(target, spill)
-                self.keep = max(0, target - floor)
         self.resume_at, self.throttle_at = resume, throttle
-        self.spill_at, self.spill_to = spill, target
         if floor >= cfg.resume_at and (not self._warned or floor >= self._warned + margin):
             self._warned = floor
             out.append(Floor(floor, resume, throttle))

@@ -610,8 +610,7 @@ class Worker(Actor):
                 after = ex.executing()
                 executing = before if before == after else tuple(k for k in before if k in after)
         executed = tuple(ex.executing_for().items())
-        held = self.data.memory_bytes
-        self._feed(ws.MemorySampled(time.time(), used, tasks, executing, executed, held))
+        self._feed(ws.MemorySampled(time.time(), used, tasks, executing, executed))
 
     def _arm(self, at: float) -> None:
         """The core's timer: a :class:`_TimerFired` to self at wall time ``at``."""

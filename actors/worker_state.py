@@ -156,9 +156,6 @@ class MemorySampled(Event):
     tasks: tuple[tuple[Key, int], ...] = ()
     executing: tuple[Key, ...] = ()
     executed: tuple[tuple[Key, float], ...] = ()
-    #: bytes of outputs held in memory at that moment (the store's), what spilling
-    #: could move
-    memory_bytes: int = 0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -978,7 +975,7 @@ class WorkerState:
             self._over_terminate = False
         # Idle: no task here and every output held on disk (on_disk is a subset of held).
         idle = not running and not self.queued and len(self.on_disk) == len(self.held)
-        cmds = self.governor.handle(mem.Sampled(ev.now, ev.rss, ev.tasks, idle, ev.memory_bytes))
+        cmds = self.governor.handle(mem.Sampled(ev.now, ev.rss, ev.tasks, idle))
         if self.governor.deferred:
             cmds += self.governor.handle(mem.Tick(ev.now))
         self._govern(cmds, ev.now, out)

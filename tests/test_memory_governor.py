@@ -275,16 +275,15 @@ def test_idle_over_the_resume_mark_asks_for_one_trim_and_the_next_sample_decides
     # Idle (no task, no output in memory) over the resume mark: nothing to spill, so
     # give memory back, once; the next sample is what is left.
     assert g.handle(Sampled(0.0, 650, idle=True)) == [Trim(), Spill(650 - 540)]
-    # The floor moved the spill fence too (690): idle, there is nothing to spill.
-    assert g.handle(Sampled(0.05, 640, idle=True)) == [Floor(640, 690, 740)]
-    assert g.handle(Sampled(0.1, 700, idle=True)) == []  # not again...
-    assert g.handle(Sampled(TRIM_EVERY, 700, idle=True)) == [Trim()]  # ...soon
+    assert g.handle(Sampled(0.05, 640, idle=True)) == [Floor(640, 690, 740), Spill(640 - 540)]
+    assert g.handle(Sampled(0.1, 700, idle=True)) == [Spill(700 - 540)]  # not again...
+    assert g.handle(Sampled(TRIM_EVERY, 700, idle=True)) == [Trim(), Spill(700 - 540)]  # ...soon
 
 
-def test_no_trim_while_tasks_run_or_under_the_spill_target() -> None:
+def test_no_trim_while_tasks_run_or_under_the_resume_mark() -> None:
     g = gov()
     assert g.handle(Sampled(0.0, 650)) == [Spill(650 - 540)]  # not idle: spilling acts
-    assert g.handle(Sampled(1.0, 530, idle=True)) == []  # under 540: nothing stuck
+    assert g.handle(Sampled(1.0, 590, idle=True)) == []  # under the mark: nothing stuck
 
 
 # ----------------------------------------------------------------------------- the floor
@@ -299,46 +298,48 @@ def test_an_idle_floor_past_the_resume_mark_unthrottles_the_worker_and_is_said_o
     assert g.handle(Sampled(1.0, 640, idle=True)) == [Trim(), Spill(640 - 540)]
     assert g.handle(Sampled(1.05, 630, idle=True)) == [
         Floor(630, 680, 730),
+        Spill(630 - 540),
         Throttled(False, 630),
         Run("load"),
     ]
     assert (g.floor, g.resume_at, g.throttle_at) == (630, 680, 730)
     # No flapping: it throttles again only past floor + 2 margins, and resumes under
-    # floor + margin; the floor is said once. Spilling (from 680 now) moves only the
-    # outputs in memory past a half margin over the floor.
-    assert g.handle(Sampled(1.1, 720, memory_bytes=40)) == [Spill(40 - 25)]
-    assert g.handle(Sampled(1.2, 735)) == [Throttled(True, 735)]
-    assert g.handle(Sampled(1.3, 690, idle=True)) == []  # over 680: no trim yet
-    assert g.handle(Sampled(1.4, 660, idle=True)) == [Throttled(False, 660)]
-    assert g.handle(Sampled(1.5, 640, idle=True)) == []  # no Floor again
+    # floor + margin; the floor is said once.
+    assert g.handle(Sampled(1.1, 720)) == [Spill(720 - 540)]
+    assert g.handle(Sampled(1.2, 735)) == [Spill(735 - 540), Throttled(True, 735)]
+    assert g.handle(Sampled(1.3, 690, idle=True)) == [Spill(690 - 540)]  # over 680: no trim yet
+    assert g.handle(Sampled(1.4, 660, idle=True)) == [Spill(660 - 540), Throttled(False, 660)]
+    assert g.handle(Sampled(1.5, 640, idle=True)) == [Spill(640 - 540)]  # no Floor again
 
 
 def test_a_floor_that_rose_is_measured_again_after_a_trim_and_said_again() -> None:
     g = gov()
     g.handle(Sampled(0.0, 640, idle=True), Sampled(0.05, 630, idle=True))
     assert (g.resume_at, g.throttle_at) == (680, 730)
-    assert g.handle(Sampled(1.0, 700, idle=True)) == []  # trimmed 1 s ago
-    assert g.handle(Sampled(TRIM_EVERY, 700, idle=True)) == [Trim()]
-    assert g.handle(Sampled(TRIM_EVERY + 0.05, 690, idle=True)) == [Floor(690, 740, 790)]
+    assert g.handle(Sampled(1.0, 700, idle=True)) == [Spill(700 - 540)]  # trimmed 1 s ago
+    assert g.handle(Sampled(TRIM_EVERY, 700, idle=True)) == [Trim(), Spill(700 - 540)]
+    assert g.handle(Sampled(TRIM_EVERY + 0.05, 690, idle=True)) == [
+        Floor(690, 740, 790),
+        Spill(690 - 540),
+    ]
     # An idle sample under the floor lowers it; under the resume mark, the marks are back.
     assert g.handle(Sampled(TRIM_EVERY + 1, 500, idle=True)) == []
     assert (g.floor, g.resume_at, g.throttle_at) == (500, 600, 700)
 
 
-def test_a_floor_under_the_spill_target_leaves_the_old_behaviour() -> None:
+def test_a_floor_under_the_resume_mark_leaves_the_old_behaviour() -> None:
     g = gov(first_delay=0.5)
     g.handle(Sampled(0.0, 720))
     g.handle(Ready(0.1, "load", True))
     assert g.handle(Sampled(1.0, 650, idle=True)) == [Trim(), Spill(650 - 540)]
-    # The trim freed enough: under the spill target (540), the configured marks hold,
-    # nothing is said, and spilling asks for what it always did.
-    assert g.handle(Sampled(1.05, 530, idle=True)) == [
-        Throttled(False, 530),
+    # The trim freed enough: under the mark, the configured marks hold, nothing is said.
+    assert g.handle(Sampled(1.05, 590, idle=True)) == [
+        Throttled(False, 590),
         Run("load"),
     ]
-    assert (g.resume_at, g.throttle_at, g.spill_at, g.spill_to) == (600, 700, 600, 540)
+    assert (g.resume_at, g.throttle_at) == (600, 700)
     assert not g.moved  # its reports say floor 0
-    assert g.handle(Sampled(1.1, 690, memory_bytes=10)) == [Spill(690 - 540)]
+    assert g.handle(Sampled(1.1, 690)) == [Spill(690 - 540)]
     assert g.handle(Sampled(1.2, 700)) == [Spill(700 - 540), Throttled(True, 700)]
     assert g.handle(Sampled(1.3, 610)) == [Spill(610 - 540)]  # not idle: no trim, throttled
 
@@ -347,41 +348,4 @@ def test_a_floor_near_the_terminate_fence_moves_the_throttle_fence_no_higher() -
     g = gov()  # terminate at 950
     g.handle(Sampled(0.0, 930, idle=True))
     assert g.handle(Sampled(0.05, 920, idle=True))[0] == Floor(920, 950, 950)
-
-
-def test_a_floor_past_the_spill_target_moves_the_spill_fence_and_keeps_a_working_set() -> None:
-    """The user audit's D3: memory that is not outputs kept RSS at the spill fence, so
-    every new output went to disk at once and was read back (3.3 GB spilled for a 720
-    MB frame). With the floor past the spill target, spilling acts from floor + margin
-    down to floor + margin / 2, and moves only the outputs past that half margin."""
-    g = gov()  # spill target 540, spill fence and resume mark 600, throttle 700; margin 50
-    assert g.handle(Sampled(0.0, 580, idle=True)) == [Trim()]  # idle past the spill target
-    assert g.handle(Sampled(0.05, 570, idle=True)) == []  # under the resume mark: no Floor
-    assert (g.spill_at, g.spill_to, g.resume_at, g.throttle_at) == (620, 595, 620, 700)
-    assert g.moved  # the worker's reports carry the floor: its marks moved with it
-    assert g.handle(Sampled(1.0, 615, memory_bytes=40)) == []  # under the moved fence
-    # Past it, with outputs in memory within the half margin: none goes to disk.
-    assert g.handle(Sampled(1.1, 650, memory_bytes=20)) == []
-    # Past it with more: only those past the half margin (not 650 - 540 of them).
-    assert g.handle(Sampled(1.2, 650, memory_bytes=40)) == [Spill(40 - 25)]
-    assert g.handle(Sampled(1.3, 700, memory_bytes=200)) == [
-        Spill(700 - 595),  # far past it: down to the target, as ever
-        Throttled(True, 700),
-    ]
-    # Not flapping: idle at the floor asks for no trim again, the marks stay.
-    assert g.handle(Sampled(1.4, 610, idle=True)) == [Throttled(False, 610)]
-    assert g.handle(Sampled(TRIM_EVERY + 1, 575, idle=True)) == []
-    assert (g.spill_at, g.spill_to, g.resume_at) == (620, 595, 620)
-
-
-def test_a_floor_past_the_resume_mark_moves_the_spill_fence_with_it() -> None:
-    g = gov()
-    g.handle(Sampled(0.0, 650, idle=True))
-    assert g.handle(Sampled(0.05, 640, idle=True)) == [Floor(640, 690, 740)]
-    assert (g.spill_at, g.spill_to, g.keep) == (690, 665, 25)
-    # The old rule asked for Spill(700 - 540) at each of these: every new output.
-    assert [g.handle(Sampled(1.0 + i / 10, 700, memory_bytes=n)) for i, n in
-            enumerate((10, 25, 30))] == [[], [], [Spill(5)]]  # fmt: skip
-    # Near the terminate fence, nothing moves past it.
-    g.handle(Sampled(TRIM_EVERY, 940, idle=True), Sampled(TRIM_EVERY + 0.05, 930, idle=True))
-    assert (g.spill_at, g.spill_to, g.resume_at, g.throttle_at) == (950, 950, 950, 950)
+    assert g.moved  # its reports carry the floor
