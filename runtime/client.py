@@ -1032,7 +1032,8 @@ class Cluster:
 
     Disk (docs/files.md): ``disk_per_worker`` is the disk each worker offers for its
     outputs (default: the free space of the file system holding its spill directory,
-    less a margin); the scheduler sends a worker no task whose inputs to fetch and
+    less a margin, shared evenly by ``processes=N`` worker processes:
+    :meth:`worker_disk`); the scheduler sends a worker no task whose inputs to fetch and
     expected output do not fit in its free disk.
 
     ``gc_threshold``: ``None`` (the default) leaves Python's cyclic garbage collector
@@ -1289,6 +1290,21 @@ class Cluster:
         total = int(psutil.virtual_memory().total)
         return total // self.processes if self.processes else total
 
+    def worker_disk(self) -> int:
+        """Each worker's disk budget (bytes) in an embedded cluster without pools:
+        ``disk_per_worker``, or by default 0 (each worker measures its file system's
+        free space, less a margin, when it starts), except for ``processes=N`` worker
+        processes, which share the free space of the file system holding their spill
+        directory evenly, as they share the machine's memory: each gets a ``1/N`` share
+        of it less the margin, measured now (docs/files.md)."""
+        if self.disk_per_worker or not self.processes:
+            return self.disk_per_worker
+        from actors.worker import DISK_MARGIN, disk_free
+
+        spill_dir = self.memory_options.get("spill_dir") or tempfile.gettempdir()
+        free = disk_free(spill_dir)
+        return max(1, (free - min(DISK_MARGIN, free // 10)) // self.processes)
+
     def _configure_pools(
         self, pools: Mapping[str, Mapping[str, Any]], workers: int | None, processes: int | None
     ) -> None:
@@ -1539,7 +1555,7 @@ class Cluster:
                 memory=memory,
                 pool=self.pool,
                 memory_options=self.memory_options,
-                disk=self.disk_per_worker,
+                disk=self.worker_disk(),
                 worker_timeout=self.worker_timeout,
             )
             await self._finish_start(system, plane)

@@ -92,3 +92,33 @@ def test_two_worker_processes_on_one_spill_directory_are_warned_of(tmp_path: Pat
         cli.stop([w1])
         line = cli.line_with(manager, "no longer count more disk than their file system", LIMIT)
         assert "w2" in line
+
+
+def test_cluster_processes_share_their_file_system_evenly_by_default(tmp_path: Path) -> None:
+    """``Cluster(processes=N)`` without ``disk_per_worker`` gives each worker process a
+    ``1/N`` share of its spill directory's free space (less the margin), as it does the
+    machine's memory: the budgets add up to no more than the file system has free, so
+    the scheduler does not place twice the free space there and the manager has nothing
+    to warn of. Before, each process counted all of it (a user's audit: every
+    ``Cluster(processes=N)`` on one disk was warned of)."""
+    import anyio
+
+    from actors.worker import DISK_MARGIN
+    from runtime import Cluster
+
+    async def main() -> list[int]:
+        options = {"spill_dir": str(tmp_path)}
+        async with Cluster(processes=2, memory_options=options) as cluster:
+            with anyio.fail_after(LIMIT):
+                await cluster.wait_for_workers(2)
+                status = await cluster.status()
+        return [w.disk for w in status["workers"]]
+
+    before = shutil.disk_usage(tmp_path).free
+    disks = anyio.run(main)
+    after = shutil.disk_usage(tmp_path).free
+    assert len(disks) == 2 and all(d > 0 for d in disks), disks
+    high = max(before, after)
+    share = (high - min(DISK_MARGIN, high // 10)) // 2
+    assert sum(disks) <= high, (disks, before, after)
+    assert all(d <= share for d in disks), (disks, share)
