@@ -275,6 +275,16 @@ def build_parser(prog: str = MODULE_PROG) -> argparse.ArgumentParser:
         "'process' (docs/deployment.md#when-workers-come-and-go)",
     )
     mgr.add_argument(
+        "--client-timeout",
+        type=float,
+        default=120.0,
+        metavar="SECONDS",
+        help="drop a client or console silent for longer than this (default: 120; never "
+        "less than --worker-timeout). A client's heartbeats stop while its own code holds "
+        "its event loop (building or hashing a large graph): raise this above the "
+        "longest such stretch (docs/deployment.md#when-workers-come-and-go)",
+    )
+    mgr.add_argument(
         "--metrics-listen",
         metavar="HOST:PORT",
         help="also serve Prometheus metrics (GET /metrics) on HOST:PORT without a token "
@@ -657,12 +667,13 @@ def _cmd_manager(args: argparse.Namespace) -> int:
     from actors.pools import load_config, load_policies
     from policies import REGISTRY
     from runtime.monitor import alerting_config, load_alerting
-    from runtime.node import Tokens, check_worker_timeout, run_manager
+    from runtime.node import Tokens, check_client_timeout, check_worker_timeout, run_manager
 
     # Every option is checked before anything starts (run_manager checks the rest:
     # --prune-depth, --listen, --metrics-listen); the monitoring database is only made,
     # and printed, once the manager listens: one that cannot start leaves no run behind.
     check_worker_timeout(args.worker_timeout, "--worker-timeout")
+    check_client_timeout(args.client_timeout, "--client-timeout")
     if args.monitoring_interval <= 0:
         raise ValueError("--monitoring-interval must be positive")
     keep = None
@@ -708,7 +719,7 @@ def _cmd_manager(args: argparse.Namespace) -> int:
             metrics_listen=args.metrics_listen, metrics_ready=metrics_ready, alerting=alerting,
             monitoring=monitoring, monitoring_interval=args.monitoring_interval,
             monitoring_keep=keep, prune_depth=args.prune_depth,
-            worker_timeout=args.worker_timeout,
+            worker_timeout=args.worker_timeout, client_timeout=args.client_timeout,
         ),
         backend="asyncio",
     )  # fmt: skip

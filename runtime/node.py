@@ -153,6 +153,7 @@ __all__ = [
     "PermissionDenied",
     "Tokens",
     "Welcome",
+    "check_client_timeout",
     "check_worker_timeout",
     "read_token_file",
     "run_manager",
@@ -200,11 +201,26 @@ DASHBOARD_WAIT = 10.0
 def check_worker_timeout(value: object, name: str = "worker_timeout") -> float:
     """``value`` as the seconds a worker may be silent before the manager counts it
     lost: a :class:`ValueError` naming ``name`` unless it is a finite number > 0."""
+    return _seconds(
+        value, name, "a worker may be silent (as while one of its tasks holds the GIL) "
+        "before the manager counts it lost", DEAD_AFTER,
+    )  # fmt: skip
+
+
+def check_client_timeout(value: object, name: str = "client_timeout") -> float:
+    """``value`` as the seconds a client or console may be silent before the manager
+    drops it: a :class:`ValueError` naming ``name`` unless it is a finite number > 0."""
+    return _seconds(
+        value, name, "a client or console may be silent (its event loop busy with the "
+        "user's code) before the manager drops it", CLIENT_DEAD_AFTER,
+    )  # fmt: skip
+
+
+def _seconds(value: object, name: str, what: str, default: float) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
         raise ValueError(
-            f"{name} must be a number of seconds > 0: how long a worker may be silent "
-            f"(as while one of its tasks holds the GIL) before the manager counts it lost; "
-            f"default {DEAD_AFTER:g}; got {value!r}"
+            f"{name} must be a number of seconds > 0: how long {what}; default "
+            f"{default:g}; got {value!r}"
         )
     return float(value)
 
@@ -428,21 +444,27 @@ async def serve_gateway(
     listen_options: dict[str, Any] | None = None,
     reconnect_timeout: float = 10.0,
     worker_timeout: float = DEAD_AFTER,
+    client_timeout: float | None = None,
 ) -> tuple[Gateway, Listener]:
     """Listen on ``address`` (websockets require ``tokens``) and serve a gateway to
     ``plane`` as a service of its actor system; the listener closes with the system.
     Returns the gateway and the listener (whose ``address`` has the real port).
-    ``worker_timeout``: seconds of silence before a worker is counted lost. The
+    ``worker_timeout``: seconds of silence before a worker is counted lost;
+    ``client_timeout``: before a client or console is dropped (None:
+    :data:`CLIENT_DEAD_AFTER`; never less than ``worker_timeout``). The
     websocket heartbeat (30 s by default; aiohttp closes a connection that has not
     answered its ping within half of it more) is made at least as long as the longest
     silence the gateway allows a connection (a client's or console's
-    :data:`CLIENT_DEAD_AFTER`, or the worker timeout if longer), so it never drops a
+    ``client_timeout``, or the worker timeout if longer), so it never drops a
     silent peer before the gateway's own liveness check would: that check does not count
     time when the manager's event loop did not run, and says why it closed."""
     from transport import listen as listen_on
     from transport.ws import DEFAULT_HEARTBEAT
 
-    gateway = Gateway(plane, reconnect_timeout=reconnect_timeout, dead_after=worker_timeout)
+    gateway = Gateway(
+        plane, reconnect_timeout=reconnect_timeout, dead_after=worker_timeout,
+        client_dead_after=client_timeout,
+    )  # fmt: skip
     options = dict(listen_options or {})
     if address.startswith(("ws://", "wss://")):
         options["tokens"] = tokens.roles()
@@ -1288,12 +1310,15 @@ class Gateway:
         reconnect_timeout: float = 10.0,
         heartbeat: float = HEARTBEAT,
         dead_after: float = DEAD_AFTER,
+        client_dead_after: float | None = None,
     ) -> None:
         self.plane = plane
         self.reconnect_timeout = reconnect_timeout
         self.heartbeat = heartbeat
         self.dead_after = dead_after
-        self.client_dead_after = max(dead_after, CLIENT_DEAD_AFTER)  #: clients, consoles
+        #: clients, consoles (None: CLIENT_DEAD_AFTER, read now: tests may set it)
+        allowed = CLIENT_DEAD_AFTER if client_dead_after is None else client_dead_after
+        self.client_dead_after = max(dead_after, allowed)
         self.peers: dict[str, Peer] = {}  #: live peers by name
         self._generation: dict[str, int] = {}  #: connections seen per name
         self._returned: dict[str, anyio.Event] = {}  #: set when a dropped worker is back
@@ -1760,6 +1785,7 @@ async def run_manager(
     monitoring_keep: float | None = None,
     prune_depth: int = 1,
     worker_timeout: float = DEAD_AFTER,
+    client_timeout: float | None = None,
 ) -> None:
     """Run a manager process until SIGINT or SIGTERM: control plane + gateway on
     ``listen`` (``host:port``, ``ws://host:port`` or any transport address). Cancelled
@@ -1767,7 +1793,10 @@ async def run_manager(
     (:func:`_stop_manager`, then every actor in order), and the cancellation goes on.
 
     ``worker_timeout``: seconds a worker may be silent (its heartbeats stop while a task
-    holds the GIL) before the manager counts it lost (:func:`check_worker_timeout`).
+    holds the GIL) before the manager counts it lost (:func:`check_worker_timeout`);
+    ``client_timeout``: seconds a client or console may be silent (its event loop busy
+    with the user's code) before the manager drops it (:func:`check_client_timeout`;
+    None: :data:`CLIENT_DEAD_AFTER`).
 
     Metrics (docs/monitoring.md): a websocket gateway also answers ``GET /metrics``
     (Prometheus' text format) and serves the live dashboard (``GET /``,
@@ -1796,6 +1825,8 @@ async def run_manager(
     dropped (docs/files.md#pruning-depth)."""
     SchedulerConfig(prune_depth=prune_depth)  # PruneDepthError before anything starts
     worker_timeout = check_worker_timeout(worker_timeout)
+    if client_timeout is not None:
+        client_timeout = check_client_timeout(client_timeout)
     pools: Mapping[str, PoolConfig] = {}
     if config is not None:
         pools = config if isinstance(config, Mapping) else load_config(config)
@@ -1864,6 +1895,7 @@ async def run_manager(
                 listen_options=options,
                 reconnect_timeout=reconnect_timeout,
                 worker_timeout=worker_timeout,
+                client_timeout=client_timeout,
             )
         except AddressInUse as exc:
             exc.add_note(

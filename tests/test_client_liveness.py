@@ -75,7 +75,6 @@ async def test_the_websocket_heartbeat_does_not_cut_a_silent_client_before_its_a
     import aiohttp
     from aiohttp import WSMsgType
 
-    import runtime.node
     import transport.ws
     from runtime.codec import Frame, encode
     from runtime.node import Hello, Tokens, run_manager
@@ -84,7 +83,6 @@ async def test_the_websocket_heartbeat_does_not_cut_a_silent_client_before_its_a
 
     allowance = 4.0
     monkeypatch.setattr(transport.ws, "DEFAULT_HEARTBEAT", 0.5)
-    monkeypatch.setattr(runtime.node, "CLIENT_DEAD_AFTER", allowance)
     where: list[tuple[str, Tokens]] = []
     listening = anyio.Event()
 
@@ -99,6 +97,7 @@ async def test_the_websocket_heartbeat_does_not_cut_a_silent_client_before_its_a
                     "127.0.0.1:0",
                     ready=ready,
                     worker_timeout=1.0,
+                    client_timeout=allowance,
                     token_file=tmp_path / "tokens.json",
                 )
             )
@@ -138,15 +137,6 @@ async def main():
 anyio.run(main)
 """
 
-#: A manager whose client allowance is 6 s (its worker timeout's floor, 1 s, below
-#: it): the allowance is a constant, so it is set before main runs. The client sends
-#: every HEARTBEAT (2 s) and checks its loop every 1 s, so its pause is then over 3 s,
-#: more than the HEARTBEAT its loop must miss to count as stalled.
-SHORT_ALLOWANCE_MANAGER = (
-    "import sys, runtime.node; runtime.node.CLIENT_DEAD_AFTER = 6.0; "
-    "from runtime.__main__ import main; sys.exit(main(sys.argv[1:]))"
-)
-
 
 def test_a_client_paused_past_its_allowance_gets_manager_lost_saying_why(
     tmp_path: Path,
@@ -160,8 +150,12 @@ def test_a_client_paused_past_its_allowance_gets_manager_lost_saying_why(
     script = tmp_path / "client.py"
     script.write_text(CLIENT)
     with Cli(tmp_path / "home") as cli:
-        argv = ["manager", "--listen", "127.0.0.1:0", "--worker-timeout", "1"]
-        mgr = cli.spawn([sys.executable, "-c", SHORT_ALLOWANCE_MANAGER, *argv])
+        # A client allowance of 6 s (--client-timeout; the worker timeout, 1 s, is
+        # below it). The client sends every HEARTBEAT (2 s) and checks its loop every
+        # 1 s, so its pause is then over 3 s, more than the HEARTBEAT its loop must
+        # miss to count as stalled.
+        argv = ["--listen", "127.0.0.1:0", "--worker-timeout", "1", "--client-timeout", "6"]
+        mgr = cli.start("manager", *argv)
         address = cli.line_with(mgr, "manager listening on").split("listening on", 1)[1].strip()
         client = cli.spawn([sys.executable, str(script), address])
         cli.line_with(client, "connected", limit=LIMIT)

@@ -89,6 +89,8 @@ def test_the_listen_port_in_use_names_the_flag_and_leaves_no_run(
         (["--monitoring-keep", "0"], "error: ValueError: --monitoring-keep '0': a positive"),
         (["--worker-timeout", "0"], "error: ValueError: --worker-timeout must be a number of"),
         (["--worker-timeout", "nan"], "error: ValueError: --worker-timeout must be a number"),
+        (["--client-timeout", "-5"], "error: ValueError: --client-timeout must be a number of"),
+        (["--client-timeout", "inf"], "error: ValueError: --client-timeout must be a number"),
     ],
 )
 def test_a_bad_option_is_refused_before_anything_is_created(
