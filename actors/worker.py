@@ -104,6 +104,7 @@ from runtime.messages import (
     StreamPart,
     TasksDone,
     TasksStarted,
+    WorkerGone,
     WorkerHolds,
     WorkerInfo,
     WorkerMemoryReport,
@@ -306,6 +307,8 @@ class Worker(Actor):
         self.register = register  #: tell the scheduler at start (False: a gateway does)
         #: what a Stop from the scheduler does, given its reason (default: stop)
         self.on_retire = on_retire
+        #: its core raised (:meth:`_core_failed`): it takes no more events and leaves
+        self.broken = False
         #: memory fences and intervals (MemoryConfigError here, not later, if bad)
         self.memory_config = cfg = mem.MemoryConfig.of(self.memory, memory_options)
         #: the directory its outputs go to on disk, and the disk it offers for them:
@@ -420,8 +423,19 @@ class Worker(Actor):
         A command that fails does not stop the rest (the tries reported among them
         still go to the scheduler), and a task that could not be handed to the
         executor ends its try (:meth:`_not_submitted`): the core counts it as running,
-        and nothing else would ever end it. The failure is logged."""
-        commands = self.state.handle(*events)
+        and nothing else would ever end it. The failure is logged.
+
+        The core itself raising is a bug whose damage nobody can bound: its record of
+        the tasks and outputs here may be half updated, and the events it did not take
+        (the tasks of a ``RunTasks``, say) would never run. So the worker gives up
+        (:meth:`_core_failed`): it feeds its core nothing more and leaves as lost."""
+        if self.broken:
+            return
+        try:
+            commands = self.state.handle(*events)
+        except Exception as exc:
+            self._core_failed(exc, events)
+            return
         done: list[TaskResult] = []
         for cmd in commands:
             try:
@@ -436,6 +450,27 @@ class Worker(Actor):
             self.scheduler.post(TasksDone(self.worker_id, tuple(done)))
         if self._disk_used() != self._reported_disk[0]:
             self._report()  # placement counts this worker's free disk
+
+    def _core_failed(self, exc: Exception, events: tuple[ws.Event, ...]) -> None:
+        """The core raised on ``events``: log it (with the traceback, at CRITICAL), tell
+        the scheduler this worker is lost (``crash``: it runs the tasks that were here
+        elsewhere, each crash counting towards ``TaskCrashedWorkers`` as a worker that
+        died under it would, and counts the outputs held here as lost), then stop: a
+        worker process ends as when the scheduler retires it, an in-process worker
+        stops its actor. Keeping it would keep tasks that never run."""
+        self.broken = True
+        self.log.critical(
+            "worker core failed; the worker leaves as lost and its tasks run elsewhere",
+            events=sorted({type(e).__name__ for e in events}),
+            error=repr(exc),
+            what="a bug in Corral: please report it with this traceback",
+            exc_info=exc,
+        )
+        self.scheduler.post(WorkerGone(self.worker_id, "crash"))
+        if self.on_retire is not None:
+            self.on_retire("crash")
+        else:
+            self.stop("its core failed")
 
     def _carry_out(self, cmd: ws.Command, done: list[TaskResult]) -> None:
         """One command of the core (a :class:`~actors.worker_state.ReportDone`'s tries
