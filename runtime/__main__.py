@@ -322,8 +322,24 @@ def build_parser(prog: str = MODULE_PROG) -> argparse.ArgumentParser:
         "database itself above all, is refused",
     )  # fmt: skip
     rep_.add_argument(
+        "--list", action="store_true",
+        help="list the database's runs (id, started, ended, duration, tasks, erred, failed "
+        "tries, workers, host, command) and write no report",
+    )  # fmt: skip
+    rep_.add_argument(
         "--run", default=None, metavar="RUN_ID",
-        help="which run of the database (default: the latest)",
+        help="which run of the database (default: the latest, or the one run --since and "
+        "--until overlap); --list shows them",
+    )  # fmt: skip
+    rep_.add_argument(
+        "--since", default=None, metavar="TIME",
+        help="report only what overlaps the window from TIME: a UTC date and time "
+        "(2026-12-05 14:00, 2026-12-05T14:00:30, an ISO time with an offset), Unix seconds, "
+        "or +DURATION from the run's start (+90m)",
+    )  # fmt: skip
+    rep_.add_argument(
+        "--until", default=None, metavar="TIME",
+        help="report only what overlaps the window up to TIME (as --since)",
     )  # fmt: skip
     wrk = sub.add_parser(
         "worker",
@@ -773,12 +789,26 @@ def _import_policy_module(spec: str) -> None:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from runtime.report import write_report
+    from runtime.report import format_runs, list_runs, write_report
+
+    if args.list:
+        chosen = [f for f, v in (("--run", args.run), ("--since", args.since),
+                                 ("--until", args.until)) if v is not None]  # fmt: skip
+        if chosen:
+            raise ValueError(
+                f"--list lists every run and writes no report: leave out {' and '.join(chosen)}, "
+                "or --list to write the report"
+            )
+        print(format_runs(list_runs(args.db)), flush=True)
+        return 0
 
     def progress(text: str) -> None:
         print(text, file=sys.stderr, flush=True)
 
-    out = write_report(args.db, args.output, run_id=args.run, progress=progress)
+    out = write_report(
+        args.db, args.output, run_id=args.run, since=args.since, until=args.until,
+        progress=progress,
+    )  # fmt: skip
     # on stderr, as the progress: with -o /dev/stdout the report itself is on stdout
     print(f"report written to {out}", file=sys.stderr)
     return 0

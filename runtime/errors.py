@@ -51,6 +51,7 @@ __all__ = [
     "ProtocolError",
     "RemoteError",
     "ReportOutputError",
+    "ReportRunError",
     "ResultNotPicklable",
     "RetryPolicyLoop",
     "SubmissionsSuspended",
@@ -1615,6 +1616,22 @@ class ReportOutputError(CorralError, ValueError):
     def __init__(self, path: str, problem: str) -> None:
         super().__init__(
             f"report output {path}: {problem}; nothing was written (see docs/monitoring.md#report)",
+            path=path,
+            problem=problem,
+        )
+
+
+class ReportRunError(MonitoringDBError):
+    """The report cannot take what ``--run``, ``--since`` and ``--until`` ask of the
+    monitoring database ``path``: no run of that id, a time it cannot read, a window
+    outside the run or with no task in it, or several runs in a window and no ``--run``;
+    ``problem`` says which, with the runs the file holds (as ``--list`` shows them) and
+    what to give instead. Nothing is written. A :class:`MonitoringDBError` too."""
+
+    def __init__(self, path: str, problem: str) -> None:
+        CorralError.__init__(
+            self,
+            f"monitoring database {path}: {problem} (see docs/monitoring.md#report)",
             path=path,
             problem=problem,
         )

@@ -18,11 +18,14 @@ grouped as the live dashboard groups them ("Why tasks failed", after the summary
 from __future__ import annotations
 
 import contextlib
+import datetime
 import heapq
 import html
 import itertools
 import json
+import math
 import os
+import shlex
 import sqlite3
 import stat
 import sys
@@ -30,26 +33,33 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from actors.alerts_state import parse_duration, typed_duration
 from actors.scheduler_records import NOT_RUN
 from policies import ON_PURPOSE
-from runtime.errors import MonitoringDBError, ReportOutputError
+from runtime.errors import MonitoringDBError, ReportOutputError, ReportRunError
 from runtime.messages import MAX_FAILURE_GROUPS_SHOWN
 from runtime.monitordb import SQLITE_HEADER, open_db
 
-# ReportOutputError is runtime.errors's, exported here too, where write_report raises it
+# ReportOutputError and ReportRunError are runtime.errors's, exported here too, where
+# write_report raises them
 __all__ = [
     "FAILURES_TITLE",
     "MAX_BARS",
     "MAX_CATEGORIES",
     "SECTIONS",
     "ReportOutputError",
+    "ReportRunError",
+    "RunListing",
     "build_report",
+    "format_runs",
+    "list_runs",
     "write_report",
 ]
 
@@ -96,6 +106,11 @@ FAILURES_TITLE = "Why tasks failed"
 _BLOCK_LIVE = ("pending", "running", "requested", "held")
 
 Progress = Callable[[str], None]
+#: the span of a row of ``tasks``, ``tries`` and ``workers`` (start, end: empty while it
+#: goes), for the rows that overlap a window (:meth:`_Run._during`)
+_TASK_SPAN = ("COALESCE(submitted, ready, started, finished)", "finished")
+_TRY_SPAN = ("COALESCE(sent, started, ended)", "ended")
+_WORKER_SPAN = ("joined", '"left"')
 
 
 def _quiet(text: str) -> None:
@@ -118,17 +133,20 @@ def _most(counts: Iterable[tuple[str, int]]) -> list[tuple[str, int]]:
 
 
 def _median_wait(
-    conn: sqlite3.Connection, table: str, since: str, until: str, rid: tuple[str]
+    conn: sqlite3.Connection, table: str, since: str, until: str, rid: tuple[str], where: str = ""
 ) -> float | None:
-    """The median of ``until - since`` over ``table``'s rows of the run that have both
-    (None without one): the ready-to-sent wait of tries, or of tasks in an older file."""
+    """The median of ``until - since`` over ``table``'s rows of the run (and ``where``,
+    SQL after an ``AND``: the window's) that have both (None without one): the
+    ready-to-sent wait of tries, or of tasks in an older file."""
     wait = f"{until} - {since}"
-    (n,) = conn.execute(f"SELECT COUNT({wait}) FROM {table} WHERE run_id = ?", rid).fetchone()
+    (n,) = conn.execute(
+        f"SELECT COUNT({wait}) FROM {table} WHERE run_id = ?{where}", rid
+    ).fetchone()
     if not n:
         return None
     # (SQLite sorts all and the cursor skips to it faster than a LIMIT 1 OFFSET)
     ordered = conn.execute(
-        f"SELECT {wait} AS wait FROM {table} WHERE run_id = ? AND {since} IS NOT NULL "
+        f"SELECT {wait} AS wait FROM {table} WHERE run_id = ?{where} AND {since} IS NOT NULL "
         f"AND {until} IS NOT NULL ORDER BY wait", rid,
     )  # fmt: skip
     (median,) = _nth(ordered, n // 2)
@@ -231,6 +249,145 @@ class _Thinned:
         self._low = self._high = None
 
 
+def _utc(at: float) -> str:
+    """A Unix time as the report and ``--list`` show it (UTC, to the second)."""
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(at))
+
+
+def _runs(conn: sqlite3.Connection) -> list[dict[str, Any]]:
+    """Every row of ``runs``, the first started first."""
+    cursor = conn.execute("SELECT * FROM runs ORDER BY started")
+    cols = [d[0] for d in cursor.description]
+    return [dict(zip(cols, row, strict=True)) for row in cursor]
+
+
+def _run_end(info: dict[str, Any]) -> float:
+    """When a run ended, or its latest write while it goes (or after it crashed)."""
+    return float(info["ended"] or info["last_seen"] or info["started"])
+
+
+def _spans(runs: Iterable[dict[str, Any]]) -> str:
+    """The runs as an error lists them: each id with its span (UTC)."""
+    return (
+        "; ".join(
+            f"{r['run_id']} ({_utc(r['started'])} to {_utc(_run_end(r))}"
+            + ("" if r["ended"] else ", not ended")
+            + ")"
+            for r in runs
+        )
+        or "none"
+    )
+
+
+#: what --since and --until take, for the errors that say so
+_WHEN_FORMS = (
+    "a UTC date and time as the report and --list show them (2026-12-05 14:00 or "
+    "2026-12-05T14:00:30; an ISO time with an offset, +01:00, is taken as such), Unix "
+    "seconds, or +DURATION from the run's start (+90m, +1h30m, +600)"
+)
+
+
+def _absolute(text: str, flag: str) -> float | None:
+    """The Unix time ``text`` (``--since``/``--until``) names, or None for a time from
+    the run's start (``+DURATION``); :class:`ReportRunError` for anything else."""
+    text = text.strip()
+    if text.startswith("+"):
+        return None
+    with contextlib.suppress(ValueError):
+        at = float(text)
+        if at == at and abs(at) != float("inf"):  # (not NaN, not infinite)
+            return at
+    try:
+        when = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        raise ReportRunError("", f"{flag} {text!r} is not a time: give {_WHEN_FORMS}") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=datetime.UTC)
+    return when.timestamp()
+
+
+def _when(text: str, flag: str, t0: float) -> float:
+    """The Unix time ``text`` names, ``+DURATION`` from ``t0``, the run's start."""
+    at = _absolute(text, flag)
+    if at is not None:
+        return at
+    try:
+        return t0 + parse_duration(typed_duration(text.strip()[1:]))
+    except ValueError as exc:
+        raise ReportRunError("", f"{flag} {text!r}: {exc} after the +") from None
+
+
+def _pick(
+    conn: sqlite3.Connection, run_id: str | None, since: str | None, until: str | None
+) -> tuple[dict[str, Any], tuple[float, float] | None]:
+    """The run the report is of (its ``runs`` row) and its window ``(from, to)`` in
+    Unix seconds (None: the whole run): ``run_id``; else the one run a window of
+    times given as such overlaps; else the latest. :class:`ReportRunError` (its path
+    empty, the caller's to fill) for no such run, a window outside the run or across
+    several runs, or a time that cannot be read."""
+    runs = _runs(conn)
+    if not runs and run_id is None:
+        raise ReportRunError(
+            "", "it holds no run yet; the manager writes its first rows within seconds"
+        )
+    lo_at = None if since is None else _absolute(since, "--since")
+    hi_at = None if until is None else _absolute(until, "--until")
+    if run_id is not None:
+        found = [r for r in runs if r["run_id"] == run_id]
+        if not found:
+            raise ReportRunError(
+                "", f"no run {run_id!r} in it (runs: {_spans(runs)}): give one of them to "
+                "--run (--list shows each with its tasks)",
+            )  # fmt: skip
+        info = found[0]
+    elif lo_at is not None or hi_at is not None:
+        lo = -math.inf if lo_at is None else lo_at
+        hi = math.inf if hi_at is None else hi_at
+        found = [r for r in runs if r["started"] <= hi and _run_end(r) >= lo]
+        window = _window_text(since, until)
+        if not found:
+            raise ReportRunError(
+                "", f"no run was recorded {window} (runs: {_spans(runs)}): give a window "
+                "within one of them",
+            )  # fmt: skip
+        if len(found) > 1:
+            raise ReportRunError(
+                "", f"{len(found)} runs were recorded {window} ({_spans(found)}): a report "
+                "is of one run, give it with --run RUN_ID",
+            )  # fmt: skip
+        info = found[0]
+    else:
+        info = max(runs, key=lambda r: r["started"])
+    if since is None and until is None:
+        return info, None
+    t0, end = float(info["started"]), _run_end(info)
+    lo = t0 if since is None else _when(since, "--since", t0)
+    hi = end if until is None else _when(until, "--until", t0)
+    if since is not None and until is not None and lo >= hi:
+        raise ReportRunError(
+            "",
+            f"the window {_window_text(since, until)} is empty: --since must come "
+            f"before --until ({_utc(lo)} is not before {_utc(hi)})",
+        )
+    if lo >= end or hi <= t0:
+        raise ReportRunError(
+            "",
+            f"run {info['run_id']} was recorded from {_utc(t0)} to {_utc(end)} (UTC), "
+            f"nothing of it {_window_text(since, until)}: give a window within it",
+        )
+    return info, (max(lo, t0), min(hi, end))
+
+
+def _window_text(since: str | None, until: str | None) -> str:
+    """``--since``/``--until`` as an error says them."""
+    return " ".join(
+        part for part in (
+            f"from {since!r}" if since is not None else "",
+            f"until {until!r}" if until is not None else "",
+        ) if part
+    )  # fmt: skip
+
+
 class _Run:
     """What the report shows of one run, times in seconds from its start.
 
@@ -240,25 +397,25 @@ class _Run:
     go by (:class:`_Thinned`), so memory does not grow with the number of tasks. The
     reads share one snapshot of the file, which a manager may be writing to meanwhile."""
 
-    def __init__(self, conn: sqlite3.Connection, run_id: str | None, progress: Progress) -> None:
+    def __init__(
+        self,
+        conn: sqlite3.Connection,
+        run_id: str | None,
+        progress: Progress,
+        since: str | None = None,
+        until: str | None = None,
+    ) -> None:
         q = conn.execute
-        if run_id is None:
-            row = q("SELECT * FROM runs ORDER BY started DESC LIMIT 1").fetchone()
-        else:
-            row = q("SELECT * FROM runs WHERE run_id = ?", (run_id,)).fetchone()
-        if row is None:
-            known = [r[0] for r in q("SELECT run_id FROM runs ORDER BY started")]
-            raise MonitoringDBError(
-                "",
-                f"no run {run_id!r} in it (runs: {', '.join(known) or 'none'})"
-                if run_id
-                else "it holds no run yet; the manager writes its first rows within seconds",
-            )
-        cols = [d[0] for d in q("SELECT * FROM runs LIMIT 0").description]
-        self.info = dict(zip(cols, row, strict=True))
+        self.info, self.window = _pick(conn, run_id, since, until)
         self.id: str = self.info["run_id"]
         self.t0: float = self.info["started"]
-        self.end: float = (self.info["ended"] or self.info["last_seen"] or self.t0) - self.t0
+        #: seconds from the run's start to its end (or latest write): how long it was
+        #: recorded for
+        self.recorded = _run_end(self.info) - self.t0
+        #: the span drawn, seconds from the run's start: the run, or the window
+        lo, hi = self.window or (self.t0, self.t0 + self.recorded)
+        self.start: float = lo - self.t0
+        self.end: float = hi - self.t0
         rid = (self.id,)
 
         def rows(sql: str, what: str) -> list[tuple[Any, ...]]:
@@ -280,34 +437,77 @@ class _Run:
             step(self._read_tries, "tries")
             step(self._read_failures, "failure groups")
             self.workers = rows(
-                "SELECT worker, pool, block, joined, left, cause FROM workers WHERE run_id = ?",
-                "workers",
-            )
+                "SELECT worker, pool, block, joined, left, cause FROM workers WHERE run_id = ?"
+                + self._during(*_WORKER_SPAN), "workers",
+            )  # fmt: skip
+            # (every change up to the window's end: the states blocks are in as it begins)
             self.blocks = rows(
-                "SELECT block, pool, state, time, cause FROM blocks WHERE run_id = ? "
-                "ORDER BY time", "block changes",
+                "SELECT block, pool, state, time, cause FROM blocks WHERE run_id = ?"
+                f"{self._before()} ORDER BY time", "block changes",
             )  # fmt: skip
             step(self._read_resources, "resource samples")
             step(self._read_transfers, "transfers")
             self.recoveries = rows(
-                "SELECT time, key, worker, how FROM recoveries WHERE run_id = ? ORDER BY time",
-                "recoveries",
-            )
+                "SELECT time, key, worker, how FROM recoveries WHERE run_id = ?"
+                f"{self._during('time')} ORDER BY time", "recoveries",
+            )  # fmt: skip
             step(self._read_queues, "queue samples")
             self.alerts = rows(
                 "SELECT time, name, state, labels, value, active_since, fired_at, resolved_at "
-                "FROM alerts WHERE run_id = ? ORDER BY time",
-                "alert changes",
-            )
+                f"FROM alerts WHERE run_id = ?{self._before()} ORDER BY time", "alert changes",
+            )  # fmt: skip
             self.gaps = q(
-                "SELECT COALESCE(SUM(lost), 0) FROM gaps WHERE run_id = ?", rid
+                f"SELECT COALESCE(SUM(lost), 0) FROM gaps WHERE run_id = ?{self._during('time')}",
+                rid,
             ).fetchone()[0]
+            if self.window is not None and not self.tasks and not self.tries:
+                lo, hi = self.window
+                raise ReportRunError(
+                    "", f"no task of run {self.id} was submitted or ran from {_utc(lo)} to "
+                    f"{_utc(hi)} (UTC; the run: {_spans([self.info])}, {_tasks_span(conn, rid)})"
+                    ": give a window in which it ran tasks, or leave out --since and --until",
+                )  # fmt: skip
         finally:
             if snapshot:
                 q("ROLLBACK")  # it only read
 
     def t(self, at: float | None) -> float | None:
         return None if at is None else at - self.t0
+
+    def _during(self, start: str, stop: str | None = None) -> str:
+        """SQL to follow a ``WHERE``'s condition (`` AND ...``), empty without a window:
+        the rows whose span, from ``start`` to ``stop`` (empty: it goes on), overlaps
+        the window; without ``stop``, those whose time ``start`` is in it."""
+        if self.window is None:
+            return ""
+        lo, hi = self.window  # (floats: written into the SQL as they are)
+        if stop is None:
+            return f" AND {start} BETWEEN {lo!r} AND {hi!r}"
+        return f" AND {start} <= {hi!r} AND ({stop} IS NULL OR {stop} >= {lo!r})"
+
+    def _before(self, at: str = "time") -> str:
+        """SQL (`` AND ...``): the rows up to the window's end (the changes before it too,
+        whose state holds into it: blocks, alerts); empty without a window."""
+        return "" if self.window is None else f" AND {at} <= {self.window[1]!r}"
+
+    def _held(self, table: str, series: str, only: str = "") -> str:
+        """SQL (`` AND ...``) for the samples of ``table``, empty without a window: those
+        in the window and, of each series (``series``: the columns naming one; ``only``:
+        SQL keeping some), the latest before it, whose value holds into it (a series
+        has a row when it changes: one still at its value has none in the window)."""
+        if self.window is None:
+            return ""
+        lo, hi = self.window
+        run = "'" + self.id.replace("'", "''") + "'"  # (an SQL string, quoted)
+        return (
+            f" AND (time BETWEEN {lo!r} AND {hi!r} OR rowid IN (SELECT latest FROM (SELECT "
+            f"rowid AS latest, MAX(time) FROM {table} WHERE run_id = {run} AND time < {lo!r}"
+            f"{only} GROUP BY {series})))"
+        )
+
+    def in_window(self, at: float) -> bool:
+        """Whether the Unix time ``at`` is in the window (any time without one)."""
+        return self.window is None or self.window[0] <= at <= self.window[1]
 
     def _read_tasks(self, conn: sqlite3.Connection, rid: tuple[str]) -> int:
         """The summary's numbers of the tasks: how many in each state, the makespan
@@ -320,7 +520,8 @@ class _Run:
         # per state: how many, the first submitted, the last finished, how many waited
         groups = conn.execute(
             "SELECT COALESCE(NULLIF(state, ''), '?'), COUNT(*), MIN(submitted), MAX(finished), "
-            f"COUNT(started - ready) FROM {tasks} WHERE run_id = ? GROUP BY 1", rid,
+            f"COUNT(started - ready) FROM {tasks} WHERE run_id = ?{self._during(*_TASK_SPAN)} "
+            "GROUP BY 1", rid,
         ).fetchall()  # fmt: skip
         self.states: dict[str, int] = {state: n for state, n, *_ in groups}
         #: whether the file says when outputs were released (schema version 5 on)
@@ -332,11 +533,15 @@ class _Run:
         self.makespan = max(lasts) - min(firsts) if firsts and lasts else 0.0
         self.median_wait: float | None = None
         if "queued" in _columns(conn, "tries"):
-            self.median_wait = _median_wait(conn, _table(conn, "tries", rid), "queued", "sent", rid)
+            self.median_wait = _median_wait(
+                conn, _table(conn, "tries", rid), "queued", "sent", rid, self._during(*_TRY_SPAN)
+            )
             if self.median_wait is not None:
                 return self.tasks
         if waits:
-            self.median_wait = _median_wait(conn, tasks, "ready", "started", rid)
+            self.median_wait = _median_wait(
+                conn, tasks, "ready", "started", rid, self._during(*_TASK_SPAN)
+            )
         return self.tasks
 
     def _read_tries(self, conn: sqlite3.Connection, rid: tuple[str]) -> int:
@@ -345,10 +550,11 @@ class _Run:
         :data:`MAX_CATEGORIES` categories with the most successful tries, and of the
         others' tries together."""
         tries = _table(conn, "tries", rid)
+        during = self._during(*_TRY_SPAN)
         # by count, then in the order of their first try (by end; not ended: first)
         groups = conn.execute(
             "SELECT outcome, COALESCE(NULLIF(cause, ''), NULLIF(error_type, ''), ''), COUNT(*) "
-            f"FROM {tries} WHERE run_id = ? GROUP BY 1, 2 "
+            f"FROM {tries} WHERE run_id = ?{during} GROUP BY 1, 2 "
             "ORDER BY 3 DESC, MAX(ended IS NULL) DESC, MIN(ended)", rid,
         ).fetchall()  # fmt: skip
         self.tries: int = sum(n for _, _, n in groups)
@@ -357,8 +563,8 @@ class _Run:
         # start and as written, as SQLite sorted them before (through index tries_worker)
         latest = conn.execute(
             "SELECT key, try, category, worker, sent, started, ended, outcome, cause, "
-            f"error_type FROM {tries} WHERE run_id = ? AND ended IS NOT NULL ORDER BY ended "
-            "DESC, worker DESC, started DESC, rowid DESC LIMIT ?", (*rid, MAX_BARS),
+            f"error_type FROM {tries} WHERE run_id = ?{during} AND ended IS NOT NULL ORDER BY "
+            "ended DESC, worker DESC, started DESC, rowid DESC LIMIT ?", (*rid, MAX_BARS),
         ).fetchall()  # fmt: skip
         latest.reverse()
         self.latest = latest
@@ -368,8 +574,8 @@ class _Run:
         # are fetched, then those of the others in order of duration.
         ok = (
             "SELECT COALESCE(NULLIF(category, ''), '?') AS cat, MAX(ended - started, 0.0) AS "
-            f"duration FROM {tries} WHERE run_id = ? AND outcome = 'ok' AND started IS NOT "
-            "NULL AND ended IS NOT NULL"
+            f"duration FROM {tries} WHERE run_id = ?{during} AND outcome = 'ok' AND started IS "
+            "NOT NULL AND ended IS NOT NULL"
         )  # fmt: skip
         counts = conn.execute(
             f"SELECT cat, COUNT(*) FROM ({ok}) GROUP BY cat ORDER BY cat", rid
@@ -418,7 +624,8 @@ class _Run:
             for cat, why, n, at, row in conn.execute(
                 "SELECT COALESCE(NULLIF(category, ''), '?'), COALESCE(NULLIF(cause, ''), "
                 "NULLIF(error_type, ''), outcome), COUNT(*), MAX(ended), rowid "
-                f"FROM {tries} WHERE run_id = ? AND outcome NOT IN ('ok', 'cancelled') "
+                f"FROM {tries} WHERE run_id = ?{self._during(*_TRY_SPAN)} AND outcome NOT IN "
+                "('ok', 'cancelled') "
                 "GROUP BY 1, 2", rid,
             )
         ]  # fmt: skip
@@ -428,7 +635,8 @@ class _Run:
                 for cat, why, n, at, row in conn.execute(
                     "SELECT COALESCE(NULLIF(category, ''), '?'), cause, COUNT(*), "
                     f"MAX(finished), rowid FROM {_table(conn, 'tasks', rid)} "
-                    "WHERE run_id = ? AND cause IS NOT NULL GROUP BY 1, 2", rid,
+                    f"WHERE run_id = ?{self._during(*_TASK_SPAN)} AND cause IS NOT NULL "
+                    "GROUP BY 1, 2", rid,
                 )
             ]  # fmt: skip
         self.failure_groups = len(found)
@@ -460,18 +668,25 @@ class _Run:
 
     def _read_resources(self, conn: sqlite3.Connection, rid: tuple[str]) -> int:
         """Each worker's RSS (once reported: not 0) and bytes on disk over time, thinned
-        to :func:`_per_line` points a line, in one pass over the samples."""
+        to :func:`_per_line` points a line, in one pass over the samples (in a window,
+        of the workers alive in it, from each one's value as it begins)."""
+        run = "'" + self.id.replace("'", "''") + "'"
+        alive = (
+            f" AND worker IN (SELECT worker FROM workers WHERE run_id = {run}"
+            f"{self._during(*_WORKER_SPAN)})"
+        )
+        held = self._held("resource_samples", "worker", alive)
         counts = conn.execute(
             "SELECT worker, SUM(rss IS NOT NULL AND rss != 0), COUNT(spilled_bytes), COUNT(*) "
-            "FROM resource_samples WHERE run_id = ? GROUP BY worker", rid,
+            f"FROM resource_samples WHERE run_id = ?{held} GROUP BY worker", rid,
         ).fetchall()  # fmt: skip
         most = _per_line(sum(1 for _, n, _, _ in counts if n))
         rss = {w: _Thinned(n, most) for w, n, _, _ in counts if n}
         most = _per_line(sum(1 for _, _, n, _ in counts if n))
         disk = {w: _Thinned(n, most) for w, _, n, _ in counts if n}
         for at, worker, used, spilled in conn.execute(
-            "SELECT time, worker, rss, spilled_bytes FROM resource_samples WHERE run_id = ? "
-            "ORDER BY time", rid,
+            "SELECT time, worker, rss, spilled_bytes FROM resource_samples WHERE run_id = ?"
+            f"{held} ORDER BY time", rid,
         ):  # fmt: skip
             if used:  # else not reported yet
                 rss[worker].add(at - self.t0, used / 2**20)
@@ -482,14 +697,16 @@ class _Run:
         return sum(n for *_, n in counts)
 
     def _read_transfers(self, conn: sqlite3.Connection, rid: tuple[str]) -> int:
-        """The bytes copied between workers so far, per kind, over time (thinned)."""
+        """The bytes copied between workers so far (since the window began), per kind,
+        over time (thinned)."""
+        during = self._during("time")
         counts = conn.execute(
-            "SELECT kind, COUNT(*) FROM transfers WHERE run_id = ? GROUP BY kind", rid
+            f"SELECT kind, COUNT(*) FROM transfers WHERE run_id = ?{during} GROUP BY kind", rid
         ).fetchall()
         lines = {kind: _Thinned(n) for kind, n in counts}
         so_far = dict.fromkeys(lines, 0.0)
         for at, kind, nbytes in conn.execute(
-            "SELECT time, kind, bytes FROM transfers WHERE run_id = ? ORDER BY time", rid
+            f"SELECT time, kind, bytes FROM transfers WHERE run_id = ?{during} ORDER BY time", rid
         ):
             so_far[kind] += nbytes / 2**20
             lines[kind].add(at - self.t0, so_far[kind])
@@ -497,20 +714,22 @@ class _Run:
         return sum(n for _, n in counts)
 
     def _read_queues(self, conn: sqlite3.Connection, rid: tuple[str]) -> int:
-        """Ready tasks and the oldest wait per pool over time (thinned)."""
+        """Ready tasks and the oldest wait per pool over time (thinned; in a window,
+        from each series' value as it begins)."""
         names = "('corral_queue_depth', 'corral_queue_oldest_wait_seconds')"
+        held = self._held("metric_samples", "name, labels", f" AND name IN {names}")
         pool_of: dict[str, str] = {}
         counts: dict[tuple[str, str], int] = defaultdict(int)
         for name, labels, n in conn.execute(
-            f"SELECT name, labels, COUNT(*) FROM metric_samples WHERE run_id = ? AND name IN "
-            f"{names} GROUP BY name, labels", rid,
+            f"SELECT name, labels, COUNT(*) FROM metric_samples WHERE run_id = ?{held} AND "
+            f"name IN {names} GROUP BY name, labels", rid,
         ):  # fmt: skip
             pool_of[labels] = json.loads(labels).get("pool", "?")
             counts[(name, pool_of[labels])] += n
         lines = {key: _Thinned(n) for key, n in counts.items()}
         for at, name, labels, value in conn.execute(
-            f"SELECT time, name, labels, value FROM metric_samples WHERE run_id = ? AND name IN "
-            f"{names} ORDER BY time", rid,
+            f"SELECT time, name, labels, value FROM metric_samples WHERE run_id = ?{held} AND "
+            f"name IN {names} ORDER BY time", rid,
         ):  # fmt: skip
             lines[(name, pool_of[labels])].add(at - self.t0, value)
         self.queues = {key: line.done() for key, line in lines.items()}
@@ -531,10 +750,10 @@ def _layout(fig: go.Figure, title: str, height: int = 420) -> go.Figure:
 
 
 def _time_axis(fig: go.Figure, run: _Run, **where: Any) -> None:
-    """The x axis of a plot over the run's time: from its start to its end, the same on
-    every such plot, so they line up whatever the data (tries begin when the first
-    worker has joined; the metric samples at the start)."""
-    fig.update_xaxes(range=[0, max(run.end, 1.0)])
+    """The x axis of a plot over the run's time: from its start to its end (or the
+    window's), the same on every such plot, so they line up whatever the data (tries
+    begin when the first worker has joined; the metric samples at the start)."""
+    fig.update_xaxes(range=[run.start, max(run.end, run.start + 1.0)])
     fig.update_xaxes(title="seconds since the run started", **where)
 
 
@@ -598,7 +817,14 @@ def _alert_spans(run: _Run) -> list[tuple[float, float, str, str]]:
                 spans.append((active_since - run.t0, at - run.t0, "pending", name))
             nxt = changes[i + 1][0] if i + 1 < len(changes) else run.t0 + run.end
             spans.append((at - run.t0, nxt - run.t0, state, name))
-    return spans
+    if run.window is None:
+        return spans
+    # in a window: the spans that overlap it, cut to it
+    return [
+        (max(start, run.start), min(stop, run.end), state, name)
+        for start, stop, state, name in spans
+        if stop >= run.start and start <= run.end
+    ]
 
 
 def _timeline(run: _Run) -> go.Figure:
@@ -711,7 +937,7 @@ def _fleet(run: _Run) -> go.Figure:
                                  line={"dash": "dot"}, name=f"blocks {pool} {state}"))  # fmt: skip
     requeues: dict[str, list[tuple[float, str]]] = defaultdict(list)
     for block, pool, state, at, cause in run.blocks:
-        if state == "requeued":
+        if state == "requeued" and run.in_window(at):
             requeues[pool].append((at - run.t0, f"{block} requeued ({cause or 'no cause'})"))
     for pool, marks in sorted(requeues.items()):
         fig.add_trace(go.Scatter(
@@ -788,7 +1014,11 @@ def _alerts_figure(run: _Run) -> go.Figure:
             line={"width": 12, "color": "#d62728" if state == "firing" else "orange"},
             showlegend=False, hovertemplate=f"{name} {state}<br>%{{x:.1f}} s<extra></extra>",
         ))  # fmt: skip
-    resolved = [(_alert_time(r) - run.t0, r[1]) for r in run.alerts if r[2] == "resolved"]
+    resolved = [
+        (_alert_time(r) - run.t0, r[1])
+        for r in run.alerts
+        if r[2] == "resolved" and run.in_window(_alert_time(r))
+    ]
     if resolved:
         fig.add_trace(go.Scatter(x=[t for t, _ in resolved], y=[n for _, n in resolved],
                                  mode="markers", marker={"symbol": "x", "size": 10,
@@ -813,8 +1043,9 @@ def _summary(run: _Run) -> str:
         row("run", run.id),
         row("host / pid", f"{info['host']} / {info['pid']}"),
         row("started (UTC)", time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(run.t0))),
-        row("recorded for", f"{run.end:.1f} s" + ("" if info["ended"] else " (still running, or "
-            "it stopped without closing the database)")),
+        row("recorded for", f"{run.recorded:.1f} s" + ("" if info["ended"] else " (still "
+            "running, or it stopped without closing the database)")),
+        *([row("window (UTC)", _window_row(run))] if run.window else []),
         row("tasks", run.tasks),
         *(row(f"tasks {names.get(s, s)}", n) for s, n in sorted(run.states.items())),
         row("tries", run.tries),
@@ -822,7 +1053,7 @@ def _summary(run: _Run) -> str:
         row("median wait ready to sent to a worker",
             "-" if run.median_wait is None else f"{run.median_wait:.3f} s"),
         row("workers", f"{workers} ({len(run.workers)} lives, {lost} ended unasked)"),
-        row("blocks", len({b[0] for b in run.blocks})),
+        row("blocks", _blocks(run)),
         row("monitoring: feed events lost, rows dropped", f"{run.gaps}, {info['dropped_rows']}"),
     ]  # fmt: skip
     return (
@@ -833,6 +1064,30 @@ def _summary(run: _Run) -> str:
                   _recoveries(run))
         + "</div>"
     )  # fmt: skip
+
+
+def _window_row(run: _Run) -> str:
+    """The summary's line of the window: its times and what is counted in it."""
+    return (
+        f"{_utc(run.t0 + run.start)} to {_utc(run.t0 + run.end)}, seconds {run.start:.1f} to "
+        f"{run.end:.1f} of the run: the tasks, tries and worker lives that overlap it, the "
+        "samples, transfers and block ends in it"
+    )
+
+
+def _blocks(run: _Run) -> int:
+    """How many blocks the run had (in a window: that lived in it, a row in it or
+    alive as it began)."""
+    if run.window is None:
+        return len({b[0] for b in run.blocks})
+    state: dict[str, str] = {}  # (the rows in order of time)
+    seen: set[str] = set()
+    for block, _, now, at, _ in run.blocks:
+        if at < run.window[0]:
+            state[block] = now
+        else:
+            seen.add(block)
+    return len(seen | {b for b, now in state.items() if now in _BLOCK_LIVE})
 
 
 def _counts(head: tuple[str, ...], rows: Iterable[tuple[Any, ...]]) -> str:
@@ -846,11 +1101,11 @@ def _counts(head: tuple[str, ...], rows: Iterable[tuple[Any, ...]]) -> str:
 
 
 def _block_ends(run: _Run) -> list[tuple[str, str, int]]:
-    """The run's block ends and requeues by state and cause, the most first (a row
-    with no cause says ``-``)."""
+    """The run's block ends and requeues (in the window) by state and cause, the most
+    first (a row with no cause says ``-``)."""
     n: dict[tuple[str, str], int] = defaultdict(int)
-    for _, _, state, _, cause in run.blocks:
-        if state not in _BLOCK_LIVE:
+    for _, _, state, at, cause in run.blocks:
+        if state not in _BLOCK_LIVE and run.in_window(at):
             n[(state, cause or "-")] += 1
     return [(state, cause, k) for (state, cause), k in sorted(n.items(), key=lambda r: -r[1])]
 
@@ -944,16 +1199,36 @@ def _storage(run: _Run) -> go.Figure:
     return _layout(fig, SECTIONS[6], height=560)
 
 
+def _tasks_span(conn: sqlite3.Connection, rid: tuple[str]) -> str:
+    """When the run's tasks were submitted and finished, as an error says it."""
+    first, last = conn.execute(
+        "SELECT MIN(submitted), MAX(COALESCE(finished, submitted)) FROM tasks WHERE run_id = ?",
+        rid,
+    ).fetchone()
+    if first is None:
+        return "no task"
+    return f"its tasks from {_utc(first)} to {_utc(last)}"
+
+
 def build_report(
-    db: str | os.PathLike[str], *, run_id: str | None = None, progress: Progress = _quiet
+    db: str | os.PathLike[str],
+    *,
+    run_id: str | None = None,
+    since: str | None = None,
+    until: str | None = None,
+    progress: Progress = _quiet,
 ) -> str:
-    """The report of ``db`` (its latest run, or ``run_id``) as one HTML document."""
+    """The report of ``db`` as one HTML document: of its latest run, or ``run_id``, or
+    the one run recorded between ``since`` and ``until``; of the whole run, or of what
+    overlaps that window (``--since``/``--until``: a UTC date and time, Unix seconds,
+    or ``+DURATION`` from the run's start). :class:`ReportRunError` when it names no
+    run, several, or nothing."""
     conn = open_db(db)
     try:
         try:
-            run = _Run(conn, run_id, progress)
+            run = _Run(conn, run_id, progress, since, until)
         except MonitoringDBError as exc:
-            raise MonitoringDBError(str(db), exc.problem) from None
+            raise type(exc)(str(db), exc.problem) from None
     finally:
         conn.close()
     parts = []
@@ -965,6 +1240,8 @@ def build_report(
                                  config={"displaylogo": False}))  # fmt: skip
         first = False
     title = f"Corral run {run.id}"
+    if run.window is not None:
+        title += f", {_utc(run.window[0])} to {_utc(run.window[1])} UTC"
     return (
         f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
         f"<style>{_STYLE}</style></head><body><h1>{html.escape(title)}</h1>"
@@ -1098,6 +1375,8 @@ def write_report(
     out: str | os.PathLike[str] = "report.html",
     *,
     run_id: str | None = None,
+    since: str | None = None,
+    until: str | None = None,
     progress: Progress = _quiet,
 ) -> Path:
     """Write the report of ``db`` to ``out``; return its path. ``out`` is checked
@@ -1105,7 +1384,94 @@ def write_report(
     and again before it is replaced, which is done at once (a new file renamed over
     it)."""
     _output(db, out)
-    text = build_report(db, run_id=run_id, progress=progress)
+    text = build_report(db, run_id=run_id, since=since, until=until, progress=progress)
     target, in_place = _output(db, out)  # again: it may have changed while reading
     _write(out, target, in_place, text)
     return Path(out)
+
+
+@dataclass(frozen=True)
+class RunListing:
+    """A run of a monitoring database as ``report --list`` shows it: its id, what
+    started it (``host``, ``pid``, ``command``: the command line of the manager or of
+    the program that embedded the cluster), when (Unix seconds; ``ended`` None: still
+    running, or it crashed, ``last_seen`` its latest write), its tasks, those that
+    erred, its failed tries (every outcome but ``ok`` and ``cancelled``) and workers."""
+
+    run_id: str
+    host: str
+    pid: int | None
+    command: str
+    started: float
+    ended: float | None
+    last_seen: float | None
+    tasks: int
+    erred: int
+    failed_tries: int
+    workers: int
+
+    @property
+    def duration(self) -> float:
+        """Seconds from its start to its end, or to its latest write."""
+        return (self.ended or self.last_seen or self.started) - self.started
+
+
+def list_runs(db: str | os.PathLike[str]) -> list[RunListing]:
+    """Every run of the monitoring database ``db``, the first started first."""
+    conn = open_db(db)
+    try:
+        conn.execute("BEGIN")  # one snapshot: the counts agree with the runs
+        runs = _runs(conn)
+        tasks = {r: (n, erred) for r, n, erred in conn.execute(
+            "SELECT run_id, COUNT(*), SUM(state = 'erred') FROM tasks GROUP BY run_id"
+        )}  # fmt: skip
+        failed = dict(conn.execute(
+            "SELECT run_id, COUNT(*) FROM tries WHERE outcome NOT IN ('ok', 'cancelled') "
+            "GROUP BY run_id"
+        ).fetchall())  # fmt: skip
+        workers = dict(
+            conn.execute("SELECT run_id, COUNT(DISTINCT worker) FROM workers GROUP BY run_id")
+        )
+        conn.execute("ROLLBACK")
+    finally:
+        conn.close()
+    listed = []
+    for r in runs:
+        n, erred = tasks.get(r["run_id"], (0, 0))
+        one = RunListing(
+            run_id=r["run_id"], host=r["host"] or "", pid=r["pid"], command=_command(r["argv"]),
+            started=r["started"], ended=r["ended"], last_seen=r["last_seen"], tasks=n,
+            erred=erred or 0, failed_tries=failed.get(r["run_id"], 0),
+            workers=workers.get(r["run_id"], 0),
+        )  # fmt: skip
+        listed.append(one)
+    return listed
+
+
+def _command(argv: str | None) -> str:
+    """A run's command line (``runs.argv``, JSON) as a shell would take it."""
+    try:
+        words = json.loads(argv or "[]")
+    except ValueError:
+        return str(argv)
+    if not isinstance(words, list):
+        return str(argv)
+    return shlex.join(str(w) for w in words)
+
+
+def format_runs(runs: list[RunListing]) -> str:
+    """The table ``report --list`` prints: a line per run, times in UTC."""
+    head = ("run", "started (UTC)", "ended (UTC)", "duration", "tasks", "erred",
+            "failed tries", "workers", "host/pid", "command")  # fmt: skip
+    lines = [head]
+    for r in runs:
+        end = _utc(r.ended) if r.ended else "- (running or crashed)"
+        lines.append((
+            r.run_id, _utc(r.started), end, f"{r.duration:.1f} s", str(r.tasks), str(r.erred),
+            str(r.failed_tries), str(r.workers), f"{r.host}/{r.pid}", r.command,
+        ))  # fmt: skip
+    widths = [max(len(line[i]) for line in lines) for i in range(len(head) - 1)]
+    return "\n".join(
+        "  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=False)) + "  " + line[-1]
+        for line in lines
+    )
