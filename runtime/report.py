@@ -1471,7 +1471,10 @@ def format_runs(runs: list[RunListing]) -> str:
             str(r.failed_tries), str(r.workers), f"{r.host}/{r.pid}", r.command,
         ))  # fmt: skip
     widths = [max(len(line[i]) for line in lines) for i in range(len(head) - 1)]
-    return "\n".join(
+    table = "\n".join(
         "  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=False)) + "  " + line[-1]
         for line in lines
     )
+    if not runs:
+        table += "\n(no run yet: a manager or cluster writes its run's first rows within seconds)"
+    return table

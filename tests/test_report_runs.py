@@ -25,7 +25,7 @@ import pytest
 
 from runtime import Cluster
 from runtime.errors import MonitoringDBError, ReportRunError
-from runtime.monitordb import open_db
+from runtime.monitordb import MonitorWriter, open_db
 from runtime.report import _Run, build_report, list_runs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -130,7 +130,9 @@ def _families(run: _Run) -> set[str]:
 
 
 @pytest.mark.timeout(150)
-def test_the_runs_are_listed_with_their_tasks_failures_and_workers(runs: Runs) -> None:
+def test_the_runs_are_listed_with_their_tasks_failures_and_workers(
+    runs: Runs, tmp_path: Path
+) -> None:
     listed = list_runs(runs.db)
     assert [r.run_id for r in listed] == [runs.one, runs.two]
     one, two = listed
@@ -145,6 +147,14 @@ def test_the_runs_are_listed_with_their_tasks_failures_and_workers(runs: Runs) -
     assert [line.split()[0] for line in lines[1:]] == [runs.one, runs.two]
     # tasks, erred, failed tries and workers of run 2, in their columns
     assert lines[2].split()[7:11] == ["12", "1", "1", "2"]  # (after "0.7 s")
+
+    # a database with no run yet says so
+    MonitorWriter(tmp_path / "empty.db").close()
+    proc = _report(str(tmp_path / "empty.db"), "--list")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[1:] == [
+        "(no run yet: a manager or cluster writes its run's first rows within seconds)"
+    ]
 
 
 @pytest.mark.timeout(60)
