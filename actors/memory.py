@@ -438,7 +438,6 @@ class MemoryGovernor:
         #: the marks in force: the configured ones, moved up past a floor (:meth:`_mark`)
         self.resume_at = config.resume_at
         self.throttle_at = config.at(config.throttle)
-        self.moved = False  #: the floor moved some mark up (:meth:`_mark`)
         #: the gap kept over a floor: half the hysteresis, at least 2% of the limit
         self.margin = max(config.at(config.hysteresis) // 2, config.limit // 50)
 
@@ -460,6 +459,12 @@ class MemoryGovernor:
         return out
 
     # -- queries -----------------------------------------------------------------------
+
+    @property
+    def moved(self) -> bool:
+        """Whether the floor moved the marks up (:meth:`_mark`): it is at or past the
+        configured resume mark."""
+        return self.floor >= self.config.resume_at
 
     @property
     def level(self) -> float:
@@ -535,7 +540,6 @@ class MemoryGovernor:
         cfg, margin = self.config, self.margin
         self.floor = floor
         resume, throttle = cfg.resume_at, cfg.at(cfg.throttle)
-        self.moved = floor >= resume  #: the floor moved the marks up
         if floor < resume:
             self._warned = 0  # under the mark: a later rise past it is said again
         else:
