@@ -269,8 +269,8 @@ class DiskPlacement:
             f"waiting for disk: {ws.id}'s free disk is kept for "
             f"{self.disk_held[ws.id]!r}, which comes first and waits for it"
         )
-        if why != ts.disk_wait:
-            ts.disk_wait = why
+        if why != ts.wait_said:
+            ts.wait_said = why
             self._log(ts.key, "queued", why)
 
     def _most_disk_left(
@@ -428,8 +428,8 @@ class DiskPlacement:
                 # not per change of the free bytes or of the best worker: those move
                 # with every report while it waits.
                 mark = f"waiting for disk: {out} {source} {keep}"
-                if mark != ts.disk_wait:
-                    ts.disk_wait = mark
+                if mark != ts.wait_said:
+                    ts.wait_said = mark
                     why = f"needs {need} B, best worker {wid} has {max(0, int(free))} B free"
                     if keep:
                         why += f" (of which {keep} B kept for its consumer's output)"

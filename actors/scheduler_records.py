@@ -295,7 +295,6 @@ class TaskState:
         "dependents",
         "deps",
         "disk_need",
-        "disk_wait",
         "error",
         "est",
         "file",
@@ -324,6 +323,7 @@ class TaskState:
         "unneeded",
         "unreachable",
         "unreachable_since",
+        "wait_said",
         "waiting_deps",
         "waiting_on",
         "wanted",
@@ -363,9 +363,10 @@ class TaskState:
         self.prio: tuple[float, ...] = ()  #: queue priority from the priority policy
         self.est = 0.0  #: estimated duration when it was assigned
         self.disk_need = 0  #: disk reserved for it on its worker (while processing)
-        #: why it waits (for disk, or for a worker with the resources it asks for), as
-        #: last told in its story
-        self.disk_wait = ""
+        #: why it waits, as last told in its story (for disk; for a worker with the
+        #: resources, or the memory limit after a kill for memory, it needs; for room
+        #: for its RSS rise): each wait is told once; "" once it is sent to a worker
+        self.wait_said = ""
         self.unneeded = False  #: cancelled only because nothing needed it
         self.registered = False  #: the file registry knows its output
         #: estimated seconds of work to make its output again from the outputs that are

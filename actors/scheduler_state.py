@@ -3036,7 +3036,7 @@ class SchedulerState(DiskPlacement):
             if held and (ts.spec.category, ts.spec.pool) in held:
                 # Another of its category found no room and nothing was placed since:
                 # the same answer (thousands of held bursts cost one look per fill).
-                if not ts.disk_wait:
+                if not ts.wait_said:
                     self._tell_rss_wait(ts, self._rise(ts))
                 parked.append((best_q, entry))
                 continue
@@ -3056,14 +3056,14 @@ class SchedulerState(DiskPlacement):
                     if not self._waits_for_disk(ts, self._short_of_disk):
                         continue  # no worker could ever hold it: failed
                     self.disk_parked.add(ts.spec.pool)
-                elif ts.ooms and not ts.disk_wait:
+                elif ts.ooms and not ts.wait_said:
                     self._tell_oom_wait(ts)
-                elif ts.spec.resources and not ts.disk_wait:
+                elif ts.spec.resources and not ts.wait_said:
                     self._tell_resources_wait(ts)
                 elif rise := self._rise(ts):
                     if not ts.ooms and not ts.spec.resources:
                         held.add((ts.spec.category, ts.spec.pool))
-                    if not ts.disk_wait:
+                    if not ts.wait_said:
                         self._tell_rss_wait(ts, rise)
                 parked.append((best_q, entry))  # resources or disk: wait for a worker
                 continue
@@ -3105,7 +3105,7 @@ class SchedulerState(DiskPlacement):
     def _tell_rss_wait(self, ts: TaskState, rise: int) -> None:
         """Say in ``ts``'s story, once per wait, that memory admission holds it back:
         its RSS rise does not fit beside the tries running on the workers free now."""
-        ts.disk_wait = why = (
+        ts.wait_said = why = (
             f"waiting: its category raised a worker's RSS by up to {rise / 2**20:.0f} MiB, "
             "more than fits under the terminate fence beside the tries running on the "
             "workers free for it; it starts once some of them end"
@@ -3116,7 +3116,7 @@ class SchedulerState(DiskPlacement):
         """Say in ``ts``'s story, once per wait, that it waits for a worker with a
         larger memory limit than those it was killed for memory under."""
         wid, limit, _ = ts.ooms[-1]
-        ts.disk_wait = why = (
+        ts.wait_said = why = (
             f"waiting for a worker with a memory limit {ts.oom_need}: killed for memory "
             f"on {wid!r} ({limit / 2**30:.2f} GiB), it runs again only on a "
             + ("larger one" if ts.oom_strict else "worker at least as large")
@@ -3142,7 +3142,7 @@ class SchedulerState(DiskPlacement):
             short.append((f"{int(memory):,} B of memory", f"{int(most_memory):,} B"))
         if short:
             where = "worker" if pool is None else f"worker of pool {pool!r}"
-            ts.disk_wait = why = (
+            ts.wait_said = why = (
                 f"waiting for a worker with {' and '.join(a for a, _ in short)}: every "
                 f"{where} has less (at most {' and '.join(b for _, b in short)}); it runs "
                 "once one with enough joins"
@@ -3224,8 +3224,8 @@ class SchedulerState(DiskPlacement):
                 f" its expected output ({out} B, {source}), so it is tried where the most "
                 "disk is free"
             )
-            if why != ts.disk_wait:  # once (a running task's copies ask again and again)
-                ts.disk_wait = why
+            if why != ts.wait_said:  # once (a running task's copies ask again and again)
+                ts.wait_said = why
                 self._log(ts.key, "queued", why)
         if past and cands:
             ws = cands[0]
@@ -3419,7 +3419,7 @@ class SchedulerState(DiskPlacement):
         ws.occupancy += ts.est
         ws.processing.add(ts)
         ws.n_producers += ts.producer
-        ts.disk_wait = ""
+        ts.wait_said = ""
         if ws.disk:  # reserved until it finishes; the worker's reports count it after
             ts.disk_need = self._fetch_bytes(ts, ws) + self._expected_output(ts)[0]
             ws.disk_reserved += ts.disk_need
