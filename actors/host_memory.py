@@ -20,9 +20,8 @@ it (or their limits) changed since it was last said. Pure: times come in as data
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from actors.scheduler_events import Command, HostOvercommitCleared, HostOvercommitted
+from runtime.errors import size_text
 
 __all__ = ["MOST_WAIT", "SETTLE", "HostLedger", "claims_and_share", "overcommit_text"]
 
@@ -30,26 +29,22 @@ SETTLE = 1.0  #: seconds without a join or leave on a machine before it is looke
 MOST_WAIT = 10.0  #: and at most this long after its first change not looked at
 
 
-def _gib(n: int) -> str:
-    return f"{n / 2**30:.1f} GiB"
-
-
-def claims_and_share(cmd: HostOvercommitted, size: Callable[[int], str]) -> tuple[str, int]:
-    """The workers of ``cmd`` with their claims (each as ``size`` writes it), and what
-    each of its processes may have: the machine's memory (a file system's free space,
-    :mod:`actors.shared_disk`) over their number."""
-    names = ", ".join(f"{w} ({size(limit)})" for w, limit in cmd.workers)
+def claims_and_share(cmd: HostOvercommitted) -> tuple[str, int]:
+    """The workers of ``cmd`` with their claims, and what each of its processes may
+    have: the machine's memory (a file system's free space, :mod:`actors.shared_disk`)
+    over their number."""
+    names = ", ".join(f"{w} ({size_text(limit)})" for w, limit in cmd.workers)
     return names, cmd.host_memory // max(cmd.processes, 1)
 
 
 def overcommit_text(cmd: HostOvercommitted) -> str:
     """What the manager logs and shows (status, dashboard) of ``cmd``: which workers, the
     sum, the machine's memory and what to do."""
-    names, share = claims_and_share(cmd, _gib)
+    names, share = claims_and_share(cmd)
     return (
         f"host {cmd.host}: the memory limits of its workers {names} add up to "
-        f"{_gib(cmd.claimed)}, more than the machine's {_gib(cmd.host_memory)}; no memory "
-        f"fence acts before the machine runs out. Give each worker its share: --memory "
+        f"{size_text(cmd.claimed)}, more than the machine's {size_text(cmd.host_memory)}; "
+        f"no memory fence acts before the machine runs out. Give each worker its share: --memory "
         f"{share // 2**20}MiB (the machine's memory / {cmd.processes} worker processes), or "
         f"start them with Cluster(processes={cmd.processes}) or a local pool, which divide "
         f"the machine's memory among their workers"

@@ -20,15 +20,12 @@ from __future__ import annotations
 
 from actors.host_memory import claims_and_share
 from actors.scheduler_events import HostOvercommitted
+from runtime.errors import size_text
 from runtime.messages import WorkerInfo
 
 __all__ = ["disk_claim", "disk_key", "shared_disk_text"]
 
 _SEP = " dev "  #: between the host and the device in a key
-
-
-def _mib(n: int) -> str:
-    return f"{n / 2**20:.1f} MiB"
 
 
 def disk_key(info: WorkerInfo) -> str:
@@ -54,13 +51,14 @@ def shared_disk_text(cmd: HostOvercommitted) -> str:
     warning: its ``host`` is a :func:`disk_key`, its ``host_memory`` the free space):
     which workers, the sum, the free space and the ``--disk`` that fits."""
     host, _, device = cmd.host.partition(_SEP)
-    names, share = claims_and_share(cmd, _mib)
+    names, share = claims_and_share(cmd)
     return (
         f"host {host}: {cmd.processes} worker processes keep their outputs on one file "
         f"system (device {device}) and count its free space each: the disk budgets of "
-        f"{names} add up to {_mib(cmd.claimed)}, more than the {_mib(cmd.host_memory)} it "
-        f"has free, so tasks are placed where there is no room and end disk-full. Give "
-        f"each a --disk (disk_per_worker) so that they sum to at most its free space: "
+        f"{names} add up to {size_text(cmd.claimed)}, more than the "
+        f"{size_text(cmd.host_memory)} it has free, so tasks are placed where there is no "
+        f"room and end disk-full. Give each a --disk (disk_per_worker) so that they sum "
+        f"to at most its free space: "
         f"--disk {share // 2**20}MiB (its free space / {cmd.processes} worker processes), "
         f"or give each a spill directory (--spill-dir) on a file system of its own"
     )

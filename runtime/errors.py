@@ -631,8 +631,22 @@ class TaskTimeout(CorralError):
 # ----------------------------------------------------------------------------- memory
 
 
+def _mib(n: float) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
 def _gib(n: float) -> str:
     return f"{n / 2**30:.2f} GiB"
+
+
+def size_text(n: float) -> str:
+    """Bytes for people: MiB to a tenth below a GiB, GiB to a hundredth from one (a
+    need beside a limit, 1.04 and 1.00 GiB, must not read the same). The one size
+    formatter of Corral's messages: these errors, the pre-flight checks and the
+    scheduler's warnings (:mod:`actors.host_memory`, :mod:`actors.shared_disk`);
+    :func:`memory_sizes` (one unit for several) and :func:`disk_size` (bytes below a
+    MiB) write its units."""
+    return _mib(n) if n < 2**30 else _gib(n)
 
 
 def memory_sizes(*sizes: float, top: float = 0) -> list[str]:
@@ -641,7 +655,7 @@ def memory_sizes(*sizes: float, top: float = 0) -> list[str]:
     a tenth (a 400 MiB worker's 0.39 GiB said nothing of how near its limit it was)."""
     if max(top, *sizes, 0) >= 2**30:
         return [_gib(n) for n in sizes]
-    return [f"{n / 2**20:.1f} MiB" for n in sizes]
+    return [_mib(n) for n in sizes]
 
 
 #: What to do about a worker's floor (its RSS holding no output in memory and running
@@ -666,7 +680,7 @@ def floor_warning(floor: int, resume_at: int, throttle_at: int, limit: int) -> s
     )
 
 
-__all__ += ["FLOOR_ADVICE", "floor_warning", "memory_sizes"]
+__all__ += ["FLOOR_ADVICE", "floor_warning", "memory_sizes", "size_text"]
 
 
 class MemoryConfigError(CorralError, ValueError):
@@ -838,12 +852,7 @@ class MemoryStalled(CorralError):
 
 def disk_size(n: float) -> str:
     """Bytes for people, exact below a MiB (small disks in tests and tight limits)."""
-    return f"{int(n):,} bytes" if n < 2**20 else _size(n)
-
-
-def _size(n: float) -> str:
-    """Bytes for people: MiB below a GiB, GiB above."""
-    return f"{n / 2**20:.1f} MiB" if n < 2**30 else _gib(n)
+    return f"{int(n):,} bytes" if n < 2**20 else size_text(n)
 
 
 class TaskArgumentsTooLarge(CorralError):
@@ -854,7 +863,7 @@ class TaskArgumentsTooLarge(CorralError):
     def __init__(self, key: str, size: int, limit: int) -> None:
         super().__init__(
             f"task {key!r} could not be sent to a worker process: its arguments are "
-            f"{_size(size)} pickled ({size:,} bytes), over the {_size(limit)} one message "
+            f"{size_text(size)} pickled ({size:,} bytes), over the {size_text(limit)} one message "
             "may carry. Large data should be the output of a task, which moves between "
             "processes in parts of any size: make or load it in a task (np.load, "
             "da.from_zarr, reading a file) instead of passing it as an argument (a "
@@ -928,7 +937,7 @@ class TaskTooLarge(CorralError):
 
     def __init__(self, key: str, needed: int, largest: int, pool: str | None) -> None:
         where = "of any worker" if pool is None else f"of a worker in pool {pool!r}"
-        need, limit = _size(needed), _size(largest)
+        need, limit = size_text(needed), size_text(largest)
         if need == limit:  # just over: say by how much
             need, limit = f"{need} ({needed:,} bytes)", f"{limit}, {largest:,} bytes"
         super().__init__(
@@ -1230,7 +1239,7 @@ class ValueTooLarge(CorralError):
 
     def __init__(self, key: str, nbytes: int, limit: int, where: str) -> None:
         super().__init__(
-            f"value {key!r} is {_size(nbytes)}, more than the {_size(limit)} {where} can "
+            f"value {key!r} is {size_text(nbytes)}, more than the {size_text(limit)} {where} can "
             "take; it was not moved. Keep large values where they are made (write them to "
             "storage from the task), split them into smaller chunks, or raise the limit.",
             key=key,

@@ -85,6 +85,7 @@ from runtime.errors import (
     PoolConfigError,
     Refusals,
     UnknownPolicyError,
+    size_text,
 )
 from runtime.log import get_logger
 
@@ -343,8 +344,8 @@ def check_local_size(pools: Mapping[str, PoolConfig]) -> CheckResult | None:
     names = ", ".join(p.name for p in local)
     seen = (
         f"local pool(s) {names} at most: {workers} worker process(es) announcing {cores} "
-        f"core(s) and {_gib(announced) if announced else 'an equal share of its memory'}; this "
-        f"machine: {cpus} CPU(s), {_gib(memory)}"
+        f"core(s) and {size_text(announced) if announced else 'an equal share of its memory'}"
+        f"; this machine: {cpus} CPU(s), {size_text(memory)}"
     )
     advice = (
         "Lower max_blocks (or init_blocks), workers_per_node, cores_per_worker or "
@@ -872,15 +873,6 @@ def expected_spill(pools: Mapping[str, PoolConfig]) -> tuple[int, list[str]]:
     return total, unknown
 
 
-def _gib(n: int) -> str:
-    return f"{n / 2**30:.1f} GiB"
-
-
-def _space(n: int) -> str:
-    """Bytes of a disk: GiB, or MiB below one (a small file system is not "0.1 GiB")."""
-    return _gib(n) if n >= 2**30 else f"{n / 2**20:.1f} MiB"
-
-
 def _a(noun: str) -> str:
     """``noun`` with its indefinite article: "an output directory", "a run directory"."""
     return f"{'an' if noun[:1] in 'aeiou' else 'a'} {noun}"
@@ -928,25 +920,25 @@ def check_directory(what: str, path: Path, needed: int) -> CheckResult:
     usage = shutil.disk_usage(existing)
     free, size = usage.free, usage.total
     made = "" if existing == path else f" (will be created in {existing})"
-    seen = f"{path}{made}: {_space(free)} free"
+    seen = f"{path}{made}: {size_text(free)} free"
     if free < min(_FULL, size // 100):
         return CheckResult(
             ALL, what, FAIL,
-            f"{seen}: the file system is full ({_space(usage.used)} used of "
-            f"{_space(size)})",
+            f"{seen}: the file system is full ({size_text(usage.used)} used of "
+            f"{size_text(size)})",
             f"Free space there, or choose {_a(what)} on another file system.",
         )  # fmt: skip
     if free < needed:
-        small = f" (the file system is {_space(size)} in all: too small for them)"
+        small = f" (the file system is {size_text(size)} in all: too small for them)"
         return CheckResult(
             ALL, what, WARN,
-            f"{seen}, less than the {_space(needed)} the pools may spill"
+            f"{seen}, less than the {size_text(needed)} the pools may spill"
             + (small if size < needed else ""),
             f"Free space, or choose another {what} on a larger file system (the estimate is "
             "memory_per_worker x workers of every block at max_blocks, or disk_per_worker x "
             "workers where a pool sets it).",
         )  # fmt: skip
-    return CheckResult(ALL, what, PASS, seen + (f" (needs {_space(needed)})" if needed else ""))
+    return CheckResult(ALL, what, PASS, seen + (f" (needs {size_text(needed)})" if needed else ""))
 
 
 def check_directories(

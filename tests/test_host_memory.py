@@ -72,7 +72,7 @@ def test_two_workers_claiming_the_whole_machine_are_warned_of_once_and_cleared(
     assert not s.hosts.pending
     assert tick(s, 5.0) == []  # said once
     text = overcommit_text(warned)
-    for part in ("m1 (23.5 GiB), m2 (23.5 GiB)", "47.1 GiB", "machine's 23.5 GiB",
+    for part in ("m1 (23.54 GiB), m2 (23.54 GiB)", "47.08 GiB", "machine's 23.54 GiB",
                  f"--memory {MACHINE // 2 // 2**20}MiB", "Cluster(processes=2)"):  # fmt: skip
         assert part in text, (part, text)
 

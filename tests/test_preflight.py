@@ -26,6 +26,7 @@ import pytest
 
 import runtime
 from actors.pools import pools_from_dicts
+from runtime.errors import size_text
 from runtime.preflight import (
     FAIL,
     PASS,
@@ -160,7 +161,7 @@ def test_a_writable_but_full_file_system_is_full(
     r = check_directory("output directory", tmp_path / "out", needed=0)
     assert (r.status, r.detail) == (
         FAIL, f"{tmp_path / 'out'} (will be created in {tmp_path}): 0.0 MiB free: "
-        "the file system is full (1.0 GiB used of 1.0 GiB)",
+        "the file system is full (1.00 GiB used of 1.00 GiB)",
     )  # fmt: skip
     assert r.advice == "Free space there, or choose an output directory on another file system."
     assert list(tmp_path.iterdir()) == []
@@ -225,7 +226,7 @@ def test_json_results_and_a_warning_for_too_little_room(tmp_path: Path) -> None:
         r = got[("*", what)]
         assert r["status"] == WARN, r
         # 4000 TiB x 2 workers x 2 blocks = 16000 TiB
-        assert "less than the 16384000.0 GiB the pools may spill" in r["detail"], r
+        assert "less than the 16384000.00 GiB the pools may spill" in r["detail"], r
         assert "memory_per_worker x workers" in r["advice"]
 
 
@@ -520,7 +521,7 @@ def test_render_and_exit_code() -> None:
 def test_a_full_file_system_fails(tmp_path: Path) -> None:
     usage = shutil.disk_usage(tmp_path)
     ok = check_directory("output directory", tmp_path, needed=0)
-    assert ok.status == PASS and f"{usage.free / 2**30:.1f} GiB free" in ok.detail
+    assert ok.status == PASS and f"{size_text(usage.free)} free" in ok.detail
     short = check_directory("output directory", tmp_path, needed=usage.total * 2)
     assert short.status == WARN
 

@@ -9,14 +9,16 @@ nothing said why."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
 from pathlib import Path
 
-from actors.host_memory import SETTLE, HostLedger
+from actors.host_memory import SETTLE, HostLedger, overcommit_text
 from actors.scheduler_events import HostOvercommitCleared, HostOvercommitted
 from actors.shared_disk import disk_claim, disk_key, shared_disk_text
+from runtime.errors import size_text
 from runtime.messages import WorkerInfo
 from tests.helpers import Cli
 
@@ -63,6 +65,28 @@ def test_the_ledger_warns_of_one_file_system_counted_twice_and_clears() -> None:
     ledger.left("t2", 2 * SETTLE)
     (cleared,) = ledger.check(3 * SETTLE, "tick")
     assert isinstance(cleared, HostOvercommitCleared) and cleared.workers == ("t1",)
+
+
+def test_sizes_are_told_as_every_message_tells_them() -> None:
+    """One size formatter (``runtime.errors.size_text``) for the scheduler's warnings,
+    the pre-flight checks and the errors: MiB to a tenth under a GiB, GiB to a hundredth
+    from one. Before, this warning alone said MiB at any size ("24105.3 MiB") and the
+    memory one GiB to a tenth ("0.1 GiB" for 54 MiB)."""
+    assert (size_text(54 * MiB), size_text(1023 * MiB)) == ("54.0 MiB", "1023.0 MiB")
+    assert (size_text(2**30), size_text(25276203008)) == ("1.00 GiB", "23.54 GiB")
+    ws = (("t1", 25276203008), ("t2", 25276203008))
+    cmd = HostOvercommitted("tick", "box/1 dev 42", 25276203008, 50552406016, ws, 2)
+    text = shared_disk_text(cmd)
+    assert "t1 (23.54 GiB), t2 (23.54 GiB) add up to 47.08 GiB" in text, text
+    assert "more than the 23.54 GiB it has free" in text and "--disk 12052MiB" in text, text
+    memory = overcommit_text(dataclasses.replace(cmd, host="box/1"))
+    assert "t1 (23.54 GiB), t2 (23.54 GiB) add up to 47.08 GiB" in memory, memory
+    small = dataclasses.replace(
+        cmd, host="box/1", host_memory=54 * MiB, workers=(("t1", 54 * MiB),)
+    )
+    assert "t1 (54.0 MiB)" in overcommit_text(
+        small
+    ) and "the machine's 54.0 MiB" in overcommit_text(small)
 
 
 def test_two_worker_processes_on_one_spill_directory_are_warned_of(tmp_path: Path) -> None:
