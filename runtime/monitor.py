@@ -14,6 +14,8 @@ What lives here:
   back to the core), ``Audit`` is a WARNING log line ``alert action`` kept (the latest
   100) for the console. It answers ``AlertsRequest`` and changes its rules live on
   ``AlertRuleAdd`` / ``AlertRuleRemove`` (a bad rule: ``AlertConfigError`` to the asker).
+  When it stops (the manager's orderly stop) it warns of the rules changed live, which
+  are not kept, and has each notifier end its firing alerts (bounded).
 
 A slow or stuck metrics fetch skips that evaluation; a notifier that cannot reach its
 server retries in its own task. Nothing here waits without a bound in a handler.
@@ -294,7 +296,9 @@ class Monitor(Actor):
     ``dashboard_wait``: at most this many seconds the first evaluation waits for the
     dashboard's URL (:class:`DashboardAt`, once the manager's listener is up) when the
     configuration names none, so that an alert that holds from the start carries its
-    link from its first notification on (0: it does not wait; no dashboard comes)."""
+    link from its first notification on (0: it does not wait; no dashboard comes).
+    ``close_timeout``: seconds an orderly stop gives each notifier to end the firing
+    alerts (:meth:`on_stop`)."""
 
     def __init__(
         self,
@@ -306,6 +310,7 @@ class Monitor(Actor):
         fetch_timeout: float | None = None,
         scale_timeout: float = 10.0,
         dashboard_wait: float = 0.0,
+        close_timeout: float = 2.0,
     ) -> None:
         self.config = config = config or AlertingConfig()
         self.dashboard_wait = dashboard_wait
@@ -315,6 +320,7 @@ class Monitor(Actor):
         self.interval = config.interval
         self.fetch_timeout = fetch_timeout or max(1.0, config.interval)
         self.scale_timeout = scale_timeout
+        self.close_timeout = close_timeout
         self.state = AlertState(config.all_rules())
         if notifiers is None:
             notifiers = [LogNotifier()]
@@ -340,6 +346,38 @@ class Monitor(Actor):
         for notifier in self.notifiers:
             self.start_soon(notifier.run)
         self.start_soon(self._sample)
+
+    async def on_stop(self) -> None:
+        """An orderly stop: say which rules the console changed (they are not kept),
+        then end the firing alerts in Alertmanager (each notifier's ``close``, bounded:
+        see :meth:`~runtime.notify.AlertmanagerNotifier.close`)."""
+        changed = self.console_changes()
+        if changed:
+            self.log.warning(
+                "alert rules changed from the console are lost at this stop", rules=changed,
+                advice="put the rules to keep in the [[alerts]] of the manager's --config "
+                "file; see docs/console.md#alert",
+            )  # fmt: skip
+        for notifier in self.notifiers:
+            close = getattr(notifier, "close", None)
+            if close is None:
+                continue
+            try:
+                with anyio.move_on_after(self.close_timeout + 1.0):
+                    await close(within=self.close_timeout)
+            except Exception as exc:  # the stop goes on
+                self.log.error("notifier failed to close", notifier=type(notifier).__name__,
+                               error=repr(exc))  # fmt: skip
+
+    def console_changes(self) -> list[str]:
+        """The rules added, replaced or removed since the start (from the console), as
+        ``added NAME``, ``replaced NAME``, ``removed NAME``."""
+        at_start = {r.name: r.to_dict() for r in self.config.all_rules()}
+        now = {name: r.to_dict() for name, r in self.state.rules.items()}
+        out = [f"added {n}" for n in now if n not in at_start]
+        out += [f"replaced {n}" for n in now if n in at_start and now[n] != at_start[n]]
+        out += [f"removed {n}" for n in at_start if n not in now]
+        return out
 
     async def _sample(self) -> None:
         """Every ``interval`` seconds: a snapshot (bounded), handed to the actor; the

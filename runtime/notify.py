@@ -11,7 +11,10 @@ What lives here:
   Firing alerts are sent with ``endsAt`` a few resend periods ahead and sent again every
   ``resend`` seconds while they fire (as Prometheus does, so Alertmanager keeps them
   active and forgets them if Corral goes away); a resolved alert is sent once with
-  ``endsAt`` its resolve time. Pending alerts are not sent. Posts go from a bounded
+  ``endsAt`` its resolve time. Pending alerts are not sent. An orderly stop (``close``,
+  from the monitor's ``on_stop``) ends the firing alerts at once with
+  ``ended_by="manager stopped"`` (one post, bounded: :func:`ended_by_stop`). Posts go
+  from a bounded
   queue (the oldest notifications are dropped, and counted, when it is full), with
   retries after exponential backoff with jitter, giving up on a batch after
   ``max_tries`` and logging it. Each try sends the latest word on each alert of its
@@ -57,6 +60,7 @@ __all__ = [
     "Notifier",
     "alertmanager_payload",
     "default_instance",
+    "ended_by_stop",
     "field_text",
     "rfc3339",
 ]
@@ -208,6 +212,21 @@ def alertmanager_payload(
     return body
 
 
+#: the annotation of an alert ended because its manager stopped, and its text
+STOPPED_ANNOTATION = "ended_by"
+STOPPED_TEXT = "manager stopped"
+
+
+def ended_by_stop(alert: AlertInfo, now: float) -> AlertInfo:
+    """A firing ``alert`` ended at ``now`` because its manager stops on purpose: sent to
+    Alertmanager as resolved (``endsAt`` now) with the annotation ``ended_by="manager
+    stopped"``. Its fields stay as its last evaluation had them (``threshold_breached=1``
+    when it still held): nobody evaluates it any more, so the condition is not known
+    to have cleared; the annotation says why it ended instead."""
+    annotations = {**alert.annotations, STOPPED_ANNOTATION: STOPPED_TEXT}
+    return dataclasses.replace(alert, state="resolved", resolved_at=now, annotations=annotations)
+
+
 def _identity(alert: AlertInfo) -> tuple[tuple[str, str], ...]:
     """An alert instance as Alertmanager tells them apart: by its label set."""
     labels = dict(alert.labels)
@@ -349,6 +368,48 @@ class AlertmanagerNotifier:
             self._wake.set()
 
     # -- the sender ------------------------------------------------------------------
+
+    async def close(self, *, within: float = 2.0) -> None:
+        """The manager stops on purpose: end its alerts in Alertmanager now, in one post
+        tried once, at most ``within`` seconds (a down Alertmanager does not hold up the
+        stop; it then resolves them itself at their ``endsAt``, logged). Each firing
+        alert goes as :func:`ended_by_stop`; resolves not delivered yet (queued or
+        given up) go as they are. Called after :meth:`run` was cancelled."""
+        now = time.time()
+        ended = {k: ended_by_stop(a, now) for k, a in self.firing.items()}
+        last = {**{k: a for k, (a, _) in self._owed.items()}, **self._resolved_q, **ended}
+        self.firing.clear()
+        self._firing_q.clear()
+        self._resolved_q.clear()
+        self._owed.clear()
+        if not last:
+            return
+        labels = self.labels()
+        body = []
+        for alert in last.values():
+            try:
+                body.append(alertmanager_payload(alert, now=now, ends_in=0.0,
+                    generator_url=self.generator_url, external_labels=labels))  # fmt: skip
+            except (ValueError, OverflowError, OSError, TypeError):
+                self.given_up += 1
+        why: str | None = "timed out"
+        self.posted += len(body)
+        with anyio.move_on_after(within):
+            client_timeout = aiohttp.ClientTimeout(total=within)
+            async with aiohttp.ClientSession(timeout=client_timeout) as session:
+                why = await self._post(session, body)
+        if why is None:
+            self.sent += len(body)
+            _log.info("alerts ended in Alertmanager: the manager stops", url=self.url,
+                      alerts=len(body), ended=len(ended))  # fmt: skip
+        else:
+            self.errors += len(body)
+            self.given_up += len(body)
+            _log.warning(
+                "alerts not ended in Alertmanager at the stop; it resolves them by itself "
+                "at their endsAt", url=self.url, alerts=len(body), why=why,
+                within=round(4 * self.resend, 3),
+            )  # fmt: skip
 
     async def run(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED

@@ -33,6 +33,7 @@ from runtime.log import get_logger
 from runtime.messages import (
     AlertInfo,
     AlertRuleAdd,
+    AlertRuleRemove,
     AlertsRequest,
     BlockMetrics,
     MetricsReply,
@@ -418,3 +419,23 @@ def test_a_pool_label_of_no_configured_pool_is_a_warning_not_a_refusal(tmp_path:
     added = monitor.add_rule(AlertRuleAdd(rule))
     assert added["warnings"] == warned(rule["expr"]) and "P2" in monitor.state.rules
     assert "warnings" not in monitor.add_rule(AlertRuleAdd({**rule, "expr": TERM}))
+
+
+@pytest.mark.anyio
+async def test_a_stop_warns_of_the_rules_the_console_changed(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Rules added, replaced or removed from the console are not kept: an orderly stop
+    says which, and where to keep them. Before, they were dropped without a word."""
+    keep = {"name": "Keep", "expr": TERM}
+    config = AlertingConfig(rules=(keep, {"name": "Gone", "expr": TERM}), default_rules=False)
+    monitor = _monitor(config)
+    assert monitor.console_changes() == []
+    monitor.add_rule(AlertRuleAdd({"name": "ScarceQueue", "expr": TERM}))
+    monitor.add_rule(AlertRuleAdd({**keep, "for": "5m"}))
+    monitor.remove_rule(AlertRuleRemove("Gone"))
+    assert monitor.console_changes() == ["added ScarceQueue", "replaced Keep", "removed Gone"]
+    with caplog.at_level("WARNING"):
+        await monitor.on_stop()
+    assert "alert rules changed from the console are lost at this stop" in caplog.text
+    assert "added ScarceQueue" in caplog.text and "--config" in caplog.text

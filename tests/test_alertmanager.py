@@ -311,7 +311,8 @@ async def test_an_alert_that_holds_from_the_start_carries_the_managers_page(
     """A manager process whose rule holds at its first evaluation (no worker yet, no
     ``for``) and whose configuration names no dashboard: the alert's first post links
     to the manager's own page, which its listener serves (before, the first evaluation
-    could come before the listener was up, and the alert went without its link)."""
+    could come before the listener was up, and the alert went without its link). Then
+    stopped on purpose, it ends the alert in Alertmanager."""
     with Cli(tmp_path / "home") as cli:
         url = start_alertmanager(cli, tmp_path / "am")
         config = tmp_path / "corral.toml"
@@ -319,7 +320,7 @@ async def test_an_alert_that_holds_from_the_start_carries_the_managers_page(
             f'[alerting]\nalertmanager = "{url}"\ninterval = 0.1\ndefault_rules = false\n'
             '[[alerts]]\nname = "NobodyYet"\nexpr = "corral_workers_connected == 0"\n'
         )  # fmt: skip
-        _, address = cli.manager("--config", str(config))
+        manager, address = cli.manager("--config", str(config))
         page = address.replace("ws://", "http://", 1).rstrip("/") + "/"
         with anyio.fail_after(LIMIT):
             (alert,) = await wait_until(
@@ -329,6 +330,11 @@ async def test_an_alert_that_holds_from_the_start_carries_the_managers_page(
             )
         assert alert["annotations"]["dashboard"] == page
         assert alert["generatorURL"] == page
+        # SIGTERM: an orderly stop ends the alert in Alertmanager as the manager exits
+        # (before, it stayed active there for 4 resends, 4 minutes)
+        await anyio.to_thread.run_sync(cli.stop, [manager])
+        assert manager.returncode == 0
+        assert not await anyio.to_thread.run_sync(_named, url, "NobodyYet")
 
 
 @pytest.mark.slow
@@ -377,6 +383,17 @@ async def stub_alertmanager(handle: Any) -> AsyncIterator[str]:
         yield f"http://127.0.0.1:{runner.addresses[0][1]}"
     finally:
         await runner.cleanup()
+
+
+def _accepting(bodies: list[Any]) -> Any:
+    """A stub Alertmanager's handler that accepts every post and keeps its body."""
+    from aiohttp import web
+
+    async def handle(request: web.Request) -> web.Response:
+        bodies.append(await request.json())
+        return web.Response(status=200)
+
+    return handle
 
 
 @pytest.mark.slow
@@ -447,15 +464,8 @@ async def test_an_alert_that_cannot_be_sent_is_left_out_not_its_batch() -> None:
     """A resolve whose time cannot be written (year 3e12) is left out of the post,
     counted and logged; the other alerts of the batch are delivered, and it is not
     tried again at the resends. Before, the whole batch was lost with it."""
-    from aiohttp import web
-
     bodies: list[Any] = []
-
-    async def handle(request: web.Request) -> web.Response:
-        bodies.append(await request.json())
-        return web.Response(status=200)
-
-    async with stub_alertmanager(handle) as url:
+    async with stub_alertmanager(_accepting(bodies)) as url:
         with anyio.fail_after(LIMIT):
             notifier = AlertmanagerNotifier(url, resend=0.2)
             bad = AlertInfo("B", "resolved", labels={"alertname": "B"}, resolved_at=1e20)
@@ -520,3 +530,51 @@ async def test_a_firing_alert_is_sent_again_until_it_resolves(tmp_path: Path) ->
                 step=0.1,
             )
             tg.cancel_scope.cancel()
+
+
+# ----------------------------------------------------------------------------- an orderly stop
+
+
+async def test_an_orderly_stop_ends_the_firing_alerts_saying_why() -> None:
+    """A manager stopped on purpose ends its firing alerts in Alertmanager at once
+    (``endsAt`` the stop), with ``ended_by="manager stopped"`` and the fields of the last
+    evaluation (``threshold_breached=1``: the condition was not seen to clear). Before,
+    they stayed active until their ``endsAt`` (4 resends), then resolved with nothing
+    saying why."""
+    bodies: list[Any] = []
+    async with stub_alertmanager(_accepting(bodies)) as url:
+        with anyio.fail_after(LIMIT):
+            async with Cluster(
+                workers=0, alerts=[QUEUED], alertmanager=url,
+                alerting={"interval": 0.1, "default_rules": False, "resend": 60},
+            ) as cluster:  # fmt: skip
+                fut = cluster.submit(sum, [1, 2], pure=False)  # no worker: the alert fires
+                monitor = cluster._plane.monitor
+                (notifier,) = [n for n in monitor.notifiers if isinstance(n, AlertmanagerNotifier)]
+                await wait_until(lambda: notifier.sent == 1, "the firing alert delivered")
+                assert not fut.done()
+                before = time.time()
+            (last,) = bodies[-1]
+            assert len(bodies) == 2
+    assert last["labels"]["alertname"] == "CorralQueueNonEmpty"
+    assert last["annotations"]["ended_by"] == "manager stopped"
+    assert last["annotations"]["threshold_breached"] == "1"
+    assert rfc3339(before) <= last["endsAt"] <= rfc3339(time.time())
+    assert notifier.sent == 2 and not notifier.firing
+
+
+async def test_a_stop_does_not_wait_long_for_an_alertmanager_that_never_answers() -> None:
+    """The last post of a stop is bounded (``close_timeout``, 2 s by default), not the
+    10 s of a post nor its retries: an Alertmanager that never answers does not hold up
+    the stop; it is logged and counted."""
+    with socket.socket() as silent:  # accepts connections (the backlog), never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        notifier = AlertmanagerNotifier(f"http://127.0.0.1:{silent.getsockname()[1]}")
+        notifier.notify(AlertInfo("R", "firing", labels={"alertname": "R"}, fired_at=1.0))
+        with anyio.fail_after(LIMIT):
+            started = time.monotonic()
+            await notifier.close(within=0.5)
+            took = time.monotonic() - started
+        assert took < 5.0  # bounded by 0.5 s (+ the event loop's slack), not 10 s
+        assert notifier.given_up == 1 and notifier.sent == 0 and not notifier.firing
