@@ -51,6 +51,7 @@ __all__ = [
     "SLURM_KEYS",
     "PoolConfig",
     "check_fallback",
+    "ignored_settings",
     "load_config",
     "load_policies",
     "local_workers",
@@ -549,6 +550,36 @@ def load_policies(
                 refuse(refused)
                 continue
         out[kind] = (name, params)
+    return out
+
+
+#: the built-in scaling policies that start and keep each pool's target (``min_blocks``)
+#: and never read its ``init_blocks`` (only ``demand`` does)
+_TARGET_POLICIES = ("fixed", "queue")
+
+
+def ignored_settings(
+    path: str | os.PathLike[str], pools: Mapping[str, PoolConfig], scaling: str
+) -> list[tuple[str, str]]:
+    """``(pool, why)`` for each pool whose configuration file at ``path`` sets a key
+    that has no effect under the scaling policy named ``scaling``: ``init_blocks``
+    (more than ``min_blocks``) under ``fixed`` or ``queue``, which start the pool at
+    ``min_blocks``. What ``check --config`` and a manager's start warn of."""
+    if scaling not in _TARGET_POLICIES:
+        return []
+    raw = read_config(path, Refusals(keep=True)).get("pools", {})  # (refused elsewhere)
+    out = []
+    for name, pool in pools.items():
+        given = raw.get(name, {}) if isinstance(raw, Mapping) else {}
+        if "init_blocks" in given and pool.init_blocks > pool.min_blocks:
+            out.append((name, (
+                f"init_blocks = {pool.init_blocks} has no effect under the {scaling!r} "
+                f"scaling policy: it starts and keeps the pool at min_blocks "
+                f"({pool.min_blocks}) blocks. Set min_blocks = {pool.init_blocks} to keep "
+                f"{pool.init_blocks} block(s) running, or take scaling = \"demand\" "
+                "(which starts init_blocks) under [policies]; see "
+                "docs/policies.md#scaling"
+            )))  # fmt: skip
     return out
 
 

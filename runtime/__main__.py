@@ -683,7 +683,13 @@ def _cmd_manager(args: argparse.Namespace) -> int:
     from actors.pools import load_config, load_policies
     from policies import REGISTRY
     from runtime.monitor import alerting_config, load_alerting
-    from runtime.node import Tokens, check_client_timeout, check_worker_timeout, run_manager
+    from runtime.node import (
+        Tokens,
+        check_client_timeout,
+        check_worker_timeout,
+        run_manager,
+        warn_ignored_settings,
+    )
 
     # Every option is checked before anything starts (run_manager checks the rest:
     # --prune-depth, --listen, --metrics-listen); the monitoring database is only made,
@@ -712,6 +718,7 @@ def _cmd_manager(args: argparse.Namespace) -> int:
     if args.config:  # its [policies], once the --policy-module ones are registered
         policies = load_policies(args.config, REGISTRY)
         alerting = load_alerting(args.config, alertmanager=args.alertmanager)
+        warn_ignored_settings(args.config, pools or {}, policies)
     else:
         alerting = alerting_config(alertmanager=args.alertmanager)
     monitoring = _monitoring_path(args)  # a path: nothing is created yet
@@ -1031,10 +1038,11 @@ def _cmd_check(args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
 
-    from actors.pools import load_config
+    from actors.pools import ignored_settings, load_config, load_policies
     from policies import REGISTRY
-    from runtime.errors import AlertConfigError, Refusals
+    from runtime.errors import AlertConfigError, PolicyConfigError, Refusals
     from runtime.monitor import load_alerting
+    from runtime.node import pool_policies
     from runtime.preflight import (
         FAIL,
         WARN,
@@ -1067,6 +1075,13 @@ def _cmd_check(args: argparse.Namespace) -> int:
             results.append(CheckResult("*", "policy module", FAIL, str(exc), _MODULE_ADVICE))
     policies = check_policies(args.config, REGISTRY, args.policy_module, refuse)
     results += refused(refuse.errors, args.config, args.policy_module)
+    if pools and not any(isinstance(e, PolicyConfigError) for e in refuse.errors):
+        chosen = load_policies(args.config, REGISTRY, Refusals(keep=True))  # (said above)
+        scaling = pool_policies(pools, chosen)["scaling"][0]
+        results += [
+            CheckResult(pool, "scaling", WARN, why, "")
+            for pool, why in ignored_settings(args.config, pools, scaling)
+        ]
     if policies is not None:
         results.append(policies)
     results += run_checks(

@@ -54,6 +54,7 @@ from actors.manager import Manager
 from actors.pools import (
     PoolConfig,
     check_fallback,
+    ignored_settings,
     load_config,
     load_policies,
     local_workers,
@@ -585,6 +586,22 @@ def worker_shape(
     if disk > 0:  # DISK_OFF is negative
         shape["disk"] = (float(disk), "disk_per_worker")
     return shape
+
+
+def warn_ignored_settings(
+    path: str | os.PathLike[str],
+    pools: Mapping[str, PoolConfig],
+    policies: Mapping[str, tuple[str, dict[str, Any]]] | None,
+) -> list[tuple[str, str]]:
+    """Log a warning for each key of the configuration file at ``path`` that has no
+    effect under the scaling policy the manager starts with
+    (:func:`~actors.pools.ignored_settings`: ``init_blocks`` under ``fixed``), as
+    ``check --config`` does; the ``(pool, why)`` said."""
+    scaling = pool_policies(pools, policies)["scaling"][0] if pools else ""
+    found = ignored_settings(path, pools, scaling)
+    for pool, why in found:
+        _log.warning(f"configuration: {why}", pool=pool)
+    return found
 
 
 def pool_policies(
@@ -1832,6 +1849,7 @@ async def run_manager(
         pools = config if isinstance(config, Mapping) else load_config(config)
     if config is not None and not isinstance(config, Mapping):  # its [policies] too
         policies = {**load_policies(config, REGISTRY), **(policies or {})}
+        warn_ignored_settings(config, pools, policies)
     if alerting is None:
         if config is not None and not isinstance(config, Mapping):
             alerting = load_alerting(config, alertmanager=alertmanager)

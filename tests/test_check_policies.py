@@ -128,3 +128,50 @@ def test_every_unknown_key_of_every_section_is_reported_in_one_run(tmp_path: Pat
         assert sum(wanted in d for d in details) >= 1, (wanted, details)
     assert len(details) == 8, details  # each once: 'polices' is seen by every section
     assert not any("pool 'ok'" in d for d in details), details
+
+
+def test_init_blocks_under_the_fixed_policy_is_warned_of(tmp_path: Path) -> None:
+    """``init_blocks`` has no effect under ``scaling = "fixed"`` (the pool starts at
+    ``min_blocks``): the check says so, naming the fix. Before, it passed silently and
+    the manager started no block."""
+    config = (
+        '[pools.build]\nprovider = "local"\ninit_blocks = 1\nmax_blocks = 2\n'
+        '[pools.quiet]\nprovider = "local"\nmax_blocks = 2\n'  # no init_blocks: nothing said
+        '[policies]\nscaling = "fixed"\n'
+    )
+    done = check(tmp_path, config, "--no-probe", "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    found = results(done)
+    r = found[("build", "scaling")]
+    assert r["status"] == "WARN", r
+    assert r["detail"].startswith(
+        "init_blocks = 1 has no effect under the 'fixed' scaling policy: it starts and "
+        "keeps the pool at min_blocks (0) blocks. Set min_blocks = 1"
+    ), r
+    assert ("quiet", "scaling") not in found
+    # the default policy with pools, demand, starts init_blocks: nothing to say
+    done = check(tmp_path, config.replace('scaling = "fixed"', 'scaling = "demand"'),
+                 "--no-probe", "--json")  # fmt: skip
+    assert ("build", "scaling") not in results(done)
+    # beside a key the file refuses: both said, in one run
+    done = check(tmp_path, "polices = 1\n" + config, "--no-probe", "--json")
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert results(done)[("build", "scaling")]["status"] == "WARN"
+
+
+def test_the_manager_warns_of_init_blocks_under_fixed_at_start(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from actors.pools import load_config, load_policies
+    from policies import REGISTRY
+    from runtime.node import warn_ignored_settings
+
+    path = tmp_path / "corral.toml"
+    path.write_text(
+        '[pools.build]\ninit_blocks = 2\nmax_blocks = 2\n[policies]\nscaling = "fixed"\n'
+    )
+    with caplog.at_level("WARNING"):
+        found = warn_ignored_settings(path, load_config(path), load_policies(path, REGISTRY))
+    assert [pool for pool, _ in found] == ["build"]
+    assert "configuration: init_blocks = 2 has no effect under the" in caplog.text
+    assert "pool='build'" in caplog.text
