@@ -586,6 +586,9 @@ class LocalProcessProvider(Provider):
     line, to
     the ``corral`` logger (stdout at INFO, stderr at WARNING, with ``child=<worker id>``)
     or, with ``log_dir``, to ``<log_dir>/<worker id>.stdout`` and ``.stderr``.
+    ``pool``: the pool whose blocks these are (the manager gives each configured local
+    pool its provider); its own log lines (``block pending``, ``block started``,
+    ``block ended``, ...) then name a block ``<pool>/block-<n>``, as the autoscaler's do.
     """
 
     def __init__(
@@ -601,6 +604,7 @@ class LocalProcessProvider(Provider):
         pdeathsig: int | None = signal.SIGTERM,
         log_dir: str | os.PathLike[str] | None = None,
         provision_delay: float = 0.0,
+        pool: str = "",
     ) -> None:
         if not provision_delay >= 0:
             raise ValueError(f"provision_delay must be >= 0 seconds, got {provision_delay!r}")
@@ -621,6 +625,9 @@ class LocalProcessProvider(Provider):
         self._tg: anyio.abc.TaskGroup | None = None
         self._closing = False
         self._started_changed = anyio.Event()
+        #: the pool these blocks are of, if one: log lines name a block as the
+        #: autoscaler does, ``<pool>/block-<n>`` (else ``block-<n>``)
+        self.pool = pool
         self._log = get_logger("corral", component="local-processes")
 
     # -- lifetime ------------------------------------------------------------------------
@@ -696,13 +703,17 @@ class LocalProcessProvider(Provider):
             block.workers.extend(self._worker_id(n, i, spec.workers) for i in range(spec.workers))
             rec.waiting = anyio.CancelScope()
             tg.start_soon(self._provision, rec, n)
-            self._log.info("block pending", block=block.block_id, delay=self.provision_delay)
+            self._log.info("block pending", block=self._logged(block), delay=self.provision_delay)
         else:
             await self._launch(rec, n)
         self.blocks_started += 1
         changed, self._started_changed = self._started_changed, anyio.Event()
         changed.set()
         return block
+
+    def _logged(self, block: Block) -> str:
+        """The block's id in log lines: the autoscaler's (``<pool>/block-<n>``)."""
+        return f"{self.pool}/{block.block_id}" if self.pool else block.block_id
 
     def _worker_id(self, n: int, i: int, workers: int) -> str:
         return f"{self.prefix}-{n}" if workers == 1 else f"{self.prefix}-{n}.{i}"
@@ -757,7 +768,7 @@ class LocalProcessProvider(Provider):
             block.state = BlockState.RUNNING
             self._log.info(
                 "block started",
-                block=block.block_id,
+                block=self._logged(block),
                 pids={c.worker_id: c.process.pid for c in rec.children},
             )
             self._finish_if_done(rec)  # they may all have exited (with 0) already
@@ -912,7 +923,7 @@ class LocalProcessProvider(Provider):
             rec.failed_worker = child.worker_id
             self._log.warning(
                 "worker process failed",
-                block=rec.block.block_id,
+                block=self._logged(rec.block),
                 child=child.worker_id,
                 outcome=child.outcome,
             )
@@ -946,7 +957,7 @@ class LocalProcessProvider(Provider):
             block.state = BlockState.COMPLETED
             block.detail = f"completed: {outcomes}"
         self._log.info(
-            "block ended", block=block.block_id, state=block.state.value, detail=block.detail
+            "block ended", block=self._logged(block), state=block.state.value, detail=block.detail
         )
         rec.ended.set()
 
@@ -967,7 +978,7 @@ class LocalProcessProvider(Provider):
         if not rec.ended.is_set():
             self._log.error(
                 "block processes did not end after SIGKILL",
-                block=rec.block.block_id,
+                block=self._logged(rec.block),
                 pids=[p.pid for p in running if p.returncode is None],
             )
 

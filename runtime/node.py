@@ -734,7 +734,7 @@ async def start_pools(
         if pool.provider == "local":
             local = functools.partial(argv_for, _local_address(address))
             provider: Any = LocalProcessProvider(
-                local, env=env, prefix=name, provision_delay=pool.provision_delay
+                local, env=env, prefix=name, provision_delay=pool.provision_delay, pool=name
             )
         else:
             parts = urlsplit(address)

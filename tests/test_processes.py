@@ -266,6 +266,24 @@ async def test_a_provision_delay_holds_the_block_pending_then_starts_it(
         LocalProcessProvider(sleeper(), provision_delay=-1)
 
 
+async def test_a_pools_provider_names_its_blocks_in_its_log_lines_as_the_autoscaler_does(
+    corral_log: LogLines,
+) -> None:
+    """Two pools' providers both have a ``block-1``: their log lines say ``build/block-1``
+    and ``scarce/block-1``, the documented block id (``<pool>/block-<n>``), as the
+    autoscaler's lines do. Before, both said ``block='block-1'``."""
+    with anyio.fail_after(LIMIT):
+        async with LocalProcessProvider(
+            lambda b, i: [*CHILD, "exit", "0"], pool="build", provision_delay=0.01
+        ) as provider:  # fmt: skip
+            block = await provider.start_block(BlockSpec(pool="build"))
+            assert block.block_id == "block-1"  # the provider's own id (the core adds the pool)
+            assert await provider.wait_ended(block) is BlockState.COMPLETED
+    for event in ("block pending", "block started", "block ended"):
+        assert corral_log.has(f"event='{event}'", "block='build/block-1'"), event
+    assert not corral_log.has("block='block-1'")
+
+
 async def test_processes_that_end_while_the_block_starts() -> None:
     """``true`` may exit before its siblings are even spawned: the block still waits."""
     true, false = shutil.which("true"), shutil.which("false")
