@@ -674,7 +674,8 @@ def _unknown(rule: str, key: str, known: Iterable[str], where: str = "") -> Aler
     known = list(known)
     return AlertConfigError(
         rule, where + key,
-        f"is unknown{did_you_mean(key, known, '.')} The keys are: {', '.join(known)}",
+        f"is unknown{did_you_mean(key, known, '.', prefix=where)} The keys are: "
+        f"{', '.join(known)}",
     )  # fmt: skip
 
 

@@ -390,7 +390,7 @@ class UnknownPolicyError(CorralError, KeyError):
         where, fix = "", "Register it with policies.register() or pick one of these."
         if kind == "kind of":  # the kinds are Corral's: none can be registered
             super().__init__(
-                f"no kind of policy named {name!r}{did_you_mean(name, avail)}; the kinds "
+                f"no kind of policy named {name!r}{did_you_mean(name, avail, '.')} The kinds "
                 f"are: {', '.join(avail)} (a kind cannot be registered: "
                 "policies.register(kind, name) registers a policy of one of these kinds).",
                 kind=kind,
@@ -409,8 +409,8 @@ class UnknownPolicyError(CorralError, KeyError):
                 "one of these."
             )
         super().__init__(
-            f"no {kind} policy named {name!r}{where}{did_you_mean(name, avail)}; available: "
-            f"{', '.join(avail) or 'none'}. {fix}",
+            f"no {kind} policy named {name!r}{where}{did_you_mean(name, avail, '.')} "
+            f"Available: {', '.join(avail) or 'none'}. {fix}",
             kind=kind,
             name=name,
             available=avail,
@@ -1553,14 +1553,19 @@ class AlertConfigError(CorralError, ValueError):
         )
 
 
-def did_you_mean(word: object, choices: Iterable[str], otherwise: str = "") -> str:
+def did_you_mean(
+    word: object, choices: Iterable[str], otherwise: str = "", *, prefix: str = ""
+) -> str:
     """The text "; did you mean 'x'?" for the choice closest to ``word`` (else
     ``otherwise``): for errors about a misspelt name (a ``word`` that is no string, say
-    None, is no misspelling: ``otherwise``)."""
+    None, is no misspelling: ``otherwise``). ``prefix``: what the error puts before the
+    word it names (``alerting.`` for ``key 'alerting.resnd'``), put before the choice
+    too, so the two are named alike (``did you mean 'alerting.resend'?``). The text ends
+    a sentence (``?``): what follows starts a new one (``otherwise`` is ``.`` for it)."""
     if not isinstance(word, str):
         return otherwise
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
-    return f"; did you mean {close[0]!r}?" if close else otherwise
+    return f"; did you mean {prefix + close[0]!r}?" if close else otherwise
 
 
 __all__ += ["AlertConfigError", "did_you_mean"]

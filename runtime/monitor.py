@@ -169,7 +169,8 @@ def alerting_config(
     raw = dict(settings or {})
     keys = ", ".join(ALERTING_KEYS)
     (refuse or Refusals()).unknown(raw, ALERTING_KEYS, lambda key: _problem(
-        key, f"is unknown{did_you_mean(key, ALERTING_KEYS)}; the keys are: {keys}", source
+        key, f"is unknown{did_you_mean(key, ALERTING_KEYS, '.', prefix='alerting.')} The "
+        f"keys are: {keys}", source
     ))  # fmt: skip
     interval = raw.get("interval", 5.0)
     if (

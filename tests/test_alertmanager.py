@@ -135,9 +135,11 @@ def test_alerting_settings_are_checked() -> None:
         alerting_config({"interval": 0})
     with pytest.raises(AlertConfigError, match="resend"):
         alerting_config({"resend": float("inf")})  # its alerts would end at no time
-    with pytest.raises(AlertConfigError, match="is unknown; did you mean 'alertmanager'"):
+    with pytest.raises(
+        AlertConfigError, match=r"is unknown; did you mean 'alerting\.alertmanager'\? The keys"
+    ):
         alerting_config({"alertmanger": "http://x"})
-    with pytest.raises(AlertConfigError, match="is unknown; did you mean 'interval'"):
+    with pytest.raises(AlertConfigError, match=r"is unknown; did you mean 'alerting\.interval'"):
         alerting_config({"intervall": 5})
     with pytest.raises(AlertConfigError, match="base URL"):
         alerting_config(alertmanager="127.0.0.1:9093")

@@ -1106,9 +1106,10 @@ E = "corral_queue_depth > 0"
         ({"name": "r", "expr": "corral_queue_depth > 0 # comment"}, "cannot read '# comment'"),
         ({"name": "r", "expr": "  "}, "key 'expr' is empty"),
         ({"name": "r", "expr": E, "action": {"scale_in": {}}},
-         "key 'action.scale_in' is unknown; did you mean 'scale_out'?"),
+         "key 'action.scale_in' is unknown; did you mean 'action.scale_out'?"),
         ({"name": "r", "expr": E, "action": {"scale_out": {"by": 1, "max_block": 3}}},
-         "key 'action.scale_out.max_block' is unknown; did you mean 'max_blocks'?"),
+         "key 'action.scale_out.max_block' is unknown; "
+         "did you mean 'action.scale_out.max_blocks'?"),
         ({"name": "r", "expr": E, "action": {"scale_out": {"by": 1, "fit": True}}},
          "needs exactly one of 'by = N'"),
         ({"name": "r", "expr": E, "action": {"scale_out": {}}}, "needs exactly one of"),

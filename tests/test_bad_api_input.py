@@ -188,15 +188,15 @@ async def test_set_policy_names_a_bad_kind_or_name_and_the_one_likely_meant() ->
     parameter, did not say which was likely meant."""
     with anyio.fail_after(BOUND):
         async with Cluster(workers=1) as cluster:
-            with pytest.raises(UnknownPolicyError, match=r"no kind of policy named None; the"):
+            with pytest.raises(UnknownPolicyError, match=r"no kind of policy named None\. The"):
                 await cluster.set_policy(None, "default")  # type: ignore[arg-type]
-            with pytest.raises(UnknownPolicyError, match=r"no priority policy named 3; avail"):
+            with pytest.raises(UnknownPolicyError, match=r"no priority policy named 3\. Avail"):
                 await cluster.set_policy("priority", 3)  # type: ignore[arg-type]
             with pytest.raises(UnknownPolicyError) as info:
                 await cluster.set_policy("placement", "round-robn")
             # (the available names as registered: other test modules register their own)
             assert str(info.value).startswith(
-                "no placement policy named 'round-robn'; did you mean 'round-robin'?; available: "
+                "no placement policy named 'round-robn'; did you mean 'round-robin'? Available: "
             ), str(info.value)
             assert "least-loaded, locality, round-robin" in str(info.value)
             assert (await cluster.status())["policies"]["placement"] != "round-robn"

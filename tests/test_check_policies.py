@@ -123,7 +123,7 @@ def test_every_unknown_key_of_every_section_is_reported_in_one_run(tmp_path: Pat
         "key 'priorty' is not a kind of policy; did you mean 'priority'?",
         "key 'retri' is not a kind of policy; did you mean 'retry'?",
         "'nope' is not a built-in placement policy",
-        "key 'alerting.intervall' is unknown; did you mean 'interval'?",
+        "key 'alerting.intervall' is unknown; did you mean 'alerting.interval'? The keys are:",
     ):  # fmt: skip
         assert sum(wanted in d for d in details) >= 1, (wanted, details)
     assert len(details) == 8, details  # each once: 'polices' is seen by every section
