@@ -157,6 +157,16 @@ def disk_free(directory: str) -> int:
     return int(shutil.disk_usage(path).free)
 
 
+def disk_share(directory: str, workers: int) -> int:
+    """One of ``workers`` worker processes' even share (bytes, at least 1) of the free
+    space of the file system holding ``directory``, less the safety margin a worker
+    keeps (a tenth of it, at most ``DISK_MARGIN``), measured now: the ``--disk`` of
+    worker processes that keep their outputs on one file system and are given none, so
+    their budgets add up to no more than it has (docs/files.md)."""
+    free = disk_free(directory)
+    return max(1, (free - min(DISK_MARGIN, free // 10)) // max(1, workers))
+
+
 @message(local=True)
 class _Finished(Message):
     """Worker-internal: results handed back by executor threads."""

@@ -1299,11 +1299,10 @@ class Cluster:
         of it less the margin, measured now (docs/files.md)."""
         if self.disk_per_worker or not self.processes:
             return self.disk_per_worker
-        from actors.worker import DISK_MARGIN, disk_free
+        from actors.worker import disk_share
 
         spill_dir = self.memory_options.get("spill_dir") or tempfile.gettempdir()
-        free = disk_free(spill_dir)
-        return max(1, (free - min(DISK_MARGIN, free // 10)) // self.processes)
+        return disk_share(spill_dir, self.processes)
 
     def _configure_pools(
         self, pools: Mapping[str, Mapping[str, Any]], workers: int | None, processes: int | None

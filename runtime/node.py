@@ -39,6 +39,7 @@ import math
 import os
 import secrets
 import signal
+import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -667,6 +668,22 @@ def pool_worker_argv(
     return argv
 
 
+def local_disk(pools: Mapping[str, PoolConfig], memory_options: Mapping[str, Any] | None) -> int:
+    """The ``--disk`` of a local pool's worker without ``disk_per_worker``: an even
+    share of the free space of the file system holding the spill directory (less the
+    margin), measured now, among the most workers all the local pools may run at once
+    (:func:`actors.pools.local_workers`, the share of the machine's memory such a worker
+    takes too): every local worker keeps its outputs there, so their budgets add up to
+    no more than it has. 0 (each measures all of it) without local pools."""
+    from actors.worker import disk_share
+
+    workers = local_workers(pools)
+    if not workers:
+        return 0
+    spill_dir = (memory_options or {}).get("spill_dir") or tempfile.gettempdir()
+    return disk_share(str(spill_dir), workers)
+
+
 def _local_address(address: str) -> str:
     """``address`` as a worker on this machine reaches it (a wildcard host: loopback)."""
     parts = urlsplit(address)
@@ -728,8 +745,11 @@ async def start_pools(
         run_dir = Path.cwd() / "corral-slurm" / f"run-{stamp}-{os.getpid()}"
     providers: dict[str, Provider] = {}
     here = local_workers(pools)  #: the local pools' workers share this machine
+    disk = local_disk(pools, memory_options)
     for name, pool in pools.items():
         share = here if pool.provider == "local" else pool.workers_per_node
+        if pool.provider == "local" and pool.disk_per_worker == 0:
+            pool = dataclasses.replace(pool, disk_per_worker=disk)
         argv_for = functools.partial(pool_worker_argv, pool, memory_options, share)
         if pool.provider == "local":
             local = functools.partial(argv_for, _local_address(address))

@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 from actors.host_memory import SETTLE, HostLedger, overcommit_text
 from actors.scheduler_events import HostOvercommitCleared, HostOvercommitted
@@ -118,6 +119,29 @@ def test_two_worker_processes_on_one_spill_directory_are_warned_of(tmp_path: Pat
         assert "w2" in line
 
 
+def _disks_and_share(spill: Path, share_by: int, **cluster: Any) -> tuple[list[int], int]:
+    """The disk budgets of the 2 workers of ``Cluster(**cluster)`` whose spill
+    directory is ``spill``, and a ``1/share_by`` share of its free space less the margin
+    (the highest free space seen around the run)."""
+    import anyio
+
+    from actors.worker import DISK_MARGIN
+    from runtime import Cluster
+
+    async def main() -> list[int]:
+        async with Cluster(memory_options={"spill_dir": str(spill)}, **cluster) as c:
+            with anyio.fail_after(LIMIT):
+                await c.wait_for_workers(2)
+                status = await c.status()
+        return [w.disk for w in status["workers"]]
+
+    before = shutil.disk_usage(spill).free
+    disks = anyio.run(main)
+    high = max(before, shutil.disk_usage(spill).free)
+    assert len(disks) == 2 and all(d > 0 for d in disks), disks
+    return disks, (high - min(DISK_MARGIN, high // 10)) // share_by
+
+
 def test_cluster_processes_share_their_file_system_evenly_by_default(tmp_path: Path) -> None:
     """``Cluster(processes=N)`` without ``disk_per_worker`` gives each worker process a
     ``1/N`` share of its spill directory's free space (less the margin), as it does the
@@ -125,24 +149,18 @@ def test_cluster_processes_share_their_file_system_evenly_by_default(tmp_path: P
     the scheduler does not place twice the free space there and the manager has nothing
     to warn of. Before, each process counted all of it (a user's audit: every
     ``Cluster(processes=N)`` on one disk was warned of)."""
-    import anyio
-
-    from actors.worker import DISK_MARGIN
-    from runtime import Cluster
-
-    async def main() -> list[int]:
-        options = {"spill_dir": str(tmp_path)}
-        async with Cluster(processes=2, memory_options=options) as cluster:
-            with anyio.fail_after(LIMIT):
-                await cluster.wait_for_workers(2)
-                status = await cluster.status()
-        return [w.disk for w in status["workers"]]
-
-    before = shutil.disk_usage(tmp_path).free
-    disks = anyio.run(main)
-    after = shutil.disk_usage(tmp_path).free
-    assert len(disks) == 2 and all(d > 0 for d in disks), disks
-    high = max(before, after)
-    share = (high - min(DISK_MARGIN, high // 10)) // 2
-    assert sum(disks) <= high, (disks, before, after)
+    disks, share = _disks_and_share(tmp_path, 2, processes=2)
     assert all(d <= share for d in disks), (disks, share)
+
+
+def test_local_pools_workers_share_their_file_system_evenly_by_default(tmp_path: Path) -> None:
+    """The workers of local pools without ``disk_per_worker`` get an even share of the
+    spill directory's free space (less the margin) among the most workers all local
+    pools may run at once (here 2 x 1 + 1 x 1 = 3), as they share the machine's
+    memory: their budgets add up to no more than the file system has free, and the
+    manager has nothing to warn of. Before, each counted all of it, and every
+    multi-worker local setup was warned of at each start (a user's audit)."""
+    pools = {"build": {"max_blocks": 2, "init_blocks": 1}, "scarce": {"max_blocks": 1}}
+    disks, share = _disks_and_share(tmp_path, 3, pools=pools, processes=True)
+    assert all(d <= share for d in disks), (disks, share)
+    assert all(d >= share * 0.9 for d in disks), (disks, share)  # a share, not less
