@@ -790,7 +790,8 @@ class SchedulerState(DiskPlacement):
 
     def pool_metrics(self, now: float, configured: Iterable[str] = ()) -> dict[str, dict[str, Any]]:
         """Per pool, the numbers of a ``PoolMetrics`` at ``now``: from the counters and
-        the workers, never from the tasks. The pools are those with a task (``"*"``:
+        the workers (their tasks counted, ``len``, never gone through), never from the
+        tasks. The pools are those with a task (``"*"``:
         tasks any pool may run), a worker, or ``configured``: a pool that has none of
         them any more (a misspelt pool's tasks, released) leaves the metrics."""
         out: dict[str, dict[str, Any]] = {}
@@ -802,7 +803,7 @@ class SchedulerState(DiskPlacement):
                     "queue_depth": 0, "oldest_wait": 0.0, "wait_quantiles": {}, "waits": 0,
                     "wait_sum": 0.0, "running": 0, "workers": {"idle": 0, "busy": 0,
                     "draining": 0}, "throttled": 0, "rss_bytes": 0, "held_back": 0,
-                    "disk_stalled": 0, "disk_stalls": 0,
+                    "disk_stalled": 0, "disk_stalls": 0, "cores": 0, "cores_busy": 0,
                 }  # fmt: skip
             return m
 
@@ -828,6 +829,10 @@ class SchedulerState(DiskPlacement):
             m["running"] += n
             state = "draining" if ws.draining else "busy" if n else "idle"
             m["workers"][state] += 1
+            # Its cores, and those its tasks (speculative copies among them) take: one
+            # thread each, draining or not; the tasks beyond wait on it for a thread.
+            m["cores"] += ws.cores
+            m["cores_busy"] += min(ws.cores, n + len(ws.copies))
             m["throttled"] += ws.throttled
             m["rss_bytes"] += ws.rss
         return out

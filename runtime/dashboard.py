@@ -146,8 +146,9 @@ def build_snapshot(
                 "workers": dict(m.workers) if m is not None else {},
                 "throttled": m.throttled if m is not None else 0,
                 "disk_stalled": m.disk_stalled if m is not None else 0,
-                "cores": sum(w["cores"] for w in mine),
-                "cores_busy": sum(min(w["running"], w["cores"]) for w in mine),
+                # /metrics' corral_cores and corral_cores_busy: the same numbers
+                "cores": m.cores if m is not None else 0,
+                "cores_busy": m.cores_busy if m is not None else 0,
                 "memory_limit": sum(w["limit"] for w in mine),
                 "rss": sum(w["rss"] for w in mine),
                 "spilled_bytes": m.spilled_bytes if m is not None else 0,

@@ -829,6 +829,11 @@ class PoolMetrics(Message):
     disk_stalled: int = 0
     #: disk stalls the pool ever had (each one the watchdog declared)
     disk_stalls: int = 0
+    #: the cores (threads) of its connected workers, draining ones too
+    cores: int = 0
+    #: of those, the cores its workers' tasks take (a task, or a speculative copy, a
+    #: thread: at most a worker's cores), whether the worker drains or not
+    cores_busy: int = 0
 
 
 @message()

@@ -105,6 +105,12 @@ class SnapshotCollector(Collector):
         workers = _gauge(
             "corral_workers", "Workers by state (idle, busy, draining).", ["pool", "state"]
         )
+        cores = _gauge("corral_cores", "Cores of the pool's connected workers.", pool)
+        cores_busy = _gauge(
+            "corral_cores_busy",
+            "Of those, the cores running tasks (one per task, draining workers too).",
+            pool,
+        )
         throttled = _gauge("corral_workers_throttled", "Workers past their throttle fence.", pool)
         rss = _gauge("corral_worker_rss_bytes", "RSS of the pool's workers, summed.", pool)
         held = _gauge("corral_memory_bytes", "Task outputs held in workers' memory.", pool)
@@ -127,6 +133,8 @@ class SnapshotCollector(Collector):
             running.add_metric([name], m.running)
             for state, n in sorted(m.workers.items()):
                 workers.add_metric([name, state], n)
+            cores.add_metric([name], m.cores)
+            cores_busy.add_metric([name], m.cores_busy)
             throttled.add_metric([name], m.throttled)
             rss.add_metric([name], m.rss_bytes)
             held.add_metric([name], m.memory_bytes)
@@ -134,7 +142,8 @@ class SnapshotCollector(Collector):
             spilled.add_metric([name], m.spilled_total)
             disk_stalled.add_metric([name], m.disk_stalled)
             disk_stalls.add_metric([name], m.disk_stalls)
-        yield from (depth, held_back, oldest, wait, running, workers, throttled, rss, held)
+        yield from (depth, held_back, oldest, wait, running, workers, cores, cores_busy)
+        yield from (throttled, rss, held)
         yield from (spill, spilled, disk_stalled, disk_stalls)
 
         cat = ["category"]

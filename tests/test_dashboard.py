@@ -151,6 +151,8 @@ def _answers() -> tuple[MetricsReply, StatusReply, AlertsReply]:
                 workers={"idle": 0, "busy": 2},
                 throttled=1,
                 held_back=2,
+                cores=3,  # as the scheduler counts them: w1 runs 3 on 2 cores, 2 busy
+                cores_busy=2,
             ),
         },
         blocks={"cpu": BlockMetrics({"running": 2, "pending": 1}, 40.0, 3, 4)},
@@ -192,7 +194,7 @@ def test_the_snapshot_shows_pools_capacity_workers_failures_alerts_policies() ->
     cpu = snap["pools"][0]
     assert (cpu["queue_depth"], cpu["oldest_wait"], cpu["held_back"]) == (7, 62.0, 2)
     assert (cpu["wait_p50"], cpu["wait_p90"]) == (3.0, 30.0)
-    assert (cpu["cores"], cpu["cores_busy"]) == (3, 2)  # w1 runs 3 on 2 cores: 2 busy
+    assert (cpu["cores"], cpu["cores_busy"]) == (3, 2)  # /metrics' corral_cores{,_busy}
     assert (cpu["memory_limit"], cpu["rss"]) == (6 * GB, 4 * GB)
     assert cpu["blocks"] == {"running": 2, "pending": 1} and cpu["blocks_pending"] == 1
     assert (cpu["oldest_pending"], cpu["target"], cpu["desired"]) == (40.0, 3, 4)

@@ -30,6 +30,7 @@ from actors.scheduler_events import (
     GraphSubmitted,
     KeysReleased,
     TasksFinished,
+    WorkerDraining,
     WorkerJoined,
     WorkerLeft,
 )
@@ -112,6 +113,29 @@ def test_queue_depth_oldest_wait_and_wait_quantiles_at_chosen_times() -> None:
     assert pools["cpu"]["wait_quantiles"] == {"0.5": 20.0, "0.9": 30.0, "0.99": 30.0}
     assert pools["*"]["waits"] == 0 and pools["*"]["wait_quantiles"] == {}
     assert st.stats["a"].count == 1 and st.stats["a"].total_duration == 10.0
+
+
+def test_a_draining_worker_running_tasks_counts_its_cores_busy() -> None:
+    # The operator's scarce pool: its only worker drained while it ran its tasks read
+    # 0 busy workers (the states are exclusive); its cores say what it did.
+    st = SchedulerState(SchedulerConfig(saturation=2.0))
+    _submit(st, ["test-0", "test-1", "test-2", "test-3"], 1.0, pool="scarce")
+    cmds = st.handle(WorkerJoined("j", 2.0, worker="s1", cores=1, memory=GB, pool="scarce"))
+    assert len(_executed(cmds)) == 2  # 2 slots on 1 core: one runs, one waits on it
+    st.handle(WorkerJoined("j2", 2.0, worker="c1", cores=4, memory=GB, pool="cpu"))
+    pools = st.pool_metrics(3.0)
+    assert (pools["scarce"]["cores"], pools["scarce"]["cores_busy"]) == (1, 1)
+    assert (pools["cpu"]["cores"], pools["cpu"]["cores_busy"]) == (4, 0)
+    st.handle(WorkerDraining("d", 4.0, "s1"))
+    pools = st.pool_metrics(5.0)
+    assert pools["scarce"]["workers"] == {"idle": 0, "busy": 0, "draining": 1}
+    assert (pools["scarce"]["cores"], pools["scarce"]["cores_busy"]) == (1, 1)
+    snap = MetricsReply(pools={p: PoolMetrics(**m) for p, m in pools.items()})
+    got = _samples(render(snap).decode())
+    scarce = (("pool", "scarce"),)
+    assert got[("corral_cores", scarce)] == 1 and got[("corral_cores_busy", scarce)] == 1
+    assert got[("corral_cores_busy", (("pool", "cpu"),))] == 0
+    assert got[("corral_workers", (("pool", "scarce"), ("state", "busy")))] == 0
 
 
 def test_worker_rss_is_the_latest_task_result_s_or_memory_report_s() -> None:
