@@ -76,6 +76,7 @@ from runtime.errors import AlertConfigError, did_you_mean
 from runtime.messages import AlertInfo
 
 __all__ = [
+    "AUDIT_ACTIONS",
     "DEFAULT_RULES",
     "MAX_EXPR_CHARS",
     "MAX_EXPR_COMPARES",
@@ -1094,12 +1095,14 @@ class RuleRemoved(Event):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ScaleDone(Event):
-    """How a :class:`Scale` went: ``ok``, or not and why (``detail``)."""
+    """How a :class:`Scale` went: ``ok``, or not and why (``detail``); ``rule``: the
+    rule whose action it was, for the audit ("": not said)."""
 
     pool: str
     ok: bool
     detail: str = ""
     now: float = 0.0
+    rule: str = ""
 
 
 # ----------------------------------------------------------------------------- commands
@@ -1129,12 +1132,31 @@ class Scale(Command):
     reason: str
 
 
+#: what an :class:`Audit` says was done: a scale-out, one refused (the cooldown,
+#: max_blocks, the cost cap, ...), a target set back once the alerts resolved, one left
+#: as someone else set it, one to set back once it is known, a scale that failed
+AUDIT_ACTIONS = (
+    "scale-out", "no-scale-out", "restore", "restore-left", "restore-later", "scale-failed",
+)  # fmt: skip
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Audit(Command):
-    """One line on a remediation decided or refused, or a scale that failed."""
+    """One line on a remediation decided or refused, or a scale that failed; and the
+    same as data, for the monitoring database: the ``rule`` and the alert's ``labels``
+    it came from (empty: not known), the ``pool``, the ``action`` (one of
+    :data:`AUDIT_ACTIONS`), the pool's block target before it and the one set
+    (``before``, ``after``: None where it names none) and ``why`` (the line's reason)."""
 
     line: str
     now: float
+    rule: str = ""
+    labels: Labels = ()
+    pool: str = ""
+    action: str = ""
+    before: int | None = None
+    after: int | None = None
+    why: str = ""
 
 
 # ----------------------------------------------------------------------------- state
@@ -1194,6 +1216,11 @@ def _show_labels(labels: Labels) -> str:
     return "{" + ", ".join(f"{k}={v}" for k, v in labels) + "}" if labels else ""
 
 
+def _who(rule: str, labels: Labels) -> str:
+    """The alert an audit line is of: ``alert RULE{label=value, ...}``."""
+    return f"alert {rule}{_show_labels(labels)}"
+
+
 class AlertState:
     """The rules, their alerts, the history ``increase`` reads, the remediation audit."""
 
@@ -1225,9 +1252,9 @@ class AlertState:
         self._last_scale: dict[str, float] = {}  #: pool -> when an action last scaled it
         #: pools scaled out by actions that restore: (target before, target set, by alerts)
         self._restore: dict[str, tuple[int, int, set[tuple[str, Labels]]]] = {}
-        #: pools whose restoring alert resolved while their target was unknown:
-        #: (target before, target set, rule, who), decided once the target is known
-        self._restore_due: dict[str, tuple[int, int, str, str]] = {}
+        #: pools whose restoring alert resolved while their target was unknown: (target
+        #: before, target set, rule, the alert's labels), decided once the target is known
+        self._restore_due: dict[str, tuple[int, int, str, Labels]] = {}
         self._samples: Samples = {}  #: the latest evaluated
         self._notes: Mapping[tuple[str, Labels], str] = {}  #: the latest notes given
         self._out: list[Command] = []
@@ -1248,7 +1275,10 @@ class AlertState:
                 self._remove(ev.name, ev.now)
             elif isinstance(ev, ScaleDone):
                 if not ev.ok:
-                    self._audit(f"scale-out of pool {ev.pool} failed: {ev.detail}", ev.now)
+                    self._audit(
+                        f"scale-out of pool {ev.pool} failed: {ev.detail}", ev.now,
+                        rule=ev.rule, pool=ev.pool, action="scale-failed", why=ev.detail,
+                    )  # fmt: skip
             else:
                 raise TypeError(f"AlertState cannot handle {type(ev).__name__}")
         out, self._out = self._out, []
@@ -1320,8 +1350,8 @@ class AlertState:
             matches = self._expr(rule.parsed, by_name, now)
             self._step(rule, matches, now, samples)
         # After the rules: a scale-out just made took a due restore over.
-        for pool, (before, set_to, rule_name, who) in list(self._restore_due.items()):
-            if self._restore_target(pool, before, set_to, rule_name, who, now):
+        for pool, (before, set_to, rule_name, labels) in list(self._restore_due.items()):
+            if self._restore_target(pool, before, set_to, rule_name, labels, now):
                 del self._restore_due[pool]
         for alerts in (self._alerts, self._before):
             for key, a in list(alerts.items()):
@@ -1388,19 +1418,21 @@ class AlertState:
             if by:
                 continue  # another alert that scaled it still fires
             del self._restore[pool]
-            who = f"alert {a.rule}{_show_labels(a.labels)}"
-            if not self._restore_target(pool, before, set_to, a.rule, who, now):
+            if not self._restore_target(pool, before, set_to, a.rule, a.labels, now):
                 # The autoscaler did not answer this time: whether someone changed the
                 # target since is not known. Decide once it is.
-                self._restore_due[pool] = (before, set_to, a.rule, who)
+                self._restore_due[pool] = (before, set_to, a.rule, a.labels)
+                why = (
+                    f"resolved: pool {pool}'s target is unknown (no autoscaler answer): set "
+                    "back once it is known, unless someone changed it"
+                )
                 self._audit(
-                    f"{who} resolved: pool {pool}'s target is unknown (no autoscaler "
-                    "answer): set back once it is known, unless someone changed it",
-                    now,
+                    f"{_who(a.rule, a.labels)} {why}", now, rule=a.rule, labels=a.labels,
+                    pool=pool, action="restore-later", before=set_to, after=before, why=why,
                 )  # fmt: skip
 
     def _restore_target(
-        self, pool: str, before: int, set_to: int, rule: str, who: str, now: float
+        self, pool: str, before: int, set_to: int, rule: str, labels: Labels, now: float
     ) -> bool:
         """Set ``pool``'s target back to ``before`` unless it is no longer the
         ``set_to`` a scale-out set (someone changed it since); False when the target is
@@ -1408,16 +1440,24 @@ class AlertState:
         now_target = self._samples.get(("corral_blocks_target", (("pool", pool),)))
         if now_target is None:
             return False
+        who = _who(rule, labels)
         if int(now_target) != set_to:
+            why = (
+                f"resolved: pool {pool}'s target is {int(now_target)}, not the {set_to} its "
+                "scale-out set: left as it is"
+            )
             self._audit(
-                f"{who} resolved: pool {pool}'s target is {int(now_target)}, not the "
-                f"{set_to} its scale-out set: left as it is",
-                now,
+                f"{who} {why}", now, rule=rule, labels=labels, pool=pool,
+                action="restore-left", before=int(now_target), why=why,
             )  # fmt: skip
             return True
         reason = f"resolved: back to the target before the scale-out ({set_to} -> {before})"
         self._out.append(Scale(pool, before, rule, reason))
-        self._audit(f"{who} {reason}; blocks drain as the pool's scaling policy says", now)
+        why = f"{reason}; blocks drain as the pool's scaling policy says"
+        self._audit(
+            f"{who} {why}", now, rule=rule, labels=labels, pool=pool, action="restore",
+            before=set_to, after=before, why=why,
+        )  # fmt: skip
         return True
 
     def _notify(self, a: _Alert) -> None:
@@ -1580,18 +1620,24 @@ class AlertState:
         now: float,
         samples: Samples,
     ) -> None:
-        who = f"alert {rule.name}{_show_labels(a.labels)}"
+        who = _who(rule.name, a.labels)
         why = " and ".join(
             f"{terms[i].text} = {_number(v)} {terms[i].op} {_number(terms[i].threshold)}"
             for i, v in sorted(m.terms.items())
         )
         pool = act.pool or dict(a.labels).get("pool")
+        target: float | None = None  #: the pool's block target, once read
 
         def refuse(reason: str, kind: str = "") -> None:
             """Audit a refusal once, until its kind (default: its text) changes."""
             if a.refused != (kind or reason):
                 a.refused = kind or reason
-                self._audit(f"{who}: no scale-out{reason} ({why})", now)
+                self._audit(
+                    f"{who}: no scale-out{reason} ({why})", now, rule=rule.name,
+                    labels=a.labels, pool=pool or "", action="no-scale-out",
+                    before=None if target is None else int(target),
+                    why=f"no scale-out{reason} ({why})",
+                )  # fmt: skip
 
         if pool is None or pool == "*":
             refuse(": the alert names no pool; set scale_out.pool in the rule's action")
@@ -1706,10 +1752,14 @@ class AlertState:
         elif pool in self._restore:
             del self._restore[pool]  # a scale-out that stays: nothing to restore
         self._out.append(Scale(pool, new, rule.name, reason))
-        self._audit(f"{who}: scale pool {pool} out from {current} to {new} blocks ({reason})", now)
+        self._audit(
+            f"{who}: scale pool {pool} out from {current} to {new} blocks ({reason})", now,
+            rule=rule.name, labels=a.labels, pool=pool, action="scale-out", before=current,
+            after=new, why=reason,
+        )  # fmt: skip
 
-    def _audit(self, line: str, now: float) -> None:
-        entry = Audit(line, now)
+    def _audit(self, line: str, now: float, **data: Any) -> None:
+        entry = Audit(line, now, **data)
         self.audit.append(entry)
         self._out.append(entry)
 

@@ -1055,6 +1055,30 @@ class AlertInfo(Message):
 
 
 @message()
+class AuditInfo(Message):
+    """One remediation audit entry of the alert monitor (docs/monitoring.md,
+    "Remediation audit"): ``line`` as the log says it, and the same as data: ``rule``
+    and the alert's ``labels`` it came from (empty: not known), ``pool``, ``action``
+    (``scale-out``, ``no-scale-out``, ``restore``, ``restore-left``,
+    ``restore-later``, ``scale-failed``: ``actors.alerts_state.AUDIT_ACTIONS``), the
+    pool's block target before (``before``) and the one set (``after``; None where
+    the entry names none), ``why``; ``time``: wall-clock seconds. ``seq``: its number
+    in the monitor, from 1: a reader that kept the last number it read knows which are
+    new, and which it missed (past the latest ones kept)."""
+
+    seq: int
+    time: float
+    line: str
+    rule: str = ""
+    labels: dict[str, str] = dataclasses.field(default_factory=dict)
+    pool: str = ""
+    action: str = ""
+    before: int | None = None
+    after: int | None = None
+    why: str = ""
+
+
+@message()
 class AlertsRequest(Message):
     """-> manager: reply with an :class:`AlertsReply` (the alert monitor's alerts and
     rules; empty when the manager runs none)."""
@@ -1063,11 +1087,14 @@ class AlertsRequest(Message):
 @message()
 class AlertsReply(Message):
     """The alerts now pending, firing or recently resolved; the rules in force (each as
-    its data: name, expr, for, labels, ...); the latest remediation audit lines."""
+    its data: name, expr, for, labels, ...); the latest remediation audit lines, as
+    text (with their UTC time) and as data (``actions``)."""
 
     alerts: tuple[AlertInfo, ...] = ()
     rules: tuple[dict[str, Any], ...] = ()
     audit: tuple[str, ...] = ()
+    #: the same latest audit entries as data (the monitoring database's ``actions``)
+    actions: tuple[AuditInfo, ...] = ()
 
 
 @message(local=True)

@@ -12,7 +12,8 @@ What lives here:
   goes to every notifier (``runtime/notify.py``: they never block), ``Scale`` is a
   ``ScaleRequest`` to the autoscaler (asked in the background, bounded; its answer goes
   back to the core), ``Audit`` is a WARNING log line ``alert action`` kept (the latest
-  100) for the console. It answers ``AlertsRequest`` and changes its rules live on
+  100) for the console, and as data (numbered ``AuditInfo``) for the monitoring
+  database's recorder. It answers ``AlertsRequest`` and changes its rules live on
   ``AlertRuleAdd`` / ``AlertRuleRemove`` (a bad rule: ``AlertConfigError`` to the asker).
   When it stops (the manager's orderly stop) it warns of the rules changed live, which
   are not kept, and has each notifier end its firing alerts (bounded).
@@ -62,6 +63,7 @@ from runtime.messages import (
     AlertRuleRemove,
     AlertsReply,
     AlertsRequest,
+    AuditInfo,
     Message,
     MetricsReply,
     ScaleRequest,
@@ -336,6 +338,10 @@ class Monitor(Actor):
         self.notifiers = list(notifiers)
         self.dashboard_url = config.dashboard_url
         self.audit: collections.deque[str] = collections.deque(maxlen=AUDIT_LINES)
+        #: the same entries as data, numbered (``AlertsReply.actions``: the recorder
+        #: writes them to the monitoring database's ``actions``)
+        self.actions: collections.deque[AuditInfo] = collections.deque(maxlen=AUDIT_LINES)
+        self.audited = 0  #: audit entries made (the latest one's ``seq``)
         self.evaluations = 0  #: evaluations done
         self.skipped = 0  #: evaluations skipped: no metrics in time
         self.failed = 0  #: evaluations that raised (logged; the next one runs as usual)
@@ -417,7 +423,7 @@ class Monitor(Actor):
             elif isinstance(cmd, Scale):
                 self.start_soon(self._scale, cmd)
             elif isinstance(cmd, Audit):
-                self._audit(cmd.line, cmd.now)
+                self._audit(cmd)
             else:  # pragma: no cover - a command this shell does not know
                 raise TypeError(f"the monitor has no shell for {type(cmd).__name__}")
 
@@ -433,10 +439,17 @@ class Monitor(Actor):
                 self.log.error("notifier failed", notifier=type(notifier).__name__,
                                error=repr(exc))  # fmt: skip
 
-    def _audit(self, line: str, now: float) -> None:
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
-        self.audit.append(f"{stamp} {line}")
-        self.log.warning("alert action", audit=line)
+    def _audit(self, cmd: Audit) -> None:
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(cmd.now))
+        self.audit.append(f"{stamp} {cmd.line}")
+        self.audited += 1
+        self.actions.append(
+            AuditInfo(
+                self.audited, cmd.now, cmd.line, cmd.rule, dict(cmd.labels), cmd.pool,
+                cmd.action, cmd.before, cmd.after, cmd.why,
+            )
+        )  # fmt: skip
+        self.log.warning("alert action", audit=cmd.line)
 
     async def _scale(self, cmd: Scale) -> None:
         """Ask the autoscaler (bounded); how it went goes back to the core."""
@@ -471,7 +484,7 @@ class Monitor(Actor):
     def scale_answered(self, msg: _ScaleAnswered) -> None:
         if not msg.error:
             self.log.info("alert action done", pool=msg.cmd.pool, target=msg.cmd.target)
-        self._run(ScaleDone(msg.cmd.pool, not msg.error, msg.error, time.time()))
+        self._run(ScaleDone(msg.cmd.pool, not msg.error, msg.error, time.time(), msg.cmd.rule))
 
     @handles(DashboardAt)
     def dashboard_at(self, msg: DashboardAt) -> None:
@@ -493,7 +506,7 @@ class Monitor(Actor):
                 for a in alerts
             )
         rules = tuple(r.to_dict() for r in self.state.rules.values())
-        return AlertsReply(alerts, rules, tuple(self.audit))
+        return AlertsReply(alerts, rules, tuple(self.audit), tuple(self.actions))
 
     @handles(AlertRuleAdd)
     def add_rule(self, msg: AlertRuleAdd) -> dict[str, Any]:

@@ -27,7 +27,8 @@ and every ``interval``:
   names): ``metric_samples``, a row per series when its value changed, and at least
   every :data:`METRIC_HEARTBEAT` seconds (a reader holds a series' last value);
 - the manager's ``AlertsReply``: a row in ``alerts`` per alert state change, at the
-  time the alert gives it.
+  time the alert gives it, and a row in ``actions`` per remediation audit entry (its
+  ``actions``, numbered: each written once).
 
 The writer never blocks its callers: :meth:`MonitorWriter.submit` queues the rows and
 returns. Past ``max_rows`` rows waiting (a slow or locked disk), it drops metric
@@ -90,13 +91,14 @@ _log = get_logger("corral.monitoring")
 #: 4: ``tries.queued`` (when the task became ready for the try: its wait); 5: why tries
 #: and tasks failed: ``tries.traceback``, ``tasks.released`` (an output released:
 #: state ``released``), ``tasks.cause``, ``tasks.error`` and ``tasks.root`` (a task
-#: that erred with no failed try of its own), and the failure causes of the metrics
-SCHEMA_VERSION = 5
+#: that erred with no failed try of its own), and the failure causes of the metrics;
+#: 6: the table ``actions`` (the alert monitor's remediation audit)
+SCHEMA_VERSION = 6
 #: older versions a writer upgrades to :data:`SCHEMA_VERSION` (see :func:`_upgrade`)
-UPGRADED_VERSIONS = (2, 3, 4)
+UPGRADED_VERSIONS = (2, 3, 4, 5)
 #: versions the report reads (the columns it asks for are in each; ``tries.queued``,
-#: ``tries.traceback`` and the columns of version 5 in ``tasks`` only when there: see
-#: runtime/report.py)
+#: ``tries.traceback``, the columns of version 5 in ``tasks`` and the table ``actions``
+#: only when there: see runtime/report.py)
 READABLE_VERSIONS = frozenset({*UPGRADED_VERSIONS, SCHEMA_VERSION})
 
 #: the columns of ``workers``: one row per worker life
@@ -156,6 +158,11 @@ CREATE TABLE IF NOT EXISTS alerts (
 CREATE TABLE IF NOT EXISTS gaps (
     run_id TEXT NOT NULL, time REAL NOT NULL, source TEXT NOT NULL, lost INTEGER NOT NULL
 );
+CREATE TABLE IF NOT EXISTS actions (
+    run_id TEXT NOT NULL, time REAL NOT NULL, rule TEXT, labels TEXT, pool TEXT,
+    action TEXT NOT NULL, from_target INTEGER, to_target INTEGER, why TEXT,
+    line TEXT NOT NULL
+);
 CREATE INDEX IF NOT EXISTS tries_worker ON tries (run_id, worker, started);
 CREATE INDEX IF NOT EXISTS tasks_pool ON tasks (run_id, pool, ready);
 CREATE INDEX IF NOT EXISTS blocks_time ON blocks (run_id, time);
@@ -191,11 +198,17 @@ ALTER TABLE tasks ADD COLUMN error TEXT;
 ALTER TABLE tasks ADD COLUMN root TEXT;
 UPDATE schema_version SET version = 5;
 """
+#: a version 5 file gets the table ``actions`` (made by :data:`SCHEMA`, after the
+#: upgrade, in the same transaction: see _create)
+_ACTIONS_V5_TO_V6 = """
+UPDATE schema_version SET version = 6;
+"""
 #: what upgrades a file of each older version to :data:`SCHEMA_VERSION`
 _UPGRADES = {
-    2: _WORKERS_V2_TO_V3 + _TRIES_V3_TO_V4 + _FAILURES_V4_TO_V5,
-    3: _TRIES_V3_TO_V4 + _FAILURES_V4_TO_V5,
-    4: _FAILURES_V4_TO_V5,
+    2: _WORKERS_V2_TO_V3 + _TRIES_V3_TO_V4 + _FAILURES_V4_TO_V5 + _ACTIONS_V5_TO_V6,
+    3: _TRIES_V3_TO_V4 + _FAILURES_V4_TO_V5 + _ACTIONS_V5_TO_V6,
+    4: _FAILURES_V4_TO_V5 + _ACTIONS_V5_TO_V6,
+    5: _ACTIONS_V5_TO_V6,
 }
 #: what an older database lacks, said when one is opened
 _OLDER = (
@@ -220,6 +233,7 @@ PRUNED = {
     "tasks": "finished", "tries": "COALESCE(ended, started, sent)", "workers": "left",
     "blocks": "time", "resource_samples": "time", "transfers": "time",
     "recoveries": "time", "metric_samples": "time", "alerts": "time", "gaps": "time",
+    "actions": "time",
 }  # fmt: skip
 PRUNE_EVERY = 600.0  #: seconds between two prunings of a writer with ``keep``
 PRUNE_PIECE = 50_000  #: rowids gone through per transaction (readers and the writer go between)
@@ -481,12 +495,14 @@ def _why_not(exc: sqlite3.DatabaseError, what: str = "") -> str:
 
 
 def _upgrade(conn: sqlite3.Connection) -> None:
-    """A file of version 2, 3 or 4 becomes version 5, in the caller's transaction: from
-    2 (a row per worker id) its workers' rows become their first lives (version 3);
-    from 3, its tries get the column ``queued``, empty in the rows they have (their
+    """A file of version 2, 3, 4 or 5 becomes version 6, in the caller's transaction:
+    from 2 (a row per worker id) its workers' rows become their first lives (version
+    3); from 3, its tries get the column ``queued``, empty in the rows they have (their
     waits were not recorded: the report takes those runs' waits from ``tasks``); from
     4, its tries get ``traceback`` and its tasks ``released``, ``cause``, ``error`` and
-    ``root``, empty in the rows they have (not recorded: the report says so)."""
+    ``root``, empty in the rows they have (not recorded: the report says so); from 5,
+    it gets the table ``actions`` (the caller makes it with the schema), with no row
+    for its runs (their audit went to the log only)."""
     tables = _tables(conn)
     if "schema_version" not in tables:
         return
@@ -498,7 +514,8 @@ def _upgrade(conn: sqlite3.Connection) -> None:
             conn.execute(statement)
     _log.info(
         f"monitoring database: upgraded to schema version {SCHEMA_VERSION} (worker lives, "
-        "try waits, tracebacks, released outputs, why tasks that did not run erred)",
+        "try waits, tracebacks, released outputs, why tasks that did not run erred, "
+        "alert actions)",
         was=row[0],
     )
 
@@ -943,6 +960,7 @@ _ALERT = "INSERT INTO alerts VALUES (?,?,?,?,?,?,?,?,?,?,?)"
 #: an alert's states in the order it goes through them
 _ALERT_STATES = ("pending", "firing", "resolved")
 _GAP = "INSERT INTO gaps VALUES (?,?,?,?)"
+_ACTION = "INSERT INTO actions VALUES (?,?,?,?,?,?,?,?,?,?)"
 _RUN_SEEN = "UPDATE runs SET last_seen = ?, feed_lost = ?, dropped_rows = ? WHERE run_id = ?"
 
 #: seconds a stopping recorder gives its writer to write what the run queued (a fast
@@ -1048,6 +1066,7 @@ class MonitorRecorder(Actor):
         #: pending: active_since tells them apart)
         self._alerts: dict[tuple[str, str, float | None], tuple[tuple[Any, ...], AlertInfo]]
         self._alerts = {}
+        self._audited = 0  #: the ``seq`` of the latest audit entry written (AuditInfo)
         #: key -> the columns of _TASK after it (category, pool, submitted, ready,
         #: started, finished, state, worker, tries, duration, output_bytes, released,
         #: cause, error, root): what the feed said of each task since the last full
@@ -1396,6 +1415,26 @@ class MonitorRecorder(Actor):
         for key, ((state, *_), a) in known.items():  # gone; a resolved one is forgotten
             if state != "resolved":
                 rows.add("event", _ALERT, self._alert_row(now, a, "inactive", key[1]))
+        self._actions(rows, reply, now)
+
+    def _actions(self, rows: _Rows, reply: AlertsReply, now: float) -> None:
+        """A row in ``actions`` per remediation audit entry not written yet (by its
+        ``seq``); entries the monitor let go of before a poll read them (more than it
+        keeps in one interval) leave a row in ``gaps``, source ``audit``."""
+        new = [a for a in reply.actions if a.seq > self._audited]
+        if not new:
+            return
+        missed = new[0].seq - self._audited - 1
+        if missed > 0:
+            rows.add("event", _GAP, (self.run_id, now, "audit", missed))
+            _log.warning("monitoring: alert audit entries lost between polls", lost=missed)
+        self._audited = new[-1].seq
+        for a in new:
+            labels = json.dumps(a.labels, sort_keys=True) if a.labels else None
+            rows.add("event", _ACTION, (
+                self.run_id, a.time, a.rule or None, labels, a.pool or None, a.action,
+                a.before, a.after, _safe(a.why) or None, _safe(a.line),
+            ))  # fmt: skip
 
     def _alert_row(self, at: float, a: AlertInfo, state: str, labels: str) -> tuple[Any, ...]:
         value = a.value if state == a.state else None

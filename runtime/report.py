@@ -50,6 +50,7 @@ from runtime.monitordb import SQLITE_HEADER, open_db
 # ReportOutputError and ReportRunError are runtime.errors's, exported here too, where
 # write_report raises them
 __all__ = [
+    "ACTIONS_TITLE",
     "FAILURES_TITLE",
     "MAX_BARS",
     "MAX_CATEGORIES",
@@ -101,6 +102,15 @@ _STATE_NAME = {
 _OLD_MEMORY = "finished (memory: output held, or released since: this file does not say)"
 #: the report's table of failure groups, after the summary
 FAILURES_TITLE = "Why tasks failed"
+#: the report's table of the alert actions (the remediation audit), after the alerts
+ACTIONS_TITLE = "Alert actions"
+MAX_ACTIONS = 500  #: alert actions listed and drawn at most (the latest ones)
+#: how the alerts plot marks each kind of alert action (``actions.action``)
+_ACTION_MARK = {
+    "scale-out": ("triangle-up", "#1f77b4"), "restore": ("triangle-down", "#2ca02c"),
+    "no-scale-out": ("circle-open", "#7f7f7f"), "restore-left": ("square-open", "#7f7f7f"),
+    "restore-later": ("square-open", "#ff7f0e"), "scale-failed": ("x", "#000000"),
+}  # fmt: skip
 #: the states of a block in the ``blocks`` table while it lives; the others are its
 #: ends and requeues (``completed``, ``requeued``, ``stopped``, ...)
 _BLOCK_LIVE = ("pending", "running", "requested", "held")
@@ -456,6 +466,7 @@ class _Run:
                 "SELECT time, name, state, labels, value, active_since, fired_at, resolved_at "
                 f"FROM alerts WHERE run_id = ?{self._before()} ORDER BY time", "alert changes",
             )  # fmt: skip
+            step(self._read_actions, "alert actions")
             self.gaps = q(
                 f"SELECT COALESCE(SUM(lost), 0) FROM gaps WHERE run_id = ?{self._during('time')}",
                 rid,
@@ -508,6 +519,24 @@ class _Run:
     def in_window(self, at: float) -> bool:
         """Whether the Unix time ``at`` is in the window (any time without one)."""
         return self.window is None or self.window[0] <= at <= self.window[1]
+
+    def _read_actions(self, conn: sqlite3.Connection, rid: tuple[str]) -> int:
+        """The alert actions (the ``actions`` table, schema version 6) in the window,
+        the latest :data:`MAX_ACTIONS` of them, oldest first: ``actions`` is None for a
+        file that has no such table (an older Corral wrote it), and ``actions_total``
+        how many the window has."""
+        self.actions: list[tuple[Any, ...]] | None = None
+        self.actions_total = 0
+        if not _columns(conn, "actions"):
+            return 0
+        where = f"FROM actions WHERE run_id = ?{self._during('time')}"
+        (self.actions_total,) = conn.execute(f"SELECT COUNT(*) {where}", rid).fetchone()
+        latest = conn.execute(
+            "SELECT time, rule, labels, pool, action, from_target, to_target, why, line "
+            f"{where} ORDER BY time DESC, rowid DESC LIMIT {MAX_ACTIONS}", rid,
+        ).fetchall()  # fmt: skip
+        self.actions = latest[::-1]
+        return len(latest)
 
     def _read_tasks(self, conn: sqlite3.Connection, rid: tuple[str]) -> int:
         """The summary's numbers of the tasks: how many in each state, the makespan
@@ -1023,9 +1052,58 @@ def _alerts_figure(run: _Run) -> go.Figure:
         fig.add_trace(go.Scatter(x=[t for t, _ in resolved], y=[n for _, n in resolved],
                                  mode="markers", marker={"symbol": "x", "size": 10,
                                  "color": "green"}, name="resolved"))  # fmt: skip
+    actions = run.actions or []
+    for kind, (symbol, color) in _ACTION_MARK.items():
+        mine = [a for a in actions if a[4] == kind]
+        if mine:
+            fig.add_trace(go.Scatter(
+                x=[a[0] - run.t0 for a in mine], y=[a[1] or "(no rule)" for a in mine],
+                mode="markers", marker={"symbol": symbol, "size": 11, "color": color},
+                name=f"action: {kind}", text=[a[8] for a in mine],
+                hovertemplate="%{text}<br>%{x:.1f} s<extra></extra>",
+            ))  # fmt: skip
     _time_axis(fig, run)
-    title = SECTIONS[5] + ("" if spans or resolved else " (none in this run)")
-    return _layout(fig, title, height=260 + 30 * len({s[3] for s in spans}))
+    title = SECTIONS[5] + ("" if spans or resolved or actions else " (none in this run)")
+    rows = {s[3] for s in spans} | {a[1] or "(no rule)" for a in actions}
+    return _layout(fig, title, height=260 + 30 * len(rows))
+
+
+def _actions_table(run: _Run) -> str:
+    """The table of the alert actions (the remediation audit: scale-outs, refusals,
+    targets set back, scales that failed), oldest first, below the alerts plot."""
+    e = html.escape
+    head = f"<h2>{e(ACTIONS_TITLE)}</h2>"
+    if run.actions is None:
+        return head + (
+            "<p>This file does not record alert actions (an older Corral wrote it: they "
+            "went to its log only).</p>"
+        )
+    if not run.actions:
+        return head + "<p>No alert action was taken or refused.</p>"
+    note = (
+        f"The latest {len(run.actions)} of {run.actions_total}. "
+        if run.actions_total > len(run.actions) else ""
+    )  # fmt: skip
+    rows = []
+    for at, rule, labels, pool, action, before, after, why, _ in run.actions:
+        shown = ", ".join(f"{k}={v}" for k, v in sorted(json.loads(labels or "{}").items()))
+        alert = f"{rule or '-'}{{{shown}}}" if shown else rule or "-"
+        target = (
+            f"{before} \u2192 {after}" if before is not None and after is not None
+            else "-" if before is None else str(before)
+        )  # fmt: skip
+        rows.append(
+            f"<tr class=action data-action='{e(action)}'><td>{e(_utc(at))}</td>"
+            f"<td>{at - run.t0:.1f}</td><td>{e(alert)}</td><td>{e(pool or '-')}</td>"
+            f"<td>{e(action)}</td><td>{e(target)}</td><td>{e(why or '')}</td></tr>"
+        )
+    return (
+        f"{head}<p>{e(note)}What each alert's scale-out action did or refused, and why "
+        "(the monitoring database's <code>actions</code>; target: the pool's blocks "
+        "before and after).</p><table class=actions><tr><th>time (UTC)</th><th>s</th>"
+        "<th>alert</th><th>pool</th><th>action</th><th>target</th><th>why</th></tr>"
+        + "".join(rows) + "</table>"
+    )  # fmt: skip
 
 
 def _summary(run: _Run) -> str:
@@ -1238,6 +1316,8 @@ def build_report(
         fig = make(run)
         parts.append(fig.to_html(full_html=False, include_plotlyjs=first,
                                  config={"displaylogo": False}))  # fmt: skip
+        if make is _alerts_figure:
+            parts.append(_actions_table(run))
         first = False
     title = f"Corral run {run.id}"
     if run.window is not None:

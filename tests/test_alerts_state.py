@@ -899,7 +899,10 @@ def test_unknown_blocks_refuse_and_a_failed_scale_is_audited() -> None:
     cmds = st.handle(Evaluate(0.0, queue(7, 100.0)))
     assert "its blocks are unknown (no autoscaler answer)" in only(cmds, Audit)[0].line
     (a,) = st.handle(ScaleDone("cpu", False, "there is no pool 'cpu'", 5.0))
-    assert a == Audit("scale-out of pool cpu failed: there is no pool 'cpu'", 5.0)
+    assert a == Audit(
+        "scale-out of pool cpu failed: there is no pool 'cpu'", 5.0, pool="cpu",
+        action="scale-failed", why="there is no pool 'cpu'",
+    )  # fmt: skip
     assert st.handle(ScaleDone("cpu", True, "", 6.0)) == []
 
 

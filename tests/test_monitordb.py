@@ -1306,6 +1306,7 @@ async def test_the_documented_wait_query_gives_the_waits_of_the_metrics(
 
 #: makes a new database one of schema version 4, as an older Corral wrote it
 _TO_VERSION_4 = (
+    "DROP TABLE actions; "
     "ALTER TABLE tries DROP COLUMN traceback; ALTER TABLE tasks DROP COLUMN released; "
     "ALTER TABLE tasks DROP COLUMN cause; ALTER TABLE tasks DROP COLUMN error; "
     "ALTER TABLE tasks DROP COLUMN root; UPDATE schema_version SET version = 4; "
@@ -1406,6 +1407,7 @@ def test_a_version_2_file_is_upgraded_to_a_row_per_life_and_still_read(tmp_path:
     assert _rows(db, "SELECT name FROM pragma_table_info('tries') WHERE name = 'queued'") == [
         ("queued",)
     ]
+    assert _rows(db, "SELECT count(*) FROM actions") == [(0,)]  # (version 6)
 
 
 @pytest.mark.anyio
