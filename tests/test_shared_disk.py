@@ -139,7 +139,10 @@ def _disks_and_share(spill: Path, share_by: int, **cluster: Any) -> tuple[list[i
     disks = anyio.run(main)
     high = max(before, shutil.disk_usage(spill).free)
     assert len(disks) == 2 and all(d > 0 for d in disks), disks
-    return disks, (high - min(DISK_MARGIN, high // 10)) // share_by
+    # Other programs write to the file system meanwhile: its free space when the
+    # share was measured may be a little above both figures seen here (by 1%, at most,
+    # counted as the share; the old rule, all of it each, was 2-3 times the share).
+    return disks, (high - min(DISK_MARGIN, high // 10)) // share_by * 101 // 100
 
 
 def test_cluster_processes_share_their_file_system_evenly_by_default(tmp_path: Path) -> None:
@@ -163,4 +166,4 @@ def test_local_pools_workers_share_their_file_system_evenly_by_default(tmp_path:
     pools = {"build": {"max_blocks": 2, "init_blocks": 1}, "scarce": {"max_blocks": 1}}
     disks, share = _disks_and_share(tmp_path, 3, pools=pools, processes=True)
     assert all(d <= share for d in disks), (disks, share)
-    assert all(d >= share * 0.9 for d in disks), (disks, share)  # a share, not less
+    assert all(d >= share * 0.89 for d in disks), (disks, share)  # a share, not less
