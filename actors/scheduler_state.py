@@ -2304,7 +2304,8 @@ class SchedulerState(DiskPlacement):
                 return  # failed: no worker with more memory is there or can come
             if decision.charge:
                 ts.retries_left -= 1
-            ts.behind = ts.behind or decision.behind
+            if decision.behind and not (outcome == "worker-lost" and self._awaited(ts)):
+                ts.behind = True
             reason = decision.reason
             if isinstance(error, DiskFull) and error.input:  # its output never began
                 reason = reason.replace(
@@ -2344,6 +2345,25 @@ class SchedulerState(DiskPlacement):
             if outcome == "disk-full":
                 self.disk_full_failed += 1
         self._fail(ts, err)
+
+    def _awaited(self, ts: TaskState) -> bool:
+        """Some task downstream of ``ts`` waits for it beside outputs already stored
+        (held on workers, in memory or on disk, until it comes). A try of such a task
+        lost with its worker is not put behind fresh work (docs/policies.md, retry):
+        run last, it would hold those outputs for the rest of the run, and a fan-in
+        whose other inputs fill small disks would stall every later one (the disk
+        recovery audit, benchmarks/disk_recovery.py)."""
+        seen = {ts}
+        stack = [ts]
+        while stack:
+            for d in stack.pop().dependents:
+                if d in seen or d.state != "waiting":
+                    continue
+                if any(x.state == "memory" for x in d.deps):
+                    return True
+                seen.add(d)
+                stack.append(d)
+        return False
 
     def _serves(self, ts: TaskState, pool: str) -> bool | str:
         """Whether a retry policy may move ``ts`` to ``pool``: True for a configured

@@ -51,6 +51,7 @@ from runtime.errors import (
 from runtime.graph import Key
 from tests.helpers import (
     GB,
+    MB,
     Factory,
     Loop,
     assigned,
@@ -72,6 +73,7 @@ from tests.helpers import (
     states,
     status_text,
     submit,
+    worker_of,
 )
 
 __all__ = ["make_state"]  # the autouse fixture, used by name
@@ -208,6 +210,60 @@ def test_a_lost_worker_s_tasks_are_retried_elsewhere_for_free(make_state: Factor
     assert (try_.worker, try_.outcome, try_.cause) == (wa, "worker-lost", "preempted")
     assert wa not in s.workers and wa not in s.free
     assert of(cmds, KeyErred) == []
+
+
+def test_a_lost_try_that_stored_outputs_wait_for_keeps_its_place(make_state: Factory) -> None:
+    """The disk recovery audit (benchmarks/disk_recovery.py): a load lost with its
+    worker went behind every fresh load of the run, so the merge waiting for it held
+    its other inputs (skims) on the small disks to the end and every later merge
+    stalled. A lost try that a task downstream waits for beside stored outputs is
+    retried in its place, not behind fresh work. (``least-loaded``: no root is sent
+    along with its partner, so each load starts on a worker of its own.)"""
+    s = make_state(saturation=1.0, placement="least-loaded")
+    join(s, "w1")
+    join(s, "w2")
+    table: dict[Key, list[Key]] = {
+        "load-0": [], "load-1": [], "skim-0": ["load-0"], "skim-1": ["load-1"],
+        "merge-0": ["skim-0", "skim-1"], "next-0": [], "next-1": [],
+    }  # fmt: skip
+    submit(s, table, ["merge-0", "next-0", "next-1"])
+    assert by_order(s, list(table)) == [
+        "load-1", "skim-1", "load-0", "skim-0", "merge-0", "next-0", "next-1",
+    ]  # fmt: skip
+    w1, w2 = worker_of(s, "load-1"), worker_of(s, "load-0")
+    assert assigned(finish(s, w1, "load-1", nbytes=MB)) == {w1: ["skim-1"]}
+    assert assigned(finish(s, w1, "skim-1", nbytes=MB)) == {w1: ["next-0"]}
+    # The worker running load-0 is lost: merge-0 waits for it beside skim-1, stored.
+    assert assigned(leave(s, w2, cause="crash")) == {}
+    assert s.tasks["load-0"].state == "queued" and not s.tasks["load-0"].behind
+    assert [e[2] for e in s.story("load-0") if e[1] == "retry"] == [
+        "worker lost (crash); free retry"
+    ]
+    # It runs next on the survivor, ahead of the fresh next-1, and so does its line.
+    assert assigned(finish(s, w1, "next-0")) == {w1: ["load-0"]}
+    assert assigned(finish(s, w1, "load-0", nbytes=MB)) == {w1: ["skim-0"]}
+    assert assigned(finish(s, w1, "skim-0", nbytes=MB)) == {w1: ["merge-0"]}
+    assert assigned(finish(s, w1, "merge-0")) == {w1: ["next-1"]}
+
+
+def test_a_lost_try_that_nothing_stored_waits_for_goes_behind_fresh_work(
+    make_state: Factory,
+) -> None:
+    """The other side of the rule above: ``b``'s reader ``c`` reads nothing else, so
+    nothing is held for it; lost with its worker, ``b`` goes behind fresh work."""
+    s = make_state(saturation=1.0)
+    join(s, "w1")
+    join(s, "w2")
+    table: dict[Key, list[Key]] = {"b": [], "c": ["b"], "x-0": [], "x-1": []}
+    submit(s, table, ["c", "x-0", "x-1"])
+    assert by_order(s, ["b", "x-0", "x-1"]) == ["b", "x-0", "x-1"]
+    wb = worker_of(s, "b")
+    other = "w2" if wb == "w1" else "w1"
+    assert on(s, other) == {"x-0"}
+    assert assigned(leave(s, wb, cause="crash")) == {}
+    assert s.tasks["b"].behind
+    assert assigned(finish(s, other, "x-0")) == {other: ["x-1"]}
+    assert assigned(finish(s, other, "x-1")) == {other: ["b"]}
 
 
 def test_each_try_says_when_its_task_became_ready_for_it(make_state: Factory) -> None:
