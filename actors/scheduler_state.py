@@ -2304,7 +2304,7 @@ class SchedulerState(DiskPlacement):
                 return  # failed: no worker with more memory is there or can come
             if decision.charge:
                 ts.retries_left -= 1
-            if decision.behind and not (outcome == "worker-lost" and self._awaited(ts)):
+            if decision.behind and not self._awaited(ts):
                 ts.behind = True
             reason = decision.reason
             if isinstance(error, DiskFull) and error.input:  # its output never began
@@ -2348,11 +2348,11 @@ class SchedulerState(DiskPlacement):
 
     def _awaited(self, ts: TaskState) -> bool:
         """Some task downstream of ``ts`` waits for it beside outputs already stored
-        (held on workers, in memory or on disk, until it comes). A try of such a task
-        lost with its worker is not put behind fresh work (docs/policies.md, retry):
-        run last, it would hold those outputs for the rest of the run, and a fan-in
-        whose other inputs fill small disks would stall every later one (the disk
-        recovery audit, benchmarks/disk_recovery.py)."""
+        (held on workers, in memory or on disk, until it comes). A retry of such a task
+        (lost with its worker, its output did not fit, ...) is not put behind fresh
+        work (docs/policies.md, retry): run last, it would hold those outputs for the
+        rest of the run, and a fan-in whose other inputs fill small disks would stall
+        every later one (the disk recovery audit, benchmarks/disk_recovery.py)."""
         seen = {ts}
         stack = [ts]
         while stack:

@@ -27,8 +27,8 @@ class DefaultRetry:
     scheduler now expects outputs that large and places the retry on a worker with the
     room (or it waits for one); then the task fails with
     :class:`~runtime.errors.DiskFull`. Retries go behind work that has not been tried yet
-    (the scheduler core keeps the place of a try lost with its worker that a task waits
-    for beside stored outputs: docs/policies.md, retry).
+    (the scheduler core keeps the place of a retry that a task waits for beside stored
+    outputs: docs/policies.md, retry).
 
     ``fallback`` maps a pool to the pool its *long* tasks move to: a task preempted
     after running at least as long as its pool's workers' median life (the pool's

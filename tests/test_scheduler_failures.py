@@ -44,6 +44,7 @@ from actors.scheduler_state import (
 from policies import REGISTRY, PolicyParamsError
 from runtime.errors import (
     DependencyFailed,
+    DiskFull,
     InputsUnreachable,
     TaskCrashedWorkers,
     WorkerLost,
@@ -244,6 +245,31 @@ def test_a_lost_try_that_stored_outputs_wait_for_keeps_its_place(make_state: Fac
     assert assigned(finish(s, w1, "load-0", nbytes=MB)) == {w1: ["skim-0"]}
     assert assigned(finish(s, w1, "skim-0", nbytes=MB)) == {w1: ["merge-0"]}
     assert assigned(finish(s, w1, "merge-0")) == {w1: ["next-1"]}
+
+
+def test_a_disk_full_retry_that_stored_outputs_wait_for_keeps_its_place(
+    make_state: Factory,
+) -> None:
+    """The same for a try whose output did not fit on its worker's disk (the audit's
+    second way to lose a load: ``load-31``'s disk-full retry ran last, 140 s later)."""
+    s = make_state(saturation=1.0, placement="least-loaded")
+    join(s, "w1")
+    join(s, "w2")
+    table: dict[Key, list[Key]] = {
+        "load-0": [], "load-1": [], "skim-0": ["load-0"], "skim-1": ["load-1"],
+        "merge-0": ["skim-0", "skim-1"], "next-0": [], "next-1": [],
+    }  # fmt: skip
+    submit(s, table, ["merge-0", "next-0", "next-1"])
+    w1, w2 = worker_of(s, "load-1"), worker_of(s, "load-0")
+    assert assigned(finish(s, w1, "load-1", nbytes=MB)) == {w1: ["skim-1"]}
+    assert assigned(finish(s, w1, "skim-1", nbytes=MB)) == {w1: ["next-0"]}
+    err = DiskFull("load-0", w2, MB, 0, MB)
+    cmds = finish(s, w2, "load-0", outcome="disk-full", nbytes=MB, error=err)
+    assert [e[2] for e in s.story("load-0") if e[1] == "retry"] == [
+        "output did not fit on disk; free retry"
+    ]
+    assert assigned(cmds) == {w2: ["load-0"]}  # not the fresh next-1
+    assert not s.tasks["load-0"].behind
 
 
 def test_a_lost_try_that_nothing_stored_waits_for_goes_behind_fresh_work(
