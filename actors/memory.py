@@ -513,19 +513,31 @@ class MemoryGovernor:
                 out.append(Kill(worst, rss, cfg.limit))
 
     def _idle(self, ev: Sampled, out: list[Command]) -> None:
-        """An idle sample (no task runs, no output in memory): over the resume mark,
-        nothing is left to spill, so ask the shell to give freed memory back
-        (:class:`Trim`), at most once every ``TRIM_EVERY`` seconds; the next sample
-        decides: what is left is the worker's floor (:meth:`_mark`)."""
+        """An idle sample (no task runs, no output in memory): over the resume mark, or
+        holding back producers it cannot start (their expected outputs do not fit under
+        the marks in force), nothing is left to spill, so ask the shell to give freed
+        memory back (:class:`Trim`), at most once every ``TRIM_EVERY`` seconds; the next
+        sample decides: what is left is the worker's floor (:meth:`_mark`). So a floor
+        measured high (memory a later collection frees) that moved the marks up, with
+        the RSS then between it and the mark, is measured again while producers wait,
+        rather than holding them back until the scheduler's watchdog fails them."""
         if self._trimming:
             self._trimming = False
             self._mark(ev.rss, out)
         elif self.floor and ev.rss < self.floor:
             self._mark(ev.rss, out)  # less is not outputs than measured: marks move down
-        elif ev.rss >= self.resume_at and ev.now - self._trim_at >= TRIM_EVERY:
+        elif ev.now - self._trim_at >= TRIM_EVERY and (
+            ev.rss >= self.resume_at or self._held_back()
+        ):
             self._trim_at = ev.now
             self._trimming = True
             out.append(Trim())
+
+    def _held_back(self) -> bool:
+        """Producers wait here that memory keeps from starting: the oldest deferred one
+        (the first :meth:`_resume` would start) does not fit."""
+        oldest = min(self.deferred, key=self.deferred.__getitem__, default=None)
+        return oldest is not None and not self.fits(oldest)
 
     def _mark(self, floor: int, out: list[Command]) -> None:
         """The floor is ``floor``. Memory that is not outputs and that a trim did not

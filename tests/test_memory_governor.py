@@ -349,3 +349,44 @@ def test_a_floor_near_the_terminate_fence_moves_the_throttle_fence_no_higher() -
     g.handle(Sampled(0.0, 930, idle=True))
     assert g.handle(Sampled(0.05, 920, idle=True))[0] == Floor(920, 950, 950)
     assert g.moved  # its reports carry the floor
+
+
+def test_an_idle_worker_holding_back_producers_under_its_moved_marks_measures_its_floor_again() -> (
+    None
+):
+    """A floor measured high (memory a later collection frees: a user audit's second
+    dask groupby on 400 MiB workers) moves the marks up to the terminate fence; the RSS
+    then sits between the floor and the moved resume mark, where no trim was asked, and
+    a producer whose expected output does not fit waited until the scheduler's watchdog
+    failed the run with MemoryStalled. Idle and holding back a producer, the worker
+    gives memory back and measures its floor again every TRIM_EVERY seconds."""
+    g = gov(first_delay=0.5)  # resume 600, throttle 700, terminate 950
+    learnt(g, "collect", 100)
+    assert g.handle(Sampled(0.0, 930, idle=True)) == [
+        Trim(),
+        Spill(930 - 540),
+        Throttled(True, 930),
+    ]
+    assert g.handle(Sampled(0.05, 900, idle=True)) == [
+        Floor(900, 950, 950),
+        Spill(900 - 540),
+        Throttled(False, 900),
+    ]
+    # 900 + 100 passes the moved throttle mark and, alone, the terminate fence: it waits.
+    assert g.handle(Ready(1.0, "c", True, "collect")) == [Throttled(True, 900), Defer("c", 1.5)]
+    assert g.handle(Sampled(1.1, 890, idle=True)) == [Spill(890 - 540)]  # trimmed 1 s ago
+    # Under the resume mark (950), but the producer cannot start: give memory back...
+    assert g.handle(Sampled(TRIM_EVERY, 890, idle=True)) == [Trim(), Spill(890 - 540)]
+    # ...and what is left is the floor: the configured marks hold again, it runs.
+    assert g.handle(Sampled(TRIM_EVERY + 0.05, 520, idle=True)) == [Throttled(False, 520), Run("c")]
+    assert (g.floor, g.resume_at, g.throttle_at) == (520, 600, 700)
+
+
+def test_deferred_producers_that_fit_ask_for_no_trim() -> None:
+    """Idle under the resume mark with a deferred producer that fits: it runs, and no
+    trim is asked for."""
+    g = gov(first_delay=0.5)
+    learnt(g, "load", 100)
+    g.handle(Sampled(0.0, 720))
+    assert g.handle(Ready(0.1, "a", True, "load")) == [Defer("a", 0.6)]
+    assert g.handle(Sampled(TRIM_EVERY, 500, idle=True)) == [Throttled(False, 500), Run("a")]

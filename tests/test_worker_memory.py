@@ -270,6 +270,40 @@ async def test_an_idle_worker_whose_floor_is_past_the_resume_mark_takes_producer
             assert report.throttle_at == 900 * MB  # floor + 2 x 50 MB, under terminate
 
 
+async def test_an_idle_worker_holding_back_a_producer_under_its_moved_marks_trims_and_runs_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A second dask groupby on 400 MiB workers (benchmarks/groupby_memory.py): a floor
+    # measured high moved the marks to the terminate fence, the RSS sat under the moved
+    # resume mark (no trim asked), and a shuffle producer that did not fit waited for
+    # good: MemoryStalled. Here the memory a trim frees is what a collection would free.
+    import actors.worker as worker_mod
+
+    rss = [930 * MB]  # over the resume mark (600 MB): a trim, and 930 MB is the floor
+    after_trim = [930 * MB]
+
+    def trim() -> bool:
+        rss[0] = after_trim[0]
+        return True
+
+    monkeypatch.setattr(worker_mod, "trim_memory", trim)
+    with anyio.fail_after(LIMIT):
+        async with worker(tmp_path, rss) as (_, ref, sched):
+            await sched.until(lambda: any(r.floor == 930 * MB for r in sched.reports))
+            # Marks at the terminate fence (950 MB): a load of unknown size runs, and
+            # teaches its category's 30 MB output.
+            ref.post(RunTasks((run("load-0", load, 30 * MB, producer=True),)))
+            await sched.until(lambda: "load-0" in sched.done)
+            after_trim[0] = 500 * MB  # what the next trim would give back
+            # 930 + 30 MB passes the terminate fence: it waits, the worker idle under
+            # its moved resume mark.
+            ref.post(RunTasks((run("load-1", load, 30 * MB, producer=True),)))
+            with anyio.fail_after(10):  # before: deferred until the scheduler's watchdog
+                await sched.until(lambda: "load-1" in sched.done)
+            assert sched.done["load-1"].outcome == "ok"
+            await sched.until(lambda: sched.reports[-1].floor == 0)  # under the mark again
+
+
 async def test_a_worker_whose_memory_at_start_is_past_its_resume_mark_warns_once(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
