@@ -224,7 +224,7 @@ _CALLS: dict[str, Callable[[Cluster], Any]] = {
     "scheduler_state": lambda c: c.scheduler_state,
 }
 #: Those that need no running cluster: starting and stopping it, reading its settings.
-_ANY_TIME = {"start", "close", "worker_memory"}
+_ANY_TIME = {"start", "close", "worker_memory", "worker_disk"}
 
 
 async def test_every_method_of_a_cluster_that_is_not_running_raises_corral_error() -> None:
