@@ -70,7 +70,8 @@ class SchedulerConfig:
     """How much work the scheduler hands each worker ahead of time.
 
     A worker always gets up to ``saturation`` tasks per core (a task expected to run
-    longer than ``long_task`` seconds: one per core). Beyond that it gets more
+    ``long_task`` seconds or longer, or of a category with no finished try yet: only
+    to a worker with a core free of tasks). Beyond that it gets more
     while the estimated run time of what it holds stays under ``backlog`` seconds per
     core, up to ``max_per_core`` tasks per core: short tasks travel in large batches,
     long ones are held back where they can still be placed well. Estimates are each
@@ -81,11 +82,16 @@ class SchedulerConfig:
     backlog: float = 0.05
     max_per_core: int = 500
     unknown_duration: float = 0.5
-    #: a task expected to run longer than this goes only to a worker with a core free
-    #: of tasks: the slots beyond one per core save a round trip (milliseconds), nothing
-    #: next to such a task, and a task queued on a worker behind another long one cannot
-    #: move to a worker that joins or frees up meanwhile (inf: off)
-    long_task: float = 5.0
+    #: a task expected to run this long or longer (its category's mean duration) goes
+    #: only to a worker with a core free of tasks, else it stays in the ready queue:
+    #: the slots beyond one per core save a round trip (milliseconds, under 1% of such
+    #: a task), and a task queued on a worker behind another cannot move to a worker
+    #: that joins or frees up meanwhile (a block started for the work) (inf: off)
+    long_task: float = 1.0
+    #: a task of a category with no finished try yet counts as long for that rule (its
+    #: duration is a guess, ``unknown_duration``; a first wave of short tasks then
+    #: fills only the cores until one of them finishes). False: it counts as short
+    unknown_long: bool = True
     story_length: int = 100_000
     #: monitoring records kept unread for :meth:`SchedulerState.feed_since` (the
     #: newest; a reader that falls further behind is told how many entries it missed)

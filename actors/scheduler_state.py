@@ -99,6 +99,15 @@ answer; a missing hook is a rule that is off; a hook that raises
 or answers out of bounds is a policy error and nothing moves. Policies see
 :class:`TaskStateView` and :class:`WorkerStateView`, never the core's objects.
 
+Long tasks: a task expected to run ``long_task`` seconds or longer, or of a category
+with no finished try (``_long``), goes only to a worker running fewer tries than it has
+cores (``_core_free``; in ``_candidates``, ``_may_stay`` and ``_assign_partner``): sent
+to a busy worker it would wait in that worker's queue, where no worker that joins or
+frees up meanwhile could take it. It stays queued (counted in its pool's queue depth and
+oldest wait) until a core frees or a worker joins, and while it heads its ready heap,
+the tasks behind it there wait too (``_fill``): short ones filling the spare slots
+would otherwise keep every core busy and it would never start.
+
 Disk-aware placement, the disk watchdog and its stall breaker are in
 ``actors/scheduler_disk.py`` (:class:`~actors.scheduler_disk.DiskPlacement`, which
 :class:`SchedulerState` inherits; docs/files.md, "Disks").
@@ -1836,6 +1845,26 @@ class SchedulerState(DiskPlacement):
         st = self.stats.get(ts.spec.category)
         return st.mean_duration if st is not None and st.count else self.config.unknown_duration
 
+    def _long(self, ts: TaskState) -> bool:
+        """``ts`` is expected to run ``long_task`` seconds or longer (its category's
+        mean duration), or its category has no finished try (``unknown_long``): it
+        goes only to a worker with a core free of tasks (``_core_free``), never to wait
+        in a busy worker's queue, from which no worker that joins could take it."""
+        st = self.stats.get(ts.spec.category)
+        if st is None or not st.count:
+            return self.config.unknown_long
+        return st.mean_duration >= self.config.long_task
+
+    def _no_core_for(self, pool: str | None, producer: bool) -> bool:
+        """No free worker of ``pool`` (any, for None) that takes the ready heap's tasks
+        (producers, for ``producer``) has a core free of tasks (``_core_free``)."""
+        return not any(
+            (pool is None or w.pool == pool)
+            and (not producer or self._takes_producer(w))
+            and _core_free(w)
+            for w in self.free.values()
+        )
+
     def _wave_moved(self, ts: TaskState, entered: bool) -> None:
         """``ts`` entered or left ``waiting``: keep its dependents' ``waiting_deps`` and
         :attr:`next_wave` up to date (one pass over its dependents, once per move)."""
@@ -3045,6 +3074,10 @@ class SchedulerState(DiskPlacement):
                         for w in self.free.values()
                     )
                 )
+                if not no_free_worker and self._long(heap[0][3]):
+                    # A long (or unknown) head waits here for a core free of tasks, not
+                    # on a busy worker; what is behind it waits too (no overtaking it).
+                    no_free_worker = self._no_core_for(pool, producer)
                 # With no free worker for it, a consumer may still join its data.
                 holder: WorkerState | bool | None = False
                 if no_free_worker:
@@ -3193,9 +3226,9 @@ class SchedulerState(DiskPlacement):
             and (not ts.ooms or self._roomier(ts, w))
             and (not rise or self._rss_fits(rise, w))
         ]
-        if cands and self._estimate(ts) > self.config.long_task:
+        if cands and self._long(ts):
             # A long task: not queued behind another on its worker (SchedulerConfig).
-            cands = [w for w in cands if len(w.processing) < w.cores]
+            cands = [w for w in cands if _core_free(w)]
         if self._short_of_disk:  # (an empty one stays: no list made per call)
             self._short_of_disk = []
         past = tried = False
@@ -3314,6 +3347,7 @@ class SchedulerState(DiskPlacement):
             or ws.id not in self.workers
             or len(ws.processing) > ws.slots
             or len(ws.processing) >= ws.limit
+            or (not _core_free(ws) and self._long(nxt))
         ):
             return
         res = nxt.spec.resources
@@ -3337,11 +3371,12 @@ class SchedulerState(DiskPlacement):
     def _may_stay(self, ts: TaskState, ws: WorkerState) -> bool:
         """Consumer ``ts`` may run on ``ws`` past its slots: ``ws`` is known, not
         draining, under its limit, allows ``ts`` (pool, resources, memory admission)
-        and holds every input of it."""
+        and holds every input of it; a long ``ts`` (``_long``) only with a core free."""
         return (
             _takes_new(ws)
             and ws.id in self.workers
             and len(ws.processing) < ws.limit
+            and (_core_free(ws) or not self._long(ts))
             and self._takes_consumer_here(ts, ws)
             and all(ws.id in d.who_has for d in ts.deps)
         )
@@ -4140,8 +4175,16 @@ class SchedulerState(DiskPlacement):
         for ts in self.disk_measured:
             assert self.tasks.get(ts.key) is ts, (ts, "a measured output of a forgotten task")
         assert self._floor == min(largest.values(), default=NO_LIMIT), self._floor
-        # No ready task may wait while a worker that could run it has a free slot.
+        # No ready task may wait while a worker that could run it has a free slot,
+        # unless a long task heads its heap and waits for a core (``_fill``).
+        behind_long = set()
+        for q, heap in self.queues.items():
+            live = [e for e in heap if _live(e, q[1])]
+            if live and self._long(min(live)[3]) and self._no_core_for(*q):
+                behind_long.add(q)
         for ts in queued:
+            if (ts.spec.pool, ts.producer) in behind_long:
+                continue
             assert not self._candidates(ts), (ts, "queued while a candidate worker is free")
 
 
@@ -4188,6 +4231,11 @@ def _takes_new(ws: WorkerState) -> bool:
     """``ws`` may be given new work (a task, a copy, an evacuated output): it neither
     drains nor is suspended."""
     return not (ws.draining or ws.suspended)
+
+
+def _core_free(ws: WorkerState) -> bool:
+    """``ws`` runs fewer tries (tasks and speculative copies) than it has cores."""
+    return len(ws.processing) + len(ws.copies) < ws.cores
 
 
 def _live(entry: tuple[Any, ...], producer: bool) -> bool:

@@ -171,7 +171,7 @@ def test_a_new_task_on_inputs_already_in_memory_fails_on_submission(
 
 
 def test_inputs_that_fit_exactly_are_admitted(make_state: Factory) -> None:
-    s = make_state(saturation=1.0)
+    s = make_state(unknown_long=False, saturation=1.0)
     join(s, "w1", memory=GB)
     submit(s, {"x": [], "y": [], "sum": ["x", "y"]}, ["sum"])
     finish(s, "w1", "x", nbytes=GB // 2)
@@ -212,7 +212,7 @@ def test_where_every_worker_fits_the_usual_placement_holds(make_state: Factory) 
 
 
 def test_workers_without_a_limit_always_fit(make_state: Factory) -> None:
-    s = make_state(saturation=1.0)
+    s = make_state(unknown_long=False, saturation=1.0)
     join(s, "small", memory=GB, pool="left")
     join(s, "unlimited", memory=0, pool="right")
     assert s.largest == {"left": GB, "right": float("inf"), None: float("inf")}
@@ -220,7 +220,7 @@ def test_workers_without_a_limit_always_fit(make_state: Factory) -> None:
     assert s.tasks["both"].worker == "unlimited"
 
     # Alone, an unlimited worker takes anything.
-    s = make_state(saturation=1.0)
+    s = make_state(unknown_long=False, saturation=1.0)
     join(s, "w", memory=0)
     submit(s, {"x": [], "y": [], "sum": ["x", "y"]}, ["sum"])
     finish(s, "w", "x", nbytes=10**15)
@@ -234,7 +234,7 @@ def test_with_no_worker_in_its_pool_a_task_waits_and_the_first_worker_decides(
     make_state: Factory,
 ) -> None:
     for memory, fits in ((2 * GB, True), (512 * MB, False)):
-        s = make_state(saturation=1.0)
+        s = make_state(unknown_long=False, saturation=1.0)
         join(s, "small", memory=GB, pool="left")
         submit(
             s,
@@ -261,7 +261,7 @@ def test_with_no_worker_in_its_pool_a_task_waits_and_the_first_worker_decides(
 def test_waits_while_its_pool_has_no_worker_after_the_last_one_left(
     make_state: Factory,
 ) -> None:
-    s = make_state(saturation=1.0)
+    s = make_state(unknown_long=False, saturation=1.0)
     join(s, "w1", memory=GB)
     submit(s, {"x": [], "y": [], "sum": ["x", "y"]}, ["sum"])
     finish(s, "w1", "x", nbytes=600 * MB)
@@ -347,7 +347,7 @@ def test_a_task_running_on_the_only_worker_that_fits_fails_when_it_is_lost(
 def test_an_input_recomputed_with_another_size_counts_once_with_its_new_size(
     make_state: Factory,
 ) -> None:
-    s = make_state(saturation=1.0)
+    s = make_state(unknown_long=False, saturation=1.0)
     join(s, "w1", memory=GB)
     submit(s, {"x": [], "y": [], "sum": ["x", "y"]}, ["sum"])
     assert "x" in on(s, "w1")

@@ -95,7 +95,7 @@ def test_declared_sizes_are_trusted_after_one_oversized_output(make_state: Facto
     """The same, with the small loads declaring their 2 MiB, as the error advises: they
     are placed by what they declare, two at a time per disk, the oversized output
     nothwithstanding."""
-    s = make_state(saturation=2.0)  # two slots per worker
+    s = make_state(unknown_long=False, saturation=2.0)  # two slots per worker
     join(s, "w1", disk=12 * MB)
     join(s, "w2", disk=12 * MB)
     submit(s, {"load-0": []}, ["load-0"])

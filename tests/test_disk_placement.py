@@ -172,7 +172,7 @@ def test_only_what_lands_on_the_disk_counts_a_small_in_memory_output_does_not(
 
 
 def test_what_was_sent_is_reserved_until_it_finishes(make_state: Factory) -> None:
-    s = make_state(saturation=2.0)  # two slots
+    s = make_state(unknown_long=False, saturation=2.0)  # two slots
     join(s, "w", disk=10 * MB)
     cmds = submit(s, {"x": [], "y": []}, ["x", "y"], attrs={"x": disk(6 * MB), "y": disk(6 * MB)})
     # Both would fit alone; together they would overflow the disk: one waits.
@@ -260,7 +260,7 @@ def test_file_inputs_a_worker_holds_count_on_its_disk_when_no_worker_could_hold_
     saying so, instead of waiting, then going past its estimate to a worker with 20
     MiB free for the 30 MiB it must fetch there (the file inputs it held counted as
     if its disk could be emptied)."""
-    s = make_state(saturation=1.0)
+    s = make_state(unknown_long=False, long_task=float("inf"), saturation=1.0)
     join(s, "wa", disk=40 * MB)
     join(s, "wb", disk=40 * MB)
     cals = {f"cal-{i}": [] for i in range(10)}
@@ -463,11 +463,11 @@ def test_a_consumer_stays_with_its_data_only_where_its_output_fits(make_state: F
 def test_a_root_is_not_paired_onto_a_worker_without_the_disk(make_state: Factory) -> None:
     table = {"x-0": [], "x-1": [], "both": ["x-0", "x-1"]}
     attrs = {"x-0": disk(40 * MB), "x-1": disk(40 * MB)}
-    s = make_state(saturation=1.0)
+    s = make_state(unknown_long=False, saturation=1.0)
     join(s, "w", disk=100 * MB)
     # One slot, two roots feeding one task: the second goes along, one past the slot.
     assert sorted(assigned(submit(s, table, ["both"], attrs=attrs))["w"]) == ["x-0", "x-1"]
-    t = make_state(saturation=1.0)
+    t = make_state(unknown_long=False, saturation=1.0)
     join(t, "w", disk=100 * MB)
     disk_used(t, "w", 30 * MB)  # 70 MiB free: one 40 MiB output fits, not two
     ((first,),) = assigned(submit(t, table, ["both"], attrs=attrs)).values()
@@ -486,7 +486,7 @@ def test_tasks_waiting_for_disk_in_an_idle_pool_go_past_their_estimate(
     run). After ``stall_timeout`` seconds of that, an idle worker takes it past its
     disk estimate, the one with the most disk left after it, and its story says why.
     Before that, it waits."""
-    s = make_state(saturation=1.0)
+    s = make_state(unknown_long=False, saturation=1.0)
     join(s, "w1", disk=40 * MB)
     join(s, "w2", disk=40 * MB)
     disk_used(s, "w1", 28 * MB)  # spilled outputs of earlier work: 12 MiB free

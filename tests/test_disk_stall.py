@@ -51,7 +51,7 @@ def stalled_pool(make_state: Factory) -> tuple[SchedulerState, float]:
     the outputs, waits for disk and the pool runs nothing (the disk watchdog's test,
     tests/test_disk_placement.py, with file outputs). Returns the state and when the
     wait began."""
-    s = make_state(saturation=1.0)
+    s = make_state(unknown_long=False, saturation=1.0)
     join(s, "w1", disk=40 * MB)
     join(s, "w2", disk=40 * MB)
     small = {"a": disk(MB), "b": disk(MB)}

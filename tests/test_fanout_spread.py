@@ -34,7 +34,7 @@ CONSUMERS = [f"cons-{j}" for j in range(45)]
 def test_a_fan_out_is_not_piled_on_the_worker_that_holds_every_input(
     make_state: Factory,
 ) -> None:
-    s = make_state()  # the defaults: locality placement, saturation 2, backlog 0.05
+    s = make_state(unknown_long=False, long_task=float("inf"))  # else the defaults
     for w in ("w1", "w2", "w3"):
         join(s, w)
     table: dict[str, list[str]] = {r: [] for r in ROOTS}

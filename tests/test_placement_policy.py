@@ -89,7 +89,7 @@ def test_the_default_locality_policy_keeps_its_hooks() -> None:
 
 
 def test_roots_feeding_one_consumer_pair_up_with_the_default_hooks(make_state: Factory) -> None:
-    s = make_state(saturation=1.0, placement=FirstCandidateKeepingLocality())
+    s = make_state(unknown_long=False, saturation=1.0, placement=FirstCandidateKeepingLocality())
     join(s, "w1")
     join(s, "w2")
     cmds = submit(s, pairs(2), ["add-0", "add-1"])
@@ -142,7 +142,7 @@ def test_swapping_the_placement_policy_at_runtime_swaps_its_hooks(make_state: Fa
 
 def test_a_queued_consumer_joins_a_busy_holder_only_with_the_hook(make_state: Factory) -> None:
     def setup(placement: Any) -> SchedulerState:
-        s = make_state(saturation=1.0, placement=placement)
+        s = make_state(unknown_long=False, saturation=1.0, placement=placement)
         join(s, "w1")
         submit(s, {"a": []}, ["a"])
         finish(s, "w1", "a", nbytes=32 * MB)
@@ -165,12 +165,12 @@ class LeastLoadedKeepingData(KeepsDataLocal, LeastLoadedPlacement):
 
 
 def test_the_documented_example_keeps_some_rules_and_drops_one(make_state: Factory) -> None:
-    s = make_state(saturation=1.0, placement=LeastLoadedKeepingData())
+    s = make_state(unknown_long=False, saturation=1.0, placement=LeastLoadedKeepingData())
     join(s, "w1")
     join(s, "w2")
     cmds = submit(s, pairs(2), ["add-0", "add-1"])
     assert sorted(len(keys) for keys in assigned(cmds).values()) == [1, 1]  # not paired
-    t = make_state(saturation=1.0, placement=LeastLoadedKeepingData())
+    t = make_state(unknown_long=False, saturation=1.0, placement=LeastLoadedKeepingData())
     join(t, "w1")  # one slot
     submit(t, {"r": []}, ["r"])
     consumers = [f"c-{i}" for i in range(6)]
@@ -239,7 +239,7 @@ def test_a_holder_that_is_not_one_offered_is_refused_and_counted(
     make_state: Factory, answer: Any
 ) -> None:
     policy = Proposing(holder=answer)
-    s = make_state(saturation=1.0, placement=policy)
+    s = make_state(unknown_long=False, saturation=1.0, placement=policy)
     holder_case(s)
     cmds = submit(s, {"b": ["a"]}, ["b"])
     assert assigned(cmds) == {}  # no holder: b waits for a free slot
@@ -252,7 +252,7 @@ def test_a_holder_that_is_not_one_offered_is_refused_and_counted(
 
 
 def test_a_holder_given_by_its_id_is_taken(make_state: Factory) -> None:
-    s = make_state(saturation=1.0, placement=Proposing(holder="w1"))
+    s = make_state(unknown_long=False, saturation=1.0, placement=Proposing(holder="w1"))
     holder_case(s)
     assert assigned(submit(s, {"b": ["a"]}, ["b"])) == {"w1": ["b"]}
     assert s.policy_errors == 0
@@ -314,7 +314,7 @@ def test_a_stay_is_not_offered_on_a_draining_worker(make_state: Factory) -> None
 def test_a_partner_answer_that_is_not_a_bool_or_raises_is_refused(
     make_state: Factory, answer: Any
 ) -> None:
-    s = make_state(saturation=1.0, placement=Proposing(partner=answer))
+    s = make_state(unknown_long=False, saturation=1.0, placement=Proposing(partner=answer))
     join(s, "w1")
     join(s, "w2")
     cmds = submit(s, pairs(2), ["add-0", "add-1"])
@@ -483,7 +483,7 @@ def test_yields_is_asked_with_the_real_pressure(make_state: Factory) -> None:
 
 
 def test_pairs_then_consumers_stay_where_both_inputs_are(make_state: Factory) -> None:
-    s = make_state(saturation=1.0)
+    s = make_state(unknown_long=False, saturation=1.0)
     join(s, "w1")
     join(s, "w2")
     submit(s, pairs(2), ["add-0", "add-1"])

@@ -278,7 +278,7 @@ def copied(s: SchedulerState, worker: str, key: str, *, got: bool) -> list[Any]:
 
 
 def test_a_copy_to_a_worker_that_is_lost_is_made_again_elsewhere(make_state: Factory) -> None:
-    s = make_state()
+    s = make_state(unknown_long=False)
     (asked,) = of(long_on_w1(s), Replicate)
     target = asked.worker
     assert s.copying == {"long-0": {target: 100}}
@@ -296,7 +296,7 @@ def test_a_copy_to_a_worker_that_is_lost_is_made_again_elsewhere(make_state: Fac
 def test_a_failed_copy_is_asked_of_another_worker_never_twice_of_one(
     make_state: Factory,
 ) -> None:
-    s = make_state()
+    s = make_state(unknown_long=False)
     (first,) = of(long_on_w1(s), Replicate)
     out = copied(s, first.worker, "long-0", got=False)
     (second,) = of(out, Replicate)

@@ -174,7 +174,7 @@ def test_a_preempted_task_that_never_started_is_not_long(make_state: Factory) ->
     worker's Leaving said what executed: the queued one ran 0 s and stays in its pool
     (a free retry); the long one moves."""
     retry = REGISTRY.create("retry", "default", {"fallback": {"ckpt": "owner"}})
-    s = make_state(retry=retry, saturation=2.0)  # 1 core, 2 tasks at a time
+    s = make_state(unknown_long=False, retry=retry, saturation=2.0)  # 1 core, 2 tasks at a time
     for w in ("old1", "old2", "c1"):
         at(s, 0, WorkerJoined, worker=w, cores=1, memory=2**30, pool="ckpt")
     at(s, 0, WorkerJoined, worker="o1", cores=1, memory=2**30, pool="owner")

@@ -44,7 +44,7 @@ __all__ = ["make_state"]  # the autouse fixture, used by name
 def test_independent_tasks_fill_each_workers_slots_and_the_rest_stay_queued(
     make_state: Factory,
 ) -> None:
-    s = make_state(saturation=2.0)
+    s = make_state(unknown_long=False, saturation=2.0)
     join(s, "w1", cores=2)  # 4 slots
     join(s, "w2", cores=1)  # 2 slots
     keys = [f"x-{i}" for i in range(10)]
@@ -303,7 +303,7 @@ def test_lost_tries_are_counted_per_category(make_state: Factory) -> None:
 
 
 def test_categories_learn_bytes_consumed_and_rss_growth(make_state: Factory) -> None:
-    s = make_state()
+    s = make_state(unknown_long=False)
     join(s, "w1")
     submit(s, {"load-1": [], "load-2": [], "sum-3": ["load-1", "load-2"]}, ["sum-3"])
     s.handle(
@@ -370,7 +370,7 @@ def test_a_long_task_is_not_queued_behind_another_and_goes_to_a_worker_that_join
     make_state: Factory,
 ) -> None:
     """A worker gets ``saturation`` (2) tasks per core, the second to start without a
-    round trip; a task whose category ran longer than ``long_task`` (5 s) gets a core
+    round trip; a task whose category ran ``long_task`` (1 s) or longer gets a core
     of its own instead. A block started for the work (seen with 30 s tasks on Slurm)
     then takes the next one, which queued on a busy worker could not move."""
     s = make_state()

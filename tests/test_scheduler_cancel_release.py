@@ -410,7 +410,7 @@ def test_a_submission_of_keys_its_client_wanted_already_says_where_each_stands(
     each gets a ``KeyTaken`` for that client, in order after everything said of it
     before: pending when it runs (run again after its cancel, or still running), else
     right after its ``KeyDone``/``KeyErred`` said again."""
-    s = make_state()
+    s = make_state(unknown_long=False)
     join(s, "w1")
     submit(s, {"a": [], "b": [], "c": []}, ["a", "b", "c"])
     finish(s, "w1", "b")

@@ -643,11 +643,11 @@ def test_recomputing_a_lost_output_reruns_an_input_cancelled_as_unneeded(
     # a on w1, b on w2; w1 dies so a is recomputed, but b finishes anyway (it had
     # fetched a) and the recompute of a is cancelled as unneeded. Then w2 dies: b is
     # wanted, must be recomputed, and needs a again.
-    s = make_state(saturation=2.0, placement="round-robin")
+    s = make_state(unknown_long=False, saturation=2.0, placement="round-robin")
     join(s, "w1")
     join(s, "w2")
     submit(s, {"a": [], "b": ["a"]}, ["b"])
-    finish(s, "w1", "a")
+    finish(s, "w1", "a", duration=0.1)  # short: a may queue on w2 beside b
     assert s.tasks["b"].worker == "w2"
     leave(s, "w1")
     assert s.tasks["a"].state == "processing"  # recomputing on w2
@@ -841,7 +841,7 @@ def held(state: SchedulerState, worker: str, active: Iterable[Key] = (), **sizes
 def test_a_task_sent_before_a_rejoin_that_never_arrived_is_sent_again(
     make_state: Factory,
 ) -> None:
-    s = make_state(saturation=2.0)
+    s = make_state(unknown_long=False, saturation=2.0)
     join(s, "w1")
     submit(s, {"a": [], "b": []}, ["a", "b"])
     assert on(s, "w1") == {"a", "b"}

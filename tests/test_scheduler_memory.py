@@ -276,7 +276,7 @@ def test_memory_reports_from_unknown_workers_are_ignored_and_leaving_clears_thro
 
 
 def test_the_memory_policy_can_be_swapped_at_runtime(make_state: Factory) -> None:
-    s = make_state(saturation=1.0, backlog=10.0, max_per_core=50)
+    s = make_state(unknown_long=False, saturation=1.0, backlog=10.0, max_per_core=50)
     join(s, "w1", cores=2)
     keys = [f"load-{i}" for i in range(30)]
     submit(s, dict.fromkeys(keys, ()), keys)
@@ -750,7 +750,7 @@ def pairs(n: int) -> dict[str, list[str]]:
 
 
 def test_roots_feeding_the_same_consumer_go_to_the_same_worker(make_state: Factory) -> None:
-    s = make_state(saturation=1.0)
+    s = make_state(unknown_long=False, saturation=1.0)
     join(s, "w1")
     join(s, "w2")
     cmds = submit(s, pairs(4), [f"add-{i}" for i in range(4)])
@@ -801,7 +801,7 @@ def test_placement_policies_that_ignore_data_turn_both_off(make_state: Factory) 
 
 
 def test_a_queued_consumer_joins_its_big_input_on_a_busy_worker(make_state: Factory) -> None:
-    s = make_state(saturation=1.0)
+    s = make_state(unknown_long=False, saturation=1.0)
     join(s, "w1")
     submit(s, {"a": [], "c": []}, ["a", "c"])
     while on(s, "w1"):
@@ -821,7 +821,7 @@ def test_consumers_queue_on_the_worker_holding_their_big_inputs(make_state: Fact
     # The persist-then-sum case: every chunk is on w1 (32 MB each), w2 is idle. Moving
     # a chunk costs more (64 ms at the policy's 500 MB/s) than waiting behind a few
     # short tasks, so the sums queue on w1, past twice its slots; nothing moves.
-    s = make_state(saturation=1.0)
+    s = make_state(unknown_long=False, saturation=1.0)
     join(s, "w1")
     chunks = [f"chunk-{i}" for i in range(5)]
     submit(s, dict.fromkeys(chunks, ()), chunks)

@@ -53,7 +53,7 @@ __all__ = ["make_state"]  # the autouse fixture, used by name
 
 
 def test_placement_policy_change_moves_where_later_tasks_go(make_state: Factory) -> None:
-    s = make_state(saturation=2.0)  # default placement: locality
+    s = make_state(unknown_long=False, saturation=2.0)  # default placement: locality
     for w in ("w1", "w2", "w3"):
         join(s, w, cores=1, memory=8 * GB)  # room for the 4 GB input (memory admission)
     submit(s, {"big": []}, ["big"])
@@ -228,7 +228,7 @@ def test_a_retry_policy_answering_garbage_falls_back(make_state: Factory) -> Non
 
 
 def test_a_retry_policy_that_raises_falls_back_to_the_default(make_state: Factory) -> None:
-    s = make_state(retry=Raising())
+    s = make_state(unknown_long=False, retry=Raising())
     join(s, "w1")
     submit(s, {"a": [], "b": []}, ["a", "b"], retries=1)
     cmds = finish(s, "w1", "a", "error", error=ValueError())

@@ -78,7 +78,7 @@ def straggler(make_state: Factory, workers: int = 2, **policy: Any) -> Scheduler
     """Five ``t`` tasks finished on w1 in 1 s each (p90 1 s); ``t-5`` runs on w1 since
     T0 (as w1 says at T0 + 0.6); workers w2.. joined after it, idle."""
     spec = REGISTRY.create("speculation", "idle-tail", policy) if policy else None
-    s = make_state(speculation=spec)
+    s = make_state(speculation=spec, long_task=float("inf"))
     at(s, WorkerJoined, T0 - 100, worker="w1", cores=1, memory=2**30)
     keys = [f"t-{i}" for i in range(5)]
     specs = specs_for(s, {k: [] for k in keys}, keys)
@@ -120,7 +120,7 @@ def test_a_try_waiting_in_its_workers_queue_is_never_copied(make_state: Factory)
     behind it, counted as running from when they were sent, so idle workers ran copies
     of queued tasks (a copy began before the original did). Running time counts from
     the start its worker reports."""
-    s = make_state(saturation=2.0)
+    s = make_state(unknown_long=False, long_task=float("inf"), saturation=2.0)
     at(s, WorkerJoined, T0 - 100, worker="w1", cores=1, memory=2**30)
     keys = [f"t-{i}" for i in range(7)]
     specs = specs_for(s, {k: [] for k in keys}, keys)

@@ -122,7 +122,9 @@ def test_a_replica_copy_is_a_transfer_with_its_duration_and_a_loss_is_kept_by_it
 
 
 def test_a_lost_output_without_a_replica_is_one_recompute_per_loss(make_state: Factory) -> None:
-    s = make_state(monitor=True, replication=REGISTRY.create("replication", "none"))
+    s = make_state(
+        unknown_long=False, monitor=True, replication=REGISTRY.create("replication", "none")
+    )
     join(s, "w1")
     join(s, "w2")
     submit(s, {"load-0": [], "skim-0": ["load-0"], "skim-1": ["load-0"]}, ["skim-0", "skim-1"])

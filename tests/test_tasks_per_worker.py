@@ -161,7 +161,9 @@ def test_a_worker_is_sent_its_n_tasks_at_once_and_drained_with_the_last(
     """tasks_per_worker 3 with two slots: two now, the third as one finishes, then
     nothing more; retired when its last is done and its outputs are released. A
     worker of another pool is not limited."""
-    s = make_state(saturation=2.0, tasks_per_worker={"fresh": 3})
+    s = make_state(
+        unknown_long=False, long_task=float("inf"), saturation=2.0, tasks_per_worker={"fresh": 3}
+    )
     joined(s, "w1")
     keys = [f"t-{i}" for i in range(6)]
     cmds = submit(s, dict.fromkeys(keys, ()), keys)

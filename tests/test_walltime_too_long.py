@@ -145,7 +145,7 @@ def test_a_task_that_started_late_in_its_workers_life_gets_its_free_retry(
     sent at 0 that waited 80 s behind another task in the worker's queue (it executed
     40 s, though it was sent 120 s before), one sent 60 s into the worker's life. Each
     gets its free retry, on the fresh worker."""
-    s = make_state(drain_periods={POOL: 30.0}, saturation=2.0)
+    s = make_state(unknown_long=False, drain_periods={POOL: 30.0}, saturation=2.0)
     join(s, 0, "w1", deadline=120)
     assert assigned(submit(s, 0, "first", "queued")) == {"w1": ["first", "queued"]}
     at(s, 80, TasksFinished, worker="w1", results=(result("first", start=T0, duration=80),))
@@ -155,7 +155,7 @@ def test_a_task_that_started_late_in_its_workers_life_gets_its_free_retry(
     assert of(out, KeyErred) == [] and assigned(out) == {"w2": ["queued"]}
     assert retries(s, "queued") == ["worker lost (walltime); free retry"]
 
-    s = make_state(drain_periods={POOL: 30.0}, saturation=1.0)
+    s = make_state(unknown_long=False, drain_periods={POOL: 30.0}, saturation=1.0)
     out = cut(s, "late", sent=60, ran=60.0, other="w2", deadline=215)
     assert of(out, KeyErred) == [] and assigned(out) == {"w2": ["late"]}
     assert retries(s, "late") == ["worker lost (walltime); free retry"]
