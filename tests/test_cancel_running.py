@@ -52,6 +52,9 @@ async def test_a_key_cancelled_on_its_worker_and_submitted_again_computes(
         with anyio.fail_after(LIMIT):
             async with Cluster(workers=1, threads_per_worker=1) as c:
                 await c.wait_for_workers(1, timeout=60)
+                # inc known short, so it is sent to wait behind the running task
+                # (a category with no finished try waits for a free core instead)
+                assert await c.submit(inc, 0) == 1
                 blocked = c.submit(held_at_gate, str(gate), str(started))
                 await wait_until(started.exists, "the task to start", limit=30, step=0.005)
                 first = c.submit(inc, 41)
