@@ -347,7 +347,7 @@ def test_a_task_running_on_the_only_worker_that_fits_fails_when_it_is_lost(
 def test_an_input_recomputed_with_another_size_counts_once_with_its_new_size(
     make_state: Factory,
 ) -> None:
-    s = make_state(unknown_long=False, saturation=1.0)
+    s = make_state(unknown_long=False, long_task=float("inf"), saturation=1.0)
     join(s, "w1", memory=GB)
     submit(s, {"x": [], "y": [], "sum": ["x", "y"]}, ["sum"])
     assert "x" in on(s, "w1")
