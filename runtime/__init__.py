@@ -75,6 +75,7 @@ from runtime.errors import (
     UnknownStream,
     ValueTooLarge,
     WalltimeError,
+    WorkerCoreFailed,
     WorkerLost,
     WorkersTimeout,
 )
@@ -178,6 +179,7 @@ __all__ = [
     "UnknownStream",
     "ValueTooLarge",
     "WalltimeError",
+    "WorkerCoreFailed",
     "WorkerLost",
     "WorkersTimeout",
     "checkpoint",

@@ -1340,6 +1340,22 @@ class ManagerUnreachable(CorralError):
         )
 
 
+class WorkerCoreFailed(CorralError):
+    """A worker process's core raised (a bug in Corral): the worker told the scheduler
+    it is lost (cause ``crash``; its tasks run elsewhere) and left; its log has the
+    traceback (``worker core failed``)."""
+
+    worker: str
+
+    def __init__(self, worker: str) -> None:
+        super().__init__(
+            f"worker {worker!r} stopped: its core raised (a bug in Corral; the traceback is "
+            "logged above as 'worker core failed'), so it left as lost and its tasks run "
+            "elsewhere. Please report it with that traceback; a new worker may be started",
+            worker=worker,
+        )
+
+
 class TokenFileError(CorralError, ValueError):
     """The token file given (``--token-file PATH`` of a worker or console,
     ``Cluster(address, token_file=PATH)``) cannot be used: missing, a directory, empty,

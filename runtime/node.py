@@ -85,6 +85,7 @@ from runtime.errors import (
     TaskErrorTooLarge,
     TokenFileError,
     UnknownPolicyError,
+    WorkerCoreFailed,
 )
 from runtime.graph import PoolShape
 from runtime.kernel import ActorRef, ActorSystem
@@ -2450,6 +2451,8 @@ async def run_worker(
                 retired[0] if retired else None, time.time(), deadline, os.environ
             )
             _log.info("leaving", worker=worker_id, cause=cause)
+            if cause == "crash":  # exits 1, so a service manager starts another
+                fatal.append(WorkerCoreFailed(worker_id))
             connected = link.peer is not None and not link.peer.closed
             if not retired and connected:  # (retired: copied before it stopped)
                 # Copy needed outputs no one else holds to surviving workers first, in
@@ -2564,12 +2567,15 @@ def leaving_cause(
 ) -> str:
     """Why a worker process is stopping: the scheduler retired it (``retired``, its
     Stop's reason): ``walltime`` when it drained the worker because its walltime was
-    near, else ``drained``; not retired (None): ``walltime`` (a signal within
+    near, else ``drained``; ``crash`` when its own core failed (``Worker._core_failed``);
+    not retired (None): ``walltime`` (a signal within
     :data:`WALLTIME_MARGIN` seconds of its deadline, or after it), ``preempted`` (a
     signal inside a Slurm job at any other time: the batch system took the node back)
     or ``shutdown`` (an operator's signal)."""
+    if retired in ("walltime", "crash"):
+        return retired
     if retired is not None:
-        return "walltime" if retired == "walltime" else "drained"
+        return "drained"
     if deadline is not None and now >= deadline - WALLTIME_MARGIN:
         return "walltime"
     if env.get("SLURM_JOB_ID"):

@@ -30,6 +30,7 @@ def test_the_cause_of_leaving() -> None:
     assert leaving_cause("drained", 999.0, deadline, SLURM) == "drained"
     assert leaving_cause("walltime", 100.0, deadline, SLURM) == "walltime"
     assert leaving_cause("", 999.0, deadline, SLURM) == "drained"
+    assert leaving_cause("crash", 999.0, deadline, SLURM) == "crash"  # its own core failed
     assert leaving_cause(None, deadline - WALLTIME_MARGIN, deadline, SLURM) == "walltime"
     assert leaving_cause(None, deadline + 5, deadline, {}) == "walltime"
     assert leaving_cause(None, deadline - WALLTIME_MARGIN - 1, deadline, SLURM) == "preempted"

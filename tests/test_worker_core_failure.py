@@ -17,8 +17,8 @@ import pytest
 
 from actors import worker_state as ws
 from runtime import Cluster
-from runtime.errors import TaskCrashedWorkers
-from tests.helpers import nodes
+from runtime.errors import TaskCrashedWorkers, WorkerCoreFailed
+from tests.helpers import log_lines
 
 pytestmark = pytest.mark.anyio
 
@@ -92,18 +92,51 @@ async def test_a_worker_process_whose_core_fails_leaves_and_its_tasks_run_elsewh
     broken_core: Callable[..., list[str]],
 ) -> None:
     """The same through a manager and two workers run as worker processes run
-    (``run_worker`` over the codec, in this process so that the fault reaches them):
-    the broken worker leaves as the scheduler's retired ones do, and the other runs
-    its tasks."""
-    async with nodes(2) as (address, _), Cluster(address) as cluster:
-        with anyio.fail_after(LIMIT):
-            await cluster.wait_for_workers(2)
-            failed = broken_core(first_assignment())
-            futures = [cluster.submit(inc, i) for i in range(10)]
-            assert await cluster.gather(futures) == list(range(1, 11))
-            status = await cluster.status()
+    (``run_manager`` and ``run_worker`` over the codec, in this process so that the
+    fault reaches them): the broken worker leaves with cause ``crash`` and its
+    ``run_worker`` raises :class:`WorkerCoreFailed` (the command line exits 1, so a
+    service manager starts another), and the other runs its tasks."""
+    from runtime.node import Tokens, run_manager, run_worker
+
+    where: list[str] = []
+    up = anyio.Event()
+    ended: dict[int, BaseException | None] = {}
+    gone = anyio.Event()  #: a worker's run_worker ended
+
+    def ready(address: str, tokens: Tokens) -> None:
+        where.append(address)
+        up.set()
+
+    async def worker(i: int) -> None:
+        try:
+            await run_worker(where[0], listen_options={"codec": True})
+            ended[i] = None
+        except Exception as exc:
+            ended[i] = exc
+        gone.set()
+
+    with log_lines() as logs, anyio.fail_after(LIMIT):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(
+                lambda: run_manager("inproc://", ready=ready, listen_options={"codec": True})
+            )
+            await up.wait()
+            for i in range(2):
+                tg.start_soon(worker, i)
+            async with Cluster(where[0]) as cluster:
+                await cluster.wait_for_workers(2)
+                failed = broken_core(first_assignment())
+                futures = [cluster.submit(inc, i) for i in range(10)]
+                assert await cluster.gather(futures) == list(range(1, 11))
+                await gone.wait()  # the broken worker's run_worker ends
+                status = await cluster.status()
+            tg.cancel_scope.cancel()
     assert len(failed) == 1, failed
     assert failed[0] not in [w.worker_id for w in status["workers"]], status["workers"]
+    (error,) = [e for e in ended.values() if e is not None]
+    assert isinstance(error, WorkerCoreFailed) and error.worker == failed[0], error
+    assert logs.has("leaving", "cause='crash'"), logs.lines
+    assert not logs.has("cause='drained'"), logs.lines
 
 
 async def test_a_task_that_breaks_every_core_fails_after_max_crashes(
