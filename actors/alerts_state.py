@@ -892,7 +892,7 @@ def pool_warnings(rule: AlertRule, pools: Collection[str] | None) -> list[str]:
                 continue
             text = (
                 f"no pool {value!r} is configured (pools: {', '.join(pools)})"
-                f"{did_you_mean(value, pools, ';')} the rule can fire only if workers join "
+                f"{did_you_mean(value, pools, '.')} The rule can fire only if workers join "
                 f"with --pool {value} or tasks ask for pool {value}"
             )
             if text not in out:

@@ -233,7 +233,8 @@ class MemoryConfig:
 def floor_at_start(config: MemoryConfig, rss: int) -> str | None:
     """What to warn of when a worker that has just started (its task processes up, no
     task run) measures ``rss``: None under its resume mark; else that its floor is past
-    the mark before any output, with the numbers and what to do (docs/memory.md#the-floor)."""
+    the mark before any output, with the numbers and what to do
+    (docs/memory.md#the-floor-memory-that-is-not-outputs)."""
     if rss < config.resume_at:
         return None
     return floor_warning(rss, config.resume_at, config.at(config.throttle), config.limit)

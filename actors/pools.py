@@ -448,7 +448,7 @@ def check_fallback(kind: str, name: str, params: Mapping[str, Any], pools: Colle
                 raise PolicyParamsError(
                     kind, name,
                     f"fallback {pool!r} -> {to!r}: {named!r} ({which}) is not a configured "
-                    f"pool{did_you_mean(named, known, ';')} the pools are: {', '.join(known)}",
+                    f"pool{did_you_mean(named, known, '.')} The pools are: {', '.join(known)}",
                 )  # fmt: skip
 
 
@@ -517,7 +517,7 @@ def load_policies(
         refuse(PolicyConfigError("", "must be a table: [policies], one key per kind", source))
         return {}
     refuse.unknown(table, KINDS, lambda kind: PolicyConfigError(
-        kind, f"is not a kind of policy{did_you_mean(kind, KINDS, ';')} the kinds "
+        kind, f"is not a kind of policy{did_you_mean(kind, KINDS, '.')} The kinds "
         f"are: {', '.join(KINDS)}", source,
     ))  # fmt: skip
     out: dict[str, tuple[str, dict[str, Any]]] = {}

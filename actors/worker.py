@@ -587,8 +587,9 @@ class Worker(Actor):
         """Once, at start (when it starts; with task processes, from the memory tick):
         warn when the worker's RSS, its task processes up (waited for ``START_SETTLE``
         seconds at most, then given a second to load), is already at or past its resume
-        mark: a floor no spilling can bring under it (docs/memory.md#the-floor). Not
-        once a task has run or runs: its memory is no longer the worker's at start."""
+        mark: a floor no spilling can bring under it
+        (docs/memory.md#the-floor-memory-that-is-not-outputs). Not once a task has run or
+        runs: its memory is no longer the worker's at start."""
         now = self._now()
         if self.state.tasks_run or self.state.running:
             self._start_checked = True

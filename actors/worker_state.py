@@ -85,7 +85,8 @@ __all__ = [
 KEEP_REPLICA_BYTES = 1 << 20
 
 #: the warning a worker logs when its floor (memory that is not outputs) is at or past its
-#: resume mark, with the marks it goes by instead (docs/memory.md#the-floor)
+#: resume mark, with the marks it goes by instead
+#: (docs/memory.md#the-floor-memory-that-is-not-outputs)
 FLOOR_EVENT = "memory that is not outputs keeps the worker past its resume mark; marks moved up"
 
 #: seconds a try executes before the scheduler is told it started (:class:`ReportStarted`):

@@ -201,8 +201,9 @@ class WorkerMemoryReport(Message):
     #: for one being written or copied) and the file copies under way
     disk_used: int = 0
     #: the worker's floor (its RSS idle after a trim, holding no output in memory) when it
-    #: is at or past its resume mark, which moved up over it (docs/memory.md#the-floor),
-    #: with ``throttle_at`` the fence it throttles at now; 0: the configured marks hold
+    #: is at or past its resume mark, which moved up over it
+    #: (docs/memory.md#the-floor-memory-that-is-not-outputs), with ``throttle_at`` the
+    #: fence it throttles at now; 0: the configured marks hold
     floor: int = 0
     #: of ``spilled_bytes``, the bytes of the file outputs it holds (the rest are spill
     #: files)

@@ -242,7 +242,7 @@ async def test_a_rule_on_a_pool_not_configured_is_warned_of_at_start_and_when_ad
     typo = 'corral_queue_depth{pool="cii"} > 0'
     config.write_text(CONFIG + f"\n[[alerts]]\nname = \"Typo\"\nexpr = '{typo}'\n")
     warning = (
-        "no pool 'cii' is configured (pools: ci); did you mean 'ci'? the rule can fire only "
+        "no pool 'cii' is configured (pools: ci); did you mean 'ci'? The rule can fire only "
         "if workers join with --pool cii or tasks ask for pool cii"
     )
     with Cli(tmp_path / "home") as cli:

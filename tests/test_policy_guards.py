@@ -420,7 +420,7 @@ def test_a_config_files_policies_table_is_read_and_checked(tmp_path: Path) -> No
 
     assert refused('[policies]\nprioirty = "graph"\n').startswith(
         f"[policies] in {path}: key 'prioirty' is not a kind of policy; did you mean "
-        "'priority'? the kinds are: priority, placement,"
+        "'priority'? The kinds are: priority, placement,"
     )
     assert "no priority policy named 'fastest'" in refused('[policies]\npriority = "fastest"\n')
     text = refused('[policies.retry]\nname = "default"\nmax_lots = 2\n')

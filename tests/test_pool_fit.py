@@ -256,7 +256,7 @@ async def test_a_retry_fallback_to_a_pool_the_cluster_does_not_have_is_refused()
     bad = ("default", {"fallback": {"cpu": "bgi"}})
     with anyio.fail_after(30):
         with pytest.raises(PolicyParamsError, match=r"'bgi' \(to\) is not a configured pool; "
-                           r"did you mean 'big'\? the pools are: cpu, big"):  # fmt: skip
+                           r"did you mean 'big'\? The pools are: cpu, big"):  # fmt: skip
             async with Cluster(pools=POOLS, policies={"retry": bad}):
                 pass
         async with Cluster(pools=POOLS) as cluster:

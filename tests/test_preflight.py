@@ -115,7 +115,7 @@ expr = 'corral_queue_depth{pool="heer"} > 0 or corral_queue_depth{pool="here"} >
     line = next(line for line in done.stdout.splitlines() if "alert rule" in line)
     assert line.startswith("WARN") and line.endswith(
         "alert rule 'P2': no pool 'heer' is configured (pools: here); did you mean 'here'? "
-        "the rule can fire only if workers join with --pool heer or tasks ask for pool heer"
+        "The rule can fire only if workers join with --pool heer or tasks ask for pool heer"
     )
     done = check(tmp_path, LOCAL + rule.replace('"heer"', '"here"'), "--no-probe", "--json")
     assert ("*", "alert rule") not in results(done)
