@@ -1642,6 +1642,11 @@ class AlertState:
         if pool is None or pool == "*":
             refuse(": the alert names no pool; set scale_out.pool in the rule's action")
             return
+
+        def gauge(name: str, extra: Labels = ()) -> float | None:
+            return samples.get((name, tuple(sorted((("pool", pool), *extra)))))
+
+        target = gauge("corral_blocks_target")  # (a refusal's audit says it too)
         last = self._last_scale.get(pool)
         if last is not None and now - last < act.cooldown:
             refuse(
@@ -1650,11 +1655,6 @@ class AlertState:
                 "cooldown",
             )
             return
-
-        def gauge(name: str, extra: Labels = ()) -> float | None:
-            return samples.get((name, tuple(sorted((("pool", pool), *extra)))))
-
-        target = gauge("corral_blocks_target")
         if target is None:
             known = pools_in(samples)
             if known:  # the autoscaler answered, for other pools (this one was removed)
