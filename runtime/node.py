@@ -1865,6 +1865,13 @@ async def run_manager(
     worker_timeout = check_worker_timeout(worker_timeout)
     if client_timeout is not None:
         client_timeout = check_client_timeout(client_timeout)
+        if client_timeout < worker_timeout:
+            _log.warning(
+                "client timeout below the worker timeout: clients get the worker timeout",
+                client_timeout=client_timeout, worker_timeout=worker_timeout,
+                advice="a client or console is never dropped sooner than a worker; give "
+                "--client-timeout at least --worker-timeout",
+            )  # fmt: skip
     pools: Mapping[str, PoolConfig] = {}
     if config is not None:
         pools = config if isinstance(config, Mapping) else load_config(config)

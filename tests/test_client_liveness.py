@@ -208,3 +208,29 @@ def test_manager_timeout_is_a_number_of_seconds_for_a_client_of_a_manager() -> N
         Cluster(manager_timeout=30)
     assert Cluster("ws://127.0.0.1:1", manager_timeout=45).manager_timeout == 45.0
     assert Cluster("ws://127.0.0.1:1").manager_timeout == DEAD_AFTER
+
+
+async def test_a_client_timeout_below_the_worker_timeout_is_said_at_start(tmp_path: Path) -> None:
+    """``--client-timeout`` below ``--worker-timeout`` is raised to it (a client is never
+    dropped sooner than a worker), and the manager says so as it starts (an operator's
+    re-check: ``--client-timeout 5 --worker-timeout 10`` started without a word)."""
+    from runtime.node import Tokens, run_manager
+    from tests.helpers import log_lines
+
+    up = anyio.Event()
+
+    def ready(address: str, tokens: Tokens) -> None:
+        up.set()
+
+    with log_lines() as logs, anyio.fail_after(LIMIT):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(
+                lambda: run_manager(
+                    "127.0.0.1:0", ready=ready, worker_timeout=10.0, client_timeout=5.0,
+                    token_file=tmp_path / "tokens.json",
+                )
+            )  # fmt: skip
+            await up.wait()
+            tg.cancel_scope.cancel()
+    line = logs.with_("client timeout below the worker timeout")
+    assert line is not None and "client_timeout=5.0" in line and "worker_timeout=10.0" in line
