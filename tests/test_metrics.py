@@ -118,7 +118,8 @@ def test_queue_depth_oldest_wait_and_wait_quantiles_at_chosen_times() -> None:
 def test_a_draining_worker_running_tasks_counts_its_cores_busy() -> None:
     # The operator's scarce pool: its only worker drained while it ran its tasks read
     # 0 busy workers (the states are exclusive); its cores say what it did.
-    st = SchedulerState(SchedulerConfig(saturation=2.0))
+    # (new-category tasks counted short, so the 1-core worker takes 2: busy stays 1)
+    st = SchedulerState(SchedulerConfig(saturation=2.0, unknown_long=False))
     _submit(st, ["test-0", "test-1", "test-2", "test-3"], 1.0, pool="scarce")
     cmds = st.handle(WorkerJoined("j", 2.0, worker="s1", cores=1, memory=GB, pool="scarce"))
     assert len(_executed(cmds)) == 2  # 2 slots on 1 core: one runs, one waits on it
