@@ -387,14 +387,14 @@ def test_a_pool_label_of_no_configured_pool_is_a_warning_not_a_refusal(tmp_path:
         return pool_warnings(parse_rule({"name": "P2", "expr": expr}, SAMPLE_LABELS), pools)
 
     assert warned('corral_queue_depth{pool="cii"} > 0') == [
-        "no pool 'cii' is configured (pools: ci, gpu); did you mean 'ci'? the rule can fire "
+        "no pool 'cii' is configured (pools: ci, gpu); did you mean 'ci'? The rule can fire "
         "only if workers join with --pool cii or tasks ask for pool cii"
     ]
     (line,) = warned(
         'increase(corral_blocks_failed_total{pool="zzz"}[5m]) > 0 and '
         'sum by (pool) (corral_workers{pool="zzz"}) == 0'
     )  # once per pool
-    assert line.startswith("no pool 'zzz' is configured (pools: ci, gpu); the rule can fire")
+    assert line.startswith("no pool 'zzz' is configured (pools: ci, gpu). The rule can fire")
     for expr in ('corral_queue_depth{pool="ci"} > 0', 'corral_queue_depth{pool="*"} > 0',
                  'corral_queue_depth{pool!="cii"} > 0', TERM):  # fmt: skip
         assert warned(expr) == [], expr
@@ -408,7 +408,7 @@ def test_a_pool_label_of_no_configured_pool_is_a_warning_not_a_refusal(tmp_path:
     config = load_alerting(path)
     assert "P2" in [r.name for r in config.all_rules()]
     assert config.warnings() == [
-        "alert rule 'P2': no pool 'cii' is configured (pools: ci); did you mean 'ci'? the rule "
+        "alert rule 'P2': no pool 'cii' is configured (pools: ci); did you mean 'ci'? The rule "
         "can fire only if workers join with --pool cii or tasks ask for pool cii"
     ]
     path.write_text(path.read_text().split("\n\n", 1)[1])
