@@ -18,6 +18,7 @@ from policies import (
 )
 from policies.survival import Survival
 from runtime.errors import (
+    LongTaskError,
     PruneDepthError,
     disk_size,
 )
@@ -152,6 +153,11 @@ class SchedulerConfig:
         depth = self.prune_depth
         if isinstance(depth, bool) or not isinstance(depth, int) or depth < 0:
             raise PruneDepthError(depth)
+        long = self.long_task
+        if isinstance(long, bool) or not isinstance(long, int | float) or not long >= 0:
+            raise LongTaskError("long_task", long)
+        if not isinstance(self.unknown_long, bool):
+            raise LongTaskError("unknown_long", self.unknown_long)
         for pool, n in self.tasks_per_worker.items():
             if isinstance(n, bool) or not isinstance(n, int) or n < 1:
                 raise ValueError(

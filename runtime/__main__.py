@@ -260,6 +260,24 @@ def build_parser(prog: str = MODULE_PROG) -> argparse.ArgumentParser:
         "the default), once their readers are done too (2), ...; 0 never "
         "(docs/files.md#pruning-depth)",
     )
+    mgr.add_argument(
+        "--long-task",
+        type=float,
+        default=1.0,
+        metavar="SECONDS",
+        help="a task expected to run this long or longer (its category's mean duration) "
+        "goes only to a worker with a core free of tasks (default: 1; inf: none by its "
+        "duration; docs/configuration.md#schedulerconfig)",
+    )
+    mgr.add_argument(
+        "--unknown-long",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="count a task of a category with no finished try as long, as above "
+        "(default); --no-unknown-long counts it as short, so a worker takes up to "
+        "saturation tasks per core of new categories (graphs of nearly one category per "
+        "task)",
+    )
     _policy_module_option(
         mgr, "before the manager starts, so that the policies it registers "
         "(policies.register) can be set by clients and named in --config's [policies]"
@@ -692,7 +710,7 @@ def _cmd_manager(args: argparse.Namespace) -> int:
     )
 
     # Every option is checked before anything starts (run_manager checks the rest:
-    # --prune-depth, --listen, --metrics-listen); the monitoring database is only made,
+    # --prune-depth, --long-task, --listen, --metrics-listen); the monitoring database is only made,
     # and printed, once the manager listens: one that cannot start leaves no run behind.
     check_worker_timeout(args.worker_timeout, "--worker-timeout")
     check_client_timeout(args.client_timeout, "--client-timeout")
@@ -741,7 +759,8 @@ def _cmd_manager(args: argparse.Namespace) -> int:
             args.listen, token_file=token_file, ready=ready, config=pools, policies=policies,
             metrics_listen=args.metrics_listen, metrics_ready=metrics_ready, alerting=alerting,
             monitoring=monitoring, monitoring_interval=args.monitoring_interval,
-            monitoring_keep=keep, prune_depth=args.prune_depth,
+            monitoring_keep=keep, prune_depth=args.prune_depth, long_task=args.long_task,
+            unknown_long=args.unknown_long,
             worker_timeout=args.worker_timeout, client_timeout=args.client_timeout,
         ),
         backend="asyncio",

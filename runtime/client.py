@@ -1065,10 +1065,11 @@ class Cluster:
     ``memory_per_worker``, ``disk_per_worker``, ``memory_options``: workers join a
     manager process on their own, ``python -m runtime worker ADDRESS``) and the
     options that set what the manager holds for all its clients (``policies``,
-    ``pools``, ``saturation``, ``stall_timeout``, ``prune_depth``, ``monitoring``,
-    ``monitoring_interval``, ``alerts``, ``alertmanager``, ``alerting``,
-    ``worker_timeout``) raise ``ValueError`` here, saying where the manager takes them
-    from; ``set_policy`` changes its policies for every client.
+    ``pools``, ``saturation``, ``stall_timeout``, ``prune_depth``, ``long_task``,
+    ``unknown_long``, ``monitoring``, ``monitoring_interval``, ``alerts``,
+    ``alertmanager``, ``alerting``, ``worker_timeout``) raise ``ValueError`` here,
+    saying where the manager takes them from; ``set_policy`` changes its policies for
+    every client.
 
     ``Cluster(pools={"name": {...}})`` configures pools as data instead of ``workers``
     (docs/configuration.md#pools): each pool's blocks (``workers_per_node`` workers of
@@ -1106,6 +1107,13 @@ class Cluster:
     workers once the tasks that read it are done (1, the default), or once their own
     readers are done too (2), and so on; 0 never drops one.
 
+    ``long_task``, ``unknown_long`` (docs/configuration.md#schedulerconfig): a task
+    expected to run ``long_task`` seconds or longer (its category's mean duration; 1.0,
+    inf: none), or of a category with no finished try while ``unknown_long`` (True), goes
+    only to a worker with a core free of tasks; ``unknown_long=False`` lets a worker take
+    up to ``saturation`` tasks per core of new categories (a graph of nearly one category
+    per task). Checked here: :class:`~runtime.errors.LongTaskError`.
+
     ``worker_timeout``: with worker processes, the seconds one may be silent before it
     counts as lost (default 10; a task that holds the GIL silences its worker). A
     manager process takes ``--worker-timeout`` instead.
@@ -1142,6 +1150,8 @@ class Cluster:
         monitoring: str | os.PathLike[str] | None = None,
         monitoring_interval: float = 2.0,
         prune_depth: int = 1,
+        long_task: float = 1.0,
+        unknown_long: bool = True,
         manager_alerts: float | None = 10.0,
         worker_timeout: float | None = None,
         manager_timeout: float | None = None,
@@ -1175,7 +1185,8 @@ class Cluster:
                 memory_per_worker=memory_per_worker, disk_per_worker=disk_per_worker,
                 memory_options=memory_options,
                 policies=policies, pools=pools, saturation=saturation,
-                stall_timeout=stall_timeout, prune_depth=prune_depth, monitoring=monitoring,
+                stall_timeout=stall_timeout, prune_depth=prune_depth, long_task=long_task,
+                unknown_long=unknown_long, monitoring=monitoring,
                 monitoring_interval=monitoring_interval, alerts=alerts,
                 alertmanager=alertmanager, alerting=alerting, worker_timeout=worker_timeout,
             )  # fmt: skip
@@ -1240,8 +1251,11 @@ class Cluster:
         self.stall_timeout = stall_timeout
         from actors.scheduler_records import SchedulerConfig
 
-        SchedulerConfig(prune_depth=prune_depth)  # PruneDepthError now, not at start
+        # PruneDepthError, LongTaskError now, not at start
+        SchedulerConfig(prune_depth=prune_depth, long_task=long_task, unknown_long=unknown_long)
         self.prune_depth = prune_depth
+        self.long_task = long_task
+        self.unknown_long = unknown_long
         self.pool = pool
         if (
             isinstance(saturation, bool)
@@ -1544,7 +1558,7 @@ class Cluster:
                 stall_timeout=self.stall_timeout,
                 alerting=self.alerting,
                 **self._monitoring(),
-                prune_depth=self.prune_depth,
+                **self._scheduler(),
                 **fixed,
             )
             self.gateway_address = await start_local_processes(
@@ -1577,10 +1591,18 @@ class Cluster:
             stall_timeout=self.stall_timeout,
             alerting=self.alerting,
             **self._monitoring(),
-            prune_depth=self.prune_depth,
+            **self._scheduler(),
             **fixed,
         )
         await self._finish_start(system, plane)
+
+    def _scheduler(self) -> dict[str, Any]:
+        """The scheduler settings ``start_control_plane`` takes from this cluster."""
+        return {
+            "prune_depth": self.prune_depth,
+            "long_task": self.long_task,
+            "unknown_long": self.unknown_long,
+        }
 
     def _monitoring(self) -> dict[str, Any]:
         if self.monitoring is None:
@@ -1604,7 +1626,7 @@ class Cluster:
             system, saturation=self.saturation, policies=self.initial_policies,
             stall_timeout=self.stall_timeout, alerting=self.alerting,
             **self._monitoring(),
-            prune_depth=self.prune_depth, pools=self.pools,
+            **self._scheduler(), pools=self.pools,
         )  # fmt: skip
         if self.processes:
             tokens = Tokens.generate()
@@ -2207,6 +2229,11 @@ _MANAGER_SETTINGS: tuple[tuple[tuple[str, ...], str], ...] = (
         "2.0, stall_timeout 10 s)",
     ),
     (("prune_depth",), "a manager process has its own: python -m runtime manager --prune-depth N"),
+    (
+        ("long_task", "unknown_long"),
+        "a manager process has its own: python -m runtime manager --long-task SECONDS, "
+        "--no-unknown-long",
+    ),
     (
         ("worker_timeout",),
         "a manager process has its own: python -m runtime manager --worker-timeout SECONDS",

@@ -1683,6 +1683,33 @@ class PruneDepthError(CorralError, ValueError):
 __all__ += ["PruneDepthError"]
 
 
+class LongTaskError(CorralError, ValueError):
+    """``long_task`` or ``unknown_long`` (``Cluster(long_task=..., unknown_long=...)``,
+    ``SchedulerConfig``, the manager's ``--long-task``) is out of range: ``option`` names
+    which, ``value`` is what was given."""
+
+    def __init__(self, option: str, value: object) -> None:
+        if option == "unknown_long":
+            problem = (
+                f"unknown_long must be True or False, got {value!r}: True (the default) "
+                "sends a task of a category with no finished try only to a worker with a "
+                "core free of tasks; False counts it as short (up to saturation tasks per "
+                "core, the manager's --no-unknown-long)"
+            )
+        else:
+            problem = (
+                f"long_task must be a number of seconds >= 0, got {value!r}: a task expected "
+                "to run this long or longer goes only to a worker with a core free of tasks "
+                "(default 1.0; inf: none counts as long by its duration)"
+            )
+        super().__init__(
+            f"{problem}. See docs/configuration.md#schedulerconfig.", option=option, value=value
+        )
+
+
+__all__ += ["LongTaskError"]
+
+
 class CheckpointError(CorralError, RuntimeError):
     """``checkpoint()``, ``checkpoint_file()``, ``restore()`` or ``restore_path()``
     cannot work: called outside a running task, a checkpoint larger than the disk its

@@ -278,6 +278,8 @@ async def start_control_plane(
     monitoring: str | os.PathLike[str] | None = None,
     monitoring_interval: float = 2.0,
     prune_depth: int = 1,
+    long_task: float = 1.0,
+    unknown_long: bool = True,
     dashboard: bool = False,
     monitor_feed: bool = False,
     pools: Mapping[str, PoolConfig] | None = None,
@@ -286,7 +288,7 @@ async def start_control_plane(
 ) -> ControlPlane:
     """Spawn registry, scheduler, manager, the alert monitor (unless ``alerting`` is
     None; by default the default rules, logged) and, with a ``provider``, the
-    autoscaler. ``stall_timeout``, ``prune_depth``: see
+    autoscaler. ``stall_timeout``, ``prune_depth``, ``long_task``, ``unknown_long``: see
     :class:`~actors.scheduler_records.SchedulerConfig`. ``monitoring``: the path of a
     monitoring database to write every ``monitoring_interval`` seconds
     (:class:`~runtime.monitordb.MonitorRecorder`, docs/monitoring.md). ``dashboard``:
@@ -318,6 +320,7 @@ async def start_control_plane(
     config = SchedulerConfig(
         saturation=saturation, stall_timeout=stall_timeout,
         drain_periods=pool_drain_periods(pools or {}), prune_depth=prune_depth,
+        long_task=long_task, unknown_long=unknown_long,
         tasks_per_worker=pool_tasks_per_worker(pools or {}),
         monitor=monitor_feed or monitoring is not None,
         pool_memory={p: int(s["memory"][0]) for p, s in shapes.items() if "memory" in s},
@@ -1822,6 +1825,8 @@ async def run_manager(
     monitoring_interval: float = 2.0,
     monitoring_keep: float | None = None,
     prune_depth: int = 1,
+    long_task: float = 1.0,
+    unknown_long: bool = True,
     worker_timeout: float = DEAD_AFTER,
     client_timeout: float | None = None,
 ) -> None:
@@ -1860,8 +1865,11 @@ async def run_manager(
     ``dashboard`` link is the manager's own page unless the configuration gives one.
 
     ``prune_depth``: how far downstream an output's readers must be done before it is
-    dropped (docs/files.md#pruning-depth)."""
-    SchedulerConfig(prune_depth=prune_depth)  # PruneDepthError before anything starts
+    dropped (docs/files.md#pruning-depth). ``long_task``, ``unknown_long``: which tasks
+    go only to a worker with a core free of tasks
+    (:class:`~actors.scheduler_records.SchedulerConfig`)."""
+    # PruneDepthError, LongTaskError before anything starts
+    SchedulerConfig(prune_depth=prune_depth, long_task=long_task, unknown_long=unknown_long)
     worker_timeout = check_worker_timeout(worker_timeout)
     if client_timeout is not None:
         client_timeout = check_client_timeout(client_timeout)
@@ -1910,7 +1918,8 @@ async def run_manager(
         # manager that cannot listen leaves no empty run behind.
         plane = await start_control_plane(
             system, policies=policies, alerting=alerting,
-            prune_depth=prune_depth, dashboard=websockets, monitor_feed=monitoring is not None,
+            prune_depth=prune_depth, long_task=long_task, unknown_long=unknown_long,
+            dashboard=websockets, monitor_feed=monitoring is not None,
             pools=pools,
         )  # fmt: skip
         from runtime.dashboard import DashboardFeed, dashboard_routes

@@ -273,6 +273,10 @@ def test_manager_alerts_must_be_positive_seconds_or_none() -> None:
         ({"saturation": 4.0}, "saturation= is for an embedded cluster"),
         ({"stall_timeout": 60.0, "saturation": 1.0}, "saturation= and stall_timeout= are"),
         ({"prune_depth": 2}, "manager --prune-depth N"),
+        ({"unknown_long": False}, "unknown_long= is for an embedded cluster; with an "
+         "address, a manager process has its own: python -m runtime manager --long-task "
+         "SECONDS, --no-unknown-long"),
+        ({"long_task": 5.0}, "long_task= is for an embedded cluster"),
         ({"monitoring_interval": 5.0}, "--monitoring-interval SECONDS"),
         ({"alertmanager": "http://127.0.0.1:9093"}, "alertmanager= is for an embedded"),
         ({"workers": 3}, "workers= is for an embedded cluster; with an address, a manager "

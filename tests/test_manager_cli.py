@@ -81,6 +81,8 @@ def test_the_listen_port_in_use_names_the_flag_and_leaves_no_run(
     ("flags", "error"),
     [
         (["--prune-depth", "-1"], "error: PruneDepthError: prune_depth must be"),
+        (["--long-task", "-1"], "error: LongTaskError: long_task must be a number of seconds"),
+        (["--long-task", "nan"], "error: LongTaskError: long_task must be a number of seconds"),
         (["--listen", "nonsense"], "error: InvalidAddress: invalid transport address 'ws://"),
         (["--listen", "foo://x"], "error: InvalidAddress: invalid transport address 'foo://x'"),
         (["--metrics-listen", "127.0.0.1:99999"], "error: ValueError: --metrics-listen takes"),

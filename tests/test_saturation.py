@@ -14,14 +14,18 @@ Pure-core tests (events in, exact commands out), and one embedded cluster.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
 
 from actors.scheduler_events import Execute
+from actors.scheduler_records import SchedulerConfig
 from actors.scheduler_state import SchedulerState
 from runtime import Cluster
+from runtime.errors import LongTaskError
 from tests.helpers import (
     Factory,
     assigned,
@@ -171,3 +175,132 @@ async def test_a_worker_that_joins_runs_the_second_task_of_a_new_category(
                 assert await c.gather(futs) == ["opened", "opened"]
     finally:
         gate.touch()
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"long_task": -1.0},
+        {"long_task": float("nan")},
+        {"long_task": "1"},
+        {"long_task": True},
+        {"unknown_long": 0},
+        {"unknown_long": "no"},
+    ],
+)
+def test_bad_long_task_settings_are_refused_with_what_to_do(options: dict[str, Any]) -> None:
+    """``SchedulerConfig`` and ``Cluster(...)`` (when it is made) alike."""
+    ((option, value),) = options.items()
+    with pytest.raises(LongTaskError, match=f"^{option} must be") as info:
+        SchedulerConfig(**options)
+    assert info.value.fields == {"option": option, "value": value}
+    assert "docs/configuration.md#schedulerconfig" in str(info.value)
+    with pytest.raises(LongTaskError, match=f"^{option} must be"):
+        Cluster(workers=1, **options)
+
+
+def test_long_task_zero_and_inf_are_taken() -> None:
+    """0: every task counts as long; inf: none does by its duration."""
+    assert SchedulerConfig(long_task=0).long_task == 0
+    assert SchedulerConfig(long_task=math.inf).long_task == math.inf
+
+
+def _two_gated(c: Any, gate: Path, started: list[Path]) -> list[Any]:
+    return [c.submit(held_at_gate, str(gate), str(started[i]), key=f"build-{i}") for i in range(2)]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("options", "learn", "sent"),
+    [
+        ({}, False, ["processing", "queued"]),  # a new category counts as long
+        ({"unknown_long": False}, False, ["processing", "processing"]),
+        ({}, True, ["processing", "processing"]),  # known short (ms) tasks fill the slots
+        ({"long_task": 0.0}, True, ["processing", "queued"]),  # every task counts as long
+    ],
+)
+async def test_a_clusters_long_task_settings_reach_the_scheduler(
+    tmp_path: Path, options: dict[str, Any], learn: bool, sent: list[str]
+) -> None:
+    """Embedded, one 1-thread worker (2 slots at saturation 2): two tasks of one
+    category, held at a gate, are both sent to it, or one is and the other waits in
+    the scheduler for the core. ``learn``: one task of the category finished first."""
+    gate = tmp_path / "gate"
+    started = [tmp_path / f"started-{i}" for i in range(2)]
+    try:
+        with anyio.fail_after(60):
+            async with Cluster(workers=1, threads_per_worker=1, **options) as c:
+                await c.wait_for_workers(1, timeout=30)
+                if learn:
+                    assert await c.submit(str, 1, key="build-99") == "1"
+                state = c.scheduler_state
+                futs = _two_gated(c, gate, started)
+                await wait_until(started[0].exists, "the first task to run", limit=30)
+                got = sorted(state.tasks[f"build-{i}"].state for i in range(2))
+                assert got == sent
+                gate.touch()
+                assert await c.gather(futs) == ["opened", "opened"]
+    finally:
+        gate.touch()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(("unknown_long", "processing"), [(True, 1), (False, 2)])
+async def test_a_managers_unknown_long_reaches_its_scheduler(
+    tmp_path: Path, unknown_long: bool, processing: int
+) -> None:
+    """``run_manager(unknown_long=...)`` (``--no-unknown-long``), one 1-core worker, a
+    client: two tasks of a new category are both sent to the worker, or only one."""
+    from runtime.node import Tokens, run_manager, run_worker
+
+    gate = tmp_path / "gate"
+    started = [tmp_path / f"started-{i}" for i in range(2)]
+    where: list[str] = []
+    up = anyio.Event()
+
+    def ready(address: str, tokens: Tokens) -> None:
+        where.append(address)
+        up.set()
+
+    try:
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(
+                    lambda: run_manager(
+                        "inproc://", ready=ready, listen_options={"codec": True},
+                        unknown_long=unknown_long,
+                    )
+                )  # fmt: skip
+                await up.wait()
+                tg.start_soon(lambda: run_worker(where[0], cores=1, listen_options={"codec": True}))
+                async with Cluster(where[0]) as c:
+                    await c.wait_for_workers(1, timeout=30)
+                    futs = _two_gated(c, gate, started)
+                    await wait_until(started[0].exists, "the first task to run", limit=30)
+                    status = await c.status()
+                    assert list(status["processing"].values()) == [processing]
+                    gate.touch()
+                    assert await c.gather(futs) == ["opened", "opened"]
+                tg.cancel_scope.cancel()
+    finally:
+        gate.touch()
+
+
+def test_the_manager_command_line_passes_its_long_task_flags(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``--long-task`` and ``--no-unknown-long`` reach ``run_manager`` (whose scheduler
+    the test above shows them reaching); without them, the defaults."""
+    import runtime.node
+    from runtime.__main__ import main
+
+    seen: list[dict[str, Any]] = []
+
+    async def fake(listen: str, **kwargs: Any) -> None:
+        seen.append(kwargs)
+
+    monkeypatch.setattr(runtime.node, "run_manager", fake)
+    base = ["manager", "--listen", "127.0.0.1:0", "--no-monitoring"]
+    assert main([*base, "--long-task", "30", "--no-unknown-long"]) == 0
+    assert main(base) == 0
+    assert [(k["long_task"], k["unknown_long"]) for k in seen] == [(30.0, False), (1.0, True)]
