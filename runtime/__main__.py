@@ -352,8 +352,8 @@ def build_parser(prog: str = MODULE_PROG) -> argparse.ArgumentParser:
     rep_.add_argument(
         "--since", default=None, metavar="TIME",
         help="report only what overlaps the window from TIME: a UTC date and time "
-        "(2026-12-05 14:00, 2026-12-05T14:00:30, an ISO time with an offset), Unix seconds, "
-        "or +DURATION from the run's start (+90m)",
+        "(2026-12-05 14:00, 2026-12-05T14:00:30, an ISO time with an offset), a UTC time of "
+        "day, today (14:00:30), Unix seconds, or +DURATION from the run's start (+90m)",
     )  # fmt: skip
     rep_.add_argument(
         "--until", default=None, metavar="TIME",

@@ -292,14 +292,17 @@ def _spans(runs: Iterable[dict[str, Any]]) -> str:
 #: what --since and --until take, for the errors that say so
 _WHEN_FORMS = (
     "a UTC date and time as the report and --list show them (2026-12-05 14:00 or "
-    "2026-12-05T14:00:30; an ISO time with an offset, +01:00, is taken as such), Unix "
-    "seconds, or +DURATION from the run's start (+90m, +1h30m, +600)"
+    "2026-12-05T14:00:30; an ISO time with an offset, +01:00, is taken as such), a UTC "
+    "time of day, today (14:00:30), Unix seconds, or +DURATION from the run's start "
+    "(+90m, +1h30m, +600)"
 )
 
 
-def _absolute(text: str, flag: str) -> float | None:
+def _absolute(text: str, flag: str, now: float | None = None) -> float | None:
     """The Unix time ``text`` (``--since``/``--until``) names, or None for a time from
-    the run's start (``+DURATION``); :class:`ReportRunError` for anything else."""
+    the run's start (``+DURATION``); :class:`ReportRunError` for anything else. A time
+    of day alone (``15:49:30``) is of today, the date in UTC (or in its own offset's
+    zone, ``15:49:30+01:00``) at ``now`` (Unix seconds; None: the clock)."""
     text = text.strip()
     if text.startswith("+"):
         return None
@@ -310,7 +313,13 @@ def _absolute(text: str, flag: str) -> float | None:
     try:
         when = datetime.datetime.fromisoformat(text)
     except ValueError:
-        raise ReportRunError("", f"{flag} {text!r} is not a time: give {_WHEN_FORMS}") from None
+        try:
+            of_day = datetime.time.fromisoformat(text)
+        except ValueError:
+            raise ReportRunError("", f"{flag} {text!r} is not a time: give {_WHEN_FORMS}") from None
+        zone = of_day.tzinfo or datetime.UTC
+        today = datetime.datetime.fromtimestamp(time.time() if now is None else now, zone)
+        when = datetime.datetime.combine(today.date(), of_day.replace(tzinfo=None), zone)
     if when.tzinfo is None:
         when = when.replace(tzinfo=datetime.UTC)
     return when.timestamp()

@@ -11,6 +11,7 @@ The database is written by real embedded clusters, two starts on one file: run 1
 
 from __future__ import annotations
 
+import datetime
 import os
 import re
 import sqlite3
@@ -26,7 +27,7 @@ import pytest
 from runtime import Cluster
 from runtime.errors import MonitoringDBError, ReportRunError
 from runtime.monitordb import MonitorWriter, open_db
-from runtime.report import _Run, build_report, list_runs
+from runtime.report import _absolute, _Run, build_report, list_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 LIMIT = 90
@@ -210,6 +211,49 @@ def test_a_window_shows_what_overlaps_it_in_every_plot(runs: Runs, tmp_path: Pat
     whole = _run(runs.db, run_id=runs.two)
     assert whole.tasks == 12 and _families(whole) == {"second", "fails", "third"}
     assert whole.start == 0.0
+
+
+def _at(text: str) -> float:
+    return datetime.datetime.fromisoformat(text).timestamp()
+
+
+@pytest.mark.parametrize(
+    ("text", "now", "means"),
+    [
+        # today's date in UTC, the report's zone
+        ("15:49:30", "2026-12-05T10:00:00+00:00", "2026-12-05T15:49:30+00:00"),
+        ("15:49", "2026-12-05T23:59:59+00:00", "2026-12-05T15:49:00+00:00"),
+        ("T15:49:30.250", "2026-12-05T00:00:00+00:00", "2026-12-05T15:49:30.250+00:00"),
+        # with an offset: today's date there (already the 6th at +01:00)
+        ("00:15+01:00", "2026-12-05T23:30:00+00:00", "2026-12-06T00:15:00+01:00"),
+    ],
+)
+def test_a_time_of_day_alone_is_of_today(text: str, now: str, means: str) -> None:
+    assert _absolute(text, "--since", now=_at(now)) == _at(means)
+
+
+@pytest.mark.parametrize("bad", ["yesterday", "15:61", "25:00", "15:49:30 pm", "noon", "1549x"])
+def test_what_is_no_time_of_day_is_still_refused(bad: str) -> None:
+    with pytest.raises(ReportRunError, match=f"--until {bad!r} is not a time: give .*time of day"):
+        _absolute(bad, "--until", now=_at("2026-12-05T10:00:00+00:00"))
+
+
+@pytest.mark.timeout(60)
+def test_a_window_from_a_time_of_day_on_the_command_line(runs: Runs, tmp_path: Path) -> None:
+    """``--since HH:MM:SS.ffffff``: the same window as the Unix seconds it names today."""
+    mid = sum(runs.idle) / 2
+    at = datetime.datetime.fromtimestamp(mid, datetime.UTC)
+    if at.date() != datetime.datetime.now(datetime.UTC).date():
+        pytest.skip("the runs were recorded before midnight UTC: their time of day is not today")
+    out = tmp_path / "report.html"
+    since = at.strftime("%H:%M:%S.%f")
+    proc = _report(str(runs.db), "--run", runs.two, "--since", since, "-o", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "read 4 tasks" in proc.stderr
+    proc = _report(str(runs.db), "--run", runs.two, "--since", "15:61", "-o", str(out))
+    assert proc.returncode == 1
+    assert proc.stderr.startswith("error: ReportRunError: "), proc.stderr
+    assert "--since '15:61' is not a time: give " in proc.stderr
 
 
 @pytest.mark.timeout(60)
