@@ -28,13 +28,11 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +41,7 @@ if "runtime" not in sys.modules:
     sys.path.append(str(ROOT))  # after PYTHONPATH: another tree's runtime wins
 
 import anyio  # noqa: E402
+from cluster_processes import manager_and_workers  # noqa: E402  (benchmarks/: on the path)
 
 import runtime  # noqa: E402
 from runtime.files import File, output_path  # noqa: E402
@@ -81,59 +80,18 @@ def merge(*skims: File) -> int:
     return total
 
 
-@contextmanager
 def processes(
     home: str, workers: int, disk: str, log: str | None = None
-) -> Iterator[tuple[str, list[Any]]]:
-    """A manager and ``workers`` worker processes on 127.0.0.1; their address, and the
-    workers' ``Popen``. With ``log``, the manager's output is written there."""
-    env = dict(os.environ, CORRAL_HOME=home, PYTHONUNBUFFERED="1")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), str(ROOT)) if p)
-
-    def start(*args: str) -> subprocess.Popen[str]:
-        return subprocess.Popen(
-            [sys.executable, "-m", "runtime", *args], env=env, text=True,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-
-    def wait_for(proc: subprocess.Popen[str], needle: str, to: str | None = None) -> str:
-        assert proc.stdout is not None
-        out = proc.stdout
-
-        def copy() -> None:
-            with open(to or os.devnull, "w") as f:
-                for line in out:
-                    f.write(line)
-
-        for line in out:
-            if needle in line:
-                threading.Thread(target=copy, daemon=True).start()
-                return line
-        raise RuntimeError(f"process ended before printing {needle!r}")
-
-    manager = start("manager", "--listen", "127.0.0.1:0", "--no-monitoring")
-    procs = [manager]
-    try:
-        address = wait_for(manager, "manager listening on", log).split("listening on", 1)[1].strip()
-        ws = []
-        for n in range(workers):
-            spill = os.path.join(home, f"spill-{n}")
-            os.makedirs(spill)
-            ws.append(start("worker", address, "--disk", disk, "--spill-dir", spill))
-        procs += ws
-        for w in ws:
-            wait_for(w, "joined")
-        yield address, ws
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(15)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(5)
+) -> AbstractContextManager[tuple[str, list[Any]]]:
+    """A manager and ``workers`` worker processes on 127.0.0.1, each worker with
+    ``--disk`` and a spill directory of its own; their address, and the workers'
+    ``Popen``. With ``log``, the manager's output is written there."""
+    args = []
+    for n in range(workers):
+        spill = os.path.join(home, f"spill-{n}")
+        os.makedirs(spill)
+        args.append(["--disk", disk, "--spill-dir", spill])
+    return manager_and_workers(home, args, ["--no-monitoring"], log)
 
 
 def graph_of(loads: int, nbytes: int, fan_in: int) -> tuple[dict[str, Any], list[str], int]:

@@ -23,14 +23,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
-import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +37,8 @@ import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from cluster_processes import manager_and_workers  # noqa: E402  (benchmarks/: on the path)
 
 from runtime.client import parse_bytes  # noqa: E402
 
@@ -125,52 +124,14 @@ def run_dask(sizes: list[int], repeat: int) -> list[Row]:
 # ---------------------------------------------------------------------------- corral
 
 
-@contextmanager
-def corral_processes(home: str) -> Iterator[tuple[str, subprocess.Popen[str]]]:
-    env = dict(os.environ, CORRAL_HOME=home, PYTHONUNBUFFERED="1")
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-
-    def start(*args: str) -> subprocess.Popen[str]:
-        return subprocess.Popen(
-            [sys.executable, "-m", "runtime", *args], env=env, text=True,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-
-    def wait_for(proc: subprocess.Popen[str], needle: str) -> str:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            if needle in line:
-                threading.Thread(target=proc.stdout.read, daemon=True).start()
-                return line
-        raise RuntimeError(f"process ended before printing {needle!r}")
-
-    manager = start("manager", "--listen", "127.0.0.1:0")
-    procs = [manager]
-    try:
-        address = wait_for(manager, "manager listening on").split("listening on", 1)[1].strip()
-        a = start("worker", address, "--cores", "1", "--pool", "a")
-        b = start("worker", address, "--cores", "1", "--pool", "b")
-        procs += [a, b]
-        wait_for(a, "joined")
-        wait_for(b, "joined")
-        yield address, a
-    finally:
-        for p in procs:
-            p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-
-
 def run_corral(sizes: list[int], repeat: int) -> list[Row]:
     from runtime import Cluster
 
     rows: list[Row] = []
     with tempfile.TemporaryDirectory() as home:
         os.environ["CORRAL_HOME"] = home
-        with corral_processes(home) as (address, worker_a):
+        pinned = [["--cores", "1", "--pool", "a"], ["--cores", "1", "--pool", "b"]]
+        with manager_and_workers(home, pinned) as (address, (worker_a, _)):
 
             async def main() -> None:
                 async with Cluster(address) as c:

@@ -213,13 +213,11 @@ def test_a_lost_worker_s_tasks_are_retried_elsewhere_for_free(make_state: Factor
     assert of(cmds, KeyErred) == []
 
 
-def test_a_lost_try_that_stored_outputs_wait_for_keeps_its_place(make_state: Factory) -> None:
-    """The disk recovery audit (benchmarks/disk_recovery.py): a load lost with its
-    worker went behind every fresh load of the run, so the merge waiting for it held
-    its other inputs (skims) on the small disks to the end and every later merge
-    stalled. A lost try that a task downstream waits for beside stored outputs is
-    retried in its place, not behind fresh work. (``least-loaded``: no root is sent
-    along with its partner, so each load starts on a worker of its own.)"""
+def _merge_waiting_for_load_0(make_state: Factory) -> tuple[SchedulerState, str, str]:
+    """Two workers, ``least-loaded`` (no root is sent along with its partner, so each
+    load starts on a worker of its own), ``merge-0`` reading ``skim-0`` and ``skim-1``:
+    ``load-1`` and ``skim-1`` are done on w1 (skim-1 stored, 1 MB), which runs
+    ``next-0``; ``load-0`` runs on w2. The state, w1 and w2."""
     s = make_state(saturation=1.0, placement="least-loaded")
     join(s, "w1")
     join(s, "w2")
@@ -234,6 +232,17 @@ def test_a_lost_try_that_stored_outputs_wait_for_keeps_its_place(make_state: Fac
     w1, w2 = worker_of(s, "load-1"), worker_of(s, "load-0")
     assert assigned(finish(s, w1, "load-1", nbytes=MB)) == {w1: ["skim-1"]}
     assert assigned(finish(s, w1, "skim-1", nbytes=MB)) == {w1: ["next-0"]}
+    return s, w1, w2
+
+
+def test_a_lost_try_that_stored_outputs_wait_for_keeps_its_place(make_state: Factory) -> None:
+    """The disk recovery audit (benchmarks/disk_recovery.py): a load lost with its
+    worker went behind every fresh load of the run, so the merge waiting for it held
+    its other inputs (skims) on the small disks to the end and every later merge
+    stalled. A lost try that a task downstream waits for beside stored outputs is
+    retried in its place, not behind fresh work. (``least-loaded``: no root is sent
+    along with its partner, so each load starts on a worker of its own.)"""
+    s, w1, w2 = _merge_waiting_for_load_0(make_state)
     # The worker running load-0 is lost: merge-0 waits for it beside skim-1, stored.
     assert assigned(leave(s, w2, cause="crash")) == {}
     assert s.tasks["load-0"].state == "queued" and not s.tasks["load-0"].behind
@@ -252,17 +261,7 @@ def test_a_disk_full_retry_that_stored_outputs_wait_for_keeps_its_place(
 ) -> None:
     """The same for a try whose output did not fit on its worker's disk (the audit's
     second way to lose a load: ``load-31``'s disk-full retry ran last, 140 s later)."""
-    s = make_state(saturation=1.0, placement="least-loaded")
-    join(s, "w1")
-    join(s, "w2")
-    table: dict[Key, list[Key]] = {
-        "load-0": [], "load-1": [], "skim-0": ["load-0"], "skim-1": ["load-1"],
-        "merge-0": ["skim-0", "skim-1"], "next-0": [], "next-1": [],
-    }  # fmt: skip
-    submit(s, table, ["merge-0", "next-0", "next-1"])
-    w1, w2 = worker_of(s, "load-1"), worker_of(s, "load-0")
-    assert assigned(finish(s, w1, "load-1", nbytes=MB)) == {w1: ["skim-1"]}
-    assert assigned(finish(s, w1, "skim-1", nbytes=MB)) == {w1: ["next-0"]}
+    s, _, w2 = _merge_waiting_for_load_0(make_state)
     err = DiskFull("load-0", w2, MB, 0, MB)
     cmds = finish(s, w2, "load-0", outcome="disk-full", nbytes=MB, error=err)
     assert [e[2] for e in s.story("load-0") if e[1] == "retry"] == [
