@@ -68,6 +68,7 @@ from actors.scheduler_events import (
     WorkerLeaving,
     WorkerLeft,
     WorkerMemory,
+    WorkerUndrained,
 )
 from actors.scheduler_records import (
     NOT_RUN,
@@ -140,6 +141,7 @@ from runtime.messages import (
     TasksQuery,
     TasksStarted,
     TryRecord,
+    UndrainRequest,
     UpcomingRequest,
     WaitForWorkersRequest,
     WorkerDiskMetrics,
@@ -1001,6 +1003,26 @@ class Scheduler(Actor):
             "retired": ws.retired,
             "keeping": keeping,
         }
+
+    @handles(UndrainRequest)
+    def undrain(self, msg: UndrainRequest) -> dict[str, Any]:
+        """Take draining ``msg.worker`` back (the autoscaler's pool wants it again): it
+        takes tasks again; or say why not (``SchedulerState.undrain_refusal``)."""
+        ws = self.state.workers.get(msg.worker)
+        if ws is None:
+            known = ", ".join(sorted(self.state.workers)) or "none"
+            raise ValueError(f"no worker {msg.worker!r} (known workers: {known})")
+        why = self.state.undrain_refusal(ws)
+        if not why:
+            self._handle(WorkerUndrained(*self._ev(), msg.worker))
+            # (drained again at once: its last task under its pool's tasks_per_worker)
+            why = (self.state.undrain_refusal(ws) or "drained again") if ws.draining else ""
+        if why:
+            self.log.info("not taking back draining worker", worker=msg.worker, why=why)
+        else:
+            self.log.info("draining worker taken back: it takes tasks again",
+                          worker=msg.worker, running=len(ws.processing))  # fmt: skip
+        return {"worker": msg.worker, "undrained": not why, "why": why}
 
 
 #: What turning a story query's text back into a key may raise: it is then text only.

@@ -55,6 +55,7 @@ __all__ = [
     "WorkerLeaving",
     "WorkerLeft",
     "WorkerMemory",
+    "WorkerUndrained",
 ]
 
 
@@ -221,6 +222,18 @@ class PolicyChanged(Event):
 class WorkerDraining(Event):
     """Give ``worker`` no new tasks; retire it (:class:`RetireWorker`) once the tasks it
     runs have finished. Its outputs stay available to peers until it leaves."""
+
+    worker: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WorkerUndrained(Event):
+    """Take draining ``worker`` back (the autoscaler's pool wants it again): it takes
+    new tasks again, as before its :class:`WorkerDraining`, and is not retired. Only a
+    worker drained by a :class:`WorkerDraining` that is still there: not retired, not
+    leaving on its own, not drained for its walltime nor its pool's
+    ``tasks_per_worker`` (:meth:`SchedulerState.undrain_refusal` says why not); any
+    other is left as it is."""
 
     worker: str
 

@@ -59,7 +59,11 @@ worker cancels its copies; a task that ends cancels all of them (``_unassign``).
 
 Draining: after :class:`WorkerDraining` a worker gets no new tasks (it is never in
 ``free``); once the tasks it runs have finished, one :class:`RetireWorker` command says
-to stop it. It stays known, serving its outputs, until :class:`WorkerLeft`. The core
+to stop it. It stays known, serving its outputs, until :class:`WorkerLeft`. Until it is
+retired it may be taken back (:class:`WorkerUndrained`, the autoscaler's pool wants it
+again): it takes tasks again, and the draining workers waiting to copy their outputs
+off may copy them to it; one drained for its walltime or its pool's
+``tasks_per_worker``, or leaving on its own, is not (``undrain_refusal``). The core
 drains a worker by itself too: before its walltime (``_drain_before_walltime``), and
 once it was sent its pool's ``tasks_per_worker`` tries (``SchedulerConfig``; counted in
 ``_send``, drained in ``_assign`` with the last one: fresh workers, each block ending
@@ -210,6 +214,7 @@ from actors.scheduler_events import (
     WorkerLeaving,
     WorkerLeft,
     WorkerMemory,
+    WorkerUndrained,
 )
 from actors.scheduler_records import (
     ACTIVE,
@@ -343,6 +348,7 @@ _KEEPING_EVENTS: dict[type[Event], int] = {
     WorkerLeft: _RECOUNT,
     WorkerHeld: _RECOUNT,
     WorkerDraining: _RECOUNT,
+    WorkerUndrained: _RECOUNT,
     WorkerLeaving: _RECOUNT,
 }
 
@@ -1445,6 +1451,34 @@ class SchedulerState(DiskPlacement):
         self.free.pop(ws.id, None)
         self._log(ws.id, "joined", why)
         self._copies_off(ws, "drained")
+        self._limits_changed()
+
+    def undrain_refusal(self, ws: WorkerState) -> str:
+        """Why draining ``ws`` may not be taken back (:class:`WorkerUndrained`), "" when
+        it may: it drains (a :class:`WorkerDraining`), is not retired (told to stop),
+        does not leave on its own, and was not drained for its walltime nor its pool's
+        ``tasks_per_worker``."""
+        if not ws.draining:
+            return "it is not draining"
+        if ws.leaving:
+            return "it is leaving on its own"
+        if ws.retired:
+            return "it was retired (told to stop)"
+        if ws.walltime_drain:
+            return "it drains because its walltime is near"
+        if self.tasks_left(ws) <= 0:
+            return "it was sent its pool's tasks_per_worker tries"
+        return ""
+
+    def _worker_undrained(self, ev: WorkerUndrained) -> None:
+        ws = self.workers.get(ev.worker)
+        if ws is None or self.undrain_refusal(ws):
+            return  # gone meanwhile, or going for good: left as it is
+        ws.draining = False
+        ws.keeping = None
+        self.draining.discard(ws.id)
+        self._log(ws.id, "draining", "undrained")
+        self._update_free(ws)
         self._limits_changed()
 
     def _worker_leaving(self, ev: WorkerLeaving) -> None:
@@ -4264,6 +4298,7 @@ _DISPATCH: dict[type, Any] = {
     FilesReleased: SchedulerState._files_released,
     PolicyChanged: SchedulerState._policy_changed,
     WorkerDraining: SchedulerState._worker_draining,
+    WorkerUndrained: SchedulerState._worker_undrained,
     WorkerLeaving: SchedulerState._worker_leaving,
     Suspended: SchedulerState._suspended,
     StoppedWithCluster: SchedulerState._stopped_with_cluster,

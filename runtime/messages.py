@@ -1505,6 +1505,17 @@ class DrainRequest(Message):
     worker: str
 
 
+@message(local=True)
+class UndrainRequest(Message):
+    """Autoscaler -> scheduler: take draining ``worker`` back (its pool wants it again):
+    it takes new tasks again and is not retired. Reply: ``{"worker", "undrained",
+    "why"}``: ``undrained`` False, and why, for a worker that is not draining, was
+    retired, leaves on its own, or drains for its walltime or its pool's
+    ``tasks_per_worker``; an unknown worker: ValueError."""
+
+    worker: str
+
+
 @message()
 class CancelKeysRequest(Message):
     """Console -> manager: cancel the keys whose text is in ``keys`` and, with ``run``,

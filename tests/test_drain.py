@@ -27,6 +27,7 @@ from actors.scheduler_events import (
     TasksFinished,
     WorkerDraining,
     WorkerLeaving,
+    WorkerUndrained,
 )
 from actors.scheduler_records import SchedulerConfig
 from actors.scheduler_state import SchedulerState
@@ -315,3 +316,92 @@ def test_a_drained_worker_that_leaves_does_not_plan_a_copy_under_way_again(make:
     assert of(drain(s, "w1"), Replicate)  # a -> w2, under way
     cmds = run(s, event(WorkerLeaving, worker="w1", cause="walltime"))
     assert of(cmds, Evacuate) == [Evacuate(cmds[0].stimulus_id, "w1", ())]
+
+
+# ----------------------------------------------------------------------------- taken back
+
+
+def undrain(state: SchedulerState, worker: str) -> list[Command]:
+    return run(state, event(WorkerUndrained, worker=worker))
+
+
+def test_two_drained_holders_of_held_results_taken_back_run_the_queued_work(make: Any) -> None:
+    """A user audit's shape, in the core: a pool's two workers are drained while busy
+    (a scale-out's ``restore``); their outputs are held by the client and no worker
+    stays to take a copy, so once idle they keep them and are not retired. New work
+    waits. The autoscaler takes them back (``WorkerUndrained``): the queued tasks go to
+    them at once, and they are never retired."""
+    s = make(saturation=1.0)
+    join(s, "w1")
+    join(s, "w2")
+    cmds = submit(s, {"a0": [], "a1": []}, ["a0", "a1"])
+    where = {k: w for w, keys in assigned(cmds).items() for k in keys}
+    assert drain(s, "w1") == [] and drain(s, "w2") == []
+    finish(s, where["a0"], "a0")
+    cmds = finish(s, where["a1"], "a1")
+    assert retired(cmds) == [] and of(cmds, Replicate) == []  # no survivor to copy to
+    assert s.workers["w1"].keeping and s.workers["w2"].keeping
+    cmds = submit(s, {"b0": [], "b1": []}, ["b0", "b1"])
+    assert assigned(cmds) == {} and s.count("queued") == 2  # refused: they drain
+
+    cmds = undrain(s, "w1")
+    sid = cmds[0].stimulus_id
+    # w1 takes the first queued task; w2, still drained, copies what it keeps to w1,
+    # which stays now.
+    kept = "a0" if where["a0"] == "w2" else "a1"
+    assert [(type(c), c.worker) for c in cmds] == [(Replicate, "w1"), (Execute, "w1")]
+    assert of(cmds, Replicate) == [Replicate(sid, "w1", "w2", ((kept, 100),))]
+    assert assigned(cmds) == {"w1": ["b0"]}
+    assert not s.workers["w1"].draining and s.draining == {"w2"}
+    assert ("w1", "draining", "undrained", sid) == s.story("w1")[-1][:4]
+    # Taken back too before that copy landed: it stays, and takes the other task.
+    cmds = undrain(s, "w2")
+    assert assigned(cmds) == {"w2": ["b1"]} and retired(cmds) == []
+    assert not s.draining and s.count("queued") == 0
+    assert retired(copied(s, "w1", kept)) == []
+
+
+def test_an_undrained_worker_lets_another_drained_keeper_copy_its_outputs_and_go(
+    make: Any,
+) -> None:
+    s = make(saturation=1.0)
+    join(s, "w1")
+    join(s, "w2")
+    cmds = submit(s, {"a0": [], "a1": []}, ["a0", "a1"])
+    where = {k: w for w, keys in assigned(cmds).items() for k in keys}
+    drain(s, "w1")
+    drain(s, "w2")
+    finish(s, where["a0"], "a0")
+    finish(s, where["a1"], "a1")
+    cmds = undrain(s, "w1")
+    sid = cmds[0].stimulus_id
+    kept = where["a0"] if where["a0"] == "w2" else where["a1"]
+    key = "a0" if kept == where["a0"] else "a1"
+    assert of(cmds, Replicate) == [Replicate(sid, "w1", "w2", ((key, 100),))]
+    assert retired(copied(s, "w1", key)) == ["w2"]
+
+
+def test_a_worker_going_for_good_is_not_taken_back(make: Any) -> None:
+    """Retired (told to stop), leaving on its own, drained for its walltime or its
+    pool's tasks_per_worker, or not draining: ``WorkerUndrained`` changes nothing, and
+    ``undrain_refusal`` says why."""
+    s = make(saturation=1.0, tasks_per_worker={"spent": 1})
+    join(s, "idle")
+    assert retired(drain(s, "idle")) == ["idle"]  # idle, nothing held: retired at once
+    join(s, "free")
+    join(s, "spent", pool="spent")
+    submit(s, {"x": []}, ["x"], pool="spent")
+    join(s, "going")
+    run(s, event(WorkerLeaving, worker="going", cause="preempted"))
+    refusals = {w: s.undrain_refusal(s.workers[w]) for w in ("idle", "free", "spent", "going")}
+    assert refusals == {
+        "idle": "it was retired (told to stop)",
+        "free": "it is not draining",
+        "spent": "it was sent its pool's tasks_per_worker tries",
+        "going": "it is leaving on its own",
+    }
+    for w in refusals:
+        assert undrain(s, w) == []
+    assert s.workers["idle"].retired and s.workers["spent"].draining
+    assert s.workers["going"].leaving and not s.workers["free"].draining
+    assert undrain(s, "nobody") == []

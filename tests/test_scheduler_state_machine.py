@@ -49,8 +49,10 @@ from actors.scheduler_events import (
     TasksFinished,
     TasksRunning,
     Tick,
+    WorkerDraining,
     WorkerJoined,
     WorkerLeft,
+    WorkerUndrained,
 )
 from actors.scheduler_records import SchedulerConfig
 from actors.scheduler_state import ACTIVE, TRANSITIONS, SchedulerState
@@ -132,9 +134,10 @@ def test_handle_refuses_unknown_events(make_state: Factory) -> None:
 
 
 class RandomWorkload(RuleBasedStateMachine):
-    """Random graphs, workers that come and go, random outcomes, cancels and releases,
-    speculative copies (eager: past the p90 alone, up to two per task) and their
-    outcomes, with the registry core answering the FileFacts. ``validate()`` after every step;
+    """Random graphs, workers that come and go (drained, and taken back while they
+    drain), random outcomes, cancels and releases, speculative copies (eager: past the
+    p90 alone, up to two per task) and their outcomes, with the registry core answering
+    the FileFacts. ``validate()`` after every step;
     ``settle`` runs everything to the end and checks every wanted key's outcome."""
 
     def __init__(self) -> None:
@@ -172,6 +175,7 @@ class RandomWorkload(RuleBasedStateMachine):
                 self.note[c.key] = "cancelled"
             elif isinstance(c, Execute):
                 assert not self.state.workers[c.worker].suspended, ("sent to a suspended", c)
+                assert not self.state.workers[c.worker].draining, ("sent to a draining", c)
                 for t in c.tasks:
                     ts = self.state.tasks[t.key]
                     assert ts.worker == c.worker or c.worker in self.state.copies[ts]
@@ -257,6 +261,28 @@ class RandomWorkload(RuleBasedStateMachine):
         if suspended:
             assert cmds == [] and wid not in self.state.free
             assert {k for k, ts in self.state.tasks.items() if ts.worker == wid} == before
+
+    @precondition(lambda m: m.state.workers)
+    @rule(seed=st.integers(0, 2**32 - 1))
+    def drain(self, seed: int) -> None:
+        """A worker is drained (a scale-in, an operator): it takes nothing new."""
+        wid = self.pick(random.Random(seed), self.state.workers)
+        if wid is not None:
+            self.handle(event(WorkerDraining, worker=wid))
+            assert wid not in self.state.free
+
+    @precondition(lambda m: any(ws.draining for ws in m.state.workers.values()))
+    @rule(seed=st.integers(0, 2**32 - 1))
+    def undrain(self, seed: int) -> None:
+        """A draining worker is taken back (its pool wants it again): unless it was
+        retired (or leaves), it takes tasks again; else nothing changes."""
+        draining = [w for w, ws in self.state.workers.items() if ws.draining]
+        wid = self.pick(random.Random(seed), draining)
+        ws = self.state.workers[wid]
+        refused = self.state.undrain_refusal(ws)
+        self.handle(event(WorkerUndrained, worker=wid))
+        assert ws.draining == bool(refused), (wid, refused)
+        assert refused or wid not in self.state.draining
 
     @precondition(lambda m: m.state.workers)
     @rule(seed=st.integers(0, 2**32 - 1), cores=st.integers(1, 3))
@@ -407,7 +433,9 @@ class RandomWorkload(RuleBasedStateMachine):
     @rule()
     def settle(self) -> None:
         """All workers present, only ok outcomes: everything must come to an end."""
-        if not self.state.workers:
+        for wid in sorted(w for w, ws in self.state.workers.items() if ws.draining):
+            self.handle(event(WorkerUndrained, worker=wid))  # taken back, if not retired
+        if all(ws.draining for ws in self.state.workers.values()):
             wid = f"w{self.n_workers}"
             self.n_workers += 1
             self.handle(event(WorkerJoined, worker=wid, cores=2, memory=GB))
