@@ -4,8 +4,9 @@ What lives here: :class:`Autoscaler`, which turns messages (``ScaleRequest``,
 ``SetPolicyRequest`` of kind ``scaling``, the ends of blocks it watches, a tick every
 ``tick`` seconds) into core events with ``now`` from its clock, calls
 ``AutoscalerState.handle`` and carries out the commands: it starts and stops blocks
-through a :class:`Provider`, asks the scheduler to drain workers (``DrainRequest``) and
-tells it which workers are gone (``WorkerGone``). No decisions are made here; they are in
+through a :class:`Provider`, asks the scheduler to drain workers (``DrainRequest``) or
+to take draining ones back (``UndrainRequest``) and tells it which workers are gone
+(``WorkerGone``). No decisions are made here; they are in
 ``actors/autoscaler_state.py`` and the scaling policy (``policies/scaling.py``).
 """
 
@@ -48,6 +49,8 @@ from actors.autoscaler_state import (
     TargetRaised,
     TargetSet,
     Tick,
+    UndrainAnswered,
+    UndrainWorker,
     check_blocks,
 )
 from actors.providers import Block, BlockSpec, BlockState, Provider
@@ -70,6 +73,7 @@ from runtime.messages import (
     SetPolicyRequest,
     StatusRequest,
     StoryRequest,
+    UndrainRequest,
     UpcomingRequest,
     WorkerGone,
     WorkersStopping,
@@ -110,12 +114,13 @@ class _Tick(Message):
 
 def _since_joined(story: Iterable[Any]) -> dict[str, list[str]]:
     """Per worker, the states its ``story`` (the scheduler's ``(key, start, finish,
-    stimulus, time)`` entries, oldest first) shows since it last joined."""
+    stimulus, time)`` entries, oldest first) shows since it last joined, or since its
+    drain was last taken back (``undrained``: a worker taken back is as one that joined)."""
     since: dict[str, list[str]] = {}
     for e in story:
         if not isinstance(e, (list, tuple)) or len(e) < 3:
             continue
-        if (e[1], e[2]) == ("-", "joined"):
+        if (e[1], e[2]) in (("-", "joined"), ("draining", "undrained")):
             since[str(e[0])] = []
         else:
             since.setdefault(str(e[0]), []).append(str(e[2]))
@@ -321,6 +326,30 @@ class Autoscaler(Actor):
         self.log.info("scaling in: draining worker", worker=cmd.worker, block=cmd.block)
         return DrainAnswered(self.clock.now(), cmd.worker, True)
 
+    async def _undrain(self, cmd: UndrainWorker) -> UndrainAnswered:
+        """Ask the scheduler to take draining ``cmd.worker`` back (its pool wants blocks
+        again): whether it did. No answer within ``drain_timeout`` is a refusal: the
+        core drains the block again, and the scheduler, if it did take it back
+        meanwhile, drains it again too."""
+        pool = b.pool if (b := self.state.blocks.get(cmd.block)) is not None else ""
+        try:
+            reply = await self.scheduler.ask(UndrainRequest(cmd.worker), timeout=self.drain_timeout)
+        except AskTimeout:
+            why = f"the scheduler did not answer within {self.drain_timeout:g} s"
+        except (ValueError, ActorStopped) as exc:
+            why = f"the scheduler does not know it ({exc})"
+        else:
+            if reply.get("undrained"):
+                self.log.warning(
+                    "scaling out: took back a draining worker instead of starting a block; "
+                    "it takes tasks again", worker=cmd.worker, block=cmd.block, pool=pool,
+                )  # fmt: skip
+                return UndrainAnswered(self.clock.now(), cmd.worker, True)
+            why = str(reply.get("why") or "refused")
+        self.log.info("could not take back a draining worker: its block is scaled in for good",
+                      worker=cmd.worker, block=cmd.block, pool=pool, why=why)  # fmt: skip
+        return UndrainAnswered(self.clock.now(), cmd.worker, False, why)
+
     async def _drain_in_background(self, cmd: DrainWorker) -> None:
         """Ask again until the scheduler answers (each miss is logged), pausing
         :data:`DRAIN_RETRY` seconds at first, doubled per miss up to
@@ -400,6 +429,8 @@ class Autoscaler(Actor):
             if answer is None:  # no answer in time: ask again, in the background
                 self.start_soon(self._drain_in_background, cmd)
             return answer
+        if type(cmd) is UndrainWorker:
+            return await self._undrain(cmd)
         if type(cmd) is ReportGone:
             if cmd.block not in self.state.blocks:  # ended (a requeued block lives on)
                 self._handles.pop(cmd.block, None)
@@ -557,10 +588,12 @@ class Autoscaler(Actor):
         leaving = frozenset(str(w) for w in status.get("leaving") or ())
         walltime = frozenset(str(w) for w in status.get("walltime_draining") or ())
         spent = frozenset(str(w) for w in status.get("spent_draining") or ())
+        retired = frozenset(str(w) for w in status.get("retired") or ())
         upcoming = await self._upcoming()
         return QueuesSeen(
-            now, status["queues"], processing, draining, upcoming, leaving, walltime, spent
-        )
+            now, status["queues"], processing, draining, upcoming, leaving, walltime, spent,
+            retired,
+        )  # fmt: skip
 
     async def _upcoming(self) -> dict[str, list[float]] | None:
         """The scheduler's next wave, if the strategy looks ahead (None: not asked, or

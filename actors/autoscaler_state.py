@@ -40,6 +40,21 @@ this, each one-task block would stop counting as its task was sent, and a pool o
 (before their walltime, an operator's drain) stop counting at once: their
 replacements come up while they finish, for a drain period on top of ``max_blocks``.
 
+A pool that wants blocks again while blocks it scaled in are still there *takes them
+back* before it starts any (:class:`UndrainWorker`: the scheduler un-drains their workers,
+which take tasks again; the answer is :class:`UndrainAnswered`): a draining worker that
+is still present is capacity, and a taken-back block counts against ``max_blocks`` as
+any live block does; only the shortfall is asked of the provider. Without this, a
+worker drained while busy that holds outputs a client still holds (it may not leave
+before they are copied to a worker that stays, and none does) sat idle beside the
+pool's queue while new blocks were started beside it. Only blocks the core scaled in
+itself (not stuck ones) whose workers the scheduler drains and knows are taken back,
+none of whose workers it retired, drains for their walltime or its pool's
+``tasks_per_worker``, or that leave on their own (the latest :class:`QueuesSeen`
+says), nor one with a drain still unanswered. A worker the scheduler will not un-drain
+(retired meanwhile, gone) has its block scaled in again, for good: the proposal
+replaces it.
+
 A block that ends unasked is reported (:class:`ReportGone`) with the cause its end
 state says and replaced. Ends that cost nothing are expected: ``preempted`` (the batch
 system took the node back) and ``walltime`` (TIMEOUT, or COMPLETED after the scheduler
@@ -151,6 +166,8 @@ __all__ = [
     "TargetRaised",
     "TargetSet",
     "Tick",
+    "UndrainAnswered",
+    "UndrainWorker",
     "bounded_detail",
     "brief_detail",
     "check_blocks",
@@ -328,6 +345,17 @@ class DrainAnswered(Event):
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class UndrainAnswered(Event):
+    """The scheduler's answer to :class:`UndrainWorker`: it un-drained ``worker`` (``ok``:
+    it takes tasks again), or would not (``why``: retired meanwhile, gone, drained for
+    its walltime, ...; or no answer in time)."""
+
+    worker: str
+    ok: bool
+    why: str = ""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class QueuesSeen(Event):
     """Ready tasks per pool, as the scheduler counts them (``"*"``: any pool), and, if
     known, the tasks each worker has in hand (``processing``, by worker id: the workers
@@ -346,7 +374,9 @@ class QueuesSeen(Event):
     others were drained by an operator (or for a scale-in): a drained block's end is
     ``walltime`` or ``drained`` by this, not by whether its pool has a walltime.
     ``spent``: the workers among ``draining`` drained because they were sent their
-    pool's ``tasks_per_worker`` tries (:meth:`AutoscalerState.spent_at_work`)."""
+    pool's ``tasks_per_worker`` tries (:meth:`AutoscalerState.spent_at_work`).
+    ``retired``: the workers among ``draining`` the scheduler retired (told to stop):
+    their blocks are never taken back."""
 
     queued: Mapping[str, int]
     processing: Mapping[str, int] | None = None
@@ -357,6 +387,7 @@ class QueuesSeen(Event):
     #: of those, the ones drained because they were sent their pool's tasks_per_worker
     #: tries: their block still counts against max_blocks while a task runs there
     spent: frozenset[str] = frozenset()
+    retired: frozenset[str] = frozenset()  #: of those, the ones told to stop
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -404,6 +435,16 @@ class StopBlock(Command):
 class DrainWorker(Command):
     """Ask the scheduler to drain ``worker`` (of ``block``); answer with
     :class:`DrainAnswered`."""
+
+    worker: str
+    block: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class UndrainWorker(Command):
+    """Ask the scheduler to un-drain ``worker`` (of ``block``, scaled in and now taken
+    back: the pool wants it again): it takes tasks again. Answer with
+    :class:`UndrainAnswered`."""
 
     worker: str
     block: str
@@ -533,6 +574,13 @@ class BlockRecord:
     #: drained because its workers were sent their pool's ``tasks_per_worker`` tries:
     #: it counts against max_blocks while a task runs there (``spent_at_work``)
     spent: bool = False
+    #: scaled in by the core itself (a proposal below the blocks it had): it may be
+    #: taken back while its workers are still there (:class:`UndrainWorker`)
+    scaled_in: bool = False
+    #: a take-back of it was refused (a worker retired meanwhile): it leaves for good
+    leaves: bool = False
+    #: workers asked to un-drain (:class:`UndrainWorker`), no answer yet
+    undraining: set[str] = dataclasses.field(default_factory=set)
 
 
 @dataclasses.dataclass(slots=True)
@@ -613,6 +661,11 @@ class AutoscalerState:
         self.stuck: dict[str, int] = {}  #: per pool: blocks found stuck (BlockStuck), ever
         self.queued: Mapping[str, int] | None = None
         self.processing: Mapping[str, int] | None = None  #: tasks in hand per worker
+        #: workers the latest count showed going for good (retired, leaving on their
+        #: own, drained for their walltime or tasks_per_worker): never taken back
+        self.going: frozenset[str] = frozenset()
+        #: per pool: blocks taken back (their drain undone, :class:`UndrainWorker`), ever
+        self.taken_back: dict[str, int] = {}
         #: the scheduler's next wave per pool, as last seen (``QueuesSeen.upcoming``)
         self.upcoming: dict[str, tuple[float, ...]] = {}
         self._ids = itertools.count(1)
@@ -656,11 +709,13 @@ class AutoscalerState:
         (``suspended``: paused, or it gave up) and why (``suspended_why``: the batch
         system's latest refusal, or the latest of the blocks that kept ending); its failed
         submissions in a row (``submit_failures``: 0 once a block of it started); its
-        ends and requeues ever, by cause (``ends``)."""
+        ends and requeues ever, by cause (``ends``); its blocks scaled in and taken back,
+        ever (``taken_back``)."""
         out: dict[str, dict[str, Any]] = {
             pool: {"states": {}, "oldest_pending": 0.0, "target": ps.target,
                    "desired": ps.desired, **_size(ps), "failed": self.failed.get(pool, 0),
                    "ends": dict(self.ended_by.get(pool, {})),
+                   "taken_back": self.taken_back.get(pool, 0),
                    "suspended": int(pool in self.paused or pool in self.gave_up),
                    "suspended_why": self._suspended_why(pool),
                    "last_failure": self.last_failure.get(pool, ""),
@@ -929,8 +984,21 @@ class AutoscalerState:
                     self._stop(b)  # none of its workers joined: nothing runs there
                 return
 
+    def _undrain_answered(self, ev: UndrainAnswered) -> None:
+        for b in self.blocks.values():
+            if ev.worker in b.undraining:
+                b.undraining.discard(ev.worker)
+                if not ev.ok:
+                    # Not taken back after all (retired meanwhile, gone): the block
+                    # leaves, for good; the proposal replaces it.
+                    b.leaves = True
+                    if not b.retiring and not self.closing:
+                        self._retire(b)
+                return
+
     def _queues_seen(self, ev: QueuesSeen) -> None:
         self.queued = dict(ev.queued)
+        self.going = ev.retired | ev.leaving | ev.walltime | ev.spent
         self.upcoming = {p: tuple(ts) for p, ts in (ev.upcoming or {}).items()}
         if ev.draining:
             for b in self.blocks.values():
@@ -1031,12 +1099,47 @@ class AutoscalerState:
         block's too (one may have joined since the core last heard that the block
         runs): it is stopped once the scheduler knows none of them."""
         b.retiring = True
+        b.scaled_in = not (b.stuck or b.leaves)  # may be taken back (_take_back)
         if not b.workers:
             self._stop(b)  # no worker of it started
             return
         for wid in b.workers:
             b.draining.add(wid)
             self._out.append(DrainWorker(wid, b.block_id))
+
+    def _takeable(self, pool: str) -> list[BlockRecord]:
+        """The blocks of ``pool`` the core scaled in that may be taken back, the ones
+        that run the most first (then by block id): running, not stopped, every drain
+        answered, each worker the scheduler knows still there (in the latest count, when
+        there is one) and none going for good (:attr:`going`)."""
+        found = [
+            b
+            for b in self.blocks.values()
+            if b.pool == pool
+            and b.retiring
+            and b.scaled_in
+            and not (b.stopping or b.stuck or b.leaves or b.spent or b.draining)
+            and b.state == "running"
+            and b.drained
+            and self.going.isdisjoint(b.workers)
+            and (self.processing is None or all(w in self.processing for w in b.drained))
+        ]
+        busy = self.processing or {}
+        return sorted(
+            found, key=lambda b: (-sum(busy.get(w, 0) for w in b.workers), _natural(b.block_id))
+        )
+
+    def _take_back(self, b: BlockRecord) -> None:
+        """Count scaled-in ``b`` again: its workers the scheduler drains are un-drained
+        (:class:`UndrainWorker`); those it never knew are left to join as any worker."""
+        b.retiring = b.scaled_in = False
+        b.idle_since = None
+        b.undraining = set(b.drained)
+        b.drained.clear()
+        b.unknown.clear()
+        self.taken_back[b.pool] = self.taken_back.get(b.pool, 0) + 1
+        for wid in sorted(b.undraining):
+            self._out.append(UndrainWorker(wid, b.block_id))
 
     def active(self, pool: str) -> int | None:
         """Tasks ``pool`` may run that are ready (its own and any pool's) or in the
@@ -1176,6 +1279,16 @@ class AutoscalerState:
             # At most max_blocks at work: the blocks spent by tasks_per_worker that
             # still run a task count too (their replacements wait for them to end).
             room = self._most(ps) - self.spent_at_work(ps.pool)
+            # Wanted again: the blocks it scaled in whose workers are still there are
+            # taken back first (capacity present now, at no cost), then requests.
+            for b in self._takeable(ps.pool):
+                if have >= min(want, room):
+                    break
+                self._take_back(b)
+                live.append(b)
+                ps.blocks += 1
+                ps.retiring -= 1
+                have += 1
             for r in asked:  # wanted again: a cancelled request counts once more
                 if have < want and r in self.cancelled:
                     self.cancelled.discard(r)
@@ -1219,6 +1332,9 @@ class AutoscalerState:
             assert b.draining | b.drained | b.unknown <= set(b.workers), b
             assert not (b.draining & b.drained or b.draining & b.unknown), b
             assert not (b.drained & b.unknown), b
+            assert b.undraining <= set(b.workers), b
+            if b.scaled_in or b.leaves:
+                assert b.retiring, (b, "scaled in or leaving but counted")
             if b.stopping or b.draining or b.drained or b.unknown or b.stuck:
                 assert b.retiring, (b, "scaled in but not retiring")
             if b.retiring and not self.closing and not b.stopping:
@@ -1306,6 +1422,7 @@ _DISPATCH: dict[type, Any] = {
     BlockHeld: AutoscalerState._block_held,
     Resumed: AutoscalerState._resumed,
     DrainAnswered: AutoscalerState._drain_answered,
+    UndrainAnswered: AutoscalerState._undrain_answered,
     QueuesSeen: AutoscalerState._queues_seen,
     PolicyChanged: AutoscalerState._policy_changed,
     Tick: AutoscalerState._tick,

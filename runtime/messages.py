@@ -925,7 +925,9 @@ class BlockMetrics(Message):
     (0 once one goes through); ``suspended_why``: while ``suspended``, why (the batch
     system's latest refusal, or the latest of the blocks that kept ending), else "";
     ``ends``: its blocks' ends and requeues ever, by cause (``preempted``, ``walltime``,
-    ``drained``, ...: the causes the autoscaler lists them with)."""
+    ``drained``, ...: the causes the autoscaler lists them with); ``taken_back``: its
+    blocks scaled in and taken back before they left (the pool wanted blocks again:
+    their workers were un-drained instead of new blocks started), ever."""
 
     states: dict[str, int] = dataclasses.field(default_factory=dict)
     oldest_pending: float = 0.0
@@ -941,6 +943,7 @@ class BlockMetrics(Message):
     submit_failures: int = 0
     suspended_why: str = ""
     ends: dict[str, int] = dataclasses.field(default_factory=dict)
+    taken_back: int = 0
 
 
 @message()

@@ -231,6 +231,12 @@ class SnapshotCollector(Collector):
             "Blocks not running by the pool's provisioning timeout, scaled in and replaced.",
             pool,
         )
+        taken_back = _counter(
+            "corral_blocks_taken_back",
+            "Blocks scaled in, then taken back (their workers un-drained) when the pool "
+            "wanted blocks again, instead of new ones started.",
+            pool,
+        )
         ends = _counter(
             "corral_block_ends",
             "Block ends and requeues by cause (preempted, walltime, drained, crash, ...).",
@@ -258,6 +264,7 @@ class SnapshotCollector(Collector):
             desired.add_metric([name], b.desired)
             failed.add_metric([name], b.failed)
             stuck.add_metric([name], b.stuck)
+            taken_back.add_metric([name], b.taken_back)
             for cause, n in sorted(b.ends.items()):
                 ends.add_metric([name, cause], n)
             slots.add_metric([name], b.slots_per_block)
@@ -272,6 +279,7 @@ class SnapshotCollector(Collector):
             desired,
             failed,
             stuck,
+            taken_back,
             ends,
             slots,
             per_block,

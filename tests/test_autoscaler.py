@@ -347,3 +347,52 @@ async def test_scaling_an_embedded_pool_past_this_machine_is_refused_before_anyt
             assert status["autoscaler"]["targets"] == {"default": 1}, status["autoscaler"]
             assert len(status["workers"]) == 1 and len(status["autoscaler"]["blocks"]) == 1
             assert await cluster.scale(2) == {"default": 2}  # within it: as before
+
+
+async def test_drained_workers_holding_held_outputs_are_taken_back_not_replaced() -> None:
+    """A user audit's shape, small (fixed scaling; a queue-time rule's scale-out with
+    ``restore``): both workers are drained while busy (the target back to 0); once
+    their tasks finish they stay, idle, holding outputs the client holds (no worker
+    stays to take a copy), and refuse the queued work. Then the pool wants 2 blocks
+    again: the two are taken back and run the queued tasks; no block is started.
+    Before, two new blocks were started beside them (four on a pool of two) and the
+    queued tasks waited for them."""
+    first, then = GatedEach(2), Gated()
+    try:
+        with anyio.fail_after(BOUND):
+            async with Cluster(workers=2) as cluster:
+                state = cluster.scheduler_state
+                held = await running_on_both(cluster, first, 2)
+                assert await cluster.scale(0) == {"default": 0}
+                await wait_until(
+                    lambda: all(w.draining for w in state.workers.values()),
+                    "both workers draining",
+                    limit=BOUND,
+                )
+                first.open()
+                assert sorted(await cluster.gather(held)) == [0, 1]
+                await wait_until(
+                    lambda: all(w.keeping and not w.processing for w in state.workers.values()),
+                    "both idle, keeping the held outputs",
+                    limit=BOUND,
+                )
+                later = [cluster.submit(then, i, key=f"b-{i}") for i in range(2)]
+                await wait_until(lambda: state.count("queued") == 2, "b queued", limit=BOUND)
+                assert not any(w.processing for w in state.workers.values())  # refused
+
+                assert await cluster.scale(2) == {"default": 2}
+                await wait_until(lambda: len(then.runs) == 2, "b running", limit=BOUND)
+                assert sorted(state.workers) == ["worker-1", "worker-2"]
+                assert not any(w.draining for w in state.workers.values())
+                auto = (await cluster.status())["autoscaler"]
+                assert sorted(auto["blocks"]) == ["block-1", "block-2"]
+                assert (auto["retiring"], auto["ended"]) == ([], 0)
+                then.gate.set()
+                assert await cluster.gather(later) == [0, 10]
+                ran = {t.worker for f in later for t in state.tasks[f.key].tries}
+                assert ran == {"worker-1", "worker-2"}
+                story = await cluster.story("worker-1")
+                assert ("draining", "undrained") in {(e[1], e[2]) for e in story}
+    finally:
+        first.open()
+        then.gate.set()

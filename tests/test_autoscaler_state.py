@@ -52,6 +52,8 @@ from actors.autoscaler_state import (
     TargetRaised,
     TargetSet,
     Tick,
+    UndrainAnswered,
+    UndrainWorker,
 )
 from policies import PolicyParamsError, PoolView
 from policies.scaling import PoolLimits
@@ -263,12 +265,146 @@ def test_a_block_with_a_known_worker_is_never_stopped_on_scale_in() -> None:
     ]
 
 
-def test_scaling_out_again_does_not_take_a_retiring_block_back() -> None:
+def test_scaling_out_again_does_not_take_back_a_block_whose_drain_is_unanswered() -> None:
     s = make()
     run(s, TargetSet(0.0, "default", 1, SPEC))
     started(s, 0.1, 1)
     assert run(s, TargetSet(1.0, "default", 0, SPEC)) == [DrainWorker("w-1", "block-1")]
     assert run(s, TargetSet(2.0, "default", 1, SPEC)) == [StartBlock(2, "default", SPEC)]
+
+
+BUILD = PoolLimits(0, 2, 1)  # the audit's pool: max_blocks 2
+
+
+def drained_busy_then_idle(s: AutoscalerState, pool: str = "default") -> None:
+    """Two blocks of ``pool`` run a task each; a ``restore`` sets the target back to 0
+    and both are drained while busy; then their tasks end, but they stay (their outputs
+    are held by the client and no worker stays to take a copy), idle, while two new
+    tasks wait in the queue."""
+    run(s, TargetSet(0.0, pool, 2, SPEC, BUILD))
+    started(s, 0.1, 2, pool)
+    run(s, QueuesSeen(1.0, {pool: 0}, {"w-1": 1, "w-2": 1}))
+    assert run(s, TargetSet(2.0, pool, 0, SPEC)) == [
+        DrainWorker("w-1", "block-1"),
+        DrainWorker("w-2", "block-2"),
+    ]
+    assert run(s, DrainAnswered(2.1, "w-1", True), DrainAnswered(2.1, "w-2", True)) == []
+    seen = QueuesSeen(30.0, {pool: 2}, {"w-1": 0, "w-2": 0}, frozenset({"w-1", "w-2"}))
+    assert run(s, seen) == []
+    assert s.counts() == {pool: 0} and all(b.retiring for b in s.blocks.values())
+
+
+def test_a_pool_that_wants_blocks_again_takes_its_draining_ones_back_first() -> None:
+    """A user audit (fixed scaling, a queue-time rule's ``fit`` scale-out with
+    ``restore``): the alert fires again and sets the target to 2 while the two drained
+    blocks are still there. They are taken back (their workers un-drained: they take
+    the queued tasks), count against max_blocks 2, and no block is started: before,
+    two new blocks were started beside them, four blocks paid on a pool of two."""
+    s = make()
+    drained_busy_then_idle(s)
+    assert run(s, TargetSet(40.0, "default", 2, SPEC)) == [
+        UndrainWorker("w-1", "block-1"),
+        UndrainWorker("w-2", "block-2"),
+    ]
+    assert s.counts() == {"default": 2} and s.requests == {}
+    assert s.taken_back == {"default": 2}
+    assert s.block_metrics(40.0, {})["default"]["taken_back"] == 2
+    assert not any(b.retiring for b in s.blocks.values())
+    assert run(s, UndrainAnswered(40.1, "w-1", True), UndrainAnswered(40.1, "w-2", True)) == []
+    # They work again: later counts neither drain them nor start anything.
+    assert run(s, QueuesSeen(41.0, {"default": 0}, {"w-1": 1, "w-2": 1})) == []
+    assert s.counts() == {"default": 2} and s.requests == {}
+    # Scaled in again later, they are drained as any block (and end as drained).
+    assert run(s, TargetSet(50.0, "default", 0, SPEC)) == [
+        DrainWorker("w-1", "block-1"),
+        DrainWorker("w-2", "block-2"),
+    ]
+
+
+def test_a_pool_short_of_its_draining_blocks_takes_them_back_and_starts_the_rest() -> None:
+    """Mixed: one drained block is there, the target asks for three: the one is taken
+    back, two are started; with max_blocks 2 only one is started."""
+    s = make()
+    run(s, TargetSet(0.0, "default", 1, SPEC, PoolLimits(0, 3, 1)))
+    started(s, 0.1, 1)
+    assert run(s, TargetSet(1.0, "default", 0, SPEC)) == [DrainWorker("w-1", "block-1")]
+    run(s, DrainAnswered(1.1, "w-1", True))
+    assert run(s, TargetSet(2.0, "default", 3, SPEC)) == [
+        UndrainWorker("w-1", "block-1"),
+        StartBlock(2, "default", SPEC),
+        StartBlock(3, "default", SPEC),
+    ]
+    t = make()
+    run(t, TargetSet(0.0, "default", 1, SPEC, BUILD))
+    started(t, 0.1, 1)
+    run(t, TargetSet(1.0, "default", 0, SPEC), DrainAnswered(1.1, "w-1", True))
+    assert run(t, TargetSet(2.0, "default", 3, SPEC)) == [
+        UndrainWorker("w-1", "block-1"),
+        StartBlock(2, "default", SPEC),
+    ]
+    assert t.counts() == {"default": 2}
+
+
+def test_only_as_many_draining_blocks_as_wanted_are_taken_back_the_busiest_first() -> None:
+    s = make()
+    drained_busy_then_idle(s)
+    run(s, QueuesSeen(31.0, {"default": 2}, {"w-1": 0, "w-2": 1}, frozenset({"w-1", "w-2"})))
+    assert run(s, TargetSet(40.0, "default", 1, SPEC)) == [UndrainWorker("w-2", "block-2")]
+    assert [b.block_id for b in s.live("default")] == ["block-2"]
+    assert s.blocks["block-1"].retiring
+
+
+def test_a_refused_take_back_drains_the_block_again_for_good_and_replaces_it() -> None:
+    """The scheduler retired the worker meanwhile (or it is gone): the block is scaled in
+    again, never taken back, and the pool gets a new block instead."""
+    s = make()
+    drained_busy_then_idle(s)
+    run(s, TargetSet(40.0, "default", 2, SPEC))
+    assert run(s, UndrainAnswered(40.1, "w-1", True)) == []
+    assert run(s, UndrainAnswered(40.1, "w-2", False, "it was retired (told to stop)")) == [
+        DrainWorker("w-2", "block-2"),
+        StartBlock(3, "default", SPEC),
+    ]
+    assert s.blocks["block-2"].leaves and s.blocks["block-2"].retiring
+    run(s, DrainAnswered(40.2, "w-2", True))
+    assert run(s, TargetSet(41.0, "default", 0, SPEC)) == [DrainWorker("w-1", "block-1")]
+    run(s, DrainAnswered(41.1, "w-1", True))
+    # block-2 leaves for good; block-1 is taken back, and the request in flight that
+    # was cancelled at 41.0 counts again: nothing is started.
+    assert run(s, TargetSet(42.0, "default", 2, SPEC)) == [UndrainWorker("w-1", "block-1")]
+    assert s.counts() == {"default": 2} and s.cancelled == set()
+
+
+def test_blocks_going_for_good_or_drained_by_others_are_not_taken_back() -> None:
+    """Not the core's own scale-in, or a worker going for good as the latest count says
+    (retired, leaving on its own, drained for its walltime or tasks_per_worker): new
+    blocks are started instead."""
+    for going in ("retired", "leaving", "walltime", "spent"):
+        s = make()
+        drained_busy_then_idle(s)
+        both = frozenset({"w-1", "w-2"})
+        run(s, QueuesSeen(31.0, {"default": 2}, {"w-1": 0, "w-2": 0}, both,
+                          **{going: frozenset({"w-1"})}))  # fmt: skip
+        assert run(s, TargetSet(40.0, "default", 2, SPEC)) == [
+            UndrainWorker("w-2", "block-2"),
+            StartBlock(3, "default", SPEC),
+        ], going
+    # An operator's drain (the scheduler drains a block's workers on its own): the
+    # block stops counting and is replaced; it is not taken back.
+    s = make()
+    run(s, TargetSet(0.0, "default", 1, SPEC))
+    started(s, 0.1, 1)
+    assert run(s, QueuesSeen(1.0, {}, {"w-1": 1}, frozenset({"w-1"}))) == [
+        StartBlock(2, "default", SPEC)
+    ]
+    # A worker of the block that is no longer in the scheduler's counts: gone.
+    s = make()
+    drained_busy_then_idle(s)
+    run(s, QueuesSeen(31.0, {"default": 2}, {"w-2": 0}, frozenset({"w-2"})))
+    assert run(s, TargetSet(40.0, "default", 2, SPEC)) == [
+        UndrainWorker("w-2", "block-2"),
+        StartBlock(3, "default", SPEC),
+    ]
 
 
 # ----------------------------------------------------------------------------- replacements
@@ -684,8 +820,9 @@ def test_an_unknown_event_is_a_type_error() -> None:
 
 class RandomCluster(RuleBasedStateMachine):
     """Plays provider and scheduler at random against the core: answers starts (or fails
-    them), drains (knowing the worker or not), stops, ends blocks unasked, ends drained
-    ones, moves the virtual clock, swaps policies and shuts down. Checks ``validate()``
+    them), drains (knowing the worker or not), take-backs of drained workers (or refuses
+    them), stops, ends blocks unasked, ends drained ones, moves the virtual clock, swaps
+    policies and shuts down. Checks ``validate()``
     after every step, and that no block is stopped while a worker of it is known to the
     scheduler (unless the cluster is shutting down)."""
 
@@ -696,6 +833,8 @@ class RandomCluster(RuleBasedStateMachine):
         self.starts: list[StartBlock] = []
         self.stops: list[StopBlock] = []
         self.drains: list[DrainWorker] = []
+        self.undrains: list[UndrainWorker] = []
+        self.taken_back = 0  #: UndrainWorker commands seen
         self.joined: set[str] = set()  #: workers the scheduler knows
         self.drained: set[str] = set()  #: workers the scheduler drains
         self.reported: set[str] = set()  #: blocks reported gone
@@ -715,6 +854,13 @@ class RandomCluster(RuleBasedStateMachine):
             elif isinstance(cmd, DrainWorker):
                 assert self.state.blocks[cmd.block].retiring
                 self.drains.append(cmd)
+            elif isinstance(cmd, UndrainWorker):
+                # Only a worker the scheduler drains, of a block counted again.
+                b = self.state.blocks[cmd.block]
+                assert not b.retiring and cmd.worker in b.workers, (cmd, b)
+                assert cmd.worker in self.drained and cmd.worker in self.joined, cmd
+                self.undrains.append(cmd)
+                self.taken_back += 1
             elif isinstance(cmd, HoldWorkers):
                 assert (cmd.block in self.suspended) != cmd.held, cmd  # once each way
                 (self.suspended.add if cmd.held else self.suspended.discard)(cmd.block)
@@ -805,6 +951,38 @@ class RandomCluster(RuleBasedStateMachine):
         if known:
             self.drained.add(cmd.worker)
         self.feed(DrainAnswered(self._later(), cmd.worker, known))
+
+    @precondition(lambda self: not self.state.closing)
+    @rule(pool=st.sampled_from(["a", "b"]), n=st.integers(1, 4))
+    def scaled_in_then_wanted_again(self, pool: str, n: int) -> None:
+        """The pool's requests are answered (a running block each), the workers of its
+        running blocks join, it is scaled in to 0, every drain is answered, then it
+        wants ``n`` blocks: the scaled-in blocks still there are taken back before any
+        is started."""
+        if pool not in self.state.pools:
+            return
+        for cmd in [c for c in self.starts if c.pool == pool]:
+            self.answer_start(self.starts.index(cmd), 1, False, True, "other")
+        self.joined.update(
+            w
+            for b in self.state.blocks.values()
+            if b.pool == pool and b.block_id in self.running
+            for w in b.workers
+        )
+        limits = PoolLimits(0, 4, 0)
+        self.feed(TargetSet(self._later(), pool, 0, pool, limits))
+        while self.drains:
+            self.answer_drain(0)
+        self.feed(TargetSet(self._later(), pool, n, pool, limits))
+
+    @precondition(lambda self: self.undrains)
+    @rule(i=st.integers(0, 7), ok=st.booleans())
+    def answer_undrain(self, i: int, ok: bool) -> None:
+        cmd = self.undrains.pop(i % len(self.undrains))
+        ok = ok and cmd.worker in self.joined and cmd.worker in self.drained
+        if ok:
+            self.drained.discard(cmd.worker)
+        self.feed(UndrainAnswered(self._later(), cmd.worker, ok))
 
     @precondition(lambda self: self.stops)
     @rule(i=st.integers(0, 7))
