@@ -45,13 +45,19 @@ from actors.autoscaler_state import (
     Tick,
 )
 from actors.providers import Block, BlockSpec, BlockState, InProcessProvider
-from actors.scheduler_events import WorkerDraining, WorkerJoined, WorkerLeaving, WorkerLeft
+from actors.scheduler_events import (
+    WorkerDraining,
+    WorkerJoined,
+    WorkerLeaving,
+    WorkerLeft,
+    WorkerUndrained,
+)
 from actors.scheduler_state import SchedulerState
 from policies.scaling import PoolLimits
 from runtime.kernel import ActorSystem
 from runtime.messages import AutoscalerStatus, DrainRequest, StatusRequest, WorkerGone
 from runtime.node import start_control_plane, worker_factory
-from tests.helpers import log_lines, wait_until
+from tests.helpers import event, join, log_lines, submit, wait_until
 
 SPEC = "spec"
 
@@ -265,6 +271,21 @@ def test_a_drain_counts_from_the_workers_latest_join_in_their_story() -> None:
     sch.handle(WorkerJoined("s7", 10.0, "w.0", 1, 0), WorkerJoined("s8", 10.0, "w.1", 1, 0))
     assert not drained_since_joined(sch.story(*w))
     assert not drained_since_joined(sch.story(*w), retired=True)
+
+
+def test_a_drain_taken_back_no_longer_counts_in_the_story() -> None:
+    """A worker drained for a scale-in while busy and taken back (its pool wanted it
+    again) works on as any: if its block then ends unasked, its story shows no drain
+    since it was taken back, so the end is not read as the drain's (free, ``drained``)."""
+    sch = SchedulerState()
+    join(sch, "w.0")
+    submit(sch, {"x": []}, ["x"])
+    sch.handle(event(WorkerDraining, worker="w.0"))  # busy: drains, not retired
+    assert drained_since_joined(sch.story("w.0"))
+    sch.handle(event(WorkerUndrained, worker="w.0"))
+    assert not drained_since_joined(sch.story("w.0"))
+    sch.handle(event(WorkerDraining, worker="w.0"))  # drained again: that counts
+    assert drained_since_joined(sch.story("w.0"))
 
 
 def test_a_block_leaves_the_count_only_once_every_worker_of_it_is_drained() -> None:
