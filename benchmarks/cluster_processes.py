@@ -20,7 +20,9 @@ from pathlib import Path
 import runtime
 
 #: the tree whose ``runtime`` this process imported (PYTHONPATH's, or the checkout's):
-#: the processes import the same one
+#: the processes import the same one. They run in it: ``python -m`` puts its working
+#: directory first on the path, ahead of PYTHONPATH, so started from inside a checkout
+#: they would import that checkout's ``runtime`` whatever PYTHONPATH says.
 TREE = str(Path(runtime.__file__).resolve().parents[1])
 
 
@@ -41,7 +43,7 @@ def manager_and_workers(
 
     def start(*args: str) -> subprocess.Popen[str]:
         return subprocess.Popen(
-            [sys.executable, "-m", "runtime", *args], env=env, text=True,
+            [sys.executable, "-m", "runtime", *args], env=env, text=True, cwd=TREE,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         )  # fmt: skip
 
