@@ -11,9 +11,12 @@ The keys are Parsl's where they mean the same (``min_blocks``, ``max_blocks``,
 ``parallelism``, ``walltime``, ``max_idletime``, ``provisioning_timeout``,
 ``partition``, ...); ``spare_blocks`` is GitLab Runner's ``IdleCount``;
 ``tasks_per_worker`` (fresh workers: each runs that many tasks, then is drained and its
-block ends) is Corral's own. Everything is checked before anything starts: an unknown
-key, a value of the wrong type or out of range, a key that belongs to another provider
-and a reference to a pool that does not exist raise
+block ends) is Corral's own, and so are the keys that set the worker processes' flags
+(``worker_host``, ``worker_port_range``, ``grace``, ``execution``, ``spill_dir``:
+:meth:`PoolConfig.worker_flags`) and a Slurm pool's ``signal_warning``. Everything is
+checked before anything starts: an unknown key, a value of the wrong type or out of
+range, a key that belongs to another provider and a reference to a pool that does not
+exist raise
 :class:`~runtime.errors.PoolConfigError` naming the pool and the key, with what is
 allowed and, for a typo, the closest known name. Pure: no provider is built here
 (``runtime/node.py`` does that).
@@ -47,8 +50,10 @@ from runtime.errors import (
 __all__ = [
     "COMMON_KEYS",
     "LOCAL_KEYS",
+    "PORT_RANGE_FORM",
     "PROVIDERS",
     "SLURM_KEYS",
+    "WORKER_PROCESS_KEYS",
     "PoolConfig",
     "check_fallback",
     "ignored_settings",
@@ -58,6 +63,7 @@ __all__ = [
     "parse_seconds",
     "pool_fallbacks",
     "pools_from_dicts",
+    "port_range",
     "read_config",
 ]
 
@@ -82,7 +88,17 @@ COMMON_KEYS: Mapping[str, Any] = {
     "spare_blocks": 0,
     "tasks_per_worker": None,  # no limit: a worker takes tasks until it is drained
     "fallback": None,
+    # the worker processes' own flags (runtime worker --help); None: the worker's default
+    "worker_host": None,  # --host; a Slurm pool's default: its node's address ({host})
+    "worker_port_range": None,  # --port-range LO-HI
+    "grace": None,  # --grace, seconds (the worker's default: 5)
+    "execution": None,  # --execution thread|process (the worker's default: thread)
+    "spill_dir": None,  # --spill-dir (the worker's default: the system's temp directory)
 }
+
+#: the keys of :data:`COMMON_KEYS` that set flags of a worker process: an embedded
+#: cluster's in-process workers take none of them
+WORKER_PROCESS_KEYS = ("worker_host", "worker_port_range", "grace", "execution", "spill_dir")
 
 #: keys only a pool with ``provider = "local"`` may have
 LOCAL_KEYS: Mapping[str, Any] = {
@@ -97,6 +113,7 @@ SLURM_KEYS: Mapping[str, Any] = {
     "exclusive": False,
     "worker_init": "",
     "scheduler_options": "",
+    "signal_warning": 0,  # seconds: --signal=B:TERM@N (0: none)
 }
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
@@ -166,6 +183,13 @@ class PoolConfig:
     worker_init: str = ""
     scheduler_options: str = ""
     provision_delay: float = 0.0  #: local only: seconds each block stays pending first
+    signal_warning: int = 0  #: Slurm only: seconds: SIGTERM this long before the walltime
+    #: the worker processes' flags (:meth:`worker_flags`); empty or None: not given
+    worker_host: str = ""
+    worker_port_range: tuple[int, int] | None = None
+    grace: float | None = None
+    execution: str = ""
+    spill_dir: str = ""
 
     @property
     def workers_per_block(self) -> int:
@@ -187,8 +211,26 @@ class PoolConfig:
             partition=self.partition, account=self.account, qos=self.qos,
             nodes_per_block=self.nodes_per_block, walltime=self.walltime,
             exclusive=self.exclusive, scheduler_options=self.scheduler_options,
-            worker_init=self.worker_init,
+            worker_init=self.worker_init, signal_warning=self.signal_warning,
         )  # fmt: skip
+
+    def worker_flags(self) -> list[str]:
+        """The flags of ``python -m runtime worker`` this pool's keys set (``worker_host``,
+        ``worker_port_range``, ``grace``, ``execution``, ``spill_dir``): what its
+        providers put on each worker's command line (a Slurm pool without
+        ``worker_host``: ``--host {host}``, its node's address, added by its caller)."""
+        flags = []
+        if self.worker_host:
+            flags += ["--host", self.worker_host]
+        if self.worker_port_range is not None:
+            flags += ["--port-range", "{}-{}".format(*self.worker_port_range)]
+        if self.grace is not None:
+            flags += ["--grace", f"{self.grace:g}"]
+        if self.execution:
+            flags += ["--execution", self.execution]
+        if self.spill_dir:
+            flags += ["--spill-dir", self.spill_dir]
+        return flags
 
     def limits(self) -> PoolLimits:
         """What the autoscaler and its ``demand`` strategy keep to."""
@@ -236,6 +278,102 @@ def _text(pool: str, key: str, value: object) -> str:
     if not isinstance(value, str):
         raise PoolConfigError(pool, key, f"must be a string, got {value!r}")
     return value
+
+
+#: what a port range is, as ``worker_port_range`` and the worker's ``--port-range`` take it
+PORT_RANGE_FORM = "LO-HI, two ports from 1 to 65535 with LO <= HI, e.g. 9000-9009"
+
+
+def port_range(text: object) -> tuple[int, int]:
+    """``(lo, hi)`` of a port range ``"LO-HI"`` (:data:`PORT_RANGE_FORM`); ValueError
+    (the form and the value) otherwise."""
+    lo, dash, hi = text.partition("-") if isinstance(text, str) else ("", "", "")
+    try:
+        low, high = int(lo), int(hi)
+    except ValueError:
+        low = high = -1
+    if not dash or not 1 <= low <= high <= 65535:
+        raise ValueError(f"{PORT_RANGE_FORM}, got {text!r}")
+    return (low, high)
+
+
+def _port_range_key(pool: str, value: object) -> tuple[int, int] | None:
+    """Pool ``pool``'s ``worker_port_range``; a list of two ports or a port alone
+    get the string they meant."""
+    if value is None:
+        return None
+    try:
+        return port_range(value)
+    except ValueError as exc:
+        meant = ""
+        if isinstance(value, list) and len(value) == 2:
+            meant = f'; did you mean worker_port_range = "{value[0]}-{value[1]}" (a string)?'
+        elif isinstance(value, int) and not isinstance(value, bool):
+            meant = f'; did you mean worker_port_range = "{value}-{value}" (a string)?'
+        raise PoolConfigError(
+            pool, "worker_port_range",
+            f"must be a string {exc}{meant} (the ports each worker may listen on for its "
+            "peers: give a range at least as wide as the workers of one node)",
+        ) from None  # fmt: skip
+
+
+def _worker_texts(pool: str, provider: str, raw: Mapping[str, Any]) -> dict[str, str]:
+    """Pool ``pool``'s ``worker_host``, ``execution`` and ``spill_dir``, checked ("" for
+    a key not given): each goes on the worker's command line as it is written."""
+    out = {}
+    for key in ("worker_host", "execution", "spill_dir"):
+        value = raw.get(key)
+        if value is None:
+            out[key] = ""
+            continue
+        text = _text(pool, key, value)
+        if not text.strip() or text != text.strip():
+            raise PoolConfigError(pool, key, f"must be a non-empty string without spaces "
+                                  f"around it, got {value!r}")  # fmt: skip
+        out[key] = text
+    host, execution, spill_dir = out["worker_host"], out["execution"], out["spill_dir"]
+    if any(c.isspace() for c in host):
+        raise PoolConfigError(
+            pool, "worker_host", f"must be one host name or address, got {host!r}"
+        )
+    if "{host}" in host and provider != "slurm":
+        raise PoolConfigError(
+            pool, "worker_host",
+            f"{host!r}: '{{host}}' is a Slurm node's address, only for provider 'slurm'; "
+            "a local pool's workers run on this machine (leave it out: 127.0.0.1)",
+        )  # fmt: skip
+    if execution and execution not in ("thread", "process"):
+        raise PoolConfigError(
+            pool, "execution",
+            f"must be 'thread' or 'process', got {execution!r}"
+            + did_you_mean(execution, ["thread", "process"]),
+        )  # fmt: skip
+    if spill_dir.startswith("~") or "$" in spill_dir:
+        raise PoolConfigError(
+            pool, "spill_dir",
+            f"is taken as written, with no shell expansion ('~', '$VAR'), got {spill_dir!r}: "
+            "give the directory's path",
+        )  # fmt: skip
+    return out
+
+
+def _signal_warning(pool: str, value: object, walltime: float | None) -> int:
+    """A Slurm pool's ``signal_warning``: whole seconds from 0 to 65535 (Slurm's
+    ``--signal=B:TERM@N``), shorter than the walltime."""
+    try:
+        seconds = parse_seconds(value)
+    except ValueError as exc:
+        raise PoolConfigError(pool, "signal_warning", str(exc)) from None
+    if not seconds.is_integer() or seconds > 65535:
+        raise PoolConfigError(
+            pool, "signal_warning",
+            f"must be whole seconds from 0 to 65535 (sbatch --signal=B:TERM@N), got {value!r}",
+        )  # fmt: skip
+    if walltime is not None and seconds >= walltime:
+        raise PoolConfigError(
+            pool, "signal_warning", f"must be shorter than walltime ({walltime:g} s), got {value!r}"
+        )
+    return int(seconds)
 
 
 def _pool(name: object, raw: object, source: str, refuse: Refusals) -> PoolConfig | None:
@@ -317,7 +455,7 @@ def _checked(name: str, raw: Mapping[str, Any]) -> PoolConfig:
         )
     seconds: dict[str, float | None] = {}
     for key in ("walltime", "drain_period", "max_idletime", "provisioning_timeout",
-                "provision_delay"):  # fmt: skip
+                "provision_delay", "grace"):  # fmt: skip
         value = raw.get(key, {**COMMON_KEYS, **LOCAL_KEYS}[key])
         if value is None:
             seconds[key] = None
@@ -357,7 +495,11 @@ def _checked(name: str, raw: Mapping[str, Any]) -> PoolConfig:
     exclusive = raw.get("exclusive", False)
     if not isinstance(exclusive, bool):
         raise PoolConfigError(name, "exclusive", f"must be true or false, got {exclusive!r}")
-    texts = {k: _text(name, k, raw.get(k, "")) for k in SLURM_KEYS if k != "exclusive"}
+    texts = {
+        k: _text(name, k, raw.get(k, ""))
+        for k in SLURM_KEYS
+        if k not in ("exclusive", "signal_warning")
+    }
     problem = scheduler_options_problem(texts["scheduler_options"])
     if problem:
         raise PoolConfigError(name, "scheduler_options", problem)
@@ -382,6 +524,10 @@ def _checked(name: str, raw: Mapping[str, Any]) -> PoolConfig:
         fallback=fallback,
         exclusive=exclusive,
         provision_delay=seconds["provision_delay"] or 0.0,
+        signal_warning=_signal_warning(name, raw.get("signal_warning", 0), walltime),
+        worker_port_range=_port_range_key(name, raw.get("worker_port_range")),
+        grace=seconds["grace"],
+        **_worker_texts(name, provider, raw),
         **texts,
     )
 

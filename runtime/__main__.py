@@ -966,17 +966,12 @@ def _peer_port(port: int, port_range: str | None) -> int | tuple[int, int]:
         if not 0 <= port <= 65535:
             raise ValueError(f"--port must be a port from 1 to 65535 (0: a free one), got {port}")
         return port
-    lo, dash, hi = port_range.partition("-")
+    from actors.pools import port_range as parse_range
+
     try:
-        low, high = int(lo), int(hi)
-    except ValueError:
-        low = high = -1
-    if not dash or not 1 <= low <= high <= 65535:
-        raise ValueError(
-            f"--port-range takes LO-HI, two ports from 1 to 65535 with LO <= HI, e.g. "
-            f"9000-9009, got {port_range!r}"
-        )
-    return (low, high)
+        return parse_range(port_range)
+    except ValueError as exc:
+        raise ValueError(f"--port-range takes {exc}") from None
 
 
 def _run_worker(args: argparse.Namespace, memory_options: dict[str, Any], ready: Any) -> None:

@@ -1321,7 +1321,7 @@ class Cluster:
     def _configure_pools(
         self, pools: Mapping[str, Mapping[str, Any]], workers: int | None, processes: int | None
     ) -> None:
-        from actors.pools import pools_from_dicts
+        from actors.pools import WORKER_PROCESS_KEYS, pools_from_dicts
         from runtime.errors import PoolConfigError
 
         if workers is not None or processes not in (None, True):
@@ -1337,6 +1337,14 @@ class Cluster:
                     f"{pool.provider!r} pools need a manager process: "
                     "`python -m runtime manager --config FILE`, then Cluster('ws://HOST:PORT'); "
                     "an embedded Cluster takes 'local' pools",
+                )  # fmt: skip
+            given = [k for k in WORKER_PROCESS_KEYS if k in pools[pool.name]]
+            if given and processes is not True:  # in-process workers have no command line
+                raise PoolConfigError(
+                    pool.name, given[0],
+                    "sets a flag of worker processes, which in-process workers do not take: "
+                    "give Cluster(pools=..., processes=True) (execution and spill_dir of "
+                    "in-process workers: memory_options=)",
                 )  # fmt: skip
         if self.pool not in self.pools:
             self.pool = next(iter(self.pools))  # scale(n) without a pool: the first one

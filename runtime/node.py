@@ -652,9 +652,12 @@ def pool_worker_argv(
     index: int,
 ) -> list[str]:
     """A worker of ``pool`` joining ``address``: its cores, memory, pool and, for a
-    local pool with a walltime, its deadline (a Slurm job's is its batch system's). A
+    local pool with a walltime, its deadline (a Slurm job's is its batch system's), and
+    the flags of the pool's worker keys (:meth:`~actors.pools.PoolConfig.worker_flags`:
+    ``--host``, ``--port-range``, ``--grace``, ``--execution``, ``--spill-dir``). A
     Slurm worker listens on its node's address (``{host}``, which the batch script
-    expands), so its peers on other nodes reach it. Without ``memory_per_worker``, it
+    expands) unless the pool's ``worker_host`` says otherwise, so its peers on other
+    nodes reach it. Without ``memory_per_worker``, it
     takes a ``share`` of its machine's memory (``--memory-share``): a local worker, one
     of all the local pools' workers (:func:`actors.pools.local_workers`); a Slurm worker,
     one of its node's ``workers_per_node``."""
@@ -667,24 +670,27 @@ def pool_worker_argv(
         address, pool.cores_per_worker, pool.memory_per_worker, pool.name, memory_options,
         deadline, disk=pool.disk_per_worker, share=share,
     )  # fmt: skip
-    if pool.provider == "slurm":
+    if pool.provider == "slurm" and not pool.worker_host:
         argv += ["--host", HOST_PLACEHOLDER]
-    return argv
+    return argv + pool.worker_flags()
 
 
-def local_disk(pools: Mapping[str, PoolConfig], memory_options: Mapping[str, Any] | None) -> int:
+def local_disk(
+    pools: Mapping[str, PoolConfig], memory_options: Mapping[str, Any] | None, spill_dir: str = ""
+) -> int:
     """The ``--disk`` of a local pool's worker without ``disk_per_worker``: an even
-    share of the free space of the file system holding the spill directory (less the
-    margin), measured now, among the most workers all the local pools may run at once
-    (:func:`actors.pools.local_workers`, the share of the machine's memory such a worker
-    takes too): every local worker keeps its outputs there, so their budgets add up to
-    no more than it has. 0 (each measures all of it) without local pools."""
+    share of the free space of the file system holding its spill directory (``spill_dir``,
+    its pool's; else the ``memory_options``' or the system's temporary directory; less
+    the margin), measured now, among the most workers all the local pools may run at
+    once (:func:`actors.pools.local_workers`, the share of the machine's memory such a
+    worker takes too): every local worker may keep its outputs there, so their budgets
+    add up to no more than it has. 0 (each measures all of it) without local pools."""
     from actors.worker import disk_share
 
     workers = local_workers(pools)
     if not workers:
         return 0
-    spill_dir = (memory_options or {}).get("spill_dir") or tempfile.gettempdir()
+    spill_dir = spill_dir or (memory_options or {}).get("spill_dir") or tempfile.gettempdir()
     return disk_share(str(spill_dir), workers)
 
 
@@ -749,10 +755,10 @@ async def start_pools(
         run_dir = Path.cwd() / "corral-slurm" / f"run-{stamp}-{os.getpid()}"
     providers: dict[str, Provider] = {}
     here = local_workers(pools)  #: the local pools' workers share this machine
-    disk = local_disk(pools, memory_options)
     for name, pool in pools.items():
         share = here if pool.provider == "local" else pool.workers_per_node
         if pool.provider == "local" and pool.disk_per_worker == 0:
+            disk = local_disk(pools, memory_options, pool.spill_dir)
             pool = dataclasses.replace(pool, disk_per_worker=disk)
         argv_for = functools.partial(pool_worker_argv, pool, memory_options, share)
         if pool.provider == "local":

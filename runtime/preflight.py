@@ -949,11 +949,17 @@ def check_directories(
     output_dirs: Sequence[Path] = (),
 ) -> list[CheckResult]:
     """The run directory (Slurm pools' scripts and job output), the spill directory
-    (default: the system's temporary directory) and each output directory."""
-    needed, unknown = expected_spill(pools)
+    (default: the system's temporary directory), each local pool's own ``spill_dir``
+    (on this machine: a Slurm pool's is on its nodes) and each output directory."""
+    own = {n: p for n, p in pools.items() if p.provider == "local" and p.spill_dir}
+    needed, unknown = expected_spill({n: p for n, p in pools.items() if n not in own})
     results = []
     if any(p.provider == "slurm" for p in pools.values()):
         results.append(check_directory("run directory", run_dir or Path("corral-slurm"), 0))
+    for name, pool in own.items():
+        room = expected_spill({name: pool})[0]
+        mine = check_directory("spill directory", Path(pool.spill_dir), room)
+        results.append(dataclasses.replace(mine, pool=name))
     spill = check_directory("spill directory", spill_dir or Path(tempfile.gettempdir()), needed)
     if unknown and spill.status == PASS:
         spill = dataclasses.replace(

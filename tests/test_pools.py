@@ -199,6 +199,40 @@ def test_a_misspelt_key_is_refused_with_the_closest_name() -> None:
             "scheduler_options",
             "put shell commands in worker_init",
         ),
+        # The worker processes' flags (the Slurm audit: a firewalled site's ports).
+        ({"worker_port_range": "21049-21010"}, "worker_port_range", "LO <= HI"),
+        ({"worker_port_range": "0-9"}, "worker_port_range", "ports from 1 to 65535"),
+        ({"worker_port_range": "a-b"}, "worker_port_range", "e.g. 9000-9009, got 'a-b'"),
+        (
+            {"worker_port_range": [21010, 21049]},
+            "worker_port_range",
+            'did you mean worker_port_range = "21010-21049" (a string)?',
+        ),
+        (
+            {"worker_port_range": 9100},
+            "worker_port_range",
+            'did you mean worker_port_range = "9100-9100" (a string)?',
+        ),
+        ({"worker_host": ""}, "worker_host", "non-empty string"),
+        ({"worker_host": "a b"}, "worker_host", "one host name or address"),
+        ({"worker_host": 127}, "worker_host", "must be a string"),
+        ({"worker_host": "{host}"}, "worker_host", "only for provider 'slurm'"),
+        ({"grace": -1}, "grace", "must be seconds"),
+        ({"grace": "5s"}, "grace", "must be seconds"),
+        ({"execution": "processes"}, "execution", "did you mean 'process'?"),
+        ({"execution": "fork"}, "execution", "must be 'thread' or 'process', got 'fork'"),
+        ({"spill_dir": ""}, "spill_dir", "non-empty string"),
+        ({"spill_dir": "~/spill"}, "spill_dir", "no shell expansion"),
+        ({"spill_dir": "$TMPDIR/spill"}, "spill_dir", "no shell expansion"),
+        ({"signal_warning": 60}, "signal_warning", "only for provider 'slurm'"),
+        ({"provider": "slurm", "signal_warning": 1.5}, "signal_warning", "whole seconds"),
+        ({"provider": "slurm", "signal_warning": 70000}, "signal_warning", "0 to 65535"),
+        ({"provider": "slurm", "signal_warning": "soon"}, "signal_warning", "must be seconds"),
+        (
+            {"provider": "slurm", "signal_warning": 600, "walltime": "00:05:00"},
+            "signal_warning",
+            "shorter than walltime (300 s)",
+        ),
     ],
 )
 def test_a_bad_value_is_refused_naming_the_key(
@@ -269,6 +303,101 @@ def test_a_local_pool_may_have_a_provision_delay(tmp_path: Path) -> None:
     path.write_text("[alert]\ninterval = 2\n")
     with pytest.raises(PoolConfigError, match="did you mean 'alerts'"):
         load_config(path)
+
+
+WORKER_KEYS = """
+[pools.ckpt]
+provider = "slurm"
+walltime = "01:00:00"
+worker_port_range = "21010-21049"
+grace = 30
+execution = "process"
+spill_dir = "/scratch/corral"
+signal_warning = 120
+
+[pools.here]
+provider = "local"
+worker_host = "127.0.0.1"
+worker_port_range = "21050-21059"
+grace = "1:00"
+"""
+
+
+@pytest.mark.anyio
+async def test_the_worker_keys_reach_each_providers_worker_command_line(tmp_path: Path) -> None:
+    """The Slurm audit: no pool key passed ``--port-range`` (which a firewalled site
+    must), ``--host``, ``--grace``, ``--execution``, ``--spill-dir`` nor the Slurm
+    ``--signal``; the auditor injected them with a sitecustomize.py. Each is a key now,
+    on the command line of the workers of both providers the manager builds."""
+    from actors.slurm import HOST_PLACEHOLDER, batch_script
+    from runtime.kernel import ActorSystem
+    from runtime.node import Tokens, start_control_plane, start_pools
+
+    path = tmp_path / "corral.toml"
+    path.write_text(WORKER_KEYS)
+    pools = load_config(path)
+    with anyio.fail_after(30):
+        async with ActorSystem() as system:
+            plane = await start_control_plane(system)
+            providers = await start_pools(
+                plane, pools, "ws://0.0.0.0:8786", Tokens.generate(), run_dir=tmp_path
+            )
+            ckpt, here = providers["ckpt"], providers["here"]
+            slurm, local = ckpt.argv_for("block-1", 0), here.argv_for("block-1", 0)  # type: ignore[attr-defined]
+
+    def flag(argv: list[str], name: str) -> str:
+        assert argv.count(name) == 1, argv
+        return argv[argv.index(name) + 1]
+
+    # A Slurm worker still listens on its node's address; its other flags are the keys'.
+    assert flag(slurm, "--host") == HOST_PLACEHOLDER
+    assert flag(slurm, "--port-range") == "21010-21049"
+    assert flag(slurm, "--grace") == "30"
+    assert flag(slurm, "--execution") == "process"
+    assert flag(slurm, "--spill-dir") == "/scratch/corral"
+    assert ckpt.options.signal_warning == 120  # type: ignore[attr-defined]
+    script = batch_script(
+        block_id="block-1", job_name="corral-ckpt-1", workers=[("ckpt-1", slurm)],
+        spec=pools["ckpt"].block_spec(), options=ckpt.options,  # type: ignore[attr-defined]
+        output=tmp_path / "o", error=tmp_path / "e", env_file=None, script=tmp_path / "s",
+    )  # fmt: skip
+    assert "#SBATCH --signal=B:TERM@120" in script
+    assert "--port-range 21010-21049 --grace 30 --execution process" in script
+    # A local pool's keys; what it does not set is the worker's default (no flag).
+    assert flag(local, "--host") == "127.0.0.1"
+    assert flag(local, "--port-range") == "21050-21059"
+    assert flag(local, "--grace") == "60"
+    assert "--execution" not in local and "--spill-dir" not in local
+    # A Slurm pool's worker_host replaces {host}: one --host, the pool's.
+    ckpt_here = pools_from_dicts({"c": {"provider": "slurm", "worker_host": "127.0.0.1"}})["c"]
+    from runtime.node import pool_worker_argv
+
+    argv = pool_worker_argv(ckpt_here, None, 1, "ws://login1:8786", "block-1", 0)
+    assert flag(argv, "--host") == "127.0.0.1"
+
+
+def test_a_misspelt_worker_key_gets_the_closest_name() -> None:
+    for typo, meant in (
+        ("worker_port_rang", "worker_port_range"),
+        ("port_range", "worker_port_range"),
+        ("worker_hosts", "worker_host"),
+        ("spilldir", "spill_dir"),
+        ("signal_warnings", "signal_warning"),
+        ("executon", "execution"),
+    ):
+        err = refused({"ckpt": {"provider": "slurm", typo: "x"}})
+        assert (err.pool, err.key) == ("ckpt", typo)
+        assert f"did you mean {meant!r}?" in str(err), str(err)
+
+
+def test_in_process_workers_take_no_worker_process_key() -> None:
+    """An embedded cluster's in-process workers have no command line: a worker key
+    there is refused, saying to give ``processes=True``."""
+    said = re.escape("give Cluster(pools=..., processes=True)")
+    with pytest.raises(PoolConfigError, match=said) as info:
+        Cluster(pools={"a": {"worker_port_range": "21010-21019"}})
+    assert (info.value.pool, info.value.key) == ("a", "worker_port_range")
+    Cluster(pools={"a": {"worker_port_range": "21010-21019"}}, processes=True)  # taken
 
 
 def test_a_cluster_refuses_bad_pools_when_made() -> None:

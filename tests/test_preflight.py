@@ -135,6 +135,20 @@ def test_a_spill_dir_that_cannot_be_created_fails_with_advice(tmp_path: Path) ->
     assert not any(" probe " in line for line in lines)  # --no-probe
 
 
+def test_a_local_pools_own_spill_dir_is_checked_for_that_pool(tmp_path: Path) -> None:
+    """A local pool's ``spill_dir`` is where its workers spill: the check looks at it
+    (for that pool), besides the default spill directory."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    spill = blocker / "spill"
+    done = check(tmp_path, LOCAL + f'spill_dir = "{spill}"\n', "--no-probe", "--json")
+    assert done.returncode == 1, done.stdout + done.stderr
+    r = results(done)[("here", "spill directory")]
+    assert r["status"] == "FAIL", r
+    assert f"{spill} cannot be created: {blocker} is not a directory" in r["detail"], r
+    assert results(done)[("*", "spill directory")]["status"] == "PASS"
+
+
 @pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs /proc")
 def test_an_output_dir_that_cannot_be_written_fails_as_not_writable(tmp_path: Path) -> None:
     """``--output-dir /proc/nope``: /proc takes no new directory (whatever os.access
@@ -692,3 +706,31 @@ def test_a_short_walltime_without_drain_period_is_a_warning() -> None:
     assert "drained 10 s before their walltime of 60 s" in got[("set", "drain")].detail
     assert got[("long", "drain")].status == PASS
     assert ("none", "drain") not in got
+
+
+def test_bad_worker_keys_are_refused_by_check_with_did_you_mean(tmp_path: Path) -> None:
+    """The pool keys that set the workers' flags (``worker_port_range``, ``execution``,
+    ...) are checked by ``check --config`` as the manager reads them: a bad value is a
+    FAIL naming the key, a misspelt one gets the closest name."""
+    config = (
+        LOCAL
+        + 'worker_port_range = [21010, 21049]\nexecution = "processes"\n'
+        + '[pools.other]\nworker_port_rang = "21010-21049"\n'
+    )
+    done = check(tmp_path, config, "--no-probe", "--json")
+    assert done.returncode == 1, done.stdout + done.stderr
+    details = [r["detail"] for r in json.loads(done.stdout)["results"] if r["status"] == "FAIL"]
+    assert any(
+        "key 'worker_port_range' must be a string LO-HI" in d
+        and 'did you mean worker_port_range = "21010-21049" (a string)?' in d
+        for d in details
+    ), details
+    assert any(
+        "key 'worker_port_rang' is unknown; did you mean 'worker_port_range'?" in d for d in details
+    ), details
+    # The right values pass (execution's typo is the next refusal once the range is right).
+    done = check(tmp_path, config.replace("[21010, 21049]", '"21010-21049"'), "--no-probe")
+    assert "did you mean 'process'?" in done.stdout, done.stdout
+    good = LOCAL + 'worker_port_range = "21010-21049"\nexecution = "process"\ngrace = 30\n'
+    done = check(tmp_path, good, "--no-probe")
+    assert done.returncode == 0, done.stdout + done.stderr

@@ -153,3 +153,24 @@ def test_port_and_port_range_together_are_a_usage_error(capsys: Any) -> None:
         main(["worker", "ws://127.0.0.1:9", "--port", "1", "--port-range", "1-2"])
     assert usage.value.code == 2
     assert "not allowed with argument" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+@pytest.mark.timeout(120)
+async def test_a_pools_worker_port_range_is_where_its_worker_listens() -> None:
+    """The Slurm audit: a pool could not pin its workers' ports (a firewalled site
+    must). A local pool's ``worker_port_range`` reaches its worker process's command
+    line: the range's first port is taken, so the worker listens on the next."""
+    with listening(2) as socks:
+        taken, free = (port(s) for s in socks)
+        socks[1].close()
+        pools = {"cpu": {"worker_port_range": f"{taken}-{free}", "grace": 2}}
+        with anyio.fail_after(LIMIT):
+            async with Cluster(pools=pools, processes=True) as c:
+                await c.wait_for_workers(1, timeout=LIMIT)
+                (info,) = (await c.status())["workers"]
+                assert (info.worker_id, info.address) == ("cpu-1", f"ws://127.0.0.1:{free}")
+                with socket.create_connection(("127.0.0.1", free), timeout=5):
+                    pass  # it listens there
+                assert await c.submit(total, [1, 2, 3]) == 6
