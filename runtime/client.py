@@ -67,6 +67,7 @@ from runtime.graph import (
     TaskOptions,
     check_key,
     check_keys,
+    check_shuffle_method,
     make_task,
     reject_collection,
     short_repr,
@@ -1844,6 +1845,7 @@ class Cluster:
         # Checked before any Future holds a key (and here, not after pickling the graph
         # off to a remote manager): GraphError saying what each must be.
         reject_collection(graph)
+        check_shuffle_method(graph)  # with this process's dask config
         keys = check_keys(keys)
         opts = TaskOptions.of(SUBMISSION, priority, retries, resources, pool, timeout)
         futures = [Future(k, self) for k in keys]
@@ -1910,6 +1912,7 @@ class Cluster:
                 f"{', '.join(sorted(_OPTIONS))}"
             )
         reject_collection(graph)  # GraphError for each, before any key is held
+        check_shuffle_method(graph)  # with this process's dask config
         opts = TaskOptions.of(SUBMISSION, **options)
         flat = flatten_keys(keys)
         client = self._client_actor

@@ -54,6 +54,7 @@ __all__ = [
     "ReportRunError",
     "ResultNotPicklable",
     "RetryPolicyLoop",
+    "ShuffleMethodError",
     "SubmissionsSuspended",
     "TaskArgumentsTooLarge",
     "TaskCrashedWorkers",
@@ -371,6 +372,32 @@ class MissingKeysError(GraphError, KeyError):
 
     def __str__(self) -> str:  # KeyError would otherwise quote the message
         return self.message
+
+
+class ShuffleMethodError(GraphError):
+    """A graph has a dask shuffle Corral cannot run correctly: dask's disk (partd)
+    shuffle, or its p2p shuffle. Fields ``method`` (``"disk"`` or ``"p2p"``) and
+    ``found`` (where: the config setting, or a task's key)."""
+
+    def __init__(self, method: str, found: str) -> None:
+        if method == "disk":
+            why = (
+                "its tasks append rows to a partd directory outside their outputs, so a "
+                "retry after a lost worker, or a speculative copy of a slow task, adds "
+                "those rows again (wrong results, with no error), and workers on several "
+                "machines do not share that directory"
+            )
+        else:
+            why = "its tasks run only on dask.distributed's workers, which Corral's are not"
+        super().__init__(
+            f"the graph has dask's {method} shuffle ({found}): {why}. Nothing of it was "
+            "run. Use the task shuffle: dask.config.set({'dataframe.shuffle.method': "
+            "'tasks'}) before building the collection (or a merge's "
+            "shuffle_method='tasks', a bag groupby's shuffle='tasks'); a dataframe "
+            "computed with the method unset gets the task shuffle from Corral.",
+            method=method,
+            found=found,
+        )
 
 
 class UnknownPolicyError(CorralError, KeyError):

@@ -14,10 +14,12 @@ serves dask graphs and Corral's own API alike.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import heapq
 import math
+import sys
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any, NamedTuple
 
@@ -36,9 +38,9 @@ from dask._task_spec import (
 )
 from dask.core import flatten
 from dask.order import order as dask_order
-from dask.utils import format_bytes, key_split
+from dask.utils import apply, format_bytes, key_split
 
-from runtime.errors import CycleError, GraphError, MissingKeysError
+from runtime.errors import CycleError, GraphError, MissingKeysError, ShuffleMethodError
 
 __all__ = [
     "INTAKE_PIECE",
@@ -52,6 +54,7 @@ __all__ = [
     "check_key",
     "check_keys",
     "check_pool_fit",
+    "check_shuffle_method",
     "flatten_keys",
     "in_pieces",
     "is_key",
@@ -357,31 +360,165 @@ def _materialize(
     said in ``notes``."""
     if not isinstance(graph, Expr):
         return graph, _layer_annotations(graph)
+    graph, aliases = _task_shuffles(graph)
     given = _given_annotations(graph)
-    if not given:
-        return graph.__dask_graph__(), _expr_annotations(graph)
     # (dask's config is the process's: dask code in other threads meanwhile sees it too)
-    with dask.config.set({"optimization.fuse.active": False}):
-        dsk = graph.__dask_graph__()  # optimized (once: dask caches it) without it
-        annotations = _expr_annotations(graph)
-    return dsk, _carried(dsk, annotations, given, notes)
+    with _task_shuffle_default():
+        if not given:
+            dsk = graph.__dask_graph__()
+            return ({**dsk, **aliases} if aliases else dsk), _expr_annotations(graph)
+        with dask.config.set({"optimization.fuse.active": False}):
+            dsk = graph.__dask_graph__()  # optimized (once: dask caches it) without it
+            annotations = _expr_annotations(graph)
+    carried = _carried(dsk, annotations, given, notes)
+    return ({**dsk, **aliases} if aliases else dsk), carried
 
 
-def _given_annotations(expr: Expr) -> dict[Key, dict[str, Any]]:
-    """The annotations the user gave (the layers of the not yet optimized graphs of
-    ``expr``'s collections) that Corral honours, per key."""
-    out: dict[Key, dict[str, Any]] = {}
+# ----------------------------------------------------------------------------- shuffles
+# dask's disk shuffle (partd) has tasks that append rows to a directory outside their
+# outputs: a task run again (a lost worker's, a speculative copy) appends them twice,
+# and workers on several machines do not share the directory. dask's p2p shuffle runs
+# only on dask.distributed's workers. Corral runs dask's task shuffle instead, or refuses.
+
+_SHUFFLE_METHOD = "dataframe.shuffle.method"
+
+
+def _task_shuffle_default() -> contextlib.AbstractContextManager[Any]:
+    """dask's shuffle method ``"tasks"`` while dask lowers an expression here, unless
+    one is set (a method set that Corral cannot run is refused in the graph it gives,
+    :func:`_refuse_unsafe_shuffles`): dask's default without a dask.distributed client
+    is the disk shuffle."""
+    if dask.config.get(_SHUFFLE_METHOD, None) is None:
+        scoped: contextlib.AbstractContextManager[Any] = dask.config.set({_SHUFFLE_METHOD: "tasks"})
+        return scoped
+    return contextlib.nullcontext()
+
+
+def _expr_nodes(expr: Expr, into: Callable[[Expr], bool] = lambda node: True) -> Iterable[Expr]:
+    """Every node of ``expr`` once (also inside a list operand: dask's ``Fused``), but
+    not below a node ``into`` says no to."""
     stack, seen = [expr], set()
     while stack:
         node = stack.pop()
         if id(node) in seen:
             continue
         seen.add(id(node))
-        if isinstance(node, dask._expr.HLGExpr):
-            if node.low_level_optimizer is not None:  # optimized: what it may drop
-                out.update(_layer_annotations(node.hlg))
+        yield node
+        if not into(node):
             continue
-        stack.extend(op for op in node.operands if isinstance(op, Expr))
+        for op in node.operands:
+            if isinstance(op, Expr):
+                stack.append(op)
+            elif isinstance(op, list):
+                stack.extend(o for o in op if isinstance(o, Expr))
+
+
+def _lowered_shuffles(expr: Expr) -> tuple[list[Expr], list[Expr]]:
+    """The disk shuffles and the p2p shuffles (and joins) of a lowered dataframe
+    expression (what ``dask.compute`` hands a scheduler)."""
+    if "dask.dataframe" not in sys.modules:  # no dataframe was made: none of them
+        return [], []
+    try:
+        from dask.dataframe.dask_expr._merge import HashJoinP2P
+        from dask.dataframe.dask_expr._shuffle import DiskShuffle, P2PShuffle
+    except ImportError:  # pragma: no cover - a dask without them: nothing to find
+        return [], []
+    disk: list[Expr] = []
+    p2p: list[Expr] = []
+    for node in _expr_nodes(expr):
+        if isinstance(node, DiskShuffle):
+            disk.append(node)
+        elif isinstance(node, P2PShuffle | HashJoinP2P):
+            p2p.append(node)
+    return disk, p2p
+
+
+def check_shuffle_method(graph: object) -> None:
+    """Refuse, in the client (whose dask config chose it), a dask expression lowered to
+    a shuffle Corral cannot run: :class:`ShuffleMethodError` for a p2p shuffle, and for
+    a disk shuffle when dask's config asks for it (with the method unset, the manager
+    runs it as the task shuffle: :func:`_task_shuffles`)."""
+    if not isinstance(graph, Expr):
+        return
+    disk, p2p = _lowered_shuffles(graph)
+    chosen = dask.config.get(_SHUFFLE_METHOD, None)
+    where = f"dask.config's {_SHUFFLE_METHOD} is {chosen!r}"
+    if p2p:
+        raise ShuffleMethodError("p2p", where if chosen == "p2p" else f"{p2p[0]._name!r}")
+    if disk and chosen == "disk":
+        raise ShuffleMethodError("disk", where)
+
+
+def _task_shuffles(expr: Expr) -> tuple[Expr, dict[Key, Alias]]:
+    """``expr`` with its disk shuffles made task shuffles (the same partitions of the
+    same frame), and the aliases that give its output keys, which then change, their
+    names of before. dask lowers a dataframe expression in the client, in
+    ``dask.compute``, with dask's default method there: the disk shuffle."""
+    disk, _ = _lowered_shuffles(expr)
+    if not disk:
+        return expr, {}
+    from dask.dataframe.dask_expr._shuffle import TaskShuffle
+
+    new = expr
+    for node in disk:
+        new = new.substitute(node, TaskShuffle(*node.operands))
+    old_keys = list(flatten(expr.__dask_keys__()))
+    new_keys = list(flatten(new.__dask_keys__()))
+    if len(old_keys) != len(new_keys):  # pragma: no cover - dask changed: refuse
+        raise ShuffleMethodError("disk", repr(disk[0]._name))
+    aliases = {o: Alias(o, n) for o, n in zip(old_keys, new_keys, strict=True) if o != n}
+    return new, aliases
+
+
+def _shuffle_method_of(func: Any) -> str | None:
+    """``"disk"`` or ``"p2p"`` for a task function of dask's disk or p2p shuffle (not a
+    ``functools.partial``: the function it calls)."""
+    kind = func if isinstance(func, type) else type(func)
+    module = getattr(func, "__module__", None) or kind.__module__ or ""
+    name = getattr(func, "__qualname__", None) or kind.__qualname__
+    if (
+        module.startswith("partd")  # makes the partd: partd.File, partd.Python, ...
+        or kind.__name__ == "maybe_buffered_partd"
+        or name.endswith("DiskShuffle._shuffle_group")
+        or (module == "dask.bag.core" and name == "partition")
+    ):
+        return "disk"
+    if module.startswith("distributed.shuffle"):
+        return "p2p"
+    return None
+
+
+def _refuse_unsafe_shuffles(nodes: Mapping[Key, GraphNode]) -> None:
+    """:class:`ShuffleMethodError` for a graph with a task of dask's disk or p2p shuffle
+    (a graph made by dask with that method, as a dict or a ``HighLevelGraph``): known by
+    the task's function, each distinct function looked at once."""
+    seen: dict[int, str | None] = {}
+    for key, node in nodes.items():
+        func = getattr(node, "func", None)
+        while isinstance(func, functools.partial):
+            func = func.func
+        if func is apply and node.args:  # (apply, partd.File, (), {...})
+            first = node.args[0]
+            func = first.value if isinstance(first, DataNode) else first
+        if func is None:
+            continue
+        try:
+            method = seen[id(func)]
+        except KeyError:
+            method = seen[id(func)] = _shuffle_method_of(func)
+        if method is not None:
+            raise ShuffleMethodError(method, f"task {key!r}")
+
+
+def _given_annotations(expr: Expr) -> dict[Key, dict[str, Any]]:
+    """The annotations the user gave (the layers of the not yet optimized graphs of
+    ``expr``'s collections) that Corral honours, per key."""
+    out: dict[Key, dict[str, Any]] = {}
+    hlg = dask._expr.HLGExpr
+    for node in _expr_nodes(expr, into=lambda node: not isinstance(node, hlg)):
+        # optimized: what it may drop
+        if isinstance(node, hlg) and node.low_level_optimizer is not None:
+            out.update(_layer_annotations(node.hlg))
     return out
 
 
@@ -670,6 +807,7 @@ def build_specs(
     graph, annotations = _materialize(graph, notes)
     check_graph_keys(graph)
     nodes = normalize_graph(graph, known)
+    _refuse_unsafe_shuffles(nodes)
     wanted = list(wanted)
     unknown = [k for k in wanted if k not in nodes and not known(k)]
     if unknown:

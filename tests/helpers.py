@@ -894,3 +894,23 @@ def status_text(st: dict[str, Any]) -> str:
     buf = io.StringIO()
     Console(file=buf, width=200, color_system=None).print(render_status(st))
     return buf.getvalue()
+
+
+class _Captured(Exception):
+    pass
+
+
+def captured(*collections: Any) -> tuple[Any, list[Any]]:
+    """What ``dask.compute`` hands a scheduler: the (not yet materialized) expression
+    and the keys."""
+    import dask
+
+    got: list[Any] = []
+
+    def scheduler(dsk: Any, keys: Any, **kwargs: Any) -> Any:
+        got.extend([dsk, keys])
+        raise _Captured
+
+    with pytest.raises(_Captured):
+        dask.compute(*collections, scheduler=scheduler)
+    return got[0], got[1]

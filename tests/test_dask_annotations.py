@@ -19,7 +19,7 @@ import pytest
 import runtime
 from runtime.errors import GraphError
 from runtime.graph import build_specs
-from tests.helpers import Cli, log_lines
+from tests.helpers import Cli, captured, log_lines
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -43,24 +43,6 @@ class FirstTryFails:
 
 def _block(b: Any, block_info: Any = None) -> int:
     return int(block_info[0]["chunk-location"][0])
-
-
-def _captured(*collections: Any) -> tuple[Any, list[Any]]:
-    """What ``dask.compute`` hands a scheduler: the (not yet materialized) expression
-    and the keys."""
-    got: list[Any] = []
-
-    def scheduler(dsk: Any, keys: Any, **kwargs: Any) -> Any:
-        got.extend([dsk, keys])
-        raise _Captured
-
-    with pytest.raises(_Captured):
-        dask.compute(*collections, scheduler=scheduler)
-    return got[0], got[1]
-
-
-class _Captured(Exception):
-    pass
 
 
 def test_array_retries_annotation_survives_blockwise_fusion() -> None:
@@ -90,7 +72,7 @@ def test_array_priority_annotation_reaches_the_fused_tasks_specs() -> None:
     x = da.ones((400,), chunks=100)
     with dask.annotate(priority=7):
         y = x + 1
-    expr, keys = _captured((y * 2).sum())
+    expr, keys = captured((y * 2).sum())
     specs = build_specs(expr, list(dask.core.flatten(keys)))
     high = [s for s in specs.values() if s.priority == 7]
     assert len(high) == 4, {k: s.priority for k, s in specs.items()}  # one per block
@@ -133,7 +115,7 @@ def test_delayed_linear_fusion_keeps_retries_and_says_what_a_timeout_bounds() ->
 
         with dask.annotate(timeout=30):
             slow = dask.delayed(np.negative, pure=False)(start())
-        expr, keys = _captured(dask.delayed(int, pure=False)(slow))
+        expr, keys = captured(dask.delayed(int, pure=False)(slow))
         notes: list[str] = []
         specs = build_specs(expr, list(dask.core.flatten(keys)), notes=notes)
     assert [s.timeout for s in specs.values() if s.timeout] == [30.0]
