@@ -1400,12 +1400,14 @@ class Cluster:
         """Join a manager in another process as a client: connected once its gateway
         welcomed the client's Hello; a refusal (the read-only token, say) is raised
         here, not at the first call."""
-        from runtime.node import HEARTBEAT, find_token_there
+        from runtime.node import GIVE_TOKEN_PY, HEARTBEAT, find_token_there
         from runtime.remote import Peer
         from transport import connect
 
         options: dict[str, Any] = {}
-        token = await find_token_there(address, self.token, token_file=self.token_file)
+        token = await find_token_there(
+            address, self.token, token_file=self.token_file, give=GIVE_TOKEN_PY
+        )
         if token and address.startswith(("ws://", "wss://")):
             options["token"] = token
         conn = await connect(address, **options)

@@ -834,30 +834,50 @@ class Tokens:
             ) from None
 
     @classmethod
-    def read_file(cls, path: Path) -> Tokens:
+    def read_file(cls, path: Path, give: str = "") -> Tokens:
+        """The tokens in a manager's token file. ``give``: how the caller is given a
+        token, for the error of a missing file (:data:`GIVE_TOKEN_PY` for a Python
+        client; by default a command's ``--token``)."""
         try:
             data = json.loads(path.read_text())
             return cls(str(data["admin"]), str(data["read"]))
         except FileNotFoundError:
+            give = give or GIVE_TOKEN_CLI
             port = path.stem.rpartition("_")[2]
             others = sorted(p.name for p in path.parent.glob(f"*_{port}.json")) if port else []
             here = (
                 f" This machine has token files for that port under other host names: "
                 f"{', '.join(others)} (a file is named after the address the manager "
                 "listened on: use that host in the address, or pass the admin token from "
-                "the file with --token)."
+                f"the file {give})."
                 if others
                 else ""
+            )
+            look = (
+                "; to look only, pass the read token it printed (in its dashboard URL) the same way"
+                if give == GIVE_TOKEN_CLI
+                else ""  # a client submits work: the read token is refused
             )
             raise CorralError(
                 f"no token file at {path}: a manager writes its tokens there, named after "
                 "the address it listens on (or at its --token-file), on its machine, for "
-                f"its user.{here} Otherwise copy the admin token from that file on the "
-                "manager's machine and pass it with --token (or set CORRAL_TOKEN); to look "
-                "only, pass the read token it printed (in its dashboard URL) the same way"
+                "its user, under $CORRAL_HOME/tokens (default ~/.corral/tokens: a manager "
+                "started with CORRAL_HOME set wrote them under that directory, so set the "
+                f"same CORRAL_HOME here).{here} Otherwise copy the admin token from that "
+                f"file on the manager's machine and pass it {give}{look}"
             ) from None
         except (ValueError, KeyError, TypeError) as exc:
             raise CorralError(f"token file {path} is not valid: {exc}") from exc
+
+
+#: how a command (worker, console) is given a token, and how a Python client
+#: (``Cluster(address)``, ``runtime.get(..., address=...)``) is: for
+#: :meth:`Tokens.read_file`'s error
+GIVE_TOKEN_CLI = "with --token (or set CORRAL_TOKEN)"
+GIVE_TOKEN_PY = (
+    "as token= (or the path of a file holding it as token_file=) to Cluster(address, ...) "
+    "or runtime.get(..., address=...), or set CORRAL_TOKEN"
+)
 
 
 def token_path(address: str) -> Path:
@@ -883,9 +903,11 @@ def find_token(
     token: str | None,
     role: str = "admin",
     token_file: str | os.PathLike[str] | None = None,
+    give: str = "",
 ) -> str | None:
     """The token to present: given (``token``, or the one in ``token_file``: not both,
-    :class:`TokenFileError`), else ``CORRAL_TOKEN``, else the local token file."""
+    :class:`TokenFileError`), else ``CORRAL_TOKEN``, else the local token file (``give``:
+    as for :meth:`Tokens.read_file`)."""
     check_one_token(token, token_file)
     if token_file is not None:
         return read_token_file(token_file, role)
@@ -896,7 +918,7 @@ def find_token(
     path = local_token_file(address, token, token_file)
     if path is None:
         return None
-    tokens = Tokens.read_file(path)
+    tokens = Tokens.read_file(path, give)
     return tokens.admin if role == "admin" else tokens.read
 
 
@@ -917,6 +939,7 @@ async def find_token_there(
     role: str = "admin",
     token_file: str | os.PathLike[str] | None = None,
     timeout: float | None = None,  # noqa: ASYNC109 (transport.connect's)
+    give: str = "",
 ) -> str | None:
     """:func:`find_token`, for a worker, console or client about to connect: where it
     would read a manager's token file on this machine that is not there, it first tries
@@ -939,7 +962,7 @@ async def find_token_there(
             raise
         else:
             await conn.aclose()
-    return find_token(address, token, role, token_file)
+    return find_token(address, token, role, token_file, give)
 
 
 #: the most a token file (``--token-file``) may hold: a token is 64 characters, the

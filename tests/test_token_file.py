@@ -454,3 +454,46 @@ async def test_a_worker_with_connect_retry_waits_for_a_manager_whose_token_file_
         async with Cluster(address, manager_alerts=None) as cluster:
             await cluster.wait_for_workers(1)
             assert await cluster.submit(inc, 1) == 2
+
+
+@pytest.mark.anyio
+async def test_a_python_client_with_no_token_file_is_told_of_token_not_the_cli_flag(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """``Cluster(address)`` and ``runtime.get(..., address=...)`` at a manager whose token
+    file is not in this process's ``CORRAL_HOME``: the error says ``token=``,
+    ``token_file=``, ``CORRAL_TOKEN`` and ``CORRAL_HOME``, not the commands' ``--token``
+    (audit mleng, defect 5), and not the read token, which a client cannot use."""
+    import dask
+
+    import runtime
+    from runtime.errors import CorralError
+    from tests.helpers import free_port
+
+    port = free_port()
+    home = tmp_path / "home"
+    address = f"ws://127.0.0.1:{port}"
+    monkeypatch.setenv("CORRAL_HOME", str(home))
+    monkeypatch.delenv("CORRAL_TOKEN", raising=False)
+    with Cli(home) as cli, anyio.fail_after(LIMIT):
+        manager = cli.start(
+            "manager", "--listen", f"127.0.0.1:{port}", "--token-file", str(tmp_path / "t.json")
+        )
+        await run(cli.line_with, manager, "manager listening on")
+        with pytest.raises(CorralError) as info:
+            async with Cluster(address, manager_alerts=None):
+                pass
+        texts = [str(info.value)]
+
+        def get() -> None:
+            dask.compute(dask.delayed(abs)(-1), scheduler=runtime.get, address=address)
+
+        with pytest.raises(CorralError) as info:
+            await run(get)
+        texts.append(str(info.value))
+    for text in texts:
+        assert f"no token file at {home / 'tokens'}" in text, text
+        assert "as token= (or the path of a file holding it as token_file=)" in text, text
+        assert "or set CORRAL_TOKEN" in text and "set the same CORRAL_HOME here" in text, text
+        assert "--token " not in text and "--token)" not in text, text
+        assert "read token" not in text, text
