@@ -44,7 +44,11 @@ the same: ``copy_failed``). A copy
 whose target is lost stops counting as on its way at once (``_copies_lost``). The copies
 off a draining worker (``_copy_off``) go the same way but are evacuations, like those
 off a worker that leaves (``evacuating``, ``_evacuated``): no replicas, and a drained
-worker that leaves loses nothing, so its going spares no recompute.
+worker that leaves loses nothing, so its going spares no recompute. A worker that
+leaves copies each needed output it holds, its own or fetched, that no worker that stays
+holds and no other leaving holder's plan copies (``_to_evacuate``: several workers
+stopped together copy an output they all hold once); one that goes without a planned
+copy has it asked of another leaving holder (``_evacuate_unmade``).
 
 Speculative copies (docs/files.md#speculative-copies): on a :class:`Tick`, while a
 worker idles (free, running nothing: after ``_fill`` no ready task can go to it), the
@@ -1106,9 +1110,11 @@ class SchedulerState(DiskPlacement):
             self._checkpoints_lost(ws.id)
         # Its plan's copies are made or not, as it says: none is on its way any more.
         self.evac_planned.pop(ws.id, None)
+        unmade: list[Key] = []  # planned by it: made, or left to the other holders
         for planned in self.evac_planned.values():
             for key in [k for k, source in planned.items() if source == ws.id]:
                 del planned[key]
+                unmade.append(key)
         onward = []  # copies that landed on a worker that said it leaves meanwhile
         for key, target in ev.evacuated:
             ts = self.tasks.get(key)
@@ -1164,6 +1170,8 @@ class SchedulerState(DiskPlacement):
         self.storage.forget(ws.id)
         for ts, to in onward:
             self._pass_on(ts, to, ws)
+        if unmade:
+            self._evacuate_unmade(unmade)
 
     def _tasks_finished(self, ev: TasksFinished) -> None:
         ws = self.workers.get(ev.worker)
@@ -1503,14 +1511,45 @@ class SchedulerState(DiskPlacement):
             self._copies_off(ws, f"leaving:{ev.cause}")
             self._limits_changed()
         self._redirect_planned(ws)
-        needed = [
+        needed = self._to_evacuate(ws)
+        self._out.append(Evacuate(self._stimulus, ws.id, self._plan_moves(ws, needed, ws)))
+
+    def _to_evacuate(self, ws: WorkerState) -> list[TaskState]:
+        """What leaving ``ws`` must copy out: each output it holds (its own, or a copy
+        it fetched) that is still needed (a client holds it, a task will read it) and
+        that no other holder keeps: a holder that drains, said it leaves or is of
+        ``ws``'s block (:meth:`_survivors`: going too, though its own Leaving may not be
+        here yet) keeps nothing. Not one already planned by another leaving holder
+        (:meth:`_evacuation_planned`) or on its way to a worker that stays: one copy
+        on a survivor suffices. One job that stops several workers at once thus loses
+        none of the outputs they all hold."""
+        blocks = {(ws.block, ws.pool)} if ws.block else set()
+        planned = self._evacuation_planned(blocks)
+        return [
             ts
             for ts in ws.has_what
-            if ts.who_has == {ws.id}
-            and (ts.consumers > 0 or ts.wanted)
+            if (ts.consumers > 0 or ts.wanted)
+            and ts.key not in planned
+            and not any(self._holds_on(h, blocks) for h in ts.who_has)
             and not self._copy_landing(ts)
         ]
-        self._out.append(Evacuate(self._stimulus, ws.id, self._plan_moves(ws, needed, ws)))
+
+    def _holds_on(self, wid: str, blocks: set[tuple[str, str]]) -> bool:
+        """Whether worker ``wid`` keeps what it holds: it is here, neither drains nor
+        said it leaves, and is of none of ``blocks`` (``(block, pool)`` of leaving
+        workers: their siblings go with them)."""
+        w = self.workers.get(wid)
+        return w is not None and not w.draining and (w.block, w.pool) not in blocks
+
+    def _evacuation_planned(self, blocks: set[tuple[str, str]]) -> set[Key]:
+        """The outputs a leaving worker's plan (``evac_planned``) copies to a worker
+        that stays (:meth:`_holds_on`, ``blocks`` as there)."""
+        return {
+            key
+            for target, plan in self.evac_planned.items()
+            if self._holds_on(target, blocks)
+            for key in plan
+        }
 
     def _plan_moves(
         self, ws: WorkerState, needed: Iterable[TaskState], *going: WorkerState
@@ -1562,13 +1601,36 @@ class SchedulerState(DiskPlacement):
             ts = self.tasks.get(key)
             if ts is not None and source in self.workers and self._only_leaving_hold(ts):
                 by_source.setdefault(source, []).append(ts)
+        self._plan_more(by_source, ws)
+
+    def _plan_more(self, by_source: dict[str, list[TaskState]], *going: WorkerState) -> None:
+        """More of each leaving source's plan (a second :class:`Evacuate`, carried out
+        with the first): its outputs ``by_source``, each to a survivor of it and
+        ``going``."""
         for source, needed in sorted(by_source.items()):
             src = self.workers[source]
-            moves = self._plan_moves(src, needed, src, ws)
+            moves = self._plan_moves(src, needed, src, *going)
             for key, target, _ in moves:
                 self._log(key, "memory", f"evacuate:{source}->{target}")
             if moves:
                 self._out.append(Evacuate(self._stimulus, source, moves))
+
+    def _evacuate_unmade(self, keys: list[Key]) -> None:
+        """A leaving worker went without some copies its plan was to make (one failed,
+        or it died first): each of those outputs still needed and held only by other
+        leaving workers (which left it to that plan: :meth:`_to_evacuate`) is copied to
+        a survivor by one of them, more of its plan. One whose copies are over ignores
+        it: the output is then computed again once that one goes, as with no copy."""
+        by_source: dict[str, list[TaskState]] = {}
+        for key in keys:
+            ts = self.tasks.get(key)
+            if ts is None or not self._only_leaving_hold(ts) or self._copy_landing(ts):
+                continue
+            holders = sorted(h for h in ts.who_has if h in self.workers)
+            blocks = {(w.block, w.pool) for h in holders if (w := self.workers[h]).block}
+            if holders and key not in self._evacuation_planned(blocks):
+                by_source.setdefault(holders[0], []).append(ts)
+        self._plan_more(by_source)
 
     def _pass_on(self, ts: TaskState, to: WorkerState, source: WorkerState | None) -> None:
         """An evacuated copy of ``ts`` landed on ``to``, which says it is leaving too
@@ -1647,7 +1709,8 @@ class SchedulerState(DiskPlacement):
     ) -> None:
         """Have each output in ``keys`` (held by ``ws`` alone) copied to a worker that
         takes new tasks and has room for it, the one holding the fewest bytes; none
-        already being copied, none to a worker that failed a copy of it. The copy goes
+        already being copied or planned to be (a leaving holder's plan), none to a
+        worker that failed a copy of it. The copy goes
         as a :class:`Replicate` (the one copy path), but it is an *evacuation*
         (``evacuating``): not a replica; it counts as an evacuation when it lands
         (:meth:`_evacuated`), as are the copies off a worker that leaves. ``going``:
@@ -1656,9 +1719,12 @@ class SchedulerState(DiskPlacement):
         if not targets:
             return
         held = self._held_and_coming(targets)
+        planned = self._evacuation_planned(set())
         for ts in sorted(keys, key=lambda t: (-t.nbytes, str(t.key))):
-            if self.copying.get(ts.key):
-                continue  # on its way
+            if self.copying.get(ts.key) or ts.key in planned:
+                # On its way; or a leaving holder copies it (:meth:`_to_evacuate`
+                # counts no draining holder): kept till that one says it did.
+                continue
             failed = self.copy_failed.get(ts, ())
             fits = [
                 w

@@ -9,7 +9,10 @@ is gathered from the other worker without its task running a second time. Two
 workers preempted together (one the target of the other's plan, its Leaving a few ms
 later): the core moves the copy to a survivor (exact commands), the leaving worker
 carries out the plan's second part, and on worker processes the output ends on the
-survivor.
+survivor. An output held by two workers stopped together (the original and a copy a
+downstream task fetched, audit slurm D1) is copied once, by one of them, to the
+survivor: exact commands in either order, for block siblings, with a draining holder,
+and if the copying one goes without the copy; and on worker processes, no recovery.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ from actors.scheduler_events import (
     Execute,
     ReplicasCopied,
     Replicate,
+    RetireWorker,
+    WorkerDraining,
     WorkerJoined,
     WorkerLeaving,
     WorkerLeft,
@@ -123,6 +128,34 @@ async def test_a_preempted_workers_needed_output_survives_on_another(
         assert log.read_text() == "ran\n"  # computed once: the copy was used
 
 
+def two_in_jobs_and_a_survivor(cli: Cli) -> tuple[str, dict[str, Any]]:
+    """A manager; workers a and b (pools ``pa``, ``pb``), each its own block inside a
+    (Slurm) job; c (pool ``pc``, block-c), the survivor. The manager's address, and the
+    processes of a and b."""
+    _, address = cli.manager()
+    cli.env["SLURM_JOB_ID"] = "4242"  # what the batch system sets inside a job
+    going = {}
+    for name in ("a", "b"):
+        cli.env["CORRAL_BLOCK_ID"] = f"block-{name}"
+        going[name] = cli.worker(
+            address, "--name", name, "--pool", f"p{name}", "--log-level", "info"
+        )
+    del cli.env["SLURM_JOB_ID"]
+    cli.env["CORRAL_BLOCK_ID"] = "block-c"
+    cli.worker(address, "--name", "c", "--pool", "pc")
+    return address, going
+
+
+def stop_a_then_b(cli: Cli, going: dict[str, Any], address: str) -> None:
+    """One job stops a and b together, a first: b's SIGTERM once a's Leaving is on its
+    way; both exit. Then d joins a's pool, where a's outputs would run again."""
+    going["a"].send_signal(signal.SIGTERM)
+    cli.line_with(going["a"], "leaving")
+    going["b"].send_signal(signal.SIGTERM)
+    assert going["a"].wait(LIMIT) == 0 and going["b"].wait(LIMIT) == 0
+    cli.worker(address, "--name", "d", "--pool", "pa")
+
+
 @pytest.mark.anyio
 async def test_two_workers_preempted_together_leave_the_needed_output_on_the_survivor(
     tmp_path: Path,
@@ -136,17 +169,7 @@ async def test_two_workers_preempted_together_leave_the_needed_output_on_the_sur
     log = tmp_path / "runs"
     n = 2**23  # 64 MiB: the copy to b outlasts b's signal
     with Cli(tmp_path / "home") as cli, anyio.fail_after(LIMIT):
-        _, address = cli.manager()
-        cli.env["SLURM_JOB_ID"] = "4242"  # what the batch system sets inside a job
-        going = {}
-        for name in ("a", "b"):
-            cli.env["CORRAL_BLOCK_ID"] = f"block-{name}"
-            going[name] = cli.worker(
-                address, "--name", name, "--pool", f"p{name}", "--log-level", "info"
-            )
-        del cli.env["SLURM_JOB_ID"]
-        cli.env["CORRAL_BLOCK_ID"] = "block-c"
-        cli.worker(address, "--name", "c", "--pool", "pc")
+        address, going = two_in_jobs_and_a_survivor(cli)
         async with Cluster(address) as c:
             await c.wait_for_workers(3)
             (x,) = await c.submit_graph({"x": (produce, str(log), n)}, ["x"], pool="pa")
@@ -155,11 +178,7 @@ async def test_two_workers_preempted_together_leave_the_needed_output_on_the_sur
             )
             await x.wait()
             await w.wait()
-            going["a"].send_signal(signal.SIGTERM)
-            cli.line_with(going["a"], "leaving")  # its Leaving is on its way: b's next
-            going["b"].send_signal(signal.SIGTERM)
-            assert going["a"].wait(LIMIT) == 0 and going["b"].wait(LIMIT) == 0
-            cli.worker(address, "--name", "d", "--pool", "pa")  # where x would run again
+            stop_a_then_b(cli, going, address)
             (y,) = await c.submit_graph({"y": (total, "x")}, ["y"], pool="pc")
             assert await y == float(np.arange(n).sum())
         assert log.read_text() == "ran\n"  # computed once: the copy on c was used
@@ -373,3 +392,150 @@ async def test_more_of_the_plan_while_the_copies_are_made_is_copied_too(tmp_path
             await sched.until(lambda: any(isinstance(m, Evacuated) for m in sched.messages))
             (ev,) = [m for m in sched.messages if isinstance(m, Evacuated)]
             assert sorted(ev.moves) == [("x", "t1"), ("x", "t2")]
+
+
+def held_on_two(s: Any) -> None:
+    """Audit slurm D1's shape: ``x`` (wanted by a client) ran on ``a`` (block-1) and
+    ``z``, on ``b`` (block-2), fetched a copy of it; ``c`` (block-3) survives."""
+    for name, block in (("a", "block-1"), ("b", "block-2"), ("c", "block-3")):
+        joined(s, name, block, pool=f"p{name}")
+    submit(s, {"x": [], "z": ["x"]}, ["x", "z"], attrs={"z": {"pool": "pb"}, "x": {"pool": "pa"}})
+    finish(s, "a", "x", nbytes=100)
+    assert s.tasks["z"].worker == "b"
+    finish(s, "b", "z", nbytes=10, fetched=("x",))
+    assert s.tasks["x"].who_has == {"a", "b"}
+
+
+@pytest.mark.parametrize("first", ["a", "b"])
+def test_an_output_on_two_workers_that_leave_together_is_copied_once_to_the_survivor(
+    make_state: Factory, first: str
+) -> None:
+    """Audit slurm D1: one job preempts both holders of ``x`` (the original and a
+    fetched copy), one Leaving a few ms after the other. The first still counts the
+    other as a holder that stays; the second counts none (the first leaves), and copies
+    it, its own output or a fetched copy alike: exactly one copy, to the survivor, and
+    nothing is computed again."""
+    s = make_state(saturation=1.0)
+    held_on_two(s)
+    second = "b" if first == "a" else "a"
+    out = run(s, event(WorkerLeaving, worker=first, cause="preempted"))
+    assert [(p.worker, p.moves) for p in of(out, Evacuate)] == [
+        (first, (("z", "c", 10),) if first == "b" else ())
+    ]
+    out = run(s, event(WorkerLeaving, worker=second, cause="preempted"))
+    assert [(p.worker, p.moves) for p in of(out, Evacuate)] == [
+        (second, (("x", "c", 100),) if first == "b" else (("x", "c", 100), ("z", "c", 10)))
+    ]
+    assert copies(out) == []
+    evacuated = {"a": (), "b": (("z", "c"),)}
+    evacuated[second] += (("x", "c"),)
+    run(s, event(WorkerLeft, worker=first, cause="preempted", evacuated=evacuated[first]))
+    out = run(s, event(WorkerLeft, worker=second, cause="preempted", evacuated=evacuated[second]))
+    assert s.tasks["x"].who_has == {"c"} and s.tasks["z"].who_has == {"c"}
+    assert of(out, Execute) == [] and s.storage.recoveries == {}
+    assert s.storage.transfers["evacuation"] == 2  # x once, z once
+
+
+def test_an_output_on_a_leaving_worker_and_its_block_sibling_is_copied_by_one(
+    make_state: Factory,
+) -> None:
+    """Both holders of ``x`` are of one block: the first to say it leaves copies it (its
+    sibling goes too, though its Leaving is not here yet), the second does not copy it
+    again. If the first goes without the copy, the second is asked for it."""
+    s = make_state(saturation=1.0)
+    joined(s, "a", "block-1", pool="p")
+    joined(s, "b", "block-1", pool="p")
+    joined(s, "c", "block-2", pool="q")
+    submit(s, {"x": [], "p": []}, ["x", "p"])
+    assert (s.tasks["x"].worker, s.tasks["p"].worker) == ("a", "b")
+    finish(s, "a", "x", nbytes=100)
+    submit(s, {"q": []}, ["q"], attrs={"q": {"pool": "p"}})  # keeps a busy: z, next, runs on b
+    finish(s, "b", "p", nbytes=1000)
+    submit(s, {"z": ["x"]}, ["z"], attrs={"z": {"pool": "p"}})
+    assert s.tasks["z"].worker == "b"
+    finish(s, "b", "z", nbytes=10, fetched=("x",))
+    assert s.tasks["x"].who_has == {"a", "b"}
+    out = run(s, event(WorkerLeaving, worker="a", cause="preempted"))
+    assert [(p.worker, p.moves) for p in of(out, Evacuate)] == [("a", (("x", "c", 100),))]
+    out = run(s, event(WorkerLeaving, worker="b", cause="preempted"))
+    moves = (("p", "c", 1000), ("z", "c", 10))  # its own: x is a's to copy
+    assert [(p.worker, p.moves) for p in of(out, Evacuate)] == [("b", moves)]
+    # a goes without its copy of x: b, which holds x still, is asked for it.
+    out = run(s, event(WorkerLeft, worker="a", cause="preempted"))
+    assert [(p.worker, p.moves) for p in of(out, Evacuate)] == [("b", (("x", "c", 100),))]
+    evacuated = (("p", "c"), ("z", "c"), ("x", "c"))
+    out = run(s, event(WorkerLeft, worker="b", cause="preempted", evacuated=evacuated))
+    assert s.tasks["x"].who_has == {"c"} and s.storage.recoveries == {}
+    assert s.storage.transfers["evacuation"] == 3
+
+
+@pytest.mark.parametrize("copied", [True, False])
+def test_an_output_on_a_leaving_and_a_draining_worker_is_copied_once(
+    make_state: Factory, copied: bool
+) -> None:
+    """A draining holder keeps no copy for good (it is retired once it runs nothing):
+    the leaving holder copies ``x`` at once, and the draining one, idle, waits for that
+    copy instead of making a second one. If the leaving one goes without it, the
+    draining one copies ``x`` itself before it is retired: nothing is lost."""
+    s = make_state(saturation=1.0)
+    held_on_two(s)
+    submit(s, {"q": []}, ["q"], attrs={"q": {"pool": "pb"}})  # b is busy while it drains
+    assert s.tasks["q"].worker == "b"
+    run(s, event(WorkerDraining, worker="b"))
+    out = run(s, event(WorkerLeaving, worker="a", cause="preempted"))
+    assert [(p.worker, p.moves) for p in of(out, Evacuate)] == [("a", (("x", "c", 100),))]
+    out = finish(s, "b", "q", nbytes=10)  # b runs nothing: x stays till a copied it
+    assert copies(out) == [("c", "b", (("q", 10),)), ("c", "b", (("z", 10),))]
+    run(s, event(ReplicasCopied, worker="c", asked=("q",), got=("q",)))
+    out = run(s, event(ReplicasCopied, worker="c", asked=("z",), got=("z",)))
+    assert of(out, RetireWorker) == []
+    evacuated = (("x", "c"),) if copied else ()
+    out = run(s, event(WorkerLeft, worker="a", cause="preempted", evacuated=evacuated))
+    if not copied:  # asked of b now, which holds it
+        assert copies(out) == [("c", "b", (("x", 100),))] and of(out, RetireWorker) == []
+        out = run(s, event(ReplicasCopied, worker="c", asked=("x",), got=("x",)))
+    assert [r.worker for r in of(out, RetireWorker)] == ["b"]
+    run(s, event(WorkerLeft, worker="b", cause="drained"))
+    assert s.tasks["x"].who_has == {"c"} and s.storage.recoveries == {}
+    assert s.storage.transfers["evacuation"] == 3  # q, z and x: each once
+
+
+@pytest.mark.anyio
+async def test_an_output_fetched_onto_a_second_worker_survives_both_stopping_together(
+    tmp_path: Path,
+) -> None:
+    """Audit slurm D1 on worker processes: ``x`` ran on a, and ``y`` on b fetched a copy
+    of it; one job stops a and b (each its own block) together, a first. When a says it
+    leaves, b still counts as a holder that stays (a copies only ``w``, its own, large:
+    it is still at it when b says it leaves); when b says it leaves, no holder of ``x``
+    stays, so b copies its fetched copy to c. Nothing is computed again (no recovery,
+    ``x`` ran once although d, of a's pool, could run it again), and ``x`` is read from c."""
+    from runtime import Cluster
+
+    log = tmp_path / "runs"
+    n = 2**15  # 256 KiB: b keeps the copy it fetched (a small one)
+    with Cli(tmp_path / "home") as cli, anyio.fail_after(LIMIT):
+        address, going = two_in_jobs_and_a_survivor(cli)
+        async with Cluster(address) as c:
+            await c.wait_for_workers(3)
+            (x,) = await c.submit_graph({"x": (produce, str(log), n)}, ["x"], pool="pa")
+            (w,) = await c.submit_graph(
+                {"w": (produce, str(tmp_path / "w"), 2**23)}, ["w"], pool="pa"
+            )
+            (y,) = await c.submit_graph({"y": (total, "x")}, ["y"], pool="pb")
+            await w.wait()
+            assert await y == float(np.arange(n).sum())  # b holds a copy of x now
+            stop_a_then_b(cli, going, address)
+
+            async def a_and_b_gone() -> Any:
+                status = await c.status()
+                return {v.worker_id for v in status["workers"]} == {"c", "d"} and status
+
+            storage = (await wait_until(a_and_b_gone, "a and b gone", step=0.05))["storage"]
+            assert storage["recoveries"] == {}
+            assert storage["transfers"]["evacuation"] == 3  # w, x, y: each once
+            (z,) = await c.submit_graph({"z": (total, "x")}, ["z"], pool="pc")
+            assert await z == float(np.arange(n).sum())
+            value = await x
+            assert value.shape == (n,) and value[-1] == n - 1
+        assert log.read_text() == "ran\n"  # computed once: the copy on c was used
