@@ -714,7 +714,9 @@ class SchedulerState(DiskPlacement):
         nothing needs it), ``("try", key, category, worker, number, sent, start, stop,
         outcome, cause, error, nbytes, queued, failure)`` per try ended (``error``: the
         exception or None; ``start``, ``stop``: the worker's wall clock, except for
-        ``worker-lost``: ``sent`` and ``now``, this core's clock; ``queued``: when the
+        ``worker-lost``: this core's clock, ``start`` when it began executing as its
+        worker said (``now`` for one it had not started; None: the worker never said)
+        and ``stop`` the loss, ``now``; ``queued``: when the
         task became ready for this try, this core's clock, None for a speculative copy:
         ``TryRecord.queued``; ``failure``: for a try that failed with an error, out of
         memory, by timeout or for its disk, the cause it is counted under in the
@@ -724,6 +726,10 @@ class SchedulerState(DiskPlacement):
         cause; ``error``: an :class:`ErrorRecord`, for a dependency's failure the
         root's; ``dependency``, ``root``: the dependency whose failure it inherited and
         the task that failed first, or None),
+        ``("retry", key, charged, pool, moved)`` per retry decided, after the ``try``
+        record of the try it follows (``charged``: it spent the task's ``retries=``
+        budget, else a free retry; ``pool``: the task's pool then; ``moved``: the pool
+        the retry policy moved it to, or None),
         ``("joined", worker, pool, cores, memory)``, ``("left", worker, cause)``,
         ``("transfer", key, kind, nbytes, source, target, duration)`` per output copied
         between workers and ``("recovery", key, category, worker, how)`` per needed
@@ -752,25 +758,42 @@ class SchedulerState(DiskPlacement):
         error: BaseException | None,
         nbytes: int = 0,
         failure: str | None = None,
+        began: float | None = None,
     ) -> ErrorRecord | None:
         """A try ended: kept with its task, in the ring of recent tries (the dashboard)
         and, while a monitoring database reads the feed, as a feed record; ``failure``:
         the cause a failed try is counted under (:meth:`_failed_try`), when it is not
-        the record's own. The feed gets ``error`` as an :class:`ErrorRecord`, made now:
-        the exception's frames, as a failure group keeps them (an embedded cluster's
-        client raises the very exception later, adding its own frames to it). Returns
-        that record (None: none made), for :meth:`_failed_try`."""
+        the record's own; ``began``: for a try lost with its worker, when it began
+        executing there (:meth:`_began`), the feed's ``start``. The feed gets ``error``
+        as an :class:`ErrorRecord`, made now: the exception's frames, as a failure
+        group keeps them (an embedded cluster's client raises the very exception later,
+        adding its own frames to it). Returns that record (None: none made), for
+        :meth:`_failed_try`."""
         ts.tries.append(rec)
         self.recent_tries.append((rec, ts.spec.category, self._now))
         if not self.feed_on:
             return None
         record = error_record(error) if error is not None else None
+        start = began if rec.outcome == "worker-lost" else rec.start
         self._records.append(
             ("try", ts.key, ts.spec.category, rec.worker, len(ts.tries), ts.sent,
-             rec.start, rec.stop, rec.outcome, rec.cause, record, nbytes, rec.queued,
+             start, rec.stop, rec.outcome, rec.cause, record, nbytes, rec.queued,
              failure)
         )  # fmt: skip
         return record
+
+    def _began(self, ts: TaskState, ws: WorkerState, ran: float | None) -> float | None:
+        """When ``ts``'s try, lost with ``ws`` now, began executing there, on this
+        core's clock: as the worker said when it left (``WorkerLeaving.executed``) or
+        while it ran (``TasksRunning``); now for a try it said it had not started (it
+        ran 0 s); None when the worker never said (it vanished before its first
+        report of the try)."""
+        if ran is not None:
+            return self._now - ran
+        began = ws.executed.get(str(ts.key))
+        if began is None and ts.worker == ws.id:
+            began = ts.started
+        return None if began is None else min(max(began, ts.sent), self._now)
 
     def count(self, state: str) -> int:
         return self.by_state.get(state, 0)
@@ -1139,7 +1162,7 @@ class SchedulerState(DiskPlacement):
             rec = TryRecord(
                 str(ts.key), ws.id, ts.sent, self._now, "worker-lost", ev.cause, ts.queued, ran
             )
-            self._tried(ts, rec, None)
+            self._tried(ts, rec, None, began=self._began(ts, ws, ran))
             ts.lost_tries += 1
             self._stat(ts).lost += 1
             self._failed_try(ts, "worker-lost", ev.cause, None, ws.id)
@@ -2444,9 +2467,12 @@ class SchedulerState(DiskPlacement):
             self._log(ts.key, "retry", reason)
             pool = decision.pool
             served = pool is not None and pool != ts.spec.pool and self._serves(ts, pool)
-            if pool is not None and served:
-                self._log(ts.key, "pool", f"{ts.spec.pool or '*'}->{pool}")
-                self._repool(ts, dataclasses.replace(ts.spec, pool=pool))
+            moved = pool if pool is not None and served else None
+            if self.feed_on:
+                self._records.append(("retry", ts.key, decision.charge, ts.spec.pool, moved))
+            if moved is not None:
+                self._log(ts.key, "pool", f"{ts.spec.pool or '*'}->{moved}")
+                self._repool(ts, dataclasses.replace(ts.spec, pool=moved))
             self._back_to_ready(ts)
             if pool is not None and isinstance(served, str):  # a pool no worker joined yet
                 self._no_worker_note(ts, pool, served)

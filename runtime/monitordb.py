@@ -14,8 +14,9 @@ Where the rows come from:
 
 - every :data:`FEED_EVERY` seconds, sooner in a burst: the scheduler's monitoring feed
   (``MonitorFeed``: its core's numbered entries since the last read, task transitions,
-  tries ended, workers joining and leaving), merged into one ``tasks`` row per task
-  touched, and rows of ``tries`` and ``workers``; a feed that overflowed between two
+  tries ended and the retries that followed them, workers joining and leaving), merged
+  into one ``tasks`` row per task touched, and rows of ``tries`` (a retry: its try's
+  ``retry`` and ``moved_to``) and ``workers``; a feed that overflowed between two
   reads leaves a row in ``gaps``;
 
 and every ``interval``:
@@ -92,10 +93,13 @@ _log = get_logger("corral.monitoring")
 #: and tasks failed: ``tries.traceback``, ``tasks.released`` (an output released:
 #: state ``released``), ``tasks.cause``, ``tasks.error`` and ``tasks.root`` (a task
 #: that erred with no failed try of its own), and the failure causes of the metrics;
-#: 6: the table ``actions`` (the alert monitor's remediation audit)
-SCHEMA_VERSION = 6
+#: 6: the table ``actions`` (the alert monitor's remediation audit); 7: what followed a
+#: failed try, ``tries.retry`` (``free``, ``charged``) and ``tries.moved_to`` (the pool its
+#: retry was moved to), and ``tries.started`` of a try lost with a worker that said when
+#: it began
+SCHEMA_VERSION = 7
 #: older versions a writer upgrades to :data:`SCHEMA_VERSION` (see :func:`_upgrade`)
-UPGRADED_VERSIONS = (2, 3, 4, 5)
+UPGRADED_VERSIONS = (2, 3, 4, 5, 6)
 #: versions the report reads (the columns it asks for are in each; ``tries.queued``,
 #: ``tries.traceback``, the columns of version 5 in ``tasks`` and the table ``actions``
 #: only when there: see runtime/report.py)
@@ -127,6 +131,7 @@ CREATE TABLE IF NOT EXISTS tries (
     run_id TEXT NOT NULL, key TEXT NOT NULL, try INTEGER NOT NULL, category TEXT,
     worker TEXT, sent REAL, started REAL, ended REAL, outcome TEXT NOT NULL, cause TEXT,
     error_type TEXT, error_message TEXT, output_bytes INTEGER, queued REAL, traceback TEXT,
+    retry TEXT, moved_to TEXT,
     PRIMARY KEY (run_id, key, try)
 );
 CREATE TABLE IF NOT EXISTS workers ({_WORKERS});
@@ -203,12 +208,24 @@ UPDATE schema_version SET version = 5;
 _ACTIONS_V5_TO_V6 = """
 UPDATE schema_version SET version = 6;
 """
+#: a version 6 file's tries get ``retry`` and ``moved_to``, empty in the rows it has
+#: (see _upgrade)
+_RETRIES_V6_TO_V7 = """
+ALTER TABLE tries ADD COLUMN retry TEXT;
+ALTER TABLE tries ADD COLUMN moved_to TEXT;
+UPDATE schema_version SET version = 7;
+"""
 #: what upgrades a file of each older version to :data:`SCHEMA_VERSION`
 _UPGRADES = {
-    2: _WORKERS_V2_TO_V3 + _TRIES_V3_TO_V4 + _FAILURES_V4_TO_V5 + _ACTIONS_V5_TO_V6,
-    3: _TRIES_V3_TO_V4 + _FAILURES_V4_TO_V5 + _ACTIONS_V5_TO_V6,
-    4: _FAILURES_V4_TO_V5 + _ACTIONS_V5_TO_V6,
-    5: _ACTIONS_V5_TO_V6,
+    2: _WORKERS_V2_TO_V3
+    + _TRIES_V3_TO_V4
+    + _FAILURES_V4_TO_V5
+    + _ACTIONS_V5_TO_V6
+    + _RETRIES_V6_TO_V7,
+    3: _TRIES_V3_TO_V4 + _FAILURES_V4_TO_V5 + _ACTIONS_V5_TO_V6 + _RETRIES_V6_TO_V7,
+    4: _FAILURES_V4_TO_V5 + _ACTIONS_V5_TO_V6 + _RETRIES_V6_TO_V7,
+    5: _ACTIONS_V5_TO_V6 + _RETRIES_V6_TO_V7,
+    6: _RETRIES_V6_TO_V7,
 }
 #: what an older database lacks, said when one is opened
 _OLDER = (
@@ -495,14 +512,15 @@ def _why_not(exc: sqlite3.DatabaseError, what: str = "") -> str:
 
 
 def _upgrade(conn: sqlite3.Connection) -> None:
-    """A file of version 2, 3, 4 or 5 becomes version 6, in the caller's transaction:
+    """A file of version 2 to 6 becomes version 7, in the caller's transaction:
     from 2 (a row per worker id) its workers' rows become their first lives (version
     3); from 3, its tries get the column ``queued``, empty in the rows they have (their
     waits were not recorded: the report takes those runs' waits from ``tasks``); from
     4, its tries get ``traceback`` and its tasks ``released``, ``cause``, ``error`` and
     ``root``, empty in the rows they have (not recorded: the report says so); from 5,
     it gets the table ``actions`` (the caller makes it with the schema), with no row
-    for its runs (their audit went to the log only)."""
+    for its runs (their audit went to the log only); from 6, its tries get ``retry``
+    and ``moved_to``, empty in the rows they have (not recorded: the report says so)."""
     tables = _tables(conn)
     if "schema_version" not in tables:
         return
@@ -515,7 +533,7 @@ def _upgrade(conn: sqlite3.Connection) -> None:
     _log.info(
         f"monitoring database: upgraded to schema version {SCHEMA_VERSION} (worker lives, "
         "try waits, tracebacks, released outputs, why tasks that did not run erred, "
-        "alert actions)",
+        "alert actions, retries)",
         was=row[0],
     )
 
@@ -961,6 +979,11 @@ _ALERT = "INSERT INTO alerts VALUES (?,?,?,?,?,?,?,?,?,?,?)"
 _ALERT_STATES = ("pending", "firing", "resolved")
 _GAP = "INSERT INTO gaps VALUES (?,?,?,?)"
 _ACTION = "INSERT INTO actions VALUES (?,?,?,?,?,?,?,?,?,?)"
+#: what followed the key's latest try: a free or charged retry, maybe in another pool
+_RETRY = (
+    "UPDATE tries SET retry = ?, moved_to = ? WHERE run_id = ?3 AND key = ?4 AND try = "
+    "(SELECT MAX(try) FROM tries WHERE run_id = ?3 AND key = ?4)"
+)
 _RUN_SEEN = "UPDATE runs SET last_seen = ?, feed_lost = ?, dropped_rows = ? WHERE run_id = ?"
 
 #: seconds a stopping recorder gives its writer to write what the run queued (a fast
@@ -1285,8 +1308,9 @@ class MonitorRecorder(Actor):
                      nbytes, queued, failure) = rec  # fmt: skip
                     k = _safe(str(key))
                     t = task(k, category, at)
-                    if outcome in _CORE_CLOCK:  # the core's clock: sent, ended
-                        start, stop = None, at
+                    if outcome in _CORE_CLOCK:  # the core's clock: sent, began, ended
+                        start = None if start is None or outcome != "worker-lost" else start + wall
+                        stop = at
                     ok = outcome == "ok"
                     etype, emsg, tb = _text(error)
                     if error is None and outcome == "worker-lost":  # as the dashboard says
@@ -1301,6 +1325,10 @@ class MonitorRecorder(Actor):
                     t[8] += 1  # tries ended in this interval: added to the row's
                     if ok and start is not None:
                         t[9], t[10] = max(stop - start, 0.0), nbytes
+                elif kind == "retry":  # after its try's row
+                    _, key, charged, _, moved = rec
+                    rows.add("event", _RETRY, ("charged" if charged else "free",
+                                               moved, run, _safe(str(key))))  # fmt: skip
                 elif kind == "not-run":  # erred with no failed try of its own
                     _, key, category, cause, record, dependency, root = rec
                     t = task(_safe(str(key)), category, at)

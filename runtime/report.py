@@ -102,6 +102,9 @@ _STATE_NAME = {
 _OLD_MEMORY = "finished (memory: output held, or released since: this file does not say)"
 #: the report's table of failure groups, after the summary
 FAILURES_TITLE = "Why tasks failed"
+#: the causes of a worker's loss counted as preemption in the report's "what preemption
+#: cost": its batch job taken back, or its walltime reached
+PREEMPTION = frozenset({"preempted", "walltime"})
 #: the report's table of the alert actions (the remediation audit), after the alerts
 ACTIONS_TITLE = "Alert actions"
 MAX_ACTIONS = 500  #: alert actions listed and drawn at most (the latest ones)
@@ -455,6 +458,7 @@ class _Run:
             step(self._read_tasks, "tasks")
             step(self._read_tries, "tries")
             step(self._read_failures, "failure groups")
+            step(self._read_lost, "tries lost with their worker")
             self.workers = rows(
                 "SELECT worker, pool, block, joined, left, cause FROM workers WHERE run_id = ?"
                 + self._during(*_WORKER_SPAN), "workers",
@@ -642,6 +646,42 @@ class _Run:
             )  # fmt: skip
             self.others = (self.categories - len(shown), n, *_quantiles(durations, n))
         return self.tries
+
+    def _read_lost(self, conn: sqlite3.Connection, rid: tuple[str]) -> int:
+        """What the tries lost with their worker cost, by cause: how many, the seconds
+        they had executed (of those whose worker said when they began), how many had
+        no such time, and what followed (a free retry, a charged one, none: the task
+        failed; a file of schema version 6 or older did not record it); the tasks the
+        retry policy moved to another pool, by the pool they left and the one they
+        went to. Returns the causes."""
+        tries = _table(conn, "tries", rid)
+        during = self._during(*_TRY_SPAN)
+        #: the columns ``retry`` and ``moved_to`` are there (schema version 7)
+        self.retries_known = "retry" in _columns(conn, "tries")
+        followed = (
+            "SUM(retry IS 'free'), SUM(retry IS 'charged'), SUM(retry IS NULL)"
+            if self.retries_known else "NULL, NULL, NULL"
+        )  # fmt: skip
+        #: (cause, tries, seconds run, tries with no start, free, charged, not retried)
+        self.lost: list[tuple[str, int, float, int, int | None, int | None, int | None]] = [
+            (cause, n, ran or 0.0, unknown, free, charged, none)
+            for cause, n, ran, unknown, free, charged, none in conn.execute(
+                "SELECT COALESCE(NULLIF(cause, ''), 'unknown'), COUNT(*), "
+                "SUM(MAX(ended - started, 0.0)), SUM(started IS NULL), "
+                f"{followed} FROM {tries} WHERE run_id = ?{during} AND outcome = "
+                "'worker-lost' GROUP BY 1 ORDER BY 2 DESC, 1", rid,
+            )
+        ]  # fmt: skip
+        #: (pool left, pool gone to, tasks, tries moved)
+        self.moves: list[tuple[str, str, int, int]] = []
+        if self.retries_known:
+            self.moves = conn.execute(
+                "SELECT COALESCE((SELECT w.pool FROM workers w WHERE w.run_id = tries.run_id AND "
+                "w.worker = tries.worker LIMIT 1), '?'), moved_to, COUNT(DISTINCT key), "
+                f"COUNT(*) FROM {tries} WHERE run_id = ?{during} AND moved_to IS NOT NULL "
+                "GROUP BY 1, 2 ORDER BY 3 DESC, 1, 2", rid,
+            ).fetchall()  # fmt: skip
+        return len(self.lost)
 
     def _read_failures(self, conn: sqlite3.Connection, rid: tuple[str]) -> int:
         """The failure groups, as the dashboard's "Why tasks fail" groups them: the
@@ -1147,9 +1187,45 @@ def _summary(run: _Run) -> str:
         "<h2>Summary</h2><div class=tables><table>" + "".join(head) + "</table>"
         + _counts(("failed tries: outcome", "cause", "n"), run.failures)
         + _counts(("block ends: state", "cause", "n"), _block_ends(run))
+        + _lost_cost(run)
         + _counts(("outputs lost with a worker: how they came back", "outputs", "workers"),
                   _recoveries(run))
         + "</div>"
+    )  # fmt: skip
+
+
+def _lost_cost(run: _Run) -> str:
+    """What tries lost with their worker cost (:meth:`_Run._read_lost`), by cause: a
+    line of totals for preemption (:data:`PREEMPTION`), a table per cause, and the
+    tasks moved to another pool."""
+    pre = [r for r in run.lost if r[0] in PREEMPTION]
+    known = run.retries_known
+    line = f"{sum(r[1] for r in pre)} tries lost, {sum(r[2] for r in pre):.1f} s of work lost"
+    if any(r[3] for r in pre):
+        line += f" ({sum(r[3] for r in pre)} with no start recorded: not counted)"
+    if known:
+        line += (
+            f", {sum(r[4] or 0 for r in pre)} free retries, {sum(r[5] or 0 for r in pre)} "
+            f"charged, {sum(r[6] or 0 for r in pre)} not retried"
+        )
+        moved = sum(m[2] for m in run.moves)
+        line += f", {moved} task{'s' if moved != 1 else ''} moved" + "".join(
+            f" {src}->{to} {n}" for src, to, n, _ in run.moves
+        )
+    else:
+        line += " (this file does not record retries or moves: schema version 6 or older)"
+    e = html.escape
+    rows = [
+        (cause, n, f"{ran:.1f}", unknown, *(("-",) * 3 if not known else (free, charged, none)))
+        for cause, n, ran, unknown, free, charged, none in run.lost
+    ]
+    return (
+        f"<table class=preemption><tr><th>what preemption cost "
+        f"({e(', '.join(sorted(PREEMPTION)))})</th></tr><tr><td>{e(line)}</td></tr></table>"
+        + _counts(("tries lost with their worker: cause", "tries", "seconds run",
+                   "no start recorded", "free retries", "charged retries", "not retried"),
+                  rows)
+        + _counts(("tasks moved to another pool: from", "to", "tasks", "tries"), run.moves)
     )  # fmt: skip
 
 

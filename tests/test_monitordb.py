@@ -1306,7 +1306,8 @@ async def test_the_documented_wait_query_gives_the_waits_of_the_metrics(
 
 #: makes a new database one of schema version 4, as an older Corral wrote it
 _TO_VERSION_4 = (
-    "DROP TABLE actions; "
+    "DROP TABLE actions; ALTER TABLE tries DROP COLUMN retry; "
+    "ALTER TABLE tries DROP COLUMN moved_to; "
     "ALTER TABLE tries DROP COLUMN traceback; ALTER TABLE tasks DROP COLUMN released; "
     "ALTER TABLE tasks DROP COLUMN cause; ALTER TABLE tasks DROP COLUMN error; "
     "ALTER TABLE tasks DROP COLUMN root; UPDATE schema_version SET version = 4; "

@@ -165,14 +165,15 @@ def test_a_version_5_file_gets_the_actions_table_and_is_still_read(tmp_path: Pat
     db = tmp_path / "monitoring.db"
     _older(
         db,
-        "DROP TABLE actions; UPDATE schema_version SET version = 5; "
+        "DROP TABLE actions; ALTER TABLE tries DROP COLUMN retry; "
+        "ALTER TABLE tries DROP COLUMN moved_to; UPDATE schema_version SET version = 5; "
         "INSERT INTO runs (run_id, started, ended) VALUES ('r', 100.0, 110.0); "
         "INSERT INTO tasks (run_id, key, category, submitted, finished, state, tries) "
         "VALUES ('r', 'a', 'a', 101, 105, 'memory', 1);",
     )  # fmt: skip
     assert "does not record alert actions" in build_report(db, run_id="r")
     MonitorWriter(db).close()
-    assert _rows(db, "SELECT version FROM schema_version") == [(SCHEMA_VERSION,)] == [(6,)]
+    assert _rows(db, "SELECT version FROM schema_version") == [(SCHEMA_VERSION,)] == [(7,)]
     assert _rows(db, "SELECT count(*) FROM actions") == [(0,)]
     assert "No alert action was taken or refused." in build_report(db, run_id="r")
 

@@ -1,0 +1,144 @@
+"""What tries lost with their worker cost, in the monitoring database and the report:
+when each began (as its worker said as it left, or never), what followed it (a free or
+charged retry, a move to the fallback pool), and the report's "what preemption cost"."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from actors.scheduler_events import (
+    GraphSubmitted,
+    TasksFinished,
+    WorkerJoined,
+    WorkerLeaving,
+    WorkerLeft,
+)
+from policies import REGISTRY
+from runtime.monitordb import MonitorWriter
+from runtime.report import build_report
+from tests.helpers import GB, Factory, assigned, make_state, result, specs_for
+from tests.test_monitordb import LIMIT, T0, WALL, _at, _recorder, _rows
+from tests.test_report import _one_run_db
+
+__all__ = ["make_state"]
+
+
+def _sent(s: Any, cls: type, now: float, **fields: Any) -> dict[str, list[Any]]:
+    out = s.handle(cls(stimulus_id=f"{cls.__name__}@{now}", now=now, **fields))
+    s.validate()
+    return assigned(out)
+
+
+@pytest.mark.anyio
+async def test_a_lost_try_s_start_and_what_followed_it_are_recorded(
+    tmp_path: Path, make_state: Factory
+) -> None:
+    """Two ``ckpt`` workers preempted at 100 s and 120 s (median life 120 s). ``c1``
+    runs ``long`` and holds ``queued``; preempted at T0 + 300, it says it has executed
+    ``long`` 140 s and not ``queued``: ``long`` began at T0 + 160 and moves to
+    ``owner`` (past the median life), ``queued`` ran 0 s (began as it was lost) and is
+    retried free in ``ckpt``, on ``c2``, which vanishes (a crash, nothing said): that
+    try's start is not known. Each lost try's row says what followed it."""
+    db = tmp_path / "monitoring.db"
+    retry = REGISTRY.create("retry", "default", {"fallback": {"ckpt": "owner"}})
+    s = make_state(monitor=True, retry=retry, saturation=1.0)
+    recorder, writer = _recorder(db, s)
+    for w in ("old1", "old2"):
+        _at(s, WorkerJoined, T0, worker=w, cores=1, memory=GB, pool="ckpt")
+    _at(s, WorkerJoined, T0, worker="c1", cores=2, memory=GB, pool="ckpt")
+    _at(s, WorkerJoined, T0, worker="o1", cores=1, memory=GB, pool="owner")
+    _at(s, WorkerLeft, T0 + 100, worker="old1", cause="preempted")
+    _at(s, WorkerLeft, T0 + 120, worker="old2", cause="preempted")
+    specs = specs_for(s, {"long": [], "queued": []}, ["long", "queued"], pool="ckpt")
+    sent = _sent(s, GraphSubmitted, T0 + 150, specs=specs, wanted=("long", "queued"))
+    assert sent == {"c1": ["long", "queued"]}
+    _at(s, WorkerLeaving, T0 + 300, worker="c1", cause="preempted",
+        executing=frozenset({"long"}), executed=(("long", 140.0),))  # fmt: skip
+    sent = _sent(s, WorkerLeft, T0 + 300, worker="c1", cause="preempted")
+    assert sent == {"o1": ["long"]}
+    sent = _sent(s, WorkerJoined, T0 + 310, worker="c2", cores=1, memory=GB, pool="ckpt")
+    assert sent == {"c2": ["queued"]}
+    _at(s, WorkerLeft, T0 + 320, worker="c2", cause="crash")
+    _at(s, TasksFinished, T0 + 330, worker="o1", results=(result("long", start=T0 + 310),))
+    with anyio.fail_after(LIMIT):
+        await recorder.poll()
+    writer.close()
+    rows = _rows(
+        db, "SELECT key, try, worker, cause, started, ended, retry, moved_to FROM tries "
+        "ORDER BY key, try",
+    )  # fmt: skip
+    assert rows == [
+        ("long", 1, "c1", "preempted", WALL + T0 + 160, WALL + T0 + 300, "free", "owner"),
+        ("long", 2, "o1", None, T0 + 310, T0 + 311, None, None),
+        ("queued", 1, "c1", "preempted", WALL + T0 + 300, WALL + T0 + 300, "free", None),
+        ("queued", 2, "c2", "crash", None, WALL + T0 + 320, "free", None),
+    ]
+
+
+def test_the_report_says_what_preemption_cost(tmp_path: Path) -> None:
+    """Tries lost to preemption and the walltime: how many, the seconds they had run
+    (those with a start), free and charged retries, tries not retried, and the tasks
+    moved to the fallback pool, by the pool they left."""
+    db = tmp_path / "monitoring.db"
+    conn, t0 = _one_run_db(db, 600.0)
+    with conn:
+        conn.executemany(
+            "INSERT INTO workers (run_id, worker, pool, joined) VALUES ('run-1', ?, ?, ?)",
+            [("ckpt-1", "ckpt", t0), ("ckpt-2", "ckpt", t0), ("owner-1", "owner", t0)],
+        )
+        conn.executemany(
+            "INSERT INTO tries (run_id, key, try, category, worker, sent, started, ended, "
+            "outcome, cause, retry, moved_to) VALUES ('run-1',?,?,?,?,?,?,?,?,?,?,?)",
+            [("deep-0", 1, "deep", "ckpt-1", t0, t0 + 1, t0 + 23, "worker-lost",
+              "preempted", "free", "owner"),
+             ("deep-0", 2, "deep", "owner-1", t0 + 24, t0 + 24, t0 + 70, "ok", None, None,
+              None),
+             ("img-1", 1, "img", "ckpt-2", t0, t0 + 20, t0 + 30, "worker-lost", "preempted",
+              "charged", None),
+             ("img-2", 1, "img", "ckpt-2", t0, None, t0 + 30, "worker-lost", "preempted",
+              "free", None),
+             ("mosaic", 1, "mosaic", "ckpt-1", t0, t0 + 5, t0 + 156, "worker-lost",
+              "walltime", "free", "owner"),
+             ("mosaic", 2, "mosaic", "owner-1", t0 + 160, t0 + 160, t0 + 330, "ok", None,
+              None, None),
+             ("img-3", 1, "img", "ckpt-2", t0, t0 + 2, t0 + 4, "worker-lost", "crash", None,
+              None)],
+        )  # fmt: skip
+    conn.close()
+    page = build_report(db)
+    assert (
+        "4 tries lost, 183.0 s of work lost (1 with no start recorded: not counted), 3 free "
+        "retries, 1 charged, 0 not retried, 2 tasks moved ckpt-&gt;owner 2"
+    ) in page
+    lost = page[page.index("tries lost with their worker: cause") :]
+    assert "<td>preempted</td><td>3</td><td>32.0</td><td>1</td><td>2</td><td>1</td>" in lost
+    assert "<td>walltime</td><td>1</td><td>151.0</td><td>0</td><td>1</td><td>0</td>" in lost
+    assert "<td>crash</td><td>1</td><td>2.0</td><td>0</td><td>0</td><td>0</td><td>1</td>" in lost
+    moved = page[page.index("tasks moved to another pool") :]
+    assert "<td>ckpt</td><td>owner</td><td>2</td><td>2</td>" in moved
+
+
+def test_a_version_6_file_gets_the_retry_columns_and_is_still_read(tmp_path: Path) -> None:
+    """A file of schema version 6 (no ``tries.retry``, ``moved_to``): the report reads
+    it, saying it does not record retries; a manager writing into it adds the columns,
+    empty in the rows it had."""
+    db = tmp_path / "monitoring.db"
+    MonitorWriter(db).close()
+    conn = __import__("sqlite3").connect(db)
+    conn.executescript(
+        "ALTER TABLE tries DROP COLUMN retry; ALTER TABLE tries DROP COLUMN moved_to; "
+        "UPDATE schema_version SET version = 6; "
+        "INSERT INTO runs (run_id, started, ended) VALUES ('r', 100.0, 110.0); "
+        "INSERT INTO tries (run_id, key, try, worker, sent, ended, outcome, cause) "
+        "VALUES ('r', 'a', 1, 'w1', 101.0, 104.0, 'worker-lost', 'preempted');"
+    )
+    conn.close()
+    assert "does not record retries or moves" in build_report(db, run_id="r")
+    MonitorWriter(db).close()
+    assert _rows(db, "SELECT version FROM schema_version") == [(7,)]
+    assert _rows(db, "SELECT key, retry, moved_to FROM tries") == [("a", None, None)]
+    assert "1 tries lost, 0.0 s of work lost (1 with no start" in build_report(db, run_id="r")
