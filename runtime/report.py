@@ -12,7 +12,9 @@ blocks tables for the fleet, the resource samples for memory and disk, the trans
 and recoveries tables for storage (the recoveries and the blocks' ends also in the
 summary), the alerts table for the bands drawn over the time
 plots, the failed tries and the tasks that erred without one for the table of failures
-grouped as the live dashboard groups them ("Why tasks failed", after the summary).
+grouped as the live dashboard groups them ("Why tasks failed", after the summary), the
+tries lost with their worker and retried free apart from them ("Tries lost with their
+worker (free retries)", after it), and in the summary what preemption cost.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from plotly.subplots import make_subplots
 
 from actors.alerts_state import parse_duration, typed_duration
 from actors.scheduler_records import NOT_RUN
-from policies import ON_PURPOSE
+from policies import BENIGN_LOSSES, ON_PURPOSE
 from runtime.errors import MonitoringDBError, ReportOutputError, ReportRunError
 from runtime.messages import MAX_FAILURE_GROUPS_SHOWN
 from runtime.monitordb import SQLITE_HEADER, open_db
@@ -102,6 +104,7 @@ _STATE_NAME = {
 _OLD_MEMORY = "finished (memory: output held, or released since: this file does not say)"
 #: the report's table of failure groups, after the summary
 FAILURES_TITLE = "Why tasks failed"
+FREE_TITLE = "Tries lost with their worker (free retries)"
 #: the causes of a worker's loss counted as preemption in the report's "what preemption
 #: cost": its batch job taken back, or its walltime reached
 PREEMPTION = frozenset({"preempted", "walltime"})
@@ -459,6 +462,7 @@ class _Run:
             step(self._read_tries, "tries")
             step(self._read_failures, "failure groups")
             step(self._read_lost, "tries lost with their worker")
+            step(self._read_free, "groups of free retries")
             self.workers = rows(
                 "SELECT worker, pool, block, joined, left, cause FROM workers WHERE run_id = ?"
                 + self._during(*_WORKER_SPAN), "workers",
@@ -593,14 +597,19 @@ class _Run:
         others' tries together."""
         tries = _table(conn, "tries", rid)
         during = self._during(*_TRY_SPAN)
+        #: SQL: true for a try lost with its worker and retried free (not a failure)
+        self.free = _free_lost(conn)
         # by count, then in the order of their first try (by end; not ended: first)
         groups = conn.execute(
-            "SELECT outcome, COALESCE(NULLIF(cause, ''), NULLIF(error_type, ''), ''), COUNT(*) "
-            f"FROM {tries} WHERE run_id = ?{during} GROUP BY 1, 2 "
-            "ORDER BY 3 DESC, MAX(ended IS NULL) DESC, MIN(ended)", rid,
+            "SELECT outcome, COALESCE(NULLIF(cause, ''), NULLIF(error_type, ''), ''), "
+            f"{self.free}, COUNT(*) FROM {tries} WHERE run_id = ?{during} GROUP BY 1, 2, 3 "
+            "ORDER BY 4 DESC, MAX(ended IS NULL) DESC, MIN(ended)", rid,
         ).fetchall()  # fmt: skip
-        self.tries: int = sum(n for _, _, n in groups)
-        self.failures = [(o, c, n) for o, c, n in groups if o != "ok"]
+        self.tries: int = sum(n for *_, n in groups)
+        #: failed tries by outcome and cause (a free retry after a lost worker is not one)
+        self.failures = [(o, c, n) for o, c, free, n in groups if o != "ok" and not free]
+        #: tries lost with their worker and retried free, by cause
+        self.free_lost = [(c, n) for o, c, free, n in groups if free]
         # the latest ended, by end; at one end (a worker's tries lost with it) by worker,
         # start and as written, as SQLite sorted them before (through index tries_worker)
         latest = conn.execute(
@@ -646,6 +655,28 @@ class _Run:
             )  # fmt: skip
             self.others = (self.categories - len(shown), n, *_quantiles(durations, n))
         return self.tries
+
+    def _read_free(self, conn: sqlite3.Connection, rid: tuple[str]) -> int:
+        """The tries lost with their worker and retried free (:func:`_free_lost`), by
+        category and cause: how many, of how many tasks, how many of those tasks
+        finished, and the latest try's key and worker, the latest group first.
+        Returns the groups."""
+        tries = _table(conn, "tries", rid)
+        done = "('memory', 'released')"
+        #: (category, cause, tries, tasks, tasks finished, latest key, its worker)
+        self.why_free: list[tuple[str, str, int, int, int, str, str]] = [
+            (cat, cause, n, tasks, ok, key, worker or "")
+            for cat, cause, n, tasks, ok, key, worker, _ in conn.execute(
+                "SELECT cat, cause, COUNT(*), COUNT(DISTINCT key), COUNT(DISTINCT CASE WHEN "
+                f"(SELECT state FROM tasks k WHERE k.run_id = f.run_id AND k.key = f.key) IN "
+                f"{done} THEN key END), key, worker, MAX(at) FROM (SELECT run_id, key, "
+                "worker, COALESCE(NULLIF(category, ''), '?') AS cat, cause, COALESCE(ended, "
+                f"sent) AS at FROM {tries} WHERE run_id = ?{self._during(*_TRY_SPAN)} AND "
+                f"{self.free}) AS f GROUP BY cat, cause ORDER BY MAX(at) DESC LIMIT ?",
+                (*rid, MAX_FAILURE_GROUPS_SHOWN),
+            )
+        ]  # fmt: skip
+        return len(self.why_free)
 
     def _read_lost(self, conn: sqlite3.Connection, rid: tuple[str]) -> int:
         """What the tries lost with their worker cost, by cause: how many, the seconds
@@ -703,7 +734,7 @@ class _Run:
                 "SELECT COALESCE(NULLIF(category, ''), '?'), COALESCE(NULLIF(cause, ''), "
                 "NULLIF(error_type, ''), outcome), COUNT(*), MAX(ended), rowid "
                 f"FROM {tries} WHERE run_id = ?{self._during(*_TRY_SPAN)} AND outcome NOT IN "
-                "('ok', 'cancelled') "
+                f"('ok', 'cancelled') AND NOT {self.free} "
                 "GROUP BY 1, 2", rid,
             )
         ]  # fmt: skip
@@ -1186,12 +1217,29 @@ def _summary(run: _Run) -> str:
     return (
         "<h2>Summary</h2><div class=tables><table>" + "".join(head) + "</table>"
         + _counts(("failed tries: outcome", "cause", "n"), run.failures)
+        + _counts(("tries lost with their worker, retried free: cause", "n"), run.free_lost)
         + _counts(("block ends: state", "cause", "n"), _block_ends(run))
         + _lost_cost(run)
         + _counts(("outputs lost with a worker: how they came back", "outputs", "workers"),
                   _recoveries(run))
         + "</div>"
     )  # fmt: skip
+
+
+def _free_lost(conn: sqlite3.Connection) -> str:
+    """SQL (over ``tries``): true for a try lost with its worker for a cause that says
+    nothing of its task (:data:`~policies.BENIGN_LOSSES`: preempted, walltime, drained,
+    ...) and retried free: not a failure. A file of schema version 6 or older does not
+    say what followed a try: there, such a try that a later try of its task followed."""
+    causes = ", ".join(f"'{c}'" for c in sorted(BENIGN_LOSSES))
+    if "retry" in _columns(conn, "tries"):
+        followed = "retry IS 'free'"
+    else:
+        followed = (
+            "EXISTS (SELECT 1 FROM tries later WHERE later.run_id = tries.run_id AND "
+            "later.key = tries.key AND later.try > tries.try)"
+        )
+    return f"(outcome IS 'worker-lost' AND cause IN ({causes}) AND {followed})"
 
 
 def _lost_cost(run: _Run) -> str:
@@ -1283,6 +1331,30 @@ def _recoveries(run: _Run) -> list[tuple[str, int, int]]:
         keys[how] += 1
         workers[how].add(worker)
     return [(how, n, len(workers[how])) for how, n in sorted(keys.items(), key=lambda r: -r[1])]
+
+
+def _why_free(run: _Run) -> str:
+    """The table of tries lost with their worker and retried free
+    (:meth:`_Run._read_free`), by category and cause, the latest first: not failures
+    (their tasks ran again, their budget untouched)."""
+    e = html.escape
+    head = f"<h2>{e(FREE_TITLE)}</h2>"
+    if not run.why_free:
+        return head + "<p>No try was lost with its worker and retried free.</p>"
+    rows = "".join(
+        f"<tr class=free data-category='{e(cat)}' data-cause='{e(cause)}'><td class=count>"
+        f"{n} x</td><td>{e(cat)}</td><td>{e(cause)}</td><td>{tasks}</td><td>{ok}</td>"
+        f"<td>{e(key)}</td><td>{e(worker)}</td></tr>"
+        for cat, cause, n, tasks, ok, key, worker in run.why_free
+    )
+    return (
+        f"{head}<p>Tries whose worker went for a reason that says nothing of the task "
+        f"({e(', '.join(sorted(BENIGN_LOSSES)))}) and that were retried without spending "
+        "the task's retry budget: not failures. A try that spent it, or after which its "
+        f"task failed, is under {e(FAILURES_TITLE)}.</p><table class=free><tr><th>lost</th>"
+        "<th>category</th><th>cause</th><th>tasks</th><th>tasks finished</th>"
+        "<th>latest key</th><th>worker</th></tr>" + rows + "</table>"
+    )  # fmt: skip
 
 
 def _why_failed(run: _Run) -> str:
@@ -1412,7 +1484,7 @@ def build_report(
         f"<style>{_STYLE}</style></head><body><h1>{html.escape(title)}</h1>"
         f"<p>From {html.escape(str(db))}. Times are seconds since the run started; shaded: "
         "alerts pending (orange) and firing (red).</p>"
-        + _summary(run) + _why_failed(run) + "".join(parts) + "</body></html>"
+        + _summary(run) + _why_failed(run) + _why_free(run) + "".join(parts) + "</body></html>"
     )  # fmt: skip
 
 
@@ -1592,7 +1664,7 @@ def list_runs(db: str | os.PathLike[str]) -> list[RunListing]:
         )}  # fmt: skip
         failed = dict(conn.execute(
             "SELECT run_id, COUNT(*) FROM tries WHERE outcome NOT IN ('ok', 'cancelled') "
-            "GROUP BY run_id"
+            f"AND NOT {_free_lost(conn)} GROUP BY run_id"
         ).fetchall())  # fmt: skip
         workers = dict(
             conn.execute("SELECT run_id, COUNT(DISTINCT worker) FROM workers GROUP BY run_id")

@@ -4,6 +4,7 @@ charged retry, a move to the fallback pool), and the report's "what preemption c
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +19,8 @@ from actors.scheduler_events import (
     WorkerLeft,
 )
 from policies import REGISTRY
-from runtime.monitordb import MonitorWriter
-from runtime.report import build_report
+from runtime.monitordb import MonitorWriter, open_db
+from runtime.report import FAILURES_TITLE, FREE_TITLE, _Run, build_report, list_runs
 from tests.helpers import GB, Factory, assigned, make_state, result, specs_for
 from tests.test_monitordb import LIMIT, T0, WALL, _at, _recorder, _rows
 from tests.test_report import _one_run_db
@@ -128,7 +129,7 @@ def test_a_version_6_file_gets_the_retry_columns_and_is_still_read(tmp_path: Pat
     empty in the rows it had."""
     db = tmp_path / "monitoring.db"
     MonitorWriter(db).close()
-    conn = __import__("sqlite3").connect(db)
+    conn = sqlite3.connect(db)
     conn.executescript(
         "ALTER TABLE tries DROP COLUMN retry; ALTER TABLE tries DROP COLUMN moved_to; "
         "UPDATE schema_version SET version = 6; "
@@ -142,3 +143,72 @@ def test_a_version_6_file_gets_the_retry_columns_and_is_still_read(tmp_path: Pat
     assert _rows(db, "SELECT version FROM schema_version") == [(7,)]
     assert _rows(db, "SELECT key, retry, moved_to FROM tries") == [("a", None, None)]
     assert "1 tries lost, 0.0 s of work lost (1 with no start" in build_report(db, run_id="r")
+
+
+def _preempted_run(db: Path, version_6: bool = False) -> None:
+    """One run: ``deep-0`` and ``deep-1`` preempted on ``ckpt-1`` and retried free,
+    then finished; ``img-1`` preempted and retried charged (as a policy with
+    ``charge_lost`` does); ``img-2`` preempted too often, not retried: it failed. In a
+    file of schema version 6 (``version_6``), without the ``retry`` column."""
+    conn, t0 = _one_run_db(db, 600.0)
+    if version_6:
+        conn.executescript(
+            "ALTER TABLE tries DROP COLUMN retry; ALTER TABLE tries DROP COLUMN moved_to; "
+            "UPDATE schema_version SET version = 6;"
+        )
+    rows = [
+        ("deep-0", 1, "deep", "ckpt-1", t0, t0 + 1, t0 + 23, "worker-lost", "preempted", "free"),
+        ("deep-0", 2, "deep", "ckpt-2", t0 + 24, t0 + 24, t0 + 70, "ok", None, None),
+        ("deep-1", 1, "deep", "ckpt-1", t0, t0 + 1, t0 + 23.5, "worker-lost", "preempted", "free"),
+        ("deep-1", 2, "deep", "ckpt-2", t0 + 24, t0 + 24, t0 + 80, "ok", None, None),
+        ("img-1", 1, "img", "ckpt-1", t0, t0 + 1, t0 + 23, "worker-lost", "preempted", "charged"),
+        ("img-1", 2, "img", "ckpt-2", t0 + 24, t0 + 24, t0 + 30, "ok", None, None),
+        ("img-2", 1, "img", "ckpt-1", t0, t0 + 1, t0 + 23, "worker-lost", "preempted", None),
+    ]
+    with conn:
+        conn.executemany(
+            "INSERT INTO tasks (run_id, key, category, state) VALUES ('run-1', ?, ?, ?)",
+            [("deep-0", "deep", "memory"), ("deep-1", "deep", "released"),
+             ("img-1", "img", "memory"), ("img-2", "img", "erred")],
+        )  # fmt: skip
+        columns = "key, try, category, worker, sent, started, ended, outcome, cause"
+        if version_6:
+            conn.executemany(
+                f"INSERT INTO tries (run_id, {columns}) VALUES ('run-1',?,?,?,?,?,?,?,?,?)",
+                [r[:-1] for r in rows],
+            )
+        else:
+            conn.executemany(
+                f"INSERT INTO tries (run_id, {columns}, retry) VALUES "
+                "('run-1',?,?,?,?,?,?,?,?,?,?)",
+                rows,
+            )
+    conn.close()
+
+
+@pytest.mark.parametrize("version_6", [False, True], ids=["retries-recorded", "version-6"])
+def test_free_retries_after_a_preemption_are_not_failures(tmp_path: Path, version_6: bool) -> None:
+    """The tries preempted and retried free are in their own section and summary table,
+    not under "Why tasks failed" nor counted as failed tries (in a version 6 file: a
+    preempted try that another try of its task followed); a lost try that was charged,
+    or after which the task failed, stays among the failures."""
+    db = tmp_path / "monitoring.db"
+    _preempted_run(db, version_6)
+    conn = open_db(db)
+    try:
+        run = _Run(conn, None, lambda line: None)
+    finally:
+        conn.close()
+    # (a version 6 file does not say img-1's retry was charged: it counts as free)
+    charged = 0 if version_6 else 1
+    assert run.free_lost == [("preempted", 3 - charged)]
+    assert run.failures == [("worker-lost", "preempted", 1 + charged)]
+    assert [(g[0], g[1], g[3]) for g in run.why_failed] == [("img", "preempted", 1 + charged)]
+    assert ("deep", "preempted", 2, 2, 2, "deep-1", "ckpt-1") in run.why_free
+    page = build_report(db)
+    failed = page[page.index(f"<h2>{FAILURES_TITLE}") : page.index(f"<h2>{FREE_TITLE}")]
+    assert "data-category='deep'" not in failed and "data-category='img'" in failed
+    free = page[page.index(f"<h2>{FREE_TITLE}") :]
+    assert "<td class=count>2 x</td><td>deep</td><td>preempted</td><td>2</td><td>2</td>" in free
+    (listed,) = list_runs(db)
+    assert listed.failed_tries == 1 + charged
