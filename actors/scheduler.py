@@ -1132,7 +1132,7 @@ def _checkpoints(st: SchedulerState) -> dict[str, int]:
 
 
 def _life(s: Survival) -> PoolLife:
-    return PoolLife(s.lives, s.deaths, s.median, s.at(3600.0))
+    return PoolLife(s.lives, s.deaths, s.median, s.known_at(3600.0))
 
 
 def _top(stats: dict[str, Any], n: int) -> list[tuple[str, Any]]:

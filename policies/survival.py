@@ -2,7 +2,8 @@
 
 What lives here: :func:`kaplan_meier` (the survival curve of a set of lifetimes, some of
 them censored), :class:`Survival` (the curve with the questions policies ask of it:
-``at(t)``, ``median``, ``quantile``). Pure functions of their inputs, no clock.
+``at(t)``, ``known_at(t)``, ``median``, ``quantile``). Pure functions of their inputs,
+no clock.
 
 A *life* is ``(seconds, died)``: how long a worker lived, and whether it ended by the
 event studied (taken away: preempted, crashed, lost) rather than on purpose (drained,
@@ -24,11 +25,13 @@ __all__ = ["Survival", "kaplan_meier"]
 class Survival:
     """A step function: ``steps[i] = (t, S)``: the probability of living past ``t`` is
     ``S`` from ``t`` until the next step (1.0 before the first). ``lives`` and ``deaths``
-    count what it was estimated from."""
+    count what it was estimated from; ``longest``: the longest of those lives (ended or
+    not), past which the curve says nothing (:meth:`known_at`)."""
 
     steps: tuple[tuple[float, float], ...] = ()
     lives: int = 0
     deaths: int = 0
+    longest: float = 0.0
 
     def at(self, t: float) -> float:
         """The probability that a worker lives longer than ``t`` seconds."""
@@ -38,6 +41,15 @@ class Survival:
                 break
             s = value
         return s
+
+    def known_at(self, t: float) -> float | None:
+        """:meth:`at`, or ``None`` past the longest life seen (and with no life seen):
+        Kaplan-Meier is undefined there. Pool workers all preempted within a minute say
+        nothing of how many live an hour (``at(3600)`` would hold the curve's last
+        value, e.g. 0.2, as if one in five did)."""
+        if not self.lives or t > self.longest:
+            return None
+        return self.at(t)
 
     def quantile(self, q: float) -> float | None:
         """The first time by which a fraction ``q`` of workers has died (``None``: the
@@ -56,7 +68,9 @@ class Survival:
 
     def survives(self, elapsed: float, more: float) -> float:
         """The probability that a worker alive after ``elapsed`` seconds lives ``more``
-        seconds more (1.0 when nothing is known past ``elapsed``)."""
+        seconds more (1.0 when nothing is known past ``elapsed``; past the longest life
+        seen, the curve's last value, as :meth:`at`: :meth:`known_at` says when that is
+        not known)."""
         now = self.at(elapsed)
         return self.at(elapsed + more) / now if now > 0 else 0.0
 
@@ -90,4 +104,4 @@ def kaplan_meier(lives: Iterable[tuple[float, bool]]) -> Survival:
             steps.append((t, s))
             deaths += died
         at_risk -= left
-    return Survival(tuple(steps), len(data), deaths)
+    return Survival(tuple(steps), len(data), deaths, data[-1][0] if data else 0.0)

@@ -1156,12 +1156,13 @@ class PoolLife(Message):
     """How long a pool's workers live: ``lives`` counted (those that left, and those
     alive, censored), ``deaths`` among them (preempted, crashed, lost), the Kaplan-Meier
     ``median`` in seconds (None: not known yet) and ``survive_1h``, the estimated
-    probability that a worker lives past an hour."""
+    probability that a worker lives past an hour (None: not known, no worker of the
+    pool seen living an hour; Kaplan-Meier says nothing past the longest life)."""
 
     lives: int = 0
     deaths: int = 0
     median: float | None = None
-    survive_1h: float = 1.0
+    survive_1h: float | None = None
 
 
 @message()

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from actors.scheduler import _life
 from actors.scheduler_events import (
     Command,
     Event,
@@ -202,3 +203,21 @@ def test_a_preempted_task_that_never_started_is_not_long(make_state: Factory) ->
     long = s.tasks["long"]  # it executed: from being sent, as before
     assert long.spec.pool == "owner" and long.tries[-1].ran is None
     assert TaskStateView(long).ran_for == 150.5
+
+
+def test_survival_past_the_longest_life_seen_is_not_known() -> None:
+    """Kaplan-Meier says nothing past the longest life seen: ``known_at`` (and the
+    status' ``survive_1h``) is None there, not the curve's last value; within it, it is
+    ``at``. The audit: ten ``ckpt`` workers preempted within a minute gave
+    ``survive_1h`` 0.2."""
+    lives = [(20.0 + i, i < 8) for i in range(10)]  # 8 deaths by 27 s, 2 censored
+    s = kaplan_meier(lives)
+    assert s.longest == 29.0 and s.at(3600) == pytest.approx(0.2)
+    assert s.known_at(3600) is None and s.known_at(29.5) is None
+    assert s.known_at(21.0) == s.at(21.0) == pytest.approx(0.8)
+    assert s.known_at(29.0) == pytest.approx(0.2)
+    assert Survival().known_at(0.0) is None
+    assert kaplan_meier([(4000.0, False)]).known_at(3600) == 1.0
+    life = _life(s)
+    assert (life.lives, life.deaths, life.median, life.survive_1h) == (10, 8, 24.0, None)
+    assert _life(kaplan_meier([(7200.0, True), (100.0, True)])).survive_1h == 0.5
