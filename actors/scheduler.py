@@ -862,6 +862,8 @@ class Scheduler(Actor):
         if msg.details:  # the dashboard's: not for every Prometheus scrape
             out["failure_groups"] = _failure_groups(st, now)
             out["failure_groups_total"] = len(st.failure_groups) + len(st.not_run_groups)
+            out["free_groups"] = _failure_groups(st, now, free=True)
+            out["free_groups_total"] = len(st.free_groups)
             out["recent_tries"] = tuple(
                 _recent_try(r, category, now - at) for r, category, at in st.recent_tries
             )
@@ -1074,18 +1076,22 @@ def _at(item: tuple[tuple[str, str], FailureGroup | NotRunGroup]) -> float:
     return item[1].at
 
 
-def _failure_groups(st: SchedulerState, now: float) -> tuple[FailureGroupInfo, ...]:
+def _failure_groups(
+    st: SchedulerState, now: float, free: bool = False
+) -> tuple[FailureGroupInfo, ...]:
     """The core's most recent failure groups (at most ``MAX_FAILURE_GROUPS_SHOWN``), the
     latest first, with their latest error as text (formatted here, at read time, never
     when a try fails). The groups of failed tries, then those of tasks that erred with
     no failed try of their own (outcome ``not-run``, counted in tasks, no worker): a
     dependency failed (cause ``dependency-failed``: the error names the dependency and
     says its failure, the traceback is that failure's), or the core found they cannot
-    run (cause the error's type)."""
-    groups: list[tuple[tuple[str, str], FailureGroup | NotRunGroup]] = [
-        *st.failure_groups.items(),
-        *st.not_run_groups.items(),
-    ]
+    run (cause the error's type). With ``free``, the groups of tries lost with their
+    worker and retried free instead (``SchedulerState.free_groups``: not failures)."""
+    groups: list[tuple[tuple[str, str], FailureGroup | NotRunGroup]] = (
+        [*st.free_groups.items()]
+        if free
+        else [*st.failure_groups.items(), *st.not_run_groups.items()]
+    )
     latest = heapq.nlargest(MAX_FAILURE_GROUPS_SHOWN, groups, key=_at)
     out = []
     for (category, cause), g in latest:

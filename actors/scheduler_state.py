@@ -574,6 +574,12 @@ class SchedulerState(DiskPlacement):
         self._forgotten_failures = 0  #: failed tries of the forgotten categories
         #: per (category, cause): the count and latest failed try (:class:`FailureGroup`)
         self.failure_groups: dict[tuple[str, str], FailureGroup] = {}
+        #: per (category, cause): the tries lost with their worker for a cause that says
+        #: nothing of the task (``BENIGN_LOSSES``: preempted, walltime, drained, ...)
+        #: and retried free, kept apart from ``failure_groups``: not failures (the
+        #: dashboard's "Tries lost with their worker (free retries)"); in ``failures``
+        #: and the metrics' counters still, as every lost try is
+        self.free_groups: dict[tuple[str, str], FailureGroup] = {}
         #: per (category, cause): the count and latest of its tasks that erred with no
         #: failed try of their own (:class:`NotRunGroup`: a dependency failed, or the
         #: core found they cannot run), so in neither ``failures`` nor ``failure_groups``
@@ -1165,12 +1171,15 @@ class SchedulerState(DiskPlacement):
             self._tried(ts, rec, None, began=self._began(ts, ws, ran))
             ts.lost_tries += 1
             self._stat(ts).lost += 1
-            self._failed_try(ts, "worker-lost", ev.cause, None, ws.id)
+            self._failed_try(ts, "worker-lost", ev.cause, None, ws.id, grouped=False)
             ts.worker = None
             ts.disk_need = 0
             loss = self._walltime_lost(ts, ws) if ev.cause == "walltime" else None
+            free = False
             if not self._promote_copy(ts):  # else a copy runs on: no retry
-                self._after_failure(ts, "worker-lost", ev.cause, None, ws.id, loss)
+                free = self._after_failure(ts, "worker-lost", ev.cause, None, ws.id, loss)
+            groups = self.free_groups if free and ev.cause in BENIGN_LOSSES else None
+            self._group(ts, "worker-lost", ev.cause, None, ws.id, groups)  # what followed
         ws.processing.clear()
         ws.n_producers = 0
         for ts in list(ws.has_what):
@@ -2406,10 +2415,12 @@ class SchedulerState(DiskPlacement):
         error: BaseException | None,
         wid: str,
         record: ErrorRecord | None = None,
+        grouped: bool = True,
     ) -> None:
         """Count a failed try by (category, outcome, cause) and keep it as the latest of
-        its (category, cause) group: O(1), no scan. ``record``: ``error``'s, if made
-        already (:meth:`_tried`)."""
+        its (category, cause) group (unless not ``grouped``: the caller groups it once
+        it knows what followed, :meth:`_group`): O(1), no scan. ``record``: ``error``'s,
+        if made already (:meth:`_tried`)."""
         category = ts.spec.category
         counts = self.failures.get(category)
         if counts is None:
@@ -2418,7 +2429,24 @@ class SchedulerState(DiskPlacement):
             counts = self.failures[category] = Counter()
         counts[(outcome, cause)] += 1
         self.metric_failures[(self._metric_label(category), outcome, cause)] += 1
-        groups = self.failure_groups
+        if grouped:
+            self._group(ts, outcome, cause, error, wid, None, record)
+
+    def _group(
+        self,
+        ts: TaskState,
+        outcome: str,
+        cause: str,
+        error: BaseException | None,
+        wid: str,
+        groups: dict[tuple[str, str], FailureGroup] | None = None,
+        record: ErrorRecord | None = None,
+    ) -> None:
+        """Keep a try that did not end ``ok`` as the latest of its (category, cause)
+        group in ``groups`` (``failure_groups``, or ``free_groups``), at most
+        ``MAX_FAILURE_GROUPS`` groups in each."""
+        category = ts.spec.category
+        groups = self.failure_groups if groups is None else groups
         group = groups.get((category, cause))
         if group is None:
             if len(groups) >= MAX_FAILURE_GROUPS:
@@ -2443,9 +2471,10 @@ class SchedulerState(DiskPlacement):
         error: BaseException | None,
         wid: str,
         loss: WalltimeLoss | None = None,
-    ) -> None:
+    ) -> bool:
         """Retry ``ts`` or fail it, as the retry policy decides; ``loss``: how long a
-        try lost to its worker's walltime ran against the pool's (``_walltime_lost``)."""
+        try lost to its worker's walltime ran against the pool's (``_walltime_lost``).
+        Returns whether it was retried free (its ``retries=`` budget untouched)."""
         decision = self._retry_decision(ts, outcome, cause, loss)
         looping = False
         if decision.retry and not (decision.charge and ts.retries_left > 0):  # beyond budget
@@ -2453,7 +2482,7 @@ class SchedulerState(DiskPlacement):
             looping = ts.free_retries > self.config.max_free_retries
         if decision.retry and not looping:
             if ts.ooms and self._no_larger_worker(ts, decision.pool or ts.spec.pool):
-                return  # failed: no worker with more memory is there or can come
+                return False  # failed: no worker with more memory is there or can come
             if decision.charge:
                 ts.retries_left -= 1
             if decision.behind and not self._awaited(ts):
@@ -2476,7 +2505,7 @@ class SchedulerState(DiskPlacement):
             self._back_to_ready(ts)
             if pool is not None and isinstance(served, str):  # a pool no worker joined yet
                 self._no_worker_note(ts, pool, served)
-            return
+            return not decision.charge
         if looping:
             policy = self.policies["retry"]
             name = str(getattr(policy, "name", type(policy).__name__))
@@ -2500,6 +2529,7 @@ class SchedulerState(DiskPlacement):
             if outcome == "disk-full":
                 self.disk_full_failed += 1
         self._fail(ts, err)
+        return False
 
     def _awaited(self, ts: TaskState) -> bool:
         """Some task downstream of ``ts`` waits for it beside outputs already stored

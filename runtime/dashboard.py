@@ -173,6 +173,8 @@ def build_snapshot(
         "stream": stream,
         "failures": [g.to_fields() for g in metrics.failure_groups],
         "failure_groups": metrics.failure_groups_total,
+        "free": [g.to_fields() for g in metrics.free_groups],
+        "free_groups": metrics.free_groups_total,
         "alerts": [a.to_fields() for a in alerts.alerts],
         "alert_rules": len(alerts.rules),
         "audit": list(alerts.audit[-MAX_AUDIT:]),
@@ -499,6 +501,9 @@ a{color:var(--busy)}
 <section class="wide"><h2>Capacity <span class="mute">(per pool: available, busy,
 pending)</span></h2><div id="capacity"></div></section>
 <section class="wide"><h2>Why tasks fail</h2><div id="failures"></div></section>
+<section class="wide"><h2>Tries lost with their worker <span class="mute">(free
+retries: preempted, walltime, drained, ...; not failures)</span></h2><div id="free">
+</div></section>
 <section class="wide"><h2>Workers</h2><div id="workers"></div></section>
 <section class="wide"><h2>Task stream <span class="mute">(tries that ended in the last
 minute, per worker)</span></h2><div id="stream"></div></section>
@@ -682,11 +687,13 @@ function storyLink(key) {
   return h("a", {class: "story-link", href: "/dashboard/story?key=" + encodeURIComponent(key),
                  text: key});
 }
+function mostRecent(shown, total) {  // the note over a list of the latest groups
+  return total > shown ? h("p", {class: "mute", text: "the " + shown + " most recent of " +
+    total + " groups"}) : null;
+}
 function renderFailures(s) {
   if (!s.failures.length) return put("failures", empty("no task has failed"));
-  const more = s.failure_groups - s.failures.length;
-  put("failures", more > 0 ? h("p", {class: "mute", text: "the " + s.failures.length +
-    " most recent of " + s.failure_groups + " groups"}) : null,
+  put("failures", mostRecent(s.failures.length, s.failure_groups),
     s.failures.map(g => h("div", {class: "failure", "data-category": g.category,
       "data-cause": g.cause, "data-outcome": g.outcome},
     g.outcome === "not-run"  // tasks that erred with no failed try of their own
@@ -702,6 +709,16 @@ function renderFailures(s) {
     h("div", {class: "err", text: g.error}),
     g.traceback ? h("details", {}, h("summary", {text: "traceback"}),
                     h("pre", {class: "tb", text: g.traceback})) : null)));
+}
+function renderFree(s) {
+  if (!s.free.length) return put("free", empty("no try lost with its worker and retried free"));
+  put("free", mostRecent(s.free.length, s.free_groups),
+    s.free.map(g => h("div", {class: "free", "data-category": g.category,
+      "data-cause": g.cause},
+      h("b", {class: "count", text: g.n + " x", title: "tries lost with their worker and " +
+        "retried without spending the task's retry budget"}), " ",
+      h("b", {text: g.category}), " · " + g.cause + " · latest ", storyLink(g.key),
+      " on " + g.worker + ", " + secs(g.ago) + " ago")));
 }
 function when(t) { return t ? new Date(t * 1000).toLocaleTimeString() : null; }
 function link(v) {
@@ -746,7 +763,7 @@ function render(s) {
     s.workers.length + " workers";
   document.getElementById("when").textContent = "updated " + when(s.time);
   renderPools(s); renderCapacity(s); renderWorkers(s); renderStream(s);
-  renderFailures(s); renderAlerts(s); renderPolicies(s);
+  renderFailures(s); renderFree(s); renderAlerts(s); renderPolicies(s);
   document.body.dataset.snapshots = String(Number(document.body.dataset.snapshots || 0) + 1);
 }
 let backoff = 500;

@@ -1008,7 +1008,10 @@ class MetricsReply(Message):
     time: ``autoscaler_busy``). Asked with ``details``, besides: failures grouped by
     category and cause with the latest of each (``failure_groups``, the most recent
     groups first, at most ``MAX_FAILURE_GROUPS_SHOWN``; ``failure_groups_total``
-    counts them all) and the latest tries that ended (``recent_tries``, oldest first)."""
+    counts them all), the same of the tries lost with their worker (preempted, its
+    walltime, drained, ...) and retried free, not failures (``free_groups``,
+    ``free_groups_total``) and the latest tries that ended (``recent_tries``, oldest
+    first)."""
 
     pools: dict[str, PoolMetrics] = dataclasses.field(default_factory=dict)
     categories: dict[str, CategoryMetrics] = dataclasses.field(default_factory=dict)
@@ -1026,6 +1029,8 @@ class MetricsReply(Message):
     autoscaler_busy: bool = False
     failure_groups: tuple[FailureGroupInfo, ...] = ()
     failure_groups_total: int = 0
+    free_groups: tuple[FailureGroupInfo, ...] = ()
+    free_groups_total: int = 0
     recent_tries: tuple[RecentTry, ...] = ()
 
 

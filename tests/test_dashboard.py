@@ -29,6 +29,7 @@ from actors import scheduler_state
 from actors.scheduler import _failure_groups, format_error
 from actors.scheduler_records import SchedulerConfig, error_record
 from actors.scheduler_state import SchedulerState
+from policies import REGISTRY
 from runtime import Cluster
 from runtime.dashboard import FEED_PATH, STORY_PATH, build_snapshot, dashboard_url
 from runtime.files import File, output_path
@@ -57,12 +58,12 @@ def test_failure_groups_keep_the_count_and_the_latest_try() -> None:
     join(st, "w", cores=3)
     finish(st, "w", "parse-0", "error", error=ValueError("first"), start=1.0, duration=2.0)
     finish(st, "w", "parse-1", "error", error=ValueError("second"), start=3.0, duration=1.0)
-    leave(st, "w", cause="preempted")
+    leave(st, "w", cause="crash")
 
     parse = st.failure_groups[("parse", "ValueError")]
     assert (parse.n, parse.key, parse.worker, parse.outcome) == (2, "parse-1", "w", "error")
     assert parse.error is not None and parse.error.summary == "ValueError: second"
-    lost = st.failure_groups[("load", "preempted")]
+    lost = st.failure_groups[("load", "crash")]
     assert (lost.n, lost.key, lost.outcome, lost.error) == (1, "load-0", "worker-lost", None)
     ended = [(r.key, r.outcome, category) for r, category, _ in st.recent_tries]
     assert ended == [
@@ -73,13 +74,40 @@ def test_failure_groups_keep_the_count_and_the_latest_try() -> None:
 
     groups = _failure_groups(st, now=lost.at + 5.0)
     assert [(g.category, g.cause, g.n) for g in groups] == [
-        ("load", "preempted", 1),  # the most recent first
+        ("load", "crash", 1),  # the most recent first
         ("parse", "ValueError", 2),
     ]
     assert groups[0].ago == 5.0 and groups[0].traceback == ""
-    assert "w was lost (preempted)" in groups[0].error and "load-0" in groups[0].error
+    assert "w was lost (crash)" in groups[0].error and "load-0" in groups[0].error
     assert groups[1].error == "ValueError: second"
     assert groups[1].traceback.rstrip().endswith("ValueError: second")
+    assert st.free_groups == {}
+
+
+@pytest.mark.parametrize("charge_lost", [False, True], ids=["free", "charged"])
+def test_tries_lost_to_preemption_and_retried_free_are_not_failure_groups(
+    charge_lost: bool,
+) -> None:
+    """A try lost with its preempted worker and retried free is in its own groups
+    (the dashboard's "Tries lost with their worker"), not among the failures; one whose
+    retry spent the task's budget (``charge_lost``) stays a failure. Both count in the
+    failures by outcome and cause (the metrics' counters), as before."""
+    retry = REGISTRY.create("retry", "default", {"charge_lost": charge_lost})
+    st = SchedulerState(SchedulerConfig(saturation=1.0), retry=retry)
+    submit(st, {"load-0": [], "load-1": []}, ["load-0", "load-1"], retries=2)
+    join(st, "w", cores=2)
+    leave(st, "w", cause="preempted")
+    free, failed = st.free_groups, st.failure_groups
+    assert (free, failed)[charge_lost][("load", "preempted")].n == 2
+    assert ("load", "preempted") not in (failed, free)[charge_lost]
+    assert st.failures["load"] == {("worker-lost", "preempted"): 2}
+    shown = _failure_groups(st, now=10.0, free=True)
+    assert [(g.category, g.cause, g.n) for g in shown] == ([] if charge_lost else [
+        ("load", "preempted", 2)
+    ])  # fmt: skip
+    assert [g.cause for g in _failure_groups(st, now=10.0)] == (
+        ["preempted"] if charge_lost else []
+    )
 
 
 class _Big:
@@ -162,6 +190,10 @@ def _answers() -> tuple[MetricsReply, StatusReply, AlertsReply]:
             FailureGroupInfo("parse", "ValueError", 3, "parse-7", "w1", "error", 2.0, "E"),
         ),
         failure_groups_total=4,
+        free_groups=(
+            FailureGroupInfo("deep", "preempted", 8, "deep-3", "w2", "worker-lost", 1.0, "lost"),
+        ),
+        free_groups_total=1,
         recent_tries=(RecentTry("parse-7", "parse", "w1", "error", 0.5, 2.0),),
     )
     workers = (WorkerInfo("w1", 2, 4 * GB, pool="cpu"), WorkerInfo("w2", 1, 2 * GB, pool="cpu"))
@@ -190,6 +222,8 @@ def test_the_snapshot_shows_pools_capacity_workers_failures_alerts_policies() ->
     json.dumps(snap)  # what the feed sends
     assert snap["warnings"] == ["host box/1: too much"]  # the capacity panel shows them
     assert snap["time"] == 1000.0 and snap["queue_depth"] == 9
+    assert [(g["category"], g["n"]) for g in snap["free"]] == [("deep", 8)]  # not failures
+    assert snap["free_groups"] == 1 and len(snap["failures"]) == 1
     assert [p["name"] for p in snap["pools"]] == ["cpu", "*"]  # "any pool" last
     cpu = snap["pools"][0]
     assert (cpu["queue_depth"], cpu["oldest_wait"], cpu["held_back"]) == (7, 62.0, 2)
@@ -599,6 +633,8 @@ async def test_the_dashboard_in_chromium_follows_a_real_run(browser: Any, tmp_pa
                 peak = await in_browser(page.wait_for_queue_depth, 5)
                 group = await in_browser(page.wait_for_failure_group, "parse_record", "ValueError")
                 assert "1 x" in group and "unexpected field 'qty'" in group, group
+                free = browser.find_element("id", "free").text  # no worker lost: none
+                assert "no try lost with its worker and retried free" in free, free
                 await in_browser(
                     page.wait, "return document.querySelectorAll('rect.try').length >= 6",
                     "the task stream to show the finished tries",
