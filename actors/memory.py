@@ -11,7 +11,15 @@ docs/memory.md for the picture):
 - ``spill`` [0.6]: at or above it, the worker moves stored outputs to disk, least
   recently used first, down to 90% of the fence (:class:`Spill` says how many bytes).
   Spilling comes first so that a worker holding more results than fit (a persist larger
-  than memory) keeps going instead of stopping.
+  than memory) keeps going instead of stopping. Spilling moves outputs, so it is decided
+  by the outputs' bytes in memory (``stored``, the store's *managed* memory) as well as
+  by the RSS: it asks for no more than ``stored``, and when the memory that is not
+  outputs (``rss - stored``: the interpreter, libraries, running tasks' temporaries,
+  memory the allocator keeps) is at or past the spill target by itself, so that writing
+  every output would leave the worker past its fence anyway, an output made less than
+  ``SPILL_GRACE`` seconds ago stays in memory (:attr:`Spill.keep`) while the RSS is
+  under the terminate fence: its consumer usually comes within that time and would read
+  it straight back. Older outputs go as before.
 - ``throttle`` [0.7]: at or above it, a task that *produces* memory (the scheduler marks
   it so) is deferred for a short interval that grows each time the same task is
   deferred again (``first_delay`` x ``growth``^k, at most ``max_delay``); consumers and
@@ -60,6 +68,7 @@ from runtime.errors import MemoryConfigError, floor_warning
 
 __all__ = [
     "MIN_LIMIT",
+    "SPILL_GRACE",
     "Command",
     "Defer",
     "Event",
@@ -250,6 +259,11 @@ REPORT_SETTLE = 5.0
 #: under the scheduler's ``stall_timeout`` (10 s), so that a floor that rose is measured
 #: again before the watchdog takes the wait for a stall
 TRIM_EVERY = 2.0
+#: seconds an output made here stays in memory when the memory that is not outputs is
+#: past the spill target by itself (:meth:`MemoryGovernor._spill`): long enough for the
+#: scheduler to send the consumer placed with it, short enough that outputs nobody reads
+#: soon (a persist) still go to disk before the throttle holds producers back for long
+SPILL_GRACE = 1.0
 #: a move: the bytes held or the RSS changed by this fraction of the memory limit...
 REPORT_STEP = 0.01
 #: ...or by this many bytes, whichever is more
@@ -316,11 +330,15 @@ class Sampled(Event):
     """The worker's RSS (with its task processes), read after a task finished or on the
     periodic tick; ``tasks``: ``(key, RSS)`` of each running task that can be killed;
     ``idle``: the worker runs no task and holds no output in memory (all it holds is on
-    disk), so nothing it could spill or end would lower its RSS."""
+    disk), so nothing it could spill or end would lower its RSS; ``stored``: the bytes of
+    outputs (and peers' copies) it holds in memory, the part of ``rss`` spilling can
+    move (None: not known, spilling acts as if all of the RSS over the fence were
+    outputs)."""
 
     rss: int
     tasks: tuple[tuple[Any, int], ...] = ()
     idle: bool = False
+    stored: int | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -378,9 +396,13 @@ class Throttled(Command):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Spill(Command):
-    """Move at least ``nbytes`` of stored outputs to disk, least recently used first."""
+    """Move at least ``nbytes`` of stored outputs to disk, least recently used first
+    (``nbytes`` 0: nothing to move), but none of ``keep``: outputs made less than
+    ``SPILL_GRACE`` seconds ago, kept while what is over the fence is not outputs
+    (``nbytes`` is then every output in memory: all the others go)."""
 
     nbytes: int
+    keep: frozenset[Any] = frozenset()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -430,6 +452,8 @@ class MemoryGovernor:
         self.categories: dict[Any, str] = {}  #: deferred or producing key -> its category
         #: category -> the largest output a producer of it made here (its expected output)
         self.outputs: dict[str, int] = {}
+        #: outputs made here in the last SPILL_GRACE seconds -> when (oldest first)
+        self.fresh: dict[Any, float] = {}
         self._trim_at = -TRIM_EVERY  #: when a Trim was last asked for
         self._trimming = False  #: a Trim asked for, its idle sample not seen yet
         #: the worker's floor: its RSS at the idle sample after a trim, lowered by any
@@ -490,14 +514,16 @@ class MemoryGovernor:
     # -- handlers ----------------------------------------------------------------------
 
     def _sampled(self, ev: Sampled, out: list[Command]) -> None:
-        cfg = self.config
+        cfg, fresh = self.config, self.fresh
         self.rss = rss = ev.rss
+        while fresh and ev.now - next(iter(fresh.values())) >= SPILL_GRACE:
+            del fresh[next(iter(fresh))]  # no longer fresh (oldest first)
         if ev.idle:
             self._idle(ev, out)
         else:
             self._trimming = False  # a task or an output came: what a trim left is unknown
         if cfg.spill is not None and rss >= cfg.at(cfg.spill):
-            out.append(Spill(rss - cfg.at(cfg.spill * 0.9)))
+            out.append(self._spill(ev, cfg.at(cfg.spill * 0.9)))
         if rss < self.throttle_at:
             if not self.throttled or rss < self.resume_at:
                 self._resume(out)
@@ -512,6 +538,22 @@ class MemoryGovernor:
                 worst = max(enumerate(candidates), key=lambda ikr: (ikr[1][1], ikr[0]))[1][0]
                 self.killed.add(worst)
                 out.append(Kill(worst, rss, cfg.limit))
+
+    def _spill(self, ev: Sampled, target: int) -> Spill:
+        """What to spill from a sample at or past the spill fence, down to ``target``
+        (90% of it): the excess, but no more than the outputs in memory (spilling moves
+        nothing else). When the memory that is not outputs is at or past ``target`` by
+        itself, spilling cannot bring the worker under its fence; what it can do is
+        write outputs that their consumers read back at once. Then the outputs made in
+        the last ``SPILL_GRACE`` seconds stay (``keep``), unless the RSS is at the
+        terminate fence (the limit with it off); the older ones go, so outputs nobody
+        reads soon still leave memory."""
+        excess, stored, fresh = ev.rss - target, ev.stored, self.fresh
+        if stored is None:  # not known: all of the excess counts as outputs
+            return Spill(excess)
+        if ev.rss - stored < target or ev.rss >= self.config.ceiling or not fresh:
+            return Spill(min(excess, stored))
+        return Spill(stored, frozenset(fresh))
 
     def _idle(self, ev: Sampled, out: list[Command]) -> None:
         """An idle sample (no task runs, no output in memory): over the resume mark, or
@@ -611,6 +653,9 @@ class MemoryGovernor:
         category = self.categories.pop(key, None)
         if category is not None and ev.nbytes > self.outputs.get(category, 0):
             self.outputs[category] = ev.nbytes
+        if ev.nbytes:
+            self.fresh.pop(key, None)  # oldest first: a later one goes last
+            self.fresh[key] = ev.now
 
     def _start(self, key: Any, out: list[Command]) -> None:
         self.producing[key] = self.expected(key)

@@ -656,7 +656,8 @@ class Worker(Actor):
                 after = ex.executing()
                 executing = before if before == after else tuple(k for k in before if k in after)
         executed = tuple(ex.executing_for().items())
-        self._feed(ws.MemorySampled(time.time(), used, tasks, executing, executed))
+        stored = self.data.memory_bytes
+        self._feed(ws.MemorySampled(time.time(), used, tasks, executing, executed, stored))
 
     def _arm(self, at: float) -> None:
         """The core's timer: a :class:`_TimerFired` to self at wall time ``at``."""
@@ -674,7 +675,7 @@ class Worker(Actor):
 
     def _spill(self, cmd: ws.Spill) -> None:
         store = self.data
-        moved = store.spill_keys(cmd.nbytes, cmd.in_use, cmd.read_soon)
+        moved = store.spill_keys(cmd.nbytes, cmd.in_use | cmd.fresh, cmd.read_soon)
         now = self._now()
         if moved or now - self._trimmed >= 0.5:
             # Over the fence with nothing (more) to spill: freed inputs and copies may

@@ -151,12 +151,15 @@ class MemorySampled(Event):
     executor along with the RSS, so the core attributes it without knowing about
     threads, and no event is owed per task start (none on the hot path).
     ``executed``: ``(key, seconds it has executed)`` of every task executing, in a
-    thread or a process (the executor's ``executing_for``)."""
+    thread or a process (the executor's ``executing_for``). ``stored``: the bytes of
+    outputs the store holds in memory, read with the RSS (None: not known; the governor
+    then counts all of the RSS over the spill fence as outputs)."""
 
     rss: int
     tasks: tuple[tuple[Key, int], ...] = ()
     executing: tuple[Key, ...] = ()
     executed: tuple[tuple[Key, float], ...] = ()
+    stored: int | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -244,12 +247,15 @@ class Forget(Command):
 class Spill(Command):
     """Move at least ``nbytes`` of outputs to disk, least recently used first; answer
     with :class:`Spilled`. Not ``in_use``: inputs of tasks handed to the executor, which
-    holds them until the task ends (writing them frees no memory); ``read_soon`` last:
+    holds them until the task ends (writing them frees no memory); nor ``fresh``: outputs
+    made in the last ``SPILL_GRACE`` seconds, which the governor keeps while the memory
+    over the fence is not outputs (:class:`actors.memory.Spill`); ``read_soon`` last:
     inputs of tasks waiting here (each would be read back from disk)."""
 
     nbytes: int
     in_use: frozenset[Key] = frozenset()
     read_soon: frozenset[Key] = frozenset()
+    fresh: frozenset[Key] = frozenset()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -585,10 +591,11 @@ class WorkerState:
                 del deadlines[key]
                 self.began.pop(key, None)
             outcome = res.outcome
-            if (task is not None and task.producer) or (killed and key in killed):
-                # Its output (held in memory) is what its category's next ones expect.
-                held_bytes = res.nbytes if outcome == "ok" and not res.file else 0
-                self.governor.handle(mem.Finished(ev.now, key, held_bytes))
+            # Its output (held in memory): what its category's next ones expect, if a
+            # producer; an output just made, which the governor keeps from spilling for
+            # a moment while the memory over the fence is not outputs.
+            held_bytes = res.nbytes if outcome == "ok" and not res.file else 0
+            self.governor.handle(mem.Finished(ev.now, key, held_bytes))
             peak = peaks.pop(key, 0) if peaks else 0
             if (
                 outcome == "ok"
@@ -976,7 +983,7 @@ class WorkerState:
             self._over_terminate = False
         # Idle: no task here and every output held on disk (on_disk is a subset of held).
         idle = not running and not self.queued and len(self.on_disk) == len(self.held)
-        cmds = self.governor.handle(mem.Sampled(ev.now, ev.rss, ev.tasks, idle))
+        cmds = self.governor.handle(mem.Sampled(ev.now, ev.rss, ev.tasks, idle, ev.stored))
         if self.governor.deferred:
             cmds += self.governor.handle(mem.Tick(ev.now))
         self._govern(cmds, ev.now, out)
@@ -1031,7 +1038,8 @@ class WorkerState:
                 waiting = (*self.deferred.values(), *self.queued.values())
                 waiting += tuple(f.task for f in self.fetching.values())
                 in_use = _inputs(self.running.values())
-                out.append(Spill(cmd.nbytes, in_use, _inputs(waiting) - in_use))
+                read_soon = _inputs(waiting) - in_use - cmd.keep
+                out.append(Spill(cmd.nbytes, in_use, read_soon, cmd.keep))
             elif isinstance(cmd, mem.Trim):
                 out.append(Trim())
             elif isinstance(cmd, mem.Floor):

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from actors.memory import (
+    SPILL_GRACE,
     TRIM_EVERY,
     Defer,
     Finished,
@@ -178,6 +179,67 @@ def test_spilling_starts_below_the_throttle_and_goes_to_ninety_percent_of_its_fe
     assert not g.throttled  # spilling alone: producers still run
     assert g.handle(Sampled(0.1, 720)) == [Spill(720 - 540), Throttled(True, 720)]
     assert g.handle(Sampled(0.2, 500)) == [Throttled(False, 500)]
+
+
+# Spilling by the outputs' bytes (managed memory): LIMIT 1000, spill fence 600, target
+# 540. The groupby benchmark's shape (benchmarks/groupby_memory.py): a worker's RSS is
+# mostly not outputs (interpreter, pandas, memory the allocator keeps), past the target
+# by itself, and one fresh output of a few percent whose consumer comes within a moment.
+
+
+def test_a_spill_asks_for_no_more_than_the_outputs_in_memory() -> None:
+    g = gov(spill=0.6, throttle=0.7)
+    # 650 of RSS, 200 of it outputs: the rest (450) is under the target, so the outputs
+    # are what is over: the excess is spilled, as ever.
+    assert g.handle(Sampled(0.0, 650, stored=200)) == [Spill(650 - 540)]
+    # 650 with 30 of outputs: writing all 30 is all spilling can do (the old code asked
+    # for 110, which the store cannot move: it moved every output).
+    assert g.handle(Sampled(0.1, 650, stored=30)) == [Spill(30)]
+    # Nothing in memory: nothing to move (the shell only hands freed heap back).
+    assert g.handle(Sampled(0.2, 650, stored=0)) == [Spill(0)]
+    # Not known (stored None): all of the excess counts as outputs, as before.
+    assert g.handle(Sampled(0.3, 650)) == [Spill(650 - 540)]
+
+
+def test_an_output_just_made_stays_while_what_is_over_the_fence_is_not_outputs() -> None:
+    g = gov(spill=0.6, throttle=0.7)
+    g.handle(Finished(0.0, "old", 40))
+    g.handle(Finished(SPILL_GRACE, "part-1", 24))
+    # 660 of RSS, 64 of outputs: 596 is not outputs, past the target by itself. The
+    # output made just now stays (its consumer would read it straight back); the one
+    # made SPILL_GRACE ago goes.
+    assert g.handle(Sampled(SPILL_GRACE + 0.05, 660, stored=64)) == [
+        Spill(64, frozenset({"part-1"}))
+    ]
+    # Past its grace, it goes too, with nothing kept.
+    assert g.handle(Sampled(2 * SPILL_GRACE, 660, stored=24)) == [Spill(24)]
+    assert g.fresh == {}
+
+
+def test_fresh_outputs_go_when_outputs_are_what_is_over_the_fence() -> None:
+    g = gov(spill=0.6, throttle=0.7)
+    g.handle(Finished(0.0, "big", 200))
+    # 650 with 200 of outputs: without them the worker is at 450, under the target, so
+    # spilling brings it back under its fence: the fresh output is not kept.
+    assert g.handle(Sampled(0.05, 650, stored=200)) == [Spill(650 - 540)]
+
+
+def test_fresh_outputs_go_at_the_terminate_fence() -> None:
+    g = gov(spill=0.6, throttle=0.7, terminate=0.95)
+    g.handle(Finished(0.0, "part-1", 24))
+    assert g.handle(Sampled(0.05, 949, stored=24)) == [
+        Spill(24, frozenset({"part-1"})),
+        Throttled(True, 949),
+    ]
+    # At the terminate fence every byte counts: nothing is kept.
+    assert g.handle(Sampled(0.1, 950, stored=24)) == [Spill(24)]
+
+
+def test_a_failed_task_or_a_file_output_is_not_fresh() -> None:
+    g = gov()
+    g.handle(Finished(0.0, "failed", 0))
+    assert g.fresh == {}
+    assert g.handle(Sampled(0.05, 660, stored=24)) == [Spill(24)]
 
 
 def test_spill_off_never_asks_to_spill() -> None:

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import actors.executor
+import actors.memory
 from actors.protocol import ToRun
 from actors.worker import Worker, WorkerStatus
 from runtime.graph import Task, TaskRef
@@ -87,7 +88,12 @@ async def test_throttled_worker_defers_producers_runs_consumers_and_resumes(
             assert sched.done["sum-0"].outcome == "ok"
 
 
-async def test_past_the_spill_fence_outputs_go_to_disk_and_come_back(tmp_path: Path) -> None:
+async def test_past_the_spill_fence_outputs_go_to_disk_and_come_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 650 MB of RSS with 40 MB of outputs: the rest is past the spill target by itself,
+    # where outputs made less than SPILL_GRACE ago stay (the next test); here they go.
+    monkeypatch.setattr(actors.memory, "SPILL_GRACE", 0.0)
     rss = [100 * MB]
     with anyio.fail_after(LIMIT):
         async with worker(tmp_path, rss) as (w, ref, sched):
@@ -111,6 +117,30 @@ async def test_past_the_spill_fence_outputs_go_to_disk_and_come_back(tmp_path: P
             assert status.spilled == 4  # nothing came back to memory, nor was written twice
 
 
+async def test_past_the_spill_fence_by_memory_not_outputs_a_new_output_waits_for_its_consumer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # benchmarks/groupby_memory.py's shape: the worker is past its spill fence (600 MB)
+    # with its outputs a small part of it (10 MB of 650). Each output used to be written
+    # at the sample right after it was stored and read back by its consumer a moment
+    # later (every stage's outputs spilled once: 7.4 GB per run for 1.4 GB of data).
+    monkeypatch.setattr(actors.memory, "SPILL_GRACE", float(LIMIT))  # however slow the host
+    rss = [650 * MB]
+    with anyio.fail_after(LIMIT):
+        async with worker(tmp_path, rss) as (w, ref, sched):
+            ref.post(RunTasks((run("load-0", load, 10 * MB),)))
+            await sched.until(lambda: "load-0" in sched.done)
+            ref.post(RunTasks((run("sum-0", np.sum, TaskRef("load-0")),)))
+            await sched.until(lambda: "sum-0" in sched.done)
+            status: WorkerStatus = await ref.ask(StatusRequest())
+            assert status.spilled_total == 0 and not w.data.on_disk("load-0")
+            # An output nobody reads within the grace goes to disk, as before.
+            ref.post(RunTasks((run("load-1", load, 10 * MB),)))
+            await sched.until(lambda: "load-1" in sched.done)
+            monkeypatch.setattr(actors.memory, "SPILL_GRACE", 0.0)
+            await wait_until(lambda: w.data.on_disk("load-1"), "load-1 spilled", limit=LIMIT)
+
+
 def gated_sum(started: threading.Event, go: threading.Event, x: np.ndarray) -> float:
     started.set()
     if not go.wait(LIMIT):
@@ -118,9 +148,12 @@ def gated_sum(started: threading.Event, go: threading.Event, x: np.ndarray) -> f
     return float(x.sum())
 
 
-async def test_a_spill_leaves_the_inputs_of_a_running_task_in_memory(tmp_path: Path) -> None:
+async def test_a_spill_leaves_the_inputs_of_a_running_task_in_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # Writing them out frees nothing (the task holds them until it ends), and they are
     # often dropped once it has: the load-then-reduce runs spilled them for nothing.
+    monkeypatch.setattr(actors.memory, "SPILL_GRACE", 0.0)  # as in the test before
     rss = [100 * MB]
     started, go = threading.Event(), threading.Event()
     try:
