@@ -23,7 +23,10 @@ The rules:
 - Zero-copy where cheap: out-of-band pickle buffers (numpy arrays, ...) are written
   straight from the object's memory, and read back with ``readinto`` into writable
   ``bytearray`` objects that the unpickled value uses without a further copy.
-- Not thread-safe: the worker uses a store from its event-loop thread only.
+- Not thread-safe: the worker uses a store from its event-loop thread only. What
+  may run on another thread is the writing of one spill file
+  (:meth:`SpillStore.spill_keys_off_loop`: the value stays in memory, served, until its
+  file is in place) and the reading of an opened one (:func:`load_opened`).
 - File outputs (``runtime/files.py``) are *file entries*: a file already on disk in the
   store's directory (its sandbox), kept as it is (:meth:`SpillStore.put_file`). Their
   bytes count in ``disk_bytes`` (one disk budget with the spilled values), never in
@@ -55,6 +58,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import io
 import math
 import os
 import pickle
@@ -69,6 +73,8 @@ from collections.abc import Callable, Collection, Container, Iterator, MutableMa
 from types import TracebackType
 from typing import Any, BinaryIO, Self, TypeVar
 
+import anyio
+import anyio.to_thread
 import cloudpickle
 from dask.sizeof import sizeof as _dask_sizeof
 
@@ -199,7 +205,14 @@ def _read_header(file: BinaryIO) -> tuple[int, int]:
 
 def _load_from(path: str) -> Any:
     """Read a value back from a spill file, its buffers into writable bytearrays."""
-    with open(path, "rb") as file:
+    return load_opened(open(path, "rb"))
+
+
+def load_opened(file: io.BufferedReader) -> Any:
+    """Read a value back from its spill file, opened (:meth:`SpillStore.open_spilled`),
+    and close it. Touches nothing of the store's: safe on any thread."""
+    path = file.name
+    with file:
         n_buffers, pickle_len = _read_header(file)
         buffers: list[bytearray] = []
         if n_buffers:
@@ -428,6 +441,55 @@ def sweep_orphans(
     return count, freed
 
 
+class _Job:
+    """One value's spill file to write: :meth:`SpillStore._begin` makes it on the
+    store's thread, :func:`_write_job` writes it on any thread, and
+    :meth:`SpillStore._finish` takes it back on the store's thread."""
+
+    __slots__ = ("budget", "directory", "done", "final", "generation", "key", "value")
+
+    def __init__(
+        self,
+        key: Key,
+        value: Any,
+        directory: str | OSError,
+        seq: int,
+        budget: int | None,
+        generation: int,
+    ) -> None:
+        self.key = key
+        self.value = value
+        self.directory = directory  #: the sandbox, or why it could not be made
+        name = f"{seq:08d}.spill"
+        self.final = "" if isinstance(directory, OSError) else os.path.join(directory, name)
+        self.budget = budget
+        self.generation = generation
+        self.done = False  #: the value is on disk now (set by ``_finish``)
+
+
+def _write_job(job: _Job) -> int | BaseException:
+    """Write ``job``'s value to a temporary file and rename it into place; return its
+    bytes, or what went wrong (:class:`Unpicklable`, :class:`_NoRoom`,
+    :class:`_WriteFailed`, an ``OSError``), the partial file removed. Touches nothing
+    but the file: safe on a thread other than the store's."""
+    if isinstance(job.directory, OSError):
+        return job.directory
+    tmp: str | None = job.final[: -len(".spill")] + ".tmp"
+    try:
+        assert tmp is not None
+        with open(tmp, "w+b") as file:
+            file_bytes = _dump_into(file, job.value, job.budget)
+        os.replace(tmp, job.final)
+        tmp = None
+        return file_bytes
+    except (Unpicklable, _NoRoom, _WriteFailed, OSError) as exc:
+        return exc
+    finally:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+
+
 class _OnDisk:
     """Where a spilled value lives and how many bytes its file takes."""
 
@@ -480,6 +542,7 @@ class SpillStore(MutableMapping[Key, Any]):
         self._dir: str | None = None
         self._finalizer: weakref.finalize[[str, int], SpillStore] | None = None
         self._seq = 0
+        self._generation = 0  #: one more at each close: a spill under way ends as of nothing
         self._memory_bytes = 0
         self._disk_bytes = 0
         self.spilled_total = 0  #: recorded bytes ever written to disk
@@ -552,6 +615,12 @@ class SpillStore(MutableMapping[Key, Any]):
         if key in self._files:
             return self._files[key]
         return _load_from(self._disk[key].path)
+
+    def open_spilled(self, key: Key) -> io.BufferedReader:
+        """The spill file of ``key`` (spilled), open, to read with :func:`load_opened`
+        on another thread: it stays readable if the key is deleted meanwhile (its file
+        unlinked). Neither recency nor placement changes, as :meth:`peek`."""
+        return open(self._disk[key].path, "rb")
 
     def __delitem__(self, key: Key) -> None:
         if key not in self._sizes:
@@ -727,13 +796,7 @@ class SpillStore(MutableMapping[Key, Any]):
         other value that can has moved."""
         moved: list[Key] = []
         total = 0
-        if nbytes <= 0:
-            return moved
-        memory = self._memory
-        order = [k for k in memory if k not in keep and k not in last]
-        if last:
-            order += [k for k in memory if k in last and k not in keep]
-        for key in order:
+        for key in self._order(nbytes, keep, last):
             if key in self._unpicklable:
                 continue
             outcome = self._spill_one(key)
@@ -746,50 +809,115 @@ class SpillStore(MutableMapping[Key, Any]):
                 break
         return moved
 
+    def _order(self, nbytes: int, keep: Container[Key], last: Collection[Key]) -> list[Key]:
+        """The keys a spill of ``nbytes`` tries, in order (none for ``nbytes`` <= 0)."""
+        if nbytes <= 0:
+            return []
+        memory = self._memory
+        order = [k for k in memory if k not in keep and k not in last]
+        if last:
+            order += [k for k in memory if k in last and k not in keep]
+        return order
+
     def _spill_one(self, key: Key) -> int | None:
         """Write one value to disk. Returns its recorded size, 0 if it stays in memory
         because it is unpicklable, or None if there is no room (stop spilling)."""
-        value = self._memory[key]
-        budget = None if not self.disk_limit else self.disk_limit - self._disk_bytes
-        tmp: str | None = None
-        try:
-            directory = self._ensure_directory()
-            self._seq += 1
-            final = os.path.join(directory, f"{self._seq:08d}.spill")
-            tmp = final[: -len(".spill")] + ".tmp"
-            with open(tmp, "w+b") as file:
-                file_bytes = _dump_into(file, value, budget)
-            os.replace(tmp, final)
-            tmp = None
-        except Unpicklable as exc:
-            self._unpicklable[key] = exc.reason
-            _log.warning(
-                "value cannot be pickled; it stays in memory",
-                key=key,
-                type=type(value).__name__,
-                error=exc.reason,
+        job = self._begin(key)
+        return self._finish(job, _write_job(job))
+
+    async def spill_keys_off_loop(
+        self,
+        nbytes: int,
+        keep: Container[Key] = (),
+        last: Collection[Key] = (),
+        limiter: anyio.CapacityLimiter | None = None,
+    ) -> list[Key]:
+        """As :meth:`spill_keys`, with each value's pickling and file write in a worker
+        thread (``limiter``: at most that many at once), so the event loop goes on
+        meanwhile (heartbeats, fetches). Each value stays in memory, readable and
+        served as it is, until its file is complete and in place; a value deleted or
+        replaced while its file was written is left as it is now and that file removed.
+        The caller runs one of these at a time."""
+        moved: list[Key] = []
+        total = 0
+        for key in self._order(nbytes, keep, last):
+            if key not in self._memory or key in self._unpicklable:  # gone meanwhile
+                continue
+            job = self._begin(key)
+            outcome = self._finish(
+                job, await anyio.to_thread.run_sync(_write_job, job, limiter=limiter)
             )
+            if outcome is None:
+                break
+            if job.done:
+                moved.append(key)
+            total += outcome
+            if total >= nbytes:
+                break
+        return moved
+
+    def _begin(self, key: Key) -> _Job:
+        """The spill file of ``key``'s value (in memory), to write with :func:`_write_job`
+        (on any thread: it touches nothing of the store's) and then :meth:`_finish`."""
+        budget = None if not self.disk_limit else self.disk_limit - self._disk_bytes
+        try:
+            directory: str | OSError = self._ensure_directory()
+        except OSError as exc:
+            directory = exc
+        self._seq += 1
+        return _Job(key, self._memory[key], directory, self._seq, budget, self._generation)
+
+    def _finish(self, job: _Job, outcome: int | BaseException) -> int | None:
+        """Account for the file :func:`_write_job` wrote (``outcome``: its bytes) or
+        did not (what it raised): the value leaves memory only once its file is in
+        place, and only if it is still the value of its key in this store."""
+        key = job.key
+        if job.generation != self._generation:  # closed meanwhile: its files went
+            if isinstance(outcome, int):
+                with contextlib.suppress(OSError):
+                    os.unlink(job.final)
             return 0
-        except _NoRoom:
+        if isinstance(outcome, BaseException):
+            if isinstance(outcome, Unpicklable):
+                if self._memory.get(key) is job.value:
+                    self._unpicklable[key] = outcome.reason
+                _log.warning(
+                    "value cannot be pickled; it stays in memory",
+                    key=key,
+                    type=type(job.value).__name__,
+                    error=outcome.reason,
+                )
+                return 0
+            if isinstance(outcome, _NoRoom):
+                self._refused(key, f"disk_limit {self.disk_limit} B reached")
+                return None
+            if isinstance(outcome, (_WriteFailed, OSError)):
+                error = outcome.error if isinstance(outcome, _WriteFailed) else outcome
+                self._refused(key, repr(error))
+                return None
+            raise outcome
+        file_bytes = outcome
+        if self._memory.get(key) is not job.value:
+            # Deleted or replaced while the file was written: the
+            # value of the key now is what counts; the file is of nothing.
+            with contextlib.suppress(OSError):
+                os.unlink(job.final)
+            return 0
+        if self.disk_limit and self._disk_bytes + file_bytes > self.disk_limit:
+            with contextlib.suppress(OSError):  # others took the room meanwhile
+                os.unlink(job.final)
             self._refused(key, f"disk_limit {self.disk_limit} B reached")
             return None
-        except (_WriteFailed, OSError) as exc:
-            error = exc.error if isinstance(exc, _WriteFailed) else exc
-            self._refused(key, repr(error))
-            return None
-        finally:
-            if tmp is not None:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
         # The file is complete and in place: only now drop the in-memory reference.
         del self._memory[key]
         size = self._sizes[key]
         self._memory_bytes -= size
-        self._disk[key] = _OnDisk(final, file_bytes)
+        self._disk[key] = _OnDisk(job.final, file_bytes)
         self._disk_bytes += file_bytes
         self.spilled_total += size
         self.spill_count += 1
         self.disk_full = False
+        job.done = True
         return size
 
     def _refused(self, key: Key, reason: str) -> None:
@@ -843,6 +971,7 @@ class SpillStore(MutableMapping[Key, Any]):
         Idempotent. The counters of totals are kept; the store may be used again (a
         new directory is made on the next spill).
         """
+        self._generation += 1
         self._memory.clear()
         self._disk.clear()
         self._files.clear()

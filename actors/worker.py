@@ -45,6 +45,7 @@ import errno
 import functools
 import gc
 import inspect
+import io
 import os
 import shutil
 import tempfile
@@ -63,7 +64,7 @@ from actors import worker_state as ws
 from actors.checkpoints import INLINE_BYTES, CheckpointFiles
 from actors.executor import Executor, ProcessExecutor, device_of, rss, rss_of
 from actors.protocol import TaskResult, ToRun
-from actors.store import SpillStore, Unpicklable
+from actors.store import SpillStore, Unpicklable, load_opened
 from actors.transfer import STREAM_BYTES, FileSegments, StreamBroken, StreamInfo, UnknownStream
 from actors.worker_state import WorkerState
 from runtime.errors import (
@@ -237,6 +238,16 @@ def _malloc_trim() -> Callable[[int], int] | None:
 MALLOC_TRIM = _malloc_trim()
 
 
+@dataclasses.dataclass(slots=True)
+class Spilling:
+    """A spill of the worker's outputs to disk: when it began and ended
+    (``time.monotonic()``; ``ended`` None while under way) and the bytes asked for."""
+
+    began: float
+    nbytes: int
+    ended: float | None = None
+
+
 def trim_memory() -> bool:
     """Give freed memory back to the OS: collect Python's garbage (cycles holding
     frames, dataframes), then glibc's ``malloc_trim(0)``; False where the C library has
@@ -355,6 +366,11 @@ class Worker(Actor):
         self._up = 0.0  #: when its task processes were seen up (0: not yet)
         self._start_checked = False  #: its memory at start was looked at
         self._disk_full = False  #: warned that spilling has no disk room
+        self.spilling: Spilling | None = None  #: the spill under way (in a thread)
+        self.spilled_last: Spilling | None = None  #: the last spill that ended
+        self._spill_limiter = anyio.CapacityLimiter(1)  #: one value written at a time
+        #: spilled inputs read back at once (for the tasks about to run), at most
+        self._read_limiter = anyio.CapacityLimiter(max(1, nthreads))
         self._written: set[Key] = set()  #: outputs just written to disk, for the core
         #: file copies that broke: key -> (.part file, bytes in it, the holder's File,
         #: when), resumed by the next fetch of the same file (from any holder); removed
@@ -544,10 +560,56 @@ class Worker(Actor):
     def _submit(self, task: ToRun) -> None:
         """Hand ``task`` to the executor. A spilled input is read for this task only and
         stays on disk: putting it back in memory would push other outputs out, and
-        writing it again later would cost the disk twice."""
+        writing it again later would cost the disk twice. It is read in a thread
+        (:meth:`_read_then_submit`), from its file opened here: the event loop goes on
+        meanwhile, and a drop of the input meanwhile does not take the file away."""
         assert self.executor is not None
         data = self.data
-        inputs = {dk: data.peek(dk) if data.on_disk(dk) else data[dk] for dk, _ in task.deps}
+        spilled = [dk for dk, _ in task.deps if data.on_disk(dk)]
+        inputs = {dk: data[dk] for dk, _ in task.deps if dk not in spilled}
+        if spilled:
+            opened: dict[Key, io.BufferedReader] = {}
+            try:
+                for dk in spilled:
+                    opened[dk] = data.open_spilled(dk)
+            except BaseException:
+                for file in opened.values():
+                    file.close()
+                raise
+            self.start_soon(self._read_then_submit, task, inputs, opened)
+            return
+        self._submit_read(task, inputs)
+
+    async def _read_then_submit(
+        self, task: ToRun, inputs: dict[Key, Any], opened: dict[Key, io.BufferedReader]
+    ) -> None:
+        """Read ``task``'s spilled inputs (``opened``) in a thread, then submit it; a
+        read that fails ends its try as a failed submission (:meth:`_not_submitted`). A
+        cancel meanwhile reaches the executor first, which then reports the try
+        ``cancelled`` without running it."""
+        try:
+            for dk, file in opened.items():
+                inputs[dk] = await anyio.to_thread.run_sync(
+                    load_opened, file, limiter=self._read_limiter
+                )
+        except Exception as exc:
+            self.log.error("spilled input not read", key=str(task.key), error=repr(exc))
+            self._not_submitted(task, exc)
+            return
+        finally:
+            for file in opened.values():
+                file.close()
+        if self.executor is None:  # stopped meanwhile
+            return
+        try:
+            self._submit_read(task, inputs)
+        except Exception as exc:
+            self.log.error("command failed", command="Submit", error=repr(exc), exc_info=True)
+            self._not_submitted(task, exc)
+
+    def _submit_read(self, task: ToRun, inputs: dict[Key, Any]) -> None:
+        """Hand ``task`` to the executor with its inputs, all read."""
+        assert self.executor is not None
         cp = task.checkpoint
         if cp is not None and self.checkpoints.find(task.key, cp[0]) is None:
             if cp[1] is not None:
@@ -674,8 +736,29 @@ class Worker(Actor):
         self._timer = asyncio.get_running_loop().call_later(delay, fire)
 
     def _spill(self, cmd: ws.Spill) -> None:
+        """Spill in a thread (:meth:`_spill_off_loop`), one spill at a time: a
+        ``Spill`` while one is under way is let go (the governor asks again at its
+        next sample if memory is still past the fence once that one has moved what
+        it could)."""
+        if self.spilling is not None:
+            return
+        self.spilling = Spilling(time.monotonic(), cmd.nbytes)
+        self.start_soon(self._spill_off_loop, cmd)
+
+    async def _spill_off_loop(self, cmd: ws.Spill) -> None:
+        """Carry out ``cmd``: the store pickles and writes each value in a worker
+        thread, so heartbeats and fetches go on meanwhile (an 800 MB output took the
+        event loop for seconds when it was written on it); an output stays in memory,
+        served as it is, until its file is in place."""
         store = self.data
-        moved = store.spill_keys(cmd.nbytes, cmd.in_use | cmd.fresh, cmd.read_soon)
+        try:
+            moved = await store.spill_keys_off_loop(
+                cmd.nbytes, cmd.in_use | cmd.fresh, cmd.read_soon, limiter=self._spill_limiter
+            )
+        finally:
+            assert self.spilling is not None
+            self.spilling.ended = time.monotonic()
+            self.spilled_last, self.spilling = self.spilling, None
         now = self._now()
         if moved or now - self._trimmed >= 0.5:
             # Over the fence with nothing (more) to spill: freed inputs and copies may
@@ -692,6 +775,14 @@ class Worker(Actor):
                 "cannot spill: no disk room", disk_limit=store.disk_limit, on_disk=store.disk_bytes
             )
         self._disk_full = store.disk_full
+
+    def spill_during(self, began: float) -> Spilling | None:
+        """The spill under way, or the last one, if it ran at some time since
+        ``began`` (``time.monotonic()``): what a blocked event loop's warning names."""
+        for spill in (self.spilling, self.spilled_last):
+            if spill is not None and (spill.ended is None or spill.ended >= began):
+                return spill
+        return None
 
     def _kill(self, key: Key, rss: int) -> None:
         assert self.executor is not None

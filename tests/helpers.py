@@ -914,3 +914,50 @@ def captured(*collections: Any) -> tuple[Any, list[Any]]:
     with pytest.raises(_Captured):
         dask.compute(*collections, scheduler=scheduler)
     return got[0], got[1]
+
+
+GATE = 10.0  #: seconds a gated pickling waits for its test at most
+
+
+class Gated:
+    """A value whose pickling (a spill's) waits for the test's ``go``: the spill is
+    under way for as long as the test says. ``waited`` records whether ``go`` came
+    (True) or the wait ran out (False)."""
+
+    def __init__(self, payload: bytes) -> None:
+        self.payload = payload
+        self.pickling = threading.Event()
+        self.go = threading.Event()
+        self.waited: list[bool] = []
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        self.pickling.set()
+        self.waited.append(self.go.wait(GATE))
+        return (bytes, (self.payload,))
+
+
+#: the :class:`GatedLoad` values by token (reading one back finds its gate here)
+_GATED_LOADS: dict[int, GatedLoad] = {}
+
+
+class GatedLoad:
+    """A value whose unpickling (reading it back from a spill file) waits for the
+    test's ``go``, as :class:`Gated` does its pickling; what is read back is
+    ``payload``. ``waited``: whether ``go`` came (True) or the wait ran out."""
+
+    def __init__(self, payload: bytes) -> None:
+        self.payload = payload
+        self.loading = threading.Event()
+        self.go = threading.Event()
+        self.waited: list[bool] = []
+        _GATED_LOADS[id(self)] = self
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_load_gated, (id(self), self.payload))
+
+
+def _load_gated(token: int, payload: bytes) -> bytes:
+    gated = _GATED_LOADS[token]
+    gated.loading.set()
+    gated.waited.append(gated.go.wait(GATE))
+    return payload

@@ -20,6 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from actors.store import SpillStore
+from tests.helpers import GATE, Gated
 
 
 def files(store: SpillStore) -> list[Path]:
@@ -545,3 +546,89 @@ def test_peek_reads_without_moving_anything(tmp_path: Path) -> None:
         assert list(store.keys_in_memory()) == ["b"]
         with pytest.raises(KeyError):
             store.peek("missing")
+
+
+# -- spilling off the event loop ----------------------------------------------------------
+
+
+async def spill_gated(store: SpillStore, value: Gated, meanwhile: Any) -> list[Hashable]:
+    """Spill everything with ``value``'s pickling gated; run ``meanwhile()`` on the
+    event loop while it is, then open the gate; return the keys moved."""
+    import anyio
+    import anyio.to_thread
+
+    moved: list[Hashable] = []
+
+    async def spill() -> None:
+        moved.extend(await store.spill_keys_off_loop(10**9))
+
+    with anyio.fail_after(GATE * 2):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(spill)
+            await anyio.to_thread.run_sync(value.pickling.wait, GATE)
+            meanwhile()
+            value.go.set()
+    assert value.waited == [True]  # the loop ran while the value was pickled
+    return moved
+
+
+@pytest.mark.anyio
+async def test_a_value_spilled_off_the_loop_is_served_from_memory_until_its_file_is_in_place(
+    tmp_path: Path,
+) -> None:
+    store = SpillStore(tmp_path)
+    value = Gated(b"x" * 1000)
+    store.put("a", value, 1000)
+    seen: list[Any] = []
+
+    def meanwhile() -> None:
+        seen.append((store["a"], store.peek("a"), store.on_disk("a"), store.n_spilled))
+        assert [p.suffix for p in files(store)] == [".tmp"]  # half written: not the key's
+
+    assert await spill_gated(store, value, meanwhile) == ["a"]
+    assert seen == [(value, value, False, 0)]
+    assert store.on_disk("a") and store.memory_bytes == 0 and store.spilled_total == 1000
+    assert [p.suffix for p in files(store)] == [".spill"]
+    assert store.peek("a") == b"x" * 1000
+    store.close()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("change", ["delete", "replace", "close"])
+async def test_a_value_deleted_or_replaced_while_spilled_off_the_loop_leaves_no_file(
+    tmp_path: Path, change: str
+) -> None:
+    store = SpillStore(tmp_path)
+    value = Gated(b"x" * 1000)
+    store.put("a", value, 1000)
+
+    def meanwhile() -> None:
+        if change == "delete":
+            del store["a"]
+        elif change == "replace":
+            store.put("a", b"new", 3)
+        else:
+            store.close()
+
+    assert await spill_gated(store, value, meanwhile) == []
+    assert store.n_spilled == 0 and store.disk_bytes == 0 and store.spilled_total == 0
+    assert [p for p in files(store) if p.suffix == ".spill"] == []
+    if change == "replace":
+        assert store["a"] == b"new" and store.memory_bytes == 3
+    else:
+        assert "a" not in store and store.memory_bytes == 0
+    store.close()
+
+
+@pytest.mark.anyio
+async def test_a_spill_off_the_loop_that_fails_to_write_keeps_the_value_in_memory(
+    tmp_path: Path,
+) -> None:
+    store = SpillStore(tmp_path, disk_limit=100)
+    store.put("a", np.ones(1000), 8000)
+    store.put("b", np.ones(10), 80)
+    assert await store.spill_keys_off_loop(10**9) == []  # "a" has no room: stop
+    assert store.disk_full and store.n_spilled == 0 and store.memory_bytes == 8080
+    assert np.array_equal(store["a"], np.ones(1000))
+    assert files(store) == []  # the partial file went
+    store.close()
