@@ -66,7 +66,7 @@ from actors.providers import DISK_OFF, BlockSpec, Provider, WorkerFactory
 from actors.registry import FileRegistry
 from actors.scheduler import LOST_NAMES, Scheduler
 from actors.scheduler_records import SchedulerConfig
-from actors.worker import Leave, Worker
+from actors.worker import Leave, Spilling, Worker
 from policies import KINDS, REGISTRY
 from runtime.errors import (
     ActorStopped,
@@ -86,6 +86,7 @@ from runtime.errors import (
     TokenFileError,
     UnknownPolicyError,
     WorkerCoreFailed,
+    size_text,
 )
 from runtime.graph import PoolShape
 from runtime.kernel import ActorRef, ActorSystem
@@ -2153,6 +2154,44 @@ async def _listen_for_peers(base: str, port: int | tuple[int, int], options: dic
     raise error
 
 
+def loop_blocked_why(
+    seconds: float, now: float, continued: float, spill: Spilling | None, running: bool
+) -> str:
+    """Why a worker's event loop was blocked for ``seconds`` until ``now``
+    (``time.monotonic()``), as far as it can tell: the process was continued
+    (SIGCONT) at ``continued``; a spill (``spill``, under way or ended in that time)
+    was writing outputs; no task (``running``) ran; or a task held the GIL."""
+    lost = (
+        "no heartbeats went out meanwhile, and the manager counts a worker "
+        "silent for longer than its --worker-timeout (10 s by default) as lost"
+    )
+    if continued >= now - seconds - 1:
+        return (
+            f"the process was stopped (SIGSTOP, a suspended job or terminal) "
+            f"and continued (SIGCONT), not blocked by a task: {lost}"
+        )
+    if spill is not None:
+        still = " and still is" if spill.ended is None else ""
+        return (
+            f"the worker was spilling outputs to disk ({size_text(spill.nbytes)} asked "
+            f"for){still}: the spill writes from a thread, yet a slow or full disk, or "
+            f"memory so short that the machine swaps, slows the whole process: {lost}; "
+            f"give the worker a faster --spill-dir or more memory, or raise the manager's "
+            f"--worker-timeout"
+        )
+    if not running:
+        return (
+            f"no task was running: the process was paused or starved of CPU "
+            f"(an overloaded machine, swapping, a suspended virtual machine): {lost}"
+        )
+    return (
+        f"{lost}: a task that holds Python's GIL (one long call into "
+        "compiled code) does this; run such a task with execution "
+        "'process', or raise the manager's --worker-timeout "
+        "(Cluster(worker_timeout=...))"
+    )
+
+
 async def run_worker(
     address: str,
     *,
@@ -2337,27 +2376,9 @@ async def run_worker(
                 if seconds < LOOP_BLOCKED_WARN:
                     return
                 running = sorted(str(key) for key in worker.state.running)
-                lost = (
-                    "no heartbeats went out meanwhile, and the manager counts a worker "
-                    "silent for longer than its --worker-timeout (10 s by default) as lost"
-                )
-                if continued[0] >= time.monotonic() - seconds - 1:
-                    why = (
-                        f"the process was stopped (SIGSTOP, a suspended job or terminal) "
-                        f"and continued (SIGCONT), not blocked by a task: {lost}"
-                    )
-                elif not running:
-                    why = (
-                        f"no task was running: the process was paused or starved of CPU "
-                        f"(an overloaded machine, swapping, a suspended virtual machine): {lost}"
-                    )
-                else:
-                    why = (
-                        f"{lost}: a task that holds Python's GIL (one long call into "
-                        "compiled code) does this; run such a task with execution "
-                        "'process', or raise the manager's --worker-timeout "
-                        "(Cluster(worker_timeout=...))"
-                    )
+                now = time.monotonic()
+                spill = worker.spill_during(now - seconds)
+                why = loop_blocked_why(seconds, now, continued[0], spill, bool(running))
                 _log.warning(
                     "event loop blocked", worker=worker_id, seconds=round(seconds, 1),
                     running=running[:LOST_NAMES], more=max(0, len(running) - LOST_NAMES),

@@ -25,6 +25,7 @@ from runtime.node import (
     DEAD_AFTER,
     LOOP_BLOCKED_WARN,
     Tokens,
+    loop_blocked_why,
     run_manager,
     serve_gateway,
     start_control_plane,
@@ -152,3 +153,42 @@ async def test_a_stopped_and_continued_worker_says_so_not_that_a_task_held_the_g
         assert "the process was stopped (SIGSTOP" in blocked, blocked
         assert "holds Python's GIL" not in blocked, blocked
         assert await c.submit(sum, [1, 2]) == 3
+
+
+def test_a_loop_blocked_while_a_spill_ran_names_the_spill_not_the_cpu() -> None:
+    """The audit's worker spilled an 800 MB output and warned its loop was blocked
+    "no task was running: ... starved of CPU": a spill under way, or one that ended
+    within the stall, is named instead; one that ended before it is not."""
+    from actors.worker import Spilling
+
+    now = 1000.0
+    under_way = Spilling(began=now - 6, nbytes=800 * 2**20)
+    why = loop_blocked_why(5.0, now, -math.inf, under_way, running=False)
+    assert why.startswith(
+        "the worker was spilling outputs to disk (800.0 MiB asked for) and still is"
+    )
+    assert "starved of CPU" not in why and "--spill-dir" in why and "--worker-timeout" in why
+    ended = Spilling(began=now - 6, nbytes=2**30, ended=now - 1)
+    assert "(1.00 GiB asked for): the spill" in loop_blocked_why(5.0, now, -math.inf, ended, False)
+    # Stopped and continued: that is said first, whatever ran.
+    assert "SIGCONT" in loop_blocked_why(5.0, now, now - 2, under_way, running=True)
+    # No spill in the window: as before.
+    assert "starved of CPU" in loop_blocked_why(5.0, now, -math.inf, None, running=False)
+    assert "holds Python's GIL" in loop_blocked_why(5.0, now, -math.inf, None, running=True)
+
+
+@pytest.mark.anyio
+async def test_a_worker_names_the_spill_of_its_window_only(tmp_path: Any) -> None:
+    """``Worker.spill_during``: the spill under way, or the last one if it ended
+    within the window; nothing before the first spill or for an older one."""
+    from actors.worker import Spilling, Worker
+    from tests.helpers import SchedulerRecorder
+
+    async with ActorSystem() as system:
+        sref = await system.spawn(SchedulerRecorder(), "scheduler")
+        w = Worker("w1", sref, lambda _: None, memory_options={"spill_dir": str(tmp_path)})
+        assert w.spill_during(0.0) is None
+        w.spilled_last = Spilling(began=10.0, nbytes=1, ended=20.0)
+        assert w.spill_during(15.0) is w.spilled_last and w.spill_during(21.0) is None
+        w.spilling = Spilling(began=30.0, nbytes=2)
+        assert w.spill_during(100.0) is w.spilling
