@@ -81,6 +81,7 @@ from typing import Any, ClassVar, Literal, cast
 import psutil
 from dask.sizeof import sizeof
 
+from actors import memory as mem
 from actors.protocol import TaskResult, ToRun
 from actors.store import Unpicklable
 from runtime import unpickling
@@ -88,6 +89,7 @@ from runtime.errors import ResultNotPicklable, TaskProcessDied
 from runtime.files import discard_output, remove_tries, task_outputs
 from runtime.graph import Key, PickledNode
 from runtime.lifeline import LIFELINE_EXIT_CODE, die_with_parent
+from runtime.log import get_logger
 from runtime.remote import (
     DEFAULT_MAX_TASK_ERROR_BYTES,
     bound_error,
@@ -113,6 +115,7 @@ __all__ = [
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _PROC = psutil.Process()
 _LINUX = sys.platform.startswith("linux")
+_log = get_logger("corral", component="executor")
 
 
 _STATM: int | None = None
@@ -974,6 +977,7 @@ class _Slot:
 
     __slots__ = (
         "conn",
+        "fresh_rss",
         "idle_rss",
         "index",
         "key",
@@ -985,6 +989,7 @@ class _Slot:
         "process",
         "since",
         "start_error",
+        "tasks",
     )
 
     def __init__(self, index: int) -> None:
@@ -1000,6 +1005,8 @@ class _Slot:
         self.kill_rss = 0  #: the child's RSS when it was killed
         self.idle_rss = 0  #: the child's RSS after its last task
         self.start_error: BaseException | None = None
+        self.tasks = 0  #: tasks its task process has run
+        self.fresh_rss = 0  #: its task process's RSS idle after its first task (0: unknown)
 
 
 class ProcessExecutor(BaseExecutor):
@@ -1026,9 +1033,14 @@ class ProcessExecutor(BaseExecutor):
         *,
         batch_delay: float = 0.002,
         sandbox: str | None = None,
+        recycle_over: int = 0,
     ) -> None:
         super().__init__(deliver, batch_delay=batch_delay, sandbox=sandbox)
         self.name = name
+        #: bytes a task process's idle RSS may creep over its fresh floor before it is
+        #: replaced between tasks (0: never; :func:`actors.memory.recycle_over`)
+        self.recycle_over = recycle_over
+        self.recycled = 0  #: task processes replaced so far for memory they kept
         self._jobs: queue.SimpleQueue[tuple[ToRun, dict[Key, Any]] | None] = queue.SimpleQueue()
         self._state = threading.Lock()  #: guards the slots' pid, key and killed
         self._closing = False
@@ -1158,6 +1170,8 @@ class ProcessExecutor(BaseExecutor):
             return TaskResult(key, "error", now, now, 0, slot.idle_rss, exc), None
         if slot.process is None or not slot.process.is_alive():
             self._restart_child(slot)  # it died while idle, or could not start
+        elif self.recycle_over and slot.tasks and not self._closing:
+            self._recycle(slot)
         conn, process = slot.conn, slot.process
         if conn is None or process is None:
             now = time.time()
@@ -1199,7 +1213,29 @@ class ProcessExecutor(BaseExecutor):
         if reply is None:
             failure = failure or EOFError("the task process sent no reply")
             return self._lost(slot, key, start, failure), None
+        slot.tasks += 1
         return self._result(slot, key, reply[0], reply[1])
+
+    def _recycle(self, slot: _Slot) -> None:
+        """Between two tasks: measure the slot's task process idle (the first time,
+        after its first task, as its fresh floor) and replace it by a fresh one if its
+        RSS crept past ``recycle_over`` over that floor
+        (:func:`actors.memory.recycle_task_process`): memory a task process keeps after
+        its tasks (the allocator's, the libraries' caches) is the worker's floor, past
+        which the memory governor has nothing to spill and kills tasks."""
+        idle = rss_of(slot.pid)
+        if not slot.fresh_rss:
+            slot.fresh_rss = idle
+        elif mem.recycle_task_process(slot.fresh_rss, idle, self.recycle_over):
+            fresh, pid = slot.fresh_rss, slot.pid
+            self._stop_child(slot)
+            self._start_child(slot)
+            with self._state:
+                self.recycled += 1
+            _log.info(
+                "task process replaced: its idle memory crept over its fresh floor",
+                worker=self.name, pid=pid, fresh=fresh, idle=idle, over=self.recycle_over,
+            )  # fmt: skip
 
     def _child_checkpoint(self, conn: Connection, header: tuple[Any, ...]) -> None:
         """A task process's checkpoint request: room for one (answered), or one saved."""
@@ -1296,6 +1332,8 @@ class ProcessExecutor(BaseExecutor):
             slot.start_error = None
             slot.idle_rss = 0
             slot.kill_rss = 0
+            slot.tasks = 0
+            slot.fresh_rss = 0
 
     def _spawn(self, index: int) -> tuple[BaseProcess, Connection, Connection]:
         """A started task process, our end of its pipe and our end of its lifeline."""

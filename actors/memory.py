@@ -680,3 +680,31 @@ class MemoryGovernor:
         self.deferrals[key] = k + 1
         self.deferred[key] = now + delay
         out.append(Defer(key, now + delay))
+
+
+# ----------------------------------------------------------------------------- task processes
+
+#: a task process is replaced by a fresh one, between tasks, once its idle RSS has
+#: crept over its fresh floor by this fraction of its share of the worker's limit...
+RECYCLE_SHARE = 0.2
+#: ...and by this many bytes at least
+RECYCLE_MIN = 32 * 2**20
+
+
+def recycle_over(limit: int, processes: int) -> int:
+    """The bytes a task process's idle RSS may creep over its fresh floor before it is
+    replaced between tasks (:func:`recycle_task_process`): ``RECYCLE_SHARE`` of its
+    share of the worker's memory ``limit`` among ``processes``, at least
+    ``RECYCLE_MIN``; 0 (never) for a worker with no limit."""
+    if limit <= 0 or processes <= 0:
+        return 0
+    return max(RECYCLE_MIN, int(RECYCLE_SHARE * limit / processes))
+
+
+def recycle_task_process(fresh: int, idle: int, over: int) -> bool:
+    """Whether a task process whose RSS is ``idle`` between two tasks, and was
+    ``fresh`` idle after its first task (its modules loaded), has kept so much (the
+    allocator's arenas, caches of the libraries it ran) that it should make way for a
+    fresh one before its next task: ``idle`` is ``over`` or more above ``fresh``.
+    Never when ``over`` is 0 or no fresh floor is known yet."""
+    return over > 0 and fresh > 0 and idle - fresh >= over

@@ -405,9 +405,14 @@ class Worker(Actor):
         )  # fmt: skip
 
     async def on_start(self) -> None:
-        kind = ProcessExecutor if self.memory_config.execution == "process" else Executor
         sandbox = self.data.sandbox()  # where tasks write their file outputs
-        self.executor = kind(self.nthreads, self.worker_id, self._deliver, sandbox=sandbox)
+        if self.memory_config.execution == "process":
+            self.executor = ProcessExecutor(
+                self.nthreads, self.worker_id, self._deliver, sandbox=sandbox,
+                recycle_over=mem.recycle_over(self.memory, self.nthreads),
+            )  # fmt: skip
+        else:
+            self.executor = Executor(self.nthreads, self.worker_id, self._deliver, sandbox=sandbox)
         self.executor.checkpoints = self.checkpoints
         self.executor.on_checkpoint = self._checkpoint
         # The scheduler knows of nothing held and no RSS at first: the first memory

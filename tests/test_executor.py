@@ -99,6 +99,16 @@ def hog(nbytes: int, seconds: float) -> int:
     return len(block)
 
 
+_KEPT: list[bytes] = []  #: what ``keep`` left in its task process
+
+
+def keep(nbytes: int) -> int:
+    """Leave ``nbytes`` of touched memory in the task process after the task (as an
+    allocator or a library's cache keeps memory a task freed)."""
+    _KEPT.append(b"\x01" * nbytes)
+    return os.getpid()
+
+
 def die_by_signal(sig: int) -> None:
     os.kill(os.getpid(), sig)
 
@@ -135,9 +145,11 @@ class Delivered:
 
 
 @contextlib.asynccontextmanager
-async def process_executor(n: int = 1) -> AsyncIterator[tuple[ProcessExecutor, Delivered]]:
+async def process_executor(
+    n: int = 1, recycle_over: int = 0
+) -> AsyncIterator[tuple[ProcessExecutor, Delivered]]:
     delivered = Delivered()
-    ex = ProcessExecutor(n, "w1", delivered)
+    ex = ProcessExecutor(n, "w1", delivered, recycle_over=recycle_over)
     try:
         yield ex, delivered
     finally:
@@ -528,3 +540,35 @@ async def test_a_short_result_is_not_held_behind_a_long_task_run_back_to_back(
         first.touch()
         second.touch()
         ex.shutdown(wait=True)
+
+
+@pytest.mark.parametrize("kept", [0, HOG])
+async def test_a_task_process_whose_idle_memory_crept_is_replaced_between_tasks(
+    kept: int,
+) -> None:
+    """The audit's process workers' floor crept from 300 to 440 MiB over a run (memory
+    the task processes kept) until the terminate fence killed a trivial task. A task
+    process whose idle RSS grew past ``recycle_over`` over its floor after its first
+    task is replaced before its next task; one that kept little is not."""
+    async with process_executor(recycle_over=HOG // 2) as (ex, delivered):
+        pids = []
+        for i, (func, arg) in enumerate([(keep, 0), (keep, 0), (keep, kept), (keep, 0)]):
+            ex.submit(job(f"t{i}", func, arg), {})
+            result, pid = await delivered.get(f"t{i}")
+            assert result.outcome == "ok", result.error
+            pids.append(pid)
+        # t0 loads the modules, its process is measured idle before t1 (its fresh
+        # floor) and again before t2 and t3: after t2 kept HOG, t3 runs in a new one.
+        assert pids[:3] == [pids[0]] * 3
+        assert (pids[3] != pids[0], ex.recycled) == ((True, 1) if kept else (False, 0))
+
+
+async def test_a_task_process_is_never_replaced_for_memory_with_recycling_off() -> None:
+    async with process_executor() as (ex, delivered):
+        pids = []
+        for i, arg in enumerate([0, 0, HOG, 0]):
+            ex.submit(job(f"t{i}", keep, arg), {})
+            result, pid = await delivered.get(f"t{i}")
+            assert result.outcome == "ok", result.error
+            pids.append(pid)
+        assert set(pids) == {pids[0]} and ex.recycled == 0

@@ -452,3 +452,19 @@ def test_deferred_producers_that_fit_ask_for_no_trim() -> None:
     g.handle(Sampled(0.0, 720))
     assert g.handle(Ready(0.1, "a", True, "load")) == [Defer("a", 0.6)]
     assert g.handle(Sampled(TRIM_EVERY, 500, idle=True)) == [Throttled(False, 500), Run("a")]
+
+
+def test_a_task_process_is_recycled_once_its_idle_rss_crept_past_a_share_of_the_limit() -> None:
+    from actors.memory import RECYCLE_MIN, recycle_over, recycle_task_process
+
+    mib = 2**20
+    assert recycle_over(500 * mib, 1) == 100 * mib  # the audit's 500 MiB process worker
+    assert recycle_over(1000 * mib, 4) == 50 * mib  # a fifth of each one's share
+    assert recycle_over(100 * mib, 4) == RECYCLE_MIN == 32 * mib  # at least this
+    assert recycle_over(0, 1) == 0 and recycle_over(500 * mib, 0) == 0  # never
+    over = 100 * mib
+    assert not recycle_task_process(150 * mib, 249 * mib, over)
+    assert recycle_task_process(150 * mib, 250 * mib, over)
+    assert not recycle_task_process(0, 900 * mib, over)  # no fresh floor known yet
+    assert not recycle_task_process(150 * mib, 900 * mib, 0)  # recycling off
+    assert not recycle_task_process(300 * mib, 150 * mib, over)  # it shrank
