@@ -375,6 +375,15 @@ def test_the_start_warning_says_the_floor_the_marks_and_what_to_do() -> None:
     )
 
 
+async def ticks(n: int) -> None:
+    """Return once a ticker on the event loop has ticked ``n`` times (10 ms apart):
+    the loop ran meanwhile. The caller bounds the wait."""
+    count = 0
+    while count < n:
+        await anyio.sleep(0.01)
+        count += 1
+
+
 def make_gated(n: int) -> Gated:
     return Gated(b"x" * n)
 
@@ -396,18 +405,7 @@ async def test_a_spill_runs_off_the_event_loop_which_keeps_ticking_and_serving(
             rss[0] = 650 * MB  # past spill (0.6): the memory tick spills "big-0"
             try:
                 await anyio.to_thread.run_sync(value.pickling.wait, GATE)
-                ticks = anyio.Event()
-                count = [0]
-
-                async def ticker() -> None:
-                    while count[0] < 3:
-                        await anyio.sleep(0.01)
-                        count[0] += 1
-                    ticks.set()
-
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(ticker)
-                    await ticks.wait()  # the loop runs while the spill pickles
+                await ticks(3)  # the loop runs while the spill pickles
                 reply: DataReply = await ref.ask(GetData(("big-0",)))
                 assert reply.data["big-0"] is value  # served from memory meanwhile
                 assert w.spilling is not None and w.spill_during(0.0) is w.spilling
@@ -443,18 +441,7 @@ async def test_a_spilled_input_is_read_back_off_the_event_loop(tmp_path: Path) -
             ref.post(RunTasks((run("len-0", len, TaskRef("big-0")),)))
             try:
                 await anyio.to_thread.run_sync(value.loading.wait, GATE)
-                ticks = anyio.Event()
-                count = [0]
-
-                async def ticker() -> None:
-                    while count[0] < 3:
-                        await anyio.sleep(0.01)
-                        count[0] += 1
-                    ticks.set()
-
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(ticker)
-                    await ticks.wait()  # the loop runs while the input is read
+                await ticks(3)  # the loop runs while the input is read
                 assert "len-0" not in sched.done
             finally:
                 value.go.set()
