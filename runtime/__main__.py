@@ -567,7 +567,8 @@ def build_parser(prog: str = MODULE_PROG) -> argparse.ArgumentParser:
         "--spill-dir",
         default=None,
         metavar="DIR",
-        help="where workers spill (default: the system's temporary directory)",
+        help="where workers spill (default: the system's temporary directory): checked "
+        "for every pool but a local pool with a spill_dir of its own, checked apart",
     )
     chk.add_argument(
         "--output-dir",
