@@ -1175,8 +1175,11 @@ class SchedulerState(DiskPlacement):
             ts.worker = None
             ts.disk_need = 0
             loss = self._walltime_lost(ts, ws) if ev.cause == "walltime" else None
-            free = False
-            if not self._promote_copy(ts):  # else a copy runs on: no retry
+            if self._promote_copy(ts):  # a copy runs on: no retry, nothing charged
+                free = True
+                if self.feed_on:  # (the report's free retries: not a failure)
+                    self._records.append(("retry", ts.key, False, ts.spec.pool, None))
+            else:
                 free = self._after_failure(ts, "worker-lost", ev.cause, None, ws.id, loss)
             groups = self.free_groups if free and ev.cause in BENIGN_LOSSES else None
             self._group(ts, "worker-lost", ev.cause, None, ws.id, groups)  # what followed

@@ -251,6 +251,25 @@ def test_the_copy_runs_on_when_the_first_tries_worker_is_lost(make_state: Factor
     assert [(c.key, c.worker) for c in of(out, KeyDone)] == [("t-5", "w2")]
 
 
+def test_a_preempted_try_whose_copy_runs_on_is_a_free_loss_not_a_failure(
+    make_state: Factory,
+) -> None:
+    """Preempted with a copy running on, the first try cost nothing (no retry, nothing
+    charged): the dashboard's free groups have it, not its failure groups, and the
+    monitoring feed records it as a free retry (the report's section of free losses);
+    it was in the failure groups, with no retry record (the report's failures)."""
+    s = straggler(lambda **kw: make_state(monitor=True, **kw))
+    at(s, Tick, T0 + 3)
+    at(s, WorkerLeft, T0 + 3.5, worker="w1", cause="preempted")
+    ts = s.tasks["t-5"]
+    assert ts.state == "processing" and ts.worker == "w2" and ts not in s.copies
+    assert set(s.free_groups) == {("t", "preempted")} and s.failure_groups == {}
+    records = [r for _, batch in s.feed for r in batch if r[0] == "retry"]
+    assert records == [("retry", "t-5", False, None, None)]
+    done(s, "w2", "t-5", T0 + 5)
+    assert ts.state == "memory" and set(s.free_groups) == {("t", "preempted")}
+
+
 def test_the_first_try_runs_on_when_the_copys_worker_is_lost(make_state: Factory) -> None:
     s = straggler(make_state)
     at(s, Tick, T0 + 3)
