@@ -990,7 +990,11 @@ class AutoscalerState:
                 b.undraining.discard(ev.worker)
                 if not ev.ok:
                     # Not taken back after all (retired meanwhile, gone): the block
-                    # leaves, for good; the proposal replaces it.
+                    # leaves, for good; the proposal replaces it. It was counted as
+                    # taken back when asked: once per block, so not if another of its
+                    # workers was refused already.
+                    if not b.leaves:
+                        self.taken_back[b.pool] -= 1
                     b.leaves = True
                     if not b.retiring and not self.closing:
                         self._retire(b)

@@ -366,6 +366,8 @@ def test_a_refused_take_back_drains_the_block_again_for_good_and_replaces_it() -
         StartBlock(3, "default", SPEC),
     ]
     assert s.blocks["block-2"].leaves and s.blocks["block-2"].retiring
+    # Only the block taken back counts (corral_blocks_taken_back_total): not the refused.
+    assert s.block_metrics(40.1, {})["default"]["taken_back"] == 1
     run(s, DrainAnswered(40.2, "w-2", True))
     assert run(s, TargetSet(41.0, "default", 0, SPEC)) == [DrainWorker("w-1", "block-1")]
     run(s, DrainAnswered(41.1, "w-1", True))
@@ -373,6 +375,7 @@ def test_a_refused_take_back_drains_the_block_again_for_good_and_replaces_it() -
     # was cancelled at 41.0 counts again: nothing is started.
     assert run(s, TargetSet(42.0, "default", 2, SPEC)) == [UndrainWorker("w-1", "block-1")]
     assert s.counts() == {"default": 2} and s.cancelled == set()
+    assert s.taken_back == {"default": 2}  # block-1 twice
 
 
 def test_blocks_going_for_good_or_drained_by_others_are_not_taken_back() -> None:
