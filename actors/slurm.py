@@ -662,6 +662,9 @@ def batch_script(
         # drained before it, and a signal near it is the walltime, not a preemption.
         seconds = walltime_seconds(options.walltime)
         lines.append(f"export CORRAL_DEADLINE=$(( $(date +%s) + {seconds} ))")
+        if options.signal_warning:
+            # Signalled this long before it: a stop from then on is the walltime too.
+            lines.append(f"export CORRAL_SIGNAL_WARNING={int(options.signal_warning)}")
     lines += [
         "pids=()",
         "# Preemption, scancel or --signal: pass SIGTERM to the workers (they leave cleanly).",

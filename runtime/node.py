@@ -2628,6 +2628,16 @@ async def _cancel_when(event: anyio.Event, scope: anyio.CancelScope) -> None:
 WALLTIME_MARGIN = 60.0
 
 
+def _signal_warning(env: Mapping[str, str]) -> float:
+    """Seconds before its walltime that a Slurm block's script is signalled (its pool's
+    ``signal_warning``, ``CORRAL_SIGNAL_WARNING``, which the script sets): 0 without."""
+    try:
+        seconds = float(env.get("CORRAL_SIGNAL_WARNING") or 0)
+    except ValueError:
+        return 0.0
+    return seconds if math.isfinite(seconds) and seconds > 0 else 0.0
+
+
 def leaving_cause(
     retired: str | None, now: float, deadline: float | None, env: Mapping[str, str]
 ) -> str:
@@ -2635,14 +2645,15 @@ def leaving_cause(
     Stop's reason): ``walltime`` when it drained the worker because its walltime was
     near, else ``drained``; ``crash`` when its own core failed (``Worker._core_failed``);
     not retired (None): ``walltime`` (a signal within
-    :data:`WALLTIME_MARGIN` seconds of its deadline, or after it), ``preempted`` (a
+    :data:`WALLTIME_MARGIN` seconds of its deadline, plus its pool's ``signal_warning``,
+    or after it), ``preempted`` (a
     signal inside a Slurm job at any other time: the batch system took the node back)
     or ``shutdown`` (an operator's signal)."""
     if retired in ("walltime", "crash"):
         return retired
     if retired is not None:
         return "drained"
-    if deadline is not None and now >= deadline - WALLTIME_MARGIN:
+    if deadline is not None and now >= deadline - WALLTIME_MARGIN - _signal_warning(env):
         return "walltime"
     if env.get("SLURM_JOB_ID"):
         return "preempted"

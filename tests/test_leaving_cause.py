@@ -36,6 +36,17 @@ def test_the_cause_of_leaving() -> None:
     assert leaving_cause(None, deadline - WALLTIME_MARGIN - 1, deadline, SLURM) == "preempted"
     assert leaving_cause(None, 5.0, None, SLURM) == "preempted"
     assert leaving_cause(None, 5.0, None, {}) == "shutdown"
+    # A Slurm pool's signal_warning (its script sets CORRAL_SIGNAL_WARNING): signalled
+    # that long before the walltime, the stop is the walltime, not a preemption.
+    warned = {**SLURM, "CORRAL_SIGNAL_WARNING": "300"}
+    assert leaving_cause(None, 700.0, deadline, warned) == "walltime"
+    assert leaving_cause(None, 700.0, deadline, SLURM) == "preempted"
+    assert leaving_cause(None, deadline - 300 - WALLTIME_MARGIN - 1, deadline, warned) == (
+        "preempted"
+    )
+    assert leaving_cause(None, 700.0, deadline, {**SLURM, "CORRAL_SIGNAL_WARNING": "x"}) == (
+        "preempted"
+    )
 
 
 @pytest.mark.anyio

@@ -362,6 +362,7 @@ async def test_the_worker_keys_reach_each_providers_worker_command_line(tmp_path
         output=tmp_path / "o", error=tmp_path / "e", env_file=None, script=tmp_path / "s",
     )  # fmt: skip
     assert "#SBATCH --signal=B:TERM@120" in script
+    assert "export CORRAL_SIGNAL_WARNING=120" in script  # its stop is the walltime
     assert "--port-range 21010-21049 --grace 30 --execution process" in script
     # A local pool's keys; what it does not set is the worker's default (no flag).
     assert flag(local, "--host") == "127.0.0.1"
