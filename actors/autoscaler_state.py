@@ -581,6 +581,9 @@ class BlockRecord:
     leaves: bool = False
     #: workers asked to un-drain (:class:`UndrainWorker`), no answer yet
     undraining: set[str] = dataclasses.field(default_factory=set)
+    #: of ``drained``, those a count showed draining (``QueuesSeen.draining``): one a
+    #: later count shows known but not draining was taken back by someone else
+    seen_draining: set[str] = dataclasses.field(default_factory=set)
 
 
 @dataclasses.dataclass(slots=True)
@@ -1025,6 +1028,7 @@ class AutoscalerState:
         if ev.processing is None:
             return
         self.processing = dict(ev.processing)
+        self._undrained_elsewhere(ev.draining)
         for b in self.blocks.values():
             if b.retiring and not b.stopping and b.unknown:
                 # A worker the scheduler did not know when asked to drain has joined
@@ -1051,6 +1055,26 @@ class AutoscalerState:
             ps.last_active = active
             while ps.arrivals and ps.arrivals[0][0] < ev.now - HISTORY:
                 ps.arrivals.popleft()
+
+    def _undrained_elsewhere(self, draining: frozenset[str]) -> None:
+        """Count again each block being scaled in (or drained by the scheduler) a
+        worker of which the scheduler knows and no longer drains: someone else took it
+        back (an operator's ``undrain``), so it takes tasks and its block will not end.
+        Its other workers are left as the scheduler has them; the proposal then decides
+        (a block too many is scaled in as any: ``demand`` once it is idle)."""
+        assert self.processing is not None
+        for b in self.blocks.values():
+            if not b.retiring or b.stopping or b.stuck or b.draining or self.closing:
+                continue  # counted, stopped, not running, or a drain not answered yet
+            b.seen_draining |= b.drained & draining
+            if all(w in draining or w not in self.processing for w in b.seen_draining):
+                continue
+            b.retiring = b.scaled_in = b.leaves = b.spent = False
+            b.drained.clear()
+            b.seen_draining.clear()
+            b.unknown.clear()
+            b.idle_since = None
+            b.sched_drained = not draining.isdisjoint(b.workers)
 
     def _policy_changed(self, ev: PolicyChanged) -> None:
         self.policy = ev.policy
@@ -1140,6 +1164,7 @@ class AutoscalerState:
         b.idle_since = None
         b.undraining = set(b.drained)
         b.drained.clear()
+        b.seen_draining.clear()
         b.unknown.clear()
         self.taken_back[b.pool] = self.taken_back.get(b.pool, 0) + 1
         for wid in sorted(b.undraining):
@@ -1337,6 +1362,7 @@ class AutoscalerState:
             assert not (b.draining & b.drained or b.draining & b.unknown), b
             assert not (b.drained & b.unknown), b
             assert b.undraining <= set(b.workers), b
+            assert b.seen_draining <= b.drained, b
             if b.scaled_in or b.leaves:
                 assert b.retiring, (b, "scaled in or leaving but counted")
             if b.stopping or b.draining or b.drained or b.unknown or b.stuck:

@@ -410,6 +410,55 @@ def test_blocks_going_for_good_or_drained_by_others_are_not_taken_back() -> None
     ]
 
 
+def test_a_block_an_operator_takes_back_counts_again_and_its_replacement_goes() -> None:
+    """An operator drained block-1's worker (the console's ``drain``): it stopped
+    counting and block-2 replaced it. The operator then takes it back (``undrain``):
+    the next count shows it known and no longer draining. It counts again, so the pool
+    has a block too many and the idle one, the replacement, is scaled in. Before, the
+    core held block-1 as retiring for good: it ran tasks uncounted and never ended."""
+    s = make()
+    run(s, TargetSet(0.0, "default", 1, SPEC))
+    started(s, 0.1, 1)
+    assert run(s, QueuesSeen(1.0, {}, {"w-1": 1}, frozenset({"w-1"}))) == [
+        StartBlock(2, "default", SPEC)
+    ]
+    started(s, 1.1, 1)
+    assert s.blocks["block-1"].retiring and s.counts() == {"default": 1}
+    assert run(s, QueuesSeen(2.0, {}, {"w-1": 1, "w-2": 0})) == [DrainWorker("w-2", "block-2")]
+    b = s.blocks["block-1"]
+    assert not b.retiring and not b.drained and not b.sched_drained
+    assert [x.block_id for x in s.live("default")] == ["block-1"]
+    assert s.taken_back == {}  # the operator's, not the core's take-back
+
+
+def test_a_scaled_in_block_an_operator_takes_back_counts_again_for_the_policy() -> None:
+    """The core scaled both blocks in (target 0); the operator takes w-1 back. Its
+    block counts again and the policy decides: the fixed target 0 scales it in again
+    (a drain, as any block's). Later, wanted again, it is a live block: nothing is
+    asked of the scheduler (before, it was taken back by an UndrainWorker, which the
+    scheduler refused as the worker was not draining, and the block was drained for
+    good and replaced)."""
+    s = make()
+    drained_busy_then_idle(s)
+    undone = QueuesSeen(31.0, {"default": 0}, {"w-1": 1, "w-2": 0}, frozenset({"w-2"}))
+    assert run(s, undone) == [DrainWorker("w-1", "block-1")]
+    assert s.blocks["block-2"].retiring and s.blocks["block-2"].drained == {"w-2"}
+    # With a target of 1 meanwhile, block-1 stays counted: no drain, nothing started.
+    t = make()
+    drained_busy_then_idle(t)
+    t.pools["default"].target = 1  # (as a TargetSet would, without its take-back)
+    assert run(t, undone) == []
+    assert [b.block_id for b in t.live("default")] == ["block-1"]
+    assert t.counts() == {"default": 1} and t.requests == {}
+    assert t.taken_back == {}
+    # A count made before the drain showed (w-2 not yet seen draining) is no undrain.
+    u = make()
+    run(u, TargetSet(0.0, "default", 1, SPEC))
+    started(u, 0.1, 1)
+    run(u, TargetSet(1.0, "default", 0, SPEC), DrainAnswered(1.1, "w-1", True))
+    assert run(u, QueuesSeen(1.2, {}, {"w-1": 1})) == [] and u.blocks["block-1"].retiring
+
+
 # ----------------------------------------------------------------------------- replacements
 
 
