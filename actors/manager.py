@@ -81,6 +81,7 @@ from runtime.messages import (
     SubmitReply,
     SubmitSpecs,
     TasksQuery,
+    UndrainRequest,
     WaitForWorkersRequest,
     get_data_batches,
     message,
@@ -796,7 +797,7 @@ class Manager(Actor):
             return await autoscaler.ask(msg)
         return await self._scheduler().ask(msg)
 
-    @handles(StoryRequest, StoryQuery, TasksQuery, DrainRequest)
+    @handles(StoryRequest, StoryQuery, TasksQuery, DrainRequest, UndrainRequest)
     async def to_scheduler(self, msg: Any) -> Any:
         return await self._scheduler().ask(msg)
 

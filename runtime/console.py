@@ -89,6 +89,7 @@ from runtime.messages import (
     StoryQuery,
     TaskRecord,
     TasksQuery,
+    UndrainRequest,
 )
 from runtime.notify import AlertChanges
 
@@ -135,6 +136,11 @@ COMMANDS: dict[str, tuple[str, str, bool]] = {
     "drain": (
         "drain WORKER",
         "give a worker no new tasks; it is stopped once its running tasks finish (admin)",
+        True,
+    ),
+    "undrain": (
+        "undrain WORKER",
+        "take a draining worker back: it takes new tasks again and is not stopped (admin)",
         True,
     ),
     "scale": (
@@ -470,6 +476,22 @@ class ConsoleClient:
         """Give ``worker`` no new tasks; it is stopped once its tasks finish (admin)."""
         return dict(await self.ask(DrainRequest(worker)))
 
+    async def undrain(self, worker: str) -> dict[str, Any]:
+        """Take draining ``worker`` back: it takes new tasks again and is not stopped
+        (admin). Answer: ``{"worker", "undrained": True, "why": ""}``. A worker that
+        cannot be taken back (not draining, told to stop already, leaving on its own,
+        draining for its walltime or its pool's ``tasks_per_worker``) is a
+        :class:`ConsoleError` saying why; an unknown worker a ValueError."""
+        data = dict(await self.ask(UndrainRequest(worker)))
+        if not data.get("undrained"):
+            raise ConsoleError(
+                f"undrain: worker {worker} cannot be taken back: {data.get('why') or 'refused'}. "
+                "Only a draining worker that was not told to stop yet, does not leave on its "
+                "own and drains neither for its walltime nor for its pool's tasks_per_worker "
+                "can; see `story WORKER`"
+            )
+        return data
+
     async def scale(self, pool: str, n: int) -> dict[str, int]:
         """Keep ``n`` blocks of workers in ``pool`` (admin; needs an autoscaler; a block
         is ``nodes_per_block`` x ``workers_per_node`` workers, one without pools). Answer,
@@ -635,6 +657,14 @@ class ConsoleClient:
                 f"{data.get('running', 0)} running task(s) finish"
             )
         return Result("drain", data, Text(text))
+
+    async def _cmd_undrain(self, rest: str) -> Result:
+        words = _words(rest)
+        if len(words) != 1:
+            _usage("undrain")
+        data = jsonable(await self.undrain(words[0]))
+        text = f"worker {words[0]} taken back: it takes new tasks again"
+        return Result("undrain", data, Text(text))
 
     async def _cmd_scale(self, rest: str) -> Result:
         words = _words(rest)
@@ -1683,7 +1713,7 @@ class ConsoleShell(cmd.Cmd):
             if args[0] == "set" and len(args) == 2:
                 return self.known.get(f"policy:{args[1]}", [])
             return []
-        if name == "drain":
+        if name in ("drain", "undrain"):
             return self.known.get("workers", []) if not args else []
         if name in ("scale", "resume"):
             return self.known.get("pools", []) if not args else []

@@ -1402,7 +1402,8 @@ class TokenFileError(CorralError, ValueError):
 
 
 class ConsoleError(CorralError):
-    """A console command was given wrong arguments."""
+    """A console command was given wrong arguments, or asked what cannot be done
+    (``undrain`` of a worker that cannot be taken back): the message says why."""
 
     def __init__(self, message: str) -> None:
         super().__init__(message)

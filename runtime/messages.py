@@ -1514,9 +1514,10 @@ class DrainRequest(Message):
     worker: str
 
 
-@message(local=True)
+@message()
 class UndrainRequest(Message):
-    """Autoscaler -> scheduler: take draining ``worker`` back (its pool wants it again):
+    """Autoscaler -> scheduler (its pool wants the worker again), or -> manager ->
+    scheduler (an operator's ``undrain``, admin only): take draining ``worker`` back:
     it takes new tasks again and is not retired. Reply: ``{"worker", "undrained",
     "why"}``: ``undrained`` False, and why, for a worker that is not draining, was
     retired, leaves on its own, or drains for its walltime or its pool's

@@ -608,6 +608,60 @@ async def test_draining_an_idle_worker_stops_it_and_unknown_workers_are_errors()
                 await console.execute("drain")
 
 
+@pytest.mark.anyio
+async def test_undrain_takes_a_draining_worker_back_and_it_takes_queued_tasks(gate: Any) -> None:
+    """The only worker is drained while it runs a task; a task sent then waits in the
+    queue (no worker takes new tasks). `undrain` takes the worker back before it was
+    retired: it runs the queued task, is not stopped, and its story says so. Before,
+    a drain could not be undone from the console: the worker was retired once its task
+    ended and the queued task waited for a worker that never came."""
+    with anyio.fail_after(LIMIT):
+        async with (
+            nodes(1) as (address, (worker,)),
+            Cluster(address) as cluster,
+            ConsoleClient(address) as console,
+        ):
+            await cluster.wait_for_workers(1)
+            opened = gate("undrain")
+            blocked = cluster.submit(gated, "undrain", 1)
+            await wait_until(lambda: console.tasks(state="processing"), "running")
+            await console.drain(worker.id)
+            waiting = cluster.submit(add, 20, 22)
+            await wait_until(lambda: console.tasks(state="queued"), "queued")
+
+            text = await console.run_command(f"undrain {worker.id}")
+            assert text == f"worker {worker.id} taken back: it takes new tasks again\n"
+            st = await console.status()
+            assert st["draining"] == [] and st["retired"] == []
+            opened.set()
+            assert await blocked == 1 and await waiting == 42
+            (done,) = await console.tasks(category="add")
+            assert done.worker == worker.id and not worker.ended.is_set()
+            story = await console.story(worker.id)
+            assert [e[2] for e in story] == ["joined", "draining", "undrained"]
+            # It drains as any worker again, and can be taken back again, as JSON too.
+            await console.drain(worker.id)
+            answer = json.loads(await console.run_command(f"undrain {worker.id} --json"))
+            assert answer == {"worker": worker.id, "undrained": True, "why": ""}
+            assert await cluster.submit(add, 1, 2) == 3
+
+
+@pytest.mark.anyio
+async def test_undrain_of_an_unknown_or_undrainable_worker_is_a_clear_error() -> None:
+    with anyio.fail_after(LIMIT):
+        async with nodes(2) as (address, workers), ConsoleClient(address) as console:
+            with pytest.raises(ValueError, match="no worker 'nobody' \\(known workers: "):
+                await console.execute("undrain nobody")
+            with pytest.raises(
+                ConsoleError,
+                match=f"undrain: worker {workers[0].id} cannot be taken back: it is not draining",
+            ):
+                await console.execute(f"undrain {workers[0].id}")
+            with pytest.raises(ConsoleError, match="usage: undrain WORKER"):
+                await console.execute("undrain")
+            assert not workers[0].ended.is_set()
+
+
 # ----------------------------------------------------------------------------- scale
 
 
@@ -945,6 +999,7 @@ READ_ONLY_COMMANDS = ("status", "tasks", "story {key}", "policy list", "policy",
 MUTATING_COMMANDS = (
     "policy set placement round-robin",
     "drain {worker}",
+    "undrain {worker}",
     "scale default 5",
     "resume default",
     "cancel {key}",
@@ -1044,6 +1099,8 @@ async def test_the_shell_runs_lines_prints_errors_and_completes_words() -> None:
             assert out.count("\n") == 1
             stop, out = await line("drain nobody")
             assert not stop and out.startswith("error: ") and "no worker 'nobody'" in out
+            stop, out = await line("undrain nobody")
+            assert not stop and out.startswith("error: ") and "no worker 'nobody'" in out
             assert out.count("\n") == 1 and "Traceback" not in out
             stop, out = await line("stauts")
             assert "did you mean status or story?" in out
@@ -1064,6 +1121,9 @@ async def test_the_shell_runs_lines_prints_errors_and_completes_words() -> None:
             ]  # fmt: skip
             assert shell.completedefault("r", "policy set placement r", 21, 22) == ["round-robin"]
             assert sorted(shell.completedefault("", "drain ", 6, 6)) == sorted(
+                w.id for w in workers
+            )
+            assert sorted(shell.completedefault("", "undrain ", 8, 8)) == sorted(
                 w.id for w in workers
             )
             assert shell.completedefault("", "scale ", 6, 6) == ["default"]
