@@ -371,7 +371,9 @@ class TaskState:
         #: when it became ready for its running try (``TryRecord.queued``; None: a copy)
         self.queued: float | None = None
         self.attempt = 0  #: the number of its running try (``ToRun.attempt``)
-        self.generation = generation  #: submission it first came in with
+        #: the submission whose work it continues: the one it came in with, or the
+        #: latest of its inputs' when that is earlier (``_continue_generations``)
+        self.generation = generation
         self.prio: tuple[float, ...] = ()  #: queue priority from the priority policy
         self.est = 0.0  #: estimated duration when it was assigned
         self.disk_need = 0  #: disk reserved for it on its worker (while processing)

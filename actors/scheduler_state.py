@@ -927,6 +927,7 @@ class SchedulerState(DiskPlacement):
                 ts.in_nbytes = ts.in_files = 0
                 new.append(ts)
         broken: dict[TaskState, list[Key]] = {}
+        continues = False  # some new task reads a task of an earlier submission
         for ts in new:
             for dk in ts.spec.deps:
                 dep = self.tasks.get(dk)
@@ -934,12 +935,15 @@ class SchedulerState(DiskPlacement):
                     broken.setdefault(ts, []).append(dk)
                     continue
                 ts.deps.append(dep)
+                continues |= dep.generation < gen
                 ts.waiting_deps += dep.state == "waiting"
                 if dep.file:
                     ts.in_files += dep.nbytes
                 else:
                     ts.in_nbytes += dep.nbytes
                 dep.dependents.add(ts)
+        if continues:
+            _continue_generations(new, gen)
         # Count the wants first, so nothing a client asks for is forgotten while the new
         # tasks settle (a task on an erred input fails at once).
         wanted = [self.tasks[key] for key in ev.wanted]
@@ -4360,6 +4364,23 @@ def _largest_per_pool(
             largest[ws.pool] = max(largest.get(ws.pool, 0.0), value)
             largest[None] = max(largest.get(None, 0.0), value)
     return largest
+
+
+def _continue_generations(new: list[TaskState], gen: int) -> None:
+    """A task of submission ``gen`` that reads outputs of earlier submissions continues
+    their work: its generation (the priority policies' FIFO between submissions)
+    becomes the latest of its inputs', when that is earlier than ``gen``; in dependency
+    order, so a task reading such a task continues it too. A workflow submitted a task
+    (or a map) at a time then ranks as one graph would: a consumer next to its inputs,
+    ahead of the producers submitted after them, not behind every one of them
+    (docs/policies.md#priority). A task whose inputs are all of ``gen`` keeps it: one
+    graph's order is untouched. (No field of its own: a slot more on every task moved
+    one-graph runs' set orders, tests/test_disk_stall.py's end-to-end stall among them.)"""
+    for ts in _topological(new):
+        if ts.deps:
+            latest = max(d.generation for d in ts.deps)
+            if latest < gen:
+                ts.generation = latest
 
 
 def _topological(tasks: Iterable[TaskState]) -> list[TaskState]:

@@ -12,7 +12,9 @@ __all__ = ["ConsumersFirstPriority", "GraphPriority", "LongFirstPriority"]
 @REGISTRY.register("priority", "graph")
 class GraphPriority:
     """Default. User priority first, then submissions in order (FIFO), then graph order
-    (``dask.order``: finish branches before starting new ones)."""
+    (``dask.order``: finish branches before starting new ones). A task that reads
+    outputs of an earlier submission comes with its latest such input's generation
+    (the core's ``_continue_generations``): it continues that work."""
 
     name = "graph"
 

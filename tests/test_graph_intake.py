@@ -160,9 +160,11 @@ def test_a_graph_taken_in_by_pieces_ends_as_the_whole_graph_would(make_state: Fa
     # queued tasks have the priorities the whole graph gives them (policy unchanged)
     queued = {k: ts.prio for k, ts in whole.tasks.items() if ts.state == "queued"}
     assert queued == {k: pieced.tasks[k].prio for k in queued}
-    # the next submission is the next generation, as after a whole graph
-    feed(pieced, specs_for(pieced, {"e": ["d"]}, ["e"]), ["e"], 2)
-    assert pieced.tasks["e"].generation == 2
+    # the next submission is the next generation, as after a whole graph (its task
+    # that reads d continues d's: docs/policies.md#priority)
+    feed(pieced, specs_for(pieced, {"e": ["d"], "f": []}, ["e", "f"]), ["e", "f"], 2)
+    assert pieced.generation == 2
+    assert (pieced.tasks["e"].generation, pieced.tasks["f"].generation) == (1, 2)
 
 
 def test_an_output_a_later_piece_reads_is_kept_until_that_piece_comes(

@@ -16,6 +16,7 @@ import pytest
 
 from actors.protocol import FileFact, TaskResult
 from actors.scheduler_events import Execute, KeyDone, TasksFinished
+from actors.scheduler_records import TaskStateView
 from tests.helpers import (
     GB,
     MB,
@@ -194,6 +195,80 @@ def test_ready_tasks_run_by_user_priority_then_submission_then_graph_order(
         nxt = assigned(finish(s, "w1", key))["w1"]
         seen.extend(nxt)
     assert seen == expected
+
+
+def test_a_workflow_submitted_a_task_at_a_time_runs_each_consumer_next_to_its_inputs(
+    make_state: Factory,
+) -> None:
+    """One submission per task (the audit's script: every load, then every skim, then
+    the merge): a task reading outputs of earlier submissions continues their work, so
+    it ranks as its latest input's generation, not behind every producer submitted
+    before it (docs/policies.md#priority). Here two loads are done when the skims come:
+    their skims run before the next load, as one graph would run them, where the old
+    FIFO between submissions ran load-3 first and left load-0's and load-1's outputs
+    waiting (on a small disk, for the disk to fill with loads: the audit's stalls).
+    skim-2 runs next to its load either way: it joins its input's worker as it becomes
+    ready (the locality policy's stays_with_data)."""
+    s = make_state(saturation=1.0)
+    join(s, "w1")
+    for i in range(4):
+        submit(s, {f"load-{i}": []}, [f"load-{i}"])  # generations 1 to 4
+    seen = list(on(s, "w1"))
+
+    def run_next() -> None:
+        (key,) = on(s, "w1")
+        seen.extend(assigned(finish(s, "w1", key, nbytes=10)).get("w1", []))
+
+    run_next()
+    run_next()  # load-0 and load-1 done, load-2 runs, load-3 is queued
+    for i in range(4):
+        submit(s, {f"skim-{i}": [f"load-{i}"]}, [f"skim-{i}"])  # 5 to 8
+    submit(s, {"merge": [f"skim-{i}" for i in range(4)]}, ["merge"])  # 9
+    assert s.generation == 9
+    # The generation the priority policy sees (TaskView.generation); order is 0 for all.
+    assert {k: ts.generation for k, ts in s.tasks.items()} == {
+        "load-0": 1, "load-1": 2, "load-2": 3, "load-3": 4,
+        "skim-0": 1, "skim-1": 2, "skim-2": 3, "skim-3": 4,  # each continues its load
+        "merge": 4,  # ... and the merge its latest skim
+    }  # fmt: skip
+    while s.count("processing"):
+        run_next()
+    assert seen == [
+        "load-0", "load-1", "load-2", "skim-2", "skim-0", "skim-1", "load-3", "skim-3",
+        "merge",
+    ]  # fmt: skip
+
+
+def test_a_later_graph_continues_only_the_tasks_that_read_earlier_submissions(
+    make_state: Factory,
+) -> None:
+    """In a later graph, only the tasks reading outputs of earlier submissions (and what
+    reads them in turn) take their generation; a task that also reads a fresh branch of
+    its own graph, and the fresh branch, keep the graph's own: FIFO with the tasks
+    submitted in between holds for them, and one graph's order is untouched."""
+    s = make_state(saturation=1.0)
+    submit(s, {"old": []}, ["old"])  # 1
+    submit(s, {"between": []}, ["between"])  # 2
+    table = {"a": ["old"], "b": ["a"], "fresh": [], "c": ["b", "fresh"]}
+    submit(s, table, ["c"])  # 3
+    seen = {k: TaskStateView(s.tasks[k]) for k in ("old", "between", "a", "b", "fresh", "c")}
+    assert {k: v.generation for k, v in seen.items()} == {
+        "old": 1, "between": 2,
+        "a": 1, "b": 1,  # they continue old
+        "fresh": 3, "c": 3,
+    }  # fmt: skip
+    # Two readers of old: both before what was submitted after old, by their own order.
+    s2 = make_state(saturation=1.0)
+    submit(s2, {"old": []}, ["old"])
+    submit(s2, {"between": []}, ["between"])
+    join(s2, "w1")
+    finish(s2, "w1", "old", nbytes=10)
+    submit(s2, {"a1": ["old"], "a2": ["old"]}, ["a1", "a2"])
+    ranks = sorted(("a1", "a2", "between"), key=lambda k: s2.tasks[k].prio)
+    assert ranks == [*by_order(s2, ["a1", "a2"]), "between"]
+    # One graph alone: every task keeps its own place.
+    submit(s, {"x": [], "y": ["x"], "z": ["x", "y"]}, ["z"])  # 4
+    assert {s.tasks[k].generation for k in "xyz"} == {4}
 
 
 def test_graph_order_finishes_a_branch_before_starting_the_next(make_state: Factory) -> None:
