@@ -2,6 +2,7 @@
 
     python benchmarks/disk_recovery.py                 # both submissions, with and without the kill
     python benchmarks/disk_recovery.py --repeat 3 --loads 150
+    python benchmarks/disk_recovery.py --ways per-task --no-kill   # one submission per task
     PYTHONPATH=/tmp/old python benchmarks/disk_recovery.py   # another tree's runtime
 
 Each run is a manager process (``python -m runtime manager``) and three worker processes
@@ -184,13 +185,15 @@ def main() -> None:
         "--stories", help="write every story to STORIES-WAY-KILL.txt, the manager's log to .log"
     )
     parser.add_argument("--no-baseline", action="store_true", help="only the runs with the kill")
+    parser.add_argument("--no-kill", action="store_true", help="only the runs without the kill")
     args = parser.parse_args()
     print(f"# runtime from {Path(runtime.__file__).parent}", flush=True)
     print("| round | submission | kill | wall | disk stalls | dropped | recovered | ran again |")
     print("|---|---|---|---|---|---|---|---|", flush=True)
     for r in range(1, args.repeat + 1):
         for way in args.ways.split(","):
-            for kill in (False, True) if not args.no_baseline else (True,):
+            kills = [k for k in (False, True) if not (args.no_kill if k else args.no_baseline)]
+            for kill in kills:
                 res = anyio.run(one, args, way, kill)
                 if args.stories:
                     with open(f"{args.stories}-{way}-{'kill' if kill else 'none'}.txt", "w") as f:
