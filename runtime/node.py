@@ -1373,6 +1373,21 @@ class _Door:
             raise UnknownPolicyError(exc.kind, exc.name, exc.available, in_manager=True) from None
 
 
+@dataclasses.dataclass(eq=False)
+class _Hold:
+    """A worker id kept for its worker's rejoin: the connection dropped without a
+    goodbye. It ends when the worker is back (with its secret), when its grace is
+    over (lost), or when a new process says Hello under the id without a secret (a
+    crashed worker started again: the old one is lost at once, the id is the new one's)."""
+
+    until: float  #: wall clock: when the grace ends
+    cause: str  #: what the worker is lost as if it does not come back
+    link: Link | None  #: the scheduler's reference to it
+    back: anyio.Event = dataclasses.field(default_factory=anyio.Event)  #: the hold ended early
+    taken_over: bool = False  #: by a new process under the id
+    ending: bool = False  #: its grace is over: it is being reported lost
+
+
 class Gateway:
     """Joins connections from other processes to a control plane."""
 
@@ -1394,9 +1409,8 @@ class Gateway:
         self.client_dead_after = max(dead_after, allowed)
         self.peers: dict[str, Peer] = {}  #: live peers by name
         self._generation: dict[str, int] = {}  #: connections seen per name
-        self._returned: dict[str, anyio.Event] = {}  #: set when a dropped worker is back
-        #: a dropped worker's id -> when (wall clock) its rejoin grace ends: held till then
-        self._held_until: dict[str, float] = {}
+        #: a dropped worker's id -> its hold (kept for its rejoin till its grace ends)
+        self._holds: dict[str, _Hold] = {}
         self.links: dict[str, Link] = {}  #: the scheduler's reference to each worker
         self._secrets: dict[str, str] = {}  #: worker id -> the secret it rejoins with
         self.infos: dict[str, WorkerInfo] = {}  #: joined workers (answers PeerQuery)
@@ -1439,8 +1453,10 @@ class Gateway:
             if live is not None and not live.closed and name not in self.links:
                 return PermissionDenied("worker id", f"the name {name!r} is in use")
             secret = self._secrets.get(name)
-            if secret is not None and not hmac.compare_digest(
-                hello.secret.encode(), secret.encode()
+            if (
+                secret is not None
+                and not hmac.compare_digest(hello.secret.encode(), secret.encode())
+                and self._taken_over(hello) is None
             ):
                 return PermissionDenied("worker id", self._held(name))
             return None
@@ -1454,24 +1470,38 @@ class Gateway:
             )
         return None
 
+    def _taken_over(self, hello: Hello) -> _Hold | None:
+        """The hold this worker ``Hello`` ends (None: none). A Hello with no secret at
+        all under the id of a worker whose connection dropped, its grace running, comes
+        from a process started afresh under that id (a crashed worker started again by
+        its supervisor: the old process's connection is gone, and the new one holds
+        nothing): it takes the id over rather than wait out the grace. Only an admin
+        connection says Hello as a worker; a wrong secret is not a fresh start and is
+        refused, and a worker still connected keeps its id."""
+        hold = self._holds.get(hello.name)
+        if hold is None or hold.ending or hello.secret:
+            return None
+        return hold
+
     def _held(self, name: str) -> str:
         """Why the worker id ``name`` is not free: its worker is joined, or it dropped
         and its id is kept for its rejoin until its grace ends (then free)."""
         needs = "rejoining under it needs the secret that worker was given when it registered"
-        until = self._held_until.get(name)
-        if until is None:
+        hold = self._holds.get(name)
+        if hold is None:
             return (
                 f"worker id {name!r} belongs to a registered worker, connected now; {needs}. "
                 "The id is free again as soon as that worker has left"
             )
-        left = max(0.0, until - time.time())
-        at = time.strftime("%H:%M:%S", time.gmtime(until))
+        left = max(0.0, hold.until - time.time())
+        at = time.strftime("%H:%M:%S", time.gmtime(hold.until))
         return (
             f"worker id {name!r} is held for a rejoin: its worker's connection dropped "
             f"without a goodbye, and the manager keeps the id and the worker's work for "
             f"{self.reconnect_timeout:g} s (its reconnect timeout) in case it comes back; "
-            f"{needs}. The id is free at {at} UTC: wait {math.ceil(left):g} s and start "
-            "again, or use another id"
+            f"{needs}. The id is free at {at} UTC: wait {math.ceil(left):g} s, or start "
+            "the worker afresh (a new process, with no secret, takes the id over at once), "
+            "or use another id"
         )
 
     async def handle(self, conn: Any) -> None:
@@ -1502,8 +1532,21 @@ class Gateway:
         conn.set_limits(max_message_bytes=None if role == "admin" else 256 << 10)
         if hello.kind == "worker":
             door = _Door(self, self.plane.refs["scheduler"], "worker", hello.name)
+            lost = self._taken_over(hello)
+            if lost is not None:  # forgotten now: no other Hello takes the id meanwhile
+                self._forget_worker(hello.name)
+                lost.taken_over = True
+                lost.back.set()  # its connection's handler closes its link later
             new = hello.name not in self._secrets
             secret = self._secrets.setdefault(hello.name, secrets.token_hex(16))
+            if lost is not None:
+                # Lost now, as at the end of its grace; told before the new one registers.
+                _log.warning(
+                    "worker restarted under its id: the old one is lost",
+                    worker=hello.name, cause=lost.cause, peer=conn.peer_address,
+                )  # fmt: skip
+                with contextlib.suppress(ActorStopped):  # the scheduler is stopping
+                    await self.plane.refs["scheduler"].tell(WorkerGone(hello.name, lost.cause))
             try:
                 await conn.send(Frame(Welcome(secret)))
             except CorralError:  # gone before it heard its secret: the id stays free
@@ -1521,10 +1564,9 @@ class Gateway:
                     await conn.send(Frame(Welcome("")))
         generation = self._generation.get(hello.name, 0) + 1
         self._generation[hello.name] = generation
-        back = self._returned.pop(hello.name, None)
-        self._held_until.pop(hello.name, None)
-        if back is not None:
-            back.set()
+        hold = self._holds.pop(hello.name, None)
+        if hold is not None:
+            hold.back.set()
         peer = Peer(
             conn, door, name=hello.name, allow_pickle=role == "admin",
             heartbeat=self.heartbeat,
@@ -1603,16 +1645,25 @@ class Gateway:
             if link is not None:
                 link.close()
             return
-        back = self._returned[name] = anyio.Event()
-        until = self._held_until[name] = time.time() + self.reconnect_timeout
+        until = time.time() + self.reconnect_timeout
+        hold = self._holds[name] = _Hold(until, cause, self.links.get(name))
         _log.warning(
             "worker connection dropped; its id is held for its rejoin", worker=name,
             seconds=self.reconnect_timeout, until=time.strftime("%H:%M:%S UTC", time.gmtime(until)),
         )  # fmt: skip
         with anyio.move_on_after(self.reconnect_timeout):
-            await back.wait()
+            await hold.back.wait()
+        if hold.taken_over:
+            # Reported lost by the new process's Hello. Its link ends later, as a left
+            # worker's: the scheduler may send to it until it reads the WorkerGone, and
+            # a send that fails would report the new worker under the id lost.
+            await anyio.sleep(self.reconnect_timeout)
+            if hold.link is not None:
+                hold.link.close()
+            return
         if self._generation.get(name) != generation:
             return  # back in time (or a newer connection serves the id)
+        hold.ending = True  # no fresh start takes it over while it is reported lost
         _log.warning("worker connection lost", worker=name)
         # Told before the id is free: a new worker under it registers after this.
         with contextlib.suppress(ActorStopped):  # the scheduler is stopping
@@ -1625,8 +1676,7 @@ class Gateway:
     def _forget_worker(self, name: str) -> Link | None:
         """The worker ``name`` is gone for good: its id is free again. Returns its link
         (the scheduler's reference to it), for the caller to close."""
-        self._returned.pop(name, None)
-        self._held_until.pop(name, None)
+        self._holds.pop(name, None)
         self.peers.pop(name, None)
         self._generation.pop(name, None)
         self._secrets.pop(name, None)

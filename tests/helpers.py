@@ -201,6 +201,17 @@ async def gated_cluster(
 GATEWAYS: list[Gateway] = []  #: every gateway :func:`nodes` started, newest last
 
 
+class AsRole:
+    """A connection that claims ``role`` (what a token-checking transport sets)."""
+
+    def __init__(self, conn: Any, role: str) -> None:
+        self._conn = conn
+        self.role = role
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._conn, name)
+
+
 @asynccontextmanager
 async def nodes(n_workers: int = 2) -> AsyncIterator[tuple[str, list[anyio.CancelScope]]]:
     """A manager and ``n_workers`` workers; yields the manager's address and one cancel

@@ -60,7 +60,7 @@ from runtime.node import (
     token_path,
     worker_factory,
 )
-from tests.helpers import ROOT, Cli, log_lines, wait_until
+from tests.helpers import ROOT, AsRole, Cli, log_lines, wait_until
 
 LIMIT = 20
 
@@ -165,17 +165,6 @@ async def ws_nodes(n_workers: int, tokens: Tokens) -> AsyncIterator[tuple[str, l
                     await peer.aclose()
 
 
-class _AsRole:
-    """A connection that claims ``role`` (what a token-checking transport sets)."""
-
-    def __init__(self, conn: Any, role: str) -> None:
-        self._conn = conn
-        self.role = role
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._conn, name)
-
-
 @asynccontextmanager
 async def hosted(
     n_workers: int = 1,
@@ -213,7 +202,7 @@ async def hosted(
         listener = await listen("inproc://", codec=True)
 
         async def handle(conn: Any) -> None:
-            await gateway.handle(conn if role == "admin" else _AsRole(conn, role))
+            await gateway.handle(conn if role == "admin" else AsRole(conn, role))
 
         await system.start_service(listener.serve, handle)
         try:

@@ -1,6 +1,7 @@
 """A worker's name (``--name``) between its workers: free again at once when its worker
 leaves cleanly, held for a lost worker's rejoin (and a worker refused under it is told
-until when). Real manager and worker processes over websockets on 127.0.0.1."""
+until when; a process started afresh under it takes it over: tests/test_worker_restart.py).
+Real manager and worker processes over websockets on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -35,8 +36,10 @@ async def test_a_name_is_free_once_its_worker_left_and_held_saying_until_when_on
         await run(second.wait, 10)
         held = await run(cli.line_with, manager, "its id is held for its rejoin")
         assert "worker='probe2'" in held and "seconds=10.0" in held, held
-        # Another worker under it is refused, told until when (a bare Hello: a worker
-        # process could take much of the 10 s to start on a busy machine).
+        # A worker under it with a secret not its own is refused, told until when (a
+        # bare Hello: a worker process could take much of the 10 s to start on a busy
+        # machine; with no secret at all, a process started afresh, it would take the
+        # id over).
         refused_at = time.time()
         line = await _hello_refused(address, cli.tokens(address)["admin"], "probe2")
         assert "worker id 'probe2' is held for a rejoin" in line, line
@@ -52,7 +55,8 @@ async def test_a_name_is_free_once_its_worker_left_and_held_saying_until_when_on
 
 
 async def _hello_refused(address: str, token: str, name: str) -> str:
-    """The text of the manager's refusal of a worker Hello under ``name``."""
+    """The text of the manager's refusal of a worker Hello under ``name`` with a
+    secret that is not its worker's."""
     from runtime.codec import Frame
     from runtime.messages import Ping, WorkerInfo
     from runtime.node import Hello
@@ -60,7 +64,7 @@ async def _hello_refused(address: str, token: str, name: str) -> str:
     from transport import connect
 
     async with await connect(address, token=token) as conn:
-        await conn.send(Frame(Hello("worker", name, WorkerInfo(name, 1, 0))))
+        await conn.send(Frame(Hello("worker", name, WorkerInfo(name, 1, 0), "0" * 32)))
         while type(msg := (await conn.receive()).msg) is Ping:
             pass
     assert isinstance(msg, Refused), msg
