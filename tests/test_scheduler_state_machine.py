@@ -175,7 +175,9 @@ class RandomWorkload(RuleBasedStateMachine):
                 self.note[c.key] = "cancelled"
             elif isinstance(c, Execute):
                 assert not self.state.workers[c.worker].suspended, ("sent to a suspended", c)
-                assert not self.state.workers[c.worker].draining, ("sent to a draining", c)
+                ws = self.state.workers[c.worker]
+                # (a worker of a pool with tasks_per_worker is drained with its last try)
+                assert not ws.draining or self.state.tasks_left(ws) <= 0, ("sent to a draining", c)
                 for t in c.tasks:
                     ts = self.state.tasks[t.key]
                     assert ts.worker == c.worker or c.worker in self.state.copies[ts]
