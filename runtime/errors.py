@@ -71,6 +71,7 @@ __all__ = [
     "UnknownPolicyError",
     "UnknownStream",
     "ValueTooLarge",
+    "WorkerCoreFailed",
     "WorkerLost",
     "WorkersTimeout",
     "describe_exit",
