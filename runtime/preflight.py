@@ -488,9 +488,17 @@ def _slurm(
             command, None, _no_answer(timeout, exc.stderr), _no_answer_advice()
         ) from None
     except OSError as exc:
-        raise BatchSystemError(command, None, str(exc), "") from None
+        raise BatchSystemError(
+            command, None, str(exc),
+            f"Check that {argv[0]!r} on PATH is the Slurm command and may be run by this "
+            "user (its permissions).",
+        ) from None  # fmt: skip
     if done.returncode != 0:
-        raise BatchSystemError(command, done.returncode, done.stderr or done.stdout, "")
+        raise BatchSystemError(
+            command, done.returncode, done.stderr or done.stdout,
+            "Fix what Slurm printed; if it says it cannot reach the controller, "
+            + _no_answer_advice(),
+        )  # fmt: skip
     return done.stdout + done.stderr
 
 
@@ -695,7 +703,7 @@ def check_accounting(
     try:
         config = _slurm(["scontrol", "show", "config"], timeout, stop=stop)
     except BatchSystemError as err:
-        return CheckResult(pool.name, "account/qos", WARN, f"not known: {err}", "")
+        return CheckResult(pool.name, "account/qos", WARN, f"not known: {err.failure}", err.advice)
     m = re.search(r"^AccountingStorageEnforce\s*=\s*(\S+)", config, re.MULTILINE)
     enforce = m.group(1) if m else "none"
     named = ", ".join(f"{k} {v!r}" for k, v in (("account", pool.account), ("qos", pool.qos)) if v)

@@ -299,6 +299,41 @@ def test_a_controller_that_is_down_is_a_clear_failure(tmp_path: Path) -> None:
     assert "slurmctld runs" in r["advice"]
 
 
+def test_a_failing_or_unrunnable_slurm_command_says_what_to_do(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Slurm command that exits non-zero, or cannot be started, was a BatchSystemError
+    with no advice (the account check's warning then said nothing to do)."""
+    from runtime.preflight import check_accounting
+
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    scontrol = fake / "scontrol"
+    scontrol.write_text(
+        "#!/bin/sh\necho 'slurm_load_ctl_conf error: Unable to contact' >&2\nexit 1\n"
+    )
+    scontrol.chmod(0o755)
+    monkeypatch.setenv("PATH", str(fake))  # (not this machine's own Slurm)
+    monkeypatch.setenv("SLURM_CONF", "/etc/slurm/x.conf")
+    pool = pools_from_dicts({"hpc": {"provider": "slurm", "partition": "p", "account": "a"}})["hpc"]
+    result = check_accounting(pool, timeout=10.0)
+    assert result is not None and result.status == WARN
+    assert result.detail == (
+        "not known: 'scontrol show' failed with exit code 1: "
+        "slurm_load_ctl_conf error: Unable to contact"
+    )
+    assert result.advice.startswith("Fix what Slurm printed; if it says it cannot reach")
+    assert "SLURM_CONF=/etc/slurm/x.conf" in result.advice and "`scontrol ping`" in result.advice
+    scontrol.chmod(0o644)  # there, but not a program this user may run
+    result = check_accounting(pool, timeout=10.0)
+    assert result is not None and result.status == WARN
+    assert "could not be run: [Errno 13] Permission denied" in result.detail
+    assert result.advice == (
+        "Check that 'scontrol' on PATH is the Slurm command and may be run by this user "
+        "(its permissions)."
+    )
+
+
 def test_a_memory_limit_without_its_unit_is_refused_by_check(tmp_path: Path) -> None:
     """``memory_per_worker = 512`` (MiB meant) was read as 512 bytes and passed; every
     producer of the pool would then stall. ``corral check`` refuses it, one FAIL (with
