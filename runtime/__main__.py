@@ -353,11 +353,17 @@ def build_parser(prog: str = MODULE_PROG) -> argparse.ArgumentParser:
         "--since", default=None, metavar="TIME",
         help="report only what overlaps the window from TIME: a UTC date and time "
         "(2026-12-05 14:00, 2026-12-05T14:00:30, an ISO time with an offset), a UTC time of "
-        "day, today (14:00:30), Unix seconds, or +DURATION from the run's start (+90m)",
+        "day, today (14:00:30), Unix seconds, +DURATION from the run's start (+90m), or "
+        "-DURATION before its end (--since=-1h, with the =: the run's last hour)",
     )  # fmt: skip
     rep_.add_argument(
         "--until", default=None, metavar="TIME",
         help="report only what overlaps the window up to TIME (as --since)",
+    )  # fmt: skip
+    rep_.add_argument(
+        "--last", default=None, metavar="DURATION",
+        help="report only the run's last DURATION (1h, 30m): --since=-DURATION; for a run "
+        "still going, up to its latest record",
     )  # fmt: skip
     wrk = sub.add_parser(
         "worker",
@@ -818,9 +824,14 @@ def _import_policy_module(spec: str) -> None:
 def _cmd_report(args: argparse.Namespace) -> int:
     from runtime.report import format_runs, list_runs, write_report
 
+    if args.last is not None and args.since is not None:
+        raise ValueError(
+            f"--last {args.last} is --since=-{args.last}: give one of --last and --since"
+        )
     if args.list:
         chosen = [f for f, v in (("--run", args.run), ("--since", args.since),
-                                 ("--until", args.until)) if v is not None]  # fmt: skip
+                                 ("--last", args.last), ("--until", args.until))
+                  if v is not None]  # fmt: skip
         if chosen:
             raise ValueError(
                 f"--list lists every run and writes no report: leave out {' and '.join(chosen)}, "
@@ -832,8 +843,9 @@ def _cmd_report(args: argparse.Namespace) -> int:
     def progress(text: str) -> None:
         print(text, file=sys.stderr, flush=True)
 
+    since = args.since if args.last is None else f"-{args.last.strip()}"
     out = write_report(
-        args.db, args.output, run_id=args.run, since=args.since, until=args.until,
+        args.db, args.output, run_id=args.run, since=since, until=args.until,
         progress=progress,
     )  # fmt: skip
     # on stderr, as the progress: with -o /dev/stdout the report itself is on stdout

@@ -299,18 +299,20 @@ def _spans(runs: Iterable[dict[str, Any]]) -> str:
 _WHEN_FORMS = (
     "a UTC date and time as the report and --list show them (2026-12-05 14:00 or "
     "2026-12-05T14:00:30; an ISO time with an offset, +01:00, is taken as such), a UTC "
-    "time of day, today (14:00:30), Unix seconds, or +DURATION from the run's start "
-    "(+90m, +1h30m, +600)"
+    "time of day, today (14:00:30), Unix seconds, +DURATION from the run's start "
+    "(+90m, +1h30m, +600), or -DURATION before its end (-1h: its last hour; for a run "
+    "still going, before its latest record)"
 )
 
 
 def _absolute(text: str, flag: str, now: float | None = None) -> float | None:
     """The Unix time ``text`` (``--since``/``--until``) names, or None for a time from
-    the run's start (``+DURATION``); :class:`ReportRunError` for anything else. A time
+    the run's start or end (``+DURATION``, ``-DURATION``); :class:`ReportRunError` for
+    anything else. A time
     of day alone (``15:49:30``) is of today, the date in UTC (or in its own offset's
     zone, ``15:49:30+01:00``) at ``now`` (Unix seconds; None: the clock)."""
     text = text.strip()
-    if text.startswith("+"):
+    if text.startswith(("+", "-")):
         return None
     with contextlib.suppress(ValueError):
         at = float(text)
@@ -331,15 +333,18 @@ def _absolute(text: str, flag: str, now: float | None = None) -> float | None:
     return when.timestamp()
 
 
-def _when(text: str, flag: str, t0: float) -> float:
-    """The Unix time ``text`` names, ``+DURATION`` from ``t0``, the run's start."""
+def _when(text: str, flag: str, t0: float, end: float) -> float:
+    """The Unix time ``text`` names, ``+DURATION`` from ``t0``, the run's start, or
+    ``-DURATION`` before ``end``, its end (its latest record)."""
     at = _absolute(text, flag)
     if at is not None:
         return at
+    sign = text.strip()[0]
     try:
-        return t0 + parse_duration(typed_duration(text.strip()[1:]))
+        span = parse_duration(typed_duration(text.strip()[1:]))
     except ValueError as exc:
-        raise ReportRunError("", f"{flag} {text!r}: {exc} after the +") from None
+        raise ReportRunError("", f"{flag} {text!r}: {exc} after the {sign}") from None
+    return t0 + span if sign == "+" else end - span
 
 
 def _pick(
@@ -386,8 +391,8 @@ def _pick(
     if since is None and until is None:
         return info, None
     t0, end = float(info["started"]), _run_end(info)
-    lo = t0 if since is None else _when(since, "--since", t0)
-    hi = end if until is None else _when(until, "--until", t0)
+    lo = t0 if since is None else _when(since, "--since", t0, end)
+    hi = end if until is None else _when(until, "--until", t0, end)
     if since is not None and until is not None and lo >= hi:
         raise ReportRunError(
             "",

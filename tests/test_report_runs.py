@@ -213,6 +213,31 @@ def test_a_window_shows_what_overlaps_it_in_every_plot(runs: Runs, tmp_path: Pat
     assert whole.start == 0.0
 
 
+@pytest.mark.timeout(60)
+def test_the_last_stretch_of_a_run_counts_back_from_its_end(runs: Runs, tmp_path: Path) -> None:
+    """``--since=-DURATION`` and ``--last DURATION``: the run's last stretch (an operator
+    of a manager that runs for days asks of its last hour); ``--since -1h`` was argparse's
+    "expected one argument", and there was no form of it."""
+    mid = sum(runs.idle) / 2
+    info = next(r for r in list_runs(runs.db) if r.run_id == runs.two)
+    assert info.ended is not None
+    end = info.ended
+    back = f"{end - mid:.3f}s"
+    run = _run(runs.db, run_id=runs.two, since=f"-{back}")
+    assert run.window == pytest.approx((end - float(back[:-1]), end))
+    assert run.tasks == 4 and _families(run) == {"third"}  # as from its idle stretch on
+    out = tmp_path / "report.html"
+    for args in (("--last", back), (f"--since=-{back}",)):
+        proc = _report(str(runs.db), "--run", runs.two, *args, "-o", str(out))
+        assert proc.returncode == 0, proc.stderr
+        assert "read 4 tasks" in proc.stderr
+    proc = _report(str(runs.db), "--last", "1h", "--since", "+1m", "-o", str(out))
+    assert proc.returncode == 1
+    assert "--last 1h is --since=-1h: give one of --last and --since" in proc.stderr
+    with pytest.raises(ReportRunError, match=r"--until '-5 parsecs': .* after the -"):
+        build_report(runs.db, until="-5 parsecs")
+
+
 def _at(text: str) -> float:
     return datetime.datetime.fromisoformat(text).timestamp()
 
