@@ -6,8 +6,9 @@ each other.
   change, wait on the event instead.
 - :func:`nodes` and :data:`GATEWAYS`: a manager and workers as separate actor systems
   joined over ``inproc://`` with the codec on.
-- :class:`Cli`: manager and worker processes started through the CLI, their output read
-  all along, stopped at the end.
+- :class:`Cli` (from ``runtime/cli_processes.py``, which the benchmarks share): manager
+  and worker processes started through the CLI, their output read all along, stopped at
+  the end.
 - :func:`external_binary` (a program a test needs, e.g. Prometheus or Alertmanager:
   skipped without it locally, a failure in CI), :func:`free_port`, :func:`http_get`.
 - Builders for tests of the scheduler's pure core: :func:`event`, :func:`run`,
@@ -24,14 +25,10 @@ import functools
 import inspect
 import ipaddress
 import itertools
-import json
 import logging
 import os
-import queue
 import shutil
-import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -41,7 +38,6 @@ from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import anyio
 import pytest
@@ -65,6 +61,7 @@ from actors.scheduler_events import (
 from actors.scheduler_records import SchedulerConfig
 from actors.scheduler_state import SchedulerState
 from policies import REGISTRY
+from runtime.cli_processes import Cli
 from runtime.graph import Key, Task, TaskRef, build_specs
 from runtime.kernel import Actor, handles
 from runtime.messages import (
@@ -336,135 +333,6 @@ def log_lines(name: str = "corral", level: int = logging.INFO) -> Iterator[LogLi
     finally:
         logger.removeHandler(handler)
         logger.setLevel(old_level)
-
-
-class Cli:
-    """Corral processes started through the CLI (``python -m runtime ...``) for one test.
-
-    They get a token directory of their own (``home``) and this checkout on their path;
-    a thread per process reads its output all along (so a full pipe never blocks it)
-    into a queue that :meth:`line_with` reads. :meth:`stop` ends them all (SIGTERM,
-    then SIGKILL after 10 s). As a context manager it also points this process's
-    ``CORRAL_HOME`` at ``home`` (clients find the manager's token there) and restores it.
-    """
-
-    def __init__(self, home: Path) -> None:
-        self.home = home
-        self.env = dict(os.environ, CORRAL_HOME=str(home), PYTHONUNBUFFERED="1")
-        self.env["PYTHONPATH"] = os.pathsep.join([str(ROOT), self.env.get("PYTHONPATH", "")])
-        self.procs: list[subprocess.Popen[str]] = []
-        self._lines: dict[int, queue.Queue[str | None]] = {}
-        self._readers: list[threading.Thread] = []
-        self._old_home: str | None = None
-
-    def __enter__(self) -> Cli:
-        self._old_home = os.environ.get("CORRAL_HOME")
-        os.environ["CORRAL_HOME"] = str(self.home)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        try:
-            self.stop()
-        finally:
-            if self._old_home is None:
-                os.environ.pop("CORRAL_HOME", None)
-            else:
-                os.environ["CORRAL_HOME"] = self._old_home
-
-    def start(self, *args: str) -> subprocess.Popen[str]:
-        """``python -m runtime ARGS...``."""
-        return self.spawn([sys.executable, "-m", "runtime", *args])
-
-    def spawn(self, argv: Sequence[str]) -> subprocess.Popen[str]:
-        proc = subprocess.Popen(
-            list(argv), env=self.env, text=True,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-        self.procs.append(proc)
-        lines: queue.Queue[str | None] = queue.Queue()
-        self._lines[proc.pid] = lines
-
-        def read() -> None:
-            assert proc.stdout is not None
-            with proc.stdout as out:  # closed here, at the end of the output
-                for line in out:
-                    lines.put(line)
-            lines.put(None)
-
-        reader = threading.Thread(target=read, daemon=True)
-        reader.start()
-        self._readers.append(reader)
-        return proc
-
-    def line_with(self, proc: subprocess.Popen[str], needle: str, limit: float = 30) -> str:
-        """The next line of ``proc``'s output that contains ``needle`` (bounded)."""
-        seen: list[str] = []
-        for line in self._lines_of(proc, limit, f"no {needle!r} within {limit} s", seen):
-            if needle in line:
-                return line
-        raise AssertionError(f"process ended before printing {needle!r}: {seen[-20:]}")
-
-    def rest(self, proc: subprocess.Popen[str], limit: float = 10) -> list[str]:
-        """The lines of ``proc``'s output not read yet, up to its end (it has ended, or
-        ends within ``limit`` seconds)."""
-        out: list[str] = []
-        for _ in self._lines_of(proc, limit, f"output not ended within {limit} s", out):
-            pass
-        return out
-
-    def _lines_of(
-        self, proc: subprocess.Popen[str], limit: float, late: str, seen: list[str]
-    ) -> Iterator[str]:
-        """``proc``'s next lines as they come, each also put in ``seen``, up to the end
-        of its output; ``AssertionError(late)`` when none comes within ``limit`` s."""
-        lines = self._lines[proc.pid]
-        deadline = time.monotonic() + limit
-        while True:
-            try:
-                line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                raise AssertionError(f"{late}: {seen[-20:]}") from None
-            if line is None:
-                lines.put(None)
-                return
-            seen.append(line)
-            yield line
-
-    def manager(self, *flags: str) -> tuple[subprocess.Popen[str], str]:
-        """A manager on a free port of 127.0.0.1; returns it and its address."""
-        proc = self.start("manager", "--listen", "127.0.0.1:0", *flags)
-        line = self.line_with(proc, "manager listening on")
-        return proc, line.split("manager listening on", 1)[1].strip()
-
-    def worker(self, address: str, *flags: str) -> subprocess.Popen[str]:
-        """A worker joined to the manager at ``address``."""
-        proc = self.start("worker", address, *flags)
-        self.line_with(proc, "joined")
-        return proc
-
-    def tokens(self, address: str) -> dict[str, str]:
-        """The manager's token file: ``{"admin": ..., "read": ...}``."""
-        parts = urlsplit(address)
-        path = self.home / "tokens" / f"{parts.hostname}_{parts.port}.json"
-        data: dict[str, str] = json.loads(path.read_text())
-        return data
-
-    def stop(self, procs: Iterable[subprocess.Popen[str]] | None = None) -> None:
-        """End ``procs`` (default: all), gracefully first."""
-        chosen = list(self.procs if procs is None else procs)
-        for p in chosen:
-            if p.poll() is None:
-                p.send_signal(signal.SIGCONT)  # a stopped process cannot take SIGTERM
-                p.send_signal(signal.SIGTERM)
-        for p in chosen:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(5)
-        if procs is None:
-            for r in self._readers:
-                r.join(5)  # each closes its pipe at the end of the output
 
 
 # ----------------------------------------------------------------------------- external programs
