@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 import threading
 from collections import Counter
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
@@ -46,6 +48,9 @@ class Gated:
             raise TimeoutError("gate never opened")
         return i * 10
 
+    def open(self) -> None:
+        self.gate.set()
+
 
 async def running_on_both(cluster: Cluster, task: Gated | GatedEach, n: int) -> list[Any]:
     """Map ``task`` over ``range(n)`` on a cluster of two workers once both joined;
@@ -58,36 +63,30 @@ async def running_on_both(cluster: Cluster, task: Gated | GatedEach, n: int) -> 
 
 async def test_scale_in_drains_a_busy_worker_instead_of_stopping_it() -> None:
     task = Gated()
-    try:
-        with anyio.fail_after(BOUND):
-            async with Cluster(workers=2) as cluster:
-                state = cluster.scheduler_state
-                futs = await running_on_both(cluster, task, 4)
-                assert await cluster.scale(1) == {"default": 1}
-                # The newest block's worker drains: no new tasks, and it keeps the ones it
-                # has (the scheduler retires it only once they are done).
-                await wait_until(
-                    lambda: state.workers["worker-2"].draining, "worker-2 draining", limit=BOUND
-                )
-                busy = {ts.key for ts in state.workers["worker-2"].processing}
-                assert busy and not state.workers["worker-2"].retired
-                assert sorted(task.runs.values()) == [1, 1]  # one thread each; none again
-                task.gate.set()
-                assert await cluster.gather(futs) == [0, 10, 20, 30]
-                # Its tasks finished there; no try was lost with it. (Outputs it held are
-                # made again elsewhere once it has left: a drain does not move data.)
-                for key in busy:
-                    tries = [(t.worker, t.outcome) for t in state.tasks[key].tries]
-                    assert tries[0] == ("worker-2", "ok"), tries
-                    assert {outcome for _, outcome in tries} == {"ok"}, tries
-                await wait_until(
-                    lambda: "worker-2" not in state.workers, "worker-2 to leave", limit=BOUND
-                )
-                auto = (await cluster.status())["autoscaler"]
-                assert (auto["targets"], auto["ended"], auto["gave_up"]) == ({"default": 1}, 1, [])
-                assert list(auto["blocks"]) == ["block-1"]
-    finally:
+    async with gated_cluster(task, workers=2) as cluster:
+        state = cluster.scheduler_state
+        futs = await running_on_both(cluster, task, 4)
+        assert await cluster.scale(1) == {"default": 1}
+        # The newest block's worker drains: no new tasks, and it keeps the ones it
+        # has (the scheduler retires it only once they are done).
+        await wait_until(
+            lambda: state.workers["worker-2"].draining, "worker-2 draining", limit=BOUND
+        )
+        busy = {ts.key for ts in state.workers["worker-2"].processing}
+        assert busy and not state.workers["worker-2"].retired
+        assert sorted(task.runs.values()) == [1, 1]  # one thread each; none again
         task.gate.set()
+        assert await cluster.gather(futs) == [0, 10, 20, 30]
+        # Its tasks finished there; no try was lost with it. (Outputs it held are
+        # made again elsewhere once it has left: a drain does not move data.)
+        for key in busy:
+            tries = [(t.worker, t.outcome) for t in state.tasks[key].tries]
+            assert tries[0] == ("worker-2", "ok"), tries
+            assert {outcome for _, outcome in tries} == {"ok"}, tries
+        await wait_until(lambda: "worker-2" not in state.workers, "worker-2 to leave", limit=BOUND)
+        auto = (await cluster.status())["autoscaler"]
+        assert (auto["targets"], auto["ended"], auto["gave_up"]) == ({"default": 1}, 1, [])
+        assert list(auto["blocks"]) == ["block-1"]
 
 
 class GatedEach:
@@ -110,6 +109,19 @@ class GatedEach:
             gate.set()
 
 
+@asynccontextmanager
+async def gated_cluster(*tasks: Gated | GatedEach, **options: Any) -> AsyncIterator[Cluster]:
+    """``Cluster(**options)`` within ``BOUND`` seconds; on the way out, whatever
+    happened, every gate of ``tasks`` is opened (no task thread is left waiting)."""
+    try:
+        with anyio.fail_after(BOUND):
+            async with Cluster(**options) as cluster:
+                yield cluster
+    finally:
+        for task in tasks:
+            task.open()
+
+
 async def test_scale_in_judges_idle_blocks_by_the_counts_now_not_the_last_ticks(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -120,35 +132,29 @@ async def test_scale_in_judges_idle_blocks_by_the_counts_now_not_the_last_ticks(
     monkeypatch.setattr(actors.autoscaler.Autoscaler, "_ticks", no_ticks)
     made = autoscalers_made(monkeypatch)
     task = GatedEach(2)
-    try:
-        with anyio.fail_after(BOUND):
-            async with Cluster(workers=2) as cluster:
-                (auto,) = made
-                state = cluster.scheduler_state
-                futs = await running_on_both(cluster, task, 2)
-                await auto.ref.ask(_Tick())  # the core sees both blocks running, busy
-                core = auto.state
-                assert [(b.state, b.idle_since) for b in core.blocks.values()] == [
-                    ("running", None),
-                    ("running", None),
-                ]
-                owner = {w: bid for bid, b in core.blocks.items() for w in b.workers}
-                first = state.workers["worker-1"]
-                (i,) = [ts.key for ts in first.processing]
-                task.gates[[f.key for f in futs].index(i)].set()
-                await wait_until(lambda: not first.processing, "worker-1 idle", limit=BOUND)
-                assert await cluster.scale(1) == {"default": 1}
-                idle, busy = core.blocks[owner["worker-1"]], core.blocks[owner["worker-2"]]
-                assert idle.retiring and not busy.retiring
-                assert not state.workers["worker-2"].draining
-                task.open()
-                assert sorted(await cluster.gather(futs)) == [0, 1]
-                await wait_until(
-                    lambda: "worker-1" not in state.workers, "worker-1 to leave", limit=BOUND
-                )
-                assert list((await cluster.status())["autoscaler"]["blocks"]) == [busy.block_id]
-    finally:
+    async with gated_cluster(task, workers=2) as cluster:
+        (auto,) = made
+        state = cluster.scheduler_state
+        futs = await running_on_both(cluster, task, 2)
+        await auto.ref.ask(_Tick())  # the core sees both blocks running, busy
+        core = auto.state
+        assert [(b.state, b.idle_since) for b in core.blocks.values()] == [
+            ("running", None),
+            ("running", None),
+        ]
+        owner = {w: bid for bid, b in core.blocks.items() for w in b.workers}
+        first = state.workers["worker-1"]
+        (i,) = [ts.key for ts in first.processing]
+        task.gates[[f.key for f in futs].index(i)].set()
+        await wait_until(lambda: not first.processing, "worker-1 idle", limit=BOUND)
+        assert await cluster.scale(1) == {"default": 1}
+        idle, busy = core.blocks[owner["worker-1"]], core.blocks[owner["worker-2"]]
+        assert idle.retiring and not busy.retiring
+        assert not state.workers["worker-2"].draining
         task.open()
+        assert sorted(await cluster.gather(futs)) == [0, 1]
+        await wait_until(lambda: "worker-1" not in state.workers, "worker-1 to leave", limit=BOUND)
+        assert list((await cluster.status())["autoscaler"]["blocks"]) == [busy.block_id]
 
 
 async def test_an_idle_in_process_worker_drained_ends_free() -> None:
@@ -200,122 +206,100 @@ async def test_a_drain_the_scheduler_does_not_answer_in_time_is_asked_again(
     made = autoscalers_made(monkeypatch, Busy)
     monkeypatch.setattr(actors.autoscaler, "DRAIN_RETRY", 0.05)  # then 0.1, 0.2
     task = Gated()
-    try:
-        with anyio.fail_after(BOUND):
-            async with Cluster(workers=2) as cluster:
-                (auto,) = made
-                state = cluster.scheduler_state
-                futs = await running_on_both(cluster, task, 4)
-                assert await cluster.scale(1) == {"default": 1}
-                await wait_until(
-                    lambda: auto.drains_unanswered == 2, "the drain asked again", limit=BOUND
-                )
-                block = auto.state.blocks["block-2"]
-                assert block.retiring and not block.stopping
-                assert "worker-2" in state.workers and state.workers["worker-2"].processing
-                await wait_until(
-                    lambda: "worker-2" in block.drained, "the drain answered", limit=BOUND
-                )
-                assert auto.drains_unanswered == 3 and not block.stopping
-                assert state.workers["worker-2"].draining
-                busy = {ts.key for ts in state.workers["worker-2"].processing}
-                task.gate.set()
-                assert await cluster.gather(futs) == [0, 10, 20, 30]
-                for key in busy:  # they finished where they ran: no try lost
-                    tries = [(t.worker, t.outcome) for t in state.tasks[key].tries]
-                    assert tries == [("worker-2", "ok")], tries
-                await wait_until(
-                    lambda: "worker-2" not in state.workers, "worker-2 to leave", limit=BOUND
-                )
-    finally:
+    async with gated_cluster(task, workers=2) as cluster:
+        (auto,) = made
+        state = cluster.scheduler_state
+        futs = await running_on_both(cluster, task, 4)
+        assert await cluster.scale(1) == {"default": 1}
+        await wait_until(lambda: auto.drains_unanswered == 2, "the drain asked again", limit=BOUND)
+        block = auto.state.blocks["block-2"]
+        assert block.retiring and not block.stopping
+        assert "worker-2" in state.workers and state.workers["worker-2"].processing
+        await wait_until(lambda: "worker-2" in block.drained, "the drain answered", limit=BOUND)
+        assert auto.drains_unanswered == 3 and not block.stopping
+        assert state.workers["worker-2"].draining
+        busy = {ts.key for ts in state.workers["worker-2"].processing}
         task.gate.set()
+        assert await cluster.gather(futs) == [0, 10, 20, 30]
+        for key in busy:  # they finished where they ran: no try lost
+            tries = [(t.worker, t.outcome) for t in state.tasks[key].tries]
+            assert tries == [("worker-2", "ok")], tries
+        await wait_until(lambda: "worker-2" not in state.workers, "worker-2 to leave", limit=BOUND)
 
 
 async def test_a_held_scale_out_goes_back_to_the_target_by_draining() -> None:
     task = Gated()
-    try:
-        with anyio.fail_after(BOUND):
-            async with Cluster(workers=1) as cluster:
-                await cluster.wait_for_workers(1)
-                state = cluster.scheduler_state
-                futs = cluster.map(task, range(3))
-                # 3 blocks for 3 s (as an alert's scale-out asks); the target stays 1.
-                assert await cluster.scale(3, hold=3.0) == {"default": 3}
-                await wait_until(lambda: len(task.runs) == 3, "a task on each", limit=BOUND)
-                auto = (await cluster.status())["autoscaler"]
-                assert auto["targets"] == {"default": 1}
-                # The hold ends while all three are busy: two are drained, none stopped.
-                await wait_until(
-                    lambda: sum(w.draining for w in state.workers.values()) == 2,
-                    "two workers draining after the hold",
-                    limit=BOUND,
-                )
-                task.gate.set()
-                assert await cluster.gather(futs) == [0, 10, 20]
-                await wait_until(lambda: len(state.workers) == 1, "back to 1 worker", limit=BOUND)
-                for fut in futs:
-                    assert {t.outcome for t in state.tasks[fut.key].tries} == {"ok"}
-                with pytest.raises(ValueError, match="hold must be > 0"):
-                    await cluster.scale(2, hold=0.0)
-    finally:
+    async with gated_cluster(task, workers=1) as cluster:
+        await cluster.wait_for_workers(1)
+        state = cluster.scheduler_state
+        futs = cluster.map(task, range(3))
+        # 3 blocks for 3 s (as an alert's scale-out asks); the target stays 1.
+        assert await cluster.scale(3, hold=3.0) == {"default": 3}
+        await wait_until(lambda: len(task.runs) == 3, "a task on each", limit=BOUND)
+        auto = (await cluster.status())["autoscaler"]
+        assert auto["targets"] == {"default": 1}
+        # The hold ends while all three are busy: two are drained, none stopped.
+        await wait_until(
+            lambda: sum(w.draining for w in state.workers.values()) == 2,
+            "two workers draining after the hold",
+            limit=BOUND,
+        )
         task.gate.set()
+        assert await cluster.gather(futs) == [0, 10, 20]
+        await wait_until(lambda: len(state.workers) == 1, "back to 1 worker", limit=BOUND)
+        for fut in futs:
+            assert {t.outcome for t in state.tasks[fut.key].tries} == {"ok"}
+        with pytest.raises(ValueError, match="hold must be > 0"):
+            await cluster.scale(2, hold=0.0)
 
 
 async def test_the_scaling_policy_is_swapped_at_runtime() -> None:
     task = Gated()
-    try:
-        with anyio.fail_after(BOUND):
-            async with Cluster(workers=1) as cluster:
-                await cluster.wait_for_workers(1)
-                info = await cluster.set_policy("scaling", "queue", tasks_per_block=10, maximum=3)
-                assert info == PolicyInfo(
-                        "scaling", "queue", ("demand", "fixed", "queue"),
-                        {"maximum": "3", "tasks_per_block": "10"}, REGISTRY.defaults("scaling"),
-                    )  # fmt: skip
-                assert info.defaults["queue"] == {"tasks_per_block": "100", "maximum": "16"}
-                with pytest.raises(UnknownPolicyError):
-                    await cluster.set_policy("scaling", "no-such-policy")
-                # What the console's `policy list` shows: the scaling row too.
-                infos = await cluster._plane.refs["manager"].ask(PolicyQuery())
-                assert infos[-1] == info and {i.kind for i in infos[:-1]} >= {"placement"}
-                # 40 ready tasks, 10 per block: the policy asks for 3 blocks (its maximum)
-                # at the autoscaler's next tick, above the target of 1.
-                futs = cluster.map(task, range(40))
-                state = cluster.scheduler_state
-                await wait_until(lambda: len(state.workers) == 3, "3 workers", limit=BOUND)
-                auto = (await cluster.status())["autoscaler"]
-                assert (auto["policy"], auto["targets"], auto["desired"]) == (
-                    "queue",
-                    {"default": 1},
-                    {"default": 3},
-                )
-                task.gate.set()
-                assert await cluster.gather(futs) == [i * 10 for i in range(40)]
-                # The queue is empty: back to the target, by draining.
-                await wait_until(lambda: len(state.workers) == 1, "back to 1 worker", limit=BOUND)
-                # Scaled in by draining: no try was lost with a worker.
-                for fut in futs:
-                    assert {t.outcome for t in state.tasks[fut.key].tries} == {"ok"}
-    finally:
+    async with gated_cluster(task, workers=1) as cluster:
+        await cluster.wait_for_workers(1)
+        info = await cluster.set_policy("scaling", "queue", tasks_per_block=10, maximum=3)
+        assert info == PolicyInfo(
+                "scaling", "queue", ("demand", "fixed", "queue"),
+                {"maximum": "3", "tasks_per_block": "10"}, REGISTRY.defaults("scaling"),
+            )  # fmt: skip
+        assert info.defaults["queue"] == {"tasks_per_block": "100", "maximum": "16"}
+        with pytest.raises(UnknownPolicyError):
+            await cluster.set_policy("scaling", "no-such-policy")
+        # What the console's `policy list` shows: the scaling row too.
+        infos = await cluster._plane.refs["manager"].ask(PolicyQuery())
+        assert infos[-1] == info and {i.kind for i in infos[:-1]} >= {"placement"}
+        # 40 ready tasks, 10 per block: the policy asks for 3 blocks (its maximum)
+        # at the autoscaler's next tick, above the target of 1.
+        futs = cluster.map(task, range(40))
+        state = cluster.scheduler_state
+        await wait_until(lambda: len(state.workers) == 3, "3 workers", limit=BOUND)
+        auto = (await cluster.status())["autoscaler"]
+        assert (auto["policy"], auto["targets"], auto["desired"]) == (
+            "queue",
+            {"default": 1},
+            {"default": 3},
+        )
         task.gate.set()
+        assert await cluster.gather(futs) == [i * 10 for i in range(40)]
+        # The queue is empty: back to the target, by draining.
+        await wait_until(lambda: len(state.workers) == 1, "back to 1 worker", limit=BOUND)
+        # Scaled in by draining: no try was lost with a worker.
+        for fut in futs:
+            assert {t.outcome for t in state.tasks[fut.key].tries} == {"ok"}
 
 
 async def test_the_scaling_policy_is_chosen_at_construction() -> None:
     task = Gated()
     policies = {"scaling": ("queue", {"tasks_per_block": 10, "maximum": 2})}
-    try:
-        with anyio.fail_after(BOUND):
-            async with Cluster(workers=1, policies=policies) as cluster:
-                auto = (await cluster.status())["autoscaler"]
-                assert auto["policy"] == "queue"
-                # 20 ready tasks, 10 per block: the policy asks for its maximum, 2 blocks.
-                futs = cluster.map(task, range(20))
-                state = cluster.scheduler_state
-                await wait_until(lambda: len(state.workers) == 2, "2 workers", limit=BOUND)
-                task.gate.set()
-                assert await cluster.gather(futs) == [i * 10 for i in range(20)]
-    finally:
+    async with gated_cluster(task, workers=1, policies=policies) as cluster:
+        auto = (await cluster.status())["autoscaler"]
+        assert auto["policy"] == "queue"
+        # 20 ready tasks, 10 per block: the policy asks for its maximum, 2 blocks.
+        futs = cluster.map(task, range(20))
+        state = cluster.scheduler_state
+        await wait_until(lambda: len(state.workers) == 2, "2 workers", limit=BOUND)
         task.gate.set()
+        assert await cluster.gather(futs) == [i * 10 for i in range(20)]
 
 
 async def test_a_bad_scaling_policy_at_construction_fails_the_start() -> None:
@@ -358,41 +342,36 @@ async def test_drained_workers_holding_held_outputs_are_taken_back_not_replaced(
     Before, two new blocks were started beside them (four on a pool of two) and the
     queued tasks waited for them."""
     first, then = GatedEach(2), Gated()
-    try:
-        with anyio.fail_after(BOUND):
-            async with Cluster(workers=2) as cluster:
-                state = cluster.scheduler_state
-                held = await running_on_both(cluster, first, 2)
-                assert await cluster.scale(0) == {"default": 0}
-                await wait_until(
-                    lambda: all(w.draining for w in state.workers.values()),
-                    "both workers draining",
-                    limit=BOUND,
-                )
-                first.open()
-                assert sorted(await cluster.gather(held)) == [0, 1]
-                await wait_until(
-                    lambda: all(w.keeping and not w.processing for w in state.workers.values()),
-                    "both idle, keeping the held outputs",
-                    limit=BOUND,
-                )
-                later = [cluster.submit(then, i, key=f"b-{i}") for i in range(2)]
-                await wait_until(lambda: state.count("queued") == 2, "b queued", limit=BOUND)
-                assert not any(w.processing for w in state.workers.values())  # refused
-
-                assert await cluster.scale(2) == {"default": 2}
-                await wait_until(lambda: len(then.runs) == 2, "b running", limit=BOUND)
-                assert sorted(state.workers) == ["worker-1", "worker-2"]
-                assert not any(w.draining for w in state.workers.values())
-                auto = (await cluster.status())["autoscaler"]
-                assert sorted(auto["blocks"]) == ["block-1", "block-2"]
-                assert (auto["retiring"], auto["ended"]) == ([], 0)
-                then.gate.set()
-                assert await cluster.gather(later) == [0, 10]
-                ran = {t.worker for f in later for t in state.tasks[f.key].tries}
-                assert ran == {"worker-1", "worker-2"}
-                story = await cluster.story("worker-1")
-                assert ("draining", "undrained") in {(e[1], e[2]) for e in story}
-    finally:
+    async with gated_cluster(first, then, workers=2) as cluster:
+        state = cluster.scheduler_state
+        held = await running_on_both(cluster, first, 2)
+        assert await cluster.scale(0) == {"default": 0}
+        await wait_until(
+            lambda: all(w.draining for w in state.workers.values()),
+            "both workers draining",
+            limit=BOUND,
+        )
         first.open()
+        assert sorted(await cluster.gather(held)) == [0, 1]
+        await wait_until(
+            lambda: all(w.keeping and not w.processing for w in state.workers.values()),
+            "both idle, keeping the held outputs",
+            limit=BOUND,
+        )
+        later = [cluster.submit(then, i, key=f"b-{i}") for i in range(2)]
+        await wait_until(lambda: state.count("queued") == 2, "b queued", limit=BOUND)
+        assert not any(w.processing for w in state.workers.values())  # refused
+
+        assert await cluster.scale(2) == {"default": 2}
+        await wait_until(lambda: len(then.runs) == 2, "b running", limit=BOUND)
+        assert sorted(state.workers) == ["worker-1", "worker-2"]
+        assert not any(w.draining for w in state.workers.values())
+        auto = (await cluster.status())["autoscaler"]
+        assert sorted(auto["blocks"]) == ["block-1", "block-2"]
+        assert (auto["retiring"], auto["ended"]) == ([], 0)
         then.gate.set()
+        assert await cluster.gather(later) == [0, 10]
+        ran = {t.worker for f in later for t in state.tasks[f.key].tries}
+        assert ran == {"worker-1", "worker-2"}
+        story = await cluster.story("worker-1")
+        assert ("draining", "undrained") in {(e[1], e[2]) for e in story}

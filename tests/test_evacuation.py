@@ -18,6 +18,8 @@ and if the copying one goes without the copy; and on worker processes, no recove
 from __future__ import annotations
 
 import signal
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +40,7 @@ from actors.scheduler_events import (
     WorkerLeft,
 )
 from actors.worker import Leave, Worker
+from runtime import Cluster
 from runtime.graph import Task
 from runtime.kernel import Actor, ActorSystem, Later, handles
 from runtime.messages import CopiesReply, CopyFrom, Evacuated, EvacuationPlan, Leaving, RunTasks
@@ -101,8 +104,6 @@ async def test_a_preempted_workers_needed_output_survives_on_another(
     """With ``signals=2`` the worker gets a second SIGTERM once it is leaving, as in a
     Slurm job: the batch system signals every process of the job, and the job script's
     trap passes the signal on. The second one must not end the copy half-way."""
-    from runtime import Cluster
-
     log = tmp_path / "runs"
     n = 2**20 if signals == 1 else 2**23  # 8 MiB; 64 MiB: the copy outlasts the signal
     with Cli(tmp_path / "home") as cli, anyio.fail_after(LIMIT):
@@ -128,10 +129,22 @@ async def test_a_preempted_workers_needed_output_survives_on_another(
         assert log.read_text() == "ran\n"  # computed once: the copy was used
 
 
-def two_in_jobs_and_a_survivor(cli: Cli) -> tuple[str, dict[str, Any]]:
+@asynccontextmanager
+async def two_in_jobs_and_a_survivor(
+    tmp_path: Path,
+) -> AsyncIterator[tuple[Cli, str, dict[str, Any], Cluster]]:
     """A manager; workers a and b (pools ``pa``, ``pb``), each its own block inside a
-    (Slurm) job; c (pool ``pc``, block-c), the survivor. The manager's address, and the
-    processes of a and b."""
+    (Slurm) job; c (pool ``pc``, block-c), the survivor; all within ``LIMIT`` seconds
+    and stopped on the way out. The processes, the manager's address, the processes of
+    a and b, and a client once the three joined."""
+    with Cli(tmp_path / "home") as cli, anyio.fail_after(LIMIT):
+        address, going = _start_two_in_jobs_and_a_survivor(cli)
+        async with Cluster(address) as c:
+            await c.wait_for_workers(3)
+            yield cli, address, going, c
+
+
+def _start_two_in_jobs_and_a_survivor(cli: Cli) -> tuple[str, dict[str, Any]]:
     _, address = cli.manager()
     cli.env["SLURM_JOB_ID"] = "4242"  # what the batch system sets inside a job
     going = {}
@@ -164,24 +177,18 @@ async def test_two_workers_preempted_together_leave_the_needed_output_on_the_sur
     SIGTERM together, a first; a holds the only copy of a wanted output, and its plan
     names b (c, the survivor, holds more). b's Leaving comes while that copy is made:
     the output must end on c and be used from there, never computed again."""
-    from runtime import Cluster
-
     log = tmp_path / "runs"
     n = 2**23  # 64 MiB: the copy to b outlasts b's signal
-    with Cli(tmp_path / "home") as cli, anyio.fail_after(LIMIT):
-        address, going = two_in_jobs_and_a_survivor(cli)
-        async with Cluster(address) as c:
-            await c.wait_for_workers(3)
-            (x,) = await c.submit_graph({"x": (produce, str(log), n)}, ["x"], pool="pa")
-            (w,) = await c.submit_graph(
-                {"w": (produce, str(tmp_path / "w"), 2 * n)}, ["w"], pool="pc"
-            )
-            await x.wait()
-            await w.wait()
-            stop_a_then_b(cli, going, address)
-            (y,) = await c.submit_graph({"y": (total, "x")}, ["y"], pool="pc")
-            assert await y == float(np.arange(n).sum())
-        assert log.read_text() == "ran\n"  # computed once: the copy on c was used
+    async with two_in_jobs_and_a_survivor(tmp_path) as (cli, address, going, c):
+        (x,) = await c.submit_graph({"x": (produce, str(log), n)}, ["x"], pool="pa")
+        (w,) = await c.submit_graph({"w": (produce, str(tmp_path / "w"), 2 * n)}, ["w"], pool="pc")
+        await x.wait()
+        await w.wait()
+        stop_a_then_b(cli, going, address)
+        (y,) = await c.submit_graph({"y": (total, "x")}, ["y"], pool="pc")
+        assert await y == float(np.arange(n).sum())
+    # computed once: the copy on c was used (read once the processes stopped)
+    assert log.read_text() == "ran\n"
 
 
 def joined(s: Any, worker: str, block: str, pool: str = "default") -> None:
@@ -510,32 +517,26 @@ async def test_an_output_fetched_onto_a_second_worker_survives_both_stopping_tog
     it is still at it when b says it leaves); when b says it leaves, no holder of ``x``
     stays, so b copies its fetched copy to c. Nothing is computed again (no recovery,
     ``x`` ran once although d, of a's pool, could run it again), and ``x`` is read from c."""
-    from runtime import Cluster
-
     log = tmp_path / "runs"
     n = 2**15  # 256 KiB: b keeps the copy it fetched (a small one)
-    with Cli(tmp_path / "home") as cli, anyio.fail_after(LIMIT):
-        address, going = two_in_jobs_and_a_survivor(cli)
-        async with Cluster(address) as c:
-            await c.wait_for_workers(3)
-            (x,) = await c.submit_graph({"x": (produce, str(log), n)}, ["x"], pool="pa")
-            (w,) = await c.submit_graph(
-                {"w": (produce, str(tmp_path / "w"), 2**23)}, ["w"], pool="pa"
-            )
-            (y,) = await c.submit_graph({"y": (total, "x")}, ["y"], pool="pb")
-            await w.wait()
-            assert await y == float(np.arange(n).sum())  # b holds a copy of x now
-            stop_a_then_b(cli, going, address)
+    async with two_in_jobs_and_a_survivor(tmp_path) as (cli, address, going, c):
+        (x,) = await c.submit_graph({"x": (produce, str(log), n)}, ["x"], pool="pa")
+        (w,) = await c.submit_graph({"w": (produce, str(tmp_path / "w"), 2**23)}, ["w"], pool="pa")
+        (y,) = await c.submit_graph({"y": (total, "x")}, ["y"], pool="pb")
+        await w.wait()
+        assert await y == float(np.arange(n).sum())  # b holds a copy of x now
+        stop_a_then_b(cli, going, address)
 
-            async def a_and_b_gone() -> Any:
-                status = await c.status()
-                return {v.worker_id for v in status["workers"]} == {"c", "d"} and status
+        async def a_and_b_gone() -> Any:
+            status = await c.status()
+            return {v.worker_id for v in status["workers"]} == {"c", "d"} and status
 
-            storage = (await wait_until(a_and_b_gone, "a and b gone", step=0.05))["storage"]
-            assert storage["recoveries"] == {}
-            assert storage["transfers"]["evacuation"] == 3  # w, x, y: each once
-            (z,) = await c.submit_graph({"z": (total, "x")}, ["z"], pool="pc")
-            assert await z == float(np.arange(n).sum())
-            value = await x
-            assert value.shape == (n,) and value[-1] == n - 1
-        assert log.read_text() == "ran\n"  # computed once: the copy on c was used
+        storage = (await wait_until(a_and_b_gone, "a and b gone", step=0.05))["storage"]
+        assert storage["recoveries"] == {}
+        assert storage["transfers"]["evacuation"] == 3  # w, x, y: each once
+        (z,) = await c.submit_graph({"z": (total, "x")}, ["z"], pool="pc")
+        assert await z == float(np.arange(n).sum())
+        value = await x
+        assert value.shape == (n,) and value[-1] == n - 1
+    # computed once: the copy on c was used (read once the processes stopped)
+    assert log.read_text() == "ran\n"

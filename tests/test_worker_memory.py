@@ -384,6 +384,21 @@ async def ticks(n: int) -> None:
         count += 1
 
 
+@asynccontextmanager
+async def holding_big_0(
+    tmp_path: Path, make: Callable[[int], Any]
+) -> AsyncIterator[tuple[Worker, ActorRef[Any], SchedulerRecorder, list[int], Any]]:
+    """A worker (RSS 100 MB, within ``LIMIT`` seconds) that ran ``make(1000)`` as
+    ``big-0`` and holds its value: the worker, its reference, its scheduler, its RSS to
+    set and the value."""
+    rss = [100 * MB]
+    with anyio.fail_after(LIMIT):
+        async with worker(tmp_path, rss) as (w, ref, sched):
+            ref.post(RunTasks((run("big-0", make, 1000),)))
+            await sched.until(lambda: "big-0" in sched.done)
+            yield w, ref, sched, rss, w.data.peek("big-0")
+
+
 def make_gated(n: int) -> Gated:
     return Gated(b"x" * n)
 
@@ -396,29 +411,24 @@ async def test_a_spill_runs_off_the_event_loop_which_keeps_ticking_and_serving(
     while its pickling is held, a ticker on the loop ticks, a peer's fetch is served
     the value from memory, and the worker says a spill is under way (what a blocked
     loop's warning names); once let go, the value is on disk and reported spilled."""
-    rss = [100 * MB]
-    with anyio.fail_after(LIMIT):
-        async with worker(tmp_path, rss) as (w, ref, sched):
-            ref.post(RunTasks((run("big-0", make_gated, 1000),)))
-            await sched.until(lambda: "big-0" in sched.done)
-            value = w.data.peek("big-0")
-            rss[0] = 650 * MB  # past spill (0.6): the memory tick spills "big-0"
-            try:
-                await anyio.to_thread.run_sync(value.pickling.wait, GATE)
-                await ticks(3)  # the loop runs while the spill pickles
-                reply: DataReply = await ref.ask(GetData(("big-0",)))
-                assert reply.data["big-0"] is value  # served from memory meanwhile
-                assert w.spilling is not None and w.spill_during(0.0) is w.spilling
-                assert not w.data.on_disk("big-0")
-            finally:
-                value.go.set()
-            await sched.until(lambda: any(r.spilled_bytes for r in sched.reports))
-            assert value.waited == [True]  # the gate was opened by the test, not timed out
-            assert w.data.on_disk("big-0") and w.spilling is None
-            assert w.spilled_last is not None and w.spilled_last.ended is not None
-            rss[0] = 100 * MB
-            reply = await ref.ask(GetData(("big-0",)))
-            assert reply.data["big-0"] == b"x" * 1000  # read back from its file
+    async with holding_big_0(tmp_path, make_gated) as (w, ref, sched, rss, value):
+        rss[0] = 650 * MB  # past spill (0.6): the memory tick spills "big-0"
+        try:
+            await anyio.to_thread.run_sync(value.pickling.wait, GATE)
+            await ticks(3)  # the loop runs while the spill pickles
+            reply: DataReply = await ref.ask(GetData(("big-0",)))
+            assert reply.data["big-0"] is value  # served from memory meanwhile
+            assert w.spilling is not None and w.spill_during(0.0) is w.spilling
+            assert not w.data.on_disk("big-0")
+        finally:
+            value.go.set()
+        await sched.until(lambda: any(r.spilled_bytes for r in sched.reports))
+        assert value.waited == [True]  # the gate was opened by the test, not timed out
+        assert w.data.on_disk("big-0") and w.spilling is None
+        assert w.spilled_last is not None and w.spilled_last.ended is not None
+        rss[0] = 100 * MB
+        reply = await ref.ask(GetData(("big-0",)))
+        assert reply.data["big-0"] == b"x" * 1000  # read back from its file
 
 
 def make_gated_load(n: int) -> GatedLoad:
@@ -428,24 +438,19 @@ def make_gated_load(n: int) -> GatedLoad:
 async def test_a_spilled_input_is_read_back_off_the_event_loop(tmp_path: Path) -> None:
     """A task whose input is spilled gets it read from its file in a thread: while the
     read is held, a ticker on the loop ticks; once let go, the task runs on it."""
-    rss = [100 * MB]
-    with anyio.fail_after(LIMIT):
-        async with worker(tmp_path, rss) as (w, ref, sched):
-            ref.post(RunTasks((run("big-0", make_gated_load, 1000),)))
-            await sched.until(lambda: "big-0" in sched.done)
-            value = w.data.peek("big-0")
-            rss[0] = 650 * MB  # past spill (0.6): "big-0" goes to disk
-            await sched.until(lambda: any(r.spilled_bytes for r in sched.reports))
-            assert w.data.on_disk("big-0")
-            rss[0] = 100 * MB
-            ref.post(RunTasks((run("len-0", len, TaskRef("big-0")),)))
-            try:
-                await anyio.to_thread.run_sync(value.loading.wait, GATE)
-                await ticks(3)  # the loop runs while the input is read
-                assert "len-0" not in sched.done
-            finally:
-                value.go.set()
-            await sched.until(lambda: "len-0" in sched.done)
-            assert value.waited == [True]  # the gate was opened by the test, not timed out
-            assert sched.done["len-0"].outcome == "ok"
-            assert w.data.on_disk("big-0")  # read for the task only: still on disk
+    async with holding_big_0(tmp_path, make_gated_load) as (w, ref, sched, rss, value):
+        rss[0] = 650 * MB  # past spill (0.6): "big-0" goes to disk
+        await sched.until(lambda: any(r.spilled_bytes for r in sched.reports))
+        assert w.data.on_disk("big-0")
+        rss[0] = 100 * MB
+        ref.post(RunTasks((run("len-0", len, TaskRef("big-0")),)))
+        try:
+            await anyio.to_thread.run_sync(value.loading.wait, GATE)
+            await ticks(3)  # the loop runs while the input is read
+            assert "len-0" not in sched.done
+        finally:
+            value.go.set()
+        await sched.until(lambda: "len-0" in sched.done)
+        assert value.waited == [True]  # the gate was opened by the test, not timed out
+        assert sched.done["len-0"].outcome == "ok"
+        assert w.data.on_disk("big-0")  # read for the task only: still on disk
