@@ -33,6 +33,7 @@ from actors.scheduler_events import (
     CheckpointCopied,
     Command,
     CopyCheckpoint,
+    DiskShared,
     DiskStallBegan,
     DiskStallEnded,
     DropCheckpoints,
@@ -82,7 +83,7 @@ from actors.scheduler_records import (
     not_run_text,
 )
 from actors.scheduler_state import SchedulerState
-from actors.shared_disk import disk_claim, disk_key, shared_disk_text
+from actors.shared_disk import disk_claim, disk_key, disk_shared_text, shared_disk_text
 from policies import ON_PURPOSE, REGISTRY, PolicyRegistry, params_of
 from policies.survival import Survival
 from runtime.errors import ActorStopped, CorralError
@@ -341,6 +342,8 @@ class Scheduler(Actor):
                 )  # fmt: skip
             elif type(cmd) in (HostOvercommitted, HostOvercommitCleared):
                 self._overcommit(cmd, disk=False)
+            elif type(cmd) is DiskShared:
+                self._disk_shared(cmd)
             else:  # pragma: no cover - a new command without a shell is a bug
                 raise TypeError(f"scheduler has no shell for {type(cmd).__name__}")
         if updates:
@@ -512,18 +515,21 @@ class Scheduler(Actor):
         self._worker_waiters = waiting
         # Its deadline (wall clock) on the core's clock.
         deadline = self.clock.now() + (info.deadline - time.time()) if info.deadline else None
-        self._handle(
-            WorkerJoined(
-                *self._ev(), info.worker_id, info.cores, info.memory, info.pool, deadline,
-                info.disk, info.block, info.host, info.host_memory, info.pid,
-            )
-        )  # fmt: skip
         key = disk_key(info)
         if key:  # what that file system has free: the most one of its workers saw
             free = max(i.disk_fs_free for i in self.infos.values() if disk_key(i) == key)
             self.disks.joined(
                 info.worker_id, key, free, disk_claim(info), info.pid, self.clock.now()
             )
+        # After the warning's ledger: the core's new shares (DiskShared) replace the
+        # claims of the workers without --disk there.
+        self._handle(
+            WorkerJoined(
+                *self._ev(), info.worker_id, info.cores, info.memory, info.pool, deadline,
+                info.disk, info.block, info.host, info.host_memory, info.pid,
+                key, info.disk_fs_free, info.disk_auto,
+            )
+        )  # fmt: skip
         # Rejoined over a new connection: what was in flight on the old one is lost, so
         # it is asked what arrived. Joined as new: it may be a worker declared lost that
         # came back, holding outputs (files on its disk) nothing tracks now: asked too,
@@ -636,8 +642,10 @@ class Scheduler(Actor):
             self.spilled[ws.pool] = self.spilled.get(ws.pool, 0) + added
         self.memory[msg.worker_id] = msg
         self.rss[msg.worker_id] = msg.rss
-        # Disk used, as placement counts it: what the worker says is no longer free.
-        disk = self.infos[msg.worker_id].disk if msg.worker_id in self.infos else 0
+        # Disk used, as placement counts it: what the worker says is no longer free, of
+        # the budget the core places within (its share, for a worker without --disk
+        # on a file system shared: docs/files.md#workers-sharing-a-file-system).
+        disk = ws.disk if ws is not None else 0
         used = max(msg.spilled_bytes, msg.disk_used)
         if disk and msg.disk_free is not None:
             used = max(used, disk - msg.disk_free)
@@ -663,6 +671,22 @@ class Scheduler(Actor):
         if self.disks.pending:
             for cmd in self.disks.check(self.clock.now(), current_causal_id()):
                 self._overcommit(cmd, disk=True)
+
+    def _disk_shared(self, cmd: DiskShared) -> None:
+        """Log the new disk shares of a file system's workers without --disk, and count
+        each one's share, not all the free space, in the file system's warning."""
+        self.log.info(
+            "workers share their file system's free space", filesystem=cmd.filesystem,
+            shares=dict(cmd.shares), budget=cmd.budget, explicit=cmd.explicit,
+            text=disk_shared_text(cmd),
+        )  # fmt: skip
+        now = self.clock.now()
+        for worker, share in cmd.shares:
+            info = self.infos.get(worker)
+            if info is None or self.disks.where.get(worker) != cmd.filesystem:
+                continue
+            free = self.disks.memory.get(cmd.filesystem, info.disk_fs_free)
+            self.disks.joined(worker, cmd.filesystem, free, share, info.pid, now)
 
     def _overcommit(self, cmd: Command, disk: bool) -> None:
         """Log at WARNING and show (``status()["warnings"]``) a machine whose workers
@@ -805,7 +829,7 @@ class Scheduler(Actor):
                 disk=ws.disk if ws is not None else 0,
                 disk_used=led.disk_used.get(wid, 0),
                 disk_peak=led.disk_peak.get(wid, 0),
-                disk_free=report.disk_free if report is not None else None,
+                disk_free=self._disk_free(ws, report),
                 memory_bytes=report.memory_bytes if report is not None else 0,
                 bytes_in=led.bytes_in[wid],
                 bytes_out=led.bytes_out[wid],
@@ -874,10 +898,22 @@ class Scheduler(Actor):
         before its first report, a worker with a limit has that limit less what the
         core counts used."""
         report = self.memory.get(ws.id)
-        free = report.disk_free if report is not None else None
+        free = self._disk_free(ws, report)
         if free is None and ws.disk:
             free = max(0, ws.disk - ws.disk_used)
         return WorkerDiskMetrics(ws.pool, ws.disk, ws.disk_used, free)
+
+    def _disk_free(self, ws: WorkerState | None, report: WorkerMemoryReport | None) -> int | None:
+        """The disk free that ``ws``'s latest report says (None: no report, or not
+        counted); for a worker without --disk, at most what its share leaves, as the
+        core places (docs/files.md#workers-sharing-a-file-system): the worker counts
+        its whole measured budget."""
+        if ws is None or report is None or report.disk_free is None:
+            return None
+        info = self.infos.get(ws.id)
+        if info is not None and info.disk_auto and ws.disk:
+            return max(0, min(report.disk_free, ws.disk - ws.disk_used))
+        return report.disk_free
 
     @handles(MonitorFeed)
     def monitor_feed(self, msg: MonitorFeed) -> MonitorFeedReply:
@@ -895,7 +931,7 @@ class Scheduler(Actor):
             else:
                 workers[wid] = (
                     self.rss.get(wid, 0), report.memory_bytes, report.spilled_bytes,
-                    report.disk_free, ws.disk,
+                    self._disk_free(ws, report), ws.disk,
                 )  # fmt: skip
         wall = time.time() - self.clock.now()
         capacity = self.state.config.feed_length

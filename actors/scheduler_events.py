@@ -20,6 +20,7 @@ __all__ = [
     "CheckpointCopied",
     "Command",
     "CopyCheckpoint",
+    "DiskShared",
     "DiskStallBegan",
     "DiskStallEnded",
     "DropCheckpoints",
@@ -114,6 +115,13 @@ class WorkerJoined(Event):
     host: str = ""
     host_memory: int = 0
     process: int = 0
+    #: the file system it keeps its outputs on (``actors.shared_disk.disk_key``; "":
+    #: not told) and the bytes it had free when the worker joined; ``disk_auto``: its
+    #: ``disk`` is the free-space default (no ``--disk``), so it gets a share of that
+    #: file system with the other such workers on it (``actors.shared_disk.DiskShares``)
+    filesystem: str = ""
+    fs_free: int = 0
+    disk_auto: bool = False
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -336,6 +344,23 @@ class HostOvercommitted(Command):
     claimed: int
     workers: tuple[tuple[str, int], ...]
     processes: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DiskShared(Command):
+    """The workers on ``filesystem`` (a ``actors.shared_disk.disk_key``) that took the
+    free-space default for their disk (no ``--disk``) share it: ``shares`` is each
+    one's disk budget now, ``(worker, bytes)`` in id order, what the core places
+    within: ``budget`` (the most free space one of them measured, less its margin) less
+    ``explicit`` (the budgets of the workers on it given a ``--disk``), over
+    ``processes`` worker processes. Said when a worker joining or leaving it changed a
+    share."""
+
+    filesystem: str
+    budget: int
+    explicit: int
+    processes: int
+    shares: tuple[tuple[str, int], ...]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -187,6 +187,7 @@ from actors.scheduler_events import (
     CheckpointCopied,
     Command,
     CopyCheckpoint,
+    DiskShared,
     DropCheckpoints,
     DropData,
     Evacuate,
@@ -238,6 +239,7 @@ from actors.scheduler_records import (
     error_record,
     walltime_loss,
 )
+from actors.shared_disk import DiskShares
 from actors.storage_state import StorageLedger
 from policies import (
     BENIGN_LOSSES,
@@ -548,6 +550,9 @@ class SchedulerState(DiskPlacement):
         self.storage = StorageLedger()
         #: the workers of each machine and whether their limits pass its memory
         self.hosts = HostLedger()
+        #: the workers of each file system, and the disk share of those without --disk
+        #: (docs/files.md#workers-sharing-a-file-system)
+        self.disk_shares = DiskShares()
         self.feed_next = 0
         self.feed_held = 0
         self._records: list[tuple[Any, ...]] = []
@@ -1036,12 +1041,29 @@ class SchedulerState(DiskPlacement):
                 self.draining.add(ws.id)
         ws.block = ev.block
         self.hosts.joined(ev.worker, ev.host, ev.host_memory, ev.memory, ev.process, self._now)
+        self._disk_shared(
+            self.disk_shares.joined(
+                ev.worker, ev.filesystem, ev.fs_free, ev.disk, ev.disk_auto, ev.process,
+                self._stimulus,
+            )
+        )  # fmt: skip
         ws.limit = max(ws.slots, ev.cores * self.config.max_per_core)
         self._update_free(ws)
         self._log(ev.worker, "-", "joined")
         if self.feed_on:
             self._records.append(("joined", ws.id, ws.pool, ws.cores, ws.memory))
         self._limits_changed()
+
+    def _disk_shared(self, commands: list[DiskShared]) -> None:
+        """Workers sharing a file system without --disk have new shares: each one's
+        disk budget is its share from now on (outputs it stores past it stay; it gets
+        nothing placed until it is below), and the shell says so."""
+        for cmd in commands:
+            for worker, share in cmd.shares:
+                ws = self.workers.get(worker)
+                if ws is not None:
+                    ws.disk = share
+            self._out.append(cmd)
 
     def _worker_held(self, ev: WorkerHeld) -> None:
         """Mend what a dropped connection lost. A task sent before the worker rejoined
@@ -1131,6 +1153,7 @@ class SchedulerState(DiskPlacement):
             return
         self.deadlines -= ws.deadline is not None
         self.hosts.left(ev.worker, self._now)
+        self._disk_shared(self.disk_shares.left(ev.worker, self._stimulus))
         self.free.pop(ev.worker, None)
         self.draining.discard(ev.worker)
         self.throttled.discard(ev.worker)

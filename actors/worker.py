@@ -339,6 +339,9 @@ class Worker(Actor):
         free = disk_free(self.disk_dir) if disk is not None else 0
         self.disk_margin = min(DISK_MARGIN, free // 10)
         self.disk = 0 if disk is None else disk or max(1, free - self.disk_margin)
+        #: no ``--disk`` given: the scheduler shares its file system's free space among
+        #: the workers on it that took this default (their budgets are the share)
+        self.disk_auto = disk == 0
         limits = [n for n in (cfg.disk_limit, self.disk) if n]
         store_limit = min(limits) if limits else 0
         #: the pure core: which tasks fetch, wait and run, what memory needs
@@ -402,6 +405,7 @@ class Worker(Actor):
         return WorkerInfo(
             self.worker_id, self.nthreads, self.memory, self.disk, self.pool, "", self.deadline,
             self.block, host, host_memory, os.getpid(), device_of(self.disk_dir) or 0, fs_free,
+            self.disk_auto,
         )  # fmt: skip
 
     async def on_start(self) -> None:

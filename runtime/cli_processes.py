@@ -105,9 +105,16 @@ class Cli:
         self._readers.append(reader)
         return proc
 
-    def line_with(self, proc: subprocess.Popen[str], needle: str, limit: float = 30) -> str:
-        """The next line of ``proc``'s output that contains ``needle`` (bounded)."""
-        seen: list[str] = []
+    def line_with(
+        self,
+        proc: subprocess.Popen[str],
+        needle: str,
+        limit: float = 30,
+        seen: list[str] | None = None,
+    ) -> str:
+        """The next line of ``proc``'s output that contains ``needle`` (bounded); the
+        lines read on the way are added to ``seen``, if given."""
+        seen = [] if seen is None else seen
         for line in self._lines_of(proc, limit, f"no {needle!r} within {limit} s", seen):
             if needle in line:
                 return line

@@ -176,6 +176,10 @@ class WorkerInfo(Message):
     #: (docs/files.md#workers-sharing-a-file-system)
     disk_device: int = 0
     disk_fs_free: int = 0
+    #: its ``disk`` is the free-space default (no ``--disk``): the scheduler divides
+    #: that file system's free space among the workers on it that took the default,
+    #: and places within this worker's share (docs/files.md#workers-sharing-a-file-system)
+    disk_auto: bool = False
 
 
 @message()

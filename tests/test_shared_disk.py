@@ -17,11 +17,22 @@ from pathlib import Path
 from typing import Any
 
 from actors.host_memory import SETTLE, HostLedger, overcommit_text
-from actors.scheduler_events import HostOvercommitCleared, HostOvercommitted
-from actors.shared_disk import disk_claim, disk_key, shared_disk_text
+from actors.scheduler_events import (
+    DiskShared,
+    DropData,
+    HostOvercommitCleared,
+    HostOvercommitted,
+    WorkerJoined,
+    WorkerLeft,
+)
+from actors.scheduler_state import SchedulerState
+from actors.shared_disk import disk_claim, disk_key, disk_shared_text, shared_disk_text
 from runtime.errors import size_text
 from runtime.messages import WorkerInfo
-from tests.helpers import Cli
+from tests.helpers import Cli, Factory, assigned, event, make_state, of, on, run, submit
+from tests.test_disk_placement import disk, disk_used, waits_for_disk
+
+__all__ = ["make_state"]  # the fixture, used by name
 
 LIMIT = 60.0  #: seconds, at most, of each wait
 MiB = 2**20
@@ -167,3 +178,171 @@ def test_local_pools_workers_share_their_file_system_evenly_by_default(tmp_path:
     disks, share = _disks_and_share(tmp_path, 3, pools=pools, processes=True)
     assert all(d <= share for d in disks), (disks, share)
     assert all(d >= share * 0.89 for d in disks), (disks, share)  # a share, not less
+
+
+# ------------------------------------------------ workers without --disk share it (core)
+
+FS = "node7/ab12 dev 2049"  #: the node's /tmp, as the workers tell it
+D = 90 * MiB  #: each default budget: the free space each measured, less the margin
+FREE = 100 * MiB  #: that file system's free space when they joined
+
+
+def join(
+    s: SchedulerState,
+    worker: str,
+    *,
+    auto: bool = True,
+    budget: int = D,
+    process: int = 0,
+    fs: str = FS,
+) -> list[Any]:
+    """A worker process joins with 4 cores, its outputs on ``fs``: without --disk
+    (``auto``, its ``budget`` the free-space default) or with ``--disk budget``."""
+    return run(
+        s,
+        event(
+            WorkerJoined, worker=worker, cores=4, memory=0, disk=budget, host="node7/ab12",
+            process=process or sum(map(ord, worker)), filesystem=fs, fs_free=FREE,
+            disk_auto=auto,
+        ),
+    )  # fmt: skip
+
+
+def said(cmds: list[Any]) -> list[tuple[tuple[str, int], ...]]:
+    return [c.shares for c in of(cmds, DiskShared)]
+
+
+def test_slurm_workers_on_one_node_divide_its_disk_and_take_what_fits(
+    make_state: Factory,
+) -> None:
+    """The audit: three Slurm blocks' workers (no disk_per_worker) on one node each
+    counted the whole free space of its /tmp, so the scheduler placed three times it
+    there. Now each gets a share as they join (one alone keeps its own budget: nothing
+    said), and placement holds to it: tasks of 20 MiB, 4 cores each, 90 MiB budgets
+    shared by 3 (30 MiB): one task per worker, the rest wait for disk. Before, every
+    worker took 4 (80 of its 90 MiB): 12 tasks, 240 MiB, on 100 MiB free."""
+    s = make_state(saturation=1.0)
+    assert said(join(s, "ckpt-1")) == []
+    cmds = join(s, "ckpt-2")
+    assert cmds == [
+        DiskShared(cmds[0].stimulus_id, FS, D, 0, 2, (("ckpt-1", D // 2), ("ckpt-2", D // 2)))
+    ]
+    cmds = join(s, "owner-1")
+    third = D // 3
+    assert said(cmds) == [(("ckpt-1", third), ("ckpt-2", third), ("owner-1", third))]
+    assert [s.workers[w].disk for w in ("ckpt-1", "ckpt-2", "owner-1")] == [third] * 3
+    table: dict[str, list[str]] = {f"img-{i}": [] for i in range(12)}
+    cmds = submit(s, table, list(table), attrs={k: disk(20 * MiB) for k in table})
+    assert {w: len(keys) for w, keys in assigned(cmds).items()} == {
+        "ckpt-1": 1, "ckpt-2": 1, "owner-1": 1,
+    }  # fmt: skip
+    waiting = sorted(k for k in table if s.tasks[k].state == "queued")
+    assert len(waiting) == 9
+    (story,) = waits_for_disk(s, waiting[0])  # its share less the task it runs
+    assert story.startswith(f"waiting for disk: needs {20 * MiB} B, best worker "), story
+    assert story.endswith(f" has {third - 20 * MiB} B free"), story
+
+
+def test_the_shares_are_told_in_words() -> None:
+    shares = (("ckpt-1", 30 * MiB), ("given", 30 * MiB))
+    text = disk_shared_text(DiskShared("t", FS, D, 30 * MiB, 2, shares))
+    assert text.startswith("host node7/ab12: the workers without --disk"), text
+    assert "(device 2049) share it: ckpt-1 (30.0 MiB), given (30.0 MiB): 90.0 MiB" in text, text
+    assert "less 30.0 MiB given by --disk, over 2 worker processes" in text, text
+    assert "outputs beyond it stay until they are released" in text, text
+
+
+def test_a_worker_leaving_grows_the_others_shares(make_state: Factory) -> None:
+    """The owner block ends: the two left share the node's disk by two (45 MiB each),
+    and the tasks waiting for disk go to them: two 20 MiB tasks fit each now."""
+    s = make_state(saturation=1.0)
+    for w in ("ckpt-1", "ckpt-2", "owner-1"):
+        join(s, w)
+    table: dict[str, list[str]] = {f"img-{i}": [] for i in range(6)}
+    submit(s, table, list(table), attrs={k: disk(20 * MiB) for k in table})
+    assert sorted(len(on(s, w)) for w in s.workers) == [1, 1, 1]
+    cmds = run(s, event(WorkerLeft, worker="owner-1", cause="walltime"))
+    assert said(cmds) == [(("ckpt-1", D // 2), ("ckpt-2", D // 2))]
+    assert {w: len(on(s, w)) for w in s.workers} == {"ckpt-1": 2, "ckpt-2": 2}
+    cmds = run(s, event(WorkerLeft, worker="ckpt-2", cause="walltime"))
+    assert said(cmds) == [(("ckpt-1", D),)]  # alone again: its own budget, said once
+    assert s.workers["ckpt-1"].disk == D
+
+
+def test_an_explicit_disk_wins_and_the_others_share_the_rest(make_state: Factory) -> None:
+    """A worker given --disk (disk_per_worker) keeps it; the ones without share what
+    is left of the file system: (90 - 30) / 2. Workers of one process (one Cluster's
+    in-process workers) take one share between them, as the warning counts them."""
+    s = make_state(saturation=1.0)
+    join(s, "given", auto=False, budget=30 * MiB)
+    join(s, "a1")
+    cmds = join(s, "a2")
+    assert cmds == [
+        DiskShared(cmds[0].stimulus_id, FS, D, 30 * MiB, 2, (("a1", 30 * MiB), ("a2", 30 * MiB)))
+    ]
+    assert s.workers["given"].disk == 30 * MiB
+    s2 = make_state(saturation=1.0)
+    assert said(join(s2, "c1", process=5)) == said(join(s2, "c2", process=5)) == []
+    assert s2.workers["c1"].disk == s2.workers["c2"].disk == D
+
+
+def test_outputs_past_a_shrunk_share_stay_and_only_new_work_waits(make_state: Factory) -> None:
+    """ckpt-1 stores 40 MiB of outputs alone on the node; ckpt-2 joins and ckpt-1's
+    share falls to 45 MiB. Nothing it stores is dropped (no DropData): the share limits
+    what is placed there next, so a 20 MiB task goes to ckpt-2, not to ckpt-1 (5 MiB
+    left of its share)."""
+    s = make_state(saturation=1.0)
+    join(s, "ckpt-1")
+    disk_used(s, "ckpt-1", 40 * MiB)
+    cmds = join(s, "ckpt-2")
+    assert said(cmds) == [(("ckpt-1", D // 2), ("ckpt-2", D // 2))]
+    assert not of(cmds, DropData)
+    cmds = submit(s, {"t": []}, ["t"], attrs={"t": disk(20 * MiB)})
+    assert assigned(cmds) == {"ckpt-2": ["t"]}
+    assert not of(cmds, DropData)
+
+
+def test_two_worker_processes_without_disk_on_one_directory_share_it(tmp_path: Path) -> None:
+    """Real processes over 127.0.0.1: two workers started without --disk on one spill
+    directory (as a Slurm pool's workers without disk_per_worker on one node's /tmp).
+    The manager logs their shares (the test waits for that line, bounded), and the
+    scheduler's budget for each (status()["storage"]) is half of what one of them
+    counts alone, not all of it; when one stops, the other's share grows back."""
+    spill = tmp_path / "spill"
+    spill.mkdir()
+    with Cli(tmp_path) as cli:
+        manager, address = cli.manager("--no-monitoring", "--log-level", "info")
+        flags = (
+            "--pool",
+            "manual",
+            "--cores",
+            "1",
+            "--memory",
+            "256MiB",
+            "--spill-dir",
+            str(spill),
+        )
+        w1 = cli.worker(address, "--name", "w1", *flags)
+        cli.worker(address, "--name", "w2", *flags)
+        said: list[str] = []  # the manager's lines from here on
+        line = cli.line_with(manager, "workers share their file system's free space", LIMIT, said)
+        assert "'w1'" in line and "'w2'" in line and "over 2 worker processes" in line, line
+        assert f"dev {os.stat(spill).st_dev}" in line, line
+
+        status = cli.start("console", address, "status", "--json")
+        st = json.loads("".join(cli.rest(status, LIMIT)))
+        assert status.wait(LIMIT) == 0
+        own = {w["worker_id"]: w["disk"] for w in st["workers"]}  # what each counts
+        budgets = {w: st["storage"]["workers"][w]["disk"] for w in ("w1", "w2")}
+        assert budgets["w1"] == budgets["w2"] <= max(own.values()) // 2, (budgets, own)
+
+        cli.stop([w1])
+        line = cli.line_with(manager, "workers share their file system's free space", LIMIT, said)
+        assert "'w2'" in line and "'w1'" not in line and "over 1 worker processes" in line, line
+        # Nor were they warned of: their shares add up to the free space. (Before,
+        # "workers count more disk than their file system has free" came a second after
+        # w2 joined; w1 stays a status call and a graceful stop longer. An absence: it
+        # cannot fail falsely, only miss if that were under a second.)
+        cli.stop([manager])
+        said += cli.rest(manager, LIMIT)
+        assert not [x for x in said if "count more disk than their file system" in x], said
