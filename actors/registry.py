@@ -114,7 +114,11 @@ class FileTable:
         """Count ``info`` in (``sign`` 1) or out (-1) of the per-worker bytes and the
         per-state counts; every change to ``files`` goes through here."""
         for w in info.replicas:
-            self.stored[w] = self.stored.get(w, 0) + sign * info.nbytes
+            held = self.stored.get(w, 0) + sign * info.nbytes
+            if held:
+                self.stored[w] = held
+            else:  # (a worker that holds nothing is not listed: nor every one ever seen)
+                self.stored.pop(w, None)
         if info.file and info.replicas:
             self.file_outputs += sign
             self.file_bytes += sign * info.nbytes * len(info.replicas)
