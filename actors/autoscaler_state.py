@@ -584,6 +584,13 @@ class BlockRecord:
     #: of ``drained``, those a count showed draining (``QueuesSeen.draining``): one a
     #: later count shows known but not draining was taken back by someone else
     seen_draining: set[str] = dataclasses.field(default_factory=set)
+    #: counted again because an operator took a worker of it back (``undrain``), not
+    #: the core: a refused :class:`UndrainWorker` for its other workers leaves it counted
+    by_operator: bool = False
+    #: its other workers to un-drain, so that an operator's take-back of one worker of a
+    #: block the core scaled in takes the whole block back (sent by ``_converge`` if
+    #: the proposal keeps the block)
+    rejoin: set[str] = dataclasses.field(default_factory=set)
 
 
 @dataclasses.dataclass(slots=True)
@@ -669,6 +676,9 @@ class AutoscalerState:
         self.going: frozenset[str] = frozenset()
         #: per pool: blocks taken back (their drain undone, :class:`UndrainWorker`), ever
         self.taken_back: dict[str, int] = {}
+        #: per pool: blocks counted again because an operator took a worker of theirs
+        #: back (the console's ``undrain``, :meth:`_undrained_elsewhere`), ever
+        self.taken_back_by_operator: dict[str, int] = {}
         #: the scheduler's next wave per pool, as last seen (``QueuesSeen.upcoming``)
         self.upcoming: dict[str, tuple[float, ...]] = {}
         self._ids = itertools.count(1)
@@ -713,12 +723,14 @@ class AutoscalerState:
         system's latest refusal, or the latest of the blocks that kept ending); its failed
         submissions in a row (``submit_failures``: 0 once a block of it started); its
         ends and requeues ever, by cause (``ends``); its blocks scaled in and taken back,
-        ever (``taken_back``)."""
+        ever: by the core (``taken_back``) and by an operator's ``undrain``
+        (``taken_back_by_operator``)."""
         out: dict[str, dict[str, Any]] = {
             pool: {"states": {}, "oldest_pending": 0.0, "target": ps.target,
                    "desired": ps.desired, **_size(ps), "failed": self.failed.get(pool, 0),
                    "ends": dict(self.ended_by.get(pool, {})),
                    "taken_back": self.taken_back.get(pool, 0),
+                   "taken_back_by_operator": self.taken_back_by_operator.get(pool, 0),
                    "suspended": int(pool in self.paused or pool in self.gave_up),
                    "suspended_why": self._suspended_why(pool),
                    "last_failure": self.last_failure.get(pool, ""),
@@ -991,6 +1003,10 @@ class AutoscalerState:
         for b in self.blocks.values():
             if ev.worker in b.undraining:
                 b.undraining.discard(ev.worker)
+                if not ev.ok and b.by_operator:
+                    # Completing an operator's take-back: the worker the operator took
+                    # back works on; this one goes as the scheduler has it.
+                    return
                 if not ev.ok:
                     # Not taken back after all (retired meanwhile, gone): the block
                     # leaves, for good; the proposal replaces it. It was counted as
@@ -1059,9 +1075,14 @@ class AutoscalerState:
     def _undrained_elsewhere(self, draining: frozenset[str]) -> None:
         """Count again each block being scaled in (or drained by the scheduler) a
         worker of which the scheduler knows and no longer drains: someone else took it
-        back (an operator's ``undrain``), so it takes tasks and its block will not end.
-        Its other workers are left as the scheduler has them; the proposal then decides
-        (a block too many is scaled in as any: ``demand`` once it is idle)."""
+        back (an operator's ``undrain``), so it takes tasks and its block will not end
+        (counted in :attr:`taken_back_by_operator`). The proposal then decides (a block
+        too many is scaled in as any: ``demand`` once it is idle). If it keeps the
+        block and the core had scaled it in, its other workers the scheduler still
+        drains and may take back are un-drained too (``rejoin``, sent by
+        :meth:`_converge`): the core drained them, not the operator, and a block
+        counted whole must work whole. An operator's own drains of its other workers
+        (a block the scheduler drained) are left as they are."""
         assert self.processing is not None
         for b in self.blocks.values():
             if not b.retiring or b.stopping or b.stuck or b.draining or self.closing:
@@ -1069,6 +1090,14 @@ class AutoscalerState:
             b.seen_draining |= b.drained & draining
             if all(w in draining or w not in self.processing for w in b.seen_draining):
                 continue
+            self.taken_back_by_operator[b.pool] = self.taken_back_by_operator.get(b.pool, 0) + 1
+            b.by_operator = True
+            if b.scaled_in and not b.leaves:
+                b.rejoin = {
+                    w
+                    for w in b.drained
+                    if w in draining and w in self.processing and w not in self.going
+                }
             b.retiring = b.scaled_in = b.leaves = b.spent = False
             b.drained.clear()
             b.seen_draining.clear()
@@ -1160,7 +1189,7 @@ class AutoscalerState:
     def _take_back(self, b: BlockRecord) -> None:
         """Count scaled-in ``b`` again: its workers the scheduler drains are un-drained
         (:class:`UndrainWorker`); those it never knew are left to join as any worker."""
-        b.retiring = b.scaled_in = False
+        b.retiring = b.scaled_in = b.by_operator = False
         b.idle_since = None
         b.undraining = set(b.drained)
         b.drained.clear()
@@ -1348,6 +1377,19 @@ class AutoscalerState:
                 self._retire(b)
                 ps.blocks -= 1
                 ps.retiring += 1
+        self._rejoin()
+
+    def _rejoin(self) -> None:
+        """Un-drain the other workers of each block an operator took back (the core had
+        scaled it in, :meth:`_undrained_elsewhere`) that the proposal keeps; a block
+        scaled in again has its drains sent already."""
+        for b in self.blocks.values():
+            rejoin, b.rejoin = b.rejoin, set()
+            if b.retiring:
+                continue
+            for wid in sorted(rejoin):
+                b.undraining.add(wid)
+                self._out.append(UndrainWorker(wid, b.block_id))
 
     # ----------------------------------------------------------------- invariants
 
@@ -1363,6 +1405,7 @@ class AutoscalerState:
             assert not (b.drained & b.unknown), b
             assert b.undraining <= set(b.workers), b
             assert b.seen_draining <= b.drained, b
+            assert not b.rejoin or self.closing, (b, "un-drains left unsent")
             if b.scaled_in or b.leaves:
                 assert b.retiring, (b, "scaled in or leaving but counted")
             if b.stopping or b.draining or b.drained or b.unknown or b.stuck:

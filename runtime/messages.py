@@ -931,7 +931,9 @@ class BlockMetrics(Message):
     ``ends``: its blocks' ends and requeues ever, by cause (``preempted``, ``walltime``,
     ``drained``, ...: the causes the autoscaler lists them with); ``taken_back``: its
     blocks scaled in and taken back before they left (the pool wanted blocks again:
-    their workers were un-drained instead of new blocks started), ever."""
+    their workers were un-drained instead of new blocks started), ever;
+    ``taken_back_by_operator``: its drained blocks counted again because an operator
+    took a worker of theirs back (the console's ``undrain``), ever."""
 
     states: dict[str, int] = dataclasses.field(default_factory=dict)
     oldest_pending: float = 0.0
@@ -948,6 +950,7 @@ class BlockMetrics(Message):
     suspended_why: str = ""
     ends: dict[str, int] = dataclasses.field(default_factory=dict)
     taken_back: int = 0
+    taken_back_by_operator: int = 0
 
 
 @message()

@@ -233,9 +233,10 @@ class SnapshotCollector(Collector):
         )
         taken_back = _counter(
             "corral_blocks_taken_back",
-            "Blocks scaled in, then taken back (their workers un-drained) when the pool "
-            "wanted blocks again, instead of new ones started.",
-            pool,
+            "Drained blocks taken back (their workers un-drained): by the autoscaler when "
+            "the pool wanted blocks again, instead of new ones started (by=autoscaler), or "
+            "by an operator's undrain (by=operator).",
+            ["pool", "by"],
         )
         ends = _counter(
             "corral_block_ends",
@@ -264,7 +265,8 @@ class SnapshotCollector(Collector):
             desired.add_metric([name], b.desired)
             failed.add_metric([name], b.failed)
             stuck.add_metric([name], b.stuck)
-            taken_back.add_metric([name], b.taken_back)
+            taken_back.add_metric([name, "autoscaler"], b.taken_back)
+            taken_back.add_metric([name, "operator"], b.taken_back_by_operator)
             for cause, n in sorted(b.ends.items()):
                 ends.add_metric([name, cause], n)
             slots.add_metric([name], b.slots_per_block)

@@ -428,7 +428,10 @@ def test_a_block_an_operator_takes_back_counts_again_and_its_replacement_goes() 
     b = s.blocks["block-1"]
     assert not b.retiring and not b.drained and not b.sched_drained
     assert [x.block_id for x in s.live("default")] == ["block-1"]
-    assert s.taken_back == {}  # the operator's, not the core's take-back
+    # The operator's take-back, not the core's: corral_blocks_taken_back_total{by=operator}
+    assert s.taken_back == {} and s.taken_back_by_operator == {"default": 1}
+    m = s.block_metrics(2.0, {})["default"]
+    assert (m["taken_back"], m["taken_back_by_operator"]) == (0, 1)
 
 
 def test_a_scaled_in_block_an_operator_takes_back_counts_again_for_the_policy() -> None:
@@ -450,13 +453,90 @@ def test_a_scaled_in_block_an_operator_takes_back_counts_again_for_the_policy() 
     assert run(t, undone) == []
     assert [b.block_id for b in t.live("default")] == ["block-1"]
     assert t.counts() == {"default": 1} and t.requests == {}
-    assert t.taken_back == {}
+    assert t.taken_back == {} and t.taken_back_by_operator == {"default": 1}
     # A count made before the drain showed (w-2 not yet seen draining) is no undrain.
     u = make()
     run(u, TargetSet(0.0, "default", 1, SPEC))
     started(u, 0.1, 1)
     run(u, TargetSet(1.0, "default", 0, SPEC), DrainAnswered(1.1, "w-1", True))
     assert run(u, QueuesSeen(1.2, {}, {"w-1": 1})) == [] and u.blocks["block-1"].retiring
+
+
+def two_blocks_of_two_one_scaled_in() -> AutoscalerState:
+    """Two blocks of two workers each, all busy, under a fixed target 2; the operator
+    scales the pool to 1: block-2 (the last by id, all busy) is drained, both its
+    workers, and a count shows them draining."""
+    s = make()
+    run(s, TargetSet(0.0, "default", 2, SPEC, PoolLimits(0, 4, 2)))
+    run(s, BlockStarted(0.1, 1, "block-1", ("w-1a", "w-1b")))
+    run(s, BlockStarted(0.1, 2, "block-2", ("w-2a", "w-2b")))
+    busy = {"w-1a": 1, "w-1b": 1, "w-2a": 1, "w-2b": 1}
+    run(s, QueuesSeen(1.0, {"default": 0}, busy))
+    assert run(s, TargetSet(2.0, "default", 1, SPEC)) == [
+        DrainWorker("w-2a", "block-2"),
+        DrainWorker("w-2b", "block-2"),
+    ]
+    run(s, DrainAnswered(2.1, "w-2a", True), DrainAnswered(2.1, "w-2b", True))
+    both = frozenset({"w-2a", "w-2b"})
+    assert run(s, QueuesSeen(3.0, {"default": 0}, busy, both)) == []
+    return s
+
+
+def test_an_operator_taking_back_one_worker_of_a_scaled_in_block_takes_the_block_back() -> None:
+    """A block of several workers scaled in by the core, one of whose workers an
+    operator takes back (``undrain w-2a``): the block counts again, so its other
+    worker, which the core drained, is un-drained too (a block counted whole works
+    whole). Meanwhile block-1 went idle: the pool has a block too many and block-1 is
+    scaled in. Before, w-2b was left draining: it would be retired and leave, and
+    block-2 counted as a whole block with one worker in it."""
+    s = two_blocks_of_two_one_scaled_in()
+    seen = {"w-1a": 0, "w-1b": 0, "w-2a": 1, "w-2b": 1}
+    assert run(s, QueuesSeen(4.0, {"default": 0}, seen, frozenset({"w-2b"}))) == [
+        DrainWorker("w-1a", "block-1"),
+        DrainWorker("w-1b", "block-1"),
+        UndrainWorker("w-2b", "block-2"),
+    ]
+    assert [b.block_id for b in s.live("default")] == ["block-2"]
+    assert s.taken_back == {} and s.taken_back_by_operator == {"default": 1}
+    assert run(s, UndrainAnswered(4.1, "w-2b", True)) == []
+    # Refused (w-2b retired meanwhile): the operator's worker works on, its block counted.
+    t = two_blocks_of_two_one_scaled_in()
+    run(t, QueuesSeen(4.0, {"default": 0}, seen, frozenset({"w-2b"})))
+    assert run(t, UndrainAnswered(4.1, "w-2b", False, "it was retired (told to stop)")) == []
+    assert [b.block_id for b in t.live("default")] == ["block-2"]
+    assert t.taken_back == {} and t.taken_back_by_operator == {"default": 1}
+    # A worker going for good (retired as the count says) is not asked.
+    u = two_blocks_of_two_one_scaled_in()
+    retired = frozenset({"w-2b"})
+    assert run(u, QueuesSeen(4.0, {"default": 0}, seen, retired, retired=retired)) == [
+        DrainWorker("w-1a", "block-1"),
+        DrainWorker("w-1b", "block-1"),
+    ]
+    # Not kept by the proposal (block-1 busy, the last by id goes): drained again
+    # whole, nothing un-drained.
+    v = two_blocks_of_two_one_scaled_in()
+    busy = {"w-1a": 1, "w-1b": 1, "w-2a": 1, "w-2b": 1}
+    assert run(v, QueuesSeen(4.0, {"default": 0}, busy, frozenset({"w-2b"}))) == [
+        DrainWorker("w-2a", "block-2"),
+        DrainWorker("w-2b", "block-2"),
+    ]
+
+
+def test_an_operator_taking_back_one_worker_of_a_block_it_drained_leaves_the_others() -> None:
+    """The operator drained both workers of block-1 (``drain`` twice: the block stops
+    counting and block-2 replaces it), then takes one back: the block counts again,
+    and the other worker's drain, the operator's own, is left as it is."""
+    s = make()
+    run(s, TargetSet(0.0, "default", 1, SPEC))
+    run(s, BlockStarted(0.1, 1, "block-1", ("w-1a", "w-1b")))
+    both = frozenset({"w-1a", "w-1b"})
+    assert run(s, QueuesSeen(1.0, {}, {"w-1a": 1, "w-1b": 1}, both)) == [
+        StartBlock(2, "default", SPEC)
+    ]
+    run(s, BlockStarted(1.1, 2, "block-2", ("w-2",)))
+    seen = {"w-1a": 1, "w-1b": 1, "w-2": 1}
+    assert run(s, QueuesSeen(2.0, {}, seen, frozenset({"w-1b"}))) == [DrainWorker("w-2", "block-2")]
+    assert s.taken_back_by_operator == {"default": 1}
 
 
 # ----------------------------------------------------------------------------- replacements

@@ -312,7 +312,11 @@ def test_render_follows_prometheus_names() -> None:
         categories={"inc": CategoryMetrics(4, 2.5, 400, 0, 10)},
         failures=(FailureCount("inc", "error", "ValueError", 2),),
         tasks_by_state={"queued": 7},
-        blocks={"cpu": BlockMetrics({"pending": 1}, 12.0, 2, 3, stuck=2, taken_back=3)},
+        blocks={
+            "cpu": BlockMetrics(
+                {"pending": 1}, 12.0, 2, 3, stuck=2, taken_back=3, taken_back_by_operator=1
+            )
+        },
     )
     got = _samples(render(snap).decode())
     cpu = (("pool", "cpu"),)
@@ -333,7 +337,9 @@ def test_render_follows_prometheus_names() -> None:
     assert got[("corral_blocks", (("pool", "cpu"), ("state", "pending")))] == 1
     assert got[("corral_blocks_pending_oldest_seconds", cpu)] == 12.0
     assert got[("corral_blocks_stuck_total", cpu)] == 2
-    assert got[("corral_blocks_taken_back_total", cpu)] == 3
+    by = (("by", "autoscaler"), ("pool", "cpu"))
+    assert got[("corral_blocks_taken_back_total", by)] == 3
+    assert got[("corral_blocks_taken_back_total", (("by", "operator"), ("pool", "cpu")))] == 1
     assert got[("corral_tasks", (("state", "queued"),))] == 7
 
 
