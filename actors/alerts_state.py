@@ -1124,12 +1124,15 @@ class Notify(Command):
 class Scale(Command):
     """Set ``pool``'s block target to ``target``: rule ``rule``'s action, for ``reason``
     (the values against the thresholds). More blocks than it has; or, for an action
-    with ``restore`` whose alerts resolved, the target it had before."""
+    with ``restore`` whose alerts resolved, the target it had before (``restore``: the
+    shell asks with ``RestoreRequest``, so that the blocks beyond it go as they go
+    idle, not drained while they run tasks)."""
 
     pool: str
     target: int
     rule: str
     reason: str
+    restore: bool = False
 
 
 #: what an :class:`Audit` says was done: a scale-out, one refused (the cooldown,
@@ -1452,7 +1455,7 @@ class AlertState:
             )  # fmt: skip
             return True
         reason = f"resolved: back to the target before the scale-out ({set_to} -> {before})"
-        self._out.append(Scale(pool, before, rule, reason))
+        self._out.append(Scale(pool, before, rule, reason, restore=True))
         why = f"{reason}; blocks drain as the pool's scaling policy says"
         self._audit(
             f"{who} {why}", now, rule=rule, labels=labels, pool=pool, action="restore",

@@ -68,6 +68,7 @@ from runtime.messages import (
     PolicyInfo,
     PolicyNote,
     PolicyQuery,
+    RestoreRequest,
     ResumeRequest,
     ScaleRequest,
     SetPolicyRequest,
@@ -658,8 +659,14 @@ class Autoscaler(Actor):
         await self._handle(Resumed(self.clock.now(), msg.pool))
         return {"pool": msg.pool, **was, "blocks": self.state.counts().get(msg.pool, 0)}
 
+    @handles(RestoreRequest)
+    async def restore(self, msg: RestoreRequest) -> dict[str, int]:
+        """A scale-out's target set back once its alerts resolved: the blocks beyond it
+        go as they go idle (``TargetSet.idle_only``)."""
+        return await self.scale(ScaleRequest(msg.n, msg.pool), idle_only=True)
+
     @handles(ScaleRequest)
-    async def scale(self, msg: ScaleRequest) -> dict[str, int]:
+    async def scale(self, msg: ScaleRequest, idle_only: bool = False) -> dict[str, int]:
         check_blocks(msg.pool, msg.n)
         if self.providers is not None:
             self.provider_for(msg.pool)  # a pool that was not configured: ValueError
@@ -680,7 +687,8 @@ class Autoscaler(Actor):
             seen = await self._queues_seen(self.clock.now())
             if seen is not None:
                 events.append(seen)
-        await self._handle(*events, TargetSet(self.clock.now(), msg.pool, msg.n, spec))
+        target = TargetSet(self.clock.now(), msg.pool, msg.n, spec, idle_only=idle_only)
+        await self._handle(*events, target)
         return self.state.counts()
 
     @handles(PolicyQuery)

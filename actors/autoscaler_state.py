@@ -19,7 +19,9 @@ or before any the blocks it has, at least its target, counted per pool in
 - too many: blocks are *retired*: idle ones first, then requests in flight are taken
   back (``cancelled``: a request cannot be withdrawn before the provider answers, so
   its block is retired as soon as it starts; asked for again meanwhile, it counts once
-  more), then those not running (pending, held), then the last by block id. A retired
+  more), then those not running (pending, held), then the last by block id (after a
+  target set with ``idle_only``, an alert's ``restore``: only blocks none of whose
+  workers runs a task; a busy one is scaled in once a count shows it idle). A retired
   block with workers is never stopped while a worker of it may be busy: each worker
   gets :class:`DrainWorker` (the scheduler's drain path: no new tasks,
   ``RetireWorker`` once idle, and the worker exits). The block then ends by itself
@@ -221,12 +223,17 @@ class TargetSet(Event):
     shell hands it to the provider). Clears the pool's giving up. ``limits``: the
     pool's configured limits (min, max, init blocks, parallelism, idle time), which the
     scaling policy sees and whose ``max_blocks`` the core enforces (``n`` is kept
-    within ``min_blocks`` and ``max_blocks``); None keeps those the pool has (if any)."""
+    within ``min_blocks`` and ``max_blocks``); None keeps those the pool has (if any).
+    ``idle_only``: until the next target, blocks beyond the proposal are scaled in
+    only once they run nothing (an alert's ``restore``: the blocks it added go as they
+    go idle, not drained busy a second after they joined); False (an operator's
+    ``scale``): busy ones are drained at once if there are not enough idle ones."""
 
     pool: str
     n: int
     spec: Any
     limits: PoolLimits | None = None
+    idle_only: bool = False
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -610,6 +617,8 @@ class PoolState:
     requested: int = 0  #: StartBlock sent, no answer yet
     retiring: int = 0  #: blocks being scaled in
     raised: int = 0  #: a raised target (TargetRaised), in force until ``raised_until``
+    #: blocks beyond the proposal are scaled in only once idle (``TargetSet.idle_only``)
+    idle_only: bool = False
     raised_until: float = 0.0
     #: tasks seen arriving: ``(when, how many)``, each rise of ``active`` between two
     #: counts, over the last ``HISTORY`` seconds (for the ``demand`` forecast)
@@ -761,9 +770,10 @@ class AutoscalerState:
         # status, the metrics and a `fit` action read as the target)
         n = ev.n if limits is None else min(max(ev.n, limits.min_blocks), limits.max_blocks)
         if ps is None:
-            self.pools[ev.pool] = PoolState(ev.pool, n, ev.spec, ev.limits)
+            self.pools[ev.pool] = PoolState(ev.pool, n, ev.spec, ev.limits, idle_only=ev.idle_only)
         else:
             ps.target, ps.spec = n, ev.spec
+            ps.idle_only = ev.idle_only
             if ev.limits is not None:
                 ps.limits = ev.limits
         self.gave_up.discard(ev.pool)
@@ -1373,11 +1383,20 @@ class AutoscalerState:
                     ps.requested -= 1
                     excess -= 1
             rest = [b for b in live if b not in retire]
+            if ps.idle_only:
+                # Set back by a restore: a block that runs tasks is not drained now
+                # (its work, and the consumers of its outputs, would move to others);
+                # it goes once a count shows it idle.
+                rest = [b for b in rest if not self._busy(b)]
             for b in retire + _to_retire(rest, excess):
                 self._retire(b)
                 ps.blocks -= 1
                 ps.retiring += 1
         self._rejoin()
+
+    def _busy(self, b: BlockRecord) -> bool:
+        """A worker of ``b`` runs tasks, as the latest count says (or no count yet)."""
+        return self.processing is None or any(self.processing.get(w, 0) for w in b.workers)
 
     def _rejoin(self) -> None:
         """Un-drain the other workers of each block an operator took back (the core had
@@ -1437,7 +1456,11 @@ class AutoscalerState:
             # flight beyond it are cancelled, their blocks scaled in as they start.
             # ... and at most max_blocks with the spent blocks that still run a task.
             room = self._most(ps) - self.spent_at_work(pool)
-            if not self._may_request(pool):
+            # ... or more, with a restore's target, by blocks still busy.
+            busy = sum(1 for b in self.live(pool) if self._busy(b)) if ps.idle_only else 0
+            if live > ps.desired:
+                assert live - ps.desired <= busy, (pool, live, ps, "beyond it, not busy")
+            elif not self._may_request(pool):
                 assert live <= ps.desired, (pool, live, ps)
             else:
                 assert live == ps.desired or (live < ps.desired and live >= room), (pool, live, ps)

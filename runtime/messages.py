@@ -1449,6 +1449,17 @@ class ScaleRequest(Message):
     hold: float | None = None
 
 
+@message(local=True)
+class RestoreRequest(Message):
+    """alert monitor -> autoscaler: set ``pool``'s target back to ``n`` (a scale-out
+    action's ``restore``, its alerts resolved). Unlike ``ScaleRequest``, the blocks
+    beyond it that run tasks are not drained now: each goes once it runs nothing
+    (``TargetSet.idle_only``, until the next target). Reply as ``ScaleRequest``'s."""
+
+    n: int
+    pool: str = "default"
+
+
 @message()
 class ResumeRequest(Message):
     """-> manager -> autoscaler: submit ``pool``'s blocks again (after the batch system

@@ -10,11 +10,12 @@ What lives here:
   manager's ``MetricsRequest``, bounded), flattens it (:func:`runtime.metrics.samples`),
   feeds ``Evaluate(now, samples)`` to the core and carries out its commands: ``Notify``
   goes to every notifier (``runtime/notify.py``: they never block), ``Scale`` is a
-  ``ScaleRequest`` to the autoscaler (asked in the background, bounded; its answer goes
-  back to the core), ``Audit`` is a WARNING log line ``alert action`` kept (the latest
-  100) for the console, and as data (numbered ``AuditInfo``) for the monitoring
-  database's recorder. It answers ``AlertsRequest`` and changes its rules live on
-  ``AlertRuleAdd`` / ``AlertRuleRemove`` (a bad rule: ``AlertConfigError`` to the asker).
+  ``ScaleRequest`` to the autoscaler, or a ``RestoreRequest`` for a ``restore`` (asked
+  in the background, bounded; its answer goes back to the core), ``Audit`` is a
+  WARNING log line ``alert action`` kept (the latest 100) for the console, and as data
+  (numbered ``AuditInfo``) for the monitoring database's recorder. It answers
+  ``AlertsRequest`` and changes its rules live on ``AlertRuleAdd`` /
+  ``AlertRuleRemove`` (a bad rule: ``AlertConfigError`` to the asker).
   When it stops (the manager's orderly stop) it warns of the rules changed live, which
   are not kept, and has each notifier end its firing alerts (bounded).
 
@@ -66,6 +67,7 @@ from runtime.messages import (
     AuditInfo,
     Message,
     MetricsReply,
+    RestoreRequest,
     ScaleRequest,
     message,
 )
@@ -459,7 +461,8 @@ class Monitor(Actor):
             error = "this cluster has no autoscaler"
         else:
             try:
-                await autoscaler.ask(ScaleRequest(cmd.target, cmd.pool), timeout=self.scale_timeout)
+                ask = RestoreRequest if cmd.restore else ScaleRequest
+                await autoscaler.ask(ask(cmd.target, cmd.pool), timeout=self.scale_timeout)
             except Exception as exc:
                 error = f"{type(exc).__name__}: {exc}"
         with contextlib.suppress(ActorStopped):

@@ -830,7 +830,13 @@ def test_restore_sets_the_target_back_once_the_alert_resolved() -> None:
     b = pool_blocks(5, running=5)
     cmds = st.handle(Evaluate(70.0, queue(0, 0.0, **b)))
     assert only(cmds, Scale) == [
-        Scale("cpu", 1, "QueueTime", "resolved: back to the target before the scale-out (5 -> 1)")
+        Scale(
+            "cpu",
+            1,
+            "QueueTime",
+            "resolved: back to the target before the scale-out (5 -> 1)",
+            restore=True,
+        )
     ]
     assert only(cmds, Audit)[0].line == (
         "alert QueueTime{pool=cpu} resolved: back to the target before the scale-out (5 -> 1); "

@@ -23,7 +23,7 @@ from actors.autoscaler import _Tick
 from policies import REGISTRY
 from runtime import Cluster
 from runtime.errors import AskTimeout, UnknownPolicyError
-from runtime.messages import DrainRequest, PolicyInfo, PolicyQuery
+from runtime.messages import DrainRequest, PolicyInfo, PolicyQuery, RestoreRequest
 from runtime.preflight import LOCAL_WORKERS_PER_CPU
 from tests.helpers import autoscalers_made, block_end, no_ticks, wait_until
 
@@ -122,6 +122,31 @@ async def gated_cluster(*tasks: Gated | GatedEach, **options: Any) -> AsyncItera
             task.open()
 
 
+@asynccontextmanager
+async def two_busy_blocks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> AsyncIterator[tuple[Any, Cluster, list[Any], GatedEach]]:
+    """An embedded cluster of two workers whose autoscaler ticks only when asked, a
+    gated task running on each, and a tick: the core saw both blocks busy. Yields the
+    autoscaler, the cluster, the futures and the task."""
+    monkeypatch.setattr(actors.autoscaler.Autoscaler, "_ticks", no_ticks)
+    made = autoscalers_made(monkeypatch)
+    task = GatedEach(2)
+    async with gated_cluster(task, workers=2) as cluster:
+        (auto,) = made
+        futs = await running_on_both(cluster, task, 2)
+        await auto.ref.ask(_Tick())  # the core sees both blocks running, busy
+        yield auto, cluster, futs, task
+
+
+async def first_task_done(cluster: Cluster, futs: list[Any], task: GatedEach) -> None:
+    """Let worker-1's task finish; return once worker-1 runs nothing."""
+    first = cluster.scheduler_state.workers["worker-1"]
+    (i,) = [ts.key for ts in first.processing]
+    task.gates[[f.key for f in futs].index(i)].set()
+    await wait_until(lambda: not first.processing, "worker-1 idle", limit=BOUND)
+
+
 async def test_scale_in_judges_idle_blocks_by_the_counts_now_not_the_last_ticks(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -129,24 +154,15 @@ async def test_scale_in_judges_idle_blocks_by_the_counts_now_not_the_last_ticks(
     other still runs one. An operator's scale-in retires the block idle now. Before,
     it went by the last tick's counts (both busy) and drained the busy block (the last
     by id), which also left the idle one running."""
-    monkeypatch.setattr(actors.autoscaler.Autoscaler, "_ticks", no_ticks)
-    made = autoscalers_made(monkeypatch)
-    task = GatedEach(2)
-    async with gated_cluster(task, workers=2) as cluster:
-        (auto,) = made
+    async with two_busy_blocks(monkeypatch) as (auto, cluster, futs, task):
         state = cluster.scheduler_state
-        futs = await running_on_both(cluster, task, 2)
-        await auto.ref.ask(_Tick())  # the core sees both blocks running, busy
         core = auto.state
         assert [(b.state, b.idle_since) for b in core.blocks.values()] == [
             ("running", None),
             ("running", None),
         ]
         owner = {w: bid for bid, b in core.blocks.items() for w in b.workers}
-        first = state.workers["worker-1"]
-        (i,) = [ts.key for ts in first.processing]
-        task.gates[[f.key for f in futs].index(i)].set()
-        await wait_until(lambda: not first.processing, "worker-1 idle", limit=BOUND)
+        await first_task_done(cluster, futs, task)
         assert await cluster.scale(1) == {"default": 1}
         idle, busy = core.blocks[owner["worker-1"]], core.blocks[owner["worker-2"]]
         assert idle.retiring and not busy.retiring
@@ -331,6 +347,32 @@ async def test_scaling_an_embedded_pool_past_this_machine_is_refused_before_anyt
             assert status["autoscaler"]["targets"] == {"default": 1}, status["autoscaler"]
             assert len(status["workers"]) == 1 and len(status["autoscaler"]["blocks"]) == 1
             assert await cluster.scale(2) == {"default": 2}  # within it: as before
+
+
+async def test_a_restore_drains_no_busy_worker_each_goes_once_idle(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An alert's ``restore`` (``RestoreRequest``, as the alert monitor asks it) sets the
+    target from 2 back to 1 while both workers run a task: neither is drained then (an
+    operator's ``scale(1)`` would drain the last by id at once). worker-1's task ends:
+    at the next tick it is drained and leaves; worker-2 keeps working, and the next
+    task runs there."""
+    then = Gated()
+    then.gate.set()
+    async with two_busy_blocks(monkeypatch) as (auto, cluster, futs, task):
+        state = cluster.scheduler_state
+        assert await auto.ref.ask(RestoreRequest(1)) == {"default": 2}
+        # the answer comes once the commands were carried out: no drain was asked
+        assert not any(w.draining for w in state.workers.values())
+        assert (await cluster.status())["autoscaler"]["targets"] == {"default": 1}
+        await first_task_done(cluster, futs, task)
+        await auto.ref.ask(_Tick())
+        await wait_until(lambda: "worker-1" not in state.workers, "worker-1 to leave", limit=BOUND)
+        assert not state.workers["worker-2"].draining
+        task.open()
+        assert sorted(await cluster.gather(futs)) == [0, 1]
+        assert await cluster.submit(then, 7, key="later") == 70
+        assert state.tasks["later"].tries[-1].worker == "worker-2"
 
 
 async def test_drained_workers_holding_held_outputs_are_taken_back_not_replaced() -> None:

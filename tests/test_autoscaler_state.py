@@ -321,6 +321,52 @@ def test_a_pool_that_wants_blocks_again_takes_its_draining_ones_back_first() -> 
     ]
 
 
+def scaled_out_and_busy() -> AutoscalerState:
+    """A queue alert's ``fit`` scale-out on a fixed pool (target 1 -> 3): block-2 and
+    block-3 join at 16 s and take the queued tasks at once; every block is busy."""
+    s = make()
+    run(s, TargetSet(0.0, "default", 1, SPEC, PoolLimits(0, 3, 1)))
+    started(s, 0.1, 1)
+    assert run(s, TargetSet(1.0, "default", 3, SPEC)) == [
+        StartBlock(2, "default", SPEC),
+        StartBlock(3, "default", SPEC),
+    ]
+    started(s, 16.0, 2)
+    assert run(s, QueuesSeen(16.5, {"default": 0}, {"w-1": 1, "w-2": 2, "w-3": 1})) == []
+    return s
+
+
+def test_a_restore_drains_no_block_that_runs_tasks_they_go_as_they_go_idle() -> None:
+    """The alert resolves once the blocks it added took the queue, and its ``restore``
+    sets the target back to 1 at 17 s, a second after they joined. Before, the core
+    drained the two busy blocks then (the last by id), as for an operator's scale: their
+    outputs were copied off and the tasks reading them ran elsewhere. Now a target set
+    back by a restore (``idle_only``) scales in only blocks that run nothing: block-3,
+    idle at the next count, goes then; block-2 at the first count that shows it idle."""
+    t = scaled_out_and_busy()  # an operator's scale to 1 drains busy blocks at once
+    assert run(t, TargetSet(17.0, "default", 1, SPEC)) == [
+        DrainWorker("w-2", "block-2"),
+        DrainWorker("w-3", "block-3"),
+    ]
+    s = scaled_out_and_busy()  # a restore drains none of them while they run tasks
+    assert run(s, TargetSet(17.0, "default", 1, SPEC, idle_only=True)) == []
+    assert s.counts() == {"default": 3} and s.pools["default"].desired == 1
+    assert run(s, QueuesSeen(18.0, {"default": 0}, {"w-1": 1, "w-2": 1, "w-3": 0})) == [
+        DrainWorker("w-3", "block-3")
+    ]
+    assert run(s, QueuesSeen(19.0, {"default": 0}, {"w-1": 1, "w-2": 1, "w-3": 0})) == []
+    assert run(s, QueuesSeen(30.0, {"default": 0}, {"w-1": 1, "w-2": 0, "w-3": 0})) == [
+        DrainWorker("w-2", "block-2")
+    ]
+    assert s.counts() == {"default": 1}
+    # Wanted again meanwhile: the busy blocks it kept count, nothing is started; a later
+    # operator's scale drains busy blocks again.
+    u = scaled_out_and_busy()
+    run(u, TargetSet(17.0, "default", 1, SPEC, idle_only=True))
+    assert run(u, TargetSet(20.0, "default", 3, SPEC)) == [] and u.counts() == {"default": 3}
+    assert run(u, TargetSet(21.0, "default", 2, SPEC)) == [DrainWorker("w-3", "block-3")]
+
+
 def test_a_pool_short_of_its_draining_blocks_takes_them_back_and_starts_the_rest() -> None:
     """Mixed: one drained block is there, the target asks for three: the one is taken
     back, two are started; with max_blocks 2 only one is started."""
@@ -969,6 +1015,7 @@ class RandomCluster(RuleBasedStateMachine):
         self.taken_back = 0  #: UndrainWorker commands seen
         self.joined: set[str] = set()  #: workers the scheduler knows
         self.drained: set[str] = set()  #: workers the scheduler drains
+        self.undone: set[str] = set()  #: drained workers an operator took back
         self.reported: set[str] = set()  #: blocks reported gone
         self.running: set[str] = set()  #: blocks that run (their workers may join)
         self.suspended: set[str] = set()  #: blocks whose workers the scheduler holds
@@ -990,7 +1037,8 @@ class RandomCluster(RuleBasedStateMachine):
                 # Only a worker the scheduler drains, of a block counted again.
                 b = self.state.blocks[cmd.block]
                 assert not b.retiring and cmd.worker in b.workers, (cmd, b)
-                assert cmd.worker in self.drained and cmd.worker in self.joined, cmd
+                # (or one an operator took back since the latest count: it is refused)
+                assert cmd.worker in self.drained | self.undone and cmd.worker in self.joined, cmd
                 self.undrains.append(cmd)
                 self.taken_back += 1
             elif isinstance(cmd, HoldWorkers):
@@ -1019,11 +1067,11 @@ class RandomCluster(RuleBasedStateMachine):
 
     @rule(
         pool=st.sampled_from(["a", "b"]), n=st.integers(0, 4),
-        timeout=st.sampled_from([None, 1.0, 3.0]),
+        timeout=st.sampled_from([None, 1.0, 3.0]), idle_only=st.booleans(),
     )  # fmt: skip
-    def set_target(self, pool: str, n: int, timeout: float | None) -> None:
+    def set_target(self, pool: str, n: int, timeout: float | None, idle_only: bool) -> None:
         limits = PoolLimits(0, 4, 0, provisioning_timeout=timeout)
-        self.feed(TargetSet(self._later(), pool, n, pool, limits))
+        self.feed(TargetSet(self._later(), pool, n, pool, limits, idle_only))
 
     @rule(pool=st.sampled_from(["a", "b"]), n=st.integers(0, 4), hold=st.floats(0.0, 5.0))
     def raise_target(self, pool: str, n: int, hold: float) -> None:
@@ -1115,6 +1163,24 @@ class RandomCluster(RuleBasedStateMachine):
         if ok:
             self.drained.discard(cmd.worker)
         self.feed(UndrainAnswered(self._later(), cmd.worker, ok))
+
+    @precondition(lambda self: not self.state.closing)
+    @rule(busy=st.sets(st.integers(0, 15)), queued=st.integers(0, 3))
+    def counts(self, busy: set[int], queued: int) -> None:
+        """The scheduler's counts: the workers it knows (some busy) and those it drains."""
+        known = sorted(self.joined)
+        processing = {w: int(i in busy) for i, w in enumerate(known)}
+        draining = frozenset(self.drained & self.joined)
+        self.feed(QueuesSeen(self._later(), {"a": queued}, processing, draining))
+
+    @precondition(lambda self: self.drained & self.joined)
+    @rule(i=st.integers(0, 7))
+    def operator_undrains(self, i: int) -> None:
+        """An operator takes a draining worker back (the console's ``undrain``): the
+        core learns it from the next count."""
+        wid = sorted(self.drained & self.joined)[i % len(self.drained & self.joined)]
+        self.drained.discard(wid)
+        self.undone.add(wid)
 
     @precondition(lambda self: self.stops)
     @rule(i=st.integers(0, 7))
