@@ -4,9 +4,10 @@
 A manager process with one local pool (1 core per block, a provisioning delay of 15 s)
 and a queue-time rule whose ``fit`` scale-out restores the target once it resolves.
 Pipeline A (2 builds of 30 s) waits for the alert, which scales the pool to 2; it
-resolves once both run, and the target goes back to 0: both workers drain while busy.
+resolves once both run, and the target goes back to 0 (before 4dd6cb0 both workers
+were drained then, busy; since, a restore drains a block only once it runs nothing).
 Pipeline B (2 builds of 5 s) is submitted then, A's futures kept (its outputs held, so
-the drained workers cannot leave). The script prints when A and B end, B's wait, and
+drained workers cannot leave). The script prints when A and B end, B's wait, and
 the blocks the pool had at once (sampled every 0.5 s) and in all.
 
     python benchmarks/restore_takeback.py [--port 21301]
