@@ -1456,7 +1456,7 @@ class AlertState:
             return True
         reason = f"resolved: back to the target before the scale-out ({set_to} -> {before})"
         self._out.append(Scale(pool, before, rule, reason, restore=True))
-        why = f"{reason}; blocks drain as the pool's scaling policy says"
+        why = f"{reason}; blocks beyond it drain once idle, as the pool's scaling policy says"
         self._audit(
             f"{who} {why}", now, rule=rule, labels=labels, pool=pool, action="restore",
             before=set_to, after=before, why=why,

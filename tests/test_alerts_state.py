@@ -840,7 +840,7 @@ def test_restore_sets_the_target_back_once_the_alert_resolved() -> None:
     ]
     assert only(cmds, Audit)[0].line == (
         "alert QueueTime{pool=cpu} resolved: back to the target before the scale-out (5 -> 1); "
-        "blocks drain as the pool's scaling policy says"
+        "blocks beyond it drain once idle, as the pool's scaling policy says"
     )
     # someone set the target meanwhile: it stays
     st = AlertState([scaler(by=2, cooldown=60, max_blocks=9, restore=True)])
