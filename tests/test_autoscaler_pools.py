@@ -13,7 +13,7 @@ from collections import deque
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import policies
@@ -442,6 +442,11 @@ def test_a_requeued_block_gets_its_timeout_again_from_the_requeue() -> None:
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@example(  # a block up taught the forecast a 1 s delay: it drained one idle 5 s
+    lim=PoolLimits(0, 4, 2, 0.25, 2, 5.0),
+    steps=[(2.0, 0, []), (3.0, 1, []), (1.0, 9, []), (1.0, 0, [])],
+    forecast=1.0,
+)
 @given(
     lim=st.builds(
         PoolLimits,
@@ -468,22 +473,28 @@ def test_the_demand_strategy_keeps_its_limits_and_drains_only_long_idle_blocks(
     idle for max_idletime with every one of its workers running nothing."""
     s = make(policies.REGISTRY.create("scaling", "demand", {"forecast": forecast}))
     now = 0.0
+    processing: dict[str, int] = {}  # the workers' tasks as last seen
+
+    def drains_only_long_idle(out: list[Any]) -> None:
+        for cmd in out:
+            assert isinstance(cmd, StartBlock | DrainWorker), out
+            if isinstance(cmd, DrainWorker):
+                b = s.blocks[cmd.block]
+                assert all(processing.get(w, 0) == 0 for w in b.workers), (cmd, processing)
+                since = b.idle_since  # as of this event (idle from now, with 0 s)
+                assert since is not None and now - since >= lim.max_idletime, (cmd, since)
+
     run(s, TargetSet(now, "p", lim.min_blocks, SPEC, lim))
     for dt, queued, busy in steps:
         now += dt
-        while s.requests:  # a block up may teach the forecast a delay: it may ask more
-            for request in sorted(s.requests):
+        while s.requests:  # a block up may teach the forecast a delay: it may ask more,
+            for request in sorted(s.requests):  # or want fewer: a long-idle one drained
                 out = run(s, BlockStarted(now, request, f"block-{request}", (f"w-{request}",)))
-                assert all(isinstance(c, StartBlock) for c in out), out
+                drains_only_long_idle(out)
             assert lim.min_blocks <= s.counts()["p"] <= lim.max_blocks, s.counts()
         workers = [w for b in s.blocks.values() for w in b.workers if not b.retiring]
         processing = {w: (busy[i] if i < len(busy) else 0) for i, w in enumerate(workers)}
-        for cmd in run(s, QueuesSeen(now, {"p": queued}, processing)):
-            if isinstance(cmd, DrainWorker):
-                b = s.blocks[cmd.block]
-                assert all(processing[w] == 0 for w in b.workers), (cmd, processing)
-                since = b.idle_since  # as of this event (idle from now, with 0 s)
-                assert since is not None and now - since >= lim.max_idletime, (cmd, since)
+        drains_only_long_idle(run(s, QueuesSeen(now, {"p": queued}, processing)))
         assert lim.min_blocks <= s.counts()["p"] <= lim.max_blocks, s.counts()
 
 
