@@ -63,6 +63,7 @@ from actors.scheduler_events import (
     TasksFinished,
     TasksRunning,
     Tick,
+    WorkerAway,
     WorkerDraining,
     WorkerHeld,
     WorkerJoined,
@@ -146,6 +147,7 @@ from runtime.messages import (
     UpcomingRequest,
     WaitForWorkersRequest,
     WorkerDiskMetrics,
+    WorkerDropped,
     WorkerGone,
     WorkerHolds,
     WorkerInfo,
@@ -561,6 +563,13 @@ class Scheduler(Actor):
         """The autoscaler's scaling policy failed: a line in the cluster's story."""
         self._handle(PolicyNoted(*self._ev(), msg.problem))
 
+    @handles(WorkerDropped)
+    def worker_dropped(self, msg: WorkerDropped) -> None:
+        """A worker's connection dropped and its id is held for its rejoin: away (no
+        new work, its cores not counted) from now, the end of its life if it is lost."""
+        if msg.worker_id in self.workers:
+            self._handle(WorkerAway(*self._ev(), msg.worker_id))
+
     @handles(WorkerGone)
     def worker_gone(self, msg: WorkerGone) -> None:
         if self.workers.pop(msg.worker_id, None) is None:
@@ -878,7 +887,8 @@ class Scheduler(Actor):
             "failures": tuple(FailureCount(*key, n) for key, n in failures),
             "tasks_by_state": {**dict.fromkeys(_STATES, 0), **st.by_state},  # 0s stay
             "tasks_created": st.created,
-            "workers": len(st.workers),
+            # connected: a worker away (its connection dropped, its id held) is not
+            "workers": sum(ws.away is None for ws in st.workers.values()),
             "disks": disks,
             "replicas": _replicas(st),
             "speculative": dict(st.speculative),

@@ -50,6 +50,7 @@ __all__ = [
     "TasksFinished",
     "TasksRunning",
     "Tick",
+    "WorkerAway",
     "WorkerDraining",
     "WorkerHeld",
     "WorkerJoined",
@@ -122,6 +123,16 @@ class WorkerJoined(Event):
     filesystem: str = ""
     fs_free: int = 0
     disk_auto: bool = False
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WorkerAway(Event):
+    """``worker``'s connection dropped (``now``: when) and its id is held for its
+    rejoin: it takes no new work and its cores do not count as capacity until it joins
+    again (:class:`WorkerJoined`, its work kept); if it is lost instead
+    (:class:`WorkerLeft`), its life and the tries it was running end at the drop."""
+
+    worker: str
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

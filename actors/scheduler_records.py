@@ -196,6 +196,7 @@ class WorkerState:
     """One worker as the scheduler sees it."""
 
     __slots__ = (
+        "away",
         "block",
         "copies",
         "cores",
@@ -269,6 +270,9 @@ class WorkerState:
         self.throttled = False  #: past its throttle fence: deferring producers
         #: its block is suspended by the batch system: no new tasks until it resumes
         self.suspended = False
+        #: when its connection dropped, its id held for its rejoin (None: connected):
+        #: no new work, its cores not counted; lost, it ends then (``WorkerAway``)
+        self.away: float | None = None
         self.rss = 0  #: its RSS as last reported
         self.throttle_at = 0  #: bytes where its throttle fence is (0: not reported)
         self.memory_bytes = -1  #: bytes of outputs in its memory, as last reported (-1: not)

@@ -79,6 +79,10 @@ it), but it is not retired: what it runs goes on when it resumes (``Suspended`` 
 ``suspended`` False). Lost meanwhile for no known cause (``unknown``: a stopped
 process goes silent), it is lost as ``suspended`` (:meth:`SchedulerState.lost_cause`),
 a free loss like ``preempted``: its tasks are not suspects.
+Away: after :class:`WorkerAway` (its connection dropped; the gateway holds its id for
+its rejoin) a worker gets no new work either, and its cores are not in the metrics; a
+:class:`WorkerJoined` (its rejoin) brings it back with its work. Lost instead
+(:class:`WorkerLeft`), its life and the tries it was running end at the drop.
 After :class:`StoppedWithCluster` (the autoscaler stops its block because the cluster
 shuts down) a worker is lost as ``shutdown`` whatever its end says (inside a Slurm job
 the stop signal reads as ``preempted`` to it), unless it left on purpose anyway.
@@ -213,6 +217,7 @@ from actors.scheduler_events import (
     TasksFinished,
     TasksRunning,
     Tick,
+    WorkerAway,
     WorkerDraining,
     WorkerHeld,
     WorkerJoined,
@@ -727,7 +732,8 @@ class SchedulerState(DiskPlacement):
         exception or None; ``start``, ``stop``: the worker's wall clock, except for
         ``worker-lost``: this core's clock, ``start`` when it began executing as its
         worker said (``now`` for one it had not started; None: the worker never said)
-        and ``stop`` the loss, ``now``; ``queued``: when the
+        and ``stop`` the loss, ``now`` (the drop of its worker's connection for one
+        lost while away, :class:`WorkerAway`); ``queued``: when the
         task became ready for this try, this core's clock, None for a speculative copy:
         ``TryRecord.queued``; ``failure``: for a try that failed with an error, out of
         memory, by timeout or for its disk, the cause it is counted under in the
@@ -741,7 +747,9 @@ class SchedulerState(DiskPlacement):
         record of the try it follows (``charged``: it spent the task's ``retries=``
         budget, else a free retry; ``pool``: the task's pool then; ``moved``: the pool
         the retry policy moved it to, or None),
-        ``("joined", worker, pool, cores, memory)``, ``("left", worker, cause)``,
+        ``("joined", worker, pool, cores, memory)``, ``("left", worker, cause, ended)``
+        (``ended``: when its life ended, this core's clock: ``now``, or the drop of its
+        connection for a worker lost while away),
         ``("transfer", key, kind, nbytes, source, target, duration)`` per output copied
         between workers and ``("recovery", key, category, worker, how)`` per needed
         output lost with a worker (:mod:`actors.storage_state`)."""
@@ -793,18 +801,18 @@ class SchedulerState(DiskPlacement):
         )  # fmt: skip
         return record
 
-    def _began(self, ts: TaskState, ws: WorkerState, ran: float | None) -> float | None:
-        """When ``ts``'s try, lost with ``ws`` now, began executing there, on this
-        core's clock: as the worker said when it left (``WorkerLeaving.executed``) or
-        while it ran (``TasksRunning``); now for a try it said it had not started (it
-        ran 0 s); None when the worker never said (it vanished before its first
+    def _began(self, ts: TaskState, ws: WorkerState, ran: float | None, end: float) -> float | None:
+        """When ``ts``'s try, lost with ``ws`` at ``end``, began executing there, on
+        this core's clock: as the worker said when it left (``WorkerLeaving.executed``)
+        or while it ran (``TasksRunning``); ``end`` for a try it said it had not started
+        (it ran 0 s); None when the worker never said (it vanished before its first
         report of the try)."""
         if ran is not None:
-            return self._now - ran
+            return end - ran
         began = ws.executed.get(str(ts.key))
         if began is None and ts.worker == ws.id:
             began = ts.started
-        return None if began is None else min(max(began, ts.sent), self._now)
+        return None if began is None else min(max(began, ts.sent), end)
 
     def count(self, state: str) -> int:
         return self.by_state.get(state, 0)
@@ -855,7 +863,7 @@ class SchedulerState(DiskPlacement):
                 m = out[pool] = {
                     "queue_depth": 0, "oldest_wait": 0.0, "wait_quantiles": {}, "waits": 0,
                     "wait_sum": 0.0, "running": 0, "workers": {"idle": 0, "busy": 0,
-                    "draining": 0}, "throttled": 0, "rss_bytes": 0, "held_back": 0,
+                    "draining": 0, "away": 0}, "throttled": 0, "rss_bytes": 0, "held_back": 0,
                     "disk_stalled": 0, "disk_stalls": 0, "cores": 0, "cores_busy": 0,
                 }  # fmt: skip
             return m
@@ -879,7 +887,10 @@ class SchedulerState(DiskPlacement):
         for ws in self.workers.values():
             m = of(ws.pool)
             n = len(ws.processing)
-            m["running"] += n
+            m["running"] += n  # (an away worker's tasks: held for its rejoin)
+            if ws.away is not None:  # its connection dropped: no capacity of its own
+                m["workers"]["away"] += 1
+                continue
             state = "draining" if ws.draining else "busy" if n else "idle"
             m["workers"][state] += 1
             # Its cores, and those its tasks (speculative copies among them) take: one
@@ -1039,6 +1050,9 @@ class SchedulerState(DiskPlacement):
             if ws.retired:  # its Stop may have been lost with the old connection
                 ws.retired = False
                 self.draining.add(ws.id)
+            if ws.away is not None:  # back within its grace: its life goes on
+                ws.away = None
+                self._log(ws.id, "joined", "back")
         ws.block = ev.block
         self.hosts.joined(ev.worker, ev.host, ev.host_memory, ev.memory, ev.process, self._now)
         self._disk_shared(
@@ -1144,6 +1158,14 @@ class SchedulerState(DiskPlacement):
             self._log(wid, "joined", "suspended" if ev.suspended else "resumed")
             self._update_free(ws)
 
+    def _worker_away(self, ev: WorkerAway) -> None:
+        ws = self.workers.get(ev.worker)
+        if ws is None or ws.away is not None:
+            return  # not joined (or gone), or away already: the first drop counts
+        ws.away = self._now
+        self._log(ws.id, "joined", "away")
+        self._update_free(ws)
+
     def _worker_left(self, ev: WorkerLeft) -> None:
         cause = self.lost_cause(ev.worker, ev.cause)
         if cause != ev.cause:
@@ -1160,8 +1182,10 @@ class SchedulerState(DiskPlacement):
         self._log(ev.worker, "joined", f"left:{ev.cause}")
         if self.held:  # the holder that would not hand over may be this one: try again
             self._release_held(every=True)
+        # Lost while away: it ended when its connection dropped, not at its hold's end.
+        end = self._now if ws.away is None else ws.away
         if self.feed_on:
-            self._records.append(("left", ws.id, ev.cause))
+            self._records.append(("left", ws.id, ev.cause, end))
         if self.checkpoint_workers:  # before its tasks are sent again: what survived
             self._checkpoints_lost(ws.id)
         # Its plan's copies are made or not, as it says: none is on its way any more.
@@ -1181,11 +1205,11 @@ class SchedulerState(DiskPlacement):
         lives = self.lives.get(ws.pool)
         if lives is None:
             lives = self.lives[ws.pool] = deque(maxlen=MAX_LIVES)
-        lives.append((self._now - ws.joined, ev.cause not in ON_PURPOSE))
+        lives.append((end - ws.joined, ev.cause not in ON_PURPOSE))
         self._limits_changed()  # before its tasks go back to ready: they are checked
         self._copies_lost(ws.id)
         for ts in sorted(ws.copies, key=_prio_key):  # the first try runs on: no retry
-            self._end_copy(ts, ws, "worker-lost", ev.cause)
+            self._end_copy(ts, ws, "worker-lost", ev.cause, ended=end)
             self.speculative["failed"] += 1
         # A leaving worker said which of its tasks it executed: the others never started
         # (they ran 0 s: a preempted one is not long); else each ran since it was sent.
@@ -1193,9 +1217,10 @@ class SchedulerState(DiskPlacement):
         for ts in sorted(ws.processing, key=_prio_key):
             ran = 0.0 if executing is not None and str(ts.key) not in executing else None
             rec = TryRecord(
-                str(ts.key), ws.id, ts.sent, self._now, "worker-lost", ev.cause, ts.queued, ran
-            )
-            self._tried(ts, rec, None, began=self._began(ts, ws, ran))
+                str(ts.key), ws.id, ts.sent, max(end, ts.sent), "worker-lost", ev.cause,
+                ts.queued, ran,
+            )  # fmt: skip
+            self._tried(ts, rec, None, began=self._began(ts, ws, ran, rec.stop))
             ts.lost_tries += 1
             self._stat(ts).lost += 1
             self._failed_try(ts, "worker-lost", ev.cause, None, ws.id, grouped=False)
@@ -3134,9 +3159,11 @@ class SchedulerState(DiskPlacement):
         *,
         cancel: bool = False,
         record: bool = True,
+        ended: float | None = None,
     ) -> None:
-        """The copy of ``ts`` on ``ws`` ends: its slot and disk are free again; its try
-        is recorded as ``outcome`` (``cause``); ``cancel``: tell the worker to stop it."""
+        """The copy of ``ts`` on ``ws`` ends (``ended``; None: now): its slot and disk are
+        free again; its try is recorded as ``outcome`` (``cause``); ``cancel``: tell the
+        worker to stop it."""
         copies = self.copies[ts]
         sent, need, _ = copies.pop(ws.id)
         if not copies:
@@ -3149,7 +3176,8 @@ class SchedulerState(DiskPlacement):
         if cancel and ws.id in self.workers:
             self._cancel_on(ws, ts)
         if record:
-            rec = TryRecord(str(ts.key), ws.id, sent, self._now, outcome, cause)
+            stop = self._now if ended is None else max(ended, sent)
+            rec = TryRecord(str(ts.key), ws.id, sent, stop, outcome, cause)
             self._tried(ts, rec, None)
 
     def _cancel_copies(self, ts: TaskState, cause: str) -> None:
@@ -4432,8 +4460,8 @@ def _topological(tasks: Iterable[TaskState]) -> list[TaskState]:
 
 def _takes_new(ws: WorkerState) -> bool:
     """``ws`` may be given new work (a task, a copy, an evacuated output): it neither
-    drains nor is suspended."""
-    return not (ws.draining or ws.suspended)
+    drains nor is suspended nor away (its connection dropped, its id held)."""
+    return not (ws.draining or ws.suspended) and ws.away is None
 
 
 def _core_free(ws: WorkerState) -> bool:
@@ -4457,6 +4485,7 @@ _DISPATCH: dict[type, Any] = {
     GraphSubmitted: SchedulerState._graph_submitted,
     WorkerJoined: SchedulerState._worker_joined,
     WorkerLeft: SchedulerState._worker_left,
+    WorkerAway: SchedulerState._worker_away,
     WorkerHeld: SchedulerState._worker_held,
     ReplicasMissing: SchedulerState._replicas_missing,
     ReplicasCopied: SchedulerState._replicas_copied,

@@ -617,6 +617,7 @@ function renderCapacity(s) {
           " " + bytes(p.rss) + " / " + (p.memory_limit ? bytes(p.memory_limit) : "no limit")),
         h("td", {text: (w.idle || 0) + " idle, " + (w.busy || 0) + " busy" +
           (w.draining ? ", " + w.draining + " draining" : "") +
+          (w.away ? ", " + w.away + " away (connection dropped, held for its rejoin)" : "") +
           (p.throttled ? ", " + p.throttled + " throttled" : "") +
           (p.disk_stalled ? ", disk stalled: tasks wait for disk" : "")}),
         h("td", {text: blocks + (p.blocks_pending ? " (the oldest asked for " +

@@ -321,6 +321,16 @@ class WorkerGone(Message):
 
 
 @message()
+class WorkerDropped(Message):
+    """Gateway -> scheduler: ``worker_id``'s connection dropped without a goodbye, and
+    its id is held for its rejoin. Until it rejoins (its ``RegisterWorker``) it is away:
+    it takes no new work and its cores are not counted; if it does not rejoin, its
+    ``WorkerGone`` follows and it is lost as of now, the drop, not the hold's end."""
+
+    worker_id: str
+
+
+@message()
 class WorkersSuspended(Message):
     """Autoscaler -> scheduler: the batch system suspended the block of ``workers``
     (``suspended``: they take no new tasks, and one that goes silent meanwhile is lost
@@ -813,8 +823,9 @@ class PoolMetrics(Message):
     the oldest of them has waited (seconds, 0 with none), wait quantiles over the latest
     waits served (``wait_quantiles``: quantile as text, e.g. ``"0.9"`` -> seconds),
     waits served and their sum (seconds), tasks running on its workers, its workers by
-    state (idle, busy, draining) and those throttled, their RSS, bytes held in memory
-    and spilled to disk now, and bytes ever spilled."""
+    state (idle, busy, draining, away: its connection dropped, its id held for its
+    rejoin; its cores, RSS and throttle not counted) and those throttled, their RSS,
+    bytes held in memory and spilled to disk now, and bytes ever spilled."""
 
     queue_depth: int = 0
     oldest_wait: float = 0.0
@@ -1025,7 +1036,7 @@ class MetricsReply(Message):
     failures: tuple[FailureCount, ...] = ()
     tasks_by_state: dict[str, int] = dataclasses.field(default_factory=dict)
     tasks_created: int = 0
-    workers: int = 0
+    workers: int = 0  #: connected (not away: its connection dropped, its id held)
     #: per connected worker, its disk (``corral_worker_disk_*``)
     disks: dict[str, WorkerDiskMetrics] = dataclasses.field(default_factory=dict)
     replicas: ReplicasStatus = dataclasses.field(default_factory=ReplicasStatus)

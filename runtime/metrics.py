@@ -103,9 +103,11 @@ class SnapshotCollector(Collector):
             "corral_tasks_running", "Tasks sent to the pool's workers, not finished.", pool
         )
         workers = _gauge(
-            "corral_workers", "Workers by state (idle, busy, draining).", ["pool", "state"]
+            "corral_workers", "Workers by state (idle, busy, draining, away).", ["pool", "state"]
         )
-        cores = _gauge("corral_cores", "Cores of the pool's connected workers.", pool)
+        cores = _gauge(
+            "corral_cores", "Cores of the pool's connected workers (not those away).", pool
+        )
         cores_busy = _gauge(
             "corral_cores_busy",
             "Of those, the cores running tasks (one per task, draining workers too).",
@@ -179,7 +181,9 @@ class SnapshotCollector(Collector):
         yield CounterMetricFamily(
             "corral_tasks_submitted", "Tasks submitted.", value=snap.tasks_created
         )
-        yield GaugeMetricFamily("corral_workers_connected", "Workers known.", value=snap.workers)
+        yield GaugeMetricFamily(
+            "corral_workers_connected", "Workers connected (not those away).", value=snap.workers
+        )
         yield from _disk_families(snap)
 
         rep = snap.replicas

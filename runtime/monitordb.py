@@ -1310,7 +1310,8 @@ class MonitorRecorder(Actor):
                     t = task(k, category, at)
                     if outcome in _CORE_CLOCK:  # the core's clock: sent, began, ended
                         start = None if start is None or outcome != "worker-lost" else start + wall
-                        stop = at
+                        # A worker lost after its connection dropped: ended at the drop.
+                        stop = stop + wall if outcome == "worker-lost" else at
                     ok = outcome == "ok"
                     etype, emsg, tb = _text(error)
                     if error is None and outcome == "worker-lost":  # as the dashboard says
@@ -1343,11 +1344,11 @@ class MonitorRecorder(Actor):
                     self._lives[wid] = (life, True)
                     rows.add("event", _WORKER_JOINED,
                              (run, wid, life, pool, block, cores, memory, at))  # fmt: skip
-                elif kind == "left":
-                    _, wid, cause = rec
+                elif kind == "left":  # when it ended: its connection's drop, if it had
+                    _, wid, cause, ended = rec
                     life, _ = self._lives.get(wid, (1, True))
                     self._lives[wid] = (life, False)
-                    rows.add("event", _WORKER_LEFT, (at, cause, run, wid, life))
+                    rows.add("event", _WORKER_LEFT, (ended + wall, cause, run, wid, life))
                 elif kind == "transfer":
                     _, key, what, nbytes, source, target, took = rec
                     rows.add("event", _TRANSFER, (run, at, _safe(str(key)), what, nbytes,

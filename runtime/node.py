@@ -124,6 +124,7 @@ from runtime.messages import (
     TasksStarted,
     UndrainRequest,
     WaitForWorkersRequest,
+    WorkerDropped,
     WorkerGone,
     WorkerHolds,
     WorkerInfo,
@@ -1647,6 +1648,10 @@ class Gateway:
             return
         until = time.time() + self.reconnect_timeout
         hold = self._holds[name] = _Hold(until, cause, self.links.get(name))
+        # Away from now: no new work, its cores not counted; lost, it ended now. Posted
+        # (not told) so that it is queued before the RegisterWorker of its rejoin.
+        with contextlib.suppress(ActorStopped):  # the scheduler is stopping
+            self.plane.refs["scheduler"].post(WorkerDropped(name))
         _log.warning(
             "worker connection dropped; its id is held for its rejoin", worker=name,
             seconds=self.reconnect_timeout, until=time.strftime("%H:%M:%S UTC", time.gmtime(until)),

@@ -100,7 +100,7 @@ def test_queue_depth_oldest_wait_and_wait_quantiles_at_chosen_times() -> None:
     assert pools["cpu"]["waits"] == 2 and pools["cpu"]["wait_sum"] == 40.0
     assert pools["*"]["waits"] == 0
     assert pools["cpu"]["running"] == 2
-    assert pools["cpu"]["workers"] == {"idle": 0, "busy": 1, "draining": 0}
+    assert pools["cpu"]["workers"] == {"idle": 0, "busy": 1, "draining": 0, "away": 0}
 
     res = result(ran[0], start=30.0, duration=10.0)
     cmds = st.handle(TasksFinished("f", 40.0, worker="w", results=(res,)))
@@ -129,7 +129,7 @@ def test_a_draining_worker_running_tasks_counts_its_cores_busy() -> None:
     assert (pools["cpu"]["cores"], pools["cpu"]["cores_busy"]) == (4, 0)
     st.handle(WorkerDraining("d", 4.0, "s1"))
     pools = st.pool_metrics(5.0)
-    assert pools["scarce"]["workers"] == {"idle": 0, "busy": 0, "draining": 1}
+    assert pools["scarce"]["workers"] == {"idle": 0, "busy": 0, "draining": 1, "away": 0}
     assert (pools["scarce"]["cores"], pools["scarce"]["cores_busy"]) == (1, 1)
     snap = MetricsReply(pools={p: PoolMetrics(**m) for p, m in pools.items()})
     got = _samples(render(snap).decode())

@@ -49,7 +49,9 @@ from actors.scheduler_events import (
     TasksFinished,
     TasksRunning,
     Tick,
+    WorkerAway,
     WorkerDraining,
+    WorkerHeld,
     WorkerJoined,
     WorkerLeft,
     WorkerUndrained,
@@ -266,6 +268,37 @@ class RandomWorkload(RuleBasedStateMachine):
 
     @precondition(lambda m: m.state.workers)
     @rule(seed=st.integers(0, 2**32 - 1))
+    def drop(self, seed: int) -> None:
+        """A worker's connection drops, its id held for its rejoin: away, it takes
+        nothing new and keeps what it has (``leave`` may lose it meanwhile)."""
+        wid = self.pick(random.Random(seed), self.state.workers)
+        if wid is None:
+            return
+        before = {k for k, ts in self.state.tasks.items() if ts.worker == wid}
+        assert self.handle(event(WorkerAway, worker=wid)) == []
+        assert wid not in self.state.free and self.state.workers[wid].away is not None
+        assert {k for k, ts in self.state.tasks.items() if ts.worker == wid} == before
+
+    @precondition(lambda m: any(ws.away is not None for ws in m.state.workers.values()))
+    @rule(seed=st.integers(0, 2**32 - 1))
+    def rejoin(self, seed: int) -> None:
+        """An away worker rejoins within its grace: it registers again and says what
+        it has (all it was sent reached it), and takes work again."""
+        away = [w for w, ws in self.state.workers.items() if ws.away is not None]
+        self._rejoin(self.pick(random.Random(seed), away))
+
+    def _rejoin(self, wid: str) -> None:
+        ws = self.state.workers[wid]
+        before = {k for k, ts in self.state.tasks.items() if ts.worker == wid}
+        self.handle(event(WorkerJoined, worker=wid, cores=ws.cores, memory=ws.memory))
+        assert ws.away is None
+        active = frozenset(ts.key for ts in ws.processing | ws.copies)
+        held = tuple((ts.key, ts.nbytes or 0) for ts in ws.has_what)
+        self.handle(event(WorkerHeld, worker=wid, active=active, held=held))
+        assert before <= {k for k, ts in self.state.tasks.items() if ts.worker == wid}
+
+    @precondition(lambda m: m.state.workers)
+    @rule(seed=st.integers(0, 2**32 - 1))
     def drain(self, seed: int) -> None:
         """A worker is drained (a scale-in, an operator): it takes nothing new."""
         wid = self.pick(random.Random(seed), self.state.workers)
@@ -441,6 +474,8 @@ class RandomWorkload(RuleBasedStateMachine):
             wid = f"w{self.n_workers}"
             self.n_workers += 1
             self.handle(event(WorkerJoined, worker=wid, cores=2, memory=GB))
+        for wid in sorted(w for w, ws in self.state.workers.items() if ws.away is not None):
+            self._rejoin(wid)  # back: they take tasks again
         suspended = tuple(w for w, ws in sorted(self.state.workers.items()) if ws.suspended)
         if suspended:  # resumed: they take tasks again
             self.handle(event(Suspended, workers=suspended, suspended=False))

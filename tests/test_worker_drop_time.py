@@ -1,0 +1,168 @@
+"""A worker whose connection drops is away while the gateway holds its id for its
+rejoin (``WorkerDropped`` -> the core's ``WorkerAway``): it takes no new work and its
+cores are not counted; lost after all, its life and the tries it was running end at the
+drop, not at the hold's end (a user audit found a SIGKILLed worker recorded 10 s late:
+its life, the lost try's ``ended`` and "seconds run", the fleet plot, and its cores in
+``corral_cores`` for those 10 s). A worker that rejoins within the grace goes on as
+before: its life continues, its tries and outputs are kept."""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+import anyio
+import pytest
+
+from actors.scheduler_events import (
+    GraphSubmitted,
+    TasksFinished,
+    WorkerAway,
+    WorkerJoined,
+    WorkerLeft,
+)
+from runtime import Cluster
+from tests.helpers import GB, Cli, Factory, assigned, make_state, result, specs_for, wait_until
+from tests.test_monitordb import LIMIT, T0, WALL, _count, _recorder, _rows, cli, pid_then_wait
+
+__all__ = ["cli", "make_state"]  # fixtures
+
+
+def _ev(cls: type, now: float, **fields: object) -> object:
+    return cls(stimulus_id=f"{cls.__name__}@{now}", now=now, **fields)
+
+
+@pytest.mark.anyio
+async def test_a_worker_lost_after_its_connection_dropped_ends_at_the_drop(
+    tmp_path: Path, make_state: Factory
+) -> None:
+    """``w1`` runs ``long`` (started at T0 + 100); its connection drops at T0 + 105 and
+    the gateway reports it lost at T0 + 115, its grace over. Away, it gets no new task
+    (``b``, submitted at T0 + 107, goes to ``w2``) and its core is not counted. Its life,
+    the lost try's end and the survival estimate's life end at T0 + 105."""
+    db = tmp_path / "monitoring.db"
+    s = make_state(monitor=True, saturation=1.0)
+    recorder, writer = _recorder(db, s)
+    s.handle(_ev(WorkerJoined, T0, worker="w1", cores=1, memory=GB))
+    s.handle(_ev(WorkerJoined, T0, worker="w2", cores=2, memory=GB))
+    out = s.handle(
+        _ev(GraphSubmitted, T0 + 99, specs=specs_for(s, {"long": []}, ["long"]), wanted=("long",))
+    )
+    assert assigned(out) == {"w1": ["long"]}
+    assert s.handle(_ev(WorkerAway, T0 + 105, worker="w1")) == []
+    s.validate()
+    assert s.workers["w1"].away == T0 + 105 and "w1" not in s.free
+    m = s.pool_metrics(T0 + 106)["default"]
+    assert (m["cores"], m["workers"], m["running"]) == (
+        2, {"idle": 1, "busy": 0, "draining": 0, "away": 1}, 1,
+    )  # fmt: skip
+    out = s.handle(
+        _ev(GraphSubmitted, T0 + 107, specs=specs_for(s, {"b": []}, ["b"]), wanted=("b",))
+    )
+    assert assigned(out) == {"w2": ["b"]}
+    out = s.handle(_ev(WorkerLeft, T0 + 115, worker="w1", cause="crash"))
+    s.validate()
+    assert assigned(out) == {"w2": ["long"]}  # retried at once, on the worker left
+    (lost,) = s.tasks["long"].tries
+    assert (lost.outcome, lost.start, lost.stop) == ("worker-lost", T0 + 99, T0 + 105)
+    assert list(s.lives["default"]) == [(105.0, True)]
+    with anyio.fail_after(LIMIT):
+        await recorder.poll()
+    writer.close()
+    assert _rows(db, 'SELECT worker, life, joined, "left", cause FROM workers ORDER BY worker') == [
+        ("w1", 1, WALL + T0, WALL + T0 + 105, "crash"),
+        ("w2", 1, WALL + T0, None, None),
+    ]
+    assert _rows(db, "SELECT worker, outcome, sent, ended FROM tries WHERE key = 'long'") == [
+        ("w1", "worker-lost", WALL + T0 + 99, WALL + T0 + 105)
+    ]
+
+
+@pytest.mark.anyio
+async def test_a_worker_back_within_its_grace_goes_on_as_before(
+    tmp_path: Path, make_state: Factory
+) -> None:
+    """``w1``'s connection drops at T0 + 105 and it rejoins at T0 + 108: its life goes
+    on (one row, not left), ``long`` stays its try (no retry), it takes new tasks again
+    and its core counts again; lost later (T0 + 130, nothing dropped), it ends then."""
+    db = tmp_path / "monitoring.db"
+    s = make_state(monitor=True, saturation=1.0)
+    recorder, writer = _recorder(db, s)
+    s.handle(_ev(WorkerJoined, T0, worker="w1", cores=2, memory=GB))
+    out = s.handle(
+        _ev(GraphSubmitted, T0 + 99, specs=specs_for(s, {"long": []}, ["long"]), wanted=("long",))
+    )
+    assert assigned(out) == {"w1": ["long"]}
+    s.handle(_ev(WorkerAway, T0 + 105, worker="w1"))
+    out = s.handle(
+        _ev(GraphSubmitted, T0 + 106, specs=specs_for(s, {"b": []}, ["b"]), wanted=("b",))
+    )
+    assert assigned(out) == {}  # no worker takes new work: it waits
+    out = s.handle(_ev(WorkerJoined, T0 + 108, worker="w1", cores=2, memory=GB))
+    s.validate()
+    assert assigned(out) == {"w1": ["b"]} and s.workers["w1"].away is None
+    assert s.tasks["long"].worker == "w1" and s.tasks["long"].tries == []
+    assert s.pool_metrics(T0 + 109)["default"]["cores"] == 2
+    res = result("b", start=T0 + 108.5)
+    s.handle(_ev(TasksFinished, T0 + 110, worker="w1", results=(res,)))
+    s.handle(_ev(WorkerLeft, T0 + 130, worker="w1", cause="crash"))
+    s.validate()
+    (lost,) = s.tasks["long"].tries
+    assert lost.stop == T0 + 130
+    with anyio.fail_after(LIMIT):
+        await recorder.poll()
+    writer.close()
+    assert _rows(db, 'SELECT worker, life, joined, "left" FROM workers') == [
+        ("w1", 1, WALL + T0, WALL + T0 + 130)
+    ]
+    story = [(start, finish) for _, start, finish, *_ in s.story("w1")]
+    assert story == [
+        ("-", "joined"), ("joined", "away"), ("joined", "back"), ("-", "joined"),
+        ("joined", "left:crash"),
+    ]  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- processes
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+async def test_a_worker_killed_with_sigkill_is_recorded_as_dying_when_it_died(
+    cli: Cli, tmp_path: Path
+) -> None:
+    """kill -9 of a worker process running a task: the manager keeps its id for the
+    rejoin grace (10 s), but the database's ``workers.left`` and the lost try's
+    ``ended`` are the kill, within a second, not the grace's end."""
+    db = tmp_path / "runs" / "monitoring.db"
+    manager = cli.start("manager", "--listen", "127.0.0.1:0", "--monitoring", str(db),
+                        "--monitoring-interval", "0.3")  # fmt: skip
+    address = cli.line_with(manager, "manager listening on").split(" on ", 1)[1].strip()
+    workers = [cli.worker(address, "--cores", "1") for _ in range(2)]
+    mark, gate = tmp_path / "pid", tmp_path / "gate"
+    with anyio.fail_after(LIMIT):
+        async with Cluster(address) as cluster:
+            await cluster.wait_for_workers(2)
+            held = cluster.submit(pid_then_wait, str(mark), str(gate), key="held")
+            await wait_until(mark.exists, "the held task to start", limit=30)
+            victim = next(w for w in workers if w.pid == int(mark.read_text()))
+            mark.unlink()
+            killed = time.time()
+            victim.send_signal(signal.SIGKILL)  # it dies with the task in hand
+            victim.wait(10)
+            await wait_until(mark.exists, "the held task to run again elsewhere", limit=40)
+            gate.touch()
+            assert await held != victim.pid
+            await wait_until(
+                lambda: _count(db, "SELECT count(*) FROM tries WHERE key = 'held'") == 2,
+                "both tries of the held task",
+                limit=30,
+            )
+    ((lost_worker, ended),) = _rows(
+        db, "SELECT worker, ended FROM tries WHERE key = 'held' AND outcome = 'worker-lost'"
+    )
+    ((left, cause),) = _rows(db, 'SELECT "left", cause FROM workers WHERE worker = ?', lost_worker)
+    assert cause == "crash"
+    # The drop is seen within a second of the kill; the grace is 10 s.
+    assert killed <= left < killed + 1.5, left - killed
+    assert killed <= ended < killed + 1.5, ended - killed
