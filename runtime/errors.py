@@ -12,6 +12,7 @@ modules that raise an error re-export it under the name they always had (for exa
 from __future__ import annotations
 
 import difflib
+import re
 import signal
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import Any
@@ -751,6 +752,42 @@ class TaskCrashedWorkers(WorkerLost):
         )
 
 
+#: a dask collection's task key as a string: ``('name-<token>', i, ...)`` or ``name-<token>``
+_DASK_KEY = re.compile(r"^\(?'?([A-Za-z_][\w.]*?)-[0-9a-f]{32}'?(?:,|\)|$)")
+
+#: what a task dask names so does with memory, and how to control it
+_DASK_STEPS = {
+    "repartitiontofewer": (
+        "it joins several partitions into one, for a step that has fewer output "
+        "partitions than input ones (a groupby or shuffle whose split_out is under the "
+        "input's npartitions, repartition(npartitions=...)): ask for more output "
+        "partitions, e.g. groupby(...).agg(..., split_out=N) with N the input's npartitions"
+    ),
+}
+
+
+def dask_chunks_hint(key: str) -> str:
+    """Advice on the size of a task of a dask collection (its key's name: ``'name-<32
+    hex>'``, alone or first in a tuple), which the user may never have written (dask's
+    optimizer makes tasks such as ``repartitiontofewer``); "" for any other key."""
+    found = _DASK_KEY.match(key)
+    if found is None:
+        return ""
+    name = found.group(1)
+    step = _DASK_STEPS.get(name)
+    what = (
+        f"; {step}"
+        if step
+        else "; its memory follows the partitions (chunks) it reads and writes, set where "
+        "the collection is made or reshaped: npartitions, partition_size, a groupby's "
+        "split_out for a dask.dataframe, chunks for a dask.array"
+    )
+    return (
+        f" ({name!r} is the dask operation this task belongs to: where your code does not "
+        f"call it, dask made it from your collection{what}.)"
+    )
+
+
 class TaskOutOfMemory(CorralError):
     """A task was killed at its worker's terminate fence too often to retry it, or no
     worker with a larger memory limit than those it was killed on is there or can come.
@@ -788,7 +825,7 @@ class TaskOutOfMemory(CorralError):
             f"{size(rss)} of its {size(limit)} limit while the task ran, past the terminate "
             f"fence ({n_tries}). Killed for memory {times}: {each}.{why} Give workers "
             "more memory (--memory, a pool's memory_per_worker), make the task's chunks "
-            "smaller, or raise the terminate fraction.",
+            f"smaller, or raise the terminate fraction.{dask_chunks_hint(key)}",
             key=key,
             worker=worker,
             rss=rss,

@@ -687,6 +687,27 @@ def test_a_kill_on_a_worker_under_a_gib_is_told_in_mib() -> None:
     )
 
 
+def test_a_kill_of_a_task_dask_made_says_how_to_control_it() -> None:
+    """A user audit's TaskOutOfMemory told them to make the chunks of
+    'repartitiontofewer' smaller, a task their code never made: dask's groupby made it
+    (its split_out under the input's partitions joins them first). The message says
+    what the task is and what sets its size; a key of the user's own says nothing more."""
+    key = "('repartitiontofewer-550d88e32c91fbdf17f4d435bc0d55e2', 1)"
+    text = str(TaskOutOfMemory(key, "w2", 485978112, 500 * MB, 2))
+    assert text.endswith(
+        "raise the terminate fraction. ('repartitiontofewer' is the dask operation this "
+        "task belongs to: where your code does not call it, dask made it from your "
+        "collection; it joins several partitions into one, for a step that has fewer "
+        "output partitions than input ones (a groupby or shuffle whose split_out is under "
+        "the input's npartitions, repartition(npartitions=...)): ask for more output "
+        "partitions, e.g. groupby(...).agg(..., split_out=N) with N the input's "
+        "npartitions.)"
+    )
+    other = str(TaskOutOfMemory("getitem-7ec2a708cf2600d0ab11b81e5862c00a", "w", 1, 2, 1))
+    assert "'getitem' is the dask operation" in other and "split_out for a dask" in other
+    assert str(TaskOutOfMemory("hog-0", "w", 1, 2, 1)).endswith("terminate fraction.")
+
+
 def test_progress_restarts_the_watchdogs_clock(make_state: Factory) -> None:
     s = stalled_state(make_state)
     tick(s, 103.0)
