@@ -58,6 +58,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
+import ctypes
 import errno
 import inspect
 import math
@@ -105,6 +106,7 @@ __all__ = [
     "ProcessExecutor",
     "TaskProcessDied",
     "device_of",
+    "give_back_freed_memory",
     "no_space",
     "out_of_disk",
     "rss",
@@ -137,6 +139,50 @@ def _rss_psutil() -> int:
 #: through a kept-open descriptor (about 1.5 µs, against about 11 µs for psutil's
 #: ``memory_info``: cheap enough to call around every task); elsewhere psutil.
 rss: Callable[[], int] = _rss_statm if _LINUX else _rss_psutil
+
+
+def _glibc() -> ctypes.CDLL | None:
+    """The C library, when it is glibc (it has ``malloc_trim`` and ``mallopt``)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.malloc_trim, libc.mallopt  # noqa: B018 (glibc's, or AttributeError)
+    except (OSError, AttributeError):
+        return None
+    return libc
+
+
+#: glibc, or None (another C library: musl, macOS)
+GLIBC = _glibc()
+#: ``mallopt`` parameters, from glibc's <malloc.h>
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+#: an allocation of this many bytes or more gets pages of its own (mmap), which go back
+#: to the OS when it is freed: glibc's default, kept from growing
+MMAP_THRESHOLD = 128 * 2**10
+#: free memory at the top of the heap past this many bytes goes back to the OS at once
+TRIM_THRESHOLD = 64 * 2**10
+
+
+def give_back_freed_memory() -> bool:
+    """Make glibc's allocator give memory freed in this process back to the OS at once,
+    for a worker process and its task processes (called when each starts); False where
+    the C library is not glibc (nothing changed).
+
+    By default glibc raises its mmap threshold to the size of each large block freed (up
+    to 32 MiB), so after the first few outputs of a few MiB, the next ones (column
+    buffers, pickled frames, data read back from disk or a peer) come from the heap's
+    arenas, one per thread, and stay there when freed: free but resident until a
+    ``malloc_trim``, and fragmented between arenas. A worker process running the user
+    audit's dask.dataframe pipeline had 300-500 MiB in glibc's arenas, 35-50 MiB of them
+    in use, once its outputs were spilled or sent: RSS the memory governor counts
+    against its fences. A fixed threshold (setting one stops its growth, as
+    dask.distributed's ``MALLOC_TRIM_THRESHOLD_`` does) keeps every block of 128 KiB or
+    more in pages of its own, unmapped when freed (benchmarks/README.md,
+    ``process_floor.py``)."""
+    if GLIBC is None:
+        return False
+    GLIBC.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+    GLIBC.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)
+    return True
 
 
 def rss_of(pid: int) -> int:
@@ -940,6 +986,7 @@ def _task_process_main(
     or until the parent is gone."""
     global _SANDBOX, _WORKER, _ERROR_LIMIT
     _SANDBOX, _WORKER, _ERROR_LIMIT = sandbox, worker, error_limit
+    give_back_freed_memory()  # what its tasks free leaves it (its idle RSS is the floor)
     # SIGKILL when the thread that started us ends; exit now if it has.
     die_with_parent(signal.SIGKILL, parent_pid)
     # Ctrl-C in a terminal reaches the whole process group: the worker stops its task
@@ -976,6 +1023,7 @@ class _Slot:
     (``pid``, ``key``, ``killed``) change only under the executor's state lock."""
 
     __slots__ = (
+        "began_rss",
         "conn",
         "fresh_rss",
         "idle_rss",
@@ -1001,6 +1049,7 @@ class _Slot:
         self.pidfd: int | None = None  #: signals reach this process, never a pid reuser
         self.key: Key | None = None  #: the task running in it
         self.since = 0.0  #: when that task started (time.monotonic)
+        self.began_rss = 0  #: the task process's RSS when that task was sent to it
         self.killed: str | None = None  #: the outcome :meth:`ProcessExecutor.kill` gave it
         self.kill_rss = 0  #: the child's RSS when it was killed
         self.idle_rss = 0  #: the child's RSS after its last task
@@ -1113,6 +1162,14 @@ class ProcessExecutor(BaseExecutor):
         with self._state:
             return {s.key: s.pid for s in self._slots if s.key is not None and s.killed is None}
 
+    def began(self) -> dict[Key, int]:
+        """Keys running now (not killed) -> the RSS of the task process running each
+        when the task was sent to it: what it grew by since is the task's."""
+        with self._state:
+            return {
+                s.key: s.began_rss for s in self._slots if s.key is not None and s.killed is None
+            }
+
     def executing(self) -> tuple[Key, ...]:
         return tuple(self.running())
 
@@ -1177,11 +1234,12 @@ class ProcessExecutor(BaseExecutor):
             now = time.time()
             error = slot.start_error or RuntimeError("no task process could be started")
             return TaskResult(key, "error", now, now, 0, 0, error), None
-        start = time.time()
+        start, began = time.time(), rss_of(slot.pid)
         with self._state:
             if self._closing:  # shutdown() came while the job was being pickled
                 return TaskResult(key, "cancelled"), None
             slot.key, slot.killed, slot.since = key, None, time.monotonic()
+            slot.began_rss = began
         reply: tuple[Any, list[bytearray]] | None = None
         failure: Exception | None = None
         try:

@@ -43,9 +43,11 @@ docs/memory.md for the picture):
   starts one whose expected output fits under the terminate fence (the limit, with
   that fence off): a task larger than the room under the throttle fence still runs,
   alone.
-- ``terminate`` [0.95]: at or above it, the running task whose process is largest is
-  killed (:class:`Kill`; its try ends ``oom``), not the worker. Only tasks that run in
-  task processes can be killed: the shell reports per-task RSS for those only.
+- ``terminate`` [0.95]: at or above it, the running task whose own process grew most
+  since the task began is killed (:class:`Kill`; its try ends ``oom``), not the worker;
+  when none grew by the governor's margin, none is (:class:`Spared`): the memory is the
+  worker process's, and a kill would only fail a try. Only tasks that run in task
+  processes can be killed: the shell reports per-task RSS for those only.
 
 ``None`` turns the spill or the terminate fence off.
 
@@ -82,6 +84,7 @@ __all__ = [
     "ReportPacing",
     "Run",
     "Sampled",
+    "Spared",
     "Spill",
     "Throttled",
     "Tick",
@@ -339,6 +342,10 @@ class Sampled(Event):
     tasks: tuple[tuple[Any, int], ...] = ()
     idle: bool = False
     stored: int | None = None
+    #: ``(key, RSS)`` of each of ``tasks``' processes when its task began: what it grew
+    #: by since is what killing it frees of what the task took (a task not in it counts
+    #: its whole RSS as grown)
+    began: tuple[tuple[Any, int], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -432,6 +439,20 @@ class Kill(Command):
     key: Any
     rss: int
     limit: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Spared(Command):
+    """Memory crossed the terminate fence, but no running task's process grew by the
+    governor's margin since its task began (``grown``: the most one did, bytes): what
+    took the worker there is not a task's (the worker process's own memory: outputs,
+    inputs and copies on their way to or from peers, the libraries), so killing a task
+    would free none of it and fail a try (a dask ``barrier`` task, in a user audit).
+    None is killed; spilling and the throttle act as ever."""
+
+    rss: int
+    limit: int
+    grown: int
 
 
 # ----------------------------------------------------------------------------- core
@@ -532,12 +553,25 @@ class MemoryGovernor:
             self.throttled = True
             out.append(Throttled(True, rss))
         if cfg.terminate is not None and rss >= cfg.at(cfg.terminate):
-            candidates = [(k, r) for k, r in ev.tasks if k not in self.killed]
-            if candidates:
-                # The largest task process; ties: the one listed last (newest).
-                worst = max(enumerate(candidates), key=lambda ikr: (ikr[1][1], ikr[0]))[1][0]
-                self.killed.add(worst)
-                out.append(Kill(worst, rss, cfg.limit))
+            self._terminate(ev, out)
+
+    def _terminate(self, ev: Sampled, out: list[Command]) -> None:
+        """Past the terminate fence: kill the running task whose own process grew most
+        since the task began (ties: the one listed last, the newest), if it grew by
+        ``margin`` or more; killing frees what the task took. A task process that did
+        not grow holds what any fresh one would (its libraries), so killing it frees
+        nothing of what took the worker past the fence: with no task grown, none is
+        killed (:class:`Spared`)."""
+        began = dict(ev.began)
+        grown = [(k, r - began.get(k, 0)) for k, r in ev.tasks if k not in self.killed]
+        if not grown:
+            return
+        _, (worst, most) = max(enumerate(grown), key=lambda ikg: (ikg[1][1], ikg[0]))
+        if most < self.margin:
+            out.append(Spared(ev.rss, self.config.limit, most))
+            return
+        self.killed.add(worst)
+        out.append(Kill(worst, ev.rss, self.config.limit))
 
     def _spill(self, ev: Sampled, target: int) -> Spill:
         """What to spill from a sample at or past the spill fence, down to ``target``

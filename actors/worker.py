@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import dataclasses
 import errno
 import functools
@@ -52,7 +51,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import psutil
@@ -62,7 +61,7 @@ from actors import memory as mem
 from actors import transfer
 from actors import worker_state as ws
 from actors.checkpoints import INLINE_BYTES, CheckpointFiles
-from actors.executor import Executor, ProcessExecutor, device_of, rss, rss_of
+from actors.executor import GLIBC, Executor, ProcessExecutor, device_of, rss, rss_of
 from actors.protocol import TaskResult, ToRun
 from actors.store import SpillStore, Unpicklable, load_opened
 from actors.transfer import STREAM_BYTES, FileSegments, StreamBroken, StreamInfo, UnknownStream
@@ -224,11 +223,7 @@ class WorkerStatus(Message):
 
 
 def _malloc_trim() -> Callable[[int], int] | None:
-    try:
-        trim: Callable[[int], int] = ctypes.CDLL("libc.so.6").malloc_trim
-    except (OSError, AttributeError):  # not glibc
-        return None
-    return trim
+    return None if GLIBC is None else cast(Callable[[int], int], GLIBC.malloc_trim)
 
 
 #: glibc's malloc_trim: hands freed heap pages back to the OS. Outputs of a few MiB live
@@ -714,9 +709,11 @@ class Worker(Actor):
         if ex is None:
             return
         tasks: tuple[tuple[Key, int], ...] = ()
+        began: tuple[tuple[Key, int], ...] = ()
         executing: tuple[Key, ...] = ()
         if isinstance(ex, ProcessExecutor):
             tasks = tuple((k, rss_of(pid)) for k, pid in ex.running().items())
+            began = tuple(ex.began().items())
             used = ex.total_rss() if self.probe is None else self.probe()
         else:
             # The tasks executing both before and after the read ran at that RSS (one
@@ -728,7 +725,7 @@ class Worker(Actor):
                 executing = before if before == after else tuple(k for k in before if k in after)
         executed = tuple(ex.executing_for().items())
         stored = self.data.memory_bytes
-        self._feed(ws.MemorySampled(time.time(), used, tasks, executing, executed, stored))
+        self._feed(ws.MemorySampled(time.time(), used, tasks, executing, executed, stored, began))
 
     def _arm(self, at: float) -> None:
         """The core's timer: a :class:`_TimerFired` to self at wall time ``at``."""

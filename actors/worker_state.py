@@ -88,6 +88,13 @@ KEEP_REPLICA_BYTES = 1 << 20
 #: resume mark, with the marks it goes by instead
 #: (docs/memory.md#the-floor-memory-that-is-not-outputs)
 FLOOR_EVENT = "memory that is not outputs keeps the worker past its resume mark; marks moved up"
+#: the warning a worker in process execution logs, once per climb past its terminate
+#: fence, when no running task's process grew (:class:`actors.memory.Spared`)
+SPARED_EVENT = (
+    "past the terminate fence, but no running task's process grew since its task began: "
+    "the memory is the worker process's (outputs, inputs and copies on their way), and "
+    "killing a task would free none of it; none is killed"
+)
 
 #: seconds a try executes before the scheduler is told it started (:class:`ReportStarted`):
 #: short tasks owe no message; a speculative copy needs a longer run than this
@@ -160,6 +167,8 @@ class MemorySampled(Event):
     executing: tuple[Key, ...] = ()
     executed: tuple[tuple[Key, float], ...] = ()
     stored: int | None = None
+    #: ``(key, RSS)`` of the process of each of ``tasks`` when its task began
+    began: tuple[tuple[Key, int], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -983,7 +992,9 @@ class WorkerState:
             self._over_terminate = False
         # Idle: no task here and every output held on disk (on_disk is a subset of held).
         idle = not running and not self.queued and len(self.on_disk) == len(self.held)
-        cmds = self.governor.handle(mem.Sampled(ev.now, ev.rss, ev.tasks, idle, ev.stored))
+        cmds = self.governor.handle(
+            mem.Sampled(ev.now, ev.rss, ev.tasks, idle, ev.stored, ev.began)
+        )
         if self.governor.deferred:
             cmds += self.governor.handle(mem.Tick(ev.now))
         self._govern(cmds, ev.now, out)
@@ -1052,6 +1063,10 @@ class WorkerState:
             elif isinstance(cmd, mem.Kill) and cmd.key in self.running:
                 self._killed_at[cmd.key] = cmd.rss
                 out.append(Kill(cmd.key, cmd.rss))
+            elif isinstance(cmd, mem.Spared) and not self._over_terminate:
+                self._over_terminate = True  # once per climb past it, as for threads
+                spared = (("rss", cmd.rss), ("limit", cmd.limit), ("grown", cmd.grown))
+                out.append(Log("warning", SPARED_EVENT, spared))
 
     def _arm(self, at: float, out: list[Command]) -> None:
         """One timer: the earliest deferral's."""

@@ -990,10 +990,11 @@ def _peer_port(port: int, port_range: str | None) -> int | tuple[int, int]:
 def _run_worker(args: argparse.Namespace, memory_options: dict[str, Any], ready: Any) -> None:
     import anyio
 
-    from actors.executor import stop_resource_tracker
+    from actors.executor import give_back_freed_memory, stop_resource_tracker
     from runtime.client import parse_bytes
     from runtime.node import RECONNECT, run_worker
 
+    give_back_freed_memory()  # outputs spilled or sent leave its RSS (docs/memory.md)
     try:
         anyio.run(
             lambda: run_worker(

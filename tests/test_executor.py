@@ -30,6 +30,7 @@ from dask._task_spec import Task, TaskRef
 from dask.sizeof import sizeof
 
 from actors.executor import (
+    GLIBC,
     BaseExecutor,
     Executor,
     ProcessExecutor,
@@ -107,6 +108,17 @@ def keep(nbytes: int) -> int:
     allocator or a library's cache keeps memory a task freed)."""
     _KEPT.append(b"\x01" * nbytes)
     return os.getpid()
+
+
+def churn(nbytes: int, times: int) -> int:
+    """Allocate ``nbytes`` of touched memory and free it, ``times`` over (as a task's
+    temporaries, or the pickled outputs and inputs that pass through a worker); the
+    bytes of RSS its process kept of them."""
+    before = rss()
+    for _ in range(times):
+        block = b"\x01" * nbytes
+        del block
+    return rss() - before
 
 
 def die_by_signal(sig: int) -> None:
@@ -572,3 +584,41 @@ async def test_a_task_process_is_never_replaced_for_memory_with_recycling_off() 
             assert result.outcome == "ok", result.error
             pids.append(pid)
         assert set(pids) == {pids[0]} and ex.recycled == 0
+
+
+CHURN = 24 * 2**20  #: under glibc's largest mmap threshold (32 MiB): the heap may keep it
+
+
+@pytest.mark.skipif(GLIBC is None, reason="glibc's allocator")
+async def test_a_task_process_gives_back_memory_its_tasks_freed() -> None:
+    """The audit's process workers' floor crept up with memory their processes kept:
+    glibc raises its mmap threshold to the size of each large block freed, so the next
+    blocks of that size come from the heap and stay resident once freed. A task process
+    keeps its threshold fixed (:func:`give_back_freed_memory`): what its tasks freed
+    leaves its RSS."""
+    async with process_executor() as (ex, delivered):
+        ex.submit(job("t0", churn, CHURN, 3), {})
+        result, kept = await delivered.get("t0")
+        assert result.outcome == "ok", result.error
+        assert kept < CHURN // 4  # before: about CHURN (24 MiB) kept
+
+
+@pytest.mark.skipif(GLIBC is None, reason="glibc's allocator")
+@pytest.mark.parametrize("fixed", [False, True])
+def test_give_back_freed_memory_keeps_freed_blocks_out_of_the_heap(fixed: bool) -> None:
+    """What the worker process (``python -m runtime worker``) calls when it starts, in a
+    fresh interpreter: without it, glibc keeps the freed blocks."""
+    code = (
+        "import sys\n"
+        "from actors.executor import give_back_freed_memory\n"
+        "from tests.test_executor import churn\n"
+        f"assert give_back_freed_memory() if {fixed} else True\n"
+        f"print(churn({CHURN}, 3))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=4 * BOUND,
+        cwd=Path(__file__).resolve().parents[1],
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    kept = int(out.stdout)
+    assert kept < CHURN // 4 if fixed else kept >= CHURN // 2

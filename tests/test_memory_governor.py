@@ -19,6 +19,7 @@ from actors.memory import (
     Ready,
     Run,
     Sampled,
+    Spared,
     Spill,
     Throttled,
     Tick,
@@ -261,6 +262,39 @@ def test_ties_kill_the_newest_task() -> None:
     g = gov(spill=None)
     cmds = g.handle(Sampled(0.0, 990, (("old", 400), ("new", 400))))
     assert Kill("new", 990, LIMIT) in cmds
+
+
+def test_past_the_terminate_fence_the_task_whose_process_grew_most_is_killed() -> None:
+    """Killing frees what a task took: the process that grew since its task began, not
+    the largest one (a task process holds its libraries whatever it runs)."""
+    g = gov(spill=None)
+    tasks, began = (("big", 700), ("grower", 400)), (("big", 690), ("grower", 100))
+    cmds = g.handle(Sampled(1.0, 960, tasks, began=began))
+    assert cmds == [Throttled(True, 960), Kill("grower", 960, LIMIT)]
+
+
+def test_past_the_terminate_fence_no_task_is_killed_when_none_grew() -> None:
+    """A user audit's 500 MiB process workers killed a dask ``barrier`` task, which
+    holds no data, because its process was the largest when the worker process's own
+    memory took the worker past the fence: the kill freed nothing of that and failed a
+    try. A task process that grew less than the margin (50 here) is spared, and the
+    governor says so (the worker logs it once per climb)."""
+    g = gov(spill=None)
+    assert g.margin == 50
+    sample = Sampled(1.0, 960, (("barrier", 300),), began=(("barrier", 251),))
+    assert g.handle(sample) == [Throttled(True, 960), Spared(960, LIMIT, 49)]
+    assert g.killed == set()
+    # It grows by the margin: it is the cause now.
+    sample = Sampled(1.1, 960, (("barrier", 301),), began=(("barrier", 251),))
+    assert g.handle(sample) == [Kill("barrier", 960, LIMIT)]
+
+
+def test_a_task_with_no_rss_at_its_start_counts_whole() -> None:
+    """What the shell did not measure (a task process it could not read) counts all of
+    its RSS as grown, so the fence acts as it did before."""
+    g = gov(spill=None)
+    sample = Sampled(1.0, 960, (("a", 300), ("b", 200)), began=(("a", 290),))
+    assert g.handle(sample) == [Throttled(True, 960), Kill("b", 960, LIMIT)]
 
 
 def test_nothing_to_kill_when_no_task_can_be_killed() -> None:

@@ -27,6 +27,7 @@ from actors.memory import SPILL_GRACE, MemoryConfig
 from actors.protocol import TaskResult, ToRun
 from actors.worker_state import (
     FLOOR_EVENT,
+    SPARED_EVENT,
     CancelRequested,
     CancelRunning,
     Command,
@@ -439,6 +440,24 @@ def test_a_killed_try_reports_the_highest_rss_from_its_kill_until_it_ends() -> N
     assert feed(s, TasksFinished(2.0, ((oom, None),)))[0] == ReportDone(
         (TaskResult("b", "oom", 1.0, 2.0, 0, 990, rss_peak=990),)
     )
+
+
+def test_a_task_process_that_did_not_grow_is_spared_and_said_once_per_climb() -> None:
+    """Past the terminate fence with no running task's process grown since its task
+    began (a dask ``barrier`` beside the worker process's own memory, a user audit),
+    nothing is killed: the worker says so once, and again only after memory was back
+    under the throttle fence; a task that grew is killed as before."""
+    s = state(nthreads=2, killable=True, spill=None)
+    feed(s, TasksAssigned(0.0, (task("a"), task("b"))))
+    tasks, began = (("a", 300), ("b", 200)), (("a", 290), ("b", 195))
+    spared = Log("warning", SPARED_EVENT, (("rss", 960), ("limit", LIMIT), ("grown", 10)))
+    assert feed(s, MemorySampled(1.0, 960, tasks, began=began))[-1] == spared
+    out = feed(s, MemorySampled(1.1, 960, tasks, began=began))
+    assert not [c for c in out if isinstance(c, Log | Kill)]
+    feed(s, MemorySampled(1.2, 650, tasks, began=began))  # back under the throttle fence
+    assert feed(s, MemorySampled(1.3, 960, tasks, began=began))[-1] == spared
+    grew = (("a", 300), ("b", 400))
+    assert feed(s, MemorySampled(1.4, 970, grew, began=began))[-1] == Kill("b", 970)
 
 
 def test_threads_past_the_terminate_fence_are_warned_about_once() -> None:
