@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 from urllib.parse import urlsplit
 
 __all__ = ["TREE", "Cli"]
@@ -167,17 +167,24 @@ class Cli:
 
     def stop(self, procs: Iterable[subprocess.Popen[str]] | None = None) -> None:
         """End ``procs`` (default: all), gracefully first."""
-        chosen = list(self.procs if procs is None else procs)
-        for p in chosen:
-            if p.poll() is None:
-                p.send_signal(signal.SIGCONT)  # a stopped process cannot take SIGTERM
-                p.send_signal(signal.SIGTERM)
-        for p in chosen:
-            try:
-                p.wait(self.grace)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(5)
+        stop_processes(self.procs if procs is None else procs, self.grace)
         if procs is None:
             for r in self._readers:
                 r.join(5)  # each closes its pipe at the end of the output
+
+
+def stop_processes(procs: Iterable[subprocess.Popen[Any]], grace: float = 10.0) -> None:
+    """End ``procs`` in order, gracefully first: SIGTERM to each still running (after a
+    SIGCONT: a stopped process cannot take it), then up to ``grace`` seconds each for
+    it to end, and SIGKILL for what is left."""
+    chosen = list(procs)
+    for p in chosen:
+        if p.poll() is None:
+            p.send_signal(signal.SIGCONT)
+            p.send_signal(signal.SIGTERM)
+    for p in chosen:
+        try:
+            p.wait(grace)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(5)
