@@ -260,7 +260,6 @@ class Scheduler(Actor):
         #: leaving worker -> ``(key, worker)`` copies it made, until its WorkerGone
         self._evacuated: dict[str, tuple[Any, ...]] = {}
         self.infos: dict[str, WorkerInfo] = {}
-        self.rss: dict[str, int] = {}  #: worker id -> its RSS after its latest task
         self.memory: dict[str, WorkerMemoryReport] = {}  #: worker id -> latest report
         #: pool -> bytes its workers ever spilled, those gone included (a counter: a
         #: worker that leaves keeps its share; one whose count starts again adds it)
@@ -578,7 +577,6 @@ class Scheduler(Actor):
         msg = WorkerGone(msg.worker_id, self.state.lost_cause(msg.worker_id, msg.cause))
         self.infos.pop(msg.worker_id, None)
         self.disks.left(msg.worker_id, self.clock.now())
-        self.rss.pop(msg.worker_id, None)
         self.memory.pop(msg.worker_id, None)
         # A worker drained, past its walltime or shut down with the cluster left as
         # planned; anything else is a loss worth a warning.
@@ -629,11 +627,7 @@ class Scheduler(Actor):
 
     @handles(TasksDone)
     def tasks_done(self, msg: TasksDone) -> None:
-        if msg.results and msg.worker_id in self.workers:
-            rss = msg.results[-1].rss
-            if rss:
-                self.rss[msg.worker_id] = rss
-        self._handle(TasksFinished(*self._ev(), msg.worker_id, msg.results))
+        self._handle(TasksFinished(*self._ev(), msg.worker_id, msg.results, msg.rss))
 
     @handles(TasksStarted)
     def tasks_started(self, msg: TasksStarted) -> None:
@@ -650,7 +644,6 @@ class Scheduler(Actor):
             added = grown if grown >= 0 else msg.spilled_total
             self.spilled[ws.pool] = self.spilled.get(ws.pool, 0) + added
         self.memory[msg.worker_id] = msg
-        self.rss[msg.worker_id] = msg.rss
         # Disk used, as placement counts it: what the worker says is no longer free, of
         # the budget the core places within (its share, for a worker without --disk
         # on a file system shared: docs/files.md#workers-sharing-a-file-system).
@@ -797,7 +790,8 @@ class Scheduler(Actor):
                 sorted(w for w, ws in st.workers.items() if ws.walltime_drain)
             ),
             "spent_draining": tuple(sorted(w for w, ws in st.workers.items() if st.spent(ws))),
-            "rss": dict(self.rss),
+            # each worker's RSS with its task processes, as the core last heard it
+            "rss": {w: ws.rss for w, ws in st.workers.items() if ws.rss},
             "memory": dict(self.memory),
             "throttled": tuple(sorted(st.throttled)),
             "tasks_by_state": st.by_state,
@@ -934,13 +928,12 @@ class Scheduler(Actor):
         for wid, ws in self.state.workers.items():
             report = self.memory.get(wid)
             if report is None:
-                rss = self.rss.get(wid, 0)
-                if not rss:
+                if not ws.rss:
                     continue  # not measured yet (it just joined or joined again): no sample
-                workers[wid] = (rss, 0, 0, None, ws.disk)
+                workers[wid] = (ws.rss, 0, 0, None, ws.disk)
             else:
                 workers[wid] = (
-                    self.rss.get(wid, 0), report.memory_bytes, report.spilled_bytes,
+                    ws.rss, report.memory_bytes, report.spilled_bytes,
                     self._disk_free(ws, report), ws.disk,
                 )  # fmt: skip
         wall = time.time() - self.clock.now()

@@ -193,8 +193,13 @@ class WorkerHeld(Event):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class TasksFinished(Event):
+    """How tries on ``worker`` ended, and the worker's RSS with its task processes
+    then (``rss``: ``TasksDone.rss``; 0: not measured). Each result's ``rss`` is its
+    task's, for the category's statistics, not the worker's."""
+
     worker: str
     results: tuple[TaskResult, ...]
+    rss: int = 0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -273,7 +273,9 @@ class WorkerState:
         #: when its connection dropped, its id held for its rejoin (None: connected):
         #: no new work, its cores not counted; lost, it ends then (``WorkerAway``)
         self.away: float | None = None
-        self.rss = 0  #: its RSS as last reported
+        #: its RSS with its task processes, as last reported (with its results, in its
+        #: memory reports): what its memory fences act on
+        self.rss = 0
         self.throttle_at = 0  #: bytes where its throttle fence is (0: not reported)
         self.memory_bytes = -1  #: bytes of outputs in its memory, as last reported (-1: not)
         self.n_producers = 0  #: producers among ``processing``

@@ -1263,12 +1263,12 @@ class SchedulerState(DiskPlacement):
     def _tasks_finished(self, ev: TasksFinished) -> None:
         ws = self.workers.get(ev.worker)
         self.stalled_since = None  # something finished: progress
+        if ws is not None and ev.rss:  # its RSS with its task processes, after these
+            ws.rss = ev.rss  # (a result's own is its task's: its task process's)
         for res in ev.results:
             ts = self.tasks.get(res.key)
             untracked: list[Key] = []
             if ws is not None:
-                if res.rss:  # its RSS after its latest task (also between memory reports)
-                    ws.rss = res.rss
                 for dk, peer, nbytes, took in res.fetches:  # copies made for it
                     self._moved("fetch", dk, nbytes, peer, ws.id, took)
                 # Inputs the worker copied from peers: replicas if still wanted, else junk.

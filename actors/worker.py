@@ -476,8 +476,8 @@ class Worker(Actor):
                 )
                 if isinstance(cmd, ws.Submit):
                     self._not_submitted(cmd.task, exc)
-        if done:
-            self.scheduler.post(TasksDone(self.worker_id, tuple(done)))
+        if done:  # with its RSS with its task processes (the sample after the tries)
+            self.scheduler.post(TasksDone(self.worker_id, tuple(done), self.state.governor.rss))
         if self._disk_used() != self._reported_disk[0]:
             self._report()  # placement counts this worker's free disk
 

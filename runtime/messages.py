@@ -499,10 +499,14 @@ class TasksStarted(Message):
 
 @message(local=True)
 class TasksDone(Message):
-    """Worker -> scheduler: how tries ended (``TaskResult`` objects)."""
+    """Worker -> scheduler: how tries ended (``TaskResult`` objects), and ``rss``: the
+    worker's RSS with its task processes as it sent them (its memory sample taken right
+    after the tries ended, what its memory fences act on; 0: not measured). Each
+    result's own ``rss`` is its task's: in ``process`` execution, its task process's."""
 
     worker_id: str
     results: tuple[Any, ...]
+    rss: int = 0
 
     def for_wire(self, error: Callable[[BaseException], Any]) -> TasksDone:
         """The form that crosses a process boundary: the error of each result that
@@ -518,13 +522,13 @@ class TasksDone(Message):
             else r
             for r in self.results
         )
-        return TasksDone(self.worker_id, results)
+        return TasksDone(self.worker_id, results, self.rss)
 
     def split(self) -> list[TasksDone]:
         """One message per try: what a connection sends when the whole is more than one
         message may carry (``runtime.remote.Peer``; a try whose report alone is too
         large fails with ``TaskErrorTooLarge``: ``runtime.node.unsendable_tries``)."""
-        return [TasksDone(self.worker_id, (r,)) for r in self.results]
+        return [TasksDone(self.worker_id, (r,), self.rss) for r in self.results]
 
 
 @message(local=True)

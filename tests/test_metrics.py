@@ -24,6 +24,7 @@ from actors.autoscaler_state import (
     StartBlock,
     TargetSet,
 )
+from actors.scheduler import Scheduler
 from actors.scheduler_events import (
     CancelRequested,
     Execute,
@@ -43,7 +44,10 @@ from runtime.messages import (
     FailureCount,
     MetricsReply,
     MetricsRequest,
+    MonitorFeed,
     PoolMetrics,
+    StatusRequest,
+    TasksDone,
     WorkerMemoryReport,
 )
 from runtime.metrics import render
@@ -139,9 +143,9 @@ def test_a_draining_worker_running_tasks_counts_its_cores_busy() -> None:
     assert got[("corral_workers", (("pool", "scarce"), ("state", "busy")))] == 0
 
 
-def test_worker_rss_is_the_latest_task_result_s_or_memory_report_s() -> None:
+def test_worker_rss_is_the_latest_batch_of_results_or_memory_report_s() -> None:
     """A worker that never throttles or spills sends no memory report: its RSS comes
-    from its tasks' results (the RSS after each), summed per pool."""
+    with its batches of results (the RSS after each), summed per pool."""
     st = SchedulerState(SchedulerConfig(saturation=1.0))
     _submit(st, ["a-0", "a-1"], 1.0)
     st.handle(WorkerJoined("j1", 2.0, worker="w1", cores=1, memory=GB, pool="cpu"))
@@ -150,10 +154,75 @@ def test_worker_rss_is_the_latest_task_result_s_or_memory_report_s() -> None:
     on = {str(t.key): ws.id for ws in st.workers.values() for t in ws.processing}
     for key, rss in (("a-0", 300), ("a-1", 500)):
         res = result(key, start=2.0, rss=rss)
-        st.handle(TasksFinished("f", 3.0, worker=on[key], results=(res,)))
+        st.handle(TasksFinished("f", 3.0, worker=on[key], results=(res,), rss=rss))
     assert st.pool_metrics(3.0)["cpu"]["rss_bytes"] == 800
     st.handle(WorkerLeft("l", 4.0, worker=on["a-0"], cause="drained"))
     assert st.pool_metrics(4.0)["cpu"]["rss_bytes"] == 500
+
+
+class _Ref:
+    """A stand-in actor reference: keeps what is posted to it."""
+
+    def __init__(self) -> None:
+        self.got: list[Any] = []
+
+    def post(self, msg: Any) -> None:
+        self.got.append(msg)
+
+    tell = post
+
+
+class _Clock:
+    def now(self) -> float:
+        return 10.0
+
+
+def test_a_process_worker_s_rss_is_its_whole_rss_not_one_task_process_s() -> None:
+    """User audit (monitor, defect 2): on an ``--execution process`` worker each
+    result's RSS is its task process's (44 MiB), while its memory reports carry the
+    worker's with its task processes (164 MiB). Both overwrote the worker's RSS, so
+    ``corral_worker_rss_bytes``, ``status()["rss"]`` and the monitoring database's
+    ``resource_samples`` (the scheduler's feed) flapped between the two. Now the
+    worker's RSS is the one its batch of results comes with (``TasksDone.rss``: its
+    sample right after them, what its fences act on) or its memory report's, and a
+    result's own RSS stays the task's (its category's ``peak_rss``)."""
+    mb = 2**20
+    s = Scheduler(lambda: _Ref(), lambda: _Ref())  # type: ignore[arg-type, return-value]
+    s.clock = _Clock()  # type: ignore[assignment]
+    core = s.state
+    keys = [f"a-{i}" for i in range(4)]
+    _submit(core, keys, 1.0)
+    core.handle(WorkerJoined("j", 2.0, worker="w1", cores=2, memory=GB, pool="cpu"))
+    s.workers["w1"] = _Ref()  # type: ignore[assignment]
+
+    def seen() -> tuple[float, ...]:
+        """The worker's RSS, in MiB, as /metrics, status() and the database see it."""
+        pool = s.metrics(MetricsRequest())["pools"]["cpu"].rss_bytes
+        status = s.status(StatusRequest())["rss"].get("w1", 0)
+        feed = s.monitor_feed(MonitorFeed()).workers.get("w1", (0,))[0]
+        return (pool / mb, status / mb, feed / mb)
+
+    def report(rss: int) -> None:
+        s.worker_memory(WorkerMemoryReport("w1", False, rss * mb, int(0.7 * GB), GB))
+
+    def done(rss: int) -> None:
+        """The two tries running on w1 end, each task process at 44 MiB."""
+        running = [t.key for t in core.workers["w1"].processing]
+        results = tuple(result(k, start=2.0, rss=44 * mb, rss_peak=46 * mb) for k in running)
+        s.tasks_done(TasksDone("w1", results, rss * mb))
+
+    values = []
+    report(160)
+    values.append(seen())
+    done(164)
+    values.append(seen())
+    report(150)
+    values.append(seen())
+    done(0)  # not measured (a report made for tries that could not be sent): kept
+    values.append(seen())
+    assert values == [(160.0,) * 3, (164.0,) * 3, (150.0,) * 3, (150.0,) * 3]
+    assert core.count("memory") == 4
+    assert core.stats["a"].peak_rss == 46 * mb  # the task's own, as before
 
 
 def test_the_oldest_wait_follows_the_tasks_that_leave_the_queue() -> None:
