@@ -21,6 +21,7 @@ from runtime.errors import (
     LongTaskError,
     PruneDepthError,
     disk_size,
+    error_name,
 )
 from runtime.graph import Key, TaskSpec
 from runtime.messages import DiskStallInfo, TryRecord
@@ -738,7 +739,7 @@ def error_record(error: BaseException) -> ErrorRecord:
             older, relation = exc.__context__, "context"
         else:
             older, relation = None, ""
-        parts.append((type(exc).__name__, text, tuple(frames[-MAX_ERROR_FRAMES:]), relation))
+        parts.append((error_name(exc), text, tuple(frames[-MAX_ERROR_FRAMES:]), relation))
         exc = older
     parts.reverse()  # the oldest first, as Python prints a chain: each part's relation
     name, text, frames_, _ = parts[0]  # is to the one before it; the first has none

@@ -278,6 +278,7 @@ from runtime.errors import (
     TaskTooLarge,
     WorkerLost,
     did_you_mean,
+    error_name,
 )
 from runtime.graph import Key, TaskSpec
 from runtime.messages import Outcome, TryRecord
@@ -1409,7 +1410,7 @@ class SchedulerState(DiskPlacement):
         if outcome == "disk-full" or outcome == "timeout":
             failure = outcome
         else:
-            failure = type(error).__name__ if error is not None else res.outcome
+            failure = error_name(error) if error is not None else res.outcome
         rec = TryRecord(str(ts.key), ws.id, res.start, res.stop, outcome, try_cause, ts.queued)
         if outcome == "oom":  # this try counted with the earlier ones
             ts.ooms += ((ws.id, ws.memory, max(res.rss_peak, res.rss)),)

@@ -958,6 +958,28 @@ class TaskErrorTooLarge(CorralError):
         )  # fmt: skip
 
 
+#: The attribute of the ``RuntimeError`` that stands for a task's exception that could
+#: not travel between processes (``runtime.remote.substitute_error``): that
+#: exception's type, qualified (``mymodule.TwoArgError``).
+STANDS_FOR = "stands_for"
+
+
+def error_name(error: BaseException) -> str:
+    """The name a failed try with ``error`` is counted and grouped under (the metrics'
+    ``cause``, the failure groups, the monitoring database's ``cause`` and
+    ``error_type``): its type's name; for a ``RuntimeError`` that stands for a task's
+    exception that could not travel between processes, that exception's type's name
+    (``TwoArgError``), not ``RuntimeError``."""
+    if type(error) is RuntimeError:
+        kind = error.__dict__.get(STANDS_FOR)
+        if isinstance(kind, str) and kind:
+            return kind.rpartition(".")[2]
+    return type(error).__name__
+
+
+__all__ += ["STANDS_FOR", "error_name"]
+
+
 class InputsUnreachable(CorralError):
     """A task's inputs could not be had from workers that were still connected, ``times``
     tries in a row over ``seconds`` (the task did not start): they could not hand the

@@ -76,6 +76,7 @@ import tblib  # type: ignore[import-untyped]
 from runtime import unpickling
 from runtime.codec import Frame
 from runtime.errors import (
+    STANDS_FOR,
     ActorStopped,
     AskTimeout,
     ConnectionClosed,
@@ -388,15 +389,19 @@ def too_large_error(exc: BaseException, key: Any, size: int, limit: int) -> Task
 
 def substitute_error(kind: str, text: str, rep: str, tb: str, why: str) -> RuntimeError:
     """The error that stands for a task's exception that cannot travel to the process
-    that reports it: a RuntimeError naming its type (``kind``, qualified), its text,
-    its ``repr``, ``why`` it stands in, and the traceback where it was raised."""
+    that reports it: a RuntimeError naming its type (``kind``, qualified; also its
+    :data:`~runtime.errors.STANDS_FOR` attribute, which pickles with it, so that the
+    failure counts under that type: :func:`~runtime.errors.error_name`), its text, its
+    ``repr``, ``why`` it stands in, and the traceback where it was raised."""
     raised = f"{kind}: {text}" if text else kind
-    return RuntimeError(
+    error = RuntimeError(
         f"the task raised {raised}\n(a RuntimeError stands for {rep}: {why}. To get the "
         "exception itself, make it picklable: pass every argument of its __init__ on to "
         "super().__init__, or give it a __reduce__.) Its traceback where it was raised:\n"
         f"{tb}"
     )
+    setattr(error, STANDS_FOR, kind)
+    return error
 
 
 def _pickle_in_band(obj: Any) -> list[memoryview]:

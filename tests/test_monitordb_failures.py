@@ -66,6 +66,18 @@ def layered(i: int) -> int:
         raise RuntimeError(f"layer {i} " + "e" * 1900) from exc
 
 
+class TwoArgError(Exception):
+    """A user audit's (monitor, defect 3): its ``__init__`` takes two arguments, its
+    pickle gives one, so it does not load again: a ``RuntimeError`` stands for it."""
+
+    def __init__(self, path: str, line: int) -> None:
+        super().__init__(f"{path}:{line} is corrupt")
+
+
+def read_file(line: int) -> int:
+    raise TwoArgError("/data/run0.root", line)
+
+
 def total(x: int) -> int:
     return x
 
@@ -96,6 +108,8 @@ async def test_a_run_s_failures_are_in_the_database_and_report_as_on_the_dashboa
                 await after
             with pytest.raises(RuntimeError, match="layer 1"):
                 await deep
+            with pytest.raises(RuntimeError, match=r"TwoArgError: /data/run0\.root:17 is corrupt"):
+                await c.submit(read_file, 17, key="corrupt-17")
             with pytest.raises(TaskOutOfMemory):
                 await c.submit(hog, MEMORY, key="hog-0")
             await wait_until(
@@ -127,6 +141,13 @@ async def test_a_run_s_failures_are_in_the_database_and_report_as_on_the_dashboa
     why = {r[:3]: r[3] for r in _rows(db, _doc_sql("Failures by cause"))}
     assert why[("hog", "oom", "oom")] == ooms
     assert why[("summary", "not-run", "dependency-failed")] == 1
+    # 4b. an exception that could not travel back counts under its own type, not under
+    # the RuntimeError that stands for it (it was RuntimeError in every count and group)
+    (row,) = _rows(db, "SELECT outcome, cause, error_type, error_message FROM tries "
+                   "WHERE key = 'corrupt-17'")  # fmt: skip
+    assert row[:3] == ("error", "TwoArgError", "TwoArgError")
+    assert "a RuntimeError stands for TwoArgError(" in row[3]
+    assert ("corrupt", "error", "TwoArgError", 1) in causes
     # 5. released outputs are not counted held
     assert _rows(db, "SELECT count(*) FROM tasks WHERE state = 'memory'") == [(held,)]
     assert held == 2
@@ -141,12 +162,13 @@ async def test_a_run_s_failures_are_in_the_database_and_report_as_on_the_dashboa
         for g in metrics.failure_groups
     )
     assert sorted(run.why_failed) == dashboard
-    assert {g[1] for g in dashboard} == {"ValueError", "RuntimeError", "oom",
+    assert {g[1] for g in dashboard} == {"ValueError", "RuntimeError", "TwoArgError", "oom",
                                           "dependency-failed"}  # fmt: skip
     page = build_report(db)
     start = page.index(f"<h2>{FAILURES_TITLE}</h2>")
     table = page[start : page.index("</table>", start)]
-    assert table.count("<tr class=failure") == 4
+    assert table.count("<tr class=failure") == 5
+    assert "data-cause='TwoArgError'" in table
     assert "data-cause='dependency-failed' data-outcome='not-run'" in table
     assert "1 task</td>" in table and f"{ooms} x</td>" in table
     assert "<details><summary>traceback</summary>" in table and "in parse_row" in table

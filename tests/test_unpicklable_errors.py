@@ -22,9 +22,13 @@ import cloudpickle
 import pytest
 
 from actors.protocol import TaskResult
+from actors.scheduler_records import SchedulerConfig
+from actors.scheduler_state import SchedulerState
 from runtime import Cluster
-from runtime.messages import TasksDone
+from runtime.errors import STANDS_FOR, error_name
+from runtime.messages import MetricsRequest, TasksDone
 from runtime.remote import PickledMsg, from_wire, pack_error, to_wire, wire_error
+from tests.helpers import finish, join, submit
 
 LIMIT = 60  # seconds for a cluster of worker processes to start
 PROMPT = 20  # seconds a failed task may take to raise (it used to hang forever)
@@ -152,6 +156,38 @@ def test_tasks_done_for_the_wire_always_loads_and_keeps_ok_results() -> None:
     assert_stands_for_my_error(back.results[1].error)
 
 
+def test_the_substitute_counts_under_the_type_it_stands_for() -> None:
+    """A user audit (monitor, defect 3): a failure of such an exception was counted and
+    grouped under ``RuntimeError`` (``/metrics``' cause, the failure groups, the
+    monitoring database's ``cause`` and ``error_type``), though its message named its
+    type. The substitute keeps that type (``stands_for``, through every pickle on its
+    way), and the scheduler core counts the try under its name."""
+    parts, _ = pack_error(raised(fails), "a test")
+    err = pickle.loads(parts[0])
+    assert_stands_for_my_error(err)
+    assert getattr(err, STANDS_FOR) == KIND and error_name(err) == "MyError"
+    # made in a task process, it goes on from its worker to the scheduler as itself
+    onward = pickle.loads(cloudpickle.dumps(wire_error(err)))
+    assert type(onward) is RuntimeError and error_name(onward) == "MyError"
+    # made in the worker (a thread ran the task), and where it cannot be loaded
+    assert error_name(pickle.loads(cloudpickle.dumps(wire_error(raised(fails))))) == "MyError"
+    loader, (payload, *facts) = wire_error(raised(fine)).__reduce__()
+    missing = payload.replace(b"tests.test_unpicklable_errors", b"tests.not_installed_anywhere_")
+    assert error_name(loader(missing, *facts)) == "Fine"
+    # a task's own RuntimeError, and any other error, by its type's name
+    assert error_name(RuntimeError("mine")) == "RuntimeError"
+    assert error_name(MyError(1, "x")) == "MyError"
+    # The core: the metrics' cause, the failure group and the database's error type.
+    s = SchedulerState(SchedulerConfig())
+    join(s, "w1")
+    submit(s, {"fails-0": []}, ["fails-0"])
+    finish(s, "w1", "fails-0", "error", error=err)
+    assert dict(s.metric_failures) == {("fails", "error", "MyError"): 1}
+    group = s.failure_groups[("fails", "MyError")]
+    assert group.n == 1 and group.error is not None
+    assert group.error.summary.startswith(f"MyError: the task raised {KIND}: 404: not found")
+
+
 # ----------------------------------------------------------------------------- clusters
 
 
@@ -163,6 +199,8 @@ async def test_a_task_raising_an_unpicklable_error_fails_at_once_and_the_cluster
             with anyio.fail_after(PROMPT), pytest.raises(RuntimeError) as info:
                 await c.submit(fails)
             assert_stands_for_my_error(info.value)
+            failures = (await c._manager.ask(MetricsRequest())).failures
+            assert [(f.category, f.cause, f.n) for f in failures] == [("fails", "MyError", 1)]
             # Its slot was given back and the workers still run a graph.
             dsk: dict[Any, Any] = {("inc", i): (inc, i) for i in range(20)}
             dsk["total"] = (sum, [("inc", i) for i in range(20)])
