@@ -1135,22 +1135,22 @@ def _failure_groups(
     out = []
     for (category, cause), g in latest:
         if isinstance(g, NotRunGroup):
-            worker, outcome = "", NOT_RUN
+            worker, outcome, tasks, erred = "", NOT_RUN, g.n, g.n
             error = not_run_text(g.error, g.dependency, g.root)
             tb = traceback_text(g.error)
         else:
-            worker, outcome = g.worker, g.outcome
+            worker, outcome, tasks, erred = g.worker, g.outcome, g.tasks, g.erred
             if g.error is None:
                 error = lost_worker_text(g.worker, cause, g.key)
                 tb = ""
             else:
                 error = g.error.summary
                 tb = traceback_text(g.error)
-        out.append(
-            FailureGroupInfo(
-                category, cause, g.n, str(g.key), worker, outcome, max(now - g.at, 0.0), error, tb
-            )
+        ago = max(now - g.at, 0.0)
+        info = FailureGroupInfo(
+            category, cause, g.n, str(g.key), worker, outcome, ago, error, tb, tasks, erred
         )
+        out.append(info)
     return tuple(out)
 
 

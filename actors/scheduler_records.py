@@ -316,6 +316,7 @@ class TaskState:
         "disk_need",
         "error",
         "est",
+        "failed_in",
         "file",
         "free_retries",
         "generation",
@@ -413,6 +414,9 @@ class TaskState:
         #: queued but not placed before this time (backing off: ``_inputs_missing``)
         self.held_until = 0.0
         self.tries: list[TryRecord] = []  #: every attempt
+        #: the failure groups its failed tries count in (None: none), each once: a
+        #: group counts its tasks and, as they err, those that erred
+        self.failed_in: list[FailureGroup] | None = None
         self.error: BaseException | None = None  #: what its future raises (erred/cancelled)
         self.root: tuple[Key, BaseException] | None = None  #: (failed task, its exception)
 
@@ -749,9 +753,12 @@ def error_record(error: BaseException) -> ErrorRecord:
 
 @dataclasses.dataclass(slots=True)
 class FailureGroup:
-    """The failed tries of one (category, cause): how many, and the latest of them
-    (its task, worker, outcome, error and the core's time). Updated as each try fails,
-    never rebuilt from the tasks."""
+    """The failed tries of one (category, cause): how many (``n``), of how many tasks
+    (``tasks``), how many of those tasks then erred (``erred``: the others were retried
+    and finished, or are still on their way), and the latest of them (its task, worker,
+    outcome, error and the core's time). Updated as each try fails and as a task of
+    the group errs (each task keeps its groups, ``TaskState.failed_in``), never
+    rebuilt from the tasks."""
 
     n: int
     key: Key
@@ -759,6 +766,8 @@ class FailureGroup:
     outcome: str
     error: ErrorRecord | None
     at: float
+    tasks: int = 0
+    erred: int = 0
 
 
 DEPENDENCY_FAILED = "dependency-failed"  #: a :class:`NotRunGroup`'s cause: a dependency failed

@@ -2513,6 +2513,12 @@ class SchedulerState(DiskPlacement):
                     0, ts.key, wid, outcome, None, self._now
                 )
         group.n += 1
+        if ts.failed_in is None:
+            ts.failed_in = [group]
+            group.tasks += 1
+        elif group not in ts.failed_in:  # (a task's groups are few: its causes)
+            ts.failed_in.append(group)
+            group.tasks += 1
         group.key, group.worker, group.outcome = ts.key, wid, outcome
         if record is None and error is not None:
             record = error_record(error)
@@ -2714,7 +2720,12 @@ class SchedulerState(DiskPlacement):
         self._terminal(ts)
 
     def _terminal(self, ts: TaskState) -> None:
-        """``ts`` just erred or was cancelled: tell the client, fail what depends on it."""
+        """``ts`` just erred or was cancelled: tell the client, fail what depends on it;
+        an erred task counts as erred in the failure groups of its failed tries."""
+        if ts.failed_in is not None and ts.state == "erred":
+            for group in ts.failed_in:
+                group.erred += 1
+            ts.failed_in = None  # counted: erring again after a resubmission counts anew
         if ts.root is None:
             assert ts.error is not None
             ts.root = (ts.key, ts.error)

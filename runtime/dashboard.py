@@ -429,7 +429,8 @@ def story_page(key: str, rows: list[list[str]], groups: list[FailureGroupInfo]) 
             )
         else:
             body.append(
-                f"<h2>Latest failure of {e(g.category)} / {e(g.cause)} ({g.n} tries)</h2>"
+                f"<h2>Latest failure of {e(g.category)} / {e(g.cause)} ({g.n} tries of "
+                f"{g.tasks} task{'s' if g.tasks != 1 else ''}, {g.erred} erred)</h2>"
                 f"<p>on worker <code>{e(g.worker)}</code>, {e(g.outcome)}, {g.ago:.0f} s ago</p>"
             )
         body.append(f"<pre class='error'>{e(g.error)}</pre><pre class='tb'>{e(g.traceback)}</pre>")
@@ -705,6 +706,10 @@ function renderFailures(s) {
           h("b", {text: g.category}), " · " + g.cause + " (not run) · latest ",
           storyLink(g.key), ", " + secs(g.ago) + " ago")
       : h("div", {}, h("b", {class: "count", text: g.n + " x", title: "failed tries"}), " ",
+          h("span", {class: "tasks", text: "(" + g.tasks + (g.tasks === 1 ? " task, " :
+            " tasks, ") + g.erred + " erred) ", title: "the tasks of these tries, and how " +
+            "many of them erred in the end (the others finished after a retry, or are " +
+            "still on their way)"}),
           h("b", {text: g.category}), " · " + g.cause + " (" + g.outcome + ") · latest ",
           storyLink(g.key), " on " + g.worker + ", " + secs(g.ago) + " ago"),
     h("div", {class: "err", text: g.error}),

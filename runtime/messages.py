@@ -900,7 +900,10 @@ class FailureGroupInfo(Message):
     or why the worker was lost): ``n`` of them, and the latest one's task ``key``,
     ``worker``, ``outcome``, seconds since it failed (``ago``), its ``error``
     (``Type: message``) and ``traceback`` text (empty when there is none, as for a lost
-    worker)."""
+    worker); of how many ``tasks`` the ``n`` tries were, and how many of those tasks
+    then erred (``erred``; the others finished after a retry, or are still on their
+    way). For the tasks that erred with no try of their own (outcome ``not-run``), ``n``
+    counts tasks, and ``tasks`` and ``erred`` are ``n``."""
 
     category: str
     cause: str
@@ -911,6 +914,8 @@ class FailureGroupInfo(Message):
     ago: float
     error: str
     traceback: str = ""
+    tasks: int = 0
+    erred: int = 0
 
 
 @message()

@@ -733,19 +733,26 @@ class _Run:
         tries = _table(conn, "tries", rid)
         tb = "traceback" if "traceback" in _columns(conn, "tries") else "NULL"
         # (SQLite takes the bare rowid from the row of the group's max(): its latest)
-        found: list[tuple[float, str, str, int, str, int]] = [
-            (at if at is not None else -1.0, cat, why, n, "tries", row)
-            for cat, why, n, at, row in conn.execute(
+        # per group, of how many tasks its tries were and how many of those erred (the
+        # state they ended in: the others finished after a retry, or were not done)
+        erred = (
+            "(SELECT state FROM tasks k WHERE k.run_id = tries.run_id AND k.key = tries.key) "
+            "= 'erred'"
+        )
+        found: list[tuple[float, str, str, int, str, int, int, int]] = [
+            (at if at is not None else -1.0, cat, why, n, "tries", row, tasks, bad)
+            for cat, why, n, at, row, tasks, bad in conn.execute(
                 "SELECT COALESCE(NULLIF(category, ''), '?'), COALESCE(NULLIF(cause, ''), "
-                "NULLIF(error_type, ''), outcome), COUNT(*), MAX(ended), rowid "
+                "NULLIF(error_type, ''), outcome), COUNT(*), MAX(ended), rowid, "
+                f"COUNT(DISTINCT key), COUNT(DISTINCT CASE WHEN {erred} THEN key END) "
                 f"FROM {tries} WHERE run_id = ?{self._during(*_TRY_SPAN)} AND outcome NOT IN "
                 f"('ok', 'cancelled') AND NOT {self.free} "
                 "GROUP BY 1, 2", rid,
             )
         ]  # fmt: skip
         if "cause" in _columns(conn, "tasks"):
-            found += [
-                (at if at is not None else -1.0, cat, why, n, "tasks", row)
+            found += [  # tasks that erred with no try of their own: n tasks, n erred
+                (at if at is not None else -1.0, cat, why, n, "tasks", row, n, n)
                 for cat, why, n, at, row in conn.execute(
                     "SELECT COALESCE(NULLIF(category, ''), '?'), cause, COUNT(*), "
                     f"MAX(finished), rowid FROM {_table(conn, 'tasks', rid)} "
@@ -755,9 +762,10 @@ class _Run:
             ]  # fmt: skip
         self.failure_groups = len(found)
         #: the latest groups, the latest first: (category, cause, outcome, count, key,
-        #: worker, error, traceback)
-        self.why_failed: list[tuple[str, str, str, int, str, str, str, str]] = []
-        for _, cat, why, n, table, row in heapq.nlargest(MAX_FAILURE_GROUPS_SHOWN, found):
+        #: worker, error, traceback, tasks, tasks that erred)
+        self.why_failed: list[tuple[str, str, str, int, str, str, str, str, int, int]] = []
+        latest = heapq.nlargest(MAX_FAILURE_GROUPS_SHOWN, found)
+        for _, cat, why, n, table, row, tasks, bad in latest:
             if table == "tries":
                 key, worker, outcome, etype, emsg, trace = conn.execute(
                     f"SELECT key, worker, outcome, error_type, error_message, {tb} FROM tries "
@@ -776,7 +784,7 @@ class _Run:
                     ).fetchone()  # fmt: skip
                     trace = first[0] if first is not None else None
             self.why_failed.append(
-                (cat, why, outcome, n, key, worker or "", error or "", trace or "")
+                (cat, why, outcome, n, key, worker or "", error or "", trace or "", tasks, bad)
             )
         return self.failure_groups
 
@@ -1377,7 +1385,7 @@ def _why_failed(run: _Run) -> str:
         if run.failure_groups > shown else ""
     )  # fmt: skip
     rows = []
-    for cat, cause, outcome, n, key, worker, error, trace in run.why_failed:
+    for cat, cause, outcome, n, key, worker, error, trace, tasks, erred in run.why_failed:
         count = f"{n} task{'s' if n != 1 else ''}" if outcome == NOT_RUN else f"{n} x"
         tb = (
             f"<details><summary>traceback</summary><pre class=tb>{e(trace)}</pre></details>"
@@ -1385,15 +1393,18 @@ def _why_failed(run: _Run) -> str:
         )  # fmt: skip
         rows.append(
             f"<tr class=failure data-category='{e(cat)}' data-cause='{e(cause)}' "
-            f"data-outcome='{e(outcome)}'><td class=count>{e(count)}</td><td>{e(cat)}</td>"
+            f"data-outcome='{e(outcome)}'><td class=count>{e(count)}</td><td>{tasks}</td>"
+            f"<td>{erred}</td><td>{e(cat)}</td>"
             f"<td>{e(cause)} ({e(outcome)})</td><td>{e(key)}</td><td>{e(worker)}</td>"
             f"<td><div class=err>{e(error)}</div>{tb}</td></tr>"
         )
     return (
         f"{head}<p>{e(note)}failed tries grouped by category and cause, as the live "
-        "dashboard groups them, the group whose latest failure is the most recent first; "
-        "tasks that erred without a failed try of their own (a dependency failed) are "
-        "counted in tasks, outcome not-run.</p><table class=failures><tr><th>failed</th>"
+        "dashboard groups them, the group whose latest failure is the most recent first, "
+        "with the tasks those tries were of and how many of those tasks erred in the end "
+        "(the others finished after a retry, or were not done); tasks that erred without "
+        "a failed try of their own (a dependency failed) are counted in tasks, outcome "
+        "not-run.</p><table class=failures><tr><th>failed</th><th>tasks</th><th>erred</th>"
         "<th>category</th><th>cause (outcome)</th><th>latest key</th><th>worker</th>"
         "<th>error</th></tr>" + "".join(rows) + "</table>"
     )

@@ -84,6 +84,31 @@ def test_failure_groups_keep_the_count_and_the_latest_try() -> None:
     assert st.free_groups == {}
 
 
+def test_a_failure_group_says_of_how_many_tasks_and_how_many_of_them_erred() -> None:
+    """A user audit: "flaky / ConnectionError: 4" read the same whether both tasks then
+    finished after their retries or failed for good. Each group counts its tries, its
+    tasks (each once) and the tasks that erred in the end."""
+    st = SchedulerState(SchedulerConfig(saturation=1.0))
+    keys = ["flaky-0", "flaky-1", "flaky-2"]
+    submit(st, {k: [] for k in keys}, keys, retries=2)
+    join(st, "w", cores=3)
+    for key in keys[:2]:  # twice each, then finished
+        finish(st, "w", key, "error", error=ConnectionError(key), start=1.0, duration=1.0)
+        finish(st, "w", key, "error", error=ConnectionError(key), start=2.0, duration=1.0)
+        finish(st, "w", key, "ok", start=3.0, duration=1.0)
+    for _ in range(3):  # three times: its budget spent, it erred
+        finish(st, "w", "flaky-2", "error", error=ConnectionError("2"), start=4.0, duration=1.0)
+    assert st.tasks["flaky-2"].state == "erred"
+    group = st.failure_groups[("flaky", "ConnectionError")]
+    assert (group.n, group.tasks, group.erred) == (7, 3, 1)
+    (shown,) = _failure_groups(st, now=10.0)
+    assert (shown.n, shown.tasks, shown.erred) == (7, 3, 1)
+    metrics, status, alerts = _answers()
+    metrics = dataclasses.replace(metrics, failure_groups=(shown,))
+    snap = build_snapshot(metrics, status, alerts, now=1000.0)
+    assert [(g["n"], g["tasks"], g["erred"]) for g in snap["failures"]] == [(7, 3, 1)]
+
+
 @pytest.mark.parametrize("charge_lost", [False, True], ids=["free", "charged"])
 def test_tries_lost_to_preemption_and_retried_free_are_not_failure_groups(
     charge_lost: bool,

@@ -405,7 +405,7 @@ async def test_a_manager_process_records_a_lost_worker_and_survives_kill_9(
     assert (outcome, error_type, cause) == ("error", "ValueError", "ValueError")
     assert "in boom" in tb and tb.rstrip().endswith("ValueError: boom 3")
     groups = _run(db).why_failed
-    assert ("held", "crash", "worker-lost", 1, "held", lost_worker, said, "") in groups
+    assert ("held", "crash", "worker-lost", 1, "held", lost_worker, said, "", 1, 0) in groups
     # kill -9 of the manager: what it wrote up to its last poll stays, and opens.
     # The client gone, the manager released what it held: no output is held, as the
     # metrics say (before, the 11 stayed 'memory').
@@ -1342,7 +1342,7 @@ def test_a_version_4_file_gets_the_failure_columns_and_is_still_read(tmp_path: P
     before = _run(db, "r")
     assert not before.releases and before.states == {"memory": 1, "erred": 1}
     assert before.why_failed == [("b", "ValueError", "error", 1, "b", "w1", "ValueError: bad row",
-                                  "")]  # fmt: skip
+                                  "", 1, 1)]  # fmt: skip
     assert "finished (memory: output held, or released since: this file does not say)" in (
         build_report(db, run_id="r")
     )

@@ -78,6 +78,14 @@ def read_file(line: int) -> int:
     raise TwoArgError("/data/run0.root", line)
 
 
+def flaky_read(mark: str) -> str:
+    """Fails its first try (no ``mark`` yet), then finishes."""
+    if not Path(mark).exists():
+        Path(mark).touch()
+        raise ConnectionError("the server went away")
+    return "read"
+
+
 def total(x: int) -> int:
     return x
 
@@ -97,7 +105,7 @@ async def test_a_run_s_failures_are_in_the_database_and_report_as_on_the_dashboa
             await c.wait_for_workers(1, timeout=60)
             squares = c.map(square, range(6))
             assert await c.gather(squares) == [0, 1, 4, 9, 16, 25]
-            for f in squares[:4]:  # their outputs released; the last two held
+            for f in squares[:4]:  # their outputs released; the last two held (and flaky-0)
                 f.release()
             bad = c.submit(read_row, 3, key="read-3")
             after = c.submit(total, bad, key="summary-0")
@@ -112,6 +120,8 @@ async def test_a_run_s_failures_are_in_the_database_and_report_as_on_the_dashboa
                 await c.submit(read_file, 17, key="corrupt-17")
             with pytest.raises(TaskOutOfMemory):
                 await c.submit(hog, MEMORY, key="hog-0")
+            flaky = c.submit(flaky_read, str(tmp_path / "flaky-mark"), key="flaky-0", retries=1)
+            assert await flaky == "read"  # after a failed try: its group says it finished
             await wait_until(
                 lambda: _rows(db, "SELECT count(*) FROM tasks WHERE state = 'released'") == [(4,)],
                 "the released outputs in the database",
@@ -150,27 +160,37 @@ async def test_a_run_s_failures_are_in_the_database_and_report_as_on_the_dashboa
     assert ("corrupt", "error", "TwoArgError", 1) in causes
     # 5. released outputs are not counted held
     assert _rows(db, "SELECT count(*) FROM tasks WHERE state = 'memory'") == [(held,)]
-    assert held == 2
+    assert held == 3  # the last two squares and flaky-0
     released = _rows(db, "SELECT finished <= released FROM tasks WHERE state = 'released'")
     assert released == [(1,)] * 4
     # 6. the report's groups are the dashboard's: count, latest key and worker, error
     # and traceback
     run = _run(db)
-    assert run.states["memory"] == 2 and run.states["released"] == 4
+    assert run.states["memory"] == 3 and run.states["released"] == 4
+    # and of how many tasks, how many of which erred (the flaky one finished)
     dashboard = sorted(
-        (g.category, g.cause, g.outcome, g.n, g.key, g.worker, g.error, g.traceback)
+        (g.category, g.cause, g.outcome, g.n, g.key, g.worker, g.error, g.traceback,
+         g.tasks, g.erred)
         for g in metrics.failure_groups
-    )
+    )  # fmt: skip
     assert sorted(run.why_failed) == dashboard
     assert {g[1] for g in dashboard} == {"ValueError", "RuntimeError", "TwoArgError", "oom",
-                                          "dependency-failed"}  # fmt: skip
+                                          "dependency-failed", "ConnectionError"}  # fmt: skip
+    assert {(g[0], g[3], g[8], g[9]) for g in dashboard} >= {
+        ("flaky", 1, 1, 0), ("read", 1, 1, 1), ("hog", ooms, 1, 1), ("summary", 1, 1, 1),
+        ("corrupt", 1, 1, 1),
+    }  # fmt: skip
     page = build_report(db)
     start = page.index(f"<h2>{FAILURES_TITLE}</h2>")
     table = page[start : page.index("</table>", start)]
-    assert table.count("<tr class=failure") == 5
+    assert table.count("<tr class=failure") == 6
     assert "data-cause='TwoArgError'" in table
     assert "data-cause='dependency-failed' data-outcome='not-run'" in table
-    assert "1 task</td>" in table and f"{ooms} x</td>" in table
+    assert "1 task</td>" in table and f"{ooms} x</td><td>1</td><td>1</td>" in table
+    assert (
+        "data-category='flaky' data-cause='ConnectionError' data-outcome='error'><td "
+        "class=count>1 x</td><td>1</td><td>0</td>" in table
+    )
     assert "<details><summary>traceback</summary>" in table and "in parse_row" in table
-    assert "finished, output held (memory)</th><td>2<" in page
+    assert "finished, output held (memory)</th><td>3<" in page
     assert "finished, output released since (released)</th><td>4<" in page
