@@ -717,7 +717,9 @@ function renderFailures(s) {
                     h("pre", {class: "tb", text: g.traceback})) : null)));
 }
 function renderFree(s) {
-  if (!s.free.length) return put("free", empty("no try lost with its worker and retried free"));
+  if (!s.free.length) return put("free", empty("no try lost with its worker for a " +
+    "reason that says nothing of the task (preempted, walltime, drained, ...) and retried " +
+    "free (one lost to a crash is a suspect: under Why tasks fail)"));
   put("free", mostRecent(s.free.length, s.free_groups),
     s.free.map(g => h("div", {class: "free", "data-category": g.category,
       "data-cause": g.cause},

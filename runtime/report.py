@@ -1352,8 +1352,23 @@ def _why_free(run: _Run) -> str:
     (their tasks ran again, their budget untouched)."""
     e = html.escape
     head = f"<h2>{e(FREE_TITLE)}</h2>"
+    benign = e(", ".join(sorted(BENIGN_LOSSES)))
+    # the tries lost for a cause that may be the task's and yet retried free (a crash,
+    # a lost connection): suspects, so under the failures, said here too (a user audit
+    # read "No try was ... retried free" beside "crash | 1 | ... | free retries 1")
+    suspects = [(cause, free) for cause, _, _, _, free, _, _ in run.lost
+                if free and cause not in BENIGN_LOSSES]  # fmt: skip
+    also = (
+        f"<p class=suspects>Tries lost with their worker for a cause that may be the "
+        f"task's, retried free too ({e(', '.join(f'{c}: {n}' for c, n in suspects))}), "
+        f"are suspects: they are under {e(FAILURES_TITLE)}.</p>"
+        if suspects else ""
+    )  # fmt: skip
     if not run.why_free:
-        return head + "<p>No try was lost with its worker and retried free.</p>"
+        return (
+            f"{head}<p>No try was lost with its worker for a reason that says nothing of "
+            f"the task ({benign}) and retried free.</p>{also}"
+        )
     rows = "".join(
         f"<tr class=free data-category='{e(cat)}' data-cause='{e(cause)}'><td class=count>"
         f"{n} x</td><td>{e(cat)}</td><td>{e(cause)}</td><td>{tasks}</td><td>{ok}</td>"
@@ -1362,10 +1377,10 @@ def _why_free(run: _Run) -> str:
     )
     return (
         f"{head}<p>Tries whose worker went for a reason that says nothing of the task "
-        f"({e(', '.join(sorted(BENIGN_LOSSES)))}) and that were retried without spending "
+        f"({benign}) and that were retried without spending "
         "the task's retry budget: not failures. A try that spent it, or after which its "
-        f"task failed, is under {e(FAILURES_TITLE)}.</p><table class=free><tr><th>lost</th>"
-        "<th>category</th><th>cause</th><th>tasks</th><th>tasks finished</th>"
+        f"task failed, is under {e(FAILURES_TITLE)}.</p>{also}<table class=free><tr>"
+        "<th>lost</th><th>category</th><th>cause</th><th>tasks</th><th>tasks finished</th>"
         "<th>latest key</th><th>worker</th></tr>" + rows + "</table>"
     )  # fmt: skip
 

@@ -212,3 +212,36 @@ def test_free_retries_after_a_preemption_are_not_failures(tmp_path: Path, versio
     assert "<td class=count>2 x</td><td>deep</td><td>preempted</td><td>2</td><td>2</td>" in free
     (listed,) = list_runs(db)
     assert listed.failed_tries == 1 + charged
+
+
+def test_a_try_lost_to_a_crash_and_retried_free_is_not_denied_in_the_free_section(
+    tmp_path: Path,
+) -> None:
+    """A user audit: the report said "crash | 1 | ... | free retries 1" in its table of
+    lost tries and, further down, "No try was lost with its worker and retried free."
+    A crash is a suspect, so its free retry is under "Why tasks failed", not in the
+    section of free retries; that section now says which losses it counts, and where
+    the suspects retried free are."""
+    db = tmp_path / "monitoring.db"
+    conn, t0 = _one_run_db(db, 100.0)
+    with conn:
+        conn.execute(
+            "INSERT INTO tasks (run_id, key, category, state) VALUES ('run-1', 'long-0', "
+            "'long', 'memory')"
+        )
+        conn.executemany(
+            "INSERT INTO tries (run_id, key, try, category, worker, sent, started, ended, "
+            "outcome, cause, retry) VALUES ('run-1', 'long-0', ?, 'long', ?, ?, ?, ?, ?, ?, ?)",
+            [(1, "w2", t0, t0 + 1, t0 + 6, "worker-lost", "crash", "free"),
+             (2, "w1", t0 + 7, t0 + 7, t0 + 52, "ok", None, None)],
+        )  # fmt: skip
+    conn.close()
+    page = build_report(db)
+    assert ">crash</td><td>1</td><td>5.0</td><td>0</td><td>1</td>" in page  # free retries 1
+    free = page[page.index(f"<h2>{FREE_TITLE}") :]
+    free = free[: free.index("<h2>", 4)]
+    assert "No try was lost with its worker and retried free." not in free
+    assert "No try was lost with its worker for a reason that says nothing of the task" in free
+    assert f"retried free too (crash: 1), are suspects: they are under {FAILURES_TITLE}" in free
+    failed = page[page.index(f"<h2>{FAILURES_TITLE}") : page.index(f"<h2>{FREE_TITLE}")]
+    assert "data-category='long' data-cause='crash'" in failed
