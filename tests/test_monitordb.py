@@ -1304,6 +1304,63 @@ async def test_the_documented_wait_query_gives_the_waits_of_the_metrics(
     assert metrics["*"]["waits"] == 0
 
 
+@pytest.mark.anyio
+async def test_the_documented_grouped_queries_count_a_rejoined_worker_once(
+    tmp_path: Path, make_state: Factory
+) -> None:
+    """A user audit: the docs' waits were for one pool, and the natural ``GROUP BY pool,
+    category`` over a join with ``workers`` (a row per worker life) counted the tries
+    of a worker that rejoined once per life. c1 (pool cpu) runs load-0 and parse-0,
+    leaves (preempted), comes back under its id and runs load-1; g1 (pool gpu) runs
+    load-2 and, like c1's second life, is still alive at the run's latest write. The
+    doc's grouped waits count each try once; its lives count the lives still alive up
+    to ``runs.last_seen``."""
+    db = tmp_path / "monitoring.db"
+    s = make_state(monitor=True, saturation=1.0)
+    wall = float(int(time.time()) - int(T0) - 200)  # within the last hour; exact sums
+    recorder, writer = _recorder(db, s, wall=wall)
+    cpu, gpu = {"pool": "cpu"}, {"pool": "gpu"}
+    with anyio.fail_after(LIMIT):
+        first = specs_for(s, {"load-0": [], "parse-0": []}, ["load-0", "parse-0"],
+                          attrs={"load-0": cpu, "parse-0": cpu})  # fmt: skip
+        _at(s, GraphSubmitted, T0, specs=first, wanted=("load-0", "parse-0"))
+        _at(s, WorkerJoined, T0 + 2, worker="c1", cores=1, memory=GB, pool="cpu")
+        _done(s, "c1", "load-0", T0 + 3)  # waited 2 s
+        _done(s, "c1", "parse-0", T0 + 4)  # waited 3 s
+        _at(s, KeysReleased, T0 + 4, keys=("load-0", "parse-0"))  # not made again
+        _at(s, FilesReleased, T0 + 4, keys=("load-0", "parse-0"))
+        _at(s, WorkerLeft, T0 + 5, worker="c1", cause="preempted")
+        later = specs_for(s, {"load-1": [], "load-2": []}, ["load-1", "load-2"],
+                          attrs={"load-1": cpu, "load-2": gpu})  # fmt: skip
+        _at(s, GraphSubmitted, T0 + 6, specs=later, wanted=("load-1", "load-2"))
+        _at(s, WorkerJoined, T0 + 8, worker="g1", cores=1, memory=GB, pool="gpu")
+        _done(s, "g1", "load-2", T0 + 9)  # waited 2 s
+        _at(s, WorkerJoined, T0 + 10, worker="c1", cores=1, memory=GB, pool="cpu")
+        _done(s, "c1", "load-1", T0 + 11)  # waited 4 s
+        await recorder.poll()
+    writer.close()
+    assert _rows(db, "SELECT worker, life FROM workers ORDER BY 1, 2") == [
+        ("c1", 1), ("c1", 2), ("g1", 1)
+    ]  # fmt: skip
+    grouped = _doc_sql("The same waits per pool and category")
+    assert _rows(db, grouped) == [
+        ("cpu", "load", 2, 3.0, 4.0), ("cpu", "parse", 1, 3.0, 3.0), ("gpu", "load", 1, 2.0, 2.0)
+    ]  # fmt: skip
+    naive = (  # the audit's query: c1's tries twice
+        "SELECT w.pool, t.category, count(*) FROM tries t JOIN workers w ON w.run_id = "
+        "t.run_id AND w.worker = t.worker WHERE t.queued IS NOT NULL GROUP BY 1, 2"
+    )  # fmt: skip
+    assert _rows(db, naive) == [("cpu", "load", 4), ("cpu", "parse", 2), ("gpu", "load", 1)]
+    ((seen,),) = _rows(db, "SELECT last_seen FROM runs")
+    lives = {(pool, how): (n, round(mean * 60, 6))
+             for pool, how, n, mean in _rows(db, _doc_sql("The lives of every pool"))}  # fmt: skip
+    assert lives == {
+        ("cpu", "preempted"): (1, 3.0),
+        ("cpu", "alive"): (1, round(seen - (wall + T0 + 10), 6)),
+        ("gpu", "alive"): (1, round(seen - (wall + T0 + 8), 6)),
+    }
+
+
 #: makes a new database one of schema version 4, as an older Corral wrote it
 _TO_VERSION_4 = (
     "DROP TABLE actions; ALTER TABLE tries DROP COLUMN retry; "
