@@ -583,7 +583,20 @@ class _Run:
         self.tasks: int = sum(self.states.values())
         self.makespan = max(lasts) - min(firsts) if firsts and lasts else 0.0
         self.median_wait: float | None = None
+        #: waits per pool and category, the most first (at most
+        #: MAX_FAILURE_GROUPS_SHOWN): (pool, category, waits, mean s, max s)
+        self.waits: list[tuple[str, str, int, float, float]] = []
         if "queued" in _columns(conn, "tries"):
+            self.waits = conn.execute(
+                # the worker's pool from one of its lives: each try once (a worker that
+                # rejoined has a row per life), as docs/monitoring.md's query
+                "SELECT COALESCE((SELECT w.pool FROM workers w WHERE w.run_id = tries.run_id "
+                "AND w.worker = tries.worker LIMIT 1), '?') AS pool, COALESCE(NULLIF(category, "
+                "''), '?') AS cat, COUNT(*), AVG(sent - queued), MAX(sent - queued) FROM "
+                f"{_table(conn, 'tries', rid)} WHERE run_id = ?{self._during(*_TRY_SPAN)} AND "
+                "queued IS NOT NULL AND sent IS NOT NULL GROUP BY pool, cat "
+                "ORDER BY 3 DESC, pool, cat LIMIT ?", (*rid, MAX_FAILURE_GROUPS_SHOWN),
+            ).fetchall()  # fmt: skip
             self.median_wait = _median_wait(
                 conn, _table(conn, "tries", rid), "queued", "sent", rid, self._during(*_TRY_SPAN)
             )
@@ -1231,6 +1244,10 @@ def _summary(run: _Run) -> str:
         "<h2>Summary</h2><div class=tables><table>" + "".join(head) + "</table>"
         + _counts(("failed tries: outcome", "cause", "n"), run.failures)
         + _counts(("tries lost with their worker, retried free: cause", "n"), run.free_lost)
+        + _counts(("waits ready to sent: pool", "category", "waits", "mean s", "max s"),
+                  [(p, c, n, f"{mean:.3f}", f"{most:.3f}") for p, c, n, mean, most in run.waits])
+        + _counts(("worker lives: pool", "ended", "lives", "mean s", "shortest s",
+                   "longest s"), _lives(run))
         + _counts(("block ends: state", "cause", "n"), _block_ends(run))
         + _lost_cost(run)
         + _counts(("outputs lost with a worker: how they came back", "outputs", "workers"),
@@ -1332,6 +1349,22 @@ def _block_ends(run: _Run) -> list[tuple[str, str, int]]:
         if state not in _BLOCK_LIVE and run.in_window(at):
             n[(state, cause or "-")] += 1
     return [(state, cause, k) for (state, cause), k in sorted(n.items(), key=lambda r: -r[1])]
+
+
+def _lives(run: _Run) -> list[tuple[str, str, int, str, str, str]]:
+    """The workers' lives (in the window) per pool and how they ended (``alive``: not
+    yet, counted to the run's end or its latest write), the most first: how many, and
+    their mean, shortest and longest length in seconds (whole lives, not cut to the
+    window), as docs/monitoring.md's query counts them."""
+    end = _run_end(run.info)
+    spans: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for _, pool, _, joined, left, cause in run.workers:
+        how = "alive" if left is None else cause or "?"
+        spans[(pool or "?", how)].append((end if left is None else left) - joined)
+    return [
+        (pool, how, len(s), f"{sum(s) / len(s):.1f}", f"{min(s):.1f}", f"{max(s):.1f}")
+        for (pool, how), s in sorted(spans.items(), key=lambda r: (r[0][0], -len(r[1])))
+    ]
 
 
 def _recoveries(run: _Run) -> list[tuple[str, int, int]]:

@@ -59,7 +59,7 @@ from runtime.monitordb import (
     open_db,
     prune,
 )
-from runtime.report import _alert_spans, _Run, build_report
+from runtime.report import _alert_spans, _lives, _Run, build_report
 from tests.helpers import (
     GB,
     Cli,
@@ -1359,6 +1359,19 @@ async def test_the_documented_grouped_queries_count_a_rejoined_worker_once(
         ("cpu", "alive"): (1, round(seen - (wall + T0 + 10), 6)),
         ("gpu", "alive"): (1, round(seen - (wall + T0 + 8), 6)),
     }
+    # The report's tables of waits and of lives: the same numbers
+    read = open_db(db)
+    try:
+        run = _Run(read, None, lambda line: None)
+    finally:
+        read.close()
+    assert sorted(run.waits) == sorted(_rows(db, grouped))
+    assert {(pool, how): (n, float(mean)) for pool, how, n, mean, *_ in _lives(run)} == {
+        key: (n, round(life, 1)) for key, (n, life) in lives.items()
+    }
+    page = build_report(db)
+    assert "<th>waits ready to sent: pool</th>" in page
+    assert "<td>cpu</td><td>preempted</td><td>1</td><td>3.0</td><td>3.0</td><td>3.0</td>" in page
 
 
 #: makes a new database one of schema version 4, as an older Corral wrote it
