@@ -491,11 +491,13 @@ class TaskState:
         return len(self.crashes())
 
     def crashes(self) -> list[tuple[str, str]]:
-        """``(worker, cause)`` of the tries lost with a worker that ended unexpectedly."""
+        """``(worker, cause)`` of the tries lost with a worker that ended unexpectedly,
+        but those known never to have started (``TryRecord.ran`` 0: they waited in the
+        worker's queue, so they cannot have killed it)."""
         return [
             (t.worker, t.cause or "unknown")
             for t in self.tries
-            if t.outcome == "worker-lost" and t.cause not in BENIGN_LOSSES
+            if t.outcome == "worker-lost" and t.cause not in BENIGN_LOSSES and t.ran != 0.0
         ]
 
 

@@ -815,6 +815,20 @@ class SchedulerState(DiskPlacement):
             began = ts.started
         return None if began is None else min(max(began, ts.sent), end)
 
+    def _filled(self, ws: WorkerState) -> frozenset[str] | None:
+        """The keys of the tries the worker said execute (``TasksRunning``, after 0.5 s)
+        when they fill its threads (``cores``: a worker executes no more at once): then
+        its other tries wait in its queue and never started. None when fewer did: any
+        of the others may execute (begun under 0.5 s ago, or its report on its way),
+        and a crash of the worker may be its doing (docs/policies.md, retry)."""
+        said = [
+            str(ts.key)
+            for ts in ws.processing
+            if str(ts.key) in ws.executed or (ts.worker == ws.id and ts.started is not None)
+        ]
+        copies = sum((ts, ws.id) in self.copy_started for ts in ws.copies)
+        return frozenset(said) if len(said) + copies >= ws.cores else None
+
     def count(self, state: str) -> int:
         return self.by_state.get(state, 0)
 
@@ -1209,12 +1223,14 @@ class SchedulerState(DiskPlacement):
         lives.append((end - ws.joined, ev.cause not in ON_PURPOSE))
         self._limits_changed()  # before its tasks go back to ready: they are checked
         self._copies_lost(ws.id)
+        # A leaving worker said which of its tasks it executed: the others never started
+        # (they ran 0 s: a preempted one is not long, a crash is not theirs); so did one
+        # that said tries filling all its threads executed (``_filled``); else each ran
+        # since it was sent.
+        executing = ws.executing if ws.executing is not None else self._filled(ws)
         for ts in sorted(ws.copies, key=_prio_key):  # the first try runs on: no retry
             self._end_copy(ts, ws, "worker-lost", ev.cause, ended=end)
             self.speculative["failed"] += 1
-        # A leaving worker said which of its tasks it executed: the others never started
-        # (they ran 0 s: a preempted one is not long); else each ran since it was sent.
-        executing = ws.executing
         for ts in sorted(ws.processing, key=_prio_key):
             ran = 0.0 if executing is not None and str(ts.key) not in executing else None
             rec = TryRecord(
@@ -2578,7 +2594,10 @@ class SchedulerState(DiskPlacement):
             self._log(ts.key, "retry", f"refused: {ts.free_retries - 1} retries beyond its budget")
         elif outcome == "worker-lost":
             crashes = ts.crashes()
-            if len(crashes) > 1 and cause not in BENIGN_LOSSES:  # it may be what kills them
+            # It may be what kills them; not when this try waited in the queue (its
+            # losses passed max_lost: a WorkerLost).
+            charged = not ts.tries or ts.tries[-1].ran != 0.0
+            if len(crashes) > 1 and cause not in BENIGN_LOSSES and charged:
                 err = TaskCrashedWorkers(str(ts.key), crashes)
             elif loss is not None and loss.whole_life:
                 err = TaskLongerThanWalltime(

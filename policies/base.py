@@ -269,7 +269,9 @@ class TaskView(Protocol):
     @property
     def crash_tries(self) -> int:
         """Tries lost with a worker that ended unexpectedly (not drained or
-        preempted: see :data:`BENIGN_LOSSES`): the task may be what killed it."""
+        preempted: see :data:`BENIGN_LOSSES`): the task may be what killed it. A try
+        that surely waited in the worker's queue (the worker had said that other tries
+        filled all its threads, or, leaving, that it did not execute) is not one."""
         ...
 
     @property

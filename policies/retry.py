@@ -15,9 +15,11 @@ class DefaultRetry:
     (``retries=``) lasts, and each retry spends it. A try lost with its worker
     (preempted, crashed, drained, ...) is retried for free, up to ``max_lost`` losses of
     the same task; then the task fails with :class:`~runtime.errors.WorkerLost`. A task
-    that was running on ``max_crashes`` workers that ended unexpectedly (not drained or
-    preempted) is a suspect, a *poison task* that may be what kills them: it fails with
-    :class:`~runtime.errors.TaskCrashedWorkers` instead of taking another worker. A try
+    that was running, or may have been, on ``max_crashes`` workers that ended
+    unexpectedly (not drained or preempted) is a suspect, a *poison task* that may be
+    what kills them: it fails with :class:`~runtime.errors.TaskCrashedWorkers` instead
+    of taking another worker. A try that surely waited in its worker's queue does not
+    count (:attr:`~policies.TaskView.crash_tries`: the scheduler core decides that). A try
     killed at its worker's memory terminate fence (``oom``) is retried for free up to
     ``max_oom`` times; then the task fails with :class:`~runtime.errors.TaskOutOfMemory`.
     The scheduler core sends such a retry only to a worker with a larger memory limit

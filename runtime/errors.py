@@ -547,7 +547,8 @@ class WorkerLost(CorralError):
         super().__init__(
             f"task {key!r} was lost with worker {worker!r} ({cause}) and will not be retried "
             f"after {tries} tries. Check the workers' logs and resources, or raise the "
-            "retry policy's limit for infrastructure losses.",
+            "retry policy's limit for infrastructure losses (the default policy's max_lost: "
+            "await cluster.set_policy('retry', 'default', max_lost=20)).",
             key=key,
             worker=worker,
             cause=cause,
@@ -721,8 +722,12 @@ class MemoryConfigError(CorralError, ValueError):
 
 
 class TaskCrashedWorkers(WorkerLost):
-    """A poison task: it was running on several workers that ended unexpectedly, so it
-    is not given another (``crashes``: ``(worker, cause)`` of each)."""
+    """A poison task: it was running, or may have been, on several workers that ended
+    unexpectedly, so it is not given another (``crashes``: ``(worker, cause)`` of each).
+    A try counts unless it surely waited in its worker's queue (the worker had said
+    that other tries filled all its threads): a worker says a try executes once it has
+    executed 0.5 s, so one that died sooner may have been killed by a try it never
+    named (docs/policies.md, retry)."""
 
     def __init__(self, key: str, crashes: Sequence[tuple[str, str]]) -> None:
         took = "; ".join(f"{w!r} ({c})" for w, c in crashes)
@@ -739,11 +744,15 @@ class TaskCrashedWorkers(WorkerLost):
             )
         CorralError.__init__(
             self,
-            f"task {key!r} was running on {len(crashes)} workers that ended unexpectedly: "
-            f"{took}. It may be what kills them (os._exit, a crash in compiled code, memory "
-            "outside the worker's fences), so it is not retried on another. Run it alone to "
-            "see, run workers with execution 'process' to contain it, or raise the retry "
-            f"policy's max_crashes if the workers died for other reasons.{silent}",
+            f"task {key!r} was running, or may have been, on {len(crashes)} workers that "
+            f"ended unexpectedly: {took}. It may be what kills them (os._exit, a crash in "
+            "compiled code, memory outside the worker's fences), so it is not retried on "
+            "another (tries that surely waited in a worker's queue do not count). Run it "
+            "alone to see, run workers with execution 'process' to contain it, or, if the "
+            "workers died for other reasons (killed from outside: the OOM killer, kill -9), "
+            "raise the retry policy's max_crashes and max_lost, the limit on losses of any "
+            "kind: await cluster.set_policy('retry', 'default', max_crashes=20, "
+            f"max_lost=20).{silent}",
             key=key,
             crashes=list(crashes),
             worker=crashes[-1][0] if crashes else "",

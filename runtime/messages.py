@@ -242,7 +242,9 @@ class TryRecord(Message):
     queued: float | None = None
     #: seconds it ran, when known otherwise than from ``start`` and ``stop``: 0.0 for a
     #: try lost with a worker that said, as it left, that the task was not executing
-    #: (queued behind others, fetching inputs: it never started). None: ``stop -
+    #: (queued behind others, fetching inputs: it never started), or that had said
+    #: other tries filled all its threads (it waited in the queue; not a crash of its
+    #: doing: ``TaskState.crashes``). None: ``stop -
     #: start`` (for ``worker-lost``: from being sent to the loss)
     ran: float | None = None
 

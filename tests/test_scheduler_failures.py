@@ -20,6 +20,7 @@ import pytest
 from actors.protocol import FileFact
 from actors.scheduler_events import (
     CancelRequested,
+    Command,
     DropData,
     Event,
     Execute,
@@ -30,6 +31,7 @@ from actors.scheduler_events import (
     StoppedWithCluster,
     Suspended,
     TasksFinished,
+    TasksRunning,
     Tick,
     WorkerHeld,
     WorkerJoined,
@@ -720,6 +722,77 @@ def test_drained_preempted_and_walltime_losses_make_no_suspect(make_state: Facto
         assert of(leave(s, f"w{i}", cause=cause), KeyErred) == []
     ts = s.tasks["a"]
     assert ts.state == "queued" and ts.lost_tries == 5 and ts.crash_tries == 1
+
+
+def started(state: SchedulerState, worker: str, *keys: Key) -> list[Command]:
+    """``worker`` says these tries have executed 0.6 s (``TasksRunning``)."""
+    said = tuple((k, 0, 0.6) for k in keys)
+    return run(state, event(TasksRunning, worker=worker, started=said))
+
+
+def hold_and_tiny(state: SchedulerState, worker: str, cores: int = 1) -> None:
+    """``worker`` joins and finishes a fast ``tiny``; then a ``hold`` and a ``tiny``
+    come, and it gets both (a fast category: up to 2 tasks per core)."""
+    join(state, worker, cores=cores)
+    submit(state, {"tiny-0": []}, ["tiny-0"])
+    finish(state, worker, "tiny-0", duration=0.001)
+    release(state, "tiny-0")  # not made again when the worker is lost
+    submit(state, {"hold": [], "tiny-1": []}, ["hold", "tiny-1"])
+    assert on(state, worker) == {"hold", "tiny-1"}
+
+
+def test_a_try_queued_behind_one_that_fills_its_worker_is_not_charged_its_crash(
+    make_state: Factory,
+) -> None:
+    # The physics audit: a 1-core worker runs a long task and holds a fast one in its
+    # queue; it is killed from outside (kill -9) three times. Before, both were
+    # "running" on 3 crashed workers and the fast one, which never started, failed the
+    # run with TaskCrashedWorkers.
+    s = make_state()
+    hold_and_tiny(s, "w0")
+    for i in range(3):
+        if i:
+            join(s, f"w{i}")
+            assert on(s, f"w{i}") == {"hold", "tiny-1"}
+        started(s, f"w{i}", "hold")  # its one thread executes hold: tiny waits
+        cmds = leave(s, f"w{i}", cause="crash")
+    tiny, hold = s.tasks["tiny-1"], s.tasks["hold"]
+    assert tiny.state == "queued" and tiny.crash_tries == 0 and tiny.lost_tries == 3
+    assert [t.ran for t in tiny.tries] == [0.0] * 3
+    assert [e[2] for e in s.story("tiny-1") if e[1] == "retry"] == [
+        "worker lost (crash); free retry"
+    ] * 3
+    (ke,) = of(cmds, KeyErred)  # hold executed each time: the suspect
+    assert ke.key == "hold" and isinstance(ke.error, TaskCrashedWorkers)
+    assert hold.crash_tries == 3 and [t.ran for t in hold.tries] == [None] * 3
+    assert "or may have been" in str(ke.error) and "max_lost=20" in str(ke.error)
+    assert assigned(join(s, "w3")) == {"w3": ["tiny-1"]}
+
+
+def test_a_crash_counts_against_every_try_while_threads_were_free(make_state: Factory) -> None:
+    # A worker that said fewer tries execute than it has threads: any other may have
+    # begun (under 0.5 s ago) and killed it. And one that never said: nothing is known.
+    s = make_state(retry=REGISTRY.create("retry", "default", {"max_lost": 2}))
+    hold_and_tiny(s, "w0", cores=2)
+    started(s, "w0", "hold")
+    leave(s, "w0", cause="crash")
+    join(s, "w1")
+    assert on(s, "w1") == {"hold", "tiny-1"}
+    leave(s, "w1", cause="crash")  # it said nothing
+    tiny = s.tasks["tiny-1"]
+    assert tiny.crash_tries == 2 and s.tasks["hold"].crash_tries == 2
+    assert [t.ran for t in tiny.tries] == [None, None]
+    # A third loss, queued: past max_lost it fails as lost, not as the suspect of a
+    # crash it had no part in.
+    join(s, "w2")
+    started(s, "w2", "hold")
+    cmds = leave(s, "w2", cause="crash")
+    err = tiny.error
+    assert tiny.state == "erred" and tiny.lost_tries == 3 and tiny.crash_tries == 2
+    assert isinstance(err, WorkerLost) and not isinstance(err, TaskCrashedWorkers)
+    assert "max_lost" in str(err)
+    assert {k.key for k in of(cmds, KeyErred)} == {"hold", "tiny-1"}
+    assert isinstance(s.tasks["hold"].error, TaskCrashedWorkers)
 
 
 def test_max_crashes_is_a_retry_policy_parameter(make_state: Factory) -> None:
