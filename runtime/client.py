@@ -76,6 +76,7 @@ from runtime.graph import (
 from runtime.kernel import Actor, ActorRef, ActorSystem, handles
 from runtime.log import get_logger
 from runtime.messages import (
+    AlertInfo,
     AlertsReply,
     AlertsRequest,
     CancelRequest,
@@ -202,6 +203,37 @@ class GcTuning:
 
 
 # ----------------------------------------------------------------------------- futures
+
+
+def _no_workers_news(
+    alerts: Sequence[AlertInfo],
+    said: set[tuple[tuple[tuple[str, str], ...], float | None]],
+    manager: str,
+) -> set[tuple[tuple[tuple[str, str], ...], float | None]]:
+    """Log a WARNING for each pending ``CorralNoWorkers`` alert of ``alerts`` not in
+    ``said`` (a pool with ready tasks and no worker, not for 2 minutes yet); return the
+    ones pending now, said (what the next look compares with: one line per episode)."""
+    now = time.time()
+    pending = set()
+    for alert in alerts:
+        if alert.name != "CorralNoWorkers" or alert.state != "pending":
+            continue
+        key = (tuple(sorted(alert.labels.items())), alert.active_since)
+        pending.add(key)
+        if key in said:
+            continue
+        since = 0.0 if alert.active_since is None else max(0.0, now - alert.active_since)
+        _log.warning(
+            "no worker to run the ready tasks",
+            manager=manager,
+            pool=alert.labels.get("pool", "*"),
+            ready=int(alert.value),
+            seconds=round(since),
+            hint="they wait for a worker to join (start workers, or replacements of "
+            "those that died); the CorralNoWorkers alert fires after 2 min. To bound "
+            "the wait, wrap the run in anyio.fail_after(SECONDS)",
+        )
+    return pending
 
 
 class _KeyWatch:
@@ -1101,8 +1133,9 @@ class Cluster:
     at the manager's alerts and logs each one that fires or resolves (WARNING),
     with its summary and dashboard link, so a script waiting on its results says why
     they wait (a pool suspended, no worker, a queue stuck); those already firing when it
-    connects are logged once. ``None``: it does not look. An embedded cluster's alert
-    monitor logs them in this process anyway.
+    connects are logged once. Ready tasks with no worker at all (every worker died) are
+    logged at the next look, before that alert fires. ``None``: it does not look. An
+    embedded cluster's alert monitor logs them in this process anyway.
 
     ``prune_depth`` (docs/files.md#pruning-depth): an output is dropped from the
     workers once the tasks that read it are done (1, the default), or once their own
@@ -1441,11 +1474,15 @@ class Cluster:
     ) -> None:
         """Log the manager's alerts as they fire and resolve (pending ones are not
         news yet; one that fired and resolved between two looks, both), looking every
-        ``every`` seconds while connected; at the first look, only those firing."""
+        ``every`` seconds while connected; at the first look, only those firing. But
+        ready tasks with no worker to run them (``CorralNoWorkers`` pending: every
+        worker died, none joined) is news at once: a run that waits for a worker says
+        so within a look, not after the alert's 2 minutes (:func:`_no_workers_news`)."""
         from runtime.notify import AlertChanges, LogNotifier
 
         changes = AlertChanges()
         log = LogNotifier(_log.bind(manager=self.address))
+        said: set[tuple[tuple[tuple[str, str], ...], float | None]] = set()
         first = True
         task_status.started()
         while True:
@@ -1458,6 +1495,7 @@ class Cluster:
             else:
                 for alert in changes.news(reply.alerts, first=first):
                     log.notify(alert)
+                said = _no_workers_news(reply.alerts, said, str(self.address))
                 first = False
             await anyio.sleep(every)
 

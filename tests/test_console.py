@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import logging
 import operator
 import os
 import signal
@@ -37,6 +38,7 @@ from actors.providers import Block, BlockSpec, BlockState, InProcessProvider, Pr
 from policies import REGISTRY
 from policies.scaling import PoolLimits
 from runtime import Cluster
+from runtime.client import _no_workers_news
 from runtime.console import (
     COMMANDS,
     STATUS_CATEGORIES,
@@ -47,7 +49,14 @@ from runtime.console import (
 )
 from runtime.errors import CancelledError, CorralError, SubmissionsSuspended
 from runtime.kernel import ActorSystem
-from runtime.messages import DrainRequest, PolicyInfo, StatusReply, StatusRequest, TaskRecord
+from runtime.messages import (
+    AlertInfo,
+    DrainRequest,
+    PolicyInfo,
+    StatusReply,
+    StatusRequest,
+    TaskRecord,
+)
 from runtime.monitor import alerting_config
 from runtime.node import (
     DEAD_AFTER,
@@ -936,6 +945,40 @@ async def test_a_suspended_pool_shows_its_error_and_resume_brings_its_blocks() -
             }  # fmt: skip
             with pytest.raises(ValueError, match="no pool 'nope'"):
                 await console.resume("nope")
+
+
+@pytest.mark.anyio
+async def test_a_client_of_the_manager_warns_at_once_that_no_worker_is_there() -> None:
+    """The physics audit: every worker died, none came, and the client printed nothing
+    for 88 s (the CorralNoWorkers alert fires after 2 minutes; pending, it was an info
+    line in the manager's log). Now the client warns at its next look at the alerts."""
+    with anyio.fail_after(LIMIT), log_lines("corral.client", logging.WARNING) as log:
+        async with (
+            hosted(0, alerting={"interval": 0.1}) as (address, _),
+            Cluster(address, manager_alerts=0.1) as cluster,
+        ):
+            fut = cluster.submit(operator.add, 1, 2)
+            line = await wait_until(
+                lambda: log.with_("no worker to run the ready tasks"), "the warning"
+            )
+            assert "pool='*'" in line and "ready=1" in line and "level='warning'" in line
+            assert f"manager='{address}'" in line and "anyio.fail_after" in line
+            assert not fut.done()
+
+
+def test_a_no_workers_episode_is_told_once() -> None:
+    def alert(state: str, since: float, name: str = "CorralNoWorkers") -> AlertInfo:
+        return AlertInfo(name, state, {"pool": "p"}, value=3, active_since=since)  # type: ignore[arg-type]
+
+    with log_lines("corral.client", logging.WARNING) as log:
+        said = _no_workers_news([alert("pending", 1.0)], set(), "m")
+        said = _no_workers_news([alert("pending", 1.0), alert("pending", 1.0, "X")], said, "m")
+        told = [ln for ln in log.lines if "no worker" in ln]
+        assert len(told) == 1 and "ready=3" in told[0] and "pool='p'" in told[0]
+        said = _no_workers_news([alert("firing", 1.0)], said, "m")  # its own line says it
+        assert said == set() and log.lines == told
+        _no_workers_news([alert("pending", 9.0)], said, "m")  # a new episode
+        assert len(log.lines) == 2 and "no worker" in log.lines[1]
 
 
 @pytest.mark.anyio
