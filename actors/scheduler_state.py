@@ -880,6 +880,7 @@ class SchedulerState(DiskPlacement):
                     "wait_sum": 0.0, "running": 0, "workers": {"idle": 0, "busy": 0,
                     "draining": 0, "away": 0}, "throttled": 0, "rss_bytes": 0, "held_back": 0,
                     "disk_stalled": 0, "disk_stalls": 0, "cores": 0, "cores_busy": 0,
+                    "memory_limit_bytes": 0,
                 }  # fmt: skip
             return m
 
@@ -914,6 +915,7 @@ class SchedulerState(DiskPlacement):
             m["cores_busy"] += min(ws.cores, n + len(ws.copies))
             m["throttled"] += ws.throttled
             m["rss_bytes"] += ws.rss
+            m["memory_limit_bytes"] += ws.memory
         return out
 
     @property

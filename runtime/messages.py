@@ -856,6 +856,9 @@ class PoolMetrics(Message):
     #: of those, the cores its workers' tasks take (a task, or a speculative copy, a
     #: thread: at most a worker's cores), whether the worker drains or not
     cores_busy: int = 0
+    #: the memory limits (``--memory``) of its connected workers, summed, as their RSS
+    #: (``rss_bytes``): the dashboard's memory bar is one over the other
+    memory_limit_bytes: int = 0
 
 
 @message()

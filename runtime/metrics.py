@@ -115,6 +115,11 @@ class SnapshotCollector(Collector):
         )
         throttled = _gauge("corral_workers_throttled", "Workers past their throttle fence.", pool)
         rss = _gauge("corral_worker_rss_bytes", "RSS of the pool's workers, summed.", pool)
+        limit = _gauge(
+            "corral_worker_memory_limit_bytes",
+            "Memory limits of the pool's connected workers (not those away), summed.",
+            pool,
+        )
         held = _gauge("corral_memory_bytes", "Task outputs held in workers' memory.", pool)
         spill = _gauge("corral_spill_bytes", "Task outputs spilled to disk now.", pool)
         spilled = _counter("corral_spilled_bytes", "Bytes ever spilled to disk.", pool)
@@ -139,13 +144,14 @@ class SnapshotCollector(Collector):
             cores_busy.add_metric([name], m.cores_busy)
             throttled.add_metric([name], m.throttled)
             rss.add_metric([name], m.rss_bytes)
+            limit.add_metric([name], m.memory_limit_bytes)
             held.add_metric([name], m.memory_bytes)
             spill.add_metric([name], m.spilled_bytes)
             spilled.add_metric([name], m.spilled_total)
             disk_stalled.add_metric([name], m.disk_stalled)
             disk_stalls.add_metric([name], m.disk_stalls)
         yield from (depth, held_back, oldest, wait, running, workers, cores, cores_busy)
-        yield from (throttled, rss, held)
+        yield from (throttled, rss, limit, held)
         yield from (spill, spilled, disk_stalled, disk_stalls)
 
         cat = ["category"]

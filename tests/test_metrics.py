@@ -34,6 +34,7 @@ from actors.scheduler_events import (
     GraphSubmitted,
     KeysReleased,
     TasksFinished,
+    WorkerAway,
     WorkerDraining,
     WorkerJoined,
     WorkerLeft,
@@ -144,6 +145,12 @@ def test_a_draining_worker_running_tasks_counts_its_cores_busy() -> None:
     assert got[("corral_cores", scarce)] == 1 and got[("corral_cores_busy", scarce)] == 1
     assert got[("corral_cores_busy", (("pool", "cpu"),))] == 0
     assert got[("corral_workers", (("pool", "scarce"), ("state", "busy")))] == 0
+    # their memory limits, as their RSS: the dashboard's bar (a user audit could not
+    # make it from /metrics); a worker away is not counted
+    assert got[("corral_worker_memory_limit_bytes", scarce)] == GB
+    assert got[("corral_worker_memory_limit_bytes", (("pool", "cpu"),))] == GB
+    st.handle(WorkerAway("a", 6.0, "c1"))
+    assert st.pool_metrics(7.0)["cpu"]["memory_limit_bytes"] == 0
 
 
 def test_worker_rss_is_the_latest_batch_of_results_or_memory_report_s() -> None:
