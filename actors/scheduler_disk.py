@@ -45,11 +45,13 @@ frees outputs there (``_frees``, by the pruning rule ``_holds`` at ``prune_depth
 one freeing the most (``_pick_past``), and only where its known output fits. If that
 places nothing, the stall breaker (``_break_disk_stall``) drops stored outputs that can
 be had again and whose readers have not started, cheapest first, to make room for the
-first waiting task; only with nothing to drop are tasks tried past their estimates
-regardless (``disk_last_resort``), so the run ends with DiskFull rather than hangs
-(docs/files.md). Never past a firm need: in that last resort a task whose firm need
-fits no worker's free disk fails with TaskTooBigForDisk (``_least_need_now``), its pool
-having nothing that runs or can be dropped to free disk.
+first waiting task (the room placement asks for: a producer's with its consumer's;
+never what that task's readers and their readers read, ``_kept_for``); only with
+nothing to drop are tasks tried past their estimates regardless (``disk_last_resort``),
+so the run ends with DiskFull rather than hangs (docs/files.md). Never past a firm
+need: in that last resort a task whose firm need fits no worker's free disk fails with
+TaskTooBigForDisk (``_least_need_now``), its pool having nothing that runs or can be
+dropped to free disk.
 """
 
 from __future__ import annotations
@@ -512,7 +514,8 @@ class DiskPlacement:
         in priority that waits for disk (a task that reads inputs first: its run frees
         them), on the worker where that costs least: copies held elsewhere too, then
         the cheapest to make again (``remake``), the largest first among equals, never
-        its own inputs, until it fits. Without such a task, the one output cheapest to
+        what it and its readers read (``_room_plan``), until it fits; it gets the room.
+        Without such a task, the one output cheapest to
         make again anywhere in the pool. Their stories say so; what is gone is made
         again when its readers' turn comes. Returns whether anything was dropped."""
         ready = sorted(
@@ -528,7 +531,10 @@ class DiskPlacement:
                 ws, drops = plan
                 for d in drops:
                     self._drop_for_room(d, ws, pool, t)
-                if ws in self._candidates(t):  # the room goes to the task it was made for
+                # The room goes to the task it was made for: what the latest fill kept
+                # for waiting tasks (``disk_held``) does not keep it from this one.
+                self.disk_held.clear()
+                if ws in self._candidates(t):
                     self._assign(t, ws)
                 return True
         best: tuple[tuple[Any, ...], TaskState, WorkerState] | None = None
@@ -573,11 +579,17 @@ class DiskPlacement:
     def _room_plan(
         self, ts: TaskState, pool: str | None
     ) -> tuple[WorkerState, list[TaskState]] | None:
-        """The worker where dropping file outputs (``_droppable``, not ``ts``'s inputs)
-        makes room for ``ts`` at the least cost, and those outputs; ``None`` if no
-        worker can be made to hold it."""
+        """The worker where dropping file outputs (``_droppable``) makes room for ``ts``
+        at the least cost, and those outputs; ``None`` if no worker can be made to hold
+        it. The room is what placement asks for (``_candidates``): with a producer's,
+        the room it keeps for its consumer's output (``_consumer_room``). Never dropped:
+        ``ts``'s inputs, nor the other inputs of its readers and of their readers
+        (``_kept_for``): dropping a skim for a load whose merge reads that skim would
+        only undo the load's use, and the skim's remake takes that room first."""
         out = self._expected_output(ts)[0]
-        own = set(ts.deps)
+        if ts.producer:
+            out += self._consumer_room(ts)
+        own = self._kept_for(ts)
         best: tuple[tuple[float, int, str], WorkerState, list[TaskState]] | None = None
         for ws in self._pool_disks(pool):
             short = self._fetch_bytes(ts, ws) + out - ws.disk_free()
@@ -600,6 +612,20 @@ class DiskPlacement:
             if best is None or rank < best[0]:
                 best = (rank, ws, drops)
         return None if best is None else (best[1], best[2])
+
+    @staticmethod
+    def _kept_for(ts: TaskState) -> set[TaskState]:
+        """The outputs the stall breaker keeps when it makes room for ``ts``: its inputs
+        and those of its active readers and of their active readers (two steps down)."""
+        kept = set(ts.deps)
+        step = [d for d in ts.dependents if d.state in ACTIVE]
+        for _ in range(2):
+            nxt: list[TaskState] = []
+            for r in step:
+                kept.update(r.deps)
+                nxt.extend(d for d in r.dependents if d.state in ACTIVE)
+            step = nxt
+        return kept
 
     def _drop_for_room(
         self, d: TaskState, ws: WorkerState, pool: str | None, waiter: TaskState | None

@@ -405,3 +405,62 @@ def test_a_feasible_map_reduce_over_files_on_small_disks_ends_well() -> None:
             return int(await asyncio.wait_for(result, 150))
 
     assert asyncio.run(asyncio.wait_for(main(), 180)) == _expected(n)
+
+
+def _two_groups_half_made(s: SchedulerState) -> None:
+    """One 10 MiB disk holding skim-0 (1 MiB, wanted) and 3.5 MiB of other spilled
+    outputs; merge-a reads skim-1 and skim-2, merge-b skim-3 and skim-4. load-1,
+    skim-1, load-3 and skim-3 ran (load-2 and load-4 come last in priority): the disk
+    has 3.5 MiB free, and load-2 and load-4 wait for disk: each fits alone (3 MiB) but
+    not with the room it keeps for its skim (1 MiB)."""
+    join(s, "w1", disk=10 * MB)
+    known_sizes(s, "w1")
+    used = MB + 7 * MB // 2
+    disk_used(s, "w1", used)
+    table = loads_and_skims(4)
+    table.update({"merge-a": ["skim-1", "skim-2"], "merge-b": ["skim-3", "skim-4"]})
+    late = {"load-2": {"priority": -1.0}, "load-4": {"priority": -1.0}}
+    cmds = submit(s, table, ["merge-a", "merge-b"], attrs=late)
+    for load in ("load-1", "load-3"):
+        skim = load.replace("load", "skim")
+        assert assigned(cmds) == {"w1": [load]}
+        used += 3 * MB
+        disk_used(s, "w1", used)
+        assert assigned(wrote(s, "w1", load, 3 * MB)) == {"w1": [skim]}
+        used += MB
+        disk_used(s, "w1", used)
+        wrote(s, "w1", skim, MB)
+        run(s, event(FilesReleased, keys=(load,)))
+        used -= 3 * MB
+        cmds = disk_used(s, "w1", used)
+    assert {k: s.tasks[k].state for k in ("load-2", "load-4")} == {
+        "load-2": "queued", "load-4": "queued",
+    }  # fmt: skip
+    assert s.workers["w1"].disk_free() == 7 * MB // 2
+    (line,) = lines(s, "load-2", "waiting for disk")  # (told when its need changed)
+    assert line.startswith("waiting for disk: needs 4194304 B, best worker w1 has ")
+    assert line.endswith(" B free (of which 1048576 B kept for its consumer's output)")
+
+
+def test_the_stall_breaker_makes_a_producer_the_room_placement_asks_for(
+    make_state: Factory,
+) -> None:
+    """Only producers wait: each fits its own output (3 MiB in 3.5 MiB free) but not the
+    room it keeps for its consumer. The breaker makes that room for the first, load-2,
+    by dropping an output its merge does not read (skim-3, not skim-1), and load-2 gets
+    it. Before, the breaker's plan counted the load's output alone, found it fitting
+    and so no plan, and dropped the output cheapest to make again anywhere (skim-1)
+    with no task named; that output's remake (load-1, first in priority) then took the
+    room back, and the same drop came every stall_timeout for ever (seen with
+    benchmarks/disk_recovery.py: skim-9 dropped and made again five times, 11 s apart,
+    while nothing else ran)."""
+    s = make_state(saturation=1.0)
+    _two_groups_half_made(s)
+    start = s._now
+    assert not assigned(tick(s, start))
+    cmds = tick(s, start + 10.0)
+    assert dropped(cmds) == [("w1", ("skim-3",))]
+    assert assigned(cmds) == {"w1": ["load-2"]}
+    (line,) = lines(s, "skim-3", "dropped from")
+    assert line.startswith("dropped from w1 to make room for 'load-2': ")
+    assert s.tasks["skim-1"].state == "memory"
