@@ -20,10 +20,17 @@ it (or their limits) changed since it was last said. Pure: times come in as data
 
 from __future__ import annotations
 
-from actors.scheduler_events import Command, HostOvercommitCleared, HostOvercommitted
+from actors.scheduler_events import HostOvercommitCleared, HostOvercommitted
 from runtime.errors import size_text
 
-__all__ = ["MOST_WAIT", "SETTLE", "HostLedger", "claims_and_share", "overcommit_text"]
+__all__ = [
+    "MOST_WAIT",
+    "SETTLE",
+    "HostLedger",
+    "claims_and_share",
+    "cores_overcommit_text",
+    "overcommit_text",
+]
 
 SETTLE = 1.0  #: seconds without a join or leave on a machine before it is looked at
 MOST_WAIT = 10.0  #: and at most this long after its first change not looked at
@@ -51,10 +58,27 @@ def overcommit_text(cmd: HostOvercommitted) -> str:
     )
 
 
+def cores_overcommit_text(cmd: HostOvercommitted) -> str:
+    """What the manager logs and shows of a ``"cores"`` warning: which workers, the
+    cores they declare and the CPUs the machine lets them use. Only a warning: tasks
+    that wait on I/O may want more slots than CPUs."""
+    names = ", ".join(f"{w} ({n})" for w, n in cmd.workers)
+    return (
+        f"host {cmd.host}: the cores of its workers {names} add up to {cmd.claimed}, more "
+        f"than the {cmd.host_memory} CPUs it lets them use; their tasks share those CPUs "
+        f"and run slower than the dashboard's capacity says. If that is meant (tasks that "
+        f"mostly wait on I/O), this is only a warning; else give the workers --cores that "
+        f"add up to {cmd.host_memory} or fewer"
+    )
+
+
 class HostLedger:
     """The workers connected on each machine, their limits, and the warnings in force."""
 
-    def __init__(self) -> None:
+    def __init__(self, resource: str = "memory") -> None:
+        #: what is added up: ``"memory"`` (bytes), ``"cores"`` (against the machine's
+        #: CPUs, in :attr:`memory`); its commands carry it
+        self.resource = resource
         #: host -> worker -> (limit, process id; 0: not told)
         self.workers: dict[str, dict[str, tuple[int, int]]] = {}
         self.memory: dict[str, int] = {}  #: host -> its memory (bytes), as last told
@@ -107,10 +131,10 @@ class HostLedger:
             per[key] = max(per.get(key, 0), limit)
         return sum(per.values()), len(per)
 
-    def check(self, now: float, stimulus: str) -> list[Command]:
+    def check(self, now: float, stimulus: str) -> list[HostOvercommitted | HostOvercommitCleared]:
         """Look at the machines whose workers settled; a command for each whose
         warning starts, changes or ends."""
-        out: list[Command] = []
+        out: list[HostOvercommitted | HostOvercommitCleared] = []
         for host, (first, last) in sorted(self.changed.items()):
             if now - last < SETTLE and now - first < MOST_WAIT:
                 continue
@@ -122,9 +146,14 @@ class HostLedger:
             if total and claimed > total:
                 if self.warned.get(host) != claims:
                     self.warned[host] = claims
-                    out.append(HostOvercommitted(stimulus, host, total, claimed, claims, processes))
+                    out.append(
+                        HostOvercommitted(
+                            stimulus, host, total, claimed, claims, processes, self.resource
+                        )
+                    )
             elif self.warned.pop(host, None) is not None:
-                out.append(HostOvercommitCleared(stimulus, host, tuple(w for w, _ in claims)))
+                names = tuple(w for w, _ in claims)
+                out.append(HostOvercommitCleared(stimulus, host, names, self.resource))
             if not on:
                 self.memory.pop(host, None)
         return out

@@ -25,7 +25,7 @@ import anyio
 import anyio.lowlevel
 
 import runtime.graph
-from actors.host_memory import HostLedger, overcommit_text
+from actors.host_memory import HostLedger, cores_overcommit_text, overcommit_text
 from actors.scheduler_events import (
     CancelOnWorker,
     CancelRequested,
@@ -341,7 +341,7 @@ class Scheduler(Actor):
                     f"disk stall in pool {pool} ended", pool=cmd.stall.pool,
                     seconds=round(cmd.lasted, 1),
                 )  # fmt: skip
-            elif type(cmd) in (HostOvercommitted, HostOvercommitCleared):
+            elif isinstance(cmd, HostOvercommitted | HostOvercommitCleared):
                 self._overcommit(cmd, disk=False)
             elif type(cmd) is DiskShared:
                 self._disk_shared(cmd)
@@ -528,7 +528,7 @@ class Scheduler(Actor):
             WorkerJoined(
                 *self._ev(), info.worker_id, info.cores, info.memory, info.pool, deadline,
                 info.disk, info.block, info.host, info.host_memory, info.pid,
-                key, info.disk_fs_free, info.disk_auto,
+                key, info.disk_fs_free, info.disk_auto, info.host_cpus,
             )
         )  # fmt: skip
         # Rejoined over a new connection: what was in flight on the old one is lost, so
@@ -667,7 +667,7 @@ class Scheduler(Actor):
         st = self.state
         if (
             st.throttled or st.deadlines or st.speculates or st.held or st.disk_parked
-            or st.hosts.pending
+            or st.hosts.pending or st.host_cores.pending
         ):  # fmt: skip
             self._handle(Tick(*self._ev()))
         if self.disks.pending:
@@ -690,19 +690,31 @@ class Scheduler(Actor):
             free = self.disks.memory.get(cmd.filesystem, info.disk_fs_free)
             self.disks.joined(worker, cmd.filesystem, free, share, info.pid, now)
 
-    def _overcommit(self, cmd: Command, disk: bool) -> None:
+    def _overcommit(self, cmd: HostOvercommitted | HostOvercommitCleared, disk: bool) -> None:
         """Log at WARNING and show (``status()["warnings"]``) a machine whose workers
-        claim more memory than it has (the core's ``HostLedger``), or with ``disk`` a
+        claim more memory than it has (the core's ``HostLedger``; or declare more cores
+        than it has CPUs, ``resource`` ``"cores"``), or with ``disk`` a
         file system whose workers count more of its free space than it has
         (:attr:`disks`); or the end of that warning, as an alert's resolution."""
+        cores = cmd.resource == "cores"
         where, total, said = (
             ("filesystem", "free", "count more disk than their file system has free")
             if disk
+            else ("host", "cpus", "declare more cores than their host has CPUs")
+            if cores
             else ("host", "host_memory", "claim more memory than their host has")
         )
+        # a host's cores warning beside its memory warning, under a key of its own
+        key = f"{cmd.host} cores" if cores else cmd.host
         if isinstance(cmd, HostOvercommitted):
-            text = shared_disk_text(cmd) if disk else overcommit_text(cmd)
-            self.host_warnings[cmd.host] = text
+            text = (
+                shared_disk_text(cmd)
+                if disk
+                else cores_overcommit_text(cmd)
+                if cores
+                else overcommit_text(cmd)
+            )
+            self.host_warnings[key] = text
             workers = [w for w, _ in cmd.workers]
             self.log.warning(
                 f"workers {said}",
@@ -710,7 +722,7 @@ class Scheduler(Actor):
                 **{total: cmd.host_memory, "warning": text},
             )
         elif isinstance(cmd, HostOvercommitCleared):
-            self.host_warnings.pop(cmd.host, None)
+            self.host_warnings.pop(key, None)
             self.log.warning(
                 f"workers no longer {said}", **{where: cmd.host, "workers": list(cmd.workers)}
             )

@@ -123,6 +123,9 @@ class WorkerJoined(Event):
     filesystem: str = ""
     fs_free: int = 0
     disk_auto: bool = False
+    #: the CPUs its machine lets it use (0: not told): the ``cores`` of one machine's
+    #: workers are added up against them (``SchedulerState.host_cores``)
+    host_cpus: int = 0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -353,13 +356,15 @@ class HostOvercommitted(Command):
     sharing one process count once), against its ``host_memory``; so none of their
     fences acts before the machine runs out. ``processes``: how many worker processes
     share it. Said again when the set of its workers (or their limits) changes while it
-    holds."""
+    holds. ``resource`` ``"cores"``: the same of their declared ``cores`` (each worker
+    counted) against the CPUs the machine lets them use, in ``host_memory``."""
 
     host: str
     host_memory: int
     claimed: int
     workers: tuple[tuple[str, int], ...]
     processes: int
+    resource: str = "memory"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -382,10 +387,12 @@ class DiskShared(Command):
 @dataclasses.dataclass(frozen=True, slots=True)
 class HostOvercommitCleared(Command):
     """The workers on ``host`` no longer claim more than its memory (some left, or
-    joined again with smaller limits); ``workers``: those connected on it now."""
+    joined again with smaller limits); ``workers``: those connected on it now;
+    ``resource``: of :class:`HostOvercommitted`."""
 
     host: str
     workers: tuple[str, ...]
+    resource: str = "memory"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

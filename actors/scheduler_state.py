@@ -556,6 +556,9 @@ class SchedulerState(DiskPlacement):
         self.storage = StorageLedger()
         #: the workers of each machine and whether their limits pass its memory
         self.hosts = HostLedger()
+        #: the same for the workers' ``cores`` against the CPUs their machine lets them
+        #: use (each worker counted: threads of one process run tasks side by side)
+        self.host_cores = HostLedger("cores")
         #: the workers of each file system, and the disk share of those without --disk
         #: (docs/files.md#workers-sharing-a-file-system)
         self.disk_shares = DiskShares()
@@ -1072,6 +1075,7 @@ class SchedulerState(DiskPlacement):
                 self._log(ws.id, "joined", "back")
         ws.block = ev.block
         self.hosts.joined(ev.worker, ev.host, ev.host_memory, ev.memory, ev.process, self._now)
+        self.host_cores.joined(ev.worker, ev.host, ev.host_cpus, ev.cores, 0, self._now)
         self._disk_shared(
             self.disk_shares.joined(
                 ev.worker, ev.filesystem, ev.fs_free, ev.disk, ev.disk_auto, ev.process,
@@ -1192,6 +1196,7 @@ class SchedulerState(DiskPlacement):
             return
         self.deadlines -= ws.deadline is not None
         self.hosts.left(ev.worker, self._now)
+        self.host_cores.left(ev.worker, self._now)
         self._disk_shared(self.disk_shares.left(ev.worker, self._stimulus))
         self.free.pop(ev.worker, None)
         self.draining.discard(ev.worker)
@@ -1890,8 +1895,9 @@ class SchedulerState(DiskPlacement):
             self._drain_before_walltime()
         if self._max_copies:
             self._speculate()
-        if self.hosts.pending:  # workers of a machine came or went: their memory
-            self._out.extend(self.hosts.check(self._now, self._stimulus))
+        for ledger in (self.hosts, self.host_cores):  # workers of a machine came or
+            if ledger.pending:  # went: their memory, their cores
+                self._out.extend(ledger.check(self._now, self._stimulus))
 
     @property
     def speculates(self) -> bool:

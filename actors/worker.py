@@ -127,6 +127,16 @@ DISK_FULL_THEN = (
 )
 
 
+def host_cpus() -> int:
+    """The CPUs this process may run on (its affinity; else the machine's count; 0:
+    unknown), which the ``cores`` of a machine's workers are checked against
+    (``WorkerInfo.host_cpus``)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not on this system (macOS)
+        return os.cpu_count() or 0
+
+
 @functools.cache
 def host_identity() -> tuple[str, int]:
     """This machine as workers tell the scheduler (``WorkerInfo.host``, ``host_memory``):
@@ -400,7 +410,7 @@ class Worker(Actor):
         return WorkerInfo(
             self.worker_id, self.nthreads, self.memory, self.disk, self.pool, "", self.deadline,
             self.block, host, host_memory, os.getpid(), device_of(self.disk_dir) or 0, fs_free,
-            self.disk_auto,
+            self.disk_auto, host_cpus(),
         )  # fmt: skip
 
     async def on_start(self) -> None:

@@ -180,6 +180,10 @@ class WorkerInfo(Message):
     #: that file system's free space among the workers on it that took the default,
     #: and places within this worker's share (docs/files.md#workers-sharing-a-file-system)
     disk_auto: bool = False
+    #: the CPUs of its machine it may use (``os.sched_getaffinity``, else
+    #: ``os.cpu_count()``; 0: not told, an older worker): the ``cores`` of one machine's
+    #: workers are added up against it, a warning past it (docs/deployment.md)
+    host_cpus: int = 0
 
 
 @message()

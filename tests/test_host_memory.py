@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from actors.host_memory import MOST_WAIT, SETTLE, overcommit_text
+from actors.host_memory import MOST_WAIT, SETTLE, cores_overcommit_text, overcommit_text
 from actors.pools import pools_from_dicts
 from actors.scheduler_events import (
     HostOvercommitCleared,
@@ -139,6 +139,48 @@ def test_what_does_not_count(make_state: Factory) -> None:
     assert tick(s, SETTLE) == []
     assert s.hosts.claimed(HOST) == (MACHINE, 1)
     assert not s.hosts.pending
+
+
+def test_workers_declaring_more_cores_than_their_host_has_cpus_are_warned_of(
+    make_state: Factory,
+) -> None:
+    """A user audit (monitor, 7): three workers declared 4 cores on a 2-CPU machine and
+    nothing warned, though the dashboard's capacity counts them as CPUs. Now the cores of
+    one machine's workers are added up (each worker: threads of one process run tasks side
+    by side) against the CPUs it lets them use, warned of once and cleared like memory;
+    their memory limits fit, so only the cores are said."""
+    s = make_state()
+
+    def on(worker: str, now: float, cores: int, cpus: int = 2, pid: int = 7) -> WorkerJoined:
+        return WorkerJoined(
+            f"join-{worker}-{now}", now, worker, cores, MACHINE // 4, "cpu",
+            host=HOST, host_memory=MACHINE, process=pid, host_cpus=cpus,
+        )  # fmt: skip
+
+    run(s, on("w-cpu1", 0.0, 2), on("w-cpu2", 0.0, 1), on("w-big", 0.1, 1, pid=8))
+    assert s.host_cores.pending
+    warned = HostOvercommitted(
+        f"tick-{0.1 + SETTLE}", HOST, 2, 4, (("w-big", 1), ("w-cpu1", 2), ("w-cpu2", 1)), 3,
+        "cores",
+    )  # fmt: skip
+    assert tick(s, 0.1 + SETTLE) == [warned]
+    assert tick(s, 5.0) == []  # said once
+    text = cores_overcommit_text(warned)
+    for part in ("w-big (1), w-cpu1 (2), w-cpu2 (1) add up to 4", "the 2 CPUs",
+                 "only a warning", "--cores that add up to 2 or fewer"):  # fmt: skip
+        assert part in text, (part, text)
+
+    run(s, WorkerLeft("left-big", 6.0, "w-big", "drained"))  # 3 > 2: said again
+    assert tick(s, 6.0 + SETTLE) == [
+        HostOvercommitted(
+            f"tick-{6.0 + SETTLE}", HOST, 2, 3, (("w-cpu1", 2), ("w-cpu2", 1)), 2, "cores"
+        )
+    ]
+    run(s, WorkerLeft("left-cpu2", 8.0, "w-cpu2", "drained"))  # 2 CPUs for 2 cores
+    assert tick(s, 8.0 + SETTLE) == [
+        HostOvercommitCleared(f"tick-{8.0 + SETTLE}", HOST, ("w-cpu1",), "cores")
+    ]
+    assert tick(s, 20.0) == []
 
 
 def test_two_hand_started_workers_without_memory_are_warned_of(tmp_path: Path) -> None:
