@@ -87,6 +87,7 @@ def _worker(
     on_disk, files = (report.spilled_bytes, report.file_bytes) if report else (0, 0)
     return {
         "id": info.worker_id, "pool": info.pool, "cores": info.cores, "running": running,
+        "host": info.host,  # its machine ("": an older worker, not told)
         "rss": rss, "limit": report.limit if report is not None else info.memory,
         "throttle_at": report.throttle_at if report is not None else 0,
         "memory_bytes": report.memory_bytes if report is not None else 0,
@@ -150,6 +151,8 @@ def build_snapshot(
                 "cores": m.cores if m is not None else 0,
                 "cores_busy": m.cores_busy if m is not None else 0,
                 "memory_limit": sum(w["limit"] for w in mine),
+                # the machines its workers run on (those that told theirs)
+                "hosts": len({w["host"] for w in mine if w["host"]}),
                 "rss": sum(w["rss"] for w in mine),
                 "spilled_bytes": m.spilled_bytes if m is not None else 0,
                 "blocks": states,
@@ -616,7 +619,8 @@ function renderCapacity(s) {
         h("td", {}, bar(p.cores_busy, p.cores, {}), " " + p.cores_busy + " / " + p.cores),
         h("td", {}, bar(p.rss, p.memory_limit, {color: "var(--pend)"}),
           " " + bytes(p.rss) + " / " + (p.memory_limit ? bytes(p.memory_limit) : "no limit")),
-        h("td", {text: (w.idle || 0) + " idle, " + (w.busy || 0) + " busy" +
+        h("td", {text: (p.hosts ? p.hosts + (p.hosts === 1 ? " host: " : " hosts: ") : "") +
+          (w.idle || 0) + " idle, " + (w.busy || 0) + " busy" +
           (w.draining ? ", " + w.draining + " draining" : "") +
           (w.away ? ", " + w.away + " away (connection dropped, held for its rejoin)" : "") +
           (p.throttled ? ", " + p.throttled + " throttled" : "") +
@@ -631,6 +635,7 @@ function renderWorkers(s) {
   if (!s.workers.length) return put("workers", empty("no worker has joined"));
   put("workers", h("table", {},
     h("tr", {}, h("th", {text: "worker"}), h("th", {text: "pool"}),
+      h("th", {text: "host", title: "its machine: host name / part of its machine-id"}),
       h("th", {class: "num", text: "tasks / cores",
                title: "tasks it has in hand (running, or ready to start next) / its cores"}),
       h("th", {text: "memory (RSS vs limit)"}),
@@ -642,7 +647,7 @@ function renderWorkers(s) {
       h("th", {class: "num", text: "file outputs"}),
       h("th", {text: "state"})),
     s.workers.map(w => h("tr", {class: "worker", "data-worker": w.id},
-      h("td", {text: w.id}), h("td", {text: w.pool}),
+      h("td", {text: w.id}), h("td", {text: w.pool}), h("td", {text: w.host || "-"}),
       h("td", {class: "num", text: w.running + " / " + w.cores}),
       h("td", {}, bar(w.rss, w.limit, {fence: w.throttle_at,
         color: w.throttled ? "var(--err)" : "var(--ok)"}),

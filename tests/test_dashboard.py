@@ -221,7 +221,10 @@ def _answers() -> tuple[MetricsReply, StatusReply, AlertsReply]:
         free_groups_total=1,
         recent_tries=(RecentTry("parse-7", "parse", "w1", "error", 0.5, 2.0),),
     )
-    workers = (WorkerInfo("w1", 2, 4 * GB, pool="cpu"), WorkerInfo("w2", 1, 2 * GB, pool="cpu"))
+    workers = (
+        WorkerInfo("w1", 2, 4 * GB, pool="cpu", host="box/1"),
+        WorkerInfo("w2", 1, 2 * GB, pool="cpu", host="box/2"),
+    )
     status = StatusReply(
         workers=workers,
         processing={"w1": 3, "w2": 0},
@@ -255,11 +258,13 @@ def test_the_snapshot_shows_pools_capacity_workers_failures_alerts_policies() ->
     assert (cpu["wait_p50"], cpu["wait_p90"]) == (3.0, 30.0)
     assert (cpu["cores"], cpu["cores_busy"]) == (3, 2)  # /metrics' corral_cores{,_busy}
     assert (cpu["memory_limit"], cpu["rss"]) == (6 * GB, 4 * GB)
+    assert cpu["hosts"] == 2  # how many machines (a user audit, monitor 7: not answerable)
     assert cpu["blocks"] == {"running": 2, "pending": 1} and cpu["blocks_pending"] == 1
     assert (cpu["oldest_pending"], cpu["target"], cpu["desired"]) == (40.0, 3, 4)
     assert snap["pools"][1]["label"] == "any pool"
     assert (cpu["disk_stalled"], snap["pools"][1]["disk_stalled"]) == (0, 1)  # the page says so
     w1, w2 = snap["workers"]
+    assert (w1["host"], w2["host"]) == ("box/1", "box/2")
     assert (w1["rss"], w1["limit"], w1["throttle_at"]) == (3 * GB, 4 * GB, 2 * GB)
     assert w1["throttled"] and not w2["throttled"]
     assert (w1["spilled_bytes"], w2["rss"], w2["limit"]) == (5, GB, 2 * GB)
@@ -673,7 +678,7 @@ async def test_the_dashboard_in_chromium_follows_a_real_run(browser: Any, tmp_pa
                     "return c.includes('2 pending (the oldest asked for ') ? c : false;",
                     "the pool's two pending blocks",
                 )  # fmt: skip
-                assert "2 busy" in capacity, capacity
+                assert "1 host: " in capacity and "2 busy" in capacity, capacity  # one machine
                 policies = browser.find_element("id", "policies").text
                 assert re.search(r"scaling\s+demand", policies), policies
                 await in_browser(page.screenshot, tmp_path / "dashboard.png")
