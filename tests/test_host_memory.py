@@ -30,6 +30,7 @@ from actors.scheduler_events import (
     WorkerLeft,
 )
 from actors.scheduler_state import SchedulerState
+from actors.worker import host_cpus
 from runtime import Cluster
 from runtime.node import pool_worker_argv
 from tests.helpers import ROOT, Cli, Factory, make_state, run
@@ -214,6 +215,30 @@ def test_two_hand_started_workers_without_memory_are_warned_of(tmp_path: Path) -
         cli.stop([m1])
         line = cli.line_with(manager, "no longer claim more memory than their host has", LIMIT)
         assert "m2" in line
+
+
+def test_hand_started_workers_with_more_cores_than_cpus_are_warned_of(tmp_path: Path) -> None:
+    """The cores audit with real processes over 127.0.0.1: two workers, each declaring
+    all the CPUs this process may use, their memory limits small. The manager logs the
+    cores warning (bounded wait for the line), the console's status lists it, and it
+    clears when one stops."""
+    cpus = host_cpus()
+    with Cli(tmp_path) as cli:
+        manager, address = cli.manager("--no-monitoring")
+        flags = ("--pool", "manual", "--cores", str(cpus), "--memory", "200MiB")
+        c1 = cli.worker(address, "--name", "c1", *flags)
+        cli.worker(address, "--name", "c2", *flags)
+        line = cli.line_with(manager, "workers declare more cores than their host has CPUs", LIMIT)
+        assert "warning" in line and f"claimed={2 * cpus}" in line and f"cpus={cpus}" in line
+        status = cli.start("console", address, "status", "--json")
+        st = json.loads("".join(cli.rest(status, LIMIT)))
+        assert status.wait(LIMIT) == 0
+        assert {w["host_cpus"] for w in st["workers"]} == {cpus}
+        (warning,) = [w for w in st["warnings"] if "cores of its workers" in w]
+        assert f"c1 ({cpus}), c2 ({cpus}) add up to {2 * cpus}" in warning, warning
+        cli.stop([c1])
+        line = cli.line_with(manager, "no longer declare more cores than their host has", LIMIT)
+        assert "c2" in line
 
 
 def test_local_pool_workers_share_the_machine_by_default() -> None:
