@@ -85,7 +85,7 @@ from dask.sizeof import sizeof
 from actors import memory as mem
 from actors.protocol import TaskResult, ToRun
 from actors.store import Unpicklable
-from runtime import unpickling
+from runtime import pickling, unpickling
 from runtime.errors import ResultNotPicklable, TaskProcessDied
 from runtime.files import discard_output, remove_tries, task_outputs
 from runtime.graph import Key, PickledNode
@@ -851,10 +851,8 @@ def _dumps(obj: Any) -> list[memoryview]:
     try:
         data = pickle.dumps(obj, protocol=5, buffer_callback=out_of_band)
     except Exception:
-        import cloudpickle
-
         buffers.clear()
-        data = cloudpickle.dumps(obj, protocol=5, buffer_callback=out_of_band)
+        data = pickling.cloudpickle_dumps(obj, buffer_callback=out_of_band)
     return [memoryview(data), *buffers]
 
 
@@ -1484,6 +1482,4 @@ def _discard_reply(reply: tuple[Any, list[bytearray]]) -> None:
 
 
 def _cloudpickle(node: Any) -> bytes:
-    import cloudpickle
-
-    return cast(bytes, cloudpickle.dumps(node, protocol=5))
+    return pickling.cloudpickle_dumps(node)

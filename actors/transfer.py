@@ -50,9 +50,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, NamedTuple
 
 import anyio
-import cloudpickle
 
-from runtime import unpickling
+from runtime import pickling, unpickling
 from runtime.errors import CorralError, FileChecksumError, UnknownStream, ValueTooLarge
 from runtime.files import File, digest
 from runtime.messages import CloseStream, ReadStream, StreamPart
@@ -190,7 +189,7 @@ def serialize(value: Any) -> BufferSegments:
     """``value`` as a protocol-5 pickle (pickle, then cloudpickle) and the views of its
     out-of-band buffers. Raises what both picklers raised if neither can."""
     first: Exception | None = None
-    for dumps in (pickle.dumps, cloudpickle.dumps):
+    for dumps in (pickle.dumps, pickling.cloudpickle_dumps):
         buffers: list[pickle.PickleBuffer] = []
         try:
             head = dumps(value, protocol=5, buffer_callback=buffers.append)

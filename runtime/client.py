@@ -43,7 +43,7 @@ from actors.scheduler import Scheduler
 from actors.scheduler_events import KeyCancelled, KeyDone, KeyErred, KeyTaken
 from actors.transfer import READ_TIMEOUT, StreamInfo, UnknownStream
 from policies import KINDS, REGISTRY
-from runtime import unpickling
+from runtime import pickling, unpickling
 from runtime.errors import (
     ActorStopped,
     AskTimeout,
@@ -661,10 +661,9 @@ class ClientActor(Actor):
         pickled; a task whose own arguments pass ``limit`` fails here with
         :class:`TaskArgumentsTooLarge`. The tasks are pickled in a thread, so that the
         connection's heartbeats go on meanwhile."""
-        import cloudpickle
 
         def sizes() -> list[int]:
-            return [len(cloudpickle.dumps(task, protocol=5)) for task in graph.values()]
+            return [len(pickling.cloudpickle_dumps(task)) for task in graph.values()]
 
         parts: list[dict[Key, Any]] = [{}]
         room = limit * 3 // 4
@@ -689,12 +688,10 @@ class ClientActor(Actor):
     ) -> bool:
         """Fail (and take out of ``graph``) each task that does not pickle on its own,
         with an error saying so; whether there was any."""
-        import cloudpickle
-
         found = False
         for key, task in list(graph.items()):
             try:
-                cloudpickle.dumps(task, protocol=5)
+                pickling.cloudpickle_dumps(task)
             except Exception as exc:
                 error = unpicklable_error(key, exc)
                 error.__cause__ = exc

@@ -1114,10 +1114,10 @@ class PickledNode:
         run, with :func:`unpicklable_error`, instead of the message carrying it."""
         import pickle
 
-        import cloudpickle
+        from runtime.pickling import cloudpickle_dumps
 
         try:
-            return cls(key, cloudpickle.dumps(node, protocol=5))
+            return cls(key, cloudpickle_dumps(node))
         except Exception as exc:
             stand_in = _Unpicklable(key, _describe(exc))
             return cls(key, pickle.dumps(stand_in, protocol=5))

@@ -73,7 +73,7 @@ import anyio.abc
 import cloudpickle
 import tblib  # type: ignore[import-untyped]
 
-from runtime import unpickling
+from runtime import pickling, unpickling
 from runtime.codec import Frame
 from runtime.errors import (
     STANDS_FOR,
@@ -177,7 +177,7 @@ def to_wire(msg: Any) -> Message:
     if prepare is not None:  # RunTasks: each task pickled on its own; TasksDone: errors
         msg = prepare(wire_error)
     name = getattr(type(msg), "wire_name", "") or type(msg).__name__
-    return PickledMsg(name, cloudpickle.dumps(msg, protocol=5))
+    return PickledMsg(name, pickling.cloudpickle_dumps(msg))
 
 
 #: deepest nesting of lists and dicts an answer may have to travel as JSON
@@ -405,7 +405,7 @@ def substitute_error(kind: str, text: str, rep: str, tb: str, why: str) -> Runti
 
 
 def _pickle_in_band(obj: Any) -> list[memoryview]:
-    return [memoryview(cloudpickle.dumps(obj, protocol=5))]
+    return [memoryview(pickling.cloudpickle_dumps(obj))]
 
 
 def pack_error(
@@ -585,7 +585,7 @@ def _error_reply(exc: BaseException, allow_pickle: bool) -> ErrorReply:
     pickled = None
     if allow_pickle:
         try:
-            pickled = cloudpickle.dumps(exc, protocol=5)
+            pickled = pickling.cloudpickle_dumps(exc)
         except Exception:
             pickled = None
     return ErrorReply(type(exc).__name__, str(exc), pickled)
@@ -610,7 +610,7 @@ async def refuse(conn: Any, error: BaseException, *, going_away: bool = False) -
     ``going_away``: a goodbye (this side stops on purpose), not a refusal: the close
     says so too (a websocket's code 1001, not 1008)."""
     try:
-        pickled = cloudpickle.dumps(error, protocol=5)
+        pickled = pickling.cloudpickle_dumps(error)
     except Exception:
         pickled = None
     with contextlib.suppress(CorralError):  # closed meanwhile: nobody to tell

@@ -459,3 +459,52 @@ def test_frames_survive_tblibs_reducers_installed_after_corral() -> None:
         [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=PROMPT
     )
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+@EXECUTIONS
+def test_a_scripts_function_keeps_its_file_and_line_in_the_traceback(
+    execution: str, tmp_path: Path
+) -> None:
+    """A task whose function is defined in the user's script (``__main__``, pickled by
+    value): cloudpickle wrote its code's file as ``<dynamic-code>``, so the traceback
+    the caller got read ``File "<dynamic-code>", line 6, in parse``, no file, no source
+    line. Now it names the script and, the file being readable here, shows the line."""
+    script = tmp_path / "workflow.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import traceback, anyio
+            from runtime import Cluster
+
+            def parse(x):
+                raise ValueError("cannot parse " + str(x))
+
+            async def main():
+                with anyio.fail_after({LIMIT}):
+                    async with Cluster(
+                        processes=1,
+                        threads_per_worker=1,
+                        memory_options={{"execution": {execution!r}}},
+                    ) as c:
+                        await c.wait_for_workers(1, timeout={LIMIT})
+                        err = await c.submit(parse, 7).exception()
+                print("".join(traceback.format_exception(err)))
+
+            if __name__ == "__main__":
+                anyio.run(main)
+            """
+        )
+    )
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=LIMIT + PROMPT,
+    )
+    assert done.returncode == 0, done.stderr
+    text = done.stdout
+    assert "ValueError: cannot parse 7" in text, text
+    assert f'File "{script}", line 6, in parse' in text, text
+    assert 'raise ValueError("cannot parse " + str(x))' in text, text
+    assert "<dynamic-code>" not in text, text
