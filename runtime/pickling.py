@@ -57,7 +57,14 @@ def _filename_at() -> int | None:
 
 @functools.cache
 def _file_keeping_pickler() -> type:
+    """cloudpickle's pickler, with its code reducer keeping file names; cloudpickle's
+    own where it has no ``_code_reduce`` to wrap (a later version: file names as it
+    writes them, nothing else changed)."""
     import cloudpickle
+    from cloudpickle import cloudpickle as inner
+
+    if not callable(getattr(inner, "_code_reduce", None)):  # pragma: no cover
+        return cloudpickle.CloudPickler  # type: ignore[no-any-return]
 
     class FileKeepingPickler(cloudpickle.CloudPickler):  # type: ignore[misc]
         dispatch_table = collections.ChainMap(
