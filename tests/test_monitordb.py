@@ -349,6 +349,32 @@ def pid_then_wait(mark: str, gate: str) -> int:
     return os.getpid()
 
 
+async def kill_the_holder(
+    cluster: Cluster, workers: list[subprocess.Popen[str]], tmp_path: Path, db: Path
+) -> tuple[subprocess.Popen[str], float]:
+    """Run the task ``held`` (:func:`pid_then_wait`) on one of ``workers``, kill that
+    worker with SIGKILL while it runs, let the task's retry on another finish, and wait
+    until ``db`` has both tries; the worker killed and when (Unix seconds)."""
+    mark, gate = tmp_path / "pid", tmp_path / "gate"
+    held = cluster.submit(pid_then_wait, str(mark), str(gate), key="held")
+    await wait_until(mark.exists, "the held task to start", limit=30)
+    victim = next(w for w in workers if w.pid == int(mark.read_text()))
+    mark.unlink()
+    killed = time.time()
+    victim.send_signal(signal.SIGKILL)  # it dies with the task in hand
+    victim.wait(10)
+    await wait_until(mark.exists, "the held task to run again elsewhere", limit=40)
+    gate.touch()
+    assert await held != victim.pid
+    # Read by this process while the manager runs.
+    await wait_until(
+        lambda: _count(db, "SELECT count(*) FROM tries WHERE key = 'held'") == 2,
+        "both tries of the held task",
+        limit=30,
+    )
+    return victim, killed
+
+
 @pytest.fixture
 def cli(tmp_path: Path) -> Iterator[Cli]:
     with Cli(tmp_path / "home") as c:
@@ -366,28 +392,13 @@ async def test_a_manager_process_records_a_lost_worker_and_survives_kill_9(
     assert str(db) in cli.line_with(manager, "monitoring database:")
     address = cli.line_with(manager, "manager listening on").split(" on ", 1)[1].strip()
     workers = [cli.worker(address, "--cores", "1") for _ in range(2)]
-    mark, gate = tmp_path / "pid", tmp_path / "gate"
     with anyio.fail_after(LIMIT):
         async with Cluster(address) as cluster:
             await cluster.wait_for_workers(2)
             assert await cluster.gather(cluster.map(inc, range(10))) == list(range(1, 11))
             with pytest.raises(ValueError, match="boom 3"):
                 await cluster.submit(boom, 3)
-            held = cluster.submit(pid_then_wait, str(mark), str(gate), key="held")
-            await wait_until(mark.exists, "the held task to start", limit=30)
-            victim = next(w for w in workers if w.pid == int(mark.read_text()))
-            mark.unlink()
-            victim.send_signal(signal.SIGKILL)  # it dies with the task in hand
-            victim.wait(10)
-            await wait_until(mark.exists, "the held task to run again elsewhere", limit=40)
-            gate.touch()
-            assert await held != victim.pid
-            # Read by this process while the manager runs.
-            await wait_until(
-                lambda: _count(db, "SELECT count(*) FROM tries WHERE key = 'held'") == 2,
-                "both tries of the held task",
-                limit=30,
-            )
+            await kill_the_holder(cluster, workers, tmp_path, db)
     lost = _rows(db, "SELECT worker, outcome, cause, started, ended FROM tries "
                  "WHERE key = 'held' ORDER BY try")  # fmt: skip
     assert [t[1] for t in lost] == ["worker-lost", "ok"]

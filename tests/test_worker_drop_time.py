@@ -8,8 +8,6 @@ before: its life continues, its tries and outputs are kept."""
 
 from __future__ import annotations
 
-import signal
-import time
 from pathlib import Path
 
 import anyio
@@ -23,8 +21,8 @@ from actors.scheduler_events import (
     WorkerLeft,
 )
 from runtime import Cluster
-from tests.helpers import GB, Cli, Factory, assigned, make_state, result, specs_for, wait_until
-from tests.test_monitordb import LIMIT, T0, WALL, _count, _recorder, _rows, cli, pid_then_wait
+from tests.helpers import GB, Cli, Factory, assigned, make_state, result, specs_for
+from tests.test_monitordb import LIMIT, T0, WALL, _recorder, _rows, cli, kill_the_holder
 
 __all__ = ["cli", "make_state"]  # fixtures
 
@@ -139,25 +137,10 @@ async def test_a_worker_killed_with_sigkill_is_recorded_as_dying_when_it_died(
                         "--monitoring-interval", "0.3")  # fmt: skip
     address = cli.line_with(manager, "manager listening on").split(" on ", 1)[1].strip()
     workers = [cli.worker(address, "--cores", "1") for _ in range(2)]
-    mark, gate = tmp_path / "pid", tmp_path / "gate"
     with anyio.fail_after(LIMIT):
         async with Cluster(address) as cluster:
             await cluster.wait_for_workers(2)
-            held = cluster.submit(pid_then_wait, str(mark), str(gate), key="held")
-            await wait_until(mark.exists, "the held task to start", limit=30)
-            victim = next(w for w in workers if w.pid == int(mark.read_text()))
-            mark.unlink()
-            killed = time.time()
-            victim.send_signal(signal.SIGKILL)  # it dies with the task in hand
-            victim.wait(10)
-            await wait_until(mark.exists, "the held task to run again elsewhere", limit=40)
-            gate.touch()
-            assert await held != victim.pid
-            await wait_until(
-                lambda: _count(db, "SELECT count(*) FROM tries WHERE key = 'held'") == 2,
-                "both tries of the held task",
-                limit=30,
-            )
+            _, killed = await kill_the_holder(cluster, workers, tmp_path, db)
     ((lost_worker, ended),) = _rows(
         db, "SELECT worker, ended FROM tries WHERE key = 'held' AND outcome = 'worker-lost'"
     )
