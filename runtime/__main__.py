@@ -159,7 +159,9 @@ def build_parser(prog: str = MODULE_PROG) -> argparse.ArgumentParser:
     # command; ``main`` falls back to warning instead.
     sub = parser.add_subparsers(dest="command", title="commands", metavar="COMMAND", prog=prog)
 
-    cpus = os.cpu_count() or 1
+    from actors.worker import host_cpus
+
+    cpus = host_cpus() or 1
     demo = sub.add_parser(
         "demo",
         parents=[common],
@@ -655,12 +657,13 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     import anyio
     from rich.console import Console
 
+    from actors.worker import host_cpus
     from runtime.demo import DemoConfig, check_against_dask, render_summary, run_demo
 
     try:
         cfg = DemoConfig(args.datasets, args.chunks, args.events, args.fan_in, args.seed)
         processes = args.workers is not None
-        workers = args.workers if processes else (os.cpu_count() or 1)
+        workers = args.workers if processes else (host_cpus() or 1)
         if workers < 1 or args.threads < 1:
             raise ValueError("--workers and --threads must be at least 1")
     except ValueError as exc:

@@ -42,6 +42,7 @@ from actors.providers import DISK_OFF, BlockSpec, InProcessProvider
 from actors.scheduler import Scheduler
 from actors.scheduler_events import KeyCancelled, KeyDone, KeyErred, KeyTaken
 from actors.transfer import READ_TIMEOUT, StreamInfo, UnknownStream
+from actors.worker import host_cpus
 from policies import KINDS, REGISTRY
 from runtime import pickling, unpickling
 from runtime.errors import (
@@ -1246,7 +1247,7 @@ class Cluster:
         if processes is not None:  # True: with pools=, worker processes
             _whole("processes", processes, 0, bool_ok=pools is not None, also=_PROCESSES_BOOL)
         self.processes = processes  #: worker processes on this machine, over websockets
-        n = (os.cpu_count() or 1) if workers is None else _whole("workers", workers, 0)
+        n = (host_cpus() or 1) if workers is None else _whole("workers", workers, 0)
         self.n_workers = n
         self.threads_per_worker = _whole("threads_per_worker", threads_per_worker, 1)
         self.memory_per_worker = parse_bytes(memory_per_worker)
@@ -2562,7 +2563,7 @@ def get(
             "threaded scheduler's pool= (an executor) does not apply. Leave it out"
             f"{hint}."
         )
-    threads = threads_per_worker or num_workers or os.cpu_count() or 1
+    threads = threads_per_worker or num_workers or host_cpus() or 1
 
     async def main() -> Any:
         own = address is None  # else the manager's workers: no sizing to give

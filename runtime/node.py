@@ -66,7 +66,7 @@ from actors.providers import DISK_OFF, BlockSpec, Provider, WorkerFactory
 from actors.registry import FileRegistry
 from actors.scheduler import LOST_NAMES, Scheduler
 from actors.scheduler_records import SchedulerConfig
-from actors.worker import Leave, Spilling, Worker
+from actors.worker import Leave, Spilling, Worker, host_cpus
 from policies import KINDS, REGISTRY
 from runtime.errors import (
     ActorStopped,
@@ -403,7 +403,7 @@ def machine_blocks(started: Iterable[int] = ()) -> int:
     the blocks the pool ``started`` with, if more."""
     from runtime.preflight import LOCAL_WORKERS_PER_CPU
 
-    return max(LOCAL_WORKERS_PER_CPU * (os.cpu_count() or 1), *started, 1)
+    return max(LOCAL_WORKERS_PER_CPU * (host_cpus() or 1), *started, 1)
 
 
 async def start_autoscaler(

@@ -76,6 +76,7 @@ from actors.slurm import (
     parse_scontrol_job,
     parse_squeue,
 )
+from actors.worker import host_cpus
 from policies.base import PolicyRegistry
 from runtime.errors import (
     AlertConfigError,
@@ -330,7 +331,7 @@ def check_local_size(pools: Mapping[str, PoolConfig]) -> CheckResult | None:
     local = [p for p in pools.values() if p.provider == "local"]
     if not local:
         return None
-    cpus = os.cpu_count() or 1
+    cpus = host_cpus() or 1
     memory = int(psutil.virtual_memory().total)
     workers = local_workers(pools)
     cores = sum(

@@ -8,7 +8,6 @@ test is bounded; waits poll a condition under a deadline.
 
 from __future__ import annotations
 
-import os
 import threading
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -20,6 +19,7 @@ import pytest
 
 import actors.autoscaler
 from actors.autoscaler import _Tick
+from actors.worker import host_cpus
 from policies import REGISTRY
 from runtime import Cluster
 from runtime.errors import AskTimeout, UnknownPolicyError
@@ -331,7 +331,7 @@ async def test_scaling_an_embedded_pool_past_this_machine_is_refused_before_anyt
     silently) and kept 2**40 as the target. A pool without max_blocks of its own runs its
     workers on this machine: past ``runtime.node.machine_blocks()`` the call is refused
     saying what to do, with or without ``hold``, and nothing starts or changes."""
-    most = LOCAL_WORKERS_PER_CPU * (os.cpu_count() or 1)  # runtime.node.machine_blocks
+    most = LOCAL_WORKERS_PER_CPU * (host_cpus() or 1)  # runtime.node.machine_blocks
     with anyio.fail_after(BOUND):
         async with Cluster(workers=1) as cluster:
             await cluster.wait_for_workers(1)

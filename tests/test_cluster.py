@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import operator
+import os
+import subprocess
+import sys
 import threading
 import traceback
 from collections.abc import Awaitable, Callable, Sequence
@@ -954,3 +957,24 @@ async def test_inside_an_aiohttp_application() -> None:
         finally:
             go.set()
             await runner.cleanup()
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity on this OS")
+def test_a_cluster_is_sized_by_the_cpus_this_process_may_use() -> None:
+    """``Cluster()`` started ``os.cpu_count()`` workers, the machine's CPUs, in a Slurm
+    job or a container given a few of them (its CPU set): a 4-CPU allocation on a 64-core
+    node got 64 workers on 4 CPUs. Now the default, and the local bound of ``scale``,
+    follow the CPUs the process may run on. Checked in a child held to one CPU."""
+    code = (
+        "import os\n"
+        "os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})\n"
+        "from runtime import Cluster\n"
+        "from runtime.node import machine_blocks\n"
+        "from runtime.preflight import LOCAL_WORKERS_PER_CPU\n"
+        "print(Cluster().n_workers, machine_blocks(), LOCAL_WORKERS_PER_CPU)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    workers, blocks, per_cpu = map(int, done.stdout.split())
+    assert (workers, blocks) == (1, per_cpu), done.stdout

@@ -26,6 +26,7 @@ import pytest
 
 import runtime
 from actors.pools import pools_from_dicts
+from actors.worker import host_cpus
 from runtime.errors import size_text
 from runtime.preflight import (
     FAIL,
@@ -254,7 +255,7 @@ def test_a_local_pool_far_beyond_this_machine_is_a_warning(tmp_path: Path) -> No
     size = results(done)[("*", "local size")]
     assert size["status"] == WARN, size
     assert "64000 worker process(es)" in size["detail"]
-    assert f"{os.cpu_count()} CPU(s)" in size["detail"] and "per CPU" in size["detail"]
+    assert f"{host_cpus()} CPU(s)" in size["detail"] and "per CPU" in size["detail"]
     assert "Lower max_blocks" in size["advice"]
 
 
