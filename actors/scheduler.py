@@ -798,6 +798,7 @@ class Scheduler(Actor):
             "draining": tuple(sorted(w for w, ws in st.workers.items() if ws.draining)),
             "retired": tuple(sorted(w for w, ws in st.workers.items() if ws.retired)),
             "leaving": tuple(sorted(w for w, ws in st.workers.items() if ws.leaving)),
+            "away": tuple(sorted(w for w, ws in st.workers.items() if ws.away is not None)),
             "walltime_draining": tuple(
                 sorted(w for w, ws in st.workers.items() if ws.walltime_drain)
             ),

@@ -1050,6 +1050,7 @@ def render_status(st: Mapping[str, Any]) -> RenderableType:
     processing: dict[str, int] = dict(st.get("processing") or {})
     draining = set(st.get("draining") or ())
     retired = set(st.get("retired") or ())
+    away = set(st.get("away") or ())
     rss: dict[str, int] = dict(st.get("rss") or {})
     files: dict[str, Any] = dict(st.get("files") or {})
     stored: dict[str, int] = dict(files.get("stored_bytes") or {})
@@ -1061,7 +1062,8 @@ def render_status(st: Mapping[str, Any]) -> RenderableType:
     throttled = set(st.get("throttled") or ())
 
     parts: list[RenderableType] = []
-    cores = sum(int(w.get("cores", 0)) for w in workers)
+    # an away worker's cores are not counted (as in the metrics): it takes no task now
+    cores = sum(int(w.get("cores", 0)) for w in workers if w.get("worker_id") not in away)
     # A worker is sent up to saturation x cores tasks: those past its cores wait there.
     cores_of = {str(w.get("worker_id")): int(w.get("cores", 0)) for w in workers}
     split = {wid: _on_worker(n, cores_of.get(wid, n)) for wid, n in processing.items()}
@@ -1069,7 +1071,9 @@ def render_status(st: Mapping[str, Any]) -> RenderableType:
     waiting = sum(q for _, q in split.values())
     parts.append(
         Text(
-            f"{len(workers)} worker(s), {cores} core(s); {running} task(s) running"
+            f"{len(workers)} worker(s), {cores} core(s)"
+            + (f" ({len(away)} away: connection dropped, held for a rejoin)" if away else "")
+            + f"; {running} task(s) running"
             + (f" and {waiting} queued on workers" if waiting else "")
             + f", {sum(queues.values())} ready{_held_back(st)}; {st.get('runs', 0)} run(s), "
             f"{st.get('wanted_keys', 0)} wanted key(s) ({st.get('wanted_pending', 0)} pending)"
@@ -1089,6 +1093,8 @@ def render_status(st: Mapping[str, Any]) -> RenderableType:
     for w in sorted(workers, key=lambda w: (str(w.get("pool")), str(w.get("worker_id")))):
         wid = str(w.get("worker_id"))
         state = "retired" if wid in retired else "draining" if wid in draining else "active"
+        if wid in away:  # its connection dropped: no new task until it rejoins or is lost
+            state = "away"
         if wid in throttled and state == "active":
             state = "throttled"
         spilled = memory.get(wid, {}).get("spilled_bytes")

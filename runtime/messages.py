@@ -1373,6 +1373,9 @@ class StatusReply(Message):
     draining: tuple[str, ...] = ()
     retired: tuple[str, ...] = ()
     leaving: tuple[str, ...] = ()
+    #: workers whose connection dropped, their ids held for their rejoin (away: they
+    #: take no new task and their cores are not counted until they rejoin or are lost)
+    away: tuple[str, ...] = ()
     #: of ``draining``, the workers the scheduler drains because their walltime is near
     walltime_draining: tuple[str, ...] = ()
     #: of ``draining``, the workers drained because they were sent their pool's

@@ -1837,3 +1837,24 @@ def test_status_shows_a_workers_floor_beside_its_rss() -> None:
     rows = {line.split()[1]: line for line in text.splitlines() if line[2:3] == "w"}
     assert "(floor 240" in rows["w1"], text
     assert "floor" not in rows["w2"], text
+
+
+def test_status_shows_an_away_worker_as_away_and_leaves_its_cores_out() -> None:
+    """A worker whose connection dropped (its id held for its rejoin) was shown
+    ``active`` with its cores counted, though it takes no task until it is back."""
+    from tests.helpers import status_text
+
+    text = status_text(
+        {
+            "workers": [
+                {"worker_id": "w1", "pool": "p", "cores": 2},
+                {"worker_id": "w2", "pool": "p", "cores": 3},
+            ],
+            "processing": {"w1": 1},
+            "away": ["w1"],
+        }
+    )
+    assert "2 worker(s), 3 core(s) (1 away: connection dropped, held for a rejoin);" in text
+    rows = {line.split()[1]: line for line in text.splitlines() if line[2:3] == "w"}
+    assert rows["w1"].split("│")[-2].strip() == "away", text
+    assert rows["w2"].split("│")[-2].strip() == "active", text

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Awaitable, Callable, Hashable, Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -350,11 +350,18 @@ def pid_then_wait(mark: str, gate: str) -> int:
 
 
 async def kill_the_holder(
-    cluster: Cluster, workers: list[subprocess.Popen[str]], tmp_path: Path, db: Path
+    cluster: Cluster,
+    workers: list[subprocess.Popen[str]],
+    tmp_path: Path,
+    db: Path,
+    while_away: Callable[[int], Awaitable[None]] | None = None,
 ) -> tuple[subprocess.Popen[str], float]:
     """Run the task ``held`` (:func:`pid_then_wait`) on one of ``workers``, kill that
     worker with SIGKILL while it runs, let the task's retry on another finish, and wait
-    until ``db`` has both tries; the worker killed and when (Unix seconds)."""
+    until ``db`` has both tries; the worker killed and when (Unix seconds). The task is
+    not retried before the manager's grace for the killed worker's rejoin is over:
+    ``while_away`` (awaited with the killed process's pid right after the kill) sees
+    the worker away."""
     mark, gate = tmp_path / "pid", tmp_path / "gate"
     held = cluster.submit(pid_then_wait, str(mark), str(gate), key="held")
     await wait_until(mark.exists, "the held task to start", limit=30)
@@ -363,6 +370,8 @@ async def kill_the_holder(
     killed = time.time()
     victim.send_signal(signal.SIGKILL)  # it dies with the task in hand
     victim.wait(10)
+    if while_away is not None:
+        await while_away(victim.pid)
     await wait_until(mark.exists, "the held task to run again elsewhere", limit=40)
     gate.touch()
     assert await held != victim.pid

@@ -9,6 +9,7 @@ before: its life continues, its tries and outputs are kept."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -21,7 +22,18 @@ from actors.scheduler_events import (
     WorkerLeft,
 )
 from runtime import Cluster
-from tests.helpers import GB, Cli, Factory, assigned, make_state, result, specs_for
+from runtime.console import jsonable
+from tests.helpers import (
+    GB,
+    Cli,
+    Factory,
+    assigned,
+    make_state,
+    result,
+    specs_for,
+    status_text,
+    wait_until,
+)
 from tests.test_monitordb import LIMIT, T0, WALL, _recorder, _rows, cli, kill_the_holder
 
 __all__ = ["cli", "make_state"]  # fixtures
@@ -140,10 +152,27 @@ async def test_a_worker_killed_with_sigkill_is_recorded_as_dying_when_it_died(
     with anyio.fail_after(LIMIT):
         async with Cluster(address) as cluster:
             await cluster.wait_for_workers(2)
-            _, killed = await kill_the_holder(cluster, workers, tmp_path, db)
+            seen: list[str] = []
+
+            async def away(pid: int) -> None:  # the killed worker, while its id is held
+                async def held() -> dict[str, Any] | None:
+                    st = await cluster.status()
+                    return st if st["away"] else None
+
+                st = await wait_until(held, "the killed worker to be away", limit=LIMIT)
+                (wid,) = st["away"]
+                assert {w.worker_id: w.pid for w in st["workers"]}[wid] == pid
+                seen.append(status_text(jsonable(st)))
+
+            _, killed = await kill_the_holder(cluster, workers, tmp_path, db, away)
     ((lost_worker, ended),) = _rows(
         db, "SELECT worker, ended FROM tries WHERE key = 'held' AND outcome = 'worker-lost'"
     )
+    # While its id was held, status() listed it away and the console showed it so.
+    (text,) = seen
+    row = next(line for line in text.splitlines() if lost_worker in line)
+    assert row.split("│")[-2].strip() == "away", text
+    assert "1 away: connection dropped" in text, text
     ((left, cause),) = _rows(db, 'SELECT "left", cause FROM workers WHERE worker = ?', lost_worker)
     assert cause == "crash"
     # The drop is seen within a second of the kill; the grace is 10 s.
