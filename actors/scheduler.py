@@ -278,6 +278,9 @@ class Scheduler(Actor):
         #: meanwhile go between them), and the releases and cancels that came after
         #: them; while it is not empty, one ``_Intake`` is on its way (:meth:`_take_in`)
         self._intake: deque[_Turn] = deque()
+        #: when the core is next ticked for a retry held for its backoff (inf: not
+        #: asked): the ticks' period (``stall_timeout / 10``) may be longer than a backoff
+        self._retry_wake = float("inf")
 
     async def on_start(self) -> None:
         self.start_soon(self._ticks)
@@ -303,6 +306,19 @@ class Scheduler(Actor):
 
     def _handle(self, *events: Event) -> None:
         self._execute(self.state.handle(*events))
+        held = self.state.retry_held
+        if held and held[0][0] < self._retry_wake:
+            self._retry_wake = held[0][0]
+            self.start_soon(self._wake_for_retry, self._retry_wake)
+
+    async def _wake_for_retry(self, due: float) -> None:
+        """Tick the core at ``due`` (on its clock), when a retry held for its backoff
+        is ready; the tick's handling asks for the next one."""
+        await anyio.sleep(max(due - self.clock.now(), 0.0))
+        if self._retry_wake == due:
+            self._retry_wake = float("inf")
+        if not self.ref.mailbox.closed:
+            self.ref.mailbox.put_nowait(Envelope(_Tick(), ""), force=True)
 
     def _execute(self, commands: list[Command]) -> None:
         updates: list[Any] = []
@@ -662,11 +678,12 @@ class Scheduler(Actor):
     def tick(self, msg: _Tick) -> None:
         # The watchdog has nothing to watch unless a worker is throttled; the walltime
         # drain nothing unless a worker has a deadline; speculation nothing with one
-        # worker or when off; the held tasks nothing unless one backs off; the disk
-        # watchdog nothing unless a task waits for disk.
+        # worker or when off; the held tasks nothing unless one backs off (or a retry
+        # is held for its backoff); the disk watchdog nothing unless a task waits for disk.
         st = self.state
         if (
-            st.throttled or st.deadlines or st.speculates or st.held or st.disk_parked
+            st.throttled or st.deadlines or st.speculates or st.held or st.retry_held
+            or st.disk_parked
             or st.hosts.pending or st.host_cores.pending
         ):  # fmt: skip
             self._handle(Tick(*self._ev()))
@@ -811,6 +828,7 @@ class Scheduler(Actor):
             "queued": st.count("queued"),
             "queues": st.queued_by_pool(),  #: ready tasks per pool ("*": any pool)
             "held_back": sum(st.held_back().values()),
+            "retry_held": sum(st.retry_held_by_pool().values()),
             "categories": (
                 {c: CategoryStatus(**_stats(s)) for c, s in _top(st.stats, msg.top_categories)}
                 if msg.categories

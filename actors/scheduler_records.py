@@ -334,6 +334,7 @@ class TaskState:
         "registered",
         "remake",
         "retries_left",
+        "retry_at",
         "root",
         "sent",
         "spec",
@@ -413,6 +414,9 @@ class TaskState:
         self.unreachable_since = 0.0  #: when the first of those tries ended
         #: queued but not placed before this time (backing off: ``_inputs_missing``)
         self.held_until = 0.0
+        #: while > 0: its retry is held (waiting, not ready) until this time, a backoff
+        #: the retry policy asked for (``RetryDecision.delay``); 0 once it leaves waiting
+        self.retry_at = 0.0
         self.tries: list[TryRecord] = []  #: every attempt
         #: the failure groups its failed tries count in (None: none), each once: a
         #: group counts its tasks and, as they err, those that erred
@@ -559,6 +563,10 @@ class TaskStateView:
     @property
     def retries_left(self) -> int:
         return self._ts.retries_left
+
+    @property
+    def charged_tries(self) -> int:
+        return self._ts.spec.retries - self._ts.retries_left
 
     @property
     def lost_tries(self) -> int:

@@ -15,7 +15,10 @@ other move raises :class:`InvalidTransition` with the task's story.
        │          │            │  └─ retry ───┘(lost)    └── (recompute) ──► waiting
        └──────────┴────────────┴──► erred | cancelled ──► (forgotten)
 
-- ``waiting``: some dependency is not in memory yet (``waiting_on`` counts them).
+- ``waiting``: some dependency is not in memory yet (``waiting_on`` counts them), or a
+  retry is held for its backoff (``retry_at``, the retry policy's ``delay``, at most
+  ``MAX_RETRY_DELAY``; in the ``retry_held`` heap), or both: queued at the first event
+  at or past ``retry_at`` (``_release_retries``) once its inputs are all in memory.
 - ``queued``: every dependency is in memory; in a ready queue, not yet on a worker.
 - ``processing``: sent to ``worker``; at most ``slots`` such tasks per worker.
 - ``memory``: finished; its output lives on the workers in ``who_has``.
@@ -167,6 +170,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import itertools
+import numbers
 from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from types import MappingProxyType
@@ -249,6 +253,7 @@ from actors.storage_state import StorageLedger
 from policies import (
     BENIGN_LOSSES,
     DEFAULTS,
+    MAX_RETRY_DELAY,
     ON_PURPOSE,
     REGISTRY,
     CategoryStats,
@@ -474,6 +479,10 @@ class SchedulerState(DiskPlacement):
         #: queued tasks backing off, ``(until, seq, task)`` (stale entries are skipped:
         #: an entry counts while its task is queued and ``held_until`` is ``until``)
         self.held: list[tuple[float, int, TaskState]] = []
+        #: retries held for their backoff (``RetryDecision.delay``), ``(until, seq,
+        #: task)``: waiting, not ready, until then (an entry counts while its task's
+        #: ``retry_at`` is ``until``; ``_release_retries``)
+        self.retry_held: list[tuple[float, int, TaskState]] = []
         #: per-category statistics, the category finished least recently first; at
         #: most ``MAX_CATEGORIES`` of them but those with known tasks (``_stat``)
         self.stats: dict[str, CategoryStats] = {}
@@ -685,6 +694,8 @@ class SchedulerState(DiskPlacement):
                 self._reclassify()
             if self.held and self.held[0][0] <= self._now:
                 self._release_held()
+            if self.retry_held and self.retry_held[0][0] <= self._now:
+                self._release_retries()
             self._fill()
             while self._to_fail or self._to_cancel or self._too_large or self._oom_stuck:
                 self._spread_failures()  # a task placement failed (TaskTooBigForDisk)
@@ -882,8 +893,8 @@ class SchedulerState(DiskPlacement):
                     "queue_depth": 0, "oldest_wait": 0.0, "wait_quantiles": {}, "waits": 0,
                     "wait_sum": 0.0, "running": 0, "workers": {"idle": 0, "busy": 0,
                     "draining": 0, "away": 0}, "throttled": 0, "rss_bytes": 0, "held_back": 0,
-                    "disk_stalled": 0, "disk_stalls": 0, "cores": 0, "cores_busy": 0,
-                    "memory_limit_bytes": 0,
+                    "retry_held": 0, "disk_stalled": 0, "disk_stalls": 0, "cores": 0,
+                    "cores_busy": 0, "memory_limit_bytes": 0,
                 }  # fmt: skip
             return m
 
@@ -899,6 +910,8 @@ class SchedulerState(DiskPlacement):
             m["wait_sum"] = pw.total
         for pool, n in self.held_back().items():
             of(pool)["held_back"] = n
+        for pool, n in self.retry_held_by_pool().items():
+            of(pool)["retry_held"] = n
         for name, n in self.disk_stall_count.items():
             of(name)["disk_stalls"] = n
         for stall in self.disk_stalls.values():
@@ -1994,6 +2007,8 @@ class SchedulerState(DiskPlacement):
                 self._upstream_changed(ts)
         ts.state = finish
         if wave:
+            if start == "waiting":
+                ts.retry_at = 0.0  # (a retry held for its backoff is held no more)
             self._wave_moved(ts, finish == "waiting")
         self.moves[move] += 1
         if ended and self.checkpoint_workers and ts.key in self.checkpoint_workers:
@@ -2117,7 +2132,7 @@ class SchedulerState(DiskPlacement):
                 budget -= len(ts.deps)
                 if budget < 0:
                     break
-                left = 0.0
+                left = ts.retry_at - now  # (a retry held for its backoff: until then)
                 for d in ts.deps:
                     if d.state == "memory":
                         continue
@@ -2181,6 +2196,9 @@ class SchedulerState(DiskPlacement):
             self._too_large.append(ts)  # failed in _spread_failures, once it is waiting or queued
         missing = [d for d in ts.deps if d.state != "memory"] if ts.deps else []
         ts.waiting_on = len(missing)
+        if not missing and ts.retry_at > self._now:  # a retry held for its backoff
+            self._set(ts, "waiting")
+            return []
         if not missing:
             self._set(ts, "queued")
             self._enqueue(ts)
@@ -2319,6 +2337,54 @@ class SchedulerState(DiskPlacement):
                 ts.held_until = 0.0
                 self._enqueue(ts)
 
+    def retry_held_by_pool(self) -> dict[str, int]:
+        """Per pool (``"*"``: any pool), the retries held for their backoff now: waiting,
+        not ready (a look at the retry heap, not at the tasks)."""
+        out: dict[str, int] = {}
+        for until, _, ts in self.retry_held:
+            if ts.retry_at == until:
+                pool = ts.spec.pool or "*"
+                out[pool] = out.get(pool, 0) + 1
+        return out
+
+    def _release_retries(self) -> None:
+        """Retries whose backoff is over become ready (queued), or wait on for an input
+        lost meanwhile, as any waiting task."""
+        heap = self.retry_held
+        while heap and heap[0][0] <= self._now:
+            until, _, ts = heapq.heappop(heap)
+            if ts.retry_at != until:
+                continue  # it left waiting meanwhile (cancelled, failed, ...)
+            ts.retry_at = 0.0
+            if ts.waiting_on:
+                continue
+            self._log(ts.key, "retry", "ready: its backoff is over")
+            self._set(ts, "queued")
+            self._enqueue(ts)
+
+    def _retry_delay(self, ts: TaskState, delay: Any) -> float:
+        """The seconds the retry of ``ts`` is held, from the retry policy's ``delay``:
+        cut to :data:`~policies.MAX_RETRY_DELAY`; anything but a number of seconds at
+        least 0 is a policy error, and the retry is ready at once (0.0)."""
+        number = isinstance(delay, numbers.Real) and not isinstance(delay, bool)
+        if number and delay == 0:
+            return 0.0
+        if not number or not delay >= 0:  # (NaN too)
+            self.policy_errors += 1
+            self._log(
+                ts.key, "policy-error",
+                f"retry asked a delay of {delay!r}, not a number of seconds >= 0: "
+                "the retry is ready at once",
+            )  # fmt: skip
+            return 0.0
+        if delay > MAX_RETRY_DELAY:
+            self._log(
+                ts.key, "retry",
+                f"a delay of {float(delay):g} s cut to {MAX_RETRY_DELAY:g} s (MAX_RETRY_DELAY)",
+            )  # fmt: skip
+            return MAX_RETRY_DELAY
+        return float(delay)
+
     def _finished_ok(
         self, ts: TaskState, ws: WorkerState, res: TaskResult, cause: str | None = None
     ) -> None:
@@ -2401,7 +2467,7 @@ class SchedulerState(DiskPlacement):
                     self._too_large.append(dep)
             if dep.state == "waiting":
                 dep.waiting_on -= 1
-                if dep.waiting_on == 0:
+                if dep.waiting_on == 0 and not dep.retry_at:  # (held: _release_retries)
                     self._set(dep, "queued")
                     if self._enqueue(dep):
                         ready.append(dep)
@@ -2579,6 +2645,11 @@ class SchedulerState(DiskPlacement):
                     "output did not fit on disk",
                     f"input {error.input!r} could not be copied to {wid}: no room on its disk",
                 )
+            delay = self._retry_delay(ts, decision.delay)
+            if delay:  # held, not ready, until then (_wait_or_queue, _release_retries)
+                ts.retry_at = self._now + delay
+                heapq.heappush(self.retry_held, (ts.retry_at, next(self._seq), ts))
+                reason = f"{reason}; retry in {delay:g} s"
             self._log(ts.key, "retry", reason)
             pool = decision.pool
             served = pool is not None and pool != ts.spec.pool and self._serves(ts, pool)
@@ -4315,6 +4386,7 @@ class SchedulerState(DiskPlacement):
         assert self.queued_by_pool() == dict(pools), ("queue counters", self.queued_counts, pools)
         pools = Counter(ts.spec.pool or "*" for ts in self.tasks.values())
         assert self.pool_tasks == pools, ("pool task counters", self.pool_tasks, pools)
+        retry_entries = {(until, ts) for until, _, ts in self.retry_held}
         for key, ts in self.tasks.items():
             assert ts.key == key
             assert ts.state in ACTIVE | {"memory", "released", "erred", "cancelled"}, ts
@@ -4334,7 +4406,14 @@ class SchedulerState(DiskPlacement):
                 limit = self.largest.get(ts.spec.pool, NO_LIMIT)
                 assert ts.in_nbytes <= limit, (ts, "too large", ts.in_nbytes, limit)
             if ts.state == "waiting":
-                assert ts.waiting_on == not_ready > 0, (ts, ts.waiting_on, not_ready)
+                # waiting for an input, or a retry held for its backoff, or both
+                assert ts.waiting_on == not_ready, (ts, ts.waiting_on, not_ready)
+                assert not_ready > 0 or ts.retry_at > 0, (ts, "waiting for nothing")
+            if ts.retry_at:
+                # held: waiting, at most MAX_RETRY_DELAY, in the retry heap, not past due
+                assert ts.state == "waiting", (ts, "retry_at while not waiting")
+                assert self._now < ts.retry_at <= self._now + MAX_RETRY_DELAY, (ts, ts.retry_at)
+                assert (ts.retry_at, ts) in retry_entries, (ts, "held retry in no heap entry")
             waiting = sum(1 for d in ts.deps if d.state == "waiting")
             assert ts.waiting_deps == waiting, (ts, "waiting inputs", ts.waiting_deps, waiting)
             if ts.state in ("queued", "processing"):

@@ -19,6 +19,7 @@ from policies import (
 from policies.base import (
     BENIGN_LOSSES,
     KINDS,
+    MAX_RETRY_DELAY,
     ON_PURPOSE,
     REGISTRY,
     CategoryStats,
@@ -57,6 +58,7 @@ __all__ = [
     "BENIGN_LOSSES",
     "DEFAULTS",
     "KINDS",
+    "MAX_RETRY_DELAY",
     "ON_PURPOSE",
     "REGISTRY",
     "CategoryStats",

@@ -33,6 +33,7 @@ from runtime.messages import PolicyInfo
 
 __all__ = [
     "KINDS",
+    "MAX_RETRY_DELAY",
     "METHODS",
     "REGISTRY",
     "CategoryStats",
@@ -255,6 +256,12 @@ class TaskView(Protocol):
     @property
     def retries_left(self) -> int: ...
     @property
+    def charged_tries(self) -> int:
+        """Retries so far that spent the user's budget (``retries=`` less
+        :attr:`retries_left`)."""
+        ...
+
+    @property
     def lost_tries(self) -> int: ...
     @property
     def oom_tries(self) -> int:
@@ -408,7 +415,11 @@ class RetryDecision:
 
     ``retry``: run it again; ``charge``: the retry spends the user's retry budget;
     ``behind``: the retry goes behind work that has not been tried yet; ``pool``: the
-    task moves to that pool (e.g. off a preemptible one) for this and later tries.
+    task moves to that pool (e.g. off a preemptible one) for this and later tries;
+    ``delay``: seconds the retry waits before it is ready (a backoff; 0: at once). The
+    scheduler core holds the task that long (not ready, not placed), at most
+    :data:`MAX_RETRY_DELAY` (a longer one is cut to it); a delay that is not a number
+    at least 0 is a policy error and the retry is ready at once.
     """
 
     retry: bool
@@ -416,6 +427,12 @@ class RetryDecision:
     behind: bool = True
     reason: str = ""
     pool: str | None = None  #: run the retry in this pool instead (a fallback)
+    delay: float = 0.0  #: seconds before the retry is ready (0: at once)
+
+
+#: the longest a retry is held before it is ready (seconds): a longer
+#: :attr:`RetryDecision.delay` is cut to it
+MAX_RETRY_DELAY = 3600.0
 
 
 @runtime_checkable

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
-from policies.base import REGISTRY, RetryDecision, TaskView
+from policies.base import MAX_RETRY_DELAY, REGISTRY, RetryDecision, TaskView
 
 __all__ = ["DefaultRetry", "NeverRetry"]
 
@@ -48,7 +49,14 @@ class DefaultRetry:
     its pool's ``fallback`` if there is one, else it is not retried and fails with
     :class:`~runtime.errors.TaskLongerThanWalltime`. A try lost to the walltime after
     starting later in its worker's life gets its free retry (a fresh worker may give it
-    the time)."""
+    the time).
+
+    ``backoff`` (seconds, 0 by default: at once) holds a charged retry of an ``error``
+    or ``timeout`` before it is ready: ``backoff`` before the first, doubled for each
+    charged retry before (``backoff * 2 ** charged_tries``), at most ``max_backoff``
+    (60 s by default, at most :data:`~policies.MAX_RETRY_DELAY`): a transient hiccup of
+    remote storage gets time to pass. Free retries (a lost worker, a kill for memory, a
+    full disk) stay immediate."""
 
     name = "default"
 
@@ -60,7 +68,15 @@ class DefaultRetry:
         max_crashes: int = 3,
         fallback: Mapping[str, str] | None = None,
         max_disk_full: int = 2,
+        backoff: float = 0.0,
+        max_backoff: float = 60.0,
     ) -> None:
+        for name, value in (("backoff", backoff), ("max_backoff", max_backoff)):
+            if not math.isfinite(value) or not 0 <= value <= MAX_RETRY_DELAY:
+                raise ValueError(
+                    f"{name} must be a number of seconds from 0 to {MAX_RETRY_DELAY:g} "
+                    f"(the longest the scheduler holds a retry), got {value!r}"
+                )
         if max_lost < 0:
             raise ValueError("max_lost must be >= 0")
         if max_oom < 0:
@@ -81,6 +97,8 @@ class DefaultRetry:
             if pool == to:
                 raise ValueError(f"pool {pool!r} cannot fall back to itself")
         self.fallback = fallback
+        self.backoff = float(backoff)
+        self.max_backoff = float(max_backoff)
 
     def decide(self, task: TaskView, outcome: str, cause: str | None) -> RetryDecision:
         if outcome == "worker-lost":
@@ -118,7 +136,13 @@ class DefaultRetry:
             )
         if outcome in ("error", "timeout"):
             if task.retries_left > 0:
-                return RetryDecision(True, charge=True, reason=f"{outcome}; retry budget left")
+                reason = f"{outcome}; retry budget left"
+                if not self.backoff:
+                    return RetryDecision(True, charge=True, reason=reason)
+                # (read only with a backoff: a policy's own task views may lack it)
+                doubled = self.backoff * 2.0 ** min(task.charged_tries, 64)
+                delay = min(doubled, self.max_backoff)
+                return RetryDecision(True, charge=True, reason=reason, delay=delay)
             return RetryDecision(False, reason=f"{outcome}; no retry budget left")
         return RetryDecision(False, reason=outcome)
 

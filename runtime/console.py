@@ -959,9 +959,12 @@ def _row(table: Table, *cells: str) -> None:
 
 
 def _held_back(st: Mapping[str, Any]) -> str:
-    """`` (N held back)`` when ready tasks are held back after failed fetches."""
+    """`` (N held back)`` when ready tasks are held back after failed fetches, and
+    ``, N held for retry`` when retries wait for their backoff (not ready)."""
     n = int(st.get("held_back") or 0)
-    return f" ({n} held back: inputs unreachable)" if n else ""
+    text = f" ({n} held back: inputs unreachable)" if n else ""
+    r = int(st.get("retry_held") or 0)
+    return text + (f", {r} held for retry (backoff)" if r else "")
 
 
 def _bytes(n: Any, zero: str = "-") -> str:

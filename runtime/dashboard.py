@@ -139,6 +139,7 @@ def build_snapshot(
                 "label": _pool_label(name),
                 "queue_depth": m.queue_depth if m is not None else 0,
                 "held_back": m.held_back if m is not None else 0,
+                "retry_held": m.retry_held if m is not None else 0,
                 "oldest_wait": m.oldest_wait if m is not None else 0.0,
                 "wait_p50": q.get("0.5"),
                 "wait_p90": q.get("0.9"),
@@ -597,6 +598,11 @@ function renderPools(s) {
         p.held_back ? h("span", {class: "held-back", text: " (" + p.held_back + " held back)",
           title: "ready tasks held back for a while: their inputs could not be fetched " +
                  "from a worker still connected (workers that cannot reach each other?)"})
+          : "",
+        p.retry_held ? h("span", {class: "retry-held",
+                                  text: " (+" + p.retry_held + " held for retry)",
+          title: "retries held for their backoff (the retry policy's delay): not ready yet, " +
+                 "not counted in the queue"})
           : ""),
       h("td", {class: "num", text: secs(p.oldest_wait)}),
       h("td", {class: "num", text: secs(p.wait_p50)}),

@@ -851,6 +851,9 @@ class PoolMetrics(Message):
     spilled_total: int = 0
     #: of ``queue_depth``, the tasks held back after failed fetches (a backoff)
     held_back: int = 0
+    #: retries held for their backoff (``RetryDecision.delay``): not ready, not in
+    #: ``queue_depth``
+    retry_held: int = 0
     #: 1 while the disk watchdog finds the pool stalled (``DiskStallInfo``), else 0
     disk_stalled: int = 0
     #: disk stalls the pool ever had (each one the watchdog declared)
@@ -1390,6 +1393,9 @@ class StatusReply(Message):
     queues: dict[str, int] = dataclasses.field(default_factory=dict)
     #: of the queued, those held back after failing to get their inputs (a backoff)
     held_back: int = 0
+    #: retries held for their backoff (``RetryDecision.delay``): waiting, not ready
+    #: (among the ``waiting`` of ``tasks_by_state``)
+    retry_held: int = 0
     categories: dict[str, CategoryStatus] = dataclasses.field(default_factory=dict)
     #: categories the scheduler keeps statistics for (``categories`` may hold fewer:
     #: ``StatusRequest.top_categories``)

@@ -90,6 +90,12 @@ class SnapshotCollector(Collector):
             "from a connected worker (a backoff).",
             pool,
         )
+        retry_held = _gauge(
+            "corral_retry_held",
+            "Retries held for their backoff (the retry policy's delay): not ready, not "
+            "in the queue depth.",
+            pool,
+        )
         oldest = _gauge(
             "corral_queue_oldest_wait_seconds",
             "How long the oldest ready task has waited (0: none waits).",
@@ -132,6 +138,7 @@ class SnapshotCollector(Collector):
         for name, m in sorted(snap.pools.items()):
             depth.add_metric([name], m.queue_depth)
             held_back.add_metric([name], m.held_back)
+            retry_held.add_metric([name], m.retry_held)
             oldest.add_metric([name], m.oldest_wait)
             for q, v in m.wait_quantiles.items():
                 wait.add_sample(wait.name, {"pool": name, "quantile": q}, v)
@@ -150,7 +157,8 @@ class SnapshotCollector(Collector):
             spilled.add_metric([name], m.spilled_total)
             disk_stalled.add_metric([name], m.disk_stalled)
             disk_stalls.add_metric([name], m.disk_stalls)
-        yield from (depth, held_back, oldest, wait, running, workers, cores, cores_busy)
+        yield from (depth, held_back, retry_held, oldest, wait, running, workers, cores)
+        yield cores_busy
         yield from (throttled, rss, limit, held)
         yield from (spill, spilled, disk_stalled, disk_stalls)
 
