@@ -138,8 +138,8 @@ def test_handle_refuses_unknown_events(make_state: Factory) -> None:
 class RandomWorkload(RuleBasedStateMachine):
     """Random graphs, workers that come and go (drained, and taken back while they
     drain), random outcomes, cancels and releases, speculative copies (eager: past the
-    p90 alone, up to two per task) and their outcomes, with the registry core answering
-    the FileFacts. ``validate()`` after every step;
+    p90 alone, up to two per task) and their outcomes, retries held for a backoff, with
+    the registry core answering the FileFacts. ``validate()`` after every step;
     ``settle`` runs everything to the end and checks every wanted key's outcome."""
 
     def __init__(self) -> None:
@@ -465,6 +465,13 @@ class RandomWorkload(RuleBasedStateMachine):
         policy = REGISTRY.create("placement", name)
         self.handle(event(PolicyChanged, kind="placement", policy=policy))
 
+    @rule(backoff=st.sampled_from([0.0, 1.5, 3.0]))
+    def retry_backoff(self, backoff: float) -> None:
+        """The default retry policy with a backoff (events are 1 s apart: a retry is
+        held over a few of them, while inputs are lost, cancels and releases come)."""
+        policy = REGISTRY.create("retry", "default", {"backoff": backoff, "max_backoff": 5.0})
+        self.handle(event(PolicyChanged, kind="retry", policy=policy))
+
     @rule()
     def settle(self) -> None:
         """All workers present, only ok outcomes: everything must come to an end."""
@@ -495,7 +502,8 @@ class RandomWorkload(RuleBasedStateMachine):
                 )
                 self.handle(event(TasksFinished, worker=wid, results=results))
                 progressed = True
-            if not progressed and self.state.held:  # tasks backing off: time passes
+            if not progressed and (self.state.held or self.state.retry_held):
+                # tasks backing off, or retries held for their backoff: time passes
                 self.handle(event(Tick))
                 progressed = True
             if not progressed:
