@@ -702,7 +702,9 @@ class Autoscaler(Actor):
             raise ValueError(f"the autoscaler has only a scaling policy, not {msg.kind!r}")
         policy = self.policy_registry.create(msg.kind, msg.name, msg.params)
         await self._handle(PolicyChanged(self.clock.now(), policy))
-        self.log.info("policy changed", kind=msg.kind, name=msg.name, params=msg.params)
+        self.log.info(
+            "policy changed", kind=msg.kind, name=msg.name, params=msg.params, by=msg.by or "?"
+        )
         return self.policy_registry.info(msg.kind, policy)
 
     @handles(MetricsRequest)

@@ -800,7 +800,9 @@ class Scheduler(Actor):
             raise ValueError("the scaling policy belongs to the autoscaler, not the scheduler")
         policy = self.policy_registry.create(msg.kind, msg.name, msg.params)
         self._handle(PolicyChanged(*self._ev(), msg.kind, policy))
-        self.log.info("policy changed", kind=msg.kind, name=msg.name, params=msg.params)
+        self.log.info(
+            "policy changed", kind=msg.kind, name=msg.name, params=msg.params, by=msg.by or "?"
+        )
         return self.policy_registry.info(msg.kind, policy)
 
     @handles(StatusRequest)
@@ -808,7 +810,8 @@ class Scheduler(Actor):
         """The scheduler's fields of a ``StatusReply``, by name (typed values)."""
         st = self.state  # counters kept by the core: no scan of the tasks
         stalls = st.disk_stalls.values()
-        now = self.clock.now() if stalls else 0.0  # (a bare core in tests has no clock)
+        # (a bare core in tests has no clock)
+        now = self.clock.now() if stalls or st.throttled else 0.0
         return {
             "workers": tuple(self.infos.values()),
             "processing": {w: len(ws.processing) for w, ws in st.workers.items()},
@@ -824,6 +827,7 @@ class Scheduler(Actor):
             "rss": {w: ws.rss for w, ws in st.workers.items() if ws.rss},
             "memory": dict(self.memory),
             "throttled": tuple(sorted(st.throttled)),
+            "throttled_seconds": st.throttled_seconds(now),
             "tasks_by_state": st.by_state,
             "queued": st.count("queued"),
             "queues": st.queued_by_pool(),  #: ready tasks per pool ("*": any pool)

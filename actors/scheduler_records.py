@@ -227,6 +227,8 @@ class WorkerState:
         "tasks_sent",
         "throttle_at",
         "throttled",
+        "throttled_since",
+        "throttled_total",
         "unconfirmed",
         "view",
         "walltime_drain",
@@ -269,6 +271,8 @@ class WorkerState:
         #: ``tasks_per_worker`` drains it once they reach that many)
         self.tasks_sent = 0
         self.throttled = False  #: past its throttle fence: deferring producers
+        self.throttled_since = 0.0  #: when it was last throttled (while ``throttled``)
+        self.throttled_total = 0.0  #: seconds it was throttled, its episodes that ended
         #: its block is suspended by the batch system: no new tasks until it resumes
         self.suspended = False
         #: when its connection dropped, its id held for its rejoin (None: connected):

@@ -1895,11 +1895,26 @@ class SchedulerState(DiskPlacement):
         ws.throttled = ev.throttled
         if ev.throttled:
             self.throttled.add(ws.id)
+            ws.throttled_since = self._now
         else:
             self.throttled.discard(ws.id)
+            ws.throttled_total += max(0.0, self._now - ws.throttled_since)
             self.stalled_since = None  # memory came down: progress
         self._log(ws.id, "memory", "throttled" if ev.throttled else "unthrottled")
         self._update_free(ws)
+
+    def throttled_seconds(self, now: float) -> dict[str, float]:
+        """Per worker, the seconds it has been throttled since it joined, its episode
+        under way counted to ``now``; workers never throttled are left out (what a
+        client's throttle hint reads: ``StatusReply.throttled_seconds``)."""
+        out = {}
+        for wid, ws in self.workers.items():
+            seconds = ws.throttled_total
+            if ws.throttled:
+                seconds += max(0.0, now - ws.throttled_since)
+            if seconds or ws.throttled:
+                out[wid] = seconds
+        return out
 
     def _tick(self, ev: Tick) -> None:
         """Drain workers whose walltime is near (the watchdog runs after every event);

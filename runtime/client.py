@@ -46,6 +46,7 @@ from actors.worker import host_cpus
 from policies import KINDS, REGISTRY
 from runtime import pickling, unpickling
 from runtime.errors import (
+    FLOOR_ADVICE,
     ActorStopped,
     AskTimeout,
     ConnectFailed,
@@ -60,6 +61,7 @@ from runtime.errors import (
     TaskArgumentsTooLarge,
     UnknownPolicyError,
     WorkersTimeout,
+    memory_sizes,
 )
 from runtime.files import File
 from runtime.graph import (
@@ -84,6 +86,8 @@ from runtime.messages import (
     GatherRequest,
     KeyUpdates,
     Message,
+    PolicyInfo,
+    PolicyQuery,
     ReleaseKeysRequest,
     ScaleRequest,
     SetPolicyRequest,
@@ -235,6 +239,130 @@ def _no_workers_news(
             "the wait, wrap the run in anyio.fail_after(SECONDS)",
         )
     return pending
+
+
+#: seconds of memory throttling that more than half of the workers must have had while
+#: this client's tasks waited (an episode: from the first look that saw them waiting)
+#: before the client warns that throttling holds its run back (:func:`_throttle_news`)
+THROTTLE_HINT_AFTER = 30.0
+
+
+class _ThrottleWatch:
+    """Client-side state of the throttle hint: each worker's throttled seconds (as the
+    manager counts them, ``StatusReply.throttled_seconds``) when the episode began and
+    at the latest look; when it began (this client's clock); whether it was told."""
+
+    __slots__ = ("last", "looks", "since", "start", "told")
+
+    def __init__(self) -> None:
+        self.start: dict[str, float] | None = None  #: None: no episode (nothing waits)
+        self.last: dict[str, float] = {}
+        self.since = 0.0
+        self.told = False
+        self.looks = 0  #: looks at the manager's status made while tasks waited
+
+
+def _throttle_news(
+    watch: _ThrottleWatch,
+    reply: StatusReply | None,
+    now: float,
+    manager: str,
+    after: float | None = None,
+) -> bool:
+    """One look: ``reply`` is the manager's status while this client's tasks wait
+    (None: none waits, which ends the episode). Log ONE warning per episode once more
+    than half of the workers were throttled for memory ``after`` seconds
+    (:data:`THROTTLE_HINT_AFTER`) or more since it began: which workers, their limit,
+    floor and throttle fence, and what to do. An episode ends when nothing waits, or
+    when no worker was throttled since the previous look. Returns whether it warned."""
+    after = THROTTLE_HINT_AFTER if after is None else after
+    if reply is None:
+        watch.start, watch.told = None, False
+        return False
+    watch.looks += 1
+    seconds = dict(reply.throttled_seconds)
+    if watch.start is None or (not reply.throttled and seconds == watch.last):
+        watch.start, watch.since, watch.told = seconds, now, False  # (again)
+    watch.last = seconds
+    if watch.told:
+        return False
+    start = watch.start
+    present = {i.worker_id for i in reply.workers} - set(reply.away)
+    held = {
+        w: s - start.get(w, 0.0)
+        for w, s in sorted(seconds.items())
+        if w in present and s - start.get(w, 0.0) >= after
+    }
+    if not present or 2 * len(held) <= len(present):
+        return False
+    watch.told = True
+    said = []
+    for w, s in held.items():
+        m = reply.memory.get(w)
+        if m is None:
+            said.append(f"{w} (throttled {s:.0f} s)")
+            continue
+        limit, floor, fence = memory_sizes(m.limit, m.floor, m.throttle_at, top=m.limit)
+        floor = f"floor {floor}" if m.floor else "floor under its resume mark"
+        said.append(f"{w} (limit {limit}, {floor}, throttles at {fence}, throttled {s:.0f} s)")
+    _log.warning(
+        "workers throttled for memory hold this client's tasks back",
+        manager=manager,
+        throttled=f"{len(held)} of {len(present)} workers",
+        waited=round(now - watch.since),
+        workers="; ".join(said),
+        hint="a throttled worker starts no new producer (a task that makes more than it "
+        "reads: loaders, roots) until its memory falls under its resume mark, so the run "
+        f"goes at the pace of its memory, not its cores. {FLOOR_ADVICE[0].upper()}"
+        f"{FLOOR_ADVICE[1:]}; from a script, Cluster(memory_per_worker=...) or fewer "
+        "threads_per_worker. A floor near the marks is memory that is not outputs "
+        "(docs/memory.md#the-floor-memory-that-is-not-outputs); the fences: "
+        "docs/memory.md#the-fences. The workers' own logs say when their floor moved "
+        "their marks",
+    )
+    return True
+
+
+def _policy_call(info: PolicyInfo) -> str:
+    """The call that sets the policy ``info`` describes (its params are reprs)."""
+    params = "".join(f", {k}={v}" for k, v in sorted(info.params.items()))
+    return f"await cluster.set_policy({info.kind!r}, {info.name!r}{params})"
+
+
+def _policies_left_news(
+    set_here: Mapping[str, tuple[PolicyInfo | None, PolicyInfo]],
+    in_force: Sequence[PolicyInfo],
+    manager: str,
+) -> list[str]:
+    """At a client's close: per kind it set (``set_here``: the policy before its first
+    set, None if not known, and the one its latest set made), warn when what it set is
+    still in force on the shared manager (``in_force``): every later client runs under
+    it. Returns the kinds warned of."""
+    now = {info.kind: info for info in in_force}
+    warned = []
+    for kind, (before, mine) in sorted(set_here.items()):
+        info = now.get(kind)
+        if info is None or (info.name, info.params) != (mine.name, mine.params):
+            continue  # changed since (by another client): not this client's to say
+        if before is None:
+            back = "the policy in force before it is not known"
+        elif (before.name, before.params) == (mine.name, mine.params):
+            continue  # set to what was there already: nothing changed
+        else:
+            back = f"{_policy_call(before)} (console: policy set {kind} {before.name}" + (
+                "".join(f" {k}={v}" for k, v in sorted(before.params.items())) + ")"
+            )
+        warned.append(kind)
+        _log.warning(
+            "a policy this client set stays in force on the shared manager",
+            manager=manager,
+            kind=kind,
+            name=info.name,
+            params=dict(info.params),
+            hint=f"it applies to every later client of this manager until set again. "
+            f"To set it back: {back}",
+        )
+    return warned
 
 
 class _KeyWatch:
@@ -726,6 +854,13 @@ class ClientActor(Actor):
         self.sent((key,), None)
         self._settle(KeyErred("", key, error, key, error))
 
+    def waiting(self) -> bool:
+        """Some task of this client waits: a Future (or a compute) holds a key with no
+        word on its fate yet (the throttle hint looks only then)."""
+        if self.pending:
+            return True
+        return any(w.update is None and w.holders and not w.left for w in self.watches.values())
+
     def watch(self, key: Key) -> _KeyWatch:
         """The key's watch, for a Future (or a compute) being made: its key is being
         submitted (again). A key that failed or was cancelled runs again: its futures,
@@ -1100,7 +1235,8 @@ class Cluster:
     ``unknown_long``, ``monitoring``, ``monitoring_interval``, ``alerts``,
     ``alertmanager``, ``alerting``, ``worker_timeout``) raise ``ValueError`` here,
     saying where the manager takes them from; ``set_policy`` changes its policies for
-    every client.
+    every client (it stays after this client closes: :meth:`close` warns of a policy it
+    set that is still in force, with the call that sets the one before back).
 
     ``Cluster(pools={"name": {...}})`` configures pools as data instead of ``workers``
     (docs/configuration.md#pools): each pool's blocks (``workers_per_node`` workers of
@@ -1132,8 +1268,11 @@ class Cluster:
     with its summary and dashboard link, so a script waiting on its results says why
     they wait (a pool suspended, no worker, a queue stuck); those already firing when it
     connects are logged once. Ready tasks with no worker at all (every worker died) are
-    logged at the next look, before that alert fires. ``None``: it does not look. An
-    embedded cluster's alert monitor logs them in this process anyway.
+    logged at the next look, before that alert fires. While this client's tasks wait,
+    each look also reads the manager's status and warns, once an episode, when most
+    workers were throttled for memory :data:`THROTTLE_HINT_AFTER` seconds (30) or more
+    meanwhile (:func:`_throttle_news`). ``None``: it does not look. An embedded
+    cluster's alert monitor logs them in this process anyway.
 
     ``prune_depth`` (docs/files.md#pruning-depth): an output is dropped from the
     workers once the tasks that read it are done (1, the default), or once their own
@@ -1191,6 +1330,11 @@ class Cluster:
         if manager_alerts is not None:
             _seconds("manager_alerts", manager_alerts, ", or None")
         self.manager_alerts = manager_alerts
+        #: the throttle hint's state (with ``address``, at each look at the alerts)
+        self._throttle = _ThrottleWatch()
+        #: with ``address``: per kind this client set, the policy before its first set
+        #: (None: not known) and the latest it set; warned of at close if still in force
+        self._policies_set: dict[str, tuple[PolicyInfo | None, PolicyInfo]] = {}
         from runtime.node import DEAD_AFTER
 
         #: seconds the manager may be silent before this client gives up on it
@@ -1495,7 +1639,23 @@ class Cluster:
                     log.notify(alert)
                 said = _no_workers_news(reply.alerts, said, str(self.address))
                 first = False
+            await self._look_at_throttling(manager, every)
             await anyio.sleep(every)
+
+    async def _look_at_throttling(self, manager: _RemoteManager, every: float) -> None:
+        """While this client's tasks wait, read the manager's status and warn once an
+        episode when most workers were throttled for memory long enough
+        (:func:`_throttle_news`); a look that fails is skipped."""
+        status: StatusReply | None = None
+        if self._client_actor.waiting():
+            try:
+                status = await manager.ask(StatusRequest(categories=False), timeout=max(every, 5.0))
+            except ManagerLost:
+                return
+            except (CorralError, TimeoutError) as exc:
+                _log.debug("could not read the manager's status", error=str(exc))
+                return
+        _throttle_news(self._throttle, status, time.monotonic(), str(self.address))
 
     async def _hello(self, conn: Any, address: str, limit: float) -> str:
         """Say ``Hello`` as a client on ``conn`` and wait, at most ``limit`` seconds, for
@@ -1716,6 +1876,9 @@ class Cluster:
         system, self._system = self._system, None
         if system is None:
             return
+        if self._policies_set and system.running:
+            with anyio.CancelScope(shield=True):
+                await self._policies_left()
         client = getattr(self, "_client_actor", None)
         # the monitoring recorder after the workers (it records them leaving), before
         # the actors its last poll asks
@@ -1736,6 +1899,20 @@ class Cluster:
                     await system.stop()
                 finally:
                     self._gc.exit()
+
+    async def _policies_left(self) -> None:
+        """Warn of the policies this client set on its shared manager that are still in
+        force as it closes (:func:`_policies_left_news`); a manager that does not answer
+        within 5 s (or is gone) is not waited for."""
+        manager = self._manager
+        if not isinstance(manager, _RemoteManager) or manager.gone:
+            return
+        try:
+            infos = await manager.ask(PolicyQuery(), timeout=5.0)
+        except (CorralError, TimeoutError) as exc:
+            _log.debug("could not read the manager's policies", error=str(exc))
+            return
+        _policies_left_news(self._policies_set, infos, str(self.address))
 
     def _require(self) -> None:
         if self._system is None:
@@ -2171,7 +2348,19 @@ class Cluster:
             raise UnknownPolicyError("kind of", kind, KINDS)
         if not isinstance(name, str):
             raise UnknownPolicyError(kind, name, REGISTRY.names(kind))
-        return await self._manager.ask(SetPolicyRequest(kind, name, params))
+        msg = SetPolicyRequest(kind, name, params, by=self._client_actor.name)
+        if not isinstance(self._manager, _RemoteManager):
+            return await self._manager.ask(msg)
+        # A shared manager: the policy stays for every later client. Kept, so that
+        # close() warns if it is still in force then, saying how to set back the one
+        # before (docs/api.md#policies).
+        before = self._policies_set.get(kind, (None,))[0]
+        if kind not in self._policies_set:
+            infos = await self._manager.ask(PolicyQuery())
+            before = next((i for i in infos if i.kind == kind), None)
+        info: PolicyInfo = await self._manager.ask(msg)
+        self._policies_set[kind] = (before, info)
+        return info
 
     async def scale(self, n: int, pool: str | None = None, *, hold: float | None = None) -> Any:
         """Keep ``n`` blocks of workers in ``pool``; with ``hold`` (seconds), at least

@@ -469,7 +469,9 @@ class ConsoleClient:
         self, kind: str, name: str, params: Mapping[str, Any] | None = None
     ) -> PolicyInfo:
         """Swap the ``kind`` policy for ``name`` (admin)."""
-        info: PolicyInfo = await self.ask(SetPolicyRequest(kind, name, dict(params or {})))
+        info: PolicyInfo = await self.ask(
+            SetPolicyRequest(kind, name, dict(params or {}), by=self.name)
+        )
         return info
 
     async def drain(self, worker: str) -> dict[str, Any]:

@@ -126,11 +126,14 @@ class Stop(Message):
 
 @message()
 class SetPolicyRequest(Message):
-    """Swap the policy of ``kind`` (priority, placement, retry, ...) at runtime."""
+    """Swap the policy of ``kind`` (priority, placement, retry, ...) at runtime.
+    ``by``: who asks (a client's or console's name, ``client-...``; "": not said), for
+    the manager's log: the policy stays in force for every later client."""
 
     kind: str
     name: str
     params: dict[str, Any] = dataclasses.field(default_factory=dict)
+    by: str = ""
 
 
 @message()
@@ -1388,6 +1391,9 @@ class StatusReply(Message):
     rss: dict[str, int] = dataclasses.field(default_factory=dict)
     memory: dict[str, WorkerMemoryReport] = dataclasses.field(default_factory=dict)
     throttled: tuple[str, ...] = ()
+    #: per worker, the seconds it has been throttled since it joined (its episode under
+    #: way counted to now); workers never throttled are left out
+    throttled_seconds: dict[str, float] = dataclasses.field(default_factory=dict)
     tasks_by_state: dict[str, int] = dataclasses.field(default_factory=dict)
     queued: int = 0
     queues: dict[str, int] = dataclasses.field(default_factory=dict)

@@ -38,7 +38,13 @@ from actors.providers import Block, BlockSpec, BlockState, InProcessProvider, Pr
 from policies import REGISTRY
 from policies.scaling import PoolLimits
 from runtime import Cluster
-from runtime.client import _no_workers_news
+from runtime import client as client_module
+from runtime.client import (
+    _no_workers_news,
+    _policies_left_news,
+    _throttle_news,
+    _ThrottleWatch,
+)
 from runtime.console import (
     COMMANDS,
     STATUS_CATEGORIES,
@@ -56,6 +62,8 @@ from runtime.messages import (
     StatusReply,
     StatusRequest,
     TaskRecord,
+    WorkerInfo,
+    WorkerMemoryReport,
 )
 from runtime.monitor import alerting_config
 from runtime.node import (
@@ -183,12 +191,14 @@ async def hosted(
     workers_per_block: int = 1,
     alerting: dict[str, Any] | None = None,
     limits: PoolLimits | None = None,
+    memory: int = 0,
 ) -> AsyncIterator[tuple[str, Any]]:
     """A control plane with an autoscaler (in-process workers, through ``wrap`` if
     given; ``n_workers`` blocks of ``workers_per_block`` workers) behind a gateway on
     ``inproc://`` with the codec; every connection gets ``role``. ``alerting``: the
     ``[alerting]`` settings of its alert monitor (the defaults otherwise); ``limits``:
-    the pool's configured limits (none by default)."""
+    the pool's configured limits (none by default); ``memory``: each worker's memory
+    limit (0: the machine's; an in-process worker's governor reads this process's RSS)."""
     from transport import listen
 
     async with ActorSystem() as system:
@@ -202,7 +212,7 @@ async def hosted(
             provider=provider,
             targets={
                 "default": PoolTarget(
-                    n_workers, BlockSpec(workers_per_block, 1, 0, 0, "default"), limits
+                    n_workers, BlockSpec(workers_per_block, 1, memory, 0, "default"), limits
                 )
             },
             **({} if alerting is None else {"alerting": alerting_config(alerting)}),
@@ -979,6 +989,161 @@ def test_a_no_workers_episode_is_told_once() -> None:
         assert said == set() and log.lines == told
         _no_workers_news([alert("pending", 9.0)], said, "m")  # a new episode
         assert len(log.lines) == 2 and "no worker" in log.lines[1]
+
+
+MiB = 2**20
+
+
+@pytest.mark.anyio
+async def test_a_client_warns_once_that_memory_throttling_holds_its_tasks_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The physics audit: process workers at --memory 200MiB took 146.8 s for a run of 9
+    s, throttled 18-20 times each; the workers warned in their logs, the user's script
+    said nothing. Now the client warns, once an episode, when most workers were
+    throttled long enough (here 0.3 s instead of 30) while its tasks wait. By
+    construction: an in-process worker's governor reads this whole process's RSS,
+    far past a 64 MiB limit's fences, so the root task waits."""
+    monkeypatch.setattr(client_module, "THROTTLE_HINT_AFTER", 0.3)
+    hint = "workers throttled for memory hold this client's tasks back"
+    with anyio.fail_after(LIMIT), log_lines("corral.client", logging.WARNING) as log:
+        async with (
+            hosted(1, memory=64 * MiB, alerting={"interval": 0.1}) as (address, _),
+            Cluster(address, manager_alerts=0.1) as cluster,
+        ):
+
+            async def throttled() -> bool:
+                return bool((await cluster.status())["throttled"])
+
+            await wait_until(throttled, "the worker throttled")
+            fut = cluster.submit(operator.add, 1, 2)  # a root: a producer, held back
+            line = await wait_until(lambda: log.with_(hint), "the throttle hint")
+            assert not fut.done()
+            (worker,) = (await cluster.status())["memory"]
+            assert "level='warning'" in line and "throttled='1 of 1 workers'" in line
+            assert f"{worker} (limit 64.0 MiB, " in line and "throttles at " in line
+            assert "--memory" in line and "memory_per_worker" in line
+            assert "docs/memory.md#the-floor-memory-that-is-not-outputs" in line
+            assert "docs/memory.md#the-fences" in line and f"manager='{address}'" in line
+            # Once for the episode: more looks, still throttled, nothing said again.
+            looks = cluster._throttle.looks
+            await wait_until(lambda: cluster._throttle.looks >= looks + 5, "five more looks")
+            assert [ln for ln in log.lines if hint in ln] == [line]
+            fut.cancel()
+
+
+@pytest.mark.anyio
+async def test_a_client_whose_workers_are_not_throttled_gets_no_throttle_hint(
+    monkeypatch: pytest.MonkeyPatch, gate: Callable[[str], threading.Event]
+) -> None:
+    monkeypatch.setattr(client_module, "THROTTLE_HINT_AFTER", 0.0)
+    opened = gate("unthrottled")
+    with anyio.fail_after(LIMIT), log_lines("corral.client", logging.WARNING) as log:
+        async with (
+            hosted(1, alerting={"interval": 0.1}) as (address, _),
+            Cluster(address, manager_alerts=0.1) as cluster,
+        ):
+            fut = cluster.submit(gated, "unthrottled", 7)
+            # the looks made while the task waits (its worker runs it, unthrottled)
+            await wait_until(lambda: cluster._throttle.looks >= 5, "five looks")
+            opened.set()
+            assert await fut.result() == 7
+    assert not [ln for ln in log.lines if "throttled for memory" in ln], log.lines
+
+
+def _status(throttled: dict[str, float], now_throttled: tuple[str, ...], n: int) -> StatusReply:
+    workers = tuple(WorkerInfo(f"w{i}", 1, 200 * MiB) for i in range(n))
+    memory = {
+        w.worker_id: WorkerMemoryReport(
+            w.worker_id, w.worker_id in now_throttled, 190 * MiB, 180 * MiB, 200 * MiB,
+            floor=170 * MiB if w.worker_id == "w0" else 0,
+        )
+        for w in workers
+    }  # fmt: skip
+    return StatusReply(
+        workers=workers, memory=memory, throttled=now_throttled, throttled_seconds=throttled
+    )
+
+
+def test_a_throttle_episode_is_told_once_and_only_when_most_workers_are_held() -> None:
+    """The hint's pure rule: throttled seconds gained since the episode began (the
+    first look with tasks waiting), by more than half of the workers present."""
+    hint = "throttled for memory"
+    with log_lines("corral.client", logging.WARNING) as log:
+        w = _ThrottleWatch()
+        assert not _throttle_news(w, _status({"w0": 100.0}, ("w0",), 2), 0.0, "m", 30)
+        # w0 throttled 40 s since (its 100 s before the episode do not count), w1 20 s:
+        # one of two workers is not most of them
+        st = _status({"w0": 140.0, "w1": 20.0}, ("w0", "w1"), 2)
+        assert not _throttle_news(w, st, 40.0, "m", 30)
+        st = _status({"w0": 150.0, "w1": 31.0}, ("w0",), 2)
+        assert _throttle_news(w, st, 50.0, "m", 30)
+        (line,) = log.lines
+        assert "throttled='2 of 2 workers'" in line and "waited=50" in line
+        assert (
+            "w0 (limit 200.0 MiB, floor 170.0 MiB, throttles at 180.0 MiB, throttled 50 s)" in line
+        )
+        assert "w1 (limit 200.0 MiB, floor under its resume mark" in line
+        # the same episode: not again
+        st = _status({"w0": 160.0, "w1": 41.0}, ("w0", "w1"), 2)
+        assert not _throttle_news(w, st, 60.0, "m", 30)
+        # no throttle since the last look: the episode is over; a new one counts anew
+        assert not _throttle_news(w, _status({"w0": 160.0, "w1": 41.0}, (), 2), 70.0, "m", 30)
+        st = _status({"w0": 180.0, "w1": 61.0}, ("w0", "w1"), 2)
+        assert not _throttle_news(w, st, 90.0, "m", 30)  # 20 s each of the new episode
+        st = _status({"w0": 200.0, "w1": 81.0}, ("w0", "w1"), 2)
+        assert _throttle_news(w, st, 110.0, "m", 30) and len(log.lines) == 2
+        # nothing waits: over too; the next wait begins another
+        assert not _throttle_news(w, None, 120.0, "m", 30)
+        assert w.start is None and not w.told
+        assert [ln for ln in log.lines if hint in ln] == log.lines
+
+
+@pytest.mark.anyio
+async def test_a_client_that_leaves_its_policy_on_a_shared_manager_says_so() -> None:
+    """A user on a shared manager set the retry policy, and every later run had it,
+    silently. Now the manager's log says which client set a policy, and a client that
+    closes while a policy it set is in force warns with the call that sets it back."""
+    with anyio.fail_after(LIMIT), log_lines("corral", logging.INFO) as log:
+        async with hosted(1) as (address, _):
+            async with Cluster(address, manager_alerts=None) as cluster:
+                await cluster.set_policy("retry", "default", max_crashes=5)
+                name = cluster._client_actor.name
+                set_line = log.with_("policy changed", "max_crashes")
+                assert set_line is not None and f"by='{name}'" in set_line
+            line = log.with_("a policy this client set stays in force")
+            assert line is not None and "level='warning'" in line
+            assert "kind='retry'" in line and "name='default'" in line
+            assert "'max_crashes': '5'" in line
+            assert "To set it back: await cluster.set_policy('retry', 'default')" in line
+            assert "console: policy set retry default)" in line
+            # Changed since by another client, or set back: nothing to say.
+            async with Cluster(address, manager_alerts=None) as first:
+                await first.set_policy("placement", "round-robin")
+                async with Cluster(address, manager_alerts=None) as second:
+                    await second.set_policy("placement", "locality")
+                    await second.set_policy("retry", "default", max_crashes=1)
+                    await second.set_policy("retry", "default", max_crashes=5)
+            told = [ln for ln in log.lines if "stays in force" in ln]
+            assert len(told) == 2 and told[0] == line  # the second client's, of placement:
+            assert "kind='placement'" in told[1] and "name='locality'" in told[1]
+            assert "await cluster.set_policy('placement', 'round-robin')" in told[1]
+
+
+def test_the_policies_left_in_force_are_told_with_the_call_that_sets_them_back() -> None:
+    before = PolicyInfo("retry", "default", params={"max_lost": "20", "pool": "'gpu'"})
+    mine = PolicyInfo("retry", "default", params={"max_crashes": "5"})
+    other = PolicyInfo("placement", "round-robin")
+    with log_lines("corral.client", logging.WARNING) as log:
+        told = _policies_left_news(
+            {"retry": (before, mine), "placement": (None, other)}, [mine], "m"
+        )
+        assert told == ["retry"]  # placement: no longer in force
+        (line,) = log.lines
+        assert "await cluster.set_policy('retry', 'default', max_lost=20, pool='gpu')" in line
+        assert "(console: policy set retry default max_lost=20 pool='gpu')" in line
+        assert _policies_left_news({"placement": (None, other)}, [other], "m") == ["placement"]
+        assert "the policy in force before it is not known" in log.lines[1]
 
 
 @pytest.mark.anyio

@@ -275,6 +275,26 @@ def test_memory_reports_from_unknown_workers_are_ignored_and_leaving_clears_thro
     assert not s.pressure
 
 
+def test_the_core_counts_each_workers_throttled_seconds_over_its_episodes(
+    make_state: Factory,
+) -> None:
+    """What a client's throttle hint reads (StatusReply.throttled_seconds): per worker,
+    its throttled time over every episode, the one under way counted to now; a worker
+    never throttled is left out."""
+    s = make_state()
+    join(s, "w1")
+    join(s, "w2")
+    assert s.throttled_seconds(5.0) == {}
+    throttle(s, "w1", now=10.0)
+    assert s.throttled_seconds(14.0) == {"w1": 4.0}
+    throttle(s, "w1", False, now=16.0)
+    throttle(s, "w1", now=20.0)
+    throttle(s, "w1", now=21.0)  # (still throttled: no new episode)
+    assert s.throttled_seconds(25.0) == {"w1": 11.0}
+    throttle(s, "w1", False, now=30.0)
+    assert s.throttled_seconds(99.0) == {"w1": 16.0}
+
+
 def test_the_memory_policy_can_be_swapped_at_runtime(make_state: Factory) -> None:
     s = make_state(unknown_long=False, saturation=1.0, backlog=10.0, max_per_core=50)
     join(s, "w1", cores=2)
