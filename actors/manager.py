@@ -26,7 +26,7 @@ import anyio
 
 from actors import transfer
 from actors.pools import check_fallback, pool_fallbacks
-from actors.scheduler_events import KeyDone, KeyTaken
+from actors.scheduler_events import KeyDone, KeysReused, KeyTaken
 from actors.transfer import STREAM_BYTES, StreamInfo, UnknownStream
 from runtime.errors import (
     ActorStopped,
@@ -468,6 +468,10 @@ class Manager(Actor):
     def key_updates(self, msg: KeyUpdates) -> None:
         per_client: dict[str, list[Any]] = {}
         for upd in msg.updates:
+            if type(upd) is KeysReused:  # once per submission: logged, and its client told
+                self.log.warning(upd.text(), client=upd.client, keys=upd.count)
+                per_client.setdefault(upd.client, []).append(upd)
+                continue
             ks = self.keys.get(upd.key)
             if ks is None:
                 continue

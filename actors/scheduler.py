@@ -50,6 +50,7 @@ from actors.scheduler_events import (
     KeyDone,
     KeyErred,
     KeysReleased,
+    KeysReused,
     KeyTaken,
     PolicyChanged,
     PolicyNoted,
@@ -327,7 +328,7 @@ class Scheduler(Actor):
                 self._to_worker(cmd.worker, RunTasks(cmd.tasks))
             elif type(cmd) is FileFacts:
                 self._registry().post(FileFactsMsg(cmd.facts))
-            elif type(cmd) in (KeyDone, KeyErred, KeyCancelled, KeyTaken):
+            elif type(cmd) in (KeyDone, KeyErred, KeyCancelled, KeyTaken, KeysReused):
                 updates.append(cmd)
             elif type(cmd) is CancelOnWorker:
                 self._to_worker(cmd.worker, CancelTasks(cmd.keys))
@@ -458,7 +459,7 @@ class Scheduler(Actor):
             return lambda stimulus: self._handle(
                 GraphSubmitted(
                     stimulus, self.clock.now(), p.specs, keys, i > 0, p.hold, p.unhold,
-                    unconfigured, echo, msg.client,
+                    unconfigured, echo, msg.client, i == last,
                 )
             )  # fmt: skip
 

@@ -14,6 +14,7 @@ from runtime.graph import Key, TaskSpec
 from runtime.messages import DiskStallInfo
 
 __all__ = [
+    "REUSED_NAMED",
     "CancelOnWorker",
     "CancelRequested",
     "CancelSpared",
@@ -38,6 +39,7 @@ __all__ = [
     "KeyErred",
     "KeyTaken",
     "KeysReleased",
+    "KeysReused",
     "PolicyChanged",
     "PolicyNoted",
     "ReplicasCopied",
@@ -85,7 +87,9 @@ class GraphSubmitted(Event):
     manager's ``SubmitSpecs.unconfigured``): a new task of one that no worker has
     joined says ``why`` in its story. ``echo``: keys the submitting client,
     ``echo_to``, wanted already (the last piece's): once the submission is in, the core
-    says where each stands (:class:`KeyTaken`)."""
+    says where each stands (:class:`KeyTaken`). ``final``: the submission's last piece:
+    the core then says which of its keys named other tasks it knew (:class:`KeysReused`,
+    for ``echo_to``)."""
 
     specs: Mapping[Key, TaskSpec]
     wanted: tuple[Key, ...]
@@ -95,6 +99,7 @@ class GraphSubmitted(Event):
     unconfigured: tuple[tuple[str, str], ...] = ()
     echo: tuple[Key, ...] = ()
     echo_to: str = ""
+    final: bool = True
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -507,6 +512,41 @@ class KeyTaken(Command):
     key: Key
     pending: bool
     client: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class KeysReused(Command):
+    """A submission by ``client`` gave keys the cluster knows already to other tasks (a
+    different function or arguments: ``runtime.graph.node_fingerprint``); the tasks
+    known by those keys stand, and their results are what the submission gets.
+    ``keys``: the first of them (at most :data:`REUSED_NAMED`), ``count``: how many
+    there were among the keys compared. One per submission, once it is all in; the
+    manager logs it and tells ``client`` alone, which logs it too."""
+
+    keys: tuple[Key, ...]
+    count: int
+    client: str
+
+    @property
+    def key(self) -> Key:  # what KeyUpdates' readers route by: the first key named
+        return self.keys[0]
+
+    def text(self) -> str:
+        """The warning, for people."""
+        named = ", ".join(map(repr, self.keys))
+        more = self.count - len(self.keys)
+        return (
+            f"{self.count} key(s) of this submission ({named}"
+            f"{f' and {more} more' if more > 0 else ''}) already name other tasks on the "
+            "cluster, with another function or arguments: those tasks stand, and their "
+            "results are what this submission gets (a key the cluster has is the same "
+            "task, as in dask). Give each request's keys a unique prefix (say "
+            "f'{request_id}-a'), or use submit, whose pure keys are tokens of the call"
+        )
+
+
+#: Keys a :class:`KeysReused` names (the rest it counts).
+REUSED_NAMED = 5
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -189,6 +189,7 @@ from actors.scheduler_disk import (
     DiskPlacement,
 )
 from actors.scheduler_events import (
+    REUSED_NAMED,
     CancelOnWorker,
     CancelRequested,
     CancelSpared,
@@ -208,6 +209,7 @@ from actors.scheduler_events import (
     KeyDone,
     KeyErred,
     KeysReleased,
+    KeysReused,
     KeyTaken,
     PolicyChanged,
     PolicyNoted,
@@ -285,7 +287,7 @@ from runtime.errors import (
     did_you_mean,
     error_name,
 )
-from runtime.graph import Key, TaskSpec
+from runtime.graph import Key, TaskSpec, node_fingerprint
 from runtime.messages import Outcome, TryRecord
 
 __all__ = [
@@ -338,6 +340,10 @@ TERMINATE = 0.95
 MIN_RISE = 2**20
 #: categories looked at per forgetting, oldest first (those with tasks go to the back)
 FORGET_SCAN = 8
+#: Keys of one submission, known already, whose tasks the core compares with the known
+#: ones (:meth:`SchedulerState._note_reuse`: a pickle of each node, some tens of
+#: microseconds): a graph submitted again whole costs at most this many comparisons
+REUSE_CHECKS = 1_000
 OTHER_CATEGORY = "(other)"
 
 
@@ -677,6 +683,11 @@ class SchedulerState(DiskPlacement):
         self._short_of_disk: list[WorkerState] = []
         self._stimulus = ""
         self._now = 0.0
+        #: of the submission being taken in: its keys that named other known tasks (the
+        #: first ``REUSED_NAMED``), how many, and how many known keys were compared
+        self._reused: list[Key] = []
+        self._reused_count = 0
+        self._reuse_checks = 0
 
     # ----------------------------------------------------------------- the one mutator
 
@@ -944,6 +955,7 @@ class SchedulerState(DiskPlacement):
     def _graph_submitted(self, ev: GraphSubmitted) -> None:
         if not ev.continued:  # every piece of one submission shares its generation
             self.generation += 1
+            self._reused, self._reused_count, self._reuse_checks = [], 0, 0
         gen = self.generation
         new: list[TaskState] = []
         resubmitted = False
@@ -975,6 +987,13 @@ class SchedulerState(DiskPlacement):
                 ts.waiting_deps = 0
                 ts.in_nbytes = ts.in_files = 0
                 new.append(ts)
+            else:  # the known task stands (as in dask): say so if this one differs
+                self._note_reuse(ts.spec, spec)
+        if ev.final and self._reused_count:  # said before any result of the submission
+            self._out.append(
+                KeysReused(self._stimulus, tuple(self._reused), self._reused_count, ev.echo_to)
+            )
+            self._reused, self._reused_count = [], 0
         broken: dict[TaskState, list[Key]] = {}
         continues = False  # some new task reads a task of an earlier submission
         for ts in new:
@@ -1030,6 +1049,23 @@ class SchedulerState(DiskPlacement):
                 self._out.append(KeyTaken(self._stimulus, key, ts.state in ACTIVE, ev.echo_to))
         if ev.unconfigured:
             self._tell_no_worker(new, ev.unconfigured)
+
+    def _note_reuse(self, known: TaskSpec, spec: TaskSpec) -> None:
+        """``spec`` came under the key of ``known``, a task the core has, which stands:
+        counted for :class:`KeysReused` when it computes something else (its node's
+        fingerprint differs; one that cannot be made, say an argument that does not
+        pickle, counts as the same). The same node object, or the same call made again
+        (a pure ``submit`` twice, a dask collection computed twice), is not counted.
+        At most :data:`REUSE_CHECKS` keys of a submission are compared."""
+        if spec.node is known.node or self._reuse_checks >= REUSE_CHECKS:
+            return
+        self._reuse_checks += 1
+        new, old = node_fingerprint(spec.node), node_fingerprint(known.node)
+        if new is None or old is None or new == old:
+            return
+        self._reused_count += 1
+        if len(self._reused) < REUSED_NAMED:
+            self._reused.append(spec.key)
 
     def _tell_where(self, ts: TaskState) -> None:
         """Tell the clients of a wanted task that is done or failed so, again; one whose

@@ -40,7 +40,7 @@ from actors.manager import GatherResult, Manager
 from actors.memory import limit_too_small
 from actors.providers import DISK_OFF, BlockSpec, InProcessProvider
 from actors.scheduler import Scheduler
-from actors.scheduler_events import KeyCancelled, KeyDone, KeyErred, KeyTaken
+from actors.scheduler_events import KeyCancelled, KeyDone, KeyErred, KeysReused, KeyTaken
 from actors.transfer import READ_TIMEOUT, StreamInfo, UnknownStream
 from actors.worker import host_cpus
 from policies import KINDS, REGISTRY
@@ -631,6 +631,9 @@ class ClientActor(Actor):
     def updates(self, msg: KeyUpdates) -> None:
         rejoin_causes(msg.updates)  # (from another process: see KeyUpdates.for_wire)
         for upd in msg.updates:
+            if type(upd) is KeysReused:  # keys of a submission that named other tasks
+                _log.warning(upd.text(), keys=upd.count)
+                continue
             w = self.watches.get(upd.key)
             if w is None or w.left:  # left: sent before our release came
                 continue

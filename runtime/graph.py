@@ -17,9 +17,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import hashlib
 import heapq
+import io
 import math
+import pickle
 import sys
+import types
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any, NamedTuple
 
@@ -59,6 +63,7 @@ __all__ = [
     "in_pieces",
     "is_key",
     "make_task",
+    "node_fingerprint",
     "normalize_graph",
     "reject_collection",
     "short_repr",
@@ -1159,3 +1164,47 @@ class _Unpicklable:
 
 # Re-exported for modules that build nodes directly.
 __all__ += ["Alias", "DataNode", "GraphNode", "PickledNode", "Task", "TaskRef"]
+
+
+class _Fingerprinter(pickle.Pickler):
+    """Pickles a task node for :func:`node_fingerprint`: a function by its module,
+    qualified name and code (not by value, nor by a reference that must load), so that
+    the same function gives the same bytes however it reached this process (a
+    ``__main__`` function of a remote client, unpickled by value here, included)."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        if type(obj) is types.FunctionType:
+            return tuple, ((obj.__module__, obj.__qualname__, _code_id(obj.__code__)),)
+        return NotImplemented
+
+
+#: The constants of a function's code that :func:`_code_id` keeps as they are (and code)
+_PLAIN_CONSTS = (str, bytes, int, float, complex, tuple, frozenset, types.CodeType)
+
+
+def _code_id(code: types.CodeType) -> tuple[Any, ...]:
+    """What a function's code does, as plain data: its bytecode, names, line and
+    constants (a nested function's code likewise; not the file name, which a copy
+    pickled by value may not keep)."""
+    consts = tuple(
+        _code_id(c) if isinstance(c, types.CodeType) else c
+        for c in code.co_consts
+        if c is None or isinstance(c, _PLAIN_CONSTS)
+    )
+    return code.co_code, code.co_names, code.co_firstlineno, consts
+
+
+def node_fingerprint(node: object) -> bytes | None:
+    """A digest of what ``node`` computes (its function, arguments and inputs' keys), to
+    tell whether a task submitted again under a key the cluster has is the task known
+    by it; None when it cannot be made (an argument that does not pickle): unknown.
+
+    Equal for the same call made again (the same function and equal arguments, also
+    from another client); it costs a pickle of the node, so the scheduler core makes
+    it only for a key submitted again (:data:`REUSE_CHECKS`)."""
+    buf = io.BytesIO()
+    try:
+        _Fingerprinter(buf, protocol=5).dump(node)
+    except Exception:
+        return None
+    return hashlib.blake2b(buf.getbuffer(), digest_size=16).digest()

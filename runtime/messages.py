@@ -675,7 +675,8 @@ class FilesReleasedMsg(Message):
 class KeyUpdates(Message):
     """Scheduler -> manager -> client: wanted keys finished, failed or were cancelled
     (``KeyDone``/``KeyErred``/``KeyCancelled`` objects), or a submission of them by a
-    client that wanted them already was taken in (``KeyTaken``)."""
+    client that wanted them already was taken in (``KeyTaken``), or a submission gave
+    keys the cluster knows to other tasks (``KeysReused``, for its client alone)."""
 
     updates: tuple[Any, ...]
 
