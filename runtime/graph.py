@@ -19,7 +19,6 @@ import dataclasses
 import functools
 import hashlib
 import heapq
-import io
 import math
 import pickle
 import sys
@@ -1194,17 +1193,47 @@ def _code_id(code: types.CodeType) -> tuple[Any, ...]:
     return code.co_code, code.co_names, code.co_firstlineno, consts
 
 
+#: Pickled bytes past which :func:`node_fingerprint` gives up (a task carrying large
+#: data, a numpy array say): such a task is not compared, so that a comparison costs
+#: little whatever the task holds.
+FINGERPRINT_BYTES = 1 << 20
+
+
+class _TooLarge(Exception):
+    pass
+
+
+class _Digest:
+    """The file :func:`node_fingerprint` pickles into: hashes what it is given, and stops
+    the pickle past ``FINGERPRINT_BYTES`` (before a large buffer is copied anywhere)."""
+
+    __slots__ = ("hash", "left")
+
+    def __init__(self) -> None:
+        self.hash = hashlib.blake2b(digest_size=16)
+        self.left = FINGERPRINT_BYTES
+
+    def write(self, data: Any) -> int:
+        n = memoryview(data).nbytes
+        self.left -= n
+        if self.left < 0:
+            raise _TooLarge
+        self.hash.update(data)
+        return n
+
+
 def node_fingerprint(node: object) -> bytes | None:
     """A digest of what ``node`` computes (its function, arguments and inputs' keys), to
     tell whether a task submitted again under a key the cluster has is the task known
-    by it; None when it cannot be made (an argument that does not pickle): unknown.
+    by it; None when it cannot be made (an argument that does not pickle, or a pickle
+    past :data:`FINGERPRINT_BYTES`): unknown.
 
     Equal for the same call made again (the same function and equal arguments, also
     from another client); it costs a pickle of the node, so the scheduler core makes
-    it only for a key submitted again (:data:`REUSE_CHECKS`)."""
-    buf = io.BytesIO()
+    it only for a key submitted again (``actors.scheduler_state.REUSE_CHECKS``)."""
+    out = _Digest()
     try:
-        _Fingerprinter(buf, protocol=5).dump(node)
+        _Fingerprinter(out, protocol=5).dump(node)
     except Exception:
         return None
-    return hashlib.blake2b(buf.getbuffer(), digest_size=16).digest()
+    return out.hash.digest()

@@ -32,7 +32,7 @@ from dask._task_spec import Task, TaskRef
 import actors.scheduler_state
 from actors.scheduler_events import REUSED_NAMED, FileFacts, GraphSubmitted, KeyDone, KeysReused
 from runtime import Cluster
-from runtime.graph import build_specs, node_fingerprint
+from runtime.graph import FINGERPRINT_BYTES, build_specs, node_fingerprint
 from tests.helpers import Factory, cancel, event, finish, join, make_state, nodes, run
 
 __all__ = ["make_state"]  # the autouse fixture, used by name
@@ -263,3 +263,9 @@ async def _cluster(where: str) -> AsyncIterator[Cluster]:
         return
     async with nodes(1) as (address, _), Cluster(address) as c:
         yield c
+
+
+def test_a_task_carrying_large_data_is_not_fingerprinted() -> None:
+    big = b"x" * (FINGERPRINT_BYTES + 1)
+    assert node_fingerprint(Task("a", load, big)) is None
+    assert node_fingerprint(Task("a", load, big[:1000])) is not None
