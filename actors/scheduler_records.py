@@ -315,6 +315,7 @@ class TaskState:
         "attempt",
         "behind",
         "consumers",
+        "copy_said",
         "dependents",
         "deps",
         "disk_need",
@@ -340,6 +341,7 @@ class TaskState:
         "retries_left",
         "retry_at",
         "root",
+        "rss_began",
         "sent",
         "spec",
         "started",
@@ -381,6 +383,13 @@ class TaskState:
         #: when its running try began to execute on its worker, as the worker said
         #: (``TasksStarted``, once it has executed a while); None: not known to
         self.started: float | None = None
+        #: its worker's RSS as last told when it said the running try began to execute
+        #: (``TasksRunning``): what that RSS rose by since, while the try runs alone
+        #: there, is the try's rise so far (``SchedulerState._rise_so_far``)
+        self.rss_began = 0
+        #: why no speculative copy of its running try was made, as last told in its
+        #: story (each reason once per try; "" when none was told)
+        self.copy_said = ""
         #: when it became ready for its running try (``TryRecord.queued``; None: a copy)
         self.queued: float | None = None
         self.attempt = 0  #: the number of its running try (``ToRun.attempt``)

@@ -56,7 +56,11 @@ copy has it asked of another leaving holder (``_evacuate_unmade``).
 Speculative copies (docs/files.md#speculative-copies): on a :class:`Tick`, while a
 worker idles (free, running nothing: after ``_fill`` no ready task can go to it), the
 speculation policy may propose a copy of a running task; the core places it as any
-task on an idle worker (``_candidates``), never where the task runs. The task stays
+task on an idle worker (``_candidates``), never where the task runs. Whatever the
+policy proposes, no copy is made of a try whose worker is throttled or past its
+terminate fence (``_fenced``: the try is slow because of its worker's memory), nor
+placed on a worker whose memory limit is not above the RSS rise the try has shown so
+far (``_rise_so_far``); its story says why, once. The task stays
 ``processing`` with its first try in ``worker``; ``copies`` holds the other workers
 running it (each copy takes a slot there, ``WorkerState.copies``, and its disk
 reservation). The first to finish ok wins (``_copy_finished``, or ``_finished_ok``
@@ -1415,6 +1419,7 @@ class SchedulerState(DiskPlacement):
                 continue  # an earlier try of it there (cancelled, sent again since)
             if ts.worker == wid:
                 ts.started = max(ts.sent, now - seconds)
+                ts.rss_began = self.workers[wid].rss
             elif wid in self.copies.get(ts, ()):
                 sent = self.copies[ts][wid][0]
                 self.copy_started[(ts, wid)] = max(sent, now - seconds)
@@ -3283,6 +3288,11 @@ class SchedulerState(DiskPlacement):
                 ran = max(0.0, now - started)
                 if not self._ask_yes(ts.key, "speculation.copy", policy.copy, view, ran, len(idle)):
                     break
+                first = self.workers[ts.worker] if ts.worker is not None else None
+                if first is not None and (why := self._fenced(first)):
+                    # (once per fence: the figures in parentheses move every report)
+                    self._tell_no_copy(ts, why.split(" (")[0], f"its worker {first.id!r} {why}")
+                    break
                 copies = self.copies.get(ts, {})
                 cands = [
                     w
@@ -3290,6 +3300,17 @@ class SchedulerState(DiskPlacement):
                     if w.id in idle and w.id != ts.worker and w.id not in copies
                 ]
                 self._short_of_disk = []
+                rise = self._rise_so_far(ts, first)
+                roomy = [w for w in cands if not w.memory or w.memory > rise]
+                if cands and not roomy:
+                    self._tell_no_copy(
+                        ts,
+                        "rise",
+                        f"it raised its worker's RSS by "
+                        f"{rise / 2**20:.0f} MiB so far, more than the memory limit of any "
+                        "idle worker that could take it",
+                    )
+                cands = roomy
                 if not cands:
                     break
                 ws = self._place(ts, cands)
@@ -3297,6 +3318,35 @@ class SchedulerState(DiskPlacement):
                 self._start_copy(ts, ws)
             if not idle:
                 return
+
+    @staticmethod
+    def _fenced(ws: WorkerState) -> str:
+        """Why a task running on ``ws`` gets no speculative copy: ``ws`` is throttled,
+        or its RSS as last told is at or past its terminate fence (``TERMINATE`` of its
+        memory limit). Such a task is slow because of its worker's memory, and a copy
+        would take as much on another worker ("": neither)."""
+        of = f"({ws.rss / 2**20:.0f} MiB of its {ws.memory / 2**20:.0f} MiB limit)"
+        if ws.memory and ws.rss >= ws.memory * TERMINATE:
+            return f"is past its terminate fence {of}"
+        if ws.throttled:
+            return f"is throttled {of}"
+        return ""
+
+    @staticmethod
+    def _rise_so_far(ts: TaskState, ws: WorkerState | None) -> int:
+        """What ``ts``'s running try on ``ws`` has raised its worker's RSS by, as far as
+        this core knows: the rise of ``ws``'s RSS since the try began to execute, while
+        it runs alone there (with other tries beside it, the rise may be theirs: 0)."""
+        if ws is None or ws.copies or len(ws.processing) != 1:
+            return 0
+        return max(0, ws.rss - ts.rss_began)
+
+    def _tell_no_copy(self, ts: TaskState, reason: str, why: str) -> None:
+        """Say in ``ts``'s story why its running try gets no speculative copy
+        (``why``), once per try and ``reason``."""
+        if ts.copy_said != reason:
+            ts.copy_said = reason
+            self._log(ts.key, "processing", f"no speculative copy: {why}")
 
     def _start_copy(self, ts: TaskState, ws: WorkerState) -> None:
         need = 0
@@ -3364,6 +3414,8 @@ class SchedulerState(DiskPlacement):
         ws = self.workers[wid]
         sent, need, attempt = copies[wid]
         ts.started = self.copy_started.get((ts, wid))  # (None: not known to run yet)
+        ts.rss_began = ws.rss  # its rise so far is counted from now on
+        ts.copy_said = ""
         self._end_copy(ts, ws, "ok", None, record=False)
         ws.disk_reserved += need  # moves with it: now the try's own reservation
         ts.worker = wid
@@ -3850,6 +3902,8 @@ class SchedulerState(DiskPlacement):
         self._set(ts, "processing")
         ts.sent = self._now
         ts.started = None  # until the worker says it executes
+        ts.rss_began = ws.rss
+        ts.copy_said = ""
         ts.est = self._estimate(ts)
         ws.occupancy += ts.est
         ws.processing.add(ts)
@@ -4268,7 +4322,8 @@ class SchedulerState(DiskPlacement):
         needed = 0
         for ts in producers:
             st = self.stats.get(ts.spec.category)
-            needed += int(st.mean_nbytes) if st is not None else 0
+            size = int(st.mean_nbytes) if st is not None else 0
+            needed += size
         available = sum(max(0, ws.throttle_at - ws.rss) for ws in self.workers.values())
         rss = sum(ws.rss for ws in self.workers.values())
         told = [ws.memory_bytes for ws in self.workers.values()]

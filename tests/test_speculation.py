@@ -32,6 +32,7 @@ from actors.scheduler_events import (
     WorkerHeld,
     WorkerJoined,
     WorkerLeft,
+    WorkerMemory,
 )
 from actors.scheduler_state import MAX_INPUTS_UNREACHABLE, SchedulerState
 from policies import REGISTRY, PolicyParamsError
@@ -74,12 +75,15 @@ def running(s: SchedulerState, worker: str, now: float, *started: tuple[Key, flo
     return at(s, TasksRunning, now, worker=worker, started=ran)
 
 
-def straggler(make_state: Factory, workers: int = 2, **policy: Any) -> SchedulerState:
+def straggler(
+    make_state: Factory, workers: int = 2, w1_memory: int = 2**30, **policy: Any
+) -> SchedulerState:
     """Five ``t`` tasks finished on w1 in 1 s each (p90 1 s); ``t-5`` runs on w1 since
-    T0 (as w1 says at T0 + 0.6); workers w2.. joined after it, idle."""
+    T0 (as w1 says at T0 + 0.6); workers w2.. joined after it, idle, with 1 GiB each
+    (w1: ``w1_memory``)."""
     spec = REGISTRY.create("speculation", "idle-tail", policy) if policy else None
     s = make_state(speculation=spec, long_task=float("inf"))
-    at(s, WorkerJoined, T0 - 100, worker="w1", cores=1, memory=2**30)
+    at(s, WorkerJoined, T0 - 100, worker="w1", cores=1, memory=w1_memory)
     keys = [f"t-{i}" for i in range(5)]
     specs = specs_for(s, {k: [] for k in keys}, keys)
     at(s, GraphSubmitted, T0 - 99, specs=specs, wanted=tuple(keys))
@@ -343,6 +347,76 @@ def test_one_copy_per_task_with_more_idle_workers_unless_max_copies(make_state: 
     cancelled = sorted((c.worker, c.keys) for c in of(out, CancelOnWorker))
     assert cancelled == [("w1", ("t-5",)), ("w2", ("t-5",))]
     assert s.speculative == {"started": 2, "won": 1, "lost": 1, "failed": 0}
+
+
+MiB = 2**20
+
+
+def memory(s: SchedulerState, worker: str, now: float, rss: int, throttled: bool = False) -> None:
+    """``worker`` reports its memory at ``now``: ``rss``, throttled or not."""
+    limit = s.workers[worker].memory
+    at(s, WorkerMemory, now, worker=worker, throttled=throttled, rss=rss,
+       throttle_at=int(limit * 0.8), limit=limit)  # fmt: skip
+
+
+def no_copy_said(s: SchedulerState, key: Key) -> list[str]:
+    return [e[2] for e in s.story(key) if str(e[2]).startswith("no speculative copy")]
+
+
+def test_no_copy_of_a_straggler_whose_worker_is_past_its_terminate_fence(
+    make_state: Factory,
+) -> None:
+    """The memprio audit's defect 1: a 3.2 GB chunk on a 1 GiB worker, far past its
+    fences, got a speculative copy on another 1 GiB worker (its category's p90 came
+    from small chunks), and both went to 6 GiB. A try is slow there because of its
+    worker's memory: it gets no copy while its worker is past its terminate fence or
+    throttled, whatever the policy proposes, and its story says so once."""
+    s = straggler(make_state)
+    memory(s, "w1", T0 + 1.0, 1000 * MiB, throttled=True)  # past 0.95 x 1024 MiB
+    assert at(s, Tick, T0 + 2.1) == []
+    assert at(s, Tick, T0 + 3.1) == []
+    assert s.speculative["started"] == 0 and s.tasks["t-5"] not in s.copies
+    assert no_copy_said(s, "t-5") == [
+        "no speculative copy: its worker 'w1' is past its terminate fence "
+        "(1000 MiB of its 1024 MiB limit)"
+    ]
+    # Under the terminate fence but still throttled: no copy either (said once more).
+    memory(s, "w1", T0 + 4.0, 900 * MiB, throttled=True)
+    assert at(s, Tick, T0 + 4.1) == [] and at(s, Tick, T0 + 5.1) == []
+    assert no_copy_said(s, "t-5")[1:] == [
+        "no speculative copy: its worker 'w1' is throttled (900 MiB of its 1024 MiB limit)"
+    ]
+    # Its memory came down: the straggler is slow for another reason, and gets a copy.
+    memory(s, "w1", T0 + 6.0, 300 * MiB)
+    assert sent(at(s, Tick, T0 + 6.1)) == [("w2", "t-5")]
+    assert s.speculative["started"] == 1
+
+
+def test_the_same_straggler_on_a_healthy_worker_gets_its_copy(make_state: Factory) -> None:
+    s = straggler(make_state)
+    memory(s, "w1", T0 + 1.0, 300 * MiB)  # under its throttle fence
+    assert sent(at(s, Tick, T0 + 2.1)) == [("w2", "t-5")]
+    assert no_copy_said(s, "t-5") == []
+
+
+def test_no_copy_on_a_worker_whose_limit_is_below_the_rise_the_try_has_shown(
+    make_state: Factory,
+) -> None:
+    """t-5 runs alone on w1 (8 GiB, far from its fences) and has raised w1's RSS by
+    3 GiB since it began: a copy would not fit in w2's 1 GiB; w3, with 4 GiB, gets it."""
+    s = straggler(make_state, w1_memory=8 * 2**30)
+    assert s.tasks["t-5"].rss_began == 0
+    memory(s, "w1", T0 + 0.7, 100 * MiB)
+    assert running(s, "w1", T0 + 0.8, ("t-5", 0.8)) == []  # said again: from 100 MiB
+    assert s.tasks["t-5"].rss_began == 100 * MiB
+    memory(s, "w1", T0 + 1.5, 100 * MiB + 3 * 2**30)
+    assert at(s, Tick, T0 + 2.1) == [] and at(s, Tick, T0 + 3.1) == []
+    assert no_copy_said(s, "t-5") == [
+        "no speculative copy: it raised its worker's RSS by 3072 MiB so far, more than "
+        "the memory limit of any idle worker that could take it"
+    ]
+    at(s, WorkerJoined, T0 + 3.5, worker="w3", cores=1, memory=4 * 2**30)
+    assert sent(at(s, Tick, T0 + 4.1)) == [("w3", "t-5")]
 
 
 # ----------------------------------------------------------------------------- policies
