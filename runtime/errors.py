@@ -851,7 +851,8 @@ class MemoryStalled(CorralError):
 
     ``holding`` lists ``(category, bytes, outputs)`` held by workers (in memory or
     spilled to their disks: the scheduler does not tell them apart), largest
-    first; ``needed`` estimates the bytes the producer tasks still to run will make (0
+    first; ``needed`` estimates the bytes the producer tasks still to run will make
+    (each as large as its layer's outputs made so far, else its category's mean; 0
     when none of their categories has finished a task: not known), and ``available``
     the bytes left under the workers' throttle fences; ``rss`` is the workers' RSS in
     all, as last reported (0: not reported); ``in_memory`` the bytes of outputs in

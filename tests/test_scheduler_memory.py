@@ -614,6 +614,44 @@ def test_the_watchdog_fails_a_stalled_run_with_a_clear_error(make_state: Factory
     assert s.stalled_since is None
 
 
+def test_a_stall_counts_each_waiting_producer_as_large_as_its_layers_outputs(
+    make_state: Factory,
+) -> None:
+    """The memprio audit's defect 7: 85 chunks of 128 MB still to make were said to
+    need "about 6.25 GiB": the estimate was the category's mean output over the
+    manager's life, and dask's arrays share the category "random" (earlier fused
+    reductions of 336 bytes pulled it down). Each chunk is as large as its layer's
+    (its array's) chunks made so far: 85 x 128 MB is 10.13 GiB."""
+    s = make_state(saturation=1.0, stall_timeout=5.0)
+    join(s, "w1")
+    join(s, "w2")
+    earlier = [("random-mean_chunk-820175be", i) for i in range(40)]
+    submit(s, dict.fromkeys(earlier, ()), earlier)
+    while any(s.tasks[k].state == "processing" for k in earlier):
+        for w in ("w1", "w2"):
+            for k in list(on(s, w)):
+                finish(s, w, k, nbytes=336)
+    assert s.stats["random"].count == 40
+    chunks = [("random-19c3d3f1", i) for i in range(100)]
+    submit(s, dict.fromkeys(chunks, ()), chunks)
+    made = 0
+    while made < 15:
+        for w in ("w1", "w2"):
+            for k in list(on(s, w)):
+                if made < 15:
+                    finish(s, w, k, nbytes=128_000_000)
+                    made += 1
+    throttle(s, "w1", now=100.0)
+    throttle(s, "w2", now=100.0)
+    errors = of(tick(s, 105.0), KeyErred)
+    assert len(errors) == 85
+    err = errors[0].error
+    assert isinstance(err, MemoryStalled)
+    assert err.holding == [("random", 15 * 128_000_000 + 40 * 336, 55)]
+    assert err.needed == 85 * 128_000_000
+    assert "The 85 producer tasks still to run need about 10.13 GiB" in str(err)
+
+
 def test_a_stall_with_no_output_held_says_something_else_takes_the_memory() -> None:
     """Workers over their fence while holding no output (a task's global cache, memory
     the process kept): releasing futures or spilling cannot help; restarting can."""
