@@ -434,11 +434,13 @@ class Floor(Command):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Kill(Command):
-    """Kill the running task ``key``: memory crossed the terminate fence."""
+    """Kill the running task ``key``: memory crossed the terminate fence. ``own``:
+    its process's RSS in the sample (what of ``rss`` is the task's own)."""
 
     key: Any
     rss: int
     limit: int
+    own: int = 0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -571,7 +573,7 @@ class MemoryGovernor:
             out.append(Spared(ev.rss, self.config.limit, most))
             return
         self.killed.add(worst)
-        out.append(Kill(worst, ev.rss, self.config.limit))
+        out.append(Kill(worst, ev.rss, self.config.limit, dict(ev.tasks).get(worst, 0)))
 
     def _spill(self, ev: Sampled, target: int) -> Spill:
         """What to spill from a sample at or past the spill fence, down to ``target``

@@ -87,6 +87,10 @@ class TaskResult:
     #: the :class:`ToRun`'s ``attempt``, stamped by the worker's core when it reports
     #: the try (0: not numbered)
     attempt: int = 0
+    #: a try killed for memory (``oom``) in a task process: the highest RSS of that
+    #: process while the task ran, the task's own memory without the worker's (its
+    #: stored outputs, inputs on their way); 0: not known (thread execution)
+    own_rss: int = 0
 
 
 class FileFact(NamedTuple):

@@ -332,6 +332,7 @@ class TaskState:
         "lost_tries",
         "nbytes",
         "oom_alone",
+        "oom_own",
         "ooms",
         "prio",
         "producer",
@@ -419,6 +420,9 @@ class TaskState:
         #: for each of ``ooms``, whether it ran alone on its worker: then only a larger
         #: limit may do; a try that shared its worker with others may go to one as large
         self.oom_alone: tuple[bool, ...] = ()
+        #: its latest try killed for memory in a task process: that process's highest
+        #: RSS, the task's own memory (0: not known, or none killed)
+        self.oom_own = 0
         #: retries beyond its budget (free, or charged with none left): at most
         #: ``SchedulerConfig.max_free_retries``
         self.free_retries = 0

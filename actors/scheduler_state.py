@@ -155,7 +155,10 @@ one with none beside it (``_rss_fits``, in ``_candidates``, ``_takes_consumer_he
 and ``_assign_partner``); otherwise it waits in its ready heap.
 
 Retries after a kill for memory (docs/memory.md): a try that ended ``oom`` adds
-``(worker, limit, peak)`` to ``TaskState.ooms``; the retry policy says whether the task
+``(worker, limit, peak)`` to ``TaskState.ooms`` (and whether it ran alone to ``oom_alone``: not
+when its own process, the worker's memory that is not outputs and its inputs stay under
+the terminate fence); the retry
+policy says whether the task
 runs again, the core where: only on a worker whose limit passes ``oom_floor``
 (``_roomier``, in ``_candidates``, ``_takes_consumer_here`` and ``_assign_partner``). The
 retry waits while such a worker of its pool takes tasks or a configured pool's workers
@@ -981,6 +984,7 @@ class SchedulerState(DiskPlacement):
                 ts.retries_left = spec.retries
                 ts.lost_tries = 0
                 ts.ooms = ts.oom_alone = ()  # a fresh start: any worker may run it again
+                ts.oom_own = 0
                 ts.free_retries = 0
                 ts.behind = False
                 ts.unneeded = False
@@ -1492,10 +1496,23 @@ class SchedulerState(DiskPlacement):
         if outcome == "oom":  # this try counted with the earlier ones
             ts.ooms += ((ws.id, ws.memory, max(res.rss_peak, res.rss)),)
             # Alone on its worker, the kill was its own; beside other tasks, theirs
-            # counted too, and a worker as large may do when it runs it with fewer.
-            ts.oom_alone += (not any(t is not ts for t in ws.processing),)
+            # counted too, and a worker as large may do when it runs it with fewer. So
+            # too when what the task needs stays under the terminate fence without the
+            # outputs its worker held (process execution, where the worker tells its
+            # own process's RSS, ``own_rss``): that process, the rest of the worker that
+            # is not outputs (its floor, copies on their way) and its inputs, which a
+            # worker running it holds anyway. The outputs were the worker's, not the
+            # task's; an emptier worker as large may run it.
+            own = res.own_rss
+            alone = not any(t is not ts for t in ws.processing)
+            if alone and own and ws.memory:
+                rest = max(0, res.rss - own - max(0, ws.memory_bytes))
+                if own + rest + ts.in_nbytes < ws.memory * TERMINATE:
+                    alone = False
+            ts.oom_alone += (alone,)
+            ts.oom_own = own
             tries = len(ts.tries) + 1
-            error = TaskOutOfMemory(str(ts.key), ws.id, res.rss, ws.memory, tries, ts.ooms)
+            error = TaskOutOfMemory(str(ts.key), ws.id, res.rss, ws.memory, tries, ts.ooms, own=own)
         record = self._tried(ts, rec, error, failure=failure)
         self._failed_try(ts, outcome, failure, error, ws.id, record)
         return error
@@ -2312,7 +2329,9 @@ class SchedulerState(DiskPlacement):
             f"{has}{configured}"
         )
         wid, limit, peak = ts.ooms[-1]
-        err = TaskOutOfMemory(str(ts.key), wid, peak, limit, len(ts.tries), ts.ooms, nowhere)
+        err = TaskOutOfMemory(
+            str(ts.key), wid, peak, limit, len(ts.tries), ts.ooms, nowhere, own=ts.oom_own
+        )
         self._log(ts.key, "oom", f"not retried: {nowhere}")
         self._fail(ts, err)
         return True

@@ -396,6 +396,8 @@ class WorkerState:
         self._fetch_ids = 0
         #: killed task -> the worker's highest RSS from the kill's sample until it ended
         self._killed_at: dict[Key, int] = {}
+        #: of those, the RSS of each one's own task process when it was killed
+        self._killed_own: dict[Key, int] = {}
         #: running task -> highest RSS sampled while it executed (kept when it is killed)
         self._peaks: dict[Key, int] = {}
         self._over_terminate = False
@@ -621,6 +623,8 @@ class WorkerState:
                 results.append(res)
                 continue
             killed_rss = self._killed_at.pop(key, None)
+            # Its own process's peak (the peaks of tasks in processes are their own).
+            own = max(peak, self._killed_own.pop(key, 0)) if killed_rss is not None else 0
             rss = killed_rss if outcome == "oom" and killed_rss is not None else res.rss
             copied = copies.pop(key, None)
             fetched = self._keep_copies(copied, out) if copied else res.fetched
@@ -661,6 +665,7 @@ class WorkerState:
                     fetches=tuple(self.fetch_log.pop(key, ())),
                     file=res.file and outcome == "ok",
                     attempt=res.attempt,
+                    own_rss=own if outcome == "oom" else 0,
                 )
             )
         if results:
@@ -1062,6 +1067,7 @@ class WorkerState:
                 out.append(ReportMemory())
             elif isinstance(cmd, mem.Kill) and cmd.key in self.running:
                 self._killed_at[cmd.key] = cmd.rss
+                self._killed_own[cmd.key] = cmd.own
                 out.append(Kill(cmd.key, cmd.rss))
             elif isinstance(cmd, mem.Spared) and not self._over_terminate:
                 self._over_terminate = True  # once per climb past it, as for threads

@@ -804,7 +804,9 @@ class TaskOutOfMemory(CorralError):
     ``worker``, ``rss``, ``limit``: its last try's; ``tries``: its tries in all;
     ``ooms``: every try killed for memory, oldest first, as ``(worker, limit, peak)``
     (the worker's memory limit and the highest RSS seen while the task ran there);
-    ``nowhere``: why it was not retried when a retry was allowed ("" otherwise)."""
+    ``nowhere``: why it was not retried when a retry was allowed ("" otherwise);
+    ``own``: the highest RSS of its last killed try's own task process, the task's own
+    memory without the worker's (0: not known, thread execution)."""
 
     def __init__(
         self,
@@ -815,6 +817,8 @@ class TaskOutOfMemory(CorralError):
         tries: int,
         ooms: Sequence[tuple[str, int, int]] = (),
         nowhere: str = "",
+        *,
+        own: int = 0,
     ) -> None:
         ooms = tuple(ooms) or ((worker, limit, rss),)
         top = max(limit, *(lim for _, lim, _ in ooms))  # MiB on workers under a GiB
@@ -829,10 +833,11 @@ class TaskOutOfMemory(CorralError):
         times = "once" if len(ooms) == 1 else f"{len(ooms)} times"
         why = f" Not retried: {nowhere}." if nowhere else ""
         n_tries = f"{tries} {'try' if tries == 1 else 'tries'}"
+        itself = f"; the task's own process used {size(own)} of it" if own else ""
         super().__init__(
             f"task {key!r} was killed for memory on worker {worker!r}: the worker used "
-            f"{size(rss)} of its {size(limit)} limit while the task ran, past the terminate "
-            f"fence ({n_tries}). Killed for memory {times}: {each}.{why} Give workers "
+            f"{size(rss)} of its {size(limit)} limit while the task ran{itself}, past the "
+            f"terminate fence ({n_tries}). Killed for memory {times}: {each}.{why} Give workers "
             "more memory (--memory, a pool's memory_per_worker), make the task's chunks "
             f"smaller, or raise the terminate fraction.{dask_chunks_hint(key)}",
             key=key,
@@ -842,6 +847,7 @@ class TaskOutOfMemory(CorralError):
             tries=tries,
             ooms=ooms,
             nowhere=nowhere,
+            own=own,
         )
 
 

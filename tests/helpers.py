@@ -544,6 +544,7 @@ def result(
     rss_peak: int = 0,
     rss_before: int = 0,
     file: bool = False,
+    own_rss: int = 0,
 ) -> TaskResult:
     return TaskResult(
         key,
@@ -560,6 +561,7 @@ def result(
         rss_peak=rss_peak,
         rss_before=rss_before,
         file=file,
+        own_rss=own_rss,
     )
 
 

@@ -251,9 +251,10 @@ def test_spill_off_never_asks_to_spill() -> None:
 def test_past_the_terminate_fence_the_largest_task_process_is_killed_once() -> None:
     g = gov(spill=None, terminate=0.95)
     tasks = (("small", 100), ("hog", 700), ("other", 150))
-    assert g.handle(Sampled(1.0, 960, tasks)) == [Throttled(True, 960), Kill("hog", 960, LIMIT)]
+    killed = [Throttled(True, 960), Kill("hog", 960, LIMIT, 700)]  # (its own RSS: 700)
+    assert g.handle(Sampled(1.0, 960, tasks)) == killed
     # "hog" was asked for once; still over the fence: the next largest goes.
-    assert g.handle(Sampled(1.1, 970, tasks)) == [Kill("other", 970, LIMIT)]
+    assert g.handle(Sampled(1.1, 970, tasks)) == [Kill("other", 970, LIMIT, 150)]
     g.handle(Finished(1.2, "hog"))
     assert g.killed == {"other"}
 
@@ -261,7 +262,7 @@ def test_past_the_terminate_fence_the_largest_task_process_is_killed_once() -> N
 def test_ties_kill_the_newest_task() -> None:
     g = gov(spill=None)
     cmds = g.handle(Sampled(0.0, 990, (("old", 400), ("new", 400))))
-    assert Kill("new", 990, LIMIT) in cmds
+    assert Kill("new", 990, LIMIT, 400) in cmds
 
 
 def test_past_the_terminate_fence_the_task_whose_process_grew_most_is_killed() -> None:
@@ -270,7 +271,7 @@ def test_past_the_terminate_fence_the_task_whose_process_grew_most_is_killed() -
     g = gov(spill=None)
     tasks, began = (("big", 700), ("grower", 400)), (("big", 690), ("grower", 100))
     cmds = g.handle(Sampled(1.0, 960, tasks, began=began))
-    assert cmds == [Throttled(True, 960), Kill("grower", 960, LIMIT)]
+    assert cmds == [Throttled(True, 960), Kill("grower", 960, LIMIT, 400)]
 
 
 def test_past_the_terminate_fence_no_task_is_killed_when_none_grew() -> None:
@@ -286,7 +287,7 @@ def test_past_the_terminate_fence_no_task_is_killed_when_none_grew() -> None:
     assert g.killed == set()
     # It grows by the margin: it is the cause now.
     sample = Sampled(1.1, 960, (("barrier", 301),), began=(("barrier", 251),))
-    assert g.handle(sample) == [Kill("barrier", 960, LIMIT)]
+    assert g.handle(sample) == [Kill("barrier", 960, LIMIT, 301)]
 
 
 def test_a_task_with_no_rss_at_its_start_counts_whole() -> None:
@@ -294,7 +295,7 @@ def test_a_task_with_no_rss_at_its_start_counts_whole() -> None:
     its RSS as grown, so the fence acts as it did before."""
     g = gov(spill=None)
     sample = Sampled(1.0, 960, (("a", 300), ("b", 200)), began=(("a", 290),))
-    assert g.handle(sample) == [Throttled(True, 960), Kill("b", 960, LIMIT)]
+    assert g.handle(sample) == [Throttled(True, 960), Kill("b", 960, LIMIT, 200)]
 
 
 def test_nothing_to_kill_when_no_task_can_be_killed() -> None:

@@ -406,6 +406,56 @@ def test_an_oom_try_that_shared_its_worker_is_retried_on_one_as_large(
     assert s.tasks["hog-0"].oom_need == "of 1.00 GiB or more"
 
 
+def test_an_oom_try_alone_whose_own_process_stayed_under_the_fence_is_retried_on_one_as_large(
+    make_state: Factory,
+) -> None:
+    """The memprio audit's defect 5: with ``--execution process --cores 1`` every task
+    runs alone, and a kill took the worker's whole RSS (its stored outputs, inputs being
+    fetched) as the task's need: "Not retried: a retry goes only to a worker with a
+    memory limit above 1.00 GiB" at the first kill. The worker reports the task
+    process's own RSS with the kill: 300 MiB; with the worker's 600 MiB of outputs, the
+    rest of its 0.96 GiB (its floor) is 83 MiB: 383 MiB, under the fence without the
+    outputs, so a worker as large (w1) takes the retry, as many times as the retry
+    policy's max_oom allows; the error then states the task's own figure."""
+    s = make_state()
+    join(s, "w1", memory=GB)
+    assert assigned(submit(s, {"hog-0": []}, ["hog-0"])) == {"w1": ["hog-0"]}
+    run(s, event(WorkerMemory, worker="w1", throttled=False, rss=int(0.75 * GB),
+                 throttle_at=int(0.8 * GB), limit=GB, memory_bytes=600 * MB))  # fmt: skip
+    cmds = finish(s, "w1", "hog-0", "oom", rss=int(0.96 * GB), rss_peak=int(0.97 * GB),
+                  own_rss=300 * MB)  # fmt: skip
+    ts = s.tasks["hog-0"]
+    assert ts.oom_alone == (False,) and ts.oom_own == 300 * MB
+    assert of(cmds, KeyErred) == [] and assigned(cmds) == {"w1": ["hog-0"]}
+    assert ts.oom_need == "of 1.00 GiB or more"
+    cmds = finish(s, "w1", "hog-0", "oom", rss=int(0.96 * GB), rss_peak=int(0.97 * GB),
+                  own_rss=310 * MB)  # fmt: skip
+    (erred,) = of(cmds, KeyErred)  # the default max_oom (1): one retry after a kill
+    err = erred.error
+    assert isinstance(err, TaskOutOfMemory) and err.own == 310 * MB and not err.nowhere
+    assert (
+        "the worker used 0.96 GiB of its 1.00 GiB limit while the task ran; the task's "
+        "own process used 0.30 GiB of it, past the terminate fence (2 tries)" in str(err)
+    )
+
+
+def test_an_oom_try_alone_that_needs_the_fence_without_the_outputs_needs_a_larger_worker(
+    make_state: Factory,
+) -> None:
+    """Its own process at 0.80 GiB, and the worker's 0.17 GiB beside it not outputs (it
+    holds none): an emptier worker as large would kill it again."""
+    s = make_state()
+    join(s, "w1", memory=GB)
+    submit(s, {"hog-0": []}, ["hog-0"])
+    cmds = finish(s, "w1", "hog-0", "oom", rss=int(0.97 * GB), rss_peak=int(0.97 * GB),
+                  own_rss=int(0.8 * GB))  # fmt: skip
+    (erred,) = of(cmds, KeyErred)
+    err = erred.error
+    assert isinstance(err, TaskOutOfMemory) and s.tasks["hog-0"].oom_alone == (True,)
+    assert err.nowhere.startswith("a retry goes only to a worker with a memory limit above")
+    assert "; the task's own process used 0.80 GiB of it, past the terminate" in str(err)
+
+
 def test_an_oom_retry_waits_for_a_busy_larger_worker_and_runs_there(make_state: Factory) -> None:
     s = make_state(saturation=1.0)
     join(s, "small", memory=GB)

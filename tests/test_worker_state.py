@@ -417,20 +417,24 @@ def test_a_task_with_spilled_inputs_waits_for_a_free_thread() -> None:
 
 
 def test_past_the_terminate_fence_the_largest_task_process_is_killed() -> None:
+    """Its try is reported with the worker's RSS and its own process's (``own_rss``:
+    what the scheduler weighs for a retry on a worker as large, the memprio audit's
+    defect 5)."""
     s = state(nthreads=2, killable=True)
     feed(s, TasksAssigned(0.0, (task("a"), task("b"))))
     out = feed(s, MemorySampled(1.0, 960, (("a", 300), ("b", 500))))
     assert out[-1] == Kill("b", 960)
     oom = TaskResult("b", "oom", 1.0, 2.0, 0, 123)
     assert feed(s, TasksFinished(2.0, ((oom, None),)))[0] == ReportDone(
-        (TaskResult("b", "oom", 1.0, 2.0, 0, 960, rss_peak=960),)
+        (TaskResult("b", "oom", 1.0, 2.0, 0, 960, rss_peak=960, own_rss=500),)
     )
 
 
 def test_a_killed_try_reports_the_highest_rss_from_its_kill_until_it_ends() -> None:
     """The user audit's D6 asked for the error's peak to include the RSS at the kill
     (it did: 'peak 0.47 GiB' for the kill at 502857728); a sample taken after the kill
-    while the task process still ran, higher still, counts too."""
+    while the task process still ran, higher still, counts too, for the worker and for
+    the task's own process."""
     s = state(killable=True, spill=None)
     feed(s, TasksAssigned(0.0, (task("b"),)))
     assert feed(s, MemorySampled(1.0, 960, (("b", 500),)))[-1] == Kill("b", 960)
@@ -438,7 +442,7 @@ def test_a_killed_try_reports_the_highest_rss_from_its_kill_until_it_ends() -> N
     feed(s, MemorySampled(1.1, 400))  # gone: lower samples change nothing
     oom = TaskResult("b", "oom", 1.0, 2.0, 0, 123)
     assert feed(s, TasksFinished(2.0, ((oom, None),)))[0] == ReportDone(
-        (TaskResult("b", "oom", 1.0, 2.0, 0, 990, rss_peak=990),)
+        (TaskResult("b", "oom", 1.0, 2.0, 0, 990, rss_peak=990, own_rss=520),)
     )
 
 
