@@ -86,7 +86,7 @@ from actors import memory as mem
 from actors.protocol import TaskResult, ToRun
 from actors.store import Unpicklable
 from runtime import pickling, unpickling
-from runtime.errors import ResultNotPicklable, TaskProcessDied
+from runtime.errors import ResultNotPicklable, TaskNotLoadable, TaskProcessDied
 from runtime.files import discard_output, remove_tries, task_outputs
 from runtime.graph import Key, PickledNode
 from runtime.lifeline import LIFELINE_EXIT_CODE, die_with_parent
@@ -738,7 +738,7 @@ class Executor(BaseExecutor):
                 try:
                     node = task.node
                     if isinstance(node, PickledNode):
-                        node = _load_node(task.key, node.payload, "on a worker")
+                        node = _load_node(task.key, node.payload, "the worker process")
                     value = files.finish(_run_node(node, inputs))  # a File is measured here
                 except BaseException as exc:  # measured before its files are removed
                     with contextlib.suppress(Exception):
@@ -772,15 +772,21 @@ class Executor(BaseExecutor):
 
 
 def _load_node(key: Key, payload: bytes | bytearray, where: str) -> Any:
-    """The task node pickled in ``payload``, loaded in a thread or a task process:
-    through :mod:`runtime.unpickling`, so that its first imports of the task's modules
-    never race the worker's other unpickles (its event loop's, its other threads')."""
+    """The task node pickled in ``payload``, loaded in a thread or a task process (``where``
+    says which process): through :mod:`runtime.unpickling`, so that its first imports of
+    the task's modules never race the worker's other unpickles (its event loop's, its
+    other threads'). A module not importable here is a :class:`TaskNotLoadable` (the
+    loading error its ``__cause__``), which the scheduler does not retry."""
     try:
         return unpickling.loads(payload)
     except Exception as exc:
+        missing = unpickling.missing_global(exc, payload)
+        if missing is not None:
+            raise TaskNotLoadable(key, *missing, where, f"{exc}") from exc
         exc.add_note(
-            f"(while loading task {key!r} {where}: its function or arguments "
-            "cannot be loaded there; is their module installed on the workers?)"
+            f"(while loading task {key!r} in {where}: its function or arguments "
+            "cannot be loaded there; do the workers run the same versions of their modules "
+            "as the client?)"
         )
         raise
 
@@ -932,7 +938,7 @@ def _run_job(
     start = time.time()
     full: int | None = None  #: the bytes it wrote, if its disk filled up
     try:
-        node = _load_node(key, node_bytes, "in a task process")
+        node = _load_node(key, node_bytes, "the worker's task process")
         with running(_child_context(conn, header)), task_outputs(_SANDBOX, key) as files:
             try:
                 value = files.finish(_run_node(node, inputs))  # a File is measured here

@@ -263,6 +263,7 @@ from policies import (
     BENIGN_LOSSES,
     DEFAULTS,
     MAX_RETRY_DELAY,
+    NOT_LOADABLE,
     ON_PURPOSE,
     REGISTRY,
     CategoryStats,
@@ -288,6 +289,7 @@ from runtime.errors import (
     RetryPolicyLoop,
     TaskCrashedWorkers,
     TaskLongerThanWalltime,
+    TaskNotLoadable,
     TaskOutOfMemory,
     TaskTooLarge,
     WorkerLost,
@@ -1406,7 +1408,9 @@ class SchedulerState(DiskPlacement):
             else:
                 error = self._try_failed(ts, ws, res, None)
                 if not self._promote_copy(ts):  # else a copy runs on: it may still do
-                    self._after_failure(ts, res.outcome, None, error, ws.id)
+                    # A task whose code did not load: the retry policy may tell (cause).
+                    cause = NOT_LOADABLE if isinstance(error, TaskNotLoadable) else None
+                    self._after_failure(ts, res.outcome, cause, error, ws.id)
 
     def _tasks_running(self, ev: TasksRunning) -> None:
         """The worker says these tries have executed for a while: each one's running

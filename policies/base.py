@@ -35,6 +35,7 @@ __all__ = [
     "KINDS",
     "MAX_RETRY_DELAY",
     "METHODS",
+    "NOT_LOADABLE",
     "REGISTRY",
     "CategoryStats",
     "CategoryStatsView",
@@ -211,6 +212,12 @@ class CategoryStatsView:
 BENIGN_LOSSES: frozenset[str] = frozenset(
     {"drained", "preempted", "suspended", "walltime", "shutdown"}
 )
+
+#: The ``cause`` a retry policy is given with outcome ``error`` when the task did not
+#: start because its function or an argument could not be loaded on its worker (its
+#: module is not importable there: :class:`~runtime.errors.TaskNotLoadable`); for
+#: another error the cause is None.
+NOT_LOADABLE = "not-loadable"
 
 #: Causes of a worker's end that were chosen, not suffered: its life is *censored* in
 #: the pool's survival estimate (``policies/survival.py``), not counted as a death.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-from policies.base import MAX_RETRY_DELAY, REGISTRY, RetryDecision, TaskView
+from policies.base import MAX_RETRY_DELAY, NOT_LOADABLE, REGISTRY, RetryDecision, TaskView
 
 __all__ = ["DefaultRetry", "NeverRetry"]
 
@@ -13,7 +13,10 @@ __all__ = ["DefaultRetry", "NeverRetry"]
 @REGISTRY.register("retry", "default")
 class DefaultRetry:
     """Default. An error raised by the task is retried only while the user's budget
-    (``retries=``) lasts, and each retry spends it. A try lost with its worker
+    (``retries=``) lasts, and each retry spends it; not a task whose function or an
+    argument could not be loaded on its worker (cause ``not-loadable``,
+    :class:`~runtime.errors.TaskNotLoadable`: the workers of one installation all fail
+    alike). A try lost with its worker
     (preempted, crashed, drained, ...) is retried for free, up to ``max_lost`` losses of
     the same task; then the task fails with :class:`~runtime.errors.WorkerLost`. A task
     that was running, or may have been, on ``max_crashes`` workers that ended
@@ -135,6 +138,10 @@ class DefaultRetry:
                 True, charge=False, reason="output did not fit on disk; free retry"
             )
         if outcome in ("error", "timeout"):
+            if cause == NOT_LOADABLE:
+                return RetryDecision(
+                    False, reason="its code could not be loaded on the worker: a retry fails alike"
+                )
             if task.retries_left > 0:
                 reason = f"{outcome}; retry budget left"
                 if not self.backoff:

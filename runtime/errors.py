@@ -34,6 +34,7 @@ __all__ = [
     "DiskFull",
     "FrameTooLarge",
     "GraphError",
+    "GraphNotLoadable",
     "InputsUnreachable",
     "InvalidAddress",
     "InvalidTransition",
@@ -61,6 +62,7 @@ __all__ = [
     "TaskCrashedWorkers",
     "TaskErrorTooLarge",
     "TaskLongerThanWalltime",
+    "TaskNotLoadable",
     "TaskOutOfMemory",
     "TaskProcessDied",
     "TaskTimeout",
@@ -340,6 +342,37 @@ class GraphError(CorralError, ValueError):
     """A submitted graph is not valid; nothing of it was run."""
 
 
+def _not_loadable_text(what: str, module: str, where: str, reason: str) -> str:
+    """What :class:`TaskNotLoadable` and :class:`GraphNotLoadable` say: the function or
+    argument ``what`` (qualified; ``""``: only the module is known) could not be loaded
+    in ``where`` (a process) because ``module`` is not importable there."""
+    thing = f"the function or argument {what!r}" if what else "a function or argument"
+    return (
+        f"{thing} could not be loaded in {where}: module {module!r} is not importable "
+        f"there ({reason}). Put the module on that process's PYTHONPATH (install the "
+        "package where the workers and the manager run: a sys.path change in the client "
+        "does not reach them), or have cloudpickle send its code with the task: "
+        f"cloudpickle.register_pickle_by_value({module.partition('.')[0]}) in the client, "
+        "after importing it."
+    )
+
+
+class GraphNotLoadable(GraphError):
+    """A manager process could not load a submitted graph: a task's function or
+    argument (``what``) comes from a module (``module``) that the manager cannot
+    import (``reason``: what loading raised, also the ``__cause__`` on the manager's
+    side). The graph was refused; nothing of it ran."""
+
+    def __init__(self, what: str, module: str, reason: str) -> None:
+        super().__init__(
+            "the graph was refused, nothing of it ran: "
+            + _not_loadable_text(what, module, "the manager process", reason),
+            what=what,
+            module=module,
+            reason=reason,
+        )
+
+
 class CycleError(GraphError):
     def __init__(self, cycle: list[str]) -> None:
         super().__init__(
@@ -612,6 +645,24 @@ def describe_exit(returncode: int) -> str:
     except ValueError:
         name = "an unknown signal"
     return f"killed by {name} (signal {number})"
+
+
+class TaskNotLoadable(CorralError):
+    """Task ``key``'s function or an argument of it (``what``) could not be loaded in
+    the process that was to run it (``where``: a worker process, or its task process),
+    so the task did not start: its module (``module``) is not importable there
+    (``reason``: what loading raised, which is the ``__cause__``). Every worker of the
+    same installation fails alike, so the default retry policy does not retry it."""
+
+    def __init__(self, key: Hashable, what: str, module: str, where: str, reason: str) -> None:
+        super().__init__(
+            f"task {key!r} did not run: " + _not_loadable_text(what, module, where, reason),
+            key=key,
+            what=what,
+            module=module,
+            where=where,
+            reason=reason,
+        )
 
 
 class TaskProcessDied(CorralError):

@@ -82,6 +82,7 @@ from runtime.errors import (
     ConnectionClosed,
     CorralError,
     FrameTooLarge,
+    GraphNotLoadable,
     ManagerStopping,
     ProtocolError,
     RemoteError,
@@ -95,6 +96,7 @@ from runtime.messages import (
     ErrorReply,
     Message,
     Ping,
+    SubmitGraphRequest,
     bare_exception,
     message,
 )
@@ -231,6 +233,10 @@ def from_wire(msg: Message, *, allow_pickle: bool) -> Any:
     try:
         obj = unpickling.loads(msg.payload)
     except Exception as exc:
+        missing = unpickling.missing_global(exc, msg.payload)
+        if missing is not None and msg.type_name == SubmitGraphRequest.wire_name:
+            # The user's code, not the versions: a graph this process cannot load.
+            raise GraphNotLoadable(*missing, str(exc)) from exc
         raise ProtocolError(
             f"could not unpickle a {msg.type_name}: {exc!r}. Do both sides run the same "
             "versions of Corral and of the libraries your tasks use?",
@@ -930,6 +936,12 @@ class Peer:
                 continue
             try:
                 msg = from_wire(frame.msg, allow_pickle=self.allow_pickle)
+            except GraphNotLoadable as exc:  # the sender's graph, not its frame: refused
+                _log.warning("refused a graph", peer=self.name, error=str(exc))
+                if frame.request_id:  # as itself, to a sender whose pickles we open
+                    reply = _error_reply(exc, self.allow_pickle)
+                    await self._reply(frame.request_id, reply, frame.causal_id)
+                continue
             except ProtocolError as exc:
                 self.bad_frames += 1
                 _log.warning("refused a frame", peer=self.name, error=str(exc))

@@ -4,7 +4,8 @@ What lives here: :func:`loads` and :func:`load`, the one way Corral's processes
 unpickle (a worker's event loop reading peers' messages and fetched data, its executor
 threads loading a task's function and inputs, the threads that read task processes'
 results, the store reading a spilled value, a task restoring its checkpoint, the
-client reading results), and :func:`guarded`, which they share.
+client reading results), :func:`guarded`, which they share, and
+:func:`missing_global`, which names what a failed unpickle could not import.
 
 Why: unpickling imports the modules of the classes and functions it meets. Python
 locks each module while it runs, but when two threads import, for the first time, two
@@ -26,6 +27,8 @@ while it runs is the task's own, as in any threaded Python program.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import pickle
 import sys
 import threading
@@ -33,7 +36,7 @@ from collections.abc import Callable, Iterable
 from importlib.machinery import ModuleSpec
 from typing import IO, Any, TypeVar
 
-__all__ = ["guarded", "load", "loads"]
+__all__ = ["guarded", "load", "loads", "missing_global"]
 
 T = TypeVar("T")
 
@@ -128,3 +131,35 @@ def load(file: IO[bytes], buffers: Iterable[Any] = ()) -> Any:
         return pickle.Unpickler(file, buffers=kept).load()
 
     return guarded(again)
+
+
+class _Recording(pickle.Unpickler):
+    """An unpickler that keeps the global whose lookup raised (``failed``)."""
+
+    failed: tuple[str, str] | None = None
+
+    def find_class(self, module: str, name: str) -> Any:
+        try:
+            return super().find_class(module, name)
+        except Exception:
+            if self.failed is None:
+                self.failed = (module, name)
+            raise
+
+
+def missing_global(
+    error: BaseException, data: bytes | bytearray | memoryview
+) -> tuple[str, str] | None:
+    """After ``loads(data)`` raised ``error``: if a module could not be imported (a
+    ``ModuleNotFoundError``), ``(what, module)``: the global whose lookup needed it
+    (``"labops.double"``; ``""`` when it was not a lookup: cloudpickle importing a
+    module by name) and the module not found (``"labops"``); else None. It loads
+    ``data`` again, recording (under the lock, as an unpickle that imports): only after
+    a failure, so a load that succeeds pays nothing for it."""
+    if not isinstance(error, ModuleNotFoundError) or not error.name:
+        return None
+    recording = _Recording(io.BytesIO(data))
+    with _LOCK, contextlib.suppress(Exception):
+        recording.load()
+    failed = recording.failed
+    return ("" if failed is None else f"{failed[0]}.{failed[1]}"), error.name
