@@ -535,14 +535,14 @@ class _RemoteManager:
     def post(self, msg: Message, *, causal_id: str | None = None) -> None:
         try:
             self.ref.post(msg, causal_id=causal_id)
-        except ActorStopped as exc:
-            raise self.lost() from exc
+        except ActorStopped:
+            raise self.lost() from None  # (the internal ActorStopped says nothing to do)
 
     async def tell(self, msg: Message, *, causal_id: str | None = None) -> None:
         try:
             await self.ref.tell(msg, causal_id=causal_id)
-        except ActorStopped as exc:
-            raise self.lost() from exc
+        except ActorStopped:
+            raise self.lost() from None  # (the internal ActorStopped says nothing to do)
 
     async def ask(
         self,
@@ -553,9 +553,9 @@ class _RemoteManager:
     ) -> Any:
         try:
             return await self.ref.ask(msg, timeout=timeout, causal_id=causal_id)
-        except ActorStopped as exc:
+        except ActorStopped:
             if self.gone:
-                raise self.lost() from exc
+                raise self.lost() from None
             raise
 
 

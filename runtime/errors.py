@@ -1451,12 +1451,16 @@ class WorkersTimeout(CorralError, TimeoutError):
 
 class ManagerLost(CorralError):
     """The client's connection to the manager closed, or the manager stayed silent past
-    the liveness bound: every result still pending is gone with it."""
+    the liveness bound: every result still pending is gone with it, and the
+    ``Cluster(address)`` that lost it is closed for good (every later call raises this):
+    a new one connects to a manager running again."""
 
     def __init__(self, address: str, reason: str) -> None:
         super().__init__(
             f"lost the manager at {address}: {reason}. Results that were still pending are "
-            "gone with it; once a manager is running again, submit the work again.",
+            "gone with it, and this Cluster is closed for good: every later call on it "
+            "raises this error. Once a manager is running there again, make a new "
+            f"Cluster({address!r}) and submit the work again.",
             address=address,
             reason=reason,
         )

@@ -17,7 +17,7 @@ import pytest
 from runtime import Cluster
 from runtime.errors import ManagerLost
 from runtime.node import DEAD_AFTER, HEARTBEAT
-from tests.helpers import Cli, held_at_gate, wait_until
+from tests.helpers import Cli, free_port, held_at_gate, wait_until
 
 pytestmark = pytest.mark.anyio
 LIMIT = 60
@@ -234,3 +234,49 @@ async def test_a_client_timeout_below_the_worker_timeout_is_said_at_start(tmp_pa
             tg.cancel_scope.cancel()
     line = logs.with_("client timeout below the worker timeout")
     assert line is not None and "client_timeout=5.0" in line and "worker_timeout=10.0" in line
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and the exceptions it was raised from or during, as a traceback shows."""
+    out: list[BaseException] = []
+    seen: BaseException | None = exc
+    while seen is not None and seen not in out:
+        out.append(seen)
+        seen = seen.__cause__ or (None if seen.__suppress_context__ else seen.__context__)
+    return out
+
+
+async def test_a_cluster_that_lost_its_manager_says_it_is_closed_and_a_new_one_works(
+    tmp_path: Path,
+) -> None:
+    """After a manager's restart (kill -9, then started again on its port) the old
+    Cluster(address) stays closed: its calls raise ManagerLost saying so and to make a
+    new Cluster(address), with no internal ActorStopped in the traceback; a new one
+    (api.md's reconnect pattern) runs tasks on the restarted manager."""
+    port = free_port()
+    with Cli(tmp_path / "home") as cli, anyio.fail_after(LIMIT):
+
+        def start_manager() -> tuple[subprocess.Popen[str], str]:
+            mgr = cli.start("manager", "--listen", f"127.0.0.1:{port}", "--no-monitoring")
+            line = cli.line_with(mgr, "manager listening on")
+            return mgr, line.split("manager listening on", 1)[1].strip()
+
+        mgr, address = await anyio.to_thread.run_sync(start_manager)
+        await anyio.to_thread.run_sync(cli.worker, address)
+        async with Cluster(address) as old:
+            assert await old.submit(sum, [1, 2]) == 3
+            mgr.kill()
+            await anyio.to_thread.run_sync(mgr.wait, 10)
+            _, again = await anyio.to_thread.run_sync(start_manager)
+            assert again == address
+            await anyio.to_thread.run_sync(cli.worker, address)
+            for call in (old.status, lambda: old.submit(sum, [3, 4])):
+                with pytest.raises(ManagerLost) as err:
+                    await call()
+                text = str(err.value)
+                assert "this Cluster is closed for good" in text, text
+                assert f"make a new Cluster({address!r})" in text, text
+                chain = _chain(err.value)
+                assert not [e for e in chain if type(e).__name__ == "ActorStopped"], chain
+        async with Cluster(address) as new:
+            assert await new.submit(sum, [3, 4]) == 7
