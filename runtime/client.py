@@ -21,6 +21,7 @@ import gc
 import itertools
 import math
 import os
+import pickle
 import tempfile
 import threading
 import time
@@ -74,6 +75,7 @@ from runtime.graph import (
     make_task,
     reject_collection,
     short_repr,
+    too_deep,
     unpicklable_error,
 )
 from runtime.kernel import Actor, ActorRef, ActorSystem, handles
@@ -2107,6 +2109,10 @@ class Cluster:
                 "da.from_zarr, reading a file), whose outputs move in parts of any size.",
                 size=size, limit=limit,
             ) from exc  # fmt: skip
+        except pickle.PicklingError as exc:
+            if isinstance(exc.__cause__, RecursionError):  # cloudpickle's, a graph nested
+                raise too_deep() from None  # too deeply to pickle (as to read: build_specs)
+            raise
         finally:
             client.sent(under_way, reply)
         _told_of(reply)

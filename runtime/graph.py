@@ -786,6 +786,20 @@ def _cull(nodes: Mapping[Key, GraphNode], wanted: Iterable[Key]) -> dict[Key, Gr
     return out
 
 
+def too_deep() -> GraphError:
+    """The error of a graph whose tasks nest tasks in their arguments, ``(inc, (inc,
+    (... 0)))``, more deeply than Python's recursion limit lets it be read or pickled."""
+    return GraphError(
+        "the graph nests tasks inside the arguments of tasks, (f, (f, (f, ...))), more "
+        f"deeply than Python's recursion limit (sys.getrecursionlimit() = "
+        f"{sys.getrecursionlimit()}) lets it be read, about that many levels (and a task "
+        "nested more than a few hundred levels deep fails when it runs). Nothing ran. "
+        "Give the inner calls keys of their own, a chain of tasks "
+        "({'x0': (f, 0), 'x1': (f, 'x0'), ...}), which has no depth limit.",
+        reason="nested too deeply",
+    )
+
+
 def build_specs(
     graph: Mapping[Key, Any],
     wanted: Iterable[Key],
@@ -810,7 +824,10 @@ def build_specs(
     """
     graph, annotations = _materialize(graph, notes)
     check_graph_keys(graph)
-    nodes = normalize_graph(graph, known)
+    try:
+        nodes = normalize_graph(graph, known)
+    except RecursionError:
+        raise too_deep() from None
     _refuse_unsafe_shuffles(nodes)
     wanted = list(wanted)
     unknown = [k for k in wanted if k not in nodes and not known(k)]
