@@ -1050,7 +1050,9 @@ class Scheduler(Actor):
             worker = ts.worker
             if worker is None and ts.who_has:
                 worker = min(ts.who_has)  # where its output is
-            out.append(TaskRecord(str(ts.key), ts.state, ts.category, worker, len(ts.tries)))
+            # the tries made: those ended, and the one under way (a running first try is 1)
+            tries = len(ts.tries) + (ts.state == "processing")
+            out.append(TaskRecord(str(ts.key), ts.state, ts.category, worker, tries))
             if limit and len(out) >= limit:
                 break
         return out

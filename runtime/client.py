@@ -1881,6 +1881,7 @@ class Cluster:
         system, self._system = self._system, None
         if system is None:
             return
+        self._ended = True
         if self._policies_set and system.running:
             with anyio.CancelScope(shield=True):
                 await self._policies_left()
@@ -1919,8 +1920,17 @@ class Cluster:
             return
         _policies_left_news(self._policies_set, infos, str(self.address))
 
+    #: closed (``close()``, or its ``async with`` block left): never running again
+    _ended = False
+
     def _require(self) -> None:
         if self._system is None:
+            if self._ended:
+                raise CorralError(
+                    "the cluster is not running: it was closed (its `async with` block was "
+                    "left, or close() was called), and its futures' results went with it. "
+                    "Await them inside the block, or make a new Cluster for new work."
+                )
             raise CorralError("the cluster is not running; use `async with Cluster() as c:`")
 
     # -- submitting ------------------------------------------------------------------

@@ -229,7 +229,7 @@ class TaskRecord(Message):
     state: str
     category: str
     worker: str | None = None
-    tries: int = 0
+    tries: int = 0  #: the tries made: those ended, and the one under way while processing
 
 
 @message()
@@ -1371,7 +1371,7 @@ class StatusReply(Message):
 
     Worker ids key ``processing`` (tasks sent and not finished), ``rss`` (after its
     latest task) and ``memory`` (its latest report); ``queues`` counts ready tasks per
-    pool (``"*"``: any pool); ``recent_runs`` the keys of the latest runs.
+    pool (``"*"``: any pool); ``recent_runs`` how many keys each of the latest runs has.
     ``autoscaler`` is None without an autoscaler, or when it did not answer in time
     (``autoscaler_busy``)."""
 

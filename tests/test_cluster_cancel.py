@@ -244,3 +244,19 @@ async def test_every_method_of_a_cluster_that_is_not_running_raises_corral_error
                     if inspect.isawaitable(result):
                         await result
                     pytest.fail(f"{name} on a cluster not running returned {result!r}")
+
+
+async def test_a_future_awaited_after_its_cluster_closed_says_it_was_closed() -> None:
+    """It said "the cluster is not running; use `async with Cluster() as c:`", which
+    reads as a misuse to a caller who did use ``async with``; a cluster never started
+    still says to use it."""
+    with anyio.fail_after(LIMIT):
+        async with Cluster(workers=1) as c:
+            fut = c.submit(sum, [1, 2])
+            assert await fut == 3
+            late = c.submit(sum, [3, 4])
+        with pytest.raises(CorralError, match="it was closed") as caught:
+            await late
+        assert "use `async with" not in str(caught.value)
+        with pytest.raises(CorralError, match="use `async with Cluster"):
+            await Cluster(workers=1).status()
