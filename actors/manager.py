@@ -60,6 +60,7 @@ from runtime.messages import (
     DataMissing,
     DataReply,
     DrainRequest,
+    ForgetCategoryRequest,
     GatherRequest,
     GetData,
     KeyUpdates,
@@ -801,7 +802,9 @@ class Manager(Actor):
             return await autoscaler.ask(msg)
         return await self._scheduler().ask(msg)
 
-    @handles(StoryRequest, StoryQuery, TasksQuery, DrainRequest, UndrainRequest)
+    @handles(
+        StoryRequest, StoryQuery, TasksQuery, DrainRequest, UndrainRequest, ForgetCategoryRequest
+    )
     async def to_scheduler(self, msg: Any) -> Any:
         return await self._scheduler().ask(msg)
 

@@ -30,6 +30,7 @@ from actors.scheduler_events import (
     CancelOnWorker,
     CancelRequested,
     CancelSpared,
+    CategoryForgotten,
     CheckpointCopied,
     Command,
     CopyCheckpoint,
@@ -71,6 +72,7 @@ from actors.scheduler_events import (
     WorkerLeaving,
     WorkerLeft,
     WorkerMemory,
+    WorkerPastLimit,
     WorkerUndrained,
 )
 from actors.scheduler_records import (
@@ -88,7 +90,7 @@ from actors.scheduler_state import SchedulerState
 from actors.shared_disk import disk_claim, disk_key, disk_shared_text, shared_disk_text
 from policies import ON_PURPOSE, REGISTRY, PolicyRegistry, params_of
 from policies.survival import Survival
-from runtime.errors import ActorStopped, CorralError
+from runtime.errors import ActorStopped, CorralError, UnknownCategory, size_text
 from runtime.graph import SpecPiece
 from runtime.kernel import Actor, ActorRef, Envelope, Later, current_causal_id, handles
 from runtime.messages import (
@@ -115,6 +117,7 @@ from runtime.messages import (
     FetchCheckpoint,
     FileFactsMsg,
     FilesReleasedMsg,
+    ForgetCategoryRequest,
     KeyUpdates,
     Leaving,
     Message,
@@ -220,6 +223,21 @@ def _executed(ws: WorkerState) -> list[str]:
 
 
 COPY_RATE_FLOOR = 10 * 2**20
+
+
+def past_limit_text(cmd: WorkerPastLimit) -> str:
+    """What the manager logs and shows (status, dashboard) of ``cmd``: the worker, its
+    limit, the highest RSS it reached, the categories it ran, and what to do."""
+    cats = ", ".join(cmd.categories[:5]) + (" ..." if len(cmd.categories) > 5 else "")
+    share = f"{cmd.peak / cmd.limit:.0%} of " if cmd.limit else ""
+    return (
+        f"worker {cmd.worker}: its RSS reached {size_text(cmd.peak)}, {share}its memory limit "
+        f"of {size_text(cmd.limit)}, while it ran tasks of {cats or 'no known category'}; "
+        "its tasks run in threads, which its terminate fence cannot kill. Start its workers "
+        "with execution 'process' (--execution process) for a fence that kills the task "
+        "that grew, or give them more memory (--memory), or split those tasks' data into "
+        "smaller pieces"
+    )
 
 
 def copy_timeout(nbytes: int) -> float:
@@ -362,6 +380,8 @@ class Scheduler(Actor):
                 self._overcommit(cmd, disk=False)
             elif type(cmd) is DiskShared:
                 self._disk_shared(cmd)
+            elif type(cmd) is WorkerPastLimit:
+                self._past_limit(cmd)
             else:  # pragma: no cover - a new command without a shell is a bug
                 raise TypeError(f"scheduler has no shell for {type(cmd).__name__}")
         if updates:
@@ -671,7 +691,7 @@ class Scheduler(Actor):
         self._handle(
             WorkerMemory(
                 *self._ev(), msg.worker_id, msg.throttled, msg.rss, msg.throttle_at, msg.limit,
-                used, msg.memory_bytes,
+                used, msg.memory_bytes, msg.past_peak,
             )
         )  # fmt: skip
 
@@ -744,6 +764,22 @@ class Scheduler(Actor):
             self.log.warning(
                 f"workers no longer {said}", **{where: cmd.host, "workers": list(cmd.workers)}
             )
+
+    def _past_limit(self, cmd: WorkerPastLimit) -> None:
+        """Log at WARNING and show (``status()["warnings"]``) a worker that ran past its
+        terminate fence with its tasks in threads, at its highest yet; forget it when
+        the worker leaves (``peak`` 0)."""
+        key = f"{cmd.worker} memory"
+        if not cmd.peak:
+            self.host_warnings.pop(key, None)
+            return
+        text = past_limit_text(cmd)
+        self.host_warnings[key] = text
+        self.log.warning(
+            "worker past its memory limit: its tasks run in threads and cannot be killed",
+            worker=cmd.worker, limit=cmd.limit, peak=cmd.peak,
+            categories=list(cmd.categories), warning=text,
+        )  # fmt: skip
 
     @handles(CancelRequest)
     def cancel(self, msg: CancelRequest) -> Any:
@@ -1103,6 +1139,18 @@ class Scheduler(Actor):
                           worker=msg.worker, running=len(ws.processing))  # fmt: skip
         return {"worker": msg.worker, "undrained": not why, "why": why}
 
+    @handles(ForgetCategoryRequest)
+    def forget_category(self, msg: ForgetCategoryRequest) -> dict[str, Any]:
+        """An operator's ``forget CATEGORY``: start its statistics afresh (a past
+        outlier no longer holds its tasks back); say what was forgotten."""
+        st = self.state.stats.get(msg.category)
+        if st is None:
+            raise UnknownCategory(msg.category, self.state.stats)
+        was = {"count": st.count, "rss_rise": st.rss_rise, "max_rss_growth": st.max_rss_growth}
+        self._handle(CategoryForgotten(*self._ev(), msg.category))
+        self.log.warning("category statistics forgotten", category=msg.category, **was)
+        return {"category": msg.category, **was}
+
 
 #: What turning a story query's text back into a key may raise: it is then text only.
 _NOT_A_LITERAL = (ValueError, SyntaxError, TypeError, MemoryError, RecursionError)
@@ -1240,6 +1288,7 @@ def _stats(s: Any) -> dict[str, Any]:
         "consumed_nbytes": s.consumed_nbytes,
         "peak_rss": s.peak_rss,
         "max_rss_growth": s.max_rss_growth,
+        "rss_rise": s.rss_rise,
         "max_nbytes": s.max_nbytes,
         "disk_full": s.disk_full,
     }

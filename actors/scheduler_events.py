@@ -18,6 +18,7 @@ __all__ = [
     "CancelOnWorker",
     "CancelRequested",
     "CancelSpared",
+    "CategoryForgotten",
     "CheckpointCopied",
     "Command",
     "CopyCheckpoint",
@@ -59,6 +60,7 @@ __all__ = [
     "WorkerLeaving",
     "WorkerLeft",
     "WorkerMemory",
+    "WorkerPastLimit",
     "WorkerUndrained",
 ]
 
@@ -271,6 +273,16 @@ class WorkerUndrained(Event):
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class CategoryForgotten(Event):
+    """An operator's ``forget CATEGORY``: the category's statistics start afresh (as
+    those of a category never seen: no rise, no durations, no sizes), its tasks placed
+    as a new category's until its tries teach them again. A category the core does not
+    know is let be (the shell refuses it first: ``UnknownCategory``)."""
+
+    category: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class PolicyNoted(Event):
     """A policy that is not the scheduler's (the autoscaler's scaling policy) failed:
     ``problem`` goes into the cluster's story (key ``"-"``) as a ``policy-error``; it
@@ -339,6 +351,9 @@ class WorkerMemory(Event):
     limit: int
     disk_used: int = 0
     memory_bytes: int = -1
+    #: the highest RSS it sampled past its terminate fence with its tasks in threads,
+    #: which that fence cannot kill (``WorkerMemoryReport.past_peak``; 0: never)
+    past_peak: int = 0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -370,6 +385,20 @@ class HostOvercommitted(Command):
     workers: tuple[tuple[str, int], ...]
     processes: int
     resource: str = "memory"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WorkerPastLimit(Command):
+    """``worker`` (of memory ``limit``) ran past its terminate fence, its tasks in
+    threads, which the fence cannot kill: its RSS reached ``peak``, a new high, while it
+    had tasks of ``categories`` (sorted) sent to it. ``peak`` 0: the worker left, the
+    warning ends. The shell logs it and shows it in ``status()["warnings"]``
+    (:func:`past_limit_text`)."""
+
+    worker: str
+    limit: int
+    peak: int
+    categories: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

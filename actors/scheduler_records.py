@@ -218,6 +218,7 @@ class WorkerState:
         "memory_bytes",
         "n_producers",
         "occupancy",
+        "past_peak",
         "pool",
         "processing",
         "retired",
@@ -281,6 +282,9 @@ class WorkerState:
         #: its RSS with its task processes, as last reported (with its results, in its
         #: memory reports): what its memory fences act on
         self.rss = 0
+        #: the highest RSS it said it reached past its terminate fence with tasks in
+        #: threads (0: never; ``WorkerMemory.past_peak``)
+        self.past_peak = 0
         self.throttle_at = 0  #: bytes where its throttle fence is (0: not reported)
         self.memory_bytes = -1  #: bytes of outputs in its memory, as last reported (-1: not)
         self.n_producers = 0  #: producers among ``processing``

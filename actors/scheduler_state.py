@@ -200,6 +200,7 @@ from actors.scheduler_events import (
     CancelOnWorker,
     CancelRequested,
     CancelSpared,
+    CategoryForgotten,
     CheckpointCopied,
     Command,
     CopyCheckpoint,
@@ -237,6 +238,7 @@ from actors.scheduler_events import (
     WorkerLeaving,
     WorkerLeft,
     WorkerMemory,
+    WorkerPastLimit,
     WorkerUndrained,
 )
 from actors.scheduler_records import (
@@ -480,9 +482,10 @@ class SchedulerState(DiskPlacement):
         #: (category, pool) of tasks that memory admission by RSS rise held back in this
         #: fill, since its latest placement: the next of them wait without being asked
         self._rise_held: set[tuple[str, str | None]] = set()
-        #: the largest RSS rise of any category ever seen (never lowered): a bound that
-        #: lets ``_rss_fits`` say yes without looking at a worker's tries, far from its
-        #: fence (which is nearly always)
+        #: at least the largest ``rss_rise`` of any category (lowered only when one's
+        #: largest rise leaves its window, or it is forgotten): a bound that lets
+        #: ``_rss_fits`` say yes without looking at a worker's tries, far from its fence
+        #: (which is nearly always)
         self.max_rise = 0
         self.draining: set[str] = set()  #: draining workers not yet retired
         #: ready heaps by (pool, producer); an entry ``(behind, prio, seq, task)`` is
@@ -914,7 +917,7 @@ class SchedulerState(DiskPlacement):
                     "wait_sum": 0.0, "running": 0, "workers": {"idle": 0, "busy": 0,
                     "draining": 0, "away": 0}, "throttled": 0, "rss_bytes": 0, "held_back": 0,
                     "retry_held": 0, "disk_stalled": 0, "disk_stalls": 0, "cores": 0,
-                    "cores_busy": 0, "memory_limit_bytes": 0,
+                    "cores_busy": 0, "memory_limit_bytes": 0, "workers_past_limit": 0,
                 }  # fmt: skip
             return m
 
@@ -952,6 +955,7 @@ class SchedulerState(DiskPlacement):
             m["throttled"] += ws.throttled
             m["rss_bytes"] += ws.rss
             m["memory_limit_bytes"] += ws.memory
+            m["workers_past_limit"] += ws.past_peak > 0
         return out
 
     @property
@@ -1260,6 +1264,8 @@ class SchedulerState(DiskPlacement):
         self.free.pop(ev.worker, None)
         self.draining.discard(ev.worker)
         self.throttled.discard(ev.worker)
+        if ws.past_peak:  # its warning ends with it
+            self._out.append(WorkerPastLimit(self._stimulus, ws.id, ws.memory, 0))
         self._log(ev.worker, "joined", f"left:{ev.cause}")
         if self.held:  # the holder that would not hand over may be this one: try again
             self._release_held(every=True)
@@ -1664,6 +1670,23 @@ class SchedulerState(DiskPlacement):
             return "it was sent its pool's tasks_per_worker tries"
         return ""
 
+    def _category_forgotten(self, ev: CategoryForgotten) -> None:
+        """Start ``ev.category``'s statistics afresh, in place (policies' views of it
+        stay live): a past outlier (one huge try's rise, duration or output) no longer
+        steers admission, placement or estimates. Its finished tries stay counted
+        (``_forgotten_finished``: the metrics' counters do not go back), as do its
+        failures by cause and its memory class (asked again as its tries end)."""
+        st = self.stats.get(ev.category)
+        if st is None:
+            return
+        self._forgotten_finished += st.count
+        fresh = CategoryStats()
+        for field in dataclasses.fields(CategoryStats):
+            setattr(st, field.name, getattr(fresh, field.name))
+        self._recount_max_rise()
+        self._rise_held.clear()
+        self._log("-", "category-forgotten", ev.category)
+
     def _worker_undrained(self, ev: WorkerUndrained) -> None:
         ws = self.workers.get(ev.worker)
         if ws is None or self.undrain_refusal(ws):
@@ -1951,6 +1974,12 @@ class SchedulerState(DiskPlacement):
             return
         ws.rss, ws.throttle_at, ws.memory_bytes = ev.rss, ev.throttle_at, ev.memory_bytes
         ws.disk_used = max(0, ev.disk_used)
+        if ev.past_peak > ws.past_peak:  # past a fence that cannot kill: the client is told
+            ws.past_peak = ev.past_peak
+            categories = tuple(sorted({ts.spec.category for ts in ws.processing}))
+            self._out.append(
+                WorkerPastLimit(self._stimulus, ws.id, ev.limit, ev.past_peak, categories)
+            )
         self.storage.disk(ws.id, ws.disk_used)
         if ev.throttled == ws.throttled:
             return
@@ -2511,11 +2540,14 @@ class SchedulerState(DiskPlacement):
         if res.rss_before:
             # From right before it to its peak (sampled while it ran, or right after
             # it): a burst it frees before it ends counts (memory admission, _rss_fits).
-            growth = rss - res.rss_before
-            if growth > stat.max_rss_growth:
-                stat.max_rss_growth = growth
-                if growth > self.max_rise:
-                    self.max_rise = growth
+            # Admission reads the window's largest (stat.rss_rise), not the all-time one:
+            # an outlier long past does not hold the category back for good.
+            was = stat.rss_rise
+            stat.add_rise(rss - res.rss_before)
+            if stat.rss_rise > self.max_rise:
+                self.max_rise = stat.rss_rise
+            elif stat.rss_rise < was == self.max_rise:
+                self._recount_max_rise()
         m = self._metric(category)
         m.finished += 1
         m.duration_sum += duration
@@ -3586,10 +3618,10 @@ class SchedulerState(DiskPlacement):
 
     def _rise(self, ts: TaskState) -> int:
         """How much ``ts`` is expected to raise its worker's RSS while it runs: its
-        category's ``max_rss_growth`` (0: no try of it finished yet, or under
-        ``MIN_RISE``: not known to matter)."""
+        category's ``rss_rise``, the largest of its latest ``RISE_WINDOW`` rises (0: no
+        try of it finished yet, or under ``MIN_RISE``: not known to matter)."""
         stat = self.stats.get(ts.spec.category)
-        rise = stat.max_rss_growth if stat is not None else 0
+        rise = stat.rss_rise if stat is not None else 0
         return rise if rise >= MIN_RISE else 0
 
     def _rss_fits(self, rise: int, ws: WorkerState) -> bool:
@@ -3609,6 +3641,11 @@ class SchedulerState(DiskPlacement):
             return True  # whatever runs beside it: no need to look (O(1))
         rises = heapq.nlargest(beside, map(self._rise, ws.processing))
         return ws.rss + sum(rises) + rise < fence
+
+    def _recount_max_rise(self) -> None:
+        """``max_rise`` again from every category's ``rss_rise`` (one's largest rise left
+        its window, or was forgotten): O(categories), only then."""
+        self.max_rise = max((st.rss_rise for st in self.stats.values()), default=0)
 
     def _tell_rss_wait(self, ts: TaskState, rise: int) -> None:
         """Say in ``ts``'s story, once per wait, that memory admission holds it back:
@@ -4519,7 +4556,7 @@ class SchedulerState(DiskPlacement):
         assert failed == sum(self.metric_failures.values()), ("metric failures", failed)
         assert self.failures.keys() <= self.stats.keys(), "failures of forgotten categories"
         assert self.file_categories <= self.stats.keys(), "file outputs of forgotten categories"
-        assert all(st.max_rss_growth <= self.max_rise for st in self.stats.values()), "max_rise"
+        assert all(st.rss_rise <= self.max_rise for st in self.stats.values()), "max_rise"
         for key, cps in self.checkpoints.items():  # dropped when their task ends
             assert self.tasks[key].state in ACTIVE, ("checkpoint of an ended task", key)
             assert cps and len(cps) <= 2, ("checkpoints kept", key, cps)
@@ -4768,6 +4805,7 @@ _DISPATCH: dict[type, Any] = {
     PolicyChanged: SchedulerState._policy_changed,
     WorkerDraining: SchedulerState._worker_draining,
     WorkerUndrained: SchedulerState._worker_undrained,
+    CategoryForgotten: SchedulerState._category_forgotten,
     WorkerLeaving: SchedulerState._worker_leaving,
     Suspended: SchedulerState._suspended,
     StoppedWithCluster: SchedulerState._stopped_with_cluster,

@@ -887,6 +887,7 @@ class Worker(Actor):
                 self._reported_disk[0],  # and checkpoint files and copies under way
                 governor.floor if governor.moved else 0,
                 store.file_bytes,
+                self.state.past_peak,
             )
         )
 

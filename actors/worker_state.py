@@ -353,6 +353,12 @@ class _Fetching:
     lacking: set[Key]
 
 
+#: a worker past its terminate fence with tasks in threads tells the scheduler its RSS
+#: again each time it climbs this fraction of its limit higher (a bounded number of
+#: reports however far it goes)
+PAST_PEAK_STEP = 0.05
+
+
 class WorkerState:
     """One worker's tasks, inputs and memory decisions."""
 
@@ -401,6 +407,10 @@ class WorkerState:
         #: running task -> highest RSS sampled while it executed (kept when it is killed)
         self._peaks: dict[Key, int] = {}
         self._over_terminate = False
+        #: the highest RSS sampled past the terminate fence with tasks in threads (not
+        #: killable): reported to the scheduler (``WorkerMemoryReport.past_peak``), which
+        #: warns in its status; 0: never past it
+        self.past_peak = 0
         #: running task -> the attempt the scheduler was told has started (ReportStarted)
         self.told_started: dict[Key, int] = {}
         #: running task with a timeout -> when to look at it next (see the module's doc)
@@ -980,6 +990,9 @@ class WorkerState:
             self._began(ev, running)
         cfg = self.governor.config
         over = cfg.terminate is not None and ev.rss >= cfg.at(cfg.terminate)
+        if over and not self.killable and ev.rss >= self.past_peak + PAST_PEAK_STEP * cfg.limit:
+            self.past_peak = ev.rss  # the scheduler is told, each step higher
+            out.append(ReportMemory())
         if over and not self.killable and not self._over_terminate:
             # Once each time memory climbs past it from under the throttle fence: not
             # for every sample that moves around the terminate fence.

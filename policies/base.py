@@ -37,6 +37,7 @@ __all__ = [
     "METHODS",
     "NOT_LOADABLE",
     "REGISTRY",
+    "RISE_WINDOW",
     "CategoryStats",
     "CategoryStatsView",
     "DataLocality",
@@ -65,6 +66,10 @@ __all__ = [
 KINDS = ("priority", "placement", "retry", "memory", "replication", "scaling", "speculation")
 
 RECENT = 256  #: ok tries' durations kept per category for its percentiles
+#: ok tries' RSS rises kept per category: memory admission uses the largest of these
+#: latest ones (:attr:`CategoryStats.rss_rise`), so one past outlier stops counting
+#: after this many tries of the category (docs/memory.md#memory-admission-by-rss-rise)
+RISE_WINDOW = 16
 
 
 @dataclasses.dataclass(slots=True)
@@ -81,16 +86,35 @@ class CategoryStats:
     consumed_nbytes: int = 0  #: input bytes (consumed), over ok tries
     #: highest worker RSS seen while (sampled) or right after a task of this category ran
     peak_rss: int = 0
-    #: largest rise of the worker's RSS while one ran: its peak (sampled while it ran,
-    #: or right after it) less its RSS right before (memory admission holds a task of
-    #: the category back from a worker with too little room beside its running tries)
+    #: largest rise of the worker's RSS while one ran, ever: its peak (sampled while it
+    #: ran, or right after it) less its RSS right before
     max_rss_growth: int = 0
+    #: the largest rise of the latest :data:`RISE_WINDOW` ok tries whose rise was
+    #: measured (:meth:`add_rise`): memory admission holds a task of the category back
+    #: from a worker with too little room for it beside its running tries
+    rss_rise: int = 0
+    #: those latest rises, oldest first
+    rises: deque[int] = dataclasses.field(default_factory=lambda: deque(maxlen=RISE_WINDOW))
     #: largest output seen: of ok tries and of tries whose output did not fit on their
     #: worker's disk (``disk-full``); disk-aware placement expects outputs this large
     max_nbytes: int = 0
     disk_full: int = 0  #: tries whose output did not fit on their worker's disk
     #: the latest ok tries' durations (seconds), for :attr:`p90_duration`
     recent: deque[float] = dataclasses.field(default_factory=lambda: deque(maxlen=RECENT))
+
+    def add_rise(self, growth: int) -> None:
+        """An ok try raised its worker's RSS by ``growth``: the all-time
+        ``max_rss_growth`` and the window's ``rss_rise`` follow it. O(1), but
+        O(:data:`RISE_WINDOW`) when the rise leaving the window was the largest."""
+        rises = self.rises
+        gone = rises[0] if len(rises) == RISE_WINDOW else None
+        rises.append(growth)
+        if growth > self.max_rss_growth:
+            self.max_rss_growth = growth
+        if growth >= self.rss_rise:
+            self.rss_rise = growth
+        elif gone is not None and gone >= self.rss_rise:
+            self.rss_rise = max(rises)
 
     @property
     def mean_duration(self) -> float:
@@ -173,6 +197,10 @@ class CategoryStatsView:
     @property
     def max_rss_growth(self) -> int:
         return self._stats.max_rss_growth
+
+    @property
+    def rss_rise(self) -> int:
+        return self._stats.rss_rise
 
     @property
     def max_nbytes(self) -> int:

@@ -68,6 +68,7 @@ from runtime.errors import (
     CorralError,
     PermissionDenied,
     RemoteError,
+    size_text,
 )
 from runtime.messages import (
     MAX_LISTING,
@@ -78,6 +79,7 @@ from runtime.messages import (
     CancelKeysRequest,
     DiskStallInfo,
     DrainRequest,
+    ForgetCategoryRequest,
     Message,
     PolicyInfo,
     PolicyQuery,
@@ -141,6 +143,12 @@ COMMANDS: dict[str, tuple[str, str, bool]] = {
     "undrain": (
         "undrain WORKER",
         "take a draining worker back: it takes new tasks again and is not stopped (admin)",
+        True,
+    ),
+    "forget": (
+        "forget CATEGORY",
+        "start a task category's statistics afresh (a past outlier, one huge try, no longer "
+        "holds its tasks back by memory admission or steers their placement; admin)",
         True,
     ),
     "scale": (
@@ -494,6 +502,18 @@ class ConsoleClient:
             )
         return data
 
+    async def forget_category(self, category: str) -> dict[str, Any]:
+        """Start ``category``'s statistics afresh (admin): its tasks are placed as a new
+        category's until its tries teach them again. Answer: ``{"category", "count",
+        "rss_rise", "max_rss_growth"}``, what was forgotten. A category the scheduler
+        keeps no statistics of: :class:`ConsoleError` (``UnknownCategory: ...``)."""
+        try:
+            return dict(await self.ask(ForgetCategoryRequest(category)))
+        except RemoteError as exc:
+            if getattr(exc, "kind", "") == "UnknownCategory":
+                raise ConsoleError(f"UnknownCategory: {getattr(exc, 'text', exc)}") from None
+            raise
+
     async def scale(self, pool: str, n: int) -> dict[str, int]:
         """Keep ``n`` blocks of workers in ``pool`` (admin; needs an autoscaler; a block
         is ``nodes_per_block`` x ``workers_per_node`` workers, one without pools). Answer,
@@ -667,6 +687,19 @@ class ConsoleClient:
         data = jsonable(await self.undrain(words[0]))
         text = f"worker {words[0]} taken back: it takes new tasks again"
         return Result("undrain", data, Text(text))
+
+    async def _cmd_forget(self, rest: str) -> Result:
+        words = _words(rest)
+        if len(words) != 1:
+            _usage("forget")
+        data = jsonable(await self.forget_category(words[0]))
+        text = (
+            f"category {words[0]}: statistics of {data.get('count', 0)} ok tries forgotten "
+            f"(memory admission's rise was {size_text(data.get('rss_rise') or 0)}, the "
+            f"largest ever {size_text(data.get('max_rss_growth') or 0)}); its tasks are "
+            "placed as a new category's until its tries teach them again"
+        )
+        return Result("forget", data, Text(text))
 
     async def _cmd_scale(self, rest: str) -> Result:
         words = _words(rest)
@@ -1728,6 +1761,8 @@ class ConsoleShell(cmd.Cmd):
             return self.known.get("workers", []) if not args else []
         if name in ("scale", "resume"):
             return self.known.get("pools", []) if not args else []
+        if name == "forget":
+            return self.known.get("categories", []) if not args else []
         if name == "story":
             return self.known.get("keys", []) + self.known.get("workers", []) if not args else []
         if name == "cancel":

@@ -71,6 +71,7 @@ __all__ = [
     "TokenFileError",
     "TooManyFrames",
     "TransportError",
+    "UnknownCategory",
     "UnknownPolicyError",
     "UnknownStream",
     "ValueTooLarge",
@@ -477,6 +478,30 @@ class UnknownPolicyError(CorralError, KeyError):
             name=name,
             available=avail,
             in_manager=in_manager,
+        )
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class UnknownCategory(CorralError, KeyError):
+    """``forget CATEGORY`` (``ForgetCategoryRequest``) named a task category the
+    scheduler keeps no statistics of: none of its tries ended yet, it was forgotten
+    (past ``MAX_CATEGORIES``), or the name is misspelt. Fields ``category``, ``known``
+    (how many categories it keeps)."""
+
+    category: str
+    known: int
+
+    def __init__(self, category: str, known: Iterable[str]) -> None:
+        names = list(known)
+        super().__init__(
+            f"no task category {category!r} has statistics in the scheduler"
+            f"{did_you_mean(category, names, '.')} It keeps {len(names)} categories: "
+            "`status --categories all` lists them (a category is a key's prefix, as "
+            "dask's key_split makes it: 'random' for ('random-3f2a...', 0, 1))",
+            category=category,
+            known=len(names),
         )
 
     def __str__(self) -> str:

@@ -219,6 +219,10 @@ class WorkerMemoryReport(Message):
     #: of ``spilled_bytes``, the bytes of the file outputs it holds (the rest are spill
     #: files)
     file_bytes: int = 0
+    #: the highest RSS it sampled past its terminate fence while its tasks run in
+    #: threads, which that fence cannot kill (0: never past it, or ``process``
+    #: execution): the scheduler warns of it in ``status()["warnings"]``
+    past_peak: int = 0
 
 
 @message()
@@ -870,6 +874,9 @@ class PoolMetrics(Message):
     #: the memory limits (``--memory``) of its connected workers, summed, as their RSS
     #: (``rss_bytes``): the dashboard's memory bar is one over the other
     memory_limit_bytes: int = 0
+    #: its connected workers whose tasks run in threads and that went past their
+    #: terminate fence (``WorkerMemoryReport.past_peak``): the fence could not kill
+    workers_past_limit: int = 0
 
 
 @message()
@@ -1230,7 +1237,9 @@ class CategoryStatus(Message):
     total_nbytes: int = 0
     consumed_nbytes: int = 0
     peak_rss: int = 0
-    max_rss_growth: int = 0
+    max_rss_growth: int = 0  #: the largest ever
+    #: the largest of its latest ``RISE_WINDOW`` (16) rises: what memory admission uses
+    rss_rise: int = 0
     max_nbytes: int = 0  #: largest output (ok tries and disk-full ones)
     disk_full: int = 0  #: tries whose output did not fit on their worker's disk
 
@@ -1587,6 +1596,18 @@ class UndrainRequest(Message):
     ``tasks_per_worker``; an unknown worker: ValueError."""
 
     worker: str
+
+
+@message()
+class ForgetCategoryRequest(Message):
+    """-> manager -> scheduler (an operator's ``forget CATEGORY``, admin only): start
+    ``category``'s statistics afresh (``CategoryForgotten``): memory admission, placement
+    and estimates treat its tasks as a new category's until its tries teach them again.
+    Reply: ``{"category", "count", "rss_rise", "max_rss_growth"}``: what it forgot (ok
+    tries, the rise admission used, the largest rise ever); an unknown category:
+    ``UnknownCategory``."""
+
+    category: str
 
 
 @message()

@@ -120,6 +120,11 @@ class SnapshotCollector(Collector):
             pool,
         )
         throttled = _gauge("corral_workers_throttled", "Workers past their throttle fence.", pool)
+        past_limit = _gauge(
+            "corral_workers_past_limit",
+            "Workers whose tasks run in threads that went past their terminate fence.",
+            pool,
+        )
         rss = _gauge("corral_worker_rss_bytes", "RSS of the pool's workers, summed.", pool)
         limit = _gauge(
             "corral_worker_memory_limit_bytes",
@@ -150,6 +155,7 @@ class SnapshotCollector(Collector):
             cores.add_metric([name], m.cores)
             cores_busy.add_metric([name], m.cores_busy)
             throttled.add_metric([name], m.throttled)
+            past_limit.add_metric([name], m.workers_past_limit)
             rss.add_metric([name], m.rss_bytes)
             limit.add_metric([name], m.memory_limit_bytes)
             held.add_metric([name], m.memory_bytes)
@@ -159,7 +165,7 @@ class SnapshotCollector(Collector):
             disk_stalls.add_metric([name], m.disk_stalls)
         yield from (depth, held_back, retry_held, oldest, wait, running, workers, cores)
         yield cores_busy
-        yield from (throttled, rss, limit, held)
+        yield from (throttled, past_limit, rss, limit, held)
         yield from (spill, spilled, disk_stalled, disk_stalls)
 
         cat = ["category"]

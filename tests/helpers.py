@@ -257,6 +257,26 @@ def scraped(text: str, name: str) -> dict[str, float]:
     }
 
 
+class PostedRef:
+    """A stand-in actor reference: keeps what is posted to it (a scheduler shell's
+    manager, registry or worker, driven without an actor system)."""
+
+    def __init__(self) -> None:
+        self.got: list[Any] = []
+
+    def post(self, msg: Any) -> None:
+        self.got.append(msg)
+
+    tell = post
+
+
+class FixedClock:
+    """A clock that always says ``10.0``."""
+
+    def now(self) -> float:
+        return 10.0
+
+
 class SchedulerRecorder(Actor):
     """Stands for the scheduler of a worker actor under test: records what the worker
     tells it (the tries that ended by key, its memory reports, every message in the

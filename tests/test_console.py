@@ -671,6 +671,42 @@ async def test_undrain_of_an_unknown_or_undrainable_worker_is_a_clear_error() ->
             assert not workers[0].ended.is_set()
 
 
+# ----------------------------------------------------------------------------- forget
+
+
+@pytest.mark.anyio
+async def test_forget_starts_a_category_afresh_and_an_unknown_one_is_a_clear_error() -> None:
+    """User audit (memprio, defect 3): one oversized try kept its category's statistics
+    (and its memory admission) for the manager's life, with no way to reset them. Now
+    `forget CATEGORY` starts them afresh: the category's count is 0 in the status, the
+    answer says what was forgotten; a category the scheduler does not know is an error
+    that names the closest one; a read-only console may not (``MUTATING_COMMANDS``)."""
+    with anyio.fail_after(LIMIT):
+        async with (
+            nodes(1) as (address, _),
+            Cluster(address) as cluster,
+            ConsoleClient(address) as console,
+        ):
+            await cluster.wait_for_workers(1)
+            assert await cluster.gather(cluster.map(add, range(3), range(3))) == [0, 2, 4]
+            assert (await console.status(0))["categories"]["add"]["count"] == 3
+            text = await console.run_command("forget add")
+            assert text.startswith("category add: statistics of 3 ok tries forgotten"), text
+            st = await console.status(0)
+            assert st["categories"]["add"]["count"] == 0
+            assert st["categories"]["add"]["rss_rise"] == 0
+            answer = json.loads(await console.run_command("forget add --json"))
+            assert answer == {"category": "add", "count": 0, "rss_rise": 0, "max_rss_growth": 0}
+            assert await cluster.submit(add, 1, 2) == 3  # learnt again
+            assert (await console.status(0))["categories"]["add"]["count"] == 1
+            with pytest.raises(ConsoleError, match="UnknownCategory: no task category 'ad' "):
+                await console.execute("forget ad")
+            with pytest.raises(ConsoleError, match="did you mean 'add'"):
+                await console.forget_category("ad")
+            with pytest.raises(ConsoleError, match="usage: forget CATEGORY"):
+                await console.execute("forget")
+
+
 # ----------------------------------------------------------------------------- scale
 
 
@@ -1200,6 +1236,7 @@ MUTATING_COMMANDS = (
     "undrain {worker}",
     "scale default 5",
     "resume default",
+    "forget ro",
     "cancel {key}",
 )
 

@@ -29,10 +29,13 @@ from dask._task_spec import Task
 
 from actors.memory import REPORT_EVERY, REPORT_MIN_STEP, REPORT_SETTLE, ReportPacing
 from actors.protocol import ToRun
+from actors.scheduler import Scheduler
+from actors.scheduler_events import GraphSubmitted, WorkerJoined, WorkerLeft
 from actors.worker import Worker
 from runtime import Cluster
 from runtime.dashboard import build_snapshot
 from runtime.kernel import ActorSystem, handles
+from runtime.log import get_logger
 from runtime.messages import (
     AlertsReply,
     ConfirmHolds,
@@ -44,7 +47,14 @@ from runtime.messages import (
     WorkerHolds,
 )
 from runtime.metrics import render
-from tests.helpers import SchedulerRecorder, scraped, wait_until
+from tests.helpers import (
+    FixedClock,
+    PostedRef,
+    SchedulerRecorder,
+    scraped,
+    specs_for,
+    wait_until,
+)
 
 MB = 2**20
 GIB = 2**30
@@ -315,3 +325,61 @@ async def test_a_process_worker_s_rss_is_the_worker_with_its_task_processes(
     rows = _samples(db, wid)
     window = [_at(rows, start)] + [rss for t, rss in rows if start < t <= end]
     assert all(low <= rss <= high for rss in window), ([r >> 20 for r in window], truths)
+
+
+@pytest.mark.anyio
+async def test_a_thread_worker_far_past_its_limit_is_a_warning_in_the_status(
+    tmp_path: Path,
+) -> None:
+    """User audit (memprio, defect 2): one task took a 1 GiB thread worker to 3.1 GiB
+    and only the worker's log said so. Now its memory reports carry the highest RSS past
+    its terminate fence (``past_peak``), and the scheduler shows a warning in
+    ``status()["warnings"]`` naming the worker, its limit, that peak, the category of
+    the task it ran and what to do; it ends when the worker leaves. The worker actor
+    runs a task while its RSS (set by the test) is at 3.1 GiB; the reports it sent go
+    to a scheduler shell."""
+    import threading
+
+    sched = SchedulerRecorder()
+    rss = [100 * MB]
+    release = threading.Event()
+    peak = int(3.1 * GIB)
+    with anyio.fail_after(30):
+        async with ActorSystem() as system:
+            sref = await system.spawn(sched, "scheduler")
+            w = Worker(
+                "w1", sref, lambda _: None, memory=GIB, probe=lambda: rss[0],
+                memory_options={"spill_dir": str(tmp_path), "interval": 0.01},
+            )  # fmt: skip
+            ref = await system.spawn(w, "w1")
+            ref.post(RunTasks((run("chunk-0", release.wait, 30),)))
+            rss[0] = peak
+            await sched.until(lambda: any(r.past_peak == peak for r in sched.reports))
+            rss[0] = 100 * MB
+            release.set()
+            await sched.until(lambda: "chunk-0" in sched.done)
+    reports = [r for r in sched.reports if r.past_peak]
+    assert reports[0].past_peak >= int(0.95 * GIB) and reports[-1].past_peak == peak
+
+    s = Scheduler(lambda: PostedRef(), lambda: PostedRef())  # type: ignore[arg-type, return-value]
+    s.clock = FixedClock()  # type: ignore[assignment]
+    s._log = get_logger("corral", actor="scheduler")
+    s.workers["w1"] = PostedRef()  # type: ignore[assignment]
+    s._handle(WorkerJoined("j", 1.0, worker="w1", cores=2, memory=GIB))
+    specs = specs_for(s.state, {"chunk-0": []}, ["chunk-0"])
+    s._handle(GraphSubmitted("g", 2.0, specs=specs, wanted=("chunk-0",)))
+    assert s.state.tasks["chunk-0"].worker == "w1"
+    assert not s.status(StatusRequest())["warnings"]
+    for report in reports:
+        s.worker_memory(report)
+    (warning,) = s.status(StatusRequest())["warnings"]
+    assert warning.startswith(
+        "worker w1: its RSS reached 3.10 GiB, 310% of its memory limit of 1.00 GiB"
+    )
+    assert "tasks of chunk;" in warning and "execution 'process'" in warning, warning
+    assert s.metrics(MetricsRequest())["pools"]["default"].workers_past_limit == 1
+    s._handle(WorkerLeft("l", 3.0, worker="w1", cause="drained"))
+    s.worker_memory(reports[-1])  # (a late report of a worker gone: ignored)
+    assert not s.status(StatusRequest())["warnings"]
+    pools = s.metrics(MetricsRequest())["pools"].values()
+    assert sum(p.workers_past_limit for p in pools) == 0

@@ -58,6 +58,8 @@ from runtime.metrics import render
 from tests.helpers import (
     GB,
     Cli,
+    FixedClock,
+    PostedRef,
     external_binary,
     free_port,
     held_at_gate,
@@ -170,23 +172,6 @@ def test_worker_rss_is_the_latest_batch_of_results_or_memory_report_s() -> None:
     assert st.pool_metrics(4.0)["cpu"]["rss_bytes"] == 500
 
 
-class _Ref:
-    """A stand-in actor reference: keeps what is posted to it."""
-
-    def __init__(self) -> None:
-        self.got: list[Any] = []
-
-    def post(self, msg: Any) -> None:
-        self.got.append(msg)
-
-    tell = post
-
-
-class _Clock:
-    def now(self) -> float:
-        return 10.0
-
-
 def test_a_process_worker_s_rss_is_its_whole_rss_not_one_task_process_s() -> None:
     """User audit (monitor, defect 2): on an ``--execution process`` worker each
     result's RSS is its task process's (44 MiB), while its memory reports carry the
@@ -197,13 +182,13 @@ def test_a_process_worker_s_rss_is_its_whole_rss_not_one_task_process_s() -> Non
     sample right after them, what its fences act on) or its memory report's, and a
     result's own RSS stays the task's (its category's ``peak_rss``)."""
     mb = 2**20
-    s = Scheduler(lambda: _Ref(), lambda: _Ref())  # type: ignore[arg-type, return-value]
-    s.clock = _Clock()  # type: ignore[assignment]
+    s = Scheduler(lambda: PostedRef(), lambda: PostedRef())  # type: ignore[arg-type, return-value]
+    s.clock = FixedClock()  # type: ignore[assignment]
     core = s.state
     keys = [f"a-{i}" for i in range(4)]
     _submit(core, keys, 1.0)
     core.handle(WorkerJoined("j", 2.0, worker="w1", cores=2, memory=GB, pool="cpu"))
-    s.workers["w1"] = _Ref()  # type: ignore[assignment]
+    s.workers["w1"] = PostedRef()  # type: ignore[assignment]
 
     def seen() -> tuple[float, ...]:
         """The worker's RSS, in MiB, as /metrics, status() and the database see it."""

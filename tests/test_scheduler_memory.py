@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from actors.scheduler_events import (
+    CategoryForgotten,
     Execute,
     KeyErred,
     PolicyChanged,
@@ -18,9 +19,10 @@ from actors.scheduler_events import (
     WorkerDraining,
     WorkerLeft,
     WorkerMemory,
+    WorkerPastLimit,
 )
 from actors.scheduler_state import SchedulerState
-from policies import REGISTRY
+from policies import REGISTRY, RISE_WINDOW
 from runtime.errors import FLOOR_ADVICE, MemoryStalled, TaskOutOfMemory
 from tests.helpers import (
     GB,
@@ -623,6 +625,88 @@ def test_a_task_rising_past_the_limit_still_starts_alone(make_state: Factory) ->
     burst_known(s, "w1", 2 * GB)  # larger than the limit: the terminate fence deals with it
     cmds = submit(s, {"burst-1": []}, ["burst-1"])
     assert assigned(cmds) == {"w1": ["burst-1"]}
+
+
+def test_one_outlier_rise_stops_holding_its_category_after_a_window_of_small_tries(
+    make_state: Factory,
+) -> None:
+    # The user audit's case: one 3.2 GB chunk taught category "random" a 6.4 GB rise, and
+    # every later small chunk ran one per worker for the manager's life. The admission
+    # figure is the largest rise of the latest RISE_WINDOW tries: it holds while the
+    # outlier is among them, and lets go once RISE_WINDOW small ones have ended.
+    s = make_state()
+    join(s, "w1", cores=2, memory=GB)
+    burst_known(s, "w1", 2 * GB)
+    for i in range(1, RISE_WINDOW):
+        submit(s, {f"burst-{i}": [], f"burst-x{i}": []}, [f"burst-{i}", f"burst-x{i}"])
+        assert s.tasks[f"burst-x{i}"].state == "queued"  # one at a time: 2 GB counted
+        finish(s, "w1", f"burst-{i}", nbytes=8, rss_before=100 * MB, rss_peak=150 * MB)
+        assert s.tasks[f"burst-x{i}"].state == "processing"
+        finish(s, "w1", f"burst-x{i}", nbytes=8)  # no rise measured: not in the window
+    st = s.stats["burst"]
+    assert (st.rss_rise, st.max_rss_growth, s.max_rise) == (2 * GB, 2 * GB, 2 * GB)
+    submit(s, {"burst-16": []}, ["burst-16"])
+    finish(s, "w1", "burst-16", nbytes=8, rss_before=100 * MB, rss_peak=150 * MB)
+    # RISE_WINDOW small tries since: admitted at the small figure, two at once.
+    assert (st.rss_rise, st.max_rss_growth, s.max_rise) == (50 * MB, 2 * GB, 50 * MB)
+    cmds = submit(s, {"burst-17": [], "burst-18": []}, ["burst-17", "burst-18"])
+    assert assigned(cmds) == {"w1": ["burst-17", "burst-18"]}
+
+
+def test_a_category_whose_tries_all_rise_stays_held_by_its_rise(make_state: Factory) -> None:
+    # What admission protects is kept: tries that really rise by 600 MB each keep the
+    # category's figure at 600 MB however many end, one at a time on a 1 GB worker.
+    s = make_state()
+    join(s, "w1", cores=2, memory=GB)
+    burst_known(s, "w1", 600 * MB)
+    for i in range(1, 2 * RISE_WINDOW):
+        cmds = submit(s, {f"burst-{i}": [], f"burst-x{i}": []}, [f"burst-{i}", f"burst-x{i}"])
+        assert assigned(cmds) == {"w1": [f"burst-{i}"]}
+        cmds = finish(s, "w1", f"burst-{i}", nbytes=8, rss_before=100 * MB, rss_peak=700 * MB)
+        assert assigned(cmds) == {"w1": [f"burst-x{i}"]}
+        finish(s, "w1", f"burst-x{i}", nbytes=8, rss_before=100 * MB, rss_peak=700 * MB)
+    assert s.stats["burst"].rss_rise == 600 * MB
+
+
+def test_an_operator_forgets_a_category_and_its_tasks_are_placed_as_new(
+    make_state: Factory,
+) -> None:
+    s = make_state()
+    join(s, "w1", cores=2, memory=GB)
+    burst_known(s, "w1", 2 * GB)
+    st = s.stats["burst"]
+    run(s, event(CategoryForgotten, category="nothing-like-it"))  # unknown: let be
+    assert (st.count, st.rss_rise, s.max_rise) == (1, 2 * GB, 2 * GB)
+    run(s, event(CategoryForgotten, category="burst"))
+    assert (st.count, st.rss_rise, st.max_rss_growth, s.max_rise) == (0, 0, 0, 0)
+    assert s._stat_views["burst"].max_rss_growth == 0  # policies' views stay live
+    assert s.story_log[-1][:3] == ("-", "category-forgotten", "burst")
+    cmds = submit(s, {"burst-1": [], "burst-2": []}, ["burst-1", "burst-2"])
+    assert assigned(cmds) == {"w1": ["burst-1", "burst-2"]}
+
+
+def test_a_thread_worker_past_its_fence_is_said_at_each_new_peak_and_ends_when_it_leaves(
+    make_state: Factory,
+) -> None:
+    s = make_state()
+    join(s, "w1", cores=2, memory=GB)
+    submit(s, {"chunk-0": [], "sum-0": []}, ["chunk-0", "sum-0"])
+
+    def report(peak: int, rss: int) -> list[Any]:
+        ev = event(WorkerMemory, worker="w1", throttled=True, rss=rss,
+                   throttle_at=int(0.7 * GB), limit=GB, past_peak=peak)  # fmt: skip
+        return [c for c in run(s, ev) if isinstance(c, WorkerPastLimit)]
+
+    assert report(0, 980 * MB) == []  # past the fence of a process worker: it kills
+    (said,) = report(980 * MB, 980 * MB)
+    assert said == WorkerPastLimit(said.stimulus_id, "w1", GB, 980 * MB, ("chunk", "sum"))
+    assert report(980 * MB, 500 * MB) == []  # the same peak: said already
+    (said,) = report(3 * GB, 3 * GB)
+    assert (said.peak, said.categories) == (3 * GB, ("chunk", "sum"))
+    cmds = run(s, event(WorkerLeft, worker="w1", cause="drained"))
+    assert [c for c in cmds if isinstance(c, WorkerPastLimit)] == [
+        WorkerPastLimit(cmds[0].stimulus_id, "w1", GB, 0)
+    ]
 
 
 # ----------------------------------------------------------------------------- watchdog

@@ -472,6 +472,28 @@ def test_threads_past_the_terminate_fence_are_warned_about_once() -> None:
     assert not [c for c in feed(s, MemorySampled(1.1, 970)) if isinstance(c, Log)]
 
 
+def test_threads_past_the_terminate_fence_tell_the_scheduler_each_step_higher() -> None:
+    """A user audit saw a thread worker at 306% of its limit and only its own log said
+    so: past the terminate fence with tasks in threads, the core keeps the highest RSS
+    (``past_peak``, in its memory reports) and asks for a report at the crossing and
+    each time it climbs ``PAST_PEAK_STEP`` of its limit higher, not for every sample.
+    A worker whose fence kills (process execution) has none."""
+    s = state()
+    feed(s, TasksAssigned(0.0, (task("a"),)))
+
+    def reports(t: float, rss: int) -> int:
+        return feed(s, MemorySampled(t, rss)).count(ReportMemory())
+
+    feed(s, MemorySampled(1.0, 900))  # past the throttle fence (reported as such)
+    samples = [(1.1, 940), (1.2, 960), (1.3, 990), (1.4, 1010), (1.5, 3000), (1.6, 2000)]
+    assert [reports(t, rss) for t, rss in samples] == [0, 1, 0, 1, 1, 0]
+    assert s.past_peak == 3000
+    killable = state(nthreads=2, killable=True, spill=None)
+    feed(killable, TasksAssigned(0.0, (task("a"),)))
+    feed(killable, MemorySampled(1.0, 990, (("a", 900),), began=(("a", 100),)))
+    assert killable.past_peak == 0
+
+
 def test_threads_around_the_terminate_fence_are_warned_about_once_per_climb() -> None:
     """RSS that moves around the terminate fence logged the warning at every crossing
     (a user audit: 15 times in a few seconds); it comes again only after memory was
