@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pickle
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -1534,3 +1535,45 @@ def test_samples_are_what_the_metrics_page_shows() -> None:
         for s in family.samples
     }
     assert samples(reply) == shown
+
+
+# ----------------------------------------------------------------------------- a throttled run
+
+
+def default_rules(*names: str) -> list[AlertRule]:
+    return [parse_rule(d, SAMPLE_LABELS) for d in DEFAULT_RULES if d["name"] in names]
+
+
+def test_a_throttled_run_whose_tasks_flow_pages_for_memory_not_for_the_queue() -> None:
+    """User audit (memprio, defect 8), decided in docs/monitoring.md (`CorralQueueTime`
+    during a throttled run): the memory policy holds producers back for seconds at a
+    time (the audit: 0.04-4 s), so ready tasks that flow past throttled, busy workers do
+    not fire the queue alert, however long the run; `CorralMemoryStalled` (P3) says
+    memory is the reason after five minutes. A backlog older than a minute fires the
+    queue alert, throttled or not (memory is capacity: another worker would run it),
+    and so does a queue with no worker at all. Ten minutes on a virtual clock, one
+    evaluation every 5 s."""
+    rules = default_rules("CorralQueueTime", "CorralMemoryStalled", "CorralNoWorkers")
+    busy = {"idle": 0, "busy": 3, "draining": 0}
+
+    def run(wait: Callable[[float], float], workers: dict[str, int], connected: int) -> list[Any]:
+        st = AlertState(rules)
+        for t in range(0, 601, 5):
+            pools = {
+                "*": {"queue_depth": 18, "oldest_wait": wait(t)},
+                "default": {"throttled": 3, "workers": workers, "cores": 6, "cores_busy": 6},
+            }
+            st.handle(Evaluate(float(t), snap(pools, workers=connected)))
+        return sorted((a.name, a.labels["pool"], a.state) for a in st.alerts())
+
+    flowing = run(lambda t: t % 8, busy, 3)  # producers wait at most 8 s, then run
+    assert flowing == [("CorralMemoryStalled", "default", "firing")]
+    backlog = run(lambda t: float(t), busy, 3)  # the oldest ready task never starts
+    assert ("CorralQueueTime", "*", "firing") in backlog
+    none = {"idle": 0, "busy": 0, "draining": 0}
+    nobody = run(lambda t: float(t), none, 0)
+    assert ("CorralNoWorkers", "*", "firing") in nobody and (
+        "CorralQueueTime",
+        "*",
+        "firing",
+    ) in nobody
