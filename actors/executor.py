@@ -39,7 +39,11 @@ processes'.
 How task processes work: each is started with the ``spawn`` start method (never
 ``fork``: the worker is multi-threaded) by the thread that feeds it, and dies with its
 parent (``PR_SET_PDEATHSIG`` on Linux, plus a lifeline pipe whose end-of-file ends it
-anywhere; both as for worker processes, :mod:`runtime.lifeline`). A job travels as the
+anywhere; both as for worker processes, :mod:`runtime.lifeline`). It ignores SIGINT and SIGTERM
+(a terminal's Ctrl-C and a batch system's stop reach the whole process group; the
+worker, told the same moment, stops its task processes itself and its tries are lost
+with it, not failed: SIGTERM by a no-op handler, so a program the task runs gets the
+default action back at exec). A job travels as the
 key, the node pickled by ``cloudpickle`` (a :class:`~runtime.graph.PickledNode` is
 sent as the bytes it already holds) and the inputs pickled with protocol 5, their
 out-of-band buffers (numpy arrays, ...) written straight from their memory and read
@@ -978,6 +982,10 @@ _BACK = (
 )
 
 
+def _ignore_signal(signum: int, frame: Any) -> None:
+    """A task process's SIGTERM handler: nothing (see :func:`_task_process_main`)."""
+
+
 def _task_process_main(
     conn: Connection,
     lifeline: Connection,
@@ -996,6 +1004,12 @@ def _task_process_main(
     # Ctrl-C in a terminal reaches the whole process group: the worker stops its task
     # processes itself, so a keystroke does not fail the task running here.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # So does a batch system's SIGTERM (Slurm's preemption, scancel, the kill at the
+    # walltime signal every process of the job): the worker, told the same moment,
+    # leaves with the try as lost (a free retry from its checkpoint) and kills us
+    # itself. Had SIGTERM killed us first, the try would read as a task error. A
+    # handler, not SIG_IGN, so a program the task runs gets the default back at exec.
+    signal.signal(signal.SIGTERM, _ignore_signal)
     os.set_inheritable(conn.fileno(), False)
     os.set_inheritable(lifeline.fileno(), False)
     threading.Thread(target=_watch_lifeline, args=(lifeline,), daemon=True).start()

@@ -9,7 +9,9 @@ untouched, and its story says why.
 
 from __future__ import annotations
 
+import os
 import signal
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,7 @@ import pytest
 from runtime import Cluster
 from runtime.node import WALLTIME_MARGIN, leaving_cause
 from tests.helpers import Cli, held_at_gate, wait_until
+from tests.test_checkpoints import _lines
 
 LIMIT = 60  # seconds per test
 SLURM = {"SLURM_JOB_ID": "4242"}
@@ -74,6 +77,86 @@ async def test_sigterm_inside_a_job_is_a_preemption_that_costs_no_retry(tmp_path
             retries = [entry[2] for entry in story if entry[1] == "retry"]
             assert retries == ["worker lost (preempted); free retry"]
         assert in_job.wait(LIMIT) == 0
+
+
+def gated_stepper(log: str, gate: str, steps: int) -> int:
+    """``steps`` checkpointed steps, each noted in ``log`` with the process running it
+    (as ``tests.test_checkpoints.stepper``), holding before step 3 until ``gate``
+    exists (at most 60 s), adding a byte to ``gate + ".beat"`` every 0.1 s meanwhile."""
+    import time
+
+    from runtime import checkpoint, restore
+
+    done = restore() or 0
+    for i in range(done, steps):
+        for _ in range(600 if i == 3 else 0):
+            if os.path.exists(gate):
+                break
+            with open(gate + ".beat", "a") as f:
+                f.write(".")
+            time.sleep(0.1)
+        with open(log, "a") as f:
+            f.write(f"{i} {os.getpid()}\n")
+        checkpoint(i + 1)
+    return sum(range(steps))
+
+
+def _size(path: Path) -> int:
+    return path.stat().st_size
+
+
+@pytest.mark.anyio
+async def test_sigterm_to_a_process_execution_job_s_whole_group_is_a_free_retry(
+    tmp_path: Path,
+) -> None:
+    """Slurm's preemption (and scancel, and the kill at the walltime) signals every
+    process of the job: the worker and its task processes get SIGTERM together. The
+    task process does not die of it (the worker stops it itself), so the try is lost
+    with its worker, free, and the next try resumes from its checkpoint."""
+    log, gate, steps = tmp_path / "steps", tmp_path / "gate", 6
+    with Cli(tmp_path / "home") as cli, anyio.fail_after(LIMIT):
+        _, address = cli.manager()
+        cli.env.update(SLURM)
+        flags = ("--execution", "process", "--name", "in-job", "--spill-dir", str(tmp_path / "a"))
+        in_job = cli.spawn(["setsid", sys.executable, "-m", "runtime", "worker", address, *flags])
+        cli.line_with(in_job, "joined")
+        del cli.env["SLURM_JOB_ID"]
+        assert os.getpgid(in_job.pid) == in_job.pid  # a job of its own, as under Slurm
+        async with Cluster(address) as c:
+            await c.wait_for_workers(1)
+            (fut,) = await c.submit_graph(
+                {"sim": (gated_stepper, str(log), str(gate), steps)}, ["sim"], retries=0
+            )
+            beat = Path(f"{gate}.beat")
+            await wait_until(beat.exists, "the task held at its gate", limit=LIMIT)
+            cli.worker(address, "--name", "other", "--execution", "process",
+                       "--spill-dir", str(tmp_path / "b"))  # fmt: skip
+            await c.wait_for_workers(2)
+            # Slurm's signals reach the job's processes in no set order. The task
+            # process's first (the order the old code failed in): it lives on, its
+            # heart beating, or it died and its try erred, before the worker's signal.
+            beats = _size(beat)
+            os.kill(_lines(log)[-1][1], signal.SIGTERM)
+
+            async def survived_or_erred() -> bool:
+                if _size(beat) >= beats + 3:
+                    return True
+                return any(e[2] == "erred" for e in await c.story("sim"))
+
+            await wait_until(survived_or_erred, "the task process's fate", limit=LIMIT, step=0.05)
+            os.killpg(in_job.pid, signal.SIGTERM)  # then the whole job: worker and task
+            assert in_job.wait(LIMIT) == 0
+            gate.touch()
+            assert await fut == sum(range(steps))
+            story = await c.story("sim")
+            retries = [entry[2] for entry in story if entry[1] == "retry"]
+            assert retries == ["worker lost (preempted); free retry"], "\n".join(map(str, story))
+            assert [e for e in story if e[1] == "resume"], story
+            assert not [e for e in story if e[2] == "erred"], story
+            assert (await c.status())["checkpoints"]["resumed"] == 1
+    done = [s for s, _ in _lines(log)]
+    assert done == list(range(steps))  # resumed from its checkpoint: no step redone
+    assert len({pid for _, pid in _lines(log)}) == 2  # two tries, two task processes
 
 
 @pytest.mark.anyio
