@@ -576,7 +576,7 @@ def build_parser(prog: str = MODULE_PROG) -> argparse.ArgumentParser:
         default=None,
         metavar="DIR",
         help="where workers spill (default: the system's temporary directory): checked "
-        "for every pool but a local pool with a spill_dir of its own, checked apart",
+        "for every pool but one with a spill_dir of its own, checked apart",
     )
     chk.add_argument(
         "--output-dir",

@@ -950,6 +950,29 @@ def check_directory(what: str, path: Path, needed: int) -> CheckResult:
     return CheckResult(ALL, what, PASS, seen + (f" (needs {size_text(needed)})" if needed else ""))
 
 
+def _on_nodes(result: CheckResult, path: Path) -> CheckResult:
+    """A Slurm pool's ``spill_dir``, checked on this machine (``result``): its nodes see
+    their own file systems, so a path none of which exists here (its nearest existing
+    parent is ``/``) may exist there: a WARN saying so, not a FAIL; otherwise the result
+    as it is, its advice naming the pool key (every block would fail at start)."""
+    existing = path.absolute()
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if result.status == FAIL and existing == existing.parent and existing != path.absolute():
+        return dataclasses.replace(
+            result, status=WARN,
+            detail=f"{path}: nothing of it exists on this machine; it must on the pool's nodes",
+            advice="Make sure the nodes can create it (their workers' --spill-dir), or set "
+            "the pool's spill_dir to a directory this machine shares with them.",
+        )  # fmt: skip
+    if result.status == FAIL:
+        return dataclasses.replace(
+            result, advice=f"{result.advice} It is the pool's spill_dir (its workers' "
+            "--spill-dir): as it is, every block of the pool fails as it starts.",
+        )  # fmt: skip
+    return result
+
+
 def check_directories(
     pools: Mapping[str, PoolConfig],
     *,
@@ -958,9 +981,11 @@ def check_directories(
     output_dirs: Sequence[Path] = (),
 ) -> list[CheckResult]:
     """The run directory (Slurm pools' scripts and job output), the spill directory
-    (default: the system's temporary directory), each local pool's own ``spill_dir``
-    (on this machine: a Slurm pool's is on its nodes) and each output directory."""
-    own = {n: p for n, p in pools.items() if p.provider == "local" and p.spill_dir}
+    (default: the system's temporary directory; only when a pool has no ``spill_dir``
+    of its own, there are no pools, or ``spill_dir`` is given), each pool's own
+    ``spill_dir`` (for that pool: a Slurm pool's checked here, as its nodes will see
+    it: :func:`_on_nodes`) and each output directory."""
+    own = {n: p for n, p in pools.items() if p.spill_dir}
     needed, unknown = expected_spill({n: p for n, p in pools.items() if n not in own})
     results = []
     if any(p.provider == "slurm" for p in pools.values()):
@@ -968,14 +993,18 @@ def check_directories(
     for name, pool in own.items():
         room = expected_spill({name: pool})[0]
         mine = check_directory("spill directory", Path(pool.spill_dir), room)
+        if pool.provider != "local":
+            mine = _on_nodes(mine, Path(pool.spill_dir))
         results.append(dataclasses.replace(mine, pool=name))
-    spill = check_directory("spill directory", spill_dir or Path(tempfile.gettempdir()), needed)
-    if unknown and spill.status == PASS:
-        spill = dataclasses.replace(
-            spill, detail=f"{spill.detail}; not counted: pool(s) {', '.join(unknown)} "
-            "(no disk_per_worker or memory_per_worker)",
-        )  # fmt: skip
-    results.append(spill)
+    if spill_dir is not None or not pools or len(own) < len(pools):  # someone spills there
+        where = spill_dir or Path(tempfile.gettempdir())
+        spill = check_directory("spill directory", where, needed)
+        if unknown and spill.status == PASS:
+            spill = dataclasses.replace(
+                spill, detail=f"{spill.detail}; not counted: pool(s) {', '.join(unknown)} "
+                "(no disk_per_worker or memory_per_worker)",
+            )  # fmt: skip
+        results.append(spill)
     results += [check_directory("output directory", d, needed) for d in output_dirs]
     return results
 

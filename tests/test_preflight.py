@@ -34,6 +34,7 @@ from runtime.preflight import (
     WARN,
     CheckResult,
     Versions,
+    check_directories,
     check_directory,
     check_partition,
     compare_versions,
@@ -138,7 +139,7 @@ def test_a_spill_dir_that_cannot_be_created_fails_with_advice(tmp_path: Path) ->
 
 def test_a_local_pools_own_spill_dir_is_checked_for_that_pool(tmp_path: Path) -> None:
     """A local pool's ``spill_dir`` is where its workers spill: the check looks at it
-    (for that pool), besides the default spill directory."""
+    (for that pool); the default spill directory, which no pool uses, is not."""
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
     spill = blocker / "spill"
@@ -147,7 +148,40 @@ def test_a_local_pools_own_spill_dir_is_checked_for_that_pool(tmp_path: Path) ->
     r = results(done)[("here", "spill directory")]
     assert r["status"] == "FAIL", r
     assert f"{spill} cannot be created: {blocker} is not a directory" in r["detail"], r
-    assert results(done)[("*", "spill directory")]["status"] == "PASS"
+    assert ("*", "spill directory") not in results(done)
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs /proc")
+def test_a_slurm_pools_spill_dir_is_checked_for_that_pool_and_no_unused_default_is(
+    tmp_path: Path,
+) -> None:
+    """The ckpt audit's defect 6: two Slurm pools with ``spill_dir = "/proc/corral-nope"``
+    passed (only local pools' were checked), with a PASS for /tmp, which no pool used;
+    every block then failed as it started. Now each pool's FAILs, naming the key, and
+    no default line; a path nothing of which exists here is a WARN (the nodes may have
+    it)."""
+    slurm = {"provider": "slurm", "partition": "ckpt", "memory_per_worker": "1GiB"}
+    pools = pools_from_dicts({
+        "ckpt": {**slurm, "spill_dir": "/proc/corral-nope"},
+        "owner": {**slurm, "spill_dir": "/proc/corral-nope"},
+    })  # fmt: skip
+    got = {(r.pool, r.check): r for r in check_directories(pools, run_dir=tmp_path / "run")}
+    assert ("*", "spill directory") not in got, got
+    for name in ("ckpt", "owner"):
+        r = got[(name, "spill directory")]
+        assert r.status == FAIL, r
+        assert r.detail.startswith("/proc/corral-nope: /proc is not writable"), r
+        assert "the pool's spill_dir (its workers' --spill-dir)" in r.advice, r
+    elsewhere = pools_from_dicts({"ckpt": {**slurm, "spill_dir": "/corral-no-such/spill"}})
+    (run, nodes) = check_directories(elsewhere, run_dir=tmp_path / "run")
+    assert run.check == "run directory" and nodes.pool == "ckpt"
+    if os.geteuid() != 0:  # (root may create it in /: then it passes here)
+        assert nodes.status == WARN and "nothing of it exists on this machine" in nodes.detail
+    # A pool without one spills in the default directory: checked, as before.
+    mixed = pools_from_dicts({"ckpt": {**slurm, "spill_dir": str(tmp_path)}, "owner": slurm})
+    got = {(r.pool, r.check): r for r in check_directories(mixed, run_dir=tmp_path / "run")}
+    assert got[("ckpt", "spill directory")].status == PASS
+    assert got[("*", "spill directory")].status == PASS
 
 
 @pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs /proc")
