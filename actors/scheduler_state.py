@@ -1708,8 +1708,6 @@ class SchedulerState(DiskPlacement):
             ws.executing = ev.executing
         if ev.executed:  # when each began, by what it says it has executed
             ws.executed = {key: self._now - ran for key, ran in ev.executed}
-        if self.checkpoints:  # copies of the checkpoints only its disk holds
-            self._checkpoints_off(ws.id)
         if not ws.leaving:
             # No new tasks, and nothing to retire: it leaves by itself.
             ws.draining = ws.leaving = True
@@ -1719,6 +1717,8 @@ class SchedulerState(DiskPlacement):
                 self._log(ws.id, "joined", f"leaving:{ev.cause}")
             self._copies_off(ws, f"leaving:{ev.cause}")
             self._limits_changed()
+        if self.checkpoints:  # copies of the checkpoints only leaving disks hold
+            self._checkpoints_off(ws)
         self._redirect_planned(ws)
         needed = self._to_evacuate(ws)
         self._out.append(Evacuate(self._stimulus, ws.id, self._plan_moves(ws, needed, ws)))
@@ -4074,18 +4074,22 @@ class SchedulerState(DiskPlacement):
             self._copy_checkpoint(ev.key, cp)
         self._prune_checkpoints(ev.key)
 
-    def _copy_checkpoint(self, key: Key, cp: Checkpoint) -> None:
+    def _copy_checkpoint(self, key: Key, cp: Checkpoint, *going: WorkerState) -> None:
         """Ask a peer of a worker holding ``cp`` (its owner first; same pool, not
         going, disk room for it; the most room first) to copy it from there; none: it
-        stays where it is."""
+        stays where it is. With ``going`` (leaving workers holding every copy), any
+        survivor of them (:meth:`_survivors`, as for their outputs), its pool first."""
         source = self.workers.get(cp.owner if cp.owner in cp.holders else min(cp.holders))
         if source is None:
             return
+        if going:
+            candidates = self._survivors(*going)
+        else:
+            candidates = [w for w in self.workers.values() if w.pool == source.pool]
         peers = [
             w
-            for w in self.workers.values()
+            for w in candidates
             if w.id not in cp.holders
-            and w.pool == source.pool
             and _takes_new(w)
             and not w.leaving
             and w.disk_free() >= cp.nbytes
@@ -4093,18 +4097,28 @@ class SchedulerState(DiskPlacement):
         if not peers:
             self._log(key, "checkpoint-uncopied", f"checkpoint:{cp.seq}:{cp.nbytes}")
             return
-        peer = max(peers, key=lambda w: (w.disk_free(), w.id))
+        peer = max(peers, key=lambda w: (w.pool == source.pool, w.disk_free(), w.id))
         cp.copying, cp.copy_source, cp.copy_sent = peer.id, source.id, self._now
         self.checkpoint_workers.setdefault(key, set()).add(peer.id)
         self._out.append(CopyCheckpoint(self._stimulus, peer.id, source.id, key, cp.seq, cp.nbytes))
 
-    def _checkpoints_off(self, wid: str) -> None:
-        """``wid`` is leaving: have the checkpoints only its disk holds copied to a peer
-        while it still serves them (within its grace)."""
+    def _checkpoints_off(self, ws: WorkerState) -> None:
+        """``ws`` is leaving: have each checkpoint it holds (or is copying) whose copies
+        are all on leaving workers (it, one that said it leaves or drains, one of its
+        block: going with it, :meth:`_holds_on`), and none on its way to a survivor,
+        copied to a survivor (:meth:`_copy_checkpoint`: its pool first, else any) while
+        they still serve them (within their grace). One preemption that takes every
+        worker of a pool thus loses none of their checkpoints while a worker of another
+        pool stays."""
+        blocks = {(ws.block, ws.pool)} if ws.block else set()
         for key, cps in self.checkpoints.items():
             for c in cps:
-                if c.data is None and c.holders == {wid} and not c.copying:
-                    self._copy_checkpoint(key, c)
+                if ws.id not in c.holders and c.copying != ws.id:
+                    continue  # not its concern
+                if c.data is not None or (c.copying and self._holds_on(c.copying, blocks)):
+                    continue
+                if c.holders and not any(self._holds_on(h, blocks) for h in c.holders):
+                    self._copy_checkpoint(key, c, ws)
 
     def _checkpoint_copied(self, ev: CheckpointCopied) -> None:
         cp = next((c for c in self.checkpoints.get(ev.key, ()) if c.seq == ev.seq), None)

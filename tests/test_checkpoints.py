@@ -270,6 +270,52 @@ def test_a_leaving_worker_s_only_copies_go_to_a_peer_within_its_grace(
     assert retry.checkpoint == (1, None, "w2", 20 * MB) and s.checkpoint_counts["lost"] == 0
 
 
+def test_a_pool_s_leaving_workers_holding_every_copy_copy_it_to_another_pool_s_survivor(
+    make_state: Factory,
+) -> None:
+    """One preemption takes both workers of pool ``ckpt`` (owner and peer copy): the
+    first to say it leaves has the checkpoint copied to ``owner-1`` of pool ``owner``,
+    the only survivor, within the grace; the retry resumes from that copy (the ckpt
+    audit's defect 2: it was lost, ``checkpoint-lost``, and the retry started over)."""
+    s = make_state()
+    join_disk(s, "ckpt-1", 100 * MB, pool="ckpt")
+    submit(s, {"long-0": []}, ["long-0"])
+    join_disk(s, "ckpt-2", 100 * MB, pool="ckpt")
+    join_disk(s, "owner-1", 100 * MB, pool="owner")
+    cmds = saved_large(s, "ckpt-1", "long-0", 1, 20 * MB)
+    assert [(c.worker, c.source) for c in of(cmds, CopyCheckpoint)] == [("ckpt-2", "ckpt-1")]
+    copied(s, "ckpt-2", "long-0", 1)  # its pool's peer: the copy of the docs
+    cmds = run(s, event(WorkerLeaving, worker="ckpt-2", cause="preempted"))
+    assert not of(cmds, CopyCheckpoint)  # ckpt-1 stays, for all the scheduler knows
+    cmds = run(s, event(WorkerLeaving, worker="ckpt-1", cause="preempted"))
+    assert of(cmds, CopyCheckpoint) == [
+        CopyCheckpoint(cmds[0].stimulus_id, "owner-1", "ckpt-1", "long-0", 1, 20 * MB)
+    ]
+    copied(s, "owner-1", "long-0", 1)
+    run(s, event(WorkerLeft, worker="ckpt-2", cause="preempted"))
+    retry = sent_to(run(s, event(WorkerLeft, worker="ckpt-1", cause="preempted")), "long-0")
+    assert retry.checkpoint == (1, None, "owner-1", 20 * MB)
+    assert s.checkpoint_counts["lost"] == 0
+
+
+def test_a_leaving_block_s_copy_in_flight_to_its_sibling_goes_to_a_survivor(
+    make_state: Factory,
+) -> None:
+    """The owner's copy is on its way to a peer of its pool when both leave: the
+    second Leaving (the copy's target) has it copied to the other pool's survivor."""
+    s = make_state()
+    join_disk(s, "a1", 100 * MB, pool="a")
+    submit(s, {"long-0": []}, ["long-0"])
+    join_disk(s, "a2", 100 * MB, pool="a")
+    cmds = saved_large(s, "a1", "long-0", 1, 20 * MB)
+    assert [c.worker for c in of(cmds, CopyCheckpoint)] == ["a2"]
+    join_disk(s, "b1", 100 * MB, pool="b")
+    cmds = run(s, event(WorkerLeaving, worker="a1", cause="preempted"))
+    assert not of(cmds, CopyCheckpoint)  # on its way to a2, which stays so far
+    cmds = run(s, event(WorkerLeaving, worker="a2", cause="preempted"))
+    assert [(c.worker, c.source) for c in of(cmds, CopyCheckpoint)] == [("b1", "a1")]
+
+
 # ----------------------------------------------------------------------------- the task API
 
 
