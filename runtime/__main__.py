@@ -62,6 +62,19 @@ def _level(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _deadline(text: str) -> float:
+    """The worker's ``--deadline`` (or ``CORRAL_DEADLINE``, its default) as a number:
+    a usage error that names both for one that is not."""
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} (from --deadline, or CORRAL_DEADLINE when it is not given) is not a "
+            "time in seconds since the epoch; for an hour from now pass "
+            "--deadline $(( $(date +%s) + 3600 )), or unset CORRAL_DEADLINE"
+        ) from None
+
+
 def _monitoring_options(parser: Any, prog: str) -> None:
     """``--monitoring PATH`` or ``--no-monitoring`` (of the demo and the manager)."""
     group = parser.add_mutually_exclusive_group()
@@ -479,8 +492,10 @@ def build_parser(prog: str = MODULE_PROG) -> argparse.ArgumentParser:
     )
     wrk.add_argument(
         "--deadline",
-        type=float,
-        default=float(os.environ["CORRAL_DEADLINE"]) if os.environ.get("CORRAL_DEADLINE") else None,
+        type=_deadline,
+        # A string: argparse converts it with ``_deadline`` only when ``worker`` is the
+        # command, so a stray CORRAL_DEADLINE is a usage error of the worker alone.
+        default=os.environ.get("CORRAL_DEADLINE") or None,
         metavar="EPOCH",
         help="when its walltime ends (seconds since the epoch; default: CORRAL_DEADLINE, "
         "which a Slurm block's script sets): the worker is drained before it, and a stop "

@@ -105,3 +105,35 @@ def test_a_worker_refuses_a_bad_deadline_grace_or_pool_before_it_joins(
     good = ["--deadline", soon, "--grace", "0", "--pool", "gpu"]
     assert main(["worker", "ws://127.0.0.1:9", "--memory", "1GiB", *good]) == 0
     assert len(joined) == 1
+
+
+def test_a_bad_corral_deadline_is_only_the_workers_concern(capsys: Any, monkeypatch: Any) -> None:
+    """The parser builder did ``float(os.environ["CORRAL_DEADLINE"])``: a stray
+    non-number in it crashed every command (``version`` too) with a traceback."""
+    monkeypatch.setenv("CORRAL_DEADLINE", "soon")
+    assert main(["version"]) == 0
+    assert capsys.readouterr().out.startswith("corral ")
+    with pytest.raises(SystemExit) as exit_:  # the console's own usage error, as without it
+        main(["console"])
+    assert exit_.value.code == 2
+    assert "CORRAL_DEADLINE" not in capsys.readouterr().err
+
+
+def test_a_worker_refuses_a_non_number_corral_deadline_as_a_usage_error(
+    capsys: Any, monkeypatch: Any
+) -> None:
+    """As ``--deadline soon`` is: exit 2, one error line naming the variable."""
+    joined: list[Any] = []
+    monkeypatch.setattr("runtime.__main__._run_worker", lambda *a: joined.append(a))
+    monkeypatch.setenv("CORRAL_DEADLINE", "soon")
+    with pytest.raises(SystemExit) as exit_:
+        main(["worker", "ws://127.0.0.1:9", "--memory", "1GiB"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("python -m runtime worker: error: argument --deadline: 'soon'"), err
+    assert "CORRAL_DEADLINE" in err
+    assert joined == []
+    # A number in it is taken (and checked as --deadline is)
+    monkeypatch.setenv("CORRAL_DEADLINE", str(time.time() + 3600))
+    assert main(["worker", "ws://127.0.0.1:9", "--memory", "1GiB"]) == 0
+    assert len(joined) == 1
