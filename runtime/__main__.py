@@ -968,8 +968,13 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     def ready(worker_id: str) -> None:
         print(f"worker {worker_id} joined {args.address}", flush=True)
 
+    def left(worker_id: str, why: str) -> None:
+        # On stdout as the join line (shown whatever the log level; the worker
+        # processes Corral starts have it logged at info, not at each cluster's close)
+        print(f"worker {worker_id} left {args.address}: {why}", flush=True)
+
     try:
-        _run_worker(args, memory_options, ready)
+        _run_worker(args, memory_options, ready, left)
     except Exception as exc:
         refused = _innermost(exc)
         if isinstance(refused, PermissionDenied) and getattr(refused, "what", "") == "worker id":
@@ -1005,7 +1010,9 @@ def _peer_port(port: int, port_range: str | None) -> int | tuple[int, int]:
         raise ValueError(f"--port-range takes {exc}") from None
 
 
-def _run_worker(args: argparse.Namespace, memory_options: dict[str, Any], ready: Any) -> None:
+def _run_worker(
+    args: argparse.Namespace, memory_options: dict[str, Any], ready: Any, left: Any
+) -> None:
     import anyio
 
     from actors.executor import give_back_freed_memory, stop_resource_tracker
@@ -1026,6 +1033,7 @@ def _run_worker(args: argparse.Namespace, memory_options: dict[str, Any], ready:
                 token=args.token,
                 token_file=args.token_file,
                 ready=ready,
+                left=left,
                 memory_options=memory_options,
                 name=args.name,
                 deadline=args.deadline,

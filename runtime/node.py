@@ -2271,6 +2271,7 @@ async def run_worker(
     block: str | None = None,
     token_file: str | os.PathLike[str] | None = None,
     connect_retry: float = 0.0,
+    left: Callable[[str, str], None] | None = None,
 ) -> None:
     """Run a worker process until SIGINT/SIGTERM, until the scheduler retires it, until
     the manager says it stops (:class:`ManagerStopping`: the worker leaves at once,
@@ -2287,6 +2288,8 @@ async def run_worker(
     drained, it first copies the outputs that are still needed and held by no other
     worker to the workers the scheduler names (data evacuation), within ``grace``
     seconds less one (what a batch system leaves between its signal and its kill).
+    Having left without an error, it calls ``left(worker_id, why)`` (``why``:
+    :func:`leaving_words`), as it calls ``ready(worker_id)`` once joined.
 
     The worker listens on ``host`` for its peers, on ``port`` (0: a free one; a
     ``(lo, hi)`` pair: the first of those ports that is free; a port in use, or a range
@@ -2372,6 +2375,7 @@ async def run_worker(
                 return peer.ref
 
             link = Link("manager")
+            farewell: list[bool] = []  #: the manager said it stops on purpose
             retired: list[str] = []  #: why the scheduler retired it (its Stop's reason)
             #: set when the manager connection ends after the stop began: no evacuation
             #: plan can come any more, so the worker does not wait out its grace for one
@@ -2525,6 +2529,7 @@ async def run_worker(
                     if peer.farewell is not None:  # stopped on purpose: nothing to rejoin
                         _log.info("the manager stopped; leaving", worker=worker_id,
                                   manager=address)  # fmt: skip
+                        farewell.append(True)
                         manager_gone.set()
                         stop.set()
                         return
@@ -2609,6 +2614,24 @@ async def run_worker(
                 await own.aclose()
     if fatal:
         raise fatal[0]
+    if left is not None:
+        left(worker_id, leaving_words(cause, manager_stopped=bool(farewell)))
+
+
+def leaving_words(cause: str, *, manager_stopped: bool) -> str:
+    """Why a worker process left, in words for its operator (the command line prints
+    ``worker ID left ADDRESS: WHY``): ``cause`` is :func:`leaving_cause`'s;
+    ``manager_stopped``: its manager said it stops on purpose, which the worker took as
+    its own stop."""
+    if manager_stopped:
+        return "its manager stopped on purpose (SIGINT or SIGTERM of the manager)"
+    return {
+        "drained": "drained by its manager (an operator's drain, the autoscaler's scale "
+        "in, or its pool's tasks_per_worker)",
+        "walltime": "its walltime ends (--deadline)",
+        "preempted": "stopped by a signal inside a Slurm job (preempted)",
+        "shutdown": "stopped by a signal (SIGINT or SIGTERM)",
+    }.get(cause, cause)
 
 
 def _check_peer_tls(address: str, listen_options: Mapping[str, Any]) -> None:
