@@ -253,6 +253,14 @@ def build_parser(prog: str = MODULE_PROG) -> argparse.ArgumentParser:
         "~/.corral/tokens/HOST_PORT.json, where local workers and consoles look)",
     )
     mgr.add_argument(
+        "--keep-tokens",
+        action="store_true",
+        help="take up the admin and read tokens of its token file when it is there "
+        "(the manager's own, mode 0600), instead of making new ones at each start: "
+        "workers, clients and Prometheus holding copies keep working across a restart; "
+        "remove the file to rotate them (docs/security.md#keeping-tokens-across-restarts)",
+    )
+    mgr.add_argument(
         "--config",
         metavar="PATH",
         help="a TOML file of pools ([pools.NAME] tables: provider local or slurm, "
@@ -787,6 +795,7 @@ def _cmd_manager(args: argparse.Namespace) -> int:
             monitoring_keep=keep, prune_depth=args.prune_depth, long_task=args.long_task,
             unknown_long=args.unknown_long,
             worker_timeout=args.worker_timeout, client_timeout=args.client_timeout,
+            keep_tokens=args.keep_tokens,
         ),
         backend="asyncio",
     )  # fmt: skip

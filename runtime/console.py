@@ -400,7 +400,8 @@ class ConsoleClient:
                 f"This console presented the token of --token-file {self.token_file} (its "
                 f"{'read' if self.read_only else 'admin'} entry, if it is a manager's token "
                 "file): write the manager's current admin token (or its read token, to "
-                "look only) in it; a manager makes new tokens each time it starts."
+                "look only) in it; a manager makes new tokens each time it starts (unless "
+                "started with --keep-tokens)."
             )
         if os.environ.get("CORRAL_TOKEN"):
             return (

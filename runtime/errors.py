@@ -315,7 +315,8 @@ class AuthenticationFailed(ConnectFailed):
             reason,
             "A manager keeps its admin and read "
             "tokens in its token file (~/.corral/tokens/HOST_PORT.json on its machine, "
-            "CORRAL_HOME/tokens/ if set, or its --token-file; new ones at each start) and "
+            "CORRAL_HOME/tokens/ if set, or its --token-file; new ones at each start, unless "
+            "it runs with --keep-tokens) and "
             "prints only the read token, in its dashboard URL. Command line (console, "
             "worker): --token-file PATH (a file holding the token, mode 0600) or --token "
             "TOKEN or CORRAL_TOKEN, else that file on this machine. Python: "

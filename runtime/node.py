@@ -838,6 +838,44 @@ class Tokens:
             ) from None
 
     @classmethod
+    def kept(cls, path: Path) -> Tokens | None:
+        """The tokens of a manager's token file at ``path`` that a manager started with
+        ``--keep-tokens`` takes up again; None when there is no file (it makes new ones).
+        A file there that is not a manager's token file (JSON with distinct ``admin``
+        and ``read`` entries of :data:`KEPT_TOKEN_LEAST` characters or more), or that
+        lets another user read or change it (its tokens may be theirs), is a
+        :class:`TokenFileError` that says what to do: making new tokens in its place
+        would lock out everyone who holds the old ones, without a word."""
+        if not os.path.lexists(path):
+            return None
+        fix = (
+            "it must be the manager's own token file (JSON with 'admin' and 'read' "
+            f"entries), readable by its user only (chmod 600 {path}); to make new tokens "
+            f"instead (rotate them), remove it, or start the manager without --keep-tokens"
+        )
+        try:
+            admin, read = (read_token_file(path, role) for role in ("admin", "read"))
+        except TokenFileError as exc:
+            raise TokenFileError(
+                exc.path, f"{exc.problem.partition('; write')[0]} (--keep-tokens: {fix})"
+            ) from None
+        if admin == read:
+            raise TokenFileError(
+                os.fspath(path),
+                f"holds one token (or the same one twice), not a manager's admin and read "
+                f"tokens (--keep-tokens: {fix})",
+            )
+        if min(len(admin), len(read)) < KEPT_TOKEN_LEAST:
+            raise TokenFileError(
+                os.fspath(path),
+                f"its admin and read tokens must have {KEPT_TOKEN_LEAST} characters or "
+                "more each, or they are guessed (a manager writes 64 random "
+                "hexadecimal characters each; python -c 'import secrets; "
+                f"print(secrets.token_hex(32))' makes one) (--keep-tokens: {fix})",
+            )
+        return cls(admin, read)
+
+    @classmethod
     def read_file(cls, path: Path, give: str = "") -> Tokens:
         """The tokens in a manager's token file. ``give``: how the caller is given a
         token, for the error of a missing file (:data:`GIVE_TOKEN_PY` for a Python
@@ -873,6 +911,9 @@ class Tokens:
         except (ValueError, KeyError, TypeError) as exc:
             raise CorralError(f"token file {path} is not valid: {exc}") from exc
 
+
+#: the fewest characters :meth:`Tokens.kept` takes in a kept token (a manager makes 64)
+KEPT_TOKEN_LEAST = 32
 
 #: how a command (worker, console) is given a token, and how a Python client
 #: (``Cluster(address)``, ``runtime.get(..., address=...)``) is: for
@@ -1076,6 +1117,22 @@ def read_token_file(path: str | os.PathLike[str], role: str = "admin") -> str:
     if not text.isprintable():
         raise refuse(f"holds control characters, which a token never has; {fix}")
     return text
+
+
+def _kept_token_path(address: str, token_file: Path | None) -> Path:
+    """Where a manager started with ``--keep-tokens`` on ``address`` finds the tokens
+    it keeps: its ``token_file``, else the token file of its address, which must have
+    a fixed port (with port 0 each start listens, and writes, elsewhere)."""
+    if token_file is not None:
+        return token_file
+    if not address.startswith(("ws://", "wss://")):
+        raise ValueError(f"--keep-tokens: a manager on {address} has no tokens to keep")
+    if not urlsplit(address).port:
+        raise ValueError(
+            f"--keep-tokens needs a fixed port (--listen {address} picks a free one at each "
+            "start, and its token file is named after it) or a --token-file PATH"
+        )
+    return token_path(address)
 
 
 # ----------------------------------------------------------------------------- gateway
@@ -1918,6 +1975,7 @@ async def run_manager(
     unknown_long: bool = True,
     worker_timeout: float = DEAD_AFTER,
     client_timeout: float | None = None,
+    keep_tokens: bool = False,
 ) -> None:
     """Run a manager process until SIGINT or SIGTERM: control plane + gateway on
     ``listen`` (``host:port``, ``ws://host:port`` or any transport address). Cancelled
@@ -1956,7 +2014,13 @@ async def run_manager(
     ``prune_depth``: how far downstream an output's readers must be done before it is
     dropped (docs/files.md#pruning-depth). ``long_task``, ``unknown_long``: which tasks
     go only to a worker with a core free of tasks
-    (:class:`~actors.scheduler_records.SchedulerConfig`)."""
+    (:class:`~actors.scheduler_records.SchedulerConfig`).
+
+    ``keep_tokens`` (``--keep-tokens``): take up the tokens of its token file
+    (``token_file``, else the one of ``listen``, which then needs a fixed port) when
+    there is one (:meth:`Tokens.kept`; docs/security.md#keeping-tokens-across-restarts),
+    instead of making new ones, so that workers, clients and Prometheus holding copies
+    of them are not locked out by a restart."""
     # PruneDepthError, LongTaskError before anything starts
     SchedulerConfig(prune_depth=prune_depth, long_task=long_task, unknown_long=unknown_long)
     worker_timeout = check_worker_timeout(worker_timeout)
@@ -1990,6 +2054,9 @@ async def run_manager(
         raise ValueError(f"--monitoring-keep must be a positive duration, got {monitoring_keep}")
     address = listen if "://" in listen else f"ws://{listen}"
     _check_listen_address(address)  # InvalidAddress before anything starts
+    keep_at = _kept_token_path(address, token_file) if keep_tokens else None
+    if keep_at is not None and tokens is None:  # TokenFileError before anything starts
+        tokens = Tokens.kept(keep_at)
     tokens = tokens or Tokens.generate()
     websockets = address.startswith(("ws://", "wss://"))
     stop = anyio.Event()
@@ -2074,7 +2141,7 @@ async def run_manager(
             for n in ams:  # and say which manager's they are (before the first evaluation)
                 n.instance = urlsplit(_http_url(listener.address)).netloc
             plane.refs["monitor"].post(DashboardAt(_http_url(listener.address) + "/"))
-        path = token_file or token_path(listener.address)
+        path = keep_at or token_file or token_path(listener.address)
         if websockets:
             tokens.write(path)
             gateway.token_file = str(path.absolute())
