@@ -915,10 +915,18 @@ class Tokens:
 #: the fewest characters :meth:`Tokens.kept` takes in a kept token (a manager makes 64)
 KEPT_TOKEN_LEAST = 32
 
-#: how a command (worker, console) is given a token, and how a Python client
-#: (``Cluster(address)``, ``runtime.get(..., address=...)``) is: for
-#: :meth:`Tokens.read_file`'s error
-GIVE_TOKEN_CLI = "with --token (or set CORRAL_TOKEN)"
+#: how a console, a worker and a Python client (``Cluster(address)``,
+#: ``runtime.get(..., address=...)``) are given a token: for :meth:`Tokens.read_file`'s
+#: error. A file first: a --token on a command line is shown by ps to every user. Only
+#: a console may look with the read token (the others are refused it).
+GIVE_TOKEN_CLI = (
+    "in a file readable by you only (chmod 600) with --token-file PATH (or --token, which "
+    "ps shows to other users, or CORRAL_TOKEN)"
+)
+GIVE_TOKEN_WORKER = (
+    "to this worker in a file readable by you only (chmod 600) with --token-file PATH (or "
+    "set CORRAL_TOKEN); a worker needs the admin token, not the read token"
+)
 GIVE_TOKEN_PY = (
     "as token= (or the path of a file holding it as token_file=) to Cluster(address, ...) "
     "or runtime.get(..., address=...), or set CORRAL_TOKEN"
@@ -2392,7 +2400,9 @@ async def run_worker(
     #: a token given as such, not read from a file (which may change: read at each try)
     fixed = token_file is None and (token or os.environ.get("CORRAL_TOKEN"))
     if fixed or connect_retry <= 0:  # read now: a bad file stops it at once
-        token = await find_token_there(address, token, token_file=token_file)
+        token = await find_token_there(
+            address, token, token_file=token_file, give=GIVE_TOKEN_WORKER
+        )
     scheme = urlsplit(address).scheme
     stop = anyio.Event()
     fatal: list[BaseException] = []  #: why the worker had to stop, raised at the end
@@ -2469,7 +2479,9 @@ async def run_worker(
                 with a new one), and take it from peers too."""
                 if fixed or scheme not in ("ws", "wss"):
                     return
-                new = await find_token_there(address, None, token_file=token_file)
+                new = await find_token_there(
+                    address, None, token_file=token_file, give=GIVE_TOKEN_WORKER
+                )
                 if new and new != connect_options.get("token"):
                     connect_options["token"] = new
                     own.set_tokens({new: "admin"})

@@ -428,6 +428,20 @@ async def test_a_console_and_a_worker_at_a_port_where_nothing_listens_say_so(
         assert proc.wait(LIMIT) == 1, out
         assert f"error: CorralError: no token file at {home / 'tokens'}" in out, out
         assert "copy the admin token" in out, out
+        assert "with --token-file PATH (or --token, which ps shows" in out, out
+        assert "to look only, pass the read token" in out, out
+        # A worker is pointed at --token-file and the admin token, not at --token and
+        # the read token, which it cannot use (it said both: audit newcomer, defect 7).
+        proc = cli.start("worker", f"ws://127.0.0.1:{port}")
+        out = " ".join("".join(await run(cli.rest, proc, LIMIT)).split())
+        assert proc.wait(LIMIT) == 1, out
+        assert f"error: CorralError: no token file at {home / 'tokens'}" in out, out
+        assert (
+            "copy the admin token from that file on the manager's machine and pass it to this "
+            "worker in a file readable by you only (chmod 600) with --token-file PATH (or set "
+            "CORRAL_TOKEN); a worker needs the admin token, not the read token"
+        ) in out, out
+        assert "--token " not in out and "to look only" not in out, out
 
 
 @pytest.mark.anyio
