@@ -606,8 +606,28 @@ def _error_from(reply: ErrorReply | Refused, allow_pickle: bool) -> BaseExceptio
         except Exception:
             pass
     if reply.kind == UNREADABLE_REPLY:  # this side's transport could not read the reply
-        return ProtocolError(reply.text)
+        return ProtocolError(unreadable_reply(reply.text))
     return RemoteError(reply.kind, reply.text)
+
+
+def unreadable_reply(text: str) -> str:
+    """What an ask whose reply this side could not read (``text``, the transport's
+    problem) fails with: when the reply had a field, message type or wire format this
+    side's code lacks, the two sides run different Corral code, which the error says,
+    with what to do: the version string alone does not tell them apart (two checkouts
+    of one release both say it)."""
+    if not any(sign in text for sign in _VERSION_SIGNS):
+        return text
+    # (the codec's advice, "make sure both ends run the same Corral version", is said
+    # below with what the version string cannot tell)
+    text = text.partition(" The peer sent a malformed or incompatible frame")[0]
+    return text.rstrip(".") + (
+        f". The other side runs different Corral code than this side (Corral "
+        f"{CORRAL_VERSION}): its messages have a field or type this code lacks, although "
+        "both may report the same version (another checkout or commit of it, or an "
+        "upgrade on one side only). Run the same Corral code on both sides (the same "
+        "release, or the same checkout) and restart the side that was older"
+    )
 
 
 async def refuse(conn: Any, error: BaseException, *, going_away: bool = False) -> None:

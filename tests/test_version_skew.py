@@ -78,3 +78,56 @@ def test_the_refusal_of_an_older_manager_is_said_with_what_to_do() -> None:
     # an answer that is not an error at all
     odd = not_welcomed(object(), "ws://m:1", "client")
     assert "answered this client's Hello with a object, not a Welcome" in str(odd)
+
+
+#: A manager of a newer Corral: its StatusReply carries a field this client lacks (as a
+#: commit that added ``retry_held`` did, while both still said Corral 0.1.0).
+NEWER_MANAGER = """
+import sys
+import runtime.codec as codec
+
+plain = codec._frame_header
+
+def newer(frame, bufs):
+    header = plain(frame, bufs)
+    if header.get("t") == "StatusReply":
+        header["f"]["gpus_idle"] = 0  # a field of a newer StatusReply
+    return header
+
+codec._frame_header = newer
+from runtime.__main__ import main
+sys.exit(main(["manager", "--listen", "127.0.0.1:0", "--no-monitoring"]))
+"""
+
+
+def test_a_reply_of_a_newer_manager_says_the_two_sides_run_different_code(
+    tmp_path: Path,
+) -> None:
+    """An audit: status() against a manager of a newer checkout failed with a bare
+    ``ProtocolError: the reply could not be read: StatusReply.retry_held: unknown
+    field``, both sides saying Corral 0.1.0. Now the error says that the other side
+    runs different Corral code, and to run the same code on both."""
+    import anyio
+    import pytest
+
+    from runtime import Cluster
+
+    async def status(address: str) -> None:
+        with anyio.fail_after(60):
+            async with Cluster(address, manager_alerts=None) as cluster:
+                await cluster.status()
+
+    with Cli(tmp_path) as cli:
+        manager = cli.spawn([sys.executable, "-c", NEWER_MANAGER])
+        line = cli.line_with(manager, "manager listening on")
+        address = line.split("manager listening on", 1)[1].strip()
+        with pytest.raises(ProtocolError) as info:
+            anyio.run(status, address)
+        text = str(info.value)
+        assert "the reply could not be read: StatusReply.gpus_idle: unknown field" in text
+        assert (
+            f"The other side runs different Corral code than this side (Corral {__version__})"
+            in (text)
+        ), text
+        assert "Run the same Corral code on both sides" in text, text
+        assert manager.poll() is None  # the manager serves on
