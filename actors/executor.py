@@ -489,6 +489,12 @@ class BaseExecutor(abc.ABC):
         """Threads still running a cancelled task (thread mode); 0 elsewhere."""
         return 0
 
+    @property
+    def held(self) -> int:
+        """Threads holding their slot with a cancelled task they could not give up
+        (thread mode, past its abandoned threads); 0 elsewhere."""
+        return 0
+
     @abc.abstractmethod
     def executing(self) -> tuple[Key, ...]:
         """The keys of the tasks executing now: started, not ended (not those queued
@@ -578,8 +584,12 @@ class Executor(BaseExecutor):
     finished since the previous call. Running tasks cannot be killed, but a cancelled
     one gives its slot back at once: its thread is *abandoned* (it runs the task to its
     end, drops the result and exits) and a fresh thread takes its place, up to
-    ``max_abandoned`` abandoned threads at a time (default ``n``); past that a cancelled
-    task keeps its thread until it ends.
+    ``max_abandoned`` abandoned threads at a time (default ``n``). Past that a cancelled
+    task's thread is *held*: its try is reported ``cancelled`` at once all the same, but
+    the thread keeps its slot (it takes no other task) until the call returns, drops its
+    result and serves the queue again; ``held`` counts such threads, which the worker
+    reports so that the scheduler sends no task for their slots. When an abandoned
+    thread ends, a held one is abandoned in its place and its slot goes to a fresh thread.
     """
 
     killable = False
@@ -607,6 +617,8 @@ class Executor(BaseExecutor):
         #: next task only if its kind ran within ``batch_delay`` (``_run``)
         self._took: dict[str, float] = {}
         self._abandoned: set[threading.Thread] = set()  #: threads whose task was cancelled
+        #: threads whose task was cancelled past ``max_abandoned``: they keep their slot
+        self._held: set[threading.Thread] = set()
         self._threads = [
             threading.Thread(target=self._run, name=f"{name}-{i}", daemon=True) for i in range(n)
         ]
@@ -619,20 +631,35 @@ class Executor(BaseExecutor):
             if thread is None or thread in self._abandoned or self._closed:
                 self._cancelled.add(key)  # queued (or past replacing): skipped or dropped
                 return
-            if len(self._abandoned) >= self.max_abandoned:
-                self._cancelled.add(key)  # no room for another thread: it keeps its slot
-                return
-            self._abandoned.add(thread)
             del self._running[key]
             self._began.pop(key, None)
-            fresh = threading.Thread(
-                target=self._run, name=f"{self._name}-{self._spawned}", daemon=True
-            )
-            self._spawned += 1
-            self._threads = [t for t in self._threads if t is not thread] + [fresh]
-        fresh.start()
+            fresh = None
+            if len(self._abandoned) >= self.max_abandoned:
+                self._held.add(thread)  # no room for another thread: it keeps its slot
+            else:
+                fresh = self._replace(thread)
+        if fresh is not None:
+            fresh.start()
         now = time.time()
         self._push([(TaskResult(key, "cancelled", now, now), None)])
+
+    def _replace(self, thread: threading.Thread) -> threading.Thread:
+        """Abandon ``thread``: a fresh thread (returned, to start) takes its slot. Under
+        ``_lock``."""
+        self._abandoned.add(thread)
+        fresh = threading.Thread(
+            target=self._run, name=f"{self._name}-{self._spawned}", daemon=True
+        )
+        self._spawned += 1
+        self._threads = [t for t in self._threads if t is not thread] + [fresh]
+        return fresh
+
+    @property
+    def held(self) -> int:
+        """Threads running a cancelled task that could not be abandoned (as many are
+        already as ``max_abandoned``): each keeps its slot until its call returns."""
+        with self._lock:
+            return len(self._held)
 
     @property
     def abandoned(self) -> int:
@@ -700,11 +727,22 @@ class Executor(BaseExecutor):
                         began.pop(job[0].key, None)
                     abandoned = me in self._abandoned
                     self._abandoned.discard(me)
-                if abandoned:  # cancelled while it ran: reported already, a fresh
-                    discard_output(value)  # thread has its slot; this one ends here
-                    if done:
-                        self._push(done)
-                    return
+                    held = me in self._held
+                    self._held.discard(me)
+                    fresh = None
+                    if abandoned and self._held and not self._closed:
+                        fresh = self._replace(self._held.pop())  # room for one more
+                if fresh is not None:
+                    fresh.start()
+                if abandoned or held:  # cancelled while it ran: reported already
+                    discard_output(value)
+                    # The worker learns that a held thread's slot is back, or that an
+                    # abandoned one ended, from this delivery, empty or not.
+                    self._push(done)
+                    done = []
+                    if abandoned:  # a fresh thread has its slot; this one ends here
+                        return
+                    break  # held: its slot is back; it serves the queue again
                 done.append((result, value))
                 if time.perf_counter() - first > self.batch_delay:
                     break

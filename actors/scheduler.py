@@ -691,7 +691,7 @@ class Scheduler(Actor):
         self._handle(
             WorkerMemory(
                 *self._ev(), msg.worker_id, msg.throttled, msg.rss, msg.throttle_at, msg.limit,
-                used, msg.memory_bytes, msg.past_peak,
+                used, msg.memory_bytes, msg.past_peak, msg.abandoned, msg.held,
             )
         )  # fmt: skip
 

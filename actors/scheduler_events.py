@@ -342,7 +342,10 @@ class WorkerMemory(Event):
     """A worker's memory state: ``throttled`` (deferring producers: past its throttle
     fence), its ``rss`` and where its throttle fence is (``throttle_at`` bytes) out of
     its ``limit``; ``disk_used``: bytes of its outputs on disk now; ``memory_bytes``:
-    bytes of outputs in its memory (-1: not told)."""
+    bytes of outputs in its memory (-1: not told); ``abandoned``: its threads still
+    running a cancelled try, each replaced by a fresh one; ``held``: its threads
+    holding their slot with a try that was stopped but could not be (thread execution,
+    as many abandoned already as it has threads): no task goes to those slots."""
 
     worker: str
     throttled: bool
@@ -354,6 +357,8 @@ class WorkerMemory(Event):
     #: the highest RSS it sampled past its terminate fence with its tasks in threads,
     #: which that fence cannot kill (``WorkerMemoryReport.past_peak``; 0: never)
     past_peak: int = 0
+    abandoned: int = 0
+    held: int = 0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

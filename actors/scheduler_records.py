@@ -197,6 +197,7 @@ class WorkerState:
     """One worker as the scheduler sees it."""
 
     __slots__ = (
+        "abandoned",
         "away",
         "block",
         "copies",
@@ -209,6 +210,7 @@ class WorkerState:
         "executed",
         "executing",
         "has_what",
+        "held",
         "id",
         "joined",
         "keeping",
@@ -287,6 +289,13 @@ class WorkerState:
         self.past_peak = 0
         self.throttle_at = 0  #: bytes where its throttle fence is (0: not reported)
         self.memory_bytes = -1  #: bytes of outputs in its memory, as last reported (-1: not)
+        #: threads still running a cancelled try, replaced by fresh ones (thread
+        #: execution), as last reported: at ``cores`` it can stop no other running try
+        #: without holding that try's slot (``held``)
+        self.abandoned = 0
+        #: threads holding their slot with a try that was stopped but could not be, as
+        #: last reported: they take no task (``SchedulerState._is_free``) until they end
+        self.held = 0
         self.n_producers = 0  #: producers among ``processing``
         self.disk = 0  #: bytes of disk it offers (0: no limit known)
         self.disk_used = 0  #: bytes of outputs it holds on disk, as last reported

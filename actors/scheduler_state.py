@@ -1981,6 +1981,17 @@ class SchedulerState(DiskPlacement):
                 WorkerPastLimit(self._stimulus, ws.id, ev.limit, ev.past_peak, categories)
             )
         self.storage.disk(ws.id, ws.disk_used)
+        ws.abandoned = max(0, ev.abandoned)
+        held = max(0, ev.held)
+        if held != ws.held:
+            ws.held = held
+            self._log(
+                ws.id, "held",
+                f"{held} of its {ws.cores:g} threads held by tries that could not be "
+                "stopped (as many abandoned already as it has threads): no task goes to "
+                "their slots until the calls return" if held else "no thread held",
+            )  # fmt: skip
+            self._update_free(ws)
         if ev.throttled == ws.throttled:
             return
         ws.throttled = ev.throttled
@@ -2762,6 +2773,14 @@ class SchedulerState(DiskPlacement):
                 heapq.heappush(self.retry_held, (ts.retry_at, next(self._seq), ts))
                 reason = f"{reason}; retry in {delay:g} s"
             self._log(ts.key, "retry", reason)
+            tried_on = self.workers.get(wid)
+            if outcome == "timeout" and tried_on is not None and tried_on.held:
+                self._log(
+                    ts.key, "held",
+                    f"its try could not be stopped on {wid} (thread execution, as many "
+                    "threads abandoned there as it has): that thread keeps its slot until "
+                    "the call returns; the retry goes to a free slot, or waits here for one",
+                )  # fmt: skip
             pool = decision.pool
             served = pool is not None and pool != ts.spec.pool and self._serves(ts, pool)
             moved = pool if pool is not None and served else None
@@ -3716,6 +3735,13 @@ class SchedulerState(DiskPlacement):
         if cands and self._long(ts):
             # A long task: not queued behind another on its worker (SchedulerConfig).
             cands = [w for w in cands if _core_free(w)]
+        if len(cands) > 1 and ts.spec.timeout is not None:
+            # A try with a timeout goes where it can be stopped at its timeout if it
+            # can: a worker with as many threads abandoned as it has threads (thread
+            # execution) could not give that try's slot back.
+            stoppable = [w for w in cands if w.abandoned < w.cores]
+            if stoppable:
+                cands = stoppable
         if self._short_of_disk:  # (an empty one stays: no list made per call)
             self._short_of_disk = []
         past = tried = False
@@ -3832,8 +3858,8 @@ class SchedulerState(DiskPlacement):
             or ws.throttled
             or not _takes_new(ws)
             or ws.id not in self.workers
-            or len(ws.processing) > ws.slots
-            or len(ws.processing) >= ws.limit
+            or len(ws.processing) + ws.held > ws.slots
+            or len(ws.processing) + ws.held >= ws.limit
             or (not _core_free(ws) and self._long(nxt))
         ):
             return
@@ -3862,7 +3888,8 @@ class SchedulerState(DiskPlacement):
         return (
             _takes_new(ws)
             and ws.id in self.workers
-            and len(ws.processing) < ws.limit
+            and len(ws.processing) + ws.held < ws.limit
+            and ws.held < ws.cores
             and (_core_free(ws) or not self._long(ts))
             and self._takes_consumer_here(ts, ws)
             and all(ws.id in d.who_has for d in ts.deps)
@@ -3938,7 +3965,7 @@ class SchedulerState(DiskPlacement):
     def _takes_producer(ws: WorkerState) -> bool:
         """Producers (roots among them) are withheld beyond saturation, and from
         throttled workers."""
-        return not ws.throttled and len(ws.processing) < ws.slots
+        return not ws.throttled and len(ws.processing) + ws.held < ws.slots
 
     def _place(self, ts: TaskState, candidates: list[WorkerState]) -> WorkerState:
         try:
@@ -4209,7 +4236,9 @@ class SchedulerState(DiskPlacement):
         self._update_free(ws)
 
     def _is_free(self, ws: WorkerState) -> bool:
-        n = total = len(ws.processing) + len(ws.copies)
+        if ws.held and ws.held >= ws.cores:
+            return False  # a task sent there would wait behind its stuck threads
+        n = total = len(ws.processing) + len(ws.copies) + ws.held
         if ws.throttled:
             n -= ws.n_producers  # deferred there: they must not keep consumers out
         if n < ws.slots and total < ws.limit:
@@ -4779,8 +4808,9 @@ def _takes_new(ws: WorkerState) -> bool:
 
 
 def _core_free(ws: WorkerState) -> bool:
-    """``ws`` runs fewer tries (tasks and speculative copies) than it has cores."""
-    return len(ws.processing) + len(ws.copies) < ws.cores
+    """``ws`` runs fewer tries (tasks and speculative copies) than it has cores, not
+    counting the cores whose threads a stopped try holds (``WorkerState.held``)."""
+    return len(ws.processing) + len(ws.copies) + ws.held < ws.cores
 
 
 def _live(entry: tuple[Any, ...], producer: bool) -> bool:

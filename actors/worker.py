@@ -392,6 +392,9 @@ class Worker(Actor):
         #: (bytes on disk, disk free) as the scheduler knows them: at first, from the
         #: registration (nothing on disk, all of ``disk`` free)
         self._reported_disk = (0, self._disk_free())
+        #: abandoned threads as last reported: the scheduler prefers, for a task with a
+        #: timeout, a worker that can still abandon a thread (one ending is reported)
+        self._reported_abandoned = 0
         #: the bytes held in memory and RSS the scheduler knows, and when it was told:
         #: whether the memory tick tells it again (set when the worker starts)
         self._pacing = mem.ReportPacing.of(self.memory, 0.0, 0)
@@ -639,14 +642,17 @@ class Worker(Actor):
         self.executor.cancel(key)
         if self.executor.abandoned != before:
             self._report()  # the scheduler's status shows the abandoned thread
-        elif key in self.executor.executing():  # no room for another abandoned thread
+        elif self.executor.held != self.state.threads_held:  # no room for another
             self.log.warning(
                 "a running task could not be stopped: its thread cannot be abandoned (as "
-                "many are already as this worker has threads); it keeps its slot until it "
-                "ends. Run tasks that may hang with execution 'process'",
+                "many are already as this worker has threads); its try ends now, but the "
+                "thread keeps its slot, and takes no task, until the call returns. Run "
+                "tasks that may hang with execution 'process'",
                 key=str(key),
                 abandoned=self.executor.abandoned,
+                held=self.executor.held,
             )
+            self._feed(ws.ThreadsHeld(time.time(), self.executor.held))
 
     # -- memory ------------------------------------------------------------------------
 
@@ -872,6 +878,8 @@ class Worker(Actor):
         self._reported_disk = (self._disk_used(), free)
         self._pacing.sent(self._now(), store.memory_bytes, governor.rss)
         disk_free = free if self.disk else None
+        abandoned = self.executor.abandoned if self.executor is not None else 0
+        self._reported_abandoned = abandoned
         self.scheduler.post(
             WorkerMemoryReport(
                 self.worker_id,
@@ -882,12 +890,13 @@ class Worker(Actor):
                 store.memory_bytes,
                 store.disk_bytes,
                 store.spilled_total,
-                self.executor.abandoned if self.executor is not None else 0,
+                abandoned,
                 disk_free,
                 self._reported_disk[0],  # and checkpoint files and copies under way
                 governor.floor if governor.moved else 0,
                 store.file_bytes,
                 self.state.past_peak,
+                self.state.threads_held,
             )
         )
 
@@ -1097,7 +1106,13 @@ class Worker(Actor):
         if cfg.spill is not None and governor.rss >= cfg.at(cfg.spill):
             results = self._write_outputs(results)  # memory is past its spill fence
         written = set(self._written)
-        self._feed(ws.TasksFinished(time.time(), results))
+        now = time.time()
+        events: list[ws.Event] = [ws.TasksFinished(now, results)]
+        if self.executor is not None and self.executor.held != self.state.threads_held:
+            events.append(ws.ThreadsHeld(now, self.executor.held))  # a held thread is back
+        self._feed(*events)
+        if self.executor is not None and self.executor.abandoned != self._reported_abandoned:
+            self._report()  # an abandoned thread ended (a held one reports by itself)
         if written:
             for key in self._written:  # results the core did not keep (cancelled)
                 if key in self.data:

@@ -76,6 +76,7 @@ __all__ = [
     "Submit",
     "TasksAssigned",
     "TasksFinished",
+    "ThreadsHeld",
     "TimerFired",
     "Trim",
     "WorkerState",
@@ -174,6 +175,16 @@ class MemorySampled(Event):
 @dataclasses.dataclass(frozen=True, slots=True)
 class TimerFired(Event):
     """The timer of the latest :class:`StartTimer` fired."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ThreadsHeld(Event):
+    """How many of the executor's threads hold their slot with a try that was stopped
+    but could not be (thread execution, past its abandoned threads: the executor's
+    ``held``): its try was reported, but the thread takes no task until the call
+    returns. The shell feeds it whenever the count changes."""
+
+    threads: int
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -418,6 +429,8 @@ class WorkerState:
         self.began: dict[Key, float] = {}  #: of those, when a sample saw each begin
         #: running tasks stopped past their timeout -> seconds each had executed
         self.timed_out: dict[Key, float] = {}
+        #: threads held by a stopped try that could not be stopped (:class:`ThreadsHeld`)
+        self.threads_held = 0
 
     # -- the one mutator ---------------------------------------------------------------
 
@@ -446,6 +459,8 @@ class WorkerState:
                 self._drop_requested(ev.keys, out)
             elif isinstance(ev, Spilled):
                 self.on_disk.update(k for k in ev.keys if k in self.held)
+            elif isinstance(ev, ThreadsHeld):
+                self._threads_held(ev.threads, out)
             else:
                 raise TypeError(f"WorkerState cannot handle {type(ev).__name__}")
         if self.deadlines:
@@ -454,6 +469,11 @@ class WorkerState:
         return out
 
     # -- queries -----------------------------------------------------------------------
+
+    @property
+    def threads(self) -> int:
+        """Threads free to run tasks: all but those a stopped try holds."""
+        return self.nthreads - self.threads_held
 
     @property
     def active(self) -> tuple[Key, ...]:
@@ -473,7 +493,7 @@ class WorkerState:
         assert set(self.deferred) == set(self.governor.deferred), "deferred != governor's"
         producing = self.governor.producing.keys()
         assert producing <= self.running.keys() | self.queued.keys(), "producing, not started"
-        assert not self.queued or len(self.running) >= self.nthreads, "queued, thread free"
+        assert not self.queued or len(self.running) >= self.threads, "queued, thread free"
         assert self._peaks.keys() <= self.running.keys(), "a peak of a task not running"
         assert self.deadlines.keys() <= self.running.keys() - self.cancelled, "deadline"
         assert self.began.keys() <= self.deadlines.keys(), "began, without a deadline"
@@ -574,7 +594,7 @@ class WorkerState:
         on_disk = self.on_disk
         if self.queued or (
             on_disk
-            and len(self.running) >= self.nthreads
+            and len(self.running) >= self.threads
             and any(dk in on_disk for dk, _ in task.deps)
         ):
             # Its inputs are on disk: load them only when a thread is free for it, not
@@ -586,7 +606,7 @@ class WorkerState:
 
     def _start_queued(self, out: list[Command]) -> None:
         queued, running = self.queued, self.running
-        while queued and len(running) < self.nthreads:
+        while queued and len(running) < self.threads:
             self._submit(queued.pop(next(iter(queued))), out)
 
     def _submit(self, task: ToRun, out: list[Command]) -> None:
@@ -728,6 +748,16 @@ class WorkerState:
         if self.deadlines.pop(key, None) is not None:
             self.began.pop(key, None)
         out.append(CancelRunning(key))
+
+    def _threads_held(self, threads: int, out: list[Command]) -> None:
+        """``threads`` of the executor's threads are held by tries that could not be
+        stopped: the scheduler is told (it counts their slots busy, and places no task
+        for them), and what is queued here starts only on the others."""
+        if threads == self.threads_held:
+            return
+        self.threads_held = threads
+        out.append(ReportMemory())
+        self._start_queued(out)
 
     def _watch(self, out: list[Command]) -> None:
         """The tries past their deadline: stopped if a sample saw them begin that long

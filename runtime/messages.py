@@ -193,7 +193,8 @@ class WorkerInfo(Message):
 class WorkerMemoryReport(Message):
     """Worker -> scheduler: its memory and disk state, sent when it starts or stops
     throttling, when its bytes on disk change (a spill, a write, a drop) or its disk's
-    free space moves, and when a cancelled task's thread was abandoned. ``throttle_at``
+    free space moves, and when a cancelled task's thread was abandoned or holds its
+    slot (``held``). ``throttle_at``
     and ``limit`` are bytes."""
 
     worker_id: str
@@ -223,6 +224,10 @@ class WorkerMemoryReport(Message):
     #: threads, which that fence cannot kill (0: never past it, or ``process``
     #: execution): the scheduler warns of it in ``status()["warnings"]``
     past_peak: int = 0
+    #: threads holding their slot with a try that was stopped (timed out or cancelled)
+    #: but could not be, as many being abandoned already as it has threads (thread
+    #: execution): the scheduler counts these slots busy until the calls return
+    held: int = 0
 
 
 @message()

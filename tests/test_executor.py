@@ -433,28 +433,39 @@ async def test_cancelling_a_running_thread_task_frees_its_slot_at_once(tmp_path:
         ex.shutdown(wait=True)
 
 
-async def test_abandoned_threads_are_bounded(tmp_path: Path) -> None:
+async def test_abandoned_threads_are_bounded_and_past_the_bound_a_thread_holds_its_slot(
+    tmp_path: Path,
+) -> None:
+    """Past ``max_abandoned`` a cancelled task's thread is held: its try is reported
+    ``cancelled`` at once all the same (a timeout bounds the wait), the thread keeps its
+    slot (``held``), and when the abandoned thread ends the held one is abandoned in its
+    place and a fresh thread takes the slot."""
     delivered = Delivered()
     ex = Executor(1, "w1", delivered, max_abandoned=1)
-    gate = tmp_path / "gate"
+    gate_a, gate_b = tmp_path / "gate-a", tmp_path / "gate-b"
     try:
-        ex.submit(job("a", held_at_gate, str(gate), str(tmp_path / "a")), {})
+        ex.submit(job("a", held_at_gate, str(gate_a), str(tmp_path / "a")), {})
         await wait_until((tmp_path / "a").exists, limit=BOUND)
         ex.cancel("a")
         assert (await delivered.get("a"))[0].outcome == "cancelled"
-        ex.submit(job("b", held_at_gate, str(gate), str(tmp_path / "b")), {})
+        ex.submit(job("b", held_at_gate, str(gate_b), str(tmp_path / "b")), {})
         await wait_until((tmp_path / "b").exists, limit=BOUND)
-        ex.cancel("b")  # a second abandoned thread would pass the bound: b keeps its slot
-        assert ex.abandoned == 1 and "b" not in delivered.results
-        gate.touch()
-        # When it ends its try comes back cancelled (the executor settles it), and the
-        # key may run here again.
-        assert (await delivered.get("b"))[0].outcome == "cancelled"
-        ex.submit(job("b", where), {})
-        assert (await delivered.get("b"))[0].outcome == "ok"
+        ex.cancel("b")  # a second abandoned thread would pass the bound: b holds its slot
+        assert (await delivered.get("b"))[0].outcome == "cancelled"  # reported at once
+        assert (ex.abandoned, ex.held) == (1, 1) and ex.executing() == ()
+        ex.submit(job("c", where), {})  # waits: the one slot is held
+        gate_a.touch()  # a's thread ends: b's is abandoned in its place, c gets a fresh one
+        result, (_, thread) = await delivered.get("c")
+        assert result.outcome == "ok" and thread == "w1-2"
+        assert (ex.abandoned, ex.held) == (1, 0)
+        gate_b.touch()
         await wait_until(lambda: ex.abandoned == 0, limit=BOUND)
+        assert "b" not in delivered.results  # its late result was dropped
+        ex.submit(job("b", where), {})  # and the key may run here again
+        assert (await delivered.get("b"))[0].outcome == "ok"
     finally:
-        gate.touch()
+        gate_a.touch()
+        gate_b.touch()
         ex.shutdown(wait=True)
 
 

@@ -92,27 +92,40 @@ async def test_a_timed_out_try_is_retried_and_the_retry_succeeds(tmp_path: Path,
         gate.touch()
 
 
-async def test_a_timed_out_thread_that_cannot_be_abandoned_is_said_and_reported_when_it_ends(
+async def test_a_timed_out_thread_that_cannot_be_abandoned_holds_its_slot_yet_fails_at_once(
     tmp_path: Path,
 ) -> None:
     """Thread execution abandons at most as many threads as the worker has: a second
-    hung task on a one-thread worker keeps its thread past its timeout, the worker logs
-    a warning saying so, and its try fails with TaskTimeout once its task ends."""
+    hung task on a one-thread worker keeps its thread past its timeout and the worker
+    logs a warning saying so, but its try fails with TaskTimeout at once all the same.
+    The worker reports the slot held: the next task waits in the scheduler, and runs
+    once the first abandoned thread ends (the held one is abandoned in its place)."""
     second = tmp_path / "second"
-    with log_lines("corral", logging.WARNING) as log:
-        async with gated_cluster(tmp_path, LIMIT, **ONE_SLOT["thread"]) as (c, gate, started):
-            first = c.submit(held_at_gate, str(gate), str(started), timeout=0.5)
-            with pytest.raises(TaskTimeout):
-                await first  # its thread abandoned
-            stuck = c.submit(held_at_gate, str(second), str(tmp_path / "s"), timeout=0.5)
-            await wait_until(
-                lambda: log.has("could not be stopped"), "the warning", limit=30, step=0.01
-            )
-            assert log.has("task timed out", stuck.key)
-            second.touch()  # its task ends: its try is reported
-            with pytest.raises(TaskTimeout) as info:
-                await stuck
-            assert info.value.ran >= 0.5
+    try:
+        with log_lines("corral", logging.WARNING) as log:
+            async with gated_cluster(tmp_path, LIMIT, **ONE_SLOT["thread"]) as (c, gate, started):
+                first = c.submit(held_at_gate, str(gate), str(started), timeout=0.5)
+                with pytest.raises(TaskTimeout):
+                    await first  # its thread abandoned
+                stuck = c.submit(held_at_gate, str(second), str(tmp_path / "s"), timeout=0.5)
+                with pytest.raises(TaskTimeout) as info:
+                    await stuck  # while its task still hangs
+                assert info.value.ran >= 0.5 and not second.exists()
+                assert log.has("could not be stopped", stuck.key)
+                (ws,) = c.scheduler_state.workers.values()
+                assert ws.held == 1  # reported before the try
+                nxt = c.submit(sum, [1, 2, 3])
+                state = c.scheduler_state
+                await wait_until(
+                    lambda: nxt.key in state.tasks and state.tasks[nxt.key].state == "queued",
+                    "the next task queued in the scheduler",
+                    limit=30,
+                    step=0.01,
+                )
+                gate.touch()  # the abandoned thread ends: the held one is abandoned instead
+                assert await nxt == 6 and not second.exists()
+    finally:
+        second.touch()
 
 
 BAD = [0, -1, math.nan, math.inf, "5", True, [1]]

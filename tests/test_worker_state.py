@@ -52,6 +52,7 @@ from actors.worker_state import (
     Submit,
     TasksAssigned,
     TasksFinished,
+    ThreadsHeld,
     TimerFired,
     Trim,
     WorkerState,
@@ -598,6 +599,23 @@ def test_a_try_past_its_timeout_is_stopped_and_reported_timeout() -> None:
     )  # fmt: skip
     assert "timeout of 2 s" in str(res.error) and "raise its timeout=" in str(res.error)
     assert s.active == () and s.timed_out == {} and s.cancelled == set()
+
+
+def test_a_stopped_try_whose_thread_is_held_is_reported_and_its_slot_told_busy() -> None:
+    """The executor could not give up the thread of a try stopped at its timeout (as
+    many abandoned as the worker has): it reports the try at once all the same, and
+    the shell feeds ``ThreadsHeld``; the core tells the scheduler (a memory report,
+    ``held``) and counts that thread out, until it is back."""
+    s = state()
+    feed(s, TasksAssigned(0.0, (timed("a", 1.0),)))
+    feed(s, MemorySampled(0.1, 100, executing=("a",), executed=(("a", 0.1),)))
+    assert feed(s, TimerFired(1.1))[0] == CancelRunning("a")
+    assert feed(s, ThreadsHeld(1.1, 1)) == [ReportMemory()]
+    assert (s.threads_held, s.threads) == (1, 0)
+    assert feed(s, ThreadsHeld(1.1, 1)) == []  # no change, nothing to tell
+    (report, _) = feed(s, stopped("a", 1.1))
+    assert [r.outcome for r in report.results] == ["timeout"]
+    assert feed(s, ThreadsHeld(9.0, 0)) == [ReportMemory()] and s.threads == 1
 
 
 def test_a_try_waiting_in_the_executors_queue_is_not_timed_until_it_begins() -> None:
