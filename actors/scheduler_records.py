@@ -176,11 +176,14 @@ class Checkpoint:
     saved by worker ``owner``; ``data`` its bytes when the scheduler holds them;
     ``holders`` the workers whose disk has its file (the owner, peers' copies);
     ``copying`` the peer asked to copy it (from ``copy_source``, since ``copy_sent``),
-    "" when none."""
+    "" when none; ``work``: the seconds of the task's execution it holds (the work of
+    the checkpoint its try resumed from, plus that try's time executing until the save,
+    on the scheduler's clock)."""
 
     seq: int
     nbytes: int
     owner: str
+    work: float = 0.0
     data: bytes | None = None
     holders: set[str] = dataclasses.field(default_factory=set)
     copying: str = ""
@@ -352,6 +355,7 @@ class TaskState:
         "queued",
         "registered",
         "remake",
+        "resumed",
         "retries_left",
         "retry_at",
         "root",
@@ -397,6 +401,9 @@ class TaskState:
         #: when its running try began to execute on its worker, as the worker said
         #: (``TasksStarted``, once it has executed a while); None: not known to
         self.started: float | None = None
+        #: the checkpoint its running try resumed from: ``(number, its work in seconds:
+        #: Checkpoint.work)``; None: it started from none
+        self.resumed: tuple[int, float] | None = None
         #: its worker's RSS as last told when it said the running try began to execute
         #: (``TasksRunning``): what that RSS rose by since, while the try runs alone
         #: there, is the try's rise so far (``SchedulerState._rise_so_far``)

@@ -766,7 +766,8 @@ class SchedulerState(DiskPlacement):
         ``("state", key, finish, category, pool, worker)`` per transition (``worker``:
         where it was sent, for ``processing``; ``released``: its output was released,
         nothing needs it), ``("try", key, category, worker, number, sent, start, stop,
-        outcome, cause, error, nbytes, queued, failure)`` per try ended (``error``: the
+        outcome, cause, error, nbytes, queued, failure, resumed, resumed_work,
+        unsaved)`` per try ended (``error``: the
         exception or None; ``start``, ``stop``: the worker's wall clock, except for
         ``worker-lost``: this core's clock, ``start`` when it began executing as its
         worker said (``now`` for one it had not started; None: the worker never said)
@@ -775,7 +776,13 @@ class SchedulerState(DiskPlacement):
         task became ready for this try, this core's clock, None for a speculative copy:
         ``TryRecord.queued``; ``failure``: for a try that failed with an error, out of
         memory, by timeout or for its disk, the cause it is counted under in the
-        failure counts and groups, the metrics' ``cause``, else None), ``("not-run",
+        failure counts and groups, the metrics' ``cause``, else None; ``resumed``,
+        ``resumed_work``: the number of the checkpoint the try started from and the
+        seconds of the task's execution it held (:attr:`Checkpoint.work`), None when it
+        started from none (and for a speculative copy); ``unsaved``: for ``worker-lost``
+        with a known ``start``, the seconds of the task's execution the newest
+        checkpoint that survived does not hold, the work really lost, else None),
+        ``("not-run",
         key, category, cause, error, dependency, root)`` per task erring with no failed
         try of its own, before its ``erred`` transition (its :class:`NotRunGroup`'s
         cause; ``error``: an :class:`ErrorRecord`, for a dependency's failure the
@@ -788,6 +795,9 @@ class SchedulerState(DiskPlacement):
         ``("joined", worker, pool, cores, memory)``, ``("left", worker, cause, ended)``
         (``ended``: when its life ended, this core's clock: ``now``, or the drop of its
         connection for a worker lost while away),
+        ``("checkpoint", key, seq, event, worker, work)`` per checkpoint ``saved`` (by
+        ``worker``) or ``lost`` (with ``worker``, its last copy; ``work``:
+        :attr:`Checkpoint.work`),
         ``("transfer", key, kind, nbytes, source, target, duration)`` per output copied
         between workers and ``("recovery", key, category, worker, how)`` per needed
         output lost with a worker (:mod:`actors.storage_state`)."""
@@ -832,10 +842,20 @@ class SchedulerState(DiskPlacement):
             return None
         record = error_record(error) if error is not None else None
         start = began if rec.outcome == "worker-lost" else rec.start
+        # (its try's, not a speculative copy's: the copy ends while its try runs)
+        resumed = ts.resumed if ts.worker in (None, rec.worker) else None
+        unsaved = None
+        if rec.outcome == "worker-lost" and start is not None:
+            # Its work (with what it resumed from) less what the newest checkpoint that
+            # survived the loss holds (its files already counted out: _checkpoints_lost)
+            cps = self.checkpoints.get(ts.key) if self.checkpoints else None
+            done = (resumed[1] if resumed else 0.0) + max(rec.stop - start, 0.0)
+            unsaved = max(done - (cps[0].work if cps else 0.0), 0.0)
         self._records.append(
             ("try", ts.key, ts.spec.category, rec.worker, len(ts.tries), ts.sent,
              start, rec.stop, rec.outcome, rec.cause, record, nbytes, rec.queued,
-             failure)
+             failure, None if resumed is None else resumed[0],
+             None if resumed is None else resumed[1], unsaved)
         )  # fmt: skip
         return record
 
@@ -4035,6 +4055,8 @@ class SchedulerState(DiskPlacement):
         resume = None
         if cps:
             resume = self._resume_from(ts, cps[0], ws)
+        if ws.id == ts.worker:  # its try, not a speculative copy
+            ts.resumed = (cps[0].seq, cps[0].work) if cps else None
         self._attempts += 1
         n, spec = self._attempts, ts.spec
         batch.append(
@@ -4083,10 +4105,17 @@ class SchedulerState(DiskPlacement):
             if ev.worker in self.workers:  # its file is of no use: off its disk
                 self._out.append(DropCheckpoints(self._stimulus, ev.worker, ((ev.key, ev.seq),)))
             return
-        cp = Checkpoint(ev.seq, ev.nbytes, ev.worker, holders={ev.worker})
+        if ev.worker == ts.worker:  # its try: what it resumed from, and its time since
+            began = ts.started if ts.started is not None else ts.sent
+            work = (ts.resumed[1] if ts.resumed else 0.0) + max(self._now - began, 0.0)
+        else:  # a speculative copy: its own time executing (what it resumed from untold)
+            work = max(self._now - self.copy_started.get((ts, ev.worker), self._now), 0.0)
+        cp = Checkpoint(ev.seq, ev.nbytes, ev.worker, work, holders={ev.worker})
         self.checkpoint_workers.setdefault(ev.key, set()).add(ev.worker)
         self.checkpoint_counts["saved"] += 1
         self._log(ev.key, "checkpoint", f"checkpoint:{ev.seq}:{ev.nbytes}")
+        if self.feed_on:
+            self._records.append(("checkpoint", ev.key, ev.seq, "saved", ev.worker, work))
         if ev.data is not None and len(ev.data) <= self.config.checkpoint_inline_bytes:
             # Held here, it replaces the older ones (pruned below): count their bytes out.
             freed = sum(len(c.data) for c in cps if c.data is not None)
@@ -4219,6 +4248,8 @@ class SchedulerState(DiskPlacement):
                 if not any(c is a for a in alive):
                     self.checkpoint_counts["lost"] += 1
                     self._log(key, "checkpoint-lost", f"checkpoint:{c.seq}:{wid}")
+                    if self.feed_on:
+                        self._records.append(("checkpoint", key, c.seq, "lost", wid, c.work))
             if alive:
                 self.checkpoints[key] = alive
             else:

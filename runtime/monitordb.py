@@ -96,10 +96,13 @@ _log = get_logger("corral.monitoring")
 #: 6: the table ``actions`` (the alert monitor's remediation audit); 7: what followed a
 #: failed try, ``tries.retry`` (``free``, ``charged``) and ``tries.moved_to`` (the pool its
 #: retry was moved to), and ``tries.started`` of a try lost with a worker that said when
-#: it began
-SCHEMA_VERSION = 7
+#: it began; 8: checkpoints, ``tries.resumed`` and ``tries.resumed_work`` (the
+#: checkpoint a try started from, the seconds of work it held) and ``tries.unsaved``
+#: (of a try lost with its worker, the work no surviving checkpoint held), and the
+#: table ``checkpoints`` (each saved, each lost with every copy of it)
+SCHEMA_VERSION = 8
 #: older versions a writer upgrades to :data:`SCHEMA_VERSION` (see :func:`_upgrade`)
-UPGRADED_VERSIONS = (2, 3, 4, 5, 6)
+UPGRADED_VERSIONS = (2, 3, 4, 5, 6, 7)
 #: versions the report reads (the columns it asks for are in each; ``tries.queued``,
 #: ``tries.traceback``, the columns of version 5 in ``tasks`` and the table ``actions``
 #: only when there: see runtime/report.py)
@@ -131,7 +134,7 @@ CREATE TABLE IF NOT EXISTS tries (
     run_id TEXT NOT NULL, key TEXT NOT NULL, try INTEGER NOT NULL, category TEXT,
     worker TEXT, sent REAL, started REAL, ended REAL, outcome TEXT NOT NULL, cause TEXT,
     error_type TEXT, error_message TEXT, output_bytes INTEGER, queued REAL, traceback TEXT,
-    retry TEXT, moved_to TEXT,
+    retry TEXT, moved_to TEXT, resumed INTEGER, resumed_work REAL, unsaved REAL,
     PRIMARY KEY (run_id, key, try)
 );
 CREATE TABLE IF NOT EXISTS workers ({_WORKERS});
@@ -167,6 +170,10 @@ CREATE TABLE IF NOT EXISTS actions (
     run_id TEXT NOT NULL, time REAL NOT NULL, rule TEXT, labels TEXT, pool TEXT,
     action TEXT NOT NULL, from_target INTEGER, to_target INTEGER, why TEXT,
     line TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS checkpoints (
+    run_id TEXT NOT NULL, time REAL NOT NULL, key TEXT NOT NULL, seq INTEGER NOT NULL,
+    event TEXT NOT NULL, worker TEXT, work REAL
 );
 CREATE INDEX IF NOT EXISTS tries_worker ON tries (run_id, worker, started);
 CREATE INDEX IF NOT EXISTS tasks_pool ON tasks (run_id, pool, ready);
@@ -215,17 +222,31 @@ ALTER TABLE tries ADD COLUMN retry TEXT;
 ALTER TABLE tries ADD COLUMN moved_to TEXT;
 UPDATE schema_version SET version = 7;
 """
+#: a version 7 file's tries get ``resumed``, ``resumed_work`` and ``unsaved``, empty in
+#: the rows it has, and the table ``checkpoints`` (made by :data:`SCHEMA`: see _create)
+_CHECKPOINTS_V7_TO_V8 = """
+ALTER TABLE tries ADD COLUMN resumed INTEGER;
+ALTER TABLE tries ADD COLUMN resumed_work REAL;
+ALTER TABLE tries ADD COLUMN unsaved REAL;
+UPDATE schema_version SET version = 8;
+"""
 #: what upgrades a file of each older version to :data:`SCHEMA_VERSION`
 _UPGRADES = {
     2: _WORKERS_V2_TO_V3
     + _TRIES_V3_TO_V4
     + _FAILURES_V4_TO_V5
     + _ACTIONS_V5_TO_V6
-    + _RETRIES_V6_TO_V7,
-    3: _TRIES_V3_TO_V4 + _FAILURES_V4_TO_V5 + _ACTIONS_V5_TO_V6 + _RETRIES_V6_TO_V7,
-    4: _FAILURES_V4_TO_V5 + _ACTIONS_V5_TO_V6 + _RETRIES_V6_TO_V7,
-    5: _ACTIONS_V5_TO_V6 + _RETRIES_V6_TO_V7,
-    6: _RETRIES_V6_TO_V7,
+    + _RETRIES_V6_TO_V7
+    + _CHECKPOINTS_V7_TO_V8,
+    3: _TRIES_V3_TO_V4
+    + _FAILURES_V4_TO_V5
+    + _ACTIONS_V5_TO_V6
+    + _RETRIES_V6_TO_V7
+    + _CHECKPOINTS_V7_TO_V8,
+    4: _FAILURES_V4_TO_V5 + _ACTIONS_V5_TO_V6 + _RETRIES_V6_TO_V7 + _CHECKPOINTS_V7_TO_V8,
+    5: _ACTIONS_V5_TO_V6 + _RETRIES_V6_TO_V7 + _CHECKPOINTS_V7_TO_V8,
+    6: _RETRIES_V6_TO_V7 + _CHECKPOINTS_V7_TO_V8,
+    7: _CHECKPOINTS_V7_TO_V8,
 }
 #: what an older database lacks, said when one is opened
 _OLDER = (
@@ -250,7 +271,7 @@ PRUNED = {
     "tasks": "finished", "tries": "COALESCE(ended, started, sent)", "workers": "left",
     "blocks": "time", "resource_samples": "time", "transfers": "time",
     "recoveries": "time", "metric_samples": "time", "alerts": "time", "gaps": "time",
-    "actions": "time",
+    "actions": "time", "checkpoints": "time",
 }  # fmt: skip
 PRUNE_EVERY = 600.0  #: seconds between two prunings of a writer with ``keep``
 PRUNE_PIECE = 50_000  #: rowids gone through per transaction (readers and the writer go between)
@@ -512,7 +533,7 @@ def _why_not(exc: sqlite3.DatabaseError, what: str = "") -> str:
 
 
 def _upgrade(conn: sqlite3.Connection) -> None:
-    """A file of version 2 to 6 becomes version 7, in the caller's transaction:
+    """A file of version 2 to 7 becomes version 8, in the caller's transaction:
     from 2 (a row per worker id) its workers' rows become their first lives (version
     3); from 3, its tries get the column ``queued``, empty in the rows they have (their
     waits were not recorded: the report takes those runs' waits from ``tasks``); from
@@ -520,7 +541,10 @@ def _upgrade(conn: sqlite3.Connection) -> None:
     ``root``, empty in the rows they have (not recorded: the report says so); from 5,
     it gets the table ``actions`` (the caller makes it with the schema), with no row
     for its runs (their audit went to the log only); from 6, its tries get ``retry``
-    and ``moved_to``, empty in the rows they have (not recorded: the report says so)."""
+    and ``moved_to``, empty in the rows they have (not recorded: the report says so);
+    from 7, its tries get ``resumed``, ``resumed_work`` and ``unsaved``, empty in the
+    rows they have (not recorded: the report says so), and the table ``checkpoints``
+    (the caller makes it with the schema), with no row for its runs."""
     tables = _tables(conn)
     if "schema_version" not in tables:
         return
@@ -533,7 +557,7 @@ def _upgrade(conn: sqlite3.Connection) -> None:
     _log.info(
         f"monitoring database: upgraded to schema version {SCHEMA_VERSION} (worker lives, "
         "try waits, tracebacks, released outputs, why tasks that did not run erred, "
-        "alert actions, retries)",
+        "alert actions, retries, checkpoints)",
         was=row[0],
     )
 
@@ -952,9 +976,11 @@ _TASK = (
 #: was forgotten (submitted anew, its tries counted from 1 again) adds to its tries
 _TRY = (
     "INSERT INTO tries (run_id, key, try, category, worker, sent, started, ended, outcome, "
-    "cause, error_type, error_message, output_bytes, queued, traceback) "
+    "cause, error_type, error_message, output_bytes, queued, traceback, resumed, "
+    "resumed_work, unsaved) "
     "VALUES (?1, ?2, (SELECT COALESCE(MAX(try), 0) + 1 FROM tries "
-    "WHERE run_id = ?1 AND key = ?2), ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)"
+    "WHERE run_id = ?1 AND key = ?2), ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, "
+    "?15, ?16, ?17)"
 )
 #: a worker's life begins (its first join, or one after it left: a requeued block's
 #: worker comes back under its id), or it joins again within one (a reconnect)
@@ -984,6 +1010,7 @@ _RETRY = (
     "UPDATE tries SET retry = ?, moved_to = ? WHERE run_id = ?3 AND key = ?4 AND try = "
     "(SELECT MAX(try) FROM tries WHERE run_id = ?3 AND key = ?4)"
 )
+_CHECKPOINT = "INSERT INTO checkpoints VALUES (?, ?, ?, ?, ?, ?, ?)"
 _RUN_SEEN = "UPDATE runs SET last_seen = ?, feed_lost = ?, dropped_rows = ? WHERE run_id = ?"
 
 #: seconds a stopping recorder gives its writer to write what the run queued (a fast
@@ -1305,7 +1332,7 @@ class MonitorRecorder(Actor):
                             t[7] = worker
                 elif kind == "try":
                     (_, key, category, worker, _, sent, start, stop, outcome, cause, error,
-                     nbytes, queued, failure) = rec  # fmt: skip
+                     nbytes, queued, failure, resumed, resumed_work, unsaved) = rec  # fmt: skip
                     k = _safe(str(key))
                     t = task(k, category, at)
                     if outcome in _CORE_CLOCK:  # the core's clock: sent, began, ended
@@ -1321,7 +1348,8 @@ class MonitorRecorder(Actor):
                         "event", _TRY,
                         (run, k, _safe(category), worker, sent + wall, start, stop, outcome,
                          _safe(why) if why else None, etype, emsg, nbytes if ok else None,
-                         None if queued is None else queued + wall, tb),
+                         None if queued is None else queued + wall, tb, resumed, resumed_work,
+                         unsaved),
                     )  # fmt: skip
                     t[8] += 1  # tries ended in this interval: added to the row's
                     if ok and start is not None:
@@ -1353,6 +1381,10 @@ class MonitorRecorder(Actor):
                     _, key, what, nbytes, source, target, took = rec
                     rows.add("event", _TRANSFER, (run, at, _safe(str(key)), what, nbytes,
                                                   source or None, target, took))  # fmt: skip
+                elif kind == "checkpoint":  # saved, or lost with every copy of it
+                    _, key, seq, event, worker, work = rec
+                    rows.add("event", _CHECKPOINT, (run, at, _safe(str(key)), seq, event,
+                                                    worker, work))  # fmt: skip
                 elif kind == "recovery":
                     _, key, category, worker, how = rec
                     rows.add("event", _RECOVERY, (run, at, _safe(str(key)), _safe(category),

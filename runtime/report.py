@@ -730,6 +730,28 @@ class _Run:
                 f"COUNT(*) FROM {tries} WHERE run_id = ?{during} AND moved_to IS NOT NULL "
                 "GROUP BY 1, 2 ORDER BY 3 DESC, 1, 2", rid,
             ).fetchall()  # fmt: skip
+        #: the columns ``unsaved``, ``resumed`` and the table ``checkpoints`` are there
+        #: (schema version 8)
+        self.checkpoints_known = "unsaved" in _columns(conn, "tries")
+        #: preempted tries' work no surviving checkpoint held (:data:`PREEMPTION`),
+        #: and checkpoints saved, tries resumed from one, checkpoints lost
+        self.unsaved = 0.0
+        self.checkpointed = (0, 0, 0)
+        if self.checkpoints_known:
+            causes = ", ".join(f"'{c}'" for c in sorted(PREEMPTION))
+            ((unsaved, resumed),) = conn.execute(
+                # (a row an older Corral wrote has no unsaved: all it ran counts)
+                f"SELECT SUM(CASE WHEN outcome = 'worker-lost' AND cause IN ({causes}) "
+                "THEN COALESCE(unsaved, MAX(ended - started, 0.0)) END), "
+                "SUM(resumed IS NOT NULL) "
+                f"FROM {tries} WHERE run_id = ?{during}", rid,
+            ).fetchall()  # fmt: skip
+            ((saved, lost),) = conn.execute(
+                "SELECT SUM(event = 'saved'), SUM(event = 'lost') FROM checkpoints "
+                f"WHERE run_id = ?{self._during('time')}", rid,
+            ).fetchall()  # fmt: skip
+            self.unsaved = unsaved or 0.0
+            self.checkpointed = (saved or 0, resumed or 0, lost or 0)
         return len(self.lost)
 
     def _read_failures(self, conn: sqlite3.Connection, rid: tuple[str]) -> int:
@@ -1279,6 +1301,8 @@ def _lost_cost(run: _Run) -> str:
     pre = [r for r in run.lost if r[0] in PREEMPTION]
     known = run.retries_known
     line = f"{sum(r[1] for r in pre)} tries lost, {sum(r[2] for r in pre):.1f} s of work lost"
+    if run.checkpoints_known:  # what no checkpoint that survived held
+        line += f", {run.unsaved:.1f} s net of checkpoints"
     if any(r[3] for r in pre):
         line += f" ({sum(r[3] for r in pre)} with no start recorded: not counted)"
     if known:
@@ -1292,6 +1316,11 @@ def _lost_cost(run: _Run) -> str:
         )
     else:
         line += " (this file does not record retries or moves: schema version 6 or older)"
+    if run.checkpoints_known:
+        saved, resumed, lost = run.checkpointed
+        line += f"; checkpoints: {saved} saved, {resumed} tries resumed from one, {lost} lost"
+    else:
+        line += "; this file does not record checkpoints (schema version 7 or older)"
     e = html.escape
     rows = [
         (cause, n, f"{ran:.1f}", unknown, *(("-",) * 3 if not known else (free, charged, none)))

@@ -1394,8 +1394,14 @@ async def test_the_documented_grouped_queries_count_a_rejoined_worker_once(
     assert "<td>cpu</td><td>preempted</td><td>1</td><td>3.0</td><td>3.0</td><td>3.0</td>" in page
 
 
+#: makes a new database one of schema version 7, as an older Corral wrote it
+TO_VERSION_7 = (
+    "DROP TABLE checkpoints; ALTER TABLE tries DROP COLUMN resumed; "
+    "ALTER TABLE tries DROP COLUMN resumed_work; ALTER TABLE tries DROP COLUMN unsaved; "
+    "UPDATE schema_version SET version = 7; "
+)
 #: makes a new database one of schema version 4, as an older Corral wrote it
-_TO_VERSION_4 = (
+_TO_VERSION_4 = TO_VERSION_7 + (
     "DROP TABLE actions; ALTER TABLE tries DROP COLUMN retry; "
     "ALTER TABLE tries DROP COLUMN moved_to; "
     "ALTER TABLE tries DROP COLUMN traceback; ALTER TABLE tasks DROP COLUMN released; "

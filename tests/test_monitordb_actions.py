@@ -21,7 +21,7 @@ from runtime.metrics import SAMPLE_LABELS
 from runtime.monitordb import SCHEMA_VERSION, MonitorWriter
 from runtime.report import ACTIONS_TITLE, build_report
 from tests.helpers import Factory, make_state, wait_until
-from tests.test_monitordb import LIMIT, WALL, _count, _older, _recorder, _rows
+from tests.test_monitordb import LIMIT, TO_VERSION_7, WALL, _count, _older, _recorder, _rows
 
 __all__ = ["make_state"]
 
@@ -165,7 +165,7 @@ def test_a_version_5_file_gets_the_actions_table_and_is_still_read(tmp_path: Pat
     db = tmp_path / "monitoring.db"
     _older(
         db,
-        "DROP TABLE actions; ALTER TABLE tries DROP COLUMN retry; "
+        TO_VERSION_7 + "DROP TABLE actions; ALTER TABLE tries DROP COLUMN retry; "
         "ALTER TABLE tries DROP COLUMN moved_to; UPDATE schema_version SET version = 5; "
         "INSERT INTO runs (run_id, started, ended) VALUES ('r', 100.0, 110.0); "
         "INSERT INTO tasks (run_id, key, category, submitted, finished, state, tries) "
@@ -173,7 +173,11 @@ def test_a_version_5_file_gets_the_actions_table_and_is_still_read(tmp_path: Pat
     )  # fmt: skip
     assert "does not record alert actions" in build_report(db, run_id="r")
     MonitorWriter(db).close()
-    assert _rows(db, "SELECT version FROM schema_version") == [(SCHEMA_VERSION,)] == [(7,)]
+    assert (
+        _rows(db, "SELECT version FROM schema_version")
+        == [(SCHEMA_VERSION,)]
+        == [(SCHEMA_VERSION,)]
+    )
     assert _rows(db, "SELECT count(*) FROM actions") == [(0,)]
     assert "No alert action was taken or refused." in build_report(db, run_id="r")
 

@@ -13,16 +13,18 @@ import pytest
 
 from actors.scheduler_events import (
     GraphSubmitted,
+    TaskCheckpointed,
     TasksFinished,
+    TasksRunning,
     WorkerJoined,
     WorkerLeaving,
     WorkerLeft,
 )
 from policies import REGISTRY
-from runtime.monitordb import MonitorWriter, open_db
+from runtime.monitordb import SCHEMA_VERSION, MonitorWriter, open_db
 from runtime.report import FAILURES_TITLE, FREE_TITLE, _Run, build_report, list_runs
 from tests.helpers import GB, Factory, assigned, make_state, result, specs_for
-from tests.test_monitordb import LIMIT, T0, WALL, _at, _recorder, _rows
+from tests.test_monitordb import LIMIT, T0, TO_VERSION_7, WALL, _at, _recorder, _rows
 from tests.test_report import _one_run_db
 
 __all__ = ["make_state"]
@@ -32,6 +34,13 @@ def _sent(s: Any, cls: type, now: float, **fields: Any) -> dict[str, list[Any]]:
     out = s.handle(cls(stimulus_id=f"{cls.__name__}@{now}", now=now, **fields))
     s.validate()
     return assigned(out)
+
+
+async def _written(recorder: Any, writer: MonitorWriter) -> None:
+    """What the core's feed holds, read by ``recorder`` and written by ``writer``."""
+    with anyio.fail_after(LIMIT):
+        await recorder.poll()
+    writer.close()
 
 
 @pytest.mark.anyio
@@ -65,9 +74,7 @@ async def test_a_lost_try_s_start_and_what_followed_it_are_recorded(
     assert sent == {"c2": ["queued"]}
     _at(s, WorkerLeft, T0 + 320, worker="c2", cause="crash")
     _at(s, TasksFinished, T0 + 330, worker="o1", results=(result("long", start=T0 + 310),))
-    with anyio.fail_after(LIMIT):
-        await recorder.poll()
-    writer.close()
+    await _written(recorder, writer)
     rows = _rows(
         db, "SELECT key, try, worker, cause, started, ended, retry, moved_to FROM tries "
         "ORDER BY key, try",
@@ -78,6 +85,72 @@ async def test_a_lost_try_s_start_and_what_followed_it_are_recorded(
         ("queued", 1, "c1", "preempted", WALL + T0 + 300, WALL + T0 + 300, "free", None),
         ("queued", 2, "c2", "crash", None, WALL + T0 + 320, "free", None),
     ]
+
+
+@pytest.mark.anyio
+async def test_a_try_s_checkpoint_and_the_work_a_loss_really_cost_are_recorded(
+    tmp_path: Path, make_state: Factory
+) -> None:
+    """A user audit: the database counted checkpointed work as lost and had no trace of
+    checkpoints. ``sim`` executes on ``c1`` from T0 + 11, saves checkpoints 1 and 2
+    (held by the scheduler) at T0 + 21 and T0 + 31, and is preempted at T0 + 34: 23 s
+    run, 3 s of them after checkpoint 2 (20 s of work). Its retry on ``c2`` resumes from
+    2, executes from T0 + 40, saves 3 at T0 + 46 (a file on ``c2`` only: 26 s of work)
+    and is preempted at T0 + 50, checkpoint 3 lost with it: the newest left is 2, so
+    the 10 s since 2 are lost. The third try resumes from 2 again and finishes."""
+    db = tmp_path / "monitoring.db"
+    s = make_state(monitor=True)
+    recorder, writer = _recorder(db, s)
+    _at(s, WorkerJoined, T0, worker="c1", cores=1, memory=GB, pool="ckpt")
+    specs = specs_for(s, {"sim": []}, ["sim"], pool="ckpt")
+    assert _sent(s, GraphSubmitted, T0 + 10, specs=specs, wanted=("sim",)) == {"c1": ["sim"]}
+    _at(s, TasksRunning, T0 + 12, worker="c1", started=(("sim", 0, 1.0),))
+    for seq, at in ((1, 21), (2, 31)):
+        _at(s, TaskCheckpointed, T0 + at, worker="c1", key="sim", seq=seq, nbytes=1, data=b"x")
+    _at(s, WorkerLeft, T0 + 34, worker="c1", cause="preempted")
+    sent = _sent(s, WorkerJoined, T0 + 40, worker="c2", cores=1, memory=GB, pool="ckpt")
+    assert sent == {"c2": ["sim"]}
+    _at(s, TasksRunning, T0 + 41, worker="c2", started=(("sim", 0, 1.0),))
+    _at(s, TaskCheckpointed, T0 + 46, worker="c2", key="sim", seq=3, nbytes=9)
+    _at(s, WorkerLeft, T0 + 50, worker="c2", cause="preempted")
+    sent = _sent(s, WorkerJoined, T0 + 55, worker="c3", cores=1, memory=GB, pool="ckpt")
+    assert sent == {"c3": ["sim"]}
+    _at(s, TasksFinished, T0 + 70, worker="c3", results=(result("sim", start=T0 + 56),))
+    await _written(recorder, writer)
+    rows = _rows(
+        db, "SELECT try, worker, cause, started - ?1, ended - ?1, resumed, resumed_work, "
+        "unsaved FROM tries ORDER BY try", WALL + T0,
+    )  # fmt: skip
+    assert rows == [
+        (1, "c1", "preempted", 11.0, 34.0, None, None, 3.0),
+        (2, "c2", "preempted", 40.0, 50.0, 2, 20.0, 10.0),
+        (3, "c3", None, 56.0 - WALL, 57.0 - WALL, 2, 20.0, None),  # (the worker's clock)
+    ]
+    assert _rows(
+        db, "SELECT time - ?, key, seq, event, worker, work FROM checkpoints ORDER BY rowid",
+        WALL + T0,
+    ) == [
+        (21.0, "sim", 1, "saved", "c1", 10.0),
+        (31.0, "sim", 2, "saved", "c1", 20.0),
+        (46.0, "sim", 3, "saved", "c2", 26.0),
+        (50.0, "sim", 3, "lost", "c2", 26.0),
+    ]  # fmt: skip
+    cost = _rows(db, _DOCUMENTED_NET_COST)
+    assert cost == [("preempted", 2, 33.0, 13.0, 1)]  # (try 2's checkpoint 3 was lost)
+
+
+#: docs/monitoring.md's query "what did preemption cost, net of checkpoints", kept to
+#: the latest run as the doc says
+_DOCUMENTED_NET_COST = """
+SELECT cause, count(*) AS tries_lost,
+       round(sum(ended - started), 1) AS work_lost_s,
+       round(sum(COALESCE(unsaved, ended - started)), 1) AS net_of_checkpoints_s,
+       sum(unsaved < ended - started) AS tries_a_checkpoint_saved
+FROM tries
+WHERE outcome = 'worker-lost' AND cause IN ('preempted', 'walltime')
+  AND run_id = (SELECT run_id FROM runs ORDER BY started DESC LIMIT 1)
+GROUP BY cause
+"""
 
 
 def test_the_report_says_what_preemption_cost(tmp_path: Path) -> None:
@@ -112,8 +185,9 @@ def test_the_report_says_what_preemption_cost(tmp_path: Path) -> None:
     conn.close()
     page = build_report(db)
     assert (
-        "4 tries lost, 183.0 s of work lost (1 with no start recorded: not counted), 3 free "
-        "retries, 1 charged, 0 not retried, 2 tasks moved ckpt-&gt;owner 2"
+        "4 tries lost, 183.0 s of work lost, 183.0 s net of checkpoints (1 with no start "
+        "recorded: not counted), 3 free retries, 1 charged, 0 not retried, 2 tasks moved "
+        "ckpt-&gt;owner 2; checkpoints: 0 saved, 0 tries resumed from one, 0 lost"
     ) in page
     lost = page[page.index("tries lost with their worker: cause") :]
     assert "<td>preempted</td><td>3</td><td>32.0</td><td>1</td><td>2</td><td>1</td>" in lost
@@ -123,26 +197,81 @@ def test_the_report_says_what_preemption_cost(tmp_path: Path) -> None:
     assert "<td>ckpt</td><td>owner</td><td>2</td><td>2</td>" in moved
 
 
-def test_a_version_6_file_gets_the_retry_columns_and_is_still_read(tmp_path: Path) -> None:
-    """A file of schema version 6 (no ``tries.retry``, ``moved_to``): the report reads
-    it, saying it does not record retries; a manager writing into it adds the columns,
-    empty in the rows it had."""
+def test_the_report_gives_the_work_preemption_lost_net_of_checkpoints(tmp_path: Path) -> None:
+    """A user audit: "4 tries lost, 107.1 s of work lost" though the tries resumed from
+    checkpoints saved just before. ``sim-0`` preempted after 22 s, 2 s past its latest
+    checkpoint, resumed from it; ``sim-1`` after 30 s with checkpoint 5 lost (10 s
+    past the one it resumed from); ``long`` (no checkpoint) after 31 s; a walltime loss
+    with nothing recorded of it (an older Corral: all it ran counts)."""
+    db = tmp_path / "monitoring.db"
+    conn, t0 = _one_run_db(db, 600.0)
+    with conn:
+        conn.executemany(
+            "INSERT INTO tries (run_id, key, try, category, worker, sent, started, ended, "
+            "outcome, cause, retry, resumed, resumed_work, unsaved) "
+            "VALUES ('run-1',?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            [("sim-0", 1, "sim", "ckpt-1", t0, t0, t0 + 22, "worker-lost", "preempted",
+              "free", None, None, 2.0),
+             ("sim-0", 2, "sim", "ckpt-2", t0 + 23, t0 + 23, t0 + 40, "ok", None, None, 10,
+              20.0, None),
+             ("sim-1", 1, "sim", "ckpt-2", t0, t0, t0 + 30, "worker-lost", "preempted",
+              "free", None, None, 10.0),
+             ("sim-1", 2, "sim", "ckpt-3", t0 + 31, t0 + 31, t0 + 50, "ok", None, None, 4,
+              20.0, None),
+             ("long", 1, "long", "ckpt-1", t0, t0, t0 + 31, "worker-lost", "preempted",
+              "free", None, None, 31.0),
+             ("old", 1, "old", "ckpt-1", t0, t0, t0 + 5, "worker-lost", "walltime",
+              "free", None, None, None)],
+        )  # fmt: skip
+        conn.executemany(
+            "INSERT INTO checkpoints VALUES ('run-1', ?, ?, ?, ?, ?, ?)",
+            [(t0 + 20, "sim-0", 10, "saved", "ckpt-1", 20.0),
+             (t0 + 20, "sim-1", 4, "saved", "ckpt-2", 20.0),
+             (t0 + 29, "sim-1", 5, "saved", "ckpt-2", 29.0),
+             (t0 + 30, "sim-1", 5, "lost", "ckpt-2", 29.0)],
+        )  # fmt: skip
+    conn.close()
+    assert (
+        "4 tries lost, 88.0 s of work lost, 48.0 s net of checkpoints, 4 free retries, 0 "
+        "charged, 0 not retried, 0 tasks moved; checkpoints: 3 saved, 2 tries resumed from "
+        "one, 1 lost"
+    ) in build_report(db)
+
+
+@pytest.mark.parametrize("version", [6, 7])
+def test_an_older_file_gets_the_retry_and_checkpoint_columns_and_is_still_read(
+    tmp_path: Path, version: int
+) -> None:
+    """A file of schema version 7 (no ``tries.resumed``, ``resumed_work``, ``unsaved``,
+    no ``checkpoints``) or 6 (no ``tries.retry``, ``moved_to`` either): the report
+    reads it, saying it does not record checkpoints (nor retries, in version 6); a
+    manager writing into it adds them, empty in the rows it had."""
     db = tmp_path / "monitoring.db"
     MonitorWriter(db).close()
     conn = sqlite3.connect(db)
-    conn.executescript(
+    older = "" if version == 7 else (
         "ALTER TABLE tries DROP COLUMN retry; ALTER TABLE tries DROP COLUMN moved_to; "
         "UPDATE schema_version SET version = 6; "
-        "INSERT INTO runs (run_id, started, ended) VALUES ('r', 100.0, 110.0); "
-        "INSERT INTO tries (run_id, key, try, worker, sent, ended, outcome, cause) "
-        "VALUES ('r', 'a', 1, 'w1', 101.0, 104.0, 'worker-lost', 'preempted');"
+    )  # fmt: skip
+    conn.executescript(
+        TO_VERSION_7 + older + "INSERT INTO runs (run_id, started, ended) "
+        "VALUES ('r', 100.0, 110.0); INSERT INTO tries (run_id, key, try, worker, sent, "
+        "started, ended, outcome, cause) "
+        "VALUES ('r', 'a', 1, 'w1', 101.0, 101.0, 104.0, 'worker-lost', 'preempted');"
     )
     conn.close()
-    assert "does not record retries or moves" in build_report(db, run_id="r")
+    page = build_report(db, run_id="r")
+    assert "this file does not record checkpoints (schema version 7" in page
+    assert ("does not record retries or moves" in page) == (version == 6)
     MonitorWriter(db).close()
-    assert _rows(db, "SELECT version FROM schema_version") == [(7,)]
-    assert _rows(db, "SELECT key, retry, moved_to FROM tries") == [("a", None, None)]
-    assert "1 tries lost, 0.0 s of work lost (1 with no start" in build_report(db, run_id="r")
+    assert _rows(db, "SELECT version FROM schema_version") == [(SCHEMA_VERSION,)]
+    assert _rows(db, "SELECT key, retry, moved_to, resumed, resumed_work, unsaved FROM tries") == [
+        ("a", None, None, None, None, None)
+    ]
+    assert _rows(db, "SELECT count(*) FROM checkpoints") == [(0,)]
+    assert "1 tries lost, 3.0 s of work lost, 3.0 s net of checkpoints" in build_report(
+        db, run_id="r"
+    )
 
 
 def _preempted_run(db: Path, version_6: bool = False) -> None:
@@ -153,8 +282,8 @@ def _preempted_run(db: Path, version_6: bool = False) -> None:
     conn, t0 = _one_run_db(db, 600.0)
     if version_6:
         conn.executescript(
-            "ALTER TABLE tries DROP COLUMN retry; ALTER TABLE tries DROP COLUMN moved_to; "
-            "UPDATE schema_version SET version = 6;"
+            TO_VERSION_7 + "ALTER TABLE tries DROP COLUMN retry; "
+            "ALTER TABLE tries DROP COLUMN moved_to; UPDATE schema_version SET version = 6;"
         )
     rows = [
         ("deep-0", 1, "deep", "ckpt-1", t0, t0 + 1, t0 + 23, "worker-lost", "preempted", "free"),
