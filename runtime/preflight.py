@@ -86,6 +86,7 @@ from runtime.errors import (
     PoolConfigError,
     Refusals,
     UnknownPolicyError,
+    did_you_mean,
     size_text,
 )
 from runtime.log import get_logger
@@ -1040,6 +1041,15 @@ def _policy_refused(
 ) -> CheckResult:
     cause = exc.__cause__
     if isinstance(cause, UnknownPolicyError) and cause.kind != "kind of" and not modules:
+        close = did_you_mean(cause.name, cause.available)
+        if close:  # a misspelt built-in name, as the manager would say it
+            return CheckResult(
+                ALL, "policies", FAIL,
+                f"[policies] {exc.key}: no {cause.kind} policy named {cause.name!r}{close}",
+                f"fix [policies] in {path}: a manager started with it stops with this "
+                "error (if a module of yours registers that name, check it with "
+                "--policy-module MODULE)",
+            )  # fmt: skip
         return CheckResult(
             ALL, "policies", FAIL,
             f"[policies] {exc.key}: {cause.name!r} is not a built-in {cause.kind} "

@@ -57,6 +57,21 @@ def test_a_policy_that_is_not_built_in_fails_the_check_saying_why(tmp_path: Path
     assert "--policy-module MODULE" in r["advice"], r
 
 
+def test_a_misspelt_built_in_name_fails_with_did_you_mean(tmp_path: Path) -> None:
+    # The manager started with this file says "did you mean 'round-robin'?": the
+    # pre-flight says it too, not "cannot be verified without the module".
+    done = check(tmp_path, '[policies]\nplacement = "round-robbin"\n', "--no-probe", "--json")
+    assert done.returncode == 1, done.stdout + done.stderr
+    r = results(done)[("*", "policies")]
+    assert r["status"] == "FAIL", r
+    assert r["detail"] == (
+        "[policies] placement: no placement policy named 'round-robbin'; "
+        "did you mean 'round-robin'?"
+    ), r
+    assert "cannot be verified" not in r["detail"], r
+    assert "a manager started with it stops with this error" in r["advice"], r
+
+
 def test_a_good_table_passes(tmp_path: Path) -> None:
     config = (
         '[policies]\npriority = "long-first"\n\n[policies.retry]\nname = "default"\nmax_lost = 2\n'
