@@ -28,7 +28,7 @@ import dataclasses
 import os
 import re
 import tomllib
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -249,28 +249,43 @@ class PoolConfig:
 # ----------------------------------------------------------------------------- checking
 
 
-def _whole(pool: str, key: str, value: object, least: int) -> int:
+def _meant(key: str, value: object, fits: Callable[[float], bool], whole: bool = True) -> str:
+    """The hint of a refused numeric pool key whose ``value`` is a number that ``fits``
+    written as text (``"2"``: "; did you mean max_blocks = 2 (a number, not a
+    string)?") or, for a ``whole`` key, with a fraction of zero (``3.0``); else ""."""
+    number: float | None = None
+    text = ""
+    if isinstance(value, str):
+        try:
+            number = int(value.strip()) if whole else float(value.strip())
+        except ValueError:
+            return ""
+        text = " (a number, not a string)"
+    elif whole and isinstance(value, float) and value.is_integer():
+        number = int(value)
+    if number is None or not fits(number):
+        return ""
+    return f"; did you mean {key} = {number!r}{text}?"
+
+
+def _whole(pool: str, key: str, value: object, least: int, what: str = "") -> int:
+    """Pool ``pool``'s ``key``: a whole number >= ``least`` (``what``: what it is)."""
     if isinstance(value, bool) or not isinstance(value, int) or value < least:
-        raise PoolConfigError(pool, key, f"must be a whole number >= {least}, got {value!r}")
+        meant = _meant(key, value, lambda n: n >= least)
+        raise PoolConfigError(
+            pool, key, f"must be a whole number >= {least}{what}, got {value!r}{meant}"
+        )
     return value
 
 
 def _task_limit(pool: str, value: object) -> int | None:
-    """Pool ``pool``'s ``tasks_per_worker``: None (no limit) or a whole number >= 1; a
-    number written as text or with a fraction of zero gets the number it meant."""
+    """Pool ``pool``'s ``tasks_per_worker``: None (no limit) or a whole number >= 1."""
     if value is None:
         return None
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
-        return value
-    meant = ""
-    if isinstance(value, str) and value.strip().isdigit() and int(value) >= 1:
-        meant = f"; did you mean tasks_per_worker = {int(value)} (a number, not a string)?"
-    elif isinstance(value, float) and value.is_integer() and value >= 1:
-        meant = f"; did you mean tasks_per_worker = {int(value)}?"
-    raise PoolConfigError(
-        pool, "tasks_per_worker",
-        "must be a whole number >= 1, the tasks each worker runs before it is drained and "
-        f"its block ends (leave it out: no limit), got {value!r}{meant}",
+    return _whole(
+        pool, "tasks_per_worker", value, 1,
+        ", the tasks each worker runs before it is drained and its block ends (leave it "
+        "out: no limit)",
     )  # fmt: skip
 
 
@@ -450,8 +465,9 @@ def _checked(name: str, raw: Mapping[str, Any]) -> PoolConfig:
         or not isinstance(parallelism, int | float)
         or not 0 <= parallelism <= 1
     ):
+        meant = _meant("parallelism", parallelism, lambda n: 0 <= n <= 1, whole=False)
         raise PoolConfigError(
-            name, "parallelism", f"must be a number from 0 to 1, got {parallelism!r}"
+            name, "parallelism", f"must be a number from 0 to 1, got {parallelism!r}{meant}"
         )
     seconds: dict[str, float | None] = {}
     for key in ("walltime", "drain_period", "max_idletime", "provisioning_timeout",

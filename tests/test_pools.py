@@ -244,6 +244,36 @@ def test_a_bad_value_is_refused_naming_the_key(
     assert isinstance(err, ValueError)  # where a ValueError is caught, so is this
 
 
+@pytest.mark.parametrize(
+    ("key", "value", "says"),
+    [
+        ("min_blocks", "0", "got '0'; did you mean min_blocks = 0 (a number, not a string)?"),
+        ("max_blocks", "2", "got '2'; did you mean max_blocks = 2 (a number, not a string)?"),
+        ("init_blocks", "1", "did you mean init_blocks = 1 (a number, not a string)?"),
+        ("spare_blocks", "1", "did you mean spare_blocks = 1 (a number, not a string)?"),
+        ("nodes_per_block", "1", "did you mean nodes_per_block = 1 (a number, not a string)?"),
+        ("workers_per_node", "4", "did you mean workers_per_node = 4 (a number, not a string)?"),
+        ("cores_per_worker", 2.0, "got 2.0; did you mean cores_per_worker = 2?"),
+        ("tasks_per_worker", "1", "did you mean tasks_per_worker = 1 (a number, not a string)?"),
+        ("parallelism", "0.5", "did you mean parallelism = 0.5 (a number, not a string)?"),
+    ],
+)
+def test_a_number_written_as_text_gets_the_number_it_meant(key: str, value: Any, says: str) -> None:
+    # Every numeric pool key says it alike (one helper), not only tasks_per_worker.
+    err = refused({"ckpt": {"max_blocks": 4, key: value}})
+    assert (err.pool, err.key) == ("ckpt", key)
+    assert says in str(err), str(err)
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("max_blocks", "0"), ("min_blocks", "x"), ("parallelism", "2"), ("cores_per_worker", 1.5)],
+)
+def test_a_value_that_would_not_fit_gets_no_did_you_mean(key: str, value: Any) -> None:
+    err = refused({"ckpt": {key: value}})
+    assert err.key == key and "did you mean" not in str(err), str(err)
+
+
 def test_cross_references_are_checked() -> None:
     err = refused({"ckpt": {"fallback": "ownr"}, "owner": {}})
     assert (err.pool, err.key) == ("ckpt", "fallback")
