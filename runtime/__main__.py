@@ -146,10 +146,51 @@ def _prog(argv0: str) -> str:
     return MODULE_PROG if name in ("", "__main__.py") or name.startswith("python") else name
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser (each subcommand's too) whose usage errors say the close match:
+    a misspelt choice (``--execution processes``: "did you mean 'process'?") and a
+    misspelt option of a subcommand, refused with that subcommand's usage
+    (``manager --listne``: "did you mean --listen?"), not the top-level one."""
+
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        from runtime.errors import did_you_mean
+
+        try:
+            super()._check_value(action, value)
+        except argparse.ArgumentError as exc:
+            hint = did_you_mean(value, map(str, action.choices or ()))
+            raise argparse.ArgumentError(action, exc.message + hint) from None
+
+    def parse_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: Any = None
+    ) -> argparse.Namespace:
+        from runtime.errors import did_you_mean
+
+        parsed: argparse.Namespace
+        parsed, extras = self.parse_known_args(args, namespace)
+        if not extras:
+            return parsed
+        commands = next(
+            (a.choices for a in self._actions if isinstance(a, argparse._SubParsersAction)),
+            None,
+        )
+        command = getattr(parsed, "command", None)
+        target: argparse.ArgumentParser = (
+            commands.get(command, self) if commands and command else self
+        )
+        options = [s for a in target._actions for s in a.option_strings if s.startswith("--")]
+        hints = "".join(
+            did_you_mean(word.partition("=")[0], options)
+            for word in extras
+            if word.startswith("--")
+        )
+        target.error(f"unrecognized arguments: {' '.join(extras)}{hints}")
+
+
 def build_parser(prog: str = MODULE_PROG) -> argparse.ArgumentParser:
     """The parser of ``python -m runtime`` (``prog``: the name it was invoked as, which
     its usage lines and help show)."""
-    common = argparse.ArgumentParser(add_help=False)
+    common = _Parser(add_help=False)
     common.add_argument(
         "--log-level",
         type=_level,
@@ -159,13 +200,16 @@ def build_parser(prog: str = MODULE_PROG) -> argparse.ArgumentParser:
         "(debug, info, warning, error, critical; default: warning; error in the console)",
     )
 
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog=prog,
-        usage="%(prog)s [-h] [--log-level LEVEL] [COMMAND] [OPTIONS]",
+        usage="%(prog)s [-h] [--version] [--log-level LEVEL] [COMMAND] [OPTIONS]",
         description="Corral: run task graphs on workers that come and go. "
         "With no command, runs `demo`.",
         epilog=f"Run `{prog} demo --help` for the demo's options.",
         parents=[common],
+    )
+    parser.add_argument(
+        "--version", action="store_true", help="print the versions, as the version command does"
     )
     # No ``set_defaults(log_level=...)`` here: the subcommands share the ``common``
     # action, so a default set on it would overwrite a ``--log-level`` given before the
@@ -649,6 +693,8 @@ def _with_default_command(parser: argparse.ArgumentParser, argv: list[str]) -> l
         if argv[:1] and argv[0].startswith("--log-level=")
         else 0
     )
+    if argv[first : first + 1] == ["--version"]:  # `corral --version`: the version command
+        return argv
     if first < len(argv) and not argv[first].startswith("-"):
         parser.error(
             f"unknown command {argv[first]!r}; the commands are {', '.join(COMMANDS)} "
@@ -1205,7 +1251,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "version": _cmd_version,
     }
     try:
-        return commands[args.command or "demo"](args)
+        return commands[args.command or ("version" if args.version else "demo")](args)
     except KeyboardInterrupt:
         # The second Ctrl-C while an embedded cluster's monitoring database caught up
         # (the first one stopped the cluster): drop the rest, counted, and end the run.

@@ -4,6 +4,7 @@ it was invoked."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import time
 from typing import Any
@@ -137,3 +138,39 @@ def test_a_worker_refuses_a_non_number_corral_deadline_as_a_usage_error(
     monkeypatch.setenv("CORRAL_DEADLINE", str(time.time() + 3600))
     assert main(["worker", "ws://127.0.0.1:9", "--memory", "1GiB"]) == 0
     assert len(joined) == 1
+
+
+def _cli(*words: str) -> subprocess.CompletedProcess[str]:
+    """The real command line, a process of its own (bounded)."""
+    return subprocess.run(
+        [sys.executable, "-m", "runtime", *words], capture_output=True, text=True, timeout=120
+    )
+
+
+@pytest.mark.timeout(300)
+def test_usage_errors_name_the_subcommand_and_the_close_match() -> None:
+    """A misspelt option of a subcommand was refused with the top-level usage and a bare
+    ``unrecognized arguments``; a misspelt choice with argparse's bare ``invalid
+    choice``: each now says its subcommand's usage and the close match."""
+    done = _cli("manager", "--listne", "127.0.0.1:1")
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("usage: python -m runtime manager "), done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        "python -m runtime manager: error: unrecognized arguments: --listne 127.0.0.1:1; "
+        "did you mean '--listen'?"
+    ), done.stderr
+    done = _cli("worker", "ws://127.0.0.1:1", "--execution", "processes")
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        "python -m runtime worker: error: argument --execution: invalid choice: 'processes' "
+        "(choose from 'thread', 'process'); did you mean 'process'?"
+    ), done.stderr
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("before", [[], ["--log-level", "info"]])
+def test_dash_dash_version_prints_the_versions(before: list[str]) -> None:
+    """``corral --version`` was refused (``unrecognized arguments: --version``)."""
+    done = _cli(*before, "--version")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == _cli("version").stdout and done.stdout.startswith("corral "), done
