@@ -453,8 +453,7 @@ def render_summary(run: DemoRun, console: Console) -> None:
     )
     grid.add_row(
         "cluster",
-        f"{run.workers} worker {'process(es)' if run.processes else '(in-process)'}"
-        f" x {run.threads} thread(s), started in "
+        f"{cluster_text(run.workers, run.threads, run.processes)}, started in "
         f"{run.startup * 1000:.0f} ms",
     )
     grid.add_row(
@@ -486,6 +485,23 @@ def render_summary(run: DemoRun, console: Console) -> None:
             f"report: python -m runtime report {run.monitoring} -o report.html",
             highlight=False, soft_wrap=True,
         )  # fmt: skip
+    console.print(NEXT_STEP, highlight=False, soft_wrap=True)
+
+
+#: the demo's last line: what to do next
+NEXT_STEP = (
+    "next: the demo on worker processes: python -m runtime --workers 4; across machines: "
+    "python -m runtime manager --listen 0.0.0.0:8786, and on each machine python -m "
+    "runtime worker ws://HOST:8786 (tokens, hosts: docs/deployment.md)"
+)
+
+
+def cluster_text(workers: int, threads: int, processes: bool) -> str:
+    """``2 in-process workers x 1 thread``, ``4 worker processes x 2 threads``."""
+    kind = ("worker process" if processes else "in-process worker") + (
+        "es" if processes and workers != 1 else "s" if workers != 1 else ""
+    )
+    return f"{workers} {kind} x {threads} thread{'s' if threads != 1 else ''}"
 
 
 # ----------------------------------------------------------------------------- checking
