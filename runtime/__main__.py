@@ -781,6 +781,7 @@ def _cmd_manager(args: argparse.Namespace) -> int:
     from policies import REGISTRY
     from runtime.monitor import alerting_config, load_alerting
     from runtime.node import (
+        Gateway,
         Tokens,
         check_client_timeout,
         check_worker_timeout,
@@ -820,11 +821,16 @@ def _cmd_manager(args: argparse.Namespace) -> int:
         alerting = alerting_config(alertmanager=args.alertmanager)
     monitoring = _monitoring_path(args)  # a path: nothing is created yet
 
+    gateways: list[Gateway] = []  # its token file, known once it is written
+
     def ready(address: str, tokens: Tokens) -> None:
         if monitoring is not None:
             print(f"monitoring database: {monitoring}", flush=True)
             print(f"  report: {args.prog} report {monitoring} -o report.html", flush=True)
+        # On stdout, as a worker's join line: an informational line, not a warning record.
         print(f"manager listening on {address}", flush=True)
+        if gateways and gateways[0].token_file:
+            print(f"  token file: {gateways[0].token_file}", flush=True)
         if address.startswith(("ws://", "wss://")):
             from runtime.dashboard import dashboard_url
 
@@ -841,7 +847,7 @@ def _cmd_manager(args: argparse.Namespace) -> int:
             monitoring_keep=keep, prune_depth=args.prune_depth, long_task=args.long_task,
             unknown_long=args.unknown_long,
             worker_timeout=args.worker_timeout, client_timeout=args.client_timeout,
-            keep_tokens=args.keep_tokens,
+            keep_tokens=args.keep_tokens, on_gateway=gateways.append,
         ),
         backend="asyncio",
     )  # fmt: skip

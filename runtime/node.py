@@ -2165,7 +2165,7 @@ async def run_manager(
             return await anyio.to_thread.run_sync(give_up_all, abandon_on_cancel=True)
 
         await system.start_service(_until_signalled, on_signal, give_up)
-        _log.warning(
+        _log.info(  # the command line prints it on stdout (with the token file)
             "manager listening",
             address=listener.address,
             token_file=str(path) if websockets else "-",

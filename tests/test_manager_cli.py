@@ -122,3 +122,43 @@ def test_log_level_counts_before_the_command_as_after_it(tmp_path: Path, where: 
     quiet = manager(home, *flags)  # at warning, the default: the error line alone
     assert assert_nothing_left(quiet, home) == err
     assert "Traceback" not in quiet.stderr, quiet.stderr
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("level", [None, "info"])
+def test_the_listening_line_is_on_stdout_with_the_token_file_not_a_warning(
+    tmp_path: Path, level: str | None
+) -> None:
+    """The manager's start line was a ``level='warning'`` record on stderr (every start
+    looked like a warning in a log aggregator); it is printed on stdout, as a worker's
+    join line is, with the token file; the record is at info."""
+    home = tmp_path / "home"
+    err_path = tmp_path / "stderr"
+    env = dict(os.environ, CORRAL_HOME=str(home), PYTHONUNBUFFERED="1")
+    flags = ["--log-level", level] if level else []
+    with err_path.open("w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "runtime", "manager", "--listen", "127.0.0.1:0",
+             "--no-monitoring", *flags],
+            env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=err, text=True,
+        )  # fmt: skip
+        try:
+            assert proc.stdout is not None
+            out = []
+            for line in proc.stdout:  # bounded by the test's timeout
+                out.append(line)
+                if line.startswith("dashboard on"):
+                    break
+        finally:
+            proc.terminate()
+            proc.communicate(timeout=60)
+    address = out[0].removeprefix("manager listening on").strip()
+    port = address.rsplit(":", 1)[1]
+    token_file = home / "tokens" / f"127.0.0.1_{port}.json"
+    assert out[:2] == [f"manager listening on {address}\n", f"  token file: {token_file}\n"], out
+    assert token_file.exists()
+    logged = [ln for ln in err_path.read_text().splitlines() if "manager listening" in ln]
+    if level is None:  # the default level (warning): no record of it
+        assert logged == [], logged
+    else:
+        assert len(logged) == 1 and "level='info'" in logged[0], logged
