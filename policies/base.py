@@ -203,6 +203,10 @@ class CategoryStatsView:
         return self._stats.rss_rise
 
     @property
+    def rises(self) -> tuple[int, ...]:
+        return tuple(self._stats.rises)
+
+    @property
     def max_nbytes(self) -> int:
         return self._stats.max_nbytes
 
