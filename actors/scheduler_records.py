@@ -51,6 +51,7 @@ __all__ = [
     "error_record",
     "lost_worker_text",
     "not_run_text",
+    "unsaved_work",
 ]
 
 #: retries of one task a retry policy may make beyond the task's ``retries=`` budget
@@ -548,11 +549,12 @@ class TaskStateView:
     collections come as frozensets and tuples, and no public attribute leads back to
     the core's objects."""
 
-    __slots__ = ("_loss", "_stats", "_survival", "_ts")
+    __slots__ = ("_loss", "_saved", "_stats", "_survival", "_ts")
     _ts: TaskState
     _survival: Callable[[str | None], Survival] | None
     _stats: Mapping[str, CategoryStatsView] | None
     _loss: WalltimeLoss | None
+    _saved: float | None
 
     def __init__(
         self,
@@ -560,6 +562,7 @@ class TaskStateView:
         survival: Callable[[str | None], Survival] | None = None,
         stats: Mapping[str, CategoryStatsView] | None = None,
         walltime_loss: WalltimeLoss | None = None,
+        saved_work: float | None = None,
     ) -> None:
         # Through the slots' own descriptors (bound below the class), not
         # object.__setattr__ by name: a view is made per policy call, several per task.
@@ -567,6 +570,7 @@ class TaskStateView:
         _set_survival(self, survival)
         _set_stats(self, stats)
         _set_loss(self, walltime_loss)
+        _set_saved(self, saved_work)
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"a task view is read-only (cannot set {name!r})")
@@ -642,6 +646,19 @@ class TaskStateView:
         return last.ran if last.ran is not None else max(0.0, last.stop - last.start)
 
     @property
+    def saved_work(self) -> float | None:
+        return self._saved
+
+    @property
+    def unsaved_for(self) -> float:
+        ran = self.ran_for
+        saved = self._saved
+        if saved is None:
+            return ran
+        resumed = self._ts.resumed
+        return min(ran, unsaved_work(resumed[1] if resumed else 0.0, ran, saved))
+
+    @property
     def survival(self) -> Survival:
         survival = self._survival
         return survival(self._ts.spec.pool) if survival is not None else Survival()
@@ -664,6 +681,7 @@ _set_ts = vars(TaskStateView)["_ts"].__set__
 _set_survival = vars(TaskStateView)["_survival"].__set__
 _set_stats = vars(TaskStateView)["_stats"].__set__
 _set_loss = vars(TaskStateView)["_loss"].__set__
+_set_saved = vars(TaskStateView)["_saved"].__set__
 
 
 class WorkerStateView:
@@ -865,6 +883,15 @@ def lost_worker_text(worker: str, cause: str | None, key: Key) -> str:
     """What a try lost with its worker says instead of an error, as the dashboard's
     failure group and the monitoring database's ``tries.error_message`` say it."""
     return f"worker {worker} was lost ({cause or 'unknown'}) with {key!r} sent to it"
+
+
+def unsaved_work(resumed: float, ran: float, saved: float) -> float:
+    """Seconds of a task's execution that its newest checkpoint surviving a loss does
+    not hold: the work its try resumed with (``resumed``, :attr:`Checkpoint.work`; 0
+    from none) plus the ``ran`` seconds the try executed, less the work that checkpoint
+    holds (``saved``; 0 when none survived). The monitoring database's ``tries.unsaved``
+    and, capped at the try's run, the retry policy's :attr:`~policies.TaskView.unsaved_for`."""
+    return max(resumed + ran - saved, 0.0)
 
 
 def walltime_loss(

@@ -257,6 +257,7 @@ from actors.scheduler_records import (
     WorkerState,
     dependency_failed_text,
     error_record,
+    unsaved_work,
     walltime_loss,
 )
 from actors.shared_disk import DiskShares
@@ -848,9 +849,9 @@ class SchedulerState(DiskPlacement):
         if rec.outcome == "worker-lost" and start is not None:
             # Its work (with what it resumed from) less what the newest checkpoint that
             # survived the loss holds (its files already counted out: _checkpoints_lost)
-            cps = self.checkpoints.get(ts.key) if self.checkpoints else None
-            done = (resumed[1] if resumed else 0.0) + max(rec.stop - start, 0.0)
-            unsaved = max(done - (cps[0].work if cps else 0.0), 0.0)
+            saved = self._saved_work(ts)
+            ran = max(rec.stop - start, 0.0)
+            unsaved = unsaved_work(resumed[1] if resumed else 0.0, ran, saved or 0.0)
         self._records.append(
             ("try", ts.key, ts.spec.category, rec.worker, len(ts.tries), ts.sent,
              start, rec.stop, rec.outcome, rec.cause, record, nbytes, rec.queued,
@@ -4317,10 +4318,19 @@ class SchedulerState(DiskPlacement):
         )
         return kaplan_meier(lives)
 
+    def _saved_work(self, ts: TaskState) -> float | None:
+        """The work (:attr:`Checkpoint.work`) of ``ts``'s newest checkpoint, the one its
+        next try resumes from (None: it has none, or none survived)."""
+        cps = self.checkpoints.get(ts.key) if self.checkpoints else None
+        return cps[0].work if cps else None
+
     def _retry_decision(
         self, ts: TaskState, outcome: str, cause: str | None, loss: WalltimeLoss | None = None
     ) -> RetryDecision:
-        view = TaskStateView(ts, self.survival, self._stats_view, loss)
+        """Asks the retry policy, with a view of ``ts`` that has what it needs as data:
+        its pool's survival, its category's statistics, ``loss`` and the work its
+        newest surviving checkpoint holds (``TaskView.saved_work``, ``unsaved_for``)."""
+        view = TaskStateView(ts, self.survival, self._stats_view, loss, self._saved_work(ts))
         try:
             decision = self.policies["retry"].decide(view, outcome, cause)
             if isinstance(decision, RetryDecision):

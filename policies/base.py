@@ -337,6 +337,21 @@ class TaskView(Protocol):
         ...
 
     @property
+    def saved_work(self) -> float | None:
+        """Seconds of its execution that its newest checkpoint holds, the one its next
+        try resumes from (its saves so far, over all its tries; None: it saved none, or
+        none survived the loss of its workers' disks: the next try starts over)."""
+        ...
+
+    @property
+    def unsaved_for(self) -> float:
+        """Seconds of its latest try's run (:attr:`ran_for`) that its newest surviving
+        checkpoint does not hold: the try's run since that checkpoint was saved, the
+        work a retry does again. :attr:`ran_for` when no checkpoint of the try's run
+        survived (and for a task that never checkpoints)."""
+        ...
+
+    @property
     def survival(self) -> Survival:
         """How long the workers of its pool live (Kaplan-Meier; empty when unknown)."""
         ...

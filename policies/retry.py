@@ -41,7 +41,12 @@ class DefaultRetry:
     Kaplan-Meier survival estimate, :attr:`~policies.TaskView.survival`), or whose
     category's finished tasks took that long on average, would likely be preempted
     again there, so its retry runs in the fallback pool (e.g. ``{"ckpt": "owner"}``:
-    off the checkpoint partition, onto the owners' nodes). While the median is unknown
+    off the checkpoint partition, onto the owners' nodes). A task whose retry resumes
+    from a checkpoint (:attr:`~policies.TaskView.saved_work`) is judged by what the
+    preemption cost it, its run since that checkpoint
+    (:attr:`~policies.TaskView.unsaved_for`), not by its whole run or its category: it
+    moves only when that reached the median life, and its story says why it stayed when
+    its run or its category alone would have moved it. While the median is unknown
     (fewer than half of the pool's workers seen dying), nothing moves for being long;
     but a task lost more than ``max_lost`` times in a pool with a fallback moves there
     instead of failing.
@@ -169,7 +174,9 @@ class DefaultRetry:
         return RetryDecision(False, reason=why)
 
     def _long(self, task: TaskView, cause: str | None) -> RetryDecision | None:
-        """A free retry in the fallback pool for a task too long for its own."""
+        """A free retry in the fallback pool for a task too long for its own; a free
+        retry that stays, saying why, for a checkpointed task the rule would have moved
+        for its whole run; None: the rule has nothing to say."""
         if cause != "preempted" or task.pool is None:
             return None
         to = self.fallback.get(task.pool)
@@ -179,17 +186,32 @@ class DefaultRetry:
         if median is None:
             return None
         ran = task.ran_for
-        if ran >= median:
+        saved = task.saved_work
+        # What a preemption cost it: its run since the newest surviving checkpoint.
+        unsaved = ran if saved is None else task.unsaved_for
+        life = f"the median life of {task.pool!r} workers ({median:.0f} s)"
+        stats = task.stats
+        mean = stats.mean_duration if stats is not None and stats.count else 0.0
+        if unsaved >= median:
             why = f"preempted after {ran:.0f} s"
-        else:
-            stats = task.stats
-            if stats is None or not stats.count or stats.mean_duration < median:
+            if saved is not None:
+                why += f", {unsaved:.0f} s of it not in a checkpoint"
+        elif saved is not None:
+            if ran < median and mean < median:
                 return None
-            why = f"preempted; its category takes {stats.mean_duration:.0f} s on average"
-        reason = (
-            f"{why}, past the median life of {task.pool!r} workers ({median:.0f} s): a long "
-            f"task, moved to {to!r}; free retry"
-        )
+            # Long by its run or its category, but it resumes and lost little: it stays.
+            reason = (
+                f"worker lost (preempted); free retry in {task.pool!r}: it resumes from its "
+                f"checkpoint, {unsaved:.0f} s of its {ran:.0f} s run not in it, under {life}"
+            )
+            if ran < median:
+                reason += f" (its category takes {mean:.0f} s on average)"
+            return RetryDecision(True, charge=False, reason=reason)
+        elif mean >= median:
+            why = f"preempted; its category takes {mean:.0f} s on average"
+        else:
+            return None
+        reason = f"{why}, past {life}: a long task, moved to {to!r}; free retry"
         return RetryDecision(True, charge=False, reason=reason, pool=to)
 
 

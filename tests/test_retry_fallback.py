@@ -4,11 +4,12 @@ The Kaplan-Meier estimate is checked against figures worked out by hand; the sch
 pure core is fed worker joins, preemptions and finishes at chosen times (time is data)
 and must move a task preempted after its pool's median worker life to the fallback pool,
 free of the user's retry budget, with a story that says why, and leave a short task
-where it was.
+where it was, and a checkpointed one whose run since its checkpoint was short.
 """
 
 from __future__ import annotations
 
+import pickle
 from typing import Any
 
 import pytest
@@ -18,15 +19,18 @@ from actors.scheduler_events import (
     Command,
     Event,
     GraphSubmitted,
+    TaskCheckpointed,
     TasksFinished,
     WorkerJoined,
     WorkerLeaving,
     WorkerLeft,
 )
-from actors.scheduler_records import TaskStateView
+from actors.scheduler_records import TaskState, TaskStateView
 from actors.scheduler_state import SchedulerState
 from policies import REGISTRY
 from policies.survival import Survival, kaplan_meier
+from runtime.graph import TaskSpec
+from runtime.messages import TryRecord
 from tests.helpers import Factory, assigned, make_state, result, run, specs_for
 
 __all__ = ["make_state"]
@@ -141,19 +145,6 @@ def test_a_bad_fallback_is_refused(fallback: dict[str, object]) -> None:
         REGISTRY.create("retry", "default", {"fallback": fallback})
 
 
-def test_a_task_of_a_long_category_moves_on_its_first_preemption(make_state: Factory) -> None:
-    retry = REGISTRY.create("retry", "default", {"fallback": {"ckpt": "owner"}})
-    s = make_state(retry=retry, saturation=1.0)
-    ckpt_history(s)  # median life 120 s
-    (w,) = assigned(submit_at(s, 150, "long-1"))
-    at(s, 350, TasksFinished, worker=w, results=(result("long-1", duration=200.0),))
-    (w,) = assigned(submit_at(s, 360, "long-2"))
-    out = at(s, 370, WorkerLeft, worker=w, cause="preempted")  # after only 10 s
-    assert assigned(out) == {"o1": ["long-2"]}
-    (why,) = [t[2] for t in s.story("long-2") if t[1] == "retry"]
-    assert why.startswith("preempted; its category takes 200 s on average")
-
-
 def test_a_task_lost_too_often_moves_to_the_fallback_instead_of_failing(
     make_state: Factory,
 ) -> None:
@@ -221,3 +212,122 @@ def test_survival_past_the_longest_life_seen_is_not_known() -> None:
     life = _life(s)
     assert (life.lives, life.deaths, life.median, life.survive_1h) == (10, 8, 24.0, None)
     assert _life(kaplan_meier([(7200.0, True), (100.0, True)])).survive_1h == 0.5
+
+
+def checkpointed_at(
+    s: SchedulerState, t: float, worker: str, key: str, seq: int, large: bool = False
+) -> list[Command]:
+    """``key``'s try on ``worker`` saves checkpoint ``seq`` at ``t``: a small one, whose
+    bytes the scheduler holds (it survives its worker), or a ``large`` one, on the
+    worker's disk only (no peer has said it copied it)."""
+    if large:
+        return at(s, t, TaskCheckpointed, worker=worker, key=key, seq=seq, nbytes=2**30)
+    data = pickle.dumps({"epoch": seq})
+    return at(s, t, TaskCheckpointed, worker=worker, key=key, seq=seq, nbytes=len(data), data=data)
+
+
+def retry_reasons(s: SchedulerState, key: str) -> list[str]:
+    return [t[2] for t in s.story(key) if t[1] == "retry"]
+
+
+def test_a_checkpointed_task_that_lost_little_stays_in_its_pool(make_state: Factory) -> None:
+    """The ckpt audit's defect 7: ``train`` checkpointed (epoch 7 of 12) shortly before it
+    was preempted past the pool's median life, and was moved to the small permanent pool
+    for its whole run. What the preemption cost it is its run since that checkpoint,
+    under the median: its retry resumes in its own pool, and its story says why it
+    stayed."""
+    retry = REGISTRY.create("retry", "default", {"fallback": {"ckpt": "owner"}})
+    s = make_state(retry=retry, saturation=1.0)
+    ckpt_history(s)  # median life 120 s
+    (w,) = assigned(submit_at(s, 150, "train"))
+    checkpointed_at(s, 290, w, "train", 7)  # 140 s of its work saved
+    out = at(s, 300, WorkerLeft, worker=w, cause="preempted")  # ran 150 s, 10 s of it unsaved
+    other = "c2" if w == "c1" else "c1"
+    assert assigned(out) == {other: ["train"]}
+    ts = s.tasks["train"]
+    assert ts.spec.pool == "ckpt" and ts.retries_left == 0 and ts.resumed == (7, 140.0)
+    assert retry_reasons(s, "train") == [
+        "worker lost (preempted); free retry in 'ckpt': it resumes from its checkpoint, "
+        "10 s of its 150 s run not in it, under the median life of 'ckpt' workers (120 s)"
+    ]
+    assert ("pool", "ckpt->owner") not in [(t[1], t[2]) for t in s.story("train")]
+
+
+@pytest.mark.parametrize(
+    ("saved_at", "large", "why"),
+    [
+        (160, False, "preempted after 150 s, 140 s of it not in a checkpoint"),
+        (290, True, "preempted after 150 s"),  # its checkpoint went with its worker
+    ],
+    ids=["saved-early", "checkpoint-lost"],
+)
+def test_a_checkpointed_task_that_lost_a_median_life_moves(
+    make_state: Factory, saved_at: float, large: bool, why: str
+) -> None:
+    """A checkpoint helps only with the work it holds: one saved 10 s into a 150 s run
+    leaves 140 s unsaved, past the median life (120 s); one lost with its worker's disk
+    leaves the whole run. Either moves, as an un-checkpointed task does."""
+    retry = REGISTRY.create("retry", "default", {"fallback": {"ckpt": "owner"}})
+    s = make_state(retry=retry, saturation=1.0)
+    ckpt_history(s)
+    (w,) = assigned(submit_at(s, 150, "train"))
+    checkpointed_at(s, saved_at, w, "train", 1, large=large)
+    out = at(s, 300, WorkerLeft, worker=w, cause="preempted")
+    assert assigned(out) == {"o1": ["train"]}
+    assert s.tasks["train"].spec.pool == "owner"
+    assert retry_reasons(s, "train") == [
+        f"{why}, past the median life of 'ckpt' workers (120 s): a long task, moved to "
+        "'owner'; free retry"
+    ]
+
+
+@pytest.mark.parametrize("checkpointed", [False, True], ids=["moves", "checkpointed-stays"])
+def test_a_task_of_a_long_category_moves_on_its_first_preemption(
+    make_state: Factory, checkpointed: bool
+) -> None:
+    """A category that averages past the median life moves its tasks on their first
+    preemption, however short the try; not one that resumes from a checkpoint: what it
+    loses to each preemption is its run since the checkpoint, not its length."""
+    retry = REGISTRY.create("retry", "default", {"fallback": {"ckpt": "owner"}})
+    s = make_state(retry=retry, saturation=1.0)
+    ckpt_history(s)  # median life 120 s
+    (w,) = assigned(submit_at(s, 150, "long-1"))
+    at(s, 350, TasksFinished, worker=w, results=(result("long-1", duration=200.0),))
+    (w,) = assigned(submit_at(s, 360, "long-2"))
+    if checkpointed:
+        checkpointed_at(s, 368, w, "long-2", 1)
+    out = at(s, 370, WorkerLeft, worker=w, cause="preempted")  # after only 10 s
+    (why,) = retry_reasons(s, "long-2")
+    if not checkpointed:
+        assert assigned(out) == {"o1": ["long-2"]}
+        assert why.startswith("preempted; its category takes 200 s on average")
+        return
+    other = "c2" if w == "c1" else "c1"
+    assert assigned(out) == {other: ["long-2"]}
+    assert s.tasks["long-2"].spec.pool == "ckpt"
+    assert why == (
+        "worker lost (preempted); free retry in 'ckpt': it resumes from its checkpoint, "
+        "2 s of its 10 s run not in it, under the median life of 'ckpt' workers (120 s) "
+        "(its category takes 200 s on average)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("resumed", "saved", "unsaved"),
+    [
+        (None, None, 50.0),  # never checkpointed: its whole run
+        ((3, 100.0), None, 50.0),  # every checkpoint lost: its whole run (no more)
+        ((3, 100.0), 100.0, 50.0),  # saved nothing since it resumed
+        ((3, 100.0), 130.0, 20.0),  # saved 30 s into its run
+        ((3, 100.0), 60.0, 50.0),  # the one it resumed from lost, an older one left
+        (None, 50.0, 0.0),  # saved as it was lost
+    ],
+)
+def test_a_task_view_s_unsaved_run_is_its_run_since_its_newest_checkpoint(
+    resumed: tuple[int, float] | None, saved: float | None, unsaved: float
+) -> None:
+    ts = TaskState(TaskSpec("k", None, (), "k", pool="ckpt"), 0)  # type: ignore[arg-type]
+    ts.resumed = resumed
+    ts.tries.append(TryRecord("k", "c1", T0, T0 + 50.0, "worker-lost", "preempted"))
+    view = TaskStateView(ts, saved_work=saved)
+    assert (view.ran_for, view.saved_work, view.unsaved_for) == (50.0, saved, unsaved)
