@@ -26,6 +26,7 @@ from actors.autoscaler_state import (
     AutoscalerState,
     BlockEnded,
     BlockHeld,
+    BlockRecord,
     BlockRequeued,
     BlockRunning,
     BlockStarted,
@@ -51,6 +52,7 @@ from actors.autoscaler_state import (
     Tick,
     UndrainAnswered,
     UndrainWorker,
+    WorkersLeft,
     check_blocks,
 )
 from actors.providers import Block, BlockSpec, BlockState, Provider
@@ -137,6 +139,19 @@ def drained_since_joined(story: Iterable[Any], retired: bool = False) -> bool:
     if retired:
         return any("retired" in seen for seen in since.values())
     return any(s.startswith("draining") for seen in since.values() for s in seen)
+
+
+def left_since_joined(story: Iterable[Any]) -> dict[str, str]:
+    """Per worker, why it left since it last joined, as the scheduler's ``story`` of
+    some workers says: its latest ``left:CAUSE``, else its latest ``leaving:CAUSE`` (it
+    said it leaves); a worker that did neither is not in it."""
+    left: dict[str, str] = {}
+    for wid, seen in _since_joined(story).items():
+        said = [s.split(":", 1)[1] for s in seen if s.startswith(("left:", "leaving:"))]
+        gone = [s.split(":", 1)[1] for s in seen if s.startswith("left:")]
+        if gone or said:
+            left[wid] = (gone or said)[-1]
+    return left
 
 
 def drained_for_walltime(story: Iterable[Any]) -> bool:
@@ -228,6 +243,10 @@ class Autoscaler(Actor):
         self._unreadable: set[str] = set()
 
     # -- views -----------------------------------------------------------------------
+
+    def _ending(self) -> list[tuple[str, BlockRecord]]:
+        """The live blocks and those whose end waits for their workers' leaves."""
+        return [*((b, h.record) for b, h in self.state.held.items()), *self.state.blocks.items()]
 
     @property
     def blocks(self) -> dict[str, Block]:
@@ -502,43 +521,60 @@ class Autoscaler(Actor):
         bid = msg.bid or block.block_id
         drained = walltime = False
         known = True
+        left: dict[str, str] = {}
         b = self.state.blocks.get(bid)
         if b is not None:
             block.state = BlockState(msg.state)
             failed = msg.state == "failed"
             unseen = not (b.sched_drained or b.retiring)  # no count showed a drain
             if (
-                msg.state in ("completed", "failed")
-                and (unseen or (b.retiring and failed))
-                and not (b.stopping or self.state.closing)
-            ):
+                (msg.state == "completed" and not b.retiring)
+                or (msg.state == "failed" and (unseen or b.retiring))
+            ) and not (b.stopping or self.state.closing):
                 # A failed end is the drain's only if the scheduler retired the worker
                 # (told it to stop: an in-process worker's block then reads failed);
                 # one that failed while draining, before that, crashed: asked of a
-                # block being scaled in or drained too.
+                # block being scaled in or drained too. A completed end unasked is
+                # also told by its workers' leaves (walltime, at the batch system's
+                # warning signal): one a count showed leaving is read as a drain.
                 seen = await self._drained_by_scheduler(b.workers, failed)
                 known = seen is not None
-                drained, walltime = seen or (False, False)
-        await self._handle(
-            BlockEnded(self.clock.now(), bid, msg.state, drained, walltime, known, block.detail)
-        )
+                drained, walltime, left = seen or (False, False, {})
+        now = self.clock.now()
+        ended = BlockEnded(now, bid, msg.state, drained, walltime, known, block.detail)
+        await self._handle(*([WorkersLeft(now, left)] if left else []), ended)
 
     async def _drained_by_scheduler(
         self, workers: tuple[str, ...], retired: bool
-    ) -> tuple[bool, bool] | None:
+    ) -> tuple[bool, bool, dict[str, str]] | None:
         """Whether the scheduler drained (``retired``: and retired) one of ``workers``
         since it last joined (before a walltime, an operator's drain, a scale-in), as
         their stories say: an idle worker is drained, retired and gone within a tick,
-        so no count may have shown it; and whether it drained one because its walltime
-        was near. A drain of an earlier run of the block (Slurm requeues it under the
-        same worker ids) does not count. None if the scheduler does not answer within
-        a tick."""
+        so no count may have shown it; whether it drained one because its walltime
+        was near; and why each of them left, if it did (:func:`left_since_joined`). A
+        drain of an earlier run of the block (Slurm requeues it under the same worker
+        ids) does not count. None if the scheduler does not answer within a tick."""
         if not workers:
-            return False, False
+            return False, False, {}
         story = await self._read(StoryRequest(tuple(workers)))
         if story is None:
             return None
-        return drained_since_joined(story, retired), drained_for_walltime(story)
+        return (
+            drained_since_joined(story, retired),
+            drained_for_walltime(story),
+            left_since_joined(story),
+        )
+
+    async def _leaves(self, now: float) -> WorkersLeft | None:
+        """The leaves of the workers of the blocks whose end waits for them
+        (``AutoscalerState.held``), as their stories say now (None: none held, none
+        heard, or no answer within a tick: the core decides at the grace's end)."""
+        workers = sorted({w for h in self.state.held.values() for w in h.record.workers})
+        if not workers:
+            return None
+        story = await self._read(StoryRequest(tuple(workers)))
+        left = left_since_joined(story) if story is not None else {}
+        return WorkersLeft(now, left) if left else None
 
     @handles(_Answered)
     async def answered(self, msg: _Answered) -> None:
@@ -570,6 +606,9 @@ class Autoscaler(Actor):
         ]
         if requeued or running or held:
             await self._handle(*requeued, *running, *held)
+        leaves = await self._leaves(now)
+        if leaves is not None:
+            await self._handle(leaves)
         self._note_batch_errors()
         seen = await self._queues_seen(now)
         await self._handle(seen if seen is not None else Tick(now))
@@ -743,7 +782,12 @@ class Autoscaler(Actor):
         return AutoscalerStatus(
             targets={p: s.target for p, s in st.pools.items()},
             desired={p: s.desired for p, s in st.pools.items()},
-            blocks={b: self._handles[b].state.value for b in st.blocks},
+            # a block whose end waits for its workers' leaves is listed as it was until
+            # its end is decided, listed once with its cause (not as an end without one)
+            blocks={
+                **{b: h.record.state for b, h in st.held.items()},
+                **{b: self._handles[b].state.value for b in st.blocks},
+            },
             retiring=tuple(sorted(b.block_id for b in st.blocks.values() if b.retiring)),
             ended=st.ended,
             gave_up=tuple(sorted(st.gave_up)),
@@ -764,7 +808,7 @@ class Autoscaler(Actor):
             budget=st.config.max_replacements,
             batch_errors=errors,
             paused=tuple(sorted(st.paused)),
-            block_pools={b: r.pool for b, r in st.blocks.items()},
-            block_workers={b: tuple(r.workers) for b, r in st.blocks.items()},
+            block_pools={b: r.pool for b, r in self._ending()},
+            block_workers={b: tuple(r.workers) for b, r in self._ending()},
             last_failures=dict(st.last_failure),
         )

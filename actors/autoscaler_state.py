@@ -61,7 +61,15 @@ A block that ends unasked is reported (:class:`ReportGone`) with the cause its e
 state says and replaced. Ends that cost nothing are expected: ``preempted`` (the batch
 system took the node back) and ``walltime`` (TIMEOUT, or COMPLETED after the scheduler
 drained its workers before their walltime, ``QueuesSeen.walltime`` or
-``BlockEnded.walltime``; ``drained`` for another drain: an operator's, a scale-in). A
+``BlockEnded.walltime``; ``drained`` for another drain: an operator's, a scale-in).
+A COMPLETED end is also explained by its workers' leaves (:class:`WorkersLeft`: a
+worker stopped by the batch system's warning signal before its walltime, Slurm's
+``--signal``, leaves as ``walltime``; ``preempted`` and ``drained`` leaves too), which
+may be heard before the end or after it: a COMPLETED end unasked that nothing explains
+yet is *held* (:attr:`AutoscalerState.held`): replaced at once, but reported, listed
+and charged only once a leave heard explains it, every leave is heard, or
+``leave_grace`` (10 s) passed, so its cause is decided once, before anything records
+it. A
 drain ends when the scheduler retires the worker: a block that FAILED before that
 (``BlockEnded.drained`` false: the workers' stories show no retirement) crashed while
 draining and is reported ``crash``, free if it was scaled in already. A requeued
@@ -155,6 +163,7 @@ __all__ = [
     "DrainWorker",
     "Event",
     "GaveUp",
+    "HeldEnd",
     "HoldWorkers",
     "PolicyChanged",
     "PolicyFailed",
@@ -170,6 +179,7 @@ __all__ = [
     "Tick",
     "UndrainAnswered",
     "UndrainWorker",
+    "WorkersLeft",
     "bounded_detail",
     "brief_detail",
     "check_blocks",
@@ -295,6 +305,17 @@ class BlockEnded(Event):
     #: the provider's words on how it ended (Slurm's state, exit code, the head and tail
     #: of its stderr and where that file is); kept with the end, cut to MAX_DETAIL
     detail: str = ""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WorkersLeft(Event):
+    """The scheduler heard these workers say they leave, or saw them leave: ``left``,
+    by worker id, the cause of each (``walltime``, ``preempted``, ``drained``, ...: its
+    story's latest ``left:CAUSE``, else ``leaving:CAUSE``). It may come before its
+    block's :class:`BlockEnded` or after it: a block that ends ``completed`` unasked
+    is classified by its workers' leaves (:attr:`AutoscalerState.held`)."""
+
+    left: Mapping[str, str]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -555,6 +576,12 @@ class AutoscalerConfig:
     max_unconfigured: int | None = None
     backoff: float = 2.0  #: seconds after a first batch-system failure, doubled per failure
     max_backoff: float = 120.0  #: seconds, the longest back-off
+    #: seconds a block that ended ``completed`` unasked, none of whose drains explains
+    #: it, waits for its workers' leaves (:class:`WorkersLeft`) before it is taken as
+    #: ``unknown`` (and spends the budget): a worker stopped by the batch system's
+    #: warning signal before its walltime (Slurm's ``--signal``) leaves as ``walltime``,
+    #: and the scheduler may hear so after the provider saw the job end
+    leave_grace: float = 10.0
 
 
 @dataclasses.dataclass(slots=True)
@@ -598,6 +625,27 @@ class BlockRecord:
     #: block the core scaled in takes the whole block back (sent by ``_converge`` if
     #: the proposal keeps the block)
     rejoin: set[str] = dataclasses.field(default_factory=set)
+    #: its workers' leaves heard (:class:`WorkersLeft`): worker id -> cause
+    left: dict[str, str] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(slots=True)
+class HeldEnd:
+    """A block that ended ``completed`` unasked whose cause waits for its workers'
+    leaves (:attr:`AutoscalerState.held`): decided once each worker's leave is heard,
+    or at ``until`` with what was heard (the core's clock)."""
+
+    record: BlockRecord
+    state: str  #: the provider's final state
+    at: float  #: when it ended (the core's clock)
+    until: float  #: decided by then
+    detail: str = ""
+
+
+#: the leaves that explain a block's ``completed`` end, the first found among its
+#: workers' leaves winning: the job reached its walltime, the batch system took the
+#: node back, or the scheduler drained them
+FREE_LEAVES = ("walltime", "preempted", "drained")
 
 
 @dataclasses.dataclass(slots=True)
@@ -670,6 +718,10 @@ class AutoscalerState:
         self.ends: deque[BlockEnd] = deque(maxlen=MAX_ENDS)
         #: per pool, per cause: the ends and requeues listed in ``ends``, ever
         self.ended_by: dict[str, dict[str, int]] = {}
+        #: blocks that ended ``completed`` unasked, unexplained so far, whose cause waits
+        #: for their workers' leaves (at most ``leave_grace``), by id: not live (their
+        #: replacements are asked for at once), not listed in ``ends`` yet
+        self.held: dict[str, HeldEnd] = {}
         self.closing = False
         self.policy_errors = 0  #: over all pools
         self.policy_errors_by: dict[str, int] = {}  #: per pool
@@ -704,6 +756,7 @@ class AutoscalerState:
             if method is None:
                 raise TypeError(f"AutoscalerState cannot handle {type(ev).__name__}")
             method(self, ev)
+            self._settle()
             self._prune()
             if not self.closing:
                 self._converge()
@@ -891,11 +944,47 @@ class AutoscalerState:
             self._ended(b, ev.state, cause, False, ev.detail)
             return
         drain_end = ev.drained and ev.state in ("completed", "failed")
-        cause, charged = self._cause(b, "completed" if drain_end else ev.state)
-        end = self._ended(b, ev.state, cause, charged, ev.detail)
+        state = "completed" if drain_end else ev.state
+        if state == "completed" and self._unexplained(b) and self.config.leave_grace > 0:
+            # Nothing explains it yet, but a worker's leave may: the batch system's
+            # warning signal (Slurm's --signal) stops a worker before its walltime,
+            # which leaves as ``walltime``, and the scheduler may hear so after the
+            # provider saw the job complete. Its cause waits for its workers' leaves
+            # (WorkersLeft), at most ``leave_grace``; it is replaced at once.
+            self.held[b.block_id] = HeldEnd(
+                b, ev.state, self._now, self._now + self.config.leave_grace, ev.detail
+            )
+            return
+        self._decide(b, ev.state, state, self._now, ev.detail)
+
+    def _decide(self, b: BlockRecord, state: str, read: str, at: float, detail: str) -> None:
+        """Report and list block ``b``'s unasked end in ``state`` (read as ``read``:
+        ``completed`` for a drain's end), charging the budget if its cause may be a
+        crash loop."""
+        cause, charged = self._cause(b, read)
+        end = self._ended(b, state, cause, charged, detail, at)
         if charged:
-            why = f"{b.block_id} ended {ev.state} ({cause})"
+            why = f"{b.block_id} ended {state} ({cause})"
             self._unasked_end(b.pool, f"{why}: {end.detail}" if end.detail else why)
+
+    def _workers_left(self, ev: WorkersLeft) -> None:
+        for b in (*self.blocks.values(), *(h.record for h in self.held.values())):
+            b.left.update((w, ev.left[w]) for w in b.workers if w in ev.left)
+
+    def _settle(self, force: bool = False) -> None:
+        """Decide each held end that a leave heard explains (a worker's ``walltime``),
+        whose workers' leaves were all heard, or whose grace ran out (``force``: every
+        one, the cluster shuts down) with what was heard."""
+        for bid in sorted(self.held):
+            h = self.held[bid]
+            if force or self._now >= h.until or not self._unexplained(h.record):
+                del self.held[bid]
+                self._decide(h.record, h.state, "completed", h.at, h.detail)
+
+    def _unexplained(self, b: BlockRecord) -> bool:
+        """Block ``b``'s ``completed`` end would spend the budget, and a leave of its
+        workers not heard yet may still explain it."""
+        return self._cause(b, "completed")[1] and not set(b.workers) <= b.left.keys()
 
     def _cause(self, b: BlockRecord, state: str) -> tuple[str, bool]:
         """Why block ``b`` ended in ``state`` unasked, and whether that spends the
@@ -904,8 +993,14 @@ class AutoscalerState:
             return "preempted", False
         if state == "timeout":
             return "walltime", False
-        if state == "completed" and b.sched_drained:
-            return self._drain_cause(b), False
+        if state == "completed":
+            left = set(b.left.values())
+            if b.walltime or "walltime" in left:
+                return "walltime", False
+            if left and left <= set(FREE_LEAVES):  # each leave heard explains it
+                return next(c for c in FREE_LEAVES if c in left), False
+            if b.sched_drained:
+                return self._drain_cause(b), False
         if state == "failed":
             return "crash", True
         if state == "oom":  # killed for memory (Slurm's OUT_OF_MEMORY, the OOM killer)
@@ -919,11 +1014,18 @@ class AutoscalerState:
         return "walltime" if b.walltime else "drained"
 
     def _ended(
-        self, b: BlockRecord, state: str, cause: str, charged: bool, detail: str = ""
+        self,
+        b: BlockRecord,
+        state: str,
+        cause: str,
+        charged: bool,
+        detail: str = "",
+        at: float | None = None,
     ) -> BlockEnd:
         detail = bounded_detail(detail)
         self._out.append(ReportGone(b.block_id, b.workers, cause, state, detail, b.incarnation))
-        end = BlockEnd(b.block_id, b.pool, state, cause, charged, self._now, b.incarnation, detail)
+        at = self._now if at is None else at
+        end = BlockEnd(b.block_id, b.pool, state, cause, charged, at, b.incarnation, detail)
         self._list_end(end)
         return end
 
@@ -940,6 +1042,7 @@ class AutoscalerState:
         b.incarnation = ev.incarnation
         b.idle_since = None
         b.sched_drained = False
+        b.left.clear()  # the next run's workers join afresh, under the same ids
         b.state = "pending"
         b.suspended = False  # its workers are reported gone: the scheduler forgets them
         b.since = self._now
@@ -1124,6 +1227,7 @@ class AutoscalerState:
 
     def _shutdown(self, ev: Shutdown) -> None:
         self.closing = True
+        self._settle(force=True)  # reported before the shell stops
         for b in sorted(self.blocks.values(), key=lambda b: b.block_id):
             if not b.stopping:
                 self._stop(b)
@@ -1433,6 +1537,10 @@ class AutoscalerState:
                 # A retiring block that is not stopped has its workers draining.
                 assert b.draining | b.drained | b.unknown == set(b.workers), b
                 assert b.unknown != set(b.workers), (b, "idle but not stopped")
+        assert not self.held.keys() & self.blocks.keys(), (self.held, "held but live")
+        for h in self.held.values():
+            assert h.at <= self._now < h.until and not self.closing, (h, "held past its grace")
+            assert self._unexplained(h.record), (h, "held, explained")
         assert set(self.requests.values()) <= self.pools.keys(), self.requests
         assert self.gave_up <= self.pools.keys(), self.gave_up
         assert self.paused <= self.pools.keys(), self.paused
@@ -1514,6 +1622,7 @@ _DISPATCH: dict[type, Any] = {
     BlockEnded: AutoscalerState._block_ended,
     BlockStopped: AutoscalerState._block_stopped,
     BlockRequeued: AutoscalerState._block_requeued,
+    WorkersLeft: AutoscalerState._workers_left,
     BlockRunning: AutoscalerState._block_running,
     BlockHeld: AutoscalerState._block_held,
     Resumed: AutoscalerState._resumed,
