@@ -129,10 +129,48 @@ def _apply_tls(args: argparse.Namespace, address: str, what: str) -> None:
             f"(tokens in clear) and ignore {it}. {fix} for TLS, or drop the --tls-* flags "
             "(docs/security.md#tls)"
         )
+    if args.command == "manager" and scheme != "wss":
+        _plaintext_despite_tls_env(args.listen, explicit="://" in args.listen)
     for value, env in ((args.tls_cert, TLS_CERT_ENV), (args.tls_key, TLS_KEY_ENV),
                        (args.tls_ca, TLS_CA_ENV)):  # fmt: skip
         if value:
             os.environ[env] = os.path.abspath(value)
+
+
+def _plaintext_despite_tls_env(listen: str, *, explicit: bool) -> None:
+    """A manager about to listen on plaintext ``ws://`` while ``CORRAL_TLS_CERT`` or
+    ``CORRAL_TLS_KEY`` is set (which only a ``wss://`` listener reads): whoever set them
+    asked for TLS. With ``--listen HOST:PORT`` (no scheme, or the default) that is a
+    :class:`ValueError` before anything starts, rather than tokens served in clear
+    without a word; ``--listen ws://HOST:PORT`` chose plaintext in so many words, so it
+    starts, with a warning that the variables are ignored."""
+    from runtime.log import get_logger
+    from transport.tls import TLS_CERT_ENV, TLS_KEY_ENV
+
+    set_ = {env: os.environ[env] for env in (TLS_CERT_ENV, TLS_KEY_ENV) if os.environ.get(env)}
+    if not set_:
+        return
+    missing = {env for env, path in set_.items() if not os.path.exists(path)}
+    names = " and ".join(
+        f"{env}={path!r}{' (no such file)' if env in missing else ''}" for env, path in set_.items()
+    )
+    hostport = listen.partition("://")[2] if "://" in listen else listen
+    if explicit:
+        get_logger("corral.manager").warning(
+            "TLS variables ignored: this manager serves plaintext ws://, as --listen says; "
+            "tokens travel in clear",
+            listen=listen, ignored=sorted(set_),
+            fix=f"--listen wss://{hostport} for TLS, or unset {' and '.join(set_)}",
+        )  # fmt: skip
+        return
+    are, them = ("are", "them") if len(set_) > 1 else ("is", "it")
+    raise ValueError(
+        f"{names} {are} set, but --listen {listen} is not wss://: the manager would serve "
+        f"plaintext ws:// (tokens in clear) and ignore {them}. For TLS, --listen "
+        f"wss://{hostport}{' with files that are there' if missing else ''}; to serve "
+        f"plaintext on purpose, --listen ws://{hostport} or unset {' and '.join(set_)} "
+        "(docs/security.md#tls)"
+    )
 
 
 #: The program's name when it is run as ``python -m runtime`` (or from a test).

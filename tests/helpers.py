@@ -10,7 +10,8 @@ each other.
   and worker processes started through the CLI, their output read all along, stopped at
   the end.
 - :func:`external_binary` (a program a test needs, e.g. Prometheus or Alertmanager:
-  skipped without it locally, a failure in CI), :func:`free_port`, :func:`http_get`.
+  skipped without it locally, a failure in CI), :func:`free_port`,
+  :func:`free_port_between`, :func:`http_get`.
 - Builders for tests of the scheduler's pure core: :func:`event`, :func:`run`,
   :func:`submit`, :func:`join`, :func:`finish`, ... and the ``make_state`` fixture (a
   module that uses it imports it by name; it validates every state it made).
@@ -390,6 +391,23 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def free_port_between(lo: int, hi: int) -> int:
+    """A TCP port of 127.0.0.1 from ``lo`` to ``hi`` free just now (for tests held to a
+    range of ports), tried from a random start."""
+    import random
+
+    start = random.randrange(lo, hi + 1)
+    for n in range(hi - lo + 1):
+        port = lo + (start - lo + n) % (hi - lo + 1)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise AssertionError(f"no free port of 127.0.0.1 from {lo} to {hi}")
 
 
 @functools.cache

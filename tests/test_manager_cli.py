@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT
+from tests.helpers import ROOT, Cli, free_port_between
 
 LIMIT = 60  # seconds per process: it fails at once (or, unfixed, runs until killed)
 
@@ -31,11 +31,13 @@ def taken() -> Iterator[int]:
 
 
 def manager(
-    home: Path, *flags: str, before: tuple[str, ...] = ()
+    home: Path, *flags: str, before: tuple[str, ...] = (), env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """``python -m runtime [BEFORE...] manager FLAGS...``, to its end."""
+    """``python -m runtime [BEFORE...] manager FLAGS...``, to its end (``env``: variables
+    besides its ``CORRAL_HOME``; none of this process's ``CORRAL_*``)."""
+    extra = env or {}
     env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
-    env.update(CORRAL_HOME=str(home), PYTHONPATH=str(ROOT))
+    env.update(CORRAL_HOME=str(home), PYTHONPATH=str(ROOT), **extra)
     try:
         return subprocess.run(
             [sys.executable, "-m", "runtime", *before, "manager", *flags],
@@ -162,3 +164,64 @@ def test_the_listening_line_is_on_stdout_with_the_token_file_not_a_warning(
         assert logged == [], logged
     else:
         assert len(logged) == 1 and "level='info'" in logged[0], logged
+
+
+@pytest.mark.parametrize("variables", [["CORRAL_TLS_CERT"], ["CORRAL_TLS_CERT", "CORRAL_TLS_KEY"]])
+def test_tls_variables_with_a_plaintext_listen_address_are_refused(
+    tmp_path: Path, variables: list[str]
+) -> None:
+    """``CORRAL_TLS_CERT=/nonexistent.pem python -m runtime manager --listen HOST:PORT``
+    served plaintext ws:// (tokens in clear) without a word about the variable. Whoever
+    set it asked for TLS: the manager now refuses to start, before it makes anything,
+    saying how to get TLS and how to choose plaintext."""
+    home = tmp_path / "home"
+    where = f"127.0.0.1:{free_port_between(36000, 36999)}"
+    pem = tmp_path / "nonexistent.pem"
+    env = dict.fromkeys(variables, str(pem))
+    err = assert_nothing_left(manager(home, "--listen", where, env=env), home)
+    said = " and ".join(f"{name}='{pem}' (no such file)" for name in variables)
+    verb = "are" if len(variables) > 1 else "is"
+    assert err.startswith(
+        f"error: ValueError: {said} {verb} set, but --listen {where} is not wss://"
+    ), err
+    assert f"For TLS, --listen wss://{where} with files that are there" in err, err
+    unset = " and ".join(variables)
+    assert f"to serve plaintext on purpose, --listen ws://{where} or unset {unset}" in err, err
+
+
+def test_tls_variables_with_the_default_listen_address_are_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The default --listen (127.0.0.1:8786, no scheme) is refused as one given: the
+    check that runs before the manager starts, called here (no process on port 8786)."""
+    from runtime.__main__ import _plaintext_despite_tls_env, build_parser
+
+    monkeypatch.setenv("CORRAL_TLS_CERT", str(tmp_path / "cert.pem"))
+    monkeypatch.delenv("CORRAL_TLS_KEY", raising=False)
+    (tmp_path / "cert.pem").write_text("a certificate, say")
+    listen = build_parser().parse_args(["manager"]).listen
+    with pytest.raises(ValueError) as refused:
+        _plaintext_despite_tls_env(listen, explicit=False)
+    assert str(refused.value).startswith(
+        f"CORRAL_TLS_CERT='{tmp_path / 'cert.pem'}' is set, but --listen 127.0.0.1:8786 is "
+        "not wss://: the manager would serve plaintext ws:// (tokens in clear) and ignore "
+        "it. For TLS, --listen wss://127.0.0.1:8786; to serve plaintext on purpose"
+    ), refused.value
+    monkeypatch.setenv("CORRAL_TLS_CERT", "")  # set empty: unset, as transport.tls reads it
+    _plaintext_despite_tls_env(listen, explicit=False)
+
+
+def test_tls_variables_with_an_explicit_ws_address_start_with_a_warning(tmp_path: Path) -> None:
+    """``--listen ws://HOST:PORT`` chooses plaintext in so many words: the manager starts,
+    but warns, before it listens, that the variable is ignored and tokens travel in clear."""
+    port = free_port_between(36000, 36999)
+    with Cli(tmp_path / "home") as cli:
+        cli.env["CORRAL_TLS_CERT"] = str(tmp_path / "nonexistent.pem")
+        cli.env.pop("CORRAL_TLS_KEY", None)
+        proc = cli.start("manager", "--listen", f"ws://127.0.0.1:{port}", "--no-monitoring")
+        seen: list[str] = []
+        warning = cli.line_with(proc, "TLS variables ignored", seen=seen)
+        assert "level='warning'" in warning and "tokens travel in clear" in warning, warning
+        assert "ignored=['CORRAL_TLS_CERT']" in warning, warning
+        assert f"fix='--listen wss://127.0.0.1:{port} for TLS, or unset CORRAL_TLS_CERT'" in warning
+        cli.line_with(proc, f"manager listening on ws://127.0.0.1:{port}", seen=seen)
