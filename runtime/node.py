@@ -942,6 +942,51 @@ def token_path(address: str) -> Path:
     return base / "tokens" / f"{host}_{port}.json"
 
 
+def worker_token_refused(
+    address: str,
+    status: int,
+    token: str | None,
+    token_file: str | os.PathLike[str] | None,
+) -> AuthenticationFailed:
+    """What a worker raises when the manager at ``address`` refuses its token in the
+    handshake (HTTP ``status``), at its start or when it rejoins: the likely cause (the
+    manager made new tokens when it started) and what to do, for where the token came
+    from (``token``: ``--token``; ``token_file``: ``--token-file``; else
+    ``CORRAL_TOKEN``, else the manager's token file on this machine)."""
+    if token:
+        source = (
+            "This worker presented the token it was given (--token): start it again with "
+            "the manager's current admin token, best in a file of its own (mode 0600) with "
+            "--token-file PATH"
+        )
+    elif token_file is not None:
+        source = (
+            f"This worker presented the token of --token-file {os.fspath(token_file)} (its "
+            "'admin' entry, if it is a manager's token file): write the manager's current "
+            "admin token in it and start the worker again"
+        )
+    elif os.environ.get("CORRAL_TOKEN"):
+        source = (
+            "This worker presented CORRAL_TOKEN from the environment (it wins over the "
+            "manager's token file on this machine): set it to the manager's current admin "
+            "token, or unset it"
+        )
+    else:
+        source = (
+            f"This worker presented the admin token of {token_path(address)}, where a "
+            "manager listening at that address on this machine writes its tokens: one "
+            "running elsewhere (another machine, another CORRAL_HOME or --token-file) has "
+            "others; give its admin token with --token-file PATH (mode 0600)"
+        )
+    return AuthenticationFailed(
+        address,
+        f"the manager refused this worker's token (HTTP {status}); was it restarted with "
+        f"new tokens? {source} (a manager started with --keep-tokens keeps its tokens "
+        "across restarts: docs/security.md#keeping-tokens-across-restarts)",
+        status,
+    )
+
+
 #: why the gateway refuses a client (``Cluster``, ``runtime.get``) that presents the read
 #: token; the client adds where its token came from (``Cluster._hello``)
 READ_TOKEN_CLIENT = (
@@ -2399,6 +2444,7 @@ async def run_worker(
     check_one_token(token, token_file)
     #: a token given as such, not read from a file (which may change: read at each try)
     fixed = token_file is None and (token or os.environ.get("CORRAL_TOKEN"))
+    given = token  #: --token (``token`` is the one presented from here on)
     if fixed or connect_retry <= 0:  # read now: a bad file stops it at once
         token = await find_token_there(
             address, token, token_file=token_file, give=GIVE_TOKEN_WORKER
@@ -2543,18 +2589,13 @@ async def run_worker(
                         except AuthenticationFailed as exc:
                             # It answers, but does not know our token (restarted with new
                             # tokens?): slower tries, each with the token read again.
+                            # At the start as when rejoining, an unknown token (403) says
+                            # what to do about it.
                             last = exc
-                            if rejoin:
-                                last = _WorkerRefused(
-                                    AuthenticationFailed(
-                                        address,
-                                        f"the manager refused this worker's token (HTTP "
-                                        f"{exc.status}); was it restarted with new tokens? "
-                                        "Start the worker again with its current admin token"
-                                        + ("" if token_file is None else f" (in {token_file})"),
-                                        exc.status,
-                                    )
-                                )
+                            if exc.status == 403:
+                                last = worker_token_refused(address, 403, given, token_file)
+                            if rejoin or exc.status == 403:
+                                last = _WorkerRefused(last)
                             delay = max(delay, 0.5)
                             if window > 0:
                                 _log.error(

@@ -511,3 +511,50 @@ async def test_a_python_client_with_no_token_file_is_told_of_token_not_the_cli_f
         assert "or set CORRAL_TOKEN" in text and "set the same CORRAL_HOME here" in text, text
         assert "--token " not in text and "--token)" not in text, text
         assert "read token" not in text, text
+
+
+@pytest.mark.anyio
+async def test_a_worker_refused_at_its_start_says_why_and_what_to_do(tmp_path: Path) -> None:
+    """A worker given a token the manager does not know got the listener's generic 403
+    text at its start; only when rejoining did it ask whether the manager was restarted
+    with new tokens. Now its first refusal says so too, and what to do for where its
+    token came from (--token, --token-file, CORRAL_TOKEN, the manager's token file on
+    this machine), and that --keep-tokens keeps a manager's tokens across restarts."""
+    from tests.helpers import free_port_between
+
+    port = free_port_between(36000, 36999)
+    elsewhere = tmp_path / "elsewhere"  # as on another machine: no token file to find
+    stale = token_file(tmp_path / "stale.token", "f" * 64)  # a restarted manager's, say
+    with Cli(tmp_path / "home") as cli, anyio.fail_after(4 * LIMIT):
+        first = cli.start("manager", "--listen", f"127.0.0.1:{port}", "--no-monitoring")
+        await run(cli.line_with, first, "manager listening on")
+        address = f"ws://127.0.0.1:{port}"
+        local = elsewhere / "tokens" / f"127.0.0.1_{port}.json"  # an old manager's there
+        local.parent.mkdir(parents=True)
+        token_file(local, json.dumps({"admin": WRONG, "read": "e" * 64}))
+        cases = [
+            (["--token", WRONG], {}, "presented the token it was given (--token): start it "
+             "again with the manager's current admin token"),
+            (["--token-file", str(stale)], {}, f"presented the token of --token-file {stale} "
+             "(its 'admin' entry, if it is a manager's token file): write the manager's "
+             "current admin token in it and start the worker again"),
+            ([], {"CORRAL_TOKEN": WRONG}, "presented CORRAL_TOKEN from the environment (it "
+             "wins over the manager's token file on this machine): set it to the manager's "
+             "current admin token, or unset it"),
+            ([], {}, f"presented the admin token of {local}, where a manager listening at "
+             "that address on this machine writes its tokens"),
+        ]  # fmt: skip
+        base = dict(cli.env, CORRAL_HOME=str(elsewhere))
+        base.pop("CORRAL_TOKEN", None)
+        for flags, env, says in cases:
+            cli.env = dict(base, **env)
+            proc = cli.start("worker", address, *flags)
+            out = "".join(await run(cli.rest, proc, LIMIT))
+            assert await run(proc.wait, LIMIT) == 1, out
+            assert (
+                f"error: AuthenticationFailed: could not connect to {address}: the manager "
+                "refused this worker's token (HTTP 403); was it restarted with new tokens? "
+                f"This worker {says}"
+            ) in out, out
+            assert "started with --keep-tokens keeps its tokens across restarts" in out, out
+            assert WRONG not in out, out
