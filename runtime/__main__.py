@@ -75,14 +75,15 @@ def _deadline(text: str) -> float:
         ) from None
 
 
-def _monitoring_options(parser: Any, prog: str) -> None:
-    """``--monitoring PATH`` or ``--no-monitoring`` (of the demo and the manager)."""
+def _monitoring_options(parser: Any, prog: str, run: str = "<time>-<id>") -> None:
+    """``--monitoring PATH`` or ``--no-monitoring`` (of the demo and the manager; ``run``:
+    the name of a new run directory)."""
     group = parser.add_mutually_exclusive_group()
     group.add_argument(
         "--monitoring",
         metavar="PATH",
         help="write the monitoring database (SQLite) to PATH (default: "
-        "~/.corral/runs/<time>-<id>/monitoring.db, or under $CORRAL_RUNS_DIR; printed); "
+        f"~/.corral/runs/{run}/monitoring.db, or under $CORRAL_RUNS_DIR; printed); "
         f"`{prog} report PATH` makes a report of it",
     )
     group.add_argument("--no-monitoring", action="store_true", help="write no monitoring database")
@@ -172,6 +173,9 @@ def _plaintext_despite_tls_env(listen: str, *, explicit: bool) -> None:
         "(docs/security.md#tls)"
     )
 
+
+#: the demo runs (run directories, one per run) kept by default (``--keep-runs``)
+DEMO_RUNS_KEPT = 5
 
 #: The program's name when it is run as ``python -m runtime`` (or from a test).
 MODULE_PROG = "python -m runtime"
@@ -306,7 +310,16 @@ def build_parser(prog: str = MODULE_PROG) -> argparse.ArgumentParser:
     out.add_argument(
         "--no-progress", action="store_true", help="do not show the live progress display"
     )
-    _monitoring_options(out, prog)
+    _monitoring_options(out, prog, "<time>-<id>-demo")
+    out.add_argument(
+        "--keep-runs",
+        type=int,
+        default=DEMO_RUNS_KEPT,
+        metavar="N",
+        help="each run makes a run directory (~/.corral/runs/<time>-<id>-demo): keep the "
+        f"newest N of the demo's, removing older ones after a run (default: {DEMO_RUNS_KEPT}; "
+        "0 keeps all). A manager's runs and a --monitoring PATH are never removed",
+    )
     out.add_argument(
         "--check",
         action="store_true",
@@ -765,7 +778,14 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from actors.worker import host_cpus
-    from runtime.demo import DemoConfig, check_against_dask, render_summary, run_demo
+    from runtime.demo import (
+        DemoConfig,
+        check_against_dask,
+        demo_run_path,
+        prune_demo_runs,
+        render_summary,
+        run_demo,
+    )
 
     try:
         cfg = DemoConfig(args.datasets, args.chunks, args.events, args.fan_in, args.seed)
@@ -773,12 +793,17 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         workers = args.workers if processes else (host_cpus() or 1)
         if workers < 1 or args.threads < 1:
             raise ValueError("--workers and --threads must be at least 1")
+        if args.keep_runs < 0:
+            raise ValueError(
+                f"--keep-runs must be >= 0 (the demo runs kept; 0 keeps all), got {args.keep_runs}"
+            )
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     out = Console()
     progress = None if args.no_progress else Console(stderr=True)
-    monitoring = _monitoring_path(args)
+    own_run = not args.monitoring and not args.no_monitoring  #: a run directory of its own
+    monitoring = demo_run_path() if own_run else _monitoring_path(args)
 
     async def go() -> Any:
         return await run_demo(
@@ -791,6 +816,9 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         )
 
     run = anyio.run(go, backend="asyncio")
+    if own_run and args.keep_runs:  # after a run that finished: it is one of those kept
+        run.runs_removed = len(prune_demo_runs(monitoring, args.keep_runs))
+        run.runs_kept = args.keep_runs
     render_summary(run, out)
     if args.check:
         check_against_dask(run.graph, run.final, run.result)

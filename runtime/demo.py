@@ -29,9 +29,11 @@ import contextlib
 import dataclasses
 import math
 import os
+import re
 import time
 from collections import Counter
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -57,10 +59,12 @@ __all__ = [
     "build_graph",
     "category_totals",
     "check_against_dask",
+    "demo_run_path",
     "fill_histogram",
     "make_events",
     "merge_datasets",
     "physics_summary",
+    "prune_demo_runs",
     "render_summary",
     "run_demo",
     "select_events",
@@ -259,6 +263,9 @@ class DemoRun:
     wall: float  #: seconds from submitting the graph to having the result
     processes: bool = False  #: workers were separate processes
     monitoring: str | None = None  #: the monitoring database it wrote (None: none)
+    #: the demo runs kept in the run directory's parent (0: none pruned there)
+    runs_kept: int = 0
+    runs_removed: int = 0  #: older demo runs removed after this one
 
 
 def _progress_bars(console: Console) -> Progress:
@@ -367,6 +374,55 @@ async def run_demo(
         cfg, graph, final, result, status, totals, workers, threads, startup, wall, processes,
         None if monitoring is None else str(monitoring),
     )  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- run directories
+
+#: the name of a demo's run directory (``default_path``'s, with ``-demo`` after it)
+_DEMO_RUN = re.compile(r"\d{8}-\d{6}-[0-9a-f]{6}-demo")
+#: the files a demo run directory holds: its monitoring database, SQLite's beside it
+_DEMO_RUN_FILES = frozenset(f"monitoring.db{tail}" for tail in ("", "-wal", "-shm", "-journal"))
+
+
+def demo_run_path() -> Path:
+    """A new run directory's database for the demo: as a manager's
+    (:func:`runtime.monitordb.default_path`, under ``$CORRAL_RUNS_DIR`` or
+    ``$CORRAL_HOME/runs``), named ``<UTC time>-<id>-demo`` so that
+    :func:`prune_demo_runs` knows it from a manager's."""
+    from runtime.monitordb import default_path
+
+    path = default_path()
+    return path.parent.with_name(f"{path.parent.name}-demo") / path.name
+
+
+def prune_demo_runs(current: Path, keep: int) -> list[Path]:
+    """Remove the oldest demo run directories beside ``current`` (this run's database,
+    from :func:`demo_run_path`), so that the newest ``keep`` remain, this one among
+    them; the directories removed. Only directories named as a demo's are counted and
+    removed, and only those holding nothing but a monitoring database (a manager's
+    run, an older Corral's demo run, one where a file was put: left alone); one that
+    cannot be removed is left too."""
+    here = current.parent
+    others = []
+    with contextlib.suppress(OSError):
+        for entry in here.parent.iterdir():
+            if entry == here or entry.is_symlink() or not _DEMO_RUN.fullmatch(entry.name):
+                continue
+            try:
+                if entry.is_dir() and {f.name for f in entry.iterdir()} <= _DEMO_RUN_FILES:
+                    others.append(entry)
+            except OSError:
+                continue
+    removed = []
+    for old in sorted(others)[: max(0, len(others) - (keep - 1))]:  # names sort by time
+        try:
+            for name in _DEMO_RUN_FILES:
+                (old / name).unlink(missing_ok=True)
+            old.rmdir()
+        except OSError:
+            continue
+        removed.append(old)
+    return removed
 
 
 # ----------------------------------------------------------------------------- summary
@@ -485,6 +541,14 @@ def render_summary(run: DemoRun, console: Console) -> None:
             f"report: python -m runtime report {run.monitoring} -o report.html",
             highlight=False, soft_wrap=True,
         )  # fmt: skip
+        if run.runs_kept:
+            where = Path(run.monitoring).parent.parent
+            removed = f"removed {run.runs_removed} older, " if run.runs_removed else ""
+            console.print(
+                f"demo runs: {removed}keeping the newest {run.runs_kept} in {where} (--keep-runs "
+                "N; 0 keeps all; a manager's runs are never removed)",
+                highlight=False, soft_wrap=True,
+            )  # fmt: skip
     console.print(NEXT_STEP, highlight=False, soft_wrap=True)
 
 
