@@ -18,6 +18,7 @@ import collections
 import contextlib
 import dataclasses
 import gc
+import importlib
 import itertools
 import math
 import os
@@ -26,7 +27,7 @@ import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence, Sized
 from typing import Any, NoReturn
 
 import anyio
@@ -37,7 +38,7 @@ from dask.utils import funcname
 from actors import transfer
 from actors.autoscaler import PoolTarget
 from actors.autoscaler_state import check_blocks
-from actors.manager import GatherResult, Manager
+from actors.manager import THREAD_THRESHOLD, GatherResult, Manager
 from actors.memory import limit_too_small
 from actors.providers import DISK_OFF, BlockSpec, InProcessProvider
 from actors.scheduler import Scheduler
@@ -103,6 +104,13 @@ from runtime.messages import (
     rejoin_causes,
 )
 
+# What Cluster() checks its arguments with, and, through these modules, most of what a
+# cluster's start runs (aiohttp among them): imported with this module, not in the
+# caller's event loop at its first Cluster() (docs/embedding.md). The rest a start
+# needs is imported in a thread (_START_MODULES).
+from runtime.monitor import alerting_config
+from runtime.node import DEAD_AFTER, check_one_token, check_worker_timeout
+
 __all__ = ["Cluster", "Future", "get", "parse_bytes"]
 
 _log = get_logger("corral.client")
@@ -155,6 +163,20 @@ def _whole(name: str, value: object, least: int, *, bool_ok: bool = False, also:
     if (isinstance(value, bool) and not bool_ok) or not isinstance(value, int) or value < least:
         raise ValueError(f"{name} must be a whole number >= {least}{also}, got {value!r}")
     return value
+
+
+#: What a cluster's start imports besides this module's own imports, by the way it runs
+#: (:meth:`Cluster.start` imports them in a thread: ``_import_all``).
+_START_MODULES = {
+    "embedded": ("runtime.preflight", "runtime.monitordb"),
+    "processes": ("actors.processes", "transport.ws"),
+    "address": ("transport.ws",),
+}
+
+
+def _import_all(names: Iterable[str]) -> None:
+    for name in names:
+        importlib.import_module(name)
 
 
 # ----------------------------------------------------------------------------- gc
@@ -490,6 +512,22 @@ class _FuncToken:
 _SUBMIT_SETTINGS = ("key", "priority", "retries", "resources", "pool", "timeout")
 
 
+async def _for_manager(manager: object, request: SubmitGraphRequest) -> Message:
+    """What to ask ``manager`` for ``request``: the request itself, or, to a manager in
+    another process, a graph of :data:`~actors.manager.THREAD_THRESHOLD` tasks or more
+    (or a dask expression) as the pickle the connection would make of it
+    (:func:`runtime.remote.to_wire`), made in a thread, so that its pickling does not
+    hold this event loop (docs/embedding.md). Errors are pickling's own, as on the loop."""
+    if not isinstance(manager, _RemoteManager):
+        return request  # an embedded manager takes the objects, and builds large graphs in a thread
+    graph = request.graph
+    if isinstance(graph, Sized) and len(graph) < THREAD_THRESHOLD:
+        return request
+    from runtime.remote import to_wire
+
+    return await anyio.to_thread.run_sync(to_wire, request)
+
+
 @message(local=True)
 class _Flush(Message):
     """Client-internal: send the tasks queued by ``submit``."""
@@ -765,7 +803,7 @@ class ClientActor(Actor):
                     dict(opts.resources) or None, opts.pool, opts.timeout,
                 )  # fmt: skip
                 try:
-                    reply = await self.manager.ask(request)
+                    reply = await self.manager.ask(await _for_manager(self.manager, request))
                     self.sent(graph, reply)
                     _told_of(reply)
                     break
@@ -1340,8 +1378,6 @@ class Cluster:
         #: with ``address``: per kind this client set, the policy before its first set
         #: (None: not known) and the latest it set; warned of at close if still in force
         self._policies_set: dict[str, tuple[PolicyInfo | None, PolicyInfo]] = {}
-        from runtime.node import DEAD_AFTER
-
         #: seconds the manager may be silent before this client gives up on it
         self.manager_timeout = DEAD_AFTER
         if manager_timeout is not None:
@@ -1371,8 +1407,6 @@ class Cluster:
                 monitoring_interval=monitoring_interval, alerts=alerts,
                 alertmanager=alertmanager, alerting=alerting, worker_timeout=worker_timeout,
             )  # fmt: skip
-            from runtime.node import check_one_token
-
             check_one_token(token, token_file)  # TokenFileError now, not at start
         elif token_file is not None:
             raise ValueError(
@@ -1380,8 +1414,6 @@ class Cluster:
                 "process. An embedded cluster has no token; give the manager's address, or "
                 "leave token_file out"
             )
-        from runtime.node import check_worker_timeout
-
         #: seconds a worker process may be silent before it counts as lost
         self.worker_timeout = (
             DEAD_AFTER if worker_timeout is None else check_worker_timeout(worker_timeout)
@@ -1458,8 +1490,6 @@ class Cluster:
         self.pools: dict[str, Any] = {}  #: configured pools by name (actors.pools)
         if pools is not None:
             self._configure_pools(pools, workers, processes)
-        from runtime.monitor import alerting_config
-
         #: the alert monitor's settings and rules (AlertConfigError now, not at start;
         #: with pools, a rule's scale-out must name one of them, as in a config file)
         self.alerting = alerting_config(
@@ -1559,6 +1589,9 @@ class Cluster:
         """
         if self._system is not None:
             raise CorralError("this cluster is already running")
+        # what this start imports beyond this module's imports: in a thread, so that the
+        # first start in a process does not hold the caller's event loop for them
+        await anyio.to_thread.run_sync(_import_all, self._start_modules())
         system = ActorSystem()
         self._gc.enter()
         try:
@@ -1807,6 +1840,14 @@ class Cluster:
             **fixed,
         )
         await self._finish_start(system, plane)
+
+    def _start_modules(self) -> tuple[str, ...]:
+        """The modules :meth:`start` imports for this cluster (:data:`_START_MODULES`)."""
+        if self.address is not None:
+            return _START_MODULES["address"]
+        if self.processes:
+            return _START_MODULES["embedded"] + _START_MODULES["processes"]
+        return _START_MODULES["embedded"]
 
     def _scheduler(self) -> dict[str, Any]:
         """The scheduler settings ``start_control_plane`` takes from this cluster."""
@@ -2096,18 +2137,18 @@ class Cluster:
         try:
             # the submit() graphs and the releases made before it go first, in that order
             await client.ref.ask(_SendReleases(), timeout=None)
+            request = SubmitGraphRequest(
+                graph,
+                tuple(keys),
+                self._client_actor.name,
+                priority=opts.priority,
+                retries=opts.retries,
+                resources=dict(opts.resources) or None,
+                pool=opts.pool,
+                timeout=opts.timeout,
+            )
             reply = await self._manager.ask(
-                SubmitGraphRequest(
-                    graph,
-                    tuple(keys),
-                    self._client_actor.name,
-                    priority=opts.priority,
-                    retries=opts.retries,
-                    resources=dict(opts.resources) or None,
-                    pool=opts.pool,
-                    timeout=opts.timeout,
-                ),
-                timeout=None,
+                await _for_manager(self._manager, request), timeout=None
             )
         except FrameTooLarge as exc:
             size, limit = exc.fields["size"], exc.fields["limit"]

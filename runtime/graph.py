@@ -869,7 +869,7 @@ def build_specs(
 
 #: Tasks per piece a large graph is taken in by the scheduler (:func:`in_pieces`): a
 #: piece costs its core some tens of milliseconds, and other messages go between pieces.
-INTAKE_PIECE = 2_000
+INTAKE_PIECE = 500
 
 
 class SpecPiece(NamedTuple):
