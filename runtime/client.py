@@ -27,7 +27,7 @@ import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Mapping, Sequence, Sized
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Sized
 from typing import Any, NoReturn
 
 import anyio
@@ -50,6 +50,7 @@ from runtime import pickling, unpickling
 from runtime.errors import (
     FLOOR_ADVICE,
     ActorStopped,
+    AddressInUse,
     AskTimeout,
     ConnectFailed,
     CorralError,
@@ -177,6 +178,19 @@ _START_MODULES = {
 def _import_all(names: Iterable[str]) -> None:
     for name in names:
         importlib.import_module(name)
+
+
+def _port(port: object, processes: object) -> int:
+    """``Cluster(port=...)`` checked: a port number for worker processes to join on."""
+    if not processes:
+        raise ValueError(
+            f"port={port!r} is the port worker processes join the cluster on (127.0.0.1): "
+            "give it with processes=N (or pools= with processes=True); in-process workers "
+            "listen on nothing"
+        )
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise ValueError(f"port must be a whole number 0-65535 (0: a free one), got {port!r}")
+    return port
 
 
 # ----------------------------------------------------------------------------- gc
@@ -1253,7 +1267,11 @@ class Cluster:
 
     ``Cluster(processes=N)`` runs the workers as ``N`` processes on this machine instead,
     joined to this process over loopback websockets (``threads_per_worker`` threads each);
-    a crashed one is replaced, and none outlives this process.
+    a crashed one is replaced, and none outlives this process. They join on ``port`` of
+    127.0.0.1 (default: a free port; ``cluster.gateway_address`` says which), also with
+    pools and ``processes=True``; a port something listens on already raises
+    :class:`~runtime.errors.AddressInUse` at start, and ``port`` without worker
+    processes a ``ValueError``.
 
     Without pools, the cluster's workers (in ``pool``) have ``threads_per_worker``
     cores, :meth:`worker_memory` and a ``disk_per_worker`` given as a size: a task of
@@ -1354,6 +1372,7 @@ class Cluster:
         token: str | None = None,
         token_file: str | os.PathLike[str] | None = None,
         processes: int | None = None,
+        port: int | None = None,
         memory_options: Mapping[str, Any] | None = None,
         stall_timeout: float = 10.0,
         pools: Mapping[str, Mapping[str, Any]] | None = None,
@@ -1398,7 +1417,8 @@ class Cluster:
 
             split_address(address)  # InvalidAddress now, not at start
             _refuse_manager_settings(
-                workers=workers, processes=processes, threads_per_worker=threads_per_worker,
+                workers=workers, processes=processes, port=port,
+                threads_per_worker=threads_per_worker,
                 memory_per_worker=memory_per_worker, disk_per_worker=disk_per_worker,
                 memory_options=memory_options,
                 policies=policies, pools=pools, saturation=saturation,
@@ -1428,6 +1448,8 @@ class Cluster:
         if processes is not None:  # True: with pools=, worker processes
             _whole("processes", processes, 0, bool_ok=pools is not None, also=_PROCESSES_BOOL)
         self.processes = processes  #: worker processes on this machine, over websockets
+        #: the port on 127.0.0.1 those worker processes join this cluster on (0: a free one)
+        self.port = 0 if port is None else _port(port, processes)
         n = (host_cpus() or 1) if workers is None else _whole("workers", workers, 0)
         self.n_workers = n
         self.threads_per_worker = _whole("threads_per_worker", threads_per_worker, 1)
@@ -1806,16 +1828,18 @@ class Cluster:
                 **self._scheduler(),
                 **fixed,
             )
-            self.gateway_address = await start_local_processes(
-                plane,
-                n=self.processes,
-                threads=self.threads_per_worker,
-                memory=memory,
-                pool=self.pool,
-                memory_options=self.memory_options,
-                disk=self.worker_disk(),
-                worker_timeout=self.worker_timeout,
-            )
+            with self._port_taken():
+                self.gateway_address = await start_local_processes(
+                    plane,
+                    n=self.processes,
+                    listen=self._gateway_url(),
+                    threads=self.threads_per_worker,
+                    memory=memory,
+                    pool=self.pool,
+                    memory_options=self.memory_options,
+                    disk=self.worker_disk(),
+                    worker_timeout=self.worker_timeout,
+                )
             await self._finish_start(system, plane)
             return
         spec = BlockSpec(
@@ -1848,6 +1872,23 @@ class Cluster:
         if self.processes:
             return _START_MODULES["embedded"] + _START_MODULES["processes"]
         return _START_MODULES["embedded"]
+
+    def _gateway_url(self) -> str:
+        """Where the gateway worker processes join listens (``port``; 0: a free port)."""
+        return f"ws://127.0.0.1:{self.port}"
+
+    @contextlib.contextmanager
+    def _port_taken(self) -> Iterator[None]:
+        """A ``port`` given that something listens on already: its AddressInUse says so."""
+        try:
+            yield
+        except AddressInUse as exc:
+            exc.add_note(
+                f"(Cluster(processes=..., port={self.port}): something on this machine listens "
+                "on that port already, another cluster or program: choose another port, or "
+                "leave port out and read the free one taken from cluster.gateway_address)"
+            )
+            raise
 
     def _scheduler(self) -> dict[str, Any]:
         """The scheduler settings ``start_control_plane`` takes from this cluster."""
@@ -1883,9 +1924,10 @@ class Cluster:
         )  # fmt: skip
         if self.processes:
             tokens = Tokens.generate()
-            _, listener = await serve_gateway(
-                plane, "ws://127.0.0.1:0", tokens, worker_timeout=self.worker_timeout
-            )
+            with self._port_taken():
+                _, listener = await serve_gateway(
+                    plane, self._gateway_url(), tokens, worker_timeout=self.worker_timeout
+                )
             self.gateway_address = listener.address
             await start_pools(
                 plane, self.pools, listener.address, tokens, memory_options=self.memory_options
@@ -2498,8 +2540,8 @@ _USES = {"gather": "awaited or gathered", "cancel": "cancelled", "as_completed":
 
 #: The ``Cluster`` options of its workers, which a client does not start.
 _WORKER_OPTIONS = (
-    "workers", "processes", "threads_per_worker", "memory_per_worker", "disk_per_worker",
-    "memory_options",
+    "workers", "processes", "port", "threads_per_worker", "memory_per_worker",
+    "disk_per_worker", "memory_options",
 )  # fmt: skip
 
 #: What a manager process holds for all its clients, by the ``Cluster`` options that

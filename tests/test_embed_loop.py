@@ -1,5 +1,5 @@
 """What an embedded cluster runs on the host's event loop (docs/embedding.md, "Your event
-loop takes the graph in"; embed audit D3, D10):
+loop takes the graph in"; embed audit D3, D10, D11):
 
 - a graph of 10,000 tasks reaches the scheduler core in slices of ``INTAKE_PIECE`` (500)
   tasks, one per turn of the loop;
@@ -7,12 +7,15 @@ loop takes the graph in"; embed audit D3, D10):
   loop's thread;
 - a first ``Cluster()`` imports nothing heavy in the loop's thread: what ``Cluster()``
   needs comes with ``runtime.client``, the rest of a start in a thread;
+- ``Cluster(processes=N, port=P)``: the workers join on that port; a port in use is
+  ``AddressInUse`` saying what to do, and a port without worker processes a ValueError.
 
 Timing is not asserted here (benchmarks/embed_stall.py measures the stalls).
 """
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 import threading
@@ -27,6 +30,7 @@ import runtime.remote
 from actors.scheduler_events import GraphSubmitted
 from actors.scheduler_state import SchedulerState
 from runtime import Cluster
+from runtime.errors import AddressInUse
 from runtime.messages import SubmitGraphRequest
 from tests.helpers import ROOT, nodes
 
@@ -143,3 +147,61 @@ def test_a_first_cluster_imports_nothing_heavy_in_the_loop_thread() -> None:
         "actors.processes",
     }  # fmt: skip
     assert not on_loop & heavy, sorted(on_loop)
+
+
+def _free_port() -> int:
+    """A port of 37000-37999 free on 127.0.0.1 just now."""
+    for port in range(37_000, 38_000):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port in 37000-37999")
+
+
+@pytest.mark.anyio
+async def test_processes_join_on_the_port_given_and_a_taken_port_says_so() -> None:
+    port = _free_port()
+    with anyio.fail_after(LIMIT):
+        async with Cluster(processes=1, port=port) as c:
+            assert c.gateway_address == f"ws://127.0.0.1:{port}"
+            await c.wait_for_workers(1, timeout=LIMIT)
+            assert await c.submit(sum, [1, 2]) == 3
+            with pytest.raises(AddressInUse) as caught:
+                async with Cluster(processes=1, port=port):
+                    pass
+    notes = " ".join(getattr(caught.value, "__notes__", []))
+    assert f"port={port}" in notes and "choose another port" in notes, notes
+
+
+@pytest.mark.anyio
+async def test_pools_with_processes_take_the_port_too() -> None:
+    port = _free_port()
+    pools = {"cpu": {"provider": "local", "init_blocks": 1, "min_blocks": 1, "max_blocks": 1}}
+    with anyio.fail_after(LIMIT):
+        async with Cluster(pools=pools, processes=True, port=port) as c:
+            assert c.gateway_address == f"ws://127.0.0.1:{port}"
+            assert await c.submit(sum, [1, 2]) == 3
+
+
+@pytest.mark.parametrize(
+    ("kw", "says"),
+    [
+        ({"port": 37001}, "give it with processes=N"),
+        ({"workers": 2, "port": 37001}, "give it with processes=N"),
+        ({"processes": 1, "port": -1}, "0-65535"),
+        ({"processes": 1, "port": 70000}, "0-65535"),
+        ({"processes": 1, "port": True}, "0-65535"),
+        ({"processes": 1, "port": "37001"}, "0-65535"),
+    ],
+)
+def test_a_bad_port_is_a_value_error_saying_what_to_give(kw: dict[str, Any], says: str) -> None:
+    with pytest.raises(ValueError, match=says):
+        Cluster(**kw)
+
+
+def test_a_port_with_an_address_is_the_manager_s_business() -> None:
+    with pytest.raises(ValueError, match="port="):
+        Cluster("ws://127.0.0.1:37002", port=37003)
