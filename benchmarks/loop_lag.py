@@ -52,7 +52,7 @@ FULL_GC: list[float] = []
 _gc_started = [0.0]
 
 
-def _time_full_gc(phase: str, info: dict[str, int]) -> None:
+def time_full_gc(phase: str, info: dict[str, int]) -> None:
     if phase == "start":
         _gc_started[0] = time.perf_counter()
     elif info["generation"] == 2:
@@ -91,7 +91,7 @@ def main() -> None:
     a = p.parse_args()
     if a.gc == "off":
         gc.disable()
-    gc.callbacks.append(_time_full_gc)
+    gc.callbacks.append(time_full_gc)
     dsk = chains(a.chains)
     piece = runtime.graph.INTAKE_PIECE
     ways = {"pieces": piece, "one event": 10 * len(dsk)}
