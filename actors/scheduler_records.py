@@ -430,7 +430,7 @@ class TaskState:
         #: estimated seconds of work to make its output again from the outputs that are
         #: kept (its latest try, plus the inputs that are not kept, in turn)
         self.remake = 0.0
-        self.behind = False  #: retried: queue behind fresh work
+        self.behind = False  #: its latest retry queues behind fresh work
         self.producer = False  #: a memory producer (as of its latest enqueue)
         self.retries_left = spec.retries  #: user retry budget left
         self.lost_tries = 0  #: tries lost with their worker

@@ -2780,8 +2780,9 @@ class SchedulerState(DiskPlacement):
                 return False  # failed: no worker with more memory is there or can come
             if decision.charge:
                 ts.retries_left -= 1
-            if decision.behind and not self._awaited(ts):
-                ts.behind = True
+            # This retry's place, not an earlier one's: a retry the policy keeps in
+            # place (a resumable one) is not held behind by an earlier try's answer.
+            ts.behind = decision.behind and not self._awaited(ts)
             reason = decision.reason
             if isinstance(error, DiskFull) and error.input:  # its output never began
                 reason = reason.replace(

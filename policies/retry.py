@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 
@@ -34,7 +35,12 @@ class DefaultRetry:
     room (or it waits for one); then the task fails with
     :class:`~runtime.errors.DiskFull`. Retries go behind work that has not been tried yet
     (the scheduler core keeps the place of a retry that a task waits for beside stored
-    outputs: docs/policies.md, retry).
+    outputs: docs/policies.md, retry), but one: a free retry that resumes from a
+    checkpoint (:attr:`~policies.TaskView.saved_work` not None) keeps its place
+    (``behind=False``), with ``resumable_keeps_place`` (true by default). Queued behind
+    fresh long tasks it would wait their length, and its checkpoint, on a preemptible
+    worker's disk, could go with the next preemption meanwhile; its reason says it
+    keeps its place.
 
     ``fallback`` maps a pool to the pool its *long* tasks move to: a task preempted
     after running at least as long as its pool's workers' median life (the pool's
@@ -78,6 +84,7 @@ class DefaultRetry:
         max_disk_full: int = 2,
         backoff: float = 0.0,
         max_backoff: float = 60.0,
+        resumable_keeps_place: bool = True,
     ) -> None:
         for name, value in (("backoff", backoff), ("max_backoff", max_backoff)):
             if not math.isfinite(value) or not 0 <= value <= MAX_RETRY_DELAY:
@@ -85,6 +92,11 @@ class DefaultRetry:
                     f"{name} must be a number of seconds from 0 to {MAX_RETRY_DELAY:g} "
                     f"(the longest the scheduler holds a retry), got {value!r}"
                 )
+        if not isinstance(resumable_keeps_place, bool):  # (the registry checks it first)
+            raise TypeError(
+                "resumable_keeps_place must be true or false (a bool), got "
+                f"{resumable_keeps_place!r}"
+            )
         if max_lost < 0:
             raise ValueError("max_lost must be >= 0")
         if max_oom < 0:
@@ -107,8 +119,25 @@ class DefaultRetry:
         self.fallback = fallback
         self.backoff = float(backoff)
         self.max_backoff = float(max_backoff)
+        self.resumable_keeps_place = resumable_keeps_place
 
     def decide(self, task: TaskView, outcome: str, cause: str | None) -> RetryDecision:
+        decision = self._decide(task, outcome, cause)
+        if not (decision.retry and not decision.charge and self.resumable_keeps_place):
+            return decision
+        # (read only for a free retry: a policy's own task views may lack it)
+        saved = task.saved_work
+        if saved is None:  # it starts over: behind fresh work, as any retry
+            return decision
+        reason = (
+            f"{decision.reason}; its checkpoint holds {saved:.0f} s of work: "
+            "it keeps its place in the queue, not behind fresh work"
+        )
+        return dataclasses.replace(decision, behind=False, reason=reason)
+
+    def _decide(self, task: TaskView, outcome: str, cause: str | None) -> RetryDecision:
+        """The decision, a retry behind fresh work (:meth:`decide` keeps a resumable
+        free retry's place)."""
         if outcome == "worker-lost":
             if task.crash_tries >= self.max_crashes:
                 return RetryDecision(

@@ -149,8 +149,11 @@ async def test_sigterm_to_a_process_execution_job_s_whole_group_is_a_free_retry(
             gate.touch()
             assert await fut == sum(range(steps))
             story = await c.story("sim")
-            retries = [entry[2] for entry in story if entry[1] == "retry"]
-            assert retries == ["worker lost (preempted); free retry"], "\n".join(map(str, story))
+            why = [entry[2] for entry in story if entry[1] == "retry"]
+            assert len(why) == 1, "\n".join(map(str, story))
+            # It resumes from a checkpoint: it keeps its place (docs/policies.md, retry).
+            assert why[0].startswith("worker lost (preempted); free retry; its checkpoint "), why
+            assert why[0].endswith("it keeps its place in the queue, not behind fresh work"), why
             assert [e for e in story if e[1] == "resume"], story
             assert not [e for e in story if e[2] == "erred"], story
             assert (await c.status())["checkpoints"]["resumed"] == 1

@@ -248,21 +248,30 @@ def test_a_checkpointed_task_that_lost_little_stays_in_its_pool(make_state: Fact
     assert ts.spec.pool == "ckpt" and ts.retries_left == 0 and ts.resumed == (7, 140.0)
     assert retry_reasons(s, "train") == [
         "worker lost (preempted); free retry in 'ckpt': it resumes from its checkpoint, "
-        "10 s of its 150 s run not in it, under the median life of 'ckpt' workers (120 s)"
+        "10 s of its 150 s run not in it, under the median life of 'ckpt' workers (120 s); "
+        "its checkpoint holds 140 s of work: it keeps its place in the queue, not behind "
+        "fresh work"
     ]
+    assert not ts.behind
     assert ("pool", "ckpt->owner") not in [(t[1], t[2]) for t in s.story("train")]
 
 
 @pytest.mark.parametrize(
-    ("saved_at", "large", "why"),
+    ("saved_at", "large", "why", "place"),
     [
-        (160, False, "preempted after 150 s, 140 s of it not in a checkpoint"),
-        (290, True, "preempted after 150 s"),  # its checkpoint went with its worker
+        (
+            160,
+            False,
+            "preempted after 150 s, 140 s of it not in a checkpoint",
+            "; its checkpoint holds 10 s of work: it keeps its place in the queue, not "
+            "behind fresh work",
+        ),
+        (290, True, "preempted after 150 s", ""),  # its checkpoint went with its worker
     ],
     ids=["saved-early", "checkpoint-lost"],
 )
 def test_a_checkpointed_task_that_lost_a_median_life_moves(
-    make_state: Factory, saved_at: float, large: bool, why: str
+    make_state: Factory, saved_at: float, large: bool, why: str, place: str
 ) -> None:
     """A checkpoint helps only with the work it holds: one saved 10 s into a 150 s run
     leaves 140 s unsaved, past the median life (120 s); one lost with its worker's disk
@@ -277,8 +286,9 @@ def test_a_checkpointed_task_that_lost_a_median_life_moves(
     assert s.tasks["train"].spec.pool == "owner"
     assert retry_reasons(s, "train") == [
         f"{why}, past the median life of 'ckpt' workers (120 s): a long task, moved to "
-        "'owner'; free retry"
+        f"'owner'; free retry{place}"
     ]
+    assert s.tasks["train"].behind is (not place)  # one that resumes keeps its place
 
 
 @pytest.mark.parametrize("checkpointed", [False, True], ids=["moves", "checkpointed-stays"])
@@ -308,7 +318,8 @@ def test_a_task_of_a_long_category_moves_on_its_first_preemption(
     assert why == (
         "worker lost (preempted); free retry in 'ckpt': it resumes from its checkpoint, "
         "2 s of its 10 s run not in it, under the median life of 'ckpt' workers (120 s) "
-        "(its category takes 200 s on average)"
+        "(its category takes 200 s on average); its checkpoint holds 8 s of work: it keeps "
+        "its place in the queue, not behind fresh work"
     )
 
 
