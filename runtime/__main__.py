@@ -583,8 +583,9 @@ def build_parser(prog: str = MODULE_PROG) -> argparse.ArgumentParser:
         default=0.0,
         metavar="SECONDS",
         help="keep trying to reach the manager for this long, when it starts (a manager "
-        "not up yet) and each time it loses it (a manager restarting), with backoff and a "
-        "log line per try (default: one try at start, 10 s after a loss)",
+        "not up yet) and each time it loses it (a manager restarting, after a crash or "
+        "stopped on purpose), with backoff and a log line per try (default: one try at "
+        "start, 10 s after a crash, none after the manager's goodbye: it exits 0)",
     )
     wrk.add_argument(
         "--name",

@@ -577,7 +577,8 @@ class _RemoteManager:
         (:class:`ManagerStopping`) when it stopped on purpose, else ManagerLost."""
         farewell = self.peer.farewell
         if farewell is not None:
-            return ManagerStopping(self.address, getattr(farewell, "how", "SIGINT or SIGTERM"))
+            how = getattr(farewell, "how", "SIGINT or SIGTERM")
+            return ManagerStopping(self.address, how, for_client=True)
         return ManagerLost(self.address, self.peer.why_closed())
 
     @property

@@ -1483,27 +1483,39 @@ class ManagerLost(CorralError):
 
     def __init__(self, address: str, reason: str) -> None:
         super().__init__(
-            f"lost the manager at {address}: {reason}. Results that were still pending are "
-            "gone with it, and this Cluster is closed for good: every later call on it "
-            "raises this error. Once a manager is running there again, make a new "
-            f"Cluster({address!r}) and submit the work again.",
+            f"lost the manager at {address}: {reason}. {_resubmit(address)}",
             address=address,
             reason=reason,
         )
 
 
+def _resubmit(address: str) -> str:
+    """What a client that lost its manager does next (:class:`ManagerLost`, and a
+    client's :class:`ManagerStopping`)."""
+    return (
+        "Results that were still pending are gone with it, and this Cluster is closed for "
+        "good: every later call on it raises this error. Once a manager is running there "
+        f"again, make a new Cluster({address!r}) and submit the work again."
+    )
+
+
 class ManagerStopping(ManagerLost):
     """The manager stops on purpose (SIGINT/SIGTERM, or its embedding program cancelled
     it): the last word it sends each connection (a ``Refused`` frame) before it closes
-    it. A worker told so leaves, and does not try to rejoin; a client's pending calls
-    and later ones raise it (a :class:`ManagerLost`, so code that catches that still
-    does)."""
+    it. A worker told so leaves (one with ``--connect-retry`` tries to rejoin a manager
+    started again there for that long first); a client's pending calls and later ones
+    raise it (a :class:`ManagerLost`, so code that catches that still does), with
+    ``for_client``: its text then says what to do next, as ManagerLost's does."""
 
-    def __init__(self, address: str, how: str = "SIGINT or SIGTERM") -> None:
-        # The text consoles and workers show as the reason the connection ended.
+    def __init__(
+        self, address: str, how: str = "SIGINT or SIGTERM", *, for_client: bool = False
+    ) -> None:
+        # Without for_client: the text consoles and workers show as the reason the
+        # connection ended (and a websocket's close reason: short).
+        tail = f". {_resubmit(address)}" if for_client else ""
         CorralError.__init__(
             self,
-            f"the manager at {address} stopped on purpose ({how})",
+            f"the manager at {address} stopped on purpose ({how}){tail}",
             address=address,
             reason=f"it stopped on purpose ({how})",
             how=how,

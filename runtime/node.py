@@ -2395,9 +2395,11 @@ async def run_worker(
 ) -> None:
     """Run a worker process until SIGINT/SIGTERM, until the scheduler retires it, until
     the manager says it stops (:class:`ManagerStopping`: the worker leaves at once,
-    without trying to rejoin, and returns), or until the manager, lost without that
-    word (a crash, the network), stays unreachable for ``reconnect`` seconds (then it
-    raises :class:`ManagerUnreachable`: the command line exits 1).
+    without trying to rejoin, and returns; with a ``connect_retry``, it first tries for
+    that long to rejoin a manager started again there, a planned restart, and returns
+    only if none takes it), or until the manager, lost without that word (a crash, the
+    network), stays unreachable for ``reconnect`` seconds (then it raises
+    :class:`ManagerUnreachable`: the command line exits 1).
 
     When it stops it tells the scheduler why (:func:`leaving_cause`): ``drained`` when
     the scheduler retired it (``walltime`` when it drained it because its walltime was
@@ -2434,7 +2436,8 @@ async def run_worker(
     file is the manager's own token file (a shared file system) joins the restarted
     manager with its new token. ``connect_retry``: seconds the first join keeps trying
     a manager that is not there yet (not listening, its token file not written, its
-    token not the one presented) before it raises the last error (0: one try), with a
+    token not the one presented) before it raises the last error (0: one try), and
+    those a worker told that its manager stopped keeps trying to rejoin, with a
     backoff of 0.05 s doubled up to 1 s, 5 s after the first 10 s of trying, and a log
     line per failed try.
     """
@@ -2498,7 +2501,9 @@ async def run_worker(
                 return peer.ref
 
             link = Link("manager")
-            farewell: list[bool] = []  #: the manager said it stops on purpose
+            #: the manager said it stops on purpose; the seconds the worker then tried
+            #: to rejoin a manager started again (its ``connect_retry``; 0: none)
+            farewell: list[float] = []
             retired: list[str] = []  #: why the scheduler retired it (its Stop's reason)
             #: set when the manager connection ends after the stop began: no evacuation
             #: plan can come any more, so the worker does not wait out its grace for one
@@ -2646,10 +2651,11 @@ async def run_worker(
                     if stop.is_set():
                         manager_gone.set()
                         return
-                    if peer.farewell is not None:  # stopped on purpose: nothing to rejoin
+                    told = peer.farewell is not None  # the manager stopped on purpose
+                    if told and connect_retry <= 0:  # nothing to rejoin
                         _log.info("the manager stopped; leaving", worker=worker_id,
                                   manager=address)  # fmt: skip
-                        farewell.append(True)
+                        farewell.append(0.0)
                         manager_gone.set()
                         stop.set()
                         return
@@ -2659,14 +2665,22 @@ async def run_worker(
                         fatal.append(peer.refusal)
                         stop.set()
                         return
-                    short = short + 1 if anyio.current_time() - began < 1.0 else 0
-                    _log.warning("lost the manager; reconnecting", worker=worker_id)
-                    if short > 1:  # never a tight loop, whatever the manager does
-                        await anyio.sleep(min(0.05 * 2**short, 2.0))
+                    if told:  # a planned restart, maybe: rejoin the next one, as below
+                        _log.warning(
+                            "the manager stopped on purpose; trying to rejoin",
+                            worker=worker_id, manager=address, seconds=connect_retry,
+                            why="--connect-retry",
+                        )  # fmt: skip
+                    else:
+                        short = short + 1 if anyio.current_time() - began < 1.0 else 0
+                        _log.warning("lost the manager; reconnecting", worker=worker_id)
+                        if short > 1:  # never a tight loop, whatever the manager does
+                            await anyio.sleep(min(0.05 * 2**short, 2.0))
+                    window = connect_retry if told else reconnect
                     peer = None
                     refused: BaseException | None = None
                     try:
-                        peer = await reach(reconnect, rejoin=True)
+                        peer = await reach(window, rejoin=True)
                     except _WorkerRefused as exc:
                         refused = exc.error
                     except CorralError:
@@ -2676,6 +2690,10 @@ async def run_worker(
                             _log.error("refused by the manager; stopping", worker=worker_id,
                                        reason=str(refused))  # fmt: skip
                             fatal.append(refused)
+                        elif told:  # not back: it leaves as if it had not waited
+                            _log.info("the manager stopped; leaving", worker=worker_id,
+                                      manager=address, waited=window)  # fmt: skip
+                            farewell.append(window)
                         else:  # no goodbye: a crash; exit 1, for a service manager
                             _log.error("manager unreachable; stopping", worker=worker_id,
                                        manager=address, seconds=reconnect)  # fmt: skip
@@ -2735,16 +2753,21 @@ async def run_worker(
     if fatal:
         raise fatal[0]
     if left is not None:
-        left(worker_id, leaving_words(cause, manager_stopped=bool(farewell)))
+        waited = farewell[0] if farewell else 0.0
+        left(worker_id, leaving_words(cause, manager_stopped=bool(farewell), waited=waited))
 
 
-def leaving_words(cause: str, *, manager_stopped: bool) -> str:
+def leaving_words(cause: str, *, manager_stopped: bool, waited: float = 0.0) -> str:
     """Why a worker process left, in words for its operator (the command line prints
     ``worker ID left ADDRESS: WHY``): ``cause`` is :func:`leaving_cause`'s;
     ``manager_stopped``: its manager said it stops on purpose, which the worker took as
-    its own stop."""
+    its own stop, after trying for ``waited`` seconds (its ``--connect-retry``; 0: not
+    at all) to rejoin a manager started again there."""
     if manager_stopped:
-        return "its manager stopped on purpose (SIGINT or SIGTERM of the manager)"
+        words = "its manager stopped on purpose (SIGINT or SIGTERM of the manager)"
+        if waited > 0:
+            words += f" and was not back within {waited:g} s (--connect-retry)"
+        return words
     return {
         "drained": "drained by its manager (an operator's drain, the autoscaler's scale "
         "in, or its pool's tasks_per_worker)",

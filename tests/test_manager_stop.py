@@ -1,7 +1,9 @@
 """A worker started by hand when its manager stops: told so (SIGTERM to the manager), it
-leaves at once, quietly, with status 0; not told (``kill -9``: a crash), it retries for
-its 10 s, logs the error and exits with status 1, so that a service manager restarts it.
-Real manager and worker processes over websockets on 127.0.0.1."""
+leaves at once, quietly, with status 0 (with ``--connect-retry SECONDS``, once it has
+tried that long to rejoin a manager started again there: a planned restart); not told
+(``kill -9``: a crash), it retries for its 10 s, logs the error and exits with status 1,
+so that a service manager restarts it. Real manager and worker processes over
+websockets on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -122,6 +124,8 @@ async def test_a_clients_pending_calls_raise_manager_stopping_on_the_goodbye(
             assert isinstance(err.value, ManagerLost)
             assert err.value.address == address
             assert "stopped on purpose" in str(err.value), err.value
+            # and what to do next, as ManagerLost's text says (multiuser audit, defect 6)
+            assert f"make a new Cluster({address!r}) and submit" in str(err.value), err.value
             assert isinstance(outcome.get("wait_for_workers"), ManagerStopping), outcome
             with pytest.raises(ManagerStopping):
                 await c.status()
@@ -173,3 +177,97 @@ async def test_a_cancelled_run_manager_stops_as_on_sigterm(tmp_path: Path) -> No
         with contextlib.closing(sqlite3.connect(db)) as con:
             ended = con.execute("SELECT ended FROM runs").fetchall()
         assert len(ended) == 1 and ended[0][0] is not None, ended
+
+
+def inc(x: int) -> int:
+    return x + 1
+
+
+def port_for_a_restart() -> int:
+    """A port of 127.0.0.1 from 42000 to 42999 free just now, for a manager started
+    twice on it (the same address: the worker rejoins the second one)."""
+    import random
+    import socket
+
+    for port in random.sample(range(42000, 43000), 1000):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise AssertionError("no free port from 42000 to 42999")
+
+
+def manager_args() -> list[str]:
+    """A manager's command line on such a port, one it may be started again with."""
+    port = port_for_a_restart()
+    return ["manager", "--listen", f"127.0.0.1:{port}", "--no-monitoring", "--keep-tokens"]
+
+
+@pytest.mark.anyio
+async def test_a_worker_with_connect_retry_rejoins_a_manager_restarted_on_purpose(
+    tmp_path: Path,
+) -> None:
+    """A planned restart: the manager (--keep-tokens, a fixed port) is stopped with
+    SIGTERM and started again. A worker with --connect-retry 30 says it tries to rejoin,
+    rejoins the new manager (which never knew its secret, as after a kill -9) and runs a
+    new client's task. Before, it left with status 0 at the goodbye, and every worker
+    had to be started again by hand (multiuser audit, defect 6)."""
+    from runtime import Cluster
+
+    listen = manager_args()
+    with Cli(tmp_path / "home") as cli, anyio.fail_after(2 * LIMIT):
+        first = cli.start(*listen)
+        line = await run(cli.line_with, first, "manager listening on")
+        address = line.split("manager listening on", 1)[1].strip()
+        worker = await run(cli.worker, address, "--name", "stays", "--connect-retry", "30")
+        first.send_signal(signal.SIGTERM)  # as `systemctl restart` does first
+        line = await run(cli.line_with, worker, "the manager stopped on purpose; trying to rejoin")
+        assert "seconds=30" in line and "--connect-retry" in line, line
+        assert await run(first.wait, LIMIT) == 0
+        second = cli.start(*listen)
+        await run(cli.line_with, second, "manager listening on")
+        async with Cluster(address, manager_alerts=None) as cluster:
+            await cluster.wait_for_workers(1, timeout=LIMIT)  # the worker is back
+            assert await cluster.submit(inc, 1) == 2
+            assert [w.worker_id for w in (await cluster.status())["workers"]] == ["stays"]
+        assert worker.poll() is None
+
+
+@pytest.mark.anyio
+async def test_a_worker_with_connect_retry_leaves_with_status_0_if_no_manager_comes_back(
+    tmp_path: Path,
+) -> None:
+    """The manager stopped on purpose and not started again: once its --connect-retry is
+    up the worker leaves with status 0, as one without it does at once, saying so."""
+    with Cli(tmp_path / "home") as cli, anyio.fail_after(LIMIT):
+        manager = cli.start(*manager_args())
+        line = await run(cli.line_with, manager, "manager listening on")
+        address = line.split("manager listening on", 1)[1].strip()
+        worker = await run(cli.worker, address, "--name", "by-hand", "--connect-retry", "1")
+        manager.send_signal(signal.SIGTERM)
+        await run(cli.line_with, worker, "the manager stopped on purpose; trying to rejoin")
+        line = await run(cli.line_with, worker, "worker by-hand left", 20)
+        assert line.strip() == (
+            f"worker by-hand left {address}: its manager stopped on purpose (SIGINT or "
+            "SIGTERM of the manager) and was not back within 1 s (--connect-retry)"
+        ), line
+        assert await run(worker.wait, 10) == 0
+        assert await run(manager.wait, 10) == 0
+
+
+def test_manager_stopping_says_what_a_client_does_next_as_manager_lost_does() -> None:
+    """A client's ManagerStopping ends with ManagerLost's next step; the goodbye the
+    manager sends (a websocket close reason too, consoles and workers show it) stays
+    short."""
+    from runtime.errors import ManagerLost, ManagerStopping
+
+    address = "ws://127.0.0.1:42001"
+    lost = str(ManagerLost(address, "the connection closed"))
+    tail = lost.split("the connection closed. ", 1)[1]
+    told = str(ManagerStopping(address, for_client=True))
+    assert told == f"the manager at {address} stopped on purpose (SIGINT or SIGTERM). {tail}"
+    assert "make a new Cluster" in tail, tail
+    said = str(ManagerStopping(address))
+    assert said == f"the manager at {address} stopped on purpose (SIGINT or SIGTERM)"
