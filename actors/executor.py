@@ -813,7 +813,7 @@ class Executor(BaseExecutor):
         )
 
 
-def _load_node(key: Key, payload: bytes | bytearray, where: str) -> Any:
+def _load_node(key: Key, payload: bytes | bytearray | memoryview, where: str) -> Any:
     """The task node pickled in ``payload``, loaded in a thread or a task process (``where``
     says which process): through :mod:`runtime.unpickling`, so that its first imports of
     the task's modules never race the worker's other unpickles (its event loop's, its
@@ -868,9 +868,10 @@ def _write_all(fd: int, data: memoryview) -> None:
         pos += os.write(fd, data[pos:])
 
 
-def _read_exactly(fd: int, n: int) -> bytearray:
-    """Read ``n`` bytes from ``fd`` straight into a new (writable) buffer."""
-    buf = bytearray(n)
+def _read_exactly(fd: int, n: int) -> bytearray | memoryview:
+    """Read ``n`` bytes from ``fd`` straight into a new (writable) buffer, whose pages
+    the read fills with the GIL released (:func:`runtime.unpickling.buffer`)."""
+    buf = unpickling.buffer(n)
     with memoryview(buf) as view:
         pos = 0
         while pos < n:
@@ -913,7 +914,7 @@ def _send(conn: Connection, header: Any, parts: Iterable[memoryview]) -> None:
         _write_all(fd, part)
 
 
-def _receive(conn: Connection) -> tuple[Any, list[bytearray]] | None:
+def _receive(conn: Connection) -> tuple[Any, list[bytearray | memoryview]] | None:
     """The other end's :func:`_send`: ``(header, parts)``; None for the stop message."""
     msg = unpickling.loads(conn.recv_bytes())
     if msg is None:
@@ -962,7 +963,7 @@ def _child_context(conn: Connection, header: tuple[Any, ...]) -> TaskContext:
 
 
 def _run_job(
-    header: tuple[Any, ...], parts: list[bytearray], conn: Connection
+    header: tuple[Any, ...], parts: list[bytearray | memoryview], conn: Connection
 ) -> tuple[tuple[Any, ...], list[memoryview]]:
     """Run one job in the task process; the reply's header and parts."""
     key = header[0]
@@ -1296,7 +1297,7 @@ class ProcessExecutor(BaseExecutor):
                 return TaskResult(key, "cancelled"), None
             slot.key, slot.killed, slot.since = key, None, time.monotonic()
             slot.began_rss = began
-        reply: tuple[Any, list[bytearray]] | None = None
+        reply: tuple[Any, list[bytearray | memoryview]] | None = None
         failure: Exception | None = None
         try:
             seq, path = self._resume(task)
@@ -1364,7 +1365,7 @@ class ProcessExecutor(BaseExecutor):
             self._save_checkpoint(key, seq, path, nbytes)
 
     def _result(
-        self, slot: _Slot, key: Key, header: tuple[Any, ...], parts: list[bytearray]
+        self, slot: _Slot, key: Key, header: tuple[Any, ...], parts: list[bytearray | memoryview]
     ) -> tuple[TaskResult, Any]:
         """The TaskResult and value of a task process's reply (a ``disk-full`` one's
         header ends with the bytes its try wrote)."""
@@ -1531,7 +1532,7 @@ def stop_resource_tracker() -> None:
             stop()
 
 
-def _discard_reply(reply: tuple[Any, list[bytearray]]) -> None:
+def _discard_reply(reply: tuple[Any, list[bytearray | memoryview]]) -> None:
     """Remove the file of a file output in a reply nobody keeps (its try was killed)."""
     header, parts = reply
     if header[0] == "ok":

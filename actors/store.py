@@ -22,7 +22,8 @@ The rules:
   moves count them. ``disk_bytes`` and ``disk_limit`` count real file bytes.
 - Zero-copy where cheap: out-of-band pickle buffers (numpy arrays, ...) are written
   straight from the object's memory, and read back with ``readinto`` into writable
-  ``bytearray`` objects that the unpickled value uses without a further copy.
+  buffers (:func:`runtime.unpickling.buffer`: pages untouched, not zeroed holding the
+  GIL) that the unpickled value uses without a further copy.
 - Not thread-safe: the worker uses a store from its event-loop thread only. What
   may run on another thread is the writing of one spill file
   (:meth:`SpillStore.spill_keys_off_loop`: the value stays in memory, served, until its
@@ -56,6 +57,7 @@ buffer lengths, known only after pickling, follow it rather than sit in the head
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import fcntl
 import io
@@ -204,7 +206,8 @@ def _read_header(file: BinaryIO) -> tuple[int, int]:
 
 
 def _load_from(path: str) -> Any:
-    """Read a value back from a spill file, its buffers into writable bytearrays."""
+    """Read a value back from a spill file, its buffers into writable buffers
+    (:func:`runtime.unpickling.buffer`)."""
     return load_opened(open(path, "rb"))
 
 
@@ -214,14 +217,14 @@ def load_opened(file: io.BufferedReader) -> Any:
     path = file.name
     with file:
         n_buffers, pickle_len = _read_header(file)
-        buffers: list[bytearray] = []
+        buffers: list[bytearray | memoryview] = []
         if n_buffers:
             file.seek(_HEADER.size + pickle_len)
             table = file.read(_LENGTH.size * n_buffers)
             if len(table) != _LENGTH.size * n_buffers:
                 raise EOFError(f"spill file {path!r} is truncated")
             for (length,) in _LENGTH.iter_unpack(table):
-                buf = bytearray(length)
+                buf = unpickling.buffer(length)  # untouched: no GIL-held zeroing
                 view = memoryview(buf)
                 got = 0
                 while got < length:
@@ -490,6 +493,24 @@ def _write_job(job: _Job) -> int | BaseException:
                 os.unlink(tmp)
 
 
+def _unlink_quietly(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+
+
+def _unlink_off_loop(path: str) -> None:
+    """Delete spill file ``path``: on an event loop, from a thread of its default
+    executor (unlinking a 200 MB file just written took the worker's event loop for
+    over a second on a loaded machine); with none running, here. A spill file's name
+    is used once, so its deletion may come late; the disk counts it gone at once."""
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        _unlink_quietly(path)
+        return
+    loop.run_in_executor(None, _unlink_quietly, path)
+
+
 class _OnDisk:
     """Where a spilled value lives and how many bytes its file takes."""
 
@@ -626,6 +647,15 @@ class SpillStore(MutableMapping[Key, Any]):
         if key not in self._sizes:
             raise KeyError(key)
         self._discard(key)
+
+    def discard(self, key: Key) -> bool:
+        """Forget ``key`` wherever it is, its file deleted unread; False if it is not
+        here. Not ``pop``: :class:`MutableMapping`'s reads a spilled value back into
+        memory (all of its bytes, on the caller's thread) only to drop it."""
+        if key not in self._sizes:
+            return False
+        self._discard(key)
+        return True
 
     def __contains__(self, key: object) -> bool:
         return key in self._sizes
@@ -962,8 +992,7 @@ class SpillStore(MutableMapping[Key, Any]):
         where = self._disk.pop(key)
         self._disk_bytes -= where.file_bytes
         self.disk_full = False
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(where.path)
+        _unlink_off_loop(where.path)
 
     def close(self) -> None:
         """Forget every value and delete every spill file and the spill directory.

@@ -280,8 +280,9 @@ async def receive_parts(
     where: str = "",
     part_bytes: int = PART_BYTES,
     window: int = WINDOW,
-) -> list[bytearray]:
-    """Read the whole stream ``info`` into one ``bytearray`` per segment.
+) -> list[bytearray | memoryview]:
+    """Read the whole stream ``info`` into one writable buffer per segment
+    (:func:`runtime.unpickling.buffer`: a large one's pages untouched until written).
 
     ``ask`` sends one ReadStream and returns its StreamPart (bounded in time by the
     caller's ask timeout). With ``limit``, a stream longer than it raises
@@ -289,7 +290,7 @@ async def receive_parts(
     total = sum(info.sizes)
     if limit and total > limit:
         raise ValueTooLarge(str(info.key), total, limit, where or "the receiver")
-    bufs = [bytearray(n) for n in info.sizes]
+    bufs = [unpickling.buffer(n) for n in info.sizes]  # untouched: no GIL-held zeroing
     views = [memoryview(b) for b in bufs]
     starts = []
     base = 0
@@ -340,7 +341,7 @@ def _check_part(info: StreamInfo, offset: int, length: int, part: StreamPart) ->
         )
 
 
-def loads(parts: Sequence[bytes | bytearray]) -> Any:
+def loads(parts: Sequence[bytes | bytearray | memoryview]) -> Any:
     """The value of a stream read by :func:`receive_parts` (or of ``BufferSegments``)."""
     return unpickling.loads(parts[0], parts[1:])
 

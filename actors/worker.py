@@ -45,9 +45,11 @@ import functools
 import gc
 import inspect
 import io
+import math
 import os
 import shutil
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -253,6 +255,19 @@ class Spilling:
     ended: float | None = None
 
 
+def thread_cpu() -> dict[int, float]:
+    """CPU seconds each thread of this process has used so far, by native thread id
+    (empty where the system does not say)."""
+    try:
+        return {t.id: t.user_time + t.system_time for t in psutil.Process().threads()}
+    except (psutil.Error, OSError):
+        return {}
+
+
+#: seconds between two samples of the threads' CPU (:meth:`Worker.busy_threads`)
+CPU_SAMPLE_EVERY = 1.0
+
+
 def trim_memory() -> bool:
     """Give freed memory back to the OS: collect Python's garbage (cycles holding
     frames, dataframes), then glibc's ``malloc_trim(0)``; False where the C library has
@@ -370,6 +385,10 @@ class Worker(Actor):
         #: while its copies are made: starts those of more of its plan
         self._more_moves: Callable[[tuple[Any, ...]], None] | None = None
         self._trimmed = 0.0  #: when the heap was last trimmed
+        #: the threads' CPU seconds (:func:`thread_cpu`) at the last memory tick that
+        #: took them, at most ``CPU_SAMPLE_EVERY`` s apart while the loop runs: the
+        #: baseline of a stall (:meth:`busy_threads`)
+        self._cpu_sample: tuple[float, dict[int, float]] = (-math.inf, {})
         self._started = 0.0  #: when it started (the loop's clock)
         self._up = 0.0  #: when its task processes were seen up (0: not yet)
         self._start_checked = False  #: its memory at start was looked at
@@ -533,7 +552,7 @@ class Worker(Actor):
             self.start_soon(self._fetch, cmd)
         elif isinstance(cmd, ws.Forget):
             for key in cmd.keys:
-                self.data.pop(key, None)
+                self.data.discard(key)  # a spilled one's file goes unread
                 self._drop_partial(key)
         elif isinstance(cmd, ws.Sample):
             self._sample()
@@ -692,6 +711,8 @@ class Worker(Actor):
     @handles(_MemoryTick)
     def memory_tick(self, msg: _MemoryTick) -> None:
         self._sample()
+        if time.monotonic() - self._cpu_sample[0] >= CPU_SAMPLE_EVERY:
+            self._cpu_sample = (time.monotonic(), thread_cpu())
         if not self._start_checked and self.executor is not None:
             self._floor_at_start(self.executor)
         # Others may fill (or free) the file system: report a move of 1% of the disk.
@@ -798,13 +819,50 @@ class Worker(Actor):
             )
         self._disk_full = store.disk_full
 
-    def spill_during(self, began: float) -> Spilling | None:
-        """The spill under way, or the last one, if it ran at some time since
-        ``began`` (``time.monotonic()``): what a blocked event loop's warning names."""
+    def spill_during(self, began: float, now: float | None = None) -> Spilling | None:
+        """The spill under way, or the last one, if it ran for at least half of the
+        time from ``began`` to ``now`` (``time.monotonic()``, by default now) and asked
+        for bytes: what a blocked event loop's warning may name. A spill that asked
+        for none (memory over the fence is not outputs: the audit's "0.0 MiB asked
+        for") or was over in a moment did not take those seconds."""
+        now = time.monotonic() if now is None else now
         for spill in (self.spilling, self.spilled_last):
-            if spill is not None and (spill.ended is None or spill.ended >= began):
+            if spill is None or spill.nbytes <= 0:
+                continue
+            ran = (now if spill.ended is None else spill.ended) - max(spill.began, began)
+            if ran >= (now - began) / 2:
                 return spill
         return None
+
+    def busy_threads(self) -> list[tuple[str, float]]:
+        """The threads of this process other than the event loop's that used CPU since
+        the last sample (:meth:`memory_tick`, taken before a stall of the loop, which
+        ran no tick meanwhile), the busiest first: what each is, and its CPU seconds.
+        While one of them runs Python code, or a call that keeps Python's GIL, the
+        event loop cannot run: what a blocked event loop's warning names."""
+        before, now = self._cpu_sample[1], thread_cpu()
+        loop = threading.get_native_id()
+        names = {t.native_id: t.name for t in threading.enumerate()}
+        ex = self.executor
+        busy: list[tuple[str, float]] = []
+        for tid, cpu in now.items():
+            used = cpu - before.get(tid, 0.0)
+            if tid == loop or used <= 0:
+                continue
+            name = names.get(tid, "")
+            if ex is not None and name.startswith(f"{self.worker_id}-"):
+                what = (
+                    f"thread {name!r}, which hands tasks to their task process and "
+                    "reads back their results"
+                    if isinstance(ex, ProcessExecutor)
+                    else f"thread {name!r}, which runs tasks"
+                )
+            elif name:
+                what = f"thread {name!r} (the worker's own: spilling, reading spilled inputs)"
+            else:
+                what = f"thread {tid} (not Python's)"
+            busy.append((what, used))
+        return sorted(busy, key=lambda b: -b[1])
 
     def _kill(self, key: Key, rss: int) -> None:
         assert self.executor is not None
@@ -1115,8 +1173,7 @@ class Worker(Actor):
             self._report()  # an abandoned thread ended (a held one reports by itself)
         if written:
             for key in self._written:  # results the core did not keep (cancelled)
-                if key in self.data:
-                    del self.data[key]  # its file too, without reading it back
+                self.data.discard(key)  # its file too, without reading it back
             kept = tuple(k for k in written - self._written if self.data.on_disk(k))
             self._written.clear()
             if kept:

@@ -2334,12 +2334,20 @@ async def _listen_for_peers(base: str, port: int | tuple[int, int], options: dic
 
 
 def loop_blocked_why(
-    seconds: float, now: float, continued: float, spill: Spilling | None, running: bool
+    seconds: float,
+    now: float,
+    continued: float,
+    spill: Spilling | None,
+    running: bool,
+    busy: Sequence[tuple[str, float]] = (),
 ) -> str:
     """Why a worker's event loop was blocked for ``seconds`` until ``now``
     (``time.monotonic()``), as far as it can tell: the process was continued
-    (SIGCONT) at ``continued``; a spill (``spill``, under way or ended in that time)
-    was writing outputs; no task (``running``) ran; or a task held the GIL."""
+    (SIGCONT) at ``continued``; another of its threads was busy (``busy``: what each
+    is and its CPU seconds meanwhile, the busiest first, :meth:`Worker.busy_threads`)
+    for a quarter of the time or more; a spill (``spill``, under way for half of that
+    time) was writing outputs; no task ran in the worker's threads (``running``); or a
+    task held the GIL."""
     lost = (
         "no heartbeats went out meanwhile, and the manager counts a worker "
         "silent for longer than its --worker-timeout (10 s by default) as lost"
@@ -2348,6 +2356,14 @@ def loop_blocked_why(
         return (
             f"the process was stopped (SIGSTOP, a suspended job or terminal) "
             f"and continued (SIGCONT), not blocked by a task: {lost}"
+        )
+    if busy and busy[0][1] >= seconds / 4:
+        what, cpu = busy[0]
+        return (
+            f"its {what} used {cpu:.1f} s of CPU in those {seconds:.1f} s, and while it "
+            f"runs Python code or a call that keeps Python's GIL the event loop cannot "
+            f"run: {lost}; if it is a task, run it with execution 'process'; if it is "
+            f"the worker's own work, please report it (with this line)"
         )
     if spill is not None:
         still = " and still is" if spill.ended is None else ""
@@ -2360,8 +2376,9 @@ def loop_blocked_why(
         )
     if not running:
         return (
-            f"no task was running: the process was paused or starved of CPU "
-            f"(an overloaded machine, swapping, a suspended virtual machine): {lost}"
+            f"no task was running in its threads and none of its threads was busy: the "
+            f"process was paused or starved of CPU (an overloaded machine, swapping, a "
+            f"suspended virtual machine): {lost}"
         )
     return (
         f"{lost}: a task that holds Python's GIL (one long call into "
@@ -2570,8 +2587,11 @@ async def run_worker(
                     return
                 running = sorted(str(key) for key in worker.state.running)
                 now = time.monotonic()
-                spill = worker.spill_during(now - seconds)
-                why = loop_blocked_why(seconds, now, continued[0], spill, bool(running))
+                spill = worker.spill_during(now - seconds, now)
+                in_threads = bool(running) and worker.memory_config.execution != "process"
+                why = loop_blocked_why(
+                    seconds, now, continued[0], spill, in_threads, worker.busy_threads()
+                )
                 _log.warning(
                     "event loop blocked", worker=worker_id, seconds=round(seconds, 1),
                     running=running[:LOST_NAMES], more=max(0, len(running) - LOST_NAMES),

@@ -123,6 +123,43 @@ async def test_parts_are_at_most_part_bytes(monkeypatch: pytest.MonkeyPatch) -> 
     assert sorted(m.offset for m in seen) == list(range(0, sum(info.sizes), 1000))
 
 
+async def test_a_large_stream_s_buffers_are_not_zeroed_before_its_parts_come() -> None:
+    """The audit's std run (process workers of 1 GiB, 200 MB chunks): a worker's event
+    loop went 8 s without a heartbeat. The reader allocated each segment with
+    ``bytearray(n)``, which zeroes 200 MB page by page on the event loop, holding the
+    GIL. Now a large segment's buffer is memory no page of which is touched until its
+    parts are written in: while the first part is held back, the process's RSS has not
+    grown by the stream's 128 MiB."""
+    from actors import transfer
+    from actors.executor import rss
+
+    x = np.ones(128 * 2**20 // 8)
+    table = StreamTable()
+    info = table.start("x", serialize(x), now=0.0)
+    asked, go = anyio.Event(), anyio.Event()
+    grown: list[int] = []
+
+    async def ask(msg: ReadStream) -> StreamPart:
+        asked.set()
+        await go.wait()  # every part held back until the RSS is read
+        return StreamPart(table.read(msg.stream, msg.offset, msg.length, now=1.0))
+
+    before = rss()
+    with anyio.fail_after(LIMIT):
+        async with anyio.create_task_group() as tg:
+
+            async def read() -> None:
+                got = await receive(ask, info)
+                assert got.shape == x.shape and got.sum() == x.size and got.flags.writeable
+
+            tg.start_soon(read)
+            await asked.wait()  # the buffers are allocated; no part has come yet
+            grown.append(rss() - before)
+            go.set()
+    assert grown[0] < 32 * 2**20, f"the buffers took {grown[0] / 2**20:.0f} MiB untouched"
+    assert sum(info.sizes) > transfer.PART_BYTES  # parts, not one ask
+
+
 async def test_a_value_over_the_receivers_limit_is_refused_before_any_read() -> None:
     table = StreamTable()
     info = table.start(("x", 1), serialize(np.zeros(1000)), now=0.0)

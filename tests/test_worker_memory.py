@@ -6,6 +6,7 @@ threads, its spill store on disk (in ``tmp_path``)."""
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -24,6 +25,7 @@ from runtime.graph import Task, TaskRef
 from runtime.kernel import ActorRef, ActorSystem
 from runtime.messages import (
     DataReply,
+    DropKeys,
     GetData,
     RunTasks,
     StatusRequest,
@@ -418,7 +420,7 @@ async def test_a_spill_runs_off_the_event_loop_which_keeps_ticking_and_serving(
             await ticks(3)  # the loop runs while the spill pickles
             reply: DataReply = await ref.ask(GetData(("big-0",)))
             assert reply.data["big-0"] is value  # served from memory meanwhile
-            assert w.spilling is not None and w.spill_during(0.0) is w.spilling
+            assert w.spilling is not None and w.spill_during(w.spilling.began) is w.spilling
             assert not w.data.on_disk("big-0")
         finally:
             value.go.set()
@@ -454,3 +456,36 @@ async def test_a_spilled_input_is_read_back_off_the_event_loop(tmp_path: Path) -
         assert value.waited == [True]  # the gate was opened by the test, not timed out
         assert sched.done["len-0"].outcome == "ok"
         assert w.data.on_disk("big-0")  # read for the task only: still on disk
+
+
+def spill_files(directory: str) -> list[str]:
+    return [name for name in os.listdir(directory) if name.endswith(".spill")]
+
+
+async def test_a_spilled_output_dropped_is_deleted_unread(tmp_path: Path) -> None:
+    """The audit's std run (process workers, 200 MB chunks): workers' event loops went
+    8 s without a heartbeat, and the RSS they reported stayed 0.5 GiB high. A
+    ``DropKeys`` of a spilled output went through ``MutableMapping.pop``, which read
+    the whole file back into memory, on the event loop, only to drop it. Now its file
+    is deleted unread: the value's unpickling (gated) never starts, and the worker
+    answers at once with nothing of it left in memory or on disk."""
+    async with holding_big_0(tmp_path, make_gated_load) as (w, ref, sched, rss, value):
+        rss[0] = 650 * MB  # past spill (0.6): "big-0" goes to disk
+        await sched.until(lambda: any(r.spilled_bytes for r in sched.reports))
+        assert w.data.on_disk("big-0")
+        spill_dir = w.data.directory
+        assert spill_dir is not None and spill_files(spill_dir)
+        rss[0] = 100 * MB
+        try:
+            ref.post(DropKeys(("big-0",)))
+            status: WorkerStatus = await ref.ask(StatusRequest())  # after the drop
+        finally:
+            value.go.set()  # the old code's read back, if it started, ends now
+        assert not value.loading.is_set()  # never read back
+        assert "big-0" not in w.data and w.data.unspilled_total == 0
+        assert status.stored == 0 and status.stored_bytes == 0 and status.spilled_bytes == 0
+        await wait_until(  # deleted from a thread, not on the event loop
+            lambda: not spill_files(spill_dir),
+            "the spill file deleted",
+            limit=LIMIT,
+        )

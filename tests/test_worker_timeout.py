@@ -179,16 +179,67 @@ def test_a_loop_blocked_while_a_spill_ran_names_the_spill_not_the_cpu() -> None:
 
 @pytest.mark.anyio
 async def test_a_worker_names_the_spill_of_its_window_only(tmp_path: Any) -> None:
-    """``Worker.spill_during``: the spill under way, or the last one if it ended
-    within the window; nothing before the first spill or for an older one."""
+    """``Worker.spill_during``: the spill under way, or the last one, if it ran for
+    half of the window or more; nothing before the first spill or for an older one.
+    The audit's workers blamed "spilling outputs to disk (0.0 MiB asked for)" for an
+    8 s stall: a spill that asked for nothing, or was over in a moment, is not named."""
     from actors.worker import Spilling, Worker
     from tests.helpers import SchedulerRecorder
 
     async with ActorSystem() as system:
         sref = await system.spawn(SchedulerRecorder(), "scheduler")
         w = Worker("w1", sref, lambda _: None, memory_options={"spill_dir": str(tmp_path)})
-        assert w.spill_during(0.0) is None
+        assert w.spill_during(0.0, 10.0) is None
         w.spilled_last = Spilling(began=10.0, nbytes=1, ended=20.0)
-        assert w.spill_during(15.0) is w.spilled_last and w.spill_during(21.0) is None
+        assert w.spill_during(15.0, 22.0) is w.spilled_last  # 5 of its 7 s
+        assert w.spill_during(21.0, 25.0) is None  # ended before
+        assert w.spill_during(12.0, 30.0) is None  # 8 of 18 s: under half
         w.spilling = Spilling(began=30.0, nbytes=2)
-        assert w.spill_during(100.0) is w.spilling
+        assert w.spill_during(100.0, 105.0) is w.spilling
+        w.spilling = Spilling(began=30.0, nbytes=0)  # nothing asked for: not named
+        assert w.spill_during(100.0, 105.0) is None
+        w.spilling, w.spilled_last = None, Spilling(began=104.9, nbytes=0, ended=104.9)
+        assert w.spill_during(97.0, 105.0) is None
+
+
+def test_a_loop_blocked_while_another_thread_was_busy_names_that_thread() -> None:
+    """The audit's process workers warned of an 8 s stall with no task running and
+    named a spill of 0.0 MiB; what took the GIL was the thread receiving a task
+    process's 200 MB result (zeroing its buffer). A thread that used a quarter of the
+    stall's seconds of CPU or more is named, the busiest; one that used less is not."""
+    from actors.worker import Spilling
+
+    now = 1000.0
+    slot = "thread 'p1-0', which hands tasks to their task process and reads back their results"
+    busy = [(slot, 6.5), ("thread 'AnyIO worker thread' (the worker's own)", 0.2)]
+    spill = Spilling(began=now - 9, nbytes=2**30)
+    why = loop_blocked_why(8.0, now, -math.inf, spill, False, busy)
+    assert why.startswith(f"its {slot} used 6.5 s of CPU in those 8.0 s"), why
+    assert "GIL" in why and "--worker-timeout" in why and "spilling" not in why
+    # Too little CPU to have held the loop: the rest decides, as before.
+    idle = [(slot, 1.0)]
+    assert "starved of CPU" in loop_blocked_why(8.0, now, -math.inf, None, False, idle)
+    assert "SIGCONT" in loop_blocked_why(8.0, now, now - 1, None, False, busy)
+
+
+def test_the_cpu_a_thread_used_is_counted_by_its_native_id() -> None:
+    """``thread_cpu``, the samples ``Worker.busy_threads`` compares: a thread that
+    spun for 0.2 s of CPU shows about that under its native id."""
+    import threading
+
+    from actors.worker import thread_cpu
+
+    ids: list[int] = []
+
+    def spin() -> None:
+        ids.append(threading.get_native_id())
+        end = time.thread_time() + 0.2
+        while time.thread_time() < end:
+            pass
+        after.update(thread_cpu())
+
+    after: dict[int, float] = {}
+    t = threading.Thread(target=spin)
+    t.start()
+    t.join(LIMIT)
+    assert after[ids[0]] >= 0.15  # in clock ticks (0.01 s), rounded down
