@@ -852,10 +852,10 @@ class Worker(Actor):
             name = names.get(tid, "")
             if ex is not None and name.startswith(f"{self.worker_id}-"):
                 what = (
-                    f"thread {name!r}, which hands tasks to their task process and "
-                    "reads back their results"
+                    f"thread {name!r} (it hands tasks to their task process and reads "
+                    "back their results)"
                     if isinstance(ex, ProcessExecutor)
-                    else f"thread {name!r}, which runs tasks"
+                    else f"thread {name!r} (it runs tasks)"
                 )
             elif name:
                 what = f"thread {name!r} (the worker's own: spilling, reading spilled inputs)"

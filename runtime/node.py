@@ -2360,10 +2360,10 @@ def loop_blocked_why(
     if busy and busy[0][1] >= seconds / 4:
         what, cpu = busy[0]
         return (
-            f"its {what} used {cpu:.1f} s of CPU in those {seconds:.1f} s, and while it "
-            f"runs Python code or a call that keeps Python's GIL the event loop cannot "
-            f"run: {lost}; if it is a task, run it with execution 'process'; if it is "
-            f"the worker's own work, please report it (with this line)"
+            f"its {what} used {cpu:.1f} s of CPU in those {seconds:.1f} s; while it "
+            f"runs Python code or a call that keeps Python's GIL, the event loop cannot "
+            f"run: {lost}; if it runs tasks, run them with execution 'process'; else it "
+            f"is the worker's own work: please report it (with this line)"
         )
     if spill is not None:
         still = " and still is" if spill.ended is None else ""

@@ -210,7 +210,7 @@ def test_a_loop_blocked_while_another_thread_was_busy_names_that_thread() -> Non
     from actors.worker import Spilling
 
     now = 1000.0
-    slot = "thread 'p1-0', which hands tasks to their task process and reads back their results"
+    slot = "thread 'p1-0' (it hands tasks to their task process and reads back their results)"
     busy = [(slot, 6.5), ("thread 'AnyIO worker thread' (the worker's own)", 0.2)]
     spill = Spilling(began=now - 9, nbytes=2**30)
     why = loop_blocked_why(8.0, now, -math.inf, spill, False, busy)
