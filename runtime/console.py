@@ -432,8 +432,8 @@ class ConsoleClient:
             return await self._peer.ref.ask(msg, timeout=self.timeout)
         except RemoteError as exc:
             kind = getattr(exc, "kind", "")
-            if kind == "PermissionDenied":
-                raise PermissionDenied(type(msg).__name__) from None
+            if kind == "PermissionDenied":  # the gateway's text: which role may, whom to ask
+                raise PermissionDenied(type(msg).__name__, getattr(exc, "text", "")) from None
             if kind in _BUILTIN_ERRORS:
                 raise _BUILTIN_ERRORS[kind](getattr(exc, "text", str(exc))) from None
             raise

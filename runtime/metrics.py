@@ -59,7 +59,7 @@ __all__ = [
 ]
 
 #: the token roles that may read ``/metrics`` on the manager's listener
-READ_ROLES = frozenset({"read", "admin"})
+READ_ROLES = frozenset({"read", "submit", "admin"})
 
 
 def _gauge(name: str, doc: str, labels: list[str]) -> GaugeMetricFamily:

@@ -12,15 +12,16 @@ What lives here:
   scheduler (its messages go to the scheduler), a client or console talks to the
   manager. A worker whose connection drops gets ``reconnect_timeout`` seconds to come
   back with the same id and keep its work; after that it is lost.
-- Authorization at the door: each connection has a role (``admin``, ``read`` or
-  ``worker``, from its token and its Hello) and :data:`ALLOWED` says, as data, which
+- Authorization at the door: each connection has a role (``admin``, ``submit``,
+  ``read`` or ``worker``, from its token and its Hello) and :data:`ALLOWED` says, as data, which
   message types each role may send. Anything else is refused before it reaches an
   actor: an ask gets :class:`PermissionDenied`, a tell is dropped, logged and counted,
   and a connection that keeps at it is closed with the reason (:class:`_Door`).
 - Worker identity: only an admin-token connection may say Hello as a worker; a new
   worker id gets a secret (:class:`Welcome`) that a worker must present to rejoin under
   that id, so no other connection can take a worker's place.
-- Tokens: :class:`Tokens` (an admin token for workers, clients and the admin console; a
+- Tokens: :class:`Tokens` (an admin token for workers, the operator's clients and the
+  admin console; a submit token for the clients of the people sharing the manager; a
   read-only one for consoles that only look), written to a user-only file.
 
 docs/security.md describes the roles, tokens and trust for users.
@@ -798,19 +799,26 @@ async def start_pools(
 
 @dataclasses.dataclass(frozen=True)
 class Tokens:
-    """The cluster's secrets: ``admin`` for workers, clients and the admin console;
-    ``read`` for consoles that only look."""
+    """The cluster's secrets: ``admin`` for workers, the operator's clients and the
+    admin console; ``read`` for consoles that only look; ``submit`` for the clients of
+    people who share the manager (they submit and look, and cancel only their own work:
+    :data:`ALLOWED`). A ``submit`` not given is made afresh."""
 
     admin: str
     read: str
+    # Hex: no character a shell or argparse could take for something else ("-x").
+    submit: str = dataclasses.field(default_factory=lambda: secrets.token_hex(32))
 
     @classmethod
     def generate(cls) -> Tokens:
-        # Hex: no character a shell or argparse could take for something else ("-x").
-        return cls(secrets.token_hex(32), secrets.token_hex(32))
+        return cls(secrets.token_hex(32), secrets.token_hex(32), secrets.token_hex(32))
 
     def roles(self) -> dict[str, str]:
-        return {self.admin: "admin", self.read: "read"}
+        return {self.admin: "admin", self.read: "read", self.submit: "submit"}
+
+    def of(self, role: str) -> str:
+        """The token of ``role`` (``admin``, ``read`` or ``submit``)."""
+        return {"admin": self.admin, "read": self.read, "submit": self.submit}[role]
 
     def write(self, path: Path) -> None:
         """Write to ``path`` readable by this user only (0600), atomically; a
@@ -826,7 +834,7 @@ class Tokens:
             path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             with os.fdopen(fd, "w") as f:
-                json.dump({"admin": self.admin, "read": self.read}, f)
+                json.dump({"admin": self.admin, "read": self.read, "submit": self.submit}, f)
             os.chmod(tmp, 0o600)
             os.replace(tmp, path)
         except OSError as exc:
@@ -841,8 +849,11 @@ class Tokens:
     def kept(cls, path: Path) -> Tokens | None:
         """The tokens of a manager's token file at ``path`` that a manager started with
         ``--keep-tokens`` takes up again; None when there is no file (it makes new ones).
+        A file without a ``submit`` entry (written before that role was) keeps its
+        admin and read tokens and gets a new submit token (the manager writes it there).
         A file there that is not a manager's token file (JSON with distinct ``admin``
-        and ``read`` entries of :data:`KEPT_TOKEN_LEAST` characters or more), or that
+        and ``read`` entries, and ``submit`` if any, of :data:`KEPT_TOKEN_LEAST`
+        characters or more), or that
         lets another user read or change it (its tokens may be theirs), is a
         :class:`TokenFileError` that says what to do: making new tokens in its place
         would lock out everyone who holds the old ones, without a word."""
@@ -855,25 +866,28 @@ class Tokens:
         )
         try:
             admin, read = (read_token_file(path, role) for role in ("admin", "read"))
+            submit = _submit_entry(path)
         except TokenFileError as exc:
             raise TokenFileError(
                 exc.path, f"{exc.problem.partition('; write')[0]} (--keep-tokens: {fix})"
             ) from None
-        if admin == read:
+        kept = (admin, read) if submit is None else (admin, read, submit)
+        if len(set(kept)) < len(kept):
             raise TokenFileError(
                 os.fspath(path),
                 f"holds one token (or the same one twice), not a manager's admin and read "
-                f"tokens (--keep-tokens: {fix})",
+                f"tokens (and its submit token, if any: three distinct ones) "
+                f"(--keep-tokens: {fix})",
             )
-        if min(len(admin), len(read)) < KEPT_TOKEN_LEAST:
+        if min(map(len, kept)) < KEPT_TOKEN_LEAST:
             raise TokenFileError(
                 os.fspath(path),
-                f"its admin and read tokens must have {KEPT_TOKEN_LEAST} characters or "
-                "more each, or they are guessed (a manager writes 64 random "
+                f"its admin, read and submit tokens must have {KEPT_TOKEN_LEAST} characters "
+                "or more each, or they are guessed (a manager writes 64 random "
                 "hexadecimal characters each; python -c 'import secrets; "
                 f"print(secrets.token_hex(32))' makes one) (--keep-tokens: {fix})",
             )
-        return cls(admin, read)
+        return cls(*kept)
 
     @classmethod
     def read_file(cls, path: Path, give: str = "") -> Tokens:
@@ -882,7 +896,7 @@ class Tokens:
         client; by default a command's ``--token``)."""
         try:
             data = json.loads(path.read_text())
-            return cls(str(data["admin"]), str(data["read"]))
+            return cls(str(data["admin"]), str(data["read"]), str(data.get("submit", "")))
         except FileNotFoundError:
             give = give or GIVE_TOKEN_CLI
             port = path.stem.rpartition("_")[2]
@@ -914,6 +928,19 @@ class Tokens:
 
 #: the fewest characters :meth:`Tokens.kept` takes in a kept token (a manager makes 64)
 KEPT_TOKEN_LEAST = 32
+
+
+def _submit_entry(path: Path) -> str | None:
+    """The ``submit`` entry of a manager's token file (read and checked already by
+    :func:`read_token_file`), None when it has none (a file written before the role
+    was, or by hand with ``admin`` and ``read`` only); one that is not a token is
+    refused as :func:`read_token_file` refuses it."""
+    try:
+        has = "submit" in json.loads(path.read_text())
+    except (OSError, ValueError, TypeError):
+        has = False
+    return read_token_file(path, "submit") if has else None
+
 
 #: how a console, a worker and a Python client (``Cluster(address)``,
 #: ``runtime.get(..., address=...)``) are given a token: for :meth:`Tokens.read_file`'s
@@ -1016,8 +1043,7 @@ def find_token(
     path = local_token_file(address, token, token_file)
     if path is None:
         return None
-    tokens = Tokens.read_file(path, give)
-    return tokens.admin if role == "admin" else tokens.read
+    return Tokens.read_file(path, give).of(role)
 
 
 def local_token_file(
@@ -1228,8 +1254,8 @@ class PeerQuery(Message):
 HELLO_RULES = (
     "the first frame on a connection to a Corral manager must be a Hello: kind 'worker' "
     "(admin token; name = the worker's id, info.worker_id the same; a returning worker "
-    "presents the secret it was given), 'client' (admin token) or 'console' (admin or "
-    "read token), with a name of 1 to 256 characters that no other connection uses"
+    "presents the secret it was given), 'client' (admin or submit token) or 'console' "
+    "(any token), with a name of 1 to 256 characters that no other connection uses"
 )
 
 #: Longest name a Hello may carry.
@@ -1243,26 +1269,47 @@ _READ: frozenset[type[Message]] = frozenset(
     {StatusRequest, StoryRequest, TasksQuery, StoryQuery, PolicyQuery, AlertsRequest}
 )
 
+#: What a client with the submit token may send besides the reads: its own work
+#: (submit, gather, release and cancel its own keys: :data:`OWN_CLIENT`), and wait for
+#: workers. Not the operator's commands (the console's cancel of any key or run,
+#: policies, scaling, draining, alert rules).
+_SUBMIT: frozenset[type[Message]] = _READ | {
+    SubmitGraphRequest,
+    GatherRequest,
+    ReadStream,
+    CloseStream,
+    ReleaseKeysRequest,
+    CancelRequest,
+    WaitForWorkersRequest,
+}
+
+#: The messages a ``submit`` connection may send only for itself: their ``client``
+#: must be the connection's own name (its Hello's), so that it releases and cancels
+#: its own keys only (a cancel spares what other clients' keys need: ``Manager._cancel``).
+OWN_CLIENT: frozenset[type[Message]] = frozenset(
+    {SubmitGraphRequest, ReleaseKeysRequest, CancelRequest}
+)
+
+#: The roles whose connections may send pickles (functions, graphs: opening them runs
+#: code) and messages of any size: the ones that submit work.
+SUBMITTING_ROLES = frozenset({"admin", "submit"})
+
 #: What each role may send, by exact message type; the gateway refuses anything else
 #: before it reaches an actor. ``admin``: a client or console with the admin token (to
-#: the manager); ``read``: a console with the read token (to the manager); ``worker``: a
-#: worker process (to the scheduler; and only about itself, see :func:`_about_itself`).
+#: the manager); ``submit``: a client or console with the submit token (to the manager;
+#: some messages for itself only, :data:`OWN_CLIENT`); ``read``: a console with the
+#: read token (to the manager); ``worker``: a worker process (to the scheduler; and only
+#: about itself, see :func:`_its_own`).
 ALLOWED: Mapping[str, frozenset[type[Message]]] = MappingProxyType(
     {
         "read": _READ,
-        "admin": _READ
+        "submit": _SUBMIT,
+        "admin": _SUBMIT
         | {
-            SubmitGraphRequest,
-            GatherRequest,
-            ReadStream,
-            CloseStream,
-            ReleaseKeysRequest,
-            CancelRequest,
             CancelKeysRequest,
             SetPolicyRequest,
             ScaleRequest,
             ResumeRequest,
-            WaitForWorkersRequest,
             DrainRequest,
             UndrainRequest,
             ForgetCategoryRequest,
@@ -1285,22 +1332,52 @@ ALLOWED: Mapping[str, frozenset[type[Message]]] = MappingProxyType(
 )
 
 
-def _about_itself(msg: Any, worker: str) -> bool:
-    """A worker speaks for itself only: its results, its memory, its leaving."""
-    return getattr(msg, "worker_id", worker) == worker
+#: why a connection with the submit token may not send an operator's command
+SUBMIT_TOKEN_REFUSED = (
+    "needs the admin token (the operator's); this connection has the submit token, which "
+    "submits work, gathers its results, cancels and releases its own keys, waits for "
+    "workers and looks (status, tasks, stories, policies, alerts). Ask the cluster's "
+    "operator (who holds the admin token) to do it"
+)
+
+
+#: the roles that speak for themselves only: the field of a message that names whom
+#: it is for, and what a refusal of one for someone else says
+_ITS_OWN = {
+    "worker": (
+        "worker_id",
+        "about worker {who!r} refused: the connection of worker {name!r} speaks for that "
+        "worker only",
+    ),
+    "submit": (
+        "client",
+        "for client {who!r} refused: a connection with the submit token acts for its own "
+        "client ({name!r}) only",
+    ),
+}
+
+
+def _its_own(role: str, msg: Any, name: str) -> bool:
+    """A worker speaks for itself only: its results, its memory, its leaving. A submit
+    connection submits, releases and cancels for its own client only (:data:`OWN_CLIENT`)."""
+    if role == "worker" or (role == "submit" and type(msg) in OWN_CLIENT):
+        field = _ITS_OWN[role][0]
+        return getattr(msg, field, name if role == "worker" else None) == name
+    return True
 
 
 def _refusal(role: str, name: str, msg: Any) -> PermissionDenied:
     what = type(msg).__name__
     if role == "read":
         return PermissionDenied(what)
+    if role in _ITS_OWN and type(msg) in ALLOWED[role]:
+        field, text = _ITS_OWN[role]
+        return PermissionDenied(
+            what, f"{what} " + text.format(who=getattr(msg, field, "?"), name=name)
+        )
+    if role == "submit":
+        return PermissionDenied(what, f"{what} {SUBMIT_TOKEN_REFUSED}")
     if role == "worker":
-        if type(msg) in ALLOWED["worker"]:
-            return PermissionDenied(
-                what,
-                f"{what} about worker {getattr(msg, 'worker_id', '?')!r} refused: the "
-                f"connection of worker {name!r} speaks for that worker only",
-            )
         allowed = ", ".join(sorted(t.__name__ for t in ALLOWED["worker"]))
         return PermissionDenied(what, f"{what} may not be sent by a worker (it sends {allowed})")
     return PermissionDenied(what, f"{what} is not accepted from other processes")
@@ -1422,7 +1499,7 @@ class _Door:
         self.said_goodbye = False  #: a worker's WorkerGone came through (it left)
 
     def check(self, msg: Any) -> None:
-        if type(msg) in self.allowed and (self.role != "worker" or _about_itself(msg, self.name)):
+        if type(msg) in self.allowed and _its_own(self.role, msg, self.name):
             return
         raise _refusal(self.role, self.name, msg)
 
@@ -1559,7 +1636,9 @@ class Gateway:
         if hello.kind == "worker":
             if role != "admin":
                 return PermissionDenied(
-                    "Hello as a worker", "this token is read-only; workers need the admin token"
+                    "Hello as a worker",
+                    f"this token is {'read-only' if role == 'read' else f'the {role} token'}; "
+                    "workers need the admin token",
                 )
             if hello.info is None or hello.info.worker_id != name:
                 return ProtocolError(f"{HELLO_RULES}; got a worker Hello whose info does not match")
@@ -1573,7 +1652,7 @@ class Gateway:
             ):
                 return PermissionDenied("worker id", self._held(name))
             return None
-        if role != "admin" and hello.kind == "client":
+        if role not in SUBMITTING_ROLES and hello.kind == "client":
             return PermissionDenied(
                 "Hello as a client", READ_TOKEN_CLIENT, token_file=self.token_file
             )
@@ -1642,7 +1721,7 @@ class Gateway:
             return
         assert isinstance(hello, Hello)
         # Hello accepted: raise the connection's receive limits by role (issue 9).
-        conn.set_limits(max_message_bytes=None if role == "admin" else 256 << 10)
+        conn.set_limits(max_message_bytes=None if role in SUBMITTING_ROLES else 256 << 10)
         if hello.kind == "worker":
             door = _Door(self, self.plane.refs["scheduler"], "worker", hello.name)
             lost = self._taken_over(hello)
@@ -1681,7 +1760,7 @@ class Gateway:
         if hold is not None:
             hold.back.set()
         peer = Peer(
-            conn, door, name=hello.name, allow_pickle=role == "admin",
+            conn, door, name=hello.name, allow_pickle=role in SUBMITTING_ROLES,
             heartbeat=self.heartbeat,
             timeout=self.dead_after if hello.kind == "worker" else self.client_dead_after,
             on_too_large=(

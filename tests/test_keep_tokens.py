@@ -20,7 +20,7 @@ from tests.helpers import Cli, free_port
 
 LIMIT = 60
 run = anyio.to_thread.run_sync
-ADMIN, READ = "a1" * 32, "b2" * 32
+ADMIN, READ, SUBMIT = "a1" * 32, "b2" * 32, "c3" * 32
 
 
 def manager_file(path: Path, data: object, mode: int = 0o600) -> Path:
@@ -41,8 +41,13 @@ def test_no_file_means_new_tokens(tmp_path: Path) -> None:
 
 
 def test_a_manager_s_own_file_is_kept(tmp_path: Path) -> None:
+    path = manager_file(tmp_path / "t.json", {"admin": ADMIN, "read": READ, "submit": SUBMIT})
+    assert node.Tokens.kept(path) == node.Tokens(ADMIN, READ, SUBMIT)
+    # One from before the submit role: its two tokens kept, a new submit token made.
     path = manager_file(tmp_path / "t.json", {"admin": ADMIN, "read": READ})
-    assert node.Tokens.kept(path) == node.Tokens(ADMIN, READ)
+    kept = node.Tokens.kept(path)
+    assert kept is not None and (kept.admin, kept.read) == (ADMIN, READ)
+    assert kept.submit not in (ADMIN, READ, SUBMIT) and len(kept.submit) == 64
 
 
 @pytest.mark.parametrize(
@@ -56,6 +61,12 @@ def test_a_manager_s_own_file_is_kept(tmp_path: Path) -> None:
             "holds one token (or the same one twice)",
         ),  # one token, not the manager's file
         ({"admin": ADMIN, "read": ADMIN}, 0o600, "not a manager's admin and read tokens"),
+        (
+            {"admin": ADMIN, "read": READ, "submit": ADMIN},
+            0o600,
+            "not a manager's admin and read tokens (and its submit token",
+        ),
+        ({"admin": ADMIN, "read": READ, "submit": "short"}, 0o600, "32 characters or more"),
         ({"admin": "short", "read": READ}, 0o600, "32 characters or more"),
     ],
 )
@@ -105,6 +116,7 @@ async def test_a_restarted_manager_keeps_accepting_the_copied_admin_token(
         line = await run(cli.line_with, first, "manager listening on")
         address = line.split("manager listening on", 1)[1].strip()
         old = cli.tokens(address)
+        assert set(old) == {"admin", "read", "submit"}
         copy = tmp_path / "elsewhere" / "worker.token"  # another machine's copy
         copy.parent.mkdir()
         copy.write_text(old["admin"] + "\n")
@@ -124,6 +136,8 @@ async def test_a_restarted_manager_keeps_accepting_the_copied_admin_token(
         async with Cluster(address, token=old["admin"], manager_alerts=None) as cluster:
             await cluster.wait_for_workers(1)  # the worker rejoined with its copy
             assert await cluster.submit(inc, 1) == 2
+        async with Cluster(address, token=old["submit"], manager_alerts=None) as cluster:
+            assert await cluster.submit(inc, 2) == 3  # a student's copy of the submit token
         assert worker.poll() is None
 
         second.send_signal(signal.SIGTERM)  # rotation: stop, remove the file, start
@@ -132,7 +146,7 @@ async def test_a_restarted_manager_keeps_accepting_the_copied_admin_token(
         third = cli.start(*listen)
         await run(cli.line_with, third, "manager listening on")
         new = cli.tokens(address)
-        assert new["admin"] != old["admin"] and new["read"] != old["read"]
+        assert all(new[role] != old[role] for role in ("admin", "read", "submit"))
         proc = cli.start("console", address, "status", "--token-file", str(copy))
         out = "".join(await run(cli.rest, proc, LIMIT))
         assert await run(proc.wait, LIMIT) == 1
