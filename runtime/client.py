@@ -1757,9 +1757,10 @@ class Cluster:
 
     def _read_token_source(self, address: str, token_file: str) -> str:
         """Where the read token this client presented came from, and which to pass:
-        the admin token of the manager's ``token_file`` (its path on the manager's
-        machine, as the manager told it; "" if it did not: then where a manager keeps
-        it, as no path built here is the manager's)."""
+        the submit token (the admin token for the operator) of the manager's
+        ``token_file`` (its path on the manager's machine, as the manager told it; "" if
+        it did not: then where a manager keeps it, as no path built here is the
+        manager's)."""
         where = (
             f"{token_file} on the manager's machine"
             if token_file
@@ -1779,9 +1780,10 @@ class Cluster:
         else:
             given = "This client presented the manager's read token"
         return (
-            f"{given}: pass the admin token instead, as token=... or CORRAL_TOKEN. It is "
-            f"the 'admin' entry of the manager's token file, {where} (readable by that "
-            "user only), where the read token is the 'read' entry. To only look, use the "
+            f"{given}: pass the submit token instead (the admin token, if you are the "
+            "cluster's operator), as token=... or CORRAL_TOKEN. It is the 'submit' entry "
+            f"of the manager's token file, {where} (readable by that user only: ask them "
+            "for it), where the read token is the 'read' entry. To only look, use the "
             f"console: python -m runtime console {address} --read-only"
         )
 

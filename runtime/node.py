@@ -1017,9 +1017,9 @@ def worker_token_refused(
 #: why the gateway refuses a client (``Cluster``, ``runtime.get``) that presents the read
 #: token; the client adds where its token came from (``Cluster._hello``)
 READ_TOKEN_CLIENT = (
-    "this token is read-only; clients (Cluster, runtime.get) need the admin token: the read "
-    "token only looks (a console with --read-only, GET /metrics, the dashboard), and a "
-    "client submits work"
+    "this token is read-only; clients (Cluster, runtime.get) need the submit token (or the "
+    "admin token, the operator's): the read token only looks (a console with --read-only, "
+    "GET /metrics, the dashboard), and a client submits work"
 )
 
 

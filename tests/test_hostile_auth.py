@@ -493,15 +493,16 @@ async def test_a_client_with_the_read_token_is_refused_when_it_connects(
     manager_file = site.tmp / "home" / "tokens" / f"127.0.0.1_{port}.json"
     assert manager_file.is_file()
     fix = (
-        ": pass the admin token instead, as token=... or CORRAL_TOKEN. It is the 'admin' "
-        f"entry of the manager's token file, {manager_file} on the manager's machine "
-        "(readable by that user only), where the read token is the 'read' entry. To only "
+        ": pass the submit token instead (the admin token, if you are the cluster's "
+        "operator), as token=... or CORRAL_TOKEN. It is the 'submit' entry of the "
+        f"manager's token file, {manager_file} on the manager's machine (readable by that "
+        "user only: ask them for it), where the read token is the 'read' entry. To only "
         f"look, use the console: python -m runtime console {site.address} --read-only"
     )
     refused = (
-        "this token is read-only; clients (Cluster, runtime.get) need the admin token: the "
-        "read token only looks (a console with --read-only, GET /metrics, the dashboard), "
-        "and a client submits work."
+        "this token is read-only; clients (Cluster, runtime.get) need the submit token (or "
+        "the admin token, the operator's): the read token only looks (a console with "
+        "--read-only, GET /metrics, the dashboard), and a client submits work."
     )
     with anyio.fail_after(LIMIT):
         before = site.manager.count("refused a connection")
