@@ -350,7 +350,7 @@ def build_parser(prog: str = MODULE_PROG) -> argparse.ArgumentParser:
     mgr.add_argument(
         "--keep-tokens",
         action="store_true",
-        help="take up the admin and read tokens of its token file when it is there "
+        help="take up the admin, read and submit tokens of its token file when it is there "
         "(the manager's own, mode 0600), instead of making new ones at each start: "
         "workers, clients and Prometheus holding copies keep working across a restart; "
         "remove the file to rotate them (docs/security.md#keeping-tokens-across-restarts)",
