@@ -53,6 +53,7 @@ from runtime.messages import (
 from runtime.monitordb import (
     METRIC_HEARTBEAT,
     SCHEMA_VERSION,
+    UPGRADED_VERSIONS,
     MonitorRecorder,
     MonitorWriter,
     default_path,
@@ -1707,3 +1708,11 @@ async def test_a_block_that_ends_between_two_polls_has_its_rows(
         ("block-1", "requeued", 1.0, "preempted"),
     ]
     assert sorted(r[1] for r in rows if r[0] == "block-1") == ["pending", "requeued", "running"]
+
+
+def test_docs_say_the_schema_version_written_and_upgraded() -> None:
+    """docs/monitoring.md's "a schema version this Corral writes (N) or upgrades (...)"
+    is the runtime's SCHEMA_VERSION and UPGRADED_VERSIONS (it said 7 when 8 was written)."""
+    text = " ".join((Path(__file__).parent.parent / "docs" / "monitoring.md").read_text().split())
+    upgraded = ", ".join(str(v) for v in UPGRADED_VERSIONS)
+    assert f"Corral writes ({SCHEMA_VERSION}) or upgrades ({upgraded})" in text
