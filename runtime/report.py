@@ -1665,7 +1665,8 @@ _STD_STREAMS = {
 def _write(given: str | os.PathLike[str], target: Path, in_place: bool, text: str) -> None:
     """``text`` into ``target``: into a new file beside it, then renamed over it (a
     failure or a kill leaves ``target`` as it was, never half a report), keeping the
-    permissions of the file it replaces; in place when ``in_place``."""
+    permissions of the file it replaces, 0600 for a new file (the database's, whose
+    keys, errors and tracebacks it shows); in place when ``in_place``."""
     data = text.encode("utf-8")
     if in_place:
         try:
@@ -1682,7 +1683,8 @@ def _write(given: str | os.PathLike[str], target: Path, in_place: bool, text: st
         return
     tmp = _temp_name(target)
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies
+        # 0600, as the database it comes from (its keys, errors and tracebacks)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()

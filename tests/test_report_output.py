@@ -185,10 +185,21 @@ def test_a_write_that_fails_leaves_the_old_report_and_no_half_file(
     assert stat.S_IMODE(old.stat().st_mode) == 0o640
     assert [p.name for p in out.iterdir()] == ["report.html"]
     new = out / "new.html"
-    write_report(db, new)  # a new file: the umask's permissions, as any file made
-    umask = os.umask(0)
-    os.umask(umask)
-    assert stat.S_IMODE(new.stat().st_mode) == 0o666 & ~umask
+    write_report(db, new)  # a new file: 0600, as the database it shows
+    assert stat.S_IMODE(new.stat().st_mode) == 0o600
+
+
+def test_a_new_report_is_0600_like_its_database_whatever_the_umask(tmp_path: Path) -> None:
+    """``report DB -o report.html`` under umask 022 writes the report 0600, as the
+    database (it holds the same keys, errors and tracebacks); it was 0644."""
+    db = _db(tmp_path / "monitoring.db")
+    umask = os.umask(0o022)
+    try:
+        proc = _report(str(db), "-o", "report.html", cwd=tmp_path)
+    finally:
+        os.umask(umask)
+    assert proc.returncode == 0, proc.stderr
+    assert stat.S_IMODE((tmp_path / "report.html").stat().st_mode) == 0o600
 
 
 def test_the_report_goes_to_stdout_through_a_pipe_and_appends_to_a_redirection(
