@@ -604,6 +604,8 @@ class ConsoleClient:
             close = [c for c in COMMANDS if c.startswith(word[:2])] if len(word) >= 2 else []
             hint = f" (did you mean {' or '.join(close)}?)" if close else ""
             raise ConsoleError(f"unknown command {word!r}{hint}; type `help` for the list")
+        if _asks_help(name, rest):  # `tasks --help`: that command's usage, as `help tasks`
+            handler, rest = self._cmd_help, name
         result: Result = await handler(rest)
         result.as_json = as_json
         return result
@@ -838,6 +840,24 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         raise ConsoleError(f"{self.prog}: {message}; usage: {self.usage}")
+
+
+#: words that ask for a command's usage in place of running it
+_HELP_FLAGS = ("-h", "--help")
+
+
+def _asks_help(name: str, rest: str) -> bool:
+    """Whether ``rest`` asks for ``name``'s usage: ``-h`` or ``--help`` among its words;
+    for ``story`` and ``cancel``, whose rest is a key's text, only as the whole of it."""
+    if name == "help":
+        return False
+    try:
+        words = shlex.split(rest)
+    except ValueError:
+        return False
+    if name in ("story", "cancel"):
+        return len(words) == 1 and words[0] in _HELP_FLAGS
+    return any(w in _HELP_FLAGS for w in words)
 
 
 def _split_json(line: str) -> tuple[str, bool]:
@@ -1909,8 +1929,8 @@ def split_cli_options(words: Sequence[str]) -> tuple[list[str], dict[str, Any]]:
             found["read_only"] = True
         elif w == "--json":
             found["as_json"] = True
-        elif w in ("-h", "--help"):
-            out.append("help")
+        elif w in _HELP_FLAGS and not out:  # `console ADDRESS --help`: the commands
+            out.append("help")  # (after a command, that command's usage: _asks_help)
         else:
             out.append(w)
     return out, found

@@ -2061,3 +2061,43 @@ def test_status_shows_an_away_worker_as_away_and_leaves_its_cores_out() -> None:
     rows = {line.split()[1]: line for line in text.splitlines() if line[2:3] == "w"}
     assert rows["w1"].split("│")[-2].strip() == "away", text
     assert rows["w2"].split("│")[-2].strip() == "active", text
+
+
+@pytest.mark.anyio
+async def test_help_after_a_command_prints_that_commands_usage(tokens: Tokens) -> None:
+    """``console ADDRESS tasks --help`` printed ``error: ConsoleError: tasks: unrecognized
+    arguments: help`` (exit 1): the --help became the word ``help``. Now ``-h`` or
+    ``--help`` after any command prints that command's usage and what it does, exit 0,
+    in the shell as in one shot, with --json too; alone it still lists every command."""
+
+    def console(address: str, *words: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "runtime", "console", address, *words],
+            capture_output=True, text=True, timeout=LIMIT, cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )  # fmt: skip
+
+    asking = {name: [f"{name} --help", f"{name} -h"] for name in COMMANDS if name != "help"}
+    asking["policy"] += ["policy set --help", "policy list -h"]
+    asking["alert"] += ["alert add --help", "alert watch -h", "alert add NAME 'x > 1' -h"]
+    asking["tasks"] += ["tasks --state erred --help"]
+    with anyio.fail_after(3 * LIMIT):
+        async with ws_nodes(1, tokens) as (address, _):
+            async with ConsoleClient(address, read_only=True) as client:
+                for name, lines in asking.items():
+                    for line in lines:
+                        result = await client.execute(line)
+                        assert result.text().startswith(COMMANDS[name][0]), line
+                        assert COMMANDS[name][1][:30] in " ".join(result.text().split())
+                        as_json = await client.execute(f"{line} --json")
+                        assert json.loads(as_json.text())[name]["usage"] == COMMANDS[name][0]
+                # A key that merely holds the word is still a key.
+                with pytest.raises(Exception, match="no transitions recorded"):
+                    await client.execute("story ('x', '--help')")
+            proc = await anyio.to_thread.run_sync(console, address, "tasks", "--help")
+            everything = await anyio.to_thread.run_sync(console, address, "--help")
+    assert (proc.returncode, proc.stderr) == (0, ""), proc.stderr
+    assert proc.stdout.startswith(COMMANDS["tasks"][0]) and "list tasks" in proc.stdout
+    assert everything.returncode == 0 and all(
+        u in everything.stdout for u, _, _ in COMMANDS.values()
+    )
