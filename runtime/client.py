@@ -1972,6 +1972,9 @@ class Cluster:
             with anyio.CancelScope(shield=True):
                 await self._policies_left()
         client = getattr(self, "_client_actor", None)
+        peer = getattr(self, "_peer", None)
+        if peer is not None:  # the manager's updates that cross our close are expected
+            peer.stopping = True
         # the monitoring recorder after the workers (it records them leaving), before
         # the actors its last poll asks
         order = [client.name if client else "", "autoscaler", "monitoring", "manager",

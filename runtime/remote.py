@@ -728,6 +728,9 @@ class Peer:
         self.on_stall = on_stall
         self.ref = RemoteRef(self)
         self.closed = False
+        #: this side stops on purpose (a client closing): a message that comes for its
+        #: actor stopped meanwhile is expected, dropped with a debug record, not a warning
+        self.stopping = False
         self.bad_frames = 0
         #: why the other side refused us (its Refused frame), raised instead of ActorStopped
         self.refusal: BaseException | None = None
@@ -981,7 +984,12 @@ class Peer:
                     # origin: a handler failure is this message's, not the actor's.
                     await self.target.tell(msg, causal_id=frame.causal_id or None, origin=self.name)
                 except ActorStopped:
-                    _log.warning("dropped a message for a stopped actor", peer=self.name)
+                    # (the other side sent it before it heard of our close: expected then)
+                    log = _log.debug if self.stopping else _log.warning
+                    log(
+                        "dropped a message for a stopped actor", peer=self.name,
+                        message=type(msg).__name__, stopping=self.stopping,
+                    )  # fmt: skip
                 except CorralError as exc:  # refused on the way in, say: the message's fault
                     _log.warning(
                         "dropped a message", peer=self.name, message=type(msg).__name__,

@@ -6,6 +6,7 @@ websocket, so what passes here passes over ``ws://`` too.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -27,6 +28,7 @@ from runtime.remote import (
     from_wire,
     to_wire,
 )
+from tests.helpers import wait_until
 from transport import connect, listen
 
 LIMIT = 10
@@ -319,3 +321,36 @@ async def test_an_ask_on_a_link_whose_connection_drops_meanwhile_waits_for_the_n
             assert isinstance(got[-1], ActorStopped)
             with pytest.raises(ActorStopped):
                 await link.tell(Ping(1))
+
+
+@pytest.mark.anyio
+async def test_a_message_for_a_stopped_actor_is_a_warning_unless_this_side_is_stopping() -> None:
+    """A tell for an actor that stopped is dropped: a warning when nothing stops on
+    purpose (a real loss), a debug record once the side's owner said it is stopping (a
+    client closing: the other side's messages that cross the close are expected)."""
+    seen: list[logging.LogRecord] = []
+
+    class Records(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "dropped a message for a stopped actor" in record.getMessage():
+                seen.append(record)
+
+    logger, handler = logging.getLogger("corral"), Records(logging.DEBUG)
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    try:
+        with anyio.fail_after(LIMIT):
+            async with pair() as (client, server_peer, _, _):
+                assert isinstance(server_peer.target, ActorRef)
+                server_peer.target.stop()
+                await server_peer.target.wait_stopped()
+                await client.ref.tell(Hold())  # (a Ping alone is a heartbeat)
+                await wait_until(lambda: len(seen) == 1, "the first drop")
+                server_peer.stopping = True
+                await client.ref.tell(Hold())
+                await wait_until(lambda: len(seen) == 2, "the second drop")
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    assert [r.levelno for r in seen] == [logging.WARNING, logging.DEBUG]
