@@ -894,6 +894,11 @@ def _cmd_manager(args: argparse.Namespace) -> int:
         if monitoring is not None:
             print(f"monitoring database: {monitoring}", flush=True)
             print(f"  report: {args.prog} report {monitoring} -o report.html", flush=True)
+        if monitoring is not None and keep is not None and not args.monitoring:
+            # a run directory per start: the ended ones older than the history kept go
+            from runtime.monitordb import prune_runs
+
+            prune_runs(monitoring, keep)
         # On stdout, as a worker's join line: an informational line, not a warning record.
         print(f"manager listening on {address}", flush=True)
         if gateways and gateways[0].token_file:

@@ -380,8 +380,6 @@ async def run_demo(
 
 #: the name of a demo's run directory (``default_path``'s, with ``-demo`` after it)
 _DEMO_RUN = re.compile(r"\d{8}-\d{6}-[0-9a-f]{6}-demo")
-#: the files a demo run directory holds: its monitoring database, SQLite's beside it
-_DEMO_RUN_FILES = frozenset(f"monitoring.db{tail}" for tail in ("", "-wal", "-shm", "-journal"))
 
 
 def demo_run_path() -> Path:
@@ -402,27 +400,11 @@ def prune_demo_runs(current: Path, keep: int) -> list[Path]:
     removed, and only those holding nothing but a monitoring database (a manager's
     run, an older Corral's demo run, one where a file was put: left alone); one that
     cannot be removed is left too."""
-    here = current.parent
-    others = []
-    with contextlib.suppress(OSError):
-        for entry in here.parent.iterdir():
-            if entry == here or entry.is_symlink() or not _DEMO_RUN.fullmatch(entry.name):
-                continue
-            try:
-                if entry.is_dir() and {f.name for f in entry.iterdir()} <= _DEMO_RUN_FILES:
-                    others.append(entry)
-            except OSError:
-                continue
-    removed = []
-    for old in sorted(others)[: max(0, len(others) - (keep - 1))]:  # names sort by time
-        try:
-            for name in _DEMO_RUN_FILES:
-                (old / name).unlink(missing_ok=True)
-            old.rmdir()
-        except OSError:
-            continue
-        removed.append(old)
-    return removed
+    from runtime.monitordb import remove_run_dir, run_dirs
+
+    others = [d for d in run_dirs(current.parent.parent, _DEMO_RUN) if d != current.parent]
+    # (names sort by time)
+    return [d for d in others[: max(0, len(others) - (keep - 1))] if remove_run_dir(d)]
 
 
 # ----------------------------------------------------------------------------- summary

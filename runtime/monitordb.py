@@ -40,6 +40,7 @@ dropped (``runs.dropped_rows``). docs/monitoring.md documents the schema.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import re
@@ -84,6 +85,7 @@ __all__ = [
     "give_up_all",
     "open_db",
     "prune",
+    "prune_runs",
 ]
 
 _log = get_logger("corral.monitoring")
@@ -327,6 +329,93 @@ def default_path(root: str | os.PathLike[str] | None = None) -> Path:
     base = Path(root or os.environ.get("CORRAL_RUNS_DIR") or home / "runs")
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     return base / f"{stamp}-{uuid.uuid4().hex[:6]}" / "monitoring.db"
+
+
+#: the files a run directory holds: its monitoring database, and SQLite's beside it
+RUN_FILES = frozenset(f"monitoring.db{tail}" for tail in ("", "-wal", "-shm", "-journal"))
+#: the name of a manager's run directory (:func:`default_path`'s)
+_MANAGER_RUN = re.compile(r"\d{8}-\d{6}-[0-9a-f]{6}")
+
+
+def run_dirs(runs: Path, name: re.Pattern[str]) -> list[Path]:
+    """The directories in ``runs`` whose name ``name`` matches in full and that hold
+    nothing but a monitoring database (:data:`RUN_FILES`: one where a file was put, a
+    report say, is not one), symlinks left out; sorted by name, which is by time."""
+    found = []
+    with contextlib.suppress(OSError):
+        for entry in runs.iterdir():
+            if entry.is_symlink() or not name.fullmatch(entry.name):
+                continue
+            try:
+                if entry.is_dir() and {f.name for f in entry.iterdir()} <= RUN_FILES:
+                    found.append(entry)
+            except OSError:
+                continue
+    return sorted(found)
+
+
+def remove_run_dir(run: Path) -> bool:
+    """Remove a directory of :func:`run_dirs` (its files, then it); whether it went."""
+    try:
+        for name in RUN_FILES:
+            (run / name).unlink(missing_ok=True)
+        run.rmdir()
+    except OSError:
+        return False
+    return True
+
+
+def being_written(db: Path) -> bool:
+    """Whether a live process has ``db`` open through SQLite (WAL mode): each open
+    connection holds a shared lock on byte 128 of its ``-shm`` (SQLite's "dead man
+    switch"), which an exclusive lock tried here then fails on. No ``-shm``: nobody;
+    one left by a crashed process: not locked. One this user cannot lock: counted as
+    written (never removed). The lock is let go at once. (POSIX locks are a process's:
+    call it only on a database this process has not opened.)"""
+    try:
+        fd = os.open(f"{db}-shm", os.O_RDWR)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 128)
+    except OSError:
+        return True
+    else:
+        fcntl.lockf(fd, fcntl.LOCK_UN, 1, 128)
+        return False
+    finally:
+        os.close(fd)
+
+
+def prune_runs(current: Path, keep: float, now: float | None = None) -> list[Path]:
+    """Remove the manager run directories beside ``current``'s (the database of this
+    run, in a directory of :func:`default_path`) whose run is over and older than
+    ``keep`` seconds: named as a manager's (a demo's, ``-demo``, are
+    :func:`runtime.demo.prune_demo_runs`'), holding nothing but a monitoring database,
+    none of its files written for ``keep`` seconds, and no process that has it open
+    (:func:`being_written`: another live manager's is never removed, however quiet).
+    Each one removed is logged (info); returns them."""
+    now = time.time() if now is None else now
+    removed = []
+    for run in run_dirs(current.parent.parent, _MANAGER_RUN):
+        if run == current.parent:
+            continue
+        try:
+            last = max(f.stat().st_mtime for f in (run, *run.iterdir()))
+        except OSError:
+            continue
+        if now - last <= keep or being_written(run / "monitoring.db"):
+            continue
+        if remove_run_dir(run):
+            removed.append(run)
+            _log.info(
+                "monitoring database: an ended run older than the history kept removed",
+                path=str(run), last_write=time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(last)),
+                keep_s=keep,
+            )  # fmt: skip
+    return removed
 
 
 def _connect(path: str, *, uri: bool = False) -> sqlite3.Connection:

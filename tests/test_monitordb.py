@@ -67,6 +67,7 @@ from tests.helpers import (
     Factory,
     chain,
     finish,
+    free_port_between,
     join,
     make_state,
     only_running,
@@ -1751,3 +1752,63 @@ def test_docs_say_the_schema_version_written_and_upgraded() -> None:
     text = " ".join((Path(__file__).parent.parent / "docs" / "monitoring.md").read_text().split())
     upgraded = ", ".join(str(v) for v in UPGRADED_VERSIONS)
     assert f"Corral writes ({SCHEMA_VERSION}) or upgrades ({upgraded})" in text
+
+
+def test_a_manager_keeping_a_day_removes_the_ended_run_directories_older_than_that(
+    tmp_path: Path,
+) -> None:
+    """Each start of a manager makes a run directory; --monitoring-keep pruned only
+    its own file, so a service restarted by systemd left one database per start for
+    ever (longrun audit). Started with --monitoring-keep 1d, a manager removes, beside
+    its own, the manager run directories whose files were last written more than a
+    day ago and that no process has open, and logs each: an ended one and a crashed
+    one (an unlocked -shm) go; a run another live process has open (its -shm locked,
+    as a quiet manager's) stays, however old its files, and so do a recent run, a
+    demo's, one holding a report, and anything not named as a run."""
+    home = tmp_path / "home"
+    runs = home / "runs"
+    old = time.time() - 2 * 86400
+
+    def run(name: str, *extra: str) -> Path:
+        (runs / name).mkdir(parents=True)
+        MonitorWriter(runs / name / "monitoring.db").close()
+        for f in extra:
+            (runs / name / f).write_bytes(b"")
+        return runs / name
+
+    def age(d: Path) -> None:
+        for f in (*d.iterdir(), d):
+            os.utime(f, (old, old))
+
+    ended = run("20261201-000000-aaaaaa")
+    crashed = run("20261201-000001-cccccc", "monitoring.db-shm", "monitoring.db-wal")
+    recent = run("20261201-000002-dddddd")
+    demo = run("20261201-000003-eeeeee-demo")
+    reported = run("20261201-000004-ffffff", "report.html")
+    other = run("not-a-run")
+    live = run("20261201-000005-bbbbbb")
+    holder = (  # a live writer that writes nothing more once open (a quiet manager)
+        "import sqlite3, sys, time; c = sqlite3.connect(sys.argv[1]); "
+        "c.execute('SELECT count(*) FROM runs').fetchall(); print('open', flush=True); "
+        "time.sleep(120)"
+    )
+    with Cli(home) as cli:
+        a = cli.spawn([sys.executable, "-c", holder, str(live / "monitoring.db")])
+        cli.line_with(a, "open")
+        assert (live / "monitoring.db-shm").exists()
+        for d in (ended, crashed, demo, reported, other, live):
+            age(d)
+        b = cli.start(
+            "--log-level", "info", "manager",
+            "--listen", f"127.0.0.1:{free_port_between(44000, 44999)}", "--monitoring-keep", "1d",
+        )  # fmt: skip
+        seen: list[str] = []
+        own = Path(cli.line_with(b, "monitoring database:", seen=seen).split(": ", 1)[1].strip())
+        cli.line_with(b, "manager listening on", seen=seen)  # (the removal comes before it)
+        left = sorted(p.name for p in runs.iterdir())
+        assert own.parent.parent == runs and own.parent.name in left
+    removed = [ln for ln in seen if "an ended run older than the history kept removed" in ln]
+    assert sorted(Path(ln.split("path='", 1)[1].split("'", 1)[0]) for ln in removed) == [
+        ended, crashed,
+    ]  # fmt: skip
+    assert set(left) == {p.name for p in (recent, demo, reported, other, live)} | {own.parent.name}
