@@ -447,6 +447,8 @@ class BaseExecutor(abc.ABC):
         self._deliver = deliver
         self._lock = threading.Lock()
         self._done: Results = []
+        self._soon = False  #: a delivery of ``_done`` is on its way to the loop
+        self._timed = False  #: a delivery of held results is due within ``batch_delay``
         self._loop = asyncio.get_running_loop()
         self._cancelled: set[Key] = set()  #: cancelled keys whose try is not delivered
         #: the worker's checkpoint files (:class:`~actors.checkpoints.CheckpointFiles`:
@@ -546,20 +548,50 @@ class BaseExecutor(abc.ABC):
                 self._loop.call_soon_threadsafe(self.on_checkpoint, key, seq, path, nbytes)
 
     def _push(self, results: Results) -> None:
-        """Hand results over from any thread; the event loop delivers them in a batch."""
+        """Hand results over from any thread; the event loop delivers them in a batch
+        (with any held, :meth:`_hold`), empty or not."""
         with self._lock:
-            first = not self._done
             self._done.extend(results)
-        if first:
-            with contextlib.suppress(RuntimeError):  # loop closed: the worker is gone
-                self._loop.call_soon_threadsafe(self._flush)
+            if self._soon:
+                return
+            self._soon = True
+        with contextlib.suppress(RuntimeError):  # loop closed: the worker is gone
+            self._loop.call_soon_threadsafe(self._flush)
+
+    def _hold(self, results: Results) -> None:
+        """Hand results over from any thread, to go with the next ones: the event loop
+        delivers them within ``batch_delay`` whatever this thread runs meanwhile (a
+        task of a kind that ran short here may hang: what is done goes out anyway)."""
+        with self._lock:
+            self._done.extend(results)
+            if self._soon or self._timed:
+                return
+            self._timed = True
+        with contextlib.suppress(RuntimeError):  # loop closed: the worker is gone
+            self._loop.call_soon_threadsafe(self._loop.call_later, self.batch_delay, self._due)
+
+    def _due(self) -> None:
+        """The hold of :meth:`_hold` is over: deliver what is still held, if anything
+        (a delivery already on its way takes it)."""
+        with self._lock:
+            self._timed = False
+            if not self._done or self._soon:
+                return
+            done = self._take()
+        self._deliver(done)
 
     def _flush(self) -> None:
         with self._lock:
-            done, self._done = self._done, []
-            if self._cancelled:
-                done = [self._settle(result, value) for result, value in done]
+            self._soon = False
+            done = self._take()
         self._deliver(done)
+
+    def _take(self) -> Results:
+        """The results to deliver now, settled. Under ``_lock``."""
+        done, self._done = self._done, []
+        if self._cancelled:
+            done = [self._settle(result, value) for result, value in done]
+        return done
 
     def _settle(self, result: TaskResult, value: Any) -> tuple[TaskResult, Any]:
         """A cancelled key's try is reported ``cancelled`` (an error stays an error),
@@ -755,8 +787,13 @@ class Executor(BaseExecutor):
                     # here yet): hand over what is done first, not after it, so its
                     # dependents need not wait for that one.
                     self._push(done)
-                    done = []
                     first = time.perf_counter()
+                else:
+                    # Its kind ran short here, but this one may hang (a frame that
+                    # stalls on NFS): the loop delivers what is done within
+                    # ``batch_delay`` however long it runs.
+                    self._hold(done)
+                done = []
             if done:
                 self._push(done)
             if job is None:
