@@ -3882,6 +3882,7 @@ class SchedulerState(DiskPlacement):
             or ws.id not in self.workers
             or len(ws.processing) + ws.held > ws.slots
             or len(ws.processing) + ws.held >= ws.limit
+            or _cores_held(ws) >= ws.cores
             or (not _core_free(ws) and self._long(nxt))
         ):
             return
@@ -3911,7 +3912,7 @@ class SchedulerState(DiskPlacement):
             _takes_new(ws)
             and ws.id in self.workers
             and len(ws.processing) + ws.held < ws.limit
-            and ws.held < ws.cores
+            and _cores_held(ws) < ws.cores
             and (_core_free(ws) or not self._long(ts))
             and self._takes_consumer_here(ts, ws)
             and all(ws.id in d.who_has for d in ts.deps)
@@ -4269,8 +4270,12 @@ class SchedulerState(DiskPlacement):
         self._update_free(ws)
 
     def _is_free(self, ws: WorkerState) -> bool:
-        if ws.held and ws.held >= ws.cores:
-            return False  # a task sent there would wait behind its stuck threads
+        if _cores_held(ws) >= ws.cores:
+            # A task sent there would wait behind its stuck threads, or behind
+            # speculative copies: a copy is of a straggler, which may run for as long
+            # again or hang (the audit's 33 tasks of another batch queued 7 minutes
+            # behind a hung task's copy on a one-core worker). A copy takes a whole core.
+            return False
         n = total = len(ws.processing) + len(ws.copies) + ws.held
         if ws.throttled:
             n -= ws.n_producers  # deferred there: they must not keep consumers out
@@ -4847,6 +4852,14 @@ def _takes_new(ws: WorkerState) -> bool:
     """``ws`` may be given new work (a task, a copy, an evacuated output): it neither
     drains nor is suspended nor away (its connection dropped, its id held)."""
     return not (ws.draining or ws.suspended) and ws.away is None
+
+
+def _cores_held(ws: WorkerState) -> int:
+    """The cores of ``ws`` no task sent there now could use: those whose threads a
+    stopped try holds (``WorkerState.held``) and those its speculative copies take (a
+    copy is of a straggler: it may run as long again, or hang). With all of them held,
+    ``ws`` takes no task to queue behind them (``_is_free``, ``_may_stay``, partners)."""
+    return ws.held + len(ws.copies)
 
 
 def _core_free(ws: WorkerState) -> bool:
