@@ -528,17 +528,24 @@ async def test_a_thread_lets_go_of_its_last_task_s_inputs_and_output_while_idle(
             await anyio.to_thread.run_sync(ex.shutdown, True)
 
 
+@pytest.mark.parametrize("kind", ["long", "short"])
 async def test_a_short_result_is_not_held_behind_a_long_task_run_back_to_back(
-    tmp_path: Path,
+    tmp_path: Path, kind: str
 ) -> None:
     """A thread runs queued tasks back to back and hands their results over together,
-    but only while the next one's kind ran short here: a short task's result goes back
-    before a task that may run long starts (here one that waits at a gate), not when
-    that one ends, which would hold up everything that needs the short one."""
+    but a short task's result goes back before a task that may run long starts (here
+    one that waits at a gate), not when that one ends, which would hold up everything
+    that needs the short one: at once when the next one's kind has not run short here
+    (``long``), within the batch delay when it has (``short``: a task of a kind that ran
+    short may hang, as the longrun audit's hung frame, whose trivial siblings reported
+    only when it returned, 7 minutes later)."""
     delivered = Delivered()
     ex = Executor(1, "w1", delivered)
     first, second = tmp_path / "first", tmp_path / "second"
     try:
+        if kind == "short":
+            ex.submit(ToRun("warm", Task("warm", where), kind, ()), {})
+            await delivered.get("warm")  # the kind ran short here
         ex.submit(
             ToRun(
                 "blocker",
@@ -550,7 +557,7 @@ async def test_a_short_result_is_not_held_behind_a_long_task_run_back_to_back(
         )
         ex.submit(ToRun("short", Task("short", where), "short", ()), {})
         long = Task("long", held_at_gate, str(second), str(tmp_path / "in"))
-        ex.submit(ToRun("long", long, "long", ()), {})
+        ex.submit(ToRun("long", long, kind, ()), {})
         first.touch()  # blocker ends: short and long now run back to back
         await delivered.get("blocker")
         result, _ = await delivered.get("short")  # while long waits at its gate
@@ -633,34 +640,3 @@ def test_give_back_freed_memory_keeps_freed_blocks_out_of_the_heap(fixed: bool) 
     assert out.returncode == 0, out.stderr
     kept = int(out.stdout)
     assert kept < CHURN // 4 if fixed else kept >= CHURN // 2
-
-
-async def test_a_short_result_is_not_held_behind_a_task_of_its_kind_that_hangs(
-    tmp_path: Path,
-) -> None:
-    """A thread runs tasks of a kind that ran short here back to back, but one of them
-    may hang (a frame whose step stalls): the results done before it go out within the
-    batch delay, not when it ends (the audit's trivial tasks reported only when their
-    hung sibling returned, 7 minutes later)."""
-    delivered = Delivered()
-    ex = Executor(1, "w1", delivered)
-    first, second = tmp_path / "first", tmp_path / "second"
-    try:
-        ex.submit(ToRun("warm", Task("warm", where), "hang", ()), {})
-        await delivered.get("warm")  # the kind "hang" ran short here
-        blocker = Task("blocker", held_at_gate, str(first), str(tmp_path / "b"))
-        ex.submit(ToRun("blocker", blocker, "gate", ()), {})
-        ex.submit(ToRun("short", Task("short", where), "hang", ()), {})
-        hung = Task("hung", held_at_gate, str(second), str(tmp_path / "in"))
-        ex.submit(ToRun("hung", hung, "hang", ()), {})
-        first.touch()  # blocker ends: short and hung now run back to back
-        await delivered.get("blocker")
-        result, _ = await delivered.get("short")  # while hung waits at its gate
-        assert result.outcome == "ok" and not second.exists()
-        assert "hung" not in delivered.results
-        second.touch()
-        assert (await delivered.get("hung"))[0].outcome == "ok"
-    finally:
-        first.touch()
-        second.touch()
-        ex.shutdown(wait=True)
