@@ -138,6 +138,10 @@ class SchedulerConfig:
     #: once the first of those tries is this many seconds old: long enough for a
     #: worker that was killed, stopped or cut off to be declared lost or to come back
     unreachable_for: float = 120.0
+    #: a try sent to a worker whose threads are all held by tries it said execute (0.5 s
+    #: or more), waiting there this many seconds without starting, is taken back and
+    #: placed again when another worker of its pool has a core free (inf: never)
+    takeback_after: float = 10.0
     #: per configured pool, the memory limit of each of its workers when known
     #: (``memory_per_worker``; an embedded cluster's one pool): a task killed for
     #: memory waits for a worker with a larger limit while such a pool may start one
@@ -165,6 +169,10 @@ class SchedulerConfig:
                 raise ValueError(
                     f"tasks_per_worker of pool {pool!r} must be a whole number >= 1, got {n!r}"
                 )
+        if not self.takeback_after >= 0:
+            raise ValueError(
+                f"takeback_after must be seconds >= 0 (inf: never), got {self.takeback_after!r}"
+            )
         if not self.unreachable_for >= 0:
             raise ValueError(
                 f"unreachable_for must be seconds >= 0 (inf: never), got {self.unreachable_for!r}"
@@ -216,6 +224,7 @@ class WorkerState:
         "has_what",
         "held",
         "id",
+        "jammed",
         "joined",
         "keeping",
         "leaving",
@@ -300,6 +309,10 @@ class WorkerState:
         #: threads holding their slot with a try that was stopped but could not be, as
         #: last reported: they take no task (``SchedulerState._is_free``) until they end
         self.held = 0
+        #: the keys of tries taken back from it (``SchedulerState._take_back``): its
+        #: threads are all held by tries that run long; while any is here it takes no
+        #: task, until a report of another try of it comes (one of its threads is free)
+        self.jammed: set[Key] = set()
         self.n_producers = 0  #: producers among ``processing``
         self.disk = 0  #: bytes of disk it offers (0: no limit known)
         self.disk_used = 0  #: bytes of outputs it holds on disk, as last reported

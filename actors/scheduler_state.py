@@ -1372,6 +1372,9 @@ class SchedulerState(DiskPlacement):
 
     def _tasks_finished(self, ev: TasksFinished) -> None:
         ws = self.workers.get(ev.worker)
+        if ws is not None and ws.jammed and any(r.key not in ws.jammed for r in ev.results):
+            ws.jammed.clear()  # a try it ran ended: a thread of it is free again
+            self._update_free(ws)
         self.stalled_since = None  # something finished: progress
         if ws is not None and ev.rss:  # its RSS with its task processes, after these
             ws.rss = ev.rss  # (a result's own is its task's: its task process's)
@@ -2046,6 +2049,7 @@ class SchedulerState(DiskPlacement):
             self._drain_before_walltime()
         if self._max_copies:
             self._speculate()
+        self._take_back()
         for ledger in (self.hosts, self.host_cores):  # workers of a machine came or
             if ledger.pending:  # went: their memory, their cores
                 self._out.extend(ledger.check(self._now, self._stimulus))
@@ -3415,6 +3419,46 @@ class SchedulerState(DiskPlacement):
             if not idle:
                 return
 
+    # ----------------------------------------------------------------- take-back
+
+    def _take_back(self) -> None:
+        """Tries queued on a worker behind tries that hold all its threads (it said they
+        execute: ``_filled``), sent ``takeback_after`` seconds ago or more, are taken back
+        (``CancelOnWorker``, their try recorded ``cancelled``/``moved``) and queued
+        again, at most as many per pool as its other free workers have cores free of
+        tasks; the worker is ``jammed``: it takes no task until a try of it ends. (A
+        hung task held a one-core worker while 33 tasks of another batch waited behind
+        it for 7 minutes.)"""
+        after = self.config.takeback_after
+        now = self._now
+        spare: dict[str, int] = {}
+        for w in self.free.values():
+            n = w.cores - len(w.processing) - _cores_held(w)
+            if n > 0:
+                spare[w.pool] = spare.get(w.pool, 0) + n
+        if not spare:
+            return
+        for ws in list(self.workers.values()):
+            left = spare.get(ws.pool, 0)
+            if not left or len(ws.processing) + len(ws.copies) <= ws.cores:
+                continue
+            filled = self._filled(ws)
+            if filled is None:
+                continue
+            waiting = [
+                ts for ts in ws.processing if str(ts.key) not in filled and now - ts.sent >= after
+            ]
+            if not waiting:
+                continue
+            for ts in sorted(waiting, key=_prio_key)[:left]:
+                ws.jammed.add(ts.key)
+                self._log(ts.key, "processing", f"taken-back:{ws.id}")
+                self._unassign(ts, cancel=True, cause="moved")
+                self._wait_or_queue(ts)
+                left -= 1
+            spare[ws.pool] = left
+            self._update_free(ws)
+
     @staticmethod
     def _fenced(ws: WorkerState) -> str:
         """Why a task running on ``ws`` gets no speculative copy: ``ws`` is throttled,
@@ -4270,6 +4314,8 @@ class SchedulerState(DiskPlacement):
         self._update_free(ws)
 
     def _is_free(self, ws: WorkerState) -> bool:
+        if ws.jammed:
+            return False  # its threads run long tries: a task would wait (_take_back)
         if _cores_held(ws) >= ws.cores:
             # A task sent there would wait behind its stuck threads, or behind
             # speculative copies: a copy is of a straggler, which may run for as long

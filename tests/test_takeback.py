@@ -1,0 +1,111 @@
+"""Tries queued on a worker behind tries that hold all its threads are taken back.
+
+The longrun audit: a hung task (and its speculative copy) held a worker's only thread
+while tasks of another client's batch were queued behind it there for 7 minutes, though
+another worker had free cores. The pure core takes such tries back on its clock
+(``SchedulerConfig.takeback_after``), cancels them on the first worker and places them
+again; exact commands are asserted.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from actors.scheduler_events import (
+    CancelOnWorker,
+    Event,
+    Execute,
+    GraphSubmitted,
+    TasksFinished,
+    TasksRunning,
+    Tick,
+    WorkerJoined,
+)
+from actors.scheduler_records import SchedulerConfig
+from actors.scheduler_state import SchedulerState
+from runtime.graph import Key
+from tests.helpers import Factory, make_state, of, result, specs_for
+
+__all__ = ["make_state"]
+
+T0 = 1_000_000.0
+_n = iter(range(10**9))
+
+
+def at(s: SchedulerState, cls: type[Event], now: float, **fields: Any) -> list[Any]:
+    cmds = s.handle(cls(stimulus_id=f"{cls.__name__}-{next(_n)}", now=now, **fields))
+    s.validate()
+    return cmds
+
+
+def sent(cmds: list[Any]) -> list[tuple[str, Key]]:
+    return [(c.worker, t.key) for c in of(cmds, Execute) for t in c.tasks]
+
+
+def cancelled(cmds: list[Any]) -> list[tuple[str, Key]]:
+    return [(c.worker, k) for c in of(cmds, CancelOnWorker) for k in c.keys]
+
+
+def hung_on_w1(make_state: Factory, **config: Any) -> SchedulerState:
+    """w1 (one core, two slots) got t-0 and t-1 at T0 and says at T0 + 1 that t-0
+    executes; t-1 waits behind it. w2 (one core) joins idle at T0 + 2."""
+    s = make_state(speculation="off", unknown_long=False, long_task=float("inf"), **config)
+    at(s, WorkerJoined, T0 - 1, worker="w1", cores=1, memory=2**30)
+    keys = ["t-0", "t-1"]
+    specs = specs_for(s, {k: [] for k in keys}, keys)
+    out = at(s, GraphSubmitted, T0, specs=specs, wanted=tuple(keys))
+    assert sent(out) == [("w1", "t-0"), ("w1", "t-1")]
+    attempt = s._attempt_on(s.tasks["t-0"], "w1")
+    assert at(s, TasksRunning, T0 + 1, worker="w1", started=(("t-0", attempt, 1.0),)) == []
+    assert at(s, WorkerJoined, T0 + 2, worker="w2", cores=1, memory=2**30) == []
+    return s
+
+
+def test_a_try_queued_behind_a_hung_one_moves_to_a_free_worker(make_state: Factory) -> None:
+    s = hung_on_w1(make_state)
+    assert at(s, Tick, T0 + 9.9) == []  # waited under takeback_after (10 s)
+    out = at(s, Tick, T0 + 10.1)
+    assert cancelled(out) == [("w1", "t-1")] and sent(out) == [("w2", "t-1")]
+    assert [(t.worker, t.outcome, t.cause) for t in s.tasks["t-1"].tries] == [
+        ("w1", "cancelled", "moved")
+    ]
+    assert ("t-1", "processing", "taken-back:w1") in [e[:3] for e in s.story("t-1")]
+    # w1's thread is held by t-0: nothing new is queued behind it ...
+    specs = specs_for(s, {"u-0": []}, ["u-0"])
+    assert sent(at(s, GraphSubmitted, T0 + 11, specs=specs, wanted=("u-0",))) == [("w2", "u-0")]
+    specs = specs_for(s, {"u-1": []}, ["u-1"])
+    assert sent(at(s, GraphSubmitted, T0 + 12, specs=specs, wanted=("u-1",))) == []
+    # ... not on the late report of the taken-back try (stale: t-1 runs on w2) ...
+    res = result("t-1", "cancelled", start=T0 + 12, duration=0.0)
+    assert sent(at(s, TasksFinished, T0 + 12.5, worker="w1", results=(res,))) == []
+    assert s.tasks["t-1"].worker == "w2"
+    # ... but once the try holding its thread ends.
+    res = result("t-0", "ok", start=T0, duration=13.0)
+    assert sent(at(s, TasksFinished, T0 + 13, worker="w1", results=(res,))) == [("w1", "u-1")]
+
+
+def test_nothing_moves_while_the_worker_may_be_running_it(make_state: Factory) -> None:
+    """Without a report that other tries fill its threads, the waiting try may be
+    executing (begun under 0.5 s ago): it stays, however long ago it was sent."""
+    s = make_state(speculation="off", unknown_long=False, long_task=float("inf"))
+    at(s, WorkerJoined, T0 - 1, worker="w1", cores=1, memory=2**30)
+    specs = specs_for(s, {"t-0": [], "t-1": []}, ["t-0", "t-1"])
+    at(s, GraphSubmitted, T0, specs=specs, wanted=("t-0", "t-1"))
+    at(s, WorkerJoined, T0 + 2, worker="w2", cores=1, memory=2**30)
+    assert at(s, Tick, T0 + 100) == []
+
+
+def test_no_worker_with_a_free_core_or_takeback_off_means_no_move(make_state: Factory) -> None:
+    s = hung_on_w1(make_state, takeback_after=float("inf"))
+    assert at(s, Tick, T0 + 1000) == []
+    s = hung_on_w1(make_state)
+    specs = specs_for(s, {"u-0": []}, ["u-0"])
+    assert sent(at(s, GraphSubmitted, T0 + 3, specs=specs, wanted=("u-0",))) == [("w2", "u-0")]
+    assert at(s, Tick, T0 + 50) == []  # w2's core runs u-0
+
+
+def test_takeback_after_is_checked() -> None:
+    with pytest.raises(ValueError, match="takeback_after"):
+        SchedulerConfig(takeback_after=-1.0)
