@@ -938,6 +938,18 @@ DEFAULT_RULES: list[dict[str, Any]] = [
         },
     },
     {
+        "name": "CorralTaskStuckOnWorker",
+        "expr": "corral_worker_queue_oldest_seconds > 300",
+        "for": "1m",
+        "labels": {"team": "corral", "priority": "P2"},
+        "annotations": {
+            "summary": "A task of pool {{ $labels.pool }} waits on its worker",
+            "description": "A try sent to a worker of pool {{ $labels.pool }} has waited "
+            "there {{ $value }} s without starting: what runs before it on that worker "
+            "runs long or hangs, and no other worker had a core free to take it back to.",
+        },
+    },
+    {
         "name": "CorralNoWorkers",
         "expr": '(corral_queue_depth{pool!="*"} > 0 and sum by (pool) (corral_workers) == 0)'
         ' or (corral_queue_depth{pool="*"} > 0 and corral_workers_connected == 0)',

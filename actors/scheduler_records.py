@@ -211,6 +211,7 @@ class WorkerState:
     __slots__ = (
         "abandoned",
         "away",
+        "began",
         "block",
         "copies",
         "cores",
@@ -247,6 +248,7 @@ class WorkerState:
         "throttled_total",
         "unconfirmed",
         "view",
+        "waiting",
         "walltime_drain",
         "with_cluster",
     )
@@ -264,6 +266,11 @@ class WorkerState:
         self.limit = self.slots  #: tasks it may hold when they are short
         self.occupancy = 0.0  #: estimated seconds of work it holds
         self.processing: set[TaskState] = set()  #: tasks sent to it, not finished
+        #: of ``processing``, the tries not known to execute, in the order they were sent
+        #: (the first waited longest: ``corral_worker_queue_oldest_seconds``) ...
+        self.waiting: dict[TaskState, None] = {}
+        #: ... and the others: when each began to execute, as it said (``TasksRunning``)
+        self.began: dict[TaskState, float] = {}
         self.has_what: set[TaskState] = set()  #: tasks whose output it holds
         self.draining = False  #: gets no new tasks; retired once it runs none
         self.leaving = False  #: going by itself (WorkerLeaving): drained, never retired

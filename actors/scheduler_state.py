@@ -939,6 +939,7 @@ class SchedulerState(DiskPlacement):
                     "draining": 0, "away": 0}, "throttled": 0, "rss_bytes": 0, "held_back": 0,
                     "retry_held": 0, "disk_stalled": 0, "disk_stalls": 0, "cores": 0,
                     "cores_busy": 0, "memory_limit_bytes": 0, "workers_past_limit": 0,
+                    "worker_queue_oldest": 0.0, "longest_running": 0.0,
                 }  # fmt: skip
             return m
 
@@ -973,6 +974,14 @@ class SchedulerState(DiskPlacement):
             # thread each, draining or not; the tasks beyond wait on it for a thread.
             m["cores"] += ws.cores
             m["cores_busy"] += min(ws.cores, n + len(ws.copies))
+            # The try waiting longest on it (the first sent of those not known to
+            # execute) and the one executing longest (its threads: a few): no task
+            # is gone through.
+            if ws.waiting:
+                first = next(iter(ws.waiting))
+                m["worker_queue_oldest"] = max(m["worker_queue_oldest"], now - first.sent)
+            if ws.began:
+                m["longest_running"] = max(m["longest_running"], now - min(ws.began.values()))
             m["throttled"] += ws.throttled
             m["rss_bytes"] += ws.rss
             m["memory_limit_bytes"] += ws.memory
@@ -1346,6 +1355,8 @@ class SchedulerState(DiskPlacement):
             groups = self.free_groups if free and ev.cause in BENIGN_LOSSES else None
             self._group(ts, "worker-lost", ev.cause, None, ws.id, groups)  # what followed
         ws.processing.clear()
+        ws.waiting.clear()
+        ws.began.clear()
         ws.n_producers = 0
         for ts in list(ws.has_what):
             ts.who_has.discard(ws.id)
@@ -1457,7 +1468,10 @@ class SchedulerState(DiskPlacement):
                 continue  # an earlier try of it there (cancelled, sent again since)
             if ts.worker == wid:
                 ts.started = max(ts.sent, now - seconds)
-                ts.rss_began = self.workers[wid].rss
+                ws = self.workers[wid]
+                ts.rss_began = ws.rss
+                ws.waiting.pop(ts, None)
+                ws.began[ts] = ts.started
             elif wid in self.copies.get(ts, ()):
                 sent = self.copies[ts][wid][0]
                 self.copy_started[(ts, wid)] = max(sent, now - seconds)
@@ -3566,6 +3580,10 @@ class SchedulerState(DiskPlacement):
         ts.est = self._estimate(ts)
         ws.occupancy += ts.est
         ws.processing.add(ts)
+        if ts.started is None:
+            ws.waiting[ts] = None
+        else:
+            ws.began[ts] = ts.started
         ws.n_producers += ts.producer
         self._update_free(ws)
         self._log(ts.key, "processing", f"copy-runs-on:{wid}")
@@ -4061,6 +4079,7 @@ class SchedulerState(DiskPlacement):
         ts.est = self._estimate(ts)
         ws.occupancy += ts.est
         ws.processing.add(ts)
+        ws.waiting[ts] = None
         ws.n_producers += ts.producer
         ts.wait_said = ""
         if ws.disk:  # reserved until it finishes; the worker's reports count it after
@@ -4305,6 +4324,8 @@ class SchedulerState(DiskPlacement):
     def _release_slot(self, ts: TaskState, ws: WorkerState) -> None:
         if ts in ws.processing:
             ws.processing.discard(ts)
+            ws.waiting.pop(ts, None)
+            ws.began.pop(ts, None)
             ws.n_producers -= ts.producer
             ws.disk_reserved -= ts.disk_need
         ts.disk_need = 0
@@ -4738,7 +4759,9 @@ class SchedulerState(DiskPlacement):
                 assert not_ready == 0 or ts.state == "processing", (ts, not_ready)
             if ts.state == "processing":
                 assert ts.worker in self.workers, ts
-                assert ts in self.workers[ts.worker].processing, ts
+                ws = self.workers[ts.worker]
+                assert ts in ws.processing, ts
+                assert (ts in ws.waiting) == (ts.started is None) != (ts in ws.began), ts
             else:
                 assert ts.worker is None, ts
             if ts.state == "memory":

@@ -882,6 +882,12 @@ class PoolMetrics(Message):
     #: its connected workers whose tasks run in threads and that went past their
     #: terminate fence (``WorkerMemoryReport.past_peak``): the fence could not kill
     workers_past_limit: int = 0
+    #: seconds the oldest try sent to one of its workers and not known to execute (a
+    #: worker says so after 0.5 s) has been there: queued behind others, fetching its
+    #: inputs, or executing for under 0.5 s (0: none)
+    worker_queue_oldest: float = 0.0
+    #: seconds the try executing longest on its workers has executed (0: none said)
+    longest_running: float = 0.0
 
 
 @message()

@@ -101,6 +101,18 @@ class SnapshotCollector(Collector):
             "How long the oldest ready task has waited (0: none waits).",
             pool,
         )
+        on_worker = _gauge(
+            "corral_worker_queue_oldest_seconds",
+            "How long the oldest try sent to a worker and not known to execute has been "
+            "there (queued behind others; 0: none). Not in corral_queue_depth.",
+            pool,
+        )
+        longest = _gauge(
+            "corral_task_longest_running_seconds",
+            "How long the try executing longest has executed (as its worker said after "
+            "0.5 s; 0: none).",
+            pool,
+        )
         wait = _summary(
             "corral_queue_wait_seconds",
             "Waits from ready to sent to a worker; quantiles over the latest 1000 waits.",
@@ -145,6 +157,8 @@ class SnapshotCollector(Collector):
             held_back.add_metric([name], m.held_back)
             retry_held.add_metric([name], m.retry_held)
             oldest.add_metric([name], m.oldest_wait)
+            on_worker.add_metric([name], m.worker_queue_oldest)
+            longest.add_metric([name], m.longest_running)
             for q, v in m.wait_quantiles.items():
                 wait.add_sample(wait.name, {"pool": name, "quantile": q}, v)
             wait.add_sample(wait.name + "_count", {"pool": name}, m.waits)
@@ -163,7 +177,8 @@ class SnapshotCollector(Collector):
             spilled.add_metric([name], m.spilled_total)
             disk_stalled.add_metric([name], m.disk_stalled)
             disk_stalls.add_metric([name], m.disk_stalls)
-        yield from (depth, held_back, retry_held, oldest, wait, running, workers, cores)
+        yield from (depth, held_back, retry_held, oldest, on_worker, longest, wait, running)
+        yield from (workers, cores)
         yield cores_busy
         yield from (throttled, past_limit, rss, limit, held)
         yield from (spill, spilled, disk_stalled, disk_stalls)

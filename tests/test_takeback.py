@@ -109,3 +109,34 @@ def test_no_worker_with_a_free_core_or_takeback_off_means_no_move(make_state: Fa
 def test_takeback_after_is_checked() -> None:
     with pytest.raises(ValueError, match="takeback_after"):
         SchedulerConfig(takeback_after=-1.0)
+
+
+def test_the_pool_metrics_show_the_try_waiting_on_a_worker_and_the_longest_running(
+    make_state: Factory,
+) -> None:
+    """Tries queued on a worker are not in the queue depth: the audit's stall showed
+    queue depth 0 and oldest wait 0 for 7 minutes. The core says how long the oldest
+    try not known to execute has been on its worker, and how long the longest one
+    executing has run, from its workers' own records (no task gone through)."""
+    s = hung_on_w1(make_state, takeback_after=float("inf"))
+    m = s.pool_metrics(T0 + 400)["default"]
+    assert m["queue_depth"] == 0 and m["oldest_wait"] == 0.0
+    assert m["worker_queue_oldest"] == 400.0  # t-1, sent at T0
+    assert m["longest_running"] == 400.0  # t-0, executing since T0 (1 s said at T0 + 1)
+    res = result("t-0", "ok", start=T0, duration=400.5)
+    at(s, TasksFinished, T0 + 400.5, worker="w1", results=(res,))
+    m = s.pool_metrics(T0 + 401)["default"]
+    assert m["longest_running"] == 0.0 and m["worker_queue_oldest"] == 401.0
+
+
+def test_the_metrics_and_the_default_rule_for_a_try_stuck_on_its_worker() -> None:
+    from actors.alerts_state import DEFAULT_RULES
+    from runtime.messages import MetricsReply, PoolMetrics
+    from runtime.metrics import render
+
+    snap = MetricsReply(pools={"p": PoolMetrics(worker_queue_oldest=420.0, longest_running=9.5)})
+    text = render(snap).decode()
+    assert 'corral_worker_queue_oldest_seconds{pool="p"} 420.0' in text
+    assert 'corral_task_longest_running_seconds{pool="p"} 9.5' in text
+    rule = {r["name"]: r for r in DEFAULT_RULES}["CorralTaskStuckOnWorker"]
+    assert rule["expr"] == "corral_worker_queue_oldest_seconds > 300"
