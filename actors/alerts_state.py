@@ -946,7 +946,7 @@ DEFAULT_RULES: list[dict[str, Any]] = [
             "summary": "A task of pool {{ $labels.pool }} waits on its worker",
             "description": "A try sent to a worker of pool {{ $labels.pool }} has waited "
             "there {{ $value }} s without starting: what runs before it on that worker "
-            "runs long or hangs, and no other worker had a core free to take it back to.",
+            "runs long or hangs, and no other worker of the pool was free to take it.",
         },
     },
     {

@@ -140,7 +140,7 @@ class SchedulerConfig:
     unreachable_for: float = 120.0
     #: a try sent to a worker whose threads are all held by tries it said execute (0.5 s
     #: or more), waiting there this many seconds without starting, is taken back and
-    #: placed again when another worker of its pool has a core free (inf: never)
+    #: placed again while another worker of its pool is free (inf: never)
     takeback_after: float = 10.0
     #: per configured pool, the memory limit of each of its workers when known
     #: (``memory_per_worker``; an embedded cluster's one pool): a task killed for

@@ -3439,39 +3439,35 @@ class SchedulerState(DiskPlacement):
         """Tries queued on a worker behind tries that hold all its threads (it said they
         execute: ``_filled``), sent ``takeback_after`` seconds ago or more, are taken back
         (``CancelOnWorker``, their try recorded ``cancelled``/``moved``) and queued
-        again, at most as many per pool as its other free workers have cores free of
-        tasks; the worker is ``jammed``: it takes no task until a try of it ends. (A
-        hung task held a one-core worker while 33 tasks of another batch waited behind
-        it for 7 minutes.)"""
+        again, all of them, while another worker of their pool takes tasks (it is
+        free): in the ready queue they go to the first slot that frees, by priority.
+        The worker is ``jammed``: it takes no task until a try of it ends. (A hung task
+        held a one-core worker while 33 tasks of another batch waited behind it for 7
+        minutes; moved only as fast as the busy worker had a core free of tasks, they
+        still waited up to 43 s.)"""
         after = self.config.takeback_after
         now = self._now
-        spare: dict[str, int] = {}
-        for w in self.free.values():
-            n = w.cores - len(w.processing) - _cores_held(w)
-            if n > 0:
-                spare[w.pool] = spare.get(w.pool, 0) + n
-        if not spare:
+        pools = {w.pool for w in self.free.values()}
+        if not pools:
             return
         for ws in list(self.workers.values()):
-            left = spare.get(ws.pool, 0)
-            if not left or len(ws.processing) + len(ws.copies) <= ws.cores:
+            if ws.pool not in pools or len(ws.processing) + len(ws.copies) <= ws.cores:
                 continue
+            if not any(w is not ws and w.pool == ws.pool for w in self.free.values()):
+                continue  # the only free worker of its pool is itself
             filled = self._filled(ws)
             if filled is None:
                 continue
             waiting = [
                 ts for ts in ws.processing if str(ts.key) not in filled and now - ts.sent >= after
             ]
-            if not waiting:
-                continue
-            for ts in sorted(waiting, key=_prio_key)[:left]:
+            for ts in sorted(waiting, key=_prio_key):
                 ws.jammed.add(ts.key)
                 self._log(ts.key, "processing", f"taken-back:{ws.id}")
                 self._unassign(ts, cancel=True, cause="moved")
                 self._wait_or_queue(ts)
-                left -= 1
-            spare[ws.pool] = left
-            self._update_free(ws)
+            if waiting:
+                self._update_free(ws)
 
     @staticmethod
     def _fenced(ws: WorkerState) -> str:

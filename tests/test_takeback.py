@@ -97,13 +97,41 @@ def test_nothing_moves_while_the_worker_may_be_running_it(make_state: Factory) -
     assert at(s, Tick, T0 + 100) == []
 
 
-def test_no_worker_with_a_free_core_or_takeback_off_means_no_move(make_state: Factory) -> None:
+def test_no_other_free_worker_or_takeback_off_means_no_move(make_state: Factory) -> None:
     s = hung_on_w1(make_state, takeback_after=float("inf"))
     assert at(s, Tick, T0 + 1000) == []
     s = hung_on_w1(make_state)
-    specs = specs_for(s, {"u-0": []}, ["u-0"])
-    assert sent(at(s, GraphSubmitted, T0 + 3, specs=specs, wanted=("u-0",))) == [("w2", "u-0")]
-    assert at(s, Tick, T0 + 50) == []  # w2's core runs u-0
+    keys = ["u-0", "u-1"]
+    specs = specs_for(s, {k: [] for k in keys}, keys)
+    out = at(s, GraphSubmitted, T0 + 3, specs=specs, wanted=tuple(keys))
+    assert sent(out) == [("w2", "u-0"), ("w2", "u-1")]
+    assert at(s, Tick, T0 + 50) == []  # w2's slots are full: it is not free
+
+
+def test_every_try_waiting_goes_back_to_the_queue_while_another_worker_is_free(
+    make_state: Factory,
+) -> None:
+    """Moved only as fast as the other worker had a core free of tasks, tries still
+    waited up to 43 s behind a hang (the audit's reproduction, with the first version):
+    all of them go back to the ready queue, and from there to the first slot free."""
+    s = hung_on_w1(make_state, saturation=4.0)  # w1: 4 slots, t-0 and t-1 on it
+    keys = ["v-0", "v-1"]
+    specs = specs_for(s, {k: [] for k in keys}, keys)
+    assert sent(at(s, GraphSubmitted, T0 + 2.5, specs=specs, wanted=tuple(keys))) == [
+        ("w2", "v-0"),
+        ("w2", "v-1"),
+    ]
+    keys = ["x-0", "x-1", "x-2"]
+    specs = specs_for(s, {k: [] for k in keys}, keys)
+    out = at(s, GraphSubmitted, T0 + 2.6, specs=specs, wanted=tuple(keys))
+    on_w1 = sorted(t for w, t in sent(out) if w == "w1")
+    assert len(on_w1) == 2 and len(sent(out)) == 3
+    # At T0 + 12.7 w2 (4 slots, 3 tasks) is free: every try waiting 10 s on w1 moves,
+    # and the first by priority takes w2's free slot.
+    out = at(s, Tick, T0 + 12.7)
+    assert sorted(cancelled(out)) == [("w1", k) for k in ["t-1", *on_w1]]
+    assert sent(out) == [("w2", "t-1")]
+    assert s.count("queued") == 2 and not s.workers["w1"].waiting
 
 
 def test_takeback_after_is_checked() -> None:
