@@ -3455,12 +3455,16 @@ class SchedulerState(DiskPlacement):
                 continue
             if not any(w is not ws and w.pool == ws.pool for w in self.free.values()):
                 continue  # the only free worker of its pool is itself
-            filled = self._filled(ws)
-            if filled is None:
+            # Its threads all run tries it said execute (as ``_filled``, from the few
+            # that began); the others wait, the first sent first: no scan of them all.
+            copies = sum((ts, ws.id) in self.copy_started for ts in ws.copies)
+            if len(ws.began) + copies < ws.cores:
                 continue
-            waiting = [
-                ts for ts in ws.processing if str(ts.key) not in filled and now - ts.sent >= after
-            ]
+            waiting = []
+            for ts in ws.waiting:
+                if now - ts.sent < after:
+                    break
+                waiting.append(ts)
             for ts in sorted(waiting, key=_prio_key):
                 ws.jammed.add(ts.key)
                 self._log(ts.key, "processing", f"taken-back:{ws.id}")
