@@ -15,7 +15,6 @@ Timing is not asserted here (benchmarks/embed_stall.py measures the stalls).
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import threading
@@ -32,7 +31,7 @@ from actors.scheduler_state import SchedulerState
 from runtime import Cluster
 from runtime.errors import AddressInUse
 from runtime.messages import SubmitGraphRequest
-from tests.helpers import ROOT, nodes
+from tests.helpers import ROOT, free_port_between, nodes
 
 LIMIT = 120.0
 
@@ -151,14 +150,7 @@ def test_a_first_cluster_imports_nothing_heavy_in_the_loop_thread() -> None:
 
 def _free_port() -> int:
     """A port of 37000-37999 free on 127.0.0.1 just now."""
-    for port in range(37_000, 38_000):
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free port in 37000-37999")
+    return free_port_between(37_000, 37_999)
 
 
 @pytest.mark.anyio

@@ -16,7 +16,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from tests.helpers import Cli
+from tests.helpers import Cli, free_port_between
 
 LIMIT = 60
 run = anyio.to_thread.run_sync
@@ -186,17 +186,7 @@ def inc(x: int) -> int:
 def port_for_a_restart() -> int:
     """A port of 127.0.0.1 from 42000 to 42999 free just now, for a manager started
     twice on it (the same address: the worker rejoins the second one)."""
-    import random
-    import socket
-
-    for port in random.sample(range(42000, 43000), 1000):
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise AssertionError("no free port from 42000 to 42999")
+    return free_port_between(42_000, 42_999)
 
 
 def manager_args() -> list[str]:

@@ -12,7 +12,6 @@ A real manager and worker on 127.0.0.1 (ports 41000-41999); every wait is bounde
 from __future__ import annotations
 
 import os
-import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,7 +24,7 @@ from runtime import Cluster
 from runtime.errors import CancelledError
 from runtime.messages import CancelRequest, DrainRequest, ReleaseKeysRequest, SubmitGraphRequest
 from runtime.node import ALLOWED, PermissionDenied, Tokens, _Door
-from tests.helpers import Cli
+from tests.helpers import Cli, free_port_between
 
 LIMIT = 60
 run = anyio.to_thread.run_sync
@@ -33,14 +32,7 @@ run = anyio.to_thread.run_sync
 
 def _port() -> int:
     """A port of 127.0.0.1 in 41000-41999 free just now."""
-    for port in range(41000 + os.getpid() % 900, 42000):
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise AssertionError("no free port in 41000-41999")  # pragma: no cover
+    return free_port_between(41_000, 41_999)
 
 
 def inc(x: int) -> int:
