@@ -3447,14 +3447,16 @@ class SchedulerState(DiskPlacement):
         still waited up to 43 s.)"""
         after = self.config.takeback_after
         now = self._now
-        pools = {w.pool for w in self.free.values()}
-        if not pools:
+        if not self.free:
             return
+        # Free workers per pool, counted once (not per worker: a tick with many workers
+        # scanned them all for each), again only after a take-back changed them.
+        free_in = Counter(w.pool for w in self.free.values())
         for ws in list(self.workers.values()):
-            if ws.pool not in pools or len(ws.processing) + len(ws.copies) <= ws.cores:
+            if len(ws.processing) + len(ws.copies) <= ws.cores:
                 continue
-            if not any(w is not ws and w.pool == ws.pool for w in self.free.values()):
-                continue  # the only free worker of its pool is itself
+            if free_in[ws.pool] - (ws.id in self.free) <= 0:
+                continue  # no free worker of its pool, or only itself
             # Its threads all run tries it said execute (as ``_filled``, from the few
             # that began); the others wait, the first sent first: no scan of them all.
             copies = sum((ts, ws.id) in self.copy_started for ts in ws.copies)
@@ -3472,6 +3474,7 @@ class SchedulerState(DiskPlacement):
                 self._wait_or_queue(ts)
             if waiting:
                 self._update_free(ws)
+                free_in = Counter(w.pool for w in self.free.values())
 
     @staticmethod
     def _fenced(ws: WorkerState) -> str:
