@@ -284,6 +284,7 @@ def trim_memory() -> bool:
 START_SETTLE = 10.0
 #: the warning a worker logs when its memory at start is at or past its resume mark
 FLOOR_AT_START = "the worker's memory at start is past its resume mark"
+DISK_FULL_AT_START = "the worker's output directory has no room on its file system"
 
 #: seconds a peer's ask for a checkpoint not measured yet waits for its sha256 before the
 #: answer says "measuring" (the asker then asks again: a large file is not read within
@@ -359,6 +360,8 @@ class Worker(Actor):
         free = disk_free(self.disk_dir) if disk is not None else 0
         self.disk_margin = min(DISK_MARGIN, free // 10)
         self.disk = 0 if disk is None else disk or max(1, free - self.disk_margin)
+        #: its file system had no room at start (no ``--disk``): said once at start
+        self.disk_full_at_start = disk == 0 and free - self.disk_margin <= 0
         #: no ``--disk`` given: the scheduler shares its file system's free space among
         #: the workers on it that took this default (their budgets are the share)
         self.disk_auto = disk == 0
@@ -452,6 +455,16 @@ class Worker(Actor):
         self._pacing = mem.ReportPacing.of(self.memory, self._now(), 0)
         self._started = self._now()
         self._floor_at_start(self.executor)  # with task processes: from the memory tick
+        if self.disk_full_at_start:
+            self.log.warning(
+                DISK_FULL_AT_START,
+                directory=self.disk_dir,
+                free=disk_free(self.disk_dir),
+                hint="its outputs that do not fit in memory have nowhere to go: the "
+                "scheduler places them on other workers while this one's file system is "
+                "full. Free space there, or start the worker with --spill-dir on a file "
+                "system with room (or --disk off to run without a disk budget)",
+            )
         if self.register:
             await self.scheduler.tell(RegisterWorker(self.info, self.ref))
         self.start_soon(self._monitor)

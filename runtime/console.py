@@ -1162,6 +1162,8 @@ def render_status(st: Mapping[str, Any]) -> RenderableType:
         if free is None:  # no report yet: all of it
             free = disk
         disk_text = f"{_bytes(free, zero='0 B')} of {_bytes(disk)}" if disk else "-"
+        if disk == 1:  # its file system had no room when it started (no --disk)
+            disk_text = "0 B (none at start)"
         _row(
             wt,
             wid,

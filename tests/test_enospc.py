@@ -724,3 +724,45 @@ async def test_a_cluster_whose_numpy_task_fills_its_disk_says_so(small_fs: Path)
     assert cat["errors"] == 0 and cat["disk_full"] >= 1, cat
     assert "Not enough free space" not in str(info.value).splitlines()[0]
     assert "larger --disk cannot help" in str(info.value), info.value
+
+
+async def test_a_worker_started_on_a_full_file_system_says_so(
+    small_fs: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The chaos audit's D5: a worker whose spill directory's file system was full when
+    it started (a node whose scratch is full) joined without a word, and the console
+    showed its disk as ``0 B of 1 B``. It warns at start, naming the directory and what
+    to do, and the console says it had none; one with room says nothing."""
+    import logging
+
+    from actors.worker import DISK_FULL_AT_START
+    from runtime.console import jsonable
+    from runtime.messages import StatusReply, WorkerInfo
+    from tests.helpers import status_text
+
+    caplog.set_level(logging.WARNING, logger="corral")
+
+    def said() -> list[str]:
+        return [r.getMessage() for r in caplog.records if DISK_FULL_AT_START in r.getMessage()]
+
+    async def start(spill: Path) -> WorkerInfo:
+        sched = SchedulerRecorder()
+        async with ActorSystem() as system:
+            sref = await system.spawn(sched, "scheduler")
+            w = Worker(
+                "w1", sref, lambda _: None, memory=2**30,
+                memory_options={"spill_dir": str(spill)},
+            )  # fmt: skip
+            await system.spawn(w, "w1")  # returns once its start (and warning) is done
+            return w.info
+
+    with anyio.fail_after(BOUND):
+        roomy = await start(small_fs / "spill")
+        assert roomy.disk > MiB and said() == []
+        (small_fs / "hog").write_bytes(b"\0" * free_bytes(small_fs))  # fills it
+        full = await start(small_fs / "spill")
+    assert full.disk == 1  # counted (so nothing is placed there), none free
+    (line,) = said()
+    assert str(small_fs / "spill") in line and "--spill-dir" in line, line
+    text = status_text(jsonable(StatusReply(workers=(full,)).to_dict()))
+    assert "0 B (none at start)" in text and "of 1 B" not in text
