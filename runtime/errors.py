@@ -117,15 +117,21 @@ def _names(keys: Iterable[object], limit: int = 8) -> str:
 class ActorStopped(CorralError):
     """A message was sent to an actor that has stopped (or is stopping)."""
 
-    def __init__(self, actor: str, message_type: str = "") -> None:
+    def __init__(self, actor: str, message_type: str = "", closed: str = "") -> None:
         what = f" ({message_type})" if message_type else ""
-        super().__init__(
-            f"actor {actor!r} has stopped; the message{what} was not delivered. "
-            "Look up a live reference (the actor may have been restarted under a new one) "
-            "or check its logs for why it stopped.",
-            actor=actor,
-            message_type=message_type,
-        )
+        if closed:  # a remote reference whose connection closed: the actor may be alive
+            text = (
+                f"the connection to {actor!r} closed ({closed}); the message{what} was not "
+                "delivered. The actor there may well be running: this side reconnects "
+                "if it can, else look up a live reference."
+            )
+        else:
+            text = (
+                f"actor {actor!r} has stopped; the message{what} was not delivered. "
+                "Look up a live reference (the actor may have been restarted under a new "
+                "one) or check its logs for why it stopped."
+            )
+        super().__init__(text, actor=actor, message_type=message_type, closed=closed)
 
 
 class AskTimeout(CorralError, TimeoutError):

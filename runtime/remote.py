@@ -811,7 +811,7 @@ class Peer:
         """The error for using a closed connection: the refusal, if we were refused."""
         if self.refusal is not None:
             return copy.copy(self.refusal)  # one instance per raise: tracebacks stay apart
-        return ActorStopped(self.name, what)
+        return ActorStopped(self.name, what, closed=self.why_closed())
 
     # -- outgoing ------------------------------------------------------------------------
 
@@ -882,7 +882,8 @@ class Peer:
             await self.conn.send(frame)
         except CorralError as exc:
             if self.conn.closed:
-                raise ActorStopped(self.name, type(frame.msg).__name__) from exc
+                what = type(frame.msg).__name__
+                raise ActorStopped(self.name, what, closed=self.why_closed()) from exc
             raise
 
     async def _flush(self) -> None:

@@ -229,8 +229,15 @@ async def test_closing_fails_pending_asks_and_stops_the_reference() -> None:
                 await server_peer.aclose()
             assert isinstance(result[0], ActorStopped)
             assert client.ref.stopped
-            with pytest.raises(ActorStopped):
+            with pytest.raises(ActorStopped) as info:
                 await client.ref.ask(Ping(1))
+            # The connection closed, not the actor: the error says so (the chaos
+            # audit's D4: "actor 'manager' has stopped" sent an on-call engineer to a
+            # healthy manager after a paused worker's connection was closed).
+            text = str(info.value)
+            assert text.startswith("the connection to ") and " closed (" in text, text
+            assert "has stopped" not in text and "may well be running" in text
+            assert info.value.closed == client.why_closed()
             with pytest.raises(ActorStopped):
                 client.ref.post(Ping(1))
             server.gate.set()
