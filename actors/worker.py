@@ -64,6 +64,7 @@ from actors import transfer
 from actors import worker_state as ws
 from actors.checkpoints import INLINE_BYTES, CheckpointFiles
 from actors.executor import GLIBC, Executor, ProcessExecutor, device_of, rss, rss_of
+from actors.host import host_cpus
 from actors.protocol import TaskResult, ToRun
 from actors.store import SpillStore, Unpicklable, load_opened
 from actors.transfer import STREAM_BYTES, FileSegments, StreamBroken, StreamInfo, UnknownStream
@@ -113,7 +114,7 @@ from runtime.messages import (
     message,
 )
 
-__all__ = ["Executor", "Worker", "WorkerStatus", "disk_free", "rss"]
+__all__ = ["Executor", "Worker", "WorkerStatus", "disk_free", "host_cpus", "rss"]
 
 #: the most of its file system's free space a worker leaves unused when it measures
 #: its disk (no ``--disk``): a tenth of the free space, at most this
@@ -127,16 +128,6 @@ DISK_FULL_THEN = (
     "the scheduler retries it on a worker with the room (free, up to the retry policy's "
     "max_disk_full); if this repeats, give workers a larger --disk"
 )
-
-
-def host_cpus() -> int:
-    """The CPUs this process may run on (its affinity; else the machine's count; 0:
-    unknown), which the ``cores`` of a machine's workers are checked against
-    (``WorkerInfo.host_cpus``)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # not on this system (macOS)
-        return os.cpu_count() or 0
 
 
 @functools.cache

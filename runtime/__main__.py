@@ -258,7 +258,7 @@ def build_parser(prog: str = MODULE_PROG) -> argparse.ArgumentParser:
     # command; ``main`` falls back to warning instead.
     sub = parser.add_subparsers(dest="command", title="commands", metavar="COMMAND", prog=prog)
 
-    from actors.worker import host_cpus
+    from actors.host import host_cpus  # (not actors.worker: a second to import)
 
     cpus = host_cpus() or 1
     demo = sub.add_parser(

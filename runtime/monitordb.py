@@ -54,12 +54,10 @@ import weakref
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from actors.scheduler import traceback_text
-from actors.scheduler_records import ErrorRecord, lost_worker_text, not_run_text
 from runtime.errors import ActorStopped, AskTimeout, MonitoringDBError
 from runtime.kernel import Actor, ActorRef
 from runtime.log import get_logger
@@ -74,7 +72,13 @@ from runtime.messages import (
     MonitorFeedReply,
     StatusRequest,
 )
-from runtime.metrics import SnapshotCollector
+
+if TYPE_CHECKING:
+    from actors.scheduler_records import ErrorRecord
+
+# The recorder's helpers from actors.scheduler and runtime.metrics (with aiohttp and
+# dask, about a second under load) are imported where the recorder uses them, not
+# here: the report and `report --list` read the file through open_db without them.
 
 __all__ = [
     "SCHEMA",
@@ -1150,6 +1154,8 @@ def _text(error: ErrorRecord | None) -> tuple[str | None, str | None, str | None
     if error is None:
         return None, None, None
     name, text, _, _ = error.chain[-1]
+    from actors.scheduler import traceback_text
+
     return _safe(name), _safe(text), _safe(traceback_text(error))
 
 
@@ -1398,6 +1404,8 @@ class MonitorRecorder(Actor):
         of tasks is merged into ``_tasks``, written at the next full poll: a task that
         changes state several times in an interval is one row write, not one a feed
         read); returns the records read."""
+        from actors.scheduler_records import lost_worker_text, not_run_text
+
         run, wall = self.run_id, reply.wall
         n = 0
         tasks = self._tasks
@@ -1525,6 +1533,8 @@ class MonitorRecorder(Actor):
                 rows.add("event", _BLOCK, (run, bid, pool, "ended", now, None))
 
     async def _poll_metrics(self, rows: _Rows, now: float) -> None:
+        from runtime.metrics import SnapshotCollector
+
         reply = await self._ask(self._manager(), MetricsRequest())
         if not isinstance(reply, MetricsReply):
             return

@@ -23,6 +23,7 @@ import contextlib
 import datetime
 import heapq
 import html
+import importlib
 import itertools
 import json
 import math
@@ -37,22 +38,39 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import plotly.graph_objects as go
-from plotly.subplots import make_subplots
-
-from actors.alerts_state import parse_duration, typed_duration
-from actors.scheduler_records import NOT_RUN
 from policies import BENIGN_LOSSES, ON_PURPOSE
 from runtime.errors import MonitoringDBError, ReportOutputError, ReportRunError
 from runtime.messages import MAX_FAILURE_GROUPS_SHOWN
 from runtime.monitordb import SQLITE_HEADER, open_db
 
+if TYPE_CHECKING:
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+else:
+
+    class _Imported:
+        """A module imported at the first use of one of its names: plotly (about a
+        second under load), which ``report --list`` does not need, nor the reading."""
+
+        def __init__(self, name: str) -> None:
+            self._name = name
+
+        def __getattr__(self, attr: str) -> Any:
+            return getattr(importlib.import_module(self._name), attr)
+
+    go = _Imported("plotly.graph_objects")
+
+    def make_subplots(*args: Any, **kwargs: Any) -> Any:
+        return _Imported("plotly.subplots").make_subplots(*args, **kwargs)
+
+
 # ReportOutputError and ReportRunError are runtime.errors's, exported here too, where
 # write_report raises them
 __all__ = [
     "ACTIONS_TITLE",
+    "EACH_TRY_UP_TO",
     "FAILURES_TITLE",
     "MAX_BARS",
     "MAX_CATEGORIES",
@@ -77,6 +95,11 @@ SECTIONS = (
     "Storage: disk per worker, transfers, recoveries",
 )
 MAX_BARS = 20_000  #: tries drawn on the timeline at most (the latest ones)
+#: past this many tries in the run (or window), the timeline merges them: a worker's
+#: successful tries of one category that ran less than a :data:`TIMELINE_BINS`-th of
+#: the span drawn apart are one bar (:func:`_merge_bars`); failed tries stay a bar each
+EACH_TRY_UP_TO = 5_000
+TIMELINE_BINS = 2_000  #: about the pixels of a wide plot: closer bars do not show apart
 #: categories drawn apart at most, on the duration CDF (those with the most successful
 #: tries) and in the timeline's colours (those with the most tries drawn); the others
 #: are gathered into one line, one colour, and the title says how many there are
@@ -339,6 +362,8 @@ def _when(text: str, flag: str, t0: float, end: float) -> float:
     at = _absolute(text, flag)
     if at is not None:
         return at
+    from actors.alerts_state import parse_duration, typed_duration  # (not for --list)
+
     sign = text.strip()[0]
     try:
         span = parse_duration(typed_duration(text.strip()[1:]))
@@ -416,6 +441,68 @@ def _window_text(since: str | None, until: str | None) -> str:
             f"until {until!r}" if until is not None else "",
         ) if part
     )  # fmt: skip
+
+
+@dataclass
+class _MergedBars:
+    """The timeline's bars of merged tries (:func:`_merge_bars`): per colour (a
+    category drawn apart, or None: the others), each bar's worker, start, length
+    (seconds from the run's start), tries and the seconds they ran (their lengths
+    summed: more than the bar's length where they ran side by side)."""
+
+    gap: float  #: tries of a worker and colour less than this far apart are one bar
+    tries: int  #: the tries merged
+    bars: dict[str | None, tuple[list[str], list[float], list[float], list[int], list[float]]]
+
+    @property
+    def count(self) -> int:
+        """The bars drawn."""
+        return sum(len(b[0]) for b in self.bars.values())
+
+
+def _merge_bars(
+    rows: Iterable[tuple[str, str, float, float]], shown: set[str], gap: float, t0: float
+) -> _MergedBars:
+    """The bars of ``rows`` (``worker, category, start, end``, in order of worker, then
+    start): of each worker, the tries of one category in ``shown`` (the others' all
+    together) that began less than ``gap`` seconds after the bar so far ended are one
+    bar, from the first start to the latest end. As the rows stream past: what is held
+    is a bar per colour of one worker."""
+    merged = _MergedBars(gap, 0, {})
+    held: dict[str | None, list[float]] = {}  # colour -> [start, end, tries, seconds]
+    now: str | None = None
+
+    def emit(worker: str | None, colour: str | None, bar: list[float]) -> None:
+        start, end, n, ran = bar
+        lists = merged.bars.setdefault(colour, ([], [], [], [], []))
+        lists[0].append(worker or "")
+        lists[1].append(start)
+        lists[2].append(max(end - start, 1e-3))
+        lists[3].append(int(n))
+        lists[4].append(ran)
+
+    for worker, cat, started, ended in rows:
+        if worker != now:
+            for colour, ended_bar in held.items():
+                emit(now, colour, ended_bar)
+            held.clear()
+            now = worker
+        merged.tries += 1
+        colour = cat if cat in shown else None
+        start = started - t0
+        end = max(ended - t0, start)
+        bar = held.get(colour)
+        if bar is not None and start - bar[1] <= gap:
+            bar[1] = max(bar[1], end)
+            bar[2] += 1
+            bar[3] += end - start
+            continue
+        if bar is not None:
+            emit(now, colour, bar)
+        held[colour] = [start, end, 1, end - start]
+    for colour, last in held.items():
+        emit(now, colour, last)
+    return merged
 
 
 class _Run:
@@ -628,11 +715,17 @@ class _Run:
         self.failures = [(o, c, n) for o, c, free, n in groups if o != "ok" and not free]
         #: tries lost with their worker and retried free, by cause
         self.free_lost = [(c, n) for o, c, free, n in groups if free]
+        #: past EACH_TRY_UP_TO tries, the timeline's merged bars (_merge_bars) of the
+        #: successful tries, and :attr:`latest` holds the failed ones only
+        self.merged: _MergedBars | None = None
+        merging = self.tries > EACH_TRY_UP_TO
+        failed_only = " AND outcome != 'ok'"
         # the latest ended, by end; at one end (a worker's tries lost with it) by worker,
         # start and as written, as SQLite sorted them before (through index tries_worker)
         latest = conn.execute(
             "SELECT key, try, category, worker, sent, started, ended, outcome, cause, "
-            f"error_type FROM {tries} WHERE run_id = ?{during} AND ended IS NOT NULL ORDER BY "
+            f"error_type FROM {tries} WHERE run_id = ?{during} AND ended IS NOT NULL"
+            f"{failed_only if merging else ''} ORDER BY "
             "ended DESC, worker DESC, started DESC, rowid DESC LIMIT ?", (*rid, MAX_BARS),
         ).fetchall()  # fmt: skip
         latest.reverse()
@@ -672,6 +765,17 @@ class _Run:
                 "duration", (*rid, *names),
             )  # fmt: skip
             self.others = (self.categories - len(shown), n, *_quantiles(durations, n))
+        if merging:
+            gap = max(self.end - self.start, 1.0) / TIMELINE_BINS
+            self.merged = _merge_bars(
+                conn.execute(
+                    "SELECT worker, COALESCE(NULLIF(category, ''), '?'), COALESCE(started, "
+                    f"sent), ended FROM {tries} WHERE run_id = ?{during} AND outcome = 'ok' AND "
+                    "COALESCE(started, sent) IS NOT NULL AND ended IS NOT NULL ORDER BY worker, "
+                    "COALESCE(started, sent)", rid,
+                ),
+                set(names), gap, self.t0,
+            )  # fmt: skip
         return self.tries
 
     def _read_free(self, conn: sqlite3.Connection, rid: tuple[str]) -> int:
@@ -765,6 +869,8 @@ class _Run:
         :data:`MAX_FAILURE_GROUPS_SHOWN` latest groups, their latest row is read (its
         key, worker, error and traceback; for a task not run, the traceback of the
         latest failed try of the task that failed first). Returns the groups."""
+        from actors.scheduler_records import NOT_RUN  # (its import: not for --list)
+
         tries = _table(conn, "tries", rid)
         tb = "traceback" if "traceback" in _columns(conn, "tries") else "NULL"
         # (SQLite takes the bare rowid from the row of the group's max(): its latest)
@@ -1007,6 +1113,9 @@ def _timeline(run: _Run) -> go.Figure:
             )
         )  # fmt: skip
 
+    merged = run.merged
+    if merged is not None:  # the successful tries merged (_merge_bars), failed ones below
+        _merged_bars(fig, run, merged)
     # The categories with the most tries drawn in a colour each, the others in grey.
     shown = [cat for cat, _ in _most((cat, len(rs)) for cat, rs in by_cat.items())]
     for cat in shown:
@@ -1023,16 +1132,52 @@ def _timeline(run: _Run) -> go.Figure:
     _time_axis(fig, run)
     fig.update_yaxes(title="worker", categoryorder="category ascending")
     _alert_bands(fig, run)
-    n_workers = len({r[3] for r in tries})
+    workers = {r[3] for r in tries}
     title = SECTIONS[0]
-    if run.tries > len(tries):
+    if merged is not None:
+        for lists in merged.bars.values():
+            workers.update(lists[0])
+        title += _note(
+            f"{run.tries:,} tries, merged: a worker's successful tries of one category less "
+            f"than {merged.gap:.2g} s apart are one bar ({merged.tries:,} tries as "
+            f"{merged.count:,} bars; the tries and the seconds they ran under the pointer); "
+            + (
+                f"failed tries a bar each (the latest {len(tries):,} of them)"
+                if len(tries) >= MAX_BARS else "failed tries a bar each"
+            )
+            + (
+                f"; {run.categories} categories: the {len(run.durations)} with the most "
+                "successful tries in a colour each, the others in grey"
+                if None in merged.bars else ""
+            )
+        )  # fmt: skip
+    elif run.tries > len(tries):
         title += f" (the latest {len(tries)} of {run.tries} tries)"
+    n_workers = len(workers)
     if others:
         title += _note(
             f"{len(by_cat)} categories: the {len(shown)} with the most tries drawn in a "
             f"colour each, the other {len(others)} in grey"
         )
     return _layout(fig, title, height=max(300, min(1200, 120 + 22 * n_workers)))
+
+
+def _merged_bars(fig: go.Figure, run: _Run, merged: _MergedBars) -> None:
+    """The timeline's bars of merged successful tries (:func:`_merge_bars`): a trace
+    per category drawn apart, the others in grey."""
+    for colour, (ys, starts, widths, counts, ran) in sorted(
+        merged.bars.items(), key=lambda item: (item[0] is None, item[0] or "")
+    ):
+        name = colour if colour is not None else (
+            f"the other {run.categories - len(run.durations)} categories"
+        )  # fmt: skip
+        fig.add_trace(go.Bar(
+            y=ys, base=starts, x=widths, orientation="h", name=name,
+            customdata=list(zip(counts, ran, strict=True)),
+            hovertemplate=f"%{{customdata[0]}} tries of {html.escape(name)}, "
+            "%{customdata[1]:.2f} s run<br>from %{base:.2f} s for %{x:.2f} s<extra></extra>",
+            **({} if colour is not None else {"marker": {"color": "#aaaaaa"}}),
+        ))  # fmt: skip
 
 
 def _queues(run: _Run) -> go.Figure:
@@ -1452,6 +1597,8 @@ def _why_failed(run: _Run) -> str:
     the dashboard's "Why tasks fail" shows them: how many failed tries (tasks, for
     those not run), the category, cause and outcome, the latest key and its worker, its
     error and, collapsed, its traceback."""
+    from actors.scheduler_records import NOT_RUN
+
     e = html.escape
     head = f"<h2>{e(FAILURES_TITLE)}</h2>"
     if not run.why_failed:

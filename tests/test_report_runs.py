@@ -315,3 +315,26 @@ def test_what_names_no_run_or_nothing_is_refused_saying_what_is_there(
     )
     proc = _report(str(runs.db), "--list", "--run", runs.one)
     assert proc.returncode == 1 and "--list lists every run" in proc.stderr, proc.stderr
+
+
+@pytest.mark.timeout(60)
+def test_listing_the_runs_imports_neither_plotly_nor_the_worker(runs: Runs) -> None:
+    """`report --list` reads a few counts: it used to import plotly (for the plots it
+    does not draw), the worker (for the demo's help) and, through the monitoring
+    database's module, the recorder's metrics server and the scheduler: 12 s under
+    load in the longrun audit, for a table of runs."""
+    probe = (
+        "import sys\n"
+        "from runtime.__main__ import main\n"
+        f"code = main(['report', {str(runs.db)!r}, '--list'])\n"
+        "heavy = ('plotly', 'actors.worker', 'runtime.metrics', 'aiohttp', 'dask', "
+        "'actors.scheduler', 'runtime.graph')\n"
+        "print('IMPORTED', code, sorted(m for m in heavy if m in sys.modules))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=50,
+        cwd=Path(__file__).resolve().parent.parent,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert runs.one in proc.stdout and runs.two in proc.stdout
+    assert proc.stdout.splitlines()[-1] == "IMPORTED 0 []"

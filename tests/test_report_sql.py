@@ -274,3 +274,72 @@ def test_a_workers_memory_longer_than_its_share_of_points_keeps_its_peak(
     assert _traces(fig) == expected
     for _, xs, ys in expected:
         assert len(xs) <= 400 and 8192.0 in ys and 1.0 in ys
+
+
+def test_tries_of_a_worker_and_category_closer_than_the_gap_are_one_bar() -> None:
+    """_merge_bars, on rows in order of worker then start: a try beginning at most
+    ``gap`` after its worker's bar of the same colour ends joins it (overlapping tries,
+    of threads side by side, too); a category not drawn apart shares the grey bar of
+    the others; a bar never spans two workers."""
+    rows = [  # (worker, category, start, end), T0-based
+        ("w-1", "fit", T0 + 0.0, T0 + 1.0),
+        ("w-1", "fit", T0 + 0.5, T0 + 1.5),  # overlaps: same bar
+        ("w-1", "io", T0 + 1.6, T0 + 1.7),  # another colour between: no break for fit
+        ("w-1", "fit", T0 + 1.9, T0 + 2.0),  # 0.4 s after fit's end: same bar
+        ("w-1", "fit", T0 + 2.6, T0 + 3.0),  # 0.6 s: a bar of its own
+        ("w-1", "rare", T0 + 3.1, T0 + 3.2),  # not drawn apart: grey
+        ("w-1", "odd", T0 + 3.3, T0 + 3.4),  # grey too, 0.1 s later: same grey bar
+        ("w-2", "fit", T0 + 3.05, T0 + 3.5),  # another worker: never w-1's bar
+    ]
+    merged = report._merge_bars(iter(rows), {"fit", "io"}, 0.5, T0)
+    assert merged.tries == 8 and merged.count == 5 and merged.gap == 0.5
+    workers, starts, widths, counts, ran = merged.bars["fit"]
+    assert workers == ["w-1", "w-1", "w-2"] and counts == [3, 1, 1]
+    assert starts == pytest.approx([0.0, 2.6, 3.05])
+    assert widths == pytest.approx([2.0, 0.4, 0.45])
+    assert ran == pytest.approx([1.0 + 1.0 + 0.1, 0.4, 0.45])  # side by side: more than 2.0
+    assert merged.bars["io"][0] == ["w-1"]
+    grey = merged.bars[None]
+    assert (grey[0], grey[3]) == (["w-1"], [2]) and grey[1] == pytest.approx([3.1])
+
+
+def test_a_run_of_many_tries_draws_them_merged_and_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past EACH_TRY_UP_TO tries the timeline draws every try of the run (not the latest
+    MAX_BARS alone): the successful ones merged per worker and category, the failed
+    ones a bar each; its title says how many tries as how many bars, and the gap (the
+    span drawn over TIMELINE_BINS)."""
+    monkeypatch.setattr(report, "EACH_TRY_UP_TO", 50)
+    monkeypatch.setattr(report, "MAX_BARS", 30)  # (of one bar per try: not these)
+    tries = [  # 120 tries of 1 s back to back on each of 2 workers: one bar each
+        (f"ok-{w}-{i}", 1, "fit", f"w-{w}", T0 + i, T0 + i, T0 + i + 1.0, "ok", None, None)
+        for w in range(2)
+        for i in range(60)
+    ]
+    tries += [  # after a pause of 100 s (past 3,600 / 2,000 s): a bar of their own
+        (f"late-{i}", 1, "fit", "w-0", T0 + 200 + i, T0 + 200 + i, T0 + 201 + i, "ok", None,
+         None)
+        for i in range(5)
+    ]  # fmt: skip
+    tries.append(("bad", 1, "fit", "w-1", T0 + 70, T0 + 70, T0 + 71, "error", None, "KeyError"))
+    run = _run(_db(tmp_path, tries=tries))
+    assert run.merged is not None and run.merged.tries == 125
+    assert run.merged.gap == pytest.approx(3600 / report.TIMELINE_BINS)
+    assert [r[0] for r in run.latest] == ["bad"]  # one bar per try: the failed only
+    fig = _timeline(run)
+    fit = next(t for t in fig.data if t.name == "fit")
+    assert list(fit.y) == ["w-0", "w-0", "w-1"]
+    assert [c[0] for c in fit.customdata] == [60, 5, 60]
+    assert list(fit.base) == pytest.approx([0.0, 200.0, 0.0])
+    assert list(fit.x) == pytest.approx([60.0, 5.0, 60.0])
+    assert [t.name for t in fig.data].count("failed: error") == 1
+    title = fig.layout.title.text
+    assert "126 tries, merged" in title and "(125 tries as 3 bars;" in title
+    assert "less than 1.8 s apart are one bar" in title and "failed tries a bar each" in title
+    # at most EACH_TRY_UP_TO tries: one bar per try, as before
+    monkeypatch.setattr(report, "EACH_TRY_UP_TO", 126)
+    (tmp_path / "each").mkdir()
+    run = _run(_db(tmp_path / "each", tries=tries))
+    assert run.merged is None and len(run.latest) == 30
+    assert "(the latest 30 of 126 tries)" in _timeline(run).layout.title.text
