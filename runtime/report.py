@@ -1030,26 +1030,44 @@ def _over_time(fig: go.Figure, run: _Run, y: str, title: str) -> go.Figure:
 
 def _alert_bands(fig: go.Figure, run: _Run) -> None:
     """Firing (red) and pending (orange) spans of each alert, over the time plots; the
-    labels of the firing ones in LABEL_ROWS rows, in turn by start time."""
+    labels of the firing ones in LABEL_ROWS rows, in turn by start time. The shapes
+    and labels ``fig.add_vrect`` would draw (over the plot of a figure of one, over
+    each subplot that has a trace of one of subplots), added at once: add_vrect
+    validates the figure's every shape again at each call, seconds for a few alerts
+    over five plots."""
     spans = _alert_spans(run)
+    if not spans:
+        return
     firing = sorted((s for s in spans if s[2] == "firing"), key=lambda s: (s[0], s[3]))
     row_of = {span: i % LABEL_ROWS for i, span in enumerate(firing)}
+    if [a.plotly_name for a in fig.select_xaxes()] == ["xaxis"]:  # one plot
+        plots = [("x", "y")]
+    else:  # subplots: those with a trace, in order
+        plots = sorted(
+            {(t.xaxis, t.yaxis) for t in fig.data},
+            key=lambda p: (int(p[1][1:] or 1), int(p[0][1:] or 1)),
+        )
+    shapes: list[dict[str, Any]] = []
+    labels: list[dict[str, Any]] = []
     for span in spans:
         start, stop, state, name = span
-        # A label on firing spans only: any annotation option without a text makes
-        # plotly draw its placeholder, "new text".
-        label = (
-            {
-                "annotation_text": f"{name} {state}", "annotation_position": "top left",
-                "annotation_yshift": -LABEL_ROW_PX * row_of[span],
-            }
-            if state == "firing"
-            else {}
-        )  # fmt: skip
-        fig.add_vrect(
-            x0=start, x1=stop, fillcolor=_ALERT_COLOR[state], line_width=0, layer="below",
-            **label,
-        )  # fmt: skip
+        for x, y in plots:
+            shapes.append({
+                "type": "rect", "x0": start, "x1": stop, "xref": x, "y0": 0, "y1": 1,
+                "yref": f"{y} domain", "fillcolor": _ALERT_COLOR[state], "line": {"width": 0},
+                "layer": "below",
+            })  # fmt: skip
+            # A label on firing spans only (with add_vrect, any annotation option
+            # without a text made plotly draw its placeholder, "new text").
+            if state == "firing":
+                labels.append({
+                    "text": f"{name} {state}", "showarrow": False, "x": start,
+                    "xanchor": "left", "xref": x, "y": 1, "yanchor": "top",
+                    "yref": f"{y} domain", "yshift": -LABEL_ROW_PX * row_of[span],
+                })  # fmt: skip
+    fig.update_layout(
+        shapes=[*fig.layout.shapes, *shapes], annotations=[*fig.layout.annotations, *labels]
+    )
 
 
 def _alert_time(row: tuple[Any, ...]) -> float:

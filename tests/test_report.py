@@ -405,3 +405,58 @@ def test_the_report_shows_block_ends_requeues_and_outputs_recomputed(tmp_path: P
     assert "<td>replica</td><td>1</td><td>1</td>" in lost
     assert '"name":"requeued ckpt"' in page
     assert "block-2 requeued (preempted)" in page
+
+
+def test_alert_bands_are_the_shapes_and_labels_add_vrect_draws(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The bands are added at once (add_vrect validated every shape again at each call:
+    seconds for a few alerts over five plots), and are what add_vrect drew: over the
+    plot of a figure of one, over each subplot with a trace of a figure of subplots,
+    a label on each firing span in its row, after the subplots' titles."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    from runtime import report
+
+    spans = [(0.0, 50.0, "pending", "QueueSlow"), (50.0, 90.0, "firing", "QueueSlow"),
+             (50.4, 90.0, "firing", "CIQueueTime"), (70.0, 80.0, "pending", "Later")]  # fmt: skip
+    monkeypatch.setattr(report, "_alert_spans", lambda run: spans)
+
+    def by_add_vrect(fig: Any) -> Any:  # the report's way before
+        firing = sorted((s for s in spans if s[2] == "firing"), key=lambda s: (s[0], s[3]))
+        row_of = {span: i % report.LABEL_ROWS for i, span in enumerate(firing)}
+        for span in spans:
+            start, stop, state, name = span
+            label = {"annotation_text": f"{name} {state}", "annotation_position": "top left",
+                     "annotation_yshift": -report.LABEL_ROW_PX * row_of[span]
+                     } if state == "firing" else {}  # fmt: skip
+            fig.add_vrect(x0=start, x1=stop, fillcolor=report._ALERT_COLOR[state],
+                          line_width=0, layer="below", **label)  # fmt: skip
+        return fig
+
+    def figures() -> list[Any]:
+        one = go.Figure()
+        one.add_trace(go.Scatter(x=[1, 2], y=[1, 2]))
+        empty = go.Figure()
+        both = make_subplots(rows=2, cols=1, shared_xaxes=True, subplot_titles=("a", "b"))
+        both.add_trace(go.Scatter(x=[1], y=[1]), row=1, col=1)
+        both.add_trace(go.Scatter(x=[1], y=[2]), row=2, col=1)
+        lower = make_subplots(rows=2, cols=1, shared_xaxes=True, subplot_titles=("a", "b"))
+        lower.add_trace(go.Scatter(x=[1], y=[1]), row=2, col=1)
+        none = make_subplots(rows=2, cols=1, shared_xaxes=True)
+        return [one, empty, both, lower, none]
+
+    news = figures()
+    for old, new in zip(map(by_add_vrect, figures()), news, strict=True):
+        report._alert_bands(new, None)  # type: ignore[arg-type]
+        assert new.layout.shapes == old.layout.shapes
+        assert new.layout.annotations == old.layout.annotations
+    one, empty, both, lower, none = news
+    assert len(one.layout.shapes) == len(empty.layout.shapes) == 4 and not none.layout.shapes
+    assert [s.yref for s in both.layout.shapes[:2]] == ["y domain", "y2 domain"]
+    assert [s.yref for s in lower.layout.shapes] == ["y2 domain"] * 4
+    assert [a.text for a in both.layout.annotations] == [
+        "a", "b", "QueueSlow firing", "QueueSlow firing", "CIQueueTime firing",
+        "CIQueueTime firing",
+    ]  # fmt: skip
