@@ -1146,7 +1146,9 @@ def _timeline(run: _Run) -> go.Figure:
         color = _OUTCOME_COLOR.get(outcome, "#d62728")
         bars([r for r in failed if r[7] == outcome], f"failed: {outcome}",
              marker={"color": color, "pattern": {"shape": "x"}})  # fmt: skip
-    fig.update_layout(barmode="overlay", bargap=0.3)
+    # Merged, the tries of every category overlap in each batch: each trace a stripe
+    # of its own in a worker's row ("group"), or the last drawn would hide the others.
+    fig.update_layout(barmode="overlay" if merged is None else "group", bargap=0.3)
     _time_axis(fig, run)
     fig.update_yaxes(title="worker", categoryorder="category ascending")
     _alert_bands(fig, run)
@@ -1156,9 +1158,9 @@ def _timeline(run: _Run) -> go.Figure:
         for lists in merged.bars.values():
             workers.update(lists[0])
         title += _note(
-            f"{run.tries:,} tries, merged: a worker's successful tries of one category less "
-            f"than {merged.gap:.2g} s apart are one bar ({merged.tries:,} tries as "
-            f"{merged.count:,} bars; the tries and the seconds they ran under the pointer); "
+            f"{run.tries:,} tries, merged: of each worker, successful tries of a category "
+            f"less than {merged.gap:.2g} s apart are one bar ({merged.tries:,} as "
+            f"{merged.count:,}: the count under the pointer), a stripe per category; "
             + (
                 f"failed tries a bar each (the latest {len(tries):,} of them)"
                 if len(tries) >= MAX_BARS else "failed tries a bar each"
@@ -1177,7 +1179,8 @@ def _timeline(run: _Run) -> go.Figure:
             f"{len(by_cat)} categories: the {len(shown)} with the most tries drawn in a "
             f"colour each, the other {len(others)} in grey"
         )
-    return _layout(fig, title, height=max(300, min(1200, 120 + 22 * n_workers)))
+    row = 22 if merged is None else max(22, 8 * len(fig.data))  # (a stripe per trace)
+    return _layout(fig, title, height=max(300, min(1200, 120 + row * n_workers)))
 
 
 def _merged_bars(fig: go.Figure, run: _Run, merged: _MergedBars) -> None:

@@ -335,11 +335,15 @@ def test_a_run_of_many_tries_draws_them_merged_and_says_so(
     assert list(fit.x) == pytest.approx([60.0, 5.0, 60.0])
     assert [t.name for t in fig.data].count("failed: error") == 1
     title = fig.layout.title.text
-    assert "126 tries, merged" in title and "(125 tries as 3 bars;" in title
+    assert "126 tries, merged" in title and "(125 as 3: the count under" in title
+    assert fig.layout.barmode == "group"  # a stripe per category: none hides another
     assert "less than 1.8 s apart are one bar" in title and "failed tries a bar each" in title
+    assert "a stripe per category" in title
     # at most EACH_TRY_UP_TO tries: one bar per try, as before
     monkeypatch.setattr(report, "EACH_TRY_UP_TO", 126)
     (tmp_path / "each").mkdir()
     run = _run(_db(tmp_path / "each", tries=tries))
     assert run.merged is None and len(run.latest) == 30
-    assert "(the latest 30 of 126 tries)" in _timeline(run).layout.title.text
+    each = _timeline(run)
+    assert "(the latest 30 of 126 tries)" in each.layout.title.text
+    assert each.layout.barmode == "overlay"  # (a worker's threads side by side overlap)
