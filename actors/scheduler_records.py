@@ -23,7 +23,7 @@ from runtime.errors import (
     disk_size,
     error_name,
 )
-from runtime.graph import Key, TaskSpec
+from runtime.graph import Key, TaskSpec, client_name
 from runtime.messages import DiskStallInfo, TryRecord
 
 __all__ = [
@@ -351,6 +351,7 @@ class TaskState:
     __slots__ = (
         "attempt",
         "behind",
+        "client",
         "consumers",
         "copy_said",
         "dependents",
@@ -438,6 +439,8 @@ class TaskState:
         #: the submission whose work it continues: the one it came in with, or the
         #: latest of its inputs' when that is earlier (``_continue_generations``)
         self.generation = generation
+        #: the id of the client whose submission brought it ("": not known)
+        self.client = ""
         self.prio: tuple[float, ...] = ()  #: queue priority from the priority policy
         self.est = 0.0  #: estimated duration when it was assigned
         self.disk_need = 0  #: disk reserved for it on its worker (while processing)
@@ -620,6 +623,10 @@ class TaskStateView:
     @property
     def generation(self) -> int:
         return self._ts.generation
+
+    @property
+    def client(self) -> str:
+        return client_name(self._ts.client)
 
     @property
     def retries_left(self) -> int:

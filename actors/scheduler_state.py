@@ -1054,6 +1054,8 @@ class SchedulerState(DiskPlacement):
                 else:
                     ts.in_nbytes += dep.nbytes
                 dep.dependents.add(ts)
+        for ts in new:
+            ts.client = ev.echo_to
         if continues:
             _continue_generations(new, gen)
         # Count the wants first, so nothing a client asks for is forgotten while the new

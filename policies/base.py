@@ -293,6 +293,14 @@ class TaskView(Protocol):
     @property
     def generation(self) -> int: ...
     @property
+    def client(self) -> str:
+        """The name of the client whose submission brought it (``Cluster(...,
+        name=)``, by default that process's user name; "" if not known). The first
+        client to submit a key owns its task: another client submitting the same key
+        shares it."""
+        ...
+
+    @property
     def retries_left(self) -> int: ...
     @property
     def charged_tries(self) -> int:

@@ -1281,6 +1281,11 @@ class Cluster:
     a pool no worker has joined is taken with a warning to the client, as with
     configured pools (docs/configuration.md#pools).
 
+    ``name``: who submits, as the console, the monitoring database and the policies
+    show it (letters, digits, ``.``, ``_``, ``-``; default: this process's user name);
+    the manager tells each connected client apart whatever its name
+    (docs/api.md#naming-a-client).
+
     ``Cluster("ws://host:port")`` connects to a running manager instead (``python -m
     runtime manager``); the token comes from ``token=`` or the file ``token_file=``
     (one token, or a manager's own token file: its admin entry; not both,
@@ -1363,6 +1368,7 @@ class Cluster:
         self,
         address: str | None = None,
         *,
+        name: str | None = None,
         workers: int | None = None,
         threads_per_worker: int = 1,
         memory_per_worker: int | str | None = None,
@@ -1390,6 +1396,11 @@ class Cluster:
         worker_timeout: float | None = None,
         manager_timeout: float | None = None,
     ) -> None:
+        from runtime.graph import client_id
+
+        #: who submits (``name``, default the user name), and a random tail: one
+        #: connection (docs/api.md#naming-a-client)
+        self.client_id = client_id(name)
         if manager_alerts is not None:
             _seconds("manager_alerts", manager_alerts, ", or None")
         self.manager_alerts = manager_alerts
@@ -1728,7 +1739,7 @@ class Cluster:
         from runtime.remote import Refused, not_welcomed, refusal_error
         from transport import ConnectionClosed
 
-        name = f"client-{os.urandom(6).hex()}"
+        name = self.client_id
         await conn.send(Frame(Hello("client", name)))
         try:
             with anyio.fail_after(limit):
@@ -1948,7 +1959,7 @@ class Cluster:
         self._scheduler_actor = plane.scheduler
         self._manager = plane.manager
         self._client_actor = ClientActor(plane.manager)
-        await system.spawn(self._client_actor, f"client-{os.urandom(6).hex()}")
+        await system.spawn(self._client_actor, self.client_id)
         self._refs = plane.refs
         self._plane = plane  #: for tests: its provider, say
 
@@ -2801,6 +2812,7 @@ def get(
     threads_per_worker: int | None = None,
     num_workers: int | None = None,
     address: str | None = None,
+    name: str | None = None,
     token: str | None = None,
     token_file: str | os.PathLike[str] | None = None,
     gc_threshold: int | None = None,
@@ -2818,9 +2830,9 @@ def get(
     computation there before it reaches the caller, as it does outside a loop; under
     ``asyncio.run``, whose Ctrl-C cancels its main task instead, the computation is
     cancelled and then ``asyncio.CancelledError`` raised in the task.
-    ``gc_threshold``, ``token`` and ``token_file`` are as for :class:`Cluster`. ``options`` go to
-    :meth:`Cluster.submit_graph` (``priority``, ``retries``, ``resources``, ``pool``,
-    ``timeout``).
+    ``name``, ``gc_threshold``, ``token`` and ``token_file`` are as for
+    :class:`Cluster`. ``options`` go to :meth:`Cluster.submit_graph` (``priority``,
+    ``retries``, ``resources``, ``pool``, ``timeout``).
     No other worker can join its cluster: a task naming another pool than its own
     (``"default"``), or asking for more ``resources`` than its worker has, raises
     :class:`~runtime.errors.GraphError` at once instead of waiting forever.
@@ -2835,7 +2847,7 @@ def get(
     if unknown:
         raise TypeError(
             f"runtime.get got unknown option(s) {sorted(unknown)}; it takes workers, "
-            "threads_per_worker, num_workers, address, token, token_file, gc_threshold, "
+            "threads_per_worker, num_workers, address, name, token, token_file, gc_threshold, "
             f"files_to and {sorted(allowed)}"
         )
     sizing = {"workers": workers, "threads_per_worker": threads_per_worker,
@@ -2866,6 +2878,7 @@ def get(
         own = address is None  # else the manager's workers: no sizing to give
         cluster = Cluster(
             address,
+            name=name,
             workers=(1 if workers is None else workers) if own else None,
             threads_per_worker=threads if own else 1,
             gc_threshold=gc_threshold,
