@@ -387,6 +387,7 @@ class TaskState:
         "started",
         "state",
         "tries",
+        "turn",
         "unneeded",
         "unreachable",
         "unreachable_since",
@@ -441,6 +442,8 @@ class TaskState:
         self.generation = generation
         #: the id of the client whose submission brought it ("": not known)
         self.client = ""
+        #: its client's turn (``SchedulerState._take_turns``): the ``fair`` priority's
+        self.turn = 0
         self.prio: tuple[float, ...] = ()  #: queue priority from the priority policy
         self.est = 0.0  #: estimated duration when it was assigned
         self.disk_need = 0  #: disk reserved for it on its worker (while processing)
@@ -627,6 +630,10 @@ class TaskStateView:
     @property
     def client(self) -> str:
         return client_name(self._ts.client)
+
+    @property
+    def turn(self) -> int:
+        return self._ts.turn
 
     @property
     def retries_left(self) -> int:

@@ -356,6 +356,9 @@ FORGET_SCAN = 8
 #: ones (:meth:`SchedulerState._note_reuse`: a pickle of each node, some tens of
 #: microseconds): a graph submitted again whole costs at most this many comparisons
 REUSE_CHECKS = 1_000
+#: clients whose turns are kept (``SchedulerState.turns``) before those with no turn
+#: ahead of the one being served are dropped (they start at ``turn_floor`` anyway)
+MAX_CLIENT_TURNS = 1024
 OTHER_CATEGORY = "(other)"
 
 
@@ -573,6 +576,13 @@ class SchedulerState(DiskPlacement):
         #: (``copied``), checkpoints lost with every copy of them (``lost``)
         self.checkpoint_counts: Counter[str] = Counter()
         self.generation = 0  #: submissions so far
+        #: per client id, the turn after its latest task's (``_take_turns``); a client
+        #: whose turns are all behind ``turn_floor`` is dropped from it
+        self.turns: dict[str, int] = {}
+        #: the turn of the task sent to a worker latest: a client's next submission
+        #: starts at it at the earliest (an idle client saves no turns)
+        self.turn_floor = 0
+        self._turn_base = 0  #: the turn the submission being taken in starts from
         self.story_log: deque[tuple[Any, ...]] = deque(maxlen=self.config.story_length)
         #: the monitoring feed, kept once a reader asked (:meth:`feed_since`): one
         #: entry per handled event that changed anything a monitor records, ``(now,
@@ -1054,8 +1064,7 @@ class SchedulerState(DiskPlacement):
                 else:
                     ts.in_nbytes += dep.nbytes
                 dep.dependents.add(ts)
-        for ts in new:
-            ts.client = ev.echo_to
+        self._take_turns(new, ev.echo_to, ev.continued)
         if continues:
             _continue_generations(new, gen)
         # Count the wants first, so nothing a client asks for is forgotten while the new
@@ -1095,6 +1104,30 @@ class SchedulerState(DiskPlacement):
                 self._out.append(KeyTaken(self._stimulus, key, ts.state in ACTIVE, ev.echo_to))
         if ev.unconfigured:
             self._tell_no_worker(new, ev.unconfigured)
+
+    def _take_turns(self, new: list[TaskState], client: str, continued: bool) -> None:
+        """The new tasks of ``client``'s submission take their turns: the submission
+        starts at the turn after the client's latest task's, or at ``turn_floor`` (the
+        turn being served) when that is later, and each task is its graph order
+        (``TaskSpec.order``) further on. Each client's n-th task of its work has the
+        n-th turn from when it came: the ``fair`` priority serves clients turn by turn
+        (docs/policies.md#priority). O(1) per task; no task is gone through again."""
+        turns = self.turns
+        if not continued:  # (every piece of one submission starts from the same turn)
+            if len(turns) > MAX_CLIENT_TURNS:  # the clients with no turn ahead: as new
+                floor = self.turn_floor
+                for gone in [c for c, t in turns.items() if t <= floor]:
+                    del turns[gone]
+            self._turn_base = max(turns.get(client, 0), self.turn_floor)
+        base = self._turn_base
+        end = turns.get(client, 0)
+        for ts in new:
+            ts.client = client
+            ts.turn = turn = base + ts.spec.order
+            if turn >= end:
+                end = turn + 1
+        if new:
+            turns[client] = end
 
     def _note_reuse(self, known: TaskSpec, spec: TaskSpec) -> None:
         """``spec`` came under the key of ``known``, a task the core has, which stands:
@@ -4078,6 +4111,7 @@ class SchedulerState(DiskPlacement):
         ts.worker = ws.id  # first: the transition's monitoring record names it
         self._set(ts, "processing")
         ts.sent = self._now
+        self.turn_floor = ts.turn
         ts.started = None  # until the worker says it executes
         ts.rss_began = ws.rss
         ts.copy_said = ""
@@ -4896,6 +4930,10 @@ def _continue_generations(new: list[TaskState], gen: int) -> None:
             latest = max(d.generation for d in ts.deps)
             if latest < gen:
                 ts.generation = latest
+                # and its client's turn: that of its latest input of the same client
+                own = [d.turn for d in ts.deps if d.client == ts.client]
+                if own and max(own) < ts.turn:
+                    ts.turn = max(own)
 
 
 def _topological(tasks: Iterable[TaskState]) -> list[TaskState]:

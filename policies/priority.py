@@ -6,7 +6,7 @@ from collections.abc import Mapping
 
 from policies.base import REGISTRY, CategoryStats, TaskView
 
-__all__ = ["ConsumersFirstPriority", "GraphPriority", "LongFirstPriority"]
+__all__ = ["ConsumersFirstPriority", "FairPriority", "GraphPriority", "LongFirstPriority"]
 
 
 @REGISTRY.register("priority", "graph")
@@ -20,6 +20,20 @@ class GraphPriority:
 
     def priority(self, task: TaskView, stats: Mapping[str, CategoryStats]) -> tuple[float, ...]:
         return (-task.user_priority, task.generation, task.order)
+
+
+@REGISTRY.register("priority", "fair")
+class FairPriority:
+    """For a manager shared by several clients: user priority first, then clients in
+    turn (:attr:`TaskView.turn`: each client's n-th task from when its work came), then
+    submissions in order and graph order. A client submitting 10 tasks behind another's
+    3000 waits for about 10 of them, not for all 3000; alone, a client runs as with
+    ``graph``."""
+
+    name = "fair"
+
+    def priority(self, task: TaskView, stats: Mapping[str, CategoryStats]) -> tuple[float, ...]:
+        return (-task.user_priority, task.turn, task.generation, task.order)
 
 
 @REGISTRY.register("priority", "long-first")

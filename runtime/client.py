@@ -1283,8 +1283,8 @@ class Cluster:
 
     ``name``: who submits, as the console, the monitoring database and the policies
     show it (letters, digits, ``.``, ``_``, ``-``; default: this process's user name);
-    the manager tells each connected client apart whatever its name
-    (docs/api.md#naming-a-client).
+    the manager tells each connected client apart whatever its name, and the ``fair``
+    priority takes turns between them (docs/policies.md#priority).
 
     ``Cluster("ws://host:port")`` connects to a running manager instead (``python -m
     runtime manager``); the token comes from ``token=`` or the file ``token_file=``

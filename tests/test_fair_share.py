@@ -1,5 +1,7 @@
 """Clients sharing one manager: the client's name reaches the scheduler core's task
-records and the policies' ``TaskView`` (``client``).
+records and the policies' ``TaskView`` (``client``), and the ``fair`` priority takes
+turns between clients (``turn``), so a client's few tasks do not wait behind the whole
+of another's queue (docs/policies.md#priority).
 
 The core tests feed events to ``SchedulerState.handle`` and check the exact commands
 (tests/helpers.py: ``make_state`` validates every state at teardown)."""
@@ -15,14 +17,69 @@ from actors.scheduler_events import GraphSubmitted
 from actors.scheduler_records import TaskStateView
 from runtime import Cluster
 from runtime.graph import client_id, client_name
-from tests.helpers import Factory, event, make_state, run, specs_for
+from tests.helpers import Factory, assigned, event, finish, join, make_state, run, specs_for
 
 __all__ = ["make_state"]  # the autouse fixture, used by name
+
+BIG = "big-0123456789ab"
+SMALL = "small-ba9876543210"
 
 
 def submit_as(s: Any, client: str, keys: list[str]) -> list[Any]:
     specs = specs_for(s, {k: [] for k in keys}, keys)
     return run(s, event(GraphSubmitted, specs=specs, wanted=tuple(keys), echo_to=client))
+
+
+def served(s: Any, cmds: list[Any]) -> list[str]:
+    """Run every task sent to w1 to its end, one at a time: the keys in the order sent."""
+    order = list(assigned(cmds).get("w1", []))
+    done = 0
+    while done < len(order):
+        order += assigned(finish(s, "w1", order[done])).get("w1", [])
+        done += 1
+    return order
+
+
+def big_then_small(s: Any) -> list[str]:
+    join(s, "w1", cores=1)
+    big = [f"big-{i}" for i in range(8)]
+    sent = assigned(submit_as(s, BIG, big))["w1"]
+    cmds = finish(s, "w1", sent[0])  # the big client's work is under way...
+    cmds += submit_as(s, SMALL, [f"small-{i}" for i in range(3)])  # ...when the small's comes
+    return sent + served(s, cmds)
+
+
+def test_fair_priority_takes_turns_between_clients(make_state: Factory) -> None:
+    s = make_state(priority="fair", unknown_long=False, saturation=1.0)
+    order = big_then_small(s)
+    # The small client's first task has the turn being served, then the two take
+    # turns (a tie goes to the earlier submission): it waits for 2 of the 7 left of
+    # the big client's tasks, not for all of them.
+    assert [k.split("-")[0] for k in order] == (
+        ["big"] * 2 + ["small", "big", "small", "big", "small"] + ["big"] * 4
+    )
+    assert [k for k in order if k.startswith("big")] == sorted(
+        (f"big-{i}" for i in range(8)), key=lambda k: s.tasks[k].spec.order
+    )
+
+
+def test_the_default_priority_serves_clients_first_come_first_served(make_state: Factory) -> None:
+    s = make_state(unknown_long=False, saturation=1.0)
+    order = big_then_small(s)
+    assert [k.split("-")[0] for k in order] == ["big"] * 8 + ["small"] * 3
+
+
+def test_an_idle_client_saves_no_turns(make_state: Factory) -> None:
+    """A client that comes back after the others ran long starts at the turn being
+    served, not at its own last one: it shares, it does not take over."""
+    s = make_state(priority="fair", unknown_long=False, saturation=1.0)
+    join(s, "w1", cores=1)
+    served(s, submit_as(s, SMALL, ["early-0"]))
+    served(s, submit_as(s, BIG, [f"long-{i}" for i in range(20)]))
+    floor = s.turn_floor
+    assert floor >= 19
+    submit_as(s, SMALL, ["late-0", "late-1"])
+    assert [s.tasks[k].turn for k in ("late-0", "late-1")] == sorted([floor, floor + 1])
 
 
 def test_policies_see_the_submitting_clients_name(make_state: Factory) -> None:
@@ -63,3 +120,18 @@ def test_a_clusters_name_reaches_the_scheduler_core() -> None:
 
     client = anyio.run(main)
     assert client_name(client) == "alice" and client.startswith("alice-")
+
+
+def test_a_task_continuing_its_clients_earlier_work_takes_that_turn(make_state: Factory) -> None:
+    s = make_state(priority="fair", unknown_long=False, saturation=1.0)
+    join(s, "w1", cores=1)
+    served(s, submit_as(s, BIG, ["load-0"]))
+    submit_as(s, BIG, [f"other-{i}" for i in range(5)])
+    specs = specs_for(s, {"use-0": ["load-0"]}, ["use-0"])
+    run(s, event(GraphSubmitted, specs=specs, wanted=("use-0",), echo_to=BIG))
+    assert s.tasks["use-0"].turn == s.tasks["load-0"].turn < s.tasks["other-0"].turn
+    assert TaskStateView(s.tasks["use-0"]).turn == s.tasks["load-0"].turn
+    # another client's task reading it keeps its own turn
+    specs = specs_for(s, {"peek-0": ["load-0"]}, ["peek-0"])
+    run(s, event(GraphSubmitted, specs=specs, wanted=("peek-0",), echo_to=SMALL))
+    assert s.tasks["peek-0"].turn >= s.turn_floor

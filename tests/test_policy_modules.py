@@ -102,7 +102,7 @@ async def test_a_policy_only_the_client_registered_says_to_register_it_in_the_ma
     text = str(caught.value)
     assert text.startswith(
         "no priority policy named 'test-client-only' in the manager process. Available: "
-        "consumers-first, graph, long-first. "
+        "consumers-first, fair, graph, long-first. "
     ), text
     assert "must be registered in the manager's process, not in the client's" in text
     assert "python -m runtime manager --policy-module MODULE" in text

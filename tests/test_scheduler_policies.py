@@ -253,7 +253,7 @@ def test_unknown_policy_names_raise_unknown_policy_error() -> None:
         REGISTRY.create("retry", "default", {"max_lost": -1})
     with pytest.raises(PolicyParamsError):
         REGISTRY.create("placement", "locality", {"colour": "red"})
-    assert REGISTRY.names("priority") == ["consumers-first", "graph", "long-first"]
+    assert REGISTRY.names("priority") == ["consumers-first", "fair", "graph", "long-first"]
 
 
 def test_a_policy_change_of_an_unknown_kind_is_refused(make_state: Factory) -> None:
