@@ -43,6 +43,7 @@ from runtime.graph import (
     TaskSpec,
     build_specs,
     check_pool_fit,
+    client_name,
     in_pieces,
     reject_collection,
 )
@@ -261,6 +262,8 @@ class Manager(Actor):
         self.max_run_keys = max_run_keys
         #: run id -> every key of it (its tasks and the keys it wanted), latest runs only
         self.run_keys: dict[str, tuple[Key, ...]] = {}
+        #: the name of the client that submitted each run of ``run_keys``
+        self.run_clients: dict[str, str] = {}
         self._n_run_keys = 0  #: keys held in run_keys
         #: set once the latest request taken in turn is done (None: none was): a
         #: submission built off the handlers, and the submissions, releases, client
@@ -328,7 +331,7 @@ class Manager(Actor):
     def _register(self, msg: SubmitGraphRequest, graph: _Graph) -> SubmitReply | Later:
         run = f"run-{next(self._run_ids)}"
         self.runs += 1
-        self._remember_run(run, graph.run_keys)
+        self._remember_run(run, graph.run_keys, client_name(msg.client))
         # Failed or cancelled keys submitted again are run again: their last word is
         # stale. (The keys both wanted and in the graph: the fewer of the two walked.)
         specs, keys = graph.specs, self.keys
@@ -451,14 +454,16 @@ class Manager(Actor):
             return self._cancel(request)
         return None
 
-    def _remember_run(self, run: str, keys: tuple[Key, ...]) -> None:
+    def _remember_run(self, run: str, keys: tuple[Key, ...], client: str = "") -> None:
         self.run_keys[run] = keys
+        self.run_clients[run] = client
         self._n_run_keys += len(keys)
         while len(self.run_keys) > 1 and (
             len(self.run_keys) > self.max_runs or self._n_run_keys > self.max_run_keys
         ):
             oldest = next(iter(self.run_keys))
             self._n_run_keys -= len(self.run_keys.pop(oldest))
+            self.run_clients.pop(oldest, None)
 
     def _set_update(self, ks: _KeyState, upd: Any) -> None:
         """Every change of a wanted key's last word goes here (``pending`` counts)."""
@@ -864,6 +869,7 @@ class Manager(Actor):
         mine: dict[str, Any] = {  # read before the autoscaler's answer, as the scheduler's was
             "runs": self.runs,
             "recent_runs": {r: len(k) for r, k in list(self.run_keys.items())[-10:]},
+            "run_clients": {r: self.run_clients.get(r, "") for r in list(self.run_keys)[-10:]},
             "wanted_keys": len(self.keys),
             "wanted_pending": pending,
             "process": process_figures(),

@@ -88,10 +88,10 @@ from actors.scheduler_records import (
 )
 from actors.scheduler_state import SchedulerState
 from actors.shared_disk import disk_claim, disk_key, disk_shared_text, shared_disk_text
-from policies import ON_PURPOSE, REGISTRY, PolicyRegistry, params_of
+from policies import ON_PURPOSE, REGISTRY, PolicyRegistry, params_of, policy_change_fields
 from policies.survival import Survival
 from runtime.errors import ActorStopped, CorralError, UnknownCategory, size_text
-from runtime.graph import SpecPiece
+from runtime.graph import SpecPiece, client_name
 from runtime.kernel import Actor, ActorRef, Envelope, Later, current_causal_id, handles
 from runtime.messages import (
     MAX_FAILURE_GROUPS_SHOWN,
@@ -836,10 +836,8 @@ class Scheduler(Actor):
         if msg.kind == "scaling":  # a kind of the registry, but not the scheduler's
             raise ValueError("the scaling policy belongs to the autoscaler, not the scheduler")
         policy = self.policy_registry.create(msg.kind, msg.name, msg.params)
-        self._handle(PolicyChanged(*self._ev(), msg.kind, policy))
-        self.log.info(
-            "policy changed", kind=msg.kind, name=msg.name, params=msg.params, by=msg.by or "?"
-        )
+        self._handle(PolicyChanged(*self._ev(), msg.kind, policy, msg.by))
+        self.log.warning("policy changed", **policy_change_fields(msg))
         return self.policy_registry.info(msg.kind, policy)
 
     @handles(StatusRequest)
@@ -1067,17 +1065,26 @@ class Scheduler(Actor):
         if msg.state is not None and msg.state not in _STATES:
             raise ValueError(f"unknown task state {msg.state!r}; choose from {', '.join(_STATES)}")
         return tuple(
-            self.task_records(msg.state, msg.category, msg.limit or MAX_LISTING, msg.offset)
+            self.task_records(
+                msg.state, msg.category, msg.limit or MAX_LISTING, msg.offset, msg.client
+            )
         )
 
     def task_records(
-        self, state: str | None = None, category: str | None = None, limit: int = 0, offset: int = 0
+        self,
+        state: str | None = None,
+        category: str | None = None,
+        limit: int = 0,
+        offset: int = 0,
+        client: str | None = None,
     ) -> list[TaskRecord]:
         out: list[TaskRecord] = []
         skip = offset
         for ts in self.state.tasks.values():
-            if (state is not None and ts.state != state) or (
-                category is not None and ts.category != category
+            if (
+                (state is not None and ts.state != state)
+                or (category is not None and ts.category != category)
+                or (client is not None and client_name(ts.client) != client)
             ):
                 continue
             if skip:
@@ -1088,7 +1095,11 @@ class Scheduler(Actor):
                 worker = min(ts.who_has)  # where its output is
             # the tries made: those ended, and the one under way (a running first try is 1)
             tries = len(ts.tries) + (ts.state == "processing")
-            out.append(TaskRecord(str(ts.key), ts.state, ts.category, worker, tries))
+            out.append(
+                TaskRecord(
+                    str(ts.key), ts.state, ts.category, worker, tries, client_name(ts.client)
+                )
+            )
             if limit and len(out) >= limit:
                 break
         return out

@@ -250,6 +250,7 @@ class FilesReleased(Event):
 class PolicyChanged(Event):
     kind: str
     policy: Any
+    by: str = ""  #: the id of the client (or console) that asked ("": not said)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -299,7 +299,7 @@ from runtime.errors import (
     did_you_mean,
     error_name,
 )
-from runtime.graph import Key, TaskSpec, node_fingerprint
+from runtime.graph import Key, TaskSpec, client_name, node_fingerprint
 from runtime.messages import Outcome, TryRecord
 
 __all__ = [
@@ -2029,7 +2029,8 @@ class SchedulerState(DiskPlacement):
         if ev.kind not in self.policies:
             raise KeyError(f"unknown policy kind {ev.kind!r}")
         self.policies[ev.kind] = ev.policy
-        self._log("-", "policy", f"{ev.kind}:{getattr(ev.policy, 'name', ev.policy)}")
+        who = f" by {client_name(ev.by)}" if ev.by else ""
+        self._log("-", "policy", f"{ev.kind}:{getattr(ev.policy, 'name', ev.policy)}{who}")
         if ev.kind == "placement":
             self._locality_hooks()
         if ev.kind == "replication":

@@ -43,6 +43,7 @@ from policies.base import (
     WorkerView,
     params_of,
     params_text,
+    policy_change_fields,
     register,
 )
 
@@ -86,6 +87,7 @@ __all__ = [
     "params_of",
     "params_text",
     "placement",
+    "policy_change_fields",
     "priority",
     "register",
     "replication",

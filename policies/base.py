@@ -29,7 +29,8 @@ from runtime.errors import (
     UnknownPolicyError,
     did_you_mean,
 )
-from runtime.messages import PolicyInfo
+from runtime.graph import client_name
+from runtime.messages import PolicyInfo, SetPolicyRequest
 
 __all__ = [
     "KINDS",
@@ -60,6 +61,7 @@ __all__ = [
     "defaults_of",
     "params_of",
     "params_text",
+    "policy_change_fields",
     "register",
 ]
 
@@ -818,6 +820,15 @@ def params_text(params: Mapping[str, str] | None) -> str:
     """:func:`params_of`'s answer as the console and the dashboard show it:
     ``spare=2, lookahead=60`` (empty for a policy's defaults)."""
     return ", ".join(f"{k}={v}" for k, v in (params or {}).items())
+
+
+def policy_change_fields(msg: SetPolicyRequest) -> dict[str, Any]:
+    """The fields of the ``policy changed`` warning the scheduler and the autoscaler log
+    for ``msg``: the ``kind``, ``name`` and ``params`` set, ``by`` (the asking client's
+    or console's id, ``?`` when not said) and ``client`` (that client's name)."""
+    by = msg.by or "?"
+    return {"kind": msg.kind, "name": msg.name, "params": msg.params, "by": by,
+            "client": client_name(by)}  # fmt: skip
 
 
 #: The registry Corral's actors use unless given another.

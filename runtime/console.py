@@ -124,8 +124,9 @@ COMMANDS: dict[str, tuple[str, str, bool]] = {
         False,
     ),
     "tasks": (
-        "tasks [--state STATE] [--category CATEGORY] [--limit N] [--offset N]",
-        "list tasks (default: the first 100; --limit 0 a page of 10,000; --offset N skips N)",
+        "tasks [--state STATE] [--category CATEGORY] [--client NAME] [--limit N] [--offset N]",
+        "list tasks and the client that submitted each (default: the first 100; --limit 0 a "
+        "page of 10,000; --offset N skips N; --client NAME: that client's only)",
         False,
     ),
     "story": ("story KEY", "every recorded transition of a task (or of a worker id)", False),
@@ -460,10 +461,12 @@ class ConsoleClient:
         category: str | None = None,
         limit: int = 100,
         offset: int = 0,
+        client: str | None = None,
     ) -> list[TaskRecord]:
         """Up to ``limit`` tasks (0: a page of ``MAX_LISTING``) in ``state`` and
-        ``category`` (None: any), after the first ``offset`` that match."""
-        return list(await self.ask(TasksQuery(state, category, limit, offset)))
+        ``category`` and submitted by the client named ``client`` (None: any), after
+        the first ``offset`` that match."""
+        return list(await self.ask(TasksQuery(state, category, limit, offset, client)))
 
     async def story(self, *keys: str) -> list[list[str]]:
         """Transitions of the keys (as text, as :meth:`tasks` shows them):
@@ -624,6 +627,7 @@ class ConsoleClient:
         parser = _Parser("tasks")
         parser.add_argument("--state", choices=STATES)
         parser.add_argument("--category")
+        parser.add_argument("--client")
         parser.add_argument("--limit", type=int, default=100)
         parser.add_argument("--offset", type=int, default=0)
         args = parser.parse_args(_words(rest))
@@ -631,7 +635,7 @@ class ConsoleClient:
             raise ConsoleError(f"--limit must be 0 to {MAX_LISTING} (0: {MAX_LISTING})")
         if args.offset < 0:
             raise ConsoleError("--offset must be >= 0")
-        records = await self.tasks(args.state, args.category, args.limit, args.offset)
+        records = await self.tasks(args.state, args.category, args.limit, args.offset, args.client)
         data = [jsonable(r) for r in records]
         return Result("tasks", data, render_tasks(data, args.limit, args.offset))
 
@@ -1257,11 +1261,13 @@ def render_status(st: Mapping[str, Any]) -> RenderableType:
 
     runs: dict[str, int] = dict(st.get("recent_runs") or {})
     if runs:
+        clients: dict[str, str] = dict(st.get("run_clients") or {})
         rt = Table(title="latest runs", title_justify="left")
         rt.add_column("run")
         rt.add_column("keys", justify="right")
+        rt.add_column("client")
         for run, n in runs.items():
-            _row(rt, run, str(n))
+            _row(rt, run, str(n), clients.get(run) or "-")
         parts.append(rt)
 
     mt = Table(title="memory", title_justify="left")
@@ -1458,11 +1464,14 @@ def render_tasks(
     if not records:
         return Text(f"no tasks match after the first {offset}" if offset else "no tasks match")
     t = Table()
-    for col in ("key", "state", "category", "worker", "tries"):
+    for col in ("key", "state", "category", "worker", "tries", "client"):
         t.add_column(col, justify="right" if col == "tries" else "left", overflow="fold")
     t.columns[3].no_wrap = True
     for r in records:
-        cells = (r["key"], r["state"], r["category"], r["worker"] or "-", r["tries"])
+        cells = (
+            r["key"], r["state"], r["category"], r["worker"] or "-", r["tries"],
+            r.get("client") or "-",
+        )  # fmt: skip
         _row(t, *(str(c) for c in cells))
     last = offset + len(records)
     if len(records) >= (limit or MAX_LISTING):  # a full page: maybe more after it
@@ -1771,7 +1780,7 @@ class ConsoleShell(cmd.Cmd):
                 return self.known.get("categories", [])
             if args and args[-1] == "--limit":
                 return []
-            return ["--state", "--category", "--limit", "--offset", "--json"]
+            return ["--state", "--category", "--client", "--limit", "--offset", "--json"]
         if name == "policy":
             if not args:
                 return ["list", "set"]

@@ -127,8 +127,9 @@ class Stop(Message):
 @message()
 class SetPolicyRequest(Message):
     """Swap the policy of ``kind`` (priority, placement, retry, ...) at runtime.
-    ``by``: who asks (a client's or console's name, ``client-...``; "": not said), for
-    the manager's log: the policy stays in force for every later client."""
+    ``by``: who asks (a client's id, its name and a random tail, or a console's; "":
+    not said), for the manager's log and the scheduler's story: the policy stays in force
+    for every later client."""
 
     kind: str
     name: str
@@ -239,6 +240,7 @@ class TaskRecord(Message):
     category: str
     worker: str | None = None
     tries: int = 0  #: the tries made: those ended, and the one under way while processing
+    client: str = ""  #: the name of the client whose submission brought it ("": not known)
 
 
 @message()
@@ -1391,7 +1393,8 @@ class StatusReply(Message):
 
     Worker ids key ``processing`` (tasks sent and not finished), ``rss`` (after its
     latest task) and ``memory`` (its latest report); ``queues`` counts ready tasks per
-    pool (``"*"``: any pool); ``recent_runs`` how many keys each of the latest runs has.
+    pool (``"*"``: any pool); ``recent_runs`` how many keys each of the latest runs has,
+    ``run_clients`` the name of the client that submitted each of them.
     ``autoscaler`` is None without an autoscaler, or when it did not answer in time
     (``autoscaler_busy``)."""
 
@@ -1451,6 +1454,7 @@ class StatusReply(Message):
     disk_dropped: int = 0
     runs: int = 0
     recent_runs: dict[str, int] = dataclasses.field(default_factory=dict)
+    run_clients: dict[str, str] = dataclasses.field(default_factory=dict)
     wanted_keys: int = 0
     wanted_pending: int = 0
     #: the manager's process: ``pid``, ``rss`` (bytes), ``threads``, ``fds`` (-1: not
@@ -1557,13 +1561,15 @@ class ClientGone(Message):
 @message()
 class TasksQuery(Message):
     """-> manager -> scheduler: up to ``limit`` tasks (0: as many as a page holds,
-    ``MAX_LISTING``) in ``state`` and ``category`` (``None``: any), skipping the first
-    ``offset`` that match. Reply: a tuple of :class:`TaskRecord`."""
+    ``MAX_LISTING``) in ``state`` and ``category`` and submitted by the client named
+    ``client`` (``None``: any), skipping the first ``offset`` that match. Reply: a tuple
+    of :class:`TaskRecord`."""
 
     state: str | None = None
     category: str | None = None
     limit: int = 100
     offset: int = 0
+    client: str | None = None
 
 
 @message()

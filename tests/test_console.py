@@ -54,6 +54,7 @@ from runtime.console import (
     split_cli_options,
 )
 from runtime.errors import CancelledError, CorralError, SubmissionsSuspended
+from runtime.graph import client_name
 from runtime.kernel import ActorSystem
 from runtime.messages import (
     AlertInfo,
@@ -387,7 +388,7 @@ async def test_tasks_lists_filters_and_limits_and_story_shows_transitions(gate: 
     with anyio.fail_after(LIMIT):
         async with (
             nodes(1) as (address, (worker,)),
-            Cluster(address) as cluster,
+            Cluster(address, name="alice") as cluster,
             ConsoleClient(address) as console,
         ):
             opened = gate("tasks")
@@ -401,7 +402,9 @@ async def test_tasks_lists_filters_and_limits_and_story_shows_transitions(gate: 
 
             running = await wait_until(lambda: console.tasks(state="processing"), "running")
             # its try under way counts (it showed 0 tries)
-            assert running == [TaskRecord(blocked.key, "processing", "gated", worker.id, 1)]
+            assert running == [
+                TaskRecord(blocked.key, "processing", "gated", worker.id, 1, "alice")
+            ]
             memory = await console.tasks(state="memory")
             assert {r.key for r in memory} >= {f.key for f in done} | {"('x', 1)"}
             assert all(r.worker == worker.id and r.tries == 1 for r in memory)
@@ -416,8 +419,19 @@ async def test_tasks_lists_filters_and_limits_and_story_shows_transitions(gate: 
             data = json.loads(await console.run_command("tasks --state processing --json"))
             assert data == [
                 {"key": blocked.key, "state": "processing", "category": "gated",
-                 "worker": worker.id, "tries": 1}
+                 "worker": worker.id, "tries": 1, "client": "alice"}
             ]  # fmt: skip
+            # who submitted: a column, and a filter
+            assert len(await console.tasks(client="alice", limit=0)) == len(
+                await console.tasks(limit=0)
+            )
+            assert await console.tasks(client="bob") == []
+            text = await console.run_command("tasks --client alice --state processing")
+            assert "alice" in text and "gated" in text
+            assert (await console.run_command("tasks --client bob")).strip() == "no tasks match"
+            status = await console.status(0)
+            assert set(status["run_clients"].values()) == {"alice"}
+            assert list(status["run_clients"]) == list(status["recent_runs"])
             with pytest.raises(ConsoleError, match="invalid choice"):
                 await console.execute("tasks --state nonsense")
             with pytest.raises(ConsoleError, match="--limit must be 0 to 10000"):
@@ -1148,6 +1162,9 @@ async def test_a_client_that_leaves_its_policy_on_a_shared_manager_says_so() -> 
                 name = cluster._client_actor.name
                 set_line = log.with_("policy changed", "max_crashes")
                 assert set_line is not None and f"by='{name}'" in set_line
+                # a warning (the manager logs warnings by default), naming the client
+                assert "level='warning'" in set_line
+                assert f"client='{client_name(name)}'" in set_line
             line = log.with_("a policy this client set stays in force")
             assert line is not None and "level='warning'" in line
             assert "kind='retry'" in line and "name='default'" in line

@@ -135,3 +135,47 @@ def test_a_task_continuing_its_clients_earlier_work_takes_that_turn(make_state: 
     specs = specs_for(s, {"peek-0": ["load-0"]}, ["peek-0"])
     run(s, event(GraphSubmitted, specs=specs, wanted=("peek-0",), echo_to=SMALL))
     assert s.tasks["peek-0"].turn >= s.turn_floor
+
+
+def test_a_policy_change_says_who_in_the_story(make_state: Factory) -> None:
+    from actors.scheduler_events import PolicyChanged
+    from policies import REGISTRY
+
+    s = make_state()
+    policy = REGISTRY.create("priority", "fair")
+    run(s, event(PolicyChanged, kind="priority", policy=policy, by=client_id("alice")))
+    run(s, event(PolicyChanged, kind="priority", policy=REGISTRY.create("priority", "graph")))
+    assert [e[2] for e in s.story("-") if e[1] == "policy"] == [
+        "priority:fair by alice",
+        "priority:graph",
+    ]
+
+
+def test_the_status_names_the_client_of_each_latest_run() -> None:
+    from actors.manager import Manager
+    from runtime.console import render_status, render_tasks
+
+    def nothing() -> Any:
+        return None
+
+    m = Manager(nothing, nothing, nothing, lambda name: None, max_runs=2)
+    m._remember_run("run-1", ("a",), "alice")
+    m._remember_run("run-2", ("b",), "bob")
+    m._remember_run("run-3", ("c",), "carol")  # the oldest run goes, and its client
+    assert m.run_clients == {"run-2": "bob", "run-3": "carol"}
+    text = _text(render_status({"recent_runs": {"run-2": 1, "run-3": 1},
+                                "run_clients": m.run_clients}))  # fmt: skip
+    assert "│ run-2 │    1 │ bob    │" in text and "│ run-3 │    1 │ carol  │" in text
+    rows = [{"key": "k", "state": "memory", "category": "k", "worker": None, "tries": 1,
+             "client": "alice"}]  # fmt: skip
+    assert "alice" in _text(render_tasks(rows))
+
+
+def _text(renderable: Any) -> str:
+    import io
+
+    from rich.console import Console
+
+    out = io.StringIO()
+    Console(file=out, width=200, color_system=None).print(renderable)
+    return out.getvalue()
