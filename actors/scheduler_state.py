@@ -774,9 +774,10 @@ class SchedulerState(DiskPlacement):
         One entry per handled event (so a graph of a million tasks submitted at once is
         one entry per piece it is taken in by, ``runtime.graph.INTAKE_PIECE`` tasks
         each): ``(now, records)``, the records in the order things happened:
-        ``("state", key, finish, category, pool, worker)`` per transition (``worker``:
-        where it was sent, for ``processing``; ``released``: its output was released,
-        nothing needs it), ``("try", key, category, worker, number, sent, start, stop,
+        ``("state", key, finish, category, pool, worker, client)`` per transition
+        (``worker``: where it was sent, for ``processing``; ``released``: its output was
+        released, nothing needs it; ``client``: the id of the client that submitted it),
+        ``("try", key, category, worker, number, sent, start, stop,
         outcome, cause, error, nbytes, queued, failure, resumed, resumed_work,
         unsaved)`` per try ended (``error``: the
         exception or None; ``start``, ``stop``: the worker's wall clock, except for
@@ -2225,8 +2226,9 @@ class SchedulerState(DiskPlacement):
         self.story_log.append((ts.key, start, finish, self._stimulus, self._now))
         if self.feed_on:
             self._records.append(
-                ("state", ts.key, finish, ts.spec.category, ts.spec.pool, ts.worker)
-            )
+                ("state", ts.key, finish, ts.spec.category, ts.spec.pool, ts.worker,
+                 ts.client)
+            )  # fmt: skip
         if was_active and not now_active:
             for d in ts.deps:
                 if d.consumers == 0 and d.wanted == 0 and d.state in ACTIVE:

@@ -59,6 +59,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from runtime.errors import ActorStopped, AskTimeout, MonitoringDBError
+from runtime.graph import client_name
 from runtime.kernel import Actor, ActorRef
 from runtime.log import get_logger
 from runtime.messages import (
@@ -105,10 +106,11 @@ _log = get_logger("corral.monitoring")
 #: it began; 8: checkpoints, ``tries.resumed`` and ``tries.resumed_work`` (the
 #: checkpoint a try started from, the seconds of work it held) and ``tries.unsaved``
 #: (of a try lost with its worker, the work no surviving checkpoint held), and the
-#: table ``checkpoints`` (each saved, each lost with every copy of it)
-SCHEMA_VERSION = 8
+#: table ``checkpoints`` (each saved, each lost with every copy of it); 9:
+#: ``tasks.client`` (the name of the client that submitted the task)
+SCHEMA_VERSION = 9
 #: older versions a writer upgrades to :data:`SCHEMA_VERSION` (see :func:`_upgrade`)
-UPGRADED_VERSIONS = (2, 3, 4, 5, 6, 7)
+UPGRADED_VERSIONS = (2, 3, 4, 5, 6, 7, 8)
 #: versions the report reads (the columns it asks for are in each; ``tries.queued``,
 #: ``tries.traceback``, the columns of version 5 in ``tasks`` and the table ``actions``
 #: only when there: see runtime/report.py)
@@ -133,7 +135,7 @@ CREATE TABLE IF NOT EXISTS tasks (
     run_id TEXT NOT NULL, key TEXT NOT NULL, category TEXT, pool TEXT,
     submitted REAL, ready REAL, started REAL, finished REAL, state TEXT, worker TEXT,
     tries INTEGER NOT NULL DEFAULT 0, duration REAL, output_bytes INTEGER,
-    released REAL, cause TEXT, error TEXT, root TEXT,
+    released REAL, cause TEXT, error TEXT, root TEXT, client TEXT,
     PRIMARY KEY (run_id, key)
 );
 CREATE TABLE IF NOT EXISTS tries (
@@ -236,6 +238,11 @@ ALTER TABLE tries ADD COLUMN resumed_work REAL;
 ALTER TABLE tries ADD COLUMN unsaved REAL;
 UPDATE schema_version SET version = 8;
 """
+#: a version 8 file's tasks get ``client``, empty in the rows it has (see _upgrade)
+_CLIENT_V8_TO_V9 = """
+ALTER TABLE tasks ADD COLUMN client TEXT;
+UPDATE schema_version SET version = 9;
+"""
 #: what upgrades a file of each older version to :data:`SCHEMA_VERSION`
 _UPGRADES = {
     2: _WORKERS_V2_TO_V3
@@ -243,16 +250,23 @@ _UPGRADES = {
     + _FAILURES_V4_TO_V5
     + _ACTIONS_V5_TO_V6
     + _RETRIES_V6_TO_V7
-    + _CHECKPOINTS_V7_TO_V8,
+    + _CHECKPOINTS_V7_TO_V8
+    + _CLIENT_V8_TO_V9,
     3: _TRIES_V3_TO_V4
     + _FAILURES_V4_TO_V5
     + _ACTIONS_V5_TO_V6
     + _RETRIES_V6_TO_V7
-    + _CHECKPOINTS_V7_TO_V8,
-    4: _FAILURES_V4_TO_V5 + _ACTIONS_V5_TO_V6 + _RETRIES_V6_TO_V7 + _CHECKPOINTS_V7_TO_V8,
-    5: _ACTIONS_V5_TO_V6 + _RETRIES_V6_TO_V7 + _CHECKPOINTS_V7_TO_V8,
-    6: _RETRIES_V6_TO_V7 + _CHECKPOINTS_V7_TO_V8,
-    7: _CHECKPOINTS_V7_TO_V8,
+    + _CHECKPOINTS_V7_TO_V8
+    + _CLIENT_V8_TO_V9,
+    4: _FAILURES_V4_TO_V5
+    + _ACTIONS_V5_TO_V6
+    + _RETRIES_V6_TO_V7
+    + _CHECKPOINTS_V7_TO_V8
+    + _CLIENT_V8_TO_V9,
+    5: _ACTIONS_V5_TO_V6 + _RETRIES_V6_TO_V7 + _CHECKPOINTS_V7_TO_V8 + _CLIENT_V8_TO_V9,
+    6: _RETRIES_V6_TO_V7 + _CHECKPOINTS_V7_TO_V8 + _CLIENT_V8_TO_V9,
+    7: _CHECKPOINTS_V7_TO_V8 + _CLIENT_V8_TO_V9,
+    8: _CLIENT_V8_TO_V9,
 }
 #: what an older database lacks, said when one is opened
 _OLDER = (
@@ -1058,9 +1072,10 @@ def _refused_row(exc: Exception) -> bool:
 #: not-run columns (``cause``, ``error``, ``root``) its own row does not set
 _TASK = (
     "INSERT INTO tasks (run_id, key, category, pool, submitted, ready, started, finished, "
-    "state, worker, tries, duration, output_bytes, released, cause, error, root) "
-    "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) "
+    "state, worker, tries, duration, output_bytes, released, cause, error, root, client) "
+    "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) "
     "ON CONFLICT (run_id, key) DO UPDATE SET "
+    "client = COALESCE(client, excluded.client), "
     "category = COALESCE(excluded.category, category), pool = COALESCE(excluded.pool, pool), "
     "submitted = COALESCE(submitted, excluded.submitted), "
     "ready = COALESCE(ready, excluded.ready), started = COALESCE(started, excluded.started), "
@@ -1228,7 +1243,7 @@ class MonitorRecorder(Actor):
         self._audited = 0  #: the ``seq`` of the latest audit entry written (AuditInfo)
         #: key -> the columns of _TASK after it (category, pool, submitted, ready,
         #: started, finished, state, worker, tries, duration, output_bytes, released,
-        #: cause, error, root): what the feed said of each task since the last full
+        #: cause, error, root, client): what the feed said of each task since the last full
         #: poll, written then as one row
         self._tasks: dict[str, list[Any]] = {}
         self._lock = anyio.Lock()
@@ -1414,7 +1429,7 @@ class MonitorRecorder(Actor):
             t = tasks.get(k)
             if t is None:
                 t = [_safe(category), None, at, None, None, None, None, None, 0, None, None,
-                     None, None, None, None]  # fmt: skip
+                     None, None, None, None, None]  # fmt: skip
                 tasks[k] = t
             return t
 
@@ -1424,9 +1439,11 @@ class MonitorRecorder(Actor):
             for rec in records:
                 kind = rec[0]
                 if kind == "state":
-                    _, key, finish, category, pool, worker = rec
+                    _, key, finish, category, pool, worker, client = rec
                     t = task(_safe(str(key)), category, at)
                     t[1] = pool
+                    if t[15] is None and client:
+                        t[15] = _safe(client_name(client))
                     if finish in _TERMINAL:
                         t[5], t[6], t[11] = at, finish, None  # (its output held again)
                         if finish != "erred":  # (a not-run row comes before its erred)

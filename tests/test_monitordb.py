@@ -137,7 +137,9 @@ async def test_a_task_is_one_row_write_per_interval_however_many_feed_reads_it_s
     with anyio.fail_after(LIMIT):
         # One full poll at the start, the next one after the run: the tasks' rows are
         # written once, when the cluster stops.
-        async with Cluster(workers=1, monitoring=db, monitoring_interval=600) as cluster:
+        async with Cluster(
+            workers=1, monitoring=db, monitoring_interval=600, name="alice"
+        ) as cluster:
             assert await cluster.compute(dsk, "nap-3") == 4
             # the tries are written at each feed read, while the run goes
             await wait_until(
@@ -150,6 +152,8 @@ async def test_a_task_is_one_row_write_per_interval_however_many_feed_reads_it_s
     # each output released once consumed (nap-3's once compute had it): the end state
     # and the release are in the one row write
     assert all(s == "released" and r <= st <= f <= rel and t == 1 for s, r, st, f, rel, t in rows)
+    # who submitted them: the client's name
+    assert _rows(db, "SELECT DISTINCT client FROM tasks") == [("alice",)]
 
 
 @pytest.mark.anyio
@@ -300,7 +304,7 @@ def test_the_feed_keeps_what_its_reader_has_not_read_and_counts_what_it_lost() -
     entries, nxt, lost = state.feed_since(0, 100)
     assert (len(entries), nxt, lost) == (1, 1, 0)
     assert [r[2] for r in entries[0][1]] == ["waiting"] * 19 + ["queued", "processing"]
-    assert entries[0][1][-1] == ("state", "a-0", "processing", "a", None, "w1")
+    assert entries[0][1][-1] == ("state", "a-0", "processing", "a", None, "w1", "")
     for _ in range(2):  # 4 records an entry: try, memory, next queued, next processing
         finish(state, "w1", only_running(state))
     entries, nxt, lost = state.feed_since(nxt, 1)  # a page of one; entry 0 is let go
@@ -1431,8 +1435,10 @@ async def test_the_documented_grouped_queries_count_a_rejoined_worker_once(
     assert "<td>cpu</td><td>preempted</td><td>1</td><td>3.0</td><td>3.0</td><td>3.0</td>" in page
 
 
+#: makes a new database one of schema version 8, as an older Corral wrote it
+TO_VERSION_8 = "ALTER TABLE tasks DROP COLUMN client; UPDATE schema_version SET version = 8; "
 #: makes a new database one of schema version 7, as an older Corral wrote it
-TO_VERSION_7 = (
+TO_VERSION_7 = TO_VERSION_8 + (
     "DROP TABLE checkpoints; ALTER TABLE tries DROP COLUMN resumed; "
     "ALTER TABLE tries DROP COLUMN resumed_work; ALTER TABLE tries DROP COLUMN unsaved; "
     "UPDATE schema_version SET version = 7; "
@@ -1491,6 +1497,22 @@ def test_a_version_4_file_gets_the_failure_columns_and_is_still_read(tmp_path: P
     after = _run(db, "r")
     assert after.releases and after.why_failed == before.why_failed
     assert "finished, output held (memory)</th><td>1<" in build_report(db, run_id="r")
+
+
+def test_a_version_8_file_gets_the_tasks_client_column_and_is_still_read(tmp_path: Path) -> None:
+    """A file of schema version 8 (no ``tasks.client``): the report reads it; a manager
+    writing into it adds the column, empty in the rows it had."""
+    db = tmp_path / "monitoring.db"
+    _older(
+        db,
+        TO_VERSION_8 + "INSERT INTO runs (run_id, started) VALUES ('r', 100.0); "
+        "INSERT INTO tasks (run_id, key, category, finished, state, tries) "
+        "VALUES ('r', 'a', 'a', 105, 'memory', 1);",
+    )
+    assert "<html" in build_report(db, run_id="r").lower()
+    MonitorWriter(db).close()
+    assert _rows(db, "SELECT version FROM schema_version") == [(SCHEMA_VERSION,)]
+    assert _rows(db, "SELECT key, state, client FROM tasks") == [("a", "memory", None)]
 
 
 def test_a_version_3_file_gets_the_tries_waits_column_and_is_still_read(tmp_path: Path) -> None:
