@@ -28,6 +28,7 @@ from actors import transfer
 from actors.pools import check_fallback, pool_fallbacks
 from actors.scheduler_events import KeyDone, KeysReused, KeyTaken
 from actors.transfer import STREAM_BYTES, StreamInfo, UnknownStream
+from runtime.client_ids import client_name
 from runtime.errors import (
     ActorStopped,
     AskTimeout,
@@ -43,7 +44,6 @@ from runtime.graph import (
     TaskSpec,
     build_specs,
     check_pool_fit,
-    client_name,
     in_pieces,
     reject_collection,
 )

@@ -90,8 +90,9 @@ from actors.scheduler_state import SchedulerState
 from actors.shared_disk import disk_claim, disk_key, disk_shared_text, shared_disk_text
 from policies import ON_PURPOSE, REGISTRY, PolicyRegistry, params_of, policy_change_fields
 from policies.survival import Survival
+from runtime.client_ids import client_name
 from runtime.errors import ActorStopped, CorralError, UnknownCategory, size_text
-from runtime.graph import SpecPiece, client_name
+from runtime.graph import SpecPiece
 from runtime.kernel import Actor, ActorRef, Envelope, Later, current_causal_id, handles
 from runtime.messages import (
     MAX_FAILURE_GROUPS_SHOWN,

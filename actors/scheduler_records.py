@@ -17,13 +17,14 @@ from policies import (
     WalltimeLoss,
 )
 from policies.survival import Survival
+from runtime.client_ids import client_name
 from runtime.errors import (
     LongTaskError,
     PruneDepthError,
     disk_size,
     error_name,
 )
-from runtime.graph import Key, TaskSpec, client_name
+from runtime.graph import Key, TaskSpec
 from runtime.messages import DiskStallInfo, TryRecord
 
 __all__ = [

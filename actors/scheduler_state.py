@@ -281,6 +281,7 @@ from policies import (
     WalltimeLoss,
 )
 from policies.survival import Survival, kaplan_meier
+from runtime.client_ids import client_name
 from runtime.errors import (
     CancelledError,
     DependencyFailed,
@@ -299,7 +300,7 @@ from runtime.errors import (
     did_you_mean,
     error_name,
 )
-from runtime.graph import Key, TaskSpec, client_name, node_fingerprint
+from runtime.graph import Key, TaskSpec, node_fingerprint
 from runtime.messages import Outcome, TryRecord
 
 __all__ = [

@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Annotated, Any, Protocol, Union, get_args, get_origin, runtime_checkable
 
 from policies.survival import Survival
+from runtime.client_ids import client_name
 from runtime.errors import (
     PolicyCreateError,
     PolicyKindError,
@@ -29,7 +30,6 @@ from runtime.errors import (
     UnknownPolicyError,
     did_you_mean,
 )
-from runtime.graph import client_name
 from runtime.messages import PolicyInfo, SetPolicyRequest
 
 __all__ = [

@@ -1396,7 +1396,7 @@ class Cluster:
         worker_timeout: float | None = None,
         manager_timeout: float | None = None,
     ) -> None:
-        from runtime.graph import client_id
+        from runtime.client_ids import client_id
 
         #: who submits (``name``, default the user name), and a random tail: one
         #: connection (docs/api.md#naming-a-client)

@@ -58,8 +58,8 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from runtime.client_ids import client_name
 from runtime.errors import ActorStopped, AskTimeout, MonitoringDBError
-from runtime.graph import client_name
 from runtime.kernel import Actor, ActorRef
 from runtime.log import get_logger
 from runtime.messages import (

@@ -45,6 +45,7 @@ from runtime.client import (
     _throttle_news,
     _ThrottleWatch,
 )
+from runtime.client_ids import client_name
 from runtime.console import (
     COMMANDS,
     STATUS_CATEGORIES,
@@ -54,7 +55,6 @@ from runtime.console import (
     split_cli_options,
 )
 from runtime.errors import CancelledError, CorralError, SubmissionsSuspended
-from runtime.graph import client_name
 from runtime.kernel import ActorSystem
 from runtime.messages import (
     AlertInfo,

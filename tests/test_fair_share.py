@@ -16,7 +16,7 @@ import pytest
 from actors.scheduler_events import GraphSubmitted
 from actors.scheduler_records import TaskStateView
 from runtime import Cluster
-from runtime.graph import client_id, client_name
+from runtime.client_ids import client_id, client_name
 from tests.helpers import Factory, assigned, event, finish, join, make_state, run, specs_for
 
 __all__ = ["make_state"]  # the autouse fixture, used by name
