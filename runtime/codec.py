@@ -54,6 +54,7 @@ inside them arrives as a list. Nesting is bounded by orjson (about 255 levels on
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import functools
 import itertools
@@ -80,6 +81,7 @@ __all__ = [
     "MAX_FRAME_BYTES",
     "VERSION",
     "Frame",
+    "Pieces",
     "decode",
     "decode_batch",
     "encode",
@@ -100,6 +102,56 @@ class Frame(msgspec.Struct, frozen=True):
     causal_id: str = ""
     request_id: int = 0
     reply_to: int = 0
+
+
+class Pieces:
+    """An encoded frame or batch received in pieces (a transport's chunks), kept as
+    they came: :func:`decode_batch` (and :func:`decode`, :func:`reply_ids`) cut each
+    buffer out of the pieces with one copy, where joining them first into one buffer
+    and then cutting the buffers out of it would copy every byte twice (and make, and
+    free, a buffer the size of the whole). ``append`` a piece as it comes (``bytes`` or
+    a read-only view are kept as they are; a writable buffer, which its owner could
+    change or reuse, is copied); ``len()`` is the bytes so far."""
+
+    __slots__ = ("_parts", "_starts", "size")
+
+    def __init__(self) -> None:
+        self._parts: list[memoryview] = []
+        self._starts: list[int] = []  # the offset of each piece in the whole
+        self.size = 0
+
+    def append(self, piece: bytes | memoryview) -> None:
+        view = piece if type(piece) is memoryview else memoryview(piece)
+        if view.format != "B" or view.ndim != 1:
+            view = view.cast("B")
+        if not len(view):
+            return
+        if not view.readonly:
+            view = memoryview(bytes(view))
+        self._parts.append(view)
+        self._starts.append(self.size)
+        self.size += len(view)
+
+    def __len__(self) -> int:
+        return self.size
+
+    def cut(self, start: int, end: int) -> bytes:
+        """Bytes ``start`` to ``end`` of the whole (within it), as one new ``bytes``."""
+        if end <= start:
+            return b""
+        parts, starts = self._parts, self._starts
+        i = bisect.bisect_right(starts, start) - 1
+        offset = starts[i]
+        first = parts[i]
+        if end - offset <= len(first):  # within one piece
+            return bytes(first[start - offset : end - offset])
+        out = [first[start - offset :]]
+        i += 1
+        while starts[i] + len(parts[i]) < end:
+            out.append(parts[i])
+            i += 1
+        out.append(parts[i][: end - starts[i]])
+        return b"".join(out)
 
 
 #: First byte of every encoded frame or batch.
@@ -153,7 +205,9 @@ def encode(frame: Frame, *, max_bytes: int = MAX_FRAME_BYTES) -> bytes:
     return _assemble(KIND_FRAME, header, bufs, max_bytes)
 
 
-def decode(data: bytes | bytearray | memoryview, *, max_bytes: int = MAX_FRAME_BYTES) -> Frame:
+def decode(
+    data: bytes | bytearray | memoryview | Pieces, *, max_bytes: int = MAX_FRAME_BYTES
+) -> Frame:
     """Decode one frame produced by :func:`encode`.
 
     Every problem (truncation, bad prefix, invalid JSON, unknown message type, missing,
@@ -189,7 +243,7 @@ def encode_batch(frames: Sequence[Frame], *, max_bytes: int = MAX_FRAME_BYTES) -
 
 
 def decode_batch(
-    data: bytes | bytearray | memoryview,
+    data: bytes | bytearray | memoryview | Pieces,
     *,
     max_bytes: int = MAX_FRAME_BYTES,
     max_frames: int | None = None,
@@ -222,7 +276,7 @@ def decode_batch(
 
 
 def reply_ids(
-    data: bytes | bytearray | memoryview, *, max_bytes: int = MAX_FRAME_BYTES
+    data: bytes | bytearray | memoryview | Pieces, *, max_bytes: int = MAX_FRAME_BYTES
 ) -> list[int]:
     """The ``reply_to`` ids of the frames in ``data``, read from its header alone, for
     data that :func:`decode_batch` refused: a receiver can then fail the asks waiting
@@ -323,9 +377,12 @@ def _assemble(kind: int, header: dict[str, Any], bufs: list[_Buffer], max_bytes:
 
 
 def _open(data: object, max_bytes: int) -> tuple[int, dict[str, Any], list[bytes]]:
-    """Check the prefix, parse the header and cut out the buffers."""
-    view: bytes | memoryview
-    if type(data) is bytes:  # slices of it are bytes: no view needed
+    """Check the prefix, parse the header and cut out the buffers (each copied once)."""
+    view: bytes | memoryview = b""
+    pieces: Pieces | None = None
+    if type(data) is Pieces:  # buffers are cut out of its pieces
+        pieces = data
+    elif type(data) is bytes:  # slices of it are bytes: no view needed
         view = data
     else:
         try:
@@ -336,7 +393,7 @@ def _open(data: object, max_bytes: int) -> tuple[int, dict[str, Any], list[bytes
             raise ProtocolError(
                 f"expected bytes, bytearray or memoryview to decode, got {_describe(data)}."
             ) from None
-    size = len(view)
+    size = len(view) if pieces is None else pieces.size
     if size > max_bytes:
         raise ProtocolError(
             f"frame of {size} bytes is over the limit of {max_bytes} bytes; the peer must "
@@ -344,7 +401,8 @@ def _open(data: object, max_bytes: int) -> tuple[int, dict[str, Any], list[bytes
         )
     if size < _PREFIX_SIZE:
         raise _truncated(f"{size} bytes is shorter than the {_PREFIX_SIZE}-byte prefix")
-    magic, version, kind, reserved, head_len = _PREFIX.unpack_from(view)
+    prefix = view if pieces is None else pieces.cut(0, _PREFIX_SIZE)
+    magic, version, kind, reserved, head_len = _PREFIX.unpack_from(prefix)
     if magic != MAGIC:
         raise ProtocolError(
             f"not a Corral frame: first byte is 0x{magic:02x}, expected 0x{MAGIC:02x}. "
@@ -363,7 +421,9 @@ def _open(data: object, max_bytes: int) -> tuple[int, dict[str, Any], list[bytes
     if end > size:
         raise _truncated(f"header of {head_len} bytes does not fit in {size} bytes")
     try:
-        header = orjson.loads(view[_PREFIX_SIZE:end])
+        header = orjson.loads(
+            view[_PREFIX_SIZE:end] if pieces is None else pieces.cut(_PREFIX_SIZE, end)
+        )
     except orjson.JSONDecodeError as exc:
         raise ProtocolError(f"frame header is not valid JSON ({exc}). " + _RECV_ADVICE) from None
     if type(header) is not dict:
@@ -395,7 +455,9 @@ def _open(data: object, max_bytes: int) -> tuple[int, dict[str, Any], list[bytes
     bufs = []
     offset = end
     for n in lengths:
-        bufs.append(bytes(view[offset : offset + n]))
+        bufs.append(
+            bytes(view[offset : offset + n]) if pieces is None else pieces.cut(offset, offset + n)
+        )
         offset += n
     return kind, header, bufs
 

@@ -27,6 +27,7 @@ from runtime.codec import (
     MAX_FRAME_BYTES,
     VERSION,
     Frame,
+    Pieces,
     decode,
     decode_batch,
     encode,
@@ -272,6 +273,52 @@ def test_bytes_are_raw_buffers_and_decode_as_bytes() -> None:
     assert isinstance(msg, Shapes)
     assert type(msg.blob) is bytes and type(msg.leaves[1].blob) is bytes
     assert type(msg.anything["x"][1]) is bytes
+
+
+def pieces_of(data: bytes, size: int) -> Pieces:
+    """``data`` as a transport's chunks of ``size`` bytes would bring it."""
+    pieces = Pieces()
+    for i in range(0, len(data), size):
+        pieces.append(data[i : i + size])
+    return pieces
+
+
+@pytest.mark.parametrize("size", [1, 3, 64, 1000, 1 << 20])
+def test_a_frame_in_pieces_decodes_from_them_as_from_the_whole(size: int) -> None:
+    """A chunked message is decoded from its chunks as they came (each buffer copied
+    out of them once), whatever the cuts: through the prefix, the header, a buffer."""
+    frame = Frame(sample_shapes(), "cause", request_id=7)
+    batch = [frame, Frame(messages.ErrorReply("E", "t", bytes(range(256)) * 900))]
+    for data, frames in ((encode(frame), [frame]), (encode_batch(batch), batch)):
+        pieces = pieces_of(data, size)
+        assert len(pieces) == len(data)
+        assert decode_batch(pieces) == frames
+        assert decode(pieces_of(encode(frame), size)) == frame
+        shapes = decode_batch(pieces)[0].msg
+        assert isinstance(shapes, Shapes) and type(shapes.blob) is bytes
+        for start, end in ((0, 1), (0, len(data)), (5, 9), (len(data) - 2, len(data))):
+            assert pieces.cut(start, end) == data[start:end]
+
+
+def test_pieces_keep_no_view_of_a_buffer_that_may_change() -> None:
+    data = encode(Frame(messages.ErrorReply("E", "t", b"abc" * 1000)))
+    writable = bytearray(data)
+    pieces = Pieces()
+    pieces.append(memoryview(writable)[:100])
+    pieces.append(b"")  # nothing: kept as nothing
+    pieces.append(memoryview(writable)[100:])
+    writable[-3:] = b"xyz"  # its owner reuses it: the pieces hold what was appended
+    assert decode(pieces) == decode(data)
+
+
+def test_malformed_pieces_are_refused_as_the_whole_is() -> None:
+    data = encode(Frame(messages.ErrorReply("E", "t", b"abc")))
+    with pytest.raises(ProtocolError, match="1 unexpected trailing byte"):
+        decode(pieces_of(data + b"x", 2))
+    with pytest.raises(ProtocolError, match="truncated frame"):
+        decode(pieces_of(data[:-1], 2))
+    with pytest.raises(ProtocolError, match="not a Corral frame"):
+        decode(pieces_of(b"\x00" + data[1:], 2))
 
 
 def test_one_mebibyte_payload_is_not_inflated() -> None:

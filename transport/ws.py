@@ -14,9 +14,10 @@ Wire format. Every websocket message is binary; its first byte says what it is:
 * ``0x01`` **credit**: ``>BI`` -- the receiver consumed that many more frames.
 * ``0x02`` **chunk**: ``>BQ`` (the total length of the message being reassembled) and
   a slice of it. A data message longer than the sender's ``chunk_size`` travels as
-  chunks; the receiver appends them until the total is reached and then handles the
-  whole as one data message. Data messages never interleave with the chunks of another
-  (that keeps frames in order), but credits and error replies do.
+  chunks; the receiver keeps them until the total is reached and then decodes them as
+  one data message (:class:`runtime.codec.Pieces`: no buffer of the whole). Data
+  messages never interleave with the chunks of another (that keeps frames in order),
+  but credits and error replies do.
 * ``0x03`` **error**: ``0x03`` + codec bytes of ``ErrorReply`` frames that report bad
   input. They are delivered to ``receive()`` like other frames but cost no credit.
 * ``0x04`` **credit + data**: a credit message (``>BI``, type byte 0x04) followed by a
@@ -95,6 +96,7 @@ from runtime.codec import (
     MAGIC,
     MAX_FRAME_BYTES,
     Frame,
+    Pieces,
     decode_batch,
     encode,
     encode_batch,
@@ -513,9 +515,8 @@ class WebSocketConnection(Connection):
         self._inbox: deque[Frame | _Free] = deque()
         self._readable: anyio.Event | None = None  # a receiver waits for a frame
         self._grant = 0  # frames consumed and not yet credited back
-        self._asm: bytearray | None = None  # chunked message being reassembled
+        self._asm: Pieces | None = None  # chunked message being reassembled
         self._asm_total = 0
-        self._asm_len = 0  # bytes of it received so far
         # writer
         self._wake: anyio.Event | None = None  # the writer waits for work
         self._control: deque[bytes] = deque()  # error replies; they overtake data
@@ -1073,7 +1074,7 @@ class WebSocketConnection(Connection):
             f"credit + data 0x{_T_CREDIT_DATA:02x})"
         )
 
-    def _deliver(self, data: bytes | bytearray | memoryview, *, credited: bool) -> bool:
+    def _deliver(self, data: bytes | memoryview | Pieces, *, credited: bool) -> bool:
         room = self.peer_window - self._peer_in_flight if credited else None
         try:
             frames = decode_batch(data, max_bytes=self.receive_limit, max_frames=room)
@@ -1104,7 +1105,7 @@ class WebSocketConnection(Connection):
             ev.set()
         return True
 
-    def _fail_replies(self, data: bytes | bytearray | memoryview, problem: str) -> None:
+    def _fail_replies(self, data: bytes | memoryview | Pieces, problem: str) -> None:
         """Replies in refused data: their asks on this side fail now, with the problem,
         instead of waiting out their timeouts (an ask's reply that cannot be read)."""
         ids = reply_ids(data, max_bytes=self.receive_limit)
@@ -1160,12 +1161,12 @@ class WebSocketConnection(Connection):
             if total > self.receive_limit:
                 self._too_big(total)
                 return False
-            # From a trusted peer: allocated once at its announced size and filled in
-            # place (no regrowth). From any other: grown as chunks arrive, so what it
-            # holds is what the peer really sent, never what it announced.
-            asm = self._asm = bytearray(total) if self.trusted else bytearray()
+            # The chunks are kept as they came, and decoded as they are: the codec
+            # copies each buffer of the message out of them once (no buffer of the
+            # whole made, zero-filled, filled and copied again). What it holds is what
+            # the peer really sent, never what it announced.
+            asm = self._asm = Pieces()
             self._asm_total = total
-            self._asm_len = 0
         elif total != self._asm_total:
             self._asm = None
             return self._bad(
@@ -1173,17 +1174,16 @@ class WebSocketConnection(Connection):
                 "being reassembled"
             )
         piece = memoryview(data)[_CHUNK.size :]
-        start = self._asm_len
-        end = self._asm_len = start + len(piece)
+        end = asm.size + len(piece)
         if end > total:
             self._asm = None
             return self._bad(f"chunks longer than the announced total of {total} bytes")
-        asm[start:end] = piece
+        asm.append(piece)
         self.chunks_received += 1
         if end < total:
             return True
         self._asm = None
-        if asm[0] != _T_DATA:
+        if asm.cut(0, 1)[0] != _T_DATA:
             return self._bad("a chunked message that is not a data message")
         return self._deliver(asm, credited=True)
 
