@@ -1361,7 +1361,11 @@ class Worker(Actor):
                 if over <= 1:  # in this process (nothing pickled), or asked so already
                     raise
                 over = 1
-        got.extend((k, v, sizeof(v)) for k, v in reply.data.items())
+        sizes = reply.nbytes  # the holder's records: no value sized again here
+        if len(sizes) == len(reply.data):
+            got.extend((k, v, n) for (k, v), n in zip(reply.data.items(), sizes, strict=True))
+        else:
+            got.extend((k, v, sizeof(v)) for k, v in reply.data.items())
         for info in reply.streams:
             if info.file is not None:
                 try:
@@ -1609,7 +1613,8 @@ class Worker(Actor):
                 "output cannot be pickled to leave this worker", key=str(key), error=exc.reason
             )
             raise ResultNotPicklable(str(key), exc.reason, self.worker_id, to) from None
-        return DataReply(data, tuple(missing), msg.raw, tuple(streams))
+        sizes = tuple(store.nbytes(k) for k in data)
+        return DataReply(data, tuple(missing), msg.raw, tuple(streams), sizes)
 
     @handles(ReadStream)
     def read_stream(self, msg: ReadStream) -> StreamPart:

@@ -636,12 +636,16 @@ class GetData(Message):
 
 @message(local=True)
 class DataReply(Message):
-    """``streams``: ``actors.transfer.StreamInfo`` of the values sent as streams."""
+    """``streams``: ``actors.transfer.StreamInfo`` of the values sent as streams.
+    ``nbytes``: the holder's recorded size of each value of ``data``, in its order
+    (empty: not told), which a fetching worker records as it is instead of sizing each
+    value again (``dask.sizeof`` of a pandas frame builds a Series per column)."""
 
     data: dict[Any, Any]
     missing: tuple[Any, ...] = ()
     raw: bool = False
     streams: tuple[Any, ...] = ()
+    nbytes: tuple[int, ...] = ()
 
 
 @message()
