@@ -576,12 +576,13 @@ class TaskStateView:
     collections come as frozensets and tuples, and no public attribute leads back to
     the core's objects."""
 
-    __slots__ = ("_loss", "_saved", "_stats", "_survival", "_ts")
+    __slots__ = ("_error", "_loss", "_saved", "_stats", "_survival", "_ts")
     _ts: TaskState
     _survival: Callable[[str | None], Survival] | None
     _stats: Mapping[str, CategoryStatsView] | None
     _loss: WalltimeLoss | None
     _saved: float | None
+    _error: BaseException | None
 
     def __init__(
         self,
@@ -590,6 +591,7 @@ class TaskStateView:
         stats: Mapping[str, CategoryStatsView] | None = None,
         walltime_loss: WalltimeLoss | None = None,
         saved_work: float | None = None,
+        error: BaseException | None = None,
     ) -> None:
         # Through the slots' own descriptors (bound below the class), not
         # object.__setattr__ by name: a view is made per policy call, several per task.
@@ -598,6 +600,7 @@ class TaskStateView:
         _set_stats(self, stats)
         _set_loss(self, walltime_loss)
         _set_saved(self, saved_work)
+        _set_error(self, error)
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"a task view is read-only (cannot set {name!r})")
@@ -711,12 +714,27 @@ class TaskStateView:
     def dependents(self) -> tuple[TaskStateView, ...]:
         return tuple(TaskStateView(d) for d in self._ts.dependents)
 
+    @property
+    def error_type(self) -> str | None:
+        error = self._error
+        return error_name(error) if error is not None else None
+
+    @property
+    def error_types(self) -> tuple[str, ...]:
+        return error_types(self._error)
+
+    @property
+    def error_message(self) -> str | None:
+        error = self._error
+        return error_text(error) if error is not None else None
+
 
 _set_ts = vars(TaskStateView)["_ts"].__set__
 _set_survival = vars(TaskStateView)["_survival"].__set__
 _set_stats = vars(TaskStateView)["_stats"].__set__
 _set_loss = vars(TaskStateView)["_loss"].__set__
 _set_saved = vars(TaskStateView)["_saved"].__set__
+_set_error = vars(TaskStateView)["_error"].__set__
 
 
 class WorkerStateView:
@@ -819,6 +837,30 @@ class ErrorRecord:
         return f"{name}: {text}" if text else name
 
 
+def error_text(error: BaseException) -> str:
+    """``str(error)``, at most :data:`MAX_ERROR_CHARS` characters of it (a user's
+    ``__str__`` that raises gives a note instead)."""
+    try:
+        return str(error)[:MAX_ERROR_CHARS]
+    except Exception:
+        return "(its text could not be read)"
+
+
+def error_types(error: BaseException | None) -> tuple[str, ...]:
+    """The names of ``error``'s type and of its base classes, the type's own first
+    (:func:`~runtime.errors.error_name`'s, then its ``__mro__`` less ``object``): what
+    the retry policy tests as ``"OSError" in task.error_types``, as ``isinstance``
+    would. For a ``RuntimeError`` that stands for an exception that could not travel
+    between processes, only the name of the type it stands for (its bases are not
+    known here). Empty for None."""
+    if error is None:
+        return ()
+    name = error_name(error)
+    if type(error) is RuntimeError and name != "RuntimeError":
+        return (name,)
+    return tuple(c.__name__ for c in type(error).__mro__ if c is not object)
+
+
 def error_record(error: BaseException) -> ErrorRecord:
     """``error`` as an :class:`ErrorRecord`: a walk over its frames (a few µs), no
     formatting and no source lines."""
@@ -827,10 +869,7 @@ def error_record(error: BaseException) -> ErrorRecord:
     exc: BaseException | None = error
     while exc is not None and id(exc) not in seen and len(parts) < MAX_ERROR_CHAIN:
         seen.add(id(exc))
-        try:
-            text = str(exc)[:MAX_ERROR_CHARS]
-        except Exception:  # a user's __str__ that raises
-            text = "(its text could not be read)"
+        text = error_text(exc)
         frames: list[Frame] = []
         tb = exc.__traceback__
         while tb is not None:

@@ -2827,7 +2827,7 @@ class SchedulerState(DiskPlacement):
         """Retry ``ts`` or fail it, as the retry policy decides; ``loss``: how long a
         try lost to its worker's walltime ran against the pool's (``_walltime_lost``).
         Returns whether it was retried free (its ``retries=`` budget untouched)."""
-        decision = self._retry_decision(ts, outcome, cause, loss)
+        decision = self._retry_decision(ts, outcome, cause, loss, error)
         looping = False
         if decision.retry and not (decision.charge and ts.retries_left > 0):  # beyond budget
             ts.free_retries += 1
@@ -4441,12 +4441,20 @@ class SchedulerState(DiskPlacement):
         return cps[0].work if cps else None
 
     def _retry_decision(
-        self, ts: TaskState, outcome: str, cause: str | None, loss: WalltimeLoss | None = None
+        self,
+        ts: TaskState,
+        outcome: str,
+        cause: str | None,
+        loss: WalltimeLoss | None = None,
+        error: BaseException | None = None,
     ) -> RetryDecision:
         """Asks the retry policy, with a view of ``ts`` that has what it needs as data:
-        its pool's survival, its category's statistics, ``loss`` and the work its
-        newest surviving checkpoint holds (``TaskView.saved_work``, ``unsaved_for``)."""
-        view = TaskStateView(ts, self.survival, self._stats_view, loss, self._saved_work(ts))
+        its pool's survival, its category's statistics, ``loss``, the work its newest
+        surviving checkpoint holds (``TaskView.saved_work``, ``unsaved_for``) and the
+        failing try's ``error`` (``TaskView.error_type``, ``error_types``,
+        ``error_message``)."""
+        saved = self._saved_work(ts)
+        view = TaskStateView(ts, self.survival, self._stats_view, loss, saved, error)
         try:
             decision = self.policies["retry"].decide(view, outcome, cause)
             if isinstance(decision, RetryDecision):

@@ -395,6 +395,28 @@ class TaskView(Protocol):
         """Views of the tasks that read this one's output."""
         ...
 
+    @property
+    def error_type(self) -> str | None:
+        """For the retry policy: the name of the type of the exception the failing try
+        ended with (``ValueError``; as the monitoring database's ``tries.error_type``
+        and the metrics' ``cause`` name it). None for a try lost with its worker, and
+        for the other policies."""
+        ...
+
+    @property
+    def error_types(self) -> tuple[str, ...]:
+        """For the retry policy: the names of that exception's type and its base
+        classes, its own first (``('FileNotFoundError', 'OSError', 'Exception',
+        'BaseException')``): ``"OSError" in task.error_types`` is ``isinstance``.
+        Empty when :attr:`error_type` is None."""
+        ...
+
+    @property
+    def error_message(self) -> str | None:
+        """For the retry policy: that exception's text (``str()``), at most 2,000
+        characters; None when :attr:`error_type` is None."""
+        ...
+
 
 class WorkerView(Protocol):
     """Read-only view of a worker for policies."""
