@@ -794,6 +794,7 @@ class Autoscaler(Actor):
             policy_errors=st.policy_errors,
             policy_errors_by=dict(st.policy_errors_by),
             policy_problems=dict(st.policy_problem),
+            policy_failing=dict(st.policy_failing),
             incarnations={
                 b: self._handles[b].incarnation
                 for b in st.blocks

@@ -210,6 +210,19 @@ def bounded_detail(detail: str, most: int = MAX_DETAIL) -> str:
     return detail[: keep // 2] + mark + detail[len(detail) - (keep - keep // 2) :]
 
 
+def policy_failing_text(policy: str, pool: str, problem: str, kept: int) -> str:
+    """Why ``pool`` gets no more workers while its scaling policy fails, and what to do:
+    the client's "no worker to run the ready tasks" warning and the console's status
+    say it so."""
+    return (
+        f"the scaling policy {policy!r} fails for pool {pool} ({problem}): the pool keeps "
+        f"its last good proposal, {kept} block(s), until the policy answers again. Set a "
+        "working scaling policy (await cluster.set_policy('scaling', NAME); console: "
+        "policy set scaling NAME) or scale(n, pool) the pool; the manager's log has the "
+        "error (docs/policies.md#scaling)"
+    )
+
+
 def brief_detail(detail: str, tail: int = 2) -> str:
     """A block's detail in a few lines: its first (Slurm's state and exit code, where
     its stderr is) and its last ``tail`` (where a failure usually says why)."""
@@ -727,6 +740,9 @@ class AutoscalerState:
         self.policy_errors_by: dict[str, int] = {}  #: per pool
         #: per pool, the latest policy error as text (for the status)
         self.policy_problem: dict[str, str] = {}
+        #: per pool whose latest ask of the policy failed, what went wrong (it keeps its
+        #: last good proposal until the policy answers again, or another is set)
+        self.policy_failing: dict[str, str] = {}
         #: per pool, the policy error told last (PolicyFailed) and when
         self._told: dict[str, tuple[str, float]] = {}
         self.stuck: dict[str, int] = {}  #: per pool: blocks found stuck (BlockStuck), ever
@@ -1221,6 +1237,7 @@ class AutoscalerState:
     def _policy_changed(self, ev: PolicyChanged) -> None:
         self.policy = ev.policy
         self._told.clear()  # a new policy's errors are told afresh
+        self.policy_failing.clear()  # and it is asked afresh
 
     def _tick(self, ev: Tick) -> None:
         pass  # time moved: the budget window slides, the policy is asked again
@@ -1376,6 +1393,7 @@ class AutoscalerState:
             if asked != target:  # a target above max_blocks is the operator's, clamped
                 self._policy_error(ps.pool, f"desired returned {asked}, not within 0..{most}", n)
         ps.good = n
+        self.policy_failing.pop(ps.pool, None)
         return n
 
     def _policy_failed(self, ps: PoolState, problem: str, target: int, most: int) -> int:
@@ -1385,6 +1403,7 @@ class AutoscalerState:
         kept = ps.good if ps.good is not None else ps.blocks + ps.requested
         kept = min(max(kept, target, 0), most)
         self._policy_error(ps.pool, problem, kept)
+        self.policy_failing[ps.pool] = problem
         return kept
 
     def _policy_error(self, pool: str, problem: str, kept: int) -> None:

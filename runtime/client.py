@@ -37,7 +37,7 @@ from dask.utils import funcname
 
 from actors import transfer
 from actors.autoscaler import PoolTarget
-from actors.autoscaler_state import check_blocks
+from actors.autoscaler_state import check_blocks, policy_failing_text
 from actors.manager import THREAD_THRESHOLD, GatherResult, Manager
 from actors.memory import limit_too_small
 from actors.providers import DISK_OFF, BlockSpec, InProcessProvider
@@ -86,6 +86,7 @@ from runtime.messages import (
     AlertInfo,
     AlertsReply,
     AlertsRequest,
+    AutoscalerStatus,
     CancelRequest,
     GatherRequest,
     KeyUpdates,
@@ -248,31 +249,64 @@ class GcTuning:
 # ----------------------------------------------------------------------------- futures
 
 
+_Said = set[tuple[tuple[tuple[str, str], ...], float | None]]
+
+
+def _no_workers_new(alerts: Sequence[AlertInfo], said: _Said) -> list[AlertInfo]:
+    """The pending ``CorralNoWorkers`` alerts of ``alerts`` not in ``said``."""
+    return [
+        a
+        for a in alerts
+        if a.name == "CorralNoWorkers"
+        and a.state == "pending"
+        and (tuple(sorted(a.labels.items())), a.active_since) not in said
+    ]
+
+
+def _scaling_failing(auto: AutoscalerStatus | None) -> dict[str, str]:
+    """Per pool whose scaling policy fails now (``AutoscalerStatus.policy_failing``),
+    why it gets no worker and what to do (:func:`policy_failing_text`)."""
+    if auto is None:
+        return {}
+    return {
+        pool: policy_failing_text(auto.policy, pool, problem, auto.desired.get(pool, 0))
+        for pool, problem in auto.policy_failing.items()
+    }
+
+
 def _no_workers_news(
     alerts: Sequence[AlertInfo],
-    said: set[tuple[tuple[tuple[str, str], ...], float | None]],
+    said: _Said,
     manager: str,
-) -> set[tuple[tuple[tuple[str, str], ...], float | None]]:
+    failing: Mapping[str, str] | None = None,
+) -> _Said:
     """Log a WARNING for each pending ``CorralNoWorkers`` alert of ``alerts`` not in
     ``said`` (a pool with ready tasks and no worker, not for 2 minutes yet); return the
-    ones pending now, said (what the next look compares with: one line per episode)."""
+    ones pending now, said (what the next look compares with: one line per episode).
+    ``failing``: per pool whose scaling policy fails now, what its hint says instead of
+    "start workers" (:func:`_scaling_failing`; an alert of any pool, ``*``, names every
+    one)."""
     now = time.time()
     pending = set()
+    fresh = {id(a) for a in _no_workers_new(alerts, said)}
     for alert in alerts:
         if alert.name != "CorralNoWorkers" or alert.state != "pending":
             continue
-        key = (tuple(sorted(alert.labels.items())), alert.active_since)
-        pending.add(key)
-        if key in said:
+        pending.add((tuple(sorted(alert.labels.items())), alert.active_since))
+        if id(alert) not in fresh:
             continue
         since = 0.0 if alert.active_since is None else max(0.0, now - alert.active_since)
+        pool = alert.labels.get("pool", "*")
+        why = [t for p, t in sorted((failing or {}).items()) if pool in ("*", p)]
         _log.warning(
             "no worker to run the ready tasks",
             manager=manager,
-            pool=alert.labels.get("pool", "*"),
+            pool=pool,
             ready=int(alert.value),
             seconds=round(since),
-            hint="they wait for a worker to join (start workers, or replacements of "
+            hint="; ".join(why) + ". The CorralNoWorkers alert fires after 2 min"
+            if why
+            else "they wait for a worker to join (start workers, or replacements of "
             "those that died); the CorralNoWorkers alert fires after 2 min. To bound "
             "the wait, wrap the run in anyio.fail_after(SECONDS)",
         )
@@ -371,21 +405,30 @@ def _policies_left_news(
     set_here: Mapping[str, tuple[PolicyInfo | None, PolicyInfo]],
     in_force: Sequence[PolicyInfo],
     manager: str,
+    failing_before: Mapping[str, str] | None = None,
 ) -> list[str]:
     """At a client's close: per kind it set (``set_here``: the policy before its first
     set, None if not known, and the one its latest set made), warn when what it set is
     still in force on the shared manager (``in_force``): every later client runs under
-    it. Returns the kinds warned of."""
+    it. ``failing_before``: per kind, how the policy before was failing when this client
+    replaced it (a scaling policy's ``policy_failing``): that one is not proposed back.
+    Returns the kinds warned of."""
     now = {info.kind: info for info in in_force}
     warned = []
     for kind, (before, mine) in sorted(set_here.items()):
         info = now.get(kind)
         if info is None or (info.name, info.params) != (mine.name, mine.params):
             continue  # changed since (by another client): not this client's to say
+        failed = (failing_before or {}).get(kind)
         if before is None:
             back = "the policy in force before it is not known"
         elif (before.name, before.params) == (mine.name, mine.params):
             continue  # set to what was there already: nothing changed
+        elif failed is not None:
+            back = (
+                f"the one in force before it, {before.name!r}, was failing ({failed}), so "
+                f"it is not proposed; console: policy list {kind} lists the others"
+            )
         else:
             back = f"{_policy_call(before)} (console: policy set {kind} {before.name}" + (
                 "".join(f" {k}={v}" for k, v in sorted(before.params.items())) + ")"
@@ -1409,6 +1452,8 @@ class Cluster:
         #: with ``address``: per kind this client set, the policy before its first set
         #: (None: not known) and the latest it set; warned of at close if still in force
         self._policies_set: dict[str, tuple[PolicyInfo | None, PolicyInfo]] = {}
+        #: per kind, how the policy before this client's first set was failing then
+        self._failing_before: dict[str, str] = {}
         #: seconds the manager may be silent before this client gives up on it
         self.manager_timeout = DEAD_AFTER
         if manager_timeout is not None:
@@ -1696,7 +1741,7 @@ class Cluster:
 
         changes = AlertChanges()
         log = LogNotifier(_log.bind(manager=self.address))
-        said: set[tuple[tuple[tuple[str, str], ...], float | None]] = set()
+        said: _Said = set()
         first = True
         task_status.started()
         while True:
@@ -1709,10 +1754,25 @@ class Cluster:
             else:
                 for alert in changes.news(reply.alerts, first=first):
                     log.notify(alert)
-                said = _no_workers_news(reply.alerts, said, str(self.address))
+                failing: dict[str, str] = {}
+                if _no_workers_new(reply.alerts, said):  # is a scaling policy the cause?
+                    failing = _scaling_failing(await self._autoscaler_status(manager, every))
+                said = _no_workers_news(reply.alerts, said, str(self.address), failing)
                 first = False
             await self._look_at_throttling(manager, every)
             await anyio.sleep(every)
+
+    async def _autoscaler_status(
+        self, manager: _RemoteManager, every: float
+    ) -> AutoscalerStatus | None:
+        """The manager's autoscaler status (None: it has none, or did not answer: a
+        failed look is skipped, as the alerts' are)."""
+        try:
+            status = await manager.ask(StatusRequest(categories=False), timeout=max(every, 5.0))
+        except (CorralError, TimeoutError) as exc:  # ManagerLost too: the futures say so
+            _log.debug("could not read the manager's status", error=str(exc))
+            return None
+        return status.autoscaler if isinstance(status, StatusReply) else None
 
     async def _look_at_throttling(self, manager: _RemoteManager, every: float) -> None:
         """While this client's tasks wait, read the manager's status and warn once an
@@ -2018,7 +2078,7 @@ class Cluster:
         except (CorralError, TimeoutError) as exc:
             _log.debug("could not read the manager's policies", error=str(exc))
             return
-        _policies_left_news(self._policies_set, infos, str(self.address))
+        _policies_left_news(self._policies_set, infos, str(self.address), self._failing_before)
 
     #: closed (``close()``, or its ``async with`` block left): never running again
     _ended = False
@@ -2477,6 +2537,12 @@ class Cluster:
         if kind not in self._policies_set:
             infos = await self._manager.ask(PolicyQuery())
             before = next((i for i in infos if i.kind == kind), None)
+            if kind == "scaling" and before is not None:  # was it failing? not proposed
+                auto = await self._autoscaler_status(self._manager, 5.0)
+                if auto is not None and auto.policy == before.name and auto.policy_failing:
+                    self._failing_before[kind] = "; ".join(
+                        f"pool {p}: {t}" for p, t in sorted(auto.policy_failing.items())
+                    )
         info: PolicyInfo = await self._manager.ask(msg)
         self._policies_set[kind] = (before, info)
         return info

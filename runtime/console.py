@@ -58,7 +58,7 @@ from rich.table import Table
 from rich.text import Text
 
 from actors.alerts_state import typed_duration
-from actors.autoscaler_state import brief_detail, check_blocks
+from actors.autoscaler_state import brief_detail, check_blocks, policy_failing_text
 from actors.scheduler_records import disk_stall_parts
 from policies import params_text
 from runtime.errors import (
@@ -1213,6 +1213,10 @@ def render_status(st: Mapping[str, Any]) -> RenderableType:
             _seconds(life.get("median")) if life.get("median") is not None else "-",
         )
     parts.append(pt)
+    desired: dict[str, int] = dict(autoscaler.get("desired") or {})
+    for pool, problem in sorted(dict(autoscaler.get("policy_failing") or {}).items()):
+        policy, kept = str(autoscaler.get("policy")), int(desired.get(pool, 0))
+        parts.append(Text(policy_failing_text(policy, pool, problem, kept), style="bold yellow"))
 
     parts.extend(_render_blocks(autoscaler))
 

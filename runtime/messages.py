@@ -1347,6 +1347,9 @@ class AutoscalerStatus(Message):
     #: per pool: its policy errors, and the latest as text (what it raised or answered)
     policy_errors_by: dict[str, int] = dataclasses.field(default_factory=dict)
     policy_problems: dict[str, str] = dataclasses.field(default_factory=dict)
+    #: per pool whose latest ask of the policy failed (it keeps its last good proposal
+    #: meanwhile), that failure as text; a pool leaves it once the policy answers again
+    policy_failing: dict[str, str] = dataclasses.field(default_factory=dict)
     incarnations: dict[str, int] = dataclasses.field(default_factory=dict)
     details: dict[str, str] = dataclasses.field(default_factory=dict)
     ends: tuple[BlockEndInfo, ...] = ()
