@@ -591,7 +591,8 @@ class SpeculationPolicy(Protocol):
 Factory = Callable[..., Any]
 
 #: the method(s) a policy of each kind must have (optional hooks are not listed): a
-#: policy lacking one is refused when it is set (:class:`PolicyKindError`)
+#: policy class lacking one is refused when it is registered, and any policy lacking
+#: one when it is set (:class:`PolicyKindError`)
 METHODS: dict[str, tuple[str, ...]] = {
     "priority": ("priority",),
     "placement": ("choose",),
@@ -621,11 +622,18 @@ class PolicyRegistry:
         self._factories: dict[str, dict[str, Factory]] = {k: {} for k in KINDS}
 
     def register(self, kind: str, name: str) -> Callable[[Factory], Factory]:
-        """Decorator: register ``factory(**params)`` as the ``kind`` policy ``name``."""
+        """Decorator: register ``factory(**params)`` as the ``kind`` policy ``name``.
+
+        A class lacking a method of ``kind`` (:data:`METHODS`) is refused here, with
+        :class:`PolicyKindError` naming it, unless it defines ``__getattr__`` (its
+        instances may have it then); what another factory (a function) makes is
+        checked when it is created."""
         if kind not in self._factories:
             raise UnknownPolicyError("kind of", kind, KINDS)
 
         def add(factory: Factory) -> Factory:
+            if inspect.isclass(factory) and not hasattr(factory, "__getattr__"):
+                check_kind(kind, name, factory)
             self._factories[kind][name] = factory
             return factory
 

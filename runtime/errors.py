@@ -528,7 +528,8 @@ class PolicyParamsError(CorralError, TypeError):
 
 class PolicyKindError(CorralError, TypeError):
     """A policy given for ``kind`` lacks that kind's method(s) (``missing``): an object
-    of another kind, or registered under the wrong kind. Refused when it is set."""
+    of another kind, or registered under the wrong kind. Refused when a class is
+    registered (``policies.register``), and when a policy is set."""
 
     def __init__(self, kind: str, name: str, missing: Iterable[str], has: Iterable[str]) -> None:
         missing, has = list(missing), list(has)

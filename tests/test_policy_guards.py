@@ -279,24 +279,42 @@ def test_a_priority_policy_answering_text_is_told_so(make_state: Factory) -> Non
 # ----------------------------------------------------------------------------- registry
 
 
-def test_a_policy_of_the_wrong_kind_is_refused_when_set(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_policy_of_the_wrong_kind_is_refused_when_registered_or_set() -> None:
+    """A class lacking its kind's method is refused at ``register`` (before, it was
+    registered and listed as available, and refused only when set: audit policy.md,
+    defect 8); what a function factory makes is refused when it is set."""
     registry = policies.PolicyRegistry()
 
-    @registry.register("placement", "train-first")
     class TrainFirst:  # a priority policy registered as a placement one
         def priority(self, task: Any, stats: Any) -> tuple[float, ...]:
             return (0.0,)
 
     with pytest.raises(PolicyKindError) as info:
-        registry.create("placement", "train-first")
+        registry.register("placement", "train-first")(TrainFirst)
     assert info.value.missing == ["choose"] and isinstance(info.value, TypeError)
     assert str(info.value).startswith(
         "placement policy 'train-first' has no method choose (it has priority: a policy "
         "of another kind?)"
     )
+    assert "train-first" not in registry.names("placement")  # not listed as available
+
+    class Misnamed:  # a typo of the method's name
+        def prioritise(self, task: Any, stats: Any) -> tuple[float, ...]:
+            return (0.0,)
+
+    with pytest.raises(PolicyKindError, match="priority policy 'typo' has no method priority"):
+        registry.register("priority", "typo")(Misnamed)
+    assert registry.names("priority") == []
     registry.register("memory", "half")(lambda: type("Half", (), {"producer": print})())
     with pytest.raises(PolicyKindError, match="has no method yields"):
         registry.create("memory", "half")
+
+    class Proxy:  # its instances answer any method through __getattr__: checked when set
+        def __getattr__(self, name: str) -> Any:
+            return lambda *args: (0.0,)
+
+    registry.register("priority", "proxy")(Proxy)
+    assert registry.create("priority", "proxy").priority(None, {}) == (0.0,)
 
 
 def test_every_built_in_policy_has_its_kinds_methods() -> None:
@@ -312,6 +330,9 @@ def test_a_constructor_that_fails_otherwise_is_named_with_its_parameters() -> No
     class NeedsGpu:
         def __init__(self, device: int = 0) -> None:
             raise RuntimeError("no GPU visible")
+
+        def priority(self, task: Any, stats: Any) -> tuple[float, ...]:
+            return (0.0,)
 
     with pytest.raises(PolicyCreateError) as info:
         registry.create("priority", "needs-gpu", {"device": 1})
