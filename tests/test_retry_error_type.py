@@ -114,7 +114,11 @@ def missing_then_there(name: str) -> str:
 
 
 @pytest.mark.anyio
-async def test_the_docs_survey_retry_tries_value_errors_once_and_retries_os_errors() -> None:
+async def test_the_docs_survey_retry_tries_value_errors_once_and_retries_os_errors(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # what the example registers is unregistered after the test (others list the names)
+    monkeypatch.setitem(REGISTRY._factories, "retry", dict(REGISTRY._factories["retry"]))
     namespace: dict[str, Any] = {}
     exec(compile(_docs_survey_retry(), str(DOCS), "exec"), namespace)
     assert "survey-retry" in REGISTRY.names("retry")

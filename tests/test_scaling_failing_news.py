@@ -19,9 +19,8 @@ from typing import Any
 import anyio
 import pytest
 
-import policies
 from actors.autoscaler_state import PolicyChanged, Tick, policy_failing_text
-from policies import PoolView
+from policies import REGISTRY, PoolView
 from runtime import Cluster
 from runtime.client import _no_workers_news, _policies_left_news, _scaling_failing
 from runtime.console import jsonable
@@ -95,14 +94,17 @@ def test_a_failing_policy_replaced_is_not_proposed_back() -> None:
     assert "policy list scaling" in line
 
 
-@policies.register("scaling", "test-scale-raises")
 class ScaleRaises:
     def desired(self, pool: PoolView) -> int:
         raise RuntimeError("boom in scaling")
 
 
 @pytest.mark.anyio
-async def test_a_client_names_the_failing_scaling_policy_and_does_not_propose_it_back() -> None:
+async def test_a_client_names_the_failing_scaling_policy_and_does_not_propose_it_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # registered for this test only (other tests list the scaling policies)
+    monkeypatch.setitem(REGISTRY._factories["scaling"], "test-scale-raises", ScaleRaises)
     with anyio.fail_after(LIMIT), log_lines("corral.client", logging.WARNING) as log:
         async with hosted(0, alerting={"interval": 0.1}) as (address, _):
             async with Cluster(address, manager_alerts=None) as first:
