@@ -54,6 +54,7 @@ from actors.scheduler_events import (
     KeysReused,
     KeyTaken,
     PolicyChanged,
+    PolicyFailed,
     PolicyNoted,
     ReplicasCopied,
     ReplicasMissing,
@@ -271,7 +272,8 @@ class Scheduler(Actor):
             kind: policies.create(kind, name, params)
             for kind, (name, params) in (initial or {}).items()
         }
-        self.state = SchedulerState(config, **made)
+        # the core times its policy calls on this timer (docs/policies.md, "Be fast")
+        self.state = SchedulerState(config, **made, timer=time.perf_counter)
         self._manager = manager
         self._registry = registry
         #: worker id -> its reference: a local worker's, or the link to one in another
@@ -383,6 +385,14 @@ class Scheduler(Actor):
                 self._disk_shared(cmd)
             elif type(cmd) is WorkerPastLimit:
                 self._past_limit(cmd)
+            elif type(cmd) is PolicyFailed:
+                what = (
+                    "replaced by the default" if cmd.replaced else "its built-in fallback answered"
+                )
+                self.log.error(
+                    f"the {cmd.kind} policy failed: {what}", kind=cmd.kind, policy=cmd.policy,
+                    problem=cmd.problem, errors=cmd.errors,
+                )  # fmt: skip
             else:  # pragma: no cover - a new command without a shell is a bug
                 raise TypeError(f"scheduler has no shell for {type(cmd).__name__}")
         if updates:

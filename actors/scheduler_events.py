@@ -42,6 +42,7 @@ __all__ = [
     "KeysReleased",
     "KeysReused",
     "PolicyChanged",
+    "PolicyFailed",
     "PolicyNoted",
     "ReplicasCopied",
     "ReplicasMissing",
@@ -373,6 +374,22 @@ class Tick(Event):
 @dataclasses.dataclass(frozen=True, slots=True)
 class Command:
     stimulus_id: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PolicyFailed(Command):
+    """The ``kind`` policy (named ``policy``) gave no usable answer: ``problem`` (it
+    raised, answered out of bounds, or took longer than its budget); its fallback
+    answered instead; ``errors``: the kind's policy errors so far. Once per distinct
+    problem of a kind, and again every ``POLICY_ERROR_EVERY`` seconds while it goes on
+    (:class:`policies.problems.PolicyProblems`). ``replaced``: the policy was replaced
+    by the default one (too slow too often). The shell logs it at ERROR."""
+
+    kind: str
+    policy: str
+    problem: str
+    errors: int
+    replaced: bool = False
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

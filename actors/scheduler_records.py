@@ -155,6 +155,15 @@ class SchedulerConfig:
     #: the configured pools (and an embedded cluster's own pool): a retry policy may
     #: move a task to one of them, or to a pool a worker has joined
     pools: tuple[str, ...] = ()
+    #: seconds one kind of policy's calls may take in one turn of the core (one
+    #: ``handle``, on the clock the shell injects): past it that kind is not asked again
+    #: in the turn, its built-in fallback answers, and the turn counts as a slow one
+    #: (docs/policies.md#writing-and-registering-your-own, "Be fast")
+    policy_budget: float = 1.0
+    #: slow turns of one kind within ``policy_slow_window`` seconds after which its policy
+    #: is replaced by the default one
+    policy_slow_turns: int = 3
+    policy_slow_window: float = 300.0
 
     def __post_init__(self) -> None:
         depth = self.prune_depth

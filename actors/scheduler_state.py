@@ -220,6 +220,7 @@ from actors.scheduler_events import (
     KeysReused,
     KeyTaken,
     PolicyChanged,
+    PolicyFailed,
     PolicyNoted,
     ReplicasCopied,
     ReplicasMissing,
@@ -280,6 +281,7 @@ from policies import (
     SpeculationPolicy,
     WalltimeLoss,
 )
+from policies.problems import PolicyProblems
 from policies.survival import Survival, kaplan_meier
 from runtime.client_ids import client_name
 from runtime.errors import (
@@ -463,6 +465,16 @@ class _NotATuple(Exception):
     """A priority policy answered text: what it answered, for the story."""
 
 
+class _OverBudget(Exception):
+    """A policy kind's calls took their budget for this turn: it is not asked again
+    until the next one (:meth:`SchedulerState._ask`); its fallback answers."""
+
+
+def _no_timer() -> float:
+    """The timer of a core given none: no time passes, no policy is ever over budget."""
+    return 0.0
+
+
 class SchedulerState(DiskPlacement):
     """The scheduler's state. Change it only through :meth:`handle`."""
 
@@ -476,8 +488,19 @@ class SchedulerState(DiskPlacement):
         memory: MemoryPolicy | None = None,
         replication: ReplicationPolicy | None = None,
         speculation: SpeculationPolicy | None = None,
+        timer: Callable[[], float] = _no_timer,
     ) -> None:
         self.config = config or SchedulerConfig()
+        #: seconds, for timing policy calls (the shell's ``time.perf_counter``): time as
+        #: data, read around each policy call only (:meth:`_ask`)
+        self._timer = timer
+        #: per policy kind asked in this turn: [seconds its calls took, calls, calls
+        #: skipped over its budget]; settled at the end of the turn (:meth:`_end_turn`)
+        self._turn: dict[str, list[float]] = {}
+        #: per kind, when its latest slow turns were (within ``policy_slow_window``)
+        self._slow_turns: dict[str, deque[float]] = {}
+        #: policy errors per kind, the latest problem of each, and what to tell
+        self.problems = PolicyProblems()
         self.tasks: dict[Key, TaskState] = {}  #: every task not yet forgotten
         self.workers: dict[str, WorkerState] = {}  #: workers by id
         #: pool -> (seconds lived, died unasked) of the workers that left it, newest last
@@ -562,7 +585,6 @@ class SchedulerState(DiskPlacement):
         self.disk_full_tries = 0  #: tries that ended ``disk-full``
         self.disk_full_failed = 0  #: tasks that failed with ``DiskFull``
         self._flipped: set[str] = set()  #: categories whose class flipped this event
-        self.policy_errors = 0  #: policy calls that raised or answered out of bounds
         #: the checkpoint registry (docs/files.md#checkpoints): per task that saved one
         #: and has not ended, its latest checkpoint first and, when that one has no copy
         #: off its worker yet, the newest one that has; dropped when the task ends
@@ -743,8 +765,81 @@ class SchedulerState(DiskPlacement):
             if self._records:
                 self._feed_append()
                 self._records = []
+        if self._turn:
+            self._end_turn()
         out, self._out = self._out, []
         return out
+
+    # ----------------------------------------------------------------- policy calls
+
+    @property
+    def policy_errors(self) -> int:
+        """Policy calls that raised or answered out of bounds, and slow turns."""
+        return self.problems.total
+
+    @policy_errors.setter
+    def policy_errors(self, n: int) -> None:
+        self.problems.total = n
+
+    def _ask(self, kind: str, method: Callable[..., Any], *args: Any) -> Any:
+        """Call ``method`` of the ``kind`` policy, timed; raise :class:`_OverBudget`
+        instead when that kind's calls took more than ``policy_budget`` seconds in this
+        turn (the caller's fallback answers). A call is never cut short: the budget
+        bounds the calls after it."""
+        turn = self._turn.get(kind)
+        if turn is None:
+            turn = self._turn[kind] = [0.0, 0, 0]
+        elif turn[0] > self.config.policy_budget:
+            turn[2] += 1
+            raise _OverBudget
+        began = self._timer()
+        try:
+            return method(*args)
+        finally:
+            turn[0] += self._timer() - began
+            turn[1] += 1
+
+    def _end_turn(self) -> None:
+        """Each policy kind whose calls took more than its budget in this turn: a policy
+        problem (told once), and after ``policy_slow_turns`` such turns within
+        ``policy_slow_window`` seconds its policy is replaced by the default one."""
+        turn, self._turn = self._turn, {}
+        budget = self.config.policy_budget
+        for kind, (seconds, calls, skipped) in turn.items():
+            if seconds <= budget:
+                continue
+            policy = self.policies[kind]
+            name = str(getattr(policy, "name", type(policy).__name__))
+            slow = self._slow_turns.setdefault(kind, deque())
+            slow.append(self._now)
+            while slow[0] < self._now - self.config.policy_slow_window:
+                slow.popleft()
+            problem = (
+                f"{kind} policy {name!r} took {seconds:.1f} s over {calls:g} call(s) in one "
+                f"turn of the scheduler (its budget: {budget:g} s per turn); the scheduler "
+                f"is blocked meanwhile. The built-in fallback answered the turn's other "
+                f"{skipped:g} call(s)"
+            )
+            replaced = len(slow) >= self.config.policy_slow_turns
+            if replaced:
+                default = REGISTRY.create(kind, DEFAULTS[kind])
+                problem += (
+                    f". {len(slow)} slow turns within {self.config.policy_slow_window:g} s: "
+                    f"replaced by the default {kind} policy {DEFAULTS[kind]!r}"
+                )
+                slow.clear()
+                self._policy_changed(PolicyChanged(self._stimulus, self._now, kind, default))
+            self._policy_problem(kind, name, problem, f"{kind} slow {replaced}", replaced)
+
+    def _policy_problem(
+        self, kind: str, name: str, problem: str, same: str | None = None, replaced: bool = False
+    ) -> None:
+        """Count a policy error of ``kind`` (policy ``name``); tell it
+        (:class:`PolicyFailed`) when it is new for the kind (``same``: what makes two
+        problems the same, when not their text)."""
+        errors = self.problems.note(kind, problem, self._now, same)
+        if errors is not None:
+            self._out.append(PolicyFailed(self._stimulus, kind, name, problem, errors, replaced))
 
     # ----------------------------------------------------------------- queries
 
@@ -3241,9 +3336,12 @@ class SchedulerState(DiskPlacement):
         workers = len(self.workers)
         try:
             view = TaskStateView(ts, self.survival, self._stats_view)
-            k = self.policies["replication"].replicas(view, inputs, workers)
+            policy = self.policies["replication"]
+            k = self._ask("replication", policy.replicas, view, inputs, workers)
             if isinstance(k, bool) or not isinstance(k, int) or k < 0:
                 raise TypeError(f"returned {k!r}, not a whole number >= 0")
+        except _OverBudget:
+            return
         except Exception as exc:
             self._hook_error(ts.key, f"replication.replicas: {exc!r}")
             return
@@ -3959,7 +4057,9 @@ class SchedulerState(DiskPlacement):
         True only if it answers True; an answer not a bool, or a raise, is a policy
         error and counts as no."""
         try:
-            answer = hook(*args)
+            answer = self._ask(name.split(".")[0], hook, *args)
+        except _OverBudget:
+            return False
         except Exception as exc:
             self._hook_error(key, f"{name} raised {exc!r}")
             return False
@@ -4074,7 +4174,11 @@ class SchedulerState(DiskPlacement):
         if not holders:
             return None
         try:
-            answer = self._holder(TaskStateView(ts), tuple(w.view for w in holders))
+            answer = self._ask(
+                "placement", self._holder, TaskStateView(ts), tuple(w.view for w in holders)
+            )
+        except _OverBudget:
+            return None
         except Exception as exc:
             self._hook_error(ts.key, f"placement.data_holder raised {exc!r}")
             return None
@@ -4097,7 +4201,12 @@ class SchedulerState(DiskPlacement):
     def _place(self, ts: TaskState, candidates: list[WorkerState]) -> WorkerState:
         try:
             views = [w.view for w in candidates]
-            chosen = self.policies["placement"].choose(TaskStateView(ts), views, self._stats_view)
+            policy = self.policies["placement"]
+            chosen = self._ask(
+                "placement", policy.choose, TaskStateView(ts), views, self._stats_view
+            )
+        except _OverBudget:
+            return candidates[0]
         except Exception as exc:
             self.policy_errors += 1
             self._log(ts.key, "policy-error", f"placement raised {exc!r}")
@@ -4400,13 +4509,16 @@ class SchedulerState(DiskPlacement):
             self.free.pop(ws.id, None)
 
     def _priority(self, ts: TaskState) -> tuple[float, ...]:
+        policy = self.policies["priority"]
         try:
-            answer = self.policies["priority"].priority(TaskStateView(ts), self._stats_view)
+            answer = self._ask("priority", policy.priority, TaskStateView(ts), self._stats_view)
             if isinstance(answer, (str, bytes)):  # (a tuple of its letters otherwise)
                 raise _NotATuple(f"a {type(answer).__name__} ({answer!r})")
             prio = tuple(answer)
         except _NotATuple as what:
             problem = f"priority returned {what}, not a tuple of numbers"
+        except _OverBudget:
+            return (-ts.spec.priority, ts.generation, ts.spec.order)
         except Exception as exc:
             problem = f"priority raised {exc!r}"
         else:
@@ -4456,14 +4568,17 @@ class SchedulerState(DiskPlacement):
         saved = self._saved_work(ts)
         view = TaskStateView(ts, self.survival, self._stats_view, loss, saved, error)
         try:
-            decision = self.policies["retry"].decide(view, outcome, cause)
+            decision = self._ask("retry", self.policies["retry"].decide, view, outcome, cause)
             if isinstance(decision, RetryDecision):
                 return decision
             problem = f"retry returned {decision!r}, not a RetryDecision"
+        except _OverBudget:
+            problem = ""
         except Exception as exc:
             problem = f"retry raised {exc!r}"
-        self.policy_errors += 1
-        self._log(ts.key, "policy-error", problem)
+        if problem:
+            self.policy_errors += 1
+            self._log(ts.key, "policy-error", problem)
         fallback: RetryDecision = REGISTRY.create("retry", "default").decide(view, outcome, cause)
         return fallback
 
@@ -4484,7 +4599,9 @@ class SchedulerState(DiskPlacement):
         to: yield under pressure only."""
         pressure = bool(self.throttled)
         try:
-            return bool(self.policies["memory"].yields(pressure))
+            return bool(self._ask("memory", self.policies["memory"].yields, pressure))
+        except _OverBudget:
+            return pressure
         except Exception as exc:
             self.policy_errors += 1
             self._log("-", "policy-error", f"memory.yields raised {exc!r}")
@@ -4501,7 +4618,11 @@ class SchedulerState(DiskPlacement):
 
     def _ask_producer(self, category: str, stats: CategoryStatsView | None, root: bool) -> bool:
         try:
-            return bool(self.policies["memory"].producer(category, stats, root))
+            return bool(
+                self._ask("memory", self.policies["memory"].producer, category, stats, root)
+            )
+        except _OverBudget:
+            return root
         except Exception as exc:
             self.policy_errors += 1
             self._log("-", "policy-error", f"memory.producer({category!r}) raised {exc!r}")

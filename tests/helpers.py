@@ -735,6 +735,7 @@ def make_state() -> Iterator[Factory]:
         memory: Any = None,
         replication: Any = None,
         speculation: Any = None,
+        timer: Any = None,
         **config: Any,
     ) -> SchedulerState:
         def policy(kind: str, p: Any) -> Any:
@@ -748,6 +749,7 @@ def make_state() -> Iterator[Factory]:
             memory=policy("memory", memory),
             replication=policy("replication", replication),
             speculation=policy("speculation", speculation),
+            **({} if timer is None else {"timer": timer}),
         )
         made.append(state)
         return state

@@ -1,0 +1,41 @@
+"""Policy problems, counted and told once: the one ledger of the cores that call policies.
+
+A core that asks a policy and gets no usable answer (it raised, answered out of bounds, or
+took longer than its budget) counts a *policy error* under a key (the autoscaler: the
+pool; the scheduler: the policy's kind), keeps the key's latest problem for ``status()``
+(``policy_problems``) and tells it, for the log, when it is new for the key: once per
+distinct problem, and again after :data:`POLICY_ERROR_EVERY` seconds (on the core's
+clock) while it goes on. Pure: the caller gives ``now``.
+"""
+
+from __future__ import annotations
+
+#: seconds after which a problem still going on is told again
+POLICY_ERROR_EVERY = 60.0
+
+
+class PolicyProblems:
+    """Policy errors per key, the latest problem of each, and what to tell."""
+
+    def __init__(self, every: float = POLICY_ERROR_EVERY) -> None:
+        self.every = every
+        self.total = 0  #: policy errors over every key
+        self.by: dict[str, int] = {}  #: key -> its policy errors
+        self.problem: dict[str, str] = {}  #: key -> its latest problem
+        #: key -> (what the problem told last is, when): ``same`` of :meth:`note`
+        self._told: dict[str, tuple[str, float]] = {}
+
+    def note(self, key: str, problem: str, now: float, same: str | None = None) -> int | None:
+        """Count a policy error of ``key``; return the key's error count if it is to be
+        told now (a problem not told for the key, or told ``every`` seconds ago), else
+        None. ``same``: what makes two problems the same, when not their whole text
+        (a problem with figures that change at each error: its kind alone)."""
+        self.total += 1
+        errors = self.by[key] = self.by.get(key, 0) + 1
+        self.problem[key] = problem
+        what = problem if same is None else same
+        told = self._told.get(key)
+        if told is None or told[0] != what or now - told[1] >= self.every:
+            self._told[key] = (what, now)
+            return errors
+        return None

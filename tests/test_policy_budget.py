@@ -1,0 +1,152 @@
+"""The scheduler core's time budget for policy calls (docs/policies.md, "Be fast").
+
+A pure core fed events, with a fake timer that the slow policies below advance: no
+sleeps, no event loop. One kind's calls may take ``policy_budget`` seconds per turn (one
+``handle``); past it the kind is not asked again in that turn, its built-in fallback
+answers, a policy problem naming the policy is told once, and after
+``policy_slow_turns`` slow turns the policy is replaced by the default one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from actors.scheduler_events import PolicyChanged, PolicyFailed
+from policies.priority import GraphPriority
+from tests.helpers import Factory, assigned, event, join, make_state, run, submit
+
+__all__ = ["make_state"]  # the autouse fixture, used by name
+
+
+class FakeTimer:
+    """Seconds that pass only when a slow policy says so."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class SlowPriority:
+    """The audit's ``slow`` priority policy: 0.5 s per call (on the fake timer)."""
+
+    name = "slow"
+
+    def __init__(self, timer: FakeTimer, seconds: float = 0.5) -> None:
+        self.timer, self.seconds, self.calls = timer, seconds, 0
+
+    def priority(self, task: Any, stats: Any) -> tuple[float, ...]:
+        self.calls += 1
+        self.timer.now += self.seconds
+        return (task.order,)
+
+
+class SlowPlacement:
+    name = "slow-place"
+
+    def __init__(self, timer: FakeTimer) -> None:
+        self.timer, self.calls = timer, 0
+
+    def choose(self, task: Any, candidates: Any, stats: Any) -> Any:
+        self.calls += 1
+        self.timer.now += 0.4
+        return candidates[-1]
+
+
+def failed(cmds: list[Any]) -> list[PolicyFailed]:
+    return [c for c in cmds if type(c) is PolicyFailed]
+
+
+def test_a_slow_priority_policy_is_asked_for_its_budget_then_the_fallback_answers(
+    make_state: Factory,
+) -> None:
+    timer = FakeTimer()
+    slow = SlowPriority(timer)
+    s = make_state(timer=timer)
+    keys = [f"t-{i}" for i in range(40)]
+    submit(s, dict.fromkeys(keys, ()), keys)
+    # The audit's repro: 40 ready tasks, then the swap re-ranks all of them at once.
+    cmds = run(s, event(PolicyChanged, kind="priority", policy=slow))
+    # 0.5 + 0.5 is the budget (1 s), the third call passes it: no more calls this turn.
+    assert slow.calls == 3
+    assert failed(cmds) == [
+        PolicyFailed(
+            cmds[-1].stimulus_id, "priority", "slow",
+            "priority policy 'slow' took 1.5 s over 3 call(s) in one turn of the "
+            "scheduler (its budget: 1 s per turn); the scheduler is blocked meanwhile. "
+            "The built-in fallback answered the turn's other 37 call(s)",
+            1,
+        )
+    ]  # fmt: skip
+    assert s.policy_errors == 1 and s.problems.by == {"priority": 1}
+    assert s.problems.problem["priority"].startswith("priority policy 'slow' took 1.5 s")
+    # The tasks the fallback ranked have the fallback's priority (graph order).
+    ts = s.tasks["t-39"]
+    assert ts.prio == GraphPriority().priority(ts, s.stats)
+    # The next turn asks the policy afresh: within budget, no problem.
+    more = ["u-0"]
+    assert failed(submit(s, dict.fromkeys(more, ()), more)) == []
+    assert slow.calls == 4 and s.policy_errors == 1
+
+
+def test_repeated_slow_turns_are_told_once_then_the_default_policy_replaces_it(
+    make_state: Factory,
+) -> None:
+    timer = FakeTimer()
+    slow = SlowPriority(timer)
+    s = make_state(timer=timer, priority=slow)
+    told = []
+    for turn in range(3):
+        keys = [f"g{turn}-{i}" for i in range(10)]
+        told.append(failed(submit(s, dict.fromkeys(keys, ()), keys)))
+    assert slow.calls == 9  # 3 per turn
+    assert [len(t) for t in told] == [1, 0, 1]  # the second slow turn is not told again
+    last = told[2][0]
+    assert last.replaced and last.errors == 3 and last.policy == "slow"
+    assert last.problem.endswith(
+        ". 3 slow turns within 300 s: replaced by the default priority policy 'graph'"
+    )
+    assert s.policies["priority"].name == "graph"
+    assert any(e[2] == "priority:graph" for e in s.story("-"))
+    keys = ["after"]
+    submit(s, dict.fromkeys(keys, ()), keys)
+    assert slow.calls == 9  # never asked again
+
+
+def test_slow_turns_further_apart_than_the_window_keep_the_policy(make_state: Factory) -> None:
+    timer = FakeTimer()
+    slow = SlowPriority(timer)
+    s = make_state(timer=timer, priority=slow, policy_slow_window=0.5)
+    for turn in range(4):  # (each event is one second later on the core's clock)
+        keys = [f"g{turn}-{i}" for i in range(10)]
+        submit(s, dict.fromkeys(keys, ()), keys)
+    assert s.policies["priority"] is slow and s.policy_errors == 4
+
+
+def test_a_slow_placement_policy_places_the_rest_of_the_turn_by_the_fallback(
+    make_state: Factory,
+) -> None:
+    timer = FakeTimer()
+    slow = SlowPlacement(timer)
+    s = make_state(timer=timer, placement=slow, saturation=1.0, unknown_long=False)
+    for w in ("w1", "w2", "w3", "w4"):
+        join(s, w)
+    keys = [f"p-{i}" for i in range(4)]
+    cmds = submit(s, dict.fromkeys(keys, ()), keys)
+    # 0.4 + 0.4 + 0.4 > 1 s: the fourth placement is the fallback's (the first candidate)
+    assert slow.calls == 3
+    got = assigned(cmds)
+    assert sorted(got) == ["w1", "w2", "w3", "w4"]
+    [told] = failed(cmds)
+    assert told.kind == "placement" and told.policy == "slow-place"
+    assert "took 1.2 s over 3 call(s)" in told.problem and "other 1 call(s)" in told.problem
+
+
+def test_a_core_without_a_timer_never_finds_a_policy_slow(make_state: Factory) -> None:
+    timer = FakeTimer()
+    slow = SlowPriority(timer)
+    s = make_state(priority=slow)  # no timer: simulations and tests keep their answers
+    keys = [f"t-{i}" for i in range(40)]
+    assert failed(submit(s, dict.fromkeys(keys, ()), keys)) == []
+    assert slow.calls == 40 and s.policy_errors == 0
