@@ -4523,10 +4523,15 @@ class SchedulerState(DiskPlacement):
             problem = f"priority raised {exc!r}"
         else:
             try:
-                sum(prio)  # numbers only: anything else fails here, not inside the heap
-                return prio
+                total = sum(prio)  # numbers only: anything else fails here, not inside the heap
             except TypeError:
                 problem = f"priority returned {prio!r}, not a tuple of numbers"
+            else:
+                # NaN compares false with everything: in the heap it scrambles the order
+                # of the other tasks too. (A sum without NaN is a number: one comparison.)
+                if total == total or not any(p != p for p in prio):
+                    return prio
+                problem = f"priority returned NaN in {prio!r}, not a tuple of numbers"
         self.policy_errors += 1
         self._log(ts.key, "policy-error", problem)
         return (-ts.spec.priority, ts.generation, ts.spec.order)

@@ -194,6 +194,33 @@ def test_a_priority_policy_that_raises_falls_back_to_graph_order(make_state: Fac
     assert ts.prio == GraphPriority().priority(ts, s.stats)
 
 
+class NaNNights:
+    """The audit's priority of a night (``-night``), NaN for every third (a ``0/0``)."""
+
+    name = "nan-nights"
+
+    def priority(self, task: Any, stats: Any) -> tuple[float, ...]:
+        return (float("nan") if task.order % 3 == 0 else -task.order, task.order)
+
+
+def test_a_priority_with_nan_is_refused_and_the_others_keep_their_order(
+    make_state: Factory,
+) -> None:
+    s = make_state(saturation=1.0, priority=NaNNights())
+    keys = [f"n-{i}" for i in range(12)]
+    submit(s, dict.fromkeys(keys, ()), keys)
+    assert s.policy_errors == 4  # n-0, n-3, n-6, n-9
+    story = [e[2] for e in s.story("n-3") if e[1] == "policy-error"]
+    assert story == ["priority returned NaN in (nan, 3), not a tuple of numbers"]
+    join(s, "w1")
+    seen = list(on(s, "w1"))
+    while len(seen) < 12:
+        seen.extend(assigned(finish(s, "w1", seen[-1]))["w1"])
+    # The policy's answers in order (-11 first), then the refused ones by the fallback
+    # (graph order), which no NaN scrambled.
+    assert [s.tasks[k].spec.order for k in seen] == [11, 10, 8, 7, 5, 4, 2, 1, 0, 3, 6, 9]
+
+
 class Garbage:
     """Policies answering with values of the wrong type."""
 
