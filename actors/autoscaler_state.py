@@ -140,11 +140,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from policies import DEFAULTS, REGISTRY, PoolView, ScalingPolicy
+from policies.problems import POLICY_ERROR_EVERY, PolicyProblems
 from policies.scaling import DELAYS_KEPT, HISTORY, LoadView, PoolLimits
 from runtime.messages import BlockEndInfo as BlockEnd
 
 __all__ = [
     "MAX_BLOCKS",
+    "POLICY_ERROR_EVERY",
     "AutoscalerConfig",
     "AutoscalerState",
     "BatchProblem",
@@ -190,10 +192,6 @@ LIVE_STATES = frozenset({"pending", "running", "held"})
 
 #: how many ended blocks the core remembers for the status
 MAX_ENDS = 50
-
-#: seconds before a scaling policy's error already told (:class:`PolicyFailed`) is told
-#: again, with the count since, while the same error goes on
-POLICY_ERROR_EVERY = 60.0
 
 #: the most characters of a block's detail (the provider's words: Slurm's state, exit
 #: code, the head and tail of its stderr) the core keeps with an end
@@ -736,15 +734,14 @@ class AutoscalerState:
         #: replacements are asked for at once), not listed in ``ends`` yet
         self.held: dict[str, HeldEnd] = {}
         self.closing = False
-        self.policy_errors = 0  #: over all pools
-        self.policy_errors_by: dict[str, int] = {}  #: per pool
-        #: per pool, the latest policy error as text (for the status)
-        self.policy_problem: dict[str, str] = {}
+        #: policy errors per pool, the latest as text (for the status), and what to tell
+        #: (:data:`POLICY_ERROR_EVERY`): the scheduler's core keeps its own, per kind
+        self.problems = PolicyProblems()
+        self.policy_errors_by = self.problems.by  #: per pool
+        self.policy_problem = self.problems.problem  #: per pool, the latest as text
         #: per pool whose latest ask of the policy failed, what went wrong (it keeps its
         #: last good proposal until the policy answers again, or another is set)
         self.policy_failing: dict[str, str] = {}
-        #: per pool, the policy error told last (PolicyFailed) and when
-        self._told: dict[str, tuple[str, float]] = {}
         self.stuck: dict[str, int] = {}  #: per pool: blocks found stuck (BlockStuck), ever
         self.queued: Mapping[str, int] | None = None
         self.processing: Mapping[str, int] | None = None  #: tasks in hand per worker
@@ -1236,7 +1233,7 @@ class AutoscalerState:
 
     def _policy_changed(self, ev: PolicyChanged) -> None:
         self.policy = ev.policy
-        self._told.clear()  # a new policy's errors are told afresh
+        self.problems.afresh()  # a new policy's errors are told afresh
         self.policy_failing.clear()  # and it is asked afresh
 
     def _tick(self, ev: Tick) -> None:
@@ -1409,14 +1406,15 @@ class AutoscalerState:
     def _policy_error(self, pool: str, problem: str, kept: int) -> None:
         """Count a policy error of ``pool``; tell it (:class:`PolicyFailed`) when it is
         new for the pool, or every POLICY_ERROR_EVERY seconds while it goes on."""
-        self.policy_errors += 1
-        errors = self.policy_errors_by[pool] = self.policy_errors_by.get(pool, 0) + 1
-        self.policy_problem[pool] = problem
-        told = self._told.get(pool)
-        if told is None or told[0] != problem or self._now - told[1] >= POLICY_ERROR_EVERY:
-            self._told[pool] = (problem, self._now)
+        errors = self.problems.note(pool, problem, self._now)
+        if errors is not None:
             name = str(getattr(self.policy, "name", type(self.policy).__name__))
             self._out.append(PolicyFailed(pool, problem, kept, errors, name))
+
+    @property
+    def policy_errors(self) -> int:
+        """Policy errors over all pools."""
+        return self.problems.total
 
     def _may_request(self, pool: str) -> bool:
         """``pool`` may ask for a block now: it did not give up, is not paused and is

@@ -889,6 +889,8 @@ class Scheduler(Actor):
             "policies": {k: getattr(p, "name", type(p).__name__) for k, p in st.policies.items()},
             "policy_params": {k: ps for k, p in st.policies.items() if (ps := params_of(p))},
             "policy_errors": st.policy_errors,
+            "policy_errors_by": dict(st.problems.by),
+            "policy_problems": dict(st.problems.problem),
             "replicas": _replicas(st),
             "storage": self._storage(),
             "speculative": dict(st.speculative),

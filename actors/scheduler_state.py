@@ -470,6 +470,11 @@ class _OverBudget(Exception):
     until the next one (:meth:`SchedulerState._ask`); its fallback answers."""
 
 
+def _raised(where: str, exc: BaseException) -> str:
+    """What makes two raises of a policy the same problem: where, and the type."""
+    return f"{where} raised {type(exc).__name__}"
+
+
 def _no_timer() -> float:
     """The timer of a core given none: no time passes, no policy is ever over budget."""
     return 0.0
@@ -777,10 +782,6 @@ class SchedulerState(DiskPlacement):
         """Policy calls that raised or answered out of bounds, and slow turns."""
         return self.problems.total
 
-    @policy_errors.setter
-    def policy_errors(self, n: int) -> None:
-        self.problems.total = n
-
     def _ask(self, kind: str, method: Callable[..., Any], *args: Any) -> Any:
         """Call ``method`` of the ``kind`` policy, timed; raise :class:`_OverBudget`
         instead when that kind's calls took more than ``policy_budget`` seconds in this
@@ -830,6 +831,16 @@ class SchedulerState(DiskPlacement):
                 slow.clear()
                 self._policy_changed(PolicyChanged(self._stimulus, self._now, kind, default))
             self._policy_problem(kind, name, problem, f"{kind} slow {replaced}", replaced)
+
+    def _policy_error(self, kind: str, key: Key, problem: str, same: str) -> None:
+        """The ``kind`` policy gave no usable answer about ``key`` (``"-"``: none):
+        ``problem``, a ``policy-error`` line of its story, counted and told once per
+        ``same``, what makes two problems the same (without the task's values)."""
+        self._log(key, "policy-error", problem)
+        policy = self.policies[kind]
+        self._policy_problem(
+            kind, str(getattr(policy, "name", type(policy).__name__)), problem, same
+        )
 
     def _policy_problem(
         self, kind: str, name: str, problem: str, same: str | None = None, replaced: bool = False
@@ -2126,6 +2137,7 @@ class SchedulerState(DiskPlacement):
         if ev.kind not in self.policies:
             raise KeyError(f"unknown policy kind {ev.kind!r}")
         self.policies[ev.kind] = ev.policy
+        self.problems.afresh(ev.kind)  # a new policy's errors are told afresh
         who = f" by {client_name(ev.by)}" if ev.by else ""
         self._log("-", "policy", f"{ev.kind}:{getattr(ev.policy, 'name', ev.policy)}{who}")
         if ev.kind == "placement":
@@ -2662,11 +2674,11 @@ class SchedulerState(DiskPlacement):
         if number and delay == 0:
             return 0.0
         if not number or not delay >= 0:  # (NaN too)
-            self.policy_errors += 1
-            self._log(
-                ts.key, "policy-error",
+            self._policy_error(
+                "retry", ts.key,
                 f"retry asked a delay of {delay!r}, not a number of seconds >= 0: "
                 "the retry is ready at once",
+                "retry asked a delay that is not a number of seconds >= 0",
             )  # fmt: skip
             return 0.0
         if delay > MAX_RETRY_DELAY:
@@ -3037,11 +3049,11 @@ class SchedulerState(DiskPlacement):
             f"which is not configured (pools: {', '.join(known)}"
             f"{did_you_mean(pool, known)}) and which no worker has joined"
         )
-        self.policy_errors += 1
-        self._log(
-            ts.key, "policy-error",
+        self._policy_error(
+            "retry", ts.key,
             f"retry moved the task to pool {pool!r}, {where}: it would wait for good; "
             f"it stays in pool {ts.spec.pool or '*'}",
+            f"retry moved a task to pool {pool!r}",
         )  # fmt: skip
         return False
 
@@ -3343,7 +3355,7 @@ class SchedulerState(DiskPlacement):
         except _OverBudget:
             return
         except Exception as exc:
-            self._hook_error(ts.key, f"replication.replicas: {exc!r}")
+            self._hook_error(ts.key, f"replication.replicas: {exc!r}", exc)
             return
         inflight = self.copying.get(ts.key, {})
         want = min(k, workers - 1) - (len(ts.who_has) - 1) - len(inflight)
@@ -4048,9 +4060,12 @@ class SchedulerState(DiskPlacement):
         self._stays = getattr(policy, "stays_with_data", None)
         self._holder = getattr(policy, "data_holder", None)
 
-    def _hook_error(self, key: Key, problem: str) -> None:
-        self.policy_errors += 1
-        self._log(key, "policy-error", problem)
+    def _hook_error(self, key: Key, problem: str, exc: BaseException | None = None) -> None:
+        """A policy error of a hook: ``problem`` begins with ``kind.hook``; ``exc``: what
+        it raised (two raises of one type are the same problem, for the log)."""
+        hook = problem.split(" ", 1)[0].rstrip(":")
+        same = f"{hook} raised {type(exc).__name__}" if exc is not None else hook
+        self._policy_error(hook.split(".", 1)[0], key, problem, same)
 
     def _ask_yes(self, key: Key, name: str, hook: Callable[..., Any], *args: Any) -> bool:
         """Ask a policy's yes-or-no ``hook`` (``name``, for the story) about ``key``:
@@ -4061,7 +4076,7 @@ class SchedulerState(DiskPlacement):
         except _OverBudget:
             return False
         except Exception as exc:
-            self._hook_error(key, f"{name} raised {exc!r}")
+            self._hook_error(key, f"{name} raised {exc!r}", exc)
             return False
         if answer is True or answer is False:
             return answer
@@ -4180,7 +4195,7 @@ class SchedulerState(DiskPlacement):
         except _OverBudget:
             return None
         except Exception as exc:
-            self._hook_error(ts.key, f"placement.data_holder raised {exc!r}")
+            self._hook_error(ts.key, f"placement.data_holder raised {exc!r}", exc)
             return None
         if answer is None:
             return None
@@ -4208,16 +4223,16 @@ class SchedulerState(DiskPlacement):
         except _OverBudget:
             return candidates[0]
         except Exception as exc:
-            self.policy_errors += 1
-            self._log(ts.key, "policy-error", f"placement raised {exc!r}")
+            problem = f"placement raised {exc!r}"
+            self._policy_error("placement", ts.key, problem, _raised("placement", exc))
             return candidates[0]
         wid = getattr(chosen, "id", chosen)
         if isinstance(wid, str):
             for ws in candidates:
                 if ws.id == wid:
                     return ws
-        self.policy_errors += 1
-        self._log(ts.key, "policy-error", f"placement chose {wid!r}, not a candidate")
+        problem = f"placement chose {wid!r}, not a candidate"
+        self._policy_error("placement", ts.key, problem, "placement chose a non-candidate")
         return candidates[0]
 
     def _assign(self, ts: TaskState, ws: WorkerState) -> None:
@@ -4517,23 +4532,25 @@ class SchedulerState(DiskPlacement):
             prio = tuple(answer)
         except _NotATuple as what:
             problem = f"priority returned {what}, not a tuple of numbers"
+            same = "priority returned text"
         except _OverBudget:
             return (-ts.spec.priority, ts.generation, ts.spec.order)
         except Exception as exc:
-            problem = f"priority raised {exc!r}"
+            problem, same = f"priority raised {exc!r}", _raised("priority", exc)
         else:
             try:
                 total = sum(prio)  # numbers only: anything else fails here, not inside the heap
             except TypeError:
                 problem = f"priority returned {prio!r}, not a tuple of numbers"
+                same = "priority returned a tuple not all numbers"
             else:
                 # NaN compares false with everything: in the heap it scrambles the order
                 # of the other tasks too. (A sum without NaN is a number: one comparison.)
                 if total == total or not any(p != p for p in prio):
                     return prio
                 problem = f"priority returned NaN in {prio!r}, not a tuple of numbers"
-        self.policy_errors += 1
-        self._log(ts.key, "policy-error", problem)
+                same = "priority returned NaN"
+        self._policy_error("priority", ts.key, problem, same)
         return (-ts.spec.priority, ts.generation, ts.spec.order)
 
     def pools(self) -> list[str]:
@@ -4577,13 +4594,13 @@ class SchedulerState(DiskPlacement):
             if isinstance(decision, RetryDecision):
                 return decision
             problem = f"retry returned {decision!r}, not a RetryDecision"
+            same = f"retry returned a {type(decision).__name__}"
         except _OverBudget:
-            problem = ""
+            problem = same = ""
         except Exception as exc:
-            problem = f"retry raised {exc!r}"
+            problem, same = f"retry raised {exc!r}", _raised("retry", exc)
         if problem:
-            self.policy_errors += 1
-            self._log(ts.key, "policy-error", problem)
+            self._policy_error("retry", ts.key, problem, same)
         fallback: RetryDecision = REGISTRY.create("retry", "default").decide(view, outcome, cause)
         return fallback
 
@@ -4608,8 +4625,8 @@ class SchedulerState(DiskPlacement):
         except _OverBudget:
             return pressure
         except Exception as exc:
-            self.policy_errors += 1
-            self._log("-", "policy-error", f"memory.yields raised {exc!r}")
+            problem = f"memory.yields raised {exc!r}"
+            self._policy_error("memory", "-", problem, _raised("memory.yields", exc))
             return pressure
 
     def _is_producer(self, ts: TaskState) -> bool:
@@ -4629,8 +4646,8 @@ class SchedulerState(DiskPlacement):
         except _OverBudget:
             return root
         except Exception as exc:
-            self.policy_errors += 1
-            self._log("-", "policy-error", f"memory.producer({category!r}) raised {exc!r}")
+            problem = f"memory.producer({category!r}) raised {exc!r}"
+            self._policy_error("memory", "-", problem, _raised("memory.producer", exc))
             return root
 
     def _reclassify(self) -> None:

@@ -39,3 +39,10 @@ class PolicyProblems:
             self._told[key] = (what, now)
             return errors
         return None
+
+    def afresh(self, key: str | None = None) -> None:
+        """A new policy: its problems (of ``key``; None: every key) are told afresh."""
+        if key is None:
+            self._told.clear()
+        else:
+            self._told.pop(key, None)

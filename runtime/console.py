@@ -1013,6 +1013,20 @@ def _usage(name: str) -> NoReturn:
 # ----------------------------------------------------------------------------- rendering
 
 
+def _policy_errors(st: Mapping[str, Any], head: str, label: str) -> Text:
+    """The policy errors of a status (the scheduler's, per kind; the autoscaler's, per
+    ``label`` pool), each with its count and latest problem."""
+    problems = dict(st.get("policy_problems") or {})
+    by = dict(st.get("policy_errors_by") or {})
+    return Text(
+        head.format(st["policy_errors"])
+        + "".join(
+            f"\n  {label}{key}: {by.get(key, 0)}, latest: {problem}"
+            for key, problem in sorted(problems.items())
+        )
+    )
+
+
 def _row(table: Table, *cells: str) -> None:
     """Add a row of plain text (never rich markup: keys may hold brackets)."""
     table.add_row(*(Text(c) for c in cells))
@@ -1341,19 +1355,9 @@ def render_status(st: Mapping[str, Any]) -> RenderableType:
         _row(pol, kind, name, params_text(params))
     parts.append(pol)
     if st.get("policy_errors"):
-        parts.append(Text(f"policy errors: {st['policy_errors']} (see the tasks' stories)"))
+        parts.append(_policy_errors(st, "policy errors: {} (see the tasks' stories)", ""))
     if isinstance(auto, Mapping) and auto.get("policy_errors"):
-        problems = dict(auto.get("policy_problems") or {})
-        by_pool = dict(auto.get("policy_errors_by") or {})
-        parts.append(
-            Text(
-                f"scaling policy errors: {auto['policy_errors']} (see story -)"
-                + "".join(
-                    f"\n  pool {pool}: {by_pool.get(pool, 0)}, latest: {problem}"
-                    for pool, problem in sorted(problems.items())
-                )
-            )
-        )
+        parts.append(_policy_errors(auto, "scaling policy errors: {} (see story -)", "pool "))
     for warning in st.get("warnings") or ():
         parts.append(Text(f"warning: {warning}", style="bold yellow"))
     proc = st.get("process")

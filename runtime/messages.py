@@ -1442,6 +1442,9 @@ class StatusReply(Message):
     #: per kind, the parameters its policy was given (``repr`` of each; none: defaults)
     policy_params: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)
     policy_errors: int = 0
+    #: per policy kind, its policy errors (slow turns included) and the latest as text
+    policy_errors_by: dict[str, int] = dataclasses.field(default_factory=dict)
+    policy_problems: dict[str, str] = dataclasses.field(default_factory=dict)
     files: FilesStatus = dataclasses.field(default_factory=FilesStatus)
     replicas: ReplicasStatus = dataclasses.field(default_factory=ReplicasStatus)
     storage: StorageStatus = dataclasses.field(default_factory=StorageStatus)

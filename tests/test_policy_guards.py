@@ -452,3 +452,78 @@ def test_a_config_files_policies_table_is_read_and_checked(tmp_path: Path) -> No
     # with pools, a scaling policy is taken
     path.write_text('[pools.cpu]\nmax_blocks = 2\n\n[policies]\nscaling = "queue"\n')
     assert load_policies(path, REGISTRY) == {"scaling": ("queue", {})}
+
+
+# ----------------------------------------------------- the scheduler's policies: told
+
+
+class _Raises:
+    """A priority, placement and retry policy that raise on every call."""
+
+    name = "raiser"
+
+    def priority(self, task: Any, stats: Any) -> tuple[float, ...]:
+        raise KeyError(f"night of {task.key}")  # the text differs per task
+
+    def choose(self, task: Any, candidates: Any, stats: Any) -> Any:
+        raise RuntimeError("placement bug")
+
+    def decide(self, task: Any, outcome: str, cause: str | None) -> RetryDecision:
+        raise RuntimeError("retry bug")
+
+
+def test_a_scheduler_policy_error_is_told_once_per_problem_and_kept_by_kind(
+    make_state: Factory,
+) -> None:
+    """Before: no log line, no command; only a count over every kind (the audit's
+    policy_errors=10 and nothing else)."""
+    from actors.scheduler_events import PolicyChanged as Swapped
+    from actors.scheduler_events import PolicyFailed as Told
+
+    bad = _Raises()
+    s = make_state(priority=bad, placement=bad, retry=bad)
+    keys = [f"t-{i}" for i in range(10)]
+    out = submit(s, dict.fromkeys(keys, ()), keys)
+    told = [c for c in out if type(c) is Told]  # 10 errors, each with its own key: told once
+    assert [(c.kind, c.policy, c.errors) for c in told] == [("priority", "raiser", 1)]
+    assert told[0].problem.startswith("priority raised KeyError('night of t-")
+    out = join(s, "w1", cores=2)
+    told = [c for c in out if type(c) is Told]
+    assert [(c.kind, c.problem, c.errors) for c in told] == [
+        ("placement", "placement raised RuntimeError('placement bug')", 1)
+    ]
+    (first, *_) = (ts.key for ts in s.workers["w1"].processing)
+    out = finish(s, "w1", first, "error")
+    told = [c for c in out if type(c) is Told]
+    assert [(c.kind, c.problem, c.errors) for c in told] == [
+        ("retry", "retry raised RuntimeError('retry bug')", 1)
+    ]
+    assert s.problems.by["priority"] == 10 and s.problems.by["retry"] == 1
+    assert s.problems.by["placement"] >= 2
+    assert s.problems.problem["priority"].startswith("priority raised KeyError('night of t-")
+    assert s.policy_errors == sum(s.problems.by.values())
+    # a new policy of the kind has its errors told afresh
+    out = run(s, event(Swapped, kind="priority", policy=bad))  # (re-ranks the ready ones)
+    told = [c for c in out + submit(s, {"u": []}, ["u"]) if type(c) is Told]
+    assert [(c.kind, c.errors) for c in told] == [("priority", 11)]
+
+
+def test_the_scheduler_policys_problems_are_in_the_status_text() -> None:
+    import dataclasses
+
+    from runtime.console import jsonable
+    from tests.helpers import status_text
+    from tests.test_dashboard import _answers
+
+    _, status, _ = _answers()
+    status = dataclasses.replace(
+        status, policy_errors=14, policy_errors_by={"priority": 10, "retry": 4},
+        policy_problems={
+            "priority": "priority raised KeyError('night')",
+            "retry": "retry returned True, not a RetryDecision",
+        },
+    )  # fmt: skip
+    text = status_text(jsonable(status))
+    assert "policy errors: 14 (see the tasks' stories)" in text
+    assert "priority: 10, latest: priority raised KeyError('night')" in text
+    assert "retry: 4, latest: retry returned True, not a RetryDecision" in text
