@@ -43,6 +43,7 @@ from runtime.errors import (
     PolicyParamsError,
     PoolConfigError,
     Refusals,
+    UnknownPolicyError,
     WalltimeError,
     did_you_mean,
 )
@@ -707,8 +708,12 @@ def load_policies(
             try:
                 registry.create(kind, name, params)
             except CorralError as exc:
-                refused = PolicyConfigError(kind, f"is refused: {exc}".rstrip("."), source)
-                refused.__cause__ = exc
+                err = exc
+                if isinstance(exc, UnknownPolicyError) and not exc.in_config:
+                    # a name of one's own, whose module the manager did not import
+                    err = UnknownPolicyError(exc.kind, exc.name, exc.available, in_config=True)
+                refused = PolicyConfigError(kind, f"is refused: {err}".rstrip("."), source)
+                refused.__cause__ = err
                 refuse(refused)
                 continue
         out[kind] = (name, params)

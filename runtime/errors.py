@@ -446,18 +446,35 @@ class ShuffleMethodError(GraphError):
 class UnknownPolicyError(CorralError, KeyError):
     """No policy of that kind has that name. ``in_manager``: the request came from
     another process (a client or console of a manager process), where registering the
-    policy does not make it known to the manager."""
+    policy does not make it known to the manager. ``in_config``: the name is in a
+    manager's ``[policies]`` (its ``--config`` file), read once its ``--policy-module``
+    modules are imported."""
 
     kind: str
     name: str
     available: list[str]
     in_manager: bool
+    in_config: bool
 
     def __init__(
-        self, kind: str, name: str, available: Iterable[str], *, in_manager: bool = False
+        self,
+        kind: str,
+        name: str,
+        available: Iterable[str],
+        *,
+        in_manager: bool = False,
+        in_config: bool = False,
     ) -> None:
         avail = sorted(available)
         where, fix = "", "Register it with policies.register() or pick one of these."
+        if in_config:
+            fix = (
+                "A policy of your own must be registered in the manager's process before "
+                "its [policies] are read: start the manager with `--policy-module "
+                "MODULE` (MODULE: the module, or .py file, whose import calls "
+                "policies.register(); `python -m runtime check --config FILE "
+                "--policy-module MODULE` checks the two together), or pick one of these."
+            )
         if kind == "kind of":  # the kinds are Corral's: none can be registered
             super().__init__(
                 f"no kind of policy named {name!r}{did_you_mean(name, avail, '.')} The kinds "
@@ -485,6 +502,7 @@ class UnknownPolicyError(CorralError, KeyError):
             name=name,
             available=avail,
             in_manager=in_manager,
+            in_config=in_config,
         )
 
     def __str__(self) -> str:

@@ -443,7 +443,11 @@ def test_a_config_files_policies_table_is_read_and_checked(tmp_path: Path) -> No
         f"[policies] in {path}: key 'prioirty' is not a kind of policy; did you mean "
         "'priority'? The kinds are: priority, placement,"
     )
-    assert "no priority policy named 'fastest'" in refused('[policies]\npriority = "fastest"\n')
+    unknown = refused('[policies]\npriority = "fastest"\n')
+    assert "no priority policy named 'fastest'" in unknown
+    # a name of one's own: the manager must import its module (the audit's defect 7)
+    assert "start the manager with `--policy-module MODULE`" in unknown
+    assert "Register it with policies.register()" not in unknown
     text = refused('[policies.retry]\nname = "default"\nmax_lots = 2\n')
     assert "no parameter 'max_lots'; did you mean 'max_lost'?" in text
     assert text.endswith("See docs/configuration.md#policies.")
