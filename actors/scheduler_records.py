@@ -164,6 +164,10 @@ class SchedulerConfig:
     #: is replaced by the default one
     policy_slow_turns: int = 3
     policy_slow_window: float = 300.0
+    #: a turn whose calls of one kind took this long (a single call cannot be cut
+    #: short) replaces its policy by the default one at once: half the 10 s after which
+    #: workers and clients close a silent manager
+    policy_too_slow: float = 5.0
 
     def __post_init__(self) -> None:
         depth = self.prune_depth

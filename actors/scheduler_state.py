@@ -821,13 +821,16 @@ class SchedulerState(DiskPlacement):
                 f"is blocked meanwhile. The built-in fallback answered the turn's other "
                 f"{skipped:g} call(s)"
             )
-            replaced = len(slow) >= self.config.policy_slow_turns
+            too_slow = seconds >= self.config.policy_too_slow
+            replaced = too_slow or len(slow) >= self.config.policy_slow_turns
             if replaced:
                 default = REGISTRY.create(kind, DEFAULTS[kind])
-                problem += (
-                    f". {len(slow)} slow turns within {self.config.policy_slow_window:g} s: "
-                    f"replaced by the default {kind} policy {DEFAULTS[kind]!r}"
+                why = (
+                    f"{self.config.policy_too_slow:g} s or more in one turn"
+                    if too_slow
+                    else f"{len(slow)} slow turns within {self.config.policy_slow_window:g} s"
                 )
+                problem += f". {why}: replaced by the default {kind} policy {DEFAULTS[kind]!r}"
                 slow.clear()
                 self._policy_changed(PolicyChanged(self._stimulus, self._now, kind, default))
             self._policy_problem(kind, name, problem, f"{kind} slow {replaced}", replaced)

@@ -150,3 +150,23 @@ def test_a_core_without_a_timer_never_finds_a_policy_slow(make_state: Factory) -
     keys = [f"t-{i}" for i in range(40)]
     assert failed(submit(s, dict.fromkeys(keys, ()), keys)) == []
     assert slow.calls == 40 and s.policy_errors == 0
+
+
+def test_a_single_call_that_blocks_for_seconds_replaces_the_policy_at_once(
+    make_state: Factory,
+) -> None:
+    """A call cannot be cut short: one that takes half the peers' silence timeout is
+    not waited for again (three such turns would lose every client and worker)."""
+    timer = FakeTimer()
+    slow = SlowPriority(timer, seconds=6.0)
+    s = make_state(timer=timer, priority=slow)
+    keys = [f"t-{i}" for i in range(5)]
+    [told] = failed(submit(s, dict.fromkeys(keys, ()), keys))
+    assert slow.calls == 1 and told.replaced
+    assert told.problem == (
+        "priority policy 'slow' took 6.0 s over 1 call(s) in one turn of the scheduler "
+        "(its budget: 1 s per turn); the scheduler is blocked meanwhile. The built-in "
+        "fallback answered the turn's other 4 call(s). 5 s or more in one turn: replaced "
+        "by the default priority policy 'graph'"
+    )
+    assert s.policies["priority"].name == "graph"
