@@ -102,16 +102,25 @@ class TaskSpec:
     timeout: float | None = None
 
 
+#: dask's ``key_split`` without its own cache. ``dask.utils.key_split`` keeps the
+#: latest 100,000 keys it was given, with their prefixes, in a process-wide
+#: ``lru_cache``: a manager serving one fresh graph after another (every key new, asked
+#: once) filled it with keys of tasks long forgotten, about 17 MB once full (the longrun
+#: audit's manager growth over its first 100,000 tasks; benchmarks/manager_growth.py),
+#: and a miss there costs more than the split itself.
+_key_split: Callable[[Any], Any] = getattr(key_split, "__wrapped__", key_split)
+
+
 @functools.lru_cache(maxsize=65_536)
 def _split(name: str) -> str:
-    return str(key_split(name))
+    return str(_key_split(name))
 
 
 def category_of(key: Key) -> str:
     """The task category: the key's prefix by dask's ``key_split`` convention."""
     if type(key) is tuple and key and type(key[0]) is str:
         return _split(key[0])  # ('x-<token>', 3): every chunk of a layer shares its name
-    return str(key_split(key))
+    return str(_key_split(key))
 
 
 def short_repr(obj: object, limit: int = 60) -> str:

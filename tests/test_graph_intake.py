@@ -550,3 +550,25 @@ async def test_a_request_that_fails_during_the_intake_fails_for_its_asker_alone(
             assert restarts == []
             tasks = sched.state.tasks  # the whole graph, still wanted (nothing cancelled)
             assert tasks.keys() == dsk.keys() and {tasks[k].wanted for k in ends} == {1}
+
+
+def test_categories_of_fresh_keys_leave_nothing_in_dasks_key_split_cache() -> None:
+    """The longrun audit: a manager serving one fresh graph after another grew over its
+    first 100,000 tasks, partly because every new key went into ``dask.utils.key_split``'s
+    process-wide cache of 100,000 keys (about 17 MB once full, holding keys of tasks
+    long forgotten). Now a task's category is split without that cache: many graphs of
+    fresh keys, named and in chunks, leave it as it was, and the categories are the same."""
+    from dask.utils import key_split
+
+    before = key_split.cache_info()
+    for run in range(20):
+        graph: dict[Key, Any] = {
+            f"check-{run:04d}{i:028x}": (operator.add, 1, i) for i in range(50)
+        }
+        graph.update({(f"flat-{run:04d}{'0' * 28}", i): (operator.add, 2, i) for i in range(50)})
+        specs = build_specs(graph, list(graph))
+        assert sorted({s.category for s in specs.values()}) == ["check", "flat"]
+    after = key_split.cache_info()
+    assert (after.hits, after.misses, after.currsize) == (
+        before.hits, before.misses, before.currsize
+    )  # fmt: skip
