@@ -33,11 +33,13 @@ docs/memory.md for the picture):
   deadlocked clusters: here nothing but producers ever waits, and the scheduler's
   watchdog fails a run that cannot move.)
 
-  A producer's *expected output* is the largest output a producer of its category made
-  on this worker (0 until one finished: not known). One starts only if the RSS plus
-  the expected outputs of the producers started and not finished plus its own stays
-  under the fence; else it is deferred: until those running end, or, with none
-  running, the worker throttles, even under the fence. So released producers do not
+  A producer's *expected output* is the largest of the latest ``OUTPUT_WINDOW`` outputs
+  producers of its category made on this worker (0 until one finished: not known).
+  One starts only if the RSS plus the expected outputs of the producers started and not
+  finished plus its own stays under the fence; else it is deferred: until those
+  running end, or, with none running, the worker throttles, even under the fence (and
+  spills, under the spill fence too, when moving outputs to disk makes room for it
+  alone: :meth:`MemoryGovernor._room`). So released producers do not
   take memory past the fence in a flood, in thread execution too, where nothing else
   would stop them. Except that a worker under the resume mark running no producer
   starts one whose expected output fits under the terminate fence (the limit, with
@@ -63,6 +65,7 @@ memory tick, never per task.
 from __future__ import annotations
 
 import dataclasses
+from collections import deque
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -70,6 +73,7 @@ from runtime.errors import MemoryConfigError, floor_warning
 
 __all__ = [
     "MIN_LIMIT",
+    "OUTPUT_WINDOW",
     "SPILL_GRACE",
     "Command",
     "Defer",
@@ -254,6 +258,12 @@ def floor_at_start(config: MemoryConfig, rss: int) -> str | None:
 
 # ----------------------------------------------------------------------------- reports
 
+#: a producer's expected output is the largest of the latest this many outputs of its
+#: category made on the worker: an outlier (an earlier run's 800 MB outputs of a category
+#: whose tasks now make 350 MB) is forgotten after that many, as the scheduler's
+#: ``RISE_WINDOW`` forgets a category's rise
+OUTPUT_WINDOW = 4
+
 #: seconds between two reports of a worker's memory that only moved, at least
 REPORT_EVERY = 1.0
 #: seconds after which a change of the bytes held too small to be a move is reported
@@ -332,8 +342,10 @@ class Event:
 class Sampled(Event):
     """The worker's RSS (with its task processes), read after a task finished or on the
     periodic tick; ``tasks``: ``(key, RSS)`` of each running task that can be killed;
-    ``idle``: the worker runs no task and holds no output in memory (all it holds is on
-    disk), so nothing it could spill or end would lower its RSS; ``stored``: the bytes of
+    ``idle``: the worker runs no task, holds no output in memory (all it holds is on
+    disk) and writes none to disk (a value being spilled stays in memory until its file
+    is complete, also one dropped meanwhile), so nothing it could spill or end would
+    lower its RSS; ``stored``: the bytes of
     outputs (and peers' copies) it holds in memory, the part of ``rss`` spilling can
     move (None: not known, spilling acts as if all of the RSS over the fence were
     outputs)."""
@@ -473,8 +485,11 @@ class MemoryGovernor:
         #: producers started and not finished -> the output each is expected to make
         self.producing: dict[Any, int] = {}
         self.categories: dict[Any, str] = {}  #: deferred or producing key -> its category
-        #: category -> the largest output a producer of it made here (its expected output)
+        #: category -> the largest of the latest OUTPUT_WINDOW outputs producers of it
+        #: made here (its expected output)
         self.outputs: dict[str, int] = {}
+        #: category -> those latest outputs, oldest first
+        self.recent: dict[str, deque[int]] = {}
         #: outputs made here in the last SPILL_GRACE seconds -> when (oldest first)
         self.fresh: dict[Any, float] = {}
         self._trim_at = -TRIM_EVERY  #: when a Trim was last asked for
@@ -547,6 +562,8 @@ class MemoryGovernor:
             self._trimming = False  # a task or an output came: what a trim left is unknown
         if cfg.spill is not None and rss >= cfg.at(cfg.spill):
             out.append(self._spill(ev, cfg.at(cfg.spill * 0.9)))
+        elif cfg.spill is not None and (room := self._room(ev)) is not None:
+            out.append(room)
         if rss < self.throttle_at:
             if not self.throttled or rss < self.resume_at:
                 self._resume(out)
@@ -590,6 +607,29 @@ class MemoryGovernor:
         if ev.rss - stored < target or ev.rss >= self.config.ceiling or not fresh:
             return Spill(min(excess, stored))
         return Spill(stored, frozenset(fresh))
+
+    def _room(self, ev: Sampled) -> Spill | None:
+        """Under the spill fence, a producer held back here (the oldest deferred one,
+        which :meth:`_resume` would start first) whose expected output does not fit
+        even alone, with no producer running: the spill the worker makes room with,
+        since spilling comes before throttling. It asks for the outputs in memory over
+        what lets the producer start alone (the RSS under the resume mark and, with its
+        output, under the terminate fence: :meth:`fits`), keeping the fresh ones
+        (``SPILL_GRACE``: their consumers usually come within it; once it is over,
+        they go too). None when that is nothing, when producers run (it waits for
+        them), or when spilling every output in memory would not make room: the
+        producer then waits, as before, for memory to fall (a chaos audit: a worker
+        holding a 350 MB input at 43% of its limit held back a producer expected to
+        make 800 MB, by an earlier run, throttled under its spill fence, and waited for
+        ever while two other workers were idle)."""
+        oldest = min(self.deferred, key=self.deferred.__getitem__, default=None)
+        if oldest is None or self.producing or self.fits(oldest):
+            return None
+        target = min(self.resume_at, self.config.ceiling - self.expected(oldest))
+        excess = ev.rss - target + 1  # fits() needs the RSS under the target
+        if target <= 0 or (ev.stored is not None and excess > ev.stored):
+            return None  # no spill makes room: it waits for memory to fall
+        return Spill(excess, frozenset(self.fresh))
 
     def _idle(self, ev: Sampled, out: list[Command]) -> None:
         """An idle sample (no task runs, no output in memory): over the resume mark, or
@@ -687,8 +727,12 @@ class MemoryGovernor:
         self.deferred.pop(key, None)
         self.producing.pop(key, None)
         category = self.categories.pop(key, None)
-        if category is not None and ev.nbytes > self.outputs.get(category, 0):
-            self.outputs[category] = ev.nbytes
+        if category is not None and ev.nbytes:
+            recent = self.recent.get(category)
+            if recent is None:
+                recent = self.recent[category] = deque(maxlen=OUTPUT_WINDOW)
+            recent.append(ev.nbytes)
+            self.outputs[category] = max(recent)
         if ev.nbytes:
             self.fresh.pop(key, None)  # oldest first: a later one goes last
             self.fresh[key] = ev.now

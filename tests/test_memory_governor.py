@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from actors.memory import (
+    OUTPUT_WINDOW,
     SPILL_GRACE,
     TRIM_EVERY,
     Defer,
@@ -503,3 +504,74 @@ def test_a_task_process_is_recycled_once_its_idle_rss_crept_past_a_share_of_the_
     assert not recycle_task_process(0, 900 * mib, over)  # no fresh floor known yet
     assert not recycle_task_process(150 * mib, 900 * mib, 0)  # recycling off
     assert not recycle_task_process(300 * mib, 150 * mib, over)  # it shrank
+
+
+def test_a_held_back_producer_under_the_spill_fence_spills_outputs_to_make_room() -> None:
+    """The chaos audit's silent hang (D1), on a 1 GiB worker scaled to 1000: the worker
+    had made 750 of category ``big`` in an earlier run, held a 330 input now, at 410
+    (under its spill fence, 600), and a ``big`` producer came. 410 + 750 passes the
+    terminate fence, so it was deferred and the worker throttled; under the spill
+    fence nothing spilled, nothing ran, for ever. Spilling comes first: the worker
+    moves outputs to disk until the producer fits alone, then runs it."""
+    g = gov(first_delay=0.5)  # spill 600, resume 600, throttle 700, terminate 950
+    learnt(g, "big", 750)
+    g.handle(Finished(0.5, "big-0", 330))  # the input it holds now (fresh until 1.5)
+    g.handle(Sampled(10.0, 410, stored=330))
+    assert g.handle(Ready(10.0, "big-1", True, "big")) == [
+        Throttled(True, 410),
+        Defer("big-1", 10.5),
+    ]
+    # The next sample asks for room: under min(resume 600, 950 - 750 = 200).
+    assert g.handle(Sampled(10.05, 410, stored=330)) == [Spill(410 - 199)]
+    assert g.handle(Sampled(10.1, 410, stored=330)) == [Spill(410 - 199)]  # until done
+    # Spilled: the producer fits alone under the terminate fence and runs.
+    assert g.handle(Sampled(10.2, 80, stored=0)) == [Throttled(False, 80), Run("big-1")]
+
+
+def test_a_held_back_producer_spills_no_output_made_in_the_last_second() -> None:
+    """Outputs made less than SPILL_GRACE ago stay in memory (their consumer usually
+    comes within it): the room is asked of the others; once the grace is over, of
+    them too."""
+    g = gov(first_delay=0.5)
+    learnt(g, "big", 750)
+    g.handle(Sampled(2.0, 410, stored=330))
+    g.handle(Ready(2.0, "big-1", True, "big"))
+    g.handle(Finished(2.1, "small", 20))
+    assert g.handle(Sampled(2.2, 430, stored=350)) == [Spill(430 - 199, frozenset({"small"}))]
+    assert g.handle(Sampled(2.1 + SPILL_GRACE, 430, stored=350)) == [Spill(430 - 199)]
+
+
+def test_a_held_back_producer_spills_nothing_when_no_spill_would_make_room() -> None:
+    """Spilling off, producers running (it waits for them), or too few outputs in
+    memory for the producer to fit even with all of them on disk: no spill asked."""
+    g = gov(spill=None, first_delay=0.5)
+    learnt(g, "big", 750)
+    g.handle(Sampled(0.0, 410, stored=330), Ready(0.0, "big-1", True, "big"))
+    assert g.handle(Sampled(0.1, 410, stored=330)) == []
+    g = gov(first_delay=0.5)
+    learnt(g, "big", 750)
+    g.handle(Sampled(0.0, 410, stored=100), Ready(0.0, "big-1", True, "big"))
+    assert g.handle(Sampled(0.1, 410, stored=100)) == []  # 410 - 100 + 750 >= 950
+    g = gov(first_delay=0.5)
+    learnt(g, "big", 250)
+    g.handle(Sampled(0.0, 100, stored=0))
+    assert g.handle(Ready(0.0, "b1", True, "big"), Ready(0.0, "b2", True, "big")) == [
+        Run("b1"),
+        Run("b2"),
+    ]
+    assert g.handle(Ready(0.0, "b3", True, "big")) == [Defer("b3", 0.5)]
+    assert g.handle(Sampled(0.1, 500, stored=0)) == []  # b1, b2 running: b3 waits for them
+
+
+def test_an_outlier_output_is_forgotten_after_a_window_of_smaller_ones() -> None:
+    """A producer's expected output is the largest of its category's latest
+    OUTPUT_WINDOW outputs here: an earlier run's 750 does not hold later producers that
+    make 300 to the worker's room for ever (the chaos audit's poisoned category)."""
+    g = gov()
+    learnt(g, "big", 750)
+    for i in range(1, OUTPUT_WINDOW + 1):
+        assert g.outputs == {"big": 750}
+        g.handle(Ready(float(i), f"big-{i}", True, "big"), Finished(float(i), f"big-{i}", 300))
+    assert g.outputs == {"big": 300}
+    g.handle(Ready(9.0, "big-9", True, "big"), Finished(9.0, "big-9", 0))  # failed: no size
+    assert g.outputs == {"big": 300}
