@@ -766,7 +766,10 @@ class Worker(Actor):
                 executing = before if before == after else tuple(k for k in before if k in after)
         executed = tuple(ex.executing_for().items())
         stored = self.data.memory_bytes
-        self._feed(ws.MemorySampled(time.time(), used, tasks, executing, executed, stored, began))
+        spilling = self.spilling is not None and self.spilling.nbytes > 0
+        self._feed(
+            ws.MemorySampled(time.time(), used, tasks, executing, executed, stored, began, spilling)
+        )
 
     def _arm(self, at: float) -> None:
         """The core's timer: a :class:`_TimerFired` to self at wall time ``at``."""

@@ -170,6 +170,9 @@ class MemorySampled(Event):
     stored: int | None = None
     #: ``(key, RSS)`` of the process of each of ``tasks`` when its task began
     began: tuple[tuple[Key, int], ...] = ()
+    #: a spill that asked for bytes is under way: the value it writes stays in memory
+    #: until its file is complete, whatever the store holds (one dropped meanwhile too)
+    spilling: bool = False
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -1038,8 +1041,18 @@ class WorkerState:
             )
         elif ev.rss < cfg.at(cfg.throttle):
             self._over_terminate = False
-        # Idle: no task here and every output held on disk (on_disk is a subset of held).
-        idle = not running and not self.queued and len(self.on_disk) == len(self.held)
+        # Idle: no task here and every output held on disk (on_disk is a subset of held),
+        # no input coming from a peer (its bytes are in memory before the store holds
+        # them), and no spill writing a value: a value dropped while its file is written
+        # (its run released) is still in memory, and a floor measured then is that value
+        # (a chaos audit: an 800 MB output read as a floor of 0.85 GiB, marks moved up).
+        idle = (
+            not running
+            and not self.queued
+            and not self.fetching
+            and len(self.on_disk) == len(self.held)
+            and not ev.spilling
+        )
         cmds = self.governor.handle(
             mem.Sampled(ev.now, ev.rss, ev.tasks, idle, ev.stored, ev.began)
         )

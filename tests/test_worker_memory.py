@@ -489,3 +489,59 @@ async def test_a_spilled_output_dropped_is_deleted_unread(tmp_path: Path) -> Non
             "the spill file deleted",
             limit=LIMIT,
         )
+
+
+async def test_an_output_dropped_while_its_spill_file_is_written_is_not_taken_for_a_floor(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The chaos audit's D2: an 800 MB output was being spilled when its run was released;
+    # the drop left the worker holding nothing, so its samples read as idle, and the RSS
+    # the spill's thread still held (the value it writes) was measured as its floor:
+    # "memory that is not outputs ... 0.85 GiB; marks moved up", a warning to buy
+    # memory. A sample while a spill writes is not idle: no trim, no floor.
+    import actors.store as store_mod
+    import actors.worker as worker_mod
+
+    write = threading.Event()
+    real_write = store_mod._write_job
+
+    def held_write(job: Any) -> Any:
+        write.wait(LIMIT)
+        return real_write(job)
+
+    trims: list[int] = []
+
+    def trim() -> bool:
+        trims.append(rss[0])
+        return True
+
+    monkeypatch.setattr(store_mod, "_write_job", held_write)
+    monkeypatch.setattr(worker_mod, "trim_memory", trim)
+    rss = [100 * MB]
+    samples = [0]
+
+    def probe() -> int:
+        samples[0] += 1
+        return rss[0]
+
+    try:
+        with anyio.fail_after(LIMIT):
+            async with worker(tmp_path, rss) as (w, ref, sched):
+                w.probe = probe
+                ref.post(RunTasks((run("big-0", load, 8 * MB, producer=True),)))
+                await sched.until(lambda: "big-0" in sched.done)
+                rss[0] = 700 * MB  # past the spill fence (600 MB): the output is written
+                await wait_until(lambda: w.spilling is not None and w.spilling.nbytes > 0)
+                ref.post(DropKeys(("big-0",)))  # its run released while it is written
+                await wait_until(lambda: not w.data.memory_bytes and not w.state.held)
+                seen = samples[0]
+                await wait_until(lambda: samples[0] >= seen + 20)  # 20 samples of 10 ms
+                assert trims == [] and all(not r.floor for r in sched.reports)
+                write.set()  # the file is written; the value leaves memory with it
+                rss[0] = 80 * MB
+                await wait_until(lambda: w.spilling is None)
+                seen = samples[0]
+                await wait_until(lambda: samples[0] >= seen + 5)
+                assert all(not r.floor for r in sched.reports)
+    finally:
+        write.set()

@@ -962,3 +962,21 @@ def test_worker_state_machine() -> None:
             suppress_health_check=[HealthCheck.too_slow],
         ),
     )
+
+
+def test_no_floor_is_measured_while_a_spill_writes_or_an_input_comes() -> None:
+    """The chaos audit's D2: an output dropped while its spill file was written left
+    the worker holding nothing, and the RSS the write still held (the value) was taken
+    for its floor, a warning to buy memory and marks moved up; so were the bytes of an
+    input on its way from a peer. Such a sample is not idle: no trim, no floor."""
+    s = state()
+    feed(s, TasksAssigned(0.0, (task("x"),)))
+    finish(s, "x", nbytes=500)
+    feed(s, DropRequested(0.5, ("x",)))  # while a spill writes it
+    assert Trim() not in feed(s, MemorySampled(0.6, 650, spilling=True))
+    assert Trim() not in feed(s, MemorySampled(3.0, 650, spilling=True))
+    assert feed(s, MemorySampled(3.1, 650))[0] == Trim()  # written: idle again
+    s = state()
+    assert feed(s, TasksAssigned(0.0, (task("t", {"y": ("p1",)}),))) == [Fetch(1, "p1", ("y",))]
+    assert Trim() not in feed(s, MemorySampled(0.6, 650))  # y comes: not idle
+    assert Trim() not in feed(s, MemorySampled(3.0, 650))
