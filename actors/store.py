@@ -101,6 +101,18 @@ class _NoRoom(Exception):
     """Internal: the file being written would pass the store's ``disk_limit``."""
 
 
+class _Dropped(Exception):
+    """Internal: the value being written was deleted or replaced in the store (or the
+    store closed) meanwhile: the file is of nothing, and writing the rest of it would
+    keep the value in memory that long (a chaos audit: an 800 MB output dropped while a
+    30-40 s spill wrote it stayed in the worker's RSS until the write ended)."""
+
+
+#: a spill file is written this many bytes at a time at most, the value's place in the
+#: store checked between two (:class:`_Dropped`)
+WRITE_CHUNK = 8 * 2**20
+
+
 class _WriteFailed(Exception):
     """Internal: writing a spill file failed with ``error`` (an ``OSError``)."""
 
@@ -131,32 +143,44 @@ class _Sink:
     while pickling is told apart from one raised by the disk.
     """
 
-    __slots__ = ("budget", "file", "written")
+    __slots__ = ("budget", "file", "gone", "written")
 
-    def __init__(self, file: BinaryIO, budget: int | None) -> None:
+    def __init__(
+        self, file: BinaryIO, budget: int | None, gone: Callable[[], bool] | None = None
+    ) -> None:
         self.file = file
         self.budget = budget
+        self.gone = gone  #: whether the value was dropped meanwhile (:class:`_Dropped`)
         self.written = 0
 
     def write(self, data: Any) -> int:
-        n = memoryview(data).nbytes
+        view = memoryview(data).cast("B")
+        n = view.nbytes
         if self.budget is not None and self.written + n > self.budget:
             raise _NoRoom
         try:
-            self.file.write(data)
+            for at in range(0, n, WRITE_CHUNK):
+                if self.gone is not None and self.gone():
+                    raise _Dropped
+                self.file.write(view[at : at + WRITE_CHUNK])
         except OSError as exc:
             raise _WriteFailed(exc) from exc
+        finally:
+            view.release()
         self.written += n
         return n
 
 
-def _dump_into(file: BinaryIO, value: Any, budget: int | None) -> int:
+def _dump_into(
+    file: BinaryIO, value: Any, budget: int | None, gone: Callable[[], bool] | None = None
+) -> int:
     """Write ``value`` to ``file`` in the spill format; return the bytes written.
 
-    Raises :class:`Unpicklable`, :class:`_NoRoom` or :class:`_WriteFailed`; the file
+    Raises :class:`Unpicklable`, :class:`_NoRoom`, :class:`_WriteFailed` or (once
+    ``gone()`` says so, checked every ``WRITE_CHUNK`` bytes) :class:`_Dropped`; the file
     then holds garbage and the caller removes it.
     """
-    sink = _Sink(file, budget)
+    sink = _Sink(file, budget, gone)
     raws: list[memoryview] = []
 
     def keep(buf: pickle.PickleBuffer) -> None:
@@ -171,7 +195,7 @@ def _dump_into(file: BinaryIO, value: Any, budget: int | None) -> int:
         sink.write(bytes(_HEADER.size))
         try:
             pickler(sink, protocol=5, buffer_callback=keep).dump(value)
-        except (_NoRoom, _WriteFailed):
+        except (_NoRoom, _WriteFailed, _Dropped):
             raise
         except Exception as exc:
             if first_error is None:
@@ -449,7 +473,7 @@ class _Job:
     store's thread, :func:`_write_job` writes it on any thread, and
     :meth:`SpillStore._finish` takes it back on the store's thread."""
 
-    __slots__ = ("budget", "directory", "done", "final", "generation", "key", "value")
+    __slots__ = ("budget", "directory", "done", "final", "generation", "gone", "key", "value")
 
     def __init__(
         self,
@@ -459,9 +483,13 @@ class _Job:
         seq: int,
         budget: int | None,
         generation: int,
+        gone: Callable[[], bool] | None = None,
     ) -> None:
         self.key = key
         self.value = value
+        #: whether the value was deleted or replaced in its store meanwhile (read on the
+        #: writing thread: a stale answer costs one more WRITE_CHUNK)
+        self.gone = gone
         self.directory = directory  #: the sandbox, or why it could not be made
         name = f"{seq:08d}.spill"
         self.final = "" if isinstance(directory, OSError) else os.path.join(directory, name)
@@ -473,19 +501,20 @@ class _Job:
 def _write_job(job: _Job) -> int | BaseException:
     """Write ``job``'s value to a temporary file and rename it into place; return its
     bytes, or what went wrong (:class:`Unpicklable`, :class:`_NoRoom`,
-    :class:`_WriteFailed`, an ``OSError``), the partial file removed. Touches nothing
-    but the file: safe on a thread other than the store's."""
+    :class:`_WriteFailed`, :class:`_Dropped`, an ``OSError``), the partial file removed.
+    Touches nothing but the file, and reads (``job.gone``) whether the value is still
+    its key's: safe on a thread other than the store's."""
     if isinstance(job.directory, OSError):
         return job.directory
     tmp: str | None = job.final[: -len(".spill")] + ".tmp"
     try:
         assert tmp is not None
         with open(tmp, "w+b") as file:
-            file_bytes = _dump_into(file, job.value, job.budget)
+            file_bytes = _dump_into(file, job.value, job.budget, job.gone)
         os.replace(tmp, job.final)
         tmp = None
         return file_bytes
-    except (Unpicklable, _NoRoom, _WriteFailed, OSError) as exc:
+    except (Unpicklable, _NoRoom, _WriteFailed, _Dropped, OSError) as exc:
         return exc
     finally:
         if tmp is not None:
@@ -895,7 +924,12 @@ class SpillStore(MutableMapping[Key, Any]):
         except OSError as exc:
             directory = exc
         self._seq += 1
-        return _Job(key, self._memory[key], directory, self._seq, budget, self._generation)
+        value, generation, memory = self._memory[key], self._generation, self._memory
+
+        def gone() -> bool:
+            return memory.get(key) is not value or self._generation != generation
+
+        return _Job(key, value, directory, self._seq, budget, generation, gone)
 
     def _finish(self, job: _Job, outcome: int | BaseException) -> int | None:
         """Account for the file :func:`_write_job` wrote (``outcome``: its bytes) or
@@ -908,6 +942,8 @@ class SpillStore(MutableMapping[Key, Any]):
                     os.unlink(job.final)
             return 0
         if isinstance(outcome, BaseException):
+            if isinstance(outcome, _Dropped):
+                return 0  # its partial file went: the value leaves memory with the job
             if isinstance(outcome, Unpicklable):
                 if self._memory.get(key) is job.value:
                     self._unpicklable[key] = outcome.reason

@@ -669,3 +669,51 @@ async def test_a_spill_file_is_deleted_off_the_event_loop(tmp_path: Path) -> Non
                 assert store.discard("a") and store.disk_bytes == 0
                 await wait_until(lambda: not path.exists(), "the spill file deleted")
             assert unlinked and loop_thread not in unlinked
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("change", ["delete", "replace", "close"])
+async def test_a_spill_stops_writing_a_value_deleted_meanwhile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change: str
+) -> None:
+    """A chaos audit's 800 MB output, dropped while a 30-40 s spill wrote it, stayed in
+    the worker's memory until the whole file was written (and was taken for the
+    worker's floor). The write stops at the next WRITE_CHUNK once the value is no
+    longer its key's, and the value leaves memory with it."""
+    import actors.store as store_mod
+
+    written: list[int] = []
+
+    class Counting:
+        def __init__(self, file: Any) -> None:
+            self.file = file
+
+        def write(self, data: Any) -> int:
+            written.append(memoryview(data).nbytes)
+            return int(self.file.write(data))
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.file, name)
+
+    class CountingSink(store_mod._Sink):
+        def __init__(self, file: Any, *args: Any) -> None:
+            super().__init__(Counting(file), *args)
+
+    monkeypatch.setattr(store_mod, "_Sink", CountingSink)
+    monkeypatch.setattr(store_mod, "WRITE_CHUNK", 1000, raising=False)
+    store = SpillStore(tmp_path)
+    value = Gated(b"x" * 100_000)
+    store.put("a", value, 100_000)
+
+    def meanwhile() -> None:
+        if change == "delete":
+            del store["a"]
+        elif change == "replace":
+            store.put("a", b"new", 3)
+        else:
+            store.close()
+
+    assert await spill_gated(store, value, meanwhile) == []
+    assert sum(written) < 100_000  # the rest was not written
+    assert [p for p in files(store) if p.suffix in (".spill", ".tmp")] == []
+    store.close()
