@@ -599,6 +599,16 @@ async def test_a_value_spilled_off_the_loop_is_served_from_memory_until_its_file
     store.close()
 
 
+def change_key_a(store: SpillStore, change: str) -> None:
+    """Delete ``"a"``, replace its value, or close ``store`` (``change``)."""
+    if change == "delete":
+        del store["a"]
+    elif change == "replace":
+        store.put("a", b"new", 3)
+    else:
+        store.close()
+
+
 @pytest.mark.anyio
 @pytest.mark.parametrize("change", ["delete", "replace", "close"])
 async def test_a_value_deleted_or_replaced_while_spilled_off_the_loop_leaves_no_file(
@@ -608,15 +618,7 @@ async def test_a_value_deleted_or_replaced_while_spilled_off_the_loop_leaves_no_
     value = Gated(b"x" * 1000)
     store.put("a", value, 1000)
 
-    def meanwhile() -> None:
-        if change == "delete":
-            del store["a"]
-        elif change == "replace":
-            store.put("a", b"new", 3)
-        else:
-            store.close()
-
-    assert await spill_gated(store, value, meanwhile) == []
+    assert await spill_gated(store, value, lambda: change_key_a(store, change)) == []
     assert store.n_spilled == 0 and store.disk_bytes == 0 and store.spilled_total == 0
     assert [p for p in files(store) if p.suffix == ".spill"] == []
     if change == "replace":
@@ -705,15 +707,7 @@ async def test_a_spill_stops_writing_a_value_deleted_meanwhile(
     value = Gated(b"x" * 100_000)
     store.put("a", value, 100_000)
 
-    def meanwhile() -> None:
-        if change == "delete":
-            del store["a"]
-        elif change == "replace":
-            store.put("a", b"new", 3)
-        else:
-            store.close()
-
-    assert await spill_gated(store, value, meanwhile) == []
+    assert await spill_gated(store, value, lambda: change_key_a(store, change)) == []
     assert sum(written) < 100_000  # the rest was not written
     assert [p for p in files(store) if p.suffix in (".spill", ".tmp")] == []
     store.close()
