@@ -895,8 +895,9 @@ class SpillStore(MutableMapping[Key, Any]):
         thread (``limiter``: at most that many at once), so the event loop goes on
         meanwhile (heartbeats, fetches). Each value stays in memory, readable and
         served as it is, until its file is complete and in place; a value deleted or
-        replaced while its file was written is left as it is now and that file removed.
-        The caller runs one of these at a time."""
+        replaced while its file is written is left as it is now, its write stopped at
+        the next ``WRITE_CHUNK`` (:class:`_Dropped`) and that file removed. The caller
+        runs one of these at a time."""
         moved: list[Key] = []
         total = 0
         for key in self._order(nbytes, keep, last):
