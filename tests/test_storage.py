@@ -259,7 +259,7 @@ def test_a_database_of_version_1_is_refused_saying_what_it_lacks(tmp_path: Path)
         open_db(old)
     with pytest.raises(MonitoringDBError, match="give --monitoring another path"):
         MonitorWriter(old)
-    assert SCHEMA_VERSION == 8
+    assert SCHEMA_VERSION == 9
 
 
 # ----------------------------------------------------------------------------- processes
