@@ -1178,6 +1178,15 @@ class WebSocketConnection(Connection):
         if end > total:
             self._asm = None
             return self._bad(f"chunks longer than the announced total of {total} bytes")
+        if end < total and len(piece) < _MIN_CHUNK_SIZE:
+            # Each chunk kept costs some hundred bytes besides its data: tiny ones would
+            # make a connection hold many times what its peer sent. A sender's chunks
+            # are its chunk_size (at least this) but the last.
+            self._asm = None
+            return self._bad(
+                f"a chunk of {len(piece)} bytes before the last of its message: chunks are "
+                f"at least {_MIN_CHUNK_SIZE} bytes (the least chunk_size) but the last"
+            )
         asm.append(piece)
         self.chunks_received += 1
         if end < total:
