@@ -571,6 +571,10 @@ class SchedulerState(DiskPlacement):
         self._stays: Any = None
         self._holder: Any = None
         self._locality_hooks()
+        #: the kinds whose policy is timed (:meth:`_ask`): a user's, not a built-in one
+        #: (Corral's own answer in microseconds: a slow turn of one is the machine's,
+        #: a garbage collection or a paused process, which must not replace it)
+        self._timed = {k for k, p in self.policies.items() if not _builtin(p)}
         self._min_cost = 0.0  #: the replication policy's ``min_cost`` (0: ask always)
         self._replication_floor()
         self.classes: dict[str, bool] = {}  #: category -> is a memory producer
@@ -787,6 +791,8 @@ class SchedulerState(DiskPlacement):
         instead when that kind's calls took more than ``policy_budget`` seconds in this
         turn (the caller's fallback answers). A call is never cut short: the budget
         bounds the calls after it."""
+        if kind not in self._timed:
+            return method(*args)
         turn = self._turn.get(kind)
         if turn is None:
             turn = self._turn[kind] = [0.0, 0, 0]
@@ -1177,7 +1183,7 @@ class SchedulerState(DiskPlacement):
                 dep.dependents.add(ts)
         self._take_turns(new, ev.echo_to, ev.continued)
         if continues:
-            _continue_generations(new, gen)
+            _continue_generations(new, gen, self.turn_floor)
         # Count the wants first, so nothing a client asks for is forgotten while the new
         # tasks settle (a task on an erred input fails at once).
         wanted = [self.tasks[key] for key in ev.wanted]
@@ -2140,6 +2146,10 @@ class SchedulerState(DiskPlacement):
         if ev.kind not in self.policies:
             raise KeyError(f"unknown policy kind {ev.kind!r}")
         self.policies[ev.kind] = ev.policy
+        if _builtin(ev.policy):
+            self._timed.discard(ev.kind)
+        else:
+            self._timed.add(ev.kind)
         self.problems.afresh(ev.kind)  # a new policy's errors are told afresh
         who = f" by {client_name(ev.by)}" if ev.by else ""
         self._log("-", "policy", f"{ev.kind}:{getattr(ev.policy, 'name', ev.policy)}{who}")
@@ -4242,7 +4252,11 @@ class SchedulerState(DiskPlacement):
         ts.worker = ws.id  # first: the transition's monitoring record names it
         self._set(ts, "processing")
         ts.sent = self._now
-        self.turn_floor = ts.turn
+        if ts.turn > self.turn_floor and not ts.spec.priority:
+            # only forward, and by tasks sent in their turn: a retry or a take-back of
+            # an old task moved it back, a task sent first for its priority= forward
+            # (a review: a client coming next then queued behind another's whole work)
+            self.turn_floor = ts.turn
         ts.started = None  # until the worker says it executes
         ts.rss_began = ws.rss
         ts.copy_said = ""
@@ -5073,7 +5087,12 @@ def _largest_per_pool(
     return largest
 
 
-def _continue_generations(new: list[TaskState], gen: int) -> None:
+def _builtin(policy: object) -> bool:
+    """``policy`` is one of Corral's own (a class of the ``policies`` package)."""
+    return type(policy).__module__.split(".")[0] == "policies"
+
+
+def _continue_generations(new: list[TaskState], gen: int, floor: int = 0) -> None:
     """A task of submission ``gen`` that reads outputs of earlier submissions continues
     their work: its generation (the priority policies' FIFO between submissions)
     becomes the latest of its inputs', when that is earlier than ``gen``; in dependency
@@ -5082,16 +5101,24 @@ def _continue_generations(new: list[TaskState], gen: int) -> None:
     ahead of the producers submitted after them, not behind every one of them
     (docs/policies.md#priority). A task whose inputs are all of ``gen`` keeps it: one
     graph's order is untouched. (No field of its own: a slot more on every task moved
-    one-graph runs' set orders, tests/test_disk_stall.py's end-to-end stall among them.)"""
+    one-graph runs' set orders, tests/test_disk_stall.py's end-to-end stall among them.)
+    Its client's turn (``fair``) moves up to that of its latest input of the same
+    client too, but never behind ``floor``, the turn being served, plus its graph order:
+    a turn long served would put the new work ahead of every other client's queue (a
+    review: a client mapping over its finished futures ran all 3000 new tasks before
+    another client's 10)."""
     for ts in _topological(new):
         if ts.deps:
             latest = max(d.generation for d in ts.deps)
             if latest < gen:
                 ts.generation = latest
-                # and its client's turn: that of its latest input of the same client
+                # and its client's turn: that of its latest input of the same client,
+                # never behind the turn being served (its graph order on from it)
                 own = [d.turn for d in ts.deps if d.client == ts.client]
-                if own and max(own) < ts.turn:
-                    ts.turn = max(own)
+                if own:
+                    turn = max(max(own), floor + ts.spec.order)
+                    if turn < ts.turn:
+                        ts.turn = turn
 
 
 def _topological(tasks: Iterable[TaskState]) -> list[TaskState]:

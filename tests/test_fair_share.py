@@ -129,8 +129,9 @@ def test_a_task_continuing_its_clients_earlier_work_takes_that_turn(make_state: 
     submit_as(s, BIG, [f"other-{i}" for i in range(5)])
     specs = specs_for(s, {"use-0": ["load-0"]}, ["use-0"])
     run(s, event(GraphSubmitted, specs=specs, wanted=("use-0",), echo_to=BIG))
-    assert s.tasks["use-0"].turn == s.tasks["load-0"].turn < s.tasks["other-0"].turn
-    assert TaskStateView(s.tasks["use-0"]).turn == s.tasks["load-0"].turn
+    # ahead of the client's work queued after its input, not behind the turn served
+    assert s.tasks["use-0"].turn == s.turn_floor < s.tasks["other-1"].turn
+    assert TaskStateView(s.tasks["use-0"]).turn == s.turn_floor
     # another client's task reading it keeps its own turn
     specs = specs_for(s, {"peek-0": ["load-0"]}, ["peek-0"])
     run(s, event(GraphSubmitted, specs=specs, wanted=("peek-0",), echo_to=SMALL))
@@ -179,3 +180,28 @@ def _text(renderable: Any) -> str:
     out = io.StringIO()
     Console(file=out, width=200, color_system=None).print(renderable)
     return out.getvalue()
+
+
+def test_work_continuing_long_served_outputs_takes_new_turns(make_state: Factory) -> None:
+    """A review's scenario: a client that maps over its finished outputs (their turns
+    long served) kept their turns, so all its new tasks ran before another client's
+    few. The new tasks take turns from the one being served, as new work does."""
+    s = make_state(priority="fair", unknown_long=False, saturation=1.0)
+    join(s, "w1", cores=1)
+    served(s, submit_as(s, BIG, [f"load-{i}" for i in range(8)]))
+    uses = [f"use-{i}" for i in range(8)]
+    specs = specs_for(s, {u: [f"load-{i}"] for i, u in enumerate(uses)}, uses)
+    sent = assigned(run(s, event(GraphSubmitted, specs=specs, wanted=tuple(uses), echo_to=BIG)))
+    order = list(sent["w1"])  # (with its partner: two at once)
+    cmds = finish(s, "w1", order[0])  # the client's new work is under way...
+    cmds += submit_as(s, SMALL, [f"small-{i}" for i in range(3)])  # ...when another's comes
+    order += assigned(cmds).get("w1", [])
+    done = 1
+    while done < len(order):
+        order += assigned(finish(s, "w1", order[done])).get("w1", [])
+        done += 1
+    kinds = [k.split("-")[0] for k in order]
+    assert sorted(order) == sorted(uses + [f"small-{i}" for i in range(3)])
+    # Before, every use-i kept load-i's long-served turn: all 8 ran first.
+    assert kinds.index("small") <= 3 and kinds[-1] == "use", order
+    assert all(s.tasks[u].turn >= 7 for u in uses if u in s.tasks)

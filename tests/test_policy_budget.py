@@ -170,3 +170,39 @@ def test_a_single_call_that_blocks_for_seconds_replaces_the_policy_at_once(
         "by the default priority policy 'graph'"
     )
     assert s.policies["priority"].name == "graph"
+
+
+class PausedGraph(GraphPriority):
+    """Corral's own ``graph`` priority, each call of it caught by a pause of the
+    machine (a garbage collection, SIGSTOP, a starved CPU: 2 s on the fake timer)."""
+
+    def __init__(self, timer: FakeTimer) -> None:
+        super().__init__()
+        self.timer, self.calls = timer, 0
+
+    def priority(self, task: Any, stats: Any) -> tuple[float, ...]:
+        self.calls += 1
+        self.timer.now += 2.0
+        return super().priority(task, stats)
+
+
+def test_a_built_in_policy_is_not_timed_so_a_pause_does_not_replace_it(
+    make_state: Factory,
+) -> None:
+    """A review: a pause of the manager during a built-in policy's call counted as the
+    policy's (one of 5 s replaced it by the default, the default by itself, with an
+    ERROR and every queued task ranked again). Corral's own policies are not timed."""
+    timer = FakeTimer()
+    paused = PausedGraph(timer)
+    assert PausedGraph.__module__ != "policies.priority"  # a test class: timed...
+    PausedGraph.__module__ = "policies.priority"  # ...unless it is one of Corral's
+    try:
+        s = make_state(timer=timer)
+        keys = [f"t-{i}" for i in range(10)]
+        submit(s, dict.fromkeys(keys, ()), keys)
+        cmds = run(s, event(PolicyChanged, kind="priority", policy=paused))
+        assert paused.calls == 10  # every call asked: no fallback
+        assert failed(cmds) == [] and s.policies["priority"] is paused
+        assert s.policy_errors == 0
+    finally:
+        PausedGraph.__module__ = __name__
