@@ -191,6 +191,13 @@ class SchedulerConfig:
             raise ValueError(
                 f"unreachable_for must be seconds >= 0 (inf: never), got {self.unreachable_for!r}"
             )
+        for name in ("policy_budget", "policy_slow_window", "policy_too_slow"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+                raise ValueError(f"{name} must be seconds > 0 (inf: never), got {value!r}")
+        turns = self.policy_slow_turns
+        if isinstance(turns, bool) or not isinstance(turns, int) or turns < 1:
+            raise ValueError(f"policy_slow_turns must be a whole number >= 1, got {turns!r}")
 
 
 @dataclasses.dataclass(slots=True, eq=False)

@@ -206,3 +206,20 @@ def test_a_built_in_policy_is_not_timed_so_a_pause_does_not_replace_it(
         assert s.policy_errors == 0
     finally:
         PausedGraph.__module__ = __name__
+
+
+def test_the_budget_settings_are_checked() -> None:
+    """A review: a NaN budget made every turn a slow one (replaced after 3), 0 replaced
+    on the first call; nothing refused either."""
+    import math
+
+    import pytest
+
+    from actors.scheduler_records import SchedulerConfig
+
+    for field, bad in [("policy_budget", math.nan), ("policy_budget", 0), ("policy_too_slow", -1),
+                       ("policy_slow_window", "5"), ("policy_slow_turns", 0),
+                       ("policy_slow_turns", 2.5), ("policy_budget", True)]:  # fmt: skip
+        with pytest.raises(ValueError, match=field):
+            SchedulerConfig(**{field: bad})
+    SchedulerConfig(policy_budget=math.inf, policy_slow_turns=1)  # inf: never over budget
