@@ -119,6 +119,9 @@ __all__ = ["Executor", "Worker", "WorkerStatus", "disk_free", "host_cpus", "rss"
 #: the most of its file system's free space a worker leaves unused when it measures
 #: its disk (no ``--disk``): a tenth of the free space, at most this
 DISK_MARGIN = 2**30
+#: less than this left over the margin (no ``--disk``): the worker says at start that
+#: its output directory has no room (DISK_FULL_AT_START)
+NO_ROOM = 2**20
 #: what comes of a try whose output did not fit on this worker's disk (it ends
 #: ``disk-full``): the worker logs it at info, since the scheduler handles it. The
 #: default retry policy retries it for free where it fits (docs/files.md#disks); a
@@ -352,7 +355,7 @@ class Worker(Actor):
         self.disk_margin = min(DISK_MARGIN, free // 10)
         self.disk = 0 if disk is None else disk or max(1, free - self.disk_margin)
         #: its file system had no room at start (no ``--disk``): said once at start
-        self.disk_full_at_start = disk == 0 and free - self.disk_margin <= 0
+        self.disk_full_at_start = disk == 0 and free - self.disk_margin < NO_ROOM
         #: no ``--disk`` given: the scheduler shares its file system's free space among
         #: the workers on it that took this default (their budgets are the share)
         self.disk_auto = disk == 0

@@ -759,10 +759,13 @@ async def test_a_worker_started_on_a_full_file_system_says_so(
     with anyio.fail_after(BOUND):
         roomy = await start(small_fs / "spill")
         assert roomy.disk > MiB and said() == []
-        (small_fs / "hog").write_bytes(b"\0" * free_bytes(small_fs))  # fills it
+        (small_fs / "hog").write_bytes(b"\0" * (free_bytes(small_fs) - 512 * 1024))
+        nearly = await start(small_fs / "spill")  # half a MiB left: no room either
+        assert 0 < nearly.disk < MiB and len(said()) == 1
+        (small_fs / "hog2").write_bytes(b"\0" * free_bytes(small_fs))  # fills it
         full = await start(small_fs / "spill")
     assert full.disk == 1  # counted (so nothing is placed there), none free
-    (line,) = said()
-    assert str(small_fs / "spill") in line and "--spill-dir" in line, line
+    line = said()[-1]
+    assert len(said()) == 2 and str(small_fs / "spill") in line and "--spill-dir" in line, line
     text = status_text(jsonable(StatusReply(workers=(full,)).to_dict()))
     assert "0 B (none at start)" in text and "of 1 B" not in text
