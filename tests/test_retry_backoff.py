@@ -31,6 +31,7 @@ from actors.scheduler_events import (
     KeyCancelled,
     KeyErred,
     KeysReleased,
+    PolicyFailed,
     TasksFinished,
     Tick,
     WorkerJoined,
@@ -230,7 +231,9 @@ def test_a_delay_that_is_not_seconds_is_a_policy_error_and_the_retry_goes_at_onc
     s = backoff_state(make_state)
     s.policies["retry"] = Asks(delay)
     cmds = fails(s, 10.0)
-    assert [type(c) for c in cmds] == [Execute]
+    # the retry goes at once, and the policy error is told (logged once by the shell)
+    assert [type(c) for c in cmds] == [PolicyFailed, Execute]
+    assert (cmds[0].kind, cmds[0].errors) == ("retry", 1)
     assert s.policy_errors == 1 and s.retry_held == []
     (err,) = [e[2] for e in s.story("a") if e[1] == "policy-error"]
     assert f"retry asked a delay of {delay!r}" in err
