@@ -288,12 +288,12 @@ def _no_workers_news(
     one)."""
     now = time.time()
     pending = set()
-    fresh = {id(a) for a in _no_workers_new(alerts, said)}
     for alert in alerts:
         if alert.name != "CorralNoWorkers" or alert.state != "pending":
             continue
-        pending.add((tuple(sorted(alert.labels.items())), alert.active_since))
-        if id(alert) not in fresh:
+        key = (tuple(sorted(alert.labels.items())), alert.active_since)
+        pending.add(key)
+        if key in said:
             continue
         since = 0.0 if alert.active_since is None else max(0.0, now - alert.active_since)
         pool = alert.labels.get("pool", "*")
