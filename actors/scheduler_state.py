@@ -4077,7 +4077,7 @@ class SchedulerState(DiskPlacement):
         """A policy error of a hook: ``problem`` begins with ``kind.hook``; ``exc``: what
         it raised (two raises of one type are the same problem, for the log)."""
         hook = problem.split(" ", 1)[0].rstrip(":")
-        same = f"{hook} raised {type(exc).__name__}" if exc is not None else hook
+        same = _raised(hook, exc) if exc is not None else hook
         self._policy_error(hook.split(".", 1)[0], key, problem, same)
 
     def _ask_yes(self, key: Key, name: str, hook: Callable[..., Any], *args: Any) -> bool:
