@@ -1063,6 +1063,22 @@ DEFAULT_RULES: list[dict[str, Any]] = [
             "their disks and what waits; the console's status shows the stall.",
         },
     },
+    {
+        "name": "CorralPlacementStalled",
+        "expr": "corral_placement_stalled > 0",
+        "for": "1m",
+        "labels": {"team": "corral", "priority": "P3"},
+        "annotations": {
+            "summary": "Ready tasks of pool {{ $labels.pool }} go to no idle worker",
+            "description": "Pool {{ $labels.pool }} has had ready tasks and an idle worker "
+            "and placed or finished nothing for a minute past the scheduler's "
+            "stall_timeout. The manager's log and the console's status say why each idle "
+            "worker takes nothing (paused, draining, throttled, full, resources, refused) "
+            "and what to do: for resources, start workers with the cores and memory the "
+            "tasks ask for or lower their resources=; for throttled, more memory per "
+            "worker; for refused, read the first ready task's story.",
+        },
+    },
 ]
 
 

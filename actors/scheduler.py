@@ -53,6 +53,8 @@ from actors.scheduler_events import (
     KeysReleased,
     KeysReused,
     KeyTaken,
+    PlacementStallBegan,
+    PlacementStallEnded,
     PolicyChanged,
     PolicyFailed,
     PolicyNoted,
@@ -86,6 +88,7 @@ from actors.scheduler_records import (
     disk_stall_parts,
     lost_worker_text,
     not_run_text,
+    placement_stall_parts,
 )
 from actors.scheduler_state import SchedulerState
 from actors.shared_disk import disk_claim, disk_key, disk_shared_text, shared_disk_text
@@ -366,18 +369,13 @@ class Scheduler(Actor):
                 self.start_soon(self._copy_checkpoint, cmd)
             elif type(cmd) is DropCheckpoints:
                 self._to_worker(cmd.worker, DropCheckpointsMsg(cmd.items))
-            elif type(cmd) is DiskStallBegan:
-                pool = "any" if cmd.stall.pool == "*" else cmd.stall.pool
-                self.log.warning(
-                    f"disk stall in pool {pool}: its workers ran nothing for "
-                    f"{self.state.config.stall_timeout:g} s while tasks wait for disk",
-                    pool=cmd.stall.pool, **disk_stall_parts(cmd.stall),
-                )  # fmt: skip
-            elif type(cmd) is DiskStallEnded:
-                pool = "any" if cmd.stall.pool == "*" else cmd.stall.pool
+            elif isinstance(cmd, DiskStallBegan | PlacementStallBegan):
+                self._stall_began(cmd)
+            elif isinstance(cmd, DiskStallEnded | PlacementStallEnded):
+                kind = "disk" if type(cmd) is DiskStallEnded else "placement"
                 self.log.info(
-                    f"disk stall in pool {pool} ended", pool=cmd.stall.pool,
-                    seconds=round(cmd.lasted, 1),
+                    f"{kind} stall in pool {_pool_name(cmd.stall.pool)} ended",
+                    pool=cmd.stall.pool, seconds=round(cmd.lasted, 1),
                 )  # fmt: skip
             elif isinstance(cmd, HostOvercommitted | HostOvercommitCleared):
                 self._overcommit(cmd, disk=False)
@@ -397,6 +395,21 @@ class Scheduler(Actor):
                 raise TypeError(f"scheduler has no shell for {type(cmd).__name__}")
         if updates:
             self._manager().post(KeyUpdates(tuple(updates)))
+
+    def _stall_began(self, cmd: DiskStallBegan | PlacementStallBegan) -> None:
+        """A watchdog's stall, at WARNING: what it is, and its parts as fields (what
+        to do among them)."""
+        stall, pool = cmd.stall, _pool_name(cmd.stall.pool)
+        waited = f"{self.state.config.stall_timeout:g} s"
+        if isinstance(cmd, DiskStallBegan):
+            what = f"disk stall in pool {pool}: its workers ran nothing for {waited} while "
+            what += "tasks wait for disk"
+            parts = disk_stall_parts(cmd.stall)
+        else:
+            what = f"placement stall in pool {pool}: {cmd.stall.queued} ready tasks and an "
+            what += f"idle worker, and nothing placed or finished for {waited}"
+            parts = placement_stall_parts(cmd.stall)
+        self.log.warning(what, pool=stall.pool, **parts)
 
     def _to_worker(self, worker: str, msg: Any) -> None:
         """Send to a worker. One that is gone already becomes a lost worker (by a message
@@ -856,8 +869,9 @@ class Scheduler(Actor):
         """The scheduler's fields of a ``StatusReply``, by name (typed values)."""
         st = self.state  # counters kept by the core: no scan of the tasks
         stalls = st.disk_stalls.values()
+        placement = st.placement_stalls.values()
         # (a bare core in tests has no clock)
-        now = self.clock.now() if stalls or st.throttled else 0.0
+        now = self.clock.now() if stalls or placement or st.throttled else 0.0
         return {
             "workers": tuple(self.infos.values()),
             "processing": {w: len(ws.processing) for w, ws in st.workers.items()},
@@ -900,6 +914,10 @@ class Scheduler(Actor):
             "disk_full_failed": st.disk_full_failed,
             "disk_stalls_total": dict(st.disk_stall_count),
             "disk_dropped": st.disk_dropped,
+            "placement_stalls": tuple(
+                dataclasses.replace(p, stalled_for=now - p.since) for p in placement
+            ),
+            "placement_stalls_total": dict(st.placement_stall_count),
             "warnings": tuple(self.host_warnings[h] for h in sorted(self.host_warnings)),
         }
 
@@ -1316,3 +1334,8 @@ def _stats(s: Any) -> dict[str, Any]:
         "max_nbytes": s.max_nbytes,
         "disk_full": s.disk_full,
     }
+
+
+def _pool_name(pool: str) -> str:
+    """A pool for people: ``"*"`` (the tasks any pool may run) is ``any``."""
+    return "any" if pool == "*" else pool

@@ -8,7 +8,9 @@ expected output (``SEEN_OUTPUT`` ... ``FIRM_OUTPUTS``, named in its errors).
 rest of the core) inherits it: ``_candidates`` and ``_fill`` ask it where a task's disk
 fits, ``_watch`` runs its watchdog, and it places, fails and recomputes tasks through
 the core's own methods. Those, and the core's attributes it reads, are declared (not
-defined) in one block of the class; this module imports nothing of
+defined) in one block of the class, and in :class:`~actors.scheduler_stall.CorePart`,
+which it shares with the placement watchdog (``actors/scheduler_stall.py``, which leaves
+a pool whose ready tasks wait for disk to this watchdog); this module imports nothing of
 ``actors/scheduler_state.py`` (no two modules import each other: tests/test_layers.py).
 Pure like the rest of the core: no anyio, no sockets, no clock, no threads.
 
@@ -59,16 +61,16 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
-from actors.scheduler_events import Command, DiskStallBegan, DiskStallEnded, DropData
+from actors.scheduler_events import DiskStallBegan, DiskStallEnded, DropData
 from actors.scheduler_records import (
     ACTIVE,
     NO_LIMIT,
     ErrorRecord,
-    SchedulerConfig,
     TaskState,
     WorkerState,
     error_record,
 )
+from actors.scheduler_stall import CorePart
 from policies import CategoryStats
 from runtime.errors import TaskTooBigForDisk
 from runtime.graph import Key
@@ -100,28 +102,21 @@ GUESSED_OUTPUT = "a guess: no task of its category has finished yet"
 FIRM_OUTPUTS = frozenset({DECLARED_OUTPUT, MEASURED_OUTPUT, MEASURED_AT_LEAST})
 
 
-class DiskPlacement:
+class DiskPlacement(CorePart):
     """Disk-aware placement, the disk watchdog and its stall breaker (the module
     docstring): the scheduler core's disk part, a mixin of
     :class:`~actors.scheduler_state.SchedulerState`."""
 
     if TYPE_CHECKING:
-        # What the core (SchedulerState) provides and the disk part uses: its state...
-        config: SchedulerConfig
-        workers: dict[str, WorkerState]
-        free: dict[str, WorkerState]
-        queues: dict[tuple[str | None, bool], list[tuple[Any, ...]]]
+        # What else of the core (SchedulerState, ``CorePart``) the disk part uses: its
+        # state...
         stats: dict[str, CategoryStats]
         replicas: dict[TaskState, set[str]]
         copy_failed: dict[TaskState, set[str]]
         _depth: int
-        _out: list[Command]
         _files: dict[Key, TaskState]
-        _stimulus: str
-        _now: float
 
         # ... and its methods.
-        def _log(self, key: Any, start: str, finish: str) -> None: ...
         def _fill(self) -> None: ...
         def _candidates(self, ts: TaskState) -> list[WorkerState]: ...
         def _assign(self, ts: TaskState, ws: WorkerState) -> None: ...
@@ -464,11 +459,7 @@ class DiskPlacement:
             p for p in self.disk_override if any(h for q, h in self.queues.items() if q[0] == p)
         }
         for pool in self.disk_parked - self.disk_override:
-            if any(
-                ws.processing
-                for ws in self.workers.values()
-                if not ws.draining and (pool is None or ws.pool == pool)
-            ):
+            if self._pool_runs(pool):
                 self.disk_stalled_since.pop(pool, None)  # a task runs: it may free disk
                 continue
             since = self.disk_stalled_since.get(pool)
@@ -501,11 +492,7 @@ class DiskPlacement:
 
     def _pool_runs(self, pool: str | None) -> bool:
         """Some worker of ``pool`` (not draining) runs a task."""
-        return any(
-            ws.processing
-            for ws in self.workers.values()
-            if not ws.draining and (pool is None or ws.pool == pool)
-        )
+        return any(ws.processing for ws in self._pool_workers(pool))
 
     def _break_disk_stall(self, pool: str | None) -> bool:
         """Every worker of ``pool`` is stuck on disk and nothing can run: drop stored
@@ -658,10 +645,7 @@ class DiskPlacement:
     def _disk_stall_began(self, pool: str | None) -> None:
         """The watchdog found ``pool`` stalled for disk: keep its account (its workers,
         what fills their disks, what waits) and tell the shell, once per stall."""
-        workers = [
-            ws for ws in self.workers.values()
-            if not ws.draining and (pool is None or ws.pool == pool)
-        ]  # fmt: skip
+        workers = self._pool_workers(pool)
         ready = {  # (a heap may hold a stale entry of a task queued again)
             entry[3]
             for (p, _), heap in self.queues.items()

@@ -11,7 +11,7 @@ from typing import Any
 
 from actors.protocol import FileFact, TaskResult, ToRun
 from runtime.graph import Key, TaskSpec
-from runtime.messages import DiskStallInfo
+from runtime.messages import DiskStallInfo, PlacementStallInfo
 
 __all__ = [
     "REUSED_NAMED",
@@ -41,6 +41,8 @@ __all__ = [
     "KeyTaken",
     "KeysReleased",
     "KeysReused",
+    "PlacementStallBegan",
+    "PlacementStallEnded",
     "PolicyChanged",
     "PolicyFailed",
     "PolicyNoted",
@@ -628,4 +630,22 @@ class DiskStallEnded(Command):
     disk again, or none waits for one."""
 
     stall: DiskStallInfo
+    lasted: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PlacementStallBegan(Command):
+    """The placement watchdog found a pool stalled (``stall``: which, its ready tasks,
+    and why each idle worker of it takes nothing): for the log, once per stall."""
+
+    stall: PlacementStallInfo
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PlacementStallEnded(Command):
+    """A pool's placement stall ended ``lasted`` seconds after its last progress
+    (``stall.since``): a task of the pool was placed or finished, none is ready any
+    more, or its ready tasks wait for disk (the disk watchdog's case)."""
+
+    stall: PlacementStallInfo
     lasted: float

@@ -25,7 +25,7 @@ from runtime.errors import (
     error_name,
 )
 from runtime.graph import Key, TaskSpec
-from runtime.messages import DiskStallInfo, TryRecord
+from runtime.messages import DiskStallInfo, PlacementStallInfo, TryRecord
 
 __all__ = [
     "ACTIVE",
@@ -102,8 +102,12 @@ class SchedulerConfig:
     feed_length: int = 1_000_000
     #: keep the monitoring feed from the start (else from its first read)
     monitor: bool = False
-    #: seconds every worker may stay throttled with nothing but producers to run and
-    #: nothing finishing, before the run fails with MemoryStalled
+    #: the watchdogs' patience, seconds: every worker may stay throttled with nothing
+    #: but producers to run and nothing finishing that long before the run fails with
+    #: MemoryStalled; a pool whose workers all ran nothing that long while its ready
+    #: tasks waited for disk is stalled for disk (``actors/scheduler_disk.py``); a pool
+    #: with ready tasks and an idle connected worker that placed and finished nothing
+    #: that long is stalled for placement (``actors/scheduler_stall.py``)
     stall_timeout: float = 10.0
     #: seconds before its walltime a worker is drained, unless its pool has its own
     #: (``drain_periods``). None: walltime_grace plus the longest expected task of its
@@ -1043,4 +1047,49 @@ def disk_stall_parts(stall: DiskStallInfo) -> dict[str, str]:
         "holding": holding,
         "waiting": f"{stall.queued} ready tasks wait for disk ({waiting})",
         "advice": DISK_STALL_ADVICE,
+    }
+
+
+#: what to do about a placement stall, per reason an idle worker takes nothing
+#: (``PlacementStallInfo.idle``; the manager's log and the console's status)
+PLACEMENT_STALL_ADVICE = {
+    "paused": "resume its block (Slurm: scontrol resume) or let the autoscaler start others",
+    "draining": "undrain it (undrain WORKER) or scale the pool out",
+    "throttled": (
+        "its memory is past the throttle fence: give the workers more memory "
+        "(memory_per_worker, --memory), release the futures you no longer need, or let "
+        "consumers run first (policy set priority consumers-first)"
+    ),
+    "full": (
+        "threads held by stopped tries or speculative copies take its slots: they free "
+        "them when their calls return; restart the worker if they never do, or use "
+        "process execution, whose tries can be killed"
+    ),
+    "resources": (
+        "start a worker with enough cores and memory in the pool (cores_per_worker, "
+        "memory_per_worker), or lower the tasks' resources="
+    ),
+    "refused": (
+        "read the first ready task's story (story KEY) for the rule that keeps it off, "
+        "and check the placement and priority policies (policy)"
+    ),
+}
+
+
+def placement_stall_parts(stall: PlacementStallInfo) -> dict[str, str]:
+    """A placement stall for people, in parts (the manager's log line has them as
+    fields, the console's status joins them): ``workers`` (connected, and how many
+    run tasks), ``idle`` (each idle worker and why it takes nothing), ``waiting`` (the
+    ready tasks and the first of them) and ``advice`` (what to do, per reason)."""
+    reasons = list(dict.fromkeys(r for _, r, _ in stall.idle))
+    idle = "; ".join(f"{w} {r}: {d}" for w, r, d in stall.idle[:5])
+    if len(stall.idle) > 5:
+        idle += f"; {len(stall.idle) - 5} more idle workers"
+    busy = f", {stall.busy} running tasks" if stall.busy else ""
+    first = f", the first {stall.head}" if stall.head else ""
+    return {
+        "workers": f"{', '.join(stall.workers) or 'none'}{busy}",
+        "idle": idle,
+        "waiting": f"{stall.queued} ready tasks placed nowhere{first}",
+        "advice": "; ".join(f"{r}: {PLACEMENT_STALL_ADVICE[r]}" for r in reasons),
     }

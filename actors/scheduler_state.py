@@ -261,6 +261,7 @@ from actors.scheduler_records import (
     unsaved_work,
     walltime_loss,
 )
+from actors.scheduler_stall import PlacementWatch
 from actors.shared_disk import DiskShares
 from actors.storage_state import StorageLedger
 from policies import (
@@ -480,7 +481,7 @@ def _no_timer() -> float:
     return 0.0
 
 
-class SchedulerState(DiskPlacement):
+class SchedulerState(DiskPlacement, PlacementWatch):
     """The scheduler's state. Change it only through :meth:`handle`."""
 
     def __init__(
@@ -591,6 +592,7 @@ class SchedulerState(DiskPlacement):
         self.largest_cores: dict[str | None, float] = {}
         self.stalled_since: float | None = None  #: when the watchdog saw a stall begin
         self._init_disk()  # the disk part's own state (actors/scheduler_disk.py)
+        self._init_placement_watch()  # the placement watchdog's (actors/scheduler_stall.py)
         self.disk_full_tries = 0  #: tries that ended ``disk-full``
         self.disk_full_failed = 0  #: tasks that failed with ``DiskFull``
         self._flipped: set[str] = set()  #: categories whose class flipped this event
@@ -1064,7 +1066,8 @@ class SchedulerState(DiskPlacement):
                     "queue_depth": 0, "oldest_wait": 0.0, "wait_quantiles": {}, "waits": 0,
                     "wait_sum": 0.0, "running": 0, "workers": {"idle": 0, "busy": 0,
                     "draining": 0, "away": 0}, "throttled": 0, "rss_bytes": 0, "held_back": 0,
-                    "retry_held": 0, "disk_stalled": 0, "disk_stalls": 0, "cores": 0,
+                    "retry_held": 0, "disk_stalled": 0, "disk_stalls": 0,
+                    "placement_stalled": 0, "placement_stalls": 0, "cores": 0,
                     "cores_busy": 0, "memory_limit_bytes": 0, "workers_past_limit": 0,
                     "worker_queue_oldest": 0.0, "longest_running": 0.0,
                 }  # fmt: skip
@@ -1088,6 +1091,10 @@ class SchedulerState(DiskPlacement):
             of(name)["disk_stalls"] = n
         for stall in self.disk_stalls.values():
             of(stall.pool)["disk_stalled"] = 1
+        for name, n in self.placement_stall_count.items():
+            of(name)["placement_stalls"] = n
+        for name in self.placement_stalls:
+            of(name)["placement_stalled"] = 1
         for ws in self.workers.values():
             m = of(ws.pool)
             n = len(ws.processing)
@@ -1539,6 +1546,11 @@ class SchedulerState(DiskPlacement):
             ws.jammed.clear()  # a try it ran ended: a thread of it is free again
             self._update_free(ws)
         self.stalled_since = None  # something finished: progress
+        if self.placement_since:
+            for res in ev.results:
+                done = self.tasks.get(res.key)
+                if done is not None:
+                    self._placed(done.spec.pool)
         if ws is not None and ev.rss:  # its RSS with its task processes, after these
             ws.rss = ev.rss  # (a result's own is its task's: its task process's)
         for res in ev.results:
@@ -4252,6 +4264,7 @@ class SchedulerState(DiskPlacement):
         ts.worker = ws.id  # first: the transition's monitoring record names it
         self._set(ts, "processing")
         ts.sent = self._now
+        self._placed(ts.spec.pool)  # the placement watchdog: the pool moves
         if ts.turn > self.turn_floor and not ts.spec.priority:
             # only forward, and by tasks sent in their turn: a retry or a take-back of
             # an old task moved it back, a task sent first for its priority= forward
@@ -4691,12 +4704,16 @@ class SchedulerState(DiskPlacement):
                     heapq.heappush(heap, entry)
 
     def _watch(self) -> None:
-        """The stall watchdogs: the memory one (the module docstring) and the disk one
-        (``_watch_disk``, ``actors/scheduler_disk.py``)."""
+        """The stall watchdogs: the memory one (the module docstring), the disk one
+        (``_watch_disk``, ``actors/scheduler_disk.py``) and the placement one
+        (``_watch_placement``, ``actors/scheduler_stall.py``), which leaves a pool whose
+        ready tasks wait for disk to the disk one."""
         if self.disk_parked or self.disk_stalled_since or self.disk_override or self.disk_broken_at:
             self._watch_disk()
         if self.disk_stalls:
             self._disk_stalls_ended()
+        if self.placement_since or self.queued_counts:
+            self._watch_placement()
         workers = self.workers
         if not workers or len(self.throttled) < len(workers):
             self.stalled_since = None

@@ -59,7 +59,7 @@ from rich.text import Text
 
 from actors.alerts_state import typed_duration
 from actors.autoscaler_state import brief_detail, check_blocks, policy_failing_text
-from actors.scheduler_records import disk_stall_parts
+from actors.scheduler_records import disk_stall_parts, placement_stall_parts
 from policies import params_text
 from runtime.errors import (
     ActorStopped,
@@ -81,6 +81,7 @@ from runtime.messages import (
     DrainRequest,
     ForgetCategoryRequest,
     Message,
+    PlacementStallInfo,
     PolicyInfo,
     PolicyQuery,
     ResumeRequest,
@@ -1079,27 +1080,16 @@ def _disk_stall_lines(st: Mapping[str, Any]) -> list[Text]:
     none)."""
     lines = []
     for d in st.get("disk_stalls") or ():
-        stall = DiskStallInfo(**d)
-        p = disk_stall_parts(stall)
-        pool = "any" if stall.pool == "*" else stall.pool
-        lines.append(
-            Text(
-                f"disk stalled in pool {pool} for {stall.stalled_for:.0f} s: workers "
-                f"{p['workers']} ran nothing, {p['disk']}; {p['holding']}; {p['waiting']}. "
-                f"{p['advice']}.",
-                style="red",
-            )
-        )
+        p = disk_stall_parts(stall := DiskStallInfo(**d))
+        body = f"workers {p['workers']} ran nothing, {p['disk']}; {p['holding']}; {p['waiting']}"
+        lines.append(_stall_line("disk", stall.pool, stall.stalled_for, body, p["advice"]))
     totals = dict(st.get("disk_stalls_total") or {})
     dropped = int(st.get("disk_dropped") or 0)
     if totals or dropped:
-        had = ", ".join(
-            f"pool {'any' if pool == '*' else pool} {n}" for pool, n in sorted(totals.items())
-        )
         lines.append(
             Text(
-                f"disk stalls so far: {had or 'none'}; outputs dropped to make room: {dropped} "
-                "(made again when their readers run)"
+                f"disk stalls so far: {_per_pool(totals) or 'none'}; outputs dropped to make "
+                f"room: {dropped} (made again when their readers run)"
             )
         )
     tries, failed = int(st.get("disk_full_tries") or 0), int(st.get("disk_full_failed") or 0)
@@ -1112,6 +1102,33 @@ def _disk_stall_lines(st: Mapping[str, Any]) -> list[Text]:
             )
         )
     return lines
+
+
+def _placement_stall_lines(st: Mapping[str, Any]) -> list[Text]:
+    """A line per pool the placement watchdog finds stalled (ready tasks, an idle
+    worker, nothing placed), and how many stalls each pool had (none: no line)."""
+    lines = []
+    for d in st.get("placement_stalls") or ():
+        p = placement_stall_parts(stall := PlacementStallInfo(**d))
+        body = f"{p['waiting']}; workers {p['workers']}; idle {p['idle']}"
+        lines.append(_stall_line("placement", stall.pool, stall.stalled_for, body, p["advice"]))
+    totals = dict(st.get("placement_stalls_total") or {})
+    if totals:
+        lines.append(Text(f"placement stalls so far: {_per_pool(totals)}"))
+    return lines
+
+
+def _stall_line(kind: str, pool: str, stalled_for: float, body: str, advice: str) -> Text:
+    """A watchdog's stall in force, in red: what, for how long, and what to do."""
+    where = "any" if pool == "*" else pool
+    return Text(
+        f"{kind} stalled in pool {where} for {stalled_for:.0f} s: {body}. {advice}.", style="red"
+    )
+
+
+def _per_pool(counts: Mapping[str, int]) -> str:
+    """``{pool: n}`` for people, by pool (``"*"``: any)."""
+    return ", ".join(f"pool {'any' if p == '*' else p} {n}" for p, n in sorted(counts.items()))
 
 
 def _category_rank(name: str, c: Mapping[str, Any]) -> tuple[float, int, str]:
@@ -1157,6 +1174,7 @@ def render_status(st: Mapping[str, Any]) -> RenderableType:
         )
     )
     parts.extend(_disk_stall_lines(st))
+    parts.extend(_placement_stall_lines(st))
 
     wt = Table(title="workers", title_justify="left")
     cols = (

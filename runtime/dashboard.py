@@ -148,6 +148,7 @@ def build_snapshot(
                 "workers": dict(m.workers) if m is not None else {},
                 "throttled": m.throttled if m is not None else 0,
                 "disk_stalled": m.disk_stalled if m is not None else 0,
+                "placement_stalled": m.placement_stalled if m is not None else 0,
                 # /metrics' corral_cores and corral_cores_busy: the same numbers
                 "cores": m.cores if m is not None else 0,
                 "cores_busy": m.cores_busy if m is not None else 0,
@@ -630,7 +631,9 @@ function renderCapacity(s) {
           (w.draining ? ", " + w.draining + " draining" : "") +
           (w.away ? ", " + w.away + " away (connection dropped, held for its rejoin)" : "") +
           (p.throttled ? ", " + p.throttled + " throttled" : "") +
-          (p.disk_stalled ? ", disk stalled: tasks wait for disk" : "")}),
+          (p.disk_stalled ? ", disk stalled: tasks wait for disk" : "") +
+          (p.placement_stalled ? ", placement stalled: ready tasks placed nowhere" +
+            " (status says why)" : "")}),
         h("td", {text: blocks + (p.blocks_pending ? " (the oldest asked for " +
           secs(p.oldest_pending) + " ago)" : "") +
           (p.target !== null ? "; target " + p.target : "") +

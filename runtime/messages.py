@@ -877,6 +877,10 @@ class PoolMetrics(Message):
     disk_stalled: int = 0
     #: disk stalls the pool ever had (each one the watchdog declared)
     disk_stalls: int = 0
+    #: 1 while the placement watchdog finds the pool stalled (``PlacementStallInfo``)
+    placement_stalled: int = 0
+    #: placement stalls the pool ever had (each one the watchdog declared)
+    placement_stalls: int = 0
     #: the cores (threads) of its connected workers, draining ones too
     cores: int = 0
     #: of those, the cores its workers' tasks take (a task, or a speculative copy, a
@@ -1393,6 +1397,38 @@ class DiskStallInfo(Message):
 
 
 @message()
+class PlacementStallInfo(Message):
+    """A placement stall of one pool (``"*"``: the tasks any pool may run), as the
+    scheduler's placement watchdog declared it: the pool had ready tasks (``queued``)
+    and an idle connected worker, and no task of it was placed or finished for
+    ``stall_timeout`` seconds, nor did its ready tasks wait for disk (that is a
+    ``DiskStallInfo``). ``since``: when its last task was placed or finished, or its
+    first task became ready (the scheduler's clock); ``stalled_for``: seconds since
+    then, at the status. ``workers``: its connected workers; ``busy``: how many of them
+    run tasks; ``idle``: why each of the others takes nothing, ``(worker, reason,
+    detail)``, the reason one of ``PLACEMENT_STALL_REASONS``; ``head``: the first ready
+    task in priority, whose story says more (``story KEY``)."""
+
+    pool: str
+    since: float
+    queued: int = 0
+    workers: tuple[str, ...] = ()
+    busy: int = 0
+    #: ``(worker, reason, detail)`` each (``Any``: the codec's fast path types no
+    #: fixed-length tuple, rule 1)
+    idle: tuple[Any, ...] = ()
+    head: str = ""
+    stalled_for: float = 0.0
+
+
+#: why an idle worker of a stalled pool takes nothing (``PlacementStallInfo.idle``):
+#: its block is suspended; it drains; it is past its memory throttle fence; the
+#: scheduler counts its slots as taken; the first ready task asks for more cores or
+#: memory than it has; the placement rules or a policy kept the tasks off it
+PLACEMENT_STALL_REASONS = ("paused", "draining", "throttled", "full", "resources", "refused")
+
+
+@message()
 class StatusReply(Message):
     """The cluster's status, the manager's answer to :class:`StatusRequest`: typed
     records only, so it crosses processes without a pickle. ``to_dict()`` gives the
@@ -1462,6 +1498,10 @@ class StatusReply(Message):
     #: stall breaker dropped to make room (made again when their readers run)
     disk_stalls_total: dict[str, int] = dataclasses.field(default_factory=dict)
     disk_dropped: int = 0
+    #: pools the placement watchdog finds stalled now (ready tasks, an idle worker,
+    #: nothing placed for ``stall_timeout``), by pool; and how many each pool ever had
+    placement_stalls: tuple[PlacementStallInfo, ...] = ()
+    placement_stalls_total: dict[str, int] = dataclasses.field(default_factory=dict)
     runs: int = 0
     recent_runs: dict[str, int] = dataclasses.field(default_factory=dict)
     run_clients: dict[str, str] = dataclasses.field(default_factory=dict)
@@ -1489,6 +1529,7 @@ class StatusReply(Message):
         out["replicas"] = self.replicas.to_fields()
         out["storage"] = self.storage.to_dict()
         out["disk_stalls"] = [s.to_fields() for s in self.disk_stalls]
+        out["placement_stalls"] = [s.to_fields() for s in self.placement_stalls]
         lists = (
             "draining", "retired", "leaving", "walltime_draining", "spent_draining",
             "throttled", "warnings",

@@ -152,6 +152,15 @@ class SnapshotCollector(Collector):
             pool,
         )
         disk_stalls = _counter("corral_disk_stalls", "Disk stalls the pool had.", pool)
+        placement_stalled = _gauge(
+            "corral_placement_stalled",
+            "1 while the pool has ready tasks and an idle worker and placed nothing for "
+            "stall_timeout (not for disk).",
+            pool,
+        )
+        placement_stalls = _counter(
+            "corral_placement_stalls", "Placement stalls the pool had.", pool
+        )
         for name, m in sorted(snap.pools.items()):
             depth.add_metric([name], m.queue_depth)
             held_back.add_metric([name], m.held_back)
@@ -177,11 +186,14 @@ class SnapshotCollector(Collector):
             spilled.add_metric([name], m.spilled_total)
             disk_stalled.add_metric([name], m.disk_stalled)
             disk_stalls.add_metric([name], m.disk_stalls)
+            placement_stalled.add_metric([name], m.placement_stalled)
+            placement_stalls.add_metric([name], m.placement_stalls)
         yield from (depth, held_back, retry_held, oldest, on_worker, longest, wait, running)
         yield from (workers, cores)
         yield cores_busy
         yield from (throttled, past_limit, rss, limit, held)
         yield from (spill, spilled, disk_stalled, disk_stalls)
+        yield from (placement_stalled, placement_stalls)
 
         cat = ["category"]
         duration = _summary(

@@ -1,0 +1,226 @@
+"""The scheduler core's placement watchdog: a pool whose ready tasks go nowhere is told.
+
+What lives here: :class:`PlacementWatch`, the part of the scheduler's pure core that
+notices a pool with ready tasks and an idle connected worker in which nothing moves, and
+says why each idle worker takes nothing, with the state only it keeps
+(``_init_placement_watch``). :class:`~actors.scheduler_state.SchedulerState` inherits it
+(beside :class:`~actors.scheduler_disk.DiskPlacement`, the disk watchdog): ``_assign``
+and ``_tasks_finished`` report progress (``_placed``), ``_watch`` runs the watchdog
+(``_watch_placement``). The core's attributes and methods it reads are declared (not
+defined) in one block of the class; this module imports nothing of
+``actors/scheduler_state.py``. Pure like the rest of the core: no anyio, no sockets, no
+clock, no threads.
+
+The rule (docs/architecture.md, docs/monitoring.md#placement-stalls): no wait without a
+bound or a word. Per pool (``"*"``: the tasks any pool may run) the core keeps since when
+nothing moved (``placement_since``): the pool's first task became ready, or a task of it
+was placed or finished. A pool that has had ready tasks for ``stall_timeout`` seconds
+since then, with a connected worker (not away) that runs nothing, is *stalled*: the core
+emits :class:`PlacementStallBegan` once, with why each idle worker of the pool takes
+nothing (``PlacementStallInfo.idle``: ``paused``, its block suspended; ``draining``;
+``throttled``, past its memory throttle fence; ``full``, its slots counted taken by
+held threads or speculative copies; ``resources``, the first ready task asks for more
+cores or memory than it has, or it was killed for memory on one as large; ``refused``,
+the placement rules or a policy kept the tasks off it: the first ready task's story says
+which), and :class:`PlacementStallEnded` when a task of the pool is placed or finishes,
+or none is ready, with how long it lasted. Not a stall: a pool without a connected
+worker (the ``CorralNoWorkers`` alert's case), one whose workers all run tasks (they
+finish: saturation; the clock starts again), and one whose ready tasks wait for disk
+(``disk_parked``: the disk watchdog's case, which keeps its own message; a placement
+stall in force there ends), nor while the memory watchdog suspects every worker
+throttled (``stalled_since``: the run fails with ``MemoryStalled`` at the same timeout).
+
+Cost: a dict look-up per placement and per finished try; per handled event a pass over
+the pools with ready tasks (``queued_counts``, O(pools)); the pool's workers are looked
+at only once its clock passed ``stall_timeout`` (at most once per ``stall_timeout`` per
+pool while its workers are busy), never its tasks.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import TYPE_CHECKING, Any
+
+from actors.scheduler_events import Command, PlacementStallBegan, PlacementStallEnded
+from actors.scheduler_records import SchedulerConfig, TaskState, WorkerState
+from runtime.messages import PlacementStallInfo
+
+__all__ = ["CorePart", "PlacementWatch"]
+
+
+class CorePart:
+    """A part of the scheduler's pure core, a mixin of
+    :class:`~actors.scheduler_state.SchedulerState` (its disk part,
+    :class:`~actors.scheduler_disk.DiskPlacement`, and its placement watchdog,
+    :class:`PlacementWatch`): what the core provides that each part reads, declared
+    (not defined), and the helpers the parts share."""
+
+    if TYPE_CHECKING:
+        config: SchedulerConfig
+        workers: dict[str, WorkerState]
+        free: dict[str, WorkerState]
+        queues: dict[tuple[str | None, bool], list[tuple[Any, ...]]]
+        _out: list[Command]
+        _stimulus: str
+        _now: float
+
+        def _log(self, key: Any, start: str, finish: str) -> None: ...
+
+    def _pool_workers(self, pool: str | None) -> list[WorkerState]:
+        """The workers that may run tasks of ``pool`` (None: any pool), not draining:
+        those of the pool, or every one."""
+        return [
+            ws for ws in self.workers.values()
+            if not ws.draining and (pool is None or ws.pool == pool)
+        ]  # fmt: skip
+
+
+class PlacementWatch(CorePart):
+    """The placement watchdog (the module docstring): a mixin of
+    :class:`~actors.scheduler_state.SchedulerState`."""
+
+    if TYPE_CHECKING:
+        # What else of the core the watchdog reads: its state and methods.
+        queued_counts: Counter[str]
+        disk_parked: set[str | None]
+        stalled_since: float | None
+
+        def _roomier(self, ts: TaskState, ws: WorkerState) -> bool: ...
+
+    def _init_placement_watch(self) -> None:
+        """The watchdog's own state (the core's ``__init__`` calls this)."""
+        #: per pool with ready tasks (``"*"``: any pool), since when nothing moved there:
+        #: its first task became ready, or a task of it was placed or finished
+        self.placement_since: dict[str, float] = {}
+        #: the stalls declared and not ended, for the log, the status and the metrics;
+        #: and how many each pool ever had (its metric's key)
+        self.placement_stalls: dict[str, PlacementStallInfo] = {}
+        self.placement_stall_count: Counter[str] = Counter()
+
+    def _placed(self, pool: str | None) -> None:
+        """A task of ``pool`` was placed or finished: the pool moves (O(1))."""
+        key = pool or "*"
+        if key in self.placement_since:
+            self.placement_since[key] = self._now
+            if key in self.placement_stalls:
+                self._placement_stall_ended(key, "a task was placed or finished")
+
+    def _watch_placement(self) -> None:
+        """The watchdog's look after each event: O(pools with ready tasks), and a pool's
+        workers only once its clock ran out (the module docstring)."""
+        since = self.placement_since
+        for key in [k for k in since if not self.queued_counts[k]]:
+            del since[key]  # none ready: nothing waits
+            if key in self.placement_stalls:
+                self._placement_stall_ended(key, "no task is ready")
+        timeout = self.config.stall_timeout
+        for key, n in self.queued_counts.items():
+            if not n:
+                continue
+            at = since.get(key)
+            if at is None:
+                since[key] = self._now
+                continue
+            if (None if key == "*" else key) in self.disk_parked:
+                since[key] = self._now  # waits for disk: the disk watchdog's case
+                if key in self.placement_stalls:
+                    self._placement_stall_ended(key, "its ready tasks wait for disk")
+                continue
+            if key in self.placement_stalls or self._now - at < timeout:
+                continue
+            if self.stalled_since is not None:
+                since[key] = self._now  # every worker throttled: MemoryStalled's case
+                continue
+            stall = self._placement_account(key, at, n)
+            if stall is None:
+                since[key] = self._now  # no idle connected worker: not a stall
+                continue
+            self.placement_stalls[key] = stall
+            self.placement_stall_count[key] += 1
+            reasons = ", ".join(sorted({r for _, r, _ in stall.idle}))
+            self._log("-", "placement", f"stalled in pool {_name(key)}: {reasons}")
+            self._out.append(PlacementStallBegan(self._stimulus, stall))
+
+    def _placement_stall_ended(self, key: str, why: str) -> None:
+        stall = self.placement_stalls.pop(key)
+        self._log("-", "placement", f"stall in pool {_name(key)} ended: {why}")
+        self._out.append(PlacementStallEnded(self._stimulus, stall, self._now - stall.since))
+
+    def _placement_account(self, key: str, since: float, queued: int) -> PlacementStallInfo | None:
+        """The stall of pool ``key``: its connected workers and why each idle one takes
+        nothing; None when it has no idle connected worker (none at all, or all busy)."""
+        pool = None if key == "*" else key
+        connected = [
+            ws for ws in self.workers.values()
+            if ws.away is None and not ws.retired and (pool is None or ws.pool == pool)
+        ]  # fmt: skip
+        idle = [ws for ws in connected if not ws.processing and not ws.copies]
+        if not idle:
+            return None
+        head = self._ready_head(pool)
+        return PlacementStallInfo(
+            pool=key,
+            since=since,
+            queued=queued,
+            workers=tuple(sorted(ws.id for ws in connected)),
+            busy=len(connected) - len(idle),
+            idle=tuple((ws.id, *self._takes_nothing(ws, head)) for ws in sorted(idle, key=_id)),
+            head="" if head is None else repr(head.key),
+        )
+
+    def _ready_head(self, pool: str | None) -> TaskState | None:
+        """The first ready task of ``pool`` in priority: the heads of its two heaps
+        (consumers, producers), each live after the ``_fill`` before the watchdog."""
+        best: tuple[Any, ...] | None = None
+        for producer in (False, True):
+            heap = self.queues.get((pool, producer))
+            if heap and heap[0][3].state == "queued" and (best is None or heap[0] < best):
+                best = heap[0]
+        return None if best is None else best[3]
+
+    def _takes_nothing(self, ws: WorkerState, head: TaskState | None) -> tuple[str, str]:
+        """Why idle ``ws`` takes no ready task, ``(reason, detail)``, from what the core
+        keeps of it and of the first ready task ``head`` (the module docstring)."""
+        if ws.suspended:
+            return "paused", "its block is suspended by the batch system"
+        if ws.draining:
+            return "draining", "it drains: it takes no new task"
+        if ws.throttled:
+            return "throttled", (
+                f"its RSS passed its throttle fence ({ws.throttle_at:,} B): producers are "
+                "held back until its memory falls"
+            )
+        if ws.id not in self.free:
+            return "full", (
+                f"its slots count as taken: {ws.held} thread(s) held by stopped tries, "
+                f"{len(ws.copies)} speculative copies, {len(ws.jammed)} long tries "
+                f"jamming it, with {ws.cores} core(s)"
+            )
+        if head is not None:
+            res = head.spec.resources
+            cores, memory = res.get("cores", 0), res.get("memory", 0)
+            short = []
+            if cores > ws.cores:
+                short.append(f"{cores:g} cores (it has {ws.cores})")
+            if memory > ws.memory:
+                short.append(f"{int(memory):,} B of memory (it has {ws.memory:,} B)")
+            if ws.memory and head.in_nbytes > ws.memory:
+                short.append(f"{head.in_nbytes:,} B of inputs in memory (it has {ws.memory:,} B)")
+            if head.ooms and not self._roomier(head, ws):
+                short.append(f"a memory limit {head.oom_need} (killed for memory before)")
+            if short:
+                return "resources", f"{head.key!r} needs {' and '.join(short)}"
+        return "refused", (
+            "the placement rules or a policy kept the ready tasks off it (memory "
+            "admission by RSS rise, walltime, a long task waiting for a free core, data "
+            "locality, priorities)"
+            + (f": the story of {head.key!r} says which" if head is not None else "")
+        )
+
+
+def _name(key: str) -> str:
+    return "any" if key == "*" else key
+
+
+def _id(ws: WorkerState) -> str:
+    return ws.id
