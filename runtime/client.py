@@ -74,6 +74,8 @@ from runtime.graph import (
     check_key,
     check_keys,
     check_shuffle_method,
+    collections_expr,
+    holds_collection,
     make_task,
     reject_collection,
     short_repr,
@@ -1576,6 +1578,7 @@ class Cluster:
             flag="Cluster(alertmanager=...)",
         )  # fmt: skip
         self._system: ActorSystem | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # where it runs, for get()
         self._client_actor: ClientActor
         self._manager: ActorRef[Manager] | _RemoteManager
         self._scheduler_actor: Scheduler
@@ -1679,6 +1682,7 @@ class Cluster:
             self._gc.exit()
             raise
         self._system = system
+        self._loop = asyncio.get_running_loop()
         try:
             if self.address is None:
                 await self._start(system)
@@ -2214,8 +2218,8 @@ class Cluster:
 
     async def submit_graph(
         self,
-        graph: Mapping[Key, Any],
-        keys: Sequence[Key],
+        graph: Any,
+        keys: Sequence[Key] | None = None,
         *,
         priority: float = 0,
         retries: int = 0,
@@ -2223,7 +2227,10 @@ class Cluster:
         pool: str | None = None,
         timeout: float | None = None,  # noqa: ASYNC109 - the tasks' setting, not the call's
     ) -> list[Future]:
-        """Submit a dask graph; return futures for ``keys`` (a flat list of keys).
+        """Submit a dask graph; return futures for ``keys`` (a flat list of keys). Or
+        submit dask collections, ``submit_graph(x)`` or ``submit_graph([x, y])``, with no
+        keys: one future per collection, whose value is the collection's (what
+        ``dask.compute`` gives for it).
 
         The settings are every task's (a dask annotation of the same name overrides
         them for its tasks); ``timeout``: seconds each try may execute on its worker,
@@ -2232,12 +2239,25 @@ class Cluster:
         setting) before anything runs.
         """
         self._require()
+        opts = TaskOptions.of(SUBMISSION, priority, retries, resources, pool, timeout)
+        if holds_collection(graph):
+            if keys is not None:
+                raise TypeError(
+                    "submit_graph got a dask collection and keys: a collection's keys are "
+                    "its own. Give the collection (or a list of them) alone, "
+                    "submit_graph(x), for one future per collection"
+                )
+            graph, keys, _ = await self._collections((graph,), "submit_graph")
+        elif keys is None:
+            raise TypeError(
+                "submit_graph needs the keys of the graph to compute, submit_graph(graph, "
+                "keys), or dask collections alone, submit_graph(x) or submit_graph([x, y])"
+            )
         # Checked before any Future holds a key (and here, not after pickling the graph
         # off to a remote manager): GraphError saying what each must be.
         reject_collection(graph)
         check_shuffle_method(graph)  # with this process's dask config
         keys = check_keys(keys)
-        opts = TaskOptions.of(SUBMISSION, priority, retries, resources, pool, timeout)
         futures = [Future(k, self) for k in keys]
         await self._submit(graph, keys, opts)
         return futures
@@ -2287,8 +2307,29 @@ class Cluster:
             client.sent(under_way, reply)
         _told_of(reply)
 
-    async def compute(self, graph: Mapping[Key, Any], keys: Any, **options: Any) -> Any:
-        """Compute ``keys`` (a key or nested lists of keys) of a dask graph.
+    async def _collections(
+        self, args: tuple[Any, ...], method: str
+    ) -> tuple[Any, list[Key], Callable[[Any], Any]]:
+        """:func:`~runtime.graph.collections_expr` of ``args``, each a dask collection
+        or a list or tuple of them (``TypeError`` for anything else among them), made in
+        a thread: dask's optimization may take a while."""
+        for arg in args:
+            if not holds_collection(arg):
+                raise TypeError(
+                    f"{method} got {type(arg).__name__} {short_repr(arg)} beside dask "
+                    f"collections: {method}(x, ...) takes collections (or lists and tuples "
+                    f"of them) alone, whose keys are their own; a graph goes with its keys "
+                    f"alone, {method}(graph, keys)"
+                )
+        expr, keys, repack = await anyio.to_thread.run_sync(collections_expr, args)
+        return expr, keys, repack
+
+    async def compute(self, *args: Any, **options: Any) -> Any:
+        """Compute dask collections, ``compute(x)`` (the value of ``x``, what
+        ``x.compute()`` gives) or ``compute(x, y, ...)`` (a tuple, as from
+        ``dask.compute``); lists and tuples of collections are looked into, as dask does.
+        Or compute ``keys`` (a key or nested lists of keys) of a dask graph,
+        ``compute(graph, keys)``.
 
         Nested lists come back as nested tuples, like dask's ``get``. Raises the original
         exception of the first task that failed. Results are released once returned,
@@ -2296,8 +2337,6 @@ class Cluster:
         worker's disk while the returned ``File`` object lives (as a Future's output
         does), so that it can be opened (same machine) or downloaded.
         """
-        from runtime.graph import flatten_keys
-
         self._require()
         unknown = options.keys() - _OPTIONS
         if unknown:
@@ -2305,9 +2344,26 @@ class Cluster:
                 f"compute got unknown option(s) {sorted(unknown)}; it takes "
                 f"{', '.join(sorted(_OPTIONS))}"
             )
+        opts = TaskOptions.of(SUBMISSION, **options)
+        if len(args) == 2 and not holds_collection(args[0]):  # (not its keys: may be many)
+            graph, keys = args
+        elif any(holds_collection(arg) for arg in args):
+            expr, flat, repack = await self._collections(args, "compute")
+            values = repack(await self._compute(expr, flat, opts))
+            return values[0] if len(args) == 1 else values
+        else:
+            raise TypeError(
+                f"compute takes dask collections, compute(x, ...), or a graph and its "
+                f"keys, compute(graph, keys); got {len(args)} argument(s) and no collection"
+            )
         reject_collection(graph)  # GraphError for each, before any key is held
         check_shuffle_method(graph)  # with this process's dask config
-        opts = TaskOptions.of(SUBMISSION, **options)
+        return await self._compute(graph, keys, opts)
+
+    async def _compute(self, graph: Any, keys: Any, opts: TaskOptions) -> Any:
+        """:meth:`compute` of a checked graph (or expression) and its keys."""
+        from runtime.graph import flatten_keys
+
         flat = flatten_keys(keys)
         client = self._client_actor
         for k in flat:  # hold the keys without a Future object each (cheaper for big graphs)
@@ -2326,6 +2382,32 @@ class Cluster:
                 else:
                     client.unhold(k)
         return _pack(keys, dict(zip(flat, values, strict=True)))
+
+    def get(self, dsk: Any, keys: Any, **options: Any) -> Any:
+        """A synchronous dask scheduler bound to this running cluster, for code in
+        another thread: ``dask.compute(x, scheduler=cluster.get)`` (also
+        ``x.persist(scheduler=cluster.get)``), say in ``await
+        anyio.to_thread.run_sync(...)``. It waits for :meth:`compute` of ``dsk`` and
+        ``keys`` on the cluster's event loop (``options`` as for ``compute``); an
+        interrupt of the wait cancels it. ``CorralError`` in the event loop's own
+        thread, which the wait would block: there, ``await cluster.compute(x)``."""
+        self._require()
+        loop = self._loop
+        assert loop is not None  # set by start, as _system is
+        if _in_running_loop() and asyncio.get_running_loop() is loop:
+            raise CorralError(
+                "cluster.get waits for the computation, and called in the cluster's own "
+                "event loop it would block the loop that runs it. There, use "
+                "`await cluster.compute(x)`; or call dask.compute(x, "
+                "scheduler=cluster.get) in a thread, `await anyio.to_thread.run_sync("
+                "functools.partial(dask.compute, x, scheduler=cluster.get))`"
+            )
+        done = asyncio.run_coroutine_threadsafe(self.compute(dsk, keys, **options), loop)
+        try:
+            return done.result()
+        except BaseException:  # an interrupt of the wait: end the computation too
+            done.cancel()
+            raise
 
     async def gather(self, futures: Sequence[Future], *, root_errors: bool = False) -> list[Any]:
         """Wait for ``futures`` and return their values in order.

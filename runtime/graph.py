@@ -39,6 +39,7 @@ from dask._task_spec import (
     convert_legacy_graph,
     parse_input,
 )
+from dask.base import collections_to_expr, is_dask_collection, unpack_collections
 from dask.core import flatten
 from dask.order import order as dask_order
 from dask.utils import apply, format_bytes, key_split
@@ -58,7 +59,9 @@ __all__ = [
     "check_keys",
     "check_pool_fit",
     "check_shuffle_method",
+    "collections_expr",
     "flatten_keys",
+    "holds_collection",
     "in_pieces",
     "is_key",
     "make_task",
@@ -664,14 +667,40 @@ def reject_collection(graph: object) -> None:
         return
     if hasattr(graph, "__dask_graph__"):
         raise GraphError(
-            "got a dask collection, not a graph: call dask.compute(x, scheduler=get) "
-            "or pass x.__dask_graph__()"
+            "got a dask collection with keys, where a graph and its keys belong: give the "
+            "collection alone, Cluster.compute(x) (its value) or Cluster.submit_graph(x), "
+            "or call dask.compute(x, scheduler=get)"
         )
     raise GraphError(
         f"got {type(graph).__name__} {short_repr(graph)} as a graph; a graph is a dict of "
         "keys to tasks, e.g. {'a': 1, 'b': (inc, 'a')}, a HighLevelGraph or a dask "
         "expression (for a dask collection x, x.__dask_graph__())"
     )
+
+
+def holds_collection(obj: object) -> bool:
+    """Whether ``obj`` is a dask collection (an array, a dataframe, a bag, a
+    ``Delayed``), or a list or tuple holding one (at any depth), as ``dask.compute``
+    takes them. A graph (a mapping, a dask expression) is none: its keys say what to
+    compute."""
+    if isinstance(obj, list | tuple):
+        return any(holds_collection(item) for item in obj)
+    return not isinstance(obj, Expr | Mapping) and is_dask_collection(obj)
+
+
+def collections_expr(args: tuple[Any, ...]) -> tuple[Expr, list[Key], Callable[[Any], Any]]:
+    """What ``dask.compute(*args)`` hands its scheduler, and how it makes its answer:
+    the expression of the collections in ``args`` (lists and tuples are looked into),
+    optimized by dask and finalized (each collection's ``__dask_postcompute__``, as a
+    task of its own), its keys (one per collection), and ``repack``, which makes the
+    values of those keys the tuple ``dask.compute`` returns. Slow for a large
+    collection (dask's optimization runs here, and may read a file's metadata): call
+    it in a thread."""
+    from dask._expr import FinalizeCompute
+
+    collections, repack = unpack_collections(*args, traverse=True)
+    expr = FinalizeCompute(collections_to_expr(collections, optimize_graph=True)).optimize()
+    return expr, list(flatten(expr.__dask_keys__())), repack
 
 
 def normalize_graph(

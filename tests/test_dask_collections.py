@@ -1,0 +1,73 @@
+"""dask code moved onto a Cluster: collections computed on memory-limited worker
+processes (``Cluster.compute(x)``, ``submit_graph(x)``, ``cluster.get``) give what
+dask's synchronous scheduler gives, and dask.distributed's own ``submit``/``map``
+keywords are refused at the call unless the function takes them."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import anyio
+import dask
+import dask.array as da
+import dask.dataframe as dd
+import numpy as np
+import pandas as pd
+import pytest
+
+from runtime import Cluster
+from runtime.errors import CorralError
+from tests.helpers import free_port_between
+
+BOUND = 60
+
+
+def _array() -> Any:
+    return (da.arange(4000, chunks=500).reshape(40, 100) * 2).sum(axis=0)  # 8 chunks in
+
+
+def _frame() -> Any:
+    pdf = pd.DataFrame({"g": [1, 2, 3, 1, 2] * 8, "v": np.arange(40.0)})
+    return dd.from_pandas(pdf, npartitions=4).groupby("g").v.mean()
+
+
+@pytest.mark.anyio
+async def test_collections_computed_on_memory_limited_processes_are_dasks_values() -> None:
+    x, g = _array(), _frame()
+    (want_x, want_top), want_g = (
+        dask.compute(x, x.max(), scheduler="sync"),
+        g.compute(scheduler="sync"),
+    )
+    port = free_port_between(39000, 39999)
+    with anyio.fail_after(BOUND):
+        async with Cluster(processes=1, memory_per_worker="300MiB", port=port) as cluster:
+            got_x = await cluster.compute(x)  # the value, not the blocks
+            got_g = await cluster.compute(g)
+            both = await cluster.compute(x, [x.max()])  # several, as dask.compute gives them
+    assert isinstance(got_x, np.ndarray) and np.array_equal(got_x, want_x)
+    pd.testing.assert_series_equal(got_g, want_g)
+    assert isinstance(both, tuple) and len(both) == 2
+    assert np.array_equal(both[0], want_x) and both[1] == [want_top]
+
+
+@pytest.mark.anyio
+async def test_submit_graph_and_a_get_bound_to_the_cluster_take_collections() -> None:
+    x, g = _array(), _frame()
+    want_x, want_g = x.compute(scheduler="sync"), g.compute(scheduler="sync")
+    with anyio.fail_after(BOUND):
+        async with Cluster(workers=1) as cluster:
+            [fx] = await cluster.submit_graph(x)
+            [fg] = await cluster.submit_graph([g])
+            got_x, got_g = await cluster.gather([fx, fg])
+            compute = functools.partial(dask.compute, g, scheduler=cluster.get)
+            (in_thread,) = await anyio.to_thread.run_sync(compute)
+            persisted = await anyio.to_thread.run_sync(
+                functools.partial(x.persist, scheduler=cluster.get)
+            )
+            with pytest.raises(CorralError, match="would block the loop"):
+                dask.compute(x, scheduler=cluster.get)  # here, in the cluster's loop
+    assert np.array_equal(got_x, want_x)
+    pd.testing.assert_series_equal(got_g, want_g)
+    pd.testing.assert_series_equal(in_thread, want_g)
+    assert np.array_equal(persisted.compute(scheduler="sync"), want_x)
