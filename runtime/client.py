@@ -19,6 +19,7 @@ import contextlib
 import dataclasses
 import gc
 import importlib
+import inspect
 import itertools
 import math
 import os
@@ -54,6 +55,7 @@ from runtime.errors import (
     AskTimeout,
     ConnectFailed,
     CorralError,
+    DaskOnlyArgument,
     DependencyFailed,
     FileOutputError,
     FrameTooLarge,
@@ -550,6 +552,36 @@ def _task_options(
     if priority == 0 and retries == 0 and resources is None and pool is None and timeout is None:
         return _DEFAULTS  # the common case: nothing to check
     return TaskOptions.of(key or funcname(func), priority, retries, resources, pool, timeout)
+
+
+#: The keywords of dask.distributed's ``Client.submit`` and ``Client.map`` that Corral's
+#: do not take, and what to use instead.
+_DASK_ONLY = {
+    "workers": "Corral places tasks by pool: name the workers' pool, pool='gpu' "
+    "(workers join one with --pool), or ask for what the task needs, resources=",
+    "allow_other_workers": "Corral places tasks by pool and resources: leave it out, and "
+    "leave out pool= for a task any worker may run",
+    "fifo_timeout": "Corral orders tasks by priority= and the order of the calls: leave it out",
+    "actor": "Corral has no actors: submit a function, and keep state in its return value",
+    "actors": "Corral has no actors: submit a function, and keep state in its return value",
+}
+
+
+def _refuse_dask_only(func: Callable[..., Any], kwargs: Mapping[str, Any]) -> None:
+    """:class:`DaskOnlyArgument` for a keyword of dask.distributed's ``submit`` among
+    ``kwargs`` that ``func``'s signature does not name (which then gets it, as any other
+    keyword). A function whose signature cannot be read gets them."""
+    given = [name for name in _DASK_ONLY if name in kwargs]
+    if not given:
+        return
+    try:
+        params = inspect.signature(func).parameters
+    except (TypeError, ValueError):
+        return
+    for name in given:
+        param = params.get(name)
+        if param is None or param.kind is inspect.Parameter.POSITIONAL_ONLY:
+            raise DaskOnlyArgument(name, funcname(func), _DASK_ONLY[name])
 
 
 class _FuncToken:
@@ -2127,6 +2159,7 @@ class Cluster:
         """
         self._require()
         opts = _task_options(func, key, priority, retries, resources, pool, timeout)
+        _refuse_dask_only(func, kwargs)
         return self._submit_call(func, func, args, kwargs, key, pure, opts)
 
     def _submit_call(
@@ -2171,6 +2204,7 @@ class Cluster:
         self._require()  # also with nothing to map
         settings = {k: kwargs.pop(k) for k in _SUBMIT_SETTINGS if k in kwargs}
         key = settings.pop("key", None)
+        _refuse_dask_only(func, kwargs)
         named: Any = None
         futures = []
         for items in zip(*iterables, strict=False):

@@ -30,6 +30,7 @@ __all__ = [
     "ConsoleError",
     "CorralError",
     "CycleError",
+    "DaskOnlyArgument",
     "DependencyFailed",
     "DiskFull",
     "FrameTooLarge",
@@ -1451,6 +1452,28 @@ class ValueTooLarge(CorralError):
             nbytes=nbytes,
             limit=limit,
             where=where,
+        )
+
+
+class DaskOnlyArgument(CorralError, TypeError):
+    """``submit`` or ``map`` got ``name``, a keyword of dask.distributed's
+    ``Client.submit``/``Client.map`` that Corral's do not take, for a function that
+    does not take it either (its signature names no such parameter). Corral says so at
+    the call instead of passing it to the function; ``instead`` is what to use.
+    Also a ``TypeError``, what a call with an unexpected keyword raises."""
+
+    name: str
+    func: str
+    instead: str
+
+    def __init__(self, name: str, func: str, instead: str) -> None:
+        super().__init__(
+            f"{name}= is a dask.distributed keyword that Corral's submit and map do not "
+            f"take, and {func}() has no parameter {name!r}, so it is not passed to it "
+            f"either. {instead} (docs/api.md, 'Coming from dask.distributed').",
+            name=name,
+            func=func,
+            instead=instead,
         )
 
 

@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 
 from runtime import Cluster
-from runtime.errors import CorralError
+from runtime.errors import CorralError, DaskOnlyArgument
 from tests.helpers import free_port_between
 
 BOUND = 60
@@ -71,3 +71,30 @@ async def test_submit_graph_and_a_get_bound_to_the_cluster_take_collections() ->
     pd.testing.assert_series_equal(got_g, want_g)
     pd.testing.assert_series_equal(in_thread, want_g)
     assert np.array_equal(persisted.compute(scheduler="sync"), want_x)
+
+
+def inc(x: int, **kwargs: Any) -> int:
+    return x + 1
+
+
+def placed(x: int, workers: Any = None, fifo_timeout: Any = None) -> tuple[int, Any, Any]:
+    return x, workers, fifo_timeout
+
+
+@pytest.mark.anyio
+async def test_dask_distributed_only_keywords_are_refused_unless_the_function_takes_them() -> None:
+    with anyio.fail_after(BOUND):
+        async with Cluster(workers=1) as cluster:
+            with pytest.raises(DaskOnlyArgument, match=r"workers= .* pool='gpu'") as info:
+                cluster.submit(inc, 1, workers=["w1"])
+            assert isinstance(info.value, TypeError)
+            assert (info.value.name, info.value.func) == ("workers", "inc")
+            for name in ("allow_other_workers", "fifo_timeout", "actor", "actors"):
+                with pytest.raises(DaskOnlyArgument, match=f"{name}= is a dask.distributed"):
+                    cluster.submit(inc, 1, **{name: True})  # **kwargs takes no such name
+                with pytest.raises(DaskOnlyArgument, match=f"{name}= is a dask.distributed"):
+                    cluster.map(inc, [1, 2], **{name: True})
+            # a function whose signature names it gets it, as any other keyword
+            assert await cluster.submit(placed, 1, workers="a") == (1, "a", None)
+            mapped = cluster.map(placed, [1, 2], fifo_timeout="1s")
+            assert await cluster.gather(mapped) == [(1, None, "1s"), (2, None, "1s")]
