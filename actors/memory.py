@@ -529,6 +529,15 @@ class MemoryGovernor:
         configured resume mark."""
         return self.floor >= self.config.resume_at
 
+    def floor_text(self) -> str:
+        """What the worker warns of a floor that moved its marks up: the floor, its
+        configured marks and what to do (:func:`~runtime.errors.floor_warning`); ""
+        while the floor is under its resume mark."""
+        cfg = self.config
+        if not self.moved:
+            return ""
+        return floor_warning(self.floor, cfg.resume_at, cfg.at(cfg.throttle), cfg.limit)
+
     @property
     def level(self) -> float:
         """RSS as a fraction of the limit."""

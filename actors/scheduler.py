@@ -70,6 +70,7 @@ from actors.scheduler_events import (
     Tick,
     WorkerAway,
     WorkerDraining,
+    WorkerFloor,
     WorkerHeld,
     WorkerJoined,
     WorkerLeaving,
@@ -383,6 +384,8 @@ class Scheduler(Actor):
                 self._disk_shared(cmd)
             elif type(cmd) is WorkerPastLimit:
                 self._past_limit(cmd)
+            elif type(cmd) is WorkerFloor:
+                self._floor(cmd)
             elif type(cmd) is PolicyFailed:
                 what = (
                     "replaced by the default" if cmd.replaced else "its built-in fallback answered"
@@ -716,6 +719,7 @@ class Scheduler(Actor):
             WorkerMemory(
                 *self._ev(), msg.worker_id, msg.throttled, msg.rss, msg.throttle_at, msg.limit,
                 used, msg.memory_bytes, msg.past_peak, msg.abandoned, msg.held,
+                msg.floor, msg.floor_warning,
             )
         )  # fmt: skip
 
@@ -804,6 +808,16 @@ class Scheduler(Actor):
             worker=cmd.worker, limit=cmd.limit, peak=cmd.peak,
             categories=list(cmd.categories), warning=text,
         )  # fmt: skip
+
+    def _floor(self, cmd: WorkerFloor) -> None:
+        """Show (``status()["warnings"]``) a worker whose floor, memory that is not
+        outputs, is at or past its resume mark, as its own log said; forget it when the
+        floor falls under that mark or the worker leaves (``floor`` 0)."""
+        key = f"{cmd.worker} floor"
+        if cmd.floor and cmd.warning:
+            self.host_warnings[key] = f"worker {cmd.worker}: {cmd.warning}"
+        else:
+            self.host_warnings.pop(key, None)
 
     @handles(CancelRequest)
     def cancel(self, msg: CancelRequest) -> Any:

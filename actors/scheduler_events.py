@@ -58,6 +58,7 @@ __all__ = [
     "Tick",
     "WorkerAway",
     "WorkerDraining",
+    "WorkerFloor",
     "WorkerHeld",
     "WorkerJoined",
     "WorkerLeaving",
@@ -363,6 +364,11 @@ class WorkerMemory(Event):
     past_peak: int = 0
     abandoned: int = 0
     held: int = 0
+    #: its floor (memory that is not outputs) when at or past its resume mark, and the
+    #: warning its worker logged of it (``WorkerMemoryReport.floor``, ``floor_warning``;
+    #: 0 and "": the configured marks hold)
+    floor: int = 0
+    floor_warning: str = ""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -424,6 +430,19 @@ class WorkerPastLimit(Command):
     limit: int
     peak: int
     categories: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WorkerFloor(Command):
+    """``worker``'s floor (memory that is not outputs: libraries, task processes) is
+    ``floor`` bytes, at or past its resume mark, as ``warning`` says, or (``floor`` 0)
+    no longer: it went back under the mark, or the worker left. The shell shows
+    ``warning`` in ``status()["warnings"]`` while it holds
+    (docs/memory.md#the-floor-memory-that-is-not-outputs)."""
+
+    worker: str
+    floor: int
+    warning: str = ""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

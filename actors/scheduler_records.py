@@ -23,6 +23,7 @@ from runtime.errors import (
     PruneDepthError,
     disk_size,
     error_name,
+    memory_sizes,
 )
 from runtime.graph import Key, TaskSpec
 from runtime.messages import DiskStallInfo, PlacementStallInfo, TryRecord
@@ -247,6 +248,7 @@ class WorkerState:
         "draining",
         "executed",
         "executing",
+        "floor",
         "has_what",
         "held",
         "id",
@@ -332,6 +334,9 @@ class WorkerState:
         #: the highest RSS it said it reached past its terminate fence with tasks in
         #: threads (0: never; ``WorkerMemory.past_peak``)
         self.past_peak = 0
+        #: its floor (memory that is not outputs) when at or past its resume mark, as last
+        #: reported (0: under it; ``WorkerMemory.floor``)
+        self.floor = 0
         self.throttle_at = 0  #: bytes where its throttle fence is (0: not reported)
         self.memory_bytes = -1  #: bytes of outputs in its memory, as last reported (-1: not)
         #: threads still running a cancelled try, replaced by fresh ones (thread
@@ -396,6 +401,7 @@ class TaskState:
         "nbytes",
         "oom_alone",
         "oom_own",
+        "oom_worker_floor",
         "ooms",
         "prio",
         "producer",
@@ -495,6 +501,9 @@ class TaskState:
         #: its latest try killed for memory in a task process: that process's highest
         #: RSS, the task's own memory (0: not known, or none killed)
         self.oom_own = 0
+        #: the floor of the worker of that try (memory that is not outputs) when it was
+        #: at or past its resume mark, the kill's likelier cause (0: under it)
+        self.oom_worker_floor = 0
         #: retries beyond its budget (free, or charged with none left): at most
         #: ``SchedulerConfig.max_free_retries``
         self.free_retries = 0
@@ -571,9 +580,15 @@ class TaskState:
     @property
     def oom_need(self) -> str:
         """What :meth:`oom_fits` asks, in words: ``above 1.00 GiB`` or ``of 1.00 GiB
-        or more``."""
-        size = f"{self.oom_floor / 2**30:.2f} GiB"
+        or more`` (in :meth:`oom_size`'s unit)."""
+        size = self.oom_size(self.oom_floor)
         return f"above {size}" if self.oom_strict else f"of {size} or more"
+
+    def oom_size(self, n: float) -> str:
+        """``n`` bytes in the unit :class:`~runtime.errors.TaskOutOfMemory` names the
+        limits and peaks of ``ooms`` in (MiB when all are under a GiB), so that a
+        message about them has one unit."""
+        return memory_sizes(n, top=max((max(lim, p) for _, lim, p in self.ooms), default=0))[0]
 
     @property
     def disk_full_tries(self) -> int:

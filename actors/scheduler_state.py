@@ -234,6 +234,7 @@ from actors.scheduler_events import (
     Tick,
     WorkerAway,
     WorkerDraining,
+    WorkerFloor,
     WorkerHeld,
     WorkerJoined,
     WorkerLeaving,
@@ -1154,7 +1155,7 @@ class SchedulerState(DiskPlacement, PlacementWatch):
                 ts.retries_left = spec.retries
                 ts.lost_tries = 0
                 ts.ooms = ts.oom_alone = ()  # a fresh start: any worker may run it again
-                ts.oom_own = 0
+                ts.oom_own = ts.oom_worker_floor = 0
                 ts.free_retries = 0
                 ts.behind = False
                 ts.unneeded = False
@@ -1455,6 +1456,8 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         self.throttled.discard(ev.worker)
         if ws.past_peak:  # its warning ends with it
             self._out.append(WorkerPastLimit(self._stimulus, ws.id, ws.memory, 0))
+        if ws.floor:  # so does its floor's
+            self._out.append(WorkerFloor(self._stimulus, ws.id, 0))
         self._log(ev.worker, "joined", f"left:{ev.cause}")
         if self.held:  # the holder that would not hand over may be this one: try again
             self._release_held(every=True)
@@ -1722,9 +1725,11 @@ class SchedulerState(DiskPlacement, PlacementWatch):
                 if own + rest + ts.in_nbytes < ws.memory * TERMINATE:
                     alone = False
             ts.oom_alone += (alone,)
-            ts.oom_own = own
+            ts.oom_own, ts.oom_worker_floor = own, ws.floor
             tries = len(ts.tries) + 1
-            error = TaskOutOfMemory(str(ts.key), ws.id, res.rss, ws.memory, tries, ts.ooms, own=own)
+            error = TaskOutOfMemory(
+                str(ts.key), ws.id, res.rss, ws.memory, tries, ts.ooms, own=own, floor=ws.floor
+            )
         record = self._tried(ts, rec, error, failure=failure)
         self._failed_try(ts, outcome, failure, error, ws.id, record)
         return error
@@ -2188,6 +2193,9 @@ class SchedulerState(DiskPlacement, PlacementWatch):
             self._out.append(
                 WorkerPastLimit(self._stimulus, ws.id, ev.limit, ev.past_peak, categories)
             )
+        if ev.floor != ws.floor:  # its floor's warning, shown while it holds
+            ws.floor = ev.floor
+            self._out.append(WorkerFloor(self._stimulus, ws.id, ev.floor, ev.floor_warning))
         self.storage.disk(ws.id, ws.disk_used)
         ws.abandoned = max(0, ev.abandoned)
         held = max(0, ev.held)
@@ -2572,11 +2580,11 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         if largest is None:
             if pool is None or pool not in shapes:
                 return False  # no worker of its pool, none known to come: nothing decided
-            size = shapes[pool] / 2**30
-            has = f"pool {pool!r} has no worker that takes tasks (its workers have {size:.2f} GiB)"
+            size = ts.oom_size(shapes[pool])
+            has = f"pool {pool!r} has no worker that takes tasks (its workers have {size})"
         else:
             where = "worker" if pool is None else f"worker of pool {pool!r}"
-            has = f"the largest {where} that takes tasks has {largest / 2**30:.2f} GiB"
+            has = f"the largest {where} that takes tasks has {ts.oom_size(largest)}"
         configured = "" if not shapes else ", and no pool is configured to start larger workers"
         nowhere = (
             f"a retry goes only to a worker with a memory limit {ts.oom_need}, and "
@@ -2584,8 +2592,9 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         )
         wid, limit, peak = ts.ooms[-1]
         err = TaskOutOfMemory(
-            str(ts.key), wid, peak, limit, len(ts.tries), ts.ooms, nowhere, own=ts.oom_own
-        )
+            str(ts.key), wid, peak, limit, len(ts.tries), ts.ooms, nowhere,
+            own=ts.oom_own, floor=ts.oom_worker_floor,
+        )  # fmt: skip
         self._log(ts.key, "oom", f"not retried: {nowhere}")
         self._fail(ts, err)
         return True
@@ -3943,7 +3952,7 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         wid, limit, _ = ts.ooms[-1]
         ts.wait_said = why = (
             f"waiting for a worker with a memory limit {ts.oom_need}: killed for memory "
-            f"on {wid!r} ({limit / 2**30:.2f} GiB), it runs again only on a "
+            f"on {wid!r} ({ts.oom_size(limit)}), it runs again only on a "
             + ("larger one" if ts.oom_strict else "worker at least as large")
         )
         self._log(ts.key, "queued", why)

@@ -965,6 +965,7 @@ class Worker(Actor):
                 store.file_bytes,
                 self.state.past_peak,
                 self.state.threads_held,
+                governor.floor_text(),
             )
         )
 

@@ -44,7 +44,7 @@ from typing import Any, Literal
 
 from actors import memory as mem
 from actors.protocol import TaskResult, ToRun
-from runtime.errors import DiskFull, TaskTimeout, floor_warning
+from runtime.errors import DiskFull, TaskTimeout
 from runtime.graph import Key
 from runtime.messages import get_data_batches
 
@@ -1115,8 +1115,7 @@ class WorkerState:
             elif isinstance(cmd, mem.Trim):
                 out.append(Trim())
             elif isinstance(cmd, mem.Floor):
-                cfg = self.governor.config
-                warning = floor_warning(cmd.floor, cfg.resume_at, cfg.at(cfg.throttle), cfg.limit)
+                warning = self.governor.floor_text()
                 fields = (("floor", cmd.floor), ("resume", cmd.resume),
                           ("throttle", cmd.throttle), ("warning", warning))  # fmt: skip
                 out.append(Log("warning", FLOOR_EVENT, fields))

@@ -864,8 +864,9 @@ class TaskCrashedWorkers(WorkerLost):
         )
 
 
-#: a dask collection's task key as a string: ``('name-<token>', i, ...)`` or ``name-<token>``
-_DASK_KEY = re.compile(r"^\(?'?([A-Za-z_][\w.]*?)-[0-9a-f]{32}'?(?:,|\)|$)")
+#: a dask collection's task key as a string: ``('name-<token>', i, ...)`` (a plain
+#: ``name-<token>`` is also what ``submit`` and ``dask.delayed`` name a function's call)
+_DASK_KEY = re.compile(r"^\('([A-Za-z_][\w.]*?)-[0-9a-f]{32}', ")
 
 #: what a task dask names so does with memory, and how to control it
 _DASK_STEPS = {
@@ -880,8 +881,9 @@ _DASK_STEPS = {
 
 def dask_chunks_hint(key: str) -> str:
     """Advice on the size of a task of a dask collection (its key's name: ``'name-<32
-    hex>'``, alone or first in a tuple), which the user may never have written (dask's
-    optimizer makes tasks such as ``repartitiontofewer``); "" for any other key."""
+    hex>'`` first in a tuple with the chunk's or partition's index), which the user may
+    never have written (dask's optimizer makes tasks such as ``repartitiontofewer``); ""
+    for any other key (a ``submit``'s ``'func-<token>'`` is the user's own function)."""
     found = _DASK_KEY.match(key)
     if found is None:
         return ""
@@ -909,7 +911,10 @@ class TaskOutOfMemory(CorralError):
     (the worker's memory limit and the highest RSS seen while the task ran there);
     ``nowhere``: why it was not retried when a retry was allowed ("" otherwise);
     ``own``: the highest RSS of its last killed try's own task process, the task's own
-    memory without the worker's (0: not known, thread execution)."""
+    memory without the worker's (0: not known, thread execution); ``floor``: that
+    worker's floor (memory that is not outputs: libraries, task processes) when it was
+    at or past its resume mark (0: under it), the kill's likelier cause than the task's
+    size, which the message then leads with (docs/memory.md)."""
 
     def __init__(
         self,
@@ -922,9 +927,11 @@ class TaskOutOfMemory(CorralError):
         nowhere: str = "",
         *,
         own: int = 0,
+        floor: int = 0,
     ) -> None:
         ooms = tuple(ooms) or ((worker, limit, rss),)
-        top = max(limit, *(lim for _, lim, _ in ooms))  # MiB on workers under a GiB
+        # one unit in all: MiB while every limit and peak is under a GiB
+        top = max(limit, rss, *(max(lim, peak) for _, lim, peak in ooms))
 
         def size(n: int) -> str:
             return memory_sizes(n, top=top)[0]
@@ -937,12 +944,26 @@ class TaskOutOfMemory(CorralError):
         why = f" Not retried: {nowhere}." if nowhere else ""
         n_tries = f"{tries} {'try' if tries == 1 else 'tries'}"
         itself = f"; the task's own process used {size(own)} of it" if own else ""
+        cause = advice = ""
+        if floor:  # the worker's own memory filled it, not the task's
+            cause = (
+                f" Memory that is not outputs was {size(floor)} of that worker's "
+                f"{size(limit)} (its floor: libraries, task processes, memory the "
+                "allocator keeps), at or past its resume mark: the worker was nearly "
+                f"full before the task began, and smaller chunks will not help; "
+                f"{FLOOR_ADVICE}."
+            )
+        else:
+            advice = (
+                " Give workers more memory (--memory, a pool's memory_per_worker), make "
+                "the task's chunks smaller, or raise the terminate fraction."
+                f"{dask_chunks_hint(key)}"
+            )
         super().__init__(
             f"task {key!r} was killed for memory on worker {worker!r}: the worker used "
             f"{size(rss)} of its {size(limit)} limit while the task ran{itself}, past the "
-            f"terminate fence ({n_tries}). Killed for memory {times}: {each}.{why} Give workers "
-            "more memory (--memory, a pool's memory_per_worker), make the task's chunks "
-            f"smaller, or raise the terminate fraction.{dask_chunks_hint(key)}",
+            f"terminate fence ({n_tries}).{cause} Killed for memory {times}: {each}.{why}"
+            f"{advice}",
             key=key,
             worker=worker,
             rss=rss,
@@ -951,6 +972,7 @@ class TaskOutOfMemory(CorralError):
             ooms=ooms,
             nowhere=nowhere,
             own=own,
+            floor=floor,
         )
 
 

@@ -229,6 +229,9 @@ class WorkerMemoryReport(Message):
     #: but could not be, as many being abandoned already as it has threads (thread
     #: execution): the scheduler counts these slots busy until the calls return
     held: int = 0
+    #: with ``floor``, the warning the worker logged of it (what to do; "": none), which
+    #: the scheduler shows in ``status()["warnings"]``
+    floor_warning: str = ""
 
 
 @message()

@@ -16,6 +16,7 @@ and the monitoring database. Every wait is bounded and gated on what was reporte
 
 from __future__ import annotations
 
+import dataclasses
 import sqlite3
 import time
 from collections.abc import Callable
@@ -383,3 +384,41 @@ async def test_a_thread_worker_far_past_its_limit_is_a_warning_in_the_status(
     assert not s.status(StatusRequest())["warnings"]
     pools = s.metrics(MetricsRequest())["pools"].values()
     assert sum(p.workers_past_limit for p in pools) == 0
+
+
+def _shell() -> Scheduler:
+    """A scheduler shell with worker ``w1`` (1 GiB) joined, its clock fixed."""
+    s = Scheduler(lambda: PostedRef(), lambda: PostedRef())  # type: ignore[arg-type, return-value]
+    s.clock = FixedClock()  # type: ignore[assignment]
+    s._log = get_logger("corral", actor="scheduler")
+    s.workers["w1"] = PostedRef()  # type: ignore[assignment]
+    s._handle(WorkerJoined("j", 1.0, worker="w1", cores=2, memory=GIB))
+    return s
+
+
+@pytest.mark.anyio
+async def test_a_floor_past_the_resume_mark_is_a_warning_in_the_status(tmp_path: Path) -> None:
+    """User audit (daskmig, finding 2): the floor's warning, 'memory that is not outputs
+    is 491.6 MiB ...', went only to the worker's own log; status()["warnings"] did not
+    have it, and the run failed 15 s later. A worker actor idle at 0.9 of its limit (its
+    RSS set by the test) measures that floor and reports it with its warning; a
+    scheduler shell fed its reports shows it, until a report says it is under the mark."""
+    sched = SchedulerRecorder()
+    with anyio.fail_after(30):
+        async with ActorSystem() as system:
+            sref = await system.spawn(sched, "scheduler")
+            w = Worker(
+                "w1", sref, lambda _: None, memory=GIB, probe=lambda: int(0.9 * GIB),
+                memory_options={"spill_dir": str(tmp_path), "interval": 0.01},
+            )  # fmt: skip
+            await system.spawn(w, "w1")
+            await sched.until(lambda: any(r.floor for r in sched.reports))
+    report = next(r for r in sched.reports if r.floor)
+    assert report.floor == int(0.9 * GIB)
+    assert report.floor_warning.startswith("memory that is not outputs is 0.90 GiB")
+    s = _shell()
+    assert not s.status(StatusRequest())["warnings"]
+    s.worker_memory(report)
+    assert s.status(StatusRequest())["warnings"] == (f"worker w1: {report.floor_warning}",)
+    s.worker_memory(dataclasses.replace(report, floor=0, floor_warning=""))
+    assert not s.status(StatusRequest())["warnings"]

@@ -17,13 +17,14 @@ from actors.scheduler_events import (
     TasksFinished,
     Tick,
     WorkerDraining,
+    WorkerFloor,
     WorkerLeft,
     WorkerMemory,
     WorkerPastLimit,
 )
 from actors.scheduler_state import SchedulerState
 from policies import REGISTRY, RISE_WINDOW
-from runtime.errors import FLOOR_ADVICE, MemoryStalled, TaskOutOfMemory
+from runtime.errors import FLOOR_ADVICE, MemoryStalled, TaskOutOfMemory, floor_warning
 from tests.helpers import (
     GB,
     MB,
@@ -895,9 +896,120 @@ def test_a_kill_of_a_task_dask_made_says_how_to_control_it() -> None:
         "partitions, e.g. groupby(...).agg(..., split_out=N) with N the input's "
         "npartitions.)"
     )
-    other = str(TaskOutOfMemory("getitem-7ec2a708cf2600d0ab11b81e5862c00a", "w", 1, 2, 1))
+    other = str(TaskOutOfMemory("('getitem-7ec2a708cf2600d0ab11b81e5862c00a', 3)", "w", 1, 2, 1))
     assert "'getitem' is the dask operation" in other and "split_out for a dask" in other
     assert str(TaskOutOfMemory("hog-0", "w", 1, 2, 1)).endswith("terminate fraction.")
+
+
+def test_the_dask_hint_is_for_a_dask_collections_keys_only() -> None:
+    """A user audit's ``c.submit(hog, 1500)`` (key ``'hog-<token>'``, the user's own
+    function) was told "'hog' is the dask operation this task belongs to". The hint is
+    for a chunk or partition of a dask collection, ``('name-<token>', i, ...)``."""
+    token = "7ec2a708cf2600d0ab11b81e5862c00a"
+    for key in (f"hog-{token}", f"('hog-{token}',)", f"finalize-{token}", "('hog', 1)"):
+        text = str(TaskOutOfMemory(key, "w", 700 * MB, 600 * MB, 2))
+        assert "dask operation" not in text and text.endswith("terminate fraction."), key
+    for key in (f"('var-{token}', 6, 7)", f"('getitem-{token}', 0)"):
+        text = str(TaskOutOfMemory(key, "w", 700 * MB, 600 * MB, 2))
+        assert "is the dask operation this task belongs to" in text, key
+
+
+def test_a_kill_for_memory_is_told_in_one_unit(make_state: Factory) -> None:
+    """The user audit's message said "limit 600.0 MiB" and "a memory limit above 0.59
+    GiB" side by side: the reason it was not retried is in the unit of the rest."""
+    s = make_state()
+    join(s, "w1", cores=1, memory=600 * MB)
+    submit(s, {"hog-0": []}, ["hog-0"])
+    (erred,) = of(finish(s, "w1", "hog-0", "oom", rss=610 * MB, rss_peak=620 * MB), KeyErred)
+    text = str(erred.error)
+    assert erred.error.nowhere == (
+        "a retry goes only to a worker with a memory limit above 620.0 MiB, and the largest "
+        "worker that takes tasks has 600.0 MiB"
+    )
+    assert "GiB" not in text and "on 'w1' (limit 600.0 MiB, peak 620.0 MiB)" in text
+    # a peak past a GiB on the same worker: GiB for every size, the limit too
+    s = make_state()
+    join(s, "w1", cores=1, memory=600 * MB)
+    submit(s, {"hog-0": []}, ["hog-0"])
+    (erred,) = of(finish(s, "w1", "hog-0", "oom", rss=GB, rss_peak=GB), KeyErred)
+    text = str(erred.error)
+    assert "MiB" not in text and "the worker used 1.00 GiB of its 0.59 GiB limit" in text
+    assert (
+        "a memory limit above 1.00 GiB, and the largest worker that takes tasks has 0.59 GiB"
+        in text
+    )
+
+
+def floor_report(s: SchedulerState, worker: str, floor: int, limit: int = 600 * MB) -> list[Any]:
+    """A memory report of ``worker`` with its floor at (``floor``) or under (0) its
+    resume mark, as its core says it (the configured marks of ``limit``)."""
+    text = floor_warning(floor, int(0.6 * limit), int(0.7 * limit), limit) if floor else ""
+    ev = event(WorkerMemory, worker=worker, throttled=False, rss=floor or 100 * MB,
+               throttle_at=int(0.7 * limit), limit=limit, floor=floor,
+               floor_warning=text)  # fmt: skip
+    return [c for c in run(s, ev) if isinstance(c, WorkerFloor)]
+
+
+def test_a_floor_past_the_resume_mark_is_shown_while_it_holds(make_state: Factory) -> None:
+    """The user audit: 'memory that is not outputs is 491.6 MiB ...' went only to the
+    worker's own log; status()["warnings"] held the cores warning alone. Each change of
+    a worker's reported floor comes out for the shell to show, until it falls under
+    the mark or the worker leaves."""
+    s = make_state()
+    join(s, "w1", cores=2, memory=600 * MB)
+    floor = 515477504  # the audit's: 491.6 MiB
+    (said,) = floor_report(s, "w1", floor)
+    assert said == WorkerFloor(said.stimulus_id, "w1", floor, floor_warning(
+        floor, int(0.6 * 600 * MB), int(0.7 * 600 * MB), 600 * MB))  # fmt: skip
+    assert said.warning.startswith("memory that is not outputs is 491.6 MiB")
+    assert floor_report(s, "w1", floor) == []  # the same floor: said already
+    (said,) = floor_report(s, "w1", 0)
+    assert (said.floor, said.warning) == (0, "")
+    floor_report(s, "w1", floor)
+    cmds = run(s, event(WorkerLeft, worker="w1", cause="drained"))
+    assert [c for c in cmds if isinstance(c, WorkerFloor)] == [
+        WorkerFloor(cmds[0].stimulus_id, "w1", 0)
+    ]
+
+
+def test_a_kill_on_a_worker_at_its_floor_blames_the_floor_not_the_chunks(
+    make_state: Factory,
+) -> None:
+    """The user audit: 2 x 600 MiB workers with 2 task processes each; a task whose own
+    process used 35.6 MiB was killed, and the message said "make the task's chunks
+    smaller", while the workers' floor, 491.6 MiB, was past their resume mark (only
+    their own logs said so). With the killed worker's floor past its mark, the message
+    leads with it and its remedy; without, it blames the task's size as before."""
+    s = make_state()
+    join(s, "w1", cores=2, memory=600 * MB)
+    floor_report(s, "w1", 515477504)
+    key = "('var-4244c0ffee4244c0ffee4244c0ffee42', 6, 7)"
+    submit(s, {key: []}, [key])
+    cmds = finish(s, "w1", key, "oom", rss=634912768, rss_peak=634912768, own_rss=37329305)
+    (erred,) = of(cmds, KeyErred)
+    err = erred.error
+    assert isinstance(err, TaskOutOfMemory) and err.floor == 515477504
+    text = str(err)
+    assert text.startswith(
+        f"task {key!r} was killed for memory on worker 'w1': the worker used 605.5 MiB of "
+        "its 600.0 MiB limit while the task ran; the task's own process used 35.6 MiB of "
+        "it, past the terminate fence (1 try). Memory that is not outputs was 491.6 MiB of "
+        "that worker's 600.0 MiB (its floor: libraries, task processes, memory the "
+        "allocator keeps), at or past its resume mark: the worker was nearly full before "
+        f"the task began, and smaller chunks will not help; {FLOOR_ADVICE}. Killed for "
+        "memory once: "
+    )
+    assert "chunks smaller" not in text and "dask operation" not in text
+    # the same kill on a worker whose floor is under its mark: the task's size
+    s = make_state()
+    join(s, "w1", cores=2, memory=600 * MB)
+    floor_report(s, "w1", 0)
+    submit(s, {key: []}, [key])
+    cmds = finish(s, "w1", key, "oom", rss=634912768, rss_peak=634912768, own_rss=600 * MB)
+    (erred,) = of(cmds, KeyErred)
+    text = str(erred.error)
+    assert erred.error.floor == 0 and "Memory that is not outputs" not in text
+    assert "make the task's chunks smaller" in text and "'var' is the dask operation" in text
 
 
 def test_progress_restarts_the_watchdogs_clock(make_state: Factory) -> None:
