@@ -96,7 +96,7 @@ from actors.shared_disk import disk_claim, disk_key, disk_shared_text, shared_di
 from policies import ON_PURPOSE, REGISTRY, PolicyRegistry, params_of, policy_change_fields
 from policies.survival import Survival
 from runtime.client_ids import client_name
-from runtime.errors import ActorStopped, CorralError, UnknownCategory, size_text
+from runtime.errors import PAST_LIMIT_ADVICE, ActorStopped, CorralError, UnknownCategory, size_text
 from runtime.graph import SpecPiece
 from runtime.kernel import Actor, ActorRef, Envelope, Later, current_causal_id, handles
 from runtime.messages import (
@@ -239,10 +239,7 @@ def past_limit_text(cmd: WorkerPastLimit) -> str:
     return (
         f"worker {cmd.worker}: its RSS reached {size_text(cmd.peak)}, {share}its memory limit "
         f"of {size_text(cmd.limit)}, while it ran tasks of {cats or 'no known category'}; "
-        "its tasks run in threads, which its terminate fence cannot kill. Start its workers "
-        "with execution 'process' (--execution process) for a fence that kills the task "
-        "that grew, or give them more memory (--memory), or split those tasks' data into "
-        "smaller pieces"
+        f"{PAST_LIMIT_ADVICE}"
     )
 
 
@@ -803,6 +800,8 @@ class Scheduler(Actor):
             return
         text = past_limit_text(cmd)
         self.host_warnings[key] = text
+        if not cmd.log:  # a higher peak, shown; logged at the first and at each doubling
+            return
         self.log.warning(
             "worker past its memory limit: its tasks run in threads and cannot be killed",
             worker=cmd.worker, limit=cmd.limit, peak=cmd.peak,

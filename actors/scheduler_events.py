@@ -423,13 +423,15 @@ class WorkerPastLimit(Command):
     """``worker`` (of memory ``limit``) ran past its terminate fence, its tasks in
     threads, which the fence cannot kill: its RSS reached ``peak``, a new high, while it
     had tasks of ``categories`` (sorted) sent to it. ``peak`` 0: the worker left, the
-    warning ends. The shell logs it and shows it in ``status()["warnings"]``
-    (:func:`past_limit_text`)."""
+    warning ends. The shell shows it in ``status()["warnings"]`` at every new peak
+    (:func:`past_limit_text`) and logs it when ``log``: the first crossing, then each
+    doubling of the excess over the limit (:func:`past_limit_logged`)."""
 
     worker: str
     limit: int
     peak: int
     categories: tuple[str, ...] = ()
+    log: bool = True
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

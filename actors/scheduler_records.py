@@ -261,6 +261,7 @@ class WorkerState:
         "memory_bytes",
         "n_producers",
         "occupancy",
+        "past_logged",
         "past_peak",
         "pool",
         "processing",
@@ -334,6 +335,7 @@ class WorkerState:
         #: the highest RSS it said it reached past its terminate fence with tasks in
         #: threads (0: never; ``WorkerMemory.past_peak``)
         self.past_peak = 0
+        self.past_logged = 0  #: of those, the peak last logged (``past_limit_logged``)
         #: its floor (memory that is not outputs) when at or past its resume mark, as last
         #: reported (0: under it; ``WorkerMemory.floor``)
         self.floor = 0

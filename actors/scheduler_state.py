@@ -353,6 +353,10 @@ MAX_CATEGORIES = 2_000
 #: ``MemoryConfig.terminate`` (a worker does not tell its own); memory admission by RSS
 #: rise keeps the tries running on a worker under it (``_rss_fits``)
 TERMINATE = 0.95
+#: a thread worker past its terminate fence is logged again once its excess over its
+#: limit doubled, from at least this fraction of its limit (:func:`past_limit_logged`;
+#: the worker reports each ``actors.worker_state.PAST_PEAK_STEP`` climb, 5% too)
+PAST_PEAK_LOG_STEP = 0.05
 #: a category's RSS rise under this many bytes is noise (pages, allocator slack): not held
 MIN_RISE = 2**20
 #: categories looked at per forgetting, oldest first (those with tasks go to the back)
@@ -470,6 +474,19 @@ class _NotATuple(Exception):
 class _OverBudget(Exception):
     """A policy kind's calls took their budget for this turn: it is not asked again
     until the next one (:meth:`SchedulerState._ask`); its fallback answers."""
+
+
+def past_limit_logged(logged: int, peak: int, limit: int) -> bool:
+    """Whether a thread worker of memory ``limit`` past its terminate fence, whose RSS
+    reached the new high ``peak``, is logged again, ``logged`` being the peak it was
+    last logged at (0: never): the first time, then each time its excess over the limit
+    at least doubles (from at least ``PAST_PEAK_LOG_STEP`` of the limit), so a task growing
+    far past it is logged a handful of times, not at every 5% (its warning in
+    ``status()["warnings"]`` follows every peak)."""
+    if not logged:
+        return True
+    step = PAST_PEAK_LOG_STEP * limit
+    return peak - limit >= 2 * max(logged - limit, step)
 
 
 def _raised(where: str, exc: BaseException) -> str:
@@ -2189,9 +2206,12 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         ws.disk_used = max(0, ev.disk_used)
         if ev.past_peak > ws.past_peak:  # past a fence that cannot kill: the client is told
             ws.past_peak = ev.past_peak
+            log = past_limit_logged(ws.past_logged, ev.past_peak, ev.limit)
+            if log:
+                ws.past_logged = ev.past_peak
             categories = tuple(sorted({ts.spec.category for ts in ws.processing}))
             self._out.append(
-                WorkerPastLimit(self._stimulus, ws.id, ev.limit, ev.past_peak, categories)
+                WorkerPastLimit(self._stimulus, ws.id, ev.limit, ev.past_peak, categories, log)
             )
         if ev.floor != ws.floor:  # its floor's warning, shown while it holds
             ws.floor = ev.floor

@@ -50,6 +50,7 @@ from policies import KINDS, REGISTRY
 from runtime import pickling, unpickling
 from runtime.errors import (
     FLOOR_ADVICE,
+    PAST_LIMIT_ADVICE,
     ActorStopped,
     AddressInUse,
     AskTimeout,
@@ -397,6 +398,32 @@ def _throttle_news(
         "their marks",
     )
     return True
+
+
+def _past_limit_news(said: set[str], reply: StatusReply | None, manager: str) -> set[str]:
+    """One look: log ONE warning per worker episode for each worker in ``reply`` (the
+    manager's status while this client's tasks wait; None: none waits, nothing is
+    said) that ran past its terminate fence with its tasks in threads
+    (``WorkerMemoryReport.past_peak``), which that fence cannot kill; ``said``: the
+    workers told of already. Returns those told of that still are past it (a worker
+    that left, or was told of and is no longer, is told of again in a new episode)."""
+    if reply is None:
+        return said
+    past = {w: m for w, m in sorted(reply.memory.items()) if m.past_peak}
+    for w, m in past.items():
+        if w in said:
+            continue
+        limit, peak = memory_sizes(m.limit, m.past_peak, top=m.limit)
+        _log.warning(
+            "a worker ran past its memory limit: its tasks run in threads and cannot be killed",
+            manager=manager,
+            worker=w,
+            limit=limit,
+            peak=peak,
+            hint=f"{PAST_LIMIT_ADVICE}. The manager's status() warnings and dashboard show "
+            "its highest RSS as it climbs (docs/memory.md#the-fences)",
+        )
+    return set(past)
 
 
 def _policy_call(info: PolicyInfo) -> str:
@@ -1415,7 +1442,9 @@ class Cluster:
     logged at the next look, before that alert fires. While this client's tasks wait,
     each look also reads the manager's status and warns, once an episode, when most
     workers were throttled for memory :data:`THROTTLE_HINT_AFTER` seconds (30) or more
-    meanwhile (:func:`_throttle_news`). ``None``: it does not look. An embedded
+    meanwhile (:func:`_throttle_news`), and once per worker that ran past its memory
+    limit with its tasks in threads (:func:`_past_limit_news`). ``None``: it does not
+    look. An embedded
     cluster's alert monitor logs them in this process anyway.
 
     ``prune_depth`` (docs/files.md#pruning-depth): an output is dropped from the
@@ -1483,6 +1512,8 @@ class Cluster:
         self.manager_alerts = manager_alerts
         #: the throttle hint's state (with ``address``, at each look at the alerts)
         self._throttle = _ThrottleWatch()
+        #: the workers past their memory limit this client told of (:func:`_past_limit_news`)
+        self._past_limit: set[str] = set()
         #: with ``address``: per kind this client set, the policy before its first set
         #: (None: not known) and the latest it set; warned of at close if still in force
         self._policies_set: dict[str, tuple[PolicyInfo | None, PolicyInfo]] = {}
@@ -1813,7 +1844,9 @@ class Cluster:
     async def _look_at_throttling(self, manager: _RemoteManager, every: float) -> None:
         """While this client's tasks wait, read the manager's status and warn once an
         episode when most workers were throttled for memory long enough
-        (:func:`_throttle_news`); a look that fails is skipped."""
+        (:func:`_throttle_news`), and once per worker episode of one past its memory
+        limit with its tasks in threads (:func:`_past_limit_news`); a look that fails
+        is skipped."""
         status: StatusReply | None = None
         if self._client_actor.waiting():
             try:
@@ -1824,6 +1857,7 @@ class Cluster:
                 _log.debug("could not read the manager's status", error=str(exc))
                 return
         _throttle_news(self._throttle, status, time.monotonic(), str(self.address))
+        self._past_limit = _past_limit_news(self._past_limit, status, str(self.address))
 
     async def _hello(self, conn: Any, address: str, limit: float) -> str:
         """Say ``Hello`` as a client on ``conn`` and wait, at most ``limit`` seconds, for

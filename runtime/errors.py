@@ -800,6 +800,16 @@ FLOOR_ADVICE = (
 )
 
 
+#: What to do about a worker whose tasks run in threads and took it past its terminate
+#: fence, which cannot kill them (the scheduler's warning of it, and a client's log line)
+PAST_LIMIT_ADVICE = (
+    "its tasks run in threads, which its terminate fence cannot kill. Start its workers "
+    "with execution 'process' (--execution process) for a fence that kills the task "
+    "that grew, or give them more memory (--memory), or split those tasks' data into "
+    "smaller pieces"
+)
+
+
 def floor_warning(floor: int, resume_at: int, throttle_at: int, limit: int) -> str:
     """Say that a worker's floor ``floor`` (bytes) is at or past its resume mark
     ``resume_at`` (its throttle fence ``throttle_at``, limit ``limit``), and what to do."""
@@ -813,7 +823,7 @@ def floor_warning(floor: int, resume_at: int, throttle_at: int, limit: int) -> s
     )
 
 
-__all__ += ["FLOOR_ADVICE", "floor_warning", "memory_sizes", "size_text"]
+__all__ += ["FLOOR_ADVICE", "PAST_LIMIT_ADVICE", "floor_warning", "memory_sizes", "size_text"]
 
 
 class MemoryConfigError(CorralError, ValueError):

@@ -41,6 +41,7 @@ from runtime import Cluster
 from runtime import client as client_module
 from runtime.client import (
     _no_workers_news,
+    _past_limit_news,
     _policies_left_news,
     _throttle_news,
     _ThrottleWatch,
@@ -1114,6 +1115,36 @@ def _status(throttled: dict[str, float], now_throttled: tuple[str, ...], n: int)
     return StatusReply(
         workers=workers, memory=memory, throttled=now_throttled, throttled_seconds=throttled
     )
+
+
+def test_a_worker_past_its_limit_is_told_once_per_worker_episode() -> None:
+    """The user audit: a Cluster(address) script whose task took a 600 MiB thread
+    worker to 1.5 GiB printed nothing (the manager logged 25 warnings). At its looks
+    while its tasks wait, the client logs each worker past its limit once, while it
+    stays so; a worker that left and came back past it again is told again."""
+
+    def status(peaks: dict[str, int]) -> StatusReply:
+        memory = {
+            w: WorkerMemoryReport(w, False, peak, 420 * MiB, 600 * MiB, past_peak=peak)
+            for w, peak in peaks.items()
+        }
+        return StatusReply(memory=memory)
+
+    with log_lines("corral.client", logging.WARNING) as log:
+        said = _past_limit_news(set(), status({"w0": 0, "w1": 0}), "m")
+        assert said == set() and log.lines == []
+        said = _past_limit_news(said, status({"w0": 612 * MiB, "w1": 0}), "m")
+        (line,) = log.lines
+        assert "a worker ran past its memory limit" in line and "worker='w0'" in line
+        assert "limit='600.0 MiB'" in line and "peak='612.0 MiB'" in line
+        assert "execution 'process'" in line
+        for peak in range(642, 1600, 30):  # higher and higher: said already
+            said = _past_limit_news(said, status({"w0": peak * MiB, "w1": 0}), "m")
+        assert said == {"w0"} and len(log.lines) == 1
+        said = _past_limit_news(said, None, "m")  # nothing waits: nothing said
+        said = _past_limit_news(said, status({"w1": 0}), "m")  # w0 left
+        said = _past_limit_news(said, status({"w0": 1024 * MiB, "w1": 0}), "m")
+        assert len(log.lines) == 2 and "peak='1.00 GiB'" in log.lines[1]
 
 
 def test_a_throttle_episode_is_told_once_and_only_when_most_workers_are_held() -> None:

@@ -17,6 +17,7 @@ and the monitoring database. Every wait is bounded and gated on what was reporte
 from __future__ import annotations
 
 import dataclasses
+import logging
 import sqlite3
 import time
 from collections.abc import Callable
@@ -35,6 +36,7 @@ from actors.scheduler_events import GraphSubmitted, WorkerJoined, WorkerLeft
 from actors.worker import Worker
 from runtime import Cluster
 from runtime.dashboard import build_snapshot
+from runtime.errors import size_text
 from runtime.kernel import ActorSystem, handles
 from runtime.log import get_logger
 from runtime.messages import (
@@ -46,12 +48,14 @@ from runtime.messages import (
     StatusReply,
     StatusRequest,
     WorkerHolds,
+    WorkerMemoryReport,
 )
 from runtime.metrics import render
 from tests.helpers import (
     FixedClock,
     PostedRef,
     SchedulerRecorder,
+    log_lines,
     scraped,
     specs_for,
     wait_until,
@@ -422,3 +426,21 @@ async def test_a_floor_past_the_resume_mark_is_a_warning_in_the_status(tmp_path:
     assert s.status(StatusRequest())["warnings"] == (f"worker w1: {report.floor_warning}",)
     s.worker_memory(dataclasses.replace(report, floor=0, floor_warning=""))
     assert not s.status(StatusRequest())["warnings"]
+
+
+def test_a_thread_worker_climbing_past_its_limit_is_logged_at_each_doubling() -> None:
+    """User audit (daskmig, finding 6): 35 WARNINGs in 3.5 s for one task growing to
+    1.5 GiB on a 600 MiB worker, one per 5% report. The shell's status follows every
+    report; its log, the first crossing and each doubling of the excess."""
+    s = _shell()
+    specs = specs_for(s.state, {"hog-0": []}, ["hog-0"])
+    s._handle(GraphSubmitted("g", 2.0, specs=specs, wanted=("hog-0",)))
+    limit = 600 * MB
+    with log_lines("corral", logging.WARNING) as log:
+        for peak in range(612 * MB, 1580 * MB, 30 * MB):
+            s.worker_memory(WorkerMemoryReport("w1", True, peak, 420 * MB, limit, past_peak=peak))
+            (warning,) = s.status(StatusRequest())["warnings"]
+            assert warning.startswith(f"worker w1: its RSS reached {size_text(peak)}")
+    lines = [ln for ln in log.lines if "worker past its memory limit" in ln]
+    peaks = [int(ln.split("peak=")[1].split()[0]) // MB for ln in lines]
+    assert peaks == [612, 672, 762, 942, 1302]

@@ -686,6 +686,26 @@ def test_an_operator_forgets_a_category_and_its_tasks_are_placed_as_new(
     assert assigned(cmds) == {"w1": ["burst-1", "burst-2"]}
 
 
+def test_a_thread_worker_far_past_its_limit_is_logged_at_each_doubling_not_each_step(
+    make_state: Factory,
+) -> None:
+    """The user audit: one task growing to 1.5 GiB on a 600 MiB thread worker logged
+    35 warnings in 3.5 s, one per 5% of the limit the worker reports. Each new peak
+    still comes out (status()["warnings"] stays current), but the shell logs it only
+    at the first crossing and then each time the excess over the limit doubled (from at
+    least 5% of the limit)."""
+    s = make_state()
+    join(s, "w1", cores=2, memory=600 * MB)
+    submit(s, {"hog-0": []}, ["hog-0"])
+    said = []
+    for peak in range(612 * MB, 1580 * MB, 30 * MB):  # the worker's reports, 5% apart
+        ev = event(WorkerMemory, worker="w1", throttled=True, rss=peak,
+                   throttle_at=420 * MB, limit=600 * MB, past_peak=peak)  # fmt: skip
+        said += [c for c in run(s, ev) if isinstance(c, WorkerPastLimit)]
+    assert [c.peak for c in said] == list(range(612 * MB, 1580 * MB, 30 * MB))
+    assert [c.peak // MB for c in said if c.log] == [612, 672, 762, 942, 1302]
+
+
 def test_a_thread_worker_past_its_fence_is_said_at_each_new_peak_and_ends_when_it_leaves(
     make_state: Factory,
 ) -> None:
