@@ -89,19 +89,21 @@ def _monitoring_options(parser: Any, prog: str, run: str = "<time>-<id>") -> Non
     group.add_argument("--no-monitoring", action="store_true", help="write no monitoring database")
 
 
-def _tls_options(parser: Any) -> None:
-    """``--tls-cert``, ``--tls-key``, ``--tls-ca`` (of the manager and the worker): set
-    ``CORRAL_TLS_*`` for this process and its children (``transport/tls.py``)."""
-    parser.add_argument(
-        "--tls-cert",
-        metavar="FILE",
-        help="PEM certificate chain to serve wss:// with (the manager's listener; a "
-        "worker's listener for its peers), its key too unless --tls-key (default: "
-        "$CORRAL_TLS_CERT; docs/security.md#tls)",
-    )
-    parser.add_argument(
-        "--tls-key", metavar="FILE", help="its private key, if in a file of its own"
-    )
+def _tls_options(parser: Any, *, serves: bool = True) -> None:
+    """``--tls-cert``, ``--tls-key``, ``--tls-ca`` (of the manager and the worker; the
+    console, which ``serves`` nothing: ``--tls-ca`` only): set ``CORRAL_TLS_*`` for this
+    process and its children (``transport/tls.py``, through :func:`_apply_tls`)."""
+    if serves:
+        parser.add_argument(
+            "--tls-cert",
+            metavar="FILE",
+            help="PEM certificate chain to serve wss:// with (the manager's listener; a "
+            "worker's listener for its peers), its key too unless --tls-key (default: "
+            "$CORRAL_TLS_CERT; docs/security.md#tls)",
+        )
+        parser.add_argument(
+            "--tls-key", metavar="FILE", help="its private key, if in a file of its own"
+        )
     parser.add_argument(
         "--tls-ca",
         metavar="FILE",
@@ -117,12 +119,15 @@ def _apply_tls(args: argparse.Namespace, address: str, what: str) -> None:
     anything starts), rather than ignored while the process speaks plaintext."""
     from transport.tls import TLS_CA_ENV, TLS_CERT_ENV, TLS_KEY_ENV
 
-    given = [f"--tls-{name}" for name in ("cert", "key", "ca") if getattr(args, f"tls_{name}")]
+    files = {name: getattr(args, f"tls_{name}", None) for name in ("cert", "key", "ca")}
+    given = [f"--tls-{name}" for name, value in files.items() if value]
     scheme = address.partition("://")[0].lower() if "://" in address else "ws"
     if given and scheme != "wss":
         it = "them" if len(given) > 1 else "it"
         if args.command == "manager":
             does, fix = "serve plaintext ws://", "Use --listen wss://HOST:PORT"
+        elif args.command == "console":
+            does, fix = "connect over plaintext ws://", "Connect to wss://HOST:PORT"
         else:
             does, fix = "join and serve its peers over plaintext ws://", "Join wss://HOST:PORT"
         raise ValueError(
@@ -132,8 +137,8 @@ def _apply_tls(args: argparse.Namespace, address: str, what: str) -> None:
         )
     if args.command == "manager" and scheme != "wss":
         _plaintext_despite_tls_env(args.listen, explicit="://" in args.listen)
-    for value, env in ((args.tls_cert, TLS_CERT_ENV), (args.tls_key, TLS_KEY_ENV),
-                       (args.tls_ca, TLS_CA_ENV)):  # fmt: skip
+    for value, env in ((files["cert"], TLS_CERT_ENV), (files["key"], TLS_KEY_ENV),
+                       (files["ca"], TLS_CA_ENV)):  # fmt: skip
         if value:
             os.environ[env] = os.path.abspath(value)
 
@@ -619,7 +624,7 @@ def build_parser(prog: str = MODULE_PROG) -> argparse.ArgumentParser:
         "console",
         parents=[common],
         usage="%(prog)s [-h] [--log-level LEVEL] [--token TOKEN | --token-file PATH] "
-        "[--read-only] [--json] ADDRESS [COMMAND ...]",
+        "[--read-only] [--json] [--tls-ca FILE] ADDRESS [COMMAND ...]",
         help="the control console of a running manager (a shell, or one command)",
         description="Look at and steer the cluster whose manager listens at ADDRESS. "
         "Without COMMAND: an interactive shell (history, tab completion; `help` lists the "
@@ -653,6 +658,7 @@ def build_parser(prog: str = MODULE_PROG) -> argparse.ArgumentParser:
         help="use the read-only token of the token file (look, do not change)",
     )
     con.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    _tls_options(con, serves=False)
     con.add_argument(
         "words", nargs=argparse.REMAINDER, metavar="COMMAND", help="a command to run once"
     )
@@ -1295,6 +1301,10 @@ _MODULE_ADVICE = (
 
 
 def _cmd_console(args: argparse.Namespace) -> int:
+    """The console's options may also come after the address (``split_cli_options``):
+    those win over the ones before it. ``--tls-ca`` is the worker's, refused in the same
+    way with a ``ws://`` address, before anything is dialled."""
+    from runtime.console import ConsoleError, split_cli_options
     from runtime.console import main as console_main
 
     if args.address is None:
@@ -1302,11 +1312,19 @@ def _cmd_console(args: argparse.Namespace) -> int:
             "the following argument is required: ADDRESS (the manager's, e.g. "
             "ws://127.0.0.1:8786); COMMAND is optional: without one the console is a shell"
         )
-    return console_main(
-        args.address, args.words, token=args.token, token_file=args.token_file,
-        read_only=args.read_only, as_json=args.json,
-        log_level=getattr(args, "log_level", None),  # absent: not given before the address
-    )  # fmt: skip
+    try:
+        words, found = split_cli_options(args.words)
+    except ConsoleError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    args.tls_ca = found.pop("tls_ca", args.tls_ca)
+    _apply_tls(args, args.address, f"the manager's address {args.address} is not wss://")
+    options = {
+        "token": args.token, "token_file": args.token_file, "read_only": args.read_only,
+        "as_json": args.json,
+        "log_level": getattr(args, "log_level", None),  # absent: not given before the address
+    }  # fmt: skip
+    return console_main(args.address, words, **(options | found))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

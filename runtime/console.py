@@ -1942,8 +1942,8 @@ class ConsoleShell(cmd.Cmd):
 
 def split_cli_options(words: Sequence[str]) -> tuple[list[str], dict[str, Any]]:
     """Pull the console's own options (``--token T``, ``--token=T``, ``--token-file P``,
-    ``--token-file=P``, ``--log-level L``, ``--log-level=L``, ``--read-only``,
-    ``--json``) out of the words after the address."""
+    ``--token-file=P``, ``--tls-ca F``, ``--tls-ca=F``, ``--log-level L``,
+    ``--log-level=L``, ``--read-only``, ``--json``) out of the words after the address."""
     from runtime.log import level_name
 
     out: list[str] = []
@@ -1951,7 +1951,7 @@ def split_cli_options(words: Sequence[str]) -> tuple[list[str], dict[str, Any]]:
     it = iter(words)
     for w in it:
         flag, eq, given = w.partition("=")
-        if flag in ("--token", "--token-file", "--log-level"):
+        if flag in ("--token", "--token-file", "--tls-ca", "--log-level"):
             value = given if eq else next(it, None)
             if value is None:
                 raise ConsoleError(f"{flag} needs a value")
@@ -2004,23 +2004,16 @@ def main(
     log_level: str | None = None,
     token_file: str | None = None,
 ) -> int:
-    """``python -m runtime console``: run ``words`` once (exit 0, or 1 after one line on
-    stderr), or the interactive shell when there are none. Corral's records are logged
-    at ``--log-level`` (``log_level``, given before the address, or in ``words``), by
-    default at error: the console says what went wrong in its own one line, and a
-    transport's warning (``peer silent; closing``) would only come between its lines."""
-    try:
-        cmd_words, found = split_cli_options(words)
-    except ConsoleError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+    """``python -m runtime console``: run ``words`` (the command's, the console's own
+    options already taken out by :func:`split_cli_options`) once (exit 0, or 1 after one
+    line on stderr), or the interactive shell when there are none. Corral's records are
+    logged at ``--log-level`` (``log_level``), by default at error: the console says what
+    went wrong in its own one line, and a transport's warning (``peer silent; closing``)
+    would only come between its lines."""
     from runtime.log import configure
 
-    configure(found.get("log_level") or log_level or "ERROR")
-    token = found.get("token", token)
-    token_file = found.get("token_file", token_file)
-    read_only = found.get("read_only", read_only)
-    as_json = found.get("as_json", as_json)
+    configure(log_level or "ERROR")
+    cmd_words = list(words)
     client = ConsoleClient(address, token=token, token_file=token_file, read_only=read_only)
     if not cmd_words:
         return _interactive(client)

@@ -18,7 +18,7 @@ import pytest
 
 from runtime import Cluster
 from runtime.errors import ConnectFailed
-from tests.helpers import ROOT, Cli, self_signed_pem
+from tests.helpers import ROOT, Cli, free_port_between, self_signed_pem
 from transport.tls import TLS_CA_ENV
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
@@ -103,6 +103,32 @@ def test_a_worker_warns_at_start_when_its_certificate_does_not_name_its_host(
         cli.line_with(proc, "joined", LIMIT)
 
 
+def test_a_console_takes_tls_ca_before_or_after_the_address(tmp_path: Path) -> None:
+    """``console --tls-ca FILE`` is the worker's flag: the console verifies a ``wss://``
+    manager by FILE, given before the address or after it (where the console's options
+    may come), with ``CORRAL_TLS_CA`` unset; without it the handshake fails."""
+    cert, key = _pem(tmp_path)
+    listen = f"wss://127.0.0.1:{free_port_between(41000, 41999)}"
+    with Cli(tmp_path / "home") as cli:
+        cli.env.pop(TLS_CA_ENV, None)
+        _, address = cli.manager(
+            "--listen", listen, "--tls-cert", cert, "--tls-key", key, "--no-monitoring"
+        )
+
+        def console(*words: str) -> tuple[int, list[str]]:
+            proc = cli.start("console", *words)
+            out = cli.rest(proc, LIMIT)
+            return proc.wait(LIMIT), out
+
+        for words in ([address, "status", "--tls-ca", cert, "--json"],
+                      [f"--tls-ca={cert}", address, "status", "--json"]):  # fmt: skip
+            code, out = console(*words)
+            assert code == 0, out
+            assert '"workers": []' in "".join(out), out
+        code, out = console(address, "status")
+        assert code == 1 and "TLS handshake failed" in out[-1], out
+
+
 def test_a_manager_on_wss_without_a_certificate_says_what_to_give(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_TLS_")}
     env.update(CORRAL_HOME=str(tmp_path / "home"), PYTHONPATH=str(ROOT))
@@ -154,3 +180,13 @@ def test_tls_flags_without_wss_are_refused_not_ignored(tmp_path: Path) -> None:
     err = run("worker", "ws://127.0.0.1:9", "--tls-cert", cert, "--tls-ca", cert)
     assert "--tls-cert and --tls-ca given, but the manager's address ws://127.0.0.1:9" in err
     assert "Join wss://HOST:PORT for TLS, or drop the --tls-* flags" in err
+    # A console of a ws:// manager would connect in plaintext, the flag before or after
+    # the address (not taken as the command word, after connecting).
+    for words in (["ws://127.0.0.1:9", "status", "--tls-ca", cert],
+                  ["--tls-ca", cert, "ws://127.0.0.1:9", "status"]):  # fmt: skip
+        err = run("console", *words)
+        assert err.startswith(
+            "error: ValueError: --tls-ca given, but the manager's address ws://127.0.0.1:9 "
+            "is not wss://: the console would connect over plaintext ws://"
+        ), err
+        assert "Connect to wss://HOST:PORT for TLS, or drop the --tls-* flags" in err

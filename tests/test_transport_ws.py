@@ -903,7 +903,8 @@ async def test_wss_needs_a_trusted_certificate() -> None:
         pytest.param(
             server_context(("127.0.0.1",)), trusting(("localhost",)),
             "give the CA certificate that signed it (for a self-signed certificate, the "
-            "certificate itself) in CORRAL_TLS_CA=FILE (a manager or worker: --tls-ca FILE",
+            "certificate itself) in CORRAL_TLS_CA=FILE (a manager, worker or console: "
+            "--tls-ca FILE",
             id="wrong CA",
         ),
         pytest.param(

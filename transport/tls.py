@@ -120,8 +120,9 @@ def certificate_hint(code: int, host: str) -> str:
         return (
             "The listener is there, but this side does not trust its certificate's issuer: "
             "give the CA certificate that signed it (for a self-signed certificate, the "
-            "certificate itself) in CORRAL_TLS_CA=FILE (a manager or worker: --tls-ca FILE; "
-            "Python: ssl_context=...); without it only the system's CAs are trusted "
+            "certificate itself) in CORRAL_TLS_CA=FILE (a manager, worker or console: "
+            "--tls-ca FILE; Python: ssl_context=...); without it only the system's CAs are "
+            "trusted "
             "(docs/security.md#tls)."
         )
     if code in _OUT_OF_DATE:
