@@ -34,7 +34,7 @@ import signal
 import sys
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 __all__ = ["build_parser", "main"]
@@ -198,6 +198,16 @@ class _Parser(argparse.ArgumentParser):
     a misspelt choice (``--execution processes``: "did you mean 'process'?") and a
     misspelt option of a subcommand, refused with that subcommand's usage
     (``manager --listne``: "did you mean --listen?"), not the top-level one."""
+
+    #: More of the description, made only when the help is shown: the console's command
+    #: list, from ``runtime.console`` (an import too slow for every command line).
+    description_more: Callable[[], str] | None = None
+
+    def format_help(self) -> str:
+        if self.description_more is not None:
+            self.description = f"{self.description} {self.description_more()}"
+            self.description_more = None
+        return super().format_help()
 
     def _check_value(self, action: argparse.Action, value: Any) -> None:
         from runtime.errors import did_you_mean
@@ -629,10 +639,9 @@ def build_parser(prog: str = MODULE_PROG) -> argparse.ArgumentParser:
         description="Look at and steer the cluster whose manager listens at ADDRESS. "
         "Without COMMAND: an interactive shell (history, tab completion; `help` lists the "
         "commands). With one (e.g. `status`, `tasks --state erred`, `drain WORKER`): run "
-        "it once and exit (1 on error). Commands: status, tasks, story, policy list, "
-        "policy set, drain, scale, resume, cancel, alert list, alert watch, alert add, "
-        "alert remove, help.",
+        "it once and exit (1 on error).",
     )
+    con.description_more = _console_commands
     # Optional to argparse, so that a console with nothing after it is told the one
     # argument it lacks: with REMAINDER after it, argparse calls COMMAND required too.
     con.add_argument(
@@ -721,6 +730,13 @@ def build_parser(prog: str = MODULE_PROG) -> argparse.ArgumentParser:
         help="print the versions of Corral, Python and dask",
     )
     return parser
+
+
+def _console_commands() -> str:
+    """``Commands: ...`` of ``console --help``: those the shell's ``help`` lists."""
+    from runtime.console import command_forms
+
+    return f"Commands: {', '.join(command_forms())}."
 
 
 def _policy_module_option(parser: argparse.ArgumentParser, why: str) -> None:

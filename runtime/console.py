@@ -184,6 +184,23 @@ COMMANDS: dict[str, tuple[str, str, bool]] = {
     "quit": ("quit | exit | Ctrl-D", "leave the shell", False),
 }
 _ALIASES = {"exit": "quit", "?": "help"}
+
+
+def command_forms() -> list[str]:
+    """Every command of :data:`COMMANDS` by name, with its verbs (``policy list``,
+    ``policy set``, ``alert watch``, ...), as its usage gives them: the list that
+    ``console --help`` shows, from the table the shell's ``help`` shows."""
+    forms: list[str] = []
+    for name, (usage, _, _) in COMMANDS.items():
+        for alternative in usage.split(" | "):
+            first, *rest = alternative.split()
+            if first != name:  # quit's other spellings (exit, Ctrl-D)
+                continue
+            verb = rest[0] if rest and rest[0].isalpha() and rest[0].islower() else ""
+            forms.append(f"{name} {verb}".strip())
+    return list(dict.fromkeys(forms))
+
+
 _RUN = re.compile(r"run-\d+")
 _JSON_FLAG = re.compile(r"(?:^|\s+)--json(?=\s|$)")
 

@@ -1605,6 +1605,24 @@ def test_the_command_line_parses_options_before_and_after_the_address() -> None:
     assert parser.parse_args(["console", "ws://h:1"]).words == []
 
 
+def test_console_help_lists_every_command_of_the_shells_help(capsys: Any) -> None:
+    """``console --help`` lists the commands from the table the shell's ``help`` shows:
+    every one (undrain and forget too), with its verbs (policy set, alert watch)."""
+    from runtime.__main__ import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["console", "--help"])
+    assert exited.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    listed = text.split("Commands: ", 1)[1].split(".", 1)[0].split(", ")
+    assert listed == [
+        "status", "tasks", "story", "policy list", "policy set", "drain", "undrain",
+        "forget", "scale", "resume", "alert list", "alert watch", "alert add",
+        "alert remove", "cancel", "help", "quit",
+    ]  # fmt: skip
+    assert {form.split()[0] for form in listed} == set(COMMANDS)
+
+
 @pytest.mark.anyio
 @pytest.mark.parametrize(
     "argv",
