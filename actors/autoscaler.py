@@ -56,7 +56,7 @@ from actors.autoscaler_state import (
     check_blocks,
 )
 from actors.providers import Block, BlockSpec, BlockState, Provider
-from policies import ON_PURPOSE, REGISTRY, PolicyRegistry, params_of, policy_change_fields
+from policies import ON_PURPOSE, REGISTRY, PolicyRegistry, params_of
 from policies.scaling import PoolLimits
 from runtime.errors import ActorStopped, AskTimeout, BatchSystemError, SubmissionsSuspended
 from runtime.kernel import Actor, ActorRef, handles
@@ -741,7 +741,6 @@ class Autoscaler(Actor):
             raise ValueError(f"the autoscaler has only a scaling policy, not {msg.kind!r}")
         policy = self.policy_registry.create(msg.kind, msg.name, msg.params)
         await self._handle(PolicyChanged(self.clock.now(), policy))
-        self.log.warning("policy changed", **policy_change_fields(msg))
         return self.policy_registry.info(msg.kind, policy)
 
     @handles(MetricsRequest)

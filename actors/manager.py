@@ -28,6 +28,7 @@ from actors import transfer
 from actors.pools import check_fallback, pool_fallbacks
 from actors.scheduler_events import KeyDone, KeysReused, KeyTaken
 from actors.transfer import STREAM_BYTES, StreamInfo, UnknownStream
+from policies import policy_change_fields
 from runtime.client_ids import client_name
 from runtime.errors import (
     ActorStopped,
@@ -56,6 +57,7 @@ from runtime.messages import (
     AlertsRequest,
     CancelKeysRequest,
     CancelRequest,
+    ClientCame,
     ClientGone,
     CloseStream,
     DataMissing,
@@ -265,6 +267,9 @@ class Manager(Actor):
         #: the name of the client that submitted each run of ``run_keys``
         self.run_clients: dict[str, str] = {}
         self._n_run_keys = 0  #: keys held in run_keys
+        #: the clients connected now (``ClientCame`` to ``ClientGone``; an embedded
+        #: cluster's own client too): whom a policy change affects
+        self.connected: set[str] = set()
         #: set once the latest request taken in turn is done (None: none was): a
         #: submission built off the handlers, and the submissions, releases, client
         #: departures and cancels that came after it, each waits for the one before
@@ -513,9 +518,14 @@ class Manager(Actor):
         if released:
             self._scheduler().post(ReleaseKeysRequest(tuple(released), msg.client))
 
+    @handles(ClientCame)
+    def client_came(self, msg: ClientCame) -> None:
+        self.connected.add(msg.name)
+
     def _client_gone(self, msg: ClientGone) -> None:
         """A client left without releasing its keys: release them for it (once its
         submissions under way are registered: theirs too)."""
+        self.connected.discard(msg.name)
         held = tuple(k for k, ks in self.keys.items() if msg.name in ks.clients)
         if held:
             self._release(ReleaseKeysRequest(held, msg.name))
@@ -804,8 +814,22 @@ class Manager(Actor):
                     "--config FILE with [pools.NAME] tables (docs/configuration.md#pools); "
                     "an embedded Cluster has one with workers= or processes="
                 )
-            return await autoscaler.ask(msg)
-        return await self._scheduler().ask(msg)
+            answer = await autoscaler.ask(msg)
+        else:
+            answer = await self._scheduler().ask(msg)
+        self._policy_changed(msg)
+        return answer
+
+    def _policy_changed(self, msg: SetPolicyRequest) -> None:
+        """``policy changed``: a warning while other clients are connected, whose work
+        it changes (on a shared manager the log says who changed it: the manager logs
+        warnings by default); info when no other is (a client alone on its manager, an
+        embedded cluster's own client): its own change, no news to anyone."""
+        others = len(self.connected - {msg.by})
+        if others:
+            self.log.warning("policy changed", **policy_change_fields(msg), others=others)
+        else:
+            self.log.info("policy changed", **policy_change_fields(msg))
 
     @handles(
         StoryRequest, StoryQuery, TasksQuery, DrainRequest, UndrainRequest, ForgetCategoryRequest

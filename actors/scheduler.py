@@ -93,7 +93,7 @@ from actors.scheduler_records import (
 )
 from actors.scheduler_state import SchedulerState
 from actors.shared_disk import disk_claim, disk_key, disk_shared_text, shared_disk_text
-from policies import ON_PURPOSE, REGISTRY, PolicyRegistry, params_of, policy_change_fields
+from policies import ON_PURPOSE, REGISTRY, PolicyRegistry, params_of
 from policies.survival import Survival
 from runtime.client_ids import client_name
 from runtime.errors import PAST_LIMIT_ADVICE, ActorStopped, CorralError, UnknownCategory, size_text
@@ -874,7 +874,6 @@ class Scheduler(Actor):
             raise ValueError("the scaling policy belongs to the autoscaler, not the scheduler")
         policy = self.policy_registry.create(msg.kind, msg.name, msg.params)
         self._handle(PolicyChanged(*self._ev(), msg.kind, policy, msg.by))
-        self.log.warning("policy changed", **policy_change_fields(msg))
         return self.policy_registry.info(msg.kind, policy)
 
     @handles(StatusRequest)

@@ -853,9 +853,10 @@ def params_text(params: Mapping[str, str] | None) -> str:
 
 
 def policy_change_fields(msg: SetPolicyRequest) -> dict[str, Any]:
-    """The fields of the ``policy changed`` warning the scheduler and the autoscaler log
-    for ``msg``: the ``kind``, ``name`` and ``params`` set, ``by`` (the asking client's
-    or console's id, ``?`` when not said) and ``client`` (that client's name)."""
+    """The fields of the ``policy changed`` line the manager logs for ``msg`` (a warning
+    while other clients are connected): the ``kind``, ``name`` and ``params`` set,
+    ``by`` (the asking client's or console's id, ``?`` when not said) and ``client``
+    (that client's name)."""
     by = msg.by or "?"
     return {"kind": msg.kind, "name": msg.name, "params": msg.params, "by": by,
             "client": client_name(by)}  # fmt: skip

@@ -93,6 +93,7 @@ from runtime.messages import (
     AlertsRequest,
     AutoscalerStatus,
     CancelRequest,
+    ClientCame,
     GatherRequest,
     KeyUpdates,
     Message,
@@ -2090,6 +2091,7 @@ class Cluster:
         self._manager = plane.manager
         self._client_actor = ClientActor(plane.manager)
         await system.spawn(self._client_actor, self.client_id)
+        await plane.manager.tell(ClientCame(self.client_id))  # as a gateway's clients are
         self._refs = plane.refs
         self._plane = plane  #: for tests: its provider, say
 

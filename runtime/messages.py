@@ -1606,6 +1606,15 @@ class ClientGone(Message):
     name: str
 
 
+@message()
+class ClientCame(Message):
+    """Gateway (an embedded cluster: its own client) -> manager: a client connected. The
+    manager knows so which clients a policy change affects (:class:`ClientGone` ends
+    one)."""
+
+    name: str
+
+
 # --------------------------------------------------------------------------------------
 # Console queries and commands. Wire messages (plain fields): a read-only console may
 # send the ...Query ones; the others need the admin token.

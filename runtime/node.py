@@ -99,6 +99,7 @@ from runtime.messages import (
     CancelKeysRequest,
     CancelRequest,
     CheckpointSaved,
+    ClientCame,
     ClientGone,
     CloseStream,
     DrainRequest,
@@ -1754,6 +1755,8 @@ class Gateway:
                 # already still has what it sent read, as any closing connection has.
                 with contextlib.suppress(CorralError):
                     await conn.send(Frame(Welcome("")))
+                with contextlib.suppress(ActorStopped):  # the manager is stopping
+                    await self.plane.manager.tell(ClientCame(hello.name))
         generation = self._generation.get(hello.name, 0) + 1
         self._generation[hello.name] = generation
         hold = self._holds.pop(hello.name, None)

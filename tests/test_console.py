@@ -1184,8 +1184,9 @@ def test_a_throttle_episode_is_told_once_and_only_when_most_workers_are_held() -
 @pytest.mark.anyio
 async def test_a_client_that_leaves_its_policy_on_a_shared_manager_says_so() -> None:
     """A user on a shared manager set the retry policy, and every later run had it,
-    silently. Now the manager's log says which client set a policy, and a client that
-    closes while a policy it set is in force warns with the call that sets it back."""
+    silently. Now the manager's log says which client set a policy (a warning while
+    other clients are connected; info for a client alone), and a client that closes
+    while a policy it set is in force warns with the call that sets it back."""
     with anyio.fail_after(LIMIT), log_lines("corral", logging.INFO) as log:
         async with hosted(1) as (address, _):
             async with Cluster(address, manager_alerts=None) as cluster:
@@ -1193,8 +1194,8 @@ async def test_a_client_that_leaves_its_policy_on_a_shared_manager_says_so() -> 
                 name = cluster._client_actor.name
                 set_line = log.with_("policy changed", "max_crashes")
                 assert set_line is not None and f"by='{name}'" in set_line
-                # a warning (the manager logs warnings by default), naming the client
-                assert "level='warning'" in set_line
+                # alone on the manager: its own change, at info, naming the client
+                assert "level='info'" in set_line and "others=" not in set_line
                 assert f"client='{client_name(name)}'" in set_line
             line = log.with_("a policy this client set stays in force")
             assert line is not None and "level='warning'" in line
@@ -1207,12 +1208,31 @@ async def test_a_client_that_leaves_its_policy_on_a_shared_manager_says_so() -> 
                 await first.set_policy("placement", "round-robin")
                 async with Cluster(address, manager_alerts=None) as second:
                     await second.set_policy("placement", "locality")
+                    # first is connected: a warning (the manager logs warnings by
+                    # default) says who changed its policy
+                    by = second._client_actor.name
+                    changed = log.with_("policy changed", f"by='{by}'")
+                    assert changed is not None and "level='warning'" in changed, log.lines
+                    assert "others=1" in changed and "name='locality'" in changed
                     await second.set_policy("retry", "default", max_crashes=1)
                     await second.set_policy("retry", "default", max_crashes=5)
             told = [ln for ln in log.lines if "stays in force" in ln]
             assert len(told) == 2 and told[0] == line  # the second client's, of placement:
             assert "kind='placement'" in told[1] and "name='locality'" in told[1]
             assert "await cluster.set_policy('placement', 'round-robin')" in told[1]
+
+
+@pytest.mark.anyio
+async def test_a_policy_set_on_its_own_embedded_cluster_is_no_warning() -> None:
+    """The README's first example set a policy on its own embedded cluster and got a
+    ``policy changed`` WARNING, meant for the other clients of a shared manager: its
+    own change, with no other client, is logged at info."""
+    with anyio.fail_after(LIMIT), log_lines("corral", logging.INFO) as log:
+        async with Cluster(workers=1) as cluster:
+            await cluster.set_policy("placement", "round-robin")
+            line = log.with_("policy changed", "round-robin")
+            assert line is not None and "level='info'" in line, log.lines
+            assert f"by='{cluster._client_actor.name}'" in line
 
 
 def test_the_policies_left_in_force_are_told_with_the_call_that_sets_them_back() -> None:
