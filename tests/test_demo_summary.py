@@ -64,13 +64,17 @@ def test_the_summary_ends_with_what_to_do_next() -> None:
 
 
 def test_the_next_step_names_flags_the_command_line_takes() -> None:
-    """--workers of the demo, --listen of the manager, a worker's ADDRESS: all real."""
+    """--workers of the demo, --listen of the manager, a worker's ADDRESS and the
+    --token-file it needs on another machine (no token file of the manager's there): all
+    real."""
     parser = build_parser()
     assert parser.parse_args(["demo", "--workers", "4"]).workers == 4
     assert parser.parse_args(["manager", "--listen", "0.0.0.0:8786"]).listen == "0.0.0.0:8786"
-    assert parser.parse_args(["worker", "ws://HOST:8786"]).address == "ws://HOST:8786"
+    worker = "worker ws://HOST:8786 --token-file ~/.corral/worker.token"
+    args = parser.parse_args(worker.split())
+    assert (args.address, args.token_file) == ("ws://HOST:8786", "~/.corral/worker.token")
     for words in ("python -m runtime --workers 4", "manager --listen 0.0.0.0:8786",
-                  "worker ws://HOST:8786", "docs/deployment.md"):  # fmt: skip
+                  worker, "docs/deployment.md"):  # fmt: skip
         assert words in NEXT_STEP, words
 
 
