@@ -709,14 +709,14 @@ class Scheduler(Actor):
         # the budget the core places within (its share, for a worker without --disk
         # on a file system shared: docs/files.md#workers-sharing-a-file-system).
         disk = ws.disk if ws is not None else 0
-        used = max(msg.spilled_bytes, msg.disk_used)
+        own = used = max(msg.spilled_bytes, msg.disk_used)
         if disk and msg.disk_free is not None:
             used = max(used, disk - msg.disk_free)
         self._handle(
             WorkerMemory(
                 *self._ev(), msg.worker_id, msg.throttled, msg.rss, msg.throttle_at, msg.limit,
                 used, msg.memory_bytes, msg.past_peak, msg.abandoned, msg.held,
-                msg.floor, msg.floor_warning,
+                msg.floor, msg.floor_warning, used - own,
             )
         )  # fmt: skip
 

@@ -48,7 +48,12 @@ one freeing the most (``_pick_past``), and only where its known output fits. If 
 places nothing, the stall breaker (``_break_disk_stall``) drops stored outputs that can
 be had again and whose readers have not started, cheapest first, to make room for the
 first waiting task (the room placement asks for: a producer's with its consumer's;
-never what that task's readers and their readers read, ``_kept_for``); only with
+never what that task's readers and their readers read, ``_kept_for``, nor what the
+waiting tasks before it keep so); without such a plan, the one output cheapest to make
+again that no waiting task keeps so. It gives up (``_breaks_again``) when it would
+drop a key it dropped since a task of the pool last finished that it did not make
+again: the waiting tasks fail with TaskTooBigForDisk and the stall's account
+(``_give_up_on_disk``). Only with
 nothing to drop are tasks tried past their estimates regardless (``disk_last_resort``),
 so the run ends with DiskFull rather than hangs (docs/files.md). Never past a firm
 need: in that last resort a task whose firm need fits no worker's free disk fails with
@@ -68,6 +73,7 @@ from actors.scheduler_records import (
     ErrorRecord,
     TaskState,
     WorkerState,
+    disk_stall_parts,
     error_record,
 )
 from actors.scheduler_stall import CorePart
@@ -160,6 +166,14 @@ class DiskPlacement(CorePart):
         #: tries tasks past their estimates anyway (the run ends with DiskFull rather
         #: than waits for ever)
         self.disk_last_resort: set[str | None] = set()
+        #: the stall breaker's bound: the keys it dropped in each pool since a task of
+        #: the pool last finished that is not one it made again (``disk_remakes``).
+        #: Dropping one of them again would only undo its remake: the breaker makes
+        #: no progress, and the pool's waiting tasks fail (``_give_up_on_disk``)
+        self.disk_dropped_since: dict[str | None, set[Key]] = {}
+        #: the tasks the breaker's drops made run again (a dropped output with no copy
+        #: left and the inputs it needs that were gone): their finishes are no progress
+        self.disk_remakes: set[TaskState] = set()
         #: the disk watchdog's picks in the running ``_fill``, per pool: each idle
         #: worker's ready task that frees the most there (``_pick_past``)
         self._past_picks: dict[str | None, dict[str, tuple[TaskState, int]]] = {}
@@ -487,8 +501,10 @@ class DiskPlacement(CorePart):
             if at is not None and self._now - at < self.config.stall_timeout:
                 continue
             self.disk_broken_at[pool] = self._now
-            if self._break_disk_stall(pool):
-                self._fill()
+            # Whatever it did (dropped outputs, found nothing to drop: the last resort;
+            # failed the waiting tasks), placement asks again.
+            self._break_disk_stall(pool)
+            self._fill()
 
     def _pool_runs(self, pool: str | None) -> bool:
         """Some worker of ``pool`` (not draining) runs a task."""
@@ -501,21 +517,30 @@ class DiskPlacement(CorePart):
         in priority that waits for disk (a task that reads inputs first: its run frees
         them), on the worker where that costs least: copies held elsewhere too, then
         the cheapest to make again (``remake``), the largest first among equals, never
-        what it and its readers read (``_room_plan``), until it fits; it gets the room.
-        Without such a task, the one output cheapest to
-        make again anywhere in the pool. Their stories say so; what is gone is made
-        again when its readers' turn comes. Returns whether anything was dropped."""
+        what it and its readers read nor what the waiting tasks before it read
+        (``_room_plan``), until it fits; it gets the room. Without such a task, the one
+        output cheapest to make again anywhere in the pool that no waiting task (nor
+        its readers) reads. Their stories say so; what is gone is made again when its
+        readers' turn comes. Dropping again what it made again, with no task of the
+        pool finished since, fails the waiting tasks instead (``_breaks_again``).
+        Returns whether anything was dropped."""
         ready = sorted(
             (e for q, heap in self.queues.items() if q[0] == pool for e in heap),
             key=lambda e: (not e[3].deps, e),
         )
+        waiting: list[TaskState] = []  # (a heap may hold a stale entry of a task queued again)
         for entry in ready:
             t: TaskState = entry[3]
-            if t.state != "queued":
-                continue
-            plan = self._room_plan(t, pool)
+            if t.state == "queued" and t not in waiting:
+                waiting.append(t)
+        ahead: set[TaskState] = set()  # what the waiting tasks before ``t`` read
+        for t in waiting:
+            plan = self._room_plan(t, pool, ahead)
+            ahead |= self._kept_for(t)
             if plan is not None:
                 ws, drops = plan
+                if self._breaks_again(pool, drops, waiting):
+                    return False
                 for d in drops:
                     self._drop_for_room(d, ws, pool, t)
                 # The room goes to the task it was made for: what the latest fill kept
@@ -524,10 +549,14 @@ class DiskPlacement(CorePart):
                 if ws in self._candidates(t):
                     self._assign(t, ws)
                 return True
+        # Without a plan, never what a waiting task reads (nor its readers' other
+        # inputs): its remake would take back the room the waiting task needs, and
+        # that task would wait again (the diskfull audit's loop, every stall_timeout).
+        kept = ahead
         best: tuple[tuple[Any, ...], TaskState, WorkerState] | None = None
         for ws in self._pool_disks(pool):
             for d in ws.has_what:
-                if self._droppable(d):
+                if d not in kept and self._droppable(d):
                     rank = (not d.file, *self._drop_rank(d))
                     if best is None or rank < best[0]:
                         best = (rank, d, ws)
@@ -535,8 +564,72 @@ class DiskPlacement(CorePart):
             self.disk_last_resort.add(pool)
             self._log("-", "disk", f"stalled in pool {pool or 'any'}: nothing to drop")
             return False
+        if self._breaks_again(pool, [best[1]], waiting):
+            return False
         self._drop_for_room(best[1], best[2], pool, None)
         return True
+
+    def _breaks_again(
+        self, pool: str | None, drops: list[TaskState], waiting: list[TaskState]
+    ) -> bool:
+        """The stall breaker's bound: would dropping ``drops`` drop a key it dropped
+        in ``pool`` already, with no task of the pool finished since that it did not
+        make again (``disk_dropped_since``)? Then breaking makes no progress (the remake
+        takes the room back, the same stall comes again): the ``waiting`` tasks fail
+        (``_give_up_on_disk``), and it returns True. Else it notes ``drops``."""
+        since = self.disk_dropped_since.setdefault(pool, set())
+        again = next((d for d in drops if d.key in since), None)
+        if again is None:
+            since.update(d.key for d in drops)
+            return False
+        self._give_up_on_disk(pool, again, waiting)
+        return True
+
+    def _disk_progress(self, ts: TaskState) -> None:
+        """``ts`` finished (the core calls this while the breaker has dropped outputs):
+        unless the breaker made it run again, its pool made progress, and what the
+        breaker dropped there may be dropped again."""
+        if ts in self.disk_remakes:
+            self.disk_remakes.discard(ts)
+            return
+        self.disk_dropped_since.pop(ts.spec.pool, None)
+        if not self.disk_dropped_since:
+            self.disk_remakes.clear()
+
+    def _give_up_on_disk(
+        self, pool: str | None, again: TaskState, waiting: list[TaskState]
+    ) -> None:
+        """The stall breaker cannot make progress in ``pool``: it would drop ``again``
+        once more, made again since it dropped it with no task of the pool finished
+        between. Each ``waiting`` task fails with TaskTooBigForDisk (``stuck``), with
+        the stall's account: what fills the disks, and the other programs' files on
+        their file systems, for which a larger --disk cannot help."""
+        stall = self._stall_info(pool)
+        parts = disk_stall_parts(stall)
+        account = f"{parts['disk']}, holding {parts['holding']}"
+        self._log(
+            "-", "disk",
+            f"stall in pool {pool or 'any'} cannot be broken: {again.key!r} would be "
+            "dropped again with no task finished since",
+        )  # fmt: skip
+        self.disk_dropped_since.pop(pool, None)
+        workers = self._pool_disks(pool)
+        for t in waiting:
+            if t.state != "queued":
+                continue
+            out, source = self._expected_output(t)
+            need = min((self._fetch_bytes(t, w) + out for w in workers), default=out)
+            free = max((max(0, int(w.disk_free())) for w in workers), default=0)
+            last = t.tries[-1] if t.tries else None
+            err = TaskTooBigForDisk(
+                str(t.key), need, free, t.spec.pool, out, source,
+                tries=len(t.tries),
+                outcome=last.outcome if last is not None else "",
+                worker=last.worker if last is not None else "",
+                stuck=True, stall=account, foreign=stall.foreign, again=str(again.key),
+            )  # fmt: skip
+            self._log(t.key, "disk", f"no room can be made: needs {need} B > {free} B free")
+            self._fail(t, err, error_record(err))
 
     def _pool_disks(self, pool: str | None) -> list[WorkerState]:
         """The workers of ``pool`` with a disk limit, not draining."""
@@ -564,7 +657,7 @@ class DiskPlacement(CorePart):
         return (0.0 if len(d.who_has) > 1 else d.remake, -d.nbytes, str(d.key))
 
     def _room_plan(
-        self, ts: TaskState, pool: str | None
+        self, ts: TaskState, pool: str | None, ahead: set[TaskState]
     ) -> tuple[WorkerState, list[TaskState]] | None:
         """The worker where dropping file outputs (``_droppable``) makes room for ``ts``
         at the least cost, and those outputs; ``None`` if no worker can be made to hold
@@ -572,11 +665,13 @@ class DiskPlacement(CorePart):
         the room it keeps for its consumer's output (``_consumer_room``). Never dropped:
         ``ts``'s inputs, nor the other inputs of its readers and of their readers
         (``_kept_for``): dropping a skim for a load whose merge reads that skim would
-        only undo the load's use, and the skim's remake takes that room first."""
+        only undo the load's use, and the skim's remake takes that room first. Nor
+        ``ahead``: what the waiting tasks before ``ts`` keep so (a plan for a later
+        task that dropped an earlier one's input would send that one back to wait)."""
         out = self._expected_output(ts)[0]
         if ts.producer:
             out += self._consumer_room(ts)
-        own = self._kept_for(ts)
+        own = self._kept_for(ts) | ahead
         best: tuple[tuple[float, int, str], WorkerState, list[TaskState]] | None = None
         for ws in self._pool_disks(pool):
             short = self._fetch_bytes(ts, ws) + out - ws.disk_free()
@@ -640,11 +735,28 @@ class DiskPlacement(CorePart):
         )  # fmt: skip
         self._log("-", "disk", f"stall broken in pool {pool or 'any'}: dropped {d.key!r}")
         if not d.who_has:
+            gone: set[TaskState] = set()  # the inputs its remake needs made again too
+            stack = list(d.deps)
+            while stack:
+                t = stack.pop()
+                if t not in gone and t.state != "memory" and t.state not in ACTIVE:
+                    gone.add(t)
+                    stack.extend(t.deps)
             self._recompute(d)
+            self.disk_remakes.add(d)
+            self.disk_remakes.update(t for t in gone if t.state in ACTIVE)
 
     def _disk_stall_began(self, pool: str | None) -> None:
         """The watchdog found ``pool`` stalled for disk: keep its account (its workers,
         what fills their disks, what waits) and tell the shell, once per stall."""
+        stall = self._stall_info(pool)
+        self.disk_stalls[pool] = stall
+        self.disk_stall_count[stall.pool] += 1
+        self._out.append(DiskStallBegan(self._stimulus, stall))
+
+    def _stall_info(self, pool: str | None) -> DiskStallInfo:
+        """The account of ``pool``'s disk stall now: its workers, what fills their
+        disks (other programs' files apart), what waits."""
         workers = self._pool_workers(pool)
         ready = {  # (a heap may hold a stale entry of a task queued again)
             entry[3]
@@ -654,7 +766,7 @@ class DiskPlacement(CorePart):
             if entry[3].state == "queued"
         }
         waiting = Counter(ts.spec.category for ts in ready)
-        stall = DiskStallInfo(
+        return DiskStallInfo(
             pool="*" if pool is None else pool,
             since=self._now,
             workers=tuple(sorted(ws.id for ws in workers)),
@@ -663,10 +775,8 @@ class DiskPlacement(CorePart):
             holding=tuple(self._holding({ws.id for ws in workers})),
             waiting=tuple(waiting.most_common()),
             queued=sum(waiting.values()),
+            foreign=sum(ws.disk_foreign for ws in workers),
         )
-        self.disk_stalls[pool] = stall
-        self.disk_stall_count[stall.pool] += 1
-        self._out.append(DiskStallBegan(self._stimulus, stall))
 
     def _disk_stalls_ended(self) -> None:
         """A pool the watchdog no longer finds stalled (it left ``disk_override``: a

@@ -369,6 +369,9 @@ class WorkerMemory(Event):
     #: 0 and "": the configured marks hold)
     floor: int = 0
     floor_warning: str = ""
+    #: of ``disk_used``, the bytes the file system holding its disk lacks beyond what
+    #: the worker counts as its own (other programs' files there; 0: none)
+    disk_foreign: int = 0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -243,6 +243,7 @@ class WorkerState:
         "cores",
         "deadline",
         "disk",
+        "disk_foreign",
         "disk_reserved",
         "disk_used",
         "draining",
@@ -356,6 +357,9 @@ class WorkerState:
         self.disk = 0  #: bytes of disk it offers (0: no limit known)
         self.disk_used = 0  #: bytes of outputs it holds on disk, as last reported
         self.disk_reserved = 0  #: disk the core expects its unfinished tasks to take
+        #: of ``disk_used``, what the file system holding its disk lacks beyond what
+        #: the worker counts as its own: other programs' files (``WorkerMemory``)
+        self.disk_foreign = 0
         #: tasks sent to it before it rejoined over a new connection: they may have been
         #: lost with the old one, until it says what it has (WorkerHeld)
         self.unconfirmed: set[TaskState] = set()
@@ -1039,6 +1043,17 @@ DISK_STALL_ADVICE = (
     "meanwhile idle workers take waiting tasks whose run frees disk, and outputs that "
     "can be made again are dropped to make room"
 )
+#: what fills a worker's disk that is not Corral's: its file system lacks that much
+#: beyond what the worker counts (the stall's ``holding``; docs/files.md)
+FOREIGN_FILES = "other files on the file system (not Corral's)"
+#: ... and what to do about a disk stall then: a larger --disk cannot help
+DISK_STALL_ADVICE_FOREIGN = (
+    "Free space on the file system holding the workers' spill directories (other "
+    "programs' files take part of it: a larger --disk cannot help), or give the workers "
+    "a --spill-dir on a larger file system; release the futures you no longer need. "
+    "Meanwhile outputs that can be made again are dropped to make room, and the waiting "
+    "tasks fail with TaskTooBigForDisk once that makes no progress"
+)
 
 
 def disk_stall_parts(stall: DiskStallInfo) -> dict[str, str]:
@@ -1050,11 +1065,14 @@ def disk_stall_parts(stall: DiskStallInfo) -> dict[str, str]:
     held = [f"{c} {disk_size(b)} in {n}" for c, b, n in stall.holding[:5]]
     if len(stall.holding) > 5:
         held.append(f"{len(stall.holding) - 5} more categories")
-    rest = max(0, stall.disk_used - files)
+    foreign = min(stall.foreign, max(0, stall.disk_used - files))
+    rest = max(0, stall.disk_used - files - foreign)
     others = "spilled outputs, checkpoint files and copies under way"
     holding = (f"file outputs: {', '.join(held)}; " if held else "no file outputs; ") + (
         f"{disk_size(rest)} {others}" if rest else f"no {others}"
     )
+    if foreign:
+        holding += f"; {disk_size(foreign)} {FOREIGN_FILES}"
     waiting = ", ".join(f"{c} {n}" for c, n in stall.waiting[:5])
     if len(stall.waiting) > 5:
         waiting += f", {len(stall.waiting) - 5} more categories"
@@ -1063,7 +1081,7 @@ def disk_stall_parts(stall: DiskStallInfo) -> dict[str, str]:
         "disk": f"{disk_size(stall.disk_used)} used of {disk_size(stall.disk)}",
         "holding": holding,
         "waiting": f"{stall.queued} ready tasks wait for disk ({waiting})",
-        "advice": DISK_STALL_ADVICE,
+        "advice": DISK_STALL_ADVICE_FOREIGN if foreign else DISK_STALL_ADVICE,
     }
 
 

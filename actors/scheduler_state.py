@@ -2204,6 +2204,7 @@ class SchedulerState(DiskPlacement, PlacementWatch):
             return
         ws.rss, ws.throttle_at, ws.memory_bytes = ev.rss, ev.throttle_at, ev.memory_bytes
         ws.disk_used = max(0, ev.disk_used)
+        ws.disk_foreign = min(ws.disk_used, max(0, ev.disk_foreign))
         if ev.past_peak > ws.past_peak:  # past a fence that cannot kill: the client is told
             ws.past_peak = ev.past_peak
             log = past_limit_logged(ws.past_logged, ev.past_peak, ev.limit)
@@ -2749,6 +2750,8 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         if ts in self.copies:  # this try won: its copies are cancelled, outputs dropped
             self.speculative["lost"] += len(self.copies[ts])
             self._cancel_copies(ts, "superseded")
+        if self.disk_dropped_since:  # the stall breaker dropped outputs: progress?
+            self._disk_progress(ts)
         self._tried(
             ts,
             TryRecord(str(ts.key), ws.id, res.start, res.stop, "ok", cause, ts.queued),

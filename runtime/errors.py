@@ -1205,7 +1205,10 @@ class TaskTooBigForDisk(CorralError):
     it was never started), ``outcome`` and ``worker`` its latest try's. ``stuck``: refused
     in a pool stuck on disk with nothing to drop and nothing running, where what is free
     now is all there will be; ``largest`` is then the most disk free now on one of its
-    workers, not the largest limit."""
+    workers, not the largest limit. ``stall``: the disk stall's account (the disks'
+    use, what holds them) when the stall breaker gave up on it, ``again`` the key it
+    would have dropped once more; ``foreign``: the bytes other programs' files take on
+    those workers' file systems (a larger ``--disk`` cannot help then)."""
 
     #: ``source`` when only the inputs count: the output's size is an estimate
     UNCOUNTED = "its output not counted: its size is only estimated"
@@ -1230,6 +1233,9 @@ class TaskTooBigForDisk(CorralError):
         outcome: str = "",
         worker: str = "",
         stuck: bool = False,
+        stall: str = "",
+        foreign: int = 0,
+        again: str = "",
     ) -> None:
         where = "of any worker" if pool is None else f"of a worker in pool {pool!r}"
         inputs = max(0, needed - expected - held)
@@ -1266,7 +1272,23 @@ class TaskTooBigForDisk(CorralError):
                 advice.append(
                     'declare a smaller output with resources={"disk": bytes} if it is overestimated'
                 )
-        if stuck:  # largest: the most disk free now, in a pool that cannot free more
+        if foreign:  # other programs' files take the room: a larger --disk cannot help
+            advice = [
+                "Free space on the file system holding the workers' spill directories "
+                f"(other programs' files take {disk_size(foreign)} there: a larger --disk "
+                "cannot help)",
+                "give the workers a --spill-dir on a larger file system",
+                "release futures you no longer need",
+            ]
+        if stuck and stall:  # the stall breaker found it could not make room
+            than = (
+                f"more than the most disk free now on any worker"
+                f"{'' if pool is None else f' in pool {pool!r}'} ({limit}), with nothing "
+                "running there, and the stall breaker could not make room: it would drop "
+                f"{again!r} again, made again since it dropped it with no task finished "
+                f"between (their disks: {stall})"
+            )
+        elif stuck:  # largest: the most disk free now, in a pool that cannot free more
             than = (
                 f"more than the most disk free now on any worker"
                 f"{'' if pool is None else f' in pool {pool!r}'} ({limit}), with "
@@ -1289,6 +1311,9 @@ class TaskTooBigForDisk(CorralError):
             outcome=outcome,
             worker=worker,
             stuck=stuck,
+            stall=stall,
+            foreign=foreign,
+            again=again,
         )
 
 

@@ -1381,8 +1381,10 @@ class DiskStallInfo(Message):
     ``stalled_for``: seconds since then, at the status. ``disk_used`` and ``disk``: the
     bytes those workers' disks use and their limits, summed; ``holding``: what fills
     them that the scheduler knows by category, ``(category, bytes, outputs)`` of the
-    file outputs on them (a copy on each holder counts), largest first; the rest of
-    ``disk_used`` is spilled outputs, checkpoint files and copies under way.
+    file outputs on them (a copy on each holder counts), largest first; ``foreign``:
+    of ``disk_used``, what their file systems lack beyond what the workers count as
+    their own (other programs' files there); the rest of ``disk_used`` is spilled
+    outputs, checkpoint files and copies under way.
     ``waiting``: the pool's ready tasks by category, ``(category, tasks)``, most
     first, ``queued`` of them in all."""
 
@@ -1397,6 +1399,7 @@ class DiskStallInfo(Message):
     waiting: tuple[Any, ...] = ()  #: ``(category, tasks)`` each
     queued: int = 0
     stalled_for: float = 0.0
+    foreign: int = 0
 
 
 @message()

@@ -1,0 +1,205 @@
+"""A worker's disk shrunk by another program's files (the diskfull audit, findings 1,
+3, 4 and 6; docs/files.md, "Waiting, and the error").
+
+An astronomer's stacks (each reads four calibrated frames of 1 MiB) ran on workers
+whose scratch file system another program had partly filled. The disk stall breaker
+dropped an input of the very task that waited, made it again on the same worker, and
+stalled again: a drop and a remake every ``stall_timeout``, no error, the client
+waiting for ever. Now the breaker never drops what a waiting task reads, it gives up
+(the waiting tasks fail with ``TaskTooBigForDisk`` and the stall's account) when it
+would drop again what it made again with no task finished between, and the stall's
+account names the other programs' files.
+
+Pure-core tests (events in, exact commands out; ``make_state`` validates every state
+at the end), with the worker simulated: it writes each output if it fits what its file
+system has left, and reports its disk after every change.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from actors.scheduler_events import (
+    DiskStallBegan,
+    DropData,
+    Execute,
+    FilesReleased,
+    GraphSubmitted,
+    KeyErred,
+    KeysReleased,
+    TasksFinished,
+    Tick,
+    WorkerJoined,
+    WorkerMemory,
+)
+from actors.scheduler_records import disk_stall_parts
+from actors.scheduler_state import SchedulerState
+from runtime.errors import DiskFull, TaskTooBigForDisk
+from runtime.messages import DiskStallInfo
+from tests.helpers import MB, Factory, make_state, result, specs_for
+
+__all__ = ["make_state"]  # the fixture, used by name
+
+#: each category's output (bytes, file output) and duration in the simulated worker
+OUTPUTS = {
+    "c": (MB, True, 0.4),
+    "x": (MB // 2, True, 1.0),
+    "stack": (MB, True, 0.5),
+}
+
+
+class Worker:
+    """One simulated worker ``w1`` with a ``disk`` limit, on a file system other
+    programs' files take ``foreign`` bytes of: its outputs fit only in the rest."""
+
+    def __init__(self, s: SchedulerState, disk: int, foreign: int) -> None:
+        self.s, self.disk, self.foreign = s, disk, foreign
+        self.now = 1.0
+        self.running: list[Any] = []
+        self.dropped: list[Any] = []  # the keys the scheduler had it drop
+        self.erred: list[KeyErred] = []
+        self.stalls: list[DiskStallInfo] = []
+
+    def ev(self, cls: type[Any], **fields: Any) -> Any:
+        self.now += 0.01
+        return cls(stimulus_id=f"{cls.__name__}-{self.now:.2f}", now=self.now, **fields)
+
+    def handle(self, *events: Any) -> None:
+        cmds = self.s.handle(*events)
+        self.s.validate()
+        for c in cmds:
+            if isinstance(c, Execute):
+                self.running.extend(t.key for t in c.tasks)
+            elif isinstance(c, DropData):
+                self.dropped.extend(c.keys)
+            elif isinstance(c, KeyErred):
+                self.erred.append(c)
+            elif isinstance(c, DiskStallBegan):
+                self.stalls.append(c.stall)
+
+    def own(self) -> int:
+        """Bytes of file outputs on its disk, as the core knows them."""
+        return sum(
+            t.nbytes for t in self.s.tasks.values()
+            if t.state == "memory" and t.file and "w1" in t.who_has
+        )  # fmt: skip
+
+    def report(self, new: int = 0) -> None:
+        self.handle(
+            self.ev(
+                WorkerMemory, worker="w1", throttled=False, rss=0, throttle_at=0, limit=0,
+                disk_used=self.own() + new + self.foreign, disk_foreign=self.foreign,
+            )
+        )  # fmt: skip
+
+    def step(self) -> None:
+        """Run what it was sent, one task at a time, each written if it fits the file
+        system (else it ends disk-full); release what no one needs (the registry);
+        report the disk."""
+        while self.running:
+            key = self.running.pop(0)
+            nbytes, file, duration = OUTPUTS.get(self.s.tasks[key].spec.category, (100, False, 0.1))
+            room = self.disk - self.foreign - self.own()
+            if file and nbytes > room:
+                err = DiskFull(
+                    str(key), "w1", room, room, self.disk, partial=True,
+                    filesystem="/scratch", fs_free=room,
+                )  # fmt: skip
+                res = result(key, "disk-full", nbytes=room, error=err, duration=duration)
+            else:
+                res = dataclasses.replace(result(key, nbytes=nbytes, duration=duration), file=file)
+                # Its report (the new file on its disk) comes with the finish.
+                self.report(nbytes if file else 0)
+            self.handle(self.ev(TasksFinished, worker="w1", results=(res,)))
+            gone = tuple(
+                t.key for t in self.s.tasks.values()
+                if t.state == "memory" and t.file and not t.wanted and not t.consumers
+            )  # fmt: skip
+            if gone:
+                self.handle(self.ev(FilesReleased, keys=gone))
+            self.report()
+
+    def tick(self, seconds: float) -> None:
+        self.now += seconds
+        self.handle(Tick(stimulus_id=f"tick-{self.now:.2f}", now=self.now))
+
+
+def stacks(s: SchedulerState, w: Worker) -> None:
+    """Two stacks of four frames each (``c-0`` ... ``c-7``, 1 MiB files), both read by
+    ``coadd``; and ``x-0``, a half-MiB file read (two steps past ``coadd``) by ``y``,
+    the key the client wants. Neither stack nor x-0 is wanted by a client."""
+    # A first stack, made and released: the frames' and stacks' sizes are known.
+    first: dict[Any, list[Any]] = {"c-90": [], "stack-9": ["c-90"], "x-9": []}
+    w.handle(
+        w.ev(
+            GraphSubmitted, specs=specs_for(s, first, ["stack-9", "x-9"]), wanted=("stack-9", "x-9")
+        )
+    )
+    w.step()
+    w.handle(w.ev(KeysReleased, keys=("stack-9", "x-9")))
+    w.step()
+    table: dict[Any, list[Any]] = {f"c-{i}": [] for i in range(8)}
+    table["stack-0"] = [f"c-{i}" for i in range(4)]
+    table["stack-1"] = [f"c-{i}" for i in range(4, 8)]
+    table["coadd"] = ["stack-0", "stack-1"]
+    table["z"] = ["coadd"]
+    table["x-0"] = []
+    table["y"] = ["x-0", "z"]
+    specs = specs_for(s, table, ["y"])
+    w.handle(w.ev(GraphSubmitted, specs=specs, wanted=("y",)))
+
+
+def test_a_foreign_shortfall_ends_with_the_stalls_account_not_a_drop_loop(
+    make_state: Factory,
+) -> None:
+    """The audit's loop in small. An 8 MiB disk of which other programs' files take
+    2.5 MiB: a stack's four frames and its output (5 MiB) fit, but not with the other
+    stack's output and x-0 beside them. The stall breaker used to drop a frame of the
+    waiting stack (the cheapest output to make again), make it again on the same
+    worker and stall again, every stall_timeout, for ever. Now it drops no input of a
+    waiting task, and within a few stall periods the waiting stack fails with
+    TaskTooBigForDisk, whose message names the other programs' files."""
+    s = make_state(saturation=1.0, memory="blind")
+    w = Worker(s, disk=8 * MB, foreign=5 * MB // 2)
+    w.handle(w.ev(WorkerJoined, worker="w1", cores=1, memory=0, disk=8 * MB))
+    w.report()
+    stacks(s, w)
+    periods = 0
+    while not w.erred and periods < 12:
+        w.step()
+        w.tick(s.config.stall_timeout)
+        periods += 1
+    # Never a frame the waiting stack reads (before: 'c-0', every period, for ever);
+    # x-0 once, and when its remake took the room back, no more.
+    assert w.dropped == ["x-0"]
+    assert w.erred, f"no error after {periods} stall periods"
+    assert periods == 3
+    (erred,) = w.erred
+    assert erred.key == "y"
+    err = erred.root_error
+    assert isinstance(err, TaskTooBigForDisk) and err.stuck
+    assert err.foreign == 5 * MB // 2
+    assert "other files on the file system (not Corral's)" in str(err)
+    assert "a larger --disk cannot help" in str(err)
+    assert "Start workers with a larger --disk" not in str(err)
+    # The stall's account told the other programs' files apart, and advised no --disk.
+    assert w.stalls
+    parts = disk_stall_parts(w.stalls[0])
+    assert parts["holding"].endswith("; 2.5 MiB other files on the file system (not Corral's)")
+    assert "larger --disk cannot help" in parts["advice"]
+
+
+def test_the_stall_account_names_other_programs_files() -> None:
+    stall = DiskStallInfo(
+        pool="*", since=0.0, workers=("u1", "u2"), disk_used=20 * MB, disk=24 * MB,
+        holding=(("stack", 7 * MB, 7), ("calibrate", 4 * MB, 4)), foreign=15 * MB // 2,
+    )  # fmt: skip
+    parts = disk_stall_parts(stall)
+    assert parts["holding"] == (
+        "file outputs: stack 7.0 MiB in 7, calibrate 4.0 MiB in 4; 1.5 MiB spilled "
+        "outputs, checkpoint files and copies under way; 7.5 MiB other files on the file "
+        "system (not Corral's)"
+    )
+    assert "larger --disk cannot help" in parts["advice"]
+    assert "Give the workers a larger --disk" not in parts["advice"]
