@@ -1758,19 +1758,27 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         that its message advises what helps (docs/files.md)."""
         declared = "disk" in ts.spec.resources
         filled: dict[str, list[int]] = {}
+        held: dict[str, list[int]] = {}  # of those, held only by a client's futures
         if ws.disk and not error.filesystem and error.nbytes <= ws.disk:
             for t in ws.has_what:
                 if t is ts or not t.nbytes:
                     continue
-                entry = filled.setdefault(t.spec.category, [0, 0])
-                entry[0] += t.nbytes
-                entry[1] += 1
+                for by in (filled, held) if t.wanted and not t.consumers else (filled,):
+                    entry = by.setdefault(t.spec.category, [0, 0])
+                    entry[0] += t.nbytes
+                    entry[1] += 1
         if sum(b for b, _ in filled.values()) < error.nbytes - error.room:
-            filled = {}  # not what kept it out: nothing known fills that disk
+            filled = held = {}  # not what kept it out: nothing known fills that disk
         if not filled and declared == getattr(error, "declared", False):
             return error  # nothing to add: the worker's own
-        top = sorted(filled.items(), key=lambda kv: (-kv[1][0], kv[0]))[:4]
-        return error.with_context(tuple((c, b, n) for c, (b, n) in top), declared)
+
+        def top(by: dict[str, list[int]]) -> tuple[tuple[str, int, int], ...]:
+            return tuple(
+                (c, b, n) for c, (b, n) in sorted(by.items(), key=lambda kv: (-kv[1][0], kv[0]))[:4]
+            )
+
+        first = getattr(self.policies["priority"], "name", "") == "consumers-first"
+        return error.with_context(top(filled), declared, top(held), first)
 
     def count_active(self, keys: Iterable[Key]) -> int:
         """How many of ``keys`` are still to do (waiting, queued or running): what a

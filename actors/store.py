@@ -692,6 +692,11 @@ class SpillStore(MutableMapping[Key, Any]):
     def __len__(self) -> int:
         return len(self._sizes)
 
+    @property
+    def disk_files(self) -> int:
+        """How many files it keeps on disk: spilled outputs and file outputs."""
+        return len(self._disk) + len(self._files)
+
     def __iter__(self) -> Iterator[Key]:
         return iter(self._sizes)
 

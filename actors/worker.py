@@ -923,11 +923,13 @@ class Worker(Actor):
         """The :class:`DiskFull` of ``key`` (``""``: its readers', for the copy of
         file input ``input``) that did not fit here (``nbytes``), with the room left
         now. When the file system holding the spill directory is what had no room
-        (``enospc``: it refused a write; or it has less free than the limit leaves),
-        the error names it and its free bytes: a larger ``--disk`` cannot help.
+        (``enospc``: it refused a write; or it has less free than the limit leaves by
+        more than its rounding, :func:`~actors.worker_state.file_system_short`), the
+        error names it and its free bytes: a larger ``--disk`` cannot help.
         ``partial``: a write the file system stopped partway (``nbytes`` written)."""
         room, fs = self._disk_rooms()
-        if enospc or (fs is not None and (room is None or fs < room)):
+        files = self.data.disk_files + len(self.checkpoints.files)
+        if enospc or ws.file_system_short(room, fs, self.disk, files):
             try:
                 where, fs_free = self.disk_dir, disk_free(self.disk_dir)
             except OSError:  # the directory's file system went away
@@ -937,7 +939,7 @@ class Worker(Actor):
         return DiskFull(
             str(key), self.worker_id, nbytes, self._disk_free(), self.disk,
             input="" if input is None else str(input), partial=partial,
-            filesystem=where, fs_free=fs_free,
+            filesystem=where, fs_free=fs_free, measured=self.disk_auto,
         )  # fmt: skip
 
     def _report(self) -> None:

@@ -1140,3 +1140,27 @@ class WorkerState:
 def _inputs(tasks: Iterable[ToRun]) -> frozenset[Key]:
     """The keys ``tasks`` read."""
     return frozenset(dk for task in tasks for dk, _ in task.deps)
+
+
+#: the file system holding a worker's spill directory is named in its DiskFull (a larger
+#: --disk cannot help) only when it has less free than the worker's limit leaves by more
+#: than this share of the limit, or this many bytes per file the worker keeps there,
+#: whichever is more: below that, the gap is the file system's own rounding (tmpfs
+#: and most file systems give each file whole pages or blocks: a 1,048,704-byte file
+#: takes 1,052,672 bytes), not another program's files (docs/files.md)
+FS_SHORT_SHARE = 0.01
+FS_SHORT_PER_FILE = 4096
+
+
+def file_system_short(room: int | None, fs: int | None, limit: int, files: int) -> bool:
+    """Whether the file system, not the worker's limit, is what had no room for a
+    write or a copy (its DiskFull names it then): ``room`` is the disk left under
+    the limit ``limit`` (None: no limit, ``--disk off``: the file system is all there
+    is), ``fs`` what the file system has free less the worker's margin (None: it went
+    away), ``files`` how many files the worker keeps on it. Only a shortfall beyond
+    ``FS_SHORT_SHARE`` of the limit or ``FS_SHORT_PER_FILE`` per file counts."""
+    if fs is None:
+        return False
+    if room is None:
+        return True
+    return room - fs > max(limit * FS_SHORT_SHARE, FS_SHORT_PER_FILE * files)

@@ -1333,6 +1333,11 @@ def _disk_sizes(needed: int, largest: int, *others: int) -> list[str]:
     ]
 
 
+def _outputs(by: tuple[tuple[str, int, int], ...]) -> str:
+    """``(category, bytes, outputs)`` each, for people: ``raw: 2 outputs, 2.0 MiB; ...``."""
+    return "; ".join(f"{c}: {n} output{'s' if n != 1 else ''}, {disk_size(b)}" for c, b, n in by)
+
+
 class DiskFull(CorralError):
     """A task's output did not fit on its worker's disk (the try ended ``disk-full``),
     too often to retry: ``nbytes`` is the output's size, ``room`` the disk that was
@@ -1347,8 +1352,12 @@ class DiskFull(CorralError):
     disk with other tasks' outputs, ``(category, bytes, outputs)`` by most bytes first:
     given when it was full of them rather than the output or input too large for it
     (it would fit on that disk empty); the advice is then about running their
-    consumers first. ``declared``: the task declared its output's size already (so
-    declaring one is not advised)."""
+    consumers first. ``held_by``: of ``filled_by``, the outputs only a client's futures
+    hold (a client wants them, no reader of them waits): the advice is then to release
+    those futures first. ``consumers_first``: the ``consumers-first`` priority is in
+    force already (so it is not advised). ``declared``: the task declared its output's
+    size already (so declaring one is not advised). ``measured``: the worker was
+    given no ``--disk``: its limit is its file system's free space measured at start."""
 
     key: str
     worker: str
@@ -1361,6 +1370,9 @@ class DiskFull(CorralError):
     fs_free: int
     filled_by: tuple[tuple[str, int, int], ...]
     declared: bool
+    held_by: tuple[tuple[str, int, int], ...]
+    consumers_first: bool
+    measured: bool
 
     def __init__(
         self,
@@ -1376,14 +1388,19 @@ class DiskFull(CorralError):
         fs_free: int = 0,
         filled_by: tuple[tuple[str, int, int], ...] = (),
         declared: bool = False,
+        held_by: tuple[tuple[str, int, int], ...] = (),
+        consumers_first: bool = False,
+        measured: bool = False,
     ) -> None:
         filled_by = tuple(filled_by)
+        held_by = tuple(held_by)
+        its = "its disk (measured at start)" if measured else "its --disk"
         if filesystem:
             fs = f"the file system holding its spill directory {filesystem!r}"
             free = disk_size(fs_free)
             if partial:  # it refused a write (ENOSPC)
                 left = (
-                    f"{fs} ran out of space before its --disk of {disk_size(disk)} was "
+                    f"{fs} ran out of space before {its} of {disk_size(disk)} was "
                     f"reached ({free} free there now)"
                     if disk
                     else f"{fs} ran out of space ({free} free there now; the worker has "
@@ -1392,7 +1409,7 @@ class DiskFull(CorralError):
             else:
                 spare = f" (it keeps {disk_size(fs_free - room)} of that spare)"
                 left = f"{fs} has {free} free{spare if fs_free > room else ''}" + (
-                    f", less than its --disk of {disk_size(disk)} leaves"
+                    f", less than {its} of {disk_size(disk)} leaves"
                     if disk
                     else "; the worker has no --disk limit"
                 )
@@ -1404,21 +1421,38 @@ class DiskFull(CorralError):
                 "placed where the room is)."
             )
         elif filled_by:
-            what = "; ".join(
-                f"{category}: {n} output{'s' if n != 1 else ''}, {disk_size(b)}"
-                for category, b, n in filled_by
-            )
+            held = sum(n for _, _, n in held_by)
+            if held and held == sum(n for _, _, n in filled_by):
+                whose = f"other tasks' outputs that your futures hold ({_outputs(held_by)})"
+            elif held:
+                whose = (
+                    f"other tasks' outputs ({_outputs(filled_by)}); {held} of them "
+                    f"({_outputs(held_by)}) {'is' if held == 1 else 'are'} held by your "
+                    "futures, the others wait for their consumers"
+                )
+            else:
+                whose = f"other tasks' outputs waiting for their consumers ({_outputs(filled_by)})"
             left = (
                 f"{disk_size(room)} of disk left of its {disk_size(disk)} limit: the "
-                f"disk was full of other tasks' outputs waiting for their consumers "
-                f"({what}), not too small for this {'input' if input else 'output'}"
+                f"disk was full of {whose}, not too small for this "
+                f"{'input' if input else 'output'}"
             )
-            advice = (
-                'Run consumers before new producers (set_policy("priority", '
-                '"consumers-first")), give the tasks that gather many outputs fewer '
-                "inputs each (a smaller fan-in), or start workers with a larger --disk "
-                "(disk_per_worker)."
+            steps = []
+            if held:
+                steps.append(
+                    "Release the futures you no longer need (del the lists of earlier "
+                    "stages once the next is submitted) so Corral can drop them"
+                )
+            if held < sum(n for _, _, n in filled_by) and not consumers_first:
+                steps.append(
+                    'run consumers before new producers (set_policy("priority", "consumers-first"))'
+                )
+            steps.append(
+                "give the tasks that gather many outputs fewer inputs each (a smaller fan-in)"
             )
+            steps.append("start workers with a larger --disk (disk_per_worker)")
+            steps[0] = steps[0][0].upper() + steps[0][1:]
+            advice = f"{', '.join(steps[:-1])}, or {steps[-1]}."
         else:
             left = f"{disk_size(room)} of disk left of its {disk_size(disk)} limit"
             advice = ""
@@ -1474,16 +1508,28 @@ class DiskFull(CorralError):
             fs_free=fs_free,
             filled_by=filled_by,
             declared=declared,
+            held_by=held_by,
+            consumers_first=consumers_first,
+            measured=measured,
         )
 
-    def with_context(self, filled_by: tuple[tuple[str, int, int], ...], declared: bool) -> DiskFull:
-        """This error, told what filled the disk (``filled_by``) and whether the task
-        declared its output's size (``declared``)."""
+    def with_context(
+        self,
+        filled_by: tuple[tuple[str, int, int], ...],
+        declared: bool,
+        held_by: tuple[tuple[str, int, int], ...] = (),
+        consumers_first: bool = False,
+    ) -> DiskFull:
+        """This error, told what filled the disk (``filled_by``; ``held_by``: of those,
+        the ones only a client's futures hold), whether the task declared its output's
+        size (``declared``) and whether consumers run first already (``consumers_first``)."""
         return DiskFull(
             self.key, self.worker, self.nbytes, self.room, self.disk,
             input=self.input, partial=self.partial,
             filesystem=self.filesystem, fs_free=self.fs_free,
             filled_by=filled_by, declared=declared,
+            held_by=held_by, consumers_first=consumers_first,
+            measured=getattr(self, "measured", False),
         )  # fmt: skip
 
     def reading(self, key: str) -> DiskFull:
@@ -1493,6 +1539,9 @@ class DiskFull(CorralError):
             input=self.input, partial=self.partial,
             filesystem=self.filesystem, fs_free=self.fs_free,
             filled_by=getattr(self, "filled_by", ()), declared=getattr(self, "declared", False),
+            held_by=getattr(self, "held_by", ()),
+            consumers_first=getattr(self, "consumers_first", False),
+            measured=getattr(self, "measured", False),
         )  # fmt: skip
 
 

@@ -295,8 +295,9 @@ def test_disk_full_of_other_intermediates_says_what_fills_it_and_what_helps(
     make_state: Factory,
 ) -> None:
     """An output that fits an empty disk but not what its neighbours leave: the error
-    names them by category and advises running consumers first, a smaller fan-in or
-    a larger --disk, not declaring the output's size."""
+    names them by category, which of them only the client's futures hold (skim-0),
+    and advises releasing those, running consumers first, a smaller fan-in or a
+    larger --disk, not declaring the output's size."""
     s = make_state(saturation=1.0, memory="blind")
     join(s, "w1", disk=10 * MB, cores=2)
     known_sizes(s, "w1")
@@ -314,12 +315,13 @@ def test_disk_full_of_other_intermediates_says_what_fills_it_and_what_helps(
     assert str(error) == (
         f"task {skim!r} wrote an output of 1.0 MiB on worker 'w1', which had 0 bytes of "
         "disk left of its 10.0 MiB limit: the disk was full of other tasks' outputs "
-        "waiting for their consumers (load: 2 outputs, 6.0 MiB; skim: 1 output, 1.0 MiB), "
-        "not too small for this "
-        "output; the partial file was removed. Run consumers before new producers "
-        '(set_policy("priority", "consumers-first")), give the tasks that gather many '
-        "outputs fewer inputs each (a smaller fan-in), or start workers with a larger "
-        "--disk (disk_per_worker)."
+        "(load: 2 outputs, 6.0 MiB; skim: 1 output, 1.0 MiB); 1 of them (skim: 1 output, "
+        "1.0 MiB) is held by your futures, the others wait for their consumers, not too "
+        "small for this output; the partial file was removed. Release the futures you no "
+        "longer need (del the lists of earlier stages once the next is submitted) so "
+        'Corral can drop them, run consumers before new producers (set_policy("priority", '
+        '"consumers-first")), give the tasks that gather many outputs fewer inputs each '
+        "(a smaller fan-in), or start workers with a larger --disk (disk_per_worker)."
     )
 
 

@@ -35,9 +35,12 @@ from actors.scheduler_events import (
 )
 from actors.scheduler_records import disk_stall_parts
 from actors.scheduler_state import SchedulerState
+from actors.worker_state import file_system_short
 from runtime.errors import DiskFull, TaskTooBigForDisk
 from runtime.messages import DiskStallInfo
-from tests.helpers import MB, Factory, make_state, result, specs_for
+from tests.helpers import MB, Factory, make_state, result, specs_for, submit
+from tests.test_disk_breaker import _disk_full_three_times, wrote
+from tests.test_disk_placement import join
 
 __all__ = ["make_state"]  # the fixture, used by name
 
@@ -188,6 +191,101 @@ def test_a_foreign_shortfall_ends_with_the_stalls_account_not_a_drop_loop(
     parts = disk_stall_parts(w.stalls[0])
     assert parts["holding"].endswith("; 2.5 MiB other files on the file system (not Corral's)")
     assert "larger --disk cannot help" in parts["advice"]
+
+
+# ---------------------------------------------------------------- DiskFull's account
+
+
+def _futures_kept(s: SchedulerState) -> Any:
+    """The dask.distributed habit: every stage's futures kept (raws, calibrated frames,
+    the stack). Both raws are read already (their calibrations ran): only the client's
+    futures hold them. The stack's output then does not fit its 6 MiB disk, three
+    tries running; its error (``KeyErred``)."""
+    join(s, "w1", disk=6 * MB)
+    table = {"raw-1": [], "raw-2": [], "cal-1": ["raw-1"], "cal-2": ["raw-2"]}
+    table["stack"] = ["cal-1", "cal-2"]
+    submit(s, table, list(table))
+    while s.tasks["stack"].state != "processing":
+        (ts,) = s.workers["w1"].processing
+        wrote(s, "w1", ts.key, MB)
+    return _disk_full_three_times(s, "stack", MB, 0)
+
+
+def test_disk_full_of_outputs_only_futures_hold_says_to_release_them(
+    make_state: Factory,
+) -> None:
+    """The raws fill the disk only because the client's futures hold them: DiskFull
+    says so and advises releasing them first (before: every output was "waiting for
+    its consumers", and only consumers-first was advised, which does not help)."""
+    s = make_state(saturation=1.0, memory="blind")
+    error = _futures_kept(s)
+    assert isinstance(error, DiskFull)
+    assert error.filled_by == (("cal", 2 * MB, 2), ("raw", 2 * MB, 2))
+    assert error.held_by == (("raw", 2 * MB, 2),)
+    assert str(error) == (
+        "task 'stack' wrote an output of 1.0 MiB on worker 'w1', which had 0 bytes of "
+        "disk left of its 6.0 MiB limit: the disk was full of other tasks' outputs (cal: "
+        "2 outputs, 2.0 MiB; raw: 2 outputs, 2.0 MiB); 2 of them (raw: 2 outputs, "
+        "2.0 MiB) are held by your futures, the others wait for their consumers, not too "
+        "small for this output; the partial file was removed. Release the futures you no "
+        "longer need (del the lists of earlier stages once the next is submitted) so "
+        'Corral can drop them, run consumers before new producers (set_policy("priority", '
+        '"consumers-first")), give the tasks that gather many outputs fewer inputs each '
+        "(a smaller fan-in), or start workers with a larger --disk (disk_per_worker)."
+    )
+
+
+def test_disk_full_does_not_advise_consumers_first_when_in_force(make_state: Factory) -> None:
+    s = make_state(saturation=1.0, memory="blind", priority="consumers-first")
+    error = _futures_kept(s)
+    assert isinstance(error, DiskFull) and error.consumers_first
+    assert "consumers-first" not in str(error)
+    assert str(error).endswith(
+        "Release the futures you no longer need (del the lists of earlier stages once the "
+        "next is submitted) so Corral can drop them, give the tasks that gather many "
+        "outputs fewer inputs each (a smaller fan-in), or start workers with a larger "
+        "--disk (disk_per_worker)."
+    )
+
+
+# ---------------------------------------------------------------- the worker's DiskFull
+
+
+def test_the_file_system_is_named_only_past_its_rounding() -> None:
+    """A worker names its file system in DiskFull (a larger --disk cannot help) only
+    when it has less free than the limit leaves by more than max(1% of the limit,
+    4 KiB per file kept): the audit's worker without --disk on an 18 MiB tmpfs had
+    978,944 bytes left under its limit and 3,968 bytes less on the file system per
+    1,048,704-byte file (tmpfs pages), and was told to resize its scratch."""
+    limit, room, files = 18 * MB, 978_944, 5
+    assert not file_system_short(room, room - 3_968 * files, limit, files)
+    assert not file_system_short(room, room, limit, files)
+    # Another program's 15 MiB file on a 20 MiB file system: named, --disk or not.
+    assert file_system_short(5 * MB, 1_060_864, 12 * MB, files)
+    # The tolerance: 1% of a 100 MiB limit (more than 4 KiB for each of 10 files).
+    assert not file_system_short(5 * MB, 5 * MB - MB, 100 * MB, 10)
+    assert file_system_short(5 * MB, 5 * MB - MB - 1, 100 * MB, 10)
+    # ... or 4 KiB per file, when that is more (1,000 files on a 100 MiB limit).
+    assert not file_system_short(5 * MB, 5 * MB - 4096 * 1000, 100 * MB, 1000)
+    # No limit (--disk off): the file system is all there is; gone: not named.
+    assert file_system_short(None, MB, 0, 0)
+    assert not file_system_short(MB, None, 12 * MB, 0)
+
+
+def test_a_worker_without_disk_is_told_its_disk_measured_at_start() -> None:
+    err = DiskFull(
+        "stack-2", "w3", MB, 978_944, 18 * MB, input="calibrate-10",
+        filesystem="/scratch3", fs_free=3_040_000, measured=True,
+    )  # fmt: skip
+    assert "less than its disk (measured at start) of 18.0 MiB leaves" in str(err)
+    assert "--disk of" not in str(err)
+    given = DiskFull(
+        "stack-2", "w3", MB, 978_944, 18 * MB, input="calibrate-10",
+        filesystem="/scratch3", fs_free=3_040_000,
+    )  # fmt: skip
+    assert "less than its --disk of 18.0 MiB leaves" in str(given)
+    ran_out = DiskFull("t", "w3", MB, 0, 18 * MB, partial=True, filesystem="/s", measured=True)
+    assert "ran out of space before its disk (measured at start) of 18.0 MiB" in str(ran_out)
 
 
 def test_the_stall_account_names_other_programs_files() -> None:
