@@ -3018,6 +3018,11 @@ class SchedulerState(DiskPlacement, PlacementWatch):
                     "output did not fit on disk",
                     f"input {error.input!r} could not be copied to {wid}: no room on its disk",
                 )
+            elif isinstance(error, DiskFull) and error.partial:  # the file system refused
+                reason = reason.replace(
+                    "output did not fit on disk",
+                    f"the task's writes filled the file system on {wid} (ENOSPC)",
+                )
             delay = self._retry_delay(ts, decision.delay)
             if delay:  # held, not ready, until then (_wait_or_queue, _release_retries)
                 ts.retry_at = self._now + delay

@@ -288,6 +288,21 @@ def test_a_worker_without_disk_is_told_its_disk_measured_at_start() -> None:
     assert "ran out of space before its disk (measured at start) of 18.0 MiB" in str(ran_out)
 
 
+def test_a_tasks_own_enospc_is_told_as_filling_the_file_system(make_state: Factory) -> None:
+    """A try whose own writes hit ENOSPC (the worker's DiskFull, ``partial``) is told in
+    the story as what it was, not as an output that did not fit."""
+    s = make_state(saturation=1.0)
+    join(s, "w1", disk=12 * MB)
+    submit(s, {"resample-1": []}, ["resample-1"])
+    err = DiskFull("resample-1", "w1", 4 * MB, 0, 12 * MB, partial=True, filesystem="/s")
+    res = result("resample-1", "disk-full", nbytes=4 * MB + 1, error=err)
+    w = Worker(s, 12 * MB, 0)
+    w.handle(w.ev(TasksFinished, worker="w1", results=(res,)))
+    assert [e[2] for e in s.story("resample-1") if e[1] == "retry"] == [
+        "the task's writes filled the file system on w1 (ENOSPC); free retry"
+    ]
+
+
 def test_the_stall_account_names_other_programs_files() -> None:
     stall = DiskStallInfo(
         pool="*", since=0.0, workers=("u1", "u2"), disk_used=20 * MB, disk=24 * MB,
