@@ -243,6 +243,20 @@ def past_limit_text(cmd: WorkerPastLimit) -> str:
     )
 
 
+def spill_refused_text(msg: WorkerMemoryReport) -> str:
+    """What status, the console and the dashboard show of a worker whose spills found
+    no disk room (``WorkerMemoryReport.spill_refused``): while it is connected."""
+    when = time.strftime("%H:%M:%S", time.localtime(msg.spill_refused_at))
+    n = msg.spill_refused
+    return (
+        f"worker {msg.worker_id}: spill refused: no disk room on {msg.spill_dir!r} ({n} "
+        f"time{'s' * (n != 1)}, last at {when}: {msg.spill_refused_why or 'no room'}); "
+        "its outputs stay in memory: past its throttle fence it starts no producer, and a "
+        "pool whose every worker is so fails with MemoryStalled. Free space on that file "
+        "system, give the worker a --spill-dir on a larger one, or a larger --disk"
+    )
+
+
 def copy_timeout(nbytes: int) -> float:
     """Seconds a copy of ``nbytes`` may take before the scheduler calls it failed."""
     return REPLICATE_TIMEOUT + max(nbytes, 0) / COPY_RATE_FLOOR
@@ -639,6 +653,7 @@ class Scheduler(Actor):
         self.infos.pop(msg.worker_id, None)
         self.disks.left(msg.worker_id, self.clock.now())
         self.memory.pop(msg.worker_id, None)
+        self.host_warnings.pop(f"{msg.worker_id} spill", None)  # its warning ends with it
         # A worker drained, past its walltime or shut down with the cluster left as
         # planned; anything else is a loss worth a warning.
         planned = msg.cause in ON_PURPOSE
@@ -717,8 +732,11 @@ class Scheduler(Actor):
                 *self._ev(), msg.worker_id, msg.throttled, msg.rss, msg.throttle_at, msg.limit,
                 used, msg.memory_bytes, msg.past_peak, msg.abandoned, msg.held,
                 msg.floor, msg.floor_warning, used - own,
+                msg.spill_refused, msg.spill_dir,
             )
         )  # fmt: skip
+        if msg.spill_refused:  # (status()["warnings"], the console, the dashboard)
+            self.host_warnings[f"{msg.worker_id} spill"] = spill_refused_text(msg)
 
     @handles(_Tick)
     def tick(self, msg: _Tick) -> None:

@@ -372,6 +372,10 @@ class WorkerMemory(Event):
     #: of ``disk_used``, the bytes the file system holding its disk lacks beyond what
     #: the worker counts as its own (other programs' files there; 0: none)
     disk_foreign: int = 0
+    #: spills refused for want of disk room so far (``WorkerMemoryReport.spill_refused``)
+    #: and the spill directory they were refused on: ``MemoryStalled`` names them
+    spill_refused: int = 0
+    spill_dir: str = ""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

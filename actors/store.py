@@ -599,6 +599,11 @@ class SpillStore(MutableMapping[Key, Any]):
         self.unspilled_total = 0  #: recorded bytes ever read back into memory
         self.spill_count = 0  #: values ever written to disk
         self.disk_full = False  #: the last write was refused for room, none freed since
+        #: spills (:meth:`spill_keys`, :meth:`spill_keys_off_loop`) stopped because a
+        #: write was refused for room, and why the latest was (``disk_limit``, an
+        #: ``OSError``): the worker reports them (``WorkerMemoryReport.spill_refused``)
+        self.spill_refused = 0
+        self.spill_refused_why = ""
 
     # -- the mapping ---------------------------------------------------------------
 
@@ -865,6 +870,7 @@ class SpillStore(MutableMapping[Key, Any]):
                 continue
             outcome = self._spill_one(key)
             if outcome is None:
+                self.spill_refused += 1
                 break
             if key not in self._memory:  # on disk now (an unpicklable one stays)
                 moved.append(key)
@@ -913,6 +919,7 @@ class SpillStore(MutableMapping[Key, Any]):
                 job, await anyio.to_thread.run_sync(_write_job, job, limiter=limiter)
             )
             if outcome is None:
+                self.spill_refused += 1
                 break
             if job.done:
                 moved.append(key)
@@ -996,6 +1003,7 @@ class SpillStore(MutableMapping[Key, Any]):
         if not self.disk_full:
             _log.warning("spilling stopped: no room on disk", key=key, reason=reason)
         self.disk_full = True
+        self.spill_refused_why = reason
 
     def sandbox(self) -> str:
         """The store's directory, made now if it is not yet: where tasks write their

@@ -390,6 +390,7 @@ class Worker(Actor):
         self._up = 0.0  #: when its task processes were seen up (0: not yet)
         self._start_checked = False  #: its memory at start was looked at
         self._disk_full = False  #: warned that spilling has no disk room
+        self._spill_refused_at = 0.0  #: when a spill last found no disk room (epoch s)
         self.spilling: Spilling | None = None  #: the spill under way (in a thread)
         self.spilled_last: Spilling | None = None  #: the last spill that ended
         self._spill_limiter = anyio.CapacityLimiter(1)  #: one value written at a time
@@ -804,6 +805,7 @@ class Worker(Actor):
         event loop for seconds when it was written on it); an output stays in memory,
         served as it is, until its file is in place."""
         store = self.data
+        refused = store.spill_refused
         try:
             moved = await store.spill_keys_off_loop(
                 cmd.nbytes, cmd.in_use | cmd.fresh, cmd.read_soon, limiter=self._spill_limiter
@@ -812,6 +814,8 @@ class Worker(Actor):
             assert self.spilling is not None
             self.spilling.ended = time.monotonic()
             self.spilled_last, self.spilling = self.spilling, None
+        if store.spill_refused != refused:
+            self._spill_refused_at = time.time()
         now = self._now()
         if moved or now - self._trimmed >= 0.5:
             # Over the fence with nothing (more) to spill: freed inputs and copies may
@@ -827,6 +831,8 @@ class Worker(Actor):
             self.log.warning(
                 "cannot spill: no disk room", disk_limit=store.disk_limit, on_disk=store.disk_bytes
             )
+            if not moved:  # the scheduler learns at once (status, MemoryStalled)
+                self._report()
         self._disk_full = store.disk_full
 
     def spill_during(self, began: float, now: float | None = None) -> Spilling | None:
@@ -968,6 +974,10 @@ class Worker(Actor):
                 self.state.past_peak,
                 self.state.threads_held,
                 governor.floor_text(),
+                store.spill_refused,
+                self._spill_refused_at,
+                store.spill_refused_why,
+                self.disk_dir,
             )
         )
 

@@ -232,6 +232,14 @@ class WorkerMemoryReport(Message):
     #: with ``floor``, the warning the worker logged of it (what to do; "": none), which
     #: the scheduler shows in ``status()["warnings"]``
     floor_warning: str = ""
+    #: spills stopped because its disk had no room (its --disk limit, or the file system
+    #: full: ENOSPC) since it started, when the latest was (seconds since the epoch),
+    #: why (the limit, or the OSError) and its spill directory: the scheduler shows it in
+    #: ``status()["warnings"]`` and names it in ``MemoryStalled``
+    spill_refused: int = 0
+    spill_refused_at: float = 0.0
+    spill_refused_why: str = ""
+    spill_dir: str = ""
 
 
 @message()
