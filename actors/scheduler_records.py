@@ -269,6 +269,9 @@ class WorkerState:
         "retired",
         "rss",
         "slots",
+        "spill_dir",
+        "spill_refused",
+        "spill_refused_at",
         "suspended",
         "tasks_sent",
         "throttle_at",
@@ -341,6 +344,11 @@ class WorkerState:
         #: reported (0: under it; ``WorkerMemory.floor``)
         self.floor = 0
         self.throttle_at = 0  #: bytes where its throttle fence is (0: not reported)
+        #: spills its disk had no room for, as last reported (``WorkerMemory``), when
+        #: the latest of them was first told (the core's clock) and its spill directory
+        self.spill_refused = 0
+        self.spill_refused_at = 0.0
+        self.spill_dir = ""
         self.memory_bytes = -1  #: bytes of outputs in its memory, as last reported (-1: not)
         #: threads still running a cancelled try, replaced by fresh ones (thread
         #: execution), as last reported: at ``cores`` it can stop no other running try

@@ -27,8 +27,9 @@ or none is ready, with how long it lasted. Not a stall: a pool without a connect
 worker (the ``CorralNoWorkers`` alert's case), one whose workers all run tasks (they
 finish: saturation; the clock starts again), and one whose ready tasks wait for disk
 (``disk_parked``: the disk watchdog's case, which keeps its own message; a placement
-stall in force there ends), nor while the memory watchdog suspects every worker
-throttled (``stalled_since``: the run fails with ``MemoryStalled`` at the same timeout).
+stall in force there ends), nor while the memory watchdog suspects a stall of the
+pool (every worker of it throttled, ``stalled_since``; for any pool's tasks, ``"*"``,
+every worker: its tasks fail with ``MemoryStalled`` at the same timeout).
 
 Cost: a dict look-up per placement and per finished try; per handled event a pass over
 the pools with ready tasks (``queued_counts``, O(pools)); the pool's workers are looked
@@ -83,7 +84,7 @@ class PlacementWatch(CorePart):
         # What else of the core the watchdog reads: its state and methods.
         queued_counts: Counter[str]
         disk_parked: set[str | None]
-        stalled_since: float | None
+        stalled_since: dict[str, float]
 
         def _roomier(self, ts: TaskState, ws: WorkerState) -> bool: ...
 
@@ -128,8 +129,8 @@ class PlacementWatch(CorePart):
                 continue
             if key in self.placement_stalls or self._now - at < timeout:
                 continue
-            if self.stalled_since is not None:
-                since[key] = self._now  # every worker throttled: MemoryStalled's case
+            if key in self.stalled_since or "*" in self.stalled_since:
+                since[key] = self._now  # its workers all throttled: MemoryStalled's case
                 continue
             stall = self._placement_account(key, at, n)
             if stall is None:

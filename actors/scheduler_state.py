@@ -131,9 +131,11 @@ Disk-aware placement, the disk watchdog and its stall breaker are in
 ``actors/scheduler_disk.py`` (:class:`~actors.scheduler_disk.DiskPlacement`, which
 :class:`SchedulerState` inherits; docs/files.md, "Disks").
 
-The memory watchdog: if every worker stays
-throttled, nothing but producers is active and nothing finishes for ``stall_timeout``
-seconds, every active task fails with :class:`~runtime.errors.MemoryStalled`.
+The memory watchdog (``_watch_memory``), per pool: if every worker of a pool stays
+throttled, nothing but producers of it is active there and nothing finishes on them
+for ``stall_timeout`` seconds, the pool's active tasks fail with
+:class:`~runtime.errors.MemoryStalled` and the other pools run on; tasks of any pool
+(``"*"``) only when every worker of the cluster is, and then every active task fails.
 
 Memory admission: a task whose inputs alone are larger than the memory limit of every
 worker that could run it is never placed; it fails with
@@ -598,6 +600,10 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         self._replication_floor()
         self.classes: dict[str, bool] = {}  #: category -> is a memory producer
         self.throttled: set[str] = set()  #: workers past their throttle fence
+        #: the workers of each pool and how many of them are throttled: the memory
+        #: watchdog finds the pools whose every worker is throttled in O(pools)
+        self.pool_members: dict[str, dict[str, WorkerState]] = {}
+        self.throttled_in: Counter[str] = Counter()
         #: memory admission: the largest memory limit among the workers that take new
         #: tasks (not draining), per pool and over every pool (``None``); a limit of 0 is
         #: no limit (``inf``). A pool without such a worker is absent: nothing is decided
@@ -608,7 +614,9 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         #: the most cores of a worker that takes new tasks, the same way (the story of
         #: a task none can run says so: ``_tell_resources_wait``)
         self.largest_cores: dict[str | None, float] = {}
-        self.stalled_since: float | None = None  #: when the watchdog saw a stall begin
+        #: per pool (``"*"``: every worker, the tasks of any pool), when the memory
+        #: watchdog saw a stall of it begin
+        self.stalled_since: dict[str, float] = {}
         self._init_disk()  # the disk part's own state (actors/scheduler_disk.py)
         self._init_placement_watch()  # the placement watchdog's (actors/scheduler_stall.py)
         self.disk_full_tries = 0  #: tries that ended ``disk-full``
@@ -1329,10 +1337,17 @@ class SchedulerState(DiskPlacement, PlacementWatch):
             ws.disk = max(0, ev.disk)
             self.deadlines += ev.deadline is not None
             self.workers[ev.worker] = ws
+            self.pool_members.setdefault(ws.pool, {})[ws.id] = ws
             self.storage.joined(ev.worker)  # a new life: an old one's peak goes
         else:  # a known worker re-registering (e.g. after a reconnect) keeps its work
             ws.unconfirmed = ws.processing | ws.copies  # until it says what reached it
-            ws.cores, ws.memory, ws.pool = ev.cores, ev.memory, ev.pool
+            if ev.pool != ws.pool:
+                self._left_pool(ws)
+                ws.pool = ev.pool
+                self.pool_members.setdefault(ws.pool, {})[ws.id] = ws
+                if ws.throttled:
+                    self.throttled_in[ws.pool] += 1
+            ws.cores, ws.memory = ev.cores, ev.memory
             ws.disk = max(0, ev.disk)
             self.deadlines += (ev.deadline is not None) - (ws.deadline is not None)
             ws.deadline = ev.deadline
@@ -1470,6 +1485,7 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         self._disk_shared(self.disk_shares.left(ev.worker, self._stimulus))
         self.free.pop(ev.worker, None)
         self.draining.discard(ev.worker)
+        self._left_pool(ws)
         self.throttled.discard(ev.worker)
         if ws.past_peak:  # its warning ends with it
             self._out.append(WorkerPastLimit(self._stimulus, ws.id, ws.memory, 0))
@@ -1565,7 +1581,10 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         if ws is not None and ws.jammed and any(r.key not in ws.jammed for r in ev.results):
             ws.jammed.clear()  # a try it ran ended: a thread of it is free again
             self._update_free(ws)
-        self.stalled_since = None  # something finished: progress
+        # Something finished: progress, in the pool of its worker and over all of them.
+        self.stalled_since.pop("*", None)
+        if ws is not None:
+            self.stalled_since.pop(ws.pool, None)
         if self.placement_since:
             for res in ev.results:
                 done = self.tasks.get(res.key)
@@ -2213,6 +2232,10 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         ws.rss, ws.throttle_at, ws.memory_bytes = ev.rss, ev.throttle_at, ev.memory_bytes
         ws.disk_used = max(0, ev.disk_used)
         ws.disk_foreign = min(ws.disk_used, max(0, ev.disk_foreign))
+        if ev.spill_refused != ws.spill_refused:
+            if ev.spill_refused > ws.spill_refused:
+                ws.spill_refused_at = self._now
+            ws.spill_refused, ws.spill_dir = ev.spill_refused, ev.spill_dir
         if ev.past_peak > ws.past_peak:  # past a fence that cannot kill: the client is told
             ws.past_peak = ev.past_peak
             log = past_limit_logged(ws.past_logged, ev.past_peak, ev.limit)
@@ -2242,11 +2265,14 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         ws.throttled = ev.throttled
         if ev.throttled:
             self.throttled.add(ws.id)
+            self.throttled_in[ws.pool] += 1
             ws.throttled_since = self._now
         else:
             self.throttled.discard(ws.id)
+            self._unthrottled_in(ws.pool)
             ws.throttled_total += max(0.0, self._now - ws.throttled_since)
-            self.stalled_since = None  # memory came down: progress
+            self.stalled_since.pop("*", None)  # memory came down: progress
+            self.stalled_since.pop(ws.pool, None)
         self._log(ws.id, "memory", "throttled" if ev.throttled else "unthrottled")
         self._update_free(ws)
 
@@ -4759,44 +4785,90 @@ class SchedulerState(DiskPlacement, PlacementWatch):
             self._disk_stalls_ended()
         if self.placement_since or self.queued_counts:
             self._watch_placement()
-        workers = self.workers
-        if not workers or len(self.throttled) < len(workers):
-            self.stalled_since = None
-            return
-        if any(len(ws.processing) > ws.n_producers for ws in workers.values()):
-            self.stalled_since = None  # a consumer runs: it may free memory
-            return
-        if any(heap and not q[1] for q, heap in self.queues.items()) and any(
-            ts.state == "queued" and not ts.producer for ts in self.tasks.values()
-        ):
-            self.stalled_since = None  # a consumer can still be placed
-            return
-        active = [ts for ts in self.tasks.values() if ts.state in ACTIVE]
-        if not active:
-            self.stalled_since = None  # nothing to run: memory held is the results
-            return
-        if self.stalled_since is None:
-            self.stalled_since = self._now
-            self._log("-", "memory", "stall-suspected")
-            return
-        stalled_for = self._now - self.stalled_since
-        if stalled_for < self.config.stall_timeout:
-            return
-        self._fail_stalled(active, stalled_for)
+        if self.throttled or self.stalled_since:
+            self._watch_memory()
 
-    def _holding(self, on: set[str] | None = None) -> list[tuple[str, int, int]]:
+    def _left_pool(self, ws: WorkerState) -> None:
+        """``ws`` leaves its pool's members (it left, or re-registered in another)."""
+        members = self.pool_members.get(ws.pool)
+        if members is not None and members.pop(ws.id, None) is not None and not members:
+            del self.pool_members[ws.pool]
+        if ws.throttled:
+            self._unthrottled_in(ws.pool)
+
+    def _unthrottled_in(self, pool: str) -> None:
+        self.throttled_in[pool] -= 1
+        if not self.throttled_in[pool]:
+            del self.throttled_in[pool]
+
+    def _watch_memory(self) -> None:
+        """The memory watchdog (the module docstring), per pool: a pool whose every
+        worker is throttled, none running a consumer, no consumer ready to go there and
+        tasks of the pool waiting, for ``stall_timeout``, fails those tasks with
+        :class:`~runtime.errors.MemoryStalled`; the other pools run on. ``"*"`` (the
+        tasks of any pool, which any worker may run) only when every worker is
+        throttled, and then every task still to run fails. O(pools) per event: a
+        pool's workers are looked at only while every one of them is throttled, its
+        tasks only when it fails."""
+        stalled = self.stalled_since
+        keys = [p for p, n in self.throttled_in.items() if n >= len(self.pool_members.get(p, ()))]
+        if self.throttled and len(self.throttled) >= len(self.workers):
+            keys.insert(0, "*")  # first: it fails every task, its pools' among them
+        for key in [k for k in stalled if k not in keys]:
+            del stalled[key]
+        for key in keys:
+            if self._memory_moves(key):
+                stalled.pop(key, None)
+                continue
+            since = stalled.get(key)
+            if since is None:
+                stalled[key] = self._now
+                self._log("-", "memory", f"stall-suspected in {_pool_text(key)}")
+                continue
+            if self._now - since >= self.config.stall_timeout:
+                self._fail_stalled(key, self._now - since)
+
+    def _memory_moves(self, key: str) -> str:
+        """Why pool ``key``, every worker of which is throttled, is not stalled for
+        memory ("": it is): a consumer runs on one of its workers (it may free memory),
+        one is ready to go there, or nothing of the pool waits (memory held is the
+        results). No scan of tasks: its workers, the ready heads, the counters."""
+        pool = None if key == "*" else key
+        workers = self.workers if pool is None else self.pool_members.get(pool, {})
+        if any(len(ws.processing) > ws.n_producers for ws in workers.values()):
+            return "a consumer runs"
+        for q, heap in self.queues.items():
+            if q[1] or (pool is not None and q[0] not in (pool, None)):
+                continue
+            while heap and not _live(heap[0], False):
+                heapq.heappop(heap)  # stale (cancelled, failed, re-queued, flipped)
+            if heap:
+                return "a consumer can still be placed"
+        if pool is None:
+            counts = self.by_state
+            if not any(counts.get(state) for state in ACTIVE):
+                return "nothing to run"
+        elif not self.queued_counts[pool] and not any(
+            ts.spec.pool == pool for ws in workers.values() for ts in ws.processing
+        ):
+            return "nothing of the pool to run"
+        return ""
+
+    def _holding(
+        self, on: set[str] | None = None, files: bool = True
+    ) -> list[tuple[str, int, int]]:
         """What the workers hold, by category: ``(category, bytes, outputs)``, largest
         first (a stall's account: ``MemoryStalled.holding``, ``DiskStallInfo.holding``).
-        Every output in memory or spilled; with ``on``, the file outputs on those workers'
-        disks, a copy on each holder counting. One pass over the tasks, made only
-        when a stall is declared."""
+        Every output in memory or spilled; with ``on``, those on these workers, a copy on
+        each holder counting: only the file outputs (on their disks) with ``files``. One
+        pass over the tasks, made only when a stall is declared."""
         held: dict[str, list[int]] = {}
         for ts in self.tasks.values():
             if ts.state != "memory":
                 continue
             copies = 1
             if on is not None:
-                if not ts.file:
+                if files and not ts.file:
                     continue
                 copies = len(ts.who_has & on)
                 if not copies:
@@ -4806,8 +4878,18 @@ class SchedulerState(DiskPlacement, PlacementWatch):
             h[1] += copies
         return sorted(((c, b, n) for c, (b, n) in held.items()), key=lambda x: -x[1])
 
-    def _fail_stalled(self, active: list[TaskState], stalled_for: float) -> None:
-        holding = self._holding()
+    def _fail_stalled(self, key: str, stalled_for: float) -> None:
+        """Pool ``key`` stalled for memory: its tasks still to run (every task's, for
+        ``"*"``) fail with :class:`~runtime.errors.MemoryStalled`, with the account of
+        its workers. One pass over the tasks, made only when a stall is declared."""
+        pool = None if key == "*" else key
+        members = self.workers if pool is None else self.pool_members.get(pool, {})
+        workers = list(members.values())
+        active = [
+            ts for ts in self.tasks.values()
+            if ts.state in ACTIVE and (pool is None or ts.spec.pool == pool)
+        ]  # fmt: skip
+        holding = self._holding(None if pool is None else set(members), files=False)
         producers = [ts for ts in active if ts.producer]
         needed = 0
         # Each producer makes an output as large as the mean of those made so far of its
@@ -4830,17 +4912,23 @@ class SchedulerState(DiskPlacement, PlacementWatch):
                 st = self.stats.get(ts.spec.category)
                 size = int(st.mean_nbytes) if st is not None else 0
             needed += size
-        available = sum(max(0, ws.throttle_at - ws.rss) for ws in self.workers.values())
-        rss = sum(ws.rss for ws in self.workers.values())
-        told = [ws.memory_bytes for ws in self.workers.values()]
+        available = sum(max(0, ws.throttle_at - ws.rss) for ws in workers)
+        rss = sum(ws.rss for ws in workers)
+        told = [ws.memory_bytes for ws in workers]
         in_memory = None if any(n < 0 for n in told) else sum(told)
-        limit = max((ws.memory for ws in self.workers.values()), default=0)
-        err = MemoryStalled(
-            holding, needed, available, len(producers), stalled_for, rss, in_memory, limit
+        limit = max((ws.memory for ws in workers), default=0)
+        refused = tuple(
+            (ws.id, ws.spill_dir, ws.spill_refused, self._now - ws.spill_refused_at)
+            for ws in sorted(workers, key=lambda w: w.id)
+            if ws.spill_refused
         )
+        err = MemoryStalled(
+            holding, needed, available, len(producers), stalled_for, rss, in_memory, limit,
+            pool=pool, workers=len(workers), spill_refused=refused,
+        )  # fmt: skip
         record = error_record(err)  # once for all the tasks it fails
-        self._log("-", "memory", "stalled")
-        self.stalled_since = None
+        self._log("-", "memory", f"stalled in {_pool_text(key)}")
+        del self.stalled_since[key]
         for ts in active:
             if ts.state not in ACTIVE:
                 continue  # failed meanwhile
@@ -4998,6 +5086,10 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         assert self.queued_by_pool() == dict(pools), ("queue counters", self.queued_counts, pools)
         pools = Counter(ts.spec.pool or "*" for ts in self.tasks.values())
         assert self.pool_tasks == pools, ("pool task counters", self.pool_tasks, pools)
+        members = sum(len(m) for m in self.pool_members.values())
+        assert members == len(self.workers) and all(self.pool_members.values()), "members"
+        pools = Counter(self.workers[w].pool for w in self.throttled)
+        assert self.throttled_in == pools, ("throttled per pool", self.throttled_in, pools)
         retry_entries = {(until, ts) for until, _, ts in self.retry_held}
         for key, ts in self.tasks.items():
             assert ts.key == key
@@ -5079,6 +5171,7 @@ class SchedulerState(DiskPlacement, PlacementWatch):
             assert not (ws.draining and ws.copies), (ws, "draining with copies")
             assert ws.n_producers == sum(ts.producer for ts in ws.processing), ws
             assert ws.throttled == (wid in self.throttled), ws
+            assert self.pool_members[ws.pool].get(wid) is ws, (ws, "pool members")
             for ts in ws.processing:
                 assert ts.state == "processing" and ts.worker == wid, ts
             reserved = sum(ts.disk_need for ts in ws.processing)
@@ -5233,6 +5326,11 @@ def _live(entry: tuple[Any, ...], producer: bool) -> bool:
     a class flip (``SchedulerState._reclassify``)."""
     ts: TaskState = entry[3]
     return ts.state == "queued" and ts.producer == producer
+
+
+def _pool_text(key: str) -> str:
+    """A watchdog's pool key for its log: ``"*"`` is any pool."""
+    return "any pool" if key == "*" else f"pool {key}"
 
 
 def _layer(key: Key) -> str | None:

@@ -988,7 +988,9 @@ class TaskOutOfMemory(CorralError):
 
 class MemoryStalled(CorralError):
     """Every worker is throttled (over its throttle fence, or too near it for its next
-    producer's expected output) and nothing that frees memory can run.
+    producer's expected output) and nothing that frees memory can run; or, with
+    ``pool``, every worker of that pool (``workers`` of them), with tasks of the pool
+    waiting: those fail, the other pools run on.
 
     ``holding`` lists ``(category, bytes, outputs)`` held by workers (in memory or
     spilled to their disks: the scheduler does not tell them apart), largest
@@ -1000,6 +1002,8 @@ class MemoryStalled(CorralError):
     their memory, as they last reported (None: not known; 0 with outputs held: all
     spilled, so their RSS is memory that is not outputs, their floor); ``limit`` the
     largest worker's memory limit (0: not known), which says the unit (MiB under a GiB).
+    ``spill_refused``: ``(worker, spill directory, spills refused, seconds since the
+    latest)`` of the workers whose spills found no disk room.
     """
 
     def __init__(
@@ -1012,6 +1016,10 @@ class MemoryStalled(CorralError):
         rss: int = 0,
         in_memory: int | None = None,
         limit: int = 0,
+        *,
+        pool: str | None = None,
+        workers: int = 0,
+        spill_refused: Sequence[tuple[str, str, int, float]] = (),
     ) -> None:
         held_bytes = sum(b for _, b, _ in holding)
         top = limit or max(rss, held_bytes, needed, available)
@@ -1036,25 +1044,47 @@ class MemoryStalled(CorralError):
                 f"spilling lowers. {FLOOR_ADVICE[0].upper()}{FLOOR_ADVICE[1:]}."
             )
         else:
+            spill = (
+                "give spilling room (free space on that file system, a --spill-dir on a "
+                "larger one, or a larger --disk)"
+                if spill_refused
+                else "allow spilling to disk (a spill fraction and disk room)"
+            )
             advice = (
-                "Give workers more memory, allow spilling to disk (a spill fraction and "
-                "disk room), persist less at once, or release futures you no longer need. "
-                "An output that cannot be pickled cannot be spilled either (the workers' "
-                "logs name it)."
+                f"Give workers more memory, {spill}, persist less at once, or release "
+                "futures you no longer need. An output that cannot be pickled cannot be "
+                "spilled either (the workers' logs name it)."
             )
             if rss and held_bytes < rss / 2:
                 advice += (
                     f" The outputs held, spilled ones included, are {size(held_bytes)} "
                     f"against the workers' {size(rss)} RSS: for the rest, {other}"
                 )
+        if spill_refused:
+            where = "; ".join(
+                f"on {d or 'its spill directory'!r} (worker {w}, {n} time{'s' * (n != 1)}, "
+                f"the latest {ago:.0f} s ago)"
+                for w, d, n, ago in spill_refused[:5]
+            )
+            advice = f"Spilling failed: no room {where}. {advice}"
         need = f"about {size(needed)}" if needed else "an amount not known yet"
+        who = (
+            "every worker"
+            if pool is None
+            else f"every worker of pool {pool!r} ({workers} worker{'s' * (workers != 1)})"
+        )
+        fate = (
+            ""
+            if pool is None
+            else f" The tasks of pool {pool!r} still to run fail; the other pools run on."
+        )
         super().__init__(
-            f"memory stalled for {stalled_for:.1f} s: every worker is over its memory "
+            f"memory stalled for {stalled_for:.1f} s: {who} is over its memory "
             "throttle fence (or too near it for its next producer's expected output) and "
             "nothing that frees memory can run. Outputs held (in memory "
             "or spilled to disk): "
             f"{held or 'none'}. The {waiting} producer tasks still to run need {need}; "
-            f"{size(available)} is left under the throttle fences. {advice}",
+            f"{size(available)} is left under the throttle fences.{fate} {advice}",
             holding=list(holding),
             needed=needed,
             available=available,
@@ -1063,6 +1093,9 @@ class MemoryStalled(CorralError):
             rss=rss,
             in_memory=in_memory,
             limit=limit,
+            pool=pool,
+            workers=workers,
+            spill_refused=list(spill_refused),
         )
 
 

@@ -1,0 +1,232 @@
+"""The memory watchdog per pool (actors/scheduler_state.py, ``_watch_memory``): a pool
+whose every worker is throttled, with tasks of the pool waiting and nothing that frees
+memory able to run there, fails those tasks with ``MemoryStalled`` after
+``stall_timeout``, naming the pool, while the other pools run on; tasks of no pool
+(``"*"``) stall only when every worker is throttled, as before. A worker's refused
+spills (no disk room) reach the scheduler in its memory report and are named in the
+error (their status and console: tests/test_spill_refused.py).
+
+The diskfull user audit's finding 2: a pool whose only worker was throttled (its
+spills refused for want of disk) with 32 ready tasks hung silently while another
+pool's workers idled; and its finding 5: a refused spill was seen only in the worker's
+log. Pure-core tests with a virtual clock, exact commands out."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import anyio
+import numpy as np
+import pytest
+
+from actors.scheduler_events import (
+    CancelOnWorker,
+    Execute,
+    KeyErred,
+    PlacementStallBegan,
+    TasksFinished,
+    WorkerMemory,
+)
+from actors.scheduler_state import SchedulerState
+from runtime import Cluster
+from runtime.errors import MemoryStalled
+from tests.helpers import (
+    GB,
+    MB,
+    Factory,
+    assigned,
+    finish,
+    join,
+    make_state,
+    of,
+    on,
+    result,
+    run,
+    submit,
+)
+from tests.test_scheduler_memory import tick
+
+__all__ = ["make_state"]  # the fixture, used by name
+
+FRAMES = [f"frame-{i}" for i in range(6)]
+
+
+def memory(s: SchedulerState, worker: str, now: float, *, throttled: bool = True,
+           refused: int = 0, spill_dir: str = "") -> list[Any]:  # fmt: skip
+    ev = WorkerMemory(
+        stimulus_id=f"mem-{worker}-{now}", now=now, worker=worker, throttled=throttled,
+        rss=int(0.75 * GB) if throttled else int(0.3 * GB), throttle_at=int(0.7 * GB),
+        limit=GB, memory_bytes=300 * MB, spill_refused=refused, spill_dir=spill_dir,
+    )  # fmt: skip
+    return run(s, ev)
+
+
+def spill_pool(make_state: Factory, pool: str | None = "spill") -> SchedulerState:
+    """w1, w2 of pool default, idle; w4 of pool ``spill`` runs the frames (of ``pool``)
+    one at a time: frame-0 done (300 MB held), frame-1 deferred there, 4 ready; then
+    w4 is throttled at 100, its spills refused 3 times on /scratch3."""
+    s = make_state(saturation=1.0, stall_timeout=5.0)
+    join(s, "w1")
+    join(s, "w2")
+    join(s, "w4", pool="spill")
+    submit(s, dict.fromkeys(FRAMES, ()), FRAMES, pool=pool)
+    (first,) = on(s, "w4") if pool else on(s, "w1")
+    finish(s, "w4" if pool else "w1", first, nbytes=300 * MB)
+    memory(s, "w4", 100.0, refused=3, spill_dir="/scratch3")
+    return s
+
+
+def test_a_pool_whose_only_worker_is_throttled_fails_its_tasks_while_others_idle(
+    make_state: Factory,
+) -> None:
+    s = spill_pool(make_state)
+    assert on(s, "w4") == {"frame-1"} and not on(s, "w1") and not on(s, "w2")
+    assert s.queued_by_pool() == {"spill": 4}
+    assert s.stalled_since == {"spill": 100.0}  # not "*": w1 and w2 are not throttled
+    assert s.story_log[-1][:3] == ("-", "memory", "stall-suspected in pool spill")
+    assert of(tick(s, 104.9), KeyErred) == []  # not yet
+    cmds = tick(s, 105.0)
+    # Exactly the pool's tasks still to run fail; the deferred try is taken back.
+    erred = [(c.key, c.error) for c in of(cmds, KeyErred)]
+    assert [type(c) for c in cmds] == [KeyErred] * 4 + [CancelOnWorker, KeyErred]
+    assert [k for k, _ in erred] == ["frame-5", "frame-4", "frame-3", "frame-2", "frame-1"]
+    assert cmds[4] == CancelOnWorker("tick-105.0", "w4", ("frame-1",))
+    err = erred[0][1]
+    assert isinstance(err, MemoryStalled) and all(e is err for _, e in erred)
+    assert (err.pool, err.workers, err.waiting) == ("spill", 1, 5)
+    assert err.holding == [("frame", 300 * MB, 1)]
+    assert err.spill_refused == [("w4", "/scratch3", 3, 5.0)]
+    text = str(err)
+    assert text.startswith(
+        "memory stalled for 5.0 s: every worker of pool 'spill' (1 worker) is over its "
+        "memory throttle fence"
+    )
+    assert "The tasks of pool 'spill' still to run fail; the other pools run on." in text
+    assert (
+        "Spilling failed: no room on '/scratch3' (worker w4, 3 times, the latest 5 s ago). "
+        "Give workers more memory, give spilling room (free space on that file system, a "
+        "--spill-dir on a larger one, or a larger --disk)"
+    ) in text
+    assert "allow spilling" not in text
+    assert not s.stalled_since and not on(s, "w4")
+    assert ("-", "memory", "stalled in pool spill") in [r[:3] for r in s.story_log]
+    # The other pool runs on: its tasks go to its idle workers at once.
+    cmds = submit(s, {"calibrate": ()}, ["calibrate"], pool="default")
+    assert assigned(cmds) == {"w1": ["calibrate"]}
+    assert of(tick(s, 200.0), KeyErred) == []
+
+
+def test_a_throttled_pool_with_a_consumer_running_or_ready_is_not_stalled(
+    make_state: Factory,
+) -> None:
+    s = make_state(saturation=1.0, stall_timeout=5.0)
+    join(s, "w1")
+    join(s, "w4", pool="spill")
+    table = {"load-0": [], "load-1": [], "sum-0": ["load-0"], "sum-1": ["load-1"]}
+    submit(s, table, ["sum-0", "sum-1"], pool="spill")
+    finish(s, "w4", "load-0", nbytes=300 * MB)  # sum-0, a consumer, goes to w4
+    assert on(s, "w4") == {"sum-0"}
+    memory(s, "w4", 100.0)
+    assert of(tick(s, 200.0), KeyErred) == [] and not s.stalled_since  # a consumer runs
+    run(s, TasksFinished("done", 201.0, "w4", (result("sum-0"),)))
+    # load-1, a producer, is not sent to a throttled worker: nothing frees memory there.
+    assert not on(s, "w4") and s.queued_by_pool() == {"spill": 1}
+    assert s.stalled_since == {"spill": 201.0}
+    assert of(tick(s, 205.9), KeyErred) == []
+    errors = of(tick(s, 206.0), KeyErred)
+    assert [e.key for e in errors] == ["sum-1"]  # the wanted key; load-1 failed too
+    assert (s.tasks["load-1"].state, s.tasks["sum-1"].state) == ("erred", "erred")
+    assert isinstance(errors[0].error, MemoryStalled)
+
+
+def test_tasks_of_any_pool_stall_only_when_every_worker_is_throttled(
+    make_state: Factory,
+) -> None:
+    """Tasks of no pool may run on any worker: a throttled pool does not stall them
+    while another pool's worker is not throttled (as before); every worker throttled,
+    every task still to run fails."""
+    s = spill_pool(make_state, pool=None)
+    memory(s, "w1", 100.0)
+    assert not s.stalled_since
+    assert of(tick(s, 200.0), KeyErred) == []
+    memory(s, "w2", 200.0)
+    assert s.stalled_since == {"*": 200.0}  # pool default and spill run no task of theirs
+    errors = of(tick(s, 205.0), KeyErred)
+    assert {e.key for e in errors} == {k for k in FRAMES if s.tasks[k].state == "erred"}
+    err = errors[0].error
+    assert isinstance(err, MemoryStalled) and err.pool is None and err.workers == 3
+    assert str(err).startswith("memory stalled for 5.0 s: every worker is over its memory")
+    assert "the other pools run on" not in str(err)
+    assert not s.stalled_since
+
+
+def test_the_placement_watchdog_leaves_a_pool_throttled_for_memory_to_memory_stalled(
+    make_state: Factory,
+) -> None:
+    """The pool's only worker is throttled and idle, its ready tasks wait, and another
+    pool's worker is not throttled: MemoryStalled at stall_timeout, no placement stall
+    (before, the placement watchdog deferred only when every worker was throttled)."""
+    s = make_state(saturation=1.0, stall_timeout=5.0)
+    join(s, "w1")
+    join(s, "w4", pool="spill")
+    submit(s, dict.fromkeys(FRAMES, ()), FRAMES, pool="spill")
+    memory(s, "w4", 1000.0)  # frame-0 runs there, deferred
+    done = TasksFinished("done", 1001.0, "w4", (result("frame-0", nbytes=300 * MB),))
+    run(s, done)  # w4 idle, frame-1 .. frame-5 wait
+    assert not on(s, "w4") and s.stalled_since == {"spill": 1001.0}
+    cmds = tick(s, 1005.0) + tick(s, 1006.0) + tick(s, 1011.0)
+    assert not of(cmds, PlacementStallBegan) and not s.placement_stall_count
+    assert {e.key for e in of(cmds, KeyErred)} == set(FRAMES[1:])
+    assert not of(cmds, Execute)
+
+
+def test_a_worker_leaving_or_unthrottled_ends_its_pools_suspicion(make_state: Factory) -> None:
+    s = spill_pool(make_state)
+    memory(s, "w4", 102.0, throttled=False)
+    assert not s.stalled_since and s.throttled_in == {}
+    memory(s, "w4", 103.0)
+    assert s.stalled_since == {"spill": 103.0} and s.throttled_in == {"spill": 1}
+    join(s, "w5", pool="spill")  # a worker of the pool joins: it takes the frames
+    assert not s.stalled_since and s.pool_members["spill"].keys() == {"w4", "w5"}
+    assert of(tick(s, 200.0), KeyErred) == []
+
+
+def load40(i: int) -> Any:
+    """A 40 MiB producer."""
+    return np.full(40 * 2**20 // 8, float(i))
+
+
+@pytest.mark.anyio
+@pytest.mark.slow
+async def test_a_pool_whose_spills_find_no_room_fails_while_the_other_pool_idles(
+    tmp_path: Path,
+) -> None:
+    """The audit's run, on worker processes: pool "spill" has one 400 MiB worker whose
+    disk (100 MiB) holds two of its 40 MiB outputs, pool "default" one idle worker. Its loads
+    throttle it, its spills are refused, and the loads fail with MemoryStalled naming
+    the pool and the refused spills (before: no error, the client waited for ever).
+    Bounded by fail_after; ports in this test's range."""
+    pools = {
+        "default": {"min_blocks": 1, "worker_port_range": "43110-43119"},
+        "spill": {
+            "min_blocks": 1, "memory_per_worker": "400MiB", "disk_per_worker": "100MiB",
+            "spill_dir": str(tmp_path), "worker_port_range": "43120-43129",
+        },
+    }  # fmt: skip
+    with anyio.fail_after(90):
+        async with Cluster(pools=pools, processes=True, port=43100, stall_timeout=2.0) as c:
+            await c.wait_for_workers(2, timeout=60)
+            futures = [c.submit(load40, i, key=f"load-{i}", pool="spill") for i in range(30)]
+            with pytest.raises(MemoryStalled) as info:
+                for future in futures:
+                    await future
+            st = await c.status()
+            assert await c.submit(sum, [1, 2], pool="default") == 3  # the other runs on
+    err = info.value
+    assert err.pool == "spill" and err.workers == 1
+    ((worker, where, times, _),) = err.spill_refused
+    assert worker.startswith("spill-") and where == str(tmp_path) and times >= 1
+    assert f"Spilling failed: no room on {str(tmp_path)!r} (worker {worker}" in str(err)
+    (warning,) = [w for w in st["warnings"] if "spill refused" in w]
+    assert warning.startswith(f"worker {worker}: spill refused: no disk room on ")
