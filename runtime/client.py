@@ -319,7 +319,8 @@ def _no_workers_news(
     return pending
 
 
-#: seconds of memory throttling that more than half of the workers must have had while
+#: seconds of memory throttling that more than half of the workers (of the pools this
+#: client's waiting tasks were submitted to: ``ClientActor.waiting_pools``) must have had while
 #: this client's tasks waited (an episode: from the first look that saw them waiting)
 #: before the client warns that throttling holds its run back (:func:`_throttle_news`)
 THROTTLE_HINT_AFTER = 30.0
@@ -346,10 +347,13 @@ def _throttle_news(
     now: float,
     manager: str,
     after: float | None = None,
+    pools: set[str | None] | None = None,
 ) -> bool:
     """One look: ``reply`` is the manager's status while this client's tasks wait
     (None: none waits, which ends the episode). Log ONE warning per episode once more
-    than half of the workers were throttled for memory ``after`` seconds
+    than half of the workers (those of ``pools``, the pools its waiting tasks were
+    submitted to, when none of them is any pool, None) were throttled for memory
+    ``after`` seconds
     (:data:`THROTTLE_HINT_AFTER`) or more since it began: which workers, their limit,
     floor and throttle fence, and what to do. An episode ends when nothing waits, or
     when no worker was throttled since the previous look. Returns whether it warned."""
@@ -365,7 +369,10 @@ def _throttle_news(
     if watch.told:
         return False
     start = watch.start
-    present = {i.worker_id for i in reply.workers} - set(reply.away)
+    named = None if not pools or None in pools else pools
+    present = {i.worker_id for i in reply.workers if named is None or i.pool in named} - set(
+        reply.away
+    )
     held = {
         w: s - start.get(w, 0.0)
         for w, s in sorted(seconds.items())
@@ -386,7 +393,8 @@ def _throttle_news(
     _log.warning(
         "workers throttled for memory hold this client's tasks back",
         manager=manager,
-        throttled=f"{len(held)} of {len(present)} workers",
+        throttled=f"{len(held)} of {len(present)} workers"
+        + ("" if named is None else f" of pool {', '.join(sorted(str(p) for p in named))}"),
         waited=round(now - watch.since),
         workers="; ".join(said),
         hint="a throttled worker starts no new producer (a task that makes more than it "
@@ -481,10 +489,13 @@ def _policies_left_news(
 class _KeyWatch:
     """Client-side state of one key: how many Future objects hold it, and its fate."""
 
-    __slots__ = ("fence", "held", "holders", "left", "update", "wants")
+    __slots__ = ("fence", "held", "holders", "left", "pool", "update", "wants")
 
     def __init__(self) -> None:
         self.holders = 0  #: Future objects (and computes) holding the key
+        #: the pool its latest submission named (None: any pool, or not submitted here):
+        #: the throttle hint counts the workers of the pools this client waits on
+        self.pool: str | None = None
         self.update: Any = None  #: KeyDone / KeyErred / KeyCancelled, None while pending
         #: times a Future (or a compute) took the key: a cancel asked before the latest
         #: is for a submission made before it, and is dropped
@@ -1023,6 +1034,15 @@ class ClientActor(Actor):
         if self.pending:
             return True
         return any(w.update is None and w.holders and not w.left for w in self.watches.values())
+
+    def waiting_pools(self) -> set[str | None]:
+        """The pools the waiting keys of this client were submitted to (None: any
+        pool): whose workers the throttle hint counts. One pass over its keys."""
+        pools: set[str | None] = {opts.pool for _, opts in self.pending.values()}
+        pools.update(
+            w.pool for w in self.watches.values() if w.update is None and w.holders and not w.left
+        )
+        return pools
 
     def watch(self, key: Key) -> _KeyWatch:
         """The key's watch, for a Future (or a compute) being made: its key is being
@@ -1857,7 +1877,8 @@ class Cluster:
             except (CorralError, TimeoutError) as exc:
                 _log.debug("could not read the manager's status", error=str(exc))
                 return
-        _throttle_news(self._throttle, status, time.monotonic(), str(self.address))
+        pools = self._client_actor.waiting_pools() if status is not None else None
+        _throttle_news(self._throttle, status, time.monotonic(), str(self.address), pools=pools)
         self._past_limit = _past_limit_news(self._past_limit, status, str(self.address))
 
     async def _hello(self, conn: Any, address: str, limit: float) -> str:
@@ -2221,6 +2242,7 @@ class Cluster:
         client = self._client_actor
         fut = Future(key, self)  # (failed or cancelled: pending again, to run again)
         watch = fut._watch
+        watch.pool = opts.pool
         if key not in client.pending and watch.update is None:
             task = make_task(key, func, args, kwargs, self._key_of_future)
             client.pending[key] = (task, opts)
@@ -2329,6 +2351,8 @@ class Cluster:
         check_shuffle_method(graph)  # with this process's dask config
         keys = check_keys(keys)
         futures = [Future(k, self) for k in keys]
+        for f in futures:
+            f._watch.pool = opts.pool
         await self._submit(graph, keys, opts)
         return futures
 
@@ -2437,7 +2461,9 @@ class Cluster:
         flat = flatten_keys(keys)
         client = self._client_actor
         for k in flat:  # hold the keys without a Future object each (cheaper for big graphs)
-            client.watch(k).holders += 1
+            watch = client.watch(k)
+            watch.holders += 1
+            watch.pool = opts.pool
         values: list[Any] = []
         try:
             await self._submit(graph, flat, opts)

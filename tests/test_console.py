@@ -1181,6 +1181,33 @@ def test_a_throttle_episode_is_told_once_and_only_when_most_workers_are_held() -
         assert [ln for ln in log.lines if hint in ln] == log.lines
 
 
+def test_the_throttle_hint_counts_the_workers_of_the_pools_the_client_waits_on() -> None:
+    """The diskfull audit: a client whose tasks wait on pool "spill", whose only worker
+    was throttled, was never told (1 of 3 workers is not most of them: two workers of
+    pool "default" idled). It counts the workers of the pools its waiting tasks were
+    submitted to; a task of any pool counts every worker, as before."""
+    workers = (
+        WorkerInfo("w4", 1, 200 * MiB, pool="spill"),
+        WorkerInfo("w1", 1, 200 * MiB),
+        WorkerInfo("w2", 1, 200 * MiB),
+    )
+    memory = {"w4": WorkerMemoryReport("w4", True, 190 * MiB, 180 * MiB, 200 * MiB)}
+
+    def reply(seconds: float) -> StatusReply:
+        return StatusReply(
+            workers=workers, memory=memory, throttled=("w4",), throttled_seconds={"w4": seconds}
+        )
+
+    with log_lines("corral.client", logging.WARNING) as log:
+        for pools in (None, {"spill", None}, {"spill"}):
+            w = _ThrottleWatch()
+            assert not _throttle_news(w, reply(0.0), 0.0, "m", 30, pools=pools)
+            told = _throttle_news(w, reply(40.0), 40.0, "m", 30, pools=pools)
+            assert told == (pools == {"spill"})
+        (line,) = log.lines
+        assert "throttled='1 of 1 workers of pool spill'" in line and "w4 (limit" in line
+
+
 @pytest.mark.anyio
 async def test_a_client_that_leaves_its_policy_on_a_shared_manager_says_so() -> None:
     """A user on a shared manager set the retry policy, and every later run had it,

@@ -218,6 +218,7 @@ async def test_a_pool_whose_spills_find_no_room_fails_while_the_other_pool_idles
         async with Cluster(pools=pools, processes=True, port=43100, stall_timeout=2.0) as c:
             await c.wait_for_workers(2, timeout=60)
             futures = [c.submit(load40, i, key=f"load-{i}", pool="spill") for i in range(30)]
+            assert c._client_actor.waiting_pools() == {"spill"}  # what its throttle hint counts
             with pytest.raises(MemoryStalled) as info:
                 for future in futures:
                     await future
