@@ -117,6 +117,7 @@ from transport.base import (
     invalid_address,
     timed_out,
 )
+from transport.refusals import RefusalLog, Refused, RefusedSummary
 
 __all__ = [
     "DEFAULT_BACKLOG",
@@ -347,6 +348,11 @@ def _check_token(token: object, what: str) -> str:
             f"got {type(token).__name__}"
         )
     return token
+
+
+#: a refused handshake's status -> the reason its log line and summary give, and back
+_REFUSAL_REASONS: Final = {401: "no token", 403: "bad token"}
+_REFUSAL_STATUS: Final = {reason: status for status, reason in _REFUSAL_REASONS.items()}
 
 
 def _token_digest(token: str) -> bytes:
@@ -1351,6 +1357,9 @@ class WebSocketListener(Listener):
         self.connections = 0
         self.refused = 0
         self.evicted = 0
+        #: which refused handshakes get a log line (the rest: a summary a minute)
+        self.refusal_log = RefusalLog()
+        self._refusal_flush: asyncio.TimerHandle | None = None
 
     @property
     def closed(self) -> bool:
@@ -1445,10 +1454,40 @@ class WebSocketListener(Listener):
             await ev.wait()
         return self._pending.popleft()
 
+    def _log_refusals(self, lines: Sequence[Refused | RefusedSummary]) -> None:
+        """Log what :attr:`refusal_log` said to, and wake at its next summary's time."""
+        for line in lines:
+            if isinstance(line, Refused):
+                _log.warning(
+                    "refused a websocket handshake",
+                    address=self.address,
+                    peer=line.peer,
+                    status=_REFUSAL_STATUS[line.reason],
+                    reason=line.reason,
+                )
+            else:
+                _log.warning(
+                    line.text(),
+                    address=self.address,
+                    not_logged_one_by_one=line.unlogged,
+                )
+        due = self.refusal_log.due
+        if due is not None and self._refusal_flush is None and not self._closed:
+            self._refusal_flush = asyncio.get_running_loop().call_later(
+                max(due - _now(), 0.0), self._flush_refusals
+            )
+
+    def _flush_refusals(self, *, closing: bool = False) -> None:
+        self._refusal_flush = None
+        self._log_refusals(self.refusal_log.flush(_now(), closing=closing))
+
     async def aclose(self) -> None:
         if self._closed:
             return
         self._closed = True
+        if self._refusal_flush is not None:
+            self._refusal_flush.cancel()
+        self._flush_refusals(closing=True)
         ev = self._arrived
         if ev is not None:
             self._arrived = None
@@ -1610,12 +1649,8 @@ class WebSocketListener(Listener):
             return self._refuse(503, "this Corral listener is closing")
         role, refusal = self._authenticate(request)
         if refusal is not None:
-            _log.warning(
-                "refused a websocket handshake",
-                address=self.address,
-                peer=request.remote,
-                status=refusal.status,
-            )
+            reason = _REFUSAL_REASONS[refusal.status]
+            self._log_refusals(self.refusal_log.refused(_now(), request.remote or "?", reason))
             return refusal
         offered = _offered_subprotocols(request)
         if offered and SUBPROTOCOL not in offered:  # a client of another version
