@@ -8,8 +8,11 @@ one test floods a real listener on 127.0.0.1 (ports 44000-44999) and reads its l
 
 from __future__ import annotations
 
+from typing import Any
+
 import anyio
 import pytest
+from aiohttp import web
 
 import transport
 from tests.helpers import free_port_between, log_lines, wait_until
@@ -112,3 +115,52 @@ async def test_the_summary_comes_when_the_window_ends_without_another_refusal() 
             await wait_until(lambda: logs.has("refused 5 connections"), "the summary")
             assert logs.has("refused 5 connections in the last 0.3 s: no token 5 from 127.0.0.1")
             assert len([ln for ln in logs.lines if "refused a websocket handshake" in ln]) == 1
+
+
+async def _raw_status(port: int, request: bytes) -> bytes:
+    """The status line a raw HTTP ``request`` to 127.0.0.1:``port`` gets."""
+    stream = await anyio.connect_tcp("127.0.0.1", port)
+    async with stream:
+        await stream.send(request)
+        answer = b""
+        while b"\r\n" not in answer:
+            answer += await stream.receive()
+        return answer.split(b"\r\n", 1)[0]
+
+
+@pytest.mark.anyio
+async def test_a_token_that_is_not_utf8_is_refused_as_unknown_without_a_traceback() -> None:
+    """Bytes that are not UTF-8 in the Authorization header (websocket handshake, a plain
+    route such as /metrics) or in the dashboard's cookie are an unknown token: 403, and
+    no 500 with a traceback in the log (security audit, finding 2)."""
+
+    async def metrics(role: str | None) -> tuple[int, bytes, str]:
+        return 200, b"ok\n", "text/plain"
+
+    async def page(request: Any, role: str | None) -> Any:
+        return web.Response(text="page")
+
+    port = free_port_between(44000, 44999)
+    upgrade = (
+        b"GET /c HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+        b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+    )
+    requests = [
+        upgrade + b"Authorization: Bearer \xff\xfe\r\n\r\n",
+        upgrade + b"Authorization: Bearer \xed\xa0\x80\r\n\r\n",
+        b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        b"Authorization: Bearer \xff\xfe\xed\xa0\x80\r\n\r\n",
+        b"GET /page HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        b"Cookie: corral_token_%d=\xed\xa0\x80\r\n\r\n" % port,
+    ]
+    with anyio.fail_after(8), log_lines("aiohttp") as aio, log_lines("corral.transport") as logs:
+        async with await transport.listen(
+            f"ws://127.0.0.1:{port}/c",
+            tokens=TOKENS,
+            http_routes={"/metrics": metrics},
+            web_routes={"/page": page},
+        ) as listener:
+            for request in requests:
+                assert await _raw_status(port, request) == b"HTTP/1.1 403 Forbidden", request
+            assert listener.refused == len(requests)
+    assert not [ln for ln in aio.lines + logs.lines if "Error handling request" in ln], aio.lines

@@ -356,7 +356,10 @@ _REFUSAL_STATUS: Final = {reason: status for status, reason in _REFUSAL_REASONS.
 
 
 def _token_digest(token: str) -> bytes:
-    return hashlib.sha256(token.encode()).digest()
+    """The digest tokens are compared by. A token from a request may hold any code point:
+    aiohttp decodes header bytes that are not UTF-8 as lone surrogates, which
+    ``surrogatepass`` encodes (such a token matches none: tokens are visible ASCII)."""
+    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).digest()
 
 
 # ----------------------------------------------------------------------------- addresses
