@@ -1604,6 +1604,9 @@ class Gateway:
         self._holds: dict[str, _Hold] = {}
         self.links: dict[str, Link] = {}  #: the scheduler's reference to each worker
         self._secrets: dict[str, str] = {}  #: worker id -> the secret it rejoins with
+        #: live client and console connections by name -> their kind (a worker's Hello
+        #: under one of these names closes it: :meth:`_give_way`)
+        self._others: dict[str, str] = {}
         self.infos: dict[str, WorkerInfo] = {}  #: joined workers (answers PeerQuery)
         self.refused_hellos = 0  #: connections refused at their Hello
         self.refused_messages = 0  #: messages refused at the door (all connections)
@@ -1643,8 +1646,8 @@ class Gateway:
                 )
             if hello.info is None or hello.info.worker_id != name:
                 return ProtocolError(f"{HELLO_RULES}; got a worker Hello whose info does not match")
-            if live is not None and not live.closed and name not in self.links:
-                return PermissionDenied("worker id", f"the name {name!r} is in use")
+            # A client or console under the name gives way (handle): it may not keep a
+            # worker out, whatever its token (pool workers' ids are easy to guess).
             secret = self._secrets.get(name)
             if (
                 secret is not None
@@ -1724,6 +1727,8 @@ class Gateway:
         # Hello accepted: raise the connection's receive limits by role (issue 9).
         conn.set_limits(max_message_bytes=None if role in SUBMITTING_ROLES else 256 << 10)
         if hello.kind == "worker":
+            if hello.name in self._others:
+                await self._give_way(hello.name, conn.peer_address)
             door = _Door(self, self.plane.refs["scheduler"], "worker", hello.name)
             lost = self._taken_over(hello)
             if lost is not None:  # forgotten now: no other Hello takes the id meanwhile
@@ -1748,6 +1753,7 @@ class Gateway:
                 await conn.aclose()
                 return
         else:
+            self._others[hello.name] = hello.kind
             door = _Door(self, self.plane.manager, role, hello.name)
             if hello.kind == "client":
                 # A client waits for this before it says it is connected: refused (the
@@ -1804,11 +1810,39 @@ class Gateway:
                             hello.name, generation, cause, left=door.said_goodbye
                         )
                 else:
-                    self.peers.pop(hello.name, None)
-                    self._generation.pop(hello.name, None)  # a name per session: forgotten
-                    if hello.kind == "client":
-                        with contextlib.suppress(ActorStopped):  # the manager is stopping
-                            await self.plane.manager.tell(ClientGone(hello.name))
+                    await self._forget_other(hello.name, hello.kind)
+
+    async def _forget_other(self, name: str, kind: str) -> None:
+        """The client or console ``name`` is gone: its name is free again, and the
+        manager is told that a client went."""
+        self.peers.pop(name, None)
+        self._others.pop(name, None)
+        self._generation.pop(name, None)  # a name per session: forgotten
+        if kind == "client":
+            with contextlib.suppress(ActorStopped):  # the manager is stopping
+                await self.plane.manager.tell(ClientGone(name))
+
+    async def _give_way(self, name: str, by: str) -> None:
+        """A worker says Hello under ``name``, which a client or console connection
+        holds: that connection is closed, told why, and forgotten now (so its own
+        handler's end leaves the worker's name alone). Worker ids come first: a
+        connection that only looks or submits may not keep a worker out."""
+        kind = self._others[name]
+        peer = self.peers.get(name)
+        await self._forget_other(name, kind)
+        _log.warning(
+            "a worker joins under the name of a connection that is not a worker's; closed it",
+            name=name, kind=kind, peer=by,
+        )  # fmt: skip
+        if peer is not None and not peer.closed:
+            await peer.refuse(
+                PermissionDenied(
+                    "name",
+                    f"{name!r} is the id of a worker that joined: this {kind} connection "
+                    "gave way to the worker (worker ids come first). Connect again under "
+                    "another name",
+                )
+            )
 
     async def say_goodbye(self, address: str, how: str = "SIGINT or SIGTERM") -> None:
         """The manager stops on purpose (``how``): tell every connection so

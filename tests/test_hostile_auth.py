@@ -635,3 +635,38 @@ def test_a_token_file_that_cannot_be_written_is_a_clear_error_leaving_no_copy(
     tokens.write(tmp_path / "ok" / "tokens.json")  # a good path still works, 0600
     assert (tmp_path / "ok" / "tokens.json").stat().st_mode & 0o777 == 0o600
     assert Tokens.read_file(tmp_path / "ok" / "tokens.json") == tokens
+
+
+@pytest.mark.anyio
+async def test_a_console_under_a_worker_id_gives_way_to_that_worker() -> None:
+    """A console (read token) that took a worker's id before the worker joined (pool
+    workers' ids, local-1 and on, are easy to guess) does not keep the worker out: the
+    worker's Hello is welcomed and the console is closed, told why (security audit,
+    finding 3; before, the worker was refused "the name 'local-1' is in use"). A
+    console may still not take the id of a worker that joined."""
+    from runtime.node import serve_gateway, start_control_plane
+    from tests.helpers import free_port_between
+
+    tokens = Tokens.generate()
+    info = WorkerInfo("local-1", 1, 0)
+    with anyio.fail_after(8):
+        async with ActorSystem() as system:
+            plane = await start_control_plane(system, alerting=None)
+            port = free_port_between(44000, 44999)
+            gateway, listener = await serve_gateway(plane, f"ws://127.0.0.1:{port}", tokens)
+            async with raw(listener.address, tokens.read, Hello("console", "local-1")) as squat:
+                await wait_until(lambda: "local-1" in gateway.peers, "the console joined")
+                async with raw(
+                    listener.address, tokens.admin, Hello("worker", "local-1", info)
+                ) as worker:
+                    welcome = await _next(worker)
+                    assert isinstance(welcome, Welcome) and welcome.secret, welcome
+                    refused = await _refused(squat)
+                    assert refused.kind == "PermissionDenied", refused
+                    assert "'local-1' is the id of a worker that joined" in refused.text
+                    assert "gave way to the worker" in refused.text
+                    await wait_until(lambda: "local-1" in gateway.infos, "the worker joined")
+                    async with raw(
+                        listener.address, tokens.read, Hello("console", "local-1")
+                    ) as again:
+                        assert "is in use" in (await _refused(again)).text
