@@ -830,17 +830,19 @@ class Tokens:
                 f"the token file {path} is a directory: give --token-file a file's path "
                 f"(e.g. {path / 'tokens.json'})"
             )
-        tmp = path.with_suffix(".tmp")
+        tmp: str | None = None
         try:
             path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            # A new file under a random name (O_CREAT | O_EXCL, 0600, no symlink
+            # followed): nothing another user planted in the directory gets the tokens.
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
             with os.fdopen(fd, "w") as f:
                 json.dump({"admin": self.admin, "read": self.read, "submit": self.submit}, f)
-            os.chmod(tmp, 0o600)
             os.replace(tmp, path)
         except OSError as exc:
-            with contextlib.suppress(OSError):  # the admin token must not stay in a stray file
-                tmp.unlink()
+            if tmp is not None:  # the admin token must not stay in a stray file
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
             raise CorralError(
                 f"cannot write the token file {path}: {exc.strerror or exc}; give "
                 "--token-file a path this user can write"

@@ -637,6 +637,30 @@ def test_a_token_file_that_cannot_be_written_is_a_clear_error_leaving_no_copy(
     assert Tokens.read_file(tmp_path / "ok" / "tokens.json") == tokens
 
 
+def test_the_token_file_is_written_through_a_new_file_no_one_else_made(tmp_path: Path) -> None:
+    """Tokens.write made ``<file>.tmp`` with O_TRUNC, following what was there: another
+    user with write access to the directory could plant a symlink (or a file they keep
+    open) and get the tokens. Now the copy is a new file under a random name (O_EXCL,
+    never following a link), 0600 whatever the umask, renamed over the token file
+    (security audit, finding 7)."""
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    theirs = tmp_path / "theirs.txt"
+    theirs.write_text("")
+    (folder / "tokens.tmp").symlink_to(theirs)  # the old code's fixed temporary name
+    tokens = Tokens.generate()
+    old = os.umask(0)
+    try:
+        tokens.write(folder / "tokens.json")
+    finally:
+        os.umask(old)
+    assert theirs.read_text() == ""  # nothing written through the link
+    assert (folder / "tokens.json").stat().st_mode & 0o777 == 0o600
+    assert not (folder / "tokens.json").is_symlink()
+    assert Tokens.read_file(folder / "tokens.json") == tokens
+    assert sorted(p.name for p in folder.iterdir()) == ["tokens.json", "tokens.tmp"]
+
+
 @pytest.mark.anyio
 async def test_a_console_under_a_worker_id_gives_way_to_that_worker() -> None:
     """A console (read token) that took a worker's id before the worker joined (pool
