@@ -81,7 +81,7 @@ import traceback
 from collections.abc import Callable, Iterable
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
-from typing import Any, ClassVar, Literal, cast
+from typing import Any, ClassVar, Final, Literal, cast
 
 import psutil
 from dask.sizeof import sizeof
@@ -894,6 +894,10 @@ _CHAINED = re.compile(
 )
 
 _CTX = multiprocessing.get_context("spawn")
+#: What a task process removes from its environment before it runs a task: the worker's
+#: token (a pool starts its workers with the admin token there). Its tasks, and the
+#: programs they start, do not see it in ``os.environ``.
+SECRET_VARIABLES: Final = ("CORRAL_TOKEN",)
 _START_LOCK = threading.Lock()  # one task process started at a time
 _STOP = pickle.dumps(None, protocol=5)
 
@@ -1074,6 +1078,8 @@ def _task_process_main(
     or until the parent is gone."""
     global _SANDBOX, _WORKER, _ERROR_LIMIT
     _SANDBOX, _WORKER, _ERROR_LIMIT = sandbox, worker, error_limit
+    for name in SECRET_VARIABLES:  # the worker's token is none of its tasks' business
+        os.environ.pop(name, None)
     give_back_freed_memory()  # what its tasks free leaves it (its idle RSS is the floor)
     # SIGKILL when the thread that started us ends; exit now if it has.
     die_with_parent(signal.SIGKILL, parent_pid)

@@ -200,6 +200,34 @@ async def test_a_task_runs_in_a_task_process_and_reports_its_measurements() -> N
         assert ex.total_rss() >= rss() + children // 2  # both sides, read at two moments
 
 
+def corral_environ() -> dict[str, str]:
+    """The CORRAL_ variables a task sees, and what a program it starts sees."""
+    seen = {k: v for k, v in os.environ.items() if k.startswith("CORRAL")}
+    shell = subprocess.run(["env"], capture_output=True, text=True, check=True).stdout
+    for line in shell.splitlines():
+        name, _, value = line.partition("=")
+        if name.startswith("CORRAL"):
+            seen[name] = value
+    return seen
+
+
+async def test_a_task_process_has_no_token_in_its_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A worker started by a pool gets the admin token as CORRAL_TOKEN; its task
+    processes do not keep it (nor do the programs their tasks start): a task's
+    environment dump, a notebook's `env`, no longer shows it (security audit, finding
+    5). Other CORRAL_ variables stay."""
+    monkeypatch.setenv("CORRAL_TOKEN", "f" * 64)
+    monkeypatch.setenv("CORRAL_WORKER_ID", "local-1")
+    async with process_executor() as (ex, delivered):
+        ex.submit(job("env", corral_environ), {})
+        result, value = await delivered.get("env")
+        assert result.outcome == "ok", result.error
+        assert "CORRAL_TOKEN" not in value, value
+        assert value.get("CORRAL_WORKER_ID") == "local-1", value
+
+
 async def test_numpy_inputs_and_outputs_round_trip_writable() -> None:
     x = np.arange(1_000_000, dtype=np.float64)
     strided = np.arange(20.0)[::2]  # not contiguous: travels inside the pickle
