@@ -1026,6 +1026,15 @@ READ_TOKEN_CLIENT = (
 )
 
 
+#: why the gateway refuses a pickled message (a GatherRequest: results; a graph, a
+#: function) from a connection with the read token
+READ_TOKEN_PICKLE = (
+    "this connection has the read token, which only looks: it may not read results nor "
+    "send graphs or functions (pickled messages); use the submit token (or the admin "
+    "token, the operator's)"
+)
+
+
 def find_token(
     address: str,
     token: str | None,
@@ -1772,6 +1781,7 @@ class Gateway:
             hold.back.set()
         peer = Peer(
             conn, door, name=hello.name, allow_pickle=role in SUBMITTING_ROLES,
+            no_pickle=READ_TOKEN_PICKLE if role == "read" else "",
             heartbeat=self.heartbeat,
             timeout=self.dead_after if hello.kind == "worker" else self.client_dead_after,
             on_too_large=(

@@ -218,18 +218,18 @@ def _is_utf8(text: str) -> bool:
     return True
 
 
-def from_wire(msg: Message, *, allow_pickle: bool) -> Any:
+def from_wire(msg: Message, *, allow_pickle: bool, no_pickle: str = "") -> Any:
     """Undo :func:`to_wire` (:class:`JsonReply` and :class:`MessagesReply` are undone
     by :meth:`Peer._resolve`, as only answers come so); refuse pickles unless
-    ``allow_pickle``."""
+    ``allow_pickle``, saying ``no_pickle`` (why this connection may not send them)."""
     if not isinstance(msg, PickledMsg):
         return msg
     if not allow_pickle:
-        raise ProtocolError(
-            f"refusing a pickled {msg.type_name}: pickled payloads are accepted only from "
-            "authenticated peers. Connect with the cluster token.",
-            type_name=msg.type_name,
+        why = no_pickle or (
+            "pickled payloads are accepted only from authenticated peers. Connect with "
+            "the cluster token."
         )
+        raise ProtocolError(f"refusing a pickled {msg.type_name}: {why}", type_name=msg.type_name)
     try:
         obj = unpickling.loads(msg.payload)
     except Exception as exc:
@@ -706,8 +706,11 @@ class Peer:
         timeout: float | None = None,
         on_too_large: Callable[[Any, FrameTooLarge], bool] | None = None,
         on_stall: Callable[[float], None] | None = None,
+        no_pickle: str = "",
     ) -> None:
         self.conn = conn
+        #: why the other side may not send pickles (its token's role), when it may not
+        self.no_pickle = no_pickle
         self.heartbeat = heartbeat
         self.timeout = timeout if timeout is not None else (3 * heartbeat if heartbeat else None)
         self.closed_reason = ""
@@ -959,7 +962,7 @@ class Peer:
                 _log.warning("the peer reports an error", peer=self.name, error=frame.msg.text)
                 continue
             try:
-                msg = from_wire(frame.msg, allow_pickle=self.allow_pickle)
+                msg = from_wire(frame.msg, allow_pickle=self.allow_pickle, no_pickle=self.no_pickle)
             except GraphNotLoadable as exc:  # the sender's graph, not its frame: refused
                 _log.warning("refused a graph", peer=self.name, error=str(exc))
                 if frame.request_id:  # as itself, to a sender whose pickles we open

@@ -661,6 +661,20 @@ def test_the_token_file_is_written_through_a_new_file_no_one_else_made(tmp_path:
     assert sorted(p.name for p in folder.iterdir()) == ["tokens.json", "tokens.tmp"]
 
 
+@asynccontextmanager
+async def in_process_gateway(tokens: Tokens) -> AsyncIterator[tuple[Any, str]]:
+    """A control plane and its gateway in this process, listening on a port of
+    127.0.0.1 from 44000 to 44999: (the gateway, its address)."""
+    from runtime.node import serve_gateway, start_control_plane
+    from tests.helpers import free_port_between
+
+    async with ActorSystem() as system:
+        plane = await start_control_plane(system, alerting=None)
+        port = free_port_between(44000, 44999)
+        gateway, listener = await serve_gateway(plane, f"ws://127.0.0.1:{port}", tokens)
+        yield gateway, listener.address
+
+
 @pytest.mark.anyio
 async def test_a_console_under_a_worker_id_gives_way_to_that_worker() -> None:
     """A console (read token) that took a worker's id before the worker joined (pool
@@ -668,29 +682,43 @@ async def test_a_console_under_a_worker_id_gives_way_to_that_worker() -> None:
     worker's Hello is welcomed and the console is closed, told why (security audit,
     finding 3; before, the worker was refused "the name 'local-1' is in use"). A
     console may still not take the id of a worker that joined."""
-    from runtime.node import serve_gateway, start_control_plane
-    from tests.helpers import free_port_between
-
     tokens = Tokens.generate()
     info = WorkerInfo("local-1", 1, 0)
     with anyio.fail_after(8):
-        async with ActorSystem() as system:
-            plane = await start_control_plane(system, alerting=None)
-            port = free_port_between(44000, 44999)
-            gateway, listener = await serve_gateway(plane, f"ws://127.0.0.1:{port}", tokens)
-            async with raw(listener.address, tokens.read, Hello("console", "local-1")) as squat:
-                await wait_until(lambda: "local-1" in gateway.peers, "the console joined")
-                async with raw(
-                    listener.address, tokens.admin, Hello("worker", "local-1", info)
-                ) as worker:
-                    welcome = await _next(worker)
-                    assert isinstance(welcome, Welcome) and welcome.secret, welcome
-                    refused = await _refused(squat)
-                    assert refused.kind == "PermissionDenied", refused
-                    assert "'local-1' is the id of a worker that joined" in refused.text
-                    assert "gave way to the worker" in refused.text
-                    await wait_until(lambda: "local-1" in gateway.infos, "the worker joined")
-                    async with raw(
-                        listener.address, tokens.read, Hello("console", "local-1")
-                    ) as again:
-                        assert "is in use" in (await _refused(again)).text
+        async with (
+            in_process_gateway(tokens) as (gateway, address),
+            raw(address, tokens.read, Hello("console", "local-1")) as squat,
+        ):
+            await wait_until(lambda: "local-1" in gateway.peers, "the console joined")
+            async with raw(address, tokens.admin, Hello("worker", "local-1", info)) as worker:
+                welcome = await _next(worker)
+                assert isinstance(welcome, Welcome) and welcome.secret, welcome
+                refused = await _refused(squat)
+                assert refused.kind == "PermissionDenied", refused
+                assert "'local-1' is the id of a worker that joined" in refused.text
+                assert "gave way to the worker" in refused.text
+                await wait_until(lambda: "local-1" in gateway.infos, "the worker joined")
+                async with raw(address, tokens.read, Hello("console", "local-1")) as again:
+                    assert "is in use" in (await _refused(again)).text
+
+
+@pytest.mark.anyio
+async def test_a_read_token_asking_for_results_is_told_the_read_token_may_not() -> None:
+    """A read-only console that asks for results (a pickled GatherRequest) is refused
+    saying that its token is the read token and reading results needs the submit token;
+    it said "accepted only from authenticated peers. Connect with the cluster token",
+    though the console was authenticated (security audit, finding 8)."""
+    from runtime.messages import ErrorReply, GatherRequest
+
+    tokens = Tokens.generate()
+    with anyio.fail_after(8):
+        async with (
+            in_process_gateway(tokens) as (_, address),
+            raw(address, tokens.read, Hello("console", "looker")) as conn,
+        ):
+            await conn.send(Frame(to_wire(GatherRequest(("k",))), request_id=7))
+            reply = await _next(conn)
+    assert isinstance(reply, ErrorReply), reply
+    assert "this connection has the read token" in reply.text, reply.text
+    assert "use the submit token" in reply.text, reply.text
+    assert "authenticated peers" not in reply.text and "cluster token" not in reply.text
