@@ -720,6 +720,22 @@ def _loopback(host: str | None) -> bool:
         return False
 
 
+def cleartext_warning(address: str) -> str | None:
+    """What a manager listening on ``address`` warns of (None: nothing): a ``ws://``
+    address another machine can reach carries the tokens and everything else in clear
+    text over the network. (Loopback is not sniffed by other users, but on a shared
+    host every user can connect to it: the tokens are the barrier there.)"""
+    parts = urlsplit(address)
+    if parts.scheme != "ws" or _loopback(parts.hostname):
+        return None
+    return (
+        f"listening on {address} without TLS: the tokens and all traffic cross the network "
+        "in clear text, readable by anyone on its path. Off a trusted network listen on "
+        "wss:// (--tls-cert, --tls-key: docs/security.md#tls), or listen on 127.0.0.1 and "
+        "reach it through an SSH tunnel"
+    )
+
+
 def _http_url(address: str) -> str:
     """The http(s) URL of a websocket listener's ``address``, reachable from other
     machines (a wildcard host becomes this machine's name)."""
@@ -2343,6 +2359,9 @@ async def run_manager(
             address=listener.address,
             token_file=str(path) if websockets else "-",
         )
+        cleartext = cleartext_warning(listener.address)
+        if cleartext is not None:
+            _log.warning(cleartext)
         if pools:  # in the background: it only warns, and Slurm may take long to answer
             from runtime.preflight import quick_checks_service
 

@@ -722,3 +722,17 @@ async def test_a_read_token_asking_for_results_is_told_the_read_token_may_not() 
     assert "this connection has the read token" in reply.text, reply.text
     assert "use the submit token" in reply.text, reply.text
     assert "authenticated peers" not in reply.text and "cluster token" not in reply.text
+
+
+def test_a_manager_warns_when_it_listens_without_tls_where_other_machines_reach_it() -> None:
+    """`--listen 0.0.0.0:8786` started without a word (security audit, finding 6)."""
+    from runtime.node import cleartext_warning
+
+    for address in ("ws://0.0.0.0:8786", "ws://10.1.2.3:8786", "ws://login1.cluster:8786"):
+        text = cleartext_warning(address)
+        assert text is not None and f"listening on {address} without TLS" in text, text
+        assert "wss://" in text and "SSH tunnel" in text
+    for address in ("ws://127.0.0.1:8786", "ws://localhost:8786", "ws://[::1]:8786"):
+        assert cleartext_warning(address) is None, address
+    assert cleartext_warning("wss://0.0.0.0:8786") is None
+    assert cleartext_warning("inproc://x") is None
