@@ -50,6 +50,7 @@ __all__ = [
     "SAMPLE_LABELS",
     "NotifierCollector",
     "NotifierCounts",
+    "RefusalCollector",
     "SnapshotCollector",
     "metrics_route",
     "notes",
@@ -432,6 +433,26 @@ class NotifierCollector(Collector):
             length.add_metric([n.url], n.queue_length())
             capacity.add_metric([n.url], n.queue_size)
         yield from (sent, errors, dropped, length, capacity)
+
+
+class RefusalCollector(Collector):
+    """``corral_refused_connections_total``, labelled ``reason``: the requests the
+    manager's listener refused before any frame, by why (``no token``, ``bad token``,
+    ``closing``, ``cross-origin``, ...), from ``counts()`` (called at each scrape: the
+    listener's ``refused_by``). Its log names the first few only (docs/transport.md)."""
+
+    def __init__(self, counts: Callable[[], Mapping[str, int]]) -> None:
+        self.counts = counts
+
+    def collect(self) -> Iterator[Metric]:
+        refused = _counter(
+            "corral_refused_connections",
+            "Requests the manager's listener refused before any frame, by reason.",
+            ["reason"],
+        )
+        for reason, n in sorted(self.counts().items()):
+            refused.add_metric([reason], n)
+        yield refused
 
 
 Sample = tuple[str, tuple[tuple[str, str], ...]]

@@ -2276,12 +2276,16 @@ async def run_manager(
             pools=pools,
         )  # fmt: skip
         from runtime.dashboard import DashboardFeed, dashboard_routes
-        from runtime.metrics import NotifierCollector, metrics_route
+        from runtime.metrics import NotifierCollector, RefusalCollector, metrics_route
         from runtime.notify import AlertmanagerNotifier
 
         notifiers = plane.monitor.notifiers if plane.monitor else []  # corral_notifications_*
         ams = [n for n in notifiers if isinstance(n, AlertmanagerNotifier)]
-        notifications = [NotifierCollector(lambda: ams)]
+        listening: list[Listener] = []  # the gateway's listener, once it listens
+        notifications = [
+            NotifierCollector(lambda: ams),
+            RefusalCollector(lambda: getattr(listening[0], "refused_by", {}) if listening else {}),
+        ]
 
         async def fetch() -> MetricsReply:
             reply = await plane.manager.ask(MetricsRequest(), timeout=10.0)
@@ -2311,6 +2315,7 @@ async def run_manager(
                 "picks a free one, printed as `manager listening on ADDRESS`)"
             )
             raise
+        listening.append(listener)
         if metrics_at is not None:
             runner, port_bound = await _serve_metrics(
                 metrics_listen or "", metrics_at, fetch, notifications

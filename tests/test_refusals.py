@@ -93,6 +93,7 @@ async def test_a_flood_of_refused_handshakes_is_a_few_lines_and_one_summary() ->
                 with pytest.raises(transport.AuthenticationFailed):
                     await transport.connect(listener.address, token="deadbeef")
             assert listener.refused == 300
+            assert listener.refused_by == {"bad token": 300}
     single = [ln for ln in logs.lines if "event='refused a websocket handshake'" in ln]
     assert len(single) == 3, logs.lines
     assert all("reason='bad token'" in ln and "status=403" in ln for ln in single), single
@@ -163,4 +164,16 @@ async def test_a_token_that_is_not_utf8_is_refused_as_unknown_without_a_tracebac
             for request in requests:
                 assert await _raw_status(port, request) == b"HTTP/1.1 403 Forbidden", request
             assert listener.refused == len(requests)
+    assert listener.refused_by == {"bad token": len(requests)}
     assert not [ln for ln in aio.lines + logs.lines if "Error handling request" in ln], aio.lines
+
+
+def test_the_refusals_by_reason_are_a_counter_of_the_metrics() -> None:
+    from runtime.messages import MetricsReply
+    from runtime.metrics import RefusalCollector, render
+
+    counts = {"bad token": 12_300, "no token": 45}
+    text = render(MetricsReply(), [RefusalCollector(lambda: counts)]).decode()
+    assert "# TYPE corral_refused_connections_total counter" in text, text
+    assert 'corral_refused_connections_total{reason="bad token"} 12300.0' in text, text
+    assert 'corral_refused_connections_total{reason="no token"} 45.0' in text, text

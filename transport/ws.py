@@ -83,7 +83,7 @@ import re
 import socket
 import ssl
 import struct
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import Any, Final
 
@@ -1359,6 +1359,8 @@ class WebSocketListener(Listener):
         self._closed = False
         self.connections = 0
         self.refused = 0
+        #: refused requests by reason (no token, bad token, closing, cross-origin, ...)
+        self.refused_by: Counter[str] = Counter()
         self.evicted = 0
         #: which refused handshakes get a log line (the rest: a summary a minute)
         self.refusal_log = RefusalLog()
@@ -1512,8 +1514,13 @@ class WebSocketListener(Listener):
             self._runner = None
             await runner.cleanup()
 
-    def _refuse(self, status: int, text: str, challenge: str = "") -> web.Response:
+    def _refuse(
+        self, status: int, text: str, challenge: str = "", *, reason: str = ""
+    ) -> web.Response:
+        """A refusal to send (``reason``: what :attr:`refused_by` counts it under; by
+        default the token's, for a 401 or a 403)."""
         self.refused += 1
+        self.refused_by[reason or _REFUSAL_REASONS[status]] += 1
         headers = {"WWW-Authenticate": challenge} if challenge else None
         response = web.Response(status=status, text=text + "\n", headers=headers)
         response.force_close()
@@ -1588,10 +1595,12 @@ class WebSocketListener(Listener):
         to the page followed from another site, an alert's dashboard link in a chat or a
         mail, opens it; that site's own requests, frames and websockets get no cookie)."""
         if self._closed:
-            return self._refuse(503, "this Corral listener is closing")
+            return self._refuse(503, "this Corral listener is closing", reason="closing")
         origin = request.headers.get("Origin")
         if origin is not None and origin != f"{request.scheme}://{request.host}":
-            return self._refuse(403, f"cross-origin request from {origin} refused")
+            return self._refuse(
+                403, f"cross-origin request from {origin} refused", reason="cross-origin"
+            )
         role, refusal = self._authenticate(request, browser=True)
         if refusal is not None:
             return refusal
@@ -1620,7 +1629,7 @@ class WebSocketListener(Listener):
         (401 without a token, 403 with one it does not know); the route's answer then
         says what the token's role may see."""
         if self._closed:
-            return self._refuse(503, "this Corral listener is closing")
+            return self._refuse(503, "this Corral listener is closing", reason="closing")
         role, refusal = self._authenticate(request)
         if refusal is not None:
             return refusal
@@ -1649,7 +1658,7 @@ class WebSocketListener(Listener):
 
     async def _serve(self, request: web.Request) -> web.StreamResponse:
         if self._closed:
-            return self._refuse(503, "this Corral listener is closing")
+            return self._refuse(503, "this Corral listener is closing", reason="closing")
         role, refusal = self._authenticate(request)
         if refusal is not None:
             reason = _REFUSAL_REASONS[refusal.status]
@@ -1668,13 +1677,20 @@ class WebSocketListener(Listener):
                 f"version mismatch: the client offers websocket subprotocol "
                 f"{', '.join(offered)}; this listener speaks {SUBPROTOCOL} (Corral "
                 f"{CORRAL_VERSION}). Run the same Corral version on both ends.",
+                reason="version mismatch",
             )
         if len(self._pending) >= self.backlog:
-            return self._refuse(503, "this Corral listener's backlog is full (nobody accepts)")
+            return self._refuse(
+                503,
+                "this Corral listener's backlog is full (nobody accepts)",
+                reason="backlog full",
+            )
         window = _parse_window(request.headers.get(WINDOW_HEADER))
         if window is None:
             return self._refuse(
-                400, f"malformed {WINDOW_HEADER} header: expected an int in 1..{_MAX_CREDIT_GRANT}"
+                400,
+                f"malformed {WINDOW_HEADER} header: expected an int in 1..{_MAX_CREDIT_GRANT}",
+                reason="bad request",
             )
         options = self.options
         trusted = not self.auth_required or role in self.guard.trusted_roles
@@ -1695,7 +1711,9 @@ class WebSocketListener(Listener):
             max_msg_size=ws_limit + _CHUNK.size + 1,  # aiohttp refuses a message of this size
         )
         if not ws.can_prepare(request).ok:
-            return self._refuse(400, "this is a Corral websocket endpoint: connect with ws://")
+            return self._refuse(
+                400, "this is a Corral websocket endpoint: connect with ws://", reason="bad request"
+            )
         ws.headers[WINDOW_HEADER] = str(options.max_buffer)
         try:
             await ws.prepare(request)
