@@ -1788,6 +1788,9 @@ class Gateway:
                 # already still has what it sent read, as any closing connection has.
                 with contextlib.suppress(CorralError):
                     await conn.send(Frame(Welcome("")))
+                if self._others.get(hello.name) != hello.kind:  # a worker took it meanwhile
+                    await refuse(conn, self._gave_way(hello.name, hello.kind))
+                    return
                 with contextlib.suppress(ActorStopped):  # the manager is stopping
                     await self.plane.manager.tell(ClientCame(hello.name))
         generation = self._generation.get(hello.name, 0) + 1
@@ -1863,14 +1866,16 @@ class Gateway:
             name=name, kind=kind, peer=by,
         )  # fmt: skip
         if peer is not None and not peer.closed:
-            await peer.refuse(
-                PermissionDenied(
-                    "name",
-                    f"{name!r} is the id of a worker that joined: this {kind} connection "
-                    "gave way to the worker (worker ids come first). Connect again under "
-                    "another name",
-                )
-            )
+            await peer.refuse(self._gave_way(name, kind))
+
+    @staticmethod
+    def _gave_way(name: str, kind: str) -> PermissionDenied:
+        """What a client or console under ``name`` is told when a worker takes it."""
+        return PermissionDenied(
+            "name",
+            f"{name!r} is the id of a worker that joined: this {kind} connection gave way "
+            "to the worker (worker ids come first). Connect again under another name",
+        )
 
     async def say_goodbye(self, address: str, how: str = "SIGINT or SIGTERM") -> None:
         """The manager stops on purpose (``how``): tell every connection so

@@ -676,27 +676,30 @@ async def in_process_gateway(tokens: Tokens) -> AsyncIterator[tuple[Any, str]]:
 
 
 @pytest.mark.anyio
-async def test_a_console_under_a_worker_id_gives_way_to_that_worker() -> None:
-    """A console (read token) that took a worker's id before the worker joined (pool
-    workers' ids, local-1 and on, are easy to guess) does not keep the worker out: the
-    worker's Hello is welcomed and the console is closed, told why (security audit,
-    finding 3; before, the worker was refused "the name 'local-1' is in use"). A
-    console may still not take the id of a worker that joined."""
+@pytest.mark.parametrize(("role", "kind"), [("read", "console"), ("submit", "client")])
+async def test_a_console_under_a_worker_id_gives_way_to_that_worker(role: str, kind: str) -> None:
+    """A console (read token) or a client that took a worker's id before the worker
+    joined (pool workers' ids, local-1 and on, are easy to guess) does not keep the
+    worker out: the worker's Hello is welcomed and the other is closed, told why
+    (security audit, finding 3; before, the worker was refused "the name 'local-1' is
+    in use"). A console may still not take the id of a worker that joined."""
     tokens = Tokens.generate()
     info = WorkerInfo("local-1", 1, 0)
     with anyio.fail_after(8):
         async with (
             in_process_gateway(tokens) as (gateway, address),
-            raw(address, tokens.read, Hello("console", "local-1")) as squat,
+            raw(address, tokens.of(role), Hello(kind, "local-1")) as squat,
         ):
-            await wait_until(lambda: "local-1" in gateway.peers, "the console joined")
+            await wait_until(lambda: "local-1" in gateway.peers, f"the {kind} joined")
             async with raw(address, tokens.admin, Hello("worker", "local-1", info)) as worker:
                 welcome = await _next(worker)
                 assert isinstance(welcome, Welcome) and welcome.secret, welcome
+                if kind == "client":
+                    assert await _next(squat) == Welcome("")
                 refused = await _refused(squat)
                 assert refused.kind == "PermissionDenied", refused
                 assert "'local-1' is the id of a worker that joined" in refused.text
-                assert "gave way to the worker" in refused.text
+                assert f"this {kind} connection gave way to the worker" in refused.text
                 await wait_until(lambda: "local-1" in gateway.infos, "the worker joined")
                 async with raw(address, tokens.read, Hello("console", "local-1")) as again:
                     assert "is in use" in (await _refused(again)).text
