@@ -4334,6 +4334,7 @@ class SchedulerState(DiskPlacement, PlacementWatch):
     def _assign(self, ts: TaskState, ws: WorkerState) -> None:
         ts.worker = ws.id  # first: the transition's monitoring record names it
         self._set(ts, "processing")
+        self._log(ts.key, "processing", f"runs-on:{ws.id}")  # its story names the worker
         ts.sent = self._now
         self._placed(ts.spec.pool)  # the placement watchdog: the pool moves
         if ts.turn > self.turn_floor and not ts.spec.priority:

@@ -1846,7 +1846,8 @@ async def test_the_console_unpickles_nothing_yet_gets_every_answer_over_ws(
             assert st["workers"] == reply.workers and st["tasks_by_state"]["processing"] == 1
             (record,) = await console.tasks(state="processing")
             assert isinstance(record, TaskRecord) and record.key == blocked.key
-            assert [e[2] for e in await console.story(blocked.key)][-1] == "processing"
+            story = [e[2] for e in await console.story(blocked.key)]
+            assert story[-2:] == ["processing", f"runs-on:{worker.id}"]
             assert all(isinstance(i, PolicyInfo) for i in await console.policies())
             with pytest.raises(ValueError, match="no worker 'nobody'"):
                 await console.drain("nobody")  # a ValueError, told without a pickle

@@ -103,6 +103,26 @@ def test_no_work_without_workers_then_work_when_one_joins(make_state: Factory) -
     assert s.tasks["a"].worker == "w1" and s.tasks["a"].state == "processing"
 
 
+def test_each_try_names_its_worker_in_the_story(make_state: Factory) -> None:
+    """A user reading ``story KEY`` sees where each try ran (the audit: only
+    ``queued -> processing``, the worker only in the monitoring database's tries)."""
+    s = make_state(saturation=1.0)
+    join(s, "w1", cores=1)
+    cmds = submit(s, {"a": []}, ["a"])
+    sid = cmds[0].stimulus_id
+    assert [e[1:4] for e in s.story("a")] == [
+        ("new", "queued", sid),
+        ("queued", "processing", sid),
+        ("processing", "runs-on:w1", sid),
+    ]
+    join(s, "w2", cores=1)
+    leave(s, "w1")  # its try is lost: the retry runs on w2
+    assert s.tasks["a"].worker == "w2"
+    rows = [e[1:3] for e in s.story("a")]
+    assert rows[-2:] == [("queued", "processing"), ("processing", "runs-on:w2")]
+    assert [f for _, f in rows if f.startswith("runs-on:")] == ["runs-on:w1", "runs-on:w2"]
+
+
 def test_pool_tasks_only_go_to_workers_of_that_pool(make_state: Factory) -> None:
     s = make_state(saturation=1.0)
     join(s, "cpu", cores=4)

@@ -115,14 +115,16 @@ def test_story_lists_a_tasks_transitions_with_their_stimulus_ids(make_state: Fac
     assert s.story("a") == [
         ("a", "new", "queued", sub.stimulus_id, sub.now),
         ("a", "queued", "processing", sub.stimulus_id, sub.now),
+        ("a", "processing", "runs-on:w1", sub.stimulus_id, sub.now),
         ("a", "processing", "memory", fin.stimulus_id, fin.now),
     ]
     assert [e[1:4] for e in s.story("b")] == [
         ("new", "waiting", sub.stimulus_id),
         ("waiting", "queued", fin.stimulus_id),
         ("queued", "processing", fin.stimulus_id),
+        ("processing", "runs-on:w1", fin.stimulus_id),
     ]
-    assert len(s.story("a", "b")) == 6
+    assert len(s.story("a", "b")) == 8
     assert s.story("nope") == []
 
 
