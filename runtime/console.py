@@ -1195,8 +1195,8 @@ def render_status(st: Mapping[str, Any]) -> RenderableType:
 
     wt = Table(title="workers", title_justify="left")
     cols = (
-        "worker", "pool", "cores", "memory", "running", "stored", "spilled", "disk free", "RSS",
-        "state",
+        "worker", "pool", "cores", "memory", "running", "stored", "spilled", "files",
+        "disk free", "RSS", "state",
     )  # fmt: skip
     for col in cols:
         wt.add_column(
@@ -1209,7 +1209,9 @@ def render_status(st: Mapping[str, Any]) -> RenderableType:
             state = "away"
         if wid in throttled and state == "active":
             state = "throttled"
-        spilled = memory.get(wid, {}).get("spilled_bytes")
+        # its bytes on disk are spill files (memory pressure) and file outputs (not)
+        file_bytes = int(memory.get(wid, {}).get("file_bytes") or 0)
+        spilled = int(memory.get(wid, {}).get("spilled_bytes") or 0) - file_bytes
         floor = memory.get(wid, {}).get("floor")  # its marks moved up over it
         disk, free = w.get("disk"), memory.get(wid, {}).get("disk_free")
         if free is None:  # no report yet: all of it
@@ -1225,7 +1227,8 @@ def render_status(st: Mapping[str, Any]) -> RenderableType:
             _bytes(w.get("memory"), zero="all"),
             _running_text(*split.get(wid, (0, 0))),
             _bytes(stored.get(wid)),
-            _bytes(spilled) if spilled else "-",
+            _bytes(spilled) if spilled > 0 else "-",
+            _bytes(file_bytes) if file_bytes else "-",
             disk_text,
             _bytes(rss.get(wid)) + (f" (floor {_bytes(floor)})" if floor else ""),
             state,

@@ -2156,6 +2156,39 @@ def test_status_shows_a_workers_floor_beside_its_rss() -> None:
     assert "floor" not in rows["w2"], text
 
 
+def test_status_shows_file_outputs_apart_from_spilled_outputs() -> None:
+    """A run with only file outputs and no memory pressure showed ``stored 6.0 MiB |
+    spilled 6.0 MiB``, read as memory pressure: the bytes on disk (``spilled_bytes``)
+    count the file outputs (``file_bytes``). Now ``spilled`` is spill files only and
+    ``files`` the file outputs."""
+    from tests.helpers import status_text
+
+    mib = 2**20
+    text = status_text(
+        {
+            "workers": [
+                {"worker_id": "w1", "pool": "p", "cores": 1},
+                {"worker_id": "w2", "pool": "p", "cores": 1},
+                {"worker_id": "w3", "pool": "p", "cores": 1},
+            ],
+            "files": {"stored_bytes": {"w1": 6 * mib, "w2": 9 * mib, "w3": 2 * mib}},
+            "memory": {
+                "w1": {"spilled_bytes": 6 * mib, "file_bytes": 6 * mib},
+                "w2": {"spilled_bytes": 9 * mib, "file_bytes": 3 * mib},
+                "w3": {"spilled_bytes": 2 * mib},
+            },
+        }
+    )
+    header = next(line for line in text.splitlines() if "spilled" in line)
+    names = [c.strip() for c in header.split("┃")[1:-1]]
+    assert names[5:9] == ["stored", "spilled", "files", "disk free"], text
+    rows = {line.split()[1]: line for line in text.splitlines() if line[2:3] == "w"}
+    cells = {w: [c.strip() for c in row.split("│")[1:-1]] for w, row in rows.items()}
+    assert cells["w1"][5:8] == ["6.0 MiB", "-", "6.0 MiB"], text
+    assert cells["w2"][5:8] == ["9.0 MiB", "6.0 MiB", "3.0 MiB"], text
+    assert cells["w3"][5:8] == ["2.0 MiB", "2.0 MiB", "-"], text
+
+
 def test_status_shows_an_away_worker_as_away_and_leaves_its_cores_out() -> None:
     """A worker whose connection dropped (its id held for its rejoin) was shown
     ``active`` with its cores counted, though it takes no task until it is back."""
