@@ -426,6 +426,16 @@ def build_parser(prog: str = MODULE_PROG) -> argparse.ArgumentParser:
         "'process' (docs/deployment.md#when-workers-come-and-go)",
     )
     mgr.add_argument(
+        "--reconnect-timeout",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="hold the id (and the work) of a worker whose connection dropped this long "
+        "for it to rejoin before counting it lost and retrying its tasks elsewhere "
+        "(default: 10). Raise it for networks that drop connections for longer "
+        "(docs/deployment.md#when-workers-come-and-go)",
+    )
+    mgr.add_argument(
         "--client-timeout",
         type=float,
         default=120.0,
@@ -873,6 +883,7 @@ def _cmd_manager(args: argparse.Namespace) -> int:
         Gateway,
         Tokens,
         check_client_timeout,
+        check_reconnect_timeout,
         check_worker_timeout,
         run_manager,
         warn_ignored_settings,
@@ -883,6 +894,7 @@ def _cmd_manager(args: argparse.Namespace) -> int:
     # and printed, once the manager listens: one that cannot start leaves no run behind.
     check_worker_timeout(args.worker_timeout, "--worker-timeout")
     check_client_timeout(args.client_timeout, "--client-timeout")
+    check_reconnect_timeout(args.reconnect_timeout, "--reconnect-timeout")
     if args.monitoring_interval <= 0:
         raise ValueError("--monitoring-interval must be positive")
     keep = None
@@ -941,7 +953,8 @@ def _cmd_manager(args: argparse.Namespace) -> int:
             monitoring_keep=keep, prune_depth=args.prune_depth, long_task=args.long_task,
             unknown_long=args.unknown_long,
             worker_timeout=args.worker_timeout, client_timeout=args.client_timeout,
-            keep_tokens=args.keep_tokens, on_gateway=gateways.append,
+            reconnect_timeout=args.reconnect_timeout, keep_tokens=args.keep_tokens,
+            on_gateway=gateways.append,
         ),
         backend="asyncio",
     )  # fmt: skip

@@ -163,6 +163,7 @@ __all__ = [
     "Tokens",
     "Welcome",
     "check_client_timeout",
+    "check_reconnect_timeout",
     "check_worker_timeout",
     "read_token_file",
     "run_manager",
@@ -186,6 +187,10 @@ _log = get_logger("corral.node")
 #: this by default.
 HEARTBEAT = 2.0
 DEAD_AFTER = 10.0
+#: Seconds the manager holds the id of a worker whose connection dropped for its rejoin
+#: (its work kept) before it counts the worker lost (``reconnect_timeout``;
+#: ``--reconnect-timeout``)
+RECONNECT_TIMEOUT = 10.0
 #: Seconds a worker that lost its manager (without its goodbye) keeps trying to rejoin
 #: before it exits 1 (``run_worker``'s ``reconnect``; a worker's ``--connect-retry``)
 RECONNECT = 10.0
@@ -222,6 +227,15 @@ def check_client_timeout(value: object, name: str = "client_timeout") -> float:
     return _seconds(
         value, name, "a client or console may be silent (its event loop busy with the "
         "user's code) before the manager drops it", CLIENT_DEAD_AFTER,
+    )  # fmt: skip
+
+
+def check_reconnect_timeout(value: object, name: str = "reconnect_timeout") -> float:
+    """``value`` as the seconds the manager holds a dropped worker's id for its rejoin:
+    a :class:`ValueError` naming ``name`` unless it is a finite number > 0."""
+    return _seconds(
+        value, name, "the manager keeps a worker whose connection dropped (its id and "
+        "its work) for it to rejoin before counting it lost", RECONNECT_TIMEOUT,
     )  # fmt: skip
 
 
@@ -454,7 +468,7 @@ async def serve_gateway(
     tokens: Tokens,
     *,
     listen_options: dict[str, Any] | None = None,
-    reconnect_timeout: float = 10.0,
+    reconnect_timeout: float = RECONNECT_TIMEOUT,
     worker_timeout: float = DEAD_AFTER,
     client_timeout: float | None = None,
 ) -> tuple[Gateway, Listener]:
@@ -1613,7 +1627,7 @@ class Gateway:
         self,
         plane: ControlPlane,
         *,
-        reconnect_timeout: float = 10.0,
+        reconnect_timeout: float = RECONNECT_TIMEOUT,
         heartbeat: float = HEARTBEAT,
         dead_after: float = DEAD_AFTER,
         client_dead_after: float | None = None,
@@ -2161,7 +2175,7 @@ async def run_manager(
     token_file: Path | None = None,
     policies: dict[str, tuple[str, dict[str, Any]]] | None = None,
     ready: Callable[[str, Tokens], None] | None = None,
-    reconnect_timeout: float = 10.0,
+    reconnect_timeout: float = RECONNECT_TIMEOUT,
     listen_options: dict[str, Any] | None = None,
     on_gateway: Callable[[Gateway], None] | None = None,
     config: str | os.PathLike[str] | Mapping[str, PoolConfig] | None = None,
@@ -2188,7 +2202,9 @@ async def run_manager(
     holds the GIL) before the manager counts it lost (:func:`check_worker_timeout`);
     ``client_timeout``: seconds a client or console may be silent (its event loop busy
     with the user's code) before the manager drops it (:func:`check_client_timeout`;
-    None: :data:`CLIENT_DEAD_AFTER`).
+    None: :data:`CLIENT_DEAD_AFTER`); ``reconnect_timeout``: seconds a worker whose
+    connection dropped keeps its id (and its work) for its rejoin before it is counted
+    lost (:func:`check_reconnect_timeout`).
 
     Metrics (docs/monitoring.md): a websocket gateway also answers ``GET /metrics``
     (Prometheus' text format) and serves the live dashboard (``GET /``,
@@ -2226,6 +2242,7 @@ async def run_manager(
     # PruneDepthError, LongTaskError before anything starts
     SchedulerConfig(prune_depth=prune_depth, long_task=long_task, unknown_long=unknown_long)
     worker_timeout = check_worker_timeout(worker_timeout)
+    reconnect_timeout = check_reconnect_timeout(reconnect_timeout)
     if client_timeout is not None:
         client_timeout = check_client_timeout(client_timeout)
         if client_timeout < worker_timeout:

@@ -13,6 +13,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -95,6 +96,10 @@ def test_the_listen_port_in_use_names_the_flag_and_leaves_no_run(
         (["--worker-timeout", "nan"], "error: ValueError: --worker-timeout must be a number"),
         (["--client-timeout", "-5"], "error: ValueError: --client-timeout must be a number of"),
         (["--client-timeout", "inf"], "error: ValueError: --client-timeout must be a number"),
+        (["--reconnect-timeout", "0"], "error: ValueError: --reconnect-timeout must be a number"),
+        (["--reconnect-timeout", "-1"], "error: ValueError: --reconnect-timeout must be a "),
+        (["--reconnect-timeout", "inf"], "error: ValueError: --reconnect-timeout must be a "),
+        (["--reconnect-timeout", "nan"], "error: ValueError: --reconnect-timeout must be a "),
     ],
 )
 def test_a_bad_option_is_refused_before_anything_is_created(
@@ -225,3 +230,37 @@ def test_tls_variables_with_an_explicit_ws_address_start_with_a_warning(tmp_path
         assert "ignored=['CORRAL_TLS_CERT']" in warning, warning
         assert f"fix='--listen wss://127.0.0.1:{port} for TLS, or unset CORRAL_TLS_CERT'" in warning
         cli.line_with(proc, f"manager listening on ws://127.0.0.1:{port}", seen=seen)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("flags", "held"), [((), 10.0), (("--reconnect-timeout", "45"), 45.0)])
+def test_reconnect_timeout_reaches_the_managers_gateway(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flags: tuple[str, ...], held: float
+) -> None:
+    """``--reconnect-timeout SECONDS``: how long the manager holds a dropped worker's id
+    for its rejoin (``run_manager``'s ``reconnect_timeout``, 10 s by default, had no
+    flag). The manager starts for real and stops once its gateway is made."""
+    import anyio
+
+    import runtime.node
+    from runtime.__main__ import main
+
+    real = runtime.node.run_manager
+    gateways: list[runtime.node.Gateway] = []
+
+    async def stops_once_it_listens(*args: Any, **kw: Any) -> None:
+        with anyio.CancelScope() as scope:
+
+            def on_gateway(gateway: runtime.node.Gateway) -> None:
+                gateways.append(gateway)
+                scope.cancel()
+
+            await real(*args, **{**kw, "on_gateway": on_gateway})
+
+    monkeypatch.setenv("CORRAL_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(runtime.node, "run_manager", stops_once_it_listens)
+    port = free_port_between(45000, 45999)
+    argv = ["manager", "--listen", f"127.0.0.1:{port}", "--no-monitoring", *flags]
+    assert main(argv) == 0
+    (gateway,) = gateways
+    assert gateway.reconnect_timeout == held
