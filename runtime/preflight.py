@@ -325,8 +325,9 @@ LOCAL_WORKERS_PER_CPU = 4
 def check_local_size(pools: Mapping[str, PoolConfig]) -> CheckResult | None:
     """The ``local`` pools at ``max_blocks`` (and ``init_blocks``, which may be more)
     against this machine: worker processes per CPU (WARN past
-    :data:`LOCAL_WORKERS_PER_CPU`) and the memory they announce (WARN past the
-    machine's). None without a local pool."""
+    :data:`LOCAL_WORKERS_PER_CPU`), the cores they announce (WARN past its CPUs, as the
+    manager's ``cores`` overcommit warning: their tasks would share the CPUs) and the
+    memory they announce (WARN past the machine's). None without a local pool."""
     import psutil
 
     local = [p for p in pools.values() if p.provider == "local"]
@@ -359,11 +360,28 @@ def check_local_size(pools: Mapping[str, PoolConfig]) -> CheckResult | None:
             ALL, "local size", WARN,
             f"{seen}: more than {LOCAL_WORKERS_PER_CPU} worker processes per CPU", advice,
         )  # fmt: skip
+    problems: list[str] = []
+    advices: list[str] = []
+    if cores > cpus:
+        problems.append(
+            f"they announce more cores than it has CPUs ({cores} > {cpus}): their tasks "
+            "would share the CPUs and run slower than their cores say"
+        )
+        advices.append(
+            f"Give the local workers fewer cores (cores_per_worker) or run fewer of them "
+            f"(workers_per_node, max_blocks, init_blocks), so that their cores add up to "
+            f"{cpus} or fewer; if their tasks mostly wait on I/O, more slots than CPUs may "
+            "be meant, and this is only a warning."
+        )
     if announced > memory:
+        problems.append(
+            "they announce more memory than it has (their fences would be past what it can give)"
+        )
+        advices.append(advice)
+    if problems:
         return CheckResult(
-            ALL, "local size", WARN, f"{seen}: they announce more memory than it has "
-            "(their fences would be past what it can give)", advice,
-        )  # fmt: skip
+            ALL, "local size", WARN, f"{seen}: {'; '.join(problems)}", " ".join(advices)
+        )
     return CheckResult(ALL, "local size", PASS, seen)
 
 

@@ -293,6 +293,53 @@ def test_a_local_pool_far_beyond_this_machine_is_a_warning(tmp_path: Path) -> No
     assert "Lower max_blocks" in size["advice"]
 
 
+@pytest.mark.parametrize(
+    ("shape", "verdict"),
+    [
+        ({"workers_per_node": 2, "cores_per_worker": 2}, WARN),  # 4 cores, 2 CPUs
+        ({"workers_per_node": 1, "cores_per_worker": 3}, WARN),  # 3 cores, 2 CPUs
+        ({"workers_per_node": 2, "cores_per_worker": 1}, PASS),  # 2 cores, 2 CPUs
+    ],
+)
+def test_local_workers_announcing_more_cores_than_cpus_are_a_warning(
+    monkeypatch: pytest.MonkeyPatch, shape: dict[str, int], verdict: str
+) -> None:
+    """`check --config` said ``PASS * local size ... 2 worker process(es) announcing 4
+    core(s) ...; this machine: 2 CPU(s)``, while the manager warns of that overcommit as
+    its workers join: it is a WARN now, saying to give fewer cores or run fewer workers."""
+    import runtime.preflight
+    from runtime.preflight import check_local_size
+
+    monkeypatch.setattr(runtime.preflight, "host_cpus", lambda: 2)
+    pools = pools_from_dicts({"here": {"provider": "local", **shape}})
+    result = check_local_size(pools)
+    assert result is not None and result.status == verdict, result
+    cores = shape["workers_per_node"] * shape["cores_per_worker"]
+    assert f"announcing {cores} core(s)" in result.detail and "2 CPU(s)" in result.detail
+    if verdict == WARN:
+        assert f"more cores than it has CPUs ({cores} > 2)" in result.detail, result
+        assert "fewer cores (cores_per_worker) or run fewer of them" in result.advice
+        assert "add up to 2 or fewer" in result.advice
+        assert "announce more memory" not in result.detail, result
+    else:
+        assert result.advice == ""
+
+
+def test_cores_and_memory_past_the_machine_are_both_named(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import runtime.preflight
+    from runtime.preflight import check_local_size
+
+    monkeypatch.setattr(runtime.preflight, "host_cpus", lambda: 2)
+    shape = {"provider": "local", "cores_per_worker": 4, "memory_per_worker": "4000TiB"}
+    result = check_local_size(pools_from_dicts({"here": shape}))
+    assert result is not None and result.status == WARN, result
+    assert "more cores than it has CPUs (4 > 2)" in result.detail, result
+    assert "announce more memory than it has" in result.detail, result
+    assert "cores_per_worker" in result.advice and "memory_per_worker" in result.advice
+
+
 def test_missing_slurm_commands_are_a_clear_failure(tmp_path: Path) -> None:
     config = '[pools.hpc]\nprovider = "slurm"\npartition = "ckpt"\n'
     empty = tmp_path / "bin"
