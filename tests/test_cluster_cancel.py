@@ -211,6 +211,7 @@ _CALLS: dict[str, Callable[[Cluster], Any]] = {
     "map": lambda c: c.map(abs, []),
     "submit_graph": lambda c: c.submit_graph({"a": 1}, ["a"]),
     "compute": lambda c: c.compute({"a": 1}, "a"),
+    "get": lambda c: c.get({"a": 1}, "a"),
     "gather": lambda c: c.gather([]),
     "as_completed": lambda c: c.as_completed([]),
     "download": lambda c: c.download(None, "x"),  # type: ignore[arg-type]
