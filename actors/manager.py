@@ -190,10 +190,14 @@ class _Built(Message):
     graph: Any  #: its ``_Graph``
 
 
+#: what the manager carries out in the order it came, behind submissions under way
+_Ordered = ReleaseKeysRequest | ClientCame | ClientGone | CancelRequest
+
+
 @message(local=True)
 class _InTurn(Message):
-    """Manager-internal: a release, client gone or cancel that came while submissions
-    before it were being built, carried out in turn (:meth:`Manager.in_turn`)."""
+    """Manager-internal: a release, client come or gone, or cancel that came while
+    submissions before it were being built, carried out in turn (:meth:`Manager.in_turn`)."""
 
     request: Any
 
@@ -438,10 +442,12 @@ class Manager(Actor):
 
         return Later(turn())
 
-    @handles(ReleaseKeysRequest, ClientGone, CancelRequest)
-    def in_order(self, msg: ReleaseKeysRequest | ClientGone | CancelRequest) -> Any:
-        """A release, a client gone or a cancel: at once or, while requests taken in
-        turn are under way, after them (``Later``)."""
+    @handles(ReleaseKeysRequest, ClientCame, ClientGone, CancelRequest)
+    def in_order(self, msg: _Ordered) -> Any:
+        """A release, a client come or gone, or a cancel: at once or, while requests
+        taken in turn are under way, after them (``Later``). A client's coming is in
+        turn too: a name that left and came back while a submission was under way is
+        connected after both (not gone)."""
         if self._settled():
             return self._carry_out(msg)
         return self._in_turn(lambda: self.ref.ask(_InTurn(msg), timeout=None))
@@ -450,9 +456,11 @@ class Manager(Actor):
     def in_turn(self, msg: _InTurn) -> Any:
         return self._carry_out(msg.request)
 
-    def _carry_out(self, request: ReleaseKeysRequest | ClientGone | CancelRequest) -> Any:
+    def _carry_out(self, request: _Ordered) -> Any:
         if isinstance(request, ReleaseKeysRequest):
             self._release(request)
+        elif isinstance(request, ClientCame):
+            self.connected.add(request.name)
         elif isinstance(request, ClientGone):
             self._client_gone(request)
         else:
@@ -517,10 +525,6 @@ class Manager(Actor):
             released.append(key)
         if released:
             self._scheduler().post(ReleaseKeysRequest(tuple(released), msg.client))
-
-    @handles(ClientCame)
-    def client_came(self, msg: ClientCame) -> None:
-        self.connected.add(msg.name)
 
     def _client_gone(self, msg: ClientGone) -> None:
         """A client left without releasing its keys: release them for it (once its

@@ -42,6 +42,7 @@ from runtime.errors import CycleError, MissingKeysError
 from runtime.graph import Key, Task, TaskRef, build_specs, in_pieces
 from runtime.messages import (
     CancelRequest,
+    ClientCame,
     ClientGone,
     ReleaseKeysRequest,
     StatusRequest,
@@ -378,6 +379,26 @@ async def test_a_client_gone_while_its_graph_is_validated_leaves_nothing_behind(
             await settled(cluster, len(dsk))
             assert cluster._scheduler_actor.state.tasks == {}
             assert (await cluster.status())["wanted_keys"] == 0
+
+
+@pytest.mark.anyio
+async def test_a_client_that_left_and_came_back_while_a_graph_is_validated_is_connected(
+    managers: list[Any],
+) -> None:
+    """A client's departure waits behind a large graph being built in the manager's
+    thread; its coming did not: a name that left and came back meanwhile was counted
+    gone once the graph was in (review 1206d, finding 9). Now both keep their order."""
+    dsk, ends = chains(500, 5)
+    with anyio.fail_after(60):
+        async with Cluster(workers=0) as cluster:
+            manager = cluster._manager
+            manager.post(ClientCame("back"))
+            manager.post(SubmitGraphRequest(dsk, tuple(ends), "another"))
+            manager.post(ClientGone("back"))
+            manager.post(ClientCame("back"))
+            # asked after them all: answered once they are carried out (in turn)
+            await manager.ask(ReleaseKeysRequest((), "back"))
+            assert "back" in managers[0].connected
 
 
 async def settled(cluster: Cluster, n: int) -> None:
