@@ -205,6 +205,10 @@ CLIENT_DEAD_AFTER = 120.0
 #: Seconds a stopping manager gives its connections to take its goodbye and close
 #: (:meth:`Gateway.say_goodbye`); those not closed by then are closed without it
 GOODBYE_TIMEOUT = 5.0
+#: Seconds a client or console that gave its name way to a worker (:meth:`Gateway.
+#: _give_way`) has to take the frame that says why before it is closed without it (one
+#: that does not read must not hold anything up)
+GIVE_WAY_TIMEOUT = 1.0
 #: How a cancelled run_manager's goodbye says it stopped (ManagerStopping's ``how``)
 CANCELLED = "cancelled by the program that runs it"
 #: seconds the alert monitor waits at most for the listener's URL (the dashboard's,
@@ -1620,6 +1624,17 @@ class _Hold:
     ending: bool = False  #: its grace is over: it is being reported lost
 
 
+@dataclasses.dataclass(eq=False)
+class _Other:
+    """A client or console connection holding a name (:attr:`Gateway._others`), told
+    apart from any later connection under the name by identity."""
+
+    kind: str  #: "client" or "console"
+    peer: Peer | None = None  #: set once it is served (None: it is being welcomed)
+    #: its handler's task group while it is served: a give-way refuses it there
+    tg: anyio.abc.TaskGroup | None = None
+
+
 class Gateway:
     """Joins connections from other processes to a control plane."""
 
@@ -1645,9 +1660,9 @@ class Gateway:
         self._holds: dict[str, _Hold] = {}
         self.links: dict[str, Link] = {}  #: the scheduler's reference to each worker
         self._secrets: dict[str, str] = {}  #: worker id -> the secret it rejoins with
-        #: live client and console connections by name -> their kind (a worker's Hello
-        #: under one of these names closes it: :meth:`_give_way`)
-        self._others: dict[str, str] = {}
+        #: client and console connections by name, being welcomed or live (a worker's
+        #: Hello under one of these names closes it: :meth:`_give_way`)
+        self._others: dict[str, _Other] = {}
         self.infos: dict[str, WorkerInfo] = {}  #: joined workers (answers PeerQuery)
         self.refused_hellos = 0  #: connections refused at their Hello
         self.refused_messages = 0  #: messages refused at the door (all connections)
@@ -1701,7 +1716,12 @@ class Gateway:
             return PermissionDenied(
                 "Hello as a client", READ_TOKEN_CLIENT, token_file=self.token_file
             )
-        if (live is not None and not live.closed) or name in self._secrets:
+        other = self._others.get(name)
+        if (
+            (live is not None and not live.closed)
+            or name in self._secrets  # a worker's, or reserved by its Hello being welcomed
+            or (other is not None and other.peer is None)  # another one being welcomed
+        ):
             return PermissionDenied(
                 "name", f"the name {name!r} is in use by another connection; pick a unique one"
             )
@@ -1768,8 +1788,6 @@ class Gateway:
         # Hello accepted: raise the connection's receive limits by role (issue 9).
         conn.set_limits(max_message_bytes=None if role in SUBMITTING_ROLES else 256 << 10)
         if hello.kind == "worker":
-            if hello.name in self._others:
-                await self._give_way(hello.name, conn.peer_address)
             door = _Door(self, self.plane.refs["scheduler"], "worker", hello.name)
             lost = self._taken_over(hello)
             if lost is not None:  # forgotten now: no other Hello takes the id meanwhile
@@ -1777,24 +1795,31 @@ class Gateway:
                 lost.taken_over = True
                 lost.back.set()  # its connection's handler closes its link later
             new = hello.name not in self._secrets
+            # Reserved before anything is awaited: a Hello under the name meanwhile (a
+            # client's, a console's, another worker's without this secret) is refused.
             secret = self._secrets.setdefault(hello.name, secrets.token_hex(16))
-            if lost is not None:
-                # Lost now, as at the end of its grace; told before the new one registers.
-                _log.warning(
-                    "worker restarted under its id: the old one is lost",
-                    worker=hello.name, cause=lost.cause, peer=conn.peer_address,
-                )  # fmt: skip
-                with contextlib.suppress(ActorStopped):  # the scheduler is stopping
-                    await self.plane.refs["scheduler"].tell(WorkerGone(hello.name, lost.cause))
+            welcomed = False
             try:
+                if hello.name in self._others:
+                    await self._give_way(hello.name, conn.peer_address)
+                if lost is not None:
+                    # Lost now, as at the end of its grace; told before the new one registers.
+                    _log.warning(
+                        "worker restarted under its id: the old one is lost",
+                        worker=hello.name, cause=lost.cause, peer=conn.peer_address,
+                    )  # fmt: skip
+                    with contextlib.suppress(ActorStopped):  # the scheduler is stopping
+                        await self.plane.refs["scheduler"].tell(WorkerGone(hello.name, lost.cause))
                 await conn.send(Frame(Welcome(secret)))
-            except CorralError:  # gone before it heard its secret: the id stays free
-                if new:
-                    self._secrets.pop(hello.name, None)
+                welcomed = True
+            except CorralError:  # gone before it heard its secret
                 await conn.aclose()
                 return
+            finally:
+                if not welcomed and new:  # the id stays free
+                    self._secrets.pop(hello.name, None)
         else:
-            self._others[hello.name] = hello.kind
+            other = self._others[hello.name] = _Other(hello.kind)
             door = _Door(self, self.plane.manager, role, hello.name)
             if hello.kind == "client":
                 # A client waits for this before it says it is connected: refused (the
@@ -1802,11 +1827,16 @@ class Gateway:
                 # already still has what it sent read, as any closing connection has.
                 with contextlib.suppress(CorralError):
                     await conn.send(Frame(Welcome("")))
-                if self._others.get(hello.name) != hello.kind:  # a worker took it meanwhile
-                    await refuse(conn, self._gave_way(hello.name, hello.kind))
-                    return
-                with contextlib.suppress(ActorStopped):  # the manager is stopping
-                    await self.plane.manager.tell(ClientCame(hello.name))
+                if self._others.get(hello.name) is other:
+                    with contextlib.suppress(ActorStopped):  # the manager is stopping
+                        await self.plane.manager.tell(ClientCame(hello.name))
+                    if self._others.get(hello.name) is not other:
+                        # Its ClientGone (the give-way's) may have been queued first.
+                        with contextlib.suppress(ActorStopped):
+                            await self.plane.manager.tell(ClientGone(hello.name))
+            if self._others.get(hello.name) is not other:  # a worker took it meanwhile
+                await self._tell_gave_way(conn, hello.name, hello.kind)
+                return
         generation = self._generation.get(hello.name, 0) + 1
         self._generation[hello.name] = generation
         hold = self._holds.pop(hello.name, None)
@@ -1826,61 +1856,92 @@ class Gateway:
         door.peer = peer
         old = self.peers.get(hello.name)
         self.peers[hello.name] = peer
+        if hello.kind != "worker":
+            # Nothing was awaited since the check above: it holds the name still.
+            await self._serve_other(hello.name, other, peer)
+            return
         if old is not None and not old.closed:
             await old.aclose()
-        if hello.kind == "worker":
-            assert hello.info is not None
-            _log.info("worker connected", worker=hello.name, generation=generation)
-            link = self.links.get(hello.name)
-            if link is None or link.stopped:
-                link = self.links[hello.name] = Link(hello.name)
-            link.attach(peer)
-            self.infos[hello.name] = hello.info
-            # A worker that rejoins registers again: the scheduler keeps its work.
-            await self.plane.refs["scheduler"].tell(RegisterWorker(hello.info, link))
+        assert hello.info is not None
+        _log.info("worker connected", worker=hello.name, generation=generation)
+        link = self.links.get(hello.name)
+        if link is None or link.stopped:
+            link = self.links[hello.name] = Link(hello.name)
+        link.attach(peer)
+        self.infos[hello.name] = hello.info
+        # A worker that rejoins registers again: the scheduler keeps its work.
+        await self.plane.refs["scheduler"].tell(RegisterWorker(hello.info, link))
         try:
             await peer.run()
         finally:
             if self.peers.get(hello.name) is peer:
-                if hello.kind == "worker":
-                    # Silence means we cannot tell why; a dropped connection without a
-                    # goodbye (a graceful worker says WorkerGone first) is a crash.
-                    cause = "unknown" if peer.closed_reason else "crash"
-                    self.links[hello.name].detach()
-                    if self.stopping:  # closed by us, told why: it leaves, not rejoins
-                        _log.info("worker connection closed: the manager is stopping",
-                                  worker=hello.name)  # fmt: skip
-                    else:
-                        await self._worker_dropped(
-                            hello.name, generation, cause, left=door.said_goodbye
-                        )
+                # Silence means we cannot tell why; a dropped connection without a
+                # goodbye (a graceful worker says WorkerGone first) is a crash.
+                cause = "unknown" if peer.closed_reason else "crash"
+                self.links[hello.name].detach()
+                if self.stopping:  # closed by us, told why: it leaves, not rejoins
+                    _log.info("worker connection closed: the manager is stopping",
+                              worker=hello.name)  # fmt: skip
                 else:
-                    await self._forget_other(hello.name, hello.kind)
+                    await self._worker_dropped(
+                        hello.name, generation, cause, left=door.said_goodbye
+                    )
 
-    async def _forget_other(self, name: str, kind: str) -> None:
-        """The client or console ``name`` is gone: its name is free again, and the
-        manager is told that a client went."""
+    async def _serve_other(self, name: str, other: _Other, peer: Peer) -> None:
+        """Serve the client or console ``other`` under ``name`` until its connection
+        ends, in a task group of its own, where a give-way refuses it (:meth:`_give_way`);
+        then, unless it gave way (forgotten then), its name is free again."""
+        try:
+            async with anyio.create_task_group() as tg:
+                other.peer, other.tg = peer, tg
+                if self._others.get(name) is not other:  # a worker took it meanwhile
+                    self._refuse_other(name, other)
+                await peer.run()
+        finally:
+            if self._others.get(name) is other:
+                await self._forget_other(name, other)
+
+    async def _forget_other(self, name: str, other: _Other) -> None:
+        """The client or console ``other`` under ``name`` is gone: its name is free
+        again, and the manager is told that a client went."""
+        del self._others[name]
         self.peers.pop(name, None)
-        self._others.pop(name, None)
         self._generation.pop(name, None)  # a name per session: forgotten
-        if kind == "client":
+        if other.kind == "client":
             with contextlib.suppress(ActorStopped):  # the manager is stopping
                 await self.plane.manager.tell(ClientGone(name))
 
     async def _give_way(self, name: str, by: str) -> None:
         """A worker says Hello under ``name``, which a client or console connection
-        holds: that connection is closed, told why, and forgotten now (so its own
-        handler's end leaves the worker's name alone). Worker ids come first: a
+        holds: that connection is forgotten now (so its own handler's end leaves the
+        worker's name alone), then closed, told why, in its own handler's task group
+        (the worker's Hello does not wait for one that does not read), or by its
+        handler itself if it is still being welcomed. Worker ids come first: a
         connection that only looks or submits may not keep a worker out."""
-        kind = self._others[name]
-        peer = self.peers.get(name)
-        await self._forget_other(name, kind)
+        other = self._others[name]
+        await self._forget_other(name, other)
         _log.warning(
             "a worker joins under the name of a connection that is not a worker's; closed it",
-            name=name, kind=kind, peer=by,
+            name=name, kind=other.kind, peer=by,
         )  # fmt: skip
-        if peer is not None and not peer.closed:
-            await peer.refuse(self._gave_way(name, kind))
+        self._refuse_other(name, other)
+
+    def _refuse_other(self, name: str, other: _Other) -> None:
+        """Start closing ``other``, which gave ``name`` way, in its handler's task group
+        (nothing if it is not served yet: its handler refuses it itself)."""
+        if other.tg is not None and other.peer is not None:
+            other.peer.closed_reason = f"refused: {self._gave_way(name, other.kind)}"
+            other.tg.start_soon(self._tell_gave_way, other.peer.conn, name, other.kind)
+
+    async def _tell_gave_way(self, conn: Any, name: str, kind: str) -> None:
+        """Close ``conn``, a client's or console's under ``name``, saying it gave way to
+        a worker: the frame that says so is sent within :data:`GIVE_WAY_TIMEOUT` (a
+        connection that does not read gives no credit for it), else only the close
+        says it."""
+        error = self._gave_way(name, kind)
+        with anyio.move_on_after(GIVE_WAY_TIMEOUT):
+            await refuse(conn, error)
+        await conn.aclose(reason=str(error))
 
     @staticmethod
     def _gave_way(name: str, kind: str) -> PermissionDenied:

@@ -187,11 +187,12 @@ def site(tmp_path_factory: Any) -> Iterator[Site]:
 
 
 @asynccontextmanager
-async def raw(address: str, token: str, first: Message) -> AsyncIterator[Any]:
-    """A bare connection that sends ``first`` (a Hello, or not) and nothing else."""
+async def raw(address: str, token: str, first: Message, **options: Any) -> AsyncIterator[Any]:
+    """A bare connection that sends ``first`` (a Hello, or not) and nothing else
+    (``options``: the transport's, e.g. ``max_buffer``)."""
     from transport import connect
 
-    conn = await connect(address, token=token)
+    conn = await connect(address, token=token, **options)
     try:
         await conn.send(Frame(first))
         yield conn
@@ -662,16 +663,21 @@ def test_the_token_file_is_written_through_a_new_file_no_one_else_made(tmp_path:
 
 
 @asynccontextmanager
-async def in_process_gateway(tokens: Tokens) -> AsyncIterator[tuple[Any, str]]:
+async def in_process_gateway(
+    tokens: Tokens, ports: tuple[int, int] = (44000, 44999), **options: Any
+) -> AsyncIterator[tuple[Any, str]]:
     """A control plane and its gateway in this process, listening on a port of
-    127.0.0.1 from 44000 to 44999: (the gateway, its address)."""
+    127.0.0.1 from ``ports`` (44000 to 44999 unless told; ``options``: the listener's):
+    (the gateway, its address)."""
     from runtime.node import serve_gateway, start_control_plane
     from tests.helpers import free_port_between
 
     async with ActorSystem() as system:
         plane = await start_control_plane(system, alerting=None)
-        port = free_port_between(44000, 44999)
-        gateway, listener = await serve_gateway(plane, f"ws://127.0.0.1:{port}", tokens)
+        port = free_port_between(*ports)
+        gateway, listener = await serve_gateway(
+            plane, f"ws://127.0.0.1:{port}", tokens, listen_options=options
+        )
         yield gateway, listener.address
 
 
@@ -703,6 +709,102 @@ async def test_a_console_under_a_worker_id_gives_way_to_that_worker(role: str, k
                 await wait_until(lambda: "local-1" in gateway.infos, "the worker joined")
                 async with raw(address, tokens.read, Hello("console", "local-1")) as again:
                     assert "is in use" in (await _refused(again)).text
+
+
+#: the give-way tests' ports, and the frames a connection may have unread (both ways)
+GIVE_WAY_PORTS = (49000, 49999)
+WINDOW = 4
+
+
+@asynccontextmanager
+async def squatted(role: str, kind: str) -> AsyncIterator[tuple[Any, Tokens, str, Any]]:
+    """A gateway (windows of ``WINDOW`` frames) where a ``kind`` connection with the
+    ``role`` token holds the name ``local-1`` and reads nothing: its window is full, so
+    the gateway can send it nothing more. Yields (the gateway, the tokens, its address,
+    the squatter's connection)."""
+    tokens = Tokens.generate()
+    async with (
+        in_process_gateway(tokens, GIVE_WAY_PORTS, max_buffer=WINDOW) as (gateway, address),
+        raw(address, tokens.of(role), Hello(kind, "local-1"), max_buffer=WINDOW) as squat,
+    ):
+        await wait_until(lambda: "local-1" in gateway.peers, f"the {kind} joined")
+        for i in range(WINDOW + 2):  # each answered: more than its window
+            await squat.send(Frame(to_wire(StatusRequest()), request_id=i + 1))
+        await wait_until(lambda: squat.unread >= WINDOW, f"the {kind}'s window is full")
+        yield gateway, tokens, address, squat
+
+
+async def _told_it_gave_way(squat: Any, kind: str) -> None:
+    """The squatter's connection closes saying it gave way: in a Refused frame if it
+    read in time for it, else in the close."""
+    from transport import ConnectionClosed
+
+    told = ""
+    with pytest.raises(ConnectionClosed):
+        while True:
+            msg = await _next(squat)
+            if isinstance(msg, Refused):
+                told = msg.text
+    told = told or str(squat.close_reason)
+    assert f"this {kind} connection gave way to the worker" in told, told
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(("role", "kind"), [("read", "console"), ("submit", "client")])
+async def test_a_worker_is_welcomed_at_once_under_the_name_of_one_that_reads_nothing(
+    role: str, kind: str
+) -> None:
+    """The worker's Hello waited while the gateway told the squatter it gave way, and a
+    squatter that reads nothing never took that frame: the worker got no Welcome (it
+    gives up after 10 s). Now the squatter is told in its own connection's task, within
+    a second, and the worker is welcomed at once (review 1206d, finding 2 (b))."""
+    info = WorkerInfo("local-1", 1, 0)
+    with anyio.fail_after(8):
+        async with squatted(role, kind) as (gateway, tokens, address, squat):
+            worker_hello = Hello("worker", "local-1", info)
+            async with raw(address, tokens.admin, worker_hello) as worker:
+                with anyio.fail_after(2):
+                    welcome = await _next(worker)
+                assert isinstance(welcome, Welcome) and welcome.secret, welcome
+                await wait_until(lambda: "local-1" in gateway.infos, "the worker joined")
+                await _told_it_gave_way(squat, kind)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(("role", "kind"), [("read", "console"), ("submit", "client")])
+async def test_hellos_under_the_name_a_worker_takes_are_refused_while_it_takes_it(
+    role: str, kind: str, managers: list[Any]
+) -> None:
+    """A worker's Hello under a squatter's name reserved the id only once the squatter
+    was told it gave way: meanwhile a second client (or console) under the name joined,
+    to be replaced by the worker without a ClientGone (its wanted keys kept, a phantom
+    in the manager's connected clients), and a second worker under the id was welcomed
+    with the same secret as the first. Now the id is reserved as the Hello is read:
+    both are refused, and the manager counts no client under the name (review 1206d,
+    finding 2 (a))."""
+    info = WorkerInfo("local-1", 1, 0)
+    with anyio.fail_after(8):
+        async with squatted(role, kind) as (gateway, tokens, address, squat):
+            held = gateway.peers["local-1"]
+            async with raw(address, tokens.admin, Hello("worker", "local-1", info)) as first:
+                await wait_until(
+                    lambda: gateway.peers.get("local-1") is not held, "the worker's Hello read"
+                )
+                async with (
+                    raw(address, tokens.of(role), Hello(kind, "local-1")) as second,
+                    raw(address, tokens.admin, Hello("worker", "local-1", info)) as twin,
+                ):
+                    assert "is in use" in (await _refused(second)).text
+                    refused = await _refused(twin)
+                    assert refused.kind == "PermissionDenied", refused
+                    assert "worker id 'local-1' belongs to a registered worker" in refused.text
+                welcome = await _next(first)
+                assert isinstance(welcome, Welcome) and welcome.secret, welcome
+                await _told_it_gave_way(squat, kind)
+                await wait_until(lambda: "local-1" in gateway.infos, "the worker joined")
+                # Asked after the gateway told the manager: answered after that is done.
+                await gateway.plane.manager.ask(StatusRequest())
+                assert managers[0].connected == set()
 
 
 @pytest.mark.anyio
