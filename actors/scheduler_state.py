@@ -133,9 +133,11 @@ Disk-aware placement, the disk watchdog and its stall breaker are in
 
 The memory watchdog (``_watch_memory``), per pool: if every worker of a pool stays
 throttled, nothing but producers of it is active there and nothing finishes on them
-for ``stall_timeout`` seconds, the pool's active tasks fail with
+for ``stall_timeout`` seconds, and no task elsewhere reads an output held there
+(``_read_elsewhere``), the pool's active tasks fail with
 :class:`~runtime.errors.MemoryStalled` and the other pools run on; tasks of any pool
 (``"*"``) only when every worker of the cluster is, and then every active task fails.
+A pool with a worker away is not stalled while it is away.
 
 Memory admission: a task whose inputs alone are larger than the memory limit of every
 worker that could run it is never placed; it fails with
@@ -4804,13 +4806,15 @@ class SchedulerState(DiskPlacement, PlacementWatch):
 
     def _watch_memory(self) -> None:
         """The memory watchdog (the module docstring), per pool: a pool whose every
-        worker is throttled, none running a consumer, no consumer ready to go there and
-        tasks of the pool waiting, for ``stall_timeout``, fails those tasks with
-        :class:`~runtime.errors.MemoryStalled`; the other pools run on. ``"*"`` (the
-        tasks of any pool, which any worker may run) only when every worker is
-        throttled, and then every task still to run fails. O(pools) per event: a
-        pool's workers are looked at only while every one of them is throttled, its
-        tasks only when it fails."""
+        worker is throttled, none of them away, none running a consumer, no consumer
+        ready to go there and tasks of the pool waiting, for ``stall_timeout``, fails
+        those tasks with :class:`~runtime.errors.MemoryStalled`, unless a task running
+        or ready elsewhere reads an output held there (``_read_elsewhere``: then its
+        clock starts again); the other pools run on. ``"*"`` (the tasks of any pool, which
+        any worker may run) only when every worker is throttled, and then every task
+        still to run fails. O(pools) per event: a pool's workers are looked at only
+        while every one of them is throttled, the running and ready tasks only when its
+        clock runs out, its tasks only when it fails."""
         stalled = self.stalled_since
         keys = [p for p, n in self.throttled_in.items() if n >= len(self.pool_members.get(p, ()))]
         if self.throttled and len(self.throttled) >= len(self.workers):
@@ -4826,16 +4830,26 @@ class SchedulerState(DiskPlacement, PlacementWatch):
                 stalled[key] = self._now
                 self._log("-", "memory", f"stall-suspected in {_pool_text(key)}")
                 continue
-            if self._now - since >= self.config.stall_timeout:
-                self._fail_stalled(key, self._now - since)
+            if self._now - since < self.config.stall_timeout:
+                continue
+            if key != "*" and self._read_elsewhere(self.pool_members[key]):
+                stalled[key] = self._now  # they will free memory there: look again later
+                continue
+            self._fail_stalled(key, self._now - since)
 
     def _memory_moves(self, key: str) -> str:
         """Why pool ``key``, every worker of which is throttled, is not stalled for
-        memory ("": it is): a consumer runs on one of its workers (it may free memory),
-        one is ready to go there, or nothing of the pool waits (memory held is the
-        results). No scan of tasks: its workers, the ready heads, the counters."""
+        memory ("": it is): nothing of the pool was submitted, a worker of it is away
+        (held for its rejoin, it cannot say its memory came down), a consumer runs on
+        one of its workers (it may free memory), one is ready to go there, or nothing
+        of the pool waits (memory held is the results). No scan of tasks: its workers,
+        the ready heads, the counters."""
         pool = None if key == "*" else key
+        if pool is not None and not self.pool_tasks[pool]:
+            return "nothing of the pool to run"
         workers = self.workers if pool is None else self.pool_members.get(pool, {})
+        if any(ws.away is not None for ws in workers.values()):
+            return "a worker is away"
         if any(len(ws.processing) > ws.n_producers for ws in workers.values()):
             return "a consumer runs"
         for q, heap in self.queues.items():
@@ -4854,6 +4868,27 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         ):
             return "nothing of the pool to run"
         return ""
+
+    def _read_elsewhere(self, members: dict[str, WorkerState]) -> bool:
+        """A task that runs on a worker not in ``members``, or a consumer ready in a
+        pool with workers, reads an output held on one of ``members``: when it ends,
+        that output may be released there (a pool that loads for another pool's
+        consumers). A ready producer does not count: it may be held back for ever. One
+        pass over the running and the ready tasks, made only when a pool's clock runs
+        out."""
+
+        def reads(ts: TaskState) -> bool:
+            return any(not members.keys().isdisjoint(d.who_has) for d in ts.deps)
+
+        for ws in self.workers.values():
+            if ws.id not in members and any(reads(ts) for ts in ws.processing):
+                return True
+        return any(
+            _live(entry, False) and reads(entry[3])
+            for (pool, producer), heap in self.queues.items()
+            if not producer and (pool is None or pool in self.pool_members)
+            for entry in heap
+        )
 
     def _holding(
         self, on: set[str] | None = None, files: bool = True
@@ -4918,10 +4953,11 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         told = [ws.memory_bytes for ws in workers]
         in_memory = None if any(n < 0 for n in told) else sum(told)
         limit = max((ws.memory for ws in workers), default=0)
+        recent = 10 * self.config.stall_timeout  # an older refusal has cleared since
         refused = tuple(
             (ws.id, ws.spill_dir, ws.spill_refused, self._now - ws.spill_refused_at)
             for ws in sorted(workers, key=lambda w: w.id)
-            if ws.spill_refused
+            if ws.spill_refused and self._now - ws.spill_refused_at <= recent
         )
         err = MemoryStalled(
             holding, needed, available, len(producers), stalled_for, rss, in_memory, limit,

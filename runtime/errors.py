@@ -1003,7 +1003,8 @@ class MemoryStalled(CorralError):
     spilled, so their RSS is memory that is not outputs, their floor); ``limit`` the
     largest worker's memory limit (0: not known), which says the unit (MiB under a GiB).
     ``spill_refused``: ``(worker, spill directory, spills refused, seconds since the
-    latest)`` of the workers whose spills found no disk room.
+    latest)`` of the workers whose spills found no disk room, the latest at most ten
+    ``stall_timeout``s before (an older refusal has cleared since).
     """
 
     def __init__(

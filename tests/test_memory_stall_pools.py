@@ -26,6 +26,8 @@ from actors.scheduler_events import (
     KeyErred,
     PlacementStallBegan,
     TasksFinished,
+    WorkerAway,
+    WorkerJoined,
     WorkerMemory,
 )
 from actors.scheduler_state import SchedulerState
@@ -231,3 +233,124 @@ async def test_a_pool_whose_spills_find_no_room_fails_while_the_other_pool_idles
     assert f"Spilling failed: no room on {str(tmp_path)!r} (worker {worker}" in str(err)
     (warning,) = [w for w in st["warnings"] if "spill refused" in w]
     assert warning.startswith(f"worker {worker}: spill refused: no disk room on ")
+
+
+def done(s: SchedulerState, worker: str, key: str, now: float) -> list[Any]:
+    """``key``'s try on ``worker`` ended ok at ``now`` (300 MB out)."""
+    return run(s, TasksFinished(f"done-{key}", now, worker, (result(key, nbytes=300 * MB),)))
+
+
+def load_proc(make_state: Factory, busy: bool = False) -> SchedulerState:
+    """Pool ``load`` (wl, 1 core) makes load-i, pool ``proc`` (wp, 1 core) runs
+    proc-i(load-i), each longer than stall_timeout: load-0 and load-1 done on wl,
+    proc-0 runs on wp and proc-1 waits for it, load-2 runs on wl; then wl is throttled
+    at 100 with load-3 to go (the review's finding 1). With ``busy``, wp runs ``other``
+    first, which reads nothing of pool load, and proc-0 waits too."""
+    s = make_state(saturation=1.0, stall_timeout=5.0)
+    join(s, "wl", pool="load")
+    join(s, "wp", pool="proc")
+    if busy:
+        submit(s, {"seed": [], "other": ["seed"]}, ["other"], pool="proc")
+        done(s, "wp", "seed", 5.0)
+    table: dict[str, list[str]] = {f"load-{i}": [] for i in range(4)}
+    table.update({f"proc-{i}": [f"load-{i}"] for i in range(4)})
+    attrs = {k: {"pool": k.split("-")[0]} for k in table}
+    submit(s, table, [f"proc-{i}" for i in range(4)], attrs=attrs)
+    done(s, "wl", "load-0", 10.0)
+    done(s, "wl", "load-1", 20.0)
+    assert (on(s, "wl"), on(s, "wp")) == ({"load-2"}, {"other" if busy else "proc-0"})
+    assert s.queued_by_pool() == {"load": 1, "proc": 1 + busy}
+    memory(s, "wl", 100.0)
+    assert s.stalled_since == {"load": 100.0}  # the clock runs: only a producer runs there
+    return s
+
+
+def test_a_pool_whose_outputs_a_consumer_in_another_pool_reads_is_not_stalled(
+    make_state: Factory,
+) -> None:
+    """A healthy pipeline across pools: the throttled pool's memory is freed by the
+    other pool's consumers, which read its outputs. At stall_timeout the clock starts
+    again instead of failing the pool (before: MemoryStalled at 105, load-2 killed
+    while it ran and proc-2, proc-3 failed with it)."""
+    s = load_proc(make_state)
+    cmds = tick(s, 105.0) + tick(s, 110.0) + tick(s, 117.0)
+    assert of(cmds, KeyErred) == [] and not of(cmds, CancelOnWorker)
+    assert s.stalled_since == {"load": 117.0}  # restarted at 105, 110, 117: proc-0 runs
+    cmds = done(s, "wp", "proc-0", 118.0)  # load-0 is released on wl; proc-1 reads load-1
+    assert assigned(cmds) == {"wp": ["proc-1"]}
+    assert of(tick(s, 130.0), KeyErred) == [] and s.stalled_since == {"load": 130.0}
+    memory(s, "wl", 131.0, throttled=False)  # memory came down: the pipeline goes on
+    assert not s.stalled_since
+    done(s, "wl", "load-2", 132.0)
+    done(s, "wp", "proc-1", 133.0)
+    done(s, "wl", "load-3", 134.0)
+    done(s, "wp", "proc-2", 135.0)
+    done(s, "wp", "proc-3", 136.0)
+    assert {k: ts.state for k, ts in s.tasks.items() if k.startswith("proc")} == dict.fromkeys(
+        ["proc-0", "proc-1", "proc-2", "proc-3"], "memory"
+    )
+
+
+def test_a_ready_consumer_in_another_pool_that_reads_the_pools_outputs_holds_it_too(
+    make_state: Factory,
+) -> None:
+    """wp runs ``other``, which reads nothing of pool load; proc-0 and proc-1, ready in
+    pool proc behind it, read load-0 and load-1 on wl: they will free them, so pool
+    load is not stalled."""
+    s = load_proc(make_state, busy=True)
+    cmds = tick(s, 105.0) + tick(s, 106.0)
+    assert of(cmds, KeyErred) == [] and s.stalled_since == {"load": 105.0}
+    assert assigned(done(s, "wp", "other", 107.0)) == {"wp": ["proc-0"]}
+
+
+def test_a_consumer_elsewhere_that_reads_nothing_of_the_pool_does_not_hold_it(
+    make_state: Factory,
+) -> None:
+    """The audit case with pool default busy: its consumer reads nothing held on pool
+    spill's worker, so pool spill still fails at stall_timeout."""
+    s = make_state(saturation=1.0, stall_timeout=5.0)
+    join(s, "w1")
+    join(s, "w4", pool="spill")
+    submit(s, {"a": (), "b": ("a",)}, ["b"], pool="default")
+    done(s, "w1", "a", 10.0)
+    assert on(s, "w1") == {"b"}  # a consumer runs in pool default, reading "a" on w1
+    submit(s, dict.fromkeys(FRAMES, ()), FRAMES, pool="spill")
+    done(s, "w4", "frame-0", 20.0)  # frame-1 runs on w4, 4 wait
+    memory(s, "w4", 100.0)
+    assert s.stalled_since == {"spill": 100.0}
+    erred = of(tick(s, 105.0), KeyErred)
+    assert {e.key for e in erred} == set(FRAMES[1:])
+    assert on(s, "w1") == {"b"}  # pool default runs on
+
+
+def test_a_pool_whose_worker_is_away_is_not_stalled_during_its_grace(
+    make_state: Factory,
+) -> None:
+    """Its only worker's connection dropped: held for its rejoin, it cannot say it is
+    no longer throttled. Not a stall while it is away (before: MemoryStalled at 105,
+    the running try the grace keeps taken back); back, the clock starts again."""
+    s = spill_pool(make_state)
+    run(s, WorkerAway("away", 101.0, "w4"))
+    assert not s.stalled_since
+    assert of(tick(s, 106.0) + tick(s, 160.0), KeyErred) == [] and not s.stalled_since
+    assert on(s, "w4") == {"frame-1"}
+    run(s, WorkerJoined("back", 161.0, "w4", cores=1, memory=GB, pool="spill"))
+    assert s.stalled_since == {"spill": 161.0}  # still throttled, nothing said otherwise
+    assert of(tick(s, 165.9), KeyErred) == []
+    assert {e.key for e in of(tick(s, 166.0), KeyErred)} == set(FRAMES[1:])
+
+
+def test_memory_stalled_names_only_recent_spill_refusals(make_state: Factory) -> None:
+    """A spill refused long ago (more than 10 x stall_timeout before the stall, here 50
+    s) is not blamed: the message asks to allow spilling, not to give it room."""
+    s = spill_pool(make_state)  # refused at 100
+    memory(s, "w4", 101.0, throttled=False, refused=3, spill_dir="/scratch3")
+    memory(s, "w4", 146.0, refused=3, spill_dir="/scratch3")
+    (err,) = {e.error for e in of(tick(s, 151.0), KeyErred)}
+    assert isinstance(err, MemoryStalled) and err.spill_refused == []
+    assert "Spilling failed" not in str(err) and "allow spilling to disk" in str(err)
+    s = spill_pool(make_state)
+    memory(s, "w4", 101.0, throttled=False, refused=3, spill_dir="/scratch3")
+    memory(s, "w4", 144.0, refused=3, spill_dir="/scratch3")
+    (err,) = {e.error for e in of(tick(s, 149.0), KeyErred)}  # 49 s: named
+    assert err.spill_refused == [("w4", "/scratch3", 3, 49.0)]
