@@ -53,7 +53,13 @@ from runtime.messages import (
     PoolMetrics,
     WorkerDiskMetrics,
 )
-from runtime.metrics import SAMPLE_LABELS, SnapshotCollector, render, samples
+from runtime.metrics import (
+    SAMPLE_LABELS,
+    RefusalCollector,
+    SnapshotCollector,
+    render,
+    samples,
+)
 
 QUEUE = {
     "name": "QueueTime",
@@ -1289,9 +1295,9 @@ def test_a_busy_autoscaler_leaves_the_block_alerts_as_they_are() -> None:
 def test_the_docs_list_every_metric_by_its_sample_name() -> None:
     text = (Path(__file__).parent.parent / "docs" / "monitoring.md").read_text()
     listed = set(re.findall(r"^\| `(corral_\w+)` \| (?:gauge|counter|summary) \|", text, re.M))
+    collectors = (SnapshotCollector(MetricsReply()), RefusalCollector(dict))
     families = {
-        f.name + ("_total" if f.type == "counter" else "")
-        for f in SnapshotCollector(MetricsReply()).collect()
+        f.name + ("_total" if f.type == "counter" else "") for c in collectors for f in c.collect()
     }
     assert listed == families
 
