@@ -21,20 +21,28 @@ nothing (``PlacementStallInfo.idle``: ``paused``, its block suspended; ``drainin
 ``throttled``, past its memory throttle fence; ``full``, its slots counted taken by
 held threads or speculative copies; ``resources``, the first ready task asks for more
 cores or memory than it has, or it was killed for memory on one as large; ``refused``,
-the placement rules or a policy kept the tasks off it: the first ready task's story says
-which), and :class:`PlacementStallEnded` when a task of the pool is placed or finishes,
-or none is ready, with how long it lasted. Not a stall: a pool without a connected
-worker (the ``CorralNoWorkers`` alert's case), one whose workers all run tasks (they
-finish: saturation; the clock starts again), and one whose ready tasks wait for disk
-(``disk_parked``: the disk watchdog's case, which keeps its own message; a placement
-stall in force there ends), nor while the memory watchdog suspects a stall of the
-pool (every worker of it throttled, ``stalled_since``; for any pool's tasks, ``"*"``,
-every worker: its tasks fail with ``MemoryStalled`` at the same timeout).
+the placement rules kept the tasks off it: walltime, disk kept for a task ahead, a
+backoff after failed fetches; the first ready task's story says which), and
+:class:`PlacementStallEnded` when a task of the pool is placed or finishes, none is
+ready, or no idle connected worker is left (its idle workers left or went away), with
+how long it lasted. Not a stall: a pool without a connected worker (the
+``CorralNoWorkers`` alert's case), one whose workers all run tasks (they finish:
+saturation; the clock starts again), one with a worker busy whose idle workers wait
+for it (``_waits_for_busy``: each ``paused``, ``draining``, ``throttled``, or short of
+``resources`` a worker of the pool has: backpressure, a heterogeneous pool, a retry
+after a kill for memory waiting for the larger worker; ``refused``, ``full`` and
+resources no worker of the pool has are stalls whatever runs), and one whose ready
+tasks wait for disk (``disk_parked``: the disk watchdog's case, which keeps its own
+message; a placement stall in force there ends), nor while the memory watchdog
+suspects a stall of the pool (every worker of it throttled, ``stalled_since``; for any
+pool's tasks, ``"*"``, every worker: its tasks fail with ``MemoryStalled`` at the same
+timeout).
 
 Cost: a dict look-up per placement and per finished try; per handled event a pass over
 the pools with ready tasks (``queued_counts``, O(pools)); the pool's workers are looked
 at only once its clock passed ``stall_timeout`` (at most once per ``stall_timeout`` per
-pool while its workers are busy), never its tasks.
+pool while its workers are busy), and per event for a stalled pool, until its first
+idle connected worker (``_idle_connected``); never its tasks.
 """
 
 from __future__ import annotations
@@ -127,14 +135,19 @@ class PlacementWatch(CorePart):
                 if key in self.placement_stalls:
                     self._placement_stall_ended(key, "its ready tasks wait for disk")
                 continue
-            if key in self.placement_stalls or self._now - at < timeout:
+            if key in self.placement_stalls:
+                if not self._idle_connected(None if key == "*" else key):
+                    since[key] = self._now  # its idle workers left: not a stall now
+                    self._placement_stall_ended(key, "no idle connected worker")
+                continue
+            if self._now - at < timeout:
                 continue
             if key in self.stalled_since or "*" in self.stalled_since:
                 since[key] = self._now  # its workers all throttled: MemoryStalled's case
                 continue
             stall = self._placement_account(key, at, n)
             if stall is None:
-                since[key] = self._now  # no idle connected worker: not a stall
+                since[key] = self._now  # no idle worker, or they wait for a busy one
                 continue
             self.placement_stalls[key] = stall
             self.placement_stall_count[key] += 1
@@ -149,25 +162,57 @@ class PlacementWatch(CorePart):
 
     def _placement_account(self, key: str, since: float, queued: int) -> PlacementStallInfo | None:
         """The stall of pool ``key``: its connected workers and why each idle one takes
-        nothing; None when it has no idle connected worker (none at all, or all busy)."""
+        nothing; None when it is not a stall: it has no idle connected worker (none at
+        all, or all busy), or some worker of it is busy and every idle one waits for
+        that (``_waits_for_busy``). O(the pool's workers)."""
         pool = None if key == "*" else key
-        connected = [
-            ws for ws in self.workers.values()
-            if ws.away is None and not ws.retired and (pool is None or ws.pool == pool)
-        ]  # fmt: skip
-        idle = [ws for ws in connected if not ws.processing and not ws.copies]
+        connected = self._connected(pool)
+        idle = [ws for ws in connected if _idle(ws)]
         if not idle:
             return None
         head = self._ready_head(pool)
+        why = [(ws.id, *self._takes_nothing(ws, head)) for ws in sorted(idle, key=_id)]
+        busy = len(connected) - len(idle)
+        if busy and self._waits_for_busy({r for _, r, _ in why}, connected, head):
+            return None
         return PlacementStallInfo(
             pool=key,
             since=since,
             queued=queued,
             workers=tuple(sorted(ws.id for ws in connected)),
-            busy=len(connected) - len(idle),
-            idle=tuple((ws.id, *self._takes_nothing(ws, head)) for ws in sorted(idle, key=_id)),
+            busy=busy,
+            idle=tuple(why),
             head="" if head is None else repr(head.key),
         )
+
+    def _connected(self, pool: str | None) -> list[WorkerState]:
+        """The connected workers (not away, not retired) of ``pool`` (None: any)."""
+        return [
+            ws for ws in self.workers.values()
+            if ws.away is None and not ws.retired and (pool is None or ws.pool == pool)
+        ]  # fmt: skip
+
+    def _idle_connected(self, pool: str | None) -> bool:
+        """``pool`` (None: any) has a connected worker that runs nothing: a stall of it
+        holds on (O(the pool's workers), for a stalled pool only; the first idle one
+        ends the look)."""
+        return any(_idle(ws) for ws in self._connected(pool))
+
+    def _waits_for_busy(
+        self, reasons: set[str], connected: list[WorkerState], head: TaskState | None
+    ) -> bool:
+        """With a worker of the pool busy, the idle ones (``reasons``) wait for it to
+        finish, not a stall: each is ``paused``, ``draining`` or ``throttled`` (a
+        finish frees memory or a slot: backpressure, saturation), or short of
+        ``resources`` that a connected worker of the pool has (the busy one takes the
+        task once free: a heterogeneous pool, a retry after a kill for memory waiting
+        for the larger worker). ``refused``, ``full``, and resources no worker of the
+        pool has are stalls whatever runs."""
+        if not reasons <= {"paused", "draining", "throttled", "resources"}:
+            return False
+        if "resources" not in reasons or head is None:
+            return True
+        return any(not ws.draining and not self._short(ws, head) for ws in connected)
 
     def _ready_head(self, pool: str | None) -> TaskState | None:
         """The first ready task of ``pool`` in priority: the heads of its two heaps
@@ -197,26 +242,32 @@ class PlacementWatch(CorePart):
                 f"{len(ws.copies)} speculative copies, {len(ws.jammed)} long tries "
                 f"jamming it, with {ws.cores} core(s)"
             )
-        if head is not None:
-            res = head.spec.resources
-            cores, memory = res.get("cores", 0), res.get("memory", 0)
-            short = []
-            if cores > ws.cores:
-                short.append(f"{cores:g} cores (it has {ws.cores})")
-            if memory > ws.memory:
-                short.append(f"{int(memory):,} B of memory (it has {ws.memory:,} B)")
-            if ws.memory and head.in_nbytes > ws.memory:
-                short.append(f"{head.in_nbytes:,} B of inputs in memory (it has {ws.memory:,} B)")
-            if head.ooms and not self._roomier(head, ws):
-                short.append(f"a memory limit {head.oom_need} (killed for memory before)")
-            if short:
-                return "resources", f"{head.key!r} needs {' and '.join(short)}"
+        if head is not None and (short := self._short(ws, head)):
+            return "resources", f"{head.key!r} needs {' and '.join(short)}"
         return "refused", (
-            "the placement rules or a policy kept the ready tasks off it (memory "
-            "admission by RSS rise, walltime, a long task waiting for a free core, data "
-            "locality, priorities)"
+            "the placement rules kept the ready tasks off it (its walltime ends before "
+            "their usual run while another worker of the pool has the time, its free "
+            "disk is kept for a task ahead that waits for disk, or they are held back "
+            "after failed fetches of their inputs, up to 10 s)"
             + (f": the story of {head.key!r} says which" if head is not None else "")
         )
+
+    def _short(self, ws: WorkerState, head: TaskState) -> list[str]:
+        """What of the resources ready task ``head`` asks for ``ws`` lacks (empty: it
+        has them all): cores, memory, memory for its inputs, a memory limit larger than
+        one it was killed for memory under."""
+        res = head.spec.resources
+        cores, memory = res.get("cores", 0), res.get("memory", 0)
+        short = []
+        if cores > ws.cores:
+            short.append(f"{cores:g} cores (it has {ws.cores})")
+        if memory > ws.memory:
+            short.append(f"{int(memory):,} B of memory (it has {ws.memory:,} B)")
+        if ws.memory and head.in_nbytes > ws.memory:
+            short.append(f"{head.in_nbytes:,} B of inputs in memory (it has {ws.memory:,} B)")
+        if head.ooms and not self._roomier(head, ws):
+            short.append(f"a memory limit {head.oom_need} (killed for memory before)")
+        return short
 
 
 def _name(key: str) -> str:
@@ -225,3 +276,8 @@ def _name(key: str) -> str:
 
 def _id(ws: WorkerState) -> str:
     return ws.id
+
+
+def _idle(ws: WorkerState) -> bool:
+    """``ws`` runs nothing: no task, no speculative copy."""
+    return not ws.processing and not ws.copies

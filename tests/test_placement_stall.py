@@ -24,6 +24,7 @@ from actors.scheduler_events import (
     PlacementStallEnded,
     TasksFinished,
     WorkerJoined,
+    WorkerLeft,
     WorkerMemory,
 )
 from actors.scheduler_records import PLACEMENT_STALL_ADVICE, placement_stall_parts
@@ -194,6 +195,82 @@ def test_every_worker_throttled_is_the_memory_watchdogs_case(make_state: Factory
     assert not of(cmds, PlacementStallBegan)
     (erred,) = of(cmds, KeyErred)
     assert isinstance(erred.error, MemoryStalled)
+
+
+def test_a_throttled_idle_worker_beside_a_busy_one_is_backpressure_not_a_stall(
+    make_state: Factory,
+) -> None:
+    """``w1`` is throttled (its producers held back) while ``w2`` runs a long task: the
+    roots wait for ``w2`` to finish or for ``w1``'s memory to fall, for as long as that
+    takes; not a stall. The clock starts again each ``stall_timeout``."""
+    s = make_state(saturation=1.0)
+    join(s, 1.0, "w1")
+    join(s, 2.0, "w2")
+    at(s, 3.0, WorkerMemory, worker="w1", throttled=True, rss=3 * GB, throttle_at=2 * GB,
+       limit=4 * GB)  # fmt: skip
+    assert assigned(submit(s, 50.0, ["long"])) == {"w2": ["long"]}
+    assert not assigned(submit(s, 51.0, ["r1", "r2"]))
+    cmds = [c for t in (60.0, 61.0, 71.0, 100.0, 200.0) for c in tick(s, t)]
+    assert not of(cmds, PlacementStallBegan)
+    assert not s.placement_stalls and not s.placement_stall_count
+    assert s.placement_since == {"*": 200.0}
+
+
+def test_a_task_only_the_busy_worker_has_the_memory_for_waits_for_it(
+    make_state: Factory,
+) -> None:
+    """A heterogeneous pool: ``big`` needs the memory only ``w1`` has, and ``w1`` runs
+    a long task; ``w2`` is idle and too small. ``big`` waits for ``w1``: not a stall."""
+    s = make_state(saturation=1.0)
+    join(s, 1.0, "w1", memory=8 * GB)
+    join(s, 2.0, "w2", memory=GB)
+    assert assigned(submit(s, 50.0, ["long"])) == {"w1": ["long"]}
+    assert not assigned(submit(s, 51.0, ["big"], resources={"memory": 4 * GB}))
+    cmds = [c for t in (61.0, 62.0, 100.0, 200.0) for c in tick(s, t)]
+    assert not of(cmds, PlacementStallBegan)
+    # w1 finishes: big goes there.
+    assert assigned(done(s, 210.0, "w1", "long")) == {"w1": ["big"]}
+
+
+def test_a_task_no_worker_of_the_pool_has_the_cores_for_is_a_stall_beside_a_busy_one(
+    make_state: Factory,
+) -> None:
+    """``w1`` runs a long task, ``w2`` is idle; ``wide`` asks for 4 cores, which no
+    worker of the pool has: no finish will place it, a stall."""
+    s = make_state(saturation=1.0)
+    join(s, 1.0, "w1")
+    join(s, 2.0, "w2")
+    assert assigned(submit(s, 50.0, ["long"])) == {"w1": ["long"]}
+    assert not assigned(submit(s, 51.0, ["wide"], resources={"cores": 4}))
+    assert not of(tick(s, 60.9), PlacementStallBegan)
+    (began,) = of(tick(s, 61.0), PlacementStallBegan)
+    assert began.stall == PlacementStallInfo(
+        pool="*",
+        since=51.0,
+        queued=1,
+        workers=("w1", "w2"),
+        busy=1,
+        idle=(("w2", "resources", "'wide' needs 4 cores (it has 1)"),),
+        head="'wide'",
+    )
+
+
+def test_a_stall_ends_when_its_only_idle_worker_leaves(make_state: Factory) -> None:
+    """A pool without a connected worker is not a placement stall: the stall declared
+    while ``w1`` was there ends when it leaves (status and metric with it)."""
+    s = make_state(saturation=1.0)
+    join(s, 1.0, "w1")
+    submit(s, 100.0, ["big"], resources={"memory": 8 * GB}, pool="default")
+    (began,) = of(tick(s, 110.0), PlacementStallBegan)
+    cmds = at(s, 120.0, WorkerLeft, worker="w1", cause="drained")
+    (ended,) = of(cmds, PlacementStallEnded)
+    assert ended.stall is began.stall and ended.lasted == 20.0
+    assert not s.placement_stalls
+    m = s.pool_metrics(121.0)["default"]
+    assert (m["placement_stalled"], m["placement_stalls"]) == (0, 1)
+    cmds = [c for t in (130.0, 200.0, 300.0) for c in tick(s, t)]
+    assert not of(cmds, PlacementStallBegan) and not of(cmds, PlacementStallEnded)
+    assert "stall in pool default ended: no idle connected worker" in [e[2] for e in s.story("-")]
 
 
 def test_a_placement_stall_reads_in_the_status_and_the_console() -> None:
