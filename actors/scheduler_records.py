@@ -1121,17 +1121,21 @@ PLACEMENT_STALL_ADVICE = {
 
 def placement_stall_parts(stall: PlacementStallInfo) -> dict[str, str]:
     """A placement stall for people, in parts (the manager's log line has them as
-    fields, the console's status joins them): ``workers`` (connected, and how many
-    run tasks), ``idle`` (each idle worker and why it takes nothing), ``waiting`` (the
-    ready tasks and the first of them) and ``advice`` (what to do, per reason)."""
+    fields, the console's status joins them): ``workers`` (connected, the first 5 and
+    how many more, and how many run tasks), ``idle`` (each idle worker and why it takes
+    nothing, the first 5 and how many more), ``waiting`` (the ready tasks and the first
+    of them) and ``advice`` (what to do, per reason)."""
     reasons = list(dict.fromkeys(r for _, r, _ in stall.idle))
     idle = "; ".join(f"{w} {r}: {d}" for w, r, d in stall.idle[:5])
     if len(stall.idle) > 5:
         idle += f"; {len(stall.idle) - 5} more idle workers"
+    workers = ", ".join(stall.workers[:5]) or "none"
+    if len(stall.workers) > 5:
+        workers += f", {len(stall.workers) - 5} more"
     busy = f", {stall.busy} running tasks" if stall.busy else ""
     first = f", the first {stall.head}" if stall.head else ""
     return {
-        "workers": f"{', '.join(stall.workers) or 'none'}{busy}",
+        "workers": f"{workers}{busy}",
         "idle": idle,
         "waiting": f"{stall.queued} ready tasks placed nowhere{first}",
         "advice": "; ".join(f"{r}: {PLACEMENT_STALL_ADVICE[r]}" for r in reasons),

@@ -273,6 +273,19 @@ def test_a_stall_ends_when_its_only_idle_worker_leaves(make_state: Factory) -> N
     assert "stall in pool default ended: no idle connected worker" in [e[2] for e in s.story("-")]
 
 
+def test_the_stall_names_the_first_5_workers_and_counts_the_others() -> None:
+    stall = PlacementStallInfo(
+        pool="*", since=5.0, queued=1, workers=tuple(f"w{i}" for i in range(1, 9)), busy=0,
+        idle=tuple((f"w{i}", "refused", "kept off") for i in range(1, 9)), head="'t'",
+    )  # fmt: skip
+    parts = placement_stall_parts(stall)
+    assert parts["workers"] == "w1, w2, w3, w4, w5, 3 more"
+    assert parts["idle"] == (
+        "w1 refused: kept off; w2 refused: kept off; w3 refused: kept off; "
+        "w4 refused: kept off; w5 refused: kept off; 3 more idle workers"
+    )
+
+
 def test_a_placement_stall_reads_in_the_status_and_the_console() -> None:
     stall = PlacementStallInfo(
         pool="gpu", since=5.0, queued=3, workers=("w1", "w2"), busy=1,
