@@ -23,6 +23,7 @@ from actors.scheduler_events import (
     PlacementStallBegan,
     PlacementStallEnded,
     TasksFinished,
+    WorkerAway,
     WorkerJoined,
     WorkerLeft,
     WorkerMemory,
@@ -271,6 +272,24 @@ def test_a_stall_ends_when_its_only_idle_worker_leaves(make_state: Factory) -> N
     cmds = [c for t in (130.0, 200.0, 300.0) for c in tick(s, t)]
     assert not of(cmds, PlacementStallBegan) and not of(cmds, PlacementStallEnded)
     assert "stall in pool default ended: no idle connected worker" in [e[2] for e in s.story("-")]
+
+
+def test_a_stall_ends_when_its_only_idle_worker_goes_away_and_is_told_again_on_its_rejoin(
+    make_state: Factory,
+) -> None:
+    """``w1``'s connection drops (its id held for a rejoin): no connected worker, the
+    stall ends; it rejoins idle and nothing moved for ``stall_timeout``: a new stall."""
+    s = make_state(saturation=1.0)
+    join(s, 1.0, "w1")
+    submit(s, 100.0, ["big"], resources={"memory": 8 * GB}, pool="default")
+    assert of(tick(s, 110.0), PlacementStallBegan)
+    (ended,) = of(at(s, 112.0, WorkerAway, worker="w1"), PlacementStallEnded)
+    assert ended.lasted == 12.0
+    assert not of(tick(s, 150.0), PlacementStallBegan)
+    join(s, 155.0, "w1")  # the clock started again at 150, when it found none
+    assert not of(tick(s, 159.9), PlacementStallBegan)
+    (began,) = of(tick(s, 160.0), PlacementStallBegan)
+    assert began.stall.since == 150.0 and s.placement_stall_count["default"] == 2
 
 
 def test_the_stall_names_the_first_5_workers_and_counts_the_others() -> None:
