@@ -671,7 +671,7 @@ class DiskPlacement(CorePart):
         out = self._expected_output(ts)[0]
         if ts.producer:
             out += self._consumer_room(ts)
-        own = self._kept_for(ts) | ahead
+        own = self._kept_for(ts)  # (and ``ahead``: tested apart, not copied per task)
         best: tuple[tuple[float, int, str], WorkerState, list[TaskState]] | None = None
         for ws in self._pool_disks(pool):
             short = self._fetch_bytes(ts, ws) + out - ws.disk_free()
@@ -679,10 +679,11 @@ class DiskPlacement(CorePart):
                 continue
             drops: list[TaskState] = []
             freed = cost = 0.0
-            for d in sorted(
-                (d for d in ws.has_what if d.file and d not in own and self._droppable(d)),
-                key=self._drop_rank,
-            ):
+            may = [
+                d for d in ws.has_what
+                if d.file and d not in own and d not in ahead and self._droppable(d)
+            ]  # fmt: skip
+            for d in sorted(may, key=self._drop_rank):
                 drops.append(d)
                 freed += d.nbytes
                 cost += self._drop_rank(d)[0]
