@@ -51,9 +51,10 @@ first waiting task (the room placement asks for: a producer's with its consumer'
 never what that task's readers and their readers read, ``_kept_for``, nor what the
 waiting tasks before it keep so); without such a plan, the one output cheapest to make
 again that no waiting task keeps so. It gives up (``_breaks_again``) when it would
-drop a key it dropped since a task of the pool last finished that it did not make
-again: the waiting tasks fail with TaskTooBigForDisk and the stall's account
-(``_give_up_on_disk``). Only with
+drop the last copy of a key whose last copy it dropped (so made it again) since a
+task it did not make again last finished on a worker of the pool (a task of any
+pool: ``_disk_progress``): the waiting tasks fail with TaskTooBigForDisk and the
+stall's account (``_give_up_on_disk``). Only with
 nothing to drop are tasks tried past their estimates regardless (``disk_last_resort``),
 so the run ends with DiskFull rather than hangs (docs/files.md). Never past a firm
 need: in that last resort a task whose firm need fits no worker's free disk fails with
@@ -166,13 +167,16 @@ class DiskPlacement(CorePart):
         #: tries tasks past their estimates anyway (the run ends with DiskFull rather
         #: than waits for ever)
         self.disk_last_resort: set[str | None] = set()
-        #: the stall breaker's bound: the keys it dropped in each pool since a task of
-        #: the pool last finished that is not one it made again (``disk_remakes``).
-        #: Dropping one of them again would only undo its remake: the breaker makes
-        #: no progress, and the pool's waiting tasks fail (``_give_up_on_disk``)
+        #: the stall breaker's bound: the keys whose last copy it dropped in each pool
+        #: (made again) since a task that is not one it made again (``disk_remakes``)
+        #: last finished on a worker of the pool. Dropping one of them again would only
+        #: undo its remake: the breaker makes no progress, and the pool's waiting tasks
+        #: fail (``_give_up_on_disk``). A copy dropped while another stays is not noted
         self.disk_dropped_since: dict[str | None, set[Key]] = {}
         #: the tasks the breaker's drops made run again (a dropped output with no copy
-        #: left and the inputs it needs that were gone): their finishes are no progress
+        #: left and the inputs it needs that were gone): their finishes are no
+        #: progress. Active tasks only (one that ends otherwise is none any more:
+        #: ``_disk_task_ended``), and only while some pool has drops noted
         self.disk_remakes: set[TaskState] = set()
         #: the disk watchdog's picks in the running ``_fill``, per pool: each idle
         #: worker's ready task that frees the most there (``_pick_past``)
@@ -521,8 +525,8 @@ class DiskPlacement(CorePart):
         (``_room_plan``), until it fits; it gets the room. Without such a task, the one
         output cheapest to make again anywhere in the pool that no waiting task (nor
         its readers) reads. Their stories say so; what is gone is made again when its
-        readers' turn comes. Dropping again what it made again, with no task of the
-        pool finished since, fails the waiting tasks instead (``_breaks_again``).
+        readers' turn comes. Dropping again what it made again, with no task finished
+        on the pool's workers since, fails the waiting tasks instead (``_breaks_again``).
         Returns whether anything was dropped."""
         ready = sorted(
             (e for q, heap in self.queues.items() if q[0] == pool for e in heap),
@@ -539,7 +543,7 @@ class DiskPlacement(CorePart):
             ahead |= self._kept_for(t)
             if plan is not None:
                 ws, drops = plan
-                if self._breaks_again(pool, drops, waiting):
+                if self._breaks_again(pool, drops, ws, waiting):
                     return False
                 for d in drops:
                     self._drop_for_room(d, ws, pool, t)
@@ -564,46 +568,65 @@ class DiskPlacement(CorePart):
             self.disk_last_resort.add(pool)
             self._log("-", "disk", f"stalled in pool {pool or 'any'}: nothing to drop")
             return False
-        if self._breaks_again(pool, [best[1]], waiting):
+        if self._breaks_again(pool, [best[1]], best[2], waiting):
             return False
         self._drop_for_room(best[1], best[2], pool, None)
         return True
 
     def _breaks_again(
-        self, pool: str | None, drops: list[TaskState], waiting: list[TaskState]
+        self,
+        pool: str | None,
+        drops: list[TaskState],
+        ws: WorkerState,
+        waiting: list[TaskState],
     ) -> bool:
-        """The stall breaker's bound: would dropping ``drops`` drop a key it dropped
-        in ``pool`` already, with no task of the pool finished since that it did not
-        make again (``disk_dropped_since``)? Then breaking makes no progress (the remake
-        takes the room back, the same stall comes again): the ``waiting`` tasks fail
-        (``_give_up_on_disk``), and it returns True. Else it notes ``drops``."""
-        since = self.disk_dropped_since.setdefault(pool, set())
-        again = next((d for d in drops if d.key in since), None)
+        """The stall breaker's bound: would dropping ``drops`` from ``ws`` drop the
+        last copy of a key whose last copy it dropped in ``pool`` already, with no task
+        it did not make again finished on the pool's workers since
+        (``disk_dropped_since``)? Then breaking makes no progress (the remake takes the
+        room back, the same stall comes again): the ``waiting`` tasks fail
+        (``_give_up_on_disk``), and it returns True. Else it notes those of ``drops``
+        that leave no copy (they are made again). Dropping a copy held elsewhere too
+        makes nothing again: it is neither noted nor ever "again"."""
+        wid = ws.id
+        last = [d for d in drops if d.who_has <= {wid}]
+        since = self.disk_dropped_since.get(pool, set())
+        again = next((d for d in last if d.key in since), None)
         if again is None:
-            since.update(d.key for d in drops)
+            if last:
+                self.disk_dropped_since.setdefault(pool, set()).update(d.key for d in last)
             return False
         self._give_up_on_disk(pool, again, waiting)
         return True
 
-    def _disk_progress(self, ts: TaskState) -> None:
-        """``ts`` finished (the core calls this while the breaker has dropped outputs):
-        unless the breaker made it run again, its pool made progress, and what the
-        breaker dropped there may be dropped again."""
+    def _disk_progress(self, ts: TaskState, ws: WorkerState) -> None:
+        """``ts`` finished on ``ws`` (the core calls this while the breaker has dropped
+        outputs): unless the breaker made it run again, the pools whose disks ``ws``
+        is one of made progress (its task's pool, its own pool, and any pool:
+        ``None``), and what the breaker dropped there may be dropped again."""
         if ts in self.disk_remakes:
             self.disk_remakes.discard(ts)
             return
-        self.disk_dropped_since.pop(ts.spec.pool, None)
+        for pool in (ts.spec.pool, ws.pool, None):
+            self.disk_dropped_since.pop(pool, None)
         if not self.disk_dropped_since:
             self.disk_remakes.clear()
+
+    def _disk_task_ended(self, ts: TaskState) -> None:
+        """``ts`` left the active states (the core calls this while the breaker has
+        remakes): done, cancelled, released or failed, it is no remake any more; a
+        later run of it (run again, resubmitted) is not one the breaker made."""
+        self.disk_remakes.discard(ts)
 
     def _give_up_on_disk(
         self, pool: str | None, again: TaskState, waiting: list[TaskState]
     ) -> None:
         """The stall breaker cannot make progress in ``pool``: it would drop ``again``
-        once more, made again since it dropped it with no task of the pool finished
-        between. Each ``waiting`` task fails with TaskTooBigForDisk (``stuck``), with
-        the stall's account: what fills the disks, and the other programs' files on
-        their file systems, for which a larger --disk cannot help."""
+        once more, made again since it dropped it with no task finished on the pool's
+        workers between. Each ``waiting`` task fails with TaskTooBigForDisk
+        (``stuck``), with the stall's account: what fills the disks, and the other
+        programs' files on their file systems, for which a larger --disk cannot help.
+        With no pool's drops noted any more, no task is a remake (``disk_remakes``)."""
         stall = self._stall_info(pool)
         parts = disk_stall_parts(stall)
         account = f"{parts['disk']}, holding {parts['holding']}"
@@ -613,6 +636,8 @@ class DiskPlacement(CorePart):
             "dropped again with no task finished since",
         )  # fmt: skip
         self.disk_dropped_since.pop(pool, None)
+        if not self.disk_dropped_since:
+            self.disk_remakes.clear()
         workers = self._pool_disks(pool)
         for t in waiting:
             if t.state != "queued":

@@ -2428,6 +2428,8 @@ class SchedulerState(DiskPlacement, PlacementWatch):
                  ts.client)
             )  # fmt: skip
         if was_active and not now_active:
+            if self.disk_remakes:  # (the stall breaker's remakes are active tasks)
+                self._disk_task_ended(ts)
             for d in ts.deps:
                 if d.consumers == 0 and d.wanted == 0 and d.state in ACTIVE:
                     self._to_cancel.append((d, f"only needed by {ts.key!r}, which is {finish}"))
@@ -2787,7 +2789,7 @@ class SchedulerState(DiskPlacement, PlacementWatch):
             self.speculative["lost"] += len(self.copies[ts])
             self._cancel_copies(ts, "superseded")
         if self.disk_dropped_since:  # the stall breaker dropped outputs: progress?
-            self._disk_progress(ts)
+            self._disk_progress(ts, ws)
         self._tried(
             ts,
             TryRecord(str(ts.key), ws.id, res.start, res.stop, "ok", cause, ts.queued),
@@ -5250,6 +5252,10 @@ class SchedulerState(DiskPlacement, PlacementWatch):
         assert self.largest_cores == cores, (self.largest_cores, cores)
         for ts in self.disk_measured:
             assert self.tasks.get(ts.key) is ts, (ts, "a measured output of a forgotten task")
+        # The stall breaker's remakes: active tasks, and only while it notes drops.
+        for ts in self.disk_remakes:
+            assert ts.state in ACTIVE, (ts, "a remake no longer active")
+        assert self.disk_dropped_since or not self.disk_remakes, "remakes, no drops noted"
         assert self._floor == min(largest.values(), default=NO_LIMIT), self._floor
         # No ready task may wait while a worker that could run it has a free slot,
         # unless a long task heads its heap and waits for a core (``_fill``).
