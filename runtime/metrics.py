@@ -438,7 +438,8 @@ class NotifierCollector(Collector):
 class RefusalCollector(Collector):
     """``corral_refused_connections_total``, labelled ``reason``: the requests the
     manager's listener refused before any frame, by why (``no token``, ``bad token``,
-    ``closing``, ``cross-origin``, ...), from ``counts()`` (called at each scrape: the
+    ``closing``, ``cross-origin``, ...), and the connections it closed after the
+    handshake (``no hello``), from ``counts()`` (called at each scrape: the
     listener's ``refused_by``). Its log names the first few only (docs/transport.md)."""
 
     def __init__(self, counts: Callable[[], Mapping[str, int]]) -> None:
@@ -447,7 +448,8 @@ class RefusalCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         refused = _counter(
             "corral_refused_connections",
-            "Requests the manager's listener refused before any frame, by reason.",
+            "Requests the manager's listener refused before any frame, and connections it "
+            "closed for no Hello, by reason.",
             ["reason"],
         )
         for reason, n in sorted(self.counts().items()):

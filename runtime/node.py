@@ -155,6 +155,7 @@ from runtime.remote import (
 __all__ = [
     "ALLOWED",
     "HELLO_RULES",
+    "HELLO_TIMEOUT",
     "ControlPlane",
     "Gateway",
     "Hello",
@@ -191,6 +192,13 @@ DEAD_AFTER = 10.0
 #: (its work kept) before it counts the worker lost (``reconnect_timeout``;
 #: ``--reconnect-timeout``)
 RECONNECT_TIMEOUT = 10.0
+#: Seconds a new connection to the gateway has, after its websocket handshake, to send
+#: its Hello (a Corral worker, client or console sends it at once); a connection
+#: silent past it is closed and counted as refused (``no hello``), as the HTTP
+#: handshake's own timeout closes a connection that does not complete its request
+HELLO_TIMEOUT = 10.0
+#: What the listener's refusal log and ``corral_refused_connections_total`` call it
+NO_HELLO = "no hello"
 #: Seconds a worker that lost its manager (without its goodbye) keeps trying to rejoin
 #: before it exits 1 (``run_worker``'s ``reconnect``; a worker's ``--connect-retry``)
 RECONNECT = 10.0
@@ -1646,9 +1654,13 @@ class Gateway:
         heartbeat: float = HEARTBEAT,
         dead_after: float = DEAD_AFTER,
         client_dead_after: float | None = None,
+        hello_timeout: float = HELLO_TIMEOUT,
     ) -> None:
         self.plane = plane
         self.reconnect_timeout = reconnect_timeout
+        #: seconds a connection has to send its Hello (:data:`HELLO_TIMEOUT`)
+        self.hello_timeout = hello_timeout
+        self.no_hello = 0  #: connections closed for sending no Hello in time
         self.heartbeat = heartbeat
         self.dead_after = dead_after
         #: clients, consoles (None: CLIENT_DEAD_AFTER, read now: tests may set it)
@@ -1767,9 +1779,17 @@ class Gateway:
         from transport import ConnectionClosed
 
         try:
-            with anyio.fail_after(self.reconnect_timeout):
+            with anyio.fail_after(self.hello_timeout):
                 first = await conn.receive()
-        except (TimeoutError, ConnectionClosed):
+        except TimeoutError:
+            self.no_hello += 1
+            conn.note_refusal(NO_HELLO)
+            await conn.aclose(
+                f"no Hello within {self.hello_timeout:g} s of connecting (a Corral worker, "
+                "client or console sends it at once)"
+            )
+            return
+        except ConnectionClosed:
             await conn.aclose()
             return
         hello = first.msg

@@ -342,6 +342,19 @@ class LogLines(logging.Handler):
         return self.with_(*parts) is not None
 
 
+async def closed_by_peer(ws: Any) -> tuple[int | None, str]:
+    """Read (and drop) what the peer of the aiohttp websocket ``ws`` sends until it
+    closes: (close code, reason)."""
+    from aiohttp import WSMsgType
+
+    while True:
+        msg = await ws.receive()
+        if msg.type is WSMsgType.CLOSE:
+            return msg.data, str(msg.extra or "")
+        if msg.type in (WSMsgType.CLOSED, WSMsgType.CLOSING, WSMsgType.ERROR):
+            return ws.close_code, ""
+
+
 @contextmanager
 def log_lines(name: str = "corral", level: int = logging.INFO) -> Iterator[LogLines]:
     """Collect what logger ``name`` writes at ``level`` and above while in the block."""

@@ -29,7 +29,7 @@ from runtime import Cluster
 from runtime.codec import Frame, decode_batch, encode, encode_batch
 from runtime.messages import ErrorReply, Ping, StatusRequest
 from runtime.node import Hello
-from tests.helpers import Cli, wait_until
+from tests.helpers import Cli, closed_by_peer, wait_until
 from transport.ws import SUBPROTOCOL, WINDOW_HEADER, WebSocketConnection, WebSocketListener
 
 pytestmark = pytest.mark.anyio
@@ -67,16 +67,6 @@ def manager(cli: Cli) -> tuple[str, subprocess.Popen[str], dict[str, str]]:
 
 def _rss(proc: subprocess.Popen[str]) -> int:
     return int(psutil.Process(proc.pid).memory_info().rss)
-
-
-async def _closed_by_peer(ws: aiohttp.ClientWebSocketResponse) -> tuple[int | None, str]:
-    """Read (and drop) what the peer sends until it closes: (close code, reason)."""
-    while True:
-        msg = await ws.receive()
-        if msg.type is WSMsgType.CLOSE:
-            return msg.data, str(msg.extra or "")
-        if msg.type in (WSMsgType.CLOSED, WSMsgType.CLOSING, WSMsgType.ERROR):
-            return ws.close_code, ""
 
 
 async def _normal_run(address: str, env: dict[str, str]) -> None:
@@ -134,7 +124,7 @@ async def test_chunk_announcements_before_hello_allocate_nothing_large(
             done = anyio.Event()
 
             async def watch(ws: aiohttp.ClientWebSocketResponse) -> None:
-                closes.append(await _closed_by_peer(ws))
+                closes.append(await closed_by_peer(ws))
                 if len(closes) == n:
                     done.set()
 
@@ -177,7 +167,7 @@ async def test_a_console_batch_over_its_credits_is_refused_without_growing(
             over = encode_batch([Frame(Ping(i)) for i in range(1500)])
             assert len(over) < 64 << 10  # under the limit of a console before its Hello
             await ws.send_bytes(over)
-            code, reason = await _closed_by_peer(ws)
+            code, reason = await closed_by_peer(ws)
             await ws.close()
             assert code == 1008, (code, reason)
             assert "credits" in reason, reason
@@ -231,7 +221,7 @@ async def test_frames_beyond_the_announced_credits_close_the_connection() -> Non
             assert server.peer_window == 4
             for i in range(5):
                 await ws.send_bytes(encode(Frame(Ping(i))))
-            code, reason = await _closed_by_peer(ws)
+            code, reason = await closed_by_peer(ws)
             await ws.close()
             assert code == 1008 and "credits" in reason, (code, reason)
             got = [(await server.receive()).msg for _ in range(4)]
@@ -249,7 +239,7 @@ async def test_a_batch_larger_than_the_credits_closes_before_it_is_decoded() -> 
             )
             server = await listener.accept()
             await ws.send_bytes(encode_batch([Frame(Ping(i)) for i in range(17)]))
-            code, reason = await _closed_by_peer(ws)
+            code, reason = await closed_by_peer(ws)
             await ws.close()
             assert code == 1008 and "max_buffer=16" in reason, (code, reason)
             assert isinstance(server, WebSocketConnection) and server.frames_received == 0

@@ -170,6 +170,12 @@ class Connection(abc.ABC):
         until this is called; others have nothing to raise and ignore it.
         """
 
+    def note_refusal(self, reason: str) -> None:  # noqa: B027
+        """The application refuses this connection for ``reason`` (its Hello did not
+        come in time, say) and will close it: a backend whose listener counts and logs
+        refusals (``ws://``) counts it among them and logs it through its rate limit;
+        others ignore it."""
+
     async def __aenter__(self) -> Self:
         return self
 

@@ -74,6 +74,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import functools
 import hashlib
 import hmac
 import ipaddress
@@ -511,6 +512,10 @@ class WebSocketConnection(Connection):
         if isinstance(ws, _ServerWebSocket | _ClientWebSocket):
             ws.too_big_reason = f"message too big: over {self._limit_text(self.message_limit)}"
         self._session = session
+        #: the listening side's note of a refusal of this connection: (reason, its own
+        #: log line) -> counted among the listener's refusals, the line logged if the
+        #: listener's refusal log gives it one (None, connecting side: logged as is)
+        self._on_refusal: Callable[[str, Callable[[], None]], None] | None = None
         # sending
         self._credit = options.max_buffer  # frames we may still send before the peer reads
         # Frames the writer may still put on the wire: a batch larger than max_buffer
@@ -589,6 +594,28 @@ class WebSocketConnection(Connection):
         self.receive_limit = min(limit, ceiling)
         self._provisional = False
         self._wake_reader()
+
+    def note_refusal(self, reason: str) -> None:
+        """The application refused this connection for ``reason`` (no Hello in time,
+        say) and closes it: the listener counts it among its refusals
+        (``refused_by[reason]``) and logs it through its refusal log, a few lines and
+        then a summary, like a refused handshake."""
+        self._refusal(
+            reason,
+            lambda: _log.warning(
+                "refused a websocket connection after its handshake",
+                local=self.local_address,
+                peer=self.peer_address,
+                role=self.role,
+                reason=reason,
+            ),
+        )
+
+    def _refusal(self, reason: str, line: Callable[[], None]) -> None:
+        if self._on_refusal is None:
+            line()
+        else:
+            self._on_refusal(reason, line)
 
     # -- sending ------------------------------------------------------------------
 
@@ -1306,7 +1333,9 @@ class WebSocketListener(Listener):
     """Listens on ``ws://host:port[/path]`` (or ``wss://``) with an aiohttp web server.
 
     Counters: ``connections`` (handshakes completed) and ``refused`` (handshakes
-    refused: authentication, backlog full, closing, not a websocket request).
+    refused: authentication, backlog full, closing, not a websocket request; and
+    connections the application refused after it,
+    :meth:`WebSocketConnection.note_refusal`), ``refused_by`` (the same by reason).
     """
 
     def set_tokens(self, tokens: Mapping[str, str]) -> None:
@@ -1459,10 +1488,23 @@ class WebSocketListener(Listener):
             await ev.wait()
         return self._pending.popleft()
 
-    def _log_refusals(self, lines: Sequence[Refused | RefusedSummary]) -> None:
-        """Log what :attr:`refusal_log` said to, and wake at its next summary's time."""
+    def _refused_later(self, peer: str, reason: str, line: Callable[[], None]) -> None:
+        """A connection from ``peer`` was closed after its handshake for ``reason`` (the
+        application's refusal, e.g. no Hello in time):
+        counted among the refusals, logged by ``line`` if :attr:`refusal_log` says so."""
+        self.refused += 1
+        self.refused_by[reason] += 1
+        self._log_refusals(self.refusal_log.refused(_now(), peer, reason), line)
+
+    def _log_refusals(
+        self, lines: Sequence[Refused | RefusedSummary], own: Callable[[], None] | None = None
+    ) -> None:
+        """Log what :attr:`refusal_log` said to (a refusal's own line: ``own``, else a
+        refused handshake's), and wake at its next summary's time."""
         for line in lines:
-            if isinstance(line, Refused):
+            if isinstance(line, Refused) and own is not None:
+                own()
+            elif isinstance(line, Refused):
                 _log.warning(
                     "refused a websocket handshake",
                     address=self.address,
@@ -1737,6 +1779,7 @@ class WebSocketListener(Listener):
             initial_limit=initial,
             message_limit=ws_limit,
         )
+        conn._on_refusal = functools.partial(self._refused_later, request.remote or "?")
         self.connections += 1
         self._live.add(conn)
         if self._closed:  # closed while the handshake was under way
