@@ -439,7 +439,7 @@ class RefusalCollector(Collector):
     """``corral_refused_connections_total``, labelled ``reason``: the requests the
     manager's listener refused before any frame, by why (``no token``, ``bad token``,
     ``closing``, ``cross-origin``, ...), and the connections it closed after the
-    handshake (``no hello``), from ``counts()`` (called at each scrape: the
+    handshake (``no hello``, ``message too big``), from ``counts()`` (called at each scrape: the
     listener's ``refused_by``). Its log names the first few only (docs/transport.md)."""
 
     def __init__(self, counts: Callable[[], Mapping[str, int]]) -> None:
@@ -449,7 +449,7 @@ class RefusalCollector(Collector):
         refused = _counter(
             "corral_refused_connections",
             "Requests the manager's listener refused before any frame, and connections it "
-            "closed for no Hello, by reason.",
+            "closed for no Hello or a message too big, by reason.",
             ["reason"],
         )
         for reason, n in sorted(self.counts().items()):

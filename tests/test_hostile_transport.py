@@ -104,8 +104,8 @@ async def test_chunk_announcements_before_hello_allocate_nothing_large(
 ) -> None:
     """Eight read-token connections each announce a 256 MiB message before any Hello
     (which used to allocate 256 MiB each at once) and send its first 1 MiB: the
-    manager's RSS grows by far less than one such allocation; it closes them when no
-    Hello comes and then serves a normal run."""
+    manager's RSS grows by far less than one such allocation; it closes them (a first
+    message over the provisional limit: 1009) and then serves a normal run."""
     address, proc, tokens = manager
     headers = {"Authorization": f"Bearer {tokens['read']}"}
     n = 8
@@ -132,7 +132,7 @@ async def test_chunk_announcements_before_hello_allocate_nothing_large(
                 for ws in sockets:
                     tg.start_soon(watch, ws)
                 # No event says when another process allocates: poll its RSS (bounded)
-                # until it has closed every connection (no Hello within 10 s).
+                # until it has closed every connection.
                 while not done.is_set():
                     peak = max(peak, _rss(proc))
                     with anyio.move_on_after(0.05):

@@ -43,7 +43,8 @@ writer. The application never touches the socket:
   and dropped; the connection stays open until ``max_bad_frames``, when it is closed
   with websocket code 1008 (policy violation). A message over ``max_message_bytes``
   (or the connection's lower limit) closes it with code 1009 (message too big), a close
-  reason naming the limit, and a warning logged. aiohttp refuses a websocket message
+  reason naming the limit, and a warning logged (on the listening side through the
+  listener's refusal log: a few lines, then a summary). aiohttp refuses a websocket message
   over its ``max_msg_size`` and closes by itself, without a reason: our subclasses of
   its websocket classes give that close the reason.
 * Credits are enforced on receive: the handshake carries each end's ``max_buffer``
@@ -52,9 +53,11 @@ writer. The application never touches the socket:
   credits come back.
 * Memory per connection is bounded by role: a connection whose token role is not in
   ``trusted_roles`` starts *provisional*, accepting messages of at most
-  ``initial_max_message_bytes`` (a larger one waits unread) until the application calls
-  :meth:`WebSocketConnection.set_limits`; its reassembly buffers grow with what arrives
-  and its unread data is bounded in bytes. See docs/transport.md, "Memory per connection".
+  ``initial_max_message_bytes`` (a larger one waits unread; a larger *first* message,
+  which the application cannot read to authorize the peer, closes it with 1009) until
+  the application calls :meth:`WebSocketConnection.set_limits`; its reassembly buffers
+  grow with what arrives and its unread data is bounded in bytes. See
+  docs/transport.md, "Memory per connection".
 * Slow HTTP clients: a connection must complete its upgrade request within
   ``handshake_timeout``; at most ``max_handshakes`` incomplete ones are kept (the oldest
   is closed for a new one).
@@ -351,6 +354,9 @@ def _check_token(token: object, what: str) -> str:
     return token
 
 
+#: what a listener's ``refused_by`` counts a connection closed for a message over its
+#: limit (code 1009) under
+TOO_BIG: Final = "message too big"
 #: a refused handshake's status -> the reason its log line and summary give, and back
 _REFUSAL_REASONS: Final = {401: "no token", 403: "bad token"}
 _REFUSAL_STATUS: Final = {reason: status for status, reason in _REFUSAL_REASONS.items()}
@@ -600,22 +606,22 @@ class WebSocketConnection(Connection):
         say) and closes it: the listener counts it among its refusals
         (``refused_by[reason]``) and logs it through its refusal log, a few lines and
         then a summary, like a refused handshake."""
-        self._refusal(
-            reason,
-            lambda: _log.warning(
-                "refused a websocket connection after its handshake",
-                local=self.local_address,
-                peer=self.peer_address,
-                role=self.role,
-                reason=reason,
-            ),
-        )
+        self._refusal(reason, "refused a websocket connection after its handshake", reason=reason)
 
-    def _refusal(self, reason: str, line: Callable[[], None]) -> None:
+    def _refusal(self, counted_as: str, event: str, **fields: Any) -> None:
+        """This side closes the connection (counted as ``counted_as``): the warning
+        ``event`` (with ``fields``), through the listener's refusal log on the
+        listening side."""
+
+        def line() -> None:
+            _log.warning(
+                event, local=self.local_address, peer=self.peer_address, role=self.role, **fields
+            )
+
         if self._on_refusal is None:
             line()
         else:
-            self._on_refusal(reason, line)
+            self._on_refusal(counted_as, line)
 
     # -- sending ------------------------------------------------------------------
 
@@ -1002,12 +1008,16 @@ class WebSocketConnection(Connection):
                 self.last_received = _now()
                 self.messages_received += 1
                 self.bytes_received += len(data)
-                if (
-                    self._provisional
-                    and self._announced(data) > self.receive_limit
-                    and not await self._reader_wait(self._limits_set)
-                ):
-                    return
+                announced = self._announced(data) if self._provisional else 0
+                if announced > self.receive_limit:
+                    if not self.frames_received:
+                        # The application authorizes a connection by what it sent
+                        # first (a Hello): a first message it may not read yet can
+                        # never be read.
+                        self._too_big(announced)
+                        return
+                    if not await self._reader_wait(self._limits_set):
+                        return
                 if not self._on_message(data):
                     return
             elif kind is WSMsgType.TEXT:
@@ -1241,11 +1251,9 @@ class WebSocketConnection(Connection):
         )
 
     def _log_too_big(self, limit: int, size: int | None) -> None:
-        _log.warning(
+        self._refusal(
+            TOO_BIG,
             "closed a websocket connection: a message over its size limit (code 1009)",
-            local=self.local_address,
-            peer=self.peer_address,
-            role=self.role,
             limit=self._limit_text(limit),
             **({} if size is None else {"size": size}),
         )
@@ -1334,7 +1342,7 @@ class WebSocketListener(Listener):
 
     Counters: ``connections`` (handshakes completed) and ``refused`` (handshakes
     refused: authentication, backlog full, closing, not a websocket request; and
-    connections the application refused after it,
+    connections closed after it, for a message over their limit or by the application,
     :meth:`WebSocketConnection.note_refusal`), ``refused_by`` (the same by reason).
     """
 
@@ -1489,8 +1497,8 @@ class WebSocketListener(Listener):
         return self._pending.popleft()
 
     def _refused_later(self, peer: str, reason: str, line: Callable[[], None]) -> None:
-        """A connection from ``peer`` was closed after its handshake for ``reason`` (the
-        application's refusal, e.g. no Hello in time):
+        """A connection from ``peer`` was closed after its handshake for ``reason`` (a
+        message over its limit; the application's refusal, e.g. no Hello in time):
         counted among the refusals, logged by ``line`` if :attr:`refusal_log` says so."""
         self.refused += 1
         self.refused_by[reason] += 1
