@@ -34,7 +34,7 @@ import transport
 from runtime.codec import KIND_FRAME, MAGIC, VERSION, Frame, decode_batch, encode
 from runtime.errors import CHECK_LISTENER, CorralError, ProtocolError
 from runtime.messages import ErrorReply, Ping
-from tests.helpers import log_lines, self_signed_pem, wait_until
+from tests.helpers import free_port_between, log_lines, self_signed_pem, wait_until
 from tests.transport_conformance import TransportConformance, ping, token
 from transport import (
     ConnectFailed,
@@ -46,6 +46,7 @@ from transport import (
 )
 from transport.tls import certificate_hint, refused_certificate
 from transport.ws import (
+    CUT_OFF_HINT,
     SUBPROTOCOL,
     AuthenticationFailed,
     WebSocketConnection,
@@ -1158,6 +1159,53 @@ async def test_tls_against_a_plain_listener_and_back_says_which_scheme_to_use() 
             f"A wss:// (TLS) listener does that to a plain ws:// request: if it is one, "
             f"connect with {tls.address}" in text
         ), text
+
+
+async def test_a_connection_cut_off_in_its_handshake_says_the_listener_closed_it() -> None:
+    """A listener that takes the TCP connection and then resets it (as a manager shedding
+    half-open connections does to the oldest) or closes it before answering the upgrade:
+    the error says the listener closed it during the handshake and that retrying may
+    help, not to check that a listener runs (security audit, finding 4). A port where
+    nothing listens still says so."""
+    import socket
+
+    async def cut_off(reset: bool, stream: anyio.abc.SocketStream) -> None:
+        async with stream:
+            await stream.receive()  # part of the upgrade request
+            if reset:  # SO_LINGER 0: close() sends RST
+                sock = stream.extra(anyio.abc.SocketAttribute.raw_socket)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+
+    port = free_port_between(46000, 46999)
+    uri = f"ws://127.0.0.1:{port}/"
+    texts = {}
+    with anyio.fail_after(5):
+        for reset in (True, False):
+            listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=port)
+            async with listener, anyio.create_task_group() as tg:
+                tg.start_soon(listener.serve, functools.partial(cut_off, reset))
+                with pytest.raises(ConnectFailed) as info:
+                    await transport.connect(uri, timeout=3)
+                texts[reset] = str(info.value)
+                tg.cancel_scope.cancel()
+        with pytest.raises(ConnectFailed) as info:  # nothing listens now
+            await transport.connect(uri, timeout=3)
+    assert texts[True] == (
+        f"could not connect to {uri}: the listener closed the connection during the websocket "
+        f"handshake (Connection reset by peer). {CUT_OFF_HINT}"
+    )
+    assert "overloaded, e.g. by many half-open connections" in CUT_OFF_HINT
+    assert "Retrying may help." in CUT_OFF_HINT
+    assert texts[False].startswith(
+        f"could not connect to {uri}: the server closed the connection without answering the "
+        "websocket handshake. A wss:// (TLS) listener does that"
+    ) and texts[False].endswith(CUT_OFF_HINT), texts[False]  # fmt: skip
+    for text in texts.values():
+        assert CHECK_LISTENER not in text, text
+    assert str(info.value) == (
+        f"could not connect to {uri}: nothing accepted the connection (Connection refused). "
+        f"{CHECK_LISTENER}"
+    )
 
 
 async def test_a_connect_timeout_says_how_to_give_it_longer(

@@ -1992,6 +1992,26 @@ class WebSocketBackend(Backend):
         return conn
 
 
+#: errnos of a connection the other end reset or closed under us: it had taken it, so
+#: something listens there
+_CUT_OFF: Final = frozenset({errno.ECONNRESET, errno.ECONNABORTED, errno.EPIPE})
+#: why a listener cuts off a connection in its handshake (a missing listener refuses it)
+CUT_OFF_HINT: Final = (
+    "Something listens there (it took the TCP connection), so a listener runs: a Corral "
+    "listener closes connections in their handshake when it is overloaded, e.g. by many "
+    "half-open connections (its log then says 'too many connections without a complete "
+    "HTTP request; closed the oldest'). Retrying may help."
+)
+
+
+def _cut_off(uri: str, code: int) -> ConnectFailed:
+    return ConnectFailed(
+        uri,
+        f"the listener closed the connection during the websocket handshake ({os.strerror(code)})",
+        CUT_OFF_HINT,
+    )
+
+
 #: how OpenSSL reports a server that answered a TLS hello with something else (a plain
 #: HTTP listener answers ``400 Bad Request``, in plain text)
 _NOT_TLS = "WRONG_VERSION_NUMBER"
@@ -2061,15 +2081,22 @@ def _connect_error(
         # failed ('127.0.0.1', PORT)", which repeats the address and says nothing more
         code = exc.os_error.errno
         why = os.strerror(code) if code else exc.strerror or str(exc)
+        if code in _CUT_OFF:  # (in the TLS handshake)
+            return _cut_off(uri, code)
         return ConnectFailed(uri, f"nothing accepted the connection ({why})")
     if isinstance(exc, aiohttp.ServerTimeoutError):  # aiohttp's connect timeout
         return timed_out(uri, "no websocket connection", timeout)
-    if isinstance(exc, aiohttp.ServerDisconnectedError) and plain:
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        why = "the server closed the connection without answering the websocket handshake"
+        if not plain:
+            return ConnectFailed(uri, why, CUT_OFF_HINT)
         return ConnectFailed(
             uri,
-            "the server closed the connection without answering the websocket handshake",
+            why,
             f"A wss:// (TLS) listener does that to a plain ws:// request: if it is one, "
             f"connect with {'wss' + uri.removeprefix('ws')} (trusting its certificate: "
-            "--tls-ca or CORRAL_TLS_CA); else check that a Corral listener runs there.",
+            f"--tls-ca or CORRAL_TLS_CA). {CUT_OFF_HINT}",
         )
+    if isinstance(exc, aiohttp.ClientOSError) and exc.errno in _CUT_OFF:
+        return _cut_off(uri, exc.errno)
     return ConnectFailed(uri, f"{type(exc).__name__}: {exc}")
