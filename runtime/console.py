@@ -70,6 +70,7 @@ from runtime.errors import (
     RemoteError,
     size_text,
 )
+from runtime.home import corral_home, private_dir
 from runtime.messages import (
     MAX_LISTING,
     AlertRuleAdd,
@@ -104,6 +105,7 @@ __all__ = [
     "Result",
     "history_path",
     "jsonable",
+    "keep_history",
     "main",
     "render_status",
 ]
@@ -1650,9 +1652,18 @@ def render_help() -> RenderableType:
 # ----------------------------------------------------------------------------- the shell
 
 
+def keep_history(readline: Any, history: Path) -> None:
+    """Write ``readline``'s history to ``history``, making its directory as a manager
+    makes ``~/.corral`` (0700: :func:`runtime.home.private_dir`); nothing if it
+    cannot be written."""
+    with contextlib.suppress(OSError):
+        private_dir(history.parent)
+        readline.write_history_file(history)
+
+
 def history_path() -> Path:
     """``~/.corral/console_history`` (``$CORRAL_HOME/console_history`` if set)."""
-    return Path(os.environ.get("CORRAL_HOME", Path.home() / ".corral")) / "console_history"
+    return corral_home() / "console_history"
 
 
 def _innermost(exc: BaseException) -> BaseException:
@@ -1900,9 +1911,7 @@ class ConsoleShell(cmd.Cmd):
                     return self.exit_code
         finally:
             if readline is not None and history is not None:
-                with contextlib.suppress(OSError):
-                    history.parent.mkdir(parents=True, exist_ok=True)
-                    readline.write_history_file(history)
+                keep_history(readline, history)
 
     def emptyline(self) -> bool:
         return False

@@ -60,6 +60,7 @@ import anyio
 
 from runtime.client_ids import client_name
 from runtime.errors import ActorStopped, AskTimeout, MonitoringDBError
+from runtime.home import corral_home, private_dir
 from runtime.kernel import Actor, ActorRef
 from runtime.log import get_logger
 from runtime.messages import (
@@ -343,8 +344,7 @@ def default_path(root: str | os.PathLike[str] | None = None) -> Path:
     """Where a manager process writes its database when not told:
     ``~/.corral/runs/<UTC time>-<id>/monitoring.db``. Instead of ``~/.corral/runs``:
     ``root``, else ``$CORRAL_RUNS_DIR``, else ``$CORRAL_HOME/runs``."""
-    home = Path(os.environ.get("CORRAL_HOME") or Path.home() / ".corral")
-    base = Path(root or os.environ.get("CORRAL_RUNS_DIR") or home / "runs")
+    base = Path(root or os.environ.get("CORRAL_RUNS_DIR") or corral_home() / "runs")
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     return base / f"{stamp}-{uuid.uuid4().hex[:6]}" / "monitoring.db"
 
@@ -540,27 +540,12 @@ def _check_writable(conn: sqlite3.Connection, path: Path) -> None:
     )
 
 
-def _private_dir(directory: Path) -> None:
-    """Make ``directory`` and its missing parents readable by their owner only (0700),
-    as the token directory is: a monitoring database holds every task's key, worker
-    addresses and error messages, what the read token shows. Existing ones are left
-    as they are."""
-    missing = []
-    while not directory.exists():
-        missing.append(directory)
-        if directory.parent == directory:
-            break
-        directory = directory.parent
-    for d in reversed(missing):
-        d.mkdir(mode=0o700, exist_ok=True)
-
-
 def _create(path: Path) -> None:
     """Create (or reopen) ``path`` with the schema, in WAL mode. An existing file is
     looked at first, read-only: one that is not empty and not a monitoring database
     of a version Corral writes is refused unchanged (no table, no WAL mode)."""
     try:
-        _private_dir(path.parent)
+        private_dir(path.parent)
     except OSError as exc:
         raise MonitoringDBError(str(path), f"cannot create it: {exc}") from exc
     if path.is_dir():

@@ -90,6 +90,7 @@ from runtime.errors import (
     size_text,
 )
 from runtime.graph import PoolShape
+from runtime.home import corral_home, private_dir
 from runtime.kernel import ActorRef, ActorSystem
 from runtime.log import get_logger
 from runtime.messages import (
@@ -874,7 +875,7 @@ class Tokens:
             )
         tmp: str | None = None
         try:
-            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            private_dir(path.parent)  # ~/.corral too, if it is new
             # A new file under a random name (O_CREAT | O_EXCL, 0600, no symlink
             # followed): nothing another user planted in the directory gets the tokens.
             fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -1010,8 +1011,7 @@ def token_path(address: str) -> Path:
     parts = urlsplit(address)
     host = parts.hostname or "local"
     port = parts.port or 0
-    base = Path(os.environ.get("CORRAL_HOME", Path.home() / ".corral"))
-    return base / "tokens" / f"{host}_{port}.json"
+    return corral_home() / "tokens" / f"{host}_{port}.json"
 
 
 def worker_token_refused(
