@@ -90,6 +90,7 @@ from actors.scheduler_records import (
     lost_worker_text,
     not_run_text,
     placement_stall_parts,
+    pool_name,
 )
 from actors.scheduler_state import SchedulerState
 from actors.shared_disk import disk_claim, disk_key, disk_shared_text, shared_disk_text
@@ -386,7 +387,7 @@ class Scheduler(Actor):
             elif isinstance(cmd, DiskStallEnded | PlacementStallEnded):
                 kind = "disk" if type(cmd) is DiskStallEnded else "placement"
                 self.log.info(
-                    f"{kind} stall in pool {_pool_name(cmd.stall.pool)} ended",
+                    f"{kind} stall in pool {pool_name(cmd.stall.pool)} ended",
                     pool=cmd.stall.pool, seconds=round(cmd.lasted, 1),
                 )  # fmt: skip
             elif isinstance(cmd, HostOvercommitted | HostOvercommitCleared):
@@ -413,7 +414,7 @@ class Scheduler(Actor):
     def _stall_began(self, cmd: DiskStallBegan | PlacementStallBegan) -> None:
         """A watchdog's stall, at WARNING: what it is, and its parts as fields (what
         to do among them)."""
-        stall, pool = cmd.stall, _pool_name(cmd.stall.pool)
+        stall, pool = cmd.stall, pool_name(cmd.stall.pool)
         waited = f"{self.state.config.stall_timeout:g} s"
         if isinstance(cmd, DiskStallBegan):
             what = f"disk stall in pool {pool}: its workers ran nothing for {waited} while "
@@ -1364,8 +1365,3 @@ def _stats(s: Any) -> dict[str, Any]:
         "max_nbytes": s.max_nbytes,
         "disk_full": s.disk_full,
     }
-
-
-def _pool_name(pool: str) -> str:
-    """A pool for people: ``"*"`` (the tasks any pool may run) is ``any``."""
-    return "any" if pool == "*" else pool

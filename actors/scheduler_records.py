@@ -53,6 +53,7 @@ __all__ = [
     "error_record",
     "lost_worker_text",
     "not_run_text",
+    "pool_name",
     "unsaved_work",
 ]
 
@@ -65,6 +66,12 @@ NO_LIMIT = float("inf")  #: the memory limit of a worker that reports none (0)
 #: the states of an active task: it still needs its inputs, so it counts in each
 #: dependency's ``consumers`` (the scheduler core's docstring)
 ACTIVE: frozenset[str] = frozenset({"waiting", "queued", "processing"})
+
+
+def pool_name(key: str) -> str:
+    """A pool key for people: ``"*"`` (the tasks any pool may run) is ``any``, as in
+    ``stalled in pool any``."""
+    return "any" if key == "*" else key
 
 
 # ----------------------------------------------------------------------------- state

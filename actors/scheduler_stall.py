@@ -51,7 +51,7 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from actors.scheduler_events import Command, PlacementStallBegan, PlacementStallEnded
-from actors.scheduler_records import SchedulerConfig, TaskState, WorkerState
+from actors.scheduler_records import SchedulerConfig, TaskState, WorkerState, pool_name
 from runtime.messages import PlacementStallInfo
 
 __all__ = ["CorePart", "PlacementWatch"]
@@ -152,12 +152,12 @@ class PlacementWatch(CorePart):
             self.placement_stalls[key] = stall
             self.placement_stall_count[key] += 1
             reasons = ", ".join(sorted({r for _, r, _ in stall.idle}))
-            self._log("-", "placement", f"stalled in pool {_name(key)}: {reasons}")
+            self._log("-", "placement", f"stalled in pool {pool_name(key)}: {reasons}")
             self._out.append(PlacementStallBegan(self._stimulus, stall))
 
     def _placement_stall_ended(self, key: str, why: str) -> None:
         stall = self.placement_stalls.pop(key)
-        self._log("-", "placement", f"stall in pool {_name(key)} ended: {why}")
+        self._log("-", "placement", f"stall in pool {pool_name(key)} ended: {why}")
         self._out.append(PlacementStallEnded(self._stimulus, stall, self._now - stall.since))
 
     def _placement_account(self, key: str, since: float, queued: int) -> PlacementStallInfo | None:
@@ -268,10 +268,6 @@ class PlacementWatch(CorePart):
         if head.ooms and not self._roomier(head, ws):
             short.append(f"a memory limit {head.oom_need} (killed for memory before)")
         return short
-
-
-def _name(key: str) -> str:
-    return "any" if key == "*" else key
 
 
 def _id(ws: WorkerState) -> str:

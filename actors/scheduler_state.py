@@ -263,6 +263,7 @@ from actors.scheduler_records import (
     WorkerState,
     dependency_failed_text,
     error_record,
+    pool_name,
     unsaved_work,
     walltime_loss,
 )
@@ -4830,7 +4831,7 @@ class SchedulerState(DiskPlacement, PlacementWatch):
             since = stalled.get(key)
             if since is None:
                 stalled[key] = self._now
-                self._log("-", "memory", f"stall-suspected in {_pool_text(key)}")
+                self._log("-", "memory", f"stall-suspected in pool {pool_name(key)}")
                 continue
             if self._now - since < self.config.stall_timeout:
                 continue
@@ -4966,7 +4967,7 @@ class SchedulerState(DiskPlacement, PlacementWatch):
             pool=pool, workers=len(workers), spill_refused=refused,
         )  # fmt: skip
         record = error_record(err)  # once for all the tasks it fails
-        self._log("-", "memory", f"stalled in {_pool_text(key)}")
+        self._log("-", "memory", f"stalled in pool {pool_name(key)}")
         del self.stalled_since[key]
         for ts in active:
             if ts.state not in ACTIVE:
@@ -5369,11 +5370,6 @@ def _live(entry: tuple[Any, ...], producer: bool) -> bool:
     a class flip (``SchedulerState._reclassify``)."""
     ts: TaskState = entry[3]
     return ts.state == "queued" and ts.producer == producer
-
-
-def _pool_text(key: str) -> str:
-    """A watchdog's pool key for its log: ``"*"`` is any pool."""
-    return "any pool" if key == "*" else f"pool {key}"
 
 
 def _layer(key: Key) -> str | None:
