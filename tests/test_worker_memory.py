@@ -503,9 +503,11 @@ async def test_an_output_dropped_while_its_spill_file_is_written_is_not_taken_fo
     import actors.worker as worker_mod
 
     write = threading.Event()
+    writing = threading.Event()  # the spill's thread has begun the write
     real_write = store_mod._write_job
 
     def held_write(job: Any) -> Any:
+        writing.set()
         write.wait(LIMIT)
         return real_write(job)
 
@@ -531,7 +533,11 @@ async def test_an_output_dropped_while_its_spill_file_is_written_is_not_taken_fo
                 ref.post(RunTasks((run("big-0", load, 8 * MB, producer=True),)))
                 await sched.until(lambda: "big-0" in sched.done)
                 rss[0] = 700 * MB  # past the spill fence (600 MB): the output is written
-                await wait_until(lambda: w.spilling is not None and w.spilling.nbytes > 0)
+                # the drop must come while the file is written, not before its thread
+                # began (a spill not yet begun is dropped with the value: then the
+                # worker is idle and a trim is right)
+                await wait_until(writing.is_set)
+                assert w.spilling is not None and w.spilling.nbytes > 0
                 ref.post(DropKeys(("big-0",)))  # its run released while it is written
                 await wait_until(lambda: not w.data.memory_bytes and not w.state.held)
                 seen = samples[0]
