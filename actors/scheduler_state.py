@@ -1414,27 +1414,27 @@ class SchedulerState(DiskPlacement, PlacementWatch):
                 self._log(ts.key, "processing", "lost-in-transit")
                 if not self._promote_copy(ts):
                     self._back_to_ready(ts)
-        junk = []
+        junk: dict[Key, None] = {}  # an ordered set: a rejoin may hold 100,000s of keys
         for ts in sorted(sent_before & ws.copies, key=_prio_key):
             if ts.key not in ev.active:  # never reached it, or its result was lost
                 self._log(ts.key, "processing", f"copy-lost-in-transit:{ws.id}")
                 self._end_copy(ts, ws, "cancelled", "lost-in-transit")
                 self.speculative["failed"] += 1
                 if ts.key in held:
-                    junk.append(ts.key)
+                    junk[ts.key] = None
         for key in held:
             out = self.tasks.get(key)
             if key in junk:
                 continue
             if out is None or out.state in ("released", "erred", "cancelled"):
-                junk.append(key)
+                junk[key] = None
             elif out.state == "memory":
                 if ws.id not in out.who_has:
                     self._add_replica(out, ws)
             elif not self._expected_on(out, ws.id):
                 # Kept from before it was declared lost (it joined again as new): the
                 # task is being made again; its own report settles one running here.
-                junk.append(key)
+                junk[key] = None
         if junk:
             self._out.append(DropData(self._stimulus, ws.id, tuple(junk)))
 
