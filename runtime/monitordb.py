@@ -26,7 +26,8 @@ and every ``interval``:
 - the autoscaler's status: a row in ``blocks`` per block state change;
 - the manager's ``MetricsReply`` (the numbers ``GET /metrics`` serves, under the same
   names): ``metric_samples``, a row per series when its value changed, and at least
-  every :data:`METRIC_HEARTBEAT` seconds (a reader holds a series' last value);
+  every :data:`METRIC_HEARTBEAT` seconds (a reader holds a series' last value); a gauge
+  series gone from the snapshot gets a row of 0 (a counter's last row holds its total);
 - the manager's ``AlertsReply``: a row in ``alerts`` per alert state change, at the
   time the alert gives it, and a row in ``actions`` per remediation audit entry (its
   ``actions``, numbered: each written once).
@@ -625,7 +626,7 @@ def _why_not(exc: sqlite3.DatabaseError, what: str = "") -> str:
 
 
 def _upgrade(conn: sqlite3.Connection) -> None:
-    """A file of version 2 to 7 becomes version 8, in the caller's transaction:
+    """A file of version 2 to 8 becomes version 9, in the caller's transaction:
     from 2 (a row per worker id) its workers' rows become their first lives (version
     3); from 3, its tries get the column ``queued``, empty in the rows they have (their
     waits were not recorded: the report takes those runs' waits from ``tasks``); from
@@ -636,7 +637,8 @@ def _upgrade(conn: sqlite3.Connection) -> None:
     and ``moved_to``, empty in the rows they have (not recorded: the report says so);
     from 7, its tries get ``resumed``, ``resumed_work`` and ``unsaved``, empty in the
     rows they have (not recorded: the report says so), and the table ``checkpoints``
-    (the caller makes it with the schema), with no row for its runs."""
+    (the caller makes it with the schema), with no row for its runs; from 8, its
+    tasks get ``client``, empty in the rows they have."""
     tables = _tables(conn)
     if "schema_version" not in tables:
         return
@@ -1107,6 +1109,8 @@ _RESOURCE = "INSERT INTO resource_samples VALUES (?,?,?,?,?,?,?,?)"
 _TRANSFER = "INSERT INTO transfers VALUES (?,?,?,?,?,?,?,?)"
 _RECOVERY = "INSERT INTO recoveries VALUES (?,?,?,?,?,?)"
 _METRIC = "INSERT INTO metric_samples VALUES (?,?,?,?,?)"
+#: how a series' labels (JSON, its keys sorted) say it has a ``category`` label
+_CATEGORY_LABEL = '"category": '
 _ALERT = "INSERT INTO alerts VALUES (?,?,?,?,?,?,?,?,?,?,?)"
 #: an alert's states in the order it goes through them
 _ALERT_STATES = ("pending", "firing", "resolved")
@@ -1209,6 +1213,8 @@ class MonitorRecorder(Actor):
         self._categories_due = 0.0  #: when the per-category series are written next
         #: (name, labels) -> (value, time) of each metric series' latest row
         self._metric_rows: dict[tuple[str, str], tuple[float, float]] = {}
+        #: of those, the series of gauges (a gauge gone from the snapshot gets a row of 0)
+        self._metric_gauges: set[tuple[str, str]] = set()
         #: worker -> its last resource_samples row's numbers and time
         self._resource_rows: dict[str, tuple[tuple[Any, ...], float]] = {}
         self._stopping = False  #: on_stop's last poll (writes every series)
@@ -1550,14 +1556,33 @@ class MonitorRecorder(Actor):
         categories = now >= self._categories_due or self._stopping
         if categories:
             self._categories_due = now + CATEGORY_SAMPLES_EVERY
-        written = self._metric_rows
+        written, gauges = self._metric_rows, self._metric_gauges
+        seen: set[tuple[str, str]] = set()
         for family in SnapshotCollector(reply).collect():
+            gauge = family.type == "gauge"
             for s in family.samples:
                 if "worker" in s.labels or (not categories and "category" in s.labels):
                     continue
                 labels = json.dumps(s.labels, sort_keys=True)
-                if self._due(written, (s.name, labels), s.value, now):
+                key = (s.name, labels)
+                seen.add(key)
+                if self._due(written, key, s.value, now):
                     rows.add("metric", _METRIC, (run, now, s.name, labels, s.value))
+                    if gauge:
+                        gauges.add(key)
+        # A series gone from the snapshot (the pool `*` once no task without a pool is
+        # queued, a category forgotten): a gauge gets a row of 0, as /metrics now shows
+        # nothing there, so the latest row does not hold its last value for ever; a
+        # counter, summary or histogram series keeps its last row, the total it reached
+        # (a 0 would read as a reset to rate queries). Either is forgotten: if it comes
+        # back, its next value is written as a change.
+        for key in [k for k in written if k not in seen]:
+            if categories or _CATEGORY_LABEL not in key[1]:  # (else not read this poll)
+                value, _ = written.pop(key)
+                if key in gauges:
+                    gauges.discard(key)
+                    if value != 0:  # (one that ended at 0 has said so)
+                        rows.add("metric", _METRIC, (run, now, key[0], key[1], 0.0))
 
     async def _poll_alerts(self, rows: _Rows, now: float) -> None:
         """A row per alert state change, at the time the alert gives it (``active_since``,

@@ -1039,6 +1039,56 @@ async def test_an_unchanged_metric_series_is_written_once_per_heartbeat_and_the_
 
 
 @pytest.mark.anyio
+async def test_a_gauge_series_gone_from_the_metrics_ends_with_a_0_and_a_counter_holds(
+    tmp_path: Path, make_state: Factory
+) -> None:
+    """A user audit (parslmig, 4): the pool ``*`` (tasks submitted without ``pool=``)
+    leaves ``/metrics`` once none of its tasks is queued, and its series got no last
+    row: the documented "latest row" reading said "1 task queued" for ever after. Now a
+    gauge series gone from a poll's snapshot gets a row of 0 at that poll (one already
+    at 0 needs none), also at the run's last poll; a counter's (and a summary's) last
+    row holds, the total it reached (a 0 would read as a reset to a rate query); a series
+    that comes back is written at once. The cpu pool, there throughout, is untouched."""
+    db = tmp_path / "monitoring.db"
+    star = PoolMetrics(queue_depth=1, oldest_wait=2.0, spilled_total=5, waits=3, wait_sum=1.5,
+                       wait_quantiles={"0.5": 0.2})  # fmt: skip
+    back = dataclasses.replace(star, queue_depth=4, oldest_wait=3.0, spilled_total=7)
+    cpu = PoolMetrics()
+    snapshots = iter([{"*": star, "cpu": cpu}, {"cpu": cpu}, {"*": back, "cpu": cpu}, {"cpu": cpu}])
+
+    def metrics(msg: Any) -> MetricsReply | None:
+        if not isinstance(msg, MetricsRequest):
+            return None
+        return MetricsReply(pools=next(snapshots))
+
+    recorder, writer = _recorder(db, make_state(), manager=metrics)
+    with anyio.fail_after(LIMIT):
+        for t in (0.0, 2.0, 4.0):
+            await recorder.poll(now=WALL + t)
+        await recorder.on_stop()  # its last poll: * gone again
+    series: dict[tuple[str, str], list[tuple[float | str, float]]] = {}
+    q = "SELECT name, json_extract(labels, '$.pool'), time, value FROM metric_samples"
+    for name, pool, at, value in _rows(db, q + " ORDER BY rowid"):
+        series.setdefault((name, pool), []).append((at - WALL if at < WALL + 10 else "end", value))
+    assert series[("corral_queue_depth", "*")] == [(0.0, 1.0), (2.0, 0.0), (4.0, 4.0), ("end", 0.0)]
+    assert series[("corral_queue_oldest_wait_seconds", "*")] == [
+        (0.0, 2.0), (2.0, 0.0), (4.0, 3.0), ("end", 0.0)
+    ]  # fmt: skip
+    assert series[("corral_queue_held_back", "*")] == [(0.0, 0.0), (4.0, 0.0)]  # 0: said so
+    assert series[("corral_spilled_bytes_total", "*")] == [(0.0, 5.0), (4.0, 7.0)]  # holds
+    assert series[("corral_queue_wait_seconds_count", "*")] == [(0.0, 3.0), (4.0, 3.0)]
+    assert series[("corral_queue_wait_seconds", "*")] == [(0.0, 0.2), (4.0, 0.2)]
+    assert series[("corral_queue_depth", "cpu")] == [(0.0, 0.0), ("end", 0.0)]
+    # the documented query's latest row for *: nothing queued
+    latest = (
+        "SELECT value FROM metric_samples WHERE name = 'corral_queue_depth' "
+        "AND json_extract(labels, '$.pool') = '*' ORDER BY time DESC LIMIT 1"
+    )
+    assert _rows(db, latest) == [(0.0,)]
+    assert writer.ended
+
+
+@pytest.mark.anyio
 async def test_an_idle_worker_s_memory_is_written_once_per_heartbeat(
     tmp_path: Path, make_state: Factory
 ) -> None:
