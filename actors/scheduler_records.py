@@ -21,6 +21,7 @@ from runtime.client_ids import client_name
 from runtime.errors import (
     LongTaskError,
     PruneDepthError,
+    command_output,
     disk_size,
     error_name,
     memory_sizes,
@@ -899,11 +900,16 @@ class ErrorRecord:
 
 def error_text(error: BaseException) -> str:
     """``str(error)``, at most :data:`MAX_ERROR_CHARS` characters of it (a user's
-    ``__str__`` that raises gives a note instead)."""
+    ``__str__`` that raises gives a note instead), then, for an external command's
+    error, the end of what the command wrote (its note,
+    :func:`~runtime.errors.note_command_output`: at most ``MAX_COMMAND_OUTPUT``
+    characters more)."""
     try:
-        return str(error)[:MAX_ERROR_CHARS]
+        text = str(error)[:MAX_ERROR_CHARS]
     except Exception:
-        return "(its text could not be read)"
+        text = "(its text could not be read)"
+    output = command_output(error)
+    return text if output is None else f"{text}\n{output}"
 
 
 def error_types(error: BaseException | None) -> tuple[str, ...]:

@@ -11,9 +11,11 @@ modules that raise an error re-export it under the name they always had (for exa
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import re
 import signal
+import subprocess
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -1163,6 +1165,58 @@ def error_name(error: BaseException) -> str:
 
 
 __all__ += ["STANDS_FOR", "error_name"]
+
+
+#: characters kept of what an external command that failed wrote (the end of it)
+MAX_COMMAND_OUTPUT = 2_000
+#: how the note that carries them begins (:func:`note_command_output`)
+COMMAND_OUTPUT_NOTE = "the command's "
+
+
+def command_output(error: BaseException) -> str | None:
+    """The note :func:`note_command_output` added to ``error`` (what its external
+    command wrote), or None."""
+    notes = getattr(error, "__notes__", None)
+    if isinstance(notes, list):
+        for note in notes:
+            if isinstance(note, str) and note.startswith(COMMAND_OUTPUT_NOTE):
+                return note
+    return None
+
+
+def _tail(value: object) -> tuple[str, bool]:
+    """The last :data:`MAX_COMMAND_OUTPUT` characters of a command's output (bytes
+    decoded as UTF-8, what does not decode replaced), its trailing blanks left out, and
+    whether it was cut; ``""`` for none."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        value = bytes(value[-4 * MAX_COMMAND_OUTPUT :]).decode("utf-8", "replace")
+    if not isinstance(value, str):
+        return "", False
+    text = value.rstrip()
+    return text[-MAX_COMMAND_OUTPUT:], len(text) > MAX_COMMAND_OUTPUT
+
+
+def note_command_output(error: BaseException) -> None:
+    """Add to ``error``, a :class:`subprocess.SubprocessError` (``CalledProcessError``,
+    ``TimeoutExpired``) that carries what its command wrote, the end of it as a note:
+    its ``stderr``, else its ``output`` (a command run with ``stderr=STDOUT``), at most
+    :data:`MAX_COMMAND_OUTPUT` characters. Its own text says only that the command
+    ``returned non-zero exit status 3``; the note travels with it to the client, whose
+    traceback prints it, and the scheduler's text of the error ends with it (the
+    dashboard's failure groups, the monitoring database). Once per exception; any other
+    exception is left as it is."""
+    if not isinstance(error, subprocess.SubprocessError) or command_output(error) is not None:
+        return
+    for name in ("stderr", "output"):
+        text, cut = _tail(getattr(error, name, None))
+        if text:
+            said = f" (its last {MAX_COMMAND_OUTPUT} characters)" if cut else ""
+            with contextlib.suppress(Exception):  # (a __notes__ that is not a list)
+                error.add_note(f"{COMMAND_OUTPUT_NOTE}{name}{said}:\n{text}")
+            return
+
+
+__all__ += ["MAX_COMMAND_OUTPUT", "command_output", "note_command_output"]
 
 
 class InputsUnreachable(CorralError):

@@ -87,6 +87,8 @@ from runtime.errors import (
     ProtocolError,
     RemoteError,
     TaskErrorTooLarge,
+    command_output,
+    note_command_output,
 )
 from runtime.kernel import ActorRef, current_causal_id, new_causal_id
 from runtime.log import get_logger
@@ -286,6 +288,8 @@ def _text(exc: BaseException) -> str:
 DEFAULT_MAX_TASK_ERROR_BYTES = 1 << 20
 #: The environment variable that sets that limit (bytes), read by each worker.
 MAX_TASK_ERROR_ENV = "CORRAL_MAX_TASK_ERROR_BYTES"
+#: exceptions of a task's error (causes, contexts) given their command's output, at most
+_MAX_NOTED = 64
 #: How much of a too-large exception's message its stand-in keeps (characters).
 ERROR_HEAD_CHARS = 500
 
@@ -379,7 +383,11 @@ def bound_error(exc: BaseException, key: Any, limit: int) -> BaseException:
     Called where a task's exception is caught, in the thread or task process that ran
     the task (never on an event loop: measuring a large one takes time), so that one
     never grows the worker's report past what a message may carry, nor blocks its
-    loop while it is sent. Measuring stops just past ``limit``."""
+    loop while it is sent. Measuring stops just past ``limit``. An external command's
+    error in its chain gets the end of what the command wrote as a note first
+    (:func:`~runtime.errors.note_command_output`)."""
+    for one in exception_chain(exc, groups=True, most=_MAX_NOTED):
+        note_command_output(one)
     size = _error_size(exc, limit)
     return exc if size <= limit else too_large_error(exc, key, size, limit)
 
@@ -389,6 +397,9 @@ def too_large_error(exc: BaseException, key: Any, size: int, limit: int) -> Task
     exception ``exc`` of ``size`` bytes, over ``limit``: its type, the start of its
     message, and its traceback (frames only: bounded, unlike its messages)."""
     head = _text(exc)[:ERROR_HEAD_CHARS]
+    output = command_output(exc)  # (bounded: its stand-in's text keeps it)
+    if output is not None:
+        head = f"{head}\n{output}"
     error = TaskErrorTooLarge(str(key), _kind(exc), size, limit, head)
     return error.with_traceback(exc.__traceback__)
 

@@ -1,0 +1,84 @@
+"""An external command's error carries the end of what the command wrote
+(runtime.errors.note_command_output): a user audit (parslmig, 5) found a task's
+``CalledProcessError`` recorded as ``Command '[...]' returned non-zero exit status 3.``
+alone, the tool's stderr (why it failed) in the client's exception object only. A real
+run's client, dashboard and monitoring database: tests/test_monitordb_failures.py."""
+
+from __future__ import annotations
+
+import pickle
+import subprocess
+
+import cloudpickle
+
+from actors.scheduler_records import MAX_ERROR_CHARS, error_record, error_text
+from runtime.errors import MAX_COMMAND_OUTPUT, TaskErrorTooLarge, note_command_output
+from runtime.remote import bound_error
+
+
+def _failed(stderr: object = None, output: object = None) -> subprocess.CalledProcessError:
+    return subprocess.CalledProcessError(3, ["wcs", "ccd3.fits"], output=output, stderr=stderr)
+
+
+def test_the_end_of_a_failed_command_s_stderr_is_a_note_and_ends_its_text() -> None:
+    err = _failed(stderr="reading ccd3.fits\nERROR: bad WCS header in ccd3.fits\n\n")
+    note_command_output(err)
+    note_command_output(err)  # once per exception
+    note = "the command's stderr:\nreading ccd3.fits\nERROR: bad WCS header in ccd3.fits"
+    assert err.__notes__ == [note]
+    assert error_text(err) == (
+        "Command '['wcs', 'ccd3.fits']' returned non-zero exit status 3.\n" + note
+    )
+    assert error_record(err).summary == f"CalledProcessError: {error_text(err)}"
+
+
+def test_bytes_are_decoded_and_only_the_last_2000_characters_are_kept() -> None:
+    """Bytes that do not decode are replaced; of a long stderr its end is kept, saying
+    so; with no stderr (``stderr=STDOUT``), its output."""
+    err = _failed(stderr=b"x" * 10_000 + b"\xff\nERROR: disk quota\n")
+    note_command_output(err)
+    tail = ("x" * 10_000 + "\ufffd\nERROR: disk quota")[-MAX_COMMAND_OUTPUT:]
+    assert err.__notes__ == [f"the command's stderr (its last 2000 characters):\n{tail}"]
+    merged = _failed(stderr=b"", output=b"step 1\nfailed: no input\n")
+    note_command_output(merged)
+    assert merged.__notes__ == ["the command's output:\nstep 1\nfailed: no input"]
+    timeout = subprocess.TimeoutExpired(["wcs"], 5.0, output=None, stderr=b"still reading\n")
+    note_command_output(timeout)
+    assert timeout.__notes__ == ["the command's stderr:\nstill reading"]
+
+
+def test_an_error_without_a_command_s_output_is_left_as_it_is() -> None:
+    silent, other = _failed(), ValueError("bad row")
+    for err in (silent, other, _failed(stderr="   \n")):
+        note_command_output(err)
+        assert not hasattr(err, "__notes__")
+    assert error_text(other) == "bad row"
+    long = ValueError("v" * 5_000)
+    assert error_text(long) == "v" * MAX_ERROR_CHARS
+
+
+def test_where_a_task_s_error_is_caught_it_gets_the_note_and_it_travels() -> None:
+    """bound_error (called where a task's exception is caught, in its thread or task
+    process) notes every command error of its chain; the note pickles with it, to the
+    worker and the client; a command error too large to travel keeps it in the text of
+    the TaskErrorTooLarge that stands for it."""
+    inner = _failed(stderr=b"ERROR: bad WCS header\n")
+    try:
+        try:
+            raise inner
+        except subprocess.CalledProcessError as exc:
+            raise RuntimeError("calibration failed") from exc
+    except RuntimeError as outer:
+        caught = outer
+    assert bound_error(caught, "k", 1 << 20) is caught
+    assert inner.__notes__ == ["the command's stderr:\nERROR: bad WCS header"]
+    assert not hasattr(caught, "__notes__")
+    back = pickle.loads(cloudpickle.dumps(inner))
+    assert back.__notes__ == inner.__notes__ and back.stderr == inner.stderr
+    chain = error_record(caught).chain
+    assert chain[0][1].endswith("\nthe command's stderr:\nERROR: bad WCS header")
+    huge = subprocess.CalledProcessError(3, ["wcs", "y" * 5_000], stderr=b"ERROR: no room\n")
+    stand_in = bound_error(huge, "k", 1_000)
+    assert isinstance(stand_in, TaskErrorTooLarge)
+    assert stand_in.head.endswith("yyy\nthe command's stderr:\nERROR: no room")
+    assert str(stand_in).count("ERROR: no room") == 1
