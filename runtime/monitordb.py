@@ -1139,6 +1139,8 @@ METRIC_HEARTBEAT = 300.0
 MIN_FEED_WAIT = 0.05  #: seconds: the feed is read at most this often
 FEED_EVERY = 0.25  #: seconds: the feed is read at least this often (an empty read is cheap)
 _TERMINAL = frozenset({"memory", "erred", "cancelled"})
+#: try outcomes that are no failure of the task's
+_NOT_FAILED = frozenset({"ok", "cancelled"})
 #: try outcomes the scheduler records on its own clock (``sent`` to when it knew),
 #: not the worker's: a try lost with its worker, a copy or try it cancelled
 _CORE_CLOCK = frozenset({"worker-lost", "cancelled"})
@@ -1237,6 +1239,9 @@ class MonitorRecorder(Actor):
         #: cause, error, root, client): what the feed said of each task since the last full
         #: poll, written then as one row
         self._tasks: dict[str, list[Any]] = {}
+        #: key -> ``Type: message`` of its latest failed try, while it has not ended:
+        #: its ``tasks.error`` if it errs next (it failed for good)
+        self._failed: dict[Any, str] = {}
         self._lock = anyio.Lock()
 
     async def on_restart(self) -> None:
@@ -1437,8 +1442,11 @@ class MonitorRecorder(Actor):
                         t[15] = _safe(client_name(client))
                     if finish in _TERMINAL:
                         t[5], t[6], t[11] = at, finish, None  # (its output held again)
+                        failed = self._failed.pop(key, None)
                         if finish != "erred":  # (a not-run row comes before its erred)
                             t[12] = t[13] = t[14] = None
+                        elif failed is not None:  # it failed for good: its last try's
+                            t[12], t[13], t[14] = None, failed, None
                     elif finish == "released":  # its output released: nothing needs it
                         t[6], t[11] = finish, at
                     elif finish in ("waiting", "queued", "processing"):
@@ -1471,6 +1479,10 @@ class MonitorRecorder(Actor):
                          unsaved),
                     )  # fmt: skip
                     t[8] += 1  # tries ended in this interval: added to the row's
+                    if outcome not in _NOT_FAILED:  # the task's error, if it errs next
+                        self._failed[key] = (
+                            f"{etype}: {emsg}" if etype and emsg else etype or emsg or outcome
+                        )
                     if ok and start is not None:
                         t[9], t[10] = max(stop - start, 0.0), nbytes
                 elif kind == "retry":  # after its try's row
@@ -1480,6 +1492,7 @@ class MonitorRecorder(Actor):
                 elif kind == "not-run":  # erred with no failed try of its own
                     _, key, category, cause, record, dependency, root = rec
                     t = task(_safe(str(key)), category, at)
+                    self._failed.pop(key, None)  # (erring for this reason, not its try's)
                     t[12] = _safe(cause)
                     t[13] = _safe(not_run_text(record, dependency, root))
                     t[14] = None if root is None else _safe(str(root))

@@ -1131,6 +1131,47 @@ async def test_an_idle_worker_s_memory_is_written_once_per_heartbeat(
 
 
 @pytest.mark.anyio
+async def test_a_task_that_failed_for_good_has_its_last_try_s_error_in_its_row(
+    tmp_path: Path, make_state: Factory
+) -> None:
+    """A user audit (parslmig, 5): ``tasks.error`` was filled only for a task that did
+    not run (its dependency failed); the task that failed itself had it empty, so
+    ``SELECT key, error FROM tasks WHERE state = 'erred'`` gave blanks for the tasks
+    that mattered. Now a task that fails for good has its last try's ``Type: message``
+    there, also when its earlier try was in an earlier interval; a task that failed a
+    try and then finished has none; one whose dependency failed says so, as before.
+    ``cause`` stays the not-run cause (its failed tries have theirs)."""
+    db = tmp_path / "monitoring.db"
+    s = make_state(monitor=True)
+    recorder, writer = _recorder(db, s)
+    _at(s, WorkerJoined, T0, worker="w1", cores=4, memory=GB)
+    table: dict[str, list[str]] = {"a": [], "b": [], "d": [], "c": ["d"]}
+    specs = specs_for(s, table, ["a", "b", "c"], attrs={"a": {"retries": 1}, "b": {"retries": 1}})
+    _at(s, GraphSubmitted, T0 + 1, specs=specs, wanted=("a", "b", "c"))
+    _done(s, "w1", "a", T0 + 2, "error", error=ValueError("first"))
+    _done(s, "w1", "b", T0 + 2, "error", error=ConnectionError("gone"))
+    with anyio.fail_after(LIMIT):
+        await recorder.poll()  # a's retry goes on: no error in its row yet
+        await wait_until(lambda: writer.pending == 0, "the first interval's rows")
+        assert _rows(db, "SELECT key, state, error FROM tasks WHERE key = 'a'") == [
+            ("a", "processing", None)
+        ]
+        _done(s, "w1", "a", T0 + 3, "error", error=OSError("second"))
+        _done(s, "w1", "b", T0 + 3)
+        _done(s, "w1", "d", T0 + 3, "error", error=KeyError("x"))
+        await recorder.poll()
+    writer.close()
+    rows = _rows(db, "SELECT key, state, tries, cause, error, root FROM tasks ORDER BY key")
+    assert rows == [
+        ("a", "erred", 2, None, "OSError: second", None),
+        ("b", "memory", 2, None, None, None),
+        ("c", "erred", 0, "dependency-failed", "dependency 'd' failed: KeyError: 'x'", "d"),
+        ("d", "erred", 1, None, "KeyError: 'x'", None),
+    ]
+    assert not recorder._failed  # (nothing kept of the tasks that ended)
+
+
+@pytest.mark.anyio
 async def test_a_try_the_scheduler_cancelled_is_recorded_in_unix_time(
     tmp_path: Path, make_state: Factory
 ) -> None:

@@ -18,6 +18,9 @@ tests/test_monitordb.py (a manager process and its worker processes).
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import traceback
 from pathlib import Path
 
 import anyio
@@ -92,6 +95,20 @@ def total(x: int) -> int:
 
 def square(x: int) -> int:
     return x * x
+
+
+#: what the external tool of :func:`wcs_tool` writes to stderr before it exits 3: a
+#: line, 3,000 characters of noise, then the line that says why
+TOOL = (
+    "import sys; sys.stderr.write('starting\\n' + 'x' * 3000 + "
+    "'\\nERROR: bad WCS header in ccd3.fits\\n'); sys.exit(3)"
+)
+
+
+def wcs_tool(ccd: int) -> str:
+    """A Parsl bash_app's step: an external tool run with ``check=True``."""
+    done = subprocess.run([sys.executable, "-c", TOOL], check=True, capture_output=True)
+    return done.stdout.decode()
 
 
 async def test_a_run_s_failures_are_in_the_database_and_report_as_on_the_dashboard(
@@ -194,3 +211,57 @@ async def test_a_run_s_failures_are_in_the_database_and_report_as_on_the_dashboa
     assert "<details><summary>traceback</summary>" in table and "in parse_row" in table
     assert "finished, output held (memory)</th><td>3<" in page
     assert "finished, output released since (released)</th><td>4<" in page
+
+
+async def test_an_external_tool_s_stderr_and_the_tasks_that_failed_for_good_are_recorded(
+    tmp_path: Path,
+) -> None:
+    """A user audit (parslmig, 5): a task whose external tool failed
+    (``CalledProcessError``) was recorded as ``Command '[...]' returned non-zero exit
+    status 3.`` alone, the tool's stderr (why) nowhere but in the client's exception;
+    and ``tasks.error`` was empty for a task that failed in its own tries. Now the
+    client's exception carries a note with the end of the tool's stderr (its traceback
+    prints it; that it travels from another process: tests/test_command_output.py),
+    the dashboard's failure group, the try's row and the task's row end their text with
+    it, and the documented "Which tasks failed for good" query lists the task with that
+    reason and its dependent with the dependency's."""
+    db = tmp_path / "monitoring.db"
+    with anyio.fail_after(LIMIT):
+        async with Cluster(workers=1, monitoring=db, monitoring_interval=0.2) as c:
+            bad = c.submit(wcs_tool, 3, key="wcs-3", retries=1)
+            after = c.submit(total, bad, key="coadd-0")
+            with pytest.raises(subprocess.CalledProcessError) as caught:
+                await bad
+            with pytest.raises(DependencyFailed):
+                await after
+            metrics: MetricsReply = await c._manager.ask(MetricsRequest(details=True))
+            await wait_until(
+                lambda: _rows(db, "SELECT count(*) FROM tasks WHERE state = 'erred'") == [(2,)],
+                "the erred tasks in the database",
+                limit=30,
+            )
+    err = caught.value
+    assert err.returncode == 3 and err.stderr.endswith(b"ERROR: bad WCS header in ccd3.fits\n")
+    tail = ("x" * 3000 + "\nERROR: bad WCS header in ccd3.fits")[-2000:]  # (its blanks cut)
+    note = f"the command's stderr (its last 2000 characters):\n{tail}"
+    assert err.__notes__ == [note]
+    assert note in "".join(traceback.format_exception(err))
+    said = f"{err}\n{note}"  # the error's text, then the note
+    assert said.startswith("Command '[") and "returned non-zero exit status 3." in said
+    # the dashboard's group, and each try's row
+    (group,) = [g for g in metrics.failure_groups if g.key == "wcs-3"]
+    assert (group.cause, group.n, group.error) == (
+        "CalledProcessError",
+        2,
+        f"CalledProcessError: {said}",
+    )
+    assert group.traceback.rstrip().endswith(tail)
+    tries = _rows(db, "SELECT try, error_type, error_message FROM tries WHERE key = 'wcs-3'")
+    assert tries == [(1, "CalledProcessError", said), (2, "CalledProcessError", said)]
+    # the documented query: the tasks that failed for good, and why
+    failed = _rows(db, _doc_sql("Which tasks failed for good"))
+    assert sorted(failed) == [
+        ("coadd-0", "coadd", 0, "dependency-failed",
+         f"dependency 'wcs-3' failed: CalledProcessError: {said}", "wcs-3"),
+        ("wcs-3", "wcs", 2, None, f"CalledProcessError: {said}", None),
+    ]  # fmt: skip
