@@ -1862,10 +1862,15 @@ async def test_a_block_that_ends_between_two_polls_has_its_rows(
 
 def test_docs_say_the_schema_version_written_and_upgraded() -> None:
     """docs/monitoring.md's "a schema version this Corral writes (N) or upgrades (...)"
-    is the runtime's SCHEMA_VERSION and UPGRADED_VERSIONS (it said 7 when 8 was written)."""
+    is the runtime's SCHEMA_VERSION and UPGRADED_VERSIONS (it said 7 when 8 was written),
+    and so is the version its schema section gives, whose history has a line for it."""
     text = " ".join((Path(__file__).parent.parent / "docs" / "monitoring.md").read_text().split())
     upgraded = ", ".join(str(v) for v in UPGRADED_VERSIONS)
     assert f"Corral writes ({SCHEMA_VERSION}) or upgrades ({upgraded})" in text
+    # and its schema section (a user audit, parslmig 9: it said 8, and its history
+    # stopped at 8)
+    assert f"`schema_version` holds the version ({SCHEMA_VERSION});" in text
+    assert f"Version {SCHEMA_VERSION} added" in text
 
 
 def test_a_manager_keeping_a_day_removes_the_ended_run_directories_older_than_that(
