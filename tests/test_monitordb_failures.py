@@ -18,6 +18,7 @@ tests/test_monitordb.py (a manager process and its worker processes).
 
 from __future__ import annotations
 
+import html
 import subprocess
 import sys
 import traceback
@@ -28,6 +29,7 @@ import pytest
 
 from actors.scheduler import MAX_TRACEBACK_TEXT
 from runtime import Cluster
+from runtime.dashboard import story_page
 from runtime.errors import DependencyFailed, TaskOutOfMemory
 from runtime.messages import MetricsReply, MetricsRequest
 from runtime.report import FAILURES_TITLE, build_report
@@ -256,6 +258,8 @@ async def test_an_external_tool_s_stderr_and_the_tasks_that_failed_for_good_are_
         f"CalledProcessError: {said}",
     )
     assert group.traceback.rstrip().endswith(tail)
+    story = story_page("wcs-3", [], [group])  # the task's story page shows its group's
+    assert f"<pre class='error'>{html.escape(group.error)}</pre>" in story
     tries = _rows(db, "SELECT try, error_type, error_message FROM tries WHERE key = 'wcs-3'")
     assert tries == [(1, "CalledProcessError", said), (2, "CalledProcessError", said)]
     # the documented query: the tasks that failed for good, and why
