@@ -77,6 +77,7 @@ __all__ = [
     "ChildProcess",
     "LocalProcessProvider",
     "describe_exit",
+    "has_lifeline",
     "spawn_child",
     "watch_lifeline",
 ]
@@ -415,6 +416,14 @@ def _take_lifeline() -> int | None:
         os.set_inheritable(fd, False)
         _lifeline_fd = fd
     return _lifeline_fd
+
+
+def has_lifeline() -> bool:
+    """Whether this process was started by :func:`spawn_child` with a lifeline: its
+    parent lives as long as it runs (:func:`watch_lifeline` ends it otherwise). A worker
+    process with one has its manager in that parent (a local process provider runs in
+    the manager's process)."""
+    return _take_lifeline() is not None
 
 
 async def watch_lifeline(

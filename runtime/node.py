@@ -204,8 +204,25 @@ NO_HELLO = "no hello"
 #: before it exits 1 (``run_worker``'s ``reconnect``; a worker's ``--connect-retry``)
 RECONNECT = 10.0
 #: Seconds a worker's event loop may be blocked (a task holding the GIL) before the
-#: worker warns that it was (``event loop blocked``)
+#: worker warns that it was (``event loop blocked``); the manager's gateway warns of its
+#: own loop's stalls from the same length on
 LOOP_BLOCKED_WARN = 5.0
+#: Seconds a worker's probe of its manager's port (:func:`port_takes_connections`) waits
+#: for the TCP connection (the operating system accepts it, even for a stalled process)
+PROBE_TIMEOUT = 1.0
+#: Seconds each try of a worker waiting for a stalled manager (below) may take: its
+#: connection waits in the manager's backlog until the manager's loop runs again (a
+#: try at a time, not one a window: a long stall does not fill the backlog)
+STALLED_TRY = 300.0
+#: Why a worker started by a local process provider waits for a manager that does not
+#: answer rather than give up after its window (``the manager does not answer; waiting
+#: for it``)
+MANAGER_STALLED = (
+    "the manager runs in this worker's parent process, which lives, and its port takes "
+    "connections: its event loop is blocked (a long synchronous call in the program that "
+    "embeds it, a notebook cell); this worker's tasks run on, and it rejoins, keeping "
+    "them, once that loop runs again"
+)
 #: Seconds of silence before the manager drops a client: a client holds no work, and
 #: its event loop may be busy with the user's own code for a while (hashing large
 #: arguments to make their keys, say); a client process that dies closes its
@@ -509,6 +526,7 @@ async def serve_gateway(
         options["tokens"] = tokens.roles()
         options.setdefault("heartbeat", max(DEFAULT_HEARTBEAT, gateway.client_dead_after))
     listener = await listen_on(address, **options)
+    await plane.system.start_service(gateway.watch_loop)
 
     async def serve(*, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         try:
@@ -1692,6 +1710,45 @@ class Gateway:
         peer = self.peers.get(name)
         return peer.ref if peer is not None and not peer.closed else None
 
+    async def watch_loop(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Warn, once per stall, when this process's event loop did not run for
+        :data:`LOOP_BLOCKED_WARN` seconds or more (a long synchronous call in the
+        program that embeds the manager: a notebook cell, ``time.sleep``,
+        ``runtime.get``; a long garbage collection; the process stopped): its workers
+        heard nothing meanwhile. The record is written when the loop runs again, so an
+        embedding program sees it then (:meth:`stall_record`)."""
+        task_status.started()
+        tick = self.heartbeat / 2
+        while True:
+            due = anyio.current_time() + tick
+            await anyio.sleep(tick)
+            late = anyio.current_time() - due
+            if late >= LOOP_BLOCKED_WARN:
+                _log.warning("event loop blocked", **self.stall_record(late))
+
+    def stall_record(self, seconds: float) -> dict[str, Any]:
+        """The fields of the manager's ``event loop blocked`` record for a stall of
+        ``seconds``: the workers joined, and what the manager and they do about it."""
+        joined = sorted(name for name in self._secrets if name in self.infos)
+        return {
+            "seconds": round(seconds, 1),
+            "workers": joined[:LOST_NAMES],
+            "more": max(0, len(joined) - LOST_NAMES),
+            "what": (
+                "the manager's event loop did not run, so its workers heard nothing from "
+                "it: their silence meanwhile is not counted against them; a worker that "
+                "closed its connection meanwhile keeps its tasks, and its id is held "
+                f"{self.reconnect_timeout:g} s for its rejoin; workers started by this "
+                "process wait for it as long as it lives"
+            ),
+            "hint": (
+                "keep long synchronous work off the event loop that runs the cluster: "
+                "await anyio.to_thread.run_sync(...) (docs/api.md, In Jupyter)"
+            ),
+        }
+
     def _hello_refusal(self, hello: Any, role: str) -> CorralError | None:
         """Why this first frame may not join (None: it may). Changes nothing."""
         if (
@@ -2809,9 +2866,11 @@ async def run_worker(
                     connect_options["token"] = new
                     own.set_tokens({new: "admin"})
 
-            async def join() -> Peer:
+            async def join(patience: float | None = None) -> Peer:
+                """Connect, say Hello, take the Welcome; ``patience``: the seconds the
+                connection may take (None: the transport's connect timeout)."""
                 await read_token()
-                conn = await connect(address, **connect_options)
+                conn = await connect(address, timeout=patience, **connect_options)
                 try:
                     await conn.send(Frame(Hello("worker", worker_id, info, secret[0])))
                     with anyio.fail_after(DEAD_AFTER):
@@ -2831,6 +2890,15 @@ async def run_worker(
                 )  # fmt: skip
                 peer.on_too_large = unsendable_tries(worker_id, lambda m: peer.post(m, ""))
                 return peer
+
+            async def manager_stalled() -> bool:
+                """Whether the manager, not answering, is only stalled: it runs in our
+                parent process (a lifeline: we live no longer than it) and its port
+                still takes connections (its listener is open; the kernel accepts for a
+                process whose event loop does not run)."""
+                from actors.processes import has_lifeline
+
+                return has_lifeline() and await port_takes_connections(address)
 
             continued = [-math.inf]  #: when this process was last continued (SIGCONT)
 
@@ -2861,11 +2929,12 @@ async def run_worker(
                 delay, began = 0.05, anyio.current_time()
                 deadline = began + window
                 last: BaseException | None = None
+                waiting = False  #: told that the manager is stalled (once per reach)
                 while True:
                     bound = math.inf if last is None and window <= 0 else deadline
                     with anyio.move_on_after(bound - anyio.current_time()) as scope:
                         try:
-                            return await join()
+                            return await join(STALLED_TRY if waiting else None)
                         except AuthenticationFailed as exc:
                             # It answers, but does not know our token (restarted with new
                             # tokens?): slower tries, each with the token read again.
@@ -2895,13 +2964,30 @@ async def run_worker(
                     if scope.cancelled_caught and last is None:  # the first try, cut short
                         last = CorralError(f"the manager at {address} did not answer")
                     now = anyio.current_time()
-                    if now >= deadline:
+                    if now >= deadline or waiting:
                         assert last is not None  # a try that was not cut short failed
-                        raise last
+                        answered = isinstance(last, AuthenticationFailed | _WorkerRefused)
+                        if answered or not await manager_stalled():
+                            raise last
+                        # Our parent runs the manager and its port takes connections:
+                        # its event loop is blocked (a long synchronous call in the
+                        # program that embeds it). Our tasks run on; wait for it, with
+                        # one try at a time left waiting in its port's backlog.
+                        if not waiting:
+                            _log.warning(
+                                "the manager does not answer; waiting for it",
+                                worker=worker_id, manager=address, waited=round(now - began, 1),
+                                why=MANAGER_STALLED,
+                            )  # fmt: skip
+                        waiting = True
+                        deadline = now + STALLED_TRY
+                        delay = min(delay, 1.0)
                     await anyio.sleep(min(delay, deadline - now))
-                    # (a token refused: slower, as a new one is written once, if ever)
+                    # (a token refused: slower, as a new one is written once, if ever;
+                    # a stalled parent: at least a try a second, to be back soon after)
                     slow = isinstance(last, AuthenticationFailed | _WorkerRefused)
-                    delay = min(delay * 2, 5.0 if slow or now - began >= 10 else 1.0)
+                    slow = slow or (now - began >= 10 and not waiting)
+                    delay = min(delay * 2, 5.0 if slow else 1.0)
 
             try:
                 first = await reach(connect_retry, rejoin=False)
@@ -3030,6 +3116,31 @@ async def run_worker(
     if left is not None:
         waited = farewell[0] if farewell else 0.0
         left(worker_id, leaving_words(cause, manager_stopped=bool(farewell), waited=waited))
+
+
+async def port_takes_connections(address: str) -> bool:
+    """Whether a TCP connection to the host and port of ``address`` (``ws://`` or
+    ``wss://``) is accepted within :data:`PROBE_TIMEOUT`: something listens there. The
+    operating system accepts it for a listening process whose event loop does not run
+    (its backlog), so it says that the process is there, not that it answers. Closed at
+    once, unused."""
+    parts = urlsplit(address)
+    if parts.scheme not in ("ws", "wss") or not parts.hostname:
+        return False
+    try:
+        port = parts.port
+    except ValueError:
+        return False
+    if port is None:
+        return False
+    with anyio.move_on_after(PROBE_TIMEOUT):
+        try:
+            stream = await anyio.connect_tcp(parts.hostname, port)
+        except OSError:
+            return False
+        await stream.aclose()
+        return True
+    return False
 
 
 def leaving_words(cause: str, *, manager_stopped: bool, waited: float = 0.0) -> str:
