@@ -2177,6 +2177,9 @@ class Cluster:
     _ended = False
 
     def _require(self) -> None:
+        stalls = getattr(getattr(self, "_plane", None), "stalls", None)
+        while stalls:  # its manager's loop (ours) was blocked since the last call: say so
+            _log.warning("the event loop was blocked before this call", **stalls.pop(0))
         if self._system is None:
             if self._ended:
                 raise CorralError(

@@ -214,6 +214,8 @@ PROBE_TIMEOUT = 1.0
 #: connection waits in the manager's backlog until the manager's loop runs again (a
 #: try at a time, not one a window: a long stall does not fill the backlog)
 STALLED_TRY = 300.0
+#: How many of its loop's stalls a gateway keeps for an embedded Cluster's next call
+STALLS_KEPT = 10
 #: Why a worker started by a local process provider waits for a manager that does not
 #: answer rather than give up after its window (``the manager does not answer; waiting
 #: for it``)
@@ -299,6 +301,9 @@ class ControlPlane:
     monitor: Monitor | None = None
     #: the monitoring database's recorder (None: no database)
     recorder: MonitorRecorder | None = None
+    #: the gateway's ``event loop blocked`` records not yet told to the program that
+    #: embeds the cluster (its next call tells them: :meth:`Gateway.watch_loop`)
+    stalls: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     def resolve(self, name: str) -> Any:
         """A reference to the actor or remote peer called ``name``, or ``None``."""
@@ -1717,8 +1722,9 @@ class Gateway:
         :data:`LOOP_BLOCKED_WARN` seconds or more (a long synchronous call in the
         program that embeds the manager: a notebook cell, ``time.sleep``,
         ``runtime.get``; a long garbage collection; the process stopped): its workers
-        heard nothing meanwhile. The record is written when the loop runs again, so an
-        embedding program sees it then (:meth:`stall_record`)."""
+        heard nothing meanwhile. The record is written when the loop runs again, and
+        kept in the plane's ``stalls`` (the latest :data:`STALLS_KEPT`) for an embedded
+        ``Cluster`` to log again at its next call (:meth:`stall_record`)."""
         task_status.started()
         tick = self.heartbeat / 2
         while True:
@@ -1726,7 +1732,13 @@ class Gateway:
             await anyio.sleep(tick)
             late = anyio.current_time() - due
             if late >= LOOP_BLOCKED_WARN:
-                _log.warning("event loop blocked", **self.stall_record(late))
+                record = self.stall_record(late)
+                _log.warning("event loop blocked", **record)
+                # Written between a notebook's cells, maybe: an embedded Cluster says it
+                # again at its next call, in the cell that makes it.
+                if len(self.plane.stalls) >= STALLS_KEPT:
+                    del self.plane.stalls[0]
+                self.plane.stalls.append({**record, "at": time.strftime("%H:%M:%S UTC")})
 
     def stall_record(self, seconds: float) -> dict[str, Any]:
         """The fields of the manager's ``event loop blocked`` record for a stall of

@@ -137,6 +137,10 @@ async def test_a_blocked_host_loop_costs_no_running_work(
     (warning,) = manager_blocked(caplog)
     assert warning.levelno == logging.WARNING
     assert "worker-1" in warning.getMessage() and "to_thread" in warning.getMessage()
+    # ... and the cluster's next call (in the notebook's next cell) said it again.
+    (again,) = [r for r in caplog.records if "blocked before this call" in r.getMessage()]
+    assert again.name == "corral.client" and again.levelno == logging.WARNING
+    assert "seconds=" in again.getMessage() and "to_thread" in again.getMessage()
 
 
 @pytest.mark.slow  # about 12 s: the stall outlasts the worker's start and first try
