@@ -177,7 +177,7 @@ def _whole(name: str, value: object, least: int, *, bool_ok: bool = False, also:
 #: (:meth:`Cluster.start` imports them in a thread: ``_import_all``).
 _START_MODULES = {
     "embedded": ("runtime.preflight", "runtime.monitordb"),
-    "processes": ("actors.processes", "transport.ws"),
+    "processes": ("actors.processes", "transport.ws", "runtime.metrics", "runtime.dashboard"),
     "address": ("transport.ws",),
 }
 
@@ -1965,6 +1965,7 @@ class Cluster:
     async def _start(self, system: ActorSystem) -> None:
         """Start the control plane and in-process workers in ``system``."""
         from runtime.node import (
+            Tokens,
             start_control_plane,
             start_local_processes,
             worker_factory,
@@ -1990,15 +1991,18 @@ class Cluster:
                 policies=self.initial_policies,
                 stall_timeout=self.stall_timeout,
                 alerting=self.alerting,
+                dashboard=True,
                 **self._monitoring(),
                 **self._scheduler(),
                 **fixed,
             )
+            self._tokens = Tokens.generate()
             with self._port_taken():
                 self.gateway_address = await start_local_processes(
                     plane,
                     n=self.processes,
                     listen=self._gateway_url(),
+                    tokens=self._tokens,
                     threads=self.threads_per_worker,
                     memory=memory,
                     pool=self.pool,
@@ -2075,7 +2079,7 @@ class Cluster:
         from runtime.node import (
             Tokens,
             pool_targets,
-            serve_gateway,
+            serve_local_gateway,
             start_autoscaler,
             start_control_plane,
             start_pools,
@@ -2085,13 +2089,14 @@ class Cluster:
         plane = await start_control_plane(
             system, saturation=self.saturation, policies=self.initial_policies,
             stall_timeout=self.stall_timeout, alerting=self.alerting,
+            dashboard=bool(self.processes),
             **self._monitoring(),
             **self._scheduler(), pools=self.pools,
         )  # fmt: skip
         if self.processes:
-            tokens = Tokens.generate()
+            tokens = self._tokens = Tokens.generate()
             with self._port_taken():
-                _, listener = await serve_gateway(
+                listener = await serve_local_gateway(
                     plane, self._gateway_url(), tokens, worker_timeout=self.worker_timeout
                 )
             self.gateway_address = listener.address
@@ -2188,6 +2193,96 @@ class Cluster:
                     "Await them inside the block, or make a new Cluster for new work."
                 )
             raise CorralError("the cluster is not running; use `async with Cluster() as c:`")
+
+    # -- showing it ------------------------------------------------------------------
+
+    #: the tokens of the gateway of its worker processes (None: it has none)
+    _tokens: Any = None
+
+    @property
+    def dashboard_link(self) -> str | None:
+        """The URL of the cluster's live dashboard (docs/monitoring.md#live-dashboard),
+        or None while it does not run, and with in-process workers (no listener).
+        With worker processes (``processes=N``), the page served on the gateway they
+        join (``gateway_address`` as ``http://``), with the cluster's read token
+        (``?token=``), as a manager prints its own: opened once, the page keeps the
+        token in a cookie and takes it out of the address bar. Each start makes new
+        tokens. With ``address``, the manager's page without a token: it opens in a
+        browser that opened the URL the manager printed once."""
+        if self._system is None:
+            return None
+        from runtime.dashboard import dashboard_url
+
+        if self.address is not None:
+            return dashboard_url(self.address, "")
+        if self._tokens is None:
+            return None
+        return dashboard_url(self.gateway_address, self._tokens.read)
+
+    def _now(self) -> tuple[str, list[tuple[str, str]]]:
+        """Its state (``running``, ``not started``, ``closed``) and
+        what to show of it, as (label, text) rows: where it runs, its workers, its
+        tasks by state, its dashboard (without its token); read from the scheduler in
+        this process, so of a client of a manager process only the address."""
+        if self._system is None:
+            if self._ended:
+                return "closed", []
+            return "not started", [("start", "`await cluster.start()`")]
+        if self.address is not None:
+            return "running", [
+                ("address", f"{self.address} (a manager process: `await cluster.status()` "
+                 "for its workers and tasks)"),
+                ("dashboard", f"{self.dashboard_link} (opens in a browser that opened the "
+                 "URL the manager printed once)"),
+            ]  # fmt: skip
+        state = self._scheduler_actor.state  # read in its loop's thread, between events
+        try:
+            workers = sorted(state.workers)
+            tasks = state.by_state
+        except RuntimeError:  # read from another thread while they changed
+            workers, tasks = [], {}
+        named = ", ".join(workers[:5]) + (f", +{len(workers) - 5}" if len(workers) > 5 else "")
+        told = [f"{n} {st}" for st, n in sorted(tasks.items())]
+        unsent = len(self._client_actor.pending)  # submitted in this turn of the loop
+        if unsent:
+            told.append(f"{unsent} not sent yet (sent once the event loop runs: an await, "
+                        "or the cell's end)")  # fmt: skip
+        link = self.dashboard_link
+        return "running", [
+            ("address", getattr(self, "gateway_address", "") or "in-process"),
+            ("workers", f"{len(workers)}" + (f": {named}" if workers else "")),
+            ("tasks", ", ".join(told) or "none"),
+            ("dashboard",
+             f"{link.split('?')[0]} (cluster.dashboard_link opens it: it carries the read "
+             "token)" if link else "none (in-process workers: Cluster(processes=N) serves one)"),
+        ]  # fmt: skip
+
+    def __repr__(self) -> str:
+        state, rows = self._now()
+        shown = "; ".join(f"{label} {text}" for label, text in rows)
+        return f"<Cluster {state}{': ' if shown else ''}{shown}>"
+
+    def _repr_html_(self) -> str:
+        """Its rows as a table in a notebook, the dashboard a link that opens it."""
+        from html import escape
+
+        state, rows = self._now()
+        cells = []
+        for label, text in rows:
+            link = self.dashboard_link if label == "dashboard" else None
+            shown = escape(text)
+            if link:
+                shown = (
+                    f'<a href="{escape(link)}" target="_blank">{escape(link.split("?")[0])}</a>'
+                    " (the link carries the cluster's read token: the page keeps it in a "
+                    "cookie; new at each start)"
+                )
+            cells.append(
+                f'<tr><th style="text-align:left">{escape(label)}</th>'
+                f'<td style="text-align:left">{shown}</td></tr>'
+            )
+        table = "".join(cells)
+        return f"<div><strong>Corral Cluster</strong> {escape(state)}<table>{table}</table></div>"
 
     # -- submitting ------------------------------------------------------------------
 

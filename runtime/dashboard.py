@@ -67,10 +67,13 @@ MAX_DEPTHS = 1000  #: and at most this many samples, whatever the interval
 
 
 def dashboard_url(address: str, token: str) -> str:
-    """The URL to open: the manager's ``ws://host:port`` as ``http://host:port/?token=``."""
+    """The URL to open: the manager's ``ws://host:port`` as ``http://host:port/?token=``
+    (``token`` "": the page without one, which opens in a browser that opened the
+    URL with its token once)."""
     parts = urlsplit(address)
     scheme = "https" if parts.scheme == "wss" else "http"
-    return f"{scheme}://{parts.netloc}{DASHBOARD_PATH}?token={quote(token)}"
+    query = f"?token={quote(token)}" if token else ""
+    return f"{scheme}://{parts.netloc}{DASHBOARD_PATH}{query}"
 
 
 # ----------------------------------------------------------------------------- snapshot

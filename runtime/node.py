@@ -544,6 +544,78 @@ async def serve_gateway(
     return gateway, listener
 
 
+def _alertmanagers(plane: ControlPlane) -> list[Any]:
+    """The alert monitor's Alertmanager notifiers (none without a monitor)."""
+    from runtime.notify import AlertmanagerNotifier
+
+    notifiers = plane.monitor.notifiers if plane.monitor else []
+    return [n for n in notifiers if isinstance(n, AlertmanagerNotifier)]
+
+
+@dataclasses.dataclass
+class GatewayRoutes:
+    """What a websocket gateway serves besides its connections (:func:`gateway_routes`)."""
+
+    #: for :func:`serve_gateway`'s ``listen_options``: ``http_routes`` (``GET
+    #: /metrics``) and ``web_routes`` (the live dashboard); empty without them
+    options: dict[str, Any]
+    #: the manager's metrics, as ``/metrics`` and a metrics listener besides show them
+    fetch: Callable[[], Awaitable[MetricsReply]]
+    #: the collectors ``/metrics`` shows after the snapshot's
+    extra: list[Any]
+    #: the dashboard's feed (None without the dashboard)
+    feed: DashboardFeed | None
+
+
+async def gateway_routes(
+    plane: ControlPlane, listening: list[Listener], *, web: bool = True
+) -> GatewayRoutes:
+    """``GET /metrics`` and the live dashboard (unless not ``web``; its feed starts
+    here as a service of the plane's system) for a websocket gateway of ``plane``,
+    with the collectors of the notifications to Alertmanager and of the refusals of
+    the listener appended to ``listening`` once it listens."""
+    from runtime.dashboard import DashboardFeed, dashboard_routes
+    from runtime.metrics import NotifierCollector, RefusalCollector, metrics_route
+
+    ams = _alertmanagers(plane)  # corral_notifications_*
+    extra = [
+        NotifierCollector(lambda: ams),
+        RefusalCollector(lambda: getattr(listening[0], "refused_by", {}) if listening else {}),
+    ]
+
+    async def fetch() -> MetricsReply:
+        reply = await plane.manager.ask(MetricsRequest(), timeout=10.0)
+        assert isinstance(reply, MetricsReply)
+        return reply
+
+    if not web:
+        return GatewayRoutes({}, fetch, extra, None)
+    feed = DashboardFeed(_dashboard_sources(plane))
+    await plane.system.start_service(feed.run)
+    options = {
+        "http_routes": {"/metrics": metrics_route(fetch, extra)},
+        "web_routes": dashboard_routes(feed),
+    }
+    return GatewayRoutes(options, fetch, extra, feed)
+
+
+async def serve_local_gateway(
+    plane: ControlPlane, listen: str, tokens: Tokens, *, worker_timeout: float = DEAD_AFTER
+) -> Listener:
+    """An embedded cluster's gateway on ``listen``, which its worker processes join:
+    it serves ``GET /metrics`` and the live dashboard to its tokens as a manager's
+    listener does (:func:`gateway_routes`), and the alerts link to its page."""
+    listening: list[Listener] = []
+    routes = await gateway_routes(plane, listening)
+    _, listener = await serve_gateway(
+        plane, listen, tokens, listen_options=routes.options, worker_timeout=worker_timeout
+    )
+    listening.append(listener)
+    if "monitor" in plane.refs:
+        plane.refs["monitor"].post(DashboardAt(_http_url(listener.address) + "/"))
+    return listener
+
+
 async def start_local_processes(
     plane: ControlPlane,
     *,
@@ -557,7 +629,8 @@ async def start_local_processes(
     disk: int = 0,
     worker_timeout: float = DEAD_AFTER,
 ) -> str:
-    """Serve a gateway on ``listen`` and keep ``n`` worker processes on this machine
+    """Serve a gateway on ``listen`` (with ``/metrics`` and the dashboard:
+    :func:`serve_local_gateway`) and keep ``n`` worker processes on this machine
     joined to ``plane`` (replaced when they crash; stopped with the plane's system, and
     never outliving this process however it ends). Returns the gateway's address.
     ``disk``: each worker's ``--disk`` (0: measured by the worker; ``DISK_OFF``: off).
@@ -566,7 +639,7 @@ async def start_local_processes(
     from actors.processes import LocalProcessProvider
 
     tokens = tokens or Tokens.generate()
-    _, listener = await serve_gateway(plane, listen, tokens, worker_timeout=worker_timeout)
+    listener = await serve_local_gateway(plane, listen, tokens, worker_timeout=worker_timeout)
     address = listener.address
 
     def argv_for(block_id: str, index: int) -> list[str]:
@@ -2447,30 +2520,13 @@ async def run_manager(
             dashboard=websockets, monitor_feed=monitoring is not None,
             pools=pools,
         )  # fmt: skip
-        from runtime.dashboard import DashboardFeed, dashboard_routes
-        from runtime.metrics import NotifierCollector, RefusalCollector, metrics_route
-        from runtime.notify import AlertmanagerNotifier
-
-        notifiers = plane.monitor.notifiers if plane.monitor else []  # corral_notifications_*
-        ams = [n for n in notifiers if isinstance(n, AlertmanagerNotifier)]
         listening: list[Listener] = []  # the gateway's listener, once it listens
-        notifications = [
-            NotifierCollector(lambda: ams),
-            RefusalCollector(lambda: getattr(listening[0], "refused_by", {}) if listening else {}),
-        ]
-
-        async def fetch() -> MetricsReply:
-            reply = await plane.manager.ask(MetricsRequest(), timeout=10.0)
-            assert isinstance(reply, MetricsReply)
-            return reply
-
+        routes = await gateway_routes(plane, listening, web=websockets)
+        fetch, notifications, feed = routes.fetch, routes.extra, routes.feed
+        ams = _alertmanagers(plane)
         options = dict(listen_options or {})
-        feed: DashboardFeed | None = None
-        if websockets:
-            options.setdefault("http_routes", {"/metrics": metrics_route(fetch, notifications)})
-            feed = DashboardFeed(_dashboard_sources(plane))
-            options.setdefault("web_routes", dashboard_routes(feed))
-            await system.start_service(feed.run)
+        for name, route in routes.options.items():
+            options.setdefault(name, route)
         try:
             gateway, listener = await serve_gateway(
                 plane,

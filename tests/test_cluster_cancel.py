@@ -224,8 +224,9 @@ _CALLS: dict[str, Callable[[Cluster], Any]] = {
     "wait_for_workers": lambda c: c.wait_for_workers(1),
     "scheduler_state": lambda c: c.scheduler_state,
 }
-#: Those that need no running cluster: starting and stopping it, reading its settings.
-_ANY_TIME = {"start", "close", "worker_memory", "worker_disk"}
+#: Those that need no running cluster: starting and stopping it, reading its settings,
+#: its dashboard's URL (None then).
+_ANY_TIME = {"start", "close", "worker_memory", "worker_disk", "dashboard_link"}
 
 
 async def test_every_method_of_a_cluster_that_is_not_running_raises_corral_error() -> None:
