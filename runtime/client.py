@@ -1755,6 +1755,8 @@ class Cluster:
         """
         if self._system is not None:
             raise CorralError("this cluster is already running")
+        if self.address is None and self._closed != "runtime.get":
+            _warn_running(self)
         # what this start imports beyond this module's imports: in a thread, so that the
         # first start in a process does not hold the caller's event loop for them
         await anyio.to_thread.run_sync(_import_all, self._start_modules())
@@ -1772,9 +1774,15 @@ class Cluster:
                 await self._start(system)
             else:
                 await self._connect(system, self.address)
-        except BaseException:
+        except BaseException as exc:
             await self.close()
+            # it never ran: its error says why it did not start, not that it was closed
+            self._ended = False
+            self._start_failed = _first_line(exc)
             raise
+        self._start_failed = ""
+        if self.address is None and self._closed != "runtime.get":
+            _RUNNING.append(self)
 
     async def _connect(self, system: ActorSystem, address: str) -> None:
         """Join a manager in another process as a client: connected once its gateway
@@ -2058,6 +2066,13 @@ class Cluster:
                 "on that port already, another cluster or program: choose another port, or "
                 "leave port out and read the free one taken from cluster.gateway_address)"
             )
+            holders = [c for c in Cluster.running() if c._port_of() == self.port]
+            if holders:  # a notebook cell run again: the Cluster it made before
+                exc.add_note(
+                    f"(it is {holders[0]!r}, started earlier in this process and "
+                    "still running: `await old.close()` frees the port, old being the "
+                    "variable that held it, or Cluster.running()[i])"
+                )
             raise
 
     def _scheduler(self) -> dict[str, Any]:
@@ -2137,6 +2152,8 @@ class Cluster:
         if system is None:
             return
         self._ended = True
+        with contextlib.suppress(ValueError):  # not listed: runtime.get's, a client's
+            _RUNNING.remove(self)
         if self._policies_set and system.running:
             with anyio.CancelScope(shield=True):
                 await self._policies_left()
@@ -2180,6 +2197,8 @@ class Cluster:
 
     #: closed (``close()``, or its ``async with`` block left): never running again
     _ended = False
+    #: why its latest start failed (its error's type and first line; "": it did not)
+    _start_failed = ""
 
     def _require(self) -> None:
         stalls = getattr(getattr(self, "_plane", None), "stalls", None)
@@ -2192,12 +2211,26 @@ class Cluster:
                     "left, or close() was called), and its futures' results went with it. "
                     "Await them inside the block, or make a new Cluster for new work."
                 )
+            if self._start_failed:
+                raise CorralError(
+                    f"the cluster is not running: its start failed ({self._start_failed}), "
+                    "and nothing of it runs. Remove the cause and start it again (`await "
+                    "cluster.start()`), or drop this Cluster."
+                )
             raise CorralError("the cluster is not running; use `async with Cluster() as c:`")
 
     # -- showing it ------------------------------------------------------------------
 
     #: the tokens of the gateway of its worker processes (None: it has none)
     _tokens: Any = None
+
+    @staticmethod
+    def running() -> list[Cluster]:
+        """The embedded clusters this process started that still run, oldest first (not
+        those of ``runtime.get``, nor clients of a manager process): a notebook cell run
+        again leaves the one it made before running, and ``await
+        Cluster.running()[0].close()`` stops it."""
+        return [c for c in _RUNNING if c._system is not None and c._system.running]
 
     @property
     def dashboard_link(self) -> str | None:
@@ -2219,14 +2252,26 @@ class Cluster:
             return None
         return dashboard_url(self.gateway_address, self._tokens.read)
 
+    def _port_of(self) -> int | None:
+        """The port its worker processes join it on (None: none)."""
+        from urllib.parse import urlsplit
+
+        gateway = getattr(self, "gateway_address", None)
+        return urlsplit(gateway).port if gateway and self._system is not None else None
+
     def _now(self) -> tuple[str, list[tuple[str, str]]]:
-        """Its state (``running``, ``not started``, ``closed``) and
+        """Its state (``running``, ``not started``, ``start failed``, ``closed``) and
         what to show of it, as (label, text) rows: where it runs, its workers, its
         tasks by state, its dashboard (without its token); read from the scheduler in
         this process, so of a client of a manager process only the address."""
         if self._system is None:
             if self._ended:
                 return "closed", []
+            if self._start_failed:
+                return "start failed", [
+                    ("error", self._start_failed),
+                    ("next", "remove the cause and `await cluster.start()` again, or drop it"),
+                ]
             return "not started", [("start", "`await cluster.start()`")]
         if self.address is not None:
             return "running", [
@@ -2948,6 +2993,31 @@ _MANAGER_SETTINGS: tuple[tuple[tuple[str, ...], str], ...] = (
         "[alerting]) or --alertmanager URL",
     ),
 )
+
+
+#: the embedded clusters this process started, while they run (Cluster.running())
+_RUNNING: list[Cluster] = []
+
+
+def _first_line(exc: BaseException) -> str:
+    """``exc``'s type and the first line of its message, for an error that says why."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+def _warn_running(cluster: Cluster) -> None:
+    """Warn that ``cluster`` starts while other embedded clusters of this process run
+    (a notebook cell run again), naming them and how to close them; none is closed."""
+    running = Cluster.running()
+    if running:
+        _log.warning(
+            "a Cluster starts while another started in this process still runs: each keeps "
+            "its workers",
+            running=[repr(c) for c in running],
+            advice="a notebook cell run again makes a new Cluster and leaves the old one "
+            "running. Close the old one with `await old.close()` (old: the variable that "
+            "held it, or Cluster.running()[i]); it is not closed for you",
+        )
 
 
 def _seconds(name: str, value: object, what: str = "") -> float:

@@ -225,8 +225,8 @@ _CALLS: dict[str, Callable[[Cluster], Any]] = {
     "scheduler_state": lambda c: c.scheduler_state,
 }
 #: Those that need no running cluster: starting and stopping it, reading its settings,
-#: its dashboard's URL (None then).
-_ANY_TIME = {"start", "close", "worker_memory", "worker_disk", "dashboard_link"}
+#: its dashboard's URL (None then), the clusters running (a static method).
+_ANY_TIME = {"start", "close", "worker_memory", "worker_disk", "dashboard_link", "running"}
 
 
 async def test_every_method_of_a_cluster_that_is_not_running_raises_corral_error() -> None:

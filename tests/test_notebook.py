@@ -1,18 +1,26 @@
-"""A ``Cluster`` as a notebook shows it (docs/api.md#cluster; notebook audit 4): its repr
-says where it runs, its workers, its tasks by state and its dashboard;
-``dashboard_link`` opens the page the worker processes' gateway serves, and ``/metrics``
-answers there to the read token.
+"""A ``Cluster`` as a notebook uses it (docs/api.md#cluster; notebook audit 3, 4):
+
+- a start that fails says so (and why) when the object is used, not that it was closed,
+  and the object may be started again;
+- an embedded cluster starting while another of this process runs (a cell run again)
+  logs a warning naming the one running and how to close it, and closes nothing;
+- the cluster's repr says where it runs, its workers, its tasks by state and its
+  dashboard; ``dashboard_link`` opens the page the worker processes' gateway serves,
+  and ``/metrics`` answers there to the read token.
 """
 
 from __future__ import annotations
 
 import http.cookiejar
+import logging
 import urllib.request
 
 import anyio
 import pytest
 
+import runtime
 from runtime import Cluster
+from runtime.errors import AddressInUse, CorralError
 from tests.helpers import free_port_between
 
 LIMIT = 60.0
@@ -20,6 +28,93 @@ LIMIT = 60.0
 
 def _port() -> int:
     return free_port_between(58_500, 58_999)
+
+
+def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno == logging.WARNING and "a Cluster starts while another" in r.getMessage()
+    ]
+
+
+@pytest.mark.anyio
+async def test_a_failed_start_says_it_failed_and_the_cluster_may_start_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Before, the second object's error said it "was closed (its `async with` block
+    was left, or close() was called)": start() closes what it started on failure."""
+    port = _port()
+    with anyio.fail_after(LIMIT):
+        first = Cluster(processes=1, port=port)
+        await first.start()
+        try:
+            again = Cluster(processes=1, port=port)  # the cell run again
+            with pytest.raises(AddressInUse) as caught:
+                await again.start()
+            why = str(caught.value).splitlines()[0]
+            with pytest.raises(CorralError) as used:
+                again.submit(abs, -1)
+            assert str(used.value) == (
+                f"the cluster is not running: its start failed (AddressInUse: {why}), and "
+                "nothing of it runs. Remove the cause and start it again (`await "
+                "cluster.start()`), or drop this Cluster."
+            )
+            notes = getattr(caught.value, "__notes__", [])
+            # (its workers may have joined since: the repr of that moment)
+            assert notes[1].startswith(f"(it is <Cluster running: address ws://127.0.0.1:{port};")
+            assert notes[1].endswith(
+                "(cluster.dashboard_link opens it: it carries the read token)>, started "
+                "earlier in this process and still running: `await old.close()` frees the "
+                "port, old being the variable that held it, or Cluster.running()[i])"
+            )
+            assert repr(again) == (
+                f"<Cluster start failed: error AddressInUse: {why}; next remove the cause "
+                "and `await cluster.start()` again, or drop it>"
+            )
+            assert Cluster.running() == [first]  # the failed one is not listed
+        finally:
+            await first.close()
+        await again.start()  # the port is free now: the same object starts
+        try:
+            assert await again.submit(abs, -2) == 2
+            assert repr(again).startswith(f"<Cluster running: address ws://127.0.0.1:{port};")
+        finally:
+            await again.close()
+    assert repr(again) == "<Cluster closed>"
+
+
+@pytest.mark.anyio
+async def test_a_second_running_cluster_is_warned_of_and_the_first_keeps_running(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="corral")
+    with anyio.fail_after(LIMIT):
+        async with Cluster(workers=1) as first:
+            assert _warnings(caplog) == []
+            assert Cluster.running() == [first]
+            # runtime.get's own cluster (in a helper thread) is no cell run again
+            assert runtime.get({"x": (abs, -3)}, "x") == 3
+            assert _warnings(caplog) == []
+            shown = repr(first)
+            async with Cluster(workers=1) as second:
+                (said,) = _warnings(caplog)
+                assert (
+                    "event='a Cluster starts while another started in this process still "
+                    "runs: each keeps its workers'"
+                ) in said
+                assert f"running=[{shown!r}]" in said
+                assert (
+                    "advice='a notebook cell run again makes a new Cluster and leaves the "
+                    "old one running. Close the old one with `await old.close()` (old: the "
+                    "variable that held it, or Cluster.running()[i]); it is not closed for "
+                    "you'"
+                ) in said
+                assert Cluster.running() == [first, second]
+                assert await first.submit(abs, -1) == 1  # not closed for the user
+                assert await second.submit(abs, -2) == 2
+            assert Cluster.running() == [first]
+    assert Cluster.running() == []
 
 
 @pytest.mark.anyio
