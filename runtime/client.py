@@ -1736,6 +1736,12 @@ class Cluster:
         return self
 
     def __enter__(self) -> NoReturn:
+        if _loop_runs_here():  # a notebook: asyncio.run and anyio.run fail there
+            raise TypeError(
+                "a Cluster runs in an event loop, and one runs in this thread already (a "
+                f"Jupyter notebook, or async code): not `with`, but {_START_HERE}. See "
+                "docs/api.md#in-a-jupyter-notebook."
+            )
         raise TypeError(
             "a Cluster runs in an event loop: use `async with Cluster(...) as cluster:` "
             "inside an async function (run by anyio.run or asyncio.run), not `with`. From "
@@ -2217,7 +2223,16 @@ class Cluster:
                     "and nothing of it runs. Remove the cause and start it again (`await "
                     "cluster.start()`), or drop this Cluster."
                 )
-            raise CorralError("the cluster is not running; use `async with Cluster() as c:`")
+            if _loop_runs_here():
+                raise CorralError(
+                    "the cluster is not running: it was not started. An event loop runs in "
+                    f"this thread (a Jupyter notebook, or async code): {_START_HERE}."
+                )
+            raise CorralError(
+                "the cluster is not running; use `async with Cluster() as c:` inside an "
+                "async function, or `await cluster.start()` there (and `await "
+                "cluster.close()` once done)"
+            )
 
     # -- showing it ------------------------------------------------------------------
 
@@ -2997,6 +3012,23 @@ _MANAGER_SETTINGS: tuple[tuple[tuple[str, ...], str], ...] = (
 
 #: the embedded clusters this process started, while they run (Cluster.running())
 _RUNNING: list[Cluster] = []
+
+#: how to start a Cluster where an event loop runs in the thread (a notebook)
+_START_HERE = (
+    "start it with `await cluster.start()` (in a notebook, in one cell; use it in later "
+    "cells; `await cluster.close()` stops it), or use `async with Cluster(...) as "
+    "cluster:` around the work (in a notebook, at the top level of one cell); "
+    "asyncio.run and anyio.run fail where a loop runs already"
+)
+
+
+def _loop_runs_here() -> bool:
+    """Whether an event loop runs in this thread (a Jupyter kernel's, async code)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
 
 
 def _first_line(exc: BaseException) -> str:

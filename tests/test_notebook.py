@@ -1,4 +1,5 @@
-"""A ``Cluster`` as a notebook uses it (docs/api.md#cluster; notebook audit 3, 4):
+"""A ``Cluster`` as a notebook uses it (docs/api.md#in-a-jupyter-notebook; notebook
+audit 3, 4, 5):
 
 - a start that fails says so (and why) when the object is used, not that it was closed,
   and the object may be started again;
@@ -6,7 +7,9 @@
   logs a warning naming the one running and how to close it, and closes nothing;
 - the cluster's repr says where it runs, its workers, its tasks by state and its
   dashboard; ``dashboard_link`` opens the page the worker processes' gateway serves,
-  and ``/metrics`` answers there to the read token.
+  and ``/metrics`` answers there to the read token;
+- where an event loop runs in the thread (a notebook), ``with Cluster()`` and a call on a
+  cluster not started say to ``await cluster.start()``, not to use ``asyncio.run``.
 """
 
 from __future__ import annotations
@@ -39,9 +42,7 @@ def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
 
 
 @pytest.mark.anyio
-async def test_a_failed_start_says_it_failed_and_the_cluster_may_start_again(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
+async def test_a_failed_start_says_it_failed_and_the_cluster_may_start_again() -> None:
     """Before, the second object's error said it "was closed (its `async with` block
     was left, or close() was called)": start() closes what it started on failure."""
     port = _port()
@@ -182,3 +183,38 @@ async def test_the_dashboard_link_of_worker_processes_opens_the_page() -> None:
             )  # the text repr, which logs may carry, has no token
             assert token not in repr(cluster)
             assert f'<a href="{link}" target="_blank">{base}</a>' in cluster._repr_html_()
+
+
+@pytest.mark.anyio
+async def test_with_in_a_running_loop_says_await_start() -> None:
+    with pytest.raises(TypeError) as caught, Cluster(workers=1):  # type: ignore[misc]
+        pass
+    assert str(caught.value) == (
+        "a Cluster runs in an event loop, and one runs in this thread already (a Jupyter "
+        "notebook, or async code): not `with`, but start it with `await cluster.start()` "
+        "(in a notebook, in one cell; use it in later cells; `await cluster.close()` stops "
+        "it), or use `async with Cluster(...) as cluster:` around the work (in a notebook, "
+        "at the top level of one cell); asyncio.run and anyio.run fail where a loop runs "
+        "already. See docs/api.md#in-a-jupyter-notebook."
+    )
+    with pytest.raises(CorralError) as used:
+        Cluster(workers=1).submit(abs, -1)
+    assert str(used.value) == (
+        "the cluster is not running: it was not started. An event loop runs in this thread (a "
+        "Jupyter notebook, or async code): start it with `await cluster.start()` (in a "
+        "notebook, in one cell; use it in later cells; `await cluster.close()` stops it), or "
+        "use `async with Cluster(...) as cluster:` around the work (in a notebook, at the top "
+        "level of one cell); asyncio.run and anyio.run fail where a loop runs already."
+    )
+
+
+def test_without_a_loop_the_errors_say_async_code() -> None:
+    async_code = r"inside an async function \(run by anyio.run"
+    with pytest.raises(TypeError, match=async_code), Cluster(workers=1):  # type: ignore[misc]
+        pass
+    with pytest.raises(CorralError) as used:
+        Cluster(workers=1).submit(abs, -1)
+    assert str(used.value) == (
+        "the cluster is not running; use `async with Cluster() as c:` inside an async "
+        "function, or `await cluster.start()` there (and `await cluster.close()` once done)"
+    )
