@@ -1830,7 +1830,7 @@ class Gateway:
             ),
             "hint": (
                 "keep long synchronous work off the event loop that runs the cluster: "
-                "await anyio.to_thread.run_sync(...) (docs/api.md, In Jupyter)"
+                "await anyio.to_thread.run_sync(...) (docs/api.md, In a Jupyter notebook)"
             ),
         }
 
