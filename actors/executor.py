@@ -34,16 +34,22 @@ the GIL while they work. Processes cost a pickle copy of every task's inputs and
 killed at the worker's memory *terminate* fence and its try recorded as ``oom`` while
 the worker and the other tasks' results live on. In process mode the RSS a task reports
 is its task process's; :meth:`BaseExecutor.total_rss` is the worker's plus its task
-processes'.
+processes' and that of the programs their tasks started (:func:`tree_rss`); in thread
+mode the worker's plus that of the programs started from its threads.
 
 How task processes work: each is started with the ``spawn`` start method (never
 ``fork``: the worker is multi-threaded) by the thread that feeds it, and dies with its
 parent (``PR_SET_PDEATHSIG`` on Linux, plus a lifeline pipe whose end-of-file ends it
-anywhere; both as for worker processes, :mod:`runtime.lifeline`). It ignores SIGINT and SIGTERM
-(a terminal's Ctrl-C and a batch system's stop reach the whole process group; the
+anywhere; both as for worker processes, :mod:`runtime.lifeline`). It leads a session
+(and process group) of its own, which the programs its tasks start join: wherever the
+worker stops a task process (a timeout, a cancel, the terminate fence, its shutdown, a
+replacement) it SIGKILLs the whole group (:func:`signal_group`), so those programs stop
+with it. It ignores SIGINT and SIGTERM (a batch system's stop reaches every process of
+the job, and a terminal's Ctrl-C the worker's process group, not the task process's; the
 worker, told the same moment, stops its task processes itself and its tries are lost
 with it, not failed: SIGTERM by a no-op handler, so a program the task runs gets the
-default action back at exec). A job travels as the
+default action back at exec). A worker killed outright (SIGKILL) takes its task
+processes with it, but not the programs they started. A job travels as the
 key, the node pickled by ``cloudpickle`` (a :class:`~runtime.graph.PickledNode` is
 sent as the bytes it already holds) and the inputs pickled with protocol 5, their
 out-of-band buffers (numpy arrays, ...) written straight from their memory and read
@@ -78,6 +84,7 @@ import sys
 import threading
 import time
 import traceback
+import weakref
 from collections.abc import Callable, Iterable
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -109,13 +116,16 @@ __all__ = [
     "Executor",
     "ProcessExecutor",
     "TaskProcessDied",
+    "descendants",
     "device_of",
     "give_back_freed_memory",
+    "kill_task_processes",
     "no_space",
     "out_of_disk",
     "rss",
     "rss_of",
     "stop_resource_tracker",
+    "tree_rss",
 ]
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -198,6 +208,128 @@ def rss_of(pid: int) -> int:
         return int(psutil.Process(pid).memory_info().rss)
     except (OSError, ValueError, IndexError, psutil.Error):
         return 0
+
+
+#: Whether this system lists a thread's children in /proc/<pid>/task/<tid>/children
+#: (Linux with CONFIG_PROC_CHILDREN, as every major distribution's kernel has it)
+_PROC_CHILDREN = _LINUX and os.path.exists(f"/proc/self/task/{threading.get_native_id()}/children")
+#: processes under one task process (or the executor's threads) looked at, at most
+_MAX_DESCENDANTS = 1000
+
+
+class KeptFiles:
+    """Descriptors of /proc files kept open to be read again at every memory sample
+    (a ``pread`` costs a tenth of an ``open``, ``read`` and ``close``:
+    benchmarks/README.md, ``descendants_cost.py``). A descriptor of a /proc file
+    stays bound to its process: once that process is gone it reads nothing, never a
+    process that took its number. Thread-safe; :meth:`keep_only` closes those no longer
+    read, :meth:`close` all."""
+
+    def __init__(self) -> None:
+        self._fds: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def read(self, path: str) -> bytes | None:
+        """The file's text (its first 64 KiB), or None if it cannot be read (gone)."""
+        with self._lock:
+            fd = self._fds.get(path)
+            if fd is None:
+                try:
+                    fd = self._fds[path] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+                except OSError:
+                    return None
+            try:
+                return os.pread(fd, 65536, 0)
+            except OSError:
+                del self._fds[path]
+                os.close(fd)
+                return None
+
+    def keep_only(self, paths: Iterable[str], prefix: str = "") -> None:
+        """Close the descriptors under ``prefix`` of the files not in ``paths``."""
+        keep = set(paths)
+        with self._lock:
+            for path in [p for p in self._fds if p.startswith(prefix) and p not in keep]:
+                os.close(self._fds.pop(path))
+
+    def close(self) -> None:
+        self.keep_only(())
+
+
+def _pids(text: bytes | None) -> list[int]:
+    try:
+        return [int(c) for c in text.split()] if text else []
+    except ValueError:
+        return []
+
+
+def _children_of(pid: int) -> list[int]:
+    """The pids of the children of process ``pid``, from its threads'
+    /proc/<pid>/task/<tid>/children (each lists the children its thread started); []
+    if it is gone."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+    found: list[int] = []
+    for tid in tids:
+        try:
+            fd = os.open(f"/proc/{pid}/task/{tid}/children", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            found.extend(_pids(os.read(fd, 65536)))
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    return found
+
+
+def descendants(pid: int, children: list[int] | None = None) -> list[int]:
+    """The pids of the processes under process ``pid``: its children, theirs, and so on
+    (at most :data:`_MAX_DESCENDANTS`); or under ``children``, when the caller read
+    which of its children count. [] if it is gone, or has none.
+
+    Read from /proc/<pid>/task/<tid>/children on Linux (a few reads of small files per
+    process: benchmarks/README.md, ``descendants_cost.py``); elsewhere psutil (which
+    looks at every process of the system)."""
+    found: list[int] = [] if children is None or _PROC_CHILDREN else list(children)
+    if not _PROC_CHILDREN:
+        for root in [pid] if children is None else children:
+            with contextlib.suppress(psutil.Error):
+                found.extend(p.pid for p in psutil.Process(root).children(recursive=True))
+        return found
+    todo = _children_of(pid) if children is None else list(children)
+    while todo and len(found) < _MAX_DESCENDANTS:
+        child = todo.pop()
+        found.append(child)
+        todo.extend(_children_of(child))
+    return found
+
+
+def tree_rss(pid: int, kept: KeptFiles | None = None) -> int:
+    """Resident set size of process ``pid`` plus that of every process under it
+    (:func:`descendants`: the programs a task running there started), in bytes; 0 if it
+    is gone. Pages the processes share (a forked child's, before it writes them) count
+    once in each. ``kept``: the files of ``pid`` itself (its statm, its threads' lists
+    of children) are read through those descriptors (``pid`` lives long: a task
+    process), those of the processes under it opened for the read."""
+    if kept is None or not _PROC_CHILDREN:
+        return rss_of(pid) + sum(rss_of(child) for child in descendants(pid))
+    statm = kept.read(f"/proc/{pid}/statm")
+    try:
+        own = int(statm.split()[1]) * _PAGE if statm else 0
+    except (ValueError, IndexError):
+        own = 0
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        tids = []
+    lists = [f"/proc/{pid}/task/{tid}/children" for tid in tids]
+    children = [c for path in lists for c in _pids(kept.read(path))]
+    kept.keep_only([f"/proc/{pid}/statm", *lists], f"/proc/{pid}/")
+    return own + sum(rss_of(child) for child in descendants(pid, children))
 
 
 def _run_node(node: Any, inputs: Any) -> Any:
@@ -651,6 +783,7 @@ class Executor(BaseExecutor):
         self._abandoned: set[threading.Thread] = set()  #: threads whose task was cancelled
         #: threads whose task was cancelled past ``max_abandoned``: they keep their slot
         self._held: set[threading.Thread] = set()
+        self._kept = KeptFiles()  #: the threads' lists of children (``children_rss``)
         self._threads = [
             threading.Thread(target=self._run, name=f"{name}-{i}", daemon=True) for i in range(n)
         ]
@@ -728,8 +861,21 @@ class Executor(BaseExecutor):
         """Threads cannot be killed: always False (the task runs to its end)."""
         return False
 
-    def total_rss(self) -> int:
-        return rss()
+    def children_rss(self) -> int:
+        """RSS of the programs the tasks started from their threads (``subprocess.run``,
+        ``os.system``, ...), and of everything those started, in bytes (Linux; 0
+        elsewhere). Not those a task starts from threads of its own: Linux lists a
+        child under the thread that started it."""
+        with self._lock:
+            threads = [*self._threads, *self._abandoned, *self._held]
+        if not _PROC_CHILDREN:
+            return 0  # (psutil cannot tell which thread started a child)
+        lists = {f"/proc/self/task/{t.native_id}/children" for t in threads if t.native_id}
+        children = [c for path in lists for c in _pids(self._kept.read(path))]
+        self._kept.keep_only(lists)
+        if not children:
+            return 0
+        return sum(rss_of(pid) for pid in descendants(os.getpid(), children))
 
     def _run(self) -> None:
         jobs = self._jobs
@@ -1077,13 +1223,20 @@ def _task_process_main(
     """What a task process runs: jobs from ``conn``, one at a time, until told to stop
     or until the parent is gone."""
     global _SANDBOX, _WORKER, _ERROR_LIMIT
+    # A session (and process group) of our own, which the programs our tasks start
+    # join: the worker signals the whole group when it stops us (a timeout, a cancel,
+    # the terminate fence, its shutdown), so they stop with the try. Never the
+    # worker's group: a signal to ours cannot reach it.
+    with contextlib.suppress(OSError):  # (already a group leader: never, when spawned)
+        os.setsid()
     _SANDBOX, _WORKER, _ERROR_LIMIT = sandbox, worker, error_limit
     for name in SECRET_VARIABLES:  # the worker's token is none of its tasks' business
         os.environ.pop(name, None)
     give_back_freed_memory()  # what its tasks free leaves it (its idle RSS is the floor)
     # SIGKILL when the thread that started us ends; exit now if it has.
     die_with_parent(signal.SIGKILL, parent_pid)
-    # Ctrl-C in a terminal reaches the whole process group: the worker stops its task
+    # Ctrl-C in a terminal reaches the worker's process group, not ours (our session
+    # has no terminal); should one reach us all the same, the worker stops its task
     # processes itself, so a keystroke does not fail the task running here.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # So does a batch system's SIGTERM (Slurm's preemption, scancel, the kill at the
@@ -1128,6 +1281,7 @@ class _Slot:
         "fresh_rss",
         "idle_rss",
         "index",
+        "kept",
         "key",
         "kill_rss",
         "killed",
@@ -1154,6 +1308,7 @@ class _Slot:
         self.kill_rss = 0  #: the child's RSS when it was killed
         self.idle_rss = 0  #: the child's RSS after its last task
         self.start_error: BaseException | None = None
+        self.kept = KeptFiles()  #: its task process's /proc files read at each sample
         self.tasks = 0  #: tasks its task process has run
         self.fresh_rss = 0  #: its task process's RSS idle after its first task (0: unknown)
 
@@ -1194,6 +1349,7 @@ class ProcessExecutor(BaseExecutor):
         self._state = threading.Lock()  #: guards the slots' pid, key and killed
         self._closing = False
         self._slots = [_Slot(i) for i in range(n)]
+        _EXECUTORS.add(self)
         self._threads = [
             threading.Thread(target=self._serve, args=(s,), name=f"{name}-{i}", daemon=True)
             for i, s in enumerate(self._slots)
@@ -1244,7 +1400,7 @@ class ProcessExecutor(BaseExecutor):
         with self._state:
             for slot in self._slots:
                 if slot.key is not None and slot.killed is None and slot.key == key:
-                    slot.kill_rss = rss_of(slot.pid)
+                    slot.kill_rss = tree_rss(slot.pid, slot.kept)
                     slot.killed = outcome
                     self._signal(slot, signal.SIGKILL)
                     return True
@@ -1262,9 +1418,21 @@ class ProcessExecutor(BaseExecutor):
         with self._state:
             return {s.key: s.pid for s in self._slots if s.key is not None and s.killed is None}
 
-    def began(self) -> dict[Key, int]:
+    def running_rss(self) -> tuple[dict[Key, int], int]:
         """Keys running now (not killed) -> the RSS of the task process running each
-        when the task was sent to it: what it grew by since is the task's."""
+        with the programs it started (:func:`tree_rss`), and :meth:`total_rss`, from
+        one read of each task process's tree."""
+        with self._state:
+            slots = [
+                (s.pid, s.kept, s.key if s.killed is None else None) for s in self._slots if s.pid
+            ]
+        trees = [(key, tree_rss(pid, kept)) for pid, kept, key in slots]
+        return {key: n for key, n in trees if key is not None}, rss() + sum(n for _, n in trees)
+
+    def began(self) -> dict[Key, int]:
+        """Keys running now (not killed) -> the RSS of the task process running each,
+        with the programs it ran (:func:`tree_rss`), when the task was sent to it: what
+        it grew by since is the task's."""
         with self._state:
             return {
                 s.key: s.began_rss for s in self._slots if s.key is not None and s.killed is None
@@ -1286,8 +1454,11 @@ class ProcessExecutor(BaseExecutor):
             return [s.pid for s in self._slots if s.pid]
 
     def children_rss(self) -> int:
-        """Sum of the RSS of the live task processes, in bytes."""
-        return sum(rss_of(pid) for pid in self.pids())
+        """Sum of the RSS of the live task processes and of every process under them
+        (the programs their tasks started: :func:`tree_rss`), in bytes."""
+        with self._state:
+            slots = [(s.pid, s.kept) for s in self._slots if s.pid]
+        return sum(tree_rss(pid, kept) for pid, kept in slots)
 
     # -- the slot threads
 
@@ -1334,7 +1505,7 @@ class ProcessExecutor(BaseExecutor):
             now = time.time()
             error = slot.start_error or RuntimeError("no task process could be started")
             return TaskResult(key, "error", now, now, 0, 0, error), None
-        start, began = time.time(), rss_of(slot.pid)
+        start, began = time.time(), tree_rss(slot.pid, slot.kept)
         with self._state:
             if self._closing:  # shutdown() came while the job was being pickled
                 return TaskResult(key, "cancelled"), None
@@ -1533,10 +1704,11 @@ class ProcessExecutor(BaseExecutor):
             with contextlib.suppress(OSError):
                 slot.conn.send_bytes(_STOP)
             process.join(1.0)
-        if process.is_alive():
-            with self._state:
-                self._signal(slot, signal.SIGKILL)
-            process.join(5.0)
+        with self._state:
+            # Killed, or ended by itself: what its tasks started and left running (in
+            # its process group) goes with it.
+            self._signal(slot, signal.SIGKILL)
+        process.join(5.0)
         with self._state:
             conn, lifeline, pidfd, pid = slot.conn, slot.lifeline, slot.pidfd, slot.pid
             slot.process = slot.conn = slot.lifeline = slot.pidfd = None
@@ -1544,6 +1716,7 @@ class ProcessExecutor(BaseExecutor):
         for c in (conn, lifeline):
             if c is not None:
                 c.close()
+        slot.kept.close()
         if pidfd is not None:
             os.close(pidfd)
         if self.sandbox is not None and pid:  # what a task it was killed in wrote
@@ -1552,12 +1725,69 @@ class ProcessExecutor(BaseExecutor):
             process.close()
 
     def _signal(self, slot: _Slot, sig: int) -> None:
-        """Send ``sig`` to the slot's task process (caller holds the state lock)."""
-        with contextlib.suppress(ProcessLookupError, OSError):
-            if slot.pidfd is not None:
-                signal.pidfd_send_signal(slot.pidfd, sig)
-            elif slot.pid:
-                os.kill(slot.pid, sig)
+        """Send ``sig`` to the slot's task process and every process in its process
+        group: the programs its tasks started (caller holds the state lock).
+        :func:`signal_group` says how."""
+        signal_group(slot.pidfd, slot.pid, sig)
+
+
+#: ``pidfd_send_signal``'s flag (Linux 6.9) that sends to the process group led by the
+#: pidfd's process; False once the kernel refused it
+_PIDFD_SIGNAL_PROCESS_GROUP = 4
+_pidfd_groups = True
+
+
+def signal_group(pidfd: int | None, pid: int, sig: int) -> None:
+    """Send ``sig`` to process ``pid`` (a task process: through its ``pidfd`` when it
+    has one, which never reaches a process that took its number after it was reaped),
+    then to the process group it leads (in its session of its own), which the
+    processes it started are in unless they left it; nothing to a group that has no
+    member left (nor to one before it made its session: the process alone).
+
+    The group through the ``pidfd`` where the kernel can (Linux 6.9 and later): that
+    names the group by its leader, never one whose id came back into use after it.
+    Else ``killpg(pid)``, as a process provider's clean-up does: a process group's id
+    is not given to another while the group has a member, so once it has none the
+    call finds nothing, unless a new process took that number and leads a group of its
+    own meanwhile."""
+    global _pidfd_groups
+    with contextlib.suppress(OSError):
+        if pidfd is not None:
+            signal.pidfd_send_signal(pidfd, sig)
+        elif pid:
+            os.kill(pid, sig)
+    if pidfd is not None and _pidfd_groups:
+        try:
+            signal.pidfd_send_signal(pidfd, sig, None, _PIDFD_SIGNAL_PROCESS_GROUP)
+            return
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:
+                return  # (ESRCH: the group has no member left)
+            _pidfd_groups = False  # an older kernel: killpg from now on
+    if pid:
+        with contextlib.suppress(OSError):
+            os.killpg(pid, sig)
+
+
+#: the process executors of this process, for :func:`kill_task_processes`
+_EXECUTORS: weakref.WeakSet[ProcessExecutor] = weakref.WeakSet()
+
+
+def kill_task_processes() -> int:
+    """SIGKILL every task process of this process's executors, each with its process
+    group (the programs its tasks started), at once; how many there were. For a process
+    about to end without stopping its executors (``os._exit`` at a second Ctrl-C, a
+    lost lifeline): its task processes would die with it, but not the programs they
+    started, which are in sessions of their own and no longer get the terminal's
+    signals."""
+    killed = 0
+    for ex in list(_EXECUTORS):
+        with ex._state:
+            for slot in ex._slots:
+                if slot.pid:
+                    ex._signal(slot, signal.SIGKILL)
+                    killed += 1
+    return killed
 
 
 def stop_resource_tracker() -> None:

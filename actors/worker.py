@@ -63,7 +63,7 @@ from actors import memory as mem
 from actors import transfer
 from actors import worker_state as ws
 from actors.checkpoints import INLINE_BYTES, CheckpointFiles
-from actors.executor import GLIBC, Executor, ProcessExecutor, device_of, rss, rss_of
+from actors.executor import GLIBC, Executor, ProcessExecutor, device_of, rss
 from actors.host import host_cpus
 from actors.protocol import TaskResult, ToRun
 from actors.store import SpillStore, Unpicklable, load_opened
@@ -757,9 +757,11 @@ class Worker(Actor):
         began: tuple[tuple[Key, int], ...] = ()
         executing: tuple[Key, ...] = ()
         if isinstance(ex, ProcessExecutor):
-            tasks = tuple((k, rss_of(pid)) for k, pid in ex.running().items())
+            running, used = ex.running_rss()
+            tasks = tuple(running.items())
             began = tuple(ex.began().items())
-            used = ex.total_rss() if self.probe is None else self.probe()
+            if self.probe is not None:
+                used = self.probe()
         else:
             # The tasks executing both before and after the read ran at that RSS (one
             # that ended or started in between is not credited with it).

@@ -668,7 +668,9 @@ class WorkerState:
                 if ran is not None:  # stopped past its timeout
                     if outcome == "cancelled" and task is not None and task.timeout:
                         outcome = "timeout"
-                        timeout_error = TaskTimeout(key, self.worker_id, task.timeout, ran)
+                        timeout_error = TaskTimeout(
+                            key, self.worker_id, task.timeout, ran, stopped=self.killable
+                        )
                     # else it ended by itself (or was killed for memory) first: as it ended
                 elif outcome != "error":
                     outcome, value = "cancelled", None

@@ -742,17 +742,32 @@ class TaskProcessDied(CorralError):
 
 class TaskTimeout(CorralError):
     """A try of a task executed longer than its ``timeout=`` on its worker and was
-    stopped there as a cancel stops a running try (process execution kills its task
-    process; thread execution leaves its thread behind and a fresh one takes the
-    slot). It counts as a failed try: ``retries=`` applies as for any exception.
+    stopped there as a cancel stops a running try. It counts as a failed try:
+    ``retries=`` applies as for any exception.
 
     ``timeout``: the task's setting (seconds); ``ran``: how long the try had executed
-    when it was stopped (from when it began on the worker, not its wait in a queue)."""
+    when it was stopped (from when it began on the worker, not its wait in a queue);
+    ``stopped``: whether it was really stopped (process execution: its task process
+    was killed with the programs it started), or only given up (thread execution: a
+    thread cannot be stopped, so the call runs on, with any program it started, until
+    it returns, while a fresh thread takes the slot)."""
 
-    def __init__(self, key: Hashable, worker: str, timeout: float, ran: float) -> None:
+    def __init__(
+        self, key: Hashable, worker: str, timeout: float, ran: float, stopped: bool = True
+    ) -> None:
+        if stopped:
+            what = "and was stopped there (its task process killed, with the programs it started)."
+        else:
+            what = (
+                "and was given up there, but not stopped: it runs in a thread, which cannot "
+                "be stopped, so the call runs on (with any program it started) until it "
+                "returns, its result dropped. Run tasks that may hang, or that run "
+                'external programs, in workers with execution="process", where a timeout '
+                "kills them."
+            )
         super().__init__(
             f"task {key!r} ran {ran:.3g} s on worker {worker!r}, past its timeout of "
-            f"{timeout:.3g} s, and was stopped there. If it needs longer, raise its "
+            f"{timeout:.3g} s, {what} If it needs longer, raise its "
             "timeout= (submit, submit_graph or the dask annotation); if it should not, "
             "look at why it hangs (a deadlocked lock, a network read that never returns, "
             "a call waiting for input).",
@@ -760,6 +775,7 @@ class TaskTimeout(CorralError):
             worker=worker,
             timeout=timeout,
             ran=ran,
+            stopped=stopped,
         )
 
 

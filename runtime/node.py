@@ -52,6 +52,7 @@ import anyio
 import anyio.abc
 
 from actors.autoscaler import Autoscaler, PoolTarget
+from actors.executor import kill_task_processes
 from actors.manager import Manager
 from actors.pools import (
     PoolConfig,
@@ -2313,6 +2314,7 @@ async def _until_signalled(
                         "another interrupt: exiting now" if giving_up
                         else "second interrupt: exiting now, without a graceful stop"
                     )  # fmt: skip
+                    kill_task_processes()  # and the programs their tasks started
                     os._exit(130)
                 else:
                     giving_up = True
@@ -2338,6 +2340,7 @@ async def _give_up_then_exit(give_up: Callable[[], Awaitable[int | None]]) -> No
             "(runs.dropped_rows)",
             dropped_rows=dropped,
         )  # fmt: skip
+    kill_task_processes()
     os._exit(130)
 
 
@@ -2346,7 +2349,7 @@ async def _lifeline(*, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STAT
     from actors.processes import watch_lifeline
 
     task_status.started()
-    await watch_lifeline()
+    await watch_lifeline(kill_task_processes)  # their programs are in sessions of their own
 
 
 def _dashboard_sources(plane: ControlPlane) -> Sources:

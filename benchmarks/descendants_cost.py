@@ -1,0 +1,144 @@
+"""What one memory sample of a worker costs, before and after it counts the programs its
+tasks started (their processes, under each task process or each executor thread).
+
+    python benchmarks/descendants_cost.py             # 4 slots, 20,000 samples each
+    python benchmarks/descendants_cost.py --slots 8 -n 50000
+
+A worker samples its memory every ``interval`` (50 ms by default) and after fence
+crossings: in process execution the RSS of each running task process, and the total;
+in thread execution its own RSS. Timed here on real executors (``--slots`` task
+processes or threads), idle (no program running: the common case) and with each slot's
+task running one program (``sleep``) under it:
+
+- process, before: ``rss()`` plus ``rss_of(pid)`` per task process, the per-task figures
+  read once more (the worker's ``_sample`` at main);
+- process, after: ``ProcessExecutor.running_rss()``: one ``tree_rss`` per task process
+  (its RSS and that of every process under it) for both;
+- thread, before: ``rss()``; after: ``Executor.total_rss()`` (``rss()`` plus the
+  programs the executor's threads started).
+
+Printed: microseconds per sample (the best of 5 rounds of ``-n`` samples, so the load of
+a shared machine counts least), and what share of one core that is at one sample per
+50 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from dask._task_spec import Task
+
+from actors.executor import Executor, ProcessExecutor, rss, rss_of
+from actors.protocol import ToRun
+
+INTERVAL = 0.05  # the worker's memory tick, seconds
+
+
+def run_program(gate: str) -> int:
+    """A task body: run a program (``sleep``) until the benchmark opens the gate."""
+    import subprocess
+
+    proc = subprocess.Popen(["sleep", "600"])
+    try:
+        while not Path(gate).exists():
+            time.sleep(0.01)
+    finally:
+        proc.kill()
+        proc.wait()
+    return 0
+
+
+def wait_idle(gate: str) -> int:
+    """A task body: no program, until the benchmark opens the gate."""
+    while not Path(gate).exists():
+        time.sleep(0.01)
+    return 0
+
+
+def per_sample(fn: Callable[[], Any], n: int) -> float:
+    """Microseconds per call of ``fn``, the best of 5 rounds of ``n`` calls."""
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        best = min(best, (time.perf_counter() - t0) / n)
+    return best * 1e6
+
+
+def before_process(ex: ProcessExecutor) -> None:
+    tasks = [(k, rss_of(pid)) for k, pid in ex.running().items()]
+    rss() + sum(rss_of(pid) for pid in ex.pids())
+    del tasks
+
+
+def started(ex: Executor | ProcessExecutor, slots: int) -> None:
+    """Wait (at most a minute) until every slot runs its task, and its program began."""
+    deadline = time.monotonic() + 60
+    while len(ex.executing()) < slots and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)
+
+
+def show(what: str, micros: float) -> None:
+    share = micros / 1e6 / INTERVAL * 100
+    print(f"  {what:<44} {micros:8.1f} us/sample  ({share:.3f}% of a core at 20/s)")
+
+
+async def measure(slots: int, n: int, with_program: bool, tmp: Path) -> None:
+    body = run_program if with_program else wait_idle
+    label = "one program under each slot" if with_program else "no program"
+    print(f"{slots} slots, {label}, {threading.active_count()} threads in this process:")
+    for mode in ("process", "thread"):
+        gate = tmp / f"gate-{mode}-{with_program}"
+        ex: Executor | ProcessExecutor
+        if mode == "process":
+            ex = ProcessExecutor(slots, "bench", lambda batch: None)
+        else:
+            ex = Executor(slots, "bench", lambda batch: None)
+        try:
+            for i in range(slots):
+                key = f"t{i}"
+                ex.submit(ToRun(key, Task(key, body, str(gate)), "t", ()), {})
+            await anyio.to_thread.run_sync(started, ex, slots)
+            if isinstance(ex, ProcessExecutor):
+                pe = ex
+                show(
+                    "process, before (rss_of per task process)",
+                    per_sample(functools.partial(before_process, pe), n),
+                )
+                show("process, after (running_rss: trees)", per_sample(pe.running_rss, n))
+            else:
+                show("thread, before (rss())", per_sample(rss, n))
+                show("thread, after (total_rss(): + programs)", per_sample(ex.total_rss, n))
+        finally:
+            gate.touch()
+            await anyio.to_thread.run_sync(ex.shutdown, True)
+
+
+async def main(slots: int, n: int) -> None:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        for with_program in (False, True):
+            await measure(slots, n, with_program, Path(tmp))
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--slots", type=int, default=4, help="task processes or threads")
+    parser.add_argument("-n", type=int, default=20_000, help="samples per round")
+    args = parser.parse_args()
+    anyio.run(main, args.slots, args.n)

@@ -1,0 +1,311 @@
+"""Programs a task starts (``subprocess.run`` of an external tool, as a Parsl
+``bash_app`` does): in process execution they are stopped with their task's try (a
+timeout, a cancel, the terminate fence, the executor's shutdown: each task process leads
+a process group of its own, signalled whole), and the memory they hold counts in their
+worker's samples, in both execution modes, so the memory fences act on it as on the
+task's own memory.
+
+Everything is real: the programs are child processes of the task (a Python that touches
+the memory it is told, writes its pid to a file, then sleeps), and every wait polls a
+condition within a bound (their pid file, their disappearance), never sleep-then-assert.
+The clusters are embedded (in-process workers): no sockets.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import anyio
+import psutil
+import pytest
+
+from actors.executor import (
+    Executor,
+    ProcessExecutor,
+    descendants,
+    kill_task_processes,
+    rss,
+    tree_rss,
+)
+from runtime import Cluster
+from runtime.errors import TaskOutOfMemory, TaskTimeout
+from tests.helpers import Cli, wait_until
+from tests.test_executor import Delivered, job
+
+pytestmark = pytest.mark.anyio
+BOUND = 30  # seconds a test may take (task processes start in about a second)
+TOOL_BYTES = 200 * 2**20  # what a memory-hungry tool holds
+
+#: the external tool: writes its pid to argv[1] (whole, by a rename), touches argv[2]
+#: bytes, says so (creates argv[1] + ".ready"), then sleeps argv[3] seconds
+TOOL = """
+import os, sys, time
+with open(sys.argv[1] + ".tmp", "w") as f:
+    f.write(str(os.getpid()))
+os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+block = bytearray(int(sys.argv[2]))
+block[::4096] = b"1" * len(block[::4096])
+open(sys.argv[1] + ".ready", "w").close()
+time.sleep(float(sys.argv[3]))
+"""
+
+
+def run_tool(pidfile: str, nbytes: int = 0, seconds: float = 100.0) -> int:
+    """A task body: run the tool to its end (as a bash_app's command), its exit code."""
+    argv = [sys.executable, "-c", TOOL, pidfile, str(nbytes), str(seconds)]
+    return subprocess.run(argv, check=False).returncode
+
+
+def leave_tool(pidfile: str) -> int:
+    """A task body: start the tool in the background and return at once (the tool
+    runs on after its task)."""
+    subprocess.Popen([sys.executable, "-c", TOOL, pidfile, "0", "100"])
+    return 0
+
+
+def gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+async def tool_pid(pidfile: Path, ready: bool = False) -> int:
+    """The pid the tool wrote, once it has (``ready``: and touched its memory)."""
+    await wait_until(pidfile.exists, f"the tool's pid in {pidfile}", limit=BOUND)
+    if ready:
+        done = Path(f"{pidfile}.ready")
+        await wait_until(done.exists, f"the tool's memory ({done})", limit=BOUND)
+    return read_pid(pidfile)
+
+
+def read_pid(pidfile: Path) -> int:
+    return int(pidfile.read_text())
+
+
+@contextlib.contextmanager
+def reaping(*pidfiles: Path) -> Iterator[None]:
+    """Kill what the tools of ``pidfiles`` left running when the test ends, whatever
+    happened (a test on the old code leaves them orphaned)."""
+    try:
+        yield
+    finally:
+        for pidfile in pidfiles:
+            with contextlib.suppress(OSError, ValueError):
+                os.kill(int(pidfile.read_text()), signal.SIGKILL)
+
+
+# ----------------------------------------------------------------------------- executor
+
+
+@contextlib.asynccontextmanager
+async def executor(
+    mode: str, n: int, *pidfiles: Path
+) -> AsyncIterator[tuple[Executor | ProcessExecutor, Delivered]]:
+    """An executor of ``n`` slots (``mode``), shut down (waited for) on the way out,
+    and the tools of ``pidfiles`` killed (:func:`reaping`)."""
+    delivered = Delivered()
+    ex = (ProcessExecutor if mode == "process" else Executor)(n, f"w-{mode}", delivered)
+    with reaping(*pidfiles):
+        try:
+            yield ex, delivered
+        finally:
+            with anyio.fail_after(BOUND):
+                await anyio.to_thread.run_sync(ex.shutdown, True)
+
+
+@pytest.mark.parametrize("how", ["timeout", "cancelled", "oom"])
+async def test_a_killed_task_process_takes_the_programs_its_task_started(
+    tmp_path: Path, how: str
+) -> None:
+    pidfile = tmp_path / "tool.pid"
+    async with executor("process", 1, pidfile) as (ex, delivered):
+        assert isinstance(ex, ProcessExecutor)
+        ex.submit(job("tool", run_tool, str(pidfile)), {})
+        pid = await tool_pid(pidfile)
+        (task_pid,) = ex.running().values()
+        # The task process leads a session of its own, which the tool is in; the
+        # worker (this process) is never in it.
+        assert os.getsid(task_pid) == os.getpgid(task_pid) == task_pid
+        assert os.getpgid(pid) == task_pid != os.getpgrp()
+        assert pid in descendants(task_pid)
+        if how == "cancelled":
+            ex.cancel("tool")
+        else:
+            assert ex.kill("tool", how)
+        assert (await delivered.get("tool"))[0].outcome == how
+        await wait_until(lambda: gone(pid), "the tool to be gone", limit=BOUND)
+
+
+async def test_shutdown_stops_programs_running_and_left_behind(tmp_path: Path) -> None:
+    """The executor's shutdown (the worker's, on Ctrl-C or SIGTERM: the terminal's
+    SIGINT no longer reaches a task process's session) stops the program of a running
+    task and one an ended task left running in the background."""
+    running, left = tmp_path / "running.pid", tmp_path / "left.pid"
+    async with executor("process", 2, running, left) as (ex, delivered):
+        ex.submit(job("left", leave_tool, str(left)), {})
+        assert (await delivered.get("left"))[0].outcome == "ok"
+        ex.submit(job("running", run_tool, str(running)), {})
+        pids = [await tool_pid(running), await tool_pid(left)]
+        with anyio.fail_after(BOUND):
+            await anyio.to_thread.run_sync(ex.shutdown, True)
+        assert (await delivered.get("running"))[0].outcome == "cancelled"
+        await wait_until(lambda: all(gone(p) for p in pids), "the tools to be gone", limit=BOUND)
+
+
+@pytest.mark.parametrize("mode", ["process", "thread"])
+async def test_the_memory_of_programs_a_task_started_is_counted(tmp_path: Path, mode: str) -> None:
+    pidfile = tmp_path / "tool.pid"
+    async with executor(mode, 1, pidfile) as (ex, delivered):
+        assert ex.children_rss() < TOOL_BYTES
+        ex.submit(job("tool", run_tool, str(pidfile), TOOL_BYTES), {})
+        pid = await tool_pid(pidfile, ready=True)
+        assert ex.children_rss() >= TOOL_BYTES
+        assert ex.total_rss() >= rss() + TOOL_BYTES - 2**20
+        if isinstance(ex, ProcessExecutor):
+            (task_pid,) = ex.running().values()
+            assert tree_rss(task_pid) >= TOOL_BYTES
+            running, total = ex.running_rss()
+            assert running["tool"] >= TOOL_BYTES  # what the terminate fence compares
+            assert total >= rss() + TOOL_BYTES
+            assert ex.began()["tool"] < TOOL_BYTES  # taken before the tool ran
+        os.kill(pid, signal.SIGKILL)
+        assert (await delivered.get("tool"))[0].outcome == "ok"
+        assert ex.children_rss() < TOOL_BYTES
+
+
+async def test_kill_task_processes_takes_the_programs_their_tasks_started(tmp_path: Path) -> None:
+    """What a worker process does before it exits at once (a second Ctrl-C, a lost
+    lifeline): its task processes would die with it, their programs would not."""
+    pidfile = tmp_path / "tool.pid"
+    async with executor("process", 1, pidfile) as (ex, delivered):
+        ex.submit(job("tool", run_tool, str(pidfile)), {})
+        pid = await tool_pid(pidfile)
+        assert kill_task_processes() >= 1
+        await wait_until(lambda: gone(pid), "the tool to be gone", limit=BOUND)
+        assert (await delivered.get("tool"))[0].outcome == "error"  # its process died
+
+
+@pytest.mark.parametrize("interrupts", [1, 2])
+async def test_ctrl_c_of_a_worker_stops_the_programs_its_tasks_started(
+    tmp_path: Path, interrupts: int
+) -> None:
+    """A worker process in process execution, interrupted (SIGINT, as a terminal's
+    Ctrl-C; twice: it exits at once) while its task runs a tool: the tool, in its task
+    process's session, which the terminal's Ctrl-C does not reach, is stopped by the
+    worker."""
+    pidfile = tmp_path / "tool.pid"
+    port = 56400 + 20 * interrupts  # this test's ports: 56420-56439, 56440-56459
+    with Cli(tmp_path / "home") as cli, reaping(pidfile), anyio.fail_after(BOUND * 2):
+        manager = cli.start("manager", "--listen", f"127.0.0.1:{port}", "--no-monitoring")
+        cli.line_with(manager, "manager listening on")
+        address = f"ws://127.0.0.1:{port}"
+        flags = [
+            "--execution",
+            "process",
+            "--cores",
+            "1",
+            "--port-range",
+            f"{port + 1}-{port + 19}",
+        ]
+        worker = cli.worker(address, *flags)
+        async with Cluster(address) as c:
+            fut = c.submit(run_tool, str(pidfile))
+            pid = await tool_pid(pidfile)
+            for _ in range(interrupts):
+                worker.send_signal(signal.SIGINT)
+            await wait_until(lambda: gone(pid), "the tool to be gone", limit=BOUND)
+            await wait_until(lambda: worker.poll() is not None, "the worker's exit", limit=BOUND)
+            fut.release()
+
+
+# ----------------------------------------------------------------------------- cluster
+
+PROCESS = {"workers": 1, "threads_per_worker": 1, "memory_options": {"execution": "process"}}
+
+
+async def test_a_timeout_stops_the_program_its_task_started(tmp_path: Path) -> None:
+    pidfile = tmp_path / "tool.pid"
+    with reaping(pidfile), anyio.fail_after(BOUND):
+        async with Cluster(**PROCESS) as c:
+            await c.wait_for_workers(1, timeout=BOUND)
+            # A try's time counts from when it begins, which in a task process includes
+            # loading its function: this module is loaded there once beforehand.
+            assert await c.submit(run_tool, str(tmp_path / "warm.pid"), 0, 0.0) == 0
+            fut = c.submit(run_tool, str(pidfile), timeout=2)
+            pid = await tool_pid(pidfile)
+            with pytest.raises(TaskTimeout) as info:
+                await fut
+            assert info.value.stopped and "the programs it started" in str(info.value)
+            await wait_until(lambda: gone(pid), "the tool to be gone", limit=BOUND)
+
+
+async def test_a_cancel_stops_the_program_its_task_started(tmp_path: Path) -> None:
+    pidfile = tmp_path / "tool.pid"
+    with reaping(pidfile), anyio.fail_after(BOUND):
+        async with Cluster(**PROCESS) as c:
+            await c.wait_for_workers(1, timeout=BOUND)
+            fut = c.submit(run_tool, str(pidfile))
+            pid = await tool_pid(pidfile)
+            await c.cancel(fut)
+            await wait_until(lambda: gone(pid), "the tool to be gone", limit=BOUND)
+            assert await c.submit(sum, [1, 2]) == 3  # the slot went on
+
+
+async def test_a_timeout_in_thread_execution_says_its_program_runs_on(tmp_path: Path) -> None:
+    pidfile = tmp_path / "tool.pid"
+    with reaping(pidfile), anyio.fail_after(BOUND):
+        async with Cluster(workers=1, threads_per_worker=1) as c:
+            await c.wait_for_workers(1, timeout=BOUND)
+            fut = c.submit(run_tool, str(pidfile), 0, 30.0, timeout=0.5)
+            pid = await tool_pid(pidfile)
+            with pytest.raises(TaskTimeout) as info:
+                await fut
+            err = info.value
+            assert not err.stopped and "given up there, but not stopped" in str(err)
+            assert 'execution="process"' in str(err)
+            assert not gone(pid)  # as it says: nothing stopped it
+            os.kill(pid, signal.SIGKILL)  # the abandoned thread's call returns
+
+
+async def test_the_terminate_fence_kills_a_task_whose_program_holds_the_memory(
+    tmp_path: Path,
+) -> None:
+    """A worker (process execution, spill off) whose task's tool takes it past its
+    terminate fence: its sample counts the tool, so the task is killed (``oom``), the
+    tool with it, and the worker lives on, as for memory the task held itself."""
+    pidfile = tmp_path / "tool.pid"
+    base = psutil.Process().memory_info().rss  # in-process workers share this process's
+    limit = base + 400 * 2**20  # a task process takes about 100 MiB of it
+    tool = 600 * 2**20
+    options = {"execution": "process", "spill": None}
+    with reaping(pidfile), anyio.fail_after(BOUND):
+        async with Cluster(
+            workers=1, threads_per_worker=1, memory_per_worker=limit, memory_options=options
+        ) as c:
+            await c.wait_for_workers(1, timeout=BOUND)
+            fut = c.submit(run_tool, str(pidfile), tool, 60.0)
+            with pytest.raises(TaskOutOfMemory) as info:
+                await fut
+            err = info.value
+            # Killed as the tool's memory climbed: the worker and its task process alone
+            # hold about base + 100 MiB, well under the fence.
+            assert err.limit == limit and err.rss >= 0.95 * limit
+            pid = read_pid(pidfile)
+            await wait_until(lambda: gone(pid), "the tool to be gone", limit=BOUND)
+            assert await c.submit(sum, [1, 2, 3]) == 6  # the worker lives on
+            assert (await c.status())["categories"]["run_tool"]["oom"] == 1
+
+
+def test_a_timeout_s_message_says_what_was_stopped() -> None:
+    stopped = TaskTimeout("k", "w-1", 1.0, 1.5)
+    given_up = TaskTimeout("k", "w-1", 1.0, 1.5, stopped=False)
+    assert stopped.stopped and "was stopped there" in str(stopped)
+    assert not given_up.stopped and "not stopped" in str(given_up)
+    assert "was stopped there" not in str(given_up)
